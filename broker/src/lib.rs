@@ -1,0 +1,1 @@
+//! flowhost-broker: placeholder until the broker issue lands.
