@@ -1,5 +1,16 @@
-//! The `flowhost` command line.
+//! The `flowhost` command line (see `flowhost --help`).
 
-fn main() {
-    println!("flowhost {}", env!("CARGO_PKG_VERSION"));
+use std::process::ExitCode;
+
+use clap::Parser;
+use flowhost::cli::{Cli, report};
+
+fn main() -> ExitCode {
+    match Cli::parse().run() {
+        Ok(code) => code,
+        Err(error) => {
+            report(error.as_ref());
+            ExitCode::from(2)
+        }
+    }
 }

@@ -1,0 +1,59 @@
+//! The `flowhost` command line: one module per subcommand family.
+//!
+//! Each subcommand returns an [`ExitCode`] or an error; `main` prints errors with their
+//! source chain and exits non-zero. Subcommands with documented exit codes (for example
+//! `manifest verify`, `diff`) return them as `Ok(code)`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Boxed error for the CLI boundary: every module error is a typed `thiserror` enum; the
+/// CLI only prints them.
+pub type CliResult = Result<ExitCode, Box<dyn std::error::Error + Send + Sync>>;
+
+/// flowhost: a Linux process host for governed tools.
+#[derive(Debug, Parser)]
+#[command(name = "flowhost", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the label of a JSON label file in canonical form (a quick well-formedness check).
+    Label(LabelArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct LabelArgs {
+    /// A file holding one information label as JSON.
+    file: std::path::PathBuf,
+}
+
+impl Cli {
+    /// Runs the selected subcommand.
+    pub fn run(self) -> CliResult {
+        match self.command {
+            Command::Label(args) => {
+                let text = std::fs::read_to_string(&args.file)
+                    .map_err(|e| format!("{}: {e}", args.file.display()))?;
+                let label = crate::InformationLabel::from_json(&text)
+                    .map_err(|e| format!("{}: {e}", args.file.display()))?;
+                println!("{}", label.to_canonical_json());
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    }
+}
+
+/// Prints `error` and every error in its source chain to stderr, one per line.
+pub fn report(error: &(dyn std::error::Error + 'static)) {
+    eprintln!("flowhost: error: {error}");
+    let mut source = error.source();
+    while let Some(cause) = source {
+        eprintln!("  caused by: {cause}");
+        source = cause.source();
+    }
+}
