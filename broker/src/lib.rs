@@ -1,1 +1,46 @@
-//! flowhost-broker: placeholder until the broker issue lands.
+//! flowhost-broker: runs tool executors under a seccomp profile with a user-notification
+//! broker attached, so that every outbound I/O attempt (connect, sendto with an address,
+//! sendmsg, sendmmsg, bind) reaches the host before it happens, is decided by the host, and
+//! is carried out or refused by the broker itself.
+//!
+//! The broker knows nothing of labels or policies: it reports [`EgressAttempt`]s and obeys
+//! [`Verdict`]s. See `README.md` (security model) for what the sandbox guarantees.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use flowhost_broker::{Broker, BrokerOptions, Profile, SpawnSpec};
+//! let broker = Broker::new(BrokerOptions::default())?;
+//! let profile = Arc::new(Profile::find("brokered", &[])?);
+//! let mut exec = broker.spawn(SpawnSpec::new(["/usr/bin/curl", "http://127.0.0.1:8080/"], profile)).await?;
+//! let mut attempts = exec.take_attempts().expect("first take");
+//! while let Some(attempt) = attempts.recv().await {
+//!     println!("{:?}", attempt.info().destination);
+//!     attempt.deny();
+//! }
+//! let status = exec.wait().await?;
+//! # let _ = status; Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+mod attempt;
+mod broker;
+mod child;
+mod executor;
+pub mod filter;
+pub mod profile;
+mod spawn;
+mod supervisor;
+mod sys;
+
+pub use attempt::{
+    AttemptInfo, Destination, EgressAttempt, EgressSyscall, SocketInfo, Verdict, family_name,
+};
+pub use broker::{Broker, BrokerError, BrokerOptions, BrokerStats, KernelSupport};
+pub use child::Stage;
+pub use executor::{Executor, ExitStatus};
+pub use profile::{NetworkPath, Profile, ProfileError};
+pub use spawn::{SpawnError, SpawnSpec, StdioMode, env_forbidden};
+pub use supervisor::Counters;
+pub use sys::WaitStatus;

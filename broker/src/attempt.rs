@@ -1,0 +1,355 @@
+//! Egress attempts: what an executor asked the kernel to do, as seen by the broker before it
+//! happened, and the verdict the host returns.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+
+use tokio::sync::oneshot;
+
+/// The intercepted syscall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EgressSyscall {
+    /// `connect(2)`.
+    Connect,
+    /// `sendto(2)` with a destination address.
+    Sendto,
+    /// `sendmsg(2)` (with or without `msg_name`).
+    Sendmsg,
+    /// One message of a `sendmmsg(2)` batch.
+    Sendmmsg,
+    /// `bind(2)`.
+    Bind,
+}
+
+impl EgressSyscall {
+    /// The syscall's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressSyscall::Connect => "connect",
+            EgressSyscall::Sendto => "sendto",
+            EgressSyscall::Sendmsg => "sendmsg",
+            EgressSyscall::Sendmmsg => "sendmmsg",
+            EgressSyscall::Bind => "bind",
+        }
+    }
+}
+
+/// The socket the syscall operates on, read from the socket itself (`SO_DOMAIN`, `SO_TYPE`,
+/// `SO_PROTOCOL`), not from what the executor claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SocketInfo {
+    /// AF_* family.
+    pub family: i32,
+    /// SOCK_* type.
+    pub socket_type: i32,
+    /// Protocol number.
+    pub protocol: i32,
+}
+
+impl SocketInfo {
+    /// The family's conventional name (`inet`, `inet6`, `unix`, `netlink`, or `af<N>`).
+    pub fn family_name(&self) -> String {
+        family_name(self.family)
+    }
+
+    /// The type's conventional name (`stream`, `dgram`, `seqpacket`, `raw`, or `type<N>`).
+    pub fn type_name(&self) -> String {
+        match self.socket_type {
+            libc::SOCK_STREAM => "stream".into(),
+            libc::SOCK_DGRAM => "dgram".into(),
+            libc::SOCK_SEQPACKET => "seqpacket".into(),
+            libc::SOCK_RAW => "raw".into(),
+            other => format!("type{other}"),
+        }
+    }
+
+    /// The protocol's conventional name for IP sockets (`tcp`, `udp`, ...), else `proto<N>`.
+    pub fn protocol_name(&self) -> String {
+        match (self.family, self.protocol) {
+            (libc::AF_INET | libc::AF_INET6, libc::IPPROTO_TCP) => "tcp".into(),
+            (libc::AF_INET | libc::AF_INET6, libc::IPPROTO_UDP) => "udp".into(),
+            (libc::AF_INET | libc::AF_INET6, libc::IPPROTO_ICMP) => "icmp".into(),
+            (libc::AF_INET6, libc::IPPROTO_ICMPV6) => "icmpv6".into(),
+            (libc::AF_UNIX, 0) => "unix".into(),
+            (_, p) => format!("proto{p}"),
+        }
+    }
+}
+
+/// The conventional name of an AF_* family.
+pub fn family_name(family: i32) -> String {
+    match family {
+        libc::AF_UNIX => "unix".into(),
+        libc::AF_INET => "inet".into(),
+        libc::AF_INET6 => "inet6".into(),
+        libc::AF_NETLINK => "netlink".into(),
+        libc::AF_UNSPEC => "unspec".into(),
+        other => format!("af{other}"),
+    }
+}
+
+/// Where the executor asked to send or connect, decoded from the broker's own copy of the
+/// address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Destination {
+    /// An IPv4 or IPv6 socket address.
+    Inet(SocketAddr),
+    /// A pathname unix socket, as an absolute path in the executor's filesystem view
+    /// (relative paths are resolved against the executor's working directory).
+    UnixPath(PathBuf),
+    /// An abstract unix socket name (without the leading NUL).
+    UnixAbstract(Vec<u8>),
+    /// An unnamed unix address (autobind).
+    UnixUnnamed,
+    /// A netlink address.
+    Netlink {
+        /// Destination port id (0 = the kernel).
+        port_id: u32,
+        /// Multicast groups.
+        groups: u32,
+    },
+    /// AF_UNSPEC (a datagram socket's "disconnect").
+    Unspecified,
+    /// A family the broker does not decode.
+    Other {
+        /// The AF_* family.
+        family: i32,
+    },
+    /// An address too short or malformed for its family.
+    Malformed {
+        /// The family field, if present.
+        family: Option<i32>,
+        /// The address length.
+        len: usize,
+    },
+}
+
+impl Destination {
+    /// Decodes a raw `struct sockaddr` copy.
+    pub fn from_sockaddr(raw: &[u8]) -> Destination {
+        if raw.len() < 2 {
+            return Destination::Malformed {
+                family: None,
+                len: raw.len(),
+            };
+        }
+        let family = i32::from(u16::from_ne_bytes([raw[0], raw[1]]));
+        let malformed = Destination::Malformed {
+            family: Some(family),
+            len: raw.len(),
+        };
+        match family {
+            libc::AF_INET => {
+                if raw.len() < 16 {
+                    return malformed;
+                }
+                let port = u16::from_be_bytes([raw[2], raw[3]]);
+                let ip = Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]);
+                Destination::Inet(SocketAddr::new(IpAddr::V4(ip), port))
+            }
+            libc::AF_INET6 => {
+                if raw.len() < 28 {
+                    return malformed;
+                }
+                let port = u16::from_be_bytes([raw[2], raw[3]]);
+                let mut octets = [0u8; 16];
+                octets.copy_from_slice(&raw[8..24]);
+                Destination::Inet(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(octets)), port))
+            }
+            libc::AF_UNIX => {
+                let path = &raw[2..];
+                if path.is_empty() {
+                    return Destination::UnixUnnamed;
+                }
+                if path[0] == 0 {
+                    return Destination::UnixAbstract(path[1..].to_vec());
+                }
+                let end = path.iter().position(|b| *b == 0).unwrap_or(path.len());
+                use std::os::unix::ffi::OsStrExt;
+                Destination::UnixPath(PathBuf::from(std::ffi::OsStr::from_bytes(&path[..end])))
+            }
+            libc::AF_NETLINK => {
+                if raw.len() < 12 {
+                    return malformed;
+                }
+                let port_id = u32::from_ne_bytes([raw[4], raw[5], raw[6], raw[7]]);
+                let groups = u32::from_ne_bytes([raw[8], raw[9], raw[10], raw[11]]);
+                Destination::Netlink { port_id, groups }
+            }
+            libc::AF_UNSPEC => Destination::Unspecified,
+            other => Destination::Other { family: other },
+        }
+    }
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Destination::Inet(addr) => write!(f, "{addr}"),
+            Destination::UnixPath(p) => write!(f, "unix:{}", p.display()),
+            Destination::UnixAbstract(name) => {
+                write!(f, "unix:@{}", String::from_utf8_lossy(name))
+            }
+            Destination::UnixUnnamed => f.write_str("unix:(unnamed)"),
+            Destination::Netlink { port_id, groups } => {
+                write!(f, "netlink:{port_id}/{groups:#x}")
+            }
+            Destination::Unspecified => f.write_str("unspec"),
+            Destination::Other { family } => write!(f, "{}:?", family_name(*family)),
+            Destination::Malformed { family, len } => match family {
+                Some(fam) => write!(f, "malformed {} address ({len} bytes)", family_name(*fam)),
+                None => write!(f, "malformed address ({len} bytes)"),
+            },
+        }
+    }
+}
+
+/// Everything the broker learned about one outbound operation before performing it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptInfo {
+    /// Which syscall.
+    pub syscall: EgressSyscall,
+    /// Thread id of the caller (host pid namespace).
+    pub pid: i32,
+    /// The caller's executable, from `/proc/<pid>/exe`.
+    pub executable: Option<PathBuf>,
+    /// The socket, as the kernel describes it.
+    pub socket: SocketInfo,
+    /// Where the data or connection would go. For a send without an address this is the
+    /// socket's connected peer (`connected` is true), or `None` if it has none.
+    pub destination: Option<Destination>,
+    /// True when no address was given and the destination is the connected peer.
+    pub connected: bool,
+    /// Payload size in bytes for sends; `None` for connect and bind.
+    pub bytes: Option<usize>,
+    /// Position in a `sendmmsg` batch.
+    pub message_index: Option<usize>,
+    /// Number of descriptors the message passes (SCM_RIGHTS).
+    pub passed_fds: usize,
+}
+
+/// The host's answer to an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Carry the operation out (the broker performs it and returns its result).
+    Allow,
+    /// Refuse it; the executor's syscall fails with this errno.
+    Deny {
+        /// errno returned to the executor (EACCES by default).
+        errno: i32,
+    },
+}
+
+impl Verdict {
+    /// The default refusal: `EACCES`.
+    pub const DENY: Verdict = Verdict::Deny {
+        errno: libc::EACCES,
+    };
+}
+
+/// One attempt awaiting a verdict. Dropping it without answering refuses it (fail closed).
+#[derive(Debug)]
+pub struct EgressAttempt {
+    info: AttemptInfo,
+    responder: oneshot::Sender<Verdict>,
+}
+
+impl EgressAttempt {
+    pub(crate) fn new(info: AttemptInfo) -> (Self, oneshot::Receiver<Verdict>) {
+        let (responder, rx) = oneshot::channel();
+        (Self { info, responder }, rx)
+    }
+
+    /// What was asked.
+    pub fn info(&self) -> &AttemptInfo {
+        &self.info
+    }
+
+    /// Answers the attempt.
+    pub fn respond(self, verdict: Verdict) {
+        // A closed receiver means the executor is gone; there is nobody left to answer.
+        let _ = self.responder.send(verdict);
+    }
+
+    /// Allows the attempt.
+    pub fn allow(self) {
+        self.respond(Verdict::Allow)
+    }
+
+    /// Refuses the attempt with `EACCES`.
+    pub fn deny(self) {
+        self.respond(Verdict::DENY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sockaddr_in(ip: [u8; 4], port: u16) -> Vec<u8> {
+        let mut v = vec![0u8; 16];
+        v[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        v[2..4].copy_from_slice(&port.to_be_bytes());
+        v[4..8].copy_from_slice(&ip);
+        v
+    }
+
+    #[test]
+    fn decodes_families() {
+        assert_eq!(
+            Destination::from_sockaddr(&sockaddr_in([127, 0, 0, 1], 8080)).to_string(),
+            "127.0.0.1:8080"
+        );
+        let mut six = vec![0u8; 28];
+        six[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        six[2..4].copy_from_slice(&443u16.to_be_bytes());
+        six[23] = 1;
+        assert_eq!(Destination::from_sockaddr(&six).to_string(), "[::1]:443");
+        let mut unix = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+        unix.extend_from_slice(b"/run/x.sock\0garbage");
+        assert_eq!(
+            Destination::from_sockaddr(&unix),
+            Destination::UnixPath("/run/x.sock".into())
+        );
+        let mut abs = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+        abs.extend_from_slice(b"\0name");
+        assert_eq!(
+            Destination::from_sockaddr(&abs),
+            Destination::UnixAbstract(b"name".to_vec())
+        );
+        assert!(matches!(
+            Destination::from_sockaddr(&sockaddr_in([1, 2, 3, 4], 1)[..8]),
+            Destination::Malformed { len: 8, .. }
+        ));
+        assert!(matches!(
+            Destination::from_sockaddr(&[1]),
+            Destination::Malformed { family: None, .. }
+        ));
+    }
+
+    #[test]
+    fn dropped_attempt_is_a_refusal() {
+        let info = AttemptInfo {
+            syscall: EgressSyscall::Connect,
+            pid: 1,
+            executable: None,
+            socket: SocketInfo {
+                family: libc::AF_INET,
+                socket_type: libc::SOCK_STREAM,
+                protocol: libc::IPPROTO_TCP,
+            },
+            destination: None,
+            connected: false,
+            bytes: None,
+            message_index: None,
+            passed_fds: 0,
+        };
+        let (attempt, mut rx) = EgressAttempt::new(info);
+        drop(attempt);
+        assert!(
+            rx.try_recv().is_err(),
+            "no verdict means the supervisor refuses"
+        );
+    }
+}

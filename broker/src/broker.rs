@@ -1,0 +1,370 @@
+//! The broker: checks the kernel once, owns the spawner and reaper threads, and supervises
+//! every executor it starts.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::executor::Executor;
+use crate::profile::{LandlockMode, Profile};
+use crate::spawn::{self, Prepared, SpawnError, SpawnSpec, Started};
+use crate::supervisor::{self, Context, Counters, End};
+use crate::sys;
+
+/// Why the broker cannot run on this host. The host must not serve anything that needs
+/// mediation in that case.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// A kernel primitive the broker cannot work without is missing.
+    #[error("the native broker cannot run here: {0}")]
+    Unsupported(String),
+    /// The host process lacks capabilities the broker needs as root.
+    #[error("the native broker needs these capabilities, which this process lacks: {0}")]
+    MissingCapabilities(String),
+    /// A helper thread could not be started.
+    #[error("cannot start the broker's {0} thread: {1}")]
+    Thread(&'static str, std::io::Error),
+}
+
+/// Options for [`Broker::new`].
+#[derive(Debug, Clone, Default)]
+pub struct BrokerOptions {
+    /// uid/gid executors run as when the host is root (default: `flowhost-exec`, else 65534).
+    pub executor_identity: Option<(u32, u32)>,
+}
+
+/// What the broker knows about the kernel it runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelSupport {
+    /// Landlock ABI version (0 = none).
+    pub landlock_abi: i32,
+    /// Whether the host runs as root (uid switching) or unprivileged (user namespaces).
+    pub root: bool,
+}
+
+/// A snapshot of the broker's supervision counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BrokerStats {
+    /// Executors started.
+    pub spawned: u64,
+    /// Executors whose supervision ended because they exited.
+    pub exited: u64,
+    /// Supervisors that failed (their executor was killed).
+    pub supervisor_failures: u64,
+    /// Spawns refused or failed.
+    pub failed_spawns: u64,
+    /// Notifications received.
+    pub notifications: u64,
+    /// Attempts allowed.
+    pub allowed: u64,
+    /// Attempts refused.
+    pub denied: u64,
+    /// Notifications the broker could not handle.
+    pub failed_notifications: u64,
+}
+
+impl BrokerStats {
+    /// Executors currently under supervision.
+    pub fn supervised(&self) -> u64 {
+        self.spawned - self.exited - self.supervisor_failures
+    }
+}
+
+struct Job {
+    prepared: Prepared,
+    reply: oneshot::Sender<Result<(Started, Prepared), (SpawnError, Prepared)>>,
+}
+
+struct Inner {
+    jobs: std::sync::Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+    reaper: std::sync::mpsc::Sender<Arc<AsyncFd<OwnedFd>>>,
+    support: KernelSupport,
+    identity: Option<(u32, u32)>,
+    counters: Arc<Counters>,
+    spawned: AtomicU64,
+    exited: AtomicU64,
+    supervisor_failures: AtomicU64,
+    failed_spawns: AtomicU64,
+}
+
+/// The native broker. Cheap to clone. Executors die with the broker: they carry a
+/// parent-death signal bound to the broker's spawner thread, which lives exactly as long as
+/// the last clone of the broker.
+#[derive(Clone)]
+pub struct Broker {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("support", &self.inner.support)
+            .finish()
+    }
+}
+
+fn probe_pidfd_getfd() -> Result<(), String> {
+    let me = sys::pidfd_open(std::process::id() as i32)
+        .map_err(|e| format!("pidfd_open is unavailable ({e}); Linux 5.3 or later is required"))?;
+    sys::pidfd_getfd(me.as_fd(), 0)
+        .map(drop)
+        .map_err(|e| format!("pidfd_getfd is unavailable ({e}); Linux 5.6 or later is required"))
+}
+
+impl Broker {
+    /// Checks the kernel and the process, and starts the broker's threads. Fails closed:
+    /// without seccomp user notification, pidfds, or (as root) the capabilities to confine
+    /// and supervise executors, there is no broker.
+    pub fn new(options: BrokerOptions) -> Result<Self, BrokerError> {
+        if !sys::user_notif_available() {
+            return Err(BrokerError::Unsupported(
+                "seccomp user notification (SECCOMP_RET_USER_NOTIF) is not available; Linux 5.0 or later with seccomp filters is required".into(),
+            ));
+        }
+        probe_pidfd_getfd().map_err(BrokerError::Unsupported)?;
+        let root = nix::unistd::geteuid().is_root();
+        if root {
+            use caps::{CapSet, Capability};
+            let needed = [
+                (Capability::CAP_SYS_ADMIN, "namespaces and mounts"),
+                (
+                    Capability::CAP_SYS_PTRACE,
+                    "reading executor memory and taking their sockets",
+                ),
+                (Capability::CAP_SETUID, "switching executors to their uid"),
+                (Capability::CAP_SETGID, "switching executors to their gid"),
+                (
+                    Capability::CAP_SETPCAP,
+                    "emptying executors' capability bounding set",
+                ),
+            ];
+            let missing: Vec<String> = needed
+                .iter()
+                .filter(|(c, _)| !caps::has_cap(None, CapSet::Effective, *c).unwrap_or(false))
+                .map(|(c, why)| format!("{c} ({why})"))
+                .collect();
+            if !missing.is_empty() {
+                return Err(BrokerError::MissingCapabilities(missing.join(", ")));
+            }
+        } else {
+            let max = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            if max == 0 {
+                return Err(BrokerError::Unsupported(
+                    "not running as root and user namespaces are disabled (user.max_user_namespaces = 0); run as root or enable them".into(),
+                ));
+            }
+        }
+        let support = KernelSupport {
+            landlock_abi: sys::landlock_abi(),
+            root,
+        };
+        let identity = if root {
+            Some(
+                options
+                    .executor_identity
+                    .unwrap_or_else(spawn::default_identity),
+            )
+        } else {
+            None
+        };
+
+        let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("flowhost-spawner".into())
+            .spawn(move || {
+                // Executors' parent-death signal is tied to this thread: it ends only when
+                // the last Broker handle is gone.
+                while let Ok(job) = jobs_rx.recv() {
+                    let result = spawn::start(&job.prepared);
+                    let reply = match result {
+                        Ok(started) => Ok((started, job.prepared)),
+                        Err(e) => Err((e, job.prepared)),
+                    };
+                    if let Err(Ok((started, _))) = job.reply.send(reply) {
+                        // The caller gave up; do not leave the executor running.
+                        let _ = sys::pidfd_send_signal(started.pidfd.as_fd(), libc::SIGKILL);
+                        let _ = sys::waitid_pidfd(started.pidfd.as_fd(), true);
+                    }
+                }
+            })
+            .map_err(|e| BrokerError::Thread("spawner", e))?;
+        let (reaper_tx, reaper_rx) = std::sync::mpsc::channel::<Arc<AsyncFd<OwnedFd>>>();
+        std::thread::Builder::new()
+            .name("flowhost-reaper".into())
+            .spawn(move || {
+                while let Ok(pidfd) = reaper_rx.recv() {
+                    let _ = sys::waitid_pidfd(pidfd.get_ref().as_fd(), true);
+                }
+            })
+            .map_err(|e| BrokerError::Thread("reaper", e))?;
+
+        Ok(Broker {
+            inner: Arc::new(Inner {
+                jobs: std::sync::Mutex::new(Some(jobs_tx)),
+                reaper: reaper_tx,
+                support,
+                identity,
+                counters: Arc::new(Counters::default()),
+                spawned: AtomicU64::new(0),
+                exited: AtomicU64::new(0),
+                supervisor_failures: AtomicU64::new(0),
+                failed_spawns: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// What the broker found about the kernel and process.
+    pub fn support(&self) -> KernelSupport {
+        self.inner.support
+    }
+
+    /// Checks that `profile` can be enforced on this kernel (call at startup, so a profile
+    /// that cannot be honoured stops the host before it serves anything).
+    pub fn check_profile(&self, profile: &Profile) -> Result<(), SpawnError> {
+        if profile.landlock == LandlockMode::Required && self.inner.support.landlock_abi <= 0 {
+            return Err(SpawnError::Unsupported {
+                profile: profile.name.clone(),
+                feature: "Landlock",
+            });
+        }
+        crate::filter::compile(profile)
+            .map(drop)
+            .map_err(|e| SpawnError::Prepare(e.to_string()))
+    }
+
+    /// Supervision counters across every executor this broker started.
+    pub fn stats(&self) -> BrokerStats {
+        let c = &self.inner.counters;
+        BrokerStats {
+            spawned: self.inner.spawned.load(Ordering::SeqCst),
+            exited: self.inner.exited.load(Ordering::SeqCst),
+            supervisor_failures: self.inner.supervisor_failures.load(Ordering::SeqCst),
+            failed_spawns: self.inner.failed_spawns.load(Ordering::SeqCst),
+            notifications: c.notifications.load(Ordering::Relaxed),
+            allowed: c.allowed.load(Ordering::Relaxed),
+            denied: c.denied.load(Ordering::Relaxed),
+            failed_notifications: c.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Starts an executor under `spec`. Returns only once the executor has exec'd with its
+    /// filter installed and its listener held by a running supervisor. Must be called
+    /// within a tokio runtime; supervision runs on that runtime.
+    pub async fn spawn(&self, spec: SpawnSpec) -> Result<Executor, SpawnError> {
+        let fail = |e: SpawnError| {
+            self.inner.failed_spawns.fetch_add(1, Ordering::SeqCst);
+            e
+        };
+        let prepared = spawn::prepare(
+            spec,
+            self.inner.support.root,
+            self.inner.identity,
+            self.inner.support.landlock_abi,
+        )
+        .map_err(fail)?;
+        let (reply, rx) = oneshot::channel();
+        {
+            let jobs = self.inner.jobs.lock().map_err(|_| SpawnError::BrokerGone)?;
+            let Some(jobs) = jobs.as_ref() else {
+                return Err(fail(SpawnError::BrokerGone));
+            };
+            jobs.send(Job { prepared, reply })
+                .map_err(|_| fail(SpawnError::BrokerGone))?;
+        }
+        let (started, mut prepared) = match rx.await {
+            Ok(Ok(v)) => v,
+            Ok(Err((e, _))) => return Err(fail(e)),
+            Err(_) => return Err(fail(SpawnError::BrokerGone)),
+        };
+        self.inner.spawned.fetch_add(1, Ordering::SeqCst);
+
+        let host =
+            |what: &'static str| move |source: std::io::Error| SpawnError::Host { what, source };
+        let Started {
+            pid,
+            pidfd,
+            listener,
+        } = started;
+        let pidfd = Arc::new(sys::async_fd(pidfd).map_err(host("watching the executor"))?);
+        // From here on, any failure must kill the executor: it is running.
+        let mut kill = KillOnDrop(Some(pidfd.clone()));
+        let listener = sys::async_fd(listener).map_err(host("watching the seccomp listener"))?;
+        let wrap_tx = |fd: Option<OwnedFd>| fd.map(pipe::Sender::from_owned_fd).transpose();
+        let wrap_rx = |fd: Option<OwnedFd>| fd.map(pipe::Receiver::from_owned_fd).transpose();
+        let stdin = wrap_tx(prepared.stdio_parent[0].take()).map_err(host("wrapping stdin"))?;
+        let stdout = wrap_rx(prepared.stdio_parent[1].take()).map_err(host("wrapping stdout"))?;
+        let stderr = wrap_rx(prepared.stdio_parent[2].take()).map_err(host("wrapping stderr"))?;
+
+        let (tx, attempts) = mpsc::channel(64);
+        let counters = Arc::new(Counters::default());
+        let ctx = Arc::new(Context {
+            listener,
+            attempts: tx,
+            counters: counters.clone(),
+            broker_counters: self.inner.counters.clone(),
+        });
+        let inner = self.inner.clone();
+        let supervised = pidfd.clone();
+        tokio::spawn(async move {
+            // If this task ends for any reason other than the executor's exit (an error, a
+            // runtime shutdown dropping it), the executor is killed: it never runs
+            // unsupervised. After a normal exit the kill is a no-op on a zombie.
+            let mut guard = KillOnDrop(Some(supervised));
+            match supervisor::supervise(ctx).await {
+                End::ExecutorGone => {
+                    inner.exited.fetch_add(1, Ordering::SeqCst);
+                    guard.0 = None;
+                }
+                End::Error(e) => {
+                    inner.supervisor_failures.fetch_add(1, Ordering::SeqCst);
+                    tracing::error!(pid, error = %e, "supervisor failed; killing the executor");
+                }
+            }
+        });
+
+        let timed_out = Arc::new(AtomicBool::new(false));
+        let watchdog = prepared.wall_clock.map(|limit: Duration| {
+            let pidfd = pidfd.clone();
+            let flag = timed_out.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(limit).await;
+                flag.store(true, Ordering::SeqCst);
+                let _ = sys::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+            })
+        });
+        drop(prepared);
+        kill.0 = None;
+        Ok(Executor {
+            pid,
+            pidfd,
+            stdin,
+            stdout,
+            stderr,
+            attempts: Some(attempts),
+            exit: None,
+            timed_out,
+            watchdog,
+            counters,
+            reaper: self.inner.reaper.clone(),
+        })
+    }
+}
+
+/// Kills an executor unless disarmed (reaping is left to its [`Executor`] handle).
+struct KillOnDrop(Option<Arc<AsyncFd<OwnedFd>>>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pidfd) = self.0.take() {
+            let _ = sys::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+        }
+    }
+}

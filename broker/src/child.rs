@@ -1,0 +1,547 @@
+//! The executor side of a spawn: everything between `clone(2)` and `execve(2)`.
+//!
+//! The child is a copy of one thread of a multithreaded host, so it may only make raw
+//! syscalls: no allocation (another thread may have held the allocator lock at clone time),
+//! no glibc credential wrappers (they signal the parent's other threads). Everything it needs
+//! is prepared by the parent in a [`ChildPlan`].
+//!
+//! Order matters and is fixed: user-namespace maps (when unprivileged), mounts and hostname
+//! (need CAP_SYS_ADMIN), file descriptors, working directory, rlimits, capability bounding
+//! set and securebits (need CAP_SETPCAP), groups/gid/uid (drops the remaining
+//! capabilities), an explicit empty capset, parent-death signal (after the uid change, which
+//! would clear it), no_new_privs, Landlock, and last the seccomp filter, because it denies
+//! several of the calls above. The listener fd is then handed to the parent, which takes it
+//! with `pidfd_getfd`, and only after the parent says so does the child exec.
+
+use std::ffi::CString;
+use std::os::raw::{c_char, c_int};
+
+use seccompiler::sock_filter;
+
+/// Where the child failed, reported to the parent with the errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Stage {
+    /// Waiting for the parent to write the user-namespace maps.
+    UserNamespace = 1,
+    /// Making mounts private, mounting /proc or the private /tmp.
+    Mounts = 2,
+    /// Setting the hostname in the new UTS namespace.
+    Hostname = 3,
+    /// Arranging stdio and inherited descriptors.
+    Descriptors = 4,
+    /// Changing to the working directory.
+    WorkingDirectory = 5,
+    /// Applying rlimits.
+    Limits = 6,
+    /// Dropping the capability bounding set, ambient set and locking securebits.
+    CapabilityBounds = 7,
+    /// setgroups / setresgid / setresuid.
+    Identity = 8,
+    /// Clearing the remaining capabilities.
+    Capabilities = 9,
+    /// PR_SET_PDEATHSIG / PR_SET_NO_NEW_PRIVS.
+    Prctl = 10,
+    /// landlock_restrict_self.
+    Landlock = 11,
+    /// Installing the seccomp filter with a notify listener.
+    Seccomp = 12,
+    /// Waiting for the parent to take the listener.
+    Handshake = 13,
+    /// execve itself.
+    Exec = 14,
+}
+
+impl Stage {
+    /// Decodes a stage number from the status pipe.
+    pub fn from_u32(v: u32) -> Option<Stage> {
+        use Stage::*;
+        Some(match v {
+            1 => UserNamespace,
+            2 => Mounts,
+            3 => Hostname,
+            4 => Descriptors,
+            5 => WorkingDirectory,
+            6 => Limits,
+            7 => CapabilityBounds,
+            8 => Identity,
+            9 => Capabilities,
+            10 => Prctl,
+            11 => Landlock,
+            12 => Seccomp,
+            13 => Handshake,
+            14 => Exec,
+            _ => return None,
+        })
+    }
+
+    /// What the stage does, for error messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Stage::UserNamespace => "waiting for user-namespace maps",
+            Stage::Mounts => "setting up the mount namespace (private mounts, /proc, /tmp)",
+            Stage::Hostname => "setting the executor hostname",
+            Stage::Descriptors => "arranging file descriptors",
+            Stage::WorkingDirectory => "changing to the working directory",
+            Stage::Limits => "applying resource limits",
+            Stage::CapabilityBounds => "dropping the capability bounding set",
+            Stage::Identity => "switching to the executor uid/gid",
+            Stage::Capabilities => "clearing capabilities",
+            Stage::Prctl => "setting the parent-death signal and no_new_privs",
+            Stage::Landlock => "applying Landlock rules",
+            Stage::Seccomp => "installing the seccomp filter with a notify listener",
+            Stage::Handshake => "handing the seccomp listener to the host",
+            Stage::Exec => "executing the command",
+        }
+    }
+}
+
+/// Status message tag meaning "the filter is installed; the value is the listener fd".
+pub const READY: u32 = 0xFFFF;
+
+/// First descriptor number used to park the child's plumbing out of the way of the
+/// descriptors it must place at fixed numbers.
+const PARK_FD: c_int = 512;
+
+/// Everything the child needs, prepared (and allocated) by the parent before `clone`.
+pub struct ChildPlan {
+    /// Absolute path of the program.
+    pub path: CString,
+    /// NULL-terminated argv pointers (into strings the parent keeps alive across clone).
+    pub argv: Vec<*const c_char>,
+    /// NULL-terminated envp pointers (into strings the parent keeps alive across clone).
+    pub envp: Vec<*const c_char>,
+    /// Working directory.
+    pub cwd: CString,
+    /// Descriptors to become 0, 1 and 2.
+    pub stdio: [c_int; 3],
+    /// (source, target) descriptors to keep open across exec at fixed numbers.
+    pub extra_fds: Vec<(c_int, c_int)>,
+    /// Write end of the status pipe.
+    pub status_w: c_int,
+    /// Read end of the go pipe.
+    pub go_r: c_int,
+    /// Whether the child is in a new user namespace (unprivileged host).
+    pub user_namespace: bool,
+    /// Whether the child is in a new mount namespace.
+    pub mount_namespace: bool,
+    /// Mount a fresh /proc (new pid namespace).
+    pub mount_proc: bool,
+    /// Mount a private tmpfs on /tmp with these options.
+    pub tmpfs_options: Option<CString>,
+    /// Hostname to set in a new UTS namespace.
+    pub hostname: Option<CString>,
+    /// uid/gid to switch to (root host only).
+    pub identity: Option<(libc::uid_t, libc::gid_t)>,
+    /// (resource, limit) pairs.
+    pub rlimits: Vec<(c_int, libc::rlimit)>,
+    /// A Landlock ruleset to restrict to.
+    pub landlock_fd: Option<c_int>,
+    /// (path, access) rules for paths the child mounts afresh (/proc, a private /tmp): a
+    /// rule made by the parent would name the host's inode, not the new mount's.
+    pub landlock_late: Vec<(CString, u64)>,
+    /// The seccomp program.
+    pub filter: Vec<sock_filter>,
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+fn report(fd: c_int, tag: u32, value: i32) {
+    let mut msg = [0u8; 8];
+    msg[..4].copy_from_slice(&tag.to_le_bytes());
+    msg[4..].copy_from_slice(&value.to_le_bytes());
+    // SAFETY: writing 8 bytes from a stack buffer to a pipe we own.
+    unsafe { libc::write(fd, msg.as_ptr().cast(), msg.len()) };
+}
+
+fn fail(plan: &ChildPlan, stage: Stage, err: i32) -> ! {
+    report(plan.status_w, stage as u32, err);
+    // SAFETY: terminates the child immediately without running any host-side destructors.
+    unsafe { libc::_exit(126) }
+}
+
+fn wait_go(plan: &ChildPlan, stage: Stage) {
+    let mut byte = 0u8;
+    loop {
+        // SAFETY: reads one byte into a stack variable.
+        let n = unsafe { libc::read(plan.go_r, (&mut byte as *mut u8).cast(), 1) };
+        if n == 1 {
+            return;
+        }
+        if n < 0 && errno() == libc::EINTR {
+            continue;
+        }
+        // EOF: the host went away before letting us run; never run unsupervised.
+        fail(plan, stage, if n == 0 { libc::EPIPE } else { errno() });
+    }
+}
+
+macro_rules! check {
+    ($plan:expr, $stage:expr, $call:expr) => {
+        if $call < 0 {
+            fail($plan, $stage, errno());
+        }
+    };
+}
+
+/// The status and go pipes after they were moved out of the way.
+struct ParkedPlan {
+    status: c_int,
+    go: c_int,
+}
+
+fn fail_parked(p: &ParkedPlan, stage: Stage, err: i32) -> ! {
+    report(p.status, stage as u32, err);
+    // SAFETY: terminates the child immediately.
+    unsafe { libc::_exit(126) }
+}
+
+macro_rules! check_parked {
+    ($p:expr, $stage:expr, $call:expr) => {
+        if $call < 0 {
+            fail_parked($p, $stage, errno());
+        }
+    };
+}
+
+/// Runs in the child right after `clone`; never returns.
+///
+/// # Safety
+/// Must only be called in a freshly cloned child whose `plan` pointers are valid (they are:
+/// the child's memory is a copy of the parent's at clone time).
+pub unsafe fn child_main(plan: &ChildPlan) -> ! {
+    if plan.user_namespace {
+        wait_go(plan, Stage::UserNamespace);
+    }
+    setup_namespaces(plan);
+    let parked = arrange_descriptors(plan);
+    continue_after_descriptors(plan, parked)
+}
+
+fn setup_namespaces(plan: &ChildPlan) {
+    if plan.mount_namespace {
+        // SAFETY (this and the following raw calls): each passes NUL-terminated strings owned
+        // by the plan or static literals, and plain integers.
+        unsafe {
+            check!(
+                plan,
+                Stage::Mounts,
+                libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null()
+                )
+            );
+            if plan.mount_proc {
+                check!(
+                    plan,
+                    Stage::Mounts,
+                    libc::mount(
+                        c"proc".as_ptr(),
+                        c"/proc".as_ptr(),
+                        c"proc".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        std::ptr::null()
+                    )
+                );
+            }
+            if let Some(opts) = &plan.tmpfs_options {
+                check!(
+                    plan,
+                    Stage::Mounts,
+                    libc::mount(
+                        c"tmpfs".as_ptr(),
+                        c"/tmp".as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV,
+                        opts.as_ptr().cast()
+                    )
+                );
+            }
+        }
+    }
+    if let Some(name) = &plan.hostname {
+        // SAFETY: NUL-terminated string owned by the plan, with its length.
+        unsafe {
+            check!(
+                plan,
+                Stage::Hostname,
+                libc::sethostname(name.as_ptr(), name.as_bytes().len())
+            );
+        }
+    }
+}
+
+/// Parks the child's plumbing above [`PARK_FD`], places stdio and the explicit descriptors
+/// at their numbers, and marks every other descriptor close-on-exec.
+fn arrange_descriptors(plan: &ChildPlan) -> ParkedPlan {
+    // SAFETY: fcntl/dup2/close_range on descriptor numbers; no memory is passed.
+    let park = |fd: c_int| -> c_int { unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, PARK_FD) } };
+    let status = park(plan.status_w);
+    if status < 0 {
+        fail(plan, Stage::Descriptors, errno());
+    }
+    let p = ParkedPlan {
+        status,
+        go: park(plan.go_r),
+    };
+    let stdio = [
+        park(plan.stdio[0]),
+        park(plan.stdio[1]),
+        park(plan.stdio[2]),
+    ];
+    let mut extra = [0 as c_int; MAX_EXTRA_FDS];
+    if p.go < 0 || stdio.iter().any(|fd| *fd < 0) || plan.extra_fds.len() > MAX_EXTRA_FDS {
+        fail_parked(&p, Stage::Descriptors, errno());
+    }
+    for (i, (src, _)) in plan.extra_fds.iter().enumerate() {
+        extra[i] = park(*src);
+        if extra[i] < 0 {
+            fail_parked(&p, Stage::Descriptors, errno());
+        }
+    }
+    // SAFETY: dup2/close_range/fcntl on descriptor numbers only.
+    unsafe {
+        for (target, fd) in stdio.iter().enumerate() {
+            check_parked!(&p, Stage::Descriptors, libc::dup2(*fd, target as c_int));
+        }
+        for (i, (_, target)) in plan.extra_fds.iter().enumerate() {
+            check_parked!(&p, Stage::Descriptors, libc::dup2(extra[i], *target));
+        }
+        check_parked!(
+            &p,
+            Stage::Descriptors,
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC
+            )
+        );
+        for (_, target) in &plan.extra_fds {
+            check_parked!(
+                &p,
+                Stage::Descriptors,
+                libc::fcntl(*target, libc::F_SETFD, 0)
+            );
+        }
+    }
+    p
+}
+
+/// Most descriptors a spawn may place at fixed numbers besides stdio.
+pub const MAX_EXTRA_FDS: usize = 64;
+
+fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
+    // SAFETY (whole function): raw syscalls with integers, NUL-terminated strings owned by
+    // the plan, stack-allocated structs, and the program buffer owned by the plan.
+    unsafe {
+        check_parked!(&p, Stage::WorkingDirectory, libc::chdir(plan.cwd.as_ptr()));
+        for (resource, limit) in &plan.rlimits {
+            check_parked!(
+                &p,
+                Stage::Limits,
+                libc::syscall(
+                    libc::SYS_prlimit64,
+                    0,
+                    *resource,
+                    limit as *const libc::rlimit,
+                    std::ptr::null_mut::<libc::rlimit>()
+                )
+            );
+        }
+
+        // Empty the bounding set so no later exec can regain a capability, clear ambient
+        // capabilities, and lock securebits so uid 0 (in a user namespace) gains nothing on
+        // exec. Capability numbers past the kernel's last one return EINVAL and are skipped.
+        for cap in 0..64 {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno() != libc::EINVAL {
+                fail_parked(&p, Stage::CapabilityBounds, errno());
+            }
+        }
+        check_parked!(
+            &p,
+            Stage::CapabilityBounds,
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0,
+                0,
+                0
+            )
+        );
+        const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+        const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+        const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
+        const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
+        check_parked!(
+            &p,
+            Stage::CapabilityBounds,
+            libc::prctl(
+                libc::PR_SET_SECUREBITS,
+                SECBIT_NOROOT
+                    | SECBIT_NOROOT_LOCKED
+                    | SECBIT_NO_CAP_AMBIENT_RAISE
+                    | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED,
+                0,
+                0,
+                0
+            )
+        );
+
+        if let Some((uid, gid)) = plan.identity {
+            check_parked!(
+                &p,
+                Stage::Identity,
+                libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>())
+            );
+            check_parked!(
+                &p,
+                Stage::Identity,
+                libc::syscall(libc::SYS_setresgid, gid, gid, gid)
+            );
+            check_parked!(
+                &p,
+                Stage::Identity,
+                libc::syscall(libc::SYS_setresuid, uid, uid, uid)
+            );
+        }
+
+        // Whatever the uid change left (nothing, normally; everything, in a user namespace).
+        #[repr(C)]
+        struct CapHeader {
+            version: u32,
+            pid: c_int,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct CapData {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+        let header = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        check_parked!(
+            &p,
+            Stage::Capabilities,
+            libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr())
+        );
+
+        // After the uid change: changing credentials clears the parent-death signal.
+        check_parked!(
+            &p,
+            Stage::Prctl,
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0
+            )
+        );
+        check_parked!(
+            &p,
+            Stage::Prctl,
+            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0)
+        );
+
+        if let Some(fd) = plan.landlock_fd {
+            #[repr(C, packed)]
+            struct PathBeneath {
+                allowed_access: u64,
+                parent_fd: i32,
+            }
+            const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+            for (path, access) in &plan.landlock_late {
+                let dir = libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                if dir < 0 {
+                    if errno() == libc::ENOENT {
+                        continue;
+                    }
+                    fail_parked(&p, Stage::Landlock, errno());
+                }
+                let rule = PathBeneath {
+                    allowed_access: *access,
+                    parent_fd: dir,
+                };
+                check_parked!(
+                    &p,
+                    Stage::Landlock,
+                    libc::syscall(
+                        libc::SYS_landlock_add_rule,
+                        fd,
+                        LANDLOCK_RULE_PATH_BENEATH,
+                        &rule as *const PathBeneath,
+                        0u32
+                    )
+                );
+                libc::close(dir);
+            }
+            check_parked!(
+                &p,
+                Stage::Landlock,
+                libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32)
+            );
+            libc::close(fd);
+        }
+
+        let prog = libc::sock_fprog {
+            len: plan.filter.len() as u16,
+            filter: plan.filter.as_ptr() as *mut libc::sock_filter,
+        };
+        let mut listener = libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV,
+            &prog as *const libc::sock_fprog,
+        );
+        if listener < 0 && errno() == libc::EINVAL {
+            // Kernels before 5.19 lack WAIT_KILLABLE_RECV; mediation is the same without it,
+            // only a non-fatal signal may interrupt a pending call.
+            listener = libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                &prog as *const libc::sock_fprog,
+            );
+        }
+        if listener < 0 {
+            fail_parked(&p, Stage::Seccomp, errno());
+        }
+
+        report(p.status, READY, listener as i32);
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(p.go, (&mut byte as *mut u8).cast(), 1);
+            if n == 1 {
+                break;
+            }
+            if n < 0 && errno() == libc::EINTR {
+                continue;
+            }
+            // The host did not take the listener: never exec unsupervised.
+            libc::_exit(126);
+        }
+        libc::close(listener as c_int);
+        libc::close(p.go);
+
+        libc::execve(plan.path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
+        report(p.status, Stage::Exec as u32, errno());
+        libc::_exit(127)
+    }
+}

@@ -1,0 +1,442 @@
+//! Execution profiles: the data files in `profiles/` that say how an executor is confined.
+//!
+//! A profile fixes the network path (none: an empty network namespace; host: the host's
+//! network, every outbound attempt mediated), which socket families the filter admits, the
+//! namespaces, the Landlock filesystem rules, resource limits and extra denied syscalls. The
+//! built-in bypass denials of the filter cannot be relaxed by a profile.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::filter::{NetlinkProtocol, SocketFamily, syscall_number};
+
+/// Why a profile file was refused. Messages name the file and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// The file could not be read.
+    #[error("{file}: cannot read profile: {source}")]
+    Read {
+        /// The profile file.
+        file: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for a profile (syntax, unknown field, wrong type).
+    #[error("{file}: {message}")]
+    Syntax {
+        /// The profile file.
+        file: PathBuf,
+        /// The parser's message, which names the line and the field.
+        message: String,
+    },
+    /// A field has a value the broker cannot honour.
+    #[error("{file}: field `{field}`: {message}")]
+    Invalid {
+        /// The profile file.
+        file: PathBuf,
+        /// Dotted path of the field, e.g. `filesystem.read_only[2]`.
+        field: String,
+        /// What is wrong and what would be accepted.
+        message: String,
+    },
+    /// No profile of that name exists in the search path or among the built-in ones.
+    #[error(
+        "no profile named {name:?}: looked in {searched} and among the built-in profiles ({builtin})"
+    )]
+    NotFound {
+        /// The requested name.
+        name: String,
+        /// Where it was looked for.
+        searched: String,
+        /// The built-in profile names.
+        builtin: String,
+    },
+}
+
+/// Whether the executor has any network path of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkPath {
+    /// An empty network namespace: nothing is reachable, every attempt is still reported.
+    None,
+    /// The host's network namespace: every outbound attempt is mediated by the broker.
+    Host,
+}
+
+/// How strictly Landlock must be enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LandlockMode {
+    /// Refuse to spawn on a kernel without Landlock.
+    Required,
+    /// Use what the kernel offers; spawn without it when it offers none.
+    BestEffort,
+}
+
+/// A validated execution profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    /// Profile name (the file stem).
+    pub name: String,
+    /// What the profile is for.
+    pub description: String,
+    /// Network path of the executor.
+    pub network: NetworkPath,
+    /// Socket families `socket(2)` may create.
+    pub socket_families: BTreeSet<SocketFamily>,
+    /// Netlink protocols `socket(AF_NETLINK, ..)` may use (requires `netlink` in families).
+    pub netlink_protocols: BTreeSet<NetlinkProtocol>,
+    /// New mount namespace (private /tmp, fresh /proc).
+    pub mount_namespace: bool,
+    /// New pid namespace: the executor is pid 1, and its whole tree dies with it.
+    pub pid_namespace: bool,
+    /// New IPC namespace.
+    pub ipc_namespace: bool,
+    /// New UTS namespace.
+    pub uts_namespace: bool,
+    /// Landlock enforcement level.
+    pub landlock: LandlockMode,
+    /// Paths the executor may read and execute beneath.
+    pub read_only: Vec<PathBuf>,
+    /// Paths the executor may read and write beneath.
+    pub read_write: Vec<PathBuf>,
+    /// Mount a private tmpfs on /tmp (requires the mount namespace).
+    pub private_tmp: bool,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Syscalls denied (EPERM) in addition to the built-in bypass denials.
+    pub extra_deny: Vec<(String, i64)>,
+}
+
+/// Resource limits applied to the executor before exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock limit after which the executor (and its tree) is killed.
+    pub wall_clock: Option<Duration>,
+    /// RLIMIT_NOFILE.
+    pub open_files: u64,
+    /// RLIMIT_NPROC (counted per uid by the kernel).
+    pub processes: u64,
+    /// RLIMIT_AS in bytes.
+    pub address_space: u64,
+    /// RLIMIT_CPU in seconds.
+    pub cpu_seconds: u64,
+    /// RLIMIT_FSIZE in bytes.
+    pub file_size: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProfileFile {
+    description: String,
+    network: NetworkSection,
+    #[serde(default)]
+    namespaces: NamespaceSection,
+    filesystem: FilesystemSection,
+    limits: LimitsSection,
+    #[serde(default)]
+    seccomp: SeccompSection,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetworkSection {
+    path: NetworkPath,
+    socket_families: Vec<String>,
+    #[serde(default)]
+    netlink_protocols: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NamespaceSection {
+    mount: bool,
+    pid: bool,
+    ipc: bool,
+    uts: bool,
+}
+
+impl Default for NamespaceSection {
+    fn default() -> Self {
+        Self {
+            mount: true,
+            pid: true,
+            ipc: true,
+            uts: true,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilesystemSection {
+    landlock: LandlockMode,
+    read_only: Vec<PathBuf>,
+    read_write: Vec<PathBuf>,
+    #[serde(default)]
+    private_tmp: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsSection {
+    wall_clock_seconds: u64,
+    open_files: u64,
+    processes: u64,
+    address_space_mib: u64,
+    cpu_seconds: u64,
+    file_size_mib: u64,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SeccompSection {
+    #[serde(default)]
+    extra_deny: Vec<String>,
+}
+
+/// The profiles compiled into the binary, so a fresh machine runs without installed files.
+pub const BUILTIN: &[(&str, &str)] = &[
+    ("isolated", include_str!("../../profiles/isolated.toml")),
+    ("brokered", include_str!("../../profiles/brokered.toml")),
+];
+
+impl Profile {
+    /// Loads and validates a profile file; its name is the file stem.
+    pub fn load(file: &Path) -> Result<Self, ProfileError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ProfileError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        let name = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Self::parse(&name, file, &text)
+    }
+
+    /// Finds a profile by name: `DIR/NAME.toml` in each search directory, then the built-in
+    /// profiles.
+    pub fn find(name: &str, search: &[PathBuf]) -> Result<Self, ProfileError> {
+        for dir in search {
+            let file = dir.join(format!("{name}.toml"));
+            if file.is_file() {
+                return Self::load(&file);
+            }
+        }
+        if let Some((_, text)) = BUILTIN.iter().find(|(n, _)| *n == name) {
+            return Self::parse(name, Path::new(&format!("<built-in {name}.toml>")), text);
+        }
+        Err(ProfileError::NotFound {
+            name: name.to_string(),
+            searched: search
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            builtin: BUILTIN
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    /// Parses and validates profile text; `file` is only used in messages.
+    pub fn parse(name: &str, file: &Path, text: &str) -> Result<Self, ProfileError> {
+        let raw: ProfileFile = toml::from_str(text).map_err(|e| ProfileError::Syntax {
+            file: file.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let invalid = |field: String, message: String| ProfileError::Invalid {
+            file: file.to_path_buf(),
+            field,
+            message,
+        };
+        if raw.description.trim().is_empty() {
+            return Err(invalid(
+                "description".into(),
+                "must say what the profile is for".into(),
+            ));
+        }
+        let mut socket_families = BTreeSet::new();
+        for (i, f) in raw.network.socket_families.iter().enumerate() {
+            let family = SocketFamily::from_name(f).ok_or_else(|| {
+                invalid(
+                    format!("network.socket_families[{i}]"),
+                    format!(
+                        "unknown family {f:?}; accepted: {}",
+                        SocketFamily::NAMES.join(", ")
+                    ),
+                )
+            })?;
+            if !socket_families.insert(family) {
+                return Err(invalid(
+                    format!("network.socket_families[{i}]"),
+                    format!("{f:?} is listed twice"),
+                ));
+            }
+        }
+        let mut netlink_protocols = BTreeSet::new();
+        for (i, p) in raw.network.netlink_protocols.iter().enumerate() {
+            let proto = NetlinkProtocol::from_name(p).ok_or_else(|| {
+                invalid(
+                    format!("network.netlink_protocols[{i}]"),
+                    format!(
+                        "unknown netlink protocol {p:?}; accepted: {}",
+                        NetlinkProtocol::NAMES.join(", ")
+                    ),
+                )
+            })?;
+            netlink_protocols.insert(proto);
+        }
+        if !netlink_protocols.is_empty() && !socket_families.contains(&SocketFamily::Netlink) {
+            return Err(invalid(
+                "network.netlink_protocols".into(),
+                "lists protocols but `netlink` is not in network.socket_families".into(),
+            ));
+        }
+        let check_paths = |field: &str, paths: &[PathBuf]| -> Result<(), ProfileError> {
+            for (i, p) in paths.iter().enumerate() {
+                if !p.is_absolute() {
+                    return Err(invalid(
+                        format!("filesystem.{field}[{i}]"),
+                        format!("{} is not an absolute path", p.display()),
+                    ));
+                }
+            }
+            Ok(())
+        };
+        check_paths("read_only", &raw.filesystem.read_only)?;
+        check_paths("read_write", &raw.filesystem.read_write)?;
+        if raw.filesystem.private_tmp && !raw.namespaces.mount {
+            return Err(invalid(
+                "filesystem.private_tmp".into(),
+                "needs namespaces.mount = true (the tmpfs is mounted in the executor's own mount namespace)".into(),
+            ));
+        }
+        let l = &raw.limits;
+        let positive = |field: &str, v: u64, max: u64| -> Result<u64, ProfileError> {
+            if v == 0 || v > max {
+                Err(invalid(
+                    format!("limits.{field}"),
+                    format!("{v} is out of range; use 1 to {max}"),
+                ))
+            } else {
+                Ok(v)
+            }
+        };
+        let limits = Limits {
+            wall_clock: Some(Duration::from_secs(positive(
+                "wall_clock_seconds",
+                l.wall_clock_seconds,
+                7 * 24 * 3600,
+            )?)),
+            open_files: positive("open_files", l.open_files, 1 << 20)?,
+            processes: positive("processes", l.processes, 1 << 22)?,
+            address_space: positive("address_space_mib", l.address_space_mib, 1 << 30)? << 20,
+            cpu_seconds: positive("cpu_seconds", l.cpu_seconds, 7 * 24 * 3600)?,
+            file_size: positive("file_size_mib", l.file_size_mib, 1 << 30)? << 20,
+        };
+        let mut extra_deny = Vec::new();
+        for (i, name) in raw.seccomp.extra_deny.iter().enumerate() {
+            let nr = syscall_number(name).ok_or_else(|| {
+                invalid(
+                    format!("seccomp.extra_deny[{i}]"),
+                    format!("{name:?} is not a syscall this broker knows on x86_64"),
+                )
+            })?;
+            extra_deny.push((name.clone(), nr));
+        }
+        Ok(Profile {
+            name: name.to_string(),
+            description: raw.description,
+            network: raw.network.path,
+            socket_families,
+            netlink_protocols,
+            mount_namespace: raw.namespaces.mount,
+            pid_namespace: raw.namespaces.pid,
+            ipc_namespace: raw.namespaces.ipc,
+            uts_namespace: raw.namespaces.uts,
+            landlock: raw.filesystem.landlock,
+            read_only: raw.filesystem.read_only,
+            read_write: raw.filesystem.read_write,
+            private_tmp: raw.filesystem.private_tmp,
+            limits,
+            extra_deny,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_profiles_are_valid() {
+        for (name, _) in BUILTIN {
+            let p = Profile::find(name, &[]).unwrap();
+            assert_eq!(&p.name, name);
+        }
+        assert_eq!(
+            Profile::find("isolated", &[]).unwrap().network,
+            NetworkPath::None
+        );
+        assert_eq!(
+            Profile::find("brokered", &[]).unwrap().network,
+            NetworkPath::Host
+        );
+    }
+
+    fn with(edit: impl Fn(&str) -> String) -> Result<Profile, ProfileError> {
+        let base = BUILTIN[0].1;
+        Profile::parse("t", Path::new("t.toml"), &edit(base))
+    }
+
+    #[test]
+    fn errors_name_file_and_field() {
+        let e = with(|s| s.replace("\"inet6\"", "\"inet7\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("t.toml: field `network.socket_families[2]`"),
+            "{e}"
+        );
+        let e = with(|s| s.replace("open_files = ", "open_files = 0 #"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`limits.open_files`"), "{e}");
+        let e = with(|s| s.replace("[limits]", "[limits]\nbogus = 1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("t.toml") && e.contains("unknown field `bogus`"),
+            "{e}"
+        );
+        let e = with(|s| s.replace("extra_deny = []", "extra_deny = [\"no_such_call\"]"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`seccomp.extra_deny[0]`"), "{e}");
+        let e = with(|s| s.replace("read_only = [", "read_only = [\"relative/dir\", "))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`filesystem.read_only[0]`") && e.contains("absolute"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_profile_lists_builtins() {
+        let e = Profile::find("nope", &[PathBuf::from("/nonexistent")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("isolated, brokered") && e.contains("/nonexistent"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,757 @@
+//! The per-executor supervisor: receives seccomp notifications, turns each into one or more
+//! [`EgressAttempt`]s, waits for the host's verdict, and performs the operation itself.
+//!
+//! The TOCTOU rule: a decision that depended on memory the executor points at is never
+//! answered with CONTINUE. The broker copies the address (and for sends the payload and
+//! control data) once, with `SECCOMP_IOCTL_NOTIF_ID_VALID` checked before and after the copy,
+//! decides on that copy, takes the executor's socket with `pidfd_getfd`, performs the syscall
+//! itself with the copy, and returns the result. Later writes by the executor to its own
+//! memory change nothing.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
+
+use crate::attempt::{AttemptInfo, Destination, EgressAttempt, EgressSyscall, SocketInfo, Verdict};
+use crate::sys::{self, Notification, OwnedMessage};
+
+/// Largest address the kernel accepts (`sizeof(struct sockaddr_storage)`).
+const MAX_ADDR: usize = 128;
+/// Most iovecs per message (`UIO_MAXIOV`).
+const MAX_IOV: usize = 1024;
+/// Most control bytes copied per message.
+const MAX_CONTROL: usize = 64 * 1024;
+/// Most payload bytes copied per message; a larger stream send is sent partially (as the
+/// kernel may do), a larger datagram is refused with EMSGSIZE.
+const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
+/// `struct msghdr` and `struct mmsghdr` sizes on x86_64.
+const MSGHDR_SIZE: usize = 56;
+const MMSGHDR_SIZE: usize = 64;
+const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+
+/// Counters shared between a supervisor and whoever reports health.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Notifications received.
+    pub notifications: AtomicU64,
+    /// Attempts allowed and carried out (whatever their result).
+    pub allowed: AtomicU64,
+    /// Attempts refused.
+    pub denied: AtomicU64,
+    /// Notifications the broker could not handle (answered with an error).
+    pub failed: AtomicU64,
+}
+
+/// Shared state of one executor's supervision.
+pub(crate) struct Context {
+    pub listener: AsyncFd<OwnedFd>,
+    pub attempts: mpsc::Sender<EgressAttempt>,
+    pub counters: Arc<Counters>,
+    pub broker_counters: Arc<Counters>,
+}
+
+impl Context {
+    fn bump(&self, f: impl Fn(&Counters) -> &AtomicU64) {
+        f(&self.counters).fetch_add(1, Ordering::Relaxed);
+        f(&self.broker_counters).fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// How the supervision loop ended.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// Every task using the filter has exited.
+    ExecutorGone,
+    /// The listener failed; the caller kills the executor.
+    Error(io::Error),
+}
+
+fn poll_now(fd: BorrowedFd<'_>) -> i16 {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polls one descriptor we own, without blocking.
+    let r = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if r < 0 { libc::POLLERR } else { pfd.revents }
+}
+
+/// Receives notifications until the executor is gone. Each notification is handled in its
+/// own task, so a blocking operation for one thread never stalls the others (or other
+/// executors).
+pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
+    loop {
+        let mut guard = match ctx.listener.readable().await {
+            Ok(g) => g,
+            Err(e) => return End::Error(e),
+        };
+        loop {
+            let revents = poll_now(ctx.listener.get_ref().as_fd());
+            if revents & libc::POLLIN != 0 {
+                match sys::notif_recv(ctx.listener.get_ref().as_fd()) {
+                    Ok(n) => {
+                        ctx.bump(|c| &c.notifications);
+                        tokio::spawn(handle(ctx.clone(), n));
+                    }
+                    // The caller died between notification and receipt, or we were interrupted.
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
+                    Err(e) => return End::Error(e),
+                }
+            } else if revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+                return End::ExecutorGone;
+            } else {
+                guard.clear_ready();
+                break;
+            }
+        }
+    }
+}
+
+/// The result of handling one notification.
+#[derive(Debug)]
+enum Outcome {
+    /// Return this value from the syscall.
+    Value(i64),
+    /// Fail the syscall with this errno.
+    Errno(i32),
+    /// The caller is gone (the notification id is no longer valid); nothing to answer.
+    Abandon,
+}
+
+type Step<T> = Result<T, Outcome>;
+
+fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// Answers a notification exactly once; if dropped unanswered (a bug, a panic), it refuses
+/// the call with EIO rather than leaving the executor hanging or letting anything through.
+struct Pending {
+    ctx: Arc<Context>,
+    id: u64,
+    answered: bool,
+}
+
+impl Pending {
+    fn answer(mut self, outcome: Outcome) {
+        self.answered = true;
+        let fd = self.ctx.listener.get_ref().as_fd();
+        let result = match outcome {
+            Outcome::Value(v) => sys::notif_send(fd, self.id, v, 0),
+            Outcome::Errno(e) => sys::notif_send(fd, self.id, 0, -e),
+            Outcome::Abandon => return,
+        };
+        // ENOENT: the caller was killed while we worked; there is nobody to answer.
+        if let Err(e) = result
+            && e.raw_os_error() != Some(libc::ENOENT)
+        {
+            self.ctx.bump(|c| &c.failed);
+            tracing::warn!(error = %e, "cannot answer a seccomp notification");
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.ctx.bump(|c| &c.failed);
+            let _ = sys::notif_send(self.ctx.listener.get_ref().as_fd(), self.id, 0, -libc::EIO);
+        }
+    }
+}
+
+async fn handle(ctx: Arc<Context>, n: Notification) {
+    let pending = Pending {
+        ctx: ctx.clone(),
+        id: n.id,
+        answered: false,
+    };
+    let caller = Caller { ctx: &ctx, n };
+    // The filter kills every other architecture; this is a second line, not the first.
+    if n.arch != AUDIT_ARCH_X86_64 {
+        pending.answer(Outcome::Errno(libc::ENOSYS));
+        return;
+    }
+    let outcome = match i64::from(n.nr) {
+        libc::SYS_connect => caller.connect().await,
+        libc::SYS_bind => caller.bind().await,
+        libc::SYS_sendto => caller.sendto().await,
+        libc::SYS_sendmsg => caller.sendmsg().await,
+        libc::SYS_sendmmsg => caller.sendmmsg().await,
+        _ => Err(Outcome::Errno(libc::ENOSYS)),
+    };
+    pending.answer(outcome.unwrap_or_else(|o| o));
+}
+
+/// A socket taken from the executor, with what the kernel says it is.
+struct TakenSocket {
+    fd: Arc<OwnedFd>,
+    info: SocketInfo,
+}
+
+impl TakenSocket {
+    fn blocking(&self) -> bool {
+        nix::fcntl::fcntl(&*self.fd, nix::fcntl::FcntlArg::F_GETFL)
+            .map(|flags| flags & libc::O_NONBLOCK == 0)
+            .unwrap_or(false)
+    }
+}
+
+/// One message of a send, copied out of the executor.
+struct CopiedMessage {
+    msg: OwnedMessage,
+    /// Destination decoded from `msg.name`, or the connected peer.
+    destination: Option<Destination>,
+    connected: bool,
+    /// Descriptors passed with SCM_RIGHTS (kept alive until the send is done).
+    _passed: Vec<OwnedFd>,
+    passed_count: usize,
+    /// Pinned unix socket inode when the destination is a pathname.
+    _pin: Option<OwnedFd>,
+    /// Why the destination cannot be reached (a unix path that does not resolve), returned
+    /// only if the host allows the attempt.
+    unreachable: Option<i32>,
+}
+
+struct Caller<'a> {
+    ctx: &'a Context,
+    n: Notification,
+}
+
+impl Caller<'_> {
+    fn still_waiting(&self) -> Step<()> {
+        if sys::notif_id_valid(self.ctx.listener.get_ref().as_fd(), self.n.id) {
+            Ok(())
+        } else {
+            Err(Outcome::Abandon)
+        }
+    }
+
+    /// Copies `len` bytes at `addr` from the caller, bracketed by ID_VALID checks so the
+    /// bytes are known to come from the thread that is waiting on this notification.
+    fn copy(&self, addr: u64, len: usize) -> Step<Vec<u8>> {
+        self.still_waiting()?;
+        let mut buf = vec![0u8; len];
+        sys::read_remote(self.n.pid, addr, &mut buf).map_err(|_| Outcome::Errno(libc::EFAULT))?;
+        self.still_waiting()?;
+        Ok(buf)
+    }
+
+    fn pidfd(&self) -> Step<OwnedFd> {
+        let pidfd = sys::pidfd_open_thread(self.n.pid).map_err(|_| Outcome::Abandon)?;
+        // The pid was the caller's when the notification arrived; if the notification is
+        // still pending, the caller is alive and the pidfd is its.
+        self.still_waiting()?;
+        Ok(pidfd)
+    }
+
+    fn socket(&self, pidfd: &OwnedFd, fd: u64) -> Step<TakenSocket> {
+        let fd = i32::try_from(fd as i64).map_err(|_| Outcome::Errno(libc::EBADF))?;
+        let taken =
+            sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| Outcome::Errno(errno_of(&e)))?;
+        let opt = |name| {
+            sys::getsockopt_int(taken.as_fd(), libc::SOL_SOCKET, name)
+                .map_err(|e| Outcome::Errno(errno_of(&e)))
+        };
+        let info = SocketInfo {
+            family: opt(libc::SO_DOMAIN)?,
+            socket_type: opt(libc::SO_TYPE)?,
+            protocol: opt(libc::SO_PROTOCOL)?,
+        };
+        Ok(TakenSocket {
+            fd: Arc::new(taken),
+            info,
+        })
+    }
+
+    fn attempt(&self, syscall: EgressSyscall, sock: &TakenSocket) -> AttemptInfo {
+        AttemptInfo {
+            syscall,
+            pid: self.n.pid,
+            executable: sys::executable_of(self.n.pid),
+            socket: sock.info,
+            destination: None,
+            connected: false,
+            bytes: None,
+            message_index: None,
+            passed_fds: 0,
+        }
+    }
+
+    /// Hands the attempt to the host and waits for its verdict. No consumer, or a consumer
+    /// that drops the attempt, is a refusal.
+    async fn decide(&self, info: AttemptInfo) -> Verdict {
+        let (attempt, verdict) = EgressAttempt::new(info);
+        if self.ctx.attempts.send(attempt).await.is_err() {
+            self.ctx.bump(|c| &c.denied);
+            return Verdict::DENY;
+        }
+        let v = verdict.await.unwrap_or(Verdict::DENY);
+        match v {
+            Verdict::Allow => self.ctx.bump(|c| &c.allowed),
+            Verdict::Deny { .. } => self.ctx.bump(|c| &c.denied),
+        }
+        v
+    }
+
+    async fn connect(&self) -> Step<Outcome> {
+        let [fd, addr, len, ..] = self.n.args;
+        let len = addr_len(len)?;
+        let raw = self.copy(addr, len)?;
+        let pidfd = self.pidfd()?;
+        let sock = self.socket(&pidfd, fd)?;
+        let mut info = self.attempt(EgressSyscall::Connect, &sock);
+        let (destination, target) = self.resolve(&raw, UnixUse::Connect);
+        info.destination = Some(destination);
+        if let Verdict::Deny { errno } = self.decide(info).await {
+            return Ok(Outcome::Errno(errno));
+        }
+        let target = target?;
+        let fd = sock.fd.clone();
+        let result = if sock.blocking() {
+            blocking(move || sys::connect_raw(fd.as_fd(), &target.addr)).await
+        } else {
+            sys::connect_raw(fd.as_fd(), &target.addr)
+        };
+        Ok(to_outcome(result.map(|()| 0)))
+    }
+
+    async fn bind(&self) -> Step<Outcome> {
+        let [fd, addr, len, ..] = self.n.args;
+        let len = addr_len(len)?;
+        let raw = self.copy(addr, len)?;
+        let pidfd = self.pidfd()?;
+        let sock = self.socket(&pidfd, fd)?;
+        let mut info = self.attempt(EgressSyscall::Bind, &sock);
+        let (destination, target) = self.resolve(&raw, UnixUse::Bind);
+        info.destination = Some(destination);
+        if let Verdict::Deny { errno } = self.decide(info).await {
+            return Ok(Outcome::Errno(errno));
+        }
+        let target = target?;
+        Ok(to_outcome(
+            sys::bind_raw(sock.fd.as_fd(), &target.addr).map(|()| 0),
+        ))
+    }
+
+    async fn sendto(&self) -> Step<Outcome> {
+        let [fd, buf, len, flags, addr, addrlen] = self.n.args;
+        let flags = flags as i32;
+        let pidfd = self.pidfd()?;
+        let sock = self.socket(&pidfd, fd)?;
+        let payload = self.payload_len(&sock, len as usize)?;
+        let data = self.copy(buf, payload)?;
+        let mut message = OwnedMessage {
+            data,
+            ..OwnedMessage::default()
+        };
+        let mut info = self.attempt(EgressSyscall::Sendto, &sock);
+        info.bytes = Some(message.data.len());
+        let mut pin = None;
+        if addr == 0 {
+            info.connected = true;
+            info.destination = peer(&sock);
+        } else {
+            let raw = self.copy(addr, addr_len(addrlen)?)?;
+            let (destination, target) = self.resolve(&raw, UnixUse::Connect);
+            info.destination = Some(destination);
+            if let Ok(t) = &target {
+                message.name = t.addr.clone();
+            }
+            pin = Some(target);
+        }
+        if let Verdict::Deny { errno } = self.decide(info).await {
+            return Ok(Outcome::Errno(errno));
+        }
+        if let Some(target) = pin {
+            target?;
+        }
+        Ok(to_outcome(
+            send(&sock, message, flags).await.map(|n| n as i64),
+        ))
+    }
+
+    async fn sendmsg(&self) -> Step<Outcome> {
+        let [fd, msg_ptr, flags, ..] = self.n.args;
+        let flags = flags as i32;
+        let pidfd = self.pidfd()?;
+        let sock = self.socket(&pidfd, fd)?;
+        let header = self.copy(msg_ptr, MSGHDR_SIZE)?;
+        let copied = self.message(&pidfd, &sock, &header)?;
+        let mut info = self.attempt(EgressSyscall::Sendmsg, &sock);
+        info.bytes = Some(copied.msg.data.len());
+        info.destination = copied.destination.clone();
+        info.connected = copied.connected;
+        info.passed_fds = copied.passed_count;
+        if let Verdict::Deny { errno } = self.decide(info).await {
+            return Ok(Outcome::Errno(errno));
+        }
+        if let Some(errno) = copied.unreachable {
+            return Ok(Outcome::Errno(errno));
+        }
+        Ok(to_outcome(
+            send(&sock, copied.msg.clone(), flags)
+                .await
+                .map(|n| n as i64),
+        ))
+    }
+
+    async fn sendmmsg(&self) -> Step<Outcome> {
+        let [fd, vec_ptr, vlen, flags, ..] = self.n.args;
+        let flags = flags as i32;
+        let vlen = (vlen as u32 as usize).min(MAX_IOV);
+        if vlen == 0 {
+            return Ok(Outcome::Value(0));
+        }
+        let pidfd = self.pidfd()?;
+        let sock = self.socket(&pidfd, fd)?;
+        let headers = self.copy(vec_ptr, vlen * MMSGHDR_SIZE)?;
+        let mut messages = Vec::with_capacity(vlen);
+        for i in 0..vlen {
+            let h = &headers[i * MMSGHDR_SIZE..i * MMSGHDR_SIZE + MSGHDR_SIZE];
+            messages.push(self.message(&pidfd, &sock, h)?);
+        }
+        // Every message is reported and decided before any is sent.
+        let mut verdicts = Vec::with_capacity(vlen);
+        for (i, m) in messages.iter().enumerate() {
+            let mut info = self.attempt(EgressSyscall::Sendmmsg, &sock);
+            info.bytes = Some(m.msg.data.len());
+            info.destination = m.destination.clone();
+            info.connected = m.connected;
+            info.message_index = Some(i);
+            info.passed_fds = m.passed_count;
+            verdicts.push(self.decide(info).await);
+        }
+        let mut sent = 0usize;
+        for (i, (m, verdict)) in messages.iter().zip(verdicts).enumerate() {
+            let result = match verdict {
+                Verdict::Deny { errno } => Err(io::Error::from_raw_os_error(errno)),
+                Verdict::Allow => match m.unreachable {
+                    Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+                    None => send(&sock, m.msg.clone(), flags).await,
+                },
+            };
+            match result {
+                Ok(n) => {
+                    let at = vec_ptr + (i * MMSGHDR_SIZE + MSGHDR_SIZE) as u64;
+                    // The kernel reports each message's length in its msg_len field.
+                    let _ = sys::write_remote(self.n.pid, at, &(n as u32).to_ne_bytes());
+                    sent += 1;
+                }
+                Err(e) if sent == 0 => return Ok(Outcome::Errno(errno_of(&e))),
+                Err(_) => break,
+            }
+        }
+        Ok(Outcome::Value(sent as i64))
+    }
+
+    fn payload_len(&self, sock: &TakenSocket, len: usize) -> Step<usize> {
+        if len <= MAX_PAYLOAD {
+            Ok(len)
+        } else if sock.info.socket_type == libc::SOCK_STREAM {
+            Ok(MAX_PAYLOAD)
+        } else {
+            Err(Outcome::Errno(libc::EMSGSIZE))
+        }
+    }
+
+    /// Copies one `struct msghdr` worth of message: name, payload and control data.
+    fn message(&self, pidfd: &OwnedFd, sock: &TakenSocket, header: &[u8]) -> Step<CopiedMessage> {
+        let u64_at = |o: usize| u64::from_ne_bytes(header[o..o + 8].try_into().unwrap_or([0; 8]));
+        let u32_at = |o: usize| u32::from_ne_bytes(header[o..o + 4].try_into().unwrap_or([0; 4]));
+        let (name_ptr, name_len) = (u64_at(0), u32_at(8) as usize);
+        let (iov_ptr, iov_len) = (u64_at(16), u64_at(24) as usize);
+        let (control_ptr, control_len) = (u64_at(32), u64_at(40) as usize);
+        if name_len > MAX_ADDR {
+            return Err(Outcome::Errno(libc::EINVAL));
+        }
+        if iov_len > MAX_IOV {
+            return Err(Outcome::Errno(libc::EMSGSIZE));
+        }
+        if control_len > MAX_CONTROL {
+            return Err(Outcome::Errno(libc::ENOBUFS));
+        }
+        let iovecs = if iov_len > 0 {
+            self.copy(iov_ptr, iov_len * 16)?
+        } else {
+            Vec::new()
+        };
+        let mut data = Vec::new();
+        for i in 0..iov_len {
+            let base = u64::from_ne_bytes(iovecs[i * 16..i * 16 + 8].try_into().unwrap_or([0; 8]));
+            let len =
+                u64::from_ne_bytes(iovecs[i * 16 + 8..i * 16 + 16].try_into().unwrap_or([0; 8]))
+                    as usize;
+            let room = MAX_PAYLOAD - data.len();
+            if len > room && sock.info.socket_type != libc::SOCK_STREAM {
+                return Err(Outcome::Errno(libc::EMSGSIZE));
+            }
+            let take = len.min(room);
+            if take > 0 {
+                data.extend(self.copy(base, take)?);
+            }
+        }
+        let mut msg = OwnedMessage {
+            data,
+            ..OwnedMessage::default()
+        };
+        let (destination, connected);
+        let (mut pin, mut unreachable) = (None, None);
+        if name_ptr != 0 && name_len > 0 {
+            let raw = self.copy(name_ptr, name_len)?;
+            let (dest, target) = self.resolve(&raw, UnixUse::Connect);
+            destination = Some(dest);
+            connected = false;
+            match target {
+                Ok(t) => {
+                    msg.name = t.addr;
+                    pin = t.pin;
+                }
+                Err(Outcome::Errno(e)) => unreachable = Some(e),
+                Err(other) => return Err(other),
+            }
+        } else {
+            connected = true;
+            destination = peer(sock);
+        }
+        let mut passed = Vec::new();
+        if control_ptr != 0 && control_len > 0 {
+            let raw = self.copy(control_ptr, control_len)?;
+            msg.control = translate_control(&raw, pidfd, &mut passed)?;
+        }
+        let passed_count = passed.len();
+        Ok(CopiedMessage {
+            msg,
+            destination,
+            connected,
+            _passed: passed,
+            passed_count,
+            _pin: pin,
+            unreachable,
+        })
+    }
+
+    /// Decodes a copied address. For pathname unix sockets, resolves the path in the
+    /// executor's filesystem view without following symlinks and pins the inode (connect) or
+    /// the parent directory (bind), so what is decided is what the broker reaches.
+    fn resolve(&self, raw: &[u8], usage: UnixUse) -> (Destination, Step<Target>) {
+        let destination = Destination::from_sockaddr(raw);
+        let Destination::UnixPath(path) = &destination else {
+            return (
+                destination,
+                Ok(Target {
+                    addr: raw.to_vec(),
+                    pin: None,
+                }),
+            );
+        };
+        let absolute = if path.is_absolute() {
+            path.clone()
+        } else {
+            match std::fs::read_link(format!("/proc/{}/cwd", self.n.pid)) {
+                Ok(cwd) => cwd.join(path),
+                Err(_) => return (destination, Err(Outcome::Abandon)),
+            }
+        };
+        let target = pin_unix(self.n.pid, &absolute, usage);
+        (Destination::UnixPath(absolute), target)
+    }
+}
+
+/// What the broker will pass to the syscall, and any pinned descriptor the address names.
+struct Target {
+    addr: Vec<u8>,
+    pin: Option<OwnedFd>,
+}
+
+#[derive(Clone, Copy)]
+enum UnixUse {
+    Connect,
+    Bind,
+}
+
+fn unix_sockaddr(path: &str) -> Step<Vec<u8>> {
+    if path.len() >= 108 {
+        return Err(Outcome::Errno(libc::ENAMETOOLONG));
+    }
+    let mut v = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+    v.extend_from_slice(path.as_bytes());
+    v.push(0);
+    Ok(v)
+}
+
+fn pin_unix(pid: i32, absolute: &Path, usage: UnixUse) -> Step<Target> {
+    let root = std::fs::File::open(format!("/proc/{pid}/root")).map_err(|_| Outcome::Abandon)?;
+    let root = OwnedFd::from(root);
+    let errno = |e: io::Error| Outcome::Errno(errno_of(&e));
+    let c =
+        |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| Outcome::Errno(libc::EINVAL));
+    match usage {
+        UnixUse::Connect => {
+            let pin = sys::open_path_nofollow(root.as_fd(), &c(absolute)?, true).map_err(errno)?;
+            let addr = unix_sockaddr(&format!("/proc/self/fd/{}", pin.as_raw_fd()))?;
+            Ok(Target {
+                addr,
+                pin: Some(pin),
+            })
+        }
+        UnixUse::Bind => {
+            let (Some(parent), Some(name)) = (absolute.parent(), absolute.file_name()) else {
+                return Err(Outcome::Errno(libc::EINVAL));
+            };
+            let dir = sys::open_path_nofollow(root.as_fd(), &c(parent)?, true).map_err(errno)?;
+            let addr = unix_sockaddr(&format!(
+                "/proc/self/fd/{}/{}",
+                dir.as_raw_fd(),
+                name.to_string_lossy()
+            ))?;
+            Ok(Target {
+                addr,
+                pin: Some(dir),
+            })
+        }
+    }
+}
+
+fn peer(sock: &TakenSocket) -> Option<Destination> {
+    sys::peer_address(sock.fd.as_fd())
+        .ok()
+        .map(|raw| Destination::from_sockaddr(&raw))
+}
+
+fn addr_len(len: u64) -> Step<usize> {
+    let len = len as u32 as usize;
+    if len > MAX_ADDR {
+        Err(Outcome::Errno(libc::EINVAL))
+    } else {
+        Ok(len)
+    }
+}
+
+fn to_outcome(r: io::Result<i64>) -> Outcome {
+    match r {
+        Ok(v) => Outcome::Value(v),
+        Err(e) => Outcome::Errno(errno_of(&e)),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|_| Err(io::Error::from_raw_os_error(libc::EIO)))
+}
+
+/// Sends a copied message. Tries without blocking first; a blocking socket whose send would
+/// block is finished on the blocking pool so other notifications keep flowing. `MSG_NOSIGNAL`
+/// is always set: a broken pipe must not signal the broker.
+async fn send(sock: &TakenSocket, msg: OwnedMessage, flags: i32) -> io::Result<usize> {
+    let flags = flags | libc::MSG_NOSIGNAL;
+    match sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT) {
+        Err(e)
+            if e.raw_os_error() == Some(libc::EAGAIN)
+                && flags & libc::MSG_DONTWAIT == 0
+                && sock.blocking() =>
+        {
+            let fd = sock.fd.clone();
+            blocking(move || sys::sendmsg_owned(fd.as_fd(), &msg, flags)).await
+        }
+        other => other,
+    }
+}
+
+/// Rebuilds a control buffer for the broker's own sendmsg: descriptors passed with
+/// SCM_RIGHTS are replaced by the broker's duplicates of them; any other SOL_SOCKET control
+/// message is refused (SCM_CREDENTIALS would be checked against the broker's credentials, not
+/// the executor's); IP-level control messages pass unchanged.
+fn translate_control(raw: &[u8], pidfd: &OwnedFd, passed: &mut Vec<OwnedFd>) -> Step<Vec<u8>> {
+    const HDR: usize = 16; // size_t cmsg_len; int cmsg_level; int cmsg_type
+    let align = |n: usize| (n + 7) & !7;
+    let mut out = Vec::with_capacity(raw.len());
+    let mut off = 0;
+    while off + HDR <= raw.len() {
+        let len = u64::from_ne_bytes(raw[off..off + 8].try_into().unwrap_or([0; 8])) as usize;
+        let level = i32::from_ne_bytes(raw[off + 8..off + 12].try_into().unwrap_or([0; 4]));
+        let kind = i32::from_ne_bytes(raw[off + 12..off + 16].try_into().unwrap_or([0; 4]));
+        if len < HDR || off + len > raw.len() {
+            return Err(Outcome::Errno(libc::EINVAL));
+        }
+        let data = &raw[off + HDR..off + len];
+        let start = out.len();
+        out.extend_from_slice(&raw[off..off + HDR]);
+        match (level, kind) {
+            (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
+                for chunk in data.chunks_exact(4) {
+                    let theirs = i32::from_ne_bytes(chunk.try_into().unwrap_or([0; 4]));
+                    let ours = sys::pidfd_getfd(pidfd.as_fd(), theirs)
+                        .map_err(|e| Outcome::Errno(errno_of(&e)))?;
+                    out.extend_from_slice(&ours.as_raw_fd().to_ne_bytes());
+                    passed.push(ours);
+                }
+            }
+            (libc::SOL_SOCKET, _) => return Err(Outcome::Errno(libc::EPERM)),
+            _ => out.extend_from_slice(data),
+        }
+        debug_assert_eq!(out.len() - start, len);
+        out.resize(start + align(len), 0);
+        off += align(len);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_addresses_fit_sun_path() {
+        assert!(unix_sockaddr(&"x".repeat(107)).is_ok());
+        assert!(matches!(
+            unix_sockaddr(&"x".repeat(108)),
+            Err(Outcome::Errno(libc::ENAMETOOLONG))
+        ));
+    }
+
+    #[test]
+    fn control_refuses_credentials() {
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&(16u64 + 12).to_ne_bytes());
+        raw.extend_from_slice(&libc::SOL_SOCKET.to_ne_bytes());
+        raw.extend_from_slice(&libc::SCM_CREDENTIALS.to_ne_bytes());
+        raw.extend_from_slice(&[0u8; 12]);
+        raw.resize(32, 0);
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        let mut passed = Vec::new();
+        assert!(matches!(
+            translate_control(&raw, &me, &mut passed),
+            Err(Outcome::Errno(libc::EPERM))
+        ));
+    }
+
+    #[test]
+    fn control_translates_passed_descriptors() {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&(16u64 + 4).to_ne_bytes());
+        raw.extend_from_slice(&libc::SOL_SOCKET.to_ne_bytes());
+        raw.extend_from_slice(&libc::SCM_RIGHTS.to_ne_bytes());
+        raw.extend_from_slice(&file.as_raw_fd().to_ne_bytes());
+        raw.resize(24, 0);
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        let mut passed = Vec::new();
+        let out = translate_control(&raw, &me, &mut passed).unwrap();
+        assert_eq!(passed.len(), 1);
+        let ours = i32::from_ne_bytes(out[16..20].try_into().unwrap());
+        assert_eq!(ours, passed[0].as_raw_fd());
+        assert_ne!(ours, file.as_raw_fd(), "the broker sends its own duplicate");
+    }
+}

@@ -1,0 +1,438 @@
+//! The syscall boundary: thin, checked wrappers over the Linux primitives the broker uses
+//! that neither `std` nor `nix` expose (pidfds, seccomp user notification, cross-process
+//! memory access, Landlock self-restriction). Every `unsafe` block of the host side lives here.
+
+use std::ffi::CStr;
+use std::io;
+use std::mem::{MaybeUninit, size_of};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// `PIDFD_THREAD` (Linux 6.9): a pidfd that refers to one thread rather than its process.
+const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Opens a pidfd for `pid` (a process) with `pidfd_open(2)`.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and returns a new fd or -1; no memory is shared.
+    let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) })?;
+    // SAFETY: the kernel just returned this fd to us; we are its only owner.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Opens a pidfd for the thread `tid`, falling back to its thread group on kernels without
+/// `PIDFD_THREAD` (the fd table is the same unless the thread was created without
+/// `CLONE_FILES`).
+pub fn pidfd_open_thread(tid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: as in `pidfd_open`; PIDFD_THREAD is a plain flag value.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, PIDFD_THREAD) };
+    if ret >= 0 {
+        // SAFETY: fresh fd from the kernel, owned by us alone.
+        return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EINVAL) {
+        return pidfd_open(thread_group_of(tid)?);
+    }
+    Err(err)
+}
+
+/// The thread group (process) id of thread `tid`, read from procfs.
+fn thread_group_of(tid: libc::pid_t) -> io::Result<libc::pid_t> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no Tgid in /proc status"))
+}
+
+/// Duplicates file descriptor `fd` of the process behind `pidfd` into this process
+/// (`pidfd_getfd(2)`); the new fd shares the open file description and is close-on-exec.
+pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: integer arguments only; the result is a new fd or -1.
+    let ret = check(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_getfd,
+            pidfd.as_raw_fd(),
+            fd,
+            0 as libc::c_uint,
+        )
+    })?;
+    // SAFETY: fresh fd from the kernel, owned by us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+}
+
+/// Sends `signal` to the process behind `pidfd` (`pidfd_send_signal(2)`). Signalling a
+/// process that has exited but not been reaped succeeds (ESRCH is reported as success).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: integer arguments and a null siginfo pointer, which the kernel accepts.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0 as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ESRCH) {
+            return Ok(());
+        }
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// How a reaped child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitStatus {
+    /// Exited with this code.
+    Exited(i32),
+    /// Killed by this signal.
+    Signaled(i32),
+}
+
+/// Reaps the child behind `pidfd` with `waitid(P_PIDFD)`. With `block == false` returns
+/// `Ok(None)` when the child is still running.
+pub fn waitid_pidfd(pidfd: BorrowedFd<'_>, block: bool) -> io::Result<Option<WaitStatus>> {
+    let mut info = MaybeUninit::<libc::siginfo_t>::zeroed();
+    let flags = libc::WEXITED | if block { 0 } else { libc::WNOHANG };
+    loop {
+        // SAFETY: `info` is a valid, zeroed siginfo_t the kernel fills in.
+        let ret = unsafe {
+            libc::waitid(
+                libc::P_PIDFD,
+                pidfd.as_raw_fd() as libc::id_t,
+                info.as_mut_ptr(),
+                flags,
+            )
+        };
+        if ret < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(err);
+        }
+        break;
+    }
+    // SAFETY: waitid returned 0, so `info` is initialised (zeroed when WNOHANG found nothing).
+    let info = unsafe { info.assume_init() };
+    // SAFETY: reading the pid/status union members of a siginfo filled by waitid.
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    Ok(Some(match info.si_code {
+        libc::CLD_EXITED => WaitStatus::Exited(status),
+        _ => WaitStatus::Signaled(status),
+    }))
+}
+
+/// Copies `buf.len()` bytes from address `addr` of process `pid` (`process_vm_readv(2)`).
+/// A short read is an error: the broker decides only on complete copies.
+pub fn read_remote(pid: libc::pid_t, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` describes memory we own for its full length; the remote iovec is only
+    // interpreted by the kernel inside the target's address space.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != buf.len() {
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
+    }
+    Ok(())
+}
+
+/// Writes `data` to address `addr` of process `pid` (`process_vm_writev(2)`); used only to
+/// report results the kernel would have written (the `msg_len` fields of `sendmmsg`).
+pub fn write_remote(pid: libc::pid_t, addr: u64, data: &[u8]) -> io::Result<()> {
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: the kernel only reads `local` (memory we own); the remote side is the target's.
+    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != data.len() {
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
+    }
+    Ok(())
+}
+
+/// One pending seccomp user notification.
+#[derive(Debug, Clone, Copy)]
+pub struct Notification {
+    /// The kernel's cookie for this notification.
+    pub id: u64,
+    /// Thread id of the caller, in the broker's pid namespace.
+    pub pid: libc::pid_t,
+    /// Syscall number.
+    pub nr: i32,
+    /// AUDIT_ARCH value of the call.
+    pub arch: u32,
+    /// The six raw syscall arguments (registers: not subject to TOCTOU).
+    pub args: [u64; 6],
+}
+
+/// Receives one notification from a seccomp listener (`SECCOMP_IOCTL_NOTIF_RECV`). The
+/// listener should be readable; `ENOENT` means the caller went away before we received it.
+pub fn notif_recv(listener: BorrowedFd<'_>) -> io::Result<Notification> {
+    // The kernel refuses a receive buffer that is not zeroed.
+    let mut n = MaybeUninit::<libc::seccomp_notif>::zeroed();
+    // SAFETY: the ioctl writes a seccomp_notif into the zeroed buffer we pass.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_RECV as _,
+            n.as_mut_ptr(),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the ioctl succeeded and filled the struct.
+    let n = unsafe { n.assume_init() };
+    Ok(Notification {
+        id: n.id,
+        pid: n.pid as libc::pid_t,
+        nr: n.data.nr,
+        arch: n.data.arch,
+        args: n.data.args,
+    })
+}
+
+/// Answers a notification with a return value (`error == 0`) or a negated errno. Never sets
+/// `SECCOMP_USER_NOTIF_FLAG_CONTINUE`: the broker performs the operation itself.
+pub fn notif_send(listener: BorrowedFd<'_>, id: u64, val: i64, error: i32) -> io::Result<()> {
+    let resp = libc::seccomp_notif_resp {
+        id,
+        val,
+        error,
+        flags: 0,
+    };
+    // SAFETY: the ioctl reads the response struct we own.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND as _,
+            &resp as *const libc::seccomp_notif_resp,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether the notification `id` is still pending (its caller is still waiting on it). Used
+/// to bracket every read of the caller's memory so a recycled pid cannot fool the broker.
+pub fn notif_id_valid(listener: BorrowedFd<'_>, id: u64) -> bool {
+    // SAFETY: the ioctl reads the u64 we own.
+    let ret = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_ID_VALID as _,
+            &id as *const u64,
+        )
+    };
+    ret == 0
+}
+
+/// The Landlock ABI version the kernel offers (0 when Landlock is unavailable).
+pub fn landlock_abi() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a null attribute and the VERSION flag the call only returns a number.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if ret < 0 { 0 } else { ret as i32 }
+}
+
+/// Reads an `int` socket option from `fd`.
+pub fn getsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
+    let mut value: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: value/len point at a c_int and its size, as getsockopt requires.
+    let ret = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
+/// Performs `connect(2)` on `fd` with a raw socket address copied from the executor.
+pub fn connect_raw(fd: BorrowedFd<'_>, addr: &[u8]) -> io::Result<()> {
+    // SAFETY: `addr` is a buffer we own; its length is passed alongside.
+    let ret = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            addr.as_ptr().cast(),
+            addr.len() as libc::socklen_t,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Performs `bind(2)` on `fd` with a raw socket address copied from the executor.
+pub fn bind_raw(fd: BorrowedFd<'_>, addr: &[u8]) -> io::Result<()> {
+    // SAFETY: `addr` is a buffer we own; its length is passed alongside.
+    let ret = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            addr.as_ptr().cast(),
+            addr.len() as libc::socklen_t,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A message the broker sends on an executor's behalf: copies of everything the executor
+/// pointed at, so nothing can change after the decision.
+#[derive(Debug, Default, Clone)]
+pub struct OwnedMessage {
+    /// Destination address bytes (empty for a connected send).
+    pub name: Vec<u8>,
+    /// Payload, already gathered from the executor's iovecs.
+    pub data: Vec<u8>,
+    /// Control messages, with any passed descriptors already translated into ours.
+    pub control: Vec<u8>,
+}
+
+/// Performs `sendmsg(2)` on `fd` with a message the broker owns entirely.
+pub fn sendmsg_owned(fd: BorrowedFd<'_>, msg: &OwnedMessage, flags: i32) -> io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: msg.data.as_ptr() as *mut libc::c_void,
+        iov_len: msg.data.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty message; we fill the fields below.
+    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+    if !msg.name.is_empty() {
+        hdr.msg_name = msg.name.as_ptr() as *mut libc::c_void;
+        hdr.msg_namelen = msg.name.len() as libc::socklen_t;
+    }
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    if !msg.control.is_empty() {
+        hdr.msg_control = msg.control.as_ptr() as *mut libc::c_void;
+        hdr.msg_controllen = msg.control.len();
+    }
+    // SAFETY: every pointer in `hdr` refers to buffers owned by `msg` / `iov`, which outlive
+    // the call; the kernel does not write through them for sendmsg.
+    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &hdr, flags) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// The path an `execve` resolves to for a running process, from `/proc/<pid>/exe`.
+pub fn executable_of(pid: libc::pid_t) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+/// Whether the calling process can install a seccomp filter that returns
+/// `SECCOMP_RET_USER_NOTIF` (checked via `/proc/sys/kernel/seccomp/actions_avail`).
+pub fn user_notif_available() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
+        .map(|s| s.split_whitespace().any(|a| a == "user_notif"))
+        .unwrap_or(false)
+}
+
+/// Name of an errno value, for messages.
+pub fn errno_name(errno: i32) -> String {
+    // SAFETY: strerror returns a pointer to a static (or thread-local) NUL-terminated string.
+    let text = unsafe { CStr::from_ptr(libc::strerror(errno)) };
+    format!("{} (errno {errno})", text.to_string_lossy())
+}
+
+/// Opens `path` as an `O_PATH` descriptor relative to `dir` without following any symlink
+/// (`openat2` with `RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`, plus `RESOLVE_IN_ROOT` when
+/// `in_root`). Used to pin the inode of a unix socket in the executor's filesystem view.
+pub fn open_path_nofollow(dir: BorrowedFd<'_>, path: &CStr, in_root: bool) -> io::Result<OwnedFd> {
+    let mut resolve = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    if in_root {
+        resolve |= libc::RESOLVE_IN_ROOT;
+    }
+    // SAFETY: an all-zero open_how is valid; the fields are set below.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+    how.resolve = resolve;
+    // SAFETY: `path` is NUL-terminated and `how` is a valid open_how of the size passed.
+    let ret = check(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            size_of::<libc::open_how>(),
+        )
+    })?;
+    // SAFETY: fresh fd from the kernel, owned by us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+}
+
+/// The peer address of a connected socket (`getpeername(2)`), as raw sockaddr bytes.
+pub fn peer_address(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    let mut storage = [0u8; 128];
+    let mut len = storage.len() as libc::socklen_t;
+    // SAFETY: storage/len describe a buffer we own.
+    let ret = unsafe { libc::getpeername(fd.as_raw_fd(), storage.as_mut_ptr().cast(), &mut len) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(storage[..(len as usize).min(storage.len())].to_vec())
+}
+
+/// Registers an owned descriptor with the tokio reactor for readiness.
+pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd keeps its descriptor open, and always returns the same number, for
+    // as long as the AsyncFd owns it.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(io::Error::from)
+}

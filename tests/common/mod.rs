@@ -1,0 +1,207 @@
+//! Helpers shared by the integration tests: locating workspace binaries, loopback sinks,
+//! and running a command under the real broker while recording every attempt.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flowhost_broker::{
+    AttemptInfo, Broker, BrokerOptions, ExitStatus, Profile, SpawnSpec, StdioMode, Verdict,
+};
+use tokio::io::AsyncReadExt;
+
+/// A binary built by `cargo test --workspace` into this test's target directory.
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run the suite with `cargo test --workspace`",
+        path.display()
+    );
+    path
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The broker, or `None` (with the reason printed) when this host cannot run it. As root
+/// (CI) the broker must start: failing to is a test failure, never a skip.
+pub fn broker() -> Option<Broker> {
+    match Broker::new(BrokerOptions::default()) {
+        Ok(b) => Some(b),
+        Err(e) if !is_root() => {
+            eprintln!("SKIP: the broker cannot run unprivileged here: {e}");
+            None
+        }
+        Err(e) => panic!("the broker must start as root: {e}"),
+    }
+}
+
+pub fn profile(name: &str) -> Arc<Profile> {
+    Arc::new(Profile::find(name, &[]).expect("built-in profile"))
+}
+
+/// A loopback TCP listener that counts connections and collects the bytes it receives.
+pub struct TcpSink {
+    pub addr: SocketAddr,
+    pub connections: Arc<AtomicUsize>,
+    pub received: Arc<Mutex<Vec<u8>>>,
+}
+
+impl TcpSink {
+    pub fn start() -> TcpSink {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let (c, r) = (connections.clone(), received.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                c.fetch_add(1, Ordering::SeqCst);
+                let r = r.clone();
+                std::thread::spawn(move || {
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut buf = Vec::new();
+                    let _ = stream.read_to_end(&mut buf);
+                    r.lock().unwrap().extend(buf);
+                });
+            }
+        });
+        TcpSink {
+            addr,
+            connections,
+            received,
+        }
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    pub fn bytes(&self) -> Vec<u8> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+/// A loopback UDP socket that collects datagrams.
+pub struct UdpSink {
+    pub addr: SocketAddr,
+    pub datagrams: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl UdpSink {
+    pub fn start() -> UdpSink {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = socket.local_addr().unwrap();
+        let datagrams = Arc::new(Mutex::new(Vec::new()));
+        let d = datagrams.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = socket.recv(&mut buf) {
+                d.lock().unwrap().push(buf[..n].to_vec());
+            }
+        });
+        UdpSink { addr, datagrams }
+    }
+
+    pub fn count(&self) -> usize {
+        self.datagrams.lock().unwrap().len()
+    }
+}
+
+/// What a run under the broker produced.
+#[derive(Debug)]
+pub struct Run {
+    pub pid: i32,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub attempts: Vec<(AttemptInfo, Verdict)>,
+}
+
+impl Run {
+    /// The probe's JSON result line.
+    pub fn result(&self) -> serde_json::Value {
+        let line = self
+            .stdout
+            .lines()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no result line; status {:?}\nstdout {}\nstderr {}",
+                    self.status, self.stdout, self.stderr
+                )
+            });
+        serde_json::from_str(line).unwrap()
+    }
+
+    pub fn errno(&self) -> i64 {
+        let r = self.result();
+        assert_eq!(r["result"], "errno", "expected a failed call: {r}");
+        r["errno"].as_i64().unwrap()
+    }
+}
+
+/// Runs `argv` under `profile`, answering each attempt with `policy`.
+pub async fn run_with(
+    broker: &Broker,
+    profile_name: &str,
+    argv: Vec<String>,
+    policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
+) -> Run {
+    let mut spec = SpawnSpec::new(argv, profile(profile_name));
+    spec.stdin = StdioMode::Null;
+    spec.wall_clock = Some(Duration::from_secs(30));
+    let mut exec = broker.spawn(spec).await.expect("spawn");
+    let pid = exec.pid();
+    let mut attempts_rx = exec.take_attempts().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    let decider = tokio::spawn(async move {
+        while let Some(a) = attempts_rx.recv().await {
+            let v = policy(a.info());
+            seen2.lock().unwrap().push((a.info().clone(), v));
+            a.respond(v);
+        }
+    });
+    let mut out = exec.take_stdout().unwrap();
+    let mut err = exec.take_stderr().unwrap();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    let (r1, r2) = tokio::join!(
+        out.read_to_string(&mut stdout),
+        err.read_to_string(&mut stderr)
+    );
+    r1.unwrap();
+    r2.unwrap();
+    let status = exec.wait().await.unwrap();
+    drop(exec);
+    let _ = tokio::time::timeout(Duration::from_secs(5), decider).await;
+    let attempts = seen.lock().unwrap().clone();
+    Run {
+        pid,
+        status,
+        stdout,
+        stderr,
+        attempts,
+    }
+}
+
+/// Runs the probe with `args`, refusing every attempt.
+pub async fn probe(broker: &Broker, profile_name: &str, args: &[&str]) -> Run {
+    let mut argv = vec![workspace_binary("flowhost-probe").display().to_string()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    run_with(broker, profile_name, argv, |_| Verdict::DENY).await
+}

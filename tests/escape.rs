@@ -1,0 +1,465 @@
+//! The escape suite: every known way around the broker, tried by a real probe executable
+//! under the real seccomp filter. Each test asserts the exact outcome (SIGSYS kill, errno, or
+//! an attempt reported to the host and refused) and that a loopback listener the test set up
+//! received nothing. Egress tests run under the `brokered` profile (host network), so a
+//! listener that stays silent proves mediation, not just an empty network namespace.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::UnixListener;
+use std::time::Duration;
+
+use common::{TcpSink, UdpSink, broker, probe, run_with, workspace_binary};
+use flowhost_broker::{Destination, EgressSyscall, Verdict, WaitStatus};
+
+const SIGSYS: i32 = libc::SIGSYS;
+
+fn dest(addr: SocketAddr) -> Option<Destination> {
+    Some(Destination::Inet(addr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i386_int80_socketcall_is_killed() {
+    let Some(b) = broker() else { return };
+    let sink = TcpSink::start();
+    let run = probe(&b, "brokered", &["i386-socketcall", &sink.addr.to_string()]).await;
+    assert_eq!(run.status.status, WaitStatus::Signaled(SIGSYS), "{run:?}");
+    assert!(!run.stdout.contains("survived"));
+    assert!(run.attempts.is_empty());
+    assert_eq!(sink.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x32_syscall_is_killed() {
+    let Some(b) = broker() else { return };
+    let run = probe(&b, "brokered", &["x32-socket"]).await;
+    assert_eq!(run.status.status, WaitStatus::Signaled(SIGSYS), "{run:?}");
+    assert!(!run.stdout.contains("survived"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn io_uring_setup_is_denied() {
+    let Some(b) = broker() else { return };
+    assert_eq!(
+        probe(&b, "brokered", &["io-uring"]).await.errno(),
+        libc::EPERM as i64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_and_packet_sockets_are_denied() {
+    let Some(b) = broker() else { return };
+    assert_eq!(
+        probe(&b, "brokered", &["raw-socket"]).await.errno(),
+        libc::EPERM as i64
+    );
+    assert_eq!(
+        probe(&b, "brokered", &["packet-socket"]).await.errno(),
+        libc::EAFNOSUPPORT as i64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn netlink_beyond_the_profile_is_denied() {
+    let Some(b) = broker() else { return };
+    // Neither built-in profile allows netlink at all.
+    for proto in [
+        libc::NETLINK_ROUTE,
+        libc::NETLINK_SOCK_DIAG,
+        libc::NETLINK_AUDIT,
+    ] {
+        let run = probe(&b, "brokered", &["netlink", &proto.to_string()]).await;
+        assert_eq!(run.errno(), libc::EAFNOSUPPORT as i64, "protocol {proto}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vsock_is_denied() {
+    let Some(b) = broker() else { return };
+    assert_eq!(
+        probe(&b, "brokered", &["vsock"]).await.errno(),
+        libc::EAFNOSUPPORT as i64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unconnected_udp_sendto_is_reported_and_refused() {
+    let Some(b) = broker() else { return };
+    let sink = UdpSink::start();
+    let run = probe(
+        &b,
+        "brokered",
+        &["udp-sendto", &sink.addr.to_string(), "secret"],
+    )
+    .await;
+    assert_eq!(run.errno(), libc::EACCES as i64);
+    assert_eq!(run.attempts.len(), 1, "{:?}", run.attempts);
+    let (a, _) = &run.attempts[0];
+    assert_eq!(a.syscall, EgressSyscall::Sendto);
+    assert_eq!(a.destination, dest(sink.addr));
+    assert_eq!(a.bytes, Some(6));
+    assert_eq!(a.socket.family, libc::AF_INET);
+    assert_eq!(a.socket.socket_type, libc::SOCK_DGRAM);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(sink.count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sendmsg_with_a_name_is_reported_and_refused() {
+    let Some(b) = broker() else { return };
+    let sink = UdpSink::start();
+    let run = probe(&b, "brokered", &["sendmsg-name", &sink.addr.to_string()]).await;
+    assert_eq!(run.errno(), libc::EACCES as i64);
+    assert_eq!(run.attempts.len(), 1);
+    assert_eq!(run.attempts[0].0.syscall, EgressSyscall::Sendmsg);
+    assert_eq!(run.attempts[0].0.destination, dest(sink.addr));
+    assert!(!run.attempts[0].0.connected);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(sink.count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sendmmsg_to_two_destinations_reports_both() {
+    let Some(b) = broker() else { return };
+    let (s1, s2) = (UdpSink::start(), UdpSink::start());
+    let run = probe(
+        &b,
+        "brokered",
+        &["sendmmsg", &s1.addr.to_string(), &s2.addr.to_string()],
+    )
+    .await;
+    assert_eq!(run.errno(), libc::EACCES as i64);
+    let reported: Vec<_> = run
+        .attempts
+        .iter()
+        .map(|(a, _)| (a.message_index, a.destination.clone()))
+        .collect();
+    assert_eq!(
+        reported,
+        vec![(Some(0), dest(s1.addr)), (Some(1), dest(s2.addr))]
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(s1.count() + s2.count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sendmmsg_partially_allowed_sends_only_the_allowed_prefix() {
+    let Some(b) = broker() else { return };
+    let (s1, s2) = (UdpSink::start(), UdpSink::start());
+    let allowed = s1.addr;
+    let argv = vec![
+        workspace_binary("flowhost-probe").display().to_string(),
+        "sendmmsg".into(),
+        s1.addr.to_string(),
+        s2.addr.to_string(),
+    ];
+    let run = run_with(&b, "brokered", argv, move |a| {
+        if a.destination == Some(Destination::Inet(allowed)) {
+            Verdict::Allow
+        } else {
+            Verdict::DENY
+        }
+    })
+    .await;
+    let r = run.result();
+    assert_eq!(r["value"], 1, "{r}");
+    assert_eq!(r["msg_len"][0], 12, "the broker writes back msg_len: {r}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s1.count(), 1);
+    assert_eq!(s2.count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_connect_to_an_outside_socket_is_reported_and_refused() {
+    let Some(b) = broker() else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("host.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let run = probe(&b, "brokered", &["unix-connect", path.to_str().unwrap()]).await;
+    assert_eq!(run.errno(), libc::EACCES as i64);
+    assert_eq!(run.attempts.len(), 1);
+    assert_eq!(
+        run.attempts[0].0.destination,
+        Some(Destination::UnixPath(path.clone()))
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the host socket received a connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_unix_connect_reaches_the_pinned_socket() {
+    let Some(b) = broker() else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("allowed.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let argv = vec![
+        workspace_binary("flowhost-probe").display().to_string(),
+        "unix-connect".into(),
+        path.display().to_string(),
+    ];
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+    assert!(
+        listener.accept().is_ok(),
+        "the allowed connect did not arrive"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_connect_through_a_symlink_is_not_followed() {
+    let Some(b) = broker() else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let real = dir.path().join("real.sock");
+    let link = dir.path().join("link.sock");
+    let listener = UnixListener::bind(&real).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let argv = vec![
+        workspace_binary("flowhost-probe").display().to_string(),
+        "unix-connect".into(),
+        link.display().to_string(),
+    ];
+    // Even an allowed path that is a symlink does not lead the broker elsewhere.
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.errno(), libc::ELOOP as i64);
+    assert!(listener.accept().is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abstract_unix_socket_is_reported_and_refused() {
+    let Some(b) = broker() else { return };
+    let name = format!("flowhost-escape-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let listener = UnixListener::bind_addr(&addr).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    for profile in ["brokered", "isolated"] {
+        let run = probe(&b, profile, &["unix-abstract", &name]).await;
+        assert_eq!(run.errno(), libc::EACCES as i64, "{profile}");
+        assert_eq!(
+            run.attempts[0].0.destination,
+            Some(Destination::UnixAbstract(name.as_bytes().to_vec()))
+        );
+    }
+    assert!(listener.accept().is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_inherited_from_the_host_does_not_exist_in_the_executor() {
+    let Some(b) = broker() else { return };
+    let sink = TcpSink::start();
+    // A connected socket WITHOUT close-on-exec, as a careless host might hold.
+    let stream = std::net::TcpStream::connect(sink.addr).unwrap();
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
+    // SAFETY: clearing FD_CLOEXEC on our own descriptor.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    let run = probe(&b, "brokered", &["list-fds"]).await;
+    let r = run.result();
+    assert_eq!(r["sockets"], serde_json::json!([]), "{r}");
+    // stdio, plus the directory handle the probe used to list them.
+    assert!(r["fds"].as_array().unwrap().len() <= 4, "{r}");
+    drop(stream);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_tampering_syscalls_are_denied() {
+    let Some(b) = broker() else { return };
+    for mode in [
+        "ptrace-sibling",
+        "process-vm-writev",
+        "userfaultfd",
+        "unshare",
+        "clone-newnet",
+        "personality",
+        "keyctl",
+    ] {
+        let run = probe(&b, "brokered", &[mode]).await;
+        assert_eq!(run.errno(), libc::EPERM as i64, "{mode}: {}", run.stdout);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_notify_filter_cannot_be_installed() {
+    let Some(b) = broker() else { return };
+    let r = probe(&b, "brokered", &["second-filter"]).await.result();
+    assert_eq!(r["errno"], libc::EPERM, "seccomp(2): {r}");
+    assert_eq!(r["prctl_ret"], -1, "{r}");
+    assert_eq!(r["prctl_errno"], libc::EPERM, "prctl(PR_SET_SECCOMP): {r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone3_answers_enosys() {
+    let Some(b) = broker() else { return };
+    assert_eq!(
+        probe(&b, "brokered", &["clone3"]).await.errno(),
+        libc::ENOSYS as i64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_from_a_grandchild_is_mediated() {
+    let Some(b) = broker() else { return };
+    let sink = TcpSink::start();
+    let run = probe(
+        &b,
+        "brokered",
+        &["connect-grandchild", &sink.addr.to_string()],
+    )
+    .await;
+    assert_eq!(run.errno(), libc::EACCES as i64);
+    assert_eq!(run.attempts.len(), 1);
+    assert_ne!(
+        run.attempts[0].0.pid, run.pid,
+        "reported pid is the grandchild's"
+    );
+    assert_eq!(run.attempts[0].0.destination, dest(sink.addr));
+    assert_eq!(sink.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_from_a_second_thread_is_mediated() {
+    let Some(b) = broker() else { return };
+    let sink = TcpSink::start();
+    let run = probe(&b, "brokered", &["connect-thread", &sink.addr.to_string()]).await;
+    assert_eq!(run.errno(), libc::EACCES as i64);
+    assert_eq!(run.attempts.len(), 1);
+    assert_ne!(
+        run.attempts[0].0.pid, run.pid,
+        "reported id is the thread's"
+    );
+    assert_eq!(sink.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_after_execve_of_another_binary_is_mediated() {
+    let Some(b) = broker() else { return };
+    let sink = TcpSink::start();
+    let run = probe(&b, "brokered", &["exec-bash", &sink.addr.to_string()]).await;
+    assert_ne!(
+        run.status.code(),
+        0,
+        "bash could not have connected: {run:?}"
+    );
+    // bash's resolver may first try other sockets (nscd); those are mediated too.
+    assert!(run.attempts.iter().all(|(_, v)| *v == Verdict::DENY));
+    let (a, v) = run
+        .attempts
+        .iter()
+        .find(|(a, _)| a.destination == dest(sink.addr))
+        .unwrap_or_else(|| panic!("the TCP connect was not reported: {:?}", run.attempts));
+    assert_eq!(a.syscall, EgressSyscall::Connect);
+    assert!(
+        a.executable.as_ref().is_some_and(|e| e.ends_with("bash")),
+        "{:?}",
+        a.executable
+    );
+    assert_eq!(*v, Verdict::DENY);
+    assert_eq!(sink.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sockaddr_rewritten_during_connect_cannot_redirect_it() {
+    let Some(b) = broker() else { return };
+    let (allowed, other) = (TcpSink::start(), TcpSink::start());
+    let allowed_addr = allowed.addr;
+    let argv = vec![
+        workspace_binary("flowhost-probe").display().to_string(),
+        "toctou".into(),
+        allowed.addr.to_string(),
+        other.addr.to_string(),
+        "300".into(),
+    ];
+    let run = run_with(&b, "brokered", argv, move |a| {
+        if a.destination == Some(Destination::Inet(allowed_addr)) {
+            Verdict::Allow
+        } else {
+            Verdict::DENY
+        }
+    })
+    .await;
+    let r = run.result();
+    std::thread::sleep(Duration::from_millis(300));
+    let allowed_verdicts = run
+        .attempts
+        .iter()
+        .filter(|(_, v)| *v == Verdict::Allow)
+        .count();
+    assert_eq!(
+        other.connections(),
+        0,
+        "the rewritten address was reached: {r}"
+    );
+    assert_eq!(allowed.connections(), allowed_verdicts, "{r}");
+    assert_eq!(
+        r["connected"].as_u64().unwrap() as usize,
+        allowed_verdicts,
+        "{r}"
+    );
+    assert_eq!(run.attempts.len(), 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_connect_really_connects_and_refused_returns_eacces() {
+    let Some(b) = broker() else { return };
+    let sink = TcpSink::start();
+    let argv = vec![
+        workspace_binary("flowhost-probe").display().to_string(),
+        "connect".into(),
+        sink.addr.to_string(),
+        "hello from the sandbox".into(),
+    ];
+    let run = run_with(&b, "brokered", argv.clone(), |_| Verdict::Allow).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+    for _ in 0..50 {
+        if sink.bytes() == b"hello from the sandbox" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(sink.bytes(), b"hello from the sandbox");
+
+    let quiet = TcpSink::start();
+    let mut argv = argv;
+    argv[2] = quiet.addr.to_string();
+    let run = run_with(&b, "brokered", argv, |_| Verdict::DENY).await;
+    assert_eq!(run.errno(), libc::EACCES as i64);
+    let run_eperm = {
+        let mut argv = vec![
+            workspace_binary("flowhost-probe").display().to_string(),
+            "connect".into(),
+            quiet.addr.to_string(),
+        ];
+        argv.truncate(3);
+        run_with(&b, "brokered", argv, |_| Verdict::Deny {
+            errno: libc::EPERM,
+        })
+        .await
+    };
+    assert_eq!(
+        run_eperm.errno(),
+        libc::EPERM as i64,
+        "the verdict's errno is returned"
+    );
+    assert_eq!(quiet.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_profile_reaches_nothing_even_when_allowed() {
+    let Some(b) = broker() else { return };
+    let sink = TcpSink::start();
+    let argv = vec![
+        workspace_binary("flowhost-probe").display().to_string(),
+        "connect".into(),
+        sink.addr.to_string(),
+    ];
+    let run = run_with(&b, "isolated", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.attempts.len(), 1, "the attempt is still reported");
+    assert_eq!(run.errno(), libc::ENETUNREACH as i64);
+    assert_eq!(sink.connections(), 0);
+}
