@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod destination;
 pub mod flow;
 pub mod ident;
 pub mod label;

@@ -312,12 +312,13 @@ impl Broker {
             broker_counters: self.inner.counters.clone(),
         });
         let inner = self.inner.clone();
-        let supervised = pidfd.clone();
+        // If the supervision task ends for any reason other than the executor's exit (an
+        // error, a runtime shutdown dropping it, even before its first poll), the executor
+        // is killed: it never runs unsupervised. The guard is built here and moved into the
+        // task so that dropping the unpolled task drops the guard too.
+        let guard = KillOnDrop(Some(pidfd.clone()));
         tokio::spawn(async move {
-            // If this task ends for any reason other than the executor's exit (an error, a
-            // runtime shutdown dropping it), the executor is killed: it never runs
-            // unsupervised. After a normal exit the kill is a no-op on a zombie.
-            let mut guard = KillOnDrop(Some(supervised));
+            let mut guard = guard;
             match supervisor::supervise(ctx).await {
                 End::ExecutorGone => {
                     inner.exited.fetch_add(1, Ordering::SeqCst);

@@ -8,6 +8,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod profile;
+mod sandbox;
+
 /// Boxed error for the CLI boundary: every module error is a typed `thiserror` enum; the
 /// CLI only prints them.
 pub type CliResult = Result<ExitCode, Box<dyn std::error::Error + Send + Sync>>;
@@ -20,10 +23,16 @@ pub struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print the label of a JSON label file in canonical form (a quick well-formedness check).
     Label(LabelArgs),
+    /// Check execution profiles.
+    Profile(profile::ProfileArgs),
+    /// Run any command under the broker.
+    Sandbox(sandbox::SandboxArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -44,6 +53,8 @@ impl Cli {
                 println!("{}", label.to_canonical_json());
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Profile(args) => args.run(),
+            Command::Sandbox(args) => args.run(),
         }
     }
 }

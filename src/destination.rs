@@ -1,0 +1,360 @@
+//! Operator destination rules: allow and block lists of addresses, CIDRs, ports and unix
+//! socket paths, with a default. Used for every egress attempt the broker reports (after the
+//! flow checks, in the daemon) and by `flowhost sandbox run --allow`.
+//!
+//! Rule syntax (one string per rule):
+//!
+//! | rule | matches |
+//! |---|---|
+//! | `127.0.0.1` / `::1` | that address, any port |
+//! | `127.0.0.1:8080` / `[::1]:8080` | that address and port |
+//! | `10.0.0.0/8` / `10.0.0.0/8:443` | addresses in the CIDR (on that port) |
+//! | `*:53` | any address on that port |
+//! | `unix:/run/app.sock` | that unix socket path (exact) |
+//! | `unix:/run/app/` | unix socket paths beneath that directory |
+//! | `unix:@name` | that abstract unix socket |
+//!
+//! Block rules win over allow rules; with neither matching, the default applies (block unless
+//! configured otherwise). An AF_UNSPEC "connect" only dissolves a datagram association, sends
+//! nothing, and is always allowed.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use flowhost_broker::Destination;
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer};
+
+/// Why a rule string is not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("destination rule {rule:?}: {reason}")]
+pub struct RuleError {
+    /// The rule as written.
+    pub rule: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// One destination rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DestinationRule {
+    /// An address range, optionally limited to one port.
+    Inet {
+        /// The network (a single address is a /32 or /128).
+        net: IpNet,
+        /// The port, or any.
+        port: Option<u16>,
+    },
+    /// Any address on this port.
+    Port(u16),
+    /// A unix socket path, exactly.
+    UnixPath(PathBuf),
+    /// Unix socket paths beneath this directory.
+    UnixDir(PathBuf),
+    /// An abstract unix socket name.
+    UnixAbstract(Vec<u8>),
+}
+
+impl FromStr for DestinationRule {
+    type Err = RuleError;
+
+    fn from_str(s: &str) -> Result<Self, RuleError> {
+        let err = |reason: &str| RuleError {
+            rule: s.to_string(),
+            reason: reason.to_string(),
+        };
+        if let Some(rest) = s.strip_prefix("unix:") {
+            if let Some(name) = rest.strip_prefix('@') {
+                return Ok(DestinationRule::UnixAbstract(name.as_bytes().to_vec()));
+            }
+            if !rest.starts_with('/') {
+                return Err(err(
+                    "unix paths must be absolute (unix:/path or unix:@abstract)",
+                ));
+            }
+            return Ok(if rest.ends_with('/') {
+                DestinationRule::UnixDir(PathBuf::from(rest))
+            } else {
+                DestinationRule::UnixPath(PathBuf::from(rest))
+            });
+        }
+        if let Some(port) = s.strip_prefix("*:") {
+            return port
+                .parse()
+                .map(DestinationRule::Port)
+                .map_err(|_| err("expected *:PORT with a port from 0 to 65535"));
+        }
+        let parse_net = |t: &str| -> Result<IpNet, RuleError> {
+            if let Ok(net) = t.parse::<IpNet>() {
+                return Ok(net.trunc());
+            }
+            t.parse::<IpAddr>().map(IpNet::from).map_err(|_| {
+                err("expected an IP address or CIDR, optionally with :PORT ([v6]:PORT for IPv6)")
+            })
+        };
+        // [v6]:port, [v6/len]:port
+        if let Some(rest) = s.strip_prefix('[') {
+            let (inner, after) = rest.split_once(']').ok_or_else(|| err("missing ']'"))?;
+            let port = match after {
+                "" => None,
+                p => Some(
+                    p.strip_prefix(':')
+                        .and_then(|p| p.parse().ok())
+                        .ok_or_else(|| err("expected :PORT after ']'"))?,
+                ),
+            };
+            return Ok(DestinationRule::Inet {
+                net: parse_net(inner)?,
+                port,
+            });
+        }
+        // Bare IPv6 (several colons) has no port.
+        if s.matches(':').count() > 1 {
+            return Ok(DestinationRule::Inet {
+                net: parse_net(s)?,
+                port: None,
+            });
+        }
+        match s.rsplit_once(':') {
+            Some((host, port)) => Ok(DestinationRule::Inet {
+                net: parse_net(host)?,
+                port: Some(
+                    port.parse()
+                        .map_err(|_| err("the port must be a number from 0 to 65535"))?,
+                ),
+            }),
+            None => Ok(DestinationRule::Inet {
+                net: parse_net(s)?,
+                port: None,
+            }),
+        }
+    }
+}
+
+impl fmt::Display for DestinationRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DestinationRule::Inet { net, port } => {
+                let host = if net.prefix_len() == net.max_prefix_len() {
+                    net.addr().to_string()
+                } else {
+                    net.to_string()
+                };
+                match (port, net) {
+                    (Some(p), IpNet::V6(_)) => write!(f, "[{host}]:{p}"),
+                    (Some(p), IpNet::V4(_)) => write!(f, "{host}:{p}"),
+                    (None, _) => f.write_str(&host),
+                }
+            }
+            DestinationRule::Port(p) => write!(f, "*:{p}"),
+            DestinationRule::UnixPath(p) | DestinationRule::UnixDir(p) => {
+                write!(f, "unix:{}", p.display())
+            }
+            DestinationRule::UnixAbstract(n) => write!(f, "unix:@{}", String::from_utf8_lossy(n)),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DestinationRule {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+fn path_within(path: &Path, dir: &Path) -> bool {
+    // Compared component-wise, so /run/app2 is not beneath /run/app/.
+    path.starts_with(dir)
+}
+
+impl DestinationRule {
+    /// Whether the rule matches `dest`.
+    pub fn matches(&self, dest: &Destination) -> bool {
+        match (self, dest) {
+            (DestinationRule::Inet { net, port }, Destination::Inet(addr)) => {
+                net.contains(&canonical_ip(addr.ip())) && port.is_none_or(|p| p == addr.port())
+            }
+            (DestinationRule::Port(p), Destination::Inet(addr)) => *p == addr.port(),
+            (DestinationRule::UnixPath(p), Destination::UnixPath(d)) => p == d,
+            (DestinationRule::UnixDir(p), Destination::UnixPath(d)) => path_within(d, p),
+            (DestinationRule::UnixAbstract(n), Destination::UnixAbstract(d)) => n == d,
+            _ => false,
+        }
+    }
+}
+
+/// An IPv4-mapped IPv6 address is matched as the IPv4 address it carries, so an allow or
+/// block rule for 10.0.0.1 also governs ::ffff:10.0.0.1.
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+/// What to do when no rule matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DefaultAction {
+    /// Refuse (the default).
+    #[default]
+    Block,
+    /// Allow.
+    Allow,
+}
+
+/// The outcome of checking a destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleDecision {
+    /// Whether the destination may be reached.
+    pub allowed: bool,
+    /// The rule that decided (`"default"` when none matched).
+    pub rule: String,
+}
+
+/// Allow and block lists with a default.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestinationRules {
+    /// Destinations that may be reached.
+    #[serde(default)]
+    pub allow: Vec<DestinationRule>,
+    /// Destinations that are never reached (wins over `allow`).
+    #[serde(default)]
+    pub block: Vec<DestinationRule>,
+    /// When nothing matches.
+    #[serde(default)]
+    pub default: DefaultAction,
+}
+
+impl DestinationRules {
+    /// Rules allowing exactly `allow`, blocking the rest.
+    pub fn allow_only(allow: Vec<DestinationRule>) -> Self {
+        DestinationRules {
+            allow,
+            block: Vec::new(),
+            default: DefaultAction::Block,
+        }
+    }
+
+    /// Decides `dest` (`None`: a send on an unconnected socket, which reaches nothing).
+    pub fn decide(&self, dest: Option<&Destination>) -> RuleDecision {
+        let Some(dest) = dest else {
+            return RuleDecision {
+                allowed: false,
+                rule: "no destination".into(),
+            };
+        };
+        if *dest == Destination::Unspecified {
+            return RuleDecision {
+                allowed: true,
+                rule: "AF_UNSPEC disconnect".into(),
+            };
+        }
+        if let Some(r) = self.block.iter().find(|r| r.matches(dest)) {
+            return RuleDecision {
+                allowed: false,
+                rule: format!("block {r}"),
+            };
+        }
+        if let Some(r) = self.allow.iter().find(|r| r.matches(dest)) {
+            return RuleDecision {
+                allowed: true,
+                rule: format!("allow {r}"),
+            };
+        }
+        RuleDecision {
+            allowed: self.default == DefaultAction::Allow,
+            rule: "default".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    fn inet(s: &str) -> Destination {
+        Destination::Inet(s.parse::<SocketAddr>().unwrap())
+    }
+    fn rule(s: &str) -> DestinationRule {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn parses_and_round_trips() {
+        for s in [
+            "127.0.0.1",
+            "127.0.0.1:8080",
+            "10.0.0.0/8",
+            "10.0.0.0/8:443",
+            "[::1]:80",
+            "::1",
+            "fd00::/8",
+            "*:53",
+            "unix:/run/x.sock",
+            "unix:/run/app/",
+            "unix:@bus",
+        ] {
+            assert_eq!(rule(s).to_string(), s);
+        }
+        assert_eq!(rule("10.1.2.3/8").to_string(), "10.0.0.0/8");
+    }
+
+    #[test]
+    fn rejects_bad_rules() {
+        for s in [
+            "",
+            "localhost",
+            "1.2.3.4:99999",
+            "unix:relative",
+            "[::1",
+            "*:x",
+            "1.2.3.4/40",
+        ] {
+            assert!(s.parse::<DestinationRule>().is_err(), "{s}");
+        }
+    }
+
+    #[test]
+    fn matching() {
+        assert!(rule("127.0.0.1").matches(&inet("127.0.0.1:9")));
+        assert!(rule("127.0.0.1:9").matches(&inet("127.0.0.1:9")));
+        assert!(!rule("127.0.0.1:9").matches(&inet("127.0.0.1:10")));
+        assert!(rule("10.0.0.0/8:443").matches(&inet("10.9.8.7:443")));
+        assert!(!rule("10.0.0.0/8:443").matches(&inet("11.0.0.1:443")));
+        assert!(rule("*:53").matches(&inet("[2001:db8::1]:53")));
+        assert!(
+            rule("10.0.0.1").matches(&inet("[::ffff:10.0.0.1]:80")),
+            "mapped v4"
+        );
+        assert!(rule("unix:/run/app/").matches(&Destination::UnixPath("/run/app/s.sock".into())));
+        assert!(!rule("unix:/run/app/").matches(&Destination::UnixPath("/run/app2/s.sock".into())));
+        assert!(!rule("unix:/run/x.sock").matches(&inet("127.0.0.1:1")));
+    }
+
+    #[test]
+    fn block_wins_and_default_blocks() {
+        let rules = DestinationRules {
+            allow: vec![rule("10.0.0.0/8")],
+            block: vec![rule("10.0.0.5")],
+            default: DefaultAction::Block,
+        };
+        assert!(rules.decide(Some(&inet("10.0.0.4:1"))).allowed);
+        let d = rules.decide(Some(&inet("10.0.0.5:1")));
+        assert_eq!(
+            d,
+            RuleDecision {
+                allowed: false,
+                rule: "block 10.0.0.5".into()
+            }
+        );
+        assert_eq!(rules.decide(Some(&inet("8.8.8.8:53"))).rule, "default");
+        assert!(!rules.decide(Some(&inet("8.8.8.8:53"))).allowed);
+        assert!(!rules.decide(None).allowed);
+        assert!(rules.decide(Some(&Destination::Unspecified)).allowed);
+    }
+}
