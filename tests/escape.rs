@@ -463,3 +463,21 @@ async fn isolated_profile_reaches_nothing_even_when_allowed() {
     assert_eq!(run.errno(), libc::ENETUNREACH as i64);
     assert_eq!(sink.connections(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_connect_reports_the_kernels_own_error() {
+    let Some(b) = broker() else { return };
+    // A port nothing listens on: the broker's non-blocking connect must hand back the
+    // socket's final error exactly as a blocking connect would.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let argv = vec![
+        workspace_binary("flowhost-probe").display().to_string(),
+        "connect".into(),
+        closed.to_string(),
+    ];
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.errno(), libc::ECONNREFUSED as i64, "{}", run.stdout);
+}

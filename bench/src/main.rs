@@ -1,6 +1,7 @@
 //! `flowhost-bench`: run with `cargo run --release -p flowhost-bench -- all` (or one suite by
 //! name). Prints one Markdown table of medians and ratios; see BENCHMARKS.md for the method.
 
+mod broker;
 #[allow(dead_code)] // percentile and interleaved serve the suites added with the broker and daemon.
 mod harness;
 mod lattice;
@@ -11,6 +12,13 @@ use clap::{Parser, ValueEnum};
 enum Suite {
     All,
     Lattice,
+    Broker,
+    /// Internal: a timed connect loop run inside the sandbox.
+    #[value(hide = true)]
+    LoopConnect,
+    /// Internal: a timed sendto loop run inside the sandbox.
+    #[value(hide = true)]
+    LoopSendto,
 }
 
 /// flowhost's benchmark suite.
@@ -22,14 +30,34 @@ struct Args {
     /// Scale sample counts down (for a quick smoke run).
     #[arg(long)]
     quick: bool,
+    /// Arguments of the internal loop modes.
+    #[arg(hide = true)]
+    rest: Vec<String>,
 }
 
 fn main() {
     let args = Args::parse();
+    if let Suite::LoopConnect | Suite::LoopSendto = args.suite {
+        let kind = if args.suite == Suite::LoopConnect {
+            "connect"
+        } else {
+            "sendto"
+        };
+        let n = args
+            .rest
+            .get(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1000);
+        broker::child_loop(kind, args.rest.first().map(String::as_str).unwrap_or(""), n);
+        return;
+    }
     let mut rows = Vec::new();
     let want = |s: Suite| args.suite == Suite::All || args.suite == s;
     if want(Suite::Lattice) {
         rows.extend(lattice::run(args.quick));
+    }
+    if want(Suite::Broker) {
+        rows.extend(broker::run(args.quick));
     }
     harness::print_table(&rows);
 }

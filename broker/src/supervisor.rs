@@ -315,11 +315,16 @@ impl Caller<'_> {
             return Ok(Outcome::Errno(errno));
         }
         let target = target?;
-        let fd = sock.fd.clone();
-        let result = if sock.blocking() {
-            blocking(move || sys::connect_raw(fd.as_fd(), &target.addr)).await
+        let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
+        let result = if !sock.blocking() {
+            sys::connect_raw(sock.fd.as_fd(), &target.addr)
+        } else if inet {
+            connect_without_blocking(&sock, &target.addr).await
         } else {
-            sys::connect_raw(fd.as_fd(), &target.addr)
+            // A unix connect to a full backlog would return EAGAIN when non-blocking; it
+            // keeps its blocking semantics on the blocking pool instead.
+            let fd = sock.fd.clone();
+            blocking(move || sys::connect_raw(fd.as_fd(), &target.addr)).await
         };
         Ok(to_outcome(result.map(|()| 0)))
     }
@@ -640,6 +645,37 @@ fn to_outcome(r: io::Result<i64>) -> Outcome {
     match r {
         Ok(v) => Outcome::Value(v),
         Err(e) => Outcome::Errno(errno_of(&e)),
+    }
+}
+
+/// Performs a connect the executor made on a blocking IP socket without blocking a thread:
+/// the socket's file description is made non-blocking only for the `connect` call itself
+/// (the executor's calling thread is parked in its own `connect` meanwhile), then the broker
+/// awaits completion and returns the socket's final error, exactly as a blocking connect
+/// would have.
+async fn connect_without_blocking(sock: &TakenSocket, addr: &[u8]) -> io::Result<()> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let fd = sock.fd.as_fd();
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    let started = sys::connect_raw(fd, addr);
+    fcntl(fd, FcntlArg::F_SETFL(flags))?;
+    match started {
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        other => return other,
+    }
+    let watch = sys::async_fd_writable(fd.try_clone_to_owned()?)?;
+    loop {
+        let mut guard = watch.writable().await?;
+        let err = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR)?;
+        if err != 0 {
+            return Err(io::Error::from_raw_os_error(err));
+        }
+        // Writable with no error and a peer: connected.
+        if sys::peer_address(fd).is_ok() {
+            return Ok(());
+        }
+        guard.clear_ready();
     }
 }
 

@@ -429,10 +429,22 @@ pub fn peer_address(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     Ok(storage[..(len as usize).min(storage.len())].to_vec())
 }
 
-/// Registers an owned descriptor with the tokio reactor for readiness.
+/// Registers an owned descriptor with the tokio reactor for read readiness.
 pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    register(fd, tokio::io::Interest::READABLE)
+}
+
+/// Registers an owned descriptor with the tokio reactor for write readiness.
+pub fn async_fd_writable(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    register(fd, tokio::io::Interest::WRITABLE)
+}
+
+fn register(
+    fd: OwnedFd,
+    interest: tokio::io::Interest,
+) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd keeps its descriptor open, and always returns the same number, for
     // as long as the AsyncFd owns it.
-    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }
         .map_err(io::Error::from)
 }

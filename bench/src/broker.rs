@@ -1,0 +1,247 @@
+//! Broker benchmarks, each side by side with its peer in the same run:
+//! (a) spawn-to-exit of `/bin/true` under `isolated` and `brokered` vs bubblewrap;
+//! (b) loopback TCP connect+close, brokered vs no broker;
+//! (c) unconnected UDP sendto, brokered vs no broker.
+//!
+//! The connect and sendto loops run in a child process (this binary, in `loop-*` mode) that
+//! times each operation itself and prints its median, so process start-up is not counted.
+
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flowhost_broker::{Broker, BrokerOptions, Profile, SpawnSpec, StdioMode, Verdict};
+use tokio::io::AsyncReadExt;
+
+use crate::harness::{Row, Samples, fmt_duration};
+
+const BWRAP_ARGS: &[&str] = &[
+    "--unshare-all",
+    "--die-with-parent",
+    "--ro-bind",
+    "/",
+    "/",
+    "/bin/true",
+];
+
+fn profile(name: &str) -> Arc<Profile> {
+    Arc::new(Profile::find(name, &[]).expect("built-in profile"))
+}
+
+fn quiet(argv: Vec<String>, profile_name: &str) -> SpawnSpec {
+    let mut spec = SpawnSpec::new(argv, profile(profile_name));
+    spec.stdin = StdioMode::Null;
+    spec.stdout = StdioMode::Null;
+    spec.stderr = StdioMode::Null;
+    spec
+}
+
+async fn spawn_once(broker: &Broker, profile_name: &str) -> Duration {
+    let start = Instant::now();
+    let mut exec = broker
+        .spawn(quiet(vec!["/bin/true".into()], profile_name))
+        .await
+        .expect("spawn /bin/true");
+    let status = exec.wait().await.expect("wait");
+    let elapsed = start.elapsed();
+    assert!(status.success());
+    elapsed
+}
+
+fn bwrap_once() -> Option<Duration> {
+    let start = Instant::now();
+    let status = Command::new("bwrap")
+        .args(BWRAP_ARGS)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .ok()?;
+    status.success().then(|| start.elapsed())
+}
+
+/// Runs every broker benchmark.
+pub fn run(quick: bool) -> Vec<Row> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let broker = match Broker::new(BrokerOptions::default()) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("broker benchmarks skipped: {e}");
+            return Vec::new();
+        }
+    };
+    let mut rows = Vec::new();
+    rows.extend(spawn_rows(&runtime, &broker, if quick { 20 } else { 300 }));
+    let iterations = if quick { 300 } else { 3000 };
+    let rounds = if quick { 3 } else { 7 };
+    rows.push(loop_row(&runtime, &broker, "connect", iterations, rounds));
+    rows.push(loop_row(&runtime, &broker, "sendto", iterations, rounds));
+    rows
+}
+
+fn spawn_rows(runtime: &tokio::runtime::Runtime, broker: &Broker, samples: usize) -> Vec<Row> {
+    let bwrap_ok = bwrap_once().is_some();
+    if !bwrap_ok {
+        eprintln!(
+            "bubblewrap is not installed (apt-get install bubblewrap): spawn has no peer figure"
+        );
+    }
+    // Warm up both paths (page cache, first netns).
+    for _ in 0..5 {
+        runtime.block_on(spawn_once(broker, "isolated"));
+        runtime.block_on(spawn_once(broker, "brokered"));
+        if bwrap_ok {
+            bwrap_once();
+        }
+    }
+    let (mut iso, mut brk, mut bw) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..samples {
+        iso.push(runtime.block_on(spawn_once(broker, "isolated")));
+        brk.push(runtime.block_on(spawn_once(broker, "brokered")));
+        if bwrap_ok && let Some(d) = bwrap_once() {
+            bw.push(d);
+        }
+    }
+    let (iso, brk, bw) = (Samples(iso), Samples(brk), Samples(bw));
+    let row = |name: &str, s: &Samples| {
+        let ratio = if bwrap_ok {
+            s.median().as_secs_f64() / bw.median().as_secs_f64()
+        } else {
+            f64::NAN
+        };
+        Row {
+            name: format!("spawn-to-exit /bin/true, {name} (median of {samples})"),
+            flowhost: fmt_duration(s.median()),
+            baseline: bwrap_ok.then(|| {
+                (
+                    "bwrap --unshare-all --die-with-parent --ro-bind / /".into(),
+                    fmt_duration(bw.median()),
+                )
+            }),
+            comparison: format!("{ratio:.2}x bwrap"),
+            goal: "ratio <= 1.0".into(),
+            met: bwrap_ok && ratio <= 1.0,
+        }
+    };
+    vec![row("isolated", &iso), row("brokered", &brk)]
+}
+
+/// The child side: `loop-connect ADDR N` / `loop-sendto ADDR N` time each operation and
+/// print the median in nanoseconds.
+pub fn child_loop(kind: &str, addr: &str, iterations: usize) {
+    let addr: SocketAddr = addr.parse().expect("address");
+    let mut times = Vec::with_capacity(iterations);
+    let udp = UdpSocket::bind("127.0.0.1:0").expect("udp socket");
+    for _ in 0..iterations {
+        let start = Instant::now();
+        match kind {
+            "connect" => drop(std::net::TcpStream::connect(addr).expect("connect")),
+            _ => {
+                udp.send_to(b"x", addr).expect("sendto");
+            }
+        }
+        times.push(start.elapsed());
+    }
+    println!("{}", Samples(times).median().as_nanos());
+}
+
+fn parse_median(out: &str) -> Duration {
+    Duration::from_nanos(out.trim().parse().expect("child printed a median"))
+}
+
+fn loop_row(
+    runtime: &tokio::runtime::Runtime,
+    broker: &Broker,
+    kind: &str,
+    iterations: usize,
+    rounds: usize,
+) -> Row {
+    let target: SocketAddr = if kind == "connect" {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("listener");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                drop(s);
+            }
+        });
+        addr
+    } else {
+        let sink = UdpSocket::bind("127.0.0.1:0").expect("udp sink");
+        let addr = sink.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while sink.recv(&mut buf).is_ok() {}
+        });
+        addr
+    };
+    let me = std::env::current_exe()
+        .expect("own path")
+        .display()
+        .to_string();
+    let args = vec![
+        me.clone(),
+        format!("loop-{kind}"),
+        target.to_string(),
+        iterations.to_string(),
+    ];
+    let (mut direct, mut brokered) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let out = Command::new(&me)
+            .args(&args[1..])
+            .output()
+            .expect("direct loop");
+        direct.push(parse_median(&String::from_utf8_lossy(&out.stdout)));
+        brokered.push(runtime.block_on(async {
+            let mut spec = quiet(args.clone(), "brokered");
+            spec.stdout = StdioMode::Piped;
+            let mut exec = broker.spawn(spec).await.expect("spawn loop");
+            let mut attempts = exec.take_attempts().expect("attempts");
+            tokio::spawn(async move {
+                while let Some(a) = attempts.recv().await {
+                    a.respond(Verdict::Allow);
+                }
+            });
+            let mut out = String::new();
+            exec.take_stdout()
+                .expect("stdout")
+                .read_to_string(&mut out)
+                .await
+                .expect("read");
+            let status = exec.wait().await.expect("wait");
+            assert!(status.success(), "brokered loop failed: {status:?}");
+            parse_median(&out)
+        }));
+    }
+    let (d, b) = (Samples(direct).median(), Samples(brokered).median());
+    let added = b.saturating_sub(d);
+    let (name, goal, limit) = if kind == "connect" {
+        (
+            "loopback TCP connect+close",
+            "<= 40 µs added",
+            Duration::from_micros(40),
+        )
+    } else {
+        (
+            "unconnected UDP sendto",
+            "<= 40 µs added",
+            Duration::from_micros(40),
+        )
+    };
+    Row {
+        name: format!("{name}, brokered (median of {rounds} x {iterations})"),
+        flowhost: fmt_duration(b),
+        baseline: Some(("no broker".into(), fmt_duration(d))),
+        comparison: format!(
+            "+{} per op ({:.1}x)",
+            fmt_duration(added),
+            b.as_secs_f64() / d.as_secs_f64()
+        ),
+        goal: goal.into(),
+        met: added <= limit,
+    }
+}
