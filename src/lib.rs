@@ -11,6 +11,8 @@ pub mod destination;
 pub mod flow;
 pub mod ident;
 pub mod label;
+pub mod mcp;
+pub mod state;
 
 pub use flow::{EgressDenial, ToolFlowDeclaration, ToolFlowError, authorize_egress};
 pub use ident::{Compartment, DeclassificationPurpose, IdentifierError, PrincipalId};

@@ -1,0 +1,331 @@
+//! MCP framing: newline-delimited JSON-RPC 2.0 messages, read with a size limit.
+//!
+//! Used on both sides: the daemon's socket (clients) and the executors' stdio (the daemon as
+//! client). Nothing here knows about labels or policy.
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt};
+
+/// The MCP protocol revision the host speaks.
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+
+/// JSON-RPC and flowhost error codes.
+pub mod code {
+    /// Invalid JSON.
+    pub const PARSE_ERROR: i64 = -32700;
+    /// Not a valid request object (wrong `jsonrpc`, missing `method`, bad `id`), or too large.
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// Unknown method.
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// Bad parameters: unknown tool, arguments failing the signed input schema.
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// The host failed (state or record store); the call was refused.
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// The caller may not use this tool.
+    pub const ACCESS_DENIED: i64 = -32001;
+    /// The information-flow check refused the call.
+    pub const FLOW_DENIED: i64 = -32002;
+    /// The request arrived before `initialize`.
+    pub const NOT_INITIALIZED: i64 = -32003;
+}
+
+/// A JSON-RPC error to send back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    /// Error code (see [`code`]).
+    pub code: i64,
+    /// Human-readable message.
+    pub message: String,
+    /// Structured detail.
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    /// An error without data.
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    /// Adds structured data.
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+}
+
+/// A parsed inbound message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Incoming {
+    /// A request (has an id; needs an answer).
+    Request {
+        /// The id, echoed in the answer.
+        id: Value,
+        /// Method name.
+        method: String,
+        /// Parameters (`null` when absent).
+        params: Value,
+    },
+    /// A notification (no id; never answered).
+    Notification {
+        /// Method name.
+        method: String,
+        /// Parameters.
+        params: Value,
+    },
+    /// A response (to a request we sent).
+    Response {
+        /// The id of our request.
+        id: Value,
+        /// `Ok(result)` or `Err(error object)`.
+        outcome: Result<Value, Value>,
+    },
+}
+
+/// Parses one line. Errors carry the id when one could be read, so the answer can use it.
+pub fn parse(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
+    let value: Value = serde_json::from_slice(line).map_err(|e| {
+        (
+            Value::Null,
+            RpcError::new(code::PARSE_ERROR, format!("parse error: {e}")),
+        )
+    })?;
+    let Value::Object(obj) = value else {
+        return Err((
+            Value::Null,
+            RpcError::new(code::INVALID_REQUEST, "a message must be a JSON object"),
+        ));
+    };
+    let id = obj.get("id").cloned();
+    let echo = id.clone().unwrap_or(Value::Null);
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err((
+            echo,
+            RpcError::new(code::INVALID_REQUEST, "\"jsonrpc\" must be \"2.0\""),
+        ));
+    }
+    if let Some(id) = &id
+        && !(id.is_string() || id.is_i64() || id.is_u64() || id.is_null())
+    {
+        return Err((
+            Value::Null,
+            RpcError::new(
+                code::INVALID_REQUEST,
+                "\"id\" must be a string, an integer or null",
+            ),
+        ));
+    }
+    match obj.get("method") {
+        Some(Value::String(method)) => {
+            let params = obj.get("params").cloned().unwrap_or(Value::Null);
+            if !(params.is_object() || params.is_array() || params.is_null()) {
+                return Err((
+                    echo,
+                    RpcError::new(
+                        code::INVALID_REQUEST,
+                        "\"params\" must be an object or an array",
+                    ),
+                ));
+            }
+            Ok(match id {
+                Some(id) => Incoming::Request {
+                    id,
+                    method: method.clone(),
+                    params,
+                },
+                None => Incoming::Notification {
+                    method: method.clone(),
+                    params,
+                },
+            })
+        }
+        Some(_) => Err((
+            echo,
+            RpcError::new(code::INVALID_REQUEST, "\"method\" must be a string"),
+        )),
+        None => match (id, obj.get("result"), obj.get("error")) {
+            (Some(id), Some(result), None) => Ok(Incoming::Response {
+                id,
+                outcome: Ok(result.clone()),
+            }),
+            (Some(id), None, Some(error)) => Ok(Incoming::Response {
+                id,
+                outcome: Err(error.clone()),
+            }),
+            _ => Err((
+                echo,
+                RpcError::new(code::INVALID_REQUEST, "missing \"method\""),
+            )),
+        },
+    }
+}
+
+/// A success response line (without the newline).
+pub fn response(id: &Value, result: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string()
+}
+
+/// An error response line (without the newline).
+pub fn error_response(id: &Value, error: &RpcError) -> String {
+    let mut e = json!({"code": error.code, "message": error.message});
+    if let Some(data) = &error.data {
+        e["data"] = data.clone();
+    }
+    json!({"jsonrpc": "2.0", "id": id, "error": e}).to_string()
+}
+
+/// A request line (without the newline).
+pub fn request(id: u64, method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
+}
+
+/// A notification line (without the newline).
+pub fn notification(method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string()
+}
+
+/// One line read under a size limit.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    /// A complete line (without its newline).
+    Message(Vec<u8>),
+    /// A line longer than the limit; its bytes were discarded up to its newline.
+    TooLarge(usize),
+    /// End of stream.
+    Eof,
+}
+
+/// Reads one newline-terminated line of at most `limit` bytes. An oversized line is
+/// consumed and discarded (never buffered whole), so one bad message cannot exhaust memory or
+/// desynchronize the stream. A final line without a newline counts as a line.
+pub async fn read_line<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    limit: usize,
+) -> std::io::Result<Line> {
+    let mut buf = Vec::new();
+    let mut seen = 0usize;
+    let mut oversized = false;
+    loop {
+        let chunk = reader.fill_buf().await?;
+        if chunk.is_empty() {
+            return Ok(if seen == 0 {
+                Line::Eof
+            } else if oversized {
+                Line::TooLarge(seen)
+            } else {
+                Line::Message(buf)
+            });
+        }
+        let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let body = if done {
+            &chunk[..take - 1]
+        } else {
+            &chunk[..take]
+        };
+        seen += body.len();
+        if !oversized {
+            if seen > limit {
+                oversized = true;
+                buf = Vec::new();
+            } else {
+                buf.extend_from_slice(body);
+            }
+        }
+        reader.consume(take);
+        if done {
+            return Ok(if oversized {
+                Line::TooLarge(seen)
+            } else {
+                Line::Message(buf)
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reads_lines_and_discards_oversized_ones() {
+        let data = b"{\"a\":1}\n0123456789ABCDEF\n{\"b\":2}";
+        let mut r = tokio::io::BufReader::with_capacity(4, &data[..]);
+        assert_eq!(
+            read_line(&mut r, 10).await.unwrap(),
+            Line::Message(b"{\"a\":1}".to_vec())
+        );
+        assert_eq!(read_line(&mut r, 10).await.unwrap(), Line::TooLarge(16));
+        assert_eq!(
+            read_line(&mut r, 10).await.unwrap(),
+            Line::Message(b"{\"b\":2}".to_vec())
+        );
+        assert_eq!(read_line(&mut r, 10).await.unwrap(), Line::Eof);
+    }
+
+    #[test]
+    fn parses_requests_notifications_and_responses() {
+        assert_eq!(
+            parse(br#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#).unwrap(),
+            Incoming::Request {
+                id: json!(7),
+                method: "ping".into(),
+                params: Value::Null
+            }
+        );
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap(),
+            Incoming::Notification { .. }
+        ));
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","id":"x","result":{}}"#).unwrap(),
+            Incoming::Response { outcome: Ok(_), .. }
+        ));
+    }
+
+    #[test]
+    fn rejects_malformed_messages_with_the_right_codes() {
+        assert_eq!(parse(b"{not json").unwrap_err().1.code, code::PARSE_ERROR);
+        assert_eq!(parse(b"[1,2]").unwrap_err().1.code, code::INVALID_REQUEST);
+        let (id, e) = parse(br#"{"jsonrpc":"1.0","id":3,"method":"ping"}"#).unwrap_err();
+        assert_eq!((id, e.code), (json!(3), code::INVALID_REQUEST));
+        assert_eq!(
+            parse(br#"{"jsonrpc":"2.0","id":{},"method":"x"}"#)
+                .unwrap_err()
+                .1
+                .code,
+            code::INVALID_REQUEST
+        );
+        assert_eq!(
+            parse(br#"{"jsonrpc":"2.0","id":1,"method":5}"#)
+                .unwrap_err()
+                .1
+                .code,
+            code::INVALID_REQUEST
+        );
+        assert_eq!(
+            parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","params":3}"#)
+                .unwrap_err()
+                .1
+                .code,
+            code::INVALID_REQUEST
+        );
+        assert_eq!(
+            parse(br#"{"jsonrpc":"2.0","id":1}"#).unwrap_err().1.code,
+            code::INVALID_REQUEST
+        );
+    }
+
+    #[test]
+    fn error_lines_carry_data() {
+        let e =
+            RpcError::new(code::FLOW_DENIED, "no").with_data(json!({"denial": "flow_violation"}));
+        let line: Value = serde_json::from_str(&error_response(&json!(1), &e)).unwrap();
+        assert_eq!(line["error"]["data"]["denial"], "flow_violation");
+    }
+}

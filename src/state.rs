@@ -1,0 +1,391 @@
+//! Durable information-flow state, keyed by principal and by (principal, session).
+//!
+//! Guarantees (DESIGN.md §6): labels only ever grow (every write is a join with what is
+//! stored), a label is durable (SQLite WAL, `synchronous=FULL`) before the call that raised
+//! it returns, a restart never lowers a label, and state that cannot be read is `Top`, never
+//! bottom. A principal's label follows it into every new session.
+//!
+//! The store keeps an authoritative in-memory copy and writes to disk only when a join
+//! actually changes a label, so the common call that adds nothing costs no fsync.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::ident::PrincipalId;
+use crate::label::InformationLabel;
+
+/// Why the state store failed. Every caller treats a failure as a refusal.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The database could not be opened or prepared.
+    #[error("{path}: cannot open the flow-state database: {source}")]
+    Open {
+        /// The database file.
+        path: PathBuf,
+        /// The SQLite error.
+        source: rusqlite::Error,
+    },
+    /// A read or write failed.
+    #[error("flow-state database {path}: {source}")]
+    Io {
+        /// The database file.
+        path: PathBuf,
+        /// The SQLite error.
+        source: rusqlite::Error,
+    },
+    /// A stored label is not a valid label (edited by hand, or corrupt).
+    #[error("flow-state database {path}: stored label for {key} is invalid: {reason}")]
+    Corrupt {
+        /// The database file.
+        path: PathBuf,
+        /// Which principal/session.
+        key: String,
+        /// The decoding error.
+        reason: String,
+    },
+    /// An earlier failure left the store unusable.
+    #[error("flow-state store failed earlier and refuses further use: {0}")]
+    Failed(String),
+}
+
+/// A session's identity: the principal and the session id the host assigned.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionKey {
+    /// Who.
+    pub principal: PrincipalId,
+    /// Which session of theirs.
+    pub session: String,
+}
+
+/// The labels relevant to one session at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowState {
+    /// Everything this principal has ever received.
+    pub principal: InformationLabel,
+    /// Everything this session has received.
+    pub session: InformationLabel,
+}
+
+impl FlowState {
+    /// The join of both: what an egress from this session may carry.
+    pub fn combined(&self) -> InformationLabel {
+        self.principal.join_or_top(&self.session)
+    }
+}
+
+struct Inner {
+    conn: Connection,
+    principals: HashMap<PrincipalId, InformationLabel>,
+    sessions: HashMap<SessionKey, InformationLabel>,
+    failed: Option<String>,
+}
+
+/// The store. Thread-safe; writes are serialized.
+pub struct FlowStateStore {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for FlowStateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlowStateStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn decode(path: &Path, key: &str, text: &str) -> Result<InformationLabel, StateError> {
+    InformationLabel::from_json(text).map_err(|e| StateError::Corrupt {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+impl FlowStateStore {
+    /// Opens (creating if needed) the database at `path` and loads every stored label. A
+    /// corrupt label stops the open: the host must not start with state it cannot read.
+    pub fn open(path: &Path) -> Result<Self, StateError> {
+        let open_err = |source| StateError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(open_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(open_err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(open_err)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS principal_labels (
+                 principal TEXT PRIMARY KEY NOT NULL,
+                 label     TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS session_labels (
+                 principal TEXT NOT NULL,
+                 session   TEXT NOT NULL,
+                 label     TEXT NOT NULL,
+                 PRIMARY KEY (principal, session)
+             );",
+        )
+        .map_err(open_err)?;
+        let mut principals = HashMap::new();
+        let mut sessions = HashMap::new();
+        {
+            let mut stmt = conn
+                .prepare("SELECT principal, label FROM principal_labels")
+                .map_err(open_err)?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                .map_err(open_err)?;
+            for row in rows {
+                let (p, label) = row.map_err(open_err)?;
+                let principal = PrincipalId::new(&p).map_err(|e| StateError::Corrupt {
+                    path: path.to_path_buf(),
+                    key: p.clone(),
+                    reason: e.to_string(),
+                })?;
+                principals.insert(principal, decode(path, &p, &label)?);
+            }
+            let mut stmt = conn
+                .prepare("SELECT principal, session, label FROM session_labels")
+                .map_err(open_err)?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                    ))
+                })
+                .map_err(open_err)?;
+            for row in rows {
+                let (p, s, label) = row.map_err(open_err)?;
+                let key = format!("{p}/{s}");
+                let principal = PrincipalId::new(&p).map_err(|e| StateError::Corrupt {
+                    path: path.to_path_buf(),
+                    key: key.clone(),
+                    reason: e.to_string(),
+                })?;
+                sessions.insert(
+                    SessionKey {
+                        principal,
+                        session: s,
+                    },
+                    decode(path, &key, &label)?,
+                );
+            }
+        }
+        Ok(FlowStateStore {
+            path: path.to_path_buf(),
+            inner: Mutex::new(Inner {
+                conn,
+                principals,
+                sessions,
+                failed: None,
+            }),
+        })
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StateError> {
+        let inner = self
+            .inner
+            .lock()
+            .map_err(|_| StateError::Failed("a writer panicked while holding the store".into()))?;
+        if let Some(why) = &inner.failed {
+            return Err(StateError::Failed(why.clone()));
+        }
+        Ok(inner)
+    }
+
+    /// The current labels of a session. A session never seen starts at bottom; its
+    /// principal's label applies through [`FlowState::combined`].
+    pub fn get(&self, key: &SessionKey) -> Result<FlowState, StateError> {
+        let inner = self.lock()?;
+        Ok(FlowState {
+            principal: inner
+                .principals
+                .get(&key.principal)
+                .cloned()
+                .unwrap_or_else(InformationLabel::bottom),
+            session: inner
+                .sessions
+                .get(key)
+                .cloned()
+                .unwrap_or_else(InformationLabel::bottom),
+        })
+    }
+
+    /// Joins `label` into the principal's and the session's labels (a join that overflows
+    /// the label limits becomes `Top`) and makes any change durable before returning the new
+    /// state. A write failure poisons the store: every later call fails (fail closed).
+    pub fn join(
+        &self,
+        key: &SessionKey,
+        label: &InformationLabel,
+    ) -> Result<FlowState, StateError> {
+        let mut inner = self.lock()?;
+        let old_p = inner
+            .principals
+            .get(&key.principal)
+            .cloned()
+            .unwrap_or_else(InformationLabel::bottom);
+        let old_s = inner
+            .sessions
+            .get(key)
+            .cloned()
+            .unwrap_or_else(InformationLabel::bottom);
+        let new_p = old_p.join_or_top(label);
+        let new_s = old_s.join_or_top(label);
+        if new_p == old_p && new_s == old_s {
+            return Ok(FlowState {
+                principal: new_p,
+                session: new_s,
+            });
+        }
+        let result = (|| -> rusqlite::Result<()> {
+            let tx = inner.conn.transaction()?;
+            if new_p != old_p {
+                tx.execute(
+                    "INSERT INTO principal_labels (principal, label) VALUES (?1, ?2)
+                     ON CONFLICT(principal) DO UPDATE SET label = excluded.label",
+                    params![key.principal.as_str(), new_p.to_canonical_json()],
+                )?;
+            }
+            if new_s != old_s {
+                tx.execute(
+                    "INSERT INTO session_labels (principal, session, label) VALUES (?1, ?2, ?3)
+                     ON CONFLICT(principal, session) DO UPDATE SET label = excluded.label",
+                    params![
+                        key.principal.as_str(),
+                        key.session,
+                        new_s.to_canonical_json()
+                    ],
+                )?;
+            }
+            tx.commit()
+        })();
+        if let Err(source) = result {
+            inner.failed = Some(source.to_string());
+            return Err(StateError::Io {
+                path: self.path.clone(),
+                source,
+            });
+        }
+        inner
+            .principals
+            .insert(key.principal.clone(), new_p.clone());
+        inner.sessions.insert(key.clone(), new_s.clone());
+        Ok(FlowState {
+            principal: new_p,
+            session: new_s,
+        })
+    }
+
+    /// The label stored for a principal, read from disk (for tests and audits).
+    pub fn stored_principal_label(
+        &self,
+        principal: &PrincipalId,
+    ) -> Result<Option<InformationLabel>, StateError> {
+        let inner = self.lock()?;
+        let text: Option<String> = inner
+            .conn
+            .query_row(
+                "SELECT label FROM principal_labels WHERE principal = ?1",
+                params![principal.as_str()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|source| StateError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        text.map(|t| decode(&self.path, principal.as_str(), &t))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn owner(o: &str) -> InformationLabel {
+        let o = PrincipalId::new(o).unwrap();
+        InformationLabel::try_known(
+            BTreeMap::from([(o.clone(), BTreeSet::from([o]))]),
+            BTreeSet::new(),
+        )
+        .unwrap()
+    }
+
+    fn key(p: &str, s: &str) -> SessionKey {
+        SessionKey {
+            principal: PrincipalId::new(p).unwrap(),
+            session: s.into(),
+        }
+    }
+
+    #[test]
+    fn labels_grow_persist_and_follow_the_principal() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        {
+            let store = FlowStateStore::open(&db).unwrap();
+            assert!(
+                store
+                    .get(&key("alice", "s1"))
+                    .unwrap()
+                    .combined()
+                    .is_bottom()
+            );
+            store
+                .join(&key("alice", "s1"), &owner("larkfield"))
+                .unwrap();
+            // Joining bottom never lowers anything.
+            let st = store
+                .join(&key("alice", "s1"), &InformationLabel::bottom())
+                .unwrap();
+            assert_eq!(st.session, owner("larkfield"));
+            // A new session of the same principal carries the principal's taint.
+            assert_eq!(
+                store.get(&key("alice", "s2")).unwrap().combined(),
+                owner("larkfield")
+            );
+            // Another principal is untouched.
+            assert!(store.get(&key("bob", "s9")).unwrap().combined().is_bottom());
+        }
+        let store = FlowStateStore::open(&db).unwrap();
+        assert_eq!(
+            store.get(&key("alice", "s1")).unwrap().session,
+            owner("larkfield")
+        );
+        assert_eq!(
+            store
+                .stored_principal_label(&PrincipalId::new("alice").unwrap())
+                .unwrap(),
+            Some(owner("larkfield"))
+        );
+    }
+
+    #[test]
+    fn a_corrupt_label_stops_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        FlowStateStore::open(&db)
+            .unwrap()
+            .join(&key("alice", "s"), &owner("x"))
+            .unwrap();
+        let conn = Connection::open(&db).unwrap();
+        conn.execute(
+            "UPDATE principal_labels SET label = '{\"kind\":\"bottom\"}'",
+            [],
+        )
+        .unwrap();
+        drop(conn);
+        let err = FlowStateStore::open(&db).unwrap_err().to_string();
+        assert!(err.contains("stored label for alice is invalid"), "{err}");
+    }
+}
