@@ -6,11 +6,20 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod canonical;
 pub mod cli;
+pub mod files;
 pub mod flow;
 pub mod ident;
+pub mod keys;
 pub mod label;
+pub mod manifest;
 
-pub use flow::{EgressDenial, ToolFlowDeclaration, ToolFlowError, authorize_egress};
+pub use flow::{
+    EgressDenial, FlowDecodeError, ToolFlowDeclaration, ToolFlowError, authorize_egress,
+};
 pub use ident::{Compartment, DeclassificationPurpose, IdentifierError, PrincipalId};
 pub use label::{InformationLabel, LabelError};
+pub use manifest::{
+    ManifestBody, ManifestDigest, ManifestError, SignedManifest, ToolDefinition, VerifyError,
+};
