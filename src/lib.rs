@@ -14,6 +14,7 @@ pub mod ident;
 pub mod keys;
 pub mod label;
 pub mod manifest;
+pub mod registry;
 
 pub use flow::{
     EgressDenial, FlowDecodeError, ToolFlowDeclaration, ToolFlowError, authorize_egress,
@@ -22,4 +23,8 @@ pub use ident::{Compartment, DeclassificationPurpose, IdentifierError, Principal
 pub use label::{InformationLabel, LabelError};
 pub use manifest::{
     ManifestBody, ManifestDigest, ManifestError, SignedManifest, ToolDefinition, VerifyError,
+};
+pub use registry::{
+    AdmissionError, AdmittedTool, AdmittedToolSecurity, BridgeSecurityMetadata, RuntimeTopology,
+    ToolPolicy, VerifiedRegistry,
 };

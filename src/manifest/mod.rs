@@ -31,6 +31,8 @@ use sha2::{Digest, Sha256};
 use crate::flow::ToolFlowDeclaration;
 
 pub use decode::ManifestError;
+pub(crate) use decode::json_type;
+pub(crate) use envelope::pretty;
 pub use envelope::{
     ManifestFileError, SignError, SignedManifest, VerifyError, load_body_file, load_envelope_file,
 };
