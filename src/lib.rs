@@ -14,6 +14,7 @@ pub mod ident;
 pub mod keys;
 pub mod label;
 pub mod manifest;
+pub mod openapi;
 pub mod registry;
 
 pub use flow::{

@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 use crate::flow::ToolFlowDeclaration;
 
 pub use decode::ManifestError;
-pub(crate) use decode::json_type;
+pub(crate) use decode::{decode_annotations, decode_flow, json_type};
 pub(crate) use envelope::pretty;
 pub use envelope::{
     ManifestFileError, SignError, SignedManifest, VerifyError, load_body_file, load_envelope_file,
