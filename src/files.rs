@@ -18,7 +18,7 @@ pub const MAX_MANIFEST_FILE_BYTES: u64 = 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
     /// The file could not be opened (missing, no permission, ...).
-    #[error("{}: cannot open: {source}", path.display())]
+    #[error("{}: cannot open", path.display())]
     Open {
         /// The file.
         path: PathBuf,
@@ -59,7 +59,7 @@ pub enum FileError {
         offset: usize,
     },
     /// Reading failed part way.
-    #[error("{}: cannot read: {source}", path.display())]
+    #[error("{}: cannot read", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -73,7 +73,7 @@ pub enum FileError {
         path: PathBuf,
     },
     /// Writing, flushing or renaming failed; the destination was not changed.
-    #[error("{}: cannot write: {source}", path.display())]
+    #[error("{}: cannot write", path.display())]
     Write {
         /// The destination.
         path: PathBuf,

@@ -73,7 +73,7 @@ pub enum KeyError {
     #[error("cannot read the operating system's random source: {0}")]
     Randomness(String),
     /// The output directory could not be created.
-    #[error("{}: cannot create directory: {source}", path.display())]
+    #[error("{}: cannot create directory", path.display())]
     CreateDir {
         /// The directory.
         path: PathBuf,

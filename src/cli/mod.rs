@@ -4,13 +4,16 @@
 //! source chain and exits non-zero. Subcommands with documented exit codes (for example
 //! `manifest verify`, `diff`) return them as `Ok(code)`.
 
+pub mod key;
+pub mod manifest;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 /// Boxed error for the CLI boundary: every module error is a typed `thiserror` enum; the
 /// CLI only prints them.
-pub type CliResult = Result<ExitCode, Box<dyn std::error::Error + Send + Sync>>;
+pub type CliResult<T = ExitCode> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// flowhost: a Linux process host for governed tools.
 #[derive(Debug, Parser)]
@@ -24,6 +27,12 @@ pub struct Cli {
 enum Command {
     /// Print the label of a JSON label file in canonical form (a quick well-formedness check).
     Label(LabelArgs),
+    /// Generate manifest signing keys.
+    #[command(subcommand)]
+    Key(key::KeyCommand),
+    /// Sign, verify, digest and convert tool manifests.
+    #[command(subcommand)]
+    Manifest(manifest::ManifestCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -44,6 +53,8 @@ impl Cli {
                 println!("{}", label.to_canonical_json());
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Key(command) => command.run(),
+            Command::Manifest(command) => command.run(),
         }
     }
 }
@@ -55,5 +66,15 @@ pub fn report(error: &(dyn std::error::Error + 'static)) {
     while let Some(cause) = source {
         eprintln!("  caused by: {cause}");
         source = cause.source();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }
