@@ -1,9 +1,10 @@
 //! `flowhost-bench`: run with `cargo run --release -p flowhost-bench -- all` (or one suite by
 //! name). Prints one Markdown table of medians and ratios; see BENCHMARKS.md for the method.
 
-#[allow(dead_code)] // percentile and interleaved serve the suites added with the broker and daemon.
+#[allow(dead_code)] // percentile serves the suites added with the broker and daemon.
 mod harness;
 mod lattice;
+mod manifest;
 
 use clap::{Parser, ValueEnum};
 
@@ -11,6 +12,7 @@ use clap::{Parser, ValueEnum};
 enum Suite {
     All,
     Lattice,
+    Manifest,
 }
 
 /// flowhost's benchmark suite.
@@ -30,6 +32,9 @@ fn main() {
     let want = |s: Suite| args.suite == Suite::All || args.suite == s;
     if want(Suite::Lattice) {
         rows.extend(lattice::run(args.quick));
+    }
+    if want(Suite::Manifest) {
+        rows.extend(manifest::run(args.quick));
     }
     harness::print_table(&rows);
 }
