@@ -127,6 +127,14 @@ pub enum OpenApiError {
         /// Why it cannot be used.
         reason: &'static str,
     },
+    /// A parameter without its `name` or `in` string.
+    #[error("{path}: parameter has no {field:?} string")]
+    ParameterField {
+        /// The parameter.
+        path: JsonPath,
+        /// The missing field.
+        field: &'static str,
+    },
     /// A parameter without a usable schema.
     #[error("{path}: parameter has neither `schema` nor a JSON `content` schema")]
     ParameterWithoutSchema {
@@ -460,8 +468,15 @@ impl<'a> Inliner<'a> {
             let path = JsonPath::field("components")
                 .key("schemas")
                 .key(&decode_pointer(&name));
-            let source = self.doc.pointer(&pointer).cloned().unwrap_or(Value::Null);
-            let rewritten = self.rewrite(&source, &path)?;
+            let source =
+                self.doc
+                    .pointer(&pointer)
+                    .ok_or_else(|| OpenApiError::UnsupportedRef {
+                        path: path.clone(),
+                        reference: format!("#{pointer}"),
+                        reason: "no such component schema",
+                    })?;
+            let rewritten = self.rewrite(source, &path)?;
             self.defs.insert(decode_pointer(&name), rewritten);
         }
         Ok(self.defs)
@@ -521,8 +536,15 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
         for (i, raw) in items.iter().enumerate() {
             let path = list_path.index(i);
             let param = object(resolve(doc, raw, &path, "parameters")?, &path)?;
-            let name = param.get("name").and_then(Value::as_str).unwrap_or("");
-            let location = param.get("in").and_then(Value::as_str).unwrap_or("");
+            let field = |field: &'static str| {
+                param.get(field).and_then(Value::as_str).ok_or_else(|| {
+                    OpenApiError::ParameterField {
+                        path: path.clone(),
+                        field,
+                    }
+                })
+            };
+            let (name, location) = (field("name")?, field("in")?);
             let required = param
                 .get("required")
                 .and_then(Value::as_bool)

@@ -212,6 +212,13 @@ fn refusals() {
     );
     check(
         |d| {
+            let version = &mut d["components"]["parameters"]["Version"];
+            version.as_object_mut().unwrap().remove("in");
+        },
+        |e| matches!(e, OpenApiError::ParameterField { field: "in", .. }),
+    );
+    check(
+        |d| {
             d["paths"]["/summaries"]["post"]["requestBody"] =
                 json!({"content": {"text/plain": {"schema": {"type": "string"}}}})
         },
