@@ -606,7 +606,13 @@ impl VerifiedRegistry {
                 });
             };
             let security = admit_tool(&server_id, definition, policy, topology)?;
-            let validator = compile_schema(&server_id, definition)?;
+            let validator = definition.compile_input_schema().map_err(|e| {
+                AdmissionError::InvalidInputSchema {
+                    server_id: server_id.clone(),
+                    tool: name.to_owned(),
+                    reason: e.to_string(),
+                }
+            })?;
             tools.insert(
                 name.to_owned(),
                 AdmittedTool {
@@ -799,18 +805,6 @@ fn admit_tool(
         manifest_clearance,
         effective_output_floor,
         declassification_purposes,
-    })
-}
-
-fn compile_schema(
-    server_id: &str,
-    definition: &ToolDefinition,
-) -> Result<jsonschema::Validator, AdmissionError> {
-    let schema = Value::Object(definition.input_schema().clone());
-    jsonschema::validator_for(&schema).map_err(|e| AdmissionError::InvalidInputSchema {
-        server_id: server_id.to_owned(),
-        tool: definition.name().to_owned(),
-        reason: e.to_string(),
     })
 }
 

@@ -220,7 +220,7 @@ fn verify_exits_1_with_the_reason() {
 }
 
 #[test]
-fn sign_refuses_a_readable_private_key_and_a_foreign_body() {
+fn sign_refuses_a_readable_key_a_foreign_body_and_a_broken_schema() {
     let lab = Lab::new();
     std::fs::set_permissions(lab.key(), std::fs::Permissions::from_mode(0o644)).unwrap();
     let (out, envelope) = lab.run_sign(&lab.body());
@@ -238,6 +238,15 @@ fn sign_refuses_a_readable_private_key_and_a_foreign_body() {
         lab.path("body.json").display()
     );
     assert!(stderr(&out).contains(&prefix), "{}", stderr(&out));
+    assert!(!envelope.exists());
+
+    // A schema no host would compile is refused at signing time.
+    let mut body = lab.body();
+    body["tools"][0]["input_schema"] = json!({"type": "no-such-type"});
+    let (out, envelope) = lab.run_sign(&body);
+    assert_eq!(out.status.code(), Some(2));
+    let reason = "tool \"publish\": input_schema is not a usable JSON Schema";
+    assert!(stderr(&out).contains(reason), "{}", stderr(&out));
     assert!(!envelope.exists());
 }
 

@@ -11,8 +11,8 @@ use crate::canonical::{self, JsonPath};
 use crate::files::{self, MAX_MANIFEST_FILE_BYTES};
 use crate::keys;
 use crate::manifest::{
-    ManifestBody, ManifestDigest, ManifestError, ManifestFileError, SignError, SignedManifest,
-    VerifyError, load_body_file, load_envelope_file, pretty,
+    ManifestBody, ManifestDigest, ManifestError, ManifestFileError, SchemaCompileError, SignError,
+    SignedManifest, VerifyError, load_body_file, load_envelope_file, pretty,
 };
 use crate::openapi::{self, ExportAction, ManifestIdentity, OpenApiError};
 
@@ -129,6 +129,16 @@ pub enum ManifestCommandError {
         /// Why.
         reason: SignError,
     },
+    /// A tool's input schema does not compile, so no host would admit the manifest.
+    #[error("{}: tool {tool:?}: input_schema is not a usable JSON Schema: {reason}", file.display())]
+    InputSchema {
+        /// The body file.
+        file: PathBuf,
+        /// The tool.
+        tool: String,
+        /// The compiler's description.
+        reason: SchemaCompileError,
+    },
     /// The envelope did not verify.
     #[error("{}: {reason}", file.display())]
     Verify {
@@ -166,7 +176,16 @@ fn count_tools(n: usize) -> String {
 
 fn sign(args: SignArgs) -> CliResult {
     let key = keys::load_signing_key(&args.key)?;
-    let (_, body_json) = load_body_file(&args.manifest)?;
+    let (body, body_json) = load_body_file(&args.manifest)?;
+    // Refused here rather than at every host that would later refuse to admit it.
+    for tool in body.tools() {
+        tool.compile_input_schema()
+            .map_err(|reason| ManifestCommandError::InputSchema {
+                file: args.manifest.clone(),
+                tool: tool.name().to_owned(),
+                reason,
+            })?;
+    }
     let signed =
         SignedManifest::sign(body_json, &key).map_err(|reason| ManifestCommandError::Sign {
             file: args.manifest.clone(),

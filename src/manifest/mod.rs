@@ -202,7 +202,19 @@ impl ToolDefinition {
     pub fn flow(&self) -> Option<&ToolFlowDeclaration> {
         self.flow.as_ref()
     }
+
+    /// Compiles the input schema into a validator. No remote or file `$ref` is ever
+    /// fetched, so a schema that needs one does not compile.
+    pub fn compile_input_schema(&self) -> Result<jsonschema::Validator, SchemaCompileError> {
+        jsonschema::validator_for(&Value::Object(self.input_schema.clone()))
+            .map_err(|e| SchemaCompileError(e.to_string()))
+    }
 }
+
+/// Why an input schema is not a usable JSON Schema.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SchemaCompileError(String);
 
 /// Behaviour flags a publisher states for a tool. All four are required on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
