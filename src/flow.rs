@@ -104,6 +104,26 @@ impl ToolFlowDeclaration {
     pub fn to_canonical_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
     }
+
+    /// Decodes a declaration from an already parsed JSON value, keeping apart a malformed
+    /// wire form from a well-formed declaration that breaks a rule (a `Top` label), so that
+    /// callers can report each as its own error.
+    pub fn from_json_value(value: &serde_json::Value) -> Result<Self, FlowDecodeError> {
+        let wire = FlowDeclarationWire::deserialize(value).map_err(FlowDecodeError::Malformed)?;
+        ToolFlowDeclaration::try_from(wire).map_err(FlowDecodeError::Invalid)
+    }
+}
+
+/// Why [`ToolFlowDeclaration::from_json_value`] refused a value.
+#[derive(Debug, thiserror::Error)]
+pub enum FlowDecodeError {
+    /// The value is not a declaration: unknown or missing field, `null`, wrong type,
+    /// duplicate or empty purposes, an invalid label.
+    #[error("{0}")]
+    Malformed(serde_json::Error),
+    /// A well-formed declaration that breaks a rule of [`ToolFlowDeclaration::new`].
+    #[error("{0}")]
+    Invalid(ToolFlowError),
 }
 
 impl fmt::Debug for ToolFlowDeclaration {
@@ -310,6 +330,24 @@ mod tests {
             "input clearance cannot be top",
         );
         reject(r#"{"egress":"yes"}"#, "invalid type");
+    }
+
+    #[test]
+    fn from_json_value_separates_malformed_from_invalid() {
+        let top = serde_json::json!({"egress": false, "output_label": {"kind": "top"}});
+        assert!(matches!(
+            ToolFlowDeclaration::from_json_value(&top),
+            Err(FlowDecodeError::Invalid(ToolFlowError::TopOutputLabel))
+        ));
+        let null = serde_json::json!({"egress": false, "input_clearance": null});
+        assert!(matches!(
+            ToolFlowDeclaration::from_json_value(&null),
+            Err(FlowDecodeError::Malformed(_))
+        ));
+        let ok = serde_json::json!({"egress": true, "declassification_purposes": ["audit"]});
+        let d = ToolFlowDeclaration::from_json_value(&ok).unwrap();
+        assert!(d.egress());
+        assert_eq!(d.declassification_purposes().len(), 1);
     }
 
     #[test]

@@ -6,14 +6,29 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod canonical;
 pub mod cli;
 pub mod destination;
+pub mod files;
 pub mod flow;
 pub mod ident;
+pub mod keys;
 pub mod label;
+pub mod manifest;
 pub mod mcp;
+pub mod openapi;
+pub mod registry;
 pub mod state;
 
-pub use flow::{EgressDenial, ToolFlowDeclaration, ToolFlowError, authorize_egress};
+pub use flow::{
+    EgressDenial, FlowDecodeError, ToolFlowDeclaration, ToolFlowError, authorize_egress,
+};
 pub use ident::{Compartment, DeclassificationPurpose, IdentifierError, PrincipalId};
 pub use label::{InformationLabel, LabelError};
+pub use manifest::{
+    ManifestBody, ManifestDigest, ManifestError, SignedManifest, ToolDefinition, VerifyError,
+};
+pub use registry::{
+    AdmissionError, AdmittedTool, AdmittedToolSecurity, BridgeSecurityMetadata, RuntimeTopology,
+    ToolPolicy, VerifiedRegistry,
+};

@@ -2,9 +2,10 @@
 //! name). Prints one Markdown table of medians and ratios; see BENCHMARKS.md for the method.
 
 mod broker;
-#[allow(dead_code)] // percentile and interleaved serve the suites added with the broker and daemon.
+#[allow(dead_code)] // percentile serves the suites added with the daemon.
 mod harness;
 mod lattice;
+mod manifest;
 
 use clap::{Parser, ValueEnum};
 
@@ -12,6 +13,7 @@ use clap::{Parser, ValueEnum};
 enum Suite {
     All,
     Lattice,
+    Manifest,
     Broker,
     /// Internal: a timed connect loop run inside the sandbox.
     #[value(hide = true)]
@@ -55,6 +57,9 @@ fn main() {
     let want = |s: Suite| args.suite == Suite::All || args.suite == s;
     if want(Suite::Lattice) {
         rows.extend(lattice::run(args.quick));
+    }
+    if want(Suite::Manifest) {
+        rows.extend(manifest::run(args.quick));
     }
     if want(Suite::Broker) {
         rows.extend(broker::run(args.quick));

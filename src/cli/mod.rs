@@ -4,6 +4,9 @@
 //! source chain and exits non-zero. Subcommands with documented exit codes (for example
 //! `manifest verify`, `diff`) return them as `Ok(code)`.
 
+pub mod key;
+pub mod manifest;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -13,7 +16,7 @@ mod sandbox;
 
 /// Boxed error for the CLI boundary: every module error is a typed `thiserror` enum; the
 /// CLI only prints them.
-pub type CliResult = Result<ExitCode, Box<dyn std::error::Error + Send + Sync>>;
+pub type CliResult<T = ExitCode> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// flowhost: a Linux process host for governed tools.
 #[derive(Debug, Parser)]
@@ -33,6 +36,12 @@ enum Command {
     Profile(profile::ProfileArgs),
     /// Run any command under the broker.
     Sandbox(sandbox::SandboxArgs),
+    /// Generate manifest signing keys.
+    #[command(subcommand)]
+    Key(key::KeyCommand),
+    /// Sign, verify, digest and convert tool manifests.
+    #[command(subcommand)]
+    Manifest(manifest::ManifestCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -55,6 +64,8 @@ impl Cli {
             }
             Command::Profile(args) => args.run(),
             Command::Sandbox(args) => args.run(),
+            Command::Key(command) => command.run(),
+            Command::Manifest(command) => command.run(),
         }
     }
 }
@@ -66,5 +77,15 @@ pub fn report(error: &(dyn std::error::Error + 'static)) {
     while let Some(cause) = source {
         eprintln!("  caused by: {cause}");
         source = cause.source();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }

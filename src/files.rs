@@ -1,0 +1,313 @@
+//! Reading and writing the small files the host trusts (manifests, keys, the retained set).
+//!
+//! Reads never follow a symbolic link in the final path component (`O_NOFOLLOW`), never
+//! block on a FIFO or device, accept only regular files, and stop at a size limit before
+//! allocating past it. Writes never leave a half-written file behind: the bytes go to a
+//! temporary file in the same directory, are flushed to disk, and only then take the final
+//! name; the directory is flushed afterwards so the new name survives a crash.
+
+use std::fs::{File, Metadata, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Largest manifest or envelope file accepted: 1 MiB.
+pub const MAX_MANIFEST_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Why a trusted file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The file could not be opened (missing, no permission, ...).
+    #[error("{}: cannot open", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// The final path component is a symbolic link, which is refused.
+    #[error(
+        "{}: is a symbolic link; flowhost does not follow links for files it trusts, name the target file instead",
+        path.display()
+    )]
+    Symlink {
+        /// The link.
+        path: PathBuf,
+    },
+    /// The path names a directory, FIFO, device or socket.
+    #[error("{}: is not a regular file", path.display())]
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The file is larger than the limit for its kind.
+    #[error("{}: is {size} bytes; the limit is {limit} bytes", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size (or the bytes read before stopping).
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The file is not UTF-8 text.
+    #[error("{}: is not UTF-8 text (invalid byte at offset {offset})", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+        /// Offset of the first byte that is not valid UTF-8.
+        offset: usize,
+    },
+    /// Reading failed part way.
+    #[error("{}: cannot read", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// The destination of an exclusive write already exists.
+    #[error("{}: already exists; flowhost refuses to overwrite it", path.display())]
+    AlreadyExists {
+        /// The existing file.
+        path: PathBuf,
+    },
+    /// Writing, flushing or renaming failed; the destination was not changed.
+    #[error("{}: cannot write", path.display())]
+    Write {
+        /// The destination.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+}
+
+/// Opens `path` for reading without following a final symbolic link, and checks that it is a
+/// regular file. The metadata is that of the opened file, so it cannot change underneath.
+pub fn open_regular(path: &Path) -> Result<(File, Metadata), FileError> {
+    let file = OpenOptions::new()
+        .read(true)
+        // O_NONBLOCK keeps a FIFO planted at the path from hanging the host; it has no
+        // effect on reads from a regular file.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| {
+            if source.raw_os_error() == Some(libc::ELOOP) {
+                FileError::Symlink {
+                    path: path.to_owned(),
+                }
+            } else {
+                FileError::Open {
+                    path: path.to_owned(),
+                    source,
+                }
+            }
+        })?;
+    let metadata = file.metadata().map_err(|source| FileError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !metadata.file_type().is_file() {
+        return Err(FileError::NotRegular {
+            path: path.to_owned(),
+        });
+    }
+    Ok((file, metadata))
+}
+
+/// Reads at most `limit` bytes from an already opened regular file.
+pub fn read_opened(
+    path: &Path,
+    file: File,
+    metadata: &Metadata,
+    limit: u64,
+) -> Result<Vec<u8>, FileError> {
+    if metadata.len() > limit {
+        return Err(FileError::TooLarge {
+            path: path.to_owned(),
+            size: metadata.len(),
+            limit,
+        });
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
+    // Read one byte past the limit so a file that grew after fstat is still caught.
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|source| FileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+    let read = bytes.len() as u64;
+    if read > limit {
+        return Err(FileError::TooLarge {
+            path: path.to_owned(),
+            size: read,
+            limit,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Reads a regular file of at most `limit` bytes as UTF-8 text (see the module docs).
+pub fn read_text(path: &Path, limit: u64) -> Result<String, FileError> {
+    let (file, metadata) = open_regular(path)?;
+    let bytes = read_opened(path, file, &metadata, limit)?;
+    String::from_utf8(bytes).map_err(|e| FileError::NotUtf8 {
+        path: path.to_owned(),
+        offset: e.utf8_error().valid_up_to(),
+    })
+}
+
+/// Replaces (or creates) `path` with `bytes` atomically, with permission bits `mode`.
+///
+/// Readers see either the old content or the new content, never a mix; after a crash the
+/// file holds one or the other.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
+    let temp = write_temp(path, bytes, mode)?;
+    temp.persist(path).map_err(|e| FileError::Write {
+        path: path.to_owned(),
+        source: e.error,
+    })?;
+    sync_parent(path)
+}
+
+/// Creates `path` with `bytes` and permission bits `mode`, refusing to replace anything
+/// already there. The file appears complete or not at all.
+pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
+    let temp = write_temp(path, bytes, mode)?;
+    // persist_noclobber links the finished temporary file into place, which fails with
+    // EEXIST instead of replacing an existing file (the O_EXCL guarantee, made atomic).
+    temp.persist_noclobber(path).map_err(|e| {
+        if e.error.kind() == io::ErrorKind::AlreadyExists {
+            FileError::AlreadyExists {
+                path: path.to_owned(),
+            }
+        } else {
+            FileError::Write {
+                path: path.to_owned(),
+                source: e.error,
+            }
+        }
+    })?;
+    sync_parent(path)
+}
+
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+fn write_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<tempfile::NamedTempFile, FileError> {
+    let write_error = |source| FileError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    // The temporary file is created with O_EXCL and mode 0600 in the destination's own
+    // directory, so the final rename or link never crosses a filesystem.
+    let mut temp = tempfile::Builder::new()
+        .prefix(".flowhost-tmp-")
+        .tempfile_in(parent_dir(path))
+        .map_err(write_error)?;
+    temp.write_all(bytes).map_err(write_error)?;
+    temp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(write_error)?;
+    temp.as_file().sync_all().map_err(write_error)?;
+    Ok(temp)
+}
+
+fn sync_parent(path: &Path) -> Result<(), FileError> {
+    File::open(parent_dir(path))
+        .and_then(|dir| dir.sync_all())
+        .map_err(|source| FileError::Write {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_small_utf8_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.json");
+        std::fs::write(&path, "{}").unwrap();
+        assert_eq!(read_text(&path, 10).unwrap(), "{}");
+    }
+
+    #[test]
+    fn refuses_a_symlink_a_directory_a_fifo_and_oversize() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target.json");
+        std::fs::write(&target, "{}").unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(matches!(
+            read_text(&link, 10),
+            Err(FileError::Symlink { .. })
+        ));
+        assert!(matches!(
+            read_text(dir.path(), 10),
+            Err(FileError::NotRegular { .. })
+        ));
+        let fifo = dir.path().join("fifo");
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert!(matches!(
+            read_text(&fifo, 10),
+            Err(FileError::NotRegular { .. })
+        ));
+        assert!(matches!(
+            read_text(&target, 1),
+            Err(FileError::TooLarge {
+                size: 2,
+                limit: 1,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn refuses_non_utf8() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.json");
+        std::fs::write(&path, b"{\"a\":\"\xff\"}").unwrap();
+        assert!(matches!(
+            read_text(&path, 100),
+            Err(FileError::NotUtf8 { offset: 6, .. })
+        ));
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_sets_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.json");
+        write_atomic(&path, b"one", 0o644).unwrap();
+        write_atomic(&path, b"two", 0o640).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+        // No temporary files are left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn exclusive_write_refuses_to_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        write_new(&path, b"first", 0o600).unwrap();
+        assert!(matches!(
+            write_new(&path, b"second", 0o600),
+            Err(FileError::AlreadyExists { .. })
+        ));
+        assert_eq!(std::fs::read(&path).unwrap(), b"first");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

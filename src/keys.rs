@@ -1,0 +1,331 @@
+//! Ed25519 keys for signing manifests: generation, key files and the hex text form.
+//!
+//! Text form: a public key is 64 lowercase hex digits (32 bytes), a signature 128. A private
+//! key file holds the 32-byte secret seed as 64 lowercase hex digits and a newline; it is
+//! created with mode 0600 and never replaces an existing file, and a private key file that
+//! its group or others may read or write is refused. A public key file holds the public key
+//! in the same text form. Small-order ("weak") public keys are refused everywhere, so a
+//! signature can never verify for every message.
+
+use std::fs::DirBuilder;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use ed25519_dalek::{SECRET_KEY_LENGTH, SigningKey, VerifyingKey};
+use rand_core::{OsRng, RngCore};
+use zeroize::Zeroizing;
+
+use crate::files::{self, FileError};
+
+/// File name suffix of a private key written by [`generate`].
+pub const PRIVATE_KEY_SUFFIX: &str = ".key";
+/// File name suffix of a public key written by [`generate`].
+pub const PUBLIC_KEY_SUFFIX: &str = ".pub";
+/// Key files are tiny; anything larger is not a key file.
+const MAX_KEY_FILE_BYTES: u64 = 4096;
+
+/// Why a key could not be read, parsed or written.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// Text that should be lowercase hex of a fixed length is not.
+    #[error("{what}: {reason}")]
+    Hex {
+        /// What was being decoded (`public key`, `signature`, ...).
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The bytes are not a point on the curve.
+    #[error("{what}: not a valid Ed25519 public key")]
+    InvalidPublicKey {
+        /// What was being decoded.
+        what: &'static str,
+    },
+    /// The key is a small-order point, which would accept forged signatures.
+    #[error("{what}: is a small-order (weak) Ed25519 key and is refused")]
+    WeakPublicKey {
+        /// What was being decoded.
+        what: &'static str,
+    },
+    /// A key file could not be read or written.
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// A private key file that group or others may access.
+    #[error(
+        "{}: private key file has mode {mode:04o}, so group or others may access it; run `chmod 600 {}`",
+        path.display(), path.display()
+    )]
+    PrivateKeyPermissions {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A key file whose content is not a key.
+    #[error("{}: {reason}", path.display())]
+    KeyFileContent {
+        /// The key file.
+        path: PathBuf,
+        /// The decoding problem.
+        reason: Box<KeyError>,
+    },
+    /// The operating system's random source failed.
+    #[error("cannot read the operating system's random source: {0}")]
+    Randomness(String),
+    /// The output directory could not be created.
+    #[error("{}: cannot create directory", path.display())]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+}
+
+/// Decodes exactly `N` bytes from `2 * N` lowercase hex digits.
+///
+/// Lowercase only, so that one key or signature has exactly one text form.
+pub fn decode_lower_hex<const N: usize>(
+    what: &'static str,
+    text: &str,
+) -> Result<[u8; N], KeyError> {
+    if text.len() != 2 * N {
+        return Err(KeyError::Hex {
+            what,
+            reason: format!(
+                "expected {} lowercase hex digits, found {} characters",
+                2 * N,
+                text.chars().count()
+            ),
+        });
+    }
+    if let Some(bad) = text.chars().find(|c| !matches!(c, '0'..='9' | 'a'..='f')) {
+        return Err(KeyError::Hex {
+            what,
+            reason: format!("{bad:?} is not a lowercase hex digit"),
+        });
+    }
+    let mut out = [0u8; N];
+    hex::decode_to_slice(text, &mut out).map_err(|e| KeyError::Hex {
+        what,
+        reason: e.to_string(),
+    })?;
+    Ok(out)
+}
+
+/// Parses a public key from its hex text form; `what` names it in errors.
+pub fn public_key_from_hex(what: &'static str, text: &str) -> Result<VerifyingKey, KeyError> {
+    let bytes = decode_lower_hex::<32>(what, text)?;
+    let key = VerifyingKey::from_bytes(&bytes).map_err(|_| KeyError::InvalidPublicKey { what })?;
+    if key.is_weak() {
+        return Err(KeyError::WeakPublicKey { what });
+    }
+    Ok(key)
+}
+
+/// The hex text form of a public key.
+pub fn public_key_to_hex(key: &VerifyingKey) -> String {
+    hex::encode(key.as_bytes())
+}
+
+/// The files written by [`generate`].
+#[derive(Debug, Clone)]
+pub struct GeneratedKey {
+    /// The private key file (mode 0600).
+    pub private_path: PathBuf,
+    /// The public key file (mode 0644).
+    pub public_path: PathBuf,
+    /// The public key.
+    pub verifying_key: VerifyingKey,
+}
+
+/// Generates a key pair from the operating system's random source and writes
+/// `DIR/NAME.key` (0600) and `DIR/NAME.pub` (0644), creating `DIR` (0700) if needed.
+///
+/// Refuses to overwrite either file; on failure nothing is left behind.
+pub fn generate(dir: &Path, name: &str) -> Result<GeneratedKey, KeyError> {
+    let mut seed = Zeroizing::new([0u8; SECRET_KEY_LENGTH]);
+    OsRng
+        .try_fill_bytes(seed.as_mut())
+        .map_err(|e| KeyError::Randomness(e.to_string()))?;
+    let signing_key = SigningKey::from_bytes(&seed);
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| KeyError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+    let private_path = dir.join(format!("{name}{PRIVATE_KEY_SUFFIX}"));
+    let public_path = dir.join(format!("{name}{PUBLIC_KEY_SUFFIX}"));
+    // Refuse up front when either exists, so a pair is never half replaced.
+    for path in [&private_path, &public_path] {
+        if path.symlink_metadata().is_ok() {
+            return Err(FileError::AlreadyExists { path: path.clone() }.into());
+        }
+    }
+    let secret_text = Zeroizing::new(format!("{}\n", hex::encode(seed.as_ref())));
+    files::write_new(&private_path, secret_text.as_bytes(), 0o600)?;
+    let verifying_key = signing_key.verifying_key();
+    let public_text = format!("{}\n", public_key_to_hex(&verifying_key));
+    if let Err(error) = files::write_new(&public_path, public_text.as_bytes(), 0o644) {
+        // Best effort: the private key file is ours (just created) and useless alone.
+        let _ = std::fs::remove_file(&private_path);
+        return Err(error.into());
+    }
+    Ok(GeneratedKey {
+        private_path,
+        public_path,
+        verifying_key,
+    })
+}
+
+/// Reads one line of key text: the content, with at most one trailing newline removed.
+fn key_text(text: &str) -> &str {
+    text.strip_suffix('\n').unwrap_or(text)
+}
+
+/// Loads a private key file, refusing one that group or others may access.
+pub fn load_signing_key(path: &Path) -> Result<SigningKey, KeyError> {
+    let (file, metadata) = files::open_regular(path)?;
+    let mode = metadata.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(KeyError::PrivateKeyPermissions {
+            path: path.to_owned(),
+            mode,
+        });
+    }
+    let bytes = Zeroizing::new(files::read_opened(
+        path,
+        file,
+        &metadata,
+        MAX_KEY_FILE_BYTES,
+    )?);
+    let content_error = |reason| KeyError::KeyFileContent {
+        path: path.to_owned(),
+        reason: Box::new(reason),
+    };
+    let text = std::str::from_utf8(&bytes).map_err(|_| {
+        content_error(KeyError::Hex {
+            what: "private key",
+            reason: "not UTF-8 text".into(),
+        })
+    })?;
+    let seed = Zeroizing::new(
+        decode_lower_hex::<SECRET_KEY_LENGTH>("private key", key_text(text))
+            .map_err(content_error)?,
+    );
+    Ok(SigningKey::from_bytes(&seed))
+}
+
+/// Loads a public key file.
+pub fn load_verifying_key(path: &Path) -> Result<VerifyingKey, KeyError> {
+    let text = files::read_text(path, MAX_KEY_FILE_BYTES)?;
+    public_key_from_hex("public key", key_text(&text)).map_err(|reason| KeyError::KeyFileContent {
+        path: path.to_owned(),
+        reason: Box::new(reason),
+    })
+}
+
+/// A public key given on a command line: 64 lowercase hex digits, or else the path of a
+/// public key file.
+pub fn verifying_key_from_arg(arg: &str) -> Result<VerifyingKey, KeyError> {
+    if arg.len() == 64 && arg.bytes().all(|b| b.is_ascii_hexdigit()) {
+        public_key_from_hex("public key", arg)
+    } else {
+        load_verifying_key(Path::new(arg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generate_writes_a_private_0600_and_a_public_key_and_refuses_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("keys");
+        let key = generate(&out, "publisher").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&key.private_path), 0o600);
+        assert_eq!(mode(&key.public_path), 0o644);
+        assert_eq!(mode(&out), 0o700);
+        let signing = load_signing_key(&key.private_path).unwrap();
+        assert_eq!(signing.verifying_key(), key.verifying_key);
+        assert_eq!(
+            load_verifying_key(&key.public_path).unwrap(),
+            key.verifying_key
+        );
+        let before = std::fs::read(&key.private_path).unwrap();
+        assert!(matches!(
+            generate(&out, "publisher"),
+            Err(KeyError::File(FileError::AlreadyExists { .. }))
+        ));
+        assert_eq!(std::fs::read(&key.private_path).unwrap(), before);
+        // Two generations give different keys.
+        let other = generate(&out, "other").unwrap();
+        assert_ne!(other.verifying_key, key.verifying_key);
+    }
+
+    #[test]
+    fn private_key_readable_by_others_is_refused_with_chmod_advice() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = generate(dir.path(), "k").unwrap();
+        for mode in [0o640, 0o604, 0o660, 0o700 | 0o010] {
+            std::fs::set_permissions(&key.private_path, std::fs::Permissions::from_mode(mode))
+                .unwrap();
+            let err = load_signing_key(&key.private_path).unwrap_err();
+            assert!(
+                matches!(err, KeyError::PrivateKeyPermissions { .. }),
+                "{mode:o}"
+            );
+            assert!(err.to_string().contains("chmod 600"), "{err}");
+        }
+        std::fs::set_permissions(&key.private_path, std::fs::Permissions::from_mode(0o400))
+            .unwrap();
+        load_signing_key(&key.private_path).unwrap();
+    }
+
+    #[test]
+    fn private_key_symlink_and_garbage_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = generate(dir.path(), "k").unwrap();
+        let link = dir.path().join("link.key");
+        std::os::unix::fs::symlink(&key.private_path, &link).unwrap();
+        assert!(matches!(
+            load_signing_key(&link),
+            Err(KeyError::File(FileError::Symlink { .. }))
+        ));
+        let garbage = dir.path().join("garbage.key");
+        files::write_new(&garbage, b"not a key\n", 0o600).unwrap();
+        assert!(matches!(
+            load_signing_key(&garbage),
+            Err(KeyError::KeyFileContent { .. })
+        ));
+    }
+
+    #[test]
+    fn hex_is_strict() {
+        let key = SigningKey::from_bytes(&[7; 32]).verifying_key();
+        let text = public_key_to_hex(&key);
+        assert_eq!(public_key_from_hex("k", &text).unwrap(), key);
+        assert!(matches!(
+            public_key_from_hex("k", &text.to_uppercase()),
+            Err(KeyError::Hex { .. })
+        ));
+        assert!(matches!(
+            public_key_from_hex("k", &text[..62]),
+            Err(KeyError::Hex { .. })
+        ));
+        // The identity point is a small-order key.
+        let mut identity = [0u8; 32];
+        identity[0] = 1;
+        assert!(matches!(
+            public_key_from_hex("k", &hex::encode(identity)),
+            Err(KeyError::WeakPublicKey { .. })
+        ));
+        assert_eq!(verifying_key_from_arg(&text).unwrap(), key);
+        assert!(verifying_key_from_arg("/nonexistent/key.pub").is_err());
+    }
+}

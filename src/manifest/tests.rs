@@ -1,0 +1,782 @@
+//! Manifest decoding, signing and verification: one test per way a manifest is refused.
+
+use ed25519_dalek::SigningKey;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::canonical::{JsonError, JsonPath};
+use crate::files::FileError;
+use crate::flow::ToolFlowError;
+use crate::keys::public_key_to_hex;
+
+fn key(seed: u8) -> SigningKey {
+    SigningKey::from_bytes(&[seed; 32])
+}
+
+fn terms_label() -> Value {
+    json!({"kind": "known", "owners": {"larkfield-pricing": ["larkfield-pricing"]},
+           "compartments": ["harbor-goods-terms"]})
+}
+
+/// A body that uses every field, optional ones included, so tampering can reach them all.
+fn full_body(key: &SigningKey) -> Value {
+    json!({
+        "schema": "flowhost.manifest.v1",
+        "server_id": "workspace",
+        "name": "Workspace",
+        "description": "Contract documents of the pricing team.",
+        "version": "1.0.0",
+        "public_key": public_key_to_hex(&key.verifying_key()),
+        "tools": [
+            {
+                "name": "read_terms",
+                "description": "Reads \u{1b}[1mone\u{1b}[0m contract's terms.",
+                "input_schema": {"type": "object", "properties": {"document": {"type": "string"}},
+                                 "required": ["document"], "additionalProperties": false},
+                "output_schema": {"type": "object", "properties": {"text": {"type": "string"}}},
+                "pricing": {"model": "per_unit", "amount": "0.50", "currency": "EUR", "unit": "page"},
+                "annotations": {"read_only": true, "destructive": false, "idempotent": true,
+                                "requires_approval": false},
+                "latency_hint": "fast",
+                "flow": {"output_label": terms_label(), "input_clearance": terms_label(),
+                         "egress": false, "declassification_purposes": ["audit"]}
+            },
+            {
+                "name": "list_documents",
+                "description": "Lists documents.",
+                "input_schema": {"type": "object"},
+                "annotations": {"read_only": true, "destructive": false, "idempotent": true,
+                                "requires_approval": false}
+            }
+        ]
+    })
+}
+
+fn envelope_value(body: Value, signer: &SigningKey) -> Value {
+    SignedManifest::sign(body, signer).unwrap().to_json_value()
+}
+
+fn parse_value(value: &Value) -> Result<SignedManifest, ManifestError> {
+    SignedManifest::parse(&serde_json::to_string(value).unwrap())
+}
+
+fn parse_body(value: Value) -> ManifestError {
+    ManifestBody::from_json_value(&value, &JsonPath::root()).unwrap_err()
+}
+
+// ---------- round trip ----------
+
+#[test]
+fn sign_parse_verify_round_trip() {
+    let k = key(1);
+    let signed = SignedManifest::sign(full_body(&k), &k).unwrap();
+    let text = signed.to_pretty_json();
+    let back = SignedManifest::parse(&text).unwrap();
+    back.verify(&k.verifying_key()).unwrap();
+    assert_eq!(back.digest(), signed.digest());
+    assert_eq!(
+        back.to_pretty_json(),
+        text,
+        "re-serialization is byte-stable"
+    );
+    let body = back.body();
+    assert_eq!(body.server_id(), "workspace");
+    assert_eq!(body.tools().len(), 2);
+    assert!(body.requires_flow_runtime());
+    let tool = body.tool("read_terms").unwrap();
+    assert_eq!(tool.sanitized_description(), "Reads one contract's terms.");
+    assert!(tool.description().contains('\u{1b}'));
+    assert_eq!(tool.latency_hint(), Some(LatencyHint::Fast));
+    assert!(tool.annotations().read_only);
+    assert!(matches!(tool.pricing(), Some(Pricing::PerUnit { unit, .. }) if unit == "page"));
+    assert!(!tool.flow().unwrap().egress());
+    let list = body.tool("list_documents").unwrap();
+    assert!(list.flow().is_none() && list.pricing().is_none() && list.output_schema().is_none());
+}
+
+#[test]
+fn digest_ignores_whitespace_and_key_order_but_not_content() {
+    let k = key(1);
+    let signed = SignedManifest::sign(full_body(&k), &k).unwrap();
+    let compact = serde_json::to_string(&signed.to_json_value()).unwrap();
+    let reparsed = SignedManifest::parse(&compact).unwrap();
+    assert_eq!(reparsed.digest(), signed.digest());
+    assert_eq!(
+        signed.digest().to_string(),
+        format!(
+            "sha256:{}",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+                signed.canonical_body()
+            ))
+        )
+    );
+    let mut other = full_body(&k);
+    other["version"] = json!("1.0.1");
+    assert_ne!(
+        SignedManifest::sign(other, &k).unwrap().digest(),
+        signed.digest()
+    );
+}
+
+#[test]
+fn serialized_body_decodes_to_the_same_body() {
+    let k = key(1);
+    let body = ManifestBody::from_json_value(&full_body(&k), &JsonPath::root()).unwrap();
+    let again =
+        ManifestBody::from_json_value(&serde_json::to_value(&body).unwrap(), &JsonPath::root())
+            .unwrap();
+    assert_eq!(again, body);
+}
+
+#[test]
+fn sign_refuses_a_body_naming_another_key() {
+    let body = full_body(&key(1));
+    assert!(matches!(
+        SignedManifest::sign(body, &key(2)),
+        Err(SignError::PublicKeyNotSigner { .. })
+    ));
+}
+
+// ---------- files ----------
+
+fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn file_over_one_mebibyte_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key(1);
+    let mut body = full_body(&k);
+    // Valid JSON padded with whitespace past the limit: the size alone is refused.
+    let mut text = serde_json::to_string(&envelope_value(body.take(), &k)).unwrap();
+    text.push_str(&" ".repeat(1024 * 1024));
+    let path = write(&dir, "big.json", text.as_bytes());
+    assert!(matches!(
+        load_envelope_file(&path),
+        Err(ManifestFileError::File(FileError::TooLarge { .. }))
+    ));
+}
+
+#[test]
+fn file_not_utf8_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "latin1.json", b"{\"manifest\": \"caf\xe9\"}");
+    assert!(matches!(
+        load_envelope_file(&path),
+        Err(ManifestFileError::File(FileError::NotUtf8 { .. }))
+    ));
+}
+
+#[test]
+fn symlinked_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key(1);
+    let text = SignedManifest::sign(full_body(&k), &k)
+        .unwrap()
+        .to_pretty_json();
+    let target = write(&dir, "real.json", text.as_bytes());
+    load_envelope_file(&target).unwrap();
+    let link = dir.path().join("link.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    assert!(matches!(
+        load_envelope_file(&link),
+        Err(ManifestFileError::File(FileError::Symlink { .. }))
+    ));
+}
+
+#[test]
+fn file_errors_name_the_file_and_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key(1);
+    let mut body = full_body(&k);
+    body["tools"][1]["description"] = json!("x".repeat(612));
+    let text = serde_json::to_string(&body).unwrap();
+    let path = write(&dir, "x.json", text.as_bytes());
+    let err = load_body_file(&path).unwrap_err();
+    assert!(matches!(
+        err.manifest_error(),
+        Some(ManifestError::DescriptionTooLong { chars: 612, .. })
+    ));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: tools[1].description is 612 characters; the limit is 500",
+            path.display()
+        )
+    );
+}
+
+// ---------- one error per bad input ----------
+
+#[test]
+fn duplicate_keys_are_refused_before_decoding() {
+    let k = key(1);
+    let text = SignedManifest::sign(full_body(&k), &k)
+        .unwrap()
+        .to_pretty_json();
+    // Repeat the egress flag with the opposite value: serde_json alone would keep the last.
+    let doubled = text.replacen(
+        "\"egress\": false",
+        "\"egress\": false, \"egress\": true",
+        1,
+    );
+    assert_ne!(doubled, text);
+    match SignedManifest::parse(&doubled) {
+        Err(ManifestError::Json(JsonError::DuplicateKey { path, key, .. })) => {
+            assert_eq!(path.to_string(), "manifest.tools[0].flow");
+            assert_eq!(key, "egress");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn unknown_fields_are_refused_everywhere() {
+    let k = key(1);
+    let env = envelope_value(full_body(&k), &k);
+    type Locate = fn(&mut Value) -> &mut Value;
+    let places: [(&str, Locate); 5] = [
+        ("$", |v| v),
+        ("manifest", |v| &mut v["manifest"]),
+        ("manifest.tools[0]", |v| &mut v["manifest"]["tools"][0]),
+        ("manifest.tools[0].annotations", |v| {
+            &mut v["manifest"]["tools"][0]["annotations"]
+        }),
+        ("manifest.tools[0].pricing", |v| {
+            &mut v["manifest"]["tools"][0]["pricing"]
+        }),
+    ];
+    for (expected_path, at) in places {
+        let mut tampered = env.clone();
+        at(&mut tampered)
+            .as_object_mut()
+            .unwrap()
+            .insert("unsigned_hint".into(), json!(1));
+        match parse_value(&tampered) {
+            Err(ManifestError::UnknownField { path, field, .. }) => {
+                assert_eq!(path.to_string(), expected_path);
+                assert_eq!(field, "unsigned_hint");
+            }
+            other => panic!("{expected_path}: {other:?}"),
+        }
+    }
+    // Inside the flow block the flow decoder reports it.
+    let mut tampered = env.clone();
+    tampered["manifest"]["tools"][0]["flow"]["mode"] = json!("x");
+    assert!(matches!(
+        parse_value(&tampered),
+        Err(ManifestError::MalformedFlow { .. })
+    ));
+}
+
+#[test]
+fn wrong_schema_string_is_refused() {
+    let mut body = full_body(&key(1));
+    body["schema"] = json!("chio.manifest.v2");
+    assert!(matches!(
+        parse_body(body),
+        ManifestError::WrongSchema { found, .. } if found == "chio.manifest.v2"
+    ));
+}
+
+#[test]
+fn empty_tools_is_refused() {
+    let mut body = full_body(&key(1));
+    body["tools"] = json!([]);
+    assert!(matches!(parse_body(body), ManifestError::EmptyTools { .. }));
+}
+
+#[test]
+fn duplicate_tool_names_are_refused() {
+    let mut body = full_body(&key(1));
+    body["tools"][1]["name"] = json!("read_terms");
+    match parse_body(body) {
+        ManifestError::DuplicateToolName { path, name, first } => {
+            assert_eq!(name, "read_terms");
+            assert_eq!(path.to_string(), "tools[1].name");
+            assert_eq!(first.to_string(), "tools[0].name");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn description_over_500_characters_is_refused() {
+    let mut body = full_body(&key(1));
+    // 500 multi-byte characters are fine: the limit counts characters, not bytes.
+    body["tools"][0]["description"] = json!("é".repeat(500));
+    ManifestBody::from_json_value(&body, &JsonPath::root()).unwrap();
+    body["tools"][0]["description"] = json!("é".repeat(501));
+    assert!(matches!(
+        parse_body(body.clone()),
+        ManifestError::DescriptionTooLong { chars: 501, .. }
+    ));
+    body["tools"][0]["description"] = json!("ok");
+    body["description"] = json!("d".repeat(501));
+    assert!(matches!(
+        parse_body(body),
+        ManifestError::DescriptionTooLong { chars: 501, .. }
+    ));
+}
+
+#[test]
+fn non_object_schemas_are_refused() {
+    for bad in [json!("object"), json!([]), json!(true), json!(1)] {
+        let mut body = full_body(&key(1));
+        body["tools"][0]["input_schema"] = bad.clone();
+        assert!(matches!(
+            parse_body(body),
+            ManifestError::SchemaNotObject { .. }
+        ));
+        let mut body = full_body(&key(1));
+        body["tools"][0]["output_schema"] = bad;
+        assert!(matches!(
+            parse_body(body),
+            ManifestError::SchemaNotObject { .. }
+        ));
+    }
+}
+
+#[test]
+fn top_in_a_declaration_is_refused() {
+    for (field, expected) in [
+        ("output_label", ToolFlowError::TopOutputLabel),
+        ("input_clearance", ToolFlowError::TopInputClearance),
+    ] {
+        let mut body = full_body(&key(1));
+        body["tools"][0]["flow"][field] = json!({"kind": "top"});
+        match parse_body(body) {
+            ManifestError::TopInFlow { path, reason } => {
+                assert_eq!(reason, expected);
+                assert_eq!(path.to_string(), "tools[0].flow");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn explicit_null_and_missing_fields_are_refused() {
+    for field in ["output_schema", "pricing", "latency_hint", "flow"] {
+        let mut body = full_body(&key(1));
+        body["tools"][0][field] = Value::Null;
+        assert!(
+            matches!(parse_body(body), ManifestError::NullField { .. }),
+            "{field}"
+        );
+    }
+    let mut body = full_body(&key(1));
+    body["description"] = Value::Null;
+    assert!(matches!(parse_body(body), ManifestError::NullField { .. }));
+    let mut body = full_body(&key(1));
+    body["tools"][0]["flow"]["input_clearance"] = Value::Null;
+    assert!(matches!(
+        parse_body(body),
+        ManifestError::MalformedFlow { .. }
+    ));
+    for field in ["name", "description", "input_schema", "annotations"] {
+        let mut body = full_body(&key(1));
+        body["tools"][0].as_object_mut().unwrap().remove(field);
+        assert!(
+            matches!(parse_body(body), ManifestError::MissingField { field: f, .. } if f == field),
+            "{field}"
+        );
+    }
+    let mut body = full_body(&key(1));
+    body["tools"][0]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("idempotent");
+    assert!(matches!(
+        parse_body(body),
+        ManifestError::MissingField {
+            field: "idempotent",
+            ..
+        }
+    ));
+    // A required field holding null is the wrong type, not "absent".
+    let mut body = full_body(&key(1));
+    body["version"] = Value::Null;
+    assert!(matches!(
+        parse_body(body),
+        ManifestError::WrongType { found: "null", .. }
+    ));
+}
+
+#[test]
+fn identifiers_are_checked() {
+    for (field, bad) in [
+        ("server_id", " workspace"),
+        ("name", ""),
+        ("version", "1.0\n"),
+    ] {
+        let mut body = full_body(&key(1));
+        body[field] = json!(bad);
+        assert!(
+            matches!(parse_body(body), ManifestError::InvalidIdentifier { .. }),
+            "{field}"
+        );
+    }
+    for bad in ["read_terms ", "read\u{7}terms", "\u{85}x"] {
+        let mut body = full_body(&key(1));
+        body["tools"][0]["name"] = json!(bad);
+        assert!(
+            matches!(parse_body(body), ManifestError::InvalidIdentifier { .. }),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn pricing_rules() {
+    let priced = |pricing: Value| {
+        let mut body = full_body(&key(1));
+        body["tools"][0]["pricing"] = pricing;
+        ManifestBody::from_json_value(&body, &JsonPath::root())
+    };
+    assert!(priced(json!({"model": "free"})).is_ok());
+    assert!(priced(json!({"model": "per_call", "amount": "0.002", "currency": "USD"})).is_ok());
+    assert!(matches!(
+        priced(json!({"model": "subscription"})),
+        Err(ManifestError::UnknownPricingModel { .. })
+    ));
+    assert!(matches!(
+        priced(json!({"model": "free", "amount": "1", "currency": "EUR"})),
+        Err(ManifestError::PricingFieldNotAllowed {
+            field: "amount",
+            ..
+        })
+    ));
+    assert!(matches!(
+        priced(json!({"model": "per_call", "amount": "1", "currency": "EUR", "unit": "x"})),
+        Err(ManifestError::PricingFieldNotAllowed { field: "unit", .. })
+    ));
+    assert!(matches!(
+        priced(json!({"model": "per_call", "amount": 0.5, "currency": "EUR"})),
+        Err(ManifestError::WrongType { .. })
+    ));
+    assert!(matches!(
+        priced(json!({"model": "per_call", "amount": "1e3", "currency": "EUR"})),
+        Err(ManifestError::InvalidAmount { .. })
+    ));
+    assert!(matches!(
+        priced(json!({"model": "per_call", "amount": "1", "currency": "euro"})),
+        Err(ManifestError::InvalidCurrency { .. })
+    ));
+    assert!(matches!(
+        priced(json!({"model": "per_unit", "amount": "1", "currency": "EUR"})),
+        Err(ManifestError::MissingField { field: "unit", .. })
+    ));
+}
+
+#[test]
+fn latency_hint_and_flow_shape() {
+    let mut body = full_body(&key(1));
+    body["tools"][0]["latency_hint"] = json!("glacial");
+    assert!(matches!(
+        parse_body(body),
+        ManifestError::InvalidLatencyHint { .. }
+    ));
+    let mut body = full_body(&key(1));
+    body["tools"][0]["flow"]["declassification_purposes"] = json!([]);
+    assert!(matches!(
+        parse_body(body),
+        ManifestError::MalformedFlow { .. }
+    ));
+}
+
+#[test]
+fn envelope_encodings_are_checked() {
+    let k = key(1);
+    let env = envelope_value(full_body(&k), &k);
+    let mut bad = env.clone();
+    bad["signature"] = json!("00");
+    assert!(matches!(
+        parse_value(&bad),
+        Err(ManifestError::InvalidSignatureEncoding { .. })
+    ));
+    let mut bad = env.clone();
+    bad["signer_key"] = json!(public_key_to_hex(&k.verifying_key()).to_uppercase());
+    assert!(matches!(
+        parse_value(&bad),
+        Err(ManifestError::InvalidPublicKey { .. })
+    ));
+    let mut bad = env.clone();
+    bad["manifest"]["public_key"] = json!("zz");
+    assert!(matches!(
+        parse_value(&bad),
+        Err(ManifestError::InvalidPublicKey { .. })
+    ));
+    let mut bad = env;
+    bad.as_object_mut().unwrap().remove("manifest");
+    assert!(matches!(
+        parse_value(&bad),
+        Err(ManifestError::MissingField {
+            field: "manifest",
+            ..
+        })
+    ));
+    assert!(matches!(
+        SignedManifest::parse(
+            r#"{"manifest": {"schema": "flowhost.manifest.v1", "n": 9007199254740993}}"#
+        ),
+        Err(ManifestError::Json(JsonError::InexactInteger { .. }))
+    ));
+}
+
+// ---------- verification ----------
+
+#[test]
+fn embedded_public_key_different_from_the_signer_is_refused() {
+    let (publisher, other) = (key(1), key(2));
+    // The body names `other`, but `publisher` signed it and says so in signer_key.
+    let body = full_body(&other);
+    let canonical = crate::canonical::canonical_bytes(&body).unwrap();
+    let forged = json!({
+        "manifest": body,
+        "signature": hex::encode(ed25519_dalek::Signer::sign(&publisher, &canonical).to_bytes()),
+        "signer_key": public_key_to_hex(&publisher.verifying_key()),
+    });
+    let parsed = parse_value(&forged).unwrap();
+    assert!(matches!(
+        parsed.verify(&publisher.verifying_key()),
+        Err(VerifyError::PublicKeyMismatch { .. })
+    ));
+}
+
+#[test]
+fn wrong_registered_key_is_refused() {
+    let (publisher, registered) = (key(1), key(2));
+    let signed = SignedManifest::sign(full_body(&publisher), &publisher).unwrap();
+    assert!(matches!(
+        signed.verify(&registered.verifying_key()),
+        Err(VerifyError::SignerNotRegistered { .. })
+    ));
+    signed.verify(&publisher.verifying_key()).unwrap();
+}
+
+#[test]
+fn a_corrupted_signature_is_refused() {
+    let k = key(1);
+    let mut env = envelope_value(full_body(&k), &k);
+    let sig = env["signature"].as_str().unwrap().to_owned();
+    let flipped = format!(
+        "{}{}",
+        if sig.starts_with('0') { '1' } else { '0' },
+        &sig[1..]
+    );
+    env["signature"] = json!(flipped);
+    assert!(matches!(
+        parse_value(&env).unwrap().verify(&k.verifying_key()),
+        Err(VerifyError::BadSignature { .. })
+    ));
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Refused(ManifestError),
+    Unverified(VerifyError),
+    Accepted,
+}
+
+fn tamper(env: &Value, key: &SigningKey, change: impl FnOnce(&mut Value)) -> Outcome {
+    let mut tampered = env.clone();
+    change(&mut tampered["manifest"]);
+    match parse_value(&tampered) {
+        Err(e) => Outcome::Refused(e),
+        Ok(parsed) => match parsed.verify(&key.verifying_key()) {
+            Err(e) => Outcome::Unverified(e),
+            Ok(()) => Outcome::Accepted,
+        },
+    }
+}
+
+#[test]
+fn one_field_tamper_of_every_body_field_breaks_the_signature() {
+    let k = key(1);
+    let env = envelope_value(full_body(&k), &k);
+    type Change = fn(&mut Value);
+    let valid_changes: &[(&str, Change)] = &[
+        ("server_id", |b| b["server_id"] = json!("workspace2")),
+        ("name", |b| b["name"] = json!("Workspace!")),
+        ("description", |b| b["description"] = json!("changed")),
+        ("description removed", |b| {
+            b.as_object_mut().unwrap().remove("description");
+        }),
+        ("version", |b| b["version"] = json!("1.0.1")),
+        ("tools[0].name", |b| {
+            b["tools"][0]["name"] = json!("read_all")
+        }),
+        ("tools[0].description", |b| {
+            b["tools"][0]["description"] = json!("Reads terms.")
+        }),
+        ("tools[0].input_schema", |b| {
+            b["tools"][0]["input_schema"]["additionalProperties"] = json!(true)
+        }),
+        ("tools[0].output_schema", |b| {
+            b["tools"][0]["output_schema"]["required"] = json!(["text"])
+        }),
+        ("tools[0].output_schema removed", |b| {
+            b["tools"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("output_schema");
+        }),
+        ("tools[0].pricing.amount", |b| {
+            b["tools"][0]["pricing"]["amount"] = json!("0.05")
+        }),
+        ("tools[0].pricing.currency", |b| {
+            b["tools"][0]["pricing"]["currency"] = json!("USD")
+        }),
+        ("tools[0].pricing.unit", |b| {
+            b["tools"][0]["pricing"]["unit"] = json!("document")
+        }),
+        ("tools[0].pricing", |b| {
+            b["tools"][0]["pricing"] = json!({"model": "free"})
+        }),
+        ("tools[0].annotations.read_only", |b| {
+            b["tools"][0]["annotations"]["read_only"] = json!(false)
+        }),
+        ("tools[0].annotations.destructive", |b| {
+            b["tools"][0]["annotations"]["destructive"] = json!(true)
+        }),
+        ("tools[0].annotations.idempotent", |b| {
+            b["tools"][0]["annotations"]["idempotent"] = json!(false)
+        }),
+        ("tools[0].annotations.requires_approval", |b| {
+            b["tools"][0]["annotations"]["requires_approval"] = json!(true)
+        }),
+        ("tools[0].latency_hint", |b| {
+            b["tools"][0]["latency_hint"] = json!("slow")
+        }),
+        ("tools[0].flow.egress", |b| {
+            b["tools"][0]["flow"]["egress"] = json!(true)
+        }),
+        ("tools[0].flow.output_label", |b| {
+            b["tools"][0]["flow"]["output_label"] =
+                json!({"kind": "known", "owners": {}, "compartments": []})
+        }),
+        ("tools[0].flow.input_clearance", |b| {
+            b["tools"][0]["flow"]["input_clearance"]["owners"]["larkfield-pricing"] =
+                json!(["larkfield-pricing", "public"])
+        }),
+        ("tools[0].flow.declassification_purposes", |b| {
+            b["tools"][0]["flow"]["declassification_purposes"] = json!(["audit", "support"])
+        }),
+        ("tools[0].flow removed", |b| {
+            b["tools"][0].as_object_mut().unwrap().remove("flow");
+        }),
+        ("tools[1] flow added", |b| {
+            b["tools"][1]["flow"] = json!({"egress": false})
+        }),
+        ("tools[1] removed", |b| {
+            b["tools"].as_array_mut().unwrap().pop();
+        }),
+        ("tools reordered", |b| {
+            b["tools"].as_array_mut().unwrap().reverse();
+        }),
+    ];
+    for (what, change) in valid_changes {
+        match tamper(&env, &k, change) {
+            Outcome::Unverified(VerifyError::BadSignature { .. }) => {}
+            other => panic!("{what}: expected BadSignature, got {other:?}"),
+        }
+    }
+    // The remaining fields cannot be changed into another valid value without a different
+    // refusal, each its own.
+    assert!(matches!(
+        tamper(&env, &k, |b| b["public_key"] =
+            json!(public_key_to_hex(&key(2).verifying_key()))),
+        Outcome::Unverified(VerifyError::PublicKeyMismatch { .. })
+    ));
+    assert!(matches!(
+        tamper(&env, &k, |b| b["schema"] = json!("flowhost.manifest.v2")),
+        Outcome::Refused(ManifestError::WrongSchema { .. })
+    ));
+}
+
+/// Every scalar leaf of the body, changed on its own, is refused one way or another.
+#[test]
+fn every_leaf_change_is_refused() {
+    fn leaves(value: &Value, pointer: String, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    leaves(
+                        v,
+                        format!("{pointer}/{}", k.replace('~', "~0").replace('/', "~1")),
+                        out,
+                    );
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    leaves(v, format!("{pointer}/{i}"), out);
+                }
+            }
+            _ => out.push(pointer),
+        }
+    }
+    let k = key(1);
+    let env = envelope_value(full_body(&k), &k);
+    let mut pointers = Vec::new();
+    leaves(&env["manifest"], String::new(), &mut pointers);
+    assert!(pointers.len() > 30, "{}", pointers.len());
+    for pointer in pointers {
+        let outcome = tamper(&env, &k, |b| {
+            let leaf = b.pointer_mut(&pointer).unwrap();
+            *leaf = match leaf.take() {
+                Value::Bool(x) => Value::Bool(!x),
+                Value::String(s) if s.len() == 64 => Value::String(s.replace('a', "b")),
+                Value::String(s) => Value::String(format!("{s}x")),
+                Value::Number(n) => json!(n.as_f64().unwrap() + 1.0),
+                other => other,
+            };
+        });
+        assert!(!matches!(outcome, Outcome::Accepted), "{pointer}");
+    }
+}
+
+// ---------- value types ----------
+
+#[test]
+fn decimal_amounts() {
+    for ok in ["0", "0.002", "12", "12.50", "100000"] {
+        assert!(DecimalAmount::new(ok).is_some(), "{ok}");
+    }
+    for bad in [
+        "", ".5", "5.", "01", "-1", "+1", "1e3", "1,5", "1.2.3", " 1", "NaN",
+    ] {
+        assert!(DecimalAmount::new(bad).is_none(), "{bad:?}");
+    }
+    assert!(DecimalAmount::new(&"9".repeat(41)).is_none());
+}
+
+#[test]
+fn currency_codes() {
+    assert!(CurrencyCode::new("EUR").is_some());
+    for bad in ["eur", "EU", "EURO", "E1R", "ÉUR"] {
+        assert!(CurrencyCode::new(bad).is_none(), "{bad}");
+    }
+}
+
+#[test]
+fn digest_text_round_trips_strictly() {
+    let d = ManifestDigest::of_canonical_bytes(b"{}");
+    let text = d.to_string();
+    assert!(
+        text.starts_with("sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a")
+    );
+    assert_eq!(text.parse::<ManifestDigest>().unwrap(), d);
+    assert!(text.to_uppercase().parse::<ManifestDigest>().is_err());
+    assert!(
+        text.trim_start_matches("sha256:")
+            .parse::<ManifestDigest>()
+            .is_err()
+    );
+    let json = serde_json::to_string(&d).unwrap();
+    assert_eq!(serde_json::from_str::<ManifestDigest>(&json).unwrap(), d);
+}

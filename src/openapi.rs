@@ -1,0 +1,737 @@
+//! Manifest bodies from OpenAPI 3 documents, and flow declarations written back to them.
+//!
+//! [`manifest_from_openapi`] makes one tool per operation (`get`, `put`, `post`, `delete`,
+//! `options`, `head`, `patch`, `trace` under each path, in path order then that method
+//! order):
+//! * name: the `operationId` (required);
+//! * description: the operation's `description`, else its `summary`, else empty;
+//! * input schema: with only a JSON request body, the body's schema; otherwise an object
+//!   with one property per parameter (path-level parameters included, operation-level ones
+//!   overriding them), a `body` property for a JSON request body, `required` from the
+//!   parameters' and body's `required`, and no additional properties;
+//! * output schema: the JSON schema of the lowest `2xx` response, if any;
+//! * annotations: from the method (`get`, `head`, `options`, `trace`: read-only and
+//!   idempotent; `put`: idempotent; `delete`: destructive and idempotent), replaced as a
+//!   whole by an `x-flowhost-annotations` object when the operation has one;
+//! * flow: the operation's `x-flowhost-flow`, decoded as strictly as in a manifest.
+//!
+//! A signed schema must be self-contained, so references to `#/components/schemas/...` are
+//! copied into the tool schema's `$defs` and rewritten to point there; `$ref`s to parameters,
+//! request bodies and responses under `#/components` are followed; any other reference
+//! (remote, file, or elsewhere in the document) is refused. `$ref` strings inside
+//! `example`, `examples`, `default`, `const`, `enum` and `x-` extensions are data and are
+//! left alone.
+//!
+//! [`export_flow_declarations`] writes each signed tool's declaration into the operation
+//! whose `operationId` is the tool's name, replacing an existing `x-flowhost-flow`, and
+//! removing it when the tool declares none.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use ed25519_dalek::VerifyingKey;
+use serde_json::{Map, Value, json};
+
+use crate::canonical::CanonicalError;
+use crate::canonical::{self, JsonError, JsonPath};
+use crate::files::{self, FileError};
+use crate::keys::public_key_to_hex;
+use crate::manifest::{
+    MANIFEST_SCHEMA, ManifestBody, ManifestError, ToolDefinition, decode_annotations, decode_flow,
+    json_type,
+};
+
+/// Largest OpenAPI document read: 16 MiB.
+pub const MAX_OPENAPI_FILE_BYTES: u64 = 16 * 1024 * 1024;
+/// The operation extension that carries a flow declaration.
+pub const FLOW_EXTENSION: &str = "x-flowhost-flow";
+/// The operation extension that replaces the method-derived annotations.
+pub const ANNOTATIONS_EXTENSION: &str = "x-flowhost-annotations";
+/// HTTP methods that name operations, in the order tools are generated.
+pub const METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
+/// Most `$ref` hops followed for one parameter, request body or response.
+const MAX_REF_HOPS: usize = 8;
+/// Keywords whose values map names to schemas.
+const NAMED_SCHEMA_MAPS: [&str; 5] = [
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+];
+/// Keywords whose values are instance data, not schemas.
+const DATA_KEYWORDS: [&str; 5] = ["example", "examples", "default", "const", "enum"];
+
+/// Why a manifest could not be made from, or written back to, an OpenAPI document.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenApiError {
+    /// The document file could not be read.
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// The document is not strict JSON.
+    #[error("{}: {reason}", file.display())]
+    Json {
+        /// The file.
+        file: PathBuf,
+        /// The parse problem.
+        reason: JsonError,
+    },
+    /// The document is not OpenAPI 3.
+    #[error("{path} is {found}; only OpenAPI 3.x documents are read")]
+    NotOpenApi3 {
+        /// The `openapi` field.
+        path: JsonPath,
+        /// What it holds.
+        found: String,
+    },
+    /// A part of the document has the wrong JSON type.
+    #[error("{path}: expected {expected}, found {found}")]
+    WrongType {
+        /// The location.
+        path: JsonPath,
+        /// What it must be.
+        expected: &'static str,
+        /// What it is.
+        found: &'static str,
+    },
+    /// The document has no operations.
+    #[error("the document has no operations under `paths`; a manifest needs at least one tool")]
+    NoOperations,
+    /// An operation has no `operationId`, which names its tool.
+    #[error("{path}: the operation has no operationId; add one (it becomes the tool name)")]
+    MissingOperationId {
+        /// The operation.
+        path: JsonPath,
+    },
+    /// Two operations share an `operationId`.
+    #[error("{path}: operationId {name:?} is already used by {first}")]
+    DuplicateOperationId {
+        /// The second operation.
+        path: JsonPath,
+        /// The repeated id.
+        name: String,
+        /// The first operation.
+        first: JsonPath,
+    },
+    /// A `$ref` that is not a reference into `#/components` that can be followed.
+    #[error(
+        "{path}: cannot use $ref {reference:?}: {reason}; a signed schema must be self-contained"
+    )]
+    UnsupportedRef {
+        /// Where the reference is.
+        path: JsonPath,
+        /// The reference.
+        reference: String,
+        /// Why it cannot be used.
+        reason: &'static str,
+    },
+    /// A parameter without its `name` or `in` string.
+    #[error("{path}: parameter has no {field:?} string")]
+    ParameterField {
+        /// The parameter.
+        path: JsonPath,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// A parameter without a usable schema.
+    #[error("{path}: parameter has neither `schema` nor a JSON `content` schema")]
+    ParameterWithoutSchema {
+        /// The parameter.
+        path: JsonPath,
+    },
+    /// Two inputs of an operation would get the same property name.
+    #[error("{path}: two inputs are named {name:?}; tool argument names must be unique")]
+    InputNameConflict {
+        /// The operation.
+        path: JsonPath,
+        /// The shared name.
+        name: String,
+    },
+    /// A request body without a JSON media type.
+    #[error(
+        "{path}: request body has no JSON media type (found {found}); only JSON bodies become tool input"
+    )]
+    NonJsonRequestBody {
+        /// The request body.
+        path: JsonPath,
+        /// The media types found.
+        found: String,
+    },
+    /// A schema that already has `$defs` while component schemas must be copied in.
+    #[error(
+        "{path}: the schema already has $defs, so referenced component schemas cannot be copied into it"
+    )]
+    DefsConflict {
+        /// The schema.
+        path: JsonPath,
+    },
+    /// The generated tool or manifest breaks a manifest rule (the path names the operation).
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// A signed tool has no operation with its name as `operationId`.
+    #[error("tool {tool:?} has no operation with operationId {tool:?} in the document")]
+    ToolWithoutOperation {
+        /// The tool.
+        tool: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, OpenApiError>;
+
+/// The manifest fields that do not come from the OpenAPI document.
+#[derive(Debug, Clone)]
+pub struct ManifestIdentity {
+    /// The server id.
+    pub server_id: String,
+    /// The server name.
+    pub name: String,
+    /// An optional server description.
+    pub description: Option<String>,
+    /// The version.
+    pub version: String,
+    /// The publisher's public key (the key that will sign the body).
+    pub public_key: VerifyingKey,
+}
+
+/// Reads an OpenAPI document (JSON, at most 16 MiB, no symlink, duplicate keys refused).
+pub fn load_openapi_file(path: &Path) -> Result<Value> {
+    let text = files::read_text(path, MAX_OPENAPI_FILE_BYTES)?;
+    canonical::parse_strict(&text).map_err(|reason| OpenApiError::Json {
+        file: path.to_owned(),
+        reason,
+    })
+}
+
+/// One operation found in the document.
+struct Operation<'a> {
+    path: JsonPath,
+    route: &'a str,
+    method: &'static str,
+    value: &'a Map<String, Value>,
+    path_item: &'a Map<String, Value>,
+}
+
+fn object<'a>(value: &'a Value, path: &JsonPath) -> Result<&'a Map<String, Value>> {
+    value.as_object().ok_or_else(|| OpenApiError::WrongType {
+        path: path.clone(),
+        expected: "an object",
+        found: json_type(value),
+    })
+}
+
+fn operations(doc: &Value) -> Result<Vec<Operation<'_>>> {
+    let root = object(doc, &JsonPath::root())?;
+    let version_path = JsonPath::field("openapi");
+    match root.get("openapi").and_then(Value::as_str) {
+        Some(v) if v.starts_with("3.") => {}
+        other => {
+            return Err(OpenApiError::NotOpenApi3 {
+                path: version_path,
+                found: other.map_or_else(|| "missing".to_owned(), |v| format!("{v:?}")),
+            });
+        }
+    }
+    let paths_path = JsonPath::field("paths");
+    let Some(paths) = root.get("paths") else {
+        return Err(OpenApiError::NoOperations);
+    };
+    let mut found = Vec::new();
+    for (route, item) in object(paths, &paths_path)? {
+        let item_path = paths_path.key(route);
+        let item = object(item, &item_path)?;
+        for method in METHODS {
+            if let Some(op) = item.get(method) {
+                let path = item_path.key(method);
+                found.push(Operation {
+                    value: object(op, &path)?,
+                    path,
+                    route,
+                    method,
+                    path_item: item,
+                });
+            }
+        }
+    }
+    if found.is_empty() {
+        return Err(OpenApiError::NoOperations);
+    }
+    Ok(found)
+}
+
+fn operation_id<'a>(op: &Operation<'a>) -> Result<&'a str> {
+    op.value
+        .get("operationId")
+        .and_then(Value::as_str)
+        .ok_or_else(|| OpenApiError::MissingOperationId {
+            path: op.path.clone(),
+        })
+}
+
+/// Builds a manifest body (as JSON, ready to sign) from an OpenAPI 3 document, checked as
+/// strictly as any manifest (see the module docs for the mapping).
+pub fn manifest_from_openapi(doc: &Value, identity: &ManifestIdentity) -> Result<Value> {
+    let mut tools = Vec::new();
+    let mut seen: BTreeMap<&str, JsonPath> = BTreeMap::new();
+    for op in operations(doc)? {
+        let name = operation_id(&op)?;
+        if let Some(first) = seen.insert(name, op.path.clone()) {
+            return Err(OpenApiError::DuplicateOperationId {
+                path: op.path,
+                name: name.to_owned(),
+                first,
+            });
+        }
+        let tool = tool_from_operation(doc, &op, name)?;
+        // Checked here so that an error names the operation rather than a tool index.
+        ToolDefinition::from_json_value(&tool, &op.path)?;
+        tools.push(tool);
+    }
+    let mut body = json!({
+        "schema": MANIFEST_SCHEMA,
+        "server_id": identity.server_id,
+        "name": identity.name,
+        "version": identity.version,
+        "public_key": public_key_to_hex(&identity.public_key),
+        "tools": tools,
+    });
+    if let Some(description) = &identity.description {
+        body["description"] = json!(description);
+    }
+    ManifestBody::from_json_value(&body, &JsonPath::root())?;
+    Ok(body)
+}
+
+fn tool_from_operation(doc: &Value, op: &Operation<'_>, name: &str) -> Result<Value> {
+    let description = ["description", "summary"]
+        .iter()
+        .find_map(|k| op.value.get(*k).and_then(Value::as_str))
+        .unwrap_or("");
+    let mut tool = Map::new();
+    tool.insert("name".into(), json!(name));
+    tool.insert("description".into(), json!(description));
+    tool.insert("input_schema".into(), Value::Object(input_schema(doc, op)?));
+    if let Some(output) = output_schema(doc, op)? {
+        tool.insert("output_schema".into(), Value::Object(output));
+    }
+    let annotations = match op.value.get(ANNOTATIONS_EXTENSION) {
+        Some(value) => {
+            let annotations = decode_annotations(value, &op.path.key(ANNOTATIONS_EXTENSION))?;
+            to_value(&annotations)?
+        }
+        None => method_annotations(op.method),
+    };
+    tool.insert("annotations".into(), annotations);
+    if let Some(flow) = op.value.get(FLOW_EXTENSION) {
+        // Decoded strictly now, so a bad declaration is reported against the operation;
+        // the body carries it exactly as written.
+        decode_flow(flow, op.path.key(FLOW_EXTENSION))?;
+        tool.insert("flow".into(), flow.clone());
+    }
+    Ok(Value::Object(tool))
+}
+
+fn to_value<T: serde::Serialize>(value: &T) -> Result<Value> {
+    serde_json::to_value(value)
+        .map_err(|e| OpenApiError::Manifest(ManifestError::Canonical(CanonicalError::from(e))))
+}
+
+fn method_annotations(method: &str) -> Value {
+    let (read_only, destructive, idempotent) = match method {
+        "get" | "head" | "options" | "trace" => (true, false, true),
+        "put" => (false, false, true),
+        "delete" => (false, true, true),
+        _ => (false, false, false),
+    };
+    json!({"read_only": read_only, "destructive": destructive, "idempotent": idempotent,
+           "requires_approval": false})
+}
+
+/// Follows `$ref` chains to `#/components/<kind>/...`.
+fn resolve<'a>(doc: &'a Value, value: &'a Value, path: &JsonPath, kind: &str) -> Result<&'a Value> {
+    let mut current = value;
+    for _ in 0..MAX_REF_HOPS {
+        let Some(reference) = current.get("$ref").and_then(Value::as_str) else {
+            return Ok(current);
+        };
+        let unsupported = |reason| OpenApiError::UnsupportedRef {
+            path: path.clone(),
+            reference: reference.to_owned(),
+            reason,
+        };
+        let prefix = format!("#/components/{kind}/");
+        if !reference.starts_with(&prefix) {
+            return Err(unsupported(
+                "only references into #/components are followed",
+            ));
+        }
+        current = doc
+            .pointer(&reference[1..])
+            .ok_or_else(|| unsupported("nothing at that location"))?;
+    }
+    Err(OpenApiError::UnsupportedRef {
+        path: path.clone(),
+        reference: String::new(),
+        reason: "too many references in a row",
+    })
+}
+
+/// Copies referenced component schemas into one `$defs` map, rewriting references.
+struct Inliner<'a> {
+    doc: &'a Value,
+    defs: Map<String, Value>,
+    pending: Vec<String>,
+    queued: BTreeSet<String>,
+}
+
+const SCHEMA_PREFIX: &str = "#/components/schemas/";
+
+impl<'a> Inliner<'a> {
+    fn new(doc: &'a Value) -> Self {
+        Inliner {
+            doc,
+            defs: Map::new(),
+            pending: Vec::new(),
+            queued: BTreeSet::new(),
+        }
+    }
+
+    fn rewrite(&mut self, schema: &Value, path: &JsonPath) -> Result<Value> {
+        Ok(match schema {
+            Value::Object(map) => {
+                let mut out = Map::new();
+                for (key, value) in map {
+                    let rewritten = match value {
+                        Value::String(reference) if key == "$ref" => {
+                            Value::String(self.reference(reference, path)?)
+                        }
+                        // Keys of these maps are property or definition names, so a
+                        // property called "example" is still a schema.
+                        Value::Object(named) if NAMED_SCHEMA_MAPS.contains(&key.as_str()) => {
+                            let at = path.key(key);
+                            let mut out = Map::new();
+                            for (name, sub) in named {
+                                out.insert(name.clone(), self.rewrite(sub, &at.key(name))?);
+                            }
+                            Value::Object(out)
+                        }
+                        _ if DATA_KEYWORDS.contains(&key.as_str()) || key.starts_with("x-") => {
+                            value.clone()
+                        }
+                        _ => self.rewrite(value, &path.key(key))?,
+                    };
+                    out.insert(key.clone(), rewritten);
+                }
+                Value::Object(out)
+            }
+            Value::Array(items) => Value::Array(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| self.rewrite(item, &path.index(i)))
+                    .collect::<Result<_>>()?,
+            ),
+            other => other.clone(),
+        })
+    }
+
+    fn reference(&mut self, reference: &str, path: &JsonPath) -> Result<String> {
+        let unsupported = |reason| OpenApiError::UnsupportedRef {
+            path: path.clone(),
+            reference: reference.to_owned(),
+            reason,
+        };
+        let Some(name) = reference.strip_prefix(SCHEMA_PREFIX) else {
+            return Err(unsupported(
+                "only references to #/components/schemas/<name> are copied in",
+            ));
+        };
+        if name.is_empty() || name.contains('/') {
+            return Err(unsupported(
+                "only whole component schemas can be referenced",
+            ));
+        }
+        if self.doc.pointer(&reference[1..]).is_none() {
+            return Err(unsupported("no such component schema"));
+        }
+        if self.queued.insert(name.to_owned()) {
+            self.pending.push(name.to_owned());
+        }
+        Ok(format!("#/$defs/{name}"))
+    }
+
+    /// Rewrites every queued component schema (and those they reference) into `$defs`.
+    fn finish(mut self) -> Result<Map<String, Value>> {
+        while let Some(name) = self.pending.pop() {
+            let pointer = format!("{}{name}", &SCHEMA_PREFIX[1..]);
+            let path = JsonPath::field("components")
+                .key("schemas")
+                .key(&decode_pointer(&name));
+            let source =
+                self.doc
+                    .pointer(&pointer)
+                    .ok_or_else(|| OpenApiError::UnsupportedRef {
+                        path: path.clone(),
+                        reference: format!("#{pointer}"),
+                        reason: "no such component schema",
+                    })?;
+            let rewritten = self.rewrite(source, &path)?;
+            self.defs.insert(decode_pointer(&name), rewritten);
+        }
+        Ok(self.defs)
+    }
+}
+
+/// A JSON pointer segment as the key it names (`~1` is `/`, `~0` is `~`).
+fn decode_pointer(segment: &str) -> String {
+    segment.replace("~1", "/").replace("~0", "~")
+}
+
+/// Attaches `$defs` to a root schema.
+fn with_defs(
+    mut root: Map<String, Value>,
+    defs: Map<String, Value>,
+    path: &JsonPath,
+) -> Result<Map<String, Value>> {
+    if !defs.is_empty() {
+        if root.contains_key("$defs") {
+            return Err(OpenApiError::DefsConflict { path: path.clone() });
+        }
+        root.insert("$defs".into(), Value::Object(defs));
+    }
+    Ok(root)
+}
+
+/// The JSON schema of a `content` map, if it has a JSON media type.
+fn json_content(content: &Map<String, Value>) -> Option<(&str, &Value)> {
+    content
+        .iter()
+        .find(|(media, _)| {
+            let essence = media.split(';').next().unwrap_or("").trim();
+            essence == "application/json" || essence.ends_with("+json")
+        })
+        .map(|(media, value)| (media.as_str(), value))
+}
+
+fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
+    let mut inliner = Inliner::new(doc);
+    // Path-level parameters first; an operation-level one with the same name and location
+    // replaces it (OpenAPI 3 §4.8.9).
+    let mut params: Vec<(String, String, bool, Value)> = Vec::new();
+    let sources = [
+        (
+            op.path_item.get("parameters"),
+            JsonPath::field("paths").key(op.route).key("parameters"),
+        ),
+        (op.value.get("parameters"), op.path.key("parameters")),
+    ];
+    for (list, list_path) in sources {
+        let Some(list) = list else { continue };
+        let items = list.as_array().ok_or_else(|| OpenApiError::WrongType {
+            path: list_path.clone(),
+            expected: "an array of parameters",
+            found: json_type(list),
+        })?;
+        for (i, raw) in items.iter().enumerate() {
+            let path = list_path.index(i);
+            let param = object(resolve(doc, raw, &path, "parameters")?, &path)?;
+            let field = |field: &'static str| {
+                param.get(field).and_then(Value::as_str).ok_or_else(|| {
+                    OpenApiError::ParameterField {
+                        path: path.clone(),
+                        field,
+                    }
+                })
+            };
+            let (name, location) = (field("name")?, field("in")?);
+            let required = param
+                .get("required")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            let schema = match param.get("schema") {
+                Some(schema) => schema,
+                None => param
+                    .get("content")
+                    .and_then(Value::as_object)
+                    .and_then(json_content)
+                    .and_then(|(_, media)| media.get("schema"))
+                    .ok_or_else(|| OpenApiError::ParameterWithoutSchema { path: path.clone() })?,
+            };
+            let schema = inliner.rewrite(schema, &path.key("schema"))?;
+            params.retain(|(n, l, _, _)| !(n == name && l == location));
+            params.push((name.to_owned(), location.to_owned(), required, schema));
+        }
+    }
+    let body = match op.value.get("requestBody") {
+        Some(raw) => {
+            let path = op.path.key("requestBody");
+            let body = object(resolve(doc, raw, &path, "requestBodies")?, &path)?;
+            let required = body
+                .get("required")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            let content = body.get("content").and_then(Value::as_object);
+            let (media, schema) = content
+                .and_then(json_content)
+                .and_then(|(media, m)| m.get("schema").map(|s| (media, s)))
+                .ok_or_else(|| OpenApiError::NonJsonRequestBody {
+                    path: path.clone(),
+                    found: content
+                        .map(|c| c.keys().cloned().collect::<Vec<_>>().join(", "))
+                        .unwrap_or_else(|| "none".into()),
+                })?;
+            let schema_path = path.key("content").key(media).key("schema");
+            Some((
+                required,
+                inliner.rewrite(schema, &schema_path)?,
+                schema_path,
+            ))
+        }
+        None => None,
+    };
+    let root = match (params.is_empty(), body) {
+        // Only a body: its schema is the tool's input.
+        (true, Some((_, Value::Object(schema), _))) => schema,
+        (true, Some((_, other, path))) => {
+            return Err(OpenApiError::WrongType {
+                path,
+                expected: "a schema object",
+                found: json_type(&other),
+            });
+        }
+        (_, body) => {
+            let mut properties = Map::new();
+            let mut required = Vec::new();
+            let inputs = params
+                .into_iter()
+                .map(|(name, _, req, schema)| (name, req, schema))
+                .chain(body.map(|(req, schema, _)| ("body".to_owned(), req, schema)));
+            for (name, req, schema) in inputs {
+                if properties.insert(name.clone(), schema).is_some() {
+                    return Err(OpenApiError::InputNameConflict {
+                        path: op.path.clone(),
+                        name,
+                    });
+                }
+                if req {
+                    required.push(Value::String(name));
+                }
+            }
+            let mut root = Map::new();
+            root.insert("type".into(), json!("object"));
+            root.insert("properties".into(), Value::Object(properties));
+            if !required.is_empty() {
+                root.insert("required".into(), Value::Array(required));
+            }
+            root.insert("additionalProperties".into(), json!(false));
+            root
+        }
+    };
+    with_defs(root, inliner.finish()?, &op.path)
+}
+
+fn output_schema(doc: &Value, op: &Operation<'_>) -> Result<Option<Map<String, Value>>> {
+    let Some(responses) = op.value.get("responses").and_then(Value::as_object) else {
+        return Ok(None);
+    };
+    let Some((status, raw)) = responses
+        .iter()
+        .filter(|(status, _)| status.starts_with('2'))
+        .min_by(|a, b| a.0.cmp(b.0))
+    else {
+        return Ok(None);
+    };
+    let path = op.path.key("responses").key(status);
+    let response = object(resolve(doc, raw, &path, "responses")?, &path)?;
+    let Some((media, schema)) = response
+        .get("content")
+        .and_then(Value::as_object)
+        .and_then(json_content)
+        .and_then(|(media, m)| m.get("schema").map(|s| (media, s)))
+    else {
+        return Ok(None);
+    };
+    let schema_path = path.key("content").key(media).key("schema");
+    let mut inliner = Inliner::new(doc);
+    let Value::Object(root) = inliner.rewrite(schema, &schema_path)? else {
+        return Err(OpenApiError::WrongType {
+            path: schema_path,
+            expected: "a schema object",
+            found: json_type(schema),
+        });
+    };
+    Ok(Some(with_defs(root, inliner.finish()?, &schema_path)?))
+}
+
+/// What [`export_flow_declarations`] did to one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportAction {
+    /// The operation had no declaration; the tool's was added.
+    Added,
+    /// The operation's declaration was replaced by the tool's (different) one.
+    Replaced,
+    /// The operation already carried exactly the tool's declaration.
+    Unchanged,
+    /// The tool declares none, so the operation's declaration was removed.
+    Removed,
+    /// Neither declares one.
+    Absent,
+}
+
+/// Writes each tool's signed flow declaration into the operation whose `operationId` is
+/// the tool's name; returns what was done per tool, in manifest order. Every tool must have
+/// an operation; operations without a tool are left as they are.
+pub fn export_flow_declarations(
+    doc: &mut Value,
+    body: &ManifestBody,
+) -> Result<Vec<(String, ExportAction)>> {
+    let mut locations: BTreeMap<String, (String, &'static str)> = BTreeMap::new();
+    for op in operations(doc)? {
+        locations.insert(
+            operation_id(&op)?.to_owned(),
+            (op.route.to_owned(), op.method),
+        );
+    }
+    let mut done = Vec::new();
+    for tool in body.tools() {
+        let (route, method) = locations.get(tool.name()).cloned().ok_or_else(|| {
+            OpenApiError::ToolWithoutOperation {
+                tool: tool.name().to_owned(),
+            }
+        })?;
+        let operation = doc
+            .get_mut("paths")
+            .and_then(|p| p.get_mut(&route))
+            .and_then(|item| item.get_mut(method))
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| OpenApiError::ToolWithoutOperation {
+                tool: tool.name().to_owned(),
+            })?;
+        let existing = operation
+            .get(FLOW_EXTENSION)
+            .map(|v| decode_flow(v, JsonPath::root()));
+        let action = match (tool.flow(), existing) {
+            (Some(flow), existing) => {
+                let value = to_value(flow)?;
+                let action = match existing {
+                    None => ExportAction::Added,
+                    Some(Ok(current)) if &current == flow => ExportAction::Unchanged,
+                    Some(_) => ExportAction::Replaced,
+                };
+                operation.insert(FLOW_EXTENSION.into(), value);
+                action
+            }
+            (None, Some(_)) => {
+                operation.remove(FLOW_EXTENSION);
+                ExportAction::Removed
+            }
+            (None, None) => ExportAction::Absent,
+        };
+        done.push((tool.name().to_owned(), action));
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,342 @@
+//! OpenAPI to manifest and back.
+
+use ed25519_dalek::SigningKey;
+use serde_json::json;
+
+use super::*;
+use crate::manifest::SignedManifest;
+
+fn key() -> SigningKey {
+    SigningKey::from_bytes(&[3; 32])
+}
+
+fn identity() -> ManifestIdentity {
+    ManifestIdentity {
+        server_id: "workspace".into(),
+        name: "Workspace".into(),
+        description: None,
+        version: "1.0.0".into(),
+        public_key: key().verifying_key(),
+    }
+}
+
+fn terms_label() -> Value {
+    json!({"kind": "known", "owners": {"larkfield-pricing": ["larkfield-pricing"]},
+           "compartments": ["harbor-goods-terms"]})
+}
+
+fn doc() -> Value {
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "t", "version": "1"},
+        "paths": {
+            "/documents/{document}/terms": {
+                "parameters": [{"name": "document", "in": "path", "required": true,
+                                "schema": {"type": "string"}}],
+                "get": {
+                    "operationId": "read_terms",
+                    "summary": "Reads terms.",
+                    "parameters": [{"$ref": "#/components/parameters/Version"}],
+                    "responses": {
+                        "404": {"description": "missing"},
+                        "200": {"$ref": "#/components/responses/Terms"}
+                    },
+                    "x-flowhost-flow": {"output_label": terms_label(),
+                                        "input_clearance": terms_label(), "egress": false}
+                },
+                "delete": {
+                    "operationId": "delete_terms",
+                    "description": "Deletes terms.",
+                    "responses": {"204": {"description": "gone"}}
+                }
+            },
+            "/summaries": {
+                "post": {
+                    "operationId": "summarize_terms",
+                    "requestBody": {"required": true, "content": {"application/json; charset=utf-8": {
+                        "schema": {"$ref": "#/components/schemas/SummaryRequest"}}}},
+                    "x-flowhost-annotations": {"read_only": true, "destructive": false,
+                                               "idempotent": true, "requires_approval": false},
+                    "x-flowhost-flow": {"egress": false}
+                }
+            }
+        },
+        "components": {
+            "parameters": {"Version": {"name": "version", "in": "query",
+                                       "schema": {"type": "integer", "minimum": 1}}},
+            "responses": {"Terms": {"description": "ok", "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/Terms"}}}}},
+            "schemas": {
+                "Terms": {"type": "object", "properties": {"text": {"type": "string"},
+                          "parts": {"type": "array", "items": {"$ref": "#/components/schemas/Terms"}}},
+                          "example": {"$ref": "not a reference, just data"}},
+                "SummaryRequest": {"type": "object", "properties": {"text": {"type": "string"},
+                                   "example": {"$ref": "#/components/schemas/Terms"}},
+                                   "required": ["text"]}
+            }
+        }
+    })
+}
+
+fn tool<'a>(body: &'a Value, name: &str) -> &'a Value {
+    body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == name)
+        .unwrap()
+}
+
+#[test]
+fn operations_become_tools() {
+    let body = manifest_from_openapi(&doc(), &identity()).unwrap();
+    let names: Vec<&str> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    // Path order, then method order (get before delete).
+    assert_eq!(names, ["read_terms", "delete_terms", "summarize_terms"]);
+
+    let read = tool(&body, "read_terms");
+    assert_eq!(read["description"], "Reads terms.");
+    assert_eq!(
+        read["input_schema"],
+        json!({"type": "object", "additionalProperties": false, "required": ["document"],
+               "properties": {"document": {"type": "string"},
+                              "version": {"type": "integer", "minimum": 1}}})
+    );
+    // The lowest 2xx response, its component schema copied into $defs (recursion kept).
+    let output = &read["output_schema"];
+    assert_eq!(output["$ref"], "#/$defs/Terms");
+    assert_eq!(
+        output["$defs"]["Terms"]["properties"]["parts"]["items"]["$ref"],
+        "#/$defs/Terms"
+    );
+    assert_eq!(
+        output["$defs"]["Terms"]["example"]["$ref"],
+        "not a reference, just data"
+    );
+    assert_eq!(read["annotations"]["read_only"], true);
+    assert_eq!(read["flow"]["input_clearance"], terms_label());
+
+    let delete = tool(&body, "delete_terms");
+    assert_eq!(delete["annotations"]["destructive"], true);
+    assert!(delete.get("flow").is_none() && delete.get("output_schema").is_none());
+
+    // A body-only operation takes the body's schema as its input.
+    let summarize = tool(&body, "summarize_terms");
+    assert_eq!(summarize["input_schema"]["$ref"], "#/$defs/SummaryRequest");
+    assert_eq!(
+        summarize["input_schema"]["$defs"]["SummaryRequest"]["required"],
+        json!(["text"])
+    );
+    assert_eq!(
+        summarize["annotations"]["read_only"], true,
+        "extension overrides"
+    );
+    assert_eq!(summarize["flow"], json!({"egress": false}));
+
+    // The result signs, verifies and admits schemas that compile.
+    let signed = SignedManifest::sign(body, &key()).unwrap();
+    signed.verify(&key().verifying_key()).unwrap();
+    for t in signed.body().tools() {
+        jsonschema::validator_for(&Value::Object(t.input_schema().clone())).unwrap();
+    }
+}
+
+#[test]
+fn parameters_and_body_together() {
+    let mut d = doc();
+    d["paths"]["/summaries"]["post"]["parameters"] =
+        json!([{"name": "lang", "in": "query", "required": true, "schema": {"type": "string"}}]);
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    let input = &tool(&body, "summarize_terms")["input_schema"];
+    assert_eq!(input["required"], json!(["lang", "body"]));
+    assert_eq!(
+        input["properties"]["body"]["$ref"],
+        "#/$defs/SummaryRequest"
+    );
+    // A parameter literally named "body" would collide.
+    d["paths"]["/summaries"]["post"]["parameters"] =
+        json!([{"name": "body", "in": "query", "schema": {"type": "string"}}]);
+    assert!(matches!(
+        manifest_from_openapi(&d, &identity()),
+        Err(OpenApiError::InputNameConflict { .. })
+    ));
+}
+
+#[test]
+fn refusals() {
+    let check = |change: fn(&mut Value), expected: fn(&OpenApiError) -> bool| {
+        let mut d = doc();
+        change(&mut d);
+        let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+        assert!(expected(&err), "{err:?}");
+    };
+    check(
+        |d| d["openapi"] = json!("2.0"),
+        |e| matches!(e, OpenApiError::NotOpenApi3 { .. }),
+    );
+    check(
+        |d| d["paths"] = json!({}),
+        |e| matches!(e, OpenApiError::NoOperations),
+    );
+    check(
+        |d| {
+            d["paths"]["/summaries"]["post"]
+                .as_object_mut()
+                .unwrap()
+                .remove("operationId");
+        },
+        |e| matches!(e, OpenApiError::MissingOperationId { .. }),
+    );
+    check(
+        |d| d["paths"]["/summaries"]["post"]["operationId"] = json!("read_terms"),
+        |e| matches!(e, OpenApiError::DuplicateOperationId { .. }),
+    );
+    check(
+        |d| {
+            d["components"]["schemas"]["Terms"]["properties"]["text"] =
+                json!({"$ref": "https://schemas.example/text.json"})
+        },
+        |e| matches!(e, OpenApiError::UnsupportedRef { .. }),
+    );
+    check(
+        |d| {
+            d["paths"]["/summaries"]["post"]["requestBody"]["content"]["application/json; charset=utf-8"]
+                ["schema"] = json!({"$ref": "#/components/schemas/Missing"})
+        },
+        |e| matches!(e, OpenApiError::UnsupportedRef { .. }),
+    );
+    check(
+        |d| {
+            let version = &mut d["components"]["parameters"]["Version"];
+            version.as_object_mut().unwrap().remove("in");
+        },
+        |e| matches!(e, OpenApiError::ParameterField { field: "in", .. }),
+    );
+    check(
+        |d| {
+            d["paths"]["/summaries"]["post"]["requestBody"] =
+                json!({"content": {"text/plain": {"schema": {"type": "string"}}}})
+        },
+        |e| matches!(e, OpenApiError::NonJsonRequestBody { .. }),
+    );
+    check(
+        |d| {
+            d["paths"]["/summaries"]["post"]["x-flowhost-flow"] =
+                json!({"egress": true, "input_clearance": {"kind": "top"}})
+        },
+        |e| matches!(e, OpenApiError::Manifest(ManifestError::TopInFlow { .. })),
+    );
+    check(
+        |d| {
+            d["paths"]["/summaries"]["post"]["x-flowhost-flow"] =
+                json!({"egress": true, "via": "x"})
+        },
+        |e| {
+            matches!(
+                e,
+                OpenApiError::Manifest(ManifestError::MalformedFlow { .. })
+            )
+        },
+    );
+    check(
+        |d| d["paths"]["/summaries"]["post"]["description"] = json!("d".repeat(501)),
+        |e| {
+            matches!(
+                e,
+                OpenApiError::Manifest(ManifestError::DescriptionTooLong { .. })
+            )
+        },
+    );
+    check(
+        |d| d["paths"]["/summaries"]["post"]["operationId"] = json!("summarize terms "),
+        |e| {
+            matches!(
+                e,
+                OpenApiError::Manifest(ManifestError::InvalidIdentifier { .. })
+            )
+        },
+    );
+}
+
+#[test]
+fn errors_name_the_operation() {
+    let mut d = doc();
+    d["paths"]["/summaries"]["post"]["x-flowhost-flow"] =
+        json!({"egress": true, "output_label": {"kind": "top"}});
+    let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("paths[\"/summaries\"].post.x-flowhost-flow: "),
+        "{err}"
+    );
+}
+
+#[test]
+fn export_replaces_adds_and_removes_declarations() {
+    let body_json = manifest_from_openapi(&doc(), &identity()).unwrap();
+    let mut body_json = body_json;
+    // The signed manifest differs from the document: read_terms now egresses, delete_terms
+    // gains a declaration, summarize_terms loses its own.
+    body_json["tools"][0]["flow"]["egress"] = json!(true);
+    body_json["tools"][1]["flow"] = json!({"egress": false});
+    body_json["tools"][2]
+        .as_object_mut()
+        .unwrap()
+        .remove("flow");
+    let signed = SignedManifest::sign(body_json, &key()).unwrap();
+    let mut d = doc();
+    let actions = export_flow_declarations(&mut d, signed.body()).unwrap();
+    assert_eq!(
+        actions,
+        [
+            ("read_terms".to_owned(), ExportAction::Replaced),
+            ("delete_terms".to_owned(), ExportAction::Added),
+            ("summarize_terms".to_owned(), ExportAction::Removed),
+        ]
+    );
+    let read = &d["paths"]["/documents/{document}/terms"]["get"]["x-flowhost-flow"];
+    assert_eq!(read["egress"], true);
+    assert_eq!(
+        d["paths"]["/documents/{document}/terms"]["delete"]["x-flowhost-flow"],
+        json!({"egress": false})
+    );
+    assert!(
+        d["paths"]["/summaries"]["post"]
+            .get("x-flowhost-flow")
+            .is_none()
+    );
+    // Everything else is untouched, and a second export changes nothing.
+    assert_eq!(d["components"], doc()["components"]);
+    let again = export_flow_declarations(&mut d, signed.body()).unwrap();
+    assert_eq!(
+        again.iter().map(|(_, a)| *a).collect::<Vec<_>>(),
+        [
+            ExportAction::Unchanged,
+            ExportAction::Unchanged,
+            ExportAction::Absent
+        ]
+    );
+    // Round trip: generating again from the exported document gives the signed flows.
+    let regenerated = manifest_from_openapi(&d, &identity()).unwrap();
+    for (i, t) in signed.body().tools().iter().enumerate() {
+        let flow = regenerated["tools"][i].get("flow").cloned();
+        assert_eq!(flow, t.flow().map(|f| serde_json::to_value(f).unwrap()));
+    }
+}
+
+#[test]
+fn export_needs_an_operation_for_every_tool() {
+    let mut body_json = manifest_from_openapi(&doc(), &identity()).unwrap();
+    body_json["tools"][1]["name"] = json!("archive_terms");
+    let signed = SignedManifest::sign(body_json, &key()).unwrap();
+    let mut d = doc();
+    assert!(matches!(
+        export_flow_declarations(&mut d, signed.body()),
+        Err(OpenApiError::ToolWithoutOperation { tool }) if tool == "archive_terms"
+    ));
+}

@@ -1,0 +1,838 @@
+//! The verified registry: the only way a tool gets into the host (DESIGN.md §4).
+//!
+//! [`VerifiedRegistry::register`] admits one signed manifest under the operator's key, policy
+//! and the host's runtime topology, applying the eight admission rules in order:
+//!
+//! 1. the signature verifies against the key the operator registered (not the embedded one);
+//! 2. the `server_id` is not registered yet;
+//! 3. every tool has an operator policy and a runtime topology, and no policy or topology
+//!    names a tool the manifest does not have;
+//! 4. effective egress is `topology.runtime_egress() || flow.egress` (a publisher can add
+//!    egress, never remove it);
+//! 5. a tool with effective egress needs at least one policy clearance;
+//! 6. a manifest input clearance must flow to every policy clearance (publishers only narrow);
+//! 7. the effective output floor is `policy.output_floor ⊔ manifest output label`, and is
+//!    never `Top`;
+//! 8. the declassification purposes are the policy's intersected with the manifest's.
+//!
+//! Each tool's input schema is then compiled once (no remote or file `$ref` is fetched); a
+//! schema that does not compile refuses the manifest. Nothing is added unless every tool
+//! passes. The registered envelopes can be written out as the retained set
+//! (`signed-manifests.json`, a JSON array of envelopes).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::Path;
+
+use ed25519_dalek::VerifyingKey;
+use serde::de::Deserializer;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::canonical::{self, JsonPath};
+use crate::files::{self, FileError};
+use crate::flow::{MAX_PURPOSES, ToolFlowDeclaration};
+use crate::ident::DeclassificationPurpose;
+use crate::label::{InformationLabel, LabelError, StrictSet};
+use crate::manifest::{
+    ManifestDigest, ManifestError, ManifestFileError, SignedManifest, ToolDefinition, VerifyError,
+};
+
+/// File name of the retained set in the host's state directory.
+pub const RETAINED_SET_FILE: &str = "signed-manifests.json";
+/// Largest retained set read back: 256 manifests of the 1 MiB maximum.
+pub const MAX_RETAINED_SET_BYTES: u64 = 256 * 1024 * 1024;
+/// Most validation problems reported for one call's arguments.
+const MAX_ARGUMENT_ERRORS: usize = 8;
+
+/// Where a tool runs, as the host knows it from its own configuration and execution
+/// profile. Never taken from a publisher or from protocol discovery data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeTopology {
+    /// The executor has no network path.
+    Local,
+    /// The executor has a network path, mediated by the native broker.
+    Brokered,
+}
+
+impl RuntimeTopology {
+    /// Whether the runtime itself gives the tool a way out (true for `brokered`).
+    pub fn runtime_egress(self) -> bool {
+        matches!(self, RuntimeTopology::Brokered)
+    }
+}
+
+/// Why an operator policy is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// A clearance is `Top`, which is not an operational bound.
+    #[error(
+        "input_clearances[{index}] is top; a policy clearance must name the most restricted label the tool may receive"
+    )]
+    TopClearance {
+        /// Position of the clearance in the list.
+        index: usize,
+    },
+    /// The output floor is `Top`, which would make every output unusable.
+    #[error("output_floor is top; a policy output floor must be a known label")]
+    TopOutputFloor,
+}
+
+/// The operator's policy for one tool.
+///
+/// Guarantees: no clearance and no output floor is `Top`. Wire form (JSON or TOML, strict):
+/// `input_clearances` (list of labels, required, may be empty), `output_floor` (a label,
+/// required), `declassification_purposes` (list, optional, no duplicates); unknown fields and
+/// `null` are refused. In TOML a label is an inline table, e.g.
+/// `output_floor = { kind = "known", owners = {}, compartments = [] }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ToolPolicyWire")]
+pub struct ToolPolicy {
+    input_clearances: Vec<InformationLabel>,
+    output_floor: InformationLabel,
+    declassification_purposes: BTreeSet<DeclassificationPurpose>,
+}
+
+impl ToolPolicy {
+    /// Builds a policy; a `Top` clearance or output floor is refused.
+    pub fn new(
+        input_clearances: Vec<InformationLabel>,
+        output_floor: InformationLabel,
+        declassification_purposes: BTreeSet<DeclassificationPurpose>,
+    ) -> Result<Self, PolicyError> {
+        if let Some(index) = input_clearances.iter().position(InformationLabel::is_top) {
+            return Err(PolicyError::TopClearance { index });
+        }
+        if output_floor.is_top() {
+            return Err(PolicyError::TopOutputFloor);
+        }
+        Ok(ToolPolicy {
+            input_clearances,
+            output_floor,
+            declassification_purposes,
+        })
+    }
+
+    /// Public data only: one bottom clearance, a bottom floor, no purposes.
+    pub fn public_only() -> Self {
+        ToolPolicy {
+            input_clearances: vec![InformationLabel::bottom()],
+            output_floor: InformationLabel::bottom(),
+            declassification_purposes: BTreeSet::new(),
+        }
+    }
+
+    /// The labels the tool may receive data up to (each checked on egress).
+    pub fn input_clearances(&self) -> &[InformationLabel] {
+        &self.input_clearances
+    }
+
+    /// The least label every output of the tool carries.
+    pub fn output_floor(&self) -> &InformationLabel {
+        &self.output_floor
+    }
+
+    /// Purposes the operator allows declassification for.
+    pub fn declassification_purposes(&self) -> &BTreeSet<DeclassificationPurpose> {
+        &self.declassification_purposes
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolPolicyWire {
+    input_clearances: Vec<InformationLabel>,
+    output_floor: InformationLabel,
+    #[serde(default, deserialize_with = "strict_purposes")]
+    declassification_purposes: BTreeSet<DeclassificationPurpose>,
+}
+
+fn strict_purposes<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeSet<DeclassificationPurpose>, D::Error> {
+    Ok(StrictSet::<DeclassificationPurpose, MAX_PURPOSES>::deserialize(d)?.0)
+}
+
+impl TryFrom<ToolPolicyWire> for ToolPolicy {
+    type Error = PolicyError;
+    fn try_from(w: ToolPolicyWire) -> Result<Self, Self::Error> {
+        ToolPolicy::new(
+            w.input_clearances,
+            w.output_floor,
+            w.declassification_purposes,
+        )
+    }
+}
+
+/// The security facts the registry derived for one admitted tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmittedToolSecurity {
+    effective_egress: bool,
+    policy_clearances: Vec<InformationLabel>,
+    manifest_clearance: Option<InformationLabel>,
+    effective_output_floor: InformationLabel,
+    declassification_purposes: BTreeSet<DeclassificationPurpose>,
+}
+
+impl AdmittedToolSecurity {
+    /// Whether calls count as egress: the runtime gives a network path or the publisher
+    /// declares egress (the broker may still observe egress at run time).
+    pub fn effective_egress(&self) -> bool {
+        self.effective_egress
+    }
+
+    /// The operator's clearances; egressing data must flow to every one.
+    pub fn policy_clearances(&self) -> &[InformationLabel] {
+        &self.policy_clearances
+    }
+
+    /// The publisher's input clearance, if declared; egressing data must flow to it too.
+    pub fn manifest_clearance(&self) -> Option<&InformationLabel> {
+        self.manifest_clearance.as_ref()
+    }
+
+    /// `policy.output_floor ⊔ manifest output label`; never `Top`.
+    pub fn effective_output_floor(&self) -> &InformationLabel {
+        &self.effective_output_floor
+    }
+
+    /// Purposes both the operator and the publisher allow.
+    pub fn declassification_purposes(&self) -> &BTreeSet<DeclassificationPurpose> {
+        &self.declassification_purposes
+    }
+
+    /// Whether serving this tool needs flow mediation: effective egress, a manifest
+    /// clearance, a non-bottom output floor, purposes, or a non-bottom policy clearance.
+    pub fn requires_flow_runtime(&self) -> bool {
+        self.effective_egress
+            || self.manifest_clearance.is_some()
+            || !self.effective_output_floor.is_bottom()
+            || !self.declassification_purposes.is_empty()
+            || self.policy_clearances.iter().any(|c| !c.is_bottom())
+    }
+}
+
+/// Why a manifest was not admitted. Every variant names the server and, where it applies,
+/// the tool.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    /// Rule 1: the envelope does not verify against the registered key.
+    #[error("rule 1 (signature): {0}")]
+    Verification(#[from] VerifyError),
+    /// Rule 2: the server is already registered.
+    #[error("rule 2: server {server_id:?} is already registered; server ids are unique")]
+    DuplicateServer {
+        /// The server.
+        server_id: String,
+    },
+    /// Rule 3: a tool without an operator policy.
+    #[error("rule 3: server {server_id:?} tool {tool:?} has no operator policy")]
+    MissingPolicy {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+    },
+    /// Rule 3: a tool without a runtime topology.
+    #[error("rule 3: server {server_id:?} tool {tool:?} has no runtime topology")]
+    MissingTopology {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+    },
+    /// Rule 3: an operator policy for a tool the signed manifest does not have.
+    #[error(
+        "rule 3: server {server_id:?} has a policy for tool {tool:?}, which its signed manifest does not declare"
+    )]
+    PolicyForUnknownTool {
+        /// The server.
+        server_id: String,
+        /// The tool named by the policy.
+        tool: String,
+    },
+    /// Rule 3: a topology for a tool the signed manifest does not have.
+    #[error(
+        "rule 3: server {server_id:?} has a topology for tool {tool:?}, which its signed manifest does not declare"
+    )]
+    TopologyForUnknownTool {
+        /// The server.
+        server_id: String,
+        /// The tool named by the topology.
+        tool: String,
+    },
+    /// Rule 5: effective egress with no policy clearance.
+    #[error(
+        "rule 5: server {server_id:?} tool {tool:?} has effective egress but its policy lists no input clearance; add one to input_clearances"
+    )]
+    MissingPolicyClearance {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+    },
+    /// Rule 6: the publisher's clearance is wider than a policy clearance.
+    #[error(
+        "rule 6: server {server_id:?} tool {tool:?} declares input clearance {manifest_clearance}, which does not flow to policy clearance {policy_clearance}; a publisher may only narrow the operator's clearances"
+    )]
+    ManifestClearanceWidensPolicy {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+        /// The publisher's clearance.
+        manifest_clearance: Box<InformationLabel>,
+        /// The policy clearance it does not flow to.
+        policy_clearance: Box<InformationLabel>,
+    },
+    /// Rule 7: the output floor join exceeds the label limits.
+    #[error(
+        "rule 7: server {server_id:?} tool {tool:?}: the policy output floor joined with the declared output label is not a label: {reason}"
+    )]
+    OutputFloorJoin {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+        /// Which limit the join exceeds.
+        reason: LabelError,
+    },
+    /// Rule 7: the effective output floor is `Top`.
+    #[error("rule 7: server {server_id:?} tool {tool:?}: the effective output floor is top")]
+    TopEffectiveOutputFloor {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+    },
+    /// The tool's input schema does not compile (or has a remote or file `$ref`).
+    #[error(
+        "server {server_id:?} tool {tool:?}: input_schema is not a usable JSON Schema: {reason}"
+    )]
+    InvalidInputSchema {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+        /// The compiler's description.
+        reason: String,
+    },
+}
+
+/// Why call arguments were refused. Messages name schema locations, never argument values
+/// (arguments may carry secrets and must not reach logs or records).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgumentError {
+    /// The arguments are not a JSON object.
+    #[error("server {server_id:?} tool {tool:?}: arguments must be a JSON object, found {found}")]
+    NotAnObject {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+        /// The JSON type found.
+        found: &'static str,
+    },
+    /// The arguments break the signed input schema.
+    #[error("server {server_id:?} tool {tool:?}: arguments do not match the signed input schema: {}", problems.join("; "))]
+    SchemaViolation {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+        /// Up to 8 problems, each `at <argument pointer>: fails <schema pointer>`.
+        problems: Vec<String>,
+    },
+}
+
+/// A tool admitted by the registry, with everything the host needs to serve it.
+pub struct AdmittedTool {
+    server_id: String,
+    definition: ToolDefinition,
+    security: AdmittedToolSecurity,
+    topology: RuntimeTopology,
+    manifest_digest: ManifestDigest,
+    validator: jsonschema::Validator,
+}
+
+impl AdmittedTool {
+    /// The server the tool belongs to.
+    pub fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    /// The tool's name.
+    pub fn name(&self) -> &str {
+        self.definition.name()
+    }
+
+    /// The signed definition.
+    pub fn definition(&self) -> &ToolDefinition {
+        &self.definition
+    }
+
+    /// What the registry derived for the tool's security.
+    pub fn security(&self) -> &AdmittedToolSecurity {
+        &self.security
+    }
+
+    /// The runtime topology the host supplied.
+    pub fn topology(&self) -> RuntimeTopology {
+        self.topology
+    }
+
+    /// The digest of the manifest the tool was admitted from.
+    pub fn manifest_digest(&self) -> ManifestDigest {
+        self.manifest_digest
+    }
+
+    /// The description as a client may see it (escapes and control characters removed).
+    pub fn sanitized_description(&self) -> String {
+        self.definition.sanitized_description()
+    }
+
+    /// Checks call arguments against the signed input schema, compiled at registration.
+    pub fn validate_arguments(&self, arguments: &Value) -> Result<(), ArgumentError> {
+        if !arguments.is_object() {
+            return Err(ArgumentError::NotAnObject {
+                server_id: self.server_id.clone(),
+                tool: self.name().to_owned(),
+                found: crate::manifest::json_type(arguments),
+            });
+        }
+        let problems: Vec<String> = self
+            .validator
+            .iter_errors(arguments)
+            .take(MAX_ARGUMENT_ERRORS)
+            .map(|e| {
+                let at = e.instance_path.to_string();
+                let at = if at.is_empty() { "/".to_owned() } else { at };
+                format!("at {at}: fails {}", e.schema_path)
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ArgumentError::SchemaViolation {
+                server_id: self.server_id.clone(),
+                tool: self.name().to_owned(),
+                problems,
+            })
+        }
+    }
+}
+
+impl fmt::Debug for AdmittedTool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdmittedTool")
+            .field("server_id", &self.server_id)
+            .field("name", &self.name())
+            .field("topology", &self.topology)
+            .field("security", &self.security)
+            .field("manifest_digest", &self.manifest_digest)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One registered server: its verified envelope and its admitted tools.
+#[derive(Debug)]
+pub struct AdmittedServer {
+    envelope: SignedManifest,
+    digest: ManifestDigest,
+    tools: BTreeMap<String, AdmittedTool>,
+}
+
+impl AdmittedServer {
+    /// The server id.
+    pub fn server_id(&self) -> &str {
+        self.envelope.body().server_id()
+    }
+
+    /// The envelope as registered (verified against the operator's key).
+    pub fn envelope(&self) -> &SignedManifest {
+        &self.envelope
+    }
+
+    /// The manifest digest.
+    pub fn manifest_digest(&self) -> ManifestDigest {
+        self.digest
+    }
+
+    /// The admitted tools, by name.
+    pub fn tools(&self) -> impl Iterator<Item = &AdmittedTool> {
+        self.tools.values()
+    }
+}
+
+/// Security metadata a protocol bridge carries for one tool when its dialect cannot carry
+/// the manifest fields.
+///
+/// Wire form: `flow` (a declaration, optional), `effective_egress` (required), optional
+/// `manifest_digest`, `server_id`, `tool_name`; unknown fields and `null` are refused. The
+/// registry accepts it only when it equals exactly, coordinates included, what it derives
+/// itself ([`VerifiedRegistry::bridge_security`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeSecurityMetadata {
+    /// The signed flow declaration of the tool, if it has one.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub flow: Option<ToolFlowDeclaration>,
+    /// Whether the registry treats calls to the tool as egress.
+    pub effective_egress: bool,
+    /// The digest of the manifest the tool was admitted from.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub manifest_digest: Option<ManifestDigest>,
+    /// The server.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub server_id: Option<String>,
+    /// The tool.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub tool_name: Option<String>,
+}
+
+/// A field that, when present, must hold a value: `null` is an error, not "absent".
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// Why bridge metadata was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BridgeSecurityError {
+    /// The registry has no such tool.
+    #[error("bridge metadata names server {server_id:?} tool {tool:?}, which is not registered")]
+    UnknownTool {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+    },
+    /// The metadata differs from what the registry derives.
+    #[error(
+        "bridge metadata for server {server_id:?} tool {tool:?} does not match the registry: {field} differs"
+    )]
+    Mismatch {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+        /// The first field that differs.
+        field: &'static str,
+    },
+}
+
+/// The set of admitted servers and tools. Iteration is in server id, then tool name order.
+#[derive(Debug, Default)]
+pub struct VerifiedRegistry {
+    servers: BTreeMap<String, AdmittedServer>,
+}
+
+impl VerifiedRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Admits `envelope` under the operator's `registered_key`, per-tool `policies` and the
+    /// host's per-tool `topologies`, applying the eight rules of the module docs in order.
+    /// On any error the registry is unchanged.
+    pub fn register(
+        &mut self,
+        envelope: SignedManifest,
+        registered_key: &VerifyingKey,
+        policies: &BTreeMap<String, ToolPolicy>,
+        topologies: &BTreeMap<String, RuntimeTopology>,
+    ) -> Result<(), AdmissionError> {
+        // Rule 1.
+        envelope.verify(registered_key)?;
+        let body = envelope.body();
+        let server_id = body.server_id().to_owned();
+        // Rule 2.
+        if self.servers.contains_key(&server_id) {
+            return Err(AdmissionError::DuplicateServer { server_id });
+        }
+        // Rule 3, both directions.
+        for tool in body.tools() {
+            if !policies.contains_key(tool.name()) {
+                return Err(AdmissionError::MissingPolicy {
+                    server_id,
+                    tool: tool.name().to_owned(),
+                });
+            }
+            if !topologies.contains_key(tool.name()) {
+                return Err(AdmissionError::MissingTopology {
+                    server_id,
+                    tool: tool.name().to_owned(),
+                });
+            }
+        }
+        if let Some(tool) = policies.keys().find(|name| body.tool(name).is_none()) {
+            return Err(AdmissionError::PolicyForUnknownTool {
+                server_id,
+                tool: tool.clone(),
+            });
+        }
+        if let Some(tool) = topologies.keys().find(|name| body.tool(name).is_none()) {
+            return Err(AdmissionError::TopologyForUnknownTool {
+                server_id,
+                tool: tool.clone(),
+            });
+        }
+        let digest = envelope.digest();
+        let mut tools = BTreeMap::new();
+        for definition in body.tools() {
+            let name = definition.name();
+            let (Some(policy), Some(&topology)) = (policies.get(name), topologies.get(name)) else {
+                // Rule 3 above found both for every tool; kept as an error, not a panic.
+                return Err(AdmissionError::MissingPolicy {
+                    server_id,
+                    tool: name.to_owned(),
+                });
+            };
+            let security = admit_tool(&server_id, definition, policy, topology)?;
+            let validator = definition.compile_input_schema().map_err(|e| {
+                AdmissionError::InvalidInputSchema {
+                    server_id: server_id.clone(),
+                    tool: name.to_owned(),
+                    reason: e.to_string(),
+                }
+            })?;
+            tools.insert(
+                name.to_owned(),
+                AdmittedTool {
+                    server_id: server_id.clone(),
+                    definition: definition.clone(),
+                    security,
+                    topology,
+                    manifest_digest: digest,
+                    validator,
+                },
+            );
+        }
+        self.servers.insert(
+            server_id,
+            AdmittedServer {
+                envelope,
+                digest,
+                tools,
+            },
+        );
+        Ok(())
+    }
+
+    /// The tool `tool_name` of server `server_id`, if admitted.
+    pub fn tool(&self, server_id: &str, tool_name: &str) -> Option<&AdmittedTool> {
+        self.servers.get(server_id)?.tools.get(tool_name)
+    }
+
+    /// The registered servers, by server id.
+    pub fn servers(&self) -> impl Iterator<Item = &AdmittedServer> {
+        self.servers.values()
+    }
+
+    /// Every admitted tool, by server id then tool name.
+    pub fn tools(&self) -> impl Iterator<Item = &AdmittedTool> {
+        self.servers.values().flat_map(AdmittedServer::tools)
+    }
+
+    /// The registered envelopes, by server id.
+    pub fn envelopes(&self) -> impl Iterator<Item = &SignedManifest> {
+        self.servers.values().map(|s| &s.envelope)
+    }
+
+    /// Number of registered servers.
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Whether no server is registered.
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Whether the registry may only be served with flow mediation (the native broker
+    /// active): some tool declares `flow`, or some admitted tool's security requires it
+    /// ([`AdmittedToolSecurity::requires_flow_runtime`]).
+    pub fn requires_flow_runtime(&self) -> bool {
+        self.tools()
+            .any(|t| t.definition.flow().is_some() || t.security.requires_flow_runtime())
+    }
+
+    /// The bridge metadata the registry derives for a tool, bound to its coordinates.
+    pub fn bridge_security(
+        &self,
+        server_id: &str,
+        tool_name: &str,
+    ) -> Option<BridgeSecurityMetadata> {
+        let tool = self.tool(server_id, tool_name)?;
+        Some(BridgeSecurityMetadata {
+            flow: tool.definition.flow().cloned(),
+            effective_egress: tool.security.effective_egress,
+            manifest_digest: Some(tool.manifest_digest),
+            server_id: Some(tool.server_id.clone()),
+            tool_name: Some(tool.name().to_owned()),
+        })
+    }
+
+    /// Accepts `metadata` only if it equals exactly what [`VerifiedRegistry::bridge_security`]
+    /// derives for the tool (unbound metadata, without its coordinates, is refused).
+    pub fn validate_bridge_security(
+        &self,
+        server_id: &str,
+        tool_name: &str,
+        metadata: &BridgeSecurityMetadata,
+    ) -> Result<(), BridgeSecurityError> {
+        let derived = self.bridge_security(server_id, tool_name).ok_or_else(|| {
+            BridgeSecurityError::UnknownTool {
+                server_id: server_id.to_owned(),
+                tool: tool_name.to_owned(),
+            }
+        })?;
+        let field = if metadata.flow != derived.flow {
+            "flow"
+        } else if metadata.effective_egress != derived.effective_egress {
+            "effective_egress"
+        } else if metadata.manifest_digest != derived.manifest_digest {
+            "manifest_digest"
+        } else if metadata.server_id != derived.server_id {
+            "server_id"
+        } else if metadata.tool_name != derived.tool_name {
+            "tool_name"
+        } else {
+            return Ok(());
+        };
+        Err(BridgeSecurityError::Mismatch {
+            server_id: server_id.to_owned(),
+            tool: tool_name.to_owned(),
+            field,
+        })
+    }
+
+    /// Writes the registered envelopes as a JSON array to `path` (normally
+    /// `<state dir>/signed-manifests.json`), atomically: readers and crashes see the old
+    /// set or the new one, never a mix.
+    pub fn write_retained_set(&self, path: &Path) -> Result<(), FileError> {
+        let set = Value::Array(
+            self.envelopes()
+                .map(SignedManifest::to_json_value)
+                .collect(),
+        );
+        files::write_atomic(path, crate::manifest::pretty(&set).as_bytes(), 0o644)
+    }
+}
+
+/// Rules 4 to 8 for one tool.
+fn admit_tool(
+    server_id: &str,
+    definition: &ToolDefinition,
+    policy: &ToolPolicy,
+    topology: RuntimeTopology,
+) -> Result<AdmittedToolSecurity, AdmissionError> {
+    let tool = || definition.name().to_owned();
+    let flow = definition.flow();
+    // Rule 4.
+    let effective_egress =
+        topology.runtime_egress() || flow.is_some_and(ToolFlowDeclaration::egress);
+    // Rule 5.
+    if effective_egress && policy.input_clearances.is_empty() {
+        return Err(AdmissionError::MissingPolicyClearance {
+            server_id: server_id.to_owned(),
+            tool: tool(),
+        });
+    }
+    // Rule 6.
+    let manifest_clearance = flow.and_then(ToolFlowDeclaration::input_clearance).cloned();
+    if let Some(clearance) = &manifest_clearance
+        && let Some(policy_clearance) = policy
+            .input_clearances
+            .iter()
+            .find(|p| !clearance.flows_to(p))
+    {
+        return Err(AdmissionError::ManifestClearanceWidensPolicy {
+            server_id: server_id.to_owned(),
+            tool: tool(),
+            manifest_clearance: Box::new(clearance.clone()),
+            policy_clearance: Box::new(policy_clearance.clone()),
+        });
+    }
+    // Rule 7.
+    let declared_output = flow
+        .and_then(ToolFlowDeclaration::output_label)
+        .cloned()
+        .unwrap_or_else(InformationLabel::bottom);
+    let effective_output_floor = policy
+        .output_floor
+        .join_restrictions(&declared_output)
+        .map_err(|reason| AdmissionError::OutputFloorJoin {
+            server_id: server_id.to_owned(),
+            tool: tool(),
+            reason,
+        })?;
+    if effective_output_floor.is_top() {
+        return Err(AdmissionError::TopEffectiveOutputFloor {
+            server_id: server_id.to_owned(),
+            tool: tool(),
+        });
+    }
+    // Rule 8.
+    let declassification_purposes = match flow {
+        Some(flow) => policy
+            .declassification_purposes
+            .intersection(flow.declassification_purposes())
+            .cloned()
+            .collect(),
+        None => BTreeSet::new(),
+    };
+    Ok(AdmittedToolSecurity {
+        effective_egress,
+        policy_clearances: policy.input_clearances.clone(),
+        manifest_clearance,
+        effective_output_floor,
+        declassification_purposes,
+    })
+}
+
+/// Reads a retained set written by [`VerifiedRegistry::write_retained_set`]: the envelopes,
+/// parsed strictly but not verified (register them again, with the operator's keys, to
+/// trust them).
+pub fn load_retained_set(path: &Path) -> Result<Vec<SignedManifest>, ManifestFileError> {
+    let text = files::read_text(path, MAX_RETAINED_SET_BYTES)?;
+    let invalid = |reason: ManifestError| ManifestFileError::Invalid {
+        file: path.to_owned(),
+        reason,
+    };
+    let value = canonical::parse_strict(&text).map_err(|e| invalid(e.into()))?;
+    let Value::Array(items) = value else {
+        return Err(invalid(ManifestError::WrongType {
+            path: JsonPath::root(),
+            expected: "an array of signed manifests",
+            found: crate::manifest::json_type(&value),
+        }));
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            SignedManifest::from_json_value(item, &JsonPath::root().index(i)).map_err(invalid)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
