@@ -6,10 +6,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod atomic_file;
 pub mod cli;
 pub mod flow;
 pub mod ident;
 pub mod label;
+pub mod records;
 
 pub use flow::{EgressDenial, ToolFlowDeclaration, ToolFlowError, authorize_egress};
 pub use ident::{Compartment, DeclassificationPurpose, IdentifierError, PrincipalId};
