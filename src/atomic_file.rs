@@ -27,6 +27,15 @@ pub struct AtomicWriteError {
 /// The temporary file is `<name>.tmp-<pid>` next to `path`; on failure it is removed on a
 /// best-effort basis and `path` keeps its previous content.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
+    write_atomic_with(path, |w| w.write_all(bytes))
+}
+
+/// Like [`write_atomic`], with the content streamed by `fill` (for outputs too large to hold
+/// in memory). An error from `fill` leaves `path` untouched.
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<(), AtomicWriteError> {
     let err = |op, p: &Path| {
         let p = p.to_path_buf();
         move |source| AtomicWriteError {
@@ -45,13 +54,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
     tmp_name.push(format!(".tmp-{}", std::process::id()));
     let tmp = dir.join(tmp_name);
     let result = (|| {
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .open(&tmp)
             .map_err(err("create", &tmp))?;
-        file.write_all(bytes).map_err(err("write", &tmp))?;
+        let mut out = io::BufWriter::new(file);
+        fill(&mut out).map_err(err("write", &tmp))?;
+        let file = out
+            .into_inner()
+            .map_err(|e| err("write", &tmp)(e.into_error()))?;
         file.sync_all().map_err(err("fsync", &tmp))?;
         drop(file);
         fs::rename(&tmp, path).map_err(err("rename into place", path))?;

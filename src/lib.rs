@@ -8,10 +8,12 @@
 
 pub mod atomic_file;
 pub mod cli;
+pub mod diff;
 pub mod flow;
 pub mod ident;
 pub mod label;
 pub mod records;
+pub mod surface;
 
 pub use flow::{EgressDenial, ToolFlowDeclaration, ToolFlowError, authorize_egress};
 pub use ident::{Compartment, DeclassificationPurpose, IdentifierError, PrincipalId};

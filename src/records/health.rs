@@ -27,7 +27,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::chain::verify_records;
+use super::chain::{VerifyReport, verify_records};
 use super::now_rfc3339;
 use super::store::StoreError;
 use super::writer::WriterStatus;
@@ -68,6 +68,20 @@ pub struct RecordsHealth {
 }
 
 impl RecordsHealth {
+    /// The record side as verification found it: range, head, and complete exactly when no
+    /// problem was found.
+    pub fn from_verify(report: &VerifyReport) -> Self {
+        RecordsHealth {
+            first_seq: report.first_seq,
+            last_seq: report.last_seq,
+            chain_head: report.head_hash.as_ref().map(|h| h.as_str().to_string()),
+            records_complete: Some(report.is_ok()),
+            writer_failed: false,
+            writer_failure_reason: None,
+            problems: report.problems.iter().map(ToString::to_string).collect(),
+        }
+    }
+
     /// The record side as the running writer sees it: its range and head, complete unless it
     /// failed.
     pub fn from_writer(status: &WriterStatus) -> Self {
@@ -267,15 +281,7 @@ impl ToolObservationHealth {
 pub fn offline_health(path: &Path) -> Result<ToolObservationHealth, StoreError> {
     let report = verify_records(path, None)?;
     let mut h = ToolObservationHealth::unknown(HealthProducer::Offline);
-    h.records = RecordsHealth {
-        first_seq: report.first_seq,
-        last_seq: report.last_seq,
-        chain_head: report.head_hash.as_ref().map(|h| h.as_str().to_string()),
-        records_complete: Some(report.is_ok()),
-        writer_failed: false,
-        writer_failure_reason: None,
-        problems: report.problems.iter().map(ToString::to_string).collect(),
-    };
+    h.records = RecordsHealth::from_verify(&report);
     Ok(h.finalize())
 }
 
