@@ -8,6 +8,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod diff;
+mod health;
+mod records;
+
 /// Boxed error for the CLI boundary: every module error is a typed `thiserror` enum; the
 /// CLI only prints them.
 pub type CliResult = Result<ExitCode, Box<dyn std::error::Error + Send + Sync>>;
@@ -24,6 +28,16 @@ pub struct Cli {
 enum Command {
     /// Print the label of a JSON label file in canonical form (a quick well-formedness check).
     Label(LabelArgs),
+    /// Export or verify observed decision records.
+    #[command(subcommand)]
+    Records(records::RecordsCommand),
+    /// Compute the record side of tool_observation_health from a record directory (offline;
+    /// daemon-only fields stay unknown, so it is never complete).
+    Health(health::HealthArgs),
+    /// Compare observed decisions with a declared tool surface. Exit 0 clean with complete
+    /// observation, 1 findings, 2 usage or input error, 3 no findings but observation
+    /// incomplete.
+    Diff(diff::DiffArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -44,6 +58,9 @@ impl Cli {
                 println!("{}", label.to_canonical_json());
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Records(cmd) => records::run(cmd),
+            Command::Health(args) => health::run(args),
+            Command::Diff(args) => diff::run(args),
         }
     }
 }
