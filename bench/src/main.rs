@@ -4,6 +4,7 @@
 #[allow(dead_code)] // percentile and interleaved serve the suites added with the broker and daemon.
 mod harness;
 mod lattice;
+mod records;
 
 use clap::{Parser, ValueEnum};
 
@@ -11,6 +12,7 @@ use clap::{Parser, ValueEnum};
 enum Suite {
     All,
     Lattice,
+    Records,
 }
 
 /// flowhost's benchmark suite.
@@ -30,6 +32,9 @@ fn main() {
     let want = |s: Suite| args.suite == Suite::All || args.suite == s;
     if want(Suite::Lattice) {
         rows.extend(lattice::run(args.quick));
+    }
+    if want(Suite::Records) {
+        rows.extend(records::run(args.quick));
     }
     harness::print_table(&rows);
 }

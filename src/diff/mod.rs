@@ -30,13 +30,15 @@ pub mod report;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use crate::records::DECISION_SURFACE_SCHEMA;
 use crate::records::health::ToolObservationHealth;
-use crate::records::store::{StoreError, record_sources, split_lines};
+use crate::records::store::{StoreError, record_sources};
 use crate::surface::{DeclaredAction, DeclaredSurface, TargetMatch};
 use observed::{ObsDecision, ObsEnvelope, Probe};
 
@@ -260,10 +262,12 @@ pub fn diff(
     let matcher = Matcher::new(declared);
     let mut acc = Acc::default();
     for file in record_sources(observed)? {
-        let bytes = std::fs::read(&file).map_err(StoreError::io("read", &file))?;
-        match detect(&file, &bytes)? {
-            Format::Stream => acc.merge(judge_stream(&matcher, &file, &bytes)?),
-            Format::Envelope => acc.merge(judge_envelope(&matcher, &file, &bytes)?),
+        match detect(&file)? {
+            Format::Stream => acc.merge(judge_stream(&matcher, &file, Tuning::default())?),
+            Format::Envelope => {
+                let bytes = std::fs::read(&file).map_err(StoreError::io("read", &file))?;
+                acc.merge(judge_envelope(&matcher, &file, &bytes)?);
+            }
         }
     }
     Ok(acc.finish(health))
@@ -274,51 +278,126 @@ enum Format {
     Envelope,
 }
 
-fn detect(file: &Path, bytes: &[u8]) -> Result<Format, DiffError> {
-    let first = bytes
-        .split(|&b| b == b'\n')
-        .find(|l| !l.iter().all(u8::is_ascii_whitespace));
-    let Some(first) = first else {
-        return Ok(Format::Stream);
-    };
-    match serde_json::from_slice::<Probe>(first) {
-        Ok(p) if p.observed_tool_decisions.is_some() => Ok(Format::Envelope),
-        Ok(_) => Ok(Format::Stream),
-        // Not one object per line: a pretty-printed envelope, or garbage.
-        Err(line_error) => match serde_json::from_slice::<Probe>(bytes) {
-            Ok(p) if p.observed_tool_decisions.is_some() => Ok(Format::Envelope),
-            _ => Err(DiffError::BadInput {
-                file: file.to_path_buf(),
-                problem: format!(
-                    "neither a JSONL decision stream (line 1: {line_error}) nor an {DECISION_SURFACE_SCHEMA} envelope"
-                ),
-            }),
-        },
+/// Read sizes of the stream reader (tests shrink them to exercise every path).
+#[derive(Debug, Clone, Copy)]
+struct Tuning {
+    block: usize,
+    parallel_min: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            block: BLOCK_BYTES,
+            parallel_min: PARALLEL_MIN_BYTES,
+        }
     }
 }
 
-fn judge_stream(matcher: &Matcher<'_>, file: &Path, bytes: &[u8]) -> Result<Acc, DiffError> {
-    let (_, torn) = split_lines(bytes);
-    let complete = &bytes[..bytes.len() - torn.len()];
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .clamp(1, 8);
-    // Split at newlines into one chunk per core; small inputs stay on one thread.
-    let mut chunks = Vec::with_capacity(threads);
-    let mut start = 0;
-    let target = complete.len() / threads + 1;
-    while start < complete.len() {
-        let mut end = (start + target).min(complete.len());
-        while end < complete.len() && complete[end - 1] != b'\n' {
-            end += 1;
+/// How much of a file is read to tell a stream from an envelope.
+const PROBE_BYTES: u64 = 64 * 1024;
+/// The read block of the stream reader (reused, so memory stays bounded).
+const BLOCK_BYTES: usize = 8 * 1024 * 1024;
+/// Inputs smaller than this are read by one thread.
+const PARALLEL_MIN_BYTES: u64 = 4 * 1024 * 1024;
+
+fn read_at(file: &Path, f: &File, buf: &mut [u8], offset: u64) -> Result<usize, DiffError> {
+    f.read_at(buf, offset)
+        .map_err(|e| DiffError::Store(StoreError::io("read", file)(e)))
+}
+
+fn detect(file: &Path) -> Result<Format, DiffError> {
+    let f = File::open(file).map_err(StoreError::io("open", file))?;
+    let mut prefix = vec![0u8; PROBE_BYTES as usize];
+    let mut n = 0;
+    while n < prefix.len() {
+        match read_at(file, &f, &mut prefix[n..], n as u64)? {
+            0 => break,
+            k => n += k,
         }
-        chunks.push(&complete[start..end]);
-        start = end;
     }
-    let mut results = std::thread::scope(|s| {
-        let handles: Vec<_> = chunks
+    prefix.truncate(n);
+    let at_eof = n < PROBE_BYTES as usize;
+    let mut lines = prefix.split(|&b| b == b'\n');
+    let first = lines.find(|l| !l.iter().all(u8::is_ascii_whitespace));
+    let Some(first) = first else {
+        return Ok(Format::Stream);
+    };
+    // The first line is complete if a newline follows it within the prefix, or the file ends.
+    let complete = lines.next().is_some() || at_eof;
+    match serde_json::from_slice::<Probe>(first) {
+        Ok(p) if p.observed_tool_decisions.is_some() => Ok(Format::Envelope),
+        Ok(_) => Ok(Format::Stream),
+        // Not one object per line: a pretty-printed or very long envelope, or garbage.
+        Err(line_error) => {
+            let bytes = std::fs::read(file).map_err(StoreError::io("read", file))?;
+            match serde_json::from_slice::<Probe>(&bytes) {
+                Ok(p) if p.observed_tool_decisions.is_some() => Ok(Format::Envelope),
+                _ => Err(DiffError::BadInput {
+                    file: file.to_path_buf(),
+                    problem: format!(
+                        "neither a JSONL decision stream (line 1: {}) nor an {DECISION_SURFACE_SCHEMA} envelope",
+                        if complete {
+                            line_error.to_string()
+                        } else {
+                            "longer than 64 KiB and not JSON".to_string()
+                        }
+                    ),
+                }),
+            }
+        }
+    }
+}
+
+/// The offset of the first line that starts at or after `offset`.
+fn next_line_start(file: &Path, f: &File, offset: u64, len: u64) -> Result<u64, DiffError> {
+    if offset == 0 {
+        return Ok(0);
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut pos = offset - 1;
+    while pos < len {
+        let n = read_at(file, f, &mut buf, pos)?;
+        if n == 0 {
+            break;
+        }
+        if let Some(i) = memchr::memchr(b'\n', &buf[..n]) {
+            return Ok(pos + i as u64 + 1);
+        }
+        pos += n as u64;
+    }
+    Ok(len)
+}
+
+/// Judges a JSONL stream: the file is cut at line starts into one range per core, each range
+/// read in reused blocks and judged on its own thread; the partial results are merged in
+/// stream order with true line numbers.
+fn judge_stream(matcher: &Matcher<'_>, file: &Path, tuning: Tuning) -> Result<Acc, DiffError> {
+    let f = File::open(file).map_err(StoreError::io("open", file))?;
+    let len = f.metadata().map_err(StoreError::io("stat", file))?.len();
+    let threads = if len < tuning.parallel_min {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .clamp(1, 8)
+    };
+    let mut bounds = vec![0u64];
+    for i in 1..threads as u64 {
+        let b = next_line_start(file, &f, len * i / threads as u64, len)?;
+        if b > *bounds.last().unwrap_or(&0) && b < len {
+            bounds.push(b);
+        }
+    }
+    bounds.push(len);
+    let ranges: Vec<(u64, u64)> = bounds.windows(2).map(|w| (w[0], w[1])).collect();
+    let results = std::thread::scope(|s| {
+        let handles: Vec<_> = ranges
             .iter()
-            .map(|chunk| s.spawn(|| judge_chunk(matcher, file, chunk)))
+            .map(|&(start, end)| {
+                let f = &f;
+                s.spawn(move || judge_range(matcher, file, f, (start, end), tuning.block))
+            })
             .collect();
         handles
             .into_iter()
@@ -334,8 +413,8 @@ fn judge_stream(matcher: &Matcher<'_>, file: &Path, bytes: &[u8]) -> Result<Acc,
     });
     let mut acc = Acc::default();
     let mut line_offset = 0;
-    for r in results.drain(..) {
-        let (mut part, lines) = r.map_err(|e| match e {
+    for r in results {
+        let part = r.map_err(|e| match e {
             DiffError::BadLine {
                 file,
                 line,
@@ -347,45 +426,90 @@ fn judge_stream(matcher: &Matcher<'_>, file: &Path, bytes: &[u8]) -> Result<Acc,
             },
             other => other,
         })?;
-        part.shift_lines(line_offset);
-        line_offset += lines;
-        acc.merge(part);
-    }
-    if !torn.is_empty() {
-        return Err(DiffError::BadLine {
-            file: file.to_path_buf(),
-            line: line_offset + 1,
-            problem: "the last line has no newline (a torn write or a cut file); run `flowhost records verify`".into(),
-        });
+        let mut judged = part.acc;
+        judged.shift_lines(line_offset);
+        line_offset += part.lines;
+        acc.merge(judged);
+        if part.torn {
+            return Err(DiffError::BadLine {
+                file: file.to_path_buf(),
+                line: line_offset + 1,
+                problem: "the last line has no newline (a torn write or a cut file); run `flowhost records verify`".into(),
+            });
+        }
     }
     Ok(acc)
 }
 
-fn judge_chunk(matcher: &Matcher<'_>, file: &Path, chunk: &[u8]) -> Result<(Acc, u64), DiffError> {
+struct RangeResult {
+    acc: Acc,
+    lines: u64,
+    torn: bool,
+}
+
+/// Judges the lines starting in `[start, end)`, reading in reused blocks.
+fn judge_range(
+    matcher: &Matcher<'_>,
+    file: &Path,
+    f: &File,
+    (start, end): (u64, u64),
+    block: usize,
+) -> Result<RangeResult, DiffError> {
     let mut acc = Acc::default();
     let mut line = 0u64;
-    for text in split_lines(chunk).0 {
-        line += 1;
-        let d: ObsDecision<'_> = serde_json::from_slice(text).map_err(|e| DiffError::BadLine {
-            file: file.to_path_buf(),
-            line,
-            problem: e.to_string(),
-        })?;
-        let seq = d.flowhost.as_ref().and_then(|x| x.seq);
-        let at = || ObservedRef {
-            file: file.to_path_buf(),
-            line: Some(line),
-            index: None,
-            seq,
-        };
-        acc.judge(matcher, &d, seq, at)
-            .map_err(|problem| DiffError::BadLine {
-                file: file.to_path_buf(),
-                line,
-                problem,
-            })?;
+    let mut buf = vec![0u8; block.clamp(1, (end - start) as usize + 1)];
+    // buf[..kept] holds the unjudged start of a line carried over from the previous block.
+    let mut kept = 0usize;
+    let mut pos = start;
+    while pos < end {
+        if kept == buf.len() {
+            // One line longer than the buffer: grow it.
+            buf.resize(buf.len() * 2, 0);
+        }
+        let want = (buf.len() - kept).min((end - pos) as usize);
+        let n = read_at(file, f, &mut buf[kept..kept + want], pos)?;
+        if n == 0 {
+            break;
+        }
+        pos += n as u64;
+        let filled = kept + n;
+        let mut from = 0;
+        for nl in memchr::memchr_iter(b'\n', &buf[..filled]) {
+            line += 1;
+            judge_line(matcher, file, &mut acc, &buf[from..nl], line)?;
+            from = nl + 1;
+        }
+        buf.copy_within(from..filled, 0);
+        kept = filled - from;
     }
-    Ok((acc, line))
+    Ok(RangeResult {
+        acc,
+        lines: line,
+        torn: kept > 0,
+    })
+}
+
+fn judge_line(
+    matcher: &Matcher<'_>,
+    file: &Path,
+    acc: &mut Acc,
+    text: &[u8],
+    line: u64,
+) -> Result<(), DiffError> {
+    let bad = |problem: String| DiffError::BadLine {
+        file: file.to_path_buf(),
+        line,
+        problem,
+    };
+    let d: ObsDecision<'_> = serde_json::from_slice(text).map_err(|e| bad(e.to_string()))?;
+    let seq = d.flowhost.as_ref().and_then(|x| x.seq);
+    let at = || ObservedRef {
+        file: file.to_path_buf(),
+        line: Some(line),
+        index: None,
+        seq,
+    };
+    acc.judge(matcher, &d, seq, at).map_err(bad)
 }
 
 fn judge_envelope(matcher: &Matcher<'_>, file: &Path, bytes: &[u8]) -> Result<Acc, DiffError> {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::records::chain::verify_records;
-use crate::records::health::{HealthProducer, RecordsHealth};
+use crate::records::health::RecordsHealth;
 
 fn fixture(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -17,25 +17,13 @@ fn declared(name: &str) -> DeclaredSurface {
     DeclaredSurface::parse(&text).unwrap()
 }
 
-/// A complete daemon health bound to the records at `observed`.
+/// The complete daemon health fixture, bound to the records at `observed`.
 fn health_for(observed: &Path) -> ToolObservationHealth {
     let report = verify_records(observed, None).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
-    ToolObservationHealth {
-        proxy_seen: Some(true),
-        tool_calls_observed: Some(report.records),
-        policy_layer_active: Some(true),
-        classifier_version: Some("fixtures".into()),
-        unknown_tool_count: Some(0),
-        redaction_active: Some(true),
-        broker_active: Some(true),
-        executors_spawned: Some(1),
-        executors_supervised: Some(1),
-        failed_notifications: Some(0),
-        records: RecordsHealth::from_verify(&report),
-        ..ToolObservationHealth::unknown(HealthProducer::Daemon)
-    }
-    .finalize()
+    let mut h = ToolObservationHealth::read_from(&fixture("health/health_complete.json")).unwrap();
+    h.records = RecordsHealth::from_verify(&report);
+    h.finalize()
 }
 
 fn run(declared_name: &str, observed_rel: &str) -> DiffReport {
@@ -241,7 +229,8 @@ fn identical_findings_are_merged_across_threads_with_true_lines() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("many.jsonl");
     // 2,000 copies of an unknown-tool line, re-sequenced: one finding, 2,000 occurrences,
-    // examples at lines 1..=5 whatever the chunking.
+    // examples at lines 1..=5 whatever the chunking (default, and tiny blocks on many
+    // threads, where every line crosses a block boundary).
     let src = std::fs::read(fixture("observed/unknown_tool.jsonl")).unwrap();
     let mut r0 = crate::records::DecisionRecord::from_json_line(&src[..src.len() - 1]).unwrap();
     let mut chain = crate::records::Chainer::genesis();

@@ -4,9 +4,12 @@
 //! * [`RecordWriter::commit`] returns `Ok` only once the record's line is written and
 //!   `fdatasync`ed (and, for the first record of a new file, the directory entry is fsynced),
 //!   so the host may perform an allowed effect after `commit` returns and never before.
-//! * Group commit: one dedicated thread takes every record pending at that moment, seals them
-//!   into the chain in arrival order, writes them with one `write`, syncs once, then completes
-//!   them all. Concurrent callers share the cost of one sync.
+//! * Group commit, pipelined: a writer thread takes every record pending at that moment,
+//!   seals them into the chain in arrival order and appends them with one `write`; a sync
+//!   thread takes every group written so far, makes them durable with one `fdatasync`, then
+//!   completes them all. While one sync runs, the next group is already being written, so
+//!   concurrent callers share each sync and never wait for a sync that started before their
+//!   record was written plus one.
 //! * Fail closed: after any write, sync, rotation or anchor error the writer is failed for good:
 //!   that commit and every later one return [`RecordError::WriterFailed`] with the first
 //!   reason, and [`RecordWriter::status`] reports it. The host must then refuse calls and
@@ -20,24 +23,24 @@
 //!   and reported by [`RecordWriter::recovered`]. A stream that ends before the head anchor's
 //!   record, or whose last line differs from the anchored one, is refused (an operator must
 //!   look: lines were cut or edited).
-//! * The head anchor (`records.head`, see [`super::store`]) is replaced after the first group,
-//!   at most every `head_interval` while records come, at each rotation and on close.
+//! * The head anchor (`records.head`, see [`super::store`]) is replaced by the sync thread
+//!   after the first durable group, then at most every `head_interval` while records come (and
+//!   once more when they stop), and on close. It only ever names a durable record.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Sender, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use super::chain::{ChainHash, Chainer, line_hash};
 use super::store::{
-    HEAD_FILE, HEAD_SCHEMA, HeadAnchor, StoreError, TORN_INFIX, list_record_files,
-    record_file_name, split_lines,
+    HEAD_FILE, HeadAnchor, StoreError, TORN_INFIX, list_record_files, record_file_name, split_lines,
 };
-use super::{DecisionRecord, RecordFormatError, now_rfc3339};
+use super::{DecisionRecord, RecordFormatError};
 use crate::atomic_file::{sync_dir, write_atomic};
 
 /// How the writer behaves.
@@ -207,7 +210,7 @@ impl Shared {
 }
 
 /// A handle on the record writer of one directory. Cheap to clone; usable from any thread or
-/// tokio task. The writer thread ends when it is closed or every handle is dropped.
+/// tokio task. The writer's threads end when it is closed or every handle is dropped.
 #[derive(Clone)]
 pub struct RecordWriter {
     tx: Sender<Msg>,
@@ -249,26 +252,23 @@ impl RecordWriter {
             status: Mutex::new(status),
         });
         let (tx, rx) = mpsc::channel();
-        let worker = Worker {
-            dir: dir.to_path_buf(),
-            options: WriterOptions {
-                max_group: options.max_group.max(1),
-                ..options
+        stages::start(
+            stages::Start {
+                dir: dir.to_path_buf(),
+                options: WriterOptions {
+                    max_group: options.max_group.max(1),
+                    ..options
+                },
+                file,
+                file_path: resumed.file_path,
+                file_bytes: resumed.file_bytes,
+                file_lines: resumed.file_lines,
+                chain: resumed.chain,
+                first_seq: resumed.first_seq,
+                shared: shared.clone(),
             },
-            file,
-            file_path: resumed.file_path,
-            file_bytes: resumed.file_bytes,
-            file_lines: resumed.file_lines,
-            chain: resumed.chain,
-            first_seq: resumed.first_seq,
-            shared: shared.clone(),
-            anchor_dirty: true,
-            last_anchor: None,
-        };
-        std::thread::Builder::new()
-            .name("flowhost-records".into())
-            .spawn(move || worker.run(rx))
-            .map_err(RecordError::Spawn)?;
+            rx,
+        )?;
         Ok(RecordWriter {
             tx,
             shared,
@@ -544,269 +544,7 @@ fn create_record_file(dir: &Path, path: &Path) -> Result<File, RecordError> {
     Ok(f)
 }
 
-struct Worker {
-    dir: PathBuf,
-    options: WriterOptions,
-    file: File,
-    file_path: PathBuf,
-    file_bytes: u64,
-    file_lines: u64,
-    chain: Chainer,
-    first_seq: Option<u64>,
-    shared: Arc<Shared>,
-    anchor_dirty: bool,
-    last_anchor: Option<Instant>,
-}
-
-impl Worker {
-    fn run(mut self, rx: Receiver<Msg>) {
-        let mut batch = Vec::new();
-        loop {
-            let first = if self.anchor_dirty && self.shared.failed.get().is_none() {
-                let due = self
-                    .last_anchor
-                    .map_or(Duration::ZERO, |t| {
-                        (t + self.options.head_interval).saturating_duration_since(Instant::now())
-                    })
-                    .max(Duration::from_millis(1));
-                match rx.recv_timeout(due) {
-                    Ok(m) => m,
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.refresh_anchor();
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => {
-                        // Every handle is gone: nobody awaits the result, and a failure is
-                        // already recorded in the shared status.
-                        let _ = self.finish();
-                        return;
-                    }
-                }
-            } else {
-                match rx.recv() {
-                    Ok(m) => m,
-                    Err(_) => {
-                        // Every handle is gone: nobody awaits the result, and a failure is
-                        // already recorded in the shared status.
-                        let _ = self.finish();
-                        return;
-                    }
-                }
-            };
-            batch.push(first);
-            while batch.len() < self.options.max_group {
-                match rx.try_recv() {
-                    Ok(m) => batch.push(m),
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                }
-            }
-            let mut commits = Vec::with_capacity(batch.len());
-            let mut close = None;
-            for msg in batch.drain(..) {
-                match msg {
-                    Msg::Commit(r, reply) if close.is_none() => commits.push((r, reply)),
-                    Msg::Commit(_, reply) => reply.send(Err(RecordError::Closed)),
-                    Msg::Close(reply) if close.is_none() => close = Some(reply),
-                    Msg::Close(reply) => reply.send(Err(RecordError::Closed)),
-                }
-            }
-            self.group(commits);
-            if let Some(reply) = close {
-                let result = self.finish();
-                reply.send(result);
-                // Anything still queued arrived after close.
-                while let Ok(msg) = rx.try_recv() {
-                    match msg {
-                        Msg::Commit(_, reply) => reply.send(Err(RecordError::Closed)),
-                        Msg::Close(reply) => reply.send(Err(RecordError::Closed)),
-                    }
-                }
-                return;
-            }
-            let due = self
-                .last_anchor
-                .is_none_or(|t| t.elapsed() >= self.options.head_interval);
-            if self.anchor_dirty && due {
-                self.refresh_anchor();
-            }
-        }
-    }
-
-    /// One group commit.
-    fn group(&mut self, commits: Vec<(Box<DecisionRecord>, CommitReply)>) {
-        if commits.is_empty() {
-            return;
-        }
-        if let Some(reason) = self.shared.failed.get() {
-            let reason = reason.clone();
-            for (_, reply) in commits {
-                reply.send(Err(RecordError::WriterFailed {
-                    reason: reason.clone(),
-                }));
-            }
-            return;
-        }
-        let mut buf: Vec<u8> = Vec::with_capacity(commits.len() * 1024);
-        let mut done: Vec<(CommitReply, Committed)> = Vec::with_capacity(commits.len());
-        let mut pending = commits.into_iter();
-        let mut failure = None;
-        for (mut record, reply) in pending.by_ref() {
-            let sealed = match self.chain.seal(&mut record) {
-                Ok(s) => s,
-                Err(e) => {
-                    reply.send(Err(RecordError::Invalid(e)));
-                    continue;
-                }
-            };
-            let used = self.file_bytes + buf.len() as u64;
-            if used > 0 && used + sealed.line.len() as u64 > self.options.rotate_bytes {
-                if let Err(reason) = self.flush(&mut buf).and_then(|()| self.rotate(sealed.seq)) {
-                    done.push((
-                        reply,
-                        Committed {
-                            seq: sealed.seq,
-                            hash: sealed.hash,
-                        },
-                    ));
-                    failure = Some(reason);
-                    break;
-                }
-                self.mark_durable(&done);
-            }
-            buf.extend_from_slice(&sealed.line);
-            self.file_lines += 1;
-            done.push((
-                reply,
-                Committed {
-                    seq: sealed.seq,
-                    hash: sealed.hash,
-                },
-            ));
-        }
-        if failure.is_none()
-            && let Err(reason) = self.flush(&mut buf)
-        {
-            failure = Some(reason);
-        }
-        if let Some(reason) = failure {
-            self.fail(reason.clone());
-            for (reply, _) in done {
-                reply.send(Err(RecordError::WriterFailed {
-                    reason: reason.clone(),
-                }));
-            }
-            for (_, reply) in pending {
-                reply.send(Err(RecordError::WriterFailed {
-                    reason: reason.clone(),
-                }));
-            }
-            return;
-        }
-        self.mark_durable(&done);
-        let n = done.len() as u64;
-        self.shared.update(|s| s.committed_since_open += n);
-        for (reply, committed) in done {
-            reply.send(Ok(committed));
-        }
-    }
-
-    fn mark_durable(&mut self, done: &[(CommitReply, Committed)]) {
-        let Some((_, last)) = done.last() else {
-            return;
-        };
-        self.first_seq.get_or_insert(done[0].1.seq);
-        self.anchor_dirty = true;
-        let first = self.first_seq;
-        let path = self.file_path.clone();
-        self.shared.update(|s| {
-            s.first_seq = first;
-            s.last_seq = Some(last.seq);
-            s.chain_head = last.hash.clone();
-            s.current_file = path;
-        });
-    }
-
-    fn flush(&mut self, buf: &mut Vec<u8>) -> Result<(), String> {
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let path = &self.file_path;
-        self.file
-            .write_all(buf)
-            .map_err(|e| format!("cannot append to {}: {e}", path.display()))?;
-        self.file
-            .sync_data()
-            .map_err(|e| format!("cannot fdatasync {}: {e}", path.display()))?;
-        self.file_bytes += buf.len() as u64;
-        buf.clear();
-        Ok(())
-    }
-
-    fn rotate(&mut self, next_seq: u64) -> Result<(), String> {
-        self.write_anchor()?;
-        let path = self.dir.join(record_file_name(next_seq));
-        let file = create_record_file(&self.dir, &path).map_err(|e| format!("rotation: {e}"))?;
-        self.file = file;
-        self.file_path = path;
-        self.file_bytes = 0;
-        self.file_lines = 0;
-        Ok(())
-    }
-
-    fn write_anchor(&mut self) -> Result<(), String> {
-        let last = self.chain.next_seq() - 1;
-        let anchor = HeadAnchor {
-            schema: HEAD_SCHEMA.to_string(),
-            seq: last,
-            hash: self.chain.head_hash().as_str().to_string(),
-            file: (last > 0 && self.file_lines > 0)
-                .then(|| self.file_path.file_name())
-                .flatten()
-                .map(|n| n.to_string_lossy().into_owned()),
-            line: (last > 0 && self.file_lines > 0).then_some(self.file_lines),
-            written_at: now_rfc3339(),
-        };
-        anchor
-            .write(&self.dir.join(HEAD_FILE))
-            .map_err(|e| format!("head anchor: {e}"))?;
-        self.anchor_dirty = false;
-        self.last_anchor = Some(Instant::now());
-        Ok(())
-    }
-
-    fn refresh_anchor(&mut self) {
-        if self.shared.failed.get().is_some() {
-            return;
-        }
-        if let Err(reason) = self.write_anchor() {
-            self.fail(reason);
-        }
-    }
-
-    fn fail(&self, reason: String) {
-        tracing::error!(%reason, "record writer failed; refusing every further record (fail closed)");
-        let _ = self.shared.failed.set(reason.clone());
-        self.shared.update(|s| {
-            s.failed.get_or_insert(reason);
-        });
-    }
-
-    /// Final anchor on close or when every handle is gone.
-    fn finish(&mut self) -> Result<WriterStatus, RecordError> {
-        if self.shared.failed.get().is_none()
-            && let Err(reason) = self.write_anchor()
-        {
-            self.fail(reason);
-        }
-        self.shared.update(|s| s.closed = true);
-        match self.shared.failed.get() {
-            Some(reason) => Err(RecordError::WriterFailed {
-                reason: reason.clone(),
-            }),
-            None => Ok(self.shared.status()),
-        }
-    }
-}
+mod stages;
 
 #[cfg(test)]
 mod tests;

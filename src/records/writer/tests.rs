@@ -3,6 +3,7 @@
 use super::*;
 use crate::records::chain::verify_records;
 use crate::records::tests::sample_tool_call;
+use std::io::Write;
 
 fn small_rotation() -> WriterOptions {
     WriterOptions {
