@@ -14,8 +14,9 @@
 //! The head anchor exists because a hash chain alone cannot show that whole lines were cut
 //! from the end, nor that the very last line was edited: nothing after them vouches for them.
 //! The writer replaces the anchor after the first durable group, at most every
-//! `head_interval` while records keep coming, at every rotation and on close; so an anchor
-//! never names a record that is not durable, and verification compares the stream against it.
+//! `head_interval` while records keep coming (and once more when they stop), and on close; an
+//! anchor never names a record that is not durable, and verification compares the stream
+//! against it. Lines cut or edited after the newest anchor cannot be told from a crash.
 
 use std::fs;
 use std::io;

@@ -280,7 +280,8 @@ impl RecordWriter {
     /// disk (written and fdatasynced). Errors: [`RecordError::Invalid`] for a record that
     /// breaks the format (nothing written; the writer stays usable),
     /// [`RecordError::WriterFailed`] once the writer has failed, [`RecordError::Closed`] after
-    /// close.
+    /// close. If the future is dropped before it completes, the record may or may not be
+    /// written: the caller must then treat the decision as not durable and skip its effect.
     pub async fn commit(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
         self.refuse_if_failed()?;
         let (tx, rx) = oneshot::channel();

@@ -347,7 +347,9 @@ impl Syncer {
             }
         }
         if let Err(reason) = result {
-            fail(&self.shared, reason.clone());
+            if self.shared.failed.get().is_none() {
+                fail(&self.shared, reason.clone());
+            }
             for g in groups {
                 for (reply, _) in g.done {
                     reply.send(Err(RecordError::WriterFailed {
