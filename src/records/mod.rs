@@ -752,6 +752,16 @@ impl DecisionRecord {
             }
             (None, None) => {}
         }
+        if matches!(
+            self.classification,
+            Classification::Classified | Classification::ClassifiedIncomplete
+        ) && self.tool.category.is_none()
+        {
+            return fail(
+                "tool.category",
+                "must be set when the action is classified".into(),
+            );
+        }
         if self.classification == Classification::ObservedUnknownTool
             && (self.tool.category.is_some()
                 || self.action.target.is_some()

@@ -60,9 +60,9 @@ pub enum StoreError {
         /// What is wrong with it.
         problem: String,
     },
-    /// The anchor could not be replaced.
+    /// A file (the anchor, a torn-tail sidecar) could not be written.
     #[error(transparent)]
-    WriteHead(#[from] AtomicWriteError),
+    Write(#[from] AtomicWriteError),
 }
 
 impl StoreError {

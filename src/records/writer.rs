@@ -527,7 +527,7 @@ fn preserve_torn_tail(file: &Path, torn: &[u8]) -> Result<TornTail, RecordError>
         .map(|n| dir.join(format!("{name}{TORN_INFIX}{n}")))
         .find(|p| !p.exists())
         .unwrap_or_else(|| dir.join(format!("{name}{TORN_INFIX}overflow")));
-    write_atomic(&sidecar, torn).map_err(|e| RecordError::Store(StoreError::WriteHead(e)))?;
+    write_atomic(&sidecar, torn).map_err(|e| RecordError::Store(StoreError::Write(e)))?;
     Ok(TornTail {
         file: file.to_path_buf(),
         sidecar,
