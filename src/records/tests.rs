@@ -196,6 +196,13 @@ fn decoding_is_strict_and_invariants_are_checked() {
         "decision.source",
     );
     check(
+        &|v| {
+            v["tool"]["category"] = json!(null);
+            v["action"]["required_scope"] = json!(null);
+        },
+        "tool.category",
+    );
+    check(
         &|v| v["flowhost"]["prev_hash"] = json!("sha256:00"),
         "prev_hash",
     );
