@@ -171,6 +171,26 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileErro
     sync_parent(path)
 }
 
+/// Like [`write_atomic`], with the content streamed by `fill` (for outputs too large to hold
+/// in memory). An error from `fill` leaves `path` untouched.
+pub fn write_atomic_with(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<(), FileError> {
+    let temp = write_temp_with(path, mode, fill)?;
+    temp.persist(path).map_err(|e| FileError::Write {
+        path: path.to_owned(),
+        source: e.error,
+    })?;
+    sync_parent(path)
+}
+
+/// Makes the entries of `dir` (created, renamed or removed files) durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
 /// Creates `path` with `bytes` and permission bits `mode`, refusing to replace anything
 /// already there. The file appears complete or not at all.
 pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
@@ -192,7 +212,8 @@ pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> 
     sync_parent(path)
 }
 
-fn parent_dir(path: &Path) -> &Path {
+/// The directory holding `path` (`.` for a bare file name).
+pub fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
@@ -200,17 +221,30 @@ fn parent_dir(path: &Path) -> &Path {
 }
 
 fn write_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<tempfile::NamedTempFile, FileError> {
+    write_temp_with(path, mode, |w| w.write_all(bytes))
+}
+
+fn write_temp_with(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<tempfile::NamedTempFile, FileError> {
     let write_error = |source| FileError::Write {
         path: path.to_owned(),
         source,
     };
     // The temporary file is created with O_EXCL and mode 0600 in the destination's own
-    // directory, so the final rename or link never crosses a filesystem.
+    // directory, so the final rename or link never crosses a filesystem, and concurrent
+    // writers (threads included) never share a temporary name.
     let mut temp = tempfile::Builder::new()
         .prefix(".flowhost-tmp-")
         .tempfile_in(parent_dir(path))
         .map_err(write_error)?;
-    temp.write_all(bytes).map_err(write_error)?;
+    {
+        let mut out = io::BufWriter::new(temp.as_file_mut());
+        fill(&mut out).map_err(write_error)?;
+        out.flush().map_err(write_error)?;
+    }
     temp.as_file()
         .set_permissions(std::fs::Permissions::from_mode(mode))
         .map_err(write_error)?;
@@ -230,6 +264,32 @@ fn sync_parent(path: &Path) -> Result<(), FileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streamed_write_replaces_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.json");
+        write_atomic_with(&path, 0o640, |w| w.write_all(b"first")).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"first");
+        let err = write_atomic_with(&path, 0o640, |w| {
+            w.write_all(b"half of the second")?;
+            Err(io::Error::other("the producer failed"))
+        })
+        .unwrap_err();
+        assert!(matches!(err, FileError::Write { .. }));
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"first",
+            "the old content survives"
+        );
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(leftovers.len(), 1, "no temporary file is left behind");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+    }
 
     #[test]
     fn reads_a_small_utf8_file() {

@@ -8,7 +8,9 @@
 
 pub mod canonical;
 pub mod cli;
+pub mod config;
 pub mod destination;
+pub mod diff;
 pub mod files;
 pub mod flow;
 pub mod ident;
@@ -17,8 +19,11 @@ pub mod label;
 pub mod manifest;
 pub mod mcp;
 pub mod openapi;
+pub mod records;
 pub mod registry;
+pub mod resolver;
 pub mod state;
+pub mod surface;
 
 pub use flow::{
     EgressDenial, FlowDecodeError, ToolFlowDeclaration, ToolFlowError, authorize_egress,

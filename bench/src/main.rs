@@ -6,6 +6,7 @@ mod broker;
 mod harness;
 mod lattice;
 mod manifest;
+mod records;
 
 use clap::{Parser, ValueEnum};
 
@@ -21,6 +22,7 @@ enum Suite {
     /// Internal: a timed sendto loop run inside the sandbox.
     #[value(hide = true)]
     LoopSendto,
+    Records,
 }
 
 /// flowhost's benchmark suite.
@@ -63,6 +65,9 @@ fn main() {
     }
     if want(Suite::Broker) {
         rows.extend(broker::run(args.quick));
+    }
+    if want(Suite::Records) {
+        rows.extend(records::run(args.quick));
     }
     harness::print_table(&rows);
 }

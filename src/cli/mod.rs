@@ -11,7 +11,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod diff;
+mod health;
 mod profile;
+mod records;
 mod sandbox;
 
 /// Boxed error for the CLI boundary: every module error is a typed `thiserror` enum; the
@@ -42,6 +45,16 @@ enum Command {
     /// Sign, verify, digest and convert tool manifests.
     #[command(subcommand)]
     Manifest(manifest::ManifestCommand),
+    /// Export or verify observed decision records.
+    #[command(subcommand)]
+    Records(records::RecordsCommand),
+    /// Compute the record side of tool_observation_health from a record directory (offline;
+    /// daemon-only fields stay unknown, so it is never complete).
+    Health(health::HealthArgs),
+    /// Compare observed decisions with a declared tool surface. Exit 0 clean with complete
+    /// observation, 1 findings, 2 usage or input error, 3 no findings but observation
+    /// incomplete.
+    Diff(diff::DiffArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -66,6 +79,9 @@ impl Cli {
             Command::Sandbox(args) => args.run(),
             Command::Key(command) => command.run(),
             Command::Manifest(command) => command.run(),
+            Command::Records(cmd) => records::run(cmd),
+            Command::Health(args) => health::run(args),
+            Command::Diff(args) => diff::run(args),
         }
     }
 }

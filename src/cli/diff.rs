@@ -1,0 +1,65 @@
+//! `flowhost diff`: the declared-vs-observed gate.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::ValueEnum;
+
+use super::CliResult;
+use crate::diff::{diff, report};
+use crate::records::health::ToolObservationHealth;
+use crate::surface::DeclaredSurface;
+
+/// Report formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Format {
+    /// One line per finding and a summary.
+    Text,
+    /// The `flowhost.diff.v1` JSON report.
+    Json,
+    /// SARIF 2.1.0, one result per finding.
+    Sarif,
+}
+
+/// `flowhost diff --declared FILE --observed FILE [--health FILE] [--format ...]`
+#[derive(Debug, clap::Args)]
+pub(crate) struct DiffArgs {
+    /// The declared surface (`assay.declared_tool_surface.v0`).
+    #[arg(long)]
+    declared: PathBuf,
+    /// The observed decisions: a record directory, a JSONL record file, or an exported
+    /// `assay.tool_decision_surface.v0` envelope.
+    #[arg(long)]
+    observed: PathBuf,
+    /// The `tool_observation_health` carrier; without it observation counts as incomplete.
+    #[arg(long)]
+    health: Option<PathBuf>,
+    /// The report format.
+    #[arg(long, value_enum, default_value = "text")]
+    format: Format,
+}
+
+/// Runs the diff and prints the report. Exit 0 clean with complete observation; 1 findings;
+/// 2 usage or input error; 3 no findings but observation incomplete.
+pub(crate) fn run(args: DiffArgs) -> CliResult {
+    let text = std::fs::read_to_string(&args.declared)
+        .map_err(|e| format!("cannot read {}: {e}", args.declared.display()))?;
+    let declared =
+        DeclaredSurface::parse(&text).map_err(|e| format!("{}: {e}", args.declared.display()))?;
+    let health = args
+        .health
+        .as_deref()
+        .map(ToolObservationHealth::read_from)
+        .transpose()?;
+    let result = diff(&declared, &args.observed, health.as_ref())?;
+    let out = match args.format {
+        Format::Text => report::to_text(&result),
+        Format::Json => report::to_json(&result),
+        Format::Sarif => report::to_sarif(&result),
+    };
+    print!("{out}");
+    if !out.ends_with('\n') {
+        println!();
+    }
+    Ok(ExitCode::from(result.exit_code()))
+}

@@ -1,0 +1,120 @@
+//! `flowhost records`: export the observed surface, verify the chain.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use super::CliResult;
+use crate::files::write_atomic_with;
+use crate::records::chain::{VerifyReport, verify_records};
+use crate::surface::write_surface_envelope;
+
+/// `flowhost records ...`
+#[derive(Debug, Subcommand)]
+pub(crate) enum RecordsCommand {
+    /// Export verified records as an `assay.tool_decision_surface.v0` envelope (`schema`,
+    /// `observed_tool_decisions`, `non_claims`). Exit 0 written; 1 the records do not verify
+    /// (nothing written); 2 usage or I/O error.
+    Export {
+        /// Export the decision surface envelope (the only export format).
+        #[arg(long, required = true)]
+        surface: bool,
+        /// A record directory or a single record file.
+        records: PathBuf,
+        /// Write here (atomically) instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Verify sequence continuity and the hash chain across rotated files, and the head
+    /// anchor. Reports deleted lines (gaps), edited lines, torn or truncated files with file and
+    /// line. Exit 0 intact; 1 problems found; 2 usage or I/O error.
+    Verify {
+        /// A record directory (its `records.head` is used) or a single record file.
+        records: PathBuf,
+        /// A head anchor to check against instead of the directory's `records.head`.
+        #[arg(long)]
+        head: Option<PathBuf>,
+    },
+}
+
+pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
+    match cmd {
+        RecordsCommand::Export {
+            surface: _,
+            records,
+            out,
+        } => {
+            let report = verify_records(&records, None)?;
+            if !report.is_ok() {
+                eprintln!(
+                    "flowhost: {} does not verify; nothing exported:",
+                    records.display()
+                );
+                print_problems(&report);
+                return Ok(ExitCode::from(1));
+            }
+            match out {
+                Some(path) => {
+                    let mut result = Ok(0);
+                    write_atomic_with(&path, 0o644, |w| {
+                        result = write_surface_envelope(&records, w);
+                        result
+                            .as_ref()
+                            .map(|_| ())
+                            .map_err(|e| std::io::Error::other(e.to_string()))
+                    })?;
+                    let n = result?;
+                    eprintln!("wrote {n} decisions to {}", path.display());
+                }
+                None => {
+                    let stdout = std::io::stdout();
+                    let mut lock = std::io::BufWriter::new(stdout.lock());
+                    write_surface_envelope(&records, &mut lock)?;
+                    lock.flush()?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        RecordsCommand::Verify { records, head } => {
+            let report = verify_records(&records, head.as_deref())?;
+            for note in &report.notes {
+                println!("note: {note}");
+            }
+            if report.is_ok() {
+                println!(
+                    "ok: {} records in {} files, seq {}, chain head {}{}",
+                    report.records,
+                    report.files.len(),
+                    match (report.first_seq, report.last_seq) {
+                        (Some(a), Some(b)) => format!("{a}..={b}"),
+                        _ => "(none)".into(),
+                    },
+                    report.head_hash.as_ref().map_or("(none)", |h| h.as_str()),
+                    match &report.head_anchor {
+                        Some(a) => format!(", head anchor at seq {} matches", a.seq),
+                        None =>
+                            ", no head anchor (truncation of whole trailing lines is not checked)"
+                                .into(),
+                    }
+                );
+                Ok(ExitCode::SUCCESS)
+            } else {
+                print_problems(&report);
+                println!(
+                    "{} problems in {} records",
+                    report.problems.len(),
+                    report.records
+                );
+                Ok(ExitCode::from(1))
+            }
+        }
+    }
+}
+
+fn print_problems(report: &VerifyReport) {
+    for p in &report.problems {
+        println!("{p}");
+    }
+}

@@ -1,0 +1,535 @@
+//! The host configuration file (TOML). Every key is documented in the README ("Host
+//! configuration"); `fixtures/pricing-lab/host.toml` is an annotated example.
+//!
+//! Loading guarantees: unknown keys are errors; every error names the file and the key;
+//! relative paths are resolved against the file's directory; `${config_dir}` in executor
+//! arguments is replaced by that directory; a server's runtime topology is derived from its
+//! execution profile (an empty network namespace is `local`, the host network is
+//! `brokered`), and a `topology` that disagrees with the profile is refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::destination::DestinationRules;
+use crate::ident::PrincipalId;
+use crate::label::InformationLabel;
+use crate::registry::{RuntimeTopology, ToolPolicy};
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read the configuration: {source}")]
+    Read {
+        /// The file.
+        file: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Not valid TOML for a host configuration (syntax, unknown key, wrong type).
+    #[error("{file}: {message}")]
+    Syntax {
+        /// The file.
+        file: PathBuf,
+        /// The parser's message (it names the line and the key).
+        message: String,
+    },
+    /// A key has a value the host cannot use.
+    #[error("{file}: `{key}`: {message}")]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// The key, e.g. `server[1].command`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Whether the native broker runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BrokerMode {
+    /// The native seccomp-notify broker mediates every executor (required for any
+    /// flow-required registry).
+    #[default]
+    Native,
+    /// No broker: only a registry that requires no flow mediation may be served.
+    Disabled,
+}
+
+/// Where a classifier rule looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClassifierScope {
+    /// Call arguments (before dispatch).
+    Arguments,
+    /// Tool outputs (after the call).
+    Outputs,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    host: RawHost,
+    #[serde(default)]
+    classifier: Vec<RawClassifier>,
+    #[serde(default)]
+    principal: Vec<RawPrincipal>,
+    #[serde(default)]
+    server: Vec<RawServer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    socket: PathBuf,
+    state_dir: PathBuf,
+    records_dir: PathBuf,
+    #[serde(default)]
+    health_file: Option<PathBuf>,
+    #[serde(default)]
+    profiles_dir: Vec<PathBuf>,
+    #[serde(default)]
+    broker: BrokerMode,
+    #[serde(default)]
+    executor_uid: Option<u32>,
+    #[serde(default)]
+    executor_gid: Option<u32>,
+    #[serde(default = "default_max_message")]
+    max_message_bytes: usize,
+    #[serde(default = "default_call_timeout")]
+    call_timeout_ms: u64,
+    #[serde(default = "default_idle_timeout")]
+    idle_timeout_ms: u64,
+    #[serde(default = "default_rotate")]
+    records_rotate_bytes: u64,
+    #[serde(default = "default_classifier_version")]
+    classifier_version: String,
+    #[serde(default)]
+    operator_input_floor: Option<InformationLabel>,
+    #[serde(default)]
+    socket_mode: Option<String>,
+}
+
+fn default_max_message() -> usize {
+    1024 * 1024
+}
+fn default_call_timeout() -> u64 {
+    30_000
+}
+fn default_idle_timeout() -> u64 {
+    300_000
+}
+fn default_rotate() -> u64 {
+    64 * 1024 * 1024
+}
+fn default_classifier_version() -> String {
+    "unversioned".into()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClassifier {
+    pattern: String,
+    label: InformationLabel,
+    #[serde(default = "both_scopes")]
+    applies_to: Vec<ClassifierScope>,
+}
+
+fn both_scopes() -> Vec<ClassifierScope> {
+    vec![ClassifierScope::Arguments, ClassifierScope::Outputs]
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPrincipal {
+    id: PrincipalId,
+    #[serde(default)]
+    uids: Vec<u32>,
+    #[serde(default)]
+    gids: Vec<u32>,
+    tools: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    id: String,
+    manifest: PathBuf,
+    key: String,
+    command: Vec<String>,
+    profile: String,
+    #[serde(default)]
+    topology: Option<RuntimeTopology>,
+    #[serde(default)]
+    read_paths: Vec<PathBuf>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default = "default_pool")]
+    pool_size: usize,
+    #[serde(default)]
+    destinations: DestinationRules,
+    tools: BTreeMap<String, RawTool>,
+}
+
+fn default_pool() -> usize {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTool {
+    policy: ToolPolicy,
+    #[serde(default)]
+    record: Option<crate::records::ToolMapping>,
+}
+
+/// A validated host configuration.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The file it was loaded from.
+    pub file: PathBuf,
+    /// The MCP socket path.
+    pub socket: PathBuf,
+    /// Permission bits for the socket (default 0660).
+    pub socket_mode: u32,
+    /// Directory for `signed-manifests.json`, `state.db` and the health file.
+    pub state_dir: PathBuf,
+    /// Directory of the decision records.
+    pub records_dir: PathBuf,
+    /// Where `tool_observation_health` is written on shutdown and on demand.
+    pub health_file: PathBuf,
+    /// Directories searched for execution profiles (then the built-in ones).
+    pub profiles_dir: Vec<PathBuf>,
+    /// Whether the native broker runs.
+    pub broker: BrokerMode,
+    /// uid/gid executors run as when the host is root.
+    pub executor_identity: Option<(u32, u32)>,
+    /// Largest accepted message, in bytes.
+    pub max_message_bytes: usize,
+    /// Per-call timeout.
+    pub call_timeout: Duration,
+    /// How long a session's executor may sit idle before it is stopped.
+    pub idle_timeout: Duration,
+    /// Record file rotation size.
+    pub records_rotate_bytes: u64,
+    /// Version string of the classifier rules, reported in health.
+    pub classifier_version: String,
+    /// Label joined into every call's source.
+    pub operator_input_floor: InformationLabel,
+    /// Classifier rules, in order.
+    pub classifiers: Vec<ClassifierRule>,
+    /// Principals by Unix identity.
+    pub principals: Vec<PrincipalConfig>,
+    /// Servers in file order.
+    pub servers: Vec<ServerConfig>,
+}
+
+/// A classifier rule: text matching `pattern` carries `label`.
+#[derive(Debug, Clone)]
+pub struct ClassifierRule {
+    /// The regular expression.
+    pub pattern: regex::Regex,
+    /// The label it attaches.
+    pub label: InformationLabel,
+    /// Arguments, outputs or both.
+    pub scopes: BTreeSet<ClassifierScope>,
+}
+
+/// A principal and what it may call.
+#[derive(Debug, Clone)]
+pub struct PrincipalConfig {
+    /// The principal id used in labels and records.
+    pub id: PrincipalId,
+    /// Unix uids that authenticate as this principal (from SO_PEERCRED).
+    pub uids: Vec<u32>,
+    /// Unix gids that authenticate as this principal.
+    pub gids: Vec<u32>,
+    /// Tool patterns: `server/tool`, `server/*` or `*`.
+    pub tools: Vec<String>,
+}
+
+impl PrincipalConfig {
+    /// Whether this principal may call `server/tool`.
+    pub fn may_call(&self, server: &str, tool: &str) -> bool {
+        self.tools.iter().any(|p| {
+            p == "*"
+                || p.split_once('/')
+                    .is_some_and(|(s, t)| s == server && (t == "*" || t == tool))
+        })
+    }
+}
+
+/// One server: its signed manifest, key, executor and policies.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Server id (must equal the manifest's `server_id`).
+    pub id: String,
+    /// Signed manifest envelope.
+    pub manifest: PathBuf,
+    /// The operator-registered public key (hex).
+    pub key: String,
+    /// Executor argv (argv[0] absolute).
+    pub command: Vec<String>,
+    /// Execution profile name.
+    pub profile: String,
+    /// Topology stated in the file, checked against the profile at startup.
+    pub topology: Option<RuntimeTopology>,
+    /// Extra paths the executor may read beneath.
+    pub read_paths: Vec<PathBuf>,
+    /// Environment for the executor.
+    pub env: BTreeMap<String, String>,
+    /// Warm executors kept ready.
+    pub pool_size: usize,
+    /// Destination rules for this server's egress.
+    pub destinations: DestinationRules,
+    /// Per-tool operator policy.
+    pub policies: BTreeMap<String, ToolPolicy>,
+    /// Per-tool record mapping (target projection).
+    pub record_mappings: BTreeMap<String, crate::records::ToolMapping>,
+}
+
+impl HostConfig {
+    /// Loads and validates `file`.
+    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        Self::parse(file, &text)
+    }
+
+    /// Parses configuration text; `file` names it in errors and anchors relative paths.
+    pub fn parse(file: &Path, text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            file: file.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let dir = file
+            .parent()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    p
+                }
+            })
+            .unwrap_or(Path::new("."));
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let resolve = |p: &Path| {
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                dir.join(p)
+            }
+        };
+        let invalid = |key: String, message: String| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            key,
+            message,
+        };
+
+        let h = raw.host;
+        if h.max_message_bytes < 1024 || h.max_message_bytes > 64 * 1024 * 1024 {
+            return Err(invalid(
+                "host.max_message_bytes".into(),
+                "must be between 1024 and 67108864".into(),
+            ));
+        }
+        if h.call_timeout_ms == 0 || h.idle_timeout_ms == 0 {
+            return Err(invalid(
+                "host.call_timeout_ms".into(),
+                "timeouts must be positive".into(),
+            ));
+        }
+        let executor_identity = match (h.executor_uid, h.executor_gid) {
+            (Some(u), Some(g)) if u != 0 && g != 0 => Some((u, g)),
+            (None, None) => None,
+            _ => {
+                return Err(invalid(
+                    "host.executor_uid".into(),
+                    "set both executor_uid and executor_gid, neither of them 0".into(),
+                ));
+            }
+        };
+        let socket_mode = match &h.socket_mode {
+            None => 0o660,
+            Some(m) => u32::from_str_radix(m, 8)
+                .ok()
+                .filter(|m| *m <= 0o777)
+                .ok_or_else(|| {
+                    invalid(
+                        "host.socket_mode".into(),
+                        format!("{m:?} is not an octal mode like \"660\""),
+                    )
+                })?,
+        };
+        let floor = h
+            .operator_input_floor
+            .unwrap_or_else(InformationLabel::bottom);
+        if floor.is_top() {
+            return Err(invalid(
+                "host.operator_input_floor".into(),
+                "cannot be top (nothing could ever egress)".into(),
+            ));
+        }
+
+        let mut classifiers = Vec::new();
+        for (i, c) in raw.classifier.into_iter().enumerate() {
+            let pattern = regex::RegexBuilder::new(&c.pattern)
+                .size_limit(1 << 20)
+                .build()
+                .map_err(|e| invalid(format!("classifier[{i}].pattern"), e.to_string()))?;
+            if c.label.is_top() {
+                return Err(invalid(
+                    format!("classifier[{i}].label"),
+                    "cannot be top".into(),
+                ));
+            }
+            if c.applies_to.is_empty() {
+                return Err(invalid(
+                    format!("classifier[{i}].applies_to"),
+                    "lists nothing".into(),
+                ));
+            }
+            classifiers.push(ClassifierRule {
+                pattern,
+                label: c.label,
+                scopes: c.applies_to.into_iter().collect(),
+            });
+        }
+
+        let mut servers = Vec::new();
+        let mut ids = BTreeSet::new();
+        for (i, s) in raw.server.into_iter().enumerate() {
+            let key = |k: &str| format!("server[{i}].{k}");
+            if !ids.insert(s.id.clone()) {
+                return Err(invalid(
+                    key("id"),
+                    format!("server {:?} is configured twice", s.id),
+                ));
+            }
+            let Some(program) = s.command.first() else {
+                return Err(invalid(key("command"), "is empty".into()));
+            };
+            let program = resolve(Path::new(program));
+            let mut command = vec![program.display().to_string()];
+            let dir_text = dir.display().to_string();
+            command.extend(
+                s.command[1..]
+                    .iter()
+                    .map(|a| a.replace("${config_dir}", &dir_text)),
+            );
+            if s.pool_size > 64 {
+                return Err(invalid(key("pool_size"), "at most 64".into()));
+            }
+            let mut policies = BTreeMap::new();
+            let mut record_mappings = BTreeMap::new();
+            for (tool, t) in s.tools {
+                policies.insert(tool.clone(), t.policy);
+                if let Some(m) = t.record {
+                    record_mappings.insert(tool, m);
+                }
+            }
+            servers.push(ServerConfig {
+                id: s.id,
+                manifest: resolve(&s.manifest),
+                key: s.key,
+                command,
+                profile: s.profile,
+                topology: s.topology,
+                read_paths: s.read_paths.iter().map(|p| resolve(p)).collect(),
+                env: s.env,
+                pool_size: s.pool_size,
+                destinations: s.destinations,
+                policies,
+                record_mappings,
+            });
+        }
+
+        let mut principals = Vec::new();
+        let mut seen_uids = BTreeMap::new();
+        for (i, p) in raw.principal.into_iter().enumerate() {
+            if p.uids.is_empty() && p.gids.is_empty() {
+                return Err(invalid(
+                    format!("principal[{i}].uids"),
+                    "name at least one uid or gid".into(),
+                ));
+            }
+            for uid in &p.uids {
+                if let Some(other) = seen_uids.insert(*uid, p.id.clone()) {
+                    return Err(invalid(
+                        format!("principal[{i}].uids"),
+                        format!("uid {uid} is already principal {other}"),
+                    ));
+                }
+            }
+            for pattern in &p.tools {
+                let known = pattern == "*"
+                    || pattern
+                        .split_once('/')
+                        .is_some_and(|(s, _)| servers.iter().any(|c| c.id == s));
+                if !known {
+                    return Err(invalid(
+                        format!("principal[{i}].tools"),
+                        format!(
+                            "{pattern:?} names no configured server (use server/tool, server/* or *)"
+                        ),
+                    ));
+                }
+            }
+            principals.push(PrincipalConfig {
+                id: p.id,
+                uids: p.uids,
+                gids: p.gids,
+                tools: p.tools,
+            });
+        }
+
+        let state_dir = resolve(&h.state_dir);
+        Ok(HostConfig {
+            file: file.to_path_buf(),
+            socket: resolve(&h.socket),
+            socket_mode,
+            health_file: h
+                .health_file
+                .as_deref()
+                .map(resolve)
+                .unwrap_or_else(|| state_dir.join("health.json")),
+            state_dir,
+            records_dir: resolve(&h.records_dir),
+            profiles_dir: h.profiles_dir.iter().map(|p| resolve(p)).collect(),
+            broker: h.broker,
+            executor_identity,
+            max_message_bytes: h.max_message_bytes,
+            call_timeout: Duration::from_millis(h.call_timeout_ms),
+            idle_timeout: Duration::from_millis(h.idle_timeout_ms),
+            records_rotate_bytes: h.records_rotate_bytes,
+            classifier_version: h.classifier_version,
+            operator_input_floor: floor,
+            classifiers,
+            principals,
+            servers,
+        })
+    }
+
+    /// The principal a connecting peer authenticates as: by uid first, then by gid.
+    pub fn principal_for(&self, uid: u32, gid: u32) -> Option<&PrincipalConfig> {
+        self.principals
+            .iter()
+            .find(|p| p.uids.contains(&uid))
+            .or_else(|| self.principals.iter().find(|p| p.gids.contains(&gid)))
+    }
+}
+
+/// The topology a profile implies: no network path is `local`, the host network `brokered`.
+pub fn topology_of(profile: &flowhost_broker::Profile) -> RuntimeTopology {
+    match profile.network {
+        flowhost_broker::NetworkPath::None => RuntimeTopology::Local,
+        flowhost_broker::NetworkPath::Host => RuntimeTopology::Brokered,
+    }
+}

@@ -1,0 +1,222 @@
+//! Reading observed decisions for the diff: the JSONL record stream (flowhost's, or any
+//! producer's decision objects one per line) or an `assay.tool_decision_surface.v0` envelope.
+//!
+//! The diff reads decisions leniently: it takes only the fields it judges (`tool`,
+//! `classification`, `action.class`, `action.target`, `decision.effect`, and `flowhost.seq`
+//! when present) and ignores the rest, so other producers' extensions are accepted. Strings are
+//! borrowed from the input where possible: the diff reads a million records in well under
+//! two seconds.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use crate::surface::ScalarView;
+
+/// A string borrowed from the input when it has no escapes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Text<'a>(pub Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V(PhantomData))
+    }
+}
+
+/// One scalar of an observed target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Scalar<'a> {
+    Text(Cow<'a, str>),
+    Integer(u64),
+    Flag(bool),
+    Other,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Scalar<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Scalar<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Scalar::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Scalar::Text(Cow::Owned(v.to_string())))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Scalar::Integer(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(u64::try_from(v).map_or(Scalar::Other, Scalar::Integer))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(Scalar::Flag(v))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Scalar::Other)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Self::Value, A::Error> {
+                while s.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Scalar::Other)
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// An observed target: its fields in input order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct ObsTarget<'a>(pub Vec<(Cow<'a, str>, Scalar<'a>)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for ObsTarget<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = ObsTarget<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a target object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                let mut fields = Vec::with_capacity(6);
+                while let Some((k, v)) = m.next_entry::<Text<'a>, Scalar<'a>>()? {
+                    fields.push((k.0, v));
+                }
+                Ok(ObsTarget(fields))
+            }
+        }
+        d.deserialize_map(V(PhantomData))
+    }
+}
+
+impl<'a> ObsTarget<'a> {
+    /// A field, as the matcher sees it.
+    pub fn get(&self, field: &str) -> Option<ScalarView<'_>> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == field)
+            .map(|(_, v)| match v {
+                Scalar::Text(s) => ScalarView::Text(s),
+                Scalar::Integer(n) => ScalarView::Integer(*n),
+                Scalar::Flag(b) => ScalarView::Flag(*b),
+                Scalar::Other => ScalarView::Other,
+            })
+    }
+
+    /// The provider string.
+    pub fn provider(&self) -> Option<&str> {
+        match self.get("provider") {
+            Some(ScalarView::Text(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The target as canonical JSON (fields sorted), for reports.
+    pub fn to_json(&self) -> serde_json::Value {
+        let map: serde_json::Map<String, serde_json::Value> = self
+            .0
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    Scalar::Text(s) => serde_json::Value::from(s.as_ref()),
+                    Scalar::Integer(n) => serde_json::Value::from(*n),
+                    Scalar::Flag(b) => serde_json::Value::from(*b),
+                    Scalar::Other => serde_json::Value::Null,
+                };
+                (k.to_string(), v)
+            })
+            .collect();
+        serde_json::Value::Object(map)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ObsTool<'a> {
+    #[serde(borrow)]
+    pub name: Text<'a>,
+    #[serde(default, borrow)]
+    pub category: Option<Text<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ObsAction<'a> {
+    #[serde(default, borrow)]
+    pub class: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    pub target: Option<ObsTarget<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ObsVerdict<'a> {
+    #[serde(borrow)]
+    pub effect: Text<'a>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ObsExtension {
+    #[serde(default)]
+    pub seq: Option<u64>,
+}
+
+/// The fields of one observed decision the diff judges.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ObsDecision<'a> {
+    #[serde(borrow)]
+    pub tool: ObsTool<'a>,
+    #[serde(borrow)]
+    pub classification: Text<'a>,
+    #[serde(borrow)]
+    pub action: ObsAction<'a>,
+    #[serde(borrow)]
+    pub decision: ObsVerdict<'a>,
+    #[serde(default)]
+    pub flowhost: Option<ObsExtension>,
+}
+
+/// An exported surface envelope.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ObsEnvelope<'a> {
+    #[serde(borrow)]
+    pub schema: Text<'a>,
+    #[serde(borrow)]
+    pub observed_tool_decisions: Vec<ObsDecision<'a>>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    // read for shape only: the diff has no use for the producer's non-claims
+    pub non_claims: Option<IgnoredAny>,
+}
+
+/// Enough of a first line to tell an envelope from a record.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Probe {
+    #[serde(default)]
+    pub observed_tool_decisions: Option<IgnoredAny>,
+}

@@ -1,0 +1,536 @@
+//! The hash chain over record lines, and its verification.
+//!
+//! Record `n` carries `seq = n` and `prev_hash` = `sha256:` + hex(SHA-256(line bytes of record
+//! `n-1`, without the newline)); record 1 carries [`GENESIS_HASH`]. The chain runs across
+//! rotated files. Deleting a line shows as a sequence gap; editing a line breaks the next
+//! record's `prev_hash`; editing the last line, or cutting whole lines off the end, shows
+//! against the head anchor ([`super::store::HeadAnchor`]); a torn last line shows as a line
+//! without its newline.
+
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::store::{
+    HEAD_FILE, HeadAnchor, StoreError, list_record_files, list_torn_sidecars,
+    parse_record_file_name, split_lines,
+};
+use super::{DecisionRecord, RecordFormatError};
+
+/// The `prev_hash` of the first record.
+pub const GENESIS_HASH: &str =
+    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+/// A line hash: `sha256:` and 64 lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct ChainHash(String);
+
+impl ChainHash {
+    /// Checks the form of `s`.
+    pub fn parse(s: &str) -> Option<ChainHash> {
+        let hex = s.strip_prefix("sha256:")?;
+        (hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .then(|| ChainHash(s.to_string()))
+    }
+
+    /// The genesis hash.
+    pub fn genesis() -> ChainHash {
+        ChainHash(GENESIS_HASH.to_string())
+    }
+
+    /// The text form.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ChainHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The hash of one record line (its bytes without the newline).
+pub fn line_hash(line: &[u8]) -> ChainHash {
+    ChainHash(format!("sha256:{}", hex::encode(Sha256::digest(line))))
+}
+
+/// A record sealed into the chain: its line and its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sealed {
+    /// The JSON line, newline included.
+    pub line: Vec<u8>,
+    /// Its sequence number.
+    pub seq: u64,
+    /// The hash of the line (what the next record's `prev_hash` will be).
+    pub hash: ChainHash,
+}
+
+/// The chain's head: the next sequence number and the hash the next record must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chainer {
+    next_seq: u64,
+    prev_hash: ChainHash,
+}
+
+impl Chainer {
+    /// An empty chain: the next record is seq 1 with the genesis hash.
+    pub fn genesis() -> Self {
+        Chainer {
+            next_seq: 1,
+            prev_hash: ChainHash::genesis(),
+        }
+    }
+
+    /// A chain whose last record is `last_seq` with line hash `last_hash`.
+    pub fn resume(last_seq: u64, last_hash: ChainHash) -> Self {
+        Chainer {
+            next_seq: last_seq.saturating_add(1),
+            prev_hash: last_hash,
+        }
+    }
+
+    /// The sequence number the next record gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The hash of the last sealed record (genesis if none).
+    pub fn head_hash(&self) -> &ChainHash {
+        &self.prev_hash
+    }
+
+    /// Assigns the record its `seq` and `prev_hash`, validates it, serialises it as one line
+    /// and advances the chain. On error the chain is unchanged.
+    pub fn seal(&mut self, record: &mut DecisionRecord) -> Result<Sealed, RecordFormatError> {
+        record.flowhost.seq = self.next_seq;
+        record.flowhost.prev_hash = self.prev_hash.as_str().to_string();
+        record.validate()?;
+        let mut line = serde_json::to_vec(record).map_err(|e| RecordFormatError {
+            field: "(record)".into(),
+            problem: format!("cannot serialise: {e}"),
+        })?;
+        let hash = line_hash(&line);
+        line.push(b'\n');
+        let sealed = Sealed {
+            line,
+            seq: self.next_seq,
+            hash: hash.clone(),
+        };
+        self.next_seq = self.next_seq.saturating_add(1);
+        self.prev_hash = hash;
+        Ok(sealed)
+    }
+}
+
+/// Where a problem is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Location {
+    /// The record file.
+    pub file: PathBuf,
+    /// The 1-based line number, when the problem is on a line.
+    pub line: Option<u64>,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{}:{l}", self.file.display()),
+            None => write!(f, "{}", self.file.display()),
+        }
+    }
+}
+
+/// What is wrong with a record stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ProblemKind {
+    /// The line is not a valid record.
+    Malformed {
+        /// Why.
+        error: String,
+    },
+    /// Records `expected ..= found - 1` are missing (deleted lines or a deleted file).
+    Gap {
+        /// The sequence number that should have come.
+        expected: u64,
+        /// The one that came.
+        found: u64,
+    },
+    /// The sequence number went backwards or repeated (reordered or duplicated lines).
+    OutOfOrder {
+        /// The sequence number that should have come.
+        expected: u64,
+        /// The one that came.
+        found: u64,
+    },
+    /// This line was changed after it was written: its hash is not the one the chain (the
+    /// next record's `prev_hash`, or the head anchor) vouches for.
+    Edited {
+        /// The edited record's sequence number.
+        seq: u64,
+        /// What vouches for the original (`next record` or `head anchor`).
+        witness: &'static str,
+    },
+    /// The first record does not start the chain (its `prev_hash` is not the genesis hash).
+    BadGenesis,
+    /// The stream does not start at seq 1 (earlier records are missing).
+    StartsLate {
+        /// The first sequence number present.
+        first: u64,
+    },
+    /// The file ends in a line without its newline (a crash mid-write, or a cut file).
+    TornLine {
+        /// How many bytes the torn line has.
+        bytes: usize,
+    },
+    /// Whole lines are missing at the end: the head anchor names a later record.
+    MissingVersusHead {
+        /// The anchored sequence number.
+        head_seq: u64,
+        /// The last sequence number present (0: none).
+        last_seq: u64,
+    },
+    /// The file name claims a different first record than the file holds.
+    FileNameMismatch {
+        /// The first seq the name claims.
+        named: u64,
+        /// The first seq the file holds.
+        found: u64,
+    },
+}
+
+impl fmt::Display for ProblemKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProblemKind::Malformed { error } => write!(f, "malformed record: {error}"),
+            ProblemKind::Gap { expected, found } if found - expected == 1 => write!(
+                f,
+                "gap: record {expected} is missing (a deleted line), found {found}"
+            ),
+            ProblemKind::Gap { expected, found } => write!(
+                f,
+                "gap: records {expected}..={} are missing (deleted lines or a deleted file), found {found}",
+                found - 1
+            ),
+            ProblemKind::OutOfOrder { expected, found } => write!(
+                f,
+                "out of order: expected record {expected}, found {found} (reordered or duplicated lines)"
+            ),
+            ProblemKind::Edited { seq, witness } => write!(
+                f,
+                "edited: record {seq} does not hash to what the {witness} vouches for"
+            ),
+            ProblemKind::BadGenesis => {
+                write!(f, "record 1 does not carry the genesis prev_hash")
+            }
+            ProblemKind::StartsLate { first } => write!(
+                f,
+                "the stream starts at record {first}: records 1..={} are missing",
+                first - 1
+            ),
+            ProblemKind::TornLine { bytes } => write!(
+                f,
+                "truncated: the last line ({bytes} bytes) has no newline (torn write or cut file)"
+            ),
+            ProblemKind::MissingVersusHead { head_seq, last_seq } => write!(
+                f,
+                "truncated: the head anchor names record {head_seq} but the stream ends at {last_seq} ({} whole lines missing)",
+                head_seq - last_seq
+            ),
+            ProblemKind::FileNameMismatch { named, found } => write!(
+                f,
+                "file name claims first record {named} but the file starts at {found}"
+            ),
+        }
+    }
+}
+
+/// One problem and where it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// Where.
+    pub at: Location,
+    /// What.
+    #[serde(flatten)]
+    pub kind: ProblemKind,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.at, self.kind)
+    }
+}
+
+/// The result of verifying a record stream.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VerifyReport {
+    /// The files read, in chain order.
+    pub files: Vec<PathBuf>,
+    /// How many complete lines were read.
+    pub records: u64,
+    /// The first sequence number present.
+    pub first_seq: Option<u64>,
+    /// The last sequence number present.
+    pub last_seq: Option<u64>,
+    /// The hash of the last complete line (the chain head).
+    pub head_hash: Option<ChainHash>,
+    /// The head anchor checked against, if any.
+    pub head_anchor: Option<HeadAnchor>,
+    /// Everything wrong, in stream order.
+    pub problems: Vec<Problem>,
+    /// Facts worth knowing that are not problems (e.g. preserved torn tails).
+    pub notes: Vec<String>,
+}
+
+impl VerifyReport {
+    /// True when no problem was found.
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Verifies the records at `path`: a record directory (its files in chain order, and its
+/// `records.head` unless `head` names another anchor) or a single record file (checked
+/// against `head` only if given).
+///
+/// Problems in the records are reported in the result; only failures to read (or an
+/// unusable anchor) are errors.
+pub fn verify_records(path: &Path, head: Option<&Path>) -> Result<VerifyReport, StoreError> {
+    let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
+    let (files, default_head, notes) = if meta.is_dir() {
+        let files: Vec<PathBuf> = list_record_files(path)?
+            .into_iter()
+            .map(|f| f.path)
+            .collect();
+        let notes = list_torn_sidecars(path)?
+            .into_iter()
+            .map(|p| {
+                format!(
+                    "{} preserves a torn last line cut at a restart (never acknowledged as durable)",
+                    p.display()
+                )
+            })
+            .collect();
+        (files, Some(path.join(HEAD_FILE)), notes)
+    } else {
+        (vec![path.to_path_buf()], None, Vec::new())
+    };
+    let head_anchor = match head.map(Path::to_path_buf).or(default_head) {
+        Some(p) => HeadAnchor::read(&p)?,
+        None => None,
+    };
+    let mut v = Verifier {
+        report: VerifyReport {
+            files: files.clone(),
+            records: 0,
+            first_seq: None,
+            last_seq: None,
+            head_hash: None,
+            head_anchor: head_anchor.clone(),
+            problems: Vec::new(),
+            notes,
+        },
+        expected: None,
+        prev: None,
+        anchored: None,
+    };
+    for file in &files {
+        let bytes = fs::read(file).map_err(StoreError::io("read", file))?;
+        v.file(file, &bytes, head_anchor.as_ref().map(|h| h.seq));
+    }
+    if let Some(anchor) = &head_anchor {
+        let last = v.report.last_seq.unwrap_or(0);
+        let at = Location {
+            file: files.last().cloned().unwrap_or_else(|| path.to_path_buf()),
+            line: None,
+        };
+        if anchor.seq > last {
+            v.report.problems.push(Problem {
+                at,
+                kind: ProblemKind::MissingVersusHead {
+                    head_seq: anchor.seq,
+                    last_seq: last,
+                },
+            });
+        } else if let Some((loc, hash)) = v.anchored.take()
+            && hash.as_str() != anchor.hash
+        {
+            v.report.problems.push(Problem {
+                at: loc,
+                kind: ProblemKind::Edited {
+                    seq: anchor.seq,
+                    witness: "head anchor",
+                },
+            });
+        }
+    }
+    Ok(v.report)
+}
+
+struct Prev {
+    at: Location,
+    seq: Option<u64>,
+    hash: ChainHash,
+}
+
+struct Verifier {
+    report: VerifyReport,
+    expected: Option<u64>,
+    prev: Option<Prev>,
+    anchored: Option<(Location, ChainHash)>,
+}
+
+impl Verifier {
+    fn file(&mut self, file: &Path, bytes: &[u8], anchor_seq: Option<u64>) {
+        let named = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(parse_record_file_name);
+        let (lines, torn) = split_lines(bytes);
+        let mut line_no = 0u64;
+        for line in lines {
+            line_no += 1;
+            self.report.records += 1;
+            let at = Location {
+                file: file.to_path_buf(),
+                line: Some(line_no),
+            };
+            let hash = line_hash(line);
+            let record = DecisionRecord::from_json_line(line);
+            let seq = match &record {
+                Ok(r) => Some(r.flowhost.seq),
+                Err(e) => {
+                    self.problem(
+                        &at,
+                        ProblemKind::Malformed {
+                            error: e.to_string(),
+                        },
+                    );
+                    None
+                }
+            };
+            if line_no == 1
+                && let (Some(named), Some(found)) = (named, seq)
+                && named != found
+            {
+                self.problem(&at, ProblemKind::FileNameMismatch { named, found });
+            }
+            if let (Ok(r), Some(seq)) = (&record, seq) {
+                self.link(&at, r, seq);
+                if anchor_seq == Some(seq) {
+                    self.anchored = Some((at.clone(), hash.clone()));
+                }
+                self.report.first_seq.get_or_insert(seq);
+                self.report.last_seq = Some(seq);
+                self.expected = Some(seq.saturating_add(1));
+            } else if let Some(e) = self.expected {
+                // A malformed line still occupies its place in the stream.
+                self.expected = Some(e.saturating_add(1));
+            }
+            self.report.head_hash = Some(hash.clone());
+            self.prev = Some(Prev { at, seq, hash });
+        }
+        if !torn.is_empty() {
+            let at = Location {
+                file: file.to_path_buf(),
+                line: Some(line_no + 1),
+            };
+            self.problem(&at, ProblemKind::TornLine { bytes: torn.len() });
+        }
+    }
+
+    fn link(&mut self, at: &Location, r: &DecisionRecord, seq: u64) {
+        match self.expected {
+            None => {
+                if seq != 1 {
+                    self.problem(at, ProblemKind::StartsLate { first: seq });
+                } else if r.flowhost.prev_hash != super::GENESIS_HASH {
+                    self.problem(at, ProblemKind::BadGenesis);
+                }
+            }
+            Some(expected) if seq > expected => {
+                self.problem(
+                    at,
+                    ProblemKind::Gap {
+                        expected,
+                        found: seq,
+                    },
+                );
+            }
+            Some(expected) if seq < expected => {
+                self.problem(
+                    at,
+                    ProblemKind::OutOfOrder {
+                        expected,
+                        found: seq,
+                    },
+                );
+            }
+            Some(_) => {
+                // Contiguous: the previous line must hash to this record's prev_hash. If the
+                // previous line was malformed it is already reported.
+                if let Some(prev) = &self.prev
+                    && let Some(prev_seq) = prev.seq
+                    && prev.hash.as_str() != r.flowhost.prev_hash
+                {
+                    let loc = prev.at.clone();
+                    self.problem(
+                        &loc,
+                        ProblemKind::Edited {
+                            seq: prev_seq,
+                            witness: "next record",
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn problem(&mut self, at: &Location, kind: ProblemKind) {
+        self.report.problems.push(Problem {
+            at: at.clone(),
+            kind,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::tests::sample_tool_call;
+
+    #[test]
+    fn seal_assigns_seq_and_links_hashes() {
+        let mut c = Chainer::genesis();
+        let a = c.seal(&mut sample_tool_call()).unwrap();
+        let mut second = sample_tool_call();
+        let b = c.seal(&mut second).unwrap();
+        assert_eq!((a.seq, b.seq), (1, 2));
+        assert_eq!(second.flowhost.prev_hash, a.hash.as_str());
+        assert_eq!(a.hash, line_hash(&a.line[..a.line.len() - 1]));
+        assert_eq!(c.next_seq(), 3);
+        assert_eq!(c.head_hash(), &b.hash);
+    }
+
+    #[test]
+    fn seal_rejects_an_invalid_record_and_keeps_the_chain() {
+        let mut c = Chainer::genesis();
+        let mut r = sample_tool_call();
+        r.redaction.secret_material_stored = true;
+        let e = c.seal(&mut r).unwrap_err();
+        assert_eq!(e.field, "redaction.secret_material_stored");
+        assert_eq!(c.next_seq(), 1);
+    }
+
+    #[test]
+    fn chain_hash_form_is_checked() {
+        assert!(ChainHash::parse(GENESIS_HASH).is_some());
+        assert!(ChainHash::parse("sha256:ABC").is_none());
+        assert!(ChainHash::parse(&GENESIS_HASH.to_uppercase()).is_none());
+    }
+}

@@ -1,0 +1,364 @@
+//! `tool_observation_health`: whether observation was complete, so that "no observed calls"
+//! can be read as "no calls".
+//!
+//! Schema `flowhost.tool_observation_health.v0`; every daemon-side field is nullable, and
+//! `null` means *unknown*, which always counts as incomplete:
+//!
+//! | field | complete when |
+//! |---|---|
+//! | `proxy_seen` | true: the host's MCP endpoint handled the traffic |
+//! | `tool_calls_observed` | known (a count of tools/call decisions) |
+//! | `policy_layer_active` | true: every call was decided by policy |
+//! | `classifier_version` | known (the record mapping / classifier in force) |
+//! | `unknown_tool_count` | known (calls to unmapped tools) |
+//! | `redaction_active` | true |
+//! | `broker_active` | true: the egress broker was attached |
+//! | `executors_spawned`, `executors_supervised` | known and equal: the broker supervised every executor it spawned |
+//! | `failed_notifications` | 0: no seccomp notification was lost or failed |
+//! | `records.records_complete` | true: the sequence is contiguous and the chain intact |
+//! | `records.writer_failed` | false |
+//!
+//! `records` also carries the sequence range (`first_seq`, `last_seq`) and `chain_head`, which
+//! bind the health to one record stream. `complete` and `incomplete_reasons` are derived from
+//! the other fields when written, and derived again when read (a stored `complete` is never
+//! trusted).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::chain::{VerifyReport, verify_records};
+use super::now_rfc3339;
+use super::store::StoreError;
+use super::writer::WriterStatus;
+use crate::files::{FileError, write_atomic};
+
+/// The health carrier's schema string.
+pub const HEALTH_SCHEMA: &str = "flowhost.tool_observation_health.v0";
+
+/// Who produced a health carrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthProducer {
+    /// The running host (on shutdown or on demand): every field can be known.
+    Daemon,
+    /// `flowhost health --records`: only the record side is known.
+    Offline,
+}
+
+/// The record side of the health.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordsHealth {
+    /// The first sequence number present.
+    pub first_seq: Option<u64>,
+    /// The last durable sequence number.
+    pub last_seq: Option<u64>,
+    /// The hash of the last durable line.
+    pub chain_head: Option<String>,
+    /// Whether the sequence is contiguous and the chain intact (null: unknown).
+    pub records_complete: Option<bool>,
+    /// Whether the writer failed (the host then refused further calls).
+    pub writer_failed: bool,
+    /// Why it failed.
+    pub writer_failure_reason: Option<String>,
+    /// Verification problems, one per line, when the records were verified.
+    #[serde(default)]
+    pub problems: Vec<String>,
+}
+
+impl RecordsHealth {
+    /// The record side as verification found it: range, head, and complete exactly when no
+    /// problem was found.
+    pub fn from_verify(report: &VerifyReport) -> Self {
+        RecordsHealth {
+            first_seq: report.first_seq,
+            last_seq: report.last_seq,
+            chain_head: report.head_hash.as_ref().map(|h| h.as_str().to_string()),
+            records_complete: Some(report.is_ok()),
+            writer_failed: false,
+            writer_failure_reason: None,
+            problems: report.problems.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    /// The record side as the running writer sees it: its range and head, complete unless it
+    /// failed.
+    pub fn from_writer(status: &WriterStatus) -> Self {
+        RecordsHealth {
+            first_seq: status.first_seq,
+            last_seq: status.last_seq,
+            chain_head: Some(status.chain_head.as_str().to_string()),
+            records_complete: Some(status.failed.is_none()),
+            writer_failed: status.failed.is_some(),
+            writer_failure_reason: status.failed.clone(),
+            problems: Vec::new(),
+        }
+    }
+}
+
+/// The `tool_observation_health` carrier (see the module docs for the fields and the
+/// completeness rule). The daemon fills the fields it knows and calls
+/// [`ToolObservationHealth::write_to`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolObservationHealth {
+    /// Always [`HEALTH_SCHEMA`].
+    pub schema: String,
+    /// When it was produced (RFC 3339, UTC).
+    pub generated_at: String,
+    /// Who produced it.
+    pub producer: HealthProducer,
+    /// The host's MCP endpoint handled the traffic.
+    pub proxy_seen: Option<bool>,
+    /// How many tools/call decisions were observed.
+    pub tool_calls_observed: Option<u64>,
+    /// Every call was decided by policy.
+    pub policy_layer_active: Option<bool>,
+    /// The classifier (record mapping) version in force.
+    pub classifier_version: Option<String>,
+    /// How many calls were to unmapped tools.
+    pub unknown_tool_count: Option<u64>,
+    /// Records were redacted (arguments never stored).
+    pub redaction_active: Option<bool>,
+    /// The egress broker was attached.
+    pub broker_active: Option<bool>,
+    /// Executors the host spawned.
+    pub executors_spawned: Option<u64>,
+    /// Executors the broker supervised.
+    pub executors_supervised: Option<u64>,
+    /// seccomp notifications that failed or were lost.
+    pub failed_notifications: Option<u64>,
+    /// The record side.
+    pub records: RecordsHealth,
+    /// Derived: whether observation was complete.
+    pub complete: bool,
+    /// Derived: why not, one reason per entry.
+    pub incomplete_reasons: Vec<String>,
+}
+
+/// A health file that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HealthError {
+    /// Not readable.
+    #[error("cannot read health file {path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not a valid carrier.
+    #[error("health file {path} is not a {HEALTH_SCHEMA} carrier: {problem}")]
+    Invalid {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong (with the JSON line and column when it is a syntax problem).
+        problem: String,
+    },
+    /// Could not be written.
+    #[error(transparent)]
+    Write(#[from] FileError),
+}
+
+impl ToolObservationHealth {
+    /// A carrier with every daemon field unknown (and so incomplete).
+    pub fn unknown(producer: HealthProducer) -> Self {
+        ToolObservationHealth {
+            schema: HEALTH_SCHEMA.to_string(),
+            generated_at: now_rfc3339(),
+            producer,
+            proxy_seen: None,
+            tool_calls_observed: None,
+            policy_layer_active: None,
+            classifier_version: None,
+            unknown_tool_count: None,
+            redaction_active: None,
+            broker_active: None,
+            executors_spawned: None,
+            executors_supervised: None,
+            failed_notifications: None,
+            records: RecordsHealth::default(),
+            complete: false,
+            incomplete_reasons: Vec::new(),
+        }
+    }
+
+    /// Why observation was incomplete (empty: complete).
+    pub fn assess(&self) -> Vec<String> {
+        let mut why = Vec::new();
+        let mut need_true = |name: &str, v: Option<bool>| match v {
+            Some(true) => {}
+            Some(false) => why.push(format!("{name} is false")),
+            None => why.push(format!("{name} is unknown")),
+        };
+        need_true("proxy_seen", self.proxy_seen);
+        need_true("policy_layer_active", self.policy_layer_active);
+        need_true("redaction_active", self.redaction_active);
+        need_true("broker_active", self.broker_active);
+        need_true("records.records_complete", self.records.records_complete);
+        if self.tool_calls_observed.is_none() {
+            why.push("tool_calls_observed is unknown".into());
+        }
+        if self.unknown_tool_count.is_none() {
+            why.push("unknown_tool_count is unknown".into());
+        }
+        match &self.classifier_version {
+            Some(v) if !v.trim().is_empty() => {}
+            _ => why.push("classifier_version is unknown".into()),
+        }
+        match (self.executors_spawned, self.executors_supervised) {
+            (Some(s), Some(v)) if s == v => {}
+            (Some(s), Some(v)) => why.push(format!(
+                "the broker supervised {v} of {s} spawned executors"
+            )),
+            _ => why.push("executor supervision is unknown".into()),
+        }
+        match self.failed_notifications {
+            Some(0) => {}
+            Some(n) => why.push(format!("{n} seccomp notifications failed")),
+            None => why.push("failed_notifications is unknown".into()),
+        }
+        if self.records.writer_failed {
+            why.push(format!(
+                "the record writer failed: {}",
+                self.records
+                    .writer_failure_reason
+                    .as_deref()
+                    .unwrap_or("no reason given")
+            ));
+        }
+        why
+    }
+
+    /// Sets `complete` and `incomplete_reasons` from the other fields.
+    pub fn finalize(mut self) -> Self {
+        self.incomplete_reasons = self.assess();
+        self.complete = self.incomplete_reasons.is_empty();
+        self
+    }
+
+    /// Serialises the finalized carrier as pretty JSON.
+    pub fn to_json(&self) -> String {
+        // Serialising plain structs of strings, numbers and booleans cannot fail.
+        serde_json::to_string_pretty(&self.clone().finalize()).unwrap_or_default()
+    }
+
+    /// Writes the finalized carrier to `path` atomically (temporary file, fsync, rename).
+    pub fn write_to(&self, path: &Path) -> Result<(), HealthError> {
+        let mut text = self.to_json();
+        text.push('\n');
+        write_atomic(path, text.as_bytes(), 0o644)?;
+        Ok(())
+    }
+
+    /// Reads a carrier strictly and derives `complete` again from its fields.
+    pub fn read_from(path: &Path) -> Result<Self, HealthError> {
+        let bytes = std::fs::read(path).map_err(|source| HealthError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let invalid = |problem: String| HealthError::Invalid {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let h: ToolObservationHealth =
+            serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+        if h.schema != HEALTH_SCHEMA {
+            return Err(invalid(format!(
+                "schema is {:?}, expected {HEALTH_SCHEMA:?}",
+                h.schema
+            )));
+        }
+        Ok(h.finalize())
+    }
+}
+
+/// The record-side health of the records at `path` (a directory or file), computed offline:
+/// sequence range, chain head and verification status; the daemon-only fields stay unknown,
+/// so the result is always incomplete. (The daemon's on-demand mode fills those fields.)
+pub fn offline_health(path: &Path) -> Result<ToolObservationHealth, StoreError> {
+    let report = verify_records(path, None)?;
+    let mut h = ToolObservationHealth::unknown(HealthProducer::Offline);
+    h.records = RecordsHealth::from_verify(&report);
+    Ok(h.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn complete_health() -> ToolObservationHealth {
+        ToolObservationHealth {
+            proxy_seen: Some(true),
+            tool_calls_observed: Some(3),
+            policy_layer_active: Some(true),
+            classifier_version: Some("mapping-2026-11".into()),
+            unknown_tool_count: Some(0),
+            redaction_active: Some(true),
+            broker_active: Some(true),
+            executors_spawned: Some(2),
+            executors_supervised: Some(2),
+            failed_notifications: Some(0),
+            records: RecordsHealth {
+                first_seq: Some(1),
+                last_seq: Some(3),
+                chain_head: Some(crate::records::GENESIS_HASH.into()),
+                records_complete: Some(true),
+                ..RecordsHealth::default()
+            },
+            ..ToolObservationHealth::unknown(HealthProducer::Daemon)
+        }
+        .finalize()
+    }
+
+    #[test]
+    fn complete_only_when_every_constituent_holds() {
+        let h = complete_health();
+        assert!(h.complete, "{:?}", h.incomplete_reasons);
+        let mut partial = h.clone();
+        partial.executors_supervised = Some(1);
+        let partial = partial.finalize();
+        assert!(!partial.complete);
+        assert_eq!(
+            partial.incomplete_reasons,
+            vec!["the broker supervised 1 of 2 spawned executors"]
+        );
+        let mut failed = h.clone();
+        failed.records.writer_failed = true;
+        failed.records.writer_failure_reason = Some("disk full".into());
+        assert!(!failed.finalize().complete);
+        assert!(
+            !ToolObservationHealth::unknown(HealthProducer::Offline)
+                .finalize()
+                .complete
+        );
+    }
+
+    #[test]
+    fn stored_complete_flag_is_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("health.json");
+        let mut h = complete_health();
+        h.broker_active = Some(false);
+        let mut v = serde_json::to_value(h).unwrap();
+        v["complete"] = serde_json::json!(true);
+        v["incomplete_reasons"] = serde_json::json!([]);
+        std::fs::write(&path, v.to_string()).unwrap();
+        let read = ToolObservationHealth::read_from(&path).unwrap();
+        assert!(!read.complete);
+        assert_eq!(read.incomplete_reasons, vec!["broker_active is false"]);
+    }
+
+    #[test]
+    fn write_then_read_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("health.json");
+        let h = complete_health();
+        h.write_to(&path).unwrap();
+        assert_eq!(ToolObservationHealth::read_from(&path).unwrap(), h);
+        std::fs::write(&path, "{\"schema\": \"other\"}").unwrap();
+        assert!(ToolObservationHealth::read_from(&path).is_err());
+    }
+}

@@ -1,0 +1,241 @@
+//! The on-disk layout of a record directory.
+//!
+//! ```text
+//! records-00000000000000000001.jsonl   records 1 ..            (one JSON record per line)
+//! records-00000000000000052817.jsonl   records 52817 ..        (after a size rotation)
+//! records.head                         the head anchor: {seq, hash, file, line} of a
+//!                                      durable record, replaced atomically
+//! records-...jsonl.torn-<n>            bytes of a torn last line found at open, preserved
+//! ```
+//!
+//! File names carry the sequence number of their first record, zero-padded to 20 digits, so
+//! lexical order, numeric order and chain order agree.
+//!
+//! The head anchor exists because a hash chain alone cannot show that whole lines were cut
+//! from the end, nor that the very last line was edited: nothing after them vouches for them.
+//! The writer replaces the anchor after the first durable group, at most every
+//! `head_interval` while records keep coming (and once more when they stop), and on close; an
+//! anchor never names a record that is not durable, and verification compares the stream
+//! against it. Lines cut or edited after the newest anchor cannot be told from a crash.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::chain::ChainHash;
+use crate::files::{FileError, write_atomic};
+
+/// The prefix of every record file name.
+pub const RECORD_FILE_PREFIX: &str = "records-";
+/// The suffix of every record file name.
+pub const RECORD_FILE_SUFFIX: &str = ".jsonl";
+/// The head anchor's file name inside a record directory.
+pub const HEAD_FILE: &str = "records.head";
+/// The schema string of the head anchor.
+pub const HEAD_SCHEMA: &str = "flowhost.records_head.v1";
+/// The infix of the sidecar files that preserve torn last lines.
+pub const TORN_INFIX: &str = ".torn-";
+
+/// A problem reading a record directory.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The operating system refused an operation.
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The head anchor exists but cannot be used.
+    #[error("head anchor {path} is unusable: {problem}")]
+    BadHead {
+        /// The anchor file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A file (the anchor, a torn-tail sidecar) could not be written.
+    #[error(transparent)]
+    Write(#[from] FileError),
+}
+
+impl StoreError {
+    pub(crate) fn io(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
+        let path = path.to_path_buf();
+        move |source| StoreError::Io { op, path, source }
+    }
+}
+
+/// The file name of the record file whose first record is `first_seq`.
+pub fn record_file_name(first_seq: u64) -> String {
+    format!("{RECORD_FILE_PREFIX}{first_seq:020}{RECORD_FILE_SUFFIX}")
+}
+
+/// The first sequence number a record file name claims, if it is one.
+pub fn parse_record_file_name(name: &str) -> Option<u64> {
+    let digits = name
+        .strip_prefix(RECORD_FILE_PREFIX)?
+        .strip_suffix(RECORD_FILE_SUFFIX)?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// A record file in a directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordFile {
+    /// Its path.
+    pub path: PathBuf,
+    /// The first sequence number its name claims.
+    pub first_seq: u64,
+}
+
+/// The record files of `dir`, in chain order. Other files are ignored.
+pub fn list_record_files(dir: &Path) -> Result<Vec<RecordFile>, StoreError> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).map_err(StoreError::io("list", dir))? {
+        let entry = entry.map_err(StoreError::io("list", dir))?;
+        let name = entry.file_name();
+        if let Some(first_seq) = name.to_str().and_then(parse_record_file_name) {
+            files.push(RecordFile {
+                path: entry.path(),
+                first_seq,
+            });
+        }
+    }
+    files.sort_by_key(|f| f.first_seq);
+    Ok(files)
+}
+
+/// The torn-tail sidecar files of `dir` (sorted by name).
+pub fn list_torn_sidecars(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(StoreError::io("list", dir))? {
+        let entry = entry.map_err(StoreError::io("list", dir))?;
+        if entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(RECORD_FILE_PREFIX) && n.contains(TORN_INFIX))
+        {
+            out.push(entry.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The record files named by `path`: every record file of a directory, or the file itself.
+pub fn record_sources(path: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
+    if meta.is_dir() {
+        Ok(list_record_files(path)?
+            .into_iter()
+            .map(|f| f.path)
+            .collect())
+    } else {
+        Ok(vec![path.to_path_buf()])
+    }
+}
+
+/// Splits file content into its complete lines (without their newline) and the bytes after
+/// the last newline (a torn line, if non-empty).
+pub fn split_lines(bytes: &[u8]) -> (impl Iterator<Item = &[u8]>, &[u8]) {
+    let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let (complete, torn) = bytes.split_at(end);
+    let lines = complete
+        .split(|&b| b == b'\n')
+        .take(complete.iter().filter(|&&b| b == b'\n').count());
+    (lines, torn)
+}
+
+/// The head anchor: a durable record the stream must still contain, unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadAnchor {
+    /// Always [`HEAD_SCHEMA`].
+    pub schema: String,
+    /// The sequence number of the anchored record (0: no record yet).
+    pub seq: u64,
+    /// The hash of its line (the genesis hash for seq 0).
+    pub hash: String,
+    /// The record file holding it (file name only), if any.
+    pub file: Option<String>,
+    /// Its 1-based line number in that file, if any.
+    pub line: Option<u64>,
+    /// When the anchor was written (RFC 3339, UTC).
+    pub written_at: String,
+}
+
+impl HeadAnchor {
+    /// Reads the anchor at `path`; `Ok(None)` when there is none.
+    pub fn read(path: &Path) -> Result<Option<HeadAnchor>, StoreError> {
+        let bytes = match fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io("read", path)(e)),
+        };
+        let bad = |problem: String| StoreError::BadHead {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let head: HeadAnchor = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+        if head.schema != HEAD_SCHEMA {
+            return Err(bad(format!("schema must be {HEAD_SCHEMA:?}")));
+        }
+        if ChainHash::parse(&head.hash).is_none() {
+            return Err(bad("hash must be \"sha256:\" and 64 lowercase hex".into()));
+        }
+        Ok(Some(head))
+    }
+
+    /// Replaces the anchor at `path` atomically and durably.
+    pub fn write(&self, path: &Path) -> Result<(), StoreError> {
+        let mut bytes = serde_json::to_vec_pretty(self).map_err(|e| StoreError::BadHead {
+            path: path.to_path_buf(),
+            problem: e.to_string(),
+        })?;
+        bytes.push(b'\n');
+        write_atomic(path, &bytes, 0o644)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_round_trip_and_sort_in_chain_order() {
+        assert_eq!(record_file_name(1), "records-00000000000000000001.jsonl");
+        assert_eq!(
+            parse_record_file_name(&record_file_name(52817)),
+            Some(52817)
+        );
+        assert_eq!(parse_record_file_name("records-1.jsonl"), None);
+        assert_eq!(
+            parse_record_file_name("records-0000000000000000000x.jsonl"),
+            None
+        );
+        assert!(record_file_name(9) < record_file_name(10));
+    }
+
+    #[test]
+    fn split_lines_separates_a_torn_tail() {
+        let (lines, torn) = split_lines(b"a\nbb\nccc");
+        assert_eq!(lines.collect::<Vec<_>>(), vec![&b"a"[..], &b"bb"[..]]);
+        assert_eq!(torn, b"ccc");
+        let (lines, torn) = split_lines(b"a\n\n");
+        assert_eq!(lines.collect::<Vec<_>>(), vec![&b"a"[..], &b""[..]]);
+        assert!(torn.is_empty());
+        let (lines, torn) = split_lines(b"");
+        assert_eq!(lines.count(), 0);
+        assert!(torn.is_empty());
+    }
+}

@@ -1,0 +1,259 @@
+//! Record format tests and shared sample records.
+
+use super::projection::tests::deploy_key_mapping;
+use super::*;
+use serde_json::json;
+
+/// A valid, mapped tool_call allow (seq not yet assigned).
+pub(crate) fn sample_tool_call() -> DecisionRecord {
+    DecisionRecord::tool_call(ToolCallFacts {
+        server: ServerInfo::mcp("github", Some(GENESIS_HASH)),
+        tool_name: "github.add_deploy_key".into(),
+        projection: project_tool_call(
+            Some(&deploy_key_mapping()),
+            &json!({"owner": "org", "repo": "prod-repo", "title": "ci-key", "key": "ssh-ed25519 SECRET"}),
+        ),
+        verdict: Verdict::allow_before_effect(Some("policy.github")),
+        credential_alias: Some("github-prod-admin".into()),
+        correlation: Correlation::none(),
+        context: FlowContext {
+            principal: Some("alice".into()),
+            session: Some("s-1".into()),
+            call_id: Some("c-1".into()),
+            source_label: Some(InformationLabel::bottom()),
+            clearance_used: Some(vec![InformationLabel::bottom()]),
+            egress_basis: Some(EgressBasis {
+                declared: true,
+                topology: true,
+                observed: false,
+            }),
+            ..FlowContext::default()
+        },
+    })
+}
+
+/// A valid broker egress denial (seq not yet assigned).
+pub(crate) fn sample_egress(address: &str, port: u16, verdict: Verdict) -> DecisionRecord {
+    DecisionRecord::egress_attempt(EgressFacts {
+        server: ServerInfo::mcp("fetcher", None),
+        tool_name: "fetch".into(),
+        broker: BrokerDetails {
+            pid: 4242,
+            executable: Some("/usr/bin/fetcher".into()),
+            syscall: "connect".into(),
+            family: "inet".into(),
+            socket_type: Some("stream".into()),
+            protocol: Some("tcp".into()),
+            destination: Some(Destination::Inet(InetDestination {
+                address: address.parse().unwrap(),
+                port,
+            })),
+            bytes: None,
+        },
+        verdict,
+        credential_alias: None,
+        correlation: Correlation::none(),
+        context: FlowContext {
+            denial_kind: Some(EgressDenial::MissingClearance.into()),
+            egress_basis: Some(EgressBasis {
+                declared: false,
+                topology: true,
+                observed: true,
+            }),
+            ..FlowContext::default()
+        },
+    })
+}
+
+fn sealed(mut r: DecisionRecord) -> DecisionRecord {
+    Chainer::genesis().seal(&mut r).unwrap();
+    r
+}
+
+#[test]
+fn tool_call_record_has_the_documented_shape() {
+    let r = sealed(sample_tool_call());
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(
+        v["server"],
+        json!({"id": "github", "transport": "mcp",
+        "declared_manifest_digest": GENESIS_HASH})
+    );
+    assert_eq!(
+        v["tool"],
+        json!({"name": "github.add_deploy_key", "category": "github_deploy_key"})
+    );
+    assert_eq!(v["classification"], "classified");
+    assert_eq!(v["reason_code"], "classified_github_deploy_key");
+    assert!(v.get("detail").is_none());
+    assert_eq!(v["action"]["class"], "privileged_admin_action");
+    assert_eq!(v["action"]["required_scope"], "repo:deploy_key:write");
+    assert_eq!(
+        v["decision"],
+        json!({"effect": "allow", "source": "flowhost",
+        "rule_id": "policy.github", "enforced": true})
+    );
+    assert_eq!(
+        v["response"],
+        json!({"status": "authorized",
+        "side_effect_asserted": false, "side_effect_verified": false})
+    );
+    assert_eq!(
+        v["redaction"],
+        json!({"arguments_redacted": true,
+        "credential_alias": "github-prod-admin", "secret_material_stored": false})
+    );
+    assert_eq!(
+        v["correlation"],
+        json!({"basis": "none", "traceparent": null, "source_class": null})
+    );
+    let x = &v["flowhost"];
+    assert_eq!(x["schema"], "flowhost.decision.v1");
+    assert_eq!(x["seq"], 1);
+    assert_eq!(x["prev_hash"], GENESIS_HASH);
+    assert_eq!(x["event"], "tool_call");
+    assert_eq!(
+        x["source_label"],
+        json!({"kind": "known", "owners": {}, "compartments": []})
+    );
+    assert_eq!(
+        x["egress_basis"],
+        json!({"declared": true, "topology": true, "observed": false})
+    );
+    assert_eq!(x["broker"], json!(null));
+    assert!(!v.to_string().contains("SECRET"));
+    // Strict round trip.
+    let line = serde_json::to_vec(&r).unwrap();
+    assert_eq!(DecisionRecord::from_json_line(&line).unwrap(), r);
+}
+
+#[test]
+fn egress_record_carries_broker_details_and_network_target() {
+    let r = sealed(sample_egress(
+        "10.0.0.7",
+        443,
+        Verdict::deny(Some("dest.default")),
+    ));
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["tool"]["category"], "network_egress");
+    assert_eq!(v["action"]["class"], "network_egress");
+    assert_eq!(
+        v["action"]["target"],
+        json!({"provider": "network", "address": "10.0.0.7",
+        "port": 443, "protocol": "tcp", "family": "inet"})
+    );
+    assert_eq!(v["response"]["side_effect_asserted"], false);
+    assert_eq!(v["flowhost"]["denial_kind"], "missing_clearance");
+    assert_eq!(
+        v["flowhost"]["broker"]["destination"],
+        json!({"address": "10.0.0.7", "port": 443})
+    );
+    assert_eq!(v["flowhost"]["event"], "egress_attempt");
+    let line = serde_json::to_vec(&r).unwrap();
+    assert_eq!(DecisionRecord::from_json_line(&line).unwrap(), r);
+}
+
+#[test]
+fn decoding_is_strict_and_invariants_are_checked() {
+    let r = sealed(sample_tool_call());
+    let good = serde_json::to_value(&r).unwrap();
+    let check = |mutate: &dyn Fn(&mut serde_json::Value), needle: &str| {
+        let mut v = good.clone();
+        mutate(&mut v);
+        let e = DecisionRecord::from_json_line(v.to_string().as_bytes()).unwrap_err();
+        assert!(e.to_string().contains(needle), "{needle}: {e}");
+    };
+    check(&|v| v["extra"] = json!(1), "unknown field");
+    check(
+        &|v| v["flowhost"]["raw_arguments"] = json!({}),
+        "unknown field",
+    );
+    check(
+        &|v| v["redaction"]["secret_material_stored"] = json!(true),
+        "secret_material_stored",
+    );
+    check(
+        &|v| v["redaction"]["arguments_redacted"] = json!(false),
+        "arguments_redacted",
+    );
+    check(
+        &|v| v["response"]["side_effect_verified"] = json!(true),
+        "side_effect_verified",
+    );
+    check(
+        &|v| {
+            v["decision"]["effect"] = json!("deny");
+            v["response"]["side_effect_asserted"] = json!(true);
+        },
+        "side_effect_asserted",
+    );
+    check(
+        &|v| v["action"]["required_scope"] = json!(null),
+        "required_scope",
+    );
+    check(
+        &|v| v["decision"]["source"] = json!("other"),
+        "decision.source",
+    );
+    check(
+        &|v| {
+            v["tool"]["category"] = json!(null);
+            v["action"]["required_scope"] = json!(null);
+        },
+        "tool.category",
+    );
+    check(
+        &|v| v["flowhost"]["prev_hash"] = json!("sha256:00"),
+        "prev_hash",
+    );
+    check(&|v| v["flowhost"]["seq"] = json!(0), "seq");
+    check(
+        &|v| v["flowhost"]["recorded_at"] = json!("yesterday"),
+        "recorded_at",
+    );
+    check(
+        &|v| v["tool"]["name"] = json!("a\u{1b}[2Jb"),
+        "control character",
+    );
+    check(
+        &|v| v["flowhost"]["denial_kind"] = json!("Not Snake"),
+        "snake_case",
+    );
+    check(
+        &|v| {
+            v["correlation"]["traceparent"] =
+                json!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        },
+        "correlation",
+    );
+    check(
+        &|v| {
+            v["flowhost"]["broker"] = json!({"pid": 1, "executable": null, "syscall": "connect",
+        "family": "inet", "socket_type": null, "protocol": null, "destination": null, "bytes": null})
+        },
+        "flowhost.broker",
+    );
+}
+
+#[test]
+fn constructor_sanitizes_text() {
+    let mut facts_name = sample_tool_call();
+    facts_name.tool.name = sanitize("evil\nname\u{7}");
+    assert_eq!(facts_name.tool.name, "evil\u{FFFD}name\u{FFFD}");
+    assert!(sanitize(&"x".repeat(5000)).len() <= MAX_TEXT_BYTES);
+}
+
+#[test]
+fn denial_kind_accepts_snake_codes_only() {
+    assert_eq!(
+        DenialKind::new(DenialKind::DESTINATION_BLOCKED)
+            .unwrap()
+            .as_str(),
+        "destination_blocked"
+    );
+    assert!(DenialKind::new("Flow Violation").is_err());
+    assert_eq!(
+        DenialKind::from(EgressDenial::FlowViolation).as_str(),
+        "flow_violation"
+    );
+}

@@ -1,0 +1,551 @@
+//! The record writer: group commit, fail closed, size rotation, crash recovery.
+//!
+//! Guarantees:
+//! * [`RecordWriter::commit`] returns `Ok` only once the record's line is written and
+//!   `fdatasync`ed (and, for the first record of a new file, the directory entry is fsynced),
+//!   so the host may perform an allowed effect after `commit` returns and never before.
+//! * Group commit, pipelined: a writer thread takes every record pending at that moment,
+//!   seals them into the chain in arrival order and appends them with one `write`; a sync
+//!   thread takes every group written so far, makes them durable with one `fdatasync`, then
+//!   completes them all. While one sync runs, the next group is already being written, so
+//!   concurrent callers share each sync and never wait for a sync that started before their
+//!   record was written plus one.
+//! * Fail closed: after any write, sync, rotation or anchor error the writer is failed for good:
+//!   that commit and every later one return [`RecordError::WriterFailed`] with the first
+//!   reason, and [`RecordWriter::status`] reports it. The host must then refuse calls and
+//!   egress. Records of a failed group may be on disk; their effects never happen.
+//! * Rotation: when the next line would take the current file past `rotate_bytes`, a new file
+//!   `records-<first seq>.jsonl` is started; the chain continues across files.
+//! * Resume: [`RecordWriter::open`] continues the sequence and chain of the existing files. A
+//!   torn last line (a crash mid-write: bytes after the last newline) was never acknowledged,
+//!   so it is neither kept in the stream nor thrown away: its bytes are preserved in a sidecar
+//!   `<file>.torn-<n>`, the file is cut back to its last complete line, and a warning is logged
+//!   and reported by [`RecordWriter::recovered`]. A stream that ends before the head anchor's
+//!   record, or whose last line differs from the anchored one, is refused (an operator must
+//!   look: lines were cut or edited).
+//! * The head anchor (`records.head`, see [`super::store`]) is replaced by the sync thread
+//!   after the first durable group, then at most every `head_interval` while records come (and
+//!   once more when they stop), and on close. It only ever names a durable record.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Sender, SyncSender};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::chain::{ChainHash, Chainer, line_hash};
+use super::store::{
+    HEAD_FILE, HeadAnchor, StoreError, TORN_INFIX, list_record_files, record_file_name, split_lines,
+};
+use super::{DecisionRecord, RecordFormatError};
+use crate::files::{sync_dir, write_atomic};
+
+/// How the writer behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriterOptions {
+    /// Start a new file when the next line would take the current one past this many bytes
+    /// (a file always takes at least one line). Default 64 MiB.
+    pub rotate_bytes: u64,
+    /// Refresh the head anchor at most this often while records keep coming (and once idle).
+    /// Default 1 s.
+    pub head_interval: Duration,
+    /// The most records one group commit takes. Default 4096.
+    pub max_group: usize,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            rotate_bytes: 64 * 1024 * 1024,
+            head_interval: Duration::from_secs(1),
+            max_group: 4096,
+        }
+    }
+}
+
+/// A durable record's place in the chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// Its sequence number.
+    pub seq: u64,
+    /// The hash of its line.
+    pub hash: ChainHash,
+}
+
+/// Why a record was not committed, or the writer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The writer has failed; nothing more will be recorded (fail closed).
+    #[error("the record writer has failed and refuses every record (fail closed): {reason}")]
+    WriterFailed {
+        /// The first failure, naming the file and operation.
+        reason: String,
+    },
+    /// The writer was closed.
+    #[error("the record writer is closed")]
+    Closed,
+    /// This record breaks the format; it was not written (the writer is still usable).
+    #[error("record rejected, not written: {0}")]
+    Invalid(#[from] RecordFormatError),
+    /// The record directory could not be read or prepared.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The existing records cannot be continued.
+    #[error("{path}:{line}: cannot continue the record chain: {problem}")]
+    Corrupt {
+        /// The record file.
+        path: PathBuf,
+        /// The 1-based line.
+        line: u64,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The existing records disagree with the head anchor: lines were cut or edited.
+    #[error(
+        "{dir}: records disagree with {HEAD_FILE}: {problem}; run `flowhost records verify {dir}` and move the directory aside after review"
+    )]
+    HeadConflict {
+        /// The record directory.
+        dir: PathBuf,
+        /// The disagreement.
+        problem: String,
+    },
+    /// The writer thread could not be started.
+    #[error("cannot start the record writer thread: {0}")]
+    Spawn(#[source] io::Error),
+}
+
+/// A torn last line found and preserved at open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTail {
+    /// The record file it was cut from.
+    pub file: PathBuf,
+    /// The sidecar holding its bytes.
+    pub sidecar: PathBuf,
+    /// How many bytes.
+    pub bytes: usize,
+}
+
+/// What the writer knows about its stream; the source of the record side of
+/// [`super::ToolObservationHealth`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriterStatus {
+    /// The record directory.
+    pub dir: PathBuf,
+    /// The first durable sequence number in the directory.
+    pub first_seq: Option<u64>,
+    /// The last durable sequence number.
+    pub last_seq: Option<u64>,
+    /// The hash of the last durable line (genesis if none).
+    pub chain_head: ChainHash,
+    /// Records committed since open.
+    pub committed_since_open: u64,
+    /// The file being appended to.
+    pub current_file: PathBuf,
+    /// The failure reason, once failed.
+    pub failed: Option<String>,
+    /// Whether the writer was closed.
+    pub closed: bool,
+    /// Torn last lines preserved at open.
+    pub recovered: Vec<TornTail>,
+}
+
+enum Reply<T> {
+    Async(oneshot::Sender<T>),
+    Blocking(SyncSender<T>),
+}
+
+impl<T> Reply<T> {
+    fn send(self, value: T) {
+        // A caller that stopped waiting (a dropped future) no longer needs the answer.
+        match self {
+            Reply::Async(tx) => {
+                let _ = tx.send(value);
+            }
+            Reply::Blocking(tx) => {
+                let _ = tx.send(value);
+            }
+        }
+    }
+}
+
+type CommitReply = Reply<Result<Committed, RecordError>>;
+type CloseReply = Reply<Result<WriterStatus, RecordError>>;
+
+enum Msg {
+    Commit(Box<DecisionRecord>, CommitReply),
+    Close(CloseReply),
+}
+
+struct Shared {
+    failed: OnceLock<String>,
+    status: Mutex<WriterStatus>,
+}
+
+impl Shared {
+    fn status(&self) -> WriterStatus {
+        // A poisoned lock still holds the last status written; reporting it is correct.
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut WriterStatus)) {
+        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// The error a caller gets once the thread is gone.
+    fn gone(&self) -> RecordError {
+        match self.failed.get() {
+            Some(reason) => RecordError::WriterFailed {
+                reason: reason.clone(),
+            },
+            None => RecordError::Closed,
+        }
+    }
+}
+
+/// A handle on the record writer of one directory. Cheap to clone; usable from any thread or
+/// tokio task. The writer's threads end when it is closed or every handle is dropped.
+#[derive(Clone)]
+pub struct RecordWriter {
+    tx: Sender<Msg>,
+    shared: Arc<Shared>,
+    dir: Arc<Path>,
+}
+
+impl std::fmt::Debug for RecordWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordWriter")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RecordWriter {
+    /// Opens (creating if needed) the record directory `dir`, resumes its chain (see the
+    /// module docs for torn lines and the head anchor) and starts the writer thread.
+    pub fn open(dir: &Path, options: WriterOptions) -> Result<RecordWriter, RecordError> {
+        fs::create_dir_all(dir).map_err(StoreError::io("create", dir))?;
+        let resumed = resume(dir)?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&resumed.file_path)
+            .map_err(StoreError::io("open for append", &resumed.file_path))?;
+        let status = WriterStatus {
+            dir: dir.to_path_buf(),
+            first_seq: resumed.first_seq,
+            last_seq: resumed.chain.next_seq().checked_sub(1).filter(|&s| s > 0),
+            chain_head: resumed.chain.head_hash().clone(),
+            committed_since_open: 0,
+            current_file: resumed.file_path.clone(),
+            failed: None,
+            closed: false,
+            recovered: resumed.recovered,
+        };
+        let shared = Arc::new(Shared {
+            failed: OnceLock::new(),
+            status: Mutex::new(status),
+        });
+        let (tx, rx) = mpsc::channel();
+        stages::start(
+            stages::Start {
+                dir: dir.to_path_buf(),
+                options: WriterOptions {
+                    max_group: options.max_group.max(1),
+                    ..options
+                },
+                file,
+                file_path: resumed.file_path,
+                file_bytes: resumed.file_bytes,
+                file_lines: resumed.file_lines,
+                chain: resumed.chain,
+                first_seq: resumed.first_seq,
+                shared: shared.clone(),
+            },
+            rx,
+        )?;
+        Ok(RecordWriter {
+            tx,
+            shared,
+            dir: Arc::from(dir),
+        })
+    }
+
+    /// Commits `record`: assigns its `seq` and `prev_hash`, and returns once its line is on
+    /// disk (written and fdatasynced). Errors: [`RecordError::Invalid`] for a record that
+    /// breaks the format (nothing written; the writer stays usable),
+    /// [`RecordError::WriterFailed`] once the writer has failed, [`RecordError::Closed`] after
+    /// close. If the future is dropped before it completes, the record may or may not be
+    /// written: the caller must then treat the decision as not durable and skip its effect.
+    pub async fn commit(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
+        self.refuse_if_failed()?;
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Commit(Box::new(record), Reply::Async(tx)))
+            .map_err(|_| self.shared.gone())?;
+        rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
+    }
+
+    /// [`RecordWriter::commit`] for threads that are not async tasks (it blocks the thread).
+    pub fn commit_blocking(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
+        self.refuse_if_failed()?;
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.tx
+            .send(Msg::Commit(Box::new(record), Reply::Blocking(tx)))
+            .map_err(|_| self.shared.gone())?;
+        rx.recv().unwrap_or_else(|_| Err(self.shared.gone()))
+    }
+
+    /// Flushes what is pending, writes the head anchor and stops the writer; every handle
+    /// then gets [`RecordError::Closed`]. Returns the final status.
+    pub async fn close(&self) -> Result<WriterStatus, RecordError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Close(Reply::Async(tx)))
+            .map_err(|_| self.shared.gone())?;
+        rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
+    }
+
+    /// [`RecordWriter::close`] for threads that are not async tasks.
+    pub fn close_blocking(&self) -> Result<WriterStatus, RecordError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.tx
+            .send(Msg::Close(Reply::Blocking(tx)))
+            .map_err(|_| self.shared.gone())?;
+        rx.recv().unwrap_or_else(|_| Err(self.shared.gone()))
+    }
+
+    /// The current status (sequence range, chain head, failure).
+    pub fn status(&self) -> WriterStatus {
+        self.shared.status()
+    }
+
+    /// The failure reason, once the writer has failed.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failed.get().cloned()
+    }
+
+    /// Torn last lines preserved when the directory was opened.
+    pub fn recovered(&self) -> Vec<TornTail> {
+        self.shared.status().recovered
+    }
+
+    /// The record directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn refuse_if_failed(&self) -> Result<(), RecordError> {
+        match self.shared.failed.get() {
+            Some(reason) => Err(RecordError::WriterFailed {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+struct Resumed {
+    chain: Chainer,
+    first_seq: Option<u64>,
+    file_path: PathBuf,
+    file_bytes: u64,
+    file_lines: u64,
+    recovered: Vec<TornTail>,
+}
+
+/// Finds where the stream in `dir` ends, repairing a torn tail, and checks the head anchor.
+fn resume(dir: &Path) -> Result<Resumed, RecordError> {
+    let files = list_record_files(dir)?;
+    let mut recovered = Vec::new();
+    let Some(last) = files.last() else {
+        let path = dir.join(record_file_name(1));
+        create_record_file(dir, &path)?;
+        check_anchor(dir, &Chainer::genesis())?;
+        return Ok(Resumed {
+            chain: Chainer::genesis(),
+            first_seq: None,
+            file_path: path,
+            file_bytes: 0,
+            file_lines: 0,
+            recovered,
+        });
+    };
+    let mut bytes = fs::read(&last.path).map_err(StoreError::io("read", &last.path))?;
+    let (_, torn) = split_lines(&bytes);
+    if !torn.is_empty() {
+        let tail = preserve_torn_tail(&last.path, torn)?;
+        let keep = bytes.len() - torn.len();
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&last.path)
+            .map_err(StoreError::io("open", &last.path))?;
+        f.set_len(keep as u64)
+            .and_then(|()| f.sync_all())
+            .map_err(StoreError::io("truncate the torn line of", &last.path))?;
+        tracing::warn!(
+            file = %last.path.display(),
+            sidecar = %tail.sidecar.display(),
+            bytes = tail.bytes,
+            "record file ended in a torn line (a crash mid-write); it was never acknowledged as \
+             durable, so it was cut from the stream and its bytes preserved in the sidecar"
+        );
+        bytes.truncate(keep);
+        recovered.push(tail);
+    }
+    let lines: Vec<&[u8]> = split_lines(&bytes).0.collect();
+    let chain = match lines.last() {
+        Some(line) => {
+            let seq = last_seq_of(&last.path, lines.len() as u64, line)?;
+            Chainer::resume(seq, line_hash(line))
+        }
+        None => {
+            // An empty last file (rotation happened, nothing written yet): the chain ends in
+            // the previous file, and this file must be named for the next record.
+            let chain = match files.len().checked_sub(2).map(|i| &files[i]) {
+                Some(prev) => {
+                    let prev_bytes =
+                        fs::read(&prev.path).map_err(StoreError::io("read", &prev.path))?;
+                    let (prev_lines, prev_torn) = split_lines(&prev_bytes);
+                    let prev_lines: Vec<&[u8]> = prev_lines.collect();
+                    if !prev_torn.is_empty() {
+                        return Err(RecordError::Corrupt {
+                            path: prev.path.clone(),
+                            line: prev_lines.len() as u64 + 1,
+                            problem: "a record file before the last one ends in a torn line".into(),
+                        });
+                    }
+                    match prev_lines.last() {
+                        Some(line) => Chainer::resume(
+                            last_seq_of(&prev.path, prev_lines.len() as u64, line)?,
+                            line_hash(line),
+                        ),
+                        None => {
+                            return Err(RecordError::Corrupt {
+                                path: prev.path.clone(),
+                                line: 0,
+                                problem: "an earlier record file is empty".into(),
+                            });
+                        }
+                    }
+                }
+                None => Chainer::genesis(),
+            };
+            if chain.next_seq() != last.first_seq {
+                return Err(RecordError::Corrupt {
+                    path: last.path.clone(),
+                    line: 0,
+                    problem: format!(
+                        "the empty file is named for record {} but the chain continues at {}",
+                        last.first_seq,
+                        chain.next_seq()
+                    ),
+                });
+            }
+            chain
+        }
+    };
+    check_anchor(dir, &chain)?;
+    let first_seq = first_seq_of(&files[0].path)?;
+    Ok(Resumed {
+        chain,
+        first_seq,
+        file_path: last.path.clone(),
+        file_bytes: bytes.len() as u64,
+        file_lines: lines.len() as u64,
+        recovered,
+    })
+}
+
+fn last_seq_of(path: &Path, line_no: u64, line: &[u8]) -> Result<u64, RecordError> {
+    DecisionRecord::from_json_line(line)
+        .map(|r| r.flowhost.seq)
+        .map_err(|e| RecordError::Corrupt {
+            path: path.to_path_buf(),
+            line: line_no,
+            problem: format!("the last record is not valid ({e})"),
+        })
+}
+
+fn first_seq_of(path: &Path) -> Result<Option<u64>, RecordError> {
+    let f = File::open(path).map_err(StoreError::io("open", path))?;
+    let mut line = Vec::new();
+    BufReader::new(f)
+        .read_until(b'\n', &mut line)
+        .map_err(StoreError::io("read", path))?;
+    if line.last() != Some(&b'\n') {
+        return Ok(None);
+    }
+    line.pop();
+    DecisionRecord::from_json_line(&line)
+        .map(|r| Some(r.flowhost.seq))
+        .map_err(|e| RecordError::Corrupt {
+            path: path.to_path_buf(),
+            line: 1,
+            problem: format!("the first record is not valid ({e})"),
+        })
+}
+
+fn check_anchor(dir: &Path, chain: &Chainer) -> Result<(), RecordError> {
+    let Some(anchor) = HeadAnchor::read(&dir.join(HEAD_FILE))? else {
+        return Ok(());
+    };
+    let last = chain.next_seq() - 1;
+    let conflict = |problem: String| {
+        Err(RecordError::HeadConflict {
+            dir: dir.to_path_buf(),
+            problem,
+        })
+    };
+    if anchor.seq > last {
+        return conflict(format!(
+            "the anchor names record {} but the stream ends at {last}: {} whole lines are missing",
+            anchor.seq,
+            anchor.seq - last
+        ));
+    }
+    if anchor.seq == last && anchor.hash != chain.head_hash().as_str() {
+        return conflict(format!(
+            "record {last}, the anchored last record, was edited"
+        ));
+    }
+    Ok(())
+}
+
+fn preserve_torn_tail(file: &Path, torn: &[u8]) -> Result<TornTail, RecordError> {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = crate::files::parent_dir(file);
+    let sidecar = (1u32..)
+        .map(|n| dir.join(format!("{name}{TORN_INFIX}{n}")))
+        .find(|p| !p.exists())
+        .unwrap_or_else(|| dir.join(format!("{name}{TORN_INFIX}overflow")));
+    write_atomic(&sidecar, torn, 0o600).map_err(|e| RecordError::Store(StoreError::Write(e)))?;
+    Ok(TornTail {
+        file: file.to_path_buf(),
+        sidecar,
+        bytes: torn.len(),
+    })
+}
+
+fn create_record_file(dir: &Path, path: &Path) -> Result<File, RecordError> {
+    let f = OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .open(path)
+        .map_err(StoreError::io("create", path))?;
+    sync_dir(dir).map_err(StoreError::io("fsync directory", dir))?;
+    Ok(f)
+}
+
+mod stages;
+
+#[cfg(test)]
+mod tests;

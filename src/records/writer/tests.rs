@@ -1,0 +1,194 @@
+//! Writer tests: group commit, rotation, resume, torn tails, the head anchor.
+
+use super::*;
+use crate::records::chain::verify_records;
+use crate::records::tests::sample_tool_call;
+use std::io::Write;
+
+fn small_rotation() -> WriterOptions {
+    WriterOptions {
+        rotate_bytes: 4096,
+        head_interval: Duration::from_millis(10),
+        ..WriterOptions::default()
+    }
+}
+
+#[test]
+fn commits_are_sequenced_durable_and_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let w = w.clone();
+            std::thread::spawn(move || {
+                (0..25)
+                    .map(|_| w.commit_blocking(sample_tool_call()).unwrap().seq)
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut seqs: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=100).collect::<Vec<_>>());
+    let status = w.close_blocking().unwrap();
+    assert_eq!((status.first_seq, status.last_seq), (Some(1), Some(100)));
+    let report = verify_records(dir.path(), None).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.records, 100);
+    assert_eq!(report.head_anchor.as_ref().map(|a| a.seq), Some(100));
+    assert_eq!(report.head_hash.as_ref(), Some(&status.chain_head));
+    assert!(matches!(
+        w.commit_blocking(sample_tool_call()),
+        Err(RecordError::Closed)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_commit_from_many_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let w = w.clone();
+            tokio::spawn(async move { w.commit(sample_tool_call()).await.unwrap() })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for t in tasks {
+        seqs.push(t.await.unwrap().seq);
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=50).collect::<Vec<_>>());
+    w.close().await.unwrap();
+    assert!(verify_records(dir.path(), None).unwrap().is_ok());
+}
+
+#[test]
+fn invalid_record_is_rejected_without_harming_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    let mut bad = sample_tool_call();
+    bad.response.side_effect_verified = true;
+    assert!(matches!(
+        w.commit_blocking(bad),
+        Err(RecordError::Invalid(_))
+    ));
+    assert_eq!(w.commit_blocking(sample_tool_call()).unwrap().seq, 1);
+    assert!(w.failure().is_none());
+}
+
+#[test]
+fn rotation_keeps_the_chain_and_resume_continues_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), small_rotation()).unwrap();
+    let mut last = None;
+    for _ in 0..30 {
+        last = Some(w.commit_blocking(sample_tool_call()).unwrap());
+    }
+    w.close_blocking().unwrap();
+    let files = list_record_files(dir.path()).unwrap();
+    assert!(
+        files.len() >= 5,
+        "expected several files, got {}",
+        files.len()
+    );
+    assert_eq!(files[0].first_seq, 1);
+    for f in &files {
+        assert!(fs::metadata(&f.path).unwrap().len() <= 4096);
+    }
+    // Reopen: the sequence and chain continue.
+    let w = RecordWriter::open(dir.path(), small_rotation()).unwrap();
+    assert_eq!(w.status().last_seq, Some(30));
+    assert_eq!(w.status().chain_head, last.unwrap().hash);
+    assert_eq!(w.commit_blocking(sample_tool_call()).unwrap().seq, 31);
+    w.close_blocking().unwrap();
+    let report = verify_records(dir.path(), None).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!((report.first_seq, report.last_seq), (Some(1), Some(31)));
+}
+
+#[test]
+fn torn_tail_is_preserved_cut_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    for _ in 0..3 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    drop(w);
+    let file = dir.path().join(record_file_name(1));
+    // Wait for the thread to finish its final anchor after the last handle dropped.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut f = OpenOptions::new().append(true).open(&file).unwrap();
+    f.write_all(b"{\"server\":{\"id\":\"half").unwrap();
+    drop(f);
+    let report = verify_records(dir.path(), None).unwrap();
+    assert!(report.problems.iter().any(|p| matches!(
+        p.kind,
+        super::super::chain::ProblemKind::TornLine { bytes: 21 }
+    )));
+
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    let rec = w.recovered();
+    assert_eq!(rec.len(), 1);
+    assert_eq!(
+        fs::read(&rec[0].sidecar).unwrap(),
+        b"{\"server\":{\"id\":\"half"
+    );
+    assert_eq!(w.commit_blocking(sample_tool_call()).unwrap().seq, 4);
+    w.close_blocking().unwrap();
+    let report = verify_records(dir.path(), None).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.notes.len(), 1);
+}
+
+#[test]
+fn open_refuses_a_stream_cut_or_edited_behind_the_anchor() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    for _ in 0..3 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    w.close_blocking().unwrap();
+    let file = dir.path().join(record_file_name(1));
+    let original = fs::read(&file).unwrap();
+    // Cut the last whole line.
+    let text = String::from_utf8(original.clone()).unwrap();
+    let cut: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
+    fs::write(&file, &cut).unwrap();
+    let e = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("1 whole lines are missing"), "{e}");
+    // Edit the last line instead (still valid JSON).
+    fs::write(
+        &file,
+        text.replace("\"session\":\"s-1\"", "\"session\":\"s-2\""),
+    )
+    .unwrap();
+    let e = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("was edited"), "{e}");
+}
+
+#[test]
+fn anchor_is_refreshed_while_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(
+        dir.path(),
+        WriterOptions {
+            head_interval: Duration::from_millis(20),
+            ..WriterOptions::default()
+        },
+    )
+    .unwrap();
+    for _ in 0..2 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let anchor = HeadAnchor::read(&dir.path().join(HEAD_FILE))
+        .unwrap()
+        .unwrap();
+    assert_eq!(anchor.seq, 2);
+    assert_eq!(anchor.line, Some(2));
+    assert_eq!(anchor.hash, w.status().chain_head.as_str());
+}

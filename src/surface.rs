@@ -1,0 +1,730 @@
+//! Tool surfaces: the declared surface an operator writes, and the observed surface flowhost
+//! exports.
+//!
+//! **Declared** (`assay.declared_tool_surface.v0`): the privileged actions expected in a run.
+//! [`DeclaredSurface::parse`] validates it strictly and names the entry (index and id) and the
+//! field of every error. Each declared target field becomes a [`FieldRule`] on one observed
+//! target field:
+//!
+//! | provider | declared field | observed field | compared as |
+//! |---|---|---|---|
+//! | `github` | `key_title` | `key_title_hash` | hash, domain `github_key_title` |
+//! | `slack` | `workspace_id` | `workspace_id_hash` | hash, domain `slack_workspace` |
+//! | `slack` | `channel_id` | `channel_id_hash` | hash, domain `slack_channel` |
+//! | `slack` | `principal` | `principal_hash` | hash, domain `slack_principal` |
+//! | `workspace` | `workspace_id` | `workspace_id_hash` | hash, domain `workspace` |
+//! | `workspace` | `principal` | `principal_hash` | hash, domain `workspace_principal` |
+//! | `network` | `address` | `address` | IP address or CIDR, containment |
+//! | `network` | `port` | `port` | port number |
+//! | any | `<name>_hash` | `<name>_hash` | a `sha256:` value, exact |
+//! | any other | `<name>` | `<name>` | plain, exact (case-sensitive) |
+//!
+//! A hashed field may be declared by its plain value (hashed here with the domain, after trim
+//! and lowercase) or directly as `sha256:<hex>`. For an operator-defined provider, a plain
+//! declared `<name>` whose value is `sha256:<hex>` also matches an observed `<name>_hash`
+//! (operator domains are not known here, so such fields are declared by hash). `"*"` or an
+//! absent field matches anything; an empty `allowed_targets` means no target constraint.
+//!
+//! **Observed** (`assay.tool_decision_surface.v0`): [`write_surface_envelope`] wraps a verified
+//! record stream in the envelope other tools read.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io::{self, Write};
+use std::net::IpAddr;
+use std::path::Path;
+
+use ipnet::IpNet;
+use serde_json::{Map, Value};
+
+use crate::records::chain::ChainHash;
+use crate::records::projection::{NETWORK_PROVIDER, target_hash};
+use crate::records::store::{StoreError, record_sources, split_lines};
+use crate::records::{DECISION_SURFACE_SCHEMA, Effect, is_code};
+
+/// The declared surface's schema string.
+pub const DECLARED_SCHEMA: &str = "assay.declared_tool_surface.v0";
+
+/// The non-claims every exported surface carries.
+pub const NON_CLAIMS: [&str; 3] = [
+    "does not prove SaaS-side persistence without external audit evidence",
+    "does not infer tool actions outside observed MCP proxy traffic",
+    "does not expose raw secrets or tokens",
+];
+
+/// Declared fields the observed record carries hashed: (provider, declared field, observed
+/// field, hash domain).
+const HASHED_FIELDS: [(&str, &str, &str, &str); 6] = [
+    ("github", "key_title", "key_title_hash", "github_key_title"),
+    (
+        "slack",
+        "workspace_id",
+        "workspace_id_hash",
+        "slack_workspace",
+    ),
+    ("slack", "channel_id", "channel_id_hash", "slack_channel"),
+    ("slack", "principal", "principal_hash", "slack_principal"),
+    (
+        "workspace",
+        "workspace_id",
+        "workspace_id_hash",
+        "workspace",
+    ),
+    (
+        "workspace",
+        "principal",
+        "principal_hash",
+        "workspace_principal",
+    ),
+];
+
+/// A declared surface that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SurfaceError {
+    /// The file is not JSON.
+    #[error("declared surface is not JSON: {0}")]
+    Json(String),
+    /// A top-level problem.
+    #[error("declared surface: field {field}: {problem}")]
+    Document {
+        /// The top-level field.
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A problem in one declared action.
+    #[error("declared_tool_actions[{index}] (id {id}): field {field}: {problem}")]
+    Entry {
+        /// The entry's index.
+        index: usize,
+        /// The entry's id (`?` when it has none).
+        id: String,
+        /// The field at fault (e.g. `allowed_targets[0].port`).
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// A scalar of an observed target, as the matcher sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScalarView<'a> {
+    /// A string.
+    Text(&'a str),
+    /// A non-negative integer.
+    Integer(u64),
+    /// A boolean.
+    Flag(bool),
+    /// Anything else (never matches a constraint).
+    Other,
+}
+
+/// The outcome of testing one constraint against one observed target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetMatch {
+    /// Every constrained field is present and satisfied.
+    Match,
+    /// A present field contradicts the constraint.
+    Mismatch,
+    /// No present field contradicts it, but a constrained field is missing from the observed
+    /// target, so it cannot be decided.
+    Undetermined,
+}
+
+/// How one declared field constrains one observed field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldRule {
+    /// Exact string equality.
+    Text(String),
+    /// Exact string equality, or (when the observed field is absent) equality of the
+    /// `sha256:` value with the observed `<field>_hash`.
+    TextOrHash {
+        /// The declared value (a `sha256:` hash).
+        value: String,
+        /// The observed hash field to try.
+        hash_field: String,
+    },
+    /// Equality with the observed `sha256:` hash.
+    Hash(String),
+    /// Exact integer equality (ports, numbers).
+    Integer(u64),
+    /// Exact boolean equality.
+    Flag(bool),
+    /// The observed address lies in this network (a single address is a /32 or /128).
+    Network(IpNet),
+}
+
+/// One declared target field: which observed field it constrains, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldConstraint {
+    /// The observed target field.
+    pub observed: String,
+    /// The rule.
+    pub rule: FieldRule,
+}
+
+/// One `allowed_targets` entry ("*" fields are dropped: they constrain nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TargetConstraint {
+    /// The constrained fields.
+    pub fields: Vec<FieldConstraint>,
+}
+
+impl TargetConstraint {
+    /// Tests the constraint against an observed target, given as a field lookup.
+    pub fn test<'a>(&self, get: impl Fn(&str) -> Option<ScalarView<'a>>) -> TargetMatch {
+        let mut undetermined = false;
+        for c in &self.fields {
+            let observed = get(&c.observed);
+            let ok = match (&c.rule, observed) {
+                (FieldRule::TextOrHash { value, hash_field }, None) => match get(hash_field) {
+                    Some(ScalarView::Text(h)) => Some(h == value),
+                    Some(_) => Some(false),
+                    None => None,
+                },
+                (_, None) => None,
+                (FieldRule::Text(v), Some(ScalarView::Text(o)))
+                | (FieldRule::TextOrHash { value: v, .. }, Some(ScalarView::Text(o)))
+                | (FieldRule::Hash(v), Some(ScalarView::Text(o))) => Some(v == o),
+                (FieldRule::Integer(v), Some(ScalarView::Integer(o))) => Some(*v == o),
+                (FieldRule::Integer(v), Some(ScalarView::Text(o))) => {
+                    Some(o.parse::<u64>().ok() == Some(*v))
+                }
+                (FieldRule::Flag(v), Some(ScalarView::Flag(o))) => Some(*v == o),
+                (FieldRule::Network(net), Some(ScalarView::Text(o))) => {
+                    Some(o.parse::<IpAddr>().is_ok_and(|a| net.contains(&a)))
+                }
+                (_, Some(_)) => Some(false),
+            };
+            match ok {
+                Some(true) => {}
+                Some(false) => return TargetMatch::Mismatch,
+                None => undetermined = true,
+            }
+        }
+        if undetermined {
+            TargetMatch::Undetermined
+        } else {
+            TargetMatch::Match
+        }
+    }
+}
+
+/// One declared action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeclaredAction {
+    /// Its position in `declared_tool_actions`.
+    pub index: usize,
+    /// Its id.
+    pub id: String,
+    /// The provider (compared with the observed `action.target.provider`).
+    pub provider: String,
+    /// The action class (compared with the observed `tool.category`).
+    pub action_class: String,
+    /// The target constraints (empty: any target).
+    pub allowed_targets: Vec<TargetConstraint>,
+    /// The effects it allows (`allow`, `deny`).
+    pub allowed_effects: BTreeSet<Effect>,
+    /// Review metadata, not a match key.
+    pub required_decision: String,
+}
+
+impl DeclaredAction {
+    /// Tests an observed target against the declared targets: `Match` if any entry matches
+    /// (or there are none), else `Undetermined` if any entry could not be decided, else
+    /// `Mismatch`.
+    pub fn test_target<'a>(&self, get: impl Fn(&str) -> Option<ScalarView<'a>>) -> TargetMatch {
+        if self.allowed_targets.is_empty() {
+            return TargetMatch::Match;
+        }
+        let mut best = TargetMatch::Mismatch;
+        for t in &self.allowed_targets {
+            match t.test(&get) {
+                TargetMatch::Match => return TargetMatch::Match,
+                TargetMatch::Undetermined => best = TargetMatch::Undetermined,
+                TargetMatch::Mismatch => {}
+            }
+        }
+        best
+    }
+}
+
+/// A validated declared surface.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeclaredSurface {
+    /// The declared actions, in file order.
+    pub actions: Vec<DeclaredAction>,
+}
+
+impl DeclaredSurface {
+    /// Parses and validates a declared surface (see the module docs for the field rules).
+    pub fn parse(text: &str) -> Result<Self, SurfaceError> {
+        let doc: Value =
+            serde_json::from_str(text).map_err(|e| SurfaceError::Json(e.to_string()))?;
+        let top = |field: &str, problem: &str| SurfaceError::Document {
+            field: field.to_string(),
+            problem: problem.to_string(),
+        };
+        let obj = doc
+            .as_object()
+            .ok_or_else(|| top("(document)", "must be a JSON object"))?;
+        for key in obj.keys() {
+            if !matches!(
+                key.as_str(),
+                "schema" | "declared_tool_actions" | "non_claims"
+            ) {
+                return Err(top(key, "unknown field"));
+            }
+        }
+        match obj.get("schema") {
+            Some(Value::String(s)) if s == DECLARED_SCHEMA => {}
+            _ => return Err(top("schema", &format!("must be {DECLARED_SCHEMA:?}"))),
+        }
+        let entries = obj
+            .get("declared_tool_actions")
+            .and_then(Value::as_array)
+            .ok_or_else(|| top("declared_tool_actions", "must be an array"))?;
+        let mut ids = BTreeSet::new();
+        let mut actions = Vec::with_capacity(entries.len());
+        for (index, entry) in entries.iter().enumerate() {
+            let action = parse_action(index, entry)?;
+            if !ids.insert(action.id.clone()) {
+                return Err(SurfaceError::Entry {
+                    index,
+                    id: action.id,
+                    field: "id".into(),
+                    problem: "duplicate id".into(),
+                });
+            }
+            actions.push(action);
+        }
+        Ok(DeclaredSurface { actions })
+    }
+}
+
+fn parse_action(index: usize, entry: &Value) -> Result<DeclaredAction, SurfaceError> {
+    let id_hint = entry
+        .get("id")
+        .and_then(Value::as_str)
+        .unwrap_or("?")
+        .to_string();
+    let bad = |field: &str, problem: String| SurfaceError::Entry {
+        index,
+        id: id_hint.clone(),
+        field: field.to_string(),
+        problem,
+    };
+    let obj = entry
+        .as_object()
+        .ok_or_else(|| bad("(entry)", "must be an object".into()))?;
+    for key in obj.keys() {
+        if !matches!(
+            key.as_str(),
+            "id" | "provider"
+                | "action_class"
+                | "allowed_targets"
+                | "allowed_effects"
+                | "required_decision"
+                | "description"
+        ) {
+            return Err(bad(key, "unknown field".into()));
+        }
+    }
+    let string = |field: &str| -> Result<String, SurfaceError> {
+        match obj.get(field) {
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
+            Some(_) => Err(bad(field, "must be a non-empty string".into())),
+            None => Err(bad(field, "is required".into())),
+        }
+    };
+    let id = string("id")?;
+    let provider = string("provider")?;
+    let action_class = string("action_class")?;
+    let required_decision = string("required_decision")?;
+    if !is_code(&provider) {
+        return Err(bad("provider", format!("{provider:?} must be snake_case")));
+    }
+    if !is_code(&action_class) {
+        return Err(bad(
+            "action_class",
+            format!("{action_class:?} must be snake_case"),
+        ));
+    }
+    let effects = obj
+        .get("allowed_effects")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("allowed_effects", "must be an array".into()))?;
+    if effects.is_empty() {
+        return Err(bad(
+            "allowed_effects",
+            "must list at least one of \"allow\", \"deny\"".into(),
+        ));
+    }
+    let mut allowed_effects = BTreeSet::new();
+    for (i, e) in effects.iter().enumerate() {
+        let effect = match e.as_str() {
+            Some("allow") => Effect::Allow,
+            Some("deny") => Effect::Deny,
+            _ => {
+                return Err(bad(
+                    &format!("allowed_effects[{i}]"),
+                    format!("{e} is not \"allow\" or \"deny\""),
+                ));
+            }
+        };
+        if !allowed_effects.insert(effect) {
+            return Err(bad(&format!("allowed_effects[{i}]"), "listed twice".into()));
+        }
+    }
+    let targets = obj
+        .get("allowed_targets")
+        .and_then(Value::as_array)
+        .ok_or_else(|| {
+            bad(
+                "allowed_targets",
+                "must be an array (empty: any target)".into(),
+            )
+        })?;
+    let mut allowed_targets = Vec::with_capacity(targets.len());
+    for (t, target) in targets.iter().enumerate() {
+        let fields = target.as_object().ok_or_else(|| {
+            bad(
+                &format!("allowed_targets[{t}]"),
+                "must be an object of field constraints".into(),
+            )
+        })?;
+        let mut constraint = TargetConstraint::default();
+        for (name, value) in fields {
+            let field = format!("allowed_targets[{t}].{name}");
+            if let Some(c) =
+                field_constraint(&provider, name, value).map_err(|problem| bad(&field, problem))?
+            {
+                constraint.fields.push(c);
+            }
+        }
+        allowed_targets.push(constraint);
+    }
+    Ok(DeclaredAction {
+        index,
+        id,
+        provider,
+        action_class,
+        allowed_targets,
+        allowed_effects,
+        required_decision,
+    })
+}
+
+/// The rule for one declared target field; `None` for `"*"`.
+fn field_constraint(
+    provider: &str,
+    name: &str,
+    value: &Value,
+) -> Result<Option<FieldConstraint>, String> {
+    if name == "provider" {
+        return Err("the provider is declared at the action level, not in a target".into());
+    }
+    if !is_code(name) {
+        return Err(format!("{name:?} is not a snake_case field name"));
+    }
+    if value.as_str() == Some("*") {
+        return Ok(None);
+    }
+    let constraint = |observed: &str, rule| {
+        Ok(Some(FieldConstraint {
+            observed: observed.to_string(),
+            rule,
+        }))
+    };
+    let text = || match value {
+        Value::String(s) if !s.is_empty() => Ok(s.as_str()),
+        _ => Err(format!("{value} must be a non-empty string or \"*\"")),
+    };
+    if let Some(&(_, _, observed, domain)) = HASHED_FIELDS
+        .iter()
+        .find(|(p, d, _, _)| *p == provider && *d == name)
+    {
+        let v = text()?;
+        let hash = if v.starts_with("sha256:") {
+            ChainHash::parse(v)
+                .ok_or_else(|| format!("{v:?} is not sha256: and 64 lowercase hex digits"))?
+                .as_str()
+                .to_string()
+        } else {
+            target_hash(domain, v)
+        };
+        return constraint(observed, FieldRule::Hash(hash));
+    }
+    if provider == NETWORK_PROVIDER && name == "address" {
+        let v = text()?;
+        let net = v
+            .parse::<IpNet>()
+            .or_else(|_| v.parse::<IpAddr>().map(IpNet::from))
+            .map_err(|_| format!("{v:?} is not an IP address or CIDR"))?;
+        return constraint(name, FieldRule::Network(net.trunc()));
+    }
+    if provider == NETWORK_PROVIDER && name == "port" {
+        let port = match value {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.parse::<u64>().ok(),
+            _ => None,
+        }
+        .filter(|p| *p <= u64::from(u16::MAX))
+        .ok_or_else(|| format!("{value} is not a port number (0..=65535) or \"*\""))?;
+        return constraint(name, FieldRule::Integer(port));
+    }
+    if name.ends_with("_hash") {
+        let v = text()?;
+        let hash = ChainHash::parse(v)
+            .ok_or_else(|| format!("{v:?} must be sha256: and 64 lowercase hex digits"))?;
+        return constraint(name, FieldRule::Hash(hash.as_str().to_string()));
+    }
+    match value {
+        Value::Bool(b) => constraint(name, FieldRule::Flag(*b)),
+        Value::Number(n) => n.as_u64().map_or_else(
+            || Err(format!("{value} must be a non-negative integer")),
+            |n| constraint(name, FieldRule::Integer(n)),
+        ),
+        _ => {
+            let v = text()?;
+            if v.starts_with("sha256:") && ChainHash::parse(v).is_some() {
+                constraint(
+                    name,
+                    FieldRule::TextOrHash {
+                        value: v.to_string(),
+                        hash_field: format!("{name}_hash"),
+                    },
+                )
+            } else {
+                constraint(name, FieldRule::Text(v.to_string()))
+            }
+        }
+    }
+}
+
+/// A problem exporting records.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The records could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The output could not be written.
+    #[error("cannot write the surface: {0}")]
+    Write(#[source] io::Error),
+}
+
+/// Writes the `assay.tool_decision_surface.v0` envelope of the records at `records` (a
+/// directory or file): `schema`, `observed_tool_decisions` (each complete record line,
+/// verbatim, flowhost extension included; other readers ignore the extension) and
+/// [`NON_CLAIMS`]. Call it only on records that verified; a torn last line is not exported.
+pub fn write_surface_envelope(records: &Path, out: &mut dyn Write) -> Result<u64, ExportError> {
+    let w = |r: io::Result<()>| r.map_err(ExportError::Write);
+    w(write!(
+        out,
+        "{{\"schema\":\"{DECISION_SURFACE_SCHEMA}\",\"observed_tool_decisions\":["
+    ))?;
+    let mut n = 0u64;
+    for file in record_sources(records)? {
+        let bytes = std::fs::read(&file).map_err(StoreError::io("read", &file))?;
+        for line in split_lines(&bytes).0 {
+            if n > 0 {
+                w(out.write_all(b","))?;
+            }
+            w(out.write_all(b"\n"))?;
+            w(out.write_all(line))?;
+            n += 1;
+        }
+    }
+    let claims = Value::Array(NON_CLAIMS.iter().map(|c| Value::from(*c)).collect());
+    w(write!(out, "\n],\"non_claims\":{claims}}}\n"))?;
+    Ok(n)
+}
+
+impl fmt::Display for TargetMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TargetMatch::Match => "match",
+            TargetMatch::Mismatch => "mismatch",
+            TargetMatch::Undetermined => "undetermined",
+        })
+    }
+}
+
+/// Looks a field up in a JSON target object (for callers holding `serde_json` values).
+pub fn json_lookup<'m>(
+    target: &'m Map<String, Value>,
+) -> impl Fn(&str) -> Option<ScalarView<'m>> + 'm {
+    move |field| {
+        target.get(field).map(|v| match v {
+            Value::String(s) => ScalarView::Text(s),
+            Value::Bool(b) => ScalarView::Flag(*b),
+            Value::Number(n) => n.as_u64().map_or(ScalarView::Other, ScalarView::Integer),
+            _ => ScalarView::Other,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn surface(actions: Value) -> Result<DeclaredSurface, SurfaceError> {
+        DeclaredSurface::parse(
+            &json!({"schema": DECLARED_SCHEMA, "declared_tool_actions": actions}).to_string(),
+        )
+    }
+
+    fn action(provider: &str, class: &str, targets: Value) -> Value {
+        json!({"id": format!("{provider}.x"), "provider": provider, "action_class": class,
+               "allowed_targets": targets, "allowed_effects": ["allow"],
+               "required_decision": "explicit_policy"})
+    }
+
+    fn test(a: &DeclaredAction, target: Value) -> TargetMatch {
+        let map = target.as_object().unwrap().clone();
+        a.test_target(json_lookup(&map))
+    }
+
+    #[test]
+    fn errors_name_the_entry_and_field() {
+        let mut bad = action("github", "github_deploy_key", json!([]));
+        bad["allowed_effects"] = json!(["allow", "maybe"]);
+        let e = surface(json!([action("slack", "slack_add_member", json!([])), bad])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "declared_tool_actions[1] (id github.x): field allowed_effects[1]: \"maybe\" is not \"allow\" or \"deny\""
+        );
+        let e = surface(json!([action(
+            "network",
+            "network_egress",
+            json!([{"address": "10.0.0.0/33"}])
+        )]))
+        .unwrap_err();
+        assert!(e.to_string().contains("allowed_targets[0].address"), "{e}");
+        let mut missing = action("github", "github_deploy_key", json!([]));
+        missing.as_object_mut().unwrap().remove("provider");
+        let e = surface(json!([missing])).unwrap_err();
+        assert!(e.to_string().contains("field provider: is required"), "{e}");
+        let e = surface(json!([
+            action("a", "b", json!([])),
+            action("a", "b", json!([]))
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("duplicate id"), "{e}");
+        let e =
+            DeclaredSurface::parse(r#"{"schema":"other","declared_tool_actions":[]}"#).unwrap_err();
+        assert!(e.to_string().contains("field schema"), "{e}");
+    }
+
+    #[test]
+    fn plain_hashed_and_wildcard_fields() {
+        let s = surface(json!([action(
+            "slack",
+            "slack_add_member",
+            json!([{"workspace_id": "T0123", "channel_id": "*"}])
+        )]))
+        .unwrap();
+        let a = &s.actions[0];
+        let ws = "sha256:e4cfe2c3698fd59b58fd5a075e378f38d857421174faffe3317d3f86473f0190";
+        assert_eq!(
+            test(a, json!({"provider": "slack", "workspace_id_hash": ws})),
+            TargetMatch::Match
+        );
+        assert_eq!(
+            test(
+                a,
+                json!({"provider": "slack", "workspace_id_hash": target_hash("slack_workspace", "T9")})
+            ),
+            TargetMatch::Mismatch
+        );
+        assert_eq!(
+            test(a, json!({"provider": "slack"})),
+            TargetMatch::Undetermined
+        );
+        let s = surface(json!([action(
+            "slack",
+            "slack_add_member",
+            json!([{"workspace_id": ws}])
+        )]))
+        .unwrap();
+        assert_eq!(
+            test(&s.actions[0], json!({"workspace_id_hash": ws})),
+            TargetMatch::Match
+        );
+        let s = surface(json!([action(
+            "github",
+            "github_deploy_key",
+            json!([{"owner": "org", "repo": "prod-repo"}])
+        )]))
+        .unwrap();
+        assert_eq!(
+            test(&s.actions[0], json!({"owner": "org", "repo": "prod-repo"})),
+            TargetMatch::Match
+        );
+        assert_eq!(
+            test(&s.actions[0], json!({"owner": "Org", "repo": "prod-repo"})),
+            TargetMatch::Mismatch
+        );
+        assert_eq!(
+            test(&s.actions[0], json!({"owner": "org"})),
+            TargetMatch::Undetermined
+        );
+    }
+
+    #[test]
+    fn network_address_cidr_and_port() {
+        let s = surface(json!([action(
+            "network",
+            "network_egress",
+            json!([
+                {"address": "10.0.0.0/8", "port": 443},
+                {"address": "2001:db8::1", "port": "*"}
+            ])
+        )]))
+        .unwrap();
+        let a = &s.actions[0];
+        assert_eq!(
+            test(a, json!({"address": "10.9.8.7", "port": 443})),
+            TargetMatch::Match
+        );
+        assert_eq!(
+            test(a, json!({"address": "10.9.8.7", "port": 80})),
+            TargetMatch::Mismatch
+        );
+        assert_eq!(
+            test(a, json!({"address": "11.0.0.1", "port": 443})),
+            TargetMatch::Mismatch
+        );
+        assert_eq!(
+            test(a, json!({"address": "2001:db8::1", "port": 22})),
+            TargetMatch::Match
+        );
+        assert_eq!(
+            test(a, json!({"unix_path": "/run/x.sock"})),
+            TargetMatch::Undetermined
+        );
+    }
+
+    #[test]
+    fn empty_targets_mean_any_target() {
+        let s = surface(json!([action("workspace", "workspace_admin", json!([]))])).unwrap();
+        assert_eq!(
+            test(&s.actions[0], json!({"provider": "workspace"})),
+            TargetMatch::Match
+        );
+    }
+
+    #[test]
+    fn envelope_wraps_record_lines_verbatim() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        std::fs::write(&path, "{\"a\":1}\n{\"b\":2}\n{\"torn\"").unwrap();
+        let mut out = Vec::new();
+        assert_eq!(write_surface_envelope(&path, &mut out).unwrap(), 2);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["schema"], DECISION_SURFACE_SCHEMA);
+        assert_eq!(v["observed_tool_decisions"], json!([{"a": 1}, {"b": 2}]));
+        assert_eq!(v["non_claims"], json!(NON_CLAIMS));
+    }
+}

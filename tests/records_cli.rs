@@ -1,0 +1,303 @@
+//! `flowhost records verify|export` and `flowhost health` on real record directories, run
+//! through the built binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use flowhost::records::{
+    Correlation, DecisionRecord, FlowContext, RecordWriter, ServerInfo, ToolCallFacts, Verdict,
+    WriterOptions, project_tool_call,
+};
+
+fn flowhost(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(args)
+        .output()
+        .expect("run flowhost")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn record(i: usize) -> DecisionRecord {
+    DecisionRecord::tool_call(ToolCallFacts {
+        server: ServerInfo::mcp("srv", None),
+        tool_name: format!("tool_{i}"),
+        projection: project_tool_call(None, &serde_json::json!({})),
+        verdict: Verdict::allow_before_effect(None),
+        credential_alias: None,
+        correlation: Correlation::none(),
+        context: FlowContext {
+            call_id: Some(format!("call-{i}")),
+            ..FlowContext::default()
+        },
+    })
+}
+
+/// A closed record directory of `n` records in files of at most `rotate` bytes.
+fn records(dir: &Path, n: usize, rotate: u64) -> Vec<PathBuf> {
+    let w = RecordWriter::open(
+        dir,
+        WriterOptions {
+            rotate_bytes: rotate,
+            ..WriterOptions::default()
+        },
+    )
+    .unwrap();
+    for i in 0..n {
+        w.commit_blocking(record(i)).unwrap();
+    }
+    w.close_blocking().unwrap();
+    flowhost::records::store::list_record_files(dir)
+        .unwrap()
+        .into_iter()
+        .map(|f| f.path)
+        .collect()
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn write_lines(path: &Path, lines: &[String]) {
+    std::fs::write(
+        path,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+}
+
+fn files_first(path: &Path) -> u64 {
+    flowhost::records::store::parse_record_file_name(path.file_name().unwrap().to_str().unwrap())
+        .unwrap()
+}
+
+fn verify(dir: &Path) -> (i32, String) {
+    let o = flowhost(&["records", "verify", dir.to_str().unwrap()]);
+    (o.status.code().unwrap(), stdout(&o))
+}
+
+#[test]
+fn intact_rotated_stream_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 40, 4096);
+    assert!(files.len() > 3);
+    let (code, out) = verify(dir.path());
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ok: 40 records"), "{out}");
+    assert!(out.contains("head anchor at seq 40 matches"), "{out}");
+}
+
+#[test]
+fn deleted_line_is_reported_as_a_gap_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 10, 1 << 20);
+    let mut l = lines(&files[0]);
+    l.remove(4); // seq 5
+    write_lines(&files[0], &l);
+    let (code, out) = verify(dir.path());
+    assert_eq!(code, 1, "{out}");
+    let name = files[0].display().to_string();
+    assert!(
+        out.contains(&format!("{name}:5: gap: record 5 is missing")),
+        "{out}"
+    );
+}
+
+#[test]
+fn deleted_file_in_the_middle_is_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 30, 4096);
+    std::fs::remove_file(&files[1]).unwrap();
+    let (code, out) = verify(dir.path());
+    assert_eq!(code, 1, "{out}");
+    let first_of_next = flowhost::records::store::parse_record_file_name(
+        files[2].file_name().unwrap().to_str().unwrap(),
+    )
+    .unwrap();
+    assert!(
+        out.contains(&format!(
+            "{}:1: gap: records {}..={} are missing (deleted lines or a deleted file)",
+            files[2].display(),
+            files_first(&files[1]),
+            first_of_next - 1
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn edited_line_is_reported_at_the_edited_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 10, 1 << 20);
+    let mut l = lines(&files[0]);
+    l[2] = l[2].replace("\"tool_2\"", "\"tool_X\"");
+    write_lines(&files[0], &l);
+    let (code, out) = verify(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "{}:3: edited: record 3 does not hash to what the next record vouches for",
+            files[0].display()
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn edited_last_line_is_caught_by_the_head_anchor() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 5, 1 << 20);
+    let mut l = lines(&files[0]);
+    l[4] = l[4].replace("\"tool_4\"", "\"tool_Y\"");
+    write_lines(&files[0], &l);
+    let (code, out) = verify(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(":5: edited: record 5"), "{out}");
+    assert!(out.contains("head anchor"), "{out}");
+}
+
+#[test]
+fn truncated_file_is_reported_torn_and_versus_the_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 6, 1 << 20);
+    let bytes = std::fs::read(&files[0]).unwrap();
+    // Cut in the middle of line 5: lines 5 and 6 are gone, line 5 is torn.
+    let l = lines(&files[0]);
+    let keep = l[..4].iter().map(|s| s.len() + 1).sum::<usize>() + 20;
+    std::fs::write(&files[0], &bytes[..keep]).unwrap();
+    let (code, out) = verify(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "{}:5: truncated: the last line (20 bytes) has no newline",
+            files[0].display()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("truncated: the head anchor names record 6 but the stream ends at 4 (2 whole lines missing)"),
+        "{out}"
+    );
+    // Cutting whole lines only is caught by the anchor alone.
+    write_lines(&files[0], &l[..3]);
+    let (code, out) = verify(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("3 whole lines missing"), "{out}");
+}
+
+#[test]
+fn single_file_with_explicit_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 4, 1 << 20);
+    let head = dir.path().join("records.head");
+    let o = flowhost(&[
+        "records",
+        "verify",
+        files[0].to_str().unwrap(),
+        "--head",
+        head.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let l = lines(&files[0]);
+    write_lines(&files[0], &l[..3]);
+    let o = flowhost(&[
+        "records",
+        "verify",
+        files[0].to_str().unwrap(),
+        "--head",
+        head.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+}
+
+fn export(dir: &Path, out: &Path) -> Output {
+    flowhost(&[
+        "records",
+        "export",
+        "--surface",
+        dir.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn export_writes_the_envelope_and_refuses_broken_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 7, 2048);
+    let out = dir.path().join("surface.json");
+    let o = export(dir.path(), &out);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(v["schema"], "assay.tool_decision_surface.v0");
+    let decisions = v["observed_tool_decisions"].as_array().unwrap();
+    assert_eq!(decisions.len(), 7);
+    let seqs: Vec<u64> = decisions
+        .iter()
+        .map(|d| d["flowhost"]["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (1..=7).collect::<Vec<_>>());
+    assert_eq!(v["non_claims"].as_array().unwrap().len(), 3);
+    // Break the chain: export refuses and leaves the old output untouched.
+    let mut l = lines(&files[0]);
+    l.remove(0);
+    write_lines(&files[0], &l);
+    let before = std::fs::read(&out).unwrap();
+    let o = export(dir.path(), &out);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not verify"));
+    assert_eq!(std::fs::read(&out).unwrap(), before);
+}
+
+#[test]
+fn export_requires_the_surface_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    records(dir.path(), 1, 1 << 20);
+    let o = flowhost(&["records", "export", dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn offline_health_reports_the_range_and_is_incomplete() {
+    let dir = tempfile::tempdir().unwrap();
+    records(dir.path(), 9, 4096);
+    let out = dir.path().join("health.json");
+    let o = flowhost(&[
+        "health",
+        "--records",
+        dir.path().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(v["schema"], "flowhost.tool_observation_health.v0");
+    assert_eq!(v["producer"], "offline");
+    assert_eq!(v["records"]["first_seq"], 1);
+    assert_eq!(v["records"]["last_seq"], 9);
+    assert_eq!(v["records"]["records_complete"], true);
+    assert_eq!(v["complete"], false);
+    assert!(
+        v["incomplete_reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "proxy_seen is unknown")
+    );
+}
