@@ -3,19 +3,22 @@
 //! Data flows one way: manifest -> registry -> resolver -> broker decisions -> records -> diff.
 //! This crate holds the host side; the seccomp-notify broker is the `flowhost-broker` crate.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod canonical;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod destination;
 pub mod diff;
 pub mod files;
 pub mod flow;
 pub mod ident;
 pub mod keys;
+pub mod lab;
 pub mod label;
+pub mod logging;
 pub mod manifest;
 pub mod mcp;
 pub mod openapi;

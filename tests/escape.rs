@@ -11,10 +11,21 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixListener;
 use std::time::Duration;
 
-use common::{TcpSink, UdpSink, broker, probe, run_with, workspace_binary};
+use common::{TcpSink, UdpSink, broker, probe, run_with, shared_copy};
 use flowhost_broker::{Destination, EgressSyscall, Verdict, WaitStatus};
 
 const SIGSYS: i32 = libc::SIGSYS;
+
+/// Polls `cond` for up to 5 s: asynchronous accepts are counted by other threads.
+fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..250 {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
 
 fn dest(addr: SocketAddr) -> Option<Destination> {
     Some(Destination::Inet(addr))
@@ -150,7 +161,7 @@ async fn sendmmsg_partially_allowed_sends_only_the_allowed_prefix() {
     let (s1, s2) = (UdpSink::start(), UdpSink::start());
     let allowed = s1.addr;
     let argv = vec![
-        workspace_binary("flowhost-probe").display().to_string(),
+        shared_copy("flowhost-probe").display().to_string(),
         "sendmmsg".into(),
         s1.addr.to_string(),
         s2.addr.to_string(),
@@ -199,7 +210,7 @@ async fn allowed_unix_connect_reaches_the_pinned_socket() {
     let listener = UnixListener::bind(&path).unwrap();
     listener.set_nonblocking(true).unwrap();
     let argv = vec![
-        workspace_binary("flowhost-probe").display().to_string(),
+        shared_copy("flowhost-probe").display().to_string(),
         "unix-connect".into(),
         path.display().to_string(),
     ];
@@ -221,7 +232,7 @@ async fn unix_connect_through_a_symlink_is_not_followed() {
     listener.set_nonblocking(true).unwrap();
     std::os::unix::fs::symlink(&real, &link).unwrap();
     let argv = vec![
-        workspace_binary("flowhost-probe").display().to_string(),
+        shared_copy("flowhost-probe").display().to_string(),
         "unix-connect".into(),
         link.display().to_string(),
     ];
@@ -369,7 +380,7 @@ async fn a_sockaddr_rewritten_during_connect_cannot_redirect_it() {
     let (allowed, other) = (TcpSink::start(), TcpSink::start());
     let allowed_addr = allowed.addr;
     let argv = vec![
-        workspace_binary("flowhost-probe").display().to_string(),
+        shared_copy("flowhost-probe").display().to_string(),
         "toctou".into(),
         allowed.addr.to_string(),
         other.addr.to_string(),
@@ -409,20 +420,18 @@ async fn allowed_connect_really_connects_and_refused_returns_eacces() {
     let Some(b) = broker() else { return };
     let sink = TcpSink::start();
     let argv = vec![
-        workspace_binary("flowhost-probe").display().to_string(),
+        shared_copy("flowhost-probe").display().to_string(),
         "connect".into(),
         sink.addr.to_string(),
         "hello from the sandbox".into(),
     ];
     let run = run_with(&b, "brokered", argv.clone(), |_| Verdict::Allow).await;
     assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
-    for _ in 0..50 {
-        if sink.bytes() == b"hello from the sandbox" {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(sink.bytes(), b"hello from the sandbox");
+    assert!(
+        eventually(|| sink.bytes() == b"hello from the sandbox"),
+        "{:?}",
+        sink.bytes()
+    );
 
     let quiet = TcpSink::start();
     let mut argv = argv;
@@ -431,7 +440,7 @@ async fn allowed_connect_really_connects_and_refused_returns_eacces() {
     assert_eq!(run.errno(), libc::EACCES as i64);
     let run_eperm = {
         let mut argv = vec![
-            workspace_binary("flowhost-probe").display().to_string(),
+            shared_copy("flowhost-probe").display().to_string(),
             "connect".into(),
             quiet.addr.to_string(),
         ];
@@ -454,7 +463,7 @@ async fn isolated_profile_reaches_nothing_even_when_allowed() {
     let Some(b) = broker() else { return };
     let sink = TcpSink::start();
     let argv = vec![
-        workspace_binary("flowhost-probe").display().to_string(),
+        shared_copy("flowhost-probe").display().to_string(),
         "connect".into(),
         sink.addr.to_string(),
     ];
@@ -474,7 +483,7 @@ async fn an_allowed_connect_reports_the_kernels_own_error() {
         .local_addr()
         .unwrap();
     let argv = vec![
-        workspace_binary("flowhost-probe").display().to_string(),
+        shared_copy("flowhost-probe").display().to_string(),
         "connect".into(),
         closed.to_string(),
     ];

@@ -4,7 +4,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{TcpSink, is_root, workspace_binary};
+use common::{TcpSink, is_root, shared_copy};
 
 fn flowhost() -> Command {
     Command::new(env!("CARGO_BIN_EXE_flowhost"))
@@ -25,7 +25,7 @@ fn refused_by_default_allowed_with_allow_and_recorded() {
         return;
     }
     let sink = TcpSink::start();
-    let probe = workspace_binary("flowhost-probe");
+    let probe = shared_copy("flowhost-probe");
     let out = flowhost()
         .args(["sandbox", "run", "--profile", "brokered", "--"])
         .arg(&probe)
@@ -96,7 +96,7 @@ fn exit_status_is_the_commands_and_128_plus_signal() {
     assert_eq!(out.status.code(), Some(7));
     let out = flowhost()
         .args(["sandbox", "run", "--profile", "isolated", "--"])
-        .arg(workspace_binary("flowhost-probe"))
+        .arg(shared_copy("flowhost-probe"))
         .arg("x32-socket")
         .output()
         .unwrap();
@@ -112,7 +112,7 @@ fn a_process_already_under_a_notify_listener_is_refused() {
     if !can_run() {
         return;
     }
-    let out = Command::new(workspace_binary("flowhost-probe"))
+    let out = Command::new(shared_copy("flowhost-probe"))
         .arg("under-listener")
         .arg(env!("CARGO_BIN_EXE_flowhost"))
         .args(["sandbox", "run", "--profile", "isolated", "--", "/bin/true"])

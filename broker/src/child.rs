@@ -192,6 +192,7 @@ macro_rules! check {
 struct ParkedPlan {
     status: c_int,
     go: c_int,
+    landlock: Option<c_int>,
 }
 
 fn fail_parked(p: &ParkedPlan, stage: Stage, err: i32) -> ! {
@@ -279,7 +280,9 @@ fn setup_namespaces(plan: &ChildPlan) {
 }
 
 /// Parks the child's plumbing above [`PARK_FD`], places stdio and the explicit descriptors
-/// at their numbers, and marks every other descriptor close-on-exec.
+/// at their numbers, and closes every other descriptor inherited from the host. Closing (not
+/// merely marking close-on-exec) matters: the host may hold thousands of descriptors, and the
+/// child must be able to open the few it needs before exec under its own RLIMIT_NOFILE.
 fn arrange_descriptors(plan: &ChildPlan) -> ParkedPlan {
     // SAFETY: fcntl/dup2/close_range on descriptor numbers; no memory is passed.
     let park = |fd: c_int| -> c_int { unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, PARK_FD) } };
@@ -287,10 +290,18 @@ fn arrange_descriptors(plan: &ChildPlan) -> ParkedPlan {
     if status < 0 {
         fail(plan, Stage::Descriptors, errno());
     }
-    let p = ParkedPlan {
+    let mut p = ParkedPlan {
         status,
         go: park(plan.go_r),
+        landlock: None,
     };
+    if let Some(fd) = plan.landlock_fd {
+        let parked = park(fd);
+        if parked < 0 {
+            fail_parked(&p, Stage::Descriptors, errno());
+        }
+        p.landlock = Some(parked);
+    }
     let stdio = [
         park(plan.stdio[0]),
         park(plan.stdio[1]),
@@ -306,32 +317,47 @@ fn arrange_descriptors(plan: &ChildPlan) -> ParkedPlan {
             fail_parked(&p, Stage::Descriptors, errno());
         }
     }
-    // SAFETY: dup2/close_range/fcntl on descriptor numbers only.
+    // SAFETY: dup2/close_range on descriptor numbers only.
     unsafe {
         for (target, fd) in stdio.iter().enumerate() {
             check_parked!(&p, Stage::Descriptors, libc::dup2(*fd, target as c_int));
         }
+        // dup2 leaves the targets without close-on-exec, so they survive exec.
         for (i, (_, target)) in plan.extra_fds.iter().enumerate() {
             check_parked!(&p, Stage::Descriptors, libc::dup2(extra[i], *target));
         }
-        check_parked!(
-            &p,
-            Stage::Descriptors,
-            libc::syscall(
-                libc::SYS_close_range,
-                3u32,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC
-            )
-        );
-        for (_, target) in &plan.extra_fds {
-            check_parked!(
-                &p,
-                Stage::Descriptors,
-                libc::fcntl(*target, libc::F_SETFD, 0)
-            );
-        }
     }
+    // Keep: the explicit targets and the parked status/go/ruleset descriptors. Close every
+    // other descriptor from 3 up, in the gaps between the kept ones (sorted on the stack).
+    let mut keep = [c_int::MAX; MAX_EXTRA_FDS + 3];
+    let mut n = 0;
+    for fd in [Some(p.status), Some(p.go), p.landlock]
+        .into_iter()
+        .flatten()
+    {
+        keep[n] = fd;
+        n += 1;
+    }
+    for (_, target) in &plan.extra_fds {
+        keep[n] = *target;
+        n += 1;
+    }
+    let keep = &mut keep[..n];
+    keep.sort_unstable();
+    let mut next: c_int = 3;
+    for &fd in keep.iter() {
+        if fd > next {
+            // SAFETY: closes a range of descriptor numbers nobody else in the child uses.
+            check_parked!(&p, Stage::Descriptors, unsafe {
+                libc::syscall(libc::SYS_close_range, next as u32, (fd - 1) as u32, 0u32)
+            });
+        }
+        next = next.max(fd + 1);
+    }
+    // SAFETY: as above, for everything above the last kept descriptor.
+    check_parked!(&p, Stage::Descriptors, unsafe {
+        libc::syscall(libc::SYS_close_range, next as u32, u32::MAX, 0u32)
+    });
     p
 }
 
@@ -460,7 +486,7 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
             libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0)
         );
 
-        if let Some(fd) = plan.landlock_fd {
+        if let Some(fd) = p.landlock {
             #[repr(C, packed)]
             struct PathBeneath {
                 allowed_access: u64,

@@ -153,6 +153,22 @@ impl Executor {
     pub fn exited(&self) -> Option<ExitStatus> {
         self.exit
     }
+
+    /// Reaps the executor if it has exited, without waiting.
+    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        if self.exit.is_none()
+            && let Some(status) = sys::waitid_pidfd(self.pidfd.get_ref().as_fd(), false)?
+        {
+            self.exit = Some(ExitStatus {
+                status,
+                timed_out: self.timed_out.load(Ordering::SeqCst),
+            });
+            if let Some(w) = self.watchdog.take() {
+                w.abort();
+            }
+        }
+        Ok(self.exit)
+    }
 }
 
 impl Drop for Executor {

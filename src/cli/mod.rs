@@ -4,18 +4,19 @@
 //! source chain and exits non-zero. Subcommands with documented exit codes (for example
 //! `manifest verify`, `diff`) return them as `Ok(code)`.
 
+mod connect;
+mod diff;
+mod health;
 pub mod key;
 pub mod manifest;
+mod profile;
+mod records;
+mod sandbox;
+mod serve;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-mod diff;
-mod health;
-mod profile;
-mod records;
-mod sandbox;
 
 /// Boxed error for the CLI boundary: every module error is a typed `thiserror` enum; the
 /// CLI only prints them.
@@ -39,6 +40,10 @@ enum Command {
     Profile(profile::ProfileArgs),
     /// Run any command under the broker.
     Sandbox(sandbox::SandboxArgs),
+    /// Run the host daemon.
+    Serve(serve::ServeArgs),
+    /// Bridge stdio to the daemon's socket (for MCP clients that launch stdio servers).
+    Connect(connect::ConnectArgs),
     /// Generate manifest signing keys.
     #[command(subcommand)]
     Key(key::KeyCommand),
@@ -77,6 +82,8 @@ impl Cli {
             }
             Command::Profile(args) => args.run(),
             Command::Sandbox(args) => args.run(),
+            Command::Serve(args) => args.run(),
+            Command::Connect(args) => args.run(),
             Command::Key(command) => command.run(),
             Command::Manifest(command) => command.run(),
             Command::Records(cmd) => records::run(cmd),

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod lab;
+
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::PathBuf;
@@ -29,6 +31,43 @@ pub fn workspace_binary(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// A world-readable directory outside /tmp (executors get a private /tmp) where tests put
+/// what executors, running as another uid, must read or execute.
+pub fn shared_dir() -> PathBuf {
+    let dir = PathBuf::from("/var/tmp/flowhost-test");
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+    dir
+}
+
+/// A copy of a workspace binary in [`shared_dir`], so executors can run it whatever the
+/// permissions of the checkout (a clone under /root is not traversable by their uid). Copies
+/// are content-addressed by size and mtime and written atomically, so concurrent tests share
+/// them safely.
+pub fn shared_copy(name: &str) -> PathBuf {
+    let src = workspace_binary(name);
+    let meta = std::fs::metadata(&src).unwrap();
+    let stamp = meta
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dir = shared_dir().join(format!("bin-{}-{stamp}", meta.len()));
+    let dst = dir.join(name);
+    if !dst.exists() {
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        std::fs::copy(&src, &tmp).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &dst).unwrap();
+    }
+    dst
 }
 
 pub fn is_root() -> bool {
@@ -201,7 +240,7 @@ pub async fn run_with(
 
 /// Runs the probe with `args`, refusing every attempt.
 pub async fn probe(broker: &Broker, profile_name: &str, args: &[&str]) -> Run {
-    let mut argv = vec![workspace_binary("flowhost-probe").display().to_string()];
+    let mut argv = vec![shared_copy("flowhost-probe").display().to_string()];
     argv.extend(args.iter().map(|s| s.to_string()));
     run_with(broker, profile_name, argv, |_| Verdict::DENY).await
 }

@@ -1,0 +1,50 @@
+//! `flowhost connect`: a stdio bridge, so any MCP client that launches a stdio server can use
+//! the daemon. Bytes are relayed unchanged in both directions; the daemon authenticates the
+//! caller by the bridge's Unix credentials.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::CliResult;
+
+/// Bridge stdin/stdout to the daemon's socket.
+#[derive(Debug, clap::Args)]
+pub struct ConnectArgs {
+    /// The daemon's socket.
+    #[arg(long, default_value = "/run/flowhost/flowhost.sock")]
+    socket: PathBuf,
+}
+
+impl ConnectArgs {
+    /// Relays until either side closes.
+    pub fn run(self) -> CliResult {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let stream = tokio::net::UnixStream::connect(&self.socket)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "{}: cannot connect to the flowhost daemon: {e}",
+                        self.socket.display()
+                    )
+                })?;
+            let (mut from_daemon, mut to_daemon) = stream.into_split();
+            let mut stdin = tokio::io::stdin();
+            let mut stdout = tokio::io::stdout();
+            let up = async {
+                let r = tokio::io::copy(&mut stdin, &mut to_daemon).await;
+                // Tell the daemon no more requests come, and keep reading its answers.
+                let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
+                r
+            };
+            let down = tokio::io::copy(&mut from_daemon, &mut stdout);
+            let (up, down) = tokio::join!(up, down);
+            up?;
+            down?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        })?;
+        Ok(ExitCode::SUCCESS)
+    }
+}

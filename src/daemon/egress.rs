@@ -1,0 +1,158 @@
+//! Judging the egress attempts the broker reports: the resolver decides against the call in
+//! flight, the decision is recorded durably, and only then is the verdict returned to the
+//! broker (an allow's record is on disk before the connect or send happens). A record that
+//! cannot be written refuses the attempt.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use flowhost_broker::{AttemptInfo, Destination, EgressAttempt, Verdict as BrokerVerdict};
+
+use super::CallInFlight;
+use super::executor::AttemptSink;
+use crate::destination::DestinationRules;
+use crate::records::{
+    BrokerDetails, Correlation, DecisionRecord, DenialKind, EgressBasis, EgressFacts, FlowContext,
+    InetDestination, RecordWriter, ServerInfo, UnixDestination, Verdict,
+};
+use crate::resolver::FlowResolver;
+
+/// Denial code for an attempt made while the executor served no call.
+pub const NO_CALL_IN_FLIGHT: &str = "no_call_in_flight";
+
+/// Judges one server's executors' attempts.
+pub struct EgressJudge {
+    /// The server.
+    pub server_id: String,
+    /// Its manifest digest.
+    pub digest: String,
+    /// The resolver.
+    pub resolver: Arc<FlowResolver>,
+    /// The record writer.
+    pub records: RecordWriter,
+    /// The server's destination rules.
+    pub destinations: Arc<DestinationRules>,
+}
+
+/// The record form of what the broker saw.
+pub fn broker_details(info: &AttemptInfo) -> BrokerDetails {
+    let destination = info.destination.as_ref().and_then(|d| match d {
+        Destination::Inet(addr) => Some(crate::records::Destination::Inet(InetDestination {
+            address: addr.ip(),
+            port: addr.port(),
+        })),
+        Destination::UnixPath(p) => Some(crate::records::Destination::Unix(UnixDestination {
+            unix_path: p.display().to_string(),
+        })),
+        Destination::UnixAbstract(name) => {
+            Some(crate::records::Destination::Unix(UnixDestination {
+                unix_path: format!("@{}", String::from_utf8_lossy(name)),
+            }))
+        }
+        _ => None,
+    });
+    BrokerDetails {
+        pid: info.pid.max(0) as u32,
+        executable: info.executable.as_ref().map(|p| p.display().to_string()),
+        syscall: info.syscall.as_str().to_string(),
+        family: info.socket.family_name(),
+        socket_type: Some(info.socket.type_name()),
+        protocol: Some(info.socket.protocol_name()),
+        destination,
+        bytes: info.bytes.map(|b| b as u64),
+    }
+}
+
+fn denial(code: &str) -> Option<DenialKind> {
+    DenialKind::new(code).ok()
+}
+
+impl EgressJudge {
+    async fn decide(&self, call: Option<Arc<CallInFlight>>, attempt: EgressAttempt) {
+        let info = attempt.info().clone();
+        let details = broker_details(&info);
+        let server = ServerInfo::mcp(&self.server_id, Some(&self.digest));
+        let (record, allowed, call) = match call {
+            None => {
+                let record = DecisionRecord::egress_attempt(EgressFacts {
+                    server,
+                    tool_name: "(no call in flight)".into(),
+                    broker: details,
+                    verdict: Verdict::deny(Some(NO_CALL_IN_FLIGHT)),
+                    credential_alias: None,
+                    correlation: Correlation::none(),
+                    context: FlowContext {
+                        denial_kind: denial(NO_CALL_IN_FLIGHT),
+                        egress_basis: Some(EgressBasis {
+                            declared: false,
+                            topology: false,
+                            observed: true,
+                        }),
+                        ..FlowContext::default()
+                    },
+                });
+                (record, None, None)
+            }
+            Some(call) => {
+                let v = self.resolver.decide_egress(
+                    &call.plan,
+                    info.destination.as_ref(),
+                    &self.destinations,
+                );
+                let verdict = if v.allowed {
+                    Verdict::allow_before_effect(v.rule.as_deref())
+                } else {
+                    Verdict::deny(v.denial.as_deref().or(v.rule.as_deref()))
+                };
+                let record = DecisionRecord::egress_attempt(EgressFacts {
+                    server,
+                    tool_name: call.tool.clone(),
+                    broker: details,
+                    verdict,
+                    credential_alias: None,
+                    correlation: call.correlation.clone(),
+                    context: FlowContext {
+                        principal: Some(call.plan.key.principal.to_string()),
+                        session: Some(call.plan.key.session.clone()),
+                        call_id: Some(call.call_id.clone()),
+                        source_label: Some(v.source.clone()),
+                        clearance_used: Some(v.clearances.clone()),
+                        denial_kind: v.denial.as_deref().and_then(denial),
+                        egress_basis: Some(EgressBasis {
+                            declared: call.plan.basis.declared,
+                            topology: call.plan.basis.topology,
+                            observed: true,
+                        }),
+                    },
+                });
+                let allowed = v.allowed.then_some(v.source);
+                (record, allowed, Some(call))
+            }
+        };
+        match self.records.commit(record).await {
+            Ok(_) => match (allowed, call) {
+                (Some(source), Some(call)) => {
+                    if let Ok(mut approved) = call.approved_under.lock() {
+                        *approved = Some(source);
+                    }
+                    attempt.respond(BrokerVerdict::Allow)
+                }
+                _ => attempt.respond(BrokerVerdict::DENY),
+            },
+            Err(e) => {
+                tracing::error!(server = %self.server_id, error = %e, "egress record not written; refusing the attempt");
+                attempt.respond(BrokerVerdict::DENY)
+            }
+        }
+    }
+}
+
+impl AttemptSink<CallInFlight> for EgressJudge {
+    fn judge(
+        &self,
+        call: Option<Arc<CallInFlight>>,
+        attempt: EgressAttempt,
+    ) -> Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.decide(call, attempt))
+    }
+}

@@ -1,0 +1,396 @@
+//! Executors as MCP stdio servers spawned through the broker: a warm pool of unbound
+//! executors per server, binding to one session, calls with a deadline, and retirement.
+//!
+//! An executor is bound to one session for its life and never serves another, so it cannot
+//! carry one session's data into another. It is also retired when the session's label rises
+//! above the label under which any of its egress was approved: a connection opened for
+//! lower data must not carry higher data later (connected sends are not re-mediated).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flowhost_broker::{Broker, EgressAttempt, Executor, Profile, SpawnSpec, StdioMode};
+use serde_json::{Value, json};
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
+
+use crate::label::InformationLabel;
+use crate::mcp::{self, Incoming, Line};
+
+/// Why an executor call failed. The call's result is an error, and the executor is retired.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// The broker refused or failed to start it.
+    #[error("cannot start the executor: {0}")]
+    Spawn(String),
+    /// It did not answer within the deadline (it was killed).
+    #[error("the executor did not answer within {0:?} and was stopped")]
+    Timeout(Duration),
+    /// It exited or closed its output.
+    #[error("the executor exited during the call")]
+    Exited,
+    /// It sent something that is not MCP, or a message over the size limit.
+    #[error("the executor broke the protocol: {0}")]
+    Protocol(String),
+    /// It answered the call with a JSON-RPC error.
+    #[error("the executor answered with an error: {0}")]
+    Rpc(String),
+    /// Writing to it failed.
+    #[error("cannot write to the executor: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// How to start one server's executors.
+#[derive(Debug, Clone)]
+pub struct ExecutorTemplate {
+    /// argv (argv[0] absolute).
+    pub argv: Vec<String>,
+    /// Environment.
+    pub env: Vec<(String, String)>,
+    /// The execution profile.
+    pub profile: Arc<Profile>,
+    /// Extra Landlock read paths.
+    pub read_paths: Vec<PathBuf>,
+}
+
+/// What an executor's egress attempts are judged against: the call in flight, if any.
+pub type CallSlot<C> = Arc<Mutex<Option<Arc<C>>>>;
+
+/// Receives an executor's egress attempts together with the call they belong to.
+pub trait AttemptSink<C>: Send + Sync + 'static {
+    /// Judges one attempt (and answers it). `call` is `None` when the executor tried to
+    /// reach out while no call was in flight.
+    fn judge(
+        &self,
+        call: Option<Arc<C>>,
+        attempt: EgressAttempt,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
+
+/// A running executor that has completed the MCP handshake.
+pub struct McpExecutor<C> {
+    exec: Executor,
+    stdin: pipe::Sender,
+    stdout: BufReader<pipe::Receiver>,
+    next_id: u64,
+    slot: CallSlot<C>,
+    /// The highest source label under which an egress of this executor was approved.
+    approved_under: Arc<Mutex<Option<InformationLabel>>>,
+    last_used: Instant,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl<C> Drop for McpExecutor<C> {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl<C: Send + Sync + 'static> McpExecutor<C> {
+    /// Spawns an executor through the broker and runs the MCP `initialize` handshake.
+    pub async fn start(
+        broker: &Broker,
+        template: &ExecutorTemplate,
+        sink: Arc<dyn AttemptSink<C>>,
+        deadline: Duration,
+        limit: usize,
+    ) -> Result<Self, ExecutorError> {
+        let mut spec = SpawnSpec::new(
+            template.argv.iter().map(OsString::from),
+            template.profile.clone(),
+        );
+        spec.env = template
+            .env
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect();
+        spec.read_paths = template.read_paths.clone();
+        spec.stdin = StdioMode::Piped;
+        spec.stdout = StdioMode::Piped;
+        spec.stderr = StdioMode::Piped;
+        let mut exec = broker
+            .spawn(spec)
+            .await
+            .map_err(|e| ExecutorError::Spawn(e.to_string()))?;
+        let stdin = exec.take_stdin().ok_or(ExecutorError::Exited)?;
+        let stdout = BufReader::new(exec.take_stdout().ok_or(ExecutorError::Exited)?);
+        let slot: CallSlot<C> = Arc::new(Mutex::new(None));
+        let mut tasks = Vec::new();
+        if let Some(attempts) = exec.take_attempts() {
+            tasks.push(tokio::spawn(route_attempts(attempts, slot.clone(), sink)));
+        }
+        if let Some(stderr) = exec.take_stderr() {
+            let pid = exec.pid();
+            tasks.push(tokio::spawn(drain_stderr(stderr, pid)));
+        }
+        let mut me = McpExecutor {
+            exec,
+            stdin,
+            stdout,
+            next_id: 1,
+            slot,
+            approved_under: Arc::new(Mutex::new(None)),
+            last_used: Instant::now(),
+            tasks,
+        };
+        me.request(
+            "initialize",
+            json!({
+                "protocolVersion": mcp::PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "flowhost", "version": env!("CARGO_PKG_VERSION")}
+            }),
+            deadline,
+            limit,
+        )
+        .await?;
+        me.send(&mcp::notification("notifications/initialized", json!({})))
+            .await?;
+        Ok(me)
+    }
+
+    /// The executor's pid.
+    pub fn pid(&self) -> i32 {
+        self.exec.pid()
+    }
+
+    /// The slot the egress judge reads while a call is in flight.
+    pub fn slot(&self) -> &CallSlot<C> {
+        &self.slot
+    }
+
+    /// Records that an egress was approved under `label`.
+    pub fn approved_under(&self) -> Arc<Mutex<Option<InformationLabel>>> {
+        self.approved_under.clone()
+    }
+
+    /// Whether the executor may serve a call whose source is `source`: it may not if it
+    /// had egress approved under a different (necessarily lower) label.
+    pub fn fit_for(&self, source: &InformationLabel) -> bool {
+        match self.approved_under.lock().map(|g| g.clone()) {
+            Ok(None) => true,
+            Ok(Some(approved)) => &approved == source,
+            Err(_) => false,
+        }
+    }
+
+    /// How long since the executor last served a call.
+    pub fn idle_for(&self) -> Duration {
+        self.last_used.elapsed()
+    }
+
+    /// Whether the executor process is still running (an exited one is reaped here).
+    pub fn alive(&mut self) -> bool {
+        matches!(self.exec.try_wait(), Ok(None))
+    }
+
+    async fn send(&mut self, line: &str) -> Result<(), ExecutorError> {
+        self.stdin.write_all(line.as_bytes()).await?;
+        self.stdin.write_all(b"\n").await?;
+        self.stdin.flush().await?;
+        Ok(())
+    }
+
+    async fn request(
+        &mut self,
+        method: &str,
+        params: Value,
+        deadline: Duration,
+        limit: usize,
+    ) -> Result<Value, ExecutorError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(&mcp::request(id, method, params)).await?;
+        match tokio::time::timeout(deadline, self.read_response(id, limit)).await {
+            Ok(r) => r,
+            Err(_) => {
+                let _ = self.exec.kill();
+                Err(ExecutorError::Timeout(deadline))
+            }
+        }
+    }
+
+    async fn read_response(&mut self, id: u64, limit: usize) -> Result<Value, ExecutorError> {
+        loop {
+            let line = match mcp::read_line(&mut self.stdout, limit).await? {
+                Line::Eof => return Err(ExecutorError::Exited),
+                Line::TooLarge(n) => {
+                    return Err(ExecutorError::Protocol(format!(
+                        "a {n}-byte message exceeds the limit"
+                    )));
+                }
+                Line::Message(m) => m,
+            };
+            match mcp::parse(&line) {
+                Ok(Incoming::Response { id: rid, outcome }) if rid == json!(id) => {
+                    return outcome.map_err(|e| ExecutorError::Rpc(e.to_string()));
+                }
+                // Notifications (logging, progress) and stale responses are not ours to act on.
+                Ok(Incoming::Notification { .. }) | Ok(Incoming::Response { .. }) => {}
+                // The host grants executors no client capabilities (sampling, roots, ...).
+                Ok(Incoming::Request { id: rid, .. }) => {
+                    let refusal = mcp::RpcError::new(
+                        mcp::code::METHOD_NOT_FOUND,
+                        "flowhost offers executors no client capabilities",
+                    );
+                    self.send(&mcp::error_response(&rid, &refusal)).await?;
+                }
+                Err((_, e)) => return Err(ExecutorError::Protocol(e.message)),
+            }
+        }
+    }
+
+    /// Runs one `tools/call` with `call` in the slot, so egress attempts during it are
+    /// judged against it; the slot is cleared afterwards whatever happens.
+    pub async fn call(
+        &mut self,
+        call: Arc<C>,
+        tool: &str,
+        arguments: Value,
+        deadline: Duration,
+        limit: usize,
+    ) -> Result<Value, ExecutorError> {
+        self.last_used = Instant::now();
+        if let Ok(mut slot) = self.slot.lock() {
+            *slot = Some(call);
+        }
+        let result = self
+            .request(
+                "tools/call",
+                json!({"name": tool, "arguments": arguments}),
+                deadline,
+                limit,
+            )
+            .await;
+        if let Ok(mut slot) = self.slot.lock() {
+            *slot = None;
+        }
+        self.last_used = Instant::now();
+        result
+    }
+
+    /// Kills the executor and waits briefly for it to be reaped.
+    pub async fn stop(mut self) {
+        let _ = self.exec.kill_and_wait(Duration::from_secs(2)).await;
+    }
+}
+
+async fn route_attempts<C: Send + Sync + 'static>(
+    mut attempts: mpsc::Receiver<EgressAttempt>,
+    slot: CallSlot<C>,
+    sink: Arc<dyn AttemptSink<C>>,
+) {
+    while let Some(attempt) = attempts.recv().await {
+        let call = slot.lock().ok().and_then(|g| g.clone());
+        sink.judge(call, attempt).await;
+    }
+}
+
+async fn drain_stderr(stderr: pipe::Receiver, pid: i32) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::debug!(pid, executor_stderr = %line.chars().take(512).collect::<String>());
+    }
+}
+
+/// A server's pool of warm, unbound executors.
+pub struct WarmPool<C> {
+    broker: Broker,
+    template: ExecutorTemplate,
+    sink: Arc<dyn AttemptSink<C>>,
+    size: usize,
+    deadline: Duration,
+    limit: usize,
+    ready: Mutex<Vec<McpExecutor<C>>>,
+    filling: std::sync::atomic::AtomicUsize,
+}
+
+impl<C: Send + Sync + 'static> WarmPool<C> {
+    /// A pool that keeps `size` executors ready.
+    pub fn new(
+        broker: Broker,
+        template: ExecutorTemplate,
+        sink: Arc<dyn AttemptSink<C>>,
+        size: usize,
+        deadline: Duration,
+        limit: usize,
+    ) -> Arc<Self> {
+        Arc::new(WarmPool {
+            broker,
+            template,
+            sink,
+            size,
+            deadline,
+            limit,
+            ready: Mutex::new(Vec::new()),
+            filling: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// Starts executors in the background until `size` are ready.
+    pub fn refill(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        let have = self.ready.lock().map(|r| r.len()).unwrap_or(self.size);
+        let in_flight = self.filling.load(Ordering::SeqCst);
+        for _ in (have + in_flight)..self.size {
+            self.filling.fetch_add(1, Ordering::SeqCst);
+            let pool = self.clone();
+            tokio::spawn(async move {
+                let started = McpExecutor::start(
+                    &pool.broker,
+                    &pool.template,
+                    pool.sink.clone(),
+                    pool.deadline,
+                    pool.limit,
+                )
+                .await;
+                pool.filling.fetch_sub(1, Ordering::SeqCst);
+                match started {
+                    Ok(e) => {
+                        if let Ok(mut ready) = pool.ready.lock() {
+                            ready.push(e);
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot start a warm executor"),
+                }
+            });
+        }
+    }
+
+    /// A ready executor (warm if one is available, else started now). The pool refills.
+    pub async fn acquire(self: &Arc<Self>) -> Result<McpExecutor<C>, ExecutorError> {
+        let warm = self.ready.lock().ok().and_then(|mut r| r.pop());
+        self.refill();
+        if let Some(mut e) = warm
+            && e.alive()
+        {
+            return Ok(e);
+        }
+        McpExecutor::start(
+            &self.broker,
+            &self.template,
+            self.sink.clone(),
+            self.deadline,
+            self.limit,
+        )
+        .await
+    }
+
+    /// Stops every warm executor.
+    pub async fn drain(&self) {
+        let all: Vec<_> = self
+            .ready
+            .lock()
+            .map(|mut r| r.drain(..).collect())
+            .unwrap_or_default();
+        for e in all {
+            e.stop().await;
+        }
+    }
+}

@@ -1,0 +1,626 @@
+//! The host daemon: `flowhost serve`.
+//!
+//! Startup order (each step fails closed, naming what failed): load the configuration;
+//! verify and register every signed manifest; if the registry requires flow mediation and the
+//! broker is disabled or cannot start, refuse — before opening any state or spawning anything;
+//! check every execution profile against the kernel; then open the state directory, write the
+//! retained signed set, open the flow-state database and the record writer, bind the socket
+//! (or take it from systemd), warm the executor pools, and report ready.
+//!
+//! A generation (configuration + registry + executor pools) is immutable; SIGHUP builds a new
+//! one and swaps it in atomically. Calls in flight finish on the generation they started on;
+//! a new configuration that fails verification keeps the old generation and says why.
+
+mod activation;
+mod egress;
+mod executor;
+mod session;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use flowhost_broker::{Broker, BrokerOptions, Profile};
+use tokio::net::UnixListener;
+use tokio::sync::Notify;
+
+use crate::config::{BrokerMode, HostConfig, topology_of};
+use crate::label::InformationLabel;
+use crate::records::health::{HealthError, HealthProducer, RecordsHealth};
+use crate::records::{RecordWriter, ToolMapping, ToolObservationHealth, WriterOptions};
+use crate::registry::{RuntimeTopology, VerifiedRegistry};
+use crate::resolver::{CallPlan, Classifier, FlowResolver};
+use crate::state::FlowStateStore;
+
+pub use activation::listener_from_systemd;
+pub use egress::{EgressJudge, NO_CALL_IN_FLIGHT, broker_details};
+pub use executor::{ExecutorError, ExecutorTemplate, McpExecutor, WarmPool};
+
+/// Why the host refused to start (or to reload).
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// A server's signed manifest could not be loaded.
+    #[error("server {server:?}: {source}")]
+    Manifest {
+        /// The server.
+        server: String,
+        /// The error (boxed: manifest errors carry whole paths and reasons).
+        source: Box<crate::manifest::ManifestFileError>,
+    },
+    /// A server's registered key could not be read.
+    #[error("server {server:?}: registered key: {source}")]
+    Key {
+        /// The server.
+        server: String,
+        /// The error.
+        source: crate::keys::KeyError,
+    },
+    /// A server's execution profile could not be loaded.
+    #[error("server {server:?}: {source}")]
+    Profile {
+        /// The server.
+        server: String,
+        /// The error.
+        source: flowhost_broker::ProfileError,
+    },
+    /// The configured topology contradicts the execution profile.
+    #[error(
+        "server {server:?}: topology {configured:?} contradicts profile {profile:?}, which implies {derived:?}"
+    )]
+    TopologyMismatch {
+        /// The server.
+        server: String,
+        /// The configured value.
+        configured: RuntimeTopology,
+        /// The profile.
+        profile: String,
+        /// What the profile implies.
+        derived: RuntimeTopology,
+    },
+    /// The manifest's server id differs from the configured id.
+    #[error("server {configured:?}: the signed manifest is for server {signed:?}")]
+    ServerIdMismatch {
+        /// The configured id.
+        configured: String,
+        /// The id in the signed manifest.
+        signed: String,
+    },
+    /// The registry refused a manifest.
+    #[error("server {server:?} was not admitted: {source}")]
+    Admission {
+        /// The server.
+        server: String,
+        /// The admission rule that refused it.
+        source: crate::registry::AdmissionError,
+    },
+    /// The registry needs the broker and the broker is disabled or unavailable.
+    #[error("refusing to serve: {0}")]
+    NoBroker(String),
+    /// A profile cannot be enforced on this kernel.
+    #[error("server {server:?}: {source}")]
+    ProfileUnsupported {
+        /// The server.
+        server: String,
+        /// Why.
+        source: flowhost_broker::SpawnError,
+    },
+    /// A state path could not be prepared.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The retained signed set could not be written.
+    #[error("cannot write the retained signed set: {0}")]
+    RetainedSet(#[from] crate::files::FileError),
+    /// The flow-state database could not be opened.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    /// The record writer could not be opened.
+    #[error("cannot open the decision records: {0}")]
+    Records(#[from] crate::records::RecordError),
+}
+
+/// What an executor's egress is judged against while it serves a call.
+#[derive(Debug)]
+pub struct CallInFlight {
+    /// The resolver's plan for the call.
+    pub plan: CallPlan,
+    /// The host's id for the call.
+    pub call_id: String,
+    /// The tool, as `server/tool`.
+    pub tool: String,
+    /// The call's trace context.
+    pub correlation: crate::records::Correlation,
+    /// The executor's record of the label its egress was approved under.
+    pub approved_under: Arc<Mutex<Option<InformationLabel>>>,
+}
+
+/// One server as the current generation runs it.
+pub struct ServerRuntime {
+    /// The server id.
+    pub id: String,
+    /// The signed manifest's digest.
+    pub digest: String,
+    /// Record mappings per tool.
+    pub mappings: BTreeMap<String, ToolMapping>,
+    /// Warm executors.
+    pub pool: Arc<WarmPool<CallInFlight>>,
+}
+
+/// An immutable configuration + registry + pools.
+pub struct Generation {
+    /// Increases with every reload.
+    pub id: u64,
+    /// The configuration.
+    pub config: HostConfig,
+    /// The verified registry.
+    pub registry: VerifiedRegistry,
+    /// Servers by id.
+    pub servers: BTreeMap<String, ServerRuntime>,
+}
+
+/// Counters for `tool_observation_health`.
+#[derive(Debug, Default)]
+pub struct HostCounters {
+    /// tools/call decisions taken.
+    pub tool_calls: AtomicU64,
+    /// Calls to tools without a record mapping (`observed_unknown_tool`).
+    pub unknown_tools: AtomicU64,
+}
+
+/// The running host.
+pub struct Host {
+    generation: RwLock<Arc<Generation>>,
+    next_generation: AtomicU64,
+    /// The broker (always present: there is no unmediated execution path).
+    pub broker: Broker,
+    /// The flow resolver (and its durable state).
+    pub resolver: Arc<FlowResolver>,
+    /// The record writer.
+    pub records: RecordWriter,
+    /// Health counters.
+    pub counters: HostCounters,
+    /// Set when the host is stopping.
+    pub shutdown: Notify,
+    stopping: std::sync::atomic::AtomicBool,
+    config_path: PathBuf,
+    health_file: PathBuf,
+}
+
+/// Verifies and registers every configured manifest. Touches no state and spawns nothing.
+pub fn verify_registry(
+    config: &HostConfig,
+) -> Result<(VerifiedRegistry, BTreeMap<String, Arc<Profile>>), StartupError> {
+    let mut registry = VerifiedRegistry::new();
+    let mut profiles = BTreeMap::new();
+    for s in &config.servers {
+        let envelope = crate::manifest::load_envelope_file(&s.manifest).map_err(|source| {
+            StartupError::Manifest {
+                server: s.id.clone(),
+                source: Box::new(source),
+            }
+        })?;
+        let signed_id = envelope.body().server_id().to_string();
+        if signed_id != s.id {
+            return Err(StartupError::ServerIdMismatch {
+                configured: s.id.clone(),
+                signed: signed_id,
+            });
+        }
+        let key =
+            crate::keys::verifying_key_from_arg(&s.key).map_err(|source| StartupError::Key {
+                server: s.id.clone(),
+                source,
+            })?;
+        let profile = Profile::find(&s.profile, &config.profiles_dir).map_err(|source| {
+            StartupError::Profile {
+                server: s.id.clone(),
+                source,
+            }
+        })?;
+        let derived = topology_of(&profile);
+        if let Some(configured) = s.topology
+            && configured != derived
+        {
+            return Err(StartupError::TopologyMismatch {
+                server: s.id.clone(),
+                configured,
+                profile: profile.name.clone(),
+                derived,
+            });
+        }
+        let topologies = envelope
+            .body()
+            .tools()
+            .iter()
+            .map(|t| (t.name().to_string(), derived))
+            .collect();
+        registry
+            .register(envelope, &key, &s.policies, &topologies)
+            .map_err(|source| StartupError::Admission {
+                server: s.id.clone(),
+                source,
+            })?;
+        profiles.insert(s.id.clone(), Arc::new(profile));
+    }
+    Ok((registry, profiles))
+}
+
+/// Refuses a registry that needs the broker when the broker is disabled or cannot start,
+/// and returns the broker otherwise.
+pub fn require_broker(
+    config: &HostConfig,
+    registry: &VerifiedRegistry,
+) -> Result<Broker, StartupError> {
+    let needs = registry.requires_flow_runtime();
+    if config.broker == BrokerMode::Disabled {
+        return Err(StartupError::NoBroker(if needs {
+            "the registry requires flow mediation (a tool declares flow, egresses, or has a clearance, floor or purpose), and the native broker is disabled (host.broker = \"disabled\")".into()
+        } else {
+            "the native broker is disabled (host.broker = \"disabled\") and flowhost has no unmediated way to run executors".into()
+        }));
+    }
+    Broker::new(BrokerOptions {
+        executor_identity: config.executor_identity,
+    })
+    .map_err(|e| {
+        StartupError::NoBroker(if needs {
+            format!(
+                "the registry requires flow mediation and the native broker is unavailable: {e}"
+            )
+        } else {
+            format!("the native broker is unavailable: {e}")
+        })
+    })
+}
+
+fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let io = |source| StartupError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(io)?;
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.permissions().mode() & 0o022 != 0 {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "is writable by group or others; flowhost keeps its state private (chmod 700)",
+        )));
+    }
+    Ok(())
+}
+
+impl Host {
+    /// Starts the host from `config_file` (see the module docs for the order), serving on
+    /// `passed` (a socket-activated listener) or on the configured socket. Returns the host
+    /// and its listener.
+    pub async fn start(
+        config_file: &Path,
+        passed: Option<std::os::unix::net::UnixListener>,
+    ) -> Result<(Arc<Host>, UnixListener), StartupError> {
+        let config = HostConfig::load(config_file)?;
+        let (registry, profiles) = verify_registry(&config)?;
+        let broker = require_broker(&config, &registry)?;
+        for (server, profile) in &profiles {
+            broker
+                .check_profile(profile)
+                .map_err(|source| StartupError::ProfileUnsupported {
+                    server: server.clone(),
+                    source,
+                })?;
+        }
+
+        // Only now is any state touched.
+        ensure_dir(&config.state_dir, 0o700)?;
+        ensure_dir(&config.records_dir, 0o700)?;
+        registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
+        let state = Arc::new(FlowStateStore::open(&config.state_dir.join("state.db"))?);
+        let records = RecordWriter::open(
+            &config.records_dir,
+            WriterOptions {
+                rotate_bytes: config.records_rotate_bytes,
+                ..WriterOptions::default()
+            },
+        )?;
+        let resolver = Arc::new(FlowResolver::new(
+            Classifier::new(config.classifiers.clone()),
+            config.operator_input_floor.clone(),
+            state,
+        ));
+        let listener = activation::bind(&config.socket, config.socket_mode, passed)?;
+        let health_file = config.health_file.clone();
+        let generation =
+            build_generation(1, config, registry, &profiles, &broker, &resolver, &records);
+        for s in generation.servers.values() {
+            s.pool.refill();
+        }
+        let host = Arc::new(Host {
+            generation: RwLock::new(Arc::new(generation)),
+            next_generation: AtomicU64::new(2),
+            broker,
+            resolver,
+            records,
+            counters: HostCounters::default(),
+            shutdown: Notify::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            config_path: config_file.to_path_buf(),
+            health_file,
+        });
+        Ok((host, listener))
+    }
+
+    /// The generation new calls use.
+    pub fn current(&self) -> Arc<Generation> {
+        match self.generation.read() {
+            Ok(g) => g.clone(),
+            // A poisoned lock still holds a complete generation (the swap is one assignment).
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Re-reads the configuration and re-verifies every manifest; on success the new
+    /// generation replaces the old one atomically; on failure the old one stays and the
+    /// error is returned.
+    pub async fn reload(&self) -> Result<u64, StartupError> {
+        let config = HostConfig::load(&self.config_path)?;
+        let (registry, profiles) = verify_registry(&config)?;
+        if registry.requires_flow_runtime() && config.broker == BrokerMode::Disabled {
+            return Err(StartupError::NoBroker(
+                "the new configuration disables the broker while its registry requires flow mediation".into(),
+            ));
+        }
+        for (server, profile) in &profiles {
+            self.broker.check_profile(profile).map_err(|source| {
+                StartupError::ProfileUnsupported {
+                    server: server.clone(),
+                    source,
+                }
+            })?;
+        }
+        registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
+        let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
+        let generation = build_generation(
+            id,
+            config,
+            registry,
+            &profiles,
+            &self.broker,
+            &self.resolver,
+            &self.records,
+        );
+        for s in generation.servers.values() {
+            s.pool.refill();
+        }
+        let old = {
+            let mut g = match self.generation.write() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            std::mem::replace(&mut *g, Arc::new(generation))
+        };
+        for s in old.servers.values() {
+            s.pool.drain().await;
+        }
+        Ok(id)
+    }
+
+    /// Whether the host is stopping.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Begins a graceful stop: no new connections, sessions finish their current request.
+    pub fn begin_shutdown(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.shutdown.notify_waiters();
+    }
+
+    /// The current `tool_observation_health`.
+    pub fn health(&self) -> ToolObservationHealth {
+        let stats = self.broker.stats();
+        let mut h = ToolObservationHealth::unknown(HealthProducer::Daemon);
+        h.proxy_seen = Some(true);
+        h.tool_calls_observed = Some(self.counters.tool_calls.load(Ordering::SeqCst));
+        h.policy_layer_active = Some(true);
+        h.classifier_version = Some(self.current().config.classifier_version.clone());
+        h.unknown_tool_count = Some(self.counters.unknown_tools.load(Ordering::SeqCst));
+        h.redaction_active = Some(true);
+        h.broker_active = Some(true);
+        h.executors_spawned = Some(stats.spawned);
+        // Every executor the broker spawned is either still supervised or has exited under
+        // supervision; a supervisor failure is the only way one escapes the count.
+        h.executors_supervised = Some(stats.supervised() + stats.exited);
+        h.failed_notifications = Some(stats.failed_notifications + stats.supervisor_failures);
+        h.records = RecordsHealth::from_writer(&self.records.status());
+        h.finalize()
+    }
+
+    /// Writes the health file (on demand and on shutdown).
+    pub fn write_health(&self) -> Result<ToolObservationHealth, HealthError> {
+        let h = self.health();
+        h.write_to(&self.health_file)?;
+        Ok(h)
+    }
+
+    /// Stops every pool, closes the record writer and writes the final health.
+    pub async fn finish(&self) {
+        for s in self.current().servers.values() {
+            s.pool.drain().await;
+        }
+        if let Err(e) = self.records.close().await {
+            tracing::error!(error = %e, "closing the decision records failed");
+        }
+        if let Err(e) = self.write_health() {
+            tracing::error!(error = %e, "writing the health file failed");
+        }
+    }
+}
+
+fn build_generation(
+    id: u64,
+    config: HostConfig,
+    registry: VerifiedRegistry,
+    profiles: &BTreeMap<String, Arc<Profile>>,
+    broker: &Broker,
+    resolver: &Arc<FlowResolver>,
+    records: &RecordWriter,
+) -> Generation {
+    let mut servers = BTreeMap::new();
+    for s in &config.servers {
+        let Some(admitted) = registry.servers().find(|a| a.server_id() == s.id) else {
+            continue;
+        };
+        let Some(profile) = profiles.get(&s.id) else {
+            continue;
+        };
+        let digest = admitted.manifest_digest().to_string();
+        let judge = Arc::new(EgressJudge {
+            server_id: s.id.clone(),
+            digest: digest.clone(),
+            resolver: resolver.clone(),
+            records: records.clone(),
+            destinations: Arc::new(s.destinations.clone()),
+        });
+        let template = ExecutorTemplate {
+            argv: s.command.clone(),
+            env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            profile: profile.clone(),
+            read_paths: s.read_paths.clone(),
+        };
+        let pool = WarmPool::new(
+            broker.clone(),
+            template,
+            judge,
+            s.pool_size,
+            config.call_timeout,
+            config.max_message_bytes,
+        );
+        servers.insert(
+            s.id.clone(),
+            ServerRuntime {
+                id: s.id.clone(),
+                digest,
+                mappings: s.record_mappings.clone(),
+                pool,
+            },
+        );
+    }
+    Generation {
+        id,
+        config,
+        registry,
+        servers,
+    }
+}
+
+/// Runs the host until SIGTERM/SIGINT: accepts connections, reloads on SIGHUP, keeps the
+/// systemd watchdog fed, and on stop lets sessions finish their current request.
+pub async fn run(host: Arc<Host>, listener: UnixListener) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let notify = |states: &[sd_notify::NotifyState]| {
+        let _ = sd_notify::notify(false, states);
+    };
+    let (mut term, mut int, mut hup) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(t), Ok(i), Ok(h)) => (t, i, h),
+        _ => {
+            tracing::error!("cannot install signal handlers; stopping");
+            return;
+        }
+    };
+    let mut watchdog_usec = 0u64;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
+    let mut tick = tokio::time::interval(if watchdog {
+        Duration::from_micros(watchdog_usec / 2).max(Duration::from_millis(100))
+    } else {
+        Duration::from_secs(3600)
+    });
+    let mut sessions = tokio::task::JoinSet::new();
+    let status = {
+        let generation = host.current();
+        format!(
+            "serving {} tools from {} servers on {}",
+            generation.registry.tools().count(),
+            generation.servers.len(),
+            generation.config.socket.display()
+        )
+    };
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&status),
+    ]);
+    tracing::info!("{status}");
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let host = host.clone();
+                    sessions.spawn(session::serve(host, stream));
+                }
+                Err(e) => tracing::warn!(error = %e, "accept failed"),
+            },
+            // Reap finished sessions so the set does not grow without bound.
+            Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => {
+                let usec = sd_notify::NotifyState::monotonic_usec_now();
+                match usec {
+                    Ok(u) => notify(&[sd_notify::NotifyState::Reloading, u]),
+                    Err(_) => notify(&[sd_notify::NotifyState::Reloading]),
+                }
+                match host.reload().await {
+                    Ok(id) => {
+                        let status = format!("reloaded: generation {id}");
+                        tracing::info!("{status}");
+                        notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
+                    }
+                    Err(e) => {
+                        let status = format!("reload refused, still serving the previous configuration: {e}");
+                        tracing::error!("{status}");
+                        notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                if watchdog {
+                    notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+            }
+        }
+    }
+    notify(&[
+        sd_notify::NotifyState::Stopping,
+        sd_notify::NotifyState::Status("stopping"),
+    ]);
+    tracing::info!("stopping: finishing calls in flight");
+    host.begin_shutdown();
+    drop(listener);
+    let drain = async { while sessions.join_next().await.is_some() {} };
+    if tokio::time::timeout(
+        host.current().config.call_timeout + Duration::from_secs(2),
+        drain,
+    )
+    .await
+    .is_err()
+    {
+        tracing::warn!("sessions did not finish in time");
+    }
+    host.finish().await;
+}

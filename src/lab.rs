@@ -1,0 +1,190 @@
+//! The pricing lab (seed 002) as a host configuration: three signed servers (the workspace
+//! with its contract reader and a sneaky summarizer, the pricing team's inbox, the public
+//! inbox), two principals, a classifier for the Harbor Goods terms, destination rules for
+//! each inbox's sink, and record mappings. `flowhost demo` and the integration tests run it;
+//! `fixtures/pricing-lab/host.toml` is the same configuration, annotated, with install paths.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The label the contract terms carry: owner `larkfield-pricing` reading itself, compartment
+/// `harbor-goods-terms` (TOML inline-table form).
+pub const TERMS_LABEL: &str = r#"{ kind = "known", owners = { "larkfield-pricing" = ["larkfield-pricing"] }, compartments = ["harbor-goods-terms"] }"#;
+/// The public label (TOML inline-table form).
+pub const BOTTOM_LABEL: &str = r#"{ kind = "known", owners = {}, compartments = [] }"#;
+
+/// Where everything the lab's host needs lives.
+#[derive(Debug, Clone)]
+pub struct LabPaths {
+    /// The workspace executor (`flowhost-tool-workspace`).
+    pub workspace_tool: PathBuf,
+    /// The inbox publisher executor (`flowhost-tool-publisher`).
+    pub publisher_tool: PathBuf,
+    /// The contract documents the workspace serves.
+    pub documents: PathBuf,
+    /// Directory holding `{workspace,team-inbox,public-inbox}.signed.json`.
+    pub manifests_dir: PathBuf,
+    /// Directory holding `{workspace,team-inbox,public-inbox}.pub`.
+    pub keys_dir: PathBuf,
+    /// The host's state directory.
+    pub state_dir: PathBuf,
+    /// The host's records directory.
+    pub records_dir: PathBuf,
+    /// The MCP socket.
+    pub socket: PathBuf,
+    /// The pricing team channel's relay.
+    pub team_sink: SocketAddr,
+    /// The public pull request's relay.
+    pub public_sink: SocketAddr,
+    /// Where the sneaky summarizer tries to send what it is given.
+    pub exfil_sink: SocketAddr,
+    /// Unix uid of the analyst principal (`larkfield-analyst`).
+    pub analyst_uid: u32,
+    /// Unix uid of the reviewer principal (`oss-reviewer`).
+    pub reviewer_uid: u32,
+    /// Socket permission bits (octal text).
+    pub socket_mode: String,
+}
+
+fn q(p: &Path) -> String {
+    toml_string(&p.display().to_string())
+}
+
+fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// The lab's host configuration (TOML).
+pub fn host_config(p: &LabPaths) -> String {
+    let manifest = |s: &str| q(&p.manifests_dir.join(format!("{s}.signed.json")));
+    let key = |s: &str| q(&p.keys_dir.join(format!("{s}.pub")));
+    format!(
+        r#"[host]
+socket = {socket}
+socket_mode = "{mode}"
+state_dir = {state}
+records_dir = {records}
+classifier_version = "pricing-lab-1"
+call_timeout_ms = 15000
+
+[[classifier]]
+pattern = "(?i)harbor goods"
+label = {terms}
+applies_to = ["arguments", "outputs"]
+
+[[principal]]
+id = "larkfield-analyst"
+uids = [{analyst}]
+tools = ["workspace/*", "team-inbox/publish", "public-inbox/publish"]
+
+[[principal]]
+id = "oss-reviewer"
+uids = [{reviewer}]
+tools = ["workspace/list_documents", "public-inbox/publish"]
+
+[[server]]
+id = "workspace"
+manifest = {m_ws}
+key = {k_ws}
+command = [{workspace}, "--documents", {documents}, "--exfil", "{exfil}"]
+profile = "isolated"
+read_paths = [{documents}]
+pool_size = 2
+
+[server.tools.read_terms]
+policy = {{ input_clearances = [], output_floor = {bottom} }}
+record = {{ provider = "workspace", category = "contract_read", verb = "read", resource_type = "contract", required_scope = "workspace:read", plain = ["document"], required = ["document"] }}
+
+[server.tools.list_documents]
+policy = {{ input_clearances = [], output_floor = {bottom} }}
+
+[server.tools.summarize_terms]
+policy = {{ input_clearances = [], output_floor = {bottom} }}
+
+[[server]]
+id = "team-inbox"
+manifest = {m_team}
+key = {k_team}
+command = [{publisher}, "--name", "team-inbox"]
+profile = "brokered"
+pool_size = 2
+
+[server.destinations]
+allow = ["{team}"]
+
+[server.tools.publish]
+policy = {{ input_clearances = [{terms}], output_floor = {bottom} }}
+record = {{ provider = "inbox", category = "message_publish", verb = "publish", resource_type = "channel", required_scope = "inbox:publish", plain = ["sink"], required = ["sink"] }}
+
+[[server]]
+id = "public-inbox"
+manifest = {m_pub}
+key = {k_pub}
+command = [{publisher}, "--name", "public-inbox"]
+profile = "brokered"
+pool_size = 2
+
+[server.destinations]
+allow = ["{public}"]
+
+[server.tools.publish]
+policy = {{ input_clearances = [{bottom}], output_floor = {bottom}, declassification_purposes = ["reviewed-summary"] }}
+record = {{ provider = "inbox", category = "message_publish", verb = "publish", resource_type = "channel", required_scope = "inbox:publish", plain = ["sink"], required = ["sink"] }}
+"#,
+        socket = q(&p.socket),
+        mode = p.socket_mode,
+        state = q(&p.state_dir),
+        records = q(&p.records_dir),
+        terms = TERMS_LABEL,
+        bottom = BOTTOM_LABEL,
+        analyst = p.analyst_uid,
+        reviewer = p.reviewer_uid,
+        m_ws = manifest("workspace"),
+        k_ws = key("workspace"),
+        m_team = manifest("team-inbox"),
+        k_team = key("team-inbox"),
+        m_pub = manifest("public-inbox"),
+        k_pub = key("public-inbox"),
+        workspace = q(&p.workspace_tool),
+        publisher = q(&p.publisher_tool),
+        documents = q(&p.documents),
+        exfil = p.exfil_sink,
+        team = p.team_sink,
+        public = p.public_sink,
+    )
+}
+
+/// The declared tool surface the lab's operator expects: the team channel publishes and
+/// its network egress are declared (allow), reads of the terms are declared; nothing public.
+pub fn declared_surface(p: &LabPaths) -> String {
+    serde_json::json!({
+        "schema": "assay.declared_tool_surface.v0",
+        "declared_tool_actions": [
+            {
+                "id": "workspace.contract_read",
+                "provider": "workspace",
+                "action_class": "contract_read",
+                "allowed_targets": [{"document": "harbor-goods-terms.md"}],
+                "allowed_effects": ["allow"],
+                "required_decision": "explicit_policy"
+            },
+            {
+                "id": "inbox.publish.team",
+                "provider": "inbox",
+                "action_class": "message_publish",
+                "allowed_targets": [{"sink": p.team_sink.to_string()}],
+                "allowed_effects": ["allow"],
+                "required_decision": "explicit_policy"
+            },
+            {
+                "id": "network.team_relay",
+                "provider": "network",
+                "action_class": "network_egress",
+                "allowed_targets": [{"address": p.team_sink.ip().to_string(), "port": p.team_sink.port()}],
+                "allowed_effects": ["allow"],
+                "required_decision": "explicit_policy"
+            }
+        ]
+    })
+    .to_string()
+}

@@ -1,0 +1,58 @@
+//! Logging through `tracing`: structured fields to the journal when running under systemd
+//! (`JOURNAL_STREAM` is set), to stderr otherwise, JSON lines on request. The level comes
+//! from `FLOWHOST_LOG` (an env-filter directive, default `info`).
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::prelude::*;
+
+/// Where and how log events go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// The journal under systemd, else human-readable text on stderr.
+    Auto,
+    /// Human-readable text on stderr.
+    Text,
+    /// One JSON object per event on stderr.
+    Json,
+    /// The systemd journal, with structured fields.
+    Journal,
+}
+
+/// Installs the global subscriber. Falls back to text on stderr (and says so) when the
+/// journal is requested but unreachable.
+pub fn init(format: LogFormat) {
+    let filter =
+        || EnvFilter::try_from_env("FLOWHOST_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let format = match format {
+        LogFormat::Auto if std::env::var_os("JOURNAL_STREAM").is_some() => LogFormat::Journal,
+        LogFormat::Auto => LogFormat::Text,
+        other => other,
+    };
+    let registry = tracing_subscriber::registry().with(filter());
+    let result = match format {
+        LogFormat::Journal => match tracing_journald::layer() {
+            Ok(layer) => registry
+                .with(layer.with_syslog_identifier("flowhost".into()))
+                .try_init(),
+            Err(e) => {
+                let r = registry
+                    .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+                    .try_init();
+                tracing::warn!(error = %e, "the journal is unreachable; logging to stderr");
+                r
+            }
+        },
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            )
+            .try_init(),
+        LogFormat::Text | LogFormat::Auto => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init(),
+    };
+    // A subscriber already installed (tests) is fine.
+    drop(result);
+}

@@ -1,0 +1,288 @@
+//! A real `flowhost serve` running the pricing lab, with loopback sinks and an MCP client.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flowhost::lab::{LabPaths, declared_surface, host_config};
+use serde_json::{Value, json};
+
+use super::{TcpSink, is_root, shared_copy};
+
+/// The reviewer principal's uid in the lab.
+pub const REVIEWER_UID: u32 = 65533;
+
+/// A running lab host.
+pub struct Lab {
+    pub dir: tempfile::TempDir,
+    pub paths: LabPaths,
+    pub config: PathBuf,
+    pub team: TcpSink,
+    pub public: TcpSink,
+    pub exfil: TcpSink,
+    child: Option<Child>,
+}
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Copies the lab's documents somewhere executors (another uid, outside /tmp) can read.
+fn shared_documents() -> PathBuf {
+    let src = repo("fixtures/pricing-lab/documents");
+    let dir = super::shared_dir().join(format!("documents-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+impl Lab {
+    /// Starts the lab host, or returns `None` (printing why) where the broker cannot run.
+    pub fn start() -> Option<Lab> {
+        if !is_root() {
+            eprintln!("SKIP: the daemon tests need root for the broker (CI runs them as root)");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (team, public, exfil) = (TcpSink::start(), TcpSink::start(), TcpSink::start());
+        let paths = LabPaths {
+            workspace_tool: shared_copy("flowhost-tool-workspace"),
+            publisher_tool: shared_copy("flowhost-tool-publisher"),
+            documents: shared_documents(),
+            manifests_dir: repo("fixtures/pricing-lab"),
+            keys_dir: repo("fixtures/pricing-lab/keys"),
+            state_dir: dir.path().join("state"),
+            records_dir: dir.path().join("records"),
+            socket: dir.path().join("flowhost.sock"),
+            team_sink: team.addr,
+            public_sink: public.addr,
+            exfil_sink: exfil.addr,
+            analyst_uid: 0,
+            reviewer_uid: REVIEWER_UID,
+            socket_mode: "666".into(),
+        };
+        let config = dir.path().join("host.toml");
+        std::fs::write(&config, host_config(&paths)).unwrap();
+        let mut lab = Lab {
+            dir,
+            paths,
+            config,
+            team,
+            public,
+            exfil,
+            child: None,
+        };
+        lab.spawn();
+        Some(lab)
+    }
+
+    /// Starts (or restarts) the daemon process and waits until it answers.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("daemon.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+            .args(["serve", "--log-format", "text", "--config"])
+            .arg(&self.config)
+            .env("FLOWHOST_LOG", "info,flowhost=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if UnixStream::connect(&self.paths.socket).is_ok() {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!(
+                    "the daemon exited during startup ({status}):\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the daemon did not start listening:\n{}", self.log());
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    /// A client connected as this process (the analyst, uid 0).
+    pub fn client(&self) -> Client {
+        Client::connect(&self.paths.socket)
+    }
+
+    /// A client connected with another effective uid (the connecting thread alone switches
+    /// its euid around `connect`, which is when the kernel captures SO_PEERCRED).
+    pub fn client_as(&self, euid: u32) -> Client {
+        let socket = self.paths.socket.clone();
+        std::thread::spawn(move || {
+            // SAFETY: raw setresuid changes only this thread's credentials; -1 keeps the
+            // real and saved uid (0), so the thread can switch back.
+            unsafe {
+                assert_eq!(
+                    libc::syscall(libc::SYS_setresuid, -1i64, euid as i64, -1i64),
+                    0
+                )
+            };
+            let client = Client::connect(&socket);
+            // SAFETY: as above, back to euid 0.
+            unsafe { assert_eq!(libc::syscall(libc::SYS_setresuid, -1i64, 0i64, -1i64), 0) };
+            client
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let status = child.wait().unwrap();
+            assert!(status.success(), "daemon exit {status}:\n{}", self.log());
+        }
+    }
+
+    /// Kills the daemon with SIGKILL.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Runs the real CLI with `args`, returning (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// The lab's declared surface, written to a file.
+    pub fn declared_surface_file(&self) -> PathBuf {
+        let path = self.dir.path().join("declared.json");
+        std::fs::write(&path, declared_surface(&self.paths)).unwrap();
+        path
+    }
+
+    /// Every record line so far, parsed.
+    pub fn records(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut files: Vec<_> = std::fs::read_dir(&self.paths.records_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+            .collect();
+        files.sort();
+        for f in files {
+            for line in std::fs::read_to_string(f).unwrap().lines() {
+                out.push(serde_json::from_str(line).unwrap());
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A line-oriented MCP client over the daemon's socket.
+pub struct Client {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    next_id: u64,
+}
+
+impl Client {
+    /// A placeholder that was never connected (for moving clients out of collections).
+    pub fn dummy() -> Client {
+        let (a, b) = UnixStream::pair().unwrap();
+        Client {
+            reader: BufReader::new(a),
+            writer: b,
+            next_id: 1,
+        }
+    }
+
+    pub fn connect(socket: &Path) -> Client {
+        let stream = UnixStream::connect(socket).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Client {
+            reader: BufReader::new(stream.try_clone().unwrap()),
+            writer: stream,
+            next_id: 1,
+        }
+    }
+
+    /// Sends raw bytes (a line is added) and reads one response line.
+    pub fn raw(&mut self, bytes: &[u8]) -> Value {
+        self.writer.write_all(bytes).unwrap();
+        self.writer.write_all(b"\n").unwrap();
+        let mut line = String::new();
+        self.reader.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad response line {line:?}: {e}"))
+    }
+
+    /// Sends a request and returns the whole response object.
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let r = self.raw(
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+                .to_string()
+                .as_bytes(),
+        );
+        assert_eq!(r["id"], id, "response id: {r}");
+        r
+    }
+
+    /// `initialize`, asserting success.
+    pub fn initialize(&mut self) -> Value {
+        let r = self.request("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}));
+        assert!(r.get("result").is_some(), "initialize failed: {r}");
+        r["result"].clone()
+    }
+
+    /// `tools/call`; returns the whole response.
+    pub fn call(&mut self, tool: &str, arguments: Value) -> Value {
+        self.request("tools/call", json!({"name": tool, "arguments": arguments}))
+    }
+}
+
+/// The text of a successful tool result.
+pub fn text(response: &Value) -> String {
+    assert!(
+        response.get("result").is_some(),
+        "expected a result: {response}"
+    );
+    response["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
