@@ -438,7 +438,12 @@ impl HostConfig {
             servers.push(ServerConfig {
                 id: s.id,
                 manifest: resolve(&s.manifest),
-                key: s.key,
+                // Hex stays hex; anything else names a key file, relative to this file.
+                key: if s.key.len() == 64 && s.key.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    s.key
+                } else {
+                    resolve(Path::new(&s.key)).display().to_string()
+                },
                 command,
                 profile: s.profile,
                 topology: s.topology,
@@ -531,5 +536,119 @@ pub fn topology_of(profile: &flowhost_broker::Profile) -> RuntimeTopology {
     match profile.network {
         flowhost_broker::NetworkPath::None => RuntimeTopology::Local,
         flowhost_broker::NetworkPath::Host => RuntimeTopology::Brokered,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[host]
+socket = "s.sock"
+state_dir = "state"
+records_dir = "records"
+
+[[principal]]
+id = "alice"
+uids = [1000]
+tools = ["srv/*"]
+
+[[server]]
+id = "srv"
+manifest = "srv.signed.json"
+key = "keys/srv.pub"
+command = ["bin/tool", "--data", "${config_dir}/data"]
+profile = "isolated"
+
+[server.tools.t]
+policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, compartments = [] } }
+"#;
+
+    fn parse(text: &str) -> Result<HostConfig, ConfigError> {
+        HostConfig::parse(Path::new("/etc/flowhost/host.toml"), text)
+    }
+
+    fn error(text: &str) -> String {
+        parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn resolves_paths_and_defaults() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.socket, Path::new("/etc/flowhost/s.sock"));
+        assert_eq!(c.health_file, Path::new("/etc/flowhost/state/health.json"));
+        assert_eq!(
+            c.servers[0].command,
+            vec!["/etc/flowhost/bin/tool", "--data", "/etc/flowhost/data"]
+        );
+        assert_eq!(c.servers[0].key, "/etc/flowhost/keys/srv.pub");
+        assert_eq!(c.socket_mode, 0o660);
+        assert_eq!(c.broker, BrokerMode::Native);
+        assert_eq!(c.max_message_bytes, 1 << 20);
+        assert!(c.principals[0].may_call("srv", "t"));
+        assert!(!c.principals[0].may_call("other", "t"));
+        assert_eq!(c.principal_for(1000, 5).unwrap().id.as_str(), "alice");
+        assert!(c.principal_for(1001, 5).is_none());
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_key() {
+        let e = error(&MINIMAL.replace("[host]", "[host]\nbogus = 1"));
+        assert!(
+            e.starts_with("/etc/flowhost/host.toml:") && e.contains("unknown field `bogus`"),
+            "{e}"
+        );
+        let e = error(&MINIMAL.replace(
+            "socket = \"s.sock\"",
+            "socket = \"s.sock\"\nsocket_mode = \"999\"",
+        ));
+        assert!(e.contains("`host.socket_mode`"), "{e}");
+        let e = error(&MINIMAL.replace("tools = [\"srv/*\"]", "tools = [\"nosuch/*\"]"));
+        assert!(
+            e.contains("`principal[0].tools`") && e.contains("nosuch"),
+            "{e}"
+        );
+        let e = error(&MINIMAL.replace(
+            "command = [\"bin/tool\", \"--data\", \"${config_dir}/data\"]",
+            "command = []",
+        ));
+        assert!(e.contains("`server[0].command`"), "{e}");
+        let e = error(&format!(
+            "{MINIMAL}\n[[classifier]]\npattern = \"(unclosed\"\nlabel = {{ kind = \"known\", owners = {{}}, compartments = [] }}\n"
+        ));
+        assert!(e.contains("`classifier[0].pattern`"), "{e}");
+        let e = error(&MINIMAL.replace("uids = [1000]", "uids = []"));
+        assert!(e.contains("`principal[0].uids`"), "{e}");
+        let e = error(&MINIMAL.replace(
+            "output_floor = {",
+            "output_floor = { kind = \"top\" }, x = {",
+        ));
+        assert!(e.contains("host.toml"), "{e}");
+        let e = error(&MINIMAL.replace("[host]", "[host]\nexecutor_uid = 5"));
+        assert!(e.contains("`host.executor_uid`"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_servers_and_uids_are_refused() {
+        let twice = MINIMAL.replace(
+            "[[principal]]",
+            "[[principal]]\nid = \"bob\"\nuids = [1000]\ntools = []\n\n[[principal]]",
+        );
+        assert!(error(&twice).contains("uid 1000 is already principal"));
+        let server = &MINIMAL[MINIMAL.find("[[server]]").unwrap()..];
+        let e = error(&format!("{MINIMAL}\n{server}"));
+        assert!(
+            e.contains("`server[1].id`") && e.contains("configured twice"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn topology_follows_the_profile() {
+        let isolated = flowhost_broker::Profile::find("isolated", &[]).unwrap();
+        let brokered = flowhost_broker::Profile::find("brokered", &[]).unwrap();
+        assert_eq!(topology_of(&isolated), RuntimeTopology::Local);
+        assert_eq!(topology_of(&brokered), RuntimeTopology::Brokered);
     }
 }

@@ -302,3 +302,274 @@ impl FlowResolver {
         Ok(label)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ClassifierRule, ClassifierScope, PrincipalConfig};
+    use crate::ident::PrincipalId;
+    use crate::registry::{RuntimeTopology, ToolPolicy, VerifiedRegistry};
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+    use std::sync::Arc;
+
+    fn terms() -> InformationLabel {
+        InformationLabel::from_json(
+            r#"{"kind":"known","owners":{"larkfield-pricing":["larkfield-pricing"]},"compartments":["harbor-goods-terms"]}"#,
+        )
+        .unwrap()
+    }
+
+    fn fixture(name: &str) -> crate::manifest::SignedManifest {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pricing-lab");
+        crate::manifest::load_envelope_file(&dir.join(format!("{name}.signed.json"))).unwrap()
+    }
+
+    fn key(name: &str) -> ed25519_dalek::VerifyingKey {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pricing-lab/keys");
+        crate::keys::load_verifying_key(&dir.join(format!("{name}.pub"))).unwrap()
+    }
+
+    /// The lab's registry: workspace local, both inboxes brokered.
+    fn registry() -> VerifiedRegistry {
+        let mut r = VerifiedRegistry::new();
+        let bottom =
+            || ToolPolicy::new(vec![], InformationLabel::bottom(), BTreeSet::new()).unwrap();
+        let local = |tools: &[&str]| {
+            tools
+                .iter()
+                .map(|t| (t.to_string(), RuntimeTopology::Local))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let ws = ["list_documents", "read_terms", "summarize_terms"];
+        r.register(
+            fixture("workspace"),
+            &key("workspace"),
+            &ws.iter().map(|t| (t.to_string(), bottom())).collect(),
+            &local(&ws),
+        )
+        .unwrap();
+        let brokered = BTreeMap::from([("publish".to_string(), RuntimeTopology::Brokered)]);
+        let team =
+            ToolPolicy::new(vec![terms()], InformationLabel::bottom(), BTreeSet::new()).unwrap();
+        r.register(
+            fixture("team-inbox"),
+            &key("team-inbox"),
+            &BTreeMap::from([("publish".into(), team)]),
+            &brokered,
+        )
+        .unwrap();
+        let public = ToolPolicy::new(
+            vec![InformationLabel::bottom()],
+            InformationLabel::bottom(),
+            BTreeSet::new(),
+        )
+        .unwrap();
+        r.register(
+            fixture("public-inbox"),
+            &key("public-inbox"),
+            &BTreeMap::from([("publish".into(), public)]),
+            &brokered,
+        )
+        .unwrap();
+        r
+    }
+
+    fn resolver(dir: &Path) -> FlowResolver {
+        let classifier = Classifier::new(vec![ClassifierRule {
+            pattern: regex::Regex::new("(?i)harbor goods").unwrap(),
+            label: terms(),
+            scopes: BTreeSet::from([ClassifierScope::Arguments, ClassifierScope::Outputs]),
+        }]);
+        let state = Arc::new(FlowStateStore::open(&dir.join("state.db")).unwrap());
+        FlowResolver::new(classifier, InformationLabel::bottom(), state)
+    }
+
+    fn analyst() -> PrincipalConfig {
+        PrincipalConfig {
+            id: PrincipalId::new("analyst").unwrap(),
+            uids: vec![1],
+            gids: vec![],
+            tools: vec!["*".into()],
+        }
+    }
+
+    fn key_for(p: &PrincipalConfig, s: &str) -> SessionKey {
+        SessionKey {
+            principal: p.id.clone(),
+            session: s.into(),
+        }
+    }
+
+    #[test]
+    fn the_lab_decisions() {
+        let dir = tempfile::tempdir().unwrap();
+        let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
+        let k = key_for(&who, "s1");
+        let read = reg.tool("workspace", "read_terms").unwrap();
+        let plan = res
+            .pre_dispatch(&who, &k, read, &serde_json::json!({"document": "t.md"}))
+            .unwrap();
+        assert!(
+            plan.clearances.is_empty(),
+            "a local, non-egress read checks no clearance"
+        );
+        let label = res.after_call(&plan, "Harbor Goods terms").unwrap();
+        assert_eq!(label, terms(), "declared output label and classifier agree");
+
+        let team = reg.tool("team-inbox", "publish").unwrap();
+        let plan = res
+            .pre_dispatch(
+                &who,
+                &k,
+                team,
+                &serde_json::json!({"message": "m", "sink": "127.0.0.1:1"}),
+            )
+            .unwrap();
+        assert_eq!(plan.source, terms());
+        assert!(plan.basis.declared && plan.basis.topology);
+        let rules = DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]);
+        let ok = Destination::Inet("127.0.0.1:1".parse().unwrap());
+        let other = Destination::Inet("127.0.0.1:2".parse().unwrap());
+        assert!(res.decide_egress(&plan, Some(&ok), &rules).allowed);
+        let blocked = res.decide_egress(&plan, Some(&other), &rules);
+        assert_eq!(blocked.denial.as_deref(), Some("destination_blocked"));
+
+        let public = reg.tool("public-inbox", "publish").unwrap();
+        let refusal = res
+            .pre_dispatch(
+                &who,
+                &k,
+                public,
+                &serde_json::json!({"message": "m", "sink": "127.0.0.1:1"}),
+            )
+            .unwrap_err();
+        assert_eq!(refusal.denial_code(), "flow_violation");
+
+        // The sneaky tool: no egress predicted, dispatched; its connect is refused.
+        let sneaky = reg.tool("workspace", "summarize_terms").unwrap();
+        let plan = res
+            .pre_dispatch(&who, &k, sneaky, &serde_json::json!({"text": "x"}))
+            .unwrap();
+        let v = res.decide_egress(
+            &plan,
+            Some(&ok),
+            &DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]),
+        );
+        assert!(!v.allowed);
+        assert_eq!(
+            v.denial.as_deref(),
+            Some("missing_clearance"),
+            "a destination allow does not help"
+        );
+    }
+
+    #[test]
+    fn argument_taint_is_joined_before_dispatch() {
+        let dir = tempfile::tempdir().unwrap();
+        let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
+        let k = key_for(&who, "s2");
+        let sneaky = reg.tool("workspace", "summarize_terms").unwrap();
+        res.pre_dispatch(
+            &who,
+            &k,
+            sneaky,
+            &serde_json::json!({"text": "the Harbor Goods rebate"}),
+        )
+        .unwrap();
+        assert_eq!(
+            res.state().get(&k).unwrap().combined(),
+            terms(),
+            "the executor saw the terms"
+        );
+        let public = reg.tool("public-inbox", "publish").unwrap();
+        let r = res.pre_dispatch(
+            &who,
+            &key_for(&who, "s3"),
+            public,
+            &serde_json::json!({"message": "m", "sink": "h:1"}),
+        );
+        assert_eq!(
+            r.unwrap_err().denial_code(),
+            "flow_violation",
+            "the principal's taint follows it"
+        );
+    }
+
+    #[test]
+    fn access_and_schema_are_checked_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let (reg, res) = (registry(), resolver(dir.path()));
+        let limited = PrincipalConfig {
+            tools: vec!["workspace/list_documents".into()],
+            ..analyst()
+        };
+        let read = reg.tool("workspace", "read_terms").unwrap();
+        let k = key_for(&limited, "s");
+        assert_eq!(
+            res.pre_dispatch(&limited, &k, read, &serde_json::json!({"document": "x"}))
+                .unwrap_err()
+                .denial_code(),
+            "access_denied"
+        );
+        let who = analyst();
+        assert_eq!(
+            res.pre_dispatch(&who, &k, read, &serde_json::json!({}))
+                .unwrap_err()
+                .denial_code(),
+            "schema_invalid"
+        );
+        assert!(
+            res.state().get(&k).unwrap().combined().is_bottom(),
+            "refused calls add no taint"
+        );
+    }
+
+    #[test]
+    fn top_state_never_egresses() {
+        let dir = tempfile::tempdir().unwrap();
+        let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
+        let k = key_for(&who, "s");
+        res.state().join(&k, &InformationLabel::Top).unwrap();
+        let team = reg.tool("team-inbox", "publish").unwrap();
+        let r = res.pre_dispatch(
+            &who,
+            &k,
+            team,
+            &serde_json::json!({"message": "m", "sink": "h:1"}),
+        );
+        assert_eq!(r.unwrap_err().denial_code(), "top_source");
+    }
+
+    #[test]
+    fn check_clearances_order() {
+        let reg = registry();
+        let sneaky = reg
+            .tool("workspace", "summarize_terms")
+            .unwrap()
+            .security()
+            .clone();
+        assert_eq!(
+            check_clearances(&InformationLabel::Top, &sneaky)
+                .unwrap_err()
+                .0,
+            EgressDenial::TopSource
+        );
+        assert_eq!(
+            check_clearances(&InformationLabel::bottom(), &sneaky)
+                .unwrap_err()
+                .0,
+            EgressDenial::MissingClearance
+        );
+        let team = reg
+            .tool("team-inbox", "publish")
+            .unwrap()
+            .security()
+            .clone();
+        assert_eq!(
+            check_clearances(&terms(), &team).unwrap(),
+            vec![terms(), terms()],
+            "policy, then manifest clearance"
+        );
+    }
+}
