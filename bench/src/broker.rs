@@ -179,10 +179,8 @@ fn loop_row(
         });
         addr
     };
-    let me = std::env::current_exe()
-        .expect("own path")
-        .display()
-        .to_string();
+    // The loop runs inside the sandbox as the executor uid: run a copy it can reach.
+    let me = crate::support::shared_self().display().to_string();
     let args = vec![
         me.clone(),
         format!("loop-{kind}"),

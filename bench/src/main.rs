@@ -2,11 +2,13 @@
 //! name). Prints one Markdown table of medians and ratios; see BENCHMARKS.md for the method.
 
 mod broker;
+mod daemon;
 #[allow(dead_code)] // percentile serves the suites added with the daemon.
 mod harness;
 mod lattice;
 mod manifest;
 mod records;
+mod support;
 
 use clap::{Parser, ValueEnum};
 
@@ -23,6 +25,7 @@ enum Suite {
     #[value(hide = true)]
     LoopSendto,
     Records,
+    Daemon,
 }
 
 /// flowhost's benchmark suite.
@@ -68,6 +71,9 @@ fn main() {
     }
     if want(Suite::Records) {
         rows.extend(records::run(args.quick));
+    }
+    if want(Suite::Daemon) {
+        rows.extend(daemon::run(args.quick));
     }
     harness::print_table(&rows);
 }

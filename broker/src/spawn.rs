@@ -680,6 +680,7 @@ pub(crate) fn start(prepared: &Prepared) -> Result<Started, SpawnError> {
             }));
         }
     };
+    sys::notif_set_sync_wakeup(listener.as_fd());
     if let Err(e) = write_go(&go_w) {
         return Err(abandon(e));
     }

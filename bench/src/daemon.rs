@@ -1,0 +1,226 @@
+//! tools/call through the daemon (warm executors, durable record, flow state) side by side
+//! with a direct MCP stdio call to the same executor binary, and calls per second with 8
+//! concurrent sessions.
+//!
+//! The daemon runs in this process (the real host: registry, broker, resolver, record
+//! writer, executor pools); clients talk to it over its Unix socket like any MCP client.
+//! Records and state go to a directory on the real disk (under `target/`), not a tmpfs.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use flowhost::daemon::{Host, run as run_host};
+use flowhost::lab::{LabPaths, host_config};
+use serde_json::{Value, json};
+
+use crate::harness::{Row, Samples, fmt_duration, fmt_rate};
+use crate::support::{is_root, repo, scratch_dir, shared_copy, tcp_sink};
+
+/// A line-oriented JSON-RPC client over any reader/writer pair.
+struct Rpc<R, W> {
+    reader: R,
+    writer: W,
+    next: u64,
+    line: String,
+}
+
+impl<R: BufRead, W: Write> Rpc<R, W> {
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next;
+        self.next += 1;
+        writeln!(
+            self.writer,
+            "{}",
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+        )
+        .expect("write");
+        self.writer.flush().expect("flush");
+        loop {
+            self.line.clear();
+            self.reader.read_line(&mut self.line).expect("read");
+            let v: Value = serde_json::from_str(&self.line).expect("json");
+            if v.get("id") == Some(&json!(id)) {
+                return v;
+            }
+        }
+    }
+
+    fn initialize(&mut self) {
+        let r = self.call("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}));
+        assert!(r.get("result").is_some(), "initialize: {r}");
+        let notification = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        writeln!(self.writer, "{notification}").expect("write");
+        self.writer.flush().expect("flush");
+    }
+}
+
+fn connect(socket: &Path) -> Rpc<BufReader<UnixStream>, UnixStream> {
+    let s = UnixStream::connect(socket).expect("connect to the daemon");
+    let mut rpc = Rpc {
+        reader: BufReader::new(s.try_clone().expect("clone")),
+        writer: s,
+        next: 1,
+        line: String::new(),
+    };
+    rpc.initialize();
+    rpc
+}
+
+const TOOL: &str = "workspace/list_documents";
+
+fn ok(r: &Value) {
+    assert!(
+        r.get("result").is_some() && r["result"]["isError"] != true,
+        "call failed: {r}"
+    );
+}
+
+/// Runs the daemon benchmarks.
+pub fn run(quick: bool) -> Vec<Row> {
+    if !is_root() {
+        eprintln!("daemon benchmarks skipped: the broker needs root");
+        return Vec::new();
+    }
+    let dir = scratch_dir("daemon");
+    let workspace_tool = shared_copy("flowhost-tool-workspace");
+    let documents = crate::support::shared_documents();
+    let (team, public, exfil) = (tcp_sink(), tcp_sink(), tcp_sink());
+    let lab = repo("fixtures/pricing-lab");
+    let paths = LabPaths {
+        workspace_tool: workspace_tool.clone(),
+        publisher_tool: shared_copy("flowhost-tool-publisher"),
+        documents: documents.clone(),
+        manifests_dir: lab.clone(),
+        keys_dir: lab.join("keys"),
+        state_dir: dir.join("state"),
+        records_dir: dir.join("records"),
+        socket: dir.join("flowhost.sock"),
+        team_sink: team,
+        public_sink: public,
+        exfil_sink: exfil,
+        analyst_uid: 0,
+        reviewer_uid: 65533,
+        socket_mode: "600".into(),
+    };
+    // Enough warm executors that 8 new sessions never wait for a spawn.
+    let config_text = host_config(&paths).replace("pool_size = 2", "pool_size = 10");
+    let config = dir.join("host.toml");
+    std::fs::write(&config, config_text).expect("write config");
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (host, listener) = runtime
+        .block_on(Host::start(&config, None))
+        .unwrap_or_else(|e| panic!("the daemon did not start: {e}"));
+    let serving = runtime.spawn(run_host(host.clone(), listener));
+    std::thread::sleep(Duration::from_millis(500)); // let the warm pools fill
+
+    // Direct: the same executor binary as a plain child process, MCP over its stdio.
+    let mut child = Command::new(&workspace_tool)
+        .args(["--documents", &documents.display().to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the executor directly");
+    let mut direct = Rpc {
+        reader: BufReader::new(child.stdout.take().expect("stdout")),
+        writer: child.stdin.take().expect("stdin"),
+        next: 1,
+        line: String::new(),
+    };
+    direct.initialize();
+    let mut through = connect(&paths.socket);
+    let params = json!({"name": "list_documents", "arguments": {}});
+    let daemon_params = json!({"name": TOOL, "arguments": {}});
+    for _ in 0..200 {
+        ok(&direct.call("tools/call", params.clone()));
+        ok(&through.call("tools/call", daemon_params.clone()));
+    }
+    let samples = if quick { 300 } else { 3000 };
+    let (mut d, mut t) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for _ in 0..samples {
+        let start = Instant::now();
+        ok(&direct.call("tools/call", params.clone()));
+        d.push(start.elapsed());
+        let start = Instant::now();
+        ok(&through.call("tools/call", daemon_params.clone()));
+        t.push(start.elapsed());
+    }
+    let (d, t) = (Samples(d).median(), Samples(t).median());
+    let added = t.saturating_sub(d);
+    drop(direct);
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // Throughput: 8 sessions calling as fast as they can for a fixed time.
+    let sessions = 8;
+    let duration = if quick {
+        Duration::from_secs(2)
+    } else {
+        Duration::from_secs(6)
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    for _ in 0..sessions {
+        let (socket, stop, total, params) = (
+            paths.socket.clone(),
+            stop.clone(),
+            total.clone(),
+            daemon_params.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let mut c = connect(&socket);
+            ok(&c.call("tools/call", params.clone()));
+            while !stop.load(Ordering::Relaxed) {
+                ok(&c.call("tools/call", params.clone()));
+                total.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let start = Instant::now();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    for th in threads {
+        th.join().expect("session thread");
+    }
+    let rate = total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+
+    host.begin_shutdown();
+    runtime.block_on(async {
+        let _ = tokio::time::timeout(Duration::from_secs(10), serving).await;
+    });
+    drop(through);
+
+    vec![
+        Row {
+            name: format!(
+                "tools/call, warm executor, durable record and state (median of {samples})"
+            ),
+            flowhost: fmt_duration(t),
+            baseline: Some((
+                "direct MCP stdio call, same executor".into(),
+                fmt_duration(d),
+            )),
+            comparison: format!("+{} per call", fmt_duration(added)),
+            goal: "<= 0.5 ms added".into(),
+            met: added <= Duration::from_micros(500),
+        },
+        Row {
+            name: format!("tools/call throughput, {sessions} concurrent sessions, 2 cores"),
+            flowhost: fmt_rate(rate),
+            baseline: None,
+            comparison: format!("{:.1}x the goal", rate / 2000.0),
+            goal: ">= 2,000 calls/s".into(),
+            met: rate >= 2000.0,
+        },
+    ]
+}
