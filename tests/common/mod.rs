@@ -44,10 +44,23 @@ pub fn shared_dir() -> PathBuf {
 }
 
 /// A copy of a workspace binary in [`shared_dir`], so executors can run it whatever the
-/// permissions of the checkout (a clone under /root is not traversable by their uid). Copies
-/// are content-addressed by size and mtime and written atomically, so concurrent tests share
-/// them safely.
+/// permissions of the checkout (a clone under /root is not traversable by their uid).
+///
+/// The copy is made by `cp` in a child process and renamed into place, once per process:
+/// if this (multithreaded) process held the file open for writing, a sandbox child cloned at
+/// that moment could inherit the write descriptor and make a concurrent exec fail with
+/// ETXTBSY. Copies are content-addressed by size and mtime, so test processes share them.
 pub fn shared_copy(name: &str) -> PathBuf {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    static COPIES: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let mut copies = COPIES
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap();
+    if let Some(p) = copies.get(name) {
+        return p.clone();
+    }
     let src = workspace_binary(name);
     let meta = std::fs::metadata(&src).unwrap();
     let stamp = meta
@@ -63,10 +76,17 @@ pub fn shared_copy(name: &str) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-        std::fs::copy(&src, &tmp).unwrap();
+        let status = std::process::Command::new("cp")
+            .arg("--")
+            .arg(&src)
+            .arg(&tmp)
+            .status()
+            .unwrap();
+        assert!(status.success(), "cp {} failed", src.display());
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::rename(&tmp, &dst).unwrap();
     }
+    copies.insert(name.to_string(), dst.clone());
     dst
 }
 
