@@ -23,7 +23,8 @@ pub enum BrokerError {
     /// A kernel primitive the broker cannot work without is missing.
     #[error("the native broker cannot run here: {0}")]
     Unsupported(String),
-    /// The host process lacks capabilities the broker needs as root.
+    /// The process holds some but not all of the capabilities privileged mode needs (or is
+    /// root without them).
     #[error("the native broker needs these capabilities, which this process lacks: {0}")]
     MissingCapabilities(String),
     /// A helper thread could not be started.
@@ -34,7 +35,7 @@ pub enum BrokerError {
 /// Options for [`Broker::new`].
 #[derive(Debug, Clone, Default)]
 pub struct BrokerOptions {
-    /// uid/gid executors run as when the host is root (default: `flowhost-exec`, else 65534).
+    /// uid/gid executors run as in privileged mode (default: `flowhost-exec`, else 65534).
     pub executor_identity: Option<(u32, u32)>,
 }
 
@@ -43,8 +44,9 @@ pub struct BrokerOptions {
 pub struct KernelSupport {
     /// Landlock ABI version (0 = none).
     pub landlock_abi: i32,
-    /// Whether the host runs as root (uid switching) or unprivileged (user namespaces).
-    pub root: bool,
+    /// Whether the broker holds its capabilities (executors get namespaces and a dedicated
+    /// uid) or runs unprivileged (executors get a user namespace).
+    pub privileged: bool,
 }
 
 /// A snapshot of the broker's supervision counters.
@@ -118,8 +120,8 @@ fn probe_pidfd_getfd() -> Result<(), String> {
 
 impl Broker {
     /// Checks the kernel and the process, and starts the broker's threads. Fails closed:
-    /// without seccomp user notification, pidfds, or (as root) the capabilities to confine
-    /// and supervise executors, there is no broker.
+    /// without seccomp user notification, pidfds, or the capabilities (or a user namespace)
+    /// to confine and supervise executors, there is no broker.
     pub fn new(options: BrokerOptions) -> Result<Self, BrokerError> {
         if !sys::user_notif_available() {
             return Err(BrokerError::Unsupported(
@@ -127,46 +129,52 @@ impl Broker {
             ));
         }
         probe_pidfd_getfd().map_err(BrokerError::Unsupported)?;
+        // Privileged mode (namespaces, a dedicated executor uid) needs these capabilities,
+        // whether the host runs as root or as a service user granted them (systemd
+        // AmbientCapabilities). With none of them, the broker uses a user namespace.
+        use caps::{CapSet, Capability};
+        let needed = [
+            (Capability::CAP_SYS_ADMIN, "namespaces and mounts"),
+            (
+                Capability::CAP_SYS_PTRACE,
+                "reading executor memory and taking their sockets",
+            ),
+            (Capability::CAP_SETUID, "switching executors to their uid"),
+            (Capability::CAP_SETGID, "switching executors to their gid"),
+            (
+                Capability::CAP_SETPCAP,
+                "emptying executors' capability bounding set",
+            ),
+        ];
+        let have = |c: &Capability| caps::has_cap(None, CapSet::Effective, *c).unwrap_or(false);
+        let missing: Vec<String> = needed
+            .iter()
+            .filter(|(c, _)| !have(c))
+            .map(|(c, why)| format!("{c} ({why})"))
+            .collect();
         let root = nix::unistd::geteuid().is_root();
-        if root {
-            use caps::{CapSet, Capability};
-            let needed = [
-                (Capability::CAP_SYS_ADMIN, "namespaces and mounts"),
-                (
-                    Capability::CAP_SYS_PTRACE,
-                    "reading executor memory and taking their sockets",
-                ),
-                (Capability::CAP_SETUID, "switching executors to their uid"),
-                (Capability::CAP_SETGID, "switching executors to their gid"),
-                (
-                    Capability::CAP_SETPCAP,
-                    "emptying executors' capability bounding set",
-                ),
-            ];
-            let missing: Vec<String> = needed
-                .iter()
-                .filter(|(c, _)| !caps::has_cap(None, CapSet::Effective, *c).unwrap_or(false))
-                .map(|(c, why)| format!("{c} ({why})"))
-                .collect();
-            if !missing.is_empty() {
-                return Err(BrokerError::MissingCapabilities(missing.join(", ")));
-            }
-        } else {
+        let privileged = missing.is_empty();
+        if !privileged && (root || missing.len() < needed.len()) {
+            // Root without them, or a partial grant: a misconfiguration, not a reason to
+            // fall back to weaker isolation.
+            return Err(BrokerError::MissingCapabilities(missing.join(", ")));
+        }
+        if !privileged {
             let max = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
                 .unwrap_or(0);
             if max == 0 {
                 return Err(BrokerError::Unsupported(
-                    "not running as root and user namespaces are disabled (user.max_user_namespaces = 0); run as root or enable them".into(),
+                    "the process has none of the broker's capabilities and user namespaces are disabled (user.max_user_namespaces = 0); run as root, grant the capabilities, or enable user namespaces".into(),
                 ));
             }
         }
         let support = KernelSupport {
             landlock_abi: sys::landlock_abi(),
-            root,
+            privileged,
         };
-        let identity = if root {
+        let identity = if privileged {
             Some(
                 options
                     .executor_identity
@@ -265,7 +273,7 @@ impl Broker {
         };
         let prepared = spawn::prepare(
             spec,
-            self.inner.support.root,
+            self.inner.support.privileged,
             self.inner.identity,
             self.inner.support.landlock_abi,
         )
@@ -305,8 +313,10 @@ impl Broker {
 
         let (tx, attempts) = mpsc::channel(64);
         let counters = Arc::new(Counters::default());
+        let reap = Arc::new(crate::executor::Reap::new(pidfd.clone()));
         let ctx = Arc::new(Context {
             listener,
+            reap: reap.clone(),
             attempts: tx,
             counters: counters.clone(),
             broker_counters: self.inner.counters.clone(),
@@ -346,6 +356,7 @@ impl Broker {
         Ok(Executor {
             pid,
             pidfd,
+            reap,
             stdin,
             stdout,
             stderr,

@@ -48,12 +48,42 @@ impl ExitStatus {
     }
 }
 
+/// The executor's pidfd and, once reaped, how it ended. Shared by the handle and the
+/// supervisor, which reaps the executor as soon as it exits so no zombie outlives it,
+/// whether or not anyone waits on the handle.
+pub(crate) struct Reap {
+    pub(crate) pidfd: Arc<AsyncFd<OwnedFd>>,
+    status: std::sync::Mutex<Option<WaitStatus>>,
+}
+
+impl Reap {
+    pub(crate) fn new(pidfd: Arc<AsyncFd<OwnedFd>>) -> Self {
+        Reap {
+            pidfd,
+            status: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Reaps the executor if it has exited (at most once), and returns how it ended.
+    pub(crate) fn try_reap(&self) -> io::Result<Option<WaitStatus>> {
+        let mut status = self
+            .status
+            .lock()
+            .map_err(|_| io::Error::other("reap state poisoned"))?;
+        if status.is_none() {
+            *status = sys::waitid_pidfd(self.pidfd.get_ref().as_fd(), false)?;
+        }
+        Ok(*status)
+    }
+}
+
 /// A running executor. Dropping the handle kills the executor and its whole process tree
 /// (the executor is pid 1 of its own pid namespace when the profile asks for one) and reaps
 /// it in the background.
 pub struct Executor {
     pub(crate) pid: i32,
     pub(crate) pidfd: Arc<AsyncFd<OwnedFd>>,
+    pub(crate) reap: Arc<Reap>,
     pub(crate) stdin: Option<pipe::Sender>,
     pub(crate) stdout: Option<pipe::Receiver>,
     pub(crate) stderr: Option<pipe::Receiver>,
@@ -116,17 +146,10 @@ impl Executor {
         if let Some(s) = self.exit {
             return Ok(s);
         }
+        let pidfd = self.pidfd.clone();
         loop {
-            let mut guard = self.pidfd.readable().await?;
-            if let Some(status) = sys::waitid_pidfd(self.pidfd.get_ref().as_fd(), false)? {
-                let exit = ExitStatus {
-                    status,
-                    timed_out: self.timed_out.load(Ordering::SeqCst),
-                };
-                self.exit = Some(exit);
-                if let Some(w) = self.watchdog.take() {
-                    w.abort();
-                }
+            let mut guard = pidfd.readable().await?;
+            if let Some(exit) = self.try_wait()? {
                 return Ok(exit);
             }
             guard.clear_ready();
@@ -157,7 +180,7 @@ impl Executor {
     /// Reaps the executor if it has exited, without waiting.
     pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
         if self.exit.is_none()
-            && let Some(status) = sys::waitid_pidfd(self.pidfd.get_ref().as_fd(), false)?
+            && let Some(status) = self.reap.try_reap()?
         {
             self.exit = Some(ExitStatus {
                 status,

@@ -72,9 +72,10 @@ pub struct SpawnSpec {
     pub cwd: PathBuf,
     /// The execution profile.
     pub profile: Arc<Profile>,
-    /// uid/gid to run as when the host is root (default: the broker's executor identity).
+    /// uid/gid to run as in privileged mode (default: the broker's executor identity).
     pub identity: Option<(u32, u32)>,
-    /// Wall-clock limit (default: the profile's).
+    /// Wall-clock limit after which the executor and its tree are killed; `None` for none
+    /// (long-lived executors, bounded by their host instead). Default: the profile's.
     pub wall_clock: Option<Duration>,
     /// Standard input.
     pub stdin: StdioMode,
@@ -102,9 +103,9 @@ impl SpawnSpec {
             env: Vec::new(),
             inherit_env: Vec::new(),
             cwd: PathBuf::from("/tmp"),
+            wall_clock: profile.limits.wall_clock,
             profile,
             identity: None,
-            wall_clock: None,
             stdin: StdioMode::Piped,
             stdout: StdioMode::Piped,
             stderr: StdioMode::Piped,
@@ -220,11 +221,12 @@ fn dev_null() -> Result<OwnedFd, SpawnError> {
         })
 }
 
-/// Prepares everything the child needs. `is_root` selects uid switching (root) or a user
-/// namespace (unprivileged host); `default_identity` is used when the spec names none.
+/// Prepares everything the child needs. `privileged` selects uid switching (the broker holds
+/// its capabilities) or a user namespace (unprivileged host); `default_identity` is used when
+/// the spec names none.
 pub(crate) fn prepare(
     spec: SpawnSpec,
-    is_root: bool,
+    privileged: bool,
     default_identity: Option<(u32, u32)>,
     landlock_abi: i32,
 ) -> Result<Prepared, SpawnError> {
@@ -330,10 +332,10 @@ pub(crate) fn prepare(
         .try_into()
         .map_err(|_| SpawnError::InvalidSpec("stdio".into()))?;
 
-    let identity = if is_root {
+    let identity = if privileged {
         let id = spec.identity.or(default_identity).ok_or_else(|| {
             SpawnError::InvalidSpec(
-                "the host runs as root but no executor uid/gid is configured".into(),
+                "the broker is privileged but no executor uid/gid is configured".into(),
             )
         })?;
         if id.0 == 0 || id.1 == 0 {
@@ -347,7 +349,7 @@ pub(crate) fn prepare(
     };
 
     let mut flags: libc::c_ulong = 0;
-    if !is_root {
+    if !privileged {
         flags |= libc::CLONE_NEWUSER as libc::c_ulong;
     }
     if profile.mount_namespace {
@@ -422,7 +424,7 @@ pub(crate) fn prepare(
         stdio_parent,
         keep_fds: spec.keep_fds,
         clone_flags: flags,
-        user_namespace: !is_root,
+        user_namespace: !privileged,
         mount_namespace: profile.mount_namespace,
         mount_proc: profile.mount_namespace && profile.pid_namespace,
         tmpfs_options: if profile.private_tmp {
@@ -439,7 +441,7 @@ pub(crate) fn prepare(
         landlock,
         landlock_late,
         filter,
-        wall_clock: spec.wall_clock.or(profile.limits.wall_clock),
+        wall_clock: spec.wall_clock,
     })
 }
 
@@ -699,7 +701,7 @@ pub(crate) fn start(prepared: &Prepared) -> Result<Started, SpawnError> {
     }
 }
 
-/// The default executor identity on a root host: the `flowhost-exec` user if it exists,
+/// The default executor identity in privileged mode: the `flowhost-exec` user if it exists,
 /// else `nobody` (65534).
 pub fn default_identity() -> (u32, u32) {
     match nix::unistd::User::from_name("flowhost-exec") {

@@ -52,6 +52,7 @@ pub struct Counters {
 /// Shared state of one executor's supervision.
 pub(crate) struct Context {
     pub listener: AsyncFd<OwnedFd>,
+    pub reap: Arc<crate::executor::Reap>,
     pub attempts: mpsc::Sender<EgressAttempt>,
     pub counters: Arc<Counters>,
     pub broker_counters: Arc<Counters>,
@@ -89,30 +90,73 @@ fn poll_now(fd: BorrowedFd<'_>) -> i16 {
 /// executors). (Measured: spawning beats polling handlers inside this task, since tokio runs
 /// a task spawned from a worker next on that worker.)
 pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
+    let mut reaped = false;
     loop {
-        let mut guard = match ctx.listener.readable().await {
-            Ok(g) => g,
-            Err(e) => return End::Error(e),
-        };
-        loop {
-            let revents = poll_now(ctx.listener.get_ref().as_fd());
-            if revents & libc::POLLIN != 0 {
-                match sys::notif_recv(ctx.listener.get_ref().as_fd()) {
-                    Ok(n) => {
-                        ctx.bump(|c| &c.notifications);
-                        tokio::spawn(handle(ctx.clone(), n));
-                    }
-                    // The caller died between notification and receipt, or a signal.
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
+        tokio::select! {
+            ready = ctx.listener.readable() => {
+                let mut guard = match ready {
+                    Ok(g) => g,
                     Err(e) => return End::Error(e),
+                };
+                loop {
+                    let revents = poll_now(ctx.listener.get_ref().as_fd());
+                    if revents & libc::POLLIN != 0 {
+                        match sys::notif_recv(ctx.listener.get_ref().as_fd()) {
+                            Ok(n) => {
+                                ctx.bump(|c| &c.notifications);
+                                tokio::spawn(handle(ctx.clone(), n));
+                            }
+                            // The caller died between notification and receipt, or a signal.
+                            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
+                            Err(e) => return End::Error(e),
+                        }
+                    } else if revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+                        // Every task using the filter has exited: reap the executor before
+                        // supervision ends, so nothing is left as a zombie.
+                        if !reaped {
+                            reap_after_exit(&ctx.reap).await;
+                        }
+                        return End::ExecutorGone;
+                    } else {
+                        guard.clear_ready();
+                        break;
+                    }
                 }
-            } else if revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-                return End::ExecutorGone;
-            } else {
-                guard.clear_ready();
-                break;
+            }
+            // The executor exited while descendants (outside a pid namespace) may still use
+            // the filter: reap it now, and keep supervising them until the listener hangs up.
+            exited = ctx.reap.pidfd.readable(), if !reaped => {
+                match exited {
+                    Ok(mut guard) => match ctx.reap.try_reap() {
+                        Ok(Some(_)) | Err(_) => reaped = true,
+                        Ok(None) => guard.clear_ready(),
+                    },
+                    Err(_) => reaped = true,
+                }
             }
         }
+    }
+}
+
+/// Reaps an executor whose tasks have all exited (its pidfd turns readable, at the latest,
+/// once a pid-namespace init has collected its namespace).
+async fn reap_after_exit(reap: &crate::executor::Reap) {
+    let wait = async {
+        loop {
+            let Ok(mut guard) = reap.pidfd.readable().await else {
+                return;
+            };
+            match reap.try_reap() {
+                Ok(None) => guard.clear_ready(),
+                _ => return,
+            }
+        }
+    };
+    if tokio::time::timeout(std::time::Duration::from_secs(5), wait)
+        .await
+        .is_err()
+    {
+        tracing::warn!("an executor whose tasks all exited could not be reaped within 5 s");
     }
 }
 

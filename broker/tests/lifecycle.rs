@@ -166,3 +166,27 @@ async fn environment_is_scrubbed_to_what_was_asked() {
     names.sort();
     assert_eq!(names, vec!["PATH", "TOOL_MODE"], "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exited_executor_is_reaped_even_if_nobody_waits() {
+    let Some(b) = broker() else { return };
+    let mut exec = b.spawn(quiet(&["/bin/true"], "isolated")).await.unwrap();
+    let pid = exec.pid();
+    // Nobody calls wait: the supervisor reaps it as soon as it exits.
+    for _ in 0..100 {
+        if state_of(pid).is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state_of(pid), None, "left as a zombie");
+    for _ in 0..100 {
+        if b.stats().exited == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(b.stats().exited, 1, "supervision ended with the executor");
+    // The handle still reports how it ended.
+    assert_eq!(exec.wait().await.unwrap().status, WaitStatus::Exited(0));
+}

@@ -183,7 +183,9 @@ async fn run(args: RunArgs) -> CliResult {
     }
     spec.read_paths = args.read.clone();
     spec.write_paths = args.write.clone();
-    spec.wall_clock = args.timeout.map(Duration::from_secs);
+    if let Some(seconds) = args.timeout {
+        spec.wall_clock = Some(Duration::from_secs(seconds));
+    }
 
     let mut exec = broker.spawn(spec).await?;
     let mut attempts = exec.take_attempts().ok_or("attempt stream already taken")?;

@@ -110,6 +110,10 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
             .map(|(k, v)| (OsString::from(k), OsString::from(v)))
             .collect();
         spec.read_paths = template.read_paths.clone();
+        // Executors are long-lived MCP servers: each call has its own deadline, idle ones are
+        // stopped by the session, and all die with the host. A lifetime limit from the
+        // profile would kill warm executors waiting in the pool.
+        spec.wall_clock = None;
         spec.stdin = StdioMode::Piped;
         spec.stdout = StdioMode::Piped;
         spec.stderr = StdioMode::Piped;

@@ -45,6 +45,10 @@ fn shared_documents() -> PathBuf {
 impl Lab {
     /// Starts the lab host, or returns `None` (printing why) where the broker cannot run.
     pub fn start() -> Option<Lab> {
+        Lab::start_inner(true)
+    }
+
+    fn start_inner(spawn: bool) -> Option<Lab> {
         if !is_root() {
             eprintln!("SKIP: the daemon tests need root for the broker (CI runs them as root)");
             return None;
@@ -78,20 +82,35 @@ impl Lab {
             exfil,
             child: None,
         };
-        lab.spawn();
+        if spawn {
+            lab.spawn();
+        }
         Some(lab)
     }
 
     /// Starts (or restarts) the daemon process and waits until it answers.
     pub fn spawn(&mut self) {
+        let command = self.serve_command();
+        let socket = self.paths.socket.clone();
+        self.spawn_with(command, &socket);
+    }
+
+    /// `flowhost serve` for this lab, logging to the lab's log file.
+    pub fn serve_command(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_flowhost"));
+        c.args(["serve", "--log-format", "text", "--config"])
+            .arg(&self.config);
+        c
+    }
+
+    /// Starts `command` (a daemon, possibly wrapped) and waits until `socket` answers.
+    pub fn spawn_with(&mut self, mut command: Command, socket: &Path) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.path().join("daemon.log"))
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_flowhost"))
-            .args(["serve", "--log-format", "text", "--config"])
-            .arg(&self.config)
+        let child = command
             .env("FLOWHOST_LOG", "info,flowhost=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -101,7 +120,7 @@ impl Lab {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if UnixStream::connect(&self.paths.socket).is_ok() {
+            if UnixStream::connect(socket).is_ok() {
                 return;
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
@@ -113,6 +132,36 @@ impl Lab {
             std::thread::sleep(Duration::from_millis(20));
         }
         panic!("the daemon did not start listening:\n{}", self.log());
+    }
+
+    /// Takes ownership of a daemon started by the test itself, so it is stopped with the lab
+    /// (also when the test fails).
+    pub fn adopt(&mut self, child: Child) {
+        self.child = Some(child);
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> i32 {
+        self.child
+            .as_ref()
+            .map(|c| c.id() as i32)
+            .expect("the daemon is running")
+    }
+
+    /// Sends `signal` to the daemon.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.pid(), signal) };
+    }
+
+    /// Starts the lab's configuration and sinks without starting a daemon.
+    pub fn prepare() -> Option<Lab> {
+        Lab::start_inner(false)
+    }
+
+    /// Rewrites the configuration file (for reload tests).
+    pub fn write_config(&self, text: &str) {
+        std::fs::write(&self.config, text).unwrap();
     }
 
     /// The daemon's log so far.

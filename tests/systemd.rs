@@ -1,0 +1,486 @@
+//! systemd deployment: the units verify and are hardened, the daemon speaks sd_notify
+//! (READY only once it serves, WATCHDOG, RELOADING with MONOTONIC_USEC, STOPPING), serves
+//! on a socket handed over with LISTEN_FDS, reloads atomically and keeps its registry when a
+//! reload is bad, and runs as a service user holding only the broker's capabilities.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::is_root;
+use common::lab::{Client, Lab};
+use serde_json::json;
+
+fn unit(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("systemd")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn the_units_verify() {
+    assert!(
+        have("systemd-analyze"),
+        "systemd-analyze is missing (.ci/run installs systemd)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // verify checks that ExecStart exists: point it at the binary under test.
+    let service =
+        unit("flowhost.service").replace("/usr/local/bin/flowhost", env!("CARGO_BIN_EXE_flowhost"));
+    std::fs::write(dir.path().join("flowhost.service"), service).unwrap();
+    std::fs::write(dir.path().join("flowhost.socket"), unit("flowhost.socket")).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(dir.path().join("flowhost.service"))
+        .arg(dir.path().join("flowhost.socket"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_service_exposure_is_3_0_or_lower() {
+    assert!(
+        have("systemd-analyze"),
+        "systemd-analyze is missing (.ci/run installs systemd)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let service =
+        unit("flowhost.service").replace("/usr/local/bin/flowhost", env!("CARGO_BIN_EXE_flowhost"));
+    let path = dir.path().join("flowhost.service");
+    std::fs::write(&path, service).unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=yes"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let line = text
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let exposure: f64 = line
+        .split(':')
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(exposure <= 3.0, "exposure {exposure}: {line}");
+}
+
+#[test]
+fn the_sysusers_and_tmpfiles_snippets_name_both_users() {
+    let users = unit("flowhost.sysusers.conf");
+    assert!(users.lines().any(|l| l.starts_with("u flowhost ")));
+    assert!(users.lines().any(|l| l.starts_with("u flowhost-exec ")));
+    let dirs = unit("flowhost.tmpfiles.conf");
+    for d in [
+        "/var/lib/flowhost",
+        "/var/log/flowhost/records",
+        "/etc/flowhost",
+    ] {
+        assert!(dirs.contains(d), "{d}");
+    }
+    let service = unit("flowhost.service");
+    assert!(service.contains("User=flowhost") && service.contains("StateDirectory=flowhost"));
+}
+
+/// Reads notifications until one contains `want`, or panics after 20 s.
+fn await_notification(sock: &UnixDatagram, want: &str, seen: &mut Vec<String>) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        if let Ok(n) = sock.recv(&mut buf) {
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            seen.push(msg.clone());
+            if msg.lines().any(|l| l == want) {
+                return msg;
+            }
+        }
+    }
+    panic!("no {want} notification; saw {seen:?}");
+}
+
+#[test]
+fn sd_notify_ready_watchdog_reloading_stopping() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let notify_path = lab.dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    // systemd sets WATCHDOG_PID to the service's pid; exec keeps the shell's pid.
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!(
+            "WATCHDOG_PID=$$ exec {} serve --log-format text --config {}",
+            env!("CARGO_BIN_EXE_flowhost"),
+            lab.config.display()
+        ))
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env("WATCHDOG_USEC", "400000");
+    let socket = lab.paths.socket.clone();
+    // Do not wait for the socket: the point is when READY arrives.
+    let log = std::fs::File::create(lab.dir.path().join("daemon.log")).unwrap();
+    lab.adopt(command.stderr(log).spawn().unwrap());
+    let mut seen = Vec::new();
+    let ready = await_notification(&notify, "READY=1", &mut seen);
+    // READY means serving: a connection works at once.
+    let mut c = Client::connect(&socket);
+    c.initialize();
+    assert!(
+        ready.contains("STATUS=serving 5 tools from 3 servers"),
+        "{ready}"
+    );
+    await_notification(&notify, "WATCHDOG=1", &mut seen);
+
+    lab.signal(libc::SIGHUP);
+    let reloading = await_notification(&notify, "RELOADING=1", &mut seen);
+    assert!(
+        reloading.lines().any(|l| l.starts_with("MONOTONIC_USEC=")),
+        "{reloading}"
+    );
+    let after = await_notification(&notify, "READY=1", &mut seen);
+    assert!(after.contains("STATUS=reloaded"), "{after}");
+
+    lab.signal(libc::SIGTERM);
+    await_notification(&notify, "STOPPING=1", &mut seen);
+    lab.stop();
+    // The health file is written on shutdown.
+    assert!(lab.paths.state_dir.join("health.json").exists());
+}
+
+#[test]
+fn serves_on_a_socket_passed_with_listen_fds() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    assert!(
+        have("systemd-socket-activate"),
+        "systemd-socket-activate is missing (.ci/run installs systemd)"
+    );
+    let activated = lab.dir.path().join("activated.sock");
+    let mut command = Command::new("systemd-socket-activate");
+    command
+        .arg("-l")
+        .arg(&activated)
+        .args(["-E", "FLOWHOST_LOG", "--"])
+        .arg(env!("CARGO_BIN_EXE_flowhost"));
+    command
+        .args(["serve", "--log-format", "text", "--config"])
+        .arg(&lab.config);
+    // The first connection starts the daemon (systemd-socket-activate waits for it).
+    std::thread::spawn({
+        let activated = activated.clone();
+        move || {
+            for _ in 0..200 {
+                if UnixStream::connect(&activated).is_ok() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    });
+    lab.spawn_with(command, &activated);
+    let mut c = Client::connect(&activated);
+    c.initialize();
+    let tools = c.request("tools/list", json!({}));
+    assert_eq!(tools["result"]["tools"].as_array().unwrap().len(), 5);
+    assert!(
+        !lab.paths.socket.exists(),
+        "the daemon did not bind its own socket"
+    );
+    lab.stop();
+}
+
+fn tool_names(c: &mut Client) -> BTreeSet<String> {
+    let r = c.request("tools/list", json!({}));
+    r["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn reload_is_atomic_and_a_bad_reload_keeps_the_registry() {
+    let Some(lab) = Lab::start() else { return };
+    let mut c = lab.client();
+    c.initialize();
+    let old = tool_names(&mut c);
+    assert_eq!(old.len(), 5);
+
+    // A new configuration without the public inbox.
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    let start = original.find("[[server]]\nid = \"public-inbox\"").unwrap();
+    let without_public = original[..start]
+        .replace(", \"public-inbox/publish\"", "")
+        .replace(
+            "\"workspace/list_documents\", \"public-inbox/publish\"",
+            "\"workspace/list_documents\"",
+        );
+    lab.write_config(&without_public);
+    lab.signal(libc::SIGHUP);
+    let new: BTreeSet<String> = old
+        .iter()
+        .filter(|t| !t.starts_with("public-inbox/"))
+        .cloned()
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = tool_names(&mut c);
+        assert!(
+            now == old || now == new,
+            "a partial registry was visible: {now:?}"
+        );
+        if now == new {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reload did not take effect:\n{}",
+            lab.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = c.call(
+        "public-inbox/publish",
+        json!({"message": "x", "sink": lab.public.addr.to_string()}),
+    );
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown tool"),
+        "{r}"
+    );
+    // The session keeps working on the new generation.
+    assert!(
+        common::lab::text(&c.call(
+            "workspace/read_terms",
+            json!({"document": "harbor-goods-terms.md"})
+        ))
+        .contains("Harbor Goods")
+    );
+
+    // A broken configuration: the old registry stays, and the log says why.
+    lab.write_config("[host]\nthis is not toml");
+    lab.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lab.log().contains("reload refused") {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            lab.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        lab.log().contains("host.toml"),
+        "the refusal names the file:\n{}",
+        lab.log()
+    );
+    assert_eq!(tool_names(&mut c), new);
+    // A manifest that no longer verifies is refused the same way.
+    let tampered = lab.dir.path().join("workspace.signed.json");
+    let text =
+        std::fs::read_to_string(lab.paths.manifests_dir.join("workspace.signed.json")).unwrap();
+    std::fs::write(&tampered, text.replacen("read_terms", "read_termz", 1)).unwrap();
+    lab.write_config(
+        &without_public.replace(
+            &lab.paths
+                .manifests_dir
+                .join("workspace.signed.json")
+                .display()
+                .to_string(),
+            &tampered.display().to_string(),
+        ),
+    );
+    let refusals = lab.log().matches("reload refused").count();
+    lab.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lab.log().matches("reload refused").count() == refusals {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            lab.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(tool_names(&mut c), new);
+}
+
+#[test]
+fn the_broker_runs_as_a_service_user_with_only_its_capabilities() {
+    if !is_root() || !have("setpriv") {
+        eprintln!("SKIP: needs root and setpriv to act as the service user");
+        return;
+    }
+    let flowhost = shared_copy_of_flowhost();
+    let caps = "+sys_admin,+sys_ptrace,+setuid,+setgid,+setpcap";
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "990",
+            "--regid",
+            "990",
+            "--clear-groups",
+            "--inh-caps",
+            caps,
+            "--ambient-caps",
+            caps,
+            "--",
+        ])
+        .arg(&flowhost)
+        .args([
+            "sandbox",
+            "run",
+            "--profile",
+            "brokered",
+            "--",
+            "/bin/sh",
+            "-c",
+            "id -u; grep CapEff /proc/self/status",
+        ])
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+    assert!(
+        !stdout.starts_with("990\n") && !stdout.starts_with("0\n"),
+        "the executor runs as its own uid: {stdout}"
+    );
+    // A partial grant is refused, naming what is missing.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "990",
+            "--regid",
+            "990",
+            "--clear-groups",
+            "--inh-caps",
+            "+sys_admin",
+            "--ambient-caps",
+            "+sys_admin",
+            "--",
+        ])
+        .arg(&flowhost)
+        .args(["sandbox", "run", "--profile", "brokered", "--", "/bin/true"])
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("CAP_SYS_PTRACE"), "{stderr}");
+}
+
+fn shared_copy_of_flowhost() -> std::path::PathBuf {
+    // The main binary is not a workspace "binary" of the helper: copy it the same way.
+    let dir = common::shared_dir().join(format!("flowhost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dst = dir.join("flowhost");
+    let status = Command::new("cp")
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_flowhost"))
+        .arg(&dst)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dst
+}
+
+#[test]
+fn make_install_stages_a_verifiable_deployment() {
+    if !have("make") {
+        panic!("make is missing (.ci/run installs it)");
+    }
+    let stage = tempfile::tempdir().unwrap();
+    let build = Path::new(env!("CARGO_BIN_EXE_flowhost")).parent().unwrap();
+    let out = Command::new("make")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("install-files")
+        .arg(format!("DESTDIR={}", stage.path().display()))
+        .arg("PREFIX=/opt/flowhost")
+        .arg(format!("BUILD_DIR={}", build.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let root = stage.path();
+    for f in [
+        "opt/flowhost/bin/flowhost",
+        "opt/flowhost/libexec/flowhost/flowhost-tool-workspace",
+        "etc/flowhost/profiles/isolated.toml",
+        "etc/flowhost/flowhost.toml.example",
+        "etc/systemd/system/flowhost.service",
+        "etc/systemd/system/flowhost.socket",
+        "usr/lib/sysusers.d/flowhost.conf",
+        "usr/lib/tmpfiles.d/flowhost.conf",
+    ] {
+        assert!(root.join(f).exists(), "{f} was not installed");
+    }
+    let service =
+        std::fs::read_to_string(root.join("etc/systemd/system/flowhost.service")).unwrap();
+    assert!(
+        service.contains("ExecStart=/opt/flowhost/bin/flowhost serve"),
+        "PREFIX is honoured"
+    );
+    // The staged unit verifies once its ExecStart points into the stage.
+    let staged = service.replace(
+        "/opt/flowhost/bin/flowhost",
+        &root.join("opt/flowhost/bin/flowhost").display().to_string(),
+    );
+    std::fs::write(root.join("etc/systemd/system/flowhost.service"), staged).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(root.join("etc/systemd/system/flowhost.service"))
+        .arg(root.join("etc/systemd/system/flowhost.socket"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ok = Command::new(root.join("opt/flowhost/bin/flowhost"))
+        .args(["profile", "check"])
+        .arg(root.join("etc/flowhost/profiles/brokered.toml"))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
