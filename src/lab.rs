@@ -16,10 +16,11 @@ pub const BOTTOM_LABEL: &str = r#"{ kind = "known", owners = {}, compartments = 
 /// Where everything the lab's host needs lives.
 #[derive(Debug, Clone)]
 pub struct LabPaths {
-    /// The workspace executor (`flowhost-tool-workspace`).
-    pub workspace_tool: PathBuf,
-    /// The inbox publisher executor (`flowhost-tool-publisher`).
-    pub publisher_tool: PathBuf,
+    /// argv prefix of the workspace executor (e.g. `[".../flowhost-tool-workspace"]`, or
+    /// `[".../flowhost", "example-tool", "workspace"]`); argv[0] absolute.
+    pub workspace_command: Vec<String>,
+    /// argv prefix of the inbox publisher executor.
+    pub publisher_command: Vec<String>,
     /// The contract documents the workspace serves.
     pub documents: PathBuf,
     /// Directory holding `{workspace,team-inbox,public-inbox}.signed.json`.
@@ -44,6 +45,14 @@ pub struct LabPaths {
     pub reviewer_uid: u32,
     /// Socket permission bits (octal text).
     pub socket_mode: String,
+}
+
+fn argv(prefix: &[String]) -> String {
+    prefix
+        .iter()
+        .map(|a| toml_string(a))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn q(p: &Path) -> String {
@@ -145,8 +154,8 @@ record = {{ provider = "inbox", category = "message_publish", verb = "publish", 
         k_team = key("team-inbox"),
         m_pub = manifest("public-inbox"),
         k_pub = key("public-inbox"),
-        workspace = q(&p.workspace_tool),
-        publisher = q(&p.publisher_tool),
+        workspace = argv(&p.workspace_command),
+        publisher = argv(&p.publisher_command),
         documents = q(&p.documents),
         exfil = p.exfil_sink,
         team = p.team_sink,

@@ -10,6 +10,7 @@ pub mod canonical;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod demo;
 pub mod destination;
 pub mod diff;
 pub mod files;

@@ -18,11 +18,16 @@ pub enum LogFormat {
     Journal,
 }
 
-/// Installs the global subscriber. Falls back to text on stderr (and says so) when the
-/// journal is requested but unreachable.
+/// Installs the global subscriber at level `info` (or `FLOWHOST_LOG`). Falls back to text
+/// on stderr (and says so) when the journal is requested but unreachable.
 pub fn init(format: LogFormat) {
+    init_with_default(format, "info")
+}
+
+/// Like [`init`], with `default` as the filter when `FLOWHOST_LOG` is unset.
+pub fn init_with_default(format: LogFormat, default: &str) {
     let filter =
-        || EnvFilter::try_from_env("FLOWHOST_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+        || EnvFilter::try_from_env("FLOWHOST_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let format = match format {
         LogFormat::Auto if std::env::var_os("JOURNAL_STREAM").is_some() => LogFormat::Journal,
         LogFormat::Auto => LogFormat::Text,

@@ -31,8 +31,8 @@ fn the_example_and_the_generated_lab_agree() {
     let example = fixture();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pricing-lab");
     let paths = LabPaths {
-        workspace_tool: "/opt/tools/flowhost-tool-workspace".into(),
-        publisher_tool: "/opt/tools/flowhost-tool-publisher".into(),
+        workspace_command: vec!["/opt/tools/flowhost-tool-workspace".into()],
+        publisher_command: vec!["/opt/tools/flowhost-tool-publisher".into()],
         documents: dir.join("documents"),
         manifests_dir: dir.clone(),
         keys_dir: dir.join("keys"),

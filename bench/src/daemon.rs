@@ -92,8 +92,8 @@ pub fn run(quick: bool) -> Vec<Row> {
     let (team, public, exfil) = (tcp_sink(), tcp_sink(), tcp_sink());
     let lab = repo("fixtures/pricing-lab");
     let paths = LabPaths {
-        workspace_tool: workspace_tool.clone(),
-        publisher_tool: shared_copy("flowhost-tool-publisher"),
+        workspace_command: vec![workspace_tool.display().to_string()],
+        publisher_command: vec![shared_copy("flowhost-tool-publisher").display().to_string()],
         documents: documents.clone(),
         manifests_dir: lab.clone(),
         keys_dir: lab.join("keys"),

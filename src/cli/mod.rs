@@ -5,6 +5,7 @@
 //! `manifest verify`, `diff`) return them as `Ok(code)`.
 
 mod connect;
+mod demo;
 mod diff;
 mod health;
 pub mod key;
@@ -44,6 +45,12 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Bridge stdio to the daemon's socket (for MCP clients that launch stdio servers).
     Connect(connect::ConnectArgs),
+    /// Run the pricing lab end to end: keys, signed manifests, the host with the real broker
+    /// and executors, the workflow, records, health and the diff.
+    Demo(demo::DemoArgs),
+    /// Serve one of the embedded example tools on stdio (used by the demo's executors).
+    #[command(hide = true)]
+    ExampleTool(demo::ExampleToolArgs),
     /// Generate manifest signing keys.
     #[command(subcommand)]
     Key(key::KeyCommand),
@@ -84,6 +91,8 @@ impl Cli {
             Command::Sandbox(args) => args.run(),
             Command::Serve(args) => args.run(),
             Command::Connect(args) => args.run(),
+            Command::Demo(args) => args.run(),
+            Command::ExampleTool(args) => args.run(),
             Command::Key(command) => command.run(),
             Command::Manifest(command) => command.run(),
             Command::Records(cmd) => records::run(cmd),

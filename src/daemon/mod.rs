@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use flowhost_broker::{Broker, BrokerOptions, Profile};
 use tokio::net::UnixListener;
-use tokio::sync::Notify;
 
 use crate::config::{BrokerMode, HostConfig, topology_of};
 use crate::label::InformationLabel;
@@ -188,9 +187,8 @@ pub struct Host {
     pub records: RecordWriter,
     /// Health counters.
     pub counters: HostCounters,
-    /// Set when the host is stopping.
-    pub shutdown: Notify,
-    stopping: std::sync::atomic::AtomicBool,
+    /// Becomes true when the host is stopping (a watch: nobody can miss the change).
+    shutdown: tokio::sync::watch::Sender<bool>,
     config_path: PathBuf,
     health_file: PathBuf,
 }
@@ -354,8 +352,7 @@ impl Host {
             resolver,
             records,
             counters: HostCounters::default(),
-            shutdown: Notify::new(),
-            stopping: std::sync::atomic::AtomicBool::new(false),
+            shutdown: tokio::sync::watch::channel(false).0,
             config_path: config_file.to_path_buf(),
             health_file,
         });
@@ -419,13 +416,19 @@ impl Host {
 
     /// Whether the host is stopping.
     pub fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
+        *self.shutdown.borrow()
     }
 
-    /// Begins a graceful stop: no new connections, sessions finish their current request.
+    /// Resolves once the host is stopping (immediately if it already is).
+    pub async fn stopped(&self) {
+        let mut rx = self.shutdown.subscribe();
+        let _ = rx.wait_for(|stopping| *stopping).await;
+    }
+
+    /// Begins a graceful stop: [`run`] stops accepting, sessions finish their current
+    /// request, then the host closes its records and writes its health.
     pub fn begin_shutdown(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        self.shutdown.notify_waiters();
+        self.shutdown.send_replace(true);
     }
 
     /// The current `tool_observation_health`.
@@ -579,6 +582,7 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
             Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
             _ = term.recv() => break,
             _ = int.recv() => break,
+            _ = host.stopped() => break,
             _ = hup.recv() => {
                 let usec = sd_notify::NotifyState::monotonic_usec_now();
                 match usec {

@@ -85,7 +85,7 @@ pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
         let line = tokio::select! {
             l = lines.recv() => l.unwrap_or(Line::Eof),
             _ = idle.tick() => { session.reap_idle().await; continue; }
-            _ = session.host.shutdown.notified() => break,
+            _ = session.host.stopped() => break,
         };
         let reply = match line {
             Line::Eof => break,

@@ -56,8 +56,8 @@ impl Lab {
         let dir = tempfile::tempdir().unwrap();
         let (team, public, exfil) = (TcpSink::start(), TcpSink::start(), TcpSink::start());
         let paths = LabPaths {
-            workspace_tool: shared_copy("flowhost-tool-workspace"),
-            publisher_tool: shared_copy("flowhost-tool-publisher"),
+            workspace_command: vec![shared_copy("flowhost-tool-workspace").display().to_string()],
+            publisher_command: vec![shared_copy("flowhost-tool-publisher").display().to_string()],
             documents: shared_documents(),
             manifests_dir: repo("fixtures/pricing-lab"),
             keys_dir: repo("fixtures/pricing-lab/keys"),

@@ -1,0 +1,549 @@
+//! `flowhost demo`: the pricing lab end to end, on real processes.
+//!
+//! Generates keys, signs the three pricing-lab manifests, starts the host (real broker, real
+//! sandboxed executors, loopback relays) and runs the workflow: read the terms, publish to the
+//! team channel (allowed: the relay shows the bytes), publish to the public pull request
+//! (refused: flow violation), and a tool that declares no egress but connects out (refused at
+//! the syscall: missing clearance). Then it verifies the records, checks the health and runs
+//! the diff against the declared surface. It succeeds only when every outcome was the expected
+//! one.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::daemon::{Host, run as run_host};
+use crate::lab::{LabPaths, declared_surface, host_config};
+
+/// Why the demo could not run (as opposed to running and seeing a wrong outcome).
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The host lacks what the broker needs.
+    #[error(
+        "the demo needs the native broker, which cannot run here: {0}\n\
+         Run it as root (sudo), or as a user holding CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_SETUID, CAP_SETGID and CAP_SETPCAP, or with unprivileged user namespaces enabled, on Linux 5.14 or later with seccomp user notification and Landlock."
+    )]
+    Broker(String),
+    /// The demo directory holds something else.
+    #[error("{0}: exists and is not a flowhost demo directory; choose another --dir")]
+    NotADemoDir(PathBuf),
+    /// A step failed to run.
+    #[error("{step}: {reason}")]
+    Step {
+        /// Which step.
+        step: &'static str,
+        /// What failed.
+        reason: String,
+    },
+}
+
+fn step<E: std::fmt::Display>(step: &'static str) -> impl Fn(E) -> DemoError {
+    move |e| DemoError::Step {
+        step,
+        reason: e.to_string(),
+    }
+}
+
+const MARKER: &str = ".flowhost-demo";
+const SERVERS: [(&str, &str); 3] = [
+    (
+        "workspace",
+        include_str!("../fixtures/pricing-lab/workspace.manifest.json"),
+    ),
+    (
+        "team-inbox",
+        include_str!("../fixtures/pricing-lab/team-inbox.manifest.json"),
+    ),
+    (
+        "public-inbox",
+        include_str!("../fixtures/pricing-lab/public-inbox.manifest.json"),
+    ),
+];
+const TERMS: (&str, &str) = (
+    "harbor-goods-terms.md",
+    include_str!("../fixtures/pricing-lab/documents/harbor-goods-terms.md"),
+);
+
+/// A loopback relay that keeps what it receives.
+struct Relay {
+    addr: SocketAddr,
+    received: Arc<Mutex<Vec<u8>>>,
+    connections: Arc<Mutex<usize>>,
+}
+
+impl Relay {
+    fn start() -> Result<Relay, DemoError> {
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(step("starting a relay"))?;
+        let addr = listener.local_addr().map_err(step("starting a relay"))?;
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(Mutex::new(0usize));
+        let (r, c) = (received.clone(), connections.clone());
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                if let Ok(mut n) = c.lock() {
+                    *n += 1;
+                }
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = Vec::new();
+                let _ = stream.read_to_end(&mut buf);
+                if let Ok(mut all) = r.lock() {
+                    all.extend(buf);
+                }
+            }
+        });
+        Ok(Relay {
+            addr,
+            received,
+            connections,
+        })
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        self.received.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.lock().map(|c| *c).unwrap_or(usize::MAX)
+    }
+
+    /// Waits briefly for `n` bytes (deliveries are asynchronous).
+    fn await_bytes(&self, n: usize) -> Vec<u8> {
+        for _ in 0..100 {
+            let b = self.bytes();
+            if b.len() >= n {
+                return b;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.bytes()
+    }
+}
+
+struct Client {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    next: u64,
+}
+
+impl Client {
+    fn connect(socket: &Path) -> Result<Client, DemoError> {
+        let s = UnixStream::connect(socket).map_err(step("connecting to the host"))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))
+            .map_err(step("connecting to the host"))?;
+        let reader = BufReader::new(s.try_clone().map_err(step("connecting to the host"))?);
+        Ok(Client {
+            reader,
+            writer: s,
+            next: 1,
+        })
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Result<Value, DemoError> {
+        let id = self.next;
+        self.next += 1;
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(self.writer, "{line}").map_err(step("talking to the host"))?;
+        let mut answer = String::new();
+        self.reader
+            .read_line(&mut answer)
+            .map_err(step("talking to the host"))?;
+        serde_json::from_str(&answer).map_err(step("reading the host's answer"))
+    }
+
+    fn call(&mut self, tool: &str, arguments: Value) -> Result<Value, DemoError> {
+        self.request("tools/call", json!({"name": tool, "arguments": arguments}))
+    }
+}
+
+fn text(r: &Value) -> Option<&str> {
+    r.get("result")?
+        .get("content")?
+        .get(0)?
+        .get("text")?
+        .as_str()
+}
+
+/// A directory executors (another uid, with a private /tmp) can read and execute from.
+fn shared_dir() -> Result<PathBuf, DemoError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = PathBuf::from("/var/tmp").join(format!("flowhost-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(step("preparing the executors' directory"))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(step("preparing the executors' directory"))?;
+    Ok(dir)
+}
+
+fn prepare_dir(dir: &Path) -> Result<(), DemoError> {
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !empty && !dir.join(MARKER).exists() {
+            return Err(DemoError::NotADemoDir(dir.to_path_buf()));
+        }
+        std::fs::remove_dir_all(dir).map_err(step("clearing the previous demo"))?;
+    }
+    std::fs::create_dir_all(dir).map_err(step("creating the demo directory"))?;
+    std::fs::write(
+        dir.join(MARKER),
+        "flowhost demo directory; `flowhost demo` may delete it\n",
+    )
+    .map_err(step("creating the demo directory"))
+}
+
+/// One expected outcome, printed with its verdict.
+struct Outcomes {
+    failed: Vec<String>,
+}
+
+impl Outcomes {
+    fn check(&mut self, label: &str, ok: bool, line: String, detail: impl FnOnce() -> String) {
+        if ok {
+            println!("{label:<8} {line}");
+        } else {
+            println!("{label:<8} {line}\n         UNEXPECTED: {}", detail());
+            self.failed.push(line);
+        }
+    }
+}
+
+/// Runs the demo in `dir`. `Ok(true)` when every outcome was the expected one.
+pub fn run(dir: &Path) -> Result<bool, DemoError> {
+    let broker = flowhost_broker::Broker::new(flowhost_broker::BrokerOptions::default())
+        .map_err(|e| DemoError::Broker(e.to_string()))?;
+    let support = broker.support();
+    drop(broker);
+    prepare_dir(dir)?;
+    let dir = std::fs::canonicalize(dir).map_err(step("resolving the demo directory"))?;
+    println!("flowhost demo: the pricing lab, end to end, on real processes");
+    println!(
+        "         broker: {} mode, Landlock ABI {}; workspace: {}",
+        if support.privileged {
+            "privileged (namespaces, executor uid)"
+        } else {
+            "user-namespace"
+        },
+        support.landlock_abi,
+        dir.display()
+    );
+
+    // Keys and signed manifests.
+    let keys = dir.join("keys");
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests).map_err(step("creating the manifests directory"))?;
+    for (server, body) in SERVERS {
+        let generated = crate::keys::generate(&keys, server).map_err(step("generating keys"))?;
+        let signing = crate::keys::load_signing_key(&generated.private_path)
+            .map_err(step("loading a key"))?;
+        let mut body: Value =
+            serde_json::from_str(body).map_err(step("reading a manifest body"))?;
+        body["public_key"] = json!(crate::keys::public_key_to_hex(&generated.verifying_key));
+        let signed = crate::manifest::SignedManifest::sign(body, &signing)
+            .map_err(step("signing a manifest"))?;
+        crate::files::write_atomic(
+            &manifests.join(format!("{server}.signed.json")),
+            signed.to_pretty_json().as_bytes(),
+            0o644,
+        )
+        .map_err(step("writing a signed manifest"))?;
+        println!(
+            "SIGNED   {server}: {} (key {})",
+            signed.digest(),
+            generated.public_path.display()
+        );
+    }
+
+    // Executors run as another uid with a private /tmp: give them a copy of this program
+    // (which embeds the example tools) and the documents somewhere they can reach.
+    let shared = shared_dir()?;
+    let cleanup = SharedDir(shared.clone());
+    let exe = std::env::current_exe().map_err(step("locating this program"))?;
+    let program = shared.join("flowhost");
+    copy_executable(&exe, &program)?;
+    let documents = shared.join("documents");
+    std::fs::create_dir_all(&documents).map_err(step("writing the documents"))?;
+    std::fs::write(documents.join(TERMS.0), TERMS.1).map_err(step("writing the documents"))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&documents, std::fs::Permissions::from_mode(0o755))
+        .map_err(step("writing the documents"))?;
+    std::fs::set_permissions(
+        documents.join(TERMS.0),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .map_err(step("writing the documents"))?;
+
+    let (team, public, elsewhere) = (Relay::start()?, Relay::start()?, Relay::start()?);
+    let prog = program.display().to_string();
+    let paths = LabPaths {
+        workspace_command: vec![prog.clone(), "example-tool".into(), "workspace".into()],
+        publisher_command: vec![prog, "example-tool".into(), "publisher".into()],
+        documents: documents.clone(),
+        manifests_dir: manifests.clone(),
+        keys_dir: keys.clone(),
+        state_dir: dir.join("state"),
+        records_dir: dir.join("records"),
+        socket: dir.join("flowhost.sock"),
+        team_sink: team.addr,
+        public_sink: public.addr,
+        exfil_sink: elsewhere.addr,
+        analyst_uid: nix::unistd::geteuid().as_raw(),
+        reviewer_uid: 65533,
+        socket_mode: "600".into(),
+    };
+    let config = dir.join("host.toml");
+    crate::files::write_atomic(&config, host_config(&paths).as_bytes(), 0o600)
+        .map_err(step("writing the host configuration"))?;
+    let declared = dir.join("declared.json");
+    crate::files::write_atomic(&declared, declared_surface(&paths).as_bytes(), 0o644)
+        .map_err(step("writing the declared surface"))?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(step("starting the runtime"))?;
+    let (host, listener) = runtime
+        .block_on(Host::start(&config, None))
+        .map_err(step("starting the host"))?;
+    let serving = runtime.spawn(run_host(host.clone(), listener));
+    println!(
+        "STARTED  host: 5 tools from 3 signed servers; relays: team {}, public {}, elsewhere {}",
+        team.addr, public.addr, elsewhere.addr
+    );
+
+    let mut outcomes = Outcomes { failed: Vec::new() };
+    let workflow = (|| -> Result<(), DemoError> {
+        let mut c = Client::connect(&paths.socket)?;
+        let init = c.request("initialize", json!({"protocolVersion": crate::mcp::PROTOCOL_VERSION, "capabilities": {}, "clientInfo": {"name": "flowhost-demo", "version": env!("CARGO_PKG_VERSION")}}))?;
+        if init.get("result").is_none() {
+            return Err(DemoError::Step {
+                step: "initialize",
+                reason: init.to_string(),
+            });
+        }
+
+        let r = c.call("workspace/read_terms", json!({"document": TERMS.0}))?;
+        let terms = text(&r).unwrap_or_default().to_string();
+        outcomes.check(
+            "READ",
+            terms.contains("Harbor Goods"),
+            format!("workspace/read_terms: {} bytes of Harbor Goods terms; the session now carries larkfield-pricing / harbor-goods-terms", terms.len()),
+            || r.to_string(),
+        );
+
+        let message = "Harbor Goods: floor 4.10 EUR, rebate 6.5% (for the pricing team)";
+        let r = c.call(
+            "team-inbox/publish",
+            json!({"message": message, "sink": team.addr.to_string()}),
+        )?;
+        let got = team.await_bytes(message.len());
+        outcomes.check(
+            "ALLOW",
+            text(&r).is_some_and(|t| t.starts_with("delivered")) && got == message.as_bytes(),
+            format!("team-inbox/publish: cleared for the contract label; the team relay received {} bytes: {:?}", got.len(), String::from_utf8_lossy(&got)),
+            || r.to_string(),
+        );
+
+        let r = c.call(
+            "public-inbox/publish",
+            json!({"message": "Pricing update", "sink": public.addr.to_string()}),
+        )?;
+        let denial = r["error"]["data"]["denial"].as_str().unwrap_or("");
+        std::thread::sleep(Duration::from_millis(100));
+        outcomes.check(
+            "REFUSE",
+            denial == "flow_violation" && public.connections() == 0,
+            "public-inbox/publish: flow violation before dispatch (the session's contract label does not flow to a public clearance); the public relay received nothing".into(),
+            || format!("{r} (public relay connections: {})", public.connections()),
+        );
+
+        let r = c.call(
+            "workspace/summarize_terms",
+            json!({"text": terms, "max_words": 12}),
+        )?;
+        std::thread::sleep(Duration::from_millis(100));
+        let summary = text(&r).unwrap_or_default().to_string();
+        outcomes.check(
+            "OUTPUT",
+            !summary.is_empty(),
+            format!(
+                "workspace/summarize_terms answered {:?} (it hides what it tried)",
+                summary
+            ),
+            || r.to_string(),
+        );
+        Ok(())
+    })();
+
+    host.begin_shutdown();
+    runtime.block_on(async {
+        let _ = tokio::time::timeout(Duration::from_secs(30), serving).await;
+    });
+    drop(runtime);
+    workflow?;
+
+    // What the broker saw of the sneaky tool, from the records.
+    let report = crate::records::chain::verify_records(&paths.records_dir, None)
+        .map_err(step("verifying the records"))?;
+    let records = read_records(&paths.records_dir)?;
+    let sneaky = records
+        .iter()
+        .find(|r| r["flowhost"]["event"] == "egress_attempt" && r["server"]["id"] == "workspace");
+    outcomes.check(
+        "REFUSE",
+        sneaky.is_some_and(|r| r["decision"]["effect"] == "deny" && r["flowhost"]["denial_kind"] == "missing_clearance")
+            && elsewhere.connections() == 0,
+        format!(
+            "workspace/summarize_terms declared no egress but connected to {}: refused at the syscall (missing clearance); nothing left the sandbox",
+            elsewhere.addr
+        ),
+        || format!("record: {sneaky:?}; relay connections: {}", elsewhere.connections()),
+    );
+    let head = report
+        .head_hash
+        .as_ref()
+        .map(|h| h.as_str().to_string())
+        .unwrap_or_default();
+    outcomes.check(
+        "RECORDS",
+        report.is_ok() && report.records as usize == records.len(),
+        format!(
+            "{} decisions in {}, hash chain verified (seq {}..{}, head {})",
+            report.records,
+            paths.records_dir.display(),
+            report.first_seq.unwrap_or(0),
+            report.last_seq.unwrap_or(0),
+            head.get(..23).unwrap_or(&head)
+        ),
+        || {
+            report
+                .problems
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        },
+    );
+    let health_file = paths.state_dir.join("health.json");
+    let health = crate::records::ToolObservationHealth::read_from(&health_file)
+        .map_err(step("reading the health file"))?;
+    outcomes.check(
+        "HEALTH",
+        health.complete,
+        format!(
+            "{}: observation complete (broker supervised every executor it spawned)",
+            health_file.display()
+        ),
+        || health.incomplete_reasons.join("; "),
+    );
+
+    let surface = crate::surface::DeclaredSurface::parse(
+        &std::fs::read_to_string(&declared).map_err(step("reading the declared surface"))?,
+    )
+    .map_err(step("reading the declared surface"))?;
+    let diff = crate::diff::diff(&surface, &paths.records_dir, Some(&health))
+        .map_err(step("running the diff"))?;
+    let mut kinds: Vec<(String, String)> = diff
+        .findings
+        .iter()
+        .map(|f| (f.kind.to_string(), f.tool.clone().unwrap_or_default()))
+        .collect();
+    kinds.sort();
+    let expected = vec![
+        (
+            "attempted_privileged_tool_action_denied".to_string(),
+            "public-inbox/publish".to_string(),
+        ),
+        (
+            "attempted_privileged_tool_action_denied".to_string(),
+            "workspace/summarize_terms".to_string(),
+        ),
+        (
+            "unclassified_tool_action".to_string(),
+            "workspace/summarize_terms".to_string(),
+        ),
+    ];
+    outcomes.check(
+        "DIFF",
+        kinds == expected && diff.observation_complete,
+        format!(
+            "against {}: {} findings over {} decisions (the declared read, team publish and team egress give none):",
+            declared.display(),
+            diff.findings.len(),
+            diff.observed_decisions
+        ),
+        || format!("{kinds:?}"),
+    );
+    for line in crate::diff::report::to_text(&diff).lines() {
+        println!("           {line}");
+    }
+    drop(cleanup);
+
+    if outcomes.failed.is_empty() {
+        println!("flowhost demo: every outcome was the expected one.");
+        println!(
+            "         The host kept the envelopes it registered: jq '[.[] | .manifest | {{server_id, tools: [.tools[] | {{name, flow}}]}}]' {}",
+            paths.state_dir.join("signed-manifests.json").display()
+        );
+        Ok(true)
+    } else {
+        println!(
+            "flowhost demo: {} outcome(s) were not the expected ones.",
+            outcomes.failed.len()
+        );
+        Ok(false)
+    }
+}
+
+fn copy_executable(src: &Path, dst: &Path) -> Result<(), DemoError> {
+    // cp in a child process: this process never holds the file open for writing, so no
+    // executor cloned meanwhile can inherit a write descriptor (which would make exec fail
+    // with ETXTBSY).
+    let status = std::process::Command::new("cp")
+        .arg("--")
+        .arg(src)
+        .arg(dst)
+        .status()
+        .map_err(step("copying the executor program"))?;
+    if !status.success() {
+        return Err(DemoError::Step {
+            step: "copying the executor program",
+            reason: format!("cp exited with {status}"),
+        });
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o755))
+        .map_err(step("copying the executor program"))
+}
+
+fn read_records(dir: &Path) -> Result<Vec<Value>, DemoError> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(step("reading the records"))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).map_err(step("reading the records"))?;
+        for line in text.lines() {
+            out.push(serde_json::from_str(line).map_err(step("reading the records"))?);
+        }
+    }
+    Ok(out)
+}
+
+/// Removes the executors' directory when the demo ends.
+struct SharedDir(PathBuf);
+
+impl Drop for SharedDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -1,0 +1,65 @@
+//! `flowhost demo`, the README's main command, end to end in a temporary directory.
+
+mod common;
+
+use std::process::Command;
+
+#[test]
+fn the_demo_succeeds_and_its_records_verify() {
+    if !common::is_root() {
+        eprintln!("SKIP: the demo needs the broker (root in CI)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let research = dir.path().join(".research");
+    let out = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["demo", "--dir"])
+        .arg(&research)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "READ ",
+        "ALLOW ",
+        "REFUSE   public-inbox/publish: flow violation",
+        "missing clearance",
+        "every outcome was the expected one",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
+    }
+    assert!(research.join("state/signed-manifests.json").exists());
+    let verify = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["records", "verify"])
+        .arg(research.join("records"))
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+
+    // Running it again replaces the earlier demo; a directory that is not one is refused.
+    let again = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["demo", "--dir"])
+        .arg(&research)
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    let other = dir.path().join("not-a-demo");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("precious.txt"), "keep me").unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["demo", "--dir"])
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not a flowhost demo directory"));
+    assert!(other.join("precious.txt").exists());
+}
