@@ -107,7 +107,16 @@ fn spawn_rows(runtime: &tokio::runtime::Runtime, broker: &Broker, samples: usize
             bw.push(d);
         }
     }
-    let (iso, brk, bw) = (Samples(iso), Samples(brk), Samples(bw));
+    // Spawning must not slow down as the host grows: repeat with 512 MiB of touched heap
+    // (a fork-style clone would copy its page tables on every spawn).
+    let ballast = vec![1u8; 512 << 20];
+    std::hint::black_box(&ballast);
+    let mut heavy = Vec::new();
+    for _ in 0..samples.min(100) {
+        heavy.push(runtime.block_on(spawn_once(broker, "isolated")));
+    }
+    drop(ballast);
+    let (iso, brk, bw, heavy) = (Samples(iso), Samples(brk), Samples(bw), Samples(heavy));
     let row = |name: &str, s: &Samples| {
         let ratio = if bwrap_ok {
             s.median().as_secs_f64() / bw.median().as_secs_f64()
@@ -128,7 +137,11 @@ fn spawn_rows(runtime: &tokio::runtime::Runtime, broker: &Broker, samples: usize
             met: bwrap_ok && ratio <= 1.0,
         }
     };
-    vec![row("isolated", &iso), row("brokered", &brk)]
+    vec![
+        row("isolated", &iso),
+        row("brokered", &brk),
+        row("isolated, host holding 512 MiB", &heavy),
+    ]
 }
 
 /// The child side: `loop-connect ADDR N` / `loop-sendto ADDR N` time each operation and

@@ -184,6 +184,11 @@ impl Broker {
             None
         };
 
+        let (handshake_tx, handshake_rx) = std::sync::mpsc::channel::<spawn::HandshakeJob>();
+        std::thread::Builder::new()
+            .name("flowhost-handshk".into())
+            .spawn(move || spawn::run_handshakes(handshake_rx))
+            .map_err(|e| BrokerError::Thread("handshake", e))?;
         let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("flowhost-spawner".into())
@@ -191,7 +196,7 @@ impl Broker {
                 // Executors' parent-death signal is tied to this thread: it ends only when
                 // the last Broker handle is gone.
                 while let Ok(job) = jobs_rx.recv() {
-                    let result = spawn::start(&job.prepared);
+                    let result = spawn::start(&job.prepared, &handshake_tx);
                     let reply = match result {
                         Ok(started) => Ok((started, job.prepared)),
                         Err(e) => Err((e, job.prepared)),

@@ -1,9 +1,10 @@
 //! The executor side of a spawn: everything between `clone(2)` and `execve(2)`.
 //!
-//! The child is a copy of one thread of a multithreaded host, so it may only make raw
-//! syscalls: no allocation (another thread may have held the allocator lock at clone time),
-//! no glibc credential wrappers (they signal the parent's other threads). Everything it needs
-//! is prepared by the parent in a [`ChildPlan`].
+//! The child shares the host's memory until exec (`clone(CLONE_VM | CLONE_VFORK)`, on its own
+//! stack) while the host's other threads keep running, so it may only make raw syscalls: no
+//! allocation (the allocator is shared), no glibc credential wrappers (they signal the host's
+//! threads), no writes to anything but its own stack. Everything it needs is prepared by the
+//! parent in a [`ChildPlan`], which the suspended spawner thread keeps alive and unchanged.
 //!
 //! Order matters and is fixed: user-namespace maps (when unprivileged), mounts and hostname
 //! (need CAP_SYS_ADMIN), file descriptors, working directory, rlimits, capability bounding
@@ -98,6 +99,8 @@ impl Stage {
 
 /// Status message tag meaning "the filter is installed; the value is the listener fd".
 pub const READY: u32 = 0xFFFF;
+/// Status message tag meaning "started; write the user-namespace maps" (unprivileged mode).
+pub const STARTED: u32 = 0xFFFE;
 
 /// First descriptor number used to park the child's plumbing out of the way of the
 /// descriptors it must place at fixed numbers.
@@ -169,8 +172,12 @@ fn wait_go(plan: &ChildPlan, stage: Stage) {
     loop {
         // SAFETY: reads one byte into a stack variable.
         let n = unsafe { libc::read(plan.go_r, (&mut byte as *mut u8).cast(), 1) };
-        if n == 1 {
+        if n == 1 && byte == 1 {
             return;
+        }
+        if n == 1 {
+            // The host said stop.
+            fail(plan, stage, libc::ECANCELED);
         }
         if n < 0 && errno() == libc::EINTR {
             continue;
@@ -186,6 +193,30 @@ macro_rules! check {
             fail($plan, $stage, errno());
         }
     };
+}
+
+/// Resets every caught signal to its default disposition. The child shares the host's memory
+/// until exec (CLONE_VM), so a host handler must never run in it; signals stay blocked (the
+/// spawner blocked them) until the mask is restored right before exec.
+fn reset_signal_handlers() {
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: queries then (if caught) resets one signal's disposition; the structs live
+        // on this stack.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction != libc::SIG_DFL
+                && old.sa_sigaction != libc::SIG_IGN
+            {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+    }
 }
 
 /// The status and go pipes after they were moved out of the way.
@@ -215,7 +246,9 @@ macro_rules! check_parked {
 /// Must only be called in a freshly cloned child whose `plan` pointers are valid (they are:
 /// the child's memory is a copy of the parent's at clone time).
 pub unsafe fn child_main(plan: &ChildPlan) -> ! {
+    reset_signal_handlers();
     if plan.user_namespace {
+        report(plan.status_w, STARTED, 0);
         wait_go(plan, Stage::UserNamespace);
     }
     setup_namespaces(plan);
@@ -550,18 +583,23 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
         let mut byte = 0u8;
         loop {
             let n = libc::read(p.go, (&mut byte as *mut u8).cast(), 1);
-            if n == 1 {
+            if n == 1 && byte == 1 {
                 break;
             }
             if n < 0 && errno() == libc::EINTR {
                 continue;
             }
-            // The host did not take the listener: never exec unsupervised.
+            // The host did not take the listener (a stop byte, or it went away): never exec
+            // unsupervised.
             libc::_exit(126);
         }
         libc::close(listener as c_int);
         libc::close(p.go);
 
+        // The executor starts with no signal blocked (the spawner blocked them all).
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
         libc::execve(plan.path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
         report(p.status, Stage::Exec as u32, errno());
         libc::_exit(127)
