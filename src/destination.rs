@@ -15,8 +15,11 @@
 //! | `unix:@name` | that abstract unix socket |
 //!
 //! Block rules win over allow rules; with neither matching, the default applies (block unless
-//! configured otherwise). An AF_UNSPEC "connect" only dissolves a datagram association, sends
-//! nothing, and is always allowed.
+//! configured otherwise). An AF_UNSPEC "connect" only dissolves a socket's association, sends
+//! nothing, and is always allowed; an address the broker could not decode for its socket (an
+//! AF_UNSPEC send or bind, a family the socket does not speak, a truncated address) is always
+//! refused, even under `default = "allow"`. Unix paths are matched after `.` and `..` are
+//! resolved, so `unix:/run/app/` does not match `/run/app/../docker.sock`.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -165,8 +168,14 @@ impl<'de> Deserialize<'de> for DestinationRule {
 }
 
 fn path_within(path: &Path, dir: &Path) -> bool {
-    // Compared component-wise, so /run/app2 is not beneath /run/app/.
-    path.starts_with(dir)
+    // Compared component-wise, so /run/app2 is not beneath /run/app/; a path that still
+    // holds `..` (the broker resolves them before deciding) is beneath nothing.
+    !climbs(path) && path.starts_with(dir)
+}
+
+fn climbs(path: &Path) -> bool {
+    path.components()
+        .any(|c| c == std::path::Component::ParentDir)
 }
 
 impl DestinationRule {
@@ -177,7 +186,7 @@ impl DestinationRule {
                 net.contains(&canonical_ip(addr.ip())) && port.is_none_or(|p| p == addr.port())
             }
             (DestinationRule::Port(p), Destination::Inet(addr)) => *p == addr.port(),
-            (DestinationRule::UnixPath(p), Destination::UnixPath(d)) => p == d,
+            (DestinationRule::UnixPath(p), Destination::UnixPath(d)) => !climbs(d) && p == d,
             (DestinationRule::UnixDir(p), Destination::UnixPath(d)) => path_within(d, p),
             (DestinationRule::UnixAbstract(n), Destination::UnixAbstract(d)) => n == d,
             _ => false,
@@ -251,6 +260,14 @@ impl DestinationRules {
             return RuleDecision {
                 allowed: true,
                 rule: "AF_UNSPEC disconnect".into(),
+            };
+        }
+        // An address the broker could not decode for its socket is never reached, whatever
+        // the default: what the kernel would make of it is not what a rule was checked on.
+        if !dest.is_decidable() {
+            return RuleDecision {
+                allowed: false,
+                rule: "undecodable address".into(),
             };
         }
         if let Some(r) = self.block.iter().find(|r| r.matches(dest)) {
@@ -333,6 +350,10 @@ mod tests {
         );
         assert!(rule("unix:/run/app/").matches(&Destination::UnixPath("/run/app/s.sock".into())));
         assert!(!rule("unix:/run/app/").matches(&Destination::UnixPath("/run/app2/s.sock".into())));
+        assert!(
+            !rule("unix:/run/app/")
+                .matches(&Destination::UnixPath("/run/app/../docker.sock".into()))
+        );
         assert!(!rule("unix:/run/x.sock").matches(&inet("127.0.0.1:1")));
     }
 
@@ -356,5 +377,24 @@ mod tests {
         assert!(!rules.decide(Some(&inet("8.8.8.8:53"))).allowed);
         assert!(!rules.decide(None).allowed);
         assert!(rules.decide(Some(&Destination::Unspecified)).allowed);
+        let open = DestinationRules {
+            default: DefaultAction::Allow,
+            ..DestinationRules::default()
+        };
+        for undecodable in [
+            Destination::Foreign {
+                family: libc::AF_UNSPEC,
+                socket_family: libc::AF_INET,
+            },
+            Destination::Malformed {
+                family: Some(libc::AF_INET),
+                len: 8,
+            },
+            Destination::Other { family: 17 },
+        ] {
+            let d = open.decide(Some(&undecodable));
+            assert!(!d.allowed, "{undecodable} allowed under default allow");
+            assert_eq!(d.rule, "undecodable address");
+        }
     }
 }

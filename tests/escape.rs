@@ -490,3 +490,120 @@ async fn an_allowed_connect_reports_the_kernels_own_error() {
     let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
     assert_eq!(run.errno(), libc::ECONNREFUSED as i64, "{}", run.stdout);
 }
+
+/// The host's own destination check with `default = "allow"`: the most permissive rules an
+/// operator can write. What it still refuses is refused by construction, not by the test's
+/// choice of verdict.
+fn allow_everything(a: &flowhost_broker::AttemptInfo) -> Verdict {
+    let rules = flowhost::destination::DestinationRules {
+        default: flowhost::destination::DefaultAction::Allow,
+        ..Default::default()
+    };
+    if rules.decide(a.destination.as_ref()).allowed {
+        Verdict::Allow
+    } else {
+        Verdict::DENY
+    }
+}
+
+fn probe_argv(args: &[&str]) -> Vec<String> {
+    let mut argv = vec![shared_copy("flowhost-probe").display().to_string()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    argv
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn af_unspec_send_is_not_read_as_a_disconnect() {
+    let Some(b) = broker() else { return };
+    let sink = UdpSink::start();
+    let argv = probe_argv(&["udp-sendto-unspec", &sink.addr.to_string()]);
+    let run = run_with(&b, "brokered", argv, allow_everything).await;
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
+    assert_eq!(run.attempts.len(), 1);
+    let (a, v) = &run.attempts[0];
+    assert_eq!(
+        a.destination,
+        Some(Destination::Foreign {
+            family: libc::AF_UNSPEC,
+            socket_family: libc::AF_INET
+        })
+    );
+    assert_eq!(*v, Verdict::DENY);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(sink.count(), 0, "the AF_UNSPEC datagram was delivered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn af_unspec_bind_is_refused() {
+    let Some(b) = broker() else { return };
+    let argv = probe_argv(&["bind-unspec", "0.0.0.0:0"]);
+    let run = run_with(&b, "brokered", argv, allow_everything).await;
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
+    assert_eq!(run.attempts[0].0.syscall, EgressSyscall::Bind);
+    assert!(matches!(
+        run.attempts[0].0.destination,
+        Some(Destination::Foreign { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_on_an_unbound_socket_is_decided() {
+    let Some(b) = broker() else { return };
+    // Refused: the implicit bind to 0.0.0.0 and an ephemeral port never happens.
+    let run = probe(&b, "brokered", &["listen"]).await;
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
+    assert_eq!(run.result()["port"], 0, "the socket was bound anyway");
+    assert_eq!(run.attempts.len(), 1);
+    assert_eq!(run.attempts[0].0.syscall, EgressSyscall::Listen);
+    assert_eq!(
+        run.attempts[0].0.destination,
+        dest("0.0.0.0:0".parse().unwrap())
+    );
+    // Allowed: the broker performs it, and the socket listens on a port of its own.
+    let run = run_with(&b, "brokered", probe_argv(&["listen"]), |_| Verdict::Allow).await;
+    let r = run.result();
+    assert_eq!(r["value"], 0, "{r}");
+    assert_ne!(r["port"], 0, "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_after_a_decided_bind_adds_no_attempt() {
+    let Some(b) = broker() else { return };
+    let argv = probe_argv(&["listen", "127.0.0.1:0"]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let r = run.result();
+    assert_eq!(r["value"], 0, "{r}");
+    let syscalls: Vec<_> = run.attempts.iter().map(|(a, _)| a.syscall).collect();
+    assert_eq!(syscalls, vec![EgressSyscall::Bind]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_dot_dot_cannot_leave_an_allowed_directory() {
+    let Some(b) = broker() else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let allowed = dir.path().join("allowed");
+    std::fs::create_dir(&allowed).unwrap();
+    let outside = dir.path().join("outside.sock");
+    let listener = UnixListener::bind(&outside).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let rule: flowhost::destination::DestinationRule =
+        format!("unix:{}/", allowed.display()).parse().unwrap();
+    let rules = flowhost::destination::DestinationRules::allow_only(vec![rule]);
+    let climbing = format!("{}/../outside.sock", allowed.display());
+    let argv = probe_argv(&["unix-connect", &climbing]);
+    let run = run_with(&b, "brokered", argv, move |a| {
+        if rules.decide(a.destination.as_ref()).allowed {
+            Verdict::Allow
+        } else {
+            Verdict::DENY
+        }
+    })
+    .await;
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
+    // Decided on the path the broker would reach, not on the one written.
+    assert_eq!(
+        run.attempts[0].0.destination,
+        Some(Destination::UnixPath(outside.clone()))
+    );
+    assert!(listener.accept().is_err(), "the outside socket was reached");
+}

@@ -20,6 +20,9 @@ pub enum EgressSyscall {
     Sendmmsg,
     /// `bind(2)`.
     Bind,
+    /// `listen(2)` on a socket that was never bound: the kernel would bind it itself, to
+    /// the wildcard address and an ephemeral port, without a `bind` the broker could decide.
+    Listen,
 }
 
 impl EgressSyscall {
@@ -31,6 +34,7 @@ impl EgressSyscall {
             EgressSyscall::Sendmsg => "sendmsg",
             EgressSyscall::Sendmmsg => "sendmmsg",
             EgressSyscall::Bind => "bind",
+            EgressSyscall::Listen => "listen",
         }
     }
 }
@@ -109,8 +113,17 @@ pub enum Destination {
         /// Multicast groups.
         groups: u32,
     },
-    /// AF_UNSPEC (a datagram socket's "disconnect").
+    /// AF_UNSPEC passed to `connect` (dissolves a socket's association).
     Unspecified,
+    /// An address whose family the kernel would not read as written for this socket and
+    /// syscall (AF_UNSPEC outside `connect`, an AF_UNIX address on an inet socket, ...).
+    /// Never decoded further and never allowed.
+    Foreign {
+        /// The address's AF_* family.
+        family: i32,
+        /// The socket's AF_* family.
+        socket_family: i32,
+    },
     /// A family the broker does not decode.
     Other {
         /// The AF_* family.
@@ -126,7 +139,50 @@ pub enum Destination {
 }
 
 impl Destination {
-    /// Decodes a raw `struct sockaddr` copy.
+    /// Decodes the address an executor passed to `syscall` on a socket of `socket_family`.
+    ///
+    /// The kernel interprets some families differently per socket: a UDP send or an inet
+    /// bind with AF_UNSPEC is carried out as AF_INET. So an address is decoded only when its
+    /// family is one the socket's own family reads as written; anything else is
+    /// [`Destination::Foreign`], which no rule allows.
+    pub fn for_socket(raw: &[u8], socket_family: i32, syscall: EgressSyscall) -> Destination {
+        let decoded = Destination::from_sockaddr(raw);
+        let family = match &decoded {
+            Destination::Malformed { .. } => return decoded,
+            Destination::Unspecified if syscall == EgressSyscall::Connect => return decoded,
+            Destination::Unspecified => libc::AF_UNSPEC,
+            Destination::Inet(SocketAddr::V4(_)) => libc::AF_INET,
+            Destination::Inet(SocketAddr::V6(_)) => libc::AF_INET6,
+            Destination::UnixPath(_) | Destination::UnixAbstract(_) | Destination::UnixUnnamed => {
+                libc::AF_UNIX
+            }
+            Destination::Netlink { .. } => libc::AF_NETLINK,
+            Destination::Other { family } | Destination::Foreign { family, .. } => *family,
+        };
+        // An IPv6 socket also reaches IPv4 destinations (unless IPV6_V6ONLY, in which case
+        // the kernel refuses them).
+        let readable =
+            family == socket_family || (socket_family == libc::AF_INET6 && family == libc::AF_INET);
+        if readable {
+            decoded
+        } else {
+            Destination::Foreign {
+                family,
+                socket_family,
+            }
+        }
+    }
+
+    /// Whether the address was decoded into something a rule can be checked against.
+    /// Malformed, foreign and undecoded families are refused whatever the rules say.
+    pub fn is_decidable(&self) -> bool {
+        !matches!(
+            self,
+            Destination::Malformed { .. } | Destination::Foreign { .. } | Destination::Other { .. }
+        )
+    }
+
+    /// Decodes a raw `struct sockaddr` copy as written, whatever socket it is for.
     pub fn from_sockaddr(raw: &[u8]) -> Destination {
         if raw.len() < 2 {
             return Destination::Malformed {
@@ -196,6 +252,15 @@ impl fmt::Display for Destination {
                 write!(f, "netlink:{port_id}/{groups:#x}")
             }
             Destination::Unspecified => f.write_str("unspec"),
+            Destination::Foreign {
+                family,
+                socket_family,
+            } => write!(
+                f,
+                "{} address on an {} socket",
+                family_name(*family),
+                family_name(*socket_family)
+            ),
             Destination::Other { family } => write!(f, "{}:?", family_name(*family)),
             Destination::Malformed { family, len } => match family {
                 Some(fam) => write!(f, "malformed {} address ({len} bytes)", family_name(*fam)),
@@ -326,6 +391,52 @@ mod tests {
             Destination::from_sockaddr(&[1]),
             Destination::Malformed { family: None, .. }
         ));
+    }
+
+    #[test]
+    fn decodes_by_the_socket_family() {
+        let mut unspec = sockaddr_in([8, 8, 8, 8], 53);
+        unspec[..2].copy_from_slice(&(libc::AF_UNSPEC as u16).to_ne_bytes());
+        // connect(AF_UNSPEC) dissolves an association; a send or bind would reach 8.8.8.8.
+        assert_eq!(
+            Destination::for_socket(&unspec, libc::AF_INET, EgressSyscall::Connect),
+            Destination::Unspecified
+        );
+        for syscall in [
+            EgressSyscall::Sendto,
+            EgressSyscall::Sendmsg,
+            EgressSyscall::Sendmmsg,
+            EgressSyscall::Bind,
+        ] {
+            let d = Destination::for_socket(&unspec, libc::AF_INET, syscall);
+            assert_eq!(
+                d,
+                Destination::Foreign {
+                    family: libc::AF_UNSPEC,
+                    socket_family: libc::AF_INET
+                }
+            );
+            assert!(!d.is_decidable());
+            assert_eq!(d.to_string(), "unspec address on an inet socket");
+        }
+        let v4 = sockaddr_in([10, 0, 0, 5], 443);
+        assert!(matches!(
+            Destination::for_socket(&v4, libc::AF_INET6, EgressSyscall::Sendto),
+            Destination::Inet(_)
+        ));
+        assert!(matches!(
+            Destination::for_socket(&v4, libc::AF_UNIX, EgressSyscall::Connect),
+            Destination::Foreign { .. }
+        ));
+        let mut unix = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+        unix.extend_from_slice(b"/run/x.sock\0");
+        assert!(matches!(
+            Destination::for_socket(&unix, libc::AF_INET, EgressSyscall::Connect),
+            Destination::Foreign { .. }
+        ));
+        assert!(
+            Destination::for_socket(&unix, libc::AF_UNIX, EgressSyscall::Connect).is_decidable()
+        );
     }
 
     #[test]

@@ -88,6 +88,8 @@ struct Inner {
     support: KernelSupport,
     identity: Option<(u32, u32)>,
     counters: Arc<Counters>,
+    /// Notifications being handled across all executors (bounded by `supervisor::BROKER_HANDLERS`).
+    handlers: Arc<tokio::sync::Semaphore>,
     spawned: AtomicU64,
     exited: AtomicU64,
     supervisor_failures: AtomicU64,
@@ -226,6 +228,9 @@ impl Broker {
                 support,
                 identity,
                 counters: Arc::new(Counters::default()),
+                handlers: Arc::new(tokio::sync::Semaphore::new(
+                    crate::supervisor::BROKER_HANDLERS,
+                )),
                 spawned: AtomicU64::new(0),
                 exited: AtomicU64::new(0),
                 supervisor_failures: AtomicU64::new(0),
@@ -325,6 +330,10 @@ impl Broker {
             attempts: tx,
             counters: counters.clone(),
             broker_counters: self.inner.counters.clone(),
+            handlers: Arc::new(tokio::sync::Semaphore::new(
+                crate::supervisor::EXECUTOR_HANDLERS,
+            )),
+            broker_handlers: self.inner.handlers.clone(),
         });
         let inner = self.inner.clone();
         // If the supervision task ends for any reason other than the executor's exit (an

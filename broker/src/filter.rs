@@ -169,6 +169,9 @@ pub const NOTIFIED: &[i64] = &[
     libc::SYS_sendmsg,
     libc::SYS_sendmmsg,
     libc::SYS_bind,
+    // Not an address, but an unbound socket's listen binds it implicitly (wildcard address,
+    // ephemeral port): the broker decides that bind.
+    libc::SYS_listen,
 ];
 
 const CLONE_NAMESPACE_FLAGS: &[u64] = &[

@@ -12,12 +12,12 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::io::unix::AsyncFd;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::attempt::{AttemptInfo, Destination, EgressAttempt, EgressSyscall, SocketInfo, Verdict};
 use crate::sys::{self, Notification, OwnedMessage};
@@ -28,9 +28,20 @@ const MAX_ADDR: usize = 128;
 const MAX_IOV: usize = 1024;
 /// Most control bytes copied per message.
 const MAX_CONTROL: usize = 64 * 1024;
-/// Most payload bytes copied per message; a larger stream send is sent partially (as the
-/// kernel may do), a larger datagram is refused with EMSGSIZE.
+/// Most payload bytes copied per notification (all messages of a `sendmmsg` together); a
+/// larger stream send is sent partially (as the kernel may do), a larger datagram is refused
+/// with EMSGSIZE, and a batch is cut short before the message that does not fit (as the
+/// kernel reports a batch that failed part-way).
 const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
+/// Most descriptors passed per notification (`SCM_MAX_FD`, the kernel's own per-message
+/// limit).
+const MAX_PASSED_FDS: usize = 253;
+/// Notifications of one executor handled at once; further ones fail with ENOBUFS until one
+/// finishes. With the per-notification bounds above, this bounds what one executor can make
+/// the daemon hold: memory (16 x (4 MiB payload + 64 KiB control)) and descriptors.
+pub(crate) const EXECUTOR_HANDLERS: usize = 16;
+/// Notifications handled at once across every executor of a broker.
+pub(crate) const BROKER_HANDLERS: usize = 128;
 /// `struct msghdr` and `struct mmsghdr` sizes on x86_64.
 const MSGHDR_SIZE: usize = 56;
 const MMSGHDR_SIZE: usize = 64;
@@ -56,6 +67,10 @@ pub(crate) struct Context {
     pub attempts: mpsc::Sender<EgressAttempt>,
     pub counters: Arc<Counters>,
     pub broker_counters: Arc<Counters>,
+    /// Bounds this executor's notifications in flight ([`EXECUTOR_HANDLERS`]).
+    pub handlers: Arc<Semaphore>,
+    /// Bounds the broker's notifications in flight ([`BROKER_HANDLERS`]).
+    pub broker_handlers: Arc<Semaphore>,
 }
 
 impl Context {
@@ -80,9 +95,20 @@ fn poll_now(fd: BorrowedFd<'_>) -> i16 {
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: polls one descriptor we own, without blocking.
-    let r = unsafe { libc::poll(&mut pfd, 1, 0) };
-    if r < 0 { libc::POLLERR } else { pfd.revents }
+    loop {
+        // SAFETY: polls one descriptor we own, without blocking.
+        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
+        if r >= 0 {
+            return pfd.revents;
+        }
+        // A signal handler ran on this thread: ask again. Any other failure of a zero-timeout
+        // poll on a descriptor we own is reported as readable, so the receive that follows
+        // fails and supervision ends with an error (which kills the executor), instead of
+        // being mistaken for the executor's exit.
+        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return libc::POLLIN;
+        }
+    }
 }
 
 /// Receives notifications until the executor is gone. Each notification is handled in its
@@ -104,7 +130,12 @@ pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
                         match sys::notif_recv(ctx.listener.get_ref().as_fd()) {
                             Ok(n) => {
                                 ctx.bump(|c| &c.notifications);
-                                tokio::spawn(handle(ctx.clone(), n));
+                                match admit(&ctx) {
+                                    Some(permits) => {
+                                        tokio::spawn(handle(ctx.clone(), n, permits));
+                                    }
+                                    None => refuse_busy(&ctx, n),
+                                }
                             }
                             // The caller died between notification and receipt, or a signal.
                             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
@@ -136,6 +167,25 @@ pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
             }
         }
     }
+}
+
+/// Permits to handle one more notification, if neither the executor nor the broker is at
+/// its bound.
+fn admit(ctx: &Context) -> Option<[OwnedSemaphorePermit; 2]> {
+    let mine = ctx.handlers.clone().try_acquire_owned().ok()?;
+    let all = ctx.broker_handlers.clone().try_acquire_owned().ok()?;
+    Some([mine, all])
+}
+
+/// Refuses a notification that arrived while too many were in flight: the call fails with
+/// ENOBUFS (a resource shortage the caller may retry), nothing is performed.
+fn refuse_busy(ctx: &Context, n: Notification) {
+    ctx.bump(|c| &c.failed);
+    tracing::warn!(
+        pid = n.pid,
+        "too many egress attempts in flight; refusing with ENOBUFS"
+    );
+    let _ = sys::notif_send(ctx.listener.get_ref().as_fd(), n.id, 0, -libc::ENOBUFS);
 }
 
 /// Reaps an executor whose tasks have all exited (its pidfd turns readable, at the latest,
@@ -213,7 +263,7 @@ impl Drop for Pending {
     }
 }
 
-async fn handle(ctx: Arc<Context>, n: Notification) {
+async fn handle(ctx: Arc<Context>, n: Notification, _permits: [OwnedSemaphorePermit; 2]) {
     let pending = Pending {
         ctx: ctx.clone(),
         id: n.id,
@@ -231,6 +281,7 @@ async fn handle(ctx: Arc<Context>, n: Notification) {
         libc::SYS_sendto => caller.sendto().await,
         libc::SYS_sendmsg => caller.sendmsg().await,
         libc::SYS_sendmmsg => caller.sendmmsg().await,
+        libc::SYS_listen => caller.listen().await,
         _ => Err(Outcome::Errno(libc::ENOSYS)),
     };
     pending.answer(outcome.unwrap_or_else(|o| o));
@@ -280,6 +331,16 @@ impl Caller<'_> {
         }
     }
 
+    /// What to answer when the broker's own work for the caller failed: the error, unless
+    /// the caller is gone (then there is nobody to answer). Never silence: an unanswered
+    /// notification would leave the calling thread blocked forever.
+    fn failure(&self, e: &io::Error) -> Outcome {
+        match self.still_waiting() {
+            Ok(()) => Outcome::Errno(errno_of(e)),
+            Err(gone) => gone,
+        }
+    }
+
     /// Copies `len` bytes at `addr` from the caller, bracketed by ID_VALID checks so the
     /// bytes are known to come from the thread that is waiting on this notification.
     fn copy(&self, addr: u64, len: usize) -> Step<Vec<u8>> {
@@ -290,12 +351,22 @@ impl Caller<'_> {
         Ok(buf)
     }
 
-    /// A pidfd for the caller. Callers open it before their first [`Caller::copy`]: the
-    /// validity check after that copy then proves the pidfd (and any descriptor taken with
-    /// it) belongs to the thread still waiting on this notification, not to a process that
-    /// reused its pid. Nothing taken with it is used before that check.
+    /// A pidfd for the caller. Callers open it before their first [`Caller::copy`] (or
+    /// [`Caller::still_waiting`]): the validity check after that proves the pidfd (and any
+    /// descriptor taken with it) belongs to the thread still waiting on this notification,
+    /// not to a process that reused its pid. Nothing taken with it is used before that check.
     fn pidfd(&self) -> Step<OwnedFd> {
-        sys::pidfd_open_thread(self.n.pid).map_err(|_| Outcome::Abandon)
+        sys::pidfd_open_thread(self.n.pid).map_err(|e| self.failure(&e))
+    }
+
+    /// The caller's `/proc/<tid>/mem`, open for writing, to report results the kernel would
+    /// have written into the caller's memory. Opened before the caller's memory is first
+    /// copied, so the validity check after that copy proves it is the waiting thread's.
+    fn memory(&self) -> Step<std::fs::File> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{}/mem", self.n.pid))
+            .map_err(|e| self.failure(&e))
     }
 
     fn socket(&self, pidfd: &OwnedFd, fd: u64) -> Step<TakenSocket> {
@@ -354,7 +425,7 @@ impl Caller<'_> {
         let sock = self.socket(&pidfd, fd)?;
         let raw = self.copy(addr, len)?;
         let mut info = self.attempt(EgressSyscall::Connect, &sock);
-        let (destination, target) = self.resolve(&raw, UnixUse::Connect);
+        let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Connect);
         info.destination = Some(destination);
         if let Verdict::Deny { errno } = self.decide(info).await {
             return Ok(Outcome::Errno(errno));
@@ -381,7 +452,7 @@ impl Caller<'_> {
         let sock = self.socket(&pidfd, fd)?;
         let raw = self.copy(addr, len)?;
         let mut info = self.attempt(EgressSyscall::Bind, &sock);
-        let (destination, target) = self.resolve(&raw, UnixUse::Bind);
+        let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Bind);
         info.destination = Some(destination);
         if let Verdict::Deny { errno } = self.decide(info).await {
             return Ok(Outcome::Errno(errno));
@@ -389,6 +460,38 @@ impl Caller<'_> {
         let target = target?;
         Ok(to_outcome(
             sys::bind_raw(sock.fd.as_fd(), &target.addr).map(|()| 0),
+        ))
+    }
+
+    /// `listen` on a bound socket exposes only the address its (decided) bind chose, and is
+    /// carried out. On an unbound socket the kernel would bind it itself, to the wildcard
+    /// address and an ephemeral port, with no `bind` to decide: that is reported as a
+    /// `listen` attempt on the socket's unbound address and carried out only if allowed.
+    /// The broker performs the `listen` on its own copy of the socket either way, so the
+    /// descriptor number cannot be swapped for another socket between check and effect.
+    async fn listen(&self) -> Step<Outcome> {
+        let [fd, backlog, ..] = self.n.args;
+        let pidfd = self.pidfd()?;
+        let sock = self.socket(&pidfd, fd)?;
+        // Nothing copied: this check is what proves the socket is the waiting thread's.
+        self.still_waiting()?;
+        let local = sys::local_address(sock.fd.as_fd())
+            .map(|raw| Destination::from_sockaddr(&raw))
+            .map_err(|e| Outcome::Errno(errno_of(&e)))?;
+        let bound = match &local {
+            Destination::Inet(addr) => addr.port() != 0,
+            Destination::UnixPath(_) | Destination::UnixAbstract(_) => true,
+            _ => false,
+        };
+        if !bound {
+            let mut info = self.attempt(EgressSyscall::Listen, &sock);
+            info.destination = Some(local);
+            if let Verdict::Deny { errno } = self.decide(info).await {
+                return Ok(Outcome::Errno(errno));
+            }
+        }
+        Ok(to_outcome(
+            sys::listen_raw(sock.fd.as_fd(), backlog as i32).map(|()| 0),
         ))
     }
 
@@ -411,7 +514,7 @@ impl Caller<'_> {
             info.destination = peer(&sock);
         } else {
             let raw = self.copy(addr, addr_len(addrlen)?)?;
-            let (destination, target) = self.resolve(&raw, UnixUse::Connect);
+            let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Sendto);
             info.destination = Some(destination);
             if let Ok(t) = &target {
                 message.name = t.addr.clone();
@@ -435,7 +538,8 @@ impl Caller<'_> {
         let pidfd = self.pidfd()?;
         let sock = self.socket(&pidfd, fd)?;
         let header = self.copy(msg_ptr, MSGHDR_SIZE)?;
-        let copied = self.message(&pidfd, &sock, &header)?;
+        let mut budget = Budget::default();
+        let copied = self.message(&pidfd, &sock, &header, EgressSyscall::Sendmsg, &mut budget)?;
         let mut info = self.attempt(EgressSyscall::Sendmsg, &sock);
         info.bytes = Some(copied.msg.data.len());
         info.destination = copied.destination.clone();
@@ -462,15 +566,24 @@ impl Caller<'_> {
             return Ok(Outcome::Value(0));
         }
         let pidfd = self.pidfd()?;
+        let memory = self.memory()?;
         let sock = self.socket(&pidfd, fd)?;
         let headers = self.copy(vec_ptr, vlen * MMSGHDR_SIZE)?;
         let mut messages = Vec::with_capacity(vlen);
+        let mut budget = Budget::default();
         for i in 0..vlen {
             let h = &headers[i * MMSGHDR_SIZE..i * MMSGHDR_SIZE + MSGHDR_SIZE];
-            messages.push(self.message(&pidfd, &sock, h)?);
+            match self.message(&pidfd, &sock, h, EgressSyscall::Sendmmsg, &mut budget) {
+                Ok(m) => messages.push(m),
+                Err(Outcome::Abandon) => return Err(Outcome::Abandon),
+                // Like the kernel, a batch that fails part-way reports the messages before
+                // the failure; the failure itself is reported only if it is the first.
+                Err(first) if i == 0 => return Err(first),
+                Err(_) => break,
+            }
         }
         // Every message is reported and decided before any is sent.
-        let mut verdicts = Vec::with_capacity(vlen);
+        let mut verdicts = Vec::with_capacity(messages.len());
         for (i, m) in messages.iter().enumerate() {
             let mut info = self.attempt(EgressSyscall::Sendmmsg, &sock);
             info.bytes = Some(m.msg.data.len());
@@ -492,8 +605,11 @@ impl Caller<'_> {
             match result {
                 Ok(n) => {
                     let at = vec_ptr + (i * MMSGHDR_SIZE + MSGHDR_SIZE) as u64;
-                    // The kernel reports each message's length in its msg_len field.
-                    let _ = sys::write_remote(self.n.pid, at, &(n as u32).to_ne_bytes());
+                    // The kernel reports each message's length in its msg_len field. Written
+                    // through the memory file opened before the first copy, so it reaches
+                    // the caller even if its thread id is reused meanwhile, and nothing else.
+                    use std::os::unix::fs::FileExt;
+                    let _ = memory.write_all_at(&(n as u32).to_ne_bytes(), at);
                     sent += 1;
                 }
                 Err(e) if sent == 0 => return Ok(Outcome::Errno(errno_of(&e))),
@@ -513,8 +629,18 @@ impl Caller<'_> {
         }
     }
 
-    /// Copies one `struct msghdr` worth of message: name, payload and control data.
-    fn message(&self, pidfd: &OwnedFd, sock: &TakenSocket, header: &[u8]) -> Step<CopiedMessage> {
+    /// Copies one `struct msghdr` worth of message: name, payload and control data, within
+    /// what is left of the notification's `budget`. A stream message larger than the budget
+    /// is copied partially (and sent partially) only when nothing else of the notification
+    /// was copied yet; otherwise it fails, as does a datagram that does not fit.
+    fn message(
+        &self,
+        pidfd: &OwnedFd,
+        sock: &TakenSocket,
+        header: &[u8],
+        syscall: EgressSyscall,
+        budget: &mut Budget,
+    ) -> Step<CopiedMessage> {
         let u64_at = |o: usize| u64::from_ne_bytes(header[o..o + 8].try_into().unwrap_or([0; 8]));
         let u32_at = |o: usize| u32::from_ne_bytes(header[o..o + 4].try_into().unwrap_or([0; 4]));
         let (name_ptr, name_len) = (u64_at(0), u32_at(8) as usize);
@@ -526,7 +652,7 @@ impl Caller<'_> {
         if iov_len > MAX_IOV {
             return Err(Outcome::Errno(libc::EMSGSIZE));
         }
-        if control_len > MAX_CONTROL {
+        if control_len > budget.control {
             return Err(Outcome::Errno(libc::ENOBUFS));
         }
         let iovecs = if iov_len > 0 {
@@ -534,21 +660,27 @@ impl Caller<'_> {
         } else {
             Vec::new()
         };
-        let mut data = Vec::new();
+        let field = |i: usize, o: usize| {
+            u64::from_ne_bytes(
+                iovecs[i * 16 + o..i * 16 + o + 8]
+                    .try_into()
+                    .unwrap_or([0; 8]),
+            )
+        };
+        let total = (0..iov_len).fold(0usize, |t, i| t.saturating_add(field(i, 8) as usize));
+        let partial = sock.info.socket_type == libc::SOCK_STREAM && budget.untouched();
+        if total > budget.payload && !partial {
+            return Err(Outcome::Errno(libc::EMSGSIZE));
+        }
+        let mut data = Vec::with_capacity(total.min(budget.payload));
         for i in 0..iov_len {
-            let base = u64::from_ne_bytes(iovecs[i * 16..i * 16 + 8].try_into().unwrap_or([0; 8]));
-            let len =
-                u64::from_ne_bytes(iovecs[i * 16 + 8..i * 16 + 16].try_into().unwrap_or([0; 8]))
-                    as usize;
-            let room = MAX_PAYLOAD - data.len();
-            if len > room && sock.info.socket_type != libc::SOCK_STREAM {
-                return Err(Outcome::Errno(libc::EMSGSIZE));
-            }
-            let take = len.min(room);
+            let take = (field(i, 8) as usize).min(budget.payload - data.len());
             if take > 0 {
-                data.extend(self.copy(base, take)?);
+                data.extend(self.copy(field(i, 0), take)?);
             }
         }
+        budget.payload -= data.len();
+        budget.control -= control_len;
         let mut msg = OwnedMessage {
             data,
             ..OwnedMessage::default()
@@ -557,7 +689,7 @@ impl Caller<'_> {
         let (mut pin, mut unreachable) = (None, None);
         if name_ptr != 0 && name_len > 0 {
             let raw = self.copy(name_ptr, name_len)?;
-            let (dest, target) = self.resolve(&raw, UnixUse::Connect);
+            let (dest, target) = self.resolve(&raw, sock, syscall);
             destination = Some(dest);
             connected = false;
             match target {
@@ -575,7 +707,8 @@ impl Caller<'_> {
         let mut passed = Vec::new();
         if control_ptr != 0 && control_len > 0 {
             let raw = self.copy(control_ptr, control_len)?;
-            msg.control = translate_control(&raw, pidfd, &mut passed)?;
+            msg.control = translate_control(&raw, pidfd, &mut passed, budget.fds)?;
+            budget.fds -= passed.len();
         }
         let passed_count = passed.len();
         Ok(CopiedMessage {
@@ -589,11 +722,18 @@ impl Caller<'_> {
         })
     }
 
-    /// Decodes a copied address. For pathname unix sockets, resolves the path in the
-    /// executor's filesystem view without following symlinks and pins the inode (connect) or
-    /// the parent directory (bind), so what is decided is what the broker reaches.
-    fn resolve(&self, raw: &[u8], usage: UnixUse) -> (Destination, Step<Target>) {
-        let destination = Destination::from_sockaddr(raw);
+    /// Decodes a copied address as the kernel would read it for this socket and syscall
+    /// (see [`Destination::for_socket`]). For pathname unix sockets, resolves `.` and `..`
+    /// and the working directory first, then opens the result in the executor's filesystem
+    /// view without following symlinks and pins the inode (connect, send) or the parent
+    /// directory (bind): what is decided is exactly the path the broker reaches.
+    fn resolve(
+        &self,
+        raw: &[u8],
+        sock: &TakenSocket,
+        syscall: EgressSyscall,
+    ) -> (Destination, Step<Target>) {
+        let destination = Destination::for_socket(raw, sock.info.family, syscall);
         let Destination::UnixPath(path) = &destination else {
             return (
                 destination,
@@ -608,12 +748,98 @@ impl Caller<'_> {
         } else {
             match std::fs::read_link(format!("/proc/{}/cwd", self.n.pid)) {
                 Ok(cwd) => cwd.join(path),
-                Err(_) => return (destination, Err(Outcome::Abandon)),
+                Err(e) => return (destination, Err(self.failure(&e))),
             }
         };
-        let target = pin_unix(self.n.pid, &absolute, usage);
+        // Proves the working directory read above was the waiting thread's.
+        if let Err(gone) = self.still_waiting() {
+            return (destination, Err(gone));
+        }
+        let absolute = without_dots(&absolute);
+        let usage = if syscall == EgressSyscall::Bind {
+            UnixUse::Bind
+        } else {
+            UnixUse::Connect
+        };
+        let target = self.pin_unix(&absolute, usage);
         (Destination::UnixPath(absolute), target)
     }
+
+    fn pin_unix(&self, absolute: &Path, usage: UnixUse) -> Step<Target> {
+        let root = std::fs::File::open(format!("/proc/{}/root", self.n.pid))
+            .map_err(|e| self.failure(&e))?;
+        // Proves the root just opened is the waiting thread's, not a reused pid's.
+        self.still_waiting()?;
+        let root = OwnedFd::from(root);
+        let errno = |e: io::Error| Outcome::Errno(errno_of(&e));
+        let c = |p: &Path| {
+            CString::new(p.as_os_str().as_bytes()).map_err(|_| Outcome::Errno(libc::EINVAL))
+        };
+        match usage {
+            UnixUse::Connect => {
+                let pin =
+                    sys::open_path_nofollow(root.as_fd(), &c(absolute)?, true).map_err(errno)?;
+                let addr = unix_sockaddr(format!("/proc/self/fd/{}", pin.as_raw_fd()).as_bytes())?;
+                Ok(Target {
+                    addr,
+                    pin: Some(pin),
+                })
+            }
+            UnixUse::Bind => {
+                let (Some(parent), Some(name)) = (absolute.parent(), absolute.file_name()) else {
+                    return Err(Outcome::Errno(libc::EINVAL));
+                };
+                let dir =
+                    sys::open_path_nofollow(root.as_fd(), &c(parent)?, true).map_err(errno)?;
+                let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+                path.extend_from_slice(name.as_bytes());
+                Ok(Target {
+                    addr: unix_sockaddr(&path)?,
+                    pin: Some(dir),
+                })
+            }
+        }
+    }
+}
+
+/// What one notification may still copy out of the executor and hold while it is handled.
+struct Budget {
+    payload: usize,
+    control: usize,
+    fds: usize,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            payload: MAX_PAYLOAD,
+            control: MAX_CONTROL,
+            fds: MAX_PASSED_FDS,
+        }
+    }
+}
+
+impl Budget {
+    fn untouched(&self) -> bool {
+        self.payload == MAX_PAYLOAD
+    }
+}
+
+/// `path` with `.` and `..` resolved lexically. Exact for the broker's lookups, which follow
+/// no symlinks: every component is a real directory, so `..` is its parent (and `..` at the
+/// root stays there, as under `RESOLVE_IN_ROOT`).
+fn without_dots(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        match c {
+            Component::Normal(name) => out.push(name),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
 }
 
 /// What the broker will pass to the syscall, and any pinned descriptor the address names.
@@ -628,47 +854,14 @@ enum UnixUse {
     Bind,
 }
 
-fn unix_sockaddr(path: &str) -> Step<Vec<u8>> {
+fn unix_sockaddr(path: &[u8]) -> Step<Vec<u8>> {
     if path.len() >= 108 {
         return Err(Outcome::Errno(libc::ENAMETOOLONG));
     }
     let mut v = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
-    v.extend_from_slice(path.as_bytes());
+    v.extend_from_slice(path);
     v.push(0);
     Ok(v)
-}
-
-fn pin_unix(pid: i32, absolute: &Path, usage: UnixUse) -> Step<Target> {
-    let root = std::fs::File::open(format!("/proc/{pid}/root")).map_err(|_| Outcome::Abandon)?;
-    let root = OwnedFd::from(root);
-    let errno = |e: io::Error| Outcome::Errno(errno_of(&e));
-    let c =
-        |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| Outcome::Errno(libc::EINVAL));
-    match usage {
-        UnixUse::Connect => {
-            let pin = sys::open_path_nofollow(root.as_fd(), &c(absolute)?, true).map_err(errno)?;
-            let addr = unix_sockaddr(&format!("/proc/self/fd/{}", pin.as_raw_fd()))?;
-            Ok(Target {
-                addr,
-                pin: Some(pin),
-            })
-        }
-        UnixUse::Bind => {
-            let (Some(parent), Some(name)) = (absolute.parent(), absolute.file_name()) else {
-                return Err(Outcome::Errno(libc::EINVAL));
-            };
-            let dir = sys::open_path_nofollow(root.as_fd(), &c(parent)?, true).map_err(errno)?;
-            let addr = unix_sockaddr(&format!(
-                "/proc/self/fd/{}/{}",
-                dir.as_raw_fd(),
-                name.to_string_lossy()
-            ))?;
-            Ok(Target {
-                addr,
-                pin: Some(dir),
-            })
-        }
-    }
 }
 
 fn peer(sock: &TakenSocket) -> Option<Destination> {
@@ -767,26 +960,38 @@ async fn send(sock: &TakenSocket, msg: OwnedMessage, flags: i32) -> io::Result<u
 }
 
 /// Rebuilds a control buffer for the broker's own sendmsg: descriptors passed with
-/// SCM_RIGHTS are replaced by the broker's duplicates of them; any other SOL_SOCKET control
-/// message is refused (SCM_CREDENTIALS would be checked against the broker's credentials, not
-/// the executor's); IP-level control messages pass unchanged.
-fn translate_control(raw: &[u8], pidfd: &OwnedFd, passed: &mut Vec<OwnedFd>) -> Step<Vec<u8>> {
+/// SCM_RIGHTS are replaced by the broker's duplicates of them (at most `max_fds` in all, as
+/// the kernel refuses more than `SCM_MAX_FD` per message with EINVAL); any other SOL_SOCKET
+/// control message is refused (SCM_CREDENTIALS would be checked against the broker's
+/// credentials, not the executor's); IP-level control messages pass unchanged. Lengths come
+/// from the executor, so every offset is checked before use.
+fn translate_control(
+    raw: &[u8],
+    pidfd: &OwnedFd,
+    passed: &mut Vec<OwnedFd>,
+    max_fds: usize,
+) -> Step<Vec<u8>> {
     const HDR: usize = 16; // size_t cmsg_len; int cmsg_level; int cmsg_type
-    let align = |n: usize| (n + 7) & !7;
+    let align = |n: usize| n.checked_add(7).map(|n| n & !7);
     let mut out = Vec::with_capacity(raw.len());
-    let mut off = 0;
-    while off + HDR <= raw.len() {
-        let len = u64::from_ne_bytes(raw[off..off + 8].try_into().unwrap_or([0; 8])) as usize;
-        let level = i32::from_ne_bytes(raw[off + 8..off + 12].try_into().unwrap_or([0; 4]));
-        let kind = i32::from_ne_bytes(raw[off + 12..off + 16].try_into().unwrap_or([0; 4]));
-        if len < HDR || off + len > raw.len() {
-            return Err(Outcome::Errno(libc::EINVAL));
-        }
+    let mut off = 0usize;
+    while raw.len().saturating_sub(off) >= HDR {
+        let field = |o: usize, n: usize| &raw[off + o..off + o + n];
+        let len = u64::from_ne_bytes(field(0, 8).try_into().unwrap_or([0; 8]));
+        let level = i32::from_ne_bytes(field(8, 4).try_into().unwrap_or([0; 4]));
+        let kind = i32::from_ne_bytes(field(12, 4).try_into().unwrap_or([0; 4]));
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|len| *len >= HDR && *len <= raw.len() - off)
+            .ok_or(Outcome::Errno(libc::EINVAL))?;
         let data = &raw[off + HDR..off + len];
         let start = out.len();
         out.extend_from_slice(&raw[off..off + HDR]);
         match (level, kind) {
             (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
+                if passed.len() + data.len() / 4 > max_fds {
+                    return Err(Outcome::Errno(libc::EINVAL));
+                }
                 for chunk in data.chunks_exact(4) {
                     let theirs = i32::from_ne_bytes(chunk.try_into().unwrap_or([0; 4]));
                     let ours = sys::pidfd_getfd(pidfd.as_fd(), theirs)
@@ -798,9 +1003,9 @@ fn translate_control(raw: &[u8], pidfd: &OwnedFd, passed: &mut Vec<OwnedFd>) -> 
             (libc::SOL_SOCKET, _) => return Err(Outcome::Errno(libc::EPERM)),
             _ => out.extend_from_slice(data),
         }
-        debug_assert_eq!(out.len() - start, len);
-        out.resize(start + align(len), 0);
-        off += align(len);
+        let step = align(len).ok_or(Outcome::Errno(libc::EINVAL))?;
+        out.resize(start + step, 0);
+        off += step;
     }
     Ok(out)
 }
@@ -811,11 +1016,67 @@ mod tests {
 
     #[test]
     fn unix_addresses_fit_sun_path() {
-        assert!(unix_sockaddr(&"x".repeat(107)).is_ok());
+        assert!(unix_sockaddr("x".repeat(107).as_bytes()).is_ok());
         assert!(matches!(
-            unix_sockaddr(&"x".repeat(108)),
+            unix_sockaddr("x".repeat(108).as_bytes()),
             Err(Outcome::Errno(libc::ENAMETOOLONG))
         ));
+    }
+
+    #[test]
+    fn dots_resolve_lexically() {
+        for (path, want) in [
+            ("/run/app/../docker.sock", "/run/docker.sock"),
+            ("/run/app/./x/../s.sock", "/run/app/s.sock"),
+            ("/../../etc/x", "/etc/x"),
+            ("/run/app/s.sock", "/run/app/s.sock"),
+        ] {
+            assert_eq!(without_dots(Path::new(path)), Path::new(want), "{path}");
+        }
+    }
+
+    fn cmsg(len: u64, level: i32, kind: i32, data: &[u8]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&len.to_ne_bytes());
+        raw.extend_from_slice(&level.to_ne_bytes());
+        raw.extend_from_slice(&kind.to_ne_bytes());
+        raw.extend_from_slice(data);
+        raw.resize((raw.len() + 7) & !7, 0);
+        raw
+    }
+
+    #[test]
+    fn control_lengths_from_the_executor_are_checked() {
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        for len in [u64::MAX, u64::MAX - 7, 1 << 40, 64, 8] {
+            let raw = cmsg(len, libc::IPPROTO_IP, 1, &[0u8; 8]);
+            let mut passed = Vec::new();
+            assert!(
+                matches!(
+                    translate_control(&raw, &me, &mut passed, MAX_PASSED_FDS),
+                    Err(Outcome::Errno(libc::EINVAL))
+                ),
+                "cmsg_len {len} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn control_passes_at_most_the_descriptor_budget() {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let fds: Vec<u8> = std::iter::repeat_n(file.as_raw_fd().to_ne_bytes(), 3)
+            .flatten()
+            .collect();
+        let raw = cmsg(16 + 12, libc::SOL_SOCKET, libc::SCM_RIGHTS, &fds);
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        let mut passed = Vec::new();
+        assert!(matches!(
+            translate_control(&raw, &me, &mut passed, 2),
+            Err(Outcome::Errno(libc::EINVAL))
+        ));
+        assert!(passed.is_empty(), "nothing taken before the refusal");
+        translate_control(&raw, &me, &mut passed, 3).unwrap();
+        assert_eq!(passed.len(), 3);
     }
 
     #[test]
@@ -829,7 +1090,7 @@ mod tests {
         let me = sys::pidfd_open(std::process::id() as i32).unwrap();
         let mut passed = Vec::new();
         assert!(matches!(
-            translate_control(&raw, &me, &mut passed),
+            translate_control(&raw, &me, &mut passed, MAX_PASSED_FDS),
             Err(Outcome::Errno(libc::EPERM))
         ));
     }
@@ -845,7 +1106,7 @@ mod tests {
         raw.resize(24, 0);
         let me = sys::pidfd_open(std::process::id() as i32).unwrap();
         let mut passed = Vec::new();
-        let out = translate_control(&raw, &me, &mut passed).unwrap();
+        let out = translate_control(&raw, &me, &mut passed, MAX_PASSED_FDS).unwrap();
         assert_eq!(passed.len(), 1);
         let ours = i32::from_ne_bytes(out[16..20].try_into().unwrap());
         assert_eq!(ours, passed[0].as_raw_fd());

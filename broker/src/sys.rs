@@ -164,28 +164,6 @@ pub fn read_remote(pid: libc::pid_t, addr: u64, buf: &mut [u8]) -> io::Result<()
     Ok(())
 }
 
-/// Writes `data` to address `addr` of process `pid` (`process_vm_writev(2)`); used only to
-/// report results the kernel would have written (the `msg_len` fields of `sendmmsg`).
-pub fn write_remote(pid: libc::pid_t, addr: u64, data: &[u8]) -> io::Result<()> {
-    let local = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    // SAFETY: the kernel only reads `local` (memory we own); the remote side is the target's.
-    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if n as usize != data.len() {
-        return Err(io::Error::from_raw_os_error(libc::EFAULT));
-    }
-    Ok(())
-}
-
 /// One pending seccomp user notification.
 #[derive(Debug, Clone, Copy)]
 pub struct Notification {
@@ -427,6 +405,24 @@ pub fn peer_address(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
         return Err(io::Error::last_os_error());
     }
     Ok(storage[..(len as usize).min(storage.len())].to_vec())
+}
+
+/// The local address of a socket (`getsockname(2)`), as raw sockaddr bytes.
+pub fn local_address(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    let mut storage = [0u8; 128];
+    let mut len = storage.len() as libc::socklen_t;
+    // SAFETY: storage/len describe a buffer we own.
+    let ret = unsafe { libc::getsockname(fd.as_raw_fd(), storage.as_mut_ptr().cast(), &mut len) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(storage[..(len as usize).min(storage.len())].to_vec())
+}
+
+/// `listen(2)` on a socket the broker holds.
+pub fn listen_raw(fd: BorrowedFd<'_>, backlog: i32) -> io::Result<()> {
+    // SAFETY: plain syscall on a descriptor we hold.
+    check(unsafe { libc::listen(fd.as_raw_fd(), backlog) } as libc::c_long).map(|_| ())
 }
 
 /// Registers an owned descriptor with the tokio reactor for read readiness.
