@@ -285,6 +285,39 @@ fn kill_9_and_restart_never_lowers_a_label() {
 }
 
 #[test]
+fn a_lost_flow_state_stops_the_start_until_the_operator_accepts_it() {
+    let Some(mut lab) = Lab::start() else { return };
+    let mut c = lab.client();
+    c.initialize();
+    text(&c.call("workspace/read_terms", json!({"document": TERMS})));
+    drop(c);
+    lab.stop();
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(lab.paths.state_dir.join(format!("state.db{suffix}")));
+    }
+    let out = lab.serve_command().output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with lost state: {stderr}");
+    assert!(
+        stderr.contains("state.db is missing") && stderr.contains("state-reset-accepted"),
+        "{stderr}"
+    );
+    assert!(!lab.paths.state_dir.join("state.db").exists());
+
+    let ack = lab.paths.state_dir.join("state-reset-accepted");
+    std::fs::write(&ack, b"").unwrap();
+    lab.spawn();
+    assert!(!ack.exists(), "the acceptance is used once");
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call(
+        "public-inbox/publish",
+        json!({"message": "after reset", "sink": lab.public.addr.to_string()}),
+    );
+    assert_eq!(text(&r), "delivered 11 bytes to public-inbox");
+}
+
+#[test]
 fn protocol_errors_are_answered_and_never_crash_the_daemon() {
     let Some(lab) = Lab::start() else { return };
     let mut c = lab.client();

@@ -332,6 +332,34 @@ fn reload_is_atomic_and_a_bad_reload_keeps_the_registry() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(tool_names(&mut c), new);
+
+    // Moving the record directory needs a restart: the reload is refused, naming the key.
+    let moved_records = lab.dir.path().join("elsewhere");
+    lab.write_config(&without_public.replace(
+        &format!(
+            "records_dir = {:?}",
+            lab.paths.records_dir.display().to_string()
+        ),
+        &format!("records_dir = {:?}", moved_records.display().to_string()),
+    ));
+    let refusals = lab.log().matches("reload refused").count();
+    lab.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lab.log().matches("reload refused").count() == refusals {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            lab.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        lab.log().contains("records_dir changed"),
+        "the refusal names the key:\n{}",
+        lab.log()
+    );
+    assert!(!moved_records.exists());
+    assert_eq!(tool_names(&mut c), new);
 }
 
 #[test]

@@ -596,8 +596,19 @@ pub(crate) fn run_handshakes(jobs: std::sync::mpsc::Receiver<HandshakeJob>) {
     while let Ok(job) = jobs.recv() {
         let result = handshake(&job);
         if result.is_err() {
-            // Never leave a child waiting: a stop byte makes it exit before exec.
+            // Never leave a child waiting: a stop byte makes it exit before exec. A child
+            // stuck in a syscall during setup (a hung filesystem) never reads it, and the
+            // spawner thread stays suspended in clone(CLONE_VFORK) until the child execs or
+            // dies, which would stall every later spawn: so it is also killed.
             let _ = write_byte(&job.go_w, STOP);
+            let raw = job.pidfd.load(Ordering::SeqCst);
+            if raw >= 0 {
+                // SAFETY: the kernel installed this pidfd for this spawn; the spawner takes
+                // ownership of it (and may close it) only after receiving our reply, which
+                // is sent below, so the number still names this child's pidfd here.
+                let pidfd = unsafe { BorrowedFd::borrow_raw(raw) };
+                let _ = crate::sys::pidfd_send_signal(pidfd, libc::SIGKILL);
+            }
         }
         let _ = job.reply.send(result);
     }

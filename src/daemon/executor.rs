@@ -77,6 +77,9 @@ pub struct McpExecutor<C> {
     stdout: BufReader<pipe::Receiver>,
     next_id: u64,
     slot: CallSlot<C>,
+    /// Held while an attempt is judged; a call ends only once it holds it (see
+    /// [`McpExecutor::call`]).
+    judging: Arc<tokio::sync::Mutex<()>>,
     /// The highest source label under which an egress of this executor was approved.
     approved_under: Arc<Mutex<Option<InformationLabel>>>,
     last_used: Instant,
@@ -124,9 +127,15 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
         let stdin = exec.take_stdin().ok_or(ExecutorError::Exited)?;
         let stdout = BufReader::new(exec.take_stdout().ok_or(ExecutorError::Exited)?);
         let slot: CallSlot<C> = Arc::new(Mutex::new(None));
+        let judging = Arc::new(tokio::sync::Mutex::new(()));
         let mut tasks = Vec::new();
         if let Some(attempts) = exec.take_attempts() {
-            tasks.push(tokio::spawn(route_attempts(attempts, slot.clone(), sink)));
+            tasks.push(tokio::spawn(route_attempts(
+                attempts,
+                slot.clone(),
+                judging.clone(),
+                sink,
+            )));
         }
         if let Some(stderr) = exec.take_stderr() {
             let pid = exec.pid();
@@ -138,6 +147,7 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
             stdout,
             next_id: 1,
             slot,
+            judging,
             approved_under: Arc::new(Mutex::new(None)),
             last_used: Instant::now(),
             tasks,
@@ -209,8 +219,14 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
     ) -> Result<Value, ExecutorError> {
         let id = self.next_id;
         self.next_id += 1;
-        self.send(&mcp::request(id, method, params)).await?;
-        match tokio::time::timeout(deadline, self.read_response(id, limit)).await {
+        let line = mcp::request(id, method, params);
+        // The write is inside the deadline too: an executor that stops reading its input
+        // would otherwise block the call forever once the pipe is full.
+        let exchange = async {
+            self.send(&line).await?;
+            self.read_response(id, limit).await
+        };
+        match tokio::time::timeout(deadline, exchange).await {
             Ok(r) => r,
             Err(_) => {
                 let _ = self.exec.kill();
@@ -251,6 +267,12 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
 
     /// Runs one `tools/call` with `call` in the slot, so egress attempts during it are
     /// judged against it; the slot is cleared afterwards whatever happens.
+    ///
+    /// The call returns only after any judgment in progress has finished, and clears the slot
+    /// under the same lock: an attempt still being judged under this call is settled (and
+    /// counted in [`McpExecutor::fit_for`]) before the caller acts on the result, and any
+    /// later attempt finds no call in flight and is refused. Without this, an executor could
+    /// answer while another of its threads' attempts is still approved under the old label.
     pub async fn call(
         &mut self,
         call: Arc<C>,
@@ -271,8 +293,22 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
                 limit,
             )
             .await;
-        if let Ok(mut slot) = self.slot.lock() {
-            *slot = None;
+        let mut result = result;
+        match tokio::time::timeout(deadline, self.judging.clone().lock_owned()).await {
+            Ok(_settled) => {
+                if let Ok(mut slot) = self.slot.lock() {
+                    *slot = None;
+                }
+            }
+            Err(_) => {
+                // A judgment is stuck (a record commit that does not finish): the executor
+                // is stopped, so whatever verdict lands later reaches nobody.
+                if let Ok(mut slot) = self.slot.lock() {
+                    *slot = None;
+                }
+                let _ = self.exec.kill();
+                result = Err(ExecutorError::Timeout(deadline));
+            }
         }
         self.last_used = Instant::now();
         result
@@ -287,19 +323,38 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
 async fn route_attempts<C: Send + Sync + 'static>(
     mut attempts: mpsc::Receiver<EgressAttempt>,
     slot: CallSlot<C>,
+    judging: Arc<tokio::sync::Mutex<()>>,
     sink: Arc<dyn AttemptSink<C>>,
 ) {
     while let Some(attempt) = attempts.recv().await {
+        // The slot is read under the judging lock, so a call that has ended (and cleared the
+        // slot under the same lock) is never judged against.
+        let _judging = judging.lock().await;
         let call = slot.lock().ok().and_then(|g| g.clone());
         sink.judge(call, attempt).await;
     }
 }
 
+/// Longest executor stderr line logged; longer lines are dropped without being buffered.
+const STDERR_LINE_LIMIT: usize = 4096;
+
 async fn drain_stderr(stderr: pipe::Receiver, pid: i32) {
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        tracing::debug!(pid, executor_stderr = %line.chars().take(512).collect::<String>());
+    let mut reader = BufReader::new(stderr);
+    loop {
+        match mcp::read_line(&mut reader, STDERR_LINE_LIMIT).await {
+            Ok(Line::Message(line)) => {
+                let line = String::from_utf8_lossy(&line);
+                tracing::debug!(pid, executor_stderr = %line.chars().take(512).collect::<String>());
+            }
+            Ok(Line::TooLarge(n)) => {
+                tracing::debug!(
+                    pid,
+                    bytes = n,
+                    "executor stderr line over the limit dropped"
+                );
+            }
+            Ok(Line::Eof) | Err(_) => return,
+        }
     }
 }
 

@@ -122,6 +122,34 @@ pub enum StartupError {
     /// The flow-state database could not be opened.
     #[error(transparent)]
     State(#[from] crate::state::StateError),
+    /// A reload changed a setting that only a restart can apply.
+    #[error(
+        "{key} changed from {before} to {after}; a reload cannot move it (restart the host to \
+         apply it, or change it back)"
+    )]
+    NeedsRestart {
+        /// The configuration key.
+        key: &'static str,
+        /// The running value.
+        before: PathBuf,
+        /// The value in the reloaded file.
+        after: PathBuf,
+    },
+    /// The flow-state database is gone although the host has run before: starting would
+    /// reset every label to bottom, which is exactly what flow state exists to prevent.
+    #[error(
+        "flow state {db} is missing, but {records} holds decision records of earlier runs: \
+         starting would reset every principal's and session's label to bottom. Restore {db} \
+         from a backup, or accept the loss by creating {ack} (removed once the host has started)"
+    )]
+    StateLost {
+        /// The missing database.
+        db: PathBuf,
+        /// The record directory that proves earlier runs.
+        records: PathBuf,
+        /// The file an operator creates to accept the loss.
+        ack: PathBuf,
+    },
     /// The record writer could not be opened.
     #[error("cannot open the decision records: {0}")]
     Records(#[from] crate::records::RecordError),
@@ -280,6 +308,49 @@ pub fn require_broker(
     })
 }
 
+/// The flow-state database's file name inside `state_dir`.
+const STATE_FILE: &str = "state.db";
+/// The file an operator creates in `state_dir` to accept starting with fresh flow state
+/// after the database was lost.
+pub const STATE_RESET_FILE: &str = "state-reset-accepted";
+
+/// Refuses a fresh flow state when the record directory shows earlier runs, unless the
+/// operator accepted the reset. Returns whether a reset was accepted.
+fn check_state_continuity(config: &HostConfig) -> Result<bool, StartupError> {
+    let db = config.state_dir.join(STATE_FILE);
+    if db.exists() {
+        return Ok(false);
+    }
+    let ack = config.state_dir.join(STATE_RESET_FILE);
+    if ack.exists() {
+        return Ok(true);
+    }
+    let io = |source| StartupError::Io {
+        path: config.records_dir.clone(),
+        source,
+    };
+    let mut ran_before = false;
+    for entry in std::fs::read_dir(&config.records_dir).map_err(io)? {
+        let name = entry.map_err(io)?.file_name();
+        if name
+            .to_str()
+            .and_then(crate::records::store::parse_record_file_name)
+            .is_some()
+        {
+            ran_before = true;
+            break;
+        }
+    }
+    if ran_before {
+        return Err(StartupError::StateLost {
+            db,
+            records: config.records_dir.clone(),
+            ack,
+        });
+    }
+    Ok(false)
+}
+
 fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let io = |source| StartupError::Io {
@@ -325,7 +396,13 @@ impl Host {
         ensure_dir(&config.state_dir, 0o700)?;
         ensure_dir(&config.records_dir, 0o700)?;
         registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
-        let state = Arc::new(FlowStateStore::open(&config.state_dir.join("state.db"))?);
+        let reset_accepted = check_state_continuity(&config)?;
+        let state = Arc::new(FlowStateStore::open(&config.state_dir.join(STATE_FILE))?);
+        if reset_accepted {
+            let ack = config.state_dir.join(STATE_RESET_FILE);
+            tracing::warn!(path = %ack.display(), "flow state was reset by the operator; labels restart at bottom");
+            std::fs::remove_file(&ack).map_err(|source| StartupError::Io { path: ack, source })?;
+        }
         let records = RecordWriter::open(
             &config.records_dir,
             WriterOptions {
@@ -373,6 +450,23 @@ impl Host {
     /// error is returned.
     pub async fn reload(&self) -> Result<u64, StartupError> {
         let config = HostConfig::load(&self.config_path)?;
+        {
+            let current = self.current();
+            let running = &current.config;
+            for (key, before, after) in [
+                ("state_dir", &running.state_dir, &config.state_dir),
+                ("records_dir", &running.records_dir, &config.records_dir),
+                ("socket", &running.socket, &config.socket),
+            ] {
+                if before != after {
+                    return Err(StartupError::NeedsRestart {
+                        key,
+                        before: before.clone(),
+                        after: after.clone(),
+                    });
+                }
+            }
+        }
         let (registry, profiles) = verify_registry(&config)?;
         if registry.requires_flow_runtime() && config.broker == BrokerMode::Disabled {
             return Err(StartupError::NoBroker(
@@ -408,9 +502,13 @@ impl Host {
             };
             std::mem::replace(&mut *g, Arc::new(generation))
         };
-        for s in old.servers.values() {
-            s.pool.drain().await;
-        }
+        // Stopping the old warm executors can take a moment each; it happens in the
+        // background so accepting and the watchdog do not wait for it.
+        tokio::spawn(async move {
+            for s in old.servers.values() {
+                s.pool.drain().await;
+            }
+        });
         Ok(id)
     }
 
@@ -529,6 +627,9 @@ fn build_generation(
     }
 }
 
+/// Most sessions (connections) served at once; each can hold an executor per server.
+pub const MAX_SESSIONS: usize = 256;
+
 /// Runs the host until SIGTERM/SIGINT: accepts connections, reloads on SIGHUP, keeps the
 /// systemd watchdog fed, and on stop lets sessions finish their current request.
 pub async fn run(host: Arc<Host>, listener: UnixListener) {
@@ -573,10 +674,21 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let host = host.clone();
-                    sessions.spawn(session::serve(host, stream));
+                    if sessions.len() >= MAX_SESSIONS {
+                        // Closed at once: the client sees end-of-stream, not a hang, and the
+                        // daemon keeps descriptors for the sessions it serves.
+                        tracing::warn!(limit = MAX_SESSIONS, "session limit reached; closing a new connection");
+                        drop(stream);
+                    } else {
+                        let host = host.clone();
+                        sessions.spawn(session::serve(host, stream));
+                    }
                 }
-                Err(e) => tracing::warn!(error = %e, "accept failed"),
+                Err(e) => {
+                    // Typically EMFILE/ENFILE: retrying at once would spin; let sessions end.
+                    tracing::warn!(error = %e, "accept failed; pausing accepts for 100 ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             },
             // Reap finished sessions so the set does not grow without bound.
             Some(_) = sessions.join_next(), if !sessions.is_empty() => {}

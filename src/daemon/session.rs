@@ -35,8 +35,15 @@ struct Session {
     uid: u32,
     gid: u32,
     initialized: bool,
+    /// The principal the connection was mapped to at `initialize`. A reload that maps the
+    /// same peer to another principal does not move the session (and its label) over.
+    pinned: Option<crate::ident::PrincipalId>,
     bound: HashMap<String, Bound>,
 }
+
+/// How long a reply may take to reach the client; a client that stops reading is
+/// disconnected rather than holding the session (and its executors) forever.
+const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn random_id() -> String {
     use rand_core::RngCore;
@@ -73,6 +80,7 @@ pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
         uid: cred.uid(),
         gid: cred.gid(),
         initialized: false,
+        pinned: None,
         bound: HashMap::new(),
         host,
     };
@@ -101,8 +109,13 @@ pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
         if let Some(reply) = reply {
             let mut out = reply.into_bytes();
             out.push(b'\n');
-            if write.write_all(&out).await.is_err() {
-                break;
+            match tokio::time::timeout(CLIENT_WRITE_TIMEOUT, write.write_all(&out)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => break,
+                Err(_) => {
+                    tracing::warn!(session = %session.id, "the client stopped reading; closing the session");
+                    break;
+                }
             }
         }
     }
@@ -115,7 +128,7 @@ pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
 
 impl Session {
     fn principal(&self, generation: &Generation) -> Result<PrincipalConfig, RpcError> {
-        generation
+        let principal = generation
             .config
             .principal_for(self.uid, self.gid)
             .cloned()
@@ -127,7 +140,18 @@ impl Session {
                         self.uid, self.gid
                     ),
                 )
-            })
+            })?;
+        match &self.pinned {
+            Some(pinned) if *pinned != principal.id => Err(RpcError::new(
+                code::ACCESS_DENIED,
+                format!(
+                    "this session belongs to principal {pinned}, but a reload now maps uid {} \
+                     to {}; reconnect to act as {}",
+                    self.uid, principal.id, principal.id
+                ),
+            )),
+            _ => Ok(principal),
+        }
     }
 
     async fn handle(&mut self, bytes: &[u8]) -> Option<String> {
@@ -163,6 +187,7 @@ impl Session {
         let generation = self.host.current();
         let principal = self.principal(&generation)?;
         self.initialized = true;
+        self.pinned = Some(principal.id.clone());
         Ok(json!({
             "protocolVersion": mcp::PROTOCOL_VERSION,
             "capabilities": {"tools": {"listChanged": false}},
@@ -397,7 +422,17 @@ impl Session {
             Err(e) => {
                 tracing::warn!(session = %self.id, tool = %name, error = %e, "executor failed; it is retired");
                 bound.exec.stop().await;
-                Ok(tool_error(&format!("the tool's executor failed: {e}")))
+                // The executor ran with the call's inputs, and its error text (a JSON-RPC
+                // error message, a protocol complaint quoting its output) can carry what it
+                // read: it reaches the client only under the same rule as a result.
+                let text = format!("the tool's executor failed: {e}");
+                self.host.resolver.after_call(&plan, &text).map_err(|e| {
+                    RpcError::new(
+                        code::INTERNAL_ERROR,
+                        format!("the executor failed, and the label of what it said could not be stored, so it is withheld: {e}"),
+                    )
+                })?;
+                Ok(tool_error(&text))
             }
         }
     }
@@ -453,15 +488,57 @@ fn tool_error(text: &str) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
-/// The text parts of a tool result, joined: what the output classifier reads.
+/// What the output classifier reads of a tool result: the text of text parts, and every
+/// other part (images, resources, `structuredContent`, unknown fields) as JSON, so nothing
+/// the client receives goes unclassified.
 fn output_text(result: &Value) -> String {
-    match result.get("content").and_then(Value::as_array) {
-        Some(parts) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        // Unusual shapes are classified whole rather than ignored.
-        None => result.to_string(),
+    let Some(object) = result.as_object() else {
+        return result.to_string();
+    };
+    let mut out = Vec::new();
+    for (field, value) in object {
+        match (field.as_str(), value.as_array()) {
+            ("content", Some(parts)) => {
+                for p in parts {
+                    match p.get("text").and_then(Value::as_str) {
+                        Some(text) if p.get("type") == Some(&json!("text")) => {
+                            out.push(text.to_string())
+                        }
+                        _ => out.push(p.to_string()),
+                    }
+                }
+            }
+            ("isError", _) => {}
+            _ => out.push(value.to_string()),
+        }
+    }
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_text_reads_every_part_the_client_receives() {
+        let result = json!({
+            "content": [
+                {"type": "text", "text": "visible"},
+                {"type": "resource", "resource": {"uri": "x:1", "text": "in a resource"}},
+            ],
+            "structuredContent": {"secret": "in structured content"},
+            "isError": false,
+        });
+        let text = output_text(&result);
+        for needle in ["visible", "in a resource", "in structured content"] {
+            assert!(text.contains(needle), "{needle:?} not classified: {text}");
+        }
+        assert!(!text.contains("isError"));
+    }
+
+    #[test]
+    fn output_text_of_an_odd_shape_is_the_whole_value() {
+        assert_eq!(output_text(&json!("bare")), "\"bare\"");
+        assert!(output_text(&json!({"content": "not a list"})).contains("not a list"));
     }
 }
