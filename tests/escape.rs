@@ -607,3 +607,17 @@ async fn unix_dot_dot_cannot_leave_an_allowed_directory() {
     );
     assert!(listener.accept().is_err(), "the outside socket was reached");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sendmmsg_batch_is_cut_at_the_per_notification_copy_bound() {
+    let Some(b) = broker() else { return };
+    let argv = probe_argv(&["sendmmsg-stream-big"]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let r = run.result();
+    // 2 x 3 MiB exceed the 4 MiB the broker copies per notification: like a kernel batch
+    // that fails part-way, the first message is sent and reported, the second is not.
+    assert_eq!(r["value"], 1, "{r}");
+    assert!(r["msg_len"][0].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["msg_len"][1], 0, "{r}");
+    assert_eq!(run.attempts.len(), 1, "only the copied message is reported");
+}
