@@ -546,3 +546,36 @@ fn startup_refuses_without_the_broker_before_touching_state() {
     assert!(err.contains("team-inbox"), "{err}");
     assert!(!paths.state_dir.exists());
 }
+
+#[test]
+fn one_uid_cannot_take_every_session() {
+    use std::io::{Read, Write};
+    let Some(lab) = Lab::start() else { return };
+    // Each of these is counted once it has answered a ping.
+    let mut held: Vec<Client> = (0..flowhost::daemon::MAX_SESSIONS_PER_UID)
+        .map(|_| {
+            let mut c = lab.client();
+            assert!(c.request("ping", json!({})).get("result").is_some());
+            c
+        })
+        .collect();
+    let mut extra = std::os::unix::net::UnixStream::connect(&lab.paths.socket).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = extra.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n");
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        extra.read(&mut buf).unwrap_or(0),
+        0,
+        "a connection beyond the per-uid limit was served"
+    );
+    // A session that ends frees its slot.
+    drop(held.pop());
+    assert!(wait_for(|| {
+        let mut c = std::os::unix::net::UnixStream::connect(&lab.paths.socket).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = c.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n");
+        c.read(&mut buf).unwrap_or(0) > 0
+    }));
+}

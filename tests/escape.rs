@@ -621,3 +621,84 @@ async fn a_sendmmsg_batch_is_cut_at_the_per_notification_copy_bound() {
     assert_eq!(r["msg_len"][1], 0, "{r}");
     assert_eq!(run.attempts.len(), 1, "only the copied message is reported");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_after_a_refused_connect_is_still_decided() {
+    let Some(b) = broker() else { return };
+    // A port nobody listens on: bind a listener to learn a free port, then close it.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let argv = probe_argv(&["listen", "after-refused-connect", &closed.to_string()]);
+    let run = run_with(&b, "brokered", argv, |a| {
+        if a.syscall == EgressSyscall::Connect {
+            Verdict::Allow
+        } else {
+            Verdict::DENY
+        }
+    })
+    .await;
+    // The refused connect leaves a stale port in getsockname; the listen must not be taken
+    // for one on a decided bind.
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
+    let syscalls: Vec<_> = run.attempts.iter().map(|(a, _)| a.syscall).collect();
+    assert_eq!(
+        syscalls,
+        vec![EgressSyscall::Connect, EgressSyscall::Listen]
+    );
+    assert_eq!(
+        run.attempts[1].0.destination,
+        dest("0.0.0.0:0".parse().unwrap())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_waiting_on_a_silent_peer_ends_when_the_executor_dies() {
+    use std::os::fd::AsRawFd;
+    let Some(b) = broker() else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("silent.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let mut spec = flowhost_broker::SpawnSpec::new(
+        probe_argv(&["unix-flood", path.to_str().unwrap()]),
+        common::profile("brokered"),
+    );
+    spec.stdin = flowhost_broker::StdioMode::Null;
+    spec.stdout = flowhost_broker::StdioMode::Null;
+    spec.stderr = flowhost_broker::StdioMode::Null;
+    let mut exec = b.spawn(spec).await.expect("spawn");
+    let mut attempts = exec.take_attempts().unwrap();
+    let decider = tokio::spawn(async move {
+        while let Some(a) = attempts.recv().await {
+            a.respond(Verdict::Allow);
+        }
+    });
+    // The peer accepts and never reads: the flood fills its buffer at once, and the broker
+    // then waits on it for the executor's next sendmsg.
+    let (conn, _) = tokio::task::spawn_blocking(move || listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let hung_up = |conn: &std::os::unix::net::UnixStream| {
+        let mut pfd = libc::pollfd {
+            fd: conn.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: polls one descriptor this test owns, without blocking.
+        unsafe { libc::poll(&mut pfd, 1, 0) };
+        pfd.revents & (libc::POLLHUP | libc::POLLRDHUP) != 0
+    };
+    assert!(!hung_up(&conn), "the executor's socket closed early");
+    exec.kill_and_wait(Duration::from_secs(5)).await.unwrap();
+    // The executor's descriptors are gone with it; the broker's copy of the socket goes only
+    // when the handler waiting on the silent peer notices its caller is gone and ends.
+    assert!(
+        eventually(|| hung_up(&conn)),
+        "the broker still holds the dead executor's socket: its send handler never ended"
+    );
+    drop(exec);
+    let _ = tokio::time::timeout(Duration::from_secs(5), decider).await;
+}

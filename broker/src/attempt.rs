@@ -164,7 +164,14 @@ impl Destination {
         let readable =
             family == socket_family || (socket_family == libc::AF_INET6 && family == libc::AF_INET);
         if readable {
-            decoded
+            match decoded {
+                // Connecting or sending to the unspecified address reaches this host's
+                // loopback: decided as what it reaches. (For bind it means every address.)
+                Destination::Inet(addr) if syscall != EgressSyscall::Bind => {
+                    Destination::Inet(SocketAddr::new(reached_ip(addr.ip()), addr.port()))
+                }
+                other => other,
+            }
         } else {
             Destination::Foreign {
                 family,
@@ -205,7 +212,9 @@ impl Destination {
                 Destination::Inet(SocketAddr::new(IpAddr::V4(ip), port))
             }
             libc::AF_INET6 => {
-                if raw.len() < 28 {
+                // 24 bytes is the RFC 2133 form without sin6_scope_id, which the kernel
+                // still accepts.
+                if raw.len() < 24 {
                     return malformed;
                 }
                 let port = u16::from_be_bytes([raw[2], raw[3]]);
@@ -236,6 +245,19 @@ impl Destination {
             libc::AF_UNSPEC => Destination::Unspecified,
             other => Destination::Other { family: other },
         }
+    }
+}
+
+/// The address a connect or send to `ip` reaches: the unspecified address (also
+/// IPv4-mapped) is this host's loopback.
+fn reached_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified()) => {
+            IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())
+        }
+        other => other,
     }
 }
 
@@ -419,6 +441,24 @@ mod tests {
             assert!(!d.is_decidable());
             assert_eq!(d.to_string(), "unspec address on an inet socket");
         }
+        // The unspecified address is decided as the loopback it reaches, except for bind.
+        let any = sockaddr_in([0, 0, 0, 0], 8080);
+        assert_eq!(
+            Destination::for_socket(&any, libc::AF_INET, EgressSyscall::Connect).to_string(),
+            "127.0.0.1:8080"
+        );
+        assert_eq!(
+            Destination::for_socket(&any, libc::AF_INET, EgressSyscall::Bind).to_string(),
+            "0.0.0.0:8080"
+        );
+        let mut any6 = vec![0u8; 24];
+        any6[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        any6[2..4].copy_from_slice(&80u16.to_be_bytes());
+        assert_eq!(
+            Destination::for_socket(&any6, libc::AF_INET6, EgressSyscall::Sendto).to_string(),
+            "[::1]:80",
+            "a 24-byte RFC 2133 sockaddr_in6 decodes"
+        );
         let v4 = sockaddr_in([10, 0, 0, 5], 443);
         assert!(matches!(
             Destination::for_socket(&v4, libc::AF_INET6, EgressSyscall::Sendto),

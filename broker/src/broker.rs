@@ -334,6 +334,7 @@ impl Broker {
                 crate::supervisor::EXECUTOR_HANDLERS,
             )),
             broker_handlers: self.inner.handlers.clone(),
+            bound: std::sync::Mutex::new(Default::default()),
         });
         let inner = self.inner.clone();
         // If the supervision task ends for any reason other than the executor's exit (an

@@ -8,8 +8,10 @@
 //! itself with the copy, and returns the result. Later writes by the executor to its own
 //! memory change nothing.
 
+use std::collections::HashSet;
 use std::ffi::CString;
 use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
@@ -33,15 +35,21 @@ const MAX_CONTROL: usize = 64 * 1024;
 /// with EMSGSIZE, and a batch is cut short before the message that does not fit (as the
 /// kernel reports a batch that failed part-way).
 const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
-/// Most descriptors passed per notification (`SCM_MAX_FD`, the kernel's own per-message
-/// limit).
+/// Most descriptors held per notification: passed ones (`SCM_MAX_FD`, the kernel's own
+/// per-message limit) and pinned unix paths together.
 const MAX_PASSED_FDS: usize = 253;
-/// Notifications of one executor handled at once; further ones fail with ENOBUFS until one
-/// finishes. With the per-notification bounds above, this bounds what one executor can make
-/// the daemon hold: memory (16 x (4 MiB payload + 64 KiB control)) and descriptors.
+/// Notifications of one executor handled at once. Further ones wait in the kernel (the
+/// calling threads stay blocked in their syscalls, costing the daemon nothing) until a
+/// handler finishes; handlers always finish, since every wait in one also ends when its
+/// caller is gone. With the per-notification bounds above, this bounds what one executor
+/// can make the daemon hold: memory (16 x (4 MiB payload + 64 KiB control)) and
+/// descriptors (16 x 253).
 pub(crate) const EXECUTOR_HANDLERS: usize = 16;
 /// Notifications handled at once across every executor of a broker.
 pub(crate) const BROKER_HANDLERS: usize = 128;
+/// How often a handler waiting on the network (a send to a peer that does not read, a
+/// connect that does not complete) checks that its caller is still waiting.
+const CALLER_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 /// `struct msghdr` and `struct mmsghdr` sizes on x86_64.
 const MSGHDR_SIZE: usize = 56;
 const MMSGHDR_SIZE: usize = 64;
@@ -71,6 +79,8 @@ pub(crate) struct Context {
     pub handlers: Arc<Semaphore>,
     /// Bounds the broker's notifications in flight ([`BROKER_HANDLERS`]).
     pub broker_handlers: Arc<Semaphore>,
+    /// Inodes of this executor's sockets the broker bound (see `Caller::listen`).
+    pub bound: std::sync::Mutex<HashSet<u64>>,
 }
 
 impl Context {
@@ -127,15 +137,13 @@ pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
                 loop {
                     let revents = poll_now(ctx.listener.get_ref().as_fd());
                     if revents & libc::POLLIN != 0 {
+                        // Permits first: while none is free, notifications stay queued in
+                        // the kernel (fairly: the semaphores are FIFO).
+                        let permits = admit(&ctx).await;
                         match sys::notif_recv(ctx.listener.get_ref().as_fd()) {
                             Ok(n) => {
                                 ctx.bump(|c| &c.notifications);
-                                match admit(&ctx) {
-                                    Some(permits) => {
-                                        tokio::spawn(handle(ctx.clone(), n, permits));
-                                    }
-                                    None => refuse_busy(&ctx, n),
-                                }
+                                tokio::spawn(handle(ctx.clone(), n, permits));
                             }
                             // The caller died between notification and receipt, or a signal.
                             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
@@ -169,23 +177,12 @@ pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
     }
 }
 
-/// Permits to handle one more notification, if neither the executor nor the broker is at
-/// its bound.
-fn admit(ctx: &Context) -> Option<[OwnedSemaphorePermit; 2]> {
-    let mine = ctx.handlers.clone().try_acquire_owned().ok()?;
-    let all = ctx.broker_handlers.clone().try_acquire_owned().ok()?;
-    Some([mine, all])
-}
-
-/// Refuses a notification that arrived while too many were in flight: the call fails with
-/// ENOBUFS (a resource shortage the caller may retry), nothing is performed.
-fn refuse_busy(ctx: &Context, n: Notification) {
-    ctx.bump(|c| &c.failed);
-    tracing::warn!(
-        pid = n.pid,
-        "too many egress attempts in flight; refusing with ENOBUFS"
-    );
-    let _ = sys::notif_send(ctx.listener.get_ref().as_fd(), n.id, 0, -libc::ENOBUFS);
+/// Permits to handle one more notification: waits until neither the executor nor the
+/// broker is at its bound. (The semaphores are never closed.)
+async fn admit(ctx: &Context) -> [Option<OwnedSemaphorePermit>; 2] {
+    let mine = ctx.handlers.clone().acquire_owned().await.ok();
+    let all = ctx.broker_handlers.clone().acquire_owned().await.ok();
+    [mine, all]
 }
 
 /// Reaps an executor whose tasks have all exited (its pidfd turns readable, at the latest,
@@ -263,7 +260,7 @@ impl Drop for Pending {
     }
 }
 
-async fn handle(ctx: Arc<Context>, n: Notification, _permits: [OwnedSemaphorePermit; 2]) {
+async fn handle(ctx: Arc<Context>, n: Notification, _permits: [Option<OwnedSemaphorePermit>; 2]) {
     let pending = Pending {
         ctx: ctx.clone(),
         id: n.id,
@@ -431,16 +428,15 @@ impl Caller<'_> {
             return Ok(Outcome::Errno(errno));
         }
         let target = target?;
+        // Nothing is performed for a caller that went away while the host decided.
+        self.still_waiting()?;
         let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
         let result = if !sock.blocking() {
             sys::connect_raw(sock.fd.as_fd(), &target.addr)
         } else if inet {
-            connect_without_blocking(&sock, &target.addr).await
+            self.connect_ip(&sock, &target.addr).await?
         } else {
-            // A unix connect to a full backlog would return EAGAIN when non-blocking; it
-            // keeps its blocking semantics on the blocking pool instead.
-            let fd = sock.fd.clone();
-            blocking(move || sys::connect_raw(fd.as_fd(), &target.addr)).await
+            self.connect_unix(&sock, &target.addr).await?
         };
         Ok(to_outcome(result.map(|()| 0)))
     }
@@ -458,37 +454,42 @@ impl Caller<'_> {
             return Ok(Outcome::Errno(errno));
         }
         let target = target?;
-        Ok(to_outcome(
-            sys::bind_raw(sock.fd.as_fd(), &target.addr).map(|()| 0),
-        ))
+        self.still_waiting()?;
+        if let Err(e) = sys::bind_raw(sock.fd.as_fd(), &target.addr) {
+            return Ok(Outcome::Errno(errno_of(&e)));
+        }
+        self.remember_bound(&sock);
+        Ok(Outcome::Value(0))
     }
 
-    /// `listen` on a bound socket exposes only the address its (decided) bind chose, and is
-    /// carried out. On an unbound socket the kernel would bind it itself, to the wildcard
-    /// address and an ephemeral port, with no `bind` to decide: that is reported as a
-    /// `listen` attempt on the socket's unbound address and carried out only if allowed.
-    /// The broker performs the `listen` on its own copy of the socket either way, so the
-    /// descriptor number cannot be swapped for another socket between check and effect.
+    /// `listen` on an IP socket the broker bound exposes only the address that (decided)
+    /// bind chose, and is carried out. On any other IP socket the kernel may bind it itself,
+    /// to an address and ephemeral port no `bind` decided: `getsockname` cannot tell (a
+    /// failed or dissolved connect leaves a stale port in it), so that is a `listen` attempt
+    /// on the socket family's wildcard address, port 0, carried out only if allowed. Other
+    /// families never bind on `listen` (unix refuses an unbound socket). The broker performs
+    /// the `listen` on its own copy of the socket, so the descriptor number cannot be swapped
+    /// for another socket between check and effect.
     async fn listen(&self) -> Step<Outcome> {
         let [fd, backlog, ..] = self.n.args;
         let pidfd = self.pidfd()?;
         let sock = self.socket(&pidfd, fd)?;
         // Nothing copied: this check is what proves the socket is the waiting thread's.
         self.still_waiting()?;
-        let local = sys::local_address(sock.fd.as_fd())
-            .map(|raw| Destination::from_sockaddr(&raw))
-            .map_err(|e| Outcome::Errno(errno_of(&e)))?;
-        let bound = match &local {
-            Destination::Inet(addr) => addr.port() != 0,
-            Destination::UnixPath(_) | Destination::UnixAbstract(_) => true,
-            _ => false,
+        let wildcard = match sock.info.family {
+            libc::AF_INET => Some(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            libc::AF_INET6 => Some(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+            _ => None,
         };
-        if !bound {
+        if let Some(ip) = wildcard
+            && !self.was_bound_by_broker(&sock)
+        {
             let mut info = self.attempt(EgressSyscall::Listen, &sock);
-            info.destination = Some(local);
+            info.destination = Some(Destination::Inet(SocketAddr::new(ip, 0)));
             if let Verdict::Deny { errno } = self.decide(info).await {
                 return Ok(Outcome::Errno(errno));
             }
+            self.still_waiting()?;
         }
         Ok(to_outcome(
             sys::listen_raw(sock.fd.as_fd(), backlog as i32).map(|()| 0),
@@ -527,8 +528,9 @@ impl Caller<'_> {
         if let Some(target) = pin {
             target?;
         }
+        self.still_waiting()?;
         Ok(to_outcome(
-            send(&sock, message, flags).await.map(|n| n as i64),
+            self.send(&sock, message, flags).await?.map(|n| n as i64),
         ))
     }
 
@@ -551,9 +553,10 @@ impl Caller<'_> {
         if let Some(errno) = copied.unreachable {
             return Ok(Outcome::Errno(errno));
         }
+        self.still_waiting()?;
         Ok(to_outcome(
-            send(&sock, copied.msg.clone(), flags)
-                .await
+            self.send(&sock, copied.msg.clone(), flags)
+                .await?
                 .map(|n| n as i64),
         ))
     }
@@ -593,13 +596,14 @@ impl Caller<'_> {
             info.passed_fds = m.passed_count;
             verdicts.push(self.decide(info).await);
         }
+        self.still_waiting()?;
         let mut sent = 0usize;
         for (i, (m, verdict)) in messages.iter().zip(verdicts).enumerate() {
             let result = match verdict {
                 Verdict::Deny { errno } => Err(io::Error::from_raw_os_error(errno)),
                 Verdict::Allow => match m.unreachable {
                     Some(errno) => Err(io::Error::from_raw_os_error(errno)),
-                    None => send(&sock, m.msg.clone(), flags).await,
+                    None => self.send(&sock, m.msg.clone(), flags).await?,
                 },
             };
             match result {
@@ -696,6 +700,13 @@ impl Caller<'_> {
                 Ok(t) => {
                     msg.name = t.addr;
                     pin = t.pin;
+                    // A pinned path is a descriptor held until the send: it counts.
+                    if pin.is_some() {
+                        budget.fds = budget
+                            .fds
+                            .checked_sub(1)
+                            .ok_or(Outcome::Errno(libc::ENOBUFS))?;
+                    }
                 }
                 Err(Outcome::Errno(e)) => unreachable = Some(e),
                 Err(other) => return Err(other),
@@ -886,37 +897,6 @@ fn to_outcome(r: io::Result<i64>) -> Outcome {
     }
 }
 
-/// Performs a connect the executor made on a blocking IP socket without blocking a thread:
-/// the socket's file description is made non-blocking only for the `connect` call itself
-/// (the executor's calling thread is parked in its own `connect` meanwhile), then the broker
-/// awaits completion and returns the socket's final error, exactly as a blocking connect
-/// would have.
-async fn connect_without_blocking(sock: &TakenSocket, addr: &[u8]) -> io::Result<()> {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
-    let fd = sock.fd.as_fd();
-    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
-    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-    let started = sys::connect_raw(fd, addr);
-    fcntl(fd, FcntlArg::F_SETFL(flags))?;
-    match started {
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        other => return other,
-    }
-    // A nearby peer completes the handshake within microseconds: wait for that inline, for
-    // at most INLINE_CONNECT_WAIT, before paying for a reactor registration and a task hop.
-    if sys::wait_writable(fd, INLINE_CONNECT_WAIT)? {
-        return connect_result(fd);
-    }
-    let watch = sys::async_fd_writable(fd.try_clone_to_owned()?)?;
-    loop {
-        let mut guard = watch.writable().await?;
-        match connect_result(fd) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
-            done => return done,
-        }
-    }
-}
-
 /// How long the broker waits inline for a connect to complete before awaiting it.
 const INLINE_CONNECT_WAIT: std::time::Duration = std::time::Duration::from_micros(250);
 
@@ -933,37 +913,161 @@ fn connect_result(fd: BorrowedFd<'_>) -> io::Result<()> {
     Err(io::Error::from(io::ErrorKind::WouldBlock))
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> io::Result<T> + Send + 'static,
-) -> io::Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|_| Err(io::Error::from_raw_os_error(libc::EIO)))
+/// Runs `op` with the socket's file description non-blocking (the executor's calling thread
+/// is parked in its own syscall meanwhile), restoring its flags afterwards.
+fn nonblocking<T>(sock: &TakenSocket, op: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let fd = sock.fd.as_fd();
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    let result = op();
+    fcntl(fd, FcntlArg::F_SETFL(flags))?;
+    result
 }
 
-/// Sends a copied message. Tries without blocking first; a blocking socket whose send would
-/// block is finished on the blocking pool so other notifications keep flowing. `MSG_NOSIGNAL`
-/// is always set: a broken pipe must not signal the broker.
-async fn send(sock: &TakenSocket, msg: OwnedMessage, flags: i32) -> io::Result<usize> {
-    let flags = flags | libc::MSG_NOSIGNAL;
-    match sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT) {
-        Err(e)
-            if e.raw_os_error() == Some(libc::EAGAIN)
-                && flags & libc::MSG_DONTWAIT == 0
-                && sock.blocking() =>
-        {
-            let fd = sock.fd.clone();
-            blocking(move || sys::sendmsg_owned(fd.as_fd(), &msg, flags)).await
+impl Caller<'_> {
+    /// Waits until `watch` may have turned writable, or for at most [`CALLER_CHECK`], then
+    /// confirms the caller is still waiting. Every network wait of a handler goes through
+    /// here, so a handler whose caller is gone (killed, retired) ends and frees its permits
+    /// instead of waiting on a peer forever.
+    async fn writable_or_gone(&self, watch: &AsyncFd<OwnedFd>) -> Step<()> {
+        tokio::select! {
+            ready = watch.writable() => match ready {
+                Ok(mut guard) => guard.clear_ready(),
+                Err(e) => return Err(Outcome::Errno(errno_of(&e))),
+            },
+            _ = tokio::time::sleep(CALLER_CHECK) => {}
         }
-        other => other,
+        self.still_waiting()
     }
+
+    /// Performs a connect the executor made on a blocking IP socket without blocking a
+    /// thread: started non-blocking, then awaited, returning the socket's final error
+    /// exactly as a blocking connect would have.
+    async fn connect_ip(&self, sock: &TakenSocket, addr: &[u8]) -> Step<io::Result<()>> {
+        let fd = sock.fd.as_fd();
+        match nonblocking(sock, || sys::connect_raw(fd, addr)) {
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            other => return Ok(other),
+        }
+        // A nearby peer completes the handshake within microseconds: wait for that inline,
+        // for at most INLINE_CONNECT_WAIT, before paying for a reactor registration.
+        match sys::wait_writable(fd, INLINE_CONNECT_WAIT) {
+            Ok(true) => return Ok(connect_result(fd)),
+            Ok(false) => {}
+            Err(e) => return Ok(Err(e)),
+        }
+        let watch = match fd.try_clone_to_owned().and_then(sys::async_fd_writable) {
+            Ok(w) => w,
+            Err(e) => return Ok(Err(e)),
+        };
+        loop {
+            self.writable_or_gone(&watch).await?;
+            match connect_result(fd) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return Ok(done),
+            }
+        }
+    }
+
+    /// A blocking unix connect: a full backlog makes the non-blocking form fail with EAGAIN
+    /// and offers no readiness to await, so it is retried until it succeeds, fails
+    /// otherwise, or the caller is gone.
+    async fn connect_unix(&self, sock: &TakenSocket, addr: &[u8]) -> Step<io::Result<()>> {
+        loop {
+            match nonblocking(sock, || sys::connect_raw(sock.fd.as_fd(), addr)) {
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+                other => return Ok(other),
+            }
+            tokio::time::sleep(UNIX_CONNECT_RETRY).await;
+            self.still_waiting()?;
+        }
+    }
+
+    /// Sends a copied message with the semantics of the executor's own call: a blocking
+    /// socket's send waits for room (and on a stream socket, sends everything unless an
+    /// error ends it), without ever blocking a thread; a non-blocking one returns EAGAIN.
+    /// `MSG_NOSIGNAL` is always set: a broken pipe must not signal the broker.
+    async fn send(
+        &self,
+        sock: &TakenSocket,
+        mut msg: OwnedMessage,
+        flags: i32,
+    ) -> Step<io::Result<usize>> {
+        let flags = flags | libc::MSG_NOSIGNAL;
+        let may_block = flags & libc::MSG_DONTWAIT == 0 && sock.blocking();
+        let stream = sock.info.socket_type == libc::SOCK_STREAM;
+        let mut sent = 0usize;
+        let mut watch = None;
+        loop {
+            match sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT) {
+                Ok(n) => {
+                    sent += n;
+                    if !(may_block && stream && n < msg.data.len()) {
+                        return Ok(Ok(sent));
+                    }
+                    msg.data.drain(..n);
+                    // The control data (and any name) went with the first bytes.
+                    msg.control.clear();
+                    msg.name.clear();
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && may_block => {}
+                Err(_) if sent > 0 => return Ok(Ok(sent)),
+                Err(e) => return Ok(Err(e)),
+            }
+            if watch.is_none() {
+                match sock.fd.try_clone().and_then(sys::async_fd_writable) {
+                    Ok(w) => watch = Some(w),
+                    Err(e) if sent > 0 => {
+                        tracing::debug!(error = %e, "cannot await the socket; reporting a partial send");
+                        return Ok(Ok(sent));
+                    }
+                    Err(e) => return Ok(Err(e)),
+                }
+            }
+            if let Some(w) = &watch {
+                self.writable_or_gone(w).await?;
+            }
+        }
+    }
+
+    /// Notes that the broker bound this socket (by its inode), so a later `listen` on it
+    /// is known to expose only the decided address.
+    fn remember_bound(&self, sock: &TakenSocket) {
+        if let Ok(inode) = socket_inode(sock)
+            && let Ok(mut bound) = self.ctx.bound.lock()
+        {
+            if bound.len() >= MAX_REMEMBERED_BINDS {
+                // Forgetting is safe: a forgotten socket's listen is decided again.
+                bound.clear();
+            }
+            bound.insert(inode);
+        }
+    }
+
+    fn was_bound_by_broker(&self, sock: &TakenSocket) -> bool {
+        match (socket_inode(sock), self.ctx.bound.lock()) {
+            (Ok(inode), Ok(bound)) => bound.contains(&inode),
+            _ => false,
+        }
+    }
+}
+
+/// How often a unix connect to a full backlog is retried.
+const UNIX_CONNECT_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+/// Most sockets per executor remembered as bound by the broker.
+const MAX_REMEMBERED_BINDS: usize = 4096;
+
+fn socket_inode(sock: &TakenSocket) -> io::Result<u64> {
+    Ok(nix::sys::stat::fstat(&*sock.fd)?.st_ino)
 }
 
 /// Rebuilds a control buffer for the broker's own sendmsg: descriptors passed with
 /// SCM_RIGHTS are replaced by the broker's duplicates of them (at most `max_fds` in all, as
 /// the kernel refuses more than `SCM_MAX_FD` per message with EINVAL); any other SOL_SOCKET
 /// control message is refused (SCM_CREDENTIALS would be checked against the broker's
-/// credentials, not the executor's); IP-level control messages pass unchanged. Lengths come
+/// credentials, not the executor's), and so are IP options and IPv6 extension headers;
+/// other IP-level control messages (TOS, TTL, PKTINFO, ...) pass unchanged. Lengths come
 /// from the executor, so every offset is checked before use.
 fn translate_control(
     raw: &[u8],
@@ -1001,6 +1105,19 @@ fn translate_control(
                 }
             }
             (libc::SOL_SOCKET, _) => return Err(Outcome::Errno(libc::EPERM)),
+            // IP options and IPv6 extension headers (source routes among them) are checked
+            // against the broker's capabilities, not the executor's.
+            (libc::IPPROTO_IP, libc::IP_OPTIONS | libc::IP_RETOPTS)
+            | (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_RTHDR
+                | libc::IPV6_HOPOPTS
+                | libc::IPV6_DSTOPTS
+                | libc::IPV6_RTHDRDSTOPTS
+                | libc::IPV6_2292RTHDR
+                | libc::IPV6_2292HOPOPTS
+                | libc::IPV6_2292DSTOPTS,
+            ) => return Err(Outcome::Errno(libc::EPERM)),
             _ => out.extend_from_slice(data),
         }
         let step = align(len).ok_or(Outcome::Errno(libc::EINVAL))?;
@@ -1077,6 +1194,24 @@ mod tests {
         assert!(passed.is_empty(), "nothing taken before the refusal");
         translate_control(&raw, &me, &mut passed, 3).unwrap();
         assert_eq!(passed.len(), 3);
+    }
+
+    #[test]
+    fn control_refuses_source_routes() {
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        for (level, kind) in [
+            (libc::IPPROTO_IP, libc::IP_RETOPTS),
+            (libc::IPPROTO_IP, libc::IP_OPTIONS),
+            (libc::IPPROTO_IPV6, libc::IPV6_RTHDR),
+        ] {
+            let raw = cmsg(16 + 8, level, kind, &[0u8; 8]);
+            assert!(matches!(
+                translate_control(&raw, &me, &mut Vec::new(), MAX_PASSED_FDS),
+                Err(Outcome::Errno(libc::EPERM))
+            ));
+        }
+        let tos = cmsg(16 + 4, libc::IPPROTO_IP, libc::IP_TOS, &[0u8; 4]);
+        assert!(translate_control(&tos, &me, &mut Vec::new(), MAX_PASSED_FDS).is_ok());
     }
 
     #[test]

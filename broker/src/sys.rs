@@ -407,18 +407,6 @@ pub fn peer_address(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     Ok(storage[..(len as usize).min(storage.len())].to_vec())
 }
 
-/// The local address of a socket (`getsockname(2)`), as raw sockaddr bytes.
-pub fn local_address(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
-    let mut storage = [0u8; 128];
-    let mut len = storage.len() as libc::socklen_t;
-    // SAFETY: storage/len describe a buffer we own.
-    let ret = unsafe { libc::getsockname(fd.as_raw_fd(), storage.as_mut_ptr().cast(), &mut len) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(storage[..(len as usize).min(storage.len())].to_vec())
-}
-
 /// `listen(2)` on a socket the broker holds.
 pub fn listen_raw(fd: BorrowedFd<'_>, backlog: i32) -> io::Result<()> {
     // SAFETY: plain syscall on a descriptor we hold.

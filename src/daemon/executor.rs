@@ -302,7 +302,8 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
             }
             Err(_) => {
                 // A judgment is stuck (a record commit that does not finish): the executor
-                // is stopped, so whatever verdict lands later reaches nobody.
+                // is stopped. The broker re-checks that the caller still waits after every
+                // verdict, so a verdict landing later is carried out for nobody.
                 if let Ok(mut slot) = self.slot.lock() {
                     *slot = None;
                 }

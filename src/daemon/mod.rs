@@ -124,16 +124,16 @@ pub enum StartupError {
     State(#[from] crate::state::StateError),
     /// A reload changed a setting that only a restart can apply.
     #[error(
-        "{key} changed from {before} to {after}; a reload cannot move it (restart the host to \
-         apply it, or change it back)"
+        "{key} changed from {before} to {after}; only a restart applies it (restart the host, \
+         or change it back to reload the rest)"
     )]
     NeedsRestart {
         /// The configuration key.
         key: &'static str,
         /// The running value.
-        before: PathBuf,
+        before: String,
         /// The value in the reloaded file.
-        after: PathBuf,
+        after: String,
     },
     /// The flow-state database is gone although the host has run before: starting would
     /// reset every label to bottom, which is exactly what flow state exists to prevent.
@@ -219,6 +219,8 @@ pub struct Host {
     shutdown: tokio::sync::watch::Sender<bool>,
     config_path: PathBuf,
     health_file: PathBuf,
+    /// Open sessions per peer uid (see [`MAX_SESSIONS_PER_UID`]).
+    sessions_by_uid: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
 }
 
 /// Verifies and registers every configured manifest. Touches no state and spawns nothing.
@@ -306,6 +308,81 @@ pub fn require_broker(
             format!("the native broker is unavailable: {e}")
         })
     })
+}
+
+/// Refuses a reload that changes settings fixed at start (where state lives, how the
+/// socket and broker were set up, the resolver's classifiers and input floor): applying the
+/// rest while silently keeping the old values would make the file lie about the host.
+fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result<(), StartupError> {
+    let classifiers = |c: &HostConfig| {
+        c.classifiers
+            .iter()
+            .map(|r| format!("{} -> {} {:?}", r.pattern.as_str(), r.label, r.scopes))
+            .collect::<Vec<_>>()
+    };
+    let fixed: [(&'static str, String, String); 11] = [
+        (
+            "socket",
+            running.socket.display().to_string(),
+            new.socket.display().to_string(),
+        ),
+        (
+            "socket_mode",
+            format!("{:o}", running.socket_mode),
+            format!("{:o}", new.socket_mode),
+        ),
+        (
+            "state_dir",
+            running.state_dir.display().to_string(),
+            new.state_dir.display().to_string(),
+        ),
+        (
+            "records_dir",
+            running.records_dir.display().to_string(),
+            new.records_dir.display().to_string(),
+        ),
+        (
+            "health_file",
+            running.health_file.display().to_string(),
+            new.health_file.display().to_string(),
+        ),
+        (
+            "broker",
+            format!("{:?}", running.broker),
+            format!("{:?}", new.broker),
+        ),
+        (
+            "executor_uid/executor_gid",
+            format!("{:?}", running.executor_identity),
+            format!("{:?}", new.executor_identity),
+        ),
+        (
+            "records_rotate_bytes",
+            running.records_rotate_bytes.to_string(),
+            new.records_rotate_bytes.to_string(),
+        ),
+        (
+            "operator_input_floor",
+            running.operator_input_floor.to_string(),
+            new.operator_input_floor.to_string(),
+        ),
+        (
+            "classifier_version",
+            running.classifier_version.clone(),
+            new.classifier_version.clone(),
+        ),
+        (
+            "classifier",
+            format!("{:?}", classifiers(running)),
+            format!("{:?}", classifiers(new)),
+        ),
+    ];
+    for (key, before, after) in fixed {
+        if before != after {
+            return Err(StartupError::NeedsRestart { key, before, after });
+        }
+    }
+    Ok(())
 }
 
 /// The flow-state database's file name inside `state_dir`.
@@ -432,6 +509,7 @@ impl Host {
             shutdown: tokio::sync::watch::channel(false).0,
             config_path: config_file.to_path_buf(),
             health_file,
+            sessions_by_uid: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         Ok((host, listener))
     }
@@ -450,23 +528,7 @@ impl Host {
     /// error is returned.
     pub async fn reload(&self) -> Result<u64, StartupError> {
         let config = HostConfig::load(&self.config_path)?;
-        {
-            let current = self.current();
-            let running = &current.config;
-            for (key, before, after) in [
-                ("state_dir", &running.state_dir, &config.state_dir),
-                ("records_dir", &running.records_dir, &config.records_dir),
-                ("socket", &running.socket, &config.socket),
-            ] {
-                if before != after {
-                    return Err(StartupError::NeedsRestart {
-                        key,
-                        before: before.clone(),
-                        after: after.clone(),
-                    });
-                }
-            }
-        }
+        refuse_restart_only_changes(&self.current().config, &config)?;
         let (registry, profiles) = verify_registry(&config)?;
         if registry.requires_flow_runtime() && config.broker == BrokerMode::Disabled {
             return Err(StartupError::NoBroker(
@@ -629,6 +691,44 @@ fn build_generation(
 
 /// Most sessions (connections) served at once; each can hold an executor per server.
 pub const MAX_SESSIONS: usize = 256;
+/// Most sessions one peer uid holds at once (half of [`MAX_SESSIONS`]), so one local user
+/// cannot take every slot.
+pub const MAX_SESSIONS_PER_UID: usize = 128;
+
+/// One open session of a uid, counted while it lives.
+pub(crate) struct SessionSlot {
+    host: Arc<Host>,
+    uid: u32,
+}
+
+impl Host {
+    /// Counts a session of `uid`, unless the uid already holds [`MAX_SESSIONS_PER_UID`].
+    pub(crate) fn open_session(self: &Arc<Self>, uid: u32) -> Option<SessionSlot> {
+        let mut open = self.sessions_by_uid.lock().ok()?;
+        let n = open.entry(uid).or_insert(0);
+        if *n >= MAX_SESSIONS_PER_UID {
+            return None;
+        }
+        *n += 1;
+        Some(SessionSlot {
+            host: self.clone(),
+            uid,
+        })
+    }
+}
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        if let Ok(mut open) = self.host.sessions_by_uid.lock()
+            && let Some(n) = open.get_mut(&self.uid)
+        {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
+}
 
 /// Runs the host until SIGTERM/SIGINT: accepts connections, reloads on SIGHUP, keeps the
 /// systemd watchdog fed, and on stop lets sessions finish their current request.

@@ -44,6 +44,8 @@ struct Session {
 /// How long a reply may take to reach the client; a client that stops reading is
 /// disconnected rather than holding the session (and its executors) forever.
 const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may stay open without completing `initialize`.
+const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn random_id() -> String {
     use rand_core::RngCore;
@@ -56,6 +58,14 @@ fn random_id() -> String {
 pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
     let Ok(cred) = stream.peer_cred() else {
         tracing::warn!("cannot read the peer's credentials; closing the connection");
+        return;
+    };
+    let Some(_slot) = host.open_session(cred.uid()) else {
+        tracing::warn!(
+            uid = cred.uid(),
+            limit = super::MAX_SESSIONS_PER_UID,
+            "per-uid session limit reached; closing a new connection"
+        );
         return;
     };
     let limit = host.current().config.max_message_bytes;
@@ -86,8 +96,13 @@ pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
     };
     tracing::debug!(session = %session.id, uid = session.uid, "session opened");
     let mut idle = tokio::time::interval(Duration::from_secs(5));
+    let opened = tokio::time::Instant::now();
     loop {
         if session.host.stopping() {
+            break;
+        }
+        if !session.initialized && opened.elapsed() > INITIALIZE_TIMEOUT {
+            tracing::debug!(session = %session.id, "no initialize in time; closing the session");
             break;
         }
         let line = tokio::select! {
@@ -488,30 +503,26 @@ fn tool_error(text: &str) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
-/// What the output classifier reads of a tool result: the text of text parts, and every
-/// other part (images, resources, `structuredContent`, unknown fields) as JSON, so nothing
+/// What the output classifier reads of a tool result: every string in it (keys too) and
+/// every other scalar, as the client will receive them, whatever the field, so nothing
 /// the client receives goes unclassified.
 fn output_text(result: &Value) -> String {
-    let Some(object) = result.as_object() else {
-        return result.to_string();
-    };
-    let mut out = Vec::new();
-    for (field, value) in object {
-        match (field.as_str(), value.as_array()) {
-            ("content", Some(parts)) => {
-                for p in parts {
-                    match p.get("text").and_then(Value::as_str) {
-                        Some(text) if p.get("type") == Some(&json!("text")) => {
-                            out.push(text.to_string())
-                        }
-                        _ => out.push(p.to_string()),
-                    }
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            Value::Object(fields) => {
+                for (k, v) in fields {
+                    out.push(k.clone());
+                    walk(v, out);
                 }
             }
-            ("isError", _) => {}
-            _ => out.push(value.to_string()),
+            Value::Null => {}
+            scalar => out.push(scalar.to_string()),
         }
     }
+    let mut out = Vec::new();
+    walk(result, &mut out);
     out.join("\n")
 }
 
@@ -520,25 +531,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn output_text_reads_every_part_the_client_receives() {
+    fn output_text_reads_every_string_the_client_receives() {
         let result = json!({
             "content": [
-                {"type": "text", "text": "visible"},
+                {"type": "text", "text": "visible", "x": "beside \"the\" text"},
                 {"type": "resource", "resource": {"uri": "x:1", "text": "in a resource"}},
             ],
             "structuredContent": {"secret": "in structured content"},
-            "isError": false,
+            "_meta": {"note": "in meta"},
+            "isError": "not a bool",
         });
         let text = output_text(&result);
-        for needle in ["visible", "in a resource", "in structured content"] {
-            assert!(text.contains(needle), "{needle:?} not classified: {text}");
+        for needle in [
+            "visible",
+            "beside \"the\" text",
+            "in a resource",
+            "in structured content",
+            "in meta",
+            "not a bool",
+        ] {
+            assert!(
+                text.contains(needle),
+                "{needle:?} not classified as sent: {text}"
+            );
         }
-        assert!(!text.contains("isError"));
     }
 
     #[test]
-    fn output_text_of_an_odd_shape_is_the_whole_value() {
-        assert_eq!(output_text(&json!("bare")), "\"bare\"");
+    fn output_text_of_an_odd_shape_is_still_read() {
+        assert_eq!(output_text(&json!("bare")), "bare");
         assert!(output_text(&json!({"content": "not a list"})).contains("not a list"));
     }
 }
