@@ -226,6 +226,21 @@ fn tool_names(c: &mut Client) -> BTreeSet<String> {
         .collect()
 }
 
+/// Sends SIGHUP and waits until the log shows one more refused reload.
+fn reload_and_await_refusal(lab: &Lab) {
+    let refusals = lab.log().matches("reload refused").count();
+    lab.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lab.log().matches("reload refused").count() == refusals {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            lab.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn reload_is_atomic_and_a_bad_reload_keeps_the_registry() {
     let Some(lab) = Lab::start() else { return };
@@ -289,16 +304,7 @@ fn reload_is_atomic_and_a_bad_reload_keeps_the_registry() {
 
     // A broken configuration: the old registry stays, and the log says why.
     lab.write_config("[host]\nthis is not toml");
-    lab.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !lab.log().contains("reload refused") {
-        assert!(
-            Instant::now() < deadline,
-            "no refusal logged:\n{}",
-            lab.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    reload_and_await_refusal(&lab);
     assert!(
         lab.log().contains("host.toml"),
         "the refusal names the file:\n{}",
@@ -320,17 +326,7 @@ fn reload_is_atomic_and_a_bad_reload_keeps_the_registry() {
             &tampered.display().to_string(),
         ),
     );
-    let refusals = lab.log().matches("reload refused").count();
-    lab.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while lab.log().matches("reload refused").count() == refusals {
-        assert!(
-            Instant::now() < deadline,
-            "no refusal logged:\n{}",
-            lab.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    reload_and_await_refusal(&lab);
     assert_eq!(tool_names(&mut c), new);
 
     // Moving the record directory needs a restart: the reload is refused, naming the key.
@@ -342,17 +338,7 @@ fn reload_is_atomic_and_a_bad_reload_keeps_the_registry() {
         ),
         &format!("records_dir = {:?}", moved_records.display().to_string()),
     ));
-    let refusals = lab.log().matches("reload refused").count();
-    lab.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while lab.log().matches("reload refused").count() == refusals {
-        assert!(
-            Instant::now() < deadline,
-            "no refusal logged:\n{}",
-            lab.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    reload_and_await_refusal(&lab);
     assert!(
         lab.log().contains("records_dir changed"),
         "the refusal names the key:\n{}",

@@ -314,70 +314,35 @@ pub fn require_broker(
 /// socket and broker were set up, the resolver's classifiers and input floor): applying the
 /// rest while silently keeping the old values would make the file lie about the host.
 fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result<(), StartupError> {
-    let classifiers = |c: &HostConfig| {
-        c.classifiers
-            .iter()
-            .map(|r| format!("{} -> {} {:?}", r.pattern.as_str(), r.label, r.scopes))
-            .collect::<Vec<_>>()
-    };
-    let fixed: [(&'static str, String, String); 11] = [
-        (
-            "socket",
-            running.socket.display().to_string(),
-            new.socket.display().to_string(),
-        ),
-        (
-            "socket_mode",
-            format!("{:o}", running.socket_mode),
-            format!("{:o}", new.socket_mode),
-        ),
-        (
-            "state_dir",
-            running.state_dir.display().to_string(),
-            new.state_dir.display().to_string(),
-        ),
-        (
-            "records_dir",
-            running.records_dir.display().to_string(),
-            new.records_dir.display().to_string(),
-        ),
-        (
-            "health_file",
-            running.health_file.display().to_string(),
-            new.health_file.display().to_string(),
-        ),
-        (
-            "broker",
-            format!("{:?}", running.broker),
-            format!("{:?}", new.broker),
-        ),
-        (
-            "executor_uid/executor_gid",
-            format!("{:?}", running.executor_identity),
-            format!("{:?}", new.executor_identity),
-        ),
-        (
-            "records_rotate_bytes",
-            running.records_rotate_bytes.to_string(),
-            new.records_rotate_bytes.to_string(),
-        ),
-        (
-            "operator_input_floor",
-            running.operator_input_floor.to_string(),
-            new.operator_input_floor.to_string(),
-        ),
-        (
-            "classifier_version",
-            running.classifier_version.clone(),
-            new.classifier_version.clone(),
-        ),
-        (
-            "classifier",
-            format!("{:?}", classifiers(running)),
-            format!("{:?}", classifiers(new)),
-        ),
+    type Shown = fn(&HostConfig) -> String;
+    let fixed: [(&'static str, Shown); 11] = [
+        ("socket", |c| c.socket.display().to_string()),
+        ("socket_mode", |c| format!("{:o}", c.socket_mode)),
+        ("state_dir", |c| c.state_dir.display().to_string()),
+        ("records_dir", |c| c.records_dir.display().to_string()),
+        ("health_file", |c| c.health_file.display().to_string()),
+        ("broker", |c| format!("{:?}", c.broker)),
+        ("executor_uid/executor_gid", |c| {
+            format!("{:?}", c.executor_identity)
+        }),
+        ("records_rotate_bytes", |c| {
+            c.records_rotate_bytes.to_string()
+        }),
+        ("operator_input_floor", |c| {
+            c.operator_input_floor.to_string()
+        }),
+        ("classifier_version", |c| c.classifier_version.clone()),
+        ("classifier", |c| {
+            let rules: Vec<String> = c
+                .classifiers
+                .iter()
+                .map(|r| format!("{} -> {} {:?}", r.pattern.as_str(), r.label, r.scopes))
+                .collect();
+            format!("{rules:?}")
+        }),
     ];
-    for (key, before, after) in fixed {
+    for (key, shown) in fixed {
+        let (before, after) = (shown(running), shown(new));
         if before != after {
             return Err(StartupError::NeedsRestart { key, before, after });
         }
