@@ -47,6 +47,31 @@ impl Classifier {
     }
 }
 
+/// What the classifier reads of a JSON value (a call's arguments, a tool's result): every
+/// string in it (object keys too) as it is, not JSON-escaped, and every other scalar, one
+/// per line, whatever the field. Arguments and outputs are read the same way, so one rule
+/// matches both alike, and nothing a client or tool receives goes unread.
+pub fn classifiable_text(value: &serde_json::Value) -> String {
+    use serde_json::Value;
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            Value::Object(fields) => {
+                for (k, v) in fields {
+                    out.push(k.clone());
+                    walk(v, out);
+                }
+            }
+            Value::Null => {}
+            scalar => out.push(scalar.to_string()),
+        }
+    }
+    let mut out = Vec::new();
+    walk(value, &mut out);
+    out.join("\n")
+}
+
 /// Why a call was refused before dispatch.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallRefusal {
@@ -222,7 +247,7 @@ impl FlowResolver {
         let argument_taint = self.input_floor.join_or_top(
             &self
                 .classifier
-                .classify(ClassifierScope::Arguments, &arguments.to_string()),
+                .classify(ClassifierScope::Arguments, &classifiable_text(arguments)),
         );
         let state = self.state.get(key)?;
         let source = state.combined().join_or_top(&argument_taint);
@@ -306,6 +331,41 @@ impl FlowResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn classifiable_text_reads_every_string_as_sent() {
+        let result = json!({
+            "content": [
+                {"type": "text", "text": "visible", "x": "beside \"the\" text"},
+                {"type": "resource", "resource": {"uri": "x:1", "text": "in a resource"}},
+            ],
+            "structuredContent": {"secret": "in structured content"},
+            "_meta": {"note": "in meta"},
+            "isError": "not a bool",
+        });
+        let text = crate::resolver::classifiable_text(&result);
+        for needle in [
+            "visible",
+            "beside \"the\" text",
+            "in a resource",
+            "in structured content",
+            "in meta",
+            "not a bool",
+        ] {
+            assert!(
+                text.contains(needle),
+                "{needle:?} not classified as sent: {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn classifiable_text_of_an_odd_shape_is_still_read() {
+        assert_eq!(classifiable_text(&json!("bare")), "bare");
+        assert!(classifiable_text(&json!({"content": "not a list"})).contains("not a list"));
+    }
+
     use crate::config::{ClassifierRule, ClassifierScope, PrincipalConfig};
     use crate::ident::PrincipalId;
     use crate::registry::{RuntimeTopology, ToolPolicy, VerifiedRegistry};

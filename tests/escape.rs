@@ -702,3 +702,59 @@ async fn a_send_waiting_on_a_silent_peer_ends_when_the_executor_dies() {
     drop(exec);
     let _ = tokio::time::timeout(Duration::from_secs(5), decider).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_routing_header_cannot_be_set() {
+    let Some(b) = broker() else { return };
+    // Set on the socket, it would send a connect decided for one address to another.
+    assert_eq!(
+        probe(&b, "brokered", &["ipv6-rthdr"]).await.errno(),
+        libc::EPERM as i64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_to_the_unspecified_address_is_refused() {
+    let Some(b) = broker() else { return };
+    let sink = TcpSink::start();
+    let any = format!("0.0.0.0:{}", sink.addr.port());
+    let run = run_with(
+        &b,
+        "brokered",
+        probe_argv(&["connect", &any]),
+        allow_everything,
+    )
+    .await;
+    // The kernel would take the address from the socket's state (here loopback, where the
+    // sink listens): nothing a rule was checked on.
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
+    assert!(matches!(
+        run.attempts[0].0.destination,
+        Some(Destination::AnyAddress(_))
+    ));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(sink.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_send_keeps_its_send_timeout() {
+    let Some(b) = broker() else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("silent.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    // Accept and hold the connection without reading.
+    let held = std::thread::spawn(move || listener.accept().map(|(c, _)| c));
+    let argv = probe_argv(&["unix-flood", path.to_str().unwrap(), "200"]);
+    let started = std::time::Instant::now();
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let r = run.result();
+    // SO_SNDTIMEO ends the send as the kernel's would: a short count, or EAGAIN if nothing
+    // fit, well before the run's 30 s limit.
+    assert!(
+        r["result"] == "ok" || r["errno"] == libc::EAGAIN as i64,
+        "{r}"
+    );
+    assert!(!run.status.timed_out, "{r}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    drop(held.join());
+}

@@ -124,6 +124,9 @@ pub enum Destination {
         /// The socket's AF_* family.
         socket_family: i32,
     },
+    /// The unspecified address given to connect or send to: the kernel substitutes an
+    /// address from the socket's own state, so no rule can be checked on it. Never allowed.
+    AnyAddress(SocketAddr),
     /// A family the broker does not decode.
     Other {
         /// The AF_* family.
@@ -148,7 +151,8 @@ impl Destination {
     pub fn for_socket(raw: &[u8], socket_family: i32, syscall: EgressSyscall) -> Destination {
         let decoded = Destination::from_sockaddr(raw);
         let family = match &decoded {
-            Destination::Malformed { .. } => return decoded,
+            // (from_sockaddr never produces AnyAddress; it is decided below.)
+            Destination::Malformed { .. } | Destination::AnyAddress(_) => return decoded,
             Destination::Unspecified if syscall == EgressSyscall::Connect => return decoded,
             Destination::Unspecified => libc::AF_UNSPEC,
             Destination::Inet(SocketAddr::V4(_)) => libc::AF_INET,
@@ -165,10 +169,13 @@ impl Destination {
             family == socket_family || (socket_family == libc::AF_INET6 && family == libc::AF_INET);
         if readable {
             match decoded {
-                // Connecting or sending to the unspecified address reaches this host's
-                // loopback: decided as what it reaches. (For bind it means every address.)
-                Destination::Inet(addr) if syscall != EgressSyscall::Bind => {
-                    Destination::Inet(SocketAddr::new(reached_ip(addr.ip()), addr.port()))
+                // As a connect or send destination, the unspecified address stands for an
+                // address the kernel takes from the socket's state (its bound source address,
+                // a PKTINFO source, or loopback). (For bind it means every local address.)
+                Destination::Inet(addr)
+                    if syscall != EgressSyscall::Bind && is_unspecified(addr.ip()) =>
+                {
+                    Destination::AnyAddress(addr)
                 }
                 other => other,
             }
@@ -185,7 +192,10 @@ impl Destination {
     pub fn is_decidable(&self) -> bool {
         !matches!(
             self,
-            Destination::Malformed { .. } | Destination::Foreign { .. } | Destination::Other { .. }
+            Destination::Malformed { .. }
+                | Destination::Foreign { .. }
+                | Destination::Other { .. }
+                | Destination::AnyAddress(_)
         )
     }
 
@@ -248,16 +258,13 @@ impl Destination {
     }
 }
 
-/// The address a connect or send to `ip` reaches: the unspecified address (also
-/// IPv4-mapped) is this host's loopback.
-fn reached_ip(ip: IpAddr) -> IpAddr {
+/// `0.0.0.0`, `::` or `::ffff:0.0.0.0`.
+fn is_unspecified(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified()) => {
-            IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())
+        IpAddr::V4(v4) => v4.is_unspecified(),
+        IpAddr::V6(v6) => {
+            v6.is_unspecified() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified())
         }
-        other => other,
     }
 }
 
@@ -274,6 +281,7 @@ impl fmt::Display for Destination {
                 write!(f, "netlink:{port_id}/{groups:#x}")
             }
             Destination::Unspecified => f.write_str("unspec"),
+            Destination::AnyAddress(addr) => write!(f, "{addr} (unspecified destination)"),
             Destination::Foreign {
                 family,
                 socket_family,
@@ -441,12 +449,11 @@ mod tests {
             assert!(!d.is_decidable());
             assert_eq!(d.to_string(), "unspec address on an inet socket");
         }
-        // The unspecified address is decided as the loopback it reaches, except for bind.
+        // The unspecified address as a destination is not decidable; for bind it is.
         let any = sockaddr_in([0, 0, 0, 0], 8080);
-        assert_eq!(
-            Destination::for_socket(&any, libc::AF_INET, EgressSyscall::Connect).to_string(),
-            "127.0.0.1:8080"
-        );
+        let d = Destination::for_socket(&any, libc::AF_INET, EgressSyscall::Connect);
+        assert_eq!(d.to_string(), "0.0.0.0:8080 (unspecified destination)");
+        assert!(!d.is_decidable());
         assert_eq!(
             Destination::for_socket(&any, libc::AF_INET, EgressSyscall::Bind).to_string(),
             "0.0.0.0:8080"
@@ -455,9 +462,12 @@ mod tests {
         any6[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
         any6[2..4].copy_from_slice(&80u16.to_be_bytes());
         assert_eq!(
-            Destination::for_socket(&any6, libc::AF_INET6, EgressSyscall::Sendto).to_string(),
-            "[::1]:80",
+            Destination::for_socket(&any6, libc::AF_INET6, EgressSyscall::Bind).to_string(),
+            "[::]:80",
             "a 24-byte RFC 2133 sockaddr_in6 decodes"
+        );
+        assert!(
+            !Destination::for_socket(&any6, libc::AF_INET6, EgressSyscall::Sendto).is_decidable()
         );
         let v4 = sockaddr_in([10, 0, 0, 5], 443);
         assert!(matches!(

@@ -335,6 +335,7 @@ impl Broker {
             )),
             broker_handlers: self.inner.handlers.clone(),
             bound: std::sync::Mutex::new(Default::default()),
+            flags: std::sync::Mutex::new(()),
         });
         let inner = self.inner.clone();
         // If the supervision task ends for any reason other than the executor's exit (an

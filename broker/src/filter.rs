@@ -162,6 +162,20 @@ const BYPASS_DENY: &[i64] = &[
     libc::SYS_vhangup,
 ];
 
+/// Socket options refused with EPERM: IP options and IPv6 extension headers (hop-by-hop,
+/// destination options, routing headers, in both the RFC 3542 and RFC 2292 forms).
+pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
+    (libc::IPPROTO_IP, libc::IP_OPTIONS),
+    (libc::IPPROTO_IPV6, libc::IPV6_2292HOPOPTS),
+    (libc::IPPROTO_IPV6, libc::IPV6_2292DSTOPTS),
+    (libc::IPPROTO_IPV6, libc::IPV6_2292RTHDR),
+    (libc::IPPROTO_IPV6, libc::IPV6_2292PKTOPTIONS),
+    (libc::IPPROTO_IPV6, libc::IPV6_HOPOPTS),
+    (libc::IPPROTO_IPV6, libc::IPV6_RTHDRDSTOPTS),
+    (libc::IPPROTO_IPV6, libc::IPV6_RTHDR),
+    (libc::IPPROTO_IPV6, libc::IPV6_DSTOPTS),
+];
+
 /// Syscalls whose arguments name a destination: stopped and handed to the broker.
 pub const NOTIFIED: &[i64] = &[
     libc::SYS_connect,
@@ -314,6 +328,22 @@ pub fn compile(profile: &Profile) -> Result<BpfProgram, FilterError> {
         ])?);
     }
     eperm.insert(libc::SYS_socket, raw_socket_rules);
+    // IP options and IPv6 extension headers set on a socket travel with every packet the
+    // broker later sends on it: an IPv6 routing header, which needs no privilege, would send
+    // a connect decided for one address to another. (Control messages carrying them are
+    // refused by the broker.)
+    eperm.insert(
+        libc::SYS_setsockopt,
+        SOCKET_OPTIONS_DENIED
+            .iter()
+            .map(|(level, name)| {
+                rule(vec![
+                    cond(1, Dword, Eq, *level as u64)?,
+                    cond(2, Dword, Eq, *name as u64)?,
+                ])
+            })
+            .collect::<Result<_, _>>()?,
+    );
 
     // Segment 2: EAFNOSUPPORT.
     let mut eafnosupport: Rules = BTreeMap::new();
@@ -505,6 +535,39 @@ mod tests {
     }
 
     #[test]
+    fn ip_options_and_extension_headers_cannot_be_set() {
+        let p = prog("brokered");
+        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        for (level, name) in SOCKET_OPTIONS_DENIED {
+            assert_eq!(
+                call(
+                    &p,
+                    libc::SYS_setsockopt,
+                    [3, *level as u64, *name as u64, 0, 0, 0]
+                ),
+                eperm,
+                "level {level} option {name}"
+            );
+        }
+        // Ordinary options stay available.
+        for (level, name) in [
+            (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+            (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+            (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY),
+        ] {
+            assert_eq!(
+                call(
+                    &p,
+                    libc::SYS_setsockopt,
+                    [3, level as u64, name as u64, 0, 0, 0]
+                ),
+                libc::SECCOMP_RET_ALLOW,
+                "level {level} option {name}"
+            );
+        }
+    }
+
+    #[test]
     fn destination_syscalls_notify() {
         let p = prog("isolated");
         for nr in [
@@ -512,6 +575,7 @@ mod tests {
             libc::SYS_sendmsg,
             libc::SYS_sendmmsg,
             libc::SYS_bind,
+            libc::SYS_listen,
         ] {
             assert_eq!(
                 call(&p, nr, [3, 0x1000, 16, 0, 0, 0]),

@@ -17,6 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -40,16 +41,17 @@ const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
 const MAX_PASSED_FDS: usize = 253;
 /// Notifications of one executor handled at once. Further ones wait in the kernel (the
 /// calling threads stay blocked in their syscalls, costing the daemon nothing) until a
-/// handler finishes; handlers always finish, since every wait in one also ends when its
-/// caller is gone. With the per-notification bounds above, this bounds what one executor
+/// handler finishes. With the per-notification bounds above, this bounds what one executor
 /// can make the daemon hold: memory (16 x (4 MiB payload + 64 KiB control)) and
-/// descriptors (16 x 253).
+/// descriptors (16 x 253). A handler waiting on the network holds its permit for as long
+/// as its caller waits, which stalls only that executor.
 pub(crate) const EXECUTOR_HANDLERS: usize = 16;
-/// Notifications handled at once across every executor of a broker.
+/// Notifications copied and decided at once across every executor of a broker (the phase
+/// that takes bounded time; see `Caller::performing`).
 pub(crate) const BROKER_HANDLERS: usize = 128;
 /// How often a handler waiting on the network (a send to a peer that does not read, a
 /// connect that does not complete) checks that its caller is still waiting.
-const CALLER_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+const CALLER_CHECK: Duration = Duration::from_millis(100);
 /// `struct msghdr` and `struct mmsghdr` sizes on x86_64.
 const MSGHDR_SIZE: usize = 56;
 const MMSGHDR_SIZE: usize = 64;
@@ -79,8 +81,11 @@ pub(crate) struct Context {
     pub handlers: Arc<Semaphore>,
     /// Bounds the broker's notifications in flight ([`BROKER_HANDLERS`]).
     pub broker_handlers: Arc<Semaphore>,
-    /// Inodes of this executor's sockets the broker bound (see `Caller::listen`).
+    /// Cookies of this executor's sockets the broker bound (see `Caller::listen`).
     pub bound: std::sync::Mutex<HashSet<u64>>,
+    /// Held while the broker toggles O_NONBLOCK on one of this executor's sockets, and
+    /// while it reads that flag.
+    pub flags: std::sync::Mutex<()>,
 }
 
 impl Context {
@@ -137,13 +142,13 @@ pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
                 loop {
                     let revents = poll_now(ctx.listener.get_ref().as_fd());
                     if revents & libc::POLLIN != 0 {
-                        // Permits first: while none is free, notifications stay queued in
-                        // the kernel (fairly: the semaphores are FIFO).
-                        let permits = admit(&ctx).await;
+                        // A permit first: while this executor has none free, its
+                        // notifications stay queued in the kernel.
+                        let permit = ctx.handlers.clone().acquire_owned().await.ok();
                         match sys::notif_recv(ctx.listener.get_ref().as_fd()) {
                             Ok(n) => {
                                 ctx.bump(|c| &c.notifications);
-                                tokio::spawn(handle(ctx.clone(), n, permits));
+                                tokio::spawn(handle(ctx.clone(), n, permit));
                             }
                             // The caller died between notification and receipt, or a signal.
                             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
@@ -175,14 +180,6 @@ pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
             }
         }
     }
-}
-
-/// Permits to handle one more notification: waits until neither the executor nor the
-/// broker is at its bound. (The semaphores are never closed.)
-async fn admit(ctx: &Context) -> [Option<OwnedSemaphorePermit>; 2] {
-    let mine = ctx.handlers.clone().acquire_owned().await.ok();
-    let all = ctx.broker_handlers.clone().acquire_owned().await.ok();
-    [mine, all]
 }
 
 /// Reaps an executor whose tasks have all exited (its pidfd turns readable, at the latest,
@@ -260,13 +257,21 @@ impl Drop for Pending {
     }
 }
 
-async fn handle(ctx: Arc<Context>, n: Notification, _permits: [Option<OwnedSemaphorePermit>; 2]) {
+async fn handle(ctx: Arc<Context>, n: Notification, _permit: Option<OwnedSemaphorePermit>) {
     let pending = Pending {
         ctx: ctx.clone(),
         id: n.id,
         answered: false,
     };
-    let caller = Caller { ctx: &ctx, n };
+    // The broker-wide permit covers copying and deciding, which take bounded time; it is
+    // released before the operation is performed (see `Caller::performing`), so executors
+    // whose sends wait on silent peers cannot hold it and stall everyone else's egress.
+    let shared = ctx.broker_handlers.clone().acquire_owned().await.ok();
+    let caller = Caller {
+        ctx: &ctx,
+        n,
+        shared: std::sync::Mutex::new(shared),
+    };
     // The filter kills every other architecture; this is a second line, not the first.
     if n.arch != AUDIT_ARCH_X86_64 {
         pending.answer(Outcome::Errno(libc::ENOSYS));
@@ -317,6 +322,8 @@ struct CopiedMessage {
 struct Caller<'a> {
     ctx: &'a Context,
     n: Notification,
+    /// The broker-wide permit, held until the operation is performed.
+    shared: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl Caller<'_> {
@@ -326,6 +333,17 @@ impl Caller<'_> {
         } else {
             Err(Outcome::Abandon)
         }
+    }
+
+    /// Called between the verdict and the operation: nothing is performed for a caller that
+    /// went away while the host decided, and the broker-wide permit is released, since what
+    /// follows may wait on the network for as long as the caller does.
+    fn performing(&self) -> Step<()> {
+        self.still_waiting()?;
+        if let Ok(mut shared) = self.shared.lock() {
+            shared.take();
+        }
+        Ok(())
     }
 
     /// What to answer when the broker's own work for the caller failed: the error, unless
@@ -429,9 +447,9 @@ impl Caller<'_> {
         }
         let target = target?;
         // Nothing is performed for a caller that went away while the host decided.
-        self.still_waiting()?;
+        self.performing()?;
         let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
-        let result = if !sock.blocking() {
+        let result = if !self.is_blocking(&sock) {
             sys::connect_raw(sock.fd.as_fd(), &target.addr)
         } else if inet {
             self.connect_ip(&sock, &target.addr).await?
@@ -454,7 +472,7 @@ impl Caller<'_> {
             return Ok(Outcome::Errno(errno));
         }
         let target = target?;
-        self.still_waiting()?;
+        self.performing()?;
         if let Err(e) = sys::bind_raw(sock.fd.as_fd(), &target.addr) {
             return Ok(Outcome::Errno(errno_of(&e)));
         }
@@ -489,7 +507,7 @@ impl Caller<'_> {
             if let Verdict::Deny { errno } = self.decide(info).await {
                 return Ok(Outcome::Errno(errno));
             }
-            self.still_waiting()?;
+            self.performing()?;
         }
         Ok(to_outcome(
             sys::listen_raw(sock.fd.as_fd(), backlog as i32).map(|()| 0),
@@ -528,7 +546,7 @@ impl Caller<'_> {
         if let Some(target) = pin {
             target?;
         }
-        self.still_waiting()?;
+        self.performing()?;
         Ok(to_outcome(
             self.send(&sock, message, flags).await?.map(|n| n as i64),
         ))
@@ -553,7 +571,7 @@ impl Caller<'_> {
         if let Some(errno) = copied.unreachable {
             return Ok(Outcome::Errno(errno));
         }
-        self.still_waiting()?;
+        self.performing()?;
         Ok(to_outcome(
             self.send(&sock, copied.msg.clone(), flags)
                 .await?
@@ -596,7 +614,7 @@ impl Caller<'_> {
             info.passed_fds = m.passed_count;
             verdicts.push(self.decide(info).await);
         }
-        self.still_waiting()?;
+        self.performing()?;
         let mut sent = 0usize;
         for (i, (m, verdict)) in messages.iter().zip(verdicts).enumerate() {
             let result = match verdict {
@@ -615,6 +633,11 @@ impl Caller<'_> {
                     use std::os::unix::fs::FileExt;
                     let _ = memory.write_all_at(&(n as u32).to_ne_bytes(), at);
                     sent += 1;
+                    // A message sent only in part ends the batch, as in the kernel: what
+                    // follows must not be written after a gap in a stream.
+                    if n < m.msg.data.len() {
+                        break;
+                    }
                 }
                 Err(e) if sent == 0 => return Ok(Outcome::Errno(errno_of(&e))),
                 Err(_) => break,
@@ -913,40 +936,84 @@ fn connect_result(fd: BorrowedFd<'_>) -> io::Result<()> {
     Err(io::Error::from(io::ErrorKind::WouldBlock))
 }
 
-/// Runs `op` with the socket's file description non-blocking (the executor's calling thread
-/// is parked in its own syscall meanwhile), restoring its flags afterwards.
-fn nonblocking<T>(sock: &TakenSocket, op: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
-    let fd = sock.fd.as_fd();
-    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
-    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-    let result = op();
-    fcntl(fd, FcntlArg::F_SETFL(flags))?;
-    result
+/// When a wait on behalf of a blocking call gives up: the socket's own send timeout
+/// (`SO_SNDTIMEO`), as the kernel's blocking call would; without one, never (the wait still
+/// ends when the caller is gone).
+fn give_up_at(sock: &TakenSocket) -> Option<Instant> {
+    sys::send_timeout(sock.fd.as_fd())
+        .ok()
+        .flatten()
+        .map(|t| Instant::now() + t)
+}
+
+fn timed_out(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
 }
 
 impl Caller<'_> {
-    /// Waits until `watch` may have turned writable, or for at most [`CALLER_CHECK`], then
-    /// confirms the caller is still waiting. Every network wait of a handler goes through
-    /// here, so a handler whose caller is gone (killed, retired) ends and frees its permits
-    /// instead of waiting on a peer forever.
-    async fn writable_or_gone(&self, watch: &AsyncFd<OwnedFd>) -> Step<()> {
+    /// Whether the executor's socket is in blocking mode (read under the same lock as the
+    /// broker's temporary O_NONBLOCK, so a concurrent connect's toggle is never seen).
+    fn is_blocking(&self, sock: &TakenSocket) -> bool {
+        let _flags = self.ctx.flags.lock();
+        sock.blocking()
+    }
+
+    /// Runs `op` with the socket's file description non-blocking (the executor's calling
+    /// thread is parked in its own syscall meanwhile), restoring its flags afterwards. One
+    /// toggle at a time per executor, so two handlers cannot leave the flag set.
+    fn nonblocking<T>(
+        &self,
+        sock: &TakenSocket,
+        op: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let _flags = self.ctx.flags.lock();
+        let fd = sock.fd.as_fd();
+        let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+        fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+        let result = op();
+        fcntl(fd, FcntlArg::F_SETFL(flags))?;
+        result
+    }
+
+    /// Waits until `watch` may have turned writable, for at most [`CALLER_CHECK`] (or until
+    /// `deadline`), then confirms the caller is still waiting. Every network wait of a
+    /// handler goes through here or [`Caller::pause`], so a handler whose caller is gone
+    /// (killed, retired) ends and frees its permit instead of waiting on a peer forever.
+    async fn writable_or_gone(
+        &self,
+        watch: &AsyncFd<OwnedFd>,
+        deadline: Option<Instant>,
+    ) -> Step<()> {
+        let nap = deadline.map_or(CALLER_CHECK, |d| {
+            d.saturating_duration_since(Instant::now())
+                .min(CALLER_CHECK)
+        });
         tokio::select! {
             ready = watch.writable() => match ready {
                 Ok(mut guard) => guard.clear_ready(),
                 Err(e) => return Err(Outcome::Errno(errno_of(&e))),
             },
-            _ = tokio::time::sleep(CALLER_CHECK) => {}
+            _ = tokio::time::sleep(nap) => {}
         }
+        self.still_waiting()
+    }
+
+    /// Sleeps `nap` (no longer than until `deadline`), then confirms the caller waits.
+    async fn pause(&self, nap: Duration, deadline: Option<Instant>) -> Step<()> {
+        let nap = deadline.map_or(nap, |d| {
+            d.saturating_duration_since(Instant::now()).min(nap)
+        });
+        tokio::time::sleep(nap).await;
         self.still_waiting()
     }
 
     /// Performs a connect the executor made on a blocking IP socket without blocking a
     /// thread: started non-blocking, then awaited, returning the socket's final error
-    /// exactly as a blocking connect would have.
+    /// exactly as a blocking connect would have (EINPROGRESS once `SO_SNDTIMEO` expires).
     async fn connect_ip(&self, sock: &TakenSocket, addr: &[u8]) -> Step<io::Result<()>> {
         let fd = sock.fd.as_fd();
-        match nonblocking(sock, || sys::connect_raw(fd, addr)) {
+        match self.nonblocking(sock, || sys::connect_raw(fd, addr)) {
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
             other => return Ok(other),
         }
@@ -957,37 +1024,46 @@ impl Caller<'_> {
             Ok(false) => {}
             Err(e) => return Ok(Err(e)),
         }
+        let deadline = give_up_at(sock);
         let watch = match fd.try_clone_to_owned().and_then(sys::async_fd_writable) {
             Ok(w) => w,
             Err(e) => return Ok(Err(e)),
         };
         loop {
-            self.writable_or_gone(&watch).await?;
+            self.writable_or_gone(&watch, deadline).await?;
             match connect_result(fd) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 done => return Ok(done),
+            }
+            if timed_out(deadline) {
+                return Ok(Err(io::Error::from_raw_os_error(libc::EINPROGRESS)));
             }
         }
     }
 
     /// A blocking unix connect: a full backlog makes the non-blocking form fail with EAGAIN
     /// and offers no readiness to await, so it is retried until it succeeds, fails
-    /// otherwise, or the caller is gone.
+    /// otherwise, `SO_SNDTIMEO` expires (EAGAIN, as the kernel reports), or the caller is
+    /// gone.
     async fn connect_unix(&self, sock: &TakenSocket, addr: &[u8]) -> Step<io::Result<()>> {
+        let deadline = give_up_at(sock);
         loop {
-            match nonblocking(sock, || sys::connect_raw(sock.fd.as_fd(), addr)) {
+            match self.nonblocking(sock, || sys::connect_raw(sock.fd.as_fd(), addr)) {
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
                 other => return Ok(other),
             }
-            tokio::time::sleep(UNIX_CONNECT_RETRY).await;
-            self.still_waiting()?;
+            if timed_out(deadline) {
+                return Ok(Err(io::Error::from_raw_os_error(libc::EAGAIN)));
+            }
+            self.pause(UNIX_CONNECT_RETRY, deadline).await?;
         }
     }
 
-    /// Sends a copied message with the semantics of the executor's own call: a blocking
-    /// socket's send waits for room (and on a stream socket, sends everything unless an
-    /// error ends it), without ever blocking a thread; a non-blocking one returns EAGAIN.
-    /// `MSG_NOSIGNAL` is always set: a broken pipe must not signal the broker.
+    /// Sends a copied message with the semantics of the executor's own call, without ever
+    /// blocking a thread: a blocking socket's send waits for room (on a stream socket it
+    /// sends everything unless an error or `SO_SNDTIMEO` ends it early, then reports what
+    /// was sent); a non-blocking one returns EAGAIN. `MSG_NOSIGNAL` is always set: a broken
+    /// pipe must not signal the broker.
     async fn send(
         &self,
         sock: &TakenSocket,
@@ -995,10 +1071,11 @@ impl Caller<'_> {
         flags: i32,
     ) -> Step<io::Result<usize>> {
         let flags = flags | libc::MSG_NOSIGNAL;
-        let may_block = flags & libc::MSG_DONTWAIT == 0 && sock.blocking();
+        let may_block = flags & libc::MSG_DONTWAIT == 0 && self.is_blocking(sock);
         let stream = sock.info.socket_type == libc::SOCK_STREAM;
         let mut sent = 0usize;
         let mut watch = None;
+        let mut deadline = None;
         loop {
             match sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT) {
                 Ok(n) => {
@@ -1015,52 +1092,58 @@ impl Caller<'_> {
                 Err(_) if sent > 0 => return Ok(Ok(sent)),
                 Err(e) => return Ok(Err(e)),
             }
+            let deadline = *deadline.get_or_insert_with(|| give_up_at(sock));
+            if timed_out(deadline) {
+                return Ok(if sent > 0 {
+                    Ok(sent)
+                } else {
+                    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+                });
+            }
             if watch.is_none() {
                 match sock.fd.try_clone().and_then(sys::async_fd_writable) {
                     Ok(w) => watch = Some(w),
-                    Err(e) if sent > 0 => {
-                        tracing::debug!(error = %e, "cannot await the socket; reporting a partial send");
-                        return Ok(Ok(sent));
-                    }
+                    Err(_) if sent > 0 => return Ok(Ok(sent)),
                     Err(e) => return Ok(Err(e)),
                 }
             }
             if let Some(w) = &watch {
-                self.writable_or_gone(w).await?;
+                match self.writable_or_gone(w, deadline).await {
+                    Ok(()) => {}
+                    // What was sent is reported, as the kernel reports a send cut short.
+                    Err(Outcome::Errno(_)) if sent > 0 => return Ok(Ok(sent)),
+                    Err(other) => return Err(other),
+                }
             }
         }
     }
 
-    /// Notes that the broker bound this socket (by its inode), so a later `listen` on it
-    /// is known to expose only the decided address.
+    /// Notes that the broker bound this socket (by its cookie, which the kernel never
+    /// reuses), so a later `listen` on it is known to expose only the decided address.
     fn remember_bound(&self, sock: &TakenSocket) {
-        if let Ok(inode) = socket_inode(sock)
+        if let Ok(cookie) = sys::socket_cookie(sock.fd.as_fd())
             && let Ok(mut bound) = self.ctx.bound.lock()
         {
             if bound.len() >= MAX_REMEMBERED_BINDS {
                 // Forgetting is safe: a forgotten socket's listen is decided again.
                 bound.clear();
             }
-            bound.insert(inode);
+            bound.insert(cookie);
         }
     }
 
     fn was_bound_by_broker(&self, sock: &TakenSocket) -> bool {
-        match (socket_inode(sock), self.ctx.bound.lock()) {
-            (Ok(inode), Ok(bound)) => bound.contains(&inode),
+        match (sys::socket_cookie(sock.fd.as_fd()), self.ctx.bound.lock()) {
+            (Ok(cookie), Ok(bound)) => bound.contains(&cookie),
             _ => false,
         }
     }
 }
 
 /// How often a unix connect to a full backlog is retried.
-const UNIX_CONNECT_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+const UNIX_CONNECT_RETRY: Duration = Duration::from_millis(10);
 /// Most sockets per executor remembered as bound by the broker.
 const MAX_REMEMBERED_BINDS: usize = 4096;
-
-fn socket_inode(sock: &TakenSocket) -> io::Result<u64> {
-    Ok(nix::sys::stat::fstat(&*sock.fd)?.st_ino)
-}
 
 /// Rebuilds a control buffer for the broker's own sendmsg: descriptors passed with
 /// SCM_RIGHTS are replaced by the broker's duplicates of them (at most `max_fds` in all, as

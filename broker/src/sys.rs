@@ -260,15 +260,25 @@ pub fn landlock_abi() -> i32 {
 
 /// Reads an `int` socket option from `fd`.
 pub fn getsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
-    let mut value: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: value/len point at a c_int and its size, as getsockopt requires.
+    getsockopt_plain(fd, level, name, 0 as libc::c_int)
+}
+
+/// `getsockopt(2)` of an option whose value is plain data of type `T` (an integer, a
+/// `timeval`), starting from `value`.
+fn getsockopt_plain<T: Copy>(
+    fd: BorrowedFd<'_>,
+    level: i32,
+    name: i32,
+    mut value: T,
+) -> io::Result<T> {
+    let mut len = size_of::<T>() as libc::socklen_t;
+    // SAFETY: value/len point at a T and its size; T is plain data the kernel may fill.
     let ret = unsafe {
         libc::getsockopt(
             fd.as_raw_fd(),
             level,
             name,
-            (&mut value as *mut libc::c_int).cast(),
+            (&mut value as *mut T).cast(),
             &mut len,
         )
     };
@@ -276,6 +286,27 @@ pub fn getsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i
         return Err(io::Error::last_os_error());
     }
     Ok(value)
+}
+
+/// The socket's send timeout (`SO_SNDTIMEO`), `None` when it has none (blocks forever).
+pub fn send_timeout(fd: BorrowedFd<'_>) -> io::Result<Option<std::time::Duration>> {
+    let zero = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let tv = getsockopt_plain(fd, libc::SOL_SOCKET, libc::SO_SNDTIMEO, zero)?;
+    let micros = (tv.tv_sec.max(0) as u64)
+        .saturating_mul(1_000_000)
+        .saturating_add(tv.tv_usec.max(0) as u64);
+    Ok((micros > 0).then(|| std::time::Duration::from_micros(micros)))
+}
+
+/// The socket's cookie (`SO_COOKIE`): a 64-bit id the kernel never reuses, unlike inode
+/// numbers.
+pub fn socket_cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    /// `SO_COOKIE` (asm-generic), not exported by the libc crate.
+    const SO_COOKIE: libc::c_int = 57;
+    getsockopt_plain(fd, libc::SOL_SOCKET, SO_COOKIE, 0u64)
 }
 
 /// Performs `connect(2)` on `fd` with a raw socket address copied from the executor.

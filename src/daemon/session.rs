@@ -424,7 +424,7 @@ impl Session {
             .await;
         match outcome {
             Ok(result) => {
-                let text = output_text(&result);
+                let text = crate::resolver::classifiable_text(&result);
                 self.host.resolver.after_call(&plan, &text).map_err(|e| {
                     RpcError::new(
                         code::INTERNAL_ERROR,
@@ -501,65 +501,4 @@ fn refusal_error(refusal: &CallRefusal) -> RpcError {
 
 fn tool_error(text: &str) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
-}
-
-/// What the output classifier reads of a tool result: every string in it (keys too) and
-/// every other scalar, as the client will receive them, whatever the field, so nothing
-/// the client receives goes unclassified.
-fn output_text(result: &Value) -> String {
-    fn walk(v: &Value, out: &mut Vec<String>) {
-        match v {
-            Value::String(s) => out.push(s.clone()),
-            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
-            Value::Object(fields) => {
-                for (k, v) in fields {
-                    out.push(k.clone());
-                    walk(v, out);
-                }
-            }
-            Value::Null => {}
-            scalar => out.push(scalar.to_string()),
-        }
-    }
-    let mut out = Vec::new();
-    walk(result, &mut out);
-    out.join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn output_text_reads_every_string_the_client_receives() {
-        let result = json!({
-            "content": [
-                {"type": "text", "text": "visible", "x": "beside \"the\" text"},
-                {"type": "resource", "resource": {"uri": "x:1", "text": "in a resource"}},
-            ],
-            "structuredContent": {"secret": "in structured content"},
-            "_meta": {"note": "in meta"},
-            "isError": "not a bool",
-        });
-        let text = output_text(&result);
-        for needle in [
-            "visible",
-            "beside \"the\" text",
-            "in a resource",
-            "in structured content",
-            "in meta",
-            "not a bool",
-        ] {
-            assert!(
-                text.contains(needle),
-                "{needle:?} not classified as sent: {text}"
-            );
-        }
-    }
-
-    #[test]
-    fn output_text_of_an_odd_shape_is_still_read() {
-        assert_eq!(output_text(&json!("bare")), "bare");
-        assert!(output_text(&json!({"content": "not a list"})).contains("not a list"));
-    }
 }
