@@ -11,7 +11,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixListener;
 use std::time::Duration;
 
-use common::{TcpSink, UdpSink, broker, probe, run_with, shared_copy};
+use common::{TcpSink, UdpSink, broker, probe, probe_argv, run_with};
 use flowhost_broker::{Destination, EgressSyscall, Verdict, WaitStatus};
 
 const SIGSYS: i32 = libc::SIGSYS;
@@ -160,12 +160,7 @@ async fn sendmmsg_partially_allowed_sends_only_the_allowed_prefix() {
     let Some(b) = broker() else { return };
     let (s1, s2) = (UdpSink::start(), UdpSink::start());
     let allowed = s1.addr;
-    let argv = vec![
-        shared_copy("flowhost-probe").display().to_string(),
-        "sendmmsg".into(),
-        s1.addr.to_string(),
-        s2.addr.to_string(),
-    ];
+    let argv = probe_argv(&["sendmmsg", &s1.addr.to_string(), &s2.addr.to_string()]);
     let run = run_with(&b, "brokered", argv, move |a| {
         if a.destination == Some(Destination::Inet(allowed)) {
             Verdict::Allow
@@ -209,11 +204,7 @@ async fn allowed_unix_connect_reaches_the_pinned_socket() {
     let path = dir.path().join("allowed.sock");
     let listener = UnixListener::bind(&path).unwrap();
     listener.set_nonblocking(true).unwrap();
-    let argv = vec![
-        shared_copy("flowhost-probe").display().to_string(),
-        "unix-connect".into(),
-        path.display().to_string(),
-    ];
+    let argv = probe_argv(&["unix-connect", &path.display().to_string()]);
     let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
     assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
     assert!(
@@ -231,11 +222,7 @@ async fn unix_connect_through_a_symlink_is_not_followed() {
     let listener = UnixListener::bind(&real).unwrap();
     listener.set_nonblocking(true).unwrap();
     std::os::unix::fs::symlink(&real, &link).unwrap();
-    let argv = vec![
-        shared_copy("flowhost-probe").display().to_string(),
-        "unix-connect".into(),
-        link.display().to_string(),
-    ];
+    let argv = probe_argv(&["unix-connect", &link.display().to_string()]);
     // Even an allowed path that is a symlink does not lead the broker elsewhere.
     let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
     assert_eq!(run.errno(), libc::ELOOP as i64);
@@ -379,13 +366,12 @@ async fn a_sockaddr_rewritten_during_connect_cannot_redirect_it() {
     let Some(b) = broker() else { return };
     let (allowed, other) = (TcpSink::start(), TcpSink::start());
     let allowed_addr = allowed.addr;
-    let argv = vec![
-        shared_copy("flowhost-probe").display().to_string(),
-        "toctou".into(),
-        allowed.addr.to_string(),
-        other.addr.to_string(),
-        "300".into(),
-    ];
+    let argv = probe_argv(&[
+        "toctou",
+        &allowed.addr.to_string(),
+        &other.addr.to_string(),
+        "300",
+    ]);
     let run = run_with(&b, "brokered", argv, move |a| {
         if a.destination == Some(Destination::Inet(allowed_addr)) {
             Verdict::Allow
@@ -419,12 +405,7 @@ async fn a_sockaddr_rewritten_during_connect_cannot_redirect_it() {
 async fn allowed_connect_really_connects_and_refused_returns_eacces() {
     let Some(b) = broker() else { return };
     let sink = TcpSink::start();
-    let argv = vec![
-        shared_copy("flowhost-probe").display().to_string(),
-        "connect".into(),
-        sink.addr.to_string(),
-        "hello from the sandbox".into(),
-    ];
+    let argv = probe_argv(&["connect", &sink.addr.to_string(), "hello from the sandbox"]);
     let run = run_with(&b, "brokered", argv.clone(), |_| Verdict::Allow).await;
     assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
     assert!(
@@ -439,11 +420,7 @@ async fn allowed_connect_really_connects_and_refused_returns_eacces() {
     let run = run_with(&b, "brokered", argv, |_| Verdict::DENY).await;
     assert_eq!(run.errno(), libc::EACCES as i64);
     let run_eperm = {
-        let mut argv = vec![
-            shared_copy("flowhost-probe").display().to_string(),
-            "connect".into(),
-            quiet.addr.to_string(),
-        ];
+        let mut argv = probe_argv(&["connect", &quiet.addr.to_string()]);
         argv.truncate(3);
         run_with(&b, "brokered", argv, |_| Verdict::Deny {
             errno: libc::EPERM,
@@ -462,11 +439,7 @@ async fn allowed_connect_really_connects_and_refused_returns_eacces() {
 async fn isolated_profile_reaches_nothing_even_when_allowed() {
     let Some(b) = broker() else { return };
     let sink = TcpSink::start();
-    let argv = vec![
-        shared_copy("flowhost-probe").display().to_string(),
-        "connect".into(),
-        sink.addr.to_string(),
-    ];
+    let argv = probe_argv(&["connect", &sink.addr.to_string()]);
     let run = run_with(&b, "isolated", argv, |_| Verdict::Allow).await;
     assert_eq!(run.attempts.len(), 1, "the attempt is still reported");
     assert_eq!(run.errno(), libc::ENETUNREACH as i64);
@@ -482,34 +455,32 @@ async fn an_allowed_connect_reports_the_kernels_own_error() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let argv = vec![
-        shared_copy("flowhost-probe").display().to_string(),
-        "connect".into(),
-        closed.to_string(),
-    ];
+    let argv = probe_argv(&["connect", &closed.to_string()]);
     let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
     assert_eq!(run.errno(), libc::ECONNREFUSED as i64, "{}", run.stdout);
+}
+
+/// A policy that answers as the host's destination rules would.
+fn by_rules(
+    rules: flowhost::destination::DestinationRules,
+) -> impl Fn(&flowhost_broker::AttemptInfo) -> Verdict + Send + 'static {
+    move |a| {
+        if rules.decide(a.destination.as_ref()).allowed {
+            Verdict::Allow
+        } else {
+            Verdict::DENY
+        }
+    }
 }
 
 /// The host's own destination check with `default = "allow"`: the most permissive rules an
 /// operator can write. What it still refuses is refused by construction, not by the test's
 /// choice of verdict.
 fn allow_everything(a: &flowhost_broker::AttemptInfo) -> Verdict {
-    let rules = flowhost::destination::DestinationRules {
+    by_rules(flowhost::destination::DestinationRules {
         default: flowhost::destination::DefaultAction::Allow,
         ..Default::default()
-    };
-    if rules.decide(a.destination.as_ref()).allowed {
-        Verdict::Allow
-    } else {
-        Verdict::DENY
-    }
-}
-
-fn probe_argv(args: &[&str]) -> Vec<String> {
-    let mut argv = vec![shared_copy("flowhost-probe").display().to_string()];
-    argv.extend(args.iter().map(|s| s.to_string()));
-    argv
+    })(a)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -591,14 +562,7 @@ async fn unix_dot_dot_cannot_leave_an_allowed_directory() {
     let rules = flowhost::destination::DestinationRules::allow_only(vec![rule]);
     let climbing = format!("{}/../outside.sock", allowed.display());
     let argv = probe_argv(&["unix-connect", &climbing]);
-    let run = run_with(&b, "brokered", argv, move |a| {
-        if rules.decide(a.destination.as_ref()).allowed {
-            Verdict::Allow
-        } else {
-            Verdict::DENY
-        }
-    })
-    .await;
+    let run = run_with(&b, "brokered", argv, by_rules(rules)).await;
     assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
     // Decided on the path the broker would reach, not on the one written.
     assert_eq!(

@@ -311,25 +311,22 @@ pub fn socket_cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
 
 /// Performs `connect(2)` on `fd` with a raw socket address copied from the executor.
 pub fn connect_raw(fd: BorrowedFd<'_>, addr: &[u8]) -> io::Result<()> {
-    // SAFETY: `addr` is a buffer we own; its length is passed alongside.
-    let ret = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            addr.as_ptr().cast(),
-            addr.len() as libc::socklen_t,
-        )
-    };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    with_address(fd, addr, libc::connect)
 }
 
 /// Performs `bind(2)` on `fd` with a raw socket address copied from the executor.
 pub fn bind_raw(fd: BorrowedFd<'_>, addr: &[u8]) -> io::Result<()> {
-    // SAFETY: `addr` is a buffer we own; its length is passed alongside.
+    with_address(fd, addr, libc::bind)
+}
+
+type AddressCall =
+    unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int;
+
+fn with_address(fd: BorrowedFd<'_>, addr: &[u8], call: AddressCall) -> io::Result<()> {
+    // SAFETY: `call` is connect(2) or bind(2); `addr` is a buffer we own, its length passed
+    // alongside, and the kernel only reads it.
     let ret = unsafe {
-        libc::bind(
+        call(
             fd.as_raw_fd(),
             addr.as_ptr().cast(),
             addr.len() as libc::socklen_t,

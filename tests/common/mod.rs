@@ -260,7 +260,12 @@ pub async fn run_with(
 
 /// Runs the probe with `args`, refusing every attempt.
 pub async fn probe(broker: &Broker, profile_name: &str, args: &[&str]) -> Run {
+    run_with(broker, profile_name, probe_argv(args), |_| Verdict::DENY).await
+}
+
+/// The probe's argv (a shared copy of the binary) with `args`.
+pub fn probe_argv(args: &[&str]) -> Vec<String> {
     let mut argv = vec![shared_copy("flowhost-probe").display().to_string()];
     argv.extend(args.iter().map(|s| s.to_string()));
-    run_with(broker, profile_name, argv, |_| Verdict::DENY).await
+    argv
 }
