@@ -9,6 +9,7 @@
 pub mod canonical;
 pub mod cli;
 pub mod config;
+pub mod continuity;
 pub mod daemon;
 pub mod demo;
 pub mod destination;

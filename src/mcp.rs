@@ -55,6 +55,11 @@ impl RpcError {
         self.data = Some(data);
         self
     }
+
+    /// The refusal code in `data.denial`, when the error carries one.
+    pub fn data_denial(&self) -> Option<&str> {
+        self.data.as_ref()?.get("denial")?.as_str()
+    }
 }
 
 /// A parsed inbound message.

@@ -21,7 +21,7 @@ use crate::destination::DestinationRules;
 use crate::flow::{EgressDenial, authorize_egress};
 use crate::label::InformationLabel;
 use crate::registry::{AdmittedTool, AdmittedToolSecurity};
-use crate::state::{FlowStateStore, SessionKey, StateError};
+use crate::state::{FlowState, FlowStateStore, SessionKey, StateError};
 
 /// Regex rules that attach labels to text.
 #[derive(Debug, Clone, Default)]
@@ -158,6 +158,8 @@ pub struct CallPlan {
     pub clearances: Vec<InformationLabel>,
     /// The tool's admitted security (cloned from the registry generation of the call).
     pub security: AdmittedToolSecurity,
+    /// The principal's and session's stored labels once the argument taint was joined in.
+    pub state_after_dispatch: FlowState,
 }
 
 /// The verdict on one outbound attempt.
@@ -265,7 +267,7 @@ impl FlowResolver {
         } else {
             Vec::new()
         };
-        self.state.join(key, &argument_taint)?;
+        let state_after_dispatch = self.state.join(key, &argument_taint)?;
         Ok(CallPlan {
             key: key.clone(),
             argument_taint,
@@ -273,6 +275,7 @@ impl FlowResolver {
             basis,
             clearances,
             security,
+            state_after_dispatch,
         })
     }
 
@@ -313,18 +316,14 @@ impl FlowResolver {
 
     /// Joins a call's output into state: `effective output floor ⊔ classifier(output)`.
     /// Durable before it returns; the caller returns the output only after this succeeds.
-    pub fn after_call(
-        &self,
-        plan: &CallPlan,
-        output_text: &str,
-    ) -> Result<InformationLabel, StateError> {
+    /// Returns the labels the call leaves behind.
+    pub fn after_call(&self, plan: &CallPlan, output_text: &str) -> Result<FlowState, StateError> {
         let label = plan.security.effective_output_floor().join_or_top(
             &self
                 .classifier
                 .classify(ClassifierScope::Outputs, output_text),
         );
-        self.state.join(&plan.key, &label)?;
-        Ok(label)
+        self.state.join(&plan.key, &label)
     }
 }
 
@@ -474,7 +473,7 @@ mod tests {
             plan.clearances.is_empty(),
             "a local, non-egress read checks no clearance"
         );
-        let label = res.after_call(&plan, "Harbor Goods terms").unwrap();
+        let label = res.after_call(&plan, "Harbor Goods terms").unwrap().session;
         assert_eq!(label, terms(), "declared output label and classifier agree");
 
         let team = reg.tool("team-inbox", "publish").unwrap();

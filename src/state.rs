@@ -76,6 +76,15 @@ impl FlowState {
     }
 }
 
+/// Every label a store holds, at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateSnapshot {
+    /// Labels by principal.
+    pub principals: HashMap<PrincipalId, InformationLabel>,
+    /// Labels by session.
+    pub sessions: HashMap<SessionKey, InformationLabel>,
+}
+
 struct Inner {
     conn: Connection,
     principals: HashMap<PrincipalId, InformationLabel>,
@@ -128,6 +137,11 @@ impl FlowStateStore {
                  session   TEXT NOT NULL,
                  label     TEXT NOT NULL,
                  PRIMARY KEY (principal, session)
+             );
+             CREATE TABLE IF NOT EXISTS records_checkpoint (
+                 id   INTEGER PRIMARY KEY CHECK (id = 1),
+                 seq  INTEGER NOT NULL,
+                 hash TEXT NOT NULL
              );",
         )
         .map_err(open_err)?;
@@ -226,6 +240,18 @@ impl FlowStateStore {
         key: &SessionKey,
         label: &InformationLabel,
     ) -> Result<FlowState, StateError> {
+        self.raise(key, label, label)
+    }
+
+    /// Joins `principal` into the principal's label and `session` into the session's label,
+    /// durably, like [`FlowStateStore::join`] (used to rebuild state from records, where
+    /// each side's label is known on its own).
+    pub fn raise(
+        &self,
+        key: &SessionKey,
+        principal: &InformationLabel,
+        session: &InformationLabel,
+    ) -> Result<FlowState, StateError> {
         let mut inner = self.lock()?;
         let old_p = inner
             .principals
@@ -237,8 +263,8 @@ impl FlowStateStore {
             .get(key)
             .cloned()
             .unwrap_or_else(InformationLabel::bottom);
-        let new_p = old_p.join_or_top(label);
-        let new_s = old_s.join_or_top(label);
+        let new_p = old_p.join_or_top(principal);
+        let new_s = old_s.join_or_top(session);
         if new_p == old_p && new_s == old_s {
             return Ok(FlowState {
                 principal: new_p,
@@ -282,6 +308,62 @@ impl FlowStateStore {
             principal: new_p,
             session: new_s,
         })
+    }
+
+    /// Why the store refuses further use, once a write failed (`None`: healthy).
+    pub fn failure(&self) -> Option<String> {
+        match self.inner.lock() {
+            Ok(inner) => inner.failed.clone(),
+            Err(_) => Some("a writer panicked while holding the store".into()),
+        }
+    }
+
+    /// Every stored label: principals, then sessions.
+    pub fn snapshot(&self) -> Result<StateSnapshot, StateError> {
+        let inner = self.lock()?;
+        Ok(StateSnapshot {
+            principals: inner.principals.clone(),
+            sessions: inner.sessions.clone(),
+        })
+    }
+
+    /// The decision record this state was last proven against: its sequence number and
+    /// line hash (`None` for a state never bound to records).
+    pub fn checkpoint(&self) -> Result<Option<(u64, String)>, StateError> {
+        let inner = self.lock()?;
+        inner
+            .conn
+            .query_row(
+                "SELECT seq, hash FROM records_checkpoint WHERE id = 1",
+                [],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()
+            .map_err(|source| StateError::Io {
+                path: self.path.clone(),
+                source,
+            })
+            .map(|row| row.map(|(seq, hash)| (seq.max(0) as u64, hash)))
+    }
+
+    /// Binds the state to record `seq` (line hash `hash`), durably: every label the records
+    /// up to it prove is held here.
+    pub fn set_checkpoint(&self, seq: u64, hash: &str) -> Result<(), StateError> {
+        let mut inner = self.lock()?;
+        let seq = i64::try_from(seq).unwrap_or(i64::MAX);
+        let result = inner.conn.execute(
+            "INSERT INTO records_checkpoint (id, seq, hash) VALUES (1, ?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+            params![seq, hash],
+        );
+        if let Err(source) = result {
+            inner.failed = Some(source.to_string());
+            return Err(StateError::Io {
+                path: self.path.clone(),
+                source,
+            });
+        }
+        Ok(())
     }
 
     /// The label stored for a principal, read from disk (for tests and audits).

@@ -14,6 +14,7 @@ mod profile;
 mod records;
 mod sandbox;
 mod serve;
+mod state;
 
 use std::process::ExitCode;
 
@@ -60,6 +61,9 @@ enum Command {
     /// Export or verify observed decision records.
     #[command(subcommand)]
     Records(records::RecordsCommand),
+    /// The flow state and the decision records (rebuild the state from the records).
+    #[command(subcommand)]
+    State(state::StateCommand),
     /// Compute the record side of tool_observation_health from a record directory (offline;
     /// daemon-only fields stay unknown, so it is never complete).
     Health(health::HealthArgs),
@@ -96,6 +100,7 @@ impl Cli {
             Command::Key(command) => command.run(),
             Command::Manifest(command) => command.run(),
             Command::Records(cmd) => records::run(cmd),
+            Command::State(command) => command.run(),
             Command::Health(args) => health::run(args),
             Command::Diff(args) => diff::run(args),
         }

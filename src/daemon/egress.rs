@@ -12,8 +12,8 @@ use super::CallInFlight;
 use super::executor::AttemptSink;
 use crate::destination::DestinationRules;
 use crate::records::{
-    BrokerDetails, Correlation, DecisionRecord, DenialKind, EgressBasis, EgressFacts, FlowContext,
-    InetDestination, RecordWriter, ServerInfo, UnixDestination, Verdict,
+    BrokerDetails, Correlation, DecisionRecord, DeclarationMismatch, DenialKind, EgressBasis,
+    EgressFacts, FlowContext, InetDestination, RecordWriter, ServerInfo, UnixDestination, Verdict,
 };
 use crate::resolver::FlowResolver;
 
@@ -32,7 +32,15 @@ pub struct EgressJudge {
     pub records: RecordWriter,
     /// The server's destination rules.
     pub destinations: Arc<DestinationRules>,
+    /// The host's counters (declaration mismatches per tool).
+    pub counters: Arc<super::HostCounters>,
+    /// Executors (by pid) already warned about for undeclared egress.
+    pub warned: std::sync::Mutex<std::collections::HashSet<i32>>,
 }
+
+/// Most executors remembered as warned; past it the memory starts over (a repeated warning
+/// is better than unbounded growth).
+const MAX_WARNED: usize = 4096;
 
 /// The record form of what the broker saw.
 pub fn broker_details(info: &AttemptInfo) -> BrokerDetails {
@@ -68,6 +76,28 @@ fn denial(code: &str) -> Option<DenialKind> {
 }
 
 impl EgressJudge {
+    /// Counts an egress attempt the signed declaration does not admit, and warns once per
+    /// executor: the tool's publisher signed a declaration that the executor contradicts.
+    fn undeclared_egress(&self, call: &CallInFlight) {
+        if let Ok(mut counts) = self.counters.declaration_mismatches.lock() {
+            *counts.entry(call.tool.clone()).or_insert(0) += 1;
+        }
+        let first = self.warned.lock().is_ok_and(|mut warned| {
+            if warned.len() >= MAX_WARNED {
+                warned.clear();
+            }
+            warned.insert(call.executor_pid)
+        });
+        if first {
+            tracing::warn!(
+                server = %self.server_id,
+                tool = %call.tool,
+                executor_pid = call.executor_pid,
+                "the executor attempted outbound I/O although the signed manifest declares no egress for this tool; each attempt is judged as egress and recorded as undeclared_egress"
+            );
+        }
+    }
+
     async fn decide(&self, call: Option<Arc<CallInFlight>>, attempt: EgressAttempt) {
         let info = attempt.info().clone();
         let details = broker_details(&info);
@@ -94,6 +124,10 @@ impl EgressJudge {
                 (record, None, None)
             }
             Some(call) => {
+                let mismatch = (!call.plan.basis.declared).then(|| {
+                    self.undeclared_egress(&call);
+                    DeclarationMismatch::UndeclaredEgress
+                });
                 let v = self.resolver.decide_egress(
                     &call.plan,
                     info.destination.as_ref(),
@@ -123,6 +157,8 @@ impl EgressJudge {
                             topology: call.plan.basis.topology,
                             observed: true,
                         }),
+                        declaration_mismatch: mismatch,
+                        ..FlowContext::default()
                     },
                 });
                 let allowed = v.allowed.then_some(v.source);

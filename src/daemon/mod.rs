@@ -153,6 +153,9 @@ pub enum StartupError {
     /// The record writer could not be opened.
     #[error("cannot open the decision records: {0}")]
     Records(#[from] crate::records::RecordError),
+    /// The flow state disagrees with what the decision records prove.
+    #[error(transparent)]
+    Continuity(#[from] crate::continuity::ContinuityError),
 }
 
 /// What an executor's egress is judged against while it serves a call.
@@ -168,6 +171,8 @@ pub struct CallInFlight {
     pub correlation: crate::records::Correlation,
     /// The executor's record of the label its egress was approved under.
     pub approved_under: Arc<Mutex<Option<InformationLabel>>>,
+    /// The executor's pid (for warnings about it).
+    pub executor_pid: i32,
 }
 
 /// One server as the current generation runs it.
@@ -197,10 +202,12 @@ pub struct Generation {
 /// Counters for `tool_observation_health`.
 #[derive(Debug, Default)]
 pub struct HostCounters {
-    /// tools/call decisions taken.
+    /// `tool_call` records committed by this run.
     pub tool_calls: AtomicU64,
     /// Calls to tools without a record mapping (`observed_unknown_tool`).
     pub unknown_tools: AtomicU64,
+    /// Egress attempts the signed declaration does not admit, per `server/tool`.
+    pub declaration_mismatches: Mutex<BTreeMap<String, u64>>,
 }
 
 /// The running host.
@@ -214,7 +221,9 @@ pub struct Host {
     /// The record writer.
     pub records: RecordWriter,
     /// Health counters.
-    pub counters: HostCounters,
+    pub counters: Arc<HostCounters>,
+    /// What the health carried over from the previous run.
+    coverage: Coverage,
     /// Becomes true when the host is stopping (a watch: nobody can miss the change).
     shutdown: tokio::sync::watch::Sender<bool>,
     config_path: PathBuf,
@@ -350,8 +359,61 @@ fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result
     Ok(())
 }
 
+/// The last durable record of a writer: its sequence number and line hash.
+fn writer_head(status: &crate::records::WriterStatus) -> Option<(u64, String)> {
+    status
+        .last_seq
+        .map(|seq| (seq, status.chain_head.as_str().to_string()))
+}
+
+/// What a run's health carries over from the previous run's: the start of the range it
+/// vouches for and the counts in it. Carried only when the previous health was complete,
+/// written by a daemon, and ends exactly where the records now end (so nothing happened
+/// between that health and this run); otherwise the range starts with this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Coverage {
+    first_seq: u64,
+    tool_calls: u64,
+    unknown_tools: u64,
+}
+
+impl Coverage {
+    fn carried_over(health_file: &Path, status: &crate::records::WriterStatus) -> Coverage {
+        let this_run = Coverage {
+            first_seq: status.last_seq.map_or(1, |s| s.saturating_add(1)),
+            tool_calls: 0,
+            unknown_tools: 0,
+        };
+        let Ok(previous) = ToolObservationHealth::read_from(health_file) else {
+            return this_run;
+        };
+        let ends_here = previous.records.last_seq == status.last_seq
+            && previous.records.chain_head.as_deref() == Some(status.chain_head.as_str());
+        match (
+            previous.complete,
+            previous.producer,
+            previous.records.first_seq,
+            previous.tool_calls_observed,
+            previous.unknown_tool_count,
+        ) {
+            (
+                true,
+                HealthProducer::Daemon,
+                Some(first_seq),
+                Some(tool_calls),
+                Some(unknown_tools),
+            ) if ends_here => Coverage {
+                first_seq,
+                tool_calls,
+                unknown_tools,
+            },
+            _ => this_run,
+        }
+    }
+}
+
 /// The flow-state database's file name inside `state_dir`.
-const STATE_FILE: &str = "state.db";
+pub const STATE_FILE: &str = "state.db";
 /// The file an operator creates in `state_dir` to accept starting with fresh flow state
 /// after the database was lost.
 pub const STATE_RESET_FILE: &str = "state-reset-accepted";
@@ -439,12 +501,8 @@ impl Host {
         ensure_dir(&config.records_dir, 0o700)?;
         registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
         let reset_accepted = check_state_continuity(&config)?;
-        let state = Arc::new(FlowStateStore::open(&config.state_dir.join(STATE_FILE))?);
-        if reset_accepted {
-            let ack = config.state_dir.join(STATE_RESET_FILE);
-            tracing::warn!(path = %ack.display(), "flow state was reset by the operator; labels restart at bottom");
-            std::fs::remove_file(&ack).map_err(|source| StartupError::Io { path: ack, source })?;
-        }
+        let db = config.state_dir.join(STATE_FILE);
+        let state = Arc::new(FlowStateStore::open(&db)?);
         let records = RecordWriter::open(
             &config.records_dir,
             WriterOptions {
@@ -452,6 +510,26 @@ impl Host {
                 ..WriterOptions::default()
             },
         )?;
+        let status = records.status();
+        if reset_accepted {
+            let ack = config.state_dir.join(STATE_RESET_FILE);
+            tracing::warn!(path = %ack.display(), "flow state was reset by the operator; labels restart at bottom");
+            crate::continuity::rebind(
+                &state,
+                writer_head(&status).as_ref().map(|(s, h)| (*s, h.as_str())),
+            )?;
+            std::fs::remove_file(&ack).map_err(|source| StartupError::Io { path: ack, source })?;
+        } else {
+            crate::continuity::check(
+                &state,
+                &crate::continuity::Places {
+                    db: &db,
+                    state_dir: &config.state_dir,
+                    records: &config.records_dir,
+                },
+            )?;
+        }
+        let coverage = Coverage::carried_over(&config.health_file, &status);
         let resolver = Arc::new(FlowResolver::new(
             Classifier::new(config.classifiers.clone()),
             config.operator_input_floor.clone(),
@@ -459,8 +537,15 @@ impl Host {
         ));
         let listener = activation::bind(&config.socket, config.socket_mode, passed)?;
         let health_file = config.health_file.clone();
-        let generation =
-            build_generation(1, config, registry, &profiles, &broker, &resolver, &records);
+        let counters = Arc::new(HostCounters::default());
+        let generation = build_generation(
+            1,
+            config,
+            registry,
+            &profiles,
+            &broker,
+            (&resolver, &records, &counters),
+        );
         for s in generation.servers.values() {
             s.pool.refill();
         }
@@ -470,7 +555,8 @@ impl Host {
             broker,
             resolver,
             records,
-            counters: HostCounters::default(),
+            counters,
+            coverage,
             shutdown: tokio::sync::watch::channel(false).0,
             config_path: config_file.to_path_buf(),
             health_file,
@@ -516,8 +602,7 @@ impl Host {
             registry,
             &profiles,
             &self.broker,
-            &self.resolver,
-            &self.records,
+            (&self.resolver, &self.records, &self.counters),
         );
         for s in generation.servers.values() {
             s.pool.refill();
@@ -556,15 +641,21 @@ impl Host {
         self.shutdown.send_replace(true);
     }
 
-    /// The current `tool_observation_health`.
+    /// The current `tool_observation_health`, bound to the records it vouches for: its
+    /// range starts where the last complete health of an earlier run started (or with this
+    /// run), `tool_calls_observed` counts the `tool_call` records in that range, and the
+    /// chain head is the last durable record's hash.
     pub fn health(&self) -> ToolObservationHealth {
         let stats = self.broker.stats();
+        let status = self.records.status();
         let mut h = ToolObservationHealth::unknown(HealthProducer::Daemon);
         h.proxy_seen = Some(true);
-        h.tool_calls_observed = Some(self.counters.tool_calls.load(Ordering::SeqCst));
+        h.tool_calls_observed =
+            Some(self.coverage.tool_calls + self.counters.tool_calls.load(Ordering::SeqCst));
         h.policy_layer_active = Some(true);
         h.classifier_version = Some(self.current().config.classifier_version.clone());
-        h.unknown_tool_count = Some(self.counters.unknown_tools.load(Ordering::SeqCst));
+        h.unknown_tool_count =
+            Some(self.coverage.unknown_tools + self.counters.unknown_tools.load(Ordering::SeqCst));
         h.redaction_active = Some(true);
         h.broker_active = Some(true);
         h.executors_spawned = Some(stats.spawned);
@@ -572,7 +663,19 @@ impl Host {
         // supervision; a supervisor failure is the only way one escapes the count.
         h.executors_supervised = Some(stats.supervised() + stats.exited);
         h.failed_notifications = Some(stats.failed_notifications + stats.supervisor_failures);
-        h.records = RecordsHealth::from_writer(&self.records.status());
+        h.records = RecordsHealth::from_writer(&status);
+        let covered = status
+            .last_seq
+            .filter(|last| *last >= self.coverage.first_seq);
+        h.records.first_seq = covered.map(|_| self.coverage.first_seq);
+        h.records.last_seq = covered;
+        if let Ok(m) = self.counters.declaration_mismatches.lock() {
+            h.declaration_mismatches = m.clone();
+        }
+        if let Some(reason) = self.resolver.state().failure() {
+            h.flow_state_failed = true;
+            h.flow_state_failure_reason = Some(reason);
+        }
         h.finalize()
     }
 
@@ -590,6 +693,13 @@ impl Host {
         }
         if let Err(e) = self.records.close().await {
             tracing::error!(error = %e, "closing the decision records failed");
+        } else if let Err(e) = crate::continuity::rebind(
+            self.resolver.state(),
+            writer_head(&self.records.status())
+                .as_ref()
+                .map(|(s, h)| (*s, h.as_str())),
+        ) {
+            tracing::error!(error = %e, "binding the flow state to the records failed");
         }
         if let Err(e) = self.write_health() {
             tracing::error!(error = %e, "writing the health file failed");
@@ -603,8 +713,7 @@ fn build_generation(
     registry: VerifiedRegistry,
     profiles: &BTreeMap<String, Arc<Profile>>,
     broker: &Broker,
-    resolver: &Arc<FlowResolver>,
-    records: &RecordWriter,
+    (resolver, records, counters): (&Arc<FlowResolver>, &RecordWriter, &Arc<HostCounters>),
 ) -> Generation {
     let mut servers = BTreeMap::new();
     for s in &config.servers {
@@ -621,6 +730,8 @@ fn build_generation(
             resolver: resolver.clone(),
             records: records.clone(),
             destinations: Arc::new(s.destinations.clone()),
+            counters: counters.clone(),
+            warned: Default::default(),
         });
         let template = ExecutorTemplate {
             argv: s.command.clone(),

@@ -18,11 +18,12 @@ use super::{CallInFlight, Generation, Host, McpExecutor, ServerRuntime};
 use crate::config::PrincipalConfig;
 use crate::mcp::{self, Incoming, Line, RpcError, code};
 use crate::records::{
-    Classification, DecisionRecord, DenialKind, EgressBasis, FlowContext, Projection, ServerInfo,
-    ToolCallFacts, Verdict, correlation_from_params, project_tool_call,
+    Classification, DecisionRecord, DenialKind, EgressBasis, EventKind, FlowContext, LabelsAfter,
+    PeerIdentity, Projection, ServerInfo, ToolCallFacts, Verdict, correlation_from_params,
+    project_tool_call,
 };
 use crate::resolver::{CallPlan, CallRefusal};
-use crate::state::SessionKey;
+use crate::state::{FlowState, SessionKey};
 
 struct Bound {
     generation: u64,
@@ -155,6 +156,7 @@ impl Session {
                         self.uid, self.gid
                     ),
                 )
+                .with_data(json!({"denial": DenialKind::ACCESS_DENIED}))
             })?;
         match &self.pinned {
             Some(pinned) if *pinned != principal.id => Err(RpcError::new(
@@ -164,7 +166,8 @@ impl Session {
                      to {}; reconnect to act as {}",
                     self.uid, principal.id, principal.id
                 ),
-            )),
+            )
+            .with_data(json!({"denial": DenialKind::ACCESS_DENIED}))),
             _ => Ok(principal),
         }
     }
@@ -176,17 +179,28 @@ impl Session {
             Ok(Incoming::Request { id, method, params }) => (id, method, params),
         };
         let result = match method.as_str() {
-            "initialize" => self.initialize(),
+            "initialize" => match self.initialize() {
+                Err(e) => Err(self.refuse_session("(initialize)", e).await),
+                ok => ok,
+            },
             "ping" => Ok(json!({})),
             "tools/list" | "tools/call" | "flowhost/health" if !self.initialized => {
-                Err(RpcError::new(
+                let e = RpcError::new(
                     code::NOT_INITIALIZED,
                     "send initialize before other requests",
-                ))
+                )
+                .with_data(json!({"denial": DenialKind::NOT_INITIALIZED}));
+                Err(self.refuse_session(&format!("({method})"), e).await)
             }
-            "tools/list" => self.list(),
+            "tools/list" => match self.list() {
+                Err(e) => Err(self.refuse_session("(tools/list)", e).await),
+                ok => ok,
+            },
             "tools/call" => self.call(params).await,
-            "flowhost/health" => self.health(),
+            "flowhost/health" => match self.health() {
+                Err(e) => Err(self.refuse_session("(flowhost/health)", e).await),
+                ok => ok,
+            },
             other => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("method {other:?} is not served"),
@@ -238,114 +252,176 @@ impl Session {
     fn health(&self) -> Result<Value, RpcError> {
         let generation = self.host.current();
         self.principal(&generation)?;
-        let h = self.host.write_health().map_err(|e| {
-            RpcError::new(
-                code::INTERNAL_ERROR,
-                format!("cannot write the health file: {e}"),
-            )
-        })?;
-        serde_json::to_value(&h).map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))
+        // The computed health is returned even when the file cannot be written: the caller
+        // learns both the state of observation and that the file on disk is stale.
+        let (h, write_error) = match self.host.write_health() {
+            Ok(h) => (h, None),
+            Err(e) => {
+                tracing::error!(error = %e, "writing the health file failed");
+                (self.host.health(), Some(e.to_string()))
+            }
+        };
+        let mut v = serde_json::to_value(&h)
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
+        if let (Some(e), Some(map)) = (write_error, v.as_object_mut()) {
+            map.insert("health_file_error".into(), json!(e));
+        }
+        Ok(v)
     }
 
-    /// Records a tools/call decision durably. An error means the decision must not take
-    /// effect (fail closed).
+    /// Records a decision durably (`build` makes the record from the facts: a tool call, its
+    /// outcome, or a session-level refusal). An error means the decision must not take effect
+    /// (fail closed).
     async fn record(
         &self,
-        server: ServerInfo,
-        tool_name: String,
-        projection: Projection,
-        verdict: Verdict,
-        correlation: crate::records::Correlation,
-        context: FlowContext,
+        build: fn(ToolCallFacts) -> DecisionRecord,
+        facts: ToolCallFacts,
     ) -> Result<(), RpcError> {
-        let record = DecisionRecord::tool_call(ToolCallFacts {
-            server,
-            tool_name,
-            projection,
-            verdict,
+        let record = build(facts);
+        let is_call = record.flowhost.event == EventKind::ToolCall;
+        self.host.records.commit(record).await.map_err(|e| {
+            tracing::error!(error = %e, "decision record not written; refusing");
+            RpcError::new(
+                code::INTERNAL_ERROR,
+                "the decision record could not be written, so the host refuses the call",
+            )
+            .with_data(json!({"denial": DenialKind::RECORD_FAILURE}))
+        })?;
+        if is_call {
+            self.host.counters.tool_calls.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Records the refusal `error` of a request that named no tool (`what` says which
+    /// request), and returns the error for the client (or the record failure).
+    async fn refuse_session(&self, what: &str, error: RpcError) -> RpcError {
+        let denial = error
+            .data_denial()
+            .filter(|d| crate::records::is_code(d))
+            .unwrap_or(DenialKind::INVALID_REQUEST)
+            .to_string();
+        let facts = ToolCallFacts {
+            server: ServerInfo::mcp("(none)", None),
+            tool_name: what.to_string(),
+            projection: Projection::unknown_tool(),
+            verdict: Verdict::deny(Some(&denial)),
             credential_alias: None,
-            correlation,
-            context,
-        });
-        self.host
-            .records
-            .commit(record)
-            .await
-            .map(drop)
-            .map_err(|e| {
-                tracing::error!(error = %e, "decision record not written; refusing");
-                RpcError::new(
-                    code::INTERNAL_ERROR,
-                    "the decision record could not be written, so the host refuses the call",
-                )
-                .with_data(json!({"denial": DenialKind::RECORD_FAILURE}))
-            })
+            correlation: crate::records::Correlation::none(),
+            context: FlowContext {
+                principal: self.pinned.as_ref().map(ToString::to_string),
+                session: Some(self.id.clone()),
+                denial_kind: DenialKind::new(&denial).ok(),
+                peer: Some(PeerIdentity {
+                    uid: self.uid,
+                    gid: self.gid,
+                }),
+                ..FlowContext::default()
+            },
+        };
+        match self.record(DecisionRecord::session, facts).await {
+            Ok(()) => error,
+            Err(record_failure) => record_failure,
+        }
     }
 
     async fn call(&mut self, params: Value) -> Result<Value, RpcError> {
         let generation = self.host.current();
-        let principal = self.principal(&generation)?;
-        let name = params
+        let Some(name) = params
             .get("name")
             .and_then(Value::as_str)
-            .ok_or_else(|| {
-                RpcError::new(code::INVALID_PARAMS, "tools/call needs a string \"name\"")
-            })?
-            .to_string();
-        let arguments = match params.get("arguments") {
-            None | Some(Value::Null) => json!({}),
-            Some(v @ Value::Object(_)) => v.clone(),
-            Some(_) => {
-                return Err(RpcError::new(
-                    code::INVALID_PARAMS,
-                    "\"arguments\" must be an object",
-                ));
-            }
+            .map(str::to_string)
+        else {
+            let e = RpcError::new(code::INVALID_PARAMS, "tools/call needs a string \"name\"")
+                .with_data(json!({"denial": DenialKind::INVALID_PARAMS}));
+            return Err(self.refuse_session("(tools/call)", e).await);
         };
         let correlation = correlation_from_params(&params);
         let call_id = random_id();
-        self.host.counters.tool_calls.fetch_add(1, Ordering::SeqCst);
-        let key = SessionKey {
-            principal: principal.id.clone(),
-            session: self.id.clone(),
+        let (server_id, tool_name) = name.split_once('/').unwrap_or(("", name.as_str()));
+        let tool = generation.registry.tool(server_id, tool_name);
+        let server = generation.servers.get(server_id);
+        let server_info = match (tool, server) {
+            (Some(_), Some(server)) => ServerInfo::mcp(server_id, Some(&server.digest)),
+            _ => ServerInfo::mcp(
+                if server_id.is_empty() {
+                    "(none)"
+                } else {
+                    server_id
+                },
+                None,
+            ),
         };
+        let pinned = self.pinned.as_ref().map(ToString::to_string);
+        let session_id = self.id.clone();
         let context = |denial: Option<&str>| FlowContext {
-            principal: Some(principal.id.to_string()),
-            session: Some(self.id.clone()),
+            principal: pinned.clone(),
+            session: Some(session_id.clone()),
             call_id: Some(call_id.clone()),
             denial_kind: denial.and_then(|d| DenialKind::new(d).ok()),
             ..FlowContext::default()
         };
-
-        let (server_id, tool_name) = name.split_once('/').unwrap_or(("", name.as_str()));
-        let tool = generation.registry.tool(server_id, tool_name);
-        let (Some(tool), Some(server)) = (tool, generation.servers.get(server_id)) else {
-            self.host
-                .counters
-                .unknown_tools
-                .fetch_add(1, Ordering::SeqCst);
-            self.record(
-                ServerInfo::mcp(
-                    if server_id.is_empty() {
-                        "(none)"
-                    } else {
-                        server_id
-                    },
-                    None,
-                ),
-                name.clone(),
-                Projection::unknown_tool(),
-                Verdict::deny(Some(DenialKind::UNKNOWN_TOOL)),
-                correlation,
-                context(Some(DenialKind::UNKNOWN_TOOL)),
-            )
-            .await?;
-            return Err(RpcError::new(
-                code::INVALID_PARAMS,
-                format!("unknown tool {name:?} (tools are named server/tool)"),
-            ));
+        let refusal = |e: RpcError| {
+            let denial = e
+                .data_denial()
+                .unwrap_or(DenialKind::INVALID_PARAMS)
+                .to_string();
+            Box::new((e, denial))
         };
-        let server_info = ServerInfo::mcp(server_id, Some(&server.digest));
+        // Everything that can refuse before the resolver runs, each refusal recorded.
+        let checked = (|| {
+            let principal = self.principal(&generation).map_err(refusal)?;
+            let arguments = match params.get("arguments") {
+                None | Some(Value::Null) => json!({}),
+                Some(v @ Value::Object(_)) => v.clone(),
+                Some(_) => {
+                    return Err(refusal(
+                        RpcError::new(code::INVALID_PARAMS, "\"arguments\" must be an object")
+                            .with_data(json!({"denial": DenialKind::INVALID_PARAMS})),
+                    ));
+                }
+            };
+            let (Some(tool), Some(server)) = (tool, server) else {
+                return Err(refusal(
+                    RpcError::new(
+                        code::INVALID_PARAMS,
+                        format!("unknown tool {name:?} (tools are named server/tool)"),
+                    )
+                    .with_data(json!({"denial": DenialKind::UNKNOWN_TOOL})),
+                ));
+            };
+            Ok((principal, arguments, tool, server))
+        })();
+        let (principal, arguments, tool, server) = match checked {
+            Ok(v) => v,
+            Err(refused) => {
+                let (e, denial) = *refused;
+                if denial == DenialKind::UNKNOWN_TOOL {
+                    self.host
+                        .counters
+                        .unknown_tools
+                        .fetch_add(1, Ordering::SeqCst);
+                }
+                self.record(
+                    DecisionRecord::tool_call,
+                    ToolCallFacts {
+                        server: server_info,
+                        tool_name: name.clone(),
+                        projection: Projection::unknown_tool(),
+                        verdict: Verdict::deny(Some(&denial)),
+                        credential_alias: None,
+                        correlation,
+                        context: context(Some(&denial)),
+                    },
+                )
+                .await?;
+                return Err(e);
+            }
+        };
+        let key = SessionKey {
+            principal: principal.id.clone(),
+            session: self.id.clone(),
+        };
         let projection = project_tool_call(server.mappings.get(tool_name), &arguments);
         if projection.classification == Classification::ObservedUnknownTool {
             self.host
@@ -367,12 +443,16 @@ impl Session {
                     _ => Verdict::deny(Some(code_str)),
                 };
                 self.record(
-                    server_info,
-                    name.clone(),
-                    projection,
-                    verdict,
-                    correlation,
-                    context(Some(code_str)),
+                    DecisionRecord::tool_call,
+                    ToolCallFacts {
+                        server: server_info,
+                        tool_name: name.clone(),
+                        projection,
+                        verdict,
+                        credential_alias: None,
+                        correlation,
+                        context: context(Some(code_str)),
+                    },
                 )
                 .await?;
                 return Err(refusal_error(&refusal));
@@ -386,20 +466,47 @@ impl Session {
             topology: plan.basis.topology,
             observed: false,
         });
+        ctx.labels_after = Some(labels_after(&plan.state_after_dispatch));
         self.record(
-            server_info,
-            name.clone(),
-            projection,
-            Verdict::allow_before_effect(None),
-            correlation.clone(),
-            ctx,
+            DecisionRecord::tool_call,
+            ToolCallFacts {
+                server: server_info.clone(),
+                tool_name: name.clone(),
+                projection: projection.clone(),
+                verdict: Verdict::allow_before_effect(None),
+                credential_alias: None,
+                correlation: correlation.clone(),
+                context: ctx,
+            },
         )
         .await?;
 
+        // From here on the call was allowed: what becomes of it is recorded as its outcome,
+        // with the labels it leaves behind, before anything reaches the client.
+        let outcome = |verdict: Verdict, state: &FlowState| ToolCallFacts {
+            server: server_info.clone(),
+            tool_name: name.clone(),
+            projection: projection.clone(),
+            verdict,
+            credential_alias: None,
+            correlation: correlation.clone(),
+            context: FlowContext {
+                labels_after: Some(labels_after(state)),
+                ..context(None)
+            },
+        };
         let config = &generation.config;
         let mut bound = match self.executor_for(&generation, server, &plan).await {
             Ok(b) => b,
             Err(e) => {
+                self.record(
+                    DecisionRecord::tool_outcome,
+                    outcome(
+                        Verdict::error(DenialKind::EXECUTOR_FAILED),
+                        &plan.state_after_dispatch,
+                    ),
+                )
+                .await?;
                 return Ok(tool_error(&format!(
                     "the executor could not be started: {e}"
                 )));
@@ -407,12 +514,13 @@ impl Session {
         };
         let call = Arc::new(CallInFlight {
             plan: plan.clone(),
-            call_id,
+            call_id: call_id.clone(),
             tool: name.clone(),
-            correlation,
+            correlation: correlation.clone(),
             approved_under: bound.exec.approved_under(),
+            executor_pid: bound.exec.pid(),
         });
-        let outcome = bound
+        let result = bound
             .exec
             .call(
                 call,
@@ -422,17 +530,16 @@ impl Session {
                 config.max_message_bytes,
             )
             .await;
-        match outcome {
+        let (result, verdict, text) = match result {
             Ok(result) => {
                 let text = crate::resolver::classifiable_text(&result);
-                self.host.resolver.after_call(&plan, &text).map_err(|e| {
-                    RpcError::new(
-                        code::INTERNAL_ERROR,
-                        format!("the output's label could not be stored, so it is withheld: {e}"),
-                    )
-                })?;
+                let verdict = if result.get("isError") == Some(&Value::Bool(true)) {
+                    Verdict::error("tool_error")
+                } else {
+                    Verdict::success(None)
+                };
                 self.bound.insert(server_id.to_string(), bound);
-                Ok(result)
+                (result, verdict, text)
             }
             Err(e) => {
                 tracing::warn!(session = %self.id, tool = %name, error = %e, "executor failed; it is retired");
@@ -441,15 +548,23 @@ impl Session {
                 // error message, a protocol complaint quoting its output) can carry what it
                 // read: it reaches the client only under the same rule as a result.
                 let text = format!("the tool's executor failed: {e}");
-                self.host.resolver.after_call(&plan, &text).map_err(|e| {
-                    RpcError::new(
-                        code::INTERNAL_ERROR,
-                        format!("the executor failed, and the label of what it said could not be stored, so it is withheld: {e}"),
-                    )
-                })?;
-                Ok(tool_error(&text))
+                (
+                    tool_error(&text),
+                    Verdict::error(DenialKind::EXECUTOR_FAILED),
+                    text,
+                )
             }
-        }
+        };
+        let state = self.host.resolver.after_call(&plan, &text).map_err(|e| {
+            RpcError::new(
+                code::INTERNAL_ERROR,
+                format!("the output's label could not be stored, so it is withheld: {e}"),
+            )
+            .with_data(json!({"denial": DenialKind::STATE_FAILURE}))
+        })?;
+        self.record(DecisionRecord::tool_outcome, outcome(verdict, &state))
+            .await?;
+        Ok(result)
     }
 
     /// The executor bound to this session for `server`: the existing one if it belongs to
@@ -497,6 +612,14 @@ fn refusal_error(refusal: &CallRefusal) -> RpcError {
         CallRefusal::State(_) => code::INTERNAL_ERROR,
     };
     RpcError::new(code, refusal.to_string()).with_data(json!({"denial": refusal.denial_code()}))
+}
+
+/// The record form of a session's flow state.
+fn labels_after(state: &FlowState) -> LabelsAfter {
+    LabelsAfter {
+        principal: state.principal.clone(),
+        session: state.session.clone(),
+    }
 }
 
 fn tool_error(text: &str) -> Value {

@@ -131,6 +131,16 @@ pub struct ToolObservationHealth {
     pub failed_notifications: Option<u64>,
     /// The record side.
     pub records: RecordsHealth,
+    /// Egress attempts the signed declarations do not admit, per `server/tool` (findings
+    /// for the diff; they do not make observation incomplete).
+    #[serde(default)]
+    pub declaration_mismatches: std::collections::BTreeMap<String, u64>,
+    /// Whether the flow-state store failed (the host then refuses every call).
+    #[serde(default)]
+    pub flow_state_failed: bool,
+    /// Why it failed.
+    #[serde(default)]
+    pub flow_state_failure_reason: Option<String>,
     /// Derived: whether observation was complete.
     pub complete: bool,
     /// Derived: why not, one reason per entry.
@@ -180,6 +190,9 @@ impl ToolObservationHealth {
             executors_supervised: None,
             failed_notifications: None,
             records: RecordsHealth::default(),
+            declaration_mismatches: Default::default(),
+            flow_state_failed: false,
+            flow_state_failure_reason: None,
             complete: false,
             incomplete_reasons: Vec::new(),
         }
@@ -219,6 +232,14 @@ impl ToolObservationHealth {
             Some(0) => {}
             Some(n) => why.push(format!("{n} seccomp notifications failed")),
             None => why.push("failed_notifications is unknown".into()),
+        }
+        if self.flow_state_failed {
+            why.push(format!(
+                "the flow-state store failed: {}",
+                self.flow_state_failure_reason
+                    .as_deref()
+                    .unwrap_or("no reason given")
+            ));
         }
         if self.records.writer_failed {
             why.push(format!(

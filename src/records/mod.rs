@@ -353,6 +353,13 @@ pub enum EventKind {
     ToolCall,
     /// A broker-observed outbound operation.
     EgressAttempt,
+    /// What became of an allowed `tools/call` once its executor answered: `allow` with
+    /// status `success` (the side effect is asserted), or `error` when the tool or its
+    /// executor failed. It carries the labels the call left behind.
+    ToolOutcome,
+    /// A refusal before any tool was named: a peer that is not a configured principal, or
+    /// a request too malformed to name a tool.
+    Session,
 }
 
 /// `flowhost.egress_basis`: which sources of knowledge made the call egress.
@@ -389,6 +396,15 @@ impl DenialKind {
     pub const RECORD_FAILURE: &'static str = "record_failure";
     /// The executor could not be spawned or failed.
     pub const EXECUTOR_FAILED: &'static str = "executor_failed";
+    /// The flow state could not be read or written, so the host refused (fail closed).
+    pub const STATE_FAILURE: &'static str = "state_failure";
+    /// The request was malformed (a `tools/call` without a string name, arguments that are
+    /// not an object).
+    pub const INVALID_PARAMS: &'static str = "invalid_params";
+    /// A request came before `initialize`.
+    pub const NOT_INITIALIZED: &'static str = "not_initialized";
+    /// A request that could not be served for a reason no other code names.
+    pub const INVALID_REQUEST: &'static str = "invalid_request";
 
     /// Checks that `code` is snake_case (`[a-z][a-z0-9_]*`, at most 128 bytes).
     pub fn new(code: &str) -> Result<Self, RecordFormatError> {
@@ -509,6 +525,47 @@ pub struct FlowhostExtension {
     pub egress_basis: Option<EgressBasis>,
     /// The broker's observation, for egress attempts.
     pub broker: Option<BrokerDetails>,
+    /// The principal's and the session's stored labels once this decision took effect on
+    /// the flow state (absent when it changed nothing there). The labels only grow, so the
+    /// records alone can rebuild the flow state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels_after: Option<LabelsAfter>,
+    /// The peer's Unix identity, for refusals of a peer that maps to no principal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<PeerIdentity>,
+    /// Where what was observed contradicts the signed declaration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declaration_mismatch: Option<DeclarationMismatch>,
+}
+
+/// `flowhost.labels_after`: the flow state a decision left behind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabelsAfter {
+    /// The principal's label.
+    pub principal: InformationLabel,
+    /// The session's label.
+    pub session: InformationLabel,
+}
+
+/// `flowhost.peer`: a connecting process's Unix identity (from `SO_PEERCRED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerIdentity {
+    /// The peer's uid.
+    pub uid: u32,
+    /// The peer's gid.
+    pub gid: u32,
+}
+
+/// `flowhost.declaration_mismatch`: how the observed behaviour contradicts the signed
+/// declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeclarationMismatch {
+    /// The executor attempted outbound I/O although the tool's signed declaration says it
+    /// does not egress (or declares no flow at all).
+    UndeclaredEgress,
 }
 
 /// The flow facts a decision carries; everything optional (use `..Default::default()`).
@@ -528,6 +585,12 @@ pub struct FlowContext {
     pub denial_kind: Option<DenialKind>,
     /// What made it egress.
     pub egress_basis: Option<EgressBasis>,
+    /// The labels the decision left behind.
+    pub labels_after: Option<LabelsAfter>,
+    /// The peer, for refusals of an unmapped peer.
+    pub peer: Option<PeerIdentity>,
+    /// How the observation contradicts the declaration.
+    pub declaration_mismatch: Option<DeclarationMismatch>,
 }
 
 /// The verdict facts shared by both kinds of decision.
@@ -551,6 +614,16 @@ impl Verdict {
             rule_id: rule_id.map(sanitize),
             enforced: true,
             status: "authorized".to_string(),
+        }
+    }
+
+    /// An allow whose effect happened (status `success`, side effect asserted).
+    pub fn success(rule_id: Option<&str>) -> Self {
+        Verdict {
+            effect: Effect::Allow,
+            rule_id: rule_id.map(sanitize),
+            enforced: true,
+            status: "success".to_string(),
         }
     }
 
@@ -618,6 +691,20 @@ impl DecisionRecord {
     /// The record of a `tools/call` decision. `seq` and `prev_hash` are left for the writer;
     /// `recorded_at` is now. Text is sanitised (control characters replaced by U+FFFD).
     pub fn tool_call(facts: ToolCallFacts) -> Self {
+        Self::from_call_facts(facts, EventKind::ToolCall)
+    }
+
+    /// The record of what became of an allowed `tools/call` (see [`EventKind::ToolOutcome`]).
+    pub fn tool_outcome(facts: ToolCallFacts) -> Self {
+        Self::from_call_facts(facts, EventKind::ToolOutcome)
+    }
+
+    /// The record of a refusal before any tool was named (see [`EventKind::Session`]).
+    pub fn session(facts: ToolCallFacts) -> Self {
+        Self::from_call_facts(facts, EventKind::Session)
+    }
+
+    fn from_call_facts(facts: ToolCallFacts, event: EventKind) -> Self {
         let ToolCallFacts {
             server,
             tool_name,
@@ -635,7 +722,7 @@ impl DecisionRecord {
             credential_alias.as_deref(),
             correlation,
             context,
-            EventKind::ToolCall,
+            event,
             None,
         )
     }
@@ -813,8 +900,11 @@ impl DecisionRecord {
             }
         }
         match (x.event, &x.broker) {
-            (EventKind::ToolCall, Some(_)) => {
-                return fail("flowhost.broker", "must be null for a tool_call".into());
+            (EventKind::ToolCall | EventKind::ToolOutcome | EventKind::Session, Some(_)) => {
+                return fail(
+                    "flowhost.broker",
+                    "must be null unless the event is egress_attempt".into(),
+                );
             }
             (EventKind::EgressAttempt, None) => {
                 return fail(
@@ -823,6 +913,18 @@ impl DecisionRecord {
                 );
             }
             _ => {}
+        }
+        if x.event == EventKind::ToolOutcome && self.decision.effect == Effect::Deny {
+            return fail(
+                "decision.effect",
+                "a tool_outcome is allow (success) or error, never deny".into(),
+            );
+        }
+        if x.declaration_mismatch.is_some() && x.event != EventKind::EgressAttempt {
+            return fail(
+                "flowhost.declaration_mismatch",
+                "is only recorded on an egress_attempt".into(),
+            );
         }
         if x.seq == 0 {
             return fail("flowhost.seq", "must be at least 1".into());
@@ -923,6 +1025,9 @@ fn build(
             denial_kind: context.denial_kind,
             egress_basis: context.egress_basis,
             broker,
+            labels_after: context.labels_after,
+            peer: context.peer,
+            declaration_mismatch: context.declaration_mismatch,
         },
     }
 }

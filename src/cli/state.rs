@@ -1,0 +1,56 @@
+//! `flowhost state`: the flow state's relation to the decision records.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::CliResult;
+
+/// `flowhost state ...`
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum StateCommand {
+    /// Rebuild every principal's and session's label from the decision records alone (stop
+    /// the host first). Labels are joined into what `STATE_DIR/state.db` already holds, so a
+    /// rebuild never lowers anything; the state is then bound to the records' head.
+    Rebuild(RebuildArgs),
+}
+
+/// `flowhost state rebuild --records DIR --state-dir DIR`
+#[derive(Debug, clap::Args)]
+pub(crate) struct RebuildArgs {
+    /// The record directory (its hash chain must verify).
+    #[arg(long)]
+    records: PathBuf,
+    /// The host's state directory (`state.db` is created or raised there).
+    #[arg(long)]
+    state_dir: PathBuf,
+}
+
+impl StateCommand {
+    /// Runs the subcommand: exit 0 rebuilt, 2 with the reason otherwise.
+    pub(crate) fn run(self) -> CliResult {
+        match self {
+            StateCommand::Rebuild(args) => {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&args.state_dir)
+                    .map_err(|e| format!("{}: {e}", args.state_dir.display()))?;
+                let db = args.state_dir.join(crate::daemon::STATE_FILE);
+                let report = crate::continuity::rebuild(&args.records, &db)?;
+                println!(
+                    "rebuilt {} from {} records in {}: {} principals, {} sessions; bound to record seq {}",
+                    db.display(),
+                    report.records,
+                    args.records.display(),
+                    report.principals,
+                    report.sessions,
+                    report
+                        .head_seq
+                        .map_or_else(|| "none".to_string(), |s| s.to_string())
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! Binding the flow state to the decision records, so that a state file cannot roll labels
+//! back.
+//!
+//! Every record of a decision that changed the flow state carries `flowhost.labels_after`:
+//! the principal's and the session's stored labels once it took effect. Labels only grow,
+//! so the records prove a lower bound for every label the state must hold. The state keeps a
+//! checkpoint (the sequence number and line hash of the last record it was proven against).
+//!
+//! * [`check`] runs at every start: the checkpoint record must still be in the records with
+//!   the same hash (otherwise the state belongs to another record stream), and every label
+//!   the records after it prove must flow to what the state holds. A truncated `state.db`, an
+//!   older copy, a lost write-ahead log, or another host's file all fail here, and the host
+//!   refuses to start, saying what it found and what to do.
+//! * [`rebuild`] reconstructs every principal's and session's label from the records alone
+//!   (joining into whatever the state already holds, so it never lowers anything).
+//!
+//! Order of writes that makes this sound: the state is raised (durably) before the record
+//! that claims the raise is committed, so after a crash the state is ahead of the records,
+//! never behind.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::ident::PrincipalId;
+use crate::label::InformationLabel;
+use crate::records::chain::{line_hash, verify_records};
+use crate::records::store::{StoreError, list_record_files, split_lines};
+use crate::records::{DecisionRecord, Effect, EventKind, LabelsAfter};
+use crate::state::{FlowStateStore, SessionKey, StateError};
+
+/// Why the flow state and the records do not agree, or could not be compared.
+#[derive(Debug, thiserror::Error)]
+pub enum ContinuityError {
+    /// The records could not be read.
+    #[error(transparent)]
+    Records(#[from] StoreError),
+    /// The state could not be read or written.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The record the state was bound to is not in the records (or differs).
+    #[error(transparent)]
+    OtherStream(Box<OtherStreamError>),
+    /// The records prove a label the state does not hold.
+    #[error(transparent)]
+    Behind(Box<BehindError>),
+    /// A record line is not a valid record.
+    #[error("{file}:{line}: not a valid decision record ({error}); run `flowhost records verify`")]
+    Malformed {
+        /// The record file.
+        file: PathBuf,
+        /// The 1-based line.
+        line: u64,
+        /// Why.
+        error: String,
+    },
+    /// The records do not verify, so they cannot be rebuilt from.
+    #[error(
+        "{records}: the records do not verify ({count} problems, first: {first}); a rebuild \
+         needs an intact chain (see `flowhost records verify {records}`)"
+    )]
+    Unverified {
+        /// The record directory.
+        records: PathBuf,
+        /// How many problems.
+        count: usize,
+        /// The first one.
+        first: String,
+    },
+    /// An allowed call's record carries no labels (written before records carried them).
+    #[error(
+        "{file}:{line}: record seq {seq} is an allowed call but carries no labels_after (it \
+         predates label-carrying records), so its labels cannot be recovered from the records"
+    )]
+    Unrecoverable {
+        /// The record file.
+        file: PathBuf,
+        /// The line.
+        line: u64,
+        /// Its sequence number.
+        seq: u64,
+    },
+    /// A record names a principal that is not a valid principal id.
+    #[error("{file}:{line}: record seq {seq} names an invalid principal: {reason}")]
+    BadPrincipal {
+        /// The record file.
+        file: PathBuf,
+        /// The line.
+        line: u64,
+        /// Its sequence number.
+        seq: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The state was last proven against a record the records no longer hold as it was.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "flow state {db} was last proven against record seq {seq} ({hash}), but {records} {found}: \
+     this state belongs to another record stream (another host's file?) or the records were \
+     replaced. Restore the state.db that belongs to these records, or rebuild it from them \
+     with `flowhost state rebuild --records {records} --state-dir {state_dir}` (host stopped)"
+)]
+pub struct OtherStreamError {
+    /// The state database.
+    db: PathBuf,
+    /// Its state directory.
+    state_dir: PathBuf,
+    /// The record directory.
+    records: PathBuf,
+    /// The checkpoint's sequence number.
+    seq: u64,
+    /// The checkpoint's line hash.
+    hash: String,
+    /// What the records hold instead.
+    found: String,
+}
+
+/// The records prove a label the state does not hold.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "flow state {db} is older than the decision records: record seq {seq} ({file}:{line}) \
+     shows {holder} carrying a label the state does not hold (a truncated or restored \
+     state.db, or one whose write-ahead log was lost). Starting would lower that label. \
+     With the host stopped, rebuild the state from the records with `flowhost state rebuild \
+     --records {records} --state-dir {state_dir}`, or restore the newest state.db"
+)]
+pub struct BehindError {
+    /// The state database.
+    db: PathBuf,
+    /// Its state directory.
+    state_dir: PathBuf,
+    /// The record directory.
+    records: PathBuf,
+    /// Whose label (`principal alice`, `session alice/…`).
+    holder: String,
+    /// The record proving it.
+    seq: u64,
+    /// Its file.
+    file: PathBuf,
+    /// Its line.
+    line: u64,
+}
+
+/// One record that carries labels, and where it is.
+struct Proof {
+    key: SessionKey,
+    labels: LabelsAfter,
+    seq: u64,
+    file: PathBuf,
+    line: u64,
+}
+
+/// What reading the records after a checkpoint found.
+struct Scan {
+    proofs: Vec<Proof>,
+    /// Whether the checkpoint record was found with its hash.
+    checkpoint: CheckpointFound,
+    /// The last record read: sequence number and line hash.
+    head: Option<(u64, String)>,
+}
+
+enum CheckpointFound {
+    /// No checkpoint to look for.
+    NotNeeded,
+    /// Found with the expected hash.
+    Matches,
+    /// Found with another hash.
+    Differs(String),
+    /// Not in the records.
+    Missing,
+}
+
+/// Reads every record with a sequence number above `after.0`, checking that record
+/// `after.0` has line hash `after.1`. `strict` refuses allowed calls without labels.
+fn scan(dir: &Path, after: Option<(u64, &str)>, strict: bool) -> Result<Scan, ContinuityError> {
+    let files = list_record_files(dir)?;
+    let after_seq = after.map_or(0, |(s, _)| s);
+    // Start with the file holding the checkpoint: the last one named at or before it.
+    let start = files
+        .iter()
+        .rposition(|f| f.first_seq <= after_seq.max(1))
+        .unwrap_or(0);
+    let mut out = Scan {
+        proofs: Vec::new(),
+        checkpoint: if after.is_some() {
+            CheckpointFound::Missing
+        } else {
+            CheckpointFound::NotNeeded
+        },
+        head: None,
+    };
+    for f in &files[start..] {
+        let bytes = std::fs::read(&f.path).map_err(StoreError::io("read", &f.path))?;
+        let (lines, _torn) = split_lines(&bytes);
+        for (i, line) in lines.enumerate() {
+            let line_no = i as u64 + 1;
+            let record =
+                DecisionRecord::from_json_line(line).map_err(|e| ContinuityError::Malformed {
+                    file: f.path.clone(),
+                    line: line_no,
+                    error: e.to_string(),
+                })?;
+            let seq = record.flowhost.seq;
+            if let Some((s, hash)) = after
+                && seq == s
+            {
+                let found = line_hash(line);
+                out.checkpoint = if found.as_str() == hash {
+                    CheckpointFound::Matches
+                } else {
+                    CheckpointFound::Differs(found.as_str().to_string())
+                };
+            }
+            out.head = Some((seq, line_hash(line).as_str().to_string()));
+            if seq <= after_seq {
+                continue;
+            }
+            let x = &record.flowhost;
+            let must_carry = matches!(x.event, EventKind::ToolOutcome)
+                || (x.event == EventKind::ToolCall && record.decision.effect == Effect::Allow);
+            let Some(labels) = x.labels_after.clone() else {
+                if strict && must_carry {
+                    return Err(ContinuityError::Unrecoverable {
+                        file: f.path.clone(),
+                        line: line_no,
+                        seq,
+                    });
+                }
+                continue;
+            };
+            let (Some(principal), Some(session)) = (&x.principal, &x.session) else {
+                continue;
+            };
+            let principal =
+                PrincipalId::new(principal).map_err(|e| ContinuityError::BadPrincipal {
+                    file: f.path.clone(),
+                    line: line_no,
+                    seq,
+                    reason: e.to_string(),
+                })?;
+            out.proofs.push(Proof {
+                key: SessionKey {
+                    principal,
+                    session: session.clone(),
+                },
+                labels,
+                seq,
+                file: f.path.clone(),
+                line: line_no,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Where the state lives, for messages.
+#[derive(Debug, Clone)]
+pub struct Places<'a> {
+    /// The state database file.
+    pub db: &'a Path,
+    /// The state directory.
+    pub state_dir: &'a Path,
+    /// The record directory.
+    pub records: &'a Path,
+}
+
+/// Checks that `state` holds every label the records in `places.records` prove, and
+/// re-binds it to the records' head. Refuses (see [`ContinuityError`]) a state that is
+/// behind the records or belongs to another record stream.
+pub fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), ContinuityError> {
+    let checkpoint = state.checkpoint()?;
+    let scan = scan(
+        places.records,
+        checkpoint.as_ref().map(|(s, h)| (*s, h.as_str())),
+        false,
+    )?;
+    if let Some((seq, hash)) = &checkpoint {
+        let found = match &scan.checkpoint {
+            CheckpointFound::Matches | CheckpointFound::NotNeeded => None,
+            CheckpointFound::Differs(other) => {
+                Some(format!("holds record seq {seq} with hash {other}"))
+            }
+            CheckpointFound::Missing => Some(match &scan.head {
+                Some((last, _)) if last < seq => format!("end at record seq {last}"),
+                None => "hold no records".to_string(),
+                Some(_) => format!("do not hold record seq {seq}"),
+            }),
+        };
+        if let Some(found) = found {
+            return Err(ContinuityError::OtherStream(Box::new(OtherStreamError {
+                db: places.db.to_path_buf(),
+                state_dir: places.state_dir.to_path_buf(),
+                records: places.records.to_path_buf(),
+                seq: *seq,
+                hash: hash.clone(),
+                found,
+            })));
+        }
+    }
+    let held = state.snapshot()?;
+    for p in &scan.proofs {
+        let principal = held
+            .principals
+            .get(&p.key.principal)
+            .cloned()
+            .unwrap_or_else(InformationLabel::bottom);
+        let session = held
+            .sessions
+            .get(&p.key)
+            .cloned()
+            .unwrap_or_else(InformationLabel::bottom);
+        let holder = if !p.labels.principal.flows_to(&principal) {
+            Some(format!("principal {}", p.key.principal))
+        } else if !p.labels.session.flows_to(&session) {
+            Some(format!("session {}/{}", p.key.principal, p.key.session))
+        } else {
+            None
+        };
+        if let Some(holder) = holder {
+            return Err(ContinuityError::Behind(Box::new(BehindError {
+                db: places.db.to_path_buf(),
+                state_dir: places.state_dir.to_path_buf(),
+                records: places.records.to_path_buf(),
+                holder,
+                seq: p.seq,
+                file: p.file.clone(),
+                line: p.line,
+            })));
+        }
+    }
+    if let Some((seq, hash)) = &scan.head {
+        state.set_checkpoint(*seq, hash)?;
+    }
+    Ok(())
+}
+
+/// Re-binds `state` to the records' current head without comparing labels: for an operator
+/// who accepted a reset, and for a clean shutdown (where the state is known to be current).
+pub fn rebind(state: &FlowStateStore, head: Option<(u64, &str)>) -> Result<(), ContinuityError> {
+    if let Some((seq, hash)) = head {
+        state.set_checkpoint(seq, hash)?;
+    }
+    Ok(())
+}
+
+/// What [`rebuild`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RebuildReport {
+    /// Records read.
+    pub records: u64,
+    /// Principals whose label the records prove.
+    pub principals: usize,
+    /// Sessions whose label the records prove.
+    pub sessions: usize,
+    /// The record the state is now bound to.
+    pub head_seq: Option<u64>,
+}
+
+/// Rebuilds the flow state in `state_db` from the records in `records_dir` alone: the chain
+/// must verify, every allowed call must carry its labels, and each label is joined into what
+/// the state already holds (so a rebuild never lowers anything). The state is then bound to
+/// the records' head.
+pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, ContinuityError> {
+    let report = verify_records(records_dir, None)?;
+    if let Some(first) = report.problems.first() {
+        return Err(ContinuityError::Unverified {
+            records: records_dir.to_path_buf(),
+            count: report.problems.len(),
+            first: first.to_string(),
+        });
+    }
+    let scan = scan(records_dir, None, true)?;
+    let state = FlowStateStore::open(state_db)?;
+    let mut principals: HashMap<PrincipalId, ()> = HashMap::new();
+    let mut sessions: HashMap<SessionKey, ()> = HashMap::new();
+    for p in &scan.proofs {
+        state.raise(&p.key, &p.labels.principal, &p.labels.session)?;
+        principals.insert(p.key.principal.clone(), ());
+        sessions.insert(p.key.clone(), ());
+    }
+    rebind(&state, scan.head.as_ref().map(|(s, h)| (*s, h.as_str())))?;
+    Ok(RebuildReport {
+        records: report.records,
+        principals: principals.len(),
+        sessions: sessions.len(),
+        head_seq: scan.head.map(|(s, _)| s),
+    })
+}

@@ -1,0 +1,427 @@
+//! Paths that used to say "fine" when they should not: undeclared egress nobody flagged,
+//! refusals that left no record, a failed flow-state store reported as healthy, and a state
+//! file that could roll labels back. Each runs the real daemon with the real broker.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::lab::{Lab, REVIEWER_UID};
+use flowhost::ident::PrincipalId;
+use flowhost::state::{FlowStateStore, StateSnapshot};
+use serde_json::{Value, json};
+
+const TERMS: &str = "harbor-goods-terms.md";
+/// A uid no lab principal maps.
+const STRANGER_UID: u32 = 64999;
+
+fn denial(r: &Value) -> String {
+    r["error"]["data"]["denial"]
+        .as_str()
+        .unwrap_or_else(|| panic!("expected an error with data.denial: {r}"))
+        .to_string()
+}
+
+fn events<'a>(records: &'a [Value], event: &str) -> Vec<&'a Value> {
+    records
+        .iter()
+        .filter(|r| r["flowhost"]["event"] == event)
+        .collect()
+}
+
+fn wait_log(lab: &Lab, needle: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lab.log().matches(needle).count() < count {
+        assert!(
+            Instant::now() < deadline,
+            "{needle:?} not logged:\n{}",
+            lab.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn undeclared_egress_is_recorded_warned_about_and_counted() {
+    let Some(mut lab) = Lab::start() else { return };
+    let mut c = lab.client();
+    c.initialize();
+    for _ in 0..2 {
+        let r = c.call(
+            "workspace/summarize_terms",
+            json!({"text": "a short text about harbor goods", "max_words": 10}),
+        );
+        assert!(r.get("result").is_some(), "{r}");
+    }
+    let health = c.request("flowhost/health", json!({}));
+    assert_eq!(
+        health["result"]["declaration_mismatches"],
+        json!({"workspace/summarize_terms": 2}),
+        "{health}"
+    );
+    lab.stop();
+    let records = lab.records();
+    let egress = events(&records, "egress_attempt");
+    assert_eq!(egress.len(), 2, "{egress:#?}");
+    for e in &egress {
+        assert_eq!(e["flowhost"]["declaration_mismatch"], "undeclared_egress");
+        assert_eq!(e["decision"]["effect"], "deny");
+    }
+    // One warning per executor, naming server and tool.
+    let log = lab.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("declares no egress"))
+        .collect();
+    let executors: std::collections::BTreeSet<String> = egress
+        .iter()
+        .map(|e| e["flowhost"]["call_id"].to_string())
+        .collect();
+    assert!(!warnings.is_empty() && warnings.len() <= executors.len());
+    assert!(
+        warnings[0].contains("workspace") && warnings[0].contains("summarize_terms"),
+        "{}",
+        warnings[0]
+    );
+}
+
+#[test]
+fn allowed_calls_record_their_outcome_and_the_labels_they_leave() {
+    let Some(mut lab) = Lab::start() else { return };
+    let mut c = lab.client();
+    c.initialize();
+    let ok = c.call("workspace/read_terms", json!({"document": TERMS}));
+    assert!(ok["result"]["isError"] != json!(true), "{ok}");
+    let failed = c.call("workspace/read_terms", json!({"document": "missing.md"}));
+    assert_eq!(failed["result"]["isError"], json!(true), "{failed}");
+    lab.stop();
+    let records = lab.records();
+    let calls = events(&records, "tool_call");
+    let outcomes = events(&records, "tool_outcome");
+    assert_eq!(calls.len(), 2);
+    assert_eq!(outcomes.len(), 2, "{outcomes:#?}");
+    // The allow before the effect, then the effect's outcome, both with the labels left.
+    assert_eq!(calls[0]["response"]["status"], "authorized");
+    assert!(calls[0]["flowhost"]["labels_after"].is_object());
+    assert_eq!(outcomes[0]["decision"]["effect"], "allow");
+    assert_eq!(outcomes[0]["response"]["status"], "success");
+    assert_eq!(outcomes[0]["response"]["side_effect_asserted"], true);
+    let session = &outcomes[0]["flowhost"]["labels_after"]["session"];
+    assert_eq!(
+        session["compartments"],
+        json!(["harbor-goods-terms"]),
+        "{session}"
+    );
+    // An allowed call whose effect failed is recorded as such, not as a success.
+    assert_eq!(outcomes[1]["decision"]["effect"], "error");
+    assert_eq!(outcomes[1]["response"]["side_effect_asserted"], false);
+    let (code, out, err) = lab.cli(&[
+        "records",
+        "verify",
+        &lab.paths.records_dir.display().to_string(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+#[test]
+fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
+    let Some(mut lab) = Lab::start() else { return };
+    // A peer that maps to no principal.
+    let mut stranger = lab.client_as(STRANGER_UID);
+    let r = stranger.request("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}));
+    assert_eq!(denial(&r), "access_denied", "{r}");
+
+    let mut c = lab.client();
+    let r = c.request("tools/list", json!({}));
+    assert_eq!(denial(&r), "not_initialized", "{r}");
+    c.initialize();
+    let r = c.request("tools/call", json!({"arguments": {}}));
+    assert_eq!(denial(&r), "invalid_params", "{r}");
+    let r = c.request("tools/call", json!({"name": 7}));
+    assert_eq!(denial(&r), "invalid_params", "{r}");
+    let r = c.request(
+        "tools/call",
+        json!({"name": "workspace/read_terms", "arguments": "not an object"}),
+    );
+    assert_eq!(denial(&r), "invalid_params", "{r}");
+    let r = c.call("nowhere/nothing", json!({}));
+    assert_eq!(denial(&r), "unknown_tool", "{r}");
+
+    // A reload maps the reviewer's uid to the analyst: the reviewer's open session keeps
+    // its principal, and its calls are refused, recorded under that principal.
+    let mut reviewer = lab.client_as(REVIEWER_UID);
+    reviewer.initialize();
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let remapped = text.replacen(
+        &format!("uids = [{REVIEWER_UID}]"),
+        &format!("uids = [{}]", REVIEWER_UID + 1),
+        1,
+    );
+    assert_ne!(remapped, text, "the lab config maps the reviewer uid");
+    let remapped = remapped.replacen("uids = [0]", &format!("uids = [0, {REVIEWER_UID}]"), 1);
+    lab.write_config(&remapped);
+    lab.signal(libc::SIGHUP);
+    wait_log(&lab, "reloaded: generation 2", 1);
+    let r = reviewer.call("workspace/list_documents", json!({}));
+    assert_eq!(denial(&r), "access_denied", "{r}");
+
+    lab.stop();
+    let records = lab.records();
+    let session = events(&records, "session");
+    let peer = session
+        .iter()
+        .find(|r| r["tool"]["name"] == "(initialize)")
+        .expect("the stranger's initialize is recorded");
+    assert_eq!(peer["flowhost"]["peer"]["uid"], STRANGER_UID);
+    assert_eq!(peer["flowhost"]["denial_kind"], "access_denied");
+    assert!(session.iter().any(|r| r["tool"]["name"] == "(tools/list)"
+        && r["flowhost"]["denial_kind"] == "not_initialized"));
+    assert!(
+        session.iter().any(|r| r["tool"]["name"] == "(tools/call)"
+            && r["flowhost"]["denial_kind"] == "invalid_params")
+    );
+    let calls = events(&records, "tool_call");
+    assert!(
+        calls
+            .iter()
+            .any(|r| r["tool"]["name"] == "workspace/read_terms"
+                && r["flowhost"]["denial_kind"] == "invalid_params")
+    );
+    assert!(calls.iter().any(|r| r["tool"]["name"] == "nowhere/nothing"
+        && r["flowhost"]["denial_kind"] == "unknown_tool"));
+    let remapped = calls
+        .iter()
+        .find(|r| r["tool"]["name"] == "workspace/list_documents")
+        .expect("the remapped session's call is recorded");
+    assert_eq!(remapped["flowhost"]["principal"], "oss-reviewer");
+    assert_eq!(remapped["flowhost"]["denial_kind"], "access_denied");
+}
+
+fn mount_tmpfs(dir: &Path, size: &str) -> bool {
+    std::fs::create_dir_all(dir).unwrap();
+    std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=0700"),
+            "tmpfs",
+        ])
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+struct Unmount(std::path::PathBuf);
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_failed_flow_state_store_makes_health_incomplete_and_health_still_answers() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    // The state directory on a tiny filesystem that the test then fills.
+    let state = lab.paths.state_dir.clone();
+    if !mount_tmpfs(&state, "2m") {
+        panic!("cannot mount a tmpfs for the state directory (root is required here)");
+    }
+    let _unmount = Unmount(state.clone());
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let filler = state.join("filler");
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=64k"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(std::process::Stdio::null())
+        .status();
+    let r = c.call("workspace/read_terms", json!({"document": TERMS}));
+    assert_eq!(denial(&r), "state_failure", "{r}");
+    let h = c.request("flowhost/health", json!({}));
+    let h = &h["result"];
+    assert_eq!(h["flow_state_failed"], true, "{h}");
+    assert_eq!(h["complete"], false, "{h}");
+    assert!(
+        h["health_file_error"].as_str().is_some(),
+        "the health file cannot be written on a full disk, and health still answers: {h}"
+    );
+    let _ = std::fs::remove_file(&filler);
+    lab.kill9();
+}
+
+fn snapshot(db: &Path) -> StateSnapshot {
+    FlowStateStore::open(db).unwrap().snapshot().unwrap()
+}
+
+/// Runs the lab once: the analyst reads the terms in one session, then the daemon stops
+/// (cleanly, or by SIGKILL).
+fn run_once(lab: &mut Lab, clean: bool) {
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call("workspace/read_terms", json!({"document": TERMS}));
+    assert!(r.get("result").is_some(), "{r}");
+    if clean {
+        lab.stop();
+    } else {
+        lab.kill9();
+    }
+}
+
+/// Starts the daemon and expects it to refuse, returning its log.
+fn refused_start(lab: &mut Lab) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["serve", "--config"])
+        .arg(&lab.config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "the host started: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn rebuild(lab: &Lab) {
+    let (code, out, err) = lab.cli(&[
+        "state",
+        "rebuild",
+        "--records",
+        &lab.paths.records_dir.display().to_string(),
+        "--state-dir",
+        &lab.paths.state_dir.display().to_string(),
+    ]);
+    assert_eq!(code, 0, "rebuild: {out}{err}");
+}
+
+fn remove_state(state_dir: &Path, suffixes: &[&str]) {
+    for s in suffixes {
+        let _ = std::fs::remove_file(state_dir.join(format!("state.db{s}")));
+    }
+}
+
+#[test]
+fn a_truncated_state_file_is_refused_and_rebuild_restores_every_label() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    run_once(&mut lab, true);
+    let db = lab.paths.state_dir.join("state.db");
+    let truth = snapshot(&db);
+    let analyst = PrincipalId::new("larkfield-analyst").unwrap();
+    assert!(!truth.principals[&analyst].is_bottom());
+    remove_state(&lab.paths.state_dir, &["-wal", "-shm"]);
+    std::fs::File::create(&db).unwrap();
+    let why = refused_start(&mut lab);
+    assert!(
+        why.contains("older than the decision records") && why.contains("state rebuild"),
+        "{why}"
+    );
+    rebuild(&lab);
+    assert_eq!(
+        snapshot(&db),
+        truth,
+        "the rebuilt labels equal the lost ones"
+    );
+    run_once(&mut lab, true);
+}
+
+#[test]
+fn an_older_copy_of_the_state_is_refused() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    run_once(&mut lab, true);
+    let state = lab.paths.state_dir.clone();
+    let backup = lab.dir.path().join("backup.db");
+    std::fs::copy(state.join("state.db"), &backup).unwrap();
+    // A second run: a new session raises its own label.
+    run_once(&mut lab, true);
+    remove_state(&state, &["-wal", "-shm"]);
+    std::fs::copy(&backup, state.join("state.db")).unwrap();
+    let why = refused_start(&mut lab);
+    assert!(why.contains("older than the decision records"), "{why}");
+    assert!(why.contains("session larkfield-analyst/"), "{why}");
+}
+
+#[test]
+fn a_state_whose_wal_was_lost_after_sigkill_is_refused() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    run_once(&mut lab, false);
+    let state = lab.paths.state_dir.clone();
+    assert!(
+        state.join("state.db-wal").exists(),
+        "the WAL holds the raise"
+    );
+    remove_state(&state, &["-wal", "-shm"]);
+    let why = refused_start(&mut lab);
+    assert!(why.contains("older than the decision records"), "{why}");
+    rebuild(&lab);
+    let analyst = PrincipalId::new("larkfield-analyst").unwrap();
+    let rebuilt = snapshot(&state.join("state.db"));
+    assert!(
+        rebuilt.principals[&analyst]
+            .to_canonical_json()
+            .contains("harbor-goods-terms")
+    );
+    run_once(&mut lab, true);
+}
+
+#[test]
+fn another_hosts_state_file_is_refused() {
+    let (Some(mut a), Some(mut b)) = (Lab::prepare(), Lab::prepare()) else {
+        return;
+    };
+    run_once(&mut a, true);
+    run_once(&mut b, true);
+    for s in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(a.paths.state_dir.join(s));
+        if b.paths.state_dir.join(s).exists() {
+            std::fs::copy(b.paths.state_dir.join(s), a.paths.state_dir.join(s)).unwrap();
+        }
+    }
+    let why = refused_start(&mut a);
+    assert!(why.contains("another record stream"), "{why}");
+}
+
+#[test]
+fn health_is_bound_to_the_records_across_clean_restarts() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    run_once(&mut lab, true);
+    run_once(&mut lab, true);
+    let health: Value = serde_json::from_str(
+        &std::fs::read_to_string(lab.paths.state_dir.join("health.json")).unwrap(),
+    )
+    .unwrap();
+    let records = lab.records();
+    let last = records.last().unwrap();
+    assert_eq!(health["complete"], true, "{health}");
+    assert_eq!(health["records"]["first_seq"], 1, "{health}");
+    assert_eq!(health["records"]["last_seq"], last["flowhost"]["seq"]);
+    assert_eq!(
+        health["tool_calls_observed"],
+        events(&records, "tool_call").len(),
+        "{health}"
+    );
+    // After a SIGKILL the previous health no longer ends where the records end: the next
+    // run's health vouches only for what that run wrote.
+    run_once(&mut lab, false);
+    run_once(&mut lab, true);
+    let health: Value = serde_json::from_str(
+        &std::fs::read_to_string(lab.paths.state_dir.join("health.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        health["records"]["first_seq"].as_u64().unwrap() > 1,
+        "{health}"
+    );
+}
