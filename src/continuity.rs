@@ -298,6 +298,8 @@ pub fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Continui
             })));
         }
     }
+    // Sessions do not outlive a run, and each session's label is joined into its
+    // principal's, so the principals' labels are what the records must find held.
     let held = state.snapshot()?;
     for p in &scan.proofs {
         let principal = held
@@ -305,18 +307,9 @@ pub fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Continui
             .get(&p.key.principal)
             .cloned()
             .unwrap_or_else(InformationLabel::bottom);
-        let session = held
-            .sessions
-            .get(&p.key)
-            .cloned()
-            .unwrap_or_else(InformationLabel::bottom);
-        let holder = if !p.labels.principal.flows_to(&principal) {
-            Some(format!("principal {}", p.key.principal))
-        } else if !p.labels.session.flows_to(&session) {
-            Some(format!("session {}/{}", p.key.principal, p.key.session))
-        } else {
-            None
-        };
+        let holder = (!p.labels.principal.flows_to(&principal)
+            || !p.labels.session.flows_to(&principal))
+        .then(|| format!("principal {}", p.key.principal));
         if let Some(holder) = holder {
             return Err(ContinuityError::Behind(Box::new(BehindError {
                 db: places.db.to_path_buf(),
@@ -351,7 +344,7 @@ pub struct RebuildReport {
     pub records: u64,
     /// Principals whose label the records prove.
     pub principals: usize,
-    /// Sessions whose label the records prove.
+    /// Sessions the records show (compacted into their principals).
     pub sessions: usize,
     /// The record the state is now bound to.
     pub head_seq: Option<u64>,
@@ -375,7 +368,11 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
     let mut principals: HashMap<PrincipalId, ()> = HashMap::new();
     let mut sessions: HashMap<SessionKey, ()> = HashMap::new();
     for p in &scan.proofs {
-        state.raise(&p.key, &p.labels.principal, &p.labels.session)?;
+        // Ended sessions are compacted into their principals: only principals are rebuilt.
+        state.raise_principal(
+            &p.key.principal,
+            &p.labels.principal.join_or_top(&p.labels.session),
+        )?;
         principals.insert(p.key.principal.clone(), ());
         sessions.insert(p.key.clone(), ());
     }

@@ -145,6 +145,10 @@ impl FlowStateStore {
              );",
         )
         .map_err(open_err)?;
+        // Sessions are connections: none survives a restart, and every session's label is
+        // already joined into its principal's. Their rows are compacted away at open.
+        conn.execute("DELETE FROM session_labels", [])
+            .map_err(open_err)?;
         let mut principals = HashMap::new();
         let mut sessions = HashMap::new();
         {
@@ -310,6 +314,42 @@ impl FlowStateStore {
         })
     }
 
+    /// Joins `label` into a principal's label alone, durably (rebuilding from records).
+    pub fn raise_principal(
+        &self,
+        principal: &PrincipalId,
+        label: &InformationLabel,
+    ) -> Result<InformationLabel, StateError> {
+        let key = SessionKey {
+            principal: principal.clone(),
+            session: String::new(),
+        };
+        let state = self.raise(&key, label, &InformationLabel::bottom())?;
+        self.forget_session(&key)?;
+        Ok(state.principal)
+    }
+
+    /// Drops a session that has ended: it can never be resumed, and its label is already
+    /// joined into its principal's (every raise goes into both), so nothing is lowered.
+    pub fn forget_session(&self, key: &SessionKey) -> Result<(), StateError> {
+        let mut inner = self.lock()?;
+        if inner.sessions.remove(key).is_none() {
+            return Ok(());
+        }
+        let result = inner.conn.execute(
+            "DELETE FROM session_labels WHERE principal = ?1 AND session = ?2",
+            params![key.principal.as_str(), key.session],
+        );
+        if let Err(source) = result {
+            inner.failed = Some(source.to_string());
+            return Err(StateError::Io {
+                path: self.path.clone(),
+                source,
+            });
+        }
+        Ok(())
+    }
+
     /// Why the store refuses further use, once a write failed (`None`: healthy).
     pub fn failure(&self) -> Option<String> {
         match self.inner.lock() {
@@ -440,8 +480,9 @@ mod tests {
             assert!(store.get(&key("bob", "s9")).unwrap().combined().is_bottom());
         }
         let store = FlowStateStore::open(&db).unwrap();
+        // After a restart the session is gone (compacted), its label lives on in alice's.
         assert_eq!(
-            store.get(&key("alice", "s1")).unwrap().session,
+            store.get(&key("alice", "s1")).unwrap().combined(),
             owner("larkfield")
         );
         assert_eq!(
@@ -449,6 +490,41 @@ mod tests {
                 .stored_principal_label(&PrincipalId::new("alice").unwrap())
                 .unwrap(),
             Some(owner("larkfield"))
+        );
+    }
+
+    #[test]
+    fn ended_sessions_are_compacted_into_their_principal() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let store = FlowStateStore::open(&db).unwrap();
+        for i in 0..100 {
+            store
+                .join(&key("alice", &format!("s{i}")), &owner("larkfield"))
+                .unwrap();
+        }
+        // Two sessions still live at a crash: their rows are compacted at the next open.
+        for i in 2..100 {
+            store
+                .forget_session(&key("alice", &format!("s{i}")))
+                .unwrap();
+        }
+        assert_eq!(store.snapshot().unwrap().sessions.len(), 2);
+        drop(store);
+        let rows = |db: &Path| -> i64 {
+            Connection::open(db)
+                .unwrap()
+                .query_row("SELECT count(*) FROM session_labels", [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(rows(&db), 2);
+        let store = FlowStateStore::open(&db).unwrap();
+        assert_eq!(rows(&db), 0);
+        assert!(store.snapshot().unwrap().sessions.is_empty());
+        // Nothing was lowered: every new session of alice carries what the old ones had.
+        assert_eq!(
+            store.get(&key("alice", "new")).unwrap().combined(),
+            owner("larkfield")
         );
     }
 

@@ -336,17 +336,23 @@ fn an_older_copy_of_the_state_is_refused() {
     let Some(mut lab) = Lab::prepare() else {
         return;
     };
-    run_once(&mut lab, true);
+    // A first run that raises nothing (the document list carries no label).
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call("workspace/list_documents", json!({}));
+    assert!(r.get("result").is_some(), "{r}");
+    lab.stop();
     let state = lab.paths.state_dir.clone();
     let backup = lab.dir.path().join("backup.db");
     std::fs::copy(state.join("state.db"), &backup).unwrap();
-    // A second run: a new session raises its own label.
+    // A second run raises the analyst's label.
     run_once(&mut lab, true);
     remove_state(&state, &["-wal", "-shm"]);
     std::fs::copy(&backup, state.join("state.db")).unwrap();
     let why = refused_start(&mut lab);
     assert!(why.contains("older than the decision records"), "{why}");
-    assert!(why.contains("session larkfield-analyst/"), "{why}");
+    assert!(why.contains("principal larkfield-analyst"), "{why}");
 }
 
 #[test]
@@ -424,4 +430,27 @@ fn health_is_bound_to_the_records_across_clean_restarts() {
         health["records"]["first_seq"].as_u64().unwrap() > 1,
         "{health}"
     );
+}
+
+#[test]
+fn ended_sessions_leave_no_rows_behind() {
+    let Some(mut lab) = Lab::start() else { return };
+    for _ in 0..20 {
+        let mut c = lab.client();
+        c.initialize();
+        let r = c.call("workspace/read_terms", json!({"document": TERMS}));
+        assert!(r.get("result").is_some(), "{r}");
+    }
+    // Sessions end when their connections close; give the daemon a moment to notice.
+    std::thread::sleep(Duration::from_millis(300));
+    let db = lab.paths.state_dir.join("state.db");
+    let rows: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM session_labels", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        rows, 0,
+        "ended sessions were compacted into their principal"
+    );
+    lab.stop();
 }

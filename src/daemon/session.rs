@@ -139,6 +139,16 @@ pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
     for (_, b) in session.bound.drain() {
         b.exec.stop().await;
     }
+    if let Some(principal) = session.pinned.clone() {
+        let key = SessionKey {
+            principal,
+            session: session.id.clone(),
+        };
+        // Compaction: the ended session's label already lives in its principal's.
+        if let Err(e) = session.host.resolver.state().forget_session(&key) {
+            tracing::error!(session = %session.id, error = %e, "cannot drop the ended session's label; the flow state refuses further use");
+        }
+    }
     tracing::debug!(session = %session.id, "session closed");
 }
 
