@@ -113,8 +113,23 @@ struct RawHost {
     operator_input_floor: Option<InformationLabel>,
     #[serde(default)]
     socket_mode: Option<String>,
+    #[serde(default = "default_fold_interval")]
+    refusal_fold_interval_ms: u64,
+    #[serde(default = "default_refusal_budget")]
+    refusal_records_per_interval: usize,
+    #[serde(default = "default_min_free")]
+    records_min_free_mib: u64,
 }
 
+fn default_fold_interval() -> u64 {
+    10_000
+}
+fn default_refusal_budget() -> usize {
+    100
+}
+fn default_min_free() -> u64 {
+    256
+}
 fn default_max_message() -> usize {
     1024 * 1024
 }
@@ -217,6 +232,14 @@ pub struct HostConfig {
     pub idle_timeout: Duration,
     /// Record file rotation size.
     pub records_rotate_bytes: u64,
+    /// Identical refusals (same principal or peer, reason and tool) within this interval
+    /// fold into one record with a count.
+    pub refusal_fold_interval: Duration,
+    /// Most refusal records one principal (or unmapped peer) gets per fold interval; the rest
+    /// fold into one record.
+    pub refusal_records_per_interval: usize,
+    /// Health warns when the records filesystem has less free space than this, in bytes.
+    pub records_min_free_bytes: u64,
     /// Version string of the classifier rules, reported in health.
     pub classifier_version: String,
     /// Label joined into every call's source.
@@ -338,6 +361,12 @@ impl HostConfig {
             return Err(invalid(
                 "host.max_message_bytes".into(),
                 "must be between 1024 and 67108864".into(),
+            ));
+        }
+        if h.refusal_fold_interval_ms == 0 || h.refusal_records_per_interval == 0 {
+            return Err(invalid(
+                "host.refusal_fold_interval_ms".into(),
+                "refusal_fold_interval_ms and refusal_records_per_interval must be positive".into(),
             ));
         }
         if h.call_timeout_ms == 0 || h.idle_timeout_ms == 0 {
@@ -514,6 +543,9 @@ impl HostConfig {
             call_timeout: Duration::from_millis(h.call_timeout_ms),
             idle_timeout: Duration::from_millis(h.idle_timeout_ms),
             records_rotate_bytes: h.records_rotate_bytes,
+            refusal_fold_interval: Duration::from_millis(h.refusal_fold_interval_ms),
+            refusal_records_per_interval: h.refusal_records_per_interval,
+            records_min_free_bytes: h.records_min_free_mib.saturating_mul(1024 * 1024),
             classifier_version: h.classifier_version,
             operator_input_floor: floor,
             classifiers,

@@ -454,3 +454,97 @@ fn ended_sessions_leave_no_rows_behind() {
     );
     lab.stop();
 }
+
+fn records_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+#[test]
+fn a_refusal_flood_adds_little_to_the_records_and_locks_nobody_out() {
+    let Some(mut lab) = Lab::start() else { return };
+    let before = records_bytes(&lab.paths.records_dir);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Another principal keeps working while the flood runs.
+    let mut reviewer = lab.client_as(REVIEWER_UID);
+    reviewer.initialize();
+    let worker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut ok = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let r = reviewer.call("workspace/list_documents", json!({}));
+                assert!(r.get("result").is_some(), "{r}");
+                ok += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            ok
+        })
+    };
+    let mut flood = lab.client();
+    flood.initialize();
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while started.elapsed() < Duration::from_secs(10) {
+        let name = format!("nowhere/{}{sent}", "x".repeat(900));
+        let r = flood.call(&name, json!({}));
+        assert_eq!(denial(&r), "unknown_tool");
+        sent += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let served = worker.join().unwrap();
+    lab.stop();
+    let added = records_bytes(&lab.paths.records_dir) - before;
+    assert!(
+        sent > 1000,
+        "the flood was too slow to mean anything: {sent}"
+    );
+    assert!(
+        added < 1024 * 1024,
+        "{sent} refusals added {added} bytes of records"
+    );
+    assert!(
+        served >= 20,
+        "the other principal was served {served} times"
+    );
+    // The refusals beyond the budget are accounted for in one folded record.
+    let folded: u64 = lab
+        .records()
+        .iter()
+        .filter_map(|r| r["flowhost"]["folded"]["count"].as_u64())
+        .sum();
+    let recorded = lab
+        .records()
+        .iter()
+        .filter(|r| {
+            r["flowhost"]["denial_kind"] == "unknown_tool" && r["flowhost"]["folded"].is_null()
+        })
+        .count() as u64;
+    assert_eq!(folded + recorded, sent, "every refusal is accounted for");
+}
+
+#[test]
+fn health_warns_before_the_records_filesystem_is_full() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    // A floor above any real disk: the warning must show.
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    lab.write_config(&text.replacen("[host]\n", "[host]\nrecords_min_free_mib = 1000000000\n", 1));
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let h = c.request("flowhost/health", json!({}));
+    let warnings = h["result"]["warnings"].to_string();
+    assert!(
+        warnings.contains("under the floor") && warnings.contains("records_min_free_mib"),
+        "{h}"
+    );
+    // A warning, not a gap: observation is still complete.
+    assert_eq!(h["result"]["complete"], true, "{h}");
+    lab.stop();
+}

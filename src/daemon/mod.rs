@@ -14,6 +14,7 @@
 mod activation;
 mod egress;
 mod executor;
+mod refusals;
 mod session;
 
 use std::collections::BTreeMap;
@@ -224,6 +225,10 @@ pub struct Host {
     pub counters: Arc<HostCounters>,
     /// What the health carried over from the previous run.
     coverage: Coverage,
+    /// Repeated refusals, folded (see [`refusals`]).
+    pub(crate) refusals: refusals::RefusalFolder,
+    /// Health warns below this much free space on the records filesystem.
+    records_min_free_bytes: u64,
     /// Becomes true when the host is stopping (a watch: nobody can miss the change).
     shutdown: tokio::sync::watch::Sender<bool>,
     config_path: PathBuf,
@@ -324,7 +329,7 @@ pub fn require_broker(
 /// rest while silently keeping the old values would make the file lie about the host.
 fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result<(), StartupError> {
     type Shown = fn(&HostConfig) -> String;
-    let fixed: [(&'static str, Shown); 11] = [
+    let fixed: [(&'static str, Shown); 14] = [
         ("socket", |c| c.socket.display().to_string()),
         ("socket_mode", |c| format!("{:o}", c.socket_mode)),
         ("state_dir", |c| c.state_dir.display().to_string()),
@@ -341,6 +346,15 @@ fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result
             c.operator_input_floor.to_string()
         }),
         ("classifier_version", |c| c.classifier_version.clone()),
+        ("refusal_fold_interval_ms", |c| {
+            c.refusal_fold_interval.as_millis().to_string()
+        }),
+        ("refusal_records_per_interval", |c| {
+            c.refusal_records_per_interval.to_string()
+        }),
+        ("records_min_free_mib", |c| {
+            (c.records_min_free_bytes / (1024 * 1024)).to_string()
+        }),
         ("classifier", |c| {
             let rules: Vec<String> = c
                 .classifiers
@@ -538,6 +552,11 @@ impl Host {
         let listener = activation::bind(&config.socket, config.socket_mode, passed)?;
         let health_file = config.health_file.clone();
         let counters = Arc::new(HostCounters::default());
+        let refusals = refusals::RefusalFolder::new(
+            config.refusal_fold_interval,
+            config.refusal_records_per_interval,
+        );
+        let records_min_free_bytes = config.records_min_free_bytes;
         let generation = build_generation(
             1,
             config,
@@ -557,6 +576,8 @@ impl Host {
             records,
             counters,
             coverage,
+            refusals,
+            records_min_free_bytes,
             shutdown: tokio::sync::watch::channel(false).0,
             config_path: config_file.to_path_buf(),
             health_file,
@@ -676,7 +697,42 @@ impl Host {
             h.flow_state_failed = true;
             h.flow_state_failure_reason = Some(reason);
         }
+        if let Some(low) = self.records_space_warning() {
+            h.warnings.push(low);
+        }
         h.finalize()
+    }
+
+    /// A warning when the records filesystem has less free space than the configured floor
+    /// (before it is full and the writer has to refuse every call).
+    pub fn records_space_warning(&self) -> Option<String> {
+        let dir = &self.records.status().dir;
+        match nix::sys::statvfs::statvfs(dir.as_path()) {
+            Ok(st) => {
+                let free = st.blocks_available().saturating_mul(st.fragment_size());
+                (free < self.records_min_free_bytes).then(|| {
+                    format!(
+                        "{}: {} MiB free on the records filesystem, under the floor of {} MiB (records_min_free_mib); when it is full every call is refused",
+                        dir.display(),
+                        free / (1024 * 1024),
+                        self.records_min_free_bytes / (1024 * 1024)
+                    )
+                })
+            }
+            Err(e) => Some(format!(
+                "{}: cannot read the free space of the records filesystem: {e}",
+                dir.display()
+            )),
+        }
+    }
+
+    /// Writes one record per fold whose interval has run out (all of them with `force`).
+    pub async fn flush_refusals(&self, force: bool) {
+        for record in self.refusals.take_due(force) {
+            if let Err(e) = self.records.commit(record).await {
+                tracing::error!(error = %e, "a folded refusal record could not be written");
+            }
+        }
     }
 
     /// Writes the health file (on demand and on shutdown).
@@ -691,6 +747,7 @@ impl Host {
         for s in self.current().servers.values() {
             s.pool.drain().await;
         }
+        self.flush_refusals(true).await;
         if let Err(e) = self.records.close().await {
             tracing::error!(error = %e, "closing the decision records failed");
         } else if let Err(e) = crate::continuity::rebind(
@@ -832,6 +889,13 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
         Duration::from_secs(3600)
     });
     let mut sessions = tokio::task::JoinSet::new();
+    let mut housekeeping = tokio::time::interval(
+        host.refusals
+            .interval()
+            .min(Duration::from_secs(30))
+            .max(Duration::from_millis(100)),
+    );
+    let mut last_space_warning: Option<tokio::time::Instant> = None;
     let status = {
         let generation = host.current();
         format!(
@@ -893,6 +957,15 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
             _ = tick.tick() => {
                 if watchdog {
                     notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+            }
+            _ = housekeeping.tick() => {
+                host.flush_refusals(false).await;
+                if let Some(low) = host.records_space_warning()
+                    && last_space_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(300))
+                {
+                    tracing::warn!("{low}");
+                    last_space_warning = Some(tokio::time::Instant::now());
                 }
             }
         }

@@ -14,6 +14,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
+use super::refusals::Admit;
 use super::{CallInFlight, Generation, Host, McpExecutor, ServerRuntime};
 use crate::config::PrincipalConfig;
 use crate::mcp::{self, Incoming, Line, RpcError, code};
@@ -282,13 +283,14 @@ impl Session {
     /// Records a decision durably (`build` makes the record from the facts: a tool call, its
     /// outcome, or a session-level refusal). An error means the decision must not take effect
     /// (fail closed).
-    async fn record(
-        &self,
-        build: fn(ToolCallFacts) -> DecisionRecord,
-        facts: ToolCallFacts,
-    ) -> Result<(), RpcError> {
-        let record = build(facts);
-        let is_call = record.flowhost.event == EventKind::ToolCall;
+    async fn record(&self, event: EventKind, facts: ToolCallFacts) -> Result<(), RpcError> {
+        if facts.verdict.effect == crate::records::Effect::Deny
+            && self.host.refusals.admit(event, &facts) == Admit::Folded
+        {
+            return Ok(());
+        }
+        let record = DecisionRecord::from_call_facts(facts, event);
+        let is_call = event == EventKind::ToolCall;
         self.host.records.commit(record).await.map_err(|e| {
             tracing::error!(error = %e, "decision record not written; refusing");
             RpcError::new(
@@ -329,7 +331,7 @@ impl Session {
                 ..FlowContext::default()
             },
         };
-        match self.record(DecisionRecord::session, facts).await {
+        match self.record(EventKind::Session, facts).await {
             Ok(()) => error,
             Err(record_failure) => record_failure,
         }
@@ -406,6 +408,13 @@ impl Session {
             Ok(v) => v,
             Err(refused) => {
                 let (e, denial) = *refused;
+                // A name that names no registered tool is the caller's text: it is kept
+                // short in the record (a flood of long names must not fill the disk).
+                let recorded_name = if tool.is_some() && server.is_some() {
+                    name.clone()
+                } else {
+                    bounded(&name, MAX_UNKNOWN_NAME_BYTES)
+                };
                 if denial == DenialKind::UNKNOWN_TOOL {
                     self.host
                         .counters
@@ -413,10 +422,10 @@ impl Session {
                         .fetch_add(1, Ordering::SeqCst);
                 }
                 self.record(
-                    DecisionRecord::tool_call,
+                    EventKind::ToolCall,
                     ToolCallFacts {
                         server: server_info,
-                        tool_name: name.clone(),
+                        tool_name: recorded_name,
                         projection: Projection::unknown_tool(),
                         verdict: Verdict::deny(Some(&denial)),
                         credential_alias: None,
@@ -453,7 +462,7 @@ impl Session {
                     _ => Verdict::deny(Some(code_str)),
                 };
                 self.record(
-                    DecisionRecord::tool_call,
+                    EventKind::ToolCall,
                     ToolCallFacts {
                         server: server_info,
                         tool_name: name.clone(),
@@ -478,7 +487,7 @@ impl Session {
         });
         ctx.labels_after = Some(labels_after(&plan.state_after_dispatch));
         self.record(
-            DecisionRecord::tool_call,
+            EventKind::ToolCall,
             ToolCallFacts {
                 server: server_info.clone(),
                 tool_name: name.clone(),
@@ -510,7 +519,7 @@ impl Session {
             Ok(b) => b,
             Err(e) => {
                 self.record(
-                    DecisionRecord::tool_outcome,
+                    EventKind::ToolOutcome,
                     outcome(
                         Verdict::error(DenialKind::EXECUTOR_FAILED),
                         &plan.state_after_dispatch,
@@ -572,7 +581,7 @@ impl Session {
             )
             .with_data(json!({"denial": DenialKind::STATE_FAILURE}))
         })?;
-        self.record(DecisionRecord::tool_outcome, outcome(verdict, &state))
+        self.record(EventKind::ToolOutcome, outcome(verdict, &state))
             .await?;
         Ok(result)
     }
@@ -622,6 +631,21 @@ fn refusal_error(refusal: &CallRefusal) -> RpcError {
         CallRefusal::State(_) => code::INTERNAL_ERROR,
     };
     RpcError::new(code, refusal.to_string()).with_data(json!({"denial": refusal.denial_code()}))
+}
+
+/// Most bytes of an unregistered tool name kept in a record.
+const MAX_UNKNOWN_NAME_BYTES: usize = 128;
+
+/// `text` cut to at most `max` bytes on a character boundary, marked when cut.
+fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub(3);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
 }
 
 /// The record form of a session's flow state.

@@ -141,6 +141,10 @@ pub struct ToolObservationHealth {
     /// Why it failed.
     #[serde(default)]
     pub flow_state_failure_reason: Option<String>,
+    /// Conditions an operator should act on that do not make observation incomplete (e.g.
+    /// little free space left for the records).
+    #[serde(default)]
+    pub warnings: Vec<String>,
     /// Derived: whether observation was complete.
     pub complete: bool,
     /// Derived: why not, one reason per entry.
@@ -193,6 +197,7 @@ impl ToolObservationHealth {
             declaration_mismatches: Default::default(),
             flow_state_failed: false,
             flow_state_failure_reason: None,
+            warnings: Vec::new(),
             complete: false,
             incomplete_reasons: Vec::new(),
         }

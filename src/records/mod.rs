@@ -536,6 +536,22 @@ pub struct FlowhostExtension {
     /// Where what was observed contradicts the signed declaration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declaration_mismatch: Option<DeclarationMismatch>,
+    /// For a record that stands for several identical refusals: how many, and when the
+    /// first and the last happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folded: Option<Folded>,
+}
+
+/// `flowhost.folded`: identical refusals folded into one record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Folded {
+    /// How many refusals the record stands for.
+    pub count: u64,
+    /// When the first happened (RFC 3339, UTC).
+    pub first_at: String,
+    /// When the last happened (RFC 3339, UTC).
+    pub last_at: String,
 }
 
 /// `flowhost.labels_after`: the flow state a decision left behind.
@@ -591,6 +607,8 @@ pub struct FlowContext {
     pub peer: Option<PeerIdentity>,
     /// How the observation contradicts the declaration.
     pub declaration_mismatch: Option<DeclarationMismatch>,
+    /// The refusals this record stands for, when folded.
+    pub folded: Option<Folded>,
 }
 
 /// The verdict facts shared by both kinds of decision.
@@ -704,7 +722,8 @@ impl DecisionRecord {
         Self::from_call_facts(facts, EventKind::Session)
     }
 
-    fn from_call_facts(facts: ToolCallFacts, event: EventKind) -> Self {
+    /// The record of `event` (anything but an egress attempt) from a call's facts.
+    pub fn from_call_facts(facts: ToolCallFacts, event: EventKind) -> Self {
         let ToolCallFacts {
             server,
             tool_name,
@@ -926,6 +945,22 @@ impl DecisionRecord {
                 "is only recorded on an egress_attempt".into(),
             );
         }
+        if let Some(f) = &x.folded {
+            if self.decision.effect != Effect::Deny || f.count < 1 {
+                return fail(
+                    "flowhost.folded",
+                    "only refusals fold, and a fold stands for at least one".into(),
+                );
+            }
+            for (field, t) in [
+                ("flowhost.folded.first_at", &f.first_at),
+                ("flowhost.folded.last_at", &f.last_at),
+            ] {
+                if chrono::DateTime::parse_from_rfc3339(t).is_err() {
+                    return fail(field, "must be an RFC 3339 time".into());
+                }
+            }
+        }
         if x.seq == 0 {
             return fail("flowhost.seq", "must be at least 1".into());
         }
@@ -1028,6 +1063,7 @@ fn build(
             labels_after: context.labels_after,
             peer: context.peer,
             declaration_mismatch: context.declaration_mismatch,
+            folded: context.folded,
         },
     }
 }

@@ -1,0 +1,257 @@
+//! Folding repeated refusals, so that a peer cannot fill the records' disk (and so lock every
+//! other principal out when the writer then fails closed) by repeating a refused request.
+//!
+//! Within one interval, the first refusal of a kind (same principal or unmapped peer, same
+//! event, reason and tool) is recorded as usual; identical ones after it are only counted,
+//! and one record with `flowhost.folded: {count, first_at, last_at}` stands for them when
+//! the interval closes. Each principal (or unmapped peer) also has a budget of refusal records
+//! per interval; past it, all its refusals fold into one record per interval. What a client
+//! is told never changes: every refusal is still refused, with its reason.
+//!
+//! A crash loses the counts of the interval in progress (never a decision: folded refusals
+//! had no effect to record before).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::records::{DecisionRecord, EventKind, Folded, ToolCallFacts, now_rfc3339};
+
+/// Who a refusal is charged to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Holder {
+    Principal(String),
+    Peer(u32),
+}
+
+/// What makes two refusals identical. `tool` is `None` for the over-budget fold.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FoldKey {
+    holder: Holder,
+    event: EventKind,
+    denial: String,
+    tool: Option<String>,
+}
+
+/// Refusals counted but not yet recorded.
+struct Fold {
+    event: EventKind,
+    facts: ToolCallFacts,
+    count: u64,
+    first_at: String,
+    last_at: String,
+}
+
+struct Window {
+    started: Instant,
+    /// Refusal kinds recorded this interval.
+    seen: HashMap<FoldKey, ()>,
+    /// Refusal records charged to each holder this interval.
+    charged: HashMap<Holder, usize>,
+    folds: HashMap<FoldKey, Fold>,
+}
+
+/// Whether a refusal is to be recorded now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Record it as usual.
+    Record,
+    /// Counted into a fold; recorded when the interval closes.
+    Folded,
+}
+
+/// The folding state of one host.
+pub struct RefusalFolder {
+    interval: Duration,
+    budget: usize,
+    window: Mutex<Window>,
+}
+
+/// Most refusal kinds remembered in one interval across all holders; past it, every holder
+/// is treated as over budget (memory stays bounded whatever peers send).
+const MAX_KINDS: usize = 65_536;
+
+impl RefusalFolder {
+    /// Folds identical refusals within `interval`, allowing `budget` refusal records per
+    /// holder per interval.
+    pub fn new(interval: Duration, budget: usize) -> Self {
+        RefusalFolder {
+            interval,
+            budget,
+            window: Mutex::new(Window {
+                started: Instant::now(),
+                seen: HashMap::new(),
+                charged: HashMap::new(),
+                folds: HashMap::new(),
+            }),
+        }
+    }
+
+    /// How long an interval lasts.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Decides whether the refusal recorded as `event` from `facts` is recorded now or
+    /// folded. A refusal whose holder cannot be told (no principal, no peer) is always
+    /// recorded.
+    pub fn admit(&self, event: EventKind, facts: &ToolCallFacts) -> Admit {
+        let holder = match (&facts.context.principal, &facts.context.peer) {
+            (Some(p), _) => Holder::Principal(p.clone()),
+            (None, Some(peer)) => Holder::Peer(peer.uid),
+            (None, None) => return Admit::Record,
+        };
+        let denial = facts
+            .context
+            .denial_kind
+            .as_ref()
+            .map(|d| d.as_str().to_string())
+            .unwrap_or_default();
+        let key = FoldKey {
+            holder: holder.clone(),
+            event,
+            denial: denial.clone(),
+            tool: Some(facts.tool_name.clone()),
+        };
+        // A poisoned lock: record (the safe side is more evidence, not less).
+        let Ok(mut w) = self.window.lock() else {
+            return Admit::Record;
+        };
+        let key = if w.seen.contains_key(&key) {
+            key
+        } else {
+            let charged = w.charged.get(&holder).copied().unwrap_or(0);
+            if charged < self.budget && w.seen.len() < MAX_KINDS {
+                w.seen.insert(key, ());
+                *w.charged.entry(holder).or_insert(0) += 1;
+                return Admit::Record;
+            }
+            FoldKey {
+                holder,
+                event,
+                denial,
+                tool: None,
+            }
+        };
+        let now = now_rfc3339();
+        match w.folds.get_mut(&key) {
+            Some(f) => {
+                f.count += 1;
+                f.last_at = now;
+            }
+            None => {
+                let mut facts = facts.clone();
+                if key.tool.is_none() {
+                    facts.tool_name = "(refusals over the per-interval budget)".to_string();
+                }
+                w.folds.insert(
+                    key,
+                    Fold {
+                        event,
+                        facts,
+                        count: 1,
+                        first_at: now.clone(),
+                        last_at: now,
+                    },
+                );
+            }
+        }
+        Admit::Folded
+    }
+
+    /// Closes the interval if it has run out (or `force`), returning one record per fold.
+    pub fn take_due(&self, force: bool) -> Vec<DecisionRecord> {
+        let Ok(mut w) = self.window.lock() else {
+            return Vec::new();
+        };
+        if !force && w.started.elapsed() < self.interval {
+            return Vec::new();
+        }
+        w.started = Instant::now();
+        w.seen.clear();
+        w.charged.clear();
+        w.folds
+            .drain()
+            .map(|(_, f)| {
+                let mut facts = f.facts;
+                facts.context.folded = Some(Folded {
+                    count: f.count,
+                    first_at: f.first_at,
+                    last_at: f.last_at,
+                });
+                DecisionRecord::from_call_facts(facts, f.event)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{Correlation, FlowContext, PeerIdentity, Projection, ServerInfo, Verdict};
+
+    fn refusal(principal: Option<&str>, tool: &str) -> ToolCallFacts {
+        ToolCallFacts {
+            server: ServerInfo::mcp("(none)", None),
+            tool_name: tool.to_string(),
+            projection: Projection::unknown_tool(),
+            verdict: Verdict::deny(Some("unknown_tool")),
+            credential_alias: None,
+            correlation: Correlation::none(),
+            context: FlowContext {
+                principal: principal.map(str::to_string),
+                denial_kind: crate::records::DenialKind::new("unknown_tool").ok(),
+                peer: principal
+                    .is_none()
+                    .then_some(PeerIdentity { uid: 7, gid: 7 }),
+                ..FlowContext::default()
+            },
+        }
+    }
+
+    #[test]
+    fn identical_refusals_fold_and_a_budget_caps_distinct_ones() {
+        let f = RefusalFolder::new(Duration::from_secs(3600), 3);
+        let call = EventKind::ToolCall;
+        assert_eq!(f.admit(call, &refusal(Some("a"), "x")), Admit::Record);
+        for _ in 0..10 {
+            assert_eq!(f.admit(call, &refusal(Some("a"), "x")), Admit::Folded);
+        }
+        assert_eq!(f.admit(call, &refusal(Some("a"), "y")), Admit::Record);
+        assert_eq!(f.admit(call, &refusal(Some("a"), "z")), Admit::Record);
+        // Over budget: a fourth distinct kind folds into the budget fold.
+        for i in 0..50 {
+            assert_eq!(
+                f.admit(call, &refusal(Some("a"), &format!("n{i}"))),
+                Admit::Folded
+            );
+        }
+        // Another principal and an unmapped peer have budgets of their own.
+        assert_eq!(f.admit(call, &refusal(Some("b"), "x")), Admit::Record);
+        assert_eq!(
+            f.admit(EventKind::Session, &refusal(None, "x")),
+            Admit::Record
+        );
+        assert!(f.take_due(false).is_empty(), "the interval has not run out");
+        let mut folded: Vec<(String, u64)> = f
+            .take_due(true)
+            .into_iter()
+            .map(|mut r| {
+                let n = r.flowhost.folded.as_ref().unwrap().count;
+                r.flowhost.seq = 1;
+                r.validate().unwrap();
+                (r.tool.name, n)
+            })
+            .collect();
+        folded.sort();
+        assert_eq!(
+            folded,
+            vec![
+                ("(refusals over the per-interval budget)".to_string(), 50),
+                ("x".to_string(), 10)
+            ]
+        );
+        // A new interval starts afresh.
+        assert_eq!(f.admit(call, &refusal(Some("a"), "x")), Admit::Record);
+    }
+}
