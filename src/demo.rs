@@ -484,11 +484,19 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
     }
     drop(cleanup);
 
+    // The retained signed set, also where the seed's own command looks for it
+    // (`jq ... .research/signed-manifests.json`).
+    let retained = std::fs::read(paths.state_dir.join("signed-manifests.json"))
+        .map_err(step("reading the retained signed set"))?;
+    let published = dir.join("signed-manifests.json");
+    crate::files::write_atomic(&published, &retained, 0o644)
+        .map_err(step("publishing the retained signed set"))?;
+
     if outcomes.failed.is_empty() {
         println!("flowhost demo: every outcome was the expected one.");
         println!(
             "         The host kept the envelopes it registered: jq '[.[] | .manifest | {{server_id, tools: [.tools[] | {{name, flow}}]}}]' {}",
-            paths.state_dir.join("signed-manifests.json").display()
+            published.display()
         );
         Ok(true)
     } else {

@@ -33,16 +33,43 @@ pub enum ToolFlowError {
 /// `null` label, an explicit empty purpose list and duplicate purposes are rejected, and
 /// `egress` is required. Serialization is canonical (absent labels and an empty purpose set
 /// are omitted, purposes are sorted).
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// The fields read as public fields (`declaration.output_label`, through
+/// [`FlowDeclarationFields`]), but a declaration is only ever built by [`Self::new`],
+/// [`Self::public_egress`] or strict decoding, and never changed afterwards.
+#[derive(Clone, PartialEq, Eq, Hash, Deserialize)]
 #[serde(try_from = "FlowDeclarationWire")]
 pub struct ToolFlowDeclaration {
+    fields: FlowDeclarationFields,
+}
+
+/// The readable fields of a [`ToolFlowDeclaration`] (what the publisher signed).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct FlowDeclarationFields {
+    /// The label the tool's output carries, if declared.
     #[serde(skip_serializing_if = "Option::is_none")]
-    output_label: Option<InformationLabel>,
+    pub output_label: Option<InformationLabel>,
+    /// The most restricted label the tool may receive when it egresses, if declared.
     #[serde(skip_serializing_if = "Option::is_none")]
-    input_clearance: Option<InformationLabel>,
-    egress: bool,
+    pub input_clearance: Option<InformationLabel>,
+    /// Whether the publisher declares that the tool sends data out.
+    pub egress: bool,
+    /// Purposes for which the tool accepts declassified data.
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
-    declassification_purposes: BTreeSet<DeclassificationPurpose>,
+    pub declassification_purposes: BTreeSet<DeclassificationPurpose>,
+}
+
+impl std::ops::Deref for ToolFlowDeclaration {
+    type Target = FlowDeclarationFields;
+    fn deref(&self) -> &FlowDeclarationFields {
+        &self.fields
+    }
+}
+
+impl Serialize for ToolFlowDeclaration {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.fields.serialize(serializer)
+    }
 }
 
 impl ToolFlowDeclaration {
@@ -63,41 +90,45 @@ impl ToolFlowDeclaration {
             return Err(ToolFlowError::TopInputClearance);
         }
         Ok(Self {
-            output_label,
-            input_clearance,
-            egress,
-            declassification_purposes,
+            fields: FlowDeclarationFields {
+                output_label,
+                input_clearance,
+                egress,
+                declassification_purposes,
+            },
         })
     }
 
     /// A public sink: bottom output, bottom input clearance, egress, no purposes.
     pub fn public_egress() -> Self {
         Self {
-            output_label: Some(InformationLabel::bottom()),
-            input_clearance: Some(InformationLabel::bottom()),
-            egress: true,
-            declassification_purposes: BTreeSet::new(),
+            fields: FlowDeclarationFields {
+                output_label: Some(InformationLabel::bottom()),
+                input_clearance: Some(InformationLabel::bottom()),
+                egress: true,
+                declassification_purposes: BTreeSet::new(),
+            },
         }
     }
 
     /// The label the tool's output carries, if declared.
     pub fn output_label(&self) -> Option<&InformationLabel> {
-        self.output_label.as_ref()
+        self.fields.output_label.as_ref()
     }
 
     /// The most restricted label the tool may receive when it egresses, if declared.
     pub fn input_clearance(&self) -> Option<&InformationLabel> {
-        self.input_clearance.as_ref()
+        self.fields.input_clearance.as_ref()
     }
 
     /// Whether the publisher declares that the tool sends data out.
     pub fn egress(&self) -> bool {
-        self.egress
+        self.fields.egress
     }
 
     /// Purposes for which the tool accepts declassified data.
     pub fn declassification_purposes(&self) -> &BTreeSet<DeclassificationPurpose> {
-        &self.declassification_purposes
+        &self.fields.declassification_purposes
     }
 
     /// Canonical JSON text of the declaration.

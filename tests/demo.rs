@@ -33,6 +33,37 @@ fn the_demo_succeeds_and_its_records_verify() {
         assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
     }
     assert!(research.join("state/signed-manifests.json").exists());
+    // The seed's literal command, run where the seed runs it.
+    let jq = Command::new("jq")
+        .arg("[.[] | .manifest | {server_id, tools: [.tools[] | {name, flow}]}]")
+        .arg(".research/signed-manifests.json")
+        .current_dir(dir.path())
+        .output()
+        .expect("jq is installed (.ci/run installs it)");
+    assert!(
+        jq.status.success(),
+        "{}",
+        String::from_utf8_lossy(&jq.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&jq.stdout).unwrap();
+    let read_terms = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["server_id"] == "workspace")
+        .and_then(|s| {
+            s["tools"]
+                .as_array()?
+                .iter()
+                .find(|t| t["name"] == "read_terms")
+        })
+        .cloned()
+        .expect("workspace/read_terms is listed");
+    assert_eq!(read_terms["flow"]["egress"], false, "{read_terms}");
+    assert_eq!(
+        read_terms["flow"]["output_label"]["compartments"],
+        serde_json::json!(["harbor-goods-terms"])
+    );
     let verify = Command::new(env!("CARGO_BIN_EXE_flowhost"))
         .args(["records", "verify"])
         .arg(research.join("records"))

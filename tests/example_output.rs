@@ -15,13 +15,36 @@ fn example_path(name: &str) -> PathBuf {
 
 #[test]
 fn tool_contract_prints_the_four_outcomes() {
-    let path = example_path("tool_contract");
+    for example in ["tool_contract", "seed_tool_contract"] {
+        check_four_outcomes(example);
+    }
+}
+
+/// The seed's program compiles with only its `use` lines changed: the rest is the seed's.
+#[test]
+fn the_seed_program_differs_only_in_its_use_lines() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = std::fs::read_to_string(root.join("examples/seed_tool_contract.rs")).unwrap();
+    let body: Vec<&str> = example
+        .lines()
+        .filter(|l| !l.starts_with("//!") && !l.starts_with("use flowhost::"))
+        .skip_while(|l| l.is_empty())
+        .collect();
+    assert!(
+        body.iter()
+            .any(|l| l.contains("reader.output_label.as_ref().unwrap()"))
+    );
+    assert!(body.iter().all(|l| !l.contains("flowhost")), "{body:?}");
+}
+
+fn check_four_outcomes(example: &str) {
+    let path = example_path(example);
     assert!(
         path.exists(),
         "{} was not built; run `cargo test --workspace`",
         path.display()
     );
-    let out = Command::new(&path).output().expect("run tool_contract");
+    let out = Command::new(&path).output().expect("run the example");
     assert!(
         out.status.success(),
         "stderr: {}",
