@@ -15,6 +15,19 @@ pub(crate) struct HealthArgs {
     /// Write the carrier here (atomically) instead of standard output.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The carrier's shape: flowhost's `tool_observation_health`, or assay's runner
+    /// `observation_health` (with the flowhost carrier inside).
+    #[arg(long, value_enum, default_value = "flowhost")]
+    shape: Shape,
+}
+
+/// Health carrier shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Shape {
+    /// `flowhost.tool_observation_health.v0`.
+    Flowhost,
+    /// `assay.runner.observation_health.v0`.
+    Assay,
 }
 
 /// Prints or writes the offline health: sequence range, chain head and verification status,
@@ -22,9 +35,13 @@ pub(crate) struct HealthArgs {
 /// when incomplete: the carrier says so), 2 on usage or I/O errors.
 pub(crate) fn run(args: HealthArgs) -> CliResult {
     let health = offline_health(&args.records)?;
+    let text = match args.shape {
+        Shape::Flowhost => health.to_json(),
+        Shape::Assay => serde_json::to_string_pretty(&health.to_assay())?,
+    };
     match args.out {
-        Some(path) => health.write_to(&path)?,
-        None => println!("{}", health.to_json()),
+        Some(path) => crate::files::write_atomic(&path, format!("{text}\n").as_bytes(), 0o644)?,
+        None => println!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
 }

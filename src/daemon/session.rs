@@ -208,7 +208,7 @@ impl Session {
                 ok => ok,
             },
             "tools/call" => self.call(params).await,
-            "flowhost/health" => match self.health() {
+            "flowhost/health" => match self.health(&params) {
                 Err(e) => Err(self.refuse_session("(flowhost/health)", e).await),
                 ok => ok,
             },
@@ -260,7 +260,7 @@ impl Session {
         Ok(json!({ "tools": tools }))
     }
 
-    fn health(&self) -> Result<Value, RpcError> {
+    fn health(&self, params: &Value) -> Result<Value, RpcError> {
         let generation = self.host.current();
         self.principal(&generation)?;
         // The computed health is returned even when the file cannot be written: the caller
@@ -272,8 +272,17 @@ impl Session {
                 (self.host.health(), Some(e.to_string()))
             }
         };
-        let mut v = serde_json::to_value(&h)
-            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
+        let mut v = match params.get("shape").and_then(Value::as_str) {
+            None | Some("flowhost") => serde_json::to_value(&h)
+                .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?,
+            Some("assay") => h.to_assay(),
+            Some(other) => {
+                return Err(RpcError::new(
+                    code::INVALID_PARAMS,
+                    format!("shape {other:?} is not \"flowhost\" or \"assay\""),
+                ));
+            }
+        };
         if let (Some(e), Some(map)) = (write_error, v.as_object_mut()) {
             map.insert("health_file_error".into(), json!(e));
         }

@@ -35,6 +35,10 @@ use crate::files::{FileError, write_atomic};
 
 /// The health carrier's schema string.
 pub const HEALTH_SCHEMA: &str = "flowhost.tool_observation_health.v0";
+/// The schema of assay's runner health carrier, which flowhost also writes and reads.
+pub const ASSAY_HEALTH_SCHEMA: &str = "assay.runner.observation_health.v0";
+/// The prefix of the note that carries the whole flowhost carrier inside an assay one.
+pub const ASSAY_EMBED_NOTE: &str = "flowhost.tool_observation_health=";
 
 /// Who produced a health carrier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -279,7 +283,114 @@ impl ToolObservationHealth {
         Ok(())
     }
 
-    /// Reads a carrier strictly and derives `complete` again from its fields.
+    /// The carrier in assay's runner shape (`assay.runner.observation_health.v0`), where
+    /// `policy_layer` expresses the gap: `present` only when the policy side of observation
+    /// is complete (proxy seen, policy layer active, classifier known, records complete,
+    /// writer and flow state healthy). The broker is the kernel layer (`complete` when it
+    /// supervised every executor and lost no notification; lost notifications count as
+    /// `ringbuf_drops`). Every incomplete reason is a note, and the whole flowhost carrier
+    /// rides along as one note (prefix [`ASSAY_EMBED_NOTE`]) so that flowhost can bind it to
+    /// the records when it reads the carrier back.
+    pub fn to_assay(&self) -> serde_json::Value {
+        let h = self.clone().finalize();
+        let reasons = h.assess();
+        let policy_ok = h.proxy_seen == Some(true)
+            && h.policy_layer_active == Some(true)
+            && h.redaction_active == Some(true)
+            && h.classifier_version
+                .as_deref()
+                .is_some_and(|v| !v.trim().is_empty())
+            && h.tool_calls_observed.is_some()
+            && h.unknown_tool_count.is_some()
+            && h.records.records_complete == Some(true)
+            && !h.records.writer_failed
+            && !h.flow_state_failed;
+        let drops = h.failed_notifications.unwrap_or(0);
+        let kernel_layer = match (h.broker_active, h.failed_notifications) {
+            (Some(true), Some(0)) => "complete",
+            (Some(true), Some(_)) => "partial_ringbuf_drops",
+            _ => "absent",
+        };
+        let supervised = matches!(
+            (h.executors_spawned, h.executors_supervised),
+            (Some(s), Some(v)) if s == v
+        );
+        let broker = h.broker_active == Some(true);
+        let mut notes: Vec<String> = reasons;
+        notes.push(format!(
+            "{ASSAY_EMBED_NOTE}{}",
+            serde_json::to_string(&h).unwrap_or_default()
+        ));
+        serde_json::json!({
+            "schema": ASSAY_HEALTH_SCHEMA,
+            "run_id": format!(
+                "flowhost-{}",
+                h.records
+                    .chain_head
+                    .as_deref()
+                    .and_then(|c| c.strip_prefix("sha256:"))
+                    .map_or("none", |c| &c[..c.len().min(16)])
+            ),
+            "platform": "linux",
+            "kernel_layer": kernel_layer,
+            "ringbuf_drops": drops,
+            "policy_layer": if policy_ok { "present" } else { "absent" },
+            "sdk_layer": "absent",
+            "cgroup_correlation": if supervised { "clean" } else { "failed" },
+            "network_protocol_coverage": if broker { "connect_and_datagram_peer_observed" } else { "absent" },
+            "network_endpoint_claim_scope": if broker { "peer_set" } else { "not_applicable" },
+            "notes": notes,
+        })
+    }
+
+    /// Reads a carrier in assay's runner shape: the flowhost carrier embedded in its notes,
+    /// checked against the assay fields (which must be exactly what that carrier gives). A
+    /// carrier from another producer, with no flowhost carrier inside, binds to no flowhost
+    /// records and is read as unknown (incomplete).
+    fn from_assay(value: &serde_json::Value) -> Result<Self, String> {
+        let embedded = value
+            .get("notes")
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(serde_json::Value::as_str)
+            .find_map(|n| n.strip_prefix(ASSAY_EMBED_NOTE));
+        let Some(embedded) = embedded else {
+            let mut h = ToolObservationHealth::unknown(HealthProducer::Offline);
+            h.records.problems.push(
+                "an assay observation_health without a flowhost carrier binds to no flowhost records"
+                    .into(),
+            );
+            return Ok(h.finalize());
+        };
+        let h: ToolObservationHealth = serde_json::from_str(embedded)
+            .map_err(|e| format!("the embedded flowhost carrier: {e}"))?;
+        if h.schema != HEALTH_SCHEMA {
+            return Err(format!("the embedded carrier's schema is {:?}", h.schema));
+        }
+        let h = h.finalize();
+        let expected = h.to_assay();
+        for field in [
+            "kernel_layer",
+            "ringbuf_drops",
+            "policy_layer",
+            "cgroup_correlation",
+            "network_protocol_coverage",
+            "network_endpoint_claim_scope",
+        ] {
+            if value.get(field) != expected.get(field) {
+                return Err(format!(
+                    "{field} is {} but the embedded flowhost carrier gives {}",
+                    value.get(field).unwrap_or(&serde_json::Value::Null),
+                    expected.get(field).unwrap_or(&serde_json::Value::Null)
+                ));
+            }
+        }
+        Ok(h)
+    }
+
+    /// Reads a carrier strictly (flowhost's shape, or assay's runner shape with a flowhost
+    /// carrier inside) and derives `complete` again from its fields.
     pub fn read_from(path: &Path) -> Result<Self, HealthError> {
         let bytes = std::fs::read(path).map_err(|source| HealthError::Io {
             path: path.to_path_buf(),
@@ -289,6 +400,11 @@ impl ToolObservationHealth {
             path: path.to_path_buf(),
             problem,
         };
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes)
+            && value.get("schema").and_then(serde_json::Value::as_str) == Some(ASSAY_HEALTH_SCHEMA)
+        {
+            return Self::from_assay(&value).map_err(invalid);
+        }
         let h: ToolObservationHealth =
             serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
         if h.schema != HEALTH_SCHEMA {
@@ -375,6 +491,45 @@ mod tests {
         let read = ToolObservationHealth::read_from(&path).unwrap();
         assert!(!read.complete);
         assert_eq!(read.incomplete_reasons, vec!["broker_active is false"]);
+    }
+
+    #[test]
+    fn the_assay_shape_round_trips_and_expresses_the_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("observation_health.json");
+        let h = complete_health();
+        let a = h.to_assay();
+        assert_eq!(a["schema"], ASSAY_HEALTH_SCHEMA);
+        assert_eq!(a["policy_layer"], "present");
+        assert_eq!(a["kernel_layer"], "complete");
+        std::fs::write(&path, a.to_string()).unwrap();
+        assert_eq!(ToolObservationHealth::read_from(&path).unwrap(), h);
+
+        // The gap shows in policy_layer, and its reason in the notes.
+        let mut failed = h.clone();
+        failed.records.writer_failed = true;
+        let a = failed.finalize().to_assay();
+        assert_eq!(a["policy_layer"], "absent");
+        assert!(
+            a["notes"][0]
+                .as_str()
+                .unwrap()
+                .contains("record writer failed")
+        );
+
+        // An edited assay field that contradicts the carrier inside is refused.
+        let mut edited = h.to_assay();
+        edited["policy_layer"] = "present".into();
+        edited["kernel_layer"] = "absent".into();
+        std::fs::write(&path, edited.to_string()).unwrap();
+        let err = ToolObservationHealth::read_from(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kernel_layer"), "{err}");
+
+        // assay's own carrier (no flowhost inside) binds to nothing: incomplete.
+        std::fs::write(&path, r#"{"schema":"assay.runner.observation_health.v0","run_id":"run_001","platform":"linux","kernel_layer":"absent","ringbuf_drops":0,"policy_layer":"present","sdk_layer":"absent","cgroup_correlation":"partial","network_protocol_coverage":"absent","network_endpoint_claim_scope":"not_applicable","notes":[]}"#).unwrap();
+        assert!(!ToolObservationHealth::read_from(&path).unwrap().complete);
     }
 
     #[test]

@@ -328,11 +328,40 @@ pub fn project_tool_call(
         Projection {
             classification: Classification::ClassifiedIncomplete,
             reason_code: REASON_MISSING_FIELD.to_string(),
-            detail: Some(missing_detail(&missing)),
+            detail: Some(
+                assay_detail(m, &missing).map_or_else(|| missing_detail(&missing), str::to_string),
+            ),
             category: Some(m.category.clone()),
             action,
         }
     }
+}
+
+/// For assay's own categories, the `detail` code assay's vocabulary has for the first
+/// missing field (by what the field is: a plain GitHub owner or repo, or the hash domain of
+/// a Slack or workspace identifier); `None` for flowhost's own categories, which use
+/// `missing_<fields>`.
+fn assay_detail(m: &ToolMapping, missing: &[&str]) -> Option<&'static str> {
+    let domain = |field: &str| {
+        m.hashed
+            .iter()
+            .find(|h| h.field == field)
+            .map(|h| h.domain.as_str())
+    };
+    missing
+        .iter()
+        .find_map(|field| match (m.category.as_str(), domain(field)) {
+            ("github_deploy_key", None) if matches!(*field, "owner" | "repo") => {
+                Some("missing_github_owner_or_repo")
+            }
+            ("slack_add_member", Some("slack_principal")) => Some("missing_slack_principal"),
+            ("slack_add_member", Some("slack_workspace" | "slack_channel")) => {
+                Some("missing_slack_scope")
+            }
+            ("workspace_admin", Some("workspace")) => Some("missing_workspace_id"),
+            ("workspace_admin", Some("workspace_principal")) => Some("missing_workspace_principal"),
+            _ => None,
+        })
 }
 
 fn missing_detail(missing: &[&str]) -> String {
@@ -466,13 +495,55 @@ pub(crate) mod tests {
         let p = project_tool_call(Some(&m), &json!({"owner": "org", "repo": 7}));
         assert_eq!(p.classification, Classification::ClassifiedIncomplete);
         assert_eq!(p.reason_code, REASON_MISSING_FIELD);
-        assert_eq!(p.detail.as_deref(), Some("missing_repo"));
+        // An assay category gets assay's own detail code.
+        assert_eq!(p.detail.as_deref(), Some("missing_github_owner_or_repo"));
         assert_eq!(
             serde_json::to_value(p.action.target.unwrap()).unwrap(),
             json!({"provider": "github", "owner": "org"})
         );
         let p = project_tool_call(Some(&m), &json!("not an object"));
+        assert_eq!(p.detail.as_deref(), Some("missing_github_owner_or_repo"));
+        // flowhost's own categories name the fields.
+        let mut own = deploy_key_mapping();
+        own.category = "contract_read".into();
+        let p = project_tool_call(Some(&own), &json!("not an object"));
         assert_eq!(p.detail.as_deref(), Some("missing_owner_and_repo"));
+    }
+
+    #[test]
+    fn assay_categories_use_assay_detail_codes() {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures/declared/mappings.toml"),
+        )
+        .unwrap();
+        let table: toml::Table = toml::from_str(&text).unwrap();
+        let mapping = |name: &str| -> ToolMapping {
+            toml::Value::Table(table[name].as_table().unwrap().clone())
+                .try_into()
+                .unwrap()
+        };
+        let detail = |m: &ToolMapping, args: serde_json::Value| {
+            project_tool_call(Some(m), &args).detail.unwrap()
+        };
+        let slack = mapping("slack_add_member");
+        assert_eq!(
+            detail(&slack, json!({"workspace_id": "T1"})),
+            "missing_slack_principal"
+        );
+        assert_eq!(
+            detail(&slack, json!({"user_id": "U1"})),
+            "missing_slack_scope"
+        );
+        let ws = mapping("workspace_grant_admin");
+        assert_eq!(
+            detail(&ws, json!({"principal": "p"})),
+            "missing_workspace_id"
+        );
+        assert_eq!(
+            detail(&ws, json!({"workspace_id": "w"})),
+            "missing_workspace_principal"
+        );
     }
 
     #[test]
