@@ -245,10 +245,15 @@ impl Session {
             .filter(|t| principal.may_call(t.server_id(), t.name()))
             .map(|t| {
                 let a = t.definition().annotations();
+                let bridge = generation
+                    .registry
+                    .bridge_security(t.server_id(), t.name())
+                    .and_then(|b| serde_json::to_value(b).ok());
                 json!({
                     "name": format!("{}/{}", t.server_id(), t.name()),
                     "description": t.sanitized_description(),
                     "inputSchema": t.definition().input_schema(),
+                    "_meta": { BRIDGE_META_KEY: bridge },
                     "annotations": {
                         "readOnlyHint": a.read_only,
                         "destructiveHint": a.destructive,
@@ -411,6 +416,7 @@ impl Session {
                     .with_data(json!({"denial": DenialKind::UNKNOWN_TOOL})),
                 ));
             };
+            check_bridge_metadata(&generation, &params, server_id, tool_name).map_err(refusal)?;
             Ok((principal, arguments, tool, server))
         })();
         let (principal, arguments, tool, server) = match checked {
@@ -640,6 +646,37 @@ fn refusal_error(refusal: &CallRefusal) -> RpcError {
         CallRefusal::State(_) => code::INTERNAL_ERROR,
     };
     RpcError::new(code, refusal.to_string()).with_data(json!({"denial": refusal.denial_code()}))
+}
+
+/// Where bridge security metadata travels: `_meta` of a tool in `tools/list`, and
+/// `params._meta` of a `tools/call`.
+pub const BRIDGE_META_KEY: &str = "flowhost/bridge";
+
+/// Checks the bridge security metadata a call carries (if any) against the live registry
+/// entry for the tool it calls: a stale digest, another flow, another tool or a malformed
+/// value refuses the call.
+fn check_bridge_metadata(
+    generation: &Generation,
+    params: &Value,
+    server_id: &str,
+    tool_name: &str,
+) -> Result<(), RpcError> {
+    let Some(carried) = params.get("_meta").and_then(|m| m.get(BRIDGE_META_KEY)) else {
+        return Ok(());
+    };
+    let refuse = |why: String| {
+        RpcError::new(
+            code::INVALID_PARAMS,
+            format!("the call's bridge security metadata is refused: {why}"),
+        )
+        .with_data(json!({"denial": DenialKind::BRIDGE_MISMATCH}))
+    };
+    let metadata: crate::registry::BridgeSecurityMetadata =
+        serde_json::from_value(carried.clone()).map_err(|e| refuse(e.to_string()))?;
+    generation
+        .registry
+        .validate_bridge_security(server_id, tool_name, &metadata)
+        .map_err(|e| refuse(e.to_string()))
 }
 
 /// Most bytes of an unregistered tool name kept in a record.

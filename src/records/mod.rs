@@ -401,6 +401,8 @@ impl DenialKind {
     /// The request was malformed (a `tools/call` without a string name, arguments that are
     /// not an object).
     pub const INVALID_PARAMS: &'static str = "invalid_params";
+    /// A call's bridge security metadata disagrees with the live registry entry.
+    pub const BRIDGE_MISMATCH: &'static str = "bridge_mismatch";
     /// A request came before `initialize`.
     pub const NOT_INITIALIZED: &'static str = "not_initialized";
     /// A request that could not be served for a reason no other code names.
