@@ -168,6 +168,8 @@ struct RawPrincipal {
     #[serde(default)]
     gids: Vec<u32>,
     tools: Vec<String>,
+    #[serde(default)]
+    destinations: Option<crate::destination::OriginRules>,
 }
 
 #[derive(Deserialize)]
@@ -274,6 +276,8 @@ pub struct PrincipalConfig {
     pub gids: Vec<u32>,
     /// Tool patterns: `server/tool`, `server/*` or `*`.
     pub tools: Vec<String>,
+    /// Per-origin destination rules for this principal's calls, on top of each server's.
+    pub destinations: Option<crate::destination::OriginRules>,
 }
 
 impl PrincipalConfig {
@@ -521,6 +525,7 @@ impl HostConfig {
                 uids: p.uids,
                 gids: p.gids,
                 tools: p.tools,
+                destinations: p.destinations,
             });
         }
 

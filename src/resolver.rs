@@ -17,7 +17,7 @@
 use flowhost_broker::Destination;
 
 use crate::config::{ClassifierRule, ClassifierScope, PrincipalConfig};
-use crate::destination::DestinationRules;
+use crate::destination::{DestinationRules, OriginRules, decide_with_origin};
 use crate::flow::{EgressDenial, authorize_egress};
 use crate::label::InformationLabel;
 use crate::registry::{AdmittedTool, AdmittedToolSecurity};
@@ -287,6 +287,7 @@ impl FlowResolver {
         plan: &CallPlan,
         destination: Option<&Destination>,
         rules: &DestinationRules,
+        origin: Option<&OriginRules>,
     ) -> EgressVerdict {
         let source = match self.state.get(&plan.key) {
             Ok(state) => state.combined().join_or_top(&plan.argument_taint),
@@ -302,7 +303,11 @@ impl FlowResolver {
                 rule: None,
             },
             Ok(clearances) => {
-                let d = rules.decide(destination);
+                let d = decide_with_origin(
+                    rules,
+                    origin.map(|o| (plan.key.principal.as_str(), o)),
+                    destination,
+                );
                 EgressVerdict {
                     allowed: d.allowed,
                     denial: (!d.allowed).then(|| "destination_blocked".to_string()),
@@ -450,6 +455,7 @@ mod tests {
             uids: vec![1],
             gids: vec![],
             tools: vec!["*".into()],
+            destinations: None,
         }
     }
 
@@ -490,8 +496,8 @@ mod tests {
         let rules = DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]);
         let ok = Destination::Inet("127.0.0.1:1".parse().unwrap());
         let other = Destination::Inet("127.0.0.1:2".parse().unwrap());
-        assert!(res.decide_egress(&plan, Some(&ok), &rules).allowed);
-        let blocked = res.decide_egress(&plan, Some(&other), &rules);
+        assert!(res.decide_egress(&plan, Some(&ok), &rules, None).allowed);
+        let blocked = res.decide_egress(&plan, Some(&other), &rules, None);
         assert_eq!(blocked.denial.as_deref(), Some("destination_blocked"));
 
         let public = reg.tool("public-inbox", "publish").unwrap();
@@ -514,6 +520,7 @@ mod tests {
             &plan,
             Some(&ok),
             &DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]),
+            None,
         );
         assert!(!v.allowed);
         assert_eq!(

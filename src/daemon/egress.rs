@@ -10,7 +10,7 @@ use flowhost_broker::{AttemptInfo, Destination, EgressAttempt, Verdict as Broker
 
 use super::CallInFlight;
 use super::executor::AttemptSink;
-use crate::destination::DestinationRules;
+use crate::destination::{DestinationRules, OriginRules};
 use crate::records::{
     BrokerDetails, Correlation, DecisionRecord, DeclarationMismatch, DenialKind, EgressBasis,
     EgressFacts, FlowContext, InetDestination, RecordWriter, ServerInfo, UnixDestination, Verdict,
@@ -32,6 +32,8 @@ pub struct EgressJudge {
     pub records: RecordWriter,
     /// The server's destination rules.
     pub destinations: Arc<DestinationRules>,
+    /// Per-origin destination rules, by principal (from the same configuration).
+    pub origins: Arc<std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules>>,
     /// The host's counters (declaration mismatches per tool).
     pub counters: Arc<super::HostCounters>,
     /// Executors (by pid) already warned about for undeclared egress.
@@ -132,11 +134,12 @@ impl EgressJudge {
                     &call.plan,
                     info.destination.as_ref(),
                     &self.destinations,
+                    self.origins.get(&call.plan.key.principal),
                 );
                 let verdict = if v.allowed {
                     Verdict::allow_before_effect(v.rule.as_deref())
                 } else {
-                    Verdict::deny(v.denial.as_deref().or(v.rule.as_deref()))
+                    Verdict::deny(v.rule.as_deref().or(v.denial.as_deref()))
                 };
                 let record = DecisionRecord::egress_attempt(EgressFacts {
                     server,

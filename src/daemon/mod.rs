@@ -773,6 +773,13 @@ fn build_generation(
     (resolver, records, counters): (&Arc<FlowResolver>, &RecordWriter, &Arc<HostCounters>),
 ) -> Generation {
     let mut servers = BTreeMap::new();
+    let origins: Arc<BTreeMap<_, _>> = Arc::new(
+        config
+            .principals
+            .iter()
+            .filter_map(|p| Some((p.id.clone(), p.destinations.clone()?)))
+            .collect(),
+    );
     for s in &config.servers {
         let Some(admitted) = registry.servers().find(|a| a.server_id() == s.id) else {
             continue;
@@ -787,6 +794,7 @@ fn build_generation(
             resolver: resolver.clone(),
             records: records.clone(),
             destinations: Arc::new(s.destinations.clone()),
+            origins: origins.clone(),
             counters: counters.clone(),
             warned: Default::default(),
         });
