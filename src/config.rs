@@ -81,6 +81,15 @@ struct RawConfig {
     principal: Vec<RawPrincipal>,
     #[serde(default)]
     server: Vec<RawServer>,
+    #[serde(default)]
+    declassification_authority: Vec<RawAuthority>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAuthority {
+    id: String,
+    key: String,
 }
 
 #[derive(Deserialize)]
@@ -252,6 +261,8 @@ pub struct HostConfig {
     pub principals: Vec<PrincipalConfig>,
     /// Servers in file order.
     pub servers: Vec<ServerConfig>,
+    /// Trusted declassification authorities: id to public key.
+    pub authorities: crate::grant::Authorities,
 }
 
 /// A classifier rule: text matching `pattern` carries `label`.
@@ -529,6 +540,30 @@ impl HostConfig {
             });
         }
 
+        let mut authorities = crate::grant::Authorities::new();
+        for (i, a) in raw.declassification_authority.iter().enumerate() {
+            let at = format!("declassification_authority[{i}]");
+            if a.id.is_empty() || a.id.len() > 256 || a.id.chars().any(char::is_control) {
+                return Err(invalid(
+                    format!("{at}.id"),
+                    "must be 1 to 256 bytes without control characters".into(),
+                ));
+            }
+            let arg = if a.key.len() == 64 && a.key.bytes().all(|b| b.is_ascii_hexdigit()) {
+                a.key.clone()
+            } else {
+                resolve(Path::new(&a.key)).display().to_string()
+            };
+            let key = crate::keys::verifying_key_from_arg(&arg)
+                .map_err(|e| invalid(format!("{at}.key"), e.to_string()))?;
+            if authorities.insert(a.id.clone(), key).is_some() {
+                return Err(invalid(
+                    format!("{at}.id"),
+                    format!("authority {:?} is configured twice", a.id),
+                ));
+            }
+        }
+
         let state_dir = resolve(&h.state_dir);
         Ok(HostConfig {
             file: file.to_path_buf(),
@@ -556,6 +591,7 @@ impl HostConfig {
             classifiers,
             principals,
             servers,
+            authorities,
         })
     }
 

@@ -16,6 +16,7 @@ pub mod destination;
 pub mod diff;
 pub mod files;
 pub mod flow;
+pub mod grant;
 pub mod ident;
 pub mod keys;
 pub mod lab;

@@ -19,6 +19,7 @@ use flowhost_broker::Destination;
 use crate::config::{ClassifierRule, ClassifierScope, PrincipalConfig};
 use crate::destination::{DestinationRules, OriginRules, decide_with_origin};
 use crate::flow::{EgressDenial, authorize_egress};
+use crate::grant::{self, AcceptedGrant, Authorities, CallFacts, GrantDenial, SignedGrant};
 use crate::label::InformationLabel;
 use crate::registry::{AdmittedTool, AdmittedToolSecurity};
 use crate::state::{FlowState, FlowStateStore, SessionKey, StateError};
@@ -104,6 +105,16 @@ pub enum CallRefusal {
     /// The flow state could not be read or written; the call is refused (fail closed).
     #[error("flow state unavailable: {0}")]
     State(String),
+    /// The call's declassification grant was refused.
+    #[error("declassification grant {grant_id:?} refused for {tool}: {denial}")]
+    Grant {
+        /// The tool.
+        tool: String,
+        /// The grant's id.
+        grant_id: String,
+        /// Which rule.
+        denial: GrantDenial,
+    },
 }
 
 impl CallRefusal {
@@ -114,6 +125,7 @@ impl CallRefusal {
             CallRefusal::SchemaInvalid { .. } => "schema_invalid",
             CallRefusal::Flow { denial, .. } => denial.as_str(),
             CallRefusal::State(_) => "state_failure",
+            CallRefusal::Grant { denial, .. } => denial.as_str(),
         }
     }
 }
@@ -160,6 +172,20 @@ pub struct CallPlan {
     pub security: AdmittedToolSecurity,
     /// The principal's and session's stored labels once the argument taint was joined in.
     pub state_after_dispatch: FlowState,
+    /// The declassification grant the call's egress checks run under, if any: its target
+    /// replaces `source` in the clearance checks of this call only (never in stored state).
+    pub grant: Option<AcceptedGrant>,
+}
+
+/// A declassification grant offered with a call, and what to check it against.
+#[derive(Debug, Clone, Copy)]
+pub struct GrantOffer<'a> {
+    /// The grant as received.
+    pub grant: &'a SignedGrant,
+    /// The operator's trusted authorities.
+    pub authorities: &'a Authorities,
+    /// Now, in Unix seconds.
+    pub now: u64,
 }
 
 /// The verdict on one outbound attempt.
@@ -233,6 +259,7 @@ impl FlowResolver {
         key: &SessionKey,
         tool: &AdmittedTool,
         arguments: &serde_json::Value,
+        offer: Option<GrantOffer<'_>>,
     ) -> Result<CallPlan, CallRefusal> {
         if !principal.may_call(tool.server_id(), tool.name()) {
             return Err(CallRefusal::AccessDenied {
@@ -252,21 +279,56 @@ impl FlowResolver {
                 .classify(ClassifierScope::Arguments, &classifiable_text(arguments)),
         );
         let state = self.state.get(key)?;
-        let source = state.combined().join_or_top(&argument_taint);
+        let session_label = state.combined();
+        let source = session_label.join_or_top(&argument_taint);
         let security = tool.security().clone();
         let basis = EgressBasis {
             declared: tool.definition().flow().is_some_and(|f| f.egress()),
             topology: tool.topology().runtime_egress(),
             observed: false,
         };
+        let grant = match offer {
+            None => None,
+            Some(offer) => {
+                let refused = |denial| CallRefusal::Grant {
+                    tool: tool.name().to_string(),
+                    grant_id: offer.grant.body().grant_id.clone(),
+                    denial,
+                };
+                let facts = CallFacts {
+                    principal: &key.principal,
+                    session: &key.session,
+                    server: tool.server_id(),
+                    tool: tool.name(),
+                    arguments,
+                    session_label: &session_label,
+                    source: &source,
+                    security: &security,
+                    now: offer.now,
+                };
+                Some(grant::check(offer.grant, offer.authorities, &facts).map_err(refused)?)
+            }
+        };
+        // Under a grant the egress check runs against its target, for this call only.
+        let checked = grant.as_ref().map_or(&source, |g| &g.target);
         let clearances = if security.effective_egress() {
-            check_clearances(&source, &security).map_err(|(denial, _)| CallRefusal::Flow {
+            check_clearances(checked, &security).map_err(|(denial, _)| CallRefusal::Flow {
                 tool: tool.name().to_string(),
                 denial,
             })?
         } else {
             Vec::new()
         };
+        // Single use is spent only once everything else passed, durably, before dispatch.
+        if let (Some(g), Some(offer)) = (&grant, offer)
+            && !self.state.consume_grant(&g.id, offer.now)?
+        {
+            return Err(CallRefusal::Grant {
+                tool: tool.name().to_string(),
+                grant_id: g.id.clone(),
+                denial: GrantDenial::Replayed,
+            });
+        }
         let state_after_dispatch = self.state.join(key, &argument_taint)?;
         Ok(CallPlan {
             key: key.clone(),
@@ -276,6 +338,7 @@ impl FlowResolver {
             clearances,
             security,
             state_after_dispatch,
+            grant,
         })
     }
 
@@ -294,7 +357,13 @@ impl FlowResolver {
             // State that cannot be read is unknown history: Top, which never egresses.
             Err(_) => InformationLabel::Top,
         };
-        match check_clearances(&source, &plan.security) {
+        // A grant was issued against the source at dispatch; if anything raised it since (a
+        // read in another session of the principal), the grant no longer applies.
+        let checked = match &plan.grant {
+            Some(g) if source == plan.source => g.target.clone(),
+            _ => source.clone(),
+        };
+        match check_clearances(&checked, &plan.security) {
             Err((denial, clearances)) => EgressVerdict {
                 allowed: false,
                 denial: Some(denial.as_str().to_string()),
@@ -473,7 +542,13 @@ mod tests {
         let k = key_for(&who, "s1");
         let read = reg.tool("workspace", "read_terms").unwrap();
         let plan = res
-            .pre_dispatch(&who, &k, read, &serde_json::json!({"document": "t.md"}))
+            .pre_dispatch(
+                &who,
+                &k,
+                read,
+                &serde_json::json!({"document": "t.md"}),
+                None,
+            )
             .unwrap();
         assert!(
             plan.clearances.is_empty(),
@@ -489,6 +564,7 @@ mod tests {
                 &k,
                 team,
                 &serde_json::json!({"message": "m", "sink": "127.0.0.1:1"}),
+                None,
             )
             .unwrap();
         assert_eq!(plan.source, terms());
@@ -507,6 +583,7 @@ mod tests {
                 &k,
                 public,
                 &serde_json::json!({"message": "m", "sink": "127.0.0.1:1"}),
+                None,
             )
             .unwrap_err();
         assert_eq!(refusal.denial_code(), "flow_violation");
@@ -514,7 +591,7 @@ mod tests {
         // The sneaky tool: no egress predicted, dispatched; its connect is refused.
         let sneaky = reg.tool("workspace", "summarize_terms").unwrap();
         let plan = res
-            .pre_dispatch(&who, &k, sneaky, &serde_json::json!({"text": "x"}))
+            .pre_dispatch(&who, &k, sneaky, &serde_json::json!({"text": "x"}), None)
             .unwrap();
         let v = res.decide_egress(
             &plan,
@@ -541,6 +618,7 @@ mod tests {
             &k,
             sneaky,
             &serde_json::json!({"text": "the Harbor Goods rebate"}),
+            None,
         )
         .unwrap();
         assert_eq!(
@@ -554,6 +632,7 @@ mod tests {
             &key_for(&who, "s3"),
             public,
             &serde_json::json!({"message": "m", "sink": "h:1"}),
+            None,
         );
         assert_eq!(
             r.unwrap_err().denial_code(),
@@ -573,14 +652,20 @@ mod tests {
         let read = reg.tool("workspace", "read_terms").unwrap();
         let k = key_for(&limited, "s");
         assert_eq!(
-            res.pre_dispatch(&limited, &k, read, &serde_json::json!({"document": "x"}))
-                .unwrap_err()
-                .denial_code(),
+            res.pre_dispatch(
+                &limited,
+                &k,
+                read,
+                &serde_json::json!({"document": "x"}),
+                None
+            )
+            .unwrap_err()
+            .denial_code(),
             "access_denied"
         );
         let who = analyst();
         assert_eq!(
-            res.pre_dispatch(&who, &k, read, &serde_json::json!({}))
+            res.pre_dispatch(&who, &k, read, &serde_json::json!({}), None)
                 .unwrap_err()
                 .denial_code(),
             "schema_invalid"
@@ -603,6 +688,7 @@ mod tests {
             &k,
             team,
             &serde_json::json!({"message": "m", "sink": "h:1"}),
+            None,
         );
         assert_eq!(r.unwrap_err().denial_code(), "top_source");
     }

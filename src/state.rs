@@ -138,6 +138,10 @@ impl FlowStateStore {
                  label     TEXT NOT NULL,
                  PRIMARY KEY (principal, session)
              );
+             CREATE TABLE IF NOT EXISTS consumed_grants (
+                 grant_id    TEXT PRIMARY KEY NOT NULL,
+                 consumed_at INTEGER NOT NULL
+             );
              CREATE TABLE IF NOT EXISTS records_checkpoint (
                  id   INTEGER PRIMARY KEY CHECK (id = 1),
                  seq  INTEGER NOT NULL,
@@ -350,6 +354,28 @@ impl FlowStateStore {
         Ok(())
     }
 
+    /// Marks declassification grant `id` used, durably. `Ok(false)`: it was used before (a
+    /// replay). Single use survives restarts because it lives with the flow state.
+    pub fn consume_grant(&self, id: &str, now: u64) -> Result<bool, StateError> {
+        let mut inner = self.lock()?;
+        let now = i64::try_from(now).unwrap_or(i64::MAX);
+        let result = inner.conn.execute(
+            "INSERT INTO consumed_grants (grant_id, consumed_at) VALUES (?1, ?2)
+             ON CONFLICT(grant_id) DO NOTHING",
+            params![id, now],
+        );
+        match result {
+            Ok(n) => Ok(n == 1),
+            Err(source) => {
+                inner.failed = Some(source.to_string());
+                Err(StateError::Io {
+                    path: self.path.clone(),
+                    source,
+                })
+            }
+        }
+    }
+
     /// Why the store refuses further use, once a write failed (`None`: healthy).
     pub fn failure(&self) -> Option<String> {
         match self.inner.lock() {
@@ -526,6 +552,22 @@ mod tests {
             store.get(&key("alice", "new")).unwrap().combined(),
             owner("larkfield")
         );
+    }
+
+    #[test]
+    fn a_consumed_grant_stays_consumed_across_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let store = FlowStateStore::open(&db).unwrap();
+        assert!(store.consume_grant("g-1", 100).unwrap());
+        assert!(!store.consume_grant("g-1", 101).unwrap(), "a replay");
+        drop(store);
+        let store = FlowStateStore::open(&db).unwrap();
+        assert!(
+            !store.consume_grant("g-1", 102).unwrap(),
+            "a replay after a restart"
+        );
+        assert!(store.consume_grant("g-2", 102).unwrap());
     }
 
     #[test]

@@ -161,3 +161,254 @@ fn per_origin_rules_combine_with_the_servers_and_follow_a_reload() {
         "only the per-origin allow reached it"
     );
 }
+
+/// The lab with a declassification authority the operator trusts (`review-board`), and a
+/// second key it does not.
+fn lab_with_authority() -> Option<(Lab, std::path::PathBuf, std::path::PathBuf)> {
+    let mut lab = Lab::prepare()?;
+    let keys = lab.dir.path().join("authority-keys");
+    for name in ["review-board", "stranger"] {
+        let (code, out, err) = lab.cli(&[
+            "key",
+            "generate",
+            "--out",
+            &keys.display().to_string(),
+            "--name",
+            name,
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+    }
+    let config = std::fs::read_to_string(&lab.config).unwrap();
+    lab.write_config(&format!(
+        "{config}\n[[declassification_authority]]\nid = \"review-board\"\nkey = \"{}\"\n",
+        keys.join("review-board.pub").display()
+    ));
+    lab.spawn();
+    Some((
+        lab,
+        keys.join("review-board.key"),
+        keys.join("stranger.key"),
+    ))
+}
+
+#[derive(Clone, Copy)]
+struct GrantSpec<'a> {
+    key: &'a std::path::Path,
+    server: &'a str,
+    tool: &'a str,
+    purpose: &'a str,
+    arguments: &'a Value,
+    target: &'a str,
+    extra: &'a [&'a str],
+}
+
+fn sign_grant(lab: &Lab, session: &Value, spec: &GrantSpec<'_>) -> Value {
+    let dir = lab.dir.path();
+    let args_file = dir.join("grant-arguments.json");
+    let target_file = dir.join("grant-target.json");
+    std::fs::write(&args_file, spec.arguments.to_string()).unwrap();
+    std::fs::write(&target_file, spec.target).unwrap();
+    let mut argv = vec![
+        "grant".to_string(),
+        "sign".into(),
+        "--key".into(),
+        spec.key.display().to_string(),
+        "--authority".into(),
+        "review-board".into(),
+        "--principal".into(),
+        session["principal"].as_str().unwrap().into(),
+        "--session".into(),
+        session["session"].as_str().unwrap().into(),
+        "--server".into(),
+        spec.server.into(),
+        "--tool".into(),
+        spec.tool.into(),
+        "--purpose".into(),
+        spec.purpose.into(),
+        "--arguments".into(),
+        args_file.display().to_string(),
+        "--source-label-hash".into(),
+        session["label_hash"].as_str().unwrap().into(),
+        "--target-label".into(),
+        target_file.display().to_string(),
+    ];
+    argv.extend(spec.extra.iter().map(|s| s.to_string()));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let (code, out, err) = lab.cli(&argv);
+    assert_eq!(code, 0, "{out}{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+const BOTTOM: &str = r#"{"kind":"known","owners":{},"compartments":[]}"#;
+const TERMS_LABEL: &str = r#"{"kind":"known","owners":{"larkfield-pricing":["larkfield-pricing"]},"compartments":["harbor-goods-terms"]}"#;
+
+#[test]
+fn declassification_grants_allow_once_and_refuse_every_misuse() {
+    let Some((mut lab, authority, stranger)) = lab_with_authority() else {
+        return;
+    };
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call(
+        "workspace/read_terms",
+        json!({"document": "harbor-goods-terms.md"}),
+    );
+    assert!(text(&r).contains("Harbor Goods"));
+    let session = c.request("flowhost/session", json!({}))["result"].clone();
+    assert!(
+        session["label"].to_string().contains("harbor-goods-terms"),
+        "{session}"
+    );
+
+    let public = lab.public.addr.to_string();
+    let arguments =
+        json!({"message": "A reviewed summary: terms were renegotiated.", "sink": public});
+    let base = GrantSpec {
+        key: &authority,
+        server: "public-inbox",
+        tool: "publish",
+        purpose: "reviewed-summary",
+        arguments: &arguments,
+        target: BOTTOM,
+        extra: &[],
+    };
+    let call = |c: &mut common::lab::Client, grant: &Value, arguments: &Value| {
+        c.request(
+            "tools/call",
+            json!({"name": "public-inbox/publish", "arguments": arguments,
+                   "_meta": {"flowhost/grant": grant}}),
+        )
+    };
+
+    // Without a grant: the flow violation of the pricing lab.
+    let r = c.call("public-inbox/publish", arguments.clone());
+    assert_eq!(denial(&r), "flow_violation", "{r}");
+
+    // Each misuse refused with its own denial (none of them spends the grant).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let later = (now + 3600).to_string();
+    let long_ago = (now - 7200).to_string();
+    let other_args = json!({"message": "something else", "sink": public});
+    let not_yet = ["--not-before", later.as_str()];
+    let expired = ["--not-before", long_ago.as_str(), "--valid-for", "60"];
+    let cases: Vec<(GrantSpec<'_>, &Value, &str)> = vec![
+        (
+            GrantSpec {
+                key: &stranger,
+                ..base
+            },
+            &arguments,
+            "grant_untrusted_authority",
+        ),
+        (
+            GrantSpec {
+                purpose: "marketing",
+                ..base
+            },
+            &arguments,
+            "grant_purpose_not_allowed",
+        ),
+        (base, &other_args, "grant_binding_mismatch"),
+        (
+            GrantSpec {
+                extra: &not_yet,
+                ..base
+            },
+            &arguments,
+            "grant_not_yet_valid",
+        ),
+        (
+            GrantSpec {
+                extra: &expired,
+                ..base
+            },
+            &arguments,
+            "grant_expired",
+        ),
+        (
+            GrantSpec {
+                target: TERMS_LABEL,
+                ..base
+            },
+            &arguments,
+            "grant_target_not_lower",
+        ),
+    ];
+    for (spec, args, want) in &cases {
+        let grant = sign_grant(&lab, &session, spec);
+        let r = call(&mut c, &grant, args);
+        assert_eq!(denial(&r), *want, "{r}");
+    }
+    // A grant on a call with no effective egress.
+    let doc = json!({"document": "harbor-goods-terms.md"});
+    let grant = sign_grant(
+        &lab,
+        &session,
+        &GrantSpec {
+            server: "workspace",
+            tool: "read_terms",
+            arguments: &doc,
+            ..base
+        },
+    );
+    let r = c.request(
+        "tools/call",
+        json!({"name": "workspace/read_terms", "arguments": doc, "_meta": {"flowhost/grant": grant}}),
+    );
+    assert_eq!(denial(&r), "grant_without_egress", "{r}");
+    let r = call(&mut c, &json!({"grant": {}, "signature": "00"}), &arguments);
+    assert_eq!(denial(&r), "grant_malformed", "{r}");
+
+    // The real grant: allowed once, the public relay receives the reviewed summary.
+    let grant = sign_grant(&lab, &session, &base);
+    let r = call(&mut c, &grant, &arguments);
+    assert!(text(&r).contains("delivered"), "{r}\n{}", lab.log());
+    // The same grant again: a replay.
+    let r = call(&mut c, &grant, &arguments);
+    assert_eq!(denial(&r), "grant_replayed", "{r}");
+    // The retained label never goes down.
+    let after = c.request("flowhost/session", json!({}))["result"].clone();
+    assert_eq!(after["label_hash"], session["label_hash"]);
+    lab.stop();
+    assert_eq!(lab.public.connections(), 1);
+
+    let id = grant["grant"]["grant_id"].as_str().unwrap();
+    let records = lab.records();
+    let allowed: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["flowhost"]["grant"]["id"] == id && r["decision"]["effect"] == "allow")
+        .collect();
+    assert!(
+        allowed
+            .iter()
+            .any(|r| r["flowhost"]["event"] == "tool_call"),
+        "{allowed:#?}"
+    );
+    assert!(
+        allowed
+            .iter()
+            .any(|r| r["flowhost"]["event"] == "egress_attempt"),
+        "the egress under the grant is recorded with it: {allowed:#?}"
+    );
+    assert!(
+        allowed
+            .iter()
+            .all(|r| r["flowhost"]["grant"]["purpose"] == "reviewed-summary")
+    );
+    for (_, _, want) in &cases {
+        assert!(
+            records
+                .iter()
+                .any(|r| r["flowhost"]["denial_kind"] == *want),
+            "{want} recorded"
+        );
+    }
+    assert!(
+        records
+            .iter()
+            .any(|r| r["flowhost"]["denial_kind"] == "grant_replayed")
+    );
+}

@@ -7,6 +7,7 @@
 mod connect;
 mod demo;
 mod diff;
+mod grant;
 mod health;
 pub mod key;
 pub mod manifest;
@@ -58,6 +59,9 @@ enum Command {
     /// Sign, verify, digest and convert tool manifests.
     #[command(subcommand)]
     Manifest(manifest::ManifestCommand),
+    /// Declassification grants.
+    #[command(subcommand)]
+    Grant(grant::GrantCommand),
     /// Export or verify observed decision records.
     #[command(subcommand)]
     Records(records::RecordsCommand),
@@ -99,6 +103,7 @@ impl Cli {
             Command::ExampleTool(args) => args.run(),
             Command::Key(command) => command.run(),
             Command::Manifest(command) => command.run(),
+            Command::Grant(command) => command.run(),
             Command::Records(cmd) => records::run(cmd),
             Command::State(command) => command.run(),
             Command::Health(args) => health::run(args),

@@ -161,6 +161,14 @@ impl EgressJudge {
                             observed: true,
                         }),
                         declaration_mismatch: mismatch,
+                        grant: call
+                            .plan
+                            .grant
+                            .as_ref()
+                            .map(|g| crate::records::GrantFacts {
+                                id: g.id.clone(),
+                                purpose: g.purpose.to_string(),
+                            }),
                         ..FlowContext::default()
                     },
                 });

@@ -17,13 +17,15 @@ use tokio::sync::mpsc;
 use super::refusals::Admit;
 use super::{CallInFlight, Generation, Host, McpExecutor, ServerRuntime};
 use crate::config::PrincipalConfig;
+use crate::grant::SignedGrant;
 use crate::mcp::{self, Incoming, Line, RpcError, code};
+use crate::records::GrantFacts;
 use crate::records::{
     Classification, DecisionRecord, DenialKind, EgressBasis, EventKind, FlowContext, LabelsAfter,
     PeerIdentity, Projection, ServerInfo, ToolCallFacts, Verdict, correlation_from_params,
     project_tool_call,
 };
-use crate::resolver::{CallPlan, CallRefusal};
+use crate::resolver::{CallPlan, CallRefusal, GrantOffer};
 use crate::state::{FlowState, SessionKey};
 
 struct Bound {
@@ -195,7 +197,9 @@ impl Session {
                 ok => ok,
             },
             "ping" => Ok(json!({})),
-            "tools/list" | "tools/call" | "flowhost/health" if !self.initialized => {
+            "tools/list" | "tools/call" | "flowhost/health" | "flowhost/session"
+                if !self.initialized =>
+            {
                 let e = RpcError::new(
                     code::NOT_INITIALIZED,
                     "send initialize before other requests",
@@ -208,6 +212,10 @@ impl Session {
                 ok => ok,
             },
             "tools/call" => self.call(params).await,
+            "flowhost/session" => match self.describe() {
+                Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
+                ok => ok,
+            },
             "flowhost/health" => match self.health(&params) {
                 Err(e) => Err(self.refuse_session("(flowhost/health)", e).await),
                 ok => ok,
@@ -263,6 +271,33 @@ impl Session {
             })
             .collect();
         Ok(json!({ "tools": tools }))
+    }
+
+    /// `flowhost/session`: what a declassification authority binds a grant to (the session
+    /// id and the session's current label with its hash).
+    fn describe(&self) -> Result<Value, RpcError> {
+        let generation = self.host.current();
+        let principal = self.principal(&generation)?;
+        let key = SessionKey {
+            principal: principal.id.clone(),
+            session: self.id.clone(),
+        };
+        let label = self
+            .host
+            .resolver
+            .state()
+            .get(&key)
+            .map_err(|e| {
+                RpcError::new(code::INTERNAL_ERROR, format!("flow state unavailable: {e}"))
+                    .with_data(json!({"denial": DenialKind::STATE_FAILURE}))
+            })?
+            .combined();
+        Ok(json!({
+            "principal": principal.id.to_string(),
+            "session": self.id,
+            "label": serde_json::to_value(&label).unwrap_or(Value::Null),
+            "label_hash": crate::grant::label_hash(&label),
+        }))
     }
 
     fn health(&self, params: &Value) -> Result<Value, RpcError> {
@@ -417,9 +452,10 @@ impl Session {
                 ));
             };
             check_bridge_metadata(&generation, &params, server_id, tool_name).map_err(refusal)?;
-            Ok((principal, arguments, tool, server))
+            let grant = read_grant(&params).map_err(refusal)?;
+            Ok((principal, arguments, tool, server, grant))
         })();
-        let (principal, arguments, tool, server) = match checked {
+        let (principal, arguments, tool, server, grant) = match checked {
             Ok(v) => v,
             Err(refused) => {
                 let (e, denial) = *refused;
@@ -464,10 +500,15 @@ impl Session {
                 .fetch_add(1, Ordering::SeqCst);
         }
 
+        let offer = grant.as_ref().map(|g| GrantOffer {
+            grant: g,
+            authorities: &generation.config.authorities,
+            now: unix_now(),
+        });
         let plan = match self
             .host
             .resolver
-            .pre_dispatch(&principal, &key, tool, &arguments)
+            .pre_dispatch(&principal, &key, tool, &arguments, offer)
         {
             Ok(plan) => plan,
             Err(refusal) => {
@@ -476,6 +517,10 @@ impl Session {
                     CallRefusal::State(_) => Verdict::error(code_str),
                     _ => Verdict::deny(Some(code_str)),
                 };
+                let grant_facts = grant.as_ref().map(|g| GrantFacts {
+                    id: g.body().grant_id.clone(),
+                    purpose: g.body().purpose.to_string(),
+                });
                 self.record(
                     EventKind::ToolCall,
                     ToolCallFacts {
@@ -485,7 +530,10 @@ impl Session {
                         verdict,
                         credential_alias: None,
                         correlation,
-                        context: context(Some(code_str)),
+                        context: FlowContext {
+                            grant: grant_facts,
+                            ..context(Some(code_str))
+                        },
                     },
                 )
                 .await?;
@@ -501,6 +549,10 @@ impl Session {
             observed: false,
         });
         ctx.labels_after = Some(labels_after(&plan.state_after_dispatch));
+        ctx.grant = plan.grant.as_ref().map(|g| GrantFacts {
+            id: g.id.clone(),
+            purpose: g.purpose.to_string(),
+        });
         self.record(
             EventKind::ToolCall,
             ToolCallFacts {
@@ -644,6 +696,7 @@ fn refusal_error(refusal: &CallRefusal) -> RpcError {
         CallRefusal::SchemaInvalid { .. } => code::INVALID_PARAMS,
         CallRefusal::Flow { .. } => code::FLOW_DENIED,
         CallRefusal::State(_) => code::INTERNAL_ERROR,
+        CallRefusal::Grant { .. } => code::FLOW_DENIED,
     };
     RpcError::new(code, refusal.to_string()).with_data(json!({"denial": refusal.denial_code()}))
 }
@@ -677,6 +730,29 @@ fn check_bridge_metadata(
         .registry
         .validate_bridge_security(server_id, tool_name, &metadata)
         .map_err(|e| refuse(e.to_string()))
+}
+
+/// Where a declassification grant travels with a call: `params._meta`.
+pub const GRANT_META_KEY: &str = "flowhost/grant";
+
+/// The declassification grant a call carries, if any (a malformed one refuses the call).
+fn read_grant(params: &Value) -> Result<Option<SignedGrant>, RpcError> {
+    let Some(v) = params.get("_meta").and_then(|m| m.get(GRANT_META_KEY)) else {
+        return Ok(None);
+    };
+    SignedGrant::from_value(v).map(Some).map_err(|e| {
+        RpcError::new(
+            code::INVALID_PARAMS,
+            format!("the call's grant is refused: {e}"),
+        )
+        .with_data(json!({"denial": DenialKind::GRANT_MALFORMED}))
+    })
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Most bytes of an unregistered tool name kept in a record.

@@ -401,6 +401,8 @@ impl DenialKind {
     /// The request was malformed (a `tools/call` without a string name, arguments that are
     /// not an object).
     pub const INVALID_PARAMS: &'static str = "invalid_params";
+    /// A call's declassification grant is not a well-formed grant.
+    pub const GRANT_MALFORMED: &'static str = "grant_malformed";
     /// A call's bridge security metadata disagrees with the live registry entry.
     pub const BRIDGE_MISMATCH: &'static str = "bridge_mismatch";
     /// A request came before `initialize`.
@@ -542,6 +544,19 @@ pub struct FlowhostExtension {
     /// first and the last happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folded: Option<Folded>,
+    /// The declassification grant the decision was taken under (or refused), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<GrantFacts>,
+}
+
+/// `flowhost.grant`: a declassification grant's id and purpose.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantFacts {
+    /// The grant's id.
+    pub id: String,
+    /// Its purpose.
+    pub purpose: String,
 }
 
 /// `flowhost.folded`: identical refusals folded into one record.
@@ -611,6 +626,8 @@ pub struct FlowContext {
     pub declaration_mismatch: Option<DeclarationMismatch>,
     /// The refusals this record stands for, when folded.
     pub folded: Option<Folded>,
+    /// The grant the decision was taken under.
+    pub grant: Option<GrantFacts>,
 }
 
 /// The verdict facts shared by both kinds of decision.
@@ -1066,6 +1083,10 @@ fn build(
             peer: context.peer,
             declaration_mismatch: context.declaration_mismatch,
             folded: context.folded,
+            grant: context.grant.map(|g| GrantFacts {
+                id: sanitize(&g.id),
+                purpose: sanitize(&g.purpose),
+            }),
         },
     }
 }

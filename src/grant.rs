@@ -1,0 +1,433 @@
+//! Declassification grants: a signed, single-use permission for one call to run its egress
+//! check against a strictly lower target label than the session's.
+//!
+//! A grant body (schema [`GRANT_SCHEMA`]) binds everything about the call it is for: the
+//! principal and session, the server and tool, a purpose, the SHA-256 of the call's
+//! arguments (RFC 8785 canonical JSON), the SHA-256 of the session's label when the grant was
+//! issued, the target label, a validity window in whole seconds, the grant's id and the id of
+//! the authority that signed it. The envelope is `{"grant": BODY, "signature": HEX}`: Ed25519
+//! over the canonical bytes of the body, verified with the key the operator configured for
+//! that authority id (never a key carried in the grant).
+//!
+//! [`check`] applies the rules in a fixed order, each refusal its own [`GrantDenial`]:
+//! untrusted authority (unknown id, or a signature that does not verify under its key); no
+//! effective egress; a binding that does not match the call; not yet valid; expired; a target
+//! that is not strictly lower than the call's source (or is `Top`); a purpose the tool's
+//! signed purposes and the operator's policy do not both allow. Single use is the resolver's
+//! (durable, in the flow state). A grant never lowers retained state: only the one egress
+//! check uses the target.
+
+use std::fmt;
+
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::ident::{DeclassificationPurpose, PrincipalId};
+use crate::label::InformationLabel;
+use crate::registry::AdmittedToolSecurity;
+
+/// The schema string of a grant body (the signature's domain version).
+pub const GRANT_SCHEMA: &str = "flowhost.declassification_grant.v1";
+/// Longest grant id, in bytes.
+pub const MAX_GRANT_ID_BYTES: usize = 128;
+
+/// A grant body, exactly as signed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantBody {
+    /// Always [`GRANT_SCHEMA`].
+    pub schema: String,
+    /// The grant's id (`[A-Za-z0-9._-]`, 1 to 128 bytes); single use is keyed by it.
+    pub grant_id: String,
+    /// The id of the authority that signed it (one the operator configured).
+    pub authority: String,
+    /// The principal the call must come from.
+    pub principal: PrincipalId,
+    /// The session the call must come from.
+    pub session: String,
+    /// The server of the call.
+    pub server: String,
+    /// The tool of the call.
+    pub tool: String,
+    /// Why the data may be released.
+    pub purpose: DeclassificationPurpose,
+    /// [`arguments_hash`] of the call's arguments.
+    pub arguments_hash: String,
+    /// [`label_hash`] of the session's label the grant was issued against.
+    pub source_label_hash: String,
+    /// The label the egress check runs against instead of the source.
+    pub target_label: InformationLabel,
+    /// Valid from (Unix seconds, inclusive).
+    pub issued_at: u64,
+    /// Valid until (Unix seconds, exclusive).
+    pub expires_at: u64,
+}
+
+/// A grant as received: the body, its canonical bytes and the signature over them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedGrant {
+    body: GrantBody,
+    canonical: Vec<u8>,
+    signature: Signature,
+}
+
+/// Why a grant could not be read or made.
+#[derive(Debug, thiserror::Error)]
+pub enum GrantFormatError {
+    /// Not strict JSON of the envelope's shape.
+    #[error("not a declassification grant: {0}")]
+    Shape(String),
+    /// A field breaks a rule.
+    #[error("declassification grant field {field}: {problem}")]
+    Field {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    grant: Value,
+    signature: String,
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// The hash a grant binds a call's arguments with: `sha256:` + hex of the SHA-256 of their
+/// RFC 8785 canonical JSON.
+pub fn arguments_hash(arguments: &Value) -> String {
+    sha256_hex(&crate::canonical::canonical_bytes(arguments).unwrap_or_default())
+}
+
+/// The hash a grant binds a session's label with: `sha256:` + hex of the SHA-256 of the
+/// label's canonical JSON.
+pub fn label_hash(label: &InformationLabel) -> String {
+    sha256_hex(label.to_canonical_json().as_bytes())
+}
+
+fn check_body(body: &GrantBody) -> Result<(), GrantFormatError> {
+    let bad = |field, problem: &str| {
+        Err(GrantFormatError::Field {
+            field,
+            problem: problem.to_string(),
+        })
+    };
+    if body.schema != GRANT_SCHEMA {
+        return bad("schema", &format!("must be {GRANT_SCHEMA:?}"));
+    }
+    if body.grant_id.is_empty()
+        || body.grant_id.len() > MAX_GRANT_ID_BYTES
+        || !body
+            .grant_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return bad("grant_id", "must be 1 to 128 of [A-Za-z0-9._-]");
+    }
+    for (field, hash) in [
+        ("arguments_hash", &body.arguments_hash),
+        ("source_label_hash", &body.source_label_hash),
+    ] {
+        let ok = hash.strip_prefix("sha256:").is_some_and(|h| {
+            h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        });
+        if !ok {
+            return bad(field, "must be \"sha256:\" and 64 lowercase hex digits");
+        }
+    }
+    for (field, text) in [
+        ("authority", &body.authority),
+        ("session", &body.session),
+        ("server", &body.server),
+        ("tool", &body.tool),
+    ] {
+        if text.is_empty() || text.len() > 256 || text.chars().any(char::is_control) {
+            return bad(field, "must be 1 to 256 bytes without control characters");
+        }
+    }
+    if body.target_label.is_top() {
+        return bad("target_label", "must not be top");
+    }
+    if body.issued_at >= body.expires_at {
+        return bad("expires_at", "must be after issued_at");
+    }
+    Ok(())
+}
+
+impl SignedGrant {
+    /// Signs `body` (checked first) with `key`.
+    pub fn sign(body: GrantBody, key: &SigningKey) -> Result<Self, GrantFormatError> {
+        check_body(&body)?;
+        let value =
+            serde_json::to_value(&body).map_err(|e| GrantFormatError::Shape(e.to_string()))?;
+        let canonical = crate::canonical::canonical_bytes(&value)
+            .map_err(|e| GrantFormatError::Shape(e.to_string()))?;
+        let signature = key.sign(&canonical);
+        Ok(SignedGrant {
+            body,
+            canonical,
+            signature,
+        })
+    }
+
+    /// Reads an envelope strictly: duplicate keys, unknown fields, `null`s and broken rules
+    /// are refused. The signature is checked by [`check`], against the configured key.
+    pub fn from_value(value: &Value) -> Result<Self, GrantFormatError> {
+        // Re-parse through the strict parser so duplicate keys in the original text (when it
+        // came as text) and inexact integers cannot slip past.
+        let text = value.to_string();
+        let strict = crate::canonical::parse_strict(&text)
+            .map_err(|e| GrantFormatError::Shape(e.to_string()))?;
+        let envelope: Envelope =
+            serde_json::from_value(strict).map_err(|e| GrantFormatError::Shape(e.to_string()))?;
+        let body: GrantBody = serde_json::from_value(envelope.grant.clone())
+            .map_err(|e| GrantFormatError::Shape(format!("grant: {e}")))?;
+        check_body(&body)?;
+        let bytes =
+            crate::keys::decode_lower_hex::<64>("signature", &envelope.signature).map_err(|e| {
+                GrantFormatError::Field {
+                    field: "signature",
+                    problem: e.to_string(),
+                }
+            })?;
+        let canonical = crate::canonical::canonical_bytes(&envelope.grant)
+            .map_err(|e| GrantFormatError::Shape(e.to_string()))?;
+        Ok(SignedGrant {
+            body,
+            canonical,
+            signature: Signature::from_bytes(&bytes),
+        })
+    }
+
+    /// The envelope as JSON.
+    pub fn to_value(&self) -> Value {
+        serde_json::json!({
+            "grant": serde_json::to_value(&self.body).unwrap_or(Value::Null),
+            "signature": hex::encode(self.signature.to_bytes()),
+        })
+    }
+
+    /// The body.
+    pub fn body(&self) -> &GrantBody {
+        &self.body
+    }
+}
+
+/// Why a grant was refused; each is its own record denial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrantDenial {
+    /// The authority id is not configured, or the signature does not verify under its key.
+    UntrustedAuthority,
+    /// The call has no effective egress, so there is nothing to declassify.
+    NoEffectiveEgress,
+    /// A bound field does not match the call.
+    BindingMismatch(&'static str),
+    /// `now` is before `issued_at`.
+    NotYetValid,
+    /// `now` is at or after `expires_at`.
+    Expired,
+    /// The target is not strictly lower than the call's source (or is `Top`).
+    TargetNotLower,
+    /// The purpose is not one both the tool's signed manifest and the operator allow.
+    PurposeNotAllowed,
+    /// The grant was used before.
+    Replayed,
+}
+
+impl GrantDenial {
+    /// The snake_case record code.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            GrantDenial::UntrustedAuthority => "grant_untrusted_authority",
+            GrantDenial::NoEffectiveEgress => "grant_without_egress",
+            GrantDenial::BindingMismatch(_) => "grant_binding_mismatch",
+            GrantDenial::NotYetValid => "grant_not_yet_valid",
+            GrantDenial::Expired => "grant_expired",
+            GrantDenial::TargetNotLower => "grant_target_not_lower",
+            GrantDenial::PurposeNotAllowed => "grant_purpose_not_allowed",
+            GrantDenial::Replayed => "grant_replayed",
+        }
+    }
+}
+
+impl fmt::Display for GrantDenial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GrantDenial::UntrustedAuthority => f.write_str(
+                "the grant's authority is not one the operator trusts, or its signature does not verify under that authority's key",
+            ),
+            GrantDenial::NoEffectiveEgress => {
+                f.write_str("the call has no effective egress, so a grant has nothing to apply to")
+            }
+            GrantDenial::BindingMismatch(field) => {
+                write!(f, "the grant's {field} does not match this call")
+            }
+            GrantDenial::NotYetValid => f.write_str("the grant is not valid yet"),
+            GrantDenial::Expired => f.write_str("the grant has expired"),
+            GrantDenial::TargetNotLower => f.write_str(
+                "the grant's target label is not strictly lower than the call's source label",
+            ),
+            GrantDenial::PurposeNotAllowed => f.write_str(
+                "the grant's purpose is not one the tool's signed manifest and the operator's policy both allow",
+            ),
+            GrantDenial::Replayed => f.write_str("the grant was already used (single use)"),
+        }
+    }
+}
+
+/// The operator's trusted declassification authorities, by id.
+pub type Authorities = std::collections::BTreeMap<String, VerifyingKey>;
+
+/// What a call is, as a grant sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct CallFacts<'a> {
+    /// The calling principal.
+    pub principal: &'a PrincipalId,
+    /// The session.
+    pub session: &'a str,
+    /// The server.
+    pub server: &'a str,
+    /// The tool.
+    pub tool: &'a str,
+    /// The call's arguments.
+    pub arguments: &'a Value,
+    /// The session's label (principal ⊔ session) before this call.
+    pub session_label: &'a InformationLabel,
+    /// The call's egress source (the session's label, the operator floor and the
+    /// arguments' taint).
+    pub source: &'a InformationLabel,
+    /// The tool's admitted security.
+    pub security: &'a AdmittedToolSecurity,
+    /// Now, in Unix seconds.
+    pub now: u64,
+}
+
+/// A grant that passed every rule but single use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptedGrant {
+    /// The grant's id.
+    pub id: String,
+    /// Its purpose.
+    pub purpose: DeclassificationPurpose,
+    /// The label the egress check runs against.
+    pub target: InformationLabel,
+}
+
+/// Applies every rule of a grant to a call, in the documented order (single use excepted).
+pub fn check(
+    grant: &SignedGrant,
+    authorities: &Authorities,
+    call: &CallFacts<'_>,
+) -> Result<AcceptedGrant, GrantDenial> {
+    let b = &grant.body;
+    let key = authorities
+        .get(&b.authority)
+        .ok_or(GrantDenial::UntrustedAuthority)?;
+    key.verify_strict(&grant.canonical, &grant.signature)
+        .map_err(|_| GrantDenial::UntrustedAuthority)?;
+    if !call.security.effective_egress() {
+        return Err(GrantDenial::NoEffectiveEgress);
+    }
+    let binding = [
+        ("principal", b.principal == *call.principal),
+        ("session", b.session == call.session),
+        ("server", b.server == call.server),
+        ("tool", b.tool == call.tool),
+        (
+            "arguments_hash",
+            b.arguments_hash == arguments_hash(call.arguments),
+        ),
+        (
+            "source_label_hash",
+            b.source_label_hash == label_hash(call.session_label),
+        ),
+    ];
+    if let Some((field, _)) = binding.iter().find(|(_, ok)| !ok) {
+        return Err(GrantDenial::BindingMismatch(field));
+    }
+    if call.now < b.issued_at {
+        return Err(GrantDenial::NotYetValid);
+    }
+    if call.now >= b.expires_at {
+        return Err(GrantDenial::Expired);
+    }
+    if b.target_label.is_top()
+        || b.target_label == *call.source
+        || !b.target_label.flows_to(call.source)
+    {
+        return Err(GrantDenial::TargetNotLower);
+    }
+    if !call
+        .security
+        .declassification_purposes()
+        .contains(&b.purpose)
+    {
+        return Err(GrantDenial::PurposeNotAllowed);
+    }
+    Ok(AcceptedGrant {
+        id: b.grant_id.clone(),
+        purpose: b.purpose.clone(),
+        target: b.target_label.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(now: u64) -> GrantBody {
+        GrantBody {
+            schema: GRANT_SCHEMA.into(),
+            grant_id: "g-1".into(),
+            authority: "board".into(),
+            principal: PrincipalId::new("alice").unwrap(),
+            session: "s1".into(),
+            server: "inbox".into(),
+            tool: "publish".into(),
+            purpose: DeclassificationPurpose::new("reviewed-summary").unwrap(),
+            arguments_hash: arguments_hash(&serde_json::json!({"m": 1})),
+            source_label_hash: label_hash(&InformationLabel::bottom()),
+            target_label: InformationLabel::bottom(),
+            issued_at: now,
+            expires_at: now + 60,
+        }
+    }
+
+    #[test]
+    fn envelopes_round_trip_strictly_and_bad_bodies_are_refused() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let signed = SignedGrant::sign(body(10), &key).unwrap();
+        let back = SignedGrant::from_value(&signed.to_value()).unwrap();
+        assert_eq!(back, signed);
+        let mut extra = signed.to_value();
+        extra["grant"]["note"] = "x".into();
+        assert!(SignedGrant::from_value(&extra).is_err(), "unknown field");
+        let mut window = body(10);
+        window.expires_at = 10;
+        assert!(SignedGrant::sign(window, &key).is_err());
+        let mut id = body(10);
+        id.grant_id = "has space".into();
+        assert!(SignedGrant::sign(id, &key).is_err());
+    }
+
+    #[test]
+    fn an_edited_body_no_longer_verifies() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let mut v = SignedGrant::sign(body(10), &key).unwrap().to_value();
+        v["grant"]["purpose"] = "other".into();
+        let edited = SignedGrant::from_value(&v).unwrap();
+        let authorities = Authorities::from([("board".to_string(), key.verifying_key())]);
+        assert!(
+            authorities["board"]
+                .verify_strict(&edited.canonical, &edited.signature)
+                .is_err()
+        );
+    }
+}
