@@ -11,7 +11,7 @@ use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::store::{
@@ -130,18 +130,35 @@ impl Chainer {
 /// Where a problem is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Location {
-    /// The record file.
+    /// The record file (or exported envelope).
     pub file: PathBuf,
     /// The 1-based line number, when the problem is on a line.
     pub line: Option<u64>,
+    /// The index in an envelope's `observed_tool_decisions`, when the problem is there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u64>,
+}
+
+impl Location {
+    fn in_file(file: &Path, line: Option<u64>) -> Self {
+        Location {
+            file: file.to_path_buf(),
+            line,
+            index: None,
+        }
+    }
 }
 
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "{}:{l}", self.file.display()),
-            None => write!(f, "{}", self.file.display()),
+        write!(f, "{}", self.file.display())?;
+        if let Some(l) = self.line {
+            write!(f, ":{l}")?;
         }
+        if let Some(i) = self.index {
+            write!(f, " observed_tool_decisions[{i}]")?;
+        }
+        Ok(())
     }
 }
 
@@ -324,31 +341,14 @@ pub fn verify_records(path: &Path, head: Option<&Path>) -> Result<VerifyReport, 
         Some(p) => HeadAnchor::read(&p)?,
         None => None,
     };
-    let mut v = Verifier {
-        report: VerifyReport {
-            files: files.clone(),
-            records: 0,
-            first_seq: None,
-            last_seq: None,
-            head_hash: None,
-            head_anchor: head_anchor.clone(),
-            problems: Vec::new(),
-            notes,
-        },
-        expected: None,
-        prev: None,
-        anchored: None,
-    };
+    let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes);
     for file in &files {
         let bytes = fs::read(file).map_err(StoreError::io("read", file))?;
         v.file(file, &bytes, head_anchor.as_ref().map(|h| h.seq));
     }
     if let Some(anchor) = &head_anchor {
         let last = v.report.last_seq.unwrap_or(0);
-        let at = Location {
-            file: files.last().cloned().unwrap_or_else(|| path.to_path_buf()),
-            line: None,
-        };
+        let at = Location::in_file(files.last().map_or(path, PathBuf::as_path), None);
         if anchor.seq > last {
             v.report.problems.push(Problem {
                 at,
@@ -372,6 +372,39 @@ pub fn verify_records(path: &Path, head: Option<&Path>) -> Result<VerifyReport, 
     Ok(v.report)
 }
 
+/// Verifies the chain over the decisions of an exported decision surface envelope
+/// (`observed_tool_decisions` of `file`), which carry no head anchor.
+///
+/// Each decision is decoded strictly as a record and serialised again exactly as the writer
+/// serialises it, so its line hash is the one the next record's `prev_hash` vouches for
+/// (the export copies lines verbatim; re-serialising also accepts an envelope that was
+/// pretty-printed or re-indented). A decision that is not a valid record is a `malformed`
+/// problem at its index.
+pub fn verify_decisions(file: &Path, decisions: &[serde_json::Value]) -> VerifyReport {
+    let mut v = Verifier::new(vec![file.to_path_buf()], None, Vec::new());
+    for (i, decision) in decisions.iter().enumerate() {
+        let at = Location {
+            file: file.to_path_buf(),
+            line: None,
+            index: Some(i as u64),
+        };
+        let decoded = DecisionRecord::deserialize(decision).map_err(|e| RecordFormatError {
+            field: "(json)".to_string(),
+            problem: e.to_string(),
+        });
+        // A decision that does not decode still occupies its place; its bytes only feed a
+        // hash no valid record can match.
+        let line = match &decoded {
+            Ok(r) => serde_json::to_vec(r),
+            Err(_) => serde_json::to_vec(decision),
+        }
+        .unwrap_or_default();
+        let record = decoded.and_then(|r| r.validate().map(|()| r));
+        v.record(at, &line, record, None);
+    }
+    v.report
+}
+
 struct Prev {
     at: Location,
     seq: Option<u64>,
@@ -386,6 +419,24 @@ struct Verifier {
 }
 
 impl Verifier {
+    fn new(files: Vec<PathBuf>, head_anchor: Option<HeadAnchor>, notes: Vec<String>) -> Self {
+        Verifier {
+            report: VerifyReport {
+                files,
+                records: 0,
+                first_seq: None,
+                last_seq: None,
+                head_hash: None,
+                head_anchor,
+                problems: Vec::new(),
+                notes,
+            },
+            expected: None,
+            prev: None,
+            anchored: None,
+        }
+    }
+
     fn file(&mut self, file: &Path, bytes: &[u8], anchor_seq: Option<u64>) {
         let named = file
             .file_name()
@@ -395,53 +446,60 @@ impl Verifier {
         let mut line_no = 0u64;
         for line in lines {
             line_no += 1;
-            self.report.records += 1;
-            let at = Location {
-                file: file.to_path_buf(),
-                line: Some(line_no),
-            };
-            let hash = line_hash(line);
+            let at = Location::in_file(file, Some(line_no));
             let record = DecisionRecord::from_json_line(line);
-            let seq = match &record {
-                Ok(r) => Some(r.flowhost.seq),
-                Err(e) => {
-                    self.problem(
-                        &at,
-                        ProblemKind::Malformed {
-                            error: e.to_string(),
-                        },
-                    );
-                    None
-                }
-            };
+            let seq = self.record(at.clone(), line, record, anchor_seq);
             if line_no == 1
                 && let (Some(named), Some(found)) = (named, seq)
                 && named != found
             {
                 self.problem(&at, ProblemKind::FileNameMismatch { named, found });
             }
-            if let (Ok(r), Some(seq)) = (&record, seq) {
-                self.link(&at, r, seq);
-                if anchor_seq == Some(seq) {
-                    self.anchored = Some((at.clone(), hash.clone()));
-                }
-                self.report.first_seq.get_or_insert(seq);
-                self.report.last_seq = Some(seq);
-                self.expected = Some(seq.saturating_add(1));
-            } else if let Some(e) = self.expected {
-                // A malformed line still occupies its place in the stream.
-                self.expected = Some(e.saturating_add(1));
-            }
-            self.report.head_hash = Some(hash.clone());
-            self.prev = Some(Prev { at, seq, hash });
         }
         if !torn.is_empty() {
-            let at = Location {
-                file: file.to_path_buf(),
-                line: Some(line_no + 1),
-            };
+            let at = Location::in_file(file, Some(line_no + 1));
             self.problem(&at, ProblemKind::TornLine { bytes: torn.len() });
         }
+    }
+
+    /// Takes one record (its line bytes, and the line decoded) into the chain; returns its
+    /// sequence number when it is a valid record.
+    fn record(
+        &mut self,
+        at: Location,
+        line: &[u8],
+        record: Result<DecisionRecord, RecordFormatError>,
+        anchor_seq: Option<u64>,
+    ) -> Option<u64> {
+        self.report.records += 1;
+        let hash = line_hash(line);
+        let seq = match &record {
+            Ok(r) => Some(r.flowhost.seq),
+            Err(e) => {
+                self.problem(
+                    &at,
+                    ProblemKind::Malformed {
+                        error: e.to_string(),
+                    },
+                );
+                None
+            }
+        };
+        if let (Ok(r), Some(seq)) = (&record, seq) {
+            self.link(&at, r, seq);
+            if anchor_seq == Some(seq) {
+                self.anchored = Some((at.clone(), hash.clone()));
+            }
+            self.report.first_seq.get_or_insert(seq);
+            self.report.last_seq = Some(seq);
+            self.expected = Some(seq.saturating_add(1));
+        } else if let Some(e) = self.expected {
+            // A malformed line still occupies its place in the stream.
+            self.expected = Some(e.saturating_add(1));
+        }
+        self.report.head_hash = Some(hash.clone());
+        self.prev = Some(Prev { at, seq, hash });
+        seq
     }
 
     fn link(&mut self, at: &Location, r: &DecisionRecord, seq: u64) {
