@@ -24,8 +24,15 @@ fn health_for(observed: &Path) -> ToolObservationHealth {
     assert!(report.is_ok(), "{:?}", report.problems);
     let mut h = ToolObservationHealth::read_from(&fixture("health/health_complete.json")).unwrap();
     h.records = RecordsHealth::from_verify(&report);
-    let text = std::fs::read_to_string(observed).unwrap();
-    h.tool_calls_observed = Some(text.matches("\"event\":\"tool_call\"").count() as u64);
+    let tool_calls = record_sources(observed)
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            text.matches("\"event\":\"tool_call\"").count() as u64
+        })
+        .sum();
+    h.tool_calls_observed = Some(tool_calls);
     h.finalize()
 }
 
@@ -375,4 +382,72 @@ fn egress_basis_is_read_leniently() {
     ] {
         assert!(!read(v).undeclared_but_observed(), "{v}");
     }
+}
+
+#[test]
+fn an_envelope_with_a_foreign_decision_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("surface.json");
+    let mut env: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixture("observed/surface_allowed_declared.json")).unwrap(),
+    )
+    .unwrap();
+    let decisions = env["observed_tool_decisions"].as_array_mut().unwrap();
+    let mut foreign = decisions[0].clone();
+    foreign.as_object_mut().unwrap().remove("flowhost");
+    decisions.insert(1, foreign);
+    std::fs::write(&path, env.to_string()).unwrap();
+    let h = health_for(&fixture("observed/allowed_declared.jsonl"));
+    let r = diff(&declared("declared_prod_allowlist"), &path, Some(&h)).unwrap();
+    assert_eq!(r.exit_code(), 4, "{:#?}", r.findings);
+    assert_first_says(
+        &r,
+        "surface.json observed_tool_decisions[1]: malformed record",
+    );
+    assert_eq!(r.findings[0].examples[0].index, Some(1));
+}
+
+#[test]
+fn one_health_cannot_bind_two_record_streams() {
+    let allowed = fixture("observed/allowed_declared.jsonl");
+    let h = health_for(&allowed);
+    let r = diff_sources(
+        &declared("declared_prod_allowlist"),
+        &[allowed, fixture("observed/denied.jsonl")],
+        Some(&h),
+        DiffOptions::default(),
+    )
+    .unwrap();
+    let gap = r
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::InconclusiveObservationGap)
+        .expect("a gap");
+    assert!(
+        gap.message
+            .contains("one health carrier binds one record stream, but 2"),
+        "{}",
+        gap.message
+    );
+    assert!(!r.observation_complete);
+}
+
+#[test]
+fn a_directory_without_its_head_anchor_is_inconclusive() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records");
+    let w = crate::records::RecordWriter::open(&records, Default::default()).unwrap();
+    let src = std::fs::read_to_string(fixture("observed/allowed_declared.jsonl")).unwrap();
+    for line in src.lines() {
+        let r = crate::records::DecisionRecord::from_json_line(line.as_bytes()).unwrap();
+        w.commit_blocking(r).unwrap();
+    }
+    w.close_blocking().unwrap();
+    let h = health_for(&records);
+    let d = declared("declared_prod_allowlist");
+    assert_eq!(diff(&d, &records, Some(&h)).unwrap().exit_code(), 0);
+    std::fs::remove_file(records.join(crate::records::store::HEAD_FILE)).unwrap();
+    let r = diff(&d, &records, Some(&h)).unwrap();
+    assert_eq!(r.exit_code(), 3);
+    assert_first_says(&r, "has records but no head anchor");
 }
