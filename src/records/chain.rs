@@ -318,6 +318,16 @@ impl VerifyReport {
 /// Problems in the records are reported in the result; only failures to read (or an
 /// unusable anchor) are errors.
 pub fn verify_records(path: &Path, head: Option<&Path>) -> Result<VerifyReport, StoreError> {
+    verify_records_in_batches(path, head, BATCH_LINES)
+}
+
+/// [`verify_records`], hashing and decoding `batch` lines at a time (tests use small batches
+/// to cross batch boundaries cheaply).
+fn verify_records_in_batches(
+    path: &Path,
+    head: Option<&Path>,
+    batch: usize,
+) -> Result<VerifyReport, StoreError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
     let (files, default_head, notes) = if meta.is_dir() {
         let files: Vec<PathBuf> = list_record_files(path)?
@@ -344,7 +354,7 @@ pub fn verify_records(path: &Path, head: Option<&Path>) -> Result<VerifyReport, 
     let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes);
     for file in &files {
         let bytes = fs::read(file).map_err(StoreError::io("read", file))?;
-        v.file(file, &bytes, head_anchor.as_ref().map(|h| h.seq));
+        v.file(file, &bytes, head_anchor.as_ref().map(|h| h.seq), batch);
     }
     if let Some(anchor) = &head_anchor {
         let last = v.report.last_seq.unwrap_or(0);
@@ -399,10 +409,89 @@ pub fn verify_decisions(file: &Path, decisions: &[serde_json::Value]) -> VerifyR
             Err(_) => serde_json::to_vec(decision),
         }
         .unwrap_or_default();
-        let record = decoded.and_then(|r| r.validate().map(|()| r));
-        v.record(at, &line, record, None);
+        let facts = LineFacts {
+            hash: line_hash(&line),
+            record: decoded
+                .and_then(|r| r.validate().map(|()| r))
+                .map(Linked::of),
+        };
+        v.record(at, facts, None);
     }
     v.report
+}
+
+/// Lines hashed and decoded together, in parallel, before they are linked in order.
+const BATCH_LINES: usize = 16 * 1024;
+/// Fewer lines than this are not worth a thread.
+const MIN_CHUNK_LINES: usize = 1024;
+
+/// What linking needs of a valid record.
+struct Linked {
+    seq: u64,
+    prev_hash: String,
+}
+
+impl Linked {
+    fn of(r: DecisionRecord) -> Self {
+        Linked {
+            seq: r.flowhost.seq,
+            prev_hash: r.flowhost.prev_hash,
+        }
+    }
+}
+
+/// One line as the chain sees it: its hash, and its chain fields when it is a valid record.
+struct LineFacts {
+    hash: ChainHash,
+    record: Result<Linked, RecordFormatError>,
+}
+
+impl LineFacts {
+    fn of(line: &[u8]) -> Self {
+        LineFacts {
+            hash: line_hash(line),
+            record: DecisionRecord::from_json_line(line).map(Linked::of),
+        }
+    }
+}
+
+/// Hashes and strictly decodes `lines` (the expensive part of verification) on up to one
+/// thread per core; the result is in line order.
+fn line_facts(lines: &[&[u8]]) -> Vec<LineFacts> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let per = lines.len().div_ceil(threads.max(1)).max(MIN_CHUNK_LINES);
+    if lines.len() <= per {
+        return lines.iter().map(|l| LineFacts::of(l)).collect();
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = lines
+            .chunks(per)
+            .map(|chunk| {
+                let worker = s.spawn(move || chunk.iter().map(|l| LineFacts::of(l)).collect());
+                (chunk, worker)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|(chunk, worker)| {
+                // A worker that panicked leaves its lines unverified: each is a problem, never
+                // skipped, so the chain still counts every line in its place.
+                worker.join().unwrap_or_else(|_| {
+                    chunk
+                        .iter()
+                        .map(|l| LineFacts {
+                            hash: line_hash(l),
+                            record: Err(RecordFormatError {
+                                field: "(record)".into(),
+                                problem: "could not be checked (the verifier's worker failed)"
+                                    .into(),
+                            }),
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect()
+    })
 }
 
 struct Prev {
@@ -437,23 +526,28 @@ impl Verifier {
         }
     }
 
-    fn file(&mut self, file: &Path, bytes: &[u8], anchor_seq: Option<u64>) {
+    fn file(&mut self, file: &Path, bytes: &[u8], anchor_seq: Option<u64>, batch_lines: usize) {
         let named = file
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(parse_record_file_name);
         let (lines, torn) = split_lines(bytes);
         let mut line_no = 0u64;
-        for line in lines {
-            line_no += 1;
-            let at = Location::in_file(file, Some(line_no));
-            let record = DecisionRecord::from_json_line(line);
-            let seq = self.record(at.clone(), line, record, anchor_seq);
-            if line_no == 1
-                && let (Some(named), Some(found)) = (named, seq)
-                && named != found
-            {
-                self.problem(&at, ProblemKind::FileNameMismatch { named, found });
+        let mut batch: Vec<&[u8]> = Vec::with_capacity(batch_lines);
+        let mut lines = lines.peekable();
+        while lines.peek().is_some() {
+            batch.clear();
+            batch.extend(lines.by_ref().take(batch_lines.max(1)));
+            for facts in line_facts(&batch) {
+                line_no += 1;
+                let at = Location::in_file(file, Some(line_no));
+                let seq = self.record(at.clone(), facts, anchor_seq);
+                if line_no == 1
+                    && let (Some(named), Some(found)) = (named, seq)
+                    && named != found
+                {
+                    self.problem(&at, ProblemKind::FileNameMismatch { named, found });
+                }
             }
         }
         if !torn.is_empty() {
@@ -462,19 +556,13 @@ impl Verifier {
         }
     }
 
-    /// Takes one record (its line bytes, and the line decoded) into the chain; returns its
-    /// sequence number when it is a valid record.
-    fn record(
-        &mut self,
-        at: Location,
-        line: &[u8],
-        record: Result<DecisionRecord, RecordFormatError>,
-        anchor_seq: Option<u64>,
-    ) -> Option<u64> {
+    /// Takes one line (its hash, and its chain fields when it is a valid record) into the
+    /// chain; returns its sequence number when it is a valid record.
+    fn record(&mut self, at: Location, facts: LineFacts, anchor_seq: Option<u64>) -> Option<u64> {
         self.report.records += 1;
-        let hash = line_hash(line);
+        let LineFacts { hash, record } = facts;
         let seq = match &record {
-            Ok(r) => Some(r.flowhost.seq),
+            Ok(r) => Some(r.seq),
             Err(e) => {
                 self.problem(
                     &at,
@@ -502,12 +590,12 @@ impl Verifier {
         seq
     }
 
-    fn link(&mut self, at: &Location, r: &DecisionRecord, seq: u64) {
+    fn link(&mut self, at: &Location, r: &Linked, seq: u64) {
         match self.expected {
             None => {
                 if seq != 1 {
                     self.problem(at, ProblemKind::StartsLate { first: seq });
-                } else if r.flowhost.prev_hash != super::GENESIS_HASH {
+                } else if r.prev_hash != super::GENESIS_HASH {
                     self.problem(at, ProblemKind::BadGenesis);
                 }
             }
@@ -534,7 +622,7 @@ impl Verifier {
                 // previous line was malformed it is already reported.
                 if let Some(prev) = &self.prev
                     && let Some(prev_seq) = prev.seq
-                    && prev.hash.as_str() != r.flowhost.prev_hash
+                    && prev.hash.as_str() != r.prev_hash
                 {
                     let loc = prev.at.clone();
                     self.problem(
@@ -583,6 +671,41 @@ mod tests {
         let e = c.seal(&mut r).unwrap_err();
         assert_eq!(e.field, "redaction.secret_material_stored");
         assert_eq!(c.next_seq(), 1);
+    }
+
+    #[test]
+    fn lines_checked_in_parallel_batches_keep_their_order() {
+        // More lines than one batch, so batches and worker chunks both have boundaries.
+        let batch = 4 * MIN_CHUNK_LINES;
+        let n = batch + 900;
+        let mut c = Chainer::genesis();
+        let mut lines: Vec<Vec<u8>> = (0..n)
+            .map(|_| c.seal(&mut sample_tool_call()).unwrap().line)
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("many.jsonl");
+        std::fs::write(&path, lines.concat()).unwrap();
+        let report = verify_records_in_batches(&path, None, batch).unwrap();
+        assert!(report.is_ok(), "{:?}", report.problems);
+        assert_eq!(
+            (report.records, report.last_seq),
+            (n as u64, Some(n as u64))
+        );
+        // Edit one line just past the first batch: reported at that line, and only there.
+        let at = batch + 10;
+        let edited = String::from_utf8(lines[at].clone())
+            .unwrap()
+            .replace("\"allow\"", "\"deny\"");
+        lines[at] = edited.into_bytes();
+        std::fs::write(&path, lines.concat()).unwrap();
+        let report = verify_records_in_batches(&path, None, batch).unwrap();
+        let lines_reported: Vec<_> = report.problems.iter().map(|p| p.at.line).collect();
+        assert_eq!(
+            lines_reported,
+            [Some(at as u64 + 1)],
+            "{:?}",
+            report.problems
+        );
     }
 
     #[test]
