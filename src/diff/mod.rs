@@ -444,6 +444,16 @@ impl Judged {
         }
     }
 
+    /// Decisions without the flowhost chain: judged, nothing to verify.
+    fn unchained(acc: Acc) -> Self {
+        Judged {
+            acc: Some(acc),
+            report: None,
+            unanchored: false,
+        }
+    }
+
+    /// Flowhost records that do not verify: not judged.
     fn rejected(report: VerifyReport) -> Self {
         Judged {
             acc: None,
@@ -452,6 +462,7 @@ impl Judged {
         }
     }
 
+    /// The source's summary, and its problems when it was rejected.
     fn summary(&self, path: &Path) -> (ObservedSource, Vec<Problem>) {
         let evidence = match (&self.acc, &self.report) {
             (None, _) => Evidence::Rejected,
@@ -526,16 +537,6 @@ fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError>
                     _ => Err(e),
                 },
             }
-        }
-    }
-}
-
-impl Judged {
-    fn unchained(acc: Acc) -> Self {
-        Judged {
-            acc: Some(acc),
-            report: None,
-            unanchored: false,
         }
     }
 }
