@@ -318,15 +318,15 @@ impl VerifyReport {
 /// Problems in the records are reported in the result; only failures to read (or an
 /// unusable anchor) are errors.
 pub fn verify_records(path: &Path, head: Option<&Path>) -> Result<VerifyReport, StoreError> {
-    verify_records_in_batches(path, head, BATCH_LINES)
+    verify_records_in_blocks(path, head, BLOCK_BYTES)
 }
 
-/// [`verify_records`], hashing and decoding `batch` lines at a time (tests use small batches
-/// to cross batch boundaries cheaply).
-fn verify_records_in_batches(
+/// [`verify_records`], reading files in blocks of `block` bytes (tests use small blocks to
+/// cross block boundaries cheaply).
+fn verify_records_in_blocks(
     path: &Path,
     head: Option<&Path>,
-    batch: usize,
+    block: usize,
 ) -> Result<VerifyReport, StoreError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
     let (files, default_head, notes) = if meta.is_dir() {
@@ -353,8 +353,7 @@ fn verify_records_in_batches(
     };
     let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes);
     for file in &files {
-        let bytes = fs::read(file).map_err(StoreError::io("read", file))?;
-        v.file(file, &bytes, head_anchor.as_ref().map(|h| h.seq), batch);
+        v.file(file, head_anchor.as_ref().map(|h| h.seq), block)?;
     }
     if let Some(anchor) = &head_anchor {
         let last = v.report.last_seq.unwrap_or(0);
@@ -420,8 +419,9 @@ pub fn verify_decisions(file: &Path, decisions: &[serde_json::Value]) -> VerifyR
     v.report
 }
 
-/// Lines hashed and decoded together, in parallel, before they are linked in order.
-const BATCH_LINES: usize = 16 * 1024;
+/// How much of a record file is read at a time; its complete lines are hashed and decoded
+/// together, in parallel, before they are linked in order.
+const BLOCK_BYTES: usize = 16 * 1024 * 1024;
 /// Fewer lines than this are not worth a thread.
 const MIN_CHUNK_LINES: usize = 1024;
 
@@ -494,6 +494,21 @@ fn line_facts(lines: &[&[u8]]) -> Vec<LineFacts> {
     })
 }
 
+/// Reads until `buf` is full or the file ends; returns how many bytes were read.
+fn read_full(f: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::io::Read;
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 struct Prev {
     at: Location,
     seq: Option<u64>,
@@ -526,19 +541,32 @@ impl Verifier {
         }
     }
 
-    fn file(&mut self, file: &Path, bytes: &[u8], anchor_seq: Option<u64>, batch_lines: usize) {
+    /// Verifies one record file, read in blocks of about `block` bytes (memory stays bounded
+    /// whatever the file's size); the complete lines of each block are hashed and decoded in
+    /// parallel, then linked in order.
+    fn file(
+        &mut self,
+        file: &Path,
+        anchor_seq: Option<u64>,
+        block: usize,
+    ) -> Result<(), StoreError> {
         let named = file
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(parse_record_file_name);
-        let (lines, torn) = split_lines(bytes);
+        let mut f = fs::File::open(file).map_err(StoreError::io("open", file))?;
+        let block = block.max(1);
+        // buf holds the start of a line carried over from the previous block, then new bytes.
+        let mut buf: Vec<u8> = Vec::new();
         let mut line_no = 0u64;
-        let mut batch: Vec<&[u8]> = Vec::with_capacity(batch_lines);
-        let mut lines = lines.peekable();
-        while lines.peek().is_some() {
-            batch.clear();
-            batch.extend(lines.by_ref().take(batch_lines.max(1)));
-            for facts in line_facts(&batch) {
+        loop {
+            let kept = buf.len();
+            buf.resize(kept + block, 0);
+            let n = read_full(&mut f, &mut buf[kept..]).map_err(StoreError::io("read", file))?;
+            buf.truncate(kept + n);
+            let cut = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            let lines: Vec<&[u8]> = split_lines(&buf[..cut]).0.collect();
+            for facts in line_facts(&lines) {
                 line_no += 1;
                 let at = Location::in_file(file, Some(line_no));
                 let seq = self.record(at.clone(), facts, anchor_seq);
@@ -549,11 +577,16 @@ impl Verifier {
                     self.problem(&at, ProblemKind::FileNameMismatch { named, found });
                 }
             }
+            buf.drain(..cut);
+            if n < block {
+                break;
+            }
         }
-        if !torn.is_empty() {
+        if !buf.is_empty() {
             let at = Location::in_file(file, Some(line_no + 1));
-            self.problem(&at, ProblemKind::TornLine { bytes: torn.len() });
+            self.problem(&at, ProblemKind::TornLine { bytes: buf.len() });
         }
+        Ok(())
     }
 
     /// Takes one line (its hash, and its chain fields when it is a valid record) into the
@@ -674,31 +707,33 @@ mod tests {
     }
 
     #[test]
-    fn lines_checked_in_parallel_batches_keep_their_order() {
-        // More lines than one batch, so batches and worker chunks both have boundaries.
-        let batch = 4 * MIN_CHUNK_LINES;
-        let n = batch + 900;
+    fn lines_checked_in_parallel_blocks_keep_their_order() {
+        // More lines than one block, so blocks, lines cut by a block end and worker chunks
+        // all have boundaries.
         let mut c = Chainer::genesis();
+        let per_block = 4 * MIN_CHUNK_LINES;
+        let n = per_block + 900;
         let mut lines: Vec<Vec<u8>> = (0..n)
             .map(|_| c.seal(&mut sample_tool_call()).unwrap().line)
             .collect();
+        let block = lines[0].len() * per_block + 7;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("many.jsonl");
         std::fs::write(&path, lines.concat()).unwrap();
-        let report = verify_records_in_batches(&path, None, batch).unwrap();
+        let report = verify_records_in_blocks(&path, None, block).unwrap();
         assert!(report.is_ok(), "{:?}", report.problems);
         assert_eq!(
             (report.records, report.last_seq),
             (n as u64, Some(n as u64))
         );
-        // Edit one line just past the first batch: reported at that line, and only there.
-        let at = batch + 10;
+        // Edit one line just past the first block: reported at that line, and only there.
+        let at = per_block + 10;
         let edited = String::from_utf8(lines[at].clone())
             .unwrap()
             .replace("\"allow\"", "\"deny\"");
         lines[at] = edited.into_bytes();
         std::fs::write(&path, lines.concat()).unwrap();
-        let report = verify_records_in_batches(&path, None, batch).unwrap();
+        let report = verify_records_in_blocks(&path, None, block).unwrap();
         let lines_reported: Vec<_> = report.problems.iter().map(|p| p.at.line).collect();
         assert_eq!(
             lines_reported,
