@@ -467,6 +467,10 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             "unclassified_tool_action".to_string(),
             "workspace/summarize_terms".to_string(),
         ),
+        (
+            "undeclared_egress".to_string(),
+            "workspace/summarize_terms".to_string(),
+        ),
     ];
     outcomes.check(
         "DIFF",

@@ -13,7 +13,10 @@
 //! * annotations: from the method (`get`, `head`, `options`, `trace`: read-only and
 //!   idempotent; `put`: idempotent; `delete`: destructive and idempotent), replaced as a
 //!   whole by an `x-flowhost-annotations` object when the operation has one;
-//! * flow: the operation's `x-flowhost-flow`, decoded as strictly as in a manifest.
+//! * flow: the operation's `x-chio-flow` (the seed's name) or `x-flowhost-flow`, decoded as
+//!   strictly as in a manifest. Both on one operation must declare the same flow; any other
+//!   operation or path-item key shaped like a flow extension (`x-*-flow`, any case) is
+//!   refused, so a misspelt or foreign declaration is never signed away as "no flow".
 //!
 //! A signed schema must be self-contained, so references to `#/components/schemas/...` are
 //! copied into the tool schema's `$defs` and rewritten to point there; `$ref`s to parameters,
@@ -23,8 +26,10 @@
 //! left alone.
 //!
 //! [`export_flow_declarations`] writes each signed tool's declaration into the operation
-//! whose `operationId` is the tool's name, replacing an existing `x-flowhost-flow`, and
-//! removing it when the tool declares none.
+//! whose `operationId` is the tool's name, replacing an existing declaration, and removing
+//! it when the tool declares none. It writes under the name(s) the operation already uses;
+//! an operation with neither gets the name the rest of the document uses (when it uses
+//! exactly one), else `x-chio-flow`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -43,8 +48,9 @@ use crate::manifest::{
 
 /// Largest OpenAPI document read: 16 MiB.
 pub const MAX_OPENAPI_FILE_BYTES: u64 = 16 * 1024 * 1024;
-/// The operation extension that carries a flow declaration.
-pub const FLOW_EXTENSION: &str = "x-flowhost-flow";
+/// The operation extensions that carry a flow declaration: the seed's documented name
+/// (the default when writing) and flowhost's own.
+pub const FLOW_EXTENSIONS: [&str; 2] = ["x-chio-flow", "x-flowhost-flow"];
 /// The operation extension that replaces the method-derived annotations.
 pub const ANNOTATIONS_EXTENSION: &str = "x-flowhost-annotations";
 /// HTTP methods that name operations, in the order tools are generated.
@@ -170,6 +176,26 @@ pub enum OpenApiError {
     /// The generated tool or manifest breaks a manifest rule (the path names the operation).
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    /// An operation or path item carries a key shaped like a flow extension that is not one
+    /// of [`FLOW_EXTENSIONS`].
+    #[error(
+        "{path}: {key:?} looks like a flow extension but is not one flowhost reads; rename it to \
+         \"x-chio-flow\" or \"x-flowhost-flow\" on the operation (or remove it)"
+    )]
+    UnknownFlowExtension {
+        /// The key's location (path, method, key).
+        path: JsonPath,
+        /// The key.
+        key: String,
+    },
+    /// An operation carries both flow extensions with different declarations.
+    #[error(
+        "{path}: \"x-chio-flow\" and \"x-flowhost-flow\" declare different flows; keep one, or make them equal"
+    )]
+    ConflictingFlowExtensions {
+        /// The operation.
+        path: JsonPath,
+    },
     /// A signed tool has no operation with its name as `operationId`.
     #[error("tool {tool:?} has no operation with operationId {tool:?} in the document")]
     ToolWithoutOperation {
@@ -323,13 +349,59 @@ fn tool_from_operation(doc: &Value, op: &Operation<'_>, name: &str) -> Result<Va
         None => method_annotations(op.method),
     };
     tool.insert("annotations".into(), annotations);
-    if let Some(flow) = op.value.get(FLOW_EXTENSION) {
+    let mut declared = None;
+    for key in flow_keys(op)? {
+        let raw = &op.value[key];
         // Decoded strictly now, so a bad declaration is reported against the operation;
         // the body carries it exactly as written.
-        decode_flow(flow, op.path.key(FLOW_EXTENSION))?;
-        tool.insert("flow".into(), flow.clone());
+        let flow = decode_flow(raw, op.path.key(key))?;
+        match &declared {
+            None => declared = Some((flow, raw)),
+            Some((first, _)) if *first == flow => {}
+            Some(_) => {
+                return Err(OpenApiError::ConflictingFlowExtensions {
+                    path: op.path.clone(),
+                });
+            }
+        }
+    }
+    if let Some((_, raw)) = declared {
+        tool.insert("flow".into(), raw.clone());
     }
     Ok(Value::Object(tool))
+}
+
+/// Whether `key` is shaped like a flow extension (`x-*-flow`, any case).
+fn looks_like_flow_extension(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key.starts_with("x-") && (key == "x-flow" || key.ends_with("-flow"))
+}
+
+/// The accepted flow extensions an operation carries, in [`FLOW_EXTENSIONS`] order; any
+/// other flow-shaped key on the operation or its path item is an error.
+fn flow_keys(op: &Operation<'_>) -> Result<Vec<&'static str>> {
+    let item_path = JsonPath::field("paths").key(op.route);
+    // A path item's keys are never read as a declaration, so even an accepted name there
+    // would be dropped: refuse it too.
+    let on_operation = op
+        .value
+        .keys()
+        .filter(|key| !FLOW_EXTENSIONS.contains(&key.as_str()))
+        .map(|key| (op.path.key(key), key));
+    let on_item = op.path_item.keys().map(|key| (item_path.key(key), key));
+    if let Some((path, key)) = on_operation
+        .chain(on_item)
+        .find(|(_, key)| looks_like_flow_extension(key))
+    {
+        return Err(OpenApiError::UnknownFlowExtension {
+            path,
+            key: key.clone(),
+        });
+    }
+    Ok(FLOW_EXTENSIONS
+        .into_iter()
+        .filter(|key| op.value.contains_key(*key))
+        .collect())
 }
 
 fn to_value<T: serde::Serialize>(value: &T) -> Result<Value> {
@@ -686,16 +758,25 @@ pub fn export_flow_declarations(
     doc: &mut Value,
     body: &ManifestBody,
 ) -> Result<Vec<(String, ExportAction)>> {
-    let mut locations: BTreeMap<String, (String, &'static str)> = BTreeMap::new();
+    type Location = (String, &'static str, Vec<&'static str>);
+    let mut locations: BTreeMap<String, Location> = BTreeMap::new();
+    let mut used: BTreeSet<&'static str> = BTreeSet::new();
     for op in operations(doc)? {
+        let keys = flow_keys(&op)?;
+        used.extend(keys.iter().copied());
         locations.insert(
             operation_id(&op)?.to_owned(),
-            (op.route.to_owned(), op.method),
+            (op.route.to_owned(), op.method, keys),
         );
     }
+    // An operation without a declaration gets the name the document already uses.
+    let document_name = match used.len() {
+        1 => used.into_iter().next().unwrap_or(FLOW_EXTENSIONS[0]),
+        _ => FLOW_EXTENSIONS[0],
+    };
     let mut done = Vec::new();
     for tool in body.tools() {
-        let (route, method) = locations.get(tool.name()).cloned().ok_or_else(|| {
+        let (route, method, keys) = locations.get(tool.name()).cloned().ok_or_else(|| {
             OpenApiError::ToolWithoutOperation {
                 tool: tool.name().to_owned(),
             }
@@ -708,25 +789,37 @@ pub fn export_flow_declarations(
             .ok_or_else(|| OpenApiError::ToolWithoutOperation {
                 tool: tool.name().to_owned(),
             })?;
-        let existing = operation
-            .get(FLOW_EXTENSION)
-            .map(|v| decode_flow(v, JsonPath::root()));
-        let action = match (tool.flow(), existing) {
-            (Some(flow), existing) => {
+        let existing: Vec<_> = keys
+            .iter()
+            .map(|key| decode_flow(&operation[*key], JsonPath::root()).ok())
+            .collect();
+        let action = match tool.flow() {
+            Some(flow) => {
                 let value = to_value(flow)?;
-                let action = match existing {
-                    None => ExportAction::Added,
-                    Some(Ok(current)) if &current == flow => ExportAction::Unchanged,
-                    Some(_) => ExportAction::Replaced,
+                let action = if existing.is_empty() {
+                    ExportAction::Added
+                } else if existing.iter().all(|e| e.as_ref() == Some(flow)) {
+                    ExportAction::Unchanged
+                } else {
+                    ExportAction::Replaced
                 };
-                operation.insert(FLOW_EXTENSION.into(), value);
+                let names = if keys.is_empty() {
+                    vec![document_name]
+                } else {
+                    keys
+                };
+                for name in names {
+                    operation.insert(name.into(), value.clone());
+                }
                 action
             }
-            (None, Some(_)) => {
-                operation.remove(FLOW_EXTENSION);
+            None if keys.is_empty() => ExportAction::Absent,
+            None => {
+                for key in keys {
+                    operation.remove(key);
+                }
                 ExportAction::Removed
             }
-            (None, None) => ExportAction::Absent,
         };
         done.push((tool.name().to_owned(), action));
     }

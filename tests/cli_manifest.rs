@@ -325,10 +325,22 @@ fn openapi_to_manifest_and_back() {
     bad["paths"]["/messages"]["post"]["x-flowhost-flow"] =
         json!({"egress": true, "input_clearance": {"kind": "top"}});
     let bad_path = lab.write("bad-openapi.json", &bad);
-    let out = flowhost(&[
+    let out = from_openapi(&lab, &bad_path, &lab.path("x.json"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains(
+            "paths[\"/messages\"].post.x-flowhost-flow: tool input clearance cannot be top"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+fn from_openapi(lab: &Lab, doc: &Path, out: &Path) -> Output {
+    flowhost(&[
         "manifest",
         "from-openapi",
-        s(&bad_path),
+        s(doc),
         "--server-id",
         "inbox",
         "--name",
@@ -338,14 +350,79 @@ fn openapi_to_manifest_and_back() {
         "--public-key",
         &lab.public_hex,
         "--out",
-        s(&lab.path("x.json")),
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains(
-            "paths[\"/messages\"].post.x-flowhost-flow: tool input clearance cannot be top"
-        ),
-        "{}",
-        stderr(&out)
+        s(out),
+    ])
+}
+
+#[test]
+fn openapi_flow_extension_names_are_never_dropped() {
+    let lab = Lab::new();
+    let terms = json!({"egress": false, "declassification_purposes": ["audit"]});
+    let doc = json!({
+        "openapi": "3.0.3",
+        "info": {"title": "inbox", "version": "1"},
+        "paths": {"/messages": {"post": {
+            "operationId": "publish",
+            "requestBody": {"content": {"application/json": {"schema": {"type": "object"}}}},
+            "x-chio-flow": terms
+        }}}
+    });
+    // The seed's extension name is read, not signed as flow: null.
+    let doc_path = lab.write("chio.json", &doc);
+    let body_path = lab.path("body.json");
+    let out = from_openapi(&lab, &doc_path, &body_path);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut body: Value = serde_json::from_slice(&std::fs::read(&body_path).unwrap()).unwrap();
+    assert_eq!(body["tools"][0]["flow"], terms);
+
+    // Export writes back under the name the document uses, adding no second name.
+    body["tools"][0]["flow"] = json!({"egress": true});
+    let (envelope, _) = lab.sign(&body);
+    let exported = lab.path("exported.json");
+    let out = export(&envelope, &lab.public_hex, &doc_path, &exported);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let exported: Value = serde_json::from_slice(&std::fs::read(&exported).unwrap()).unwrap();
+    let post = &exported["paths"]["/messages"]["post"];
+    assert_eq!(post["x-chio-flow"], json!({"egress": true}));
+    assert!(post.get("x-flowhost-flow").is_none(), "{post}");
+
+    // Both names with one value are fine; with different values, refused.
+    let mut both = doc.clone();
+    both["paths"]["/messages"]["post"]["x-flowhost-flow"] = terms.clone();
+    let both_path = lab.write("both.json", &both);
+    let out = from_openapi(&lab, &both_path, &lab.path("both-body.json"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    both["paths"]["/messages"]["post"]["x-flowhost-flow"] = json!({"egress": true});
+    let both_path = lab.write("both-differ.json", &both);
+    let never = lab.path("never.json");
+    // Each refusal exits 2, writes nothing, and names file, operation and keys.
+    let refused = |doc: &Path, needles: &[&str]| {
+        let out = from_openapi(&lab, doc, &never);
+        assert_eq!(out.status.code(), Some(2));
+        let err = stderr(&out);
+        for needle in needles {
+            assert!(err.contains(needle), "{needle:?} in {err}");
+        }
+        assert!(!never.exists());
+    };
+    refused(
+        &both_path,
+        &[
+            "both-differ.json",
+            "paths[\"/messages\"].post",
+            "x-chio-flow",
+            "x-flowhost-flow",
+        ],
+    );
+
+    // A look-alike name is refused, naming file, operation and key.
+    let mut typo = doc.clone();
+    let post = typo["paths"]["/messages"]["post"].as_object_mut().unwrap();
+    let value = post.remove("x-chio-flow").unwrap();
+    post.insert("x-flowhst-flow".into(), value);
+    let typo_path = lab.write("typo.json", &typo);
+    refused(
+        &typo_path,
+        &["typo.json", "paths[\"/messages\"].post", "x-flowhst-flow"],
     );
 }

@@ -170,7 +170,8 @@ fn the_pricing_lab_flow() {
         .collect();
     findings.sort();
     // The declared read, team publish and team egress give nothing; what is left is exactly
-    // the refused public publish, the refused hidden egress, and the unmapped summarizer.
+    // the refused public publish, the refused hidden egress, the unmapped summarizer, and
+    // the summarizer's egress its signed declaration (egress: false) denies.
     assert_eq!(
         findings,
         vec![
@@ -186,6 +187,11 @@ fn the_pricing_lab_flow() {
             ),
             (
                 "unclassified_tool_action".into(),
+                "workspace/summarize_terms".into(),
+                "-".into()
+            ),
+            (
+                "undeclared_egress".into(),
                 "workspace/summarize_terms".into(),
                 "-".into()
             ),

@@ -1,7 +1,12 @@
 //! `flowhost diff` through the built binary: exit codes, formats, input errors.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use flowhost::records::chain::verify_records;
+use flowhost::records::health::RecordsHealth;
+use flowhost::records::{DecisionRecord, RecordWriter, ToolObservationHealth, WriterOptions};
+use serde_json::Value;
 
 fn fixture(rel: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -149,4 +154,247 @@ fn input_errors_exit_2_naming_the_problem() {
         Some(2),
         "missing --observed is a usage error"
     );
+}
+
+const PROD: &str = "declared/declared_prod_allowlist.json";
+
+/// Runs the diff on several observed sources with extra flags; (exit code, stdout).
+fn diff_many(observed: &[&Path], health: Option<&Path>, extra: &[&str]) -> (i32, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_flowhost"));
+    c.args(["diff", "--declared", &fixture(PROD)]);
+    for o in observed {
+        c.args(["--observed", o.to_str().unwrap()]);
+    }
+    if let Some(h) = health {
+        c.args(["--health", h.to_str().unwrap()]);
+    }
+    c.args(extra);
+    let o = c.output().expect("run flowhost");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    (o.status.code().unwrap(), format!("{out}{err}"))
+}
+
+/// A real record directory written by the `RecordWriter` with the three declared allows of
+/// the fixture, and a complete daemon health bound to it (range, head and tool-call count).
+struct Bound {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    health: PathBuf,
+    root: PathBuf,
+}
+
+impl Bound {
+    fn new() -> Bound {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let dir = root.join("records");
+        let w = RecordWriter::open(&dir, WriterOptions::default()).unwrap();
+        let src = std::fs::read_to_string(fixture(ALLOWED)).unwrap();
+        for line in src.lines() {
+            let r = DecisionRecord::from_json_line(line.as_bytes()).unwrap();
+            w.commit_blocking(r).unwrap();
+        }
+        w.close_blocking().unwrap();
+        let report = verify_records(&dir, None).unwrap();
+        assert!(report.is_ok(), "{:?}", report.problems);
+        let mut h = ToolObservationHealth::read_from(Path::new(&fixture(COMPLETE))).unwrap();
+        h.records = RecordsHealth::from_verify(&report);
+        h.tool_calls_observed = Some(3);
+        let health = root.join("health.json");
+        h.write_to(&health).unwrap();
+        Bound {
+            _tmp: tmp,
+            dir,
+            health,
+            root,
+        }
+    }
+
+    fn file(&self) -> PathBuf {
+        flowhost::records::store::list_record_files(&self.dir).unwrap()[0]
+            .path
+            .clone()
+    }
+
+    fn lines(&self) -> Vec<String> {
+        std::fs::read_to_string(self.file())
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn write(&self, name: &str, lines: &[String]) -> PathBuf {
+        let path = self.root.join(name);
+        std::fs::write(
+            &path,
+            lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+        )
+        .unwrap();
+        path
+    }
+
+    fn set_health(&self, change: impl FnOnce(&mut ToolObservationHealth)) {
+        let mut h = ToolObservationHealth::read_from(&self.health).unwrap();
+        change(&mut h);
+        h.write_to(&self.health).unwrap();
+    }
+}
+
+/// A record line without its `flowhost` extension (as another producer would write it).
+fn stripped(line: &str) -> String {
+    let mut v: Value = serde_json::from_str(line).unwrap();
+    v.as_object_mut().unwrap().remove("flowhost");
+    v.to_string()
+}
+
+#[test]
+fn bound_records_and_health_are_clean() {
+    let b = Bound::new();
+    let (code, out) = diff_many(&[&b.dir], Some(&b.health), &[]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = diff_many(&[&b.file()], Some(&b.health), &[]);
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn edited_records_are_rejected_with_exit_4_naming_file_and_line() {
+    let b = Bound::new();
+    // Edit a field the diff does not judge in each of the three records.
+    let edited: Vec<String> = b
+        .lines()
+        .iter()
+        .map(|l| l.replace("\"alice\"", "\"mallory\""))
+        .collect();
+    assert_ne!(edited, b.lines());
+    std::fs::write(
+        b.file(),
+        edited.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let verify = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["records", "verify", b.dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(verify.status.code(), Some(1));
+    let (code, out) = diff_many(&[&b.dir], Some(&b.health), &[]);
+    assert_eq!(code, 4, "{out}");
+    let name = b.file().display().to_string();
+    for line in 1..=3 {
+        assert!(
+            out.contains(&format!("{name}:{line}")),
+            "line {line}: {out}"
+        );
+    }
+    assert!(out.contains("evidence rejected"), "{out}");
+    // The JSON and SARIF reports say so too.
+    let (code, out) = diff_many(&[&b.dir], Some(&b.health), &["--format", "json"]);
+    assert_eq!(code, 4);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["verdict"], "evidence_rejected");
+    assert_eq!(v["exit_code"], 4);
+    assert_eq!(v["findings"][0]["kind"], "evidence_rejected");
+    assert_eq!(v["findings"][0]["examples"][0]["line"], 1);
+    let (code, out) = diff_many(&[&b.dir], Some(&b.health), &["--format", "sarif"]);
+    assert_eq!(code, 4);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let results = v["runs"][0]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    assert!(results.iter().all(|r| r["ruleId"] == "evidence_rejected"));
+    // The same lines as one JSONL file are rejected too.
+    let file = b.write("edited.jsonl", &edited);
+    let (code, out) = diff_many(&[&file], Some(&b.health), &[]);
+    assert_eq!(code, 4, "{out}");
+}
+
+#[test]
+fn stripped_records_cannot_be_bound_to_a_complete_health() {
+    let b = Bound::new();
+    let plain: Vec<String> = b.lines().iter().map(|l| stripped(l)).collect();
+    let file = b.write("stripped.jsonl", &plain);
+    let (code, out) = diff_many(&[&file], Some(&b.health), &[]);
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("stripped.jsonl"), "{out}");
+    assert!(out.contains("no flowhost chain"), "{out}");
+}
+
+#[test]
+fn a_seq_less_decision_appended_to_records_is_rejected() {
+    let b = Bound::new();
+    let lines = b.lines();
+    // The one record alone: bound range 1..=3 does not match: inconclusive.
+    let one = b.write("one.jsonl", &lines[..1]);
+    let (code, out) = diff_many(&[&one], Some(&b.health), &[]);
+    assert_eq!(code, 3, "{out}");
+    // With a seq-less decision appended: a foreign line in flowhost records.
+    let mixed = b.write("mixed.jsonl", &[lines[0].clone(), stripped(&lines[1])]);
+    let (code, out) = diff_many(&[&mixed], Some(&b.health), &[]);
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("mixed.jsonl:2"), "{out}");
+}
+
+#[test]
+fn chained_and_unchained_sources_together_need_the_other_observer_flag() {
+    let b = Bound::new();
+    let other = b.write("other.jsonl", &[stripped(&b.lines()[0])]);
+    let (code, out) = diff_many(&[&b.dir, &other], Some(&b.health), &[]);
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("other.jsonl"), "{out}");
+    assert!(out.contains("--unchained-from-other-observer"), "{out}");
+    let (code, out) = diff_many(
+        &[&b.dir, &other],
+        Some(&b.health),
+        &["--unchained-from-other-observer", "--format", "json"],
+    );
+    assert_eq!(code, 0, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["observed_decisions"], 4);
+}
+
+#[test]
+fn health_counting_more_tool_calls_than_the_records_hold_is_inconclusive() {
+    let b = Bound::new();
+    b.set_health(|h| h.tool_calls_observed = Some(5));
+    let (code, out) = diff_many(&[&b.dir], Some(&b.health), &[]);
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        out.contains("tool_calls_observed: the health says 5, the records hold 3"),
+        "{out}"
+    );
+    // A head that is not the records' last line, or another range, is named too.
+    let b = Bound::new();
+    b.set_health(|h| h.records.chain_head = Some(flowhost::records::GENESIS_HASH.into()));
+    let (code, out) = diff_many(&[&b.dir], Some(&b.health), &[]);
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        out.contains("records.chain_head: the health says sha256:0000"),
+        "{out}"
+    );
+}
+
+#[test]
+fn an_edited_exported_envelope_is_rejected() {
+    let b = Bound::new();
+    let env = b.root.join("surface.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["records", "export", "--surface", b.dir.to_str().unwrap()])
+        .args(["--out", env.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let (code, out) = diff_many(&[&env], Some(&b.health), &[]);
+    assert_eq!(code, 0, "{out}");
+    // Pretty-printing keeps the chain (decisions are checked as records, not as bytes).
+    let v: Value = serde_json::from_slice(&std::fs::read(&env).unwrap()).unwrap();
+    std::fs::write(&env, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    let (code, out) = diff_many(&[&env], Some(&b.health), &[]);
+    assert_eq!(code, 0, "{out}");
+    let text = std::fs::read_to_string(&env)
+        .unwrap()
+        .replace("\"alice\"", "\"mallory\"");
+    std::fs::write(&env, text).unwrap();
+    let (code, out) = diff_many(&[&env], Some(&b.health), &[]);
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("observed_tool_decisions[0]"), "{out}");
 }

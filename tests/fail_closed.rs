@@ -548,3 +548,27 @@ fn health_warns_before_the_records_filesystem_is_full() {
     assert_eq!(h["result"]["complete"], true, "{h}");
     lab.stop();
 }
+
+#[test]
+fn a_refused_stranger_leaves_evidence_but_no_diff_finding() {
+    let Some(mut lab) = Lab::start() else { return };
+    let mut stranger = lab.client_as(STRANGER_UID);
+    let r = stranger.request("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}));
+    assert_eq!(denial(&r), "access_denied");
+    let mut c = lab.client();
+    c.initialize();
+    let h = c.request("flowhost/health", json!({}))["result"].clone();
+    lab.stop();
+    let health = lab.dir.path().join("health.json");
+    std::fs::write(&health, h.to_string()).unwrap();
+    let (code, out, err) = lab.cli(&[
+        "diff",
+        "--declared",
+        &lab.declared_surface_file().display().to_string(),
+        "--observed",
+        &lab.paths.records_dir.display().to_string(),
+        "--health",
+        &health.display().to_string(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+}

@@ -73,8 +73,9 @@ fn egress(address: &str, port: u16, protocol: &str, verdict: Verdict) -> Decisio
         context: FlowContext {
             session: Some("session-1".into()),
             denial_kind: denied.then(|| EgressDenial::FlowViolation.into()),
+            // The fetcher's signed declaration says it egresses.
             egress_basis: Some(EgressBasis {
-                declared: false,
+                declared: true,
                 topology: true,
                 observed: true,
             }),
@@ -82,6 +83,18 @@ fn egress(address: &str, port: u16, protocol: &str, verdict: Verdict) -> Decisio
         },
     });
     r.flowhost.recorded_at = AT.into();
+    r
+}
+
+/// An egress attempt by a tool whose signed declaration says `egress: false`.
+fn undeclared(mut r: DecisionRecord, tool: &str) -> DecisionRecord {
+    r.server = ServerInfo::mcp(tool.split('.').next().unwrap_or(tool), None);
+    r.tool.name = tool.into();
+    r.flowhost.egress_basis = Some(EgressBasis {
+        declared: false,
+        topology: true,
+        observed: true,
+    });
     r
 }
 
@@ -166,6 +179,20 @@ fn expected() -> Vec<(&'static str, Vec<u8>)> {
                 egress("192.0.2.10", 53, "udp", allow()),
                 egress("10.1.2.3", 8080, "tcp", allow()),
                 egress("203.0.113.9", 25, "tcp", deny()),
+            ]),
+        ),
+        (
+            "observed/undeclared_egress.jsonl",
+            stream(vec![
+                undeclared(
+                    egress("10.1.2.3", 443, "tcp", allow()),
+                    "summarizer.summarize",
+                ),
+                egress("10.1.2.3", 443, "tcp", allow()),
+                undeclared(
+                    egress("203.0.113.9", 25, "tcp", deny()),
+                    "summarizer.summarize",
+                ),
             ]),
         ),
     ]

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::ValueEnum;
 
 use super::CliResult;
-use crate::diff::{diff, report};
+use crate::diff::{DiffOptions, diff_sources, report};
 use crate::records::health::ToolObservationHealth;
 use crate::surface::DeclaredSurface;
 
@@ -21,26 +21,34 @@ pub(crate) enum Format {
     Sarif,
 }
 
-/// `flowhost diff --declared FILE --observed FILE [--health FILE] [--format ...]`
+/// `flowhost diff --declared FILE --observed PATH... [--health FILE] [--format ...]`
 #[derive(Debug, clap::Args)]
 pub(crate) struct DiffArgs {
     /// The declared surface (`assay.declared_tool_surface.v0`).
     #[arg(long)]
     declared: PathBuf,
     /// The observed decisions: a record directory, a JSONL record file, or an exported
-    /// `assay.tool_decision_surface.v0` envelope.
-    #[arg(long)]
-    observed: PathBuf,
+    /// `assay.tool_decision_surface.v0` envelope. Give it several times to judge several
+    /// sources together. Flowhost records among them must verify (hash chain, sequence, head
+    /// anchor), or the result is "evidence rejected" (exit 4).
+    #[arg(long, required = true)]
+    observed: Vec<PathBuf>,
     /// The `tool_observation_health` carrier; without it observation counts as incomplete.
     #[arg(long)]
     health: Option<PathBuf>,
+    /// Decisions without the flowhost chain (seq, prev_hash) were produced by another
+    /// observer: judge them without binding them to the flowhost health. Without it, such
+    /// decisions make the result inconclusive (exit 3).
+    #[arg(long)]
+    unchained_from_other_observer: bool,
     /// The report format.
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
 }
 
-/// Runs the diff and prints the report. Exit 0 clean with complete observation; 1 findings;
-/// 2 usage or input error; 3 no findings but observation incomplete.
+/// Runs the diff and prints the report. Exit codes by precedence: 2 usage or input error;
+/// 4 evidence rejected; 1 findings; 3 no findings but observation incomplete or not bound to
+/// the records; 0 clean.
 pub(crate) fn run(args: DiffArgs) -> CliResult {
     let text = std::fs::read_to_string(&args.declared)
         .map_err(|e| format!("cannot read {}: {e}", args.declared.display()))?;
@@ -51,7 +59,10 @@ pub(crate) fn run(args: DiffArgs) -> CliResult {
         .as_deref()
         .map(ToolObservationHealth::read_from)
         .transpose()?;
-    let result = diff(&declared, &args.observed, health.as_ref())?;
+    let options = DiffOptions {
+        unchained_from_other_observer: args.unchained_from_other_observer,
+    };
+    let result = diff_sources(&declared, &args.observed, health.as_ref(), options)?;
     let out = match args.format {
         Format::Text => report::to_text(&result),
         Format::Json => report::to_json(&result),

@@ -32,12 +32,14 @@ pub enum ManifestCommand {
     /// signed manifest.
     Digest(DigestArgs),
     /// Make a manifest body from an OpenAPI 3 document: one tool per operation, named by its
-    /// operationId, with its `x-flowhost-flow` as the tool's flow declaration.
+    /// operationId, with its `x-chio-flow` or `x-flowhost-flow` as the tool's flow
+    /// declaration (both must agree; any other `x-*-flow` key is refused).
     // `--version` here is the manifest's version, so the global version flag is off.
     #[command(disable_version_flag = true)]
     FromOpenapi(FromOpenapiArgs),
-    /// Write each signed tool's flow declaration into its operation's `x-flowhost-flow`
-    /// (replacing an existing one, removing it where the tool declares none).
+    /// Write each signed tool's flow declaration into its operation, under the extension
+    /// name the document already uses (else `x-chio-flow`), replacing an existing one and
+    /// removing it where the tool declares none.
     ExportOpenapi(ExportOpenapiArgs),
 }
 

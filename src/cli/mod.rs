@@ -71,9 +71,10 @@ enum Command {
     /// Compute the record side of tool_observation_health from a record directory (offline;
     /// daemon-only fields stay unknown, so it is never complete).
     Health(health::HealthArgs),
-    /// Compare observed decisions with a declared tool surface. Exit 0 clean with complete
-    /// observation, 1 findings, 2 usage or input error, 3 no findings but observation
-    /// incomplete.
+    /// Compare observed decisions with a declared tool surface. Exit codes by precedence:
+    /// 2 usage or input error; 4 evidence rejected (observed flowhost records do not verify);
+    /// 1 findings; 3 no findings but observation incomplete or not bound to the records;
+    /// 0 clean.
     Diff(diff::DiffArgs),
 }
 

@@ -1,46 +1,79 @@
-//! The declared-vs-observed diff and gate (DESIGN.md §7).
+//! The declared-vs-observed diff and gate.
 //!
-//! Every observed decision gets exactly one outcome, by the first rule that applies:
+//! **Evidence first.** Each observed source (a record directory, a JSONL file, or an exported
+//! `assay.tool_decision_surface.v0` envelope; several may be given) is one of:
+//! * *flowhost records*: a directory, or a file or envelope in which any decision carries the
+//!   `flowhost` chain fields (`seq`, `prev_hash`). Its hash chain is verified first with
+//!   [`crate::records::chain`] (for a directory also its head anchor; an envelope's decisions
+//!   are decoded strictly and re-serialised as the writer serialises them). Any break, gap,
+//!   reorder, edit, torn line, or line that is not a valid flowhost record *rejects* the
+//!   source: it is not judged, and each problem is an `evidence_rejected` finding naming file
+//!   and line (or envelope index).
+//! * *unchained*: no decision carries the chain fields (another producer's decisions, or
+//!   records whose extension was stripped). They are judged, but cannot be bound to a
+//!   flowhost health: unless the operator says another observer produced them
+//!   ([`DiffOptions::unchained_from_other_observer`]), they make the result inconclusive.
+//!
+//! **Health binding.** A `tool_observation_health` vouches for one record stream:
+//! `records.first_seq..=records.last_seq`, `records.chain_head` (the line hash of record
+//! `last_seq`) and `tool_calls_observed` (the records with `flowhost.event` `tool_call` in that
+//! range). The verified flowhost records must show exactly that range, end in that head and
+//! hold that many tool calls; every mismatch is named in an observation gap. With no flowhost
+//! records observed, the health must vouch for none (no range, genesis head, zero calls).
+//!
+//! **Judging.** Every observed decision gets at most one outcome, by the first rule that
+//! applies (a flowhost `session` event, a refusal before any tool was named, is verified
+//! with its chain but judged as no tool action):
 //!
 //! | # | when | outcome | severity |
 //! |---|---|---|---|
 //! | 1 | `classification` is `not_observed` or `redaction_failed` | `inconclusive_observation_gap` | warning |
 //! | 2 | unknown tool: `observed_unknown_tool`, no `tool.category`, or `action.class` `unclassified` | `unclassified_tool_action` | warning |
-//! | 3 | a declared action matches: provider (= `action.target.provider`), action class (= `tool.category`), a target entry, and the effect | none | |
+//! | 3 | a declared action matches: provider (= `action.target.provider`), action class (= `tool.category`), a target entry, and the effect (listed in `allowed_effects`) | none | |
 //! | 4 | `decision.effect` is `deny` | `attempted_privileged_tool_action_denied` | note |
 //! | 5 | a declared action has the same provider, class and effect, and the target cannot be decided against it (a constrained field is missing from the observed target, e.g. `classified_incomplete`) | `inconclusive_tool_target` | warning |
 //! | 6 | otherwise | `new_privileged_tool_action` | error |
 //!
-//! An observed `error` effect is matched as `allow` (the effect may have happened before the
-//! error). A deny that a declaration lists with `deny` in `allowed_effects` is expected: no
-//! finding. Declared-but-unobserved actions are never findings.
+//! An observed `error` effect matches only a declaration that lists `error`, never one that
+//! lists only `allow`: the effect may have happened, so an errored undeclared call is rule 6.
+//! A deny that a declaration lists with `deny` in `allowed_effects` is expected: no finding.
+//! Declared-but-unobserved actions are never findings.
+//!
+//! In addition, every egress attempt (`flowhost.event` `egress_attempt`) whose
+//! `flowhost.egress_basis` is `declared: false, observed: true` (allowed or refused) gives an
+//! `undeclared_egress` finding (error): the signed declaration said the tool does not egress.
 //!
 //! Observation coverage adds at most one run-level `inconclusive_observation_gap` (warning)
-//! when: no health carrier was given; the health is incomplete; the observed flowhost records
-//! are not contiguous in `flowhost.seq`; or they do not cover the health's sequence range.
+//! when: no health carrier was given; the health is incomplete; it is not bound to the
+//! observed records (above); unchained decisions were not attributed to another observer; a
+//! record directory has no head anchor; or several flowhost record streams share one health.
 //!
-//! Exit codes ([`DiffReport::exit_code`]): 0 no findings and complete observation; 1 at least
-//! one finding other than an observation gap; 3 no such finding but observation incomplete;
-//! 2 (from the CLI) a usage or input error. Identical findings (same outcome, tool, provider,
-//! class, effect and target) are reported once with an occurrence count and up to
-//! [`MAX_EXAMPLES`] locations.
+//! Exit codes ([`DiffReport::exit_code`]), by precedence: 2 (from the CLI) a usage or input
+//! error; 4 evidence rejected (wins over any finding); 1 at least one finding other than an
+//! observation gap; 3 no such finding but observation incomplete or unbound; 0 clean.
+//! Identical findings (same outcome, server, tool, provider, class, effect and target) are
+//! reported once with an occurrence count and up to [`MAX_EXAMPLES`] locations.
 
 mod observed;
 pub mod report;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::File;
+use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::records::DECISION_SURFACE_SCHEMA;
+use crate::records::chain::{Location, Problem, VerifyReport, verify_decisions, verify_records};
 use crate::records::health::ToolObservationHealth;
 use crate::records::store::{StoreError, record_sources};
+use crate::records::{DECISION_SURFACE_SCHEMA, GENESIS_HASH};
 use crate::surface::{DeclaredAction, DeclaredSurface, TargetMatch};
 use observed::{ObsDecision, ObsEnvelope, Probe};
+
+/// Most `evidence_rejected` findings listed one by one; the rest are counted in one more.
+pub const MAX_REJECTIONS: usize = 20;
 
 /// The schema of the JSON report.
 pub const DIFF_SCHEMA: &str = "flowhost.diff.v1";
@@ -51,8 +84,12 @@ pub const MAX_EXAMPLES: usize = 5;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FindingKind {
+    /// An observed source claims to be flowhost records but does not verify.
+    EvidenceRejected,
     /// An allowed (or errored) privileged action no declaration covers.
     NewPrivilegedToolAction,
+    /// A tool attempted outbound I/O although its signed declaration says it does not.
+    UndeclaredEgress,
     /// The target could not be decided against the declarations.
     InconclusiveToolTarget,
     /// An undeclared privileged action was attempted and denied.
@@ -77,8 +114,10 @@ pub enum Severity {
 
 impl FindingKind {
     /// Every kind, in report order.
-    pub const ALL: [FindingKind; 5] = [
+    pub const ALL: [FindingKind; 7] = [
+        FindingKind::EvidenceRejected,
         FindingKind::NewPrivilegedToolAction,
+        FindingKind::UndeclaredEgress,
         FindingKind::InconclusiveToolTarget,
         FindingKind::UnclassifiedToolAction,
         FindingKind::InconclusiveObservationGap,
@@ -88,7 +127,9 @@ impl FindingKind {
     /// The snake_case name.
     pub fn as_str(self) -> &'static str {
         match self {
+            FindingKind::EvidenceRejected => "evidence_rejected",
             FindingKind::NewPrivilegedToolAction => "new_privileged_tool_action",
+            FindingKind::UndeclaredEgress => "undeclared_egress",
             FindingKind::InconclusiveToolTarget => "inconclusive_tool_target",
             FindingKind::AttemptedPrivilegedToolActionDenied => {
                 "attempted_privileged_tool_action_denied"
@@ -101,7 +142,9 @@ impl FindingKind {
     /// The severity.
     pub fn severity(self) -> Severity {
         match self {
-            FindingKind::NewPrivilegedToolAction => Severity::Error,
+            FindingKind::EvidenceRejected
+            | FindingKind::NewPrivilegedToolAction
+            | FindingKind::UndeclaredEgress => Severity::Error,
             FindingKind::InconclusiveToolTarget
             | FindingKind::InconclusiveObservationGap
             | FindingKind::UnclassifiedToolAction => Severity::Warning,
@@ -112,8 +155,14 @@ impl FindingKind {
     /// One sentence on what it means.
     pub fn description(self) -> &'static str {
         match self {
+            FindingKind::EvidenceRejected => {
+                "An observed source is flowhost records whose hash chain, sequence or head anchor does not verify, or that holds a line that is not a valid record; nothing can be concluded from it."
+            }
             FindingKind::NewPrivilegedToolAction => {
                 "A privileged action was allowed (or errored) that no declared action covers."
+            }
+            FindingKind::UndeclaredEgress => {
+                "A tool attempted outbound I/O although its signed declaration says egress: false; the declaration is false."
             }
             FindingKind::InconclusiveToolTarget => {
                 "The observed target lacks a field the matching declaration constrains, so it cannot be judged."
@@ -188,6 +237,9 @@ pub struct Finding {
     pub severity: Severity,
     /// A one-line explanation.
     pub message: String,
+    /// The server id, when the decision names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
     /// The tool name.
     pub tool: Option<String>,
     /// The observed provider.
@@ -204,18 +256,82 @@ pub struct Finding {
     pub examples: Vec<ObservedRef>,
 }
 
+/// The gate's overall verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// No findings, and observation complete and bound to the records (exit 0).
+    Clean,
+    /// At least one finding other than an observation gap (exit 1).
+    Findings,
+    /// No such finding, but observation is incomplete or not bound (exit 3).
+    Inconclusive,
+    /// An observed source claims to be flowhost records and does not verify (exit 4).
+    EvidenceRejected,
+}
+
+impl Verdict {
+    /// The exit code.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Verdict::Clean => 0,
+            Verdict::Findings => 1,
+            Verdict::Inconclusive => 3,
+            Verdict::EvidenceRejected => 4,
+        }
+    }
+}
+
+/// What an observed source turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Evidence {
+    /// Flowhost records whose chain verified.
+    Verified,
+    /// Decisions without the flowhost chain.
+    Unchained,
+    /// Flowhost records that do not verify: not judged.
+    Rejected,
+}
+
+/// One observed source and what the diff made of it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ObservedSource {
+    /// The path given.
+    pub path: PathBuf,
+    /// Verified, unchained or rejected.
+    pub evidence: Evidence,
+    /// Decisions judged from it (0 when rejected).
+    pub decisions: u64,
+    /// Verified records: the first sequence number.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_seq: Option<u64>,
+    /// Verified records: the last sequence number.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_seq: Option<u64>,
+    /// Verified records: the line hash of the last record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain_head: Option<String>,
+    /// Verified records: how many have `flowhost.event` `tool_call`.
+    pub tool_calls: u64,
+}
+
 /// The diff's result.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DiffReport {
     /// Always [`DIFF_SCHEMA`].
     pub schema: &'static str,
+    /// The verdict (see the module docs).
+    pub verdict: Verdict,
     /// How many observed decisions were judged.
     pub observed_decisions: u64,
-    /// Whether observation was complete (health complete and records contiguous).
+    /// Whether observation was complete and bound to the observed records.
     pub observation_complete: bool,
+    /// The observed sources, in the order given.
+    pub sources: Vec<ObservedSource>,
     /// The findings: by severity, then kind, then first location.
     pub findings: Vec<Finding>,
-    /// The gate's exit code (0, 1 or 3; see the module docs).
+    /// The gate's exit code (0, 1, 3 or 4; see the module docs).
     pub exit_code: u8,
 }
 
@@ -224,6 +340,14 @@ impl DiffReport {
     pub fn exit_code(&self) -> u8 {
         self.exit_code
     }
+}
+
+/// How the diff treats its inputs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiffOptions {
+    /// The operator states that decisions without the flowhost chain were produced by another
+    /// observer: they are judged without being bound to the flowhost health.
+    pub unchained_from_other_observer: bool,
 }
 
 /// Input the diff cannot judge.
@@ -259,18 +383,176 @@ pub fn diff(
     observed: &Path,
     health: Option<&ToolObservationHealth>,
 ) -> Result<DiffReport, DiffError> {
+    diff_sources(
+        declared,
+        &[observed.to_path_buf()],
+        health,
+        DiffOptions::default(),
+    )
+}
+
+/// Runs the diff of several observed sources judged together (see the module docs for how
+/// each is verified and how the health is bound).
+pub fn diff_sources(
+    declared: &DeclaredSurface,
+    observed: &[PathBuf],
+    health: Option<&ToolObservationHealth>,
+    options: DiffOptions,
+) -> Result<DiffReport, DiffError> {
     let matcher = Matcher::new(declared);
     let mut acc = Acc::default();
-    for file in record_sources(observed)? {
-        match detect(&file)? {
-            Format::Stream => acc.merge(judge_stream(&matcher, &file, Tuning::default())?),
-            Format::Envelope => {
-                let bytes = std::fs::read(&file).map_err(StoreError::io("read", &file))?;
-                acc.merge(judge_envelope(&matcher, &file, &bytes)?);
+    let mut evidence = EvidenceSet::default();
+    for path in observed {
+        let judged = judge_source(&matcher, path)?;
+        let (source, problems) = judged.summary(path);
+        if judged.unanchored {
+            evidence.unanchored.push(path.clone());
+        }
+        evidence.problems.extend(problems);
+        evidence.sources.push(source);
+        if let Some(part) = judged.acc {
+            acc.merge(part);
+        }
+    }
+    Ok(acc.finish(evidence, health, options))
+}
+
+/// What the sources showed about the evidence itself.
+#[derive(Debug, Default)]
+struct EvidenceSet {
+    sources: Vec<ObservedSource>,
+    problems: Vec<Problem>,
+    unanchored: Vec<PathBuf>,
+}
+
+/// One source, judged (or rejected).
+struct Judged {
+    /// The judged decisions (`None`: rejected).
+    acc: Option<Acc>,
+    /// The chain verification, for flowhost records.
+    report: Option<VerifyReport>,
+    /// A record directory with records but no head anchor.
+    unanchored: bool,
+}
+
+impl Judged {
+    /// Flowhost records: judged if `report` verifies, else rejected.
+    fn chained(acc: Acc, report: VerifyReport) -> Self {
+        Judged {
+            acc: report.is_ok().then_some(acc),
+            report: Some(report),
+            unanchored: false,
+        }
+    }
+
+    /// Decisions without the flowhost chain: judged, nothing to verify.
+    fn unchained(acc: Acc) -> Self {
+        Judged {
+            acc: Some(acc),
+            report: None,
+            unanchored: false,
+        }
+    }
+
+    /// Flowhost records that do not verify: not judged.
+    fn rejected(report: VerifyReport) -> Self {
+        Judged {
+            acc: None,
+            report: Some(report),
+            unanchored: false,
+        }
+    }
+
+    /// The source's summary, and its problems when it was rejected.
+    fn summary(&self, path: &Path) -> (ObservedSource, Vec<Problem>) {
+        let evidence = match (&self.acc, &self.report) {
+            (None, _) => Evidence::Rejected,
+            (Some(_), Some(_)) => Evidence::Verified,
+            (Some(_), None) => Evidence::Unchained,
+        };
+        let verified = self.report.as_ref().filter(|r| r.is_ok());
+        let source = ObservedSource {
+            path: path.to_path_buf(),
+            evidence,
+            decisions: self.acc.as_ref().map_or(0, |a| a.decisions),
+            first_seq: verified.and_then(|r| r.first_seq),
+            last_seq: verified.and_then(|r| r.last_seq),
+            chain_head: verified.map(|r| {
+                r.head_hash
+                    .as_ref()
+                    .map_or(GENESIS_HASH, |h| h.as_str())
+                    .to_string()
+            }),
+            tool_calls: self.acc.as_ref().map_or(0, |a| a.tool_calls),
+        };
+        let problems = match (&self.acc, &self.report) {
+            (None, Some(r)) => r.problems.clone(),
+            _ => Vec::new(),
+        };
+        (source, problems)
+    }
+}
+
+/// Verifies and judges one source (see the module docs).
+fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError> {
+    let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
+    if meta.is_dir() {
+        let report = verify_records(path, None)?;
+        let unanchored = report.head_anchor.is_none() && report.records > 0;
+        if !report.is_ok() {
+            return Ok(Judged::rejected(report));
+        }
+        let mut acc = Acc::default();
+        for file in record_sources(path)? {
+            acc.merge(judge_stream(matcher, &file, Tuning::default())?);
+        }
+        return Ok(Judged {
+            unanchored,
+            ..Judged::chained(acc, report)
+        });
+    }
+    match detect(path)? {
+        Format::Stream => match judge_stream(matcher, path, Tuning::default()) {
+            Ok(acc) if acc.chained == 0 => Ok(Judged::unchained(acc)),
+            Ok(acc) => Ok(Judged::chained(acc, verify_records(path, None)?)),
+            // A line the diff cannot read: inside flowhost records that is a foreign or torn
+            // line (rejected evidence); in anything else, an input error.
+            Err(e) => {
+                let report = verify_records(path, None)?;
+                if report.first_seq.is_some() && !report.is_ok() {
+                    Ok(Judged::rejected(report))
+                } else {
+                    Err(e)
+                }
+            }
+        },
+        Format::Envelope => {
+            let bytes = fs::read(path).map_err(StoreError::io("read", path))?;
+            match judge_envelope(matcher, path, &bytes) {
+                Ok(acc) if acc.chained == 0 => Ok(Judged::unchained(acc)),
+                Ok(acc) => Ok(Judged::chained(acc, envelope_chain(path, &bytes)?)),
+                Err(e) => match envelope_chain(path, &bytes) {
+                    Ok(report) if report.first_seq.is_some() && !report.is_ok() => {
+                        Ok(Judged::rejected(report))
+                    }
+                    _ => Err(e),
+                },
             }
         }
     }
-    Ok(acc.finish(health))
+}
+
+/// The chain verification of an envelope's decisions.
+fn envelope_chain(file: &Path, bytes: &[u8]) -> Result<VerifyReport, DiffError> {
+    #[derive(serde::Deserialize)]
+    struct Decisions {
+        observed_tool_decisions: Vec<serde_json::Value>,
+    }
+    let env: Decisions = serde_json::from_slice(bytes).map_err(|e| DiffError::BadInput {
+        file: file.to_path_buf(),
+        problem: format!("not a valid {DECISION_SURFACE_SCHEMA} envelope: {e}"),
+    })?;
+    Ok(verify_decisions(file, &env.observed_tool_decisions))
 }
 
 enum Format {
@@ -509,7 +791,7 @@ fn judge_line(
         index: None,
         seq,
     };
-    acc.judge(matcher, &d, seq, at).map_err(bad)
+    acc.judge(matcher, &d, at).map_err(bad)
 }
 
 fn judge_envelope(matcher: &Matcher<'_>, file: &Path, bytes: &[u8]) -> Result<Acc, DiffError> {
@@ -537,7 +819,7 @@ fn judge_envelope(matcher: &Matcher<'_>, file: &Path, bytes: &[u8]) -> Result<Ac
             index: Some(i as u64),
             seq,
         };
-        acc.judge(matcher, d, seq, at)
+        acc.judge(matcher, d, at)
             .map_err(|p| bad(format!("observed_tool_decisions[{i}]: {p}")))?;
     }
     Ok(acc)
@@ -626,15 +908,11 @@ fn judge(
     let empty = observed::ObsTarget::default();
     let target = d.action.target.as_ref().unwrap_or(&empty);
     let provider = target.provider().unwrap_or("");
-    // An error may have let the effect happen: it needs what an allow needs.
-    let match_effect = if effect == crate::records::Effect::Error {
-        crate::records::Effect::Allow
-    } else {
-        effect
-    };
+    // An error never matches a declared allow: the effect may have happened, and an allow
+    // that failed is not the success the declaration describes.
     let mut undetermined = false;
     for a in matcher.candidates(provider, &category.0) {
-        if !a.allowed_effects.contains(&match_effect) {
+        if !a.allowed_effects.contains(&effect) {
             continue;
         }
         match a.test_target(|f| target.get(f)) {
@@ -664,6 +942,7 @@ fn judge(
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     kind: FindingKind,
+    server: Option<String>,
     tool: String,
     provider: Option<String>,
     category: Option<String>,
@@ -671,34 +950,15 @@ struct Key {
     target: String,
 }
 
-/// Sequence continuity of the flowhost records seen, in stream order.
-#[derive(Debug, Default)]
-struct SeqTrack {
-    first: Option<(u64, ObservedRef)>,
-    last: Option<u64>,
-    breaks: Vec<SeqBreak>,
-    without_seq: u64,
-}
-
-/// A place where `flowhost.seq` did not continue by one.
-#[derive(Debug, Clone)]
-struct SeqBreak {
-    at: ObservedRef,
-    expected: u64,
-}
-
-impl fmt::Display for SeqBreak {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "at {}: expected seq {}", self.at, self.expected)
-    }
-}
-
 #[derive(Debug, Default)]
 struct Acc {
     decisions: u64,
+    /// Decisions carrying the flowhost chain fields.
+    chained: u64,
+    /// Chained decisions whose `flowhost.event` is `tool_call`.
+    tool_calls: u64,
     order: Vec<Key>,
     findings: HashMap<Key, Finding>,
-    seq: SeqTrack,
 }
 
 impl Acc {
@@ -707,114 +967,129 @@ impl Acc {
         &mut self,
         matcher: &Matcher<'_>,
         d: &ObsDecision<'_>,
-        seq: Option<u64>,
         at: impl Fn() -> ObservedRef,
     ) -> Result<(), String> {
         self.decisions += 1;
-        match seq {
-            Some(seq) => {
-                match self.seq.last {
-                    None => self.seq.first = Some((seq, at())),
-                    Some(last) if seq != last.saturating_add(1) => {
-                        self.seq.breaks.push(SeqBreak {
-                            at: at(),
-                            expected: last.saturating_add(1),
-                        });
-                    }
-                    Some(_) => {}
-                }
-                self.seq.last = Some(seq);
+        let x = d.flowhost.as_ref();
+        if let Some(x) = x.filter(|x| x.chained()) {
+            self.chained += 1;
+            if x.event_is("tool_call") {
+                self.tool_calls += 1;
             }
-            None => self.seq.without_seq += 1,
         }
-        let Some((kind, reason)) = judge(matcher, d)? else {
+        let server = d
+            .server
+            .as_ref()
+            .and_then(|s| s.id.as_ref())
+            .map(|id| id.0.to_string());
+        let tool = d.tool.name.0.to_string();
+        // A session-level refusal (a peer refused at initialize, a request that named no
+        // tool) is evidence in the chain but no tool action: nothing to compare with a
+        // declared surface.
+        if x.is_some_and(|x| x.event_is("session")) {
             return Ok(());
-        };
-        let target = d.action.target.as_ref().map(observed::ObsTarget::to_json);
-        let key = Key {
-            kind,
-            tool: d.tool.name.0.to_string(),
-            provider: d
-                .action
-                .target
-                .as_ref()
-                .and_then(|t| t.provider())
-                .map(str::to_string),
-            category: d.tool.category.as_ref().map(|c| c.0.to_string()),
-            effect: d.decision.effect.0.to_string(),
-            target: target.as_ref().map(|t| t.to_string()).unwrap_or_default(),
-        };
-        match self.findings.get_mut(&key) {
-            Some(f) => {
-                f.occurrences += 1;
-                if f.examples.len() < MAX_EXAMPLES {
-                    f.examples.push(at());
-                }
-            }
-            None => {
-                let f = Finding {
-                    kind,
-                    severity: kind.severity(),
-                    message: format!(
-                        "{}: {} {} by tool {}: {reason}",
-                        kind,
-                        match (&key.provider, &key.category) {
-                            (Some(p), Some(c)) => format!("{p}/{c}"),
-                            (None, Some(c)) => c.clone(),
-                            _ => "unclassified action".to_string(),
-                        },
-                        key.effect,
-                        key.tool
-                    ),
-                    tool: Some(key.tool.clone()),
-                    provider: key.provider.clone(),
-                    category: key.category.clone(),
-                    effect: Some(key.effect.clone()),
-                    target,
-                    occurrences: 1,
-                    examples: vec![at()],
-                };
-                self.order.push(key.clone());
-                self.findings.insert(key, f);
-            }
+        }
+        if let Some((kind, reason)) = judge(matcher, d)? {
+            let target = d.action.target.as_ref().map(observed::ObsTarget::to_json);
+            let key = Key {
+                kind,
+                server: server.clone(),
+                tool: tool.clone(),
+                provider: d
+                    .action
+                    .target
+                    .as_ref()
+                    .and_then(|t| t.provider())
+                    .map(str::to_string),
+                category: d.tool.category.as_ref().map(|c| c.0.to_string()),
+                effect: d.decision.effect.0.to_string(),
+                target: target.as_ref().map(|t| t.to_string()).unwrap_or_default(),
+            };
+            let message = format!(
+                "{kind}: {} {} by tool {}: {reason}",
+                match (&key.provider, &key.category) {
+                    (Some(p), Some(c)) => format!("{p}/{c}"),
+                    (None, Some(c)) => c.clone(),
+                    _ => "unclassified action".to_string(),
+                },
+                key.effect,
+                key.tool
+            );
+            self.add(key, message, target, &at);
+        }
+        let undeclared = x.is_some_and(|x| {
+            x.event_is("egress_attempt")
+                && x.egress_basis.is_some_and(|b| b.undeclared_but_observed())
+        });
+        if undeclared {
+            let message = format!(
+                "undeclared_egress: tool {tool}{} attempted outbound I/O, but its signed declaration says egress: false (allowed or refused, the declaration is false)",
+                server
+                    .as_deref()
+                    .map(|s| format!(" of server {s}"))
+                    .unwrap_or_default()
+            );
+            let key = Key {
+                kind: FindingKind::UndeclaredEgress,
+                server,
+                tool,
+                provider: None,
+                category: None,
+                effect: String::new(),
+                target: String::new(),
+            };
+            self.add(key, message, None, &at);
         }
         Ok(())
     }
 
-    fn shift_lines(&mut self, offset: u64) {
-        let shift = |r: &mut ObservedRef| {
-            if let Some(l) = r.line.as_mut() {
-                *l += offset;
+    /// Counts one occurrence of the finding `key`, creating it on first sight.
+    fn add(
+        &mut self,
+        key: Key,
+        message: String,
+        target: Option<serde_json::Value>,
+        at: &impl Fn() -> ObservedRef,
+    ) {
+        if let Some(f) = self.findings.get_mut(&key) {
+            f.occurrences += 1;
+            if f.examples.len() < MAX_EXAMPLES {
+                f.examples.push(at());
             }
+            return;
+        }
+        let f = Finding {
+            kind: key.kind,
+            severity: key.kind.severity(),
+            message,
+            server: key.server.clone(),
+            tool: Some(key.tool.clone()),
+            provider: key.provider.clone(),
+            category: key.category.clone(),
+            effect: (!key.effect.is_empty()).then(|| key.effect.clone()),
+            target,
+            occurrences: 1,
+            examples: vec![at()],
         };
+        self.order.push(key.clone());
+        self.findings.insert(key, f);
+    }
+
+    fn shift_lines(&mut self, offset: u64) {
         for f in self.findings.values_mut() {
-            f.examples.iter_mut().for_each(shift);
+            for r in &mut f.examples {
+                if let Some(l) = r.line.as_mut() {
+                    *l += offset;
+                }
+            }
         }
-        if let Some((_, r)) = self.seq.first.as_mut() {
-            shift(r);
-        }
-        self.seq.breaks.iter_mut().for_each(|b| shift(&mut b.at));
     }
 
     /// Appends `later` (which comes after `self` in stream order).
     fn merge(&mut self, later: Acc) {
         self.decisions += later.decisions;
-        if let (Some(last), Some((first, at))) = (self.seq.last, later.seq.first.as_ref())
-            && *first != last.saturating_add(1)
-        {
-            self.seq.breaks.push(SeqBreak {
-                at: at.clone(),
-                expected: last.saturating_add(1),
-            });
-        }
-        if self.seq.first.is_none() {
-            self.seq.first = later.seq.first;
-        }
-        if later.seq.last.is_some() {
-            self.seq.last = later.seq.last;
-        }
-        self.seq.breaks.extend(later.seq.breaks);
-        self.seq.without_seq += later.seq.without_seq;
+        self.chained += later.chained;
+        self.tool_calls += later.tool_calls;
         let mut later_findings = later.findings;
         for key in later.order {
             let Some(f) = later_findings.remove(&key) else {
@@ -834,7 +1109,12 @@ impl Acc {
         }
     }
 
-    fn finish(mut self, health: Option<&ToolObservationHealth>) -> DiffReport {
+    fn finish(
+        mut self,
+        evidence: EvidenceSet,
+        health: Option<&ToolObservationHealth>,
+        options: DiffOptions,
+    ) -> DiffReport {
         let mut gaps = Vec::new();
         match health {
             None => gaps.push(
@@ -849,81 +1129,188 @@ impl Acc {
                         reasons.join("; ")
                     ));
                 }
-                let observed = (self.seq.first.as_ref().map(|(s, _)| *s), self.seq.last);
-                let declared = (h.records.first_seq, h.records.last_seq);
-                if self.seq.without_seq == 0 && observed != declared {
+                gaps.extend(binding_gaps(h, &evidence.sources));
+            }
+        }
+        if !options.unchained_from_other_observer {
+            for s in &evidence.sources {
+                if s.evidence == Evidence::Unchained && s.decisions > 0 {
                     gaps.push(format!(
-                        "the observed records cover seq {} but the health covers {}",
-                        range(observed),
-                        range(declared)
+                        "{}: {} decisions carry no flowhost chain (flowhost.seq, flowhost.prev_hash), so they cannot be verified or bound to a flowhost health; if another observer produced them, say so with --unchained-from-other-observer",
+                        s.path.display(),
+                        s.decisions
                     ));
                 }
             }
         }
-        if !self.seq.breaks.is_empty() {
+        for dir in &evidence.unanchored {
             gaps.push(format!(
-                "the observed records are not contiguous ({}{})",
-                self.seq.breaks[..self.seq.breaks.len().min(3)]
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-                if self.seq.breaks.len() > 3 {
-                    "; ..."
-                } else {
-                    ""
-                }
+                "{} has records but no head anchor ({}), so whole lines cut from its end cannot be detected",
+                dir.display(),
+                crate::records::store::HEAD_FILE
             ));
         }
-        let observation_complete = gaps.is_empty();
-        let mut findings: Vec<Finding> = self
-            .order
-            .iter()
-            .filter_map(|k| self.findings.remove(k))
-            .collect();
+        let mut findings: Vec<Finding> = rejections(&evidence.problems);
+        findings.extend(self.order.iter().filter_map(|k| self.findings.remove(k)));
         if !gaps.is_empty() {
-            findings.push(Finding {
-                kind: FindingKind::InconclusiveObservationGap,
-                severity: Severity::Warning,
-                message: format!("inconclusive_observation_gap: {}", gaps.join("; ")),
-                tool: None,
-                provider: None,
-                category: None,
-                effect: None,
-                target: None,
-                occurrences: 1,
-                examples: Vec::new(),
-            });
+            findings.push(run_finding(
+                FindingKind::InconclusiveObservationGap,
+                format!("inconclusive_observation_gap: {}", gaps.join("; ")),
+                1,
+                None,
+            ));
         }
         // Stable order: severity, then kind, then first appearance (already the order).
         findings.sort_by_key(|f| (f.severity, f.kind));
-        let gating = findings
-            .iter()
-            .any(|f| f.kind != FindingKind::InconclusiveObservationGap);
-        let any_gap = findings
-            .iter()
-            .any(|f| f.kind == FindingKind::InconclusiveObservationGap);
-        let exit_code = if gating {
-            1
-        } else if any_gap {
-            3
+        let has = |pred: &dyn Fn(FindingKind) -> bool| findings.iter().any(|f| pred(f.kind));
+        let verdict = if has(&|k| k == FindingKind::EvidenceRejected) {
+            Verdict::EvidenceRejected
+        } else if has(&|k| k != FindingKind::InconclusiveObservationGap) {
+            Verdict::Findings
+        } else if !gaps.is_empty() || has(&|k| k == FindingKind::InconclusiveObservationGap) {
+            Verdict::Inconclusive
         } else {
-            0
+            Verdict::Clean
         };
+        let observation_complete = gaps.is_empty()
+            && !has(&|k| {
+                matches!(
+                    k,
+                    FindingKind::InconclusiveObservationGap | FindingKind::EvidenceRejected
+                )
+            });
         DiffReport {
             schema: DIFF_SCHEMA,
+            verdict,
             observed_decisions: self.decisions,
-            observation_complete: observation_complete && !any_gap,
+            observation_complete,
+            sources: evidence.sources,
             findings,
-            exit_code,
+            exit_code: verdict.exit_code(),
         }
     }
 }
 
-fn range((first, last): (Option<u64>, Option<u64>)) -> String {
+/// A finding about the run rather than one decision.
+fn run_finding(
+    kind: FindingKind,
+    message: String,
+    occurrences: u64,
+    at: Option<&Location>,
+) -> Finding {
+    Finding {
+        kind,
+        severity: kind.severity(),
+        message,
+        server: None,
+        tool: None,
+        provider: None,
+        category: None,
+        effect: None,
+        target: None,
+        occurrences,
+        examples: at
+            .map(|l| ObservedRef {
+                file: l.file.clone(),
+                line: l.line,
+                index: l.index,
+                seq: None,
+            })
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// One `evidence_rejected` finding per verification problem (the first [`MAX_REJECTIONS`];
+/// the rest counted in one more).
+fn rejections(problems: &[Problem]) -> Vec<Finding> {
+    let mut out: Vec<Finding> = problems
+        .iter()
+        .take(MAX_REJECTIONS)
+        .map(|p| {
+            run_finding(
+                FindingKind::EvidenceRejected,
+                format!("evidence_rejected: {p}"),
+                1,
+                Some(&p.at),
+            )
+        })
+        .collect();
+    if problems.len() > MAX_REJECTIONS {
+        let rest = problems.len() - MAX_REJECTIONS;
+        out.push(run_finding(
+            FindingKind::EvidenceRejected,
+            format!(
+                "evidence_rejected: {rest} more problems; `flowhost records verify` lists them all"
+            ),
+            rest as u64,
+            problems.get(MAX_REJECTIONS).map(|p| &p.at),
+        ));
+    }
+    out
+}
+
+/// How `health` fails to describe the verified flowhost records among `sources` (empty:
+/// bound). See the module docs for the contract.
+fn binding_gaps(h: &ToolObservationHealth, sources: &[ObservedSource]) -> Vec<String> {
+    if sources.iter().any(|s| s.evidence == Evidence::Rejected) {
+        // Rejected records decide the verdict; binding to what is left would only add noise.
+        return Vec::new();
+    }
+    let verified: Vec<&ObservedSource> = sources
+        .iter()
+        .filter(|s| s.evidence == Evidence::Verified)
+        .collect();
+    if verified.len() > 1 {
+        return vec![format!(
+            "one health carrier binds one record stream, but {} flowhost record sources were given ({})",
+            verified.len(),
+            verified
+                .iter()
+                .map(|s| s.path.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )];
+    }
+    let (range, head, tool_calls) = match verified.first() {
+        Some(s) => (
+            (s.first_seq, s.last_seq),
+            s.chain_head.clone().unwrap_or_else(|| GENESIS_HASH.into()),
+            s.tool_calls,
+        ),
+        None => ((None, None), GENESIS_HASH.to_string(), 0),
+    };
+    let mut gaps = Vec::new();
+    let vouched = (h.records.first_seq, h.records.last_seq);
+    if vouched != range {
+        gaps.push(format!(
+            "records.first_seq..records.last_seq: the health says {}, the records hold {}",
+            show_range(vouched),
+            show_range(range)
+        ));
+    }
+    let vouched_head = h.records.chain_head.as_deref().unwrap_or(GENESIS_HASH);
+    if vouched_head != head {
+        gaps.push(format!(
+            "records.chain_head: the health says {vouched_head}, the records end in {head}"
+        ));
+    }
+    if let Some(n) = h.tool_calls_observed
+        && n != tool_calls
+    {
+        gaps.push(format!(
+            "tool_calls_observed: the health says {n}, the records hold {tool_calls}"
+        ));
+    }
+    gaps
+}
+
+fn show_range((first, last): (Option<u64>, Option<u64>)) -> String {
     match (first, last) {
-        (Some(a), Some(b)) => format!("{a}..={b}"),
-        _ => "nothing".to_string(),
+        (Some(a), Some(b)) => format!("seq {a}..={b}"),
+        (Some(a), None) => format!("seq {a}.."),
+        (None, Some(b)) => format!("seq ..={b}"),
+        (None, None) => "no records".to_string(),
     }
 }
 

@@ -2,8 +2,9 @@
 //! producer's decision objects one per line) or an `assay.tool_decision_surface.v0` envelope.
 //!
 //! The diff reads decisions leniently: it takes only the fields it judges (`tool`,
-//! `classification`, `action.class`, `action.target`, `decision.effect`, and `flowhost.seq`
-//! when present) and ignores the rest, so other producers' extensions are accepted. Strings are
+//! `classification`, `action.class`, `action.target`, `decision.effect`, `server.id`, and
+//! from the `flowhost` extension when present `seq`, `prev_hash`, `event` and
+//! `egress_basis`) and ignores the rest, so other producers' extensions are accepted. Strings are
 //! borrowed from the input where possible: the diff reads a million records in well under
 //! two seconds.
 
@@ -180,10 +181,64 @@ pub(crate) struct ObsVerdict<'a> {
     pub effect: Text<'a>,
 }
 
+/// `flowhost.egress_basis`, read leniently: anything that is not an object with boolean
+/// `declared` and `observed` reads as unknown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ObsEgressBasis {
+    pub declared: Option<bool>,
+    pub observed: Option<bool>,
+}
+
+impl ObsEgressBasis {
+    /// The broker saw outbound I/O that the signed declaration says does not happen.
+    pub fn undeclared_but_observed(&self) -> bool {
+        self.declared == Some(false) && self.observed == Some(true)
+    }
+}
+
+impl<'de> Deserialize<'de> for ObsEgressBasis {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Small and rare (egress attempts only), so a JSON value is cheap enough.
+        let v = serde_json::Value::deserialize(d)?;
+        let flag = |field: &str| v.get(field).and_then(serde_json::Value::as_bool);
+        Ok(ObsEgressBasis {
+            declared: flag("declared"),
+            observed: flag("observed"),
+        })
+    }
+}
+
+/// The parts of the `flowhost` extension the diff reads: the chain fields (whose presence
+/// makes a decision a flowhost record that must verify), the event kind and the egress basis.
 #[derive(Debug, Deserialize)]
-pub(crate) struct ObsExtension {
+pub(crate) struct ObsExtension<'a> {
     #[serde(default)]
     pub seq: Option<u64>,
+    #[serde(default)]
+    pub prev_hash: Option<IgnoredAny>,
+    #[serde(default, borrow)]
+    pub event: Option<Text<'a>>,
+    #[serde(default)]
+    pub egress_basis: Option<ObsEgressBasis>,
+}
+
+impl ObsExtension<'_> {
+    /// The decision carries the flowhost chain fields.
+    pub fn chained(&self) -> bool {
+        self.seq.is_some() || self.prev_hash.is_some()
+    }
+
+    /// `flowhost.event` is `value`.
+    pub fn event_is(&self, value: &str) -> bool {
+        self.event.as_ref().is_some_and(|e| e.0 == value)
+    }
+}
+
+/// The server a decision names, when it names one.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ObsServer<'a> {
+    #[serde(default, borrow)]
+    pub id: Option<Text<'a>>,
 }
 
 /// The fields of one observed decision the diff judges.
@@ -197,8 +252,10 @@ pub(crate) struct ObsDecision<'a> {
     pub action: ObsAction<'a>,
     #[serde(borrow)]
     pub decision: ObsVerdict<'a>,
-    #[serde(default)]
-    pub flowhost: Option<ObsExtension>,
+    #[serde(default, borrow)]
+    pub flowhost: Option<ObsExtension<'a>>,
+    #[serde(default, borrow)]
+    pub server: Option<ObsServer<'a>>,
 }
 
 /// An exported surface envelope.

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{DiffReport, FindingKind, Severity};
+use super::{DiffReport, FindingKind, Severity, Verdict};
 
 /// The text report: one line per finding, then a summary line naming the exit code.
 pub fn to_text(report: &DiffReport) -> String {
@@ -21,10 +21,15 @@ pub fn to_text(report: &DiffReport) -> String {
         }
         out.push('\n');
     }
-    let verdict = match report.exit_code {
-        0 => "clean: no findings and observation complete",
-        1 => "findings",
-        _ => "no findings, but observation is incomplete: not a clean result",
+    let verdict = match report.verdict {
+        Verdict::Clean => "clean: no findings and observation complete",
+        Verdict::Findings => "findings",
+        Verdict::Inconclusive => {
+            "no findings, but observation is incomplete or not bound to the records: not a clean result"
+        }
+        Verdict::EvidenceRejected => {
+            "evidence rejected: observed flowhost records do not verify, so nothing can be concluded from them"
+        }
     };
     out.push_str(&format!(
         "{} observed decisions, {} findings, exit {}: {verdict}\n",
@@ -111,6 +116,7 @@ pub fn to_sarif(report: &DiffReport) -> String {
             "properties": {
                 "observed_decisions": report.observed_decisions,
                 "observation_complete": report.observation_complete,
+                "verdict": report.verdict,
                 "exit_code": report.exit_code,
             },
         }],

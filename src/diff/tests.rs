@@ -17,12 +17,22 @@ fn declared(name: &str) -> DeclaredSurface {
     DeclaredSurface::parse(&text).unwrap()
 }
 
-/// The complete daemon health fixture, bound to the records at `observed`.
+/// The complete daemon health fixture, bound to the records at `observed` (range, head, and
+/// the count of tool-call records).
 fn health_for(observed: &Path) -> ToolObservationHealth {
     let report = verify_records(observed, None).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
     let mut h = ToolObservationHealth::read_from(&fixture("health/health_complete.json")).unwrap();
     h.records = RecordsHealth::from_verify(&report);
+    let tool_calls = record_sources(observed)
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            text.matches("\"event\":\"tool_call\"").count() as u64
+        })
+        .sum();
+    h.tool_calls_observed = Some(tool_calls);
     h.finalize()
 }
 
@@ -30,6 +40,12 @@ fn run(declared_name: &str, observed_rel: &str) -> DiffReport {
     let observed = fixture(observed_rel);
     let health = health_for(&observed);
     diff(&declared(declared_name), &observed, Some(&health)).unwrap()
+}
+
+/// The first finding's message contains `needle`.
+fn assert_first_says(r: &DiffReport, needle: &str) {
+    let message = &r.findings[0].message;
+    assert!(message.contains(needle), "{needle:?} not in {message}");
 }
 
 fn kinds(r: &DiffReport) -> Vec<(FindingKind, u64)> {
@@ -160,32 +176,25 @@ fn health_range_must_cover_the_observed_records() {
         kinds(&r),
         vec![(FindingKind::InconclusiveObservationGap, 1)]
     );
-    assert!(
-        r.findings[0].message.contains("cover seq 1..=3"),
-        "{}",
-        r.findings[0].message
-    );
+    assert_first_says(&r, "the health says seq 1..=5, the records hold seq 1..=3");
+    assert_eq!(r.exit_code(), 3);
 }
 
 #[test]
-fn a_deleted_line_is_an_observation_gap() {
+fn a_deleted_line_is_rejected_evidence() {
     let dir = tempfile::tempdir().unwrap();
     let src = std::fs::read_to_string(fixture("observed/allowed_declared.jsonl")).unwrap();
     let lines: Vec<&str> = src.lines().collect();
     let path = dir.path().join("cut.jsonl");
     std::fs::write(&path, format!("{}\n{}\n", lines[0], lines[2])).unwrap();
-    let mut h = health_for(&fixture("observed/allowed_declared.jsonl"));
-    h.records.last_seq = Some(3);
+    let h = health_for(&fixture("observed/allowed_declared.jsonl"));
     let r = diff(&declared("declared_prod_allowlist"), &path, Some(&h)).unwrap();
-    assert_eq!(
-        kinds(&r),
-        vec![(FindingKind::InconclusiveObservationGap, 1)]
-    );
-    assert!(
-        r.findings[0].message.contains("expected seq 2"),
-        "{}",
-        r.findings[0].message
-    );
+    assert_eq!(kinds(&r), vec![(FindingKind::EvidenceRejected, 1)]);
+    assert_first_says(&r, "cut.jsonl:2: gap: record 2");
+    assert_eq!(r.findings[0].examples[0].line, Some(2));
+    assert_eq!((r.verdict, r.exit_code()), (Verdict::EvidenceRejected, 4));
+    assert_eq!(r.sources[0].evidence, Evidence::Rejected);
+    assert_eq!(r.observed_decisions, 0, "rejected records are not judged");
 }
 
 #[test]
@@ -198,6 +207,8 @@ fn declared_but_unobserved_is_nothing() {
     let mut h = health_for(&fixture("observed/allowed_declared.jsonl"));
     h.records.first_seq = None;
     h.records.last_seq = None;
+    h.records.chain_head = None;
+    h.tool_calls_observed = Some(0);
     let r = diff(&declared("declared_prod_allowlist"), &path, Some(&h)).unwrap();
     assert_eq!((kinds(&r), r.exit_code()), (vec![], 0));
     // And observing one of the three declared actions leaves the other two silent.
@@ -256,7 +267,15 @@ fn malformed_input_names_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.jsonl");
     let good = std::fs::read_to_string(fixture("observed/undeclared.jsonl")).unwrap();
+    // After a flowhost record, a foreign line rejects the evidence (exit 4) ...
     std::fs::write(&path, format!("{good}{{\"tool\": 1}}\n")).unwrap();
+    let r = diff(&declared("declared_empty"), &path, None).unwrap();
+    assert_eq!(r.exit_code(), 4);
+    assert_first_says(&r, "bad.jsonl:2: malformed record");
+    // ... and in another producer's decisions it is an input error (exit 2).
+    let mut plain: serde_json::Value = serde_json::from_str(good.trim()).unwrap();
+    plain.as_object_mut().unwrap().remove("flowhost");
+    std::fs::write(&path, format!("{plain}\n{{\"tool\": 1}}\n")).unwrap();
     let e = diff(&declared("declared_empty"), &path, None).unwrap_err();
     assert!(e.to_string().contains("bad.jsonl:2:"), "{e}");
     std::fs::write(&path, "not json at all\n").unwrap();
@@ -285,4 +304,150 @@ fn sarif_has_one_result_per_finding() {
         .unwrap();
     let idx = results[0]["ruleIndex"].as_u64().unwrap() as usize;
     assert_eq!(rules[idx]["id"], "new_privileged_tool_action");
+}
+
+#[test]
+fn an_errored_call_never_matches_a_declared_allow() {
+    // The declared deploy key on org/prod-repo, but the call errored: the effect may have
+    // happened, and no declaration lists "error".
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("error.jsonl");
+    let src = std::fs::read(fixture("observed/allowed_declared.jsonl")).unwrap();
+    let first = src.split(|&b| b == b'\n').next().unwrap();
+    let mut r0 = crate::records::DecisionRecord::from_json_line(first).unwrap();
+    r0.decision.effect = crate::records::Effect::Error;
+    r0.response.status = "error".into();
+    let mut chain = crate::records::Chainer::genesis();
+    std::fs::write(&path, chain.seal(&mut r0).unwrap().line).unwrap();
+    let h = health_for(&path);
+    let r = diff(&declared("declared_prod_allowlist"), &path, Some(&h)).unwrap();
+    assert_eq!(kinds(&r), vec![(FindingKind::NewPrivilegedToolAction, 1)]);
+    assert_eq!(r.findings[0].effect.as_deref(), Some("error"));
+    assert_eq!(r.exit_code(), 1);
+}
+
+#[test]
+fn egress_the_declaration_denies_is_undeclared_egress() {
+    let r = run("declared_network", "observed/undeclared_egress.jsonl");
+    // summarizer.summarize declares egress: false; its allowed and its refused attempt are one
+    // finding with two occurrences. The fetcher declares egress: nothing extra.
+    let undeclared: Vec<&Finding> = r
+        .findings
+        .iter()
+        .filter(|f| f.kind == FindingKind::UndeclaredEgress)
+        .collect();
+    assert_eq!(undeclared.len(), 1, "{:#?}", r.findings);
+    let f = undeclared[0];
+    assert_eq!(f.severity, Severity::Error);
+    assert_eq!(f.occurrences, 2);
+    assert_eq!(f.server.as_deref(), Some("summarizer"));
+    assert_eq!(f.tool.as_deref(), Some("summarizer.summarize"));
+    let lines: Vec<_> = f.examples.iter().map(|e| e.line.unwrap()).collect();
+    assert_eq!(lines, [1, 3]);
+    // It is additional: the refused attempt keeps its own outcome.
+    assert!(
+        r.findings
+            .iter()
+            .any(|f| f.kind == FindingKind::AttemptedPrivilegedToolActionDenied)
+    );
+    assert_eq!(r.exit_code(), 1);
+    // No egress_basis, or one without observed: true, gives none.
+    let r = run("declared_network", "observed/network_egress.jsonl");
+    assert!(
+        r.findings
+            .iter()
+            .all(|f| f.kind != FindingKind::UndeclaredEgress)
+    );
+}
+
+#[test]
+fn egress_basis_is_read_leniently() {
+    use observed::ObsEgressBasis;
+    let read = |v: &str| serde_json::from_str::<ObsEgressBasis>(v).unwrap();
+    assert!(
+        read(r#"{"declared": false, "topology": true, "observed": true}"#)
+            .undeclared_but_observed()
+    );
+    assert!(
+        read(r#"{"declared": false, "observed": true, "extra": [1]}"#).undeclared_but_observed()
+    );
+    for v in [
+        r#"{"declared": true, "observed": true}"#,
+        r#"{"declared": false, "observed": false}"#,
+        r#"{"observed": true}"#,
+        r#"{"declared": "no", "observed": true}"#,
+        r#""declared""#,
+        "null",
+        "[]",
+    ] {
+        assert!(!read(v).undeclared_but_observed(), "{v}");
+    }
+}
+
+#[test]
+fn an_envelope_with_a_foreign_decision_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("surface.json");
+    let mut env: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixture("observed/surface_allowed_declared.json")).unwrap(),
+    )
+    .unwrap();
+    let decisions = env["observed_tool_decisions"].as_array_mut().unwrap();
+    let mut foreign = decisions[0].clone();
+    foreign.as_object_mut().unwrap().remove("flowhost");
+    decisions.insert(1, foreign);
+    std::fs::write(&path, env.to_string()).unwrap();
+    let h = health_for(&fixture("observed/allowed_declared.jsonl"));
+    let r = diff(&declared("declared_prod_allowlist"), &path, Some(&h)).unwrap();
+    assert_eq!(r.exit_code(), 4, "{:#?}", r.findings);
+    assert_first_says(
+        &r,
+        "surface.json observed_tool_decisions[1]: malformed record",
+    );
+    assert_eq!(r.findings[0].examples[0].index, Some(1));
+}
+
+#[test]
+fn one_health_cannot_bind_two_record_streams() {
+    let allowed = fixture("observed/allowed_declared.jsonl");
+    let h = health_for(&allowed);
+    let r = diff_sources(
+        &declared("declared_prod_allowlist"),
+        &[allowed, fixture("observed/denied.jsonl")],
+        Some(&h),
+        DiffOptions::default(),
+    )
+    .unwrap();
+    let gap = r
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::InconclusiveObservationGap)
+        .expect("a gap");
+    assert!(
+        gap.message
+            .contains("one health carrier binds one record stream, but 2"),
+        "{}",
+        gap.message
+    );
+    assert!(!r.observation_complete);
+}
+
+#[test]
+fn a_directory_without_its_head_anchor_is_inconclusive() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records");
+    let w = crate::records::RecordWriter::open(&records, Default::default()).unwrap();
+    let src = std::fs::read_to_string(fixture("observed/allowed_declared.jsonl")).unwrap();
+    for line in src.lines() {
+        let r = crate::records::DecisionRecord::from_json_line(line.as_bytes()).unwrap();
+        w.commit_blocking(r).unwrap();
+    }
+    w.close_blocking().unwrap();
+    let h = health_for(&records);
+    let d = declared("declared_prod_allowlist");
+    assert_eq!(diff(&d, &records, Some(&h)).unwrap().exit_code(), 0);
+    std::fs::remove_file(records.join(crate::records::store::HEAD_FILE)).unwrap();
+    let r = diff(&d, &records, Some(&h)).unwrap();
+    assert_eq!(r.exit_code(), 3);
+    assert_first_says(&r, "has records but no head anchor");
 }

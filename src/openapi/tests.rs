@@ -340,3 +340,124 @@ fn export_needs_an_operation_for_every_tool() {
         Err(OpenApiError::ToolWithoutOperation { tool }) if tool == "archive_terms"
     ));
 }
+
+#[test]
+fn both_flow_extension_names_are_read_and_must_agree() {
+    fn post(d: &mut Value) -> &mut Map<String, Value> {
+        d["paths"]["/summaries"]["post"].as_object_mut().unwrap()
+    }
+    // The seed's name alone.
+    let mut d = doc();
+    let flow = post(&mut d).remove("x-flowhost-flow").unwrap();
+    post(&mut d).insert("x-chio-flow".into(), flow.clone());
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    assert_eq!(tool(&body, "summarize_terms")["flow"], flow);
+    // Both names, the same declaration: accepted.
+    post(&mut d).insert("x-flowhost-flow".into(), flow.clone());
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    assert_eq!(tool(&body, "summarize_terms")["flow"], flow);
+    // Both names, different declarations: refused, naming the operation.
+    post(&mut d).insert("x-flowhost-flow".into(), json!({"egress": true}));
+    let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+    assert!(
+        matches!(&err, OpenApiError::ConflictingFlowExtensions { path }
+            if path.to_string() == "paths[\"/summaries\"].post"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn look_alike_flow_extensions_are_refused() {
+    for (name, on_item) in [
+        ("x-flowhst-flow", false),
+        ("x-acme-flow", false),
+        ("X-Chio-Flow", false),
+        ("x-flow", false),
+        ("x-chio-flow", true),
+    ] {
+        let mut d = doc();
+        let target = if on_item {
+            &mut d["paths"]["/summaries"]
+        } else {
+            &mut d["paths"]["/summaries"]["post"]
+        };
+        target[name] = json!({"egress": false});
+        let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+        let OpenApiError::UnknownFlowExtension { path, key: found } = &err else {
+            panic!("{name}: {err:?}");
+        };
+        assert_eq!(found, name);
+        let expected = if on_item {
+            format!("paths[\"/summaries\"].{name}")
+        } else {
+            format!("paths[\"/summaries\"].post.{name}")
+        };
+        assert_eq!(path.to_string(), expected);
+        // Export refuses the same document rather than writing beside the look-alike.
+        let signed =
+            SignedManifest::sign(manifest_from_openapi(&doc(), &identity()).unwrap(), &key())
+                .unwrap();
+        assert!(matches!(
+            export_flow_declarations(&mut d, signed.body()),
+            Err(OpenApiError::UnknownFlowExtension { .. })
+        ));
+    }
+    // Other extensions are not flow declarations.
+    let mut d = doc();
+    d["paths"]["/summaries"]["post"]["x-flowrate"] = json!(1);
+    d["paths"]["/summaries"]["post"]["x-workflow-id"] = json!("a");
+    manifest_from_openapi(&d, &identity()).unwrap();
+}
+
+#[test]
+fn export_writes_under_the_name_in_use() {
+    let body = manifest_from_openapi(&doc(), &identity()).unwrap();
+    let mut with_flows = body.clone();
+    for t in with_flows["tools"].as_array_mut().unwrap() {
+        t["flow"] = json!({"egress": true});
+    }
+    let signed = SignedManifest::sign(with_flows, &key()).unwrap();
+    let names = |d: &Value, route: &str, method: &str| -> Vec<String> {
+        d["paths"][route][method]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| k.ends_with("-flow"))
+            .cloned()
+            .collect()
+    };
+    // A document with no declaration anywhere gets the seed's name.
+    let mut bare = doc();
+    for (route, method) in [
+        ("/documents/{document}/terms", "get"),
+        ("/summaries", "post"),
+    ] {
+        bare["paths"][route][method]
+            .as_object_mut()
+            .unwrap()
+            .remove("x-flowhost-flow");
+    }
+    export_flow_declarations(&mut bare, signed.body()).unwrap();
+    assert_eq!(names(&bare, "/summaries", "post"), ["x-chio-flow"]);
+    // An operation keeps its own name; one with none takes the name the document uses.
+    let mut mixed = doc();
+    let post = mixed["paths"]["/summaries"]["post"]
+        .as_object_mut()
+        .unwrap();
+    let flow = post.remove("x-flowhost-flow").unwrap();
+    post.insert("x-chio-flow".into(), flow);
+    export_flow_declarations(&mut mixed, signed.body()).unwrap();
+    assert_eq!(names(&mixed, "/summaries", "post"), ["x-chio-flow"]);
+    let terms = "/documents/{document}/terms";
+    assert_eq!(names(&mixed, terms, "get"), ["x-flowhost-flow"]);
+    // Two names in the document: the new declaration takes the default.
+    assert_eq!(names(&mixed, terms, "delete"), ["x-chio-flow"]);
+    // An operation with both names has both replaced, so they still agree.
+    let mut both = doc();
+    both["paths"]["/summaries"]["post"]["x-chio-flow"] = json!({"egress": false});
+    export_flow_declarations(&mut both, signed.body()).unwrap();
+    let post = &both["paths"]["/summaries"]["post"];
+    assert_eq!(post["x-chio-flow"], json!({"egress": true}));
+    assert_eq!(post["x-flowhost-flow"], json!({"egress": true}));
+    manifest_from_openapi(&both, &identity()).unwrap();
+}

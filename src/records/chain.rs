@@ -11,7 +11,7 @@ use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::store::{
@@ -130,18 +130,35 @@ impl Chainer {
 /// Where a problem is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Location {
-    /// The record file.
+    /// The record file (or exported envelope).
     pub file: PathBuf,
     /// The 1-based line number, when the problem is on a line.
     pub line: Option<u64>,
+    /// The index in an envelope's `observed_tool_decisions`, when the problem is there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u64>,
+}
+
+impl Location {
+    fn in_file(file: &Path, line: Option<u64>) -> Self {
+        Location {
+            file: file.to_path_buf(),
+            line,
+            index: None,
+        }
+    }
 }
 
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "{}:{l}", self.file.display()),
-            None => write!(f, "{}", self.file.display()),
+        write!(f, "{}", self.file.display())?;
+        if let Some(l) = self.line {
+            write!(f, ":{l}")?;
         }
+        if let Some(i) = self.index {
+            write!(f, " observed_tool_decisions[{i}]")?;
+        }
+        Ok(())
     }
 }
 
@@ -301,6 +318,16 @@ impl VerifyReport {
 /// Problems in the records are reported in the result; only failures to read (or an
 /// unusable anchor) are errors.
 pub fn verify_records(path: &Path, head: Option<&Path>) -> Result<VerifyReport, StoreError> {
+    verify_records_in_blocks(path, head, BLOCK_BYTES)
+}
+
+/// [`verify_records`], reading files in blocks of `block` bytes (tests use small blocks to
+/// cross block boundaries cheaply).
+fn verify_records_in_blocks(
+    path: &Path,
+    head: Option<&Path>,
+    block: usize,
+) -> Result<VerifyReport, StoreError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
     let (files, default_head, notes) = if meta.is_dir() {
         let files: Vec<PathBuf> = list_record_files(path)?
@@ -324,31 +351,13 @@ pub fn verify_records(path: &Path, head: Option<&Path>) -> Result<VerifyReport, 
         Some(p) => HeadAnchor::read(&p)?,
         None => None,
     };
-    let mut v = Verifier {
-        report: VerifyReport {
-            files: files.clone(),
-            records: 0,
-            first_seq: None,
-            last_seq: None,
-            head_hash: None,
-            head_anchor: head_anchor.clone(),
-            problems: Vec::new(),
-            notes,
-        },
-        expected: None,
-        prev: None,
-        anchored: None,
-    };
+    let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes);
     for file in &files {
-        let bytes = fs::read(file).map_err(StoreError::io("read", file))?;
-        v.file(file, &bytes, head_anchor.as_ref().map(|h| h.seq));
+        v.file(file, head_anchor.as_ref().map(|h| h.seq), block)?;
     }
     if let Some(anchor) = &head_anchor {
         let last = v.report.last_seq.unwrap_or(0);
-        let at = Location {
-            file: files.last().cloned().unwrap_or_else(|| path.to_path_buf()),
-            line: None,
-        };
+        let at = Location::in_file(files.last().map_or(path, PathBuf::as_path), None);
         if anchor.seq > last {
             v.report.problems.push(Problem {
                 at,
@@ -372,6 +381,134 @@ pub fn verify_records(path: &Path, head: Option<&Path>) -> Result<VerifyReport, 
     Ok(v.report)
 }
 
+/// Verifies the chain over the decisions of an exported decision surface envelope
+/// (`observed_tool_decisions` of `file`), which carry no head anchor.
+///
+/// Each decision is decoded strictly as a record and serialised again exactly as the writer
+/// serialises it, so its line hash is the one the next record's `prev_hash` vouches for
+/// (the export copies lines verbatim; re-serialising also accepts an envelope that was
+/// pretty-printed or re-indented). A decision that is not a valid record is a `malformed`
+/// problem at its index.
+pub fn verify_decisions(file: &Path, decisions: &[serde_json::Value]) -> VerifyReport {
+    let mut v = Verifier::new(vec![file.to_path_buf()], None, Vec::new());
+    for (i, decision) in decisions.iter().enumerate() {
+        let at = Location {
+            file: file.to_path_buf(),
+            line: None,
+            index: Some(i as u64),
+        };
+        let decoded = DecisionRecord::deserialize(decision).map_err(|e| RecordFormatError {
+            field: "(json)".to_string(),
+            problem: e.to_string(),
+        });
+        // A decision that does not decode still occupies its place; its bytes only feed a
+        // hash no valid record can match.
+        let line = match &decoded {
+            Ok(r) => serde_json::to_vec(r),
+            Err(_) => serde_json::to_vec(decision),
+        }
+        .unwrap_or_default();
+        let facts = LineFacts {
+            hash: line_hash(&line),
+            record: decoded
+                .and_then(|r| r.validate().map(|()| r))
+                .map(Linked::of),
+        };
+        v.record(at, facts, None);
+    }
+    v.report
+}
+
+/// How much of a record file is read at a time; its complete lines are hashed and decoded
+/// together, in parallel, before they are linked in order.
+const BLOCK_BYTES: usize = 16 * 1024 * 1024;
+/// Fewer lines than this are not worth a thread.
+const MIN_CHUNK_LINES: usize = 1024;
+
+/// What linking needs of a valid record.
+struct Linked {
+    seq: u64,
+    prev_hash: String,
+}
+
+impl Linked {
+    fn of(r: DecisionRecord) -> Self {
+        Linked {
+            seq: r.flowhost.seq,
+            prev_hash: r.flowhost.prev_hash,
+        }
+    }
+}
+
+/// One line as the chain sees it: its hash, and its chain fields when it is a valid record.
+struct LineFacts {
+    hash: ChainHash,
+    record: Result<Linked, RecordFormatError>,
+}
+
+impl LineFacts {
+    fn of(line: &[u8]) -> Self {
+        LineFacts {
+            hash: line_hash(line),
+            record: DecisionRecord::from_json_line(line).map(Linked::of),
+        }
+    }
+}
+
+/// Hashes and strictly decodes `lines` (the expensive part of verification) on up to one
+/// thread per core; the result is in line order.
+fn line_facts(lines: &[&[u8]]) -> Vec<LineFacts> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let per = lines.len().div_ceil(threads.max(1)).max(MIN_CHUNK_LINES);
+    if lines.len() <= per {
+        return lines.iter().map(|l| LineFacts::of(l)).collect();
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = lines
+            .chunks(per)
+            .map(|chunk| {
+                let worker = s.spawn(move || chunk.iter().map(|l| LineFacts::of(l)).collect());
+                (chunk, worker)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|(chunk, worker)| {
+                // A worker that panicked leaves its lines unverified: each is a problem, never
+                // skipped, so the chain still counts every line in its place.
+                worker.join().unwrap_or_else(|_| {
+                    chunk
+                        .iter()
+                        .map(|l| LineFacts {
+                            hash: line_hash(l),
+                            record: Err(RecordFormatError {
+                                field: "(record)".into(),
+                                problem: "could not be checked (the verifier's worker failed)"
+                                    .into(),
+                            }),
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect()
+    })
+}
+
+/// Reads until `buf` is full or the file ends; returns how many bytes were read.
+fn read_full(f: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::io::Read;
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 struct Prev {
     at: Location,
     seq: Option<u64>,
@@ -386,70 +523,112 @@ struct Verifier {
 }
 
 impl Verifier {
-    fn file(&mut self, file: &Path, bytes: &[u8], anchor_seq: Option<u64>) {
+    fn new(files: Vec<PathBuf>, head_anchor: Option<HeadAnchor>, notes: Vec<String>) -> Self {
+        Verifier {
+            report: VerifyReport {
+                files,
+                records: 0,
+                first_seq: None,
+                last_seq: None,
+                head_hash: None,
+                head_anchor,
+                problems: Vec::new(),
+                notes,
+            },
+            expected: None,
+            prev: None,
+            anchored: None,
+        }
+    }
+
+    /// Verifies one record file, read in blocks of about `block` bytes (memory stays bounded
+    /// whatever the file's size); the complete lines of each block are hashed and decoded in
+    /// parallel, then linked in order.
+    fn file(
+        &mut self,
+        file: &Path,
+        anchor_seq: Option<u64>,
+        block: usize,
+    ) -> Result<(), StoreError> {
         let named = file
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(parse_record_file_name);
-        let (lines, torn) = split_lines(bytes);
+        let mut f = fs::File::open(file).map_err(StoreError::io("open", file))?;
+        let block = block.max(1);
+        // buf holds the start of a line carried over from the previous block, then new bytes.
+        let mut buf: Vec<u8> = Vec::new();
         let mut line_no = 0u64;
-        for line in lines {
-            line_no += 1;
-            self.report.records += 1;
-            let at = Location {
-                file: file.to_path_buf(),
-                line: Some(line_no),
-            };
-            let hash = line_hash(line);
-            let record = DecisionRecord::from_json_line(line);
-            let seq = match &record {
-                Ok(r) => Some(r.flowhost.seq),
-                Err(e) => {
-                    self.problem(
-                        &at,
-                        ProblemKind::Malformed {
-                            error: e.to_string(),
-                        },
-                    );
-                    None
+        loop {
+            let kept = buf.len();
+            buf.resize(kept + block, 0);
+            let n = read_full(&mut f, &mut buf[kept..]).map_err(StoreError::io("read", file))?;
+            buf.truncate(kept + n);
+            let cut = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            let lines: Vec<&[u8]> = split_lines(&buf[..cut]).0.collect();
+            for facts in line_facts(&lines) {
+                line_no += 1;
+                let at = Location::in_file(file, Some(line_no));
+                let seq = self.record(at.clone(), facts, anchor_seq);
+                if line_no == 1
+                    && let (Some(named), Some(found)) = (named, seq)
+                    && named != found
+                {
+                    self.problem(&at, ProblemKind::FileNameMismatch { named, found });
                 }
-            };
-            if line_no == 1
-                && let (Some(named), Some(found)) = (named, seq)
-                && named != found
-            {
-                self.problem(&at, ProblemKind::FileNameMismatch { named, found });
             }
-            if let (Ok(r), Some(seq)) = (&record, seq) {
-                self.link(&at, r, seq);
-                if anchor_seq == Some(seq) {
-                    self.anchored = Some((at.clone(), hash.clone()));
-                }
-                self.report.first_seq.get_or_insert(seq);
-                self.report.last_seq = Some(seq);
-                self.expected = Some(seq.saturating_add(1));
-            } else if let Some(e) = self.expected {
-                // A malformed line still occupies its place in the stream.
-                self.expected = Some(e.saturating_add(1));
+            buf.drain(..cut);
+            if n < block {
+                break;
             }
-            self.report.head_hash = Some(hash.clone());
-            self.prev = Some(Prev { at, seq, hash });
         }
-        if !torn.is_empty() {
-            let at = Location {
-                file: file.to_path_buf(),
-                line: Some(line_no + 1),
-            };
-            self.problem(&at, ProblemKind::TornLine { bytes: torn.len() });
+        if !buf.is_empty() {
+            let at = Location::in_file(file, Some(line_no + 1));
+            self.problem(&at, ProblemKind::TornLine { bytes: buf.len() });
         }
+        Ok(())
     }
 
-    fn link(&mut self, at: &Location, r: &DecisionRecord, seq: u64) {
+    /// Takes one line (its hash, and its chain fields when it is a valid record) into the
+    /// chain; returns its sequence number when it is a valid record.
+    fn record(&mut self, at: Location, facts: LineFacts, anchor_seq: Option<u64>) -> Option<u64> {
+        self.report.records += 1;
+        let LineFacts { hash, record } = facts;
+        let seq = match &record {
+            Ok(r) => Some(r.seq),
+            Err(e) => {
+                self.problem(
+                    &at,
+                    ProblemKind::Malformed {
+                        error: e.to_string(),
+                    },
+                );
+                None
+            }
+        };
+        if let (Ok(r), Some(seq)) = (&record, seq) {
+            self.link(&at, r, seq);
+            if anchor_seq == Some(seq) {
+                self.anchored = Some((at.clone(), hash.clone()));
+            }
+            self.report.first_seq.get_or_insert(seq);
+            self.report.last_seq = Some(seq);
+            self.expected = Some(seq.saturating_add(1));
+        } else if let Some(e) = self.expected {
+            // A malformed line still occupies its place in the stream.
+            self.expected = Some(e.saturating_add(1));
+        }
+        self.report.head_hash = Some(hash.clone());
+        self.prev = Some(Prev { at, seq, hash });
+        seq
+    }
+
+    fn link(&mut self, at: &Location, r: &Linked, seq: u64) {
         match self.expected {
             None => {
                 if seq != 1 {
                     self.problem(at, ProblemKind::StartsLate { first: seq });
-                } else if r.flowhost.prev_hash != super::GENESIS_HASH {
+                } else if r.prev_hash != super::GENESIS_HASH {
                     self.problem(at, ProblemKind::BadGenesis);
                 }
             }
@@ -476,7 +655,7 @@ impl Verifier {
                 // previous line was malformed it is already reported.
                 if let Some(prev) = &self.prev
                     && let Some(prev_seq) = prev.seq
-                    && prev.hash.as_str() != r.flowhost.prev_hash
+                    && prev.hash.as_str() != r.prev_hash
                 {
                     let loc = prev.at.clone();
                     self.problem(
@@ -525,6 +704,43 @@ mod tests {
         let e = c.seal(&mut r).unwrap_err();
         assert_eq!(e.field, "redaction.secret_material_stored");
         assert_eq!(c.next_seq(), 1);
+    }
+
+    #[test]
+    fn lines_checked_in_parallel_blocks_keep_their_order() {
+        // More lines than one block, so blocks, lines cut by a block end and worker chunks
+        // all have boundaries.
+        let mut c = Chainer::genesis();
+        let per_block = 4 * MIN_CHUNK_LINES;
+        let n = per_block + 900;
+        let mut lines: Vec<Vec<u8>> = (0..n)
+            .map(|_| c.seal(&mut sample_tool_call()).unwrap().line)
+            .collect();
+        let block = lines[0].len() * per_block + 7;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("many.jsonl");
+        std::fs::write(&path, lines.concat()).unwrap();
+        let report = verify_records_in_blocks(&path, None, block).unwrap();
+        assert!(report.is_ok(), "{:?}", report.problems);
+        assert_eq!(
+            (report.records, report.last_seq),
+            (n as u64, Some(n as u64))
+        );
+        // Edit one line just past the first block: reported at that line, and only there.
+        let at = per_block + 10;
+        let edited = String::from_utf8(lines[at].clone())
+            .unwrap()
+            .replace("\"allow\"", "\"deny\"");
+        lines[at] = edited.into_bytes();
+        std::fs::write(&path, lines.concat()).unwrap();
+        let report = verify_records_in_blocks(&path, None, block).unwrap();
+        let lines_reported: Vec<_> = report.problems.iter().map(|p| p.at.line).collect();
+        assert_eq!(
+            lines_reported,
+            [Some(at as u64 + 1)],
+            "{:?}",
+            report.problems
+        );
     }
 
     #[test]
