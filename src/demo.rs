@@ -212,6 +212,37 @@ impl Outcomes {
     }
 }
 
+/// A grant for one reviewed summary: this session, its current label, these arguments, the
+/// public inbox, purpose `reviewed-summary`, target bottom, valid ten minutes.
+fn sign_reviewed_summary(
+    key: &ed25519_dalek::SigningKey,
+    session: &Value,
+    arguments: &Value,
+) -> Result<crate::grant::SignedGrant, DemoError> {
+    let field = |name: &str| session[name].as_str().unwrap_or_default().to_string();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let body = crate::grant::GrantBody {
+        schema: crate::grant::GRANT_SCHEMA.into(),
+        grant_id: format!("demo-review-{now}"),
+        authority: "review-board".into(),
+        principal: crate::ident::PrincipalId::new(field("principal"))
+            .map_err(step("reading the session"))?,
+        session: field("session"),
+        server: "public-inbox".into(),
+        tool: "publish".into(),
+        purpose: crate::ident::DeclassificationPurpose::new("reviewed-summary")
+            .map_err(step("making a grant"))?,
+        arguments_hash: crate::grant::arguments_hash(arguments),
+        source_label_hash: field("label_hash"),
+        target_label: crate::label::InformationLabel::bottom(),
+        issued_at: now,
+        expires_at: now + 600,
+    };
+    crate::grant::SignedGrant::sign(body, key).map_err(step("signing a grant"))
+}
+
 /// Runs the demo in `dir`. `Ok(true)` when every outcome was the expected one.
 pub fn run(dir: &Path) -> Result<bool, DemoError> {
     let broker = flowhost_broker::Broker::new(flowhost_broker::BrokerOptions::default())
@@ -295,8 +326,17 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
         reviewer_uid: 65533,
         socket_mode: "600".into(),
     };
+    // The review board: the declassification authority the operator trusts.
+    let board = crate::keys::generate(&keys, "review-board").map_err(step("generating keys"))?;
+    let board_key =
+        crate::keys::load_signing_key(&board.private_path).map_err(step("loading a key"))?;
     let config = dir.join("host.toml");
-    crate::files::write_atomic(&config, host_config(&paths).as_bytes(), 0o600)
+    let config_text = format!(
+        "{}\n[[declassification_authority]]\nid = \"review-board\"\nkey = \"{}\"\n",
+        host_config(&paths),
+        board.public_path.display()
+    );
+    crate::files::write_atomic(&config, config_text.as_bytes(), 0o600)
         .map_err(step("writing the host configuration"))?;
     let declared = dir.join("declared.json");
     crate::files::write_atomic(&declared, declared_surface(&paths).as_bytes(), 0o644)
@@ -360,6 +400,32 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             denial == "flow_violation" && public.connections() == 0,
             "public-inbox/publish: flow violation before dispatch (the session's contract label does not flow to a public clearance); the public relay received nothing".into(),
             || format!("{r} (public relay connections: {})", public.connections()),
+        );
+
+        // The seed's missing step: the review board declassifies one reviewed summary for
+        // the public inbox, bound to this session, its label and these exact arguments.
+        let session = c.request("flowhost/session", json!({}))?;
+        let summary_args = json!({"message": "Reviewed summary: supply terms renegotiated this quarter.", "sink": public.addr.to_string()});
+        let grant = sign_reviewed_summary(&board_key, &session["result"], &summary_args)?;
+        let id = grant.body().grant_id.clone();
+        let with_grant = json!({"name": "public-inbox/publish", "arguments": summary_args,
+                                "_meta": {"flowhost/grant": grant.to_value()}});
+        let r = c.request("tools/call", with_grant.clone())?;
+        let got = public.await_bytes(57);
+        outcomes.check(
+            "GRANT",
+            text(&r).is_some_and(|t| t.starts_with("delivered")) && public.connections() == 1,
+            format!("public-inbox/publish with grant {id} (purpose reviewed-summary, signed by review-board): declassified for this one call; the public relay received {} bytes: {:?}", got.len(), String::from_utf8_lossy(&got)),
+            || r.to_string(),
+        );
+        let r = c.request("tools/call", with_grant)?;
+        let denial = r["error"]["data"]["denial"].as_str().unwrap_or("");
+        std::thread::sleep(Duration::from_millis(100));
+        outcomes.check(
+            "REFUSE",
+            denial == "grant_replayed" && public.connections() == 1,
+            "public-inbox/publish with the same grant again: a replay (single use, durable); the public relay received nothing more; the session still carries the contract label".into(),
+            || r.to_string(),
         );
 
         let r = c.call(
@@ -476,7 +542,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
         "DIFF",
         kinds == expected && diff.observation_complete,
         format!(
-            "against {}: {} findings over {} decisions (the declared read, team publish and team egress give none):",
+            "against {}: {} findings over {} decisions (the declared read, team publish, team egress and granted public publish give none):",
             declared.display(),
             diff.findings.len(),
             diff.observed_decisions

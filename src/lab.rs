@@ -192,6 +192,22 @@ pub fn declared_surface(p: &LabPaths) -> String {
                 "allowed_targets": [{"address": p.team_sink.ip().to_string(), "port": p.team_sink.port()}],
                 "allowed_effects": ["allow"],
                 "required_decision": "explicit_policy"
+            },
+            {
+                "id": "inbox.publish.public_reviewed",
+                "provider": "inbox",
+                "action_class": "message_publish",
+                "allowed_targets": [{"sink": p.public_sink.to_string()}],
+                "allowed_effects": ["allow"],
+                "required_decision": "declassification_grant"
+            },
+            {
+                "id": "network.public_relay",
+                "provider": "network",
+                "action_class": "network_egress",
+                "allowed_targets": [{"address": p.public_sink.ip().to_string(), "port": p.public_sink.port()}],
+                "allowed_effects": ["allow"],
+                "required_decision": "declassification_grant"
             }
         ]
     })

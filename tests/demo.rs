@@ -27,6 +27,8 @@ fn the_demo_succeeds_and_its_records_verify() {
         "READ ",
         "ALLOW ",
         "REFUSE   public-inbox/publish: flow violation",
+        "GRANT    public-inbox/publish with grant",
+        "with the same grant again: a replay",
         "missing clearance",
         "every outcome was the expected one",
     ] {
