@@ -105,6 +105,10 @@ struct RawHost {
     call_timeout_ms: u64,
     #[serde(default = "default_idle_timeout")]
     idle_timeout_ms: u64,
+    #[serde(default = "default_initialize_timeout")]
+    initialize_timeout_ms: u64,
+    #[serde(default = "default_session_idle_timeout")]
+    session_idle_timeout_ms: u64,
     #[serde(default = "default_rotate")]
     records_rotate_bytes: u64,
     #[serde(default = "default_classifier_version")]
@@ -123,6 +127,12 @@ fn default_call_timeout() -> u64 {
 }
 fn default_idle_timeout() -> u64 {
     300_000
+}
+fn default_initialize_timeout() -> u64 {
+    5_000
+}
+fn default_session_idle_timeout() -> u64 {
+    3_600_000
 }
 fn default_rotate() -> u64 {
     64 * 1024 * 1024
@@ -188,6 +198,9 @@ struct RawTool {
     record: Option<crate::records::ToolMapping>,
 }
 
+/// Longest accepted timeout (a week), so a deadline computed from it cannot overflow.
+const MAX_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
+
 /// A validated host configuration.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
@@ -215,6 +228,10 @@ pub struct HostConfig {
     pub call_timeout: Duration,
     /// How long a session's executor may sit idle before it is stopped.
     pub idle_timeout: Duration,
+    /// How long a connection may stay open without completing `initialize`.
+    pub initialize_timeout: Duration,
+    /// How long an initialized session may go without a request before it is closed.
+    pub session_idle_timeout: Duration,
     /// Record file rotation size.
     pub records_rotate_bytes: u64,
     /// Version string of the classifier rules, reported in health.
@@ -340,11 +357,18 @@ impl HostConfig {
                 "must be between 1024 and 67108864".into(),
             ));
         }
-        if h.call_timeout_ms == 0 || h.idle_timeout_ms == 0 {
-            return Err(invalid(
-                "host.call_timeout_ms".into(),
-                "timeouts must be positive".into(),
-            ));
+        for (key, ms) in [
+            ("call_timeout_ms", h.call_timeout_ms),
+            ("idle_timeout_ms", h.idle_timeout_ms),
+            ("initialize_timeout_ms", h.initialize_timeout_ms),
+            ("session_idle_timeout_ms", h.session_idle_timeout_ms),
+        ] {
+            if ms == 0 || ms > MAX_TIMEOUT_MS {
+                return Err(invalid(
+                    format!("host.{key}"),
+                    format!("{ms} is out of range; use 1 to {MAX_TIMEOUT_MS} (milliseconds)"),
+                ));
+            }
         }
         let executor_identity = match (h.executor_uid, h.executor_gid) {
             (Some(u), Some(g)) if u != 0 && g != 0 => Some((u, g)),
@@ -513,6 +537,8 @@ impl HostConfig {
             max_message_bytes: h.max_message_bytes,
             call_timeout: Duration::from_millis(h.call_timeout_ms),
             idle_timeout: Duration::from_millis(h.idle_timeout_ms),
+            initialize_timeout: Duration::from_millis(h.initialize_timeout_ms),
+            session_idle_timeout: Duration::from_millis(h.session_idle_timeout_ms),
             records_rotate_bytes: h.records_rotate_bytes,
             classifier_version: h.classifier_version,
             operator_input_floor: floor,

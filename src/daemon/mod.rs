@@ -12,6 +12,7 @@
 //! a new configuration that fails verification keeps the old generation and says why.
 
 mod activation;
+mod admission;
 mod egress;
 mod executor;
 mod session;
@@ -34,6 +35,9 @@ use crate::resolver::{CallPlan, Classifier, FlowResolver};
 use crate::state::FlowStateStore;
 
 pub use activation::listener_from_systemd;
+pub use admission::{
+    MAX_SESSIONS, MAX_SESSIONS_PER_UID, MAX_STRANGERS, MAX_STRANGERS_PER_UID, SUMMARY_INTERVAL,
+};
 pub use egress::{EgressJudge, NO_CALL_IN_FLIGHT, broker_details};
 pub use executor::{ExecutorError, ExecutorTemplate, McpExecutor, WarmPool};
 
@@ -219,8 +223,8 @@ pub struct Host {
     shutdown: tokio::sync::watch::Sender<bool>,
     config_path: PathBuf,
     health_file: PathBuf,
-    /// Open sessions per peer uid (see [`MAX_SESSIONS_PER_UID`]).
-    sessions_by_uid: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+    /// Which connections are served (see [`MAX_SESSIONS_PER_UID`]).
+    admission: Arc<admission::Admission>,
 }
 
 /// Verifies and registers every configured manifest. Touches no state and spawns nothing.
@@ -474,7 +478,7 @@ impl Host {
             shutdown: tokio::sync::watch::channel(false).0,
             config_path: config_file.to_path_buf(),
             health_file,
-            sessions_by_uid: std::sync::Mutex::new(std::collections::HashMap::new()),
+            admission: Arc::new(admission::Admission::default()),
         });
         Ok((host, listener))
     }
@@ -654,42 +658,25 @@ fn build_generation(
     }
 }
 
-/// Most sessions (connections) served at once; each can hold an executor per server.
-pub const MAX_SESSIONS: usize = 256;
-/// Most sessions one peer uid holds at once (half of [`MAX_SESSIONS`]), so one local user
-/// cannot take every slot.
-pub const MAX_SESSIONS_PER_UID: usize = 128;
-
-/// One open session of a uid, counted while it lives.
-pub(crate) struct SessionSlot {
-    host: Arc<Host>,
-    uid: u32,
-}
-
 impl Host {
-    /// Counts a session of `uid`, unless the uid already holds [`MAX_SESSIONS_PER_UID`].
-    pub(crate) fn open_session(self: &Arc<Self>, uid: u32) -> Option<SessionSlot> {
-        let mut open = self.sessions_by_uid.lock().ok()?;
-        let n = open.entry(uid).or_insert(0);
-        if *n >= MAX_SESSIONS_PER_UID {
+    /// Admits or refuses a new connection by its peer's credentials (checked before it
+    /// takes any shared slot); a refusal is logged, rate-limited, and the stream closed.
+    fn admit(&self, stream: &tokio::net::UnixStream) -> Option<(admission::Slot, u32, u32)> {
+        let Ok(cred) = stream.peer_cred() else {
+            tracing::warn!("cannot read a peer's credentials; closing the connection");
             return None;
-        }
-        *n += 1;
-        Some(SessionSlot {
-            host: self.clone(),
-            uid,
-        })
-    }
-}
-
-impl Drop for SessionSlot {
-    fn drop(&mut self) {
-        if let Ok(mut open) = self.host.sessions_by_uid.lock()
-            && let Some(n) = open.get_mut(&self.uid)
-        {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.uid);
+        };
+        let (uid, gid) = (cred.uid(), cred.gid());
+        let class = if self.current().config.principal_for(uid, gid).is_some() {
+            admission::PeerClass::Principal
+        } else {
+            admission::PeerClass::Stranger
+        };
+        match self.admission.admit(uid, class) {
+            Ok(slot) => Some((slot, uid, gid)),
+            Err(refusal) => {
+                self.admission.log_refusal(uid, class, refusal);
+                None
             }
         }
     }
@@ -720,6 +707,7 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
     } else {
         Duration::from_secs(3600)
     });
+    let mut summaries = tokio::time::interval(SUMMARY_INTERVAL);
     let mut sessions = tokio::task::JoinSet::new();
     let status = {
         let generation = host.current();
@@ -739,14 +727,10 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    if sessions.len() >= MAX_SESSIONS {
-                        // Closed at once: the client sees end-of-stream, not a hang, and the
-                        // daemon keeps descriptors for the sessions it serves.
-                        tracing::warn!(limit = MAX_SESSIONS, "session limit reached; closing a new connection");
-                        drop(stream);
-                    } else {
-                        let host = host.clone();
-                        sessions.spawn(session::serve(host, stream));
+                    // A refused connection is closed at once: the client sees end-of-stream,
+                    // not a hang, and the daemon keeps descriptors for the sessions it serves.
+                    if let Some((slot, uid, gid)) = host.admit(&stream) {
+                        sessions.spawn(session::serve(host.clone(), stream, slot, uid, gid));
                     }
                 }
                 Err(e) => {
@@ -779,6 +763,7 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
                     }
                 }
             }
+            _ = summaries.tick() => host.admission.summarize(),
             _ = tick.tick() => {
                 if watchdog {
                     notify(&[sd_notify::NotifyState::Watchdog]);
