@@ -302,6 +302,7 @@ pub fn require_broker(
     }
     Broker::new(BrokerOptions {
         executor_identity: config.executor_identity,
+        executor_uids: Some(config.executor_uids),
     })
     .map_err(|e| {
         StartupError::NoBroker(if needs {
@@ -314,12 +315,34 @@ pub fn require_broker(
     })
 }
 
+/// Refuses a profile the broker cannot enforce, and logs, per server, which bounds its
+/// executors run under and how (a `best_effort` bound the host cannot hold is a warning).
+fn check_profiles(
+    broker: &Broker,
+    profiles: &BTreeMap<String, Arc<Profile>>,
+) -> Result<(), StartupError> {
+    for (server, profile) in profiles {
+        broker
+            .check_profile(profile)
+            .map_err(|source| StartupError::ProfileUnsupported {
+                server: server.clone(),
+                source,
+            })?;
+        let report = broker.bounds(profile);
+        tracing::info!(server = %server, "{report}");
+        for b in report.not_in_force() {
+            tracing::warn!(server = %server, field = b.field, "{} of profile {:?} is not in force on this host", b.field, profile.name);
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a reload that changes settings fixed at start (where state lives, how the
 /// socket and broker were set up, the resolver's classifiers and input floor): applying the
 /// rest while silently keeping the old values would make the file lie about the host.
 fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result<(), StartupError> {
     type Shown = fn(&HostConfig) -> String;
-    let fixed: [(&'static str, Shown); 11] = [
+    let fixed: [(&'static str, Shown); 12] = [
         ("socket", |c| c.socket.display().to_string()),
         ("socket_mode", |c| format!("{:o}", c.socket_mode)),
         ("state_dir", |c| c.state_dir.display().to_string()),
@@ -329,6 +352,7 @@ fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result
         ("executor_uid/executor_gid", |c| {
             format!("{:?}", c.executor_identity)
         }),
+        ("executor_uid_range", |c| c.executor_uids.to_string()),
         ("records_rotate_bytes", |c| {
             c.records_rotate_bytes.to_string()
         }),
@@ -429,14 +453,7 @@ impl Host {
         let config = HostConfig::load(config_file)?;
         let (registry, profiles) = verify_registry(&config)?;
         let broker = require_broker(&config, &registry)?;
-        for (server, profile) in &profiles {
-            broker
-                .check_profile(profile)
-                .map_err(|source| StartupError::ProfileUnsupported {
-                    server: server.clone(),
-                    source,
-                })?;
-        }
+        check_profiles(&broker, &profiles)?;
 
         // Only now is any state touched.
         ensure_dir(&config.state_dir, 0o700)?;
@@ -504,14 +521,7 @@ impl Host {
                 "the new configuration disables the broker while its registry requires flow mediation".into(),
             ));
         }
-        for (server, profile) in &profiles {
-            self.broker.check_profile(profile).map_err(|source| {
-                StartupError::ProfileUnsupported {
-                    server: server.clone(),
-                    source,
-                }
-            })?;
-        }
+        check_profiles(&self.broker, &profiles)?;
         registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
         let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
         let generation = build_generation(
@@ -627,6 +637,7 @@ fn build_generation(
             destinations: Arc::new(s.destinations.clone()),
         });
         let template = ExecutorTemplate {
+            server: s.id.clone(),
             argv: s.command.clone(),
             env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             profile: profile.clone(),
