@@ -177,3 +177,76 @@ async fn unrelated_processes_of_some_uid_do_not_count_against_a_sandbox() {
         "processes of another program counted against the sandbox: {r}"
     );
 }
+
+#[test]
+fn a_daemon_executor_killed_by_its_memory_bound_is_named_with_server_and_tool() {
+    let Some(mut lab) = common::lab::Lab::prepare() else {
+        return;
+    };
+    let b = broker().unwrap();
+    let base = Profile::find("isolated", &[]).unwrap();
+    if !enforced(&b, &base) {
+        return;
+    }
+    drop(b);
+    // The workspace server's profile, overridden with a 48 MiB memory bound, and a
+    // document larger than that for read_terms to read into memory.
+    let profiles = lab.dir.path().join("profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/profiles/isolated.toml"
+    ))
+    .unwrap();
+    assert!(text.contains("memory_mib = 4096"));
+    std::fs::write(
+        profiles.join("isolated.toml"),
+        text.replace("memory_mib = 4096", "memory_mib = 48"),
+    )
+    .unwrap();
+    let big = lab.paths.documents.join("big.md");
+    std::fs::write(&big, vec![b'a'; 100 << 20]).unwrap();
+    let config = std::fs::read_to_string(&lab.config).unwrap().replacen(
+        "[host]\n",
+        &format!(
+            "[host]\nprofiles_dir = [{:?}]\n",
+            profiles.display().to_string()
+        ),
+        1,
+    );
+    lab.write_config(&config);
+    lab.spawn();
+    let mut client = lab.client();
+    client.initialize();
+    let r = client.call(
+        "workspace/read_terms",
+        serde_json::json!({"document": "big.md"}),
+    );
+    let _ = std::fs::remove_file(&big);
+    let text = r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    eprintln!("tool error: {text}");
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(
+        text.contains("server \"workspace\"")
+            && text.contains("tool \"read_terms\"")
+            && text.contains("memory bound (48 MiB"),
+        "{text}"
+    );
+    let log = lab.log();
+    assert!(
+        log.lines().any(
+            |l| l.contains("executor died from the memory bound (48 MiB")
+                && l.contains("workspace")
+                && l.contains("read_terms")
+        ),
+        "{log}"
+    );
+    // The daemon says at start which bounds its servers' executors run under.
+    assert!(
+        log.contains("limits.memory_mib: 48 MiB per executor (by cgroup"),
+        "{log}"
+    );
+}

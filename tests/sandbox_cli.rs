@@ -318,3 +318,79 @@ fn a_sandboxed_command_cannot_push_input_into_the_operators_shell() {
         "TIOCSTI was not refused with EPERM:\n{out}"
     );
 }
+
+#[test]
+fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run() {
+    if !can_run() {
+        return;
+    }
+    let have_setpriv = Command::new("sh")
+        .args(["-c", "command -v setpriv"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_setpriv {
+        eprintln!("SKIP: needs setpriv to act as a service user");
+        return;
+    }
+    // A profile demanding its whole-executor bounds, readable by the service user.
+    let dir = common::shared_dir().join(format!("required-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/profiles/isolated.toml"
+    ))
+    .unwrap()
+    .replace("cgroup = \"best_effort\"", "cgroup = \"required\"");
+    std::fs::write(dir.join("strict.toml"), text).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        dir.join("strict.toml"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+
+    // As root the cgroups are writable: the run goes ahead and says what holds each bound.
+    let out = flowhost()
+        .args(["sandbox", "run", "--profile", "strict", "--profiles-dir"])
+        .arg(&dir)
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("limits.memory_mib: 4096 MiB per executor (by cgroup")
+            && stderr.contains("limits.tasks: 1024 tasks per executor (by cgroup")
+            && stderr.contains("a uid (and gid) of its own"),
+        "{stderr}"
+    );
+
+    // A service user holding the broker's capabilities but no write access to any cgroup
+    // cannot hold the bounds: the required profile is refused, naming the field and why.
+    let bin = common::shared_flowhost();
+    let as_service = |profile: &str| {
+        common::as_service_user(common::BROKER_CAPS, &bin)
+            .args(["sandbox", "run", "--profile", profile, "--profiles-dir"])
+            .arg(&dir)
+            .args(["--", "/bin/true"])
+            .output()
+            .unwrap()
+    };
+    let out = as_service("strict");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("sets limits.memory_mib with limits.cgroup = \"required\"")
+            && stderr.contains("cannot create cgroups beneath"),
+        "{stderr}"
+    );
+    // The built-in best-effort profile runs, and says which bounds are not in force.
+    let out = as_service("isolated");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("limits.memory_mib: 4096 MiB per executor NOT IN FORCE"),
+        "{stderr}"
+    );
+}
