@@ -273,22 +273,29 @@ impl Broker {
                 feature: "Landlock",
             });
         }
-        if profile.limits.cgroup == CgroupMode::Required {
-            for c in Controller::ALL {
-                if c.bound(&profile.limits).is_some()
-                    && let Err(why) = self.inner.cgroups.base(c)
-                {
-                    return Err(SpawnError::BoundUnenforceable {
-                        profile: profile.name.clone(),
-                        field: c.field(),
-                        why: why.to_string(),
-                    });
-                }
-            }
-        }
+        self.require_bounds(profile)?;
         crate::filter::compile(profile)
             .map(drop)
             .map_err(|e| SpawnError::Prepare(e.to_string()))
+    }
+
+    /// Refuses a `required` profile whose whole-executor bounds this host cannot enforce.
+    fn require_bounds(&self, profile: &Profile) -> Result<(), SpawnError> {
+        if profile.limits.cgroup != CgroupMode::Required {
+            return Ok(());
+        }
+        for c in Controller::ALL {
+            if c.bound(&profile.limits).is_some()
+                && let Err(why) = self.inner.cgroups.base(c)
+            {
+                return Err(SpawnError::BoundUnenforceable {
+                    profile: profile.name.clone(),
+                    field: c.field(),
+                    why: why.to_string(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Which bounds an executor of `profile` runs under on this host, and how each is
@@ -325,6 +332,9 @@ impl Broker {
             self.inner.failed_spawns.fetch_add(1, Ordering::SeqCst);
             e
         };
+        // Checked at every spawn too: a caller that skipped check_profile must not get an
+        // executor without the bounds its profile demands.
+        self.require_bounds(&spec.profile).map_err(fail)?;
         // The executor's own uid and cgroup, released by the reaper once it has ended.
         let mut lease = Lease::default();
         if spec.identity.is_none()

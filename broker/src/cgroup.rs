@@ -264,11 +264,28 @@ fn check_writable(dir: &Path, pid: u32) -> Result<(), String> {
         .map_err(|e| format!("cannot create cgroups beneath {}: {e}", dir.display()))
 }
 
+/// The leaf of a delegated v2 subtree the broker moves itself into.
+const HOST_LEAF: &str = "flowhost-host";
+
 /// Takes over a delegated v2 cgroup: only when this process is alone in it (never a login
 /// session's or another service's cgroup), moves itself into the leaf `flowhost-host` (a
 /// cgroup with controllers enabled for its children may hold no process) and enables the
 /// controllers for the subtree.
-fn delegate_v2(dir: &Path, wanted: &[Controller], pid: u32) -> Result<Base, String> {
+fn delegate_v2(own: &Path, wanted: &[Controller], pid: u32) -> Result<Base, String> {
+    let enable: Vec<String> = wanted.iter().map(|c| format!("+{}", c.name())).collect();
+    // Already taken over (an earlier broker of this process): the subtree is the parent.
+    if own.file_name().is_some_and(|n| n == HOST_LEAF)
+        && let Some(dir) = own.parent()
+    {
+        let control = dir.join("cgroup.subtree_control");
+        std::fs::write(&control, enable.join(" "))
+            .map_err(|e| format!("cgroup v2: writing {}: {e}", control.display()))?;
+        return Ok(Base {
+            dir: dir.to_path_buf(),
+            version: Version::V2,
+        });
+    }
+    let dir = own;
     let io = |what: &str, p: &Path, e: std::io::Error| {
         format!(
             "cgroup v2 at {}: {what} {}: {e}",
@@ -282,7 +299,7 @@ fn delegate_v2(dir: &Path, wanted: &[Controller], pid: u32) -> Result<Base, Stri
         .split_whitespace()
         .filter(|p| *p != pid.to_string())
         .count();
-    let leaf = dir.join("flowhost-host");
+    let leaf = dir.join(HOST_LEAF);
     if others > 0 {
         return Err(format!(
             "cgroup v2 at {} offers the controllers but {others} other processes share it: it is \
@@ -304,7 +321,6 @@ fn delegate_v2(dir: &Path, wanted: &[Controller], pid: u32) -> Result<Base, Stri
     let leaf_procs = leaf.join("cgroup.procs");
     std::fs::write(&leaf_procs, pid.to_string()).map_err(|e| io("moving into", &leaf_procs, e))?;
     let control = dir.join("cgroup.subtree_control");
-    let enable: Vec<String> = wanted.iter().map(|c| format!("+{}", c.name())).collect();
     std::fs::write(&control, enable.join(" ")).map_err(|e| io("writing", &control, e))?;
     Ok(Base {
         dir: dir.to_path_buf(),
@@ -599,6 +615,23 @@ mod tests {
             std::fs::read_to_string(svc.join("cgroup.subtree_control")).unwrap(),
             "+memory +pids +cpu"
         );
+        // A second broker of the same process (now in the leaf) uses the same subtree.
+        std::fs::write(
+            svc.join("flowhost-host/cgroup.controllers"),
+            "memory pids cpu\n",
+        )
+        .unwrap();
+        let again = CgroupSupport::from_layout(
+            &[(
+                0,
+                vec![],
+                "/system.slice/flowhost.service/flowhost-host".to_string(),
+            )],
+            &mounts,
+            42,
+        );
+        assert_eq!(again, s);
+        assert!(!svc.join("flowhost-host/flowhost-host").exists());
         let cg = ExecutorCgroup::create(&s, &limits()).unwrap();
         let dir = &cg.dirs[0].2;
         assert_eq!(cg.procs_files(), vec![dir.join("cgroup.procs")]);
