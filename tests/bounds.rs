@@ -178,6 +178,25 @@ async fn unrelated_processes_of_some_uid_do_not_count_against_a_sandbox() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executors_cpu_bandwidth_is_bounded() {
+    let Some(b) = broker() else { return };
+    let p = profile(|l| l.cpu_percent = Some(10));
+    if b.bounds(&p)
+        .not_in_force()
+        .any(|x| x.field == "limits.cpu_percent")
+    {
+        eprintln!("SKIP: no cpu controller here:\n{}", b.bounds(&p));
+        return;
+    }
+    let mut exec = spawn(&b, p, &["spin", "1500"]).await;
+    let r = first_line(&mut exec).await;
+    exec.wait().await.unwrap();
+    let cpu_ms = r["cpu_ms"].as_u64().unwrap();
+    eprintln!("1.5 s of spinning under a 10% CPU bound got {cpu_ms} ms of CPU");
+    assert!(cpu_ms < 600, "{r}");
+}
+
 #[test]
 fn a_daemon_executor_killed_by_its_memory_bound_is_named_with_server_and_tool() {
     let Some(mut lab) = common::lab::Lab::prepare() else {

@@ -46,6 +46,7 @@ struct Session {
 /// How long a reply may take to reach the client; a client that stops reading is
 /// disconnected rather than holding the session (and its executors) forever.
 const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
 fn random_id() -> String {
     use rand_core::RngCore;
     let mut bytes = [0u8; 16];
@@ -121,7 +122,6 @@ pub(super) async fn serve(
             }
             _ = session.host.stopped() => break,
         };
-        last_request = tokio::time::Instant::now();
         let reply = match line {
             Line::Eof => break,
             Line::TooLarge(n) => Some(mcp::error_response(
@@ -145,6 +145,8 @@ pub(super) async fn serve(
                 }
             }
         }
+        // A long call is activity too: the idle window starts after its reply.
+        last_request = tokio::time::Instant::now();
     }
     reader.abort();
     for (_, b) in session.bound.drain() {
