@@ -649,4 +649,56 @@ mod tests {
         .unwrap();
         assert_eq!(cg.hit(), Some(BoundHit::Memory { limit: 4096 << 20 }));
     }
+
+    #[test]
+    fn removal_kills_what_is_left_on_the_real_unified_hierarchy() {
+        // The v2 hierarchy here may offer no controllers, but moving a process into a cgroup
+        // and removing the cgroup with it still running is real, and is what every
+        // executor's end does.
+        let Ok(me) = procfs::process::Process::myself() else {
+            return;
+        };
+        let own = me
+            .cgroups()
+            .ok()
+            .and_then(|c| c.into_iter().find(|g| g.hierarchy == 0))
+            .map(|g| g.pathname);
+        let unified = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| p.join("cgroup.procs").exists());
+        let (Some(own), Some(unified)) = (own, unified) else {
+            eprintln!("SKIP: no cgroup v2 hierarchy here");
+            return;
+        };
+        let dir = unified
+            .join(own.trim_start_matches('/'))
+            .join(format!("flowhost-exec-{}-test", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&dir) {
+            assert!(
+                !nix::unistd::geteuid().is_root()
+                    || e.kind() == std::io::ErrorKind::ReadOnlyFilesystem,
+                "root cannot create a v2 cgroup at {}: {e}",
+                dir.display()
+            );
+            eprintln!("SKIP: cannot create v2 cgroups here: {e}");
+            return;
+        }
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+        let cg = ExecutorCgroup {
+            dirs: vec![(Controller::Pids, Version::V2, dir.clone())],
+            limits: Limits::NONE,
+        };
+        assert!(cg.remove(Duration::from_secs(5)));
+        assert!(!dir.exists());
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+    }
 }
