@@ -258,7 +258,11 @@ fn sweep_stale(dir: &Path) {
 
 /// Proves that executor cgroups can be created beneath `dir` by creating and removing one.
 fn check_writable(dir: &Path, pid: u32) -> Result<(), String> {
-    let probe = dir.join(format!("flowhost-probe-{pid}"));
+    // Unique per call: brokers of one process may be detecting at the same time.
+    let probe = dir.join(format!(
+        "flowhost-probe-{pid}-{}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir(&probe)
         .and_then(|()| std::fs::remove_dir(&probe))
         .map_err(|e| format!("cannot create cgroups beneath {}: {e}", dir.display()))
@@ -556,7 +560,16 @@ mod tests {
                 .contains("no cgroup hierarchy offers the pids controller")
         );
         // The probe directory was created and removed.
-        assert!(!mem.join("svc/a/flowhost-probe-42").exists());
+        let left: Vec<_> = std::fs::read_dir(mem.join("svc/a"))
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("flowhost-probe-")
+            })
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
 
         let cg = ExecutorCgroup::create(&s, &limits()).unwrap();
         let dir = &cg.dirs[0].2;
