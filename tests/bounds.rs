@@ -29,6 +29,15 @@ fn enforced(b: &Broker, p: &Profile) -> bool {
     if missing.is_empty() {
         return true;
     }
+    // Root on a host with the v1 controllers mounted (this machine, CI) must enforce them:
+    // only a host without them may skip.
+    let v1 = ["memory", "pids"]
+        .iter()
+        .all(|c| std::path::Path::new("/sys/fs/cgroup").join(c).is_dir());
+    assert!(
+        !(common::is_root() && v1),
+        "root with cgroup v1 memory and pids mounted cannot enforce the bounds:\n{report}"
+    );
     eprintln!("SKIP: this host cannot enforce whole-executor bounds:\n{report}");
     false
 }
