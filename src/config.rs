@@ -108,12 +108,18 @@ struct RawHost {
     executor_uid: Option<u32>,
     #[serde(default)]
     executor_gid: Option<u32>,
+    #[serde(default)]
+    executor_uid_range: Option<String>,
     #[serde(default = "default_max_message")]
     max_message_bytes: usize,
     #[serde(default = "default_call_timeout")]
     call_timeout_ms: u64,
     #[serde(default = "default_idle_timeout")]
     idle_timeout_ms: u64,
+    #[serde(default = "default_initialize_timeout")]
+    initialize_timeout_ms: u64,
+    #[serde(default = "default_session_idle_timeout")]
+    session_idle_timeout_ms: u64,
     #[serde(default = "default_rotate")]
     records_rotate_bytes: u64,
     #[serde(default = "default_classifier_version")]
@@ -147,6 +153,12 @@ fn default_call_timeout() -> u64 {
 }
 fn default_idle_timeout() -> u64 {
     300_000
+}
+fn default_initialize_timeout() -> u64 {
+    5_000
+}
+fn default_session_idle_timeout() -> u64 {
+    3_600_000
 }
 fn default_rotate() -> u64 {
     64 * 1024 * 1024
@@ -214,6 +226,9 @@ struct RawTool {
     record: Option<crate::records::ToolMapping>,
 }
 
+/// Longest accepted timeout (a week), so a deadline computed from it cannot overflow.
+const MAX_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
+
 /// A validated host configuration.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
@@ -233,14 +248,21 @@ pub struct HostConfig {
     pub profiles_dir: Vec<PathBuf>,
     /// Whether the native broker runs.
     pub broker: BrokerMode,
-    /// uid/gid executors run as when the host is root.
+    /// One uid/gid every executor shares when the host is root (only when configured).
     pub executor_identity: Option<(u32, u32)>,
+    /// The range each live executor's own uid (and gid) comes from, when no shared identity
+    /// is configured (default [`flowhost_broker::UidRange::DEFAULT`]).
+    pub executor_uids: flowhost_broker::UidRange,
     /// Largest accepted message, in bytes.
     pub max_message_bytes: usize,
     /// Per-call timeout.
     pub call_timeout: Duration,
     /// How long a session's executor may sit idle before it is stopped.
     pub idle_timeout: Duration,
+    /// How long a connection may stay open without completing `initialize`.
+    pub initialize_timeout: Duration,
+    /// How long an initialized session may go without a request before it is closed.
+    pub session_idle_timeout: Duration,
     /// Record file rotation size.
     pub records_rotate_bytes: u64,
     /// Identical refusals (same principal or peer, reason and tool) within this interval
@@ -384,11 +406,18 @@ impl HostConfig {
                 "refusal_fold_interval_ms and refusal_records_per_interval must be positive".into(),
             ));
         }
-        if h.call_timeout_ms == 0 || h.idle_timeout_ms == 0 {
-            return Err(invalid(
-                "host.call_timeout_ms".into(),
-                "timeouts must be positive".into(),
-            ));
+        for (key, ms) in [
+            ("call_timeout_ms", h.call_timeout_ms),
+            ("idle_timeout_ms", h.idle_timeout_ms),
+            ("initialize_timeout_ms", h.initialize_timeout_ms),
+            ("session_idle_timeout_ms", h.session_idle_timeout_ms),
+        ] {
+            if ms == 0 || ms > MAX_TIMEOUT_MS {
+                return Err(invalid(
+                    format!("host.{key}"),
+                    format!("{ms} is out of range; use 1 to {MAX_TIMEOUT_MS} (milliseconds)"),
+                ));
+            }
         }
         let executor_identity = match (h.executor_uid, h.executor_gid) {
             (Some(u), Some(g)) if u != 0 && g != 0 => Some((u, g)),
@@ -399,6 +428,26 @@ impl HostConfig {
                     "set both executor_uid and executor_gid, neither of them 0".into(),
                 ));
             }
+        };
+        let executor_uids = match &h.executor_uid_range {
+            None => flowhost_broker::UidRange::DEFAULT,
+            Some(_) if executor_identity.is_some() => {
+                return Err(invalid(
+                    "host.executor_uid_range".into(),
+                    "set either executor_uid_range (a uid per executor) or executor_uid and \
+                     executor_gid (one shared identity), not both"
+                        .into(),
+                ));
+            }
+            Some(text) => parse_uid_range(text).ok_or_else(|| {
+                invalid(
+                    "host.executor_uid_range".into(),
+                    format!(
+                        "{text:?} is not a range like \"1879048192-1879113727\" (FIRST-LAST, \
+                         1 <= FIRST <= LAST < 4294967295)"
+                    ),
+                )
+            })?,
         };
         let socket_mode = match &h.socket_mode {
             None => 0o660,
@@ -579,9 +628,12 @@ impl HostConfig {
             profiles_dir: h.profiles_dir.iter().map(|p| resolve(p)).collect(),
             broker: h.broker,
             executor_identity,
+            executor_uids,
             max_message_bytes: h.max_message_bytes,
             call_timeout: Duration::from_millis(h.call_timeout_ms),
             idle_timeout: Duration::from_millis(h.idle_timeout_ms),
+            initialize_timeout: Duration::from_millis(h.initialize_timeout_ms),
+            session_idle_timeout: Duration::from_millis(h.session_idle_timeout_ms),
             records_rotate_bytes: h.records_rotate_bytes,
             refusal_fold_interval: Duration::from_millis(h.refusal_fold_interval_ms),
             refusal_records_per_interval: h.refusal_records_per_interval,
@@ -602,6 +654,16 @@ impl HostConfig {
             .find(|p| p.uids.contains(&uid))
             .or_else(|| self.principals.iter().find(|p| p.gids.contains(&gid)))
     }
+}
+
+/// Parses `FIRST-LAST` (inclusive; never uid 0 or the invalid uid 4294967295).
+fn parse_uid_range(text: &str) -> Option<flowhost_broker::UidRange> {
+    let (first, last) = text.split_once('-')?;
+    let (first, last): (u32, u32) = (first.trim().parse().ok()?, last.trim().parse().ok()?);
+    (first >= 1 && first <= last && last < u32::MAX).then(|| flowhost_broker::UidRange {
+        first,
+        count: last - first + 1,
+    })
 }
 
 /// The topology a profile implies: no network path is `local`, the host network `brokered`.
@@ -700,6 +762,40 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         assert!(e.contains("host.toml"), "{e}");
         let e = error(&MINIMAL.replace("[host]", "[host]\nexecutor_uid = 5"));
         assert!(e.contains("`host.executor_uid`"), "{e}");
+        for bad in ["0-10", "10-5", "x-5", "5", "1-4294967295"] {
+            let e = error(
+                &MINIMAL.replace("[host]", &format!("[host]\nexecutor_uid_range = \"{bad}\"")),
+            );
+            assert!(e.contains("`host.executor_uid_range`"), "{bad}: {e}");
+        }
+        let e = error(&MINIMAL.replace(
+            "[host]",
+            "[host]\nexecutor_uid_range = \"100-200\"\nexecutor_uid = 5\nexecutor_gid = 5",
+        ));
+        assert!(e.contains("not both"), "{e}");
+        for key in ["initialize_timeout_ms", "session_idle_timeout_ms"] {
+            let e = error(&MINIMAL.replace("[host]", &format!("[host]\n{key} = 0")));
+            assert!(e.contains(&format!("`host.{key}`")), "{e}");
+        }
+    }
+
+    #[test]
+    fn executor_uids_come_from_a_range_unless_one_identity_is_set() {
+        let c = HostConfig::parse(Path::new("/etc/flowhost/host.toml"), MINIMAL).unwrap();
+        assert_eq!(c.executor_uids, flowhost_broker::UidRange::DEFAULT);
+        assert_eq!(c.executor_identity, None);
+        let c = HostConfig::parse(
+            Path::new("/etc/flowhost/host.toml"),
+            &MINIMAL.replace("[host]", "[host]\nexecutor_uid_range = \"100-199\""),
+        )
+        .unwrap();
+        assert_eq!(
+            c.executor_uids,
+            flowhost_broker::UidRange {
+                first: 100,
+                count: 100
+            }
+        );
     }
 
     #[test]

@@ -161,3 +161,236 @@ fn profile_check_names_file_and_field() {
         "{stderr}"
     );
 }
+
+/// Sets `dev.tty.legacy_tiocsti` to 1 (TIOCSTI honoured, as on many distributions) for the
+/// life of the guard, and restores the previous value after.
+struct LegacyTiocsti {
+    previous: Option<String>,
+}
+
+const LEGACY_TIOCSTI: &str = "/proc/sys/dev/tty/legacy_tiocsti";
+
+impl LegacyTiocsti {
+    fn enable() -> Self {
+        // Kernels before 6.2 have no switch: TIOCSTI is always honoured there.
+        let previous = std::fs::read_to_string(LEGACY_TIOCSTI).ok();
+        if previous.as_deref().map(str::trim) == Some("0") {
+            std::fs::write(LEGACY_TIOCSTI, "1").unwrap();
+        }
+        LegacyTiocsti { previous }
+    }
+}
+
+impl Drop for LegacyTiocsti {
+    fn drop(&mut self) {
+        if let Some(previous) = &self.previous {
+            let _ = std::fs::write(LEGACY_TIOCSTI, previous.trim());
+        }
+    }
+}
+
+/// An interactive bash on a fresh pty, the way an operator's terminal runs it: the shell
+/// leads its own session with the pty as controlling terminal; its output is collected.
+struct PtyShell {
+    master: std::fs::File,
+    child: std::process::Child,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl PtyShell {
+    fn start() -> Self {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        use std::os::unix::process::CommandExt;
+        let (mut master, mut slave) = (-1, -1);
+        // SAFETY: openpty writes two descriptors into the integers passed; the name, termios
+        // and window-size pointers may be NULL.
+        let r = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: openpty returned two new descriptors owned by nobody else.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let mut cmd = Command::new("/bin/bash");
+        cmd.args(["--norc", "--noprofile", "-i"])
+            .env("PS1", "$ ")
+            .stdin(slave.try_clone().unwrap())
+            .stdout(slave.try_clone().unwrap())
+            .stderr(slave);
+        // SAFETY: setsid and ioctl are async-signal-safe; the child makes the pty (its stdin)
+        // its controlling terminal, as a terminal emulator does for its shell.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        let master = std::fs::File::from(master);
+        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut reader = master.try_clone().unwrap();
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            // Ends with EIO once the shell and everything on the pty has gone.
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        PtyShell {
+            master,
+            child,
+            output,
+        }
+    }
+
+    fn type_line(&mut self, line: &str) {
+        use std::io::Write;
+        self.master.write_all(line.as_bytes()).unwrap();
+        self.master.write_all(b"\n").unwrap();
+    }
+
+    /// Waits until the shell has printed `text`; returns everything printed so far.
+    fn wait_for(&self, text: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let out = String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned();
+            if out.contains(text) {
+                return out;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the shell never printed {text:?}; it printed:\n{out}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for PtyShell {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_sandboxed_command_cannot_push_input_into_the_operators_shell() {
+    if !can_run() {
+        return;
+    }
+    let _legacy = LegacyTiocsti::enable();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("injected");
+    let mut shell = PtyShell::start();
+    // The probe pushes `touch MARKER` and a newline into its stdin's terminal: were it
+    // honoured, the operator's root shell would read and run that line once the sandbox
+    // exits. The arithmetic keeps the markers apart from the terminal's echo of the input.
+    shell.type_line(&format!(
+        "{} sandbox run --quiet --profile isolated -- {} tiocsti $'touch {}\\n'; echo SANDBOX-$((40+2))",
+        env!("CARGO_BIN_EXE_flowhost"),
+        shared_copy("flowhost-probe").display(),
+        marker.display()
+    ));
+    let out = shell.wait_for("SANDBOX-42");
+    shell.type_line("echo SHELL-$((40+3))");
+    let out = format!("{out}{}", shell.wait_for("SHELL-43"));
+    shell.type_line("exit");
+    let _ = shell.child.wait();
+    assert!(
+        !marker.exists(),
+        "a line pushed from inside the sandbox ran in the operator's shell:\n{out}"
+    );
+    assert!(
+        out.contains("\"mode\":\"tiocsti\",\"result\":\"errno\",\"errno\":1"),
+        "TIOCSTI was not refused with EPERM:\n{out}"
+    );
+}
+
+#[test]
+fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run() {
+    if !can_run() {
+        return;
+    }
+    let have_setpriv = Command::new("sh")
+        .args(["-c", "command -v setpriv"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_setpriv {
+        eprintln!("SKIP: needs setpriv to act as a service user");
+        return;
+    }
+    // A profile demanding its whole-executor bounds, readable by the service user.
+    let dir = common::shared_dir().join(format!("required-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/profiles/isolated.toml"
+    ))
+    .unwrap()
+    .replace("cgroup = \"best_effort\"", "cgroup = \"required\"");
+    std::fs::write(dir.join("strict.toml"), text).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        dir.join("strict.toml"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+
+    // As root the cgroups are writable: the run goes ahead and says what holds each bound.
+    let out = flowhost()
+        .args(["sandbox", "run", "--profile", "strict", "--profiles-dir"])
+        .arg(&dir)
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("limits.memory_mib: 4096 MiB per executor (by cgroup")
+            && stderr.contains("limits.tasks: 1024 tasks per executor (by cgroup")
+            && stderr.contains("a uid (and gid) of its own"),
+        "{stderr}"
+    );
+
+    // A service user holding the broker's capabilities but no write access to any cgroup
+    // cannot hold the bounds: the required profile is refused, naming the field and why.
+    let bin = common::shared_flowhost();
+    let as_service = |profile: &str| {
+        common::as_service_user(common::BROKER_CAPS, &bin)
+            .args(["sandbox", "run", "--profile", profile, "--profiles-dir"])
+            .arg(&dir)
+            .args(["--", "/bin/true"])
+            .output()
+            .unwrap()
+    };
+    let out = as_service("strict");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("sets limits.memory_mib with limits.cgroup = \"required\"")
+            && stderr.contains("cannot create cgroups beneath"),
+        "{stderr}"
+    );
+    // The built-in best-effort profile runs, and says which bounds are not in force.
+    let out = as_service("isolated");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("limits.memory_mib: 4096 MiB per executor NOT IN FORCE"),
+        "{stderr}"
+    );
+}

@@ -354,22 +354,8 @@ fn the_broker_runs_as_a_service_user_with_only_its_capabilities() {
         eprintln!("SKIP: needs root and setpriv to act as the service user");
         return;
     }
-    let flowhost = shared_copy_of_flowhost();
-    let caps = "+sys_admin,+sys_ptrace,+setuid,+setgid,+setpcap";
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "990",
-            "--regid",
-            "990",
-            "--clear-groups",
-            "--inh-caps",
-            caps,
-            "--ambient-caps",
-            caps,
-            "--",
-        ])
-        .arg(&flowhost)
+    let flowhost = common::shared_flowhost();
+    let out = common::as_service_user(common::BROKER_CAPS, &flowhost)
         .args([
             "sandbox",
             "run",
@@ -380,7 +366,6 @@ fn the_broker_runs_as_a_service_user_with_only_its_capabilities() {
             "-c",
             "id -u; grep CapEff /proc/self/status",
         ])
-        .current_dir("/")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -395,44 +380,13 @@ fn the_broker_runs_as_a_service_user_with_only_its_capabilities() {
         "the executor runs as its own uid: {stdout}"
     );
     // A partial grant is refused, naming what is missing.
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "990",
-            "--regid",
-            "990",
-            "--clear-groups",
-            "--inh-caps",
-            "+sys_admin",
-            "--ambient-caps",
-            "+sys_admin",
-            "--",
-        ])
-        .arg(&flowhost)
+    let out = common::as_service_user("+sys_admin", &flowhost)
         .args(["sandbox", "run", "--profile", "brokered", "--", "/bin/true"])
-        .current_dir("/")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("CAP_SYS_PTRACE"), "{stderr}");
-}
-
-fn shared_copy_of_flowhost() -> std::path::PathBuf {
-    // The main binary is not a workspace "binary" of the helper: copy it the same way.
-    let dir = common::shared_dir().join(format!("flowhost-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let dst = dir.join("flowhost");
-    let status = Command::new("cp")
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_flowhost"))
-        .arg(&dst)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    dst
 }
 
 #[test]

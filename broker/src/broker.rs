@@ -10,11 +10,13 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::executor::Executor;
-use crate::profile::{LandlockMode, Profile};
+use crate::cgroup::{CgroupSupport, Controller, ExecutorCgroup};
+use crate::executor::{Executor, Lease, ReaperJob};
+use crate::profile::{CgroupMode, LandlockMode, Profile};
 use crate::spawn::{self, Prepared, SpawnError, SpawnSpec, Started};
 use crate::supervisor::{self, Context, Counters, End};
 use crate::sys;
+use crate::uids::{UidPool, UidRange};
 
 /// Why the broker cannot run on this host. The host must not serve anything that needs
 /// mediation in that case.
@@ -35,8 +37,11 @@ pub enum BrokerError {
 /// Options for [`Broker::new`].
 #[derive(Debug, Clone, Default)]
 pub struct BrokerOptions {
-    /// uid/gid executors run as in privileged mode (default: `flowhost-exec`, else 65534).
+    /// One uid/gid every executor shares in privileged mode. When unset (the default), each
+    /// live executor gets a uid of its own from [`BrokerOptions::executor_uids`].
     pub executor_identity: Option<(u32, u32)>,
+    /// The range executors' own uids come from (default [`UidRange::DEFAULT`]).
+    pub executor_uids: Option<UidRange>,
 }
 
 /// What the broker knows about the kernel it runs on.
@@ -84,9 +89,11 @@ struct Job {
 
 struct Inner {
     jobs: std::sync::Mutex<Option<std::sync::mpsc::Sender<Job>>>,
-    reaper: std::sync::mpsc::Sender<Arc<AsyncFd<OwnedFd>>>,
+    reaper: std::sync::mpsc::Sender<ReaperJob>,
     support: KernelSupport,
     identity: Option<(u32, u32)>,
+    uids: Option<Arc<UidPool>>,
+    cgroups: CgroupSupport,
     counters: Arc<Counters>,
     /// Notifications being handled across all executors (bounded by `supervisor::BROKER_HANDLERS`).
     handlers: Arc<tokio::sync::Semaphore>,
@@ -176,14 +183,23 @@ impl Broker {
             landlock_abi: sys::landlock_abi(),
             privileged,
         };
+        // A shared identity only when the operator names one; else a uid per executor.
         let identity = if privileged {
-            Some(
-                options
-                    .executor_identity
-                    .unwrap_or_else(spawn::default_identity),
-            )
+            options.executor_identity
         } else {
             None
+        };
+        let uids = (privileged && identity.is_none()).then(|| {
+            Arc::new(UidPool::new(
+                options.executor_uids.unwrap_or(UidRange::DEFAULT),
+            ))
+        });
+        let cgroups = if privileged {
+            CgroupSupport::detect()
+        } else {
+            CgroupSupport::none(
+                "the broker runs unprivileged (executors in a user namespace) and creates no cgroups",
+            )
         };
 
         let (handshake_tx, handshake_rx) = std::sync::mpsc::channel::<spawn::HandshakeJob>();
@@ -211,12 +227,12 @@ impl Broker {
                 }
             })
             .map_err(|e| BrokerError::Thread("spawner", e))?;
-        let (reaper_tx, reaper_rx) = std::sync::mpsc::channel::<Arc<AsyncFd<OwnedFd>>>();
+        let (reaper_tx, reaper_rx) = std::sync::mpsc::channel::<ReaperJob>();
         std::thread::Builder::new()
             .name("flowhost-reaper".into())
             .spawn(move || {
-                while let Ok(pidfd) = reaper_rx.recv() {
-                    let _ = sys::waitid_pidfd(pidfd.get_ref().as_fd(), true);
+                while let Ok(job) = reaper_rx.recv() {
+                    job.run();
                 }
             })
             .map_err(|e| BrokerError::Thread("reaper", e))?;
@@ -227,6 +243,8 @@ impl Broker {
                 reaper: reaper_tx,
                 support,
                 identity,
+                uids,
+                cgroups,
                 counters: Arc::new(Counters::default()),
                 handlers: Arc::new(tokio::sync::Semaphore::new(
                     crate::supervisor::BROKER_HANDLERS,
@@ -245,7 +263,9 @@ impl Broker {
     }
 
     /// Checks that `profile` can be enforced on this kernel (call at startup, so a profile
-    /// that cannot be honoured stops the host before it serves anything).
+    /// that cannot be honoured stops the host before it serves anything): Landlock when it
+    /// is required, and every whole-executor bound the profile sets when its cgroup mode is
+    /// `required`.
     pub fn check_profile(&self, profile: &Profile) -> Result<(), SpawnError> {
         if profile.landlock == LandlockMode::Required && self.inner.support.landlock_abi <= 0 {
             return Err(SpawnError::Unsupported {
@@ -253,9 +273,40 @@ impl Broker {
                 feature: "Landlock",
             });
         }
+        self.require_bounds(profile)?;
         crate::filter::compile(profile)
             .map(drop)
             .map_err(|e| SpawnError::Prepare(e.to_string()))
+    }
+
+    /// Refuses a `required` profile whose whole-executor bounds this host cannot enforce.
+    fn require_bounds(&self, profile: &Profile) -> Result<(), SpawnError> {
+        if profile.limits.cgroup != CgroupMode::Required {
+            return Ok(());
+        }
+        for c in Controller::ALL {
+            if c.bound(&profile.limits).is_some()
+                && let Err(why) = self.inner.cgroups.base(c)
+            {
+                return Err(SpawnError::BoundUnenforceable {
+                    profile: profile.name.clone(),
+                    field: c.field(),
+                    why: why.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Which bounds an executor of `profile` runs under on this host, and how each is
+    /// enforced or why it is not (printed at start by `serve` and `sandbox run`).
+    pub fn bounds(&self, profile: &Profile) -> crate::bounds::BoundsReport {
+        crate::bounds::BoundsReport::new(
+            profile,
+            &self.inner.cgroups,
+            self.inner.identity,
+            self.inner.uids.as_ref().map(|u| u.range()),
+        )
     }
 
     /// Supervision counters across every executor this broker started.
@@ -281,13 +332,37 @@ impl Broker {
             self.inner.failed_spawns.fetch_add(1, Ordering::SeqCst);
             e
         };
-        let prepared = spawn::prepare(
+        // Checked at every spawn too: a caller that skipped check_profile must not get an
+        // executor without the bounds its profile demands.
+        self.require_bounds(&spec.profile).map_err(fail)?;
+        // The executor's own uid and cgroup, released by the reaper once it has ended.
+        let mut lease = Lease::default();
+        if spec.identity.is_none()
+            && let Some(pool) = &self.inner.uids
+        {
+            lease.uid = Some(pool.lease().ok_or_else(|| {
+                fail(SpawnError::NoFreeUid {
+                    range: pool.range().to_string(),
+                })
+            })?);
+        }
+        let limits = spec.profile.limits;
+        if Controller::ALL.iter().any(|c| c.bound(&limits).is_some()) {
+            lease.cgroup = Some(
+                ExecutorCgroup::create(&self.inner.cgroups, &limits)
+                    .map_err(|e| fail(SpawnError::Cgroup(e)))?,
+            );
+        }
+        let lease = crate::executor::LeaseGuard::new(lease, self.inner.reaper.clone());
+        let identity = lease.uid().map(|u| (u, u)).or(self.inner.identity);
+        let mut prepared = spawn::prepare(
             spec,
             self.inner.support.privileged,
-            self.inner.identity,
+            identity,
             self.inner.support.landlock_abi,
         )
         .map_err(fail)?;
+        prepared.cgroup_procs = lease.procs_files();
         let (reply, rx) = oneshot::channel();
         {
             let jobs = self.inner.jobs.lock().map_err(|_| SpawnError::BrokerGone)?;
@@ -323,7 +398,7 @@ impl Broker {
 
         let (tx, attempts) = mpsc::channel(64);
         let counters = Arc::new(Counters::default());
-        let reap = Arc::new(crate::executor::Reap::new(pidfd.clone()));
+        let reap = Arc::new(crate::executor::Reap::new(pidfd.clone(), lease));
         let ctx = Arc::new(Context {
             listener,
             reap: reap.clone(),

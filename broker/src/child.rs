@@ -7,7 +7,7 @@
 //! parent in a [`ChildPlan`], which the suspended spawner thread keeps alive and unchanged.
 //!
 //! Order matters and is fixed: user-namespace maps (when unprivileged), mounts and hostname
-//! (need CAP_SYS_ADMIN), file descriptors, working directory, rlimits, capability bounding
+//! (need CAP_SYS_ADMIN), file descriptors, a new session, working directory, rlimits, capability bounding
 //! set and securebits (need CAP_SETPCAP), groups/gid/uid (drops the remaining
 //! capabilities), an explicit empty capset, parent-death signal (after the uid change, which
 //! would clear it), no_new_privs, Landlock, and last the seccomp filter, because it denies
@@ -51,6 +51,8 @@ pub enum Stage {
     Handshake = 13,
     /// execve itself.
     Exec = 14,
+    /// setsid: leaving the host's session and its controlling terminal.
+    Session = 15,
 }
 
 impl Stage {
@@ -72,6 +74,7 @@ impl Stage {
             12 => Seccomp,
             13 => Handshake,
             14 => Exec,
+            15 => Session,
             _ => return None,
         })
     }
@@ -93,6 +96,7 @@ impl Stage {
             Stage::Seccomp => "installing the seccomp filter with a notify listener",
             Stage::Handshake => "handing the seccomp listener to the host",
             Stage::Exec => "executing the command",
+            Stage::Session => "starting a new session without a controlling terminal",
         }
     }
 }
@@ -397,6 +401,10 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
     // SAFETY (whole function): raw syscalls with integers, NUL-terminated strings owned by
     // the plan, stack-allocated structs, and the program buffer owned by the plan.
     unsafe {
+        // A session of its own: the executor loses the host's controlling terminal, so it can
+        // neither push input into it (TIOCSTI needs the tty to be the caller's controlling
+        // terminal) nor receive or send the terminal's job-control signals.
+        check_parked!(&p, Stage::Session, libc::setsid());
         check_parked!(&p, Stage::WorkingDirectory, libc::chdir(plan.cwd.as_ptr()));
         for (resource, limit) in &plan.rlimits {
             check_parked!(

@@ -13,8 +13,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::attempt::EgressAttempt;
+use crate::cgroup::{BoundHit, ExecutorCgroup};
 use crate::supervisor::Counters;
 use crate::sys::{self, WaitStatus};
+use crate::uids::UidLease;
 
 /// How an executor ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +25,8 @@ pub struct ExitStatus {
     pub status: WaitStatus,
     /// Whether the broker killed it for exceeding its wall-clock limit.
     pub timed_out: bool,
+    /// The whole-executor bound its cgroup recorded it running into, if any.
+    pub bound: Option<BoundHit>,
 }
 
 impl ExitStatus {
@@ -46,6 +50,124 @@ impl ExitStatus {
             WaitStatus::Exited(_) => None,
         }
     }
+
+    /// Which bound ended (or hampered) the executor, in words an operator can act on:
+    /// the wall clock, a whole-executor bound of its cgroup, or a per-process rlimit whose
+    /// signal killed it. `None` when no bound is to blame.
+    pub fn bound_description(&self) -> Option<String> {
+        if self.timed_out {
+            return Some("the wall-clock limit: the broker killed it".into());
+        }
+        if let Some(hit) = self.bound {
+            return Some(hit.to_string());
+        }
+        match self.signal() {
+            Some(libc::SIGXCPU) => Some(
+                "the CPU-time limit (RLIMIT_CPU, limits.cpu_seconds): the kernel sent SIGXCPU"
+                    .into(),
+            ),
+            Some(libc::SIGXFSZ) => Some(
+                "the file-size limit (RLIMIT_FSIZE, limits.file_size_mib): the kernel sent SIGXFSZ"
+                    .into(),
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// What an executor holds while it lives: its own uid and its cgroup.
+#[derive(Debug, Default)]
+pub(crate) struct Lease {
+    pub(crate) uid: Option<UidLease>,
+    pub(crate) cgroup: Option<ExecutorCgroup>,
+}
+
+/// Work for the broker's reaper thread.
+pub(crate) enum ReaperJob {
+    /// Wait for a killed executor whose handle was dropped, so no zombie is left.
+    Wait(Arc<Reap>),
+    /// Remove an ended executor's cgroup (killing what is left in it), then return its uid.
+    Release(Lease),
+}
+
+/// How long the reaper waits for what is left of an executor's cgroup to go.
+const CGROUP_REMOVAL: Duration = Duration::from_secs(10);
+
+impl ReaperJob {
+    pub(crate) fn run(self) {
+        match self {
+            ReaperJob::Wait(reap) => {
+                // Readable once the executor has exited; try_reap then reaps it and hands
+                // its lease back here.
+                let mut fd = [nix::poll::PollFd::new(
+                    reap.pidfd.get_ref().as_fd(),
+                    nix::poll::PollFlags::POLLIN,
+                )];
+                while let Err(nix::errno::Errno::EINTR) =
+                    nix::poll::poll(&mut fd, nix::poll::PollTimeout::NONE)
+                {}
+                let _ = reap.try_reap();
+            }
+            ReaperJob::Release(lease) => {
+                let gone = lease
+                    .cgroup
+                    .as_ref()
+                    .is_none_or(|c| c.remove(CGROUP_REMOVAL));
+                if gone {
+                    drop(lease.uid);
+                } else if let Some(uid) = lease.uid {
+                    // Something of the executor may still run as this uid: it is never
+                    // handed to another executor while this broker lives.
+                    tracing::warn!(
+                        uid = uid.uid(),
+                        "an executor's cgroup outlived it; its uid stays reserved"
+                    );
+                    std::mem::forget(uid);
+                }
+            }
+        }
+    }
+}
+
+/// A [`Lease`] that goes to the reaper thread for release when dropped, on every path.
+pub(crate) struct LeaseGuard {
+    lease: Option<Lease>,
+    reaper: std::sync::mpsc::Sender<ReaperJob>,
+}
+
+impl LeaseGuard {
+    pub(crate) fn new(lease: Lease, reaper: std::sync::mpsc::Sender<ReaperJob>) -> Self {
+        LeaseGuard {
+            lease: Some(lease),
+            reaper,
+        }
+    }
+
+    /// The leased uid, if any.
+    pub(crate) fn uid(&self) -> Option<u32> {
+        self.lease.as_ref()?.uid.as_ref().map(UidLease::uid)
+    }
+
+    /// Where the executor's pid must be written before it may exec.
+    pub(crate) fn procs_files(&self) -> Vec<std::path::PathBuf> {
+        self.lease
+            .as_ref()
+            .and_then(|l| l.cgroup.as_ref())
+            .map(ExecutorCgroup::procs_files)
+            .unwrap_or_default()
+    }
+
+    fn hit(&self) -> Option<BoundHit> {
+        self.lease.as_ref()?.cgroup.as_ref()?.hit()
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let _ = self.reaper.send(ReaperJob::Release(lease));
+        }
+    }
 }
 
 /// The executor's pidfd and, once reaped, how it ended. Shared by the handle and the
@@ -53,25 +175,31 @@ impl ExitStatus {
 /// whether or not anyone waits on the handle.
 pub(crate) struct Reap {
     pub(crate) pidfd: Arc<AsyncFd<OwnedFd>>,
-    status: std::sync::Mutex<Option<WaitStatus>>,
+    status: std::sync::Mutex<Option<(WaitStatus, Option<BoundHit>)>>,
+    lease: std::sync::Mutex<Option<LeaseGuard>>,
 }
 
 impl Reap {
-    pub(crate) fn new(pidfd: Arc<AsyncFd<OwnedFd>>) -> Self {
+    pub(crate) fn new(pidfd: Arc<AsyncFd<OwnedFd>>, lease: LeaseGuard) -> Self {
         Reap {
             pidfd,
             status: std::sync::Mutex::new(None),
+            lease: std::sync::Mutex::new(Some(lease)),
         }
     }
 
-    /// Reaps the executor if it has exited (at most once), and returns how it ended.
-    pub(crate) fn try_reap(&self) -> io::Result<Option<WaitStatus>> {
+    /// Reaps the executor if it has exited (at most once), and returns how it ended and
+    /// which whole-executor bound it ran into. Once reaped, its cgroup and uid are released.
+    pub(crate) fn try_reap(&self) -> io::Result<Option<(WaitStatus, Option<BoundHit>)>> {
         let mut status = self
             .status
             .lock()
             .map_err(|_| io::Error::other("reap state poisoned"))?;
-        if status.is_none() {
-            *status = sys::waitid_pidfd(self.pidfd.get_ref().as_fd(), false)?;
+        if status.is_none()
+            && let Some(ended) = sys::waitid_pidfd(self.pidfd.get_ref().as_fd(), false)?
+        {
+            let lease = self.lease.lock().ok().and_then(|mut l| l.take());
+            *status = Some((ended, lease.as_ref().and_then(LeaseGuard::hit)));
         }
         Ok(*status)
     }
@@ -92,7 +220,7 @@ pub struct Executor {
     pub(crate) timed_out: Arc<AtomicBool>,
     pub(crate) watchdog: Option<JoinHandle<()>>,
     pub(crate) counters: Arc<Counters>,
-    pub(crate) reaper: std::sync::mpsc::Sender<Arc<AsyncFd<OwnedFd>>>,
+    pub(crate) reaper: std::sync::mpsc::Sender<ReaperJob>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -180,11 +308,12 @@ impl Executor {
     /// Reaps the executor if it has exited, without waiting.
     pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
         if self.exit.is_none()
-            && let Some(status) = self.reap.try_reap()?
+            && let Some((status, bound)) = self.reap.try_reap()?
         {
             self.exit = Some(ExitStatus {
                 status,
                 timed_out: self.timed_out.load(Ordering::SeqCst),
+                bound,
             });
             if let Some(w) = self.watchdog.take() {
                 w.abort();
@@ -202,7 +331,7 @@ impl Drop for Executor {
         if self.exit.is_none() {
             let _ = self.kill();
             // Reaped by the broker's reaper thread, so no zombie is left behind.
-            let _ = self.reaper.send(self.pidfd.clone());
+            let _ = self.reaper.send(ReaperJob::Wait(self.reap.clone()));
         }
     }
 }

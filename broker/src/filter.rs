@@ -10,7 +10,7 @@
 //! | order | action | what |
 //! |---|---|---|
 //! | 0 | kill process | non-x86_64 arch; syscall number with the x32 bit |
-//! | 1 | EPERM | bypass classes (io_uring, ptrace, process_vm_*, userfaultfd, bpf, perf, unshare, setns, mount family, seccomp, prctl(PR_SET_SECCOMP), personality, keyctl, ...), namespace flags to clone, raw/packet IP sockets, profile extras |
+//! | 1 | EPERM | bypass classes (io_uring, ptrace, process_vm_*, userfaultfd, bpf, perf, unshare, setns, mount family, seccomp, prctl(PR_SET_SECCOMP), personality, keyctl, ...), namespace flags to clone, raw/packet IP sockets, terminal-injection ioctls, profile extras |
 //! | 2 | EAFNOSUPPORT | socket families and netlink protocols the profile does not allow; socketpair other than AF_UNIX |
 //! | 3 | ENOSYS | clone3 (its flags sit behind a pointer; libc falls back to clone) |
 //! | 4 | user notification | connect, sendto with an address, sendmsg, sendmmsg, bind |
@@ -174,6 +174,19 @@ pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
     (libc::IPPROTO_IPV6, libc::IPV6_RTHDRDSTOPTS),
     (libc::IPPROTO_IPV6, libc::IPV6_RTHDR),
     (libc::IPPROTO_IPV6, libc::IPV6_DSTOPTS),
+];
+
+/// `ioctl` requests refused with EPERM whatever the profile: each writes into the input of
+/// a terminal that other processes (the operator's shell) read, or takes a terminal over.
+/// TIOCSTI pushes bytes into a tty's input queue, TIOCLINUX pastes the console selection (and
+/// more) into it, TIOCCONS redirects the console, TIOCSCTTY makes a tty the caller's
+/// controlling terminal. The kernel's `ioctl` request is 32 bits wide, so only the low half
+/// of the argument is compared: high bits set by the caller change nothing.
+pub const TERMINAL_IOCTLS_DENIED: &[(&str, u64)] = &[
+    ("TIOCSTI", libc::TIOCSTI),
+    ("TIOCLINUX", libc::TIOCLINUX),
+    ("TIOCCONS", libc::TIOCCONS),
+    ("TIOCSCTTY", libc::TIOCSCTTY),
 ];
 
 /// Syscalls whose arguments name a destination: stopped and handed to the broker.
@@ -342,6 +355,14 @@ pub fn compile(profile: &Profile) -> Result<BpfProgram, FilterError> {
                     cond(2, Dword, Eq, *name as u64)?,
                 ])
             })
+            .collect::<Result<_, _>>()?,
+    );
+
+    eperm.insert(
+        libc::SYS_ioctl,
+        TERMINAL_IOCTLS_DENIED
+            .iter()
+            .map(|(_, request)| rule(vec![cond(1, Dword, Eq, *request)?]))
             .collect::<Result<_, _>>()?,
     );
 
@@ -781,6 +802,45 @@ mod tests {
             libc::SYS_mmap,
         ] {
             assert_eq!(call(&p, nr, [0; 6]), libc::SECCOMP_RET_ALLOW, "{nr}");
+        }
+    }
+
+    #[test]
+    fn terminal_injection_ioctls_are_denied_whatever_the_profile() {
+        let eperm = ERRNO | libc::EPERM as u32;
+        let mut permissive = Profile::find("brokered", &[]).unwrap();
+        permissive.extra_deny.clear();
+        permissive.socket_families.insert(SocketFamily::Netlink);
+        for p in [
+            prog("isolated"),
+            prog("brokered"),
+            compile(&permissive).unwrap(),
+        ] {
+            for (name, request) in TERMINAL_IOCTLS_DENIED {
+                assert_eq!(
+                    call(&p, libc::SYS_ioctl, [0, *request, 0x1000, 0, 0, 0]),
+                    eperm,
+                    "{name}"
+                );
+                // The kernel truncates the request to 32 bits: high bits do not evade.
+                assert_eq!(
+                    call(
+                        &p,
+                        libc::SYS_ioctl,
+                        [0, *request | 0xdead_0000_0000, 0x1000, 0, 0, 0]
+                    ),
+                    eperm,
+                    "{name} with high bits"
+                );
+            }
+            // Ordinary terminal ioctls stay available (isatty, window size, FIONREAD).
+            for request in [libc::TCGETS, libc::TIOCGWINSZ, libc::FIONREAD] {
+                assert_eq!(
+                    call(&p, libc::SYS_ioctl, [0, request, 0x1000, 0, 0, 0]),
+                    libc::SECCOMP_RET_ALLOW,
+                    "{request:#x}"
+                );
+            }
         }
     }
 

@@ -25,7 +25,9 @@
 #![warn(missing_docs)]
 
 mod attempt;
+pub mod bounds;
 mod broker;
+pub mod cgroup;
 mod child;
 mod executor;
 pub mod filter;
@@ -33,6 +35,7 @@ pub mod profile;
 mod spawn;
 mod supervisor;
 mod sys;
+mod uids;
 
 pub use attempt::{
     AttemptInfo, Destination, EgressAttempt, EgressSyscall, SocketInfo, Verdict, family_name,
@@ -40,7 +43,8 @@ pub use attempt::{
 pub use broker::{Broker, BrokerError, BrokerOptions, BrokerStats, KernelSupport};
 pub use child::Stage;
 pub use executor::{Executor, ExitStatus};
-pub use profile::{NetworkPath, Profile, ProfileError};
+pub use profile::{CgroupMode, Limits, NetworkPath, Profile, ProfileError};
 pub use spawn::{SpawnError, SpawnSpec, StdioMode, env_forbidden};
 pub use supervisor::Counters;
 pub use sys::WaitStatus;
+pub use uids::UidRange;

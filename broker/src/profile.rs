@@ -76,6 +76,16 @@ pub enum LandlockMode {
     BestEffort,
 }
 
+/// Whether the profile's whole-executor bounds (memory, tasks, CPU) must be enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CgroupMode {
+    /// Refuse to start when a bound cannot be enforced with a cgroup on this host.
+    Required,
+    /// Enforce what the host's cgroups allow; say at start which bounds are not in force.
+    BestEffort,
+}
+
 /// A validated execution profile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Profile {
@@ -111,21 +121,49 @@ pub struct Profile {
     pub extra_deny: Vec<(String, i64)>,
 }
 
-/// Resource limits applied to the executor before exec.
+/// Resource limits: per process (rlimits, applied before exec) and per executor as a whole
+/// (its cgroup: every process and thread it starts counts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Wall-clock limit after which the executor (and its tree) is killed.
     pub wall_clock: Option<Duration>,
     /// RLIMIT_NOFILE.
     pub open_files: u64,
-    /// RLIMIT_NPROC (counted per uid by the kernel).
+    /// RLIMIT_NPROC (counted per uid by the kernel; each live executor has a uid of its own
+    /// when the host configures a range).
     pub processes: u64,
-    /// RLIMIT_AS in bytes.
-    pub address_space: u64,
+    /// RLIMIT_AS in bytes, if any. Runtimes that reserve large address ranges (Node's Wasm,
+    /// JVMs) fail under a low one; memory is bounded per executor by [`Limits::memory`].
+    pub address_space: Option<u64>,
+    /// Memory of the whole executor in bytes (cgroup `memory.max` / `memory.limit_in_bytes`).
+    pub memory: Option<u64>,
+    /// Tasks (processes and threads) of the whole executor (cgroup `pids.max`).
+    pub tasks: Option<u64>,
+    /// CPU time of the whole executor per period, in percent of one CPU (cgroup `cpu.max`
+    /// / `cpu.cfs_quota_us`).
+    pub cpu_percent: Option<u64>,
+    /// Whether the whole-executor bounds must be enforced.
+    pub cgroup: CgroupMode,
     /// RLIMIT_CPU in seconds.
     pub cpu_seconds: u64,
     /// RLIMIT_FSIZE in bytes.
     pub file_size: u64,
+}
+
+impl Limits {
+    /// No bound at all (placeholder for cgroups found without their profile).
+    pub(crate) const NONE: Limits = Limits {
+        wall_clock: None,
+        open_files: 0,
+        processes: 0,
+        address_space: None,
+        memory: None,
+        tasks: None,
+        cpu_percent: None,
+        cgroup: CgroupMode::BestEffort,
+        cpu_seconds: 0,
+        file_size: 0,
+    };
 }
 
 #[derive(Deserialize)]
@@ -186,9 +224,22 @@ struct LimitsSection {
     wall_clock_seconds: u64,
     open_files: u64,
     processes: u64,
-    address_space_mib: u64,
+    #[serde(default)]
+    address_space_mib: Option<u64>,
     cpu_seconds: u64,
     file_size_mib: u64,
+    #[serde(default)]
+    memory_mib: Option<u64>,
+    #[serde(default)]
+    tasks: Option<u64>,
+    #[serde(default)]
+    cpu_percent: Option<u64>,
+    #[serde(default = "cgroup_required")]
+    cgroup: CgroupMode,
+}
+
+fn cgroup_required() -> CgroupMode {
+    CgroupMode::Required
 }
 
 #[derive(Default, Deserialize)]
@@ -337,7 +388,20 @@ impl Profile {
             )?)),
             open_files: positive("open_files", l.open_files, 1 << 20)?,
             processes: positive("processes", l.processes, 1 << 22)?,
-            address_space: positive("address_space_mib", l.address_space_mib, 1 << 30)? << 20,
+            address_space: l
+                .address_space_mib
+                .map(|v| positive("address_space_mib", v, 1 << 30).map(|v| v << 20))
+                .transpose()?,
+            memory: l
+                .memory_mib
+                .map(|v| positive("memory_mib", v, 1 << 30).map(|v| v << 20))
+                .transpose()?,
+            tasks: l.tasks.map(|v| positive("tasks", v, 1 << 22)).transpose()?,
+            cpu_percent: l
+                .cpu_percent
+                .map(|v| positive("cpu_percent", v, 100 * 4096))
+                .transpose()?,
+            cgroup: l.cgroup,
             cpu_seconds: positive("cpu_seconds", l.cpu_seconds, 7 * 24 * 3600)?,
             file_size: positive("file_size_mib", l.file_size_mib, 1 << 30)? << 20,
         };

@@ -74,7 +74,8 @@ pub struct SpawnSpec {
     pub cwd: PathBuf,
     /// The execution profile.
     pub profile: Arc<Profile>,
-    /// uid/gid to run as in privileged mode (default: the broker's executor identity).
+    /// uid/gid to run as in privileged mode (default: a uid of its own from the broker's
+    /// range, or the broker's shared identity when one is configured).
     pub identity: Option<(u32, u32)>,
     /// Wall-clock limit after which the executor and its tree are killed; `None` for none
     /// (long-lived executors, bounded by their host instead). Default: the profile's.
@@ -159,6 +160,29 @@ pub enum SpawnError {
     /// The broker is shut down.
     #[error("the broker is shut down")]
     BrokerGone,
+    /// The profile requires a whole-executor bound this host cannot enforce.
+    #[error(
+        "profile {profile:?} sets {field} with limits.cgroup = \"required\", but this host cannot enforce it: {why}"
+    )]
+    BoundUnenforceable {
+        /// The profile.
+        profile: String,
+        /// The profile field.
+        field: &'static str,
+        /// Why the host cannot enforce it.
+        why: String,
+    },
+    /// Every uid of the executor range is held by a live executor or a running process.
+    #[error(
+        "no free executor uid in {range}: every one is held by a live executor or a running process"
+    )]
+    NoFreeUid {
+        /// The configured range.
+        range: String,
+    },
+    /// The executor's cgroup could not be set up.
+    #[error("cannot set up the executor's cgroup: {0}")]
+    Cgroup(String),
 }
 
 fn hint(stage: Stage, errno: i32) -> &'static str {
@@ -198,6 +222,8 @@ pub(crate) struct Prepared {
     landlock_late: Vec<(CString, u64)>,
     filter: Vec<seccompiler::sock_filter>,
     pub(crate) wall_clock: Option<Duration>,
+    /// `cgroup.procs` files the executor is moved into before it may exec.
+    pub(crate) cgroup_procs: Vec<PathBuf>,
 }
 
 fn cstring(what: &str, bytes: &[u8]) -> Result<CString, SpawnError> {
@@ -375,14 +401,16 @@ pub(crate) fn prepare(
         rlim_cur: v,
         rlim_max: v,
     };
-    let rlimits = vec![
+    let mut rlimits = vec![
         (libc::RLIMIT_NOFILE as libc::c_int, lim(l.open_files)),
         (libc::RLIMIT_NPROC as libc::c_int, lim(l.processes)),
-        (libc::RLIMIT_AS as libc::c_int, lim(l.address_space)),
         (libc::RLIMIT_CPU as libc::c_int, lim(l.cpu_seconds)),
         (libc::RLIMIT_FSIZE as libc::c_int, lim(l.file_size)),
         (libc::RLIMIT_CORE as libc::c_int, lim(0)),
     ];
+    if let Some(bytes) = l.address_space {
+        rlimits.push((libc::RLIMIT_AS as libc::c_int, lim(bytes)));
+    }
 
     let mut read_paths: Vec<PathBuf> = profile.read_only.clone();
     read_paths.extend(spec.read_paths.iter().cloned());
@@ -444,6 +472,7 @@ pub(crate) fn prepare(
         landlock_late,
         filter,
         wall_clock: spec.wall_clock,
+        cgroup_procs: Vec::new(),
     })
 }
 
@@ -587,6 +616,7 @@ pub(crate) struct HandshakeJob {
     /// Where `CLONE_PIDFD` stores the child's pidfd (before the child first runs).
     pidfd: Arc<AtomicI32>,
     user_namespace: bool,
+    cgroup_procs: Vec<PathBuf>,
     reply: std::sync::mpsc::SyncSender<Result<OwnedFd, SpawnError>>,
 }
 
@@ -668,6 +698,20 @@ fn handshake(job: &HandshakeJob) -> Result<OwnedFd, SpawnError> {
         source,
     })?;
     sys::notif_set_sync_wakeup(listener.as_fd());
+    if !job.cgroup_procs.is_empty() {
+        // Into its cgroup before it runs a single instruction of the program, so nothing
+        // it forks escapes the bounds.
+        let pid = pid_of(pidfd()).map_err(|source| SpawnError::Host {
+            what: "finding the executor's pid",
+            source,
+        })?;
+        for procs in &job.cgroup_procs {
+            std::fs::write(procs, pid.to_string()).map_err(|source| SpawnError::Host {
+                what: "moving the executor into its cgroup",
+                source,
+            })?;
+        }
+    }
     write_byte(&job.go_w, GO)?;
     // End of file: the exec succeeded (the status pipe is close-on-exec, and the spawner
     // closes its copy once clone returns). A message: exec failed.
@@ -736,6 +780,7 @@ pub(crate) fn start(
             go_w,
             pidfd: pidfd_cell.clone(),
             user_namespace: prepared.user_namespace,
+            cgroup_procs: prepared.cgroup_procs.clone(),
             reply,
         })
         .map_err(|_| SpawnError::BrokerGone)?;
@@ -800,14 +845,5 @@ pub(crate) fn start(
             let _ = sys::waitid_pidfd(pidfd.as_fd(), true);
             Err(e)
         }
-    }
-}
-
-/// The default executor identity in privileged mode: the `flowhost-exec` user if it exists,
-/// else `nobody` (65534).
-pub fn default_identity() -> (u32, u32) {
-    match nix::unistd::User::from_name("flowhost-exec") {
-        Ok(Some(u)) => (u.uid.as_raw(), u.gid.as_raw()),
-        _ => (65534, 65534),
     }
 }

@@ -150,6 +150,9 @@ async fn run(args: RunArgs) -> CliResult {
     let profile = Arc::new(Profile::find(&args.profile, &args.profiles_dir)?);
     let broker = Broker::new(BrokerOptions::default())?;
     broker.check_profile(&profile)?;
+    if !args.quiet {
+        eprintln!("flowhost sandbox: {}", broker.bounds(&profile));
+    }
     let rules = DestinationRules::allow_only(args.allow.clone());
     let mut records = match &args.records {
         Some(path) => Some(
@@ -239,8 +242,8 @@ async fn run(args: RunArgs) -> CliResult {
     let status = exec.wait().await?;
     drop(exec);
     let _ = tokio::time::timeout(Duration::from_secs(2), decider).await;
-    if status.timed_out {
-        eprintln!("flowhost sandbox: killed after the wall-clock limit");
+    if let Some(bound) = status.bound_description() {
+        eprintln!("flowhost sandbox: the command ran into {bound}");
     }
     Ok(ExitCode::from(status.code().clamp(0, 255) as u8))
 }

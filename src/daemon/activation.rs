@@ -38,12 +38,15 @@ pub fn listener_from_systemd() -> std::io::Result<Option<std::os::unix::net::Uni
 }
 
 /// The listener to serve on: the one systemd passed, else a new socket at `path` with
-/// `mode`. A leftover socket file is replaced only if nothing answers on it.
+/// `mode`. What is at `path` is looked at without following links: only a socket that
+/// nothing answers on is replaced; anything else (a regular file, a symlink, a directory)
+/// is refused and left as it is. The mode is set without following links either.
 pub fn bind(
     path: &Path,
     mode: u32,
     passed: Option<std::os::unix::net::UnixListener>,
 ) -> Result<UnixListener, StartupError> {
+    use std::os::unix::fs::FileTypeExt;
     let io = |source| StartupError::Io {
         path: path.to_path_buf(),
         source,
@@ -51,20 +54,111 @@ pub fn bind(
     if let Some(passed) = passed {
         return UnixListener::from_std(passed).map_err(io);
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(io(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "another process is serving on this socket",
+                )));
+            }
+            // unlink removes the entry itself, never what a link (swapped in since the
+            // check) points at.
+            std::fs::remove_file(path).map_err(io)?;
+        }
+        Ok(meta) => {
             return Err(io(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                "another process is serving on this socket",
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "a {} is at the socket path; only a stale socket is replaced: remove it or \
+                     configure another host.socket",
+                    kind_of(&meta.file_type())
+                ),
             )));
         }
-        std::fs::remove_file(path).map_err(io)?;
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
     }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
     let listener = UnixListener::bind(path).map_err(io)?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)?;
+    // A link swapped in for the new socket makes this fail rather than change its target.
+    nix::sys::stat::fchmodat(
+        nix::fcntl::AT_FDCWD,
+        path,
+        nix::sys::stat::Mode::from_bits_truncate(mode),
+        nix::sys::stat::FchmodatFlags::NoFollowSymlink,
+    )
+    .map_err(|e| io(e.into()))?;
     Ok(listener)
+}
+
+fn kind_of(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_symlink() {
+        "symbolic link"
+    } else if t.is_dir() {
+        "directory"
+    } else if t.is_file() {
+        "regular file"
+    } else if t.is_fifo() {
+        "named pipe"
+    } else {
+        "device or other special file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn refused(path: &Path) -> String {
+        match bind(path, 0o600, None) {
+            Ok(_) => panic!("{} was replaced", path.display()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn only_a_stale_socket_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flowhost.sock");
+
+        std::fs::write(&path, "operator data").unwrap();
+        let e = refused(&path);
+        assert!(
+            e.contains("flowhost.sock") && e.contains("a regular file is at the socket path"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "operator data");
+        std::fs::remove_file(&path).unwrap();
+
+        let target = dir.path().join("target");
+        std::fs::write(&target, "x").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let e = refused(&path);
+        assert!(e.contains("symbolic link"), "{e}");
+        assert!(std::fs::symlink_metadata(&path).unwrap().is_symlink());
+        let target_mode = std::fs::metadata(&target).unwrap().permissions().mode();
+        assert_eq!(target_mode & 0o777, 0o640);
+        std::fs::remove_file(&path).unwrap();
+
+        std::fs::create_dir(&path).unwrap();
+        assert!(refused(&path).contains("directory"));
+        std::fs::remove_dir(&path).unwrap();
+
+        // A live socket is never taken over; a stale one is replaced and gets the mode.
+        let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let e = refused(&path);
+        assert!(e.contains("another process is serving"), "{e}");
+        drop(live);
+        let listener = bind(&path, 0o600, None).unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        drop(listener);
+    }
 }

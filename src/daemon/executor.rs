@@ -32,6 +32,16 @@ pub enum ExecutorError {
     /// It exited or closed its output.
     #[error("the executor exited during the call")]
     Exited,
+    /// It died from one of its profile's bounds during a call.
+    #[error("the executor of server {server:?} died during tool {tool:?} from {bound}")]
+    Bound {
+        /// The server.
+        server: String,
+        /// The tool being called.
+        tool: String,
+        /// Which bound, with its value and profile field.
+        bound: String,
+    },
     /// It sent something that is not MCP, or a message over the size limit.
     #[error("the executor broke the protocol: {0}")]
     Protocol(String),
@@ -46,6 +56,8 @@ pub enum ExecutorError {
 /// How to start one server's executors.
 #[derive(Debug, Clone)]
 pub struct ExecutorTemplate {
+    /// The server id (named when an executor dies from a bound).
+    pub server: String,
     /// argv (argv[0] absolute).
     pub argv: Vec<String>,
     /// Environment.
@@ -84,6 +96,7 @@ pub struct McpExecutor<C> {
     approved_under: Arc<Mutex<Option<InformationLabel>>>,
     last_used: Instant,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    server: String,
 }
 
 impl<C> Drop for McpExecutor<C> {
@@ -151,6 +164,7 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
             approved_under: Arc::new(Mutex::new(None)),
             last_used: Instant::now(),
             tasks,
+            server: template.server.clone(),
         };
         me.request(
             "initialize",
@@ -312,7 +326,29 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
             }
         }
         self.last_used = Instant::now();
+        if matches!(result, Err(ExecutorError::Exited | ExecutorError::Io(_)))
+            && let Some(bound) = self.died_from_bound().await
+        {
+            tracing::warn!(server = %self.server, tool, pid = self.pid(), "executor died from {bound}");
+            result = Err(ExecutorError::Bound {
+                server: self.server.clone(),
+                tool: tool.to_string(),
+                bound,
+            });
+        }
         result
+    }
+
+    /// Which bound killed the executor, once it is reaped (waiting briefly: its output
+    /// closes a moment before it can be reaped).
+    async fn died_from_bound(&mut self) -> Option<String> {
+        let status = self
+            .exec
+            .wait_timeout(Duration::from_secs(2))
+            .await
+            .ok()
+            .flatten()?;
+        status.bound_description()
     }
 
     /// Kills the executor and waits briefly for it to be reaped.

@@ -12,6 +12,7 @@
 //! a new configuration that fails verification keeps the old generation and says why.
 
 mod activation;
+mod admission;
 mod egress;
 mod executor;
 mod refusals;
@@ -35,6 +36,9 @@ use crate::resolver::{CallPlan, Classifier, FlowResolver};
 use crate::state::FlowStateStore;
 
 pub use activation::listener_from_systemd;
+pub use admission::{
+    MAX_SESSIONS, MAX_SESSIONS_PER_UID, MAX_STRANGERS, MAX_STRANGERS_PER_UID, SUMMARY_INTERVAL,
+};
 pub use egress::{EgressJudge, NO_CALL_IN_FLIGHT, broker_details};
 pub use executor::{ExecutorError, ExecutorTemplate, McpExecutor, WarmPool};
 
@@ -233,8 +237,8 @@ pub struct Host {
     shutdown: tokio::sync::watch::Sender<bool>,
     config_path: PathBuf,
     health_file: PathBuf,
-    /// Open sessions per peer uid (see [`MAX_SESSIONS_PER_UID`]).
-    sessions_by_uid: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+    /// Which connections are served (see [`MAX_SESSIONS_PER_UID`]).
+    admission: Arc<admission::Admission>,
 }
 
 /// Verifies and registers every configured manifest. Touches no state and spawns nothing.
@@ -312,6 +316,7 @@ pub fn require_broker(
     }
     Broker::new(BrokerOptions {
         executor_identity: config.executor_identity,
+        executor_uids: Some(config.executor_uids),
     })
     .map_err(|e| {
         StartupError::NoBroker(if needs {
@@ -324,12 +329,34 @@ pub fn require_broker(
     })
 }
 
+/// Refuses a profile the broker cannot enforce, and logs, per server, which bounds its
+/// executors run under and how (a `best_effort` bound the host cannot hold is a warning).
+fn check_profiles(
+    broker: &Broker,
+    profiles: &BTreeMap<String, Arc<Profile>>,
+) -> Result<(), StartupError> {
+    for (server, profile) in profiles {
+        broker
+            .check_profile(profile)
+            .map_err(|source| StartupError::ProfileUnsupported {
+                server: server.clone(),
+                source,
+            })?;
+        let report = broker.bounds(profile);
+        tracing::info!(server = %server, "{report}");
+        for b in report.not_in_force() {
+            tracing::warn!(server = %server, field = b.field, "{} of profile {:?} is not in force on this host", b.field, profile.name);
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a reload that changes settings fixed at start (where state lives, how the
 /// socket and broker were set up, the resolver's classifiers and input floor): applying the
 /// rest while silently keeping the old values would make the file lie about the host.
 fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result<(), StartupError> {
     type Shown = fn(&HostConfig) -> String;
-    let fixed: [(&'static str, Shown); 14] = [
+    let fixed: [(&'static str, Shown); 15] = [
         ("socket", |c| c.socket.display().to_string()),
         ("socket_mode", |c| format!("{:o}", c.socket_mode)),
         ("state_dir", |c| c.state_dir.display().to_string()),
@@ -339,6 +366,7 @@ fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result
         ("executor_uid/executor_gid", |c| {
             format!("{:?}", c.executor_identity)
         }),
+        ("executor_uid_range", |c| c.executor_uids.to_string()),
         ("records_rotate_bytes", |c| {
             c.records_rotate_bytes.to_string()
         }),
@@ -501,14 +529,7 @@ impl Host {
         let config = HostConfig::load(config_file)?;
         let (registry, profiles) = verify_registry(&config)?;
         let broker = require_broker(&config, &registry)?;
-        for (server, profile) in &profiles {
-            broker
-                .check_profile(profile)
-                .map_err(|source| StartupError::ProfileUnsupported {
-                    server: server.clone(),
-                    source,
-                })?;
-        }
+        check_profiles(&broker, &profiles)?;
 
         // Only now is any state touched.
         ensure_dir(&config.state_dir, 0o700)?;
@@ -581,7 +602,7 @@ impl Host {
             shutdown: tokio::sync::watch::channel(false).0,
             config_path: config_file.to_path_buf(),
             health_file,
-            sessions_by_uid: std::sync::Mutex::new(std::collections::HashMap::new()),
+            admission: Arc::new(admission::Admission::default()),
         });
         Ok((host, listener))
     }
@@ -607,14 +628,7 @@ impl Host {
                 "the new configuration disables the broker while its registry requires flow mediation".into(),
             ));
         }
-        for (server, profile) in &profiles {
-            self.broker.check_profile(profile).map_err(|source| {
-                StartupError::ProfileUnsupported {
-                    server: server.clone(),
-                    source,
-                }
-            })?;
-        }
+        check_profiles(&self.broker, &profiles)?;
         registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
         let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
         let generation = build_generation(
@@ -799,6 +813,7 @@ fn build_generation(
             warned: Default::default(),
         });
         let template = ExecutorTemplate {
+            server: s.id.clone(),
             argv: s.command.clone(),
             env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             profile: profile.clone(),
@@ -830,42 +845,25 @@ fn build_generation(
     }
 }
 
-/// Most sessions (connections) served at once; each can hold an executor per server.
-pub const MAX_SESSIONS: usize = 256;
-/// Most sessions one peer uid holds at once (half of [`MAX_SESSIONS`]), so one local user
-/// cannot take every slot.
-pub const MAX_SESSIONS_PER_UID: usize = 128;
-
-/// One open session of a uid, counted while it lives.
-pub(crate) struct SessionSlot {
-    host: Arc<Host>,
-    uid: u32,
-}
-
 impl Host {
-    /// Counts a session of `uid`, unless the uid already holds [`MAX_SESSIONS_PER_UID`].
-    pub(crate) fn open_session(self: &Arc<Self>, uid: u32) -> Option<SessionSlot> {
-        let mut open = self.sessions_by_uid.lock().ok()?;
-        let n = open.entry(uid).or_insert(0);
-        if *n >= MAX_SESSIONS_PER_UID {
+    /// Admits or refuses a new connection by its peer's credentials (checked before it
+    /// takes any shared slot); a refusal is logged, rate-limited, and the stream closed.
+    fn admit(&self, stream: &tokio::net::UnixStream) -> Option<(admission::Slot, u32, u32)> {
+        let Ok(cred) = stream.peer_cred() else {
+            tracing::warn!("cannot read a peer's credentials; closing the connection");
             return None;
-        }
-        *n += 1;
-        Some(SessionSlot {
-            host: self.clone(),
-            uid,
-        })
-    }
-}
-
-impl Drop for SessionSlot {
-    fn drop(&mut self) {
-        if let Ok(mut open) = self.host.sessions_by_uid.lock()
-            && let Some(n) = open.get_mut(&self.uid)
-        {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.uid);
+        };
+        let (uid, gid) = (cred.uid(), cred.gid());
+        let class = if self.current().config.principal_for(uid, gid).is_some() {
+            admission::PeerClass::Principal
+        } else {
+            admission::PeerClass::Stranger
+        };
+        match self.admission.admit(uid, class) {
+            Ok(slot) => Some((slot, uid, gid)),
+            Err(refusal) => {
+                self.admission.log_refusal(uid, class, refusal);
+                None
             }
         }
     }
@@ -896,6 +894,7 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
     } else {
         Duration::from_secs(3600)
     });
+    let mut summaries = tokio::time::interval(SUMMARY_INTERVAL);
     let mut sessions = tokio::task::JoinSet::new();
     let mut housekeeping = tokio::time::interval(
         host.refusals
@@ -922,14 +921,10 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    if sessions.len() >= MAX_SESSIONS {
-                        // Closed at once: the client sees end-of-stream, not a hang, and the
-                        // daemon keeps descriptors for the sessions it serves.
-                        tracing::warn!(limit = MAX_SESSIONS, "session limit reached; closing a new connection");
-                        drop(stream);
-                    } else {
-                        let host = host.clone();
-                        sessions.spawn(session::serve(host, stream));
+                    // A refused connection is closed at once: the client sees end-of-stream,
+                    // not a hang, and the daemon keeps descriptors for the sessions it serves.
+                    if let Some((slot, uid, gid)) = host.admit(&stream) {
+                        sessions.spawn(session::serve(host.clone(), stream, slot, uid, gid));
                     }
                 }
                 Err(e) => {
@@ -962,6 +957,7 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
                     }
                 }
             }
+            _ = summaries.tick() => host.admission.summarize(),
             _ = tick.tick() => {
                 if watchdog {
                     notify(&[sd_notify::NotifyState::Watchdog]);

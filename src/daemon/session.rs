@@ -39,6 +39,8 @@ struct Session {
     uid: u32,
     gid: u32,
     initialized: bool,
+    /// The peer was refused at `initialize`: the connection closes once that is answered.
+    refused: bool,
     /// The principal the connection was mapped to at `initialize`. A reload that maps the
     /// same peer to another principal does not move the session (and its label) over.
     pinned: Option<crate::ident::PrincipalId>,
@@ -48,8 +50,6 @@ struct Session {
 /// How long a reply may take to reach the client; a client that stops reading is
 /// disconnected rather than holding the session (and its executors) forever.
 const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a connection may stay open without completing `initialize`.
-const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn random_id() -> String {
     use rand_core::RngCore;
@@ -58,20 +58,16 @@ fn random_id() -> String {
     hex::encode(bytes)
 }
 
-/// Serves one connection until it closes or the host stops.
-pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
-    let Ok(cred) = stream.peer_cred() else {
-        tracing::warn!("cannot read the peer's credentials; closing the connection");
-        return;
-    };
-    let Some(_slot) = host.open_session(cred.uid()) else {
-        tracing::warn!(
-            uid = cred.uid(),
-            limit = super::MAX_SESSIONS_PER_UID,
-            "per-uid session limit reached; closing a new connection"
-        );
-        return;
-    };
+/// Serves one admitted connection of peer `uid`/`gid` until it closes, goes idle past the
+/// configured windows, is refused at `initialize`, or the host stops. The slot is held (and
+/// counted) for as long as the connection is served.
+pub(super) async fn serve(
+    host: Arc<Host>,
+    stream: UnixStream,
+    _slot: super::admission::Slot,
+    uid: u32,
+    gid: u32,
+) {
     let limit = host.current().config.max_message_bytes;
     let (read, mut write) = stream.into_split();
     // Reading happens in its own task: a line read is not cancellation-safe, and the session
@@ -91,9 +87,10 @@ pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
     });
     let mut session = Session {
         id: random_id(),
-        uid: cred.uid(),
-        gid: cred.gid(),
+        uid,
+        gid,
         initialized: false,
+        refused: false,
         pinned: None,
         bound: HashMap::new(),
         host,
@@ -101,17 +98,32 @@ pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
     tracing::debug!(session = %session.id, uid = session.uid, "session opened");
     let mut idle = tokio::time::interval(Duration::from_secs(5));
     let opened = tokio::time::Instant::now();
+    let mut last_request = opened;
     loop {
-        if session.host.stopping() {
+        if session.host.stopping() || session.refused {
             break;
         }
-        if !session.initialized && opened.elapsed() > INITIALIZE_TIMEOUT {
-            tracing::debug!(session = %session.id, "no initialize in time; closing the session");
-            break;
-        }
+        // Before initialize a connection gets a short window; after it, a session that
+        // sends nothing for the configured time is closed, so idle peers cannot hold slots.
+        let deadline = {
+            let config = &session.host.current().config;
+            if session.initialized {
+                last_request + config.session_idle_timeout
+            } else {
+                opened + config.initialize_timeout
+            }
+        };
         let line = tokio::select! {
             l = lines.recv() => l.unwrap_or(Line::Eof),
             _ = idle.tick() => { session.reap_idle().await; continue; }
+            _ = tokio::time::sleep_until(deadline) => {
+                tracing::debug!(
+                    session = %session.id,
+                    initialized = session.initialized,
+                    "no request within the configured window; closing the session"
+                );
+                break;
+            }
             _ = session.host.stopped() => break,
         };
         let reply = match line {
@@ -137,6 +149,8 @@ pub(super) async fn serve(host: Arc<Host>, stream: UnixStream) {
                 }
             }
         }
+        // A long call is activity too: the idle window starts after its reply.
+        last_request = tokio::time::Instant::now();
     }
     reader.abort();
     for (_, b) in session.bound.drain() {
@@ -233,7 +247,9 @@ impl Session {
 
     fn initialize(&mut self) -> Result<Value, RpcError> {
         let generation = self.host.current();
-        let principal = self.principal(&generation)?;
+        let principal = self
+            .principal(&generation)
+            .inspect_err(|_| self.refused = true)?;
         self.initialized = true;
         self.pinned = Some(principal.id.clone());
         Ok(json!({

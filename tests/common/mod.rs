@@ -90,6 +90,50 @@ pub fn shared_copy(name: &str) -> PathBuf {
     dst
 }
 
+/// The broker's capabilities, as `setpriv` names them.
+pub const BROKER_CAPS: &str = "+sys_admin,+sys_ptrace,+setuid,+setgid,+setpcap";
+
+/// `program` run by `setpriv` as the service user (uid and gid 990, no groups) holding
+/// `caps` as ambient capabilities, from `/`.
+pub fn as_service_user(caps: &str, program: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new("setpriv");
+    c.args([
+        "--reuid",
+        "990",
+        "--regid",
+        "990",
+        "--clear-groups",
+        "--inh-caps",
+        caps,
+        "--ambient-caps",
+        caps,
+        "--",
+    ])
+    .arg(program)
+    .current_dir("/");
+    c
+}
+
+/// A copy of the flowhost binary that other uids can run (the build tree may not be
+/// traversable by them).
+pub fn shared_flowhost() -> PathBuf {
+    let dir = shared_dir().join(format!("flowhost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dst = dir.join("flowhost");
+    if !dst.exists() {
+        let status = std::process::Command::new("cp")
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_flowhost"))
+            .arg(&dst)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dst
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }

@@ -1,0 +1,144 @@
+//! What bounds an executor of a profile runs under on this host, and how each is enforced or
+//! why it is not: the report `flowhost serve` and `flowhost sandbox run` give at start.
+
+use crate::cgroup::{CgroupSupport, Controller, Version};
+use crate::profile::Profile;
+use crate::uids::UidRange;
+
+/// How one bound is held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enforcement {
+    /// Enforced, and by what.
+    By(String),
+    /// Not enforced, and why (only in a `best_effort` profile; a `required` one is refused).
+    NotInForce(String),
+}
+
+/// One bound of a profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bound {
+    /// The profile field.
+    pub field: &'static str,
+    /// The value, with its unit.
+    pub value: String,
+    /// How it is held.
+    pub enforcement: Enforcement,
+}
+
+/// Every bound of a profile on this host, plus how executors' uids are chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundsReport {
+    /// The profile.
+    pub profile: String,
+    /// The bounds, whole-executor ones first.
+    pub bounds: Vec<Bound>,
+    /// Which uid executors run as, and what that means for per-uid limits.
+    pub identity: String,
+}
+
+impl BoundsReport {
+    pub(crate) fn new(
+        profile: &Profile,
+        cgroups: &CgroupSupport,
+        shared: Option<(u32, u32)>,
+        range: Option<UidRange>,
+    ) -> Self {
+        let l = &profile.limits;
+        let mut bounds = Vec::new();
+        for c in Controller::ALL {
+            let Some(v) = c.bound(l) else { continue };
+            let value = match c {
+                Controller::Memory => format!("{} MiB per executor", v >> 20),
+                Controller::Pids => format!("{v} tasks per executor"),
+                Controller::Cpu => format!("{v}% of one CPU per executor"),
+            };
+            let enforcement = match cgroups.base(c) {
+                Ok(base) => Enforcement::By(format!(
+                    "cgroup {} {} beneath {}",
+                    match base.version {
+                        Version::V1 => "v1",
+                        Version::V2 => "v2",
+                    },
+                    c.name(),
+                    base.dir.display()
+                )),
+                Err(why) => Enforcement::NotInForce(why.to_string()),
+            };
+            bounds.push(Bound {
+                field: c.field(),
+                value,
+                enforcement,
+            });
+        }
+        let rlimit = |field: &'static str, value: String, name: &str| Bound {
+            field,
+            value,
+            enforcement: Enforcement::By(format!("{name} of each process")),
+        };
+        bounds.push(rlimit(
+            "limits.processes",
+            format!("{} processes of the executor's uid", l.processes),
+            "RLIMIT_NPROC",
+        ));
+        bounds.push(rlimit(
+            "limits.open_files",
+            l.open_files.to_string(),
+            "RLIMIT_NOFILE",
+        ));
+        bounds.push(rlimit(
+            "limits.cpu_seconds",
+            format!("{} s", l.cpu_seconds),
+            "RLIMIT_CPU",
+        ));
+        bounds.push(rlimit(
+            "limits.file_size_mib",
+            format!("{} MiB", l.file_size >> 20),
+            "RLIMIT_FSIZE",
+        ));
+        if let Some(a) = l.address_space {
+            bounds.push(rlimit(
+                "limits.address_space_mib",
+                format!("{} MiB", a >> 20),
+                "RLIMIT_AS",
+            ));
+        }
+        let identity = match (shared, range) {
+            (Some((u, g)), _) => format!(
+                "every executor runs as uid {u} gid {g} (configured): RLIMIT_NPROC and signal scope are shared between executors"
+            ),
+            (None, Some(r)) => format!(
+                "each live executor runs as a uid (and gid) of its own from {r}: per-uid limits and signal scope never cross executors"
+            ),
+            (None, None) => {
+                "executors run in a user namespace of the unprivileged host's uid".to_string()
+            }
+        };
+        BoundsReport {
+            profile: profile.name.clone(),
+            bounds,
+            identity,
+        }
+    }
+
+    /// The bounds not in force (the profile is `best_effort`).
+    pub fn not_in_force(&self) -> impl Iterator<Item = &Bound> {
+        self.bounds
+            .iter()
+            .filter(|b| matches!(b.enforcement, Enforcement::NotInForce(_)))
+    }
+}
+
+impl std::fmt::Display for BoundsReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "bounds of profile {:?}:", self.profile)?;
+        for b in &self.bounds {
+            match &b.enforcement {
+                Enforcement::By(how) => writeln!(f, "  {}: {} (by {how})", b.field, b.value)?,
+                Enforcement::NotInForce(why) => {
+                    writeln!(f, "  {}: {} NOT IN FORCE: {why}", b.field, b.value)?
+                }
+            }
+        }
+        write!(f, "  identity: {}", self.identity)
+    }
+}

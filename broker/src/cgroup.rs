@@ -1,0 +1,717 @@
+//! Whole-executor bounds: each executor gets a cgroup of its own, so its memory, its tasks
+//! (processes and threads) and its CPU time are bounded together, whatever it forks, and
+//! nothing outside it counts against it.
+//!
+//! Where each controller lives is found once, at broker start, from `/proc/self/cgroup` and
+//! `/proc/self/mountinfo`:
+//! * cgroup v2, when the broker's own cgroup offers the controller and the broker is alone
+//!   in it (a subtree delegated to it, as systemd's `Delegate=` does): the broker moves
+//!   itself into a leaf `flowhost-host`, enables the controllers for the subtree and creates
+//!   executor cgroups beside that leaf (`memory.max`, `memory.swap.max`, `pids.max`,
+//!   `cpu.max`).
+//! * cgroup v1 otherwise, per controller, beneath the broker's own cgroup of that hierarchy
+//!   (`memory.limit_in_bytes` and `memory.memsw.limit_in_bytes`, `pids.max`,
+//!   `cpu.cfs_quota_us`).
+//!
+//! The cgroup files are the kernel's interface and are written directly, here only.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::profile::Limits;
+
+/// A cgroup controller bounding executors as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Controller {
+    /// Memory (anonymous, page cache, kernel memory of the whole tree).
+    Memory,
+    /// Tasks: processes and threads.
+    Pids,
+    /// CPU bandwidth.
+    Cpu,
+}
+
+impl Controller {
+    /// All controllers, in report order.
+    pub const ALL: [Controller; 3] = [Controller::Memory, Controller::Pids, Controller::Cpu];
+
+    /// The kernel's name for the controller.
+    pub fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Pids => "pids",
+            Controller::Cpu => "cpu",
+        }
+    }
+
+    /// The profile field that sets this bound.
+    pub fn field(self) -> &'static str {
+        match self {
+            Controller::Memory => "limits.memory_mib",
+            Controller::Pids => "limits.tasks",
+            Controller::Cpu => "limits.cpu_percent",
+        }
+    }
+
+    /// The profile's bound for this controller, if it sets one.
+    pub fn bound(self, limits: &Limits) -> Option<u64> {
+        match self {
+            Controller::Memory => limits.memory,
+            Controller::Pids => limits.tasks,
+            Controller::Cpu => limits.cpu_percent,
+        }
+    }
+}
+
+/// Which cgroup version a controller is used through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    /// The legacy per-controller hierarchies.
+    V1,
+    /// The unified hierarchy.
+    V2,
+}
+
+/// Where executor cgroups of one controller are created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Base {
+    /// The parent directory of executor cgroups.
+    pub dir: PathBuf,
+    /// The hierarchy's version.
+    pub version: Version,
+}
+
+/// Where each controller can be used on this host, or why it cannot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupSupport {
+    bases: BTreeMap<Controller, Result<Base, String>>,
+}
+
+fn unavailable(why: &str) -> CgroupSupport {
+    CgroupSupport {
+        bases: Controller::ALL
+            .iter()
+            .map(|c| (*c, Err(why.to_string())))
+            .collect(),
+    }
+}
+
+/// One line of `/proc/self/cgroup`: hierarchy id, controllers, path.
+type Membership = (u32, Vec<String>, String);
+/// One cgroup mount: filesystem type, super options, mount point, root.
+type CgroupMount = (String, Vec<String>, PathBuf, String);
+
+impl CgroupSupport {
+    /// Finds, for each controller, where this process may create executor cgroups. Nothing
+    /// is changed on the host except, for a delegated v2 subtree, moving this process into
+    /// its leaf and enabling the controllers for the subtree.
+    pub fn detect() -> CgroupSupport {
+        let me = match procfs::process::Process::myself() {
+            Ok(me) => me,
+            Err(e) => return unavailable(&format!("cannot read /proc/self: {e}")),
+        };
+        let memberships: Vec<Membership> = match me.cgroups() {
+            Ok(c) => c
+                .into_iter()
+                .map(|g| (g.hierarchy, g.controllers, g.pathname))
+                .collect(),
+            Err(e) => return unavailable(&format!("cannot read /proc/self/cgroup: {e}")),
+        };
+        let mounts: Vec<CgroupMount> = match me.mountinfo() {
+            Ok(m) => m
+                .into_iter()
+                .filter(|m| m.fs_type == "cgroup" || m.fs_type == "cgroup2")
+                .map(|m| {
+                    (
+                        m.fs_type,
+                        m.super_options.into_keys().collect(),
+                        m.mount_point,
+                        m.root,
+                    )
+                })
+                .collect(),
+            Err(e) => return unavailable(&format!("cannot read /proc/self/mountinfo: {e}")),
+        };
+        Self::from_layout(&memberships, &mounts, std::process::id())
+    }
+
+    /// [`CgroupSupport::detect`] on given memberships and mounts (tests use fake trees).
+    pub(crate) fn from_layout(
+        memberships: &[Membership],
+        mounts: &[CgroupMount],
+        pid: u32,
+    ) -> CgroupSupport {
+        // A cgroup path as seen from a mount whose root may itself be a cgroup.
+        let under = |mount_point: &Path, root: &str, path: &str| -> PathBuf {
+            let rel = path.strip_prefix(root).unwrap_or(path);
+            mount_point.join(rel.trim_start_matches('/'))
+        };
+        let v2 = mounts
+            .iter()
+            .find(|(fs, ..)| fs == "cgroup2")
+            .and_then(|(_, _, mp, root)| {
+                let (_, _, path) = memberships
+                    .iter()
+                    .find(|(h, c, _)| *h == 0 && c.is_empty())?;
+                Some(under(mp, root, path))
+            });
+        let v2_offers: Vec<String> = v2
+            .as_ref()
+            .and_then(|d| std::fs::read_to_string(d.join("cgroup.controllers")).ok())
+            .map(|s| s.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default();
+        let wanted_v2: Vec<Controller> = Controller::ALL
+            .into_iter()
+            .filter(|c| v2_offers.iter().any(|o| o == c.name()))
+            .collect();
+        let v2_base = match (&v2, wanted_v2.is_empty()) {
+            (Some(dir), false) => Some(delegate_v2(dir, &wanted_v2, pid)),
+            _ => None,
+        };
+        let mut bases = BTreeMap::new();
+        for c in Controller::ALL {
+            if let Some(base) = &v2_base
+                && wanted_v2.contains(&c)
+            {
+                bases.insert(c, base.clone());
+                continue;
+            }
+            let v1 = mounts
+                .iter()
+                .find(|(fs, opts, ..)| fs == "cgroup" && opts.iter().any(|o| o == c.name()));
+            let found = match v1 {
+                Some((_, _, mp, root)) => memberships
+                    .iter()
+                    .find(|(h, ctl, _)| *h != 0 && ctl.iter().any(|x| x == c.name()))
+                    .map(|(_, _, path)| under(mp, root, path))
+                    .ok_or_else(|| {
+                        format!(
+                            "the {} hierarchy is mounted at {}, but /proc/self/cgroup lists no cgroup of it",
+                            c.name(),
+                            mp.display()
+                        )
+                    })
+                    .and_then(|dir| {
+                        check_writable(&dir, pid).map(|()| Base {
+                            dir,
+                            version: Version::V1,
+                        })
+                    }),
+                None => Err(match &v2_base {
+                    Some(Err(why)) => why.clone(),
+                    _ => format!(
+                        "no cgroup hierarchy offers the {} controller to this process",
+                        c.name()
+                    ),
+                }),
+            };
+            bases.insert(c, found);
+        }
+        for base in bases.values().flatten() {
+            sweep_stale(&base.dir);
+        }
+        CgroupSupport { bases }
+    }
+
+    /// Where `controller` is used, or why it cannot be.
+    pub fn base(&self, controller: Controller) -> Result<&Base, &str> {
+        match self.bases.get(&controller) {
+            Some(Ok(b)) => Ok(b),
+            Some(Err(why)) => Err(why),
+            None => Err("not detected"),
+        }
+    }
+
+    /// Support with no controller, for an unprivileged broker.
+    pub fn none(why: &str) -> CgroupSupport {
+        unavailable(why)
+    }
+}
+
+/// Removes executor cgroups left beneath `dir` by brokers that are gone (a process that
+/// exits with executors still being released leaves their cgroups behind).
+fn sweep_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(owner) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("flowhost-exec-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{owner}")).exists() {
+            let stale = ExecutorCgroup {
+                dirs: vec![(Controller::Memory, Version::V1, entry.path())],
+                limits: Limits::NONE,
+            };
+            stale.remove(Duration::from_millis(200));
+        }
+    }
+}
+
+/// Proves that executor cgroups can be created beneath `dir` by creating and removing one.
+fn check_writable(dir: &Path, pid: u32) -> Result<(), String> {
+    // Unique per call: brokers of one process may be detecting at the same time.
+    let probe = dir.join(format!(
+        "flowhost-probe-{pid}-{}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir(&probe)
+        .and_then(|()| std::fs::remove_dir(&probe))
+        .map_err(|e| format!("cannot create cgroups beneath {}: {e}", dir.display()))
+}
+
+/// The leaf of a delegated v2 subtree the broker moves itself into.
+const HOST_LEAF: &str = "flowhost-host";
+
+/// Takes over a delegated v2 cgroup: only when this process is alone in it (never a login
+/// session's or another service's cgroup), moves itself into the leaf `flowhost-host` (a
+/// cgroup with controllers enabled for its children may hold no process) and enables the
+/// controllers for the subtree.
+fn delegate_v2(own: &Path, wanted: &[Controller], pid: u32) -> Result<Base, String> {
+    let enable: Vec<String> = wanted.iter().map(|c| format!("+{}", c.name())).collect();
+    // Already taken over (an earlier broker of this process): the subtree is the parent.
+    if own.file_name().is_some_and(|n| n == HOST_LEAF)
+        && let Some(dir) = own.parent()
+    {
+        let control = dir.join("cgroup.subtree_control");
+        std::fs::write(&control, enable.join(" "))
+            .map_err(|e| format!("cgroup v2: writing {}: {e}", control.display()))?;
+        return Ok(Base {
+            dir: dir.to_path_buf(),
+            version: Version::V2,
+        });
+    }
+    let dir = own;
+    let io = |what: &str, p: &Path, e: std::io::Error| {
+        format!(
+            "cgroup v2 at {}: {what} {}: {e}",
+            dir.display(),
+            p.display()
+        )
+    };
+    let procs = dir.join("cgroup.procs");
+    let members = std::fs::read_to_string(&procs).map_err(|e| io("reading", &procs, e))?;
+    let others = members
+        .split_whitespace()
+        .filter(|p| *p != pid.to_string())
+        .count();
+    let leaf = dir.join(HOST_LEAF);
+    if others > 0 {
+        return Err(format!(
+            "cgroup v2 at {} offers the controllers but {others} other processes share it: it is \
+             not delegated to flowhost (run it under a unit with Delegate=yes)",
+            dir.display()
+        ));
+    }
+    if !members.split_whitespace().any(|p| p == pid.to_string()) && !leaf.is_dir() {
+        return Err(format!(
+            "cgroup v2 at {}: this process is not in it",
+            dir.display()
+        ));
+    }
+    match std::fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io("creating", &leaf, e)),
+    }
+    let leaf_procs = leaf.join("cgroup.procs");
+    std::fs::write(&leaf_procs, pid.to_string()).map_err(|e| io("moving into", &leaf_procs, e))?;
+    let control = dir.join("cgroup.subtree_control");
+    std::fs::write(&control, enable.join(" ")).map_err(|e| io("writing", &control, e))?;
+    Ok(Base {
+        dir: dir.to_path_buf(),
+        version: Version::V2,
+    })
+}
+
+/// Which bound an executor ran into, read from its cgroup after it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoundHit {
+    /// The memory bound: the kernel's OOM killer killed a task of the executor.
+    Memory {
+        /// The bound in bytes.
+        limit: u64,
+    },
+    /// The tasks bound: a fork or thread creation failed at it.
+    Tasks {
+        /// The bound.
+        limit: u64,
+    },
+}
+
+impl std::fmt::Display for BoundHit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BoundHit::Memory { limit } => write!(
+                f,
+                "the memory bound ({} MiB for the whole executor, limits.memory_mib): the kernel killed it out of memory",
+                limit >> 20
+            ),
+            BoundHit::Tasks { limit } => write!(
+                f,
+                "the tasks bound ({limit} processes and threads for the whole executor, limits.tasks): a fork or thread creation was refused"
+            ),
+        }
+    }
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// One executor's cgroups (one directory per v1 controller, or one v2 directory). Removed
+/// with [`ExecutorCgroup::remove`] once its processes are gone.
+#[derive(Debug)]
+pub(crate) struct ExecutorCgroup {
+    dirs: Vec<(Controller, Version, PathBuf)>,
+    limits: Limits,
+}
+
+fn write(path: &Path, value: &str) -> Result<(), String> {
+    std::fs::write(path, value).map_err(|e| format!("writing {value:?} to {}: {e}", path.display()))
+}
+
+/// A counter named `key` in a flat-keyed cgroup file (`memory.events`, `pids.events`,
+/// `memory.oom_control`).
+fn counter(path: &Path, key: &str) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse().ok()).flatten()
+            })
+        })
+        .unwrap_or(0)
+}
+
+impl ExecutorCgroup {
+    /// Creates the cgroups for an executor with `limits` and writes its bounds. Controllers
+    /// the host cannot offer are skipped (the caller has already refused a profile that
+    /// requires them).
+    pub(crate) fn create(support: &CgroupSupport, limits: &Limits) -> Result<Self, String> {
+        let name = format!(
+            "flowhost-exec-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut cg = ExecutorCgroup {
+            dirs: Vec::new(),
+            limits: *limits,
+        };
+        for c in Controller::ALL {
+            let (Some(bound), Ok(base)) = (c.bound(limits), support.base(c)) else {
+                continue;
+            };
+            let dir = base.dir.join(&name);
+            if !cg.dirs.iter().any(|(_, _, d)| *d == dir) {
+                std::fs::create_dir(&dir)
+                    .map_err(|e| format!("creating the cgroup {}: {e}", dir.display()))?;
+            }
+            cg.dirs.push((c, base.version, dir.clone()));
+            let f = |file: &str| dir.join(file);
+            match (c, base.version) {
+                (Controller::Memory, Version::V2) => {
+                    write(&f("memory.max"), &bound.to_string())?;
+                    // No swap beyond the bound (absent without swap accounting).
+                    if f("memory.swap.max").exists() {
+                        write(&f("memory.swap.max"), "0")?;
+                    }
+                }
+                (Controller::Memory, Version::V1) => {
+                    write(&f("memory.limit_in_bytes"), &bound.to_string())?;
+                    if f("memory.memsw.limit_in_bytes").exists() {
+                        write(&f("memory.memsw.limit_in_bytes"), &bound.to_string())?;
+                    }
+                }
+                (Controller::Pids, _) => write(&f("pids.max"), &bound.to_string())?,
+                (Controller::Cpu, Version::V2) => {
+                    write(&f("cpu.max"), &format!("{} 100000", bound * 1000))?
+                }
+                (Controller::Cpu, Version::V1) => {
+                    write(&f("cpu.cfs_period_us"), "100000")?;
+                    write(&f("cpu.cfs_quota_us"), &(bound * 1000).to_string())?;
+                }
+            }
+        }
+        Ok(cg)
+    }
+
+    /// The `cgroup.procs` files a new executor's pid is written to before it may exec.
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self
+            .dirs
+            .iter()
+            .map(|(_, _, d)| d.join("cgroup.procs"))
+            .collect();
+        files.dedup();
+        files
+    }
+
+    /// The bound the executor ran into, if any (the memory bound first: an OOM kill is
+    /// what ends an executor; a refused fork may only have been handled).
+    pub(crate) fn hit(&self) -> Option<BoundHit> {
+        let dir = |want: Controller| {
+            self.dirs
+                .iter()
+                .find(|(c, _, _)| *c == want)
+                .map(|(_, v, d)| (*v, d))
+        };
+        if let (Some((v, d)), Some(limit)) = (dir(Controller::Memory), self.limits.memory) {
+            let file = match v {
+                Version::V2 => d.join("memory.events"),
+                Version::V1 => d.join("memory.oom_control"),
+            };
+            if counter(&file, "oom_kill") > 0 {
+                return Some(BoundHit::Memory { limit });
+            }
+        }
+        if let (Some((_, d)), Some(limit)) = (dir(Controller::Pids), self.limits.tasks)
+            && counter(&d.join("pids.events"), "max") > 0
+        {
+            return Some(BoundHit::Tasks { limit });
+        }
+        None
+    }
+
+    /// Kills whatever is left in the cgroups and removes them; gives up after `within`.
+    /// Returns whether every cgroup is gone (so nothing of the executor still runs).
+    pub(crate) fn remove(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut left: Vec<&PathBuf> = self.dirs.iter().map(|(_, _, d)| d).collect();
+        left.dedup();
+        while !left.is_empty() {
+            left.retain(|dir| {
+                let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                for pid in procs
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok())
+                {
+                    // SAFETY: sends a signal; a pid of this executor's own cgroup.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                match std::fs::remove_dir(dir) {
+                    Ok(()) => false,
+                    Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+                }
+            });
+            if left.is_empty() || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !left.is_empty() {
+            tracing::warn!(cgroups = ?left, "executor cgroups could not be removed");
+        }
+        left.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Profile;
+
+    fn limits() -> Limits {
+        Profile::find("isolated", &[]).unwrap().limits
+    }
+
+    #[test]
+    fn v1_layout_is_found_per_controller() {
+        let root = tempfile::tempdir().unwrap();
+        let mem = root.path().join("memory");
+        std::fs::create_dir_all(mem.join("svc/a")).unwrap();
+        let memberships = vec![
+            (4, vec!["memory".to_string()], "/svc/a".to_string()),
+            (8, vec!["pids".to_string()], "/".to_string()),
+            (0, vec![], "/".to_string()),
+        ];
+        let mounts = vec![
+            (
+                "cgroup".to_string(),
+                vec!["rw".to_string(), "memory".to_string()],
+                mem.clone(),
+                "/".to_string(),
+            ),
+            (
+                "cgroup2".to_string(),
+                vec![],
+                root.path().join("unified"),
+                "/".to_string(),
+            ),
+        ];
+        let s = CgroupSupport::from_layout(&memberships, &mounts, 42);
+        assert_eq!(
+            s.base(Controller::Memory).unwrap(),
+            &Base {
+                dir: mem.join("svc/a"),
+                version: Version::V1
+            }
+        );
+        assert!(
+            s.base(Controller::Pids)
+                .unwrap_err()
+                .contains("no cgroup hierarchy offers the pids controller")
+        );
+        // The probe directory was created and removed.
+        let left: Vec<_> = std::fs::read_dir(mem.join("svc/a"))
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("flowhost-probe-")
+            })
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+
+        let cg = ExecutorCgroup::create(&s, &limits()).unwrap();
+        let dir = &cg.dirs[0].2;
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memory.limit_in_bytes")).unwrap(),
+            (4096u64 << 20).to_string()
+        );
+        assert_eq!(cg.procs_files(), vec![dir.join("cgroup.procs")]);
+        std::fs::write(
+            dir.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+        )
+        .unwrap();
+        assert_eq!(cg.hit(), Some(BoundHit::Memory { limit: 4096 << 20 }));
+    }
+
+    #[test]
+    fn a_delegated_v2_subtree_is_taken_over_only_when_alone_in_it() {
+        let root = tempfile::tempdir().unwrap();
+        let svc = root.path().join("system.slice/flowhost.service");
+        std::fs::create_dir_all(&svc).unwrap();
+        std::fs::write(
+            svc.join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .unwrap();
+        std::fs::write(svc.join("cgroup.procs"), "42\n4242\n").unwrap();
+        let memberships = vec![(0, vec![], "/system.slice/flowhost.service".to_string())];
+        let mounts = vec![(
+            "cgroup2".to_string(),
+            vec![],
+            root.path().to_path_buf(),
+            "/".to_string(),
+        )];
+        let s = CgroupSupport::from_layout(&memberships, &mounts, 42);
+        let why = s.base(Controller::Memory).unwrap_err();
+        assert!(why.contains("1 other processes share it"), "{why}");
+        assert!(!svc.join("flowhost-host").exists());
+
+        std::fs::write(svc.join("cgroup.procs"), "42\n").unwrap();
+        let s = CgroupSupport::from_layout(&memberships, &mounts, 42);
+        for c in Controller::ALL {
+            assert_eq!(
+                s.base(c).unwrap(),
+                &Base {
+                    dir: svc.clone(),
+                    version: Version::V2
+                }
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(svc.join("flowhost-host/cgroup.procs")).unwrap(),
+            "42"
+        );
+        assert_eq!(
+            std::fs::read_to_string(svc.join("cgroup.subtree_control")).unwrap(),
+            "+memory +pids +cpu"
+        );
+        // A second broker of the same process (now in the leaf) uses the same subtree.
+        std::fs::write(
+            svc.join("flowhost-host/cgroup.controllers"),
+            "memory pids cpu\n",
+        )
+        .unwrap();
+        let again = CgroupSupport::from_layout(
+            &[(
+                0,
+                vec![],
+                "/system.slice/flowhost.service/flowhost-host".to_string(),
+            )],
+            &mounts,
+            42,
+        );
+        assert_eq!(again, s);
+        assert!(!svc.join("flowhost-host/flowhost-host").exists());
+        let cg = ExecutorCgroup::create(&s, &limits()).unwrap();
+        let dir = &cg.dirs[0].2;
+        assert_eq!(cg.procs_files(), vec![dir.join("cgroup.procs")]);
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+        assert_eq!(read("memory.max"), (4096u64 << 20).to_string());
+        assert_eq!(read("pids.max"), "1024");
+        assert_eq!(read("cpu.max"), "200000 100000");
+        assert_eq!(cg.hit(), None);
+        std::fs::write(dir.join("pids.events"), "max 3\n").unwrap();
+        assert_eq!(cg.hit(), Some(BoundHit::Tasks { limit: 1024 }));
+        std::fs::write(
+            dir.join("memory.events"),
+            "low 0\nhigh 0\nmax 9\noom 1\noom_kill 1\n",
+        )
+        .unwrap();
+        assert_eq!(cg.hit(), Some(BoundHit::Memory { limit: 4096 << 20 }));
+    }
+
+    #[test]
+    fn removal_kills_what_is_left_on_the_real_unified_hierarchy() {
+        // The v2 hierarchy here may offer no controllers, but moving a process into a cgroup
+        // and removing the cgroup with it still running is real, and is what every
+        // executor's end does.
+        let Ok(me) = procfs::process::Process::myself() else {
+            return;
+        };
+        let own = me
+            .cgroups()
+            .ok()
+            .and_then(|c| c.into_iter().find(|g| g.hierarchy == 0))
+            .map(|g| g.pathname);
+        let unified = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| p.join("cgroup.procs").exists());
+        let (Some(own), Some(unified)) = (own, unified) else {
+            eprintln!("SKIP: no cgroup v2 hierarchy here");
+            return;
+        };
+        let dir = unified
+            .join(own.trim_start_matches('/'))
+            .join(format!("flowhost-exec-{}-test", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&dir) {
+            assert!(
+                !nix::unistd::geteuid().is_root()
+                    || e.kind() == std::io::ErrorKind::ReadOnlyFilesystem,
+                "root cannot create a v2 cgroup at {}: {e}",
+                dir.display()
+            );
+            eprintln!("SKIP: cannot create v2 cgroups here: {e}");
+            return;
+        }
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+        let cg = ExecutorCgroup {
+            dirs: vec![(Controller::Pids, Version::V2, dir.clone())],
+            limits: Limits::NONE,
+        };
+        assert!(cg.remove(Duration::from_secs(5)));
+        assert!(!dir.exists());
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+    }
+}

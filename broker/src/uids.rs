@@ -1,0 +1,180 @@
+//! A uid (and the gid of the same number) per live executor, from a configured range, the
+//! way systemd's DynamicUser picks one: per-uid limits (`RLIMIT_NPROC`), signals and ptrace
+//! scope then never cross executors.
+//!
+//! A uid is leased only when no process on the host runs with it and no other broker (a
+//! `flowhost sandbox run` beside the daemon) holds it. The cross-process claim is an abstract
+//! unix socket named after the uid, bound for as long as the lease lives: the kernel releases
+//! it when the broker exits, however it exits. The lease is returned after the executor's
+//! cgroup is gone.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// An inclusive range of uids executors run as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UidRange {
+    /// The first uid.
+    pub first: u32,
+    /// How many uids (at least 1).
+    pub count: u32,
+}
+
+impl UidRange {
+    /// The default range: 65536 uids from 0x70000000, above the ranges systemd assigns
+    /// to users, DynamicUser services and containers.
+    pub const DEFAULT: UidRange = UidRange {
+        first: 0x7000_0000,
+        count: 65536,
+    };
+
+    /// The last uid of the range.
+    pub fn last(&self) -> u32 {
+        self.first + (self.count - 1)
+    }
+}
+
+impl std::fmt::Display for UidRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.first, self.last())
+    }
+}
+
+/// Hands out the uids of a range, one per live executor.
+#[derive(Debug)]
+pub(crate) struct UidPool {
+    range: UidRange,
+    next: AtomicU32,
+    leased: Mutex<std::collections::BTreeSet<u32>>,
+}
+
+/// One leased uid; dropping it returns the uid.
+#[derive(Debug)]
+pub(crate) struct UidLease {
+    pool: Arc<UidPool>,
+    uid: u32,
+    _claim: OwnedFd,
+}
+
+fn claim(uid: u32) -> Option<OwnedFd> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, bind, socket};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .ok()?;
+    let name = format!("flowhost-executor-uid-{uid}");
+    let addr = UnixAddr::new_abstract(name.as_bytes()).ok()?;
+    use std::os::fd::AsRawFd;
+    bind(fd.as_raw_fd(), &addr).ok()?;
+    Some(fd)
+}
+
+/// uids of every process on the host now.
+fn running_uids() -> std::collections::BTreeSet<u32> {
+    procfs::process::all_processes()
+        .map(|all| all.flatten().filter_map(|p| p.uid().ok()).collect())
+        .unwrap_or_default()
+}
+
+impl UidPool {
+    pub(crate) fn new(range: UidRange) -> Self {
+        UidPool {
+            range,
+            next: AtomicU32::new(0),
+            leased: Mutex::new(Default::default()),
+        }
+    }
+
+    pub(crate) fn range(&self) -> UidRange {
+        self.range
+    }
+
+    /// Leases a uid no process runs with and nobody else holds; `None` when the range is
+    /// exhausted.
+    pub(crate) fn lease(self: &Arc<Self>) -> Option<UidLease> {
+        let running = running_uids();
+        let mut leased = self.leased.lock().unwrap_or_else(|p| p.into_inner());
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % self.range.count;
+        for i in 0..self.range.count {
+            let uid = self.range.first + (start + i) % self.range.count;
+            if leased.contains(&uid) || running.contains(&uid) {
+                continue;
+            }
+            if let Some(claim) = claim(uid) {
+                leased.insert(uid);
+                self.next
+                    .store((start + i + 1) % self.range.count, Ordering::Relaxed);
+                return Some(UidLease {
+                    pool: self.clone(),
+                    uid,
+                    _claim: claim,
+                });
+            }
+        }
+        None
+    }
+
+    /// uids leased now.
+    #[cfg(test)]
+    pub(crate) fn leased(&self) -> usize {
+        self.leased.lock().map(|l| l.len()).unwrap_or(0)
+    }
+}
+
+impl UidLease {
+    /// The leased uid (also the gid).
+    pub(crate) fn uid(&self) -> u32 {
+        self.uid
+    }
+}
+
+impl Drop for UidLease {
+    fn drop(&mut self) {
+        let mut leased = self.pool.leased.lock().unwrap_or_else(|p| p.into_inner());
+        leased.remove(&self.uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_leases_never_share_a_uid_and_come_back() {
+        let pool = Arc::new(UidPool::new(UidRange {
+            first: 0x7100_0000,
+            count: 4,
+        }));
+        let a = pool.lease().unwrap();
+        let b = pool.lease().unwrap();
+        let c = pool.lease().unwrap();
+        let d = pool.lease().unwrap();
+        let mut uids = vec![a.uid(), b.uid(), c.uid(), d.uid()];
+        uids.sort();
+        uids.dedup();
+        assert_eq!(uids.len(), 4);
+        assert!(pool.lease().is_none(), "the range is exhausted");
+        // Another broker (another pool over the same range) gets none of them either.
+        let other = Arc::new(UidPool::new(pool.range()));
+        assert!(other.lease().is_none());
+        let freed = b.uid();
+        drop(b);
+        assert_eq!(pool.leased(), 3);
+        assert_eq!(other.lease().map(|l| l.uid()), Some(freed));
+    }
+
+    #[test]
+    fn a_uid_a_process_runs_with_is_skipped() {
+        // This test process runs as its own uid: a range made of only that uid is empty.
+        let me = nix::unistd::getuid().as_raw();
+        let pool = Arc::new(UidPool::new(UidRange {
+            first: me,
+            count: 1,
+        }));
+        assert!(pool.lease().is_none());
+    }
+}

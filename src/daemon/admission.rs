@@ -1,0 +1,274 @@
+//! Which connections the daemon serves, decided at `accept` before any shared resource is
+//! taken, and how refusals are logged.
+//!
+//! Peers are told apart by `SO_PEERCRED`. A peer that maps to a principal competes only with
+//! other principals' sessions; a peer that maps to none (it will be refused at `initialize`)
+//! has a small pool of its own. A uid's own limit is checked before any shared slot is
+//! taken, so no uid, principal or not, can make another uid's connection fail, and peers
+//! that are no principal cannot hold a single principal slot.
+//!
+//! Refusals are logged per uid and reason: the first of each interval at once, the rest as
+//! one summary line per interval, so a peer looping connect/close cannot flood the log.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Most sessions of principals served at once; each can hold an executor per server.
+pub const MAX_SESSIONS: usize = 256;
+/// Most sessions one principal uid holds at once (half of [`MAX_SESSIONS`]).
+pub const MAX_SESSIONS_PER_UID: usize = 128;
+/// Most connections open at once from peers that are no principal (they are answered at
+/// `initialize` with a refusal, then closed).
+pub const MAX_STRANGERS: usize = 16;
+/// Most connections one uid that is no principal holds open at once.
+pub const MAX_STRANGERS_PER_UID: usize = 2;
+/// How often refusals are summarised in the log.
+pub const SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
+/// Most uids tracked individually between two summaries; refusals of further uids are
+/// summed into one line, so the tracking itself stays bounded.
+const MAX_TRACKED_UIDS: usize = 1024;
+
+/// Whether the peer maps to a principal of the running configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeerClass {
+    /// A configured principal's uid or gid.
+    Principal,
+    /// Any other local peer.
+    Stranger,
+}
+
+/// Why a connection was closed at `accept`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// The uid already holds its share of sessions.
+    UidLimit,
+    /// Every session slot of its class is taken.
+    ClassLimit,
+}
+
+impl Refusal {
+    fn describe(self, class: PeerClass) -> &'static str {
+        match (self, class) {
+            (Refusal::UidLimit, PeerClass::Principal) => "per-uid session limit reached",
+            (Refusal::UidLimit, PeerClass::Stranger) => {
+                "per-uid limit for peers that are no principal reached"
+            }
+            (Refusal::ClassLimit, PeerClass::Principal) => "session limit reached",
+            (Refusal::ClassLimit, PeerClass::Stranger) => {
+                "limit for peers that are no principal reached"
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    by_uid: HashMap<(u32, PeerClass), usize>,
+    principals: usize,
+    strangers: usize,
+}
+
+#[derive(Default)]
+struct RefusalLog {
+    /// Refusals since the last summary, per (uid, class, reason); the first one was logged.
+    pending: HashMap<(u32, PeerClass, Refusal), u64>,
+    /// Refusals of uids beyond [`MAX_TRACKED_UIDS`].
+    untracked: u64,
+    last_summary: Option<Instant>,
+}
+
+/// Connection admission for one daemon: counts open connections per uid and class.
+#[derive(Default)]
+pub struct Admission {
+    counts: Mutex<Counts>,
+    log: Mutex<RefusalLog>,
+}
+
+/// One admitted connection; its slot is released when this is dropped.
+pub struct Slot {
+    admission: Arc<Admission>,
+    uid: u32,
+    class: PeerClass,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The counters stay consistent under a panic elsewhere: every update is one statement.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Admission {
+    /// Admits a connection of `uid` as `class`, or says why not. The uid's own limit is
+    /// checked first; nothing is counted for a refused connection.
+    pub fn admit(self: &Arc<Self>, uid: u32, class: PeerClass) -> Result<Slot, Refusal> {
+        let (per_uid, total) = match class {
+            PeerClass::Principal => (MAX_SESSIONS_PER_UID, MAX_SESSIONS),
+            PeerClass::Stranger => (MAX_STRANGERS_PER_UID, MAX_STRANGERS),
+        };
+        let mut counts = lock(&self.counts);
+        let open = counts.by_uid.get(&(uid, class)).copied().unwrap_or(0);
+        if open >= per_uid {
+            return Err(Refusal::UidLimit);
+        }
+        let class_open = match class {
+            PeerClass::Principal => &mut counts.principals,
+            PeerClass::Stranger => &mut counts.strangers,
+        };
+        if *class_open >= total {
+            return Err(Refusal::ClassLimit);
+        }
+        *class_open += 1;
+        *counts.by_uid.entry((uid, class)).or_insert(0) += 1;
+        Ok(Slot {
+            admission: self.clone(),
+            uid,
+            class,
+        })
+    }
+
+    /// Connections open now as (principal sessions, stranger connections).
+    #[cfg(test)]
+    fn open(&self) -> (usize, usize) {
+        let counts = lock(&self.counts);
+        (counts.principals, counts.strangers)
+    }
+
+    /// Logs a refusal: at once if it is the first of its uid and reason since the last
+    /// summary, else only counted for the next summary.
+    pub fn log_refusal(&self, uid: u32, class: PeerClass, refusal: Refusal) {
+        let mut log = lock(&self.log);
+        let key = (uid, class, refusal);
+        if let Some(n) = log.pending.get_mut(&key) {
+            *n += 1;
+            return;
+        }
+        if log.pending.len() >= MAX_TRACKED_UIDS {
+            log.untracked += 1;
+            return;
+        }
+        log.pending.insert(key, 0);
+        tracing::warn!(
+            uid,
+            "{}; closing a new connection (further refusals of this uid are summarised every {} s)",
+            refusal.describe(class),
+            SUMMARY_INTERVAL.as_secs()
+        );
+    }
+
+    /// Writes the summary of the refusals counted since the last one (one line per uid and
+    /// reason that had more than its first refusal), and starts a new interval.
+    pub fn summarize(&self) {
+        let mut log = lock(&self.log);
+        let since = log
+            .last_summary
+            .map(|t| t.elapsed().as_secs())
+            .unwrap_or(SUMMARY_INTERVAL.as_secs());
+        for ((uid, class, refusal), n) in log.pending.drain() {
+            if n > 0 {
+                tracing::warn!(
+                    uid,
+                    refused = n,
+                    "{}: {n} more connections closed in the last {since} s",
+                    refusal.describe(class)
+                );
+            }
+        }
+        if log.untracked > 0 {
+            tracing::warn!(
+                refused = log.untracked,
+                "{} more connections of other uids closed at a limit in the last {since} s",
+                log.untracked
+            );
+            log.untracked = 0;
+        }
+        log.last_summary = Some(Instant::now());
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = lock(&self.admission.counts);
+        let key = (self.uid, self.class);
+        if let Some(n) = counts.by_uid.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                counts.by_uid.remove(&key);
+            }
+        }
+        match self.class {
+            PeerClass::Principal => counts.principals -= 1,
+            PeerClass::Stranger => counts.strangers -= 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uid_at_its_limit_takes_no_shared_slot() {
+        let a = Arc::new(Admission::default());
+        let strangers: Vec<Slot> = (0..MAX_STRANGERS_PER_UID)
+            .map(|_| a.admit(7, PeerClass::Stranger).unwrap())
+            .collect();
+        for _ in 0..1000 {
+            assert_eq!(
+                a.admit(7, PeerClass::Stranger).err(),
+                Some(Refusal::UidLimit)
+            );
+        }
+        assert_eq!(a.open(), (0, MAX_STRANGERS_PER_UID));
+        // Strangers never hold principal slots: a principal still gets all of its own.
+        let mine: Vec<Slot> = (0..MAX_SESSIONS_PER_UID)
+            .map(|_| a.admit(1000, PeerClass::Principal).unwrap())
+            .collect();
+        assert_eq!(
+            a.admit(1000, PeerClass::Principal).err(),
+            Some(Refusal::UidLimit)
+        );
+        let other: Vec<Slot> = (0..MAX_SESSIONS - MAX_SESSIONS_PER_UID)
+            .map(|_| a.admit(1001, PeerClass::Principal).unwrap())
+            .collect();
+        assert_eq!(
+            a.admit(1002, PeerClass::Principal).err(),
+            Some(Refusal::ClassLimit)
+        );
+        drop((strangers, mine, other));
+        assert_eq!(a.open(), (0, 0));
+        assert!(lock(&a.counts).by_uid.is_empty());
+    }
+
+    #[test]
+    fn strangers_share_a_small_pool() {
+        let a = Arc::new(Admission::default());
+        let held: Vec<Slot> = (0..MAX_STRANGERS as u32)
+            .map(|uid| a.admit(uid, PeerClass::Stranger).unwrap())
+            .collect();
+        assert_eq!(
+            a.admit(9999, PeerClass::Stranger).err(),
+            Some(Refusal::ClassLimit)
+        );
+        assert!(a.admit(9999, PeerClass::Principal).is_ok());
+        drop(held);
+    }
+
+    #[test]
+    fn refusals_are_counted_once_logged() {
+        let a = Admission::default();
+        for _ in 0..5 {
+            a.log_refusal(7, PeerClass::Stranger, Refusal::UidLimit);
+        }
+        assert_eq!(
+            lock(&a.log).pending[&(7, PeerClass::Stranger, Refusal::UidLimit)],
+            4
+        );
+        a.summarize();
+        assert!(lock(&a.log).pending.is_empty());
+        for uid in 0..(MAX_TRACKED_UIDS as u32 + 10) {
+            a.log_refusal(uid, PeerClass::Stranger, Refusal::ClassLimit);
+        }
+        assert_eq!(lock(&a.log).pending.len(), MAX_TRACKED_UIDS);
+        assert_eq!(lock(&a.log).untracked, 10);
+    }
+}
