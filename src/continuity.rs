@@ -26,7 +26,7 @@ use crate::label::InformationLabel;
 use crate::records::chain::{line_hash, verify_records};
 use crate::records::store::{StoreError, list_record_files, split_lines};
 use crate::records::{DecisionRecord, Effect, EventKind, LabelsAfter};
-use crate::state::{FlowStateStore, SessionKey, StateError};
+use crate::state::{FlowStateStore, SessionKey, SqliteStore, StateError};
 
 /// Why the flow state and the records do not agree, or could not be compared.
 #[derive(Debug, thiserror::Error)]
@@ -268,8 +268,8 @@ pub struct Places<'a> {
 /// Checks that `state` holds every label the records in `places.records` prove, and
 /// re-binds it to the records' head. Refuses (see [`ContinuityError`]) a state that is
 /// behind the records or belongs to another record stream.
-pub fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), ContinuityError> {
-    let checkpoint = state.checkpoint()?;
+pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), ContinuityError> {
+    let checkpoint = state.checkpoint().await?;
     let scan = scan(
         places.records,
         checkpoint.as_ref().map(|(s, h)| (*s, h.as_str())),
@@ -300,7 +300,7 @@ pub fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Continui
     }
     // Sessions do not outlive a run, and each session's label is joined into its
     // principal's, so the principals' labels are what the records must find held.
-    let held = state.snapshot()?;
+    let held = state.snapshot().await?;
     for p in &scan.proofs {
         let principal = held
             .principals
@@ -323,16 +323,19 @@ pub fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Continui
         }
     }
     if let Some((seq, hash)) = &scan.head {
-        state.set_checkpoint(*seq, hash)?;
+        state.set_checkpoint(*seq, hash).await?;
     }
     Ok(())
 }
 
 /// Re-binds `state` to the records' current head without comparing labels: for an operator
 /// who accepted a reset, and for a clean shutdown (where the state is known to be current).
-pub fn rebind(state: &FlowStateStore, head: Option<(u64, &str)>) -> Result<(), ContinuityError> {
+pub async fn rebind(
+    state: &FlowStateStore,
+    head: Option<(u64, &str)>,
+) -> Result<(), ContinuityError> {
     if let Some((seq, hash)) = head {
-        state.set_checkpoint(seq, hash)?;
+        state.set_checkpoint(seq, hash).await?;
     }
     Ok(())
 }
@@ -364,7 +367,7 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
         });
     }
     let scan = scan(records_dir, None, true)?;
-    let state = FlowStateStore::open(state_db)?;
+    let state = SqliteStore::open(state_db)?;
     let mut principals: HashMap<PrincipalId, ()> = HashMap::new();
     let mut sessions: HashMap<SessionKey, ()> = HashMap::new();
     for p in &scan.proofs {
@@ -376,7 +379,9 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
         principals.insert(p.key.principal.clone(), ());
         sessions.insert(p.key.clone(), ());
     }
-    rebind(&state, scan.head.as_ref().map(|(s, h)| (*s, h.as_str())))?;
+    if let Some((seq, hash)) = &scan.head {
+        state.set_checkpoint(*seq, hash)?;
+    }
     Ok(RebuildReport {
         records: report.records,
         principals: principals.len(),

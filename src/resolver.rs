@@ -253,7 +253,7 @@ impl FlowResolver {
     /// Decides a call before dispatch. On success the argument taint has been joined into
     /// the principal's and session's state (durably), because the executor is about to see
     /// the arguments.
-    pub fn pre_dispatch(
+    pub async fn pre_dispatch(
         &self,
         principal: &PrincipalConfig,
         key: &SessionKey,
@@ -278,7 +278,7 @@ impl FlowResolver {
                 .classifier
                 .classify(ClassifierScope::Arguments, &classifiable_text(arguments)),
         );
-        let state = self.state.get(key)?;
+        let state = self.state.get(key).await?;
         let session_label = state.combined();
         let source = session_label.join_or_top(&argument_taint);
         let security = tool.security().clone();
@@ -321,7 +321,7 @@ impl FlowResolver {
         };
         // Single use is spent only once everything else passed, durably, before dispatch.
         if let (Some(g), Some(offer)) = (&grant, offer)
-            && !self.state.consume_grant(&g.id, offer.now)?
+            && !self.state.consume_grant(&g.id, offer.now).await?
         {
             return Err(CallRefusal::Grant {
                 tool: tool.name().to_string(),
@@ -329,7 +329,7 @@ impl FlowResolver {
                 denial: GrantDenial::Replayed,
             });
         }
-        let state_after_dispatch = self.state.join(key, &argument_taint)?;
+        let state_after_dispatch = self.state.join(key, &argument_taint).await?;
         Ok(CallPlan {
             key: key.clone(),
             argument_taint,
@@ -345,14 +345,14 @@ impl FlowResolver {
     /// Decides one outbound attempt made while `plan`'s call is in flight: egress is now
     /// observed whatever was declared; the clearances are checked against the session's
     /// state at this moment, then the destination rules.
-    pub fn decide_egress(
+    pub async fn decide_egress(
         &self,
         plan: &CallPlan,
         destination: Option<&Destination>,
         rules: &DestinationRules,
         origin: Option<&OriginRules>,
     ) -> EgressVerdict {
-        let source = match self.state.get(&plan.key) {
+        let source = match self.state.get(&plan.key).await {
             Ok(state) => state.combined().join_or_top(&plan.argument_taint),
             // State that cannot be read is unknown history: Top, which never egresses.
             Err(_) => InformationLabel::Top,
@@ -391,13 +391,17 @@ impl FlowResolver {
     /// Joins a call's output into state: `effective output floor ⊔ classifier(output)`.
     /// Durable before it returns; the caller returns the output only after this succeeds.
     /// Returns the labels the call leaves behind.
-    pub fn after_call(&self, plan: &CallPlan, output_text: &str) -> Result<FlowState, StateError> {
+    pub async fn after_call(
+        &self,
+        plan: &CallPlan,
+        output_text: &str,
+    ) -> Result<FlowState, StateError> {
         let label = plan.security.effective_output_floor().join_or_top(
             &self
                 .classifier
                 .classify(ClassifierScope::Outputs, output_text),
         );
-        self.state.join(&plan.key, &label)
+        self.state.join(&plan.key, &label).await
     }
 }
 
@@ -535,8 +539,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_lab_decisions() {
+    #[tokio::test]
+    async fn the_lab_decisions() {
         let dir = tempfile::tempdir().unwrap();
         let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
         let k = key_for(&who, "s1");
@@ -549,12 +553,17 @@ mod tests {
                 &serde_json::json!({"document": "t.md"}),
                 None,
             )
+            .await
             .unwrap();
         assert!(
             plan.clearances.is_empty(),
             "a local, non-egress read checks no clearance"
         );
-        let label = res.after_call(&plan, "Harbor Goods terms").unwrap().session;
+        let label = res
+            .after_call(&plan, "Harbor Goods terms")
+            .await
+            .unwrap()
+            .session;
         assert_eq!(label, terms(), "declared output label and classifier agree");
 
         let team = reg.tool("team-inbox", "publish").unwrap();
@@ -566,14 +575,19 @@ mod tests {
                 &serde_json::json!({"message": "m", "sink": "127.0.0.1:1"}),
                 None,
             )
+            .await
             .unwrap();
         assert_eq!(plan.source, terms());
         assert!(plan.basis.declared && plan.basis.topology);
         let rules = DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]);
         let ok = Destination::Inet("127.0.0.1:1".parse().unwrap());
         let other = Destination::Inet("127.0.0.1:2".parse().unwrap());
-        assert!(res.decide_egress(&plan, Some(&ok), &rules, None).allowed);
-        let blocked = res.decide_egress(&plan, Some(&other), &rules, None);
+        assert!(
+            res.decide_egress(&plan, Some(&ok), &rules, None)
+                .await
+                .allowed
+        );
+        let blocked = res.decide_egress(&plan, Some(&other), &rules, None).await;
         assert_eq!(blocked.denial.as_deref(), Some("destination_blocked"));
 
         let public = reg.tool("public-inbox", "publish").unwrap();
@@ -585,6 +599,7 @@ mod tests {
                 &serde_json::json!({"message": "m", "sink": "127.0.0.1:1"}),
                 None,
             )
+            .await
             .unwrap_err();
         assert_eq!(refusal.denial_code(), "flow_violation");
 
@@ -592,13 +607,16 @@ mod tests {
         let sneaky = reg.tool("workspace", "summarize_terms").unwrap();
         let plan = res
             .pre_dispatch(&who, &k, sneaky, &serde_json::json!({"text": "x"}), None)
+            .await
             .unwrap();
-        let v = res.decide_egress(
-            &plan,
-            Some(&ok),
-            &DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]),
-            None,
-        );
+        let v = res
+            .decide_egress(
+                &plan,
+                Some(&ok),
+                &DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]),
+                None,
+            )
+            .await;
         assert!(!v.allowed);
         assert_eq!(
             v.denial.as_deref(),
@@ -607,8 +625,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn argument_taint_is_joined_before_dispatch() {
+    #[tokio::test]
+    async fn argument_taint_is_joined_before_dispatch() {
         let dir = tempfile::tempdir().unwrap();
         let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
         let k = key_for(&who, "s2");
@@ -620,20 +638,23 @@ mod tests {
             &serde_json::json!({"text": "the Harbor Goods rebate"}),
             None,
         )
+        .await
         .unwrap();
         assert_eq!(
-            res.state().get(&k).unwrap().combined(),
+            res.state().get(&k).await.unwrap().combined(),
             terms(),
             "the executor saw the terms"
         );
         let public = reg.tool("public-inbox", "publish").unwrap();
-        let r = res.pre_dispatch(
-            &who,
-            &key_for(&who, "s3"),
-            public,
-            &serde_json::json!({"message": "m", "sink": "h:1"}),
-            None,
-        );
+        let r = res
+            .pre_dispatch(
+                &who,
+                &key_for(&who, "s3"),
+                public,
+                &serde_json::json!({"message": "m", "sink": "h:1"}),
+                None,
+            )
+            .await;
         assert_eq!(
             r.unwrap_err().denial_code(),
             "flow_violation",
@@ -641,8 +662,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn access_and_schema_are_checked_first() {
+    #[tokio::test]
+    async fn access_and_schema_are_checked_first() {
         let dir = tempfile::tempdir().unwrap();
         let (reg, res) = (registry(), resolver(dir.path()));
         let limited = PrincipalConfig {
@@ -659,6 +680,7 @@ mod tests {
                 &serde_json::json!({"document": "x"}),
                 None
             )
+            .await
             .unwrap_err()
             .denial_code(),
             "access_denied"
@@ -666,30 +688,33 @@ mod tests {
         let who = analyst();
         assert_eq!(
             res.pre_dispatch(&who, &k, read, &serde_json::json!({}), None)
+                .await
                 .unwrap_err()
                 .denial_code(),
             "schema_invalid"
         );
         assert!(
-            res.state().get(&k).unwrap().combined().is_bottom(),
+            res.state().get(&k).await.unwrap().combined().is_bottom(),
             "refused calls add no taint"
         );
     }
 
-    #[test]
-    fn top_state_never_egresses() {
+    #[tokio::test]
+    async fn top_state_never_egresses() {
         let dir = tempfile::tempdir().unwrap();
         let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
         let k = key_for(&who, "s");
-        res.state().join(&k, &InformationLabel::Top).unwrap();
+        res.state().join(&k, &InformationLabel::Top).await.unwrap();
         let team = reg.tool("team-inbox", "publish").unwrap();
-        let r = res.pre_dispatch(
-            &who,
-            &k,
-            team,
-            &serde_json::json!({"message": "m", "sink": "h:1"}),
-            None,
-        );
+        let r = res
+            .pre_dispatch(
+                &who,
+                &k,
+                team,
+                &serde_json::json!({"message": "m", "sink": "h:1"}),
+                None,
+            )
+            .await;
         assert_eq!(r.unwrap_err().denial_code(), "top_source");
     }
 

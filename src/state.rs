@@ -5,11 +5,20 @@
 //! it returns, a restart never lowers a label, and state that cannot be read is `Top`, never
 //! bottom. A principal's label follows it into every new session.
 //!
-//! The store keeps an authoritative in-memory copy and writes to disk only when a join
+//! [`FlowStateStore`] is the one interface the resolver and the continuity checks use; a
+//! [`StateBackend`] keeps the labels. Two backends exist: [`SqliteStore`] (the embedded
+//! default, one file per host) and [`postgres::PostgresStore`] (one database shared by a
+//! fleet, so a principal's label follows it from host to host). Both keep the same promises:
+//! labels never go down, a raise is durable before the call returns, concurrent raises for
+//! one principal all survive, and a store that cannot be read or written fails the call.
+//!
+//! The SQLite store keeps an authoritative in-memory copy and writes to disk only when a join
 //! actually changes a label, so the common call that adds nothing costs no fsync.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -92,15 +101,172 @@ struct Inner {
     failed: Option<String>,
 }
 
-/// The store. Thread-safe; writes are serialized.
+/// What a [`StateBackend`] operation returns: a future, so that a networked store never
+/// blocks the async worker that awaits it.
+pub type StateFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StateError>> + Send + 'a>>;
+
+/// Where the flow state lives. Every implementation guarantees: a label is only ever joined
+/// (never lowered), a raise is durable before its future resolves, concurrent raises of one
+/// principal's label (from this host or another sharing the store) all survive, and any
+/// doubt resolves to an error (which every caller turns into a refusal).
+pub trait StateBackend: Send + Sync + std::fmt::Debug {
+    /// The current labels of a session (its principal's read from the store itself).
+    fn get<'a>(&'a self, key: &'a SessionKey) -> StateFuture<'a, FlowState>;
+    /// Joins `principal` into the principal's label and `session` into the session's,
+    /// durably, and returns the labels after the join.
+    fn raise<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        principal: &'a InformationLabel,
+        session: &'a InformationLabel,
+    ) -> StateFuture<'a, FlowState>;
+    /// Drops an ended session's label (already joined into its principal's).
+    fn forget_session<'a>(&'a self, key: &'a SessionKey) -> StateFuture<'a, ()>;
+    /// Marks grant `id` used, durably; `false` when it was used before (anywhere the store
+    /// is shared).
+    fn consume_grant<'a>(&'a self, id: &'a str, now: u64) -> StateFuture<'a, bool>;
+    /// Every label held: every principal's, and this host's live sessions'.
+    fn snapshot(&self) -> StateFuture<'_, StateSnapshot>;
+    /// This host's records checkpoint (sequence number and line hash).
+    fn checkpoint(&self) -> StateFuture<'_, Option<(u64, String)>>;
+    /// Binds this host's state to record `seq` with line hash `hash`, durably.
+    fn set_checkpoint<'a>(&'a self, seq: u64, hash: &'a str) -> StateFuture<'a, ()>;
+    /// Why the store currently refuses use (`None`: healthy).
+    fn failure(&self) -> Option<String>;
+    /// Names the store for operators (a file, or a database without its password).
+    fn describe(&self) -> String;
+}
+
+/// The flow-state store the host uses, over whichever backend is configured.
+#[derive(Debug)]
 pub struct FlowStateStore {
+    backend: Box<dyn StateBackend>,
+}
+
+impl FlowStateStore {
+    /// Opens the embedded SQLite store at `path` (see [`SqliteStore::open`]).
+    pub fn open(path: &Path) -> Result<Self, StateError> {
+        Ok(Self::with_backend(Box::new(SqliteStore::open(path)?)))
+    }
+
+    /// A store over `backend`.
+    pub fn with_backend(backend: Box<dyn StateBackend>) -> Self {
+        FlowStateStore { backend }
+    }
+
+    /// The current labels of a session. A session never seen starts at bottom; its
+    /// principal's label applies through [`FlowState::combined`].
+    pub async fn get(&self, key: &SessionKey) -> Result<FlowState, StateError> {
+        self.backend.get(key).await
+    }
+
+    /// Joins `label` into the principal's and the session's labels, durably (see
+    /// [`StateBackend::raise`]).
+    pub async fn join(
+        &self,
+        key: &SessionKey,
+        label: &InformationLabel,
+    ) -> Result<FlowState, StateError> {
+        self.backend.raise(key, label, label).await
+    }
+
+    /// Joins `principal` and `session` into the two labels, durably.
+    pub async fn raise(
+        &self,
+        key: &SessionKey,
+        principal: &InformationLabel,
+        session: &InformationLabel,
+    ) -> Result<FlowState, StateError> {
+        self.backend.raise(key, principal, session).await
+    }
+
+    /// Drops an ended session (its label already lives in its principal's).
+    pub async fn forget_session(&self, key: &SessionKey) -> Result<(), StateError> {
+        self.backend.forget_session(key).await
+    }
+
+    /// Marks declassification grant `id` used, durably; `Ok(false)` for a replay.
+    pub async fn consume_grant(&self, id: &str, now: u64) -> Result<bool, StateError> {
+        self.backend.consume_grant(id, now).await
+    }
+
+    /// Every label held.
+    pub async fn snapshot(&self) -> Result<StateSnapshot, StateError> {
+        self.backend.snapshot().await
+    }
+
+    /// This host's records checkpoint.
+    pub async fn checkpoint(&self) -> Result<Option<(u64, String)>, StateError> {
+        self.backend.checkpoint().await
+    }
+
+    /// Binds this host's state to record `seq` (line hash `hash`), durably.
+    pub async fn set_checkpoint(&self, seq: u64, hash: &str) -> Result<(), StateError> {
+        self.backend.set_checkpoint(seq, hash).await
+    }
+
+    /// Why the store refuses use at the moment (`None`: healthy).
+    pub fn failure(&self) -> Option<String> {
+        self.backend.failure()
+    }
+
+    /// Names the store for operators.
+    pub fn describe(&self) -> String {
+        self.backend.describe()
+    }
+}
+
+impl StateBackend for SqliteStore {
+    fn get<'a>(&'a self, key: &'a SessionKey) -> StateFuture<'a, FlowState> {
+        Box::pin(std::future::ready(SqliteStore::get(self, key)))
+    }
+    fn raise<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        principal: &'a InformationLabel,
+        session: &'a InformationLabel,
+    ) -> StateFuture<'a, FlowState> {
+        Box::pin(std::future::ready(SqliteStore::raise(
+            self, key, principal, session,
+        )))
+    }
+    fn forget_session<'a>(&'a self, key: &'a SessionKey) -> StateFuture<'a, ()> {
+        Box::pin(std::future::ready(SqliteStore::forget_session(self, key)))
+    }
+    fn consume_grant<'a>(&'a self, id: &'a str, now: u64) -> StateFuture<'a, bool> {
+        Box::pin(std::future::ready(SqliteStore::consume_grant(
+            self, id, now,
+        )))
+    }
+    fn snapshot(&self) -> StateFuture<'_, StateSnapshot> {
+        Box::pin(std::future::ready(SqliteStore::snapshot(self)))
+    }
+    fn checkpoint(&self) -> StateFuture<'_, Option<(u64, String)>> {
+        Box::pin(std::future::ready(SqliteStore::checkpoint(self)))
+    }
+    fn set_checkpoint<'a>(&'a self, seq: u64, hash: &'a str) -> StateFuture<'a, ()> {
+        Box::pin(std::future::ready(SqliteStore::set_checkpoint(
+            self, seq, hash,
+        )))
+    }
+    fn failure(&self) -> Option<String> {
+        SqliteStore::failure(self)
+    }
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// The embedded SQLite store: one file per host. Thread-safe; writes are serialized. Its
+/// operations run on the caller's thread (a local fsync, as before the store had backends).
+pub struct SqliteStore {
     path: PathBuf,
     inner: Mutex<Inner>,
 }
 
-impl std::fmt::Debug for FlowStateStore {
+impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FlowStateStore")
+        f.debug_struct("SqliteStore")
             .field("path", &self.path)
             .finish()
     }
@@ -114,7 +280,7 @@ fn decode(path: &Path, key: &str, text: &str) -> Result<InformationLabel, StateE
     })
 }
 
-impl FlowStateStore {
+impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and loads every stored label. A
     /// corrupt label stops the open: the host must not start with state it cannot read.
     pub fn open(path: &Path) -> Result<Self, StateError> {
@@ -200,7 +366,7 @@ impl FlowStateStore {
                 );
             }
         }
-        Ok(FlowStateStore {
+        Ok(SqliteStore {
             path: path.to_path_buf(),
             inner: Mutex::new(Inner {
                 conn,
@@ -252,7 +418,7 @@ impl FlowStateStore {
     }
 
     /// Joins `principal` into the principal's label and `session` into the session's label,
-    /// durably, like [`FlowStateStore::join`] (used to rebuild state from records, where
+    /// durably, like [`SqliteStore::join`] (used to rebuild state from records, where
     /// each side's label is known on its own).
     pub fn raise(
         &self,
@@ -481,7 +647,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
         {
-            let store = FlowStateStore::open(&db).unwrap();
+            let store = SqliteStore::open(&db).unwrap();
             assert!(
                 store
                     .get(&key("alice", "s1"))
@@ -505,7 +671,7 @@ mod tests {
             // Another principal is untouched.
             assert!(store.get(&key("bob", "s9")).unwrap().combined().is_bottom());
         }
-        let store = FlowStateStore::open(&db).unwrap();
+        let store = SqliteStore::open(&db).unwrap();
         // After a restart the session is gone (compacted), its label lives on in alice's.
         assert_eq!(
             store.get(&key("alice", "s1")).unwrap().combined(),
@@ -523,7 +689,7 @@ mod tests {
     fn ended_sessions_are_compacted_into_their_principal() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
-        let store = FlowStateStore::open(&db).unwrap();
+        let store = SqliteStore::open(&db).unwrap();
         for i in 0..100 {
             store
                 .join(&key("alice", &format!("s{i}")), &owner("larkfield"))
@@ -544,7 +710,7 @@ mod tests {
                 .unwrap()
         };
         assert_eq!(rows(&db), 2);
-        let store = FlowStateStore::open(&db).unwrap();
+        let store = SqliteStore::open(&db).unwrap();
         assert_eq!(rows(&db), 0);
         assert!(store.snapshot().unwrap().sessions.is_empty());
         // Nothing was lowered: every new session of alice carries what the old ones had.
@@ -558,11 +724,11 @@ mod tests {
     fn a_consumed_grant_stays_consumed_across_restarts() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
-        let store = FlowStateStore::open(&db).unwrap();
+        let store = SqliteStore::open(&db).unwrap();
         assert!(store.consume_grant("g-1", 100).unwrap());
         assert!(!store.consume_grant("g-1", 101).unwrap(), "a replay");
         drop(store);
-        let store = FlowStateStore::open(&db).unwrap();
+        let store = SqliteStore::open(&db).unwrap();
         assert!(
             !store.consume_grant("g-1", 102).unwrap(),
             "a replay after a restart"
@@ -574,7 +740,7 @@ mod tests {
     fn a_corrupt_label_stops_the_open() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
-        FlowStateStore::open(&db)
+        SqliteStore::open(&db)
             .unwrap()
             .join(&key("alice", "s"), &owner("x"))
             .unwrap();
@@ -585,7 +751,7 @@ mod tests {
         )
         .unwrap();
         drop(conn);
-        let err = FlowStateStore::open(&db).unwrap_err().to_string();
+        let err = SqliteStore::open(&db).unwrap_err().to_string();
         assert!(err.contains("stored label for alice is invalid"), "{err}");
     }
 }

@@ -254,7 +254,7 @@ fn kill_9_and_restart_never_lowers_a_label() {
     lab.kill9();
 
     let db = lab.paths.state_dir.join("state.db");
-    let store = flowhost::state::FlowStateStore::open(&db).unwrap();
+    let store = flowhost::state::SqliteStore::open(&db).unwrap();
     let stored = store
         .stored_principal_label(&flowhost::PrincipalId::new("larkfield-analyst").unwrap())
         .unwrap()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::lab::{Lab, REVIEWER_UID};
 use flowhost::ident::PrincipalId;
-use flowhost::state::{FlowStateStore, StateSnapshot};
+use flowhost::state::{SqliteStore, StateSnapshot};
 use serde_json::{Value, json};
 
 const TERMS: &str = "harbor-goods-terms.md";
@@ -258,7 +258,7 @@ fn a_failed_flow_state_store_makes_health_incomplete_and_health_still_answers() 
 }
 
 fn snapshot(db: &Path) -> StateSnapshot {
-    FlowStateStore::open(db).unwrap().snapshot().unwrap()
+    SqliteStore::open(db).unwrap().snapshot().unwrap()
 }
 
 /// Runs the lab once: the analyst reads the terms in one session, then the daemon stops

@@ -130,12 +130,15 @@ impl EgressJudge {
                     self.undeclared_egress(&call);
                     DeclarationMismatch::UndeclaredEgress
                 });
-                let v = self.resolver.decide_egress(
-                    &call.plan,
-                    info.destination.as_ref(),
-                    &self.destinations,
-                    self.origins.get(&call.plan.key.principal),
-                );
+                let v = self
+                    .resolver
+                    .decide_egress(
+                        &call.plan,
+                        info.destination.as_ref(),
+                        &self.destinations,
+                        self.origins.get(&call.plan.key.principal),
+                    )
+                    .await;
                 let verdict = if v.allowed {
                     Verdict::allow_before_effect(v.rule.as_deref())
                 } else {

@@ -552,7 +552,8 @@ impl Host {
             crate::continuity::rebind(
                 &state,
                 writer_head(&status).as_ref().map(|(s, h)| (*s, h.as_str())),
-            )?;
+            )
+            .await?;
             std::fs::remove_file(&ack).map_err(|source| StartupError::Io { path: ack, source })?;
         } else {
             crate::continuity::check(
@@ -562,7 +563,8 @@ impl Host {
                     state_dir: &config.state_dir,
                     records: &config.records_dir,
                 },
-            )?;
+            )
+            .await?;
         }
         let coverage = Coverage::carried_over(&config.health_file, &status);
         let resolver = Arc::new(FlowResolver::new(
@@ -769,7 +771,9 @@ impl Host {
             writer_head(&self.records.status())
                 .as_ref()
                 .map(|(s, h)| (*s, h.as_str())),
-        ) {
+        )
+        .await
+        {
             tracing::error!(error = %e, "binding the flow state to the records failed");
         }
         if let Err(e) = self.write_health() {

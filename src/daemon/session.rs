@@ -162,7 +162,7 @@ pub(super) async fn serve(
             session: session.id.clone(),
         };
         // Compaction: the ended session's label already lives in its principal's.
-        if let Err(e) = session.host.resolver.state().forget_session(&key) {
+        if let Err(e) = session.host.resolver.state().forget_session(&key).await {
             tracing::error!(session = %session.id, error = %e, "cannot drop the ended session's label; the flow state refuses further use");
         }
     }
@@ -226,7 +226,7 @@ impl Session {
                 ok => ok,
             },
             "tools/call" => self.call(params).await,
-            "flowhost/session" => match self.describe() {
+            "flowhost/session" => match self.describe().await {
                 Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
                 ok => ok,
             },
@@ -291,7 +291,7 @@ impl Session {
 
     /// `flowhost/session`: what a declassification authority binds a grant to (the session
     /// id and the session's current label with its hash).
-    fn describe(&self) -> Result<Value, RpcError> {
+    async fn describe(&self) -> Result<Value, RpcError> {
         let generation = self.host.current();
         let principal = self.principal(&generation)?;
         let key = SessionKey {
@@ -303,6 +303,7 @@ impl Session {
             .resolver
             .state()
             .get(&key)
+            .await
             .map_err(|e| {
                 RpcError::new(code::INTERNAL_ERROR, format!("flow state unavailable: {e}"))
                     .with_data(json!({"denial": DenialKind::STATE_FAILURE}))
@@ -525,6 +526,7 @@ impl Session {
             .host
             .resolver
             .pre_dispatch(&principal, &key, tool, &arguments, offer)
+            .await
         {
             Ok(plan) => plan,
             Err(refusal) => {
@@ -657,13 +659,18 @@ impl Session {
                 )
             }
         };
-        let state = self.host.resolver.after_call(&plan, &text).map_err(|e| {
-            RpcError::new(
-                code::INTERNAL_ERROR,
-                format!("the output's label could not be stored, so it is withheld: {e}"),
-            )
-            .with_data(json!({"denial": DenialKind::STATE_FAILURE}))
-        })?;
+        let state = self
+            .host
+            .resolver
+            .after_call(&plan, &text)
+            .await
+            .map_err(|e| {
+                RpcError::new(
+                    code::INTERNAL_ERROR,
+                    format!("the output's label could not be stored, so it is withheld: {e}"),
+                )
+                .with_data(json!({"denial": DenialKind::STATE_FAILURE}))
+            })?;
         self.record(EventKind::ToolOutcome, outcome(verdict, &state))
             .await?;
         Ok(result)
