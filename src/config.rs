@@ -134,6 +134,33 @@ struct RawHost {
     refusal_records_per_interval: usize,
     #[serde(default = "default_min_free")]
     records_min_free_mib: u64,
+    #[serde(default)]
+    state: Option<RawState>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "backend", rename_all = "lowercase", deny_unknown_fields)]
+enum RawState {
+    Sqlite,
+    Postgres {
+        url_file: PathBuf,
+        host_id: String,
+        #[serde(default)]
+        password_file: Option<PathBuf>,
+        #[serde(default)]
+        ca_file: Option<PathBuf>,
+        #[serde(default = "default_state_timeout")]
+        timeout_ms: u64,
+        #[serde(default = "default_state_connections")]
+        connections: usize,
+    },
+}
+
+fn default_state_timeout() -> u64 {
+    5_000
+}
+fn default_state_connections() -> usize {
+    4
 }
 
 fn default_fold_interval() -> u64 {
@@ -242,6 +269,8 @@ pub struct HostConfig {
     pub state_dir: PathBuf,
     /// Directory of the decision records.
     pub records_dir: PathBuf,
+    /// Where the flow state lives (default: `state_dir/state.db`).
+    pub state: StateConfig,
     /// Where `tool_observation_health` is written on shutdown and on demand.
     pub health_file: PathBuf,
     /// Directories searched for execution profiles (then the built-in ones).
@@ -286,6 +315,38 @@ pub struct HostConfig {
     /// Trusted declassification authorities: id to public key.
     pub authorities: crate::grant::Authorities,
 }
+
+/// Where the host keeps its flow state (`[host] state = { backend = ... }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateConfig {
+    /// The embedded SQLite file `state_dir/state.db`, private to this host.
+    Sqlite,
+    /// A PostgreSQL database shared by every host of a fleet.
+    Postgres(PostgresStateConfig),
+}
+
+/// The shared PostgreSQL flow state. Secrets come from files only, never from the
+/// configuration text or a command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresStateConfig {
+    /// A file holding the connection URL or key=value string (it may omit the password).
+    pub url_file: PathBuf,
+    /// This host's stable name in the shared database: its records checkpoint is kept under
+    /// it, so each host's state stays bound to its own records.
+    pub host_id: String,
+    /// A file holding the password (overrides any in the URL).
+    pub password_file: Option<PathBuf>,
+    /// PEM roots that authenticate the server; when set, TLS is required.
+    pub ca_file: Option<PathBuf>,
+    /// How long one state operation (connecting included) may take before the call is
+    /// refused.
+    pub timeout: Duration,
+    /// Connections the host keeps to the database.
+    pub connections: usize,
+}
+
+/// The longest accepted `host_id`.
+const MAX_HOST_ID: usize = 128;
 
 /// A classifier rule: text matching `pattern` carries `label`.
 #[derive(Debug, Clone)]
@@ -613,8 +674,54 @@ impl HostConfig {
             }
         }
 
+        let state = match &h.state {
+            None | Some(RawState::Sqlite) => StateConfig::Sqlite,
+            Some(RawState::Postgres {
+                url_file,
+                host_id,
+                password_file,
+                ca_file,
+                timeout_ms,
+                connections,
+            }) => {
+                if host_id.is_empty()
+                    || host_id.len() > MAX_HOST_ID
+                    || !host_id
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                {
+                    return Err(invalid(
+                        "host.state.host_id".into(),
+                        format!(
+                            "{host_id:?} is not 1 to {MAX_HOST_ID} characters of A-Z a-z 0-9 . _ -"
+                        ),
+                    ));
+                }
+                if *timeout_ms == 0 || *timeout_ms > MAX_TIMEOUT_MS {
+                    return Err(invalid(
+                        "host.state.timeout_ms".into(),
+                        format!("{timeout_ms} is not between 1 and {MAX_TIMEOUT_MS}"),
+                    ));
+                }
+                if !(1..=64).contains(connections) {
+                    return Err(invalid(
+                        "host.state.connections".into(),
+                        format!("{connections} is not between 1 and 64"),
+                    ));
+                }
+                StateConfig::Postgres(PostgresStateConfig {
+                    url_file: resolve(url_file),
+                    host_id: host_id.clone(),
+                    password_file: password_file.as_deref().map(resolve),
+                    ca_file: ca_file.as_deref().map(resolve),
+                    timeout: Duration::from_millis(*timeout_ms),
+                    connections: *connections,
+                })
+            }
+        };
         let state_dir = resolve(&h.state_dir);
         Ok(HostConfig {
+            state,
             file: file.to_path_buf(),
             socket: resolve(&h.socket),
             socket_mode,
@@ -811,6 +918,37 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
             e.contains("`server[1].id`") && e.contains("configured twice"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_state_backend_defaults_to_sqlite_and_postgres_is_validated() {
+        let file = Path::new("/etc/flowhost/host.toml");
+        assert_eq!(
+            HostConfig::parse(file, MINIMAL).unwrap().state,
+            StateConfig::Sqlite
+        );
+        let pg = MINIMAL.replace(
+            "[host]",
+            "[host]\nstate = { backend = \"postgres\", url_file = \"pg/url\", \
+             password_file = \"/run/secrets/pg\", host_id = \"web-1\" }",
+        );
+        let StateConfig::Postgres(p) = HostConfig::parse(file, &pg).unwrap().state else {
+            panic!("not postgres");
+        };
+        assert_eq!(p.url_file, Path::new("/etc/flowhost/pg/url"));
+        assert_eq!(
+            p.password_file.as_deref(),
+            Some(Path::new("/run/secrets/pg"))
+        );
+        assert_eq!((p.host_id.as_str(), p.connections), ("web-1", 4));
+        assert_eq!(p.timeout, Duration::from_secs(5));
+        let e = error(&pg.replace("web-1", "web 1"));
+        assert!(e.contains("`host.state.host_id`"), "{e}");
+        // A password is never configuration text: only a file may hold it.
+        let e = error(&pg.replace("host_id =", "password = \"x\", host_id ="));
+        assert!(e.contains("password"), "{e}");
+        let e = error(&pg.replace(", host_id = \"web-1\"", ""));
+        assert!(e.contains("host_id"), "{e}");
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! The SQLite store keeps an authoritative in-memory copy and writes to disk only when a join
 //! actually changes a label, so the common call that adds nothing costs no fsync.
 
+pub mod postgres;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -58,6 +60,10 @@ pub enum StateError {
     /// An earlier failure left the store unusable.
     #[error("flow-state store failed earlier and refuses further use: {0}")]
     Failed(String),
+    /// The shared PostgreSQL store failed (unreachable, unwritable, wrong schema, bad
+    /// settings). Never carries the password.
+    #[error(transparent)]
+    Postgres(#[from] postgres::PgError),
 }
 
 /// A session's identity: the principal and the session id the host assigned.

@@ -12,6 +12,20 @@ pub(crate) enum StateCommand {
     /// the host first). Labels are joined into what `STATE_DIR/state.db` already holds, so a
     /// rebuild never lowers anything; the state is then bound to the records' head.
     Rebuild(RebuildArgs),
+    /// Create or migrate the schema of the shared PostgreSQL flow state named by the host
+    /// configuration's `[host] state` (run once per fleet before starting the hosts; safe to
+    /// run again or from several hosts). A schema newer than this build is left untouched
+    /// and reported (exit 2).
+    Migrate(MigrateArgs),
+}
+
+/// `flowhost state migrate --config FILE`
+#[derive(Debug, clap::Args)]
+pub(crate) struct MigrateArgs {
+    /// The host configuration (its `[host] state` names the database and the files holding
+    /// its URL and password).
+    #[arg(long)]
+    config: PathBuf,
 }
 
 /// `flowhost state rebuild --records DIR --state-dir DIR`
@@ -29,6 +43,31 @@ impl StateCommand {
     /// Runs the subcommand: exit 0 rebuilt, 2 with the reason otherwise.
     pub(crate) fn run(self) -> CliResult {
         match self {
+            StateCommand::Migrate(args) => {
+                let config = crate::config::HostConfig::load(&args.config)?;
+                let crate::config::StateConfig::Postgres(pg) = &config.state else {
+                    println!(
+                        "{}: the flow state is the embedded SQLite file {}; it needs no migration",
+                        args.config.display(),
+                        config.state_dir.join(crate::daemon::STATE_FILE).display()
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                };
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                let report = runtime.block_on(crate::state::postgres::migrate(pg))?;
+                match report.from {
+                    None => println!(
+                        "{}: created flowhost schema version {}",
+                        report.target, report.to
+                    ),
+                    Some(v) => {
+                        println!("{}: flowhost schema version {v} is current", report.target)
+                    }
+                }
+                Ok(ExitCode::SUCCESS)
+            }
             StateCommand::Rebuild(args) => {
                 use std::os::unix::fs::DirBuilderExt;
                 std::fs::DirBuilder::new()

@@ -27,6 +27,7 @@ use std::time::Duration;
 use flowhost_broker::{Broker, BrokerOptions, Profile};
 use tokio::net::UnixListener;
 
+use crate::config::StateConfig;
 use crate::config::{BrokerMode, HostConfig, topology_of};
 use crate::label::InformationLabel;
 use crate::records::health::{HealthError, HealthProducer, RecordsHealth};
@@ -34,6 +35,7 @@ use crate::records::{RecordWriter, ToolMapping, ToolObservationHealth, WriterOpt
 use crate::registry::{RuntimeTopology, VerifiedRegistry};
 use crate::resolver::{CallPlan, Classifier, FlowResolver};
 use crate::state::FlowStateStore;
+use crate::state::postgres::PostgresStore;
 
 pub use activation::listener_from_systemd;
 pub use admission::{
@@ -356,7 +358,7 @@ fn check_profiles(
 /// rest while silently keeping the old values would make the file lie about the host.
 fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result<(), StartupError> {
     type Shown = fn(&HostConfig) -> String;
-    let fixed: [(&'static str, Shown); 15] = [
+    let fixed: [(&'static str, Shown); 16] = [
         ("socket", |c| c.socket.display().to_string()),
         ("socket_mode", |c| format!("{:o}", c.socket_mode)),
         ("state_dir", |c| c.state_dir.display().to_string()),
@@ -374,6 +376,7 @@ fn refuse_restart_only_changes(running: &HostConfig, new: &HostConfig) -> Result
             c.operator_input_floor.to_string()
         }),
         ("classifier_version", |c| c.classifier_version.clone()),
+        ("state", |c| format!("{:?}", c.state)),
         ("refusal_fold_interval_ms", |c| {
             c.refusal_fold_interval.as_millis().to_string()
         }),
@@ -535,9 +538,22 @@ impl Host {
         ensure_dir(&config.state_dir, 0o700)?;
         ensure_dir(&config.records_dir, 0o700)?;
         registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
-        let reset_accepted = check_state_continuity(&config)?;
-        let db = config.state_dir.join(STATE_FILE);
-        let state = Arc::new(FlowStateStore::open(&db)?);
+        let (state, db, reset_accepted) = match &config.state {
+            StateConfig::Sqlite => {
+                let reset_accepted = check_state_continuity(&config)?;
+                let db = config.state_dir.join(STATE_FILE);
+                (FlowStateStore::open(&db)?, db, reset_accepted)
+            }
+            // A shared database has no file to lose: a wiped or foreign database shows as
+            // labels missing that this host's records prove (the continuity check below).
+            StateConfig::Postgres(pg) => (
+                FlowStateStore::with_backend(Box::new(PostgresStore::open(pg).await?)),
+                pg.url_file.clone(),
+                false,
+            ),
+        };
+        tracing::info!(state = %state.describe(), "flow state opened");
+        let state = Arc::new(state);
         let records = RecordWriter::open(
             &config.records_dir,
             WriterOptions {

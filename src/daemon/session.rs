@@ -659,18 +659,27 @@ impl Session {
                 )
             }
         };
-        let state = self
-            .host
-            .resolver
-            .after_call(&plan, &text)
-            .await
-            .map_err(|e| {
-                RpcError::new(
+        let state = self.host.resolver.after_call(&plan, &text).await;
+        let state = match state {
+            Ok(state) => state,
+            Err(e) => {
+                // The output is withheld; that is the call's outcome, and it is recorded
+                // with the last labels known to be stored.
+                self.record(
+                    EventKind::ToolOutcome,
+                    outcome(
+                        Verdict::error(DenialKind::STATE_FAILURE),
+                        &plan.state_after_dispatch,
+                    ),
+                )
+                .await?;
+                return Err(RpcError::new(
                     code::INTERNAL_ERROR,
                     format!("the output's label could not be stored, so it is withheld: {e}"),
                 )
-                .with_data(json!({"denial": DenialKind::STATE_FAILURE}))
-            })?;
+                .with_data(json!({"denial": DenialKind::STATE_FAILURE})));
+            }
+        };
         self.record(EventKind::ToolOutcome, outcome(verdict, &state))
             .await?;
         Ok(result)

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod lab;
+pub mod pg;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, UdpSocket};

@@ -1,0 +1,706 @@
+//! The flow state on a PostgreSQL database shared by a fleet of hosts.
+//!
+//! Guarantees, beside those of every [`StateBackend`]: a principal's label is read from the
+//! database on every decision (another host may have raised it a moment ago), never from a
+//! copy kept here; a raise is a transaction that locks the principal's row (`SELECT ... FOR
+//! UPDATE`) and joins under that lock, so concurrent raises from any number of hosts all
+//! survive; it is committed (with `synchronous_commit` at least `on`) before the future
+//! resolves. A session's label is per host and lives in memory: a session never outlives its
+//! host process, and every raise of a session also raises its principal in the database.
+//! Grants' single use lives in the same database, so a grant used on one host is a replay on
+//! every other. Each host keeps its own records checkpoint, keyed by its `host_id`.
+//!
+//! A database that cannot be reached, or an operation that takes longer than the configured
+//! timeout, fails the operation (the caller refuses the call); the next operation reconnects,
+//! so service resumes when the database is back. Errors name the database (user, host, port,
+//! database name) and never the password.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::{Client, Config, NoTls};
+
+use super::{FlowState, SessionKey, StateBackend, StateError, StateFuture, StateSnapshot};
+use crate::config::PostgresStateConfig;
+use crate::ident::PrincipalId;
+use crate::label::InformationLabel;
+
+/// The schema version this build creates and accepts.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Serializes concurrent `flowhost state migrate` runs (a transaction-scoped advisory lock).
+const MIGRATE_LOCK: i64 = 0x666c_6f77_686f_7374;
+
+/// Version 1: principals' labels, consumed grants, one records checkpoint per host.
+const SCHEMA_V1: &str = "
+CREATE TABLE flowhost_schema (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    version   integer NOT NULL
+);
+CREATE TABLE principal_labels (
+    principal text PRIMARY KEY,
+    label     text NOT NULL
+);
+CREATE TABLE consumed_grants (
+    grant_id    text PRIMARY KEY,
+    consumed_at bigint NOT NULL,
+    host_id     text NOT NULL
+);
+CREATE TABLE records_checkpoint (
+    host_id text PRIMARY KEY,
+    seq     bigint NOT NULL,
+    hash    text NOT NULL
+);
+INSERT INTO flowhost_schema (version) VALUES (1);
+";
+
+/// Why the PostgreSQL store failed. `target` names the database without its password.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    /// A file named in the configuration could not be read.
+    #[error("{file}: cannot read the flow-state database's {what}: {source}")]
+    Read {
+        /// The file.
+        file: PathBuf,
+        /// Which setting (`url_file`, `password_file`, `ca_file`).
+        what: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The URL file does not hold a valid connection string, or the TLS settings cannot work.
+    #[error("{file}: {reason}")]
+    Settings {
+        /// The file at fault.
+        file: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The database could not be reached or refused the connection.
+    #[error("flow-state database {target}: cannot connect: {reason}")]
+    Connect {
+        /// The database.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// A read or write failed.
+    #[error("flow-state database {target}: {reason}")]
+    Query {
+        /// The database.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// The operation took longer than the configured timeout.
+    #[error("flow-state database {target}: no answer within {after:?}")]
+    Timeout {
+        /// The database.
+        target: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The schema is missing or of a version this build does not know.
+    #[error(
+        "flow-state database {target}: {found}; this flowhost knows schema version \
+         {known} (run `flowhost state migrate --config FILE`)",
+        known = SCHEMA_VERSION
+    )]
+    Schema {
+        /// The database.
+        target: String,
+        /// What was found.
+        found: String,
+    },
+    /// A stored label is not a valid label.
+    #[error("flow-state database {target}: stored label for {key} is invalid: {reason}")]
+    Corrupt {
+        /// The database.
+        target: String,
+        /// Which principal.
+        key: String,
+        /// The decoding error.
+        reason: String,
+    },
+}
+
+/// A `tokio_postgres` error with its causes (its `Display` alone often says only "db error").
+fn reason(e: &tokio_postgres::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// How the store reaches the server.
+#[derive(Clone)]
+enum Tls {
+    Off,
+    Rustls(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+/// Where the database is and how to log in, read from the configured files.
+struct Target {
+    config: Config,
+    tls: Tls,
+    name: String,
+}
+
+fn read_file(file: &Path, what: &'static str) -> Result<String, PgError> {
+    std::fs::read_to_string(file).map_err(|source| PgError::Read {
+        file: file.to_path_buf(),
+        what,
+        source,
+    })
+}
+
+/// Names a database for operators: user, hosts, ports and database name, never a password.
+fn describe(config: &Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let host = match h {
+                Host::Tcp(name) => name.clone(),
+                Host::Unix(path) => path.display().to_string(),
+            };
+            match config.get_ports().get(i).or(config.get_ports().first()) {
+                Some(port) => format!("{host}:{port}"),
+                None => host,
+            }
+        })
+        .collect();
+    format!(
+        "postgresql://{}@{}/{}",
+        config.get_user().unwrap_or(""),
+        hosts.join(","),
+        config.get_dbname().unwrap_or("")
+    )
+}
+
+impl Target {
+    fn load(settings: &PostgresStateConfig) -> Result<Self, PgError> {
+        let text = read_file(&settings.url_file, "url_file")?;
+        let mut config: Config = text.trim().parse().map_err(|e| PgError::Settings {
+            file: settings.url_file.clone(),
+            reason: format!("not a PostgreSQL connection string: {e}"),
+        })?;
+        if let Some(file) = &settings.password_file {
+            let password = read_file(file, "password_file")?;
+            config.password(password.trim_end_matches(['\n', '\r']));
+        }
+        config.connect_timeout(settings.timeout);
+        config.application_name("flowhost");
+        let tls = match &settings.ca_file {
+            Some(ca) => {
+                config.ssl_mode(SslMode::Require);
+                Tls::Rustls(rustls_connector(ca)?)
+            }
+            None if config.get_ssl_mode() == SslMode::Require => {
+                return Err(PgError::Settings {
+                    file: settings.url_file.clone(),
+                    reason: "sslmode=require, but [host] state has no ca_file to authenticate \
+                             the server with"
+                        .into(),
+                });
+            }
+            None => {
+                config.ssl_mode(SslMode::Disable);
+                Tls::Off
+            }
+        };
+        Ok(Target {
+            name: describe(&config),
+            config,
+            tls,
+        })
+    }
+
+    async fn connect(&self) -> Result<Client, PgError> {
+        let failed = |e: tokio_postgres::Error| PgError::Connect {
+            target: self.name.clone(),
+            reason: reason(&e),
+        };
+        let client = match &self.tls {
+            Tls::Off => {
+                let (client, connection) = self.config.connect(NoTls).await.map_err(failed)?;
+                tokio::spawn(connection);
+                client
+            }
+            Tls::Rustls(tls) => {
+                let (client, connection) =
+                    self.config.connect(tls.clone()).await.map_err(failed)?;
+                tokio::spawn(connection);
+                client
+            }
+        };
+        // A commit must be durable before a call's output leaves the host: a server whose
+        // default is `synchronous_commit = off` is overridden for this connection.
+        let row = client
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .map_err(failed)?;
+        if row.get::<_, &str>(0) == "off" {
+            client
+                .batch_execute("SET synchronous_commit TO on")
+                .await
+                .map_err(failed)?;
+        }
+        Ok(client)
+    }
+}
+
+/// A rustls connector trusting only the roots in `ca` (PEM).
+fn rustls_connector(ca: &Path) -> Result<tokio_postgres_rustls::MakeRustlsConnect, PgError> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let bad = |reason: String| PgError::Settings {
+        file: ca.to_path_buf(),
+        reason,
+    };
+    let pem = read_file(ca, "ca_file")?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        let cert = cert.map_err(|e| bad(format!("not a PEM certificate list: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| bad(format!("not a usable CA certificate: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(bad("holds no certificate".into()));
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(format!("no usable TLS versions: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// What `flowhost state migrate` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrateReport {
+    /// The database, without its password.
+    pub target: String,
+    /// The version found (`None`: no schema yet).
+    pub from: Option<i32>,
+    /// The version now in place.
+    pub to: i32,
+}
+
+/// Creates the schema, or checks it is current. A version newer than this build is refused
+/// untouched. Safe to run from several hosts at once.
+pub async fn migrate(settings: &PostgresStateConfig) -> Result<MigrateReport, StateError> {
+    let target = Target::load(settings)?;
+    let query = |e: tokio_postgres::Error| PgError::Query {
+        target: target.name.clone(),
+        reason: reason(&e),
+    };
+    let work = async {
+        let mut client = target.connect().await?;
+        let tx = client.transaction().await.map_err(query)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
+            .await
+            .map_err(query)?;
+        let from = schema_version(&tx).await.map_err(query)?;
+        match from {
+            None => {
+                tx.batch_execute(SCHEMA_V1).await.map_err(query)?;
+            }
+            Some(SCHEMA_VERSION) => {}
+            Some(other) => {
+                return Err(PgError::Schema {
+                    target: target.name.clone(),
+                    found: format!("schema version {other} is newer than this build"),
+                });
+            }
+        }
+        tx.commit().await.map_err(query)?;
+        Ok(MigrateReport {
+            target: target.name.clone(),
+            from,
+            to: SCHEMA_VERSION,
+        })
+    };
+    Ok(tokio::time::timeout(settings.timeout, work)
+        .await
+        .map_err(|_| PgError::Timeout {
+            target: target.name.clone(),
+            after: settings.timeout,
+        })??)
+}
+
+async fn schema_version(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Option<i32>, tokio_postgres::Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('flowhost_schema') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    Ok(client
+        .query_opt("SELECT version FROM flowhost_schema", &[])
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// The PostgreSQL store of one host.
+pub struct PostgresStore {
+    target: Target,
+    host_id: String,
+    timeout: Duration,
+    slots: Vec<tokio::sync::Mutex<Option<Client>>>,
+    next: AtomicUsize,
+    sessions: Mutex<HashMap<SessionKey, InformationLabel>>,
+    failure: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("target", &self.target.name)
+            .field("host_id", &self.host_id)
+            .finish()
+    }
+}
+
+impl PostgresStore {
+    /// Connects and checks the schema: a database that cannot be reached, or holds no schema
+    /// or one of another version, is refused (the host does not start).
+    pub async fn open(settings: &PostgresStateConfig) -> Result<Self, StateError> {
+        let target = Target::load(settings)?;
+        let name = target.name.clone();
+        let first = tokio::time::timeout(settings.timeout, async {
+            let client = target.connect().await?;
+            let version = schema_version(&client).await.map_err(|e| PgError::Query {
+                target: name.clone(),
+                reason: reason(&e),
+            })?;
+            match version {
+                Some(SCHEMA_VERSION) => Ok(client),
+                None => Err(PgError::Schema {
+                    target: name.clone(),
+                    found: "holds no flowhost schema".into(),
+                }),
+                Some(v) => Err(PgError::Schema {
+                    target: name.clone(),
+                    found: format!("holds schema version {v}, unknown to this build"),
+                }),
+            }
+        })
+        .await
+        .map_err(|_| PgError::Timeout {
+            target: name.clone(),
+            after: settings.timeout,
+        })??;
+        let mut slots: Vec<_> = (0..settings.connections.max(1))
+            .map(|_| tokio::sync::Mutex::new(None))
+            .collect();
+        slots[0] = tokio::sync::Mutex::new(Some(first));
+        Ok(PostgresStore {
+            target,
+            host_id: settings.host_id.clone(),
+            timeout: settings.timeout,
+            slots,
+            next: AtomicUsize::new(0),
+            sessions: Mutex::new(HashMap::new()),
+            failure: Mutex::new(None),
+        })
+    }
+
+    fn query_error(&self, e: &tokio_postgres::Error) -> PgError {
+        PgError::Query {
+            target: self.target.name.clone(),
+            reason: reason(e),
+        }
+    }
+
+    /// Runs `op` on one of the host's connections (reconnecting a lost one), within the
+    /// timeout. A failure drops that connection, so the next operation starts afresh, and is
+    /// reported by [`StateBackend::failure`] until an operation succeeds again.
+    async fn run<T, F>(&self, op: F) -> Result<T, StateError>
+    where
+        F: AsyncFnOnce(&mut Client) -> Result<T, PgError>,
+    {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let work = async {
+            let mut slot = self.slots[i].lock().await;
+            if slot.as_ref().is_none_or(Client::is_closed) {
+                *slot = Some(self.target.connect().await?);
+            }
+            let Some(client) = slot.as_mut() else {
+                return Err(PgError::Connect {
+                    target: self.target.name.clone(),
+                    reason: "no connection".into(),
+                });
+            };
+            let result = op(client).await;
+            if result.is_err() {
+                *slot = None;
+            }
+            result
+        };
+        let result = tokio::time::timeout(self.timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                // The operation was abandoned part way (its transaction, if any, is rolled
+                // back when its connection goes): drop that connection, unless another
+                // operation already took the slot.
+                if let Ok(mut slot) = self.slots[i].try_lock() {
+                    *slot = None;
+                }
+                Err(PgError::Timeout {
+                    target: self.target.name.clone(),
+                    after: self.timeout,
+                })
+            });
+        if let Ok(mut failure) = self.failure.lock() {
+            *failure = result.as_ref().err().map(ToString::to_string);
+        }
+        result.map_err(StateError::from)
+    }
+
+    fn decode(&self, key: &str, text: &str) -> Result<InformationLabel, PgError> {
+        InformationLabel::from_json(text).map_err(|e| PgError::Corrupt {
+            target: self.target.name.clone(),
+            key: key.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    async fn principal_label(
+        &self,
+        client: &Client,
+        principal: &PrincipalId,
+    ) -> Result<InformationLabel, PgError> {
+        let row = client
+            .query_opt(
+                "SELECT label FROM principal_labels WHERE principal = $1",
+                &[&principal.as_str()],
+            )
+            .await
+            .map_err(|e| self.query_error(&e))?;
+        match row {
+            None => Ok(InformationLabel::bottom()),
+            Some(row) => self.decode(principal.as_str(), row.get(0)),
+        }
+    }
+
+    /// Joins `label` into the principal's stored label under the row's lock, committed.
+    async fn raise_principal(
+        &self,
+        client: &mut Client,
+        principal: &PrincipalId,
+        label: &InformationLabel,
+    ) -> Result<InformationLabel, PgError> {
+        // Labels only grow: a label that already holds `label` keeps holding it, so the
+        // common call that adds nothing needs no lock and no commit.
+        let current = self.principal_label(client, principal).await?;
+        if current.join_or_top(label) == current {
+            return Ok(current);
+        }
+        let q = |e: tokio_postgres::Error| self.query_error(&e);
+        let tx = client.transaction().await.map_err(q)?;
+        let inserted = tx
+            .execute(
+                "INSERT INTO principal_labels (principal, label) VALUES ($1, $2)
+                 ON CONFLICT (principal) DO NOTHING",
+                &[&principal.as_str(), &label.to_canonical_json()],
+            )
+            .await
+            .map_err(q)?;
+        let joined = if inserted == 1 {
+            label.clone()
+        } else {
+            let row = tx
+                .query_one(
+                    "SELECT label FROM principal_labels WHERE principal = $1 FOR UPDATE",
+                    &[&principal.as_str()],
+                )
+                .await
+                .map_err(q)?;
+            let held = self.decode(principal.as_str(), row.get(0))?;
+            let joined = held.join_or_top(label);
+            if joined != held {
+                tx.execute(
+                    "UPDATE principal_labels SET label = $2 WHERE principal = $1",
+                    &[&principal.as_str(), &joined.to_canonical_json()],
+                )
+                .await
+                .map_err(q)?;
+            }
+            joined
+        };
+        tx.commit().await.map_err(q)?;
+        Ok(joined)
+    }
+
+    fn session_label(&self, key: &SessionKey) -> Result<InformationLabel, StateError> {
+        let sessions = self
+            .sessions
+            .lock()
+            .map_err(|_| StateError::Failed("a writer panicked while holding the store".into()))?;
+        Ok(sessions
+            .get(key)
+            .cloned()
+            .unwrap_or_else(InformationLabel::bottom))
+    }
+}
+
+impl StateBackend for PostgresStore {
+    fn get<'a>(&'a self, key: &'a SessionKey) -> StateFuture<'a, FlowState> {
+        Box::pin(async move {
+            let principal = self
+                .run(async |c| self.principal_label(c, &key.principal).await)
+                .await?;
+            Ok(FlowState {
+                principal,
+                session: self.session_label(key)?,
+            })
+        })
+    }
+
+    fn raise<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        principal: &'a InformationLabel,
+        session: &'a InformationLabel,
+    ) -> StateFuture<'a, FlowState> {
+        Box::pin(async move {
+            let principal = self
+                .run(async |c| self.raise_principal(c, &key.principal, principal).await)
+                .await?;
+            // The session's label is this host's alone; the join is commutative, so
+            // concurrent raises of one session compose under the lock.
+            let mut sessions = self.sessions.lock().map_err(|_| {
+                StateError::Failed("a writer panicked while holding the store".into())
+            })?;
+            let entry = sessions
+                .entry(key.clone())
+                .or_insert_with(InformationLabel::bottom);
+            *entry = entry.join_or_top(session);
+            Ok(FlowState {
+                principal,
+                session: entry.clone(),
+            })
+        })
+    }
+
+    fn forget_session<'a>(&'a self, key: &'a SessionKey) -> StateFuture<'a, ()> {
+        Box::pin(async move {
+            self.sessions
+                .lock()
+                .map_err(|_| {
+                    StateError::Failed("a writer panicked while holding the store".into())
+                })?
+                .remove(key);
+            Ok(())
+        })
+    }
+
+    fn consume_grant<'a>(&'a self, id: &'a str, now: u64) -> StateFuture<'a, bool> {
+        Box::pin(async move {
+            let now = i64::try_from(now).unwrap_or(i64::MAX);
+            self.run(async |c| {
+                let n = c
+                    .execute(
+                        "INSERT INTO consumed_grants (grant_id, consumed_at, host_id)
+                         VALUES ($1, $2, $3) ON CONFLICT (grant_id) DO NOTHING",
+                        &[&id, &now, &self.host_id],
+                    )
+                    .await
+                    .map_err(|e| self.query_error(&e))?;
+                Ok(n == 1)
+            })
+            .await
+        })
+    }
+
+    fn snapshot(&self) -> StateFuture<'_, StateSnapshot> {
+        Box::pin(async move {
+            let rows = self
+                .run(async |c| {
+                    c.query("SELECT principal, label FROM principal_labels", &[])
+                        .await
+                        .map_err(|e| self.query_error(&e))
+                })
+                .await?;
+            let mut principals = HashMap::new();
+            for row in rows {
+                let p: &str = row.get(0);
+                let principal = PrincipalId::new(p).map_err(|e| PgError::Corrupt {
+                    target: self.target.name.clone(),
+                    key: p.to_string(),
+                    reason: e.to_string(),
+                })?;
+                principals.insert(principal, self.decode(p, row.get(1))?);
+            }
+            let sessions = self
+                .sessions
+                .lock()
+                .map_err(|_| {
+                    StateError::Failed("a writer panicked while holding the store".into())
+                })?
+                .clone();
+            Ok(StateSnapshot {
+                principals,
+                sessions,
+            })
+        })
+    }
+
+    fn checkpoint(&self) -> StateFuture<'_, Option<(u64, String)>> {
+        Box::pin(async move {
+            let row = self
+                .run(async |c| {
+                    c.query_opt(
+                        "SELECT seq, hash FROM records_checkpoint WHERE host_id = $1",
+                        &[&self.host_id],
+                    )
+                    .await
+                    .map_err(|e| self.query_error(&e))
+                })
+                .await?;
+            Ok(row.map(|r| (r.get::<_, i64>(0).max(0) as u64, r.get::<_, String>(1))))
+        })
+    }
+
+    fn set_checkpoint<'a>(&'a self, seq: u64, hash: &'a str) -> StateFuture<'a, ()> {
+        Box::pin(async move {
+            let seq = i64::try_from(seq).unwrap_or(i64::MAX);
+            self.run(async |c| {
+                c.execute(
+                    "INSERT INTO records_checkpoint (host_id, seq, hash) VALUES ($1, $2, $3)
+                     ON CONFLICT (host_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+                    &[&self.host_id, &seq, &hash],
+                )
+                .await
+                .map_err(|e| self.query_error(&e))?;
+                Ok(())
+            })
+            .await
+        })
+    }
+
+    fn failure(&self) -> Option<String> {
+        match self.failure.lock() {
+            Ok(f) => f.clone(),
+            Err(_) => Some("a writer panicked while holding the store".into()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (host {})", self.target.name, self.host_id)
+    }
+}
