@@ -21,7 +21,7 @@ pub(crate) enum Format {
     Sarif,
 }
 
-/// `flowhost diff --declared FILE --observed PATH... [--health FILE] [--format ...]`
+/// `flowhost diff --declared FILE --observed PATH... [--health FILE...] [--format ...]`
 #[derive(Debug, clap::Args)]
 pub(crate) struct DiffArgs {
     /// The declared surface (`assay.declared_tool_surface.v0`).
@@ -34,8 +34,11 @@ pub(crate) struct DiffArgs {
     #[arg(long, required = true)]
     observed: Vec<PathBuf>,
     /// The `tool_observation_health` carrier; without it observation counts as incomplete.
+    /// For a fleet (one `--observed` record stream per host) give one per host: each pairs
+    /// with the stream whose chain head it names, in any order, and the result is clean only
+    /// if every host's observation is complete and bound to its records.
     #[arg(long)]
-    health: Option<PathBuf>,
+    health: Vec<PathBuf>,
     /// Decisions without the flowhost chain (seq, prev_hash) were produced by another
     /// observer: judge them without binding them to the flowhost health. Without it, such
     /// decisions make the result inconclusive (exit 3).
@@ -56,13 +59,13 @@ pub(crate) fn run(args: DiffArgs) -> CliResult {
         DeclaredSurface::parse(&text).map_err(|e| format!("{}: {e}", args.declared.display()))?;
     let health = args
         .health
-        .as_deref()
-        .map(ToolObservationHealth::read_from)
-        .transpose()?;
+        .iter()
+        .map(|p| ToolObservationHealth::read_from(p))
+        .collect::<Result<Vec<_>, _>>()?;
     let options = DiffOptions {
         unchained_from_other_observer: args.unchained_from_other_observer,
     };
-    let result = diff_sources(&declared, &args.observed, health.as_ref(), options)?;
+    let result = diff_sources(&declared, &args.observed, &health, options)?;
     let out = match args.format {
         Format::Text => report::to_text(&result),
         Format::Json => report::to_json(&result),

@@ -43,8 +43,15 @@
 //! `flowhost.egress_basis` is `declared: false, observed: true` (allowed or refused) gives an
 //! `undeclared_egress` finding (error): the signed declaration said the tool does not egress.
 //!
+//! **A fleet.** Several record streams (one per host) take one health each (`--health` given
+//! as many times). Each health pairs with the verified stream whose chain head its
+//! `records.chain_head` names, whatever the order given, and is then bound to that stream as
+//! above. Every stream's observation must be complete and bound: a stream no health names, a
+//! health that names no stream, or any host's gap makes the fleet inconclusive. Each
+//! source's `observation_complete` in the report says how its own host fared.
+//!
 //! Observation coverage adds at most one run-level `inconclusive_observation_gap` (warning)
-//! when: no health carrier was given; the health is incomplete; it is not bound to the
+//! when: no health carrier was given; a health is incomplete; it is not bound to the
 //! observed records (above); unchained decisions were not attributed to another observer; a
 //! record directory has no head anchor; or several flowhost record streams share one health.
 //!
@@ -314,6 +321,10 @@ pub struct ObservedSource {
     pub chain_head: Option<String>,
     /// Verified records: how many have `flowhost.event` `tool_call`.
     pub tool_calls: u64,
+    /// Verified records: whether a health paired with them (see the module docs) says
+    /// observation was complete and is bound to them (`None` for other sources).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observation_complete: Option<bool>,
 }
 
 /// The diff's result.
@@ -386,17 +397,18 @@ pub fn diff(
     diff_sources(
         declared,
         &[observed.to_path_buf()],
-        health,
+        health.map(std::slice::from_ref).unwrap_or_default(),
         DiffOptions::default(),
     )
 }
 
-/// Runs the diff of several observed sources judged together (see the module docs for how
-/// each is verified and how the health is bound).
+/// Runs the diff of several observed sources judged together, with one health per host
+/// (see the module docs for how each source is verified and how healths are paired with
+/// record streams).
 pub fn diff_sources(
     declared: &DeclaredSurface,
     observed: &[PathBuf],
-    health: Option<&ToolObservationHealth>,
+    health: &[ToolObservationHealth],
     options: DiffOptions,
 ) -> Result<DiffReport, DiffError> {
     let matcher = Matcher::new(declared);
@@ -484,6 +496,7 @@ impl Judged {
                     .to_string()
             }),
             tool_calls: self.acc.as_ref().map_or(0, |a| a.tool_calls),
+            observation_complete: None,
         };
         let problems = match (&self.acc, &self.report) {
             (None, Some(r)) => r.problems.clone(),
@@ -1111,27 +1124,28 @@ impl Acc {
 
     fn finish(
         mut self,
-        evidence: EvidenceSet,
-        health: Option<&ToolObservationHealth>,
+        mut evidence: EvidenceSet,
+        health: &[ToolObservationHealth],
         options: DiffOptions,
     ) -> DiffReport {
-        let mut gaps = Vec::new();
-        match health {
-            None => gaps.push(
+        let mut gaps = match health {
+            [] => vec![
                 "no tool_observation_health was given (--health), so completeness is unknown"
                     .to_string(),
-            ),
-            Some(h) => {
-                let reasons = h.assess();
-                if !reasons.is_empty() {
-                    gaps.push(format!(
-                        "observation was incomplete: {}",
-                        reasons.join("; ")
-                    ));
-                }
+            ],
+            [h] => {
+                let mut gaps = incomplete(h).into_iter().collect::<Vec<_>>();
                 gaps.extend(binding_gaps(h, &evidence.sources));
+                let complete = gaps.is_empty();
+                for s in &mut evidence.sources {
+                    if s.evidence == Evidence::Verified {
+                        s.observation_complete = Some(complete);
+                    }
+                }
+                gaps
             }
-        }
+            fleet => fleet_gaps(fleet, &mut evidence.sources),
+        };
         if !options.unchained_from_other_observer {
             for s in &evidence.sources {
                 if s.evidence == Evidence::Unchained && s.decisions > 0 {
@@ -1248,6 +1262,59 @@ fn rejections(problems: &[Problem]) -> Vec<Finding> {
         ));
     }
     out
+}
+
+/// Why `h` says observation was incomplete, if it does.
+fn incomplete(h: &ToolObservationHealth) -> Option<String> {
+    let reasons = h.assess();
+    (!reasons.is_empty()).then(|| format!("observation was incomplete: {}", reasons.join("; ")))
+}
+
+/// A fleet: several healths, each paired with the verified record stream whose chain head it
+/// names. Every stream needs its own complete, bound health; a health that pairs with no
+/// stream is a gap too (it vouches for records nobody gave).
+fn fleet_gaps(healths: &[ToolObservationHealth], sources: &mut [ObservedSource]) -> Vec<String> {
+    let mut gaps = Vec::new();
+    let mut used = vec![false; healths.len()];
+    if sources.iter().any(|s| s.evidence == Evidence::Rejected) {
+        // Rejected records decide the verdict; pairing what is left would only add noise.
+        return healths.iter().filter_map(incomplete).collect();
+    }
+    for s in sources
+        .iter_mut()
+        .filter(|s| s.evidence == Evidence::Verified)
+    {
+        let head = s.chain_head.clone().unwrap_or_else(|| GENESIS_HASH.into());
+        let paired = healths.iter().enumerate().position(|(i, h)| {
+            !used[i] && h.records.chain_head.as_deref().unwrap_or(GENESIS_HASH) == head
+        });
+        let mine: Vec<String> = match paired {
+            None => vec![format!(
+                "no --health names chain head {head}, so its observation is unknown"
+            )],
+            Some(i) => {
+                used[i] = true;
+                let h = &healths[i];
+                incomplete(h)
+                    .into_iter()
+                    .chain(binding_gaps(h, std::slice::from_ref(s)))
+                    .collect()
+            }
+        };
+        s.observation_complete = Some(mine.is_empty());
+        gaps.extend(
+            mine.into_iter()
+                .map(|g| format!("{}: {g}", s.path.display())),
+        );
+    }
+    for (i, h) in healths.iter().enumerate().filter(|(i, _)| !used[*i]) {
+        gaps.push(format!(
+            "--health #{} (chain head {}) pairs with no observed flowhost record stream",
+            i + 1,
+            h.records.chain_head.as_deref().unwrap_or(GENESIS_HASH)
+        ));
+    }
+    gaps
 }
 
 /// How `health` fails to describe the verified flowhost records among `sources` (empty:

@@ -414,7 +414,7 @@ fn one_health_cannot_bind_two_record_streams() {
     let r = diff_sources(
         &declared("declared_prod_allowlist"),
         &[allowed, fixture("observed/denied.jsonl")],
-        Some(&h),
+        std::slice::from_ref(&h),
         DiffOptions::default(),
     )
     .unwrap();
@@ -450,4 +450,72 @@ fn a_directory_without_its_head_anchor_is_inconclusive() {
     let r = diff(&d, &records, Some(&h)).unwrap();
     assert_eq!(r.exit_code(), 3);
     assert_first_says(&r, "has records but no head anchor");
+}
+
+/// The healths of two hosts, given in the opposite order to their record streams.
+fn fleet(declared_name: &str, healths: &[ToolObservationHealth]) -> DiffReport {
+    diff_sources(
+        &declared(declared_name),
+        &[
+            fixture("observed/allowed_declared.jsonl"),
+            fixture("observed/denied.jsonl"),
+        ],
+        healths,
+        DiffOptions::default(),
+    )
+    .unwrap()
+}
+
+fn gap(r: &DiffReport) -> Option<&str> {
+    r.findings
+        .iter()
+        .find(|f| f.kind == FindingKind::InconclusiveObservationGap)
+        .map(|f| f.message.as_str())
+}
+
+#[test]
+fn a_fleet_pairs_each_health_with_its_host_by_chain_head() {
+    let a = health_for(&fixture("observed/allowed_declared.jsonl"));
+    let b = health_for(&fixture("observed/denied.jsonl"));
+    // Every host complete and bound, in any order: observation is complete; what remains is
+    // judged as usual (the denial is an attempt, a note, so exit 1).
+    let r = fleet("declared_prod_allowlist", &[b.clone(), a.clone()]);
+    assert_eq!(gap(&r), None, "{:?}", r.findings);
+    assert!(r.observation_complete);
+    assert!(
+        r.sources
+            .iter()
+            .all(|s| s.observation_complete == Some(true))
+    );
+
+    // One host's observation was incomplete: the fleet is not complete, and the gap and the
+    // source name that host.
+    let mut lossy = b.clone();
+    lossy.failed_notifications = Some(1);
+    let lossy = lossy.finalize();
+    let r = fleet("declared_prod_allowlist", &[a.clone(), lossy]);
+    let message = gap(&r).expect("a gap");
+    assert!(
+        message.contains("denied.jsonl: observation was incomplete"),
+        "{message}"
+    );
+    assert!(!r.observation_complete);
+    assert_eq!(r.sources[0].observation_complete, Some(true));
+    assert_eq!(r.sources[1].observation_complete, Some(false));
+
+    // A host without a health, and a health for records nobody gave.
+    let mut stranger = b.clone();
+    stranger.records.chain_head = Some(format!("sha256:{}", "ab".repeat(32)));
+    let r = fleet("declared_prod_allowlist", &[a.clone(), stranger]);
+    let message = gap(&r).expect("a gap");
+    assert!(
+        message.contains("denied.jsonl: no --health names chain head"),
+        "{message}"
+    );
+    assert!(
+        message.contains("--health #2 (chain head sha256:abab"),
+        "{message}"
+    );
+    assert!(!r.observation_complete);
+    assert_eq!(r.exit_code(), 1);
 }
