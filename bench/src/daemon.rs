@@ -1,6 +1,7 @@
 //! tools/call through the daemon (warm executors, durable record, flow state) side by side
 //! with a direct MCP stdio call to the same executor binary, and calls per second with 8
-//! concurrent sessions.
+//! concurrent sessions; then the same with the flow state on a PostgreSQL server started
+//! here on loopback (a fleet's shared state), beside the SQLite figures of the same run.
 //!
 //! The daemon runs in this process (the real host: registry, broker, resolver, record
 //! writer, executor pools); clients talk to it over its Unix socket like any MCP client.
@@ -80,13 +81,116 @@ fn ok(r: &Value) {
     );
 }
 
-/// Runs the daemon benchmarks.
+/// What one daemon configuration measured.
+struct Measured {
+    /// Median tools/call through the daemon.
+    through: Duration,
+    /// Median direct call to the same executor.
+    direct: Duration,
+    /// Calls per second with concurrent sessions.
+    rate: f64,
+}
+
+/// Concurrent sessions in the throughput run.
+const SESSIONS: usize = 8;
+
+/// Runs the daemon benchmarks: with the embedded SQLite flow state, then (where a
+/// PostgreSQL server can be started here) with the flow state on PostgreSQL, same workload.
 pub fn run(quick: bool) -> Vec<Row> {
     if !is_root() {
         eprintln!("daemon benchmarks skipped: the broker needs root");
         return Vec::new();
     }
-    let dir = scratch_dir("daemon");
+    let samples = if quick { 300 } else { 3000 };
+    let sqlite = measure(quick, samples, "daemon", None);
+    let mut rows = vec![
+        Row {
+            name: format!(
+                "tools/call, warm executor, durable record and state (median of {samples})"
+            ),
+            flowhost: fmt_duration(sqlite.through),
+            baseline: Some((
+                "direct MCP stdio call, same executor".into(),
+                fmt_duration(sqlite.direct),
+            )),
+            comparison: format!("+{} per call", fmt_duration(sqlite.added())),
+            goal: "<= 0.5 ms added".into(),
+            met: sqlite.added() <= Duration::from_micros(500),
+        },
+        Row {
+            name: format!("tools/call throughput, {SESSIONS} concurrent sessions, 2 cores"),
+            flowhost: fmt_rate(sqlite.rate),
+            baseline: None,
+            comparison: format!("{:.1}x the goal", sqlite.rate / 2000.0),
+            goal: ">= 2,000 calls/s".into(),
+            met: sqlite.rate >= 2000.0,
+        },
+    ];
+    let pg = match flowhost::lab::postgres::Postgres::start() {
+        Ok(pg) => pg,
+        Err(e) => {
+            eprintln!("PostgreSQL flow-state benchmarks skipped: {e}");
+            return rows;
+        }
+    };
+    let pg_config = pg.settings("bench");
+    let migrated = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(flowhost::state::postgres::migrate(&pg_config));
+    if let Err(e) = migrated {
+        panic!("migrating the benchmark database: {e}");
+    }
+    let shared = measure(
+        quick,
+        samples,
+        "daemon-pg",
+        Some(&pg.state_setting("bench")),
+    );
+    rows.push(Row {
+        name: format!(
+            "tools/call, flow state on PostgreSQL (loopback), durable record (median of {samples})"
+        ),
+        flowhost: fmt_duration(shared.through),
+        baseline: Some((
+            "the same call, flow state on SQLite".into(),
+            fmt_duration(sqlite.through),
+        )),
+        comparison: format!(
+            "+{} per call over the direct call (SQLite: +{})",
+            fmt_duration(shared.added()),
+            fmt_duration(sqlite.added())
+        ),
+        goal: "<= 2 ms added".into(),
+        met: shared.added() <= Duration::from_millis(2),
+    });
+    rows.push(Row {
+        name: format!(
+            "tools/call throughput, flow state on PostgreSQL, {SESSIONS} concurrent sessions"
+        ),
+        flowhost: fmt_rate(shared.rate),
+        baseline: Some((
+            "the same, flow state on SQLite".into(),
+            fmt_rate(sqlite.rate),
+        )),
+        comparison: format!("{:.2}x SQLite", shared.rate / sqlite.rate),
+        goal: ">= 1,000 calls/s".into(),
+        met: shared.rate >= 1000.0,
+    });
+    rows
+}
+
+impl Measured {
+    fn added(&self) -> Duration {
+        self.through.saturating_sub(self.direct)
+    }
+}
+
+/// One daemon in this process, `state` (a `[host] state` setting) or the default SQLite
+/// state, measured against the direct call and under concurrent sessions.
+fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Measured {
+    let dir = scratch_dir(name);
     let workspace_tool = shared_copy("flowhost-tool-workspace");
     let documents = crate::support::shared_documents();
     let (team, public, exfil) = (tcp_sink(), tcp_sink(), tcp_sink());
@@ -108,7 +212,10 @@ pub fn run(quick: bool) -> Vec<Row> {
         socket_mode: "600".into(),
     };
     // Enough warm executors that 8 new sessions never wait for a spawn.
-    let config_text = host_config(&paths).replace("pool_size = 2", "pool_size = 10");
+    let mut config_text = host_config(&paths).replace("pool_size = 2", "pool_size = 10");
+    if let Some(state) = state {
+        config_text = flowhost::lab::postgres::with_host_setting(&config_text, state);
+    }
     let config = dir.join("host.toml");
     std::fs::write(&config, config_text).expect("write config");
 
@@ -144,7 +251,6 @@ pub fn run(quick: bool) -> Vec<Row> {
         ok(&direct.call("tools/call", params.clone()));
         ok(&through.call("tools/call", daemon_params.clone()));
     }
-    let samples = if quick { 300 } else { 3000 };
     let (mut d, mut t) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
     for _ in 0..samples {
         let start = Instant::now();
@@ -155,13 +261,11 @@ pub fn run(quick: bool) -> Vec<Row> {
         t.push(start.elapsed());
     }
     let (d, t) = (Samples(d).median(), Samples(t).median());
-    let added = t.saturating_sub(d);
     drop(direct);
     let _ = child.kill();
     let _ = child.wait();
 
-    // Throughput: 8 sessions calling as fast as they can for a fixed time.
-    let sessions = 8;
+    // Throughput: sessions calling as fast as they can for a fixed time.
     let duration = if quick {
         Duration::from_secs(2)
     } else {
@@ -170,7 +274,7 @@ pub fn run(quick: bool) -> Vec<Row> {
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
     let mut threads = Vec::new();
-    for _ in 0..sessions {
+    for _ in 0..SESSIONS {
         let (socket, stop, total, params) = (
             paths.socket.clone(),
             stop.clone(),
@@ -199,28 +303,9 @@ pub fn run(quick: bool) -> Vec<Row> {
         let _ = tokio::time::timeout(Duration::from_secs(10), serving).await;
     });
     drop(through);
-
-    vec![
-        Row {
-            name: format!(
-                "tools/call, warm executor, durable record and state (median of {samples})"
-            ),
-            flowhost: fmt_duration(t),
-            baseline: Some((
-                "direct MCP stdio call, same executor".into(),
-                fmt_duration(d),
-            )),
-            comparison: format!("+{} per call", fmt_duration(added)),
-            goal: "<= 0.5 ms added".into(),
-            met: added <= Duration::from_micros(500),
-        },
-        Row {
-            name: format!("tools/call throughput, {sessions} concurrent sessions, 2 cores"),
-            flowhost: fmt_rate(rate),
-            baseline: None,
-            comparison: format!("{:.1}x the goal", rate / 2000.0),
-            goal: ">= 2,000 calls/s".into(),
-            met: rate >= 2000.0,
-        },
-    ]
+    Measured {
+        through: t,
+        direct: d,
+        rate,
+    }
 }

@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 pub mod lab;
-pub mod pg;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, UdpSocket};

@@ -4,6 +4,8 @@
 //! each inbox's sink, and record mappings. `flowhost demo` and the integration tests run it;
 //! `fixtures/pricing-lab/host.toml` is the same configuration, annotated, with install paths.
 
+pub mod postgres;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 

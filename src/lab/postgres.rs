@@ -1,0 +1,253 @@
+//! A throwaway PostgreSQL server for the fleet tests and the benchmarks: Debian's
+//! `postgresql` binaries, a fresh data directory in a temporary directory, listening on
+//! 127.0.0.1 only, run as the unprivileged `nobody` (the server refuses root), password
+//! authentication (SCRAM) with the password in a file. Stopped (immediately) when dropped.
+
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::config::PostgresStateConfig;
+
+/// `nobody`/`nogroup` on Debian.
+const NOBODY: u32 = 65534;
+/// The login role (its password is in [`Postgres::password_file`]).
+const ROLE: &str = "flowhost";
+
+/// Why the server could not be set up or driven.
+#[derive(Debug, thiserror::Error)]
+pub enum LabPostgresError {
+    /// Not root: the server must run as another user, which takes root to arrange.
+    #[error("running PostgreSQL as nobody needs root")]
+    NotRoot,
+    /// The `postgresql` package is not installed.
+    #[error(
+        "no PostgreSQL server binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql)"
+    )]
+    NotInstalled,
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A server tool exited with an error.
+    #[error("{tool} failed ({status}): {output}")]
+    Tool {
+        /// The tool.
+        tool: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// What it printed.
+        output: String,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LabPostgresError {
+    let what = what.into();
+    move |source| LabPostgresError::Io { what, source }
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Postgres {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    /// The TCP port on 127.0.0.1.
+    pub port: u16,
+    /// A file holding the connection URL (without the password).
+    pub url_file: PathBuf,
+    /// A file holding the role's password.
+    pub password_file: PathBuf,
+}
+
+/// The newest `/usr/lib/postgresql/*/bin` holding `initdb` and `pg_ctl`.
+fn binaries() -> Option<PathBuf> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            (bin.join("initdb").exists() && bin.join("pg_ctl").exists()).then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin)
+}
+
+impl Postgres {
+    /// Creates and starts a fresh server. [`LabPostgresError::NotRoot`] and
+    /// [`LabPostgresError::NotInstalled`] are reasons to skip, not failures.
+    pub fn start() -> Result<Postgres, LabPostgresError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(LabPostgresError::NotRoot);
+        }
+        let bin = binaries().ok_or(LabPostgresError::NotInstalled)?;
+        let dir = tempfile::tempdir().map_err(io("creating a temporary directory"))?;
+        std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY))
+            .map_err(io(format!("chown {}", dir.path().display())))?;
+        let password = format!(
+            "pw-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        );
+        let pwfile = dir.path().join("initdb-password");
+        write(&pwfile, &password, 0o644)?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(io("choosing a loopback port"))?
+            .port();
+        let pg = Postgres {
+            url_file: dir.path().join("url"),
+            password_file: dir.path().join("password"),
+            dir,
+            bin,
+            port,
+        };
+        pg.run(
+            "initdb",
+            pg.as_nobody("initdb")
+                .arg("-D")
+                .arg(pg.data())
+                .args([
+                    "-U",
+                    ROLE,
+                    "--auth=scram-sha-256",
+                    "--no-sync",
+                    "-E",
+                    "UTF8",
+                ])
+                .arg(format!("--pwfile={}", pwfile.display())),
+        )?;
+        write(
+            &pg.url_file,
+            &format!("postgresql://{ROLE}@127.0.0.1:{port}/postgres\n"),
+            0o600,
+        )?;
+        write(&pg.password_file, &format!("{password}\n"), 0o600)?;
+        pg.resume()?;
+        Ok(pg)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn as_nobody(&self, tool: &str) -> Command {
+        let mut c = Command::new("setpriv");
+        c.args([
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            "--clear-groups",
+            "--",
+        ])
+        .arg(self.bin.join(tool))
+        .current_dir(self.dir.path());
+        c
+    }
+
+    fn run(&self, tool: &str, command: &mut Command) -> Result<(), LabPostgresError> {
+        let out = command.output().map_err(io(format!("running {tool}")))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(LabPostgresError::Tool {
+            tool: tool.into(),
+            status: out.status,
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        })
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> Result<(), LabPostgresError> {
+        self.run(
+            "pg_ctl",
+            self.as_nobody("pg_ctl")
+                .arg("-D")
+                .arg(self.data())
+                .args(args),
+        )
+    }
+
+    /// (Re)starts the server on its port and waits until it accepts connections.
+    pub fn resume(&self) -> Result<(), LabPostgresError> {
+        let options = format!(
+            "-c listen_addresses=127.0.0.1 -p {} -c unix_socket_directories={} \
+             -c max_connections=60 -c shared_buffers=16MB",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("server.log");
+        self.pg_ctl(&[
+            "-l",
+            &log.display().to_string(),
+            "-w",
+            "-t",
+            "30",
+            "-o",
+            &options,
+            "start",
+        ])
+    }
+
+    /// Stops the server the way a crash would (`pg_ctl stop -m immediate`: no checkpoint,
+    /// every connection cut).
+    pub fn crash(&self) -> Result<(), LabPostgresError> {
+        self.pg_ctl(&["-w", "-m", "immediate", "stop"])
+    }
+
+    /// The `[host] state` setting (TOML) pointing a host at this server as `host_id`.
+    pub fn state_setting(&self, host_id: &str) -> String {
+        format!(
+            "state = {{ backend = \"postgres\", url_file = \"{}\", password_file = \"{}\", \
+             host_id = \"{host_id}\", timeout_ms = 2000 }}",
+            self.url_file.display(),
+            self.password_file.display()
+        )
+    }
+
+    /// The same settings for the library API.
+    pub fn settings(&self, host_id: &str) -> PostgresStateConfig {
+        PostgresStateConfig {
+            url_file: self.url_file.clone(),
+            host_id: host_id.into(),
+            password_file: Some(self.password_file.clone()),
+            ca_file: None,
+            timeout: Duration::from_secs(2),
+            connections: 4,
+        }
+    }
+
+    /// The server's temporary directory (its data directory and log are inside).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn write(path: &Path, text: &str, mode: u32) -> Result<(), LabPostgresError> {
+    std::fs::write(path, text).map_err(io(format!("writing {}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io(format!("chmod {}", path.display())))
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self.crash();
+    }
+}
+
+/// Inserts `setting` as the first key of the `[host]` table of configuration `text`.
+pub fn with_host_setting(text: &str, setting: &str) -> String {
+    text.replacen("[host]\n", &format!("[host]\n{setting}\n"), 1)
+}
