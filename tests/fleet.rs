@@ -187,6 +187,18 @@ fn fleet(pg: &Postgres) -> (Lab, Lab) {
             lab
         })
         .collect();
+    // Before the schema exists a host refuses to start, naming the database, never the
+    // password.
+    let out = labs[0].serve_command().output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("holds no flowhost schema")
+            && stderr.contains(&format!("127.0.0.1:{}/postgres", pg.port)),
+        "{stderr}"
+    );
+    let password = std::fs::read_to_string(&pg.password_file).unwrap();
+    assert!(!stderr.contains(password.trim()), "{stderr}");
     let (code, out, err) = labs[0].cli(&[
         "state",
         "migrate",
@@ -413,4 +425,143 @@ fn a_database_outage_refuses_and_records_every_call_then_service_resumes() {
     c.initialize();
     let r = publish_publicly(&a, &mut c);
     assert_eq!(denial(&r), (-32002, "flow_violation".into()), "{r}");
+}
+
+/// Runs `openssl` with `args` in `dir`.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it (and a second, unrelated CA).
+fn certificates(dir: &std::path::Path) {
+    for ca in ["ca", "other-ca"] {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=flowhost test {ca}"),
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+            ],
+        );
+    }
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+            "-out",
+            "server.crt",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_ca_file_the_connection_is_tls_and_the_server_is_authenticated() {
+    let Some(mut pg) = postgres() else { return };
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP: no openssl to make the test certificates");
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    certificates(certs.path());
+    pg.restart_with_tls(
+        &certs.path().join("server.crt"),
+        &certs.path().join("server.key"),
+    )
+    .unwrap();
+    let mut settings = pg.settings("tls");
+    settings.ca_file = Some(certs.path().join("ca.pem"));
+    let report = migrate(&settings).await.unwrap();
+    assert_eq!(report.from, None);
+    let store = PostgresStore::open(&settings).await.unwrap();
+    let store = FlowStateStore::with_backend(Box::new(store));
+    store
+        .join(&key(ANALYST, "s"), &compartment("c1"))
+        .await
+        .unwrap();
+    // The server must prove itself with the configured roots: another CA is refused.
+    settings.ca_file = Some(certs.path().join("other-ca.pem"));
+    let err = PostgresStore::open(&settings)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot connect"), "{err}");
+    // The connection really is TLS: the server reports it for flowhost's session.
+    let ssl: bool = {
+        let url = std::fs::read_to_string(&pg.url_file).unwrap();
+        let password = std::fs::read_to_string(&pg.password_file).unwrap();
+        let mut config: tokio_postgres::Config = url.trim().parse().unwrap();
+        config.password(password.trim());
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+            .query_one(
+                "SELECT bool_and(ssl) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+                 WHERE application_name = 'flowhost'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+    assert!(ssl, "flowhost's connection is not TLS");
+    drop(store);
 }

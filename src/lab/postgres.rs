@@ -63,6 +63,8 @@ pub struct Postgres {
     pub url_file: PathBuf,
     /// A file holding the role's password.
     pub password_file: PathBuf,
+    /// Extra server settings (`-c` options), e.g. TLS.
+    extra: String,
 }
 
 /// The newest `/usr/lib/postgresql/*/bin` holding `initdb` and `pg_ctl`.
@@ -111,6 +113,7 @@ impl Postgres {
             dir,
             bin,
             port,
+            extra: String::new(),
         };
         pg.run(
             "initdb",
@@ -184,9 +187,10 @@ impl Postgres {
     pub fn resume(&self) -> Result<(), LabPostgresError> {
         let options = format!(
             "-c listen_addresses=127.0.0.1 -p {} -c unix_socket_directories={} \
-             -c max_connections=60 -c shared_buffers=16MB",
+             -c max_connections=60 -c shared_buffers=16MB{}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.extra
         );
         let log = self.dir.path().join("server.log");
         self.pg_ctl(&[
@@ -205,6 +209,29 @@ impl Postgres {
     /// every connection cut).
     pub fn crash(&self) -> Result<(), LabPostgresError> {
         self.pg_ctl(&["-w", "-m", "immediate", "stop"])
+    }
+
+    /// Restarts the server serving TLS with `cert` and `key` (PEM files, copied in for the
+    /// server's user), password authentication still required.
+    pub fn restart_with_tls(&mut self, cert: &Path, key: &Path) -> Result<(), LabPostgresError> {
+        let (c, k) = (
+            self.dir.path().join("server.crt"),
+            self.dir.path().join("server.key"),
+        );
+        for (from, to, mode) in [(cert, &c, 0o644), (key, &k, 0o600)] {
+            std::fs::copy(from, to).map_err(io(format!("copying {}", from.display())))?;
+            std::os::unix::fs::chown(to, Some(NOBODY), Some(NOBODY))
+                .map_err(io(format!("chown {}", to.display())))?;
+            std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))
+                .map_err(io(format!("chmod {}", to.display())))?;
+        }
+        self.extra = format!(
+            " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+            c.display(),
+            k.display()
+        );
+        self.pg_ctl(&["-w", "-m", "fast", "stop"])?;
+        self.resume()
     }
 
     /// The `[host] state` setting (TOML) pointing a host at this server as `host_id`.
