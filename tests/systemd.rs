@@ -348,41 +348,90 @@ fn reload_is_atomic_and_a_bad_reload_keeps_the_registry() {
     assert_eq!(tool_names(&mut c), new);
 }
 
-#[test]
-fn the_broker_runs_as_a_service_user_with_only_its_capabilities() {
-    if !is_root() || !have("setpriv") {
-        eprintln!("SKIP: needs root and setpriv to act as the service user");
-        return;
-    }
+/// The broker's capabilities, as setpriv spells them.
+const BROKER_CAPS: &str = "+sys_admin,+sys_ptrace,+setuid,+setgid,+setpcap";
+
+/// `flowhost sandbox run --profile brokered -- ARGV` as uid/gid 990 holding `caps`
+/// (inheritable and ambient), with `extra` setpriv options (securebits, no_new_privs).
+fn sandbox_as_service_user(caps: &str, extra: &[&str], argv: &[&str]) -> std::process::Output {
     let flowhost = shared_copy_of_flowhost();
-    let caps = "+sys_admin,+sys_ptrace,+setuid,+setgid,+setpcap";
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "990",
-            "--regid",
-            "990",
-            "--clear-groups",
-            "--inh-caps",
-            caps,
-            "--ambient-caps",
-            caps,
-            "--",
-        ])
+    Command::new("setpriv")
+        .args(["--reuid", "990", "--regid", "990", "--clear-groups"])
+        .args(["--inh-caps", caps, "--ambient-caps", caps])
+        .args(extra)
+        .arg("--")
         .arg(&flowhost)
-        .args([
-            "sandbox",
-            "run",
-            "--profile",
-            "brokered",
-            "--",
-            "/bin/sh",
-            "-c",
-            "id -u; grep CapEff /proc/self/status",
-        ])
+        .args(["sandbox", "run", "--profile", "brokered", "--"])
+        .args(argv)
         .current_dir("/")
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// The stdout of a run that must have succeeded.
+fn succeeded(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The stderr of a run that must have been refused (exit 2).
+fn refused(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
+fn can_act_as_service_user() -> bool {
+    if !is_root() || !have("setpriv") {
+        eprintln!("SKIP: needs root and setpriv to act as the service user");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn the_broker_runs_as_a_service_user_with_only_its_capabilities() {
+    if !can_act_as_service_user() {
+        return;
+    }
+    let out = sandbox_as_service_user(
+        BROKER_CAPS,
+        &[],
+        &["/bin/sh", "-c", "id -u; grep CapEff /proc/self/status"],
+    );
+    let stdout = succeeded(&out);
+    assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+    assert!(
+        !stdout.starts_with("990\n") && !stdout.starts_with("0\n"),
+        "the executor runs as its own uid: {stdout}"
+    );
+    // A partial grant is refused, naming what is missing.
+    let stderr = refused(&sandbox_as_service_user("+sys_admin", &[], &["/bin/true"]));
+    assert!(stderr.contains("CAP_SYS_PTRACE"), "{stderr}");
+}
+
+/// What the unit's `NoNewPrivileges=yes` and `SecureBits=noroot noroot-locked` give the
+/// service: executors still start (the securebits the broker wants are already set and
+/// locked), with no capability and no_new_privs.
+#[test]
+fn the_broker_runs_under_the_units_securebits_and_no_new_privs() {
+    if !can_act_as_service_user() {
+        return;
+    }
+    let out = sandbox_as_service_user(
+        BROKER_CAPS,
+        &["--securebits=+noroot,+noroot_locked", "--no-new-privs"],
+        &[
+            "/bin/sh",
+            "-c",
+            "grep -E 'CapEff|NoNewPrivs' /proc/self/status",
+        ],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -390,49 +439,32 @@ fn the_broker_runs_as_a_service_user_with_only_its_capabilities() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+    assert!(stdout.contains("NoNewPrivs:\t1"), "{stdout}");
+}
+
+/// `SecureBits=noroot-locked` alone locks noroot *off*: executors cannot be given it, and
+/// the refusal names securebits (not the bounding set) and says how to fix the unit.
+#[test]
+fn securebits_locked_against_the_broker_are_refused_by_name() {
+    if !can_act_as_service_user() {
+        return;
+    }
+    let stderr = refused(&sandbox_as_service_user(
+        BROKER_CAPS,
+        &["--securebits=+noroot_locked", "--no-new-privs"],
+        &["/bin/true"],
+    ));
+    assert!(stderr.contains("securebits"), "{stderr}");
+    assert!(!stderr.contains("bounding set"), "{stderr}");
     assert!(
-        !stdout.starts_with("990\n") && !stdout.starts_with("0\n"),
-        "the executor runs as its own uid: {stdout}"
+        stderr.contains("SecureBits=noroot noroot-locked"),
+        "{stderr}"
     );
-    // A partial grant is refused, naming what is missing.
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "990",
-            "--regid",
-            "990",
-            "--clear-groups",
-            "--inh-caps",
-            "+sys_admin",
-            "--ambient-caps",
-            "+sys_admin",
-            "--",
-        ])
-        .arg(&flowhost)
-        .args(["sandbox", "run", "--profile", "brokered", "--", "/bin/true"])
-        .current_dir("/")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("CAP_SYS_PTRACE"), "{stderr}");
 }
 
 fn shared_copy_of_flowhost() -> std::path::PathBuf {
-    // The main binary is not a workspace "binary" of the helper: copy it the same way.
-    let dir = common::shared_dir().join(format!("flowhost-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let dst = dir.join("flowhost");
-    let status = Command::new("cp")
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_flowhost"))
-        .arg(&dst)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    dst
+    // Copied once per process (concurrent copies to one path make exec fail with ETXTBSY).
+    common::shared_copy("flowhost")
 }
 
 #[test]

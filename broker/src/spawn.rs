@@ -169,6 +169,9 @@ fn hint(stage: Stage, errno: i32) -> &'static str {
         (Stage::Exec, libc::EACCES) => {
             "; check that the program is executable and that the profile's Landlock rules allow it"
         }
+        (Stage::Securebits, libc::EPERM) => {
+            "; the host's own securebits lock one of them off or it lacks CAP_SETPCAP (under systemd: SecureBits=noroot noroot-locked, or leave SecureBits= unset)"
+        }
         (Stage::Mounts, libc::EPERM) => {
             "; the host lacks CAP_SYS_ADMIN for the profile's namespaces"
         }

@@ -243,6 +243,16 @@ pub fn notif_id_valid(listener: BorrowedFd<'_>, id: u64) -> bool {
     ret == 0
 }
 
+/// This thread's securebits (`PR_GET_SECUREBITS`).
+pub fn securebits() -> io::Result<libc::c_ulong> {
+    // SAFETY: PR_GET_SECUREBITS takes no pointers and only returns a number.
+    let ret = unsafe { libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret as libc::c_ulong)
+}
+
 /// The Landlock ABI version the kernel offers (0 when Landlock is unavailable).
 pub fn landlock_abi() -> i32 {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
