@@ -497,9 +497,36 @@ fn make_install_stages_a_verifiable_deployment() {
         "etc/systemd/system/flowhost.socket",
         "usr/lib/sysusers.d/flowhost.conf",
         "usr/lib/tmpfiles.d/flowhost.conf",
+        // What the example configuration names: manifests, registered keys, documents.
+        "etc/flowhost/workspace.signed.json",
+        "etc/flowhost/team-inbox.signed.json",
+        "etc/flowhost/public-inbox.signed.json",
+        "etc/flowhost/keys/workspace.pub",
+        "etc/flowhost/keys/team-inbox.pub",
+        "etc/flowhost/keys/public-inbox.pub",
+        "opt/flowhost/share/flowhost/documents/harbor-goods-terms.md",
     ] {
         assert!(root.join(f).exists(), "{f} was not installed");
     }
+    assert!(
+        !root.join("etc/flowhost/keys/workspace.key").exists(),
+        "no signing key is installed"
+    );
+    // The installed example loads and verifies as it stands, with PREFIX's paths, and the
+    // daemon uses the installed profiles.
+    let example =
+        flowhost::config::HostConfig::load(&root.join("etc/flowhost/flowhost.toml.example"))
+            .unwrap();
+    flowhost::daemon::verify_registry(&example).unwrap();
+    assert_eq!(example.profiles_dir, [Path::new("/etc/flowhost/profiles")]);
+    assert_eq!(
+        example.servers[0].command[..3],
+        [
+            "/opt/flowhost/libexec/flowhost/flowhost-tool-workspace",
+            "--documents",
+            "/opt/flowhost/share/flowhost/documents"
+        ]
+    );
     let service =
         std::fs::read_to_string(root.join("etc/systemd/system/flowhost.service")).unwrap();
     assert!(
@@ -523,10 +550,182 @@ fn make_install_stages_a_verifiable_deployment() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ok = Command::new(root.join("opt/flowhost/bin/flowhost"))
-        .args(["profile", "check"])
-        .arg(root.join("etc/flowhost/profiles/brokered.toml"))
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    // `flowhost profile check /etc/flowhost/profiles/*.toml`, as the README writes it.
+    let profiles = root.join("etc/flowhost/profiles");
+    let check = |extra: &[&Path]| {
+        Command::new(root.join("opt/flowhost/bin/flowhost"))
+            .args(["profile", "check"])
+            .arg(profiles.join("brokered.toml"))
+            .arg(profiles.join("isolated.toml"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = check(&[]);
+    let stdout = succeeded(&out);
+    assert_eq!(stdout.matches("is valid").count(), 2, "{stdout}");
+    // One bad file among good ones: every file is checked, the bad one named, exit 2.
+    let bad = stage.path().join("bad.toml");
+    std::fs::write(&bad, "this is not a profile").unwrap();
+    let out = check(&[&bad]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .matches("is valid")
+            .count(),
+        2
+    );
+    assert!(refused(&out).contains("bad.toml"));
+}
+
+/// What a real boot showed the units need: securebits executors can be given, no restart
+/// loop on a refusal to start, a reload `systemctl reload` can fail on, and a socket
+/// directory members of group flowhost can enter from boot on.
+#[test]
+fn the_units_carry_what_a_real_boot_needs() {
+    let service = unit("flowhost.service");
+    let line = |key: &str| {
+        service
+            .lines()
+            .find(|l| l.starts_with(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key}= in flowhost.service"))
+            .to_string()
+    };
+    assert_eq!(line("SecureBits"), "SecureBits=noroot noroot-locked");
+    assert_eq!(
+        line("RestartPreventExitStatus"),
+        "RestartPreventExitStatus=2"
+    );
+    assert_eq!(
+        line("ExecReload"),
+        "ExecReload=/usr/local/bin/flowhost reload --pid $MAINPID --state-dir /var/lib/flowhost"
+    );
+    let dirs = unit("flowhost.tmpfiles.conf");
+    assert!(
+        dirs.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["d", "/run/flowhost", "0750", "flowhost", "flowhost", "-"]),
+        "{dirs}"
+    );
+}
+
+/// Runs `flowhost serve --config CONFIG` to its end with stderr in a file, as systemd would
+/// start it when `journal` is set (JOURNAL_STREAM names that file). Returns (exit code,
+/// stderr, notifications received).
+fn serve_until_exit(dir: &Path, config: &Path, journal: bool) -> (Option<i32>, String, String) {
+    use std::os::unix::fs::MetadataExt;
+    let err_path = dir.join("serve.stderr");
+    let err = std::fs::File::create(&err_path).unwrap();
+    let meta = err.metadata().unwrap();
+    let notify_path = dir.join("serve-notify.sock");
+    let _ = std::fs::remove_file(&notify_path);
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_nonblocking(true).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flowhost"));
+    command
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stdin(std::process::Stdio::null())
+        .stderr(err);
+    if journal {
+        command.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
+    } else {
+        command.env_remove("JOURNAL_STREAM");
+    }
+    let mut child = command.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "the daemon did not exit:\n{}",
+                std::fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut notes = String::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = notify.recv(&mut buf) {
+        notes.push_str(&String::from_utf8_lossy(&buf[..n]));
+        notes.push('\n');
+    }
+    (
+        status.code(),
+        std::fs::read_to_string(&err_path).unwrap(),
+        notes,
+    )
+}
+
+#[test]
+fn a_refusal_to_start_exits_2_and_reaches_the_journal_at_error_priority() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("missing.toml");
+    let (code, stderr, notes) = serve_until_exit(dir.path(), &config, true);
+    // RestartPreventExitStatus=2: systemd does not retry a refusal to start.
+    assert_eq!(code, Some(2), "{stderr}");
+    let fatal: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("flowhost: error:"))
+        .collect();
+    assert!(!fatal.is_empty(), "{stderr}");
+    assert!(
+        fatal.iter().all(|l| l.starts_with("<3>")) && fatal[0].contains("missing.toml"),
+        "fatal lines carry the journal's err priority and name the file: {stderr}"
+    );
+    assert!(!notes.contains("READY=1"), "{notes}");
+    // Not under the journal: plain text.
+    let (code, stderr, _) = serve_until_exit(dir.path(), &config, false);
+    assert_eq!(code, Some(2));
+    assert!(stderr.starts_with("flowhost: error:"), "{stderr}");
+}
+
+#[test]
+fn executors_that_cannot_start_stop_the_start_before_ready() {
+    let Some(lab) = Lab::prepare() else { return };
+    // The publisher exits at once: every spawn of the two inboxes' executors fails.
+    let publisher = common::shared_copy("flowhost-tool-publisher")
+        .display()
+        .to_string();
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    assert!(text.contains(&publisher));
+    lab.write_config(&text.replace(&publisher, "/bin/false"));
+    let (code, stderr, notes) = serve_until_exit(lab.dir.path(), &lab.config, false);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("server \"public-inbox\"") || stderr.contains("server \"team-inbox\""),
+        "the refusal names the server: {stderr}"
+    );
+    assert!(
+        !notes.contains("READY=1"),
+        "READY despite failing executors: {notes}"
+    );
+}
+
+#[test]
+fn flowhost_reload_waits_for_the_daemons_verdict() {
+    let Some(lab) = Lab::start() else { return };
+    let pid = lab.pid().to_string();
+    let state = lab.paths.state_dir.display().to_string();
+    let reload = |lab: &Lab| lab.cli(&["reload", "--pid", &pid, "--state-dir", &state]);
+    let (code, stdout, stderr) = reload(&lab);
+    assert_eq!(code, 0, "{stdout}{stderr}{}", lab.log());
+    assert!(stdout.contains("reloaded: generation 2"), "{stdout}");
+    // A broken configuration: refused, the reason printed, exit 1.
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    lab.write_config("[host]\nthis is not toml");
+    let (code, _, stderr) = reload(&lab);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("reload refused") && stderr.contains("host.toml"),
+        "{stderr}"
+    );
+    // Fixed again: accepted (a later verdict, not the refusal left in the file).
+    lab.write_config(&original);
+    let (code, stdout, stderr) = reload(&lab);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("generation 3"), "{stdout}");
 }

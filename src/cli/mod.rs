@@ -12,6 +12,7 @@ pub mod key;
 pub mod manifest;
 mod profile;
 mod records;
+mod reload;
 mod sandbox;
 mod serve;
 
@@ -43,6 +44,9 @@ enum Command {
     Sandbox(sandbox::SandboxArgs),
     /// Run the host daemon.
     Serve(serve::ServeArgs),
+    /// Reload a running daemon and wait for its verdict (systemd's ExecReload). Exit 0
+    /// reloaded, 1 refused, 2 no verdict.
+    Reload(reload::ReloadArgs),
     /// Bridge stdio to the daemon's socket (for MCP clients that launch stdio servers).
     Connect(connect::ConnectArgs),
     /// Run the pricing lab end to end: keys, signed manifests, the host with the real broker
@@ -90,6 +94,7 @@ impl Cli {
             Command::Profile(args) => args.run(),
             Command::Sandbox(args) => args.run(),
             Command::Serve(args) => args.run(),
+            Command::Reload(args) => args.run(),
             Command::Connect(args) => args.run(),
             Command::Demo(args) => args.run(),
             Command::ExampleTool(args) => args.run(),
@@ -103,11 +108,13 @@ impl Cli {
 }
 
 /// Prints `error` and every error in its source chain to stderr, one per line.
+/// Under systemd each line carries the journal's error priority.
 pub fn report(error: &(dyn std::error::Error + 'static)) {
-    eprintln!("flowhost: error: {error}");
+    let p = crate::logging::fatal_line_prefix();
+    eprintln!("{p}flowhost: error: {error}");
     let mut source = error.source();
     while let Some(cause) = source {
-        eprintln!("  caused by: {cause}");
+        eprintln!("{p}  caused by: {cause}");
         source = cause.source();
     }
 }

@@ -402,14 +402,7 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
             self.filling.fetch_add(1, Ordering::SeqCst);
             let pool = self.clone();
             tokio::spawn(async move {
-                let started = McpExecutor::start(
-                    &pool.broker,
-                    &pool.template,
-                    pool.sink.clone(),
-                    pool.deadline,
-                    pool.limit,
-                )
-                .await;
+                let started = pool.start_one().await;
                 pool.filling.fetch_sub(1, Ordering::SeqCst);
                 match started {
                     Ok(e) => {
@@ -417,10 +410,27 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
                             ready.push(e);
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot start a warm executor"),
+                    Err(e) => tracing::warn!(error = %e, "cannot start a warm executor: {e}"),
                 }
             });
         }
+    }
+
+    /// Starts one executor now and waits until it has answered `initialize`; it joins the
+    /// pool (or is stopped when the pool keeps none). Proves the server's executors can run.
+    pub async fn prime(self: &Arc<Self>) -> Result<(), ExecutorError> {
+        let executor = self.start_one().await?;
+        let surplus = match self.ready.lock() {
+            Ok(mut ready) if ready.len() < self.size => {
+                ready.push(executor);
+                None
+            }
+            _ => Some(executor),
+        };
+        if let Some(executor) = surplus {
+            executor.stop().await;
+        }
+        Ok(())
     }
 
     /// A ready executor (warm if one is available, else started now). The pool refills.
@@ -432,6 +442,11 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
         {
             return Ok(e);
         }
+        self.start_one().await
+    }
+
+    /// Starts one of this server's executors (not added to the pool).
+    async fn start_one(&self) -> Result<McpExecutor<C>, ExecutorError> {
         McpExecutor::start(
             &self.broker,
             &self.template,

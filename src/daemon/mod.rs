@@ -4,8 +4,9 @@
 //! verify and register every signed manifest; if the registry requires flow mediation and the
 //! broker is disabled or cannot start, refuse — before opening any state or spawning anything;
 //! check every execution profile against the kernel; then open the state directory, write the
-//! retained signed set, open the flow-state database and the record writer, bind the socket
-//! (or take it from systemd), warm the executor pools, and report ready.
+//! retained signed set, open the flow-state database and the record writer, warm the executor
+//! pools (one executor of every server must start), bind the socket (or take it from
+//! systemd), and report ready.
 //!
 //! A generation (configuration + registry + executor pools) is immutable; SIGHUP builds a new
 //! one and swaps it in atomically. Calls in flight finish on the generation they started on;
@@ -14,6 +15,7 @@
 mod activation;
 mod egress;
 mod executor;
+pub mod reload;
 mod session;
 
 use std::collections::BTreeMap;
@@ -153,6 +155,14 @@ pub enum StartupError {
     /// The record writer could not be opened.
     #[error("cannot open the decision records: {0}")]
     Records(#[from] crate::records::RecordError),
+    /// A server's executor could not be started: serving would fail every call to it.
+    #[error("server {server:?}: {source}")]
+    ExecutorStart {
+        /// The server.
+        server: String,
+        /// Why its executor did not start.
+        source: ExecutorError,
+    },
 }
 
 /// What an executor's egress is judged against while it serves a call.
@@ -457,13 +467,16 @@ impl Host {
             config.operator_input_floor.clone(),
             state,
         ));
-        let listener = activation::bind(&config.socket, config.socket_mode, passed)?;
         let health_file = config.health_file.clone();
         let generation =
             build_generation(1, config, registry, &profiles, &broker, &resolver, &records);
-        for s in generation.servers.values() {
-            s.pool.refill();
-        }
+        // Before binding: a client that can connect finds every server's executors proven.
+        prime_pools(&generation).await?;
+        let listener = activation::bind(
+            &generation.config.socket,
+            generation.config.socket_mode,
+            passed,
+        )?;
         let host = Arc::new(Host {
             generation: RwLock::new(Arc::new(generation)),
             next_generation: AtomicU64::new(2),
@@ -519,9 +532,7 @@ impl Host {
             &self.resolver,
             &self.records,
         );
-        for s in generation.servers.values() {
-            s.pool.refill();
-        }
+        prime_pools(&generation).await?;
         let old = {
             let mut g = match self.generation.write() {
                 Ok(g) => g,
@@ -595,6 +606,26 @@ impl Host {
             tracing::error!(error = %e, "writing the health file failed");
         }
     }
+}
+
+/// Starts one executor of every server and waits for it, then fills the pools in the
+/// background: a server whose executors cannot start (a broker or sandbox that cannot work
+/// under this service's settings) stops the start or the reload, naming the server and why,
+/// instead of being reported ready while every call to it would fail.
+async fn prime_pools(generation: &Generation) -> Result<(), StartupError> {
+    for s in generation.servers.values() {
+        s.pool
+            .prime()
+            .await
+            .map_err(|source| StartupError::ExecutorStart {
+                server: s.id.clone(),
+                source,
+            })?;
+    }
+    for s in generation.servers.values() {
+        s.pool.refill();
+    }
+    Ok(())
 }
 
 fn build_generation(
@@ -761,22 +792,32 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
             _ = int.recv() => break,
             _ = host.stopped() => break,
             _ = hup.recv() => {
-                let usec = sd_notify::NotifyState::monotonic_usec_now();
-                match usec {
-                    Ok(u) => notify(&[sd_notify::NotifyState::Reloading, u]),
-                    Err(_) => notify(&[sd_notify::NotifyState::Reloading]),
+                let started_usec = reload::monotonic_usec();
+                match started_usec {
+                    Some(u) => notify(&[sd_notify::NotifyState::Reloading, sd_notify::NotifyState::MonotonicUsec(u.into())]),
+                    None => notify(&[sd_notify::NotifyState::Reloading]),
                 }
-                match host.reload().await {
-                    Ok(id) => {
-                        let status = format!("reloaded: generation {id}");
-                        tracing::info!("{status}");
-                        notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
-                    }
-                    Err(e) => {
-                        let status = format!("reload refused, still serving the previous configuration: {e}");
-                        tracing::error!("{status}");
-                        notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
-                    }
+                let outcome = host.reload().await;
+                let (accepted, generation, status) = match &outcome {
+                    Ok(id) => (true, *id, format!("reloaded: generation {id}")),
+                    Err(e) => (false, host.current().id, format!("reload refused, still serving the previous configuration: {e}")),
+                };
+                if accepted {
+                    tracing::info!("{status}");
+                } else {
+                    tracing::error!("{status}");
+                }
+                notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
+                // `flowhost reload` (ExecReload) waits for this; without it, it fails closed.
+                let verdict = reload::ReloadVerdict {
+                    pid: std::process::id(),
+                    started_usec: started_usec.unwrap_or(0),
+                    accepted,
+                    generation,
+                    message: status,
+                };
+                if let Err(e) = verdict.write(&host.current().config.state_dir) {
+                    tracing::error!("cannot write the reload verdict: {e}");
                 }
             }
             _ = tick.tick() => {
