@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::is_root;
 use common::lab::{Client, Lab};
+use common::{have, is_root};
 use serde_json::json;
 
 fn unit(name: &str) -> String {
@@ -22,13 +22,6 @@ fn unit(name: &str) -> String {
             .join(name),
     )
     .unwrap()
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 #[test]

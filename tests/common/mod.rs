@@ -90,6 +90,14 @@ pub fn shared_copy(name: &str) -> PathBuf {
     dst
 }
 
+/// Whether `tool` is on PATH.
+pub fn have(tool: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
@@ -121,7 +129,12 @@ pub struct TcpSink {
 
 impl TcpSink {
     pub fn start() -> TcpSink {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        TcpSink::start_on("127.0.0.1:0")
+    }
+
+    /// A sink listening on `addr` (in the calling thread's network namespace).
+    pub fn start_on(addr: &str) -> TcpSink {
+        let listener = TcpListener::bind(addr).unwrap();
         let addr = listener.local_addr().unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
         let received = Arc::new(Mutex::new(Vec::new()));
