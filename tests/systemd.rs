@@ -722,3 +722,85 @@ fn flowhost_reload_waits_for_the_daemons_verdict() {
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("generation 3"), "{stdout}");
 }
+
+/// `flowhost sandbox run --profile brokered -- /bin/true` under a seccomp filter that fails
+/// `syscall` with EPERM, as systemd-nspawn's or a unit's filter would.
+fn sandbox_with_syscall_filtered(syscall: libc::c_long) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    // Classic BPF: load the syscall number; EPERM for `syscall`, allow everything else.
+    let program = [
+        libc::sock_filter {
+            code: 0x20, // BPF_LD | BPF_W | BPF_ABS: seccomp_data.nr
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        libc::sock_filter {
+            code: 0x15, // BPF_JMP | BPF_JEQ | BPF_K
+            jt: 0,
+            jf: 1,
+            k: syscall as u32,
+        },
+        libc::sock_filter {
+            code: 0x06, // BPF_RET | BPF_K
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        },
+        libc::sock_filter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        },
+    ];
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flowhost"));
+    command.args(["sandbox", "run", "--profile", "brokered", "--", "/bin/true"]);
+    // SAFETY: between fork and exec only prctl runs, on a program that lives in this
+    // (copied) stack frame; prctl is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            let prog = libc::sock_fprog {
+                len: program.len() as u16,
+                filter: program.as_ptr() as *mut libc::sock_filter,
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.output().unwrap()
+}
+
+/// A filtered call is reported as refused by a filter, not as a kernel too old to have it.
+#[test]
+fn errors_say_a_filter_refused_what_the_kernel_has() {
+    if !is_root() {
+        eprintln!("SKIP: the privileged broker needs root");
+        return;
+    }
+    let stderr = refused(&sandbox_with_syscall_filtered(libc::SYS_pidfd_getfd));
+    assert!(
+        stderr.contains("pidfd_getfd was refused with Operation not permitted")
+            && stderr.contains("seccomp filter"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("or later is required"), "{stderr}");
+
+    let stderr = refused(&sandbox_with_syscall_filtered(
+        libc::SYS_landlock_create_ruleset,
+    ));
+    assert!(
+        stderr.contains("landlock_create_ruleset was refused with Operation not permitted")
+            && stderr.contains("seccomp filter"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("this kernel does not offer"), "{stderr}");
+}

@@ -127,10 +127,10 @@ impl std::fmt::Debug for Broker {
 
 fn probe_pidfd_getfd() -> Result<(), String> {
     let me = sys::pidfd_open(std::process::id() as i32)
-        .map_err(|e| format!("pidfd_open is unavailable ({e}); Linux 5.3 or later is required"))?;
+        .map_err(|e| sys::describe_pidfd_failure("pidfd_open", "5.3", &e))?;
     sys::pidfd_getfd(me.as_fd(), 0)
         .map(drop)
-        .map_err(|e| format!("pidfd_getfd is unavailable ({e}); Linux 5.6 or later is required"))
+        .map_err(|e| sys::describe_pidfd_failure("pidfd_getfd", "5.6", &e))
 }
 
 impl Broker {
@@ -275,6 +275,7 @@ impl Broker {
             return Err(SpawnError::Unsupported {
                 profile: profile.name.clone(),
                 feature: "Landlock",
+                observed: sys::landlock_unavailable().unwrap_or_default(),
             });
         }
         crate::filter::compile(profile)

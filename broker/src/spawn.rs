@@ -130,12 +130,14 @@ pub enum SpawnError {
     )]
     ForbiddenEnvironment(String),
     /// The kernel lacks something the profile requires.
-    #[error("profile {profile:?} requires {feature}, which this kernel does not offer")]
+    #[error("profile {profile:?} requires {feature}, which is unavailable here: {observed}")]
     Unsupported {
         /// The profile.
         profile: String,
         /// What is missing.
         feature: &'static str,
+        /// What was observed (which call failed, and how).
+        observed: String,
     },
     /// Building the filter or the Landlock ruleset failed.
     #[error("cannot prepare the sandbox: {0}")]
@@ -467,6 +469,7 @@ fn landlock_ruleset(
             LandlockMode::Required => Err(SpawnError::Unsupported {
                 profile: profile.name.clone(),
                 feature: "Landlock",
+                observed: sys::landlock_unavailable().unwrap_or_default(),
             }),
             LandlockMode::BestEffort => Ok(None),
         };
@@ -493,6 +496,7 @@ fn landlock_ruleset(
         return Err(SpawnError::Unsupported {
             profile: profile.name.clone(),
             feature: "Landlock",
+            observed: "the landlock crate could not create a ruleset".into(),
         });
     }
     Ok(fd)
