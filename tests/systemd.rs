@@ -670,6 +670,17 @@ fn a_refusal_to_start_exits_2_and_reaches_the_journal_at_error_priority() {
         "fatal lines carry the journal's err priority and name the file: {stderr}"
     );
     assert!(!notes.contains("READY=1"), "{notes}");
+    // Every line of a message spanning several (a TOML parse error) carries the priority.
+    std::fs::write(&config, "[host]\nthis is not toml\n").unwrap();
+    let (code, stderr, _) = serve_until_exit(dir.path(), &config, true);
+    assert_eq!(code, Some(2), "{stderr}");
+    let from = stderr
+        .find("<3>flowhost: error:")
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let fatal: Vec<&str> = stderr[from..].lines().collect();
+    assert!(fatal.len() > 1, "{stderr}");
+    assert!(fatal.iter().all(|l| l.starts_with("<3>")), "{stderr}");
+    std::fs::remove_file(&config).unwrap();
     // Not under the journal: plain text.
     let (code, stderr, _) = serve_until_exit(dir.path(), &config, false);
     assert_eq!(code, Some(2));
@@ -803,4 +814,82 @@ fn errors_say_a_filter_refused_what_the_kernel_has() {
         "{stderr}"
     );
     assert!(!stderr.contains("this kernel does not offer"), "{stderr}");
+}
+
+/// Health stays honest after READY: once a server's executors stop starting (here its
+/// program disappears), `flowhost/health` is incomplete with broker_active false, and it
+/// recovers when they start again.
+#[test]
+fn health_is_incomplete_while_a_servers_executors_cannot_start() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let shared = common::shared_copy("flowhost-tool-publisher");
+    let private_dir = common::shared_dir().join(format!("publisher-{}", std::process::id()));
+    std::fs::create_dir_all(&private_dir).unwrap();
+    let private = private_dir.join("flowhost-tool-publisher");
+    let copy = || {
+        let status = Command::new("cp")
+            .arg(&shared)
+            .arg(&private)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    copy();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&private_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    lab.write_config(&text.replace(
+        &shared.display().to_string(),
+        &private.display().to_string(),
+    ));
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let health = |c: &mut Client| c.request("flowhost/health", json!({}))["result"].clone();
+    assert_eq!(health(&mut c)["broker_active"], true, "{}", lab.log());
+
+    std::fs::remove_file(&private).unwrap();
+    // A call takes a warm executor; the pool's refill then fails.
+    c.call(
+        "public-inbox/publish",
+        json!({"message": "x", "sink": lab.public.addr.to_string()}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = health(&mut c);
+        if h["broker_active"] == false {
+            assert_eq!(h["complete"], false, "{h}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "health stayed {h}:\n{}",
+            lab.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        lab.log().contains("cannot start a warm executor: "),
+        "the log line says why: {}",
+        lab.log()
+    );
+
+    // The program is back: the next start (a new session acquires an executor, and the
+    // pool refills) succeeds and health recovers.
+    copy();
+    let mut c = lab.client();
+    c.initialize();
+    c.call(
+        "public-inbox/publish",
+        json!({"message": "y", "sink": lab.public.addr.to_string()}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while health(&mut c)["broker_active"] != true {
+        assert!(Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    lab.stop();
+    let _ = std::fs::remove_dir_all(&private_dir);
 }

@@ -108,13 +108,19 @@ impl Cli {
 }
 
 /// Prints `error` and every error in its source chain to stderr, one per line.
-/// Under systemd each line carries the journal's error priority.
+/// Under systemd every line (messages may span several, e.g. a TOML parse error) carries
+/// the journal's error priority.
 pub fn report(error: &(dyn std::error::Error + 'static)) {
     let p = crate::logging::fatal_line_prefix();
-    eprintln!("{p}flowhost: error: {error}");
+    let print = |head: &str, text: String| {
+        for (i, line) in text.lines().enumerate() {
+            eprintln!("{p}{}{line}", if i == 0 { head } else { "  " });
+        }
+    };
+    print("flowhost: error: ", error.to_string());
     let mut source = error.source();
     while let Some(cause) = source {
-        eprintln!("{p}  caused by: {cause}");
+        print("  caused by: ", cause.to_string());
         source = cause.source();
     }
 }

@@ -369,6 +369,8 @@ pub struct WarmPool<C> {
     limit: usize,
     ready: Mutex<Vec<McpExecutor<C>>>,
     filling: std::sync::atomic::AtomicUsize,
+    /// Whether the last attempt to start an executor failed.
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl<C: Send + Sync + 'static> WarmPool<C> {
@@ -390,6 +392,7 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
             limit,
             ready: Mutex::new(Vec::new()),
             filling: std::sync::atomic::AtomicUsize::new(0),
+            failing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -410,7 +413,11 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
                             ready.push(e);
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot start a warm executor: {e}"),
+                    Err(e) => tracing::error!(
+                        error = %e,
+                        program = %pool.template.argv.first().map(String::as_str).unwrap_or(""),
+                        "cannot start a warm executor: {e}"
+                    ),
                 }
             });
         }
@@ -447,14 +454,23 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
 
     /// Starts one of this server's executors (not added to the pool).
     async fn start_one(&self) -> Result<McpExecutor<C>, ExecutorError> {
-        McpExecutor::start(
+        let started = McpExecutor::start(
             &self.broker,
             &self.template,
             self.sink.clone(),
             self.deadline,
             self.limit,
         )
-        .await
+        .await;
+        self.failing
+            .store(started.is_err(), std::sync::atomic::Ordering::SeqCst);
+        started
+    }
+
+    /// Whether the last attempt to start one of this server's executors failed (every call
+    /// to the server fails while it does).
+    pub fn failing(&self) -> bool {
+        self.failing.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Stops every warm executor.

@@ -577,7 +577,8 @@ impl Host {
         h.classifier_version = Some(self.current().config.classifier_version.clone());
         h.unknown_tool_count = Some(self.counters.unknown_tools.load(Ordering::SeqCst));
         h.redaction_active = Some(true);
-        h.broker_active = Some(true);
+        // The broker is not doing its work while a server's executors cannot start.
+        h.broker_active = Some(!self.current().servers.values().any(|s| s.pool.failing()));
         h.executors_spawned = Some(stats.spawned);
         // Every executor the broker spawned is either still supervised or has exited under
         // supervision; a supervisor failure is the only way one escapes the count.
