@@ -893,3 +893,50 @@ fn health_is_incomplete_while_a_servers_executors_cannot_start() {
     lab.stop();
     let _ = std::fs::remove_dir_all(&private_dir);
 }
+
+/// The connection that activated a daemon which then refuses to start gets an answer at
+/// once (a JSON-RPC error pointing at the operator's log), not a hang until its timeout.
+#[test]
+fn a_client_that_activated_a_refusing_daemon_is_answered() {
+    assert!(
+        have("systemd-socket-activate"),
+        "systemd-socket-activate is missing (.ci/run installs systemd)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("activated.sock");
+    let mut activator = Command::new("systemd-socket-activate")
+        .arg("-l")
+        .arg(&socket)
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["serve", "--log-format", "text", "--config"])
+        .arg(dir.path().join("missing.toml"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stream = loop {
+        if let Ok(s) = UnixStream::connect(&socket) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the activator did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut line = String::new();
+    let read = std::io::BufRead::read_line(&mut std::io::BufReader::new(&stream), &mut line);
+    let _ = activator.kill();
+    let _ = activator.wait();
+    read.unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("refused to start"),
+        "{answer}"
+    );
+}

@@ -15,7 +15,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::lab::records_in;
@@ -124,16 +124,65 @@ fn readme_deployment() -> Vec<String> {
     block.lines().map(str::to_string).collect()
 }
 
-/// A booted container; killed (and its root filesystem removed) when dropped, also when
-/// the test fails.
+/// The service's status and recent journal in the container whose init is `pid1`.
+fn diagnostics(pid1: i32) -> String {
+    Command::new("nsenter")
+        .args(["-t", &pid1.to_string(), "-a", "timeout", "20", "sh", "-c"])
+        .arg("systemctl status flowhost.socket flowhost.service --no-pager; journalctl -u flowhost --no-pager | tail -40")
+        .output()
+        .map(|o| text(&o))
+        .unwrap_or_else(|e| format!("(no diagnostics: {e})"))
+}
+
+/// A per-run copy of the root filesystem, removed when dropped (also when the test fails).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    /// A fresh copy of `cache` under target/, after removing copies that runs which no
+    /// longer exist left behind (a killed test cannot clean up).
+    fn copy_of(cache: &Path) -> Scratch {
+        let target = repo().join("target");
+        for e in std::fs::read_dir(&target).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("systemd-boot-run-")
+                && !Path::new("/proc").join(pid).exists()
+            {
+                drop(Scratch(e.path()));
+            }
+        }
+        let scratch = Scratch(target.join(format!("systemd-boot-run-{}", std::process::id())));
+        drop(Scratch(scratch.0.clone()));
+        let out = Command::new("cp")
+            .args(["-a", "--reflink=auto"])
+            .arg(cache)
+            .arg(&scratch.0)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        scratch
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // rm is about twice as fast as remove_dir_all on this tree (~250 MB).
+        let _ = Command::new("rm").arg("-rf").arg(&self.0).status();
+        let _ = std::fs::remove_file(self.0.with_extension("log"));
+    }
+}
+
+/// A booted container; killed when dropped, also when the test fails (before its root
+/// filesystem is removed).
 struct Container {
     root: PathBuf,
+    _scratch: Scratch,
     nspawn: Child,
     pid1: i32,
 }
 
 impl Container {
-    fn boot(root: PathBuf) -> Container {
+    fn boot(scratch: Scratch) -> Container {
+        let root = scratch.0.clone();
         let log = std::fs::File::create(root.with_extension("log")).unwrap();
         let nspawn = Command::new("systemd-nspawn")
             .arg("-D")
@@ -153,6 +202,7 @@ impl Container {
             .unwrap();
         let mut c = Container {
             root,
+            _scratch: scratch,
             pid1: 0,
             nspawn,
         };
@@ -192,10 +242,11 @@ impl Container {
         c
     }
 
-    /// Runs `script` with sh inside the container.
+    /// Runs `script` with sh inside the container (killed after two minutes: a hung
+    /// systemctl fails the test instead of hanging it).
     fn sh(&self, script: &str) -> Output {
         self.inside()
-            .args(["sh", "-c", script])
+            .args(["timeout", "120", "sh", "-c", script])
             .stdin(Stdio::null())
             .output()
             .unwrap()
@@ -224,7 +275,7 @@ impl Container {
             assert!(
                 Instant::now() < deadline,
                 "{what} did not happen within {limit:?}:\n{}",
-                text(&self.sh("systemctl status flowhost.service --no-pager; journalctl -u flowhost --no-pager | tail -30"))
+                diagnostics(self.pid1)
             );
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -263,9 +314,22 @@ impl Container {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
+        // Lines arrive through a channel, so a daemon that never answers fails the test
+        // after a deadline instead of hanging it.
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
         Session {
+            pid1: self.pid1,
             stdin: child.stdin.take().unwrap(),
-            stdout: BufReader::new(child.stdout.take().unwrap()),
+            lines,
             child,
             next_id: 1,
         }
@@ -280,15 +344,13 @@ impl Drop for Container {
         }
         let _ = self.nspawn.kill();
         let _ = self.nspawn.wait();
-        // rm is about twice as fast as remove_dir_all on this tree (~250 MB).
-        let _ = Command::new("rm").arg("-rf").arg(&self.root).status();
-        let _ = std::fs::remove_file(self.root.with_extension("log"));
     }
 }
 
 struct Session {
+    pid1: i32,
     stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    lines: std::sync::mpsc::Receiver<String>,
     child: Child,
     next_id: u64,
 }
@@ -299,8 +361,15 @@ impl Session {
         self.next_id += 1;
         let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         writeln!(self.stdin, "{line}").unwrap();
-        let mut answer = String::new();
-        self.stdout.read_line(&mut answer).unwrap();
+        let answer = self
+            .lines
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{method}: no answer within 60 s ({e}):\n{}",
+                    diagnostics(self.pid1)
+                )
+            });
         let answer: Value = serde_json::from_str(&answer)
             .unwrap_or_else(|e| panic!("{method}: bad answer {answer:?}: {e}"));
         assert_eq!(answer["id"], id, "{answer}");
@@ -352,15 +421,8 @@ fn a_booted_systemd_runs_the_deployment_as_the_readme_says() {
     }
     let started = Instant::now();
     let cache = cached_rootfs();
-    let root = repo().join(format!("target/systemd-boot-run-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    let out = Command::new("cp")
-        .args(["-a", "--reflink=auto"])
-        .arg(&cache)
-        .arg(&root)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    let scratch = Scratch::copy_of(&cache);
+    let root = scratch.0.clone();
 
     // The README's lines: the first is `make install`, run here against the root filesystem
     // (`install` is `build` then `install-files`; the binaries under test are built).
@@ -379,7 +441,7 @@ fn a_booted_systemd_runs_the_deployment_as_the_readme_says() {
         .unwrap();
     assert!(out.status.success(), "make install: {}", text(&out));
 
-    let c = Container::boot(root);
+    let c = Container::boot(scratch);
     eprintln!("booted after {:?}", started.elapsed());
     for step in &steps[1..] {
         c.ok(step);
@@ -486,6 +548,16 @@ fn a_booted_systemd_runs_the_deployment_as_the_readme_says() {
         errors.contains("flowhost: error: /etc/flowhost/flowhost.toml"),
         "{errors}"
     );
+    // A member whose connection starts the refusing service is answered, not left hanging.
+    let answered = c.sh(&format!(
+        "echo '{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}}' | runuser -u analyst -- flowhost connect --socket {SOCKET}"
+    ));
+    assert!(
+        String::from_utf8_lossy(&answered.stdout).contains("refused to start"),
+        "{}",
+        text(&answered)
+    );
+    assert_eq!(c.service("NRestarts"), "0");
     c.ok("cp /root/flowhost.toml.good /etc/flowhost/flowhost.toml");
     c.ok("systemctl reset-failed flowhost.service && systemctl start flowhost.socket flowhost.service");
 

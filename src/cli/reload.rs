@@ -19,8 +19,10 @@ pub struct ReloadArgs {
     /// The daemon's state directory (its `state_dir`), where it writes the verdict.
     #[arg(long, default_value = "/var/lib/flowhost")]
     state_dir: PathBuf,
-    /// Seconds to wait for the verdict before treating the reload as failed.
-    #[arg(long, default_value_t = 60)]
+    /// Seconds to wait for the verdict before treating the reload as failed (below the
+    /// unit's TimeoutStartSec=60, which bounds ExecReload too, so the reason is printed
+    /// before systemd gives up).
+    #[arg(long, default_value_t = 45)]
     timeout: u64,
 }
 
