@@ -449,9 +449,9 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
             );
         }
 
-        // Empty the bounding set so no later exec can regain a capability, clear ambient
-        // capabilities, and lock securebits so uid 0 (in a user namespace) gains nothing on
-        // exec. Capability numbers past the kernel's last one return EINVAL and are skipped.
+        // Empty the bounding set so no later exec can regain a capability and clear ambient
+        // capabilities. Capability numbers past the kernel's last one return EINVAL and are
+        // skipped.
         for cap in 0..64 {
             if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno() != libc::EINVAL {
                 fail_parked(&p, Stage::CapabilityBounds, errno());
@@ -468,8 +468,10 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
                 0
             )
         );
-        // Securebits the host already holds (and may have locked, e.g. systemd's
-        // SecureBits=) are kept; only missing ones are added. Setting a bit that is already
+        // Set and lock noroot and no_cap_ambient_raise, so uid 0 (in a user namespace) gains
+        // nothing on exec and no ambient capability comes back. Securebits the host already
+        // holds (and may have locked, e.g. systemd's SecureBits=) are kept; only missing ones
+        // are added. Setting a bit that is already
         // set and locked would still succeed, but skipping the call when nothing is missing
         // also spares a host that lacks CAP_SETPCAP for no reason.
         let current = libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0);
