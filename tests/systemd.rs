@@ -732,6 +732,30 @@ fn flowhost_reload_waits_for_the_daemons_verdict() {
     let (code, stdout, stderr) = reload(&lab);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("generation 3"), "{stdout}");
+
+    // A configuration whose executors cannot start (the publisher exits at once) and that
+    // drops the public inbox: refused, naming the server, and nothing of it is kept.
+    let retained = lab.paths.state_dir.join("signed-manifests.json");
+    let before = std::fs::read_to_string(&retained).unwrap();
+    let start = original.find("[[server]]\nid = \"public-inbox\"").unwrap();
+    let publisher = common::shared_copy("flowhost-tool-publisher")
+        .display()
+        .to_string();
+    lab.write_config(
+        &original[..start]
+            .replace(", \"public-inbox/publish\"", "")
+            .replace(&publisher, "/bin/false"),
+    );
+    let (code, _, stderr) = reload(&lab);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("server \"team-inbox\""), "{stderr}");
+    assert!(
+        std::fs::read_to_string(&retained).unwrap() == before,
+        "the refused reload replaced the retained signed set"
+    );
+    let mut c = lab.client();
+    c.initialize();
+    assert_eq!(tool_names(&mut c).len(), 5);
 }
 
 /// `flowhost sandbox run --profile brokered -- /bin/true` under a seccomp filter that fails

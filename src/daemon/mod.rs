@@ -521,7 +521,6 @@ impl Host {
                 }
             })?;
         }
-        registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
         let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
         let generation = build_generation(
             id,
@@ -533,6 +532,10 @@ impl Host {
             &self.records,
         );
         prime_pools(&generation).await?;
+        // Only a generation that will serve replaces the retained signed set.
+        generation
+            .registry
+            .write_retained_set(&generation.config.state_dir.join("signed-manifests.json"))?;
         let old = {
             let mut g = match self.generation.write() {
                 Ok(g) => g,
