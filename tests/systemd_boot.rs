@@ -4,7 +4,8 @@
 //! and a user would: socket activation by a non-root member of group flowhost, the
 //! pricing-lab workflow (allow, flow refusal, syscall refusal), records verify, reload
 //! accepted and refused (`systemctl reload` failing), a refusal to start that is not
-//! retried and reaches `journalctl -p err`, the watchdog restarting a frozen daemon, stop.
+//! retried and reaches `journalctl -p err`, the watchdog restarting a frozen daemon, stop,
+//! and a reboot.
 //!
 //! Needs root, `debootstrap` and `systemd-nspawn` (Debian packages `debootstrap`,
 //! `systemd-container`; `.ci/run` installs them); skips with the reason elsewhere. The root
@@ -171,18 +172,17 @@ impl Drop for Scratch {
     }
 }
 
-/// A booted container; killed when dropped, also when the test fails (before its root
-/// filesystem is removed).
+/// A booted container; killed when dropped, also when the test fails (the test drops it
+/// before the [`Scratch`] holding its root filesystem).
 struct Container {
     root: PathBuf,
-    _scratch: Scratch,
     nspawn: Child,
     pid1: i32,
 }
 
 impl Container {
-    fn boot(scratch: Scratch) -> Container {
-        let root = scratch.0.clone();
+    fn boot(root: &Path) -> Container {
+        let root = root.to_path_buf();
         let log = std::fs::File::create(root.with_extension("log")).unwrap();
         let nspawn = Command::new("systemd-nspawn")
             .arg("-D")
@@ -202,7 +202,6 @@ impl Container {
             .unwrap();
         let mut c = Container {
             root,
-            _scratch: scratch,
             pid1: 0,
             nspawn,
         };
@@ -441,7 +440,8 @@ fn a_booted_systemd_runs_the_deployment_as_the_readme_says() {
         .unwrap();
     assert!(out.status.success(), "make install: {}", text(&out));
 
-    let c = Container::boot(scratch);
+    // Declared after `scratch`, so dropped (killed) before its root filesystem is removed.
+    let c = Container::boot(&root);
     eprintln!("booted after {:?}", started.elapsed());
     for step in &steps[1..] {
         c.ok(step);
@@ -586,5 +586,23 @@ fn a_booted_systemd_runs_the_deployment_as_the_readme_says() {
     assert_eq!(c.service("ActiveState"), "inactive");
     assert_eq!(c.service("Result"), "success");
     assert!(c.root.join("var/lib/flowhost/health.json").exists());
+
+    // A reboot: the enabled units come back by themselves, a member connects, and the
+    // records written before it still verify.
+    drop(c);
+    let c = Container::boot(&root);
+    assert_eq!(
+        c.ok("stat -c %U:%G:%a /run/flowhost").trim(),
+        "flowhost:flowhost:750"
+    );
+    let mut s = c.session("analyst");
+    s.initialize();
+    let listed = s.call("workspace/list_documents", json!({}));
+    assert!(
+        result_text(&listed).contains("harbor-goods-terms.md"),
+        "{listed}"
+    );
+    drop(s);
+    c.ok("flowhost records verify /var/log/flowhost/records");
     eprintln!("the whole boot test took {:?}", started.elapsed());
 }
