@@ -704,3 +704,65 @@ impl StateBackend for PostgresStore {
         format!("{} (host {})", self.target.name, self.host_id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(dir: &Path, url: &str) -> PostgresStateConfig {
+        let url_file = dir.join("url");
+        std::fs::write(&url_file, url).unwrap();
+        PostgresStateConfig {
+            url_file,
+            host_id: "h".into(),
+            password_file: None,
+            ca_file: None,
+            timeout: Duration::from_secs(1),
+            connections: 1,
+        }
+    }
+
+    fn load_error(s: &PostgresStateConfig) -> String {
+        match Target::load(s) {
+            Ok(_) => panic!("loaded"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_database_is_named_without_its_password() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = settings(
+            dir.path(),
+            "postgresql://fleet:s3cret-pw@db.example:6543/flow\n",
+        );
+        let target = Target::load(&s).unwrap();
+        assert_eq!(target.name, "postgresql://fleet@db.example:6543/flow");
+        assert!(!target.name.contains("s3cret"));
+    }
+
+    #[test]
+    fn bad_settings_name_the_file_at_fault() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(dir.path(), "postgresql://u@h/db");
+        s.password_file = Some(dir.path().join("missing-password"));
+        let e = load_error(&s);
+        assert!(
+            e.contains("missing-password") && e.contains("password_file"),
+            "{e}"
+        );
+        let s = settings(dir.path(), "postgresql://u@h:notaport/db");
+        let e = load_error(&s);
+        assert!(e.contains("not a PostgreSQL connection string"), "{e}");
+        // TLS demanded by the URL needs roots to check the server against.
+        let s = settings(dir.path(), "postgresql://u@h/db?sslmode=require");
+        let e = load_error(&s);
+        assert!(e.contains("no ca_file"), "{e}");
+        let mut s = settings(dir.path(), "postgresql://u@h/db");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not a certificate").unwrap();
+        s.ca_file = Some(ca);
+        let e = load_error(&s);
+        assert!(e.contains("ca.pem") && e.contains("no certificate"), "{e}");
+    }
+}
