@@ -53,20 +53,20 @@ const MARKER: &str = ".flowhost-demo";
 const SERVERS: [(&str, &str); 3] = [
     (
         "workspace",
-        include_str!("../fixtures/pricing-lab/workspace.manifest.json"),
+        include_str!("../../fixtures/pricing-lab/workspace.manifest.json"),
     ),
     (
         "team-inbox",
-        include_str!("../fixtures/pricing-lab/team-inbox.manifest.json"),
+        include_str!("../../fixtures/pricing-lab/team-inbox.manifest.json"),
     ),
     (
         "public-inbox",
-        include_str!("../fixtures/pricing-lab/public-inbox.manifest.json"),
+        include_str!("../../fixtures/pricing-lab/public-inbox.manifest.json"),
     ),
 ];
 const TERMS: (&str, &str) = (
     "harbor-goods-terms.md",
-    include_str!("../fixtures/pricing-lab/documents/harbor-goods-terms.md"),
+    include_str!("../../fixtures/pricing-lab/documents/harbor-goods-terms.md"),
 );
 
 /// A loopback relay that keeps what it receives.
