@@ -1,5 +1,10 @@
 //! `flowhost demo`: the pricing lab end to end, on real processes.
 //!
+//! This file is long on purpose: the demo is one story told in order (keys, manifests, host,
+//! workflow, records, health, diff). The flowhost binary embeds the example executors
+//! (fixtures/tools) behind a hidden `example-tool` subcommand so that this one-command main job
+//! needs no other binary installed; production servers run their own executors.
+//!
 //! Generates keys, signs the three pricing-lab manifests, starts the host (real broker, real
 //! sandboxed executors, loopback relays) and runs the workflow: read the terms, publish to the
 //! team channel (allowed: the relay shows the bytes), publish to the public pull request
