@@ -147,8 +147,8 @@ pub struct ChildPlan {
     /// (path, access) rules for paths the child mounts afresh (/proc, a private /tmp): a
     /// rule made by the parent would name the host's inode, not the new mount's.
     pub landlock_late: Vec<(CString, u64)>,
-    /// The seccomp program.
-    pub filter: Vec<sock_filter>,
+    /// The seccomp program (the profile's, shared by all its spawns).
+    pub filter: std::sync::Arc<Vec<sock_filter>>,
 }
 
 fn errno() -> i32 {

@@ -220,7 +220,8 @@ pub(crate) struct Prepared {
     rlimits: Vec<(libc::c_int, libc::rlimit)>,
     landlock: Option<OwnedFd>,
     landlock_late: Vec<(CString, u64)>,
-    filter: Vec<seccompiler::sock_filter>,
+    /// The profile's program, compiled once and shared by all its spawns.
+    filter: Arc<seccompiler::BpfProgram>,
     pub(crate) wall_clock: Option<Duration>,
     /// `cgroup.procs` files the executor is moved into before it may exec.
     pub(crate) cgroup_procs: Vec<PathBuf>,
@@ -251,12 +252,13 @@ fn dev_null() -> Result<OwnedFd, SpawnError> {
 
 /// Prepares everything the child needs. `privileged` selects uid switching (the broker holds
 /// its capabilities) or a user namespace (unprivileged host); `default_identity` is used when
-/// the spec names none.
+/// the spec names none; `filter` is the profile's compiled seccomp program.
 pub(crate) fn prepare(
     spec: SpawnSpec,
     privileged: bool,
     default_identity: Option<(u32, u32)>,
     landlock_abi: i32,
+    filter: Arc<seccompiler::BpfProgram>,
 ) -> Result<Prepared, SpawnError> {
     let profile = spec.profile.clone();
     let Some(program) = spec.argv.first() else {
@@ -441,9 +443,6 @@ pub(crate) fn prepare(
             ));
         }
     }
-
-    let filter =
-        crate::filter::compile(&profile).map_err(|e| SpawnError::Prepare(e.to_string()))?;
 
     Ok(Prepared {
         path,
