@@ -11,9 +11,10 @@ use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::cgroup::{CgroupSupport, Controller, ExecutorCgroup};
-use crate::executor::{Executor, Lease, ReaperJob};
+use crate::executor::Executor;
 use crate::filter::Programs;
 use crate::profile::{CgroupMode, LandlockMode, Profile};
+use crate::reap::{Lease, LeaseGuard, Reap, ReaperJob};
 use crate::spawn::{self, Prepared, SpawnError, SpawnSpec, Started};
 use crate::supervisor::{self, Context, Counters, End};
 use crate::sys;
@@ -362,7 +363,7 @@ impl Broker {
                     .map_err(|e| fail(SpawnError::Cgroup(e)))?,
             );
         }
-        let lease = crate::executor::LeaseGuard::new(lease, self.inner.reaper.clone());
+        let lease = LeaseGuard::new(lease, self.inner.reaper.clone());
         let identity = lease.uid().map(|u| (u, u)).or(self.inner.identity);
         let filter = self
             .inner
@@ -413,7 +414,7 @@ impl Broker {
 
         let (tx, attempts) = mpsc::channel(64);
         let counters = Arc::new(Counters::default());
-        let reap = Arc::new(crate::executor::Reap::new(pidfd.clone(), lease));
+        let reap = Arc::new(Reap::new(pidfd.clone(), lease));
         let ctx = Arc::new(Context {
             listener,
             reap: reap.clone(),

@@ -32,6 +32,7 @@ mod child;
 mod executor;
 pub mod filter;
 pub mod profile;
+mod reap;
 mod spawn;
 mod supervisor;
 mod sys;

@@ -30,10 +30,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::attempt::{AttemptInfo, EgressAttempt, EgressSyscall, Verdict};
+use crate::attempt::{AttemptInfo, EgressAttempt, Verdict};
+use crate::reap::Reap;
 use crate::sys::{self, Notification};
-
-use socket::TakenSocket;
 
 /// Notifications of one executor handled at once. Further ones wait in the kernel (the
 /// calling threads stay blocked in their syscalls, costing the daemon nothing) until a
@@ -63,7 +62,7 @@ pub struct Counters {
 /// Shared state of one executor's supervision.
 pub(crate) struct Context {
     pub listener: AsyncFd<OwnedFd>,
-    pub reap: Arc<crate::executor::Reap>,
+    pub reap: Arc<Reap>,
     pub attempts: mpsc::Sender<EgressAttempt>,
     pub counters: Arc<Counters>,
     pub broker_counters: Arc<Counters>,
@@ -174,7 +173,7 @@ pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
 
 /// Reaps an executor whose tasks have all exited (its pidfd turns readable, at the latest,
 /// once a pid-namespace init has collected its namespace).
-async fn reap_after_exit(reap: &crate::executor::Reap) {
+async fn reap_after_exit(reap: &Reap) {
     let wait = async {
         loop {
             let Ok(mut guard) = reap.pidfd.readable().await else {
@@ -289,21 +288,6 @@ struct Caller<'a> {
 }
 
 impl Caller<'_> {
-    /// The attempt this caller makes on `sock`, before its destination is known.
-    fn attempt(&self, syscall: EgressSyscall, sock: &TakenSocket) -> AttemptInfo {
-        AttemptInfo {
-            syscall,
-            pid: self.n.pid,
-            executable: sys::executable_of(self.n.pid),
-            socket: sock.info,
-            destination: None,
-            connected: false,
-            bytes: None,
-            message_index: None,
-            passed_fds: 0,
-        }
-    }
-
     /// Hands the attempt to the host and waits for its verdict. No consumer, or a consumer
     /// that drops the attempt, is a refusal.
     async fn decide(&self, info: AttemptInfo) -> Verdict {

@@ -8,12 +8,27 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsFd;
 
 use super::memory::{Budget, MAX_IOV, MMSGHDR_SIZE, MSGHDR_SIZE, addr_len};
-use super::socket::peer;
+use super::socket::{TakenSocket, peer};
 use super::{Caller, Outcome, Step, errno_of, to_outcome};
-use crate::attempt::{Destination, EgressSyscall, Verdict};
+use crate::attempt::{AttemptInfo, Destination, EgressSyscall, Verdict};
 use crate::sys::{self, OwnedMessage};
 
 impl Caller<'_> {
+    /// The attempt this caller makes on `sock`, before its destination is known.
+    fn attempt(&self, syscall: EgressSyscall, sock: &TakenSocket) -> AttemptInfo {
+        AttemptInfo {
+            syscall,
+            pid: self.n.pid,
+            executable: sys::executable_of(self.n.pid),
+            socket: sock.info,
+            destination: None,
+            connected: false,
+            bytes: None,
+            message_index: None,
+            passed_fds: 0,
+        }
+    }
+
     pub(super) async fn connect(&self) -> Step<Outcome> {
         let [fd, addr, len, ..] = self.n.args;
         let len = addr_len(len)?;
