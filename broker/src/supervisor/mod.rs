@@ -23,7 +23,7 @@ mod unix_path;
 
 use std::collections::HashSet;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -93,28 +93,6 @@ pub(crate) enum End {
     Error(io::Error),
 }
 
-fn poll_now(fd: BorrowedFd<'_>) -> i16 {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: polls one descriptor we own, without blocking.
-        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
-        if r >= 0 {
-            return pfd.revents;
-        }
-        // A signal handler ran on this thread: ask again. Any other failure of a zero-timeout
-        // poll on a descriptor we own is reported as readable, so the receive that follows
-        // fails and supervision ends with an error (which kills the executor), instead of
-        // being mistaken for the executor's exit.
-        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return libc::POLLIN;
-        }
-    }
-}
-
 /// Receives notifications until the executor is gone. Each notification is handled in its
 /// own task, so a blocking operation for one thread never stalls the others (or other
 /// executors). (Measured: spawning beats polling handlers inside this task, since tokio runs
@@ -129,7 +107,7 @@ pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
                     Err(e) => return End::Error(e),
                 };
                 loop {
-                    let revents = poll_now(ctx.listener.get_ref().as_fd());
+                    let revents = sys::poll_in_now(ctx.listener.get_ref().as_fd());
                     if revents & libc::POLLIN != 0 {
                         // A permit first: while this executor has none free, its
                         // notifications stay queued in the kernel.
