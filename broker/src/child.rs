@@ -7,9 +7,9 @@
 //! parent in a [`ChildPlan`], which the suspended spawner thread keeps alive and unchanged.
 //!
 //! Order matters and is fixed: user-namespace maps (when unprivileged), mounts and hostname
-//! (need CAP_SYS_ADMIN), file descriptors, a new session, working directory, rlimits, capability bounding
-//! set and securebits (need CAP_SETPCAP), groups/gid/uid (drops the remaining
-//! capabilities), an explicit empty capset, parent-death signal (after the uid change, which
+//! (need CAP_SYS_ADMIN), file descriptors, a new session, working directory, rlimits,
+//! capability bounding set, ambient set and securebits (need CAP_SETPCAP), groups/gid/uid
+//! (drops the remaining capabilities), an explicit empty capset, parent-death signal (after the uid change, which
 //! would clear it), no_new_privs, Landlock, and last the seccomp filter, because it denies
 //! several of the calls above. The listener fd is then handed to the parent, which takes it
 //! with `pidfd_getfd`, and only after the parent says so does the child exec.
@@ -19,92 +19,38 @@ use std::os::raw::{c_char, c_int};
 
 use seccompiler::sock_filter;
 
-/// Where the child failed, reported to the parent with the errno.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Stage {
-    /// Waiting for the parent to write the user-namespace maps.
-    UserNamespace = 1,
-    /// Making mounts private, mounting /proc or the private /tmp.
-    Mounts = 2,
-    /// Setting the hostname in the new UTS namespace (no longer fatal; kept for numbering).
-    Hostname = 3,
-    /// Arranging stdio and inherited descriptors.
-    Descriptors = 4,
-    /// Changing to the working directory.
-    WorkingDirectory = 5,
-    /// Applying rlimits.
-    Limits = 6,
-    /// Dropping the capability bounding set, ambient set and locking securebits.
-    CapabilityBounds = 7,
-    /// setgroups / setresgid / setresuid.
-    Identity = 8,
-    /// Clearing the remaining capabilities.
-    Capabilities = 9,
-    /// PR_SET_PDEATHSIG / PR_SET_NO_NEW_PRIVS.
-    Prctl = 10,
-    /// landlock_restrict_self.
-    Landlock = 11,
-    /// Installing the seccomp filter with a notify listener.
-    Seccomp = 12,
-    /// Waiting for the parent to take the listener.
-    Handshake = 13,
-    /// execve itself.
-    Exec = 14,
-    /// setsid: leaving the host's session and its controlling terminal.
-    Session = 15,
+use crate::stage::{READY, STARTED, Stage};
+
+/// SECBIT_NOROOT: uid 0 gains no capabilities on exec.
+pub const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+/// SECBIT_NOROOT_LOCKED.
+pub const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+/// SECBIT_NO_CAP_AMBIENT_RAISE: no ambient capability can be raised again.
+pub const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
+/// SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED.
+pub const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
+/// The securebits every executor holds, each set and locked.
+pub const EXECUTOR_SECUREBITS: libc::c_ulong = SECBIT_NOROOT
+    | SECBIT_NOROOT_LOCKED
+    | SECBIT_NO_CAP_AMBIENT_RAISE
+    | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
+
+/// The executor securebits that `bits` (the host's own) lock off, by name: those can never
+/// be set in an executor, so every spawn would fail.
+pub fn securebits_locked_off(bits: libc::c_ulong) -> Vec<&'static str> {
+    [
+        (SECBIT_NOROOT, SECBIT_NOROOT_LOCKED, "noroot"),
+        (
+            SECBIT_NO_CAP_AMBIENT_RAISE,
+            SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED,
+            "no_cap_ambient_raise",
+        ),
+    ]
+    .into_iter()
+    .filter(|(bit, lock, _)| bits & lock != 0 && bits & bit == 0)
+    .map(|(_, _, name)| name)
+    .collect()
 }
-
-impl Stage {
-    /// Decodes a stage number from the status pipe.
-    pub fn from_u32(v: u32) -> Option<Stage> {
-        use Stage::*;
-        Some(match v {
-            1 => UserNamespace,
-            2 => Mounts,
-            3 => Hostname,
-            4 => Descriptors,
-            5 => WorkingDirectory,
-            6 => Limits,
-            7 => CapabilityBounds,
-            8 => Identity,
-            9 => Capabilities,
-            10 => Prctl,
-            11 => Landlock,
-            12 => Seccomp,
-            13 => Handshake,
-            14 => Exec,
-            15 => Session,
-            _ => return None,
-        })
-    }
-
-    /// What the stage does, for error messages.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Stage::UserNamespace => "waiting for user-namespace maps",
-            Stage::Mounts => "setting up the mount namespace (private mounts, /proc, /tmp)",
-            Stage::Hostname => "setting the executor hostname",
-            Stage::Descriptors => "arranging file descriptors",
-            Stage::WorkingDirectory => "changing to the working directory",
-            Stage::Limits => "applying resource limits",
-            Stage::CapabilityBounds => "dropping the capability bounding set",
-            Stage::Identity => "switching to the executor uid/gid",
-            Stage::Capabilities => "clearing capabilities",
-            Stage::Prctl => "setting the parent-death signal and no_new_privs",
-            Stage::Landlock => "applying Landlock rules",
-            Stage::Seccomp => "installing the seccomp filter with a notify listener",
-            Stage::Handshake => "handing the seccomp listener to the host",
-            Stage::Exec => "executing the command",
-            Stage::Session => "starting a new session without a controlling terminal",
-        }
-    }
-}
-
-/// Status message tag meaning "the filter is installed; the value is the listener fd".
-pub const READY: u32 = 0xFFFF;
-/// Status message tag meaning "started; write the user-namespace maps" (unprivileged mode).
-pub const STARTED: u32 = 0xFFFE;
 
 /// First descriptor number used to park the child's plumbing out of the way of the
 /// descriptors it must place at fixed numbers.
@@ -420,9 +366,9 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
             );
         }
 
-        // Empty the bounding set so no later exec can regain a capability, clear ambient
-        // capabilities, and lock securebits so uid 0 (in a user namespace) gains nothing on
-        // exec. Capability numbers past the kernel's last one return EINVAL and are skipped.
+        // Empty the bounding set so no later exec can regain a capability and clear ambient
+        // capabilities. Capability numbers past the kernel's last one return EINVAL and are
+        // skipped.
         for cap in 0..64 {
             if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno() != libc::EINVAL {
                 fail_parked(&p, Stage::CapabilityBounds, errno());
@@ -439,24 +385,30 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
                 0
             )
         );
-        const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
-        const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
-        const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
-        const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
-        check_parked!(
-            &p,
-            Stage::CapabilityBounds,
-            libc::prctl(
-                libc::PR_SET_SECUREBITS,
-                SECBIT_NOROOT
-                    | SECBIT_NOROOT_LOCKED
-                    | SECBIT_NO_CAP_AMBIENT_RAISE
-                    | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED,
-                0,
-                0,
-                0
-            )
-        );
+        // Set and lock noroot and no_cap_ambient_raise, so uid 0 (in a user namespace) gains
+        // nothing on exec and no ambient capability comes back. Securebits the host already
+        // holds (and may have locked, e.g. systemd's SecureBits=) are kept; only missing ones
+        // are added. Setting a bit that is already
+        // set and locked would still succeed, but skipping the call when nothing is missing
+        // also spares a host that lacks CAP_SETPCAP for no reason.
+        let current = libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0);
+        if current < 0 {
+            fail_parked(&p, Stage::Securebits, errno());
+        }
+        let current = current as libc::c_ulong;
+        if current & EXECUTOR_SECUREBITS != EXECUTOR_SECUREBITS {
+            check_parked!(
+                &p,
+                Stage::Securebits,
+                libc::prctl(
+                    libc::PR_SET_SECUREBITS,
+                    current | EXECUTOR_SECUREBITS,
+                    0,
+                    0,
+                    0
+                )
+            );
+        }
 
         if let Some((uid, gid)) = plan.identity {
             check_parked!(
@@ -611,5 +563,24 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
         libc::execve(plan.path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
         report(p.status, Stage::Exec as u32, errno());
         libc::_exit(127)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn securebits_locked_off_names_only_bits_locked_in_the_off_state() {
+        // systemd's SecureBits=noroot-locked alone.
+        assert_eq!(securebits_locked_off(SECBIT_NOROOT_LOCKED), vec!["noroot"]);
+        // SecureBits=noroot noroot-locked, nothing set, and what executors get: all fine.
+        assert!(securebits_locked_off(SECBIT_NOROOT | SECBIT_NOROOT_LOCKED).is_empty());
+        assert!(securebits_locked_off(0).is_empty());
+        assert!(securebits_locked_off(EXECUTOR_SECUREBITS).is_empty());
+        assert_eq!(
+            securebits_locked_off(SECBIT_NOROOT_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED),
+            vec!["noroot", "no_cap_ambient_raise"]
+        );
     }
 }

@@ -17,8 +17,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::child::Stage;
 use crate::profile::Profile;
+use crate::stage::Stage;
 use crate::sys;
 
 /// Environment variables an executor never receives, whatever the spec says: they change
@@ -133,12 +133,14 @@ pub enum SpawnError {
     )]
     ForbiddenEnvironment(String),
     /// The kernel lacks something the profile requires.
-    #[error("profile {profile:?} requires {feature}, which this kernel does not offer")]
+    #[error("profile {profile:?} requires {feature}, which is unavailable here: {observed}")]
     Unsupported {
         /// The profile.
         profile: String,
         /// What is missing.
         feature: &'static str,
+        /// What was observed (which call failed, and how).
+        observed: String,
     },
     /// Building the filter or the Landlock ruleset failed.
     #[error("cannot prepare the sandbox: {0}")]
@@ -194,6 +196,9 @@ fn hint(stage: Stage, errno: i32) -> &'static str {
         }
         (Stage::Exec, libc::EACCES) => {
             "; check that the program is executable and that the profile's Landlock rules allow it"
+        }
+        (Stage::Securebits, libc::EPERM) => {
+            "; the host's own securebits lock one of them off or it lacks CAP_SETPCAP (under systemd: SecureBits=noroot noroot-locked, or leave SecureBits= unset)"
         }
         (Stage::Mounts, libc::EPERM) => {
             "; the host lacks CAP_SYS_ADMIN for the profile's namespaces"

@@ -15,6 +15,7 @@ use landlock::{
 
 use crate::child::MAX_EXTRA_FDS;
 use crate::profile::{LandlockMode, NetworkPath, Profile};
+use crate::sys;
 
 use super::{SpawnError, SpawnSpec, StdioMode, env_forbidden};
 
@@ -310,6 +311,7 @@ fn landlock_ruleset(
             LandlockMode::Required => Err(SpawnError::Unsupported {
                 profile: profile.name.clone(),
                 feature: "Landlock",
+                observed: sys::landlock_unavailable().unwrap_or_default(),
             }),
             LandlockMode::BestEffort => Ok(None),
         };
@@ -336,6 +338,7 @@ fn landlock_ruleset(
         return Err(SpawnError::Unsupported {
             profile: profile.name.clone(),
             feature: "Landlock",
+            observed: "the landlock crate could not create a ruleset".into(),
         });
     }
     Ok(fd)

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use crate::child::{self, ChildPlan, READY, STARTED, Stage};
+use crate::child::{self, ChildPlan};
+use crate::stage::{READY, STARTED, Stage};
 use crate::sys;
 
 use super::prepare::pipe;
