@@ -36,10 +36,10 @@ pub(super) struct CopiedMessage {
     pub(super) destination: Option<Destination>,
     pub(super) connected: bool,
     /// Descriptors passed with SCM_RIGHTS (kept alive until the send is done).
-    pub(super) _passed: Vec<OwnedFd>,
+    _passed: Vec<OwnedFd>,
     pub(super) passed_count: usize,
     /// Pinned unix socket inode when the destination is a pathname.
-    pub(super) _pin: Option<OwnedFd>,
+    _pin: Option<OwnedFd>,
     /// Why the destination cannot be reached (a unix path that does not resolve), returned
     /// only if the host allows the attempt.
     pub(super) unreachable: Option<i32>,
