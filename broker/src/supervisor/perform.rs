@@ -9,6 +9,7 @@ use std::os::fd::AsFd;
 
 use super::memory::{Budget, MAX_IOV, MMSGHDR_SIZE, MSGHDR_SIZE, addr_len};
 use super::socket::{TakenSocket, peer};
+use super::unix_path::Target;
 use super::{Caller, Outcome, Step, errno_of, to_outcome};
 use crate::attempt::{AttemptInfo, Destination, EgressSyscall, Verdict};
 use crate::sys::{self, OwnedMessage};
@@ -29,21 +30,30 @@ impl Caller<'_> {
         }
     }
 
-    pub(super) async fn connect(&self) -> Step<Outcome> {
+    /// For a call whose arguments are (socket, address, length): takes the socket, copies
+    /// and resolves the address, and has the host decide. Returns the socket and what to
+    /// pass to the syscall once allowed and the caller still waits; otherwise the answer
+    /// (the host's errno, or the caller is gone).
+    async fn decided_address(&self, syscall: EgressSyscall) -> Step<(TakenSocket, Target)> {
         let [fd, addr, len, ..] = self.n.args;
         let len = addr_len(len)?;
         let pidfd = self.pidfd()?;
         let sock = self.socket(&pidfd, fd)?;
         let raw = self.copy(addr, len)?;
-        let mut info = self.attempt(EgressSyscall::Connect, &sock);
-        let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Connect);
+        let mut info = self.attempt(syscall, &sock);
+        let (destination, target) = self.resolve(&raw, &sock, syscall);
         info.destination = Some(destination);
         if let Verdict::Deny { errno } = self.decide(info).await {
-            return Ok(Outcome::Errno(errno));
+            return Err(Outcome::Errno(errno));
         }
         let target = target?;
         // Nothing is performed for a caller that went away while the host decided.
         self.performing()?;
+        Ok((sock, target))
+    }
+
+    pub(super) async fn connect(&self) -> Step<Outcome> {
+        let (sock, target) = self.decided_address(EgressSyscall::Connect).await?;
         let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
         let result = if !self.is_blocking(&sock) {
             sys::connect_raw(sock.fd.as_fd(), &target.addr)
@@ -56,19 +66,7 @@ impl Caller<'_> {
     }
 
     pub(super) async fn bind(&self) -> Step<Outcome> {
-        let [fd, addr, len, ..] = self.n.args;
-        let len = addr_len(len)?;
-        let pidfd = self.pidfd()?;
-        let sock = self.socket(&pidfd, fd)?;
-        let raw = self.copy(addr, len)?;
-        let mut info = self.attempt(EgressSyscall::Bind, &sock);
-        let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Bind);
-        info.destination = Some(destination);
-        if let Verdict::Deny { errno } = self.decide(info).await {
-            return Ok(Outcome::Errno(errno));
-        }
-        let target = target?;
-        self.performing()?;
+        let (sock, target) = self.decided_address(EgressSyscall::Bind).await?;
         if let Err(e) = sys::bind_raw(sock.fd.as_fd(), &target.addr) {
             return Ok(Outcome::Errno(errno_of(&e)));
         }
