@@ -4,7 +4,7 @@
 //! This crate holds the host side; the seccomp-notify broker is the `flowhost-broker` crate.
 
 #![deny(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod canonical;
 pub mod cli;
