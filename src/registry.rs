@@ -1,4 +1,5 @@
-//! The verified registry: the only way a tool gets into the host (DESIGN.md §4).
+//! The verified registry: the only way a tool gets into the host (docs/ARCHITECTURE.md,
+//! "Data path").
 //!
 //! [`VerifiedRegistry::register`] admits one signed manifest under the operator's key, policy
 //! and the host's runtime topology, applying the eight admission rules in order:
