@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod continuity;
 pub mod daemon;
+pub mod decision;
 pub mod demo;
 pub mod destination;
 pub mod diff;

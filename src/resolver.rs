@@ -17,6 +17,7 @@
 use flowhost_broker::Destination;
 
 use crate::config::{ClassifierRule, ClassifierScope, PrincipalConfig};
+use crate::decision::{Denial, EgressBasis, Failure, Verdict};
 use crate::destination::{DestinationRules, OriginRules, decide_with_origin};
 use crate::flow::{EgressDenial, authorize_egress};
 use crate::grant::{self, AcceptedGrant, Authorities, CallFacts, GrantDenial, SignedGrant};
@@ -118,14 +119,22 @@ pub enum CallRefusal {
 }
 
 impl CallRefusal {
-    /// The record denial code.
-    pub fn denial_code(&self) -> &'static str {
+    /// Why, in the decision vocabulary.
+    pub fn denial(&self) -> Denial {
         match self {
-            CallRefusal::AccessDenied { .. } => "access_denied",
-            CallRefusal::SchemaInvalid { .. } => "schema_invalid",
-            CallRefusal::Flow { denial, .. } => denial.as_str(),
-            CallRefusal::State(_) => "state_failure",
-            CallRefusal::Grant { denial, .. } => denial.as_str(),
+            CallRefusal::AccessDenied { .. } => Denial::AccessDenied,
+            CallRefusal::SchemaInvalid { .. } => Denial::SchemaInvalid,
+            CallRefusal::Flow { denial, .. } => Denial::from(*denial),
+            CallRefusal::State(_) => Denial::StateFailure,
+            CallRefusal::Grant { denial, .. } => Denial::from(denial),
+        }
+    }
+
+    /// The verdict a record states for this refusal (a state failure is a host failure).
+    pub fn verdict(&self) -> Verdict {
+        match self {
+            CallRefusal::State(_) => Verdict::Failed(Failure::StateFailure),
+            other => Verdict::refused(other.denial()),
         }
     }
 }
@@ -133,24 +142,6 @@ impl CallRefusal {
 impl From<StateError> for CallRefusal {
     fn from(e: StateError) -> Self {
         CallRefusal::State(e.to_string())
-    }
-}
-
-/// Which sources of knowledge make a call egress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct EgressBasis {
-    /// The signed declaration says so.
-    pub declared: bool,
-    /// The host's topology gives the executor a network path.
-    pub topology: bool,
-    /// The broker saw an outbound attempt.
-    pub observed: bool,
-}
-
-impl EgressBasis {
-    /// Whether any source makes it egress.
-    pub fn any(self) -> bool {
-        self.declared || self.topology || self.observed
     }
 }
 
@@ -188,19 +179,16 @@ pub struct GrantOffer<'a> {
     pub now: u64,
 }
 
-/// The verdict on one outbound attempt.
+/// The judgment of one outbound attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EgressVerdict {
-    /// Whether the broker may carry it out.
-    pub allowed: bool,
-    /// The record denial code, for refusals.
-    pub denial: Option<String>,
+pub struct EgressJudgment {
+    /// Allowed (naming the destination rule), or refused (with why, and the rule if a
+    /// destination rule refused it).
+    pub verdict: Verdict,
     /// The source label the decision used.
     pub source: InformationLabel,
     /// The clearances checked.
     pub clearances: Vec<InformationLabel>,
-    /// The destination rule that decided (after the flow checks passed).
-    pub rule: Option<String>,
 }
 
 /// Checks `source` against every policy clearance and the manifest clearance, in that
@@ -351,7 +339,7 @@ impl FlowResolver {
         destination: Option<&Destination>,
         rules: &DestinationRules,
         origin: Option<&OriginRules>,
-    ) -> EgressVerdict {
+    ) -> EgressJudgment {
         let source = match self.state.get(&plan.key) {
             Ok(state) => state.combined().join_or_top(&plan.argument_taint),
             // State that cannot be read is unknown history: Top, which never egresses.
@@ -364,12 +352,10 @@ impl FlowResolver {
             _ => source.clone(),
         };
         match check_clearances(&checked, &plan.security) {
-            Err((denial, clearances)) => EgressVerdict {
-                allowed: false,
-                denial: Some(denial.as_str().to_string()),
+            Err((denial, clearances)) => EgressJudgment {
+                verdict: Verdict::refused(denial.into()),
                 source,
                 clearances,
-                rule: None,
             },
             Ok(clearances) => {
                 let d = decide_with_origin(
@@ -377,12 +363,17 @@ impl FlowResolver {
                     origin.map(|o| (plan.key.principal.as_str(), o)),
                     destination,
                 );
-                EgressVerdict {
-                    allowed: d.allowed,
-                    denial: (!d.allowed).then(|| "destination_blocked".to_string()),
+                EgressJudgment {
+                    verdict: if d.allowed {
+                        Verdict::Authorized { rule: Some(d.rule) }
+                    } else {
+                        Verdict::Refused {
+                            denial: Denial::DestinationBlocked,
+                            rule: Some(d.rule),
+                        }
+                    },
                     source,
                     clearances,
-                    rule: Some(d.rule),
                 }
             }
         }
@@ -440,6 +431,7 @@ mod tests {
     }
 
     use crate::config::{ClassifierRule, ClassifierScope, PrincipalConfig};
+    use crate::decision::Denial;
     use crate::ident::PrincipalId;
     use crate::registry::{RuntimeTopology, ToolPolicy, VerifiedRegistry};
     use std::collections::{BTreeMap, BTreeSet};
@@ -572,9 +564,13 @@ mod tests {
         let rules = DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]);
         let ok = Destination::Inet("127.0.0.1:1".parse().unwrap());
         let other = Destination::Inet("127.0.0.1:2".parse().unwrap());
-        assert!(res.decide_egress(&plan, Some(&ok), &rules, None).allowed);
+        assert!(
+            res.decide_egress(&plan, Some(&ok), &rules, None)
+                .verdict
+                .allowed()
+        );
         let blocked = res.decide_egress(&plan, Some(&other), &rules, None);
-        assert_eq!(blocked.denial.as_deref(), Some("destination_blocked"));
+        assert_eq!(blocked.verdict.denial(), Some(Denial::DestinationBlocked));
 
         let public = reg.tool("public-inbox", "publish").unwrap();
         let refusal = res
@@ -586,7 +582,7 @@ mod tests {
                 None,
             )
             .unwrap_err();
-        assert_eq!(refusal.denial_code(), "flow_violation");
+        assert_eq!(refusal.denial(), Denial::FlowViolation);
 
         // The sneaky tool: no egress predicted, dispatched; its connect is refused.
         let sneaky = reg.tool("workspace", "summarize_terms").unwrap();
@@ -599,10 +595,10 @@ mod tests {
             &DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]),
             None,
         );
-        assert!(!v.allowed);
+        assert!(!v.verdict.allowed());
         assert_eq!(
-            v.denial.as_deref(),
-            Some("missing_clearance"),
+            v.verdict.denial(),
+            Some(Denial::MissingClearance),
             "a destination allow does not help"
         );
     }
@@ -635,7 +631,7 @@ mod tests {
             None,
         );
         assert_eq!(
-            r.unwrap_err().denial_code(),
+            r.unwrap_err().denial().as_str(),
             "flow_violation",
             "the principal's taint follows it"
         );
@@ -660,14 +656,16 @@ mod tests {
                 None
             )
             .unwrap_err()
-            .denial_code(),
+            .denial()
+            .as_str(),
             "access_denied"
         );
         let who = analyst();
         assert_eq!(
             res.pre_dispatch(&who, &k, read, &serde_json::json!({}), None)
                 .unwrap_err()
-                .denial_code(),
+                .denial()
+                .as_str(),
             "schema_invalid"
         );
         assert!(
@@ -690,7 +688,7 @@ mod tests {
             &serde_json::json!({"message": "m", "sink": "h:1"}),
             None,
         );
-        assert_eq!(r.unwrap_err().denial_code(), "top_source");
+        assert_eq!(r.unwrap_err().denial().as_str(), "top_source");
     }
 
     #[test]

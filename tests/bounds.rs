@@ -141,7 +141,8 @@ async fn a_fork_bomb_in_one_executor_does_not_stop_another_from_forking() {
         forked < 64,
         "the bomb forked {forked} under a bound of 64 tasks"
     );
-    let mut other = spawn(&b, p, &["fork", "16"]).await;
+    // The other executor stays alive after forking, so its uid can be read.
+    let mut other = spawn(&b, p, &["fork", "16", "10000"]).await;
     assert_ne!(
         uid_of(bomb.pid()),
         uid_of(other.pid()),
@@ -149,7 +150,7 @@ async fn a_fork_bomb_in_one_executor_does_not_stop_another_from_forking() {
     );
     let r = first_line(&mut other).await;
     assert_eq!(r["forked"], 16, "the other executor could not fork: {r}");
-    other.wait().await.unwrap();
+    other.kill_and_wait(Duration::from_secs(10)).await.unwrap();
     let status = bomb.kill_and_wait(Duration::from_secs(10)).await.unwrap();
     assert_eq!(
         status.and_then(|s| s.bound),

@@ -33,7 +33,9 @@ fn decision(call_id: &str) -> DecisionRecord {
         server: ServerInfo::mcp("sink-writer", None),
         tool_name: "sink.send".into(),
         projection: project_tool_call(None, &serde_json::json!({})),
-        verdict: Verdict::allow_before_effect(Some("durability")),
+        verdict: Verdict::Authorized {
+            rule: Some("durability".into()),
+        },
         credential_alias: None,
         correlation: Correlation::none(),
         context: FlowContext {

@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use flowhost::InformationLabel;
+use flowhost::decision::Denial;
 use flowhost::records::chain::verify_records;
 use flowhost::records::health::{HealthProducer, RecordsHealth, ToolObservationHealth};
 use flowhost::records::{
@@ -14,7 +16,6 @@ use flowhost::records::{
     correlation_from_params, project_tool_call,
 };
 use flowhost::surface::write_surface_envelope;
-use flowhost::{EgressDenial, InformationLabel};
 use serde_json::{Value, json};
 
 const AT: &str = "2026-11-30T10:00:00.000000Z";
@@ -50,7 +51,6 @@ fn call(mapping: Option<&str>, tool: &str, args: Value, verdict: Verdict) -> Dec
 }
 
 fn egress(address: &str, port: u16, protocol: &str, verdict: Verdict) -> DecisionRecord {
-    let denied = verdict.effect == flowhost::records::Effect::Deny;
     let mut r = DecisionRecord::egress_attempt(EgressFacts {
         server: ServerInfo::mcp("fetcher", None),
         tool_name: "fetcher.fetch_url".into(),
@@ -72,7 +72,6 @@ fn egress(address: &str, port: u16, protocol: &str, verdict: Verdict) -> Decisio
         correlation: Correlation::none(),
         context: FlowContext {
             session: Some("session-1".into()),
-            denial_kind: denied.then(|| EgressDenial::FlowViolation.into()),
             // The fetcher's signed declaration says it egresses.
             egress_basis: Some(EgressBasis {
                 declared: true,
@@ -99,11 +98,16 @@ fn undeclared(mut r: DecisionRecord, tool: &str) -> DecisionRecord {
 }
 
 fn allow() -> Verdict {
-    Verdict::allow_before_effect(Some("policy.default"))
+    Verdict::Authorized {
+        rule: Some("policy.default".into()),
+    }
 }
 
 fn deny() -> Verdict {
-    Verdict::deny(Some("policy.default"))
+    Verdict::Refused {
+        denial: Denial::FlowViolation,
+        rule: Some("policy.default".into()),
+    }
 }
 
 fn deploy_key(owner: &str, repo: Option<&str>, verdict: Verdict) -> DecisionRecord {

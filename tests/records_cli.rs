@@ -25,7 +25,7 @@ fn record(i: usize) -> DecisionRecord {
         server: ServerInfo::mcp("srv", None),
         tool_name: format!("tool_{i}"),
         projection: project_tool_call(None, &serde_json::json!({})),
-        verdict: Verdict::allow_before_effect(None),
+        verdict: Verdict::Authorized { rule: None },
         credential_alias: None,
         correlation: Correlation::none(),
         context: FlowContext {

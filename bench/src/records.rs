@@ -52,7 +52,9 @@ fn tool_call(mapping: &ToolMapping, repo: &str, i: u64) -> DecisionRecord {
             Some(mapping),
             &json!({"owner": "org", "repo": repo, "title": "ci-key"}),
         ),
-        verdict: Verdict::allow_before_effect(Some("policy.github")),
+        verdict: Verdict::Authorized {
+            rule: Some("policy.github".into()),
+        },
         credential_alias: Some("github-prod-admin".into()),
         correlation: Correlation::none(),
         context: FlowContext {
@@ -81,7 +83,9 @@ fn egress(port: u16) -> DecisionRecord {
             })),
             bytes: None,
         },
-        verdict: Verdict::allow_before_effect(Some("dest.internal")),
+        verdict: Verdict::Authorized {
+            rule: Some("dest.internal".into()),
+        },
         credential_alias: None,
         correlation: Correlation::none(),
         context: FlowContext::default(),

@@ -9,16 +9,13 @@ use std::sync::Arc;
 use flowhost_broker::{AttemptInfo, Destination, EgressAttempt, Verdict as BrokerVerdict};
 
 use super::CallInFlight;
-use super::executor::AttemptSink;
+use super::executor::{AttemptSink, Judgment};
 use crate::destination::{DestinationRules, OriginRules};
 use crate::records::{
-    BrokerDetails, Correlation, DecisionRecord, DeclarationMismatch, DenialKind, EgressBasis,
+    BrokerDetails, Correlation, DecisionRecord, DeclarationMismatch, Denial, EgressBasis,
     EgressFacts, FlowContext, InetDestination, RecordWriter, ServerInfo, UnixDestination, Verdict,
 };
 use crate::resolver::FlowResolver;
-
-/// Denial code for an attempt made while the executor served no call.
-pub const NO_CALL_IN_FLIGHT: &str = "no_call_in_flight";
 
 /// Judges one server's executors' attempts.
 pub struct EgressJudge {
@@ -44,23 +41,44 @@ pub struct EgressJudge {
 /// is better than unbounded growth).
 const MAX_WARNED: usize = 4096;
 
-/// The record form of what the broker saw.
-pub fn broker_details(info: &AttemptInfo) -> BrokerDetails {
-    let destination = info.destination.as_ref().and_then(|d| match d {
-        Destination::Inet(addr) => Some(crate::records::Destination::Inet(InetDestination {
+/// The record form of a destination the broker decoded: every form has one (nothing the
+/// broker saw is recorded without a destination).
+fn record_destination(d: &Destination) -> crate::records::Destination {
+    use crate::records::{Destination as R, NetlinkDestination, UndecodedDestination};
+    let undecoded = |what: String| R::Undecoded(UndecodedDestination { undecoded: what });
+    match d {
+        Destination::Inet(addr) | Destination::AnyAddress(addr) => R::Inet(InetDestination {
             address: addr.ip(),
             port: addr.port(),
-        })),
-        Destination::UnixPath(p) => Some(crate::records::Destination::Unix(UnixDestination {
+        }),
+        Destination::UnixPath(p) => R::Unix(UnixDestination {
             unix_path: p.display().to_string(),
-        })),
-        Destination::UnixAbstract(name) => {
-            Some(crate::records::Destination::Unix(UnixDestination {
-                unix_path: format!("@{}", String::from_utf8_lossy(name)),
-            }))
-        }
-        _ => None,
-    });
+        }),
+        Destination::UnixAbstract(name) => R::Unix(UnixDestination {
+            unix_path: format!("@{}", String::from_utf8_lossy(name)),
+        }),
+        Destination::UnixUnnamed => undecoded("unix_unnamed".into()),
+        Destination::Netlink { port_id, groups } => R::Netlink(NetlinkDestination {
+            netlink_port_id: *port_id,
+            netlink_groups: *groups,
+        }),
+        Destination::Unspecified => undecoded("af_unspec".into()),
+        Destination::Foreign {
+            family,
+            socket_family,
+        } => undecoded(format!(
+            "foreign_family_{family}_on_socket_family_{socket_family}"
+        )),
+        Destination::Other { family } => undecoded(format!("undecoded_family_{family}")),
+        Destination::Malformed { family, len } => undecoded(match family {
+            Some(f) => format!("malformed_family_{f}_len_{len}"),
+            None => format!("malformed_len_{len}"),
+        }),
+    }
+}
+
+/// The record form of what the broker saw.
+pub fn broker_details(info: &AttemptInfo) -> BrokerDetails {
     BrokerDetails {
         pid: info.pid.max(0) as u32,
         executable: info.executable.as_ref().map(|p| p.display().to_string()),
@@ -68,13 +86,9 @@ pub fn broker_details(info: &AttemptInfo) -> BrokerDetails {
         family: info.socket.family_name(),
         socket_type: Some(info.socket.type_name()),
         protocol: Some(info.socket.protocol_name()),
-        destination,
+        destination: info.destination.as_ref().map(record_destination),
         bytes: info.bytes.map(|b| b as u64),
     }
-}
-
-fn denial(code: &str) -> Option<DenialKind> {
-    DenialKind::new(code).ok()
 }
 
 impl EgressJudge {
@@ -100,7 +114,7 @@ impl EgressJudge {
         }
     }
 
-    async fn decide(&self, call: Option<Arc<CallInFlight>>, attempt: EgressAttempt) {
+    async fn decide(&self, call: Option<Arc<CallInFlight>>, attempt: EgressAttempt) -> Judgment {
         let info = attempt.info().clone();
         let details = broker_details(&info);
         let server = ServerInfo::mcp(&self.server_id, Some(&self.digest));
@@ -110,11 +124,10 @@ impl EgressJudge {
                     server,
                     tool_name: "(no call in flight)".into(),
                     broker: details,
-                    verdict: Verdict::deny(Some(NO_CALL_IN_FLIGHT)),
+                    verdict: Verdict::refused(Denial::NoCallInFlight),
                     credential_alias: None,
                     correlation: Correlation::none(),
                     context: FlowContext {
-                        denial_kind: denial(NO_CALL_IN_FLIGHT),
                         egress_basis: Some(EgressBasis {
                             declared: false,
                             topology: false,
@@ -136,16 +149,11 @@ impl EgressJudge {
                     &self.destinations,
                     self.origins.get(&call.plan.key.principal),
                 );
-                let verdict = if v.allowed {
-                    Verdict::allow_before_effect(v.rule.as_deref())
-                } else {
-                    Verdict::deny(v.rule.as_deref().or(v.denial.as_deref()))
-                };
                 let record = DecisionRecord::egress_attempt(EgressFacts {
                     server,
                     tool_name: call.tool.clone(),
                     broker: details,
-                    verdict,
+                    verdict: v.verdict.clone(),
                     credential_alias: None,
                     correlation: call.correlation.clone(),
                     context: FlowContext {
@@ -154,11 +162,9 @@ impl EgressJudge {
                         call_id: Some(call.call_id.clone()),
                         source_label: Some(v.source.clone()),
                         clearance_used: Some(v.clearances.clone()),
-                        denial_kind: v.denial.as_deref().and_then(denial),
                         egress_basis: Some(EgressBasis {
-                            declared: call.plan.basis.declared,
-                            topology: call.plan.basis.topology,
                             observed: true,
+                            ..call.plan.basis
                         }),
                         declaration_mismatch: mismatch,
                         grant: call
@@ -172,23 +178,27 @@ impl EgressJudge {
                         ..FlowContext::default()
                     },
                 });
-                let allowed = v.allowed.then_some(v.source);
+                let allowed = v.verdict.allowed().then_some(v.source);
                 (record, allowed, Some(call))
             }
         };
         match self.records.commit(record).await {
             Ok(_) => match (allowed, call) {
-                (Some(source), Some(call)) => {
-                    if let Ok(mut approved) = call.approved_under.lock() {
-                        *approved = Some(source);
+                (Some(source), Some(_)) => {
+                    attempt.respond(BrokerVerdict::Allow);
+                    Judgment {
+                        approved_under: Some(source),
                     }
-                    attempt.respond(BrokerVerdict::Allow)
                 }
-                _ => attempt.respond(BrokerVerdict::DENY),
+                _ => {
+                    attempt.respond(BrokerVerdict::DENY);
+                    Judgment::default()
+                }
             },
             Err(e) => {
                 tracing::error!(server = %self.server_id, error = %e, "egress record not written; refusing the attempt");
-                attempt.respond(BrokerVerdict::DENY)
+                attempt.respond(BrokerVerdict::DENY);
+                Judgment::default()
             }
         }
     }
@@ -199,7 +209,7 @@ impl AttemptSink<CallInFlight> for EgressJudge {
         &self,
         call: Option<Arc<CallInFlight>>,
         attempt: EgressAttempt,
-    ) -> Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+    ) -> Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>> {
         Box::pin(self.decide(call, attempt))
     }
 }

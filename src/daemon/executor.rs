@@ -71,15 +71,23 @@ pub struct ExecutorTemplate {
 /// What an executor's egress attempts are judged against: the call in flight, if any.
 pub type CallSlot<C> = Arc<Mutex<Option<Arc<C>>>>;
 
+/// What judging one egress attempt settled, for the executor that made it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Judgment {
+    /// The source label the attempt was allowed under (`None`: refused). The executor is
+    /// retired before it serves a call under another label.
+    pub approved_under: Option<InformationLabel>,
+}
+
 /// Receives an executor's egress attempts together with the call they belong to.
 pub trait AttemptSink<C>: Send + Sync + 'static {
-    /// Judges one attempt (and answers it). `call` is `None` when the executor tried to
-    /// reach out while no call was in flight.
+    /// Judges one attempt (and answers it), returning what it approved. `call` is `None`
+    /// when the executor tried to reach out while no call was in flight.
     fn judge(
         &self,
         call: Option<Arc<C>>,
         attempt: EgressAttempt,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>>;
 }
 
 /// A running executor that has completed the MCP handshake.
@@ -142,12 +150,14 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
         let slot: CallSlot<C> = Arc::new(Mutex::new(None));
         let judging = Arc::new(tokio::sync::Mutex::new(()));
         let mut tasks = Vec::new();
+        let approved_under = Arc::new(Mutex::new(None));
         if let Some(attempts) = exec.take_attempts() {
             tasks.push(tokio::spawn(route_attempts(
                 attempts,
                 slot.clone(),
                 judging.clone(),
                 sink,
+                approved_under.clone(),
             )));
         }
         if let Some(stderr) = exec.take_stderr() {
@@ -161,7 +171,7 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
             next_id: 1,
             slot,
             judging,
-            approved_under: Arc::new(Mutex::new(None)),
+            approved_under,
             last_used: Instant::now(),
             tasks,
             server: template.server.clone(),
@@ -190,11 +200,6 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
     /// The slot the egress judge reads while a call is in flight.
     pub fn slot(&self) -> &CallSlot<C> {
         &self.slot
-    }
-
-    /// Records that an egress was approved under `label`.
-    pub fn approved_under(&self) -> Arc<Mutex<Option<InformationLabel>>> {
-        self.approved_under.clone()
     }
 
     /// Whether the executor may serve a call whose source is `source`: it may not if it
@@ -357,18 +362,24 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
     }
 }
 
+/// Routes an executor's attempts to the judge with the call in flight, and keeps what the
+/// judgments approved (the executor's own record of it: see [`McpExecutor::fit_for`]).
 async fn route_attempts<C: Send + Sync + 'static>(
     mut attempts: mpsc::Receiver<EgressAttempt>,
     slot: CallSlot<C>,
     judging: Arc<tokio::sync::Mutex<()>>,
     sink: Arc<dyn AttemptSink<C>>,
+    approved_under: Arc<Mutex<Option<InformationLabel>>>,
 ) {
     while let Some(attempt) = attempts.recv().await {
         // The slot is read under the judging lock, so a call that has ended (and cleared the
         // slot under the same lock) is never judged against.
         let _judging = judging.lock().await;
         let call = slot.lock().ok().and_then(|g| g.clone());
-        sink.judge(call, attempt).await;
+        let judgment = sink.judge(call, attempt).await;
+        if let (Some(label), Ok(mut approved)) = (judgment.approved_under, approved_under.lock()) {
+            *approved = Some(label);
+        }
     }
 }
 

@@ -15,7 +15,8 @@ mod activation;
 mod admission;
 mod egress;
 mod executor;
-mod refusals;
+pub mod pipeline;
+pub mod refusals;
 mod session;
 
 use std::collections::BTreeMap;
@@ -28,7 +29,6 @@ use flowhost_broker::{Broker, BrokerOptions, Profile};
 use tokio::net::UnixListener;
 
 use crate::config::{BrokerMode, HostConfig, topology_of};
-use crate::label::InformationLabel;
 use crate::records::health::{HealthError, HealthProducer, RecordsHealth};
 use crate::records::{RecordWriter, ToolMapping, ToolObservationHealth, WriterOptions};
 use crate::registry::{RuntimeTopology, VerifiedRegistry};
@@ -39,7 +39,7 @@ pub use activation::listener_from_systemd;
 pub use admission::{
     MAX_SESSIONS, MAX_SESSIONS_PER_UID, MAX_STRANGERS, MAX_STRANGERS_PER_UID, SUMMARY_INTERVAL,
 };
-pub use egress::{EgressJudge, NO_CALL_IN_FLIGHT, broker_details};
+pub use egress::{EgressJudge, broker_details};
 pub use executor::{ExecutorError, ExecutorTemplate, McpExecutor, WarmPool};
 
 /// Why the host refused to start (or to reload).
@@ -174,22 +174,17 @@ pub struct CallInFlight {
     pub tool: String,
     /// The call's trace context.
     pub correlation: crate::records::Correlation,
-    /// The executor's record of the label its egress was approved under.
-    pub approved_under: Arc<Mutex<Option<InformationLabel>>>,
     /// The executor's pid (for warnings about it).
     pub executor_pid: i32,
 }
 
-/// One server as the current generation runs it.
-pub struct ServerRuntime {
-    /// The server id.
-    pub id: String,
+/// What the host knows of one admitted server in a generation.
+#[derive(Debug, Clone)]
+pub struct ServerFacts {
     /// The signed manifest's digest.
     pub digest: String,
     /// Record mappings per tool.
     pub mappings: BTreeMap<String, ToolMapping>,
-    /// Warm executors.
-    pub pool: Arc<WarmPool<CallInFlight>>,
 }
 
 /// An immutable configuration + registry + pools.
@@ -200,8 +195,10 @@ pub struct Generation {
     pub config: HostConfig,
     /// The verified registry.
     pub registry: VerifiedRegistry,
-    /// Servers by id.
-    pub servers: BTreeMap<String, ServerRuntime>,
+    /// What the host knows of each server, by id.
+    pub servers: BTreeMap<String, ServerFacts>,
+    /// Each server's warm executors, by id.
+    pub pools: BTreeMap<String, Arc<WarmPool<CallInFlight>>>,
 }
 
 /// Counters for `tool_observation_health`.
@@ -586,8 +583,8 @@ impl Host {
             &broker,
             (&resolver, &records, &counters),
         );
-        for s in generation.servers.values() {
-            s.pool.refill();
+        for pool in generation.pools.values() {
+            pool.refill();
         }
         let host = Arc::new(Host {
             generation: RwLock::new(Arc::new(generation)),
@@ -639,8 +636,8 @@ impl Host {
             &self.broker,
             (&self.resolver, &self.records, &self.counters),
         );
-        for s in generation.servers.values() {
-            s.pool.refill();
+        for pool in generation.pools.values() {
+            pool.refill();
         }
         let old = {
             let mut g = match self.generation.write() {
@@ -652,8 +649,8 @@ impl Host {
         // Stopping the old warm executors can take a moment each; it happens in the
         // background so accepting and the watchdog do not wait for it.
         tokio::spawn(async move {
-            for s in old.servers.values() {
-                s.pool.drain().await;
+            for pool in old.pools.values() {
+                pool.drain().await;
             }
         });
         Ok(id)
@@ -758,8 +755,8 @@ impl Host {
 
     /// Stops every pool, closes the record writer and writes the final health.
     pub async fn finish(&self) {
-        for s in self.current().servers.values() {
-            s.pool.drain().await;
+        for pool in self.current().pools.values() {
+            pool.drain().await;
         }
         self.flush_refusals(true).await;
         if let Err(e) = self.records.close().await {
@@ -787,6 +784,7 @@ fn build_generation(
     (resolver, records, counters): (&Arc<FlowResolver>, &RecordWriter, &Arc<HostCounters>),
 ) -> Generation {
     let mut servers = BTreeMap::new();
+    let mut pools = BTreeMap::new();
     let origins: Arc<BTreeMap<_, _>> = Arc::new(
         config
             .principals
@@ -829,20 +827,28 @@ fn build_generation(
         );
         servers.insert(
             s.id.clone(),
-            ServerRuntime {
-                id: s.id.clone(),
+            ServerFacts {
                 digest,
                 mappings: s.record_mappings.clone(),
-                pool,
             },
         );
+        pools.insert(s.id.clone(), pool);
     }
     Generation {
         id,
         config,
         registry,
         servers,
+        pools,
     }
+}
+
+/// A random 128-bit id, as hex (sessions, calls).
+pub(crate) fn random_id() -> String {
+    use rand_core::RngCore;
+    let mut bytes = [0u8; 16];
+    rand_core::OsRng.fill_bytes(&mut bytes);
+    hex::encode(bytes)
 }
 
 impl Host {

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::decision::Denial;
 use crate::records::{DecisionRecord, EventKind, Folded, ToolCallFacts, now_rfc3339};
 
 /// Who a refusal is charged to.
@@ -29,7 +30,7 @@ enum Holder {
 struct FoldKey {
     holder: Holder,
     event: EventKind,
-    denial: String,
+    denial: Option<Denial>,
     tool: Option<String>,
 }
 
@@ -101,16 +102,11 @@ impl RefusalFolder {
             (None, Some(peer)) => Holder::Peer(peer.uid),
             (None, None) => return Admit::Record,
         };
-        let denial = facts
-            .context
-            .denial_kind
-            .as_ref()
-            .map(|d| d.as_str().to_string())
-            .unwrap_or_default();
+        let denial = facts.verdict.denial();
         let key = FoldKey {
             holder: holder.clone(),
             event,
-            denial: denial.clone(),
+            denial,
             tool: Some(facts.tool_name.clone()),
         };
         // A poisoned lock: record (the safe side is more evidence, not less).
@@ -195,12 +191,11 @@ mod tests {
             server: ServerInfo::mcp("(none)", None),
             tool_name: tool.to_string(),
             projection: Projection::unknown_tool(),
-            verdict: Verdict::deny(Some("unknown_tool")),
+            verdict: Verdict::refused(Denial::UnknownTool),
             credential_alias: None,
             correlation: Correlation::none(),
             context: FlowContext {
                 principal: principal.map(str::to_string),
-                denial_kind: crate::records::DenialKind::new("unknown_tool").ok(),
                 peer: principal
                     .is_none()
                     .then_some(PeerIdentity { uid: 7, gid: 7 }),

@@ -21,13 +21,13 @@ pub mod trace;
 pub mod writer;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::EgressDenial;
 use crate::label::InformationLabel;
+
+pub use crate::decision::{Denial, EgressBasis, Failure, Verdict};
 
 pub use chain::{ChainHash, Chainer, GENESIS_HASH, line_hash};
 pub use health::ToolObservationHealth;
@@ -362,91 +362,6 @@ pub enum EventKind {
     Session,
 }
 
-/// `flowhost.egress_basis`: which sources of knowledge made the call egress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EgressBasis {
-    /// The signed declaration says the tool egresses.
-    pub declared: bool,
-    /// The host's topology gives the executor a network path.
-    pub topology: bool,
-    /// The broker saw the executor attempt outbound I/O.
-    pub observed: bool,
-}
-
-/// Why an action was refused, as a snake_case code: the flow denials of
-/// [`EgressDenial`] (`top_source`, `missing_clearance`, `top_clearance`, `flow_violation`)
-/// and the host's other refusals (`destination_blocked`, `schema_invalid`, `access_denied`,
-/// `unknown_tool`, `record_failure`, `executor_failed`, ...). Any snake_case code is accepted
-/// so new refusal kinds need no format change.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct DenialKind(String);
-
-impl DenialKind {
-    /// The destination is on the operator's block list (or not on an allow list).
-    pub const DESTINATION_BLOCKED: &'static str = "destination_blocked";
-    /// The arguments do not satisfy the signed input schema.
-    pub const SCHEMA_INVALID: &'static str = "schema_invalid";
-    /// The principal may not use the tool.
-    pub const ACCESS_DENIED: &'static str = "access_denied";
-    /// No such tool is registered.
-    pub const UNKNOWN_TOOL: &'static str = "unknown_tool";
-    /// The record could not be written, so the host refused (fail closed).
-    pub const RECORD_FAILURE: &'static str = "record_failure";
-    /// The executor could not be spawned or failed.
-    pub const EXECUTOR_FAILED: &'static str = "executor_failed";
-    /// The flow state could not be read or written, so the host refused (fail closed).
-    pub const STATE_FAILURE: &'static str = "state_failure";
-    /// The request was malformed (a `tools/call` without a string name, arguments that are
-    /// not an object).
-    pub const INVALID_PARAMS: &'static str = "invalid_params";
-    /// A call's declassification grant is not a well-formed grant.
-    pub const GRANT_MALFORMED: &'static str = "grant_malformed";
-    /// A call's bridge security metadata disagrees with the live registry entry.
-    pub const BRIDGE_MISMATCH: &'static str = "bridge_mismatch";
-    /// A request came before `initialize`.
-    pub const NOT_INITIALIZED: &'static str = "not_initialized";
-    /// A request that could not be served for a reason no other code names.
-    pub const INVALID_REQUEST: &'static str = "invalid_request";
-
-    /// Checks that `code` is snake_case (`[a-z][a-z0-9_]*`, at most 128 bytes).
-    pub fn new(code: &str) -> Result<Self, RecordFormatError> {
-        check_code("flowhost.denial_kind", code)?;
-        Ok(DenialKind(code.to_string()))
-    }
-
-    /// The code.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<EgressDenial> for DenialKind {
-    fn from(d: EgressDenial) -> Self {
-        DenialKind(d.as_str().to_string())
-    }
-}
-
-impl TryFrom<String> for DenialKind {
-    type Error = RecordFormatError;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        DenialKind::new(&s)
-    }
-}
-
-impl From<DenialKind> for String {
-    fn from(d: DenialKind) -> String {
-        d.0
-    }
-}
-
-impl fmt::Display for DenialKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 /// Where an outbound operation was going.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -455,6 +370,30 @@ pub enum Destination {
     Inet(InetDestination),
     /// A Unix socket path (an abstract name is written with a leading `@`).
     Unix(UnixDestination),
+    /// A netlink address.
+    Netlink(NetlinkDestination),
+    /// An address that names no endpoint a rule can check (an unnamed unix address, an
+    /// AF_UNSPEC connect, a family the socket does not read as written, a family the broker
+    /// does not decode, a malformed address), described in words.
+    Undecoded(UndecodedDestination),
+}
+
+/// A netlink destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetlinkDestination {
+    /// Destination port id (0: the kernel).
+    pub netlink_port_id: u32,
+    /// Multicast groups.
+    pub netlink_groups: u32,
+}
+
+/// An address no rule can check, described.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UndecodedDestination {
+    /// What the address was (snake_case code, e.g. `af_unspec`, `foreign_family_1`).
+    pub undecoded: String,
 }
 
 /// An IP destination.
@@ -524,7 +463,7 @@ pub struct FlowhostExtension {
     /// The clearances the source was checked against, when egress was checked.
     pub clearance_used: Option<Vec<InformationLabel>>,
     /// Why the action was refused, for denials.
-    pub denial_kind: Option<DenialKind>,
+    pub denial_kind: Option<Denial>,
     /// What made the call egress, when egress was considered.
     pub egress_basis: Option<EgressBasis>,
     /// The broker's observation, for egress attempts.
@@ -614,8 +553,6 @@ pub struct FlowContext {
     pub source_label: Option<InformationLabel>,
     /// The clearances checked.
     pub clearance_used: Option<Vec<InformationLabel>>,
-    /// Why it was refused.
-    pub denial_kind: Option<DenialKind>,
     /// What made it egress.
     pub egress_basis: Option<EgressBasis>,
     /// The labels the decision left behind.
@@ -628,61 +565,6 @@ pub struct FlowContext {
     pub folded: Option<Folded>,
     /// The grant the decision was taken under.
     pub grant: Option<GrantFacts>,
-}
-
-/// The verdict facts shared by both kinds of decision.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
-    /// allow, deny or error.
-    pub effect: Effect,
-    /// The operator rule that decided.
-    pub rule_id: Option<String>,
-    /// Whether the verdict is enforced.
-    pub enforced: bool,
-    /// The response status (see [`Response::status`]).
-    pub status: String,
-}
-
-impl Verdict {
-    /// An allow recorded before its effect happens (status `authorized`).
-    pub fn allow_before_effect(rule_id: Option<&str>) -> Self {
-        Verdict {
-            effect: Effect::Allow,
-            rule_id: rule_id.map(sanitize),
-            enforced: true,
-            status: "authorized".to_string(),
-        }
-    }
-
-    /// An allow whose effect happened (status `success`, side effect asserted).
-    pub fn success(rule_id: Option<&str>) -> Self {
-        Verdict {
-            effect: Effect::Allow,
-            rule_id: rule_id.map(sanitize),
-            enforced: true,
-            status: "success".to_string(),
-        }
-    }
-
-    /// A refusal (status `blocked`).
-    pub fn deny(rule_id: Option<&str>) -> Self {
-        Verdict {
-            effect: Effect::Deny,
-            rule_id: rule_id.map(sanitize),
-            enforced: true,
-            status: "blocked".to_string(),
-        }
-    }
-
-    /// A host failure with an error code as the status.
-    pub fn error(code: &str) -> Self {
-        Verdict {
-            effect: Effect::Error,
-            rule_id: None,
-            enforced: true,
-            status: sanitize(code),
-        }
-    }
 }
 
 /// Everything the host knows about a `tools/call` decision (raw arguments are not part of
@@ -952,6 +834,12 @@ impl DecisionRecord {
             }
             _ => {}
         }
+        if self.decision.effect == Effect::Deny && x.denial_kind.is_none() {
+            return fail(
+                "flowhost.denial_kind",
+                "a deny must say why (a denial code)".into(),
+            );
+        }
         if x.event == EventKind::ToolOutcome && self.decision.effect == Effect::Deny {
             return fail(
                 "decision.effect",
@@ -1032,12 +920,13 @@ fn build(
     event: EventKind,
     broker: Option<BrokerDetails>,
 ) -> DecisionRecord {
-    let status = if verdict.status.is_empty() {
-        "unknown".to_string()
-    } else {
-        sanitize(&verdict.status)
+    let (effect, status) = match &verdict {
+        Verdict::Authorized { .. } => (Effect::Allow, "authorized"),
+        Verdict::Succeeded { .. } => (Effect::Allow, "success"),
+        Verdict::Refused { .. } => (Effect::Deny, "blocked"),
+        Verdict::Failed(f) => (Effect::Error, f.as_str()),
     };
-    let asserted = verdict.effect == Effect::Allow && status == "success";
+    let asserted = matches!(verdict, Verdict::Succeeded { .. });
     DecisionRecord {
         server: ServerInfo {
             id: sanitize(&server.id),
@@ -1053,13 +942,13 @@ fn build(
         detail: projection.detail,
         action: projection.action,
         decision: Decision {
-            effect: verdict.effect,
+            effect,
             source: DECISION_SOURCE.to_string(),
-            rule_id: verdict.rule_id.as_deref().map(sanitize),
-            enforced: verdict.enforced,
+            rule_id: verdict.rule().map(sanitize),
+            enforced: true,
         },
         response: Response {
-            status,
+            status: status.to_string(),
             side_effect_asserted: asserted,
             side_effect_verified: false,
         },
@@ -1076,7 +965,7 @@ fn build(
             call_id: context.call_id.as_deref().map(sanitize),
             source_label: context.source_label,
             clearance_used: context.clearance_used,
-            denial_kind: context.denial_kind,
+            denial_kind: verdict.denial(),
             egress_basis: context.egress_basis,
             broker,
             labels_after: context.labels_after,

@@ -395,6 +395,17 @@ pub fn project_egress(broker: &BrokerDetails) -> Projection {
             target.insert_text("unix_path", &u.unix_path);
             true
         }
+        Some(Destination::Netlink(n)) => {
+            target.0.insert(
+                "netlink_port_id".into(),
+                TargetValue::Integer(u64::from(n.netlink_port_id)),
+            );
+            true
+        }
+        Some(Destination::Undecoded(u)) => {
+            target.insert_text("undecoded", &u.undecoded);
+            true
+        }
         None => false,
     };
     let action = Action {

@@ -13,7 +13,9 @@ pub(crate) fn sample_tool_call() -> DecisionRecord {
             Some(&deploy_key_mapping()),
             &json!({"owner": "org", "repo": "prod-repo", "title": "ci-key", "key": "ssh-ed25519 SECRET"}),
         ),
-        verdict: Verdict::allow_before_effect(Some("policy.github")),
+        verdict: Verdict::Authorized {
+            rule: Some("policy.github".into()),
+        },
         credential_alias: Some("github-prod-admin".into()),
         correlation: Correlation::none(),
         context: FlowContext {
@@ -54,7 +56,6 @@ pub(crate) fn sample_egress(address: &str, port: u16, verdict: Verdict) -> Decis
         credential_alias: None,
         correlation: Correlation::none(),
         context: FlowContext {
-            denial_kind: Some(EgressDenial::MissingClearance.into()),
             egress_basis: Some(EgressBasis {
                 declared: false,
                 topology: true,
@@ -132,7 +133,10 @@ fn egress_record_carries_broker_details_and_network_target() {
     let r = sealed(sample_egress(
         "10.0.0.7",
         443,
-        Verdict::deny(Some("dest.default")),
+        Verdict::Refused {
+            denial: Denial::MissingClearance,
+            rule: Some("dest.default".into()),
+        },
     ));
     let v = serde_json::to_value(&r).unwrap();
     assert_eq!(v["tool"]["category"], "network_egress");
@@ -183,6 +187,7 @@ fn decoding_is_strict_and_invariants_are_checked() {
     check(
         &|v| {
             v["decision"]["effect"] = json!("deny");
+            v["flowhost"]["denial_kind"] = json!("flow_violation");
             v["response"]["side_effect_asserted"] = json!(true);
         },
         "side_effect_asserted",
@@ -217,7 +222,7 @@ fn decoding_is_strict_and_invariants_are_checked() {
     );
     check(
         &|v| v["flowhost"]["denial_kind"] = json!("Not Snake"),
-        "snake_case",
+        "unknown variant",
     );
     check(
         &|v| {
@@ -244,16 +249,26 @@ fn constructor_sanitizes_text() {
 }
 
 #[test]
-fn denial_kind_accepts_snake_codes_only() {
+fn denials_are_a_closed_set_and_a_deny_always_says_why() {
+    assert_eq!(Denial::DestinationBlocked.as_str(), "destination_blocked");
     assert_eq!(
-        DenialKind::new(DenialKind::DESTINATION_BLOCKED)
-            .unwrap()
-            .as_str(),
-        "destination_blocked"
+        serde_json::to_value(Denial::GrantReplayed).unwrap(),
+        "grant_replayed"
     );
-    assert!(DenialKind::new("Flow Violation").is_err());
+    assert!(serde_json::from_value::<Denial>(json!("Flow Violation")).is_err());
+    assert!(serde_json::from_value::<Denial>(json!("made_up_code")).is_err());
     assert_eq!(
-        DenialKind::from(EgressDenial::FlowViolation).as_str(),
-        "flow_violation"
+        Denial::from(crate::EgressDenial::FlowViolation),
+        Denial::FlowViolation
     );
+    // A deny without a denial code is refused when read.
+    let mut r = sealed(sample_egress(
+        "10.0.0.7",
+        443,
+        Verdict::refused(Denial::FlowViolation),
+    ));
+    r.flowhost.denial_kind = None;
+    let line = serde_json::to_vec(&r).unwrap();
+    let err = DecisionRecord::from_json_line(&line).unwrap_err();
+    assert_eq!(err.field, "flowhost.denial_kind");
 }

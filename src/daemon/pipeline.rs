@@ -1,0 +1,545 @@
+//! One `tools/call`, as plain stages: **admit** (the request is well-formed, the caller is
+//! the session's principal, the tool exists, bridge metadata and any grant are readable) ->
+//! **pre-dispatch** (the flow resolver: access, schema, clearances, grant; the argument taint
+//! joined durably) -> **authorize** (the allow recorded durably before any effect) ->
+//! **dispatch** (an executor, behind [`Dispatch`]) -> **settle** (the output's label joined
+//! durably, the outcome recorded with the labels left behind, then the result returned).
+//!
+//! Every refusal on the way is recorded (through [`Recorder`], which folds repeated
+//! refusals) and answered with its [`Denial`]. A record that cannot be written refuses
+//! (`record_failure`); state that cannot be written refuses (`state_failure`).
+//!
+//! The pipeline sees the host only through [`CallEnv`] and the executor only through
+//! [`Dispatch`]: its decisions are unit-tested without sockets, root or real executors.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use serde_json::{Value, json};
+
+use super::refusals::{Admit, RefusalFolder};
+use super::{CallInFlight, HostCounters, ServerFacts};
+use crate::config::{HostConfig, PrincipalConfig};
+use crate::decision::{Denial, EgressBasis, Failure, Verdict};
+use crate::grant::SignedGrant;
+use crate::ident::PrincipalId;
+use crate::mcp::{RpcError, code};
+use crate::records::{
+    Classification, Correlation, DecisionRecord, EventKind, FlowContext, GrantFacts, LabelsAfter,
+    PeerIdentity, Projection, RecordWriter, ServerInfo, ToolCallFacts, correlation_from_params,
+    project_tool_call,
+};
+use crate::registry::{AdmittedTool, VerifiedRegistry};
+use crate::resolver::{CallPlan, CallRefusal, FlowResolver, GrantOffer};
+use crate::state::{FlowState, SessionKey};
+
+/// Where bridge security metadata travels: `_meta` of a tool in `tools/list`, and
+/// `params._meta` of a `tools/call`.
+pub const BRIDGE_META_KEY: &str = "flowhost/bridge";
+/// Where a declassification grant travels with a call: `params._meta`.
+pub const GRANT_META_KEY: &str = "flowhost/grant";
+/// Most bytes of an unregistered tool name kept in a record.
+const MAX_UNKNOWN_NAME_BYTES: usize = 128;
+
+/// A client error carrying its denial as `data.denial`.
+pub fn refusal(code: i64, message: impl Into<String>, denial: Denial) -> RpcError {
+    RpcError::new(code, message).with_data(json!({"denial": denial.as_str()}))
+}
+
+/// Commits decision records: folds repeated refusals, counts `tool_call` records for health,
+/// and turns a failed commit into a `record_failure` refusal.
+pub struct Recorder<'a> {
+    /// The record writer.
+    pub records: &'a RecordWriter,
+    /// Health counters.
+    pub counters: &'a HostCounters,
+    /// The refusal folder.
+    pub refusals: &'a RefusalFolder,
+}
+
+impl Recorder<'_> {
+    /// Records `facts` as `event`, durably (or folds it, for a repeated refusal). An error
+    /// means the decision must not take effect.
+    pub async fn record(&self, event: EventKind, facts: ToolCallFacts) -> Result<(), RpcError> {
+        if matches!(facts.verdict, Verdict::Refused { .. })
+            && self.refusals.admit(event, &facts) == Admit::Folded
+        {
+            return Ok(());
+        }
+        let record = DecisionRecord::from_call_facts(facts, event);
+        self.records.commit(record).await.map_err(|e| {
+            tracing::error!(error = %e, "decision record not written; refusing");
+            refusal(
+                code::INTERNAL_ERROR,
+                "the decision record could not be written, so the host refuses the call",
+                Denial::RecordFailure,
+            )
+        })?;
+        if event == EventKind::ToolCall {
+            self.counters.tool_calls.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
+/// What the pipeline reads of the host for one call (one configuration generation).
+pub struct CallEnv<'a> {
+    /// The configuration.
+    pub config: &'a HostConfig,
+    /// The verified registry.
+    pub registry: &'a VerifiedRegistry,
+    /// What the host knows of each server (digest, record mappings).
+    pub servers: &'a BTreeMap<String, ServerFacts>,
+    /// The flow resolver.
+    pub resolver: &'a FlowResolver,
+    /// Where decisions go.
+    pub recorder: Recorder<'a>,
+}
+
+/// Who calls: the session, its peer, and the principal the session was mapped to at
+/// `initialize` (`Err`: the refusal the session's principal check gave).
+pub struct Caller<'a> {
+    /// The session id.
+    pub session: &'a str,
+    /// The peer's uid and gid.
+    pub peer: PeerIdentity,
+    /// The principal, or why the session may not act.
+    pub principal: Result<PrincipalConfig, RpcError>,
+    /// The principal the session was mapped to at `initialize` (for records).
+    pub pinned: Option<&'a PrincipalId>,
+}
+
+/// Why dispatching failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DispatchError {
+    /// No executor could be started (the call never reached one).
+    NotStarted(String),
+    /// The executor failed during the call (it is retired).
+    Failed(String),
+}
+
+/// Runs an authorized call on an executor of the session's.
+pub trait Dispatch {
+    /// Runs `tool` with `arguments` on the session's executor for `server`, with `call` in
+    /// flight (the dispatcher sets `call.executor_pid`).
+    fn dispatch(
+        &mut self,
+        server: &str,
+        tool: &str,
+        arguments: Value,
+        call: CallInFlight,
+    ) -> impl std::future::Future<Output = Result<Value, DispatchError>> + Send;
+}
+
+/// A call that passed admission.
+struct Admitted<'e> {
+    principal: PrincipalConfig,
+    arguments: Value,
+    tool: &'e AdmittedTool,
+    server: &'e ServerFacts,
+    grant: Option<SignedGrant>,
+}
+
+/// What a call's records share.
+struct CallRecord {
+    server: ServerInfo,
+    name: String,
+    projection: Projection,
+    correlation: Correlation,
+    principal: Option<String>,
+    session: String,
+    call_id: String,
+}
+
+impl CallRecord {
+    fn facts(&self, verdict: Verdict, context: FlowContext) -> ToolCallFacts {
+        ToolCallFacts {
+            server: self.server.clone(),
+            tool_name: self.name.clone(),
+            projection: self.projection.clone(),
+            verdict,
+            credential_alias: None,
+            correlation: self.correlation.clone(),
+            context: FlowContext {
+                principal: self.principal.clone(),
+                session: Some(self.session.clone()),
+                call_id: Some(self.call_id.clone()),
+                ..context
+            },
+        }
+    }
+}
+
+/// Runs one `tools/call` through every stage (see the module docs).
+pub async fn tools_call<D: Dispatch>(
+    env: &CallEnv<'_>,
+    caller: Caller<'_>,
+    params: &Value,
+    dispatcher: &mut D,
+) -> Result<Value, RpcError> {
+    let Some(name) = params.get("name").and_then(Value::as_str) else {
+        let e = refusal(
+            code::INVALID_PARAMS,
+            "tools/call needs a string \"name\"",
+            Denial::InvalidParams,
+        );
+        return Err(refuse_session(env, &caller, "(tools/call)", e, Denial::InvalidParams).await);
+    };
+    let (server_id, tool_name) = name.split_once('/').unwrap_or(("", name));
+    let mut rec = CallRecord {
+        server: ServerInfo::mcp(
+            if server_id.is_empty() {
+                "(none)"
+            } else {
+                server_id
+            },
+            None,
+        ),
+        name: name.to_string(),
+        projection: Projection::unknown_tool(),
+        correlation: correlation_from_params(params),
+        principal: caller.pinned.map(ToString::to_string),
+        session: caller.session.to_string(),
+        call_id: super::random_id(),
+    };
+
+    // Admit.
+    let admitted = match admit(env, caller, params, server_id, tool_name) {
+        Ok(a) => a,
+        Err((e, denial)) => {
+            if denial == Denial::UnknownTool {
+                env.recorder
+                    .counters
+                    .unknown_tools
+                    .fetch_add(1, Ordering::SeqCst);
+                // The caller's text names no registered tool: kept short in the record.
+                rec.name = bounded(name, MAX_UNKNOWN_NAME_BYTES);
+            }
+            env.recorder
+                .record(
+                    EventKind::ToolCall,
+                    rec.facts(Verdict::refused(denial), FlowContext::default()),
+                )
+                .await?;
+            return Err(e);
+        }
+    };
+    rec.server = ServerInfo::mcp(server_id, Some(&admitted.server.digest));
+    rec.projection =
+        project_tool_call(admitted.server.mappings.get(tool_name), &admitted.arguments);
+    if rec.projection.classification == Classification::ObservedUnknownTool {
+        env.recorder
+            .counters
+            .unknown_tools
+            .fetch_add(1, Ordering::SeqCst);
+    }
+
+    // Pre-dispatch.
+    let key = SessionKey {
+        principal: admitted.principal.id.clone(),
+        session: rec.session.clone(),
+    };
+    let offer = admitted.grant.as_ref().map(|g| GrantOffer {
+        grant: g,
+        authorities: &env.config.authorities,
+        now: unix_now(),
+    });
+    let plan = match env.resolver.pre_dispatch(
+        &admitted.principal,
+        &key,
+        admitted.tool,
+        &admitted.arguments,
+        offer,
+    ) {
+        Ok(plan) => plan,
+        Err(refused) => {
+            let grant = admitted.grant.as_ref().map(|g| GrantFacts {
+                id: g.body().grant_id.clone(),
+                purpose: g.body().purpose.to_string(),
+            });
+            env.recorder
+                .record(
+                    EventKind::ToolCall,
+                    rec.facts(
+                        refused.verdict(),
+                        FlowContext {
+                            grant,
+                            ..FlowContext::default()
+                        },
+                    ),
+                )
+                .await?;
+            return Err(refusal_error(&refused));
+        }
+    };
+
+    // Authorize: the allow is durable before the executor sees anything.
+    env.recorder
+        .record(
+            EventKind::ToolCall,
+            rec.facts(
+                Verdict::Authorized { rule: None },
+                FlowContext {
+                    source_label: Some(plan.source.clone()),
+                    clearance_used: plan.basis.any().then(|| plan.clearances.clone()),
+                    egress_basis: plan.basis.any().then_some(EgressBasis {
+                        observed: false,
+                        ..plan.basis
+                    }),
+                    labels_after: Some(labels_after(&plan.state_after_dispatch)),
+                    grant: plan.grant.as_ref().map(|g| GrantFacts {
+                        id: g.id.clone(),
+                        purpose: g.purpose.to_string(),
+                    }),
+                    ..FlowContext::default()
+                },
+            ),
+        )
+        .await?;
+
+    // Dispatch.
+    let call = CallInFlight {
+        plan: plan.clone(),
+        call_id: rec.call_id.clone(),
+        tool: name.to_string(),
+        correlation: rec.correlation.clone(),
+        executor_pid: 0,
+    };
+    let outcome = dispatcher
+        .dispatch(server_id, tool_name, admitted.arguments, call)
+        .await;
+
+    // Settle.
+    settle(env, &rec, &plan, outcome).await
+}
+
+/// Joins what the call produced into the flow state and records its outcome (with the labels
+/// it leaves), both durably, before the result is returned. What an executor said when it
+/// failed can carry what it read, so it is settled like a result.
+async fn settle(
+    env: &CallEnv<'_>,
+    rec: &CallRecord,
+    plan: &CallPlan,
+    outcome: Result<Value, DispatchError>,
+) -> Result<Value, RpcError> {
+    let (result, verdict, state) = match outcome {
+        Err(DispatchError::NotStarted(why)) => (
+            tool_error(&format!("the executor could not be started: {why}")),
+            Verdict::Failed(Failure::ExecutorFailed),
+            plan.state_after_dispatch.clone(),
+        ),
+        other => {
+            let (result, verdict) = match other {
+                Ok(result) => {
+                    let verdict = if result.get("isError") == Some(&Value::Bool(true)) {
+                        Verdict::Failed(Failure::ToolError)
+                    } else {
+                        Verdict::Succeeded { rule: None }
+                    };
+                    (result, verdict)
+                }
+                Err(e) => (
+                    tool_error(&format!(
+                        "the tool's executor failed: {}",
+                        match e {
+                            DispatchError::Failed(w) | DispatchError::NotStarted(w) => w,
+                        }
+                    )),
+                    Verdict::Failed(Failure::ExecutorFailed),
+                ),
+            };
+            let text = crate::resolver::classifiable_text(&result);
+            let state = env.resolver.after_call(plan, &text).map_err(|e| {
+                refusal(
+                    code::INTERNAL_ERROR,
+                    format!("the output's label could not be stored, so it is withheld: {e}"),
+                    Denial::StateFailure,
+                )
+            })?;
+            (result, verdict, state)
+        }
+    };
+    env.recorder
+        .record(
+            EventKind::ToolOutcome,
+            rec.facts(
+                verdict,
+                FlowContext {
+                    labels_after: Some(labels_after(&state)),
+                    ..FlowContext::default()
+                },
+            ),
+        )
+        .await?;
+    Ok(result)
+}
+
+/// The admission stage: everything that can refuse before the resolver runs.
+fn admit<'e>(
+    env: &'e CallEnv<'_>,
+    caller: Caller<'_>,
+    params: &Value,
+    server_id: &str,
+    tool_name: &str,
+) -> Result<Admitted<'e>, (RpcError, Denial)> {
+    let with_denial = |e: RpcError, fallback: Denial| {
+        let denial = e
+            .data_denial()
+            .and_then(|d| serde_json::from_value(json!(d)).ok())
+            .unwrap_or(fallback);
+        (e, denial)
+    };
+    let principal = caller
+        .principal
+        .map_err(|e| with_denial(e, Denial::AccessDenied))?;
+    let arguments = match params.get("arguments") {
+        None | Some(Value::Null) => json!({}),
+        Some(v @ Value::Object(_)) => v.clone(),
+        Some(_) => {
+            return Err((
+                refusal(
+                    code::INVALID_PARAMS,
+                    "\"arguments\" must be an object",
+                    Denial::InvalidParams,
+                ),
+                Denial::InvalidParams,
+            ));
+        }
+    };
+    let (Some(tool), Some(server)) = (
+        env.registry.tool(server_id, tool_name),
+        env.servers.get(server_id),
+    ) else {
+        let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+        return Err((
+            refusal(
+                code::INVALID_PARAMS,
+                format!("unknown tool {name:?} (tools are named server/tool)"),
+                Denial::UnknownTool,
+            ),
+            Denial::UnknownTool,
+        ));
+    };
+    check_bridge_metadata(env.registry, params, server_id, tool_name)
+        .map_err(|e| (e, Denial::BridgeMismatch))?;
+    let grant = read_grant(params).map_err(|e| (e, Denial::GrantMalformed))?;
+    Ok(Admitted {
+        principal,
+        arguments,
+        tool,
+        server,
+        grant,
+    })
+}
+
+/// Records the refusal `error` (for `denial`) of a request that named no tool (`what` says
+/// which request), and returns the error for the client (or the record failure).
+pub async fn refuse_session(
+    env: &CallEnv<'_>,
+    caller: &Caller<'_>,
+    what: &str,
+    error: RpcError,
+    denial: Denial,
+) -> RpcError {
+    let facts = ToolCallFacts {
+        server: ServerInfo::mcp("(none)", None),
+        tool_name: what.to_string(),
+        projection: Projection::unknown_tool(),
+        verdict: Verdict::refused(denial),
+        credential_alias: None,
+        correlation: Correlation::none(),
+        context: FlowContext {
+            principal: caller.pinned.map(ToString::to_string),
+            session: Some(caller.session.to_string()),
+            peer: Some(caller.peer),
+            ..FlowContext::default()
+        },
+    };
+    match env.recorder.record(EventKind::Session, facts).await {
+        Ok(()) => error,
+        Err(record_failure) => record_failure,
+    }
+}
+
+fn refusal_error(refused: &CallRefusal) -> RpcError {
+    let code = match refused {
+        CallRefusal::AccessDenied { .. } => code::ACCESS_DENIED,
+        CallRefusal::SchemaInvalid { .. } => code::INVALID_PARAMS,
+        CallRefusal::Flow { .. } | CallRefusal::Grant { .. } => code::FLOW_DENIED,
+        CallRefusal::State(_) => code::INTERNAL_ERROR,
+    };
+    refusal(code, refused.to_string(), refused.denial())
+}
+
+/// Checks the bridge security metadata a call carries (if any) against the live registry
+/// entry for the tool it calls: a stale digest, another flow, another tool or a malformed
+/// value refuses the call.
+fn check_bridge_metadata(
+    registry: &VerifiedRegistry,
+    params: &Value,
+    server_id: &str,
+    tool_name: &str,
+) -> Result<(), RpcError> {
+    let Some(carried) = params.get("_meta").and_then(|m| m.get(BRIDGE_META_KEY)) else {
+        return Ok(());
+    };
+    let refuse = |why: String| {
+        refusal(
+            code::INVALID_PARAMS,
+            format!("the call's bridge security metadata is refused: {why}"),
+            Denial::BridgeMismatch,
+        )
+    };
+    let metadata: crate::registry::BridgeSecurityMetadata =
+        serde_json::from_value(carried.clone()).map_err(|e| refuse(e.to_string()))?;
+    registry
+        .validate_bridge_security(server_id, tool_name, &metadata)
+        .map_err(|e| refuse(e.to_string()))
+}
+
+/// The declassification grant a call carries, if any (a malformed one refuses the call).
+fn read_grant(params: &Value) -> Result<Option<SignedGrant>, RpcError> {
+    let Some(v) = params.get("_meta").and_then(|m| m.get(GRANT_META_KEY)) else {
+        return Ok(None);
+    };
+    SignedGrant::from_value(v).map(Some).map_err(|e| {
+        refusal(
+            code::INVALID_PARAMS,
+            format!("the call's grant is refused: {e}"),
+            Denial::GrantMalformed,
+        )
+    })
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, marked when cut.
+fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub(3);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
+/// The record form of a session's flow state.
+pub fn labels_after(state: &FlowState) -> LabelsAfter {
+    LabelsAfter {
+        principal: state.principal.clone(),
+        session: state.session.clone(),
+    }
+}
+
+fn tool_error(text: &str) -> Value {
+    json!({"content": [{"type": "text", "text": text}], "isError": true})
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,430 @@
+//! The call pipeline's decisions, without sockets, root or real executors: the pricing lab's
+//! signed manifests and configuration, a real flow-state database and a real record writer in
+//! a temporary directory, and a scripted executor.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::config::HostConfig;
+use crate::lab::{LabPaths, host_config};
+use crate::records::WriterOptions;
+use crate::resolver::{Classifier, FlowResolver};
+use crate::state::FlowStateStore;
+
+const ANALYST: u32 = 4001;
+const REVIEWER: u32 = 4002;
+
+/// The host side of one test: configuration, registry, state and records on disk.
+struct Host {
+    dir: tempfile::TempDir,
+    config: HostConfig,
+    registry: VerifiedRegistry,
+    servers: BTreeMap<String, ServerFacts>,
+    resolver: FlowResolver,
+    records: RecordWriter,
+    counters: HostCounters,
+    refusals: RefusalFolder,
+}
+
+fn lab() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pricing-lab")
+}
+
+impl Host {
+    fn new() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = LabPaths {
+            workspace_command: vec!["/bin/true".into()],
+            publisher_command: vec!["/bin/true".into()],
+            documents: lab().join("documents"),
+            manifests_dir: lab(),
+            keys_dir: lab().join("keys"),
+            state_dir: dir.path().join("state"),
+            records_dir: dir.path().join("records"),
+            socket: dir.path().join("s.sock"),
+            team_sink: "127.0.0.1:1001".parse().unwrap(),
+            public_sink: "127.0.0.1:1002".parse().unwrap(),
+            exfil_sink: "127.0.0.1:1003".parse().unwrap(),
+            analyst_uid: ANALYST,
+            reviewer_uid: REVIEWER,
+            socket_mode: "600".into(),
+        };
+        let file = dir.path().join("host.toml");
+        std::fs::write(&file, host_config(&paths)).unwrap();
+        let config = HostConfig::load(&file).unwrap();
+        let (registry, _) = crate::daemon::verify_registry(&config).unwrap();
+        let servers = config
+            .servers
+            .iter()
+            .map(|s| {
+                let digest = registry
+                    .servers()
+                    .find(|a| a.server_id() == s.id)
+                    .unwrap()
+                    .manifest_digest()
+                    .to_string();
+                (
+                    s.id.clone(),
+                    ServerFacts {
+                        digest,
+                        mappings: s.record_mappings.clone(),
+                    },
+                )
+            })
+            .collect();
+        std::fs::create_dir_all(dir.path().join("state")).unwrap();
+        let state = FlowStateStore::open(&dir.path().join("state/state.db")).unwrap();
+        let resolver = FlowResolver::new(
+            Classifier::new(config.classifiers.clone()),
+            config.operator_input_floor.clone(),
+            Arc::new(state),
+        );
+        let records =
+            RecordWriter::open(&dir.path().join("records"), WriterOptions::default()).unwrap();
+        Host {
+            dir,
+            config,
+            registry,
+            servers,
+            resolver,
+            records,
+            counters: HostCounters::default(),
+            refusals: RefusalFolder::new(std::time::Duration::from_secs(3600), 100),
+        }
+    }
+
+    fn env(&self) -> CallEnv<'_> {
+        CallEnv {
+            config: &self.config,
+            registry: &self.registry,
+            servers: &self.servers,
+            resolver: &self.resolver,
+            recorder: Recorder {
+                records: &self.records,
+                counters: &self.counters,
+                refusals: &self.refusals,
+            },
+        }
+    }
+
+    fn principal(&self, uid: u32) -> PrincipalConfig {
+        self.config.principal_for(uid, 0).unwrap().clone()
+    }
+
+    async fn call(&self, uid: u32, params: Value, exec: &mut Scripted) -> Result<Value, RpcError> {
+        let principal = self.principal(uid);
+        let pinned = principal.id.clone();
+        let caller = Caller {
+            session: "session-1",
+            peer: PeerIdentity { uid, gid: 0 },
+            principal: Ok(principal),
+            pinned: Some(&pinned),
+        };
+        tools_call(&self.env(), caller, &params, exec).await
+    }
+
+    /// Every record so far (the writer is closed first).
+    async fn records(&self) -> Vec<Value> {
+        self.records.close().await.unwrap();
+        let mut out = Vec::new();
+        for f in crate::records::store::record_sources(&self.dir.path().join("records")).unwrap() {
+            for line in std::fs::read_to_string(f).unwrap().lines() {
+                out.push(serde_json::from_str(line).unwrap());
+            }
+        }
+        out
+    }
+}
+
+/// An executor that answers from a script and remembers what it was asked.
+#[derive(Default)]
+struct Scripted {
+    answers: VecDeque<Result<Value, DispatchError>>,
+    asked: Vec<(String, String, Value)>,
+}
+
+impl Scripted {
+    fn answering(answers: Vec<Result<Value, DispatchError>>) -> Scripted {
+        Scripted {
+            answers: answers.into(),
+            asked: Vec::new(),
+        }
+    }
+}
+
+impl Dispatch for Scripted {
+    async fn dispatch(
+        &mut self,
+        server: &str,
+        tool: &str,
+        arguments: Value,
+        _call: CallInFlight,
+    ) -> Result<Value, DispatchError> {
+        self.asked
+            .push((server.to_string(), tool.to_string(), arguments));
+        self.answers
+            .pop_front()
+            .unwrap_or(Err(DispatchError::Failed("no scripted answer".into())))
+    }
+}
+
+fn text(t: &str) -> Result<Value, DispatchError> {
+    Ok(json!({"content": [{"type": "text", "text": t}]}))
+}
+
+fn call(tool: &str, arguments: Value) -> Value {
+    json!({"name": tool, "arguments": arguments})
+}
+
+fn denial_of(e: &RpcError) -> &str {
+    e.data_denial().unwrap_or("")
+}
+
+const TERMS: &str = "Harbor Goods: floor 4.10 EUR";
+
+#[tokio::test]
+async fn access_is_checked_before_anything_runs() {
+    let host = Host::new();
+    let mut exec = Scripted::default();
+    let e = host
+        .call(
+            REVIEWER,
+            call("workspace/read_terms", json!({"document": "t.md"})),
+            &mut exec,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, code::ACCESS_DENIED);
+    assert_eq!(denial_of(&e), "access_denied");
+    assert!(exec.asked.is_empty(), "nothing was dispatched");
+    let records = host.records().await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["flowhost"]["denial_kind"], "access_denied");
+}
+
+#[tokio::test]
+async fn arguments_failing_the_signed_schema_are_refused_and_recorded() {
+    let host = Host::new();
+    let mut exec = Scripted::default();
+    let e = host
+        .call(ANALYST, call("workspace/read_terms", json!({})), &mut exec)
+        .await
+        .unwrap_err();
+    assert_eq!(denial_of(&e), "schema_invalid");
+    assert!(exec.asked.is_empty());
+    assert_eq!(
+        host.records().await[0]["flowhost"]["denial_kind"],
+        "schema_invalid"
+    );
+}
+
+#[tokio::test]
+async fn a_read_taints_the_session_and_the_public_sink_is_refused_before_dispatch() {
+    let host = Host::new();
+    let mut exec = Scripted::answering(vec![text(TERMS), text("delivered 10 bytes")]);
+    let r = host
+        .call(
+            ANALYST,
+            call("workspace/read_terms", json!({"document": "t.md"})),
+            &mut exec,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["content"][0]["text"], TERMS);
+    let e = host
+        .call(
+            ANALYST,
+            call(
+                "public-inbox/publish",
+                json!({"message": "m", "sink": "127.0.0.1:1002"}),
+            ),
+            &mut exec,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code, denial_of(&e)),
+        (code::FLOW_DENIED, "flow_violation")
+    );
+    // The team channel is cleared for the contract label.
+    host.call(
+        ANALYST,
+        call(
+            "team-inbox/publish",
+            json!({"message": "m", "sink": "127.0.0.1:1001"}),
+        ),
+        &mut exec,
+    )
+    .await
+    .unwrap();
+    let asked: Vec<String> = exec
+        .asked
+        .iter()
+        .map(|(s, t, _)| format!("{s}/{t}"))
+        .collect();
+    assert_eq!(asked, ["workspace/read_terms", "team-inbox/publish"]);
+    let records = host.records().await;
+    let events: Vec<(String, String)> = records
+        .iter()
+        .map(|r| {
+            (
+                r["flowhost"]["event"].as_str().unwrap().to_string(),
+                r["decision"]["effect"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let e = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(
+        events,
+        [
+            e("tool_call", "allow"),
+            e("tool_outcome", "allow"),
+            e("tool_call", "deny"),
+            e("tool_call", "allow"),
+            e("tool_outcome", "allow"),
+        ]
+    );
+    // The outcome carries the label the read left behind.
+    assert!(
+        records[1]["flowhost"]["labels_after"]["principal"]
+            .to_string()
+            .contains("harbor-goods-terms")
+    );
+}
+
+#[tokio::test]
+async fn outcomes_say_what_became_of_an_allowed_call() {
+    let host = Host::new();
+    let mut exec = Scripted::answering(vec![
+        Ok(json!({"content": [{"type": "text", "text": "no such document"}], "isError": true})),
+        Err(DispatchError::Failed(
+            "the executor exited during the call".into(),
+        )),
+        Err(DispatchError::NotStarted("spawn refused".into())),
+    ]);
+    let args = || call("workspace/read_terms", json!({"document": "t.md"}));
+    let r = host.call(ANALYST, args(), &mut exec).await.unwrap();
+    assert_eq!(r["isError"], true);
+    let r = host.call(ANALYST, args(), &mut exec).await.unwrap();
+    assert!(r["content"][0]["text"].as_str().unwrap().contains("exited"));
+    let r = host.call(ANALYST, args(), &mut exec).await.unwrap();
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("could not be started")
+    );
+    let statuses: Vec<String> = host
+        .records()
+        .await
+        .iter()
+        .filter(|r| r["flowhost"]["event"] == "tool_outcome")
+        .map(|r| r["response"]["status"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["tool_error", "executor_failed", "executor_failed"]
+    );
+}
+
+#[tokio::test]
+async fn unknown_and_malformed_calls_are_refused_and_recorded() {
+    let host = Host::new();
+    let mut exec = Scripted::default();
+    let e = host
+        .call(ANALYST, call("nowhere/nothing", json!({})), &mut exec)
+        .await
+        .unwrap_err();
+    assert_eq!(denial_of(&e), "unknown_tool");
+    let e = host
+        .call(
+            ANALYST,
+            json!({"name": "workspace/read_terms", "arguments": 7}),
+            &mut exec,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(denial_of(&e), "invalid_params");
+    let e = host
+        .call(ANALYST, json!({"arguments": {}}), &mut exec)
+        .await
+        .unwrap_err();
+    assert_eq!(denial_of(&e), "invalid_params");
+    assert!(exec.asked.is_empty());
+    let kinds: Vec<(String, String)> = host
+        .records()
+        .await
+        .iter()
+        .map(|r| {
+            (
+                r["flowhost"]["event"].as_str().unwrap().to_string(),
+                r["flowhost"]["denial_kind"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let k = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(
+        kinds,
+        [
+            k("tool_call", "unknown_tool"),
+            k("tool_call", "invalid_params"),
+            k("session", "invalid_params"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_record_that_cannot_be_written_refuses_before_any_effect() {
+    let host = Host::new();
+    host.records.close().await.unwrap();
+    let mut exec = Scripted::answering(vec![text(TERMS)]);
+    let e = host
+        .call(
+            ANALYST,
+            call("workspace/read_terms", json!({"document": "t.md"})),
+            &mut exec,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code, denial_of(&e)),
+        (code::INTERNAL_ERROR, "record_failure")
+    );
+    assert!(exec.asked.is_empty(), "the executor never saw the call");
+}
+
+#[tokio::test]
+async fn a_session_whose_principal_check_fails_is_refused_and_recorded_under_its_principal() {
+    let host = Host::new();
+    let mut exec = Scripted::default();
+    let pinned = crate::ident::PrincipalId::new("oss-reviewer").unwrap();
+    let caller = Caller {
+        session: "session-2",
+        peer: PeerIdentity {
+            uid: ANALYST,
+            gid: 0,
+        },
+        principal: Err(refusal(
+            code::ACCESS_DENIED,
+            "remapped",
+            Denial::AccessDenied,
+        )),
+        pinned: Some(&pinned),
+    };
+    let e = tools_call(
+        &host.env(),
+        caller,
+        &call("workspace/list_documents", json!({})),
+        &mut exec,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(denial_of(&e), "access_denied");
+    let records = host.records().await;
+    assert_eq!(records[0]["flowhost"]["principal"], "oss-reviewer");
+    assert!(exec.asked.is_empty());
+}

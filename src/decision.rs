@@ -1,0 +1,225 @@
+//! The one vocabulary every layer decides in: why something was refused ([`Denial`]), what
+//! made a call egress ([`EgressBasis`]), and the verdict a record states ([`Verdict`]), whose
+//! shape makes a refusal without a reason unrepresentable.
+//!
+//! Every [`Denial`] is recorded as `flowhost.denial_kind` by some decision, and every client
+//! refusal carries one as `error.data.denial`; nothing else is accepted when records are read
+//! (except `record_failure`, which reaches only the client: it is what happens when no
+//! record can be written).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::flow::EgressDenial;
+
+/// Why an action was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Denial {
+    /// The egress source is `Top` (unknown history).
+    TopSource,
+    /// The tool egresses and has no clearance.
+    MissingClearance,
+    /// A clearance is `Top`.
+    TopClearance,
+    /// The source does not flow to a clearance.
+    FlowViolation,
+    /// The destination rules refused the destination.
+    DestinationBlocked,
+    /// The executor reached out while it served no call.
+    NoCallInFlight,
+    /// The arguments do not satisfy the signed input schema.
+    SchemaInvalid,
+    /// The principal may not use the tool (or the peer is no principal).
+    AccessDenied,
+    /// No such tool is registered.
+    UnknownTool,
+    /// A malformed request (no string tool name, arguments that are not an object).
+    InvalidParams,
+    /// A request before `initialize`.
+    NotInitialized,
+    /// A call's bridge security metadata disagrees with the live registry.
+    BridgeMismatch,
+    /// A call's declassification grant is not a well-formed grant.
+    GrantMalformed,
+    /// The grant's authority is not trusted, or its signature does not verify.
+    GrantUntrustedAuthority,
+    /// A grant on a call with no effective egress.
+    GrantWithoutEgress,
+    /// A grant bound to another call.
+    GrantBindingMismatch,
+    /// A grant not valid yet.
+    GrantNotYetValid,
+    /// An expired grant.
+    GrantExpired,
+    /// A grant whose target is not strictly lower than the call's source.
+    GrantTargetNotLower,
+    /// A grant whose purpose the tool and the operator do not both allow.
+    GrantPurposeNotAllowed,
+    /// A grant used before.
+    GrantReplayed,
+    /// The flow state could not be read or written (fail closed).
+    StateFailure,
+    /// The decision could not be recorded (fail closed; reaches only the client).
+    RecordFailure,
+}
+
+impl Denial {
+    /// The snake_case code.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Denial::TopSource => "top_source",
+            Denial::MissingClearance => "missing_clearance",
+            Denial::TopClearance => "top_clearance",
+            Denial::FlowViolation => "flow_violation",
+            Denial::DestinationBlocked => "destination_blocked",
+            Denial::NoCallInFlight => "no_call_in_flight",
+            Denial::SchemaInvalid => "schema_invalid",
+            Denial::AccessDenied => "access_denied",
+            Denial::UnknownTool => "unknown_tool",
+            Denial::InvalidParams => "invalid_params",
+            Denial::NotInitialized => "not_initialized",
+            Denial::BridgeMismatch => "bridge_mismatch",
+            Denial::GrantMalformed => "grant_malformed",
+            Denial::GrantUntrustedAuthority => "grant_untrusted_authority",
+            Denial::GrantWithoutEgress => "grant_without_egress",
+            Denial::GrantBindingMismatch => "grant_binding_mismatch",
+            Denial::GrantNotYetValid => "grant_not_yet_valid",
+            Denial::GrantExpired => "grant_expired",
+            Denial::GrantTargetNotLower => "grant_target_not_lower",
+            Denial::GrantPurposeNotAllowed => "grant_purpose_not_allowed",
+            Denial::GrantReplayed => "grant_replayed",
+            Denial::StateFailure => "state_failure",
+            Denial::RecordFailure => "record_failure",
+        }
+    }
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<EgressDenial> for Denial {
+    fn from(d: EgressDenial) -> Self {
+        match d {
+            EgressDenial::TopSource => Denial::TopSource,
+            EgressDenial::MissingClearance => Denial::MissingClearance,
+            EgressDenial::TopClearance => Denial::TopClearance,
+            EgressDenial::FlowViolation => Denial::FlowViolation,
+        }
+    }
+}
+
+impl From<&crate::grant::GrantDenial> for Denial {
+    fn from(d: &crate::grant::GrantDenial) -> Self {
+        use crate::grant::GrantDenial as G;
+        match d {
+            G::UntrustedAuthority => Denial::GrantUntrustedAuthority,
+            G::NoEffectiveEgress => Denial::GrantWithoutEgress,
+            G::BindingMismatch(_) => Denial::GrantBindingMismatch,
+            G::NotYetValid => Denial::GrantNotYetValid,
+            G::Expired => Denial::GrantExpired,
+            G::TargetNotLower => Denial::GrantTargetNotLower,
+            G::PurposeNotAllowed => Denial::GrantPurposeNotAllowed,
+            G::Replayed => Denial::GrantReplayed,
+        }
+    }
+}
+
+/// Which sources of knowledge made a call egress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressBasis {
+    /// The signed declaration says the tool egresses.
+    pub declared: bool,
+    /// The host's topology gives the executor a network path.
+    pub topology: bool,
+    /// The broker saw the executor attempt outbound I/O.
+    pub observed: bool,
+}
+
+impl EgressBasis {
+    /// Whether any source makes it egress.
+    pub fn any(self) -> bool {
+        self.declared || self.topology || self.observed
+    }
+}
+
+/// Why an allowed action did not end well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Failure {
+    /// The tool answered with an error result.
+    ToolError,
+    /// The executor could not be started, or failed during the call.
+    ExecutorFailed,
+    /// The flow state failed (the action was refused: fail closed).
+    StateFailure,
+}
+
+impl Failure {
+    /// The status code a record carries.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::ToolError => "tool_error",
+            Failure::ExecutorFailed => "executor_failed",
+            Failure::StateFailure => "state_failure",
+        }
+    }
+}
+
+/// A decision's verdict. A refusal always has its [`Denial`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Allowed, recorded before its effect (status `authorized`).
+    Authorized {
+        /// The operator rule that allowed it, if one did.
+        rule: Option<String>,
+    },
+    /// Allowed, and the effect happened (status `success`, side effect asserted).
+    Succeeded {
+        /// The operator rule that allowed it, if one did.
+        rule: Option<String>,
+    },
+    /// Refused (status `blocked`).
+    Refused {
+        /// Why.
+        denial: Denial,
+        /// The operator rule that refused it, if one did.
+        rule: Option<String>,
+    },
+    /// The host or the tool failed (effect `error`, the failure's code as the status).
+    Failed(Failure),
+}
+
+impl Verdict {
+    /// A refusal for `denial`, decided by no particular rule.
+    pub fn refused(denial: Denial) -> Self {
+        Verdict::Refused { denial, rule: None }
+    }
+
+    /// Whether the action may take (or took) effect.
+    pub fn allowed(&self) -> bool {
+        matches!(self, Verdict::Authorized { .. } | Verdict::Succeeded { .. })
+    }
+
+    /// The refusal's reason (a state failure refuses too).
+    pub fn denial(&self) -> Option<Denial> {
+        match self {
+            Verdict::Refused { denial, .. } => Some(*denial),
+            Verdict::Failed(Failure::StateFailure) => Some(Denial::StateFailure),
+            _ => None,
+        }
+    }
+
+    /// The rule that decided, if one did.
+    pub fn rule(&self) -> Option<&str> {
+        match self {
+            Verdict::Authorized { rule } | Verdict::Succeeded { rule } => rule.as_deref(),
+            Verdict::Refused { rule, .. } => rule.as_deref(),
+            Verdict::Failed(_) => None,
+        }
+    }
+}
