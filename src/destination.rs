@@ -26,9 +26,32 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use flowhost_broker::Destination;
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
+
+/// A destination as the rules see it: what an outbound operation would reach. The daemon and
+/// the sandbox CLI map the broker's decoding into it (the rules know nothing of the broker).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// An IPv4 or IPv6 socket address.
+    Inet(std::net::SocketAddr),
+    /// A pathname unix socket (`.` and `..` resolved by the broker where it could).
+    UnixPath(PathBuf),
+    /// An abstract unix socket name.
+    UnixAbstract(Vec<u8>),
+    /// An unnamed unix address (autobind; no rule names one: the default decides).
+    UnixUnnamed,
+    /// A netlink address (no rule names one: the default decides).
+    Netlink {
+        /// Destination port id.
+        port_id: u32,
+    },
+    /// An AF_UNSPEC connect: dissolves a socket's association and reaches nothing.
+    Disconnect,
+    /// An address no rule can be checked on (unnamed, foreign to its socket, an unspecified
+    /// IP, undecodable, malformed), described. Never allowed, whatever the default.
+    Undecidable(String),
+}
 
 /// Why a rule string is not valid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -256,7 +279,7 @@ impl DestinationRules {
                 rule: "no destination".into(),
             };
         };
-        if *dest == Destination::Unspecified {
+        if *dest == Destination::Disconnect {
             return RuleDecision {
                 allowed: true,
                 rule: "AF_UNSPEC disconnect".into(),
@@ -264,7 +287,7 @@ impl DestinationRules {
         }
         // An address the broker could not decode for its socket is never reached, whatever
         // the default: what the kernel would make of it is not what a rule was checked on.
-        if !dest.is_decidable() {
+        if matches!(dest, Destination::Undecidable(_)) {
             return RuleDecision {
                 allowed: false,
                 rule: "undecodable address".into(),
@@ -321,7 +344,9 @@ pub fn decide_with_origin(
     let Some((who, o)) = origin else {
         return server(rules.decide(dest));
     };
-    let Some(d) = dest.filter(|d| **d != Destination::Unspecified && d.is_decidable()) else {
+    let Some(d) =
+        dest.filter(|d| !matches!(d, Destination::Disconnect | Destination::Undecidable(_)))
+    else {
         return server(rules.decide(dest));
     };
     if let Some(r) = o.block.iter().find(|r| r.matches(d)) {
@@ -481,24 +506,17 @@ mod tests {
         assert_eq!(rules.decide(Some(&inet("8.8.8.8:53"))).rule, "default");
         assert!(!rules.decide(Some(&inet("8.8.8.8:53"))).allowed);
         assert!(!rules.decide(None).allowed);
-        assert!(rules.decide(Some(&Destination::Unspecified)).allowed);
+        assert!(rules.decide(Some(&Destination::Disconnect)).allowed);
         let open = DestinationRules {
             default: DefaultAction::Allow,
             ..DestinationRules::default()
         };
         for undecodable in [
-            Destination::Foreign {
-                family: libc::AF_UNSPEC,
-                socket_family: libc::AF_INET,
-            },
-            Destination::Malformed {
-                family: Some(libc::AF_INET),
-                len: 8,
-            },
-            Destination::Other { family: 17 },
+            Destination::Undecidable("foreign_family_0_on_socket_family_2".into()),
+            Destination::Undecidable("malformed_family_2_len_8".into()),
         ] {
             let d = open.decide(Some(&undecodable));
-            assert!(!d.allowed, "{undecodable} allowed under default allow");
+            assert!(!d.allowed, "{undecodable:?} allowed under default allow");
             assert_eq!(d.rule, "undecodable address");
         }
     }

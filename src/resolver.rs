@@ -14,11 +14,9 @@
 //!
 //! Nothing here knows MCP or the broker's mechanics; it sees labels, tools and destinations.
 
-use flowhost_broker::Destination;
-
 use crate::config::{ClassifierRule, ClassifierScope, PrincipalConfig};
 use crate::decision::{Denial, EgressBasis, Failure, Verdict};
-use crate::destination::{DestinationRules, OriginRules, decide_with_origin};
+use crate::destination::{Destination, DestinationRules, OriginRules, decide_with_origin};
 use crate::flow::{EgressDenial, authorize_egress};
 use crate::grant::{self, AcceptedGrant, Authorities, CallFacts, GrantDenial, SignedGrant};
 use crate::label::InformationLabel;

@@ -465,7 +465,11 @@ fn by_rules(
     rules: flowhost::destination::DestinationRules,
 ) -> impl Fn(&flowhost_broker::AttemptInfo) -> Verdict + Send + 'static {
     move |a| {
-        if rules.decide(a.destination.as_ref()).allowed {
+        let dest = a
+            .destination
+            .as_ref()
+            .map(flowhost::daemon::rules_destination);
+        if rules.decide(dest.as_ref()).allowed {
             Verdict::Allow
         } else {
             Verdict::DENY

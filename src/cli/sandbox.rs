@@ -196,7 +196,12 @@ async fn run(args: RunArgs) -> CliResult {
     let decider = tokio::spawn(async move {
         while let Some(attempt) = attempts.recv().await {
             let info = attempt.info().clone();
-            let decision = rules.decide(info.destination.as_ref());
+            let decision = rules.decide(
+                info.destination
+                    .as_ref()
+                    .map(crate::daemon::rules_destination)
+                    .as_ref(),
+            );
             let mut verdict = if decision.allowed {
                 Verdict::Allow
             } else {

@@ -41,6 +41,27 @@ pub struct EgressJudge {
 /// is better than unbounded growth).
 const MAX_WARNED: usize = 4096;
 
+/// The rules' view of a destination the broker decoded (every form has one).
+pub fn rules_destination(d: &Destination) -> crate::destination::Destination {
+    use crate::destination::Destination as R;
+    match d {
+        Destination::Inet(addr) => R::Inet(*addr),
+        Destination::UnixPath(p) => R::UnixPath(p.clone()),
+        Destination::UnixAbstract(n) => R::UnixAbstract(n.clone()),
+        Destination::UnixUnnamed => R::UnixUnnamed,
+        Destination::Netlink { port_id, .. } => R::Netlink { port_id: *port_id },
+        Destination::Unspecified => R::Disconnect,
+        other => match record_destination(other) {
+            crate::records::Destination::Undecoded(u) => R::Undecidable(u.undecoded),
+            // The unspecified IP: the kernel would pick the address, so no rule applies.
+            crate::records::Destination::Inet(i) => {
+                R::Undecidable(format!("unspecified_address_{}_{}", i.address, i.port))
+            }
+            _ => R::Undecidable("undecodable".into()),
+        },
+    }
+}
+
 /// The record form of a destination the broker decoded: every form has one (nothing the
 /// broker saw is recorded without a destination).
 fn record_destination(d: &Destination) -> crate::records::Destination {
@@ -145,7 +166,7 @@ impl EgressJudge {
                 });
                 let v = self.resolver.decide_egress(
                     &call.plan,
-                    info.destination.as_ref(),
+                    info.destination.as_ref().map(rules_destination).as_ref(),
                     &self.destinations,
                     self.origins.get(&call.plan.key.principal),
                 );

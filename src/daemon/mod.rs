@@ -39,7 +39,7 @@ pub use activation::listener_from_systemd;
 pub use admission::{
     MAX_SESSIONS, MAX_SESSIONS_PER_UID, MAX_STRANGERS, MAX_STRANGERS_PER_UID, SUMMARY_INTERVAL,
 };
-pub use egress::{EgressJudge, broker_details};
+pub use egress::{EgressJudge, broker_details, rules_destination};
 pub use executor::{ExecutorError, ExecutorTemplate, McpExecutor, WarmPool};
 
 /// Why the host refused to start (or to reload).
