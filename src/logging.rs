@@ -61,3 +61,27 @@ pub fn init_with_default(format: LogFormat, default: &str) {
     // A subscriber already installed (tests) is fine.
     drop(result);
 }
+
+/// Whether stderr is the systemd journal's stream (`JOURNAL_STREAM` names its device and
+/// inode), so lines written there may carry a syslog priority prefix.
+pub fn stderr_is_journal() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(stderr) = std::io::stderr().as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    let Ok(meta) = std::fs::File::from(stderr).metadata() else {
+        return false;
+    };
+    stream.to_str() == Some(&format!("{}:{}", meta.dev(), meta.ino()))
+}
+
+/// The prefix for a line of a fatal error on stderr: `<3>` (sd-daemon's "err" priority)
+/// when stderr is the journal, so `journalctl -p err` shows why the program stopped; else
+/// nothing.
+pub fn fatal_line_prefix() -> &'static str {
+    if stderr_is_journal() { "<3>" } else { "" }
+}

@@ -20,7 +20,7 @@ fn the_annotated_example_is_valid_and_its_manifests_verify() {
     assert_eq!(registry.tools().count(), 5);
     assert!(registry.requires_flow_runtime());
     assert!(
-        c.servers[0].command[2].ends_with("fixtures/pricing-lab/documents"),
+        c.servers[0].command[2] == "/usr/local/share/flowhost/documents",
         "{:?}",
         c.servers[0].command
     );
@@ -33,7 +33,7 @@ fn the_example_and_the_generated_lab_agree() {
     let paths = LabPaths {
         workspace_command: vec!["/opt/tools/flowhost-tool-workspace".into()],
         publisher_command: vec!["/opt/tools/flowhost-tool-publisher".into()],
-        documents: dir.join("documents"),
+        documents: "/usr/local/share/flowhost/documents".into(),
         manifests_dir: dir.clone(),
         keys_dir: dir.join("keys"),
         state_dir: "/var/lib/flowhost".into(),

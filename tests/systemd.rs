@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::is_root;
 use common::lab::{Client, Lab};
+use common::{have, is_root};
 use serde_json::json;
 
 fn unit(name: &str) -> String {
@@ -22,13 +22,6 @@ fn unit(name: &str) -> String {
             .join(name),
     )
     .unwrap()
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 #[test]
@@ -348,26 +341,90 @@ fn reload_is_atomic_and_a_bad_reload_keeps_the_registry() {
     assert_eq!(tool_names(&mut c), new);
 }
 
-#[test]
-fn the_broker_runs_as_a_service_user_with_only_its_capabilities() {
+/// The broker's capabilities, as setpriv spells them.
+const BROKER_CAPS: &str = "+sys_admin,+sys_ptrace,+setuid,+setgid,+setpcap";
+
+/// `flowhost sandbox run --profile brokered -- ARGV` as uid/gid 990 holding `caps`
+/// (inheritable and ambient), with `extra` setpriv options (securebits, no_new_privs).
+fn sandbox_as_service_user(caps: &str, extra: &[&str], argv: &[&str]) -> std::process::Output {
+    let flowhost = shared_copy_of_flowhost();
+    Command::new("setpriv")
+        .args(["--reuid", "990", "--regid", "990", "--clear-groups"])
+        .args(["--inh-caps", caps, "--ambient-caps", caps])
+        .args(extra)
+        .arg("--")
+        .arg(&flowhost)
+        .args(["sandbox", "run", "--profile", "brokered", "--"])
+        .args(argv)
+        .current_dir("/")
+        .output()
+        .unwrap()
+}
+
+/// The stdout of a run that must have succeeded.
+fn succeeded(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The stderr of a run that must have been refused (exit 2).
+fn refused(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
+fn can_act_as_service_user() -> bool {
     if !is_root() || !have("setpriv") {
         eprintln!("SKIP: needs root and setpriv to act as the service user");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn the_broker_runs_as_a_service_user_with_only_its_capabilities() {
+    if !can_act_as_service_user() {
         return;
     }
-    let flowhost = common::shared_flowhost();
-    let out = common::as_service_user(common::BROKER_CAPS, &flowhost)
-        .args([
-            "sandbox",
-            "run",
-            "--profile",
-            "brokered",
-            "--",
+    let out = sandbox_as_service_user(
+        BROKER_CAPS,
+        &[],
+        &["/bin/sh", "-c", "id -u; grep CapEff /proc/self/status"],
+    );
+    let stdout = succeeded(&out);
+    assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+    assert!(
+        !stdout.starts_with("990\n") && !stdout.starts_with("0\n"),
+        "the executor runs as its own uid: {stdout}"
+    );
+    // A partial grant is refused, naming what is missing.
+    let stderr = refused(&sandbox_as_service_user("+sys_admin", &[], &["/bin/true"]));
+    assert!(stderr.contains("CAP_SYS_PTRACE"), "{stderr}");
+}
+
+/// What the unit's `NoNewPrivileges=yes` and `SecureBits=noroot noroot-locked` give the
+/// service: executors still start (the securebits the broker wants are already set and
+/// locked), with no capability and no_new_privs.
+#[test]
+fn the_broker_runs_under_the_units_securebits_and_no_new_privs() {
+    if !can_act_as_service_user() {
+        return;
+    }
+    let out = sandbox_as_service_user(
+        BROKER_CAPS,
+        &["--securebits=+noroot,+noroot_locked", "--no-new-privs"],
+        &[
             "/bin/sh",
             "-c",
-            "id -u; grep CapEff /proc/self/status",
-        ])
-        .output()
-        .unwrap();
+            "grep -E 'CapEff|NoNewPrivs' /proc/self/status",
+        ],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -375,18 +432,32 @@ fn the_broker_runs_as_a_service_user_with_only_its_capabilities() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+    assert!(stdout.contains("NoNewPrivs:\t1"), "{stdout}");
+}
+
+/// `SecureBits=noroot-locked` alone locks noroot *off*: executors cannot be given it, and
+/// the refusal names securebits (not the bounding set) and says how to fix the unit.
+#[test]
+fn securebits_locked_against_the_broker_are_refused_by_name() {
+    if !can_act_as_service_user() {
+        return;
+    }
+    let stderr = refused(&sandbox_as_service_user(
+        BROKER_CAPS,
+        &["--securebits=+noroot_locked", "--no-new-privs"],
+        &["/bin/true"],
+    ));
+    assert!(stderr.contains("securebits"), "{stderr}");
+    assert!(!stderr.contains("bounding set"), "{stderr}");
     assert!(
-        !stdout.starts_with("990\n") && !stdout.starts_with("0\n"),
-        "the executor runs as its own uid: {stdout}"
+        stderr.contains("SecureBits=noroot noroot-locked"),
+        "{stderr}"
     );
-    // A partial grant is refused, naming what is missing.
-    let out = common::as_service_user("+sys_admin", &flowhost)
-        .args(["sandbox", "run", "--profile", "brokered", "--", "/bin/true"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("CAP_SYS_PTRACE"), "{stderr}");
+}
+
+fn shared_copy_of_flowhost() -> std::path::PathBuf {
+    // Copied once per process (concurrent copies to one path make exec fail with ETXTBSY).
+    common::shared_copy("flowhost")
 }
 
 #[test]
@@ -419,9 +490,36 @@ fn make_install_stages_a_verifiable_deployment() {
         "etc/systemd/system/flowhost.socket",
         "usr/lib/sysusers.d/flowhost.conf",
         "usr/lib/tmpfiles.d/flowhost.conf",
+        // What the example configuration names: manifests, registered keys, documents.
+        "etc/flowhost/workspace.signed.json",
+        "etc/flowhost/team-inbox.signed.json",
+        "etc/flowhost/public-inbox.signed.json",
+        "etc/flowhost/keys/workspace.pub",
+        "etc/flowhost/keys/team-inbox.pub",
+        "etc/flowhost/keys/public-inbox.pub",
+        "opt/flowhost/share/flowhost/documents/harbor-goods-terms.md",
     ] {
         assert!(root.join(f).exists(), "{f} was not installed");
     }
+    assert!(
+        !root.join("etc/flowhost/keys/workspace.key").exists(),
+        "no signing key is installed"
+    );
+    // The installed example loads and verifies as it stands, with PREFIX's paths, and the
+    // daemon uses the installed profiles.
+    let example =
+        flowhost::config::HostConfig::load(&root.join("etc/flowhost/flowhost.toml.example"))
+            .unwrap();
+    flowhost::daemon::verify_registry(&example).unwrap();
+    assert_eq!(example.profiles_dir, [Path::new("/etc/flowhost/profiles")]);
+    assert_eq!(
+        example.servers[0].command[..3],
+        [
+            "/opt/flowhost/libexec/flowhost/flowhost-tool-workspace",
+            "--documents",
+            "/opt/flowhost/share/flowhost/documents"
+        ]
+    );
     let service =
         std::fs::read_to_string(root.join("etc/systemd/system/flowhost.service")).unwrap();
     assert!(
@@ -445,10 +543,424 @@ fn make_install_stages_a_verifiable_deployment() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ok = Command::new(root.join("opt/flowhost/bin/flowhost"))
-        .args(["profile", "check"])
-        .arg(root.join("etc/flowhost/profiles/brokered.toml"))
-        .status()
+    // `flowhost profile check /etc/flowhost/profiles/*.toml`, as the README writes it.
+    let profiles = root.join("etc/flowhost/profiles");
+    let check = |extra: &[&Path]| {
+        Command::new(root.join("opt/flowhost/bin/flowhost"))
+            .args(["profile", "check"])
+            .arg(profiles.join("brokered.toml"))
+            .arg(profiles.join("isolated.toml"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = check(&[]);
+    let stdout = succeeded(&out);
+    assert_eq!(stdout.matches("is valid").count(), 2, "{stdout}");
+    // One bad file among good ones: every file is checked, the bad one named, exit 2.
+    let bad = stage.path().join("bad.toml");
+    std::fs::write(&bad, "this is not a profile").unwrap();
+    let out = check(&[&bad]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .matches("is valid")
+            .count(),
+        2
+    );
+    assert!(refused(&out).contains("bad.toml"));
+}
+
+/// What a real boot showed the units need: securebits executors can be given, no restart
+/// loop on a refusal to start, a reload `systemctl reload` can fail on, and a socket
+/// directory members of group flowhost can enter from boot on.
+#[test]
+fn the_units_carry_what_a_real_boot_needs() {
+    let service = unit("flowhost.service");
+    let line = |key: &str| {
+        service
+            .lines()
+            .find(|l| l.starts_with(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key}= in flowhost.service"))
+            .to_string()
+    };
+    assert_eq!(line("SecureBits"), "SecureBits=noroot noroot-locked");
+    assert_eq!(
+        line("RestartPreventExitStatus"),
+        "RestartPreventExitStatus=2"
+    );
+    assert_eq!(
+        line("ExecReload"),
+        "ExecReload=/usr/local/bin/flowhost reload --pid $MAINPID --state-dir /var/lib/flowhost"
+    );
+    let dirs = unit("flowhost.tmpfiles.conf");
+    assert!(
+        dirs.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["d", "/run/flowhost", "0750", "flowhost", "flowhost", "-"]),
+        "{dirs}"
+    );
+}
+
+/// Runs `flowhost serve --config CONFIG` to its end with stderr in a file, as systemd would
+/// start it when `journal` is set (JOURNAL_STREAM names that file). Returns (exit code,
+/// stderr, notifications received).
+fn serve_until_exit(dir: &Path, config: &Path, journal: bool) -> (Option<i32>, String, String) {
+    use std::os::unix::fs::MetadataExt;
+    let err_path = dir.join("serve.stderr");
+    let err = std::fs::File::create(&err_path).unwrap();
+    let meta = err.metadata().unwrap();
+    let notify_path = dir.join("serve-notify.sock");
+    let _ = std::fs::remove_file(&notify_path);
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_nonblocking(true).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flowhost"));
+    command
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stdin(std::process::Stdio::null())
+        .stderr(err);
+    if journal {
+        command.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
+    } else {
+        command.env_remove("JOURNAL_STREAM");
+    }
+    let mut child = command.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "the daemon did not exit:\n{}",
+                std::fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut notes = String::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = notify.recv(&mut buf) {
+        notes.push_str(&String::from_utf8_lossy(&buf[..n]));
+        notes.push('\n');
+    }
+    (
+        status.code(),
+        std::fs::read_to_string(&err_path).unwrap(),
+        notes,
+    )
+}
+
+#[test]
+fn a_refusal_to_start_exits_2_and_reaches_the_journal_at_error_priority() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("missing.toml");
+    let (code, stderr, notes) = serve_until_exit(dir.path(), &config, true);
+    // RestartPreventExitStatus=2: systemd does not retry a refusal to start.
+    assert_eq!(code, Some(2), "{stderr}");
+    let fatal: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("flowhost: error:"))
+        .collect();
+    assert!(!fatal.is_empty(), "{stderr}");
+    assert!(
+        fatal.iter().all(|l| l.starts_with("<3>")) && fatal[0].contains("missing.toml"),
+        "fatal lines carry the journal's err priority and name the file: {stderr}"
+    );
+    assert!(!notes.contains("READY=1"), "{notes}");
+    // Every line of a message spanning several (a TOML parse error) carries the priority.
+    std::fs::write(&config, "[host]\nthis is not toml\n").unwrap();
+    let (code, stderr, _) = serve_until_exit(dir.path(), &config, true);
+    assert_eq!(code, Some(2), "{stderr}");
+    let from = stderr
+        .find("<3>flowhost: error:")
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let fatal: Vec<&str> = stderr[from..].lines().collect();
+    assert!(fatal.len() > 1, "{stderr}");
+    assert!(fatal.iter().all(|l| l.starts_with("<3>")), "{stderr}");
+    std::fs::remove_file(&config).unwrap();
+    // Not under the journal: plain text.
+    let (code, stderr, _) = serve_until_exit(dir.path(), &config, false);
+    assert_eq!(code, Some(2));
+    assert!(stderr.starts_with("flowhost: error:"), "{stderr}");
+}
+
+#[test]
+fn executors_that_cannot_start_stop_the_start_before_ready() {
+    let Some(lab) = Lab::prepare() else { return };
+    // The publisher exits at once: every spawn of the two inboxes' executors fails.
+    let publisher = common::shared_copy("flowhost-tool-publisher")
+        .display()
+        .to_string();
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    assert!(text.contains(&publisher));
+    lab.write_config(&text.replace(&publisher, "/bin/false"));
+    let (code, stderr, notes) = serve_until_exit(lab.dir.path(), &lab.config, false);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("server \"public-inbox\"") || stderr.contains("server \"team-inbox\""),
+        "the refusal names the server: {stderr}"
+    );
+    assert!(
+        !notes.contains("READY=1"),
+        "READY despite failing executors: {notes}"
+    );
+}
+
+#[test]
+fn flowhost_reload_waits_for_the_daemons_verdict() {
+    let Some(lab) = Lab::start() else { return };
+    let pid = lab.pid().to_string();
+    let state = lab.paths.state_dir.display().to_string();
+    let reload = |lab: &Lab| lab.cli(&["reload", "--pid", &pid, "--state-dir", &state]);
+    let (code, stdout, stderr) = reload(&lab);
+    assert_eq!(code, 0, "{stdout}{stderr}{}", lab.log());
+    assert!(stdout.contains("reloaded: generation 2"), "{stdout}");
+    // A broken configuration: refused, the reason printed, exit 1.
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    lab.write_config("[host]\nthis is not toml");
+    let (code, _, stderr) = reload(&lab);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("reload refused") && stderr.contains("host.toml"),
+        "{stderr}"
+    );
+    // Fixed again: accepted (a later verdict, not the refusal left in the file).
+    lab.write_config(&original);
+    let (code, stdout, stderr) = reload(&lab);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("generation 3"), "{stdout}");
+
+    // A configuration whose executors cannot start (the publisher exits at once) and that
+    // drops the public inbox: refused, naming the server, and nothing of it is kept.
+    let retained = lab.paths.state_dir.join("signed-manifests.json");
+    let before = std::fs::read_to_string(&retained).unwrap();
+    let start = original.find("[[server]]\nid = \"public-inbox\"").unwrap();
+    let publisher = common::shared_copy("flowhost-tool-publisher")
+        .display()
+        .to_string();
+    lab.write_config(
+        &original[..start]
+            .replace(", \"public-inbox/publish\"", "")
+            .replace(&publisher, "/bin/false"),
+    );
+    let (code, _, stderr) = reload(&lab);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("server \"team-inbox\""), "{stderr}");
+    assert!(
+        std::fs::read_to_string(&retained).unwrap() == before,
+        "the refused reload replaced the retained signed set"
+    );
+    let mut c = lab.client();
+    c.initialize();
+    assert_eq!(tool_names(&mut c).len(), 5);
+}
+
+/// `flowhost sandbox run --profile brokered -- /bin/true` under a seccomp filter that fails
+/// `syscall` with EPERM, as systemd-nspawn's or a unit's filter would.
+fn sandbox_with_syscall_filtered(syscall: libc::c_long) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    // Classic BPF: load the syscall number; EPERM for `syscall`, allow everything else.
+    let program = [
+        libc::sock_filter {
+            code: 0x20, // BPF_LD | BPF_W | BPF_ABS: seccomp_data.nr
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        libc::sock_filter {
+            code: 0x15, // BPF_JMP | BPF_JEQ | BPF_K
+            jt: 0,
+            jf: 1,
+            k: syscall as u32,
+        },
+        libc::sock_filter {
+            code: 0x06, // BPF_RET | BPF_K
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        },
+        libc::sock_filter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        },
+    ];
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flowhost"));
+    command.args(["sandbox", "run", "--profile", "brokered", "--", "/bin/true"]);
+    // SAFETY: between fork and exec only prctl runs, on a program that lives in this
+    // (copied) stack frame; prctl is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            let prog = libc::sock_fprog {
+                len: program.len() as u16,
+                filter: program.as_ptr() as *mut libc::sock_filter,
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.output().unwrap()
+}
+
+/// A filtered call is reported as refused by a filter, not as a kernel too old to have it.
+#[test]
+fn errors_say_a_filter_refused_what_the_kernel_has() {
+    if !is_root() {
+        eprintln!("SKIP: the privileged broker needs root");
+        return;
+    }
+    let stderr = refused(&sandbox_with_syscall_filtered(libc::SYS_pidfd_getfd));
+    assert!(
+        stderr.contains("pidfd_getfd was refused with Operation not permitted")
+            && stderr.contains("seccomp filter"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("or later is required"), "{stderr}");
+
+    let stderr = refused(&sandbox_with_syscall_filtered(
+        libc::SYS_landlock_create_ruleset,
+    ));
+    assert!(
+        stderr.contains("landlock_create_ruleset was refused with Operation not permitted")
+            && stderr.contains("seccomp filter"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("this kernel does not offer"), "{stderr}");
+}
+
+/// Health stays honest after READY: once a server's executors stop starting (here its
+/// program disappears), `flowhost/health` is incomplete with broker_active false, and it
+/// recovers when they start again.
+#[test]
+fn health_is_incomplete_while_a_servers_executors_cannot_start() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let shared = common::shared_copy("flowhost-tool-publisher");
+    let private_dir = common::shared_dir().join(format!("publisher-{}", std::process::id()));
+    std::fs::create_dir_all(&private_dir).unwrap();
+    let private = private_dir.join("flowhost-tool-publisher");
+    let copy = || {
+        let status = Command::new("cp")
+            .arg(&shared)
+            .arg(&private)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    copy();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&private_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    lab.write_config(&text.replace(
+        &shared.display().to_string(),
+        &private.display().to_string(),
+    ));
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let health = |c: &mut Client| c.request("flowhost/health", json!({}))["result"].clone();
+    assert_eq!(health(&mut c)["broker_active"], true, "{}", lab.log());
+
+    std::fs::remove_file(&private).unwrap();
+    // A call takes a warm executor; the pool's refill then fails.
+    c.call(
+        "public-inbox/publish",
+        json!({"message": "x", "sink": lab.public.addr.to_string()}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = health(&mut c);
+        if h["broker_active"] == false {
+            assert_eq!(h["complete"], false, "{h}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "health stayed {h}:\n{}",
+            lab.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        lab.log().contains("cannot start a warm executor: "),
+        "the log line says why: {}",
+        lab.log()
+    );
+
+    // The program is back: the next start (a new session acquires an executor, and the
+    // pool refills) succeeds and health recovers.
+    copy();
+    let mut c = lab.client();
+    c.initialize();
+    c.call(
+        "public-inbox/publish",
+        json!({"message": "y", "sink": lab.public.addr.to_string()}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while health(&mut c)["broker_active"] != true {
+        assert!(Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    lab.stop();
+    let _ = std::fs::remove_dir_all(&private_dir);
+}
+
+/// The connection that activated a daemon which then refuses to start gets an answer at
+/// once (a JSON-RPC error pointing at the operator's log), not a hang until its timeout.
+#[test]
+fn a_client_that_activated_a_refusing_daemon_is_answered() {
+    assert!(
+        have("systemd-socket-activate"),
+        "systemd-socket-activate is missing (.ci/run installs systemd)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("activated.sock");
+    let mut activator = Command::new("systemd-socket-activate")
+        .arg("-l")
+        .arg(&socket)
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["serve", "--log-format", "text", "--config"])
+        .arg(dir.path().join("missing.toml"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
         .unwrap();
-    assert!(ok.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stream = loop {
+        if let Ok(s) = UnixStream::connect(&socket) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the activator did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut line = String::new();
+    let read = std::io::BufRead::read_line(&mut std::io::BufReader::new(&stream), &mut line);
+    let _ = activator.kill();
+    let _ = activator.wait();
+    read.unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("refused to start"),
+        "{answer}"
+    );
 }

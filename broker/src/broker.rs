@@ -29,6 +29,19 @@ pub enum BrokerError {
     /// root without them).
     #[error("the native broker needs these capabilities, which this process lacks: {0}")]
     MissingCapabilities(String),
+    /// The process's securebits lock off a bit every executor must hold.
+    #[error(
+        "the process's securebits (0x{bits:x}) lock {} off, so no executor can be given {}; \
+         under systemd set SecureBits=noroot noroot-locked (or leave SecureBits= unset)",
+        locked_off.join(" and "),
+        if locked_off.len() == 1 { "it" } else { "them" }
+    )]
+    LockedSecurebits {
+        /// The securebits the process holds.
+        bits: libc::c_ulong,
+        /// The executor securebits they lock off.
+        locked_off: Vec<&'static str>,
+    },
     /// A helper thread could not be started.
     #[error("cannot start the broker's {0} thread: {1}")]
     Thread(&'static str, std::io::Error),
@@ -121,10 +134,10 @@ impl std::fmt::Debug for Broker {
 
 fn probe_pidfd_getfd() -> Result<(), String> {
     let me = sys::pidfd_open(std::process::id() as i32)
-        .map_err(|e| format!("pidfd_open is unavailable ({e}); Linux 5.3 or later is required"))?;
+        .map_err(|e| sys::describe_pidfd_failure("pidfd_open", "5.3", &e))?;
     sys::pidfd_getfd(me.as_fd(), 0)
         .map(drop)
-        .map_err(|e| format!("pidfd_getfd is unavailable ({e}); Linux 5.6 or later is required"))
+        .map_err(|e| sys::describe_pidfd_failure("pidfd_getfd", "5.6", &e))
 }
 
 impl Broker {
@@ -177,6 +190,17 @@ impl Broker {
                 return Err(BrokerError::Unsupported(
                     "the process has none of the broker's capabilities and user namespaces are disabled (user.max_user_namespaces = 0); run as root, grant the capabilities, or enable user namespaces".into(),
                 ));
+            }
+        }
+        if privileged {
+            // Executors inherit the host's securebits: a bit locked off here (systemd's
+            // SecureBits=noroot-locked without noroot) would fail every spawn.
+            let bits = sys::securebits().map_err(|e| {
+                BrokerError::Unsupported(format!("cannot read the process's securebits: {e}"))
+            })?;
+            let locked_off = crate::child::securebits_locked_off(bits);
+            if !locked_off.is_empty() {
+                return Err(BrokerError::LockedSecurebits { bits, locked_off });
             }
         }
         let support = KernelSupport {
@@ -271,6 +295,7 @@ impl Broker {
             return Err(SpawnError::Unsupported {
                 profile: profile.name.clone(),
                 feature: "Landlock",
+                observed: sys::landlock_unavailable().unwrap_or_default(),
             });
         }
         self.require_bounds(profile)?;

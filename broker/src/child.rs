@@ -7,9 +7,9 @@
 //! parent in a [`ChildPlan`], which the suspended spawner thread keeps alive and unchanged.
 //!
 //! Order matters and is fixed: user-namespace maps (when unprivileged), mounts and hostname
-//! (need CAP_SYS_ADMIN), file descriptors, a new session, working directory, rlimits, capability bounding
-//! set and securebits (need CAP_SETPCAP), groups/gid/uid (drops the remaining
-//! capabilities), an explicit empty capset, parent-death signal (after the uid change, which
+//! (need CAP_SYS_ADMIN), file descriptors, a new session, working directory, rlimits,
+//! capability bounding set, ambient set and securebits (need CAP_SETPCAP), groups/gid/uid
+//! (drops the remaining capabilities), an explicit empty capset, parent-death signal (after the uid change, which
 //! would clear it), no_new_privs, Landlock, and last the seccomp filter, because it denies
 //! several of the calls above. The listener fd is then handed to the parent, which takes it
 //! with `pidfd_getfd`, and only after the parent says so does the child exec.
@@ -35,7 +35,7 @@ pub enum Stage {
     WorkingDirectory = 5,
     /// Applying rlimits.
     Limits = 6,
-    /// Dropping the capability bounding set, ambient set and locking securebits.
+    /// Dropping the capability bounding set and the ambient set.
     CapabilityBounds = 7,
     /// setgroups / setresgid / setresuid.
     Identity = 8,
@@ -53,6 +53,8 @@ pub enum Stage {
     Exec = 14,
     /// setsid: leaving the host's session and its controlling terminal.
     Session = 15,
+    /// Setting and locking securebits (noroot, no_cap_ambient_raise).
+    Securebits = 16,
 }
 
 impl Stage {
@@ -75,6 +77,7 @@ impl Stage {
             13 => Handshake,
             14 => Exec,
             15 => Session,
+            16 => Securebits,
             _ => return None,
         })
     }
@@ -88,7 +91,7 @@ impl Stage {
             Stage::Descriptors => "arranging file descriptors",
             Stage::WorkingDirectory => "changing to the working directory",
             Stage::Limits => "applying resource limits",
-            Stage::CapabilityBounds => "dropping the capability bounding set",
+            Stage::CapabilityBounds => "dropping the capability bounding set and ambient set",
             Stage::Identity => "switching to the executor uid/gid",
             Stage::Capabilities => "clearing capabilities",
             Stage::Prctl => "setting the parent-death signal and no_new_privs",
@@ -97,6 +100,9 @@ impl Stage {
             Stage::Handshake => "handing the seccomp listener to the host",
             Stage::Exec => "executing the command",
             Stage::Session => "starting a new session without a controlling terminal",
+            Stage::Securebits => {
+                "setting the executor's securebits (noroot, no_cap_ambient_raise, both locked)"
+            }
         }
     }
 }
@@ -105,6 +111,37 @@ impl Stage {
 pub const READY: u32 = 0xFFFF;
 /// Status message tag meaning "started; write the user-namespace maps" (unprivileged mode).
 pub const STARTED: u32 = 0xFFFE;
+
+/// SECBIT_NOROOT: uid 0 gains no capabilities on exec.
+pub const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+/// SECBIT_NOROOT_LOCKED.
+pub const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+/// SECBIT_NO_CAP_AMBIENT_RAISE: no ambient capability can be raised again.
+pub const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
+/// SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED.
+pub const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
+/// The securebits every executor holds, each set and locked.
+pub const EXECUTOR_SECUREBITS: libc::c_ulong = SECBIT_NOROOT
+    | SECBIT_NOROOT_LOCKED
+    | SECBIT_NO_CAP_AMBIENT_RAISE
+    | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
+
+/// The executor securebits that `bits` (the host's own) lock off, by name: those can never
+/// be set in an executor, so every spawn would fail.
+pub fn securebits_locked_off(bits: libc::c_ulong) -> Vec<&'static str> {
+    [
+        (SECBIT_NOROOT, SECBIT_NOROOT_LOCKED, "noroot"),
+        (
+            SECBIT_NO_CAP_AMBIENT_RAISE,
+            SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED,
+            "no_cap_ambient_raise",
+        ),
+    ]
+    .into_iter()
+    .filter(|(bit, lock, _)| bits & lock != 0 && bits & bit == 0)
+    .map(|(_, _, name)| name)
+    .collect()
+}
 
 /// First descriptor number used to park the child's plumbing out of the way of the
 /// descriptors it must place at fixed numbers.
@@ -420,9 +457,9 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
             );
         }
 
-        // Empty the bounding set so no later exec can regain a capability, clear ambient
-        // capabilities, and lock securebits so uid 0 (in a user namespace) gains nothing on
-        // exec. Capability numbers past the kernel's last one return EINVAL and are skipped.
+        // Empty the bounding set so no later exec can regain a capability and clear ambient
+        // capabilities. Capability numbers past the kernel's last one return EINVAL and are
+        // skipped.
         for cap in 0..64 {
             if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno() != libc::EINVAL {
                 fail_parked(&p, Stage::CapabilityBounds, errno());
@@ -439,24 +476,30 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
                 0
             )
         );
-        const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
-        const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
-        const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
-        const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
-        check_parked!(
-            &p,
-            Stage::CapabilityBounds,
-            libc::prctl(
-                libc::PR_SET_SECUREBITS,
-                SECBIT_NOROOT
-                    | SECBIT_NOROOT_LOCKED
-                    | SECBIT_NO_CAP_AMBIENT_RAISE
-                    | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED,
-                0,
-                0,
-                0
-            )
-        );
+        // Set and lock noroot and no_cap_ambient_raise, so uid 0 (in a user namespace) gains
+        // nothing on exec and no ambient capability comes back. Securebits the host already
+        // holds (and may have locked, e.g. systemd's SecureBits=) are kept; only missing ones
+        // are added. Setting a bit that is already
+        // set and locked would still succeed, but skipping the call when nothing is missing
+        // also spares a host that lacks CAP_SETPCAP for no reason.
+        let current = libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0);
+        if current < 0 {
+            fail_parked(&p, Stage::Securebits, errno());
+        }
+        let current = current as libc::c_ulong;
+        if current & EXECUTOR_SECUREBITS != EXECUTOR_SECUREBITS {
+            check_parked!(
+                &p,
+                Stage::Securebits,
+                libc::prctl(
+                    libc::PR_SET_SECUREBITS,
+                    current | EXECUTOR_SECUREBITS,
+                    0,
+                    0,
+                    0
+                )
+            );
+        }
 
         if let Some((uid, gid)) = plan.identity {
             check_parked!(
@@ -611,5 +654,34 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
         libc::execve(plan.path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
         report(p.status, Stage::Exec as u32, errno());
         libc::_exit(127)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn securebits_locked_off_names_only_bits_locked_in_the_off_state() {
+        // systemd's SecureBits=noroot-locked alone.
+        assert_eq!(securebits_locked_off(SECBIT_NOROOT_LOCKED), vec!["noroot"]);
+        // SecureBits=noroot noroot-locked, nothing set, and what executors get: all fine.
+        assert!(securebits_locked_off(SECBIT_NOROOT | SECBIT_NOROOT_LOCKED).is_empty());
+        assert!(securebits_locked_off(0).is_empty());
+        assert!(securebits_locked_off(EXECUTOR_SECUREBITS).is_empty());
+        assert_eq!(
+            securebits_locked_off(SECBIT_NOROOT_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED),
+            vec!["noroot", "no_cap_ambient_raise"]
+        );
+    }
+
+    #[test]
+    fn every_stage_round_trips_through_the_status_pipe_number() {
+        for n in 1..=16 {
+            let stage = Stage::from_u32(n).expect("a stage");
+            assert_eq!(stage as u32, n);
+        }
+        assert_eq!(Stage::from_u32(17), None);
+        assert!(Stage::Securebits.describe().contains("securebits"));
     }
 }

@@ -131,12 +131,14 @@ pub enum SpawnError {
     )]
     ForbiddenEnvironment(String),
     /// The kernel lacks something the profile requires.
-    #[error("profile {profile:?} requires {feature}, which this kernel does not offer")]
+    #[error("profile {profile:?} requires {feature}, which is unavailable here: {observed}")]
     Unsupported {
         /// The profile.
         profile: String,
         /// What is missing.
         feature: &'static str,
+        /// What was observed (which call failed, and how).
+        observed: String,
     },
     /// Building the filter or the Landlock ruleset failed.
     #[error("cannot prepare the sandbox: {0}")]
@@ -192,6 +194,9 @@ fn hint(stage: Stage, errno: i32) -> &'static str {
         }
         (Stage::Exec, libc::EACCES) => {
             "; check that the program is executable and that the profile's Landlock rules allow it"
+        }
+        (Stage::Securebits, libc::EPERM) => {
+            "; the host's own securebits lock one of them off or it lacks CAP_SETPCAP (under systemd: SecureBits=noroot noroot-locked, or leave SecureBits= unset)"
         }
         (Stage::Mounts, libc::EPERM) => {
             "; the host lacks CAP_SYS_ADMIN for the profile's namespaces"
@@ -493,6 +498,7 @@ fn landlock_ruleset(
             LandlockMode::Required => Err(SpawnError::Unsupported {
                 profile: profile.name.clone(),
                 feature: "Landlock",
+                observed: sys::landlock_unavailable().unwrap_or_default(),
             }),
             LandlockMode::BestEffort => Ok(None),
         };
@@ -519,6 +525,7 @@ fn landlock_ruleset(
         return Err(SpawnError::Unsupported {
             profile: profile.name.clone(),
             feature: "Landlock",
+            observed: "the landlock crate could not create a ruleset".into(),
         });
     }
     Ok(fd)

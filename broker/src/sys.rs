@@ -243,6 +243,51 @@ pub fn notif_id_valid(listener: BorrowedFd<'_>, id: u64) -> bool {
     ret == 0
 }
 
+/// This thread's securebits (`PR_GET_SECUREBITS`).
+pub fn securebits() -> io::Result<libc::c_ulong> {
+    // SAFETY: PR_GET_SECUREBITS takes no pointers and only returns a number.
+    let ret = unsafe { libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret as libc::c_ulong)
+}
+
+/// Why Landlock is unavailable to this process, as observed from
+/// `landlock_create_ruleset` (`None` when it is available). Distinguishes a kernel without
+/// Landlock from one that has it disabled and from a seccomp filter refusing the call, so
+/// the message never blames the kernel for what a filter did.
+pub fn landlock_unavailable() -> Option<String> {
+    if landlock_abi() > 0 {
+        return None;
+    }
+    let err = io::Error::last_os_error();
+    Some(match err.raw_os_error() {
+        Some(libc::EOPNOTSUPP) => "landlock_create_ruleset returned EOPNOTSUPP: the kernel has Landlock but it is disabled (add landlock to the lsm= boot parameter)".to_string(),
+        Some(libc::ENOSYS) => "landlock_create_ruleset returned ENOSYS: the kernel lacks Landlock (Linux 5.13 or later with CONFIG_SECURITY_LANDLOCK), or a seccomp filter hides the call".to_string(),
+        Some(e) => format!(
+            "landlock_create_ruleset was refused with {}: a seccomp filter this process runs under denies it (systemd-nspawn's default filter, SystemCallFilter=, a container runtime); allow landlock_create_ruleset, landlock_add_rule and landlock_restrict_self",
+            errno_name(e)
+        ),
+        None => format!("landlock_create_ruleset failed: {err}"),
+    })
+}
+
+/// What a failed pidfd call (`what`, e.g. "pidfd_getfd") observed: ENOSYS points at the
+/// kernel's age, anything else at whatever refused it.
+pub fn describe_pidfd_failure(what: &str, since: &str, err: &io::Error) -> String {
+    match err.raw_os_error() {
+        Some(libc::ENOSYS) => format!(
+            "{what} returned ENOSYS: the kernel lacks it (Linux {since} or later is required), or a seccomp filter hides it"
+        ),
+        Some(e @ (libc::EPERM | libc::EACCES)) => format!(
+            "{what} was refused with {}: the kernel has it, but a seccomp filter this process runs under (systemd-nspawn's default filter, SystemCallFilter=, a container runtime) or the ptrace access check denies it; allow {what} and grant CAP_SYS_PTRACE",
+            errno_name(e)
+        ),
+        _ => format!("{what} failed: {err}"),
+    }
+}
+
 /// The Landlock ABI version the kernel offers (0 when Landlock is unavailable).
 pub fn landlock_abi() -> i32 {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;

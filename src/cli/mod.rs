@@ -13,6 +13,7 @@ pub mod key;
 pub mod manifest;
 mod profile;
 mod records;
+mod reload;
 mod sandbox;
 mod serve;
 mod state;
@@ -45,6 +46,9 @@ enum Command {
     Sandbox(sandbox::SandboxArgs),
     /// Run the host daemon.
     Serve(serve::ServeArgs),
+    /// Reload a running daemon and wait for its verdict (systemd's ExecReload). Exit 0
+    /// reloaded, 1 refused, 2 no verdict.
+    Reload(reload::ReloadArgs),
     /// Bridge stdio to the daemon's socket (for MCP clients that launch stdio servers).
     Connect(connect::ConnectArgs),
     /// Run the pricing lab end to end: keys, signed manifests, the host with the real broker
@@ -99,6 +103,7 @@ impl Cli {
             Command::Profile(args) => args.run(),
             Command::Sandbox(args) => args.run(),
             Command::Serve(args) => args.run(),
+            Command::Reload(args) => args.run(),
             Command::Connect(args) => args.run(),
             Command::Demo(args) => args.run(),
             Command::ExampleTool(args) => args.run(),
@@ -114,11 +119,19 @@ impl Cli {
 }
 
 /// Prints `error` and every error in its source chain to stderr, one per line.
+/// Under systemd every line (messages may span several, e.g. a TOML parse error) carries
+/// the journal's error priority.
 pub fn report(error: &(dyn std::error::Error + 'static)) {
-    eprintln!("flowhost: error: {error}");
+    let p = crate::logging::fatal_line_prefix();
+    let print = |head: &str, text: String| {
+        for (i, line) in text.lines().enumerate() {
+            eprintln!("{p}{}{line}", if i == 0 { head } else { "  " });
+        }
+    };
+    print("flowhost: error: ", error.to_string());
     let mut source = error.source();
     while let Some(cause) = source {
-        eprintln!("  caused by: {cause}");
+        print("  caused by: ", cause.to_string());
         source = cause.source();
     }
 }

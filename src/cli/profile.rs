@@ -1,6 +1,6 @@
-//! `flowhost profile check FILE`: validate an execution profile.
+//! `flowhost profile check FILE...`: validate execution profiles.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use flowhost_broker::{NetworkPath, Profile, filter};
@@ -16,37 +16,57 @@ pub struct ProfileArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum ProfileCommand {
-    /// Load and validate a profile file and compile its seccomp program; errors name the
-    /// file and the field.
+    /// Load and validate profile files and compile their seccomp programs; errors name the
+    /// file and the field. Every file is checked; exit 2 if any is invalid.
     Check {
-        /// The profile file (`NAME.toml`).
-        file: PathBuf,
+        /// The profile files (`NAME.toml`), e.g. `/etc/flowhost/profiles/*.toml`.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
     },
 }
 
 impl ProfileArgs {
     /// Runs the subcommand.
     pub fn run(self) -> CliResult {
-        let ProfileCommand::Check { file } = self.command;
-        let profile = Profile::load(&file)?;
-        let program = filter::compile(&profile)?;
-        let families: Vec<String> = profile
-            .socket_families
-            .iter()
-            .map(|f| format!("{f:?}").to_lowercase())
-            .collect();
-        println!(
-            "{}: profile {:?} is valid: network {}, socket families [{}], landlock {:?}, seccomp program of {} instructions",
-            file.display(),
-            profile.name,
-            match profile.network {
-                NetworkPath::None => "none (empty network namespace)",
-                NetworkPath::Host => "host (every attempt mediated)",
-            },
-            families.join(", "),
-            profile.landlock,
-            program.len()
-        );
+        let ProfileCommand::Check { files } = self.command;
+        let mut invalid = 0;
+        for file in &files {
+            if let Err(e) = check(file) {
+                super::report(e.as_ref());
+                invalid += 1;
+            }
+        }
+        if invalid > 0 {
+            eprintln!(
+                "flowhost: {invalid} of {} profile files are invalid",
+                files.len()
+            );
+            return Ok(ExitCode::from(2));
+        }
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Checks one profile file and prints what it allows.
+fn check(file: &Path) -> CliResult<()> {
+    let profile = Profile::load(file)?;
+    let program = filter::compile(&profile)?;
+    let families: Vec<String> = profile
+        .socket_families
+        .iter()
+        .map(|f| format!("{f:?}").to_lowercase())
+        .collect();
+    println!(
+        "{}: profile {:?} is valid: network {}, socket families [{}], landlock {:?}, seccomp program of {} instructions",
+        file.display(),
+        profile.name,
+        match profile.network {
+            NetworkPath::None => "none (empty network namespace)",
+            NetworkPath::Host => "host (every attempt mediated)",
+        },
+        families.join(", "),
+        profile.landlock,
+        program.len()
+    );
+    Ok(())
 }

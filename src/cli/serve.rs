@@ -28,6 +28,8 @@ impl ServeArgs {
         raise_open_file_limit();
         // Read before any thread exists: it clears LISTEN_FDS/LISTEN_PID from the environment.
         let passed = listener_from_systemd()?;
+        // Kept to answer the connections that activated the service if it refuses to start.
+        let activated_by = passed.as_ref().and_then(|l| l.try_clone().ok());
         let mut builder = tokio::runtime::Builder::new_multi_thread();
         builder.enable_all();
         if let Some(n) = self.workers {
@@ -40,6 +42,9 @@ impl ServeArgs {
                 Err(e) => {
                     let status = format!("refusing to start: {e}");
                     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&status)]);
+                    if let Some(listener) = &activated_by {
+                        refuse_pending_connections(listener);
+                    }
                     return Err(e);
                 }
             };
@@ -62,5 +67,29 @@ fn raise_open_file_limit() {
         }
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "cannot read the open-file limit"),
+    }
+}
+
+/// Answers every connection waiting on a socket-activated listener with a JSON-RPC error
+/// and closes it, so clients that started the service learn at once that it refused to
+/// start instead of waiting for their own timeout. The reason stays in the operator's log:
+/// it may name configuration paths and keys.
+fn refuse_pending_connections(listener: &std::os::unix::net::UnixListener) {
+    use std::io::Write;
+    let answer = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {
+            "code": crate::mcp::code::INTERNAL_ERROR,
+            "message": "the flowhost host refused to start; its operator finds why in its log (journalctl -u flowhost -p err)"
+        }
+    });
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    while let Ok((mut stream, _)) = listener.accept() {
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(1)));
+        let _ = writeln!(stream, "{answer}");
     }
 }

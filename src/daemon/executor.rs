@@ -416,6 +416,8 @@ pub struct WarmPool<C> {
     limit: usize,
     ready: Mutex<Vec<McpExecutor<C>>>,
     filling: std::sync::atomic::AtomicUsize,
+    /// Whether the last attempt to start an executor failed.
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl<C: Send + Sync + 'static> WarmPool<C> {
@@ -437,6 +439,7 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
             limit,
             ready: Mutex::new(Vec::new()),
             filling: std::sync::atomic::AtomicUsize::new(0),
+            failing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -449,14 +452,7 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
             self.filling.fetch_add(1, Ordering::SeqCst);
             let pool = self.clone();
             tokio::spawn(async move {
-                let started = McpExecutor::start(
-                    &pool.broker,
-                    &pool.template,
-                    pool.sink.clone(),
-                    pool.deadline,
-                    pool.limit,
-                )
-                .await;
+                let started = pool.start_one().await;
                 pool.filling.fetch_sub(1, Ordering::SeqCst);
                 match started {
                     Ok(e) => {
@@ -464,10 +460,31 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
                             ready.push(e);
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot start a warm executor"),
+                    Err(e) => tracing::error!(
+                        error = %e,
+                        program = %pool.template.argv.first().map(String::as_str).unwrap_or(""),
+                        "cannot start a warm executor: {e}"
+                    ),
                 }
             });
         }
+    }
+
+    /// Starts one executor now and waits until it has answered `initialize`; it joins the
+    /// pool (or is stopped when the pool keeps none). Proves the server's executors can run.
+    pub async fn prime(self: &Arc<Self>) -> Result<(), ExecutorError> {
+        let executor = self.start_one().await?;
+        let surplus = match self.ready.lock() {
+            Ok(mut ready) if ready.len() < self.size => {
+                ready.push(executor);
+                None
+            }
+            _ => Some(executor),
+        };
+        if let Some(executor) = surplus {
+            executor.stop().await;
+        }
+        Ok(())
     }
 
     /// A ready executor (warm if one is available, else started now). The pool refills.
@@ -479,14 +496,28 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
         {
             return Ok(e);
         }
-        McpExecutor::start(
+        self.start_one().await
+    }
+
+    /// Starts one of this server's executors (not added to the pool).
+    async fn start_one(&self) -> Result<McpExecutor<C>, ExecutorError> {
+        let started = McpExecutor::start(
             &self.broker,
             &self.template,
             self.sink.clone(),
             self.deadline,
             self.limit,
         )
-        .await
+        .await;
+        self.failing
+            .store(started.is_err(), std::sync::atomic::Ordering::SeqCst);
+        started
+    }
+
+    /// Whether the last attempt to start one of this server's executors failed (every call
+    /// to the server fails while it does).
+    pub fn failing(&self) -> bool {
+        self.failing.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Stops every warm executor.

@@ -4,8 +4,9 @@
 //! verify and register every signed manifest; if the registry requires flow mediation and the
 //! broker is disabled or cannot start, refuse — before opening any state or spawning anything;
 //! check every execution profile against the kernel; then open the state directory, write the
-//! retained signed set, open the flow-state database and the record writer, bind the socket
-//! (or take it from systemd), warm the executor pools, and report ready.
+//! retained signed set, open the flow-state database and the record writer, warm the executor
+//! pools (one executor of every server must start), bind the socket (or take it from
+//! systemd), and report ready.
 //!
 //! A generation (configuration + registry + executor pools) is immutable; SIGHUP builds a new
 //! one and swaps it in atomically. Calls in flight finish on the generation they started on;
@@ -17,6 +18,7 @@ mod egress;
 mod executor;
 pub mod pipeline;
 pub mod refusals;
+pub mod reload;
 mod session;
 
 use std::collections::BTreeMap;
@@ -161,6 +163,14 @@ pub enum StartupError {
     /// The flow state disagrees with what the decision records prove.
     #[error(transparent)]
     Continuity(#[from] crate::continuity::ContinuityError),
+    /// A server's executor could not be started: serving would fail every call to it.
+    #[error("server {server:?}: {source}")]
+    ExecutorStart {
+        /// The server.
+        server: String,
+        /// Why its executor did not start.
+        source: ExecutorError,
+    },
 }
 
 /// What an executor's egress is judged against while it serves a call.
@@ -567,7 +577,6 @@ impl Host {
             config.operator_input_floor.clone(),
             state,
         ));
-        let listener = activation::bind(&config.socket, config.socket_mode, passed)?;
         let health_file = config.health_file.clone();
         let counters = Arc::new(HostCounters::default());
         let refusals = refusals::RefusalFolder::new(
@@ -583,9 +592,13 @@ impl Host {
             &broker,
             (&resolver, &records, &counters),
         );
-        for pool in generation.pools.values() {
-            pool.refill();
-        }
+        // Before binding: a client that can connect finds every server's executors proven.
+        prime_pools(&generation).await?;
+        let listener = activation::bind(
+            &generation.config.socket,
+            generation.config.socket_mode,
+            passed,
+        )?;
         let host = Arc::new(Host {
             generation: RwLock::new(Arc::new(generation)),
             next_generation: AtomicU64::new(2),
@@ -626,7 +639,6 @@ impl Host {
             ));
         }
         check_profiles(&self.broker, &profiles)?;
-        registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
         let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
         let generation = build_generation(
             id,
@@ -636,9 +648,11 @@ impl Host {
             &self.broker,
             (&self.resolver, &self.records, &self.counters),
         );
-        for pool in generation.pools.values() {
-            pool.refill();
-        }
+        prime_pools(&generation).await?;
+        // Only a generation that will serve replaces the retained signed set.
+        generation
+            .registry
+            .write_retained_set(&generation.config.state_dir.join("signed-manifests.json"))?;
         let old = {
             let mut g = match self.generation.write() {
                 Ok(g) => g,
@@ -689,7 +703,8 @@ impl Host {
         h.unknown_tool_count =
             Some(self.coverage.unknown_tools + self.counters.unknown_tools.load(Ordering::SeqCst));
         h.redaction_active = Some(true);
-        h.broker_active = Some(true);
+        // The broker is not doing its work while a server's executors cannot start.
+        h.broker_active = Some(!self.current().pools.values().any(|p| p.failing()));
         h.executors_spawned = Some(stats.spawned);
         // Every executor the broker spawned is either still supervised or has exited under
         // supervision; a supervisor failure is the only way one escapes the count.
@@ -773,6 +788,25 @@ impl Host {
             tracing::error!(error = %e, "writing the health file failed");
         }
     }
+}
+
+/// Starts one executor of every server and waits for it, then fills the pools in the
+/// background: a server whose executors cannot start (a broker or sandbox that cannot work
+/// under this service's settings) stops the start or the reload, naming the server and why,
+/// instead of being reported ready while every call to it would fail.
+async fn prime_pools(generation: &Generation) -> Result<(), StartupError> {
+    for (server, pool) in &generation.pools {
+        pool.prime()
+            .await
+            .map_err(|source| StartupError::ExecutorStart {
+                server: server.clone(),
+                source,
+            })?;
+    }
+    for pool in generation.pools.values() {
+        pool.refill();
+    }
+    Ok(())
 }
 
 fn build_generation(
@@ -945,22 +979,32 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
             _ = int.recv() => break,
             _ = host.stopped() => break,
             _ = hup.recv() => {
-                let usec = sd_notify::NotifyState::monotonic_usec_now();
-                match usec {
-                    Ok(u) => notify(&[sd_notify::NotifyState::Reloading, u]),
-                    Err(_) => notify(&[sd_notify::NotifyState::Reloading]),
+                let started_usec = reload::monotonic_usec();
+                match started_usec {
+                    Some(u) => notify(&[sd_notify::NotifyState::Reloading, sd_notify::NotifyState::MonotonicUsec(u.into())]),
+                    None => notify(&[sd_notify::NotifyState::Reloading]),
                 }
-                match host.reload().await {
-                    Ok(id) => {
-                        let status = format!("reloaded: generation {id}");
-                        tracing::info!("{status}");
-                        notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
-                    }
-                    Err(e) => {
-                        let status = format!("reload refused, still serving the previous configuration: {e}");
-                        tracing::error!("{status}");
-                        notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
-                    }
+                let outcome = host.reload().await;
+                let (accepted, generation, status) = match &outcome {
+                    Ok(id) => (true, *id, format!("reloaded: generation {id}")),
+                    Err(e) => (false, host.current().id, format!("reload refused, still serving the previous configuration: {e}")),
+                };
+                if accepted {
+                    tracing::info!("{status}");
+                } else {
+                    tracing::error!("{status}");
+                }
+                notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
+                // `flowhost reload` (ExecReload) waits for this; without it, it fails closed.
+                let verdict = reload::ReloadVerdict {
+                    pid: std::process::id(),
+                    started_usec: started_usec.unwrap_or(0),
+                    accepted,
+                    generation,
+                    message: status,
+                };
+                if let Err(e) = verdict.write(&host.current().config.state_dir) {
+                    tracing::error!("cannot write the reload verdict: {e}");
                 }
             }
             _ = summaries.tick() => host.admission.summarize(),

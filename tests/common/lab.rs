@@ -236,20 +236,7 @@ impl Lab {
 
     /// Every record line so far, parsed.
     pub fn records(&self) -> Vec<Value> {
-        let mut out = Vec::new();
-        let mut files: Vec<_> = std::fs::read_dir(&self.paths.records_dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
-            .collect();
-        files.sort();
-        for f in files {
-            for line in std::fs::read_to_string(f).unwrap().lines() {
-                out.push(serde_json::from_str(line).unwrap());
-            }
-        }
-        out
+        records_in(&self.paths.records_dir)
     }
 }
 
@@ -334,4 +321,22 @@ pub fn text(response: &Value) -> String {
         .as_str()
         .unwrap_or_default()
         .to_string()
+}
+
+/// Every record line in the record directory `dir`, parsed, oldest file first.
+pub fn records_in(dir: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    files.sort();
+    for f in files {
+        for line in std::fs::read_to_string(f).unwrap().lines() {
+            out.push(serde_json::from_str(line).unwrap());
+        }
+    }
+    out
 }

@@ -115,23 +115,17 @@ pub fn as_service_user(caps: &str, program: &std::path::Path) -> std::process::C
 }
 
 /// A copy of the flowhost binary that other uids can run (the build tree may not be
-/// traversable by them).
+/// traversable by them); shared by every test process of the same build.
 pub fn shared_flowhost() -> PathBuf {
-    let dir = shared_dir().join(format!("flowhost-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let dst = dir.join("flowhost");
-    if !dst.exists() {
-        let status = std::process::Command::new("cp")
-            .arg("--")
-            .arg(env!("CARGO_BIN_EXE_flowhost"))
-            .arg(&dst)
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    dst
+    shared_copy("flowhost")
+}
+
+/// Whether `tool` is on PATH.
+pub fn have(tool: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 pub fn is_root() -> bool {
@@ -165,7 +159,12 @@ pub struct TcpSink {
 
 impl TcpSink {
     pub fn start() -> TcpSink {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        TcpSink::start_on("127.0.0.1:0")
+    }
+
+    /// A sink listening on `addr` (in the calling thread's network namespace).
+    pub fn start_on(addr: &str) -> TcpSink {
+        let listener = TcpListener::bind(addr).unwrap();
         let addr = listener.local_addr().unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
         let received = Arc::new(Mutex::new(Vec::new()));

@@ -1,0 +1,46 @@
+//! `flowhost reload`: ask the daemon to reload and wait for its verdict.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::CliResult;
+use crate::daemon::reload;
+
+/// Reload a running daemon (SIGHUP) and wait for its verdict. Exit 0 when the new
+/// configuration serves, 1 when the daemon refused it (the old one keeps serving; the
+/// reason is printed), 2 when there is no verdict (timeout, daemon gone). systemd's
+/// `ExecReload=` runs this, so a refused reload fails `systemctl reload`.
+#[derive(Debug, clap::Args)]
+pub struct ReloadArgs {
+    /// The daemon's pid (`$MAINPID` under systemd).
+    #[arg(long)]
+    pid: i32,
+    /// The daemon's state directory (its `state_dir`), where it writes the verdict.
+    #[arg(long, default_value = "/var/lib/flowhost")]
+    state_dir: PathBuf,
+    /// Seconds to wait for the verdict before treating the reload as failed (below the
+    /// unit's TimeoutStartSec=60, which bounds ExecReload too, so the reason is printed
+    /// before systemd gives up).
+    #[arg(long, default_value_t = 45)]
+    timeout: u64,
+}
+
+impl ReloadArgs {
+    /// Runs the subcommand.
+    pub fn run(self) -> CliResult {
+        let verdict =
+            reload::request(self.pid, &self.state_dir, Duration::from_secs(self.timeout))?;
+        if verdict.accepted {
+            println!("{}", verdict.message);
+            Ok(ExitCode::SUCCESS)
+        } else {
+            eprintln!(
+                "{}flowhost: {}",
+                crate::logging::fatal_line_prefix(),
+                verdict.message
+            );
+            Ok(ExitCode::from(1))
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The outcome of each reload, kept where `flowhost reload` can wait for it.
+//!
+//! A reload is requested with SIGHUP, which is asynchronous: the sender learns nothing. So
+//! the daemon writes a verdict for every reload (accepted or refused, and why) to
+//! [`VERDICT_FILE`] in its state directory, stamped with its pid and the monotonic time the
+//! reload began. [`request`] sends SIGHUP and waits for a verdict from that pid that began
+//! after the request; systemd's `ExecReload=` runs it, so a refused reload fails
+//! `systemctl reload` (on systemd versions without `Type=notify-reload` too).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+/// The verdict file's name inside `state_dir`.
+pub const VERDICT_FILE: &str = "reload-verdict.json";
+
+/// The outcome of one reload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReloadVerdict {
+    /// The daemon that reloaded.
+    pub pid: u32,
+    /// CLOCK_MONOTONIC, in microseconds, when the daemon began the reload.
+    pub started_usec: u64,
+    /// Whether the new configuration now serves.
+    pub accepted: bool,
+    /// The generation now serving (the new one when accepted).
+    pub generation: u64,
+    /// What happened, in words (the refusal's reason when refused).
+    pub message: String,
+}
+
+/// Why `flowhost reload` has no verdict to report.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The monotonic clock could not be read.
+    #[error("cannot read the monotonic clock")]
+    Clock,
+    /// SIGHUP could not be sent.
+    #[error("cannot signal the daemon (pid {pid}): {source}")]
+    Signal {
+        /// The daemon's pid.
+        pid: i32,
+        /// The error.
+        source: nix::Error,
+    },
+    /// The daemon exited before answering.
+    #[error("the daemon (pid {pid}) exited before reporting the reload's outcome")]
+    Gone {
+        /// The daemon's pid.
+        pid: i32,
+    },
+    /// No verdict arrived in time; the reload is treated as failed.
+    #[error(
+        "no verdict from the daemon (pid {pid}) in {path} within {timeout:?}; treating the \
+         reload as failed (the journal says what the daemon did)"
+    )]
+    Timeout {
+        /// The daemon's pid.
+        pid: i32,
+        /// The verdict file waited on.
+        path: PathBuf,
+        /// How long it waited.
+        timeout: Duration,
+    },
+}
+
+/// CLOCK_MONOTONIC in microseconds (the clock systemd's `MONOTONIC_USEC=` uses).
+pub fn monotonic_usec() -> Option<u64> {
+    match sd_notify::NotifyState::monotonic_usec_now() {
+        Ok(sd_notify::NotifyState::MonotonicUsec(usec)) => u64::try_from(usec).ok(),
+        _ => None,
+    }
+}
+
+impl ReloadVerdict {
+    /// Writes the verdict into `state_dir` atomically (readers see the old or the new one).
+    pub fn write(&self, state_dir: &Path) -> Result<(), crate::files::FileError> {
+        // Serialising a struct of numbers, a bool and a string cannot fail.
+        let mut text = serde_json::to_string(self).unwrap_or_default();
+        text.push('\n');
+        crate::files::write_atomic(&state_dir.join(VERDICT_FILE), text.as_bytes(), 0o600)
+    }
+
+    /// The verdict in `state_dir`, if there is a readable one.
+    pub fn read(state_dir: &Path) -> Option<ReloadVerdict> {
+        let text = std::fs::read_to_string(state_dir.join(VERDICT_FILE)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+}
+
+/// Sends SIGHUP to the daemon `pid` and waits (up to `timeout`) for the verdict of a
+/// reload it began after the signal was sent.
+pub fn request(
+    pid: i32,
+    state_dir: &Path,
+    timeout: Duration,
+) -> Result<ReloadVerdict, ReloadError> {
+    let since = monotonic_usec().ok_or(ReloadError::Clock)?;
+    let daemon = Pid::from_raw(pid);
+    kill(daemon, Signal::SIGHUP).map_err(|source| ReloadError::Signal { pid, source })?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = ReloadVerdict::read(state_dir)
+            && i64::from(v.pid) == i64::from(pid)
+            && v.started_usec >= since
+        {
+            return Ok(v);
+        }
+        if kill(daemon, None) == Err(nix::Error::ESRCH) {
+            return Err(ReloadError::Gone { pid });
+        }
+        if Instant::now() >= deadline {
+            return Err(ReloadError::Timeout {
+                pid,
+                path: state_dir.join(VERDICT_FILE),
+                timeout,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verdict_round_trips_and_a_stale_one_is_not_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(ReloadVerdict::read(dir.path()), None);
+        let me = std::process::id();
+        let v = ReloadVerdict {
+            pid: me,
+            started_usec: 1,
+            accepted: false,
+            generation: 1,
+            message: "refused".into(),
+        };
+        v.write(dir.path()).unwrap();
+        assert_eq!(ReloadVerdict::read(dir.path()), Some(v));
+        // A verdict from before the request by a process that never reloads (it ignores
+        // SIGHUP): the wait does not take the stale verdict and fails closed on its deadline.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "trap '' HUP; sleep 30"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        ReloadVerdict {
+            pid: child.id(),
+            started_usec: 1,
+            accepted: true,
+            generation: 2,
+            message: "old".into(),
+        }
+        .write(dir.path())
+        .unwrap();
+        let err = request(child.id() as i32, dir.path(), Duration::from_secs(1)).unwrap_err();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(matches!(err, ReloadError::Timeout { .. }), "{err}");
+    }
+}
