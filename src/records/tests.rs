@@ -2,6 +2,7 @@
 
 use super::projection::tests::deploy_key_mapping;
 use super::*;
+use crate::label::InformationLabel;
 use serde_json::json;
 
 /// A valid, mapped tool_call allow (seq not yet assigned).
