@@ -508,7 +508,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
         || health.incomplete_reasons.join("; "),
     );
 
-    let surface = crate::surface::DeclaredSurface::parse(
+    let surface = crate::diff::surface::DeclaredSurface::parse(
         &std::fs::read_to_string(&declared).map_err(step("reading the declared surface"))?,
     )
     .map_err(step("reading the declared surface"))?;

@@ -30,7 +30,6 @@ pub mod records;
 pub mod registry;
 pub mod resolver;
 pub mod state;
-pub mod surface;
 
 pub use flow::{
     EgressDenial, FlowDecodeError, ToolFlowDeclaration, ToolFlowError, authorize_egress,

@@ -9,13 +9,13 @@ use std::path::PathBuf;
 use flowhost::InformationLabel;
 use flowhost::decision::Denial;
 use flowhost::records::chain::verify_records;
+use flowhost::records::export::write_surface_envelope;
 use flowhost::records::health::{HealthProducer, RecordsHealth, ToolObservationHealth};
 use flowhost::records::{
     BrokerDetails, Chainer, Correlation, DecisionRecord, Destination, EgressBasis, EgressFacts,
     FlowContext, InetDestination, ServerInfo, ToolCallFacts, ToolMapping, Verdict,
     correlation_from_params, project_tool_call,
 };
-use flowhost::surface::write_surface_envelope;
 use serde_json::{Value, json};
 
 const AT: &str = "2026-11-30T10:00:00.000000Z";

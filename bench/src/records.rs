@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use flowhost::diff::diff;
+use flowhost::diff::surface::DeclaredSurface;
 use flowhost::records::chain::verify_records;
 use flowhost::records::health::{RecordsHealth, ToolObservationHealth};
 use flowhost::records::{
@@ -22,7 +23,6 @@ use flowhost::records::{
     InetDestination, RecordWriter, ServerInfo, ToolCallFacts, ToolMapping, Verdict, WriterOptions,
     project_tool_call,
 };
-use flowhost::surface::DeclaredSurface;
 use serde_json::json;
 
 use crate::harness::{Row, Samples, fmt_duration, fmt_rate};

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use clap::ValueEnum;
 
 use super::CliResult;
+use crate::diff::surface::DeclaredSurface;
 use crate::diff::{DiffOptions, diff_sources, report};
 use crate::records::health::ToolObservationHealth;
-use crate::surface::DeclaredSurface;
 
 /// Report formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

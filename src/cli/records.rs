@@ -9,7 +9,7 @@ use clap::Subcommand;
 use super::CliResult;
 use crate::files::write_atomic_with;
 use crate::records::chain::{VerifyReport, verify_records};
-use crate::surface::write_surface_envelope;
+use crate::records::export::write_surface_envelope;
 
 /// `flowhost records ...`
 #[derive(Debug, Subcommand)]

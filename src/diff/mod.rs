@@ -56,6 +56,7 @@
 
 mod observed;
 pub mod report;
+pub mod surface;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -69,8 +70,8 @@ use crate::records::chain::{Location, Problem, VerifyReport, verify_decisions, v
 use crate::records::health::ToolObservationHealth;
 use crate::records::store::{StoreError, record_sources};
 use crate::records::{DECISION_SURFACE_SCHEMA, GENESIS_HASH};
-use crate::surface::{DeclaredAction, DeclaredSurface, TargetMatch};
 use observed::{ObsDecision, ObsEnvelope, Probe};
+use surface::{DeclaredAction, DeclaredSurface, TargetMatch};
 
 /// Most `evidence_rejected` findings listed one by one; the rest are counted in one more.
 pub const MAX_REJECTIONS: usize = 20;

@@ -15,7 +15,7 @@ use std::marker::PhantomData;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::surface::ScalarView;
+use super::surface::ScalarView;
 
 /// A string borrowed from the input when it has no escapes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,6 +14,7 @@
 //! chained and verified by [`chain`], summarised by [`health`].
 
 pub mod chain;
+pub mod export;
 pub mod health;
 pub mod projection;
 pub mod store;

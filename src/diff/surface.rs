@@ -1,5 +1,5 @@
-//! Tool surfaces: the declared surface an operator writes, and the observed surface flowhost
-//! exports.
+//! The declared tool surface an operator writes, which the diff judges observed decisions
+//! against.
 //!
 //! **Declared** (`assay.declared_tool_surface.v0`): the privileged actions expected in a run.
 //! [`DeclaredSurface::parse`] validates it strictly and names the entry (index and id) and the
@@ -25,32 +25,21 @@
 //! (operator domains are not known here, so such fields are declared by hash). `"*"` or an
 //! absent field matches anything; an empty `allowed_targets` means no target constraint.
 //!
-//! **Observed** (`assay.tool_decision_surface.v0`): [`write_surface_envelope`] wraps a verified
-//! record stream in the envelope other tools read.
+//! The observed half (the envelope flowhost exports) is `records::export`.
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::io::{self, Write};
 use std::net::IpAddr;
-use std::path::Path;
 
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 
 use crate::records::chain::ChainHash;
 use crate::records::projection::{NETWORK_PROVIDER, target_hash};
-use crate::records::store::{StoreError, record_sources, split_lines};
-use crate::records::{DECISION_SURFACE_SCHEMA, Effect, is_code};
+use crate::records::{Effect, is_code};
 
 /// The declared surface's schema string.
 pub const DECLARED_SCHEMA: &str = "assay.declared_tool_surface.v0";
-
-/// The non-claims every exported surface carries.
-pub const NON_CLAIMS: [&str; 3] = [
-    "does not prove SaaS-side persistence without external audit evidence",
-    "does not infer tool actions outside observed MCP proxy traffic",
-    "does not expose raw secrets or tokens",
-];
 
 /// Declared fields the observed record carries hashed: (provider, declared field, observed
 /// field, hash domain).
@@ -502,44 +491,6 @@ fn field_constraint(
     }
 }
 
-/// A problem exporting records.
-#[derive(Debug, thiserror::Error)]
-pub enum ExportError {
-    /// The records could not be read.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The output could not be written.
-    #[error("cannot write the surface: {0}")]
-    Write(#[source] io::Error),
-}
-
-/// Writes the `assay.tool_decision_surface.v0` envelope of the records at `records` (a
-/// directory or file): `schema`, `observed_tool_decisions` (each complete record line,
-/// verbatim, flowhost extension included; other readers ignore the extension) and
-/// [`NON_CLAIMS`]. Call it only on records that verified; a torn last line is not exported.
-pub fn write_surface_envelope(records: &Path, out: &mut dyn Write) -> Result<u64, ExportError> {
-    let w = |r: io::Result<()>| r.map_err(ExportError::Write);
-    w(write!(
-        out,
-        "{{\"schema\":\"{DECISION_SURFACE_SCHEMA}\",\"observed_tool_decisions\":["
-    ))?;
-    let mut n = 0u64;
-    for file in record_sources(records)? {
-        let bytes = std::fs::read(&file).map_err(StoreError::io("read", &file))?;
-        for line in split_lines(&bytes).0 {
-            if n > 0 {
-                w(out.write_all(b","))?;
-            }
-            w(out.write_all(b"\n"))?;
-            w(out.write_all(line))?;
-            n += 1;
-        }
-    }
-    let claims = Value::Array(NON_CLAIMS.iter().map(|c| Value::from(*c)).collect());
-    w(write!(out, "\n],\"non_claims\":{claims}}}\n"))?;
-    Ok(n)
-}
-
 impl fmt::Display for TargetMatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -713,18 +664,5 @@ mod tests {
             test(&s.actions[0], json!({"provider": "workspace"})),
             TargetMatch::Match
         );
-    }
-
-    #[test]
-    fn envelope_wraps_record_lines_verbatim() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("r.jsonl");
-        std::fs::write(&path, "{\"a\":1}\n{\"b\":2}\n{\"torn\"").unwrap();
-        let mut out = Vec::new();
-        assert_eq!(write_surface_envelope(&path, &mut out).unwrap(), 2);
-        let v: Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(v["schema"], DECISION_SURFACE_SCHEMA);
-        assert_eq!(v["observed_tool_decisions"], json!([{"a": 1}, {"b": 2}]));
-        assert_eq!(v["non_claims"], json!(NON_CLAIMS));
     }
 }

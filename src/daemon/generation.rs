@@ -1,0 +1,146 @@
+//! A configuration generation: the verified registry, what the host knows of each server, and
+//! each server's warm executors. Immutable; a reload builds a new one.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use flowhost_broker::{Broker, Profile};
+
+use super::*;
+use crate::config::HostConfig;
+use crate::records::{RecordWriter, ToolMapping};
+use crate::registry::VerifiedRegistry;
+use crate::resolver::{CallPlan, FlowResolver};
+
+/// What an executor's egress is judged against while it serves a call.
+#[derive(Debug)]
+pub struct CallInFlight {
+    /// The resolver's plan for the call.
+    pub plan: CallPlan,
+    /// The host's id for the call.
+    pub call_id: String,
+    /// The tool, as `server/tool`.
+    pub tool: String,
+    /// The call's trace context.
+    pub correlation: crate::records::Correlation,
+    /// The executor's pid (for warnings about it).
+    pub executor_pid: i32,
+}
+
+/// What the host knows of one admitted server in a generation.
+#[derive(Debug, Clone)]
+pub struct ServerFacts {
+    /// The signed manifest's digest.
+    pub digest: String,
+    /// Record mappings per tool.
+    pub mappings: BTreeMap<String, ToolMapping>,
+}
+
+/// An immutable configuration + registry + pools.
+pub struct Generation {
+    /// Increases with every reload.
+    pub id: u64,
+    /// The configuration.
+    pub config: HostConfig,
+    /// The verified registry.
+    pub registry: VerifiedRegistry,
+    /// What the host knows of each server, by id.
+    pub servers: BTreeMap<String, ServerFacts>,
+    /// Each server's warm executors, by id.
+    pub pools: BTreeMap<String, Arc<WarmPool<CallInFlight>>>,
+}
+
+/// Starts one executor of every server and waits for it, then fills the pools in the
+/// background: a server whose executors cannot start (a broker or sandbox that cannot work
+/// under this service's settings) stops the start or the reload, naming the server and why,
+/// instead of being reported ready while every call to it would fail.
+pub(super) async fn prime_pools(generation: &Generation) -> Result<(), StartupError> {
+    for (server, pool) in &generation.pools {
+        pool.prime()
+            .await
+            .map_err(|source| StartupError::ExecutorStart {
+                server: server.clone(),
+                source,
+            })?;
+    }
+    for pool in generation.pools.values() {
+        pool.refill();
+    }
+    Ok(())
+}
+
+pub(super) fn build_generation(
+    id: u64,
+    config: HostConfig,
+    registry: VerifiedRegistry,
+    profiles: &BTreeMap<String, Arc<Profile>>,
+    broker: &Broker,
+    (resolver, records, counters): (&Arc<FlowResolver>, &RecordWriter, &Arc<HostCounters>),
+) -> Generation {
+    let mut servers = BTreeMap::new();
+    let mut pools = BTreeMap::new();
+    let origins: Arc<BTreeMap<_, _>> = Arc::new(
+        config
+            .principals
+            .iter()
+            .filter_map(|p| Some((p.id.clone(), p.destinations.clone()?)))
+            .collect(),
+    );
+    for s in &config.servers {
+        let Some(admitted) = registry.servers().find(|a| a.server_id() == s.id) else {
+            continue;
+        };
+        let Some(profile) = profiles.get(&s.id) else {
+            continue;
+        };
+        let digest = admitted.manifest_digest().to_string();
+        let judge = Arc::new(EgressJudge {
+            server_id: s.id.clone(),
+            digest: digest.clone(),
+            resolver: resolver.clone(),
+            records: records.clone(),
+            destinations: Arc::new(s.destinations.clone()),
+            origins: origins.clone(),
+            counters: counters.clone(),
+            warned: Default::default(),
+        });
+        let template = ExecutorTemplate {
+            server: s.id.clone(),
+            argv: s.command.clone(),
+            env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            profile: profile.clone(),
+            read_paths: s.read_paths.clone(),
+        };
+        let pool = WarmPool::new(
+            broker.clone(),
+            template,
+            judge,
+            s.pool_size,
+            config.call_timeout,
+            config.max_message_bytes,
+        );
+        servers.insert(
+            s.id.clone(),
+            ServerFacts {
+                digest,
+                mappings: s.record_mappings.clone(),
+            },
+        );
+        pools.insert(s.id.clone(), pool);
+    }
+    Generation {
+        id,
+        config,
+        registry,
+        servers,
+        pools,
+    }
+}
+
+/// A random 128-bit id, as hex (sessions, calls).
+pub(crate) fn random_id() -> String {
+    use rand_core::RngCore;
+    let mut bytes = [0u8; 16];
+    rand_core::OsRng.fill_bytes(&mut bytes);
+    hex::encode(bytes)
+}

@@ -1,0 +1,226 @@
+//! The running host: its current generation, broker, resolver, records and counters; reload,
+//! health and shutdown.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use flowhost_broker::Broker;
+
+use super::*;
+use crate::config::{BrokerMode, HostConfig};
+use crate::records::health::{HealthError, HealthProducer, RecordsHealth};
+use crate::records::{RecordWriter, ToolObservationHealth};
+use crate::resolver::FlowResolver;
+
+/// Counters for `tool_observation_health`.
+#[derive(Debug, Default)]
+pub struct HostCounters {
+    /// `tool_call` records committed by this run.
+    pub tool_calls: AtomicU64,
+    /// Calls to tools without a record mapping (`observed_unknown_tool`).
+    pub unknown_tools: AtomicU64,
+    /// Egress attempts the signed declaration does not admit, per `server/tool`.
+    pub declaration_mismatches: Mutex<BTreeMap<String, u64>>,
+}
+
+/// The running host.
+pub struct Host {
+    pub(super) generation: RwLock<Arc<Generation>>,
+    pub(super) next_generation: AtomicU64,
+    /// The broker (always present: there is no unmediated execution path).
+    pub broker: Broker,
+    /// The flow resolver (and its durable state).
+    pub resolver: Arc<FlowResolver>,
+    /// The record writer.
+    pub records: RecordWriter,
+    /// Health counters.
+    pub counters: Arc<HostCounters>,
+    /// What the health carried over from the previous run.
+    pub(super) coverage: Coverage,
+    /// Repeated refusals, folded (see [`refusals`]).
+    pub(crate) refusals: refusals::RefusalFolder,
+    /// Health warns below this much free space on the records filesystem.
+    pub(super) records_min_free_bytes: u64,
+    /// Becomes true when the host is stopping (a watch: nobody can miss the change).
+    pub(super) shutdown: tokio::sync::watch::Sender<bool>,
+    pub(super) config_path: PathBuf,
+    pub(super) health_file: PathBuf,
+    /// Which connections are served (see [`MAX_SESSIONS_PER_UID`]).
+    pub(super) admission: Arc<admission::Admission>,
+}
+
+impl Host {
+    /// The generation new calls use.
+    pub fn current(&self) -> Arc<Generation> {
+        match self.generation.read() {
+            Ok(g) => g.clone(),
+            // A poisoned lock still holds a complete generation (the swap is one assignment).
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Re-reads the configuration and re-verifies every manifest; on success the new
+    /// generation replaces the old one atomically; on failure the old one stays and the
+    /// error is returned.
+    pub async fn reload(&self) -> Result<u64, StartupError> {
+        let config = HostConfig::load(&self.config_path)?;
+        refuse_restart_only_changes(&self.current().config, &config)?;
+        let (registry, profiles) = verify_registry(&config)?;
+        if registry.requires_flow_runtime() && config.broker == BrokerMode::Disabled {
+            return Err(StartupError::NoBroker(
+                "the new configuration disables the broker while its registry requires flow mediation".into(),
+            ));
+        }
+        check_profiles(&self.broker, &profiles)?;
+        let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
+        let generation = build_generation(
+            id,
+            config,
+            registry,
+            &profiles,
+            &self.broker,
+            (&self.resolver, &self.records, &self.counters),
+        );
+        prime_pools(&generation).await?;
+        // Only a generation that will serve replaces the retained signed set.
+        generation
+            .registry
+            .write_retained_set(&generation.config.state_dir.join("signed-manifests.json"))?;
+        let old = {
+            let mut g = match self.generation.write() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            std::mem::replace(&mut *g, Arc::new(generation))
+        };
+        // Stopping the old warm executors can take a moment each; it happens in the
+        // background so accepting and the watchdog do not wait for it.
+        tokio::spawn(async move {
+            for pool in old.pools.values() {
+                pool.drain().await;
+            }
+        });
+        Ok(id)
+    }
+
+    /// Whether the host is stopping.
+    pub fn stopping(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    /// Resolves once the host is stopping (immediately if it already is).
+    pub async fn stopped(&self) {
+        let mut rx = self.shutdown.subscribe();
+        let _ = rx.wait_for(|stopping| *stopping).await;
+    }
+
+    /// Begins a graceful stop: [`run`] stops accepting, sessions finish their current
+    /// request, then the host closes its records and writes its health.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    /// The current `tool_observation_health`, bound to the records it vouches for: its
+    /// range starts where the last complete health of an earlier run started (or with this
+    /// run), `tool_calls_observed` counts the `tool_call` records in that range, and the
+    /// chain head is the last durable record's hash.
+    pub fn health(&self) -> ToolObservationHealth {
+        let stats = self.broker.stats();
+        let status = self.records.status();
+        let mut h = ToolObservationHealth::unknown(HealthProducer::Daemon);
+        h.proxy_seen = Some(true);
+        h.tool_calls_observed =
+            Some(self.coverage.tool_calls + self.counters.tool_calls.load(Ordering::SeqCst));
+        h.policy_layer_active = Some(true);
+        h.classifier_version = Some(self.current().config.classifier_version.clone());
+        h.unknown_tool_count =
+            Some(self.coverage.unknown_tools + self.counters.unknown_tools.load(Ordering::SeqCst));
+        h.redaction_active = Some(true);
+        // The broker is not doing its work while a server's executors cannot start.
+        h.broker_active = Some(!self.current().pools.values().any(|p| p.failing()));
+        h.executors_spawned = Some(stats.spawned);
+        // Every executor the broker spawned is either still supervised or has exited under
+        // supervision; a supervisor failure is the only way one escapes the count.
+        h.executors_supervised = Some(stats.supervised() + stats.exited);
+        h.failed_notifications = Some(stats.failed_notifications + stats.supervisor_failures);
+        h.records = RecordsHealth::from_writer(&status);
+        let covered = status
+            .last_seq
+            .filter(|last| *last >= self.coverage.first_seq);
+        h.records.first_seq = covered.map(|_| self.coverage.first_seq);
+        h.records.last_seq = covered;
+        if let Ok(m) = self.counters.declaration_mismatches.lock() {
+            h.declaration_mismatches = m.clone();
+        }
+        if let Some(reason) = self.resolver.state().failure() {
+            h.flow_state_failed = true;
+            h.flow_state_failure_reason = Some(reason);
+        }
+        if let Some(low) = self.records_space_warning() {
+            h.warnings.push(low);
+        }
+        h.finalize()
+    }
+
+    /// A warning when the records filesystem has less free space than the configured floor
+    /// (before it is full and the writer has to refuse every call).
+    pub fn records_space_warning(&self) -> Option<String> {
+        let dir = &self.records.status().dir;
+        match nix::sys::statvfs::statvfs(dir.as_path()) {
+            Ok(st) => {
+                let free = st.blocks_available().saturating_mul(st.fragment_size());
+                (free < self.records_min_free_bytes).then(|| {
+                    format!(
+                        "{}: {} MiB free on the records filesystem, under the floor of {} MiB (records_min_free_mib); when it is full every call is refused",
+                        dir.display(),
+                        free / (1024 * 1024),
+                        self.records_min_free_bytes / (1024 * 1024)
+                    )
+                })
+            }
+            Err(e) => Some(format!(
+                "{}: cannot read the free space of the records filesystem: {e}",
+                dir.display()
+            )),
+        }
+    }
+
+    /// Writes one record per fold whose interval has run out (all of them with `force`).
+    pub async fn flush_refusals(&self, force: bool) {
+        for record in self.refusals.take_due(force) {
+            if let Err(e) = self.records.commit(record).await {
+                tracing::error!(error = %e, "a folded refusal record could not be written");
+            }
+        }
+    }
+
+    /// Writes the health file (on demand and on shutdown).
+    pub fn write_health(&self) -> Result<ToolObservationHealth, HealthError> {
+        let h = self.health();
+        h.write_to(&self.health_file)?;
+        Ok(h)
+    }
+
+    /// Stops every pool, closes the record writer and writes the final health.
+    pub async fn finish(&self) {
+        for pool in self.current().pools.values() {
+            pool.drain().await;
+        }
+        self.flush_refusals(true).await;
+        if let Err(e) = self.records.close().await {
+            tracing::error!(error = %e, "closing the decision records failed");
+        } else if let Err(e) = crate::continuity::rebind(
+            self.resolver.state(),
+            writer_head(&self.records.status())
+                .as_ref()
+                .map(|(s, h)| (*s, h.as_str())),
+        ) {
+            tracing::error!(error = %e, "binding the flow state to the records failed");
+        }
+        if let Err(e) = self.write_health() {
+            tracing::error!(error = %e, "writing the health file failed");
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Serving: accepting connections (each admitted by its peer's credentials), reloading on
+//! SIGHUP, feeding the systemd watchdog, and stopping gracefully.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+
+use super::*;
+
+impl Host {
+    /// Admits or refuses a new connection by its peer's credentials (checked before it
+    /// takes any shared slot); a refusal is logged, rate-limited, and the stream closed.
+    fn admit(&self, stream: &tokio::net::UnixStream) -> Option<(admission::Slot, u32, u32)> {
+        let Ok(cred) = stream.peer_cred() else {
+            tracing::warn!("cannot read a peer's credentials; closing the connection");
+            return None;
+        };
+        let (uid, gid) = (cred.uid(), cred.gid());
+        let class = if self.current().config.principal_for(uid, gid).is_some() {
+            admission::PeerClass::Principal
+        } else {
+            admission::PeerClass::Stranger
+        };
+        match self.admission.admit(uid, class) {
+            Ok(slot) => Some((slot, uid, gid)),
+            Err(refusal) => {
+                self.admission.log_refusal(uid, class, refusal);
+                None
+            }
+        }
+    }
+}
+
+/// Runs the host until SIGTERM/SIGINT: accepts connections, reloads on SIGHUP, keeps the
+/// systemd watchdog fed, and on stop lets sessions finish their current request.
+pub async fn run(host: Arc<Host>, listener: UnixListener) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let notify = |states: &[sd_notify::NotifyState]| {
+        let _ = sd_notify::notify(false, states);
+    };
+    let (mut term, mut int, mut hup) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(t), Ok(i), Ok(h)) => (t, i, h),
+        _ => {
+            tracing::error!("cannot install signal handlers; stopping");
+            return;
+        }
+    };
+    let mut watchdog_usec = 0u64;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
+    let mut tick = tokio::time::interval(if watchdog {
+        Duration::from_micros(watchdog_usec / 2).max(Duration::from_millis(100))
+    } else {
+        Duration::from_secs(3600)
+    });
+    let mut summaries = tokio::time::interval(SUMMARY_INTERVAL);
+    let mut sessions = tokio::task::JoinSet::new();
+    let mut housekeeping = tokio::time::interval(
+        host.refusals
+            .interval()
+            .min(Duration::from_secs(30))
+            .max(Duration::from_millis(100)),
+    );
+    let mut last_space_warning: Option<tokio::time::Instant> = None;
+    let status = {
+        let generation = host.current();
+        format!(
+            "serving {} tools from {} servers on {}",
+            generation.registry.tools().count(),
+            generation.servers.len(),
+            generation.config.socket.display()
+        )
+    };
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&status),
+    ]);
+    tracing::info!("{status}");
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    // A refused connection is closed at once: the client sees end-of-stream,
+                    // not a hang, and the daemon keeps descriptors for the sessions it serves.
+                    if let Some((slot, uid, gid)) = host.admit(&stream) {
+                        sessions.spawn(session::serve(host.clone(), stream, slot, uid, gid));
+                    }
+                }
+                Err(e) => {
+                    // Typically EMFILE/ENFILE: retrying at once would spin; let sessions end.
+                    tracing::warn!(error = %e, "accept failed; pausing accepts for 100 ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            // Reap finished sessions so the set does not grow without bound.
+            Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = host.stopped() => break,
+            _ = hup.recv() => {
+                let started_usec = reload::monotonic_usec();
+                match started_usec {
+                    Some(u) => notify(&[sd_notify::NotifyState::Reloading, sd_notify::NotifyState::MonotonicUsec(u.into())]),
+                    None => notify(&[sd_notify::NotifyState::Reloading]),
+                }
+                let outcome = host.reload().await;
+                let (accepted, generation, status) = match &outcome {
+                    Ok(id) => (true, *id, format!("reloaded: generation {id}")),
+                    Err(e) => (false, host.current().id, format!("reload refused, still serving the previous configuration: {e}")),
+                };
+                if accepted {
+                    tracing::info!("{status}");
+                } else {
+                    tracing::error!("{status}");
+                }
+                notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
+                // `flowhost reload` (ExecReload) waits for this; without it, it fails closed.
+                let verdict = reload::ReloadVerdict {
+                    pid: std::process::id(),
+                    started_usec: started_usec.unwrap_or(0),
+                    accepted,
+                    generation,
+                    message: status,
+                };
+                if let Err(e) = verdict.write(&host.current().config.state_dir) {
+                    tracing::error!("cannot write the reload verdict: {e}");
+                }
+            }
+            _ = summaries.tick() => host.admission.summarize(),
+            _ = tick.tick() => {
+                if watchdog {
+                    notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+            }
+            _ = housekeeping.tick() => {
+                host.flush_refusals(false).await;
+                if let Some(low) = host.records_space_warning()
+                    && last_space_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(300))
+                {
+                    tracing::warn!("{low}");
+                    last_space_warning = Some(tokio::time::Instant::now());
+                }
+            }
+        }
+    }
+    notify(&[
+        sd_notify::NotifyState::Stopping,
+        sd_notify::NotifyState::Status("stopping"),
+    ]);
+    tracing::info!("stopping: finishing calls in flight");
+    host.begin_shutdown();
+    drop(listener);
+    let drain = async { while sessions.join_next().await.is_some() {} };
+    if tokio::time::timeout(
+        host.current().config.call_timeout + Duration::from_secs(2),
+        drain,
+    )
+    .await
+    .is_err()
+    {
+        tracing::warn!("sessions did not finish in time");
+    }
+    host.finish().await;
+}

@@ -1,0 +1,524 @@
+//! Starting the host: the configuration verified and every manifest admitted, the broker
+//! required, profiles checked against the kernel, then (only then) state opened, bound to the
+//! records, and the executors proven, before the socket is bound.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+
+use flowhost_broker::{Broker, BrokerOptions, Profile};
+use tokio::net::UnixListener;
+
+use super::*;
+use crate::config::{BrokerMode, HostConfig, topology_of};
+use crate::records::health::HealthProducer;
+use crate::records::{RecordWriter, ToolObservationHealth, WriterOptions};
+use crate::registry::{RuntimeTopology, VerifiedRegistry};
+use crate::resolver::{Classifier, FlowResolver};
+use crate::state::FlowStateStore;
+
+/// Why the host refused to start (or to reload).
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// A server's signed manifest could not be loaded.
+    #[error("server {server:?}: {source}")]
+    Manifest {
+        /// The server.
+        server: String,
+        /// The error (boxed: manifest errors carry whole paths and reasons).
+        source: Box<crate::manifest::ManifestFileError>,
+    },
+    /// A server's registered key could not be read.
+    #[error("server {server:?}: registered key: {source}")]
+    Key {
+        /// The server.
+        server: String,
+        /// The error.
+        source: crate::keys::KeyError,
+    },
+    /// A server's execution profile could not be loaded.
+    #[error("server {server:?}: {source}")]
+    Profile {
+        /// The server.
+        server: String,
+        /// The error.
+        source: flowhost_broker::ProfileError,
+    },
+    /// The configured topology contradicts the execution profile.
+    #[error(
+        "server {server:?}: topology {configured:?} contradicts profile {profile:?}, which implies {derived:?}"
+    )]
+    TopologyMismatch {
+        /// The server.
+        server: String,
+        /// The configured value.
+        configured: RuntimeTopology,
+        /// The profile.
+        profile: String,
+        /// What the profile implies.
+        derived: RuntimeTopology,
+    },
+    /// The manifest's server id differs from the configured id.
+    #[error("server {configured:?}: the signed manifest is for server {signed:?}")]
+    ServerIdMismatch {
+        /// The configured id.
+        configured: String,
+        /// The id in the signed manifest.
+        signed: String,
+    },
+    /// The registry refused a manifest.
+    #[error("server {server:?} was not admitted: {source}")]
+    Admission {
+        /// The server.
+        server: String,
+        /// The admission rule that refused it.
+        source: crate::registry::AdmissionError,
+    },
+    /// The registry needs the broker and the broker is disabled or unavailable.
+    #[error("refusing to serve: {0}")]
+    NoBroker(String),
+    /// A profile cannot be enforced on this kernel.
+    #[error("server {server:?}: {source}")]
+    ProfileUnsupported {
+        /// The server.
+        server: String,
+        /// Why.
+        source: flowhost_broker::SpawnError,
+    },
+    /// A state path could not be prepared.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The retained signed set could not be written.
+    #[error("cannot write the retained signed set: {0}")]
+    RetainedSet(#[from] crate::files::FileError),
+    /// The flow-state database could not be opened.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    /// A reload changed a setting that only a restart can apply.
+    #[error(
+        "{key} changed from {before} to {after}; only a restart applies it (restart the host, \
+         or change it back to reload the rest)"
+    )]
+    NeedsRestart {
+        /// The configuration key.
+        key: &'static str,
+        /// The running value.
+        before: String,
+        /// The value in the reloaded file.
+        after: String,
+    },
+    /// The flow-state database is gone although the host has run before: starting would
+    /// reset every label to bottom, which is exactly what flow state exists to prevent.
+    #[error(
+        "flow state {db} is missing, but {records} holds decision records of earlier runs: \
+         starting would reset every principal's and session's label to bottom. Restore {db} \
+         from a backup, or accept the loss by creating {ack} (removed once the host has started)"
+    )]
+    StateLost {
+        /// The missing database.
+        db: PathBuf,
+        /// The record directory that proves earlier runs.
+        records: PathBuf,
+        /// The file an operator creates to accept the loss.
+        ack: PathBuf,
+    },
+    /// The record writer could not be opened.
+    #[error("cannot open the decision records: {0}")]
+    Records(#[from] crate::records::RecordError),
+    /// The flow state disagrees with what the decision records prove.
+    #[error(transparent)]
+    Continuity(#[from] crate::continuity::ContinuityError),
+    /// A server's executor could not be started: serving would fail every call to it.
+    #[error("server {server:?}: {source}")]
+    ExecutorStart {
+        /// The server.
+        server: String,
+        /// Why its executor did not start.
+        source: ExecutorError,
+    },
+}
+
+/// Verifies and registers every configured manifest. Touches no state and spawns nothing.
+pub fn verify_registry(
+    config: &HostConfig,
+) -> Result<(VerifiedRegistry, BTreeMap<String, Arc<Profile>>), StartupError> {
+    let mut registry = VerifiedRegistry::new();
+    let mut profiles = BTreeMap::new();
+    for s in &config.servers {
+        let envelope = crate::manifest::load_envelope_file(&s.manifest).map_err(|source| {
+            StartupError::Manifest {
+                server: s.id.clone(),
+                source: Box::new(source),
+            }
+        })?;
+        let signed_id = envelope.body().server_id().to_string();
+        if signed_id != s.id {
+            return Err(StartupError::ServerIdMismatch {
+                configured: s.id.clone(),
+                signed: signed_id,
+            });
+        }
+        let key =
+            crate::keys::verifying_key_from_arg(&s.key).map_err(|source| StartupError::Key {
+                server: s.id.clone(),
+                source,
+            })?;
+        let profile = Profile::find(&s.profile, &config.profiles_dir).map_err(|source| {
+            StartupError::Profile {
+                server: s.id.clone(),
+                source,
+            }
+        })?;
+        let derived = topology_of(&profile);
+        if let Some(configured) = s.topology
+            && configured != derived
+        {
+            return Err(StartupError::TopologyMismatch {
+                server: s.id.clone(),
+                configured,
+                profile: profile.name.clone(),
+                derived,
+            });
+        }
+        let topologies = envelope
+            .body()
+            .tools()
+            .iter()
+            .map(|t| (t.name().to_string(), derived))
+            .collect();
+        registry
+            .register(envelope, &key, &s.policies, &topologies)
+            .map_err(|source| StartupError::Admission {
+                server: s.id.clone(),
+                source,
+            })?;
+        profiles.insert(s.id.clone(), Arc::new(profile));
+    }
+    Ok((registry, profiles))
+}
+
+/// Refuses a registry that needs the broker when the broker is disabled or cannot start,
+/// and returns the broker otherwise.
+pub fn require_broker(
+    config: &HostConfig,
+    registry: &VerifiedRegistry,
+) -> Result<Broker, StartupError> {
+    let needs = registry.requires_flow_runtime();
+    if config.broker == BrokerMode::Disabled {
+        return Err(StartupError::NoBroker(if needs {
+            "the registry requires flow mediation (a tool declares flow, egresses, or has a clearance, floor or purpose), and the native broker is disabled (host.broker = \"disabled\")".into()
+        } else {
+            "the native broker is disabled (host.broker = \"disabled\") and flowhost has no unmediated way to run executors".into()
+        }));
+    }
+    Broker::new(BrokerOptions {
+        executor_identity: config.executor_identity,
+        executor_uids: Some(config.executor_uids),
+    })
+    .map_err(|e| {
+        StartupError::NoBroker(if needs {
+            format!(
+                "the registry requires flow mediation and the native broker is unavailable: {e}"
+            )
+        } else {
+            format!("the native broker is unavailable: {e}")
+        })
+    })
+}
+
+/// Refuses a profile the broker cannot enforce, and logs, per server, which bounds its
+/// executors run under and how (a `best_effort` bound the host cannot hold is a warning).
+pub(super) fn check_profiles(
+    broker: &Broker,
+    profiles: &BTreeMap<String, Arc<Profile>>,
+) -> Result<(), StartupError> {
+    for (server, profile) in profiles {
+        broker
+            .check_profile(profile)
+            .map_err(|source| StartupError::ProfileUnsupported {
+                server: server.clone(),
+                source,
+            })?;
+        let report = broker.bounds(profile);
+        tracing::info!(server = %server, "{report}");
+        for b in report.not_in_force() {
+            tracing::warn!(server = %server, field = b.field, "{} of profile {:?} is not in force on this host", b.field, profile.name);
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a reload that changes settings fixed at start (where state lives, how the
+/// socket and broker were set up, the resolver's classifiers and input floor): applying the
+/// rest while silently keeping the old values would make the file lie about the host.
+pub(super) fn refuse_restart_only_changes(
+    running: &HostConfig,
+    new: &HostConfig,
+) -> Result<(), StartupError> {
+    type Shown = fn(&HostConfig) -> String;
+    let fixed: [(&'static str, Shown); 15] = [
+        ("socket", |c| c.socket.display().to_string()),
+        ("socket_mode", |c| format!("{:o}", c.socket_mode)),
+        ("state_dir", |c| c.state_dir.display().to_string()),
+        ("records_dir", |c| c.records_dir.display().to_string()),
+        ("health_file", |c| c.health_file.display().to_string()),
+        ("broker", |c| format!("{:?}", c.broker)),
+        ("executor_uid/executor_gid", |c| {
+            format!("{:?}", c.executor_identity)
+        }),
+        ("executor_uid_range", |c| c.executor_uids.to_string()),
+        ("records_rotate_bytes", |c| {
+            c.records_rotate_bytes.to_string()
+        }),
+        ("operator_input_floor", |c| {
+            c.operator_input_floor.to_string()
+        }),
+        ("classifier_version", |c| c.classifier_version.clone()),
+        ("refusal_fold_interval_ms", |c| {
+            c.refusal_fold_interval.as_millis().to_string()
+        }),
+        ("refusal_records_per_interval", |c| {
+            c.refusal_records_per_interval.to_string()
+        }),
+        ("records_min_free_mib", |c| {
+            (c.records_min_free_bytes / (1024 * 1024)).to_string()
+        }),
+        ("classifier", |c| {
+            let rules: Vec<String> = c
+                .classifiers
+                .iter()
+                .map(|r| format!("{} -> {} {:?}", r.pattern.as_str(), r.label, r.scopes))
+                .collect();
+            format!("{rules:?}")
+        }),
+    ];
+    for (key, shown) in fixed {
+        let (before, after) = (shown(running), shown(new));
+        if before != after {
+            return Err(StartupError::NeedsRestart { key, before, after });
+        }
+    }
+    Ok(())
+}
+
+/// The last durable record of a writer: its sequence number and line hash.
+pub(super) fn writer_head(status: &crate::records::WriterStatus) -> Option<(u64, String)> {
+    status
+        .last_seq
+        .map(|seq| (seq, status.chain_head.as_str().to_string()))
+}
+
+/// What a run's health carries over from the previous run's: the start of the range it
+/// vouches for and the counts in it. Carried only when the previous health was complete,
+/// written by a daemon, and ends exactly where the records now end (so nothing happened
+/// between that health and this run); otherwise the range starts with this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Coverage {
+    pub(super) first_seq: u64,
+    pub(super) tool_calls: u64,
+    pub(super) unknown_tools: u64,
+}
+
+impl Coverage {
+    pub(super) fn carried_over(
+        health_file: &Path,
+        status: &crate::records::WriterStatus,
+    ) -> Coverage {
+        let this_run = Coverage {
+            first_seq: status.last_seq.map_or(1, |s| s.saturating_add(1)),
+            tool_calls: 0,
+            unknown_tools: 0,
+        };
+        let Ok(previous) = ToolObservationHealth::read_from(health_file) else {
+            return this_run;
+        };
+        let ends_here = previous.records.last_seq == status.last_seq
+            && previous.records.chain_head.as_deref() == Some(status.chain_head.as_str());
+        match (
+            previous.complete,
+            previous.producer,
+            previous.records.first_seq,
+            previous.tool_calls_observed,
+            previous.unknown_tool_count,
+        ) {
+            (
+                true,
+                HealthProducer::Daemon,
+                Some(first_seq),
+                Some(tool_calls),
+                Some(unknown_tools),
+            ) if ends_here => Coverage {
+                first_seq,
+                tool_calls,
+                unknown_tools,
+            },
+            _ => this_run,
+        }
+    }
+}
+
+/// The flow-state database's file name inside `state_dir`.
+pub const STATE_FILE: &str = "state.db";
+/// The file an operator creates in `state_dir` to accept starting with fresh flow state
+/// after the database was lost.
+pub const STATE_RESET_FILE: &str = "state-reset-accepted";
+
+/// Refuses a fresh flow state when the record directory shows earlier runs, unless the
+/// operator accepted the reset. Returns whether a reset was accepted.
+fn check_state_continuity(config: &HostConfig) -> Result<bool, StartupError> {
+    let db = config.state_dir.join(STATE_FILE);
+    if db.exists() {
+        return Ok(false);
+    }
+    let ack = config.state_dir.join(STATE_RESET_FILE);
+    if ack.exists() {
+        return Ok(true);
+    }
+    let io = |source| StartupError::Io {
+        path: config.records_dir.clone(),
+        source,
+    };
+    let mut ran_before = false;
+    for entry in std::fs::read_dir(&config.records_dir).map_err(io)? {
+        let name = entry.map_err(io)?.file_name();
+        if name
+            .to_str()
+            .and_then(crate::records::store::parse_record_file_name)
+            .is_some()
+        {
+            ran_before = true;
+            break;
+        }
+    }
+    if ran_before {
+        return Err(StartupError::StateLost {
+            db,
+            records: config.records_dir.clone(),
+            ack,
+        });
+    }
+    Ok(false)
+}
+
+fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let io = |source| StartupError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(io)?;
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.permissions().mode() & 0o022 != 0 {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "is writable by group or others; flowhost keeps its state private (chmod 700)",
+        )));
+    }
+    Ok(())
+}
+
+impl Host {
+    /// Starts the host from `config_file` (see the module docs for the order), serving on
+    /// `passed` (a socket-activated listener) or on the configured socket. Returns the host
+    /// and its listener.
+    pub async fn start(
+        config_file: &Path,
+        passed: Option<std::os::unix::net::UnixListener>,
+    ) -> Result<(Arc<Host>, UnixListener), StartupError> {
+        let config = HostConfig::load(config_file)?;
+        let (registry, profiles) = verify_registry(&config)?;
+        let broker = require_broker(&config, &registry)?;
+        check_profiles(&broker, &profiles)?;
+
+        // Only now is any state touched.
+        ensure_dir(&config.state_dir, 0o700)?;
+        ensure_dir(&config.records_dir, 0o700)?;
+        registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
+        let reset_accepted = check_state_continuity(&config)?;
+        let db = config.state_dir.join(STATE_FILE);
+        let state = Arc::new(FlowStateStore::open(&db)?);
+        let records = RecordWriter::open(
+            &config.records_dir,
+            WriterOptions {
+                rotate_bytes: config.records_rotate_bytes,
+                ..WriterOptions::default()
+            },
+        )?;
+        let status = records.status();
+        if reset_accepted {
+            let ack = config.state_dir.join(STATE_RESET_FILE);
+            tracing::warn!(path = %ack.display(), "flow state was reset by the operator; labels restart at bottom");
+            crate::continuity::rebind(
+                &state,
+                writer_head(&status).as_ref().map(|(s, h)| (*s, h.as_str())),
+            )?;
+            std::fs::remove_file(&ack).map_err(|source| StartupError::Io { path: ack, source })?;
+        } else {
+            crate::continuity::check(
+                &state,
+                &crate::continuity::Places {
+                    db: &db,
+                    state_dir: &config.state_dir,
+                    records: &config.records_dir,
+                },
+            )?;
+        }
+        let coverage = Coverage::carried_over(&config.health_file, &status);
+        let resolver = Arc::new(FlowResolver::new(
+            Classifier::new(config.classifiers.clone()),
+            config.operator_input_floor.clone(),
+            state,
+        ));
+        let health_file = config.health_file.clone();
+        let counters = Arc::new(HostCounters::default());
+        let refusals = refusals::RefusalFolder::new(
+            config.refusal_fold_interval,
+            config.refusal_records_per_interval,
+        );
+        let records_min_free_bytes = config.records_min_free_bytes;
+        let generation = build_generation(
+            1,
+            config,
+            registry,
+            &profiles,
+            &broker,
+            (&resolver, &records, &counters),
+        );
+        // Before binding: a client that can connect finds every server's executors proven.
+        prime_pools(&generation).await?;
+        let listener = activation::bind(
+            &generation.config.socket,
+            generation.config.socket_mode,
+            passed,
+        )?;
+        let host = Arc::new(Host {
+            generation: RwLock::new(Arc::new(generation)),
+            next_generation: AtomicU64::new(2),
+            broker,
+            resolver,
+            records,
+            counters,
+            coverage,
+            refusals,
+            records_min_free_bytes,
+            shutdown: tokio::sync::watch::channel(false).0,
+            config_path: config_file.to_path_buf(),
+            health_file,
+            admission: Arc::new(admission::Admission::default()),
+        });
+        Ok((host, listener))
+    }
+}
