@@ -6,30 +6,23 @@
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+// The tree shows the stages: model (the vocabulary), admission (manifest -> registry),
+// resolve (resolver, state, rules, grants), the broker (its own crate), records, diff; the
+// host wires them together and cli drives it. The old flat paths stay available below.
+pub mod admission;
 pub mod canonical;
 pub mod cli;
-pub mod config;
-pub mod continuity;
-pub mod daemon;
-pub mod decision;
-pub mod demo;
-pub mod destination;
 pub mod diff;
 pub mod files;
-pub mod flow;
-pub mod grant;
-pub mod ident;
-pub mod keys;
-pub mod lab;
-pub mod label;
-pub mod logging;
-pub mod manifest;
-pub mod mcp;
-pub mod openapi;
+pub mod host;
+pub mod model;
 pub mod records;
-pub mod registry;
-pub mod resolver;
-pub mod state;
+pub mod resolve;
+
+pub use admission::{keys, manifest, openapi, registry};
+pub use host::{config, daemon, demo, lab, logging, mcp};
+pub use model::{decision, flow, ident, label};
+pub use resolve::{continuity, destination, grant, resolver, state};
 
 pub use flow::{
     EgressDenial, FlowDecodeError, ToolFlowDeclaration, ToolFlowError, authorize_egress,

@@ -1,5 +1,8 @@
 //! The hash chain over record lines, and its verification.
 //!
+//! This file is long on purpose: the chain and its verifier (parallel, bounded memory, every
+//! problem with file and line) are one concept, the definition of an intact record stream.
+//!
 //! Record `n` carries `seq = n` and `prev_hash` = `sha256:` + hex(SHA-256(line bytes of record
 //! `n-1`, without the newline)); record 1 carries [`GENESIS_HASH`]. The chain runs across
 //! rotated files. Deleting a line shows as a sequence gap; editing a line breaks the next

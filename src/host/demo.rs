@@ -1,5 +1,10 @@
 //! `flowhost demo`: the pricing lab end to end, on real processes.
 //!
+//! This file is long on purpose: the demo is one story told in order (keys, manifests, host,
+//! workflow, records, health, diff). The flowhost binary embeds the example executors
+//! (fixtures/tools) behind a hidden `example-tool` subcommand so that this one-command main job
+//! needs no other binary installed; production servers run their own executors.
+//!
 //! Generates keys, signs the three pricing-lab manifests, starts the host (real broker, real
 //! sandboxed executors, loopback relays) and runs the workflow: read the terms, publish to the
 //! team channel (allowed: the relay shows the bytes), publish to the public pull request
@@ -53,20 +58,20 @@ const MARKER: &str = ".flowhost-demo";
 const SERVERS: [(&str, &str); 3] = [
     (
         "workspace",
-        include_str!("../fixtures/pricing-lab/workspace.manifest.json"),
+        include_str!("../../fixtures/pricing-lab/workspace.manifest.json"),
     ),
     (
         "team-inbox",
-        include_str!("../fixtures/pricing-lab/team-inbox.manifest.json"),
+        include_str!("../../fixtures/pricing-lab/team-inbox.manifest.json"),
     ),
     (
         "public-inbox",
-        include_str!("../fixtures/pricing-lab/public-inbox.manifest.json"),
+        include_str!("../../fixtures/pricing-lab/public-inbox.manifest.json"),
     ),
 ];
 const TERMS: (&str, &str) = (
     "harbor-goods-terms.md",
-    include_str!("../fixtures/pricing-lab/documents/harbor-goods-terms.md"),
+    include_str!("../../fixtures/pricing-lab/documents/harbor-goods-terms.md"),
 );
 
 /// A loopback relay that keeps what it receives.

@@ -1,6 +1,9 @@
 //! The host configuration file (TOML). Every key is documented in the README ("Host
 //! configuration"); `fixtures/pricing-lab/host.toml` is an annotated example.
 //!
+//! This file is long on purpose: it is the one strict decoder of the host file, every key with
+//! its check and its error naming file and key, in the order the README documents them.
+//!
 //! Loading guarantees: unknown keys are errors; every error names the file and the key;
 //! relative paths are resolved against the file's directory; `${config_dir}` in executor
 //! arguments is replaced by that directory; a server's runtime topology is derived from its

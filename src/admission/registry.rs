@@ -1,6 +1,9 @@
 //! The verified registry: the only way a tool gets into the host (docs/ARCHITECTURE.md,
 //! "Data path").
 //!
+//! This file is long on purpose: the eight admission rules, the admitted types they produce and
+//! the bridge-metadata check read the same private fields, which a split would have to expose.
+//!
 //! [`VerifiedRegistry::register`] admits one signed manifest under the operator's key, policy
 //! and the host's runtime topology, applying the eight admission rules in order:
 //!

@@ -1,5 +1,9 @@
 //! Manifest bodies from OpenAPI 3 documents, and flow declarations written back to them.
 //!
+//! This file is long on purpose: import and export are one mapping read in two directions
+//! (operations, parameters, request bodies, component schemas, the flow extension names), kept
+//! side by side so they cannot drift apart.
+//!
 //! [`manifest_from_openapi`] makes one tool per operation (`get`, `put`, `post`, `delete`,
 //! `options`, `head`, `patch`, `trace` under each path, in path order then that method
 //! order):
