@@ -11,8 +11,10 @@ use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::cgroup::{CgroupSupport, Controller, ExecutorCgroup};
-use crate::executor::{Executor, Lease, ReaperJob};
+use crate::executor::Executor;
+use crate::filter::Programs;
 use crate::profile::{CgroupMode, LandlockMode, Profile};
+use crate::reap::{Lease, LeaseGuard, Reap, ReaperJob};
 use crate::spawn::{self, Prepared, SpawnError, SpawnSpec, Started};
 use crate::supervisor::{self, Context, Counters, End};
 use crate::sys;
@@ -86,6 +88,8 @@ pub struct BrokerStats {
     pub denied: u64,
     /// Notifications the broker could not handle.
     pub failed_notifications: u64,
+    /// Seccomp programs compiled: one per distinct profile, however many spawns it has.
+    pub programs_compiled: u64,
 }
 
 impl BrokerStats {
@@ -107,6 +111,8 @@ struct Inner {
     identity: Option<(u32, u32)>,
     uids: Option<Arc<UidPool>>,
     cgroups: CgroupSupport,
+    /// Each profile's seccomp program, compiled once.
+    programs: Programs,
     counters: Arc<Counters>,
     /// Notifications being handled across all executors (bounded by `supervisor::BROKER_HANDLERS`).
     handlers: Arc<tokio::sync::Semaphore>,
@@ -269,6 +275,7 @@ impl Broker {
                 identity,
                 uids,
                 cgroups,
+                programs: Programs::default(),
                 counters: Arc::new(Counters::default()),
                 handlers: Arc::new(tokio::sync::Semaphore::new(
                     crate::supervisor::BROKER_HANDLERS,
@@ -299,7 +306,9 @@ impl Broker {
             });
         }
         self.require_bounds(profile)?;
-        crate::filter::compile(profile)
+        self.inner
+            .programs
+            .get(profile)
             .map(drop)
             .map_err(|e| SpawnError::Prepare(e.to_string()))
     }
@@ -346,6 +355,7 @@ impl Broker {
             allowed: c.allowed.load(Ordering::Relaxed),
             denied: c.denied.load(Ordering::Relaxed),
             failed_notifications: c.failed.load(Ordering::Relaxed),
+            programs_compiled: self.inner.programs.compilations(),
         }
     }
 
@@ -378,13 +388,19 @@ impl Broker {
                     .map_err(|e| fail(SpawnError::Cgroup(e)))?,
             );
         }
-        let lease = crate::executor::LeaseGuard::new(lease, self.inner.reaper.clone());
+        let lease = LeaseGuard::new(lease, self.inner.reaper.clone());
         let identity = lease.uid().map(|u| (u, u)).or(self.inner.identity);
+        let filter = self
+            .inner
+            .programs
+            .get(&spec.profile)
+            .map_err(|e| fail(SpawnError::Prepare(e.to_string())))?;
         let mut prepared = spawn::prepare(
             spec,
             self.inner.support.privileged,
             identity,
             self.inner.support.landlock_abi,
+            filter,
         )
         .map_err(fail)?;
         prepared.cgroup_procs = lease.procs_files();
@@ -423,7 +439,7 @@ impl Broker {
 
         let (tx, attempts) = mpsc::channel(64);
         let counters = Arc::new(Counters::default());
-        let reap = Arc::new(crate::executor::Reap::new(pidfd.clone(), lease));
+        let reap = Arc::new(Reap::new(pidfd.clone(), lease));
         let ctx = Arc::new(Context {
             listener,
             reap: reap.clone(),

@@ -19,98 +19,7 @@ use std::os::raw::{c_char, c_int};
 
 use seccompiler::sock_filter;
 
-/// Where the child failed, reported to the parent with the errno.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Stage {
-    /// Waiting for the parent to write the user-namespace maps.
-    UserNamespace = 1,
-    /// Making mounts private, mounting /proc or the private /tmp.
-    Mounts = 2,
-    /// Setting the hostname in the new UTS namespace (no longer fatal; kept for numbering).
-    Hostname = 3,
-    /// Arranging stdio and inherited descriptors.
-    Descriptors = 4,
-    /// Changing to the working directory.
-    WorkingDirectory = 5,
-    /// Applying rlimits.
-    Limits = 6,
-    /// Dropping the capability bounding set and the ambient set.
-    CapabilityBounds = 7,
-    /// setgroups / setresgid / setresuid.
-    Identity = 8,
-    /// Clearing the remaining capabilities.
-    Capabilities = 9,
-    /// PR_SET_PDEATHSIG / PR_SET_NO_NEW_PRIVS.
-    Prctl = 10,
-    /// landlock_restrict_self.
-    Landlock = 11,
-    /// Installing the seccomp filter with a notify listener.
-    Seccomp = 12,
-    /// Waiting for the parent to take the listener.
-    Handshake = 13,
-    /// execve itself.
-    Exec = 14,
-    /// setsid: leaving the host's session and its controlling terminal.
-    Session = 15,
-    /// Setting and locking securebits (noroot, no_cap_ambient_raise).
-    Securebits = 16,
-}
-
-impl Stage {
-    /// Decodes a stage number from the status pipe.
-    pub fn from_u32(v: u32) -> Option<Stage> {
-        use Stage::*;
-        Some(match v {
-            1 => UserNamespace,
-            2 => Mounts,
-            3 => Hostname,
-            4 => Descriptors,
-            5 => WorkingDirectory,
-            6 => Limits,
-            7 => CapabilityBounds,
-            8 => Identity,
-            9 => Capabilities,
-            10 => Prctl,
-            11 => Landlock,
-            12 => Seccomp,
-            13 => Handshake,
-            14 => Exec,
-            15 => Session,
-            16 => Securebits,
-            _ => return None,
-        })
-    }
-
-    /// What the stage does, for error messages.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Stage::UserNamespace => "waiting for user-namespace maps",
-            Stage::Mounts => "setting up the mount namespace (private mounts, /proc, /tmp)",
-            Stage::Hostname => "setting the executor hostname",
-            Stage::Descriptors => "arranging file descriptors",
-            Stage::WorkingDirectory => "changing to the working directory",
-            Stage::Limits => "applying resource limits",
-            Stage::CapabilityBounds => "dropping the capability bounding set and ambient set",
-            Stage::Identity => "switching to the executor uid/gid",
-            Stage::Capabilities => "clearing capabilities",
-            Stage::Prctl => "setting the parent-death signal and no_new_privs",
-            Stage::Landlock => "applying Landlock rules",
-            Stage::Seccomp => "installing the seccomp filter with a notify listener",
-            Stage::Handshake => "handing the seccomp listener to the host",
-            Stage::Exec => "executing the command",
-            Stage::Session => "starting a new session without a controlling terminal",
-            Stage::Securebits => {
-                "setting the executor's securebits (noroot, no_cap_ambient_raise, both locked)"
-            }
-        }
-    }
-}
-
-/// Status message tag meaning "the filter is installed; the value is the listener fd".
-pub const READY: u32 = 0xFFFF;
-/// Status message tag meaning "started; write the user-namespace maps" (unprivileged mode).
-pub const STARTED: u32 = 0xFFFE;
+use crate::stage::{READY, STARTED, Stage};
 
 /// SECBIT_NOROOT: uid 0 gains no capabilities on exec.
 pub const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
@@ -184,8 +93,8 @@ pub struct ChildPlan {
     /// (path, access) rules for paths the child mounts afresh (/proc, a private /tmp): a
     /// rule made by the parent would name the host's inode, not the new mount's.
     pub landlock_late: Vec<(CString, u64)>,
-    /// The seccomp program.
-    pub filter: Vec<sock_filter>,
+    /// The seccomp program (the profile's, shared by all its spawns).
+    pub filter: std::sync::Arc<Vec<sock_filter>>,
 }
 
 fn errno() -> i32 {
@@ -673,15 +582,5 @@ mod tests {
             securebits_locked_off(SECBIT_NOROOT_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED),
             vec!["noroot", "no_cap_ambient_raise"]
         );
-    }
-
-    #[test]
-    fn every_stage_round_trips_through_the_status_pipe_number() {
-        for n in 1..=16 {
-            let stage = Stage::from_u32(n).expect("a stage");
-            assert_eq!(stage as u32, n);
-        }
-        assert_eq!(Stage::from_u32(17), None);
-        assert!(Stage::Securebits.describe().contains("securebits"));
     }
 }

@@ -13,10 +13,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::attempt::EgressAttempt;
-use crate::cgroup::{BoundHit, ExecutorCgroup};
+use crate::cgroup::BoundHit;
+use crate::reap::{Reap, ReaperJob};
 use crate::supervisor::Counters;
 use crate::sys::{self, WaitStatus};
-use crate::uids::UidLease;
 
 /// How an executor ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,136 +72,6 @@ impl ExitStatus {
             ),
             _ => None,
         }
-    }
-}
-
-/// What an executor holds while it lives: its own uid and its cgroup.
-#[derive(Debug, Default)]
-pub(crate) struct Lease {
-    pub(crate) uid: Option<UidLease>,
-    pub(crate) cgroup: Option<ExecutorCgroup>,
-}
-
-/// Work for the broker's reaper thread.
-pub(crate) enum ReaperJob {
-    /// Wait for a killed executor whose handle was dropped, so no zombie is left.
-    Wait(Arc<Reap>),
-    /// Remove an ended executor's cgroup (killing what is left in it), then return its uid.
-    Release(Lease),
-}
-
-/// How long the reaper waits for what is left of an executor's cgroup to go.
-const CGROUP_REMOVAL: Duration = Duration::from_secs(10);
-
-impl ReaperJob {
-    pub(crate) fn run(self) {
-        match self {
-            ReaperJob::Wait(reap) => {
-                // Readable once the executor has exited; try_reap then reaps it and hands
-                // its lease back here.
-                let mut fd = [nix::poll::PollFd::new(
-                    reap.pidfd.get_ref().as_fd(),
-                    nix::poll::PollFlags::POLLIN,
-                )];
-                while let Err(nix::errno::Errno::EINTR) =
-                    nix::poll::poll(&mut fd, nix::poll::PollTimeout::NONE)
-                {}
-                let _ = reap.try_reap();
-            }
-            ReaperJob::Release(lease) => {
-                let gone = lease
-                    .cgroup
-                    .as_ref()
-                    .is_none_or(|c| c.remove(CGROUP_REMOVAL));
-                if gone {
-                    drop(lease.uid);
-                } else if let Some(uid) = lease.uid {
-                    // Something of the executor may still run as this uid: it is never
-                    // handed to another executor while this broker lives.
-                    tracing::warn!(
-                        uid = uid.uid(),
-                        "an executor's cgroup outlived it; its uid stays reserved"
-                    );
-                    std::mem::forget(uid);
-                }
-            }
-        }
-    }
-}
-
-/// A [`Lease`] that goes to the reaper thread for release when dropped, on every path.
-pub(crate) struct LeaseGuard {
-    lease: Option<Lease>,
-    reaper: std::sync::mpsc::Sender<ReaperJob>,
-}
-
-impl LeaseGuard {
-    pub(crate) fn new(lease: Lease, reaper: std::sync::mpsc::Sender<ReaperJob>) -> Self {
-        LeaseGuard {
-            lease: Some(lease),
-            reaper,
-        }
-    }
-
-    /// The leased uid, if any.
-    pub(crate) fn uid(&self) -> Option<u32> {
-        self.lease.as_ref()?.uid.as_ref().map(UidLease::uid)
-    }
-
-    /// Where the executor's pid must be written before it may exec.
-    pub(crate) fn procs_files(&self) -> Vec<std::path::PathBuf> {
-        self.lease
-            .as_ref()
-            .and_then(|l| l.cgroup.as_ref())
-            .map(ExecutorCgroup::procs_files)
-            .unwrap_or_default()
-    }
-
-    fn hit(&self) -> Option<BoundHit> {
-        self.lease.as_ref()?.cgroup.as_ref()?.hit()
-    }
-}
-
-impl Drop for LeaseGuard {
-    fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            let _ = self.reaper.send(ReaperJob::Release(lease));
-        }
-    }
-}
-
-/// The executor's pidfd and, once reaped, how it ended. Shared by the handle and the
-/// supervisor, which reaps the executor as soon as it exits so no zombie outlives it,
-/// whether or not anyone waits on the handle.
-pub(crate) struct Reap {
-    pub(crate) pidfd: Arc<AsyncFd<OwnedFd>>,
-    status: std::sync::Mutex<Option<(WaitStatus, Option<BoundHit>)>>,
-    lease: std::sync::Mutex<Option<LeaseGuard>>,
-}
-
-impl Reap {
-    pub(crate) fn new(pidfd: Arc<AsyncFd<OwnedFd>>, lease: LeaseGuard) -> Self {
-        Reap {
-            pidfd,
-            status: std::sync::Mutex::new(None),
-            lease: std::sync::Mutex::new(Some(lease)),
-        }
-    }
-
-    /// Reaps the executor if it has exited (at most once), and returns how it ended and
-    /// which whole-executor bound it ran into. Once reaped, its cgroup and uid are released.
-    pub(crate) fn try_reap(&self) -> io::Result<Option<(WaitStatus, Option<BoundHit>)>> {
-        let mut status = self
-            .status
-            .lock()
-            .map_err(|_| io::Error::other("reap state poisoned"))?;
-        if status.is_none()
-            && let Some(ended) = sys::waitid_pidfd(self.pidfd.get_ref().as_fd(), false)?
-        {
-            let lease = self.lease.lock().ok().and_then(|mut l| l.take());
-            *status = Some((ended, lease.as_ref().and_then(LeaseGuard::hit)));
-        }
-        Ok(*status)
     }
 }
 

@@ -16,14 +16,16 @@
 //! | 4 | user notification | connect, sendto with an address, sendmsg, sendmmsg, bind |
 //! | — | allow | everything else |
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch, sock_filter,
 };
 
-use crate::profile::Profile;
+use crate::profile::{NetlinkProtocol, Profile, SocketFamily};
 
 /// Why a filter could not be compiled.
 #[derive(Debug, thiserror::Error)]
@@ -34,85 +36,6 @@ pub enum FilterError {
     /// The chained program exceeds the kernel's 4096-instruction limit.
     #[error("seccomp program is {0} instructions; the kernel accepts at most 4096")]
     TooLarge(usize),
-}
-
-/// A socket family a profile may allow. Families outside this set (AF_PACKET, AF_VSOCK,
-/// AF_BLUETOOTH, ...) are never allowed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum SocketFamily {
-    /// AF_UNIX.
-    Unix,
-    /// AF_INET.
-    Inet,
-    /// AF_INET6.
-    Inet6,
-    /// AF_NETLINK (further limited by protocol).
-    Netlink,
-}
-
-impl SocketFamily {
-    /// The names accepted in profiles.
-    pub const NAMES: &'static [&'static str] = &["unix", "inet", "inet6", "netlink"];
-
-    /// Parses a profile name.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "unix" => SocketFamily::Unix,
-            "inet" => SocketFamily::Inet,
-            "inet6" => SocketFamily::Inet6,
-            "netlink" => SocketFamily::Netlink,
-            _ => return None,
-        })
-    }
-
-    /// The AF_* value.
-    pub fn af(self) -> i32 {
-        match self {
-            SocketFamily::Unix => libc::AF_UNIX,
-            SocketFamily::Inet => libc::AF_INET,
-            SocketFamily::Inet6 => libc::AF_INET6,
-            SocketFamily::Netlink => libc::AF_NETLINK,
-        }
-    }
-}
-
-/// A netlink protocol a profile may allow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum NetlinkProtocol {
-    /// NETLINK_ROUTE (interface and address queries).
-    Route,
-    /// NETLINK_SOCK_DIAG.
-    SockDiag,
-    /// NETLINK_KOBJECT_UEVENT.
-    KobjectUevent,
-    /// NETLINK_GENERIC.
-    Generic,
-}
-
-impl NetlinkProtocol {
-    /// The names accepted in profiles.
-    pub const NAMES: &'static [&'static str] = &["route", "sock_diag", "kobject_uevent", "generic"];
-
-    /// Parses a profile name.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "route" => NetlinkProtocol::Route,
-            "sock_diag" => NetlinkProtocol::SockDiag,
-            "kobject_uevent" => NetlinkProtocol::KobjectUevent,
-            "generic" => NetlinkProtocol::Generic,
-            _ => return None,
-        })
-    }
-
-    /// The NETLINK_* value.
-    pub fn value(self) -> i32 {
-        match self {
-            NetlinkProtocol::Route => libc::NETLINK_ROUTE,
-            NetlinkProtocol::SockDiag => libc::NETLINK_SOCK_DIAG,
-            NetlinkProtocol::KobjectUevent => libc::NETLINK_KOBJECT_UEVENT,
-            NetlinkProtocol::Generic => libc::NETLINK_GENERIC,
-        }
-    }
 }
 
 /// Syscalls that open a path around the broker or the sandbox; denied with EPERM always.
@@ -211,52 +134,6 @@ const CLONE_NAMESPACE_FLAGS: &[u64] = &[
     libc::CLONE_NEWNET as u64,
 ];
 
-/// Syscall names a profile may add to `seccomp.extra_deny` (x86_64 numbers).
-const NAMED_SYSCALLS: &[(&str, i64)] = &[
-    ("accept", libc::SYS_accept),
-    ("accept4", libc::SYS_accept4),
-    ("chmod", libc::SYS_chmod),
-    ("chown", libc::SYS_chown),
-    ("clock_settime", libc::SYS_clock_settime),
-    ("execve", libc::SYS_execve),
-    ("execveat", libc::SYS_execveat),
-    ("fanotify_init", libc::SYS_fanotify_init),
-    ("fchmod", libc::SYS_fchmod),
-    ("fchown", libc::SYS_fchown),
-    ("fork", libc::SYS_fork),
-    ("inotify_init1", libc::SYS_inotify_init1),
-    ("kcmp", libc::SYS_kcmp),
-    ("link", libc::SYS_link),
-    ("linkat", libc::SYS_linkat),
-    ("listen", libc::SYS_listen),
-    ("memfd_create", libc::SYS_memfd_create),
-    ("mknod", libc::SYS_mknod),
-    ("mknodat", libc::SYS_mknodat),
-    ("name_to_handle_at", libc::SYS_name_to_handle_at),
-    ("pidfd_open", libc::SYS_pidfd_open),
-    ("process_madvise", libc::SYS_process_madvise),
-    ("recvmmsg", libc::SYS_recvmmsg),
-    ("recvmsg", libc::SYS_recvmsg),
-    ("rename", libc::SYS_rename),
-    ("renameat2", libc::SYS_renameat2),
-    ("settimeofday", libc::SYS_settimeofday),
-    ("symlink", libc::SYS_symlink),
-    ("symlinkat", libc::SYS_symlinkat),
-    ("sync", libc::SYS_sync),
-    ("syslog", libc::SYS_syslog),
-    ("unlink", libc::SYS_unlink),
-    ("unlinkat", libc::SYS_unlinkat),
-    ("vfork", libc::SYS_vfork),
-];
-
-/// The x86_64 number of a syscall a profile may name.
-pub fn syscall_number(name: &str) -> Option<i64> {
-    NAMED_SYSCALLS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, nr)| *nr)
-}
-
 const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 /// Match action of the notify segment before it is rewritten; any TRACE value would do,
@@ -300,15 +177,80 @@ type Rules = BTreeMap<i64, Vec<SeccompRule>>;
 
 /// Compiles the executor program for `profile`.
 pub fn compile(profile: &Profile) -> Result<BpfProgram, FilterError> {
+    compile_program(&Inputs::of(profile))
+}
+
+/// Every part of a profile its program depends on, and nothing else: profiles with equal
+/// inputs get the same program, so it is compiled once for all of them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Inputs {
+    socket_families: BTreeSet<SocketFamily>,
+    netlink_protocols: BTreeSet<NetlinkProtocol>,
+    extra_deny: BTreeSet<i64>,
+}
+
+impl Inputs {
+    fn of(profile: &Profile) -> Self {
+        Inputs {
+            socket_families: profile.socket_families.clone(),
+            netlink_protocols: profile.netlink_protocols.clone(),
+            extra_deny: profile.extra_deny.iter().map(|(_, nr)| *nr).collect(),
+        }
+    }
+}
+
+/// Most distinct programs a [`Programs`] cache holds. Profiles come from the operator's
+/// configuration, so a host has a handful; past this (many reloads of edited profiles), the
+/// cache starts afresh rather than grow, and programs still in use stay alive through their
+/// `Arc`s.
+const MAX_CACHED_PROGRAMS: usize = 64;
+
+/// The compiled program of every profile a broker has checked or spawned, so each is compiled
+/// once (at the profile's startup check) and shared by every spawn of that profile. Keyed by
+/// the profile's filter inputs, not its identity: a profile changed after it was compiled
+/// (its fields are public) gets a program of its own, never a stale one.
+#[derive(Debug, Default)]
+pub(crate) struct Programs {
+    compiled: std::sync::Mutex<HashMap<Inputs, Arc<BpfProgram>>>,
+    compilations: AtomicU64,
+}
+
+impl Programs {
+    /// The program for `profile`, compiled on first use.
+    pub(crate) fn get(&self, profile: &Profile) -> Result<Arc<BpfProgram>, FilterError> {
+        let inputs = Inputs::of(profile);
+        // A panic while the lock was held cannot leave the map inconsistent (an insert or a
+        // clear either happened or did not), so a poisoned lock is used as it is.
+        let mut compiled = self
+            .compiled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(program) = compiled.get(&inputs) {
+            return Ok(program.clone());
+        }
+        // Compiled under the lock, so concurrent first spawns of a profile compile it once.
+        let program = Arc::new(compile_program(&inputs)?);
+        self.compilations.fetch_add(1, Ordering::Relaxed);
+        if compiled.len() >= MAX_CACHED_PROGRAMS {
+            compiled.clear();
+        }
+        compiled.insert(inputs, program.clone());
+        Ok(program)
+    }
+
+    /// How many programs have been compiled so far.
+    pub(crate) fn compilations(&self) -> u64 {
+        self.compilations.load(Ordering::Relaxed)
+    }
+}
+
+fn compile_program(inputs: &Inputs) -> Result<BpfProgram, FilterError> {
     use SeccompCmpArgLen::{Dword, Qword};
     use SeccompCmpOp::{Eq, MaskedEq, Ne};
 
     // Segment 1: EPERM.
     let mut eperm: Rules = BTreeMap::new();
-    for nr in BYPASS_DENY
-        .iter()
-        .chain(profile.extra_deny.iter().map(|(_, nr)| nr))
-    {
+    for nr in BYPASS_DENY.iter().chain(inputs.extra_deny.iter()) {
         eperm.insert(*nr, Vec::new());
     }
     eperm.insert(
@@ -369,20 +311,20 @@ pub fn compile(profile: &Profile) -> Result<BpfProgram, FilterError> {
     // Segment 2: EAFNOSUPPORT.
     let mut eafnosupport: Rules = BTreeMap::new();
     let mut socket_rules = Vec::new();
-    if profile.socket_families.is_empty() {
+    if inputs.socket_families.is_empty() {
         socket_rules.push(rule(vec![cond(0, Dword, SeccompCmpOp::Ge, 0)?])?);
     } else {
         socket_rules.push(rule(
-            profile
+            inputs
                 .socket_families
                 .iter()
                 .map(|f| cond(0, Dword, Ne, f.af() as u64))
                 .collect::<Result<_, _>>()?,
         )?);
     }
-    if profile.socket_families.contains(&SocketFamily::Netlink) {
+    if inputs.socket_families.contains(&SocketFamily::Netlink) {
         let mut conditions = vec![cond(0, Dword, Eq, libc::AF_NETLINK as u64)?];
-        for p in &profile.netlink_protocols {
+        for p in &inputs.netlink_protocols {
             conditions.push(cond(2, Dword, Ne, p.value() as u64)?);
         }
         socket_rules.push(rule(conditions)?);
@@ -454,404 +396,5 @@ pub fn allowed_families(profile: &Profile) -> BTreeSet<i32> {
     profile.socket_families.iter().map(|f| f.af()).collect()
 }
 
-/// A small classic-BPF interpreter for the instructions seccompiler and this module emit. It
-/// lets tests check what the compiled program really returns for a given syscall.
 #[cfg(test)]
-pub(crate) mod interp {
-    use super::*;
-
-    /// Runs `prog` on a seccomp_data built from `arch`, `nr` and `args`; returns the action.
-    pub fn run(prog: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
-        let mut data = [0u8; 64];
-        data[0..4].copy_from_slice(&nr.to_le_bytes());
-        data[4..8].copy_from_slice(&arch.to_le_bytes());
-        for (i, a) in args.iter().enumerate() {
-            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
-        }
-        let mut acc: u32 = 0;
-        let mut pc = 0usize;
-        loop {
-            let ins = &prog[pc];
-            pc += 1;
-            match ins.code {
-                0x20 => {
-                    let k = ins.k as usize;
-                    acc = u32::from_le_bytes(data[k..k + 4].try_into().unwrap());
-                }
-                0x54 => acc &= ins.k, // ALU AND K
-                0x05 => pc += ins.k as usize,
-                0x15 | 0x25 | 0x35 | 0x45 => {
-                    let taken = match ins.code {
-                        0x15 => acc == ins.k,
-                        0x25 => acc > ins.k,
-                        0x35 => acc >= ins.k,
-                        _ => acc & ins.k != 0,
-                    };
-                    pc += if taken { ins.jt } else { ins.jf } as usize;
-                }
-                0x06 => return ins.k,
-                other => panic!("unexpected BPF opcode {other:#x} at {}", pc - 1),
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::interp::run;
-    use super::*;
-    use crate::profile::Profile;
-
-    const ARCH: u32 = AUDIT_ARCH_X86_64;
-    const ERRNO: u32 = libc::SECCOMP_RET_ERRNO;
-
-    fn prog(name: &str) -> BpfProgram {
-        compile(&Profile::find(name, &[]).unwrap()).unwrap()
-    }
-
-    fn call(p: &[sock_filter], nr: i64, args: [u64; 6]) -> u32 {
-        run(p, ARCH, nr as u32, args)
-    }
-
-    #[test]
-    fn foreign_arch_and_x32_are_killed() {
-        let p = prog("brokered");
-        const AUDIT_ARCH_I386: u32 = 0x4000_0003;
-        // i386 socketcall (102) and anything else from a foreign ABI.
-        assert_eq!(
-            run(&p, AUDIT_ARCH_I386, 102, [0; 6]),
-            libc::SECCOMP_RET_KILL_PROCESS
-        );
-        assert_eq!(
-            run(&p, AUDIT_ARCH_I386, 39, [0; 6]),
-            libc::SECCOMP_RET_KILL_PROCESS
-        );
-        // x32: the x86_64 arch value with the x32 bit in the number.
-        assert_eq!(
-            call(&p, libc::SYS_getpid | 0x4000_0000, [0; 6]),
-            libc::SECCOMP_RET_KILL_PROCESS
-        );
-        assert_eq!(
-            call(&p, libc::SYS_connect | 0x4000_0000, [0; 6]),
-            libc::SECCOMP_RET_KILL_PROCESS
-        );
-    }
-
-    #[test]
-    fn program_contains_notify_and_no_sentinel() {
-        let p = prog("brokered");
-        assert!(
-            p.iter()
-                .any(|i| i.code == BPF_RET_K && i.k == libc::SECCOMP_RET_USER_NOTIF)
-        );
-        assert!(
-            !p.iter()
-                .any(|i| i.code == BPF_RET_K && i.k & 0xffff_0000 == SECCOMP_RET_TRACE)
-        );
-        // The x32 check is really in the program.
-        assert!(
-            p.iter()
-                .any(|i| i.code == BPF_JMP_JGE_K && i.k == X32_SYSCALL_BIT)
-        );
-    }
-
-    #[test]
-    fn ip_options_and_extension_headers_cannot_be_set() {
-        let p = prog("brokered");
-        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
-        for (level, name) in SOCKET_OPTIONS_DENIED {
-            assert_eq!(
-                call(
-                    &p,
-                    libc::SYS_setsockopt,
-                    [3, *level as u64, *name as u64, 0, 0, 0]
-                ),
-                eperm,
-                "level {level} option {name}"
-            );
-        }
-        // Ordinary options stay available.
-        for (level, name) in [
-            (libc::SOL_SOCKET, libc::SO_REUSEADDR),
-            (libc::IPPROTO_TCP, libc::TCP_NODELAY),
-            (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY),
-        ] {
-            assert_eq!(
-                call(
-                    &p,
-                    libc::SYS_setsockopt,
-                    [3, level as u64, name as u64, 0, 0, 0]
-                ),
-                libc::SECCOMP_RET_ALLOW,
-                "level {level} option {name}"
-            );
-        }
-    }
-
-    #[test]
-    fn destination_syscalls_notify() {
-        let p = prog("isolated");
-        for nr in [
-            libc::SYS_connect,
-            libc::SYS_sendmsg,
-            libc::SYS_sendmmsg,
-            libc::SYS_bind,
-            libc::SYS_listen,
-        ] {
-            assert_eq!(
-                call(&p, nr, [3, 0x1000, 16, 0, 0, 0]),
-                libc::SECCOMP_RET_USER_NOTIF,
-                "{nr}"
-            );
-        }
-        // sendto with an address is notified, a connected sendto (address NULL) is not.
-        assert_eq!(
-            call(&p, libc::SYS_sendto, [3, 0x1000, 5, 0, 0x2000, 16]),
-            libc::SECCOMP_RET_USER_NOTIF
-        );
-        assert_eq!(
-            call(&p, libc::SYS_sendto, [3, 0x1000, 5, 0, 0, 0]),
-            libc::SECCOMP_RET_ALLOW
-        );
-        // An address with only high bits set is still an address.
-        assert_eq!(
-            call(&p, libc::SYS_sendto, [3, 0x1000, 5, 0, 1 << 40, 16]),
-            libc::SECCOMP_RET_USER_NOTIF
-        );
-    }
-
-    #[test]
-    fn bypass_classes_are_denied() {
-        let p = prog("brokered");
-        for nr in [
-            libc::SYS_io_uring_setup,
-            libc::SYS_io_uring_enter,
-            libc::SYS_io_uring_register,
-            libc::SYS_ptrace,
-            libc::SYS_process_vm_readv,
-            libc::SYS_process_vm_writev,
-            libc::SYS_userfaultfd,
-            libc::SYS_bpf,
-            libc::SYS_perf_event_open,
-            libc::SYS_unshare,
-            libc::SYS_setns,
-            libc::SYS_mount,
-            libc::SYS_seccomp,
-            libc::SYS_personality,
-            libc::SYS_keyctl,
-        ] {
-            assert_eq!(
-                call(&p, nr, [0; 6]),
-                ERRNO | libc::EPERM as u32,
-                "syscall {nr}"
-            );
-        }
-        assert_eq!(
-            call(
-                &p,
-                libc::SYS_prctl,
-                [libc::PR_SET_SECCOMP as u64, 2, 0, 0, 0, 0]
-            ),
-            ERRNO | libc::EPERM as u32
-        );
-        assert_eq!(
-            call(
-                &p,
-                libc::SYS_prctl,
-                [libc::PR_SET_NAME as u64, 0, 0, 0, 0, 0]
-            ),
-            libc::SECCOMP_RET_ALLOW
-        );
-        assert_eq!(
-            call(&p, libc::SYS_clone3, [0; 6]),
-            ERRNO | libc::ENOSYS as u32
-        );
-    }
-
-    #[test]
-    fn clone_namespace_flags_are_denied_and_threads_allowed() {
-        let p = prog("brokered");
-        let thread = (libc::CLONE_VM
-            | libc::CLONE_FS
-            | libc::CLONE_FILES
-            | libc::CLONE_SIGHAND
-            | libc::CLONE_THREAD
-            | libc::CLONE_SYSVSEM
-            | libc::CLONE_SETTLS
-            | libc::CLONE_PARENT_SETTID
-            | libc::CLONE_CHILD_CLEARTID) as u64;
-        assert_eq!(
-            call(&p, libc::SYS_clone, [thread, 0, 0, 0, 0, 0]),
-            libc::SECCOMP_RET_ALLOW
-        );
-        assert_eq!(
-            call(&p, libc::SYS_clone, [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]),
-            libc::SECCOMP_RET_ALLOW
-        );
-        for flag in CLONE_NAMESPACE_FLAGS {
-            assert_eq!(
-                call(
-                    &p,
-                    libc::SYS_clone,
-                    [flag | libc::SIGCHLD as u64, 0, 0, 0, 0, 0]
-                ),
-                ERRNO | libc::EPERM as u32,
-                "flag {flag:#x}"
-            );
-        }
-    }
-
-    #[test]
-    fn socket_families_follow_the_profile() {
-        let p = prog("brokered");
-        let sock = |af: i32, ty: i32, proto: i32| {
-            call(
-                &p,
-                libc::SYS_socket,
-                [af as u64, ty as u64, proto as u64, 0, 0, 0],
-            )
-        };
-        assert_eq!(
-            sock(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0),
-            libc::SECCOMP_RET_ALLOW
-        );
-        assert_eq!(
-            sock(libc::AF_INET6, libc::SOCK_DGRAM, 0),
-            libc::SECCOMP_RET_ALLOW
-        );
-        assert_eq!(
-            sock(libc::AF_UNIX, libc::SOCK_STREAM, 0),
-            libc::SECCOMP_RET_ALLOW
-        );
-        assert_eq!(
-            sock(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP),
-            ERRNO | libc::EPERM as u32
-        );
-        assert_eq!(
-            sock(libc::AF_INET6, libc::SOCK_RAW | libc::SOCK_NONBLOCK, 58),
-            ERRNO | libc::EPERM as u32
-        );
-        assert_eq!(
-            sock(libc::AF_PACKET, libc::SOCK_RAW, 0),
-            ERRNO | libc::EAFNOSUPPORT as u32
-        );
-        assert_eq!(
-            sock(libc::AF_VSOCK, libc::SOCK_STREAM, 0),
-            ERRNO | libc::EAFNOSUPPORT as u32
-        );
-        assert_eq!(
-            sock(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
-            ERRNO | libc::EAFNOSUPPORT as u32
-        );
-        assert_eq!(
-            call(
-                &p,
-                libc::SYS_socketpair,
-                [libc::AF_INET as u64, 1, 0, 0, 0, 0]
-            ),
-            ERRNO | libc::EAFNOSUPPORT as u32
-        );
-        assert_eq!(
-            call(
-                &p,
-                libc::SYS_socketpair,
-                [libc::AF_UNIX as u64, 1, 0, 0, 0, 0]
-            ),
-            libc::SECCOMP_RET_ALLOW
-        );
-    }
-
-    #[test]
-    fn netlink_protocols_are_filtered() {
-        let mut profile = Profile::find("brokered", &[]).unwrap();
-        profile.socket_families.insert(SocketFamily::Netlink);
-        profile.netlink_protocols.insert(NetlinkProtocol::Route);
-        let p = compile(&profile).unwrap();
-        let nl = |proto: i32| {
-            call(
-                &p,
-                libc::SYS_socket,
-                [
-                    libc::AF_NETLINK as u64,
-                    libc::SOCK_RAW as u64,
-                    proto as u64,
-                    0,
-                    0,
-                    0,
-                ],
-            )
-        };
-        assert_eq!(nl(libc::NETLINK_ROUTE), libc::SECCOMP_RET_ALLOW);
-        assert_eq!(nl(libc::NETLINK_AUDIT), ERRNO | libc::EAFNOSUPPORT as u32);
-        assert_eq!(
-            nl(libc::NETLINK_SOCK_DIAG),
-            ERRNO | libc::EAFNOSUPPORT as u32
-        );
-    }
-
-    #[test]
-    fn ordinary_syscalls_are_allowed() {
-        let p = prog("isolated");
-        for nr in [
-            libc::SYS_read,
-            libc::SYS_write,
-            libc::SYS_openat,
-            libc::SYS_execve,
-            libc::SYS_exit_group,
-            libc::SYS_getpid,
-            libc::SYS_mmap,
-        ] {
-            assert_eq!(call(&p, nr, [0; 6]), libc::SECCOMP_RET_ALLOW, "{nr}");
-        }
-    }
-
-    #[test]
-    fn terminal_injection_ioctls_are_denied_whatever_the_profile() {
-        let eperm = ERRNO | libc::EPERM as u32;
-        let mut permissive = Profile::find("brokered", &[]).unwrap();
-        permissive.extra_deny.clear();
-        permissive.socket_families.insert(SocketFamily::Netlink);
-        for p in [
-            prog("isolated"),
-            prog("brokered"),
-            compile(&permissive).unwrap(),
-        ] {
-            for (name, request) in TERMINAL_IOCTLS_DENIED {
-                assert_eq!(
-                    call(&p, libc::SYS_ioctl, [0, *request, 0x1000, 0, 0, 0]),
-                    eperm,
-                    "{name}"
-                );
-                // The kernel truncates the request to 32 bits: high bits do not evade.
-                assert_eq!(
-                    call(
-                        &p,
-                        libc::SYS_ioctl,
-                        [0, *request | 0xdead_0000_0000, 0x1000, 0, 0, 0]
-                    ),
-                    eperm,
-                    "{name} with high bits"
-                );
-            }
-            // Ordinary terminal ioctls stay available (isatty, window size, FIONREAD).
-            for request in [libc::TCGETS, libc::TIOCGWINSZ, libc::FIONREAD] {
-                assert_eq!(
-                    call(&p, libc::SYS_ioctl, [0, request, 0x1000, 0, 0, 0]),
-                    libc::SECCOMP_RET_ALLOW,
-                    "{request:#x}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn profile_extra_denials_apply() {
-        let mut profile = Profile::find("isolated", &[]).unwrap();
-        profile.extra_deny.push(("listen".into(), libc::SYS_listen));
-        let p = compile(&profile).unwrap();
-        assert_eq!(
-            call(&p, libc::SYS_listen, [3, 1, 0, 0, 0, 0]),
-            ERRNO | libc::EPERM as u32
-        );
-    }
-}
+mod tests;

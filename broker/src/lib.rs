@@ -32,7 +32,9 @@ mod child;
 mod executor;
 pub mod filter;
 pub mod profile;
+mod reap;
 mod spawn;
+mod stage;
 mod supervisor;
 mod sys;
 mod uids;
@@ -41,10 +43,10 @@ pub use attempt::{
     AttemptInfo, Destination, EgressAttempt, EgressSyscall, SocketInfo, Verdict, family_name,
 };
 pub use broker::{Broker, BrokerError, BrokerOptions, BrokerStats, KernelSupport};
-pub use child::Stage;
 pub use executor::{Executor, ExitStatus};
 pub use profile::{CgroupMode, Limits, NetworkPath, Profile, ProfileError};
 pub use spawn::{SpawnError, SpawnSpec, StdioMode, env_forbidden};
+pub use stage::Stage;
 pub use supervisor::Counters;
 pub use sys::WaitStatus;
 pub use uids::UidRange;

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::filter::{NetlinkProtocol, SocketFamily, syscall_number};
+mod vocabulary;
+
+pub use vocabulary::{NetlinkProtocol, SocketFamily, syscall_number};
 
 /// Why a profile file was refused. Messages name the file and the field.
 #[derive(Debug, thiserror::Error)]

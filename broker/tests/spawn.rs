@@ -37,6 +37,44 @@ async fn true_exits_zero_under_both_profiles() {
     }
 }
 
+/// Each profile's seccomp program is compiled once (at its startup check), not on every
+/// spawn: spawns of the same profile, even parsed afresh each time, share it, and only a
+/// profile whose filter inputs differ gets a program of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profiles_program_is_compiled_once_for_all_its_spawns() {
+    let Some(broker) = broker() else { return };
+    let quiet = |profile: Arc<Profile>| {
+        let mut spec = SpawnSpec::new(["/bin/true"], profile);
+        spec.stdin = StdioMode::Null;
+        spec.stdout = StdioMode::Null;
+        spec.stderr = StdioMode::Null;
+        spec
+    };
+    broker.check_profile(&profile("brokered")).unwrap();
+    assert_eq!(broker.stats().programs_compiled, 1, "compiled at the check");
+    for _ in 0..3 {
+        let mut exec = broker.spawn(quiet(profile("brokered"))).await.unwrap();
+        assert!(exec.wait().await.unwrap().success());
+    }
+    assert_eq!(
+        broker.stats().programs_compiled,
+        1,
+        "no spawn recompiled it"
+    );
+
+    // A profile changed after its program was compiled gets its own, never the stale one.
+    let mut stricter = Profile::find("brokered", &[]).unwrap();
+    stricter
+        .extra_deny
+        .push(("listen".into(), libc::SYS_listen));
+    let mut exec = broker.spawn(quiet(Arc::new(stricter))).await.unwrap();
+    assert!(exec.wait().await.unwrap().success());
+    assert_eq!(broker.stats().programs_compiled, 2);
+    let mut exec = broker.spawn(quiet(profile("brokered"))).await.unwrap();
+    assert!(exec.wait().await.unwrap().success());
+    assert_eq!(broker.stats().programs_compiled, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executor_sees_its_own_namespaces_and_identity() {
     let Some(broker) = broker() else { return };

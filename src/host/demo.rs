@@ -13,17 +13,13 @@
 //! the diff against the declared surface. It succeeds only when every outcome was the expected
 //! one.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::daemon::{Host, run as run_host};
-use crate::lab::{LabPaths, declared_surface, host_config};
+use crate::lab::{Client, LabPaths, Relay, declared_surface, host_config};
 
 /// Why the demo could not run (as opposed to running and seeing a wrong outcome).
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +41,15 @@ pub enum DemoError {
         /// What failed.
         reason: String,
     },
+}
+
+impl From<std::io::Error> for DemoError {
+    fn from(e: std::io::Error) -> Self {
+        DemoError::Step {
+            step: "talking to the host",
+            reason: e.to_string(),
+        }
+    }
 }
 
 fn step<E: std::fmt::Display>(step: &'static str) -> impl Fn(E) -> DemoError {
@@ -74,95 +79,14 @@ const TERMS: (&str, &str) = (
     include_str!("../../fixtures/pricing-lab/documents/harbor-goods-terms.md"),
 );
 
-/// A loopback relay that keeps what it receives.
-struct Relay {
-    addr: SocketAddr,
-    received: Arc<Mutex<Vec<u8>>>,
-    connections: Arc<Mutex<usize>>,
+/// The lab's relay, started for the demo.
+fn relay() -> Result<Relay, DemoError> {
+    Relay::start().map_err(step("starting a relay"))
 }
 
-impl Relay {
-    fn start() -> Result<Relay, DemoError> {
-        let listener = TcpListener::bind("127.0.0.1:0").map_err(step("starting a relay"))?;
-        let addr = listener.local_addr().map_err(step("starting a relay"))?;
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let connections = Arc::new(Mutex::new(0usize));
-        let (r, c) = (received.clone(), connections.clone());
-        std::thread::spawn(move || {
-            for mut stream in listener.incoming().flatten() {
-                if let Ok(mut n) = c.lock() {
-                    *n += 1;
-                }
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut buf = Vec::new();
-                let _ = stream.read_to_end(&mut buf);
-                if let Ok(mut all) = r.lock() {
-                    all.extend(buf);
-                }
-            }
-        });
-        Ok(Relay {
-            addr,
-            received,
-            connections,
-        })
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        self.received.lock().map(|r| r.clone()).unwrap_or_default()
-    }
-
-    fn connections(&self) -> usize {
-        self.connections.lock().map(|c| *c).unwrap_or(usize::MAX)
-    }
-
-    /// Waits briefly for `n` bytes (deliveries are asynchronous).
-    fn await_bytes(&self, n: usize) -> Vec<u8> {
-        for _ in 0..100 {
-            let b = self.bytes();
-            if b.len() >= n {
-                return b;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.bytes()
-    }
-}
-
-struct Client {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-    next: u64,
-}
-
-impl Client {
-    fn connect(socket: &Path) -> Result<Client, DemoError> {
-        let s = UnixStream::connect(socket).map_err(step("connecting to the host"))?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))
-            .map_err(step("connecting to the host"))?;
-        let reader = BufReader::new(s.try_clone().map_err(step("connecting to the host"))?);
-        Ok(Client {
-            reader,
-            writer: s,
-            next: 1,
-        })
-    }
-
-    fn request(&mut self, method: &str, params: Value) -> Result<Value, DemoError> {
-        let id = self.next;
-        self.next += 1;
-        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        writeln!(self.writer, "{line}").map_err(step("talking to the host"))?;
-        let mut answer = String::new();
-        self.reader
-            .read_line(&mut answer)
-            .map_err(step("talking to the host"))?;
-        serde_json::from_str(&answer).map_err(step("reading the host's answer"))
-    }
-
-    fn call(&mut self, tool: &str, arguments: Value) -> Result<Value, DemoError> {
-        self.request("tools/call", json!({"name": tool, "arguments": arguments}))
-    }
+/// The lab's client, connected for the demo.
+fn connect(socket: &Path) -> Result<Client, DemoError> {
+    Client::connect(socket).map_err(step("connecting to the host"))
 }
 
 fn text(r: &Value) -> Option<&str> {
@@ -313,7 +237,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
     )
     .map_err(step("writing the documents"))?;
 
-    let (team, public, elsewhere) = (Relay::start()?, Relay::start()?, Relay::start()?);
+    let (team, public, elsewhere) = (relay()?, relay()?, relay()?);
     let prog = program.display().to_string();
     let paths = LabPaths {
         workspace_command: vec![prog.clone(), "example-tool".into(), "workspace".into()],
@@ -363,7 +287,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
 
     let mut outcomes = Outcomes { failed: Vec::new() };
     let workflow = (|| -> Result<(), DemoError> {
-        let mut c = Client::connect(&paths.socket)?;
+        let mut c = connect(&paths.socket)?;
         let init = c.request("initialize", json!({"protocolVersion": crate::mcp::PROTOCOL_VERSION, "capabilities": {}, "clientInfo": {"name": "flowhost-demo", "version": env!("CARGO_PKG_VERSION")}}))?;
         if init.get("result").is_none() {
             return Err(DemoError::Step {

@@ -213,3 +213,143 @@ pub fn declared_surface(p: &LabPaths) -> String {
     })
     .to_string()
 }
+
+/// A loopback TCP relay that keeps what it receives: the lab's team, public and "elsewhere"
+/// sinks, for the demo and the tests alike.
+pub struct Relay {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    received: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Relay {
+    /// A relay on an ephemeral loopback port.
+    pub fn start() -> std::io::Result<Relay> {
+        Relay::start_on("127.0.0.1:0")
+    }
+
+    /// A relay listening on `addr` (in the calling thread's network namespace).
+    pub fn start_on(addr: &str) -> std::io::Result<Relay> {
+        use std::io::Read;
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, r) = (connections.clone(), received.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                c.fetch_add(1, Ordering::SeqCst);
+                let r = r.clone();
+                std::thread::spawn(move || {
+                    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                    let mut buf = Vec::new();
+                    let _ = stream.read_to_end(&mut buf);
+                    if let Ok(mut all) = r.lock() {
+                        all.extend(buf);
+                    }
+                });
+            }
+        });
+        Ok(Relay {
+            addr,
+            connections,
+            received,
+        })
+    }
+
+    /// How many connections it accepted.
+    pub fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Everything received so far.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.received.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Waits up to two seconds for at least `n` bytes (deliveries are asynchronous).
+    pub fn await_bytes(&self, n: usize) -> Vec<u8> {
+        for _ in 0..100 {
+            let b = self.bytes();
+            if b.len() >= n {
+                return b;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        self.bytes()
+    }
+}
+
+/// A line-oriented MCP client of the host's socket, one request at a time.
+pub struct Client {
+    reader: std::io::BufReader<std::os::unix::net::UnixStream>,
+    writer: std::os::unix::net::UnixStream,
+    next_id: u64,
+}
+
+impl Client {
+    /// Connects to `socket` (replies are awaited for at most 30 s).
+    pub fn connect(socket: &Path) -> std::io::Result<Client> {
+        Client::over(std::os::unix::net::UnixStream::connect(socket)?)
+    }
+
+    /// A client over an already connected stream.
+    pub fn over(stream: std::os::unix::net::UnixStream) -> std::io::Result<Client> {
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+        Ok(Client {
+            reader: std::io::BufReader::new(stream.try_clone()?),
+            writer: stream,
+            next_id: 1,
+        })
+    }
+
+    /// Sends `bytes` as one line and reads one response line.
+    pub fn raw(&mut self, bytes: &[u8]) -> std::io::Result<serde_json::Value> {
+        use std::io::{BufRead, Write};
+        self.writer.write_all(bytes)?;
+        self.writer.write_all(b"\n")?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        serde_json::from_str(&line).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("not a JSON-RPC response line ({e}): {line:?}"),
+            )
+        })
+    }
+
+    /// Sends a request with the next id and returns the whole response.
+    pub fn request(
+        &mut self,
+        method: &str,
+        params: serde_json::Value,
+    ) -> std::io::Result<serde_json::Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let line =
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let response = self.raw(line.to_string().as_bytes())?;
+        if response["id"] != id {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the response is not for request {id}: {response}"),
+            ));
+        }
+        Ok(response)
+    }
+
+    /// `tools/call` of `tool` with `arguments`.
+    pub fn call(
+        &mut self,
+        tool: &str,
+        arguments: serde_json::Value,
+    ) -> std::io::Result<serde_json::Value> {
+        self.request(
+            "tools/call",
+            serde_json::json!({"name": tool, "arguments": arguments}),
+        )
+    }
+}

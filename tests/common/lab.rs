@@ -1,6 +1,5 @@
 //! A real `flowhost serve` running the pricing lab, with loopback sinks and an MCP client.
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -246,56 +245,28 @@ impl Drop for Lab {
     }
 }
 
-/// A line-oriented MCP client over the daemon's socket.
-pub struct Client {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-    next_id: u64,
-}
+/// The library's MCP client of the daemon's socket, failing the test on I/O errors.
+pub struct Client(flowhost::lab::Client);
 
 impl Client {
     /// A placeholder that was never connected (for moving clients out of collections).
     pub fn dummy() -> Client {
-        let (a, b) = UnixStream::pair().unwrap();
-        Client {
-            reader: BufReader::new(a),
-            writer: b,
-            next_id: 1,
-        }
+        let (a, _b) = UnixStream::pair().unwrap();
+        Client(flowhost::lab::Client::over(a).unwrap())
     }
 
     pub fn connect(socket: &Path) -> Client {
-        let stream = UnixStream::connect(socket).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        Client {
-            reader: BufReader::new(stream.try_clone().unwrap()),
-            writer: stream,
-            next_id: 1,
-        }
+        Client(flowhost::lab::Client::connect(socket).unwrap())
     }
 
     /// Sends raw bytes (a line is added) and reads one response line.
     pub fn raw(&mut self, bytes: &[u8]) -> Value {
-        self.writer.write_all(bytes).unwrap();
-        self.writer.write_all(b"\n").unwrap();
-        let mut line = String::new();
-        self.reader.read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad response line {line:?}: {e}"))
+        self.0.raw(bytes).unwrap()
     }
 
     /// Sends a request and returns the whole response object.
     pub fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = self.next_id;
-        self.next_id += 1;
-        let r = self.raw(
-            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-                .to_string()
-                .as_bytes(),
-        );
-        assert_eq!(r["id"], id, "response id: {r}");
-        r
+        self.0.request(method, params).unwrap()
     }
 
     /// `initialize`, asserting success.

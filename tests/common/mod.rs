@@ -5,10 +5,8 @@
 
 pub mod lab;
 
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -150,11 +148,15 @@ pub fn profile(name: &str) -> Arc<Profile> {
     Arc::new(Profile::find(name, &[]).expect("built-in profile"))
 }
 
-/// A loopback TCP listener that counts connections and collects the bytes it receives.
-pub struct TcpSink {
-    pub addr: SocketAddr,
-    pub connections: Arc<AtomicUsize>,
-    pub received: Arc<Mutex<Vec<u8>>>,
+/// The library's loopback relay (connections counted, bytes collected), started or the
+/// test fails.
+pub struct TcpSink(pub flowhost::lab::Relay);
+
+impl std::ops::Deref for TcpSink {
+    type Target = flowhost::lab::Relay;
+    fn deref(&self) -> &flowhost::lab::Relay {
+        &self.0
+    }
 }
 
 impl TcpSink {
@@ -164,37 +166,7 @@ impl TcpSink {
 
     /// A sink listening on `addr` (in the calling thread's network namespace).
     pub fn start_on(addr: &str) -> TcpSink {
-        let listener = TcpListener::bind(addr).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let connections = Arc::new(AtomicUsize::new(0));
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let (c, r) = (connections.clone(), received.clone());
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                c.fetch_add(1, Ordering::SeqCst);
-                let r = r.clone();
-                std::thread::spawn(move || {
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                    let mut buf = Vec::new();
-                    let _ = stream.read_to_end(&mut buf);
-                    r.lock().unwrap().extend(buf);
-                });
-            }
-        });
-        TcpSink {
-            addr,
-            connections,
-            received,
-        }
-    }
-
-    pub fn connections(&self) -> usize {
-        self.connections.load(Ordering::SeqCst)
-    }
-
-    pub fn bytes(&self) -> Vec<u8> {
-        self.received.lock().unwrap().clone()
+        TcpSink(flowhost::lab::Relay::start_on(addr).unwrap())
     }
 }
 

@@ -1,0 +1,200 @@
+//! Tests of cgroup discovery and limits, on fake hierarchies and on the host's own.
+
+use super::*;
+use crate::profile::Profile;
+
+fn limits() -> Limits {
+    Profile::find("isolated", &[]).unwrap().limits
+}
+
+#[test]
+fn v1_layout_is_found_per_controller() {
+    let root = tempfile::tempdir().unwrap();
+    let mem = root.path().join("memory");
+    std::fs::create_dir_all(mem.join("svc/a")).unwrap();
+    let memberships = vec![
+        (4, vec!["memory".to_string()], "/svc/a".to_string()),
+        (8, vec!["pids".to_string()], "/".to_string()),
+        (0, vec![], "/".to_string()),
+    ];
+    let mounts = vec![
+        (
+            "cgroup".to_string(),
+            vec!["rw".to_string(), "memory".to_string()],
+            mem.clone(),
+            "/".to_string(),
+        ),
+        (
+            "cgroup2".to_string(),
+            vec![],
+            root.path().join("unified"),
+            "/".to_string(),
+        ),
+    ];
+    let s = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    assert_eq!(
+        s.base(Controller::Memory).unwrap(),
+        &Base {
+            dir: mem.join("svc/a"),
+            version: Version::V1
+        }
+    );
+    assert!(
+        s.base(Controller::Pids)
+            .unwrap_err()
+            .contains("no cgroup hierarchy offers the pids controller")
+    );
+    // The probe directory was created and removed.
+    let left: Vec<_> = std::fs::read_dir(mem.join("svc/a"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("flowhost-probe-")
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+
+    let cg = ExecutorCgroup::create(&s, &limits()).unwrap();
+    let dir = &cg.dirs[0].2;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("memory.limit_in_bytes")).unwrap(),
+        (4096u64 << 20).to_string()
+    );
+    assert_eq!(cg.procs_files(), vec![dir.join("cgroup.procs")]);
+    std::fs::write(
+        dir.join("memory.oom_control"),
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+    )
+    .unwrap();
+    assert_eq!(cg.hit(), Some(BoundHit::Memory { limit: 4096 << 20 }));
+}
+
+#[test]
+fn a_delegated_v2_subtree_is_taken_over_only_when_alone_in_it() {
+    let root = tempfile::tempdir().unwrap();
+    let svc = root.path().join("system.slice/flowhost.service");
+    std::fs::create_dir_all(&svc).unwrap();
+    std::fs::write(
+        svc.join("cgroup.controllers"),
+        "cpuset cpu io memory pids\n",
+    )
+    .unwrap();
+    std::fs::write(svc.join("cgroup.procs"), "42\n4242\n").unwrap();
+    let memberships = vec![(0, vec![], "/system.slice/flowhost.service".to_string())];
+    let mounts = vec![(
+        "cgroup2".to_string(),
+        vec![],
+        root.path().to_path_buf(),
+        "/".to_string(),
+    )];
+    let s = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    let why = s.base(Controller::Memory).unwrap_err();
+    assert!(why.contains("1 other processes share it"), "{why}");
+    assert!(!svc.join("flowhost-host").exists());
+
+    std::fs::write(svc.join("cgroup.procs"), "42\n").unwrap();
+    let s = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    for c in Controller::ALL {
+        assert_eq!(
+            s.base(c).unwrap(),
+            &Base {
+                dir: svc.clone(),
+                version: Version::V2
+            }
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(svc.join("flowhost-host/cgroup.procs")).unwrap(),
+        "42"
+    );
+    assert_eq!(
+        std::fs::read_to_string(svc.join("cgroup.subtree_control")).unwrap(),
+        "+memory +pids +cpu"
+    );
+    // A second broker of the same process (now in the leaf) uses the same subtree.
+    std::fs::write(
+        svc.join("flowhost-host/cgroup.controllers"),
+        "memory pids cpu\n",
+    )
+    .unwrap();
+    let again = CgroupSupport::from_layout(
+        &[(
+            0,
+            vec![],
+            "/system.slice/flowhost.service/flowhost-host".to_string(),
+        )],
+        &mounts,
+        42,
+    );
+    assert_eq!(again, s);
+    assert!(!svc.join("flowhost-host/flowhost-host").exists());
+    let cg = ExecutorCgroup::create(&s, &limits()).unwrap();
+    let dir = &cg.dirs[0].2;
+    assert_eq!(cg.procs_files(), vec![dir.join("cgroup.procs")]);
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+    assert_eq!(read("memory.max"), (4096u64 << 20).to_string());
+    assert_eq!(read("pids.max"), "1024");
+    assert_eq!(read("cpu.max"), "200000 100000");
+    assert_eq!(cg.hit(), None);
+    std::fs::write(dir.join("pids.events"), "max 3\n").unwrap();
+    assert_eq!(cg.hit(), Some(BoundHit::Tasks { limit: 1024 }));
+    std::fs::write(
+        dir.join("memory.events"),
+        "low 0\nhigh 0\nmax 9\noom 1\noom_kill 1\n",
+    )
+    .unwrap();
+    assert_eq!(cg.hit(), Some(BoundHit::Memory { limit: 4096 << 20 }));
+}
+
+#[test]
+fn removal_kills_what_is_left_on_the_real_unified_hierarchy() {
+    // The v2 hierarchy here may offer no controllers, but moving a process into a cgroup
+    // and removing the cgroup with it still running is real, and is what every
+    // executor's end does.
+    let Ok(me) = procfs::process::Process::myself() else {
+        return;
+    };
+    let own = me
+        .cgroups()
+        .ok()
+        .and_then(|c| c.into_iter().find(|g| g.hierarchy == 0))
+        .map(|g| g.pathname);
+    let unified = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.join("cgroup.procs").exists());
+    let (Some(own), Some(unified)) = (own, unified) else {
+        eprintln!("SKIP: no cgroup v2 hierarchy here");
+        return;
+    };
+    let dir = unified
+        .join(own.trim_start_matches('/'))
+        .join(format!("flowhost-exec-{}-test", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&dir) {
+        assert!(
+            !nix::unistd::geteuid().is_root() || e.kind() == std::io::ErrorKind::ReadOnlyFilesystem,
+            "root cannot create a v2 cgroup at {}: {e}",
+            dir.display()
+        );
+        eprintln!("SKIP: cannot create v2 cgroups here: {e}");
+        return;
+    }
+    let mut child = std::process::Command::new("/bin/sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+    let cg = ExecutorCgroup {
+        dirs: vec![(Controller::Pids, Version::V2, dir.clone())],
+        limits: Limits::NONE,
+    };
+    assert!(cg.remove(Duration::from_secs(5)));
+    assert!(!dir.exists());
+    let status = child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+}

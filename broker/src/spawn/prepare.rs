@@ -1,0 +1,345 @@
+//! Preparing a spawn in the host, where allocation is allowed: the spec and profile become
+//! owned C strings, descriptors, rlimits, a Landlock ruleset and the profile's filter.
+
+use std::ffi::{CString, OsString};
+use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
+    path_beneath_rules,
+};
+
+use crate::child::MAX_EXTRA_FDS;
+use crate::profile::{LandlockMode, NetworkPath, Profile};
+use crate::sys;
+
+use super::{SpawnError, SpawnSpec, StdioMode, env_forbidden};
+
+/// A spec converted into owned, `Send` data; the pointer arrays of [`ChildPlan`] are built
+/// from it on the spawner thread just before `clone`.
+pub(crate) struct Prepared {
+    pub(super) path: CString,
+    pub(super) argv: Vec<CString>,
+    pub(super) env: Vec<CString>,
+    pub(super) cwd: CString,
+    pub(super) stdio_child: [OwnedFd; 3],
+    pub(crate) stdio_parent: [Option<OwnedFd>; 3],
+    pub(super) keep_fds: Vec<(OwnedFd, RawFd)>,
+    pub(super) clone_flags: libc::c_ulong,
+    pub(super) user_namespace: bool,
+    pub(super) mount_namespace: bool,
+    pub(super) mount_proc: bool,
+    pub(super) tmpfs_options: Option<CString>,
+    pub(super) hostname: Option<CString>,
+    pub(super) identity: Option<(u32, u32)>,
+    pub(super) rlimits: Vec<(libc::c_int, libc::rlimit)>,
+    pub(super) landlock: Option<OwnedFd>,
+    pub(super) landlock_late: Vec<(CString, u64)>,
+    /// The profile's program, compiled once and shared by all its spawns.
+    pub(super) filter: Arc<seccompiler::BpfProgram>,
+    pub(crate) wall_clock: Option<Duration>,
+    /// `cgroup.procs` files the executor is moved into before it may exec.
+    pub(crate) cgroup_procs: Vec<PathBuf>,
+}
+
+fn cstring(what: &str, bytes: &[u8]) -> Result<CString, SpawnError> {
+    CString::new(bytes).map_err(|_| SpawnError::InvalidSpec(format!("{what} contains a NUL byte")))
+}
+
+pub(super) fn pipe() -> Result<(OwnedFd, OwnedFd), SpawnError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SpawnError::Host {
+        what: "creating a pipe",
+        source: e.into(),
+    })
+}
+
+fn dev_null() -> Result<OwnedFd, SpawnError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|source| SpawnError::Host {
+            what: "opening /dev/null",
+            source,
+        })
+}
+
+/// Prepares everything the child needs. `privileged` selects uid switching (the broker holds
+/// its capabilities) or a user namespace (unprivileged host); `default_identity` is used when
+/// the spec names none; `filter` is the profile's compiled seccomp program.
+pub(crate) fn prepare(
+    spec: SpawnSpec,
+    privileged: bool,
+    default_identity: Option<(u32, u32)>,
+    landlock_abi: i32,
+    filter: Arc<seccompiler::BpfProgram>,
+) -> Result<Prepared, SpawnError> {
+    let profile = spec.profile.clone();
+    let Some(program) = spec.argv.first() else {
+        return Err(SpawnError::InvalidSpec("argv is empty".into()));
+    };
+    let program = PathBuf::from(program);
+    if !program.is_absolute() {
+        return Err(SpawnError::InvalidSpec(format!(
+            "argv[0] {} is not an absolute path (executors are started without PATH search or a shell)",
+            program.display()
+        )));
+    }
+    let path = cstring("argv[0]", program.as_os_str().as_bytes())?;
+    let argv = spec
+        .argv
+        .iter()
+        .map(|a| cstring("an argument", a.as_bytes()))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let mut env: Vec<(OsString, OsString)> = Vec::new();
+    for name in &spec.inherit_env {
+        if env_forbidden(name) {
+            return Err(SpawnError::ForbiddenEnvironment(name.clone()));
+        }
+        if let Some(value) = std::env::var_os(name) {
+            env.push((name.into(), value));
+        }
+    }
+    for (k, v) in &spec.env {
+        let name = k.to_string_lossy();
+        if env_forbidden(&name) {
+            return Err(SpawnError::ForbiddenEnvironment(name.into_owned()));
+        }
+        if name.is_empty() || name.contains('=') {
+            return Err(SpawnError::InvalidSpec(format!(
+                "environment name {name:?} is not valid"
+            )));
+        }
+        env.retain(|(existing, _)| existing != k);
+        env.push((k.clone(), v.clone()));
+    }
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+    }
+    let env = env
+        .iter()
+        .map(|(k, v)| {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            cstring("an environment variable", &kv)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let cwd = cstring("the working directory", spec.cwd.as_os_str().as_bytes())?;
+
+    if spec.keep_fds.len() > MAX_EXTRA_FDS {
+        return Err(SpawnError::InvalidSpec(format!(
+            "at most {MAX_EXTRA_FDS} descriptors can be passed"
+        )));
+    }
+    for (_, target) in &spec.keep_fds {
+        if *target < 3 || *target >= 512 {
+            return Err(SpawnError::InvalidSpec(format!(
+                "descriptor target {target} must be between 3 and 511"
+            )));
+        }
+    }
+
+    let mut stdio_child: Vec<OwnedFd> = Vec::with_capacity(3);
+    let mut stdio_parent: [Option<OwnedFd>; 3] = [None, None, None];
+    for (i, mode) in [spec.stdin, spec.stdout, spec.stderr]
+        .into_iter()
+        .enumerate()
+    {
+        match mode {
+            StdioMode::Piped => {
+                let (r, w) = pipe()?;
+                if i == 0 {
+                    stdio_child.push(r);
+                    stdio_parent[0] = Some(w);
+                } else {
+                    stdio_child.push(w);
+                    stdio_parent[i] = Some(r);
+                }
+            }
+            StdioMode::Null => stdio_child.push(dev_null()?),
+            StdioMode::Inherit => {
+                // SAFETY: fds 0..2 of the host are open for the life of the process.
+                let own = unsafe { std::os::fd::BorrowedFd::borrow_raw(i as RawFd) };
+                stdio_child.push(
+                    own.try_clone_to_owned()
+                        .map_err(|source| SpawnError::Host {
+                            what: "duplicating a host standard stream",
+                            source,
+                        })?,
+                );
+            }
+        }
+    }
+    let stdio_child: [OwnedFd; 3] = stdio_child
+        .try_into()
+        .map_err(|_| SpawnError::InvalidSpec("stdio".into()))?;
+
+    let identity = if privileged {
+        let id = spec.identity.or(default_identity).ok_or_else(|| {
+            SpawnError::InvalidSpec(
+                "the broker is privileged but no executor uid/gid is configured".into(),
+            )
+        })?;
+        if id.0 == 0 || id.1 == 0 {
+            return Err(SpawnError::InvalidSpec(
+                "executors never run as uid or gid 0".into(),
+            ));
+        }
+        Some(id)
+    } else {
+        None
+    };
+
+    let mut flags: libc::c_ulong = 0;
+    if !privileged {
+        flags |= libc::CLONE_NEWUSER as libc::c_ulong;
+    }
+    if profile.mount_namespace {
+        flags |= libc::CLONE_NEWNS as libc::c_ulong;
+    }
+    if profile.pid_namespace {
+        flags |= libc::CLONE_NEWPID as libc::c_ulong;
+    }
+    if profile.ipc_namespace {
+        flags |= libc::CLONE_NEWIPC as libc::c_ulong;
+    }
+    if profile.uts_namespace {
+        flags |= libc::CLONE_NEWUTS as libc::c_ulong;
+    }
+    if profile.network == NetworkPath::None {
+        flags |= libc::CLONE_NEWNET as libc::c_ulong;
+    }
+
+    let l = profile.limits;
+    let lim = |v: u64| libc::rlimit {
+        rlim_cur: v,
+        rlim_max: v,
+    };
+    let mut rlimits = vec![
+        (libc::RLIMIT_NOFILE as libc::c_int, lim(l.open_files)),
+        (libc::RLIMIT_NPROC as libc::c_int, lim(l.processes)),
+        (libc::RLIMIT_CPU as libc::c_int, lim(l.cpu_seconds)),
+        (libc::RLIMIT_FSIZE as libc::c_int, lim(l.file_size)),
+        (libc::RLIMIT_CORE as libc::c_int, lim(0)),
+    ];
+    if let Some(bytes) = l.address_space {
+        rlimits.push((libc::RLIMIT_AS as libc::c_int, lim(bytes)));
+    }
+
+    let mut read_paths: Vec<PathBuf> = profile.read_only.clone();
+    read_paths.extend(spec.read_paths.iter().cloned());
+    read_paths.push(program.clone());
+    let mut write_paths = profile.read_write.clone();
+    write_paths.extend(spec.write_paths.iter().cloned());
+    // Paths the child mounts afresh get their rules inside the child, after the mount.
+    let remounted = |p: &PathBuf| {
+        (profile.mount_namespace && profile.pid_namespace && p.starts_with("/proc"))
+            || (profile.private_tmp && p.starts_with("/tmp"))
+    };
+    let (late_read, read_paths): (Vec<_>, Vec<_>) = read_paths.into_iter().partition(remounted);
+    let (late_write, write_paths): (Vec<_>, Vec<_>) = write_paths.into_iter().partition(remounted);
+    let abi = landlock_abi_for(landlock_abi);
+    let landlock = landlock_ruleset(&profile, &read_paths, &write_paths, landlock_abi)?;
+    let mut landlock_late = Vec::new();
+    if landlock.is_some() {
+        for p in late_read {
+            landlock_late.push((
+                cstring("a Landlock path", p.as_os_str().as_bytes())?,
+                AccessFs::from_read(abi).bits(),
+            ));
+        }
+        for p in late_write {
+            landlock_late.push((
+                cstring("a Landlock path", p.as_os_str().as_bytes())?,
+                AccessFs::from_all(abi).bits(),
+            ));
+        }
+    }
+
+    Ok(Prepared {
+        path,
+        argv,
+        env,
+        cwd,
+        stdio_child,
+        stdio_parent,
+        keep_fds: spec.keep_fds,
+        clone_flags: flags,
+        user_namespace: !privileged,
+        mount_namespace: profile.mount_namespace,
+        mount_proc: profile.mount_namespace && profile.pid_namespace,
+        tmpfs_options: if profile.private_tmp {
+            Some(cstring("tmpfs options", b"mode=1777,size=64m")?)
+        } else {
+            None
+        },
+        hostname: profile
+            .uts_namespace
+            .then(|| cstring("hostname", b"flowhost-executor"))
+            .transpose()?,
+        identity,
+        rlimits,
+        landlock,
+        landlock_late,
+        filter,
+        wall_clock: spec.wall_clock,
+        cgroup_procs: Vec::new(),
+    })
+}
+
+/// The Landlock ABI to build rules for: the kernel's, capped at the newest this broker uses,
+/// so the handled rights and every rule (including those added in the child) agree.
+fn landlock_abi_for(kernel_abi: i32) -> ABI {
+    ABI::from(kernel_abi.min(6))
+}
+
+fn landlock_ruleset(
+    profile: &Profile,
+    read_only: &[PathBuf],
+    read_write: &[PathBuf],
+    kernel_abi: i32,
+) -> Result<Option<OwnedFd>, SpawnError> {
+    if kernel_abi <= 0 {
+        return match profile.landlock {
+            LandlockMode::Required => Err(SpawnError::Unsupported {
+                profile: profile.name.clone(),
+                feature: "Landlock",
+                observed: sys::landlock_unavailable().unwrap_or_default(),
+            }),
+            LandlockMode::BestEffort => Ok(None),
+        };
+    }
+    let abi = landlock_abi_for(kernel_abi);
+    let prep = |e: landlock::RulesetError| SpawnError::Prepare(format!("Landlock: {e}"));
+    let created = Ruleset::default()
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(prep)?
+        // No TCP rules: the executor itself may neither bind nor connect; the broker, which
+        // is outside the domain, does both on its behalf after deciding.
+        .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+        .map_err(prep)?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(prep)?
+        .create()
+        .map_err(prep)?
+        .add_rules(path_beneath_rules(read_only, AccessFs::from_read(abi)))
+        .map_err(prep)?
+        .add_rules(path_beneath_rules(read_write, AccessFs::from_all(abi)))
+        .map_err(prep)?;
+    let fd: Option<OwnedFd> = created.into();
+    if fd.is_none() && profile.landlock == LandlockMode::Required {
+        return Err(SpawnError::Unsupported {
+            profile: profile.name.clone(),
+            feature: "Landlock",
+            observed: "the landlock crate could not create a ruleset".into(),
+        });
+    }
+    Ok(fd)
+}

@@ -1,0 +1,173 @@
+//! Control messages: the executor's ancillary data rebuilt for the broker's own send.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use super::{Outcome, Step, errno_of};
+use crate::sys;
+
+/// Rebuilds a control buffer for the broker's own sendmsg: descriptors passed with
+/// SCM_RIGHTS are replaced by the broker's duplicates of them (at most `max_fds` in all, as
+/// the kernel refuses more than `SCM_MAX_FD` per message with EINVAL); any other SOL_SOCKET
+/// control message is refused (SCM_CREDENTIALS would be checked against the broker's
+/// credentials, not the executor's), and so are IP options and IPv6 extension headers;
+/// other IP-level control messages (TOS, TTL, PKTINFO, ...) pass unchanged. Lengths come
+/// from the executor, so every offset is checked before use.
+pub(super) fn translate_control(
+    raw: &[u8],
+    pidfd: &OwnedFd,
+    passed: &mut Vec<OwnedFd>,
+    max_fds: usize,
+) -> Step<Vec<u8>> {
+    const HDR: usize = 16; // size_t cmsg_len; int cmsg_level; int cmsg_type
+    let align = |n: usize| n.checked_add(7).map(|n| n & !7);
+    let mut out = Vec::with_capacity(raw.len());
+    let mut off = 0usize;
+    while raw.len().saturating_sub(off) >= HDR {
+        let field = |o: usize, n: usize| &raw[off + o..off + o + n];
+        let len = u64::from_ne_bytes(field(0, 8).try_into().unwrap_or([0; 8]));
+        let level = i32::from_ne_bytes(field(8, 4).try_into().unwrap_or([0; 4]));
+        let kind = i32::from_ne_bytes(field(12, 4).try_into().unwrap_or([0; 4]));
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|len| *len >= HDR && *len <= raw.len() - off)
+            .ok_or(Outcome::Errno(libc::EINVAL))?;
+        let data = &raw[off + HDR..off + len];
+        let start = out.len();
+        out.extend_from_slice(&raw[off..off + HDR]);
+        match (level, kind) {
+            (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
+                if passed.len() + data.len() / 4 > max_fds {
+                    return Err(Outcome::Errno(libc::EINVAL));
+                }
+                for chunk in data.chunks_exact(4) {
+                    let theirs = i32::from_ne_bytes(chunk.try_into().unwrap_or([0; 4]));
+                    let ours = sys::pidfd_getfd(pidfd.as_fd(), theirs)
+                        .map_err(|e| Outcome::Errno(errno_of(&e)))?;
+                    out.extend_from_slice(&ours.as_raw_fd().to_ne_bytes());
+                    passed.push(ours);
+                }
+            }
+            (libc::SOL_SOCKET, _) => return Err(Outcome::Errno(libc::EPERM)),
+            // IP options and IPv6 extension headers (source routes among them) are checked
+            // against the broker's capabilities, not the executor's.
+            (libc::IPPROTO_IP, libc::IP_OPTIONS | libc::IP_RETOPTS)
+            | (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_RTHDR
+                | libc::IPV6_HOPOPTS
+                | libc::IPV6_DSTOPTS
+                | libc::IPV6_RTHDRDSTOPTS
+                | libc::IPV6_2292RTHDR
+                | libc::IPV6_2292HOPOPTS
+                | libc::IPV6_2292DSTOPTS,
+            ) => return Err(Outcome::Errno(libc::EPERM)),
+            _ => out.extend_from_slice(data),
+        }
+        let step = align(len).ok_or(Outcome::Errno(libc::EINVAL))?;
+        out.resize(start + step, 0);
+        off += step;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::memory::MAX_PASSED_FDS;
+
+    fn cmsg(len: u64, level: i32, kind: i32, data: &[u8]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&len.to_ne_bytes());
+        raw.extend_from_slice(&level.to_ne_bytes());
+        raw.extend_from_slice(&kind.to_ne_bytes());
+        raw.extend_from_slice(data);
+        raw.resize((raw.len() + 7) & !7, 0);
+        raw
+    }
+
+    #[test]
+    fn control_lengths_from_the_executor_are_checked() {
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        for len in [u64::MAX, u64::MAX - 7, 1 << 40, 64, 8] {
+            let raw = cmsg(len, libc::IPPROTO_IP, 1, &[0u8; 8]);
+            let mut passed = Vec::new();
+            assert!(
+                matches!(
+                    translate_control(&raw, &me, &mut passed, MAX_PASSED_FDS),
+                    Err(Outcome::Errno(libc::EINVAL))
+                ),
+                "cmsg_len {len} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn control_passes_at_most_the_descriptor_budget() {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let fds: Vec<u8> = std::iter::repeat_n(file.as_raw_fd().to_ne_bytes(), 3)
+            .flatten()
+            .collect();
+        let raw = cmsg(16 + 12, libc::SOL_SOCKET, libc::SCM_RIGHTS, &fds);
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        let mut passed = Vec::new();
+        assert!(matches!(
+            translate_control(&raw, &me, &mut passed, 2),
+            Err(Outcome::Errno(libc::EINVAL))
+        ));
+        assert!(passed.is_empty(), "nothing taken before the refusal");
+        translate_control(&raw, &me, &mut passed, 3).unwrap();
+        assert_eq!(passed.len(), 3);
+    }
+
+    #[test]
+    fn control_refuses_source_routes() {
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        for (level, kind) in [
+            (libc::IPPROTO_IP, libc::IP_RETOPTS),
+            (libc::IPPROTO_IP, libc::IP_OPTIONS),
+            (libc::IPPROTO_IPV6, libc::IPV6_RTHDR),
+        ] {
+            let raw = cmsg(16 + 8, level, kind, &[0u8; 8]);
+            assert!(matches!(
+                translate_control(&raw, &me, &mut Vec::new(), MAX_PASSED_FDS),
+                Err(Outcome::Errno(libc::EPERM))
+            ));
+        }
+        let tos = cmsg(16 + 4, libc::IPPROTO_IP, libc::IP_TOS, &[0u8; 4]);
+        assert!(translate_control(&tos, &me, &mut Vec::new(), MAX_PASSED_FDS).is_ok());
+    }
+
+    #[test]
+    fn control_refuses_credentials() {
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&(16u64 + 12).to_ne_bytes());
+        raw.extend_from_slice(&libc::SOL_SOCKET.to_ne_bytes());
+        raw.extend_from_slice(&libc::SCM_CREDENTIALS.to_ne_bytes());
+        raw.extend_from_slice(&[0u8; 12]);
+        raw.resize(32, 0);
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        let mut passed = Vec::new();
+        assert!(matches!(
+            translate_control(&raw, &me, &mut passed, MAX_PASSED_FDS),
+            Err(Outcome::Errno(libc::EPERM))
+        ));
+    }
+
+    #[test]
+    fn control_translates_passed_descriptors() {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&(16u64 + 4).to_ne_bytes());
+        raw.extend_from_slice(&libc::SOL_SOCKET.to_ne_bytes());
+        raw.extend_from_slice(&libc::SCM_RIGHTS.to_ne_bytes());
+        raw.extend_from_slice(&file.as_raw_fd().to_ne_bytes());
+        raw.resize(24, 0);
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        let mut passed = Vec::new();
+        let out = translate_control(&raw, &me, &mut passed, MAX_PASSED_FDS).unwrap();
+        assert_eq!(passed.len(), 1);
+        let ours = i32::from_ne_bytes(out[16..20].try_into().unwrap());
+        assert_eq!(ours, passed[0].as_raw_fd());
+        assert_ne!(ours, file.as_raw_fd(), "the broker sends its own duplicate");
+    }
+}

@@ -1,0 +1,242 @@
+//! One handler per notified syscall (connect, bind, listen, sendto, sendmsg, sendmmsg): take
+//! the socket, copy what the executor points at, report the attempt and wait for the
+//! verdict, then carry the operation out on the executor's behalf and answer as the kernel
+//! would.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsFd;
+
+use super::memory::{Budget, MAX_IOV, MMSGHDR_SIZE, MSGHDR_SIZE, addr_len};
+use super::socket::{TakenSocket, peer};
+use super::unix_path::Target;
+use super::{Caller, Outcome, Step, errno_of, to_outcome};
+use crate::attempt::{AttemptInfo, Destination, EgressSyscall, Verdict};
+use crate::sys::{self, OwnedMessage};
+
+impl Caller<'_> {
+    /// The attempt this caller makes on `sock`, before its destination is known.
+    fn attempt(&self, syscall: EgressSyscall, sock: &TakenSocket) -> AttemptInfo {
+        AttemptInfo {
+            syscall,
+            pid: self.n.pid,
+            executable: sys::executable_of(self.n.pid),
+            socket: sock.info,
+            destination: None,
+            connected: false,
+            bytes: None,
+            message_index: None,
+            passed_fds: 0,
+        }
+    }
+
+    /// For a call whose arguments are (socket, address, length): takes the socket, copies
+    /// and resolves the address, and has the host decide. Returns the socket and what to
+    /// pass to the syscall once allowed and the caller still waits; otherwise the answer
+    /// (the host's errno, or the caller is gone).
+    async fn decided_address(&self, syscall: EgressSyscall) -> Step<(TakenSocket, Target)> {
+        let [fd, addr, len, ..] = self.n.args;
+        let len = addr_len(len)?;
+        let pidfd = self.pidfd()?;
+        let sock = self.socket(&pidfd, fd)?;
+        let raw = self.copy(addr, len)?;
+        let mut info = self.attempt(syscall, &sock);
+        let (destination, target) = self.resolve(&raw, &sock, syscall);
+        info.destination = Some(destination);
+        if let Verdict::Deny { errno } = self.decide(info).await {
+            return Err(Outcome::Errno(errno));
+        }
+        let target = target?;
+        // Nothing is performed for a caller that went away while the host decided.
+        self.performing()?;
+        Ok((sock, target))
+    }
+
+    pub(super) async fn connect(&self) -> Step<Outcome> {
+        let (sock, target) = self.decided_address(EgressSyscall::Connect).await?;
+        let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
+        let result = if !self.is_blocking(&sock) {
+            sys::connect_raw(sock.fd.as_fd(), &target.addr)
+        } else if inet {
+            self.connect_ip(&sock, &target.addr).await?
+        } else {
+            self.connect_unix(&sock, &target.addr).await?
+        };
+        Ok(to_outcome(result.map(|()| 0)))
+    }
+
+    pub(super) async fn bind(&self) -> Step<Outcome> {
+        let (sock, target) = self.decided_address(EgressSyscall::Bind).await?;
+        if let Err(e) = sys::bind_raw(sock.fd.as_fd(), &target.addr) {
+            return Ok(Outcome::Errno(errno_of(&e)));
+        }
+        self.remember_bound(&sock);
+        Ok(Outcome::Value(0))
+    }
+
+    /// `listen` on an IP socket the broker bound exposes only the address that (decided)
+    /// bind chose, and is carried out. On any other IP socket the kernel may bind it itself,
+    /// to an address and ephemeral port no `bind` decided: `getsockname` cannot tell (a
+    /// failed or dissolved connect leaves a stale port in it), so that is a `listen` attempt
+    /// on the socket family's wildcard address, port 0, carried out only if allowed. Other
+    /// families never bind on `listen` (unix refuses an unbound socket). The broker performs
+    /// the `listen` on its own copy of the socket, so the descriptor number cannot be swapped
+    /// for another socket between check and effect.
+    pub(super) async fn listen(&self) -> Step<Outcome> {
+        let [fd, backlog, ..] = self.n.args;
+        let pidfd = self.pidfd()?;
+        let sock = self.socket(&pidfd, fd)?;
+        // Nothing copied: this check is what proves the socket is the waiting thread's.
+        self.still_waiting()?;
+        let wildcard = match sock.info.family {
+            libc::AF_INET => Some(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            libc::AF_INET6 => Some(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+            _ => None,
+        };
+        if let Some(ip) = wildcard
+            && !self.was_bound_by_broker(&sock)
+        {
+            let mut info = self.attempt(EgressSyscall::Listen, &sock);
+            info.destination = Some(Destination::Inet(SocketAddr::new(ip, 0)));
+            if let Verdict::Deny { errno } = self.decide(info).await {
+                return Ok(Outcome::Errno(errno));
+            }
+            self.performing()?;
+        }
+        Ok(to_outcome(
+            sys::listen_raw(sock.fd.as_fd(), backlog as i32).map(|()| 0),
+        ))
+    }
+
+    pub(super) async fn sendto(&self) -> Step<Outcome> {
+        let [fd, buf, len, flags, addr, addrlen] = self.n.args;
+        let flags = flags as i32;
+        let pidfd = self.pidfd()?;
+        let sock = self.socket(&pidfd, fd)?;
+        let payload = self.payload_len(&sock, len as usize)?;
+        let data = self.copy(buf, payload)?;
+        let mut message = OwnedMessage {
+            data,
+            ..OwnedMessage::default()
+        };
+        let mut info = self.attempt(EgressSyscall::Sendto, &sock);
+        info.bytes = Some(message.data.len());
+        let mut pin = None;
+        if addr == 0 {
+            info.connected = true;
+            info.destination = peer(&sock);
+        } else {
+            let raw = self.copy(addr, addr_len(addrlen)?)?;
+            let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Sendto);
+            info.destination = Some(destination);
+            if let Ok(t) = &target {
+                message.name = t.addr.clone();
+            }
+            pin = Some(target);
+        }
+        if let Verdict::Deny { errno } = self.decide(info).await {
+            return Ok(Outcome::Errno(errno));
+        }
+        if let Some(target) = pin {
+            target?;
+        }
+        self.performing()?;
+        Ok(to_outcome(
+            self.send(&sock, message, flags).await?.map(|n| n as i64),
+        ))
+    }
+
+    pub(super) async fn sendmsg(&self) -> Step<Outcome> {
+        let [fd, msg_ptr, flags, ..] = self.n.args;
+        let flags = flags as i32;
+        let pidfd = self.pidfd()?;
+        let sock = self.socket(&pidfd, fd)?;
+        let header = self.copy(msg_ptr, MSGHDR_SIZE)?;
+        let mut budget = Budget::default();
+        let copied = self.message(&pidfd, &sock, &header, EgressSyscall::Sendmsg, &mut budget)?;
+        let mut info = self.attempt(EgressSyscall::Sendmsg, &sock);
+        info.bytes = Some(copied.msg.data.len());
+        info.destination = copied.destination.clone();
+        info.connected = copied.connected;
+        info.passed_fds = copied.passed_count;
+        if let Verdict::Deny { errno } = self.decide(info).await {
+            return Ok(Outcome::Errno(errno));
+        }
+        if let Some(errno) = copied.unreachable {
+            return Ok(Outcome::Errno(errno));
+        }
+        self.performing()?;
+        Ok(to_outcome(
+            self.send(&sock, copied.msg.clone(), flags)
+                .await?
+                .map(|n| n as i64),
+        ))
+    }
+
+    pub(super) async fn sendmmsg(&self) -> Step<Outcome> {
+        let [fd, vec_ptr, vlen, flags, ..] = self.n.args;
+        let flags = flags as i32;
+        let vlen = (vlen as u32 as usize).min(MAX_IOV);
+        if vlen == 0 {
+            return Ok(Outcome::Value(0));
+        }
+        let pidfd = self.pidfd()?;
+        let memory = self.memory()?;
+        let sock = self.socket(&pidfd, fd)?;
+        let headers = self.copy(vec_ptr, vlen * MMSGHDR_SIZE)?;
+        let mut messages = Vec::with_capacity(vlen);
+        let mut budget = Budget::default();
+        for i in 0..vlen {
+            let h = &headers[i * MMSGHDR_SIZE..i * MMSGHDR_SIZE + MSGHDR_SIZE];
+            match self.message(&pidfd, &sock, h, EgressSyscall::Sendmmsg, &mut budget) {
+                Ok(m) => messages.push(m),
+                Err(Outcome::Abandon) => return Err(Outcome::Abandon),
+                // Like the kernel, a batch that fails part-way reports the messages before
+                // the failure; the failure itself is reported only if it is the first.
+                Err(first) if i == 0 => return Err(first),
+                Err(_) => break,
+            }
+        }
+        // Every message is reported and decided before any is sent.
+        let mut verdicts = Vec::with_capacity(messages.len());
+        for (i, m) in messages.iter().enumerate() {
+            let mut info = self.attempt(EgressSyscall::Sendmmsg, &sock);
+            info.bytes = Some(m.msg.data.len());
+            info.destination = m.destination.clone();
+            info.connected = m.connected;
+            info.message_index = Some(i);
+            info.passed_fds = m.passed_count;
+            verdicts.push(self.decide(info).await);
+        }
+        self.performing()?;
+        let mut sent = 0usize;
+        for (i, (m, verdict)) in messages.iter().zip(verdicts).enumerate() {
+            let result = match verdict {
+                Verdict::Deny { errno } => Err(io::Error::from_raw_os_error(errno)),
+                Verdict::Allow => match m.unreachable {
+                    Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+                    None => self.send(&sock, m.msg.clone(), flags).await?,
+                },
+            };
+            match result {
+                Ok(n) => {
+                    let at = vec_ptr + (i * MMSGHDR_SIZE + MSGHDR_SIZE) as u64;
+                    // The kernel reports each message's length in its msg_len field. Written
+                    // through the memory file opened before the first copy, so it reaches
+                    // the caller even if its thread id is reused meanwhile, and nothing else.
+                    use std::os::unix::fs::FileExt;
+                    let _ = memory.write_all_at(&(n as u32).to_ne_bytes(), at);
+                    sent += 1;
+                    // A message sent only in part ends the batch, as in the kernel: what
+                    // follows must not be written after a gap in a stream.
+                    if n < m.msg.data.len() {
+                        break;
+                    }
+                }
+                Err(e) if sent == 0 => return Ok(Outcome::Errno(errno_of(&e))),
+                Err(_) => break,
+            }
+        }
+        Ok(Outcome::Value(sent as i64))
+    }
+}

@@ -1,0 +1,286 @@
+//! The executor's socket in the broker's hands: what the kernel says it is, and carrying an
+//! operation out on it with the semantics of the executor's own (blocking or not) call,
+//! without ever blocking one of the broker's threads.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
+
+use super::{Caller, Outcome, Step, errno_of};
+use crate::attempt::{Destination, SocketInfo};
+use crate::sys::{self, OwnedMessage};
+
+/// How often a handler waiting on the network (a send to a peer that does not read, a
+/// connect that does not complete) checks that its caller is still waiting.
+const CALLER_CHECK: Duration = Duration::from_millis(100);
+/// How often a unix connect to a full backlog is retried.
+const UNIX_CONNECT_RETRY: Duration = Duration::from_millis(10);
+/// Most sockets per executor remembered as bound by the broker.
+const MAX_REMEMBERED_BINDS: usize = 4096;
+/// How long the broker waits inline for a connect to complete before awaiting it.
+const INLINE_CONNECT_WAIT: Duration = Duration::from_micros(250);
+
+/// A socket taken from the executor, with what the kernel says it is.
+pub(super) struct TakenSocket {
+    pub(super) fd: Arc<OwnedFd>,
+    pub(super) info: SocketInfo,
+}
+
+impl TakenSocket {
+    fn blocking(&self) -> bool {
+        nix::fcntl::fcntl(&*self.fd, nix::fcntl::FcntlArg::F_GETFL)
+            .map(|flags| flags & libc::O_NONBLOCK == 0)
+            .unwrap_or(false)
+    }
+}
+
+impl Caller<'_> {
+    pub(super) fn socket(&self, pidfd: &OwnedFd, fd: u64) -> Step<TakenSocket> {
+        let fd = i32::try_from(fd as i64).map_err(|_| Outcome::Errno(libc::EBADF))?;
+        let taken =
+            sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| Outcome::Errno(errno_of(&e)))?;
+        let opt = |name| {
+            sys::getsockopt_int(taken.as_fd(), libc::SOL_SOCKET, name)
+                .map_err(|e| Outcome::Errno(errno_of(&e)))
+        };
+        let info = SocketInfo {
+            family: opt(libc::SO_DOMAIN)?,
+            socket_type: opt(libc::SO_TYPE)?,
+            protocol: opt(libc::SO_PROTOCOL)?,
+        };
+        Ok(TakenSocket {
+            fd: Arc::new(taken),
+            info,
+        })
+    }
+}
+
+pub(super) fn peer(sock: &TakenSocket) -> Option<Destination> {
+    sys::peer_address(sock.fd.as_fd())
+        .ok()
+        .map(|raw| Destination::from_sockaddr(&raw))
+}
+
+/// The outcome of a non-blocking connect whose socket became writable: its final error, or
+/// success once it has a peer (`WouldBlock` if neither yet).
+fn connect_result(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let err = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR)?;
+    if err != 0 {
+        return Err(io::Error::from_raw_os_error(err));
+    }
+    if sys::peer_address(fd).is_ok() {
+        return Ok(());
+    }
+    Err(io::Error::from(io::ErrorKind::WouldBlock))
+}
+
+/// When a wait on behalf of a blocking call gives up: the socket's own send timeout
+/// (`SO_SNDTIMEO`), as the kernel's blocking call would; without one, never (the wait still
+/// ends when the caller is gone).
+fn give_up_at(sock: &TakenSocket) -> Option<Instant> {
+    sys::send_timeout(sock.fd.as_fd())
+        .ok()
+        .flatten()
+        .map(|t| Instant::now() + t)
+}
+
+fn timed_out(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+impl Caller<'_> {
+    /// Whether the executor's socket is in blocking mode (read under the same lock as the
+    /// broker's temporary O_NONBLOCK, so a concurrent connect's toggle is never seen).
+    pub(super) fn is_blocking(&self, sock: &TakenSocket) -> bool {
+        let _flags = self.ctx.flags.lock();
+        sock.blocking()
+    }
+
+    /// Runs `op` with the socket's file description non-blocking (the executor's calling
+    /// thread is parked in its own syscall meanwhile), restoring its flags afterwards. One
+    /// toggle at a time per executor, so two handlers cannot leave the flag set.
+    fn nonblocking<T>(
+        &self,
+        sock: &TakenSocket,
+        op: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let _flags = self.ctx.flags.lock();
+        let fd = sock.fd.as_fd();
+        let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+        fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+        let result = op();
+        fcntl(fd, FcntlArg::F_SETFL(flags))?;
+        result
+    }
+
+    /// Waits until `watch` may have turned writable, for at most [`CALLER_CHECK`] (or until
+    /// `deadline`), then confirms the caller is still waiting. Every network wait of a
+    /// handler goes through here or [`Caller::pause`], so a handler whose caller is gone
+    /// (killed, retired) ends and frees its permit instead of waiting on a peer forever.
+    async fn writable_or_gone(
+        &self,
+        watch: &AsyncFd<OwnedFd>,
+        deadline: Option<Instant>,
+    ) -> Step<()> {
+        let nap = deadline.map_or(CALLER_CHECK, |d| {
+            d.saturating_duration_since(Instant::now())
+                .min(CALLER_CHECK)
+        });
+        tokio::select! {
+            ready = watch.writable() => match ready {
+                Ok(mut guard) => guard.clear_ready(),
+                Err(e) => return Err(Outcome::Errno(errno_of(&e))),
+            },
+            _ = tokio::time::sleep(nap) => {}
+        }
+        self.still_waiting()
+    }
+
+    /// Sleeps `nap` (no longer than until `deadline`), then confirms the caller waits.
+    async fn pause(&self, nap: Duration, deadline: Option<Instant>) -> Step<()> {
+        let nap = deadline.map_or(nap, |d| {
+            d.saturating_duration_since(Instant::now()).min(nap)
+        });
+        tokio::time::sleep(nap).await;
+        self.still_waiting()
+    }
+
+    /// Performs a connect the executor made on a blocking IP socket without blocking a
+    /// thread: started non-blocking, then awaited, returning the socket's final error
+    /// exactly as a blocking connect would have (EINPROGRESS once `SO_SNDTIMEO` expires).
+    pub(super) async fn connect_ip(&self, sock: &TakenSocket, addr: &[u8]) -> Step<io::Result<()>> {
+        let fd = sock.fd.as_fd();
+        match self.nonblocking(sock, || sys::connect_raw(fd, addr)) {
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            other => return Ok(other),
+        }
+        // A nearby peer completes the handshake within microseconds: wait for that inline,
+        // for at most INLINE_CONNECT_WAIT, before paying for a reactor registration.
+        match sys::wait_writable(fd, INLINE_CONNECT_WAIT) {
+            Ok(true) => return Ok(connect_result(fd)),
+            Ok(false) => {}
+            Err(e) => return Ok(Err(e)),
+        }
+        let deadline = give_up_at(sock);
+        let watch = match fd.try_clone_to_owned().and_then(sys::async_fd_writable) {
+            Ok(w) => w,
+            Err(e) => return Ok(Err(e)),
+        };
+        loop {
+            self.writable_or_gone(&watch, deadline).await?;
+            match connect_result(fd) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return Ok(done),
+            }
+            if timed_out(deadline) {
+                return Ok(Err(io::Error::from_raw_os_error(libc::EINPROGRESS)));
+            }
+        }
+    }
+
+    /// A blocking unix connect: a full backlog makes the non-blocking form fail with EAGAIN
+    /// and offers no readiness to await, so it is retried until it succeeds, fails
+    /// otherwise, `SO_SNDTIMEO` expires (EAGAIN, as the kernel reports), or the caller is
+    /// gone.
+    pub(super) async fn connect_unix(
+        &self,
+        sock: &TakenSocket,
+        addr: &[u8],
+    ) -> Step<io::Result<()>> {
+        let deadline = give_up_at(sock);
+        loop {
+            match self.nonblocking(sock, || sys::connect_raw(sock.fd.as_fd(), addr)) {
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+                other => return Ok(other),
+            }
+            if timed_out(deadline) {
+                return Ok(Err(io::Error::from_raw_os_error(libc::EAGAIN)));
+            }
+            self.pause(UNIX_CONNECT_RETRY, deadline).await?;
+        }
+    }
+
+    /// Sends a copied message with the semantics of the executor's own call, without ever
+    /// blocking a thread: a blocking socket's send waits for room (on a stream socket it
+    /// sends everything unless an error or `SO_SNDTIMEO` ends it early, then reports what
+    /// was sent); a non-blocking one returns EAGAIN. `MSG_NOSIGNAL` is always set: a broken
+    /// pipe must not signal the broker.
+    pub(super) async fn send(
+        &self,
+        sock: &TakenSocket,
+        mut msg: OwnedMessage,
+        flags: i32,
+    ) -> Step<io::Result<usize>> {
+        let flags = flags | libc::MSG_NOSIGNAL;
+        let may_block = flags & libc::MSG_DONTWAIT == 0 && self.is_blocking(sock);
+        let stream = sock.info.socket_type == libc::SOCK_STREAM;
+        let mut sent = 0usize;
+        let mut watch = None;
+        let mut deadline = None;
+        loop {
+            match sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT) {
+                Ok(n) => {
+                    sent += n;
+                    if !(may_block && stream && n < msg.data.len()) {
+                        return Ok(Ok(sent));
+                    }
+                    msg.data.drain(..n);
+                    // The control data (and any name) went with the first bytes.
+                    msg.control.clear();
+                    msg.name.clear();
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && may_block => {}
+                Err(_) if sent > 0 => return Ok(Ok(sent)),
+                Err(e) => return Ok(Err(e)),
+            }
+            let deadline = *deadline.get_or_insert_with(|| give_up_at(sock));
+            if timed_out(deadline) {
+                return Ok(if sent > 0 {
+                    Ok(sent)
+                } else {
+                    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+                });
+            }
+            if watch.is_none() {
+                match sock.fd.try_clone().and_then(sys::async_fd_writable) {
+                    Ok(w) => watch = Some(w),
+                    Err(_) if sent > 0 => return Ok(Ok(sent)),
+                    Err(e) => return Ok(Err(e)),
+                }
+            }
+            if let Some(w) = &watch {
+                match self.writable_or_gone(w, deadline).await {
+                    Ok(()) => {}
+                    // What was sent is reported, as the kernel reports a send cut short.
+                    Err(Outcome::Errno(_)) if sent > 0 => return Ok(Ok(sent)),
+                    Err(other) => return Err(other),
+                }
+            }
+        }
+    }
+
+    /// Notes that the broker bound this socket (by its cookie, which the kernel never
+    /// reuses), so a later `listen` on it is known to expose only the decided address.
+    pub(super) fn remember_bound(&self, sock: &TakenSocket) {
+        if let Ok(cookie) = sys::socket_cookie(sock.fd.as_fd())
+            && let Ok(mut bound) = self.ctx.bound.lock()
+        {
+            if bound.len() >= MAX_REMEMBERED_BINDS {
+                // Forgetting is safe: a forgotten socket's listen is decided again.
+                bound.clear();
+            }
+            bound.insert(cookie);
+        }
+    }
+
+    pub(super) fn was_bound_by_broker(&self, sock: &TakenSocket) -> bool {
+        match (sys::socket_cookie(sock.fd.as_fd()), self.ctx.bound.lock()) {
+            (Ok(cookie), Ok(bound)) => bound.contains(&cookie),
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Resolving a unix socket path the way the executor would see it (its working directory
+//! and root), and pinning what was decided, so the broker reaches exactly that path.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use super::socket::TakenSocket;
+use super::{Caller, Outcome, Step, errno_of};
+use crate::attempt::{Destination, EgressSyscall};
+use crate::sys;
+
+impl Caller<'_> {
+    /// Decodes a copied address as the kernel would read it for this socket and syscall
+    /// (see [`Destination::for_socket`]). For pathname unix sockets, resolves `.` and `..`
+    /// and the working directory first, then opens the result in the executor's filesystem
+    /// view without following symlinks and pins the inode (connect, send) or the parent
+    /// directory (bind): what is decided is exactly the path the broker reaches.
+    pub(super) fn resolve(
+        &self,
+        raw: &[u8],
+        sock: &TakenSocket,
+        syscall: EgressSyscall,
+    ) -> (Destination, Step<Target>) {
+        let destination = Destination::for_socket(raw, sock.info.family, syscall);
+        let Destination::UnixPath(path) = &destination else {
+            return (
+                destination,
+                Ok(Target {
+                    addr: raw.to_vec(),
+                    pin: None,
+                }),
+            );
+        };
+        let absolute = if path.is_absolute() {
+            path.clone()
+        } else {
+            match std::fs::read_link(format!("/proc/{}/cwd", self.n.pid)) {
+                Ok(cwd) => cwd.join(path),
+                Err(e) => return (destination, Err(self.failure(&e))),
+            }
+        };
+        // Proves the working directory read above was the waiting thread's.
+        if let Err(gone) = self.still_waiting() {
+            return (destination, Err(gone));
+        }
+        let absolute = without_dots(&absolute);
+        let usage = if syscall == EgressSyscall::Bind {
+            UnixUse::Bind
+        } else {
+            UnixUse::Connect
+        };
+        let target = self.pin_unix(&absolute, usage);
+        (Destination::UnixPath(absolute), target)
+    }
+
+    fn pin_unix(&self, absolute: &Path, usage: UnixUse) -> Step<Target> {
+        let root = std::fs::File::open(format!("/proc/{}/root", self.n.pid))
+            .map_err(|e| self.failure(&e))?;
+        // Proves the root just opened is the waiting thread's, not a reused pid's.
+        self.still_waiting()?;
+        let root = OwnedFd::from(root);
+        let errno = |e: io::Error| Outcome::Errno(errno_of(&e));
+        let c = |p: &Path| {
+            CString::new(p.as_os_str().as_bytes()).map_err(|_| Outcome::Errno(libc::EINVAL))
+        };
+        match usage {
+            UnixUse::Connect => {
+                let pin =
+                    sys::open_path_nofollow(root.as_fd(), &c(absolute)?, true).map_err(errno)?;
+                let addr = unix_sockaddr(format!("/proc/self/fd/{}", pin.as_raw_fd()).as_bytes())?;
+                Ok(Target {
+                    addr,
+                    pin: Some(pin),
+                })
+            }
+            UnixUse::Bind => {
+                let (Some(parent), Some(name)) = (absolute.parent(), absolute.file_name()) else {
+                    return Err(Outcome::Errno(libc::EINVAL));
+                };
+                let dir =
+                    sys::open_path_nofollow(root.as_fd(), &c(parent)?, true).map_err(errno)?;
+                let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+                path.extend_from_slice(name.as_bytes());
+                Ok(Target {
+                    addr: unix_sockaddr(&path)?,
+                    pin: Some(dir),
+                })
+            }
+        }
+    }
+}
+
+/// `path` with `.` and `..` resolved lexically. Exact for the broker's lookups, which follow
+/// no symlinks: every component is a real directory, so `..` is its parent (and `..` at the
+/// root stays there, as under `RESOLVE_IN_ROOT`).
+fn without_dots(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        match c {
+            Component::Normal(name) => out.push(name),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+/// What the broker will pass to the syscall, and any pinned descriptor the address names.
+pub(super) struct Target {
+    pub(super) addr: Vec<u8>,
+    pub(super) pin: Option<OwnedFd>,
+}
+
+#[derive(Clone, Copy)]
+enum UnixUse {
+    Connect,
+    Bind,
+}
+
+fn unix_sockaddr(path: &[u8]) -> Step<Vec<u8>> {
+    if path.len() >= 108 {
+        return Err(Outcome::Errno(libc::ENAMETOOLONG));
+    }
+    let mut v = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+    v.extend_from_slice(path);
+    v.push(0);
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_addresses_fit_sun_path() {
+        assert!(unix_sockaddr("x".repeat(107).as_bytes()).is_ok());
+        assert!(matches!(
+            unix_sockaddr("x".repeat(108).as_bytes()),
+            Err(Outcome::Errno(libc::ENAMETOOLONG))
+        ));
+    }
+
+    #[test]
+    fn dots_resolve_lexically() {
+        for (path, want) in [
+            ("/run/app/../docker.sock", "/run/docker.sock"),
+            ("/run/app/./x/../s.sock", "/run/app/s.sock"),
+            ("/../../etc/x", "/etc/x"),
+            ("/run/app/s.sock", "/run/app/s.sock"),
+        ] {
+            assert_eq!(without_dots(Path::new(path)), Path::new(want), "{path}");
+        }
+    }
+}
