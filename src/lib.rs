@@ -4,7 +4,7 @@
 //! This crate holds the host side; the seccomp-notify broker is the `flowhost-broker` crate.
 
 #![deny(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 // The tree shows the stages: model (the vocabulary), admission (manifest -> registry),
 // resolve (resolver, state, rules, grants), the broker (its own crate), records, diff; the

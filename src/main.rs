@@ -1,5 +1,7 @@
 //! The `flowhost` command line (see `flowhost --help`).
 
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -903,14 +903,25 @@ fn health_is_incomplete_while_a_servers_executors_cannot_start() {
     // The program is back: the next start (a new session acquires an executor, and the
     // pool refills) succeeds and health recovers.
     copy();
-    let mut c = lab.client();
-    c.initialize();
-    c.call(
-        "public-inbox/publish",
-        json!({"message": "y", "sink": lab.public.addr.to_string()}),
-    );
+    // Each new session's calls acquire executors: once the warm ones are used up, a call starts
+    // one itself, and a start that succeeds clears its server's failure.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while health(&mut c)["broker_active"] != true {
+    loop {
+        let mut c = lab.client();
+        c.initialize();
+        // Both servers run the program (a refill of either may have failed while it was
+        // missing), so both are called.
+        c.call(
+            "public-inbox/publish",
+            json!({"message": "y", "sink": lab.public.addr.to_string()}),
+        );
+        c.call(
+            "team-inbox/publish",
+            json!({"message": "y", "sink": lab.team.addr.to_string()}),
+        );
+        if health(&mut c)["broker_active"] == true {
+            break;
+        }
         assert!(Instant::now() < deadline, "{}", lab.log());
         std::thread::sleep(Duration::from_millis(50));
     }

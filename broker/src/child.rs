@@ -208,7 +208,7 @@ pub unsafe fn child_main(plan: &ChildPlan) -> ! {
 
 fn setup_namespaces(plan: &ChildPlan) {
     if plan.mount_namespace {
-        // SAFETY (this and the following raw calls): each passes NUL-terminated strings owned
+        // SAFETY: (this and the following raw calls) each passes NUL-terminated strings owned
         // by the plan or static literals, and plain integers.
         unsafe {
             check!(
@@ -344,7 +344,7 @@ fn arrange_descriptors(plan: &ChildPlan) -> ParkedPlan {
 pub const MAX_EXTRA_FDS: usize = 64;
 
 fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
-    // SAFETY (whole function): raw syscalls with integers, NUL-terminated strings owned by
+    // SAFETY: (whole function) raw syscalls with integers, NUL-terminated strings owned by
     // the plan, stack-allocated structs, and the program buffer owned by the plan.
     unsafe {
         // A session of its own: the executor loses the host's controlling terminal, so it can

@@ -22,7 +22,7 @@
 //! # let _ = status; Ok(()) }
 //! ```
 
-#![warn(missing_docs)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 mod attempt;
 pub mod bounds;

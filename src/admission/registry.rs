@@ -1,4 +1,5 @@
-//! The verified registry: the only way a tool gets into the host (DESIGN.md §4).
+//! The verified registry: the only way a tool gets into the host (docs/ARCHITECTURE.md,
+//! "Data path").
 //!
 //! This file is long on purpose: the eight admission rules, the admitted types they produce and
 //! the bridge-metadata check read the same private fields, which a split would have to expose.

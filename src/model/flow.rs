@@ -1,4 +1,4 @@
-//! Tool flow declarations and the egress authorization check (DESIGN.md §2).
+//! Tool flow declarations and the egress authorization check (README, "Information-flow model").
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -238,8 +238,8 @@ impl EgressDenial {
 
 /// Decides whether data labelled `source` may leave through a destination with `clearance`.
 ///
-/// Checked in this order (DESIGN.md §2): a `Top` source, a missing clearance, a `Top`
-/// clearance, then the flow order.
+/// Checked in this order (README, "Information-flow model"): a `Top` source, a missing
+/// clearance, a `Top` clearance, then the flow order.
 pub fn authorize_egress(
     source: &InformationLabel,
     clearance: Option<&InformationLabel>,

@@ -1,9 +1,9 @@
 //! Identifiers used inside information labels and flow declarations.
 //!
-//! `PrincipalId`, `Compartment` and `DeclassificationPurpose` share one rule (DESIGN.md §2):
-//! non-empty, at most [`MAX_IDENTIFIER_BYTES`] bytes of UTF-8, no leading or trailing
-//! whitespace, and no control character anywhere (`char::is_control`, which covers C0, DEL
-//! and C1 such as U+0085). No other character is restricted.
+//! `PrincipalId`, `Compartment` and `DeclassificationPurpose` share one rule (README,
+//! "Information-flow model"): non-empty, at most [`MAX_IDENTIFIER_BYTES`] bytes of UTF-8, no
+//! leading or trailing whitespace, and no control character anywhere (`char::is_control`,
+//! which covers C0, DEL and C1 such as U+0085). No other character is restricted.
 
 use std::borrow::Borrow;
 use std::fmt;

@@ -1,4 +1,4 @@
-//! The information label lattice (DESIGN.md §2).
+//! The information label lattice (README, "Information-flow model").
 //!
 //! A label is either `Known { owners, compartments }` or `Top`. `owners` maps each owner to
 //! the principals it lets read (an owner always reads its own data); `compartments` are extra

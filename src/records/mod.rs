@@ -1,4 +1,4 @@
-//! Observed decision records (see docs/ARCHITECTURE.md, "Records").
+//! Observed decision records (README, "Records and the diff"; docs/ARCHITECTURE.md, "Invariants").
 //!
 //! Every decision the host takes — each `tools/call` and each broker-observed egress attempt —
 //! becomes one [`DecisionRecord`]: one JSON object on one line of a JSONL file. The object is an

@@ -1,5 +1,5 @@
 //! The flow resolver: decides every call before dispatch and every egress attempt at the
-//! syscall (DESIGN.md §6).
+//! syscall (docs/ARCHITECTURE.md, "One `tools/call`" and "One egress attempt").
 //!
 //! * Before dispatch: tool access, arguments against the signed input schema, then — when
 //!   the call is predicted to egress (declared or by topology) — the egress source

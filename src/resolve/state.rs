@@ -1,9 +1,9 @@
 //! Durable information-flow state, keyed by principal and by (principal, session).
 //!
-//! Guarantees (DESIGN.md §6): labels only ever grow (every write is a join with what is
-//! stored), a label is durable (SQLite WAL, `synchronous=FULL`) before the call that raised
-//! it returns, a restart never lowers a label, and state that cannot be read is `Top`, never
-//! bottom. A principal's label follows it into every new session.
+//! Guarantees (docs/ARCHITECTURE.md, "Invariants"): labels only ever grow (every write is a
+//! join with what is stored), a label is durable (SQLite WAL, `synchronous=FULL`) before the
+//! call that raised it returns, a restart never lowers a label, and state that cannot be read
+//! is `Top`, never bottom. A principal's label follows it into every new session.
 //!
 //! [`FlowStateStore`] is the one interface the resolver and the continuity checks use; a
 //! [`StateBackend`] keeps the labels. Two backends exist: [`SqliteStore`] (the embedded

@@ -1,4 +1,4 @@
-//! Signed tool manifests (DESIGN.md §3).
+//! Signed tool manifests (README, "Manifests and keys"; docs/ARCHITECTURE.md, "Data path").
 //!
 //! A manifest body (`flowhost.manifest.v1`) names a server, its publisher's public key and
 //! its tools. The publisher signs the RFC 8785 canonical bytes of the body with Ed25519; the
