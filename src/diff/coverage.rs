@@ -1,0 +1,183 @@
+//! Coverage: turning verification problems into rejections, and binding each health to the
+//! records it vouches for (one per host in a fleet), naming every mismatch.
+
+use super::*;
+
+/// A finding about the run rather than one decision.
+pub(super) fn run_finding(
+    kind: FindingKind,
+    message: String,
+    occurrences: u64,
+    at: Option<&Location>,
+) -> Finding {
+    Finding {
+        kind,
+        severity: kind.severity(),
+        message,
+        server: None,
+        tool: None,
+        provider: None,
+        category: None,
+        effect: None,
+        target: None,
+        occurrences,
+        examples: at
+            .map(|l| ObservedRef {
+                file: l.file.clone(),
+                line: l.line,
+                index: l.index,
+                seq: None,
+            })
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// One `evidence_rejected` finding per verification problem (the first [`MAX_REJECTIONS`];
+/// the rest counted in one more).
+pub(super) fn rejections(problems: &[Problem]) -> Vec<Finding> {
+    let mut out: Vec<Finding> = problems
+        .iter()
+        .take(MAX_REJECTIONS)
+        .map(|p| {
+            run_finding(
+                FindingKind::EvidenceRejected,
+                format!("evidence_rejected: {p}"),
+                1,
+                Some(&p.at),
+            )
+        })
+        .collect();
+    if problems.len() > MAX_REJECTIONS {
+        let rest = problems.len() - MAX_REJECTIONS;
+        out.push(run_finding(
+            FindingKind::EvidenceRejected,
+            format!(
+                "evidence_rejected: {rest} more problems; `flowhost records verify` lists them all"
+            ),
+            rest as u64,
+            problems.get(MAX_REJECTIONS).map(|p| &p.at),
+        ));
+    }
+    out
+}
+
+/// Why `h` says observation was incomplete, if it does.
+pub(super) fn incomplete(h: &ToolObservationHealth) -> Option<String> {
+    let reasons = h.assess();
+    (!reasons.is_empty()).then(|| format!("observation was incomplete: {}", reasons.join("; ")))
+}
+
+/// A fleet: several healths, each paired with the verified record stream whose chain head it
+/// names. Every stream needs its own complete, bound health; a health that pairs with no
+/// stream is a gap too (it vouches for records nobody gave).
+pub(super) fn fleet_gaps(
+    healths: &[ToolObservationHealth],
+    sources: &mut [ObservedSource],
+) -> Vec<String> {
+    let mut gaps = Vec::new();
+    let mut used = vec![false; healths.len()];
+    if sources.iter().any(|s| s.evidence == Evidence::Rejected) {
+        // Rejected records decide the verdict; pairing what is left would only add noise.
+        return healths.iter().filter_map(incomplete).collect();
+    }
+    for s in sources
+        .iter_mut()
+        .filter(|s| s.evidence == Evidence::Verified)
+    {
+        let head = s.chain_head.clone().unwrap_or_else(|| GENESIS_HASH.into());
+        let paired = healths.iter().enumerate().position(|(i, h)| {
+            !used[i] && h.records.chain_head.as_deref().unwrap_or(GENESIS_HASH) == head
+        });
+        let mine: Vec<String> = match paired {
+            None => vec![format!(
+                "no --health names chain head {head}, so its observation is unknown"
+            )],
+            Some(i) => {
+                used[i] = true;
+                let h = &healths[i];
+                incomplete(h)
+                    .into_iter()
+                    .chain(binding_gaps(h, std::slice::from_ref(s)))
+                    .collect()
+            }
+        };
+        s.observation_complete = Some(mine.is_empty());
+        gaps.extend(
+            mine.into_iter()
+                .map(|g| format!("{}: {g}", s.path.display())),
+        );
+    }
+    for (i, h) in healths.iter().enumerate().filter(|(i, _)| !used[*i]) {
+        gaps.push(format!(
+            "--health #{} (chain head {}) pairs with no observed flowhost record stream",
+            i + 1,
+            h.records.chain_head.as_deref().unwrap_or(GENESIS_HASH)
+        ));
+    }
+    gaps
+}
+
+/// How `health` fails to describe the verified flowhost records among `sources` (empty:
+/// bound). See the module docs for the contract.
+pub(super) fn binding_gaps(h: &ToolObservationHealth, sources: &[ObservedSource]) -> Vec<String> {
+    if sources.iter().any(|s| s.evidence == Evidence::Rejected) {
+        // Rejected records decide the verdict; binding to what is left would only add noise.
+        return Vec::new();
+    }
+    let verified: Vec<&ObservedSource> = sources
+        .iter()
+        .filter(|s| s.evidence == Evidence::Verified)
+        .collect();
+    if verified.len() > 1 {
+        return vec![format!(
+            "one health carrier binds one record stream, but {} flowhost record sources were given ({})",
+            verified.len(),
+            verified
+                .iter()
+                .map(|s| s.path.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )];
+    }
+    let (range, head, tool_calls) = match verified.first() {
+        Some(s) => (
+            (s.first_seq, s.last_seq),
+            s.chain_head.clone().unwrap_or_else(|| GENESIS_HASH.into()),
+            s.tool_calls,
+        ),
+        None => ((None, None), GENESIS_HASH.to_string(), 0),
+    };
+    let mut gaps = Vec::new();
+    let vouched = (h.records.first_seq, h.records.last_seq);
+    if vouched != range {
+        gaps.push(format!(
+            "records.first_seq..records.last_seq: the health says {}, the records hold {}",
+            show_range(vouched),
+            show_range(range)
+        ));
+    }
+    let vouched_head = h.records.chain_head.as_deref().unwrap_or(GENESIS_HASH);
+    if vouched_head != head {
+        gaps.push(format!(
+            "records.chain_head: the health says {vouched_head}, the records end in {head}"
+        ));
+    }
+    if let Some(n) = h.tool_calls_observed
+        && n != tool_calls
+    {
+        gaps.push(format!(
+            "tool_calls_observed: the health says {n}, the records hold {tool_calls}"
+        ));
+    }
+    gaps
+}
+
+pub(super) fn show_range((first, last): (Option<u64>, Option<u64>)) -> String {
+    match (first, last) {
+        (Some(a), Some(b)) => format!("seq {a}..={b}"),
+        (Some(a), None) => format!("seq {a}.."),
+        (None, Some(b)) => format!("seq ..={b}"),
+        (None, None) => "no records".to_string(),
+    }
+}

@@ -1,0 +1,292 @@
+//! Reading observed decisions: telling a JSONL stream from an exported envelope, and judging a
+//! stream in parallel ranges with reused blocks (bounded memory, true line numbers).
+
+use super::*;
+
+pub(super) enum Format {
+    Stream,
+    Envelope,
+}
+
+/// Read sizes of the stream reader (tests shrink them to exercise every path).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Tuning {
+    pub(super) block: usize,
+    pub(super) parallel_min: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            block: BLOCK_BYTES,
+            parallel_min: PARALLEL_MIN_BYTES,
+        }
+    }
+}
+
+/// How much of a file is read to tell a stream from an envelope.
+pub(super) const PROBE_BYTES: u64 = 64 * 1024;
+/// The read block of the stream reader (reused, so memory stays bounded).
+pub(super) const BLOCK_BYTES: usize = 8 * 1024 * 1024;
+/// Inputs smaller than this are read by one thread.
+pub(super) const PARALLEL_MIN_BYTES: u64 = 4 * 1024 * 1024;
+
+pub(super) fn read_at(
+    file: &Path,
+    f: &File,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<usize, DiffError> {
+    f.read_at(buf, offset)
+        .map_err(|e| DiffError::Store(StoreError::io("read", file)(e)))
+}
+
+pub(super) fn detect(file: &Path) -> Result<Format, DiffError> {
+    let f = File::open(file).map_err(StoreError::io("open", file))?;
+    let mut prefix = vec![0u8; PROBE_BYTES as usize];
+    let mut n = 0;
+    while n < prefix.len() {
+        match read_at(file, &f, &mut prefix[n..], n as u64)? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    prefix.truncate(n);
+    let at_eof = n < PROBE_BYTES as usize;
+    let mut lines = prefix.split(|&b| b == b'\n');
+    let first = lines.find(|l| !l.iter().all(u8::is_ascii_whitespace));
+    let Some(first) = first else {
+        return Ok(Format::Stream);
+    };
+    // The first line is complete if a newline follows it within the prefix, or the file ends.
+    let complete = lines.next().is_some() || at_eof;
+    match serde_json::from_slice::<Probe>(first) {
+        Ok(p) if p.observed_tool_decisions.is_some() => Ok(Format::Envelope),
+        Ok(_) => Ok(Format::Stream),
+        // Not one object per line: a pretty-printed or very long envelope, or garbage.
+        Err(line_error) => {
+            let bytes = std::fs::read(file).map_err(StoreError::io("read", file))?;
+            match serde_json::from_slice::<Probe>(&bytes) {
+                Ok(p) if p.observed_tool_decisions.is_some() => Ok(Format::Envelope),
+                _ => Err(DiffError::BadInput {
+                    file: file.to_path_buf(),
+                    problem: format!(
+                        "neither a JSONL decision stream (line 1: {}) nor an {DECISION_SURFACE_SCHEMA} envelope",
+                        if complete {
+                            line_error.to_string()
+                        } else {
+                            "longer than 64 KiB and not JSON".to_string()
+                        }
+                    ),
+                }),
+            }
+        }
+    }
+}
+
+/// The offset of the first line that starts at or after `offset`.
+pub(super) fn next_line_start(
+    file: &Path,
+    f: &File,
+    offset: u64,
+    len: u64,
+) -> Result<u64, DiffError> {
+    if offset == 0 {
+        return Ok(0);
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut pos = offset - 1;
+    while pos < len {
+        let n = read_at(file, f, &mut buf, pos)?;
+        if n == 0 {
+            break;
+        }
+        if let Some(i) = memchr::memchr(b'\n', &buf[..n]) {
+            return Ok(pos + i as u64 + 1);
+        }
+        pos += n as u64;
+    }
+    Ok(len)
+}
+
+/// Judges a JSONL stream: the file is cut at line starts into one range per core, each range
+/// read in reused blocks and judged on its own thread; the partial results are merged in
+/// stream order with true line numbers.
+pub(super) fn judge_stream(
+    matcher: &Matcher<'_>,
+    file: &Path,
+    tuning: Tuning,
+) -> Result<Acc, DiffError> {
+    let f = File::open(file).map_err(StoreError::io("open", file))?;
+    let len = f.metadata().map_err(StoreError::io("stat", file))?.len();
+    let threads = if len < tuning.parallel_min {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .clamp(1, 8)
+    };
+    let mut bounds = vec![0u64];
+    for i in 1..threads as u64 {
+        let b = next_line_start(file, &f, len * i / threads as u64, len)?;
+        if b > *bounds.last().unwrap_or(&0) && b < len {
+            bounds.push(b);
+        }
+    }
+    bounds.push(len);
+    let ranges: Vec<(u64, u64)> = bounds.windows(2).map(|w| (w[0], w[1])).collect();
+    let results = std::thread::scope(|s| {
+        let handles: Vec<_> = ranges
+            .iter()
+            .map(|&(start, end)| {
+                let f = &f;
+                s.spawn(move || judge_range(matcher, file, f, (start, end), tuning.block))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(DiffError::BadInput {
+                        file: file.to_path_buf(),
+                        problem: "a diff worker thread panicked".into(),
+                    })
+                })
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut acc = Acc::default();
+    let mut line_offset = 0;
+    for r in results {
+        let part = r.map_err(|e| match e {
+            DiffError::BadLine {
+                file,
+                line,
+                problem,
+            } => DiffError::BadLine {
+                file,
+                line: line + line_offset,
+                problem,
+            },
+            other => other,
+        })?;
+        let mut judged = part.acc;
+        judged.shift_lines(line_offset);
+        line_offset += part.lines;
+        acc.merge(judged);
+        if part.torn {
+            return Err(DiffError::BadLine {
+                file: file.to_path_buf(),
+                line: line_offset + 1,
+                problem: "the last line has no newline (a torn write or a cut file); run `flowhost records verify`".into(),
+            });
+        }
+    }
+    Ok(acc)
+}
+
+pub(super) struct RangeResult {
+    pub(super) acc: Acc,
+    pub(super) lines: u64,
+    pub(super) torn: bool,
+}
+
+/// Judges the lines starting in `[start, end)`, reading in reused blocks.
+pub(super) fn judge_range(
+    matcher: &Matcher<'_>,
+    file: &Path,
+    f: &File,
+    (start, end): (u64, u64),
+    block: usize,
+) -> Result<RangeResult, DiffError> {
+    let mut acc = Acc::default();
+    let mut line = 0u64;
+    let mut buf = vec![0u8; block.clamp(1, (end - start) as usize + 1)];
+    // buf[..kept] holds the unjudged start of a line carried over from the previous block.
+    let mut kept = 0usize;
+    let mut pos = start;
+    while pos < end {
+        if kept == buf.len() {
+            // One line longer than the buffer: grow it.
+            buf.resize(buf.len() * 2, 0);
+        }
+        let want = (buf.len() - kept).min((end - pos) as usize);
+        let n = read_at(file, f, &mut buf[kept..kept + want], pos)?;
+        if n == 0 {
+            break;
+        }
+        pos += n as u64;
+        let filled = kept + n;
+        let mut from = 0;
+        for nl in memchr::memchr_iter(b'\n', &buf[..filled]) {
+            line += 1;
+            judge_line(matcher, file, &mut acc, &buf[from..nl], line)?;
+            from = nl + 1;
+        }
+        buf.copy_within(from..filled, 0);
+        kept = filled - from;
+    }
+    Ok(RangeResult {
+        acc,
+        lines: line,
+        torn: kept > 0,
+    })
+}
+
+pub(super) fn judge_line(
+    matcher: &Matcher<'_>,
+    file: &Path,
+    acc: &mut Acc,
+    text: &[u8],
+    line: u64,
+) -> Result<(), DiffError> {
+    let bad = |problem: String| DiffError::BadLine {
+        file: file.to_path_buf(),
+        line,
+        problem,
+    };
+    let d: ObsDecision<'_> = serde_json::from_slice(text).map_err(|e| bad(e.to_string()))?;
+    let seq = d.flowhost.as_ref().and_then(|x| x.seq);
+    let at = || ObservedRef {
+        file: file.to_path_buf(),
+        line: Some(line),
+        index: None,
+        seq,
+    };
+    acc.judge(matcher, &d, at).map_err(bad)
+}
+
+pub(super) fn judge_envelope(
+    matcher: &Matcher<'_>,
+    file: &Path,
+    bytes: &[u8],
+) -> Result<Acc, DiffError> {
+    let bad = |problem: String| DiffError::BadInput {
+        file: file.to_path_buf(),
+        problem,
+    };
+    let env: ObsEnvelope<'_> = serde_json::from_slice(bytes).map_err(|e| {
+        bad(format!(
+            "not a valid {DECISION_SURFACE_SCHEMA} envelope: {e}"
+        ))
+    })?;
+    if env.schema.0 != DECISION_SURFACE_SCHEMA {
+        return Err(bad(format!(
+            "schema is {:?}, expected {DECISION_SURFACE_SCHEMA:?}",
+            env.schema.0
+        )));
+    }
+    let mut acc = Acc::default();
+    for (i, d) in env.observed_tool_decisions.iter().enumerate() {
+        let seq = d.flowhost.as_ref().and_then(|x| x.seq);
+        let at = || ObservedRef {
+            file: file.to_path_buf(),
+            line: None,
+            index: Some(i as u64),
+            seq,
+        };
+        acc.judge(matcher, d, at)
+            .map_err(|p| bad(format!("observed_tool_decisions[{i}]: {p}")))?;
+    }
+    Ok(acc)
+}
