@@ -1,5 +1,9 @@
 //! Durable information-flow state, keyed by principal and by (principal, session).
 //!
+//! This file is long on purpose: it defines the store's interface and its embedded SQLite
+//! backend, whose every operation keeps the same promises (labels only grow, durable before
+//! returning, a failure poisons the store); the PostgreSQL backend is in state/postgres.rs.
+//!
 //! Guarantees (docs/ARCHITECTURE.md, "Invariants"): labels only ever grow (every write is a
 //! join with what is stored), a label is durable (SQLite WAL, `synchronous=FULL`) before the
 //! call that raised it returns, a restart never lowers a label, and state that cannot be read

@@ -1,5 +1,9 @@
 //! The flow state on a PostgreSQL database shared by a fleet of hosts.
 //!
+//! This file is long on purpose: one backend, whose connection handling (TLS, passwords from
+//! files, timeouts), versioned schema and every operation of the store interface under the
+//! database's own concurrency control belong together.
+//!
 //! Guarantees, beside those of every [`StateBackend`]: a principal's label is read from the
 //! database on every decision (another host may have raised it a moment ago), never from a
 //! copy kept here; a raise is a transaction that locks the principal's row (`SELECT ... FOR
