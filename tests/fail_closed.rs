@@ -528,6 +528,17 @@ fn a_refusal_flood_adds_little_to_the_records_and_locks_nobody_out() {
         })
         .count() as u64;
     assert_eq!(folded + recorded, sent, "every refusal is accounted for");
+    // The folded records are tool_call records like any other: the health written at the
+    // stop counts them, so it still binds to the records.
+    let health: Value = serde_json::from_str(
+        &std::fs::read_to_string(lab.paths.state_dir.join("health.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        health["tool_calls_observed"],
+        events(&lab.records(), "tool_call").len(),
+        "{health}"
+    );
 }
 
 #[test]

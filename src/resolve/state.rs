@@ -387,6 +387,16 @@ impl SqliteStore {
         })
     }
 
+    /// A write failed: the store refuses every later use (fail closed), and the error names
+    /// the database.
+    fn poison(&self, inner: &mut Inner, source: rusqlite::Error) -> StateError {
+        inner.failed = Some(source.to_string());
+        StateError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StateError> {
         let inner = self
             .inner
@@ -477,13 +487,7 @@ impl SqliteStore {
             }
             tx.commit()
         })();
-        if let Err(source) = result {
-            inner.failed = Some(source.to_string());
-            return Err(StateError::Io {
-                path: self.path.clone(),
-                source,
-            });
-        }
+        result.map_err(|source| self.poison(&mut inner, source))?;
         inner
             .principals
             .insert(key.principal.clone(), new_p.clone());
@@ -520,13 +524,7 @@ impl SqliteStore {
             "DELETE FROM session_labels WHERE principal = ?1 AND session = ?2",
             params![key.principal.as_str(), key.session],
         );
-        if let Err(source) = result {
-            inner.failed = Some(source.to_string());
-            return Err(StateError::Io {
-                path: self.path.clone(),
-                source,
-            });
-        }
+        result.map_err(|source| self.poison(&mut inner, source))?;
         Ok(())
     }
 
@@ -540,16 +538,9 @@ impl SqliteStore {
              ON CONFLICT(grant_id) DO NOTHING",
             params![id, now],
         );
-        match result {
-            Ok(n) => Ok(n == 1),
-            Err(source) => {
-                inner.failed = Some(source.to_string());
-                Err(StateError::Io {
-                    path: self.path.clone(),
-                    source,
-                })
-            }
-        }
+        result
+            .map(|n| n == 1)
+            .map_err(|source| self.poison(&mut inner, source))
     }
 
     /// Why the store refuses further use, once a write failed (`None`: healthy).
@@ -598,13 +589,7 @@ impl SqliteStore {
              ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
             params![seq, hash],
         );
-        if let Err(source) = result {
-            inner.failed = Some(source.to_string());
-            return Err(StateError::Io {
-                path: self.path.clone(),
-                source,
-            });
-        }
+        result.map_err(|source| self.poison(&mut inner, source))?;
         Ok(())
     }
 

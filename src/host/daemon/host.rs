@@ -189,10 +189,14 @@ impl Host {
 
     /// Writes one record per fold whose interval has run out (all of them with `force`).
     pub async fn flush_refusals(&self, force: bool) {
+        let recorder = pipeline::Recorder {
+            records: &self.records,
+            counters: &self.counters,
+            refusals: &self.refusals,
+        };
         for record in self.refusals.take_due(force) {
-            if let Err(e) = self.records.commit(record).await {
-                tracing::error!(error = %e, "a folded refusal record could not be written");
-            }
+            // A failure is logged by the recorder and fails the writer closed for every call.
+            let _ = recorder.commit(record).await;
         }
     }
 

@@ -66,7 +66,14 @@ impl Recorder<'_> {
         {
             return Ok(());
         }
-        let record = DecisionRecord::from_call_facts(facts, event);
+        self.commit(DecisionRecord::from_call_facts(facts, event))
+            .await
+    }
+
+    /// Commits a record durably, counting `tool_call` records for health (a folded refusal
+    /// too: health's count must equal the `tool_call` records it vouches for).
+    pub async fn commit(&self, record: DecisionRecord) -> Result<(), RpcError> {
+        let event = record.flowhost.event;
         self.records.commit(record).await.map_err(|e| {
             tracing::error!(error = %e, "decision record not written; refusing");
             refusal(
