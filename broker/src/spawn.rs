@@ -94,6 +94,10 @@ pub struct SpawnSpec {
     pub write_paths: Vec<PathBuf>,
     /// Descriptors to pass, placed at the given numbers (3 and up); all others are closed.
     pub keep_fds: Vec<(OwnedFd, RawFd)>,
+    /// Files of the host shown, read-only, in place of files of the executor's view: (host
+    /// file, absolute path it replaces). Needs the profile's mount namespace; the target
+    /// must exist.
+    pub bind_files: Vec<(PathBuf, PathBuf)>,
 }
 
 impl SpawnSpec {
@@ -117,6 +121,7 @@ impl SpawnSpec {
             read_paths: Vec::new(),
             write_paths: Vec::new(),
             keep_fds: Vec::new(),
+            bind_files: Vec::new(),
         }
     }
 }

@@ -16,7 +16,10 @@
 
 use crate::config::{ClassifierRule, ClassifierScope, PrincipalConfig};
 use crate::decision::{Denial, EgressBasis, Failure, Verdict};
-use crate::destination::{Destination, DestinationRules, OriginRules, decide_with_origin};
+use crate::destination::{
+    Destination, DestinationRules, HostName, OriginRules, RuleDecision, decide_name_with_origin,
+    decide_with_origin,
+};
 use crate::flow::{EgressDenial, authorize_egress};
 use crate::grant::{self, AcceptedGrant, Authorities, CallFacts, GrantDenial, SignedGrant};
 use crate::label::InformationLabel;
@@ -338,6 +341,44 @@ impl FlowResolver {
         rules: &DestinationRules,
         origin: Option<&OriginRules>,
     ) -> EgressJudgment {
+        self.judge_outbound(plan, Denial::DestinationBlocked, || {
+            decide_with_origin(
+                rules,
+                origin.map(|o| (plan.key.principal.as_str(), o)),
+                destination,
+            )
+        })
+        .await
+    }
+
+    /// Decides a host-name lookup made while `plan`'s call is in flight. The name leaves the
+    /// host (to its upstream resolvers), so it is judged as egress: the clearances first, as
+    /// for any attempt, then whether a rule names it
+    /// ([`crate::destination::decide_name_with_origin`]).
+    pub async fn decide_lookup(
+        &self,
+        plan: &CallPlan,
+        name: &HostName,
+        rules: &DestinationRules,
+        origin: Option<&OriginRules>,
+    ) -> EgressJudgment {
+        self.judge_outbound(plan, Denial::NameNotAllowed, || {
+            decide_name_with_origin(
+                rules,
+                origin.map(|o| (plan.key.principal.as_str(), o)),
+                name,
+            )
+        })
+        .await
+    }
+
+    /// The clearance check every outbound attempt passes, then `rules` (refused as `denial`).
+    async fn judge_outbound(
+        &self,
+        plan: &CallPlan,
+        denial: Denial,
+        rules: impl FnOnce() -> RuleDecision,
+    ) -> EgressJudgment {
         let source = match self.state.get(&plan.key).await {
             Ok(state) => state.combined().join_or_top(&plan.argument_taint),
             // State that cannot be read is unknown history: Top, which never egresses.
@@ -356,17 +397,13 @@ impl FlowResolver {
                 clearances,
             },
             Ok(clearances) => {
-                let d = decide_with_origin(
-                    rules,
-                    origin.map(|o| (plan.key.principal.as_str(), o)),
-                    destination,
-                );
+                let d = rules();
                 EgressJudgment {
                     verdict: if d.allowed {
                         Verdict::Authorized { rule: Some(d.rule) }
                     } else {
                         Verdict::Refused {
-                            denial: Denial::DestinationBlocked,
+                            denial,
                             rule: Some(d.rule),
                         }
                     },

@@ -17,6 +17,8 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
+use crate::destination::HostName;
+use crate::dns::{DnsMediation, ExecutorDns, Lookup, LookupJudge};
 use crate::label::InformationLabel;
 use crate::mcp::{self, Incoming, Line};
 
@@ -66,6 +68,9 @@ pub struct ExecutorTemplate {
     pub profile: Arc<Profile>,
     /// Extra Landlock read paths.
     pub read_paths: Vec<PathBuf>,
+    /// DNS mediation for executors with a network path (`None`: their lookups are egress
+    /// attempts like any other).
+    pub dns: Option<DnsMediation>,
 }
 
 /// What an executor's egress attempts are judged against: the call in flight, if any.
@@ -82,11 +87,22 @@ pub struct Judgment {
 /// Receives an executor's egress attempts together with the call they belong to.
 pub trait AttemptSink<C>: Send + Sync + 'static {
     /// Judges one attempt (and answers it), returning what it approved. `call` is `None`
-    /// when the executor tried to reach out while no call was in flight.
+    /// when the executor tried to reach out while no call was in flight; `name` is the host
+    /// name the executor's lookup got the destination address for, if any.
     fn judge(
         &self,
         call: Option<Arc<C>>,
         attempt: EgressAttempt,
+        name: Option<HostName>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>>;
+
+    /// Judges one host-name lookup of executor `pid` (recording a refusal), returning what
+    /// it approved (`approved_under: None`: the lookup is refused).
+    fn judge_lookup(
+        &self,
+        call: Option<Arc<C>>,
+        lookup: Lookup,
+        pid: i32,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>>;
 }
 
@@ -105,6 +121,8 @@ pub struct McpExecutor<C> {
     last_used: Instant,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     server: String,
+    /// The executor's own resolver (kept alive as long as the executor).
+    _dns: Option<Arc<ExecutorDns>>,
 }
 
 impl<C> Drop for McpExecutor<C> {
@@ -134,6 +152,29 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
             .map(|(k, v)| (OsString::from(k), OsString::from(v)))
             .collect();
         spec.read_paths = template.read_paths.clone();
+        let slot: CallSlot<C> = Arc::new(Mutex::new(None));
+        let judging = Arc::new(tokio::sync::Mutex::new(()));
+        let approved_under = Arc::new(Mutex::new(None));
+        // The executor's pid is known only once it runs; its lookups come after.
+        let pid_cell = Arc::new(std::sync::OnceLock::new());
+        let dns = match &template.dns {
+            Some(mediation) if mediates_lookups(&template.profile) => {
+                let judge = lookup_judge(
+                    slot.clone(),
+                    judging.clone(),
+                    sink.clone(),
+                    approved_under.clone(),
+                    pid_cell.clone(),
+                );
+                let dns = ExecutorDns::start(mediation, judge).map_err(|e| {
+                    ExecutorError::Spawn(format!("server {:?}: {e}", template.server))
+                })?;
+                spec.bind_files
+                    .push((dns.resolv_conf().to_path_buf(), "/etc/resolv.conf".into()));
+                Some(Arc::new(dns))
+            }
+            _ => None,
+        };
         // Executors are long-lived MCP servers: each call has its own deadline, idle ones are
         // stopped by the session, and all die with the host. A lifetime limit from the
         // profile would kill warm executors waiting in the pool.
@@ -147,17 +188,18 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
             .map_err(|e| ExecutorError::Spawn(e.to_string()))?;
         let stdin = exec.take_stdin().ok_or(ExecutorError::Exited)?;
         let stdout = BufReader::new(exec.take_stdout().ok_or(ExecutorError::Exited)?);
-        let slot: CallSlot<C> = Arc::new(Mutex::new(None));
-        let judging = Arc::new(tokio::sync::Mutex::new(()));
+        let _ = pid_cell.set(exec.pid());
         let mut tasks = Vec::new();
-        let approved_under = Arc::new(Mutex::new(None));
         if let Some(attempts) = exec.take_attempts() {
             tasks.push(tokio::spawn(route_attempts(
                 attempts,
-                slot.clone(),
-                judging.clone(),
-                sink,
-                approved_under.clone(),
+                Routing {
+                    slot: slot.clone(),
+                    judging: judging.clone(),
+                    sink,
+                    approved_under: approved_under.clone(),
+                    dns: dns.clone(),
+                },
             )));
         }
         if let Some(stderr) = exec.take_stderr() {
@@ -175,6 +217,7 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
             last_used: Instant::now(),
             tasks,
             server: template.server.clone(),
+            _dns: dns,
         };
         me.request(
             "initialize",
@@ -362,24 +405,87 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
     }
 }
 
-/// Routes an executor's attempts to the judge with the call in flight, and keeps what the
-/// judgments approved (the executor's own record of it: see [`McpExecutor::fit_for`]).
-async fn route_attempts<C: Send + Sync + 'static>(
-    mut attempts: mpsc::Receiver<EgressAttempt>,
+/// Whether executors of `profile` get a resolver of their own: they have the host's network
+/// (an empty network namespace reaches no resolver) and a mount namespace to show them
+/// their own `/etc/resolv.conf` in.
+fn mediates_lookups(profile: &Profile) -> bool {
+    profile.network == flowhost_broker::NetworkPath::Host && profile.mount_namespace
+}
+
+/// What an executor's attempts and lookups are routed with.
+struct Routing<C> {
     slot: CallSlot<C>,
     judging: Arc<tokio::sync::Mutex<()>>,
     sink: Arc<dyn AttemptSink<C>>,
     approved_under: Arc<Mutex<Option<InformationLabel>>>,
+    dns: Option<Arc<ExecutorDns>>,
+}
+
+/// Keeps the label an egress of the executor was approved under (see
+/// [`McpExecutor::fit_for`]).
+fn keep_approval(approved_under: &Mutex<Option<InformationLabel>>, judgment: Judgment) {
+    if let (Some(label), Ok(mut approved)) = (judgment.approved_under, approved_under.lock()) {
+        *approved = Some(label);
+    }
+}
+
+/// The judge of an executor's lookups: the call in flight is read under the judging lock,
+/// as for attempts (see [`route_attempts`]).
+fn lookup_judge<C: Send + Sync + 'static>(
+    slot: CallSlot<C>,
+    judging: Arc<tokio::sync::Mutex<()>>,
+    sink: Arc<dyn AttemptSink<C>>,
+    approved_under: Arc<Mutex<Option<InformationLabel>>>,
+    pid: Arc<std::sync::OnceLock<i32>>,
+) -> LookupJudge {
+    Arc::new(move |lookup: Lookup| {
+        let (slot, judging, sink, approved_under, pid) = (
+            slot.clone(),
+            judging.clone(),
+            sink.clone(),
+            approved_under.clone(),
+            pid.clone(),
+        );
+        Box::pin(async move {
+            let _judging = judging.lock().await;
+            let call = slot.lock().ok().and_then(|g| g.clone());
+            let pid = pid.get().copied().unwrap_or(0);
+            let judgment = sink.judge_lookup(call, lookup, pid).await;
+            let allowed = judgment.approved_under.is_some();
+            keep_approval(&approved_under, judgment);
+            allowed
+        })
+    })
+}
+
+/// Routes an executor's attempts to the judge with the call in flight, and keeps what the
+/// judgments approved (the executor's own record of it: see [`McpExecutor::fit_for`]).
+/// Sends to the executor's own resolver are the host talking to itself and are allowed
+/// unjudged (its lookups are judged by the resolver); a connect or send to an address the
+/// resolver handed out is judged with the name it was the answer for.
+async fn route_attempts<C: Send + Sync + 'static>(
+    mut attempts: mpsc::Receiver<EgressAttempt>,
+    r: Routing<C>,
 ) {
     while let Some(attempt) = attempts.recv().await {
+        let inet = match &attempt.info().destination {
+            Some(flowhost_broker::Destination::Inet(addr)) => Some(*addr),
+            _ => None,
+        };
+        let name = match (&r.dns, inet) {
+            (Some(dns), Some(addr)) if dns.is_resolver(&addr) => {
+                attempt.allow();
+                continue;
+            }
+            (Some(dns), Some(addr)) => dns.name_of(addr.ip()),
+            _ => None,
+        };
         // The slot is read under the judging lock, so a call that has ended (and cleared the
         // slot under the same lock) is never judged against.
-        let _judging = judging.lock().await;
-        let call = slot.lock().ok().and_then(|g| g.clone());
-        let judgment = sink.judge(call, attempt).await;
-        if let (Some(label), Ok(mut approved)) = (judgment.approved_under, approved_under.lock()) {
-            *approved = Some(label);
-        }
+        let _judging = r.judging.lock().await;
+        let call = r.slot.lock().ok().and_then(|g| g.clone());
+        let judgment = r.sink.judge(call, attempt, name).await;
+        keep_approval(&r.approved_under, judgment);
     }
 }
 

@@ -86,6 +86,15 @@ pub(super) fn build_generation(
             .filter_map(|p| Some((p.id.clone(), p.destinations.clone()?)))
             .collect(),
     );
+    let dns = crate::dns::DnsMediation {
+        upstream: Arc::new(match &config.dns_upstream {
+            Some(servers) => crate::dns::Upstream::new(servers.clone()),
+            None => {
+                crate::dns::Upstream::from_resolv_conf(std::path::Path::new("/etc/resolv.conf"))
+            }
+        }),
+        dir: config.state_dir.join("resolv"),
+    };
     for s in &config.servers {
         let Some(admitted) = registry.servers().find(|a| a.server_id() == s.id) else {
             continue;
@@ -110,6 +119,7 @@ pub(super) fn build_generation(
             env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             profile: profile.clone(),
             read_paths: s.read_paths.clone(),
+            dns: Some(dns.clone()),
         };
         let pool = WarmPool::new(
             broker.clone(),
