@@ -9,3 +9,4 @@ pub mod dns;
 pub mod lab;
 pub mod logging;
 pub mod mcp;
+pub mod runtime;

@@ -123,6 +123,17 @@ pub(crate) fn prepare(
     if !env.iter().any(|(k, _)| k == "PATH") {
         env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
     }
+    // A home and a temporary directory of the executor's own, writable: runtimes write
+    // caches and temporary files there (Python, Node, npm) and look up the home directory
+    // when HOME is unset (a passwd lookup for a uid that has no entry). The private /tmp is
+    // the executor's alone and dies with it.
+    if profile.private_tmp {
+        for name in ["HOME", "TMPDIR"] {
+            if !env.iter().any(|(k, _)| k == name) {
+                env.push((name.into(), "/tmp".into()));
+            }
+        }
+    }
     let env = env
         .iter()
         .map(|(k, v)| {

@@ -182,10 +182,13 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
         spec.stdin = StdioMode::Piped;
         spec.stdout = StdioMode::Piped;
         spec.stderr = StdioMode::Piped;
-        let mut exec = broker
-            .spawn(spec)
-            .await
-            .map_err(|e| ExecutorError::Spawn(e.to_string()))?;
+        let program = template.argv.first().cloned().unwrap_or_default();
+        let mut exec = broker.spawn(spec).await.map_err(|e| {
+            ExecutorError::Spawn(format!(
+                "server {:?}, program {program}: {e}",
+                template.server
+            ))
+        })?;
         let stdin = exec.take_stdin().ok_or(ExecutorError::Exited)?;
         let stdout = BufReader::new(exec.take_stdout().ok_or(ExecutorError::Exited)?);
         let _ = pid_cell.set(exec.pid());

@@ -1,0 +1,292 @@
+//! Whether a server's command can start as an executor, checked before any executor is
+//! spawned: each refusal names the path and the real cause (the executor's private /tmp,
+//! file permissions for the executor's uid, the Landlock rules of its profile, the missing
+//! interpreter of a script), where the kernel would only say ENOENT or EACCES at exec.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Why an executor of a server could not start its program.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeProblem {
+    /// The path is under /tmp, which executors see as a private, empty tmpfs.
+    #[error(
+        "{path} is under /tmp, which executors see as a private empty tmpfs of their own: install the runtime elsewhere (e.g. /opt, readable by executor uids)"
+    )]
+    PrivateTmp {
+        /// The path as configured or resolved.
+        path: PathBuf,
+    },
+    /// Nothing exists at the path.
+    #[error("{path} does not exist")]
+    Missing {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A directory on the way cannot be searched by the executor's uid.
+    #[error(
+        "directory {dir} (mode {mode:o}, owner uid {owner}) cannot be searched by the executor uid {uid}: the executor cannot reach {path}; make it searchable (chmod o+x) or install the runtime under a directory executors can read, such as /opt (not /root, whose mode is usually 0700)"
+    )]
+    NotSearchable {
+        /// The directory.
+        dir: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner.
+        owner: u32,
+        /// The executor uid.
+        uid: u32,
+        /// The file beneath it.
+        path: PathBuf,
+    },
+    /// The file cannot be read and executed by the executor's uid.
+    #[error("{path} (mode {mode:o}, owner uid {owner}) cannot be {need} by the executor uid {uid}")]
+    NotExecutable {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner.
+        owner: u32,
+        /// The executor uid.
+        uid: u32,
+        /// What is needed (`executed`, `read and executed`).
+        need: &'static str,
+    },
+    /// A script's `#!` line names an interpreter that cannot run.
+    #[error("{script} is a script whose interpreter {interpreter} cannot run: {why}")]
+    Interpreter {
+        /// The script.
+        script: PathBuf,
+        /// The interpreter its first line names.
+        interpreter: String,
+        /// Why it cannot run.
+        why: Box<RuntimeProblem>,
+    },
+    /// The file is outside every path the profile's Landlock rules let the executor read.
+    #[error(
+        "{path} is outside the paths the executor may read and execute (Landlock: profile read_only and the server's read_paths: {allowed}); add a directory holding it to the server's read_paths"
+    )]
+    OutsideLandlock {
+        /// The resolved file.
+        path: PathBuf,
+        /// The allowed paths, listed.
+        allowed: String,
+    },
+}
+
+/// Longest `#!` chain followed (a script run by a script ...).
+const MAX_SCRIPT_DEPTH: usize = 4;
+
+/// Checks that `program` can be executed by `(uid, gid)` with Landlock allowing reads and
+/// execution beneath `readable` (the program itself is allowed by the host in any case).
+pub fn check_program(
+    program: &Path,
+    (uid, gid): (u32, u32),
+    readable: &[PathBuf],
+) -> Result<(), RuntimeProblem> {
+    check_at(program, (uid, gid), readable, true, 0)
+}
+
+fn check_at(
+    program: &Path,
+    id: (u32, u32),
+    readable: &[PathBuf],
+    itself_allowed: bool,
+    depth: usize,
+) -> Result<(), RuntimeProblem> {
+    if program.starts_with("/tmp") {
+        return Err(RuntimeProblem::PrivateTmp {
+            path: program.to_path_buf(),
+        });
+    }
+    let real = std::fs::canonicalize(program).map_err(|_| RuntimeProblem::Missing {
+        path: program.to_path_buf(),
+    })?;
+    if real.starts_with("/tmp") {
+        return Err(RuntimeProblem::PrivateTmp { path: real });
+    }
+    for dir in real.ancestors().skip(1) {
+        let meta = std::fs::metadata(dir).map_err(|_| RuntimeProblem::Missing {
+            path: dir.to_path_buf(),
+        })?;
+        if !permits(&meta, id, 0o1) {
+            return Err(RuntimeProblem::NotSearchable {
+                dir: dir.to_path_buf(),
+                mode: meta.mode() & 0o7777,
+                owner: meta.uid(),
+                uid: id.0,
+                path: program.to_path_buf(),
+            });
+        }
+    }
+    let meta =
+        std::fs::metadata(&real).map_err(|_| RuntimeProblem::Missing { path: real.clone() })?;
+    let head = read_head(&real);
+    let script = head.starts_with(b"#!");
+    let (bits, need) = if script {
+        (0o5, "read and executed")
+    } else {
+        (0o1, "executed")
+    };
+    if !meta.is_file() || !permits(&meta, id, bits) {
+        return Err(RuntimeProblem::NotExecutable {
+            path: real,
+            mode: meta.mode() & 0o7777,
+            owner: meta.uid(),
+            uid: id.0,
+            need,
+        });
+    }
+    if !itself_allowed && !beneath_any(&real, readable) {
+        return Err(RuntimeProblem::OutsideLandlock {
+            path: real,
+            allowed: readable
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    if script && depth < MAX_SCRIPT_DEPTH {
+        let line = head[2..].split(|b| *b == b'\n').next().unwrap_or_default();
+        let interpreter = String::from_utf8_lossy(line)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let wrap = |why| RuntimeProblem::Interpreter {
+            script: program.to_path_buf(),
+            interpreter: interpreter.clone(),
+            why: Box::new(why),
+        };
+        if !interpreter.starts_with('/') {
+            return Err(wrap(RuntimeProblem::Missing {
+                path: PathBuf::from(&interpreter),
+            }));
+        }
+        check_at(Path::new(&interpreter), id, readable, false, depth + 1).map_err(wrap)?;
+    }
+    Ok(())
+}
+
+fn read_head(path: &Path) -> Vec<u8> {
+    use std::io::Read;
+    let mut buf = vec![0u8; 256];
+    match std::fs::File::open(path).and_then(|mut f| f.read(&mut buf)) {
+        Ok(n) => {
+            buf.truncate(n);
+            buf
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Whether the permission `bits` (of r=4, w=2, x=1) are granted to `(uid, gid)` by the
+/// class of the file's mode that applies to it (owner, group, or others).
+fn permits(meta: &std::fs::Metadata, (uid, gid): (u32, u32), bits: u32) -> bool {
+    let mode = meta.mode();
+    let class = if meta.uid() == uid {
+        mode >> 6
+    } else if meta.gid() == gid {
+        mode >> 3
+    } else {
+        mode
+    };
+    class & bits == bits
+}
+
+fn beneath_any(path: &Path, readable: &[PathBuf]) -> bool {
+    readable.iter().any(|r| {
+        let r = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
+        path.starts_with(&r)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    const EXECUTOR: (u32, u32) = (61_000, 61_000);
+
+    fn dir_in_var_tmp() -> tempfile::TempDir {
+        std::fs::create_dir_all("/var/tmp").unwrap();
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        d
+    }
+
+    fn file(path: &Path, text: &str, mode: u32) {
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_program_under_tmp_is_named_with_the_private_tmp() {
+        let e = check_program(Path::new("/tmp/venv/bin/server"), EXECUTOR, &[]).unwrap_err();
+        assert!(matches!(e, RuntimeProblem::PrivateTmp { .. }));
+        assert!(e.to_string().contains("/tmp/venv/bin/server"), "{e}");
+        assert!(e.to_string().contains("private"), "{e}");
+    }
+
+    #[test]
+    fn a_private_home_directory_is_named_with_the_executor_uid() {
+        let d = dir_in_var_tmp();
+        let home = d.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let program = home.join("server");
+        file(&program, "\x7fELF", 0o755);
+        let e = check_program(&program, EXECUTOR, &[]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(e, RuntimeProblem::NotSearchable { ref dir, .. } if dir == &home),
+            "{text}"
+        );
+        assert!(text.contains("61000") && text.contains("700"), "{text}");
+        // Readable by the executor: accepted.
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o711)).unwrap();
+        check_program(&program, EXECUTOR, &[]).unwrap();
+        file(&program, "\x7fELF", 0o700);
+        assert!(matches!(
+            check_program(&program, EXECUTOR, &[]),
+            Err(RuntimeProblem::NotExecutable { .. })
+        ));
+    }
+
+    #[test]
+    fn a_scripts_missing_or_unreadable_interpreter_is_named() {
+        let d = dir_in_var_tmp();
+        let script = d.path().join("server");
+        file(&script, "#!/nonexistent/python3 -u\nprint()\n", 0o755);
+        let e = check_program(&script, EXECUTOR, &[]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("/nonexistent/python3") && text.contains("does not exist"),
+            "{text}"
+        );
+        // An interpreter outside the Landlock paths is named with the rule to add.
+        let interpreter = d.path().join("python");
+        file(&interpreter, "\x7fELF", 0o755);
+        file(
+            &script,
+            &format!("#!{}\nprint()\n", interpreter.display()),
+            0o755,
+        );
+        let e = check_program(&script, EXECUTOR, &[PathBuf::from("/usr")]).unwrap_err();
+        assert!(
+            e.to_string().contains("Landlock") && e.to_string().contains("read_paths"),
+            "{e}"
+        );
+        check_program(&script, EXECUTOR, &[d.path().to_path_buf()]).unwrap();
+        // A real interpreter of the system, through /usr.
+        file(&script, "#!/bin/sh\necho\n", 0o755);
+        check_program(
+            &script,
+            EXECUTOR,
+            &[PathBuf::from("/usr"), PathBuf::from("/bin")],
+        )
+        .unwrap();
+    }
+}
