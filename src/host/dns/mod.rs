@@ -38,6 +38,10 @@ pub const DNS_PORT: u16 = 53;
 /// Most addresses remembered per executor; past it the oldest half is forgotten (a later
 /// connect to a forgotten address is judged by address rules alone).
 const MAX_REMEMBERED: usize = 4096;
+/// Queries (and TCP connections) one executor's resolver handles at once; past it, UDP
+/// queries are dropped (the client library retries) and TCP connections closed, so an
+/// executor cannot make the host hold unbounded work.
+const IN_FLIGHT: usize = 32;
 /// Longest wait for a TCP client's next query.
 const TCP_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -184,6 +188,7 @@ impl ExecutorDns {
             upstream: mediation.upstream.clone(),
             judge,
             book: book.clone(),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT)),
         });
         let tasks = vec![
             tokio::spawn(serve_udp(server.clone(), Arc::new(udp))),
@@ -255,6 +260,7 @@ struct Server {
     upstream: Arc<Upstream>,
     judge: LookupJudge,
     book: Arc<Mutex<AddressBook>>,
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl Server {
@@ -305,10 +311,14 @@ async fn serve_udp(server: Arc<Server>, sock: Arc<UdpSocket>) {
         let Ok((n, from)) = sock.recv_from(&mut buf).await else {
             return;
         };
+        let Ok(permit) = server.in_flight.clone().try_acquire_owned() else {
+            continue;
+        };
         let query = buf[..n].to_vec();
         let (server, sock) = (server.clone(), sock.clone());
         // Each query on its own: glibc sends A and AAAA together and waits for both.
         tokio::spawn(async move {
+            let _permit = permit;
             if let Some(answer) = server.answer(&query, "udp").await {
                 let _ = sock.send_to(&answer, from).await;
             }
@@ -321,7 +331,14 @@ async fn serve_tcp(server: Arc<Server>, listener: TcpListener) {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
-        tokio::spawn(serve_tcp_client(server.clone(), stream));
+        let Ok(permit) = server.in_flight.clone().try_acquire_owned() else {
+            continue;
+        };
+        let server = server.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            serve_tcp_client(server, stream).await;
+        });
     }
 }
 
@@ -347,5 +364,128 @@ async fn serve_tcp_client(server: Arc<Server>, mut stream: TcpStream) {
         {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Message;
+    use hickory_proto::rr::rdata::A;
+    use hickory_proto::rr::{Name, RData, Record};
+    use std::str::FromStr;
+
+    /// An upstream resolver on loopback: `known.test` is 192.0.2.7, every other name
+    /// NXDOMAIN; it counts the queries it got.
+    async fn upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+        let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = sock.local_addr().unwrap();
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let log = asked.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+                let q = Message::from_vec(&buf[..n]).unwrap();
+                let name = q.queries[0].name().to_ascii();
+                log.lock().unwrap().push(name.clone());
+                let mut r = q.into_response();
+                if name == "known.test." {
+                    r.add_answer(Record::from_rdata(
+                        Name::from_str("known.test.").unwrap(),
+                        60,
+                        RData::A(A::new(192, 0, 2, 7)),
+                    ));
+                } else {
+                    r.metadata.response_code = ResponseCode::NXDomain;
+                }
+                let _ = sock.send_to(&r.to_vec().unwrap(), from).await;
+            }
+        });
+        (addr, asked)
+    }
+
+    fn can_bind_53() -> bool {
+        let root = nix::unistd::geteuid().is_root();
+        if !root {
+            eprintln!("SKIP: binding port 53 needs root (CI runs as root)");
+        }
+        root
+    }
+
+    #[tokio::test]
+    async fn answers_allowed_names_over_udp_and_tcp_and_refuses_the_rest() {
+        if !can_bind_53() {
+            return;
+        }
+        let (up, asked) = upstream().await;
+        let dir = tempfile::tempdir().unwrap();
+        let mediation = DnsMediation {
+            upstream: Arc::new(Upstream::new(vec![up])),
+            dir: dir.path().to_path_buf(),
+        };
+        let judged = Arc::new(Mutex::new(Vec::new()));
+        let log = judged.clone();
+        let judge: LookupJudge = Arc::new(move |l: Lookup| {
+            log.lock().unwrap().push((l.name.to_string(), l.transport));
+            let allowed = l.name.as_str() == "known.test";
+            Box::pin(async move { allowed })
+        });
+        let dns = ExecutorDns::start(&mediation, judge).unwrap();
+        let conf = std::fs::read_to_string(dns.resolv_conf()).unwrap();
+        assert!(
+            conf.contains(&format!("nameserver {}", dns.address().ip())),
+            "{conf}"
+        );
+        assert!(dns.is_resolver(&dns.address()));
+        assert_eq!(dns.name_of("192.0.2.7".parse().unwrap()), None);
+
+        // UDP, from a connected socket as glibc does: the answer comes from the resolver.
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client.connect(dns.address()).await.unwrap();
+        client
+            .send(&wire::tests::query(11, "known.test."))
+            .await
+            .unwrap();
+        let mut buf = [0u8; 2048];
+        let n = client.recv(&mut buf).await.unwrap();
+        assert_eq!(
+            wire::handed_out(&buf[..n], 11).unwrap(),
+            vec!["192.0.2.7".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(
+            dns.name_of("192.0.2.7".parse().unwrap())
+                .map(|n| n.to_string()),
+            Some("known.test".into())
+        );
+
+        // TCP, length-prefixed: a refused name gets NXDOMAIN and is never asked upstream.
+        let mut tcp = TcpStream::connect(dns.address()).await.unwrap();
+        let q = wire::tests::query(12, "secret.other.test.");
+        tcp.write_all(&(q.len() as u16).to_be_bytes())
+            .await
+            .unwrap();
+        tcp.write_all(&q).await.unwrap();
+        let mut len = [0u8; 2];
+        tcp.read_exact(&mut len).await.unwrap();
+        let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        tcp.read_exact(&mut answer).await.unwrap();
+        let answer = Message::from_vec(&answer).unwrap();
+        assert_eq!(answer.metadata.id, 12);
+        assert_eq!(answer.metadata.response_code, ResponseCode::NXDomain);
+        assert_eq!(
+            *asked.lock().unwrap(),
+            vec!["known.test.".to_string()],
+            "only the allowed name reached the upstream resolver"
+        );
+        assert_eq!(
+            *judged.lock().unwrap(),
+            vec![
+                ("known.test".to_string(), "udp"),
+                ("secret.other.test".to_string(), "tcp")
+            ]
+        );
+        let path = dns.resolv_conf().to_path_buf();
+        drop(dns);
+        assert!(!path.exists(), "the resolv.conf goes with the executor");
     }
 }

@@ -20,13 +20,14 @@ pub struct Question {
     pub record_type: String,
 }
 
-/// Why a message is not a query the mediator decides (it is answered with the code).
+/// Why a message is not a query the mediator decides.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
     /// Not a DNS message at all (nothing can be answered: no id to answer with).
     #[error("not a DNS message")]
     Undecodable,
-    /// A DNS message the mediator does not serve: answered `code`.
+    /// A DNS message the mediator does not serve: answered with `answer` (NOTIMP, FORMERR
+    /// or REFUSED, built from the message itself).
     #[error("{why}")]
     Unserved {
         /// The refusal to answer with.
