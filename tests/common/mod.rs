@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod lab;
+pub mod named;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
