@@ -23,7 +23,7 @@ use crate::harness::{Row, Samples, fmt_duration, fmt_rate};
 use crate::support::{is_root, repo, scratch_dir, shared_copy, tcp_sink};
 
 /// A line-oriented JSON-RPC client over any reader/writer pair.
-struct Rpc<R, W> {
+pub(crate) struct Rpc<R, W> {
     reader: R,
     writer: W,
     next: u64,
@@ -31,7 +31,7 @@ struct Rpc<R, W> {
 }
 
 impl<R: BufRead, W: Write> Rpc<R, W> {
-    fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.next;
         self.next += 1;
         writeln!(
@@ -60,7 +60,7 @@ impl<R: BufRead, W: Write> Rpc<R, W> {
     }
 }
 
-fn connect(socket: &Path) -> Rpc<BufReader<UnixStream>, UnixStream> {
+pub(crate) fn connect(socket: &Path) -> Rpc<BufReader<UnixStream>, UnixStream> {
     let s = UnixStream::connect(socket).expect("connect to the daemon");
     let mut rpc = Rpc {
         reader: BufReader::new(s.try_clone().expect("clone")),
@@ -72,9 +72,9 @@ fn connect(socket: &Path) -> Rpc<BufReader<UnixStream>, UnixStream> {
     rpc
 }
 
-const TOOL: &str = "workspace/list_documents";
+pub(crate) const TOOL: &str = "workspace/list_documents";
 
-fn ok(r: &Value) {
+pub(crate) fn ok(r: &Value) {
     assert!(
         r.get("result").is_some() && r["result"]["isError"] != true,
         "call failed: {r}"
