@@ -24,8 +24,8 @@ use crate::support::{is_root, repo, scratch_dir, shared_copy, tcp_sink};
 
 /// A line-oriented JSON-RPC client over any reader/writer pair.
 pub(crate) struct Rpc<R, W> {
-    reader: R,
-    writer: W,
+    pub(crate) reader: R,
+    pub(crate) writer: W,
     next: u64,
     line: String,
 }

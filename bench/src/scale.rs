@@ -205,6 +205,64 @@ fn rate(sessions: Vec<Session>, window: Duration) -> (f64, Vec<Session>) {
     )
 }
 
+/// Requests each session keeps in flight in the pipelined throughput run.
+const IN_FLIGHT: usize = 4;
+/// Sessions in the pipelined throughput run.
+const PIPELINED_SESSIONS: usize = 8;
+
+/// Calls per second from `sessions` new sessions, each keeping `depth` calls in flight (a
+/// new request as soon as any answer arrives).
+fn pipelined_rate(socket: &Path, sessions: usize, depth: usize, window: Duration) -> f64 {
+    use std::io::{BufRead, Write};
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..sessions)
+        .map(|_| {
+            let session = connect(socket);
+            let (stop, total) = (stop.clone(), total.clone());
+            std::thread::spawn(move || {
+                let (mut reader, mut writer) = (session.reader, session.writer);
+                let mut next = 1_000_000u64;
+                let mut send = |w: &mut std::os::unix::net::UnixStream| {
+                    next += 1;
+                    let line = json!({"jsonrpc": "2.0", "id": next, "method": "tools/call",
+                        "params": {"name": TOOL, "arguments": {}}});
+                    writeln!(w, "{line}").expect("write");
+                };
+                for _ in 0..depth {
+                    send(&mut writer);
+                }
+                let mut outstanding = depth;
+                let mut line = String::new();
+                while outstanding > 0 {
+                    line.clear();
+                    reader.read_line(&mut line).expect("read");
+                    let v: serde_json::Value = serde_json::from_str(&line).expect("json");
+                    if v.get("id").is_none() {
+                        continue; // a notification
+                    }
+                    ok(&v);
+                    total.fetch_add(1, Ordering::Relaxed);
+                    outstanding -= 1;
+                    if !stop.load(Ordering::Relaxed) {
+                        send(&mut writer);
+                        outstanding += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    std::thread::sleep(window);
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = start.elapsed();
+    let done = total.load(Ordering::Relaxed);
+    for t in threads {
+        t.join().expect("caller thread");
+    }
+    done as f64 / elapsed.as_secs_f64()
+}
+
 fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
@@ -224,6 +282,23 @@ pub fn run(quick: bool) -> Vec<Row> {
     let dir = scratch_dir("scale");
     let (daemon, socket) = start_daemon(&dir);
     let mut rows = Vec::new();
+
+    // Throughput with several requests in flight per session, beside one at a time.
+    let serial = pipelined_rate(&socket, PIPELINED_SESSIONS, 1, window);
+    let pipelined = pipelined_rate(&socket, PIPELINED_SESSIONS, IN_FLIGHT, window);
+    rows.push(Row {
+        name: format!(
+            "tools/call throughput, {PIPELINED_SESSIONS} sessions x {IN_FLIGHT} requests in flight, 2 cores"
+        ),
+        flowhost: fmt_rate(pipelined),
+        baseline: Some((
+            format!("{PIPELINED_SESSIONS} sessions, one request at a time"),
+            fmt_rate(serial),
+        )),
+        comparison: format!("{:.2}x one at a time", pipelined / serial),
+        goal: ">= 15,000 calls/s".into(),
+        met: pipelined >= 15_000.0,
+    });
 
     // Idle sessions: one caller measured while the rest stay open.
     let rss_empty = daemon.rss_kib();
