@@ -200,7 +200,10 @@ fn hint(stage: Stage, errno: i32) -> &'static str {
             "; this process is already supervised by another seccomp notify listener (a container seccomp agent, another sandbox), and the broker cannot mediate it: refusing to run the executor unsupervised"
         }
         (Stage::Exec, libc::EACCES) => {
-            "; check that the program is executable and that the profile's Landlock rules allow it"
+            "; the executor's uid may not search a directory on the way or execute the file (file permissions), or the profile's Landlock rules do not allow the program or its interpreter"
+        }
+        (Stage::Exec, libc::ENOENT) => {
+            "; the program, or the interpreter its #! line names, does not exist in the executor's view (executors have a private, empty /tmp)"
         }
         (Stage::Securebits, libc::EPERM) => {
             "; the host's own securebits lock one of them off or it lacks CAP_SETPCAP (under systemd: SecureBits=noroot noroot-locked, or leave SecureBits= unset)"

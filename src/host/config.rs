@@ -786,6 +786,13 @@ impl HostConfig {
         })
     }
 
+    /// The uid and gid executors run as, or (with a range) the first of the range: what the
+    /// checks of server programs (`host::runtime`) judge file permissions for.
+    pub fn executor_identity_hint(&self) -> (u32, u32) {
+        let first = self.executor_uids.first;
+        self.executor_identity.unwrap_or((first, first))
+    }
+
     /// The principal a connecting peer authenticates as: by uid first, then by gid.
     pub fn principal_for(&self, uid: u32, gid: u32) -> Option<&PrincipalConfig> {
         self.principals

@@ -71,6 +71,27 @@ pub struct ExecutorTemplate {
     /// DNS mediation for executors with a network path (`None`: their lookups are egress
     /// attempts like any other).
     pub dns: Option<DnsMediation>,
+    /// The uid and gid whose file permissions explain a failed start (see
+    /// [`crate::runtime::check_program`]).
+    pub run_as: (u32, u32),
+}
+
+impl ExecutorTemplate {
+    /// A spawn error with the server, the program and, where the program check finds one,
+    /// the real cause (the kernel's errno alone does not say which path or why).
+    fn explain(&self, e: &flowhost_broker::SpawnError) -> String {
+        let program = self.argv.first().cloned().unwrap_or_default();
+        let readable = super::startup::readable(&self.profile, &self.read_paths);
+        let cause = match crate::runtime::check_program(
+            std::path::Path::new(&program),
+            self.run_as,
+            &readable,
+        ) {
+            Err(problem) => format!("; cause: {problem}"),
+            Ok(()) => String::new(),
+        };
+        format!("server {:?}, program {program}: {e}{cause}", self.server)
+    }
 }
 
 /// What an executor's egress attempts are judged against: the call in flight, if any.
@@ -182,13 +203,10 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
         spec.stdin = StdioMode::Piped;
         spec.stdout = StdioMode::Piped;
         spec.stderr = StdioMode::Piped;
-        let program = template.argv.first().cloned().unwrap_or_default();
-        let mut exec = broker.spawn(spec).await.map_err(|e| {
-            ExecutorError::Spawn(format!(
-                "server {:?}, program {program}: {e}",
-                template.server
-            ))
-        })?;
+        let mut exec = broker
+            .spawn(spec)
+            .await
+            .map_err(|e| ExecutorError::Spawn(template.explain(&e)))?;
         let stdin = exec.take_stdin().ok_or(ExecutorError::Exited)?;
         let stdout = BufReader::new(exec.take_stdout().ok_or(ExecutorError::Exited)?);
         let _ = pid_cell.set(exec.pid());
@@ -639,5 +657,34 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
         for e in all {
             e.stop().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spawn_error_names_the_server_the_program_and_the_cause() {
+        let template = ExecutorTemplate {
+            server: "fetch".into(),
+            argv: vec!["/tmp/venv/bin/mcp-server-fetch".into()],
+            env: Vec::new(),
+            profile: Arc::new(Profile::find("brokered", &[]).unwrap()),
+            read_paths: Vec::new(),
+            dns: None,
+            run_as: (61_000, 61_000),
+        };
+        let e = flowhost_broker::SpawnError::Child {
+            stage: flowhost_broker::Stage::Exec,
+            errno: libc::ENOENT,
+        };
+        let text = template.explain(&e);
+        assert!(
+            text.contains("\"fetch\"")
+                && text.contains("/tmp/venv/bin/mcp-server-fetch")
+                && text.contains("private empty tmpfs"),
+            "{text}"
+        );
     }
 }

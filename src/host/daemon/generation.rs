@@ -120,6 +120,7 @@ pub(super) fn build_generation(
             profile: profile.clone(),
             read_paths: s.read_paths.clone(),
             dns: Some(dns.clone()),
+            run_as: config.executor_identity_hint(),
         };
         let pool = WarmPool::new(
             broker.clone(),

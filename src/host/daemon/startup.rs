@@ -279,16 +279,20 @@ pub(super) fn check_commands(
         let (Some(program), Some(profile)) = (s.command.first(), profiles.get(&s.id)) else {
             continue;
         };
-        let mut readable = profile.read_only.clone();
-        readable.extend(s.read_paths.iter().cloned());
-        crate::runtime::check_program(Path::new(program), id, &readable).map_err(|source| {
-            StartupError::Runtime {
+        crate::runtime::check_program(Path::new(program), id, &readable(profile, &s.read_paths))
+            .map_err(|source| StartupError::Runtime {
                 server: s.id.clone(),
                 source,
-            }
-        })?;
+            })?;
     }
     Ok(())
+}
+
+/// What executors of `profile` with the server's `read_paths` may read and execute.
+pub(super) fn readable(profile: &Profile, read_paths: &[PathBuf]) -> Vec<PathBuf> {
+    let mut readable = profile.read_only.clone();
+    readable.extend(read_paths.iter().cloned());
+    readable
 }
 
 /// Refuses a reload that changes settings fixed at start (where state lives, how the
