@@ -248,7 +248,8 @@ fn setup_namespaces(plan: &ChildPlan) {
                             | libc::MS_BIND
                             | libc::MS_RDONLY
                             | libc::MS_NOSUID
-                            | libc::MS_NODEV,
+                            | libc::MS_NODEV
+                            | libc::MS_NOEXEC,
                         std::ptr::null()
                     )
                 );

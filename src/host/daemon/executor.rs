@@ -187,11 +187,18 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
                     approved_under.clone(),
                     pid_cell.clone(),
                 );
-                let dns = ExecutorDns::start(mediation, judge).map_err(|e| {
-                    ExecutorError::Spawn(format!("server {:?}: {e}", template.server))
+                let refuse =
+                    |e: String| ExecutorError::Spawn(format!("server {:?}: {e}", template.server));
+                // Where /etc/resolv.conf leads (a link to systemd-resolved's stub file, say):
+                // the executor's own file is shown there, and readable there.
+                let shown = std::fs::canonicalize("/etc/resolv.conf").map_err(|e| {
+                    refuse(format!("DNS mediation shows executors their own /etc/resolv.conf, which must exist on the host (an empty file will do): {e}"))
                 })?;
+                let dns =
+                    ExecutorDns::start(mediation, judge).map_err(|e| refuse(e.to_string()))?;
                 spec.bind_files
-                    .push((dns.resolv_conf().to_path_buf(), "/etc/resolv.conf".into()));
+                    .push((dns.resolv_conf().to_path_buf(), shown.clone()));
+                spec.read_paths.push(shown);
                 Some(Arc::new(dns))
             }
             _ => None,
