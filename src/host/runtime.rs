@@ -25,7 +25,7 @@ pub enum RuntimeProblem {
     },
     /// A directory on the way cannot be searched by the executor's uid.
     #[error(
-        "directory {dir} (mode {mode:o}, owner uid {owner}) cannot be searched by the executor uid {uid}: the executor cannot reach {path}; make it searchable (chmod o+x) or install the runtime under a directory executors can read, such as /opt (not /root, whose mode is usually 0700)"
+        "directory {dir} (mode {mode:o}, owner uid {owner}) cannot be searched by the executor uid {uid}, so the executor cannot reach {path}; make it searchable (chmod o+x) or install the runtime under a directory executors can read, such as /opt (not /root, whose mode is usually 0700)"
     )]
     NotSearchable {
         /// The directory.
@@ -36,8 +36,8 @@ pub enum RuntimeProblem {
         owner: u32,
         /// The executor uid.
         uid: u32,
-        /// The file beneath it.
-        path: PathBuf,
+        /// The file beneath it (and where it resolves to, when that differs).
+        path: String,
     },
     /// The file cannot be read and executed by the executor's uid.
     #[error("{path} (mode {mode:o}, owner uid {owner}) cannot be {need} by the executor uid {uid}")]
@@ -106,6 +106,15 @@ fn check_at(
     if real.starts_with("/tmp") {
         return Err(RuntimeProblem::PrivateTmp { path: real });
     }
+    let shown = if real == program {
+        program.display().to_string()
+    } else {
+        format!(
+            "{} (which resolves to {})",
+            program.display(),
+            real.display()
+        )
+    };
     for dir in real.ancestors().skip(1) {
         let meta = std::fs::metadata(dir).map_err(|_| RuntimeProblem::Missing {
             path: dir.to_path_buf(),
@@ -116,7 +125,7 @@ fn check_at(
                 mode: meta.mode() & 0o7777,
                 owner: meta.uid(),
                 uid: id.0,
-                path: program.to_path_buf(),
+                path: shown,
             });
         }
     }
@@ -253,6 +262,33 @@ mod tests {
             check_program(&program, EXECUTOR, &[]),
             Err(RuntimeProblem::NotExecutable { .. })
         ));
+    }
+
+    #[test]
+    fn an_interpreter_linked_into_a_private_home_is_named_with_where_it_leads() {
+        let d = dir_in_var_tmp();
+        let home = d.path().join("root");
+        std::fs::create_dir(&home).unwrap();
+        let real = home.join("python3.11");
+        file(&real, "\x7fELF", 0o755);
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let venv = d.path().join("venv");
+        std::fs::create_dir(&venv).unwrap();
+        std::os::unix::fs::symlink(&real, venv.join("python3")).unwrap();
+        let script = venv.join("server");
+        file(
+            &script,
+            &format!("#!{}\n", venv.join("python3").display()),
+            0o755,
+        );
+        let text = check_program(&script, EXECUTOR, &[d.path().to_path_buf()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(&format!("which resolves to {}", real.display()))
+                && text.contains(&format!("directory {}", home.display())),
+            "{text}"
+        );
     }
 
     #[test]
