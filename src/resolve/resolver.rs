@@ -617,6 +617,17 @@ mod tests {
         );
         let blocked = res.decide_egress(&plan, Some(&other), &rules, None).await;
         assert_eq!(blocked.verdict.denial(), Some(Denial::DestinationBlocked));
+        // Lookups: judged as egress (the clearances), then whether a rule names the name.
+        let named = DestinationRules::allow_only(vec!["inbox.test:1".parse().unwrap()]);
+        let looked = |n: &str| n.parse::<HostName>().unwrap();
+        let v = res
+            .decide_lookup(&plan, &looked("inbox.test"), &named, None)
+            .await;
+        assert!(v.verdict.allowed(), "{v:?}");
+        let v = res
+            .decide_lookup(&plan, &looked("other.test"), &named, None)
+            .await;
+        assert_eq!(v.verdict.denial(), Some(Denial::NameNotAllowed));
 
         let public = reg.tool("public-inbox", "publish").unwrap();
         let refusal = res
@@ -651,6 +662,16 @@ mod tests {
             Some(Denial::MissingClearance),
             "a destination allow does not help"
         );
+        // Nor does a rule naming the name: a tool without clearance looks nothing up.
+        let v = res
+            .decide_lookup(
+                &plan,
+                &"inbox.test".parse().unwrap(),
+                &DestinationRules::allow_only(vec!["inbox.test:1".parse().unwrap()]),
+                None,
+            )
+            .await;
+        assert_eq!(v.verdict.denial(), Some(Denial::MissingClearance));
     }
 
     #[tokio::test]

@@ -496,12 +496,18 @@ async fn route_attempts<C: Send + Sync + 'static>(
     r: Routing<C>,
 ) {
     while let Some(attempt) = attempts.recv().await {
-        let inet = match &attempt.info().destination {
+        let info = attempt.info();
+        let inet = match &info.destination {
             Some(flowhost_broker::Destination::Inet(addr)) => Some(*addr),
             _ => None,
         };
+        // Reaching the resolver, not taking its address (a bind or listen is judged).
+        let reaches = !matches!(
+            info.syscall,
+            flowhost_broker::EgressSyscall::Bind | flowhost_broker::EgressSyscall::Listen
+        );
         let name = match (&r.dns, inet) {
-            (Some(dns), Some(addr)) if dns.is_resolver(&addr) => {
+            (Some(dns), Some(addr)) if reaches && dns.is_resolver(&addr) => {
                 attempt.allow();
                 continue;
             }
