@@ -63,6 +63,16 @@ pub enum RuntimeProblem {
         /// Why it cannot run.
         why: Box<RuntimeProblem>,
     },
+    /// A program or interpreter of a Python venv the executor may not read.
+    #[error(
+        "{program} belongs to the Python venv {venv}, whose packages the executor may not read (Landlock); add {venv} to the server's read_paths"
+    )]
+    VenvOutsideLandlock {
+        /// The program or interpreter (as the command or a `#!` line names it).
+        program: PathBuf,
+        /// The venv.
+        venv: PathBuf,
+    },
     /// The file is outside every path the profile's Landlock rules let the executor read.
     #[error(
         "{path} is outside the paths the executor may read and execute (Landlock: profile read_only and the server's read_paths: {allowed}); add a directory holding it to the server's read_paths"
@@ -95,40 +105,8 @@ fn check_at(
     itself_allowed: bool,
     depth: usize,
 ) -> Result<(), RuntimeProblem> {
-    if program.starts_with("/tmp") {
-        return Err(RuntimeProblem::PrivateTmp {
-            path: program.to_path_buf(),
-        });
-    }
-    let real = std::fs::canonicalize(program).map_err(|_| RuntimeProblem::Missing {
-        path: program.to_path_buf(),
-    })?;
-    if real.starts_with("/tmp") {
-        return Err(RuntimeProblem::PrivateTmp { path: real });
-    }
-    let shown = if real == program {
-        program.display().to_string()
-    } else {
-        format!(
-            "{} (which resolves to {})",
-            program.display(),
-            real.display()
-        )
-    };
-    for dir in real.ancestors().skip(1) {
-        let meta = std::fs::metadata(dir).map_err(|_| RuntimeProblem::Missing {
-            path: dir.to_path_buf(),
-        })?;
-        if !permits(&meta, id, 0o1) {
-            return Err(RuntimeProblem::NotSearchable {
-                dir: dir.to_path_buf(),
-                mode: meta.mode() & 0o7777,
-                owner: meta.uid(),
-                uid: id.0,
-                path: shown,
-            });
-        }
-    }
+    let real = reach(program, id)?;
+    check_venv(program, readable)?;
     let meta =
         std::fs::metadata(&real).map_err(|_| RuntimeProblem::Missing { path: real.clone() })?;
     let head = read_head(&real);
@@ -148,14 +126,7 @@ fn check_at(
         });
     }
     if !itself_allowed && !beneath_any(&real, readable) {
-        return Err(RuntimeProblem::OutsideLandlock {
-            path: real,
-            allowed: readable
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        });
+        return Err(outside(real, readable));
     }
     if script && depth < MAX_SCRIPT_DEPTH {
         let line = head[2..].split(|b| *b == b'\n').next().unwrap_or_default();
@@ -175,6 +146,98 @@ fn check_at(
             }));
         }
         check_at(Path::new(&interpreter), id, readable, false, depth + 1).map_err(wrap)?;
+    }
+    Ok(())
+}
+
+/// Where `path` leads, once the executor could reach it: not under /tmp (before or after
+/// links), existing, and every directory on the way searchable by `id`.
+fn reach(path: &Path, id: (u32, u32)) -> Result<PathBuf, RuntimeProblem> {
+    if path.starts_with("/tmp") {
+        return Err(RuntimeProblem::PrivateTmp {
+            path: path.to_path_buf(),
+        });
+    }
+    let real = std::fs::canonicalize(path).map_err(|_| RuntimeProblem::Missing {
+        path: path.to_path_buf(),
+    })?;
+    if real.starts_with("/tmp") {
+        return Err(RuntimeProblem::PrivateTmp { path: real });
+    }
+    let shown = if real == path {
+        path.display().to_string()
+    } else {
+        format!("{} (which resolves to {})", path.display(), real.display())
+    };
+    for dir in real.ancestors().skip(1) {
+        let meta = std::fs::metadata(dir).map_err(|_| RuntimeProblem::Missing {
+            path: dir.to_path_buf(),
+        })?;
+        if !permits(&meta, id, 0o1) {
+            return Err(RuntimeProblem::NotSearchable {
+                dir: dir.to_path_buf(),
+                mode: meta.mode() & 0o7777,
+                owner: meta.uid(),
+                uid: id.0,
+                path: shown,
+            });
+        }
+    }
+    Ok(real)
+}
+
+/// A Python venv's interpreter (`VENV/bin/python`, next to `VENV/pyvenv.cfg`) reads the
+/// venv's packages: the venv must be beneath the Landlock paths, or the interpreter starts
+/// and fails on its first import.
+fn check_venv(program: &Path, readable: &[PathBuf]) -> Result<(), RuntimeProblem> {
+    let Some(venv) = program.parent().and_then(Path::parent) else {
+        return Ok(());
+    };
+    if !venv.join("pyvenv.cfg").is_file() {
+        return Ok(());
+    }
+    let real = std::fs::canonicalize(venv).unwrap_or_else(|_| venv.to_path_buf());
+    if beneath_any(&real, readable) {
+        return Ok(());
+    }
+    Err(RuntimeProblem::VenvOutsideLandlock {
+        program: program.to_path_buf(),
+        venv: venv.to_path_buf(),
+    })
+}
+
+fn outside(path: PathBuf, readable: &[PathBuf]) -> RuntimeProblem {
+    RuntimeProblem::OutsideLandlock {
+        path,
+        allowed: readable
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// Checks the arguments of a server's command that name existing files of the host (an
+/// absolute path): the executor must reach and read them, so a host file under /tmp, behind a
+/// directory the executor uid cannot search, or outside `readable` (the Landlock paths,
+/// read-write ones included) is refused with its cause. Other arguments are the program's
+/// business.
+pub fn check_path_arguments(
+    args: &[String],
+    id: (u32, u32),
+    readable: &[PathBuf],
+) -> Result<(), RuntimeProblem> {
+    for arg in args.iter().filter(|a| a.starts_with('/')) {
+        let path = Path::new(arg);
+        // A path that names nothing on the host may be one the program creates (under its
+        // private /tmp, say).
+        if std::fs::symlink_metadata(path).is_err() {
+            continue;
+        }
+        let real = reach(path, id)?;
+        if !beneath_any(&real, readable) {
+            return Err(outside(real, readable));
+        }
     }
     Ok(())
 }
@@ -289,6 +352,53 @@ mod tests {
                 && text.contains(&format!("directory {}", home.display())),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_venv_outside_the_read_paths_is_named() {
+        let d = dir_in_var_tmp();
+        let venv = d.path().join("venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::fs::write(venv.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        std::os::unix::fs::symlink("/usr/bin/env", venv.join("bin/python3")).unwrap();
+        let script = venv.join("bin/server");
+        file(
+            &script,
+            &format!("#!{}\n", venv.join("bin/python3").display()),
+            0o755,
+        );
+        let usr = [PathBuf::from("/usr")];
+        let text = check_program(&script, EXECUTOR, &usr)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(&format!("Python venv {}", venv.display()))
+                && text.contains("read_paths"),
+            "{text}"
+        );
+        check_program(&script, EXECUTOR, &[PathBuf::from("/usr"), venv.clone()]).unwrap();
+    }
+
+    #[test]
+    fn path_arguments_the_executor_cannot_read_are_named() {
+        let d = dir_in_var_tmp();
+        let script = d.path().join("server.js");
+        file(&script, "", 0o644);
+        let args = |a: &str| vec!["stdio".to_string(), a.to_string()];
+        let usr = [PathBuf::from("/usr")];
+        let in_tmp = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+        let e = check_path_arguments(&args(&in_tmp.path().display().to_string()), EXECUTOR, &usr)
+            .unwrap_err();
+        assert!(matches!(e, RuntimeProblem::PrivateTmp { .. }), "{e}");
+        // A /tmp path that names nothing on the host may be the program's own output.
+        check_path_arguments(&args("/tmp/flowhost-none/out.json"), EXECUTOR, &usr).unwrap();
+        let e =
+            check_path_arguments(&args(&script.display().to_string()), EXECUTOR, &usr).unwrap_err();
+        assert!(matches!(e, RuntimeProblem::OutsideLandlock { .. }), "{e}");
+        let ok = [PathBuf::from("/usr"), d.path().to_path_buf()];
+        check_path_arguments(&args(&script.display().to_string()), EXECUTOR, &ok).unwrap();
+        // An argument naming nothing on the host is the program's business.
+        check_path_arguments(&args("/nonexistent/output"), EXECUTOR, &usr).unwrap();
     }
 
     #[test]

@@ -273,13 +273,17 @@ pub(super) fn check_commands(
     config: &HostConfig,
     profiles: &BTreeMap<String, Arc<Profile>>,
 ) -> Result<(), StartupError> {
-    let uids = config.executor_uids;
-    let id = config.executor_identity.unwrap_or((uids.first, uids.first));
+    let id = config.executor_identity_hint();
     for s in &config.servers {
-        let (Some(program), Some(profile)) = (s.command.first(), profiles.get(&s.id)) else {
+        let (Some((program, args)), Some(profile)) = (s.command.split_first(), profiles.get(&s.id))
+        else {
             continue;
         };
-        crate::runtime::check_program(Path::new(program), id, &readable(profile, &s.read_paths))
+        let readable = readable(profile, &s.read_paths);
+        let mut reachable = readable.clone();
+        reachable.extend(profile.read_write.iter().cloned());
+        crate::runtime::check_program(Path::new(program), id, &readable)
+            .and_then(|()| crate::runtime::check_path_arguments(args, id, &reachable))
             .map_err(|source| StartupError::Runtime {
                 server: s.id.clone(),
                 source,
