@@ -2,7 +2,7 @@
 //! the daemon. Bytes are relayed unchanged in both directions; the daemon authenticates the
 //! caller by the bridge's Unix credentials.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::CliResult;
@@ -21,30 +21,36 @@ impl ConnectArgs {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        runtime.block_on(async {
-            let stream = tokio::net::UnixStream::connect(&self.socket)
-                .await
-                .map_err(|e| {
-                    format!(
-                        "{}: cannot connect to the flowhost daemon: {e}",
-                        self.socket.display()
-                    )
-                })?;
-            let (mut from_daemon, mut to_daemon) = stream.into_split();
-            let mut stdin = tokio::io::stdin();
-            let mut stdout = tokio::io::stdout();
-            let up = async {
-                let r = tokio::io::copy(&mut stdin, &mut to_daemon).await;
-                // Tell the daemon no more requests come, and keep reading its answers.
-                let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
-                r
-            };
-            let down = tokio::io::copy(&mut from_daemon, &mut stdout);
-            let (up, down) = tokio::join!(up, down);
-            up?;
-            down?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        })?;
+        runtime.block_on(bridge(&self.socket))?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Relays stdin to the host's socket and the socket to stdout until the client has closed
+/// stdin and the host has answered everything (also `flowhost sandbox mcp`'s session).
+pub(super) async fn bridge(socket: &Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
+        format!(
+            "{}: cannot connect to the flowhost daemon: {e}",
+            socket.display()
+        )
+    })?;
+    let (mut from_daemon, mut to_daemon) = stream.into_split();
+    let mut stdin = tokio::io::stdin();
+    let mut stdout = tokio::io::stdout();
+    let up = async {
+        let r = tokio::io::copy(&mut stdin, &mut to_daemon).await;
+        // Tell the daemon no more requests come, and keep reading its answers.
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
+        r
+    };
+    let down = async {
+        let r = tokio::io::copy(&mut from_daemon, &mut stdout).await;
+        let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
+        r
+    };
+    let (up, down) = tokio::join!(up, down);
+    up?;
+    down?;
+    Ok(())
 }
