@@ -442,3 +442,25 @@ fn log_attempt(info: &AttemptInfo, allowed: bool, rule: &str) {
         rule
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_go_into_a_new_or_empty_directory_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = dir.path().join("a/b");
+        prepare_records_dir(&fresh).unwrap();
+        assert!(fresh.is_dir());
+        // Empty: accepted again.
+        prepare_records_dir(&fresh).unwrap();
+        std::fs::write(fresh.join("records-00000000000000000001.jsonl"), b"").unwrap();
+        let e = prepare_records_dir(&fresh).unwrap_err().to_string();
+        assert!(e.contains("is not empty") && e.contains("a/b"), "{e}");
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let e = prepare_records_dir(&file).unwrap_err().to_string();
+        assert!(e.contains("is a file"), "{e}");
+    }
+}

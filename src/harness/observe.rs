@@ -336,3 +336,68 @@ pub fn read_records(dir: &Path) -> Result<Vec<DecisionRecord>, HarnessError> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{InetDestination, UndecodedDestination, UnixDestination};
+
+    fn attempt(destination: Option<Destination>) -> EgressAttempt {
+        EgressAttempt {
+            seq: 1,
+            tool: "sandbox/run".into(),
+            syscall: "connect".into(),
+            family: "inet".into(),
+            protocol: Some("tcp".into()),
+            destination,
+            allowed: false,
+            rule: Some("default".into()),
+            pid: 7,
+            executable: None,
+            undeclared: false,
+        }
+    }
+
+    fn rule(s: &str) -> DestinationRule {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn recorded_destinations_match_the_rules_that_name_them() {
+        let inet = attempt(Some(Destination::Inet(InetDestination {
+            address: "127.0.0.2".parse().unwrap(),
+            port: 8080,
+        })));
+        assert!(inet.matches(&rule("127.0.0.2:8080")));
+        assert!(inet.matches(&rule("127.0.0.0/8")));
+        assert!(inet.matches(&rule("*:8080")));
+        assert!(!inet.matches(&rule("127.0.0.1:8080")));
+        assert!(!inet.matches(&rule("127.0.0.2:8081")));
+        assert_eq!(inet.destination_text(), "127.0.0.2:8080");
+
+        let path = attempt(Some(Destination::Unix(UnixDestination {
+            unix_path: "/run/app.sock".into(),
+        })));
+        assert!(path.matches(&rule("unix:/run/app.sock")));
+        assert!(!path.matches(&rule("unix:@/run/app.sock")));
+        let abstract_name = attempt(Some(Destination::Unix(UnixDestination {
+            unix_path: "@bus".into(),
+        })));
+        assert!(abstract_name.matches(&rule("unix:@bus")));
+        assert!(!abstract_name.matches(&rule("unix:/bus")));
+    }
+
+    #[test]
+    fn what_no_rule_can_name_matches_no_rule() {
+        for d in [
+            None,
+            Some(Destination::Undecoded(UndecodedDestination {
+                undecoded: "af_unspec".into(),
+            })),
+        ] {
+            let a = attempt(d);
+            assert!(!a.matches(&rule("0.0.0.0/0")), "{a:?}");
+            assert!(!a.matches(&rule("*:80")), "{a:?}");
+        }
+    }
+}

@@ -22,26 +22,37 @@ pub enum As {
 
 /// Whether the tests can run as `who` here; prints why not. As root (CI) the root mode
 /// always runs; the unprivileged mode needs setpriv, user namespaces, and every path the
-/// unprivileged user must open readable by it.
+/// unprivileged user must open readable by it. With `FLOWHOST_TEST_UNPRIVILEGED=required`
+/// (set by `.ci/run`) a missing prerequisite fails the test instead.
 pub fn can_run(who: As, paths: &[&Path]) -> bool {
+    let ready = prerequisites(who, paths);
+    if let Err(why) = &ready {
+        let required = std::env::var("FLOWHOST_TEST_UNPRIVILEGED").as_deref() == Ok("required");
+        assert!(
+            !required || !is_root(),
+            "FLOWHOST_TEST_UNPRIVILEGED=required, but {why}"
+        );
+        eprintln!("SKIP: {why}");
+    }
+    ready.is_ok()
+}
+
+fn prerequisites(who: As, paths: &[&Path]) -> Result<(), String> {
     if !is_root() {
-        eprintln!("SKIP: the harness tests start as root (CI runs them as root)");
-        return false;
+        return Err("the harness tests start as root (CI runs them as root)".into());
     }
     if who == As::Root {
-        return true;
+        return Ok(());
     }
     if !have("setpriv") {
-        eprintln!("SKIP: the unprivileged harness tests need setpriv (util-linux)");
-        return false;
+        return Err("the unprivileged harness tests need setpriv (util-linux)".into());
     }
     let namespaces = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(0);
     if namespaces == 0 {
-        eprintln!("SKIP: user namespaces are disabled (user.max_user_namespaces = 0)");
-        return false;
+        return Err("user namespaces are disabled (user.max_user_namespaces = 0)".into());
     }
     for p in paths {
         let readable = nobody(Path::new("/bin/sh"))
@@ -50,15 +61,14 @@ pub fn can_run(who: As, paths: &[&Path]) -> bool {
             .status()
             .is_ok_and(|s| s.success());
         if !readable {
-            eprintln!(
-                "SKIP: {} is not readable by uid {} (put the build somewhere it can read)",
+            return Err(format!(
+                "{} is not readable by uid {} (put the build somewhere it can read)",
                 p.display(),
                 NOBODY.0
-            );
-            return false;
+            ));
         }
     }
-    true
+    Ok(())
 }
 
 /// `program` run as [`NOBODY`] with no supplementary groups, from `/`.

@@ -239,3 +239,82 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     // --health named the same file.
     args.common.conclude(&evidence, &health, 0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: McpArgs,
+    }
+
+    fn example(rel: &str) -> String {
+        format!("{}/examples/harness_tool/{rel}", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn args(extra: &[&str]) -> McpArgs {
+        let manifest = example("manifest.signed.json");
+        let key = example("keys/status-probe.pub");
+        let mut argv = vec![
+            "x",
+            "--manifest",
+            &manifest,
+            "--key",
+            &key,
+            "--allow",
+            "127.0.0.1:8080",
+        ];
+        argv.extend_from_slice(extra);
+        argv.extend_from_slice(&["--", "/bin/true", "serve"]);
+        Wrapper::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn the_derived_configuration_is_one_the_daemon_accepts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mappings = example("mappings.toml");
+        let text = args(&["--mappings", &mappings])
+            .host_config(
+                dir.path(),
+                &dir.path().join("records"),
+                &dir.path().join("h.json"),
+            )
+            .unwrap();
+        let file = dir.path().join("host.toml");
+        let config = crate::config::HostConfig::parse(&file, &text).unwrap();
+        assert_eq!(config.principals.len(), 1);
+        assert_eq!(config.principals[0].uids, [nix::unistd::getuid().as_raw()]);
+        assert!(config.principals[0].may_call("status-probe", "check"));
+        let server = &config.servers[0];
+        assert_eq!(server.id, "status-probe");
+        assert_eq!(server.command, ["/bin/true", "serve"]);
+        assert_eq!(server.profile, "brokered");
+        assert_eq!(server.destinations.allow.len(), 1);
+        assert_eq!(server.record_mappings.len(), 2);
+        // The policy is what the signed declaration asks for, so the registry admits it.
+        let (registry, _) = crate::daemon::verify_registry(&config).unwrap();
+        assert_eq!(registry.tools().count(), 2);
+    }
+
+    #[test]
+    fn mappings_for_tools_the_manifest_does_not_have_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("mappings.toml");
+        std::fs::write(
+            &bad,
+            "[fetch]\nprovider = \"p\"\ncategory = \"c\"\nverb = \"v\"\nresource_type = \"r\"\nrequired_scope = \"s\"\n",
+        )
+        .unwrap();
+        let e = args(&["--mappings", bad.to_str().unwrap()])
+            .host_config(dir.path(), &dir.path().join("r"), &dir.path().join("h"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("mappings.toml") && e.contains("[fetch]") && e.contains("check"),
+            "{e}"
+        );
+    }
+}
