@@ -285,3 +285,75 @@ fn sandbox_mcp_refuses_a_manifest_that_does_not_verify() {
     );
     assert!(out.stdout.is_empty(), "nothing was served: {}", text(&out));
 }
+
+#[test]
+fn sandbox_mcp_stops_on_sigterm_with_its_records_and_health_written() {
+    use std::io::BufRead;
+    let who = As::Root;
+    if !can_run(who, &[]) {
+        return;
+    }
+    let files = example_files();
+    let dir = work_dir(who);
+    let mut child = flowhost(who)
+        .args(["sandbox", "mcp", "--manifest"])
+        .arg(&files.manifest)
+        .arg("--key")
+        .arg(&files.key)
+        .arg("--records")
+        .arg(dir.path().join("records"))
+        .arg("--health")
+        .arg(dir.path().join("health.json"))
+        .arg("--")
+        .arg(example_tool())
+        .arg("serve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The client keeps its end open: only the signal ends the run.
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "status-probe/version", "arguments": {}}})
+    )
+    .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("not_initialized"), "{line}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sandbox mcp did not stop on SIGTERM while its client kept stdin open");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    drop(stdin);
+    assert_eq!(status.code(), Some(0));
+    let health =
+        flowhost::records::ToolObservationHealth::read_from(&dir.path().join("health.json"))
+            .unwrap();
+    assert!(health.complete, "{:?}", health.incomplete_reasons);
+    // The refusal before initialize is the one record, and it verifies.
+    let records = flowhost::harness::read_records(&dir.path().join("records")).unwrap();
+    assert_eq!(records.len(), 1);
+    let out = flowhost(who)
+        .args(["records", "verify"])
+        .arg(dir.path().join("records"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+}

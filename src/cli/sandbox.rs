@@ -284,10 +284,14 @@ impl SandboxArgs {
             .enable_all()
             .build()
             .map_err(SandboxError::Runtime)?;
-        match self.command {
+        let done = match self.command {
             SandboxCommand::Run(args) => runtime.block_on(run(args)),
             SandboxCommand::Mcp(args) => runtime.block_on(mcp::serve(args)),
-        }
+        };
+        // A stdin read may still be blocked on a thread of the runtime (`sandbox mcp` after
+        // the host stopped on a signal): nothing waits for it.
+        runtime.shutdown_background();
+        done
     }
 }
 

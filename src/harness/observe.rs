@@ -131,8 +131,7 @@ impl Observation {
     ) -> Result<Observation, HarnessError> {
         let health = ToolObservationHealth::read_from(&health_file).map_err(|e| {
             HarnessError::Run(format!(
-                "{} left no readable health ({e}); it said:\n{stderr}",
-                "flowhost"
+                "flowhost ended with {status} and left no readable health ({e}); it said:\n{stderr}"
             ))
         })?;
         let records = read_records(&records_dir)?;

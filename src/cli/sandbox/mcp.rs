@@ -183,6 +183,9 @@ impl McpArgs {
                 "profiles_dir": self.common.profiles_dir.iter().map(|p| in_cwd(p)).collect::<Result<Vec<_>, _>>()?,
                 "classifier_version": "flowhost-sandbox-mcp",
                 "call_timeout_ms": self.call_timeout_ms,
+                // The one session is the caller's own: a client that starts slowly (an
+                // interpreter loading its SDK) still gets to initialize.
+                "initialize_timeout_ms": 600_000,
             },
             "principal": [{
                 "id": self.principal,
