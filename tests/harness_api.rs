@@ -211,12 +211,7 @@ fn the_example_runs_and_its_gate_catches_the_tool_phoning_home() {
         .env("FLOWHOST_BIN", env!("CARGO_BIN_EXE_flowhost"))
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = common::harness::succeeded(&out);
     assert!(
         stdout.contains("PASS  well-behaved") && stdout.contains("the gate fails"),
         "{stdout}"

@@ -82,12 +82,7 @@ fn the_python_sdk_drives_a_governed_server_through_sandbox_mcp() {
         .arg(service.addr.to_string())
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = common::harness::succeeded(&out);
     let seen: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(
         seen["tools"],

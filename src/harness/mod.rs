@@ -109,8 +109,11 @@ pub fn stage(program: &Path, dir: &Path) -> Result<PathBuf, HarnessError> {
                 .map_err(io(format!("cannot open {} to others", d.display())))?;
         }
     }
+    // Unique per call: threads of one process may stage the same program at once.
+    static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = sub.join(format!(
-        ".{}.{}",
+        ".{}.{}.{n}",
         name.to_string_lossy(),
         std::process::id()
     ));
@@ -369,5 +372,37 @@ impl Harness {
                 .map_err(io("cannot hand the workspace to the run's user"))?;
         }
         Ok(ws)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_one_program_from_many_threads_gives_one_executable_copy() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("tool");
+        std::fs::write(&program, b"#!/bin/sh\necho staged\n").unwrap();
+        let into = dir.path().join("staged");
+        let copies: Vec<PathBuf> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| stage(&program, &into).unwrap()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(copies.iter().all(|c| *c == copies[0]), "{copies:?}");
+        let meta = std::fs::metadata(&copies[0]).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o755);
+        assert_eq!(
+            std::fs::read(&copies[0]).unwrap(),
+            std::fs::read(&program).unwrap()
+        );
+        // No temporary copy is left behind.
+        let left = std::fs::read_dir(copies[0].parent().unwrap())
+            .unwrap()
+            .count();
+        assert_eq!(left, 1);
     }
 }

@@ -180,3 +180,15 @@ pub fn surface_allowing(dir: &Path, addr: std::net::SocketAddr) -> PathBuf {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     path
 }
+
+/// The stdout of a command that must have succeeded (else both outputs in the panic).
+pub fn succeeded(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
