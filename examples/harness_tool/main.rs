@@ -140,8 +140,17 @@ fn exercise(
     server.finish().map_err(|e| e.to_string())
 }
 
-fn test_suite() -> Result<(), String> {
-    let harness = harness()?;
+/// What both tests need: the harness, the staged tool, its service and the address it
+/// must never reach.
+struct Setup {
+    harness: Harness,
+    tool: PathBuf,
+    target: SocketAddr,
+    elsewhere: SocketAddr,
+    declared: PathBuf,
+}
+
+fn setup() -> Result<Setup, String> {
     // Executors run as another uid with a private /tmp: the tool must be somewhere that
     // uid can read.
     let tool = flowhost::harness::stage(
@@ -152,34 +161,44 @@ fn test_suite() -> Result<(), String> {
         )),
     )
     .map_err(|e| e.to_string())?;
-    let target = service("127.0.0.1:0")?;
-    let elsewhere = service("127.0.0.2:0")?;
-    let declared = here("declared.json");
+    Ok(Setup {
+        harness: harness()?,
+        tool,
+        target: service("127.0.0.1:0")?,
+        elsewhere: service("127.0.0.2:0")?,
+        declared: here("declared.json"),
+    })
+}
 
-    // 1. The well-behaved tool: only its declared egress, and the gate passes.
-    let run = exercise(&harness, &tool, &[], target)?;
+/// The well-behaved tool: only its declared egress, and the gate passes.
+fn well_behaved_tool_passes_the_gate(s: &Setup) -> Result<(), String> {
+    let run = exercise(&s.harness, &s.tool, &[], s.target)?;
     run.check_complete().map_err(|e| e.to_string())?;
-    run.check_only_destinations(&[&target.to_string()])
+    run.check_only_destinations(&[&s.target.to_string()])
         .map_err(|e| e.to_string())?;
-    run.check_matches_declared(&declared)
+    run.check_matches_declared(&s.declared)
         .map_err(|e| e.to_string())?;
     println!(
-        "PASS  well-behaved: {} records, egress only to {target}; the gate passes",
-        run.records.len()
+        "PASS  well-behaved: {} records, egress only to {}; the gate passes",
+        run.records.len(),
+        s.target
     );
+    Ok(())
+}
 
-    // 2. The same tool phoning home: the broker refuses the connection, the records show it,
-    //    and the gate fails.
+/// The same tool phoning home: the broker refuses the connections, the records show them,
+/// and the gate fails.
+fn phoning_home_fails_the_gate(s: &Setup) -> Result<(), String> {
     let run = exercise(
-        &harness,
-        &tool,
-        &["--phone-home", &elsewhere.to_string()],
-        target,
+        &s.harness,
+        &s.tool,
+        &["--phone-home", &s.elsewhere.to_string()],
+        s.target,
     )?;
     let stray: Vec<String> = run
         .attempts
         .iter()
-        .filter(|a| a.destination_text() == elsewhere.to_string())
+        .filter(|a| a.destination_text() == s.elsewhere.to_string())
         .map(|a| {
             format!(
                 "{} {} ({})",
@@ -196,15 +215,24 @@ fn test_suite() -> Result<(), String> {
     if stray.is_empty() {
         return Err("the phone-home attempts are not in the records".into());
     }
-    let report = run.diff_declared(&declared).map_err(|e| e.to_string())?;
+    let report = run.diff_declared(&s.declared).map_err(|e| e.to_string())?;
     if passes(&report) {
         return Err("the gate passed a tool that phones home".into());
     }
     println!(
-        "PASS  phoning home to {elsewhere}: {}; the gate fails with {} findings:",
+        "PASS  phoning home to {}: {}; the gate fails with {} findings:",
+        s.elsewhere,
         stray.join(", "),
         report.findings.len()
     );
     print!("{}", flowhost::diff::report::to_text(&report));
     Ok(())
+}
+
+/// The tool's test suite. In a tool's own crate, each check is a `#[test]` in `tests/`, and
+/// the tool is `env!("CARGO_BIN_EXE_<name>")` (staged as here).
+fn test_suite() -> Result<(), String> {
+    let s = setup()?;
+    well_behaved_tool_passes_the_gate(&s)?;
+    phoning_home_fails_the_gate(&s)
 }
