@@ -414,14 +414,27 @@ async fn run(args: RunArgs) -> CliResult {
     };
     let status = exec.wait().await?;
     drop(exec);
-    let _ = tokio::time::timeout(Duration::from_secs(2), decider).await;
+    // Every attempt must be decided (and recorded) before the records are closed; one
+    // that is not makes the run's observation incomplete.
+    let settled = matches!(
+        tokio::time::timeout(Duration::from_secs(2), decider).await,
+        Ok(Ok(()))
+    );
     if let Some(bound) = status.bound_description() {
         eprintln!("flowhost sandbox: the command ran into {bound}");
     }
     if let Some(w) = &writer {
         w.close().await?;
     }
-    let health = sandbox_health(&broker, writer.as_deref());
+    let mut health = sandbox_health(&broker, writer.as_deref());
+    if !settled {
+        health.records.records_complete = Some(false);
+        health
+            .records
+            .problems
+            .push("attempts were still being decided when the command ended".into());
+        health = health.finalize();
+    }
     args.common
         .conclude(&evidence, &health, status.code().clamp(0, 255) as u8)
 }
