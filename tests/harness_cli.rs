@@ -357,3 +357,23 @@ fn sandbox_mcp_stops_on_sigterm_with_its_records_and_health_written() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
 }
+
+#[test]
+fn the_examples_signed_manifest_is_its_manifest_signed_with_its_key() {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/harness_tool");
+    let out = flowhost(As::Root)
+        .args(["manifest", "verify", "--key"])
+        .arg(here.join("keys/status-probe.pub"))
+        .arg(here.join("manifest.signed.json"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let read = |p: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(here.join(p)).unwrap()).unwrap()
+    };
+    assert_eq!(
+        read("manifest.signed.json")["manifest"],
+        read("manifest.json"),
+        "manifest.json changed: sign it again with sign.sh"
+    );
+}
