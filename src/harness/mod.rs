@@ -18,7 +18,7 @@
 //! # Ok::<(), flowhost::harness::HarnessError>(())
 //! ```
 //!
-//! `examples/harness_tool.rs` is a runnable example: a small tool with a signed manifest,
+//! `examples/harness_tool/` is a runnable example (`cargo run --example harness_tool`): a small tool with a signed manifest,
 //! tested under the harness, with a gate that fails when the tool connects somewhere its
 //! declaration does not allow.
 
