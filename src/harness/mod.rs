@@ -18,9 +18,9 @@
 //! # Ok::<(), flowhost::harness::HarnessError>(())
 //! ```
 //!
-//! `examples/harness_tool/` is a runnable example (`cargo run --example harness_tool`): a small tool with a signed manifest,
-//! tested under the harness, with a gate that fails when the tool connects somewhere its
-//! declaration does not allow.
+//! `examples/harness_tool/` is a runnable example (`cargo run --example harness_tool`): a
+//! small tool with a signed manifest, tested under the harness, with a gate that fails when
+//! the tool connects somewhere its declaration does not allow.
 
 mod gate;
 mod mcp;
