@@ -148,17 +148,23 @@ struct Setup {
     target: SocketAddr,
     elsewhere: SocketAddr,
     declared: PathBuf,
+    /// Holds the staged tool; removed when the tests are done.
+    _staging: tempfile::TempDir,
 }
 
 fn setup() -> Result<Setup, String> {
+    use std::os::unix::fs::PermissionsExt;
     // Executors run as another uid with a private /tmp: the tool must be somewhere that
-    // uid can read.
+    // uid can read, outside /tmp.
+    let staging = tempfile::Builder::new()
+        .prefix("flowhost-harness-example-")
+        .tempdir_in("/var/tmp")
+        .map_err(|e| e.to_string())?;
+    std::fs::set_permissions(staging.path(), std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| e.to_string())?;
     let tool = flowhost::harness::stage(
         &std::env::current_exe().map_err(|e| e.to_string())?,
-        Path::new(&format!(
-            "/var/tmp/flowhost-harness-example-{}",
-            nix::unistd::getuid()
-        )),
+        staging.path(),
     )
     .map_err(|e| e.to_string())?;
     Ok(Setup {
@@ -167,6 +173,7 @@ fn setup() -> Result<Setup, String> {
         target: service("127.0.0.1:0")?,
         elsewhere: service("127.0.0.2:0")?,
         declared: here("declared.json"),
+        _staging: staging,
     })
 }
 

@@ -122,10 +122,24 @@ pub fn work_dir(who: As) -> tempfile::TempDir {
     dir
 }
 
-/// The example tool (`examples/harness_tool`), copied where executors can run it.
+/// The example tool (`examples/harness_tool`), copied where executors can run it. Copies
+/// of earlier builds (one per build, each as large as the debug binary) are removed once
+/// they are an hour old, so that no test still running from such a build loses its copy.
 pub fn example_tool() -> PathBuf {
     let exe = super::workspace_binary("examples/harness_tool");
-    flowhost::harness::stage(&exe, &shared_dir().join("examples")).unwrap()
+    let dir = shared_dir().join("examples");
+    let staged = flowhost::harness::stage(&exe, &dir).unwrap();
+    let hour = std::time::Duration::from_secs(3600);
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let stale = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > hour));
+        if stale && Some(entry.path().as_path()) != staged.parent() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    staged
 }
 
 /// The example tool's signed manifest, public key, mappings and declared surface, copied
