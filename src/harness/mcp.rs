@@ -34,6 +34,7 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> HarnessError + '_ {
 impl McpServer {
     pub(super) fn start(
         mut cmd: Command,
+        launch_failure: String,
         server_id: String,
         records: PathBuf,
         health: PathBuf,
@@ -42,9 +43,10 @@ impl McpServer {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .map_err(io("cannot start flowhost sandbox mcp"))?;
+        let mut child = cmd.spawn().map_err(|source| HarnessError::Io {
+            what: launch_failure,
+            source,
+        })?;
         let (Some(stdin), Some(stdout), Some(mut err)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {

@@ -260,7 +260,7 @@ impl Harness {
         cmd.args(argv);
         cmd.stdin(std::process::Stdio::null());
         let out = cmd.output().map_err(|source| HarnessError::Io {
-            what: format!("cannot run {}", self.binary.display()),
+            what: self.launch_failure(),
             source,
         })?;
         Observation::read(
@@ -316,7 +316,7 @@ impl Harness {
         self.common_args(&mut cmd, &records, &health);
         cmd.arg("--");
         cmd.args(argv);
-        McpServer::start(cmd, server_id, records, health, ws)
+        McpServer::start(cmd, self.launch_failure(), server_id, records, health, ws)
     }
 
     fn flowhost(&self) -> Command {
@@ -334,6 +334,17 @@ impl Harness {
                 .current_dir("/");
                 c
             }
+        }
+    }
+
+    /// What failed when `flowhost` could not be started.
+    fn launch_failure(&self) -> String {
+        match self.run_as {
+            None => format!("cannot run {}", self.binary.display()),
+            Some((uid, _)) => format!(
+                "cannot run {} as uid {uid} through setpriv (is util-linux's setpriv on PATH?)",
+                self.binary.display()
+            ),
         }
     }
 
