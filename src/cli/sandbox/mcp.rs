@@ -14,10 +14,11 @@
 //! clearance (bottom when it declares none), a bottom output floor (the declared output
 //! label still applies), and its declassification purposes.
 
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+
+use serde_json::json;
 
 use super::{CliResult, CommonArgs, resolve_program};
 use crate::label::InformationLabel;
@@ -173,6 +174,17 @@ impl McpArgs {
                 None => env.insert(e.clone(), json!(std::env::var(e).unwrap_or_default())),
             };
         }
+        let absolute_all = |paths: &[PathBuf]| {
+            paths
+                .iter()
+                .map(|p| in_cwd(p))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let (profiles_dir, read_paths) = (
+            absolute_all(&self.common.profiles_dir)?,
+            absolute_all(&self.common.read)?,
+        );
+        let allow: Vec<String> = self.common.allow.iter().map(ToString::to_string).collect();
         let config = json!({
             "host": {
                 "socket": dir.join("flowhost.sock"),
@@ -180,7 +192,7 @@ impl McpArgs {
                 "state_dir": dir.join("state"),
                 "records_dir": records,
                 "health_file": health,
-                "profiles_dir": self.common.profiles_dir.iter().map(|p| in_cwd(p)).collect::<Result<Vec<_>, _>>()?,
+                "profiles_dir": profiles_dir,
                 "classifier_version": "flowhost-sandbox-mcp",
                 "call_timeout_ms": self.call_timeout_ms,
                 // The one session is the caller's own: a client that starts slowly (an
@@ -198,12 +210,10 @@ impl McpArgs {
                 "key": key,
                 "command": command,
                 "profile": self.profile,
-                "read_paths": self.common.read.iter().map(|p| in_cwd(p)).collect::<Result<Vec<_>, _>>()?,
+                "read_paths": read_paths,
                 "env": env,
                 "pool_size": 1,
-                "destinations": {
-                    "allow": self.common.allow.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                },
+                "destinations": { "allow": allow },
                 "tools": tools,
             }],
         });
@@ -238,8 +248,8 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     let _ = serving.await;
     relayed.map_err(|e| format!("relaying the session: {e}"))?;
     let health = crate::records::ToolObservationHealth::read_from(&health_file)?;
-    // The health is already written by the host; `conclude` writes it again only where
-    // --health named the same file.
+    // The host wrote the health; `conclude` writes it again to --health, which is that same
+    // file, with the same content.
     args.common.conclude(&evidence, &health, 0)
 }
 
