@@ -322,7 +322,12 @@ fn attempt_record(
 
 /// The health of one sandbox run: the broker's supervision and the writer's stream. There
 /// is no MCP endpoint: no tool calls, and the broker is the command's only way out.
-fn sandbox_health(broker: &Broker, writer: Option<&RecordWriter>) -> ToolObservationHealth {
+/// `settled`: every attempt was decided (and recorded) before the records were closed.
+fn sandbox_health(
+    broker: &Broker,
+    writer: Option<&RecordWriter>,
+    settled: bool,
+) -> ToolObservationHealth {
     let stats = broker.stats();
     let mut h = ToolObservationHealth::unknown(HealthProducer::Sandbox);
     h.proxy_seen = Some(true);
@@ -342,6 +347,12 @@ fn sandbox_health(broker: &Broker, writer: Option<&RecordWriter>) -> ToolObserva
         h.records
             .problems
             .push("no records were written (no --records)".into());
+    }
+    if !settled {
+        h.records.records_complete = Some(false);
+        h.records
+            .problems
+            .push("attempts were still being decided when the command ended".into());
     }
     h.finalize()
 }
@@ -426,15 +437,7 @@ async fn run(args: RunArgs) -> CliResult {
     if let Some(w) = &writer {
         w.close().await?;
     }
-    let mut health = sandbox_health(&broker, writer.as_deref());
-    if !settled {
-        health.records.records_complete = Some(false);
-        health
-            .records
-            .problems
-            .push("attempts were still being decided when the command ended".into());
-        health = health.finalize();
-    }
+    let health = sandbox_health(&broker, writer.as_deref(), settled);
     args.common
         .conclude(&evidence, &health, status.code().clamp(0, 255) as u8)
 }
