@@ -116,8 +116,14 @@ fn record_destination(d: &Destination, name: Option<&HostName>) -> crate::record
     }
 }
 
-/// The record form of what the broker saw (`name`: as for [`rules_destination`]).
-pub fn broker_details(info: &AttemptInfo, name: Option<&HostName>) -> BrokerDetails {
+/// The record form of what the broker saw, for an address the executor did not get from a
+/// lookup the host answered.
+pub fn broker_details(info: &AttemptInfo) -> BrokerDetails {
+    named_broker_details(info, None)
+}
+
+/// The record form of what the broker saw (`name`: as for [`named_rules_destination`]).
+pub fn named_broker_details(info: &AttemptInfo, name: Option<&HostName>) -> BrokerDetails {
     BrokerDetails {
         pid: info.pid.max(0) as u32,
         executable: info.executable.as_ref().map(|p| p.display().to_string()),
@@ -224,7 +230,7 @@ impl EgressJudge {
         name: Option<HostName>,
     ) -> Judgment {
         let info = attempt.info().clone();
-        let details = broker_details(&info, name.as_ref());
+        let details = named_broker_details(&info, name.as_ref());
         let judged = match &call {
             None => None,
             Some(call) => Some(
