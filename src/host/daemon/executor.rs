@@ -194,12 +194,24 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
                 let shown = std::fs::canonicalize("/etc/resolv.conf").map_err(|e| {
                     refuse(format!("DNS mediation shows executors their own /etc/resolv.conf, which must exist on the host (an empty file will do): {e}"))
                 })?;
-                let dns =
-                    ExecutorDns::start(mediation, judge).map_err(|e| refuse(e.to_string()))?;
-                spec.bind_files
-                    .push((dns.resolv_conf().to_path_buf(), shown.clone()));
-                spec.read_paths.push(shown);
-                Some(Arc::new(dns))
+                match ExecutorDns::start(mediation, judge) {
+                    Ok(dns) => {
+                        spec.bind_files
+                            .push((dns.resolv_conf().to_path_buf(), shown.clone()));
+                        spec.read_paths.push(shown);
+                        Some(Arc::new(dns))
+                    }
+                    // A daemon without the right to bind port 53 (run unprivileged, in user
+                    // namespaces) still mediates every lookup as the send it is: judged by
+                    // address rules like any other attempt. Only names are lost.
+                    Err(e @ crate::dns::DnsError::Bind(_)) if e.permission_denied() => {
+                        if !WARNED_NO_DNS.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            tracing::warn!(server = %template.server, "{e}: executors' lookups are judged as plain egress attempts, and host-name rules match nothing");
+                        }
+                        None
+                    }
+                    Err(e) => return Err(refuse(e.to_string())),
+                }
             }
             _ => None,
         };
@@ -432,6 +444,9 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
         let _ = self.exec.kill_and_wait(Duration::from_secs(2)).await;
     }
 }
+
+/// Whether the daemon said once that it cannot mediate lookups (see [`McpExecutor::start`]).
+static WARNED_NO_DNS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether executors of `profile` get a resolver of their own: they have the host's network
 /// (an empty network namespace reaches no resolver) and a mount namespace to show them

@@ -63,6 +63,13 @@ pub enum DnsError {
     },
 }
 
+impl DnsError {
+    /// Whether binding failed for want of the right to bind port 53 (an unprivileged host).
+    pub fn permission_denied(&self) -> bool {
+        matches!(self, DnsError::Bind(e) if e.kind() == std::io::ErrorKind::PermissionDenied)
+    }
+}
+
 /// One lookup an executor made, as the judge sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lookup {
