@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod governed;
 pub mod lab;
 
 use std::net::{SocketAddr, UdpSocket};
