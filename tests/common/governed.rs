@@ -25,6 +25,8 @@ pub struct ServerSpec {
     pub tools: Vec<Value>,
     /// Extra TOML lines for the `[[server]]` table (env, read_paths, pool_size, ...).
     pub extra: String,
+    /// The tools the principal may call (`None`: all of them).
+    pub allowed: Option<Vec<String>>,
 }
 
 impl ServerSpec {
@@ -36,6 +38,7 @@ impl ServerSpec {
             profile: "isolated".into(),
             tools,
             extra: String::new(),
+            allowed: None,
         }
     }
 }
@@ -99,7 +102,13 @@ impl Governed {
             unsafe { libc::getuid() },
             servers
                 .iter()
-                .map(|s| toml_str(&format!("{}/*", s.id)))
+                .flat_map(|s| match &s.allowed {
+                    None => vec![toml_str(&format!("{}/*", s.id))],
+                    Some(tools) => tools
+                        .iter()
+                        .map(|t| toml_str(&format!("{}/{t}", s.id)))
+                        .collect(),
+                })
                 .collect::<Vec<_>>()
                 .join(", "),
         );

@@ -318,6 +318,11 @@ impl Session {
             .data_denial()
             .and_then(|d| serde_json::from_value::<Denial>(json!(d)).ok())
             .unwrap_or(Denial::AccessDenied);
+        // Every refusal tells the client its denial, as the record does.
+        let e = match e.data_denial() {
+            Some(_) => e,
+            None => e.with_data(json!({"denial": denial.as_str()})),
+        };
         pipeline::refuse_session(
             &env(&self.host, &generation),
             &self.caller(&generation),
@@ -425,9 +430,10 @@ impl Session {
                 .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?,
             Some("assay") => h.to_assay(),
             Some(other) => {
-                return Err(RpcError::new(
+                return Err(refusal(
                     code::INVALID_PARAMS,
                     format!("shape {other:?} is not \"flowhost\" or \"assay\""),
+                    Denial::InvalidParams,
                 ));
             }
         };
