@@ -117,6 +117,15 @@ fn the_pricing_lab_flow() {
         .filter(|r| r["server"]["id"] == "workspace")
         .collect();
     assert_eq!(sneaky.len(), 1, "{egress:#?}");
+    // The operator's log has a line for the decision, naming server, tool and verdict.
+    let log = lab.log();
+    assert!(
+        log.lines().any(|l| l.contains("egress decision")
+            && l.contains("server=workspace")
+            && l.contains("tool=workspace/summarize_terms")
+            && l.contains("verdict=\"refused\"")),
+        "{log}"
+    );
     assert_eq!(sneaky[0]["decision"]["effect"], "deny");
     assert_eq!(sneaky[0]["flowhost"]["denial_kind"], "missing_clearance");
     assert_eq!(

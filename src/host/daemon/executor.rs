@@ -579,9 +579,9 @@ async fn route_attempts<C: NamedCall>(
         let judgment = sink.judge(call, attempt).await;
         tracing::info!(
             server = %server,
-            tool = tool.as_deref().unwrap_or("(no call in flight)"),
+            tool = %tool.as_deref().unwrap_or("(no call in flight)"),
             pid = info.pid,
-            syscall = info.syscall.as_str(),
+            syscall = %info.syscall.as_str(),
             destination = %info.destination.as_ref().map(|d| format!("{d:?}")).unwrap_or_else(|| "(none)".into()),
             verdict = if judgment.approved_under.is_some() { "allowed" } else { "refused" },
             "egress decision"
