@@ -86,6 +86,10 @@ struct Session {
 /// disconnected rather than holding the session (and its executors) forever.
 const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Why a session ended when the host stops (its calls then finish rather than being
+/// cancelled).
+const HOST_STOPPING: &str = "the host is stopping";
+
 /// Lines queued between the transport and the session, each way.
 const QUEUED_LINES: usize = 64;
 
@@ -157,7 +161,7 @@ pub(super) async fn run(
     let mut ended = "the client closed the connection";
     loop {
         if session.host.stopping() {
-            ended = "the host is stopping";
+            ended = HOST_STOPPING;
             break;
         }
         if refused {
@@ -187,7 +191,7 @@ pub(super) async fn run(
                 ended = "no request within the configured window";
                 break;
             }
-            _ = session.host.stopped() => { ended = "the host is stopping"; break; }
+            _ = session.host.stopped() => { ended = HOST_STOPPING; break; }
             _ = out.closed() => { ended = "the client stopped reading"; break; }
         };
         last_activity = tokio::time::Instant::now();
@@ -238,7 +242,7 @@ pub(super) async fn run(
     }
     // Calls still in flight finish and are recorded; when the client is gone they are
     // cancelled first (their executors are told, as a client's cancellation would).
-    if ended != "the host is stopping" {
+    if ended != HOST_STOPPING {
         session.cancel_all("the client disconnected");
     }
     while requests.join_next().await.is_some() {}
