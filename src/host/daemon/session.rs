@@ -509,10 +509,13 @@ impl Session {
                 Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
                 ok => ok,
             },
-            "flowhost/health" => match self.health(&params) {
-                Err(e) => Err(self.refuse_session("(flowhost/health)", e).await),
-                ok => ok,
-            },
+            "flowhost/health" => {
+                self.host.settle_records().await;
+                match self.health(&params) {
+                    Err(e) => Err(self.refuse_session("(flowhost/health)", e).await),
+                    ok => ok,
+                }
+            }
             other => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("method {other:?} is not served"),
