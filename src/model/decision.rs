@@ -161,6 +161,8 @@ pub enum Failure {
     ExecutorFailed,
     /// The flow state failed (the action was refused: fail closed).
     StateFailure,
+    /// The client cancelled the call while it ran.
+    Cancelled,
 }
 
 impl Failure {
@@ -170,6 +172,7 @@ impl Failure {
             Failure::ToolError => "tool_error",
             Failure::ExecutorFailed => "executor_failed",
             Failure::StateFailure => "state_failure",
+            Failure::Cancelled => "cancelled",
         }
     }
 }

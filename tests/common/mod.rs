@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod governed;
 pub mod harness;
 pub mod lab;
 pub mod named;

@@ -7,8 +7,12 @@
 //! returned; the outcome's sync is not awaited, see [`Recorder::record_written`]).
 //!
 //! Every refusal on the way is recorded (through [`Recorder`], which folds repeated
-//! refusals) and answered with its [`Denial`]. A record that cannot be written refuses
-//! (`record_failure`); state that cannot be written refuses (`state_failure`).
+//! refusals) and answered with its [`Denial`] in `error.data.denial`, except arguments
+//! failing the signed input schema: MCP makes that a tool execution error (`isError: true`)
+//! the model can act on, so it is answered as one (and recorded as `schema_invalid`). A
+//! record that cannot be written refuses (`record_failure`); state that cannot be written
+//! refuses (`state_failure`). Each call ends with one log line at info (principal, tool,
+//! verdict, duration).
 //!
 //! The pipeline sees the host only through [`CallEnv`] and the executor only through
 //! [`Dispatch`]: its decisions are unit-tested without sockets, root or real executors.
@@ -144,6 +148,9 @@ pub enum DispatchError {
     NotStarted(String),
     /// The executor failed during the call (it is retired).
     Failed(String),
+    /// The client cancelled the call; the executor was told (and retired if it did not
+    /// acknowledge).
+    Cancelled(String),
 }
 
 /// Runs an authorized call on an executor of the session's.
@@ -169,7 +176,7 @@ struct Admitted<'e> {
 }
 
 /// What a call's records share.
-struct CallRecord {
+struct CallRecord<'l> {
     server: ServerInfo,
     name: String,
     projection: Projection,
@@ -177,10 +184,15 @@ struct CallRecord {
     principal: Option<String>,
     session: String,
     call_id: String,
+    /// The verdict of the call's latest record (what its log line reports).
+    last: &'l std::sync::Mutex<Option<Verdict>>,
 }
 
-impl CallRecord {
+impl CallRecord<'_> {
     fn facts(&self, verdict: Verdict, context: FlowContext) -> ToolCallFacts {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(verdict.clone());
+        }
         ToolCallFacts {
             server: self.server.clone(),
             tool_name: self.name.clone(),
@@ -198,12 +210,51 @@ impl CallRecord {
     }
 }
 
-/// Runs one `tools/call` through every stage (see the module docs).
+/// Runs one `tools/call` through every stage (see the module docs), and logs one line for
+/// it at info: principal, tool, verdict (the status of its last record) and duration.
 pub async fn tools_call<D: Dispatch>(
     env: &CallEnv<'_>,
     caller: Caller<'_>,
     params: &Value,
     dispatcher: &mut D,
+) -> Result<Value, RpcError> {
+    let started = std::time::Instant::now();
+    let principal = caller.pinned.map(ToString::to_string);
+    let session = caller.session.to_string();
+    let last = std::sync::Mutex::new(None);
+    let outcome = run_call(env, caller, params, dispatcher, &last).await;
+    let (verdict, reason) = match last.lock().ok().and_then(|mut l| l.take()) {
+        Some(Verdict::Refused { denial, .. }) => ("refused", denial.as_str()),
+        Some(Verdict::Failed(f)) => ("failed", f.as_str()),
+        Some(Verdict::Succeeded { .. }) => ("succeeded", ""),
+        Some(Verdict::Authorized { .. }) | None => match &outcome {
+            Err(e) => ("refused", e.data_denial().unwrap_or("")),
+            Ok(_) => ("answered", ""),
+        },
+    };
+    let tool = params
+        .get("name")
+        .and_then(Value::as_str)
+        .map(|n| bounded(n, MAX_UNKNOWN_NAME_BYTES))
+        .unwrap_or_default();
+    tracing::info!(
+        principal = %principal.as_deref().unwrap_or("(none)"),
+        session = %session,
+        tool = %tool,
+        verdict,
+        reason,
+        duration_ms = started.elapsed().as_millis() as u64,
+        "tools/call"
+    );
+    outcome
+}
+
+async fn run_call<D: Dispatch>(
+    env: &CallEnv<'_>,
+    caller: Caller<'_>,
+    params: &Value,
+    dispatcher: &mut D,
+    last: &std::sync::Mutex<Option<Verdict>>,
 ) -> Result<Value, RpcError> {
     let Some(name) = params.get("name").and_then(Value::as_str) else {
         let e = refusal(
@@ -229,6 +280,7 @@ pub async fn tools_call<D: Dispatch>(
         principal: caller.pinned.map(ToString::to_string),
         session: caller.session.to_string(),
         call_id: super::random_id(),
+        last,
     };
 
     // Admit.
@@ -301,6 +353,13 @@ pub async fn tools_call<D: Dispatch>(
                     ),
                 )
                 .await?;
+            // Per MCP, arguments that fail the tool's input schema are a tool execution
+            // error the model can read and correct, not a protocol error.
+            if let CallRefusal::SchemaInvalid { .. } = refused {
+                return Ok(tool_error(&format!(
+                    "{refused}. Correct the arguments to match the tool's inputSchema and call again."
+                )));
+            }
             return Err(refusal_error(&refused));
         }
     };
@@ -351,7 +410,7 @@ pub async fn tools_call<D: Dispatch>(
 /// failed can carry what it read, so it is settled like a result.
 async fn settle(
     env: &CallEnv<'_>,
-    rec: &CallRecord,
+    rec: &CallRecord<'_>,
     plan: &CallPlan,
     outcome: Result<Value, DispatchError>,
 ) -> Result<Value, RpcError> {
@@ -359,6 +418,12 @@ async fn settle(
         Err(DispatchError::NotStarted(why)) => (
             tool_error(&format!("the executor could not be started: {why}")),
             Verdict::Failed(Failure::ExecutorFailed),
+            plan.state_after_dispatch.clone(),
+        ),
+        // Nothing the executor produced reached the client (progress carries numbers only).
+        Err(DispatchError::Cancelled(why)) => (
+            tool_error(&format!("the call was cancelled: {why}")),
+            Verdict::Failed(Failure::Cancelled),
             plan.state_after_dispatch.clone(),
         ),
         other => {
@@ -375,7 +440,9 @@ async fn settle(
                     tool_error(&format!(
                         "the tool's executor failed: {}",
                         match e {
-                            DispatchError::Failed(w) | DispatchError::NotStarted(w) => w,
+                            DispatchError::Failed(w)
+                            | DispatchError::NotStarted(w)
+                            | DispatchError::Cancelled(w) => w,
                         }
                     )),
                     Verdict::Failed(Failure::ExecutorFailed),
@@ -411,7 +478,7 @@ async fn settle(
 /// state), written without waiting for its sync.
 async fn record_outcome(
     env: &CallEnv<'_>,
-    rec: &CallRecord,
+    rec: &CallRecord<'_>,
     verdict: Verdict,
     state: &FlowState,
 ) -> Result<(), RpcError> {
