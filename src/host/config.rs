@@ -21,6 +21,9 @@ use crate::ident::PrincipalId;
 use crate::label::InformationLabel;
 use crate::registry::{RuntimeTopology, ToolPolicy};
 
+mod http;
+pub use http::{BearerToken, HttpConfig, JwtConfig, TlsFiles};
+
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -86,6 +89,8 @@ struct RawConfig {
     server: Vec<RawServer>,
     #[serde(default)]
     declassification_authority: Vec<RawAuthority>,
+    #[serde(default)]
+    http: Option<http::RawHttp>,
 }
 
 #[derive(Deserialize)]
@@ -317,6 +322,8 @@ pub struct HostConfig {
     pub servers: Vec<ServerConfig>,
     /// Trusted declassification authorities: id to public key.
     pub authorities: crate::grant::Authorities,
+    /// MCP over Streamable HTTP, when configured (`[http]`).
+    pub http: Option<HttpConfig>,
 }
 
 /// Where the host keeps its flow state (`[host] state = { backend = ... }`).
@@ -613,13 +620,21 @@ impl HostConfig {
             });
         }
 
+        let http = match raw.http {
+            None => None,
+            Some(h) => Some(http::validate(h, resolve).map_err(|(k, m)| invalid(k, m))?),
+        };
+        let named_by_http = |id: &PrincipalId| {
+            http.as_ref()
+                .is_some_and(|h| h.named_principals().any(|(_, p)| p == id))
+        };
         let mut principals = Vec::new();
         let mut seen_uids = BTreeMap::new();
         for (i, p) in raw.principal.into_iter().enumerate() {
-            if p.uids.is_empty() && p.gids.is_empty() {
+            if p.uids.is_empty() && p.gids.is_empty() && !named_by_http(&p.id) {
                 return Err(invalid(
                     format!("principal[{i}].uids"),
-                    "name at least one uid or gid".into(),
+                    "name at least one uid or gid (or name the principal in [http])".into(),
                 ));
             }
             for uid in &p.uids {
@@ -651,6 +666,17 @@ impl HostConfig {
                 tools: p.tools,
                 destinations: p.destinations,
             });
+        }
+
+        if let Some(h) = &http {
+            for (key, id) in h.named_principals() {
+                if !principals.iter().any(|p: &PrincipalConfig| p.id == *id) {
+                    return Err(invalid(
+                        key,
+                        format!("{id} is not a configured principal ([[principal]] id)"),
+                    ));
+                }
+            }
         }
 
         let mut authorities = crate::grant::Authorities::new();
@@ -754,6 +780,7 @@ impl HostConfig {
             principals,
             servers,
             authorities,
+            http,
         })
     }
 

@@ -1,5 +1,6 @@
 //! One MCP connection = one session: newline-delimited JSON-RPC 2.0 on the host's Unix
-//! socket. The caller's principal comes from `SO_PEERCRED`, never from the messages.
+//! socket, or one Streamable HTTP session. The caller's principal comes from `SO_PEERCRED`
+//! or from the HTTP transport's authentication, never from the messages.
 //!
 //! Requests of a session are handled one at a time, in order: an executor serves one call
 //! at a time, which makes every egress attempt attributable to exactly one call.
@@ -41,11 +42,56 @@ enum SessionState {
     Refused,
 }
 
+/// Who a session acts for, as its transport authenticated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// A Unix socket peer (`SO_PEERCRED`), mapped to a principal by uid and gid.
+    Peer {
+        /// The peer's uid.
+        uid: u32,
+        /// The peer's gid.
+        gid: u32,
+    },
+    /// A remote caller the HTTP transport authenticated as this configured principal.
+    Principal(PrincipalId),
+}
+
+impl Identity {
+    /// The principal this identity maps to in `config`, if any.
+    pub fn principal<'c>(
+        &self,
+        config: &'c crate::config::HostConfig,
+    ) -> Option<&'c PrincipalConfig> {
+        match self {
+            Identity::Peer { uid, gid } => config.principal_for(*uid, *gid),
+            Identity::Principal(id) => config.principals.iter().find(|p| p.id == *id),
+        }
+    }
+
+    fn peer(&self) -> Option<PeerIdentity> {
+        match self {
+            Identity::Peer { uid, gid } => Some(PeerIdentity {
+                uid: *uid,
+                gid: *gid,
+            }),
+            Identity::Principal(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Identity::Peer { uid, gid } => write!(f, "uid {uid} / gid {gid}"),
+            Identity::Principal(id) => write!(f, "remote principal {id}"),
+        }
+    }
+}
+
 struct Session {
     host: Arc<Host>,
     id: String,
-    uid: u32,
-    gid: u32,
+    identity: Identity,
     state: SessionState,
     bound: HashMap<String, Bound>,
 }
@@ -68,7 +114,7 @@ pub(super) async fn serve(
     let (read, mut write) = stream.into_split();
     // Reading happens in its own task: a line read is not cancellation-safe, and the session
     // loop must also wake for idle reaping and shutdown.
-    let (tx, mut lines) = mpsc::channel::<Line>(16);
+    let (tx, lines) = mpsc::channel::<Line>(16);
     let reader = tokio::spawn(async move {
         let mut reader = BufReader::new(read);
         loop {
@@ -81,15 +127,49 @@ pub(super) async fn serve(
             }
         }
     });
+    let (out, mut replies) = mpsc::channel::<String>(16);
+    let writer = async move {
+        while let Some(reply) = replies.recv().await {
+            let mut bytes = reply.into_bytes();
+            bytes.push(b'\n');
+            match tokio::time::timeout(CLIENT_WRITE_TIMEOUT, write.write_all(&bytes)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => break,
+                Err(_) => {
+                    tracing::warn!("the client stopped reading; closing the session");
+                    break;
+                }
+            }
+        }
+    };
+    let id = super::random_id();
+    tokio::join!(
+        run(host, id, Identity::Peer { uid, gid }, lines, out),
+        writer
+    );
+    reader.abort();
+}
+
+/// Serves one session of `identity`, whatever its transport: messages arrive on `lines`,
+/// replies leave on `out`, in order. It ends when `lines` ends (or `out` closes), the
+/// session goes idle past the configured windows, is refused at `initialize`, or the host
+/// stops.
+pub(crate) async fn run(
+    host: Arc<Host>,
+    id: String,
+    identity: Identity,
+    mut lines: mpsc::Receiver<Line>,
+    out: mpsc::Sender<String>,
+) {
+    let limit = host.current().config.max_message_bytes;
     let mut session = Session {
-        id: super::random_id(),
-        uid,
-        gid,
+        id,
+        identity,
         state: SessionState::Opened,
         bound: HashMap::new(),
         host,
     };
-    tracing::debug!(session = %session.id, uid = session.uid, "session opened");
+    tracing::debug!(session = %session.id, identity = %session.identity, "session opened");
     let mut idle = tokio::time::interval(Duration::from_secs(5));
     let opened = tokio::time::Instant::now();
     let mut last_request = opened;
@@ -131,22 +211,15 @@ pub(super) async fn serve(
             )),
             Line::Message(bytes) => session.handle(&bytes).await,
         };
-        if let Some(reply) = reply {
-            let mut out = reply.into_bytes();
-            out.push(b'\n');
-            match tokio::time::timeout(CLIENT_WRITE_TIMEOUT, write.write_all(&out)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => break,
-                Err(_) => {
-                    tracing::warn!(session = %session.id, "the client stopped reading; closing the session");
-                    break;
-                }
-            }
+        if let Some(reply) = reply
+            && out.send(reply).await.is_err()
+        {
+            break;
         }
         // A long call is activity too: the idle window starts after its reply.
         last_request = tokio::time::Instant::now();
     }
-    reader.abort();
+    drop(out);
     for (_, b) in session.bound.drain() {
         b.exec.stop().await;
     }
@@ -165,16 +238,16 @@ pub(super) async fn serve(
 
 impl Session {
     fn principal(&self, generation: &Generation) -> Result<PrincipalConfig, RpcError> {
-        let principal = generation
-            .config
-            .principal_for(self.uid, self.gid)
+        let principal = self
+            .identity
+            .principal(&generation.config)
             .cloned()
             .ok_or_else(|| {
                 RpcError::new(
                     code::ACCESS_DENIED,
                     format!(
-                        "uid {} / gid {} is not a configured principal of this host",
-                        self.uid, self.gid
+                        "{} is not a configured principal of this host",
+                        self.identity
                     ),
                 )
                 .with_data(json!({"denial": Denial::AccessDenied.as_str()}))
@@ -183,9 +256,9 @@ impl Session {
             Some(pinned) if *pinned != principal.id => Err(RpcError::new(
                 code::ACCESS_DENIED,
                 format!(
-                    "this session belongs to principal {pinned}, but a reload now maps uid {} \
+                    "this session belongs to principal {pinned}, but a reload now maps {} \
                      to {}; reconnect to act as {}",
-                    self.uid, principal.id, principal.id
+                    self.identity, principal.id, principal.id
                 ),
             )
             .with_data(json!({"denial": Denial::AccessDenied.as_str()}))),
@@ -201,10 +274,7 @@ impl Session {
     fn caller(&self, generation: &Generation) -> Caller<'_> {
         Caller {
             session: &self.id,
-            peer: PeerIdentity {
-                uid: self.uid,
-                gid: self.gid,
-            },
+            peer: self.identity.peer(),
             principal: self.principal(generation),
             pinned: self.pinned(),
         }
@@ -383,10 +453,7 @@ impl Session {
         let host = self.host.clone();
         let caller = Caller {
             session: &self.id,
-            peer: PeerIdentity {
-                uid: self.uid,
-                gid: self.gid,
-            },
+            peer: self.identity.peer(),
             principal: self.principal(&generation),
             pinned: pinned(&self.state),
         };
@@ -421,7 +488,7 @@ fn pinned(state: &SessionState) -> Option<&PrincipalId> {
 }
 
 /// The call environment of `generation` on `host`.
-fn env<'g>(host: &'g Host, generation: &'g Generation) -> CallEnv<'g> {
+pub(super) fn env<'g>(host: &'g Host, generation: &'g Generation) -> CallEnv<'g> {
     CallEnv {
         config: &generation.config,
         registry: &generation.registry,
