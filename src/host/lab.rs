@@ -401,3 +401,27 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+/// The label of what the conformance executor returns: its own compartment, so a call
+/// visibly taints the caller's principal and session.
+pub const CONFORMANCE_LABEL: &str =
+    r#"{ kind = "known", owners = {}, compartments = ["conformance-data"] }"#;
+
+/// A `[[server]]` block (TOML) that governs the conformance executor (`command`, its
+/// argv) with the signed manifest and key in `fixtures/conformance` under `repo`: every
+/// tool's output carries [`CONFORMANCE_LABEL`].
+pub fn conformance_server(repo: &Path, command: &str) -> String {
+    let dir = repo.join("fixtures/conformance");
+    let mut s = format!(
+        "\n[[server]]\nid = \"conformance\"\nmanifest = {}\nkey = {}\ncommand = [{}]\nprofile = \"isolated\"\npool_size = 1\n",
+        q(&dir.join("conformance.signed.json")),
+        q(&dir.join("keys/conformance.pub")),
+        toml_string(command),
+    );
+    for tool in flowhost_example_tools::conformance::TOOLS {
+        s.push_str(&format!(
+            "\n[server.tools.{tool}]\npolicy = {{ input_clearances = [], output_floor = {CONFORMANCE_LABEL} }}\n"
+        ));
+    }
+    s
+}
