@@ -134,7 +134,7 @@ fn every_http_caller_is_a_configured_principal_or_refused_and_recorded() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|t| t["name"] == "conformance/test_simple_text"),
+                .any(|t| t["name"] == "test_simple_text"),
             "{listed}"
         );
     }
@@ -226,7 +226,7 @@ fn a_principal_has_one_label_whichever_transport_it_arrives_by() {
     let r = remote
         .call(
             "tools/call",
-            json!({"name": "conformance/test_simple_text", "arguments": {}}),
+            json!({"name": "test_simple_text", "arguments": {}}),
         )
         .response();
     assert_eq!(
@@ -255,7 +255,7 @@ fn a_principal_has_one_label_whichever_transport_it_arrives_by() {
     let records = lab.records();
     let calls: Vec<&Value> = records
         .iter()
-        .filter(|r| r["tool"]["name"] == "conformance/test_simple_text")
+        .filter(|r| r["tool"]["name"] == "test_simple_text")
         .collect();
     assert!(
         !calls.is_empty()
@@ -265,3 +265,86 @@ fn a_principal_has_one_label_whichever_transport_it_arrives_by() {
         "{calls:#?}"
     );
 }
+
+/// The MCP conformance suite (pinned, installed by `.ci/install-interop`).
+const CONFORMANCE: &str = "/opt/flowhost-interop/conformance/node_modules/.bin/conformance";
+
+/// Runs the suite's server scenarios against flowhost over HTTP governing the conformance
+/// executor. Local callers without a token act as the remote agent (the suite sends no
+/// credentials), which only a loopback listener allows.
+#[test]
+fn the_conformance_suite_passes_through_flowhost() {
+    if !std::path::Path::new(CONFORMANCE).exists() {
+        eprintln!(
+            "SKIP: the MCP conformance suite is not installed ({CONFORMANCE}); run .ci/install-interop"
+        );
+        return;
+    }
+    let Some((mut lab, addr, _)) = start("unauthenticated_loopback_principal = \"remote-agent\"")
+    else {
+        return;
+    };
+    let out_dir = lab.dir.path().join("conformance");
+    let out = std::process::Command::new(CONFORMANCE)
+        .args([
+            "server",
+            "--url",
+            &format!("http://localhost:{}/mcp", addr.port()),
+        ])
+        .arg("--output-dir")
+        .arg(&out_dir)
+        .env(
+            "PATH",
+            format!(
+                "/opt/flowhost-interop/conformance/node_modules/.bin:{}",
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    lab.stop();
+    // The summary: one line per scenario, `✓ name: N passed, 0 failed` or `✗ name: ...`.
+    let summary: Vec<(&str, bool)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let (mark, rest) = l.split_at_checked(l.char_indices().nth(1)?.0)?;
+            let name = rest.trim().split(':').next()?;
+            match mark {
+                "✓" => Some((name, true)),
+                "✗" => Some((name, false)),
+                _ => None,
+            }
+        })
+        .collect();
+    println!(
+        "conformance server --url http://localhost:{}/mcp",
+        addr.port()
+    );
+    for (name, passed) in &summary {
+        println!("  {} {name}", if *passed { "pass" } else { "FAIL" });
+    }
+    for name in PASSING {
+        assert!(
+            summary.contains(&(name, true)),
+            "scenario {name} does not pass through flowhost:\n{stdout}\n{}",
+            lab.log()
+        );
+    }
+}
+
+/// The server scenarios that pass through flowhost today (the README, "Remote agents",
+/// lists the others and why).
+const PASSING: [&str; 11] = [
+    "server-initialize",
+    "ping",
+    "tools-list",
+    "tools-call-simple-text",
+    "tools-call-image",
+    "tools-call-audio",
+    "tools-call-embedded-resource",
+    "tools-call-mixed-content",
+    "tools-call-error",
+    "server-sse-multiple-streams",
+    "dns-rebinding-protection",
+];

@@ -245,6 +245,8 @@ struct RawServer {
     #[serde(default = "default_pool")]
     pool_size: usize,
     #[serde(default)]
+    unqualified_names: bool,
+    #[serde(default)]
     destinations: DestinationRules,
     tools: BTreeMap<String, RawTool>,
 }
@@ -416,6 +418,9 @@ pub struct ServerConfig {
     pub env: BTreeMap<String, String>,
     /// Warm executors kept ready.
     pub pool_size: usize,
+    /// Whether this server's tools are offered under their bare names (no `server/`
+    /// prefix), for clients that expect a single server's names. At most one server.
+    pub unqualified_names: bool,
     /// Destination rules for this server's egress.
     pub destinations: DestinationRules,
     /// Per-tool operator policy.
@@ -614,12 +619,19 @@ impl HostConfig {
                 read_paths: s.read_paths.iter().map(|p| resolve(p)).collect(),
                 env: s.env,
                 pool_size: s.pool_size,
+                unqualified_names: s.unqualified_names,
                 destinations: s.destinations,
                 policies,
                 record_mappings,
             });
         }
 
+        if let Some(second) = servers.iter().filter(|s| s.unqualified_names).nth(1) {
+            return Err(invalid(
+                format!("server {:?}.unqualified_names", second.id),
+                "only one server may offer its tools under bare names".into(),
+            ));
+        }
         let http = match raw.http {
             None => None,
             Some(h) => Some(http::validate(h, resolve).map_err(|(k, m)| invalid(k, m))?),
@@ -782,6 +794,34 @@ impl HostConfig {
             authorities,
             http,
         })
+    }
+
+    /// The server and tool a client's tool name designates: `server/tool`, or a bare name
+    /// of the server that offers its tools unqualified.
+    pub fn tool_name<'n>(&'n self, name: &'n str) -> (&'n str, &'n str) {
+        match name.split_once('/') {
+            Some(parts) => parts,
+            None => (
+                self.servers
+                    .iter()
+                    .find(|s| s.unqualified_names)
+                    .map_or("", |s| s.id.as_str()),
+                name,
+            ),
+        }
+    }
+
+    /// The name clients see for `tool` of `server` (see [`HostConfig::tool_name`]).
+    pub fn public_tool_name(&self, server: &str, tool: &str) -> String {
+        if self
+            .servers
+            .iter()
+            .any(|s| s.id == server && s.unqualified_names)
+        {
+            tool.to_string()
+        } else {
+            format!("{server}/{tool}")
+        }
     }
 
     /// The principal a connecting peer authenticates as: by uid first, then by gid.

@@ -193,7 +193,7 @@ pub async fn tools_call<D: Dispatch>(
         );
         return Err(refuse_session(env, &caller, "(tools/call)", e, Denial::InvalidParams).await);
     };
-    let (server_id, tool_name) = name.split_once('/').unwrap_or(("", name));
+    let (server_id, tool_name) = env.config.tool_name(name);
     let mut rec = CallRecord {
         server: ServerInfo::mcp(
             if server_id.is_empty() {

@@ -372,7 +372,7 @@ impl Session {
                     .bridge_security(t.server_id(), t.name())
                     .and_then(|b| serde_json::to_value(b).ok());
                 json!({
-                    "name": format!("{}/{}", t.server_id(), t.name()),
+                    "name": generation.config.public_tool_name(t.server_id(), t.name()),
                     "description": t.sanitized_description(),
                     "inputSchema": t.definition().input_schema(),
                     "_meta": { BRIDGE_META_KEY: bridge },
