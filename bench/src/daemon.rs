@@ -23,15 +23,15 @@ use crate::harness::{Row, Samples, fmt_duration, fmt_rate};
 use crate::support::{is_root, repo, scratch_dir, shared_copy, tcp_sink};
 
 /// A line-oriented JSON-RPC client over any reader/writer pair.
-struct Rpc<R, W> {
-    reader: R,
-    writer: W,
+pub(crate) struct Rpc<R, W> {
+    pub(crate) reader: R,
+    pub(crate) writer: W,
     next: u64,
     line: String,
 }
 
 impl<R: BufRead, W: Write> Rpc<R, W> {
-    fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.next;
         self.next += 1;
         writeln!(
@@ -60,7 +60,7 @@ impl<R: BufRead, W: Write> Rpc<R, W> {
     }
 }
 
-fn connect(socket: &Path) -> Rpc<BufReader<UnixStream>, UnixStream> {
+pub(crate) fn connect(socket: &Path) -> Rpc<BufReader<UnixStream>, UnixStream> {
     let s = UnixStream::connect(socket).expect("connect to the daemon");
     let mut rpc = Rpc {
         reader: BufReader::new(s.try_clone().expect("clone")),
@@ -72,9 +72,9 @@ fn connect(socket: &Path) -> Rpc<BufReader<UnixStream>, UnixStream> {
     rpc
 }
 
-const TOOL: &str = "workspace/list_documents";
+pub(crate) const TOOL: &str = "workspace/list_documents";
 
-fn ok(r: &Value) {
+pub(crate) fn ok(r: &Value) {
     assert!(
         r.get("result").is_some() && r["result"]["isError"] != true,
         "call failed: {r}"
@@ -87,12 +87,16 @@ struct Measured {
     through: Duration,
     /// Median direct call to the same executor.
     direct: Duration,
+    /// Median append + `fdatasync` of one record-sized line on the records' disk.
+    fdatasync: Duration,
     /// Calls per second with concurrent sessions.
     rate: f64,
 }
 
 /// Concurrent sessions in the throughput run.
 const SESSIONS: usize = 8;
+/// About the size of a call's authorization record.
+const RECORD_LINE_BYTES: usize = 1100;
 
 /// Runs the daemon benchmarks: with the embedded SQLite flow state, then (where a
 /// PostgreSQL server can be started here) with the flow state on PostgreSQL, same workload.
@@ -116,6 +120,17 @@ pub fn run(quick: bool) -> Vec<Row> {
             comparison: format!("+{} per call", fmt_duration(sqlite.added())),
             goal: "<= 0.5 ms added".into(),
             met: sqlite.added() <= Duration::from_micros(500),
+        },
+        Row {
+            name: "tools/call added latency against one durable write (interleaved)".into(),
+            flowhost: format!("+{}", fmt_duration(sqlite.added())),
+            baseline: Some((
+                format!("append {RECORD_LINE_BYTES} B + fdatasync, same disk"),
+                fmt_duration(sqlite.fdatasync),
+            )),
+            comparison: format!("{:.2}x one fdatasync", sqlite.floor_ratio()),
+            goal: "<= 1.7x".into(),
+            met: sqlite.floor_ratio() <= 1.7,
         },
         Row {
             name: format!("tools/call throughput, {SESSIONS} concurrent sessions, 2 cores"),
@@ -185,6 +200,11 @@ impl Measured {
     fn added(&self) -> Duration {
         self.through.saturating_sub(self.direct)
     }
+
+    /// Added latency in units of one durable write.
+    fn floor_ratio(&self) -> f64 {
+        self.added().as_secs_f64() / self.fdatasync.as_secs_f64().max(1e-9)
+    }
 }
 
 /// One daemon in this process, `state` (a `[host] state` setting) or the default SQLite
@@ -251,7 +271,19 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         ok(&direct.call("tools/call", params.clone()));
         ok(&through.call("tools/call", daemon_params.clone()));
     }
-    let (mut d, mut t) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    // The floor of a durable call: one append of a record-sized line and its fdatasync, on
+    // the disk the records go to, interleaved with the calls so both see the same machine.
+    let mut floor_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("fdatasync-baseline.jsonl"))
+        .expect("open the fdatasync baseline file");
+    let record_line = vec![b'x'; RECORD_LINE_BYTES];
+    let (mut d, mut t, mut f) = (
+        Vec::with_capacity(samples),
+        Vec::with_capacity(samples),
+        Vec::with_capacity(samples),
+    );
     for _ in 0..samples {
         let start = Instant::now();
         ok(&direct.call("tools/call", params.clone()));
@@ -259,8 +291,16 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         let start = Instant::now();
         ok(&through.call("tools/call", daemon_params.clone()));
         t.push(start.elapsed());
+        let start = Instant::now();
+        floor_file.write_all(&record_line).expect("append");
+        floor_file.sync_data().expect("fdatasync");
+        f.push(start.elapsed());
     }
-    let (d, t) = (Samples(d).median(), Samples(t).median());
+    let (d, t, f) = (
+        Samples(d).median(),
+        Samples(t).median(),
+        Samples(f).median(),
+    );
     drop(direct);
     let _ = child.kill();
     let _ = child.wait();
@@ -306,6 +346,7 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
     Measured {
         through: t,
         direct: d,
+        fdatasync: f,
         rate,
     }
 }

@@ -8,6 +8,7 @@ mod harness;
 mod lattice;
 mod manifest;
 mod records;
+mod scale;
 mod support;
 
 use clap::{Parser, ValueEnum};
@@ -24,8 +25,13 @@ enum Suite {
     /// Internal: a timed sendto loop run inside the sandbox.
     #[value(hide = true)]
     LoopSendto,
+    /// Internal: open and hold sessions on a socket (run as another principal's uid).
+    #[value(hide = true)]
+    HoldSessions,
     Records,
     Daemon,
+    /// Sessions and executors from 1 to 256 / 64, with daemon memory.
+    Scale,
 }
 
 /// flowhost's benchmark suite.
@@ -44,6 +50,10 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
+    if args.suite == Suite::HoldSessions {
+        scale::hold_sessions(&args.rest);
+        return;
+    }
     if let Suite::LoopConnect | Suite::LoopSendto = args.suite {
         let kind = if args.suite == Suite::LoopConnect {
             "connect"
@@ -74,6 +84,9 @@ fn main() {
     }
     if want(Suite::Daemon) {
         rows.extend(daemon::run(args.quick));
+    }
+    if want(Suite::Scale) {
+        rows.extend(scale::run(args.quick));
     }
     harness::print_table(&rows);
 }

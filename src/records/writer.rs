@@ -4,6 +4,9 @@
 //! * [`RecordWriter::commit`] returns `Ok` only once the record's line is written and
 //!   `fdatasync`ed (and, for the first record of a new file, the directory entry is fsynced),
 //!   so the host may perform an allowed effect after `commit` returns and never before.
+//! * [`RecordWriter::append`] returns once the line is written (in its place in the chain,
+//!   readable); its `fdatasync` is the next one anybody waits for, or happens on its own
+//!   within 5 ms. It is for records no effect depends on.
 //! * Group commit, pipelined: a writer thread takes every record pending at that moment,
 //!   seals them into the chain in arrival order and appends them with one `write`; a sync
 //!   thread takes every group written so far, makes them durable with one `fdatasync`, then
@@ -156,13 +159,15 @@ pub struct WriterStatus {
 enum Reply<T> {
     Async(oneshot::Sender<T>),
     Blocking(SyncSender<T>),
+    /// Answered once the record is written, before its sync.
+    Written(oneshot::Sender<T>),
 }
 
 impl<T> Reply<T> {
     fn send(self, value: T) {
         // A caller that stopped waiting (a dropped future) no longer needs the answer.
         match self {
-            Reply::Async(tx) => {
+            Reply::Async(tx) | Reply::Written(tx) => {
                 let _ = tx.send(value);
             }
             Reply::Blocking(tx) => {
@@ -283,10 +288,29 @@ impl RecordWriter {
     /// close. If the future is dropped before it completes, the record may or may not be
     /// written: the caller must then treat the decision as not durable and skip its effect.
     pub async fn commit(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
+        self.send_commit(record, Reply::Async).await
+    }
+
+    /// Appends `record` like [`RecordWriter::commit`] but returns once its line is written
+    /// to the file (in its place in the chain, visible to readers, kept if this process
+    /// dies), without waiting for the `fdatasync` that follows with its group: a machine
+    /// crash can lose it. For records no effect waits on, such as a call's outcome whose
+    /// labels are already durable in the flow state. A sync that fails later fails the
+    /// writer, so every later commit is refused. Errors: as for `commit`.
+    pub async fn append(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
+        self.send_commit(record, Reply::Written).await
+    }
+
+    /// Queues `record` with an async reply of the given kind and waits for the answer.
+    async fn send_commit(
+        &self,
+        record: DecisionRecord,
+        reply: fn(oneshot::Sender<Result<Committed, RecordError>>) -> CommitReply,
+    ) -> Result<Committed, RecordError> {
         self.refuse_if_failed()?;
         let (tx, rx) = oneshot::channel();
         self.tx
-            .send(Msg::Commit(Box::new(record), Reply::Async(tx)))
+            .send(Msg::Commit(Box::new(record), reply(tx)))
             .map_err(|_| self.shared.gone())?;
         rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
     }

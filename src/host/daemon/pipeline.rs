@@ -3,7 +3,8 @@
 //! **pre-dispatch** (the flow resolver: access, schema, clearances, grant; the argument taint
 //! joined durably) -> **authorize** (the allow recorded durably before any effect) ->
 //! **dispatch** (an executor, behind [`Dispatch`]) -> **settle** (the output's label joined
-//! durably, the outcome recorded with the labels left behind, then the result returned).
+//! durably, the outcome written to the records with the labels left behind, then the result
+//! returned; the outcome's sync is not awaited, see [`Recorder::record_written`]).
 //!
 //! Every refusal on the way is recorded (through [`Recorder`], which folds repeated
 //! refusals) and answered with its [`Denial`]. A record that cannot be written refuses
@@ -70,23 +71,43 @@ impl Recorder<'_> {
             .await
     }
 
+    /// Writes the record of a call's outcome without waiting for its sync (it follows with
+    /// the next group): the call's effect was authorized by an earlier durable record, and
+    /// any label the outcome raised is already durable in the flow state (raised before the
+    /// record that claims it, so after a crash the state is ahead of the records, never
+    /// behind). Once this returns the record is in the file for any reader.
+    pub async fn record_written(
+        &self,
+        event: EventKind,
+        facts: ToolCallFacts,
+    ) -> Result<(), RpcError> {
+        self.records
+            .append(DecisionRecord::from_call_facts(facts, event))
+            .await
+            .map(drop)
+            .map_err(record_failure)
+    }
+
     /// Commits a record durably, counting `tool_call` records for health (a folded refusal
     /// too: health's count must equal the `tool_call` records it vouches for).
     pub async fn commit(&self, record: DecisionRecord) -> Result<(), RpcError> {
         let event = record.flowhost.event;
-        self.records.commit(record).await.map_err(|e| {
-            tracing::error!(error = %e, "decision record not written; refusing");
-            refusal(
-                code::INTERNAL_ERROR,
-                "the decision record could not be written, so the host refuses the call",
-                Denial::RecordFailure,
-            )
-        })?;
+        self.records.commit(record).await.map_err(record_failure)?;
         if event == EventKind::ToolCall {
             self.counters.tool_calls.fetch_add(1, Ordering::SeqCst);
         }
         Ok(())
     }
+}
+
+/// The refusal for a decision whose record could not be written.
+fn record_failure(e: crate::records::RecordError) -> RpcError {
+    tracing::error!(error = %e, "decision record not written; refusing");
+    refusal(
+        code::INTERNAL_ERROR,
+        "the decision record could not be written, so the host refuses the call",
+        Denial::RecordFailure,
+    )
 }
 
 /// What the pipeline reads of the host for one call (one configuration generation).
@@ -325,8 +346,9 @@ pub async fn tools_call<D: Dispatch>(
     settle(env, &rec, &plan, outcome).await
 }
 
-/// Joins what the call produced into the flow state and records its outcome (with the labels
-/// it leaves), both durably, before the result is returned. What an executor said when it
+/// Joins what the call produced into the flow state (durably, before the result is returned)
+/// and records its outcome with the labels it leaves (written, its sync not awaited; see
+/// [`Recorder::record_written`]). What an executor said when it
 /// failed can carry what it read, so it is settled like a result.
 async fn settle(
     env: &CallEnv<'_>,
@@ -386,7 +408,8 @@ async fn settle(
     Ok(result)
 }
 
-/// Records a call's outcome with the labels it leaves behind.
+/// Records a call's outcome with the labels it leaves behind (already durable in the flow
+/// state), written without waiting for its sync.
 async fn record_outcome(
     env: &CallEnv<'_>,
     rec: &CallRecord,
@@ -394,7 +417,7 @@ async fn record_outcome(
     state: &FlowState,
 ) -> Result<(), RpcError> {
     env.recorder
-        .record(
+        .record_written(
             EventKind::ToolOutcome,
             rec.facts(
                 verdict,

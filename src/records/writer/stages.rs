@@ -10,8 +10,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use super::{
-    CloseReply, CommitReply, Committed, Msg, RecordError, Shared, WriterOptions, WriterStatus,
-    create_record_file,
+    CloseReply, CommitReply, Committed, Msg, RecordError, Reply, Shared, WriterOptions,
+    WriterStatus, create_record_file,
 };
 use crate::records::DecisionRecord;
 use crate::records::chain::Chainer;
@@ -72,7 +72,9 @@ struct Group {
     file_path: PathBuf,
     /// The file's line count once this group is in it (for the anchor).
     file_lines: u64,
-    done: Vec<(CommitReply, Committed)>,
+    /// Each record and who waits for it to be durable (none for records answered once
+    /// written).
+    done: Vec<(Option<CommitReply>, Committed)>,
 }
 
 enum ToSyncer {
@@ -207,6 +209,18 @@ impl Writer {
         if done.is_empty() {
             return;
         }
+        // Records whose callers wait only for the write are answered now; the sync of their
+        // group still follows, and a failure there fails the writer for every later commit.
+        let done = done
+            .into_iter()
+            .map(|(reply, c)| match reply {
+                Reply::Written(tx) => {
+                    let _ = tx.send(Ok(c.clone()));
+                    (None, c)
+                }
+                other => (Some(other), c),
+            })
+            .collect();
         self.hand_over(ToSyncer::Group(Group {
             file: self.file.clone(),
             file_path: self.file_path.clone(),
@@ -252,6 +266,17 @@ fn fail(shared: &Shared, reason: String) {
 struct Durable {
     file_path: PathBuf,
     file_lines: u64,
+}
+
+/// The longest a written record waits for a sync that someone waits on before it is synced
+/// on its own.
+const LAZY_SYNC: Duration = Duration::from_millis(5);
+
+impl ToSyncer {
+    /// A group whose records were all answered once written.
+    fn nobody_waits(&self) -> bool {
+        matches!(self, ToSyncer::Group(g) if g.done.iter().all(|(r, _)| r.is_none()))
+    }
 }
 
 struct Syncer {
@@ -300,6 +325,16 @@ impl Syncer {
             msgs.push(first);
             while let Ok(m) = rx.try_recv() {
                 msgs.push(m);
+            }
+            // Groups nobody waits on (records answered once written) ride on the next sync
+            // someone does wait for, which usually follows within a call's time: one
+            // fdatasync then covers both. Left alone, they are synced after LAZY_SYNC.
+            let deadline = Instant::now() + LAZY_SYNC;
+            while msgs.iter().all(ToSyncer::nobody_waits) {
+                match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(m) => msgs.push(m),
+                    Err(_) => break,
+                }
             }
             let mut groups = Vec::with_capacity(msgs.len());
             let mut close = None;
@@ -352,9 +387,11 @@ impl Syncer {
             }
             for g in groups {
                 for (reply, _) in g.done {
-                    reply.send(Err(RecordError::WriterFailed {
-                        reason: reason.clone(),
-                    }));
+                    if let Some(reply) = reply {
+                        reply.send(Err(RecordError::WriterFailed {
+                            reason: reason.clone(),
+                        }));
+                    }
                 }
             }
             return;
@@ -383,7 +420,9 @@ impl Syncer {
         }
         for g in groups {
             for (reply, c) in g.done {
-                reply.send(Ok(c));
+                if let Some(reply) = reply {
+                    reply.send(Ok(c));
+                }
             }
         }
     }

@@ -66,6 +66,29 @@ async fn async_commit_from_many_tasks() {
     assert!(verify_records(dir.path(), None).unwrap().is_ok());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appended_records_are_readable_at_once_and_durable_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    let a = w.commit(sample_tool_call()).await.unwrap();
+    let b = w.append(sample_tool_call()).await.unwrap();
+    // Once `append` returns, the line is in the file for any reader.
+    let text = std::fs::read_to_string(&w.status().current_file).unwrap();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    let c = w.commit(sample_tool_call()).await.unwrap();
+    assert_eq!((a.seq, b.seq, c.seq), (1, 2, 3));
+    // A commit after it is durable only once everything before it is.
+    assert_eq!(w.status().last_seq, Some(3));
+    w.close().await.unwrap();
+    let report = verify_records(dir.path(), None).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.records, 3);
+    assert!(matches!(
+        w.append(sample_tool_call()).await,
+        Err(RecordError::Closed)
+    ));
+}
+
 #[test]
 fn invalid_record_is_rejected_without_harming_the_writer() {
     let dir = tempfile::tempdir().unwrap();
