@@ -159,6 +159,11 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             },
             _ = host.stopped() => break,
         };
+        // Responses go out in several writes (head, SSE events): without NODELAY each small
+        // write after the first waits for the client's delayed ACK (tens of ms).
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
         let transport = transport.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
