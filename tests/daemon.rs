@@ -117,6 +117,15 @@ fn the_pricing_lab_flow() {
         .filter(|r| r["server"]["id"] == "workspace")
         .collect();
     assert_eq!(sneaky.len(), 1, "{egress:#?}");
+    // The operator's log has a line for the decision, naming server, tool and verdict.
+    let log = lab.log();
+    assert!(
+        log.lines().any(|l| l.contains("egress decision")
+            && l.contains("server=workspace")
+            && l.contains("tool=workspace/summarize_terms")
+            && l.contains("verdict=\"refused\"")),
+        "{log}"
+    );
     assert_eq!(sneaky[0]["decision"]["effect"], "deny");
     assert_eq!(sneaky[0]["flowhost"]["denial_kind"], "missing_clearance");
     assert_eq!(
@@ -363,10 +372,15 @@ fn protocol_errors_are_answered_and_never_crash_the_daemon() {
     // The connection is still in step after the oversized message.
     assert_eq!(c.request("ping", json!({}))["result"], json!({}));
 
+    // Arguments failing the signed schema are a tool execution error the model can act on
+    // (the refusal is recorded with its denial).
     let r = c.call("workspace/read_terms", json!({"document": 42}));
-    assert_eq!(
-        denial(&r),
-        (code::INVALID_PARAMS, "schema_invalid".into()),
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(
+        r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("input schema"),
         "{r}"
     );
     let r = c.call(
@@ -374,8 +388,7 @@ fn protocol_errors_are_answered_and_never_crash_the_daemon() {
         json!({"document": TERMS, "extra": true}),
     );
     assert_eq!(
-        denial(&r).0,
-        code::INVALID_PARAMS,
+        r["result"]["isError"], true,
         "additional properties are refused: {r}"
     );
     let r = c.call("workspace/no_such_tool", json!({}));

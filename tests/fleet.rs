@@ -259,7 +259,7 @@ fn a_principal_that_read_on_one_host_cannot_publish_from_another() {
     let mut cb = b.client();
     cb.initialize();
     let r = publish_publicly(&b, &mut cb);
-    assert_eq!(denial(&r), (-32002, "flow_violation".into()), "{r}");
+    assert_eq!(denial(&r), (-32011, "flow_violation".into()), "{r}");
     a.stop();
     b.stop();
     let refused = denied(&b, "flow_violation");
@@ -377,7 +377,7 @@ fn a_database_outage_refuses_and_records_every_call_then_service_resumes() {
         }
         // Nothing was lowered: the terms both hosts' calls carried still bar a public post.
         let r = publish_publicly(lab, &mut c);
-        assert_eq!(denial(&r), (-32002, "flow_violation".into()), "{r}");
+        assert_eq!(denial(&r), (-32011, "flow_violation".into()), "{r}");
     }
     // Every refusal is in the records of the host that refused it.
     a.stop();
@@ -424,7 +424,7 @@ fn a_database_outage_refuses_and_records_every_call_then_service_resumes() {
     let mut c = a.client();
     c.initialize();
     let r = publish_publicly(&a, &mut c);
-    assert_eq!(denial(&r), (-32002, "flow_violation".into()), "{r}");
+    assert_eq!(denial(&r), (-32011, "flow_violation".into()), "{r}");
 }
 
 /// Runs `openssl` with `args` in `dir`.

@@ -895,7 +895,8 @@ fn health_is_incomplete_while_a_servers_executors_cannot_start() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(
-        lab.log().contains("cannot start a warm executor: "),
+        lab.log()
+            .contains("cannot start a warm executor of server \"public-inbox\": "),
         "the log line says why: {}",
         lab.log()
     );

@@ -50,7 +50,8 @@ impl HttpRpc {
     /// Sends a request and returns its response.
     pub(crate) fn call(&mut self, method: &str, params: Value) -> Value {
         self.next += 1;
-        let body = self.post(&json!({"jsonrpc": "2.0", "id": self.next, "method": method, "params": params}));
+        let body = self
+            .post(&json!({"jsonrpc": "2.0", "id": self.next, "method": method, "params": params}));
         body.lines()
             .filter_map(|l| l.strip_prefix("data: "))
             .filter_map(|d| serde_json::from_str::<Value>(d).ok())

@@ -412,7 +412,13 @@ impl AdmittedTool {
             .map(|e| {
                 let at = e.instance_path.to_string();
                 let at = if at.is_empty() { "/".to_owned() } else { at };
-                format!("at {at}: fails {}", e.schema_path)
+                // Names only what the signed schema says, never the argument values.
+                match &e.kind {
+                    jsonschema::error::ValidationErrorKind::Required { property } => {
+                        format!("at {at}: missing required property {property}")
+                    }
+                    _ => format!("at {at}: fails {}", e.schema_path),
+                }
             })
             .collect();
         if problems.is_empty() {

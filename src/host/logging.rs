@@ -33,6 +33,14 @@ pub fn init_with_default(format: LogFormat, default: &str) {
         LogFormat::Auto => LogFormat::Text,
         other => other,
     };
+    // Colour codes only for a person at a terminal: a file, a pipe or the journal gets plain
+    // text an operator can grep.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let text = || {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+    };
     let registry = tracing_subscriber::registry().with(filter());
     let result = match format {
         LogFormat::Journal => match tracing_journald::layer() {
@@ -40,9 +48,7 @@ pub fn init_with_default(format: LogFormat, default: &str) {
                 .with(layer.with_syslog_identifier("flowhost".into()))
                 .try_init(),
             Err(e) => {
-                let r = registry
-                    .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-                    .try_init();
+                let r = registry.with(text()).try_init();
                 tracing::warn!(error = %e, "the journal is unreachable; logging to stderr");
                 r
             }
@@ -51,12 +57,11 @@ pub fn init_with_default(format: LogFormat, default: &str) {
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
+                    .with_ansi(false)
                     .with_writer(std::io::stderr),
             )
             .try_init(),
-        LogFormat::Text | LogFormat::Auto => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-            .try_init(),
+        LogFormat::Text | LogFormat::Auto => registry.with(text()).try_init(),
     };
     // A subscriber already installed (tests) is fine.
     drop(result);

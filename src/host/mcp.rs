@@ -6,10 +6,28 @@
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
-/// The MCP protocol revision the host speaks.
+/// The newest MCP protocol revision the host speaks (offered to executors, and answered to
+/// clients that ask for a revision the host does not speak).
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
 
+/// Every MCP protocol revision the host speaks, newest first.
+pub const SUPPORTED_PROTOCOL_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05"];
+
+/// The revision to speak with a peer that asked for (or, answering, chose) `requested`:
+/// that revision when the host speaks it; otherwise `None` (a client is then answered with
+/// [`PROTOCOL_VERSION`], and may disconnect; an executor is refused).
+pub fn negotiate(requested: &str) -> Option<&'static str> {
+    SUPPORTED_PROTOCOL_VERSIONS
+        .iter()
+        .copied()
+        .find(|v| *v == requested)
+}
+
 /// JSON-RPC and flowhost error codes.
+///
+/// flowhost's own codes stay clear of those the official MCP SDKs give a meaning: -32000
+/// (connection closed), -32001 (request timeout), -32002 (resource not found) and -32042
+/// (URL elicitation required). Every refusal also carries `data.denial`.
 pub mod code {
     /// Invalid JSON.
     pub const PARSE_ERROR: i64 = -32700;
@@ -22,11 +40,11 @@ pub mod code {
     /// The host failed (state or record store); the call was refused.
     pub const INTERNAL_ERROR: i64 = -32603;
     /// The caller may not use this tool.
-    pub const ACCESS_DENIED: i64 = -32001;
+    pub const ACCESS_DENIED: i64 = -32010;
     /// The information-flow check refused the call.
-    pub const FLOW_DENIED: i64 = -32002;
+    pub const FLOW_DENIED: i64 = -32011;
     /// The request arrived before `initialize`.
-    pub const NOT_INITIALIZED: i64 = -32003;
+    pub const NOT_INITIALIZED: i64 = -32012;
 }
 
 /// A JSON-RPC error to send back.
@@ -253,6 +271,23 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
     }
 }
 
+/// Reads lines of at most `limit` bytes from `reader` into `lines` until the end of the
+/// stream (sent as [`Line::Eof`]) or until nobody receives them. Run as its own task, it
+/// makes reading cancellation-safe for the receiver: a line read is not.
+pub async fn forward_lines<R: AsyncBufRead + Unpin>(
+    mut reader: R,
+    limit: usize,
+    lines: tokio::sync::mpsc::Sender<Line>,
+) {
+    loop {
+        let line = read_line(&mut reader, limit).await.unwrap_or(Line::Eof);
+        let eof = line == Line::Eof;
+        if lines.send(line).await.is_err() || eof {
+            return;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,6 +359,30 @@ mod tests {
             parse(br#"{"jsonrpc":"2.0","id":1}"#).unwrap_err().1.code,
             code::INVALID_REQUEST
         );
+    }
+
+    #[test]
+    fn negotiates_only_revisions_the_host_speaks() {
+        assert_eq!(negotiate("2025-03-26"), Some("2025-03-26"));
+        assert_eq!(negotiate("2024-11-05"), Some("2024-11-05"));
+        assert_eq!(negotiate("2025-06-18"), Some(PROTOCOL_VERSION));
+        assert_eq!(negotiate("2025-11-25"), None);
+        assert_eq!(negotiate(""), None);
+    }
+
+    #[test]
+    fn own_codes_avoid_those_the_sdks_reserve() {
+        // -32000 connection closed, -32001 request timeout (both SDKs), -32002 resource
+        // not found (the specification), -32042 URL elicitation required.
+        for reserved in [-32000, -32001, -32002, -32042] {
+            for own in [
+                code::ACCESS_DENIED,
+                code::FLOW_DENIED,
+                code::NOT_INITIALIZED,
+            ] {
+                assert_ne!(own, reserved);
+            }
+        }
     }
 
     #[test]

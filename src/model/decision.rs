@@ -157,6 +157,8 @@ pub enum Failure {
     ExecutorFailed,
     /// The flow state failed (the action was refused: fail closed).
     StateFailure,
+    /// The client cancelled the call while it ran.
+    Cancelled,
 }
 
 impl Failure {
@@ -166,6 +168,7 @@ impl Failure {
             Failure::ToolError => "tool_error",
             Failure::ExecutorFailed => "executor_failed",
             Failure::StateFailure => "state_failure",
+            Failure::Cancelled => "cancelled",
         }
     }
 }

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod governed;
 pub mod http;
 pub mod lab;
 

@@ -264,6 +264,7 @@ impl<'a> Fields<'a> {
             .transpose()
     }
 
+    /// A boolean field (required: see [`Fields::optional`] for the optional form).
     pub(crate) fn required_bool(&self, field: &'static str) -> Result<bool> {
         let value = self.required(field)?;
         value.as_bool().ok_or_else(|| ManifestError::WrongType {
@@ -312,6 +313,7 @@ const BODY_FIELDS: &[&str] = &[
 
 const TOOL_FIELDS: &[&str] = &[
     "name",
+    "title",
     "description",
     "input_schema",
     "output_schema",
@@ -326,6 +328,7 @@ const ANNOTATION_FIELDS: &[&str] = &[
     "destructive",
     "idempotent",
     "requires_approval",
+    "open_world",
 ];
 
 const PRICING_FIELDS: &[&str] = &["model", "amount", "currency", "unit"];
@@ -417,6 +420,10 @@ impl ToolDefinition {
     pub fn from_json_value(value: &Value, at: &JsonPath) -> Result<Self> {
         let fields = Fields::new(value, at, TOOL_FIELDS)?;
         let name = fields.identifier("name", "tool name")?.to_owned();
+        let title = fields
+            .optional_str("title")?
+            .map(|t| check_description(t, fields.path("title")))
+            .transpose()?;
         let description = check_description(
             fields.required_str("description")?,
             fields.path("description"),
@@ -450,6 +457,7 @@ impl ToolDefinition {
             .transpose()?;
         Ok(ToolDefinition {
             name,
+            title,
             description,
             input_schema,
             output_schema,
@@ -492,6 +500,10 @@ pub(crate) fn decode_annotations(value: &Value, at: &JsonPath) -> Result<ToolAnn
         destructive: fields.required_bool("destructive")?,
         idempotent: fields.required_bool("idempotent")?,
         requires_approval: fields.required_bool("requires_approval")?,
+        open_world: fields
+            .optional("open_world")?
+            .map(|_| fields.required_bool("open_world"))
+            .transpose()?,
     })
 }
 

@@ -135,14 +135,17 @@ impl Serialize for ManifestBody {
 /// One tool of a manifest.
 ///
 /// Wire fields: `name` (1 to 256 bytes, no surrounding whitespace, no control character,
-/// unique in the manifest), `description` (at most 500 characters), `input_schema` (a JSON
+/// unique in the manifest), optional `title` (a display name, at most 500 characters),
+/// `description` (at most 500 characters), `input_schema` (a JSON
 /// Schema object the call arguments are validated against), optional `output_schema`
-/// (object), optional `pricing` ([`Pricing`]), `annotations` ([`ToolAnnotations`], all four
-/// flags required), optional `latency_hint` ([`LatencyHint`]), optional `flow`
+/// (object), optional `pricing` ([`Pricing`]), `annotations` ([`ToolAnnotations`], four
+/// flags required, `open_world` optional), optional `latency_hint` ([`LatencyHint`]), optional `flow`
 /// ([`ToolFlowDeclaration`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ToolDefinition {
     name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    title: Option<String>,
     description: String,
     input_schema: Map<String, Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -160,6 +163,12 @@ impl ToolDefinition {
     /// The tool's name, unique within its manifest.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The display title as signed, if declared (may contain control characters; see
+    /// [`sanitize_for_client`]).
+    pub fn title(&self) -> Option<&str> {
+        self.title.as_deref()
     }
 
     /// The description as signed (may contain terminal escapes or control characters).
@@ -216,7 +225,8 @@ impl ToolDefinition {
 #[error("{0}")]
 pub struct SchemaCompileError(String);
 
-/// Behaviour flags a publisher states for a tool. All four are required on the wire.
+/// Behaviour flags a publisher states for a tool. The first four are required on the wire;
+/// `open_world` is optional.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
 pub struct ToolAnnotations {
     /// The tool only reads.
@@ -227,6 +237,10 @@ pub struct ToolAnnotations {
     pub idempotent: bool,
     /// A person must approve each call.
     pub requires_approval: bool,
+    /// The tool reaches an open world of entities (the web, other systems) rather than a
+    /// closed one; undeclared when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_world: Option<bool>,
 }
 
 /// Expected latency class of a call: `instant`, `fast`, `moderate` or `slow`.

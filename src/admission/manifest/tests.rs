@@ -780,3 +780,45 @@ fn digest_text_round_trips_strictly() {
     let json = serde_json::to_string(&d).unwrap();
     assert_eq!(serde_json::from_str::<ManifestDigest>(&json).unwrap(), d);
 }
+
+#[test]
+fn title_and_open_world_are_optional_and_strict() {
+    // Absent: nothing declared (older manifests keep their meaning and digest).
+    let body = full_body(&key(1));
+    let m = ManifestBody::from_json_value(&body, &JsonPath::root()).unwrap();
+    assert!(m.tools()[0].title().is_none());
+    assert_eq!(m.tools()[0].annotations().open_world, None);
+    // Present: carried as declared.
+    let mut body = full_body(&key(1));
+    body["tools"][0]["title"] = json!("Read the terms");
+    body["tools"][0]["annotations"]["open_world"] = json!(true);
+    let m = ManifestBody::from_json_value(&body, &JsonPath::root()).unwrap();
+    assert_eq!(m.tools()[0].title(), Some("Read the terms"));
+    assert_eq!(m.tools()[0].annotations().open_world, Some(true));
+    // Wrong types, null and an over-long title are refused, naming the field.
+    for (field, value) in [("title", json!(7)), ("title", Value::Null)] {
+        let mut body = full_body(&key(1));
+        body["tools"][0][field] = value;
+        assert!(
+            matches!(
+                parse_body(body),
+                ManifestError::WrongType { .. } | ManifestError::NullField { .. }
+            ),
+            "{field}"
+        );
+    }
+    let mut body = full_body(&key(1));
+    body["tools"][0]["title"] = json!("x".repeat(501));
+    assert!(matches!(
+        parse_body(body),
+        ManifestError::DescriptionTooLong { .. }
+    ));
+    for value in [json!("yes"), Value::Null] {
+        let mut body = full_body(&key(1));
+        body["tools"][0]["annotations"]["open_world"] = value;
+        assert!(matches!(
+            parse_body(body),
+            ManifestError::WrongType { .. } | ManifestError::NullField { .. }
+        ));
+    }
+}

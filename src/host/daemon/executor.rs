@@ -15,7 +15,7 @@ use flowhost_broker::{Broker, EgressAttempt, Executor, Profile, SpawnSpec, Stdio
 use serde_json::{Value, json};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::label::InformationLabel;
 use crate::mcp::{self, Incoming, Line};
@@ -48,6 +48,19 @@ pub enum ExecutorError {
     /// It answered the call with a JSON-RPC error.
     #[error("the executor answered with an error: {0}")]
     Rpc(String),
+    /// The client cancelled the call; the cancellation was forwarded to the executor, which
+    /// either answered within the grace period (`acknowledged`: it may serve again) or was
+    /// stopped.
+    #[error("the call was cancelled ({reason}); the executor {}", if *acknowledged { "acknowledged it" } else { "did not acknowledge it and was stopped" })]
+    Cancelled {
+        /// Why, as the client said.
+        reason: String,
+        /// Whether the executor answered the cancelled request within the grace period.
+        acknowledged: bool,
+    },
+    /// It answered `initialize` with a protocol revision the host does not speak.
+    #[error("the executor speaks MCP revision {0:?}; flowhost speaks {revisions}", revisions = mcp::SUPPORTED_PROTOCOL_VERSIONS.join(", "))]
+    Revision(String),
     /// Writing to it failed.
     #[error("cannot write to the executor: {0}")]
     Io(#[from] std::io::Error),
@@ -70,6 +83,85 @@ pub struct ExecutorTemplate {
 
 /// What an executor's egress attempts are judged against: the call in flight, if any.
 pub type CallSlot<C> = Arc<Mutex<Option<Arc<C>>>>;
+
+/// A call in flight as the executor layer sees it: what to name it by in logs.
+pub trait NamedCall: Send + Sync + 'static {
+    /// The tool, as `server/tool`.
+    fn tool_name(&self) -> &str;
+}
+
+/// How long an executor has to answer a cancelled request before it is stopped: one that
+/// does not answer may still be working, and its later egress must not be attributed to
+/// the next call.
+pub const CANCEL_GRACE: Duration = Duration::from_millis(1500);
+
+/// Most executor stderr lines logged per call (and while idle between calls); the rest are
+/// counted and reported in one line, so a chatty server cannot flood the host's log.
+const STDERR_LINES_PER_CALL: usize = 64;
+
+/// What a client controls of one call while it runs: cancellation and progress.
+pub struct CallControl {
+    /// Becomes `Some(reason)` when the client cancels the call.
+    pub cancel: watch::Receiver<Option<String>>,
+    /// Where the call's progress notifications go, if the client asked for them.
+    pub progress: Option<ProgressRoute>,
+}
+
+impl CallControl {
+    /// A call that is never cancelled and reports no progress.
+    pub fn none() -> Self {
+        let (_, cancel) = watch::channel(None);
+        CallControl {
+            cancel,
+            progress: None,
+        }
+    }
+}
+
+/// Where an executor's `notifications/progress` for one call are sent: the client's
+/// progress token (passed through to the executor) and the session's outgoing messages.
+pub struct ProgressRoute {
+    /// The client's `progressToken`.
+    pub token: Value,
+    /// The session's outgoing lines.
+    pub out: mpsc::Sender<String>,
+}
+
+impl ProgressRoute {
+    /// Forwards one progress notification of the executor when it carries this call's token.
+    /// Only the numbers travel: a free-text `message` could carry what the tool read before
+    /// the output's label is joined into the session, so it is dropped.
+    async fn forward(&self, params: &Value) {
+        if params.get("progressToken") != Some(&self.token) {
+            return;
+        }
+        let Some(progress) = params.get("progress").filter(|p| p.is_number()) else {
+            return;
+        };
+        let mut out = json!({"progressToken": self.token, "progress": progress});
+        if let Some(total) = params.get("total").filter(|t| t.is_number()) {
+            out["total"] = total.clone();
+        }
+        // A client that went away loses its progress; the call itself goes on.
+        let _ = self
+            .out
+            .send(mcp::notification("notifications/progress", out))
+            .await;
+    }
+}
+
+/// Waits until the call is cancelled (forever if it cannot be any more).
+pub async fn cancelled(cancel: &mut watch::Receiver<Option<String>>) -> String {
+    let reason = cancel
+        .wait_for(Option::is_some)
+        .await
+        .ok()
+        .map(|r| r.clone().unwrap_or_default());
+    match reason {
+        Some(reason) => reason,
+        None => std::future::pending().await,
+    }
+}
 
 /// What judging one egress attempt settled, for the executor that made it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -94,7 +186,16 @@ pub trait AttemptSink<C>: Send + Sync + 'static {
 pub struct McpExecutor<C> {
     exec: Executor,
     stdin: pipe::Sender,
-    stdout: BufReader<pipe::Receiver>,
+    /// The executor's output, read line by line by its own task (so a request abandoned
+    /// at cancellation never loses half a line).
+    stdout: mpsc::Receiver<Line>,
+    /// The MCP revision the executor agreed to at `initialize`.
+    revision: String,
+    /// Stderr lines the current call may still log.
+    stderr_budget: Arc<std::sync::atomic::AtomicUsize>,
+    /// The tool of the call in flight or, between calls, of the last one (what stderr lines
+    /// are tagged with: a tool's last lines often arrive just after its answer).
+    last_tool: Arc<Mutex<String>>,
     next_id: u64,
     slot: CallSlot<C>,
     /// Held while an attempt is judged; a call ends only once it holds it (see
@@ -115,7 +216,7 @@ impl<C> Drop for McpExecutor<C> {
     }
 }
 
-impl<C: Send + Sync + 'static> McpExecutor<C> {
+impl<C: NamedCall> McpExecutor<C> {
     /// Spawns an executor through the broker and runs the MCP `initialize` handshake.
     pub async fn start(
         broker: &Broker,
@@ -151,6 +252,9 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
         let judging = Arc::new(tokio::sync::Mutex::new(()));
         let mut tasks = Vec::new();
         let approved_under = Arc::new(Mutex::new(None));
+        let (lines_tx, lines) = mpsc::channel(16);
+        // Its own task: a request abandoned at cancellation must not lose half a line.
+        tasks.push(tokio::spawn(mcp::forward_lines(stdout, limit, lines_tx)));
         if let Some(attempts) = exec.take_attempts() {
             tasks.push(tokio::spawn(route_attempts(
                 attempts,
@@ -158,16 +262,27 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
                 judging.clone(),
                 sink,
                 approved_under.clone(),
+                template.server.clone(),
             )));
         }
+        let stderr_budget = Arc::new(std::sync::atomic::AtomicUsize::new(STDERR_LINES_PER_CALL));
+        let last_tool = Arc::new(Mutex::new(String::from("(no call yet)")));
         if let Some(stderr) = exec.take_stderr() {
-            let pid = exec.pid();
-            tasks.push(tokio::spawn(drain_stderr(stderr, pid)));
+            let tag = StderrTag {
+                server: template.server.clone(),
+                pid: exec.pid(),
+                tool: last_tool.clone(),
+                budget: stderr_budget.clone(),
+            };
+            tasks.push(tokio::spawn(drain_stderr(stderr, tag)));
         }
         let mut me = McpExecutor {
             exec,
             stdin,
-            stdout,
+            stdout: lines,
+            revision: String::new(),
+            stderr_budget,
+            last_tool,
             next_id: 1,
             slot,
             judging,
@@ -176,20 +291,44 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
             tasks,
             server: template.server.clone(),
         };
-        me.request(
-            "initialize",
-            json!({
-                "protocolVersion": mcp::PROTOCOL_VERSION,
-                "capabilities": {},
-                "clientInfo": {"name": "flowhost", "version": env!("CARGO_PKG_VERSION")}
-            }),
-            deadline,
-            limit,
-        )
-        .await?;
+        let answer = me
+            .request(
+                "initialize",
+                json!({
+                    "protocolVersion": mcp::PROTOCOL_VERSION,
+                    "capabilities": {},
+                    "clientInfo": {"name": "flowhost", "version": env!("CARGO_PKG_VERSION")}
+                }),
+                deadline,
+                &mut CallControl::none(),
+            )
+            .await?;
+        // The server answers with the revision it will speak: one the host does not speak
+        // is refused rather than half-understood.
+        let revision = answer
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        match mcp::negotiate(revision) {
+            Some(agreed) if agreed == revision => me.revision = agreed.to_string(),
+            _ => {
+                let _ = me.exec.kill();
+                return Err(ExecutorError::Revision(revision.to_string()));
+            }
+        }
         me.send(&mcp::notification("notifications/initialized", json!({})))
             .await?;
         Ok(me)
+    }
+
+    /// The MCP revision the executor agreed to at `initialize`.
+    pub fn revision(&self) -> &str {
+        &self.revision
+    }
+
+    /// The server this executor runs.
+    pub fn server(&self) -> &str {
+        &self.server
     }
 
     /// The executor's pid.
@@ -229,34 +368,78 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
         Ok(())
     }
 
+    /// Sends a request and waits for its answer under `deadline` (the executor is killed
+    /// when it passes), forwarding progress for `control` and honouring its cancellation.
     async fn request(
         &mut self,
         method: &str,
         params: Value,
         deadline: Duration,
-        limit: usize,
+        control: &mut CallControl,
     ) -> Result<Value, ExecutorError> {
         let id = self.next_id;
         self.next_id += 1;
         let line = mcp::request(id, method, params);
+        let CallControl { cancel, progress } = control;
+        let progress = progress.as_ref();
         // The write is inside the deadline too: an executor that stops reading its input
         // would otherwise block the call forever once the pipe is full.
-        let exchange = async {
-            self.send(&line).await?;
-            self.read_response(id, limit).await
+        let outcome = {
+            let exchange = async {
+                self.send(&line).await?;
+                self.read_response(id, progress).await
+            };
+            tokio::select! {
+                r = tokio::time::timeout(deadline, exchange) => Ok(r),
+                reason = cancelled(cancel) => Err(reason),
+            }
         };
-        match tokio::time::timeout(deadline, exchange).await {
-            Ok(r) => r,
-            Err(_) => {
+        match outcome {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => {
                 let _ = self.exec.kill();
                 Err(ExecutorError::Timeout(deadline))
             }
+            Err(reason) => Err(self.cancel(id, reason, progress).await),
         }
     }
 
-    async fn read_response(&mut self, id: u64, limit: usize) -> Result<Value, ExecutorError> {
+    /// Forwards the client's cancellation of request `id` and gives the executor
+    /// [`CANCEL_GRACE`] to answer it; one that does not is killed.
+    async fn cancel(
+        &mut self,
+        id: u64,
+        reason: String,
+        progress: Option<&ProgressRoute>,
+    ) -> ExecutorError {
+        let notice = mcp::notification(
+            "notifications/cancelled",
+            json!({"requestId": id, "reason": reason}),
+        );
+        let answered = async {
+            self.send(&notice).await?;
+            self.read_response(id, progress).await
+        };
+        let acknowledged = matches!(
+            tokio::time::timeout(CANCEL_GRACE, answered).await,
+            Ok(Ok(_) | Err(ExecutorError::Rpc(_)))
+        );
+        if !acknowledged {
+            let _ = self.exec.kill();
+        }
+        ExecutorError::Cancelled {
+            reason,
+            acknowledged,
+        }
+    }
+
+    async fn read_response(
+        &mut self,
+        id: u64,
+        progress: Option<&ProgressRoute>,
+    ) -> Result<Value, ExecutorError> {
         loop {
-            let line = match mcp::read_line(&mut self.stdout, limit).await? {
+            let line = match self.stdout.recv().await.unwrap_or(Line::Eof) {
                 Line::Eof => return Err(ExecutorError::Exited),
                 Line::TooLarge(n) => {
                     return Err(ExecutorError::Protocol(format!(
@@ -269,7 +452,15 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
                 Ok(Incoming::Response { id: rid, outcome }) if rid == json!(id) => {
                     return outcome.map_err(|e| ExecutorError::Rpc(e.to_string()));
                 }
-                // Notifications (logging, progress) and stale responses are not ours to act on.
+                Ok(Incoming::Notification { method, params })
+                    if method == "notifications/progress" =>
+                {
+                    if let Some(route) = progress {
+                        route.forward(&params).await;
+                    }
+                }
+                // Other notifications (logging, list changes) and stale responses are not
+                // ours to act on.
                 Ok(Incoming::Notification { .. }) | Ok(Incoming::Response { .. }) => {}
                 // The host grants executors no client capabilities (sampling, roots, ...).
                 Ok(Incoming::Request { id: rid, .. }) => {
@@ -292,26 +483,32 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
     /// counted in [`McpExecutor::fit_for`]) before the caller acts on the result, and any
     /// later attempt finds no call in flight and is refused. Without this, an executor could
     /// answer while another of its threads' attempts is still approved under the old label.
+    ///
+    /// The client's progress token, if any, is passed to the executor and its progress
+    /// notifications are forwarded; a cancellation is forwarded too (see
+    /// [`ExecutorError::Cancelled`]).
     pub async fn call(
         &mut self,
         call: Arc<C>,
         tool: &str,
         arguments: Value,
         deadline: Duration,
-        limit: usize,
+        control: &mut CallControl,
     ) -> Result<Value, ExecutorError> {
         self.last_used = Instant::now();
+        self.stderr_budget
+            .store(STDERR_LINES_PER_CALL, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut last) = self.last_tool.lock() {
+            *last = call.tool_name().to_string();
+        }
         if let Ok(mut slot) = self.slot.lock() {
             *slot = Some(call);
         }
-        let result = self
-            .request(
-                "tools/call",
-                json!({"name": tool, "arguments": arguments}),
-                deadline,
-                limit,
-            )
-            .await;
+        let mut params = json!({"name": tool, "arguments": arguments});
+        if let Some(route) = &control.progress {
+            params["_meta"] = json!({"progressToken": route.token});
+        }
+        let result = self.request("tools/call", params, deadline, control).await;
         let mut result = result;
         match tokio::time::timeout(deadline, self.judging.clone().lock_owned()).await {
             Ok(_settled) => {
@@ -364,46 +561,102 @@ impl<C: Send + Sync + 'static> McpExecutor<C> {
 
 /// Routes an executor's attempts to the judge with the call in flight, and keeps what the
 /// judgments approved (the executor's own record of it: see [`McpExecutor::fit_for`]).
-async fn route_attempts<C: Send + Sync + 'static>(
+async fn route_attempts<C: NamedCall>(
     mut attempts: mpsc::Receiver<EgressAttempt>,
     slot: CallSlot<C>,
     judging: Arc<tokio::sync::Mutex<()>>,
     sink: Arc<dyn AttemptSink<C>>,
     approved_under: Arc<Mutex<Option<InformationLabel>>>,
+    server: String,
 ) {
     while let Some(attempt) = attempts.recv().await {
         // The slot is read under the judging lock, so a call that has ended (and cleared the
         // slot under the same lock) is never judged against.
         let _judging = judging.lock().await;
         let call = slot.lock().ok().and_then(|g| g.clone());
+        let info = attempt.info().clone();
+        let tool = call.as_ref().map(|c| c.tool_name().to_string());
         let judgment = sink.judge(call, attempt).await;
+        tracing::info!(
+            server = %server,
+            tool = %tool.as_deref().unwrap_or("(no call in flight)"),
+            pid = info.pid,
+            syscall = %info.syscall.as_str(),
+            destination = %info.destination.as_ref().map(|d| format!("{d:?}")).unwrap_or_else(|| "(none)".into()),
+            verdict = if judgment.approved_under.is_some() { "allowed" } else { "refused" },
+            "egress decision"
+        );
         if let (Some(label), Ok(mut approved)) = (judgment.approved_under, approved_under.lock()) {
             *approved = Some(label);
         }
     }
 }
 
-/// Longest executor stderr line logged; longer lines are dropped without being buffered.
+/// Longest executor stderr line read; longer lines are dropped without being buffered.
 const STDERR_LINE_LIMIT: usize = 4096;
 
-async fn drain_stderr(stderr: pipe::Receiver, pid: i32) {
-    let mut reader = BufReader::new(stderr);
-    loop {
-        match mcp::read_line(&mut reader, STDERR_LINE_LIMIT).await {
-            Ok(Line::Message(line)) => {
-                let line = String::from_utf8_lossy(&line);
-                tracing::debug!(pid, executor_stderr = %line.chars().take(512).collect::<String>());
-            }
-            Ok(Line::TooLarge(n)) => {
-                tracing::debug!(
-                    pid,
-                    bytes = n,
-                    "executor stderr line over the limit dropped"
-                );
-            }
-            Ok(Line::Eof) | Err(_) => return,
+/// Longest part of an executor stderr line that is logged.
+const STDERR_LOGGED_CHARS: usize = 512;
+
+/// What an executor's stderr lines are logged with.
+struct StderrTag {
+    server: String,
+    pid: i32,
+    tool: Arc<Mutex<String>>,
+    budget: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl StderrTag {
+    /// The tool of the call in flight, or of the last one.
+    fn tool(&self) -> String {
+        self.tool.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    /// Says how many lines were not logged, if any.
+    fn report_suppressed(&self, lines: usize) {
+        if lines > 0 {
+            tracing::info!(server = %self.server, pid = self.pid, lines, "executor stderr lines over the limit per call were not logged");
         }
     }
+
+    /// Whether one more line may be logged now (the budget resets at every call).
+    fn take(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// Logs an executor's stderr at info, tagged with its server and the tool in flight, bounded
+/// in line length and in lines per call.
+async fn drain_stderr(stderr: pipe::Receiver, tag: StderrTag) {
+    let mut reader = BufReader::new(stderr);
+    let mut suppressed = 0usize;
+    loop {
+        let line = match mcp::read_line(&mut reader, STDERR_LINE_LIMIT).await {
+            Ok(Line::Message(line)) => Some(line),
+            Ok(Line::TooLarge(_)) => None,
+            Ok(Line::Eof) | Err(_) => break,
+        };
+        if !tag.take() {
+            if suppressed == 0 {
+                tracing::info!(server = %tag.server, tool = %tag.tool(), pid = tag.pid, "executor stderr reached the limit of {STDERR_LINES_PER_CALL} lines per call; further lines are counted, not logged");
+            }
+            suppressed += 1;
+            continue;
+        }
+        tag.report_suppressed(std::mem::take(&mut suppressed));
+        let text = match &line {
+            Some(l) => String::from_utf8_lossy(l)
+                .chars()
+                .take(STDERR_LOGGED_CHARS)
+                .collect(),
+            None => format!("(a line over {STDERR_LINE_LIMIT} bytes, dropped)"),
+        };
+        tracing::info!(server = %tag.server, tool = %tag.tool(), pid = tag.pid, "executor stderr: {text}");
+    }
+    tag.report_suppressed(suppressed);
 }
 
 /// A server's pool of warm, unbound executors.
@@ -420,7 +673,7 @@ pub struct WarmPool<C> {
     failing: std::sync::atomic::AtomicBool,
 }
 
-impl<C: Send + Sync + 'static> WarmPool<C> {
+impl<C: NamedCall> WarmPool<C> {
     /// A pool that keeps `size` executors ready.
     pub fn new(
         broker: Broker,
@@ -461,9 +714,10 @@ impl<C: Send + Sync + 'static> WarmPool<C> {
                         }
                     }
                     Err(e) => tracing::error!(
+                        server = %pool.template.server,
                         error = %e,
                         program = %pool.template.argv.first().map(String::as_str).unwrap_or(""),
-                        "cannot start a warm executor: {e}"
+                        "cannot start a warm executor of server {:?}: {e}", pool.template.server
                     ),
                 }
             });

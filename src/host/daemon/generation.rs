@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use flowhost_broker::{Broker, Profile};
 
+use super::executor::NamedCall;
 use super::*;
 use crate::config::HostConfig;
 use crate::records::{RecordWriter, ToolMapping};
@@ -25,6 +26,12 @@ pub struct CallInFlight {
     pub correlation: crate::records::Correlation,
     /// The executor's pid (for warnings about it).
     pub executor_pid: i32,
+}
+
+impl NamedCall for CallInFlight {
+    fn tool_name(&self) -> &str {
+        &self.tool
+    }
 }
 
 /// What the host knows of one admitted server in a generation.

@@ -145,6 +145,9 @@ pub enum DispatchError {
     NotStarted(String),
     /// The executor failed during the call (it is retired).
     Failed(String),
+    /// The client cancelled the call; the executor was told (and retired if it did not
+    /// acknowledge).
+    Cancelled(String),
 }
 
 /// Runs an authorized call on an executor of the session's.
@@ -170,7 +173,7 @@ struct Admitted<'e> {
 }
 
 /// What a call's records share.
-struct CallRecord {
+struct CallRecord<'l> {
     server: ServerInfo,
     name: String,
     projection: Projection,
@@ -178,10 +181,15 @@ struct CallRecord {
     principal: Option<String>,
     session: String,
     call_id: String,
+    /// The verdict of the call's latest record (what its log line reports).
+    last: &'l std::sync::Mutex<Option<Verdict>>,
 }
 
-impl CallRecord {
+impl CallRecord<'_> {
     fn facts(&self, verdict: Verdict, context: FlowContext) -> ToolCallFacts {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(verdict.clone());
+        }
         ToolCallFacts {
             server: self.server.clone(),
             tool_name: self.name.clone(),
@@ -199,12 +207,51 @@ impl CallRecord {
     }
 }
 
-/// Runs one `tools/call` through every stage (see the module docs).
+/// Runs one `tools/call` through every stage (see the module docs), and logs one line for
+/// it at info: principal, tool, verdict (the status of its last record) and duration.
 pub async fn tools_call<D: Dispatch>(
     env: &CallEnv<'_>,
     caller: Caller<'_>,
     params: &Value,
     dispatcher: &mut D,
+) -> Result<Value, RpcError> {
+    let started = std::time::Instant::now();
+    let principal = caller.pinned.map(ToString::to_string);
+    let session = caller.session.to_string();
+    let last = std::sync::Mutex::new(None);
+    let outcome = run_call(env, caller, params, dispatcher, &last).await;
+    let (verdict, reason) = match last.lock().ok().and_then(|mut l| l.take()) {
+        Some(Verdict::Refused { denial, .. }) => ("refused", denial.as_str()),
+        Some(Verdict::Failed(f)) => ("failed", f.as_str()),
+        Some(Verdict::Succeeded { .. }) => ("succeeded", ""),
+        Some(Verdict::Authorized { .. }) | None => match &outcome {
+            Err(e) => ("refused", e.data_denial().unwrap_or("")),
+            Ok(_) => ("answered", ""),
+        },
+    };
+    let tool = params
+        .get("name")
+        .and_then(Value::as_str)
+        .map(|n| bounded(n, MAX_UNKNOWN_NAME_BYTES))
+        .unwrap_or_default();
+    tracing::info!(
+        principal = %principal.as_deref().unwrap_or("(none)"),
+        session = %session,
+        tool = %tool,
+        verdict,
+        reason,
+        duration_ms = started.elapsed().as_millis() as u64,
+        "tools/call"
+    );
+    outcome
+}
+
+async fn run_call<D: Dispatch>(
+    env: &CallEnv<'_>,
+    caller: Caller<'_>,
+    params: &Value,
+    dispatcher: &mut D,
+    last: &std::sync::Mutex<Option<Verdict>>,
 ) -> Result<Value, RpcError> {
     let Some(name) = params.get("name").and_then(Value::as_str) else {
         let e = refusal(
@@ -230,6 +277,7 @@ pub async fn tools_call<D: Dispatch>(
         principal: caller.pinned.map(ToString::to_string),
         session: caller.session.to_string(),
         call_id: super::random_id(),
+        last,
     };
 
     // Admit.
@@ -302,6 +350,13 @@ pub async fn tools_call<D: Dispatch>(
                     ),
                 )
                 .await?;
+            // Per MCP, arguments that fail the tool's input schema are a tool execution
+            // error the model can read and correct, not a protocol error.
+            if let CallRefusal::SchemaInvalid { .. } = refused {
+                return Ok(tool_error(&format!(
+                    "{refused}. Correct the arguments to match the tool's inputSchema and call again."
+                )));
+            }
             return Err(refusal_error(&refused));
         }
     };
@@ -352,7 +407,7 @@ pub async fn tools_call<D: Dispatch>(
 /// failed can carry what it read, so it is settled like a result.
 async fn settle(
     env: &CallEnv<'_>,
-    rec: &CallRecord,
+    rec: &CallRecord<'_>,
     plan: &CallPlan,
     outcome: Result<Value, DispatchError>,
 ) -> Result<Value, RpcError> {
@@ -360,6 +415,12 @@ async fn settle(
         Err(DispatchError::NotStarted(why)) => (
             tool_error(&format!("the executor could not be started: {why}")),
             Verdict::Failed(Failure::ExecutorFailed),
+            plan.state_after_dispatch.clone(),
+        ),
+        // Nothing the executor produced reached the client (progress carries numbers only).
+        Err(DispatchError::Cancelled(why)) => (
+            tool_error(&format!("the call was cancelled: {why}")),
+            Verdict::Failed(Failure::Cancelled),
             plan.state_after_dispatch.clone(),
         ),
         other => {
@@ -376,7 +437,9 @@ async fn settle(
                     tool_error(&format!(
                         "the tool's executor failed: {}",
                         match e {
-                            DispatchError::Failed(w) | DispatchError::NotStarted(w) => w,
+                            DispatchError::Failed(w)
+                            | DispatchError::NotStarted(w)
+                            | DispatchError::Cancelled(w) => w,
                         }
                     )),
                     Verdict::Failed(Failure::ExecutorFailed),
@@ -412,7 +475,7 @@ async fn settle(
 /// state), written without waiting for its sync.
 async fn record_outcome(
     env: &CallEnv<'_>,
-    rec: &CallRecord,
+    rec: &CallRecord<'_>,
     verdict: Verdict,
     state: &FlowState,
 ) -> Result<(), RpcError> {

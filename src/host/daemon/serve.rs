@@ -81,7 +81,11 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(&status),
     ]);
-    tracing::info!("{status}");
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        pid = std::process::id(),
+        "ready: {status}"
+    );
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -170,4 +174,5 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
         let _ = task.await;
     }
     host.finish().await;
+    tracing::info!("stopped");
 }

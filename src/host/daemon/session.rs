@@ -1,19 +1,30 @@
-//! One MCP connection = one session: newline-delimited JSON-RPC 2.0 on the host's Unix
-//! socket, or one Streamable HTTP session. The caller's principal comes from `SO_PEERCRED`
-//! or from the HTTP transport's authentication, never from the messages.
+//! One MCP connection = one session: JSON-RPC 2.0 messages in, answers and notifications
+//! out. The caller's principal comes from `SO_PEERCRED` (the Unix socket) or from the HTTP
+//! transport's authentication, never from the messages.
 //!
-//! Requests of a session are handled one at a time, in order: an executor serves one call
-//! at a time, which makes every egress attempt attributable to exactly one call.
+//! The session does not know its transport: [`run`] takes incoming lines on one channel and
+//! sends outgoing lines on another, and [`serve`] is the Unix-socket transport that moves
+//! newline-delimited lines between the socket and those channels.
+//!
+//! Several requests are in flight at once, each in its own task, and answered as they finish
+//! (in any order): a ping or a `tools/list` never waits behind a call. Only `initialize` is
+//! handled in order, since every other request depends on its outcome. An executor still
+//! serves one `tools/call` at a time, which keeps every egress attempt attributable to
+//! exactly one call: concurrent calls to one server use more of the session's executors (from
+//! the warm pool), up to [`MAX_EXECUTORS_PER_SERVER`], and queue beyond that. No lock is held
+//! across a call.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
 
+use super::executor::{CallControl, ExecutorError, ProgressRoute, cancelled};
 use super::pipeline::{
     self, BRIDGE_META_KEY, CallEnv, Caller, Dispatch, DispatchError, Recorder, refusal,
 };
@@ -25,21 +36,34 @@ use crate::mcp::{self, Incoming, Line, RpcError, code};
 use crate::records::PeerIdentity;
 use crate::state::SessionKey;
 
+/// An executor bound to the session, with the generation it was started in.
 struct Bound {
     generation: u64,
     exec: McpExecutor<CallInFlight>,
 }
 
-/// Where a session is in its life.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum SessionState {
-    /// Connected; `initialize` not yet answered.
-    Opened,
-    /// Mapped to this principal at `initialize`. A reload that maps the same peer to another
-    /// principal does not move the session (and its label) over.
-    Initialized(PrincipalId),
-    /// Refused at `initialize`: the connection closes once that is answered.
-    Refused,
+/// Most executors of one server a session runs at once; further calls to that server wait
+/// for one of them (calls to other servers, pings and lists do not).
+pub const MAX_EXECUTORS_PER_SERVER: usize = 8;
+
+/// Most requests of one session in flight at once; past it the session reads no further
+/// message until one is answered (a client cannot make the host hold unbounded work).
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 64;
+
+/// One server's executors in a session: the idle ones, and the permits that bound how many
+/// run at once.
+struct ServerExecutors {
+    idle: Vec<Bound>,
+    permits: Arc<Semaphore>,
+}
+
+impl Default for ServerExecutors {
+    fn default() -> Self {
+        ServerExecutors {
+            idle: Vec::new(),
+            permits: Arc::new(Semaphore::new(MAX_EXECUTORS_PER_SERVER)),
+        }
+    }
 }
 
 /// Who a session acts for, as its transport authenticated it.
@@ -88,17 +112,28 @@ impl std::fmt::Display for Identity {
     }
 }
 
+/// A session, shared by the tasks of its requests.
 struct Session {
     host: Arc<Host>,
     id: String,
     identity: Identity,
-    state: SessionState,
-    bound: HashMap<String, Bound>,
+    /// The principal the session was mapped to at `initialize`. A reload that maps the same
+    /// peer to another principal does not move the session (and its label) over.
+    pinned: OnceLock<PrincipalId>,
+    /// The session's executors, by server. Held only to take or return an executor.
+    executors: Mutex<HashMap<String, ServerExecutors>>,
+    /// The calls in flight that a client may cancel, by request id (its JSON text).
+    cancels: Mutex<HashMap<String, watch::Sender<Option<String>>>>,
+    /// Outgoing lines (answers, progress notifications).
+    out: mpsc::Sender<String>,
 }
 
 /// How long a reply may take to reach the client; a client that stops reading is
 /// disconnected rather than holding the session (and its executors) forever.
 const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Lines queued between the transport and the session, each way.
+const QUEUED_LINES: usize = 64;
 
 /// Serves one admitted connection of peer `uid`/`gid` until it closes, goes idle past the
 /// configured windows, is refused at `initialize`, or the host stops. The slot is held (and
@@ -112,118 +147,154 @@ pub(super) async fn serve(
 ) {
     let limit = host.current().config.max_message_bytes;
     let (read, mut write) = stream.into_split();
-    // Reading happens in its own task: a line read is not cancellation-safe, and the session
-    // loop must also wake for idle reaping and shutdown.
-    let (tx, lines) = mpsc::channel::<Line>(16);
-    let reader = tokio::spawn(async move {
-        let mut reader = BufReader::new(read);
-        loop {
-            let line = mcp::read_line(&mut reader, limit)
-                .await
-                .unwrap_or(Line::Eof);
-            let eof = line == Line::Eof;
-            if tx.send(line).await.is_err() || eof {
-                break;
-            }
-        }
-    });
-    let (out, mut replies) = mpsc::channel::<String>(16);
-    let writer = async move {
-        while let Some(reply) = replies.recv().await {
-            let mut bytes = reply.into_bytes();
+    let (in_tx, incoming) = mpsc::channel::<Line>(QUEUED_LINES);
+    let (out, mut out_rx) = mpsc::channel::<String>(QUEUED_LINES);
+    // Reading happens in its own task: a line read is not cancellation-safe.
+    let reader = tokio::spawn(mcp::forward_lines(BufReader::new(read), limit, in_tx));
+    // The writer ends when the session drops its sender (after the last line) or the client
+    // stops reading; the session sees the latter as its outgoing channel closing.
+    let writer = tokio::spawn(async move {
+        while let Some(line) = out_rx.recv().await {
+            let mut bytes = line.into_bytes();
             bytes.push(b'\n');
             match tokio::time::timeout(CLIENT_WRITE_TIMEOUT, write.write_all(&bytes)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) => break,
+                Ok(Err(_)) => return,
                 Err(_) => {
-                    tracing::warn!("the client stopped reading; closing the session");
-                    break;
+                    tracing::warn!(uid, "the client stopped reading; closing the session");
+                    return;
                 }
             }
         }
-    };
-    let id = super::random_id();
-    tokio::join!(
-        run(host, id, Identity::Peer { uid, gid }, lines, out),
-        writer
-    );
+    });
+    run(host, Identity::Peer { uid, gid }, incoming, out).await;
     reader.abort();
+    let _ = writer.await;
 }
 
-/// Serves one session of `identity`, whatever its transport: messages arrive on `lines`,
-/// replies leave on `out`, in order. It ends when `lines` ends (or `out` closes), the
-/// session goes idle past the configured windows, is refused at `initialize`, or the host
-/// stops.
-pub(crate) async fn run(
+/// Runs a session of `identity` over any transport: `incoming` delivers the client's
+/// lines, `out` takes the session's. Returns when the client is gone (end of input, or `out`
+/// closed), the session is idle past the configured windows, is refused at `initialize`, or
+/// the host stops; calls still in flight then finish (their outcomes are recorded) first.
+pub(super) async fn run(
     host: Arc<Host>,
-    id: String,
     identity: Identity,
-    mut lines: mpsc::Receiver<Line>,
+    mut incoming: mpsc::Receiver<Line>,
     out: mpsc::Sender<String>,
 ) {
     let limit = host.current().config.max_message_bytes;
-    let mut session = Session {
-        id,
+    let session = Arc::new(Session {
+        id: super::random_id(),
         identity,
-        state: SessionState::Opened,
-        bound: HashMap::new(),
+        pinned: OnceLock::new(),
+        executors: Mutex::new(HashMap::new()),
+        cancels: Mutex::new(HashMap::new()),
+        out: out.clone(),
         host,
-    };
-    tracing::debug!(session = %session.id, identity = %session.identity, "session opened");
+    });
+    tracing::info!(session = %session.id, identity = %session.identity, "session opened");
+    let mut requests = JoinSet::new();
+    let mut refused = false;
     let mut idle = tokio::time::interval(Duration::from_secs(5));
     let opened = tokio::time::Instant::now();
-    let mut last_request = opened;
+    let mut last_activity = opened;
+    let mut ended = "the client closed the connection";
     loop {
-        if session.host.stopping() || session.state == SessionState::Refused {
+        if session.host.stopping() {
+            ended = "the host is stopping";
+            break;
+        }
+        if refused {
+            ended = "refused at initialize";
             break;
         }
         // Before initialize a connection gets a short window; after it, a session that
-        // sends nothing for the configured time is closed, so idle peers cannot hold slots.
+        // sends nothing for the configured time (and has nothing in flight) is closed, so
+        // idle peers cannot hold slots.
         let deadline = {
             let config = &session.host.current().config;
-            if matches!(session.state, SessionState::Initialized(_)) {
-                last_request + config.session_idle_timeout
+            if session.pinned.get().is_some() {
+                last_activity + config.session_idle_timeout
             } else {
                 opened + config.initialize_timeout
             }
         };
         let line = tokio::select! {
-            l = lines.recv() => l.unwrap_or(Line::Eof),
+            l = incoming.recv(), if requests.len() < MAX_REQUESTS_IN_FLIGHT => l.unwrap_or(Line::Eof),
+            Some(_) = requests.join_next(), if !requests.is_empty() => {
+                // A long call is activity too: the idle window starts after its answer.
+                last_activity = tokio::time::Instant::now();
+                continue;
+            }
             _ = idle.tick() => { session.reap_idle().await; continue; }
-            _ = tokio::time::sleep_until(deadline) => {
-                tracing::debug!(
-                    session = %session.id,
-                    state = ?session.state,
-                    "no request within the configured window; closing the session"
-                );
+            _ = tokio::time::sleep_until(deadline), if requests.is_empty() => {
+                ended = "no request within the configured window";
                 break;
             }
-            _ = session.host.stopped() => break,
+            _ = session.host.stopped() => { ended = "the host is stopping"; break; }
+            _ = out.closed() => { ended = "the client stopped reading"; break; }
         };
-        let reply = match line {
+        last_activity = tokio::time::Instant::now();
+        let bytes = match line {
             Line::Eof => break,
-            Line::TooLarge(n) => Some(mcp::error_response(
-                &Value::Null,
-                &RpcError::new(
-                    code::INVALID_REQUEST,
-                    format!("message of {n} bytes exceeds the limit of {limit} bytes"),
-                ),
-            )),
-            Line::Message(bytes) => session.handle(&bytes).await,
+            Line::TooLarge(n) => {
+                session
+                    .send(mcp::error_response(
+                        &Value::Null,
+                        &RpcError::new(
+                            code::INVALID_REQUEST,
+                            format!("message of {n} bytes exceeds the limit of {limit} bytes"),
+                        ),
+                    ))
+                    .await;
+                continue;
+            }
+            Line::Message(bytes) => bytes,
         };
-        if let Some(reply) = reply
-            && out.send(reply).await.is_err()
-        {
-            break;
+        match mcp::parse(&bytes) {
+            Err((id, e)) => session.send(mcp::error_response(&id, &e)).await,
+            Ok(Incoming::Response { .. }) => {}
+            Ok(Incoming::Notification { method, params }) => session.notified(&method, &params),
+            Ok(Incoming::Request { id, method, params }) if method == "initialize" => {
+                let answer = session.initialize(&params).await;
+                refused = answer.is_err();
+                session.answer(&id, answer).await;
+            }
+            Ok(Incoming::Request { id, method, params }) => {
+                let cancel = if method == "tools/call" {
+                    match session.register_cancel(&id) {
+                        Some(cancel) => Some(cancel),
+                        None => {
+                            let e = RpcError::new(
+                                code::INVALID_REQUEST,
+                                format!("request id {id} is already in flight in this session"),
+                            );
+                            session.send(mcp::error_response(&id, &e)).await;
+                            continue;
+                        }
+                    }
+                } else {
+                    None
+                };
+                requests.spawn(session.clone().request(id, method, params, cancel));
+            }
         }
-        // A long call is activity too: the idle window starts after its reply.
-        last_request = tokio::time::Instant::now();
     }
-    drop(out);
-    for (_, b) in session.bound.drain() {
+    // Calls still in flight finish and are recorded; when the client is gone they are
+    // cancelled first (their executors are told, as a client's cancellation would).
+    if ended != "the host is stopping" {
+        session.cancel_all("the client disconnected");
+    }
+    while requests.join_next().await.is_some() {}
+    let executors: Vec<Bound> = session
+        .executors
+        .lock()
+        .map(|mut all| all.drain().flat_map(|(_, s)| s.idle).collect())
+        .unwrap_or_default();
+    for b in executors {
         b.exec.stop().await;
     }
-    if let SessionState::Initialized(principal) = session.state.clone() {
+    if let Some(principal) = session.pinned.get().cloned() {
         let key = SessionKey {
             principal,
             session: session.id.clone(),
@@ -233,7 +304,7 @@ pub(crate) async fn run(
             tracing::error!(session = %session.id, error = %e, "cannot drop the ended session's label; the flow state refuses further use");
         }
     }
-    tracing::debug!(session = %session.id, "session closed");
+    tracing::info!(session = %session.id, reason = ended, "session closed");
 }
 
 impl Session {
@@ -268,7 +339,7 @@ impl Session {
 
     /// The principal the session was mapped to at `initialize`.
     fn pinned(&self) -> Option<&PrincipalId> {
-        pinned(&self.state)
+        self.pinned.get()
     }
 
     fn caller(&self, generation: &Generation) -> Caller<'_> {
@@ -288,6 +359,11 @@ impl Session {
             .data_denial()
             .and_then(|d| serde_json::from_value::<Denial>(json!(d)).ok())
             .unwrap_or(Denial::AccessDenied);
+        // Every refusal tells the client its denial, as the record does.
+        let e = match e.data_denial() {
+            Some(_) => e,
+            None => e.with_data(json!({"denial": denial.as_str()})),
+        };
         pipeline::refuse_session(
             &env(&self.host, &generation),
             &self.caller(&generation),
@@ -298,60 +374,26 @@ impl Session {
         .await
     }
 
-    async fn handle(&mut self, bytes: &[u8]) -> Option<String> {
-        let (id, method, params) = match mcp::parse(bytes) {
-            Err((id, e)) => return Some(mcp::error_response(&id, &e)),
-            Ok(Incoming::Notification { .. }) | Ok(Incoming::Response { .. }) => return None,
-            Ok(Incoming::Request { id, method, params }) => (id, method, params),
-        };
-        let result = match method.as_str() {
-            "initialize" => match self.initialize() {
-                Err(e) => Err(self.refuse_session("(initialize)", e).await),
-                ok => ok,
-            },
-            "ping" => Ok(json!({})),
-            "tools/list" | "tools/call" | "flowhost/health" | "flowhost/session"
-                if self.pinned().is_none() =>
-            {
-                let e = refusal(
-                    code::NOT_INITIALIZED,
-                    "send initialize before other requests",
-                    Denial::NotInitialized,
-                );
-                Err(self.refuse_session(&format!("({method})"), e).await)
-            }
-            "tools/list" => match self.list() {
-                Err(e) => Err(self.refuse_session("(tools/list)", e).await),
-                ok => ok,
-            },
-            "tools/call" => self.call(&params).await,
-            "flowhost/session" => match self.describe().await {
-                Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
-                ok => ok,
-            },
-            "flowhost/health" => match self.health(&params) {
-                Err(e) => Err(self.refuse_session("(flowhost/health)", e).await),
-                ok => ok,
-            },
-            other => Err(RpcError::new(
-                code::METHOD_NOT_FOUND,
-                format!("method {other:?} is not served"),
-            )),
-        };
-        Some(match result {
-            Ok(v) => mcp::response(&id, v),
-            Err(e) => mcp::error_response(&id, &e),
-        })
-    }
-
-    fn initialize(&mut self) -> Result<Value, RpcError> {
+    /// `initialize`: maps the peer to its principal (recording a refusal) and agrees on the
+    /// protocol revision: the one the client asked for when the host speaks it, else the
+    /// newest the host speaks (the client may then disconnect).
+    async fn initialize(&self, params: &Value) -> Result<Value, RpcError> {
         let generation = self.host.current();
-        let principal = self
-            .principal(&generation)
-            .inspect_err(|_| self.state = SessionState::Refused)?;
-        self.state = SessionState::Initialized(principal.id.clone());
+        let principal = match self.principal(&generation) {
+            Ok(p) => p,
+            Err(e) => return Err(self.refuse_session("(initialize)", e).await),
+        };
+        // A repeated initialize cannot move the session: `principal` refuses a mapping
+        // that differs from the pinned one.
+        let _ = self.pinned.set(principal.id.clone());
+        let requested = params
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let revision = mcp::negotiate(requested).unwrap_or(mcp::PROTOCOL_VERSION);
+        tracing::info!(session = %self.id, principal = %principal.id, requested, revision, "session initialized");
         Ok(json!({
-            "protocolVersion": mcp::PROTOCOL_VERSION,
+            "protocolVersion": revision,
             "capabilities": {"tools": {"listChanged": false}},
             "serverInfo": {"name": "flowhost", "version": env!("CARGO_PKG_VERSION")},
             "instructions": format!("Governed tools for principal {}; every call and egress is decided and recorded.", principal.id),
@@ -366,22 +408,16 @@ impl Session {
             .tools()
             .filter(|t| principal.may_call(t.server_id(), t.name()))
             .map(|t| {
-                let a = t.definition().annotations();
                 let bridge = generation
                     .registry
                     .bridge_security(t.server_id(), t.name())
                     .and_then(|b| serde_json::to_value(b).ok());
-                json!({
-                    "name": generation.config.public_tool_name(t.server_id(), t.name()),
-                    "description": t.sanitized_description(),
-                    "inputSchema": t.definition().input_schema(),
-                    "_meta": { BRIDGE_META_KEY: bridge },
-                    "annotations": {
-                        "readOnlyHint": a.read_only,
-                        "destructiveHint": a.destructive,
-                        "idempotentHint": a.idempotent,
-                    },
-                })
+                tool_entry(
+                    generation.config.public_tool_name(t.server_id(), t.name()),
+                    t.definition(),
+                    t.sanitized_description(),
+                    bridge,
+                )
             })
             .collect();
         Ok(json!({ "tools": tools }))
@@ -435,9 +471,10 @@ impl Session {
                 .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?,
             Some("assay") => h.to_assay(),
             Some(other) => {
-                return Err(RpcError::new(
+                return Err(refusal(
                     code::INVALID_PARAMS,
                     format!("shape {other:?} is not \"flowhost\" or \"assay\""),
+                    Denial::InvalidParams,
                 ));
             }
         };
@@ -447,44 +484,204 @@ impl Session {
         Ok(v)
     }
 
-    /// `tools/call`, through the pipeline, with this session's executors.
-    async fn call(&mut self, params: &Value) -> Result<Value, RpcError> {
+    /// `tools/call`, through the pipeline, with this session's executors. `cancel` ends
+    /// the call when the client cancels it.
+    async fn call(
+        &self,
+        params: &Value,
+        cancel: watch::Receiver<Option<String>>,
+    ) -> Result<Value, RpcError> {
         let generation = self.host.current();
-        let host = self.host.clone();
-        let caller = Caller {
-            session: &self.id,
-            peer: self.identity.peer(),
-            principal: self.principal(&generation),
-            pinned: pinned(&self.state),
-        };
+        let progress = params
+            .get("_meta")
+            .and_then(|m| m.get("progressToken"))
+            .filter(|t| t.is_string() || t.is_i64() || t.is_u64())
+            .map(|token| ProgressRoute {
+                token: token.clone(),
+                out: self.out.clone(),
+            });
         let mut executors = Executors {
+            session: self,
             generation: &generation,
-            bound: &mut self.bound,
+            control: CallControl { cancel, progress },
         };
-        pipeline::tools_call(&env(&host, &generation), caller, params, &mut executors).await
+        pipeline::tools_call(
+            &env(&self.host, &generation),
+            self.caller(&generation),
+            params,
+            &mut executors,
+        )
+        .await
     }
 
-    async fn reap_idle(&mut self) {
-        let limit = self.host.current().config.idle_timeout;
-        let idle: Vec<String> = self
-            .bound
-            .iter()
-            .filter(|(_, b)| b.exec.idle_for() > limit)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in idle {
-            if let Some(b) = self.bound.remove(&k) {
-                b.exec.stop().await;
+    /// Answers one request (any but `initialize`), in its own task.
+    async fn request(
+        self: Arc<Self>,
+        id: Value,
+        method: String,
+        params: Value,
+        cancel: Option<watch::Receiver<Option<String>>>,
+    ) {
+        let result = match method.as_str() {
+            "ping" => Ok(json!({})),
+            "tools/list" | "tools/call" | "flowhost/health" | "flowhost/session"
+                if self.pinned().is_none() =>
+            {
+                let e = refusal(
+                    code::NOT_INITIALIZED,
+                    "send initialize before other requests",
+                    Denial::NotInitialized,
+                );
+                Err(self.refuse_session(&format!("({method})"), e).await)
             }
+            "tools/list" => match self.list() {
+                Err(e) => Err(self.refuse_session("(tools/list)", e).await),
+                ok => ok,
+            },
+            "tools/call" => {
+                let cancel = cancel.unwrap_or_else(|| CallControl::none().cancel);
+                self.call(&params, cancel).await
+            }
+            "flowhost/session" => match self.describe().await {
+                Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
+                ok => ok,
+            },
+            "flowhost/health" => match self.health(&params) {
+                Err(e) => Err(self.refuse_session("(flowhost/health)", e).await),
+                ok => ok,
+            },
+            other => Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!("method {other:?} is not served"),
+            )),
+        };
+        // A cancelled request is not answered (the client has stopped waiting for it); its
+        // outcome is recorded all the same.
+        let cancelled = self.settle_cancel(&id);
+        if !cancelled {
+            self.answer(&id, result).await;
+        }
+    }
+
+    async fn answer(&self, id: &Value, result: Result<Value, RpcError>) {
+        self.send(match result {
+            Ok(v) => mcp::response(id, v),
+            Err(e) => mcp::error_response(id, &e),
+        })
+        .await;
+    }
+
+    /// Queues one outgoing line (lost if the client is gone).
+    async fn send(&self, line: String) {
+        let _ = self.out.send(line).await;
+    }
+
+    /// A client notification: `notifications/cancelled` ends the named call in flight;
+    /// others need nothing.
+    fn notified(&self, method: &str, params: &Value) {
+        if method != "notifications/cancelled" {
+            return;
+        }
+        let Some(id) = params.get("requestId") else {
+            return;
+        };
+        let reason = params
+            .get("reason")
+            .and_then(Value::as_str)
+            .unwrap_or("cancelled by the client");
+        if let Ok(cancels) = self.cancels.lock()
+            && let Some(cancel) = cancels.get(&id.to_string())
+        {
+            tracing::info!(session = %self.id, request = %id, reason, "the client cancelled a call");
+            let _ = cancel.send(Some(reason.chars().take(256).collect()));
+        }
+    }
+
+    /// Registers a cancellable request `id`; `None` if a request with that id is in flight.
+    fn register_cancel(&self, id: &Value) -> Option<watch::Receiver<Option<String>>> {
+        let mut cancels = self.cancels.lock().ok()?;
+        let key = id.to_string();
+        if cancels.contains_key(&key) {
+            return None;
+        }
+        let (tx, rx) = watch::channel(None);
+        cancels.insert(key, tx);
+        Some(rx)
+    }
+
+    /// Forgets request `id`'s cancellation; whether it was cancelled.
+    fn settle_cancel(&self, id: &Value) -> bool {
+        self.cancels
+            .lock()
+            .ok()
+            .and_then(|mut c| c.remove(&id.to_string()))
+            .is_some_and(|tx| tx.borrow().is_some())
+    }
+
+    /// Cancels every call in flight (the client is gone).
+    fn cancel_all(&self, reason: &str) {
+        if let Ok(cancels) = self.cancels.lock() {
+            for tx in cancels.values() {
+                let _ = tx.send(Some(reason.to_string()));
+            }
+        }
+    }
+
+    /// Stops the session's executors that have been idle past the configured time.
+    async fn reap_idle(&self) {
+        let limit = self.host.current().config.idle_timeout;
+        let idle: Vec<Bound> = match self.executors.lock() {
+            Ok(mut all) => all
+                .values_mut()
+                .flat_map(|s| {
+                    let (old, keep) = std::mem::take(&mut s.idle)
+                        .into_iter()
+                        .partition::<Vec<_>, _>(|b| b.exec.idle_for() > limit);
+                    s.idle = keep;
+                    old
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for b in idle {
+            b.exec.stop().await;
         }
     }
 }
 
-fn pinned(state: &SessionState) -> Option<&PrincipalId> {
-    match state {
-        SessionState::Initialized(p) => Some(p),
-        _ => None,
+/// A tool as `tools/list` advertises it: its signed description, input and output schemas,
+/// title and annotations, with the bridge security metadata in `_meta`.
+fn tool_entry(
+    name: String,
+    definition: &crate::manifest::ToolDefinition,
+    description: String,
+    bridge: Option<Value>,
+) -> Value {
+    let a = definition.annotations();
+    let mut annotations = json!({
+        "readOnlyHint": a.read_only,
+        "destructiveHint": a.destructive,
+        "idempotentHint": a.idempotent,
+    });
+    if let Some(open_world) = a.open_world {
+        annotations["openWorldHint"] = json!(open_world);
     }
+    let mut entry = json!({
+        "name": name,
+        "description": description,
+        "inputSchema": definition.input_schema(),
+        "_meta": { BRIDGE_META_KEY: bridge },
+        "annotations": annotations,
+    });
+    if let Some(title) = definition.title().map(crate::manifest::sanitize_for_client) {
+        // The tool's title (2025-06-18) and the annotations' (2025-03-26) say the same.
+        entry["annotations"]["title"] = json!(title);
+        entry["title"] = json!(title);
+    }
+    if let Some(schema) = definition.output_schema() {
+        entry["outputSchema"] = Value::Object(schema.clone());
+    }
+    entry
 }
 
 /// The call environment of `generation` on `host`.
@@ -502,36 +699,62 @@ pub(super) fn env<'g>(host: &'g Host, generation: &'g Generation) -> CallEnv<'g>
     }
 }
 
-/// A session's executors, one per server, as the pipeline dispatches to them.
+/// The executors one call may use: the session's, for the call's generation, with the
+/// client's control of the call.
 struct Executors<'s> {
+    session: &'s Session,
     generation: &'s Generation,
-    bound: &'s mut HashMap<String, Bound>,
+    control: CallControl,
 }
 
 impl Executors<'_> {
-    /// The executor bound to this session for `server`: the existing one if it belongs to
-    /// the current generation, is alive, and is fit for the call's label; otherwise a fresh
-    /// one from the warm pool.
-    async fn executor_for(
-        &mut self,
+    /// An idle executor of the session for `server` that belongs to the current generation,
+    /// is alive and is fit for the call's label, or a fresh one from the warm pool. Unfit
+    /// ones met on the way are stopped.
+    async fn take(
+        &self,
         server: &str,
         source: &crate::label::InformationLabel,
-    ) -> Result<Bound, super::ExecutorError> {
-        if let Some(mut b) = self.bound.remove(server) {
-            if b.generation == self.generation.id && b.exec.alive() && b.exec.fit_for(source) {
-                return Ok(b);
+    ) -> Result<Bound, ExecutorError> {
+        let mut retired = Vec::new();
+        let mut found = None;
+        if let Ok(mut all) = self.session.executors.lock()
+            && let Some(s) = all.get_mut(server)
+        {
+            while let Some(mut b) = s.idle.pop() {
+                if b.generation == self.generation.id && b.exec.alive() && b.exec.fit_for(source) {
+                    found = Some(b);
+                    break;
+                }
+                retired.push(b);
             }
+        }
+        for b in retired {
             b.exec.stop().await;
+        }
+        if let Some(b) = found {
+            return Ok(b);
         }
         let pool = self
             .generation
             .pools
             .get(server)
-            .ok_or(super::ExecutorError::Exited)?;
+            .ok_or(ExecutorError::Exited)?;
         Ok(Bound {
             generation: self.generation.id,
             exec: pool.acquire().await?,
         })
+    }
+
+    /// Returns an executor to the session's idle ones.
+    fn give_back(&self, server: &str, bound: Bound) -> Option<Bound> {
+        match self.session.executors.lock() {
+            Ok(mut all) => {
+                all.entry(server.to_string()).or_default().idle.push(bound);
+                None
+            }
+            Err(_) => Some(bound),
+        }
     }
 }
 
@@ -543,10 +766,23 @@ impl Dispatch for Executors<'_> {
         arguments: Value,
         mut call: CallInFlight,
     ) -> Result<Value, DispatchError> {
+        let permits = match self.session.executors.lock() {
+            Ok(mut all) => all.entry(server.to_string()).or_default().permits.clone(),
+            Err(_) => {
+                return Err(DispatchError::NotStarted(format!(
+                    "server {server:?}: the session's executors are unavailable"
+                )));
+            }
+        };
+        // Waits (cancellably) for one of the server's executors of this session.
+        let _permit = tokio::select! {
+            p = permits.acquire_owned() => p.map_err(|e| DispatchError::NotStarted(e.to_string()))?,
+            reason = cancelled(&mut self.control.cancel) => return Err(DispatchError::Cancelled(reason)),
+        };
         let mut bound = self
-            .executor_for(server, &call.plan.source)
+            .take(server, &call.plan.source)
             .await
-            .map_err(|e| DispatchError::NotStarted(e.to_string()))?;
+            .map_err(|e| DispatchError::NotStarted(format!("server {server:?}: {e}")))?;
         call.executor_pid = bound.exec.pid();
         let name = call.tool.clone();
         let config = &self.generation.config;
@@ -557,18 +793,34 @@ impl Dispatch for Executors<'_> {
                 tool,
                 arguments,
                 config.call_timeout,
-                config.max_message_bytes,
+                &mut self.control,
             )
             .await;
         match outcome {
             Ok(result) => {
-                self.bound.insert(server.to_string(), bound);
+                if let Some(b) = self.give_back(server, bound) {
+                    b.exec.stop().await;
+                }
                 Ok(result)
             }
+            Err(ExecutorError::Cancelled {
+                reason,
+                acknowledged,
+            }) => {
+                tracing::info!(server = %server, tool = %name, acknowledged, "call cancelled: {reason}");
+                if acknowledged {
+                    if let Some(b) = self.give_back(server, bound) {
+                        b.exec.stop().await;
+                    }
+                } else {
+                    bound.exec.stop().await;
+                }
+                Err(DispatchError::Cancelled(reason))
+            }
             Err(e) => {
-                tracing::warn!(tool = %name, error = %e, "executor failed; it is retired");
+                tracing::warn!(server = %server, tool = %name, error = %e, "the executor of server {server:?} failed; it is retired");
                 bound.exec.stop().await;
-                Err(DispatchError::Failed(e.to_string()))
+                Err(DispatchError::Failed(format!("server {server:?}: {e}")))
             }
         }
     }

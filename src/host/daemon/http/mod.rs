@@ -549,13 +549,7 @@ impl Transport {
                 }
             };
             tokio::join!(
-                session::run(
-                    transport.host.clone(),
-                    session_id.clone(),
-                    identity,
-                    lines,
-                    out
-                ),
+                session::run(transport.host.clone(), identity, lines, out),
                 router
             );
             if let Ok(mut s) = streams.lock() {

@@ -210,11 +210,19 @@ async fn access_is_checked_before_anything_runs() {
 async fn arguments_failing_the_signed_schema_are_refused_and_recorded() {
     let host = Host::new();
     let mut exec = Scripted::default();
-    let e = host
+    // A tool execution error the model can act on, not a protocol error.
+    let r = host
         .call(ANALYST, call("workspace/read_terms", json!({})), &mut exec)
         .await
-        .unwrap_err();
-    assert_eq!(denial_of(&e), "schema_invalid");
+        .unwrap();
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("document"),
+        "{r}"
+    );
     assert!(exec.asked.is_empty());
     assert_eq!(
         host.records().await[0]["flowhost"]["denial_kind"],

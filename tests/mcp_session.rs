@@ -1,0 +1,361 @@
+//! MCP sessions against the real daemon and real sandboxed executors (`flowhost-tool-slow`):
+//! requests in flight concurrently and answered in any order, progress and cancellation
+//! passed through, tools advertised with their signed output schema and annotations,
+//! schema failures as tool errors, error codes clear of the SDKs', protocol negotiation, and
+//! the operator's log lines.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::governed::{Governed, RawClient, ServerSpec, tool};
+use common::shared_copy;
+use serde_json::{Value, json};
+
+fn slow_tools() -> Vec<Value> {
+    let mut structured = tool("structured", json!({"type": "object"}));
+    structured["title"] = json!("Structured answer");
+    structured["output_schema"] = json!({"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]});
+    structured["annotations"]["open_world"] = json!(false);
+    vec![
+        tool(
+            "sleep",
+            json!({"type": "object", "properties": {"seconds": {"type": "number", "maximum": 60},
+                   "steps": {"type": "integer", "minimum": 1}}, "required": ["seconds"],
+                   "additionalProperties": false}),
+        ),
+        structured,
+        tool("chatter", json!({"type": "object"})),
+    ]
+}
+
+fn slow(id: &str, args: &[&str]) -> ServerSpec {
+    let mut command = vec![shared_copy("flowhost-tool-slow").display().to_string()];
+    command.extend(args.iter().map(|a| a.to_string()));
+    let mut s = ServerSpec::new(id, command, slow_tools());
+    s.extra = "pool_size = 2".into();
+    s
+}
+
+fn start() -> Option<Governed> {
+    Governed::start(
+        &[slow("slow", &[]), slow("stubborn", &["--ignore-cancel"])],
+        "",
+    )
+}
+
+fn call(c: &mut RawClient, id: u64, tool: &str, arguments: Value) {
+    c.send_request(
+        id,
+        "tools/call",
+        json!({"name": tool, "arguments": arguments}),
+    );
+}
+
+/// Reads messages until the answer to `id` arrives; returns it and what came before.
+fn until_answer(c: &mut RawClient, id: u64) -> (Value, Vec<Value>) {
+    let mut before = Vec::new();
+    loop {
+        let m = c.recv();
+        if m["id"] == json!(id) && m.get("method").is_none() {
+            return (m, before);
+        }
+        before.push(m);
+    }
+}
+
+#[test]
+fn pings_lists_and_other_calls_do_not_wait_behind_a_call() {
+    let Some(host) = start() else { return };
+    let mut c = host.client();
+    let t0 = Instant::now();
+    call(&mut c, 1, "slow/sleep", json!({"seconds": 3}));
+    std::thread::sleep(Duration::from_millis(200));
+    c.send_request(2, "ping", json!({}));
+    c.send_request(3, "tools/list", json!({}));
+    call(&mut c, 4, "slow/sleep", json!({"seconds": 0.2}));
+    call(&mut c, 5, "stubborn/sleep", json!({"seconds": 0.1}));
+    let mut order = Vec::new();
+    let mut at = std::collections::HashMap::new();
+    for _ in 0..5 {
+        let m = c.recv();
+        let id = m["id"].as_u64().unwrap();
+        assert!(m.get("result").is_some(), "{m}");
+        at.insert(id, t0.elapsed());
+        order.push(id);
+    }
+    assert_eq!(
+        *order.last().unwrap(),
+        1,
+        "the long call answers last: {order:?}"
+    );
+    for id in [2, 3, 4, 5] {
+        assert!(
+            at[&id] < Duration::from_millis(2000),
+            "request {id} waited {:?} behind the long call ({order:?})\n{}",
+            at[&id],
+            host.log()
+        );
+    }
+}
+
+#[test]
+fn concurrent_calls_to_one_server_run_on_separate_executors() {
+    let Some(host) = start() else { return };
+    let mut c = host.client();
+    let t0 = Instant::now();
+    for id in 1..=3 {
+        call(&mut c, id, "slow/sleep", json!({"seconds": 1.5}));
+    }
+    for _ in 0..3 {
+        let m = c.recv();
+        assert!(m.get("result").is_some(), "{m}");
+    }
+    // One executor (serving one call at a time) would take 4.5 s; three serve the calls
+    // side by side.
+    assert!(
+        t0.elapsed() < Duration::from_millis(3500),
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn progress_reaches_the_client_and_cancellation_reaches_the_executor() {
+    let Some(host) = start() else { return };
+    let mut c = host.client();
+    // Progress: every notification, with the client's token, before the answer; numbers only.
+    c.send_request(
+        1,
+        "tools/call",
+        json!({"name": "slow/sleep", "arguments": {"seconds": 0.8, "steps": 4},
+               "_meta": {"progressToken": "tok-1"}}),
+    );
+    let (answer, before) = until_answer(&mut c, 1);
+    assert!(answer.get("result").is_some(), "{answer}");
+    let progress: Vec<&Value> = before
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .collect();
+    assert_eq!(progress.len(), 4, "{before:?}");
+    for (i, p) in progress.iter().enumerate() {
+        assert_eq!(p["params"]["progressToken"], "tok-1");
+        assert_eq!(p["params"]["progress"], json!(i + 1));
+        assert_eq!(p["params"]["total"], json!(4));
+        assert!(p["params"].get("message").is_none(), "{p}");
+    }
+
+    // Cancellation: the executor that honours it answers and serves again; the call is not
+    // answered, and its outcome is recorded as cancelled.
+    for (server, acknowledged) in [("slow", true), ("stubborn", false)] {
+        let t0 = Instant::now();
+        call(
+            &mut c,
+            10,
+            &format!("{server}/sleep"),
+            json!({"seconds": 20, "steps": 100}),
+        );
+        std::thread::sleep(Duration::from_millis(400));
+        c.notify(
+            "notifications/cancelled",
+            json!({"requestId": 10, "reason": "user stopped it"}),
+        );
+        call(
+            &mut c,
+            11,
+            &format!("{server}/sleep"),
+            json!({"seconds": 0.1}),
+        );
+        let (answer, before) = until_answer(&mut c, 11);
+        assert!(answer.get("result").is_some(), "{answer}");
+        assert!(before.iter().all(|m| m["id"] != json!(10)), "{before:?}");
+        assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
+        c.send_request(12, "ping", json!({}));
+        let (pong, before) = until_answer(&mut c, 12);
+        assert!(pong.get("result").is_some());
+        assert!(before.iter().all(|m| m["id"] != json!(10)), "{before:?}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = host.log();
+            let line = log
+                .lines()
+                .find(|l| l.contains("call cancelled") && l.contains(&format!("server={server} ")));
+            if let Some(line) = line {
+                assert!(
+                    line.contains(&format!("acknowledged={acknowledged}")),
+                    "{line}"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "no cancellation line:\n{log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let cancelled = host
+            .records()
+            .into_iter()
+            .filter(|r| {
+                r["flowhost"]["event"] == "tool_outcome"
+                    && r["tool"]["name"] == format!("{server}/sleep")
+                    && r.to_string().contains("\"cancelled\"")
+            })
+            .count();
+        assert_eq!(cancelled, 1, "{:#?}", host.records());
+    }
+}
+
+#[test]
+fn tools_carry_signed_output_schema_and_annotations_and_results_keep_structured_content() {
+    let Some(host) = start() else { return };
+    let mut c = host.client();
+    let list = c.request("tools/list", json!({}));
+    let tools = list["result"]["tools"].as_array().unwrap();
+    let structured = tools
+        .iter()
+        .find(|t| t["name"] == "slow/structured")
+        .unwrap();
+    assert_eq!(structured["outputSchema"]["required"], json!(["answer"]));
+    assert_eq!(structured["title"], "Structured answer");
+    assert_eq!(structured["annotations"]["title"], "Structured answer");
+    assert_eq!(structured["annotations"]["openWorldHint"], false);
+    assert_eq!(structured["annotations"]["readOnlyHint"], true);
+    let sleep = tools.iter().find(|t| t["name"] == "slow/sleep").unwrap();
+    assert!(sleep.get("outputSchema").is_none() && sleep.get("title").is_none());
+
+    let r = c.request(
+        "tools/call",
+        json!({"name": "slow/structured", "arguments": {}}),
+    );
+    assert_eq!(
+        r["result"]["structuredContent"],
+        json!({"answer": 42}),
+        "{r}"
+    );
+}
+
+#[test]
+fn input_failing_the_schema_is_a_tool_error_and_refusals_carry_their_denial() {
+    let Some(host) = start() else { return };
+    let mut c = host.client();
+    let r = c.request(
+        "tools/call",
+        json!({"name": "slow/sleep", "arguments": {"seconds": "soon"}}),
+    );
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    let text = r["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("seconds") && text.contains("inputSchema"),
+        "{text}"
+    );
+    let refused = host
+        .records()
+        .into_iter()
+        .filter(|r| r.to_string().contains("schema_invalid"))
+        .count();
+    assert_eq!(refused, 1, "{:#?}", host.records());
+
+    // An unknown tool is refused with its denial, under a code the SDKs do not reserve.
+    let r = c.request("tools/call", json!({"name": "slow/nope", "arguments": {}}));
+    assert_eq!(r["error"]["data"]["denial"], "unknown_tool", "{r}");
+    let code = r["error"]["code"].as_i64().unwrap();
+    assert!(![-32000, -32001, -32002, -32042].contains(&code), "{r}");
+
+    // Before initialize: refused with its denial, not with the SDKs' timeout code.
+    let mut raw = RawClient::connect(&host.socket);
+    let r = raw.request("tools/list", json!({}));
+    assert_eq!(r["error"]["data"]["denial"], "not_initialized", "{r}");
+    let code = r["error"]["code"].as_i64().unwrap();
+    assert!(![-32000, -32001, -32002, -32042].contains(&code), "{r}");
+}
+
+#[test]
+fn the_newest_revision_both_sides_speak_is_negotiated() {
+    let Some(host) = start() else { return };
+    for (asked, agreed) in [
+        ("2025-06-18", "2025-06-18"),
+        ("2025-03-26", "2025-03-26"),
+        ("2024-11-05", "2024-11-05"),
+        ("2099-01-01", "2025-06-18"),
+    ] {
+        let mut c = RawClient::connect(&host.socket);
+        let r = c.request(
+            "initialize",
+            json!({"protocolVersion": asked, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
+        );
+        assert_eq!(r["result"]["protocolVersion"], agreed, "{r}");
+    }
+}
+
+#[test]
+fn an_executor_speaking_an_unknown_revision_is_refused_naming_its_server() {
+    if !common::is_root() {
+        eprintln!("SKIP: the daemon tests need root for the broker");
+        return;
+    }
+    let result = std::panic::catch_unwind(|| {
+        Governed::start(&[slow("future", &["--revision", "2099-01-01"])], "")
+    });
+    let message = match result {
+        Err(e) => e.downcast_ref::<String>().cloned().unwrap_or_default(),
+        Ok(_) => panic!("the daemon started with an executor it cannot speak to"),
+    };
+    assert!(
+        message.contains("\"future\"") && message.contains("2099-01-01"),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_log_has_a_line_per_call_and_tagged_executor_stderr_without_colour() {
+    let Some(mut host) = start() else { return };
+    let mut c = host.client();
+    let r = c.request(
+        "tools/call",
+        json!({"name": "slow/chatter", "arguments": {"lines": 200}}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    let r = c.request("tools/call", json!({"name": "slow/nope", "arguments": {}}));
+    assert!(r.get("error").is_some(), "{r}");
+    drop(c);
+    std::thread::sleep(Duration::from_millis(300));
+    host.stop();
+    let log = host.log();
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a log file:\n{log}"
+    );
+    let call = log
+        .lines()
+        .find(|l| l.contains("tools/call") && l.contains("slow/chatter"))
+        .unwrap_or_else(|| panic!("no call line:\n{log}"));
+    for field in ["principal=tester", "verdict=\"succeeded\"", "duration_ms="] {
+        assert!(call.contains(field), "{field} missing: {call}");
+    }
+    assert!(
+        log.lines()
+            .any(|l| l.contains("slow/nope") && l.contains("reason=\"unknown_tool\"")),
+        "{log}"
+    );
+    let stderr: Vec<&str> = log.lines().filter(|l| l.contains("chatter line")).collect();
+    assert!(!stderr.is_empty(), "{log}");
+    assert!(
+        stderr
+            .iter()
+            .all(|l| l.contains("server=slow") && l.contains("tool=slow/chatter")),
+        "{stderr:?}"
+    );
+    // Bounded: a chatty executor cannot flood the log.
+    assert!(stderr.len() < 100, "{} stderr lines logged", stderr.len());
+    assert!(
+        log.contains("reached the limit of 64 lines per call"),
+        "{log}"
+    );
+    for line in [
+        "ready: serving",
+        "session opened",
+        "session closed",
+        "stopping",
+        "stopped",
+    ] {
+        assert!(log.contains(line), "no {line:?} line:\n{log}");
+    }
+}
