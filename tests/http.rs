@@ -335,7 +335,7 @@ fn the_conformance_suite_passes_through_flowhost() {
 
 /// The server scenarios that pass through flowhost today (the README, "Remote agents",
 /// lists the others and why).
-const PASSING: [&str; 11] = [
+const PASSING: [&str; 12] = [
     "server-initialize",
     "ping",
     "tools-list",
@@ -345,6 +345,7 @@ const PASSING: [&str; 11] = [
     "tools-call-embedded-resource",
     "tools-call-mixed-content",
     "tools-call-error",
+    "tools-call-with-progress",
     "server-sse-multiple-streams",
     "dns-rebinding-protection",
 ];

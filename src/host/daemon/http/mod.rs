@@ -458,7 +458,7 @@ impl Transport {
             }
         };
         let method = message.get("method").and_then(Value::as_str);
-        let id = message.get("id").cloned();
+        let id = message.get("id");
         let (session_id, remote) =
             if method == Some("initialize") && !headers.contains_key(SESSION_HEADER) {
                 match self.open(&principal) {
@@ -471,7 +471,7 @@ impl Transport {
                     Err((status, why)) => return http_error(status, why),
                 }
             };
-        let Some(id) = id.filter(|_| method.is_some()) else {
+        if id.is_none() || method.is_none() {
             // A notification or a response: accepted once it is handed over.
             return if remote
                 .inbox
@@ -485,9 +485,9 @@ impl Transport {
             } else {
                 http_error(StatusCode::NOT_FOUND, "the session has ended")
             };
-        };
+        }
         let events = match remote.streams.lock() {
-            Ok(mut s) => s.open_for_request(&id),
+            Ok(mut s) => s.open_for_request(&message),
             Err(_) => return http_error(StatusCode::INTERNAL_SERVER_ERROR, "session state lost"),
         };
         if remote

@@ -46,6 +46,8 @@ pub(super) struct Streams {
     streams: BTreeMap<u64, Stream>,
     /// Requests in flight (their id as JSON text) and their streams, oldest first.
     pending: Vec<(String, u64)>,
+    /// Progress tokens of requests in flight (as JSON text) and their streams.
+    progress: Vec<(String, u64)>,
     standalone: Option<u64>,
     next: u64,
 }
@@ -65,16 +67,20 @@ impl Streams {
         self.next
     }
 
-    /// Opens the stream that answers the request `id`.
-    pub(super) fn open_for_request(&mut self, id: &Value) -> mpsc::Receiver<String> {
+    /// Opens the stream that answers `request` (a JSON-RPC request with an id).
+    pub(super) fn open_for_request(&mut self, request: &Value) -> mpsc::Receiver<String> {
         let (tx, rx) = mpsc::channel(CHANNEL);
         let n = self.new_stream(Some(tx));
-        self.pending.push((id.to_string(), n));
+        self.pending.push((request["id"].to_string(), n));
+        if let Some(token) = request["params"]["_meta"].get("progressToken") {
+            self.progress.push((token.to_string(), n));
+        }
         rx
     }
 
     /// Routes one message the session sent: a response to its request's stream (which it
-    /// ends), anything else to the newest request in flight, else to the GET stream.
+    /// ends), progress to the stream of the request that asked for it, anything else to the
+    /// newest request in flight, else to the GET stream.
     pub(super) fn route(&mut self, message: &str) {
         let parsed: Option<Value> = serde_json::from_str(message).ok();
         let response_to = parsed
@@ -86,6 +92,7 @@ impl Streams {
             && let Some(at) = self.pending.iter().position(|(p, _)| *p == id)
         {
             let (_, n) = self.pending.remove(at);
+            self.progress.retain(|(_, p)| *p != n);
             self.push(n, message);
             if let Some(s) = self.streams.get_mut(&n) {
                 s.done = true;
@@ -94,7 +101,15 @@ impl Streams {
             self.forget_finished();
             return;
         }
-        let target = self.pending.last().map(|(_, n)| *n).or(self.standalone);
+        let progress_of = parsed
+            .as_ref()
+            .filter(|v| v["method"] == "notifications/progress")
+            .and_then(|v| v["params"].get("progressToken"))
+            .map(Value::to_string)
+            .and_then(|t| self.progress.iter().find(|(p, _)| *p == t).map(|(_, n)| *n));
+        let target = progress_of
+            .or(self.pending.last().map(|(_, n)| *n))
+            .or(self.standalone);
         match target {
             Some(n) => self.push(n, message),
             None => tracing::debug!("a server message with no stream to carry it was dropped"),
@@ -188,6 +203,7 @@ impl Streams {
             s.done = true;
         }
         self.pending.clear();
+        self.progress.clear();
     }
 }
 
@@ -215,7 +231,7 @@ mod tests {
     #[test]
     fn a_request_stream_carries_its_notifications_then_its_response_and_ends() {
         let mut s = Streams::default();
-        let mut rx = s.open_for_request(&json!(7));
+        let mut rx = s.open_for_request(&json!({"id": 7}));
         s.route(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#);
         s.route(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#);
         let got = drain(&mut rx);
@@ -227,7 +243,7 @@ mod tests {
     #[test]
     fn a_lost_stream_resumes_after_the_last_event_seen() {
         let mut s = Streams::default();
-        let rx = s.open_for_request(&json!("a"));
+        let rx = s.open_for_request(&json!({"id": "a"}));
         s.route(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":1}}"#);
         drop(rx); // the connection is lost
         s.route(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":2}}"#);
@@ -241,6 +257,17 @@ mod tests {
             s.attach(Target::Resume("9-0".into())).unwrap_err(),
             AttachError::Unknown
         );
+    }
+
+    #[test]
+    fn progress_goes_to_the_request_that_asked_for_it() {
+        let mut s = Streams::default();
+        let mut first =
+            s.open_for_request(&json!({"id": 1, "params": {"_meta": {"progressToken": "p1"}}}));
+        let mut second = s.open_for_request(&json!({"id": 2}));
+        s.route(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p1","progress":5}}"#);
+        assert_eq!(drain(&mut first).len(), 1);
+        assert!(drain(&mut second).is_empty());
     }
 
     #[test]
