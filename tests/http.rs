@@ -349,3 +349,83 @@ const PASSING: [&str; 12] = [
     "server-sse-multiple-streams",
     "dns-rebinding-protection",
 ];
+
+/// With `[http.tls]`, the listener speaks only TLS: a client that trusts the certificate
+/// gets MCP, a plain-text request gets nothing.
+#[test]
+fn tls_when_configured() {
+    if !common::have("openssl") {
+        eprintln!("SKIP: openssl is not installed (it makes the test certificate)");
+        return;
+    }
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let dir = lab.dir.path().to_path_buf();
+    // An Ed25519 leaf certificate for localhost, its own trust anchor.
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "1"])
+        .args([
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(dir.join("key.pem"))
+        .arg("-out")
+        .arg(dir.join("cert.pem"))
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let addr = free_port();
+    let text = format!(
+        "{}\n[http]\nlisten = \"{addr}\"\nallowed_hosts = [\"localhost\"]\ntls = {{ cert = \"cert.pem\", key = \"key.pem\" }}\n[[http.token]]\nprincipal = \"larkfield-analyst\"\nsha256 = \"{}\"\n",
+        host_config(&lab.paths),
+        hex::encode(Sha256::digest(TOKEN.as_bytes())),
+    );
+    lab.write_config(&text);
+    lab.spawn();
+
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls_pki_types::pem::PemObject;
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(dir.join("cert.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(config, name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).to_string();
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let r = common::http::request_over(
+        rustls::StreamOwned::new(conn, tcp),
+        &format!("localhost:{}", addr.port()),
+        "POST",
+        "/mcp",
+        &headers,
+        &body,
+    );
+    assert_eq!(r.status, 200, "{r:?}\n{}", lab.log());
+    assert_eq!(r.response()["result"]["serverInfo"]["name"], "flowhost");
+
+    let plain = request(addr, "POST", "/mcp", &headers, &body);
+    assert_ne!(plain.status, 200, "{plain:?}");
+    lab.stop();
+}

@@ -991,6 +991,31 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
     }
 
     #[test]
+    fn one_server_may_offer_bare_tool_names() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.tool_name("srv/t"), ("srv", "t"));
+        assert_eq!(c.tool_name("t"), ("", "t"), "no server offers bare names");
+        assert_eq!(c.public_tool_name("srv", "t"), "srv/t");
+        let bare = MINIMAL.replace(
+            "profile = \"isolated\"\n",
+            "profile = \"isolated\"\nunqualified_names = true\n",
+        );
+        let c = parse(&bare).unwrap();
+        assert_eq!(c.tool_name("t"), ("srv", "t"));
+        assert_eq!(c.tool_name("srv/t"), ("srv", "t"));
+        assert_eq!(c.public_tool_name("srv", "t"), "t");
+        let server = &bare[bare.find("[[server]]").unwrap()..];
+        let e = error(&format!(
+            "{bare}\n{}",
+            server.replace("id = \"srv\"", "id = \"srv2\"")
+        ));
+        assert!(
+            e.contains("unqualified_names") && e.contains("only one server"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn the_state_backend_defaults_to_sqlite_and_postgres_is_validated() {
         let file = Path::new("/etc/flowhost/host.toml");
         assert_eq!(

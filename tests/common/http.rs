@@ -58,13 +58,25 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Reply {
-    let mut stream = TcpStream::connect(addr).unwrap();
+    let stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
+    request_over(stream, &addr.to_string(), method, path, headers, body)
+}
+
+/// Sends one request over `stream` (plain or TLS) to `host`.
+pub fn request_over(
+    mut stream: impl Read + Write,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
     let mut head = format!("{method} {path} HTTP/1.1\r\n");
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-        head.push_str(&format!("Host: {addr}\r\n"));
+        head.push_str(&format!("Host: {host}\r\n"));
     }
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
@@ -76,7 +88,8 @@ pub fn request(
     stream.write_all(head.as_bytes()).unwrap();
     stream.write_all(body.as_bytes()).unwrap();
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
+    // A TLS peer may close without close_notify once the answer is sent: what was read counts.
+    let _ = stream.read_to_end(&mut raw);
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let mut lines = head.lines();
