@@ -30,6 +30,11 @@ fn free_port() -> SocketAddr {
 /// The lab with the conformance server, a principal for the remote agent, and `[http]`
 /// (a bearer token and JWTs of [`ISSUER`], `extra` appended to the table).
 pub fn start(extra: &str) -> Option<(Lab, SocketAddr, JwtIssuer)> {
+    start_with("", extra)
+}
+
+/// [`start`] with `host` (lines) added to the `[host]` table.
+pub fn start_with(host: &str, extra: &str) -> Option<(Lab, SocketAddr, JwtIssuer)> {
     let mut lab = Lab::prepare()?;
     let addr = free_port();
     let issuer = JwtIssuer::new(11);
@@ -38,7 +43,7 @@ pub fn start(extra: &str) -> Option<(Lab, SocketAddr, JwtIssuer)> {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let text = format!(
         "{lab}{server}\n[[principal]]\nid = \"remote-agent\"\nuids = [{AGENT_UID}]\ntools = [\"conformance/*\"]\n\n[http]\nlisten = \"{addr}\"\nresource = \"{RESOURCE}\"\n{extra}\n[[http.token]]\nprincipal = \"remote-agent\"\nsha256 = \"{hash}\"\n\n[http.jwt]\nissuer = \"{ISSUER}\"\njwks = \"{jwks}\"\nprincipals = {{ \"agent-1\" = \"remote-agent\" }}\n",
-        lab = host_config(&lab.paths),
+        lab = host_config(&lab.paths).replacen("[host]\n", &format!("[host]\n{host}\n"), 1),
         server = conformance_server(
             repo,
             &shared_copy("flowhost-tool-conformance")
@@ -428,4 +433,36 @@ fn tls_when_configured() {
     let plain = request(addr, "POST", "/mcp", &headers, &body);
     assert_ne!(plain.status, 200, "{plain:?}");
     lab.stop();
+}
+
+/// Unauthenticated callers are no principal and no peer: their refusal records get the
+/// folder's budget per interval, and the rest are recorded as one count.
+#[test]
+fn unauthenticated_refusals_past_the_budget_fold_into_one_record() {
+    let Some((mut lab, addr, _)) = start_with(
+        "refusal_records_per_interval = 2\nrefusal_fold_interval_ms = 600000",
+        "",
+    ) else {
+        return;
+    };
+    for _ in 0..5 {
+        assert_eq!(McpHttp::new(addr, Some("wrong")).initialize().status, 401);
+    }
+    lab.stop();
+    let names: Vec<String> = lab
+        .records()
+        .iter()
+        .filter_map(|r| r["tool"]["name"].as_str())
+        .filter(|n| n.starts_with("(http: "))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "(http: the token is not one this server accepts)",
+            "(http: the token is not one this server accepts)",
+            "(http: 3 further authentication refusals, folded)",
+        ],
+        "{names:?}"
+    );
 }

@@ -37,7 +37,7 @@ use super::session::{self, Identity};
 use crate::config::HttpConfig;
 use crate::decision::Denial;
 use crate::ident::PrincipalId;
-use crate::mcp::{Line, code};
+use crate::mcp::{Line, RpcError, code};
 use auth::{AuthRefusal, Authenticator};
 use streams::{Streams, Target};
 
@@ -117,8 +117,26 @@ struct Remote {
     streams: Arc<Mutex<Streams>>,
 }
 
+/// The record budget of unauthenticated callers in the current fold interval.
+struct Budget {
+    started: std::time::Instant,
+    recorded: usize,
+    folded: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            started: std::time::Instant::now(),
+            recorded: 0,
+            folded: 0,
+        }
+    }
+}
+
 struct Transport {
     host: Arc<Host>,
+    budget: Mutex<Budget>,
     config: HttpConfig,
     auth: Authenticator,
     sessions: Mutex<HashMap<String, Arc<Remote>>>,
@@ -140,7 +158,14 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         config,
         auth,
         sessions: Mutex::new(HashMap::new()),
+        budget: Mutex::new(Budget::default()),
     });
+    let mut fold_tick = tokio::time::interval(
+        host.current()
+            .config
+            .refusal_fold_interval
+            .max(Duration::from_millis(100)),
+    );
     tracing::info!(
         listen = %transport.config.listen,
         path = %transport.config.path,
@@ -157,6 +182,12 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
                     continue;
                 }
             },
+            _ = fold_tick.tick() => {
+                if let Err(e) = transport.record_refusal(None, false).await {
+                    tracing::error!(error = %e.message, "folded authentication refusals not recorded");
+                }
+                continue;
+            }
             _ = host.stopped() => break,
         };
         // Responses go out in several writes (head, SSE events): without NODELAY each small
@@ -197,6 +228,9 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         });
     }
     drop(listener);
+    if let Err(e) = transport.record_refusal(None, true).await {
+        tracing::error!(error = %e.message, "folded authentication refusals not recorded");
+    }
     let deadline = tokio::time::Instant::now() + host.current().config.call_timeout;
     while transport.live_sessions() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -355,25 +389,73 @@ impl Transport {
     }
 
     /// Records the refusal and answers 401 with `WWW-Authenticate`.
+    /// Records an authentication refusal (`what` says why). An unauthenticated caller is no
+    /// principal and no peer the refusal folder can charge, so its refusals get the same
+    /// budget here: past `refusal_records_per_interval` in one fold interval they are
+    /// counted, and the count is recorded as one refusal when the interval closes.
+    /// `close` closes the interval now (at shutdown).
+    async fn record_refusal(&self, what: Option<String>, close: bool) -> Result<(), RpcError> {
+        let config = &self.host.current().config;
+        let (record, folded) = {
+            let Ok(mut b) = self.budget.lock() else {
+                return Err(pipeline::refusal(
+                    code::INTERNAL_ERROR,
+                    "the refusal budget is lost",
+                    Denial::RecordFailure,
+                ));
+            };
+            let folded = if close || b.started.elapsed() >= config.refusal_fold_interval {
+                let folded = b.folded;
+                *b = Budget::default();
+                folded
+            } else {
+                0
+            };
+            let record = match what {
+                Some(w) if b.recorded < config.refusal_records_per_interval => {
+                    b.recorded += 1;
+                    Some(w)
+                }
+                Some(_) => {
+                    b.folded += 1;
+                    None
+                }
+                None => None,
+            };
+            (record, folded)
+        };
+        let summary = (folded > 0)
+            .then(|| format!("(http: {folded} further authentication refusals, folded)"));
+        for what in summary.into_iter().chain(record) {
+            let generation = self.host.current();
+            let e = pipeline::refusal(code::ACCESS_DENIED, what.clone(), Denial::AccessDenied);
+            let recorded = pipeline::refuse_session(
+                &session::env(&self.host, &generation),
+                &Caller {
+                    session: "(none)",
+                    peer: None,
+                    principal: Err(e.clone()),
+                    pinned: None,
+                },
+                &what,
+                e,
+                Denial::AccessDenied,
+            )
+            .await;
+            if recorded.data_denial() == Some(Denial::RecordFailure.as_str()) {
+                return Err(recorded);
+            }
+        }
+        Ok(())
+    }
+
     async fn unauthorized(&self, headers: &HeaderMap, refusal: AuthRefusal) -> Response<Body> {
-        let generation = self.host.current();
         let message = refusal.to_string();
-        let e = pipeline::refusal(code::ACCESS_DENIED, message.clone(), Denial::AccessDenied);
-        let recorded = pipeline::refuse_session(
-            &session::env(&self.host, &generation),
-            &Caller {
-                session: "(none)",
-                peer: None,
-                principal: Err(e.clone()),
-                pinned: None,
-            },
-            &format!("(http: {message})"),
-            e,
-            Denial::AccessDenied,
-        )
-        .await;
-        if recorded.data_denial() == Some(Denial::RecordFailure.as_str()) {
-            return http_error(StatusCode::SERVICE_UNAVAILABLE, &recorded.message);
+        if let Err(e) = self
+            .record_refusal(Some(format!("(http: {message})")), false)
+            .await
+        {
+            return http_error(StatusCode::SERVICE_UNAVAILABLE, &e.message);
         }
         let mut challenge = String::from("Bearer");
         let mut params = Vec::new();
