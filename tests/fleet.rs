@@ -401,15 +401,24 @@ fn a_database_outage_refuses_and_records_every_call_then_service_resumes() {
         let socket = a.paths.socket.clone();
         let stop = &stop;
         let t = s.spawn(move || {
-            let mut c = common::lab::Client::connect(&socket);
-            c.initialize();
+            // Arguments that pass the signed schema (a schema failure is a tool error that
+            // reaches no executor), and a raw client: the kill ends the connection mid-call.
+            let mut raw = flowhost::lab::Client::connect(&socket).unwrap();
+            raw.request(
+                "initialize",
+                json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "0"}}),
+            )
+            .unwrap();
             let mut n = 0;
             while !stop.load(Ordering::SeqCst) {
-                let r = c.call(
+                let Ok(r) = raw.call(
                     "workspace/summarize_terms",
-                    json!({"text": format!("Harbor Goods note {n}"), "max_words": 3}),
-                );
-                if r.get("result").is_none() {
+                    json!({"text": format!("Harbor Goods note {n}"), "max_words": 10}),
+                ) else {
+                    break;
+                };
+                if r.get("result").is_none() || r["result"]["isError"] == true {
                     break;
                 }
                 n += 1;

@@ -133,6 +133,16 @@ fn the_official_python_sdk_drives_the_daemon_through_flowhost_connect() {
     );
     assert_eq!(r["structured"], json!({"answer": 42}), "{r}");
     assert_eq!(r["schema_error"]["isError"], true, "{r}");
+    // The SDK's calls were governed: authorized and recorded before they ran, refusals too.
+    let records = host.records();
+    let calls = |tool: &str, status: &str| {
+        records
+            .iter()
+            .filter(|r| r["tool"]["name"] == tool && r["response"]["status"] == status)
+            .count()
+    };
+    assert_eq!(calls("slow/sleep", "authorized"), 1, "{records:#?}");
+    assert_eq!(calls("slow/chatter", "blocked"), 1, "{records:#?}");
     // Refusals reach the SDK's error with their denial, under codes it does not read as
     // its own (-32001 is its request timeout).
     for (name, denial) in [

@@ -286,11 +286,19 @@ fn the_newest_revision_both_sides_speak_is_negotiated() {
 }
 
 #[test]
-fn an_executor_speaking_an_unknown_revision_is_refused_naming_its_server() {
+fn executors_speak_a_revision_the_host_speaks_or_are_refused_naming_their_server() {
     if !common::is_root() {
         eprintln!("SKIP: the daemon tests need root for the broker");
         return;
     }
+    // An executor that answers an older revision the host speaks serves.
+    let host = Governed::start(&[slow("older", &["--revision", "2024-11-05"])], "").unwrap();
+    let r = host.client().request(
+        "tools/call",
+        json!({"name": "older/structured", "arguments": {}}),
+    );
+    assert_eq!(r["result"]["structuredContent"]["answer"], 42, "{r}");
+    drop(host);
     let result = std::panic::catch_unwind(|| {
         Governed::start(&[slow("future", &["--revision", "2099-01-01"])], "")
     });

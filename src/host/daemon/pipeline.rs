@@ -7,8 +7,12 @@
 //! returned; the outcome's sync is not awaited, see [`Recorder::record_written`]).
 //!
 //! Every refusal on the way is recorded (through [`Recorder`], which folds repeated
-//! refusals) and answered with its [`Denial`]. A record that cannot be written refuses
-//! (`record_failure`); state that cannot be written refuses (`state_failure`).
+//! refusals) and answered with its [`Denial`] in `error.data.denial`, except arguments
+//! failing the signed input schema: MCP makes that a tool execution error (`isError: true`)
+//! the model can act on, so it is answered as one (and recorded as `schema_invalid`). A
+//! record that cannot be written refuses (`record_failure`); state that cannot be written
+//! refuses (`state_failure`). Each call ends with one log line at info (principal, tool,
+//! verdict, duration).
 //!
 //! The pipeline sees the host only through [`CallEnv`] and the executor only through
 //! [`Dispatch`]: its decisions are unit-tested without sockets, root or real executors.

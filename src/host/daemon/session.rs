@@ -226,7 +226,7 @@ pub(super) async fn run(
                 last_activity = tokio::time::Instant::now();
                 continue;
             }
-            _ = idle.tick() => { session.reap_idle().await; continue; }
+            _ = idle.tick() => { session.reap_idle(); continue; }
             _ = tokio::time::sleep_until(deadline), if requests.is_empty() => {
                 ended = "no request within the configured window";
                 break;
@@ -628,7 +628,7 @@ impl Session {
     }
 
     /// Stops the session's executors that have been idle past the configured time.
-    async fn reap_idle(&self) {
+    fn reap_idle(&self) {
         let limit = self.host.current().config.idle_timeout;
         let idle: Vec<Bound> = match self.executors.lock() {
             Ok(mut all) => all
@@ -643,8 +643,9 @@ impl Session {
                 .collect(),
             Err(_) => Vec::new(),
         };
+        // Stopped in the background: the session goes on reading and answering meanwhile.
         for b in idle {
-            b.exec.stop().await;
+            tokio::spawn(b.exec.stop());
         }
     }
 }
