@@ -14,6 +14,7 @@ pub mod canonical;
 pub mod cli;
 pub mod diff;
 pub mod files;
+pub mod harness;
 pub mod host;
 pub mod model;
 pub mod records;

@@ -42,29 +42,29 @@ fn refused_by_default_allowed_with_allow_and_recorded() {
     );
     assert!(stderr.contains("REFUSED (default)"), "{stderr}");
 
-    let dir = tempfile::tempdir().unwrap();
-    let records = dir.path().join("attempts.jsonl");
-    let out = flowhost()
-        .args(["sandbox", "run", "--profile", "brokered", "--allow"])
-        .arg(sink.addr.to_string())
-        .arg("--records")
-        .arg(&records)
-        .arg("--")
-        .arg(&probe)
-        .args(["connect", &sink.addr.to_string(), "allowed-bytes"])
-        .output()
+    // Allowed with --allow, and recorded: read back through the harness as typed attempts.
+    let run = flowhost::harness::Harness::with_binary(env!("CARGO_BIN_EXE_flowhost"))
+        .allow(&sink.addr.to_string())
+        .run([
+            probe.display().to_string(),
+            "connect".into(),
+            sink.addr.to_string(),
+            "allowed-bytes".into(),
+        ])
         .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("\"result\":\"ok\""));
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&records)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), 1);
-    assert_eq!(lines[0]["decision"], "allow");
-    assert_eq!(lines[0]["destination"], sink.addr.to_string());
-    assert_eq!(lines[0]["rule"], format!("allow {}", sink.addr));
+    run.assert_success();
+    assert!(run.stdout.contains("\"result\":\"ok\""), "{}", run.stdout);
+    run.assert_complete();
+    assert_eq!(run.attempts.len(), 1, "{:?}", run.attempts);
+    let attempt = &run.attempts[0];
+    assert!(attempt.allowed);
+    assert_eq!(attempt.syscall, "connect");
+    assert_eq!(attempt.destination_text(), sink.addr.to_string());
+    assert_eq!(
+        attempt.rule.as_deref(),
+        Some(&*format!("allow {}", sink.addr))
+    );
+    run.assert_only_destinations(&[&sink.addr.to_string()]);
     for _ in 0..50 {
         if sink.bytes() == b"allowed-bytes" {
             break;

@@ -2,7 +2,7 @@
 //! the daemon. Bytes are relayed unchanged in both directions; the daemon authenticates the
 //! caller by the bridge's Unix credentials.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::CliResult;
@@ -21,30 +21,43 @@ impl ConnectArgs {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        runtime.block_on(async {
-            let stream = tokio::net::UnixStream::connect(&self.socket)
-                .await
-                .map_err(|e| {
-                    format!(
-                        "{}: cannot connect to the flowhost daemon: {e}",
-                        self.socket.display()
-                    )
-                })?;
-            let (mut from_daemon, mut to_daemon) = stream.into_split();
-            let mut stdin = tokio::io::stdin();
-            let mut stdout = tokio::io::stdout();
-            let up = async {
-                let r = tokio::io::copy(&mut stdin, &mut to_daemon).await;
-                // Tell the daemon no more requests come, and keep reading its answers.
-                let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
-                r
-            };
-            let down = tokio::io::copy(&mut from_daemon, &mut stdout);
-            let (up, down) = tokio::join!(up, down);
-            up?;
-            down?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        })?;
+        let bridged = runtime.block_on(bridge(&self.socket));
+        runtime.shutdown_background();
+        bridged?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Relays stdin to the host's socket and the socket to stdout until the host closes the
+/// connection: normally once the client has closed stdin and every answer is out, or when
+/// the host stops (also `flowhost sandbox mcp`'s session). Reading stdin happens on a
+/// blocking thread that may outlive this: shut the runtime down in the background.
+pub(super) async fn bridge(socket: &Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
+        format!(
+            "{}: cannot connect to the flowhost daemon: {e}",
+            socket.display()
+        )
+    })?;
+    let (mut from_daemon, mut to_daemon) = stream.into_split();
+    let up = tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        let r = tokio::io::copy(&mut stdin, &mut to_daemon).await;
+        // Tell the daemon no more requests come, and keep reading its answers.
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
+        r
+    });
+    let mut stdout = tokio::io::stdout();
+    let down = tokio::io::copy(&mut from_daemon, &mut stdout).await;
+    let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
+    // A request still being read when the host closed has no one to answer it.
+    if up.is_finished() {
+        if let Ok(Err(e)) = up.await {
+            return Err(format!("reading stdin: {e}").into());
+        }
+    } else {
+        up.abort();
+    }
+    down?;
+    Ok(())
 }

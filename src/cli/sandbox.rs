@@ -1,23 +1,41 @@
-//! `flowhost sandbox run`: run any command under the broker, like `bwrap` or `sandlock run`.
-//! Every egress attempt and its verdict goes to stderr and, with `--records`, as one JSON line
-//! to a file (written and synced before the verdict takes effect). With no `--allow`, every
-//! attempt is refused. The exit status is the command's (128 + signal when killed).
+//! `flowhost sandbox run` and `flowhost sandbox mcp`: one command, or one MCP server from its
+//! signed manifest, under the broker, without a host configuration.
+//!
+//! `run`: every egress attempt and its verdict goes to stderr and, with `--records DIR`, into
+//! a record directory in the daemon's schema (hash-chained, each record durable before its
+//! verdict takes effect). With no `--allow`, every attempt is refused. The exit status is the
+//! command's (128 + signal when killed); with `--declared SURFACE` the diff judges the run
+//! when it ends, and a failed gate exits with `--gate-status` (default [`GATE_FAILED`]).
+//!
+//! `mcp`: see [`mcp`].
+
+mod mcp;
 
 use std::ffi::OsString;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use flowhost_broker::{AttemptInfo, Broker, BrokerOptions, Profile, SpawnSpec, StdioMode, Verdict};
+use flowhost_broker::{
+    AttemptInfo, Broker, BrokerOptions, Profile, SpawnSpec, StdioMode, Verdict as BrokerVerdict,
+};
 
 use super::CliResult;
 use crate::destination::{DestinationRule, DestinationRules};
+use crate::diff::surface::DeclaredSurface;
+use crate::records::health::{HealthProducer, RecordsHealth};
+use crate::records::{
+    Correlation, DecisionRecord, Denial, EgressFacts, FlowContext, RecordWriter, ServerInfo,
+    ToolObservationHealth, Verdict, WriterOptions,
+};
 
 /// Default directory searched for profiles before the built-in ones.
 pub const DEFAULT_PROFILE_DIR: &str = "/etc/flowhost/profiles";
+
+/// The exit status of a run whose gate failed (`--declared`), unless `--gate-status` names
+/// another.
+pub const GATE_FAILED: u8 = 90;
 
 /// Run commands under the broker.
 #[derive(Debug, clap::Args)]
@@ -30,13 +48,15 @@ pub struct SandboxArgs {
 enum SandboxCommand {
     /// Run a command under a profile with every outbound attempt mediated.
     Run(RunArgs),
+    /// Serve one MCP server on stdio from its signed manifest, governed as the daemon
+    /// governs it (verified manifest, flow resolver, broker, records), with no host
+    /// configuration.
+    Mcp(mcp::McpArgs),
 }
 
+/// What both subcommands take about the sandbox, the evidence and the gate.
 #[derive(Debug, clap::Args)]
-struct RunArgs {
-    /// Execution profile name (looked up in --profiles-dir, then among the built-in ones).
-    #[arg(long)]
-    profile: String,
+struct CommonArgs {
     /// Directory holding profile files (NAME.toml); may be repeated.
     #[arg(long = "profiles-dir", default_value = DEFAULT_PROFILE_DIR)]
     profiles_dir: Vec<PathBuf>,
@@ -44,21 +64,48 @@ struct RunArgs {
     /// repeated. Without any, every attempt is refused.
     #[arg(long = "allow", value_name = "RULE")]
     allow: Vec<DestinationRule>,
-    /// Append one JSON line per attempt to this file.
-    #[arg(long)]
+    /// Write the decision records into this directory (the daemon's layout, verifiable with
+    /// `flowhost records verify`); it must be new or empty.
+    #[arg(long, value_name = "DIR")]
     records: Option<PathBuf>,
-    /// Wall-clock limit in seconds (default: the profile's).
-    #[arg(long)]
-    timeout: Option<u64>,
+    /// Write the run's tool_observation_health here when it ends.
+    #[arg(long, value_name = "FILE")]
+    health: Option<PathBuf>,
+    /// Judge the run against this declared surface (assay.declared_tool_surface.v0) when it
+    /// ends, as `flowhost diff` would; anything but a clean verdict fails the gate.
+    #[arg(long, value_name = "SURFACE")]
+    declared: Option<PathBuf>,
+    /// Exit status when the gate fails (default 90). A passing gate keeps the command's
+    /// own status.
+    #[arg(long, value_name = "N", default_value_t = GATE_FAILED, requires = "declared")]
+    gate_status: u8,
     /// Pass NAME from the host environment, or set NAME=VALUE; may be repeated.
     #[arg(long = "env", value_name = "NAME[=VALUE]")]
     env: Vec<String>,
-    /// Working directory inside the sandbox (default /tmp, private per run).
-    #[arg(long)]
-    cwd: Option<PathBuf>,
     /// Extra path the command may read beneath; may be repeated.
     #[arg(long = "read", value_name = "PATH")]
     read: Vec<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// Execution profile name (looked up in --profiles-dir, then among the built-in ones).
+    #[arg(long)]
+    profile: String,
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Server id the records give the command (declared surfaces may name it).
+    #[arg(long, default_value = "sandbox")]
+    server_id: String,
+    /// Tool name the records give the command.
+    #[arg(long, default_value = "run")]
+    tool: String,
+    /// Wall-clock limit in seconds (default: the profile's).
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// Working directory inside the sandbox (default /tmp, private per run).
+    #[arg(long)]
+    cwd: Option<PathBuf>,
     /// Extra path the command may write beneath; may be repeated.
     #[arg(long = "write", value_name = "PATH")]
     write: Vec<PathBuf>,
@@ -70,20 +117,29 @@ struct RunArgs {
     command: Vec<OsString>,
 }
 
-/// Why a sandbox run could not start.
+/// Why a sandbox run could not start or finish.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// The command could not be found.
     #[error("command {0:?} not found in PATH (give an absolute path)")]
     NotFound(String),
-    /// The records file could not be opened.
-    #[error("{path}: cannot open the records file: {source}")]
-    Records {
-        /// The file.
+    /// The records directory cannot take this run's records.
+    #[error("{path}: {reason}")]
+    RecordsDir {
+        /// The directory.
         path: PathBuf,
-        /// The error.
-        source: std::io::Error,
+        /// Why.
+        reason: String,
     },
+    /// The record writer failed.
+    #[error("decision records: {0}")]
+    Records(#[from] crate::records::RecordError),
+    /// The health could not be written.
+    #[error("health: {0}")]
+    Health(#[from] crate::records::health::HealthError),
+    /// The declared surface or the gate failed before judging.
+    #[error(transparent)]
+    Gate(#[from] crate::harness::HarnessError),
     /// The async runtime could not start.
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
@@ -105,66 +161,213 @@ fn resolve_program(name: &OsString) -> Result<PathBuf, SandboxError> {
         .ok_or_else(|| SandboxError::NotFound(p.display().to_string()))
 }
 
-/// One line of `--records`.
-fn record_line(info: &AttemptInfo, verdict: Verdict, rule: &str) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let (decision, errno) = match verdict {
-        Verdict::Allow => ("allow", None),
-        Verdict::Deny { errno } => ("deny", Some(errno)),
+/// Creates `path` (mode 0700) or checks that it is an empty directory: one run's records
+/// are one stream, and the health binds to exactly that stream.
+fn prepare_records_dir(path: &Path) -> Result<(), SandboxError> {
+    let bad = |reason: String| SandboxError::RecordsDir {
+        path: path.to_path_buf(),
+        reason,
     };
-    serde_json::json!({
-        "unix_time_ms": now.as_millis() as u64,
-        "syscall": info.syscall.as_str(),
-        "pid": info.pid,
-        "executable": info.executable.as_ref().map(|p| p.display().to_string()),
-        "family": info.socket.family_name(),
-        "socket_type": info.socket.type_name(),
-        "protocol": info.socket.protocol_name(),
-        "destination": info.destination.as_ref().map(|d| d.to_string()),
-        "connected": info.connected,
-        "bytes": info.bytes,
-        "message_index": info.message_index,
-        "decision": decision,
-        "errno": errno,
-        "rule": rule,
-    })
-    .to_string()
+    match std::fs::read_dir(path) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(bad(
+                    "is not empty; each run writes its records into a new or empty directory"
+                        .into(),
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(path)
+                .map_err(|e| bad(format!("cannot create the records directory: {e}")))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Err(bad(
+            "is a file; --records takes a directory (the daemon's layout)".into(),
+        )),
+        Err(e) => Err(bad(format!("cannot read the records directory: {e}"))),
+    }
+}
+
+/// Where a run's evidence goes: the record directory (the one given, or a private one when
+/// only the gate needs it) and the surface.
+struct Evidence {
+    records: Option<PathBuf>,
+    /// The run's private directory (removed when the run ends).
+    private: tempfile::TempDir,
+    surface: Option<DeclaredSurface>,
+}
+
+impl CommonArgs {
+    /// Reads the surface and prepares the record directory, before anything runs.
+    fn evidence(&self) -> Result<Evidence, SandboxError> {
+        let surface = self
+            .declared
+            .as_deref()
+            .map(crate::harness::load_surface)
+            .transpose()?;
+        let private = tempfile::Builder::new()
+            .prefix("flowhost-sandbox-")
+            .tempdir()
+            .map_err(|e| SandboxError::RecordsDir {
+                path: std::env::temp_dir(),
+                reason: format!("cannot create the run's private directory: {e}"),
+            })?;
+        let records = match (&self.records, &surface) {
+            (Some(dir), _) => Some(dir.clone()),
+            (None, Some(_)) => Some(private.path().join("records")),
+            (None, None) => None,
+        };
+        if let Some(dir) = &records {
+            prepare_records_dir(dir)?;
+        }
+        Ok(Evidence {
+            records,
+            private,
+            surface,
+        })
+    }
+
+    /// Writes the health if asked, runs the gate if asked, and chooses the exit status:
+    /// the command's own, unless the gate failed.
+    fn conclude(
+        &self,
+        evidence: &Evidence,
+        health: &ToolObservationHealth,
+        status: u8,
+    ) -> CliResult {
+        if let Some(path) = &self.health {
+            health.write_to(path).map_err(SandboxError::Health)?;
+        }
+        let (Some(surface), Some(records)) = (&evidence.surface, &evidence.records) else {
+            return Ok(ExitCode::from(status));
+        };
+        let report = crate::harness::judge(surface, records, health)?;
+        let text = crate::diff::report::to_text(&report);
+        if crate::harness::passes(&report) {
+            eprint!("flowhost sandbox: gate passed: {text}");
+            Ok(ExitCode::from(status))
+        } else {
+            eprint!("{text}");
+            eprintln!(
+                "flowhost sandbox: GATE FAILED against {} (exit {}; the command exited {status})",
+                self.declared
+                    .as_deref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                self.gate_status
+            );
+            Ok(ExitCode::from(self.gate_status))
+        }
+    }
+
+    fn env_into(&self, spec: &mut SpawnSpec) {
+        for e in &self.env {
+            match e.split_once('=') {
+                Some((k, v)) => spec.env.push((k.into(), v.into())),
+                None => spec.inherit_env.push(e.clone()),
+            }
+        }
+        spec.read_paths.extend(self.read.iter().cloned());
+    }
 }
 
 impl SandboxArgs {
     /// Runs the subcommand.
     pub fn run(self) -> CliResult {
-        let SandboxCommand::Run(args) = self.command;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .map_err(SandboxError::Runtime)?;
-        runtime.block_on(run(args))
+        let done = match self.command {
+            SandboxCommand::Run(args) => runtime.block_on(run(args)),
+            SandboxCommand::Mcp(args) => runtime.block_on(mcp::serve(args)),
+        };
+        // A stdin read may still be blocked on a thread of the runtime (`sandbox mcp` after
+        // the host stopped on a signal): nothing waits for it.
+        runtime.shutdown_background();
+        done
     }
 }
 
+/// The record of one attempt the sandbox decided.
+fn attempt_record(
+    args: &RunArgs,
+    info: &AttemptInfo,
+    allowed: bool,
+    rule: String,
+) -> DecisionRecord {
+    DecisionRecord::egress_attempt(EgressFacts {
+        server: ServerInfo::mcp(&args.server_id, None),
+        tool_name: args.tool.clone(),
+        broker: crate::daemon::broker_details(info),
+        verdict: if allowed {
+            Verdict::Authorized { rule: Some(rule) }
+        } else {
+            Verdict::Refused {
+                denial: Denial::DestinationBlocked,
+                rule: Some(rule),
+            }
+        },
+        credential_alias: None,
+        correlation: Correlation::none(),
+        context: FlowContext::default(),
+    })
+}
+
+/// The health of one sandbox run: the broker's supervision and the writer's stream. There
+/// is no MCP endpoint: no tool calls, and the broker is the command's only way out.
+/// `settled`: every attempt was decided (and recorded) before the records were closed.
+fn sandbox_health(
+    broker: &Broker,
+    writer: Option<&RecordWriter>,
+    settled: bool,
+) -> ToolObservationHealth {
+    let stats = broker.stats();
+    let mut h = ToolObservationHealth::unknown(HealthProducer::Sandbox);
+    h.proxy_seen = Some(true);
+    h.tool_calls_observed = Some(0);
+    h.policy_layer_active = Some(true);
+    h.classifier_version = Some("flowhost-sandbox-run".into());
+    h.unknown_tool_count = Some(0);
+    h.redaction_active = Some(true);
+    h.broker_active = Some(true);
+    h.executors_spawned = Some(stats.spawned);
+    h.executors_supervised = Some(stats.supervised() + stats.exited);
+    h.failed_notifications = Some(stats.failed_notifications + stats.supervisor_failures);
+    if let Some(w) = writer {
+        h.records = RecordsHealth::from_writer(&w.status());
+    } else {
+        h.records.records_complete = Some(false);
+        h.records
+            .problems
+            .push("no records were written (no --records)".into());
+    }
+    if !settled {
+        h.records.records_complete = Some(false);
+        h.records
+            .problems
+            .push("attempts were still being decided when the command ended".into());
+    }
+    h.finalize()
+}
+
 async fn run(args: RunArgs) -> CliResult {
-    let profile = Arc::new(Profile::find(&args.profile, &args.profiles_dir)?);
+    let profile = Arc::new(Profile::find(&args.profile, &args.common.profiles_dir)?);
+    let evidence = args.common.evidence()?;
     let broker = Broker::new(BrokerOptions::default())?;
     broker.check_profile(&profile)?;
     if !args.quiet {
         eprintln!("flowhost sandbox: {}", broker.bounds(&profile));
     }
-    let rules = DestinationRules::allow_only(args.allow.clone());
-    let mut records = match &args.records {
-        Some(path) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|source| SandboxError::Records {
-                    path: path.clone(),
-                    source,
-                })?,
-        ),
+    let rules = DestinationRules::allow_only(args.common.allow.clone());
+    let writer = match &evidence.records {
+        Some(dir) => Some(Arc::new(RecordWriter::open(dir, WriterOptions::default())?)),
         None => None,
     };
 
@@ -175,16 +378,10 @@ async fn run(args: RunArgs) -> CliResult {
     spec.stdout = StdioMode::Inherit;
     spec.stderr = StdioMode::Inherit;
     spec.inherit_env = vec!["PATH".into(), "LANG".into(), "TERM".into()];
-    for e in &args.env {
-        match e.split_once('=') {
-            Some((k, v)) => spec.env.push((k.into(), v.into())),
-            None => spec.inherit_env.push(e.clone()),
-        }
-    }
+    args.common.env_into(&mut spec);
     if let Some(cwd) = &args.cwd {
         spec.cwd = cwd.clone();
     }
-    spec.read_paths = args.read.clone();
     spec.write_paths = args.write.clone();
     if let Some(seconds) = args.timeout {
         spec.wall_clock = Some(Duration::from_secs(seconds));
@@ -192,69 +389,98 @@ async fn run(args: RunArgs) -> CliResult {
 
     let mut exec = broker.spawn(spec).await?;
     let mut attempts = exec.take_attempts().ok_or("attempt stream already taken")?;
-    let quiet = args.quiet;
-    let decider = tokio::spawn(async move {
-        while let Some(attempt) = attempts.recv().await {
-            let info = attempt.info().clone();
-            let decision = rules.decide(
-                info.destination
-                    .as_ref()
-                    .map(crate::daemon::rules_destination)
-                    .as_ref(),
-            );
-            let mut verdict = if decision.allowed {
-                Verdict::Allow
-            } else {
-                Verdict::DENY
-            };
-            if let Some(file) = records.as_mut() {
-                let line = record_line(&info, verdict, &decision.rule);
-                if let Err(e) = write_synced(file, &line) {
-                    // Fail closed: an attempt that cannot be recorded is refused.
-                    eprintln!(
-                        "flowhost sandbox: cannot write the records file ({e}); refusing egress"
-                    );
-                    verdict = Verdict::DENY;
-                }
-            }
-            if !quiet {
-                eprintln!(
-                    "flowhost sandbox: {} {}/{}/{} {} by pid {} ({}) -> {} ({})",
-                    info.syscall.as_str(),
-                    info.socket.family_name(),
-                    info.socket.type_name(),
-                    info.socket.protocol_name(),
+    let args = Arc::new(args);
+    let decider = {
+        let (args, writer) = (args.clone(), writer.clone());
+        tokio::spawn(async move {
+            while let Some(attempt) = attempts.recv().await {
+                let info = attempt.info().clone();
+                let decision = rules.decide(
                     info.destination
                         .as_ref()
-                        .map(|d| d.to_string())
-                        .unwrap_or_else(|| "(none)".into()),
-                    info.pid,
-                    info.executable
-                        .as_ref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_else(|| "?".into()),
-                    if verdict == Verdict::Allow {
-                        "ALLOWED"
-                    } else {
-                        "REFUSED"
-                    },
-                    decision.rule
+                        .map(crate::daemon::rules_destination)
+                        .as_ref(),
                 );
+                let mut allowed = decision.allowed;
+                if let Some(w) = &writer {
+                    let record = attempt_record(&args, &info, allowed, decision.rule.clone());
+                    if let Err(e) = w.commit(record).await {
+                        // Fail closed: an attempt that cannot be recorded is refused.
+                        eprintln!(
+                            "flowhost sandbox: cannot write the decision record ({e}); refusing egress"
+                        );
+                        allowed = false;
+                    }
+                }
+                if !args.quiet {
+                    log_attempt(&info, allowed, &decision.rule);
+                }
+                attempt.respond(if allowed {
+                    BrokerVerdict::Allow
+                } else {
+                    BrokerVerdict::DENY
+                });
             }
-            attempt.respond(verdict);
-        }
-    });
+        })
+    };
     let status = exec.wait().await?;
     drop(exec);
-    let _ = tokio::time::timeout(Duration::from_secs(2), decider).await;
+    // Every attempt must be decided (and recorded) before the records are closed; one
+    // that is not makes the run's observation incomplete.
+    let settled = matches!(
+        tokio::time::timeout(Duration::from_secs(2), decider).await,
+        Ok(Ok(()))
+    );
     if let Some(bound) = status.bound_description() {
         eprintln!("flowhost sandbox: the command ran into {bound}");
     }
-    Ok(ExitCode::from(status.code().clamp(0, 255) as u8))
+    if let Some(w) = &writer {
+        w.close().await?;
+    }
+    let health = sandbox_health(&broker, writer.as_deref(), settled);
+    args.common
+        .conclude(&evidence, &health, status.code().clamp(0, 255) as u8)
 }
 
-fn write_synced(file: &mut File, line: &str) -> std::io::Result<()> {
-    file.write_all(line.as_bytes())?;
-    file.write_all(b"\n")?;
-    file.sync_data()
+fn log_attempt(info: &AttemptInfo, allowed: bool, rule: &str) {
+    eprintln!(
+        "flowhost sandbox: {} {}/{}/{} {} by pid {} ({}) -> {} ({})",
+        info.syscall.as_str(),
+        info.socket.family_name(),
+        info.socket.type_name(),
+        info.socket.protocol_name(),
+        info.destination
+            .as_ref()
+            .map(|d| d.to_string())
+            .unwrap_or_else(|| "(none)".into()),
+        info.pid,
+        info.executable
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "?".into()),
+        if allowed { "ALLOWED" } else { "REFUSED" },
+        rule
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_go_into_a_new_or_empty_directory_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = dir.path().join("a/b");
+        prepare_records_dir(&fresh).unwrap();
+        assert!(fresh.is_dir());
+        // Empty: accepted again.
+        prepare_records_dir(&fresh).unwrap();
+        std::fs::write(fresh.join("records-00000000000000000001.jsonl"), b"").unwrap();
+        let e = prepare_records_dir(&fresh).unwrap_err().to_string();
+        assert!(e.contains("is not empty") && e.contains("a/b"), "{e}");
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let e = prepare_records_dir(&file).unwrap_err().to_string();
+        assert!(e.contains("is a file"), "{e}");
+    }
 }

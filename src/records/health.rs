@@ -48,6 +48,9 @@ pub enum HealthProducer {
     Daemon,
     /// `flowhost health --records`: only the record side is known.
     Offline,
+    /// `flowhost sandbox run`: one command under the broker with no MCP endpoint; it has no
+    /// tool calls, and the broker is its only way out.
+    Sandbox,
 }
 
 /// The record side of the health.

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod governed;
+pub mod harness;
 pub mod http;
 pub mod lab;
 

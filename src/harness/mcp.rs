@@ -1,0 +1,198 @@
+//! An MCP server served by `flowhost sandbox mcp`, driven over its stdio one request at a
+//! time (newline-delimited JSON-RPC 2.0).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::thread::JoinHandle;
+
+use serde_json::{Value, json};
+
+use super::{HarnessError, Observation};
+
+/// A governed MCP server, initialized. Dropping it without [`McpServer::finish`] kills it.
+#[derive(Debug)]
+pub struct McpServer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    stderr: Option<JoinHandle<String>>,
+    next_id: u64,
+    server_id: String,
+    records: PathBuf,
+    health: PathBuf,
+    workspace: Option<tempfile::TempDir>,
+}
+
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> HarnessError + '_ {
+    move |source| HarnessError::Io {
+        what: what.to_string(),
+        source,
+    }
+}
+
+impl McpServer {
+    pub(super) fn start(
+        mut cmd: Command,
+        launch_failure: String,
+        server_id: String,
+        records: PathBuf,
+        health: PathBuf,
+        workspace: tempfile::TempDir,
+    ) -> Result<McpServer, HarnessError> {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|source| HarnessError::Io {
+            what: launch_failure,
+            source,
+        })?;
+        let (Some(stdin), Some(stdout), Some(mut err)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            let _ = child.kill();
+            return Err(HarnessError::Run(
+                "flowhost sandbox mcp has no stdio".into(),
+            ));
+        };
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = err.read_to_string(&mut text);
+            text
+        });
+        let mut server = McpServer {
+            child,
+            stdin: Some(stdin),
+            stdout: BufReader::new(stdout),
+            stderr: Some(stderr),
+            next_id: 1,
+            server_id,
+            records,
+            health,
+            workspace: Some(workspace),
+        };
+        let init = server.request(
+            "initialize",
+            json!({
+                "protocolVersion": crate::mcp::PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "flowhost-harness", "version": env!("CARGO_PKG_VERSION")},
+            }),
+        );
+        match init {
+            Ok(r) if r.get("result").is_some() => Ok(server),
+            Ok(r) => Err(HarnessError::Run(format!("initialize was refused: {r}"))),
+            Err(e) => {
+                let said = server.stop_and_collect();
+                Err(HarnessError::Run(format!(
+                    "flowhost sandbox mcp did not start serving ({e}); it said:\n{said}"
+                )))
+            }
+        }
+    }
+
+    /// The server id of the signed manifest (tools are named `server/tool`).
+    pub fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    /// Sends one request and returns the whole response (`result` or `error`).
+    pub fn request(&mut self, method: &str, params: Value) -> Result<Value, HarnessError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| HarnessError::Run("the server's input is closed".into()))?;
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .map_err(io("cannot write to flowhost sandbox mcp"))?;
+        let mut reply = String::new();
+        let n = self
+            .stdout
+            .read_line(&mut reply)
+            .map_err(io("cannot read from flowhost sandbox mcp"))?;
+        if n == 0 {
+            return Err(HarnessError::Run(format!(
+                "flowhost sandbox mcp closed its output before answering {method}"
+            )));
+        }
+        let v: Value = serde_json::from_str(&reply)
+            .map_err(|e| HarnessError::Run(format!("not a JSON-RPC line ({e}): {reply:?}")))?;
+        if v["id"] != id {
+            return Err(HarnessError::Run(format!(
+                "the response is not for request {id}: {v}"
+            )));
+        }
+        Ok(v)
+    }
+
+    /// The tools the server offers (`tools/list`), named `server/tool`.
+    pub fn list_tools(&mut self) -> Result<Vec<Value>, HarnessError> {
+        let r = self.request("tools/list", json!({}))?;
+        r["result"]["tools"]
+            .as_array()
+            .cloned()
+            .ok_or_else(|| HarnessError::Run(format!("tools/list gave no tools: {r}")))
+    }
+
+    /// Calls `tool` (`server/tool`, or the bare tool name of this server) with `arguments`;
+    /// returns the whole response: a `result` (with `isError` when the tool failed), or an
+    /// `error` when the host refused the call (`error.data.denial` says why).
+    pub fn call(&mut self, tool: &str, arguments: Value) -> Result<Value, HarnessError> {
+        let name = if tool.contains('/') {
+            tool.to_string()
+        } else {
+            format!("{}/{tool}", self.server_id)
+        };
+        self.request("tools/call", json!({"name": name, "arguments": arguments}))
+    }
+
+    /// Ends the session (closes the server's input), waits for the host to stop its
+    /// executors, write its records and health, and returns what the run produced.
+    pub fn finish(mut self) -> Result<Observation, HarnessError> {
+        self.stdin = None;
+        let mut rest = String::new();
+        let _ = self.stdout.read_to_string(&mut rest);
+        let status = self
+            .child
+            .wait()
+            .map_err(io("cannot wait for flowhost sandbox mcp"))?;
+        let stderr = self
+            .stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        let workspace = self
+            .workspace
+            .take()
+            .ok_or_else(|| HarnessError::Run("the run's workspace is gone".into()))?;
+        Observation::read(
+            status,
+            rest,
+            stderr,
+            self.records.clone(),
+            self.health.clone(),
+            workspace,
+        )
+    }
+
+    fn stop_and_collect(&mut self) -> String {
+        self.stdin = None;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for McpServer {
+    fn drop(&mut self) {
+        if self.stderr.is_some() {
+            self.stop_and_collect();
+        }
+    }
+}

@@ -1,0 +1,419 @@
+//! A test harness for tool authors: run a command, or serve an MCP server from its signed
+//! manifest, under the real broker with a profile and destination rules; get back the
+//! decision records, the egress attempts as typed values and the health; assert on them.
+//!
+//! The harness drives the `flowhost` binary (`flowhost sandbox run` and `flowhost sandbox
+//! mcp`), so what a test observes is exactly what the CLI and a CI gate observe, and the
+//! same test runs as root or as an unprivileged user (the broker then uses its
+//! user-namespace mode; see the README, "Testing your tool under flowhost").
+//!
+//! ```no_run
+//! use flowhost::harness::Harness;
+//!
+//! let harness = Harness::new()?.profile("brokered").allow("127.0.0.1:8080");
+//! let run = harness.run(["/usr/local/bin/my-tool", "--sync"])?;
+//! run.assert_success();
+//! run.assert_only_destinations(&["127.0.0.1:8080"]);
+//! run.assert_matches_declared(std::path::Path::new("declared.json"));
+//! # Ok::<(), flowhost::harness::HarnessError>(())
+//! ```
+//!
+//! `examples/harness_tool/` is a runnable example (`cargo run --example harness_tool`): a
+//! small tool with a signed manifest, tested under the harness, with a gate that fails when
+//! the tool connects somewhere its declaration does not allow.
+
+mod gate;
+mod mcp;
+mod observe;
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub use gate::{judge, load_surface, passes};
+pub use mcp::McpServer;
+pub use observe::{EgressAttempt, Observation, read_records};
+
+/// The environment variable naming the `flowhost` binary the harness runs (default: the
+/// one on `PATH`).
+pub const BINARY_ENV: &str = "FLOWHOST_BIN";
+
+/// Why the harness could not run, or a check that did not hold.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// No `flowhost` binary was found.
+    #[error("no flowhost binary: {0} (set {BINARY_ENV} or put flowhost on PATH)")]
+    Binary(String),
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The declared surface is not valid.
+    #[error("{}: {message}", path.display())]
+    Surface {
+        /// The surface file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The records could not be read.
+    #[error("cannot read the decision records: {0}")]
+    Records(#[from] crate::records::store::StoreError),
+    /// The diff could not judge the records.
+    #[error(transparent)]
+    Diff(#[from] crate::diff::DiffError),
+    /// The run did not produce what a run produces (records, health, an MCP answer).
+    #[error("{0}")]
+    Run(String),
+    /// A check did not hold.
+    #[error("{0}")]
+    Check(String),
+}
+
+/// A copy of the executable `program` in `dir` (created mode 0755), readable and executable
+/// by every user, so that executors (which run as a uid of their own, or in a user
+/// namespace, with a private `/tmp`) can run it whatever the permissions of a build tree.
+/// `dir` must not be under `/tmp`. Copies are named by size and modification time, so
+/// repeated calls reuse one. The copy is made by `cp` in a child process and renamed into
+/// place: a descriptor open for writing in this (multithreaded) process could leak into a
+/// concurrently spawned executor and make its exec fail with ETXTBSY.
+pub fn stage(program: &Path, dir: &Path) -> Result<PathBuf, HarnessError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |what: String| move |source| HarnessError::Io { what, source };
+    let meta = std::fs::metadata(program).map_err(io(format!("{}", program.display())))?;
+    let stamp = meta
+        .modified()
+        .ok()
+        .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let name = program
+        .file_name()
+        .ok_or_else(|| HarnessError::Run(format!("{} names no file", program.display())))?;
+    let sub = dir.join(format!("{}-{stamp}", meta.len()));
+    let dst = sub.join(name);
+    if dst.is_file() {
+        return Ok(dst);
+    }
+    for d in [dir, sub.as_path()] {
+        std::fs::create_dir_all(d).map_err(io(format!("cannot create {}", d.display())))?;
+        let mode = std::fs::metadata(d)
+            .map_err(io(format!("{}", d.display())))?
+            .permissions()
+            .mode();
+        if mode & 0o755 != 0o755 {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
+                .map_err(io(format!("cannot open {} to others", d.display())))?;
+        }
+    }
+    // Unique per call: threads of one process may stage the same program at once.
+    static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = sub.join(format!(
+        ".{}.{}.{n}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let status = Command::new("cp")
+        .arg("--")
+        .arg(program)
+        .arg(&tmp)
+        .status()
+        .map_err(io("cannot run cp".into()))?;
+    if !status.success() {
+        return Err(HarnessError::Run(format!(
+            "cp {} {} failed ({status})",
+            program.display(),
+            tmp.display()
+        )));
+    }
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+        .map_err(io(format!("cannot make {} executable", tmp.display())))?;
+    std::fs::rename(&tmp, &dst).map_err(io(format!("cannot move {} into place", dst.display())))?;
+    Ok(dst)
+}
+
+/// How to run commands and MCP servers under the broker. Cheap to clone; every run gets a
+/// fresh workspace (record directory, health file).
+#[derive(Debug, Clone)]
+pub struct Harness {
+    binary: PathBuf,
+    profile: String,
+    profiles_dirs: Vec<PathBuf>,
+    allow: Vec<String>,
+    env: Vec<String>,
+    read: Vec<PathBuf>,
+    timeout: Option<u64>,
+    run_as: Option<(u32, u32)>,
+    work_dir: Option<PathBuf>,
+}
+
+impl Harness {
+    /// A harness using the `flowhost` binary named by [`BINARY_ENV`] or found on `PATH`,
+    /// with the built-in `brokered` profile and no destination allowed.
+    pub fn new() -> Result<Harness, HarnessError> {
+        let binary = match std::env::var_os(BINARY_ENV) {
+            Some(p) => PathBuf::from(p),
+            None => {
+                let path = std::env::var_os("PATH").unwrap_or_default();
+                std::env::split_paths(&path)
+                    .map(|d| d.join("flowhost"))
+                    .find(|c| c.is_file())
+                    .ok_or_else(|| HarnessError::Binary("flowhost is not on PATH".into()))?
+            }
+        };
+        if !binary.is_file() {
+            return Err(HarnessError::Binary(format!(
+                "{} is not a file",
+                binary.display()
+            )));
+        }
+        Ok(Harness::with_binary(binary))
+    }
+
+    /// A harness using the `flowhost` binary at `binary`.
+    pub fn with_binary(binary: impl Into<PathBuf>) -> Harness {
+        Harness {
+            binary: binary.into(),
+            profile: "brokered".into(),
+            profiles_dirs: Vec::new(),
+            allow: Vec::new(),
+            env: Vec::new(),
+            read: Vec::new(),
+            timeout: None,
+            run_as: None,
+            work_dir: None,
+        }
+    }
+
+    /// The execution profile (built-in `isolated` or `brokered`, or `NAME.toml` in a
+    /// [`Harness::profiles_dir`]).
+    pub fn profile(mut self, name: &str) -> Self {
+        self.profile = name.to_string();
+        self
+    }
+
+    /// A directory searched for profiles before the built-in ones.
+    pub fn profiles_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.profiles_dirs.push(dir.into());
+        self
+    }
+
+    /// Allows egress to `rule` (`ADDR[:PORT]`, `CIDR[:PORT]`, `*:PORT`, `unix:/path`,
+    /// `unix:@name`); without any, every attempt is refused.
+    pub fn allow(mut self, rule: &str) -> Self {
+        self.allow.push(rule.to_string());
+        self
+    }
+
+    /// Passes `NAME` from the environment, or sets `NAME=VALUE`, for the command.
+    pub fn env(mut self, var: &str) -> Self {
+        self.env.push(var.to_string());
+        self
+    }
+
+    /// A path the command may read beneath.
+    pub fn read(mut self, path: impl Into<PathBuf>) -> Self {
+        self.read.push(path.into());
+        self
+    }
+
+    /// Wall-clock limit of a [`Harness::run`], in seconds.
+    pub fn timeout(mut self, seconds: u64) -> Self {
+        self.timeout = Some(seconds);
+        self
+    }
+
+    /// Runs `flowhost` as `uid`/`gid` (through `setpriv`, with no supplementary groups), so
+    /// the broker works in its unprivileged user-namespace mode. The caller must be root;
+    /// the binary and the command must be readable by that user.
+    pub fn run_as(mut self, uid: u32, gid: u32) -> Self {
+        self.run_as = Some((uid, gid));
+        self
+    }
+
+    /// Where run workspaces are created (default: the system's temporary directory).
+    pub fn work_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.work_dir = Some(dir.into());
+        self
+    }
+
+    /// Runs `argv` under `flowhost sandbox run`, waits for it, and returns what it produced.
+    /// The command's stdin is empty; its stdout and stderr are captured.
+    pub fn run<I, S>(&self, argv: I) -> Result<Observation, HarnessError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let ws = self.workspace()?;
+        let (records, health) = (ws.path().join("records"), ws.path().join("health.json"));
+        let mut cmd = self.flowhost();
+        cmd.args(["sandbox", "run", "--profile", &self.profile]);
+        self.common_args(&mut cmd, &records, &health);
+        if let Some(t) = self.timeout {
+            cmd.args(["--timeout", &t.to_string()]);
+        }
+        cmd.arg("--");
+        cmd.args(argv);
+        cmd.stdin(std::process::Stdio::null());
+        let out = cmd.output().map_err(|source| HarnessError::Io {
+            what: self.launch_failure(),
+            source,
+        })?;
+        Observation::read(
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            records,
+            health,
+            ws,
+        )
+    }
+
+    /// Serves the MCP server `argv` from its signed `manifest` (verified with the public
+    /// key `key`: hex, or a file of hex) under `flowhost sandbox mcp`, initialized and ready
+    /// for calls. Tool calls go through the flow resolver, the broker and the records exactly
+    /// as under the daemon; [`McpServer::finish`] stops it and returns what it produced.
+    pub fn mcp<I, S>(&self, manifest: &Path, key: &str, argv: I) -> Result<McpServer, HarnessError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.mcp_with(manifest, key, None, argv)
+    }
+
+    /// Like [`Harness::mcp`], with record mappings (`--mappings FILE`: a TOML table per
+    /// tool, as in a host configuration's `record = {...}`), so tool calls are classified
+    /// and a declared surface can match them.
+    pub fn mcp_with<I, S>(
+        &self,
+        manifest: &Path,
+        key: &str,
+        mappings: Option<&Path>,
+        argv: I,
+    ) -> Result<McpServer, HarnessError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let ws = self.workspace()?;
+        let (records, health) = (ws.path().join("records"), ws.path().join("health.json"));
+        let server_id = crate::manifest::load_envelope_file(manifest)
+            .map_err(|e| HarnessError::Run(e.to_string()))?
+            .body()
+            .server_id()
+            .to_string();
+        let mut cmd = self.flowhost();
+        cmd.args(["sandbox", "mcp", "--profile", &self.profile, "--manifest"])
+            .arg(manifest)
+            .args(["--key", key]);
+        if let Some(m) = mappings {
+            cmd.arg("--mappings").arg(m);
+        }
+        self.common_args(&mut cmd, &records, &health);
+        cmd.arg("--");
+        cmd.args(argv);
+        McpServer::start(cmd, self.launch_failure(), server_id, records, health, ws)
+    }
+
+    fn flowhost(&self) -> Command {
+        match self.run_as {
+            None => Command::new(&self.binary),
+            Some((uid, gid)) => {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    OsString::from(format!("--reuid={uid}")),
+                    OsString::from(format!("--regid={gid}")),
+                    OsString::from("--clear-groups"),
+                    OsString::from("--"),
+                ])
+                .arg(&self.binary)
+                .current_dir("/");
+                c
+            }
+        }
+    }
+
+    /// What failed when `flowhost` could not be started.
+    fn launch_failure(&self) -> String {
+        match self.run_as {
+            None => format!("cannot run {}", self.binary.display()),
+            Some((uid, _)) => format!(
+                "cannot run {} as uid {uid} through setpriv (is util-linux's setpriv on PATH?)",
+                self.binary.display()
+            ),
+        }
+    }
+
+    fn common_args(&self, cmd: &mut Command, records: &Path, health: &Path) {
+        for d in &self.profiles_dirs {
+            cmd.arg("--profiles-dir").arg(d);
+        }
+        for r in &self.allow {
+            cmd.args(["--allow", r]);
+        }
+        for e in &self.env {
+            cmd.args(["--env", e]);
+        }
+        for p in &self.read {
+            cmd.arg("--read").arg(p);
+        }
+        cmd.arg("--records").arg(records);
+        cmd.arg("--health").arg(health);
+    }
+
+    /// A fresh private directory for one run, owned by the user `flowhost` runs as.
+    fn workspace(&self) -> Result<tempfile::TempDir, HarnessError> {
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |source| HarnessError::Io { what, source }
+        };
+        let mut b = tempfile::Builder::new();
+        b.prefix("flowhost-harness-");
+        let ws = match &self.work_dir {
+            Some(d) => b.tempdir_in(d),
+            None => b.tempdir(),
+        }
+        .map_err(io("cannot create a workspace"))?;
+        if let Some((uid, gid)) = self.run_as {
+            std::os::unix::fs::chown(ws.path(), Some(uid), Some(gid))
+                .map_err(io("cannot hand the workspace to the run's user"))?;
+        }
+        Ok(ws)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_one_program_from_many_threads_gives_one_executable_copy() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("tool");
+        std::fs::write(&program, b"#!/bin/sh\necho staged\n").unwrap();
+        let into = dir.path().join("staged");
+        let copies: Vec<PathBuf> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| stage(&program, &into).unwrap()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(copies.iter().all(|c| *c == copies[0]), "{copies:?}");
+        let meta = std::fs::metadata(&copies[0]).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o755);
+        assert_eq!(
+            std::fs::read(&copies[0]).unwrap(),
+            std::fs::read(&program).unwrap()
+        );
+        // No temporary copy is left behind.
+        let left = std::fs::read_dir(copies[0].parent().unwrap())
+            .unwrap()
+            .count();
+        assert_eq!(left, 1);
+    }
+}

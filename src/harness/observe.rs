@@ -1,0 +1,402 @@
+//! What one run under the harness left behind, read back from its decision records: the
+//! records themselves, the egress attempts as typed values, and the health; with the checks
+//! tool authors assert on.
+
+use std::path::{Path, PathBuf};
+
+use super::HarnessError;
+use super::gate;
+use crate::destination::{Destination as RuleDestination, DestinationRule};
+use crate::diff::DiffReport;
+use crate::diff::surface::DeclaredSurface;
+use crate::records::chain::verify_records;
+use crate::records::store::{list_record_files, split_lines};
+use crate::records::{
+    DecisionRecord, DeclarationMismatch, Destination, Effect, EventKind, ToolObservationHealth,
+};
+
+/// One outbound attempt the broker intercepted, as its record states it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EgressAttempt {
+    /// The record's sequence number.
+    pub seq: u64,
+    /// The tool whose call the executor was serving (`server/tool`), or what `sandbox run`
+    /// named the command.
+    pub tool: String,
+    /// The intercepted syscall (`connect`, `sendto`, ...).
+    pub syscall: String,
+    /// The socket family (`inet`, `inet6`, `unix`, ...).
+    pub family: String,
+    /// The protocol (`tcp`, `udp`, ...), when known.
+    pub protocol: Option<String>,
+    /// Where it was going, when the operation names or implies a destination.
+    pub destination: Option<Destination>,
+    /// Whether the broker let it happen.
+    pub allowed: bool,
+    /// The rule that decided, when one did (`allow 127.0.0.1:8080`, `default`, ...).
+    pub rule: Option<String>,
+    /// The process that tried.
+    pub pid: u32,
+    /// Its executable, when it could be read.
+    pub executable: Option<String>,
+    /// The tool's signed declaration says it does not egress.
+    pub undeclared: bool,
+}
+
+impl EgressAttempt {
+    fn from_record(r: &DecisionRecord) -> Option<EgressAttempt> {
+        if r.flowhost.event != EventKind::EgressAttempt {
+            return None;
+        }
+        let broker = r.flowhost.broker.as_ref()?;
+        Some(EgressAttempt {
+            seq: r.flowhost.seq,
+            tool: r.tool.name.clone(),
+            syscall: broker.syscall.clone(),
+            family: broker.family.clone(),
+            protocol: broker.protocol.clone(),
+            destination: broker.destination.clone(),
+            allowed: r.decision.effect == Effect::Allow,
+            rule: r.decision.rule_id.clone(),
+            pid: broker.pid,
+            executable: broker.executable.clone(),
+            undeclared: r.flowhost.declaration_mismatch
+                == Some(DeclarationMismatch::UndeclaredEgress),
+        })
+    }
+
+    /// The destination as `ADDR:PORT`, `unix:PATH`, or a description.
+    pub fn destination_text(&self) -> String {
+        match &self.destination {
+            None => "(no destination)".into(),
+            Some(Destination::Inet(i)) => std::net::SocketAddr::new(i.address, i.port).to_string(),
+            Some(Destination::Unix(u)) => format!("unix:{}", u.unix_path),
+            Some(Destination::Netlink(n)) => format!("netlink:{}", n.netlink_port_id),
+            Some(Destination::Undecoded(u)) => u.undecoded.clone(),
+        }
+    }
+
+    /// Whether `rule` names this attempt's destination.
+    pub fn matches(&self, rule: &DestinationRule) -> bool {
+        rule_destination(self.destination.as_ref()).is_some_and(|d| rule.matches(&d))
+    }
+}
+
+/// The rules' view of a recorded destination (`None`: nothing a rule can name).
+fn rule_destination(d: Option<&Destination>) -> Option<RuleDestination> {
+    Some(match d? {
+        Destination::Inet(i) => RuleDestination::Inet(std::net::SocketAddr::new(i.address, i.port)),
+        Destination::Unix(u) => match u.unix_path.strip_prefix('@') {
+            Some(name) => RuleDestination::UnixAbstract(name.as_bytes().to_vec()),
+            None => RuleDestination::UnixPath(PathBuf::from(&u.unix_path)),
+        },
+        Destination::Netlink(n) => RuleDestination::Netlink {
+            port_id: n.netlink_port_id,
+        },
+        Destination::Undecoded(_) => return None,
+    })
+}
+
+/// Everything one run under the harness produced. The record directory lives as long as
+/// the observation (or until [`Observation::keep`]).
+#[derive(Debug)]
+pub struct Observation {
+    /// The exit status of `flowhost` (the command's own, 128 + signal when it was killed).
+    pub status: std::process::ExitStatus,
+    /// What the command (or the MCP server's host) wrote to stdout, when captured.
+    pub stdout: String,
+    /// What `flowhost` and the command wrote to stderr.
+    pub stderr: String,
+    /// Every decision record, in chain order.
+    pub records: Vec<DecisionRecord>,
+    /// The egress attempts among them.
+    pub attempts: Vec<EgressAttempt>,
+    /// The run's `tool_observation_health`.
+    pub health: ToolObservationHealth,
+    records_dir: PathBuf,
+    health_file: PathBuf,
+    workspace: Option<tempfile::TempDir>,
+}
+
+impl Observation {
+    /// Reads what a run left in `records_dir` and `health_file`; the workspace holding them
+    /// is removed when the observation is dropped.
+    pub(super) fn read(
+        status: std::process::ExitStatus,
+        stdout: String,
+        stderr: String,
+        records_dir: PathBuf,
+        health_file: PathBuf,
+        workspace: tempfile::TempDir,
+    ) -> Result<Observation, HarnessError> {
+        let health = ToolObservationHealth::read_from(&health_file).map_err(|e| {
+            HarnessError::Run(format!(
+                "flowhost ended with {status} and left no readable health ({e}); it said:\n{stderr}"
+            ))
+        })?;
+        let records = read_records(&records_dir)?;
+        let attempts = records
+            .iter()
+            .filter_map(EgressAttempt::from_record)
+            .collect();
+        Ok(Observation {
+            status,
+            stdout,
+            stderr,
+            records,
+            attempts,
+            health,
+            records_dir,
+            health_file,
+            workspace: Some(workspace),
+        })
+    }
+
+    /// The record directory (the daemon's layout: `flowhost records verify` and
+    /// `flowhost diff --observed` take it).
+    pub fn records_dir(&self) -> &Path {
+        &self.records_dir
+    }
+
+    /// The health file written at the end of the run.
+    pub fn health_file(&self) -> &Path {
+        &self.health_file
+    }
+
+    /// Keeps the record directory and health file after the observation is dropped (to
+    /// publish them as CI artifacts); returns the directory holding both.
+    pub fn keep(&mut self) -> Option<PathBuf> {
+        self.workspace.take().map(tempfile::TempDir::keep)
+    }
+
+    /// The run succeeded: `flowhost` exited 0.
+    pub fn check_success(&self) -> Result<(), HarnessError> {
+        if self.status.success() {
+            return Ok(());
+        }
+        Err(HarnessError::Check(format!(
+            "the run ended with {}; stderr:\n{}",
+            self.status, self.stderr
+        )))
+    }
+
+    /// The records verify (sequence, hash chain, head anchor) and observation was complete.
+    pub fn check_complete(&self) -> Result<(), HarnessError> {
+        let report = verify_records(&self.records_dir, None).map_err(HarnessError::Records)?;
+        if !report.is_ok() {
+            let problems: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
+            return Err(HarnessError::Check(format!(
+                "the records do not verify: {}",
+                problems.join("; ")
+            )));
+        }
+        if !self.health.complete {
+            return Err(HarnessError::Check(format!(
+                "observation was incomplete: {}",
+                self.health.incomplete_reasons.join("; ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Nothing tried to reach anywhere.
+    pub fn check_no_egress(&self) -> Result<(), HarnessError> {
+        if self.attempts.is_empty() {
+            return Ok(());
+        }
+        Err(HarnessError::Check(format!(
+            "expected no egress, but {} attempt(s) were made: {}",
+            self.attempts.len(),
+            describe(self.attempts.iter())
+        )))
+    }
+
+    /// Every attempt (allowed or refused) went to a destination one of `rules` names
+    /// (`ADDR[:PORT]`, `CIDR[:PORT]`, `*:PORT`, `unix:/path`, `unix:@name`, as `--allow`
+    /// takes them).
+    pub fn check_only_destinations(&self, rules: &[&str]) -> Result<(), HarnessError> {
+        let parsed = rules
+            .iter()
+            .map(|r| {
+                r.parse::<DestinationRule>()
+                    .map_err(|e| HarnessError::Check(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let stray: Vec<&EgressAttempt> = self
+            .attempts
+            .iter()
+            .filter(|a| !parsed.iter().any(|r| a.matches(r)))
+            .collect();
+        if stray.is_empty() {
+            return Ok(());
+        }
+        Err(HarnessError::Check(format!(
+            "attempts outside {rules:?}: {}",
+            describe(stray.into_iter())
+        )))
+    }
+
+    /// The diff of this run's records and health against the declared surface at `path`.
+    pub fn diff_declared(&self, path: &Path) -> Result<DiffReport, HarnessError> {
+        self.diff_surface(&gate::load_surface(path)?)
+    }
+
+    /// The diff of this run's records and health against `surface`.
+    pub fn diff_surface(&self, surface: &DeclaredSurface) -> Result<DiffReport, HarnessError> {
+        gate::judge(surface, &self.records_dir, &self.health)
+    }
+
+    /// The gate passes against the declared surface at `path`: the verdict is clean.
+    pub fn check_matches_declared(&self, path: &Path) -> Result<(), HarnessError> {
+        let report = self.diff_declared(path)?;
+        if gate::passes(&report) {
+            return Ok(());
+        }
+        Err(HarnessError::Check(format!(
+            "the run does not match the declared surface {}:\n{}",
+            path.display(),
+            crate::diff::report::to_text(&report)
+        )))
+    }
+
+    /// Panics unless [`Observation::check_success`] holds.
+    #[track_caller]
+    pub fn assert_success(&self) {
+        assert_ok(self.check_success());
+    }
+
+    /// Panics unless [`Observation::check_complete`] holds.
+    #[track_caller]
+    pub fn assert_complete(&self) {
+        assert_ok(self.check_complete());
+    }
+
+    /// Panics unless [`Observation::check_no_egress`] holds.
+    #[track_caller]
+    pub fn assert_no_egress(&self) {
+        assert_ok(self.check_no_egress());
+    }
+
+    /// Panics unless [`Observation::check_only_destinations`] holds.
+    #[track_caller]
+    pub fn assert_only_destinations(&self, rules: &[&str]) {
+        assert_ok(self.check_only_destinations(rules));
+    }
+
+    /// Panics unless [`Observation::check_matches_declared`] holds.
+    #[track_caller]
+    pub fn assert_matches_declared(&self, path: &Path) {
+        assert_ok(self.check_matches_declared(path));
+    }
+}
+
+#[track_caller]
+fn assert_ok(r: Result<(), HarnessError>) {
+    if let Err(e) = r {
+        panic!("{e}");
+    }
+}
+
+fn describe<'a>(attempts: impl Iterator<Item = &'a EgressAttempt>) -> String {
+    attempts
+        .map(|a| {
+            format!(
+                "{} {} {} ({}, {})",
+                a.tool,
+                a.syscall,
+                a.destination_text(),
+                if a.allowed { "allowed" } else { "refused" },
+                a.rule.as_deref().unwrap_or("no rule")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Every record of the directory `dir`, decoded strictly, in chain order.
+pub fn read_records(dir: &Path) -> Result<Vec<DecisionRecord>, HarnessError> {
+    let mut out = Vec::new();
+    for file in list_record_files(dir).map_err(HarnessError::Records)? {
+        let bytes = std::fs::read(&file.path).map_err(|source| HarnessError::Io {
+            what: format!("cannot read {}", file.path.display()),
+            source,
+        })?;
+        let (lines, _torn) = split_lines(&bytes);
+        for (i, line) in lines.enumerate() {
+            let record: DecisionRecord = serde_json::from_slice(line).map_err(|e| {
+                HarnessError::Run(format!(
+                    "{}:{}: not a decision record: {e}",
+                    file.path.display(),
+                    i + 1
+                ))
+            })?;
+            out.push(record);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{InetDestination, UndecodedDestination, UnixDestination};
+
+    fn attempt(destination: Option<Destination>) -> EgressAttempt {
+        EgressAttempt {
+            seq: 1,
+            tool: "sandbox/run".into(),
+            syscall: "connect".into(),
+            family: "inet".into(),
+            protocol: Some("tcp".into()),
+            destination,
+            allowed: false,
+            rule: Some("default".into()),
+            pid: 7,
+            executable: None,
+            undeclared: false,
+        }
+    }
+
+    fn rule(s: &str) -> DestinationRule {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn recorded_destinations_match_the_rules_that_name_them() {
+        let inet = attempt(Some(Destination::Inet(InetDestination {
+            address: "127.0.0.2".parse().unwrap(),
+            port: 8080,
+        })));
+        assert!(inet.matches(&rule("127.0.0.2:8080")));
+        assert!(inet.matches(&rule("127.0.0.0/8")));
+        assert!(inet.matches(&rule("*:8080")));
+        assert!(!inet.matches(&rule("127.0.0.1:8080")));
+        assert!(!inet.matches(&rule("127.0.0.2:8081")));
+        assert_eq!(inet.destination_text(), "127.0.0.2:8080");
+
+        let path = attempt(Some(Destination::Unix(UnixDestination {
+            unix_path: "/run/app.sock".into(),
+        })));
+        assert!(path.matches(&rule("unix:/run/app.sock")));
+        assert!(!path.matches(&rule("unix:@/run/app.sock")));
+        let abstract_name = attempt(Some(Destination::Unix(UnixDestination {
+            unix_path: "@bus".into(),
+        })));
+        assert!(abstract_name.matches(&rule("unix:@bus")));
+        assert!(!abstract_name.matches(&rule("unix:/bus")));
+    }
+
+    #[test]
+    fn what_no_rule_can_name_matches_no_rule() {
+        for d in [
+            None,
+            Some(Destination::Undecoded(UndecodedDestination {
+                undecoded: "af_unspec".into(),
+            })),
+        ] {
+            let a = attempt(d);
+            assert!(!a.matches(&rule("0.0.0.0/0")), "{a:?}");
+            assert!(!a.matches(&rule("*:80")), "{a:?}");
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The Rust test API (`flowhost::harness`), as root and as an unprivileged user: commands
+//! and MCP servers under the broker, their egress as typed values, and the checks a tool
+//! author asserts with. The gate passes a well-behaved tool and fails one that egresses
+//! undeclared.
+
+mod common;
+
+use common::TcpSink;
+use common::harness::{
+    As, can_run, example_files, example_tool, flowhost_for, harness, surface_allowing, work_dir,
+};
+use serde_json::json;
+
+fn command_under_harness(who: As) {
+    let probe = common::shared_copy("flowhost-probe");
+    if !can_run(who, &[&flowhost_for(who), &probe]) {
+        return;
+    }
+    let sink = TcpSink::start();
+    let elsewhere = TcpSink::start_on("127.0.0.2:0");
+    let dir = work_dir(who);
+    let declared = surface_allowing(dir.path(), sink.addr);
+    let probe_to = |addr: std::net::SocketAddr| {
+        vec![
+            probe.display().to_string(),
+            "connect".into(),
+            addr.to_string(),
+            "payload".into(),
+        ]
+    };
+
+    // Nothing allowed and nothing tried: no egress, and the empty run matches any surface.
+    let quiet = harness(who)
+        .run([probe.display().to_string(), "list-fds".into()])
+        .unwrap();
+    quiet.assert_success();
+    quiet.assert_complete();
+    quiet.assert_no_egress();
+    quiet.assert_matches_declared(&declared);
+
+    // Well-behaved: one allowed connect, to the declared destination.
+    let good = harness(who)
+        .allow(&sink.addr.to_string())
+        .run(probe_to(sink.addr))
+        .unwrap();
+    good.assert_success();
+    good.assert_complete();
+    assert_eq!(good.attempts.len(), 1, "{:?}", good.attempts);
+    assert!(good.attempts[0].allowed && !good.attempts[0].undeclared);
+    assert_eq!(good.attempts[0].protocol.as_deref(), Some("tcp"));
+    good.assert_only_destinations(&[&sink.addr.to_string()]);
+    good.assert_matches_declared(&declared);
+    assert!(good.check_no_egress().is_err(), "it did egress");
+    assert_eq!(sink.await_bytes(7), b"payload");
+
+    // Undeclared egress: refused by the broker (no rule allows it), recorded, and the gate
+    // fails, naming the destination.
+    let bad = harness(who)
+        .allow(&sink.addr.to_string())
+        .run(probe_to(elsewhere.addr))
+        .unwrap();
+    bad.assert_success();
+    assert_eq!(bad.attempts.len(), 1, "{:?}", bad.attempts);
+    assert!(!bad.attempts[0].allowed);
+    assert_eq!(
+        bad.attempts[0].destination_text(),
+        elsewhere.addr.to_string()
+    );
+    assert_eq!(elsewhere.connections(), 0);
+    let stray = bad
+        .check_only_destinations(&["127.0.0.1"])
+        .unwrap_err()
+        .to_string();
+    assert!(stray.contains(&elsewhere.addr.to_string()), "{stray}");
+    let report = bad.diff_declared(&declared).unwrap();
+    assert!(!flowhost::harness::passes(&report));
+    assert_eq!(report.exit_code(), 1);
+    let failed = bad
+        .check_matches_declared(&declared)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        failed.contains(&format!("\"port\":{}", elsewhere.addr.port())),
+        "{failed}"
+    );
+}
+
+#[test]
+fn a_command_under_the_harness_as_root() {
+    command_under_harness(As::Root);
+}
+
+#[test]
+fn a_command_under_the_harness_unprivileged() {
+    command_under_harness(As::Nobody);
+}
+
+fn mcp_server_under_harness(who: As) {
+    let tool = example_tool();
+    let files = example_files();
+    if !can_run(who, &[&flowhost_for(who), &tool, &files.manifest]) {
+        return;
+    }
+    let service = TcpSink::start();
+    let elsewhere = TcpSink::start_on("127.0.0.2:0");
+    let serve = |extra: &[String]| {
+        let mut argv = vec![tool.display().to_string(), "serve".into()];
+        argv.extend(extra.iter().cloned());
+        let mut server = harness(who)
+            .allow(&service.addr.to_string())
+            .mcp_with(
+                &files.manifest,
+                &files.key.display().to_string(),
+                Some(&files.mappings),
+                argv,
+            )
+            .unwrap();
+        let names: Vec<String> = server
+            .list_tools()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names, ["status-probe/check", "status-probe/version"]);
+        let checked = server
+            .call("check", json!({"target": service.addr.to_string()}))
+            .unwrap();
+        assert_eq!(checked["result"]["isError"], false, "{checked}");
+        let version = server.call("version", json!({})).unwrap();
+        assert_eq!(version["result"]["isError"], false, "{version}");
+        // The signed schema is enforced before the tool sees anything.
+        let refused = server
+            .call("check", json!({"target": "not an address"}))
+            .unwrap();
+        assert_eq!(
+            refused["error"]["data"]["denial"], "schema_invalid",
+            "{refused}"
+        );
+        server.finish().unwrap()
+    };
+
+    let good = serve(&[]);
+    good.assert_success();
+    good.assert_complete();
+    good.assert_only_destinations(&[&service.addr.to_string()]);
+    // The schema refusal has no declared deny: the declaration covers the calls it expects.
+    let report = good.diff_declared(&files.declared).unwrap();
+    assert!(
+        report
+            .findings
+            .iter()
+            .all(|f| f.tool.as_deref() == Some("status-probe/check")
+                && f.effect.as_deref() == Some("deny")),
+        "{}",
+        flowhost::diff::report::to_text(&report)
+    );
+
+    let bad = serve(&["--phone-home".into(), elsewhere.addr.to_string()]);
+    bad.assert_success();
+    bad.assert_complete();
+    assert_eq!(
+        elsewhere.connections(),
+        0,
+        "the broker refused every phone-home attempt"
+    );
+    let home: Vec<_> = bad
+        .attempts
+        .iter()
+        .filter(|a| a.destination_text() == elsewhere.addr.to_string())
+        .collect();
+    assert_eq!(home.len(), 2, "{:?}", bad.attempts);
+    assert!(home.iter().all(|a| !a.allowed));
+    // `version` declares no egress in its signed manifest: its attempt is undeclared.
+    assert!(
+        home.iter()
+            .any(|a| a.tool == "status-probe/version" && a.undeclared)
+    );
+    assert!(
+        home.iter()
+            .any(|a| a.tool == "status-probe/check" && !a.undeclared)
+    );
+    let report = bad.diff_declared(&files.declared).unwrap();
+    assert!(!flowhost::harness::passes(&report));
+    assert!(
+        report
+            .findings
+            .iter()
+            .any(|f| f.kind == flowhost::diff::FindingKind::UndeclaredEgress),
+        "{}",
+        flowhost::diff::report::to_text(&report)
+    );
+}
+
+#[test]
+fn an_mcp_server_under_the_harness_as_root() {
+    mcp_server_under_harness(As::Root);
+}
+
+#[test]
+fn an_mcp_server_under_the_harness_unprivileged() {
+    mcp_server_under_harness(As::Nobody);
+}
+
+#[test]
+fn the_example_runs_and_its_gate_catches_the_tool_phoning_home() {
+    if !can_run(As::Root, &[]) {
+        return;
+    }
+    let example = common::workspace_binary("examples/harness_tool");
+    let out = std::process::Command::new(example)
+        .env("FLOWHOST_BIN", env!("CARGO_BIN_EXE_flowhost"))
+        .output()
+        .unwrap();
+    let stdout = common::harness::succeeded(&out);
+    assert!(
+        stdout.contains("PASS  well-behaved") && stdout.contains("the gate fails"),
+        "{stdout}"
+    );
+}
