@@ -190,16 +190,22 @@ fn progress_reaches_the_client_and_cancellation_reaches_the_executor() {
             assert!(Instant::now() < deadline, "no cancellation line:\n{log}");
             std::thread::sleep(Duration::from_millis(50));
         }
-        let cancelled = host
-            .records()
-            .into_iter()
-            .filter(|r| {
-                r["flowhost"]["event"] == "tool_outcome"
-                    && r["tool"]["name"] == format!("{server}/sleep")
-                    && r.to_string().contains("\"cancelled\"")
-            })
-            .count();
-        assert_eq!(cancelled, 1, "{:#?}", host.records());
+        // The outcome record follows the cancellation's log line.
+        let cancelled = || {
+            host.records()
+                .into_iter()
+                .filter(|r| {
+                    r["flowhost"]["event"] == "tool_outcome"
+                        && r["tool"]["name"] == format!("{server}/sleep")
+                        && r.to_string().contains("\"cancelled\"")
+                })
+                .count()
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while cancelled() == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(cancelled(), 1, "{:#?}", host.records());
     }
 }
 

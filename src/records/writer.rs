@@ -180,8 +180,12 @@ impl<T> Reply<T> {
 type CommitReply = Reply<Result<Committed, RecordError>>;
 type CloseReply = Reply<Result<WriterStatus, RecordError>>;
 
+type FlushReply = Reply<Result<(), RecordError>>;
+
 enum Msg {
     Commit(Box<DecisionRecord>, CommitReply),
+    /// Answered once every record queued before it is durable.
+    Flush(FlushReply),
     Close(CloseReply),
 }
 
@@ -311,6 +315,18 @@ impl RecordWriter {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Msg::Commit(Box::new(record), reply(tx)))
+            .map_err(|_| self.shared.gone())?;
+        rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
+    }
+
+    /// Returns once every record queued before the call (committed or appended) is durable,
+    /// so a status read afterwards covers every line in the files: what health needs to
+    /// vouch for the records as they stand. Errors: the writer's failure, or closed.
+    pub async fn flush(&self) -> Result<(), RecordError> {
+        self.refuse_if_failed()?;
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Flush(Reply::Async(tx)))
             .map_err(|_| self.shared.gone())?;
         rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
     }

@@ -210,6 +210,15 @@ impl Host {
         }
     }
 
+    /// Waits until every record written so far is durable, so that a health computed next
+    /// vouches for every line in the record files (outcome records are written without
+    /// waiting for their sync). A writer that fails here is reported by the health itself.
+    pub async fn settle_records(&self) {
+        if let Err(e) = self.records.flush().await {
+            tracing::error!(error = %e, "the decision records could not be made durable");
+        }
+    }
+
     /// Writes the health file (on demand and on shutdown).
     pub fn write_health(&self) -> Result<ToolObservationHealth, HealthError> {
         let h = self.health();

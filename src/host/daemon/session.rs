@@ -132,6 +132,10 @@ struct Session {
 /// disconnected rather than holding the session (and its executors) forever.
 const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Why a session ended when the host stops (its calls then finish rather than being
+/// cancelled).
+const HOST_STOPPING: &str = "the host is stopping";
+
 /// Lines queued between the transport and the session, each way.
 const QUEUED_LINES: usize = 64;
 
@@ -201,7 +205,7 @@ pub(super) async fn run(
     let mut ended = "the client closed the connection";
     loop {
         if session.host.stopping() {
-            ended = "the host is stopping";
+            ended = HOST_STOPPING;
             break;
         }
         if refused {
@@ -231,7 +235,7 @@ pub(super) async fn run(
                 ended = "no request within the configured window";
                 break;
             }
-            _ = session.host.stopped() => { ended = "the host is stopping"; break; }
+            _ = session.host.stopped() => { ended = HOST_STOPPING; break; }
             _ = out.closed() => { ended = "the client stopped reading"; break; }
         };
         last_activity = tokio::time::Instant::now();
@@ -282,7 +286,7 @@ pub(super) async fn run(
     }
     // Calls still in flight finish and are recorded; when the client is gone they are
     // cancelled first (their executors are told, as a client's cancellation would).
-    if ended != "the host is stopping" {
+    if ended != HOST_STOPPING {
         session.cancel_all("the client disconnected");
     }
     while requests.join_next().await.is_some() {}
@@ -546,10 +550,13 @@ impl Session {
                 Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
                 ok => ok,
             },
-            "flowhost/health" => match self.health(&params) {
-                Err(e) => Err(self.refuse_session("(flowhost/health)", e).await),
-                ok => ok,
-            },
+            "flowhost/health" => {
+                self.host.settle_records().await;
+                match self.health(&params) {
+                    Err(e) => Err(self.refuse_session("(flowhost/health)", e).await),
+                    ok => ok,
+                }
+            }
             other => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("method {other:?} is not served"),

@@ -10,7 +10,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use super::{
-    CloseReply, CommitReply, Committed, Msg, RecordError, Reply, Shared, WriterOptions,
+    CloseReply, CommitReply, Committed, FlushReply, Msg, RecordError, Reply, Shared, WriterOptions,
     WriterStatus, create_record_file,
 };
 use crate::records::DecisionRecord;
@@ -79,6 +79,7 @@ struct Group {
 
 enum ToSyncer {
     Group(Group),
+    Flush(FlushReply),
     Close(CloseReply),
 }
 
@@ -108,21 +109,29 @@ impl Writer {
             }
             let mut commits = Vec::with_capacity(batch.len());
             let mut close = None;
+            let mut flushes = Vec::new();
             for msg in batch.drain(..) {
                 match msg {
                     Msg::Commit(r, reply) if close.is_none() => commits.push((r, reply)),
+                    Msg::Flush(reply) if close.is_none() => flushes.push(reply),
                     Msg::Commit(_, reply) => reply.send(Err(RecordError::Closed)),
+                    Msg::Flush(reply) => reply.send(Err(RecordError::Closed)),
                     Msg::Close(reply) if close.is_none() => close = Some(reply),
                     Msg::Close(reply) => reply.send(Err(RecordError::Closed)),
                 }
             }
             self.group(commits);
+            // After the batch's groups: a flush covers at least everything queued before it.
+            for reply in flushes {
+                self.hand_over(ToSyncer::Flush(reply));
+            }
             if let Some(reply) = close {
                 self.hand_over(ToSyncer::Close(reply));
                 // Anything still queued arrived after close.
                 while let Ok(msg) = rx.try_recv() {
                     match msg {
                         Msg::Commit(_, reply) => reply.send(Err(RecordError::Closed)),
+                        Msg::Flush(reply) => reply.send(Err(RecordError::Closed)),
                         Msg::Close(reply) => reply.send(Err(RecordError::Closed)),
                     }
                 }
@@ -338,14 +347,24 @@ impl Syncer {
             }
             let mut groups = Vec::with_capacity(msgs.len());
             let mut close = None;
+            let mut flushes = Vec::new();
             for m in msgs.drain(..) {
                 match m {
                     ToSyncer::Group(g) => groups.push(g),
+                    ToSyncer::Flush(reply) => flushes.push(reply),
                     // The writer sends nothing after Close.
                     ToSyncer::Close(reply) => close = Some(reply),
                 }
             }
             self.sync(groups);
+            for reply in flushes {
+                reply.send(match self.shared.failed.get() {
+                    Some(reason) => Err(RecordError::WriterFailed {
+                        reason: reason.clone(),
+                    }),
+                    None => Ok(()),
+                });
+            }
             if let Some(reply) = close {
                 reply.send(self.finish());
                 return;

@@ -75,6 +75,9 @@ async fn appended_records_are_readable_at_once_and_durable_in_order() {
     // Once `append` returns, the line is in the file for any reader.
     let text = std::fs::read_to_string(&w.status().current_file).unwrap();
     assert_eq!(text.lines().count(), 2, "{text}");
+    // A flush makes the status cover every line in the file.
+    w.flush().await.unwrap();
+    assert_eq!(w.status().last_seq, Some(2));
     let c = w.commit(sample_tool_call()).await.unwrap();
     assert_eq!((a.seq, b.seq, c.seq), (1, 2, 3));
     // A commit after it is durable only once everything before it is.
