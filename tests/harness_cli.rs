@@ -187,10 +187,12 @@ fn sandbox_mcp(
     drop(stdin);
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let replies: Vec<serde_json::Value> = stdout
+    // Answers come as calls finish, in any order: sorted by id.
+    let mut replies: Vec<serde_json::Value> = stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    replies.sort_by_key(|r| r["id"].as_u64());
     assert_eq!(replies.len(), 3, "{}", text(&out));
     assert_eq!(replies[1]["result"]["isError"], false, "{}", text(&out));
     assert!(

@@ -132,8 +132,8 @@ struct Session {
 /// disconnected rather than holding the session (and its executors) forever.
 const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Why a session ended when the host stops (its calls then finish rather than being
-/// cancelled).
+/// Why a session ended when the host stops (its calls then finish even if the client is
+/// gone).
 const HOST_STOPPING: &str = "the host is stopping";
 
 /// Lines queued between the transport and the session, each way.
@@ -284,12 +284,20 @@ pub(super) async fn run(
             }
         }
     }
-    // Calls still in flight finish and are recorded; when the client is gone they are
-    // cancelled first (their executors are told, as a client's cancellation would).
-    if ended != HOST_STOPPING {
-        session.cancel_all("the client disconnected");
+    // Calls still in flight finish, are recorded and answered: a client that closed only
+    // its sending side (as a stdio client does at the end of its input) still reads. Once
+    // nothing can reach the client any more, they are cancelled (their executors are told,
+    // as a client's cancellation would); when the host stops they finish.
+    let mut cancelled = ended == HOST_STOPPING;
+    loop {
+        tokio::select! {
+            done = requests.join_next() => if done.is_none() { break },
+            _ = out.closed(), if !cancelled => {
+                session.cancel_all("the client disconnected");
+                cancelled = true;
+            }
+        }
     }
-    while requests.join_next().await.is_some() {}
     let executors: Vec<Bound> = session
         .executors
         .lock()
