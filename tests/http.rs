@@ -20,11 +20,33 @@ const TOKEN: &str = "agent-token-1";
 const RESOURCE: &str = "https://flowhost.test/mcp";
 const ISSUER: &str = "https://as.test";
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+/// The address the daemon's HTTP listener bound (configured as port 0), from its log.
+fn bound_addr(lab: &Lab) -> SocketAddr {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let log = lab.log();
+        let found = log
+            .lines()
+            .filter(|l| l.contains("serving MCP over Streamable HTTP"))
+            .find_map(|l| {
+                let at = l.find("listen=")? + "listen=".len();
+                let rest = l[at..]
+                    .trim_start_matches("\u{1b}[0m")
+                    .trim_start_matches('=');
+                rest.split(|c: char| c.is_whitespace() || c == '\u{1b}')
+                    .next()?
+                    .parse()
+                    .ok()
+            });
+        if let Some(addr) = found {
+            return addr;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no HTTP listener in the log:\n{log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// The lab with the conformance server, a principal for the remote agent, and `[http]`
@@ -36,7 +58,7 @@ pub fn start(extra: &str) -> Option<(Lab, SocketAddr, JwtIssuer)> {
 /// [`start`] with `host` (lines) added to the `[host]` table.
 pub fn start_with(host: &str, extra: &str) -> Option<(Lab, SocketAddr, JwtIssuer)> {
     let mut lab = Lab::prepare()?;
-    let addr = free_port();
+    let addr = "127.0.0.1:0";
     let issuer = JwtIssuer::new(11);
     let jwks = lab.dir.path().join("jwks.json");
     std::fs::write(&jwks, &issuer.jwks).unwrap();
@@ -55,6 +77,7 @@ pub fn start_with(host: &str, extra: &str) -> Option<(Lab, SocketAddr, JwtIssuer
     );
     lab.write_config(&text);
     lab.spawn();
+    let addr = bound_addr(&lab);
     Some((lab, addr, issuer))
 }
 
@@ -384,14 +407,14 @@ fn tls_when_configured() {
         .output()
         .unwrap();
     assert!(made.status.success(), "{made:?}");
-    let addr = free_port();
     let text = format!(
-        "{}\n[http]\nlisten = \"{addr}\"\nallowed_hosts = [\"localhost\"]\ntls = {{ cert = \"cert.pem\", key = \"key.pem\" }}\n[[http.token]]\nprincipal = \"larkfield-analyst\"\nsha256 = \"{}\"\n",
+        "{}\n[http]\nlisten = \"127.0.0.1:0\"\nallowed_hosts = [\"localhost\"]\ntls = {{ cert = \"cert.pem\", key = \"key.pem\" }}\n[[http.token]]\nprincipal = \"larkfield-analyst\"\nsha256 = \"{}\"\n",
         host_config(&lab.paths),
         hex::encode(Sha256::digest(TOKEN.as_bytes())),
     );
     lab.write_config(&text);
     lab.spawn();
+    let addr = bound_addr(&lab);
 
     let mut roots = rustls::RootCertStore::empty();
     use rustls_pki_types::pem::PemObject;

@@ -166,8 +166,12 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             .refusal_fold_interval
             .max(Duration::from_millis(100)),
     );
+    // The bound address (the configured one may name port 0).
+    let bound = listener
+        .local_addr()
+        .map_or_else(|_| transport.config.listen.to_string(), |a| a.to_string());
     tracing::info!(
-        listen = %transport.config.listen,
+        listen = %bound,
         path = %transport.config.path,
         tls = tls.is_some(),
         "serving MCP over Streamable HTTP"
