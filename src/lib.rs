@@ -21,7 +21,7 @@ pub mod records;
 pub mod resolve;
 
 pub use admission::{keys, manifest, openapi, registry};
-pub use host::{config, daemon, demo, lab, logging, mcp};
+pub use host::{config, daemon, demo, dns, lab, logging, mcp, runtime};
 pub use model::{decision, flow, ident, label};
 pub use resolve::{continuity, destination, grant, resolver, state};
 

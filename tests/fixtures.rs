@@ -64,6 +64,7 @@ fn egress(address: &str, port: u16, protocol: &str, verdict: Verdict) -> Decisio
             destination: Some(Destination::Inet(InetDestination {
                 address: address.parse().unwrap(),
                 port,
+                host_name: None,
             })),
             bytes: None,
         },

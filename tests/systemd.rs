@@ -51,7 +51,7 @@ fn the_units_verify() {
 }
 
 #[test]
-fn the_service_exposure_is_3_0_or_lower() {
+fn the_service_exposure_is_3_1_or_lower() {
     assert!(
         have("systemd-analyze"),
         "systemd-analyze is missing (.ci/run installs systemd)"
@@ -78,7 +78,9 @@ fn the_service_exposure_is_3_0_or_lower() {
         .and_then(|r| r.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{line}"));
-    assert!(exposure <= 3.0, "exposure {exposure}: {line}");
+    // 3.0 with exactly the broker's capabilities; CAP_NET_BIND_SERVICE (each executor's
+    // resolver listens on port 53, the only port resolv.conf can name) costs 0.1.
+    assert!(exposure <= 3.1, "exposure {exposure}: {line}");
 }
 
 #[test]

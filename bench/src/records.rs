@@ -80,6 +80,7 @@ fn egress(port: u16) -> DecisionRecord {
             destination: Some(Destination::Inet(InetDestination {
                 address: "10.1.2.3".parse().expect("address"),
                 port,
+                host_name: None,
             })),
             bytes: None,
         },

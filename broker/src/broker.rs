@@ -382,6 +382,7 @@ impl Broker {
             })?);
         }
         let limits = spec.profile.limits;
+        let absent_unix_sockets = Arc::new(spec.profile.absent_unix_sockets.clone());
         if Controller::ALL.iter().any(|c| c.bound(&limits).is_some()) {
             lease.cgroup = Some(
                 ExecutorCgroup::create(&self.inner.cgroups, &limits)
@@ -452,6 +453,7 @@ impl Broker {
             broker_handlers: self.inner.handlers.clone(),
             bound: std::sync::Mutex::new(Default::default()),
             flags: std::sync::Mutex::new(()),
+            absent_unix_sockets,
         });
         let inner = self.inner.clone();
         // If the supervision task ends for any reason other than the executor's exit (an

@@ -82,6 +82,9 @@ pub struct ChildPlan {
     pub mount_proc: bool,
     /// Mount a private tmpfs on /tmp with these options.
     pub tmpfs_options: Option<CString>,
+    /// (host file, target) pairs bound read-only over files of the executor's view, before
+    /// /tmp is replaced (a host file under /tmp stays reachable).
+    pub bind_files: Vec<(CString, CString)>,
     /// Hostname to set in a new UTS namespace.
     pub hostname: Option<CString>,
     /// uid/gid to switch to (root host only).
@@ -222,6 +225,35 @@ fn setup_namespaces(plan: &ChildPlan) {
                     std::ptr::null()
                 )
             );
+            for (source, target) in &plan.bind_files {
+                check!(
+                    plan,
+                    Stage::Mounts,
+                    libc::mount(
+                        source.as_ptr(),
+                        target.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null()
+                    )
+                );
+                check!(
+                    plan,
+                    Stage::Mounts,
+                    libc::mount(
+                        std::ptr::null(),
+                        target.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REMOUNT
+                            | libc::MS_BIND
+                            | libc::MS_RDONLY
+                            | libc::MS_NOSUID
+                            | libc::MS_NODEV
+                            | libc::MS_NOEXEC,
+                        std::ptr::null()
+                    )
+                );
+            }
             if plan.mount_proc {
                 check!(
                     plan,

@@ -101,6 +101,11 @@ pub struct Profile {
     pub socket_families: BTreeSet<SocketFamily>,
     /// Netlink protocols `socket(AF_NETLINK, ..)` may use (requires `netlink` in families).
     pub netlink_protocols: BTreeSet<NetlinkProtocol>,
+    /// Unix socket paths that do not exist in the executor's view: a `connect` to one fails
+    /// with ENOENT, as if nothing listened there, without being reported as an attempt.
+    /// For sockets a library tries before every operation and does without (glibc asks
+    /// nscd before each lookup; nscd would answer lookups outside the host's mediation).
+    pub absent_unix_sockets: Vec<PathBuf>,
     /// New mount namespace (private /tmp, fresh /proc).
     pub mount_namespace: bool,
     /// New pid namespace: the executor is pid 1, and its whole tree dies with it.
@@ -188,6 +193,8 @@ struct NetworkSection {
     socket_families: Vec<String>,
     #[serde(default)]
     netlink_protocols: Vec<String>,
+    #[serde(default)]
+    absent_unix_sockets: Vec<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -407,6 +414,14 @@ impl Profile {
             cpu_seconds: positive("cpu_seconds", l.cpu_seconds, 7 * 24 * 3600)?,
             file_size: positive("file_size_mib", l.file_size_mib, 1 << 30)? << 20,
         };
+        for (i, p) in raw.network.absent_unix_sockets.iter().enumerate() {
+            if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+                return Err(invalid(
+                    format!("network.absent_unix_sockets[{i}]"),
+                    format!("{} is not an absolute path without '..'", p.display()),
+                ));
+            }
+        }
         let mut extra_deny = Vec::new();
         for (i, name) in raw.seccomp.extra_deny.iter().enumerate() {
             let nr = syscall_number(name).ok_or_else(|| {
@@ -423,6 +438,7 @@ impl Profile {
             network: raw.network.path,
             socket_families,
             netlink_protocols,
+            absent_unix_sockets: raw.network.absent_unix_sockets,
             mount_namespace: raw.namespaces.mount,
             pid_namespace: raw.namespaces.pid,
             ipc_namespace: raw.namespaces.ipc,

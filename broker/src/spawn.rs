@@ -94,6 +94,10 @@ pub struct SpawnSpec {
     pub write_paths: Vec<PathBuf>,
     /// Descriptors to pass, placed at the given numbers (3 and up); all others are closed.
     pub keep_fds: Vec<(OwnedFd, RawFd)>,
+    /// Files of the host shown, read-only, in place of files of the executor's view: (host
+    /// file, absolute path it replaces). Needs the profile's mount namespace; the target
+    /// must exist.
+    pub bind_files: Vec<(PathBuf, PathBuf)>,
 }
 
 impl SpawnSpec {
@@ -117,6 +121,7 @@ impl SpawnSpec {
             read_paths: Vec::new(),
             write_paths: Vec::new(),
             keep_fds: Vec::new(),
+            bind_files: Vec::new(),
         }
     }
 }
@@ -195,7 +200,10 @@ fn hint(stage: Stage, errno: i32) -> &'static str {
             "; this process is already supervised by another seccomp notify listener (a container seccomp agent, another sandbox), and the broker cannot mediate it: refusing to run the executor unsupervised"
         }
         (Stage::Exec, libc::EACCES) => {
-            "; check that the program is executable and that the profile's Landlock rules allow it"
+            "; the executor's uid may not search a directory on the way or execute the file (file permissions), or the profile's Landlock rules do not allow the program or its interpreter"
+        }
+        (Stage::Exec, libc::ENOENT) => {
+            "; the program, or the interpreter its #! line names, does not exist in the executor's view (executors have a private, empty /tmp)"
         }
         (Stage::Securebits, libc::EPERM) => {
             "; the host's own securebits lock one of them off or it lacks CAP_SETPCAP (under systemd: SecureBits=noroot noroot-locked, or leave SecureBits= unset)"

@@ -164,7 +164,12 @@ async fn environment_is_scrubbed_to_what_was_asked() {
         .filter_map(|l| l.split_once('=').map(|(k, _)| k))
         .collect();
     names.sort();
-    assert_eq!(names, vec!["PATH", "TOOL_MODE"], "{out}");
+    // HOME and TMPDIR: the executor's private /tmp (runtimes write caches there).
+    assert_eq!(names, vec!["HOME", "PATH", "TMPDIR", "TOOL_MODE"], "{out}");
+    assert!(
+        out.contains("HOME=/tmp\n") && out.contains("TMPDIR=/tmp\n"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

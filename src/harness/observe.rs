@@ -85,7 +85,14 @@ impl EgressAttempt {
 /// The rules' view of a recorded destination (`None`: nothing a rule can name).
 fn rule_destination(d: Option<&Destination>) -> Option<RuleDestination> {
     Some(match d? {
-        Destination::Inet(i) => RuleDestination::Inet(std::net::SocketAddr::new(i.address, i.port)),
+        Destination::Inet(i) => {
+            let addr = std::net::SocketAddr::new(i.address, i.port);
+            // An address the host handed out for a name: host-name rules name it too.
+            match i.host_name.as_deref().and_then(|n| n.parse().ok()) {
+                Some(name) => RuleDestination::Named { addr, name },
+                None => RuleDestination::Inet(addr),
+            }
+        }
         Destination::Unix(u) => match u.unix_path.strip_prefix('@') {
             Some(name) => RuleDestination::UnixAbstract(name.as_bytes().to_vec()),
             None => RuleDestination::UnixPath(PathBuf::from(&u.unix_path)),
@@ -366,6 +373,7 @@ mod tests {
         let inet = attempt(Some(Destination::Inet(InetDestination {
             address: "127.0.0.2".parse().unwrap(),
             port: 8080,
+            host_name: None,
         })));
         assert!(inet.matches(&rule("127.0.0.2:8080")));
         assert!(inet.matches(&rule("127.0.0.0/8")));

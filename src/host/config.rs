@@ -144,6 +144,8 @@ struct RawHost {
     records_min_free_mib: u64,
     #[serde(default)]
     state: Option<RawState>,
+    #[serde(default)]
+    dns_upstream: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -263,6 +265,13 @@ struct RawTool {
     record: Option<crate::records::ToolMapping>,
 }
 
+/// An upstream resolver: `IP` (port 53), `IP:PORT` or `[IPv6]:PORT`.
+fn parse_resolver(s: &str) -> Option<std::net::SocketAddr> {
+    s.parse()
+        .ok()
+        .or_else(|| Some(std::net::SocketAddr::new(s.parse().ok()?, 53)))
+}
+
 /// Longest accepted timeout (a week), so a deadline computed from it cannot overflow.
 const MAX_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 
@@ -312,6 +321,9 @@ pub struct HostConfig {
     pub refusal_records_per_interval: usize,
     /// Health warns when the records filesystem has less free space than this, in bytes.
     pub records_min_free_bytes: u64,
+    /// Where executors' allowed lookups are asked (`IP` or `IP:PORT`, port 53 by default);
+    /// `None`: the `nameserver` lines of the host's `/etc/resolv.conf`.
+    pub dns_upstream: Option<Vec<std::net::SocketAddr>>,
     /// Version string of the classifier rules, reported in health.
     pub classifier_version: String,
     /// Label joined into every call's source.
@@ -760,8 +772,25 @@ impl HostConfig {
                 })
             }
         };
+        let dns_upstream = match &h.dns_upstream {
+            None => None,
+            Some(list) => Some(
+                list.iter()
+                    .enumerate()
+                    .map(|(i, a)| {
+                        parse_resolver(a).ok_or_else(|| {
+                            invalid(
+                                format!("host.dns_upstream[{i}]"),
+                                format!("{a:?} is not IP, IP:PORT or [IPv6]:PORT"),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
         let state_dir = resolve(&h.state_dir);
         Ok(HostConfig {
+            dns_upstream,
             state,
             file: file.to_path_buf(),
             socket: resolve(&h.socket),
@@ -822,6 +851,13 @@ impl HostConfig {
         } else {
             format!("{server}/{tool}")
         }
+    }
+
+    /// The uid and gid executors run as, or (with a range) the first of the range: what the
+    /// checks of server programs (`host::runtime`) judge file permissions for.
+    pub fn executor_identity_hint(&self) -> (u32, u32) {
+        let first = self.executor_uids.first;
+        self.executor_identity.unwrap_or((first, first))
     }
 
     /// The principal a connecting peer authenticates as: by uid first, then by gid.

@@ -5,6 +5,8 @@
 pub mod config;
 pub mod daemon;
 pub mod demo;
+pub mod dns;
 pub mod lab;
 pub mod logging;
 pub mod mcp;
+pub mod runtime;

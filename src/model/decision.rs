@@ -29,6 +29,9 @@ pub enum Denial {
     DestinationBlocked,
     /// The executor reached out while it served no call.
     NoCallInFlight,
+    /// The executor looked up a host name no destination rule of its server (or of the
+    /// call's principal) names; the host answered the lookup with a refusal.
+    NameNotAllowed,
     /// The arguments do not satisfy the signed input schema.
     SchemaInvalid,
     /// The principal may not use the tool (or the peer is no principal).
@@ -75,6 +78,7 @@ impl Denial {
             Denial::FlowViolation => "flow_violation",
             Denial::DestinationBlocked => "destination_blocked",
             Denial::NoCallInFlight => "no_call_in_flight",
+            Denial::NameNotAllowed => "name_not_allowed",
             Denial::SchemaInvalid => "schema_invalid",
             Denial::AccessDenied => "access_denied",
             Denial::UnknownTool => "unknown_tool",

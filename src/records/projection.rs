@@ -386,6 +386,9 @@ pub fn project_egress(broker: &BrokerDetails) -> Projection {
     let complete = match &broker.destination {
         Some(Destination::Inet(d)) => {
             target.insert_text("address", &d.address.to_string());
+            if let Some(name) = &d.host_name {
+                target.insert_text("host_name", name);
+            }
             target
                 .0
                 .insert("port".into(), TargetValue::Integer(u64::from(d.port)));
@@ -606,6 +609,7 @@ pub(crate) mod tests {
             destination: Some(Destination::Inet(super::super::InetDestination {
                 address: "10.1.2.3".parse().unwrap(),
                 port: 443,
+                host_name: None,
             })),
             bytes: None,
         };

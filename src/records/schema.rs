@@ -363,6 +363,11 @@ pub struct InetDestination {
     pub address: IpAddr,
     /// The port.
     pub port: u16,
+    /// The host name the executor looked up and the host answered with this address (its
+    /// DNS mediation), when there was one; absent for an address the executor did not get
+    /// from a lookup the host answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_name: Option<String>,
 }
 
 /// A Unix socket destination.

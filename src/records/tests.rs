@@ -50,6 +50,7 @@ pub(crate) fn sample_egress(address: &str, port: u16, verdict: Verdict) -> Decis
             destination: Some(Destination::Inet(InetDestination {
                 address: address.parse().unwrap(),
                 port,
+                host_name: None,
             })),
             bytes: None,
         },

@@ -10,6 +10,8 @@
 //! | `127.0.0.1:8080` / `[::1]:8080` | that address and port |
 //! | `10.0.0.0/8` / `10.0.0.0/8:443` | addresses in the CIDR (on that port) |
 //! | `*:53` | any address on that port |
+//! | `api.example.com:443` | addresses the host handed out for that name, on that port |
+//! | `*.example.com:443` | addresses handed out for any name beneath `example.com` |
 //! | `unix:/run/app.sock` | that unix socket path (exact) |
 //! | `unix:/run/app/` | unix socket paths beneath that directory |
 //! | `unix:@name` | that abstract unix socket |
@@ -20,6 +22,11 @@
 //! AF_UNSPEC send or bind, a family the socket does not speak, a truncated address) is always
 //! refused, even under `default = "allow"`. Unix paths are matched after `.` and `..` are
 //! resolved, so `unix:/run/app/` does not match `/run/app/../docker.sock`.
+//!
+//! Host-name rules need a port. They match an address only where the host itself answered
+//! the executor's lookup of a matching name with it (the daemon's DNS mediation remembers
+//! which); an address the executor never got from such a lookup is judged by address rules
+//! alone. Names are compared in lower case, without a trailing dot.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -35,6 +42,14 @@ use serde::{Deserialize, Deserializer};
 pub enum Destination {
     /// An IPv4 or IPv6 socket address.
     Inet(std::net::SocketAddr),
+    /// An IPv4 or IPv6 socket address the host handed out as an answer to the executor's
+    /// lookup of `name`: matched by address rules and by host-name rules for that name.
+    Named {
+        /// The address and port.
+        addr: std::net::SocketAddr,
+        /// The name the executor looked up.
+        name: HostName,
+    },
     /// A pathname unix socket (`.` and `..` resolved by the broker where it could).
     UnixPath(PathBuf),
     /// An abstract unix socket name.
@@ -81,6 +96,73 @@ pub enum DestinationRule {
     UnixDir(PathBuf),
     /// An abstract unix socket name.
     UnixAbstract(Vec<u8>),
+    /// A host name (or, with `subdomains`, every name beneath it) on one port.
+    Name {
+        /// The name.
+        name: HostName,
+        /// Whether the rule is `*.NAME` (names strictly beneath `name`, not `name` itself).
+        subdomains: bool,
+        /// The port.
+        port: u16,
+    },
+}
+
+/// A DNS host name: lower case, no trailing dot, 1 to 253 characters of labels of 1 to 63
+/// letters, digits, `-` and `_` (not starting or ending with `-`), not all digits and dots
+/// (that would be an address).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HostName(String);
+
+impl HostName {
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `self` is `parent` or, with `strictly`, a name strictly beneath it.
+    pub fn within(&self, parent: &HostName, strictly: bool) -> bool {
+        match self.0.strip_suffix(parent.as_str()) {
+            Some("") => !strictly,
+            Some(prefix) => strictly && prefix.ends_with('.'),
+            None => false,
+        }
+    }
+}
+
+impl fmt::Display for HostName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for HostName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let lower = s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
+        if lower.is_empty() || lower.len() > 253 {
+            return Err("a host name has 1 to 253 characters".into());
+        }
+        for label in lower.split('.') {
+            let ok_chars = label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if label.is_empty()
+                || label.len() > 63
+                || !ok_chars
+                || label.starts_with('-')
+                || label.ends_with('-')
+            {
+                return Err(format!(
+                    "{label:?} is not a host-name label (1 to 63 letters, digits, '-' or '_', not starting or ending with '-')"
+                ));
+            }
+        }
+        if lower.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            return Err("all digits and dots is an address, not a host name".into());
+        }
+        Ok(HostName(lower))
+    }
 }
 
 impl FromStr for DestinationRule {
@@ -111,6 +193,9 @@ impl FromStr for DestinationRule {
                 .parse()
                 .map(DestinationRule::Port)
                 .map_err(|_| err("expected *:PORT with a port from 0 to 65535"));
+        }
+        if let Some(rule) = parse_name_rule(s) {
+            return rule.map_err(|reason| err(&reason));
         }
         let parse_net = |t: &str| -> Result<IpNet, RuleError> {
             if let Ok(net) = t.parse::<IpNet>() {
@@ -159,6 +244,45 @@ impl FromStr for DestinationRule {
     }
 }
 
+/// `NAME:PORT` or `*.NAME:PORT`; `None` when `s` is not written as a host-name rule (an
+/// address, a CIDR, IPv6).
+fn parse_name_rule(s: &str) -> Option<Result<DestinationRule, String>> {
+    let (subdomains, rest) = match s.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') && !h.contains('/') => (h, Some(p)),
+        Some(_) => return None,
+        None if rest.contains('/') => return None,
+        None => (rest, None),
+    };
+    // An address (or something that only looks like one) is the address parser's to judge.
+    let addressy = host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    if !subdomains && (addressy || host.parse::<IpAddr>().is_ok()) {
+        return None;
+    }
+    let name = match host.parse::<HostName>() {
+        Ok(n) => n,
+        Err(e) if subdomains => return Some(Err(e)),
+        Err(_) => return None,
+    };
+    Some(match port {
+        None => Err(format!(
+            "a host-name rule needs a port: {}{name}:PORT",
+            if subdomains { "*." } else { "" }
+        )),
+        Some(p) => p
+            .parse()
+            .map(|port| DestinationRule::Name {
+                name,
+                subdomains,
+                port,
+            })
+            .map_err(|_| "the port must be a number from 0 to 65535".into()),
+    })
+}
+
 impl fmt::Display for DestinationRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -179,6 +303,11 @@ impl fmt::Display for DestinationRule {
                 write!(f, "unix:{}", p.display())
             }
             DestinationRule::UnixAbstract(n) => write!(f, "unix:@{}", String::from_utf8_lossy(n)),
+            DestinationRule::Name {
+                name,
+                subdomains,
+                port,
+            } => write!(f, "{}{name}:{port}", if *subdomains { "*." } else { "" }),
         }
     }
 }
@@ -204,6 +333,16 @@ fn climbs(path: &Path) -> bool {
 impl DestinationRule {
     /// Whether the rule matches `dest`.
     pub fn matches(&self, dest: &Destination) -> bool {
+        if let Destination::Named { addr, name } = dest {
+            return match self {
+                DestinationRule::Name {
+                    name: rule,
+                    subdomains,
+                    port,
+                } => *port == addr.port() && name.within(rule, *subdomains),
+                other => other.matches(&Destination::Inet(*addr)),
+            };
+        }
         match (self, dest) {
             (DestinationRule::Inet { net, port }, Destination::Inet(addr)) => {
                 net.contains(&canonical_ip(addr.ip())) && port.is_none_or(|p| p == addr.port())
@@ -214,6 +353,13 @@ impl DestinationRule {
             (DestinationRule::UnixAbstract(n), Destination::UnixAbstract(d)) => n == d,
             _ => false,
         }
+    }
+}
+
+impl DestinationRule {
+    /// Whether this is a host-name rule matching `name` (on its port).
+    pub fn names(&self, name: &HostName) -> bool {
+        matches!(self, DestinationRule::Name { name: rule, subdomains, .. } if name.within(rule, *subdomains))
     }
 }
 
@@ -268,6 +414,28 @@ impl DestinationRules {
             allow,
             block: Vec::new(),
             default: DefaultAction::Block,
+        }
+    }
+
+    /// Whether a lookup of `name` may be answered: some allow rule names it (on any port),
+    /// or the default allows and no block rule names it. Whether a connection to what it
+    /// resolves to is allowed is decided per port when it is attempted.
+    pub fn decide_name(&self, name: &HostName) -> RuleDecision {
+        if let Some(r) = self.allow.iter().find(|r| r.names(name)) {
+            return RuleDecision {
+                allowed: true,
+                rule: format!("allow {r}"),
+            };
+        }
+        if let Some(r) = self.block.iter().find(|r| r.names(name)) {
+            return RuleDecision {
+                allowed: false,
+                rule: format!("block {r}"),
+            };
+        }
+        RuleDecision {
+            allowed: self.default == DefaultAction::Allow,
+            rule: "default".into(),
         }
     }
 
@@ -370,6 +538,30 @@ pub fn decide_with_origin(
     server(rules.decide(dest))
 }
 
+/// Whether a lookup of `name` may be answered for a call of `origin`, on top of the server's
+/// `rules`: the origin's allow naming it, else the server's decision
+/// ([`DestinationRules::decide_name`]); an origin that blocks the name (on some port) does
+/// not stop the lookup, only the connection on that port.
+pub fn decide_name_with_origin(
+    rules: &DestinationRules,
+    origin: Option<(&str, &OriginRules)>,
+    name: &HostName,
+) -> RuleDecision {
+    if let Some((who, o)) = origin
+        && let Some(r) = o.allow.iter().find(|r| r.names(name))
+    {
+        return RuleDecision {
+            allowed: true,
+            rule: format!("principal {who} allow {r}"),
+        };
+    }
+    let d = rules.decide_name(name);
+    RuleDecision {
+        rule: format!("server {}", d.rule),
+        ..d
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -445,9 +637,16 @@ mod tests {
             "unix:/run/x.sock",
             "unix:/run/app/",
             "unix:@bus",
+            "api.example.com:443",
+            "*.example.com:443",
+            "fetch.test:8080",
         ] {
             assert_eq!(rule(s).to_string(), s);
         }
+        assert_eq!(
+            rule("API.Example.COM.:443").to_string(),
+            "api.example.com:443"
+        );
         assert_eq!(rule("10.1.2.3/8").to_string(), "10.0.0.0/8");
     }
 
@@ -461,6 +660,14 @@ mod tests {
             "[::1",
             "*:x",
             "1.2.3.4/40",
+            "api.example.com",
+            "*.example.com",
+            "api.example.com:https",
+            "bad_-.example.com:-1",
+            "-bad.example.com:443",
+            "*.:443",
+            "ex ample.com:443",
+            "1.2.3.4.5:80",
         ] {
             assert!(s.parse::<DestinationRule>().is_err(), "{s}");
         }
@@ -485,6 +692,58 @@ mod tests {
                 .matches(&Destination::UnixPath("/run/app/../docker.sock".into()))
         );
         assert!(!rule("unix:/run/x.sock").matches(&inet("127.0.0.1:1")));
+    }
+
+    #[test]
+    fn name_rules_match_only_named_destinations() {
+        let named = |n: &str, a: &str| Destination::Named {
+            addr: a.parse().unwrap(),
+            name: n.parse().unwrap(),
+        };
+        let exact = rule("api.example.com:443");
+        assert!(exact.matches(&named("api.example.com", "192.0.2.1:443")));
+        assert!(!exact.matches(&named("api.example.com", "192.0.2.1:80")));
+        assert!(!exact.matches(&named("x.api.example.com", "192.0.2.1:443")));
+        assert!(
+            !exact.matches(&inet("192.0.2.1:443")),
+            "an address never handed out for the name is judged by address rules alone"
+        );
+        let wild = rule("*.example.com:443");
+        assert!(wild.matches(&named("a.example.com", "192.0.2.1:443")));
+        assert!(wild.matches(&named("a.b.example.com", "192.0.2.1:443")));
+        assert!(!wild.matches(&named("example.com", "192.0.2.1:443")));
+        assert!(!wild.matches(&named("badexample.com", "192.0.2.1:443")));
+        // Address rules still see the address of a named destination.
+        assert!(rule("192.0.2.0/24").matches(&named("other.test", "192.0.2.9:1")));
+        let rules = DestinationRules {
+            allow: vec![exact, wild],
+            block: vec![rule("192.0.2.66")],
+            default: DefaultAction::Block,
+        };
+        assert!(
+            rules
+                .decide(Some(&named("api.example.com", "192.0.2.1:443")))
+                .allowed
+        );
+        assert!(
+            !rules
+                .decide(Some(&named("api.example.com", "192.0.2.66:443")))
+                .allowed
+        );
+        let name = |n: &str| n.parse::<HostName>().unwrap();
+        assert!(rules.decide_name(&name("API.example.com")).allowed);
+        assert!(rules.decide_name(&name("deep.x.example.com")).allowed);
+        let other = rules.decide_name(&name("example.com"));
+        assert_eq!((other.allowed, other.rule.as_str()), (false, "default"));
+        let origin = OriginRules {
+            allow: vec![rule("only.alice.test:80")],
+            block: vec![],
+        };
+        assert!(
+            decide_name_with_origin(&rules, Some(("alice", &origin)), &name("only.alice.test"))
+                .allowed
+        );
+        assert!(!decide_name_with_origin(&rules, None, &name("only.alice.test")).allowed);
     }
 
     #[test]

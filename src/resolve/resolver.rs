@@ -16,7 +16,10 @@
 
 use crate::config::{ClassifierRule, ClassifierScope, PrincipalConfig};
 use crate::decision::{Denial, EgressBasis, Failure, Verdict};
-use crate::destination::{Destination, DestinationRules, OriginRules, decide_with_origin};
+use crate::destination::{
+    Destination, DestinationRules, HostName, OriginRules, RuleDecision, decide_name_with_origin,
+    decide_with_origin,
+};
 use crate::flow::{EgressDenial, authorize_egress};
 use crate::grant::{self, AcceptedGrant, Authorities, CallFacts, GrantDenial, SignedGrant};
 use crate::label::InformationLabel;
@@ -338,6 +341,44 @@ impl FlowResolver {
         rules: &DestinationRules,
         origin: Option<&OriginRules>,
     ) -> EgressJudgment {
+        self.judge_outbound(plan, Denial::DestinationBlocked, || {
+            decide_with_origin(
+                rules,
+                origin.map(|o| (plan.key.principal.as_str(), o)),
+                destination,
+            )
+        })
+        .await
+    }
+
+    /// Decides a host-name lookup made while `plan`'s call is in flight. The name leaves the
+    /// host (to its upstream resolvers), so it is judged as egress: the clearances first, as
+    /// for any attempt, then whether a rule names it
+    /// ([`crate::destination::decide_name_with_origin`]).
+    pub async fn decide_lookup(
+        &self,
+        plan: &CallPlan,
+        name: &HostName,
+        rules: &DestinationRules,
+        origin: Option<&OriginRules>,
+    ) -> EgressJudgment {
+        self.judge_outbound(plan, Denial::NameNotAllowed, || {
+            decide_name_with_origin(
+                rules,
+                origin.map(|o| (plan.key.principal.as_str(), o)),
+                name,
+            )
+        })
+        .await
+    }
+
+    /// The clearance check every outbound attempt passes, then `rules` (refused as `denial`).
+    async fn judge_outbound(
+        &self,
+        plan: &CallPlan,
+        denial: Denial,
+        rules: impl FnOnce() -> RuleDecision,
+    ) -> EgressJudgment {
         let source = match self.state.get(&plan.key).await {
             Ok(state) => state.combined().join_or_top(&plan.argument_taint),
             // State that cannot be read is unknown history: Top, which never egresses.
@@ -356,17 +397,13 @@ impl FlowResolver {
                 clearances,
             },
             Ok(clearances) => {
-                let d = decide_with_origin(
-                    rules,
-                    origin.map(|o| (plan.key.principal.as_str(), o)),
-                    destination,
-                );
+                let d = rules();
                 EgressJudgment {
                     verdict: if d.allowed {
                         Verdict::Authorized { rule: Some(d.rule) }
                     } else {
                         Verdict::Refused {
-                            denial: Denial::DestinationBlocked,
+                            denial,
                             rule: Some(d.rule),
                         }
                     },
@@ -580,6 +617,17 @@ mod tests {
         );
         let blocked = res.decide_egress(&plan, Some(&other), &rules, None).await;
         assert_eq!(blocked.verdict.denial(), Some(Denial::DestinationBlocked));
+        // Lookups: judged as egress (the clearances), then whether a rule names the name.
+        let named = DestinationRules::allow_only(vec!["inbox.test:1".parse().unwrap()]);
+        let looked = |n: &str| n.parse::<HostName>().unwrap();
+        let v = res
+            .decide_lookup(&plan, &looked("inbox.test"), &named, None)
+            .await;
+        assert!(v.verdict.allowed(), "{v:?}");
+        let v = res
+            .decide_lookup(&plan, &looked("other.test"), &named, None)
+            .await;
+        assert_eq!(v.verdict.denial(), Some(Denial::NameNotAllowed));
 
         let public = reg.tool("public-inbox", "publish").unwrap();
         let refusal = res
@@ -614,6 +662,16 @@ mod tests {
             Some(Denial::MissingClearance),
             "a destination allow does not help"
         );
+        // Nor does a rule naming the name: a tool without clearance looks nothing up.
+        let v = res
+            .decide_lookup(
+                &plan,
+                &"inbox.test".parse().unwrap(),
+                &DestinationRules::allow_only(vec!["inbox.test:1".parse().unwrap()]),
+                None,
+            )
+            .await;
+        assert_eq!(v.verdict.denial(), Some(Denial::MissingClearance));
     }
 
     #[tokio::test]

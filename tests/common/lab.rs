@@ -103,34 +103,12 @@ impl Lab {
     }
 
     /// Starts `command` (a daemon, possibly wrapped) and waits until `socket` answers.
-    pub fn spawn_with(&mut self, mut command: Command, socket: &Path) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("daemon.log"))
-            .unwrap();
-        let child = command
-            .env("FLOWHOST_LOG", "info,flowhost=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if UnixStream::connect(socket).is_ok() {
-                return;
-            }
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!(
-                    "the daemon exited during startup ({status}):\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("the daemon did not start listening:\n{}", self.log());
+    pub fn spawn_with(&mut self, command: Command, socket: &Path) {
+        self.child = Some(spawn_daemon(
+            command,
+            &self.dir.path().join("daemon.log"),
+            socket,
+        ));
     }
 
     /// Takes ownership of a daemon started by the test itself, so it is stopped with the lab
@@ -243,6 +221,40 @@ impl Drop for Lab {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// Starts `command` (a daemon, possibly wrapped) logging to `log_file`, and waits until
+/// `socket` answers; panics with the log if the daemon exits or does not start.
+pub fn spawn_daemon(mut command: Command, log_file: &Path, socket: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_file)
+        .unwrap();
+    let mut child = command
+        .env("FLOWHOST_LOG", "info,flowhost=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let read_log = || std::fs::read_to_string(log_file).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if UnixStream::connect(socket).is_ok() {
+            return child;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "the daemon exited during startup ({status}):\n{}",
+                read_log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the daemon did not start listening:\n{}", read_log());
 }
 
 /// The library's MCP client of the daemon's socket, failing the test on I/O errors.

@@ -7,6 +7,7 @@ pub mod governed;
 pub mod harness;
 pub mod http;
 pub mod lab;
+pub mod named;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;

@@ -34,6 +34,7 @@ pub(crate) struct Prepared {
     pub(super) mount_namespace: bool,
     pub(super) mount_proc: bool,
     pub(super) tmpfs_options: Option<CString>,
+    pub(super) bind_files: Vec<(CString, CString)>,
     pub(super) hostname: Option<CString>,
     pub(super) identity: Option<(u32, u32)>,
     pub(super) rlimits: Vec<(libc::c_int, libc::rlimit)>,
@@ -122,6 +123,17 @@ pub(crate) fn prepare(
     if !env.iter().any(|(k, _)| k == "PATH") {
         env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
     }
+    // A home and a temporary directory of the executor's own, writable: runtimes write
+    // caches and temporary files there (Python, Node, npm) and look up the home directory
+    // when HOME is unset (a passwd lookup for a uid that has no entry). The private /tmp is
+    // the executor's alone and dies with it.
+    if profile.private_tmp {
+        for name in ["HOME", "TMPDIR"] {
+            if !env.iter().any(|(k, _)| k == name) {
+                env.push((name.into(), "/tmp".into()));
+            }
+        }
+    }
     let env = env
         .iter()
         .map(|(k, v)| {
@@ -196,6 +208,26 @@ pub(crate) fn prepare(
     } else {
         None
     };
+
+    if !spec.bind_files.is_empty() && !profile.mount_namespace {
+        return Err(SpawnError::InvalidSpec(format!(
+            "files shown in the executor's view need a mount namespace, which profile {:?} does not give",
+            profile.name
+        )));
+    }
+    let mut bind_files = Vec::with_capacity(spec.bind_files.len());
+    for (source, target) in &spec.bind_files {
+        if !target.is_absolute() {
+            return Err(SpawnError::InvalidSpec(format!(
+                "{} is not an absolute path in the executor's view",
+                target.display()
+            )));
+        }
+        bind_files.push((
+            cstring("a bound file", source.as_os_str().as_bytes())?,
+            cstring("a bound file's target", target.as_os_str().as_bytes())?,
+        ));
+    }
 
     let mut flags: libc::c_ulong = 0;
     if !privileged {
@@ -280,6 +312,7 @@ pub(crate) fn prepare(
         } else {
             None
         },
+        bind_files,
         hostname: profile
             .uts_namespace
             .then(|| cstring("hostname", b"flowhost-executor"))

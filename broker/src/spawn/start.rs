@@ -256,6 +256,7 @@ pub(crate) fn start(
         mount_namespace: prepared.mount_namespace,
         mount_proc: prepared.mount_proc,
         tmpfs_options: prepared.tmpfs_options.clone(),
+        bind_files: prepared.bind_files.clone(),
         hostname: prepared.hostname.clone(),
         identity: prepared.identity,
         rlimits: prepared.rlimits.clone(),

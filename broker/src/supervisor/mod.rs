@@ -72,6 +72,8 @@ pub(crate) struct Context {
     pub broker_handlers: Arc<Semaphore>,
     /// Cookies of this executor's sockets the broker bound (see `Caller::listen`).
     pub bound: std::sync::Mutex<HashSet<u64>>,
+    /// Unix socket paths absent from the executor's view (the profile's).
+    pub absent_unix_sockets: Arc<Vec<std::path::PathBuf>>,
     /// Held while the broker toggles O_NONBLOCK on one of this executor's sockets, and
     /// while it reads that flag.
     pub flags: std::sync::Mutex<()>,

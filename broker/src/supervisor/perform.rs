@@ -42,6 +42,14 @@ impl Caller<'_> {
         let raw = self.copy(addr, len)?;
         let mut info = self.attempt(syscall, &sock);
         let (destination, target) = self.resolve(&raw, &sock, syscall);
+        if syscall == EgressSyscall::Connect
+            && let Destination::UnixPath(path) = &destination
+            && self.ctx.absent_unix_sockets.contains(path)
+        {
+            // Not there, as far as the executor can tell; nothing to report or decide.
+            self.still_waiting()?;
+            return Err(Outcome::Errno(libc::ENOENT));
+        }
         info.destination = Some(destination);
         if let Verdict::Deny { errno } = self.decide(info).await {
             return Err(Outcome::Errno(errno));

@@ -10,7 +10,8 @@ use flowhost_broker::{AttemptInfo, Destination, EgressAttempt, Verdict as Broker
 
 use super::CallInFlight;
 use super::executor::{AttemptSink, Judgment};
-use crate::destination::{DestinationRules, OriginRules};
+use crate::destination::{DestinationRules, HostName, OriginRules};
+use crate::dns::Lookup;
 use crate::records::{
     BrokerDetails, Correlation, DecisionRecord, DeclarationMismatch, Denial, EgressBasis,
     EgressFacts, FlowContext, InetDestination, RecordWriter, ServerInfo, UnixDestination, Verdict,
@@ -41,17 +42,33 @@ pub struct EgressJudge {
 /// is better than unbounded growth).
 const MAX_WARNED: usize = 4096;
 
-/// The rules' view of a destination the broker decoded (every form has one).
+/// The rules' view of a destination the broker decoded (every form has one), for an
+/// address the executor did not get from a lookup the host answered.
 pub fn rules_destination(d: &Destination) -> crate::destination::Destination {
+    named_rules_destination(d, None)
+}
+
+/// The rules' view of a destination the broker decoded; `name` is the host name the
+/// executor's lookup got the address as an answer for, if any.
+pub fn named_rules_destination(
+    d: &Destination,
+    name: Option<&HostName>,
+) -> crate::destination::Destination {
     use crate::destination::Destination as R;
     match d {
-        Destination::Inet(addr) => R::Inet(*addr),
+        Destination::Inet(addr) => match name {
+            Some(name) => R::Named {
+                addr: *addr,
+                name: name.clone(),
+            },
+            None => R::Inet(*addr),
+        },
         Destination::UnixPath(p) => R::UnixPath(p.clone()),
         Destination::UnixAbstract(n) => R::UnixAbstract(n.clone()),
         Destination::UnixUnnamed => R::UnixUnnamed,
         Destination::Netlink { port_id, .. } => R::Netlink { port_id: *port_id },
         Destination::Unspecified => R::Disconnect,
-        other => match record_destination(other) {
+        other => match record_destination(other, None) {
             crate::records::Destination::Undecoded(u) => R::Undecidable(u.undecoded),
             // The unspecified IP: the kernel would pick the address, so no rule applies.
             crate::records::Destination::Inet(i) => {
@@ -64,13 +81,14 @@ pub fn rules_destination(d: &Destination) -> crate::destination::Destination {
 
 /// The record form of a destination the broker decoded: every form has one (nothing the
 /// broker saw is recorded without a destination).
-fn record_destination(d: &Destination) -> crate::records::Destination {
+fn record_destination(d: &Destination, name: Option<&HostName>) -> crate::records::Destination {
     use crate::records::{Destination as R, NetlinkDestination, UndecodedDestination};
     let undecoded = |what: String| R::Undecoded(UndecodedDestination { undecoded: what });
     match d {
         Destination::Inet(addr) | Destination::AnyAddress(addr) => R::Inet(InetDestination {
             address: addr.ip(),
             port: addr.port(),
+            host_name: name.map(|n| n.to_string()),
         }),
         Destination::UnixPath(p) => R::Unix(UnixDestination {
             unix_path: p.display().to_string(),
@@ -98,8 +116,14 @@ fn record_destination(d: &Destination) -> crate::records::Destination {
     }
 }
 
-/// The record form of what the broker saw.
+/// The record form of what the broker saw, for an address the executor did not get from a
+/// lookup the host answered.
 pub fn broker_details(info: &AttemptInfo) -> BrokerDetails {
+    named_broker_details(info, None)
+}
+
+/// The record form of what the broker saw (`name`: as for [`named_rules_destination`]).
+pub fn named_broker_details(info: &AttemptInfo, name: Option<&HostName>) -> BrokerDetails {
     BrokerDetails {
         pid: info.pid.max(0) as u32,
         executable: info.executable.as_ref().map(|p| p.display().to_string()),
@@ -107,7 +131,10 @@ pub fn broker_details(info: &AttemptInfo) -> BrokerDetails {
         family: info.socket.family_name(),
         socket_type: Some(info.socket.type_name()),
         protocol: Some(info.socket.protocol_name()),
-        destination: info.destination.as_ref().map(record_destination),
+        destination: info
+            .destination
+            .as_ref()
+            .map(|d| record_destination(d, name)),
         bytes: info.bytes.map(|b| b as u64),
     }
 }
@@ -135,86 +162,102 @@ impl EgressJudge {
         }
     }
 
-    async fn decide(&self, call: Option<Arc<CallInFlight>>, attempt: EgressAttempt) -> Judgment {
-        let info = attempt.info().clone();
-        let details = broker_details(&info);
+    /// The record of one judged attempt: `judged` is the call in flight and the resolver's
+    /// judgment, `None` when no call was in flight.
+    fn record(
+        &self,
+        judged: Option<(&CallInFlight, &crate::resolver::EgressJudgment)>,
+        details: BrokerDetails,
+    ) -> DecisionRecord {
         let server = ServerInfo::mcp(&self.server_id, Some(&self.digest));
-        let (record, allowed, call) = match call {
-            None => {
-                let record = DecisionRecord::egress_attempt(EgressFacts {
-                    server,
-                    tool_name: "(no call in flight)".into(),
-                    broker: details,
-                    verdict: Verdict::refused(Denial::NoCallInFlight),
-                    credential_alias: None,
-                    correlation: Correlation::none(),
-                    context: FlowContext {
-                        egress_basis: Some(EgressBasis {
-                            declared: false,
-                            topology: false,
-                            observed: true,
-                        }),
-                        ..FlowContext::default()
-                    },
-                });
-                (record, None, None)
-            }
-            Some(call) => {
-                let mismatch = (!call.plan.basis.declared).then(|| {
-                    self.undeclared_egress(&call);
-                    DeclarationMismatch::UndeclaredEgress
-                });
-                let v = self
-                    .resolver
+        let Some((call, v)) = judged else {
+            return DecisionRecord::egress_attempt(EgressFacts {
+                server,
+                tool_name: "(no call in flight)".into(),
+                broker: details,
+                verdict: Verdict::refused(Denial::NoCallInFlight),
+                credential_alias: None,
+                correlation: Correlation::none(),
+                context: FlowContext {
+                    egress_basis: Some(EgressBasis {
+                        declared: false,
+                        topology: false,
+                        observed: true,
+                    }),
+                    ..FlowContext::default()
+                },
+            });
+        };
+        let mismatch = (!call.plan.basis.declared).then(|| {
+            self.undeclared_egress(call);
+            DeclarationMismatch::UndeclaredEgress
+        });
+        DecisionRecord::egress_attempt(EgressFacts {
+            server,
+            tool_name: call.tool.clone(),
+            broker: details,
+            verdict: v.verdict.clone(),
+            credential_alias: None,
+            correlation: call.correlation.clone(),
+            context: FlowContext {
+                principal: Some(call.plan.key.principal.to_string()),
+                session: Some(call.plan.key.session.clone()),
+                call_id: Some(call.call_id.clone()),
+                source_label: Some(v.source.clone()),
+                clearance_used: Some(v.clearances.clone()),
+                egress_basis: Some(EgressBasis {
+                    observed: true,
+                    ..call.plan.basis
+                }),
+                declaration_mismatch: mismatch,
+                grant: call
+                    .plan
+                    .grant
+                    .as_ref()
+                    .map(|g| crate::records::GrantFacts {
+                        id: g.id.clone(),
+                        purpose: g.purpose.to_string(),
+                    }),
+                ..FlowContext::default()
+            },
+        })
+    }
+
+    async fn decide(
+        &self,
+        call: Option<Arc<CallInFlight>>,
+        attempt: EgressAttempt,
+        name: Option<HostName>,
+    ) -> Judgment {
+        let info = attempt.info().clone();
+        let details = named_broker_details(&info, name.as_ref());
+        let judged = match &call {
+            None => None,
+            Some(call) => Some(
+                self.resolver
                     .decide_egress(
                         &call.plan,
-                        info.destination.as_ref().map(rules_destination).as_ref(),
+                        info.destination
+                            .as_ref()
+                            .map(|d| named_rules_destination(d, name.as_ref()))
+                            .as_ref(),
                         &self.destinations,
                         self.origins.get(&call.plan.key.principal),
                     )
-                    .await;
-                let record = DecisionRecord::egress_attempt(EgressFacts {
-                    server,
-                    tool_name: call.tool.clone(),
-                    broker: details,
-                    verdict: v.verdict.clone(),
-                    credential_alias: None,
-                    correlation: call.correlation.clone(),
-                    context: FlowContext {
-                        principal: Some(call.plan.key.principal.to_string()),
-                        session: Some(call.plan.key.session.clone()),
-                        call_id: Some(call.call_id.clone()),
-                        source_label: Some(v.source.clone()),
-                        clearance_used: Some(v.clearances.clone()),
-                        egress_basis: Some(EgressBasis {
-                            observed: true,
-                            ..call.plan.basis
-                        }),
-                        declaration_mismatch: mismatch,
-                        grant: call
-                            .plan
-                            .grant
-                            .as_ref()
-                            .map(|g| crate::records::GrantFacts {
-                                id: g.id.clone(),
-                                purpose: g.purpose.to_string(),
-                            }),
-                        ..FlowContext::default()
-                    },
-                });
-                let allowed = v.verdict.allowed().then_some(v.source);
-                (record, allowed, Some(call))
-            }
+                    .await,
+            ),
         };
+        let record = self.record(call.as_deref().zip(judged.as_ref()), details);
+        let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
         match self.records.commit(record).await {
-            Ok(_) => match (allowed, call) {
-                (Some(source), Some(_)) => {
+            Ok(_) => match allowed {
+                Some(source) => {
                     attempt.respond(BrokerVerdict::Allow);
                     Judgment {
                         approved_under: Some(source),
                     }
                 }
-                _ => {
+                None => {
                     attempt.respond(BrokerVerdict::DENY);
                     Judgment::default()
                 }
@@ -226,6 +269,68 @@ impl EgressJudge {
             }
         }
     }
+
+    /// Judges one lookup of executor `pid`: allowed ones are answered without a record (the
+    /// connection to what they resolve to is judged and recorded); a refusal is recorded,
+    /// with the name, as an egress attempt of syscall `dns_query` to the executor's resolver.
+    async fn decide_lookup(
+        &self,
+        call: Option<Arc<CallInFlight>>,
+        lookup: Lookup,
+        pid: i32,
+    ) -> Judgment {
+        let judged = match &call {
+            None => None,
+            Some(call) => Some(
+                self.resolver
+                    .decide_lookup(
+                        &call.plan,
+                        &lookup.name,
+                        &self.destinations,
+                        self.origins.get(&call.plan.key.principal),
+                    )
+                    .await,
+            ),
+        };
+        if let Some(v) = &judged
+            && v.verdict.allowed()
+        {
+            return Judgment {
+                approved_under: Some(v.source.clone()),
+            };
+        }
+        let details = BrokerDetails {
+            pid: pid.max(0) as u32,
+            executable: None,
+            syscall: "dns_query".into(),
+            family: if lookup.resolver.is_ipv4() {
+                "inet"
+            } else {
+                "inet6"
+            }
+            .into(),
+            socket_type: Some(
+                if lookup.transport == "tcp" {
+                    "stream"
+                } else {
+                    "dgram"
+                }
+                .into(),
+            ),
+            protocol: Some(lookup.transport.into()),
+            destination: Some(crate::records::Destination::Inet(InetDestination {
+                address: lookup.resolver.ip(),
+                port: lookup.resolver.port(),
+                host_name: Some(lookup.name.to_string()),
+            })),
+            bytes: Some(lookup.bytes as u64),
+        };
+        let record = self.record(call.as_deref().zip(judged.as_ref()), details);
+        if let Err(e) = self.records.commit(record).await {
+            tracing::error!(server = %self.server_id, error = %e, "lookup refusal not recorded");
+        }
+        Judgment::default()
+    }
 }
 
 impl AttemptSink<CallInFlight> for EgressJudge {
@@ -233,7 +338,17 @@ impl AttemptSink<CallInFlight> for EgressJudge {
         &self,
         call: Option<Arc<CallInFlight>>,
         attempt: EgressAttempt,
+        name: Option<HostName>,
     ) -> Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>> {
-        Box::pin(self.decide(call, attempt))
+        Box::pin(self.decide(call, attempt, name))
+    }
+
+    fn judge_lookup(
+        &self,
+        call: Option<Arc<CallInFlight>>,
+        lookup: Lookup,
+        pid: i32,
+    ) -> Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>> {
+        Box::pin(self.decide_lookup(call, lookup, pid))
     }
 }

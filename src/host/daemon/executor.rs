@@ -17,6 +17,8 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, watch};
 
+use crate::destination::HostName;
+use crate::dns::{DnsMediation, ExecutorDns, Lookup, LookupJudge};
 use crate::label::InformationLabel;
 use crate::mcp::{self, Incoming, Line};
 
@@ -79,6 +81,30 @@ pub struct ExecutorTemplate {
     pub profile: Arc<Profile>,
     /// Extra Landlock read paths.
     pub read_paths: Vec<PathBuf>,
+    /// DNS mediation for executors with a network path (`None`: their lookups are egress
+    /// attempts like any other).
+    pub dns: Option<DnsMediation>,
+    /// The uid and gid whose file permissions explain a failed start (see
+    /// [`crate::runtime::check_program`]).
+    pub run_as: (u32, u32),
+}
+
+impl ExecutorTemplate {
+    /// A spawn error with the server, the program and, where the program check finds one,
+    /// the real cause (the kernel's errno alone does not say which path or why).
+    fn explain(&self, e: &flowhost_broker::SpawnError) -> String {
+        let program = self.argv.first().cloned().unwrap_or_default();
+        let readable = super::startup::readable(&self.profile, &self.read_paths);
+        let cause = match crate::runtime::check_program(
+            std::path::Path::new(&program),
+            self.run_as,
+            &readable,
+        ) {
+            Err(problem) => format!("; cause: {problem}"),
+            Ok(()) => String::new(),
+        };
+        format!("server {:?}, program {program}: {e}{cause}", self.server)
+    }
 }
 
 /// What an executor's egress attempts are judged against: the call in flight, if any.
@@ -174,11 +200,22 @@ pub struct Judgment {
 /// Receives an executor's egress attempts together with the call they belong to.
 pub trait AttemptSink<C>: Send + Sync + 'static {
     /// Judges one attempt (and answers it), returning what it approved. `call` is `None`
-    /// when the executor tried to reach out while no call was in flight.
+    /// when the executor tried to reach out while no call was in flight; `name` is the host
+    /// name the executor's lookup got the destination address for, if any.
     fn judge(
         &self,
         call: Option<Arc<C>>,
         attempt: EgressAttempt,
+        name: Option<HostName>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>>;
+
+    /// Judges one host-name lookup of executor `pid` (recording a refusal), returning what
+    /// it approved (`approved_under: None`: the lookup is refused).
+    fn judge_lookup(
+        &self,
+        call: Option<Arc<C>>,
+        lookup: Lookup,
+        pid: i32,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>>;
 }
 
@@ -206,6 +243,8 @@ pub struct McpExecutor<C> {
     last_used: Instant,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     server: String,
+    /// The executor's own resolver (kept alive as long as the executor).
+    _dns: Option<Arc<ExecutorDns>>,
 }
 
 impl<C> Drop for McpExecutor<C> {
@@ -235,6 +274,48 @@ impl<C: NamedCall> McpExecutor<C> {
             .map(|(k, v)| (OsString::from(k), OsString::from(v)))
             .collect();
         spec.read_paths = template.read_paths.clone();
+        let slot: CallSlot<C> = Arc::new(Mutex::new(None));
+        let judging = Arc::new(tokio::sync::Mutex::new(()));
+        let approved_under = Arc::new(Mutex::new(None));
+        // The executor's pid is known only once it runs; its lookups come after.
+        let pid_cell = Arc::new(std::sync::OnceLock::new());
+        let dns = match &template.dns {
+            Some(mediation) if mediates_lookups(&template.profile) => {
+                let judge = lookup_judge(
+                    slot.clone(),
+                    judging.clone(),
+                    sink.clone(),
+                    approved_under.clone(),
+                    pid_cell.clone(),
+                );
+                let refuse =
+                    |e: String| ExecutorError::Spawn(format!("server {:?}: {e}", template.server));
+                // Where /etc/resolv.conf leads (a link to systemd-resolved's stub file, say):
+                // the executor's own file is shown there, and readable there.
+                let shown = std::fs::canonicalize("/etc/resolv.conf").map_err(|e| {
+                    refuse(format!("DNS mediation shows executors their own /etc/resolv.conf, which must exist on the host (an empty file will do): {e}"))
+                })?;
+                match ExecutorDns::start(mediation, judge) {
+                    Ok(dns) => {
+                        spec.bind_files
+                            .push((dns.resolv_conf().to_path_buf(), shown.clone()));
+                        spec.read_paths.push(shown);
+                        Some(Arc::new(dns))
+                    }
+                    // A daemon without the right to bind port 53 (run unprivileged, in user
+                    // namespaces) still mediates every lookup as the send it is: judged by
+                    // address rules like any other attempt. Only names are lost.
+                    Err(e @ crate::dns::DnsError::Bind(_)) if e.permission_denied() => {
+                        if !WARNED_NO_DNS.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            tracing::warn!(server = %template.server, "{e}: executors' lookups are judged as plain egress attempts, and host-name rules match nothing");
+                        }
+                        None
+                    }
+                    Err(e) => return Err(refuse(e.to_string())),
+                }
+            }
+            _ => None,
+        };
         // Executors are long-lived MCP servers: each call has its own deadline, idle ones are
         // stopped by the session, and all die with the host. A lifetime limit from the
         // profile would kill warm executors waiting in the pool.
@@ -245,24 +326,25 @@ impl<C: NamedCall> McpExecutor<C> {
         let mut exec = broker
             .spawn(spec)
             .await
-            .map_err(|e| ExecutorError::Spawn(e.to_string()))?;
+            .map_err(|e| ExecutorError::Spawn(template.explain(&e)))?;
         let stdin = exec.take_stdin().ok_or(ExecutorError::Exited)?;
         let stdout = BufReader::new(exec.take_stdout().ok_or(ExecutorError::Exited)?);
-        let slot: CallSlot<C> = Arc::new(Mutex::new(None));
-        let judging = Arc::new(tokio::sync::Mutex::new(()));
+        let _ = pid_cell.set(exec.pid());
         let mut tasks = Vec::new();
-        let approved_under = Arc::new(Mutex::new(None));
         let (lines_tx, lines) = mpsc::channel(16);
         // Its own task: a request abandoned at cancellation must not lose half a line.
         tasks.push(tokio::spawn(mcp::forward_lines(stdout, limit, lines_tx)));
         if let Some(attempts) = exec.take_attempts() {
             tasks.push(tokio::spawn(route_attempts(
                 attempts,
-                slot.clone(),
-                judging.clone(),
-                sink,
-                approved_under.clone(),
-                template.server.clone(),
+                Routing {
+                    slot: slot.clone(),
+                    judging: judging.clone(),
+                    sink,
+                    approved_under: approved_under.clone(),
+                    dns: dns.clone(),
+                    server: template.server.clone(),
+                },
             )));
         }
         let stderr_budget = Arc::new(std::sync::atomic::AtomicUsize::new(STDERR_LINES_PER_CALL));
@@ -290,6 +372,7 @@ impl<C: NamedCall> McpExecutor<C> {
             last_used: Instant::now(),
             tasks,
             server: template.server.clone(),
+            _dns: dns,
         };
         let answer = me
             .request(
@@ -559,36 +642,111 @@ impl<C: NamedCall> McpExecutor<C> {
     }
 }
 
-/// Routes an executor's attempts to the judge with the call in flight, and keeps what the
-/// judgments approved (the executor's own record of it: see [`McpExecutor::fit_for`]).
-async fn route_attempts<C: NamedCall>(
-    mut attempts: mpsc::Receiver<EgressAttempt>,
+/// Whether the daemon said once that it cannot mediate lookups (see [`McpExecutor::start`]).
+static WARNED_NO_DNS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether executors of `profile` get a resolver of their own: they have the host's network
+/// (an empty network namespace reaches no resolver) and a mount namespace to show them
+/// their own `/etc/resolv.conf` in.
+fn mediates_lookups(profile: &Profile) -> bool {
+    profile.network == flowhost_broker::NetworkPath::Host && profile.mount_namespace
+}
+
+/// What an executor's attempts and lookups are routed with.
+struct Routing<C> {
     slot: CallSlot<C>,
     judging: Arc<tokio::sync::Mutex<()>>,
     sink: Arc<dyn AttemptSink<C>>,
     approved_under: Arc<Mutex<Option<InformationLabel>>>,
+    dns: Option<Arc<ExecutorDns>>,
+    /// The server (named in the egress decision log line).
     server: String,
-) {
+}
+
+/// Keeps the label an egress of the executor was approved under (see
+/// [`McpExecutor::fit_for`]).
+fn keep_approval(approved_under: &Mutex<Option<InformationLabel>>, judgment: Judgment) {
+    if let (Some(label), Ok(mut approved)) = (judgment.approved_under, approved_under.lock()) {
+        *approved = Some(label);
+    }
+}
+
+/// The judge of an executor's lookups: the call in flight is read under the judging lock,
+/// as for attempts (see [`route_attempts`]).
+fn lookup_judge<C: Send + Sync + 'static>(
+    slot: CallSlot<C>,
+    judging: Arc<tokio::sync::Mutex<()>>,
+    sink: Arc<dyn AttemptSink<C>>,
+    approved_under: Arc<Mutex<Option<InformationLabel>>>,
+    pid: Arc<std::sync::OnceLock<i32>>,
+) -> LookupJudge {
+    Arc::new(move |lookup: Lookup| {
+        let (slot, judging, sink, approved_under, pid) = (
+            slot.clone(),
+            judging.clone(),
+            sink.clone(),
+            approved_under.clone(),
+            pid.clone(),
+        );
+        Box::pin(async move {
+            let _judging = judging.lock().await;
+            let call = slot.lock().ok().and_then(|g| g.clone());
+            let pid = pid.get().copied().unwrap_or(0);
+            let judgment = sink.judge_lookup(call, lookup, pid).await;
+            let allowed = judgment.approved_under.is_some();
+            keep_approval(&approved_under, judgment);
+            allowed
+        })
+    })
+}
+
+/// Routes an executor's attempts to the judge with the call in flight, and keeps what the
+/// judgments approved (the executor's own record of it: see [`McpExecutor::fit_for`]).
+/// Sends to the executor's own resolver are the host talking to itself and are allowed
+/// unjudged (its lookups are judged by the resolver); a connect or send to an address the
+/// resolver handed out is judged with the name it was the answer for.
+async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt>, r: Routing<C>) {
     while let Some(attempt) = attempts.recv().await {
+        let info = attempt.info();
+        let inet = match &info.destination {
+            Some(flowhost_broker::Destination::Inet(addr)) => Some(*addr),
+            _ => None,
+        };
+        // Reaching the resolver, not taking its address (a bind or listen is judged).
+        let reaches = !matches!(
+            info.syscall,
+            flowhost_broker::EgressSyscall::Bind | flowhost_broker::EgressSyscall::Listen
+        );
+        let name = match (&r.dns, inet) {
+            (Some(dns), Some(addr)) if reaches && dns.is_resolver(&addr) => {
+                attempt.allow();
+                continue;
+            }
+            (Some(dns), Some(addr)) => dns.name_of(addr.ip()),
+            _ => None,
+        };
         // The slot is read under the judging lock, so a call that has ended (and cleared the
         // slot under the same lock) is never judged against.
-        let _judging = judging.lock().await;
-        let call = slot.lock().ok().and_then(|g| g.clone());
+        let _judging = r.judging.lock().await;
+        let call = r.slot.lock().ok().and_then(|g| g.clone());
         let info = attempt.info().clone();
         let tool = call.as_ref().map(|c| c.tool_name().to_string());
-        let judgment = sink.judge(call, attempt).await;
+        let shown = match (&info.destination, &name) {
+            (Some(d), Some(n)) => format!("{d} ({n})"),
+            (Some(d), None) => d.to_string(),
+            (None, _) => "(none)".into(),
+        };
+        let judgment = r.sink.judge(call, attempt, name).await;
         tracing::info!(
-            server = %server,
+            server = %r.server,
             tool = %tool.as_deref().unwrap_or("(no call in flight)"),
             pid = info.pid,
             syscall = %info.syscall.as_str(),
-            destination = %info.destination.as_ref().map(|d| format!("{d:?}")).unwrap_or_else(|| "(none)".into()),
+            destination = %shown,
             verdict = if judgment.approved_under.is_some() { "allowed" } else { "refused" },
             "egress decision"
         );
-        if let (Some(label), Ok(mut approved)) = (judgment.approved_under, approved_under.lock()) {
-            *approved = Some(label);
-        }
+        keep_approval(&r.approved_under, judgment);
     }
 }
 
@@ -784,5 +942,34 @@ impl<C: NamedCall> WarmPool<C> {
         for e in all {
             e.stop().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spawn_error_names_the_server_the_program_and_the_cause() {
+        let template = ExecutorTemplate {
+            server: "fetch".into(),
+            argv: vec!["/tmp/venv/bin/mcp-server-fetch".into()],
+            env: Vec::new(),
+            profile: Arc::new(Profile::find("brokered", &[]).unwrap()),
+            read_paths: Vec::new(),
+            dns: None,
+            run_as: (61_000, 61_000),
+        };
+        let e = flowhost_broker::SpawnError::Child {
+            stage: flowhost_broker::Stage::Exec,
+            errno: libc::ENOENT,
+        };
+        let text = template.explain(&e);
+        assert!(
+            text.contains("\"fetch\"")
+                && text.contains("/tmp/venv/bin/mcp-server-fetch")
+                && text.contains("private empty tmpfs"),
+            "{text}"
+        );
     }
 }

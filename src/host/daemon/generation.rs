@@ -93,6 +93,15 @@ pub(super) fn build_generation(
             .filter_map(|p| Some((p.id.clone(), p.destinations.clone()?)))
             .collect(),
     );
+    let dns = crate::dns::DnsMediation {
+        upstream: Arc::new(match &config.dns_upstream {
+            Some(servers) => crate::dns::Upstream::new(servers.clone()),
+            None => {
+                crate::dns::Upstream::from_resolv_conf(std::path::Path::new("/etc/resolv.conf"))
+            }
+        }),
+        dir: config.state_dir.join("resolv"),
+    };
     for s in &config.servers {
         let Some(admitted) = registry.servers().find(|a| a.server_id() == s.id) else {
             continue;
@@ -117,6 +126,8 @@ pub(super) fn build_generation(
             env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             profile: profile.clone(),
             read_paths: s.read_paths.clone(),
+            dns: Some(dns.clone()),
+            run_as: config.executor_identity_hint(),
         };
         let pool = WarmPool::new(
             broker.clone(),

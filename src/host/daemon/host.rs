@@ -84,6 +84,7 @@ impl Host {
             ));
         }
         check_profiles(&self.broker, &profiles)?;
+        super::startup::check_commands(&config, &profiles)?;
         let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
         let generation = build_generation(
             id,

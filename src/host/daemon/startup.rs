@@ -141,6 +141,14 @@ pub enum StartupError {
     /// The flow state disagrees with what the decision records prove.
     #[error(transparent)]
     Continuity(#[from] crate::continuity::ContinuityError),
+    /// A server's command cannot start as an executor (checked before any is spawned).
+    #[error("server {server:?}: its command cannot start as an executor: {source}")]
+    Runtime {
+        /// The server.
+        server: String,
+        /// Why.
+        source: crate::runtime::RuntimeProblem,
+    },
     /// A server's executor could not be started: serving would fail every call to it.
     #[error("server {server:?}: {source}")]
     ExecutorStart {
@@ -259,6 +267,39 @@ pub(super) fn check_profiles(
         }
     }
     Ok(())
+}
+
+/// Checks that every server's program can be executed by an executor (its uid, its
+/// profile's Landlock paths and the server's read paths), naming the cause where exec would
+/// only fail with ENOENT or EACCES.
+pub(super) fn check_commands(
+    config: &HostConfig,
+    profiles: &BTreeMap<String, Arc<Profile>>,
+) -> Result<(), StartupError> {
+    let id = config.executor_identity_hint();
+    for s in &config.servers {
+        let (Some((program, args)), Some(profile)) = (s.command.split_first(), profiles.get(&s.id))
+        else {
+            continue;
+        };
+        let readable = readable(profile, &s.read_paths);
+        let mut reachable = readable.clone();
+        reachable.extend(profile.read_write.iter().cloned());
+        crate::runtime::check_program(Path::new(program), id, &readable)
+            .and_then(|()| crate::runtime::check_path_arguments(args, id, &reachable))
+            .map_err(|source| StartupError::Runtime {
+                server: s.id.clone(),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+/// What executors of `profile` with the server's `read_paths` may read and execute.
+pub(super) fn readable(profile: &Profile, read_paths: &[PathBuf]) -> Vec<PathBuf> {
+    let mut readable = profile.read_only.clone();
+    readable.extend(read_paths.iter().cloned());
+    readable
 }
 
 /// Refuses a reload that changes settings fixed at start (where state lives, how the
@@ -448,10 +489,14 @@ impl Host {
         let (registry, profiles) = verify_registry(&config)?;
         let broker = require_broker(&config, &registry)?;
         check_profiles(&broker, &profiles)?;
+        check_commands(&config, &profiles)?;
 
         // Only now is any state touched.
         ensure_dir(&config.state_dir, 0o700)?;
         ensure_dir(&config.records_dir, 0o700)?;
+        // Executors' resolv.conf files a previous run left behind (each belongs to an
+        // executor of that run, all gone now).
+        let _ = std::fs::remove_dir_all(config.state_dir.join("resolv"));
         registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
         let (state, db, reset_accepted) = match &config.state {
             StateConfig::Sqlite => {

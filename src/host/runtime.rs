@@ -1,0 +1,438 @@
+//! Whether a server's command can start as an executor, checked before any executor is
+//! spawned: each refusal names the path and the real cause (the executor's private /tmp,
+//! file permissions for the executor's uid, the Landlock rules of its profile, the missing
+//! interpreter of a script), where the kernel would only say ENOENT or EACCES at exec.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Why an executor of a server could not start its program.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeProblem {
+    /// The path is under /tmp, which executors see as a private, empty tmpfs.
+    #[error(
+        "{path} is under /tmp, which executors see as a private empty tmpfs of their own: install the runtime elsewhere (e.g. /opt, readable by executor uids)"
+    )]
+    PrivateTmp {
+        /// The path as configured or resolved.
+        path: PathBuf,
+    },
+    /// Nothing exists at the path.
+    #[error("{path} does not exist")]
+    Missing {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A directory on the way cannot be searched by the executor's uid.
+    #[error(
+        "directory {dir} (mode {mode:o}, owner uid {owner}) cannot be searched by the executor uid {uid}, so the executor cannot reach {path}; make it searchable (chmod o+x) or install the runtime under a directory executors can read, such as /opt (not /root, whose mode is usually 0700)"
+    )]
+    NotSearchable {
+        /// The directory.
+        dir: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner.
+        owner: u32,
+        /// The executor uid.
+        uid: u32,
+        /// The file beneath it (and where it resolves to, when that differs).
+        path: String,
+    },
+    /// The file cannot be read and executed by the executor's uid.
+    #[error("{path} (mode {mode:o}, owner uid {owner}) cannot be {need} by the executor uid {uid}")]
+    NotExecutable {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner.
+        owner: u32,
+        /// The executor uid.
+        uid: u32,
+        /// What is needed (`executed`, `read and executed`).
+        need: &'static str,
+    },
+    /// A script's `#!` line names an interpreter that cannot run.
+    #[error("{script} is a script whose interpreter {interpreter} cannot run: {why}")]
+    Interpreter {
+        /// The script.
+        script: PathBuf,
+        /// The interpreter its first line names.
+        interpreter: String,
+        /// Why it cannot run.
+        why: Box<RuntimeProblem>,
+    },
+    /// A program or interpreter of a Python venv the executor may not read.
+    #[error(
+        "{program} belongs to the Python venv {venv}, whose packages the executor may not read (Landlock); add {venv} to the server's read_paths"
+    )]
+    VenvOutsideLandlock {
+        /// The program or interpreter (as the command or a `#!` line names it).
+        program: PathBuf,
+        /// The venv.
+        venv: PathBuf,
+    },
+    /// The file is outside every path the profile's Landlock rules let the executor read.
+    #[error(
+        "{path} is outside the paths the executor may read and execute (Landlock: profile read_only and the server's read_paths: {allowed}); add a directory holding it to the server's read_paths"
+    )]
+    OutsideLandlock {
+        /// The resolved file.
+        path: PathBuf,
+        /// The allowed paths, listed.
+        allowed: String,
+    },
+}
+
+/// Longest `#!` chain followed (a script run by a script ...).
+const MAX_SCRIPT_DEPTH: usize = 4;
+
+/// Checks that `program` can be executed by `(uid, gid)` with Landlock allowing reads and
+/// execution beneath `readable` (the program itself is allowed by the host in any case).
+pub fn check_program(
+    program: &Path,
+    (uid, gid): (u32, u32),
+    readable: &[PathBuf],
+) -> Result<(), RuntimeProblem> {
+    check_at(program, (uid, gid), readable, true, 0)
+}
+
+fn check_at(
+    program: &Path,
+    id: (u32, u32),
+    readable: &[PathBuf],
+    itself_allowed: bool,
+    depth: usize,
+) -> Result<(), RuntimeProblem> {
+    let real = reach(program, id)?;
+    check_venv(program, readable)?;
+    let meta =
+        std::fs::metadata(&real).map_err(|_| RuntimeProblem::Missing { path: real.clone() })?;
+    let head = read_head(&real);
+    let script = head.starts_with(b"#!");
+    let (bits, need) = if script {
+        (0o5, "read and executed")
+    } else {
+        (0o1, "executed")
+    };
+    if !meta.is_file() || !permits(&meta, id, bits) {
+        return Err(RuntimeProblem::NotExecutable {
+            path: real,
+            mode: meta.mode() & 0o7777,
+            owner: meta.uid(),
+            uid: id.0,
+            need,
+        });
+    }
+    if !itself_allowed && !beneath_any(&real, readable) {
+        return Err(outside(real, readable));
+    }
+    if script && depth < MAX_SCRIPT_DEPTH {
+        let line = head[2..].split(|b| *b == b'\n').next().unwrap_or_default();
+        let interpreter = String::from_utf8_lossy(line)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let wrap = |why| RuntimeProblem::Interpreter {
+            script: program.to_path_buf(),
+            interpreter: interpreter.clone(),
+            why: Box::new(why),
+        };
+        if !interpreter.starts_with('/') {
+            return Err(wrap(RuntimeProblem::Missing {
+                path: PathBuf::from(&interpreter),
+            }));
+        }
+        check_at(Path::new(&interpreter), id, readable, false, depth + 1).map_err(wrap)?;
+    }
+    Ok(())
+}
+
+/// Where `path` leads, once the executor could reach it: not under /tmp (before or after
+/// links), existing, and every directory on the way searchable by `id`.
+fn reach(path: &Path, id: (u32, u32)) -> Result<PathBuf, RuntimeProblem> {
+    if path.starts_with("/tmp") {
+        return Err(RuntimeProblem::PrivateTmp {
+            path: path.to_path_buf(),
+        });
+    }
+    let real = std::fs::canonicalize(path).map_err(|_| RuntimeProblem::Missing {
+        path: path.to_path_buf(),
+    })?;
+    if real.starts_with("/tmp") {
+        return Err(RuntimeProblem::PrivateTmp { path: real });
+    }
+    let shown = if real == path {
+        path.display().to_string()
+    } else {
+        format!("{} (which resolves to {})", path.display(), real.display())
+    };
+    for dir in real.ancestors().skip(1) {
+        let meta = std::fs::metadata(dir).map_err(|_| RuntimeProblem::Missing {
+            path: dir.to_path_buf(),
+        })?;
+        if !permits(&meta, id, 0o1) {
+            return Err(RuntimeProblem::NotSearchable {
+                dir: dir.to_path_buf(),
+                mode: meta.mode() & 0o7777,
+                owner: meta.uid(),
+                uid: id.0,
+                path: shown,
+            });
+        }
+    }
+    Ok(real)
+}
+
+/// A Python venv's interpreter (`VENV/bin/python`, next to `VENV/pyvenv.cfg`) reads the
+/// venv's packages: the venv must be beneath the Landlock paths, or the interpreter starts
+/// and fails on its first import.
+fn check_venv(program: &Path, readable: &[PathBuf]) -> Result<(), RuntimeProblem> {
+    let Some(venv) = program.parent().and_then(Path::parent) else {
+        return Ok(());
+    };
+    if !venv.join("pyvenv.cfg").is_file() {
+        return Ok(());
+    }
+    let real = std::fs::canonicalize(venv).unwrap_or_else(|_| venv.to_path_buf());
+    if beneath_any(&real, readable) {
+        return Ok(());
+    }
+    Err(RuntimeProblem::VenvOutsideLandlock {
+        program: program.to_path_buf(),
+        venv: venv.to_path_buf(),
+    })
+}
+
+fn outside(path: PathBuf, readable: &[PathBuf]) -> RuntimeProblem {
+    RuntimeProblem::OutsideLandlock {
+        path,
+        allowed: readable
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// Checks the arguments of a server's command that name existing files of the host (an
+/// absolute path): the executor must reach and read them, so a host file under /tmp, behind a
+/// directory the executor uid cannot search, or outside `readable` (the Landlock paths,
+/// read-write ones included) is refused with its cause. Other arguments are the program's
+/// business.
+pub fn check_path_arguments(
+    args: &[String],
+    id: (u32, u32),
+    readable: &[PathBuf],
+) -> Result<(), RuntimeProblem> {
+    for arg in args.iter().filter(|a| a.starts_with('/')) {
+        let path = Path::new(arg);
+        // A path that names nothing on the host may be one the program creates (under its
+        // private /tmp, say).
+        if std::fs::symlink_metadata(path).is_err() {
+            continue;
+        }
+        let real = reach(path, id)?;
+        if !beneath_any(&real, readable) {
+            return Err(outside(real, readable));
+        }
+    }
+    Ok(())
+}
+
+fn read_head(path: &Path) -> Vec<u8> {
+    use std::io::Read;
+    let mut buf = vec![0u8; 256];
+    match std::fs::File::open(path).and_then(|mut f| f.read(&mut buf)) {
+        Ok(n) => {
+            buf.truncate(n);
+            buf
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Whether the permission `bits` (of r=4, w=2, x=1) are granted to `(uid, gid)` by the
+/// class of the file's mode that applies to it (owner, group, or others).
+fn permits(meta: &std::fs::Metadata, (uid, gid): (u32, u32), bits: u32) -> bool {
+    let mode = meta.mode();
+    let class = if meta.uid() == uid {
+        mode >> 6
+    } else if meta.gid() == gid {
+        mode >> 3
+    } else {
+        mode
+    };
+    class & bits == bits
+}
+
+fn beneath_any(path: &Path, readable: &[PathBuf]) -> bool {
+    readable.iter().any(|r| {
+        let r = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
+        path.starts_with(&r)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    const EXECUTOR: (u32, u32) = (61_000, 61_000);
+
+    fn dir_in_var_tmp() -> tempfile::TempDir {
+        std::fs::create_dir_all("/var/tmp").unwrap();
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        d
+    }
+
+    fn file(path: &Path, text: &str, mode: u32) {
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_program_under_tmp_is_named_with_the_private_tmp() {
+        let e = check_program(Path::new("/tmp/venv/bin/server"), EXECUTOR, &[]).unwrap_err();
+        assert!(matches!(e, RuntimeProblem::PrivateTmp { .. }));
+        assert!(e.to_string().contains("/tmp/venv/bin/server"), "{e}");
+        assert!(e.to_string().contains("private"), "{e}");
+    }
+
+    #[test]
+    fn a_private_home_directory_is_named_with_the_executor_uid() {
+        let d = dir_in_var_tmp();
+        let home = d.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let program = home.join("server");
+        file(&program, "\x7fELF", 0o755);
+        let e = check_program(&program, EXECUTOR, &[]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(e, RuntimeProblem::NotSearchable { ref dir, .. } if dir == &home),
+            "{text}"
+        );
+        assert!(text.contains("61000") && text.contains("700"), "{text}");
+        // Readable by the executor: accepted.
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o711)).unwrap();
+        check_program(&program, EXECUTOR, &[]).unwrap();
+        file(&program, "\x7fELF", 0o700);
+        assert!(matches!(
+            check_program(&program, EXECUTOR, &[]),
+            Err(RuntimeProblem::NotExecutable { .. })
+        ));
+    }
+
+    #[test]
+    fn an_interpreter_linked_into_a_private_home_is_named_with_where_it_leads() {
+        let d = dir_in_var_tmp();
+        let home = d.path().join("root");
+        std::fs::create_dir(&home).unwrap();
+        let real = home.join("python3.11");
+        file(&real, "\x7fELF", 0o755);
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let venv = d.path().join("venv");
+        std::fs::create_dir(&venv).unwrap();
+        std::os::unix::fs::symlink(&real, venv.join("python3")).unwrap();
+        let script = venv.join("server");
+        file(
+            &script,
+            &format!("#!{}\n", venv.join("python3").display()),
+            0o755,
+        );
+        let text = check_program(&script, EXECUTOR, &[d.path().to_path_buf()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(&format!("which resolves to {}", real.display()))
+                && text.contains(&format!("directory {}", home.display())),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_venv_outside_the_read_paths_is_named() {
+        let d = dir_in_var_tmp();
+        let venv = d.path().join("venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::fs::write(venv.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        std::os::unix::fs::symlink("/usr/bin/env", venv.join("bin/python3")).unwrap();
+        let script = venv.join("bin/server");
+        file(
+            &script,
+            &format!("#!{}\n", venv.join("bin/python3").display()),
+            0o755,
+        );
+        let usr = [PathBuf::from("/usr")];
+        let text = check_program(&script, EXECUTOR, &usr)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(&format!("Python venv {}", venv.display()))
+                && text.contains("read_paths"),
+            "{text}"
+        );
+        check_program(&script, EXECUTOR, &[PathBuf::from("/usr"), venv.clone()]).unwrap();
+    }
+
+    #[test]
+    fn path_arguments_the_executor_cannot_read_are_named() {
+        let d = dir_in_var_tmp();
+        let script = d.path().join("server.js");
+        file(&script, "", 0o644);
+        let args = |a: &str| vec!["stdio".to_string(), a.to_string()];
+        let usr = [PathBuf::from("/usr")];
+        let in_tmp = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+        let e = check_path_arguments(&args(&in_tmp.path().display().to_string()), EXECUTOR, &usr)
+            .unwrap_err();
+        assert!(matches!(e, RuntimeProblem::PrivateTmp { .. }), "{e}");
+        // A /tmp path that names nothing on the host may be the program's own output.
+        check_path_arguments(&args("/tmp/flowhost-none/out.json"), EXECUTOR, &usr).unwrap();
+        let e =
+            check_path_arguments(&args(&script.display().to_string()), EXECUTOR, &usr).unwrap_err();
+        assert!(matches!(e, RuntimeProblem::OutsideLandlock { .. }), "{e}");
+        let ok = [PathBuf::from("/usr"), d.path().to_path_buf()];
+        check_path_arguments(&args(&script.display().to_string()), EXECUTOR, &ok).unwrap();
+        // An argument naming nothing on the host is the program's business.
+        check_path_arguments(&args("/nonexistent/output"), EXECUTOR, &usr).unwrap();
+    }
+
+    #[test]
+    fn a_scripts_missing_or_unreadable_interpreter_is_named() {
+        let d = dir_in_var_tmp();
+        let script = d.path().join("server");
+        file(&script, "#!/nonexistent/python3 -u\nprint()\n", 0o755);
+        let e = check_program(&script, EXECUTOR, &[]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("/nonexistent/python3") && text.contains("does not exist"),
+            "{text}"
+        );
+        // An interpreter outside the Landlock paths is named with the rule to add.
+        let interpreter = d.path().join("python");
+        file(&interpreter, "\x7fELF", 0o755);
+        file(
+            &script,
+            &format!("#!{}\nprint()\n", interpreter.display()),
+            0o755,
+        );
+        let e = check_program(&script, EXECUTOR, &[PathBuf::from("/usr")]).unwrap_err();
+        assert!(
+            e.to_string().contains("Landlock") && e.to_string().contains("read_paths"),
+            "{e}"
+        );
+        check_program(&script, EXECUTOR, &[d.path().to_path_buf()]).unwrap();
+        // A real interpreter of the system, through /usr.
+        file(&script, "#!/bin/sh\necho\n", 0o755);
+        check_program(
+            &script,
+            EXECUTOR,
+            &[PathBuf::from("/usr"), PathBuf::from("/bin")],
+        )
+        .unwrap();
+    }
+}

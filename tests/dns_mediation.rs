@@ -1,0 +1,163 @@
+//! Name lookups the way Node does them, under the real daemon: `dns.lookup` (glibc's
+//! getaddrinfo on libuv's thread pool) and `dns.resolve4` (c-ares, which accepts a reply only
+//! from the server address it sent the query to) both reach the executor's own resolver and
+//! get the allowed name's address; a name no rule allows fails with ENOTFOUND under both;
+//! a connect to the address the lookup handed out is recorded with the name.
+
+mod common;
+
+use std::path::Path;
+
+use common::named::{BODY, Daemon, Served, TestDns, TestHttp, tool};
+use serde_json::{Value, json};
+
+const NODE: &str = "/usr/bin/node";
+
+/// A minimal MCP stdio server (no dependencies): one tool, `probe`, that looks `name` up
+/// with `how` (`lookup` or `resolve4`) and, if that worked, fetches `http://name:port/`
+/// through the address it got.
+const SERVER_JS: &str = r#"
+const dns = require('dns');
+const net = require('net');
+const readline = require('readline');
+const send = (m) => process.stdout.write(JSON.stringify(m) + '\n');
+async function probe({ name, how, port }) {
+  let address;
+  try {
+    address = how === 'lookup'
+      ? (await dns.promises.lookup(name, { family: 4 })).address
+      : (await new dns.promises.Resolver().resolve4(name))[0];
+  } catch (e) {
+    return { lookup: 'failed', code: e.code };
+  }
+  const body = await new Promise((resolve) => {
+    const s = net.connect(port, address, () => s.end(`GET / HTTP/1.0\r\nHost: ${name}\r\n\r\n`));
+    let data = '';
+    s.on('data', (d) => (data += d));
+    s.on('end', () => resolve(data));
+    s.on('error', (e) => resolve('connect failed: ' + e.code));
+  });
+  return { lookup: 'ok', address, body };
+}
+readline.createInterface({ input: process.stdin }).on('line', async (line) => {
+  const m = JSON.parse(line);
+  if (m.method === 'initialize') {
+    send({ jsonrpc: '2.0', id: m.id, result: { protocolVersion: m.params.protocolVersion,
+      capabilities: { tools: {} }, serverInfo: { name: 'node-dns-probe', version: '0' } } });
+  } else if (m.method === 'tools/list') {
+    send({ jsonrpc: '2.0', id: m.id, result: { tools: [] } });
+  } else if (m.method === 'tools/call') {
+    const r = await probe(m.params.arguments);
+    send({ jsonrpc: '2.0', id: m.id, result: { content: [{ type: 'text', text: JSON.stringify(r) }] } });
+  } else if (m.id !== undefined) {
+    send({ jsonrpc: '2.0', id: m.id, error: { code: -32601, message: 'no such method' } });
+  }
+});
+"#;
+
+fn node_daemon(dns: &TestDns, http: &TestHttp) -> Option<(Daemon, std::path::PathBuf)> {
+    if !common::is_root() {
+        eprintln!("SKIP: the daemon tests need root for the broker (CI runs them as root)");
+        return None;
+    }
+    if !Path::new(NODE).exists() {
+        eprintln!("SKIP: {NODE} is missing (.ci/run installs nodejs)");
+        return None;
+    }
+    // Outside /tmp (executors have their own) and readable by executor uids.
+    let dir = common::shared_dir().join(format!("dns-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = dir.join("server.js");
+    std::fs::write(&script, SERVER_JS).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let tools = json!([tool(
+        "probe",
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "how": {"enum": ["lookup", "resolve4"]},
+                "port": {"type": "integer"}
+            },
+            "required": ["name", "how", "port"],
+            "additionalProperties": false
+        }),
+        true
+    )]);
+    let daemon = Daemon::start(
+        dns,
+        Served {
+            id: "node",
+            tool: "probe",
+            tools,
+            command: vec![NODE.into(), script.display().to_string()],
+            profile: "brokered",
+            read_path: dir.clone(),
+            allow: format!("fetch.test:{}", http.port),
+            cleared: true,
+        },
+    );
+    Some((daemon, dir))
+}
+
+fn probe(daemon: &Daemon, name: &str, how: &str, port: u16) -> Value {
+    // A session (and so an executor) per probe: each starts with no remembered answers.
+    let mut client = daemon.client();
+    let r = client.call(
+        "node/probe",
+        json!({"name": name, "how": how, "port": port}),
+    );
+    let text = r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}\n{}", daemon.log()));
+    serde_json::from_str(text).unwrap()
+}
+
+#[test]
+fn node_getaddrinfo_and_c_ares_lookups_are_answered_by_the_host() {
+    let (dns, http) = (TestDns::start(), TestHttp::start());
+    let Some((daemon, dir)) = node_daemon(&dns, &http) else {
+        return;
+    };
+    for how in ["lookup", "resolve4"] {
+        let ok = probe(&daemon, "fetch.test", how, http.port);
+        assert_eq!(ok["lookup"], "ok", "{how}: {ok}\n{}", daemon.log());
+        assert_eq!(ok["address"], "127.0.0.1", "{how}: {ok}");
+        assert!(
+            ok["body"].as_str().unwrap_or_default().contains(BODY),
+            "{how}: {ok}"
+        );
+        let refused = probe(&daemon, "not-allowed.test", how, http.port);
+        assert_eq!(refused["lookup"], "failed", "{how}: {refused}");
+        assert_eq!(refused["code"], "ENOTFOUND", "{how}: {refused}");
+    }
+    assert_eq!(http.connections(), 2);
+    assert_eq!(dns.asked("not-allowed.test."), 0);
+
+    let records = daemon.egress_records();
+    let text = serde_json::to_string_pretty(&records).unwrap();
+    let connects: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["flowhost"]["broker"]["syscall"] == "connect")
+        .collect();
+    assert_eq!(connects.len(), 2, "{text}");
+    for c in connects {
+        assert_eq!(c["decision"]["effect"], "allow", "{text}");
+        assert_eq!(
+            c["flowhost"]["broker"]["destination"]["host_name"],
+            "fetch.test"
+        );
+    }
+    assert!(
+        records
+            .iter()
+            .filter(|r| r["flowhost"]["broker"]["syscall"] == "dns_query")
+            .all(|r| r["flowhost"]["denial_kind"] == "name_not_allowed"
+                && r["flowhost"]["broker"]["destination"]["host_name"] == "not-allowed.test"),
+        "{text}"
+    );
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
+}
