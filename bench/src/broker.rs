@@ -137,11 +137,63 @@ fn spawn_rows(runtime: &tokio::runtime::Runtime, broker: &Broker, samples: usize
             met: bwrap_ok && ratio <= 1.0,
         }
     };
-    vec![
+    let mut rows = vec![
         row("isolated", &iso),
         row("brokered", &brk),
         row("isolated, host holding 512 MiB", &heavy),
-    ]
+    ];
+    if bwrap_ok {
+        rows.push(cli_row(samples));
+    }
+    rows
+}
+
+/// `flowhost sandbox run` as a whole process (the user's view: the binary starting, the
+/// profile loaded, the spawn, the exit), interleaved with the same for bwrap.
+fn cli_row(samples: usize) -> Row {
+    let flowhost = crate::scale::flowhost_binary();
+    let cli_once = || {
+        let start = Instant::now();
+        let status = Command::new(&flowhost)
+            .args([
+                "sandbox",
+                "run",
+                "--quiet",
+                "--profile",
+                "isolated",
+                "--",
+                "/bin/true",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run flowhost sandbox run");
+        assert!(status.success(), "flowhost sandbox run /bin/true failed");
+        start.elapsed()
+    };
+    let (mut cli, mut bw) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        cli.push(cli_once());
+        if let Some(d) = bwrap_once() {
+            bw.push(d);
+        }
+    }
+    let (cli, bw) = (Samples(cli), Samples(bw));
+    let ratio = cli.median().as_secs_f64() / bw.median().as_secs_f64();
+    Row {
+        name: format!(
+            "`flowhost sandbox run --profile isolated -- /bin/true`, whole process (median of {samples})"
+        ),
+        flowhost: fmt_duration(cli.median()),
+        baseline: Some((
+            "bwrap --unshare-all --die-with-parent --ro-bind / / /bin/true, whole process".into(),
+            fmt_duration(bw.median()),
+        )),
+        comparison: format!("{ratio:.2}x bwrap"),
+        goal: "ratio <= 0.5".into(),
+        met: ratio <= 0.5,
+    }
 }
 
 /// The child side: `loop-connect ADDR N` / `loop-sendto ADDR N` time each operation and

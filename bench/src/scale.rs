@@ -56,7 +56,7 @@ impl Daemon {
 }
 
 /// The release `flowhost` binary, built if missing.
-fn flowhost_binary() -> PathBuf {
+pub fn flowhost_binary() -> PathBuf {
     let built = target_dir().join("flowhost");
     if !built.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
