@@ -85,6 +85,8 @@ pub(crate) fn ok(r: &Value) {
 struct Measured {
     /// Median tools/call through the daemon.
     through: Duration,
+    /// Median tools/call through the daemon over Streamable HTTP (loopback, keep-alive).
+    over_http: Duration,
     /// Median direct call to the same executor.
     direct: Duration,
     /// Median append + `fdatasync` of one record-sized line on the records' disk.
@@ -131,6 +133,22 @@ pub fn run(quick: bool) -> Vec<Row> {
             comparison: format!("{:.2}x one fdatasync", sqlite.floor_ratio()),
             goal: "<= 1.7x".into(),
             met: sqlite.floor_ratio() <= 1.7,
+        },
+        Row {
+            name: format!(
+                "tools/call over Streamable HTTP (loopback, bearer token, keep-alive; median of {samples})"
+            ),
+            flowhost: fmt_duration(sqlite.over_http),
+            baseline: Some((
+                "the same call on the Unix socket, interleaved".into(),
+                fmt_duration(sqlite.through),
+            )),
+            comparison: format!(
+                "+{} per call over the socket",
+                fmt_duration(sqlite.over_http.saturating_sub(sqlite.through))
+            ),
+            goal: "<= 0.5 ms added".into(),
+            met: sqlite.over_http.saturating_sub(sqlite.through) <= Duration::from_micros(500),
         },
         Row {
             name: format!("tools/call throughput, {SESSIONS} concurrent sessions, 2 cores"),
@@ -233,6 +251,10 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
     };
     // Enough warm executors that 8 new sessions never wait for a spawn.
     let mut config_text = host_config(&paths).replace("pool_size = 2", "pool_size = 10");
+    let http_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port");
+    config_text.push_str(&crate::http::http_table(http_addr, "larkfield-analyst"));
     if let Some(state) = state {
         config_text = flowhost::lab::postgres::with_host_setting(&config_text, state);
     }
@@ -265,11 +287,13 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
     };
     direct.initialize();
     let mut through = connect(&paths.socket);
+    let mut over_http = crate::http::HttpRpc::connect(http_addr);
     let params = json!({"name": "list_documents", "arguments": {}});
     let daemon_params = json!({"name": TOOL, "arguments": {}});
     for _ in 0..200 {
         ok(&direct.call("tools/call", params.clone()));
         ok(&through.call("tools/call", daemon_params.clone()));
+        ok(&over_http.call("tools/call", daemon_params.clone()));
     }
     // The floor of a durable call: one append of a record-sized line and its fdatasync, on
     // the disk the records go to, interleaved with the calls so both see the same machine.
@@ -279,7 +303,8 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         .open(dir.join("fdatasync-baseline.jsonl"))
         .expect("open the fdatasync baseline file");
     let record_line = vec![b'x'; RECORD_LINE_BYTES];
-    let (mut d, mut t, mut f) = (
+    let (mut d, mut t, mut f, mut h) = (
+        Vec::with_capacity(samples),
         Vec::with_capacity(samples),
         Vec::with_capacity(samples),
         Vec::with_capacity(samples),
@@ -292,15 +317,20 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         ok(&through.call("tools/call", daemon_params.clone()));
         t.push(start.elapsed());
         let start = Instant::now();
+        ok(&over_http.call("tools/call", daemon_params.clone()));
+        h.push(start.elapsed());
+        let start = Instant::now();
         floor_file.write_all(&record_line).expect("append");
         floor_file.sync_data().expect("fdatasync");
         f.push(start.elapsed());
     }
-    let (d, t, f) = (
+    let (d, t, f, h) = (
         Samples(d).median(),
         Samples(t).median(),
         Samples(f).median(),
+        Samples(h).median(),
     );
+    drop(over_http);
     drop(direct);
     let _ = child.kill();
     let _ = child.wait();
@@ -345,6 +375,7 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
     drop(through);
     Measured {
         through: t,
+        over_http: h,
         direct: d,
         fdatasync: f,
         rate,

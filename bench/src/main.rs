@@ -5,6 +5,7 @@ mod broker;
 mod daemon;
 #[allow(dead_code)] // percentile serves the suites added with the daemon.
 mod harness;
+mod http;
 mod lattice;
 mod manifest;
 mod records;

@@ -21,6 +21,9 @@ use crate::ident::PrincipalId;
 use crate::label::InformationLabel;
 use crate::registry::{RuntimeTopology, ToolPolicy};
 
+mod http;
+pub use http::{BearerToken, HttpConfig, JwtConfig, TlsFiles};
+
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -86,6 +89,8 @@ struct RawConfig {
     server: Vec<RawServer>,
     #[serde(default)]
     declassification_authority: Vec<RawAuthority>,
+    #[serde(default)]
+    http: Option<http::RawHttp>,
 }
 
 #[derive(Deserialize)]
@@ -242,6 +247,8 @@ struct RawServer {
     #[serde(default = "default_pool")]
     pool_size: usize,
     #[serde(default)]
+    unqualified_names: bool,
+    #[serde(default)]
     destinations: DestinationRules,
     tools: BTreeMap<String, RawTool>,
 }
@@ -329,6 +336,8 @@ pub struct HostConfig {
     pub servers: Vec<ServerConfig>,
     /// Trusted declassification authorities: id to public key.
     pub authorities: crate::grant::Authorities,
+    /// MCP over Streamable HTTP, when configured (`[http]`).
+    pub http: Option<HttpConfig>,
 }
 
 /// Where the host keeps its flow state (`[host] state = { backend = ... }`).
@@ -421,6 +430,9 @@ pub struct ServerConfig {
     pub env: BTreeMap<String, String>,
     /// Warm executors kept ready.
     pub pool_size: usize,
+    /// Whether this server's tools are offered under their bare names (no `server/`
+    /// prefix), for clients that expect a single server's names. At most one server.
+    pub unqualified_names: bool,
     /// Destination rules for this server's egress.
     pub destinations: DestinationRules,
     /// Per-tool operator policy.
@@ -619,19 +631,34 @@ impl HostConfig {
                 read_paths: s.read_paths.iter().map(|p| resolve(p)).collect(),
                 env: s.env,
                 pool_size: s.pool_size,
+                unqualified_names: s.unqualified_names,
                 destinations: s.destinations,
                 policies,
                 record_mappings,
             });
         }
 
+        if let Some(second) = servers.iter().filter(|s| s.unqualified_names).nth(1) {
+            return Err(invalid(
+                format!("server {:?}.unqualified_names", second.id),
+                "only one server may offer its tools under bare names".into(),
+            ));
+        }
+        let http = match raw.http {
+            None => None,
+            Some(h) => Some(http::validate(h, resolve).map_err(|(k, m)| invalid(k, m))?),
+        };
+        let named_by_http = |id: &PrincipalId| {
+            http.as_ref()
+                .is_some_and(|h| h.named_principals().any(|(_, p)| p == id))
+        };
         let mut principals = Vec::new();
         let mut seen_uids = BTreeMap::new();
         for (i, p) in raw.principal.into_iter().enumerate() {
-            if p.uids.is_empty() && p.gids.is_empty() {
+            if p.uids.is_empty() && p.gids.is_empty() && !named_by_http(&p.id) {
                 return Err(invalid(
                     format!("principal[{i}].uids"),
-                    "name at least one uid or gid".into(),
+                    "name at least one uid or gid (or name the principal in [http])".into(),
                 ));
             }
             for uid in &p.uids {
@@ -663,6 +690,17 @@ impl HostConfig {
                 tools: p.tools,
                 destinations: p.destinations,
             });
+        }
+
+        if let Some(h) = &http {
+            for (key, id) in h.named_principals() {
+                if !principals.iter().any(|p: &PrincipalConfig| p.id == *id) {
+                    return Err(invalid(
+                        key,
+                        format!("{id} is not a configured principal ([[principal]] id)"),
+                    ));
+                }
+            }
         }
 
         let mut authorities = crate::grant::Authorities::new();
@@ -783,7 +821,36 @@ impl HostConfig {
             principals,
             servers,
             authorities,
+            http,
         })
+    }
+
+    /// The server and tool a client's tool name designates: `server/tool`, or a bare name
+    /// of the server that offers its tools unqualified.
+    pub fn tool_name<'n>(&'n self, name: &'n str) -> (&'n str, &'n str) {
+        match name.split_once('/') {
+            Some(parts) => parts,
+            None => (
+                self.servers
+                    .iter()
+                    .find(|s| s.unqualified_names)
+                    .map_or("", |s| s.id.as_str()),
+                name,
+            ),
+        }
+    }
+
+    /// The name clients see for `tool` of `server` (see [`HostConfig::tool_name`]).
+    pub fn public_tool_name(&self, server: &str, tool: &str) -> String {
+        if self
+            .servers
+            .iter()
+            .any(|s| s.id == server && s.unqualified_names)
+        {
+            tool.to_string()
+        } else {
+            format!("{server}/{tool}")
+        }
     }
 
     /// The uid and gid executors run as, or (with a range) the first of the range: what the
@@ -955,6 +1022,31 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         let e = error(&format!("{MINIMAL}\n{server}"));
         assert!(
             e.contains("`server[1].id`") && e.contains("configured twice"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn one_server_may_offer_bare_tool_names() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.tool_name("srv/t"), ("srv", "t"));
+        assert_eq!(c.tool_name("t"), ("", "t"), "no server offers bare names");
+        assert_eq!(c.public_tool_name("srv", "t"), "srv/t");
+        let bare = MINIMAL.replace(
+            "profile = \"isolated\"\n",
+            "profile = \"isolated\"\nunqualified_names = true\n",
+        );
+        let c = parse(&bare).unwrap();
+        assert_eq!(c.tool_name("t"), ("srv", "t"));
+        assert_eq!(c.tool_name("srv/t"), ("srv", "t"));
+        assert_eq!(c.public_tool_name("srv", "t"), "t");
+        let server = &bare[bare.find("[[server]]").unwrap()..];
+        let e = error(&format!(
+            "{bare}\n{}",
+            server.replace("id = \"srv\"", "id = \"srv2\"")
+        ));
+        assert!(
+            e.contains("unqualified_names") && e.contains("only one server"),
             "{e}"
         );
     }

@@ -355,3 +355,74 @@ impl Client {
         )
     }
 }
+
+/// An Ed25519 JWT issuer for tests and the lab: its JSON Web Key Set and a way to mint
+/// access tokens (key id `k1`). The key comes from `seed`, so two issuers with different
+/// seeds stand for a trusted issuer and a forger.
+pub struct JwtIssuer {
+    der: Vec<u8>,
+    /// The issuer's key set (JWKS text) with its public key.
+    pub jwks: String,
+}
+
+impl JwtIssuer {
+    /// The issuer whose Ed25519 key is `[seed; 32]`.
+    pub fn new(seed: u8) -> JwtIssuer {
+        use base64::Engine;
+        let signing = ed25519_dalek::SigningKey::from_bytes(&[seed; 32]);
+        // PKCS#8 v1 for Ed25519: a fixed prefix, then the 32-byte seed (RFC 8410).
+        let mut der = vec![
+            0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
+            0x04, 0x20,
+        ];
+        der.extend_from_slice(&[seed; 32]);
+        let x = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(signing.verifying_key().as_bytes());
+        let jwks = serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": "k1", "alg": "EdDSA"}]}).to_string();
+        JwtIssuer { der, jwks }
+    }
+
+    /// A token carrying `claims`, signed by this issuer (`None` if signing fails).
+    pub fn token(&self, claims: &serde_json::Value) -> Option<String> {
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+        header.kid = Some("k1".into());
+        jsonwebtoken::encode(
+            &header,
+            claims,
+            &jsonwebtoken::EncodingKey::from_ed_der(&self.der),
+        )
+        .ok()
+    }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The label of what the conformance executor returns: its own compartment, so a call
+/// visibly taints the caller's principal and session.
+pub const CONFORMANCE_LABEL: &str =
+    r#"{ kind = "known", owners = {}, compartments = ["conformance-data"] }"#;
+
+/// A `[[server]]` block (TOML) that governs the conformance executor (`command`, its
+/// argv) with the signed manifest and key in `fixtures/conformance` under `repo`: every
+/// tool's output carries [`CONFORMANCE_LABEL`], and the tools go by their bare names (as
+/// the conformance suite calls them).
+pub fn conformance_server(repo: &Path, command: &str) -> String {
+    let dir = repo.join("fixtures/conformance");
+    let mut s = format!(
+        "\n[[server]]\nid = \"conformance\"\nmanifest = {}\nkey = {}\ncommand = [{}]\nprofile = \"isolated\"\npool_size = 1\nunqualified_names = true\n",
+        q(&dir.join("conformance.signed.json")),
+        q(&dir.join("keys/conformance.pub")),
+        toml_string(command),
+    );
+    for tool in flowhost_example_tools::conformance::TOOLS {
+        s.push_str(&format!(
+            "\n[server.tools.{tool}]\npolicy = {{ input_clearances = [], output_floor = {CONFORMANCE_LABEL} }}\n"
+        ));
+    }
+    s
+}

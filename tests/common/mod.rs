@@ -5,6 +5,7 @@
 
 pub mod governed;
 pub mod harness;
+pub mod http;
 pub mod lab;
 pub mod named;
 

@@ -49,9 +49,19 @@ pub struct Host {
     pub(super) health_file: PathBuf,
     /// Which connections are served (see [`MAX_SESSIONS_PER_UID`]).
     pub(super) admission: Arc<admission::Admission>,
+    /// The HTTP listener bound at start, until [`run`] serves it.
+    pub(super) http: Mutex<Option<http::HttpListener>>,
 }
 
 impl Host {
+    /// The address the HTTP listener is bound to (before [`run`] takes it), if any.
+    pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
+        self.http
+            .lock()
+            .ok()
+            .and_then(|l| l.as_ref().and_then(http::HttpListener::local_addr))
+    }
+
     /// The generation new calls use.
     pub fn current(&self) -> Arc<Generation> {
         match self.generation.read() {

@@ -24,6 +24,7 @@ mod activation;
 mod admission;
 mod egress;
 mod executor;
+pub mod http;
 pub mod pipeline;
 pub mod refusals;
 pub mod reload;

@@ -133,8 +133,9 @@ pub struct CallEnv<'a> {
 pub struct Caller<'a> {
     /// The session id.
     pub session: &'a str,
-    /// The peer's uid and gid.
-    pub peer: PeerIdentity,
+    /// The peer's uid and gid (none for a remote caller, whose principal the HTTP transport
+    /// authenticated).
+    pub peer: Option<PeerIdentity>,
     /// The principal, or why the session may not act.
     pub principal: Result<PrincipalConfig, RpcError>,
     /// The principal the session was mapped to at `initialize` (for records).
@@ -264,7 +265,7 @@ async fn run_call<D: Dispatch>(
         );
         return Err(refuse_session(env, &caller, "(tools/call)", e, Denial::InvalidParams).await);
     };
-    let (server_id, tool_name) = name.split_once('/').unwrap_or(("", name));
+    let (server_id, tool_name) = env.config.tool_name(name);
     let mut rec = CallRecord {
         server: ServerInfo::mcp(
             if server_id.is_empty() {
@@ -573,7 +574,7 @@ pub async fn refuse_session(
         context: FlowContext {
             principal: caller.pinned.map(ToString::to_string),
             session: Some(caller.session.to_string()),
-            peer: Some(caller.peer),
+            peer: caller.peer,
             ..FlowContext::default()
         },
     };

@@ -58,6 +58,8 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
         Duration::from_secs(3600)
     });
     let mut summaries = tokio::time::interval(SUMMARY_INTERVAL);
+    let http_listener = host.http.lock().ok().and_then(|mut l| l.take());
+    let http_task = http_listener.map(|l| tokio::spawn(http::serve(host.clone(), l)));
     let mut sessions = tokio::task::JoinSet::new();
     let mut housekeeping = tokio::time::interval(
         host.refusals
@@ -167,6 +169,9 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
     .is_err()
     {
         tracing::warn!("sessions did not finish in time");
+    }
+    if let Some(task) = http_task {
+        let _ = task.await;
     }
     host.finish().await;
     tracing::info!("stopped");

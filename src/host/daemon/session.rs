@@ -1,5 +1,6 @@
 //! One MCP connection = one session: JSON-RPC 2.0 messages in, answers and notifications
-//! out. The caller's principal comes from `SO_PEERCRED`, never from the messages.
+//! out. The caller's principal comes from `SO_PEERCRED` (the Unix socket) or from the HTTP
+//! transport's authentication, never from the messages.
 //!
 //! The session does not know its transport: [`run`] takes incoming lines on one channel and
 //! sends outgoing lines on another, and [`serve`] is the Unix-socket transport that moves
@@ -65,12 +66,57 @@ impl Default for ServerExecutors {
     }
 }
 
+/// Who a session acts for, as its transport authenticated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// A Unix socket peer (`SO_PEERCRED`), mapped to a principal by uid and gid.
+    Peer {
+        /// The peer's uid.
+        uid: u32,
+        /// The peer's gid.
+        gid: u32,
+    },
+    /// A remote caller the HTTP transport authenticated as this configured principal.
+    Principal(PrincipalId),
+}
+
+impl Identity {
+    /// The principal this identity maps to in `config`, if any.
+    pub fn principal<'c>(
+        &self,
+        config: &'c crate::config::HostConfig,
+    ) -> Option<&'c PrincipalConfig> {
+        match self {
+            Identity::Peer { uid, gid } => config.principal_for(*uid, *gid),
+            Identity::Principal(id) => config.principals.iter().find(|p| p.id == *id),
+        }
+    }
+
+    fn peer(&self) -> Option<PeerIdentity> {
+        match self {
+            Identity::Peer { uid, gid } => Some(PeerIdentity {
+                uid: *uid,
+                gid: *gid,
+            }),
+            Identity::Principal(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Identity::Peer { uid, gid } => write!(f, "uid {uid} / gid {gid}"),
+            Identity::Principal(id) => write!(f, "remote principal {id}"),
+        }
+    }
+}
+
 /// A session, shared by the tasks of its requests.
 struct Session {
     host: Arc<Host>,
     id: String,
-    uid: u32,
-    gid: u32,
+    identity: Identity,
     /// The principal the session was mapped to at `initialize`. A reload that maps the same
     /// peer to another principal does not move the session (and its label) over.
     pinned: OnceLock<PrincipalId>,
@@ -125,34 +171,32 @@ pub(super) async fn serve(
             }
         }
     });
-    run(host, uid, gid, incoming, out).await;
+    run(host, Identity::Peer { uid, gid }, incoming, out).await;
     reader.abort();
     let _ = writer.await;
 }
 
-/// Runs a session of peer `uid`/`gid` over any transport: `incoming` delivers the client's
+/// Runs a session of `identity` over any transport: `incoming` delivers the client's
 /// lines, `out` takes the session's. Returns when the client is gone (end of input, or `out`
 /// closed), the session is idle past the configured windows, is refused at `initialize`, or
 /// the host stops; calls still in flight then finish (their outcomes are recorded) first.
 pub(super) async fn run(
     host: Arc<Host>,
-    uid: u32,
-    gid: u32,
+    identity: Identity,
     mut incoming: mpsc::Receiver<Line>,
     out: mpsc::Sender<String>,
 ) {
     let limit = host.current().config.max_message_bytes;
     let session = Arc::new(Session {
         id: super::random_id(),
-        uid,
-        gid,
+        identity,
         pinned: OnceLock::new(),
         executors: Mutex::new(HashMap::new()),
         cancels: Mutex::new(HashMap::new()),
         out: out.clone(),
         host,
     });
-    tracing::info!(session = %session.id, uid, gid, "session opened");
+    tracing::info!(session = %session.id, identity = %session.identity, "session opened");
     let mut requests = JoinSet::new();
     let mut refused = false;
     let mut idle = tokio::time::interval(Duration::from_secs(5));
@@ -277,16 +321,16 @@ pub(super) async fn run(
 
 impl Session {
     fn principal(&self, generation: &Generation) -> Result<PrincipalConfig, RpcError> {
-        let principal = generation
-            .config
-            .principal_for(self.uid, self.gid)
+        let principal = self
+            .identity
+            .principal(&generation.config)
             .cloned()
             .ok_or_else(|| {
                 RpcError::new(
                     code::ACCESS_DENIED,
                     format!(
-                        "uid {} / gid {} is not a configured principal of this host",
-                        self.uid, self.gid
+                        "{} is not a configured principal of this host",
+                        self.identity
                     ),
                 )
                 .with_data(json!({"denial": Denial::AccessDenied.as_str()}))
@@ -295,9 +339,9 @@ impl Session {
             Some(pinned) if *pinned != principal.id => Err(RpcError::new(
                 code::ACCESS_DENIED,
                 format!(
-                    "this session belongs to principal {pinned}, but a reload now maps uid {} \
+                    "this session belongs to principal {pinned}, but a reload now maps {} \
                      to {}; reconnect to act as {}",
-                    self.uid, principal.id, principal.id
+                    self.identity, principal.id, principal.id
                 ),
             )
             .with_data(json!({"denial": Denial::AccessDenied.as_str()}))),
@@ -313,10 +357,7 @@ impl Session {
     fn caller(&self, generation: &Generation) -> Caller<'_> {
         Caller {
             session: &self.id,
-            peer: PeerIdentity {
-                uid: self.uid,
-                gid: self.gid,
-            },
+            peer: self.identity.peer(),
             principal: self.principal(generation),
             pinned: self.pinned(),
         }
@@ -384,7 +425,7 @@ impl Session {
                     .bridge_security(t.server_id(), t.name())
                     .and_then(|b| serde_json::to_value(b).ok());
                 tool_entry(
-                    t.server_id(),
+                    generation.config.public_tool_name(t.server_id(), t.name()),
                     t.definition(),
                     t.sanitized_description(),
                     bridge,
@@ -627,7 +668,7 @@ impl Session {
 /// A tool as `tools/list` advertises it: its signed description, input and output schemas,
 /// title and annotations, with the bridge security metadata in `_meta`.
 fn tool_entry(
-    server: &str,
+    name: String,
     definition: &crate::manifest::ToolDefinition,
     description: String,
     bridge: Option<Value>,
@@ -642,7 +683,7 @@ fn tool_entry(
         annotations["openWorldHint"] = json!(open_world);
     }
     let mut entry = json!({
-        "name": format!("{server}/{}", definition.name()),
+        "name": name,
         "description": description,
         "inputSchema": definition.input_schema(),
         "_meta": { BRIDGE_META_KEY: bridge },
@@ -660,7 +701,7 @@ fn tool_entry(
 }
 
 /// The call environment of `generation` on `host`.
-fn env<'g>(host: &'g Host, generation: &'g Generation) -> CallEnv<'g> {
+pub(super) fn env<'g>(host: &'g Host, generation: &'g Generation) -> CallEnv<'g> {
     CallEnv {
         config: &generation.config,
         registry: &generation.registry,

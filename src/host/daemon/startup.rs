@@ -79,6 +79,9 @@ pub enum StartupError {
         /// The admission rule that refused it.
         source: crate::registry::AdmissionError,
     },
+    /// The HTTP listener could not start.
+    #[error(transparent)]
+    Http(#[from] super::http::HttpError),
     /// The registry needs the broker and the broker is disabled or unavailable.
     #[error("refusing to serve: {0}")]
     NoBroker(String),
@@ -307,9 +310,10 @@ pub(super) fn refuse_restart_only_changes(
     new: &HostConfig,
 ) -> Result<(), StartupError> {
     type Shown = fn(&HostConfig) -> String;
-    let fixed: [(&'static str, Shown); 16] = [
+    let fixed: [(&'static str, Shown); 17] = [
         ("socket", |c| c.socket.display().to_string()),
         ("socket_mode", |c| format!("{:o}", c.socket_mode)),
+        ("http", |c| format!("{:?}", c.http)),
         ("state_dir", |c| c.state_dir.display().to_string()),
         ("records_dir", |c| c.records_dir.display().to_string()),
         ("health_file", |c| c.health_file.display().to_string()),
@@ -566,7 +570,12 @@ impl Host {
             generation.config.socket_mode,
             passed,
         )?;
+        let http = match &generation.config.http {
+            Some(c) => Some(super::http::HttpListener::bind(c)?),
+            None => None,
+        };
         let host = Arc::new(Host {
+            http: std::sync::Mutex::new(http),
             generation: RwLock::new(Arc::new(generation)),
             next_generation: AtomicU64::new(2),
             broker,

@@ -120,7 +120,7 @@ impl Host {
         let pinned = principal.id.clone();
         let caller = Caller {
             session: "session-1",
-            peer: PeerIdentity { uid, gid: 0 },
+            peer: Some(PeerIdentity { uid, gid: 0 }),
             principal: Ok(principal),
             pinned: Some(&pinned),
         };
@@ -412,10 +412,10 @@ async fn a_session_whose_principal_check_fails_is_refused_and_recorded_under_its
     let pinned = crate::ident::PrincipalId::new("oss-reviewer").unwrap();
     let caller = Caller {
         session: "session-2",
-        peer: PeerIdentity {
+        peer: Some(PeerIdentity {
             uid: ANALYST,
             gid: 0,
-        },
+        }),
         principal: Err(refusal(
             code::ACCESS_DENIED,
             "remapped",

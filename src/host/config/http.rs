@@ -1,0 +1,335 @@
+//! The `[http]` table: MCP over Streamable HTTP for remote agents (see the README, "Remote
+//! agents"). Every HTTP caller maps to a configured principal through a bearer token (kept
+//! as its SHA-256 only) or a JWT access token from a configured issuer; a listener that is
+//! not on loopback must use TLS.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::ident::PrincipalId;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHttp {
+    #[serde(default = "default_listen")]
+    listen: SocketAddr,
+    #[serde(default = "default_path")]
+    path: String,
+    #[serde(default)]
+    allowed_hosts: Option<Vec<String>>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
+    #[serde(default)]
+    resource: Option<String>,
+    #[serde(default)]
+    tls: Option<RawTls>,
+    #[serde(default)]
+    token: Vec<RawToken>,
+    #[serde(default)]
+    jwt: Option<RawJwt>,
+    #[serde(default)]
+    unauthenticated_loopback_principal: Option<PrincipalId>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToken {
+    principal: PrincipalId,
+    sha256: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJwt {
+    issuer: String,
+    jwks: PathBuf,
+    #[serde(default)]
+    audience: Option<String>,
+    #[serde(default = "default_claim")]
+    principal_claim: String,
+    principals: BTreeMap<String, PrincipalId>,
+    #[serde(default)]
+    authorization_servers: Vec<String>,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8931))
+}
+fn default_path() -> String {
+    "/mcp".into()
+}
+fn default_claim() -> String {
+    "sub".into()
+}
+
+/// The names a loopback listener answers to by default.
+const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
+
+/// The HTTP listener.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Where to listen (default `127.0.0.1:8931`).
+    pub listen: SocketAddr,
+    /// The MCP endpoint's path (default `/mcp`).
+    pub path: String,
+    /// Host names (without port, IPv6 in brackets) the `Host` header may name; a request
+    /// naming another is refused (DNS rebinding). Default: the loopback names.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`) a browser request may come from, beyond those whose
+    /// host is an allowed host; a request from another origin is refused.
+    pub allowed_origins: Vec<String>,
+    /// This server's canonical URI (what JWT audiences must name, and the protected
+    /// resource metadata's `resource`).
+    pub resource: Option<String>,
+    /// The certificate chain and private key (PEM) when serving TLS.
+    pub tls: Option<TlsFiles>,
+    /// Bearer tokens, by SHA-256.
+    pub tokens: Vec<BearerToken>,
+    /// The JWT resource-server role.
+    pub jwt: Option<JwtConfig>,
+    /// The principal of callers without credentials, only on a loopback listener (for local
+    /// tools that cannot send a token; any local process can then act as it).
+    pub unauthenticated_loopback_principal: Option<PrincipalId>,
+}
+
+/// TLS files.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
+
+/// A bearer token: only its SHA-256 is kept.
+#[derive(Debug, Clone)]
+pub struct BearerToken {
+    /// The principal the token authenticates.
+    pub principal: PrincipalId,
+    /// SHA-256 of the token's bytes.
+    pub sha256: [u8; 32],
+}
+
+/// Validating JWT access tokens (the MCP authorization spec's resource-server role).
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    /// The `iss` every token must carry.
+    pub issuer: String,
+    /// The JSON Web Key Set file of the issuer's signing keys.
+    pub jwks: PathBuf,
+    /// The `aud` a token must include (this server's canonical URI).
+    pub audience: String,
+    /// The claim naming the caller (default `sub`).
+    pub principal_claim: String,
+    /// Claim values to principals; a caller whose claim is not here is refused.
+    pub principals: BTreeMap<String, PrincipalId>,
+    /// Authorization servers advertised in the protected resource metadata (default: the
+    /// issuer).
+    pub authorization_servers: Vec<String>,
+}
+
+impl HttpConfig {
+    /// Every principal id this table names (each must be configured).
+    pub fn named_principals(&self) -> impl Iterator<Item = (String, &PrincipalId)> {
+        let tokens = self
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (format!("http.token[{i}].principal"), &t.principal));
+        let jwt = self
+            .jwt
+            .iter()
+            .flat_map(|j| j.principals.iter())
+            .map(|(claim, p)| (format!("http.jwt.principals.{claim:?}"), p));
+        let anon = self
+            .unauthenticated_loopback_principal
+            .iter()
+            .map(|p| ("http.unauthenticated_loopback_principal".to_string(), p));
+        tokens.chain(jwt).chain(anon)
+    }
+}
+
+/// Validates the raw table (`resolve` makes paths absolute). `Err` is `(key, message)`.
+pub(super) fn validate(
+    raw: RawHttp,
+    resolve: impl Fn(&Path) -> PathBuf,
+) -> Result<HttpConfig, (String, String)> {
+    let bad = |k: &str, m: String| Err((format!("http.{k}"), m));
+    if !raw.path.starts_with('/') || raw.path.contains(['?', '#']) {
+        return bad("path", format!("{:?} is not an absolute path", raw.path));
+    }
+    let loopback = raw.listen.ip().is_loopback();
+    if !loopback && raw.tls.is_none() {
+        return bad(
+            "listen",
+            format!(
+                "{} is not a loopback address: remote callers need TLS (set http.tls)",
+                raw.listen
+            ),
+        );
+    }
+    if !loopback && raw.unauthenticated_loopback_principal.is_some() {
+        return bad(
+            "unauthenticated_loopback_principal",
+            format!("only allowed on a loopback listener, not {}", raw.listen),
+        );
+    }
+    let allowed_hosts = match raw.allowed_hosts {
+        Some(h) if !h.is_empty() => h.into_iter().map(|h| h.to_ascii_lowercase()).collect(),
+        Some(_) => return bad("allowed_hosts", "name at least one host".into()),
+        None if loopback => LOOPBACK_HOSTS.iter().map(ToString::to_string).collect(),
+        None => {
+            return bad(
+                "allowed_hosts",
+                "a listener that is not on loopback must name the host names it answers to".into(),
+            );
+        }
+    };
+    for (i, o) in raw.allowed_origins.iter().enumerate() {
+        if !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/') {
+            return bad(
+                &format!("allowed_origins[{i}]"),
+                format!("{o:?} is not scheme://host[:port]"),
+            );
+        }
+    }
+    let mut tokens = Vec::new();
+    for (i, t) in raw.token.into_iter().enumerate() {
+        let mut sha256 = [0u8; 32];
+        if hex::decode_to_slice(&t.sha256, &mut sha256).is_err()
+            || t.sha256.bytes().any(|b| b.is_ascii_uppercase())
+        {
+            return bad(
+                &format!("token[{i}].sha256"),
+                "must be 64 lowercase hex digits (sha256sum of the token)".into(),
+            );
+        }
+        if tokens.iter().any(|o: &BearerToken| o.sha256 == sha256) {
+            return bad(
+                &format!("token[{i}].sha256"),
+                "the same token is configured twice".into(),
+            );
+        }
+        tokens.push(BearerToken {
+            principal: t.principal,
+            sha256,
+        });
+    }
+    let jwt = match raw.jwt {
+        None => None,
+        Some(j) => {
+            let audience = match j.audience.or_else(|| raw.resource.clone()) {
+                Some(a) if !a.is_empty() => a,
+                _ => {
+                    return bad(
+                        "jwt.audience",
+                        "set http.resource (or http.jwt.audience) to this server's canonical URI"
+                            .into(),
+                    );
+                }
+            };
+            if j.issuer.is_empty() {
+                return bad("jwt.issuer", "must not be empty".into());
+            }
+            if j.principals.is_empty() {
+                return bad(
+                    "jwt.principals",
+                    "map at least one claim value to a principal".into(),
+                );
+            }
+            let authorization_servers = if j.authorization_servers.is_empty() {
+                vec![j.issuer.clone()]
+            } else {
+                j.authorization_servers
+            };
+            Some(JwtConfig {
+                issuer: j.issuer,
+                jwks: resolve(&j.jwks),
+                audience,
+                principal_claim: j.principal_claim,
+                principals: j.principals,
+                authorization_servers,
+            })
+        }
+    };
+    if tokens.is_empty() && jwt.is_none() && raw.unauthenticated_loopback_principal.is_none() {
+        return bad(
+            "token",
+            "configure at least one way to authenticate (http.token, http.jwt)".into(),
+        );
+    }
+    Ok(HttpConfig {
+        listen: raw.listen,
+        path: raw.path,
+        allowed_hosts,
+        allowed_origins: raw.allowed_origins,
+        resource: raw.resource,
+        tls: raw.tls.map(|t| TlsFiles {
+            cert: resolve(&t.cert),
+            key: resolve(&t.key),
+        }),
+        tokens,
+        jwt,
+        unauthenticated_loopback_principal: raw.unauthenticated_loopback_principal,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<HttpConfig, (String, String)> {
+        let raw: RawHttp = toml::from_str(text).unwrap();
+        validate(raw, |p| Path::new("/etc/flowhost").join(p))
+    }
+
+    const TOKEN: &str = "[[token]]\nprincipal = \"alice\"\nsha256 = \"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\"\n";
+
+    #[test]
+    fn loopback_defaults_and_a_token() {
+        let c = parse(TOKEN).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8931");
+        assert_eq!(c.allowed_hosts, ["localhost", "127.0.0.1", "[::1]"]);
+        assert_eq!(c.tokens[0].principal.as_str(), "alice");
+    }
+
+    #[test]
+    fn refusals_name_the_key() {
+        let no_auth = parse("").unwrap_err();
+        assert_eq!(no_auth.0, "http.token");
+        let remote = parse(&format!("listen = \"0.0.0.0:443\"\n{TOKEN}")).unwrap_err();
+        assert_eq!(remote.0, "http.listen");
+        assert!(remote.1.contains("TLS"), "{}", remote.1);
+        let upper = parse("[[token]]\nprincipal = \"a\"\nsha256 = \"2CF24DBA5FB0A30E26E83B2AC5B9E29E1B161E5C1FA7425E73043362938B9824\"\n").unwrap_err();
+        assert_eq!(upper.0, "http.token[0].sha256");
+        let jwt = parse(
+            "[jwt]\nissuer = \"https://as\"\njwks = \"k.json\"\nprincipals = { u1 = \"alice\" }\n",
+        )
+        .unwrap_err();
+        assert_eq!(jwt.0, "http.jwt.audience");
+        let anon = parse(
+            "listen = \"0.0.0.0:443\"\nallowed_hosts = [\"mcp.example\"]\nunauthenticated_loopback_principal = \"a\"\n[tls]\ncert = \"c\"\nkey = \"k\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(anon.0, "http.unauthenticated_loopback_principal");
+    }
+
+    #[test]
+    fn jwt_audience_defaults_to_the_resource() {
+        let c = parse("resource = \"https://mcp.example/mcp\"\n[jwt]\nissuer = \"https://as\"\njwks = \"k.json\"\nprincipals = { u1 = \"alice\" }\n").unwrap();
+        let j = c.jwt.unwrap();
+        assert_eq!(j.audience, "https://mcp.example/mcp");
+        assert_eq!(j.jwks, Path::new("/etc/flowhost/k.json"));
+        assert_eq!(j.authorization_servers, ["https://as"]);
+    }
+}

@@ -1,0 +1,335 @@
+//! Authenticating an HTTP caller as a configured principal, never a default: a bearer
+//! token whose SHA-256 is configured (compared in constant time), or a JWT access token
+//! signed by a key of the configured issuer's key set, for this server's audience, whose
+//! principal claim maps to a configured principal. Loopback callers without credentials act
+//! as `unauthenticated_loopback_principal` only when the operator names one.
+
+use std::collections::HashMap;
+
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation, errors::ErrorKind};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::{BearerToken, HttpConfig, JwtConfig};
+use crate::ident::PrincipalId;
+
+/// Why an HTTP caller was not authenticated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthRefusal {
+    /// No `Authorization` header.
+    #[error("no credentials: send Authorization: Bearer <token>")]
+    Missing,
+    /// An `Authorization` header that is not `Bearer <token>`.
+    #[error("the Authorization header is not a bearer token")]
+    Malformed,
+    /// A token that is neither a configured bearer token nor a JWT this server accepts.
+    #[error("the token is not one this server accepts")]
+    UnknownToken,
+    /// A JWT whose audience is not this server.
+    #[error("the access token's audience is not this server")]
+    WrongAudience,
+    /// A JWT past its expiry.
+    #[error("the access token has expired")]
+    Expired,
+    /// A JWT from another issuer.
+    #[error("the access token's issuer is not trusted")]
+    WrongIssuer,
+    /// A JWT that does not verify or is malformed.
+    #[error("the access token is invalid: {0}")]
+    InvalidToken(String),
+    /// A JWT whose principal claim maps to no configured principal.
+    #[error("the access token's {claim} {value:?} is not mapped to a principal")]
+    UnknownPrincipal {
+        /// The claim.
+        claim: String,
+        /// Its value.
+        value: String,
+    },
+}
+
+impl AuthRefusal {
+    /// The OAuth error code for `WWW-Authenticate` (none when no token was sent).
+    pub fn oauth_error(&self) -> Option<&'static str> {
+        match self {
+            AuthRefusal::Missing => None,
+            AuthRefusal::Malformed => Some("invalid_request"),
+            _ => Some("invalid_token"),
+        }
+    }
+}
+
+/// Why the authenticator could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthSetupError {
+    /// The key set file could not be read or parsed.
+    #[error("{path}: {message}")]
+    KeySet {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The asymmetric algorithms a JWT may use (a shared-secret algorithm would let anyone who
+/// can read the key set mint tokens).
+const ALGORITHMS: [Algorithm; 9] = [
+    Algorithm::RS256,
+    Algorithm::RS384,
+    Algorithm::RS512,
+    Algorithm::PS256,
+    Algorithm::PS384,
+    Algorithm::PS512,
+    Algorithm::ES256,
+    Algorithm::ES384,
+    Algorithm::EdDSA,
+];
+
+/// Seconds of clock skew tolerated on `exp` and `nbf`.
+const LEEWAY_SECS: u64 = 30;
+
+struct Jwt {
+    config: JwtConfig,
+    /// Keys by `kid` (keys without one are tried when a token names none).
+    keys: HashMap<Option<String>, Vec<DecodingKey>>,
+}
+
+/// Maps credentials to principals (see the module docs).
+pub struct Authenticator {
+    tokens: Vec<BearerToken>,
+    jwt: Option<Jwt>,
+    loopback: Option<PrincipalId>,
+}
+
+impl Authenticator {
+    /// Builds the authenticator of `config`, reading the JWT key set if one is configured.
+    pub fn new(config: &HttpConfig) -> Result<Self, AuthSetupError> {
+        let jwt = match &config.jwt {
+            None => None,
+            Some(j) => Some(Jwt {
+                keys: load_keys(&j.jwks)?,
+                config: j.clone(),
+            }),
+        };
+        Ok(Authenticator {
+            tokens: config.tokens.clone(),
+            jwt,
+            loopback: config.unauthenticated_loopback_principal.clone(),
+        })
+    }
+
+    /// The principal the `Authorization` header value authenticates (the listener is on
+    /// loopback when an unauthenticated principal is configured at all).
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<PrincipalId, AuthRefusal> {
+        let Some(header) = authorization else {
+            return self.loopback.clone().ok_or(AuthRefusal::Missing);
+        };
+        let token = header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(AuthRefusal::Malformed)?;
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        // Every configured hash is compared, so the time taken does not tell which matched.
+        let mut found: Option<&PrincipalId> = None;
+        for t in &self.tokens {
+            if bool::from(t.sha256.ct_eq(&digest)) {
+                found = Some(&t.principal);
+            }
+        }
+        if let Some(p) = found {
+            return Ok(p.clone());
+        }
+        match &self.jwt {
+            Some(jwt) if token.split('.').count() == 3 => jwt.principal(token),
+            _ => Err(AuthRefusal::UnknownToken),
+        }
+    }
+
+    /// The JWT configuration, for the protected resource metadata.
+    pub fn jwt(&self) -> Option<&JwtConfig> {
+        self.jwt.as_ref().map(|j| &j.config)
+    }
+}
+
+impl Jwt {
+    fn principal(&self, token: &str) -> Result<PrincipalId, AuthRefusal> {
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|e| AuthRefusal::InvalidToken(e.to_string()))?;
+        if !ALGORITHMS.contains(&header.alg) {
+            return Err(AuthRefusal::InvalidToken(format!(
+                "algorithm {:?} is not accepted",
+                header.alg
+            )));
+        }
+        let keys = self.keys.get(&header.kid).ok_or_else(|| {
+            AuthRefusal::InvalidToken("no key of the issuer's set signs it".into())
+        })?;
+        let mut validation = Validation::new(header.alg);
+        validation.algorithms = vec![header.alg];
+        validation.leeway = LEEWAY_SECS;
+        validation.set_issuer(&[&self.config.issuer]);
+        validation.set_audience(&[&self.config.audience]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        let mut last = AuthRefusal::InvalidToken("no key of the issuer's set verifies it".into());
+        for key in keys {
+            match jsonwebtoken::decode::<serde_json::Value>(token, key, &validation) {
+                Ok(data) => return self.map(&data.claims),
+                Err(e) => {
+                    last = match e.kind() {
+                        ErrorKind::ExpiredSignature => AuthRefusal::Expired,
+                        ErrorKind::InvalidAudience => AuthRefusal::WrongAudience,
+                        ErrorKind::InvalidIssuer => AuthRefusal::WrongIssuer,
+                        ErrorKind::MissingRequiredClaim(c) if c == "aud" => {
+                            AuthRefusal::WrongAudience
+                        }
+                        _ => AuthRefusal::InvalidToken(e.to_string()),
+                    };
+                    // A token that verified but failed a claim check fails with every key.
+                    if !matches!(last, AuthRefusal::InvalidToken(_)) {
+                        return Err(last);
+                    }
+                }
+            }
+        }
+        Err(last)
+    }
+
+    fn map(&self, claims: &serde_json::Value) -> Result<PrincipalId, AuthRefusal> {
+        let claim = &self.config.principal_claim;
+        let value = claims
+            .get(claim)
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| AuthRefusal::InvalidToken(format!("no string claim {claim:?}")))?;
+        self.config
+            .principals
+            .get(value)
+            .cloned()
+            .ok_or_else(|| AuthRefusal::UnknownPrincipal {
+                claim: claim.clone(),
+                value: value.chars().take(128).collect(),
+            })
+    }
+}
+
+fn load_keys(
+    path: &std::path::Path,
+) -> Result<HashMap<Option<String>, Vec<DecodingKey>>, AuthSetupError> {
+    let fail = |message: String| AuthSetupError::KeySet {
+        path: path.display().to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let set: JwkSet =
+        serde_json::from_str(&text).map_err(|e| fail(format!("not a JSON Web Key Set: {e}")))?;
+    let mut keys: HashMap<Option<String>, Vec<DecodingKey>> = HashMap::new();
+    for (i, jwk) in set.keys.iter().enumerate() {
+        if matches!(
+            jwk.algorithm,
+            jsonwebtoken::jwk::AlgorithmParameters::OctetKey(_)
+        ) {
+            return Err(fail(format!(
+                "key {i} is a shared secret; only public keys are accepted"
+            )));
+        }
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| fail(format!("key {i}: {e}")))?;
+        keys.entry(jwk.common.key_id.clone()).or_default().push(key);
+    }
+    if keys.is_empty() {
+        return Err(fail("the key set has no keys".into()));
+    }
+    Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lab::{JwtIssuer as Issuer, unix_now as now};
+    use serde_json::json;
+
+    fn authenticator(dir: &std::path::Path, issuer: &Issuer) -> Authenticator {
+        let jwks = dir.join("jwks.json");
+        std::fs::write(&jwks, &issuer.jwks).unwrap();
+        let text = format!(
+            r#"[host]
+socket = "s.sock"
+state_dir = "state"
+records_dir = "records"
+[[principal]]
+id = "alice"
+tools = ["*"]
+[http]
+resource = "https://mcp.example/mcp"
+[[http.token]]
+principal = "alice"
+sha256 = "{}"
+[http.jwt]
+issuer = "https://as.example"
+jwks = "jwks.json"
+principals = {{ "user-1" = "alice" }}
+"#,
+            hex::encode(Sha256::digest(b"s3cret"))
+        );
+        let config = crate::config::HostConfig::parse(&dir.join("host.toml"), &text).unwrap();
+        Authenticator::new(config.http.as_ref().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn tokens_and_jwts_map_to_principals_and_everything_else_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let issuer = Issuer::new(7);
+        let a = authenticator(dir.path(), &issuer);
+        let claims = |aud: &str, exp: u64, sub: &str| json!({"iss": "https://as.example", "aud": aud, "exp": exp, "sub": sub});
+        let bearer = |t: &str| format!("Bearer {t}");
+        assert_eq!(
+            a.authenticate(Some("Bearer s3cret")).unwrap().as_str(),
+            "alice"
+        );
+        assert_eq!(a.authenticate(None), Err(AuthRefusal::Missing));
+        assert_eq!(
+            a.authenticate(Some("Basic eDp5")),
+            Err(AuthRefusal::Malformed)
+        );
+        assert_eq!(
+            a.authenticate(Some("Bearer wrong")),
+            Err(AuthRefusal::UnknownToken)
+        );
+        let good = issuer
+            .token(&claims("https://mcp.example/mcp", now() + 300, "user-1"))
+            .unwrap();
+        assert_eq!(
+            a.authenticate(Some(&bearer(&good))).unwrap().as_str(),
+            "alice"
+        );
+        let aud = issuer
+            .token(&claims("https://other.example/mcp", now() + 300, "user-1"))
+            .unwrap();
+        assert_eq!(
+            a.authenticate(Some(&bearer(&aud))),
+            Err(AuthRefusal::WrongAudience)
+        );
+        let expired = issuer
+            .token(&claims("https://mcp.example/mcp", now() - 600, "user-1"))
+            .unwrap();
+        assert_eq!(
+            a.authenticate(Some(&bearer(&expired))),
+            Err(AuthRefusal::Expired)
+        );
+        let stranger = issuer
+            .token(&claims("https://mcp.example/mcp", now() + 300, "user-2"))
+            .unwrap();
+        assert!(matches!(
+            a.authenticate(Some(&bearer(&stranger))),
+            Err(AuthRefusal::UnknownPrincipal { .. })
+        ));
+        let forged = Issuer::new(8)
+            .token(&claims("https://mcp.example/mcp", now() + 300, "user-1"))
+            .unwrap();
+        assert!(matches!(
+            a.authenticate(Some(&bearer(&forged))),
+            Err(AuthRefusal::InvalidToken(_))
+        ));
+    }
+}

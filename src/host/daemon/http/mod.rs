@@ -1,0 +1,779 @@
+//! MCP over Streamable HTTP (`[http]`): one endpoint taking `POST` (a JSON-RPC message; a
+//! request is answered on an SSE stream, or as JSON to a client that accepts only JSON),
+//! `GET` (the session's stream for server messages, or the resumption of a stream after
+//! `Last-Event-ID`) and `DELETE` (ends the session). `initialize` opens a session whose id
+//! travels in `Mcp-Session-Id`; the session is the same session logic the Unix socket
+//! drives, acting for the principal the caller authenticated as (see [`auth`]).
+//!
+//! Before anything else, the `Host` header must name an allowed host and an `Origin`
+//! header, if sent, an allowed origin (DNS rebinding); then the caller must authenticate,
+//! on every request, as the principal its session belongs to. Authentication refusals are
+//! recorded like every other refusal.
+//!
+//! Files: `auth` (credentials to principals), `streams` (a session's SSE streams and their
+//! replay), `tls` (the listener's TLS).
+
+pub mod auth;
+mod streams;
+mod tls;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::Host;
+use super::pipeline::{self, Caller};
+use super::session::{self, Identity};
+use crate::config::HttpConfig;
+use crate::decision::Denial;
+use crate::ident::PrincipalId;
+use crate::mcp::{Line, RpcError, code};
+use auth::{AuthRefusal, Authenticator};
+use streams::{Streams, Target};
+
+/// The session id header.
+const SESSION_HEADER: &str = "mcp-session-id";
+/// The negotiated protocol version header.
+const VERSION_HEADER: &str = "mcp-protocol-version";
+/// Protocol versions a request may name in `MCP-Protocol-Version`.
+const VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+/// Most live HTTP sessions per principal, and in all.
+const MAX_SESSIONS_PER_PRINCIPAL: usize = 64;
+const MAX_SESSIONS: usize = 1024;
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Body = BoxBody<Bytes, Infallible>;
+/// A refusal before any session logic runs: its status and why.
+type Refused = (StatusCode, &'static str);
+
+/// Why the HTTP listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The address could not be bound.
+    #[error("http.listen {addr}: cannot listen: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The TLS files are unusable.
+    #[error("http.tls: {0}")]
+    Tls(String),
+    /// The authentication setup failed (for example the JWT key set).
+    #[error("http.jwt.jwks: {0}")]
+    Auth(#[from] auth::AuthSetupError),
+}
+
+/// A bound HTTP listener, ready to serve.
+pub struct HttpListener {
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    config: HttpConfig,
+    auth: Authenticator,
+}
+
+impl HttpListener {
+    /// Binds `config.listen` and loads its TLS files and JWT key set.
+    pub fn bind(config: &HttpConfig) -> Result<Self, HttpError> {
+        let auth = Authenticator::new(config)?;
+        let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
+        let bind = |source| HttpError::Bind {
+            addr: config.listen,
+            source,
+        };
+        let std_listener = std::net::TcpListener::bind(config.listen).map_err(bind)?;
+        std_listener.set_nonblocking(true).map_err(bind)?;
+        let listener = tokio::net::TcpListener::from_std(std_listener).map_err(bind)?;
+        Ok(HttpListener {
+            listener,
+            tls,
+            config: config.clone(),
+            auth,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+}
+
+/// One HTTP session: the channel into its session logic and its streams.
+struct Remote {
+    principal: PrincipalId,
+    inbox: mpsc::Sender<Line>,
+    streams: Arc<Mutex<Streams>>,
+}
+
+/// The record budget of unauthenticated callers in the current fold interval.
+struct Budget {
+    started: std::time::Instant,
+    recorded: usize,
+    folded: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            started: std::time::Instant::now(),
+            recorded: 0,
+            folded: 0,
+        }
+    }
+}
+
+struct Transport {
+    host: Arc<Host>,
+    budget: Mutex<Budget>,
+    config: HttpConfig,
+    auth: Authenticator,
+    sessions: Mutex<HashMap<String, Arc<Remote>>>,
+    scheme: &'static str,
+}
+
+/// Serves MCP over HTTP on `listener` until the host stops, then waits (bounded) for its
+/// sessions to end.
+pub async fn serve(host: Arc<Host>, listener: HttpListener) {
+    let HttpListener {
+        listener,
+        tls,
+        config,
+        auth,
+    } = listener;
+    let transport = Arc::new(Transport {
+        scheme: if tls.is_some() { "https" } else { "http" },
+        host: host.clone(),
+        config,
+        auth,
+        sessions: Mutex::new(HashMap::new()),
+        budget: Mutex::new(Budget::default()),
+    });
+    let mut fold_tick = tokio::time::interval(
+        host.current()
+            .config
+            .refusal_fold_interval
+            .max(Duration::from_millis(100)),
+    );
+    // The bound address (the configured one may name port 0).
+    let bound = listener
+        .local_addr()
+        .map_or_else(|_| transport.config.listen.to_string(), |a| a.to_string());
+    tracing::info!(
+        listen = %bound,
+        path = %transport.config.path,
+        tls = tls.is_some(),
+        "serving MCP over Streamable HTTP"
+    );
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "http accept failed; pausing accepts for 100 ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = fold_tick.tick() => {
+                if let Err(e) = transport.record_refusal(None, false).await {
+                    tracing::error!(error = %e.message, "folded authentication refusals not recorded");
+                }
+                continue;
+            }
+            _ = host.stopped() => break,
+        };
+        // Responses go out in several writes (head, SSE events): without NODELAY each small
+        // write after the first waits for the client's delayed ACK (tens of ms).
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
+        let transport = transport.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let transport = transport.clone();
+                async move { Ok::<_, Infallible>(transport.handle(req).await) }
+            });
+            let http = hyper::server::conn::http1::Builder::new();
+            let outcome = match tls {
+                None => {
+                    http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await
+                }
+                Some(acceptor) => {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            http.serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                                .await
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    }
+                }
+            };
+            if let Err(e) = outcome {
+                tracing::debug!(%peer, error = %e, "http connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if let Err(e) = transport.record_refusal(None, true).await {
+        tracing::error!(error = %e.message, "folded authentication refusals not recorded");
+    }
+    let deadline = tokio::time::Instant::now() + host.current().config.call_timeout;
+    while transport.live_sessions() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn json_body(status: StatusCode, value: &Value) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(value.to_string())).boxed());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// A plain HTTP error with a JSON-RPC error body (`id` null), as clients expect.
+fn http_error(status: StatusCode, message: &str) -> Response<Body> {
+    json_body(
+        status,
+        &json!({"jsonrpc": "2.0", "id": null, "error": {"code": code::INVALID_REQUEST, "message": message}}),
+    )
+}
+
+fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The host part of a `Host` header or an origin's authority (IPv6 keeps its brackets).
+fn host_of(authority: &str) -> String {
+    let host = if authority.starts_with('[') {
+        authority
+            .find(']')
+            .map_or(authority, |end| &authority[..=end])
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+            _ => authority,
+        }
+    };
+    host.to_ascii_lowercase()
+}
+
+/// DNS rebinding protection: the `Host` header names an allowed host, and an `Origin`
+/// header (browsers send it) is an allowed origin or one whose host is allowed.
+fn check_host_and_origin(config: &HttpConfig, headers: &HeaderMap) -> Result<(), String> {
+    let host =
+        header_str(headers, header::HOST.as_str()).ok_or("the request has no Host header")?;
+    if !config.allowed_hosts.contains(&host_of(host)) {
+        return Err(format!(
+            "Host {host:?} is not a host this server answers to"
+        ));
+    }
+    if let Some(origin) = header_str(headers, header::ORIGIN.as_str()) {
+        let allowed = config.allowed_origins.iter().any(|o| o == origin)
+            || origin
+                .split_once("://")
+                .filter(|(scheme, _)| *scheme == "http" || *scheme == "https")
+                .is_some_and(|(_, authority)| config.allowed_hosts.contains(&host_of(authority)));
+        if !allowed {
+            return Err(format!("Origin {origin:?} is not allowed"));
+        }
+    }
+    Ok(())
+}
+
+impl Transport {
+    fn live_sessions(&self) -> usize {
+        self.sessions.lock().map_or(0, |s| s.len())
+    }
+
+    async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        if let Err(why) = check_host_and_origin(&self.config, req.headers()) {
+            tracing::debug!("{why}; refused");
+            return http_error(StatusCode::FORBIDDEN, &why);
+        }
+        let path = req.uri().path();
+        if req.method() == Method::GET && path.starts_with("/.well-known/oauth-protected-resource")
+        {
+            return self.resource_metadata(req.headers());
+        }
+        if path != self.config.path {
+            return http_error(StatusCode::NOT_FOUND, "no MCP endpoint here");
+        }
+        if let Some(v) = header_str(req.headers(), VERSION_HEADER)
+            && !VERSIONS.contains(&v)
+        {
+            return http_error(
+                StatusCode::BAD_REQUEST,
+                &format!("MCP-Protocol-Version {v:?} is not supported"),
+            );
+        }
+        let principal = match self
+            .auth
+            .authenticate(header_str(req.headers(), header::AUTHORIZATION.as_str()))
+        {
+            Ok(p) => p,
+            Err(refusal) => return self.unauthorized(req.headers(), refusal).await,
+        };
+        match *req.method() {
+            Method::POST => self.post(req, principal).await,
+            Method::GET => self.get(req.headers(), &principal),
+            Method::DELETE => self.delete(req.headers(), &principal),
+            _ => {
+                let mut r = http_error(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE");
+                r.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+                r
+            }
+        }
+    }
+
+    /// Where the protected resource metadata is served, for this request's host.
+    fn metadata_url(&self, headers: &HeaderMap) -> String {
+        let base = match &self.config.resource {
+            Some(r) => r
+                .split_once("://")
+                .map(|(s, rest)| format!("{s}://{}", rest.split('/').next().unwrap_or(rest)))
+                .unwrap_or_else(|| r.clone()),
+            None => format!(
+                "{}://{}",
+                self.scheme,
+                header_str(headers, header::HOST.as_str()).unwrap_or("localhost")
+            ),
+        };
+        format!(
+            "{base}/.well-known/oauth-protected-resource{}",
+            self.config.path
+        )
+    }
+
+    fn resource_metadata(&self, headers: &HeaderMap) -> Response<Body> {
+        let Some(jwt) = self.auth.jwt() else {
+            return http_error(
+                StatusCode::NOT_FOUND,
+                "this server takes no OAuth access tokens",
+            );
+        };
+        let resource = self.config.resource.clone().unwrap_or_else(|| {
+            format!(
+                "{}://{}{}",
+                self.scheme,
+                header_str(headers, header::HOST.as_str()).unwrap_or("localhost"),
+                self.config.path
+            )
+        });
+        json_body(
+            StatusCode::OK,
+            &json!({
+                "resource": resource,
+                "authorization_servers": jwt.authorization_servers,
+                "bearer_methods_supported": ["header"],
+                "resource_name": "flowhost",
+            }),
+        )
+    }
+
+    /// Records the refusal and answers 401 with `WWW-Authenticate`.
+    /// Records an authentication refusal (`what` says why). An unauthenticated caller is no
+    /// principal and no peer the refusal folder can charge, so its refusals get the same
+    /// budget here: past `refusal_records_per_interval` in one fold interval they are
+    /// counted, and the count is recorded as one refusal when the interval closes.
+    /// `close` closes the interval now (at shutdown).
+    async fn record_refusal(&self, what: Option<String>, close: bool) -> Result<(), RpcError> {
+        let config = &self.host.current().config;
+        let (record, folded) = {
+            let Ok(mut b) = self.budget.lock() else {
+                return Err(pipeline::refusal(
+                    code::INTERNAL_ERROR,
+                    "the refusal budget is lost",
+                    Denial::RecordFailure,
+                ));
+            };
+            let folded = if close || b.started.elapsed() >= config.refusal_fold_interval {
+                let folded = b.folded;
+                *b = Budget::default();
+                folded
+            } else {
+                0
+            };
+            let record = match what {
+                Some(w) if b.recorded < config.refusal_records_per_interval => {
+                    b.recorded += 1;
+                    Some(w)
+                }
+                Some(_) => {
+                    b.folded += 1;
+                    None
+                }
+                None => None,
+            };
+            (record, folded)
+        };
+        let summary = (folded > 0)
+            .then(|| format!("(http: {folded} further authentication refusals, folded)"));
+        for what in summary.into_iter().chain(record) {
+            let generation = self.host.current();
+            let e = pipeline::refusal(code::ACCESS_DENIED, what.clone(), Denial::AccessDenied);
+            let recorded = pipeline::refuse_session(
+                &session::env(&self.host, &generation),
+                &Caller {
+                    session: "(none)",
+                    peer: None,
+                    principal: Err(e.clone()),
+                    pinned: None,
+                },
+                &what,
+                e,
+                Denial::AccessDenied,
+            )
+            .await;
+            if recorded.data_denial() == Some(Denial::RecordFailure.as_str()) {
+                return Err(recorded);
+            }
+        }
+        Ok(())
+    }
+
+    async fn unauthorized(&self, headers: &HeaderMap, refusal: AuthRefusal) -> Response<Body> {
+        let message = refusal.to_string();
+        if let Err(e) = self
+            .record_refusal(Some(format!("(http: {message})")), false)
+            .await
+        {
+            return http_error(StatusCode::SERVICE_UNAVAILABLE, &e.message);
+        }
+        let mut challenge = String::from("Bearer");
+        let mut params = Vec::new();
+        if self.auth.jwt().is_some() {
+            params.push(format!(
+                "resource_metadata=\"{}\"",
+                self.metadata_url(headers)
+            ));
+        }
+        if let Some(error) = refusal.oauth_error() {
+            params.push(format!("error=\"{error}\""));
+            params.push(format!(
+                "error_description=\"{}\"",
+                message.replace(['"', '\\'], "'")
+            ));
+        }
+        if !params.is_empty() {
+            challenge.push(' ');
+            challenge.push_str(&params.join(", "));
+        }
+        let mut r = http_error(StatusCode::UNAUTHORIZED, &message);
+        if let Ok(v) = HeaderValue::from_str(&challenge) {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+        }
+        r
+    }
+
+    /// The session a request names, if it belongs to `principal`.
+    fn session_of(
+        &self,
+        headers: &HeaderMap,
+        principal: &PrincipalId,
+    ) -> Result<(String, Arc<Remote>), Refused> {
+        let Some(id) = header_str(headers, SESSION_HEADER) else {
+            return Err((
+                StatusCode::BAD_REQUEST,
+                "send Mcp-Session-Id (initialize opens a session)",
+            ));
+        };
+        let remote = self.sessions.lock().ok().and_then(|s| s.get(id).cloned());
+        match remote {
+            // Another principal's session is as unknown as a closed one.
+            Some(r) if r.principal == *principal => Ok((id.to_string(), r)),
+            _ => Err((
+                StatusCode::NOT_FOUND,
+                "no such session; send initialize to open one",
+            )),
+        }
+    }
+
+    async fn post(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        principal: PrincipalId,
+    ) -> Response<Body> {
+        let accepts_sse = header_str(req.headers(), header::ACCEPT.as_str())
+            .is_some_and(|a| a.contains("text/event-stream"));
+        let headers = req.headers().clone();
+        let limit = self.host.current().config.max_message_bytes;
+        let bytes = match Limited::new(req.into_body(), limit).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return http_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("the body exceeds {limit} bytes or could not be read"),
+                );
+            }
+        };
+        let message: Value = match serde_json::from_slice(&bytes) {
+            Ok(v @ Value::Object(_)) => v,
+            Ok(_) => {
+                return http_error(
+                    StatusCode::BAD_REQUEST,
+                    "send one JSON-RPC message (batches are not accepted)",
+                );
+            }
+            Err(e) => {
+                return json_body(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"jsonrpc": "2.0", "id": null, "error": {"code": code::PARSE_ERROR, "message": e.to_string()}}),
+                );
+            }
+        };
+        let method = message.get("method").and_then(Value::as_str);
+        let id = message.get("id");
+        let (session_id, remote) =
+            if method == Some("initialize") && !headers.contains_key(SESSION_HEADER) {
+                match self.open(&principal) {
+                    Ok(v) => v,
+                    Err((status, why)) => return http_error(status, why),
+                }
+            } else {
+                match self.session_of(&headers, &principal) {
+                    Ok(v) => v,
+                    Err((status, why)) => return http_error(status, why),
+                }
+            };
+        if id.is_none() || method.is_none() {
+            // A notification or a response: accepted once it is handed over.
+            return if remote
+                .inbox
+                .send(Line::Message(bytes.to_vec()))
+                .await
+                .is_ok()
+            {
+                let mut r = Response::new(Full::new(Bytes::new()).boxed());
+                *r.status_mut() = StatusCode::ACCEPTED;
+                r
+            } else {
+                http_error(StatusCode::NOT_FOUND, "the session has ended")
+            };
+        }
+        let events = match remote.streams.lock() {
+            Ok(mut s) => s.open_for_request(&message),
+            Err(_) => return http_error(StatusCode::INTERNAL_SERVER_ERROR, "session state lost"),
+        };
+        if remote
+            .inbox
+            .send(Line::Message(bytes.to_vec()))
+            .await
+            .is_err()
+        {
+            return http_error(StatusCode::NOT_FOUND, "the session has ended");
+        }
+        let mut response = if accepts_sse {
+            sse_response(events)
+        } else {
+            json_answer(events).await
+        };
+        if let Ok(v) = HeaderValue::from_str(&session_id) {
+            response.headers_mut().insert(SESSION_HEADER, v);
+        }
+        response
+    }
+
+    /// Opens a session for `principal`: its session logic, and the task routing what it
+    /// sends to the streams.
+    fn open(self: &Arc<Self>, principal: &PrincipalId) -> Result<(String, Arc<Remote>), Refused> {
+        let mut sessions = self
+            .sessions
+            .lock()
+            .map_err(|_| (StatusCode::INTERNAL_SERVER_ERROR, "session table lost"))?;
+        let of_principal = sessions
+            .values()
+            .filter(|r| r.principal == *principal)
+            .count();
+        if sessions.len() >= MAX_SESSIONS || of_principal >= MAX_SESSIONS_PER_PRINCIPAL {
+            return Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many open sessions; end one (DELETE) first",
+            ));
+        }
+        let id = super::random_id();
+        let (inbox, lines) = mpsc::channel::<Line>(16);
+        let (out, mut replies) = mpsc::channel::<String>(64);
+        let streams = Arc::new(Mutex::new(Streams::default()));
+        let remote = Arc::new(Remote {
+            principal: principal.clone(),
+            inbox,
+            streams: streams.clone(),
+        });
+        sessions.insert(id.clone(), remote.clone());
+        drop(sessions);
+        let transport = self.clone();
+        let session_id = id.clone();
+        let identity = Identity::Principal(principal.clone());
+        tokio::spawn(async move {
+            let router = async {
+                while let Some(message) = replies.recv().await {
+                    if let Ok(mut s) = streams.lock() {
+                        s.route(&message);
+                    }
+                }
+            };
+            tokio::join!(
+                session::run(transport.host.clone(), identity, lines, out),
+                router
+            );
+            if let Ok(mut s) = streams.lock() {
+                s.close_all();
+            }
+            if let Ok(mut s) = transport.sessions.lock() {
+                s.remove(&session_id);
+            }
+        });
+        Ok((id, remote))
+    }
+
+    fn get(&self, headers: &HeaderMap, principal: &PrincipalId) -> Response<Body> {
+        if !header_str(headers, header::ACCEPT.as_str())
+            .is_some_and(|a| a.contains("text/event-stream"))
+        {
+            return http_error(
+                StatusCode::NOT_ACCEPTABLE,
+                "GET serves text/event-stream only",
+            );
+        }
+        let (_, remote) = match self.session_of(headers, principal) {
+            Ok(v) => v,
+            Err((status, why)) => return http_error(status, why),
+        };
+        let target = match header_str(headers, "last-event-id") {
+            Some(last) => Target::Resume(last.to_string()),
+            None => Target::Standalone,
+        };
+        let opened = match remote.streams.lock() {
+            Ok(mut s) => s.attach(target),
+            Err(_) => return http_error(StatusCode::INTERNAL_SERVER_ERROR, "session state lost"),
+        };
+        match opened {
+            Ok(events) => sse_response(events),
+            Err(streams::AttachError::Busy) => http_error(
+                StatusCode::CONFLICT,
+                "this session already has its GET stream open",
+            ),
+            Err(streams::AttachError::Unknown) => http_error(
+                StatusCode::BAD_REQUEST,
+                "Last-Event-ID names no stream of this session that can be replayed",
+            ),
+        }
+    }
+
+    fn delete(&self, headers: &HeaderMap, principal: &PrincipalId) -> Response<Body> {
+        let (id, _) = match self.session_of(headers, principal) {
+            Ok(v) => v,
+            Err((status, why)) => return http_error(status, why),
+        };
+        // Dropping the session's inbox ends its session logic, which stops its executors.
+        if let Ok(mut s) = self.sessions.lock() {
+            s.remove(&id);
+        }
+        let mut r = Response::new(Full::new(Bytes::new()).boxed());
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        r
+    }
+}
+
+/// An SSE response carrying a stream's events as they come.
+fn sse_response(events: mpsc::Receiver<String>) -> Response<Body> {
+    let frames = tokio_stream::wrappers::ReceiverStream::new(events);
+    let body = StreamBody::new(tokio_stream::StreamExt::map(frames, |event| {
+        Ok::<_, Infallible>(Frame::data(Bytes::from(event)))
+    }));
+    let mut r = Response::new(BodyExt::boxed(body));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// The answer to a request as one JSON body, for a client that takes no SSE: the stream's
+/// last event (its response); messages before it have nowhere to go and are dropped.
+async fn json_answer(mut events: mpsc::Receiver<String>) -> Response<Body> {
+    let mut last = None;
+    while let Some(event) = events.recv().await {
+        last = streams::data_of(&event);
+    }
+    match last.and_then(|d| serde_json::from_str::<Value>(&d).ok()) {
+        Some(v) => json_body(StatusCode::OK, &v),
+        None => http_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the session ended before answering",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> HttpConfig {
+        let text = "[host]\nsocket = \"s\"\nstate_dir = \"st\"\nrecords_dir = \"r\"\n[[principal]]\nid = \"a\"\ntools = [\"*\"]\n[http]\nallowed_origins = [\"https://app.example\"]\n[[http.token]]\nprincipal = \"a\"\nsha256 = \"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\"\n";
+        crate::config::HostConfig::parse(std::path::Path::new("/etc/h.toml"), text)
+            .unwrap()
+            .http
+            .unwrap()
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn only_loopback_hosts_and_allowed_origins_pass() {
+        let c = config();
+        for ok in ["localhost:8931", "127.0.0.1", "[::1]:80", "LOCALHOST"] {
+            assert!(
+                check_host_and_origin(&c, &headers(&[("host", ok)])).is_ok(),
+                "{ok}"
+            );
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:8931",
+            "127.0.0.1.evil.example",
+            "[::2]:80",
+        ] {
+            assert!(
+                check_host_and_origin(&c, &headers(&[("host", bad)])).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(check_host_and_origin(&c, &headers(&[])).is_err());
+        let with_origin = |o: &str| headers(&[("host", "localhost:8931"), ("origin", o)]);
+        assert!(check_host_and_origin(&c, &with_origin("http://localhost:3000")).is_ok());
+        assert!(check_host_and_origin(&c, &with_origin("https://app.example")).is_ok());
+        assert!(check_host_and_origin(&c, &with_origin("http://evil.example")).is_err());
+        assert!(check_host_and_origin(&c, &with_origin("null")).is_err());
+    }
+}

@@ -1,0 +1,286 @@
+//! A session's SSE streams: one per request in flight (it carries what the session sends
+//! while serving the request, then the response, and ends), and the session's GET stream
+//! (messages that belong to no request). Every event has an id `STREAM-SEQ`; the events of
+//! a stream are kept (bounded) so a client that lost the connection can resume the stream
+//! with `Last-Event-ID` and get what it missed, then the rest.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+/// Events kept per stream for replay.
+const MAX_EVENTS: usize = 256;
+/// Finished streams kept for replay.
+const MAX_FINISHED: usize = 32;
+/// Events buffered towards a client before it must resume instead.
+const CHANNEL: usize = 64;
+
+/// What a GET attaches to.
+pub(super) enum Target {
+    /// The session's stream for messages that belong to no request.
+    Standalone,
+    /// The stream of this event id, from after it.
+    Resume(String),
+}
+
+/// Why a GET cannot attach.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum AttachError {
+    /// The GET stream is already open.
+    Busy,
+    /// The event id names no stream kept here.
+    Unknown,
+}
+
+struct Stream {
+    tx: Option<mpsc::Sender<String>>,
+    log: VecDeque<(u64, String)>,
+    next: u64,
+    done: bool,
+}
+
+/// The streams of one session.
+#[derive(Default)]
+pub(super) struct Streams {
+    streams: BTreeMap<u64, Stream>,
+    /// Requests in flight (their id as JSON text) and their streams, oldest first.
+    pending: Vec<(String, u64)>,
+    /// Progress tokens of requests in flight (as JSON text) and their streams.
+    progress: Vec<(String, u64)>,
+    standalone: Option<u64>,
+    next: u64,
+}
+
+impl Streams {
+    fn new_stream(&mut self, tx: Option<mpsc::Sender<String>>) -> u64 {
+        self.next += 1;
+        self.streams.insert(
+            self.next,
+            Stream {
+                tx,
+                log: VecDeque::new(),
+                next: 0,
+                done: false,
+            },
+        );
+        self.next
+    }
+
+    /// Opens the stream that answers `request` (a JSON-RPC request with an id).
+    pub(super) fn open_for_request(&mut self, request: &Value) -> mpsc::Receiver<String> {
+        let (tx, rx) = mpsc::channel(CHANNEL);
+        let n = self.new_stream(Some(tx));
+        self.pending.push((request["id"].to_string(), n));
+        if let Some(token) = request["params"]["_meta"].get("progressToken") {
+            self.progress.push((token.to_string(), n));
+        }
+        rx
+    }
+
+    /// Routes one message the session sent: a response to its request's stream (which it
+    /// ends), progress to the stream of the request that asked for it, anything else to the
+    /// newest request in flight, else to the GET stream.
+    pub(super) fn route(&mut self, message: &str) {
+        let parsed: Option<Value> = serde_json::from_str(message).ok();
+        let response_to = parsed
+            .as_ref()
+            .filter(|v| v.get("method").is_none())
+            .and_then(|v| v.get("id"))
+            .map(Value::to_string);
+        if let Some(id) = response_to
+            && let Some(at) = self.pending.iter().position(|(p, _)| *p == id)
+        {
+            let (_, n) = self.pending.remove(at);
+            self.progress.retain(|(_, p)| *p != n);
+            self.push(n, message);
+            if let Some(s) = self.streams.get_mut(&n) {
+                s.done = true;
+                s.tx = None;
+            }
+            self.forget_finished();
+            return;
+        }
+        let progress_of = parsed
+            .as_ref()
+            .filter(|v| v["method"] == "notifications/progress")
+            .and_then(|v| v["params"].get("progressToken"))
+            .map(Value::to_string)
+            .and_then(|t| self.progress.iter().find(|(p, _)| *p == t).map(|(_, n)| *n));
+        let target = progress_of
+            .or(self.pending.last().map(|(_, n)| *n))
+            .or(self.standalone);
+        match target {
+            Some(n) => self.push(n, message),
+            None => tracing::debug!("a server message with no stream to carry it was dropped"),
+        }
+    }
+
+    fn push(&mut self, n: u64, data: &str) {
+        let Some(s) = self.streams.get_mut(&n) else {
+            return;
+        };
+        let seq = s.next;
+        s.next += 1;
+        let event = format!("id: {n}-{seq}\ndata: {data}\n\n");
+        if s.log.len() == MAX_EVENTS {
+            s.log.pop_front();
+        }
+        s.log.push_back((seq, event.clone()));
+        // A client that is gone or too slow resumes from the log instead.
+        if let Some(tx) = &s.tx
+            && tx.try_send(event).is_err()
+        {
+            s.tx = None;
+        }
+    }
+
+    fn forget_finished(&mut self) {
+        let finished: Vec<u64> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.done)
+            .map(|(n, _)| *n)
+            .collect();
+        for n in finished
+            .iter()
+            .take(finished.len().saturating_sub(MAX_FINISHED))
+        {
+            self.streams.remove(n);
+        }
+    }
+
+    /// Attaches a GET to `target`.
+    pub(super) fn attach(&mut self, target: Target) -> Result<mpsc::Receiver<String>, AttachError> {
+        match target {
+            Target::Standalone => {
+                if let Some(n) = self.standalone
+                    && let Some(s) = self.streams.get_mut(&n)
+                {
+                    if s.tx.as_ref().is_some_and(|tx| !tx.is_closed()) {
+                        return Err(AttachError::Busy);
+                    }
+                    let (tx, rx) = mpsc::channel(CHANNEL);
+                    s.tx = Some(tx);
+                    return Ok(rx);
+                }
+                let (tx, rx) = mpsc::channel(CHANNEL);
+                self.standalone = Some(self.new_stream(Some(tx)));
+                Ok(rx)
+            }
+            Target::Resume(last) => {
+                let (n, seq) = last
+                    .split_once('-')
+                    .and_then(|(n, s)| Some((n.parse::<u64>().ok()?, s.parse::<u64>().ok()?)))
+                    .ok_or(AttachError::Unknown)?;
+                let s = self.streams.get_mut(&n).ok_or(AttachError::Unknown)?;
+                if s.tx.as_ref().is_some_and(|tx| !tx.is_closed()) {
+                    return Err(AttachError::Busy);
+                }
+                let missed: Vec<String> = s
+                    .log
+                    .iter()
+                    .filter(|(q, _)| *q > seq)
+                    .map(|(_, e)| e.clone())
+                    .collect();
+                let (tx, rx) = mpsc::channel(missed.len() + CHANNEL);
+                for e in missed {
+                    // Capacity was made for every missed event.
+                    let _ = tx.try_send(e);
+                }
+                if !s.done {
+                    s.tx = Some(tx);
+                }
+                Ok(rx)
+            }
+        }
+    }
+
+    /// Ends every stream (the session is over).
+    pub(super) fn close_all(&mut self) {
+        for s in self.streams.values_mut() {
+            s.tx = None;
+            s.done = true;
+        }
+        self.pending.clear();
+        self.progress.clear();
+    }
+}
+
+/// The `data` of one SSE event as written here.
+pub(super) fn data_of(event: &str) -> Option<String> {
+    event
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .map(ToString::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn drain(rx: &mut mpsc::Receiver<String>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            out.push(data_of(&e).unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn a_request_stream_carries_its_notifications_then_its_response_and_ends() {
+        let mut s = Streams::default();
+        let mut rx = s.open_for_request(&json!({"id": 7}));
+        s.route(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#);
+        s.route(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#);
+        let got = drain(&mut rx);
+        assert_eq!(got.len(), 2);
+        assert!(got[1].contains("\"id\":7"));
+        assert!(rx.try_recv().is_err(), "the stream ended");
+    }
+
+    #[test]
+    fn a_lost_stream_resumes_after_the_last_event_seen() {
+        let mut s = Streams::default();
+        let rx = s.open_for_request(&json!({"id": "a"}));
+        s.route(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":1}}"#);
+        drop(rx); // the connection is lost
+        s.route(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":2}}"#);
+        let mut resumed = s.attach(Target::Resume("1-0".into())).unwrap();
+        s.route(r#"{"jsonrpc":"2.0","id":"a","result":{}}"#);
+        let got = drain(&mut resumed);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].contains("\"n\":2"));
+        assert!(got[1].contains("\"result\""));
+        assert_eq!(
+            s.attach(Target::Resume("9-0".into())).unwrap_err(),
+            AttachError::Unknown
+        );
+    }
+
+    #[test]
+    fn progress_goes_to_the_request_that_asked_for_it() {
+        let mut s = Streams::default();
+        let mut first =
+            s.open_for_request(&json!({"id": 1, "params": {"_meta": {"progressToken": "p1"}}}));
+        let mut second = s.open_for_request(&json!({"id": 2}));
+        s.route(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p1","progress":5}}"#);
+        assert_eq!(drain(&mut first).len(), 1);
+        assert!(drain(&mut second).is_empty());
+    }
+
+    #[test]
+    fn one_get_stream_at_a_time() {
+        let mut s = Streams::default();
+        let mut rx = s.attach(Target::Standalone).unwrap();
+        assert_eq!(s.attach(Target::Standalone).unwrap_err(), AttachError::Busy);
+        s.route(r#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{}}"#);
+        assert_eq!(drain(&mut rx).len(), 1);
+        drop(rx);
+        assert!(
+            s.attach(Target::Standalone).is_ok(),
+            "a closed GET stream can be reopened"
+        );
+    }
+}

@@ -1,0 +1,491 @@
+//! MCP over Streamable HTTP with the real daemon, broker and conformance executor: every
+//! caller maps to a configured principal or is refused (and the refusal recorded), Host
+//! and Origin are checked, and a principal's label is the same whichever transport it
+//! arrives by.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::http::{McpHttp, request};
+use common::lab::Lab;
+use common::shared_copy;
+use flowhost::lab::{JwtIssuer, conformance_server, host_config, unix_now};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+/// The remote agent's uid, for its Unix socket sessions.
+const AGENT_UID: u32 = 65532;
+const TOKEN: &str = "agent-token-1";
+const RESOURCE: &str = "https://flowhost.test/mcp";
+const ISSUER: &str = "https://as.test";
+
+/// The address the daemon's HTTP listener bound (configured as port 0), from its log.
+fn bound_addr(lab: &Lab) -> SocketAddr {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let log = lab.log();
+        let found = log
+            .lines()
+            .filter(|l| l.contains("serving MCP over Streamable HTTP"))
+            .find_map(|l| {
+                let at = l.find("listen=")? + "listen=".len();
+                let rest = l[at..]
+                    .trim_start_matches("\u{1b}[0m")
+                    .trim_start_matches('=');
+                rest.split(|c: char| c.is_whitespace() || c == '\u{1b}')
+                    .next()?
+                    .parse()
+                    .ok()
+            });
+        if let Some(addr) = found {
+            return addr;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no HTTP listener in the log:\n{log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The lab with the conformance server, a principal for the remote agent, and `[http]`
+/// (a bearer token and JWTs of [`ISSUER`], `extra` appended to the table).
+pub fn start(extra: &str) -> Option<(Lab, SocketAddr, JwtIssuer)> {
+    start_with("", extra)
+}
+
+/// [`start`] with `host` (lines) added to the `[host]` table.
+pub fn start_with(host: &str, extra: &str) -> Option<(Lab, SocketAddr, JwtIssuer)> {
+    let mut lab = Lab::prepare()?;
+    let addr = "127.0.0.1:0";
+    let issuer = JwtIssuer::new(11);
+    let jwks = lab.dir.path().join("jwks.json");
+    std::fs::write(&jwks, &issuer.jwks).unwrap();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = format!(
+        "{lab}{server}\n[[principal]]\nid = \"remote-agent\"\nuids = [{AGENT_UID}]\ntools = [\"conformance/*\"]\n\n[http]\nlisten = \"{addr}\"\nresource = \"{RESOURCE}\"\n{extra}\n[[http.token]]\nprincipal = \"remote-agent\"\nsha256 = \"{hash}\"\n\n[http.jwt]\nissuer = \"{ISSUER}\"\njwks = \"{jwks}\"\nprincipals = {{ \"agent-1\" = \"remote-agent\" }}\n",
+        lab = host_config(&lab.paths).replacen("[host]\n", &format!("[host]\n{host}\n"), 1),
+        server = conformance_server(
+            repo,
+            &shared_copy("flowhost-tool-conformance")
+                .display()
+                .to_string()
+        ),
+        hash = hex::encode(Sha256::digest(TOKEN.as_bytes())),
+        jwks = jwks.display(),
+    );
+    lab.write_config(&text);
+    lab.spawn();
+    let addr = bound_addr(&lab);
+    Some((lab, addr, issuer))
+}
+
+fn jwt(issuer: &JwtIssuer, aud: &str, exp: u64, sub: &str) -> String {
+    issuer
+        .token(&json!({"iss": ISSUER, "aud": aud, "exp": exp, "sub": sub}))
+        .unwrap()
+}
+
+#[test]
+fn every_http_caller_is_a_configured_principal_or_refused_and_recorded() {
+    let Some((mut lab, addr, issuer)) = start("") else {
+        return;
+    };
+    let later = unix_now() + 300;
+    let refused = [
+        (None, "no credentials"),
+        (
+            Some("not-a-token".to_string()),
+            "not one this server accepts",
+        ),
+        (
+            Some(jwt(&issuer, "https://other.test/mcp", later, "agent-1")),
+            "audience",
+        ),
+        (
+            Some(jwt(&issuer, RESOURCE, unix_now() - 600, "agent-1")),
+            "expired",
+        ),
+        (
+            Some(jwt(&issuer, RESOURCE, later, "someone-else")),
+            "not mapped to a principal",
+        ),
+        (
+            Some(jwt(&JwtIssuer::new(12), RESOURCE, later, "agent-1")),
+            "invalid",
+        ),
+    ];
+    for (credential, why) in &refused {
+        let mut c = McpHttp::new(addr, credential.as_deref());
+        let r = c.initialize();
+        assert_eq!(r.status, 401, "{why}: {r:?}");
+        let challenge = r.header("www-authenticate").unwrap_or_default();
+        assert!(
+            challenge.starts_with("Bearer ")
+                && challenge.contains(
+                    "resource_metadata=\"https://flowhost.test/.well-known/oauth-protected-resource/mcp\""
+                ),
+            "{challenge}"
+        );
+        assert_eq!(
+            challenge.contains("error=\"invalid_token\""),
+            credential.is_some(),
+            "{challenge}"
+        );
+        assert!(r.body.contains(why), "{why}: {}", r.body);
+    }
+
+    // The protected resource metadata names this resource and its authorization server.
+    let meta = request(
+        addr,
+        "GET",
+        "/.well-known/oauth-protected-resource/mcp",
+        &[],
+        "",
+    );
+    assert_eq!(meta.status, 200, "{meta:?}");
+    let meta: Value = serde_json::from_str(&meta.body).unwrap();
+    assert_eq!(meta["resource"], RESOURCE);
+    assert_eq!(meta["authorization_servers"], json!([ISSUER]));
+
+    // A good token and a good JWT both act as the remote agent.
+    let good = jwt(&issuer, RESOURCE, later, "agent-1");
+    for credential in [TOKEN, good.as_str()] {
+        let mut c = McpHttp::new(addr, Some(credential));
+        let r = c.initialize();
+        assert_eq!(r.status, 200, "{r:?}\n{}", lab.log());
+        assert!(c.session.is_some(), "{r:?}");
+        let listed = c.call("tools/list", json!({})).response();
+        assert!(
+            listed["result"]["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["name"] == "test_simple_text"),
+            "{listed}"
+        );
+    }
+
+    // Another principal's token cannot use a session it does not own.
+    let mut owner = McpHttp::new(addr, Some(TOKEN));
+    owner.initialize();
+    let mut thief = McpHttp::new(addr, Some(&good));
+    thief.session = owner.session.clone();
+    assert_eq!(thief.call("ping", json!({})).status, 200, "same principal");
+    let mut anonymous = McpHttp::new(addr, None);
+    anonymous.session = owner.session.clone();
+    assert_eq!(anonymous.call("ping", json!({})).status, 401);
+    // DELETE ends the session.
+    let session = owner.session.clone().unwrap();
+    let del = request(
+        addr,
+        "DELETE",
+        "/mcp",
+        &[
+            ("Authorization", &format!("Bearer {TOKEN}")),
+            ("Mcp-Session-Id", &session),
+        ],
+        "",
+    );
+    assert_eq!(del.status, 204, "{del:?}");
+    assert_eq!(owner.call("ping", json!({})).status, 404);
+
+    lab.stop();
+    let records = lab.records();
+    let http_refusals: Vec<&Value> = records
+        .iter()
+        .filter(|r| {
+            r["flowhost"]["event"] == "session"
+                && r["tool"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("(http: "))
+        })
+        .collect();
+    for (_, why) in &refused {
+        assert!(
+            http_refusals
+                .iter()
+                .any(|r| r["tool"]["name"].as_str().unwrap().contains(why)
+                    && r["decision"]["effect"] == "deny"
+                    && r["flowhost"]["denial_kind"] == "access_denied"),
+            "no refusal record for {why:?}: {http_refusals:#?}"
+        );
+    }
+}
+
+#[test]
+fn host_and_origin_are_checked_before_anything_else() {
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).to_string();
+    let auth = format!("Bearer {TOKEN}");
+    let post = |extra: &[(&str, &str)]| {
+        let mut h = vec![
+            ("Authorization", auth.as_str()),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ];
+        h.extend_from_slice(extra);
+        request(addr, "POST", "/mcp", &h, &body)
+    };
+    assert_eq!(post(&[("Host", "evil.test")]).status, 403);
+    assert_eq!(post(&[("Host", "evil.test:8931")]).status, 403);
+    assert_eq!(post(&[("Origin", "http://evil.test")]).status, 403);
+    let ok = post(&[("Host", "localhost"), ("Origin", "http://localhost:3000")]);
+    assert_eq!(ok.status, 200, "{ok:?}\n{}", lab.log());
+}
+
+#[test]
+fn a_principal_has_one_label_whichever_transport_it_arrives_by() {
+    let Some((mut lab, addr, _)) = start("") else {
+        return;
+    };
+    let mut remote = McpHttp::new(addr, Some(TOKEN));
+    assert_eq!(remote.initialize().status, 200);
+    let before = remote.call("flowhost/session", json!({})).response();
+    assert_eq!(before["result"]["principal"], "remote-agent", "{before}");
+    assert_eq!(
+        before["result"]["label"]["compartments"],
+        json!([]),
+        "{before}"
+    );
+    let r = remote
+        .call(
+            "tools/call",
+            json!({"name": "test_simple_text", "arguments": {}}),
+        )
+        .response();
+    assert_eq!(
+        r["result"]["content"][0]["text"],
+        "This is a simple text response for testing.",
+        "{r}\n{}",
+        lab.log()
+    );
+    let over_http = remote.call("flowhost/session", json!({})).response();
+    assert_eq!(
+        over_http["result"]["label"]["compartments"],
+        json!(["conformance-data"]),
+        "{over_http}"
+    );
+
+    // The same principal on the Unix socket carries the label its HTTP session acquired.
+    let mut local = lab.client_as(AGENT_UID);
+    local.initialize();
+    let over_unix = local.request("flowhost/session", json!({}));
+    assert_eq!(over_unix["result"]["principal"], "remote-agent");
+    assert_eq!(
+        over_unix["result"]["label"], over_http["result"]["label"],
+        "{over_unix}"
+    );
+    lab.stop();
+    let records = lab.records();
+    let calls: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["tool"]["name"] == "test_simple_text")
+        .collect();
+    assert!(
+        !calls.is_empty()
+            && calls
+                .iter()
+                .all(|r| r["flowhost"]["principal"] == "remote-agent"),
+        "{calls:#?}"
+    );
+}
+
+/// The MCP conformance suite (pinned, installed by `.ci/install-interop`).
+const CONFORMANCE: &str = "/opt/flowhost-interop/conformance/node_modules/.bin/conformance";
+
+/// Runs the suite's server scenarios against flowhost over HTTP governing the conformance
+/// executor. Local callers without a token act as the remote agent (the suite sends no
+/// credentials), which only a loopback listener allows.
+#[test]
+fn the_conformance_suite_passes_through_flowhost() {
+    if !std::path::Path::new(CONFORMANCE).exists() {
+        eprintln!(
+            "SKIP: the MCP conformance suite is not installed ({CONFORMANCE}); run .ci/install-interop"
+        );
+        return;
+    }
+    let Some((mut lab, addr, _)) = start("unauthenticated_loopback_principal = \"remote-agent\"")
+    else {
+        return;
+    };
+    let out_dir = lab.dir.path().join("conformance");
+    let out = std::process::Command::new(CONFORMANCE)
+        .args([
+            "server",
+            "--url",
+            &format!("http://localhost:{}/mcp", addr.port()),
+        ])
+        .arg("--output-dir")
+        .arg(&out_dir)
+        .env(
+            "PATH",
+            format!(
+                "/opt/flowhost-interop/conformance/node_modules/.bin:{}",
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    lab.stop();
+    // The summary: one line per scenario, `✓ name: N passed, 0 failed` or `✗ name: ...`.
+    let summary: Vec<(&str, bool)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let (mark, rest) = l.split_at_checked(l.char_indices().nth(1)?.0)?;
+            let name = rest.trim().split(':').next()?;
+            match mark {
+                "✓" => Some((name, true)),
+                "✗" => Some((name, false)),
+                _ => None,
+            }
+        })
+        .collect();
+    println!(
+        "conformance server --url http://localhost:{}/mcp",
+        addr.port()
+    );
+    for (name, passed) in &summary {
+        println!("  {} {name}", if *passed { "pass" } else { "FAIL" });
+    }
+    for name in PASSING {
+        assert!(
+            summary.contains(&(name, true)),
+            "scenario {name} does not pass through flowhost:\n{stdout}\n{}",
+            lab.log()
+        );
+    }
+}
+
+/// The server scenarios that pass through flowhost today (the README, "Remote agents",
+/// lists the others and why).
+const PASSING: [&str; 12] = [
+    "server-initialize",
+    "ping",
+    "tools-list",
+    "tools-call-simple-text",
+    "tools-call-image",
+    "tools-call-audio",
+    "tools-call-embedded-resource",
+    "tools-call-mixed-content",
+    "tools-call-error",
+    "tools-call-with-progress",
+    "server-sse-multiple-streams",
+    "dns-rebinding-protection",
+];
+
+/// With `[http.tls]`, the listener speaks only TLS: a client that trusts the certificate
+/// gets MCP, a plain-text request gets nothing.
+#[test]
+fn tls_when_configured() {
+    if !common::have("openssl") {
+        eprintln!("SKIP: openssl is not installed (it makes the test certificate)");
+        return;
+    }
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let dir = lab.dir.path().to_path_buf();
+    // An Ed25519 leaf certificate for localhost, its own trust anchor.
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "1"])
+        .args([
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(dir.join("key.pem"))
+        .arg("-out")
+        .arg(dir.join("cert.pem"))
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let text = format!(
+        "{}\n[http]\nlisten = \"127.0.0.1:0\"\nallowed_hosts = [\"localhost\"]\ntls = {{ cert = \"cert.pem\", key = \"key.pem\" }}\n[[http.token]]\nprincipal = \"larkfield-analyst\"\nsha256 = \"{}\"\n",
+        host_config(&lab.paths),
+        hex::encode(Sha256::digest(TOKEN.as_bytes())),
+    );
+    lab.write_config(&text);
+    lab.spawn();
+    let addr = bound_addr(&lab);
+
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls_pki_types::pem::PemObject;
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(dir.join("cert.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(config, name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).to_string();
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let r = common::http::request_over(
+        rustls::StreamOwned::new(conn, tcp),
+        &format!("localhost:{}", addr.port()),
+        "POST",
+        "/mcp",
+        &headers,
+        &body,
+    );
+    assert_eq!(r.status, 200, "{r:?}\n{}", lab.log());
+    assert_eq!(r.response()["result"]["serverInfo"]["name"], "flowhost");
+
+    let plain = request(addr, "POST", "/mcp", &headers, &body);
+    assert_ne!(plain.status, 200, "{plain:?}");
+    lab.stop();
+}
+
+/// Unauthenticated callers are no principal and no peer: their refusal records get the
+/// folder's budget per interval, and the rest are recorded as one count.
+#[test]
+fn unauthenticated_refusals_past_the_budget_fold_into_one_record() {
+    let Some((mut lab, addr, _)) = start_with(
+        "refusal_records_per_interval = 2\nrefusal_fold_interval_ms = 600000",
+        "",
+    ) else {
+        return;
+    };
+    for _ in 0..5 {
+        assert_eq!(McpHttp::new(addr, Some("wrong")).initialize().status, 401);
+    }
+    lab.stop();
+    let names: Vec<String> = lab
+        .records()
+        .iter()
+        .filter_map(|r| r["tool"]["name"].as_str())
+        .filter(|n| n.starts_with("(http: "))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "(http: the token is not one this server accepts)",
+            "(http: the token is not one this server accepts)",
+            "(http: 3 further authentication refusals, folded)",
+        ],
+        "{names:?}"
+    );
+}
