@@ -60,8 +60,7 @@ fn node_daemon(dns: &TestDns, http: &TestHttp) -> Option<(Daemon, std::path::Pat
         eprintln!("SKIP: the daemon tests need root for the broker (CI runs them as root)");
         return None;
     }
-    if !Path::new(NODE).exists() {
-        eprintln!("SKIP: {NODE} is missing (.ci/run installs nodejs)");
+    if !common::third_party(Path::new(NODE)) {
         return None;
     }
     // Outside /tmp (executors have their own) and readable by executor uids.

@@ -57,8 +57,7 @@ fn skip() -> bool {
         eprintln!("SKIP: the daemon tests need root for the broker (CI runs them as root)");
         return true;
     }
-    if !Path::new(FETCH).exists() {
-        eprintln!("SKIP: {FETCH} is missing (installed by .ci/install-interop)");
+    if !common::third_party(Path::new(FETCH)) {
         return true;
     }
     false

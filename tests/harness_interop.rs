@@ -38,8 +38,7 @@ asyncio.run(main())
 
 #[test]
 fn the_python_sdk_drives_a_governed_server_through_sandbox_mcp() {
-    if !Path::new(PYTHON).exists() {
-        eprintln!("SKIP: {PYTHON} is missing (.ci/install-interop installs it)");
+    if !common::third_party(Path::new(PYTHON)) {
         return;
     }
     let who = As::Root;

@@ -302,10 +302,7 @@ const CONFORMANCE: &str = "/opt/flowhost-interop/conformance/node_modules/.bin/c
 /// credentials), which only a loopback listener allows.
 #[test]
 fn the_conformance_suite_passes_through_flowhost() {
-    if !std::path::Path::new(CONFORMANCE).exists() {
-        eprintln!(
-            "SKIP: the MCP conformance suite is not installed ({CONFORMANCE}); run .ci/install-interop"
-        );
+    if !common::third_party(std::path::Path::new(CONFORMANCE)) {
         return;
     }
     let Some((mut lab, addr, _)) = start("unauthenticated_loopback_principal = \"remote-agent\"")

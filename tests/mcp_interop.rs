@@ -16,15 +16,7 @@ const INTEROP: &str = "/opt/flowhost-interop";
 /// `path` under the interop prefix, or `None` (printing why) when it is not installed.
 fn installed(rel: &str) -> Option<PathBuf> {
     let path = Path::new(INTEROP).join(rel);
-    if path.exists() {
-        Some(path)
-    } else {
-        eprintln!(
-            "SKIP: {} is not installed (run .ci/install-interop)",
-            path.display()
-        );
-        None
-    }
+    common::third_party(&path).then_some(path)
 }
 
 /// The test executor with a slow tool (progress) and a structured one; the principal may
@@ -163,8 +155,7 @@ fn progress_from_the_node_reference_server_reaches_the_client() {
     else {
         return;
     };
-    if !Path::new("/usr/bin/node").exists() {
-        eprintln!("SKIP: /usr/bin/node is not installed");
+    if !common::third_party(Path::new("/usr/bin/node")) {
         return;
     }
     let mut server = ServerSpec::new(

@@ -130,6 +130,25 @@ pub fn have(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// Whether third-party software the interop tests run (installed by `.ci/install-interop`)
+/// is at `path`; prints why the test skips when not. With `FLOWHOST_TEST_INTEROP=required`
+/// (set by `.ci/run`) its absence fails the test instead: a broken install must not turn the
+/// interop tests into skips.
+pub fn third_party(path: &std::path::Path) -> bool {
+    if path.exists() {
+        return true;
+    }
+    let why = format!(
+        "{} is not installed (run .ci/install-interop)",
+        path.display()
+    );
+    if std::env::var("FLOWHOST_TEST_INTEROP").as_deref() == Ok("required") {
+        panic!("{why}; FLOWHOST_TEST_INTEROP=required");
+    }
+    eprintln!("SKIP: {why}");
+    false
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
