@@ -7,12 +7,12 @@
 //! * [`RecordWriter::append`] returns once the line is written (in its place in the chain,
 //!   readable); its `fdatasync` is the next one anybody waits for, or happens on its own
 //!   within 5 ms. It is for records no effect depends on.
-//! * Group commit, pipelined: a writer thread takes every record pending at that moment,
-//!   seals them into the chain in arrival order and appends them with one `write`; a sync
-//!   thread takes every group written so far, makes them durable with one `fdatasync`, then
-//!   completes them all. While one sync runs, the next group is already being written, so
-//!   concurrent callers share each sync and never wait for a sync that started before their
-//!   record was written plus one.
+//! * Group commit, pipelined: each caller seals its record into the chain and appends its
+//!   line itself (one short `write`, in chain order); a sync thread takes every record
+//!   written so far, makes them durable with one `fdatasync`, then completes them all. While
+//!   one sync runs, the next records are already being written, so concurrent callers share
+//!   each sync and never wait for a sync that started before their record was written plus
+//!   one.
 //! * Fail closed: after any write, sync, rotation or anchor error the writer is failed for good:
 //!   that commit and every later one return [`RecordError::WriterFailed`] with the first
 //!   reason, and [`RecordWriter::status`] reports it. The host must then refuse calls and
@@ -33,7 +33,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Sender, SyncSender};
+use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -55,8 +55,6 @@ pub struct WriterOptions {
     /// Refresh the head anchor at most this often while records keep coming (and once idle).
     /// Default 1 s.
     pub head_interval: Duration,
-    /// The most records one group commit takes. Default 4096.
-    pub max_group: usize,
 }
 
 impl Default for WriterOptions {
@@ -64,7 +62,6 @@ impl Default for WriterOptions {
         WriterOptions {
             rotate_bytes: 64 * 1024 * 1024,
             head_interval: Duration::from_secs(1),
-            max_group: 4096,
         }
     }
 }
@@ -159,15 +156,13 @@ pub struct WriterStatus {
 enum Reply<T> {
     Async(oneshot::Sender<T>),
     Blocking(SyncSender<T>),
-    /// Answered once the record is written, before its sync.
-    Written(oneshot::Sender<T>),
 }
 
 impl<T> Reply<T> {
     fn send(self, value: T) {
         // A caller that stopped waiting (a dropped future) no longer needs the answer.
         match self {
-            Reply::Async(tx) | Reply::Written(tx) => {
+            Reply::Async(tx) => {
                 let _ = tx.send(value);
             }
             Reply::Blocking(tx) => {
@@ -181,13 +176,6 @@ type CommitReply = Reply<Result<Committed, RecordError>>;
 type CloseReply = Reply<Result<WriterStatus, RecordError>>;
 
 type FlushReply = Reply<Result<(), RecordError>>;
-
-enum Msg {
-    Commit(Box<DecisionRecord>, CommitReply),
-    /// Answered once every record queued before it is durable.
-    Flush(FlushReply),
-    Close(CloseReply),
-}
 
 struct Shared {
     failed: OnceLock<String>,
@@ -219,10 +207,10 @@ impl Shared {
 }
 
 /// A handle on the record writer of one directory. Cheap to clone; usable from any thread or
-/// tokio task. The writer's threads end when it is closed or every handle is dropped.
+/// tokio task. The writer's sync thread ends when it is closed or every handle is dropped.
 #[derive(Clone)]
 pub struct RecordWriter {
-    tx: Sender<Msg>,
+    stages: Arc<stages::Stages>,
     shared: Arc<Shared>,
     dir: Arc<Path>,
 }
@@ -260,26 +248,19 @@ impl RecordWriter {
             failed: OnceLock::new(),
             status: Mutex::new(status),
         });
-        let (tx, rx) = mpsc::channel();
-        stages::start(
-            stages::Start {
-                dir: dir.to_path_buf(),
-                options: WriterOptions {
-                    max_group: options.max_group.max(1),
-                    ..options
-                },
-                file,
-                file_path: resumed.file_path,
-                file_bytes: resumed.file_bytes,
-                file_lines: resumed.file_lines,
-                chain: resumed.chain,
-                first_seq: resumed.first_seq,
-                shared: shared.clone(),
-            },
-            rx,
-        )?;
+        let stages = stages::start(stages::Start {
+            dir: dir.to_path_buf(),
+            options,
+            file,
+            file_path: resumed.file_path,
+            file_bytes: resumed.file_bytes,
+            file_lines: resumed.file_lines,
+            chain: resumed.chain,
+            first_seq: resumed.first_seq,
+            shared: shared.clone(),
+        })?;
         Ok(RecordWriter {
-            tx,
+            stages: Arc::new(stages),
             shared,
             dir: Arc::from(dir),
         })
@@ -292,7 +273,10 @@ impl RecordWriter {
     /// close. If the future is dropped before it completes, the record may or may not be
     /// written: the caller must then treat the decision as not durable and skip its effect.
     pub async fn commit(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
-        self.send_commit(record, Reply::Async).await
+        self.refuse_if_failed()?;
+        let (tx, rx) = oneshot::channel();
+        self.stages.write(record, Some(Reply::Async(tx)))?;
+        rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
     }
 
     /// Appends `record` like [`RecordWriter::commit`] but returns once its line is written
@@ -302,21 +286,8 @@ impl RecordWriter {
     /// labels are already durable in the flow state. A sync that fails later fails the
     /// writer, so every later commit is refused. Errors: as for `commit`.
     pub async fn append(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
-        self.send_commit(record, Reply::Written).await
-    }
-
-    /// Queues `record` with an async reply of the given kind and waits for the answer.
-    async fn send_commit(
-        &self,
-        record: DecisionRecord,
-        reply: fn(oneshot::Sender<Result<Committed, RecordError>>) -> CommitReply,
-    ) -> Result<Committed, RecordError> {
         self.refuse_if_failed()?;
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Msg::Commit(Box::new(record), reply(tx)))
-            .map_err(|_| self.shared.gone())?;
-        rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
+        self.stages.write(record, None)
     }
 
     /// Returns once every record queued before the call (committed or appended) is durable,
@@ -325,9 +296,7 @@ impl RecordWriter {
     pub async fn flush(&self) -> Result<(), RecordError> {
         self.refuse_if_failed()?;
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Msg::Flush(Reply::Async(tx)))
-            .map_err(|_| self.shared.gone())?;
+        self.stages.flush(Reply::Async(tx));
         rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
     }
 
@@ -335,9 +304,7 @@ impl RecordWriter {
     pub fn commit_blocking(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
         self.refuse_if_failed()?;
         let (tx, rx) = mpsc::sync_channel(1);
-        self.tx
-            .send(Msg::Commit(Box::new(record), Reply::Blocking(tx)))
-            .map_err(|_| self.shared.gone())?;
+        self.stages.write(record, Some(Reply::Blocking(tx)))?;
         rx.recv().unwrap_or_else(|_| Err(self.shared.gone()))
     }
 
@@ -345,18 +312,14 @@ impl RecordWriter {
     /// then gets [`RecordError::Closed`]. Returns the final status.
     pub async fn close(&self) -> Result<WriterStatus, RecordError> {
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Msg::Close(Reply::Async(tx)))
-            .map_err(|_| self.shared.gone())?;
+        self.stages.close(Reply::Async(tx));
         rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
     }
 
     /// [`RecordWriter::close`] for threads that are not async tasks.
     pub fn close_blocking(&self) -> Result<WriterStatus, RecordError> {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.tx
-            .send(Msg::Close(Reply::Blocking(tx)))
-            .map_err(|_| self.shared.gone())?;
+        self.stages.close(Reply::Blocking(tx));
         rx.recv().unwrap_or_else(|_| Err(self.shared.gone()))
     }
 

@@ -1,16 +1,19 @@
-//! The writer's two threads: the *writer* seals and appends groups, the *syncer* makes them
-//! durable and completes them. Splitting them lets the next group be written while the
-//! previous sync runs, so one `fdatasync` covers every group written before it started.
+//! Where records are written and made durable. A caller seals and appends its own record
+//! (under the [`Stages`] lock, so the chain and the file keep one order), then queues it for
+//! the *syncer* thread, which makes everything queued so far durable with one `fdatasync`
+//! and completes whoever waits. Appending in the caller costs one short `write` on its
+//! thread and saves two thread hand-offs per record; the sync stays on its own thread, so a
+//! caller never blocks for the disk, and while one sync runs the next records are already
+//! being appended (group commit).
 
 use std::fs::File;
 use std::io::Write;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    CloseReply, CommitReply, Committed, FlushReply, Msg, RecordError, Reply, Shared, WriterOptions,
+    CloseReply, CommitReply, Committed, FlushReply, RecordError, Shared, WriterOptions,
     WriterStatus, create_record_file,
 };
 use crate::records::DecisionRecord;
@@ -18,7 +21,7 @@ use crate::records::chain::Chainer;
 use crate::records::now_rfc3339;
 use crate::records::store::{HEAD_FILE, HEAD_SCHEMA, HeadAnchor, record_file_name};
 
-/// What the writer thread starts from.
+/// What the writer starts from.
 pub(super) struct Start {
     pub dir: PathBuf,
     pub options: WriterOptions,
@@ -31,235 +34,234 @@ pub(super) struct Start {
     pub shared: Arc<Shared>,
 }
 
-/// Starts both threads; `rx` receives the handles' messages.
-pub(super) fn start(s: Start, rx: Receiver<Msg>) -> Result<(), RecordError> {
-    let (to_syncer, from_writer) = mpsc::channel();
-    let file = Arc::new(s.file);
+/// The longest a written record nobody waits for stays unsynced: it rides on the next sync
+/// someone waits for, or is synced on its own after this.
+const LAZY_SYNC: Duration = Duration::from_millis(5);
+
+/// The appending side, shared by every handle; the syncer thread is told when the last
+/// handle is gone.
+pub(super) struct Stages {
+    file: Mutex<Tail>,
+    queue: Arc<Queue>,
+    shared: Arc<Shared>,
+}
+
+/// The end of the stream records are appended to.
+struct Tail {
+    dir: PathBuf,
+    rotate_bytes: u64,
+    file: Arc<File>,
+    file_path: Arc<Path>,
+    file_bytes: u64,
+    file_lines: u64,
+    chain: Chainer,
+    closed: bool,
+}
+
+/// A record in its file, waiting for its sync.
+struct Written {
+    file: Arc<File>,
+    file_path: Arc<Path>,
+    /// The file's line count once this record is in it (for the anchor).
+    file_lines: u64,
+    committed: Committed,
+    /// Who waits for it to be durable (none for an appended record).
+    reply: Option<CommitReply>,
+}
+
+/// What the syncer has to do, and when it looks next on its own.
+#[derive(Default)]
+struct Pending {
+    written: Vec<Written>,
+    /// How many of `written` someone waits for.
+    waited: usize,
+    /// When the oldest unwaited record in `written` was appended.
+    lazy_since: Option<Instant>,
+    flushes: Vec<FlushReply>,
+    close: Option<CloseReply>,
+    /// Every handle is gone.
+    hung_up: bool,
+    /// The syncer has ended; nothing queued now would be answered.
+    ended: bool,
+    /// When the syncer looks again without being woken (`None`: only when woken).
+    next_look: Option<Instant>,
+}
+
+struct Queue {
+    pending: Mutex<Pending>,
+    wake: Condvar,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        // The syncer never panics while holding the lock with the queue half-changed: every
+        // change under it is a push or a take.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Starts the syncer thread and returns the appending side.
+pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
+    let queue = Arc::new(Queue {
+        pending: Mutex::new(Pending::default()),
+        wake: Condvar::new(),
+    });
     let syncer = Syncer {
         dir: s.dir.clone(),
         head_interval: s.options.head_interval,
         shared: s.shared.clone(),
+        queue: queue.clone(),
         first_seq: s.first_seq,
         durable: None,
         anchor_dirty: true,
         last_anchor: None,
     };
-    let writer = Writer {
-        dir: s.dir,
-        options: s.options,
-        file,
-        file_path: s.file_path,
-        file_bytes: s.file_bytes,
-        file_lines: s.file_lines,
-        chain: s.chain,
-        shared: s.shared,
-        to_syncer,
-    };
     std::thread::Builder::new()
         .name("flowhost-rec-sync".into())
-        .spawn(move || syncer.run(from_writer))
+        .spawn(move || syncer.run())
         .map_err(RecordError::Spawn)?;
-    std::thread::Builder::new()
-        .name("flowhost-records".into())
-        .spawn(move || writer.run(rx))
-        .map_err(RecordError::Spawn)?;
-    Ok(())
+    Ok(Stages {
+        file: Mutex::new(Tail {
+            dir: s.dir,
+            rotate_bytes: s.options.rotate_bytes,
+            file: Arc::new(s.file),
+            file_path: Arc::from(s.file_path),
+            file_bytes: s.file_bytes,
+            file_lines: s.file_lines,
+            chain: s.chain,
+            closed: false,
+        }),
+        queue,
+        shared: s.shared,
+    })
 }
 
-/// Records appended to one file, waiting for their sync.
-struct Group {
-    file: Arc<File>,
-    file_path: PathBuf,
-    /// The file's line count once this group is in it (for the anchor).
-    file_lines: u64,
-    /// Each record and who waits for it to be durable (none for records answered once
-    /// written).
-    done: Vec<(Option<CommitReply>, Committed)>,
+impl Drop for Stages {
+    fn drop(&mut self) {
+        self.queue.lock().hung_up = true;
+        self.queue.wake.notify_one();
+    }
 }
 
-enum ToSyncer {
-    Group(Group),
-    Flush(FlushReply),
-    Close(CloseReply),
-}
+impl Stages {
+    /// Seals `record` into the chain and appends its line to the file, then queues it for
+    /// the syncer (`reply`, if any, is answered once it is durable). Returns once the line is
+    /// written.
+    pub(super) fn write(
+        &self,
+        mut record: DecisionRecord,
+        reply: Option<CommitReply>,
+    ) -> Result<Committed, RecordError> {
+        let mut tail = self.file.lock().map_err(|_| RecordError::WriterFailed {
+            reason: "a thread panicked while appending a record".into(),
+        })?;
+        if tail.closed {
+            return Err(RecordError::Closed);
+        }
+        if let Some(reason) = self.shared.failed.get() {
+            return Err(RecordError::WriterFailed {
+                reason: reason.clone(),
+            });
+        }
+        let sealed = tail.chain.seal(&mut record)?;
+        let appended = tail.append(&sealed.line, sealed.seq);
+        if let Err(reason) = appended {
+            fail(&self.shared, reason.clone());
+            return Err(RecordError::WriterFailed { reason });
+        }
+        let committed = Committed {
+            seq: sealed.seq,
+            hash: sealed.hash,
+        };
+        // Queued while the file is still held, so the queue keeps the chain's order.
+        self.queue_written(Written {
+            file: tail.file.clone(),
+            file_path: tail.file_path.clone(),
+            file_lines: tail.file_lines,
+            committed: committed.clone(),
+            reply,
+        });
+        Ok(committed)
+    }
 
-struct Writer {
-    dir: PathBuf,
-    options: WriterOptions,
-    file: Arc<File>,
-    file_path: PathBuf,
-    file_bytes: u64,
-    file_lines: u64,
-    chain: Chainer,
-    shared: Arc<Shared>,
-    to_syncer: Sender<ToSyncer>,
-}
-
-impl Writer {
-    fn run(mut self, rx: Receiver<Msg>) {
-        let mut batch = Vec::new();
-        // Ends when every handle is gone (the syncer then sees its channel close) or on Close.
-        while let Ok(first) = rx.recv() {
-            batch.push(first);
-            while batch.len() < self.options.max_group {
-                match rx.try_recv() {
-                    Ok(m) => batch.push(m),
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                }
+    fn queue_written(&self, w: Written) {
+        let mut q = self.queue.lock();
+        if q.ended {
+            drop(q);
+            if let Some(reply) = w.reply {
+                reply.send(Err(self.shared.gone()));
             }
-            let mut commits = Vec::with_capacity(batch.len());
-            let mut close = None;
-            let mut flushes = Vec::new();
-            for msg in batch.drain(..) {
-                match msg {
-                    Msg::Commit(r, reply) if close.is_none() => commits.push((r, reply)),
-                    Msg::Flush(reply) if close.is_none() => flushes.push(reply),
-                    Msg::Commit(_, reply) => reply.send(Err(RecordError::Closed)),
-                    Msg::Flush(reply) => reply.send(Err(RecordError::Closed)),
-                    Msg::Close(reply) if close.is_none() => close = Some(reply),
-                    Msg::Close(reply) => reply.send(Err(RecordError::Closed)),
-                }
-            }
-            self.group(commits);
-            // After the batch's groups: a flush covers at least everything queued before it.
-            for reply in flushes {
-                self.hand_over(ToSyncer::Flush(reply));
-            }
-            if let Some(reply) = close {
-                self.hand_over(ToSyncer::Close(reply));
-                // Anything still queued arrived after close.
-                while let Ok(msg) = rx.try_recv() {
-                    match msg {
-                        Msg::Commit(_, reply) => reply.send(Err(RecordError::Closed)),
-                        Msg::Flush(reply) => reply.send(Err(RecordError::Closed)),
-                        Msg::Close(reply) => reply.send(Err(RecordError::Closed)),
-                    }
-                }
+            return;
+        }
+        let wake = if w.reply.is_some() {
+            q.waited += 1;
+            true
+        } else {
+            let since = *q.lazy_since.get_or_insert_with(Instant::now);
+            // The syncer needs waking only if it would not look in time on its own.
+            q.next_look.is_none_or(|t| t > since + LAZY_SYNC)
+        };
+        q.written.push(w);
+        drop(q);
+        if wake {
+            self.queue.wake.notify_one();
+        }
+    }
+
+    /// Answers `reply` once everything written before this call is durable.
+    pub(super) fn flush(&self, reply: FlushReply) {
+        let mut q = self.queue.lock();
+        if q.ended {
+            drop(q);
+            reply.send(Err(self.shared.gone()));
+            return;
+        }
+        q.flushes.push(reply);
+        drop(q);
+        self.queue.wake.notify_one();
+    }
+
+    /// Refuses every later record, makes the written ones durable, writes the head anchor
+    /// and ends the syncer; `reply` gets the final status.
+    pub(super) fn close(&self, reply: CloseReply) {
+        match self.file.lock() {
+            Ok(mut tail) if !tail.closed => tail.closed = true,
+            _ => {
+                reply.send(Err(RecordError::Closed));
                 return;
             }
         }
-    }
-
-    /// Seals and appends one batch, handing the written groups to the syncer.
-    fn group(&mut self, commits: Vec<(Box<DecisionRecord>, CommitReply)>) {
-        if commits.is_empty() {
+        let mut q = self.queue.lock();
+        if q.ended {
+            drop(q);
+            reply.send(Err(self.shared.gone()));
             return;
         }
-        if let Some(reason) = self.shared.failed.get() {
-            let reason = reason.clone();
-            for (_, reply) in commits {
-                reply.send(Err(RecordError::WriterFailed {
-                    reason: reason.clone(),
-                }));
-            }
-            return;
-        }
-        let mut buf: Vec<u8> = Vec::with_capacity(commits.len() * 1024);
-        let mut done: Vec<(CommitReply, Committed)> = Vec::with_capacity(commits.len());
-        let mut pending = commits.into_iter();
-        let mut failure = None;
-        for (mut record, reply) in pending.by_ref() {
-            let sealed = match self.chain.seal(&mut record) {
-                Ok(s) => s,
-                Err(e) => {
-                    reply.send(Err(RecordError::Invalid(e)));
-                    continue;
-                }
-            };
-            let used = self.file_bytes + buf.len() as u64;
-            if used > 0 && used + sealed.line.len() as u64 > self.options.rotate_bytes {
-                let written = self
-                    .append(&mut buf)
-                    .map(|()| self.hand_over_group(std::mem::take(&mut done)))
-                    .and_then(|()| self.rotate(sealed.seq));
-                if let Err(reason) = written {
-                    done.push((reply, committed(&sealed)));
-                    failure = Some(reason);
-                    break;
-                }
-            }
-            buf.extend_from_slice(&sealed.line);
-            self.file_lines += 1;
-            done.push((reply, committed(&sealed)));
-        }
-        if failure.is_none() {
-            match self.append(&mut buf) {
-                Ok(()) => self.hand_over_group(std::mem::take(&mut done)),
-                Err(reason) => failure = Some(reason),
-            }
-        }
-        if let Some(reason) = failure {
-            fail(&self.shared, reason.clone());
-            let fail_reply = || RecordError::WriterFailed {
-                reason: reason.clone(),
-            };
-            for (reply, _) in done {
-                reply.send(Err(fail_reply()));
-            }
-            for (_, reply) in pending {
-                reply.send(Err(fail_reply()));
-            }
-        }
-    }
-
-    fn append(&mut self, buf: &mut Vec<u8>) -> Result<(), String> {
-        if buf.is_empty() {
-            return Ok(());
-        }
-        (&*self.file)
-            .write_all(buf)
-            .map_err(|e| format!("cannot append to {}: {e}", self.file_path.display()))?;
-        self.file_bytes += buf.len() as u64;
-        buf.clear();
-        Ok(())
-    }
-
-    fn hand_over_group(&self, done: Vec<(CommitReply, Committed)>) {
-        if done.is_empty() {
-            return;
-        }
-        // Records whose callers wait only for the write are answered now; the sync of their
-        // group still follows, and a failure there fails the writer for every later commit.
-        let done = done
-            .into_iter()
-            .map(|(reply, c)| match reply {
-                Reply::Written(tx) => {
-                    let _ = tx.send(Ok(c.clone()));
-                    (None, c)
-                }
-                other => (Some(other), c),
-            })
-            .collect();
-        self.hand_over(ToSyncer::Group(Group {
-            file: self.file.clone(),
-            file_path: self.file_path.clone(),
-            file_lines: self.file_lines,
-            done,
-        }));
-    }
-
-    fn hand_over(&self, msg: ToSyncer) {
-        // The syncer outlives the writer (it ends only when this channel closes), so a send
-        // cannot fail; if it somehow did, the dropped replies answer their callers with an
-        // error, never with success.
-        let _ = self.to_syncer.send(msg);
-    }
-
-    fn rotate(&mut self, next_seq: u64) -> Result<(), String> {
-        let path = self.dir.join(record_file_name(next_seq));
-        let file = create_record_file(&self.dir, &path).map_err(|e| format!("rotation: {e}"))?;
-        self.file = Arc::new(file);
-        self.file_path = path;
-        self.file_bytes = 0;
-        self.file_lines = 0;
-        Ok(())
+        q.close = Some(reply);
+        drop(q);
+        self.queue.wake.notify_one();
     }
 }
 
-fn committed(sealed: &crate::records::chain::Sealed) -> Committed {
-    Committed {
-        seq: sealed.seq,
-        hash: sealed.hash.clone(),
+impl Tail {
+    /// Appends one sealed line, first starting a new file (record `seq`'s) if the line would
+    /// take this one past the rotation size.
+    fn append(&mut self, line: &[u8], seq: u64) -> Result<(), String> {
+        if self.file_bytes > 0 && self.file_bytes + line.len() as u64 > self.rotate_bytes {
+            let path = self.dir.join(record_file_name(seq));
+            let file =
+                create_record_file(&self.dir, &path).map_err(|e| format!("rotation: {e}"))?;
+            self.file = Arc::new(file);
+            self.file_path = Arc::from(path);
+            self.file_bytes = 0;
+            self.file_lines = 0;
+        }
+        (&*self.file)
+            .write_all(line)
+            .map_err(|e| format!("cannot append to {}: {e}", self.file_path.display()))?;
+        self.file_bytes += line.len() as u64;
+        self.file_lines += 1;
+        Ok(())
     }
 }
 
@@ -273,25 +275,24 @@ fn fail(shared: &Shared, reason: String) {
 
 /// Where the last durable record is, for the anchor (its seq and hash are in the status).
 struct Durable {
-    file_path: PathBuf,
+    file_path: Arc<Path>,
     file_lines: u64,
 }
 
-/// The longest a written record waits for a sync that someone waits on before it is synced
-/// on its own.
-const LAZY_SYNC: Duration = Duration::from_millis(5);
-
-impl ToSyncer {
-    /// A group whose records were all answered once written.
-    fn nobody_waits(&self) -> bool {
-        matches!(self, ToSyncer::Group(g) if g.done.iter().all(|(r, _)| r.is_none()))
-    }
+/// One round of the syncer's work, taken from the queue at once.
+#[derive(Default)]
+struct Batch {
+    written: Vec<Written>,
+    flushes: Vec<FlushReply>,
+    close: Option<CloseReply>,
+    hung_up: bool,
 }
 
 struct Syncer {
     dir: PathBuf,
     head_interval: Duration,
     shared: Arc<Shared>,
+    queue: Arc<Queue>,
     first_seq: Option<u64>,
     durable: Option<Durable>,
     anchor_dirty: bool,
@@ -299,65 +300,21 @@ struct Syncer {
 }
 
 impl Syncer {
-    fn run(mut self, rx: Receiver<ToSyncer>) {
-        let mut msgs = Vec::new();
+    fn run(mut self) {
+        // After a sync the syncer looks again within LAZY_SYNC on its own, so the appended
+        // record that usually follows a waited one (a call's outcome after its authorization)
+        // costs no wake-up: it is synced with the next waited record, or at that look.
+        let mut linger = None;
         loop {
-            let first = if self.anchor_dirty && self.shared.failed.get().is_none() {
-                let wait = self
-                    .last_anchor
-                    .map_or(Duration::ZERO, |t| {
-                        (t + self.head_interval).saturating_duration_since(Instant::now())
-                    })
-                    .max(Duration::from_millis(1));
-                match rx.recv_timeout(wait) {
-                    Ok(m) => m,
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.refresh_anchor();
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => {
-                        // Every handle is gone: nobody awaits the result, and a failure is
-                        // already recorded in the shared status.
-                        let _ = self.finish();
-                        return;
-                    }
-                }
-            } else {
-                match rx.recv() {
-                    Ok(m) => m,
-                    Err(_) => {
-                        let _ = self.finish();
-                        return;
-                    }
-                }
+            let batch = self.next_batch(linger);
+            let Some(batch) = batch else {
+                linger = None;
+                self.refresh_anchor();
+                continue;
             };
-            msgs.push(first);
-            while let Ok(m) = rx.try_recv() {
-                msgs.push(m);
-            }
-            // Groups nobody waits on (records answered once written) ride on the next sync
-            // someone does wait for, which usually follows within a call's time: one
-            // fdatasync then covers both. Left alone, they are synced after LAZY_SYNC.
-            let deadline = Instant::now() + LAZY_SYNC;
-            while msgs.iter().all(ToSyncer::nobody_waits) {
-                match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(m) => msgs.push(m),
-                    Err(_) => break,
-                }
-            }
-            let mut groups = Vec::with_capacity(msgs.len());
-            let mut close = None;
-            let mut flushes = Vec::new();
-            for m in msgs.drain(..) {
-                match m {
-                    ToSyncer::Group(g) => groups.push(g),
-                    ToSyncer::Flush(reply) => flushes.push(reply),
-                    // The writer sends nothing after Close.
-                    ToSyncer::Close(reply) => close = Some(reply),
-                }
-            }
-            self.sync(groups);
-            for reply in flushes {
+            let synced = !batch.written.is_empty();
+            self.sync(batch.written);
+            for reply in batch.flushes {
                 reply.send(match self.shared.failed.get() {
                     Some(reason) => Err(RecordError::WriterFailed {
                         reason: reason.clone(),
@@ -365,8 +322,14 @@ impl Syncer {
                     None => Ok(()),
                 });
             }
-            if let Some(reply) = close {
-                reply.send(self.finish());
+            if batch.close.is_some() || batch.hung_up {
+                let status = self.finish();
+                self.end();
+                // With every handle gone nobody awaits the result, and a failure is already
+                // recorded in the shared status.
+                if let Some(reply) = batch.close {
+                    reply.send(status);
+                }
                 return;
             }
             let due = self
@@ -375,12 +338,88 @@ impl Syncer {
             if self.anchor_dirty && due {
                 self.refresh_anchor();
             }
+            linger = synced.then(|| Instant::now() + LAZY_SYNC);
         }
     }
 
-    /// One sync per distinct file for every group written so far, then completion.
-    fn sync(&mut self, groups: Vec<Group>) {
-        let Some(last_group) = groups.last() else {
+    /// Waits for work: a record someone waits for, a flush, a close, every handle gone, or
+    /// appended records older than [`LAZY_SYNC`]. `None`: the head anchor is due instead.
+    fn next_batch(&self, mut linger: Option<Instant>) -> Option<Batch> {
+        let mut q = self.queue.lock();
+        loop {
+            let now = Instant::now();
+            let lazy_due = q.lazy_since.map(|t| t + LAZY_SYNC);
+            if q.waited > 0
+                || !q.flushes.is_empty()
+                || q.close.is_some()
+                || q.hung_up
+                || lazy_due.is_some_and(|t| t <= now)
+            {
+                q.waited = 0;
+                q.lazy_since = None;
+                q.next_look = Some(now);
+                return Some(Batch {
+                    written: std::mem::take(&mut q.written),
+                    flushes: std::mem::take(&mut q.flushes),
+                    close: q.close.take(),
+                    hung_up: q.hung_up,
+                });
+            }
+            linger = linger.filter(|t| *t > now);
+            let anchor_due = (self.anchor_dirty && self.shared.failed.get().is_none()).then(|| {
+                self.last_anchor
+                    .map_or(now, |t| t + self.head_interval)
+                    .max(now + Duration::from_millis(1))
+            });
+            if q.written.is_empty() && anchor_due.is_some_and(|t| t <= now) {
+                return None;
+            }
+            let look = [lazy_due, linger, anchor_due].into_iter().flatten().min();
+            q.next_look = look;
+            q = match look {
+                None => self
+                    .queue
+                    .wake
+                    .wait(q)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(t) => {
+                    self.queue
+                        .wake
+                        .wait_timeout(q, t.saturating_duration_since(now))
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
+            if anchor_due.is_some_and(|t| t <= Instant::now()) && q.written.is_empty() {
+                return None;
+            }
+        }
+    }
+
+    /// The syncer has ended: whatever is still queued is answered, and nothing more is taken.
+    fn end(&self) {
+        let left = {
+            let mut q = self.queue.lock();
+            let left = std::mem::take(&mut *q);
+            q.ended = true;
+            left
+        };
+        for w in left.written {
+            if let Some(reply) = w.reply {
+                reply.send(Err(self.shared.gone()));
+            }
+        }
+        for reply in left.flushes {
+            reply.send(Err(self.shared.gone()));
+        }
+        if let Some(reply) = left.close {
+            reply.send(Err(RecordError::Closed));
+        }
+    }
+
+    /// One sync per distinct file for every record written so far, then completion.
+    fn sync(&mut self, written: Vec<Written>) {
+        let Some(last) = written.last() else {
             return;
         };
         let mut result = match self.shared.failed.get() {
@@ -389,59 +428,53 @@ impl Syncer {
         };
         if result.is_ok() {
             let mut synced: Vec<&Arc<File>> = Vec::new();
-            for g in &groups {
-                if synced.iter().any(|f| Arc::ptr_eq(f, &g.file)) {
+            for w in &written {
+                if synced.iter().any(|f| Arc::ptr_eq(f, &w.file)) {
                     continue;
                 }
-                if let Err(e) = g.file.sync_data() {
-                    result = Err(format!("cannot fdatasync {}: {e}", g.file_path.display()));
+                if let Err(e) = w.file.sync_data() {
+                    result = Err(format!("cannot fdatasync {}: {e}", w.file_path.display()));
                     break;
                 }
-                synced.push(&g.file);
+                synced.push(&w.file);
             }
         }
         if let Err(reason) = result {
             if self.shared.failed.get().is_none() {
                 fail(&self.shared, reason.clone());
             }
-            for g in groups {
-                for (reply, _) in g.done {
-                    if let Some(reply) = reply {
-                        reply.send(Err(RecordError::WriterFailed {
-                            reason: reason.clone(),
-                        }));
-                    }
+            for w in written {
+                if let Some(reply) = w.reply {
+                    reply.send(Err(RecordError::WriterFailed {
+                        reason: reason.clone(),
+                    }));
                 }
             }
             return;
         }
-        let last = last_group.done.last().map(|(_, c)| c.clone());
-        let first = groups
-            .first()
-            .and_then(|g| g.done.first())
-            .map(|(_, c)| c.seq);
-        if let Some(last) = last {
-            self.first_seq = self.first_seq.or(first);
-            self.durable = Some(Durable {
-                file_path: last_group.file_path.clone(),
-                file_lines: last_group.file_lines,
-            });
-            self.anchor_dirty = true;
-            let (first_seq, path) = (self.first_seq, last_group.file_path.clone());
-            let n: u64 = groups.iter().map(|g| g.done.len() as u64).sum();
-            self.shared.update(|s| {
-                s.first_seq = first_seq;
-                s.last_seq = Some(last.seq);
-                s.chain_head = last.hash.clone();
-                s.current_file = path;
-                s.committed_since_open += n;
-            });
-        }
-        for g in groups {
-            for (reply, c) in g.done {
-                if let Some(reply) = reply {
-                    reply.send(Ok(c));
-                }
+        let first = written.first().map(|w| w.committed.seq);
+        self.first_seq = self.first_seq.or(first);
+        self.durable = Some(Durable {
+            file_path: last.file_path.clone(),
+            file_lines: last.file_lines,
+        });
+        self.anchor_dirty = true;
+        let (first_seq, path, head) = (
+            self.first_seq,
+            last.file_path.to_path_buf(),
+            last.committed.clone(),
+        );
+        let n = written.len() as u64;
+        self.shared.update(|s| {
+            s.first_seq = first_seq;
+            s.last_seq = Some(head.seq);
+            s.chain_head = head.hash;
+            s.current_file = path;
+            s.committed_since_open += n;
+        });
+        for w in written {
+            if let Some(reply) = w.reply {
+                reply.send(Ok(w.committed));
             }
         }
     }

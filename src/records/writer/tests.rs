@@ -9,7 +9,6 @@ fn small_rotation() -> WriterOptions {
     WriterOptions {
         rotate_bytes: 4096,
         head_interval: Duration::from_millis(10),
-        ..WriterOptions::default()
     }
 }
 
@@ -217,4 +216,44 @@ fn anchor_is_refreshed_while_idle() {
     assert_eq!(anchor.seq, 2);
     assert_eq!(anchor.line, Some(2));
     assert_eq!(anchor.hash, w.status().chain_head.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_appended_record_nobody_waits_for_is_synced_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    let c = w.append(sample_tool_call()).await.unwrap();
+    // No commit, flush or close follows: the syncer must make it durable by itself.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while w.status().last_seq != Some(c.seq) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the appended record was never synced: {:?}",
+            w.status()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(w.status().committed_since_open, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_close_every_request_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit(sample_tool_call()).await.unwrap();
+    w.close().await.unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(5), async {
+        (
+            w.flush().await,
+            w.append(sample_tool_call()).await,
+            w.commit(sample_tool_call()).await,
+            w.close().await,
+        )
+    })
+    .await
+    .expect("a request after close must be answered, not left waiting");
+    assert!(matches!(refused.0, Err(RecordError::Closed)), "{:?}", refused.0);
+    assert!(matches!(refused.1, Err(RecordError::Closed)), "{:?}", refused.1);
+    assert!(matches!(refused.2, Err(RecordError::Closed)), "{:?}", refused.2);
+    assert!(matches!(refused.3, Err(RecordError::Closed)), "{:?}", refused.3);
 }
