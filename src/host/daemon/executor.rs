@@ -445,8 +445,11 @@ impl<C: NamedCall> McpExecutor<C> {
     }
 
     async fn send(&mut self, line: &str) -> Result<(), ExecutorError> {
-        self.stdin.write_all(line.as_bytes()).await?;
-        self.stdin.write_all(b"\n").await?;
+        // One write per message: a line written in two parts can wake the executor twice.
+        let mut message = Vec::with_capacity(line.len() + 1);
+        message.extend_from_slice(line.as_bytes());
+        message.push(b'\n');
+        self.stdin.write_all(&message).await?;
         self.stdin.flush().await?;
         Ok(())
     }
