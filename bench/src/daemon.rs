@@ -34,13 +34,10 @@ impl<R: BufRead, W: Write> Rpc<R, W> {
     pub(crate) fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.next;
         self.next += 1;
-        writeln!(
-            self.writer,
-            "{}",
-            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-        )
-        .expect("write");
-        self.writer.flush().expect("flush");
+        send_line(
+            &mut self.writer,
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        );
         loop {
             self.line.clear();
             self.reader.read_line(&mut self.line).expect("read");
@@ -55,9 +52,18 @@ impl<R: BufRead, W: Write> Rpc<R, W> {
         let r = self.call("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}));
         assert!(r.get("result").is_some(), "initialize: {r}");
         let notification = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-        writeln!(self.writer, "{notification}").expect("write");
-        self.writer.flush().expect("flush");
+        send_line(&mut self.writer, &notification);
     }
+}
+
+/// Sends `message` as one line in one write, as MCP clients do. (Formatting a `Value`
+/// straight into an unbuffered stream issues one `write` per JSON token, which would make
+/// every reader, the daemon or the executor called directly, wake once per fragment.)
+pub(crate) fn send_line(writer: &mut impl Write, message: &Value) {
+    let mut line = serde_json::to_vec(message).expect("serialize");
+    line.push(b'\n');
+    writer.write_all(&line).expect("write");
+    writer.flush().expect("flush");
 }
 
 pub(crate) fn connect(socket: &Path) -> Rpc<BufReader<UnixStream>, UnixStream> {

@@ -29,6 +29,10 @@ enum Suite {
     /// Internal: open and hold sessions on a socket (run as another principal's uid).
     #[value(hide = true)]
     HoldSessions,
+    /// Internal: a daemon as its own process, driven by serial then pipelined calls for
+    /// `rest[0]` seconds each, its pid printed first (for `perf record -p` / `perf stat -p`).
+    #[value(hide = true)]
+    Drive,
     Records,
     Daemon,
     /// Sessions and executors from 1 to 256 / 64, with daemon memory.
@@ -53,6 +57,10 @@ fn main() {
     let args = Args::parse();
     if args.suite == Suite::HoldSessions {
         scale::hold_sessions(&args.rest);
+        return;
+    }
+    if args.suite == Suite::Drive {
+        scale::drive(&args.rest);
         return;
     }
     if let Suite::LoopConnect | Suite::LoopSendto = args.suite {

@@ -213,7 +213,7 @@ const PIPELINED_SESSIONS: usize = 8;
 /// Calls per second from `sessions` new sessions, each keeping `depth` calls in flight (a
 /// new request as soon as any answer arrives).
 fn pipelined_rate(socket: &Path, sessions: usize, depth: usize, window: Duration) -> f64 {
-    use std::io::{BufRead, Write};
+    use std::io::BufRead;
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
     let threads: Vec<_> = (0..sessions)
@@ -227,7 +227,7 @@ fn pipelined_rate(socket: &Path, sessions: usize, depth: usize, window: Duration
                     next += 1;
                     let line = json!({"jsonrpc": "2.0", "id": next, "method": "tools/call",
                         "params": {"name": TOOL, "arguments": {}}});
-                    writeln!(w, "{line}").expect("write");
+                    crate::daemon::send_line(w, &line);
                 };
                 for _ in 0..depth {
                     send(&mut writer);
@@ -261,6 +261,28 @@ fn pipelined_rate(socket: &Path, sessions: usize, depth: usize, window: Duration
         t.join().expect("caller thread");
     }
     done as f64 / elapsed.as_secs_f64()
+}
+
+/// The profiling driver: starts a daemon process, prints its pid, waits `rest[1]` seconds
+/// (default 3, for a profiler to attach), then runs one session's calls one at a time and
+/// then 8 sessions x 4 in flight, each for `rest[0]` seconds (default 5), printing calls/s.
+pub fn drive(rest: &[String]) {
+    let secs = |i: usize, default: u64| {
+        Duration::from_secs(rest.get(i).and_then(|s| s.parse().ok()).unwrap_or(default))
+    };
+    let dir = scratch_dir("drive");
+    let (daemon, socket) = start_daemon(&dir);
+    eprintln!("daemon pid {}", daemon.child.id());
+    std::thread::sleep(secs(1, 3));
+    let serial = pipelined_rate(&socket, 1, 1, secs(0, 5));
+    eprintln!("1 session, serial: {}", fmt_rate(serial));
+    let pipelined = pipelined_rate(&socket, PIPELINED_SESSIONS, IN_FLIGHT, secs(0, 5));
+    eprintln!(
+        "{PIPELINED_SESSIONS} sessions x {IN_FLIGHT} in flight: {}",
+        fmt_rate(pipelined)
+    );
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn mib(kib: u64) -> String {

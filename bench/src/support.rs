@@ -18,12 +18,14 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| repo("target/release"))
 }
 
-/// A fresh directory for one suite under `target/bench-scratch` (the real disk, not tmpfs).
+/// A fresh directory for one suite under `target/bench-scratch` (the real disk, not tmpfs),
+/// or under `$FLOWHOST_BENCH_SCRATCH` when set (a tmpfs there takes the disk out of the
+/// figures, leaving the host's own cost: see BENCHMARKS.md).
 pub fn scratch_dir(name: &str) -> PathBuf {
-    let dir = target_dir()
-        .join("..")
-        .join("bench-scratch")
-        .join(format!("{name}-{}", std::process::id()));
+    let base = std::env::var_os("FLOWHOST_BENCH_SCRATCH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("..").join("bench-scratch"));
+    let dir = base.join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the scratch directory");
     dir
