@@ -1,10 +1,13 @@
 //! Where records are written and made durable. A caller seals and appends its own record
-//! (under the [`Stages`] lock, so the chain and the file keep one order), then queues it for
-//! the *syncer* thread, which makes everything queued so far durable with one `fdatasync`
-//! and completes whoever waits. Appending in the caller costs one short `write` on its
-//! thread and saves two thread hand-offs per record; the sync stays on its own thread, so a
-//! caller never blocks for the disk, and while one sync runs the next records are already
-//! being appended (group commit).
+//! (under the [`Stages`] lock, so the chain and the file keep one order), then queues it.
+//! Syncs are grouped and never run two at a time: a caller that waits for its record while
+//! no sync is running and nobody else waits *leads*: it makes everything queued so far
+//! durable with one `fdatasync` on its own thread, which spares the two thread hand-offs a
+//! sync on another thread costs (about what the hand-offs of a whole call cost otherwise).
+//! Everyone else is served by the *syncer* thread, which makes everything queued so far
+//! durable with one `fdatasync` and completes whoever waits, while the next records are
+//! already being appended (group commit). The syncer also syncs appended records nobody waits
+//! for within [`LAZY_SYNC`] and keeps the head anchor.
 
 use std::fs::File;
 use std::io::Write;
@@ -69,9 +72,22 @@ struct Written {
     reply: Option<CommitReply>,
 }
 
+/// What is durable, kept by whoever syncs (one at a time).
+#[derive(Default)]
+struct Book {
+    first_seq: Option<u64>,
+    durable: Option<Durable>,
+    anchor_dirty: bool,
+    /// When the last sync finished.
+    last_sync: Option<Instant>,
+}
+
 /// What the syncer has to do, and when it looks next on its own.
 #[derive(Default)]
 struct Pending {
+    /// A sync (the syncer's or a leading caller's) is running.
+    syncing: bool,
+    book: Book,
     written: Vec<Written>,
     /// How many of `written` someone waits for.
     waited: usize,
@@ -106,14 +122,17 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
         pending: Mutex::new(Pending::default()),
         wake: Condvar::new(),
     });
+    queue.lock().book = Book {
+        first_seq: s.first_seq,
+        durable: None,
+        anchor_dirty: true,
+        last_sync: None,
+    };
     let syncer = Syncer {
         dir: s.dir.clone(),
         head_interval: s.options.head_interval,
         shared: s.shared.clone(),
         queue: queue.clone(),
-        first_seq: s.first_seq,
-        durable: None,
-        anchor_dirty: true,
         last_anchor: None,
     };
     std::thread::Builder::new()
@@ -174,26 +193,56 @@ impl Stages {
             hash: sealed.hash,
         };
         // Queued while the file is still held, so the queue keeps the chain's order.
-        self.queue_written(Written {
+        let lead = self.queue_written(Written {
             file: tail.file.clone(),
             file_path: tail.file_path.clone(),
             file_lines: tail.file_lines,
             committed: committed.clone(),
             reply,
         });
+        drop(tail);
+        if let Some(written) = lead {
+            // Others append meanwhile; their records go to the next sync.
+            sync_written(&self.queue, &self.shared, written);
+            let q = self.queue.lock();
+            // Whoever queued a wait while this sync ran needs the syncer; an idle syncer
+            // needs to know about the anchor and any appended records.
+            let wake = q.waited > 0
+                || !q.flushes.is_empty()
+                || q.close.is_some()
+                || q.hung_up
+                || q.next_look.is_none();
+            drop(q);
+            if wake {
+                self.queue.wake.notify_one();
+            }
+        }
         Ok(committed)
     }
 
-    fn queue_written(&self, w: Written) {
+    /// Queues a written record; returns what to sync if the caller is to lead the sync.
+    fn queue_written(&self, w: Written) -> Option<Vec<Written>> {
         let mut q = self.queue.lock();
         if q.ended {
             drop(q);
             if let Some(reply) = w.reply {
                 reply.send(Err(self.shared.gone()));
             }
-            return;
+            return None;
         }
         let wake = if w.reply.is_some() {
+            let alone = !q.syncing
+                && q.waited == 0
+                && q.flushes.is_empty()
+                && q.close.is_none()
+                && !q.hung_up;
+            if alone {
+                q.syncing = true;
+                q.lazy_since = None;
+                let mut written = std::mem::take(&mut q.written);
+                written.push(w);
+                return Some(written);
+            }
             q.waited += 1;
             true
         } else {
@@ -206,6 +255,7 @@ impl Stages {
         if wake {
             self.queue.wake.notify_one();
         }
+        None
     }
 
     /// Answers `reply` once everything written before this call is durable.
@@ -274,6 +324,7 @@ fn fail(shared: &Shared, reason: String) {
 }
 
 /// Where the last durable record is, for the anchor (its seq and hash are in the status).
+#[derive(Clone)]
 struct Durable {
     file_path: Arc<Path>,
     file_lines: u64,
@@ -293,27 +344,21 @@ struct Syncer {
     head_interval: Duration,
     shared: Arc<Shared>,
     queue: Arc<Queue>,
-    first_seq: Option<u64>,
-    durable: Option<Durable>,
-    anchor_dirty: bool,
     last_anchor: Option<Instant>,
 }
 
+/// How long after a sync the syncer keeps looking every [`LAZY_SYNC`] on its own, so that
+/// appended records need not wake it while calls keep coming.
+const ACTIVE_WINDOW: Duration = Duration::from_millis(100);
+
 impl Syncer {
     fn run(mut self) {
-        // After a sync the syncer looks again within LAZY_SYNC on its own, so the appended
-        // record that usually follows a waited one (a call's outcome after its authorization)
-        // costs no wake-up: it is synced with the next waited record, or at that look.
-        let mut linger = None;
         loop {
-            let batch = self.next_batch(linger);
-            let Some(batch) = batch else {
-                linger = None;
+            let Some(batch) = self.next_batch() else {
                 self.refresh_anchor();
                 continue;
             };
-            let synced = !batch.written.is_empty();
-            self.sync(batch.written);
+            sync_written(&self.queue, &self.shared, batch.written);
             for reply in batch.flushes {
                 reply.send(match self.shared.failed.get() {
                     Some(reason) => Err(RecordError::WriterFailed {
@@ -335,26 +380,30 @@ impl Syncer {
             let due = self
                 .last_anchor
                 .is_none_or(|t| t.elapsed() >= self.head_interval);
-            if self.anchor_dirty && due {
+            if self.queue.lock().book.anchor_dirty && due {
                 self.refresh_anchor();
             }
-            linger = synced.then(|| Instant::now() + LAZY_SYNC);
         }
     }
 
     /// Waits for work: a record someone waits for, a flush, a close, every handle gone, or
-    /// appended records older than [`LAZY_SYNC`]. `None`: the head anchor is due instead.
-    fn next_batch(&self, mut linger: Option<Instant>) -> Option<Batch> {
+    /// appended records older than [`LAZY_SYNC`] (never while a leading caller syncs; it
+    /// wakes the syncer when done). `None`: the head anchor is due instead. While calls keep
+    /// coming (a sync within [`ACTIVE_WINDOW`]) it looks every [`LAZY_SYNC`] on its own, so
+    /// that appended records need not wake it.
+    fn next_batch(&self) -> Option<Batch> {
         let mut q = self.queue.lock();
         loop {
             let now = Instant::now();
             let lazy_due = q.lazy_since.map(|t| t + LAZY_SYNC);
-            if q.waited > 0
-                || !q.flushes.is_empty()
-                || q.close.is_some()
-                || q.hung_up
-                || lazy_due.is_some_and(|t| t <= now)
+            if !q.syncing
+                && (q.waited > 0
+                    || !q.flushes.is_empty()
+                    || q.close.is_some()
+                    || q.hung_up
+                    || lazy_due.is_some_and(|t| t <= now))
             {
+                q.syncing = true;
                 q.waited = 0;
                 q.lazy_since = None;
                 q.next_look = Some(now);
@@ -365,15 +414,17 @@ impl Syncer {
                     hung_up: q.hung_up,
                 });
             }
-            linger = linger.filter(|t| *t > now);
-            let anchor_due = (self.anchor_dirty && self.shared.failed.get().is_none()).then(|| {
-                self.last_anchor
-                    .map_or(now, |t| t + self.head_interval)
-                    .max(now + Duration::from_millis(1))
-            });
-            if q.written.is_empty() && anchor_due.is_some_and(|t| t <= now) {
-                return None;
-            }
+            let linger = q
+                .book
+                .last_sync
+                .is_some_and(|t| now.saturating_duration_since(t) < ACTIVE_WINDOW)
+                .then(|| now + LAZY_SYNC);
+            let anchor_due =
+                (q.book.anchor_dirty && self.shared.failed.get().is_none()).then(|| {
+                    self.last_anchor
+                        .map_or(now, |t| t + self.head_interval)
+                        .max(now + Duration::from_millis(1))
+                });
             let look = [lazy_due, linger, anchor_due].into_iter().flatten().min();
             q.next_look = look;
             q = match look {
@@ -390,7 +441,8 @@ impl Syncer {
                         .0
                 }
             };
-            if anchor_due.is_some_and(|t| t <= Instant::now()) && q.written.is_empty() {
+            if anchor_due.is_some_and(|t| t <= Instant::now()) && q.written.is_empty() && !q.syncing
+            {
                 return None;
             }
         }
@@ -417,86 +469,28 @@ impl Syncer {
         }
     }
 
-    /// One sync per distinct file for every record written so far, then completion.
-    fn sync(&mut self, written: Vec<Written>) {
-        let Some(last) = written.last() else {
-            return;
-        };
-        let mut result = match self.shared.failed.get() {
-            Some(reason) => Err(reason.clone()),
-            None => Ok(()),
-        };
-        if result.is_ok() {
-            let mut synced: Vec<&Arc<File>> = Vec::new();
-            for w in &written {
-                if synced.iter().any(|f| Arc::ptr_eq(f, &w.file)) {
-                    continue;
-                }
-                if let Err(e) = w.file.sync_data() {
-                    result = Err(format!("cannot fdatasync {}: {e}", w.file_path.display()));
-                    break;
-                }
-                synced.push(&w.file);
-            }
-        }
-        if let Err(reason) = result {
-            if self.shared.failed.get().is_none() {
-                fail(&self.shared, reason.clone());
-            }
-            for w in written {
-                if let Some(reply) = w.reply {
-                    reply.send(Err(RecordError::WriterFailed {
-                        reason: reason.clone(),
-                    }));
-                }
-            }
-            return;
-        }
-        let first = written.first().map(|w| w.committed.seq);
-        self.first_seq = self.first_seq.or(first);
-        self.durable = Some(Durable {
-            file_path: last.file_path.clone(),
-            file_lines: last.file_lines,
-        });
-        self.anchor_dirty = true;
-        let (first_seq, path, head) = (
-            self.first_seq,
-            last.file_path.to_path_buf(),
-            last.committed.clone(),
-        );
-        let n = written.len() as u64;
-        self.shared.update(|s| {
-            s.first_seq = first_seq;
-            s.last_seq = Some(head.seq);
-            s.chain_head = head.hash;
-            s.current_file = path;
-            s.committed_since_open += n;
-        });
-        for w in written {
-            if let Some(reply) = w.reply {
-                reply.send(Ok(w.committed));
-            }
-        }
-    }
-
     fn write_anchor(&mut self) -> Result<(), String> {
+        let durable = {
+            let mut q = self.queue.lock();
+            q.book.anchor_dirty = false;
+            q.book.durable.clone()
+        };
         let status = self.shared.status();
         let anchor = HeadAnchor {
             schema: HEAD_SCHEMA.to_string(),
             seq: status.last_seq.unwrap_or(0),
             hash: status.chain_head.as_str().to_string(),
-            file: self.durable.as_ref().and_then(|d| {
+            file: durable.as_ref().and_then(|d| {
                 d.file_path
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
             }),
-            line: self.durable.as_ref().map(|d| d.file_lines),
+            line: durable.as_ref().map(|d| d.file_lines),
             written_at: now_rfc3339(),
         };
         anchor
             .write(&self.dir.join(HEAD_FILE))
             .map_err(|e| format!("head anchor: {e}"))?;
-        self.anchor_dirty = false;
         self.last_anchor = Some(Instant::now());
         Ok(())
     }
@@ -523,6 +517,74 @@ impl Syncer {
                 reason: reason.clone(),
             }),
             None => Ok(self.shared.status()),
+        }
+    }
+}
+
+/// Makes `written` durable (one `fdatasync` per distinct file), books it and completes
+/// whoever waits. Only one runs at a time: the caller set `syncing`, and this clears it.
+fn sync_written(queue: &Queue, shared: &Shared, written: Vec<Written>) {
+    let mut result = match shared.failed.get() {
+        Some(reason) => Err(reason.clone()),
+        None => Ok(()),
+    };
+    if result.is_ok() {
+        let mut synced: Vec<&Arc<File>> = Vec::new();
+        for w in &written {
+            if synced.iter().any(|f| Arc::ptr_eq(f, &w.file)) {
+                continue;
+            }
+            if let Err(e) = w.file.sync_data() {
+                result = Err(format!("cannot fdatasync {}: {e}", w.file_path.display()));
+                break;
+            }
+            synced.push(&w.file);
+        }
+    }
+    {
+        let mut q = queue.lock();
+        q.syncing = false;
+        if let (Ok(()), Some(last)) = (&result, written.last()) {
+            let book = &mut q.book;
+            book.first_seq = book.first_seq.or(written.first().map(|w| w.committed.seq));
+            book.durable = Some(Durable {
+                file_path: last.file_path.clone(),
+                file_lines: last.file_lines,
+            });
+            book.anchor_dirty = true;
+            book.last_sync = Some(Instant::now());
+            let (first_seq, path, head) = (
+                book.first_seq,
+                last.file_path.to_path_buf(),
+                last.committed.clone(),
+            );
+            let n = written.len() as u64;
+            // Updated under the queue's lock, so the status only ever moves forward.
+            shared.update(|s| {
+                s.first_seq = first_seq;
+                s.last_seq = Some(head.seq);
+                s.chain_head = head.hash;
+                s.current_file = path;
+                s.committed_since_open += n;
+            });
+        }
+    }
+    if let Err(reason) = result {
+        if shared.failed.get().is_none() {
+            fail(shared, reason.clone());
+        }
+        for w in written {
+            if let Some(reply) = w.reply {
+                reply.send(Err(RecordError::WriterFailed {
+                    reason: reason.clone(),
+                }));
+            }
+        }
+        return;
+    }
+    for w in written {
+        if let Some(reply) = w.reply {
+            reply.send(Ok(w.committed));
         }
     }
 }

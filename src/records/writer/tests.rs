@@ -252,8 +252,53 @@ async fn after_close_every_request_is_refused_at_once() {
     })
     .await
     .expect("a request after close must be answered, not left waiting");
-    assert!(matches!(refused.0, Err(RecordError::Closed)), "{:?}", refused.0);
-    assert!(matches!(refused.1, Err(RecordError::Closed)), "{:?}", refused.1);
-    assert!(matches!(refused.2, Err(RecordError::Closed)), "{:?}", refused.2);
-    assert!(matches!(refused.3, Err(RecordError::Closed)), "{:?}", refused.3);
+    assert!(
+        matches!(refused.0, Err(RecordError::Closed)),
+        "{:?}",
+        refused.0
+    );
+    assert!(
+        matches!(refused.1, Err(RecordError::Closed)),
+        "{:?}",
+        refused.1
+    );
+    assert!(
+        matches!(refused.2, Err(RecordError::Closed)),
+        "{:?}",
+        refused.2
+    );
+    assert!(
+        matches!(refused.3, Err(RecordError::Closed)),
+        "{:?}",
+        refused.3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_is_booked_durable_when_it_returns_whoever_synced_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    // Alone (the caller leads the sync), after an append, and among concurrent commits
+    // (the syncer serves them): each is in the status as durable once it returns.
+    for _ in 0..3 {
+        let c = w.commit(sample_tool_call()).await.unwrap();
+        assert!(w.status().last_seq >= Some(c.seq), "{:?}", w.status());
+        w.append(sample_tool_call()).await.unwrap();
+    }
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let w = w.clone();
+            tokio::spawn(async move {
+                let c = w.commit(sample_tool_call()).await.unwrap();
+                assert!(w.status().last_seq >= Some(c.seq));
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let status = w.close().await.unwrap();
+    assert_eq!(status.last_seq, Some(26));
+    assert_eq!(status.committed_since_open, 26);
+    assert!(verify_records(dir.path(), None).unwrap().is_ok());
 }
