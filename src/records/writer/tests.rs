@@ -243,35 +243,21 @@ async fn after_close_every_request_is_refused_at_once() {
     w.commit(sample_tool_call()).await.unwrap();
     w.close().await.unwrap();
     let refused = tokio::time::timeout(Duration::from_secs(5), async {
-        (
-            w.flush().await,
-            w.append(sample_tool_call()).await,
-            w.commit(sample_tool_call()).await,
-            w.close().await,
-        )
+        [
+            w.flush().await.err(),
+            w.append(sample_tool_call()).await.err(),
+            w.commit(sample_tool_call()).await.err(),
+            w.close().await.err(),
+        ]
     })
     .await
     .expect("a request after close must be answered, not left waiting");
-    assert!(
-        matches!(refused.0, Err(RecordError::Closed)),
-        "{:?}",
-        refused.0
-    );
-    assert!(
-        matches!(refused.1, Err(RecordError::Closed)),
-        "{:?}",
-        refused.1
-    );
-    assert!(
-        matches!(refused.2, Err(RecordError::Closed)),
-        "{:?}",
-        refused.2
-    );
-    assert!(
-        matches!(refused.3, Err(RecordError::Closed)),
-        "{:?}",
-        refused.3
-    );
+    for (request, error) in ["flush", "append", "commit", "close"].iter().zip(refused) {
+        assert!(
+            matches!(error, Some(RecordError::Closed)),
+            "{request} after close: {error:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
