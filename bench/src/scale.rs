@@ -94,9 +94,13 @@ fn start_daemon(dir: &Path) -> (Daemon, PathBuf) {
     // spawn time out of the measured calls.
     let text = host_config(&paths).replace("pool_size = 2", "pool_size = 8");
     std::fs::write(&config, text).expect("write config");
-    let child = Command::new(flowhost_binary())
-        .args(["serve", "--config"])
-        .arg(&config)
+    let mut serve = Command::new(flowhost_binary());
+    serve.args(["serve", "--config"]).arg(&config);
+    // The runtime's worker threads (`serve --workers`), to compare runtime shapes.
+    if let Ok(n) = std::env::var("FLOWHOST_BENCH_WORKERS") {
+        serve.args(["--workers", &n]);
+    }
+    let child = serve
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -193,13 +193,16 @@ impl Stages {
             hash: sealed.hash,
         };
         // Queued while the file is still held, so the queue keeps the chain's order.
-        let lead = self.queue_written(Written {
-            file: tail.file.clone(),
-            file_path: tail.file_path.clone(),
-            file_lines: tail.file_lines,
-            committed: committed.clone(),
-            reply,
-        });
+        let lead = self.queue_written(
+            Written {
+                file: tail.file.clone(),
+                file_path: tail.file_path.clone(),
+                file_lines: tail.file_lines,
+                committed: committed.clone(),
+                reply,
+            },
+            may_lead(),
+        );
         drop(tail);
         if let Some(written) = lead {
             // Others append meanwhile; their records go to the next sync.
@@ -220,8 +223,9 @@ impl Stages {
         Ok(committed)
     }
 
-    /// Queues a written record; returns what to sync if the caller is to lead the sync.
-    fn queue_written(&self, w: Written) -> Option<Vec<Written>> {
+    /// Queues a written record; returns what to sync if the caller is to lead the sync
+    /// (only if it `may_lead`).
+    fn queue_written(&self, w: Written, may_lead: bool) -> Option<Vec<Written>> {
         let mut q = self.queue.lock();
         if q.ended {
             drop(q);
@@ -231,7 +235,8 @@ impl Stages {
             return None;
         }
         let wake = if w.reply.is_some() {
-            let alone = !q.syncing
+            let alone = may_lead
+                && !q.syncing
                 && q.waited == 0
                 && q.flushes.is_empty()
                 && q.close.is_none()
@@ -313,6 +318,16 @@ impl Tail {
         self.file_lines += 1;
         Ok(())
     }
+}
+
+/// Whether a caller may run a sync on its own thread: a plain thread may, a runtime worker
+/// only if the runtime has others to go on serving while it waits for the disk (a runtime's
+/// only worker would stall every session for the sync).
+pub(super) fn may_lead() -> bool {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    Handle::try_current().map_or(true, |h| {
+        h.runtime_flavor() == RuntimeFlavor::MultiThread && h.metrics().num_workers() > 1
+    })
 }
 
 fn fail(shared: &Shared, reason: String) {
