@@ -267,8 +267,13 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
     let config = dir.join("host.toml");
     std::fs::write(&config, config_text).expect("write config");
 
+    // The runtime `flowhost serve` builds (FLOWHOST_BENCH_WORKERS: another worker count).
+    let workers = std::env::var("FLOWHOST_BENCH_WORKERS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(flowhost::daemon::default_workers);
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .expect("runtime");

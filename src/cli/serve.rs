@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::CliResult;
-use crate::daemon::{Host, listener_from_systemd, run};
+use crate::daemon::{Host, default_workers, listener_from_systemd, run};
 use crate::logging::{LogFormat, init};
 
 /// Run the host daemon.
@@ -16,7 +16,7 @@ pub struct ServeArgs {
     /// Log destination and format.
     #[arg(long, value_enum, default_value = "auto")]
     log_format: LogFormat,
-    /// Worker threads of the async runtime (default: one per CPU).
+    /// Worker threads of the async runtime (default: one fewer than the CPUs, at least one).
     #[arg(long)]
     workers: Option<usize>,
 }
@@ -32,9 +32,7 @@ impl ServeArgs {
         let activated_by = passed.as_ref().and_then(|l| l.try_clone().ok());
         let mut builder = tokio::runtime::Builder::new_multi_thread();
         builder.enable_all();
-        if let Some(n) = self.workers {
-            builder.worker_threads(n.max(1));
-        }
+        builder.worker_threads(self.workers.unwrap_or_else(default_workers).max(1));
         let runtime = builder.build()?;
         runtime.block_on(async {
             let (host, listener) = match Host::start(&self.config, passed).await {

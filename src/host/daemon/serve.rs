@@ -8,6 +8,16 @@ use tokio::net::UnixListener;
 
 use super::*;
 
+/// The async runtime's worker threads when the operator sets none (`serve --workers`): one
+/// fewer than the CPUs, and at least one. The daemon's own work per call is short and mostly
+/// hand-offs; the executors, the broker's threads, the records' sync thread and the clients
+/// need the CPUs too, and workers that steal each other's tasks wake each other across CPUs.
+/// On 2 CPUs one worker served 15.5-18.4 k calls/s (8 sessions x 4 in flight) where two
+/// served 11.7-13.7 k/s, one call at a time as fast (BENCHMARKS.md).
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+}
+
 impl Host {
     /// Admits or refuses a new connection by its peer's credentials (checked before it
     /// takes any shared slot); a refusal is logged, rate-limited, and the stream closed.
