@@ -805,8 +805,11 @@ pub struct WarmPool<C> {
     limit: usize,
     ready: Mutex<Vec<McpExecutor<C>>>,
     filling: std::sync::atomic::AtomicUsize,
-    /// Whether the last attempt to start an executor failed.
+    /// Whether the newest attempt to start an executor failed.
     failing: std::sync::atomic::AtomicBool,
+    /// Attempts begun so far, and the newest one whose outcome `failing` holds.
+    attempts: std::sync::atomic::AtomicU64,
+    reported: Mutex<u64>,
 }
 
 impl<C: NamedCall> WarmPool<C> {
@@ -829,6 +832,8 @@ impl<C: NamedCall> WarmPool<C> {
             ready: Mutex::new(Vec::new()),
             filling: std::sync::atomic::AtomicUsize::new(0),
             failing: std::sync::atomic::AtomicBool::new(false),
+            attempts: std::sync::atomic::AtomicU64::new(0),
+            reported: Mutex::new(0),
         })
     }
 
@@ -891,6 +896,9 @@ impl<C: NamedCall> WarmPool<C> {
 
     /// Starts one of this server's executors (not added to the pool).
     async fn start_one(&self) -> Result<McpExecutor<C>, ExecutorError> {
+        let attempt = self
+            .attempts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let started = McpExecutor::start(
             &self.broker,
             &self.template,
@@ -899,13 +907,20 @@ impl<C: NamedCall> WarmPool<C> {
             self.limit,
         )
         .await;
-        self.failing
-            .store(started.is_err(), std::sync::atomic::Ordering::SeqCst);
+        // The newest attempt speaks for the server: one begun before its program was removed
+        // can finish after a later one has failed, and must not hide that failure.
+        if let Ok(mut reported) = self.reported.lock()
+            && attempt >= *reported
+        {
+            *reported = attempt;
+            self.failing
+                .store(started.is_err(), std::sync::atomic::Ordering::SeqCst);
+        }
         started
     }
 
-    /// Whether the last attempt to start one of this server's executors failed (every call
-    /// to the server fails while it does).
+    /// Whether the newest attempt to start one of this server's executors failed (every
+    /// call to the server fails while it does).
     pub fn failing(&self) -> bool {
         self.failing.load(std::sync::atomic::Ordering::SeqCst)
     }
