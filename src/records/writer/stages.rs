@@ -1,7 +1,8 @@
 //! Where records are written and made durable. A caller seals and appends its own record
 //! (under the [`Stages`] lock, so the chain and the file keep one order), then queues it.
 //! Syncs are grouped and never run two at a time: a caller that waits for its record while
-//! no sync is running and nobody else waits *leads*: it makes everything queued so far
+//! no sync is running, nobody else waits and the last sync served one caller at most (calls
+//! are not concurrent) *leads*: it makes everything queued so far
 //! durable with one `fdatasync` on its own thread, which spares the two thread hand-offs a
 //! sync on another thread costs (about what the hand-offs of a whole call cost otherwise).
 //! Everyone else is served by the *syncer* thread, which makes everything queued so far
@@ -80,6 +81,9 @@ struct Book {
     anchor_dirty: bool,
     /// When the last sync finished.
     last_sync: Option<Instant>,
+    /// How many waiting callers the last sync served: more than one means callers are
+    /// concurrent, and their syncs are better grouped by the sync thread than led one by one.
+    last_waited: usize,
 }
 
 /// What the syncer has to do, and when it looks next on its own.
@@ -127,6 +131,7 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
         durable: None,
         anchor_dirty: true,
         last_sync: None,
+        last_waited: 0,
     };
     let syncer = Syncer {
         dir: s.dir.clone(),
@@ -236,6 +241,7 @@ impl Stages {
         }
         let wake = if w.reply.is_some() {
             let alone = may_lead
+                && q.book.last_waited <= 1
                 && !q.syncing
                 && q.waited == 0
                 && q.flushes.is_empty()
@@ -568,6 +574,7 @@ fn sync_written(queue: &Queue, shared: &Shared, written: Vec<Written>) {
             });
             book.anchor_dirty = true;
             book.last_sync = Some(Instant::now());
+            book.last_waited = written.iter().filter(|w| w.reply.is_some()).count();
             let (first_seq, path, head) = (
                 book.first_seq,
                 last.file_path.to_path_buf(),
