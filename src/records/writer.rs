@@ -8,12 +8,11 @@
 //!   readable); its `fdatasync` is the next one anybody waits for, or happens on its own
 //!   within 5 ms. It is for records no effect depends on.
 //! * Group commit, pipelined: each caller seals its record into the chain and appends its
-//!   line itself (one short `write`, in chain order); one `fdatasync` then makes every record
-//!   written so far durable and completes them all. A caller that waits alone (no sync
-//!   running, nobody else waiting) runs that sync on its own thread; otherwise the sync
-//!   thread does, while the next records are already being written, so concurrent callers
-//!   share each sync and never wait for a sync that started before their record was written
-//!   plus one. Syncs never overlap.
+//!   line itself (one short `write`, in chain order); a sync thread takes every record
+//!   written so far, makes them durable with one `fdatasync`, then completes them all. While
+//!   one sync runs, the next records are already being written, so concurrent callers share
+//!   each sync and never wait for a sync that started before their record was written plus
+//!   one.
 //! * Fail closed: after any write, sync, rotation or anchor error the writer is failed for good:
 //!   that commit and every later one return [`RecordError::WriterFailed`] with the first
 //!   reason, and [`RecordWriter::status`] reports it. The host must then refuse calls and
@@ -273,9 +272,8 @@ impl RecordWriter {
     /// [`RecordError::WriterFailed`] once the writer has failed, [`RecordError::Closed`] after
     /// close. If the future is dropped before it completes, the record may or may not be
     /// written: the caller must then treat the decision as not durable and skip its effect.
-    /// The line is written on the calling thread, and when nobody else waits and no sync is
-    /// running the `fdatasync` runs there too (like the SQLite flow state's): at most one
-    /// thread is ever held by a sync, and it is the one whose caller needs it.
+    /// The line is written on the calling thread (one short `write`); the `fdatasync` runs
+    /// on the sync thread.
     pub async fn commit(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
         self.refuse_if_failed()?;
         let (tx, rx) = oneshot::channel();

@@ -1,14 +1,14 @@
 //! Where records are written and made durable. A caller seals and appends its own record
-//! (under the [`Stages`] lock, so the chain and the file keep one order), then queues it.
-//! Syncs are grouped and never run two at a time: a caller that waits for its record while
-//! no sync is running, nobody else waits and the last sync served one caller at most (calls
-//! are not concurrent) *leads*: it makes everything queued so far
-//! durable with one `fdatasync` on its own thread, which spares the two thread hand-offs a
-//! sync on another thread costs (about what the hand-offs of a whole call cost otherwise).
-//! Everyone else is served by the *syncer* thread, which makes everything queued so far
-//! durable with one `fdatasync` and completes whoever waits, while the next records are
-//! already being appended (group commit). The syncer also syncs appended records nobody waits
-//! for within [`LAZY_SYNC`] and keeps the head anchor.
+//! (under the [`Stages`] lock, so the chain and the file keep one order), then queues it for
+//! the *syncer* thread, which makes everything queued so far durable with one `fdatasync`
+//! and completes whoever waits, while the next records are already being appended (group
+//! commit). Appending on the caller's thread spares the two hand-offs to and from a writer
+//! thread. The syncer also syncs appended records nobody waits for within [`LAZY_SYNC`] and
+//! keeps the head anchor.
+//!
+//! (A caller that waits alone could run the sync on its own thread and spare the hand-offs
+//! to and from the syncer too; measured, that halved the groups of concurrent committers,
+//! and a runtime's only worker must not wait for the disk, so every sync is the syncer's.)
 
 use std::fs::File;
 use std::io::Write;
@@ -73,7 +73,7 @@ struct Written {
     reply: Option<CommitReply>,
 }
 
-/// What is durable, kept by whoever syncs (one at a time).
+/// What is durable, kept by the syncer (read for the head anchor).
 #[derive(Default)]
 struct Book {
     first_seq: Option<u64>,
@@ -81,16 +81,11 @@ struct Book {
     anchor_dirty: bool,
     /// When the last sync finished.
     last_sync: Option<Instant>,
-    /// How many waiting callers the last sync served: more than one means callers are
-    /// concurrent, and their syncs are better grouped by the sync thread than led one by one.
-    last_waited: usize,
 }
 
 /// What the syncer has to do, and when it looks next on its own.
 #[derive(Default)]
 struct Pending {
-    /// A sync (the syncer's or a leading caller's) is running.
-    syncing: bool,
     book: Book,
     written: Vec<Written>,
     /// How many of `written` someone waits for.
@@ -131,7 +126,6 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
         durable: None,
         anchor_dirty: true,
         last_sync: None,
-        last_waited: 0,
     };
     let syncer = Syncer {
         dir: s.dir.clone(),
@@ -198,62 +192,27 @@ impl Stages {
             hash: sealed.hash,
         };
         // Queued while the file is still held, so the queue keeps the chain's order.
-        let lead = self.queue_written(
-            Written {
-                file: tail.file.clone(),
-                file_path: tail.file_path.clone(),
-                file_lines: tail.file_lines,
-                committed: committed.clone(),
-                reply,
-            },
-            may_lead(),
-        );
-        drop(tail);
-        if let Some(written) = lead {
-            // Others append meanwhile; their records go to the next sync.
-            sync_written(&self.queue, &self.shared, written);
-            let q = self.queue.lock();
-            // Whoever queued a wait while this sync ran needs the syncer; an idle syncer
-            // needs to know about the anchor and any appended records.
-            let wake = q.waited > 0
-                || !q.flushes.is_empty()
-                || q.close.is_some()
-                || q.hung_up
-                || q.next_look.is_none();
-            drop(q);
-            if wake {
-                self.queue.wake.notify_one();
-            }
-        }
+        self.queue_written(Written {
+            file: tail.file.clone(),
+            file_path: tail.file_path.clone(),
+            file_lines: tail.file_lines,
+            committed: committed.clone(),
+            reply,
+        });
         Ok(committed)
     }
 
-    /// Queues a written record; returns what to sync if the caller is to lead the sync
-    /// (only if it `may_lead`).
-    fn queue_written(&self, w: Written, may_lead: bool) -> Option<Vec<Written>> {
+    /// Queues a written record for the syncer.
+    fn queue_written(&self, w: Written) {
         let mut q = self.queue.lock();
         if q.ended {
             drop(q);
             if let Some(reply) = w.reply {
                 reply.send(Err(self.shared.gone()));
             }
-            return None;
+            return;
         }
         let wake = if w.reply.is_some() {
-            let alone = may_lead
-                && q.book.last_waited <= 1
-                && !q.syncing
-                && q.waited == 0
-                && q.flushes.is_empty()
-                && q.close.is_none()
-                && !q.hung_up;
-            if alone {
-                q.syncing = true;
-                q.lazy_since = None;
-                let mut written = std::mem::take(&mut q.written);
-                written.push(w);
-                return Some(written);
-            }
             q.waited += 1;
             true
         } else {
@@ -266,7 +225,6 @@ impl Stages {
         if wake {
             self.queue.wake.notify_one();
         }
-        None
     }
 
     /// Answers `reply` once everything written before this call is durable.
@@ -324,16 +282,6 @@ impl Tail {
         self.file_lines += 1;
         Ok(())
     }
-}
-
-/// Whether a caller may run a sync on its own thread: a plain thread may, a runtime worker
-/// only if the runtime has others to go on serving while it waits for the disk (a runtime's
-/// only worker would stall every session for the sync).
-pub(super) fn may_lead() -> bool {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    Handle::try_current().map_or(true, |h| {
-        h.runtime_flavor() == RuntimeFlavor::MultiThread && h.metrics().num_workers() > 1
-    })
 }
 
 fn fail(shared: &Shared, reason: String) {
@@ -408,8 +356,7 @@ impl Syncer {
     }
 
     /// Waits for work: a record someone waits for, a flush, a close, every handle gone, or
-    /// appended records older than [`LAZY_SYNC`] (never while a leading caller syncs; it
-    /// wakes the syncer when done). `None`: the head anchor is due instead. While calls keep
+    /// appended records older than [`LAZY_SYNC`]. `None`: the head anchor is due instead. While calls keep
     /// coming (a sync within [`ACTIVE_WINDOW`]) it looks every [`LAZY_SYNC`] on its own, so
     /// that appended records need not wake it.
     fn next_batch(&self) -> Option<Batch> {
@@ -417,14 +364,12 @@ impl Syncer {
         loop {
             let now = Instant::now();
             let lazy_due = q.lazy_since.map(|t| t + LAZY_SYNC);
-            if !q.syncing
-                && (q.waited > 0
-                    || !q.flushes.is_empty()
-                    || q.close.is_some()
-                    || q.hung_up
-                    || lazy_due.is_some_and(|t| t <= now))
+            if q.waited > 0
+                || !q.flushes.is_empty()
+                || q.close.is_some()
+                || q.hung_up
+                || lazy_due.is_some_and(|t| t <= now)
             {
-                q.syncing = true;
                 q.waited = 0;
                 q.lazy_since = None;
                 q.next_look = Some(now);
@@ -462,8 +407,7 @@ impl Syncer {
                         .0
                 }
             };
-            if anchor_due.is_some_and(|t| t <= Instant::now()) && q.written.is_empty() && !q.syncing
-            {
+            if anchor_due.is_some_and(|t| t <= Instant::now()) && q.written.is_empty() {
                 return None;
             }
         }
@@ -543,7 +487,7 @@ impl Syncer {
 }
 
 /// Makes `written` durable (one `fdatasync` per distinct file), books it and completes
-/// whoever waits. Only one runs at a time: the caller set `syncing`, and this clears it.
+/// whoever waits.
 fn sync_written(queue: &Queue, shared: &Shared, written: Vec<Written>) {
     let mut result = match shared.failed.get() {
         Some(reason) => Err(reason.clone()),
@@ -564,7 +508,6 @@ fn sync_written(queue: &Queue, shared: &Shared, written: Vec<Written>) {
     }
     {
         let mut q = queue.lock();
-        q.syncing = false;
         if let (Ok(()), Some(last)) = (&result, written.last()) {
             let book = &mut q.book;
             book.first_seq = book.first_seq.or(written.first().map(|w| w.committed.seq));
@@ -574,7 +517,6 @@ fn sync_written(queue: &Queue, shared: &Shared, written: Vec<Written>) {
             });
             book.anchor_dirty = true;
             book.last_sync = Some(Instant::now());
-            book.last_waited = written.iter().filter(|w| w.reply.is_some()).count();
             let (first_seq, path, head) = (
                 book.first_seq,
                 last.file_path.to_path_buf(),

@@ -264,8 +264,8 @@ async fn after_close_every_request_is_refused_at_once() {
 async fn a_commit_is_booked_durable_when_it_returns_whoever_synced_it() {
     let dir = tempfile::tempdir().unwrap();
     let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
-    // Alone (the caller leads the sync), after an append, and among concurrent commits
-    // (the syncer serves them): each is in the status as durable once it returns.
+    // Alone, after an append, and among concurrent commits: each is in the status as
+    // durable once it returns.
     for _ in 0..3 {
         let c = w.commit(sample_tool_call()).await.unwrap();
         assert!(w.status().last_seq >= Some(c.seq), "{:?}", w.status());
@@ -287,23 +287,4 @@ async fn a_commit_is_booked_durable_when_it_returns_whoever_synced_it() {
     assert_eq!(status.last_seq, Some(26));
     assert_eq!(status.committed_since_open, 26);
     assert!(verify_records(dir.path(), None).unwrap().is_ok());
-}
-
-#[test]
-fn only_a_thread_the_runtime_can_spare_runs_a_sync_itself() {
-    assert!(stages::may_lead(), "a plain thread may wait for the disk");
-    let runtime = |workers: Option<usize>| match workers {
-        None => tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap(),
-        Some(n) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .build()
-            .unwrap(),
-    };
-    for (workers, expected) in [(None, false), (Some(1), false), (Some(2), true)] {
-        let leads = runtime(workers)
-            .block_on(async { tokio::spawn(async { stages::may_lead() }).await.unwrap() });
-        assert_eq!(leads, expected, "workers: {workers:?}");
-    }
 }
