@@ -280,6 +280,15 @@ fn a_daemon_executor_killed_by_its_memory_bound_is_named_with_server_and_tool() 
     );
 }
 
+/// An executor that only sleeps (a single task), quiet.
+async fn sleeper(b: &Broker, profile: Arc<Profile>) -> Executor {
+    let mut spec = SpawnSpec::new(["/bin/sleep", "30"], profile);
+    spec.stdin = StdioMode::Null;
+    spec.stdout = StdioMode::Null;
+    spec.stderr = StdioMode::Null;
+    b.spawn(spec).await.expect("spawn /bin/sleep")
+}
+
 /// Thread ids of this (host) process.
 fn own_threads() -> Vec<String> {
     std::fs::read_dir("/proc/self/task")
@@ -296,11 +305,7 @@ async fn an_executor_is_born_in_its_cgroups_and_the_host_never_stays_in_them() {
     if !enforced(&b, &p) {
         return;
     }
-    let mut spec = SpawnSpec::new(["/bin/sleep", "30"], p);
-    spec.stdin = StdioMode::Null;
-    spec.stdout = StdioMode::Null;
-    spec.stderr = StdioMode::Null;
-    let mut exec = b.spawn(spec).await.expect("spawn");
+    let mut exec = sleeper(&b, p).await;
     let cgroups = cgroups_of(exec.pid());
     // Memory, tasks and CPU: one cgroup each on v1, one on v2.
     assert!(
@@ -343,14 +348,7 @@ async fn an_executor_bounded_to_one_task_still_starts_and_is_bounded() {
     if !enforced(&b, &p) {
         return;
     }
-    let mut spec = SpawnSpec::new(["/bin/sleep", "30"], p);
-    spec.stdin = StdioMode::Null;
-    spec.stdout = StdioMode::Null;
-    spec.stderr = StdioMode::Null;
-    let mut exec = b
-        .spawn(spec)
-        .await
-        .expect("spawn under a bound of one task");
+    let mut exec = sleeper(&b, p).await;
     let pids = cgroups_of(exec.pid())
         .into_iter()
         .find(|d| d.join("pids.max").exists())
