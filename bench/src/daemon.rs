@@ -384,6 +384,8 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         let _ = tokio::time::timeout(Duration::from_secs(10), serving).await;
     });
     drop(through);
+    // The records and state of every run would otherwise pile up under target/.
+    let _ = std::fs::remove_dir_all(&dir);
     Measured {
         through: t,
         over_http: h,
