@@ -162,9 +162,9 @@ impl Acc {
             .map(|id| id.0.to_string());
         let tool = d.tool.name.0.to_string();
         // A session-level refusal (a peer refused at initialize, a request that named no
-        // tool) is evidence in the chain but no tool action: nothing to compare with a
-        // declared surface.
-        if x.is_some_and(|x| x.event_is("session")) {
+        // tool) and a relayed request of a call (judged with its call) are evidence in the
+        // chain but no tool action of their own: nothing to compare with a declared surface.
+        if x.is_some_and(|x| x.event_is("session") || x.event_is("relay")) {
             return Ok(());
         }
         if let Some((kind, reason)) = judge(matcher, d)? {

@@ -62,6 +62,12 @@ pub enum Denial {
     GrantPurposeNotAllowed,
     /// A grant used before.
     GrantReplayed,
+    /// An executor asked its client for something (sampling, elicitation) the client did
+    /// not declare at `initialize`.
+    ClientCapabilityMissing,
+    /// An executor had as many requests to its client pending in one call as the host
+    /// relays at once.
+    RelayLimit,
     /// The flow state could not be read or written (fail closed).
     StateFailure,
     /// The decision could not be recorded (fail closed; reaches only the client).
@@ -94,6 +100,8 @@ impl Denial {
             Denial::GrantTargetNotLower => "grant_target_not_lower",
             Denial::GrantPurposeNotAllowed => "grant_purpose_not_allowed",
             Denial::GrantReplayed => "grant_replayed",
+            Denial::ClientCapabilityMissing => "client_capability_missing",
+            Denial::RelayLimit => "relay_limit",
             Denial::StateFailure => "state_failure",
             Denial::RecordFailure => "record_failure",
         }

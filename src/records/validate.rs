@@ -136,7 +136,13 @@ impl DecisionRecord {
             }
         }
         match (x.event, &x.broker) {
-            (EventKind::ToolCall | EventKind::ToolOutcome | EventKind::Session, Some(_)) => {
+            (
+                EventKind::ToolCall
+                | EventKind::ToolOutcome
+                | EventKind::Session
+                | EventKind::Relay,
+                Some(_),
+            ) => {
                 return fail(
                     "flowhost.broker",
                     "must be null unless the event is egress_attempt".into(),
@@ -160,6 +166,12 @@ impl DecisionRecord {
             return fail(
                 "decision.effect",
                 "a tool_outcome is allow (success) or error, never deny".into(),
+            );
+        }
+        if x.relay.is_some() != (x.event == EventKind::Relay) {
+            return fail(
+                "flowhost.relay",
+                "is present exactly on a relay record".into(),
             );
         }
         if x.declaration_mismatch.is_some() && x.event != EventKind::EgressAttempt {

@@ -218,7 +218,8 @@ fn scan(dir: &Path, after: Option<(u64, &str)>, strict: bool) -> Result<Scan, Co
             }
             let x = &record.flowhost;
             let must_carry = matches!(x.event, EventKind::ToolOutcome)
-                || (x.event == EventKind::ToolCall && record.decision.effect == Effect::Allow);
+                || (matches!(x.event, EventKind::ToolCall | EventKind::Relay)
+                    && record.decision.effect == Effect::Allow);
             let Some(labels) = x.labels_after.clone() else {
                 if strict && must_carry {
                     return Err(ContinuityError::Unrecoverable {

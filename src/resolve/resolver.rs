@@ -192,6 +192,17 @@ pub struct EgressJudgment {
     pub clearances: Vec<InformationLabel>,
 }
 
+/// Whether a client's answer may reach a tool (see [`FlowResolver::admit_answer`]).
+#[derive(Debug, Clone)]
+pub struct AnswerJudgment {
+    /// What the tool would receive the answer at.
+    pub source: InformationLabel,
+    /// The clearances it was checked against.
+    pub clearances: Vec<InformationLabel>,
+    /// The state once the answer's taint was joined, or why the answer is refused.
+    pub outcome: Result<FlowState, CallRefusal>,
+}
+
 /// Checks `source` against every policy clearance and the manifest clearance, in that
 /// order; a tool with no policy clearance is refused with `MissingClearance` (after the
 /// `TopSource` check, which comes first).
@@ -411,6 +422,80 @@ impl FlowResolver {
                     clearances,
                 }
             }
+        }
+    }
+
+    /// Decides whether a client's answer to a request the executor sent during `plan`'s
+    /// call (sampling, elicitation) may reach the tool, which receives it as input: the
+    /// session as it is now (other requests may have raised it since dispatch) `⊔` the
+    /// call's argument taint `⊔` `operator input floor ⊔ classifier(answer)` must flow to
+    /// every clearance of the tool, and a tool that egresses must have one (as at
+    /// dispatch; a grant of the call still applies while nothing raised the source). When
+    /// it may, the answer's taint is joined into the state durably before this returns.
+    pub async fn admit_answer(
+        &self,
+        plan: &CallPlan,
+        tool: &str,
+        answer_text: &str,
+    ) -> AnswerJudgment {
+        let taint = self.input_floor.join_or_top(
+            &self
+                .classifier
+                .classify(ClassifierScope::Arguments, answer_text),
+        );
+        let state = match self.state.get(&plan.key).await {
+            Ok(state) => state,
+            Err(e) => {
+                return AnswerJudgment {
+                    source: InformationLabel::Top,
+                    clearances: Vec::new(),
+                    outcome: Err(e.into()),
+                };
+            }
+        };
+        let source = state
+            .combined()
+            .join_or_top(&plan.argument_taint)
+            .join_or_top(&taint);
+        let checked = match &plan.grant {
+            Some(g) if source == plan.source => g.target.clone(),
+            _ => source.clone(),
+        };
+        let security = &plan.security;
+        let checked = if security.effective_egress() {
+            check_clearances(&checked, security)
+        } else {
+            let used: Vec<InformationLabel> = security
+                .policy_clearances()
+                .iter()
+                .chain(security.manifest_clearance())
+                .cloned()
+                .collect();
+            used.iter()
+                .try_for_each(|c| authorize_egress(&checked, Some(c)))
+                .map(|()| used.clone())
+                .map_err(|d| (d, used))
+        };
+        let (clearances, outcome) = match checked {
+            Ok(used) => (
+                used,
+                self.state
+                    .join(&plan.key, &taint)
+                    .await
+                    .map_err(CallRefusal::from),
+            ),
+            Err((denial, used)) => (
+                used,
+                Err(CallRefusal::Flow {
+                    tool: tool.to_string(),
+                    denial,
+                }),
+            ),
+        };
+        AnswerJudgment {
+            source,
+            clearances,
+            outcome,
         }
     }
 

@@ -26,8 +26,9 @@ use tokio::task::JoinSet;
 
 use super::executor::{CallControl, ExecutorError, ProgressRoute, cancelled};
 use super::pipeline::{
-    self, BRIDGE_META_KEY, CallEnv, Caller, Dispatch, DispatchError, Recorder, refusal,
+    self, BRIDGE_META_KEY, CallEnv, Caller, Dispatch, DispatchError, Recorder, RelayGate, refusal,
 };
+use super::relay::{CallRelay, ClientCapabilities, PendingRelays};
 use super::{CallInFlight, Generation, Host, McpExecutor};
 use crate::config::PrincipalConfig;
 use crate::decision::Denial;
@@ -126,6 +127,10 @@ struct Session {
     cancels: Mutex<HashMap<String, watch::Sender<Option<String>>>>,
     /// Outgoing lines (answers, progress notifications).
     out: mpsc::Sender<String>,
+    /// What the client declared it can do at `initialize`.
+    capabilities: OnceLock<ClientCapabilities>,
+    /// Requests of executors relayed to the client, awaiting its answers.
+    relays: PendingRelays,
 }
 
 /// How long a reply may take to reach the client; a client that stops reading is
@@ -194,6 +199,8 @@ pub(super) async fn run(
         executors: Mutex::new(HashMap::new()),
         cancels: Mutex::new(HashMap::new()),
         out: out.clone(),
+        capabilities: OnceLock::new(),
+        relays: PendingRelays::default(),
         host,
     });
     tracing::info!(session = %session.id, identity = %session.identity, "session opened");
@@ -257,7 +264,11 @@ pub(super) async fn run(
         };
         match mcp::parse(&bytes) {
             Err((id, e)) => session.send(mcp::error_response(&id, &e)).await,
-            Ok(Incoming::Response { .. }) => {}
+            Ok(Incoming::Response { id, outcome }) => {
+                if !session.relays.answered(&id, outcome) {
+                    tracing::debug!(session = %session.id, id = %id, "an answer to no request awaiting one is ignored");
+                }
+            }
             Ok(Incoming::Notification { method, params }) => session.notified(&method, &params),
             Ok(Incoming::Request { id, method, params }) if method == "initialize" => {
                 let answer = session.initialize(&params).await;
@@ -396,8 +407,9 @@ impl Session {
             Err(e) => return Err(self.refuse_session("(initialize)", e).await),
         };
         // A repeated initialize cannot move the session: `principal` refuses a mapping
-        // that differs from the pinned one.
+        // that differs from the pinned one; nor can it change what the client declared.
         let _ = self.pinned.set(principal.id.clone());
+        let _ = self.capabilities.set(ClientCapabilities::declared(params));
         let requested = params
             .get("protocolVersion")
             .and_then(Value::as_str)
@@ -781,6 +793,7 @@ impl Dispatch for Executors<'_> {
         tool: &str,
         arguments: Value,
         mut call: CallInFlight,
+        gate: &RelayGate<'_>,
     ) -> Result<Value, DispatchError> {
         let permits = match self.session.executors.lock() {
             Ok(mut all) => all.entry(server.to_string()).or_default().permits.clone(),
@@ -802,6 +815,13 @@ impl Dispatch for Executors<'_> {
         call.executor_pid = bound.exec.pid();
         let name = call.tool.clone();
         let config = &self.generation.config;
+        let relay = CallRelay {
+            gate,
+            pending: &self.session.relays,
+            capabilities: self.session.capabilities.get().copied().unwrap_or_default(),
+            out: &self.session.out,
+            in_flight: Default::default(),
+        };
         let outcome = bound
             .exec
             .call(
@@ -810,6 +830,7 @@ impl Dispatch for Executors<'_> {
                 arguments,
                 config.call_timeout,
                 &mut self.control,
+                &relay,
             )
             .await;
         match outcome {

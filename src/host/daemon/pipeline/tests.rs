@@ -163,6 +163,7 @@ impl Dispatch for Scripted {
         tool: &str,
         arguments: Value,
         _call: CallInFlight,
+        _gate: &RelayGate<'_>,
     ) -> Result<Value, DispatchError> {
         self.asked
             .push((server.to_string(), tool.to_string(), arguments));
