@@ -356,11 +356,27 @@ fn the_conformance_suite_passes_through_flowhost() {
             lab.log()
         );
     }
+    // The suite accepts any content as the tool's answer; the records show the client's
+    // answers to the relayed requests reached the tools.
+    let records = lab.records();
+    for tool in [
+        "test_sampling",
+        "test_elicitation",
+        "test_elicitation_sep1034_defaults",
+        "test_elicitation_sep1330_enums",
+    ] {
+        assert!(
+            records.iter().any(|r| r["tool"]["name"] == tool
+                && r["flowhost"]["relay"]["direction"] == "to_tool"
+                && r["decision"]["effect"] == "allow"),
+            "no answer reached {tool} over HTTP"
+        );
+    }
 }
 
 /// The server scenarios that pass through flowhost today (the README, "Remote agents",
 /// lists the others and why).
-const PASSING: [&str; 12] = [
+const PASSING: [&str; 16] = [
     "server-initialize",
     "ping",
     "tools-list",
@@ -371,7 +387,11 @@ const PASSING: [&str; 12] = [
     "tools-call-mixed-content",
     "tools-call-error",
     "tools-call-with-progress",
+    "tools-call-sampling",
+    "tools-call-elicitation",
+    "elicitation-sep1034-defaults",
     "server-sse-multiple-streams",
+    "elicitation-sep1330-enums",
     "dns-rebinding-protection",
 ];
 

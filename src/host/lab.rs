@@ -310,9 +310,24 @@ impl Client {
 
     /// Sends `bytes` as one line and reads one response line.
     pub fn raw(&mut self, bytes: &[u8]) -> std::io::Result<serde_json::Value> {
-        use std::io::{BufRead, Write};
+        self.send_line(bytes)?;
+        self.read()
+    }
+
+    /// Sends one message (a line), reading nothing.
+    pub fn send(&mut self, message: &serde_json::Value) -> std::io::Result<()> {
+        self.send_line(message.to_string().as_bytes())
+    }
+
+    fn send_line(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
         self.writer.write_all(bytes)?;
-        self.writer.write_all(b"\n")?;
+        self.writer.write_all(b"\n")
+    }
+
+    /// Reads the next message the host sends (an answer, a notification or a request).
+    pub fn read(&mut self) -> std::io::Result<serde_json::Value> {
+        use std::io::BufRead;
         let mut line = String::new();
         self.reader.read_line(&mut line)?;
         serde_json::from_str(&line).map_err(|e| {
