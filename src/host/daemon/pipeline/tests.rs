@@ -115,7 +115,12 @@ impl Host {
         self.config.principal_for(uid, 0).unwrap().clone()
     }
 
-    async fn call(&self, uid: u32, params: Value, exec: &mut Scripted) -> Result<Value, RpcError> {
+    async fn call<D: Dispatch>(
+        &self,
+        uid: u32,
+        params: Value,
+        exec: &mut D,
+    ) -> Result<Value, RpcError> {
         let principal = self.principal(uid);
         let pinned = principal.id.clone();
         let caller = Caller {
@@ -436,4 +441,113 @@ async fn a_session_whose_principal_check_fails_is_refused_and_recorded_under_its
     let records = host.records().await;
     assert_eq!(records[0]["flowhost"]["principal"], "oss-reviewer");
     assert!(exec.asked.is_empty());
+}
+
+/// An executor that, during its call, sends its client what `relay` says through the
+/// call's gate, and keeps what came of each.
+struct Relaying {
+    /// What the gate answered, in order.
+    seen: Vec<Result<(), String>>,
+    /// The session's combined label once the request was let through.
+    label_when_forwarded: Option<crate::label::InformationLabel>,
+}
+
+impl Dispatch for Relaying {
+    async fn dispatch(
+        &mut self,
+        _server: &str,
+        _tool: &str,
+        _arguments: Value,
+        _call: CallInFlight,
+        gate: &RelayGate<'_>,
+    ) -> Result<Value, DispatchError> {
+        use crate::records::RelayMethod::{Elicitation, Sampling};
+        let asked =
+            json!({"messages": [{"role": "user", "content": {"type": "text", "text": TERMS}}]});
+        let denial = |r: Result<(), RpcError>| r.map_err(|e| denial_of(&e).to_string());
+        self.seen
+            .push(denial(gate.to_client(Sampling, &asked, false, 0).await));
+        self.seen.push(denial(
+            gate.to_client(Sampling, &asked, true, relay::MAX_PENDING_RELAYS)
+                .await,
+        ));
+        self.seen
+            .push(denial(gate.to_client(Elicitation, &asked, true, 0).await));
+        let state = gate.env.resolver.state().get(&gate.plan.key).await.unwrap();
+        self.label_when_forwarded = Some(state.combined());
+        let answer = json!({"action": "accept", "content": {"name": "n"}});
+        self.seen
+            .push(denial(gate.to_tool(Elicitation, &answer).await));
+        Ok(json!({"content": [{"type": "text", "text": "done"}]}))
+    }
+}
+
+#[tokio::test]
+async fn what_an_executor_sends_its_client_is_governed_as_the_calls_output() {
+    let host = Host::new();
+    let mut exec = Relaying {
+        seen: Vec::new(),
+        label_when_forwarded: None,
+    };
+    // The public inbox egresses, cleared for public data only; the session starts public.
+    host.call(
+        ANALYST,
+        call(
+            "public-inbox/publish",
+            json!({"message": "m", "sink": "127.0.0.1:1002"}),
+        ),
+        &mut exec,
+    )
+    .await
+    .unwrap();
+    let refused = |d: &str| Err(d.to_string());
+    assert_eq!(
+        exec.seen,
+        [
+            refused("client_capability_missing"),
+            refused("relay_limit"),
+            Ok(()),
+            // The request carried the terms: the classifier raised the session before it
+            // went out, so the client's answer no longer flows to the tool's clearance.
+            refused("flow_violation"),
+        ]
+    );
+    assert!(
+        exec.label_when_forwarded
+            .unwrap()
+            .to_string()
+            .contains("harbor-goods-terms"),
+        "the raise was durable before the request was let through"
+    );
+    let records = host.records().await;
+    let relays: Vec<(Value, Value, Value)> = records
+        .iter()
+        .filter(|r| r["flowhost"]["event"] == "relay")
+        .map(|r| {
+            (
+                r["flowhost"]["relay"].clone(),
+                r["decision"]["effect"].clone(),
+                r["flowhost"]["denial_kind"].clone(),
+            )
+        })
+        .collect();
+    let relay =
+        |m: &str, d: &str, e: &str, k: Value| (json!({"method": m, "direction": d}), json!(e), k);
+    assert_eq!(
+        relays,
+        [
+            relay(
+                "sampling",
+                "to_client",
+                "deny",
+                json!("client_capability_missing")
+            ),
+            relay("sampling", "to_client", "deny", json!("relay_limit")),
+            relay("elicitation", "to_client", "allow", Value::Null),
+            relay("elicitation", "to_tool", "deny", json!("flow_violation")),
+        ]
+    );
+    for r in &records {
+        DecisionRecord::from_json_line(r.to_string().as_bytes()).unwrap();
+    }
 }
