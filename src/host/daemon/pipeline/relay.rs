@@ -111,17 +111,8 @@ impl RelayGate<'_> {
                 return Err(e);
             }
         };
-        let allowed = FlowContext {
-            labels_after: Some(labels_after(&state)),
-            ..FlowContext::default()
-        };
-        self.record(
-            method,
-            direction,
-            Verdict::Authorized { rule: None },
-            allowed,
-        )
-        .await
+        self.allow(method, direction, &state, FlowContext::default())
+            .await
     }
 
     /// Decides whether the client's `answer` (its result, or its error object) to the
@@ -141,25 +132,29 @@ impl RelayGate<'_> {
         };
         let direction = RelayDirection::ToTool;
         match judgment.outcome {
-            Ok(state) => {
-                let allowed = FlowContext {
-                    labels_after: Some(labels_after(&state)),
-                    ..checked
-                };
-                self.record(
-                    method,
-                    direction,
-                    Verdict::Authorized { rule: None },
-                    allowed,
-                )
-                .await
-            }
+            Ok(state) => self.allow(method, direction, &state, checked).await,
             Err(refused) => {
                 self.record(method, direction, refused.verdict(), checked)
                     .await?;
                 Err(refusal_error(&refused))
             }
         }
+    }
+
+    /// Records the allow of what leaves `state` behind, durably.
+    async fn allow(
+        &self,
+        method: RelayMethod,
+        direction: RelayDirection,
+        state: &FlowState,
+        context: FlowContext,
+    ) -> Result<(), RpcError> {
+        let context = FlowContext {
+            labels_after: Some(labels_after(state)),
+            ..context
+        };
+        let allowed = Verdict::Authorized { rule: None };
+        self.record(method, direction, allowed, context).await
     }
 
     async fn record(

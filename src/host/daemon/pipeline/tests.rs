@@ -186,6 +186,19 @@ fn call(tool: &str, arguments: Value) -> Value {
     json!({"name": tool, "arguments": arguments})
 }
 
+/// The analyst's call of the public inbox (it egresses, cleared for public data only).
+async fn publish_publicly<D: Dispatch>(host: &Host, exec: &mut D) -> Result<Value, RpcError> {
+    host.call(
+        ANALYST,
+        call(
+            "public-inbox/publish",
+            json!({"message": "m", "sink": "127.0.0.1:1002"}),
+        ),
+        exec,
+    )
+    .await
+}
+
 fn denial_of(e: &RpcError) -> &str {
     e.data_denial().unwrap_or("")
 }
@@ -249,17 +262,7 @@ async fn a_read_taints_the_session_and_the_public_sink_is_refused_before_dispatc
         .await
         .unwrap();
     assert_eq!(r["content"][0]["text"], TERMS);
-    let e = host
-        .call(
-            ANALYST,
-            call(
-                "public-inbox/publish",
-                json!({"message": "m", "sink": "127.0.0.1:1002"}),
-            ),
-            &mut exec,
-        )
-        .await
-        .unwrap_err();
+    let e = publish_publicly(&host, &mut exec).await.unwrap_err();
     assert_eq!(
         (e.code, denial_of(&e)),
         (code::FLOW_DENIED, "flow_violation")
@@ -490,16 +493,7 @@ async fn what_an_executor_sends_its_client_is_governed_as_the_calls_output() {
         label_when_forwarded: None,
     };
     // The public inbox egresses, cleared for public data only; the session starts public.
-    host.call(
-        ANALYST,
-        call(
-            "public-inbox/publish",
-            json!({"message": "m", "sink": "127.0.0.1:1002"}),
-        ),
-        &mut exec,
-    )
-    .await
-    .unwrap();
+    publish_publicly(&host, &mut exec).await.unwrap();
     let refused = |d: &str| Err(d.to_string());
     assert_eq!(
         exec.seen,
