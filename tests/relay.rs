@@ -122,7 +122,19 @@ fn log_notifications_of_a_call_reach_the_client_before_its_result() {
         ],
         "{before:#?}"
     );
+    // Its line after the result belongs to no call: it is not passed on with the next.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    call(&mut c, 3, "test_simple_text", json!({}));
+    let (r, before) = until_answer(&mut c, 3);
+    assert!(r.get("result").is_some(), "{r}");
+    assert!(before.is_empty(), "{before:#?}");
     lab.stop();
+    assert!(
+        lab.log()
+            .contains("a log notification of an executor serving no call is not forwarded"),
+        "{}",
+        lab.log()
+    );
 }
 
 #[test]
