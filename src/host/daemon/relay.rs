@@ -1,8 +1,8 @@
 //! The session's side of relaying what an executor sends its client during a call: the
 //! client's declared capabilities, the request ids the host issues to the client (an
-//! executor's own ids are never shown to it, so two executors cannot collide and a client
-//! cannot answer for another call), the answers awaited, and [`CallRelay`], which moves one
-//! call's messages through its [`RelayGate`].
+//! executor's own ids are never shown to it: two executors of a session may use the same
+//! ids, and a client learns nothing of an executor by them), the answers awaited, and
+//! [`CallRelay`], which moves one call's messages through its [`RelayGate`].
 //!
 //! A client's answer to an id no call awaits (a late answer, a made-up id) is ignored. A
 //! call that ends (its result, its deadline, its cancellation) abandons what it still
