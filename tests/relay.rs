@@ -199,6 +199,28 @@ fn sampling_goes_to_the_client_only_once_the_calls_label_is_durable_and_its_answ
     let dir = lab.paths.records_dir.display().to_string();
     let (code, out, err) = lab.cli(&["records", "verify", &dir]);
     assert_eq!(code, 0, "{out}\n{err}");
+    // The diff takes the relay records as evidence (no tool action of their own).
+    let declared = lab.declared_surface_file().display().to_string();
+    let (_, out, err) = lab.cli(&[
+        "diff",
+        "--declared",
+        &declared,
+        "--observed",
+        &dir,
+        "--format",
+        "json",
+    ]);
+    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    assert_eq!(report["sources"][0]["evidence"], "verified", "{report:#}");
+    // The call (its tool_call and tool_outcome) is judged, its two relay records are not.
+    let judged: Vec<&Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["tool"] == "test_sampling")
+        .collect();
+    assert_eq!(judged.len(), 1, "{report:#}");
+    assert_eq!(judged[0]["occurrences"], 2, "{report:#}");
 }
 
 #[test]
