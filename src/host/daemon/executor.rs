@@ -17,6 +17,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, watch};
 
+use super::session::Outbox;
 use crate::destination::HostName;
 use crate::dns::{DnsMediation, ExecutorDns, Lookup, LookupJudge};
 use crate::label::InformationLabel;
@@ -145,12 +146,12 @@ impl CallControl {
 }
 
 /// Where an executor's `notifications/progress` for one call are sent: the client's
-/// progress token (passed through to the executor) and the session's outgoing messages.
+/// progress token (passed through to the executor) and the call's outgoing messages.
 pub struct ProgressRoute {
     /// The client's `progressToken`.
     pub token: Value,
-    /// The session's outgoing lines.
-    pub out: mpsc::Sender<String>,
+    /// The call's outgoing lines.
+    pub out: Outbox,
 }
 
 impl ProgressRoute {
@@ -169,8 +170,7 @@ impl ProgressRoute {
             out["total"] = total.clone();
         }
         // A client that went away loses its progress; the call itself goes on.
-        let _ = self
-            .out
+        self.out
             .send(mcp::notification("notifications/progress", out))
             .await;
     }

@@ -13,10 +13,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::executor::{ClientRelay, RelayAnswer, RelayFuture};
 use super::pipeline::RelayGate;
+use super::session::Outbox;
 use crate::mcp::{self, RpcError, code};
 use crate::records::RelayMethod;
 
@@ -76,7 +77,7 @@ impl PendingRelays {
     }
 
     /// A fresh id and its entry; the entry is removed when the returned guard drops.
-    fn open<'a>(&'a self, out: &'a mpsc::Sender<String>) -> Option<Awaiting<'a>> {
+    fn open<'a>(&'a self, out: &'a Outbox) -> Option<Awaiting<'a>> {
         let id = json!(format!(
             "flowhost-relay-{}",
             self.next.fetch_add(1, Ordering::Relaxed) + 1
@@ -96,7 +97,7 @@ impl PendingRelays {
 /// ended), it forgets the id and tells the client the request is cancelled.
 struct Awaiting<'a> {
     pending: &'a PendingRelays,
-    out: &'a mpsc::Sender<String>,
+    out: &'a Outbox,
     id: Value,
     rx: Option<oneshot::Receiver<Result<Value, Value>>>,
 }
@@ -120,7 +121,7 @@ impl Drop for Awaiting<'_> {
             .and_then(|mut w| w.remove(&self.id.to_string()));
         if forgotten.is_some() && self.rx.is_some() {
             // Best effort: a client too slow to take it still has its answer ignored.
-            let _ = self.out.try_send(mcp::notification(
+            self.out.try_send(mcp::notification(
                 "notifications/cancelled",
                 json!({"requestId": self.id, "reason": "the tool call that asked ended"}),
             ));
@@ -137,7 +138,7 @@ pub struct CallRelay<'a> {
     /// What the client declared.
     pub capabilities: ClientCapabilities,
     /// The session's outgoing lines.
-    pub out: &'a mpsc::Sender<String>,
+    pub out: &'a Outbox,
     /// Requests of this call relayed and not yet answered.
     pub in_flight: AtomicUsize,
 }
@@ -164,10 +165,9 @@ impl CallRelay<'_> {
         let session_gone = || RpcError::new(code::INTERNAL_ERROR, "the client is gone");
         let mut awaiting = self.pending.open(self.out).ok_or_else(session_gone)?;
         let line = json!({"jsonrpc": "2.0", "id": awaiting.id, "method": method, "params": params});
-        self.out
-            .send(line.to_string())
-            .await
-            .map_err(|_| session_gone())?;
+        if !self.out.send(line.to_string()).await {
+            return Err(session_gone());
+        }
         let answer = awaiting.answer().await.ok_or_else(session_gone)?;
         let shown = match &answer {
             Ok(result) => result,
@@ -191,8 +191,7 @@ impl ClientRelay for CallRelay<'_> {
             match self.gate.raise(&params).await {
                 Ok(_) => {
                     // A client that went away loses the line; the call goes on.
-                    let _ = self
-                        .out
+                    self.out
                         .send(mcp::notification("notifications/message", params))
                         .await;
                 }
@@ -227,6 +226,7 @@ impl Drop for Counted<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::mpsc;
 
     #[test]
     fn capabilities_are_what_initialize_declared() {
@@ -242,7 +242,8 @@ mod tests {
     #[tokio::test]
     async fn an_answer_reaches_only_the_request_still_awaiting_it() {
         let pending = PendingRelays::default();
-        let (out, mut sent) = mpsc::channel(4);
+        let (tx, mut sent) = mpsc::channel(4);
+        let out = Outbox::new(tx);
         let mut first = pending.open(&out).unwrap();
         let id = first.id.clone();
         assert!(!pending.answered(&json!("flowhost-relay-9"), Ok(json!({}))));
@@ -258,7 +259,7 @@ mod tests {
         let second = pending.open(&out).unwrap();
         let id = second.id.clone();
         drop(second); // its call ended
-        let cancelled: Value = serde_json::from_str(&sent.try_recv().unwrap()).unwrap();
+        let cancelled: Value = serde_json::from_str(&sent.try_recv().unwrap().line).unwrap();
         assert_eq!(cancelled["method"], "notifications/cancelled");
         assert_eq!(cancelled["params"]["requestId"], id);
         assert!(

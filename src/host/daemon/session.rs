@@ -37,6 +37,55 @@ use crate::mcp::{self, Incoming, Line, RpcError, code};
 use crate::records::PeerIdentity;
 use crate::state::SessionKey;
 
+/// One message the session sends its client, with the client request it belongs to (a
+/// transport with a stream per request carries it on that request's stream).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The JSON-RPC message, one line.
+    pub line: String,
+    /// The id (as JSON text) of the client's request whose serving sent it, if any.
+    pub request: Option<String>,
+}
+
+/// Where a session's messages go, tagged with the client request being served (if any).
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    tx: mpsc::Sender<Outgoing>,
+    request: Option<String>,
+}
+
+impl Outbox {
+    /// The outbox of a session's messages that belong to no request, sending on `tx`.
+    pub fn new(tx: mpsc::Sender<Outgoing>) -> Outbox {
+        Outbox { tx, request: None }
+    }
+
+    /// The outbox of the messages sent while serving request `id`.
+    fn for_request(&self, id: &Value) -> Outbox {
+        Outbox {
+            tx: self.tx.clone(),
+            request: Some(id.to_string()),
+        }
+    }
+
+    fn tagged(&self, line: String) -> Outgoing {
+        Outgoing {
+            line,
+            request: self.request.clone(),
+        }
+    }
+
+    /// Queues `line`, waiting for room; `false` when the client is gone.
+    pub async fn send(&self, line: String) -> bool {
+        self.tx.send(self.tagged(line)).await.is_ok()
+    }
+
+    /// Queues `line` if there is room now; `false` otherwise.
+    pub fn try_send(&self, line: String) -> bool {
+        self.tx.try_send(self.tagged(line)).is_ok()
+    }
+}
+
 /// An executor bound to the session, with the generation it was started in.
 struct Bound {
     generation: u64,
@@ -125,8 +174,8 @@ struct Session {
     executors: Mutex<HashMap<String, ServerExecutors>>,
     /// The calls in flight that a client may cancel, by request id (its JSON text).
     cancels: Mutex<HashMap<String, watch::Sender<Option<String>>>>,
-    /// Outgoing lines (answers, progress notifications).
-    out: mpsc::Sender<String>,
+    /// Outgoing lines (answers, notifications, requests relayed from executors).
+    out: Outbox,
     /// What the client declared it can do at `initialize`.
     capabilities: OnceLock<ClientCapabilities>,
     /// Requests of executors relayed to the client, awaiting its answers.
@@ -157,14 +206,14 @@ pub(super) async fn serve(
     let limit = host.current().config.max_message_bytes;
     let (read, mut write) = stream.into_split();
     let (in_tx, incoming) = mpsc::channel::<Line>(QUEUED_LINES);
-    let (out, mut out_rx) = mpsc::channel::<String>(QUEUED_LINES);
+    let (out, mut out_rx) = mpsc::channel::<Outgoing>(QUEUED_LINES);
     // Reading happens in its own task: a line read is not cancellation-safe.
     let reader = tokio::spawn(mcp::forward_lines(BufReader::new(read), limit, in_tx));
     // The writer ends when the session drops its sender (after the last line) or the client
     // stops reading; the session sees the latter as its outgoing channel closing.
     let writer = tokio::spawn(async move {
-        while let Some(line) = out_rx.recv().await {
-            let mut bytes = line.into_bytes();
+        while let Some(message) = out_rx.recv().await {
+            let mut bytes = message.line.into_bytes();
             bytes.push(b'\n');
             match tokio::time::timeout(CLIENT_WRITE_TIMEOUT, write.write_all(&bytes)).await {
                 Ok(Ok(())) => {}
@@ -189,7 +238,7 @@ pub(super) async fn run(
     host: Arc<Host>,
     identity: Identity,
     mut incoming: mpsc::Receiver<Line>,
-    out: mpsc::Sender<String>,
+    out: mpsc::Sender<Outgoing>,
 ) {
     let limit = host.current().config.max_message_bytes;
     let session = Arc::new(Session {
@@ -198,7 +247,7 @@ pub(super) async fn run(
         pinned: OnceLock::new(),
         executors: Mutex::new(HashMap::new()),
         cancels: Mutex::new(HashMap::new()),
-        out: out.clone(),
+        out: Outbox::new(out.clone()),
         capabilities: OnceLock::new(),
         relays: PendingRelays::default(),
         host,
@@ -508,26 +557,29 @@ impl Session {
         Ok(v)
     }
 
-    /// `tools/call`, through the pipeline, with this session's executors. `cancel` ends
-    /// the call when the client cancels it.
+    /// `tools/call` (request `id`), through the pipeline, with this session's executors.
+    /// `cancel` ends the call when the client cancels it.
     async fn call(
         &self,
+        id: &Value,
         params: &Value,
         cancel: watch::Receiver<Option<String>>,
     ) -> Result<Value, RpcError> {
         let generation = self.host.current();
+        let outbox = self.out.for_request(id);
         let progress = params
             .get("_meta")
             .and_then(|m| m.get("progressToken"))
             .filter(|t| t.is_string() || t.is_i64() || t.is_u64())
             .map(|token| ProgressRoute {
                 token: token.clone(),
-                out: self.out.clone(),
+                out: outbox.clone(),
             });
         let mut executors = Executors {
             session: self,
             generation: &generation,
             control: CallControl { cancel, progress },
+            outbox,
         };
         pipeline::tools_call(
             &env(&self.host, &generation),
@@ -564,7 +616,7 @@ impl Session {
             },
             "tools/call" => {
                 let cancel = cancel.unwrap_or_else(|| CallControl::none().cancel);
-                self.call(&params, cancel).await
+                self.call(&id, &params, cancel).await
             }
             "flowhost/session" => match self.describe().await {
                 Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
@@ -600,7 +652,7 @@ impl Session {
 
     /// Queues one outgoing line (lost if the client is gone).
     async fn send(&self, line: String) {
-        let _ = self.out.send(line).await;
+        self.out.send(line).await;
     }
 
     /// A client notification: `notifications/cancelled` ends the named call in flight;
@@ -733,6 +785,8 @@ struct Executors<'s> {
     session: &'s Session,
     generation: &'s Generation,
     control: CallControl,
+    /// The call's messages to the client.
+    outbox: Outbox,
 }
 
 impl Executors<'_> {
@@ -819,7 +873,7 @@ impl Dispatch for Executors<'_> {
             gate,
             pending: &self.session.relays,
             capabilities: self.session.capabilities.get().copied().unwrap_or_default(),
-            out: &self.session.out,
+            out: &self.outbox,
             in_flight: Default::default(),
         };
         let outcome = bound
