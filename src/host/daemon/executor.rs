@@ -647,11 +647,6 @@ impl<C: NamedCall> McpExecutor<C> {
         tracing::debug!(server = %self.server, pid = self.pid(), count = self.idle_logs, "a log notification of an executor serving no call is not forwarded (its data would carry no call's label)");
     }
 
-    /// Log notifications the executor sent while it served no call (none was forwarded).
-    pub fn idle_logs(&self) -> u64 {
-        self.idle_logs
-    }
-
     /// Handles what the executor sent while it served no call, before the next call
     /// starts: log notifications are counted and dropped, requests refused, stale answers
     /// ignored. Nothing it said between calls is taken as the next call's output.
@@ -659,7 +654,7 @@ impl<C: NamedCall> McpExecutor<C> {
         while let Ok(line) = self.stdout.try_recv() {
             let bytes = match line {
                 Line::Message(bytes) => bytes,
-                // Seen again (as the end) by the call that follows.
+                // It exited between calls.
                 Line::Eof => return Err(ExecutorError::Exited),
                 Line::TooLarge(n) => {
                     return Err(ExecutorError::Protocol(format!(
