@@ -652,6 +652,70 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_clients_answer_reaches_a_tool_only_within_its_clearances() {
+        let dir = tempfile::tempdir().unwrap();
+        let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
+        let k = key_for(&who, "s1");
+        let args = serde_json::json!({"message": "m", "sink": "127.0.0.1:1"});
+        // The team inbox is cleared for the terms: an answer carrying them goes through,
+        // and its taint is joined before the tool sees it.
+        let team = reg.tool("team-inbox", "publish").unwrap();
+        let plan = res.pre_dispatch(&who, &k, team, &args, None).await.unwrap();
+        let judged = res
+            .admit_answer(&plan, "publish", "Harbor Goods says yes")
+            .await;
+        assert_eq!(judged.source, terms());
+        assert!(
+            !judged.clearances.is_empty() && judged.clearances.iter().all(|c| *c == terms()),
+            "the policy's and the manifest's: {:?}",
+            judged.clearances
+        );
+        assert_eq!(judged.outcome.unwrap().session, terms());
+        // The public inbox is cleared for public data only: the same session (now holding
+        // the terms) may not hand it any answer, however plain.
+        let public = reg.tool("public-inbox", "publish").unwrap();
+        let k2 = key_for(&who, "s2");
+        let plan = res.pre_dispatch(&who, &k2, public, &args, None).await;
+        assert!(
+            plan.is_err(),
+            "the principal holds the terms: the call itself is refused"
+        );
+        let fresh = PrincipalConfig {
+            id: PrincipalId::new("newcomer").unwrap(),
+            ..analyst()
+        };
+        let k3 = key_for(&fresh, "s3");
+        let plan = res
+            .pre_dispatch(&fresh, &k3, public, &args, None)
+            .await
+            .unwrap();
+        let plain = res.admit_answer(&plan, "publish", "fine").await;
+        assert!(
+            plain.outcome.is_ok(),
+            "public data flows to a public clearance"
+        );
+        let refused = res
+            .admit_answer(&plan, "publish", "Harbor Goods says yes")
+            .await;
+        assert!(
+            matches!(
+                refused.outcome,
+                Err(CallRefusal::Flow {
+                    denial: EgressDenial::FlowViolation,
+                    ..
+                })
+            ),
+            "{:?}",
+            refused.outcome
+        );
+        assert_eq!(
+            res.state().get(&k3).await.unwrap().session,
+            InformationLabel::bottom(),
+            "a refused answer joins nothing"
+        );
+    }
+
+    #[tokio::test]
     async fn the_lab_decisions() {
         let dir = tempfile::tempdir().unwrap();
         let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
