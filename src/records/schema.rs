@@ -319,6 +319,12 @@ pub enum EventKind {
     /// A refusal before any tool was named: a peer that is not a configured principal, or
     /// a request too malformed to name a tool.
     Session,
+    /// A `resources/read`, `prompts/get` or `completion/complete` decision (allowed before
+    /// the executor sees it, or refused): `tool.name` says which request and what it named.
+    ContentRequest,
+    /// What an allowed content request returned: `allow` with status `success`, or `error`;
+    /// it carries the labels the content left behind (joined before it reached the client).
+    ContentOutcome,
 }
 
 /// Where an outbound operation was going.

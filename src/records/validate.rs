@@ -136,7 +136,14 @@ impl DecisionRecord {
             }
         }
         match (x.event, &x.broker) {
-            (EventKind::ToolCall | EventKind::ToolOutcome | EventKind::Session, Some(_)) => {
+            (
+                EventKind::ToolCall
+                | EventKind::ToolOutcome
+                | EventKind::Session
+                | EventKind::ContentRequest
+                | EventKind::ContentOutcome,
+                Some(_),
+            ) => {
                 return fail(
                     "flowhost.broker",
                     "must be null unless the event is egress_attempt".into(),
@@ -156,10 +163,12 @@ impl DecisionRecord {
                 "a deny must say why (a denial code)".into(),
             );
         }
-        if x.event == EventKind::ToolOutcome && self.decision.effect == Effect::Deny {
+        if matches!(x.event, EventKind::ToolOutcome | EventKind::ContentOutcome)
+            && self.decision.effect == Effect::Deny
+        {
             return fail(
                 "decision.effect",
-                "a tool_outcome is allow (success) or error, never deny".into(),
+                "a tool_outcome or content_outcome is allow (success) or error, never deny".into(),
             );
         }
         if x.declaration_mismatch.is_some() && x.event != EventKind::EgressAttempt {
