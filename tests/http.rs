@@ -360,7 +360,7 @@ fn the_conformance_suite_passes_through_flowhost() {
 
 /// The server scenarios that pass through flowhost today (the README, "Remote agents",
 /// lists the others and why).
-const PASSING: [&str; 12] = [
+const PASSING: [&str; 25] = [
     "server-initialize",
     "ping",
     "tools-list",
@@ -373,6 +373,19 @@ const PASSING: [&str; 12] = [
     "tools-call-with-progress",
     "server-sse-multiple-streams",
     "dns-rebinding-protection",
+    "logging-set-level",
+    "completion-complete",
+    "resources-list",
+    "resources-read-text",
+    "resources-read-binary",
+    "resources-templates-read",
+    "resources-subscribe",
+    "resources-unsubscribe",
+    "prompts-list",
+    "prompts-get-simple",
+    "prompts-get-with-args",
+    "prompts-get-embedded-resource",
+    "prompts-get-with-image",
 ];
 
 /// With `[http.tls]`, the listener speaks only TLS: a client that trusts the certificate

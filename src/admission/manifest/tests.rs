@@ -897,7 +897,8 @@ fn resources_and_prompts_round_trip_signed_and_route() {
 
 #[test]
 fn bad_resources_and_prompts_are_refused_naming_the_field() {
-    let cases: Vec<(Value, Value, fn(&ManifestError) -> bool, &str)> = vec![
+    type Case = (Value, Value, fn(&ManifestError) -> bool, &'static str);
+    let cases: Vec<Case> = vec![
         (
             json!([]),
             json!([{"name": "p"}]),

@@ -624,6 +624,28 @@ impl<C: NamedCall> McpExecutor<C> {
         result
     }
 
+    /// Sends one request that is no tool call (a resource read, a prompt, a completion,
+    /// `logging/setLevel`) and waits for its answer under `deadline`. No call is in the
+    /// slot meanwhile, so any egress the executor attempts is refused (`no_call_in_flight`).
+    pub async fn forward(
+        &mut self,
+        method: &str,
+        params: Value,
+        deadline: Duration,
+    ) -> Result<Value, ExecutorError> {
+        self.last_used = Instant::now();
+        self.stderr_budget
+            .store(STDERR_LINES_PER_CALL, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut last) = self.last_tool.lock() {
+            *last = format!("({method})");
+        }
+        let result = self
+            .request(method, params, deadline, &mut CallControl::none())
+            .await;
+        self.last_used = Instant::now();
+        result
+    }
+
     /// Which bound killed the executor, once it is reaped (waiting briefly: its output
     /// closes a moment before it can be reaped).
     async fn died_from_bound(&mut self) -> Option<String> {

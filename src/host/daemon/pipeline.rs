@@ -664,5 +664,7 @@ fn tool_error(text: &str) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
+pub mod content;
+
 #[cfg(test)]
 mod tests;

@@ -25,6 +25,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::executor::{CallControl, ExecutorError, ProgressRoute, cancelled};
+use super::pipeline::content::{ContentMethod, Forward, ForwardError};
 use super::pipeline::{
     self, BRIDGE_META_KEY, CallEnv, Caller, Dispatch, DispatchError, Recorder, refusal,
 };
@@ -40,6 +41,61 @@ use crate::state::SessionKey;
 struct Bound {
     generation: u64,
     exec: McpExecutor<CallInFlight>,
+    /// The `logging/setLevel` level last applied to it (`None`: never set).
+    log_level: Option<LogLevel>,
+}
+
+/// The eight `logging/setLevel` levels (RFC 5424 severities), least severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// `debug`.
+    Debug,
+    /// `info`.
+    Info,
+    /// `notice`.
+    Notice,
+    /// `warning`.
+    Warning,
+    /// `error`.
+    Error,
+    /// `critical`.
+    Critical,
+    /// `alert`.
+    Alert,
+    /// `emergency`.
+    Emergency,
+}
+
+impl LogLevel {
+    const ALL: [LogLevel; 8] = [
+        LogLevel::Debug,
+        LogLevel::Info,
+        LogLevel::Notice,
+        LogLevel::Warning,
+        LogLevel::Error,
+        LogLevel::Critical,
+        LogLevel::Alert,
+        LogLevel::Emergency,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Notice => "notice",
+            LogLevel::Warning => "warning",
+            LogLevel::Error => "error",
+            LogLevel::Critical => "critical",
+            LogLevel::Alert => "alert",
+            LogLevel::Emergency => "emergency",
+        }
+    }
+
+    /// The level named `name`, if it is one.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|l| l.as_str() == name)
+    }
 }
 
 /// Most executors of one server a session runs at once; further calls to that server wait
@@ -124,6 +180,9 @@ struct Session {
     executors: Mutex<HashMap<String, ServerExecutors>>,
     /// The calls in flight that a client may cancel, by request id (its JSON text).
     cancels: Mutex<HashMap<String, watch::Sender<Option<String>>>>,
+    /// The client's `logging/setLevel`, applied to each of the session's executors before
+    /// its next request (those bound later included).
+    log_level: Mutex<Option<LogLevel>>,
     /// Outgoing lines (answers, progress notifications).
     out: mpsc::Sender<String>,
 }
@@ -193,6 +252,7 @@ pub(super) async fn run(
         pinned: OnceLock::new(),
         executors: Mutex::new(HashMap::new()),
         cancels: Mutex::new(HashMap::new()),
+        log_level: Mutex::new(None),
         out: out.clone(),
         host,
     });
@@ -406,7 +466,13 @@ impl Session {
         tracing::info!(session = %self.id, principal = %principal.id, requested, revision, "session initialized");
         Ok(json!({
             "protocolVersion": revision,
-            "capabilities": {"tools": {"listChanged": false}},
+            "capabilities": {
+                "tools": {"listChanged": false},
+                "resources": {"subscribe": true, "listChanged": false},
+                "prompts": {"listChanged": false},
+                "completions": {},
+                "logging": {},
+            },
             "serverInfo": {"name": "flowhost", "version": env!("CARGO_PKG_VERSION")},
             "instructions": format!("Governed tools for principal {}; every call and egress is decided and recorded.", principal.id),
         }))
@@ -433,6 +499,185 @@ impl Session {
             })
             .collect();
         Ok(json!({ "tools": tools }))
+    }
+
+    /// `resources/list`, `resources/templates/list` or `prompts/list`: what registered
+    /// servers signed and the principal's patterns name (`server/name`), never what an
+    /// executor says it has.
+    fn list_content(&self, method: &str) -> Result<Value, RpcError> {
+        let generation = self.host.current();
+        let principal = self.principal(&generation)?;
+        let registry = &generation.registry;
+        let text = |v: Option<&str>| v.map(crate::manifest::sanitize_for_client);
+        if method == "prompts/list" {
+            let prompts: Vec<Value> = registry
+                .prompts()
+                .filter(|(server, p)| principal.may_call(server, p.name()))
+                .map(|(server, p)| {
+                    let arguments: Vec<Value> = p
+                        .arguments()
+                        .iter()
+                        .map(|a| {
+                            json!({"name": a.name, "description": text(a.description.as_deref()),
+                                   "required": a.required})
+                        })
+                        .collect();
+                    json!({
+                        "name": generation.config.public_tool_name(server, p.name()),
+                        "title": text(p.title()),
+                        "description": text(p.description()),
+                        "arguments": arguments,
+                    })
+                })
+                .map(without_nulls)
+                .collect();
+            return Ok(json!({ "prompts": prompts }));
+        }
+        let templates = method == "resources/templates/list";
+        let resources: Vec<Value> = registry
+            .resources()
+            .filter(|(server, r)| principal.may_call(server, r.name()))
+            .filter(|(_, r)| {
+                templates == matches!(r.locator(), crate::manifest::ResourceLocator::Template(_))
+            })
+            .map(|(_, r)| {
+                let locator = if templates { "uriTemplate" } else { "uri" };
+                without_nulls(json!({
+                    locator: r.locator().as_str(),
+                    "name": r.name(),
+                    "title": text(r.title()),
+                    "description": text(r.description()),
+                    "mimeType": r.mime_type(),
+                }))
+            })
+            .collect();
+        Ok(if templates {
+            json!({ "resourceTemplates": resources })
+        } else {
+            json!({ "resources": resources })
+        })
+    }
+
+    /// `resources/read`, `prompts/get`, `completion/complete`, through the pipeline with
+    /// this session's executors.
+    async fn content(&self, method: &str, params: &Value) -> Result<Value, RpcError> {
+        let generation = self.host.current();
+        let Some(method) = ContentMethod::from_method(method) else {
+            return Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!("method {method:?} is not served"),
+            ));
+        };
+        let mut executors = Executors {
+            session: self,
+            generation: &generation,
+            control: CallControl::none(),
+        };
+        pipeline::content::content_request(
+            &env(&self.host, &generation),
+            self.caller(&generation),
+            method,
+            params,
+            &mut executors,
+        )
+        .await
+    }
+
+    /// `resources/subscribe` and `resources/unsubscribe` of a signed resource the principal
+    /// may read, forwarded to one of the session's executors of its server. Nothing is read,
+    /// so no label changes; a refusal is recorded.
+    async fn subscription(&self, method: &str, params: &Value) -> Result<Value, RpcError> {
+        let generation = self.host.current();
+        let what = format!("({method})");
+        let principal = match self.principal(&generation) {
+            Ok(p) => p,
+            Err(e) => return Err(self.refuse_session(&what, e).await),
+        };
+        let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+            let e = refusal(
+                code::INVALID_PARAMS,
+                format!("{method} needs a string \"uri\""),
+                Denial::InvalidParams,
+            );
+            return Err(self.refuse_session(&what, e).await);
+        };
+        let route = match generation.registry.resource_route(uri) {
+            Some(r) if principal.may_call(&r.server_id, &r.name) => r,
+            Some(r) => {
+                let e = refusal(
+                    code::ACCESS_DENIED,
+                    format!(
+                        "principal {} may not use {}/{}",
+                        principal.id, r.server_id, r.name
+                    ),
+                    Denial::AccessDenied,
+                );
+                return Err(self.refuse_session(&what, e).await);
+            }
+            None => {
+                let e = refusal(
+                    pipeline::content::RESOURCE_NOT_FOUND,
+                    format!("no registered server signed a resource {uri:?}"),
+                    Denial::UnknownResource,
+                );
+                return Err(self.refuse_session(&what, e).await);
+            }
+        };
+        let key = SessionKey {
+            principal: principal.id.clone(),
+            session: self.id.clone(),
+        };
+        let source = match self.host.resolver.state().get(&key).await {
+            Ok(state) => state.combined(),
+            Err(e) => {
+                let e = refusal(
+                    code::INTERNAL_ERROR,
+                    format!("flow state unavailable: {e}"),
+                    Denial::StateFailure,
+                );
+                return Err(self.refuse_session(&what, e).await);
+            }
+        };
+        let mut executors = Executors {
+            session: self,
+            generation: &generation,
+            control: CallControl::none(),
+        };
+        executors
+            .forward(&route.server_id, method, json!({"uri": uri}), &source)
+            .await
+            .map(|_| json!({}))
+            .map_err(|e| {
+                RpcError::new(
+                    code::INTERNAL_ERROR,
+                    format!("server {:?}: {e:?}", route.server_id),
+                )
+            })
+    }
+
+    /// `logging/setLevel`: remembered for the session and applied to each of its
+    /// executors before its next request.
+    async fn set_log_level(&self, params: &Value) -> Result<Value, RpcError> {
+        let generation = self.host.current();
+        if let Err(e) = self.principal(&generation) {
+            return Err(self.refuse_session("(logging/setLevel)", e).await);
+        }
+        let Some(level) = params
+            .get("level")
+            .and_then(Value::as_str)
+            .and_then(LogLevel::parse)
+        else {
+            let e = refusal(
+                code::INVALID_PARAMS,
+                "level must be one of debug, info, notice, warning, error, critical, alert, emergency",
+                Denial::InvalidParams,
+            );
+            return Err(self.refuse_session("(logging/setLevel)", e).await);
+        };
+        if let Ok(mut l) = self.log_level.lock() {
+            *l = Some(level);
+        }
+        Ok(json!({}))
     }
 
     /// `flowhost/session`: what a declassification authority binds a grant to (the session
@@ -536,7 +781,19 @@ impl Session {
     ) {
         let result = match method.as_str() {
             "ping" => Ok(json!({})),
-            "tools/list" | "tools/call" | "flowhost/health" | "flowhost/session"
+            "tools/list"
+            | "tools/call"
+            | "flowhost/health"
+            | "flowhost/session"
+            | "resources/list"
+            | "resources/templates/list"
+            | "resources/read"
+            | "resources/subscribe"
+            | "resources/unsubscribe"
+            | "prompts/list"
+            | "prompts/get"
+            | "completion/complete"
+            | "logging/setLevel"
                 if self.pinned().is_none() =>
             {
                 let e = refusal(
@@ -553,6 +810,19 @@ impl Session {
             "tools/call" => {
                 let cancel = cancel.unwrap_or_else(|| CallControl::none().cancel);
                 self.call(&params, cancel).await
+            }
+            "resources/list" | "resources/templates/list" | "prompts/list" => {
+                match self.list_content(&method) {
+                    Err(e) => Err(self.refuse_session(&format!("({method})"), e).await),
+                    ok => ok,
+                }
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                self.subscription(&method, &params).await
+            }
+            "logging/setLevel" => self.set_log_level(&params).await,
+            method if ContentMethod::from_method(method).is_some() => {
+                self.content(method, &params).await
             }
             "flowhost/session" => match self.describe().await {
                 Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
@@ -700,6 +970,21 @@ fn tool_entry(
     entry
 }
 
+/// `value` without its `null` fields (optional fields MCP leaves out rather than nulls).
+fn without_nulls(mut value: Value) -> Value {
+    if let Some(map) = value.as_object_mut() {
+        map.retain(|_, v| !v.is_null());
+        for v in map.values_mut() {
+            if let Some(items) = v.as_array_mut() {
+                for item in items {
+                    *item = without_nulls(std::mem::take(item));
+                }
+            }
+        }
+    }
+    value
+}
+
 /// The call environment of `generation` on `host`.
 pub(super) fn env<'g>(host: &'g Host, generation: &'g Generation) -> CallEnv<'g> {
     CallEnv {
@@ -748,18 +1033,43 @@ impl Executors<'_> {
         for b in retired {
             b.exec.stop().await;
         }
-        if let Some(b) = found {
-            return Ok(b);
+        let mut bound = match found {
+            Some(b) => b,
+            None => {
+                let pool = self
+                    .generation
+                    .pools
+                    .get(server)
+                    .ok_or(ExecutorError::Exited)?;
+                Bound {
+                    generation: self.generation.id,
+                    exec: pool.acquire().await?,
+                    log_level: None,
+                }
+            }
+        };
+        // The client's logging level reaches every executor before it serves the session.
+        let wanted = self.session.log_level.lock().ok().and_then(|l| *l);
+        if let Some(level) = wanted.filter(|l| bound.log_level != Some(*l)) {
+            let deadline = self.generation.config.call_timeout;
+            match bound
+                .exec
+                .forward(
+                    "logging/setLevel",
+                    json!({"level": level.as_str()}),
+                    deadline,
+                )
+                .await
+            {
+                // A server without logging answers with an error: it sends no logs anyway.
+                Ok(_) | Err(ExecutorError::Rpc(_)) => bound.log_level = Some(level),
+                Err(e) => {
+                    bound.exec.stop().await;
+                    return Err(e);
+                }
+            }
         }
-        let pool = self
-            .generation
-            .pools
-            .get(server)
-            .ok_or(ExecutorError::Exited)?;
-        Ok(Bound {
-            generation: self.generation.id,
-            exec: pool.acquire().await?,
-        })
+        Ok(bound)
     }
 
     /// Returns an executor to the session's idle ones.
@@ -837,6 +1147,54 @@ impl Dispatch for Executors<'_> {
                 tracing::warn!(server = %server, tool = %name, error = %e, "the executor of server {server:?} failed; it is retired");
                 bound.exec.stop().await;
                 Err(DispatchError::Failed(format!("server {server:?}: {e}")))
+            }
+        }
+    }
+}
+
+impl Forward for Executors<'_> {
+    async fn forward(
+        &mut self,
+        server: &str,
+        method: &str,
+        params: Value,
+        source: &crate::label::InformationLabel,
+    ) -> Result<Value, ForwardError> {
+        let permits = match self.session.executors.lock() {
+            Ok(mut all) => all.entry(server.to_string()).or_default().permits.clone(),
+            Err(_) => {
+                return Err(ForwardError::NotStarted(format!(
+                    "server {server:?}: the session's executors are unavailable"
+                )));
+            }
+        };
+        let _permit = permits
+            .acquire_owned()
+            .await
+            .map_err(|e| ForwardError::NotStarted(e.to_string()))?;
+        let mut bound = self
+            .take(server, source)
+            .await
+            .map_err(|e| ForwardError::NotStarted(format!("server {server:?}: {e}")))?;
+        let deadline = self.generation.config.call_timeout;
+        match bound.exec.forward(method, params, deadline).await {
+            Ok(result) => {
+                if let Some(b) = self.give_back(server, bound) {
+                    b.exec.stop().await;
+                }
+                Ok(result)
+            }
+            // The executor answered: it may serve again.
+            Err(ExecutorError::Rpc(why)) => {
+                if let Some(b) = self.give_back(server, bound) {
+                    b.exec.stop().await;
+                }
+                Err(ForwardError::Answered(why))
+            }
+            Err(e) => {
+                tracing::warn!(server = %server, method, error = %e, "the executor of server {server:?} failed; it is retired");
+                bound.exec.stop().await;
+                Err(ForwardError::Failed(e.to_string()))
             }
         }
     }
