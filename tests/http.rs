@@ -398,6 +398,36 @@ fn a_resource_read_raises_the_label_and_a_later_egress_is_refused() {
         unknown["error"]["data"]["denial"], "unknown_prompt",
         "{unknown}"
     );
+
+    // A subscription is forwarded; the executor's update of the subscribed resource reaches
+    // the client, its update of a URI nobody signed does not.
+    let mut seen = vec![c.raw(
+        br#"{"jsonrpc":"2.0","id":"sub","method":"resources/subscribe","params":{"uri":"test://static-text"}}"#,
+    )];
+    for _ in 0..50 {
+        if seen
+            .iter()
+            .any(|m| m["method"] == "notifications/resources/updated")
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        seen.push(c.raw(br#"{"jsonrpc":"2.0","id":"p","method":"ping"}"#));
+    }
+    for _ in 0..3 {
+        seen.push(c.raw(br#"{"jsonrpc":"2.0","id":"p","method":"ping"}"#));
+    }
+    assert!(
+        seen.iter()
+            .any(|m| m["id"] == "sub" && m["result"] == json!({})),
+        "{seen:#?}"
+    );
+    let updates: Vec<&Value> = seen
+        .iter()
+        .filter(|m| m["method"] == "notifications/resources/updated")
+        .collect();
+    assert_eq!(updates.len(), 1, "{seen:#?}");
+    assert_eq!(updates[0]["params"], json!({"uri": "test://static-text"}));
     drop(c);
     lab.stop();
 

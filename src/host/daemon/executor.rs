@@ -243,8 +243,48 @@ pub struct McpExecutor<C> {
     last_used: Instant,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     server: String,
+    /// Where the executor's `notifications/resources/updated` go (set once it is bound).
+    updates: Arc<Mutex<Option<UpdateSink>>>,
     /// The executor's own resolver (kept alive as long as the executor).
     _dns: Option<Arc<ExecutorDns>>,
+}
+
+/// Receives the `params` of each `notifications/resources/updated` an executor sends (the
+/// session decides what reaches its client).
+pub type UpdateSink = Arc<dyn Fn(&Value) + Send + Sync>;
+
+/// The method of a resource update notification.
+const RESOURCE_UPDATED: &str = "notifications/resources/updated";
+
+/// Longest line read as a possible resource update (one carries a URI and little else):
+/// longer lines pass on unparsed, so a large result is not parsed twice.
+const MAX_UPDATE_LINE: usize = 8192;
+
+/// Passes an executor's lines on to whoever reads its answers, except resource updates,
+/// which go to its sink as they arrive (dropped while it has none).
+async fn route_updates(
+    mut raw: mpsc::Receiver<Line>,
+    lines: mpsc::Sender<Line>,
+    sink: Arc<Mutex<Option<UpdateSink>>>,
+) {
+    let needle = RESOURCE_UPDATED.as_bytes();
+    while let Some(line) = raw.recv().await {
+        if let Line::Message(m) = &line
+            && m.len() <= MAX_UPDATE_LINE
+            && m.windows(needle.len()).any(|w| w == needle)
+            && let Ok(Incoming::Notification { method, params }) = mcp::parse(m)
+            && method == RESOURCE_UPDATED
+        {
+            let to = sink.lock().ok().and_then(|s| s.clone());
+            if let Some(to) = to {
+                to(&params);
+            }
+            continue;
+        }
+        if lines.send(line).await.is_err() {
+            return;
+        }
+    }
 }
 
 impl<C> Drop for McpExecutor<C> {
@@ -331,9 +371,13 @@ impl<C: NamedCall> McpExecutor<C> {
         let stdout = BufReader::new(exec.take_stdout().ok_or(ExecutorError::Exited)?);
         let _ = pid_cell.set(exec.pid());
         let mut tasks = Vec::new();
+        let (raw_tx, raw) = mpsc::channel(16);
         let (lines_tx, lines) = mpsc::channel(16);
         // Its own task: a request abandoned at cancellation must not lose half a line.
-        tasks.push(tokio::spawn(mcp::forward_lines(stdout, limit, lines_tx)));
+        tasks.push(tokio::spawn(mcp::forward_lines(stdout, limit, raw_tx)));
+        // Resource updates go to the session as they come, between requests too.
+        let updates: Arc<Mutex<Option<UpdateSink>>> = Arc::new(Mutex::new(None));
+        tasks.push(tokio::spawn(route_updates(raw, lines_tx, updates.clone())));
         if let Some(attempts) = exec.take_attempts() {
             tasks.push(tokio::spawn(route_attempts(
                 attempts,
@@ -372,6 +416,7 @@ impl<C: NamedCall> McpExecutor<C> {
             last_used: Instant::now(),
             tasks,
             server: template.server.clone(),
+            updates,
             _dns: dns,
         };
         let answer = me
@@ -622,6 +667,13 @@ impl<C: NamedCall> McpExecutor<C> {
             });
         }
         result
+    }
+
+    /// Sends the executor's resource updates to `sink` from now on.
+    pub fn on_resource_updated(&self, sink: UpdateSink) {
+        if let Ok(mut s) = self.updates.lock() {
+            *s = Some(sink);
+        }
     }
 
     /// Sends one request that is no tool call (a resource read, a prompt, a completion,

@@ -912,6 +912,37 @@ impl Session {
         }
     }
 
+    /// Where resource updates of the session's executors of `server` go: to the client,
+    /// for a URI that `server` signed and the session's principal may read (what an
+    /// executor says of anything else is dropped).
+    fn updates_for(&self, server: &str) -> super::executor::UpdateSink {
+        let host = self.host.clone();
+        let identity = self.identity.clone();
+        let out = self.out.clone();
+        let server = server.to_string();
+        Arc::new(move |params: &Value| {
+            let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+                return;
+            };
+            let generation = host.current();
+            let declared = generation.registry.resource_route(uri).is_some_and(|r| {
+                r.server_id == server
+                    && identity
+                        .principal(&generation.config)
+                        .is_some_and(|p| p.may_call(&r.server_id, &r.name))
+            });
+            if !declared {
+                tracing::debug!(server = %server, "dropped an update of a resource the session may not read");
+                return;
+            }
+            // A client that does not read loses updates rather than holding the executor.
+            let _ = out.try_send(mcp::notification(
+                "notifications/resources/updated",
+                json!({ "uri": uri }),
+            ));
+        })
+    }
+
     /// Stops the session's executors that have been idle past the configured time.
     fn reap_idle(&self) {
         let limit = self.host.current().config.idle_timeout;
@@ -1041,9 +1072,11 @@ impl Executors<'_> {
                     .pools
                     .get(server)
                     .ok_or(ExecutorError::Exited)?;
+                let exec = pool.acquire().await?;
+                exec.on_resource_updated(self.session.updates_for(server));
                 Bound {
                     generation: self.generation.id,
-                    exec: pool.acquire().await?,
+                    exec,
                     log_level: None,
                 }
             }
