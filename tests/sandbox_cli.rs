@@ -394,3 +394,124 @@ fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run(
         "{stderr}"
     );
 }
+
+/// `--allow NAME:PORT`: the command's lookups are answered by flowhost (only the allowed name
+/// resolves; the other is never asked upstream and its refusal is recorded), the connection
+/// to the address handed out is judged and recorded with the name, and a connection to the
+/// same address without a lookup is judged by address rules alone (and refused).
+#[test]
+fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
+    if !can_run() {
+        return;
+    }
+    use common::named::{BODY, TestDns, TestHttp};
+    let dns = TestDns::start();
+    let http = TestHttp::start();
+    let records = common::shared_dir().join(format!("sandbox-names-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&records);
+    let allow = format!("fetch.test:{}", http.port);
+    let run = |script: String, records: Option<&std::path::Path>| {
+        let mut cmd = flowhost();
+        cmd.args(["sandbox", "run", "--profile", "brokered", "--allow", &allow])
+            .args(["--dns-upstream", &dns.addr.to_string()]);
+        if let Some(dir) = records {
+            cmd.arg("--records").arg(dir);
+        }
+        let out = cmd
+            .args(["--", "/bin/bash", "-c", &script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    let (stdout, stderr) = run(
+        format!(
+            "exec 3<>/dev/tcp/fetch.test/{port} && printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3 && cat <&3; \
+             getent hosts other.test || echo other-unresolved",
+            port = http.port
+        ),
+        Some(&records),
+    );
+    assert!(stdout.contains(BODY), "{stdout}\n{stderr}");
+    assert!(stdout.contains("other-unresolved"), "{stdout}");
+    assert!(
+        stderr.contains(&format!(
+            "connect inet/stream/tcp 127.0.0.1:{} (fetch.test) by pid",
+            http.port
+        )) && stderr.contains(&format!("ALLOWED (allow {allow})")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("dns_query A other.test (udp) -> REFUSED (default)"),
+        "{stderr}"
+    );
+    assert!(dns.asked("fetch.test.") >= 1);
+    assert_eq!(
+        dns.asked("other.test."),
+        0,
+        "a refused name is never asked upstream"
+    );
+    assert_eq!(http.connections(), 1);
+
+    let lines: Vec<serde_json::Value> = std::fs::read_dir(&records)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .flat_map(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let broker = |r: &serde_json::Value| r["flowhost"]["broker"].clone();
+    let connect = lines
+        .iter()
+        .find(|r| broker(r)["syscall"] == "connect")
+        .expect("the connect is recorded");
+    assert_eq!(connect["decision"]["effect"], "allow");
+    assert_eq!(broker(connect)["destination"]["host_name"], "fetch.test");
+    let refused = lines
+        .iter()
+        .find(|r| broker(r)["destination"]["host_name"] == "other.test")
+        .expect("the refused lookup is recorded");
+    assert_eq!(broker(refused)["syscall"], "dns_query");
+    assert_eq!(refused["flowhost"]["denial_kind"], "name_not_allowed");
+    assert!(
+        lines
+            .iter()
+            .all(|r| broker(r)["destination"]["host_name"] != "fetch.test"
+                || broker(r)["syscall"] != "dns_query"),
+        "answered lookups are not recorded as refusals: {lines:?}"
+    );
+    let verify = flowhost()
+        .args(["records", "verify"])
+        .arg(&records)
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{verify:?}");
+    std::fs::remove_dir_all(&records).unwrap();
+
+    // The same address, hard-coded, with no lookup: only address rules judge it.
+    let (stdout, stderr) = run(
+        format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{} || echo direct-refused",
+            http.port
+        ),
+        None,
+    );
+    assert!(stdout.contains("direct-refused"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "connect inet/stream/tcp 127.0.0.1:{} by pid",
+            http.port
+        )) && stderr.contains("REFUSED (default)"),
+        "{stderr}"
+    );
+    assert_eq!(http.connections(), 1, "the refused connect never arrived");
+}

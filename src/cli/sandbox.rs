@@ -22,12 +22,15 @@ use flowhost_broker::{
 };
 
 use super::CliResult;
-use crate::destination::{DestinationRule, DestinationRules};
+use crate::destination::{DestinationRule, DestinationRules, HostName};
 use crate::diff::surface::DeclaredSurface;
+use crate::dns::{
+    AttemptView, DnsMediation, ExecutorDns, Lookup, LookupJudge, Upstream, attempt_view,
+};
 use crate::records::health::{HealthProducer, RecordsHealth};
 use crate::records::{
-    Correlation, DecisionRecord, Denial, EgressFacts, FlowContext, RecordWriter, ServerInfo,
-    ToolObservationHealth, Verdict, WriterOptions,
+    BrokerDetails, Correlation, DecisionRecord, Denial, EgressFacts, FlowContext, RecordWriter,
+    ServerInfo, ToolObservationHealth, Verdict, WriterOptions,
 };
 
 /// Default directory searched for profiles before the built-in ones.
@@ -60,8 +63,10 @@ struct CommonArgs {
     /// Directory holding profile files (NAME.toml); may be repeated.
     #[arg(long = "profiles-dir", default_value = DEFAULT_PROFILE_DIR)]
     profiles_dir: Vec<PathBuf>,
-    /// Allow egress to ADDR[:PORT], a CIDR[:PORT], *:PORT, unix:/path or unix:@name; may be
-    /// repeated. Without any, every attempt is refused.
+    /// Allow egress to ADDR[:PORT], a CIDR[:PORT], *:PORT, NAME:PORT, *.NAME:PORT,
+    /// unix:/path or unix:@name; may be repeated. Without any, every attempt is refused.
+    /// A host-name rule also lets the command look the name up (under a profile with the
+    /// host's network, lookups are answered by flowhost and only allowed names resolve).
     #[arg(long = "allow", value_name = "RULE")]
     allow: Vec<DestinationRule>,
     /// Write the decision records into this directory (the daemon's layout, verifiable with
@@ -109,6 +114,10 @@ struct RunArgs {
     /// Extra path the command may write beneath; may be repeated.
     #[arg(long = "write", value_name = "PATH")]
     write: Vec<PathBuf>,
+    /// Where allowed lookups are asked (`IP` or `IP:PORT`, port 53 by default); may be
+    /// repeated. Default: the `nameserver` lines of the host's `/etc/resolv.conf`.
+    #[arg(long = "dns-upstream", value_name = "ADDR", value_parser = parse_upstream)]
+    dns_upstream: Vec<std::net::SocketAddr>,
     /// Do not log attempts to stderr.
     #[arg(long)]
     quiet: bool,
@@ -140,9 +149,17 @@ pub enum SandboxError {
     /// The declared surface or the gate failed before judging.
     #[error(transparent)]
     Gate(#[from] crate::harness::HarnessError),
+    /// The run's resolver could not be set up.
+    #[error("DNS mediation: {0}")]
+    Dns(String),
     /// The async runtime could not start.
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+}
+
+fn parse_upstream(s: &str) -> Result<std::net::SocketAddr, String> {
+    crate::config::parse_resolver(s)
+        .ok_or_else(|| format!("{s:?} is not IP, IP:PORT or [IPv6]:PORT"))
 }
 
 fn resolve_program(name: &OsString) -> Result<PathBuf, SandboxError> {
@@ -295,29 +312,106 @@ impl SandboxArgs {
     }
 }
 
-/// The record of one attempt the sandbox decided.
-fn attempt_record(
-    args: &RunArgs,
-    info: &AttemptInfo,
-    allowed: bool,
-    rule: String,
-) -> DecisionRecord {
+/// The record of one attempt (or lookup) the sandbox decided.
+fn attempt_record(args: &RunArgs, broker: BrokerDetails, verdict: Verdict) -> DecisionRecord {
     DecisionRecord::egress_attempt(EgressFacts {
         server: ServerInfo::mcp(&args.server_id, None),
         tool_name: args.tool.clone(),
-        broker: crate::daemon::broker_details(info),
-        verdict: if allowed {
-            Verdict::Authorized { rule: Some(rule) }
-        } else {
-            Verdict::Refused {
-                denial: Denial::DestinationBlocked,
-                rule: Some(rule),
-            }
-        },
+        broker,
+        verdict,
         credential_alias: None,
         correlation: Correlation::none(),
         context: FlowContext::default(),
     })
+}
+
+/// The verdict of a rule decision, `denial` naming why a refusal refused.
+fn verdict_of(allowed: bool, rule: String, denial: Denial) -> Verdict {
+    if allowed {
+        Verdict::Authorized { rule: Some(rule) }
+    } else {
+        Verdict::Refused {
+            denial,
+            rule: Some(rule),
+        }
+    }
+}
+
+/// Records `record` if the run keeps records; `false` when it could not be written (the
+/// attempt it decides is then refused: fail closed).
+async fn record(writer: Option<&RecordWriter>, record: DecisionRecord) -> bool {
+    let Some(w) = writer else {
+        return true;
+    };
+    match w.commit(record).await {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("flowhost sandbox: cannot write the decision record ({e}); refusing");
+            false
+        }
+    }
+}
+
+/// Starts the run's own resolver when the profile shares the host's network: the command's
+/// lookups are answered only for names an allow rule names; refusals are recorded. `None`
+/// when the profile needs none, or when this user may not bind port 53 (then lookups are
+/// sends like any other, judged by address rules; said on stderr).
+fn start_dns(
+    args: &Arc<RunArgs>,
+    rules: &Arc<DestinationRules>,
+    writer: Option<&Arc<RecordWriter>>,
+    dir: PathBuf,
+    pid: Arc<std::sync::OnceLock<i32>>,
+) -> Result<Option<ExecutorDns>, SandboxError> {
+    let upstream = if args.dns_upstream.is_empty() {
+        Upstream::from_resolv_conf(Path::new("/etc/resolv.conf"))
+    } else {
+        Upstream::new(args.dns_upstream.clone())
+    };
+    let mediation = DnsMediation {
+        upstream: Arc::new(upstream),
+        dir,
+    };
+    let (args, rules, writer) = (args.clone(), rules.clone(), writer.cloned());
+    let judge: LookupJudge = Arc::new(move |lookup: Lookup| {
+        let (args, rules, writer, pid) = (args.clone(), rules.clone(), writer.clone(), pid.clone());
+        Box::pin(async move {
+            let decision = rules.decide_name(&lookup.name);
+            let allowed = decision.allowed;
+            if !allowed {
+                // As the daemon: an answered lookup is not recorded (the connection to what
+                // it resolved to is); a refused one is (and stays refused if that fails).
+                let pid = pid.get().copied().unwrap_or(0);
+                let r = attempt_record(
+                    &args,
+                    crate::daemon::lookup_broker_details(&lookup, pid),
+                    verdict_of(false, decision.rule.clone(), Denial::NameNotAllowed),
+                );
+                record(writer.as_deref(), r).await;
+            }
+            if !args.quiet {
+                eprintln!(
+                    "flowhost sandbox: dns_query {} {} ({}) -> {} ({})",
+                    lookup.record_type,
+                    lookup.name,
+                    lookup.transport,
+                    if allowed { "ANSWERED" } else { "REFUSED" },
+                    decision.rule
+                );
+            }
+            allowed
+        })
+    });
+    match ExecutorDns::start(&mediation, judge) {
+        Ok(dns) => Ok(Some(dns)),
+        Err(e) if e.permission_denied() => {
+            eprintln!(
+                "flowhost sandbox: {e}: lookups are judged as plain sends, and host-name rules match nothing"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(SandboxError::Dns(e.to_string())),
+    }
 }
 
 /// The health of one sandbox run: the broker's supervision and the writer's stream. There
@@ -365,10 +459,25 @@ async fn run(args: RunArgs) -> CliResult {
     if !args.quiet {
         eprintln!("flowhost sandbox: {}", broker.bounds(&profile));
     }
-    let rules = DestinationRules::allow_only(args.common.allow.clone());
+    let rules = Arc::new(DestinationRules::allow_only(args.common.allow.clone()));
     let writer = match &evidence.records {
         Some(dir) => Some(Arc::new(RecordWriter::open(dir, WriterOptions::default())?)),
         None => None,
+    };
+    let args = Arc::new(args);
+    // The command's pid is known only once it runs; its lookups come after.
+    let pid = Arc::new(std::sync::OnceLock::new());
+    let dns = if crate::dns::mediates_lookups(&profile) {
+        start_dns(
+            &args,
+            &rules,
+            writer.as_ref(),
+            evidence.private.path().join("resolv"),
+            pid.clone(),
+        )?
+        .map(Arc::new)
+    } else {
+        None
     };
 
     let mut argv = args.command.clone();
@@ -386,34 +495,44 @@ async fn run(args: RunArgs) -> CliResult {
     if let Some(seconds) = args.timeout {
         spec.wall_clock = Some(Duration::from_secs(seconds));
     }
+    if let Some(dns) = &dns {
+        dns.show_to(&mut spec).map_err(SandboxError::Dns)?;
+    }
 
     let mut exec = broker.spawn(spec).await?;
+    let _ = pid.set(exec.pid());
     let mut attempts = exec.take_attempts().ok_or("attempt stream already taken")?;
-    let args = Arc::new(args);
     let decider = {
-        let (args, writer) = (args.clone(), writer.clone());
+        let (args, writer, dns) = (args.clone(), writer.clone(), dns.clone());
         tokio::spawn(async move {
             while let Some(attempt) = attempts.recv().await {
                 let info = attempt.info().clone();
+                let name = match attempt_view(dns.as_deref(), &info) {
+                    AttemptView::ToResolver => {
+                        attempt.respond(BrokerVerdict::Allow);
+                        continue;
+                    }
+                    AttemptView::Egress(name) => name,
+                };
                 let decision = rules.decide(
                     info.destination
                         .as_ref()
-                        .map(crate::daemon::rules_destination)
+                        .map(|d| crate::daemon::named_rules_destination(d, name.as_ref()))
                         .as_ref(),
                 );
-                let mut allowed = decision.allowed;
-                if let Some(w) = &writer {
-                    let record = attempt_record(&args, &info, allowed, decision.rule.clone());
-                    if let Err(e) = w.commit(record).await {
-                        // Fail closed: an attempt that cannot be recorded is refused.
-                        eprintln!(
-                            "flowhost sandbox: cannot write the decision record ({e}); refusing egress"
-                        );
-                        allowed = false;
-                    }
-                }
+                let r = attempt_record(
+                    &args,
+                    crate::daemon::named_broker_details(&info, name.as_ref()),
+                    verdict_of(
+                        decision.allowed,
+                        decision.rule.clone(),
+                        Denial::DestinationBlocked,
+                    ),
+                );
+                // Fail closed: an attempt that cannot be recorded is refused.
+                let allowed = record(writer.as_deref(), r).await && decision.allowed;
                 if !args.quiet {
-                    log_attempt(&info, allowed, &decision.rule);
+                    log_attempt(&info, name.as_ref(), allowed, &decision.rule);
                 }
                 attempt.respond(if allowed {
                     BrokerVerdict::Allow
@@ -442,9 +561,9 @@ async fn run(args: RunArgs) -> CliResult {
         .conclude(&evidence, &health, status.code().clamp(0, 255) as u8)
 }
 
-fn log_attempt(info: &AttemptInfo, allowed: bool, rule: &str) {
+fn log_attempt(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule: &str) {
     eprintln!(
-        "flowhost sandbox: {} {}/{}/{} {} by pid {} ({}) -> {} ({})",
+        "flowhost sandbox: {} {}/{}/{} {}{} by pid {} ({}) -> {} ({})",
         info.syscall.as_str(),
         info.socket.family_name(),
         info.socket.type_name(),
@@ -453,6 +572,7 @@ fn log_attempt(info: &AttemptInfo, allowed: bool, rule: &str) {
             .as_ref()
             .map(|d| d.to_string())
             .unwrap_or_else(|| "(none)".into()),
+        name.map(|n| format!(" ({n})")).unwrap_or_default(),
         info.pid,
         info.executable
             .as_ref()

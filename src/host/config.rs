@@ -268,7 +268,7 @@ struct RawTool {
 }
 
 /// An upstream resolver: `IP` (port 53), `IP:PORT` or `[IPv6]:PORT`.
-fn parse_resolver(s: &str) -> Option<std::net::SocketAddr> {
+pub(crate) fn parse_resolver(s: &str) -> Option<std::net::SocketAddr> {
     s.parse()
         .ok()
         .or_else(|| Some(std::net::SocketAddr::new(s.parse().ok()?, 53)))

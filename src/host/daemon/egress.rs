@@ -139,6 +139,37 @@ pub fn named_broker_details(info: &AttemptInfo, name: Option<&HostName>) -> Brok
     }
 }
 
+/// The record form of one lookup executor `pid` sent to its resolver: an egress attempt of
+/// syscall `dns_query` to the resolver's address, carrying the name asked.
+pub fn lookup_broker_details(lookup: &Lookup, pid: i32) -> BrokerDetails {
+    BrokerDetails {
+        pid: pid.max(0) as u32,
+        executable: None,
+        syscall: "dns_query".into(),
+        family: if lookup.resolver.is_ipv4() {
+            "inet"
+        } else {
+            "inet6"
+        }
+        .into(),
+        socket_type: Some(
+            if lookup.transport == "tcp" {
+                "stream"
+            } else {
+                "dgram"
+            }
+            .into(),
+        ),
+        protocol: Some(lookup.transport.into()),
+        destination: Some(crate::records::Destination::Inet(InetDestination {
+            address: lookup.resolver.ip(),
+            port: lookup.resolver.port(),
+            host_name: Some(lookup.name.to_string()),
+        })),
+        bytes: Some(lookup.bytes as u64),
+    }
+}
+
 impl EgressJudge {
     /// Counts an egress attempt the signed declaration does not admit, and warns once per
     /// executor: the tool's publisher signed a declaration that the executor contradicts.
@@ -299,32 +330,7 @@ impl EgressJudge {
                 approved_under: Some(v.source.clone()),
             };
         }
-        let details = BrokerDetails {
-            pid: pid.max(0) as u32,
-            executable: None,
-            syscall: "dns_query".into(),
-            family: if lookup.resolver.is_ipv4() {
-                "inet"
-            } else {
-                "inet6"
-            }
-            .into(),
-            socket_type: Some(
-                if lookup.transport == "tcp" {
-                    "stream"
-                } else {
-                    "dgram"
-                }
-                .into(),
-            ),
-            protocol: Some(lookup.transport.into()),
-            destination: Some(crate::records::Destination::Inet(InetDestination {
-                address: lookup.resolver.ip(),
-                port: lookup.resolver.port(),
-                host_name: Some(lookup.name.to_string()),
-            })),
-            bytes: Some(lookup.bytes as u64),
-        };
+        let details = lookup_broker_details(&lookup, pid);
         let record = self.record(call.as_deref().zip(judged.as_ref()), details);
         if let Err(e) = self.records.commit(record).await {
             tracing::error!(server = %self.server_id, error = %e, "lookup refusal not recorded");

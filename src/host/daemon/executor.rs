@@ -320,7 +320,7 @@ impl<C: NamedCall> McpExecutor<C> {
         // The executor's pid is known only once it runs; its lookups come after.
         let pid_cell = Arc::new(std::sync::OnceLock::new());
         let dns = match &template.dns {
-            Some(mediation) if mediates_lookups(&template.profile) => {
+            Some(mediation) if crate::dns::mediates_lookups(&template.profile) => {
                 let judge = lookup_judge(
                     slot.clone(),
                     judging.clone(),
@@ -330,16 +330,9 @@ impl<C: NamedCall> McpExecutor<C> {
                 );
                 let refuse =
                     |e: String| ExecutorError::Spawn(format!("server {:?}: {e}", template.server));
-                // Where /etc/resolv.conf leads (a link to systemd-resolved's stub file, say):
-                // the executor's own file is shown there, and readable there.
-                let shown = std::fs::canonicalize("/etc/resolv.conf").map_err(|e| {
-                    refuse(format!("DNS mediation shows executors their own /etc/resolv.conf, which must exist on the host (an empty file will do): {e}"))
-                })?;
                 match ExecutorDns::start(mediation, judge) {
                     Ok(dns) => {
-                        spec.bind_files
-                            .push((dns.resolv_conf().to_path_buf(), shown.clone()));
-                        spec.read_paths.push(shown);
+                        dns.show_to(&mut spec).map_err(refuse)?;
                         Some(Arc::new(dns))
                     }
                     // A daemon without the right to bind port 53 (run unprivileged, in user
@@ -719,13 +712,6 @@ impl<C: NamedCall> McpExecutor<C> {
 /// Whether the daemon said once that it cannot mediate lookups (see [`McpExecutor::start`]).
 static WARNED_NO_DNS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether executors of `profile` get a resolver of their own: they have the host's network
-/// (an empty network namespace reaches no resolver) and a mount namespace to show them
-/// their own `/etc/resolv.conf` in.
-fn mediates_lookups(profile: &Profile) -> bool {
-    profile.network == flowhost_broker::NetworkPath::Host && profile.mount_namespace
-}
-
 /// What an executor's attempts and lookups are routed with.
 struct Routing<C> {
     slot: CallSlot<C>,
@@ -781,23 +767,12 @@ fn lookup_judge<C: Send + Sync + 'static>(
 /// resolver handed out is judged with the name it was the answer for.
 async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt>, r: Routing<C>) {
     while let Some(attempt) = attempts.recv().await {
-        let info = attempt.info();
-        let inet = match &info.destination {
-            Some(flowhost_broker::Destination::Inet(addr)) => Some(*addr),
-            _ => None,
-        };
-        // Reaching the resolver, not taking its address (a bind or listen is judged).
-        let reaches = !matches!(
-            info.syscall,
-            flowhost_broker::EgressSyscall::Bind | flowhost_broker::EgressSyscall::Listen
-        );
-        let name = match (&r.dns, inet) {
-            (Some(dns), Some(addr)) if reaches && dns.is_resolver(&addr) => {
+        let name = match crate::dns::attempt_view(r.dns.as_deref(), attempt.info()) {
+            crate::dns::AttemptView::ToResolver => {
                 attempt.allow();
                 continue;
             }
-            (Some(dns), Some(addr)) => dns.name_of(addr.ip()),
-            _ => None,
+            crate::dns::AttemptView::Egress(name) => name,
         };
         // The slot is read under the judging lock, so a call that has ended (and cleared the
         // slot under the same lock) is never judged against.

@@ -39,7 +39,10 @@ pub use activation::listener_from_systemd;
 pub use admission::{
     MAX_SESSIONS, MAX_SESSIONS_PER_UID, MAX_STRANGERS, MAX_STRANGERS_PER_UID, SUMMARY_INTERVAL,
 };
-pub use egress::{EgressJudge, broker_details, rules_destination};
+pub use egress::{
+    EgressJudge, broker_details, lookup_broker_details, named_broker_details,
+    named_rules_destination, rules_destination,
+};
 pub use executor::{ExecutorError, ExecutorTemplate, McpExecutor, WarmPool};
 
 pub(crate) use generation::random_id;

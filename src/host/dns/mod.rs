@@ -238,6 +238,59 @@ impl ExecutorDns {
     }
 }
 
+/// Whether executors under `profile` get a resolver of their own: they share the host's
+/// network (so their lookups would otherwise leave for the host's resolvers) and have a
+/// mount namespace to show them their own `/etc/resolv.conf` in.
+pub fn mediates_lookups(profile: &flowhost_broker::Profile) -> bool {
+    profile.network == flowhost_broker::NetworkPath::Host && profile.mount_namespace
+}
+
+impl ExecutorDns {
+    /// Shows the executor `spec` starts this resolver's configuration as the host's
+    /// `/etc/resolv.conf` (where that leads, when it is a link: systemd-resolved's stub file,
+    /// say). Fails when the host has no `/etc/resolv.conf` (an empty file will do).
+    pub fn show_to(&self, spec: &mut flowhost_broker::SpawnSpec) -> Result<(), String> {
+        let shown = std::fs::canonicalize("/etc/resolv.conf").map_err(|e| {
+            format!(
+                "DNS mediation shows executors their own /etc/resolv.conf, which must exist on the host (an empty file will do): {e}"
+            )
+        })?;
+        spec.bind_files
+            .push((self.resolv_conf().to_path_buf(), shown.clone()));
+        spec.read_paths.push(shown);
+        Ok(())
+    }
+}
+
+/// What an executor's attempt is to its resolver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptView {
+    /// A lookup reaching the executor's own resolver: the host talking to itself, allowed
+    /// without judgment (the lookup is what is judged).
+    ToResolver,
+    /// Anything else, with the name the executor's lookup got its address as an answer
+    /// for, if any (judged against host-name rules with it, and recorded with it).
+    Egress(Option<HostName>),
+}
+
+/// How `info` stands with the executor's resolver `dns` (`None`: lookups not mediated).
+/// Binding or listening on the resolver's address is not reaching it, and is judged.
+pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptInfo) -> AttemptView {
+    let (Some(dns), Some(flowhost_broker::Destination::Inet(addr))) = (dns, &info.destination)
+    else {
+        return AttemptView::Egress(None);
+    };
+    let reaches = !matches!(
+        info.syscall,
+        flowhost_broker::EgressSyscall::Bind | flowhost_broker::EgressSyscall::Listen
+    );
+    if reaches && dns.is_resolver(addr) {
+        AttemptView::ToResolver
+    } else {
+        AttemptView::Egress(dns.name_of(addr.ip()))
+    }
+}
+
 fn write_conf(dir: &Path, ip: IpAddr) -> Result<tempfile::NamedTempFile, DnsError> {
     let err = |source| DnsError::Write {
         dir: dir.to_path_buf(),
