@@ -12,6 +12,9 @@ pub struct ContentRoute {
     pub server_id: String,
     /// The resource's or prompt's signed name (what principals' patterns name).
     pub name: String,
+    /// What the server signed: the resource's URI or template, or the prompt's name (what
+    /// records name, rather than a client's text).
+    pub declared: String,
     /// `content floor ⊔ signed output label`: never `Top`.
     pub label: InformationLabel,
     /// The digest of the manifest that declared it.
@@ -84,6 +87,7 @@ impl VerifiedRegistry {
         &self,
         server_id: &str,
         name: &str,
+        declared: &str,
         flow: Option<&ContentFlow>,
     ) -> Option<ContentRoute> {
         let server = self.servers.get(server_id)?;
@@ -92,6 +96,7 @@ impl VerifiedRegistry {
         Some(ContentRoute {
             server_id: server_id.to_owned(),
             name: name.to_owned(),
+            declared: declared.to_owned(),
             label,
             digest: server.digest,
         })
@@ -101,7 +106,7 @@ impl VerifiedRegistry {
     pub fn resource_route(&self, uri: &str) -> Option<ContentRoute> {
         self.servers.values().find_map(|s| {
             let r = s.envelope.body().resource_for(uri)?;
-            self.route(s.server_id(), r.name(), r.flow())
+            self.route(s.server_id(), r.name(), r.locator().as_str(), r.flow())
         })
     }
 
@@ -115,14 +120,14 @@ impl VerifiedRegistry {
                 .resources()
                 .iter()
                 .find(|r| r.locator().as_str() == uri_or_template)?;
-            self.route(s.server_id(), r.name(), r.flow())
+            self.route(s.server_id(), r.name(), r.locator().as_str(), r.flow())
         })
     }
 
     /// Prompt `name` of server `server_id`, if signed.
     pub fn prompt_route(&self, server_id: &str, name: &str) -> Option<ContentRoute> {
         let p = self.servers.get(server_id)?.envelope.body().prompt(name)?;
-        self.route(server_id, p.name(), p.flow())
+        self.route(server_id, p.name(), p.name(), p.flow())
     }
 
     /// Every signed resource (templates included), with its server, by server id.

@@ -650,7 +650,7 @@ impl Session {
             .map_err(|e| {
                 RpcError::new(
                     code::INTERNAL_ERROR,
-                    format!("server {:?}: {e:?}", route.server_id),
+                    format!("server {:?}: {e}", route.server_id),
                 )
             })
     }

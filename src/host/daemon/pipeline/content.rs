@@ -26,8 +26,9 @@ use crate::records::{
 use crate::registry::{ContentRoute, VerifiedRegistry};
 use crate::state::{FlowState, SessionKey};
 
-/// Most bytes of a request's description (method and what it names) kept in a record.
-const MAX_RECORDED_NAME_BYTES: usize = 256;
+/// Most bytes of what an unrouted request names kept in its record (the client's text,
+/// which names nothing signed).
+const MAX_UNKNOWN_NAME_BYTES: usize = 128;
 
 /// The JSON-RPC code MCP gives a resource that does not exist.
 pub const RESOURCE_NOT_FOUND: i64 = -32002;
@@ -66,14 +67,17 @@ impl ContentMethod {
 }
 
 /// Why forwarding a content request failed.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ForwardError {
     /// No executor could be started (the request never reached one).
+    #[error("the executor could not be started: {0}")]
     NotStarted(String),
     /// The executor failed (it is retired).
+    #[error("the executor failed: {0}")]
     Failed(String),
     /// The executor answered with a JSON-RPC error (its message is content: it is labelled
     /// like a result).
+    #[error("{0}")]
     Answered(String),
 }
 
@@ -249,7 +253,8 @@ impl ContentRecord {
     }
 }
 
-/// What a request names, for its records: `resources/read test://x`.
+/// What a request names, for its records, before it is routed: `resources/read test://x`
+/// (the client's text, kept short).
 fn describe(method: ContentMethod, params: &Value) -> String {
     let what = match method {
         ContentMethod::ReadResource => params.get("uri"),
@@ -260,9 +265,10 @@ fn describe(method: ContentMethod, params: &Value) -> String {
     }
     .and_then(Value::as_str)
     .unwrap_or("(none)");
-    bounded(
-        &format!("{} {what}", method.as_str()),
-        MAX_RECORDED_NAME_BYTES,
+    format!(
+        "{} {}",
+        method.as_str(),
+        bounded(what, MAX_UNKNOWN_NAME_BYTES)
     )
 }
 
@@ -449,6 +455,9 @@ fn admit(
     let server = &routed.route.server_id;
     let digest = env.servers.get(server).map(|s| s.digest.clone());
     rec.server = ServerInfo::mcp(server, digest.as_deref());
+    // Once routed, the record names what the server signed (a template rather than the
+    // URI a client expanded from it: arguments are not recorded unmapped).
+    rec.name = format!("{} {}", method.as_str(), routed.route.declared);
     if !principal.may_call(server, &routed.route.name) {
         let e = refusal(
             code::ACCESS_DENIED,

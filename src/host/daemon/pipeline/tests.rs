@@ -571,6 +571,11 @@ async fn content_carries_floor_and_classified_label_into_the_session_before_it_i
 
     let records = host.records().await;
     assert_eq!(records[0]["flowhost"]["event"], "content_request");
+    // The record names the signed template, not the URI the client expanded from it.
+    assert_eq!(
+        records[0]["tool"]["name"],
+        "resources/read test://template/{id}/data"
+    );
     assert_eq!(records[1]["flowhost"]["event"], "content_outcome");
     assert!(records.iter().all(|r| r["decision"]["effect"] == "allow"));
     assert_eq!(
