@@ -399,6 +399,20 @@ fn a_resource_read_raises_the_label_and_a_later_egress_is_refused() {
         "{unknown}"
     );
 
+    // The session's logging level is refused unless it is one, and reaches the executor
+    // before its next request.
+    let bad = c.request("logging/setLevel", json!({"level": "loud"}));
+    assert_eq!(bad["error"]["data"]["denial"], "invalid_params", "{bad}");
+    let set = c.request("logging/setLevel", json!({"level": "warning"}));
+    assert_eq!(set["result"], json!({}), "{set}");
+    let again = c.request("resources/read", json!({"uri": "test://static-text"}));
+    assert!(again["result"]["contents"].is_array(), "{again}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !lab.log().contains("conformance: logging level warning") {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
     // A subscription is forwarded; the executor's update of the subscribed resource reaches
     // the client, its update of a URI nobody signed does not.
     let mut seen = vec![c.raw(
@@ -447,8 +461,8 @@ fn a_resource_read_raises_the_label_and_a_later_egress_is_refused() {
         .collect();
     assert_eq!(
         events,
-        [("content_request", "allow"), ("content_outcome", "allow")],
-        "{reads:#?}"
+        [("content_request", "allow"), ("content_outcome", "allow")].repeat(2),
+        "two reads: {reads:#?}"
     );
     assert_eq!(reads[0]["server"]["id"], "conformance");
     assert_eq!(
