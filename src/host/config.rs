@@ -988,6 +988,20 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
             "output_floor = { kind = \"top\" }, x = {",
         ));
         assert!(e.contains("host.toml"), "{e}");
+        let e = error(&MINIMAL.replace(
+            "profile = \"isolated\"",
+            "profile = \"isolated\"\ncontent_floor = { kind = \"top\" }",
+        ));
+        assert!(
+            e.contains("`server[0].content_floor`") && e.contains("top"),
+            "{e}"
+        );
+        let ok = parse(&MINIMAL.replace(
+            "profile = \"isolated\"",
+            "profile = \"isolated\"\ncontent_floor = { kind = \"known\", owners = {}, compartments = [\"c\"] }",
+        ))
+        .unwrap();
+        assert!(ok.servers[0].content_floor.is_some());
         let e = error(&MINIMAL.replace("[host]", "[host]\nexecutor_uid = 5"));
         assert!(e.contains("`host.executor_uid`"), "{e}");
         for bad in ["0-10", "10-5", "x-5", "5", "1-4294967295"] {
