@@ -256,7 +256,9 @@ impl Session {
     /// executor says of anything else is dropped).
     pub(super) fn updates_for(&self, server: &str) -> UpdateSink {
         let host = self.host.clone();
-        let identity = self.identity.clone();
+        // The principal the session acts for (pinned at `initialize`), as the current
+        // configuration has it.
+        let pinned = self.pinned().cloned();
         let out = self.out.clone();
         let server = server.to_string();
         Arc::new(move |params: &Value| {
@@ -266,8 +268,11 @@ impl Session {
             let generation = host.current();
             let declared = generation.registry.resource_route(uri).is_some_and(|r| {
                 r.server_id == server
-                    && identity
-                        .principal(&generation.config)
+                    && generation
+                        .config
+                        .principals
+                        .iter()
+                        .find(|p| Some(&p.id) == pinned.as_ref())
                         .is_some_and(|p| p.may_call(&r.server_id, &r.name))
             });
             if !declared {
