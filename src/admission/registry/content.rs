@@ -42,7 +42,8 @@ impl VerifiedRegistry {
     ) -> Result<Option<InformationLabel>, AdmissionError> {
         let server_id = body.server_id();
         if body.resources().is_empty() && body.prompts().is_empty() {
-            return Ok(floor.cloned());
+            // Nothing it returns needs a floor.
+            return Ok(None);
         }
         let floor = floor.ok_or_else(|| AdmissionError::MissingContentFloor {
             server_id: server_id.to_owned(),
