@@ -399,19 +399,21 @@ fn a_resource_read_raises_the_label_and_a_later_egress_is_refused() {
         "{unknown}"
     );
 
-    // The session's logging level is refused unless it is one, and reaches the executor
-    // before its next request.
+    // The session's logging level is refused unless it is one, and reaches the session's
+    // executor (bound and idle now) at once, once.
     let bad = c.request("logging/setLevel", json!({"level": "loud"}));
     assert_eq!(bad["error"]["data"]["denial"], "invalid_params", "{bad}");
     let set = c.request("logging/setLevel", json!({"level": "warning"}));
     assert_eq!(set["result"], json!({}), "{set}");
-    let again = c.request("resources/read", json!({"uri": "test://static-text"}));
-    assert!(again["result"]["contents"].is_array(), "{again}");
+    let applied = "conformance: logging level warning";
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !lab.log().contains("conformance: logging level warning") {
+    while !lab.log().contains(applied) {
         assert!(std::time::Instant::now() < deadline, "{}", lab.log());
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    let again = c.request("resources/read", json!({"uri": "test://static-text"}));
+    assert!(again["result"]["contents"].is_array(), "{again}");
+    assert_eq!(lab.log().matches(applied).count(), 1, "{}", lab.log());
 
     // A subscription is forwarded; the executor's update of the subscribed resource reaches
     // the client, its update of a URI nobody signed does not.

@@ -48,6 +48,33 @@ struct Bound {
     log_level: Option<LogLevel>,
 }
 
+impl Bound {
+    /// Sends `level` to the executor unless it has it already. A server without logging
+    /// answers with an error: it sends no logs anyway, so that counts as applied. `Err`: the
+    /// executor failed (the caller stops it).
+    async fn apply_log_level(
+        &mut self,
+        level: LogLevel,
+        deadline: Duration,
+    ) -> Result<(), ExecutorError> {
+        if self.log_level == Some(level) {
+            return Ok(());
+        }
+        let params = json!({"level": level.as_str()});
+        match self
+            .exec
+            .forward("logging/setLevel", params, deadline)
+            .await
+        {
+            Ok(_) | Err(ExecutorError::Rpc(_)) => {
+                self.log_level = Some(level);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// Most executors of one server a session runs at once; further calls to that server wait
 /// for one of them (calls to other servers, pings and lists do not).
 pub const MAX_EXECUTORS_PER_SERVER: usize = 8;
@@ -130,8 +157,8 @@ struct Session {
     executors: Mutex<HashMap<String, ServerExecutors>>,
     /// The calls in flight that a client may cancel, by request id (its JSON text).
     cancels: Mutex<HashMap<String, watch::Sender<Option<String>>>>,
-    /// The client's `logging/setLevel`, applied to each of the session's executors before
-    /// its next request (those bound later included).
+    /// The client's `logging/setLevel`: sent to the idle executors when it is set, and to
+    /// any other before its next request (those bound later included).
     log_level: Mutex<Option<LogLevel>>,
     /// Outgoing lines (answers, progress notifications).
     out: mpsc::Sender<String>,
@@ -808,24 +835,13 @@ impl Executors<'_> {
         };
         // The client's logging level reaches every executor before it serves the session.
         let wanted = self.session.log_level.lock().ok().and_then(|l| *l);
-        if let Some(level) = wanted.filter(|l| bound.log_level != Some(*l)) {
-            let deadline = self.generation.config.call_timeout;
-            match bound
-                .exec
-                .forward(
-                    "logging/setLevel",
-                    json!({"level": level.as_str()}),
-                    deadline,
-                )
+        if let Some(level) = wanted
+            && let Err(e) = bound
+                .apply_log_level(level, self.generation.config.call_timeout)
                 .await
-            {
-                // A server without logging answers with an error: it sends no logs anyway.
-                Ok(_) | Err(ExecutorError::Rpc(_)) => bound.log_level = Some(level),
-                Err(e) => {
-                    bound.exec.stop().await;
-                    return Err(e);
-                }
-            }
+        {
+            bound.exec.stop().await;
+            return Err(e);
         }
         Ok(bound)
     }

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::super::executor::{CallControl, ExecutorError, UpdateSink};
 use super::super::pipeline::content::{ContentMethod, Forward, ForwardError};
 use super::super::pipeline::{self, refusal};
-use super::{Executors, Session};
+use super::{Bound, Executors, Session};
 use crate::decision::Denial;
 use crate::mcp::{self, RpcError, code};
 use crate::state::SessionKey;
@@ -226,8 +226,8 @@ impl Session {
             })
     }
 
-    /// `logging/setLevel`: remembered for the session and applied to each of its
-    /// executors before its next request.
+    /// `logging/setLevel`: remembered for the session, sent at once to its idle executors
+    /// (an unknown level is refused and recorded).
     pub(super) async fn set_log_level(&self, params: &Value) -> Result<Value, RpcError> {
         let generation = self.host.current();
         if let Err(e) = self.principal(&generation) {
@@ -247,6 +247,39 @@ impl Session {
         };
         if let Ok(mut l) = self.log_level.lock() {
             *l = Some(level);
+        }
+        // The idle executors get it now; those serving a request, before their next one.
+        let idle: Vec<(String, Bound)> = match self.executors.lock() {
+            Ok(mut all) => all
+                .iter_mut()
+                .flat_map(|(server, s)| {
+                    std::mem::take(&mut s.idle)
+                        .into_iter()
+                        .map(move |b| (server.clone(), b))
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let deadline = generation.config.call_timeout;
+        for (server, mut b) in idle {
+            match b.apply_log_level(level, deadline).await {
+                Ok(()) => {
+                    let unreturned = match self.executors.lock() {
+                        Ok(mut all) => {
+                            all.entry(server).or_default().idle.push(b);
+                            None
+                        }
+                        Err(_) => Some(b),
+                    };
+                    if let Some(b) = unreturned {
+                        b.exec.stop().await;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(server = %server, error = %e, "an executor failed to take the logging level; it is retired");
+                    b.exec.stop().await;
+                }
+            }
         }
         Ok(json!({}))
     }
