@@ -260,15 +260,20 @@ const RESOURCE_UPDATED: &str = "notifications/resources/updated";
 /// longer lines pass on unparsed, so a large result is not parsed twice.
 const MAX_UPDATE_LINE: usize = 8192;
 
-/// Passes an executor's lines on to whoever reads its answers, except resource updates,
-/// which go to its sink as they arrive (dropped while it has none).
-async fn route_updates(
-    mut raw: mpsc::Receiver<Line>,
+/// Reads an executor's output line by line and passes the lines on to whoever reads its
+/// answers, except resource updates, which go to its sink as they arrive (dropped while it
+/// has none).
+async fn read_output<R: tokio::io::AsyncBufRead + Unpin>(
+    mut reader: R,
+    limit: usize,
     lines: mpsc::Sender<Line>,
     sink: Arc<Mutex<Option<UpdateSink>>>,
 ) {
     let needle = RESOURCE_UPDATED.as_bytes();
-    while let Some(line) = raw.recv().await {
+    loop {
+        let line = mcp::read_line(&mut reader, limit)
+            .await
+            .unwrap_or(Line::Eof);
         if let Line::Message(m) = &line
             && m.len() <= MAX_UPDATE_LINE
             && m.windows(needle.len()).any(|w| w == needle)
@@ -281,7 +286,8 @@ async fn route_updates(
             }
             continue;
         }
-        if lines.send(line).await.is_err() {
+        let eof = line == Line::Eof;
+        if lines.send(line).await.is_err() || eof {
             return;
         }
     }
@@ -364,13 +370,16 @@ impl<C: NamedCall> McpExecutor<C> {
         let stdout = BufReader::new(exec.take_stdout().ok_or(ExecutorError::Exited)?);
         let _ = pid_cell.set(exec.pid());
         let mut tasks = Vec::new();
-        let (raw_tx, raw) = mpsc::channel(16);
         let (lines_tx, lines) = mpsc::channel(16);
-        // Its own task: a request abandoned at cancellation must not lose half a line.
-        tasks.push(tokio::spawn(mcp::forward_lines(stdout, limit, raw_tx)));
-        // Resource updates go to the session as they come, between requests too.
+        // Its own task: a request abandoned at cancellation must not lose half a line. It
+        // also hands resource updates to the session as they come, between requests too.
         let updates: Arc<Mutex<Option<UpdateSink>>> = Arc::new(Mutex::new(None));
-        tasks.push(tokio::spawn(route_updates(raw, lines_tx, updates.clone())));
+        tasks.push(tokio::spawn(read_output(
+            stdout,
+            limit,
+            lines_tx,
+            updates.clone(),
+        )));
         if let Some(attempts) = exec.take_attempts() {
             tasks.push(tokio::spawn(route_attempts(
                 attempts,
