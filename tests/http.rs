@@ -514,6 +514,23 @@ fn a_resource_read_raises_the_label_and_a_later_egress_is_refused() {
         !judged_content,
         "content requests are no tool actions: {report:#}"
     );
+
+    // Durable: after a restart the principal still carries what it read, and the public
+    // sink is still refused.
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    assert_eq!(label(&mut c), json!(["conformance-data"]));
+    let after = c.call(
+        "public-inbox/publish",
+        json!({"message": "a public note", "sink": sink}),
+    );
+    assert_eq!(
+        after["error"]["data"]["denial"], "flow_violation",
+        "{after}"
+    );
+    drop(c);
+    lab.stop();
 }
 
 /// The MCP conformance suite (pinned, installed by `.ci/install-interop`).
