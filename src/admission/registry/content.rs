@@ -3,7 +3,7 @@
 
 use super::{AdmissionError, VerifiedRegistry};
 use crate::label::InformationLabel;
-use crate::manifest::{ContentFlow, ManifestBody, ManifestDigest};
+use crate::manifest::{ContentFlow, ManifestBody, ManifestDigest, PromptDefinition};
 
 /// Where a resource read, prompt or completion goes, and the least label of what comes back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,8 +127,13 @@ impl VerifiedRegistry {
 
     /// Prompt `name` of server `server_id`, if signed.
     pub fn prompt_route(&self, server_id: &str, name: &str) -> Option<ContentRoute> {
-        let p = self.servers.get(server_id)?.envelope.body().prompt(name)?;
+        let p = self.prompt(server_id, name)?;
         self.route(server_id, p.name(), p.name(), p.flow())
+    }
+
+    /// The signed definition of prompt `name` of server `server_id`.
+    pub fn prompt(&self, server_id: &str, name: &str) -> Option<&PromptDefinition> {
+        self.servers.get(server_id)?.envelope.body().prompt(name)
     }
 
     /// Every signed resource (templates included), with its server, by server id.
@@ -143,7 +148,7 @@ impl VerifiedRegistry {
     }
 
     /// Every signed prompt, with its server, by server id.
-    pub fn prompts(&self) -> impl Iterator<Item = (&str, &crate::manifest::PromptDefinition)> {
+    pub fn prompts(&self) -> impl Iterator<Item = (&str, &PromptDefinition)> {
         self.servers.values().flat_map(|s| {
             s.envelope
                 .body()

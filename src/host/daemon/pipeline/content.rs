@@ -126,7 +126,9 @@ fn route(
     };
     let prompt = |public: &str| {
         let (server, name) = config.tool_name(public);
-        registry.prompt_route(server, name).ok_or_else(|| {
+        let route = registry.prompt_route(server, name);
+        let definition = registry.prompt(server, name);
+        route.zip(definition).ok_or_else(|| {
             (
                 refusal(
                     code::INVALID_PARAMS,
@@ -156,17 +158,11 @@ fn route(
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| invalid("prompts/get needs a string \"name\"".into()))?;
-            let route = prompt(public)?;
+            let (route, definition) = prompt(public)?;
             let arguments = params.get("arguments").filter(|a| !a.is_null());
-            if let Some(definition) = registry
-                .servers()
-                .find(|s| s.server_id() == route.server_id)
-                .and_then(|s| s.envelope().body().prompt(&route.name))
-            {
-                definition
-                    .check_arguments(arguments)
-                    .map_err(|why| invalid(format!("prompt {public:?}: {why}")))?;
-            }
+            definition
+                .check_arguments(arguments)
+                .map_err(|why| invalid(format!("prompt {public:?}: {why}")))?;
             let mut forwarded = json!({"name": route.name});
             if let Some(a) = arguments {
                 forwarded["arguments"] = a.clone();
@@ -197,7 +193,7 @@ fn route(
                         .get("name")
                         .and_then(Value::as_str)
                         .ok_or_else(|| invalid("a ref/prompt needs a string \"name\"".into()))?;
-                    let route = prompt(public)?;
+                    let (route, _) = prompt(public)?;
                     forwarded["ref"]["name"] = json!(route.name);
                     route
                 }
