@@ -279,3 +279,91 @@ fn a_daemon_executor_killed_by_its_memory_bound_is_named_with_server_and_tool() 
         "{log}"
     );
 }
+
+/// An executor that only sleeps (a single task), quiet.
+async fn sleeper(b: &Broker, profile: Arc<Profile>) -> Executor {
+    let mut spec = SpawnSpec::new(["/bin/sleep", "30"], profile);
+    spec.stdin = StdioMode::Null;
+    spec.stdout = StdioMode::Null;
+    spec.stderr = StdioMode::Null;
+    b.spawn(spec).await.expect("spawn /bin/sleep")
+}
+
+/// Thread ids of this (host) process.
+fn own_threads() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_is_born_in_its_cgroups_and_the_host_never_stays_in_them() {
+    let Some(b) = broker() else { return };
+    let p = profile(|l| l.memory = Some(256 << 20));
+    if !enforced(&b, &p) {
+        return;
+    }
+    let mut exec = sleeper(&b, p).await;
+    let cgroups = cgroups_of(exec.pid());
+    // Memory, tasks and CPU: one cgroup each on v1, one on v2.
+    assert!(
+        !cgroups.is_empty(),
+        "the executor is in no cgroup of its own"
+    );
+    let mine = own_threads();
+    for dir in &cgroups {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+        assert_eq!(
+            procs.split_whitespace().collect::<Vec<_>>(),
+            vec![exec.pid().to_string()],
+            "{}: only the executor belongs here",
+            dir.display()
+        );
+        if let Ok(tasks) = std::fs::read_to_string(dir.join("tasks")) {
+            assert!(
+                tasks
+                    .split_whitespace()
+                    .all(|t| !mine.iter().any(|m| m == t)),
+                "{}: a thread of the host stayed in an executor's cgroup",
+                dir.display()
+            );
+        }
+    }
+    for t in &mine {
+        let cg = std::fs::read_to_string(format!("/proc/self/task/{t}/cgroup")).unwrap_or_default();
+        assert!(
+            !cg.contains("/flowhost-exec-"),
+            "host thread {t} is in an executor cgroup:\n{cg}"
+        );
+    }
+    exec.kill_and_wait(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_bounded_to_one_task_still_starts_and_is_bounded() {
+    let Some(b) = broker() else { return };
+    let p = profile(|l| l.tasks = Some(1));
+    if !enforced(&b, &p) {
+        return;
+    }
+    let mut exec = sleeper(&b, p).await;
+    let pids = cgroups_of(exec.pid())
+        .into_iter()
+        .find(|d| d.join("pids.max").exists())
+        .expect("the executor's pids cgroup");
+    assert_eq!(
+        std::fs::read_to_string(pids.join("pids.max"))
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    assert_eq!(
+        std::fs::read_to_string(pids.join("pids.current"))
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    exec.kill_and_wait(Duration::from_secs(10)).await.unwrap();
+}

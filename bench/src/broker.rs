@@ -1,7 +1,9 @@
 //! Broker benchmarks, each side by side with its peer in the same run:
 //! (a) spawn-to-exit of `/bin/true` under `isolated` and `brokered` vs bubblewrap;
 //! (b) loopback TCP connect+close, brokered vs no broker;
-//! (c) unconnected UDP sendto, brokered vs no broker.
+//! (c) unconnected UDP sendto, brokered vs no broker;
+//! each beside sandlock (see [`crate::broker_peer`]) when it is installed, and the
+//! per-notification parts of (b) and (c) (see [`crate::broker_parts`]).
 //!
 //! The connect and sendto loops run in a child process (this binary, in `loop-*` mode) that
 //! times each operation itself and prints its median, so process start-up is not counted.
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 use flowhost_broker::{Broker, BrokerOptions, Profile, SpawnSpec, StdioMode, Verdict};
 use tokio::io::AsyncReadExt;
 
+use crate::broker_peer::Sandlock;
 use crate::harness::{Row, Samples, fmt_duration};
 
 const BWRAP_ARGS: &[&str] = &[
@@ -75,16 +78,43 @@ pub fn run(quick: bool) -> Vec<Row> {
             return Vec::new();
         }
     };
+    let sandlock = Sandlock::find();
     let mut rows = Vec::new();
-    rows.extend(spawn_rows(&runtime, &broker, if quick { 20 } else { 300 }));
+    rows.extend(spawn_rows(
+        &runtime,
+        &broker,
+        if quick { 20 } else { 300 },
+        sandlock.as_ref(),
+    ));
     let iterations = if quick { 300 } else { 3000 };
     let rounds = if quick { 3 } else { 7 };
-    rows.push(loop_row(&runtime, &broker, "connect", iterations, rounds));
-    rows.push(loop_row(&runtime, &broker, "sendto", iterations, rounds));
+    let mut added = Vec::new();
+    for kind in ["connect", "sendto"] {
+        let (loop_rows, by_broker) = loop_rows(
+            &runtime,
+            &broker,
+            kind,
+            iterations,
+            rounds,
+            sandlock.as_ref(),
+        );
+        rows.extend(loop_rows);
+        added.push((kind, by_broker));
+    }
+    rows.extend(crate::broker_parts::run(
+        &runtime,
+        if quick { 2_000 } else { 20_000 },
+        &added,
+    ));
     rows
 }
 
-fn spawn_rows(runtime: &tokio::runtime::Runtime, broker: &Broker, samples: usize) -> Vec<Row> {
+fn spawn_rows(
+    runtime: &tokio::runtime::Runtime,
+    broker: &Broker,
+    samples: usize,
+    sandlock: Option<&Sandlock>,
+) -> Vec<Row> {
     let bwrap_ok = bwrap_once().is_some();
     if !bwrap_ok {
         eprintln!(
@@ -143,14 +173,15 @@ fn spawn_rows(runtime: &tokio::runtime::Runtime, broker: &Broker, samples: usize
         row("isolated, host holding 512 MiB", &heavy),
     ];
     if bwrap_ok {
-        rows.push(cli_row(samples));
+        rows.extend(cli_rows(samples, sandlock));
     }
     rows
 }
 
 /// `flowhost sandbox run` as a whole process (the user's view: the binary starting, the
-/// profile loaded, the spawn, the exit), interleaved with the same for bwrap.
-fn cli_row(samples: usize) -> Row {
+/// profile loaded, the spawn, the exit), interleaved with the same for bwrap (and sandlock
+/// when installed).
+fn cli_rows(samples: usize, sandlock: Option<&Sandlock>) -> Vec<Row> {
     let flowhost = crate::scale::flowhost_binary();
     let cli_once = || {
         let start = Instant::now();
@@ -172,28 +203,81 @@ fn cli_row(samples: usize) -> Row {
         assert!(status.success(), "flowhost sandbox run /bin/true failed");
         start.elapsed()
     };
-    let (mut cli, mut bw) = (Vec::new(), Vec::new());
-    for _ in 0..samples {
-        cli.push(cli_once());
-        if let Some(d) = bwrap_once() {
-            bw.push(d);
+    // Back to back (what a script running many commands sees), then one-off: each run 200
+    // ms after the last, so that nothing the kernel keeps warm for a short while after a
+    // run (an RCU grace period already passed, caches) helps the next one.
+    let mut rows = Vec::new();
+    for (mode, gap, n) in [
+        ("back to back", Duration::ZERO, samples),
+        (
+            "one-off, 200 ms apart",
+            Duration::from_millis(200),
+            samples.min(30),
+        ),
+    ] {
+        let (mut cli, mut bw, mut sl) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..n {
+            std::thread::sleep(gap);
+            cli.push(cli_once());
+            std::thread::sleep(gap);
+            if let Some(d) = bwrap_once() {
+                bw.push(d);
+            }
+            if let Some(s) = sandlock {
+                std::thread::sleep(gap);
+                sl.push(s.true_once());
+            }
         }
+        rows.extend(cli_mode_rows(
+            mode,
+            n,
+            (Samples(cli), Samples(bw), Samples(sl)),
+            sandlock,
+        ));
     }
-    let (cli, bw) = (Samples(cli), Samples(bw));
+    rows
+}
+
+/// The rows of one mode of [`cli_rows`]: flowhost against bwrap, and sandlock beside them.
+fn cli_mode_rows(
+    mode: &str,
+    samples: usize,
+    (cli, bw, sl): (Samples, Samples, Samples),
+    sandlock: Option<&Sandlock>,
+) -> Vec<Row> {
+    let bwrap_name = "bwrap --unshare-all --die-with-parent --ro-bind / / /bin/true, whole process";
     let ratio = cli.median().as_secs_f64() / bw.median().as_secs_f64();
-    Row {
+    let mut rows = vec![Row {
         name: format!(
-            "`flowhost sandbox run --profile isolated -- /bin/true`, whole process (median of {samples})"
+            "`flowhost sandbox run --profile isolated -- /bin/true`, whole process, {mode} (median of {samples})"
         ),
         flowhost: fmt_duration(cli.median()),
-        baseline: Some((
-            "bwrap --unshare-all --die-with-parent --ro-bind / / /bin/true, whole process".into(),
-            fmt_duration(bw.median()),
-        )),
+        baseline: Some((bwrap_name.into(), fmt_duration(bw.median()))),
         comparison: format!("{ratio:.2}x bwrap"),
         goal: "ratio <= 0.5".into(),
         met: ratio <= 0.5,
+    }];
+    if let Some(s) = sandlock {
+        let peer = sl.median().as_secs_f64() / bw.median().as_secs_f64();
+        rows.push(Row {
+            name: format!(
+                "peer: `sandlock run -r / -- /bin/true` ({}), whole process, {mode} (median of {samples})",
+                s.version
+            ),
+            flowhost: format!("{} flowhost", fmt_duration(cli.median())),
+            baseline: Some((
+                format!("{}; bwrap {}", s.version, fmt_duration(bw.median())),
+                fmt_duration(sl.median()),
+            )),
+            comparison: format!(
+                "flowhost {:.2}x sandlock; sandlock {peer:.2}x bwrap",
+                cli.median().as_secs_f64() / sl.median().as_secs_f64()
+            ),
+            goal: "reported".into(),
+            met: true,
+        });
     }
+    rows
 }
 
 /// The child side: `loop-connect ADDR N` / `loop-sendto ADDR N` time each operation and
@@ -219,14 +303,33 @@ fn parse_median(out: &str) -> Duration {
     Duration::from_nanos(out.trim().parse().expect("child printed a median"))
 }
 
-fn loop_row(
-    runtime: &tokio::runtime::Runtime,
-    broker: &Broker,
-    kind: &str,
-    iterations: usize,
-    rounds: usize,
-) -> Row {
-    let target: SocketAddr = if kind == "connect" {
+/// One round of the timed loop under the broker (`brokered`, every attempt allowed).
+fn brokered_round(runtime: &tokio::runtime::Runtime, broker: &Broker, args: &[String]) -> Duration {
+    runtime.block_on(async {
+        let mut spec = quiet(args.to_vec(), "brokered");
+        spec.stdout = StdioMode::Piped;
+        let mut exec = broker.spawn(spec).await.expect("spawn loop");
+        let mut attempts = exec.take_attempts().expect("attempts");
+        tokio::spawn(async move {
+            while let Some(a) = attempts.recv().await {
+                a.respond(Verdict::Allow);
+            }
+        });
+        let mut out = String::new();
+        exec.take_stdout()
+            .expect("stdout")
+            .read_to_string(&mut out)
+            .await
+            .expect("read");
+        let status = exec.wait().await.expect("wait");
+        assert!(status.success(), "brokered loop failed: {status:?}");
+        parse_median(&out)
+    })
+}
+
+/// The loopback target of a loop: a TCP listener that accepts and closes, or a UDP sink.
+fn loop_target(kind: &str) -> SocketAddr {
+    if kind == "connect" {
         let listener = TcpListener::bind("127.0.0.1:0").expect("listener");
         let addr = listener.local_addr().expect("addr");
         std::thread::spawn(move || {
@@ -243,7 +346,18 @@ fn loop_row(
             while sink.recv(&mut buf).is_ok() {}
         });
         addr
-    };
+    }
+}
+
+fn loop_rows(
+    runtime: &tokio::runtime::Runtime,
+    broker: &Broker,
+    kind: &str,
+    iterations: usize,
+    rounds: usize,
+    sandlock: Option<&Sandlock>,
+) -> (Vec<Row>, Duration) {
+    let target = loop_target(kind);
     // The loop runs inside the sandbox as the executor uid: run a copy it can reach.
     let me = crate::support::shared_self().display().to_string();
     let args = vec![
@@ -252,50 +366,38 @@ fn loop_row(
         target.to_string(),
         iterations.to_string(),
     ];
-    let (mut direct, mut brokered) = (Vec::new(), Vec::new());
+    let (mut direct, mut brokered, mut peer) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         let out = Command::new(&me)
             .args(&args[1..])
             .output()
             .expect("direct loop");
         direct.push(parse_median(&String::from_utf8_lossy(&out.stdout)));
-        brokered.push(runtime.block_on(async {
-            let mut spec = quiet(args.clone(), "brokered");
-            spec.stdout = StdioMode::Piped;
-            let mut exec = broker.spawn(spec).await.expect("spawn loop");
-            let mut attempts = exec.take_attempts().expect("attempts");
-            tokio::spawn(async move {
-                while let Some(a) = attempts.recv().await {
-                    a.respond(Verdict::Allow);
-                }
-            });
-            let mut out = String::new();
-            exec.take_stdout()
-                .expect("stdout")
-                .read_to_string(&mut out)
-                .await
-                .expect("read");
-            let status = exec.wait().await.expect("wait");
-            assert!(status.success(), "brokered loop failed: {status:?}");
-            parse_median(&out)
-        }));
+        brokered.push(brokered_round(runtime, broker, &args));
+        if let Some(s) = sandlock {
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = s
+                .command(&Sandlock::allow(kind, &target.to_string()), &argv)
+                .stdout(Stdio::piped())
+                .output()
+                .expect("sandlock loop");
+            assert!(
+                out.status.success(),
+                "the loop under sandlock failed: {}",
+                out.status
+            );
+            peer.push(parse_median(&String::from_utf8_lossy(&out.stdout)));
+        }
     }
     let (d, b) = (Samples(direct).median(), Samples(brokered).median());
     let added = b.saturating_sub(d);
-    let (name, goal, limit) = if kind == "connect" {
-        (
-            "loopback TCP connect+close",
-            "<= 40 µs added",
-            Duration::from_micros(40),
-        )
+    let (name, limit) = if kind == "connect" {
+        ("loopback TCP connect+close", Duration::from_micros(20))
     } else {
-        (
-            "unconnected UDP sendto",
-            "<= 40 µs added",
-            Duration::from_micros(40),
-        )
+        ("unconnected UDP sendto", Duration::from_micros(15))
     };
-    Row {
+    let goal = format!("<= {} added", fmt_duration(limit));
+    let mut rows = vec![Row {
         name: format!("{name}, brokered (median of {rounds} x {iterations})"),
         flowhost: fmt_duration(b),
         baseline: Some(("no broker".into(), fmt_duration(d))),
@@ -304,7 +406,26 @@ fn loop_row(
             fmt_duration(added),
             b.as_secs_f64() / d.as_secs_f64()
         ),
-        goal: goal.into(),
+        goal: goal.clone(),
         met: added <= limit,
+    }];
+    if let Some(s) = sandlock {
+        let p = Samples(peer).median();
+        let peer_added = p.saturating_sub(d);
+        rows.push(Row {
+            name: format!("peer: {name} under sandlock, same loop and rounds"),
+            flowhost: format!("+{} added by flowhost", fmt_duration(added)),
+            baseline: Some((
+                format!("{}, --net-allow the target only", s.version),
+                format!("{} (+{} added)", fmt_duration(p), fmt_duration(peer_added)),
+            )),
+            comparison: format!(
+                "flowhost adds {:.2}x what sandlock adds",
+                added.as_secs_f64() / peer_added.as_secs_f64().max(1e-9)
+            ),
+            goal: "reported".into(),
+            met: true,
+        });
     }
+    (rows, added)
 }

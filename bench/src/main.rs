@@ -2,6 +2,8 @@
 //! name). Prints one Markdown table of medians and ratios; see BENCHMARKS.md for the method.
 
 mod broker;
+mod broker_parts;
+mod broker_peer;
 mod daemon;
 #[allow(dead_code)] // percentile serves the suites added with the daemon.
 mod harness;

@@ -404,7 +404,7 @@ impl Broker {
             filter,
         )
         .map_err(fail)?;
-        prepared.cgroup_procs = lease.procs_files();
+        prepared.cgroup = lease.placement();
         let (reply, rx) = oneshot::channel();
         {
             let jobs = self.inner.jobs.lock().map_err(|_| SpawnError::BrokerGone)?;

@@ -365,6 +365,31 @@ impl std::fmt::Display for BoundHit {
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
+/// How a new executor enters its cgroups before it runs a single instruction of its program.
+///
+/// Writing a process into a cgroup (`cgroup.procs`) takes the kernel's global threadgroup
+/// lock for writing, which waits for an RCU grace period: several milliseconds per spawn on
+/// a small VM. In cgroup v1 one thread can instead move itself (`tasks`, pid 0) without that
+/// lock, and a child is born in its creating thread's cgroups: so the spawner thread enters
+/// the executor's v1 cgroups, clones, and returns to the broker's own. The child is then
+/// bounded from its first instruction, and nothing it does before exec escapes the bounds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Placement {
+    /// v1 executor cgroups the spawner thread enters before clone and leaves (for the
+    /// parent, the broker's own cgroup) once the child has exec'd or exited.
+    pub(crate) born_in: Vec<PathBuf>,
+    /// `cgroup.procs` files the executor's pid is written to before it may exec (cgroup
+    /// v2, where threads of one process share a cgroup, and any v1 cgroup the spawner
+    /// thread could not enter).
+    pub(crate) procs: Vec<PathBuf>,
+}
+
+/// Moves the calling thread, and only it, into the v1 cgroup `dir` (its `tasks` file, pid
+/// 0: the caller).
+pub(crate) fn move_this_thread(dir: &Path) -> std::io::Result<()> {
+    std::fs::write(dir.join("tasks"), "0")
+}
+
 /// One executor's cgroups (one directory per v1 controller, or one v2 directory). Removed
 /// with [`ExecutorCgroup::remove`] once its processes are gone.
 #[derive(Debug)]
@@ -443,15 +468,28 @@ impl ExecutorCgroup {
         Ok(cg)
     }
 
-    /// The `cgroup.procs` files a new executor's pid is written to before it may exec.
-    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = self
-            .dirs
-            .iter()
-            .map(|(_, _, d)| d.join("cgroup.procs"))
-            .collect();
-        files.dedup();
-        files
+    /// How a new executor enters these cgroups (see [`Placement`]).
+    pub(crate) fn placement(&self) -> Placement {
+        let mut placement = Placement::default();
+        let mut seen: Vec<&PathBuf> = Vec::new();
+        for (_, version, dir) in &self.dirs {
+            if seen.contains(&dir) {
+                continue;
+            }
+            seen.push(dir);
+            // The spawning thread counts as a task of the cgroup while it is inside, so a
+            // tasks bound below 2 would refuse the clone itself.
+            let tasks_room = self
+                .dirs
+                .iter()
+                .filter(|(c, _, d)| d == dir && *c == Controller::Pids)
+                .all(|_| self.limits.tasks.is_none_or(|t| t >= 2));
+            match (version, dir.parent()) {
+                (Version::V1, Some(_)) if tasks_room => placement.born_in.push(dir.clone()),
+                _ => placement.procs.push(dir.join("cgroup.procs")),
+            }
+        }
+        placement
     }
 
     /// The bound the executor ran into, if any (the memory bound first: an OOM kill is
@@ -489,9 +527,14 @@ impl ExecutorCgroup {
         while !left.is_empty() {
             left.retain(|dir| {
                 let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                // Never the host itself: its spawner thread is inside an executor's v1
+                // cgroups while it clones (see `Placement`), and `cgroup.procs` lists the
+                // process of every thread inside.
+                let host = std::process::id() as i32;
                 for pid in procs
                     .split_whitespace()
                     .filter_map(|p| p.parse::<i32>().ok())
+                    .filter(|p| *p != host)
                 {
                     // SAFETY: sends a signal; a pid of this executor's own cgroup.
                     unsafe { libc::kill(pid, libc::SIGKILL) };

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 
-use crate::cgroup::{BoundHit, ExecutorCgroup};
+use crate::cgroup::{BoundHit, ExecutorCgroup, Placement};
 use crate::sys::{self, WaitStatus};
 use crate::uids::UidLease;
 
@@ -86,12 +86,12 @@ impl LeaseGuard {
         self.lease.as_ref()?.uid.as_ref().map(UidLease::uid)
     }
 
-    /// Where the executor's pid must be written before it may exec.
-    pub(crate) fn procs_files(&self) -> Vec<std::path::PathBuf> {
+    /// How the executor enters its cgroups before it may exec.
+    pub(crate) fn placement(&self) -> Placement {
         self.lease
             .as_ref()
             .and_then(|l| l.cgroup.as_ref())
-            .map(ExecutorCgroup::procs_files)
+            .map(ExecutorCgroup::placement)
             .unwrap_or_default()
     }
 

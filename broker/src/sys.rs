@@ -141,24 +141,48 @@ pub fn waitid_pidfd(pidfd: BorrowedFd<'_>, block: bool) -> io::Result<Option<Wai
 /// Copies `buf.len()` bytes from address `addr` of process `pid` (`process_vm_readv(2)`).
 /// A short read is an error: the broker decides only on complete copies.
 pub fn read_remote(pid: libc::pid_t, addr: u64, buf: &mut [u8]) -> io::Result<()> {
-    if buf.is_empty() {
+    read_remote_many(pid, &mut [(addr, buf)])
+}
+
+/// Copies each `(address, buffer)` part from process `pid` in one `process_vm_readv(2)`
+/// call. A short read of any part is an error: the broker decides only on complete copies.
+pub fn read_remote_many(pid: libc::pid_t, parts: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+    let parts: Vec<&mut (u64, &mut [u8])> =
+        parts.iter_mut().filter(|(_, b)| !b.is_empty()).collect();
+    if parts.is_empty() {
         return Ok(());
     }
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
+    let mut local = Vec::with_capacity(parts.len());
+    let mut remote = Vec::with_capacity(parts.len());
+    let mut total = 0usize;
+    for (addr, buf) in parts {
+        local.push(libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        });
+        remote.push(libc::iovec {
+            iov_base: *addr as *mut libc::c_void,
+            iov_len: buf.len(),
+        });
+        total += buf.len();
+    }
+    // SAFETY: each `local` iovec describes a buffer we borrow mutably for its full length,
+    // alive for the call; the remote iovecs are only interpreted by the kernel inside the
+    // target's address space.
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid,
+            local.as_ptr(),
+            local.len() as libc::c_ulong,
+            remote.as_ptr(),
+            remote.len() as libc::c_ulong,
+            0,
+        )
     };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: `local` describes memory we own for its full length; the remote iovec is only
-    // interpreted by the kernel inside the target's address space.
-    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    if n as usize != buf.len() {
+    if n as usize != total {
         return Err(io::Error::from_raw_os_error(libc::EFAULT));
     }
     Ok(())

@@ -214,9 +214,27 @@ fn prepare_records_dir(path: &Path) -> Result<(), SandboxError> {
 /// only the gate needs it) and the surface.
 struct Evidence {
     records: Option<PathBuf>,
-    /// The run's private directory (removed when the run ends).
-    private: tempfile::TempDir,
+    /// The run's private directory (removed when the run ends), made only when something
+    /// needs it: a plain run creates nothing on disk.
+    private: std::sync::OnceLock<tempfile::TempDir>,
     surface: Option<DeclaredSurface>,
+}
+
+impl Evidence {
+    /// The run's private directory, created on first use.
+    fn private(&self) -> Result<&Path, SandboxError> {
+        if let Some(dir) = self.private.get() {
+            return Ok(dir.path());
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("flowhost-sandbox-")
+            .tempdir()
+            .map_err(|e| SandboxError::RecordsDir {
+                path: std::env::temp_dir(),
+                reason: format!("cannot create the run's private directory: {e}"),
+            })?;
+        Ok(self.private.get_or_init(|| dir).path())
+    }
 }
 
 impl CommonArgs {
@@ -227,26 +245,20 @@ impl CommonArgs {
             .as_deref()
             .map(crate::harness::load_surface)
             .transpose()?;
-        let private = tempfile::Builder::new()
-            .prefix("flowhost-sandbox-")
-            .tempdir()
-            .map_err(|e| SandboxError::RecordsDir {
-                path: std::env::temp_dir(),
-                reason: format!("cannot create the run's private directory: {e}"),
-            })?;
-        let records = match (&self.records, &surface) {
+        let mut evidence = Evidence {
+            records: None,
+            private: std::sync::OnceLock::new(),
+            surface,
+        };
+        evidence.records = match (&self.records, &evidence.surface) {
             (Some(dir), _) => Some(dir.clone()),
-            (None, Some(_)) => Some(private.path().join("records")),
+            (None, Some(_)) => Some(evidence.private()?.join("records")),
             (None, None) => None,
         };
-        if let Some(dir) = &records {
+        if let Some(dir) = &evidence.records {
             prepare_records_dir(dir)?;
         }
-        Ok(Evidence {
-            records,
-            private,
-            surface,
-        })
+        Ok(evidence)
     }
 
     /// Writes the health if asked, runs the gate if asked, and chooses the exit status:
@@ -472,7 +484,7 @@ async fn run(args: RunArgs) -> CliResult {
             &args,
             &rules,
             writer.as_ref(),
-            evidence.private.path().join("resolv"),
+            evidence.private()?.join("resolv"),
             pid.clone(),
         )?
         .map(Arc::new)

@@ -62,7 +62,13 @@ fn v1_layout_is_found_per_controller() {
         std::fs::read_to_string(dir.join("memory.limit_in_bytes")).unwrap(),
         (4096u64 << 20).to_string()
     );
-    assert_eq!(cg.procs_files(), vec![dir.join("cgroup.procs")]);
+    assert_eq!(
+        cg.placement(),
+        Placement {
+            born_in: vec![dir.clone()],
+            procs: vec![]
+        }
+    );
     std::fs::write(
         dir.join("memory.oom_control"),
         "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
@@ -132,7 +138,13 @@ fn a_delegated_v2_subtree_is_taken_over_only_when_alone_in_it() {
     assert!(!svc.join("flowhost-host/flowhost-host").exists());
     let cg = ExecutorCgroup::create(&s, &limits()).unwrap();
     let dir = &cg.dirs[0].2;
-    assert_eq!(cg.procs_files(), vec![dir.join("cgroup.procs")]);
+    assert_eq!(
+        cg.placement(),
+        Placement {
+            born_in: vec![],
+            procs: vec![dir.join("cgroup.procs")]
+        }
+    );
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
     assert_eq!(read("memory.max"), (4096u64 << 20).to_string());
     assert_eq!(read("pids.max"), "1024");
@@ -197,4 +209,48 @@ fn removal_kills_what_is_left_on_the_real_unified_hierarchy() {
         std::os::unix::process::ExitStatusExt::signal(&status),
         Some(libc::SIGKILL)
     );
+}
+
+#[test]
+fn v1_executors_are_born_in_their_cgroups_others_are_moved_in() {
+    let root = Path::new("/sys/fs/cgroup-fake");
+    let (mem, pids, v2) = (root.join("m/x"), root.join("p/x"), root.join("u/x"));
+    let mut cg = ExecutorCgroup {
+        dirs: vec![
+            (Controller::Memory, Version::V1, mem.clone()),
+            (Controller::Pids, Version::V1, pids.clone()),
+            (Controller::Cpu, Version::V2, v2.clone()),
+        ],
+        limits: limits(),
+    };
+    let p = cg.placement();
+    assert_eq!(p.born_in, vec![mem.clone(), pids.clone()]);
+    assert_eq!(p.procs, vec![v2.join("cgroup.procs")]);
+    // Under a bound of one task the spawner thread inside would refuse the clone itself.
+    cg.limits.tasks = Some(1);
+    let p = cg.placement();
+    assert_eq!(p.born_in, vec![mem]);
+    assert_eq!(
+        p.procs,
+        vec![pids.join("cgroup.procs"), v2.join("cgroup.procs")]
+    );
+}
+
+#[test]
+fn removing_an_executor_cgroup_never_signals_the_host() {
+    // The spawner thread is inside an executor's v1 cgroups while it clones, so its process
+    // may be listed there; the old removal would have sent it SIGKILL.
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("flowhost-exec-1-1");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(
+        dir.join("cgroup.procs"),
+        format!("{}\n", std::process::id()),
+    )
+    .unwrap();
+    let cg = ExecutorCgroup {
+        dirs: vec![(Controller::Memory, Version::V1, dir)],
+        limits: Limits::NONE,
+    };
+    assert!(!cg.remove(Duration::from_millis(30)));
 }

@@ -43,8 +43,8 @@ pub(crate) struct Prepared {
     /// The profile's program, compiled once and shared by all its spawns.
     pub(super) filter: Arc<seccompiler::BpfProgram>,
     pub(crate) wall_clock: Option<Duration>,
-    /// `cgroup.procs` files the executor is moved into before it may exec.
-    pub(crate) cgroup_procs: Vec<PathBuf>,
+    /// How the executor enters its cgroups before it may exec.
+    pub(crate) cgroup: crate::cgroup::Placement,
 }
 
 fn cstring(what: &str, bytes: &[u8]) -> Result<CString, SpawnError> {
@@ -323,7 +323,7 @@ pub(crate) fn prepare(
         landlock_late,
         filter,
         wall_clock: spec.wall_clock,
-        cgroup_procs: Vec::new(),
+        cgroup: Default::default(),
     })
 }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
+use crate::cgroup;
 use crate::child::{self, ChildPlan};
 use crate::stage::{READY, STARTED, Stage};
 use crate::sys;
@@ -213,6 +214,37 @@ fn handshake(job: &HandshakeJob) -> Result<OwnedFd, SpawnError> {
     }
 }
 
+/// The executor cgroups the spawner thread is inside while it clones; it leaves them when
+/// dropped if [`Inside::leave`] was not called (an early return).
+#[derive(Default)]
+struct Inside {
+    dirs: Vec<PathBuf>,
+}
+
+impl Inside {
+    /// Moves this thread back to each cgroup's parent, the broker's own cgroup of that
+    /// hierarchy.
+    fn leave(&mut self) -> Result<(), SpawnError> {
+        let mut failed = None;
+        for dir in self.dirs.drain(..).rev() {
+            let back = dir.parent().unwrap_or(&dir);
+            if let Err(e) = cgroup::move_this_thread(back) {
+                failed.get_or_insert(format!(
+                    "the spawner thread cannot return to {} from the executor's cgroup: {e}",
+                    back.display()
+                ));
+            }
+        }
+        failed.map_or(Ok(()), |why| Err(SpawnError::Cgroup(why)))
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        let _ = self.leave();
+    }
+}
+
 extern "C" fn child_entry(plan: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `plan` points at the spawner's ChildPlan, which stays alive and unchanged while
     // the spawner is suspended (CLONE_VFORK) until this child execs or exits.
@@ -267,13 +299,23 @@ pub(crate) fn start(
     let mut stack = vec![0u8; CHILD_STACK];
     let pidfd_cell = Arc::new(AtomicI32::new(-1));
     let (reply, handshake) = std::sync::mpsc::sync_channel(1);
+    // The child is born in the executor's v1 cgroups (see `Placement`); a cgroup this
+    // thread cannot enter takes the child's pid before it may exec instead.
+    let mut inside = Inside::default();
+    let mut cgroup_procs = prepared.cgroup.procs.clone();
+    for dir in &prepared.cgroup.born_in {
+        match cgroup::move_this_thread(dir) {
+            Ok(()) => inside.dirs.push(dir.clone()),
+            Err(_) => cgroup_procs.push(dir.join("cgroup.procs")),
+        }
+    }
     handshakes
         .send(HandshakeJob {
             status_r,
             go_w,
             pidfd: pidfd_cell.clone(),
             user_namespace: prepared.user_namespace,
-            cgroup_procs: prepared.cgroup_procs.clone(),
+            cgroup_procs,
             reply,
         })
         .map_err(|_| SpawnError::BrokerGone)?;
@@ -318,6 +360,9 @@ pub(crate) fn start(
     drop(plan);
     drop(stack);
     let outcome = handshake.recv().unwrap_or(Err(SpawnError::BrokerGone));
+    // Back to the broker's own cgroups before anything else: this thread must not count
+    // against, or hold open, an executor's cgroup.
+    let outcome = inside.leave().and(outcome);
     if let Some(source) = clone_error {
         return Err(SpawnError::Host {
             what: "clone (creating the executor and its namespaces)",

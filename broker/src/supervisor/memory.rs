@@ -85,6 +85,17 @@ impl Caller<'_> {
         Ok(buf)
     }
 
+    /// Copies two ranges of the caller's memory (a payload and its address) in one read,
+    /// bracketed by ID_VALID checks as [`Caller::copy`] is.
+    pub(super) fn copy_two(&self, a: (u64, usize), b: (u64, usize)) -> Step<(Vec<u8>, Vec<u8>)> {
+        self.still_waiting()?;
+        let (mut first, mut second) = (vec![0u8; a.1], vec![0u8; b.1]);
+        sys::read_remote_many(self.n.pid, &mut [(a.0, &mut first), (b.0, &mut second)])
+            .map_err(|_| Outcome::Errno(libc::EFAULT))?;
+        self.still_waiting()?;
+        Ok((first, second))
+    }
+
     /// A pidfd for the caller. Callers open it before their first [`Caller::copy`] (or
     /// [`Caller::still_waiting`]): the validity check after that proves the pidfd (and any
     /// descriptor taken with it) belongs to the thread still waiting on this notification,

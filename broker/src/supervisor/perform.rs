@@ -122,7 +122,13 @@ impl Caller<'_> {
         let pidfd = self.pidfd()?;
         let sock = self.socket(&pidfd, fd)?;
         let payload = self.payload_len(&sock, len as usize)?;
-        let data = self.copy(buf, payload)?;
+        // The payload and the address in one copy (one read, one pair of validity checks).
+        let (data, raw) = if addr == 0 {
+            (self.copy(buf, payload)?, None)
+        } else {
+            let (data, raw) = self.copy_two((buf, payload), (addr, addr_len(addrlen)?))?;
+            (data, Some(raw))
+        };
         let mut message = OwnedMessage {
             data,
             ..OwnedMessage::default()
@@ -130,17 +136,16 @@ impl Caller<'_> {
         let mut info = self.attempt(EgressSyscall::Sendto, &sock);
         info.bytes = Some(message.data.len());
         let mut pin = None;
-        if addr == 0 {
-            info.connected = true;
-            info.destination = peer(&sock);
-        } else {
-            let raw = self.copy(addr, addr_len(addrlen)?)?;
+        if let Some(raw) = raw {
             let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Sendto);
             info.destination = Some(destination);
             if let Ok(t) = &target {
                 message.name = t.addr.clone();
             }
             pin = Some(target);
+        } else {
+            info.connected = true;
+            info.destination = peer(&sock);
         }
         if let Verdict::Deny { errno } = self.decide(info).await {
             return Ok(Outcome::Errno(errno));

@@ -230,21 +230,21 @@ impl McpArgs {
 pub(super) async fn serve(args: McpArgs) -> CliResult {
     crate::logging::init_with_default(crate::logging::LogFormat::Text, "warn");
     let evidence = args.common.evidence()?;
-    let private = &evidence.private;
+    let private = evidence.private()?;
     let records = evidence
         .records
         .clone()
-        .unwrap_or_else(|| private.path().join("records"));
+        .unwrap_or_else(|| private.join("records"));
     let health_file = args
         .common
         .health
         .clone()
-        .unwrap_or_else(|| private.path().join("health.json"));
+        .unwrap_or_else(|| private.join("health.json"));
     // The derived configuration lives elsewhere: paths the caller gave relative to where
     // it runs are made absolute first.
     let (records, health_file) = (in_cwd(&records)?, in_cwd(&health_file)?);
-    let config_file = private.path().join("host.toml");
-    let text = args.host_config(private.path(), &records, &health_file)?;
+    let config_file = private.join("host.toml");
+    let text = args.host_config(private, &records, &health_file)?;
     crate::files::write_atomic(&config_file, text.as_bytes(), 0o600)?;
     let (host, listener) = crate::daemon::Host::start(&config_file, None).await?;
     let socket = host.current().config.socket.clone();
