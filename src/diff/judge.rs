@@ -162,9 +162,16 @@ impl Acc {
             .map(|id| id.0.to_string());
         let tool = d.tool.name.0.to_string();
         // A session-level refusal (a peer refused at initialize, a request that named no
-        // tool) and a relayed request of a call (judged with its call) are evidence in the
-        // chain but no tool action of their own: nothing to compare with a declared surface.
-        if x.is_some_and(|x| x.event_is("session") || x.event_is("relay")) {
+        // tool) is evidence in the chain but no tool action: nothing to compare with a
+        // declared surface. So is a content request (a read of a signed resource, a prompt,
+        // a completion): it has no effect outside the session, whose label it raised; and a
+        // relayed request of a call (judged with its call).
+        if x.is_some_and(|x| {
+            x.event_is("session")
+                || x.event_is("content_request")
+                || x.event_is("content_outcome")
+                || x.event_is("relay")
+        }) {
             return Ok(());
         }
         if let Some((kind, reason)) = judge(matcher, d)? {

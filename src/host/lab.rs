@@ -424,12 +424,12 @@ pub const CONFORMANCE_LABEL: &str =
 
 /// A `[[server]]` block (TOML) that governs the conformance executor (`command`, its
 /// argv) with the signed manifest and key in `fixtures/conformance` under `repo`: every
-/// tool's output carries [`CONFORMANCE_LABEL`], and the tools go by their bare names (as
-/// the conformance suite calls them).
+/// tool's output, resource read and prompt carries [`CONFORMANCE_LABEL`], and the tools and
+/// prompts go by their bare names (as the conformance suite calls them).
 pub fn conformance_server(repo: &Path, command: &str) -> String {
     let dir = repo.join("fixtures/conformance");
     let mut s = format!(
-        "\n[[server]]\nid = \"conformance\"\nmanifest = {}\nkey = {}\ncommand = [{}]\nprofile = \"isolated\"\npool_size = 1\nunqualified_names = true\n",
+        "\n[[server]]\nid = \"conformance\"\nmanifest = {}\nkey = {}\ncommand = [{}]\nprofile = \"isolated\"\npool_size = 1\nunqualified_names = true\ncontent_floor = {CONFORMANCE_LABEL}\n",
         q(&dir.join("conformance.signed.json")),
         q(&dir.join("keys/conformance.pub")),
         toml_string(command),

@@ -38,6 +38,10 @@ pub enum Denial {
     AccessDenied,
     /// No such tool is registered.
     UnknownTool,
+    /// No registered server signed a resource that URI is (or a template it expands from).
+    UnknownResource,
+    /// No registered server signed a prompt of that name.
+    UnknownPrompt,
     /// A malformed request (no string tool name, arguments that are not an object).
     InvalidParams,
     /// A request before `initialize`.
@@ -88,6 +92,8 @@ impl Denial {
             Denial::SchemaInvalid => "schema_invalid",
             Denial::AccessDenied => "access_denied",
             Denial::UnknownTool => "unknown_tool",
+            Denial::UnknownResource => "unknown_resource",
+            Denial::UnknownPrompt => "unknown_prompt",
             Denial::InvalidParams => "invalid_params",
             Denial::NotInitialized => "not_initialized",
             Denial::BridgeMismatch => "bridge_mismatch",

@@ -324,6 +324,12 @@ pub enum EventKind {
     /// the label the call's output implies is durable (towards the client) or the answer
     /// flows to the tool's clearances (towards the tool); `deny` when refused.
     Relay,
+    /// A `resources/read`, `prompts/get` or `completion/complete` decision (allowed before
+    /// the executor sees it, or refused): `tool.name` says which request and what it named.
+    ContentRequest,
+    /// What an allowed content request returned: `allow` with status `success`, or `error`;
+    /// it carries the labels the content left behind (joined before it reached the client).
+    ContentOutcome,
 }
 
 /// `flowhost.relay`: which request an executor sent its client, and which way it went.

@@ -140,7 +140,9 @@ impl DecisionRecord {
                 EventKind::ToolCall
                 | EventKind::ToolOutcome
                 | EventKind::Session
-                | EventKind::Relay,
+                | EventKind::Relay
+                | EventKind::ContentRequest
+                | EventKind::ContentOutcome,
                 Some(_),
             ) => {
                 return fail(
@@ -162,10 +164,12 @@ impl DecisionRecord {
                 "a deny must say why (a denial code)".into(),
             );
         }
-        if x.event == EventKind::ToolOutcome && self.decision.effect == Effect::Deny {
+        if matches!(x.event, EventKind::ToolOutcome | EventKind::ContentOutcome)
+            && self.decision.effect == Effect::Deny
+        {
             return fail(
                 "decision.effect",
-                "a tool_outcome is allow (success) or error, never deny".into(),
+                "a tool_outcome or content_outcome is allow (success) or error, never deny".into(),
             );
         }
         if x.relay.is_some() != (x.event == EventKind::Relay) {

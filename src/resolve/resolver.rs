@@ -507,12 +507,58 @@ impl FlowResolver {
         plan: &CallPlan,
         output_text: &str,
     ) -> Result<FlowState, StateError> {
-        let label = plan.security.effective_output_floor().join_or_top(
+        self.join_output(
+            &plan.key,
+            plan.security.effective_output_floor(),
+            output_text,
+        )
+        .await
+    }
+
+    /// `floor ⊔ classifier(output)` joined into `key`'s state, durably.
+    async fn join_output(
+        &self,
+        key: &SessionKey,
+        floor: &InformationLabel,
+        output_text: &str,
+    ) -> Result<FlowState, StateError> {
+        let label = floor.join_or_top(
             &self
                 .classifier
                 .classify(ClassifierScope::Outputs, output_text),
         );
-        self.state.join(&plan.key, &label).await
+        self.state.join(key, &label).await
+    }
+
+    /// Before a content request (a resource read, a prompt, a completion) reaches its
+    /// executor: what it carries (`operator input floor ⊔ classifier(request)`) joins the
+    /// principal's and session's state durably, since the executor is about to see it.
+    /// Returns the source the executor is chosen for and the state after the join.
+    pub async fn before_content(
+        &self,
+        key: &SessionKey,
+        request: &serde_json::Value,
+    ) -> Result<(InformationLabel, FlowState), StateError> {
+        let taint = self.input_floor.join_or_top(
+            &self
+                .classifier
+                .classify(ClassifierScope::Arguments, &classifiable_text(request)),
+        );
+        let source = self.state.get(key).await?.combined().join_or_top(&taint);
+        let state = self.state.join(key, &taint).await?;
+        Ok((source, state))
+    }
+
+    /// After a content request: `label ⊔ classifier(content)` joins the principal's and
+    /// session's state, durably, before the content may reach the client (`label` is the
+    /// route's: content floor ⊔ signed output label).
+    pub async fn after_content(
+        &self,
+        key: &SessionKey,
+        label: &InformationLabel,
+        content_text: &str,
+    ) -> Result<FlowState, StateError> {
+        self.join_output(key, label, content_text).await
     }
 }
 

@@ -300,8 +300,54 @@ pub struct McpExecutor<C> {
     idle_logs: u64,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     server: String,
+    /// Where the executor's `notifications/resources/updated` go (set once it is bound).
+    updates: Arc<Mutex<Option<UpdateSink>>>,
     /// The executor's own resolver (kept alive as long as the executor).
     _dns: Option<Arc<ExecutorDns>>,
+}
+
+/// Receives the `params` of each `notifications/resources/updated` an executor sends (the
+/// session decides what reaches its client).
+pub type UpdateSink = Arc<dyn Fn(&Value) + Send + Sync>;
+
+/// The method of a resource update notification.
+const RESOURCE_UPDATED: &str = "notifications/resources/updated";
+
+/// Longest line read as a possible resource update (one carries a URI and little else):
+/// longer lines pass on unparsed, so a large result is not parsed twice.
+const MAX_UPDATE_LINE: usize = 8192;
+
+/// Reads an executor's output line by line and passes the lines on to whoever reads its
+/// answers, except resource updates, which go to its sink as they arrive (dropped while it
+/// has none).
+async fn read_output<R: tokio::io::AsyncBufRead + Unpin>(
+    mut reader: R,
+    limit: usize,
+    lines: mpsc::Sender<Line>,
+    sink: Arc<Mutex<Option<UpdateSink>>>,
+) {
+    let needle = RESOURCE_UPDATED.as_bytes();
+    loop {
+        let line = mcp::read_line(&mut reader, limit)
+            .await
+            .unwrap_or(Line::Eof);
+        if let Line::Message(m) = &line
+            && m.len() <= MAX_UPDATE_LINE
+            && m.windows(needle.len()).any(|w| w == needle)
+            && let Ok(Incoming::Notification { method, params }) = mcp::parse(m)
+            && method == RESOURCE_UPDATED
+        {
+            let to = sink.lock().ok().and_then(|s| s.clone());
+            if let Some(to) = to {
+                to(&params);
+            }
+            continue;
+        }
+        let eof = line == Line::Eof;
+        if lines.send(line).await.is_err() || eof {
+            return;
+        }
+    }
 }
 
 impl<C> Drop for McpExecutor<C> {
@@ -382,8 +428,15 @@ impl<C: NamedCall> McpExecutor<C> {
         let _ = pid_cell.set(exec.pid());
         let mut tasks = Vec::new();
         let (lines_tx, lines) = mpsc::channel(16);
-        // Its own task: a request abandoned at cancellation must not lose half a line.
-        tasks.push(tokio::spawn(mcp::forward_lines(stdout, limit, lines_tx)));
+        // Its own task: a request abandoned at cancellation must not lose half a line. It
+        // also hands resource updates to the session as they come, between requests too.
+        let updates: Arc<Mutex<Option<UpdateSink>>> = Arc::new(Mutex::new(None));
+        tasks.push(tokio::spawn(read_output(
+            stdout,
+            limit,
+            lines_tx,
+            updates.clone(),
+        )));
         if let Some(attempts) = exec.take_attempts() {
             tasks.push(tokio::spawn(route_attempts(
                 attempts,
@@ -423,6 +476,7 @@ impl<C: NamedCall> McpExecutor<C> {
             idle_logs: 0,
             tasks,
             server: template.server.clone(),
+            updates,
             _dns: dns,
         };
         let answer = me
@@ -746,6 +800,35 @@ impl<C: NamedCall> McpExecutor<C> {
                 bound,
             });
         }
+        result
+    }
+
+    /// Sends the executor's resource updates to `sink` from now on.
+    pub fn on_resource_updated(&self, sink: UpdateSink) {
+        if let Ok(mut s) = self.updates.lock() {
+            *s = Some(sink);
+        }
+    }
+
+    /// Sends one request that is no tool call (a resource read, a prompt, a completion,
+    /// `logging/setLevel`) and waits for its answer under `deadline`. No call is in the
+    /// slot meanwhile, so any egress the executor attempts is refused (`no_call_in_flight`).
+    pub async fn forward(
+        &mut self,
+        method: &str,
+        params: Value,
+        deadline: Duration,
+    ) -> Result<Value, ExecutorError> {
+        self.last_used = Instant::now();
+        self.stderr_budget
+            .store(STDERR_LINES_PER_CALL, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut last) = self.last_tool.lock() {
+            *last = format!("({method})");
+        }
+        let result = self
+            .request(method, params, deadline, &mut CallControl::none(), None)
+            .await;
+        self.last_used = Instant::now();
         result
     }
 

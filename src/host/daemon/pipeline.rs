@@ -675,5 +675,7 @@ fn tool_error(text: &str) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
+pub mod content;
+
 #[cfg(test)]
 mod tests;

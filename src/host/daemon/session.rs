@@ -25,6 +25,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::executor::{CallControl, ExecutorError, ProgressRoute, cancelled};
+use super::pipeline::content::ContentMethod;
 use super::pipeline::{
     self, BRIDGE_META_KEY, CallEnv, Caller, Dispatch, DispatchError, Recorder, RelayGate, refusal,
 };
@@ -86,10 +87,42 @@ impl Outbox {
     }
 }
 
+mod content;
+pub use content::LogLevel;
+
 /// An executor bound to the session, with the generation it was started in.
 struct Bound {
     generation: u64,
     exec: McpExecutor<CallInFlight>,
+    /// The `logging/setLevel` level last applied to it (`None`: never set).
+    log_level: Option<LogLevel>,
+}
+
+impl Bound {
+    /// Sends `level` to the executor unless it has it already. A server without logging
+    /// answers with an error: it sends no logs anyway, so that counts as applied. `Err`: the
+    /// executor failed (the caller stops it).
+    async fn apply_log_level(
+        &mut self,
+        level: LogLevel,
+        deadline: Duration,
+    ) -> Result<(), ExecutorError> {
+        if self.log_level == Some(level) {
+            return Ok(());
+        }
+        let params = json!({"level": level.as_str()});
+        match self
+            .exec
+            .forward("logging/setLevel", params, deadline)
+            .await
+        {
+            Ok(_) | Err(ExecutorError::Rpc(_)) => {
+                self.log_level = Some(level);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// Most executors of one server a session runs at once; further calls to that server wait
@@ -174,6 +207,9 @@ struct Session {
     executors: Mutex<HashMap<String, ServerExecutors>>,
     /// The calls in flight that a client may cancel, by request id (its JSON text).
     cancels: Mutex<HashMap<String, watch::Sender<Option<String>>>>,
+    /// The client's `logging/setLevel`: sent to the idle executors when it is set, and to
+    /// any other before its next request (those bound later included).
+    log_level: Mutex<Option<LogLevel>>,
     /// Outgoing lines (answers, notifications, requests relayed from executors).
     out: Outbox,
     /// What the client declared it can do at `initialize`.
@@ -247,6 +283,7 @@ pub(super) async fn run(
         pinned: OnceLock::new(),
         executors: Mutex::new(HashMap::new()),
         cancels: Mutex::new(HashMap::new()),
+        log_level: Mutex::new(None),
         out: Outbox::new(out.clone()),
         capabilities: OnceLock::new(),
         relays: PendingRelays::default(),
@@ -467,7 +504,13 @@ impl Session {
         tracing::info!(session = %self.id, principal = %principal.id, requested, revision, "session initialized");
         Ok(json!({
             "protocolVersion": revision,
-            "capabilities": {"tools": {"listChanged": false}},
+            "capabilities": {
+                "tools": {"listChanged": false},
+                "resources": {"subscribe": true, "listChanged": false},
+                "prompts": {"listChanged": false},
+                "completions": {},
+                "logging": {},
+            },
             "serverInfo": {"name": "flowhost", "version": env!("CARGO_PKG_VERSION")},
             "instructions": format!("Governed tools for principal {}; every call and egress is decided and recorded.", principal.id),
         }))
@@ -600,7 +643,19 @@ impl Session {
     ) {
         let result = match method.as_str() {
             "ping" => Ok(json!({})),
-            "tools/list" | "tools/call" | "flowhost/health" | "flowhost/session"
+            "tools/list"
+            | "tools/call"
+            | "flowhost/health"
+            | "flowhost/session"
+            | "resources/list"
+            | "resources/templates/list"
+            | "resources/read"
+            | "resources/subscribe"
+            | "resources/unsubscribe"
+            | "prompts/list"
+            | "prompts/get"
+            | "completion/complete"
+            | "logging/setLevel"
                 if self.pinned().is_none() =>
             {
                 let e = refusal(
@@ -617,6 +672,19 @@ impl Session {
             "tools/call" => {
                 let cancel = cancel.unwrap_or_else(|| CallControl::none().cancel);
                 self.call(&id, &params, cancel).await
+            }
+            "resources/list" | "resources/templates/list" | "prompts/list" => {
+                match self.list_content(&method) {
+                    Err(e) => Err(self.refuse_session(&format!("({method})"), e).await),
+                    ok => ok,
+                }
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                self.subscription(&method, &params).await
+            }
+            "logging/setLevel" => self.set_log_level(&params).await,
+            method if ContentMethod::from_method(method).is_some() => {
+                self.content(method, &params).await
             }
             "flowhost/session" => match self.describe().await {
                 Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
@@ -814,18 +882,44 @@ impl Executors<'_> {
         for b in retired {
             b.exec.stop().await;
         }
-        if let Some(b) = found {
-            return Ok(b);
+        let mut bound = match found {
+            Some(b) => b,
+            None => {
+                let pool = self
+                    .generation
+                    .pools
+                    .get(server)
+                    .ok_or(ExecutorError::Exited)?;
+                let exec = pool.acquire().await?;
+                exec.on_resource_updated(self.session.updates_for(server));
+                Bound {
+                    generation: self.generation.id,
+                    exec,
+                    log_level: None,
+                }
+            }
+        };
+        // The client's logging level reaches every executor before it serves the session.
+        let wanted = self.session.log_level.lock().ok().and_then(|l| *l);
+        if let Some(level) = wanted
+            && let Err(e) = bound
+                .apply_log_level(level, self.generation.config.call_timeout)
+                .await
+        {
+            bound.exec.stop().await;
+            return Err(e);
         }
-        let pool = self
-            .generation
-            .pools
-            .get(server)
-            .ok_or(ExecutorError::Exited)?;
-        Ok(Bound {
-            generation: self.generation.id,
-            exec: pool.acquire().await?,
-        })
+        Ok(bound)
+    }
+
+    /// The permits that bound how many of `server`'s executors the session runs at once.
+    fn permits(&self, server: &str) -> Result<Arc<Semaphore>, String> {
+        match self.session.executors.lock() {
+            Ok(mut all) => Ok(all.entry(server.to_string()).or_default().permits.clone()),
+            Err(_) => Err(format!(
+                "server {server:?}: the session's executors are unavailable"
+            )),
+        }
     }
 
     /// Returns an executor to the session's idle ones.
@@ -849,14 +943,7 @@ impl Dispatch for Executors<'_> {
         mut call: CallInFlight,
         gate: &RelayGate<'_>,
     ) -> Result<Value, DispatchError> {
-        let permits = match self.session.executors.lock() {
-            Ok(mut all) => all.entry(server.to_string()).or_default().permits.clone(),
-            Err(_) => {
-                return Err(DispatchError::NotStarted(format!(
-                    "server {server:?}: the session's executors are unavailable"
-                )));
-            }
-        };
+        let permits = self.permits(server).map_err(DispatchError::NotStarted)?;
         // Waits (cancellably) for one of the server's executors of this session.
         let _permit = tokio::select! {
             p = permits.acquire_owned() => p.map_err(|e| DispatchError::NotStarted(e.to_string()))?,
