@@ -349,7 +349,7 @@ fn protocol_errors_are_answered_and_never_crash_the_daemon() {
         5
     );
     assert_eq!(
-        c.request("resources/list", json!({}))["error"]["code"],
+        c.request("sampling/createMessage", json!({}))["error"]["code"],
         code::METHOD_NOT_FOUND
     );
     let huge = format!(

@@ -294,6 +294,245 @@ fn a_principal_has_one_label_whichever_transport_it_arrives_by() {
     );
 }
 
+/// A resource read carries its label into the session like a tool output: the label is
+/// joined durably (the records of the read carry it) before the content reaches the client,
+/// so a later call that would egress to a public sink is refused by the flow resolver. A
+/// read of an undeclared URI is refused and recorded; the records verify and the diff
+/// judges them.
+#[test]
+fn a_resource_read_raises_the_label_and_a_later_egress_is_refused() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = host_config(&lab.paths).replacen(
+        "tools = [\"workspace/*\", ",
+        "tools = [\"conformance/static-text\", \"conformance/test_simple_prompt\", \"workspace/*\", ",
+        1,
+    );
+    assert!(config.contains("conformance/static-text"), "{config}");
+    let text = format!(
+        "{config}{}",
+        conformance_server(
+            repo,
+            &shared_copy("flowhost-tool-conformance")
+                .display()
+                .to_string()
+        )
+    );
+    lab.write_config(&text);
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let label = |c: &mut common::lab::Client| {
+        c.request("flowhost/session", json!({}))["result"]["label"]["compartments"].clone()
+    };
+    assert_eq!(label(&mut c), json!([]));
+
+    // Only what the principal's patterns name is listed.
+    let listed = c.request("resources/list", json!({}));
+    assert_eq!(
+        listed["result"]["resources"],
+        json!([{"uri": "test://static-text", "name": "static-text",
+                "description": "A static text resource", "mimeType": "text/plain"}]),
+        "{listed}"
+    );
+    let prompts = c.request("prompts/list", json!({}));
+    assert_eq!(
+        prompts["result"]["prompts"][0]["name"], "test_simple_prompt",
+        "{prompts}"
+    );
+    assert_eq!(
+        prompts["result"]["prompts"].as_array().map(Vec::len),
+        Some(1)
+    );
+
+    // Before the read, a public note goes out.
+    let sink = lab.public.addr.to_string();
+    let before = c.call(
+        "public-inbox/publish",
+        json!({"message": "a public note", "sink": sink}),
+    );
+    assert_eq!(
+        before["result"]["isError"],
+        json!(false),
+        "{before}\n{}",
+        lab.log()
+    );
+
+    let read = c.request("resources/read", json!({"uri": "test://static-text"}));
+    assert_eq!(
+        read["result"]["contents"][0]["text"],
+        "This is the content of the static text resource.",
+        "{read}\n{}",
+        lab.log()
+    );
+    assert_eq!(label(&mut c), json!(["conformance-data"]));
+
+    // The same publish is now refused before dispatch: the session carries the read.
+    let after = c.call(
+        "public-inbox/publish",
+        json!({"message": "a public note", "sink": sink}),
+    );
+    assert_eq!(after["error"]["code"], -32011, "{after}");
+    assert_eq!(
+        after["error"]["data"]["denial"], "flow_violation",
+        "{after}"
+    );
+
+    // Undeclared, or declared but not the principal's: refused, with the denial.
+    let unknown = c.request("resources/read", json!({"uri": "test://nothing"}));
+    assert_eq!(
+        unknown["error"]["data"]["denial"], "unknown_resource",
+        "{unknown}"
+    );
+    let other = c.request("resources/read", json!({"uri": "test://static-binary"}));
+    assert_eq!(other["error"]["data"]["denial"], "access_denied", "{other}");
+    let prompt = c.request("prompts/get", json!({"name": "test_simple_prompt"}));
+    assert_eq!(
+        prompt["result"]["messages"][0]["content"]["text"], "This is a simple prompt for testing.",
+        "{prompt}"
+    );
+    let unknown = c.request("prompts/get", json!({"name": "conformance/none"}));
+    assert_eq!(
+        unknown["error"]["data"]["denial"], "unknown_prompt",
+        "{unknown}"
+    );
+
+    // The session's logging level is refused unless it is one, and reaches the session's
+    // executor (bound and idle now) at once, once.
+    let bad = c.request("logging/setLevel", json!({"level": "loud"}));
+    assert_eq!(bad["error"]["data"]["denial"], "invalid_params", "{bad}");
+    let set = c.request("logging/setLevel", json!({"level": "warning"}));
+    assert_eq!(set["result"], json!({}), "{set}");
+    let applied = "conformance: logging level warning";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !lab.log().contains(applied) {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let again = c.request("resources/read", json!({"uri": "test://static-text"}));
+    assert!(again["result"]["contents"].is_array(), "{again}");
+    assert_eq!(lab.log().matches(applied).count(), 1, "{}", lab.log());
+
+    // A subscription is forwarded; the executor's update of the subscribed resource reaches
+    // the client, its update of a URI nobody signed does not.
+    let mut seen = vec![c.raw(
+        br#"{"jsonrpc":"2.0","id":"sub","method":"resources/subscribe","params":{"uri":"test://static-text"}}"#,
+    )];
+    for _ in 0..50 {
+        if seen
+            .iter()
+            .any(|m| m["method"] == "notifications/resources/updated")
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        seen.push(c.raw(br#"{"jsonrpc":"2.0","id":"p","method":"ping"}"#));
+    }
+    for _ in 0..3 {
+        seen.push(c.raw(br#"{"jsonrpc":"2.0","id":"p","method":"ping"}"#));
+    }
+    assert!(
+        seen.iter()
+            .any(|m| m["id"] == "sub" && m["result"] == json!({})),
+        "{seen:#?}"
+    );
+    let updates: Vec<&Value> = seen
+        .iter()
+        .filter(|m| m["method"] == "notifications/resources/updated")
+        .collect();
+    assert_eq!(updates.len(), 1, "{seen:#?}");
+    assert_eq!(updates[0]["params"], json!({"uri": "test://static-text"}));
+    drop(c);
+    lab.stop();
+
+    let records = lab.records();
+    let reads: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["tool"]["name"] == "resources/read test://static-text")
+        .collect();
+    let events: Vec<(&str, &str)> = reads
+        .iter()
+        .map(|r| {
+            (
+                r["flowhost"]["event"].as_str().unwrap(),
+                r["decision"]["effect"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        events,
+        [("content_request", "allow"), ("content_outcome", "allow")].repeat(2),
+        "two reads: {reads:#?}"
+    );
+    assert_eq!(reads[0]["server"]["id"], "conformance");
+    assert_eq!(
+        reads[1]["flowhost"]["labels_after"]["session"]["compartments"],
+        json!(["conformance-data"]),
+        "{reads:#?}"
+    );
+    let denials: Vec<&str> = records
+        .iter()
+        .filter(|r| r["flowhost"]["event"] == "content_request")
+        .filter_map(|r| r["flowhost"]["denial_kind"].as_str())
+        .collect();
+    assert_eq!(
+        denials,
+        ["unknown_resource", "access_denied", "unknown_prompt"]
+    );
+
+    let records_dir = lab.paths.records_dir.display().to_string();
+    let (code, out, err) = lab.cli(&["records", "verify", &records_dir]);
+    assert_eq!(code, 0, "records verify: {out}{err}");
+    let declared = lab.declared_surface_file().display().to_string();
+    let health = lab
+        .paths
+        .state_dir
+        .join("health.json")
+        .display()
+        .to_string();
+    let (code, out, err) = lab.cli(&[
+        "diff",
+        "--declared",
+        &declared,
+        "--observed",
+        &records_dir,
+        "--health",
+        &health,
+        "--format",
+        "json",
+    ]);
+    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_ne!(code, 4, "evidence rejected: {report:#}");
+    assert_eq!(report["observation_complete"], true, "{report:#}");
+    let judged_content = report["findings"].as_array().unwrap().iter().any(|f| {
+        let tool = f["tool"].as_str().unwrap_or_default();
+        tool.starts_with("resources/") || tool.starts_with("prompts/")
+    });
+    assert!(
+        !judged_content,
+        "content requests are no tool actions: {report:#}"
+    );
+
+    // Durable: after a restart the principal still carries what it read, and the public
+    // sink is still refused.
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    assert_eq!(label(&mut c), json!(["conformance-data"]));
+    let after = c.call(
+        "public-inbox/publish",
+        json!({"message": "a public note", "sink": sink}),
+    );
+    assert_eq!(
+        after["error"]["data"]["denial"], "flow_violation",
+        "{after}"
+    );
+    drop(c);
+    lab.stop();
+}
+
 /// The MCP conformance suite (pinned, installed by `.ci/install-interop`).
 const CONFORMANCE: &str = "/opt/flowhost-interop/conformance/node_modules/.bin/conformance";
 
@@ -356,11 +595,27 @@ fn the_conformance_suite_passes_through_flowhost() {
             lab.log()
         );
     }
+    // The suite accepts any content as the tool's answer; the records show the client's
+    // answers to the relayed requests reached the tools.
+    let records = lab.records();
+    for tool in [
+        "test_sampling",
+        "test_elicitation",
+        "test_elicitation_sep1034_defaults",
+        "test_elicitation_sep1330_enums",
+    ] {
+        assert!(
+            records.iter().any(|r| r["tool"]["name"] == tool
+                && r["flowhost"]["relay"]["direction"] == "to_tool"
+                && r["decision"]["effect"] == "allow"),
+            "no answer reached {tool} over HTTP"
+        );
+    }
 }
 
 /// The server scenarios that pass through flowhost today (the README, "Remote agents",
 /// lists the others and why).
-const PASSING: [&str; 12] = [
+const PASSING: [&str; 30] = [
     "server-initialize",
     "ping",
     "tools-list",
@@ -370,9 +625,27 @@ const PASSING: [&str; 12] = [
     "tools-call-embedded-resource",
     "tools-call-mixed-content",
     "tools-call-error",
+    "tools-call-with-logging",
     "tools-call-with-progress",
+    "tools-call-sampling",
+    "tools-call-elicitation",
+    "elicitation-sep1034-defaults",
     "server-sse-multiple-streams",
+    "elicitation-sep1330-enums",
     "dns-rebinding-protection",
+    "logging-set-level",
+    "completion-complete",
+    "resources-list",
+    "resources-read-text",
+    "resources-read-binary",
+    "resources-templates-read",
+    "resources-subscribe",
+    "resources-unsubscribe",
+    "prompts-list",
+    "prompts-get-simple",
+    "prompts-get-with-args",
+    "prompts-get-embedded-resource",
+    "prompts-get-with-image",
 ];
 
 /// With `[http.tls]`, the listener speaks only TLS: a client that trusts the certificate

@@ -17,7 +17,12 @@
 //! 6. a manifest input clearance must flow to every policy clearance (publishers only narrow);
 //! 7. the effective output floor is `policy.output_floor ⊔ manifest output label`, and is
 //!    never `Top`;
-//! 8. the declassification purposes are the policy's intersected with the manifest's.
+//! 8. the declassification purposes are the policy's intersected with the manifest's;
+//! 9. a manifest that declares resources or prompts needs the operator's content floor (not
+//!    `Top`), and every entry's label (`content floor ⊔ signed output label`) is a label
+//!    below `Top`;
+//! 10. no resource URI or template of the manifest may match a URI another registered
+//!     server's resource does (a read must go to exactly one server).
 //!
 //! Each tool's input schema is then compiled once (no remote or file `$ref` is fetched); a
 //! schema that does not compile refuses the manifest. Nothing is added unless every tool
@@ -310,6 +315,41 @@ pub enum AdmissionError {
         /// The tool.
         tool: String,
     },
+    /// Rule 9: resources or prompts without the operator's content floor.
+    #[error(
+        "rule 9: server {server_id:?} declares resources or prompts but has no content_floor; set content_floor (the least label of what they return) in its [[server]] table"
+    )]
+    MissingContentFloor {
+        /// The server.
+        server_id: String,
+    },
+    /// Rule 9: a resource's or prompt's label is `Top` or not a label.
+    #[error(
+        "rule 9: server {server_id:?} {entry}: the content floor joined with the signed output label is not a usable label{}",
+        reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+    )]
+    ContentLabel {
+        /// The server.
+        server_id: String,
+        /// The resource or prompt (`resource test://x`, `prompt p`, `content_floor`).
+        entry: String,
+        /// Which limit the join exceeds (`None`: it is `Top`).
+        reason: Option<LabelError>,
+    },
+    /// Rule 10: a resource another server's resource may also match.
+    #[error(
+        "rule 10: server {server_id:?} resource {uri:?} may match the same URIs as server {other_server:?} resource {other_uri:?}; a read must route to one server, so change one of them"
+    )]
+    AmbiguousResource {
+        /// The server being registered.
+        server_id: String,
+        /// Its resource URI or template.
+        uri: String,
+        /// The registered server it collides with.
+        other_server: String,
+        /// That server's resource URI or template.
+        other_uri: String,
+    },
     /// The tool's input schema does not compile (or has a remote or file `$ref`).
     #[error(
         "server {server_id:?} tool {tool:?}: input_schema is not a usable JSON Schema: {reason}"
@@ -451,6 +491,9 @@ pub struct AdmittedServer {
     envelope: SignedManifest,
     digest: ManifestDigest,
     tools: BTreeMap<String, AdmittedTool>,
+    /// The operator's least label of everything the server's resources and prompts return
+    /// (required when it declares any: rule 9).
+    content_floor: Option<InformationLabel>,
 }
 
 impl AdmittedServer {
@@ -561,13 +604,27 @@ impl VerifiedRegistry {
 
     /// Admits `envelope` under the operator's `registered_key`, per-tool `policies` and the
     /// host's per-tool `topologies`, applying the eight rules of the module docs in order.
-    /// On any error the registry is unchanged.
+    /// On any error the registry is unchanged. A manifest that declares resources or prompts
+    /// needs [`VerifiedRegistry::register_with_content`].
     pub fn register(
         &mut self,
         envelope: SignedManifest,
         registered_key: &VerifyingKey,
         policies: &BTreeMap<String, ToolPolicy>,
         topologies: &BTreeMap<String, RuntimeTopology>,
+    ) -> Result<(), AdmissionError> {
+        self.register_with_content(envelope, registered_key, policies, topologies, None)
+    }
+
+    /// [`VerifiedRegistry::register`] with the operator's `content_floor` for the server's
+    /// resources and prompts, which rules 9 and 10 (module docs) then check too.
+    pub fn register_with_content(
+        &mut self,
+        envelope: SignedManifest,
+        registered_key: &VerifyingKey,
+        policies: &BTreeMap<String, ToolPolicy>,
+        topologies: &BTreeMap<String, RuntimeTopology>,
+        content_floor: Option<&InformationLabel>,
     ) -> Result<(), AdmissionError> {
         // Rule 1.
         envelope.verify(registered_key)?;
@@ -635,12 +692,15 @@ impl VerifiedRegistry {
                 },
             );
         }
+        // Rules 9 and 10.
+        let content_floor = self.admit_content(body, content_floor)?;
         self.servers.insert(
             server_id,
             AdmittedServer {
                 envelope,
                 digest,
                 tools,
+                content_floor,
             },
         );
         Ok(())
@@ -682,6 +742,7 @@ impl VerifiedRegistry {
     pub fn requires_flow_runtime(&self) -> bool {
         self.tools()
             .any(|t| t.definition.flow().is_some() || t.security.requires_flow_runtime())
+            || self.servers.values().any(|s| s.content_floor.is_some())
     }
 
     /// The bridge metadata the registry derives for a tool, bound to its coordinates.
@@ -843,6 +904,9 @@ pub fn load_retained_set(path: &Path) -> Result<Vec<SignedManifest>, ManifestFil
         })
         .collect()
 }
+
+mod content;
+pub use content::ContentRoute;
 
 #[cfg(test)]
 mod tests;

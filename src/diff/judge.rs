@@ -163,8 +163,15 @@ impl Acc {
         let tool = d.tool.name.0.to_string();
         // A session-level refusal (a peer refused at initialize, a request that named no
         // tool) is evidence in the chain but no tool action: nothing to compare with a
-        // declared surface.
-        if x.is_some_and(|x| x.event_is("session")) {
+        // declared surface. So is a content request (a read of a signed resource, a prompt,
+        // a completion): it has no effect outside the session, whose label it raised; and a
+        // relayed request of a call (judged with its call).
+        if x.is_some_and(|x| {
+            x.event_is("session")
+                || x.event_is("content_request")
+                || x.event_is("content_outcome")
+                || x.event_is("relay")
+        }) {
             return Ok(());
         }
         if let Some((kind, reason)) = judge(matcher, d)? {

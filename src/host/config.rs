@@ -250,6 +250,8 @@ struct RawServer {
     unqualified_names: bool,
     #[serde(default)]
     destinations: DestinationRules,
+    #[serde(default)]
+    content_floor: Option<InformationLabel>,
     tools: BTreeMap<String, RawTool>,
 }
 
@@ -439,6 +441,9 @@ pub struct ServerConfig {
     pub policies: BTreeMap<String, ToolPolicy>,
     /// Per-tool record mapping (target projection).
     pub record_mappings: BTreeMap<String, crate::records::ToolMapping>,
+    /// The least label of everything the server's resources and prompts return (required
+    /// when its manifest declares any; never `Top`).
+    pub content_floor: Option<InformationLabel>,
 }
 
 impl HostConfig {
@@ -608,6 +613,15 @@ impl HostConfig {
             if s.pool_size > 64 {
                 return Err(invalid(key("pool_size"), "at most 64".into()));
             }
+            if s.content_floor
+                .as_ref()
+                .is_some_and(InformationLabel::is_top)
+            {
+                return Err(invalid(
+                    key("content_floor"),
+                    "is top; name the owners and compartments the server's resources and prompts carry".into(),
+                ));
+            }
             let mut policies = BTreeMap::new();
             let mut record_mappings = BTreeMap::new();
             for (tool, t) in s.tools {
@@ -635,6 +649,7 @@ impl HostConfig {
                 destinations: s.destinations,
                 policies,
                 record_mappings,
+                content_floor: s.content_floor,
             });
         }
 
@@ -973,6 +988,20 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
             "output_floor = { kind = \"top\" }, x = {",
         ));
         assert!(e.contains("host.toml"), "{e}");
+        let e = error(&MINIMAL.replace(
+            "profile = \"isolated\"",
+            "profile = \"isolated\"\ncontent_floor = { kind = \"top\" }",
+        ));
+        assert!(
+            e.contains("`server[0].content_floor`") && e.contains("top"),
+            "{e}"
+        );
+        let ok = parse(&MINIMAL.replace(
+            "profile = \"isolated\"",
+            "profile = \"isolated\"\ncontent_floor = { kind = \"known\", owners = {}, compartments = [\"c\"] }",
+        ))
+        .unwrap();
+        assert!(ok.servers[0].content_floor.is_some());
         let e = error(&MINIMAL.replace("[host]", "[host]\nexecutor_uid = 5"));
         assert!(e.contains("`host.executor_uid`"), "{e}");
         for bad in ["0-10", "10-5", "x-5", "5", "1-4294967295"] {

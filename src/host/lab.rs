@@ -310,9 +310,24 @@ impl Client {
 
     /// Sends `bytes` as one line and reads one response line.
     pub fn raw(&mut self, bytes: &[u8]) -> std::io::Result<serde_json::Value> {
-        use std::io::{BufRead, Write};
+        self.send_line(bytes)?;
+        self.read()
+    }
+
+    /// Sends one message (a line), reading nothing.
+    pub fn send(&mut self, message: &serde_json::Value) -> std::io::Result<()> {
+        self.send_line(message.to_string().as_bytes())
+    }
+
+    fn send_line(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
         self.writer.write_all(bytes)?;
-        self.writer.write_all(b"\n")?;
+        self.writer.write_all(b"\n")
+    }
+
+    /// Reads the next message the host sends (an answer, a notification or a request).
+    pub fn read(&mut self) -> std::io::Result<serde_json::Value> {
+        use std::io::BufRead;
         let mut line = String::new();
         self.reader.read_line(&mut line)?;
         serde_json::from_str(&line).map_err(|e| {
@@ -409,12 +424,12 @@ pub const CONFORMANCE_LABEL: &str =
 
 /// A `[[server]]` block (TOML) that governs the conformance executor (`command`, its
 /// argv) with the signed manifest and key in `fixtures/conformance` under `repo`: every
-/// tool's output carries [`CONFORMANCE_LABEL`], and the tools go by their bare names (as
-/// the conformance suite calls them).
+/// tool's output, resource read and prompt carries [`CONFORMANCE_LABEL`], and the tools and
+/// prompts go by their bare names (as the conformance suite calls them).
 pub fn conformance_server(repo: &Path, command: &str) -> String {
     let dir = repo.join("fixtures/conformance");
     let mut s = format!(
-        "\n[[server]]\nid = \"conformance\"\nmanifest = {}\nkey = {}\ncommand = [{}]\nprofile = \"isolated\"\npool_size = 1\nunqualified_names = true\n",
+        "\n[[server]]\nid = \"conformance\"\nmanifest = {}\nkey = {}\ncommand = [{}]\nprofile = \"isolated\"\npool_size = 1\nunqualified_names = true\ncontent_floor = {CONFORMANCE_LABEL}\n",
         q(&dir.join("conformance.signed.json")),
         q(&dir.join("keys/conformance.pub")),
         toml_string(command),

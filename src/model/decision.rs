@@ -38,6 +38,10 @@ pub enum Denial {
     AccessDenied,
     /// No such tool is registered.
     UnknownTool,
+    /// No registered server signed a resource that URI is (or a template it expands from).
+    UnknownResource,
+    /// No registered server signed a prompt of that name.
+    UnknownPrompt,
     /// A malformed request (no string tool name, arguments that are not an object).
     InvalidParams,
     /// A request before `initialize`.
@@ -62,6 +66,12 @@ pub enum Denial {
     GrantPurposeNotAllowed,
     /// A grant used before.
     GrantReplayed,
+    /// An executor asked its client for something (sampling, elicitation) the client did
+    /// not declare at `initialize`.
+    ClientCapabilityMissing,
+    /// An executor had as many requests to its client pending in one call as the host
+    /// relays at once.
+    RelayLimit,
     /// The flow state could not be read or written (fail closed).
     StateFailure,
     /// The decision could not be recorded (fail closed; reaches only the client).
@@ -82,6 +92,8 @@ impl Denial {
             Denial::SchemaInvalid => "schema_invalid",
             Denial::AccessDenied => "access_denied",
             Denial::UnknownTool => "unknown_tool",
+            Denial::UnknownResource => "unknown_resource",
+            Denial::UnknownPrompt => "unknown_prompt",
             Denial::InvalidParams => "invalid_params",
             Denial::NotInitialized => "not_initialized",
             Denial::BridgeMismatch => "bridge_mismatch",
@@ -94,6 +106,8 @@ impl Denial {
             Denial::GrantTargetNotLower => "grant_target_not_lower",
             Denial::GrantPurposeNotAllowed => "grant_purpose_not_allowed",
             Denial::GrantReplayed => "grant_replayed",
+            Denial::ClientCapabilityMissing => "client_capability_missing",
+            Denial::RelayLimit => "relay_limit",
             Denial::StateFailure => "state_failure",
             Denial::RecordFailure => "record_failure",
         }

@@ -29,6 +29,8 @@ pub struct FlowContext {
     pub folded: Option<Folded>,
     /// The grant the decision was taken under.
     pub grant: Option<GrantFacts>,
+    /// What a `relay` record relayed.
+    pub relay: Option<RelayFacts>,
 }
 
 /// Everything the host knows about a `tools/call` decision (raw arguments are not part of
@@ -220,6 +222,7 @@ fn build(
                 id: sanitize(&g.id),
                 purpose: sanitize(&g.purpose),
             }),
+            relay: context.relay,
         },
     }
 }

@@ -319,6 +319,74 @@ pub enum EventKind {
     /// A refusal before any tool was named: a peer that is not a configured principal, or
     /// a request too malformed to name a tool.
     Session,
+    /// A request an executor sent its client during a call (sampling, elicitation) or the
+    /// client's answer handed back into the tool, as `flowhost.relay` says: `allow` once
+    /// the label the call's output implies is durable (towards the client) or the answer
+    /// flows to the tool's clearances (towards the tool); `deny` when refused.
+    Relay,
+    /// A `resources/read`, `prompts/get` or `completion/complete` decision (allowed before
+    /// the executor sees it, or refused): `tool.name` says which request and what it named.
+    ContentRequest,
+    /// What an allowed content request returned: `allow` with status `success`, or `error`;
+    /// it carries the labels the content left behind (joined before it reached the client).
+    ContentOutcome,
+}
+
+/// `flowhost.relay`: which request an executor sent its client, and which way it went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayFacts {
+    /// The request.
+    pub method: RelayMethod,
+    /// Which way.
+    pub direction: RelayDirection,
+}
+
+/// A request an executor may send its client during a call, which the host relays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelayMethod {
+    /// `sampling/createMessage`.
+    Sampling,
+    /// `elicitation/create`.
+    Elicitation,
+}
+
+impl RelayMethod {
+    /// The relayed method named `method`, if the host relays it.
+    pub fn from_method(method: &str) -> Option<Self> {
+        match method {
+            "sampling/createMessage" => Some(RelayMethod::Sampling),
+            "elicitation/create" => Some(RelayMethod::Elicitation),
+            _ => None,
+        }
+    }
+
+    /// The MCP method.
+    pub fn method(self) -> &'static str {
+        match self {
+            RelayMethod::Sampling => "sampling/createMessage",
+            RelayMethod::Elicitation => "elicitation/create",
+        }
+    }
+
+    /// The client capability (in `initialize`) the method needs.
+    pub fn capability(self) -> &'static str {
+        match self {
+            RelayMethod::Sampling => "sampling",
+            RelayMethod::Elicitation => "elicitation",
+        }
+    }
+}
+
+/// Which way a relayed message went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelayDirection {
+    /// The executor's request, towards the client.
+    ToClient,
+    /// The client's answer, into the tool.
+    ToTool,
 }
 
 /// Where an outbound operation was going.
@@ -450,6 +518,9 @@ pub struct FlowhostExtension {
     /// The declassification grant the decision was taken under (or refused), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<GrantFacts>,
+    /// For a `relay` record: what was relayed, which way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<RelayFacts>,
 }
 
 /// `flowhost.grant`: a declassification grant's id and purpose.

@@ -136,7 +136,15 @@ impl DecisionRecord {
             }
         }
         match (x.event, &x.broker) {
-            (EventKind::ToolCall | EventKind::ToolOutcome | EventKind::Session, Some(_)) => {
+            (
+                EventKind::ToolCall
+                | EventKind::ToolOutcome
+                | EventKind::Session
+                | EventKind::Relay
+                | EventKind::ContentRequest
+                | EventKind::ContentOutcome,
+                Some(_),
+            ) => {
                 return fail(
                     "flowhost.broker",
                     "must be null unless the event is egress_attempt".into(),
@@ -156,10 +164,18 @@ impl DecisionRecord {
                 "a deny must say why (a denial code)".into(),
             );
         }
-        if x.event == EventKind::ToolOutcome && self.decision.effect == Effect::Deny {
+        if matches!(x.event, EventKind::ToolOutcome | EventKind::ContentOutcome)
+            && self.decision.effect == Effect::Deny
+        {
             return fail(
                 "decision.effect",
-                "a tool_outcome is allow (success) or error, never deny".into(),
+                "a tool_outcome or content_outcome is allow (success) or error, never deny".into(),
+            );
+        }
+        if x.relay.is_some() != (x.event == EventKind::Relay) {
+            return fail(
+                "flowhost.relay",
+                "is present exactly on a relay record".into(),
             );
         }
         if x.declaration_mismatch.is_some() && x.event != EventKind::EgressAttempt {

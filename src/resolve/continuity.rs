@@ -217,8 +217,11 @@ fn scan(dir: &Path, after: Option<(u64, &str)>, strict: bool) -> Result<Scan, Co
                 continue;
             }
             let x = &record.flowhost;
-            let must_carry = matches!(x.event, EventKind::ToolOutcome)
-                || (x.event == EventKind::ToolCall && record.decision.effect == Effect::Allow);
+            let must_carry = matches!(x.event, EventKind::ToolOutcome | EventKind::ContentOutcome)
+                || (matches!(
+                    x.event,
+                    EventKind::ToolCall | EventKind::ContentRequest | EventKind::Relay
+                ) && record.decision.effect == Effect::Allow);
             let Some(labels) = x.labels_after.clone() else {
                 if strict && must_carry {
                     return Err(ContinuityError::Unrecoverable {

@@ -192,6 +192,17 @@ pub struct EgressJudgment {
     pub clearances: Vec<InformationLabel>,
 }
 
+/// Whether a client's answer may reach a tool (see [`FlowResolver::admit_answer`]).
+#[derive(Debug, Clone)]
+pub struct AnswerJudgment {
+    /// What the tool would receive the answer at.
+    pub source: InformationLabel,
+    /// The clearances it was checked against.
+    pub clearances: Vec<InformationLabel>,
+    /// The state once the answer's taint was joined, or why the answer is refused.
+    pub outcome: Result<FlowState, CallRefusal>,
+}
+
 /// Checks `source` against every policy clearance and the manifest clearance, in that
 /// order; a tool with no policy clearance is refused with `MissingClearance` (after the
 /// `TopSource` check, which comes first).
@@ -414,6 +425,80 @@ impl FlowResolver {
         }
     }
 
+    /// Decides whether a client's answer to a request the executor sent during `plan`'s
+    /// call (sampling, elicitation) may reach the tool, which receives it as input: the
+    /// session as it is now (other requests may have raised it since dispatch) `⊔` the
+    /// call's argument taint `⊔` `operator input floor ⊔ classifier(answer)` must flow to
+    /// every clearance of the tool, and a tool that egresses must have one (as at
+    /// dispatch; a grant of the call still applies while nothing raised the source). When
+    /// it may, the answer's taint is joined into the state durably before this returns.
+    pub async fn admit_answer(
+        &self,
+        plan: &CallPlan,
+        tool: &str,
+        answer_text: &str,
+    ) -> AnswerJudgment {
+        let taint = self.input_floor.join_or_top(
+            &self
+                .classifier
+                .classify(ClassifierScope::Arguments, answer_text),
+        );
+        let state = match self.state.get(&plan.key).await {
+            Ok(state) => state,
+            Err(e) => {
+                return AnswerJudgment {
+                    source: InformationLabel::Top,
+                    clearances: Vec::new(),
+                    outcome: Err(e.into()),
+                };
+            }
+        };
+        let source = state
+            .combined()
+            .join_or_top(&plan.argument_taint)
+            .join_or_top(&taint);
+        let checked = match &plan.grant {
+            Some(g) if source == plan.source => g.target.clone(),
+            _ => source.clone(),
+        };
+        let security = &plan.security;
+        let checked = if security.effective_egress() {
+            check_clearances(&checked, security)
+        } else {
+            let used: Vec<InformationLabel> = security
+                .policy_clearances()
+                .iter()
+                .chain(security.manifest_clearance())
+                .cloned()
+                .collect();
+            used.iter()
+                .try_for_each(|c| authorize_egress(&checked, Some(c)))
+                .map(|()| used.clone())
+                .map_err(|d| (d, used))
+        };
+        let (clearances, outcome) = match checked {
+            Ok(used) => (
+                used,
+                self.state
+                    .join(&plan.key, &taint)
+                    .await
+                    .map_err(CallRefusal::from),
+            ),
+            Err((denial, used)) => (
+                used,
+                Err(CallRefusal::Flow {
+                    tool: tool.to_string(),
+                    denial,
+                }),
+            ),
+        };
+        AnswerJudgment {
+            source,
+            clearances,
+            outcome,
+        }
+    }
+
     /// Joins a call's output into state: `effective output floor ⊔ classifier(output)`.
     /// Durable before it returns; the caller returns the output only after this succeeds.
     /// Returns the labels the call leaves behind.
@@ -422,12 +507,58 @@ impl FlowResolver {
         plan: &CallPlan,
         output_text: &str,
     ) -> Result<FlowState, StateError> {
-        let label = plan.security.effective_output_floor().join_or_top(
+        self.join_output(
+            &plan.key,
+            plan.security.effective_output_floor(),
+            output_text,
+        )
+        .await
+    }
+
+    /// `floor ⊔ classifier(output)` joined into `key`'s state, durably.
+    async fn join_output(
+        &self,
+        key: &SessionKey,
+        floor: &InformationLabel,
+        output_text: &str,
+    ) -> Result<FlowState, StateError> {
+        let label = floor.join_or_top(
             &self
                 .classifier
                 .classify(ClassifierScope::Outputs, output_text),
         );
-        self.state.join(&plan.key, &label).await
+        self.state.join(key, &label).await
+    }
+
+    /// Before a content request (a resource read, a prompt, a completion) reaches its
+    /// executor: what it carries (`operator input floor ⊔ classifier(request)`) joins the
+    /// principal's and session's state durably, since the executor is about to see it.
+    /// Returns the source the executor is chosen for and the state after the join.
+    pub async fn before_content(
+        &self,
+        key: &SessionKey,
+        request: &serde_json::Value,
+    ) -> Result<(InformationLabel, FlowState), StateError> {
+        let taint = self.input_floor.join_or_top(
+            &self
+                .classifier
+                .classify(ClassifierScope::Arguments, &classifiable_text(request)),
+        );
+        let source = self.state.get(key).await?.combined().join_or_top(&taint);
+        let state = self.state.join(key, &taint).await?;
+        Ok((source, state))
+    }
+
+    /// After a content request: `label ⊔ classifier(content)` joins the principal's and
+    /// session's state, durably, before the content may reach the client (`label` is the
+    /// route's: content floor ⊔ signed output label).
+    pub async fn after_content(
+        &self,
+        key: &SessionKey,
+        label: &InformationLabel,
+        content_text: &str,
+    ) -> Result<FlowState, StateError> {
+        self.join_output(key, label, content_text).await
     }
 }
 
@@ -564,6 +695,70 @@ mod tests {
             principal: p.id.clone(),
             session: s.into(),
         }
+    }
+
+    #[tokio::test]
+    async fn a_clients_answer_reaches_a_tool_only_within_its_clearances() {
+        let dir = tempfile::tempdir().unwrap();
+        let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
+        let k = key_for(&who, "s1");
+        let args = serde_json::json!({"message": "m", "sink": "127.0.0.1:1"});
+        // The team inbox is cleared for the terms: an answer carrying them goes through,
+        // and its taint is joined before the tool sees it.
+        let team = reg.tool("team-inbox", "publish").unwrap();
+        let plan = res.pre_dispatch(&who, &k, team, &args, None).await.unwrap();
+        let judged = res
+            .admit_answer(&plan, "publish", "Harbor Goods says yes")
+            .await;
+        assert_eq!(judged.source, terms());
+        assert!(
+            !judged.clearances.is_empty() && judged.clearances.iter().all(|c| *c == terms()),
+            "the policy's and the manifest's: {:?}",
+            judged.clearances
+        );
+        assert_eq!(judged.outcome.unwrap().session, terms());
+        // The public inbox is cleared for public data only: the same session (now holding
+        // the terms) may not hand it any answer, however plain.
+        let public = reg.tool("public-inbox", "publish").unwrap();
+        let k2 = key_for(&who, "s2");
+        let plan = res.pre_dispatch(&who, &k2, public, &args, None).await;
+        assert!(
+            plan.is_err(),
+            "the principal holds the terms: the call itself is refused"
+        );
+        let fresh = PrincipalConfig {
+            id: PrincipalId::new("newcomer").unwrap(),
+            ..analyst()
+        };
+        let k3 = key_for(&fresh, "s3");
+        let plan = res
+            .pre_dispatch(&fresh, &k3, public, &args, None)
+            .await
+            .unwrap();
+        let plain = res.admit_answer(&plan, "publish", "fine").await;
+        assert!(
+            plain.outcome.is_ok(),
+            "public data flows to a public clearance"
+        );
+        let refused = res
+            .admit_answer(&plan, "publish", "Harbor Goods says yes")
+            .await;
+        assert!(
+            matches!(
+                refused.outcome,
+                Err(CallRefusal::Flow {
+                    denial: EgressDenial::FlowViolation,
+                    ..
+                })
+            ),
+            "{:?}",
+            refused.outcome
+        );
+        assert_eq!(
+            res.state().get(&k3).await.unwrap().session,
+            InformationLabel::bottom(),
+            "a refused answer joins nothing"
+        );
     }
 
     #[tokio::test]

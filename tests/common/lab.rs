@@ -276,6 +276,16 @@ impl Client {
         self.0.raw(bytes).unwrap()
     }
 
+    /// Sends one message, reading nothing.
+    pub fn send(&mut self, message: &Value) {
+        self.0.send(message).unwrap()
+    }
+
+    /// The next message the host sends (an answer, a notification or a request).
+    pub fn read(&mut self) -> Value {
+        self.0.read().unwrap()
+    }
+
     /// Sends a request and returns the whole response object.
     pub fn request(&mut self, method: &str, params: Value) -> Value {
         self.0.request(method, params).unwrap()

@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
+use super::content::decode_list;
 use super::{
     CurrencyCode, DecimalAmount, LatencyHint, MANIFEST_SCHEMA, MAX_DESCRIPTION_CHARS, ManifestBody,
-    Pricing, ToolAnnotations, ToolDefinition,
+    Pricing, PromptDefinition, ResourceDefinition, ToolAnnotations, ToolDefinition,
 };
 use crate::canonical::{CanonicalError, JsonError, JsonPath};
 use crate::flow::{FlowDecodeError, ToolFlowDeclaration, ToolFlowError};
@@ -88,6 +89,39 @@ pub enum ManifestError {
         name: String,
         /// The first tool's name field.
         first: JsonPath,
+    },
+    /// Two resources with one URI (or template), two prompts or two arguments of a prompt
+    /// with one name.
+    #[error("{path}: {name:?} is already used by {first}; each must be unique")]
+    DuplicateName {
+        /// The second entry's field.
+        path: JsonPath,
+        /// The repeated URI or name.
+        name: String,
+        /// The first entry's field.
+        first: JsonPath,
+    },
+    /// An empty `resources` or `prompts` list (an absent field says the same, once).
+    #[error("{path} is empty; leave the field out instead")]
+    EmptyList {
+        /// The list field.
+        path: JsonPath,
+    },
+    /// A resource with neither or both of `uri` and `uri_template`.
+    #[error(
+        "{path}: a resource has exactly one of \"uri\" (one URI) and \"uri_template\" (a template)"
+    )]
+    ResourceLocatorChoice {
+        /// The resource.
+        path: JsonPath,
+    },
+    /// A resource URI or URI template that is not usable.
+    #[error("{path}: {reason}")]
+    InvalidResourceUri {
+        /// The uri or uri_template field.
+        path: JsonPath,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A description longer than the limit.
     #[error("{path} is {chars} characters; the limit is {MAX_DESCRIPTION_CHARS}")]
@@ -293,7 +327,7 @@ pub(crate) fn as_str<'a>(value: &'a Value, at: &JsonPath) -> Result<&'a str> {
     })
 }
 
-fn check_description(text: &str, at: JsonPath) -> Result<String> {
+pub(super) fn check_description(text: &str, at: JsonPath) -> Result<String> {
     let chars = text.chars().count();
     if chars > MAX_DESCRIPTION_CHARS {
         return Err(ManifestError::DescriptionTooLong { path: at, chars });
@@ -309,6 +343,8 @@ const BODY_FIELDS: &[&str] = &[
     "version",
     "public_key",
     "tools",
+    "resources",
+    "prompts",
 ];
 
 const TOOL_FIELDS: &[&str] = &[
@@ -398,6 +434,21 @@ impl ManifestBody {
             }
             tools.push(tool);
         }
+        let resources = decode_list(
+            &fields,
+            "resources",
+            ResourceDefinition::from_json_value,
+            |r| {
+                let field = match r.locator() {
+                    super::ResourceLocator::Uri(_) => "uri",
+                    super::ResourceLocator::Template(_) => "uri_template",
+                };
+                (r.locator().as_str().to_owned(), field)
+            },
+        )?;
+        let prompts = decode_list(&fields, "prompts", PromptDefinition::from_json_value, |p| {
+            (p.name().to_owned(), "name")
+        })?;
         Ok(ManifestBody {
             server_id,
             name,
@@ -405,6 +456,8 @@ impl ManifestBody {
             version,
             public_key,
             tools,
+            resources,
+            prompts,
         })
     }
 

@@ -13,8 +13,11 @@
 //! Body fields: `schema` (exactly `flowhost.manifest.v1`), `server_id`, `name`, `version`
 //! (each 1 to 256 bytes, no surrounding whitespace, no control character), optional
 //! `description` (at most 500 characters), `public_key` (64 lowercase hex digits; must be the
-//! signer's key), `tools` (non-empty, names unique). See [`ToolDefinition`] for a tool.
+//! signer's key), `tools` (non-empty, names unique), optional `resources` and `prompts`
+//! (see [`ResourceDefinition`] and [`PromptDefinition`]; an empty list is refused, leave
+//! the field out). See [`ToolDefinition`] for a tool.
 
+mod content;
 mod decode;
 mod envelope;
 mod sanitize;
@@ -30,6 +33,10 @@ use sha2::{Digest, Sha256};
 
 use crate::flow::ToolFlowDeclaration;
 
+pub use content::{
+    ContentFlow, MAX_URI_BYTES, PromptArgument, PromptDefinition, ResourceDefinition,
+    ResourceLocator, UriTemplate,
+};
 pub use decode::ManifestError;
 pub(crate) use decode::{decode_annotations, decode_flow, json_type};
 pub(crate) use envelope::pretty;
@@ -52,6 +59,8 @@ pub struct ManifestBody {
     version: String,
     public_key: VerifyingKey,
     tools: Vec<ToolDefinition>,
+    resources: Vec<ResourceDefinition>,
+    prompts: Vec<PromptDefinition>,
 }
 
 impl ManifestBody {
@@ -96,6 +105,30 @@ impl ManifestBody {
         self.tools.iter().find(|t| t.name == name)
     }
 
+    /// The resources and resource templates, in signed order (URIs and templates unique).
+    pub fn resources(&self) -> &[ResourceDefinition] {
+        &self.resources
+    }
+
+    /// The prompts, in signed order (names unique).
+    pub fn prompts(&self) -> &[PromptDefinition] {
+        &self.prompts
+    }
+
+    /// The prompt named `name`, if the manifest has one.
+    pub fn prompt(&self, name: &str) -> Option<&PromptDefinition> {
+        self.prompts.iter().find(|p| p.name() == name)
+    }
+
+    /// The resource a read of `uri` is served by: a resource with exactly that URI first,
+    /// else the first template that expands to it.
+    pub fn resource_for(&self, uri: &str) -> Option<&ResourceDefinition> {
+        self.resources
+            .iter()
+            .find(|r| matches!(r.locator(), ResourceLocator::Uri(u) if u == uri))
+            .or_else(|| self.resources.iter().find(|r| r.locator().matches(uri)))
+    }
+
     /// Whether any tool carries a flow declaration (even a public one): such a manifest is
     /// only served with flow mediation.
     pub fn requires_flow_runtime(&self) -> bool {
@@ -115,7 +148,7 @@ impl fmt::Debug for ManifestBody {
 
 impl Serialize for ManifestBody {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut s = serializer.serialize_struct("ManifestBody", 7)?;
+        let mut s = serializer.serialize_struct("ManifestBody", 9)?;
         s.serialize_field("schema", MANIFEST_SCHEMA)?;
         s.serialize_field("server_id", &self.server_id)?;
         s.serialize_field("name", &self.name)?;
@@ -128,6 +161,12 @@ impl Serialize for ManifestBody {
             &crate::keys::public_key_to_hex(&self.public_key),
         )?;
         s.serialize_field("tools", &self.tools)?;
+        if !self.resources.is_empty() {
+            s.serialize_field("resources", &self.resources)?;
+        }
+        if !self.prompts.is_empty() {
+            s.serialize_field("prompts", &self.prompts)?;
+        }
         s.end()
     }
 }

@@ -822,3 +822,217 @@ fn title_and_open_world_are_optional_and_strict() {
         ));
     }
 }
+
+// ---------- resources and prompts ----------
+
+fn with_content(resources: Value, prompts: Value) -> Value {
+    let mut body = full_body(&key(1));
+    body["resources"] = resources;
+    body["prompts"] = prompts;
+    body
+}
+
+fn content_body() -> Value {
+    with_content(
+        json!([
+            {"uri": "test://static-text", "name": "static-text", "mime_type": "text/plain",
+             "flow": {"output_label": terms_label()}},
+            {"uri_template": "test://template/{id}/data", "name": "template",
+             "title": "Data by id", "description": "Data for an id"}
+        ]),
+        json!([
+            {"name": "simple", "description": "A prompt"},
+            {"name": "with_args", "arguments": [
+                {"name": "arg1", "required": true}, {"name": "arg2", "description": "second"}]}
+        ]),
+    )
+}
+
+#[test]
+fn resources_and_prompts_round_trip_signed_and_route() {
+    let k = key(1);
+    let signed = SignedManifest::sign(content_body(), &k).unwrap();
+    let text = signed.to_pretty_json();
+    let back = SignedManifest::parse(&text).unwrap();
+    back.verify(&k.verifying_key()).unwrap();
+    assert_eq!(
+        back.to_pretty_json(),
+        text,
+        "re-serialization is byte-stable"
+    );
+    let body = back.body();
+    assert_eq!(body.resources().len(), 2);
+    let text_resource = body.resource_for("test://static-text").unwrap();
+    assert_eq!(text_resource.mime_type(), Some("text/plain"));
+    assert_eq!(
+        text_resource.flow().unwrap().output_label,
+        serde_json::from_value(terms_label()).unwrap()
+    );
+    assert_eq!(
+        body.resource_for("test://template/123/data")
+            .unwrap()
+            .name(),
+        "template"
+    );
+    for not_declared in [
+        "test://template//data",
+        "test://template/1/2/data",
+        "test://template/123/data/more",
+        "test://other",
+    ] {
+        assert!(body.resource_for(not_declared).is_none(), "{not_declared}");
+    }
+    let prompt = body.prompt("with_args").unwrap();
+    assert!(prompt.check_arguments(Some(&json!({"arg1": "a"}))).is_ok());
+    assert!(prompt.check_arguments(None).unwrap_err().contains("arg1"));
+    assert!(prompt.check_arguments(Some(&json!({"arg1": 1}))).is_err());
+    assert!(
+        prompt
+            .check_arguments(Some(&json!({"arg1": "a", "other": "b"})))
+            .unwrap_err()
+            .contains("other")
+    );
+    assert!(body.prompt("simple").unwrap().check_arguments(None).is_ok());
+}
+
+#[test]
+fn bad_resources_and_prompts_are_refused_naming_the_field() {
+    type Case = (Value, Value, fn(&ManifestError) -> bool, &'static str);
+    let cases: Vec<Case> = vec![
+        (
+            json!([]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::EmptyList { .. }),
+            "resources",
+        ),
+        (
+            json!([{"name": "r"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::ResourceLocatorChoice { .. }),
+            "resources[0]",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a", "uri_template": "test://{x}"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::ResourceLocatorChoice { .. }),
+            "resources[0]",
+        ),
+        (
+            json!([{"name": "r", "uri": "no scheme"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
+            "resources[0].uri",
+        ),
+        (
+            json!([{"name": "r", "uri": "nocolon"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
+            "resources[0].uri",
+        ),
+        (
+            json!([{"name": "r", "uri_template": "test://{a}{b}"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
+            "resources[0].uri_template",
+        ),
+        (
+            json!([{"name": "r", "uri_template": "test://{+path}"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
+            "resources[0].uri_template",
+        ),
+        (
+            json!([{"name": "r", "uri_template": "test://{open"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
+            "resources[0].uri_template",
+        ),
+        (
+            json!([{"name": "r", "uri_template": "test://plain"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
+            "resources[0].uri_template",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a"}, {"name": "s", "uri": "test://a"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::DuplicateName { .. }),
+            "resources[1].uri",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a", "flow": {"output_label": {"kind": "top"}}}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::TopInFlow { .. }),
+            "resources[0].flow.output_label",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a", "flow": {"output_label": "x"}}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::MalformedFlow { .. }),
+            "resources[0].flow.output_label",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a", "flow": {"egress": true}}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::UnknownField { .. }),
+            "resources[0].flow",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a", "mime_type": null}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::NullField { .. }),
+            "resources[0].mime_type",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a"}]),
+            json!([{"name": "p"}, {"name": "p"}]),
+            |e| matches!(e, ManifestError::DuplicateName { .. }),
+            "prompts[1].name",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a"}]),
+            json!([{"name": "p", "arguments": [{"name": "a"}, {"name": "a"}]}]),
+            |e| matches!(e, ManifestError::DuplicateName { .. }),
+            "prompts[0].arguments[1].name",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a"}]),
+            json!([{"name": "p", "arguments": [{"name": "a", "required": "yes"}]}]),
+            |e| matches!(e, ManifestError::WrongType { .. }),
+            "prompts[0].arguments[0].required",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a"}]),
+            json!([{"name": " p"}]),
+            |e| matches!(e, ManifestError::InvalidIdentifier { .. }),
+            "prompts[0].name",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a"}]),
+            json!({"name": "p"}),
+            |e| matches!(e, ManifestError::WrongType { .. }),
+            "prompts",
+        ),
+    ];
+    for (resources, prompts, expected, path) in cases {
+        let e = parse_body(with_content(resources.clone(), prompts.clone()));
+        assert!(expected(&e), "{resources} {prompts}: {e:?}");
+        assert!(
+            e.to_string().starts_with(path),
+            "{resources} {prompts}: {e} does not name {path}"
+        );
+    }
+}
+
+#[test]
+fn templates_overlap_conservatively() {
+    let t = |s: &str| ResourceLocator::Template(UriTemplate::parse(s).unwrap());
+    let u = |s: &str| ResourceLocator::Uri(s.to_string());
+    assert!(t("test://a/{x}").may_overlap(&u("test://a/1")));
+    assert!(!t("test://a/{x}").may_overlap(&u("test://b/1")));
+    assert!(t("test://a/{x}").may_overlap(&t("test://a/{y}/z")));
+    assert!(!t("test://a/{x}").may_overlap(&t("test://b/{y}")));
+    assert!(!t("test://{x}/data").may_overlap(&t("test://{x}/meta")));
+    assert!(u("test://a").may_overlap(&u("test://a")));
+    assert!(!u("test://a").may_overlap(&u("test://b")));
+}

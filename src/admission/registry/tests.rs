@@ -748,3 +748,138 @@ fn the_registry_can_be_shared_across_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<VerifiedRegistry>();
 }
+
+// ---------- rules 9 and 10: resources and prompts ----------
+
+/// A signed manifest for `server` with one tool, `resources` and a prompt `p`.
+fn with_content(server: &str, signer: &SigningKey, resources: Value) -> SignedManifest {
+    let mut body = signed(server, signer, &[("tool", None)]).to_json_value()["manifest"].clone();
+    body["resources"] = resources;
+    body["prompts"] = json!([{"name": "p", "flow": {"output_label": label_json(&owner("alice"))}}]);
+    SignedManifest::sign(body, signer).unwrap()
+}
+
+fn admit_content(
+    registry: &mut VerifiedRegistry,
+    manifest: SignedManifest,
+    floor: Option<&InformationLabel>,
+) -> Result<(), AdmissionError> {
+    registry.register_with_content(
+        manifest,
+        &key(1).verifying_key(),
+        &policies(&[("tool", ToolPolicy::public_only())]),
+        &topologies(&[("tool", RuntimeTopology::Local)]),
+        floor,
+    )
+}
+
+#[test]
+fn rule_9_content_needs_the_operators_floor_and_carries_floor_join_signed_label() {
+    let k = key(1);
+    let resources = json!([{"uri": "test://a", "name": "a"},
+                           {"uri_template": "test://t/{id}", "name": "t",
+                            "flow": {"output_label": label_json(&terms())}}]);
+    let mut registry = VerifiedRegistry::new();
+    let e = admit_content(
+        &mut registry,
+        with_content("srv", &k, resources.clone()),
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, AdmissionError::MissingContentFloor { .. }),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("content_floor") && e.to_string().contains("\"srv\""),
+        "{e}"
+    );
+    assert!(registry.is_empty(), "nothing is admitted on error");
+    let e = admit_content(
+        &mut registry,
+        with_content("srv", &k, resources.clone()),
+        Some(&InformationLabel::Top),
+    )
+    .unwrap_err();
+    assert!(matches!(e, AdmissionError::ContentLabel { .. }), "{e}");
+
+    let floor = owner("bob");
+    admit_content(
+        &mut registry,
+        with_content("srv", &k, resources),
+        Some(&floor),
+    )
+    .unwrap();
+    assert!(registry.requires_flow_runtime());
+    let plain = registry.resource_route("test://a").unwrap();
+    assert_eq!(
+        (plain.server_id.as_str(), plain.name.as_str()),
+        ("srv", "a")
+    );
+    assert_eq!(plain.label, floor);
+    let templated = registry.resource_route("test://t/42").unwrap();
+    assert_eq!(templated.label, floor.join_or_top(&terms()));
+    assert_eq!(
+        registry.resource_ref_route("test://t/{id}").unwrap().name,
+        "t"
+    );
+    assert!(registry.resource_ref_route("test://t/42").is_none());
+    assert!(registry.resource_route("test://b").is_none());
+    assert_eq!(
+        registry.prompt_route("srv", "p").unwrap().label,
+        floor.join_or_top(&owner("alice"))
+    );
+    assert!(registry.prompt_route("srv", "q").is_none());
+}
+
+#[test]
+fn rule_10_a_resource_two_servers_may_serve_is_refused_naming_both() {
+    let k = key(1);
+    let floor = InformationLabel::bottom();
+    let mut registry = VerifiedRegistry::new();
+    admit_content(
+        &mut registry,
+        with_content(
+            "one",
+            &k,
+            json!([{"uri_template": "test://items/{id}", "name": "items"}]),
+        ),
+        Some(&floor),
+    )
+    .unwrap();
+    let e = admit_content(
+        &mut registry,
+        with_content(
+            "two",
+            &k,
+            json!([{"uri": "test://items/7", "name": "seven"}]),
+        ),
+        Some(&floor),
+    )
+    .unwrap_err();
+    assert!(matches!(e, AdmissionError::AmbiguousResource { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("\"one\"") && text.contains("\"two\"") && text.contains("test://items/7"),
+        "{text}"
+    );
+    // A resource elsewhere is fine.
+    admit_content(
+        &mut registry,
+        with_content(
+            "two",
+            &k,
+            json!([{"uri": "test://other/7", "name": "seven"}]),
+        ),
+        Some(&floor),
+    )
+    .unwrap();
+    assert_eq!(
+        registry.resource_route("test://other/7").unwrap().server_id,
+        "two"
+    );
+    assert_eq!(
+        registry.resource_route("test://items/7").unwrap().server_id,
+        "one"
+    );
+}

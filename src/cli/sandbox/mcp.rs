@@ -185,7 +185,10 @@ impl McpArgs {
             absolute_all(&self.common.read)?,
         );
         let allow: Vec<String> = self.common.allow.iter().map(ToString::to_string).collect();
-        let config = json!({
+        // Like its tools' output floors: what the publisher signed, nothing more.
+        let content_floor = (!body.resources().is_empty() || !body.prompts().is_empty())
+            .then(InformationLabel::bottom);
+        let mut config = json!({
             "host": {
                 "socket": dir.join("flowhost.sock"),
                 "socket_mode": "600",
@@ -217,6 +220,9 @@ impl McpArgs {
                 "tools": tools,
             }],
         });
+        if let Some(floor) = content_floor {
+            config["server"][0]["content_floor"] = json!(floor);
+        }
         toml::to_string(&config).map_err(|e| McpSetupError::Config(e.to_string()))
     }
 }
@@ -310,6 +316,52 @@ mod tests {
         // The policy is what the signed declaration asks for, so the registry admits it.
         let (registry, _) = crate::daemon::verify_registry(&config).unwrap();
         assert_eq!(registry.tools().count(), 2);
+    }
+
+    #[test]
+    fn a_server_with_signed_resources_and_prompts_gets_a_content_floor() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture =
+            |rel: &str| format!("{}/fixtures/conformance/{rel}", env!("CARGO_MANIFEST_DIR"));
+        let (manifest, key) = (
+            fixture("conformance.signed.json"),
+            fixture("keys/conformance.pub"),
+        );
+        let args = Wrapper::try_parse_from([
+            "x",
+            "--manifest",
+            &manifest,
+            "--key",
+            &key,
+            "--",
+            "/bin/true",
+        ])
+        .unwrap()
+        .args;
+        let text = args
+            .host_config(
+                dir.path(),
+                &dir.path().join("records"),
+                &dir.path().join("h.json"),
+            )
+            .unwrap();
+        let config =
+            crate::config::HostConfig::parse(&dir.path().join("host.toml"), &text).unwrap();
+        assert_eq!(
+            config.servers[0].content_floor,
+            Some(InformationLabel::bottom())
+        );
+        let (registry, _) = crate::daemon::verify_registry(&config).unwrap();
+        assert!(registry.resource_route("test://static-text").is_some());
+        // Without resources or prompts, none is set.
+        let text = self::args(&[])
+            .host_config(
+                dir.path(),
+                &dir.path().join("records"),
+                &dir.path().join("h.json"),
+            )
+            .unwrap();
+        assert!(!text.contains("content_floor"), "{text}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, watch};
 
+use super::session::Outbox;
 use crate::destination::HostName;
 use crate::dns::{DnsMediation, ExecutorDns, Lookup, LookupJudge};
 use crate::label::InformationLabel;
@@ -145,12 +146,12 @@ impl CallControl {
 }
 
 /// Where an executor's `notifications/progress` for one call are sent: the client's
-/// progress token (passed through to the executor) and the session's outgoing messages.
+/// progress token (passed through to the executor) and the call's outgoing messages.
 pub struct ProgressRoute {
     /// The client's `progressToken`.
     pub token: Value,
-    /// The session's outgoing lines.
-    pub out: mpsc::Sender<String>,
+    /// The call's outgoing lines.
+    pub out: Outbox,
 }
 
 impl ProgressRoute {
@@ -169,8 +170,7 @@ impl ProgressRoute {
             out["total"] = total.clone();
         }
         // A client that went away loses its progress; the call itself goes on.
-        let _ = self
-            .out
+        self.out
             .send(mcp::notification("notifications/progress", out))
             .await;
     }
@@ -186,6 +186,60 @@ pub async fn cancelled(cancel: &mut watch::Receiver<Option<String>>) -> String {
     match reason {
         Some(reason) => reason,
         None => std::future::pending().await,
+    }
+}
+
+/// What the host answers a request an executor sent its client: the client's answer, or
+/// why there is none.
+pub type RelayAnswer = Result<Value, mcp::RpcError>;
+
+/// A future borrowing what it relays through.
+pub type RelayFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// Where what an executor sends its client while it serves a call goes: its log
+/// notifications, and its requests (sampling, elicitation), whose answers go back to it.
+/// What the executor sends is the call's output, so the relay governs it as such.
+pub trait ClientRelay: Send + Sync {
+    /// Forwards one `notifications/message` of the call (or drops it, saying why).
+    fn log(&self, params: Value) -> RelayFuture<'_, ()>;
+
+    /// Relays one request of the executor; resolves to what the executor is answered.
+    fn request(&self, method: String, params: Value) -> RelayFuture<'_, RelayAnswer>;
+}
+
+/// The executor's requests being relayed while it serves a call: its request id and the
+/// answer to come.
+type Relaying<'a> = Vec<RelayFuture<'a, (Value, RelayAnswer)>>;
+
+/// The next relayed request to be answered (pending while none is; the caller polls only
+/// when some are in flight).
+async fn next_answer(relaying: &mut Relaying<'_>) -> (Value, RelayAnswer) {
+    std::future::poll_fn(|cx| {
+        for i in 0..relaying.len() {
+            if let std::task::Poll::Ready(done) = relaying[i].as_mut().poll(cx) {
+                drop(relaying.swap_remove(i));
+                return std::task::Poll::Ready(done);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// What the host answers an executor's request to its client when no call is in flight
+/// (or the call is being cancelled): nothing is relayed then.
+fn no_relay() -> mcp::RpcError {
+    mcp::RpcError::new(
+        mcp::code::METHOD_NOT_FOUND,
+        "flowhost relays requests to the client only while the executor serves a call",
+    )
+}
+
+/// The line answering the executor's request `id` with `answer`.
+fn answer_line(id: &Value, answer: RelayAnswer) -> String {
+    match answer {
+        Ok(result) => mcp::response(id, result),
+        Err(e) => mcp::error_response(id, &e),
     }
 }
 
@@ -241,10 +295,59 @@ pub struct McpExecutor<C> {
     /// The highest source label under which an egress of this executor was approved.
     approved_under: Arc<Mutex<Option<InformationLabel>>>,
     last_used: Instant,
+    /// Log notifications the executor sent while it served no call (not forwarded: their
+    /// data has no call whose label it would carry).
+    idle_logs: u64,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     server: String,
+    /// Where the executor's `notifications/resources/updated` go (set once it is bound).
+    updates: Arc<Mutex<Option<UpdateSink>>>,
     /// The executor's own resolver (kept alive as long as the executor).
     _dns: Option<Arc<ExecutorDns>>,
+}
+
+/// Receives the `params` of each `notifications/resources/updated` an executor sends (the
+/// session decides what reaches its client).
+pub type UpdateSink = Arc<dyn Fn(&Value) + Send + Sync>;
+
+/// The method of a resource update notification.
+const RESOURCE_UPDATED: &str = "notifications/resources/updated";
+
+/// Longest line read as a possible resource update (one carries a URI and little else):
+/// longer lines pass on unparsed, so a large result is not parsed twice.
+const MAX_UPDATE_LINE: usize = 8192;
+
+/// Reads an executor's output line by line and passes the lines on to whoever reads its
+/// answers, except resource updates, which go to its sink as they arrive (dropped while it
+/// has none).
+async fn read_output<R: tokio::io::AsyncBufRead + Unpin>(
+    mut reader: R,
+    limit: usize,
+    lines: mpsc::Sender<Line>,
+    sink: Arc<Mutex<Option<UpdateSink>>>,
+) {
+    let needle = RESOURCE_UPDATED.as_bytes();
+    loop {
+        let line = mcp::read_line(&mut reader, limit)
+            .await
+            .unwrap_or(Line::Eof);
+        if let Line::Message(m) = &line
+            && m.len() <= MAX_UPDATE_LINE
+            && m.windows(needle.len()).any(|w| w == needle)
+            && let Ok(Incoming::Notification { method, params }) = mcp::parse(m)
+            && method == RESOURCE_UPDATED
+        {
+            let to = sink.lock().ok().and_then(|s| s.clone());
+            if let Some(to) = to {
+                to(&params);
+            }
+            continue;
+        }
+        let eof = line == Line::Eof;
+        if lines.send(line).await.is_err() || eof {
+            return;
+        }
+    }
 }
 
 impl<C> Drop for McpExecutor<C> {
@@ -325,8 +428,15 @@ impl<C: NamedCall> McpExecutor<C> {
         let _ = pid_cell.set(exec.pid());
         let mut tasks = Vec::new();
         let (lines_tx, lines) = mpsc::channel(16);
-        // Its own task: a request abandoned at cancellation must not lose half a line.
-        tasks.push(tokio::spawn(mcp::forward_lines(stdout, limit, lines_tx)));
+        // Its own task: a request abandoned at cancellation must not lose half a line. It
+        // also hands resource updates to the session as they come, between requests too.
+        let updates: Arc<Mutex<Option<UpdateSink>>> = Arc::new(Mutex::new(None));
+        tasks.push(tokio::spawn(read_output(
+            stdout,
+            limit,
+            lines_tx,
+            updates.clone(),
+        )));
         if let Some(attempts) = exec.take_attempts() {
             tasks.push(tokio::spawn(route_attempts(
                 attempts,
@@ -363,8 +473,10 @@ impl<C: NamedCall> McpExecutor<C> {
             judging,
             approved_under,
             last_used: Instant::now(),
+            idle_logs: 0,
             tasks,
             server: template.server.clone(),
+            updates,
             _dns: dns,
         };
         let answer = me
@@ -372,11 +484,15 @@ impl<C: NamedCall> McpExecutor<C> {
                 "initialize",
                 json!({
                     "protocolVersion": mcp::PROTOCOL_VERSION,
-                    "capabilities": {},
+                    // What the host can relay during a call. An executor is started before
+                    // any session binds it, so this is the host's offer; a session whose
+                    // client lacks one refuses that request (see `ClientRelay`).
+                    "capabilities": {"sampling": {}, "elicitation": {}},
                     "clientInfo": {"name": "flowhost", "version": env!("CARGO_PKG_VERSION")}
                 }),
                 deadline,
                 &mut CallControl::none(),
+                None,
             )
             .await?;
         // The server answers with the revision it will speak: one the host does not speak
@@ -448,13 +564,17 @@ impl<C: NamedCall> McpExecutor<C> {
     }
 
     /// Sends a request and waits for its answer under `deadline` (the executor is killed
-    /// when it passes), forwarding progress for `control` and honouring its cancellation.
+    /// when it passes), forwarding progress for `control`, relaying what the executor sends
+    /// its client through `relay`, and honouring its cancellation. Requests still being
+    /// relayed when the answer comes (or the deadline passes, or the call is cancelled)
+    /// are abandoned: the client's late answers to them are ignored.
     async fn request(
         &mut self,
         method: &str,
         params: Value,
         deadline: Duration,
         control: &mut CallControl,
+        relay: Option<&dyn ClientRelay>,
     ) -> Result<Value, ExecutorError> {
         let id = self.next_id;
         self.next_id += 1;
@@ -466,7 +586,7 @@ impl<C: NamedCall> McpExecutor<C> {
         let outcome = {
             let exchange = async {
                 self.send(&line).await?;
-                self.read_response(id, progress).await
+                self.read_response(id, progress, relay).await
             };
             tokio::select! {
                 r = tokio::time::timeout(deadline, exchange) => Ok(r),
@@ -497,7 +617,7 @@ impl<C: NamedCall> McpExecutor<C> {
         );
         let answered = async {
             self.send(&notice).await?;
-            self.read_response(id, progress).await
+            self.read_response(id, progress, None).await
         };
         let acknowledged = matches!(
             tokio::time::timeout(CANCEL_GRACE, answered).await,
@@ -516,9 +636,20 @@ impl<C: NamedCall> McpExecutor<C> {
         &mut self,
         id: u64,
         progress: Option<&ProgressRoute>,
+        relay: Option<&dyn ClientRelay>,
     ) -> Result<Value, ExecutorError> {
+        // The executor goes on talking (progress, logs, more requests) while the client
+        // answers what it asked.
+        let mut relaying: Relaying<'_> = Vec::new();
         loop {
-            let line = match self.stdout.recv().await.unwrap_or(Line::Eof) {
+            let line = tokio::select! {
+                line = self.stdout.recv() => line.unwrap_or(Line::Eof),
+                (rid, answer) = next_answer(&mut relaying), if !relaying.is_empty() => {
+                    self.send(&answer_line(&rid, answer)).await?;
+                    continue;
+                }
+            };
+            let line = match line {
                 Line::Eof => return Err(ExecutorError::Exited),
                 Line::TooLarge(n) => {
                     return Err(ExecutorError::Protocol(format!(
@@ -538,20 +669,67 @@ impl<C: NamedCall> McpExecutor<C> {
                         route.forward(&params).await;
                     }
                 }
-                // Other notifications (logging, list changes) and stale responses are not
-                // ours to act on.
-                Ok(Incoming::Notification { .. }) | Ok(Incoming::Response { .. }) => {}
-                // The host grants executors no client capabilities (sampling, roots, ...).
-                Ok(Incoming::Request { id: rid, .. }) => {
-                    let refusal = mcp::RpcError::new(
-                        mcp::code::METHOD_NOT_FOUND,
-                        "flowhost offers executors no client capabilities",
-                    );
-                    self.send(&mcp::error_response(&rid, &refusal)).await?;
+                // Forwarded before the answer is read on: a log line reaches the client
+                // before the result it precedes.
+                Ok(Incoming::Notification { method, params })
+                    if method == "notifications/message" =>
+                {
+                    match relay {
+                        Some(relay) => relay.log(params).await,
+                        None => self.idle_log(),
+                    }
                 }
+                // Other notifications (list changes) and stale responses are not ours to
+                // act on.
+                Ok(Incoming::Notification { .. }) | Ok(Incoming::Response { .. }) => {}
+                Ok(Incoming::Request {
+                    id: rid,
+                    method,
+                    params,
+                }) => match relay {
+                    Some(relay) => relaying.push(Box::pin(async move {
+                        let answer = relay.request(method, params).await;
+                        (rid, answer)
+                    })),
+                    None => self.send(&mcp::error_response(&rid, &no_relay())).await?,
+                },
                 Err((_, e)) => return Err(ExecutorError::Protocol(e.message)),
             }
         }
+    }
+
+    /// Counts (and logs at debug) a log notification sent while no call was in flight.
+    fn idle_log(&mut self) {
+        self.idle_logs += 1;
+        tracing::debug!(server = %self.server, pid = self.pid(), count = self.idle_logs, "a log notification of an executor serving no call is not forwarded (its data would carry no call's label)");
+    }
+
+    /// Handles what the executor sent while it served no call, before the next call
+    /// starts: log notifications are counted and dropped, requests refused, stale answers
+    /// ignored. Nothing it said between calls is taken as the next call's output.
+    async fn settle_idle(&mut self) -> Result<(), ExecutorError> {
+        while let Ok(line) = self.stdout.try_recv() {
+            let bytes = match line {
+                Line::Message(bytes) => bytes,
+                // It exited between calls.
+                Line::Eof => return Err(ExecutorError::Exited),
+                Line::TooLarge(n) => {
+                    return Err(ExecutorError::Protocol(format!(
+                        "a {n}-byte message (sent between calls) exceeds the limit"
+                    )));
+                }
+            };
+            match mcp::parse(&bytes) {
+                Ok(Incoming::Notification { method, .. }) if method == "notifications/message" => {
+                    self.idle_log();
+                }
+                Ok(Incoming::Request { id, .. }) => {
+                    self.send(&mcp::error_response(&id, &no_relay())).await?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Runs one `tools/call` with `call` in the slot, so egress attempts during it are
@@ -565,7 +743,9 @@ impl<C: NamedCall> McpExecutor<C> {
     ///
     /// The client's progress token, if any, is passed to the executor and its progress
     /// notifications are forwarded; a cancellation is forwarded too (see
-    /// [`ExecutorError::Cancelled`]).
+    /// [`ExecutorError::Cancelled`]). Log notifications and requests the executor sends its
+    /// client during the call go through `relay` (see [`ClientRelay`]); what it sent while
+    /// idle before the call is not relayed.
     pub async fn call(
         &mut self,
         call: Arc<C>,
@@ -573,6 +753,7 @@ impl<C: NamedCall> McpExecutor<C> {
         arguments: Value,
         deadline: Duration,
         control: &mut CallControl,
+        relay: &dyn ClientRelay,
     ) -> Result<Value, ExecutorError> {
         self.last_used = Instant::now();
         self.stderr_budget
@@ -587,8 +768,13 @@ impl<C: NamedCall> McpExecutor<C> {
         if let Some(route) = &control.progress {
             params["_meta"] = json!({"progressToken": route.token});
         }
-        let result = self.request("tools/call", params, deadline, control).await;
-        let mut result = result;
+        let mut result = match self.settle_idle().await {
+            Ok(()) => {
+                self.request("tools/call", params, deadline, control, Some(relay))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         match tokio::time::timeout(deadline, self.judging.clone().lock_owned()).await {
             Ok(_settled) => {
                 if let Ok(mut slot) = self.slot.lock() {
@@ -617,6 +803,35 @@ impl<C: NamedCall> McpExecutor<C> {
                 bound,
             });
         }
+        result
+    }
+
+    /// Sends the executor's resource updates to `sink` from now on.
+    pub fn on_resource_updated(&self, sink: UpdateSink) {
+        if let Ok(mut s) = self.updates.lock() {
+            *s = Some(sink);
+        }
+    }
+
+    /// Sends one request that is no tool call (a resource read, a prompt, a completion,
+    /// `logging/setLevel`) and waits for its answer under `deadline`. No call is in the
+    /// slot meanwhile, so any egress the executor attempts is refused (`no_call_in_flight`).
+    pub async fn forward(
+        &mut self,
+        method: &str,
+        params: Value,
+        deadline: Duration,
+    ) -> Result<Value, ExecutorError> {
+        self.last_used = Instant::now();
+        self.stderr_budget
+            .store(STDERR_LINES_PER_CALL, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut last) = self.last_tool.lock() {
+            *last = format!("({method})");
+        }
+        let result = self
+            .request(method, params, deadline, &mut CallControl::none(), None)
+            .await;
+        self.last_used = Instant::now();
         result
     }
 

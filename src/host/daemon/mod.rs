@@ -17,6 +17,7 @@
 //! (the accept loop and signals), `admission` (connections admitted by peer credentials),
 //! `session` (one connection's MCP requests), `pipeline` (one `tools/call`, stage by stage),
 //! `egress` (judging the broker's egress attempts), `executor` (executors and warm pools),
+//! `relay` (what an executor sends its client during a call: ids, answers, capabilities),
 //! `refusals` (folding repeated refusals), `reload` (the reload verdict for `systemctl
 //! reload`), `activation` (the socket, or systemd's).
 
@@ -27,6 +28,7 @@ mod executor;
 pub mod http;
 pub mod pipeline;
 pub mod refusals;
+mod relay;
 pub mod reload;
 mod session;
 

@@ -17,6 +17,8 @@
 //! The pipeline sees the host only through [`CallEnv`] and the executor only through
 //! [`Dispatch`]: its decisions are unit-tested without sockets, root or real executors.
 
+pub mod relay;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
@@ -37,6 +39,7 @@ use crate::records::{
 use crate::registry::{AdmittedTool, VerifiedRegistry};
 use crate::resolver::{CallPlan, CallRefusal, FlowResolver, GrantOffer};
 use crate::state::{FlowState, SessionKey};
+pub use relay::RelayGate;
 
 /// Where bridge security metadata travels: `_meta` of a tool in `tools/list`, and
 /// `params._meta` of a `tools/call`.
@@ -157,13 +160,15 @@ pub enum DispatchError {
 /// Runs an authorized call on an executor of the session's.
 pub trait Dispatch {
     /// Runs `tool` with `arguments` on the session's executor for `server`, with `call` in
-    /// flight (the dispatcher sets `call.executor_pid`).
+    /// flight (the dispatcher sets `call.executor_pid`). What the executor sends its client
+    /// meanwhile passes `gate` (see [`relay`]).
     fn dispatch(
         &mut self,
         server: &str,
         tool: &str,
         arguments: Value,
         call: CallInFlight,
+        gate: &RelayGate<'_>,
     ) -> impl std::future::Future<Output = Result<Value, DispatchError>> + Send;
 }
 
@@ -397,8 +402,14 @@ async fn run_call<D: Dispatch>(
         correlation: rec.correlation.clone(),
         executor_pid: 0,
     };
+    let gate = RelayGate {
+        env,
+        rec: &rec,
+        plan: &plan,
+        tool: tool_name,
+    };
     let outcome = dispatcher
-        .dispatch(server_id, tool_name, admitted.arguments, call)
+        .dispatch(server_id, tool_name, admitted.arguments, call, &gate)
         .await;
 
     // Settle.
@@ -663,6 +674,8 @@ pub fn labels_after(state: &FlowState) -> LabelsAfter {
 fn tool_error(text: &str) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
+
+pub mod content;
 
 #[cfg(test)]
 mod tests;

@@ -25,9 +25,11 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::executor::{CallControl, ExecutorError, ProgressRoute, cancelled};
+use super::pipeline::content::ContentMethod;
 use super::pipeline::{
-    self, BRIDGE_META_KEY, CallEnv, Caller, Dispatch, DispatchError, Recorder, refusal,
+    self, BRIDGE_META_KEY, CallEnv, Caller, Dispatch, DispatchError, Recorder, RelayGate, refusal,
 };
+use super::relay::{CallRelay, ClientCapabilities, PendingRelays};
 use super::{CallInFlight, Generation, Host, McpExecutor};
 use crate::config::PrincipalConfig;
 use crate::decision::Denial;
@@ -36,10 +38,91 @@ use crate::mcp::{self, Incoming, Line, RpcError, code};
 use crate::records::PeerIdentity;
 use crate::state::SessionKey;
 
+/// One message the session sends its client, with the client request it belongs to (a
+/// transport with a stream per request carries it on that request's stream).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The JSON-RPC message, one line.
+    pub line: String,
+    /// The id (as JSON text) of the client's request whose serving sent it, if any.
+    pub request: Option<String>,
+}
+
+/// Where a session's messages go, tagged with the client request being served (if any).
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    tx: mpsc::Sender<Outgoing>,
+    request: Option<String>,
+}
+
+impl Outbox {
+    /// The outbox of a session's messages that belong to no request, sending on `tx`.
+    pub fn new(tx: mpsc::Sender<Outgoing>) -> Outbox {
+        Outbox { tx, request: None }
+    }
+
+    /// The outbox of the messages sent while serving request `id`.
+    fn for_request(&self, id: &Value) -> Outbox {
+        Outbox {
+            tx: self.tx.clone(),
+            request: Some(id.to_string()),
+        }
+    }
+
+    fn tagged(&self, line: String) -> Outgoing {
+        Outgoing {
+            line,
+            request: self.request.clone(),
+        }
+    }
+
+    /// Queues `line`, waiting for room; `false` when the client is gone.
+    pub async fn send(&self, line: String) -> bool {
+        self.tx.send(self.tagged(line)).await.is_ok()
+    }
+
+    /// Queues `line` if there is room now; `false` otherwise.
+    pub fn try_send(&self, line: String) -> bool {
+        self.tx.try_send(self.tagged(line)).is_ok()
+    }
+}
+
+mod content;
+pub use content::LogLevel;
+
 /// An executor bound to the session, with the generation it was started in.
 struct Bound {
     generation: u64,
     exec: McpExecutor<CallInFlight>,
+    /// The `logging/setLevel` level last applied to it (`None`: never set).
+    log_level: Option<LogLevel>,
+}
+
+impl Bound {
+    /// Sends `level` to the executor unless it has it already. A server without logging
+    /// answers with an error: it sends no logs anyway, so that counts as applied. `Err`: the
+    /// executor failed (the caller stops it).
+    async fn apply_log_level(
+        &mut self,
+        level: LogLevel,
+        deadline: Duration,
+    ) -> Result<(), ExecutorError> {
+        if self.log_level == Some(level) {
+            return Ok(());
+        }
+        let params = json!({"level": level.as_str()});
+        match self
+            .exec
+            .forward("logging/setLevel", params, deadline)
+            .await
+        {
+            Ok(_) | Err(ExecutorError::Rpc(_)) => {
+                self.log_level = Some(level);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// Most executors of one server a session runs at once; further calls to that server wait
@@ -124,8 +207,15 @@ struct Session {
     executors: Mutex<HashMap<String, ServerExecutors>>,
     /// The calls in flight that a client may cancel, by request id (its JSON text).
     cancels: Mutex<HashMap<String, watch::Sender<Option<String>>>>,
-    /// Outgoing lines (answers, progress notifications).
-    out: mpsc::Sender<String>,
+    /// The client's `logging/setLevel`: sent to the idle executors when it is set, and to
+    /// any other before its next request (those bound later included).
+    log_level: Mutex<Option<LogLevel>>,
+    /// Outgoing lines (answers, notifications, requests relayed from executors).
+    out: Outbox,
+    /// What the client declared it can do at `initialize`.
+    capabilities: OnceLock<ClientCapabilities>,
+    /// Requests of executors relayed to the client, awaiting its answers.
+    relays: PendingRelays,
 }
 
 /// How long a reply may take to reach the client; a client that stops reading is
@@ -152,14 +242,14 @@ pub(super) async fn serve(
     let limit = host.current().config.max_message_bytes;
     let (read, mut write) = stream.into_split();
     let (in_tx, incoming) = mpsc::channel::<Line>(QUEUED_LINES);
-    let (out, mut out_rx) = mpsc::channel::<String>(QUEUED_LINES);
+    let (out, mut out_rx) = mpsc::channel::<Outgoing>(QUEUED_LINES);
     // Reading happens in its own task: a line read is not cancellation-safe.
     let reader = tokio::spawn(mcp::forward_lines(BufReader::new(read), limit, in_tx));
     // The writer ends when the session drops its sender (after the last line) or the client
     // stops reading; the session sees the latter as its outgoing channel closing.
     let writer = tokio::spawn(async move {
-        while let Some(line) = out_rx.recv().await {
-            let mut bytes = line.into_bytes();
+        while let Some(message) = out_rx.recv().await {
+            let mut bytes = message.line.into_bytes();
             bytes.push(b'\n');
             match tokio::time::timeout(CLIENT_WRITE_TIMEOUT, write.write_all(&bytes)).await {
                 Ok(Ok(())) => {}
@@ -184,7 +274,7 @@ pub(super) async fn run(
     host: Arc<Host>,
     identity: Identity,
     mut incoming: mpsc::Receiver<Line>,
-    out: mpsc::Sender<String>,
+    out: mpsc::Sender<Outgoing>,
 ) {
     let limit = host.current().config.max_message_bytes;
     let session = Arc::new(Session {
@@ -193,7 +283,10 @@ pub(super) async fn run(
         pinned: OnceLock::new(),
         executors: Mutex::new(HashMap::new()),
         cancels: Mutex::new(HashMap::new()),
-        out: out.clone(),
+        log_level: Mutex::new(None),
+        out: Outbox::new(out.clone()),
+        capabilities: OnceLock::new(),
+        relays: PendingRelays::default(),
         host,
     });
     tracing::info!(session = %session.id, identity = %session.identity, "session opened");
@@ -257,7 +350,11 @@ pub(super) async fn run(
         };
         match mcp::parse(&bytes) {
             Err((id, e)) => session.send(mcp::error_response(&id, &e)).await,
-            Ok(Incoming::Response { .. }) => {}
+            Ok(Incoming::Response { id, outcome }) => {
+                if !session.relays.answered(&id, outcome) {
+                    tracing::debug!(session = %session.id, id = %id, "an answer to no request awaiting one is ignored");
+                }
+            }
             Ok(Incoming::Notification { method, params }) => session.notified(&method, &params),
             Ok(Incoming::Request { id, method, params }) if method == "initialize" => {
                 let answer = session.initialize(&params).await;
@@ -396,8 +493,9 @@ impl Session {
             Err(e) => return Err(self.refuse_session("(initialize)", e).await),
         };
         // A repeated initialize cannot move the session: `principal` refuses a mapping
-        // that differs from the pinned one.
+        // that differs from the pinned one; nor can it change what the client declared.
         let _ = self.pinned.set(principal.id.clone());
+        let _ = self.capabilities.set(ClientCapabilities::declared(params));
         let requested = params
             .get("protocolVersion")
             .and_then(Value::as_str)
@@ -406,7 +504,13 @@ impl Session {
         tracing::info!(session = %self.id, principal = %principal.id, requested, revision, "session initialized");
         Ok(json!({
             "protocolVersion": revision,
-            "capabilities": {"tools": {"listChanged": false}},
+            "capabilities": {
+                "tools": {"listChanged": false},
+                "resources": {"subscribe": true, "listChanged": false},
+                "prompts": {"listChanged": false},
+                "completions": {},
+                "logging": {},
+            },
             "serverInfo": {"name": "flowhost", "version": env!("CARGO_PKG_VERSION")},
             "instructions": format!("Governed tools for principal {}; every call and egress is decided and recorded.", principal.id),
         }))
@@ -496,26 +600,29 @@ impl Session {
         Ok(v)
     }
 
-    /// `tools/call`, through the pipeline, with this session's executors. `cancel` ends
-    /// the call when the client cancels it.
+    /// `tools/call` (request `id`), through the pipeline, with this session's executors.
+    /// `cancel` ends the call when the client cancels it.
     async fn call(
         &self,
+        id: &Value,
         params: &Value,
         cancel: watch::Receiver<Option<String>>,
     ) -> Result<Value, RpcError> {
         let generation = self.host.current();
+        let outbox = self.out.for_request(id);
         let progress = params
             .get("_meta")
             .and_then(|m| m.get("progressToken"))
             .filter(|t| t.is_string() || t.is_i64() || t.is_u64())
             .map(|token| ProgressRoute {
                 token: token.clone(),
-                out: self.out.clone(),
+                out: outbox.clone(),
             });
         let mut executors = Executors {
             session: self,
             generation: &generation,
             control: CallControl { cancel, progress },
+            outbox,
         };
         pipeline::tools_call(
             &env(&self.host, &generation),
@@ -536,7 +643,19 @@ impl Session {
     ) {
         let result = match method.as_str() {
             "ping" => Ok(json!({})),
-            "tools/list" | "tools/call" | "flowhost/health" | "flowhost/session"
+            "tools/list"
+            | "tools/call"
+            | "flowhost/health"
+            | "flowhost/session"
+            | "resources/list"
+            | "resources/templates/list"
+            | "resources/read"
+            | "resources/subscribe"
+            | "resources/unsubscribe"
+            | "prompts/list"
+            | "prompts/get"
+            | "completion/complete"
+            | "logging/setLevel"
                 if self.pinned().is_none() =>
             {
                 let e = refusal(
@@ -552,7 +671,20 @@ impl Session {
             },
             "tools/call" => {
                 let cancel = cancel.unwrap_or_else(|| CallControl::none().cancel);
-                self.call(&params, cancel).await
+                self.call(&id, &params, cancel).await
+            }
+            "resources/list" | "resources/templates/list" | "prompts/list" => {
+                match self.list_content(&method) {
+                    Err(e) => Err(self.refuse_session(&format!("({method})"), e).await),
+                    ok => ok,
+                }
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                self.subscription(&method, &params).await
+            }
+            "logging/setLevel" => self.set_log_level(&params).await,
+            method if ContentMethod::from_method(method).is_some() => {
+                self.content(method, &params).await
             }
             "flowhost/session" => match self.describe().await {
                 Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
@@ -588,7 +720,7 @@ impl Session {
 
     /// Queues one outgoing line (lost if the client is gone).
     async fn send(&self, line: String) {
-        let _ = self.out.send(line).await;
+        self.out.send(line).await;
     }
 
     /// A client notification: `notifications/cancelled` ends the named call in flight;
@@ -721,6 +853,8 @@ struct Executors<'s> {
     session: &'s Session,
     generation: &'s Generation,
     control: CallControl,
+    /// The call's messages to the client.
+    outbox: Outbox,
 }
 
 impl Executors<'_> {
@@ -748,18 +882,44 @@ impl Executors<'_> {
         for b in retired {
             b.exec.stop().await;
         }
-        if let Some(b) = found {
-            return Ok(b);
+        let mut bound = match found {
+            Some(b) => b,
+            None => {
+                let pool = self
+                    .generation
+                    .pools
+                    .get(server)
+                    .ok_or(ExecutorError::Exited)?;
+                let exec = pool.acquire().await?;
+                exec.on_resource_updated(self.session.updates_for(server));
+                Bound {
+                    generation: self.generation.id,
+                    exec,
+                    log_level: None,
+                }
+            }
+        };
+        // The client's logging level reaches every executor before it serves the session.
+        let wanted = self.session.log_level.lock().ok().and_then(|l| *l);
+        if let Some(level) = wanted
+            && let Err(e) = bound
+                .apply_log_level(level, self.generation.config.call_timeout)
+                .await
+        {
+            bound.exec.stop().await;
+            return Err(e);
         }
-        let pool = self
-            .generation
-            .pools
-            .get(server)
-            .ok_or(ExecutorError::Exited)?;
-        Ok(Bound {
-            generation: self.generation.id,
-            exec: pool.acquire().await?,
-        })
+        Ok(bound)
+    }
+
+    /// The permits that bound how many of `server`'s executors the session runs at once.
+    fn permits(&self, server: &str) -> Result<Arc<Semaphore>, String> {
+        match self.session.executors.lock() {
+            Ok(mut all) => Ok(all.entry(server.to_string()).or_default().permits.clone()),
+            Err(_) => Err(format!(
+                "server {server:?}: the session's executors are unavailable"
+            )),
+        }
     }
 
     /// Returns an executor to the session's idle ones.
@@ -781,15 +941,9 @@ impl Dispatch for Executors<'_> {
         tool: &str,
         arguments: Value,
         mut call: CallInFlight,
+        gate: &RelayGate<'_>,
     ) -> Result<Value, DispatchError> {
-        let permits = match self.session.executors.lock() {
-            Ok(mut all) => all.entry(server.to_string()).or_default().permits.clone(),
-            Err(_) => {
-                return Err(DispatchError::NotStarted(format!(
-                    "server {server:?}: the session's executors are unavailable"
-                )));
-            }
-        };
+        let permits = self.permits(server).map_err(DispatchError::NotStarted)?;
         // Waits (cancellably) for one of the server's executors of this session.
         let _permit = tokio::select! {
             p = permits.acquire_owned() => p.map_err(|e| DispatchError::NotStarted(e.to_string()))?,
@@ -802,6 +956,13 @@ impl Dispatch for Executors<'_> {
         call.executor_pid = bound.exec.pid();
         let name = call.tool.clone();
         let config = &self.generation.config;
+        let relay = CallRelay {
+            gate,
+            pending: &self.session.relays,
+            capabilities: self.session.capabilities.get().copied().unwrap_or_default(),
+            out: &self.outbox,
+            in_flight: Default::default(),
+        };
         let outcome = bound
             .exec
             .call(
@@ -810,6 +971,7 @@ impl Dispatch for Executors<'_> {
                 arguments,
                 config.call_timeout,
                 &mut self.control,
+                &relay,
             )
             .await;
         match outcome {

@@ -208,7 +208,13 @@ pub fn verify_registry(
             .map(|t| (t.name().to_string(), derived))
             .collect();
         registry
-            .register(envelope, &key, &s.policies, &topologies)
+            .register_with_content(
+                envelope,
+                &key,
+                &s.policies,
+                &topologies,
+                s.content_floor.as_ref(),
+            )
             .map_err(|source| StartupError::Admission {
                 server: s.id.clone(),
                 source,

@@ -614,7 +614,7 @@ impl Transport {
         }
         let id = super::random_id();
         let (inbox, lines) = mpsc::channel::<Line>(16);
-        let (out, mut replies) = mpsc::channel::<String>(64);
+        let (out, mut replies) = mpsc::channel::<session::Outgoing>(64);
         let streams = Arc::new(Mutex::new(Streams::default()));
         let remote = Arc::new(Remote {
             principal: principal.clone(),
@@ -630,7 +630,7 @@ impl Transport {
             let router = async {
                 while let Some(message) = replies.recv().await {
                     if let Ok(mut s) = streams.lock() {
-                        s.route(&message);
+                        s.route(&message.line, message.request.as_deref());
                     }
                 }
             };

@@ -79,9 +79,10 @@ impl Streams {
     }
 
     /// Routes one message the session sent: a response to its request's stream (which it
-    /// ends), progress to the stream of the request that asked for it, anything else to the
-    /// newest request in flight, else to the GET stream.
-    pub(super) fn route(&mut self, message: &str) {
+    /// ends); a message sent while serving `request` (an id as JSON text) to that
+    /// request's stream while it is open; progress to the stream of the request that asked
+    /// for it; anything else to the newest request in flight, else to the GET stream.
+    pub(super) fn route(&mut self, message: &str, request: Option<&str>) {
         let parsed: Option<Value> = serde_json::from_str(message).ok();
         let response_to = parsed
             .as_ref()
@@ -107,7 +108,11 @@ impl Streams {
             .and_then(|v| v["params"].get("progressToken"))
             .map(Value::to_string)
             .and_then(|t| self.progress.iter().find(|(p, _)| *p == t).map(|(_, n)| *n));
-        let target = progress_of
+        let serving = request
+            .and_then(|r| self.pending.iter().find(|(p, _)| p == r))
+            .map(|(_, n)| *n);
+        let target = serving
+            .or(progress_of)
             .or(self.pending.last().map(|(_, n)| *n))
             .or(self.standalone);
         match target {
@@ -232,8 +237,11 @@ mod tests {
     fn a_request_stream_carries_its_notifications_then_its_response_and_ends() {
         let mut s = Streams::default();
         let mut rx = s.open_for_request(&json!({"id": 7}));
-        s.route(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#);
-        s.route(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#);
+        s.route(
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#,
+            None,
+        );
+        s.route(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#, None);
         let got = drain(&mut rx);
         assert_eq!(got.len(), 2);
         assert!(got[1].contains("\"id\":7"));
@@ -244,11 +252,17 @@ mod tests {
     fn a_lost_stream_resumes_after_the_last_event_seen() {
         let mut s = Streams::default();
         let rx = s.open_for_request(&json!({"id": "a"}));
-        s.route(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":1}}"#);
+        s.route(
+            r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":1}}"#,
+            None,
+        );
         drop(rx); // the connection is lost
-        s.route(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":2}}"#);
+        s.route(
+            r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":2}}"#,
+            None,
+        );
         let mut resumed = s.attach(Target::Resume("1-0".into())).unwrap();
-        s.route(r#"{"jsonrpc":"2.0","id":"a","result":{}}"#);
+        s.route(r#"{"jsonrpc":"2.0","id":"a","result":{}}"#, None);
         let got = drain(&mut resumed);
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(got[0].contains("\"n\":2"));
@@ -265,9 +279,29 @@ mod tests {
         let mut first =
             s.open_for_request(&json!({"id": 1, "params": {"_meta": {"progressToken": "p1"}}}));
         let mut second = s.open_for_request(&json!({"id": 2}));
-        s.route(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p1","progress":5}}"#);
+        s.route(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p1","progress":5}}"#, None);
         assert_eq!(drain(&mut first).len(), 1);
         assert!(drain(&mut second).is_empty());
+    }
+
+    #[test]
+    fn what_a_request_sends_goes_on_its_own_stream() {
+        let mut s = Streams::default();
+        let mut call = s.open_for_request(&json!({"id": 1}));
+        let mut ping = s.open_for_request(&json!({"id": "p"}));
+        s.route(
+            r#"{"jsonrpc":"2.0","id":"flowhost-relay-1","method":"sampling/createMessage","params":{}}"#,
+            Some("1"),
+        );
+        s.route(
+            r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#,
+            Some("1"),
+        );
+        assert_eq!(drain(&mut call).len(), 2);
+        assert!(
+            drain(&mut ping).is_empty(),
+            "not on the newest request's stream"
+        );
     }
 
     #[test]
@@ -275,7 +309,10 @@ mod tests {
         let mut s = Streams::default();
         let mut rx = s.attach(Target::Standalone).unwrap();
         assert_eq!(s.attach(Target::Standalone).unwrap_err(), AttachError::Busy);
-        s.route(r#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{}}"#);
+        s.route(
+            r#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{}}"#,
+            None,
+        );
         assert_eq!(drain(&mut rx).len(), 1);
         drop(rx);
         assert!(

@@ -36,6 +36,27 @@ fn lab() -> PathBuf {
 
 impl Host {
     fn new() -> Host {
+        Host::with_config(|text| text)
+    }
+
+    /// The lab with the conformance server (its resources and prompts under the content
+    /// floor `conformance-data`), which the analyst may use.
+    fn with_content() -> Host {
+        Host::with_config(|text| {
+            let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+            format!(
+                "{}{}",
+                text.replacen(
+                    "tools = [\"workspace/*\", ",
+                    "tools = [\"conformance/*\", \"workspace/*\", ",
+                    1
+                ),
+                crate::lab::conformance_server(repo, "/bin/true")
+            )
+        })
+    }
+
+    fn with_config(edit: impl FnOnce(String) -> String) -> Host {
         let dir = tempfile::tempdir().unwrap();
         let paths = LabPaths {
             workspace_command: vec!["/bin/true".into()],
@@ -54,7 +75,7 @@ impl Host {
             socket_mode: "600".into(),
         };
         let file = dir.path().join("host.toml");
-        std::fs::write(&file, host_config(&paths)).unwrap();
+        std::fs::write(&file, edit(host_config(&paths))).unwrap();
         let config = HostConfig::load(&file).unwrap();
         let (registry, _) = crate::daemon::verify_registry(&config).unwrap();
         let servers = config
@@ -115,16 +136,24 @@ impl Host {
         self.config.principal_for(uid, 0).unwrap().clone()
     }
 
-    async fn call(&self, uid: u32, params: Value, exec: &mut Scripted) -> Result<Value, RpcError> {
-        let principal = self.principal(uid);
-        let pinned = principal.id.clone();
-        let caller = Caller {
+    /// `uid`'s principal in session `session-1`.
+    fn caller<'p>(&self, uid: u32, pinned: &'p crate::ident::PrincipalId) -> Caller<'p> {
+        Caller {
             session: "session-1",
             peer: Some(PeerIdentity { uid, gid: 0 }),
-            principal: Ok(principal),
-            pinned: Some(&pinned),
-        };
-        tools_call(&self.env(), caller, &params, exec).await
+            principal: Ok(self.principal(uid)),
+            pinned: Some(pinned),
+        }
+    }
+
+    async fn call<D: Dispatch>(
+        &self,
+        uid: u32,
+        params: Value,
+        exec: &mut D,
+    ) -> Result<Value, RpcError> {
+        let pinned = self.principal(uid).id;
+        tools_call(&self.env(), self.caller(uid, &pinned), &params, exec).await
     }
 
     /// Every record so far (the writer is closed first).
@@ -163,6 +192,7 @@ impl Dispatch for Scripted {
         tool: &str,
         arguments: Value,
         _call: CallInFlight,
+        _gate: &RelayGate<'_>,
     ) -> Result<Value, DispatchError> {
         self.asked
             .push((server.to_string(), tool.to_string(), arguments));
@@ -178,6 +208,19 @@ fn text(t: &str) -> Result<Value, DispatchError> {
 
 fn call(tool: &str, arguments: Value) -> Value {
     json!({"name": tool, "arguments": arguments})
+}
+
+/// The analyst's call of the public inbox (it egresses, cleared for public data only).
+async fn publish_publicly<D: Dispatch>(host: &Host, exec: &mut D) -> Result<Value, RpcError> {
+    host.call(
+        ANALYST,
+        call(
+            "public-inbox/publish",
+            json!({"message": "m", "sink": "127.0.0.1:1002"}),
+        ),
+        exec,
+    )
+    .await
 }
 
 fn denial_of(e: &RpcError) -> &str {
@@ -243,17 +286,7 @@ async fn a_read_taints_the_session_and_the_public_sink_is_refused_before_dispatc
         .await
         .unwrap();
     assert_eq!(r["content"][0]["text"], TERMS);
-    let e = host
-        .call(
-            ANALYST,
-            call(
-                "public-inbox/publish",
-                json!({"message": "m", "sink": "127.0.0.1:1002"}),
-            ),
-            &mut exec,
-        )
-        .await
-        .unwrap_err();
+    let e = publish_publicly(&host, &mut exec).await.unwrap_err();
     assert_eq!(
         (e.code, denial_of(&e)),
         (code::FLOW_DENIED, "flow_violation")
@@ -435,4 +468,309 @@ async fn a_session_whose_principal_check_fails_is_refused_and_recorded_under_its
     let records = host.records().await;
     assert_eq!(records[0]["flowhost"]["principal"], "oss-reviewer");
     assert!(exec.asked.is_empty());
+}
+
+/// A scripted executor for content requests.
+#[derive(Default)]
+struct Feeding {
+    answers: VecDeque<Result<Value, content::ForwardError>>,
+    asked: Vec<(String, String, Value)>,
+}
+
+impl content::Forward for Feeding {
+    async fn forward(
+        &mut self,
+        server: &str,
+        method: &str,
+        params: Value,
+        _source: &crate::label::InformationLabel,
+    ) -> Result<Value, content::ForwardError> {
+        self.asked
+            .push((server.to_string(), method.to_string(), params));
+        self.answers
+            .pop_front()
+            .unwrap_or(Err(content::ForwardError::Failed(
+                "no scripted answer".into(),
+            )))
+    }
+}
+
+impl Host {
+    async fn content(
+        &self,
+        uid: u32,
+        method: &str,
+        params: Value,
+        exec: &mut Feeding,
+    ) -> Result<Value, RpcError> {
+        let pinned = self.principal(uid).id;
+        let method = content::ContentMethod::from_method(method).unwrap();
+        content::content_request(
+            &self.env(),
+            self.caller(uid, &pinned),
+            method,
+            &params,
+            exec,
+        )
+        .await
+    }
+
+    async fn read(&self, uid: u32, uri: &str, exec: &mut Feeding) -> Result<Value, RpcError> {
+        self.content(uid, "resources/read", json!({ "uri": uri }), exec)
+            .await
+    }
+
+    async fn session_label(&self, uid: u32) -> crate::label::InformationLabel {
+        let key = crate::state::SessionKey {
+            principal: self.principal(uid).id,
+            session: "session-1".into(),
+        };
+        self.resolver.state().get(&key).await.unwrap().combined()
+    }
+}
+
+#[tokio::test]
+async fn content_carries_floor_and_classified_label_into_the_session_before_it_is_returned() {
+    let host = Host::with_content();
+    let mut exec = Feeding::default();
+    exec.answers.push_back(Ok(json!({"contents": [
+        {"uri": "test://template/7/data", "text": TERMS}]})));
+    let r = host
+        .read(ANALYST, "test://template/7/data", &mut exec)
+        .await
+        .unwrap();
+    assert_eq!(r["contents"][0]["text"], TERMS);
+    assert_eq!(exec.asked[0].0, "conformance");
+    let label = serde_json::to_value(host.session_label(ANALYST).await).unwrap();
+    // The content floor, and the classifier's contract label for what the text says.
+    assert_eq!(
+        label["compartments"],
+        json!(["conformance-data", "harbor-goods-terms"]),
+        "{label}"
+    );
+
+    // Prompts and completions go by the server's own prompt name.
+    exec.answers.push_back(Ok(json!({"messages": []})));
+    exec.answers
+        .push_back(Ok(json!({"completion": {"values": []}})));
+    host.content(
+        ANALYST,
+        "prompts/get",
+        json!({"name": "test_prompt_with_arguments",
+        "arguments": {"arg1": "a", "arg2": "b"}}),
+        &mut exec,
+    )
+    .await
+    .unwrap();
+    host.content(
+        ANALYST,
+        "completion/complete",
+        json!({
+        "ref": {"type": "ref/prompt", "name": "test_prompt_with_arguments"},
+        "argument": {"name": "arg1", "value": "p"}}),
+        &mut exec,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        exec.asked[1].2,
+        json!({"name": "test_prompt_with_arguments", "arguments": {"arg1": "a", "arg2": "b"}})
+    );
+    assert_eq!(exec.asked[2].1, "completion/complete");
+
+    let records = host.records().await;
+    assert_eq!(records[0]["flowhost"]["event"], "content_request");
+    // The record names the signed template, not the URI the client expanded from it.
+    assert_eq!(
+        records[0]["tool"]["name"],
+        "resources/read test://template/{id}/data"
+    );
+    assert_eq!(records[1]["flowhost"]["event"], "content_outcome");
+    assert!(records.iter().all(|r| r["decision"]["effect"] == "allow"));
+    assert_eq!(
+        records[1]["flowhost"]["labels_after"]["session"]["compartments"],
+        json!(["conformance-data", "harbor-goods-terms"])
+    );
+}
+
+#[tokio::test]
+async fn content_nobody_signed_or_malformed_is_refused_before_any_executor_sees_it() {
+    let host = Host::with_content();
+    let mut exec = Feeding::default();
+    let cases = [
+        (
+            "resources/read",
+            json!({"uri": "test://nothing"}),
+            "unknown_resource",
+        ),
+        ("resources/read", json!({}), "invalid_params"),
+        ("prompts/get", json!({"name": "nothing"}), "unknown_prompt"),
+        (
+            "prompts/get",
+            json!({"name": "test_prompt_with_arguments", "arguments": {"arg1": "a"}}),
+            "invalid_params",
+        ),
+        (
+            "prompts/get",
+            json!({"name": "test_simple_prompt", "arguments": {"x": "a"}}),
+            "invalid_params",
+        ),
+        (
+            "completion/complete",
+            json!({"ref": {"type": "ref/resource", "uri": "test://template/7/data"}, "argument": {"name": "id", "value": "1"}}),
+            "unknown_resource",
+        ),
+        (
+            "completion/complete",
+            json!({"ref": {"type": "ref/other"}, "argument": {"name": "id"}}),
+            "invalid_params",
+        ),
+    ];
+    for (method, params, denial) in &cases {
+        let e = host
+            .content(ANALYST, method, params.clone(), &mut exec)
+            .await
+            .unwrap_err();
+        assert_eq!(denial_of(&e), *denial, "{method} {params}: {e:?}");
+    }
+    // A principal whose patterns do not name the server's content.
+    let e = host
+        .read(REVIEWER, "test://static-text", &mut exec)
+        .await
+        .unwrap_err();
+    assert_eq!(denial_of(&e), "access_denied");
+    assert!(exec.asked.is_empty(), "{:?}", exec.asked);
+    assert!(host.session_label(ANALYST).await.is_bottom());
+    let records = host.records().await;
+    assert_eq!(records.len(), cases.len() + 1);
+    assert!(
+        records
+            .iter()
+            .all(|r| r["flowhost"]["event"] == "content_request"
+                && r["decision"]["effect"] == "deny")
+    );
+}
+
+#[tokio::test]
+async fn what_an_executor_answers_as_an_error_is_labelled_like_content() {
+    let host = Host::with_content();
+    let mut exec = Feeding::default();
+    exec.answers
+        .push_back(Err(content::ForwardError::Answered(format!(
+            "not found: {TERMS}"
+        ))));
+    let e = host
+        .read(ANALYST, "test://static-text", &mut exec)
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("not found"), "{e:?}");
+    let label = serde_json::to_value(host.session_label(ANALYST).await).unwrap();
+    assert_eq!(
+        label["compartments"],
+        json!(["conformance-data", "harbor-goods-terms"]),
+        "{label}"
+    );
+    let records = host.records().await;
+    assert_eq!(records[1]["flowhost"]["event"], "content_outcome");
+    assert_eq!(records[1]["decision"]["effect"], "error");
+}
+
+/// An executor that, during its call, sends its client what `relay` says through the
+/// call's gate, and keeps what came of each.
+struct Relaying {
+    /// What the gate answered, in order.
+    seen: Vec<Result<(), String>>,
+    /// The session's combined label once the request was let through.
+    label_when_forwarded: Option<crate::label::InformationLabel>,
+}
+
+impl Dispatch for Relaying {
+    async fn dispatch(
+        &mut self,
+        _server: &str,
+        _tool: &str,
+        _arguments: Value,
+        _call: CallInFlight,
+        gate: &RelayGate<'_>,
+    ) -> Result<Value, DispatchError> {
+        use crate::records::RelayMethod::{Elicitation, Sampling};
+        let asked =
+            json!({"messages": [{"role": "user", "content": {"type": "text", "text": TERMS}}]});
+        let denial = |r: Result<(), RpcError>| r.map_err(|e| denial_of(&e).to_string());
+        self.seen
+            .push(denial(gate.to_client(Sampling, &asked, false, 0).await));
+        self.seen.push(denial(
+            gate.to_client(Sampling, &asked, true, relay::MAX_PENDING_RELAYS)
+                .await,
+        ));
+        self.seen
+            .push(denial(gate.to_client(Elicitation, &asked, true, 0).await));
+        let state = gate.env.resolver.state().get(&gate.plan.key).await.unwrap();
+        self.label_when_forwarded = Some(state.combined());
+        let answer = json!({"action": "accept", "content": {"name": "n"}});
+        self.seen
+            .push(denial(gate.to_tool(Elicitation, &answer).await));
+        Ok(json!({"content": [{"type": "text", "text": "done"}]}))
+    }
+}
+
+#[tokio::test]
+async fn what_an_executor_sends_its_client_is_governed_as_the_calls_output() {
+    let host = Host::new();
+    let mut exec = Relaying {
+        seen: Vec::new(),
+        label_when_forwarded: None,
+    };
+    // The public inbox egresses, cleared for public data only; the session starts public.
+    publish_publicly(&host, &mut exec).await.unwrap();
+    let refused = |d: &str| Err(d.to_string());
+    assert_eq!(
+        exec.seen,
+        [
+            refused("client_capability_missing"),
+            refused("relay_limit"),
+            Ok(()),
+            // The request carried the terms: the classifier raised the session before it
+            // went out, so the client's answer no longer flows to the tool's clearance.
+            refused("flow_violation"),
+        ]
+    );
+    assert!(
+        exec.label_when_forwarded
+            .unwrap()
+            .to_string()
+            .contains("harbor-goods-terms"),
+        "the raise was durable before the request was let through"
+    );
+    let records = host.records().await;
+    let relays: Vec<(Value, Value, Value)> = records
+        .iter()
+        .filter(|r| r["flowhost"]["event"] == "relay")
+        .map(|r| {
+            (
+                r["flowhost"]["relay"].clone(),
+                r["decision"]["effect"].clone(),
+                r["flowhost"]["denial_kind"].clone(),
+            )
+        })
+        .collect();
+    let relay =
+        |m: &str, d: &str, e: &str, k: Value| (json!({"method": m, "direction": d}), json!(e), k);
+    assert_eq!(
+        relays,
+        [
+            relay(
+                "sampling",
+                "to_client",
+                "deny",
+                json!("client_capability_missing")
+            ),
+            relay("sampling", "to_client", "deny", json!("relay_limit")),
+            relay("elicitation", "to_client", "allow", Value::Null),
+            relay("elicitation", "to_tool", "deny", json!("flow_violation")),
+        ]
+    );
+    for r in &records {
+        DecisionRecord::from_json_line(r.to_string().as_bytes()).unwrap();
+    }
 }

@@ -1,0 +1,537 @@
+//! What a server offers besides tools: resources (by URI or URI template) and prompts, as
+//! the publisher signed them. The host lists and serves only these; the label of what a
+//! read or a prompt returns starts from the entry's signed `flow.output_label` (joined with
+//! the operator's content floor by the registry).
+//!
+//! Wire form of a resource: exactly one of `uri` (an absolute URI) and `uri_template` (an
+//! RFC 6570 level-1 template: `{name}` expressions separated by literal text), `name`
+//! (identifier rule), optional `title`, `description` (at most 500 characters each),
+//! `mime_type` (identifier rule) and `flow` (`{"output_label": label}`, not `Top`). A prompt:
+//! `name` (identifier rule, unique), optional `title`, `description`, `arguments` (each
+//! `name` unique, optional `description` and `required`) and `flow`.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::decode::{Fields, ManifestError, check_description, json_type};
+use crate::canonical::JsonPath;
+use crate::label::InformationLabel;
+
+/// Longest resource URI or template accepted, in bytes.
+pub const MAX_URI_BYTES: usize = 2048;
+
+/// The signed label of what a resource read or a prompt returns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ContentFlow {
+    /// The label the content carries (never `Top`).
+    pub output_label: InformationLabel,
+}
+
+/// Where a resource lives: one URI, or every URI a template expands to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResourceLocator {
+    /// One absolute URI.
+    Uri(String),
+    /// An RFC 6570 level-1 template.
+    Template(UriTemplate),
+}
+
+impl ResourceLocator {
+    /// Whether `uri` is this resource (or one the template expands to).
+    pub fn matches(&self, uri: &str) -> bool {
+        match self {
+            ResourceLocator::Uri(u) => u == uri,
+            ResourceLocator::Template(t) => t.matches(uri),
+        }
+    }
+
+    /// The URI or template text as signed.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ResourceLocator::Uri(u) => u,
+            ResourceLocator::Template(t) => &t.text,
+        }
+    }
+
+    /// Whether some URI could be both `self` and `other` (conservative: two templates
+    /// whose literal beginnings or ends are compatible are taken to overlap).
+    pub fn may_overlap(&self, other: &ResourceLocator) -> bool {
+        match (self, other) {
+            (ResourceLocator::Uri(a), ResourceLocator::Uri(b)) => a == b,
+            (ResourceLocator::Uri(u), ResourceLocator::Template(t))
+            | (ResourceLocator::Template(t), ResourceLocator::Uri(u)) => t.matches(u),
+            (ResourceLocator::Template(a), ResourceLocator::Template(b)) => {
+                let (pa, pb) = (a.prefix(), b.prefix());
+                let (sa, sb) = (a.suffix(), b.suffix());
+                (pa.starts_with(pb) || pb.starts_with(pa)) && (sa.ends_with(sb) || sb.ends_with(sa))
+            }
+        }
+    }
+}
+
+/// One piece of a URI template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Literal(String),
+    Variable,
+}
+
+/// An RFC 6570 level-1 URI template (`test://items/{id}/data`). A variable expands to one
+/// or more unreserved or percent-encoded characters (simple expansion encodes the rest), so
+/// it never spans a `/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UriTemplate {
+    text: String,
+    pieces: Vec<Piece>,
+}
+
+impl UriTemplate {
+    /// Parses a level-1 template; the error says what is wrong.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut pieces = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            match rest.find(['{', '}']) {
+                Some(at) if rest.as_bytes()[at] == b'}' => {
+                    return Err(format!(
+                        "a '}}' at byte {} closes no expression",
+                        text.len() - rest.len() + at
+                    ));
+                }
+                Some(at) => {
+                    if at > 0 {
+                        pieces.push(Piece::Literal(rest[..at].to_owned()));
+                    } else if matches!(pieces.last(), Some(Piece::Variable)) {
+                        return Err("two expressions must be separated by literal text".into());
+                    }
+                    let close = rest[at..]
+                        .find('}')
+                        .ok_or_else(|| "an expression is not closed with '}'".to_string())?;
+                    let name = &rest[at + 1..at + close];
+                    if name.is_empty()
+                        || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                    {
+                        return Err(format!(
+                            "expression {{{name}}} is not a plain variable name (letters, digits, _); operators are not supported"
+                        ));
+                    }
+                    pieces.push(Piece::Variable);
+                    rest = &rest[at + close + 1..];
+                }
+                None => {
+                    pieces.push(Piece::Literal(rest.to_owned()));
+                    rest = "";
+                }
+            }
+        }
+        if !pieces.contains(&Piece::Variable) {
+            return Err("a template has at least one {variable}; use uri for one URI".into());
+        }
+        let prefix = match pieces.first() {
+            Some(Piece::Literal(l)) => l.as_str(),
+            _ => "",
+        };
+        check_scheme(prefix).map_err(|e| format!("{e} before its first expression"))?;
+        Ok(UriTemplate {
+            text: text.to_owned(),
+            pieces,
+        })
+    }
+
+    /// Whether `uri` is one this template expands to.
+    pub fn matches(&self, uri: &str) -> bool {
+        fn expands(pieces: &[Piece], uri: &str) -> bool {
+            match pieces.split_first() {
+                None => uri.is_empty(),
+                Some((Piece::Literal(l), rest)) => uri
+                    .strip_prefix(l.as_str())
+                    .is_some_and(|u| expands(rest, u)),
+                Some((Piece::Variable, rest)) => {
+                    let value_len = uri
+                        .bytes()
+                        .take_while(|b| b.is_ascii_alphanumeric() || b"-._~%".contains(b))
+                        .count();
+                    (1..=value_len).any(|n| expands(rest, &uri[n..]))
+                }
+            }
+        }
+        expands(&self.pieces, uri)
+    }
+
+    fn prefix(&self) -> &str {
+        match self.pieces.first() {
+            Some(Piece::Literal(l)) => l,
+            _ => "",
+        }
+    }
+
+    fn suffix(&self) -> &str {
+        match self.pieces.last() {
+            Some(Piece::Literal(l)) => l,
+            _ => "",
+        }
+    }
+}
+
+/// One resource (or resource template) of a manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceDefinition {
+    locator: ResourceLocator,
+    name: String,
+    title: Option<String>,
+    description: Option<String>,
+    mime_type: Option<String>,
+    flow: Option<ContentFlow>,
+}
+
+impl ResourceDefinition {
+    /// Where the resource lives.
+    pub fn locator(&self) -> &ResourceLocator {
+        &self.locator
+    }
+
+    /// The resource's name (what principals' patterns name, `server/name`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The display title as signed, if any.
+    pub fn title(&self) -> Option<&str> {
+        self.title.as_deref()
+    }
+
+    /// The description as signed, if any.
+    pub fn description(&self) -> Option<&str> {
+        self.description.as_deref()
+    }
+
+    /// The MIME type, if declared.
+    pub fn mime_type(&self) -> Option<&str> {
+        self.mime_type.as_deref()
+    }
+
+    /// The signed label of what a read returns, if declared.
+    pub fn flow(&self) -> Option<&ContentFlow> {
+        self.flow.as_ref()
+    }
+}
+
+impl Serialize for ResourceDefinition {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = serializer.serialize_map(None)?;
+        match &self.locator {
+            ResourceLocator::Uri(u) => m.serialize_entry("uri", u)?,
+            ResourceLocator::Template(t) => m.serialize_entry("uri_template", &t.text)?,
+        }
+        m.serialize_entry("name", &self.name)?;
+        for (key, value) in [
+            ("title", &self.title),
+            ("description", &self.description),
+            ("mime_type", &self.mime_type),
+        ] {
+            if let Some(v) = value {
+                m.serialize_entry(key, v)?;
+            }
+        }
+        if let Some(flow) = &self.flow {
+            m.serialize_entry("flow", flow)?;
+        }
+        m.end()
+    }
+}
+
+/// One argument of a prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PromptArgument {
+    /// The argument's name (unique in its prompt).
+    pub name: String,
+    /// What it is for, if said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Whether a `prompts/get` must give it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub required: bool,
+}
+
+/// One prompt of a manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PromptDefinition {
+    name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    title: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    arguments: Vec<PromptArgument>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flow: Option<ContentFlow>,
+}
+
+impl PromptDefinition {
+    /// The prompt's name, unique within its manifest.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The display title as signed, if any.
+    pub fn title(&self) -> Option<&str> {
+        self.title.as_deref()
+    }
+
+    /// The description as signed, if any.
+    pub fn description(&self) -> Option<&str> {
+        self.description.as_deref()
+    }
+
+    /// The arguments, in signed order.
+    pub fn arguments(&self) -> &[PromptArgument] {
+        &self.arguments
+    }
+
+    /// The signed label of what the prompt returns, if declared.
+    pub fn flow(&self) -> Option<&ContentFlow> {
+        self.flow.as_ref()
+    }
+
+    /// Checks `prompts/get` arguments: an object (or absent) of strings, each declared, every
+    /// required one given. The error names argument names only, never values.
+    pub fn check_arguments(&self, arguments: Option<&Value>) -> Result<(), String> {
+        let empty = serde_json::Map::new();
+        let given = match arguments {
+            None | Some(Value::Null) => &empty,
+            Some(Value::Object(map)) => map,
+            Some(other) => {
+                return Err(format!(
+                    "arguments must be an object, found {}",
+                    json_type(other)
+                ));
+            }
+        };
+        for (name, value) in given {
+            if !self.arguments.iter().any(|a| &a.name == name) {
+                return Err(format!("prompt {:?} has no argument {name:?}", self.name));
+            }
+            if !value.is_string() {
+                return Err(format!("argument {name:?} must be a string"));
+            }
+        }
+        match self
+            .arguments
+            .iter()
+            .find(|a| a.required && !given.contains_key(&a.name))
+        {
+            Some(missing) => Err(format!("missing required argument {:?}", missing.name)),
+            None => Ok(()),
+        }
+    }
+}
+
+const RESOURCE_FIELDS: &[&str] = &[
+    "uri",
+    "uri_template",
+    "name",
+    "title",
+    "description",
+    "mime_type",
+    "flow",
+];
+const PROMPT_FIELDS: &[&str] = &["name", "title", "description", "arguments", "flow"];
+const ARGUMENT_FIELDS: &[&str] = &["name", "description", "required"];
+const FLOW_FIELDS: &[&str] = &["output_label"];
+
+/// `scheme:` at the start of `text` (RFC 3986: a letter, then letters, digits, `+-.`).
+fn check_scheme(text: &str) -> Result<(), String> {
+    let scheme = text
+        .split_once(':')
+        .map(|(s, _)| s)
+        .ok_or_else(|| "no scheme (such as \"file:\" or \"test:\")".to_string())?;
+    let mut chars = scheme.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("scheme {scheme:?} is not a URI scheme"))
+    }
+}
+
+fn check_uri_text(text: &str) -> Result<(), String> {
+    if text.len() > MAX_URI_BYTES {
+        return Err(format!(
+            "{} bytes; the limit is {MAX_URI_BYTES}",
+            text.len()
+        ));
+    }
+    if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("contains whitespace or a control character".into());
+    }
+    Ok(())
+}
+
+fn decode_content_flow(value: &Value, at: &JsonPath) -> Result<ContentFlow, ManifestError> {
+    let fields = Fields::new(value, at, FLOW_FIELDS)?;
+    let path = fields.path("output_label");
+    let output_label: InformationLabel =
+        serde_json::from_value(fields.required("output_label")?.clone()).map_err(|e| {
+            ManifestError::MalformedFlow {
+                path: path.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+    if output_label.is_top() {
+        return Err(ManifestError::TopInFlow {
+            path,
+            reason: crate::flow::ToolFlowError::TopOutputLabel,
+        });
+    }
+    Ok(ContentFlow { output_label })
+}
+
+fn optional_text(
+    fields: &Fields<'_>,
+    field: &'static str,
+) -> Result<Option<String>, ManifestError> {
+    fields
+        .optional_str(field)?
+        .map(|t| check_description(t, fields.path(field)))
+        .transpose()
+}
+
+impl ResourceDefinition {
+    /// Decodes and checks one resource; `at` is its location (for example `resources[1]`).
+    pub fn from_json_value(value: &Value, at: &JsonPath) -> Result<Self, ManifestError> {
+        let fields = Fields::new(value, at, RESOURCE_FIELDS)?;
+        let locator = match (
+            fields.optional_str("uri")?,
+            fields.optional_str("uri_template")?,
+        ) {
+            (Some(uri), None) => {
+                let bad = |reason: String| ManifestError::InvalidResourceUri {
+                    path: fields.path("uri"),
+                    reason,
+                };
+                check_uri_text(uri).map_err(bad)?;
+                if uri.contains(['{', '}']) {
+                    return Err(bad("has braces; a template goes in uri_template".into()));
+                }
+                check_scheme(uri).map_err(bad)?;
+                ResourceLocator::Uri(uri.to_owned())
+            }
+            (None, Some(template)) => {
+                let bad = |reason: String| ManifestError::InvalidResourceUri {
+                    path: fields.path("uri_template"),
+                    reason,
+                };
+                check_uri_text(template).map_err(bad)?;
+                ResourceLocator::Template(UriTemplate::parse(template).map_err(bad)?)
+            }
+            _ => {
+                return Err(ManifestError::ResourceLocatorChoice { path: at.clone() });
+            }
+        };
+        let name = fields.identifier("name", "resource name")?.to_owned();
+        let mime_type = match fields.optional("mime_type")? {
+            Some(_) => Some(fields.identifier("mime_type", "MIME type")?.to_owned()),
+            None => None,
+        };
+        Ok(ResourceDefinition {
+            locator,
+            name,
+            title: optional_text(&fields, "title")?,
+            description: optional_text(&fields, "description")?,
+            mime_type,
+            flow: fields
+                .optional("flow")?
+                .map(|v| decode_content_flow(v, &fields.path("flow")))
+                .transpose()?,
+        })
+    }
+}
+
+impl PromptDefinition {
+    /// Decodes and checks one prompt; `at` is its location (for example `prompts[0]`).
+    pub fn from_json_value(value: &Value, at: &JsonPath) -> Result<Self, ManifestError> {
+        let fields = Fields::new(value, at, PROMPT_FIELDS)?;
+        let name = fields.identifier("name", "prompt name")?.to_owned();
+        let mut arguments = Vec::new();
+        if let Some(list) = fields.optional("arguments")? {
+            let list_path = fields.path("arguments");
+            let items = list.as_array().ok_or_else(|| ManifestError::WrongType {
+                path: list_path.clone(),
+                expected: "an array of arguments",
+                found: json_type(list),
+            })?;
+            let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+            for (index, item) in items.iter().enumerate() {
+                let item_path = list_path.index(index);
+                let f = Fields::new(item, &item_path, ARGUMENT_FIELDS)?;
+                let arg = f.identifier("name", "prompt argument name")?.to_owned();
+                if let Some(first) = seen.insert(arg.clone(), index) {
+                    return Err(ManifestError::DuplicateName {
+                        path: item_path.key("name"),
+                        name: arg,
+                        first: list_path.index(first).key("name"),
+                    });
+                }
+                arguments.push(PromptArgument {
+                    name: arg,
+                    description: optional_text(&f, "description")?,
+                    required: match f.optional("required")? {
+                        Some(_) => f.required_bool("required")?,
+                        None => false,
+                    },
+                });
+            }
+        }
+        Ok(PromptDefinition {
+            name,
+            title: optional_text(&fields, "title")?,
+            description: optional_text(&fields, "description")?,
+            arguments,
+            flow: fields
+                .optional("flow")?
+                .map(|v| decode_content_flow(v, &fields.path("flow")))
+                .transpose()?,
+        })
+    }
+}
+
+/// Decodes an optional list (`resources` or `prompts`) of a body, refusing an entry whose
+/// key (`key` of each decoded entry) repeats an earlier one.
+pub(super) fn decode_list<T>(
+    fields: &Fields<'_>,
+    field: &'static str,
+    decode: impl Fn(&Value, &JsonPath) -> Result<T, ManifestError>,
+    key: impl Fn(&T) -> (String, &'static str),
+) -> Result<Vec<T>, ManifestError> {
+    let Some(value) = fields.optional(field)? else {
+        return Ok(Vec::new());
+    };
+    let path = fields.path(field);
+    let items = value.as_array().ok_or_else(|| ManifestError::WrongType {
+        path: path.clone(),
+        expected: "an array",
+        found: json_type(value),
+    })?;
+    if items.is_empty() {
+        return Err(ManifestError::EmptyList { path });
+    }
+    let mut out = Vec::with_capacity(items.len());
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for (index, item) in items.iter().enumerate() {
+        let entry = decode(item, &path.index(index))?;
+        let (k, key_field) = key(&entry);
+        if let Some(first) = seen.insert(k.clone(), index) {
+            return Err(ManifestError::DuplicateName {
+                path: path.index(index).key(key_field),
+                name: k,
+                first: path.index(first).key(key_field),
+            });
+        }
+        out.push(entry);
+    }
+    Ok(out)
+}

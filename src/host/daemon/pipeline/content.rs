@@ -1,0 +1,469 @@
+//! One content request (`resources/read`, `prompts/get`, `completion/complete`) through the
+//! same stages as a call: **admit** (the caller is the session's principal; the URI, prompt
+//! or completion reference is one a registered server signed, and the principal's patterns
+//! name it as `server/name`; a prompt's arguments are declared strings) -> **pre-dispatch**
+//! (what the request carries joins the session's label durably) -> **authorize** (the allow
+//! recorded durably) -> **forward** (to one of the session's executors of that server, with
+//! no call in flight: any egress it attempts meanwhile is refused) -> **settle** (`content
+//! floor ⊔ signed output label ⊔ classifier(content)` joined durably, the outcome recorded,
+//! then the content returned).
+//!
+//! Content whose label cannot be determined is never served: a request naming nothing a
+//! server signed is refused (`unknown_resource`, `unknown_prompt`), and a label that cannot
+//! be stored withholds the content (`state_failure`).
+
+use serde_json::{Value, json};
+
+use super::{CallEnv, Caller, bounded, labels_after, refusal};
+use crate::config::{HostConfig, PrincipalConfig};
+use crate::decision::{Denial, Failure, Verdict};
+use crate::label::InformationLabel;
+use crate::mcp::{RpcError, code};
+use crate::records::{
+    Correlation, EventKind, FlowContext, Projection, ServerInfo, ToolCallFacts,
+    correlation_from_params,
+};
+use crate::registry::{ContentRoute, VerifiedRegistry};
+use crate::state::{FlowState, SessionKey};
+
+/// Most bytes of what an unrouted request names kept in its record (the client's text,
+/// which names nothing signed).
+const MAX_UNKNOWN_NAME_BYTES: usize = 128;
+
+/// The JSON-RPC code MCP gives a resource that does not exist.
+pub const RESOURCE_NOT_FOUND: i64 = -32002;
+
+/// Which content request, with what it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentMethod {
+    /// `resources/read`.
+    ReadResource,
+    /// `prompts/get`.
+    GetPrompt,
+    /// `completion/complete`.
+    Complete,
+}
+
+impl ContentMethod {
+    /// The MCP method.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContentMethod::ReadResource => "resources/read",
+            ContentMethod::GetPrompt => "prompts/get",
+            ContentMethod::Complete => "completion/complete",
+        }
+    }
+
+    /// The method named `method`, if it is a content request.
+    pub fn from_method(method: &str) -> Option<Self> {
+        [
+            ContentMethod::ReadResource,
+            ContentMethod::GetPrompt,
+            ContentMethod::Complete,
+        ]
+        .into_iter()
+        .find(|m| m.as_str() == method)
+    }
+}
+
+/// Why forwarding a content request failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ForwardError {
+    /// No executor could be started (the request never reached one).
+    #[error("the executor could not be started: {0}")]
+    NotStarted(String),
+    /// The executor failed (it is retired).
+    #[error("the executor failed: {0}")]
+    Failed(String),
+    /// The executor answered with a JSON-RPC error (its message is content: it is labelled
+    /// like a result).
+    #[error("{0}")]
+    Answered(String),
+}
+
+/// Forwards an authorized content request to one of the session's executors.
+pub trait Forward {
+    /// Sends `method` with `params` to an executor of `server` fit for `source`.
+    fn forward(
+        &mut self,
+        server: &str,
+        method: &str,
+        params: Value,
+        source: &InformationLabel,
+    ) -> impl std::future::Future<Output = Result<Value, ForwardError>> + Send;
+}
+
+/// What a request names: the route to its server and the parameters the executor gets
+/// (public prompt names become the server's own).
+struct Routed {
+    route: ContentRoute,
+    params: Value,
+}
+
+/// Where `params` of `method` go, or the refusal (and its denial) when nothing signed
+/// matches or the request is malformed.
+fn route(
+    config: &HostConfig,
+    registry: &VerifiedRegistry,
+    method: ContentMethod,
+    params: &Value,
+) -> Result<Routed, (RpcError, Denial)> {
+    let invalid = |why: String| {
+        (
+            refusal(code::INVALID_PARAMS, why, Denial::InvalidParams),
+            Denial::InvalidParams,
+        )
+    };
+    let unknown_resource = |uri: &str| {
+        (
+            refusal(
+                RESOURCE_NOT_FOUND,
+                format!("no registered server signed a resource {uri:?}"),
+                Denial::UnknownResource,
+            ),
+            Denial::UnknownResource,
+        )
+    };
+    let prompt = |public: &str| {
+        let (server, name) = config.tool_name(public);
+        let route = registry.prompt_route(server, name);
+        let definition = registry.prompt(server, name);
+        route.zip(definition).ok_or_else(|| {
+            (
+                refusal(
+                    code::INVALID_PARAMS,
+                    format!("unknown prompt {public:?} (prompts are named server/prompt)"),
+                    Denial::UnknownPrompt,
+                ),
+                Denial::UnknownPrompt,
+            )
+        })
+    };
+    match method {
+        ContentMethod::ReadResource => {
+            let uri = params
+                .get("uri")
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid("resources/read needs a string \"uri\"".into()))?;
+            let route = registry
+                .resource_route(uri)
+                .ok_or_else(|| unknown_resource(uri))?;
+            Ok(Routed {
+                route,
+                params: json!({"uri": uri}),
+            })
+        }
+        ContentMethod::GetPrompt => {
+            let public = params
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid("prompts/get needs a string \"name\"".into()))?;
+            let (route, definition) = prompt(public)?;
+            let arguments = params.get("arguments").filter(|a| !a.is_null());
+            definition
+                .check_arguments(arguments)
+                .map_err(|why| invalid(format!("prompt {public:?}: {why}")))?;
+            let mut forwarded = json!({"name": route.name});
+            if let Some(a) = arguments {
+                forwarded["arguments"] = a.clone();
+            }
+            Ok(Routed {
+                route,
+                params: forwarded,
+            })
+        }
+        ContentMethod::Complete => {
+            let reference = params
+                .get("ref")
+                .filter(|r| r.is_object())
+                .ok_or_else(|| invalid("completion/complete needs a \"ref\" object".into()))?;
+            let argument = params
+                .get("argument")
+                .filter(|a| a.get("name").is_some_and(Value::is_string))
+                .ok_or_else(|| {
+                    invalid("completion/complete needs an \"argument\" with a string name".into())
+                })?;
+            let mut forwarded = json!({"ref": reference, "argument": argument});
+            if let Some(context) = params.get("context").filter(|c| !c.is_null()) {
+                forwarded["context"] = context.clone();
+            }
+            let route = match reference.get("type").and_then(Value::as_str) {
+                Some("ref/prompt") => {
+                    let public = reference
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| invalid("a ref/prompt needs a string \"name\"".into()))?;
+                    let (route, _) = prompt(public)?;
+                    forwarded["ref"]["name"] = json!(route.name);
+                    route
+                }
+                Some("ref/resource") => {
+                    let uri = reference
+                        .get("uri")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| invalid("a ref/resource needs a string \"uri\"".into()))?;
+                    registry
+                        .resource_ref_route(uri)
+                        .ok_or_else(|| unknown_resource(uri))?
+                }
+                _ => {
+                    return Err(invalid(
+                        "ref.type must be \"ref/prompt\" or \"ref/resource\"".into(),
+                    ));
+                }
+            };
+            Ok(Routed {
+                route,
+                params: forwarded,
+            })
+        }
+    }
+}
+
+/// What one content request's records share.
+struct ContentRecord {
+    server: ServerInfo,
+    name: String,
+    correlation: Correlation,
+    principal: Option<String>,
+    session: String,
+    call_id: String,
+}
+
+impl ContentRecord {
+    fn facts(&self, verdict: Verdict, context: FlowContext) -> ToolCallFacts {
+        ToolCallFacts {
+            server: self.server.clone(),
+            tool_name: self.name.clone(),
+            projection: Projection::unknown_tool(),
+            verdict,
+            credential_alias: None,
+            correlation: self.correlation.clone(),
+            context: FlowContext {
+                principal: self.principal.clone(),
+                session: Some(self.session.clone()),
+                call_id: Some(self.call_id.clone()),
+                ..context
+            },
+        }
+    }
+}
+
+/// What a request names, for its records, before it is routed: `resources/read test://x`
+/// (the client's text, kept short).
+fn describe(method: ContentMethod, params: &Value) -> String {
+    let what = match method {
+        ContentMethod::ReadResource => params.get("uri"),
+        ContentMethod::GetPrompt => params.get("name"),
+        ContentMethod::Complete => params
+            .get("ref")
+            .and_then(|r| r.get("name").or_else(|| r.get("uri"))),
+    }
+    .and_then(Value::as_str)
+    .unwrap_or("(none)");
+    format!(
+        "{} {}",
+        method.as_str(),
+        bounded(what, MAX_UNKNOWN_NAME_BYTES)
+    )
+}
+
+/// Runs one content request through every stage (see the module docs), and logs one line
+/// for it at info.
+pub async fn content_request<F: Forward>(
+    env: &CallEnv<'_>,
+    caller: Caller<'_>,
+    method: ContentMethod,
+    params: &Value,
+    forward: &mut F,
+) -> Result<Value, RpcError> {
+    let started = std::time::Instant::now();
+    let mut rec = ContentRecord {
+        server: ServerInfo::mcp("(none)", None),
+        name: describe(method, params),
+        correlation: correlation_from_params(params),
+        principal: caller.pinned.map(ToString::to_string),
+        session: caller.session.to_string(),
+        call_id: super::super::random_id(),
+    };
+    let outcome = run(env, caller, method, params, forward, &mut rec).await;
+    tracing::info!(
+        principal = %rec.principal.as_deref().unwrap_or("(none)"),
+        session = %rec.session,
+        request = %rec.name,
+        verdict = if outcome.is_ok() { "answered" } else { "refused" },
+        reason = outcome.as_ref().err().and_then(RpcError::data_denial).unwrap_or(""),
+        duration_ms = started.elapsed().as_millis() as u64,
+        "content request"
+    );
+    outcome
+}
+
+async fn run<F: Forward>(
+    env: &CallEnv<'_>,
+    caller: Caller<'_>,
+    method: ContentMethod,
+    params: &Value,
+    forward: &mut F,
+    rec: &mut ContentRecord,
+) -> Result<Value, RpcError> {
+    // Admit.
+    let (principal, routed) = match admit(env, caller, method, params, rec) {
+        Ok(a) => a,
+        Err((e, denial)) => {
+            env.recorder
+                .record(
+                    EventKind::ContentRequest,
+                    rec.facts(Verdict::refused(denial), FlowContext::default()),
+                )
+                .await?;
+            return Err(e);
+        }
+    };
+    let key = SessionKey {
+        principal: principal.id.clone(),
+        session: rec.session.clone(),
+    };
+
+    // Pre-dispatch: the executor is about to see the request.
+    let (source, state) = match env.resolver.before_content(&key, &routed.params).await {
+        Ok(s) => s,
+        Err(e) => {
+            env.recorder
+                .record(
+                    EventKind::ContentRequest,
+                    rec.facts(
+                        Verdict::Failed(Failure::StateFailure),
+                        FlowContext::default(),
+                    ),
+                )
+                .await?;
+            return Err(refusal(
+                code::INTERNAL_ERROR,
+                format!("flow state unavailable: {e}"),
+                Denial::StateFailure,
+            ));
+        }
+    };
+
+    // Authorize.
+    env.recorder
+        .record(
+            EventKind::ContentRequest,
+            rec.facts(
+                Verdict::Authorized { rule: None },
+                FlowContext {
+                    source_label: Some(source.clone()),
+                    labels_after: Some(labels_after(&state)),
+                    ..FlowContext::default()
+                },
+            ),
+        )
+        .await?;
+
+    // Forward.
+    let server = routed.route.server_id.clone();
+    let outcome = forward
+        .forward(&server, method.as_str(), routed.params, &source)
+        .await;
+
+    // Settle.
+    let (answer, verdict, text) = match outcome {
+        Ok(result) => {
+            let text = crate::resolver::classifiable_text(&result);
+            (Ok(result), Verdict::Succeeded { rule: None }, text)
+        }
+        Err(ForwardError::NotStarted(why)) => {
+            let e = RpcError::new(
+                code::INTERNAL_ERROR,
+                format!("the executor could not be started: {why}"),
+            );
+            record_outcome(env, rec, Verdict::Failed(Failure::ExecutorFailed), &state).await?;
+            return Err(e);
+        }
+        Err(ForwardError::Failed(why) | ForwardError::Answered(why)) => (
+            Err(RpcError::new(
+                code::INTERNAL_ERROR,
+                format!("server {server:?}: {why}"),
+            )),
+            Verdict::Failed(Failure::ToolError),
+            why,
+        ),
+    };
+    match env
+        .resolver
+        .after_content(&key, &routed.route.label, &text)
+        .await
+    {
+        Ok(after) => {
+            record_outcome(env, rec, verdict, &after).await?;
+            answer
+        }
+        Err(e) => {
+            record_outcome(env, rec, Verdict::Failed(Failure::StateFailure), &state).await?;
+            Err(refusal(
+                code::INTERNAL_ERROR,
+                format!("the content's label could not be stored, so it is withheld: {e}"),
+                Denial::StateFailure,
+            ))
+        }
+    }
+}
+
+/// Records a content request's outcome with the labels it leaves (already durable).
+async fn record_outcome(
+    env: &CallEnv<'_>,
+    rec: &ContentRecord,
+    verdict: Verdict,
+    state: &FlowState,
+) -> Result<(), RpcError> {
+    env.recorder
+        .record_written(
+            EventKind::ContentOutcome,
+            rec.facts(
+                verdict,
+                FlowContext {
+                    labels_after: Some(labels_after(state)),
+                    ..FlowContext::default()
+                },
+            ),
+        )
+        .await
+}
+
+/// The admission stage: the principal, the route (named in `rec` once known), and the
+/// principal's access to it.
+fn admit(
+    env: &CallEnv<'_>,
+    caller: Caller<'_>,
+    method: ContentMethod,
+    params: &Value,
+    rec: &mut ContentRecord,
+) -> Result<(PrincipalConfig, Routed), (RpcError, Denial)> {
+    let principal = caller.principal.map_err(|e| {
+        let denial = e
+            .data_denial()
+            .and_then(|d| serde_json::from_value(json!(d)).ok())
+            .unwrap_or(Denial::AccessDenied);
+        (e, denial)
+    })?;
+    let routed = route(env.config, env.registry, method, params)?;
+    let server = &routed.route.server_id;
+    let digest = env.servers.get(server).map(|s| s.digest.clone());
+    rec.server = ServerInfo::mcp(server, digest.as_deref());
+    // Once routed, the record names what the server signed (a template rather than the
+    // URI a client expanded from it: arguments are not recorded unmapped).
+    rec.name = format!("{} {}", method.as_str(), routed.route.declared);
+    if !principal.may_call(server, &routed.route.name) {
+        let e = refusal(
+            code::ACCESS_DENIED,
+            format!(
+                "principal {} may not use {server}/{}",
+                principal.id, routed.route.name
+            ),
+            Denial::AccessDenied,
+        );
+        return Err((e, Denial::AccessDenied));
+    }
+    Ok((principal, routed))
+}

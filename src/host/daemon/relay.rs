@@ -1,0 +1,270 @@
+//! The session's side of relaying what an executor sends its client during a call: the
+//! client's declared capabilities, the request ids the host issues to the client (an
+//! executor's own ids are never shown to it: two executors of a session may use the same
+//! ids, and a client learns nothing of an executor by them), the answers awaited, and
+//! [`CallRelay`], which moves one call's messages through its [`RelayGate`].
+//!
+//! A client's answer to an id no call awaits (a late answer, a made-up id) is ignored. A
+//! call that ends (its result, its deadline, its cancellation) abandons what it still
+//! awaits: the client is told the request is cancelled, and its answer is then ignored.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use super::executor::{ClientRelay, RelayAnswer, RelayFuture};
+use super::pipeline::RelayGate;
+use super::session::Outbox;
+use crate::mcp::{self, RpcError, code};
+use crate::records::RelayMethod;
+
+/// What the client declared it can do at `initialize` (of what the host relays).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientCapabilities {
+    /// `capabilities.sampling`.
+    pub sampling: bool,
+    /// `capabilities.elicitation`.
+    pub elicitation: bool,
+}
+
+impl ClientCapabilities {
+    /// The capabilities `initialize`'s params declare (an object under the name; anything
+    /// else declares nothing).
+    pub fn declared(params: &Value) -> Self {
+        let has = |name: &str| {
+            params["capabilities"]
+                .get(name)
+                .is_some_and(Value::is_object)
+        };
+        ClientCapabilities {
+            sampling: has("sampling"),
+            elicitation: has("elicitation"),
+        }
+    }
+
+    /// Whether the client can answer `method`.
+    pub fn offers(self, method: RelayMethod) -> bool {
+        match method {
+            RelayMethod::Sampling => self.sampling,
+            RelayMethod::Elicitation => self.elicitation,
+        }
+    }
+}
+
+/// The requests a session forwarded to its client, awaiting answers, by the host's id.
+#[derive(Default)]
+pub struct PendingRelays {
+    next: AtomicU64,
+    waiting: Mutex<HashMap<String, oneshot::Sender<Result<Value, Value>>>>,
+}
+
+impl PendingRelays {
+    /// Hands the client's answer (`Ok(result)` or `Err(error object)`) to the request `id`
+    /// it answers; `false` (and nothing happens) when no request awaits that id.
+    pub fn answered(&self, id: &Value, outcome: Result<Value, Value>) -> bool {
+        let waiting = self
+            .waiting
+            .lock()
+            .ok()
+            .and_then(|mut w| w.remove(&id.to_string()));
+        match waiting {
+            Some(tx) => tx.send(outcome).is_ok(),
+            None => false,
+        }
+    }
+
+    /// A fresh id and its entry; the entry is removed when the returned guard drops.
+    fn open<'a>(&'a self, out: &'a Outbox) -> Option<Awaiting<'a>> {
+        let id = json!(format!(
+            "flowhost-relay-{}",
+            self.next.fetch_add(1, Ordering::Relaxed) + 1
+        ));
+        let (tx, rx) = oneshot::channel();
+        self.waiting.lock().ok()?.insert(id.to_string(), tx);
+        Some(Awaiting {
+            pending: self,
+            out,
+            id,
+            rx: Some(rx),
+        })
+    }
+}
+
+/// One request awaiting the client's answer. Dropped before the answer came (its call
+/// ended), it forgets the id and tells the client the request is cancelled.
+struct Awaiting<'a> {
+    pending: &'a PendingRelays,
+    out: &'a Outbox,
+    id: Value,
+    rx: Option<oneshot::Receiver<Result<Value, Value>>>,
+}
+
+impl Awaiting<'_> {
+    /// The client's answer (`None`: the session ended first).
+    async fn answer(&mut self) -> Option<Result<Value, Value>> {
+        let answer = self.rx.as_mut()?.await.ok();
+        self.rx = None;
+        answer
+    }
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        let forgotten = self
+            .pending
+            .waiting
+            .lock()
+            .ok()
+            .and_then(|mut w| w.remove(&self.id.to_string()));
+        if forgotten.is_some() && self.rx.is_some() {
+            // Best effort: a client too slow to take it still has its answer ignored.
+            self.out.try_send(mcp::notification(
+                "notifications/cancelled",
+                json!({"requestId": self.id, "reason": "the tool call that asked ended"}),
+            ));
+        }
+    }
+}
+
+/// Relays one call's messages between its executor and the session's client.
+pub struct CallRelay<'a> {
+    /// The call's governance.
+    pub gate: &'a RelayGate<'a>,
+    /// The session's awaited answers.
+    pub pending: &'a PendingRelays,
+    /// What the client declared.
+    pub capabilities: ClientCapabilities,
+    /// The session's outgoing lines.
+    pub out: &'a Outbox,
+    /// Requests of this call relayed and not yet answered.
+    pub in_flight: AtomicUsize,
+}
+
+impl CallRelay<'_> {
+    async fn relay(&self, method: String, params: Value) -> RelayAnswer {
+        // A ping needs no client: the host is the executor's peer.
+        if method == "ping" {
+            return Ok(json!({}));
+        }
+        let Some(kind) = RelayMethod::from_method(&method) else {
+            return Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!(
+                    "flowhost relays only sampling/createMessage and elicitation/create to the client, not {method:?}"
+                ),
+            ));
+        };
+        let _counted = Counted::new(&self.in_flight);
+        let already = self.in_flight.load(Ordering::SeqCst) - 1;
+        self.gate
+            .to_client(kind, &params, self.capabilities.offers(kind), already)
+            .await?;
+        let session_gone = || RpcError::new(code::INTERNAL_ERROR, "the client is gone");
+        let mut awaiting = self.pending.open(self.out).ok_or_else(session_gone)?;
+        let line = json!({"jsonrpc": "2.0", "id": awaiting.id, "method": method, "params": params});
+        if !self.out.send(line.to_string()).await {
+            return Err(session_gone());
+        }
+        let answer = awaiting.answer().await.ok_or_else(session_gone)?;
+        let shown = match &answer {
+            Ok(result) => result,
+            Err(error) => error,
+        };
+        self.gate.to_tool(kind, shown).await?;
+        answer.map_err(|error| {
+            let mut e = RpcError::new(
+                error["code"].as_i64().unwrap_or(code::INTERNAL_ERROR),
+                error["message"].as_str().unwrap_or("the client refused"),
+            );
+            e.data = error.get("data").cloned();
+            e
+        })
+    }
+}
+
+impl ClientRelay for CallRelay<'_> {
+    fn log(&self, params: Value) -> RelayFuture<'_, ()> {
+        Box::pin(async move {
+            match self.gate.raise(&params).await {
+                Ok(_) => {
+                    // A client that went away loses the line; the call goes on.
+                    self.out
+                        .send(mcp::notification("notifications/message", params))
+                        .await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e.message, "a log notification of a tool is withheld")
+                }
+            }
+        })
+    }
+
+    fn request(&self, method: String, params: Value) -> RelayFuture<'_, RelayAnswer> {
+        Box::pin(self.relay(method, params))
+    }
+}
+
+/// Counts one request in flight for as long as it lives.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Counted(n)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc;
+
+    #[test]
+    fn capabilities_are_what_initialize_declared() {
+        let both = ClientCapabilities::declared(
+            &json!({"capabilities": {"sampling": {}, "elicitation": {"form": {}}}}),
+        );
+        assert!(both.offers(RelayMethod::Sampling) && both.offers(RelayMethod::Elicitation));
+        let none = ClientCapabilities::declared(&json!({"capabilities": {"sampling": true}}));
+        assert_eq!(none, ClientCapabilities::default());
+        assert_eq!(ClientCapabilities::declared(&json!(null)), none);
+    }
+
+    #[tokio::test]
+    async fn an_answer_reaches_only_the_request_still_awaiting_it() {
+        let pending = PendingRelays::default();
+        let (tx, mut sent) = mpsc::channel(4);
+        let out = Outbox::new(tx);
+        let mut first = pending.open(&out).unwrap();
+        let id = first.id.clone();
+        assert!(!pending.answered(&json!("flowhost-relay-9"), Ok(json!({}))));
+        assert!(pending.answered(&id, Ok(json!({"n": 1}))));
+        assert_eq!(first.answer().await, Some(Ok(json!({"n": 1}))));
+        assert!(!pending.answered(&id, Ok(json!({"n": 2}))), "answered once");
+        drop(first);
+        assert!(
+            sent.try_recv().is_err(),
+            "an answered request is not cancelled"
+        );
+
+        let second = pending.open(&out).unwrap();
+        let id = second.id.clone();
+        drop(second); // its call ended
+        let cancelled: Value = serde_json::from_str(&sent.try_recv().unwrap().line).unwrap();
+        assert_eq!(cancelled["method"], "notifications/cancelled");
+        assert_eq!(cancelled["params"]["requestId"], id);
+        assert!(
+            !pending.answered(&id, Ok(json!({}))),
+            "a late answer is ignored"
+        );
+    }
+}

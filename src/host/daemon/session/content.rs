@@ -1,0 +1,380 @@
+//! What a session serves besides tools: the lists of signed resources and prompts, content
+//! requests through the pipeline (`pipeline::content`), subscriptions and the resource
+//! updates they bring, and the client's logging level.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::super::executor::{CallControl, ExecutorError, UpdateSink};
+use super::super::pipeline::content::{ContentMethod, Forward, ForwardError};
+use super::super::pipeline::{self, refusal};
+use super::{Bound, Executors, Session};
+use crate::decision::Denial;
+use crate::mcp::{self, RpcError, code};
+use crate::state::SessionKey;
+
+/// The eight `logging/setLevel` levels (RFC 5424 severities), least severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// `debug`.
+    Debug,
+    /// `info`.
+    Info,
+    /// `notice`.
+    Notice,
+    /// `warning`.
+    Warning,
+    /// `error`.
+    Error,
+    /// `critical`.
+    Critical,
+    /// `alert`.
+    Alert,
+    /// `emergency`.
+    Emergency,
+}
+
+impl LogLevel {
+    const ALL: [LogLevel; 8] = [
+        LogLevel::Debug,
+        LogLevel::Info,
+        LogLevel::Notice,
+        LogLevel::Warning,
+        LogLevel::Error,
+        LogLevel::Critical,
+        LogLevel::Alert,
+        LogLevel::Emergency,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Notice => "notice",
+            LogLevel::Warning => "warning",
+            LogLevel::Error => "error",
+            LogLevel::Critical => "critical",
+            LogLevel::Alert => "alert",
+            LogLevel::Emergency => "emergency",
+        }
+    }
+
+    /// The level named `name`, if it is one.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|l| l.as_str() == name)
+    }
+}
+
+impl Session {
+    /// `resources/list`, `resources/templates/list` or `prompts/list`: what registered
+    /// servers signed and the principal's patterns name (`server/name`), never what an
+    /// executor says it has.
+    pub(super) fn list_content(&self, method: &str) -> Result<Value, RpcError> {
+        let generation = self.host.current();
+        let principal = self.principal(&generation)?;
+        let registry = &generation.registry;
+        let text = |v: Option<&str>| v.map(crate::manifest::sanitize_for_client);
+        if method == "prompts/list" {
+            let prompts: Vec<Value> = registry
+                .prompts()
+                .filter(|(server, p)| principal.may_call(server, p.name()))
+                .map(|(server, p)| {
+                    let arguments: Vec<Value> = p
+                        .arguments()
+                        .iter()
+                        .map(|a| {
+                            json!({"name": a.name, "description": text(a.description.as_deref()),
+                                   "required": a.required})
+                        })
+                        .collect();
+                    json!({
+                        "name": generation.config.public_tool_name(server, p.name()),
+                        "title": text(p.title()),
+                        "description": text(p.description()),
+                        "arguments": arguments,
+                    })
+                })
+                .map(without_nulls)
+                .collect();
+            return Ok(json!({ "prompts": prompts }));
+        }
+        let templates = method == "resources/templates/list";
+        let resources: Vec<Value> = registry
+            .resources()
+            .filter(|(server, r)| principal.may_call(server, r.name()))
+            .filter(|(_, r)| {
+                templates == matches!(r.locator(), crate::manifest::ResourceLocator::Template(_))
+            })
+            .map(|(_, r)| {
+                let locator = if templates { "uriTemplate" } else { "uri" };
+                without_nulls(json!({
+                    locator: r.locator().as_str(),
+                    "name": r.name(),
+                    "title": text(r.title()),
+                    "description": text(r.description()),
+                    "mimeType": r.mime_type(),
+                }))
+            })
+            .collect();
+        Ok(if templates {
+            json!({ "resourceTemplates": resources })
+        } else {
+            json!({ "resources": resources })
+        })
+    }
+
+    /// `resources/read`, `prompts/get`, `completion/complete`, through the pipeline with
+    /// this session's executors.
+    pub(super) async fn content(&self, method: &str, params: &Value) -> Result<Value, RpcError> {
+        let generation = self.host.current();
+        let Some(method) = ContentMethod::from_method(method) else {
+            return Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!("method {method:?} is not served"),
+            ));
+        };
+        let mut executors = Executors {
+            session: self,
+            generation: &generation,
+            control: CallControl::none(),
+            outbox: self.out.clone(),
+        };
+        pipeline::content::content_request(
+            &super::env(&self.host, &generation),
+            self.caller(&generation),
+            method,
+            params,
+            &mut executors,
+        )
+        .await
+    }
+
+    /// `resources/subscribe` and `resources/unsubscribe` of a signed resource the principal
+    /// may read, forwarded to one of the session's executors of its server. Nothing is read,
+    /// so no label changes; a refusal is recorded.
+    pub(super) async fn subscription(
+        &self,
+        method: &str,
+        params: &Value,
+    ) -> Result<Value, RpcError> {
+        let generation = self.host.current();
+        let what = format!("({method})");
+        let principal = match self.principal(&generation) {
+            Ok(p) => p,
+            Err(e) => return Err(self.refuse_session(&what, e).await),
+        };
+        let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+            let e = refusal(
+                code::INVALID_PARAMS,
+                format!("{method} needs a string \"uri\""),
+                Denial::InvalidParams,
+            );
+            return Err(self.refuse_session(&what, e).await);
+        };
+        let route = match generation.registry.resource_route(uri) {
+            Some(r) if principal.may_call(&r.server_id, &r.name) => r,
+            Some(r) => {
+                let e = refusal(
+                    code::ACCESS_DENIED,
+                    format!(
+                        "principal {} may not use {}/{}",
+                        principal.id, r.server_id, r.name
+                    ),
+                    Denial::AccessDenied,
+                );
+                return Err(self.refuse_session(&what, e).await);
+            }
+            None => {
+                let e = refusal(
+                    pipeline::content::RESOURCE_NOT_FOUND,
+                    format!("no registered server signed a resource {uri:?}"),
+                    Denial::UnknownResource,
+                );
+                return Err(self.refuse_session(&what, e).await);
+            }
+        };
+        let key = SessionKey {
+            principal: principal.id.clone(),
+            session: self.id.clone(),
+        };
+        let source = match self.host.resolver.state().get(&key).await {
+            Ok(state) => state.combined(),
+            Err(e) => {
+                let e = refusal(
+                    code::INTERNAL_ERROR,
+                    format!("flow state unavailable: {e}"),
+                    Denial::StateFailure,
+                );
+                return Err(self.refuse_session(&what, e).await);
+            }
+        };
+        let mut executors = Executors {
+            session: self,
+            generation: &generation,
+            control: CallControl::none(),
+            outbox: self.out.clone(),
+        };
+        executors
+            .forward(&route.server_id, method, json!({"uri": uri}), &source)
+            .await
+            .map(|_| json!({}))
+            .map_err(|e| {
+                RpcError::new(
+                    code::INTERNAL_ERROR,
+                    format!("server {:?}: {e}", route.server_id),
+                )
+            })
+    }
+
+    /// `logging/setLevel`: remembered for the session, sent at once to its idle executors
+    /// (an unknown level is refused and recorded).
+    pub(super) async fn set_log_level(&self, params: &Value) -> Result<Value, RpcError> {
+        let generation = self.host.current();
+        if let Err(e) = self.principal(&generation) {
+            return Err(self.refuse_session("(logging/setLevel)", e).await);
+        }
+        let Some(level) = params
+            .get("level")
+            .and_then(Value::as_str)
+            .and_then(LogLevel::parse)
+        else {
+            let e = refusal(
+                code::INVALID_PARAMS,
+                "level must be one of debug, info, notice, warning, error, critical, alert, emergency",
+                Denial::InvalidParams,
+            );
+            return Err(self.refuse_session("(logging/setLevel)", e).await);
+        };
+        if let Ok(mut l) = self.log_level.lock() {
+            *l = Some(level);
+        }
+        // The idle executors get it now; those serving a request, before their next one.
+        let idle: Vec<(String, Bound)> = match self.executors.lock() {
+            Ok(mut all) => all
+                .iter_mut()
+                .flat_map(|(server, s)| {
+                    std::mem::take(&mut s.idle)
+                        .into_iter()
+                        .map(move |b| (server.clone(), b))
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let deadline = generation.config.call_timeout;
+        for (server, mut b) in idle {
+            match b.apply_log_level(level, deadline).await {
+                Ok(()) => {
+                    let unreturned = match self.executors.lock() {
+                        Ok(mut all) => {
+                            all.entry(server).or_default().idle.push(b);
+                            None
+                        }
+                        Err(_) => Some(b),
+                    };
+                    if let Some(b) = unreturned {
+                        b.exec.stop().await;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(server = %server, error = %e, "an executor failed to take the logging level; it is retired");
+                    b.exec.stop().await;
+                }
+            }
+        }
+        Ok(json!({}))
+    }
+
+    /// Where resource updates of the session's executors of `server` go: to the client,
+    /// for a URI that `server` signed and the session's principal may read (what an
+    /// executor says of anything else is dropped).
+    pub(super) fn updates_for(&self, server: &str) -> UpdateSink {
+        let host = self.host.clone();
+        // The principal the session acts for (pinned at `initialize`), as the current
+        // configuration has it.
+        let pinned = self.pinned().cloned();
+        let out = self.out.clone();
+        let server = server.to_string();
+        Arc::new(move |params: &Value| {
+            let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+                return;
+            };
+            let generation = host.current();
+            let declared = generation.registry.resource_route(uri).is_some_and(|r| {
+                r.server_id == server
+                    && generation
+                        .config
+                        .principals
+                        .iter()
+                        .find(|p| Some(&p.id) == pinned.as_ref())
+                        .is_some_and(|p| p.may_call(&r.server_id, &r.name))
+            });
+            if !declared {
+                tracing::debug!(server = %server, "dropped an update of a resource the session may not read");
+                return;
+            }
+            // A client that does not read loses updates rather than holding the executor.
+            let _ = out.try_send(mcp::notification(
+                "notifications/resources/updated",
+                json!({ "uri": uri }),
+            ));
+        })
+    }
+}
+
+/// `value` without its `null` fields (optional fields MCP leaves out rather than nulls).
+fn without_nulls(mut value: Value) -> Value {
+    if let Some(map) = value.as_object_mut() {
+        map.retain(|_, v| !v.is_null());
+        for v in map.values_mut() {
+            if let Some(items) = v.as_array_mut() {
+                for item in items {
+                    *item = without_nulls(std::mem::take(item));
+                }
+            }
+        }
+    }
+    value
+}
+
+impl Forward for Executors<'_> {
+    async fn forward(
+        &mut self,
+        server: &str,
+        method: &str,
+        params: Value,
+        source: &crate::label::InformationLabel,
+    ) -> Result<Value, ForwardError> {
+        let permits = self.permits(server).map_err(ForwardError::NotStarted)?;
+        let _permit = permits
+            .acquire_owned()
+            .await
+            .map_err(|e| ForwardError::NotStarted(e.to_string()))?;
+        let mut bound = self
+            .take(server, source)
+            .await
+            .map_err(|e| ForwardError::NotStarted(format!("server {server:?}: {e}")))?;
+        let deadline = self.generation.config.call_timeout;
+        match bound.exec.forward(method, params, deadline).await {
+            Ok(result) => {
+                if let Some(b) = self.give_back(server, bound) {
+                    b.exec.stop().await;
+                }
+                Ok(result)
+            }
+            // The executor answered: it may serve again.
+            Err(ExecutorError::Rpc(why)) => {
+                if let Some(b) = self.give_back(server, bound) {
+                    b.exec.stop().await;
+                }
+                Err(ForwardError::Answered(why))
+            }
+            Err(e) => {
+                tracing::warn!(server = %server, method, error = %e, "the executor of server {server:?} failed; it is retired");
+                bound.exec.stop().await;
+                Err(ForwardError::Failed(e.to_string()))
+            }
+        }
+    }
+}

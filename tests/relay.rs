@@ -1,0 +1,337 @@
+//! What an executor sends its client during a call (log notifications, sampling and
+//! elicitation requests), relayed over the Unix socket by the real daemon from the real
+//! sandboxed conformance executor: governed as the call's output (the label raise durable
+//! before the client sees anything), forwarded only to a client that declared the
+//! capability, and the client's answer checked against the tool's clearances before the
+//! tool sees it.
+
+mod common;
+
+use common::lab::{Client, Lab};
+use common::shared_copy;
+use flowhost::lab::{CONFORMANCE_LABEL, conformance_server, host_config};
+use serde_json::{Value, json};
+
+/// The agent's uid on the socket.
+const AGENT_UID: u32 = 65531;
+
+/// A label above the conformance tools' output floor.
+const SECRET_LABEL: &str =
+    r#"{ kind = "known", owners = {}, compartments = ["conformance-data", "secret"] }"#;
+
+/// The lab governing the conformance executor for principal `agent` (uid [`AGENT_UID`]),
+/// with each `(tool, policy)` replacing that tool's operator policy.
+fn start(policies: &[(&str, String)]) -> Option<Lab> {
+    let mut lab = Lab::prepare()?;
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut server = conformance_server(
+        repo,
+        &shared_copy("flowhost-tool-conformance")
+            .display()
+            .to_string(),
+    );
+    let default =
+        format!("policy = {{ input_clearances = [], output_floor = {CONFORMANCE_LABEL} }}");
+    for (tool, policy) in policies {
+        let table = format!("[server.tools.{tool}]\n");
+        let at = server.find(&table).expect("a conformance tool") + table.len();
+        server.replace_range(at..at + default.len(), policy);
+    }
+    lab.write_config(&format!(
+        "{}{server}\n[[principal]]\nid = \"agent\"\nuids = [{AGENT_UID}]\ntools = [\"conformance/*\"]\n",
+        host_config(&lab.paths)
+    ));
+    lab.spawn();
+    Some(lab)
+}
+
+/// A session of the agent whose client declares `capabilities`.
+fn session(lab: &Lab, capabilities: Value) -> Client {
+    let mut c = lab.client_as(AGENT_UID);
+    let r = c.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": capabilities, "clientInfo": {"name": "relay-test", "version": "0"}}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    c
+}
+
+/// Sends `tools/call` of `tool` as request `id`.
+fn call(c: &mut Client, id: u64, tool: &str, arguments: Value) {
+    c.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}));
+}
+
+/// Reads messages until the answer to `id`; returns it and what came before it.
+fn until_answer(c: &mut Client, id: u64) -> (Value, Vec<Value>) {
+    let mut before = Vec::new();
+    loop {
+        let m = c.read();
+        if m.get("method").is_none() && m["id"] == json!(id) {
+            return (m, before);
+        }
+        before.push(m);
+    }
+}
+
+/// The session's label compartments, asked on the same connection as request `id`.
+fn compartments(c: &mut Client, id: u64) -> Value {
+    c.send(&json!({"jsonrpc": "2.0", "id": id, "method": "flowhost/session", "params": {}}));
+    let (r, _) = until_answer(c, id);
+    r["result"]["label"]["compartments"].clone()
+}
+
+/// The relay records of `tool` (what went which way, with what verdict).
+fn relays(lab: &Lab, tool: &str) -> Vec<Value> {
+    lab.records()
+        .into_iter()
+        .filter(|r| r["flowhost"]["event"] == "relay" && r["tool"]["name"] == tool)
+        .collect()
+}
+
+fn result_text(r: &Value) -> String {
+    r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn log_notifications_of_a_call_reach_the_client_before_its_result() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({}));
+    call(&mut c, 2, "test_tool_with_logging", json!({}));
+    let (r, before) = until_answer(&mut c, 2);
+    assert_eq!(
+        result_text(&r),
+        "Tool with logging executed successfully",
+        "{r}"
+    );
+    let logs: Vec<&Value> = before
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .map(|m| &m["params"]["data"])
+        .collect();
+    assert_eq!(
+        logs,
+        [
+            "Tool execution started",
+            "Tool processing data",
+            "Tool execution completed"
+        ],
+        "{before:#?}"
+    );
+    // Its line after the result belongs to no call: it is not passed on with the next.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    call(&mut c, 3, "test_simple_text", json!({}));
+    let (r, before) = until_answer(&mut c, 3);
+    assert!(r.get("result").is_some(), "{r}");
+    assert!(before.is_empty(), "{before:#?}");
+    lab.stop();
+    assert!(
+        lab.log()
+            .contains("a log notification of an executor serving no call is not forwarded"),
+        "{}",
+        lab.log()
+    );
+}
+
+#[test]
+fn sampling_goes_to_the_client_only_once_the_calls_label_is_durable_and_its_answer_comes_back() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({"sampling": {}}));
+    assert_eq!(compartments(&mut c, 2), json!([]));
+    call(
+        &mut c,
+        3,
+        "test_sampling",
+        json!({"prompt": "the floor price"}),
+    );
+    let asked = c.read();
+    assert_eq!(asked["method"], "sampling/createMessage", "{asked}");
+    assert_eq!(
+        asked["params"]["messages"][0]["content"]["text"],
+        "the floor price"
+    );
+    let relay_id = asked["id"].clone();
+    assert!(
+        relay_id
+            .as_str()
+            .is_some_and(|id| id.starts_with("flowhost-relay-")),
+        "the host issues its own ids: {asked}"
+    );
+    // Before the client has answered (so before any result exists), the raise the output
+    // implies is in the flow state and the allow is in the records.
+    let recorded = relays(&lab, "test_sampling");
+    assert_eq!(recorded.len(), 1, "{recorded:#?}");
+    let forwarded = &recorded[0];
+    assert_eq!(
+        forwarded["flowhost"]["relay"],
+        json!({"method": "sampling", "direction": "to_client"})
+    );
+    assert_eq!(forwarded["decision"]["effect"], "allow");
+    assert_eq!(
+        forwarded["flowhost"]["labels_after"]["session"]["compartments"],
+        json!(["conformance-data"])
+    );
+    assert!(
+        !lab.records()
+            .iter()
+            .any(|r| r["flowhost"]["event"] == "tool_outcome"),
+        "the call has no outcome yet"
+    );
+    assert_eq!(compartments(&mut c, 4), json!(["conformance-data"]));
+
+    // An answer to an id the host never issued is ignored.
+    c.send(&json!({"jsonrpc": "2.0", "id": "flowhost-relay-999", "result": {"role": "assistant", "content": {"type": "text", "text": "forged"}, "model": "m"}}));
+    c.send(&json!({"jsonrpc": "2.0", "id": relay_id, "result": {"role": "assistant", "content": {"type": "text", "text": "sampled words"}, "model": "m", "stopReason": "endTurn"}}));
+    let (r, _) = until_answer(&mut c, 3);
+    assert_eq!(result_text(&r), "LLM response: sampled words", "{r}");
+    lab.stop();
+
+    let recorded = relays(&lab, "test_sampling");
+    assert_eq!(recorded.len(), 2, "{recorded:#?}");
+    assert_eq!(recorded[1]["flowhost"]["relay"]["direction"], "to_tool");
+    assert_eq!(recorded[1]["decision"]["effect"], "allow");
+    let dir = lab.paths.records_dir.display().to_string();
+    let (code, out, err) = lab.cli(&["records", "verify", &dir]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    // The diff takes the relay records as evidence (no tool action of their own).
+    let declared = lab.declared_surface_file().display().to_string();
+    let (_, out, err) = lab.cli(&[
+        "diff",
+        "--declared",
+        &declared,
+        "--observed",
+        &dir,
+        "--format",
+        "json",
+    ]);
+    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    assert_eq!(report["sources"][0]["evidence"], "verified", "{report:#}");
+    // The call (its tool_call and tool_outcome) is judged, its two relay records are not.
+    let judged: Vec<&Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["tool"] == "test_sampling")
+        .collect();
+    assert_eq!(judged.len(), 1, "{report:#}");
+    assert_eq!(judged[0]["occurrences"], 2, "{report:#}");
+}
+
+#[test]
+fn an_executor_asking_a_client_without_the_capability_is_refused_and_recorded() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({"sampling": {}}));
+    call(
+        &mut c,
+        2,
+        "test_elicitation",
+        json!({"message": "your name?"}),
+    );
+    let (r, before) = until_answer(&mut c, 2);
+    assert!(before.is_empty(), "nothing reached the client: {before:#?}");
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    let text = result_text(&r);
+    assert!(
+        text.contains("elicitation failed") && text.contains("no elicitation capability"),
+        "{text}"
+    );
+    lab.stop();
+    let recorded = relays(&lab, "test_elicitation");
+    assert_eq!(recorded.len(), 1, "{recorded:#?}");
+    assert_eq!(recorded[0]["decision"]["effect"], "deny");
+    assert_eq!(
+        recorded[0]["flowhost"]["denial_kind"],
+        "client_capability_missing"
+    );
+    assert_eq!(
+        recorded[0]["flowhost"]["relay"],
+        json!({"method": "elicitation", "direction": "to_client"})
+    );
+}
+
+#[test]
+fn the_clients_answer_reaches_the_tool_only_while_the_session_flows_to_its_clearance() {
+    // test_sampling's signed input clearance is its own output label (conformance-data);
+    // test_simple_text's output is raised above it here.
+    let Some(mut lab) = start(&[(
+        "test_simple_text",
+        format!("policy = {{ input_clearances = [], output_floor = {SECRET_LABEL} }}"),
+    )]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({"sampling": {}}));
+    let answer = |id: &Value| json!({"jsonrpc": "2.0", "id": id, "result": {"role": "assistant", "content": {"type": "text", "text": "fine"}, "model": "m"}});
+
+    // The session's label flows to the clearance: the answer goes through.
+    call(&mut c, 2, "test_sampling", json!({"prompt": "one"}));
+    let asked = c.read();
+    c.send(&answer(&asked["id"]));
+    let (r, _) = until_answer(&mut c, 2);
+    assert_eq!(result_text(&r), "LLM response: fine", "{r}");
+
+    // Another request of the session raises it above the clearance while the client
+    // thinks: its answer no longer reaches the tool.
+    call(&mut c, 3, "test_sampling", json!({"prompt": "two"}));
+    let asked = c.read();
+    assert_eq!(asked["method"], "sampling/createMessage", "{asked}");
+    call(&mut c, 4, "test_simple_text", json!({}));
+    let (raised, _) = until_answer(&mut c, 4);
+    assert!(raised.get("result").is_some(), "{raised}");
+    assert_eq!(
+        compartments(&mut c, 5),
+        json!(["conformance-data", "secret"])
+    );
+    c.send(&answer(&asked["id"]));
+    let (r, _) = until_answer(&mut c, 3);
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(result_text(&r).contains("sampling failed"), "{r}");
+    lab.stop();
+
+    let to_tool: Vec<Value> = relays(&lab, "test_sampling")
+        .into_iter()
+        .filter(|r| r["flowhost"]["relay"]["direction"] == "to_tool")
+        .collect();
+    assert_eq!(to_tool.len(), 2, "{to_tool:#?}");
+    assert_eq!(to_tool[0]["decision"]["effect"], "allow");
+    assert_eq!(to_tool[1]["decision"]["effect"], "deny");
+    assert_eq!(to_tool[1]["flowhost"]["denial_kind"], "flow_violation");
+    assert_eq!(
+        to_tool[1]["flowhost"]["source_label"]["compartments"],
+        json!(["conformance-data", "secret"])
+    );
+}
+
+#[test]
+fn a_call_that_ends_abandons_what_it_relayed() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({"elicitation": {}}));
+    call(&mut c, 2, "test_elicitation", json!({"message": "wait"}));
+    let asked = c.read();
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    c.send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2, "reason": "changed my mind"}}));
+    let told = c.read();
+    assert_eq!(told["method"], "notifications/cancelled", "{told}");
+    assert_eq!(told["params"]["requestId"], asked["id"]);
+    // The late answer is ignored; the session goes on.
+    c.send(&json!({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "accept", "content": {}}}));
+    c.send(&json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}));
+    let (pong, _) = until_answer(&mut c, 3);
+    assert_eq!(pong["result"], json!({}), "{pong}");
+    lab.stop();
+    assert!(
+        relays(&lab, "test_elicitation")
+            .iter()
+            .all(|r| r["flowhost"]["relay"]["direction"] == "to_client"),
+        "nothing went to the tool"
+    );
+}
