@@ -55,19 +55,24 @@ impl Daemon {
     }
 }
 
-/// The release `flowhost` binary, built if missing.
+/// The release `flowhost` binary, rebuilt first when out of date: a binary left over from
+/// an older checkout would be measured in place of the code under test.
 pub fn flowhost_binary() -> PathBuf {
-    let built = target_dir().join("flowhost");
-    if !built.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--release", "--quiet", "--bin", "flowhost"])
-            .current_dir(repo(""))
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building flowhost failed");
-    }
-    built
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--quiet",
+            "--bin",
+            "flowhost",
+        ])
+        .current_dir(repo(""))
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "building flowhost failed");
+    target_dir().join("flowhost")
 }
 
 fn start_daemon(dir: &Path) -> (Daemon, PathBuf) {
