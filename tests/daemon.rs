@@ -140,30 +140,9 @@ fn the_pricing_lab_flow() {
     assert_eq!(team.len(), 1);
     assert_eq!(team[0]["decision"]["effect"], "allow");
 
-    let records_dir = lab.paths.records_dir.display().to_string();
-    let (code, out, err) = lab.cli(&["records", "verify", &records_dir]);
-    assert_eq!(code, 0, "records verify: {out}{err}");
-
-    let declared = lab.declared_surface_file().display().to_string();
-    let health = lab
-        .paths
-        .state_dir
-        .join("health.json")
-        .display()
-        .to_string();
-    let (code, out, err) = lab.cli(&[
-        "diff",
-        "--declared",
-        &declared,
-        "--observed",
-        &records_dir,
-        "--health",
-        &health,
-        "--format",
-        "json",
-    ]);
-    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
-    assert_eq!(code, 1, "findings: {out}{err}");
+    let health = lab.paths.state_dir.join("health.json");
+    let (code, report) = lab.verify_and_diff(Some(&health));
+    assert_eq!(code, 1, "findings: {report:#}");
     assert_eq!(report["observation_complete"], true, "{report:#}");
     let mut findings: Vec<(String, String, String)> = report["findings"]
         .as_array()

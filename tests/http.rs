@@ -482,28 +482,8 @@ fn a_resource_read_raises_the_label_and_a_later_egress_is_refused() {
         ["unknown_resource", "access_denied", "unknown_prompt"]
     );
 
-    let records_dir = lab.paths.records_dir.display().to_string();
-    let (code, out, err) = lab.cli(&["records", "verify", &records_dir]);
-    assert_eq!(code, 0, "records verify: {out}{err}");
-    let declared = lab.declared_surface_file().display().to_string();
-    let health = lab
-        .paths
-        .state_dir
-        .join("health.json")
-        .display()
-        .to_string();
-    let (code, out, err) = lab.cli(&[
-        "diff",
-        "--declared",
-        &declared,
-        "--observed",
-        &records_dir,
-        "--health",
-        &health,
-        "--format",
-        "json",
-    ]);
-    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    let health = lab.paths.state_dir.join("health.json");
+    let (code, report) = lab.verify_and_diff(Some(&health));
     assert_ne!(code, 4, "evidence rejected: {report:#}");
     assert_eq!(report["observation_complete"], true, "{report:#}");
     let judged_content = report["findings"].as_array().unwrap().iter().any(|f| {

@@ -196,21 +196,8 @@ fn sampling_goes_to_the_client_only_once_the_calls_label_is_durable_and_its_answ
     assert_eq!(recorded.len(), 2, "{recorded:#?}");
     assert_eq!(recorded[1]["flowhost"]["relay"]["direction"], "to_tool");
     assert_eq!(recorded[1]["decision"]["effect"], "allow");
-    let dir = lab.paths.records_dir.display().to_string();
-    let (code, out, err) = lab.cli(&["records", "verify", &dir]);
-    assert_eq!(code, 0, "{out}\n{err}");
     // The diff takes the relay records as evidence (no tool action of their own).
-    let declared = lab.declared_surface_file().display().to_string();
-    let (_, out, err) = lab.cli(&[
-        "diff",
-        "--declared",
-        &declared,
-        "--observed",
-        &dir,
-        "--format",
-        "json",
-    ]);
-    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    let (_, report) = lab.verify_and_diff(None);
     assert_eq!(report["sources"][0]["evidence"], "verified", "{report:#}");
     // The call (its tool_call and tool_outcome) is judged, its two relay records are not.
     let judged: Vec<&Value> = report["findings"]

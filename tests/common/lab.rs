@@ -211,6 +211,25 @@ impl Lab {
         path
     }
 
+    /// Checks that the lab's records verify (`flowhost records verify`), then judges them
+    /// against the lab's declared surface (`flowhost diff --format json`, with `health`
+    /// when given): the diff's exit code and its parsed report.
+    pub fn verify_and_diff(&self, health: Option<&Path>) -> (i32, Value) {
+        let records = self.paths.records_dir.display().to_string();
+        let (code, out, err) = self.cli(&["records", "verify", &records]);
+        assert_eq!(code, 0, "records verify: {out}{err}");
+        let declared = self.declared_surface_file().display().to_string();
+        let health = health.map(|h| h.display().to_string());
+        let mut args = vec!["diff", "--declared", &declared, "--observed", &records];
+        if let Some(h) = &health {
+            args.extend(["--health", h]);
+        }
+        args.extend(["--format", "json"]);
+        let (code, out, err) = self.cli(&args);
+        let report = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+        (code, report)
+    }
+
     /// Every record line so far, parsed.
     pub fn records(&self) -> Vec<Value> {
         records_in(&self.paths.records_dir)
