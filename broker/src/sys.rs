@@ -553,31 +553,6 @@ pub fn wait_writable(fd: BorrowedFd<'_>, timeout: std::time::Duration) -> io::Re
     Ok(r > 0 && pfd.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
 }
 
-/// The events pending on `fd` right now (`poll` for POLLIN with a zero timeout). A failure
-/// other than an interruption is reported as POLLIN, so the read that follows fails with the
-/// real error rather than the failure passing for a hang-up.
-pub fn poll_in_now(fd: BorrowedFd<'_>) -> i16 {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: polls one descriptor we own, without blocking.
-        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
-        if r >= 0 {
-            return pfd.revents;
-        }
-        // A signal handler ran on this thread: ask again. Any other failure of a zero-timeout
-        // poll on a descriptor we own is reported as readable, so the receive that follows
-        // fails and supervision ends with an error (which kills the executor), instead of
-        // being mistaken for the executor's exit.
-        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return libc::POLLIN;
-        }
-    }
-}
-
 /// Asks the kernel to wake the supervisor and the notifying task synchronously, on the same
 /// CPU (`SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP`, Linux 6.6). Returns false on older kernels;
 /// mediation is the same either way, only slower.

@@ -47,7 +47,7 @@ pub(super) struct CopiedMessage {
 
 impl Caller<'_> {
     pub(super) fn still_waiting(&self) -> Step<()> {
-        if sys::notif_id_valid(self.ctx.listener.get_ref().as_fd(), self.n.id) {
+        if sys::notif_id_valid(self.ctx.listener.as_fd(), self.n.id) {
             Ok(())
         } else {
             Err(Outcome::Abandon)

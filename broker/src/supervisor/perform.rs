@@ -15,12 +15,13 @@ use crate::attempt::{AttemptInfo, Destination, EgressSyscall, Verdict};
 use crate::sys::{self, OwnedMessage};
 
 impl Caller<'_> {
-    /// The attempt this caller makes on `sock`, before its destination is known.
+    /// The attempt this caller makes on `sock`, before its destination is known (and
+    /// before its executable is read: see `Caller::decide`).
     fn attempt(&self, syscall: EgressSyscall, sock: &TakenSocket) -> AttemptInfo {
         AttemptInfo {
             syscall,
             pid: self.n.pid,
-            executable: sys::executable_of(self.n.pid),
+            executable: None,
             socket: sock.info,
             destination: None,
             connected: false,
