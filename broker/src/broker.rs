@@ -461,6 +461,7 @@ impl Broker {
             listener,
             runtime: tokio::runtime::Handle::current(),
             judge,
+            pidfds: Default::default(),
             reap: reap.clone(),
             attempts: tx,
             counters: counters.clone(),

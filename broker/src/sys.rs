@@ -30,17 +30,20 @@ pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
 /// `PIDFD_THREAD` (the fd table is the same unless the thread was created without
 /// `CLONE_FILES`).
 pub fn pidfd_open_thread(tid: libc::pid_t) -> io::Result<OwnedFd> {
+    match pidfd_open_tid(tid) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => pidfd_open(thread_group_of(tid)?),
+        other => other,
+    }
+}
+
+/// Opens a pidfd naming the thread `tid` itself (`PIDFD_THREAD`, Linux 6.9): it names that
+/// one task, so once the task has exited it fails every use with ESRCH, even after `tid`
+/// names another task. Fails with EINVAL on older kernels.
+pub fn pidfd_open_tid(tid: libc::pid_t) -> io::Result<OwnedFd> {
     // SAFETY: as in `pidfd_open`; PIDFD_THREAD is a plain flag value.
-    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, PIDFD_THREAD) };
-    if ret >= 0 {
-        // SAFETY: fresh fd from the kernel, owned by us alone.
-        return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EINVAL) {
-        return pidfd_open(thread_group_of(tid)?);
-    }
-    Err(err)
+    let ret = check(unsafe { libc::syscall(libc::SYS_pidfd_open, tid, PIDFD_THREAD) })?;
+    // SAFETY: fresh fd from the kernel, owned by us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
 }
 
 /// The thread group (process) id of thread `tid`, read from procfs.

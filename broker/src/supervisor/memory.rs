@@ -96,14 +96,6 @@ impl Caller<'_> {
         Ok((first, second))
     }
 
-    /// A pidfd for the caller. Callers open it before their first [`Caller::copy`] (or
-    /// [`Caller::still_waiting`]): the validity check after that proves the pidfd (and any
-    /// descriptor taken with it) belongs to the thread still waiting on this notification,
-    /// not to a process that reused its pid. Nothing taken with it is used before that check.
-    pub(super) fn pidfd(&self) -> Step<OwnedFd> {
-        sys::pidfd_open_thread(self.n.pid).map_err(|e| self.failure(&e))
-    }
-
     /// The caller's `/proc/<tid>/mem`, open for writing, to report results the kernel would
     /// have written into the caller's memory. Opened before the caller's memory is first
     /// copied, so the validity check after that copy proves it is the waiting thread's.

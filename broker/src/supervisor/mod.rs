@@ -30,6 +30,7 @@
 mod cmsg;
 mod memory;
 mod perform;
+mod pidfds;
 mod socket;
 mod unix_path;
 
@@ -83,6 +84,8 @@ pub(crate) struct Context {
     pub runtime: tokio::runtime::Handle,
     /// The host's synchronous judge, if it gave one.
     pub judge: Option<Judge>,
+    /// Pidfds of the executor's threads, kept while each thread lives.
+    pub pidfds: pidfds::Pidfds,
     pub reap: Arc<Reap>,
     pub attempts: mpsc::Sender<EgressAttempt>,
     pub counters: Arc<Counters>,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
+use super::pidfds::Opened;
 use super::{Caller, Outcome, Step, errno_of};
 use crate::attempt::{Destination, SocketInfo};
 use crate::sys::{self, OwnedMessage};
@@ -38,10 +39,17 @@ impl TakenSocket {
 }
 
 impl Caller<'_> {
-    pub(super) fn socket(&self, pidfd: &OwnedFd, fd: u64) -> Step<TakenSocket> {
+    /// A pidfd for the caller and its socket `fd`, taken with it. Callers take them before
+    /// their first [`Caller::copy`] (or [`Caller::still_waiting`]): the validity check after
+    /// that proves the pidfd (and any descriptor taken with it) belongs to the thread still
+    /// waiting on this notification, not to a task that reused its id. Nothing taken with it
+    /// is used before that check.
+    pub(super) fn socket(&self, fd: u64) -> Step<(Arc<OwnedFd>, TakenSocket)> {
         let fd = i32::try_from(fd as i64).map_err(|_| Outcome::Errno(libc::EBADF))?;
-        let taken =
-            sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| Outcome::Errno(errno_of(&e)))?;
+        let (pidfd, taken) = self.ctx.pidfds.take(self.n.pid, fd).map_err(|e| match e {
+            Opened::Failed(e) => self.failure(&e),
+            Opened::Taking(e) => Outcome::Errno(errno_of(&e)),
+        })?;
         let opt = |name| {
             sys::getsockopt_int(taken.as_fd(), libc::SOL_SOCKET, name)
                 .map_err(|e| Outcome::Errno(errno_of(&e)))
@@ -51,10 +59,13 @@ impl Caller<'_> {
             socket_type: opt(libc::SO_TYPE)?,
             protocol: opt(libc::SO_PROTOCOL)?,
         };
-        Ok(TakenSocket {
-            fd: Arc::new(taken),
-            info,
-        })
+        Ok((
+            pidfd,
+            TakenSocket {
+                fd: Arc::new(taken),
+                info,
+            },
+        ))
     }
 }
 
@@ -216,7 +227,13 @@ impl Caller<'_> {
         flags: i32,
     ) -> Step<io::Result<usize>> {
         let flags = flags | libc::MSG_NOSIGNAL;
-        let may_block = flags & libc::MSG_DONTWAIT == 0 && self.is_blocking(sock);
+        // Whether the executor's call may block, read only when it matters (a send that did
+        // not go out whole): most sends complete at once, without the flag read.
+        let mut blocking = None;
+        let mut may_block = || {
+            *blocking
+                .get_or_insert_with(|| flags & libc::MSG_DONTWAIT == 0 && self.is_blocking(sock))
+        };
         let stream = sock.info.socket_type == libc::SOCK_STREAM;
         let mut sent = 0usize;
         let mut watch = None;
@@ -225,7 +242,7 @@ impl Caller<'_> {
             match sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT) {
                 Ok(n) => {
                     sent += n;
-                    if !(may_block && stream && n < msg.data.len()) {
+                    if !(stream && n < msg.data.len() && may_block()) {
                         return Ok(Ok(sent));
                     }
                     msg.data.drain(..n);
@@ -233,7 +250,7 @@ impl Caller<'_> {
                     msg.control.clear();
                     msg.name.clear();
                 }
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && may_block => {}
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && may_block() => {}
                 Err(_) if sent > 0 => return Ok(Ok(sent)),
                 Err(e) => return Ok(Err(e)),
             }
