@@ -462,6 +462,7 @@ impl Broker {
             runtime: tokio::runtime::Handle::current(),
             judge,
             pidfds: Default::default(),
+            sockets: Default::default(),
             reap: reap.clone(),
             attempts: tx,
             counters: counters.clone(),

@@ -86,6 +86,8 @@ pub(crate) struct Context {
     pub judge: Option<Judge>,
     /// Pidfds of the executor's threads, kept while each thread lives.
     pub pidfds: pidfds::Pidfds,
+    /// The kernel's facts about the executor's sockets, by cookie.
+    pub sockets: socket::KnownSockets,
     pub reap: Arc<Reap>,
     pub attempts: mpsc::Sender<EgressAttempt>,
     pub counters: Arc<Counters>,

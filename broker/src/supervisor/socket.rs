@@ -24,6 +24,42 @@ const MAX_REMEMBERED_BINDS: usize = 4096;
 /// How long the broker waits inline for a connect to complete before awaiting it.
 const INLINE_CONNECT_WAIT: Duration = Duration::from_micros(250);
 
+/// Most sockets per executor whose facts are kept; at the bound all are forgotten.
+const MAX_KNOWN_SOCKETS: usize = 1024;
+
+/// What the kernel said each of an executor's sockets is (`SO_DOMAIN`, `SO_TYPE`,
+/// `SO_PROTOCOL`), by socket cookie. A cookie names one socket for as long as the system
+/// runs and is never given to another, and a socket's family, type and protocol never
+/// change, so a socket met again (however its descriptor is numbered, in whichever
+/// process) is classified with one `getsockopt` instead of three; a different socket at the
+/// same descriptor number has another cookie.
+#[derive(Default)]
+pub(crate) struct KnownSockets {
+    known: std::sync::Mutex<std::collections::HashMap<u64, SocketInfo>>,
+}
+
+impl KnownSockets {
+    fn info(&self, fd: BorrowedFd<'_>) -> io::Result<SocketInfo> {
+        let cookie = sys::socket_cookie(fd)?;
+        if let Some(info) = self.known.lock().ok().and_then(|k| k.get(&cookie).copied()) {
+            return Ok(info);
+        }
+        let opt = |name| sys::getsockopt_int(fd, libc::SOL_SOCKET, name);
+        let info = SocketInfo {
+            family: opt(libc::SO_DOMAIN)?,
+            socket_type: opt(libc::SO_TYPE)?,
+            protocol: opt(libc::SO_PROTOCOL)?,
+        };
+        if let Ok(mut known) = self.known.lock() {
+            if known.len() >= MAX_KNOWN_SOCKETS {
+                known.clear();
+            }
+            known.insert(cookie, info);
+        }
+        Ok(info)
+    }
+}
+
 /// A socket taken from the executor, with what the kernel says it is.
 pub(super) struct TakenSocket {
     pub(super) fd: Arc<OwnedFd>,
@@ -50,15 +86,11 @@ impl Caller<'_> {
             Opened::Failed(e) => self.failure(&e),
             Opened::Taking(e) => Outcome::Errno(errno_of(&e)),
         })?;
-        let opt = |name| {
-            sys::getsockopt_int(taken.as_fd(), libc::SOL_SOCKET, name)
-                .map_err(|e| Outcome::Errno(errno_of(&e)))
-        };
-        let info = SocketInfo {
-            family: opt(libc::SO_DOMAIN)?,
-            socket_type: opt(libc::SO_TYPE)?,
-            protocol: opt(libc::SO_PROTOCOL)?,
-        };
+        let info = self
+            .ctx
+            .sockets
+            .info(taken.as_fd())
+            .map_err(|e| Outcome::Errno(errno_of(&e)))?;
         Ok((
             pidfd,
             TakenSocket {
