@@ -136,7 +136,6 @@ pub(crate) fn supervise(ctx: Arc<Context>, stop: OwnedFd) -> End {
     // Handlers create timers and reactor registrations on this thread.
     let _runtime = ctx.runtime.enter();
     let mut reaped = false;
-    let mut spinning = Spinning::default();
     loop {
         let listener = ctx.listener.as_fd();
         let mut fds = vec![
@@ -178,7 +177,7 @@ pub(crate) fn supervise(ctx: Arc<Context>, stop: OwnedFd) -> End {
             match sys::notif_recv(listener) {
                 Ok(n) => {
                     ctx.bump(|c| &c.notifications);
-                    run_here_first(&ctx, &mut spinning, handle(ctx.clone(), n, permit));
+                    run_here_first(&ctx, handle(ctx.clone(), n, permit));
                 }
                 // The caller died between notification and receipt, or a signal.
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
@@ -213,75 +212,18 @@ fn executor_permit(ctx: &Context, stop: BorrowedFd<'_>) -> Option<Option<OwnedSe
     }
 }
 
-/// How long a supervision thread keeps polling a handler that waits before handing it to
-/// the runtime. A verdict from the host's attempt stream takes one wake-up of a runtime
-/// worker; waiting for it here keeps this thread (and so the caller's answer) on the CPU it
-/// runs on, instead of paying a second wake-up of an idle one.
-const SPIN: Duration = Duration::from_micros(50);
-/// After this many handlers in a row outlast [`SPIN`] (the host is slow to decide: a
-/// durable record, a rule behind a lock), the thread stops spinning, until one in
-/// [`SPIN_PROBE`] handlers shows that verdicts come fast again.
-const SPIN_MISSES: u32 = 4;
-const SPIN_PROBE: u32 = 32;
-
-/// Whether handlers that wait are worth spinning on, from how the last ones went.
-#[derive(Debug, Default)]
-struct Spinning {
-    misses: u32,
-    skipped: u32,
-}
-
-impl Spinning {
-    /// The spin budget for the next handler that waits.
-    fn budget(&mut self) -> Duration {
-        if self.misses < SPIN_MISSES {
-            return SPIN;
-        }
-        self.skipped += 1;
-        if self.skipped >= SPIN_PROBE {
-            self.skipped = 0;
-            return SPIN;
-        }
-        Duration::ZERO
-    }
-
-    fn record(&mut self, completed: bool) {
-        self.misses = if completed {
-            0
-        } else {
-            self.misses.saturating_add(1)
-        };
-    }
-}
-
-/// Polls `handler` on this thread until it completes or has waited for its spin budget,
-/// then lets it continue as a task on the runtime (tokio's resources take the task's waker
+/// Polls `handler` once on this thread; if it has to wait (the host's attempt stream, the
+/// network), it continues as a task on the runtime (tokio's resources take the task's waker
 /// at that next poll). A handler that panics is dropped, which refuses its notification
-/// (see [`Pending`]).
-fn run_here_first(
-    ctx: &Context,
-    spinning: &mut Spinning,
-    handler: impl Future<Output = ()> + Send + 'static,
-) {
+/// (see [`Pending`]). (Measured: polling a waiting handler again here for up to 50 µs
+/// before handing it over, to catch a quick verdict from the stream without a second
+/// wake-up, made no difference, so it is handed over at once.)
+fn run_here_first(ctx: &Context, handler: impl Future<Output = ()> + Send + 'static) {
     let mut handler = Box::pin(handler);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let mut poll = || {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            handler.as_mut().poll(&mut cx)
-        }))
-    };
-    let mut polled = poll();
-    if matches!(polled, Ok(Poll::Pending)) {
-        let budget = spinning.budget();
-        let started = Instant::now();
-        while matches!(polled, Ok(Poll::Pending)) && started.elapsed() < budget {
-            std::hint::spin_loop();
-            polled = poll();
-        }
-        if !budget.is_zero() {
-            spinning.record(!matches!(polled, Ok(Poll::Pending)));
-        }
-    }
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        handler.as_mut().poll(&mut cx)
+    }));
     match polled {
         Ok(Poll::Ready(())) => {}
         Ok(Poll::Pending) => drop(ctx.runtime.spawn(handler)),
