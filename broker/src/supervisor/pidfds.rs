@@ -16,8 +16,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::sys;
 
-/// Most pidfds kept per executor; at the bound all are dropped (forgetting is safe).
-const MAX_KEPT: usize = 256;
+/// Most pidfds kept per executor; at the bound all are dropped (forgetting is safe). Each
+/// is a descriptor of the host's, held until then even after its thread has exited, so the
+/// bound keeps an executor with many threads from holding many (64 executors: 4,096).
+const MAX_KEPT: usize = 64;
 
 /// The pidfds kept for one executor's threads, by thread id.
 #[derive(Default)]
