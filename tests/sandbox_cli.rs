@@ -515,3 +515,67 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
     );
     assert_eq!(http.connections(), 1, "the refused connect never arrived");
 }
+
+/// `--quiet` without `--records`: nothing is printed or recorded, so each verdict is given
+/// by the rules as soon as the attempt is known (on the broker's supervision thread). The
+/// verdicts are the same: an allowed address and an allowed name connect, a name and an
+/// address no rule allows are refused.
+#[test]
+fn quiet_runs_are_judged_at_once_by_the_same_rules() {
+    if !can_run() {
+        return;
+    }
+    use common::named::{BODY, TestDns, TestHttp};
+    let dns = TestDns::start();
+    let http = TestHttp::start();
+    let sink = TcpSink::start();
+    let other = TcpSink::start();
+    let allow = format!("fetch.test:{}", http.port);
+    let run = |script: String| {
+        let out = flowhost()
+            .args(["sandbox", "run", "--quiet", "--profile", "brokered"])
+            .args(["--allow", &allow, "--allow", &sink.addr.to_string()])
+            .args(["--dns-upstream", &dns.addr.to_string()])
+            .args(["--", "/bin/bash", "-c", &script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !stderr.contains(" by pid "),
+            "a quiet run prints no attempts: {stderr}"
+        );
+        format!("{}\n{stderr}", String::from_utf8_lossy(&out.stdout))
+    };
+    let sink_port = sink.addr.port();
+    let stdout = run(format!(
+        "exec 3<>/dev/tcp/fetch.test/{port} && printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3 && cat <&3; \
+         getent hosts other.test || echo other-unresolved; \
+         (exec 4<>/dev/tcp/127.0.0.1/{sink_port} && printf quiet-bytes >&4) || echo sink-refused; \
+         (exec 5<>/dev/tcp/127.0.0.1/{other}) 2>/dev/null || echo other-refused",
+        port = http.port,
+        other = other.addr.port(),
+    ));
+    assert!(stdout.contains(BODY), "{stdout}");
+    assert!(stdout.contains("other-unresolved"), "{stdout}");
+    assert!(!stdout.contains("sink-refused"), "{stdout}");
+    assert!(stdout.contains("other-refused"), "{stdout}");
+    assert_eq!(other.connections(), 0, "the refused connect never arrived");
+    assert_eq!(
+        dns.asked("other.test."),
+        0,
+        "a refused name is never asked upstream"
+    );
+    assert_eq!(
+        http.connections(),
+        1,
+        "only the lookup-backed connect arrived"
+    );
+    for _ in 0..50 {
+        if sink.bytes() == b"quiet-bytes" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(sink.bytes(), b"quiet-bytes");
+}

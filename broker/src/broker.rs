@@ -366,15 +366,16 @@ impl Broker {
 
     /// Starts an executor under `spec`. Returns only once the executor has exec'd with its
     /// filter installed and its listener held by a running supervisor. Must be called
-    /// within a tokio runtime; supervision lives as long as that runtime (its notifications
-    /// are received on a thread of their own, and handlers that wait continue on it).
+    /// within a tokio runtime; supervision lives as long as that runtime (a task on it that
+    /// receives the notifications, and every attempt goes to the executor's attempt stream).
     pub async fn spawn(&self, spec: SpawnSpec) -> Result<Executor, SpawnError> {
         self.spawn_judged(spec, None).await
     }
 
     /// [`Broker::spawn`], with a synchronous [`Judge`] that may decide each attempt as soon
-    /// as it is known, on the supervision thread; the attempts it leaves undecided go to
-    /// the executor's attempt stream.
+    /// as it is known. With a judge, notifications are received and handled on a thread of
+    /// their own, and the attempts the judge leaves undecided go to the executor's attempt
+    /// stream; without one, this is [`Broker::spawn`].
     pub async fn spawn_judged(
         &self,
         spec: SpawnSpec,
@@ -457,6 +458,7 @@ impl Broker {
         let (tx, attempts) = mpsc::channel(64);
         let counters = Arc::new(Counters::default());
         let reap = Arc::new(Reap::new(pidfd.clone(), lease));
+        let on_thread = judge.is_some();
         let ctx = Arc::new(Context {
             listener,
             runtime: tokio::runtime::Handle::current(),
@@ -476,41 +478,20 @@ impl Broker {
             absent_unix_sockets,
         });
         let inner = self.inner.clone();
-        // The supervision thread runs until the executor is gone or the stop pipe hangs up.
-        // The pipe's write end lives in a task on the caller's runtime: if that task ends
-        // for any reason other than the executor's exit (a supervision error, a runtime
-        // shutdown dropping it, even before its first poll), the executor is killed and the
-        // thread stops; it never runs unsupervised. The guard is built here and moved into
-        // the task so that dropping the unpolled task drops the guard too.
-        let (stop, stopper) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| host("creating the supervisor's stop pipe")(e.into()))?;
-        let (ended, end) = oneshot::channel();
-        std::thread::Builder::new()
-            .name("flowhost-notify".into())
-            .stack_size(SUPERVISOR_STACK)
-            .spawn(move || {
-                let _ = ended.send(supervisor::supervise(ctx, stop));
-            })
-            .map_err(host("starting the supervision thread"))?;
-        let guard = KillOnDrop(Some(pidfd.clone()));
-        tokio::spawn(async move {
-            let mut guard = guard;
-            let _stopper = stopper;
-            match end.await {
-                Ok(End::ExecutorGone) => {
-                    inner.exited.fetch_add(1, Ordering::SeqCst);
-                    guard.0 = None;
-                }
-                Ok(End::Error(e)) => {
-                    inner.supervisor_failures.fetch_add(1, Ordering::SeqCst);
-                    tracing::error!(pid, error = %e, "supervisor failed; killing the executor");
-                }
-                Ok(End::Stopped) | Err(_) => {
-                    inner.supervisor_failures.fetch_add(1, Ordering::SeqCst);
-                    tracing::error!(pid, "the supervision thread ended; killing the executor");
-                }
-            }
-        });
+        if on_thread {
+            supervise_on_thread(ctx, inner, pidfd.clone(), pid)?;
+        } else {
+            // If the supervision task ends for any reason other than the executor's exit (an
+            // error, a runtime shutdown dropping it, even before its first poll), the
+            // executor is killed: it never runs unsupervised. The guard is built here and
+            // moved into the task so that dropping the unpolled task drops the guard too.
+            let guard = KillOnDrop(Some(pidfd.clone()));
+            tokio::spawn(async move {
+                let mut guard = guard;
+                let end = supervisor::supervise_on_runtime(ctx).await;
+                settle_supervision(&inner, &mut guard, pid, Some(end));
+            });
+        }
 
         let timed_out = Arc::new(AtomicBool::new(false));
         let watchdog = prepared.wall_clock.map(|limit: Duration| {
@@ -548,6 +529,62 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if let Some(pidfd) = self.0.take() {
             let _ = sys::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+        }
+    }
+}
+
+/// Starts the supervision thread of an executor with a synchronous judge. It runs until the
+/// executor is gone or the stop pipe hangs up. The pipe's write end lives in a task on the
+/// caller's runtime: if that task ends for any reason other than the executor's exit (a
+/// supervision error, a runtime shutdown dropping it, even before its first poll), the
+/// executor is killed and the thread stops; it never runs unsupervised. The guard is built
+/// here and moved into the task so that dropping the unpolled task drops the guard too.
+fn supervise_on_thread(
+    ctx: Arc<Context>,
+    inner: Arc<Inner>,
+    pidfd: Arc<AsyncFd<OwnedFd>>,
+    pid: i32,
+) -> Result<(), SpawnError> {
+    let (stop, stopper) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SpawnError::Host {
+            what: "creating the supervisor's stop pipe",
+            source: e.into(),
+        })?;
+    let (ended, end) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("flowhost-notify".into())
+        .stack_size(SUPERVISOR_STACK)
+        .spawn(move || {
+            let _ = ended.send(supervisor::supervise(ctx, stop));
+        })
+        .map_err(|source| SpawnError::Host {
+            what: "starting the supervision thread",
+            source,
+        })?;
+    let guard = KillOnDrop(Some(pidfd));
+    tokio::spawn(async move {
+        let mut guard = guard;
+        let _stopper = stopper;
+        let end = end.await.ok();
+        settle_supervision(&inner, &mut guard, pid, end);
+    });
+    Ok(())
+}
+
+/// Counts how supervision ended and disarms the kill guard only when the executor is gone.
+fn settle_supervision(inner: &Inner, guard: &mut KillOnDrop, pid: i32, end: Option<End>) {
+    match end {
+        Some(End::ExecutorGone) => {
+            inner.exited.fetch_add(1, Ordering::SeqCst);
+            guard.0 = None;
+        }
+        Some(End::Error(e)) => {
+            inner.supervisor_failures.fetch_add(1, Ordering::SeqCst);
+            tracing::error!(pid, error = %e, "supervisor failed; killing the executor");
+        }
+        Some(End::Stopped) | None => {
+            inner.supervisor_failures.fetch_add(1, Ordering::SeqCst);
+            tracing::error!(pid, "the supervision thread ended; killing the executor");
         }
     }
 }

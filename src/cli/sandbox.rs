@@ -18,11 +18,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowhost_broker::{
-    AttemptInfo, Broker, BrokerOptions, Profile, SpawnSpec, StdioMode, Verdict as BrokerVerdict,
+    AttemptInfo, Broker, BrokerOptions, Judge, Profile, SpawnSpec, StdioMode,
+    Verdict as BrokerVerdict,
 };
 
 use super::CliResult;
-use crate::destination::{DestinationRule, DestinationRules, HostName};
+use crate::destination::{DestinationRule, DestinationRules, HostName, RuleDecision};
 use crate::diff::surface::DeclaredSurface;
 use crate::dns::{
     AttemptView, DnsMediation, ExecutorDns, Lookup, LookupJudge, Upstream, attempt_view,
@@ -511,7 +512,20 @@ async fn run(args: RunArgs) -> CliResult {
         dns.show_to(&mut spec).map_err(SandboxError::Dns)?;
     }
 
-    let mut exec = broker.spawn(spec).await?;
+    // With nothing to record or print (`--quiet`, no `--records`), a verdict needs only the
+    // rules and the names the command's resolver handed out: it is given on the broker's
+    // supervision thread, as soon as the attempt is known. Otherwise every attempt goes to
+    // the task below, which records and prints it first.
+    let judge: Option<Judge> = (writer.is_none() && args.quiet).then(|| {
+        let (rules, dns) = (rules.clone(), dns.clone());
+        Arc::new(move |info: &AttemptInfo| {
+            Some(match rule_on(&rules, dns.as_deref(), info) {
+                Some((_, decision)) if !decision.allowed => BrokerVerdict::DENY,
+                _ => BrokerVerdict::Allow,
+            })
+        }) as Judge
+    });
+    let mut exec = broker.spawn_judged(spec, judge).await?;
     let _ = pid.set(exec.pid());
     let mut attempts = exec.take_attempts().ok_or("attempt stream already taken")?;
     let decider = {
@@ -519,19 +533,10 @@ async fn run(args: RunArgs) -> CliResult {
         tokio::spawn(async move {
             while let Some(attempt) = attempts.recv().await {
                 let info = attempt.info().clone();
-                let name = match attempt_view(dns.as_deref(), &info) {
-                    AttemptView::ToResolver => {
-                        attempt.respond(BrokerVerdict::Allow);
-                        continue;
-                    }
-                    AttemptView::Egress(name) => name,
+                let Some((name, decision)) = rule_on(&rules, dns.as_deref(), &info) else {
+                    attempt.respond(BrokerVerdict::Allow);
+                    continue;
                 };
-                let decision = rules.decide(
-                    info.destination
-                        .as_ref()
-                        .map(|d| crate::daemon::named_rules_destination(d, name.as_ref()))
-                        .as_ref(),
-                );
                 let r = attempt_record(
                     &args,
                     crate::daemon::named_broker_details(&info, name.as_ref()),
@@ -571,6 +576,27 @@ async fn run(args: RunArgs) -> CliResult {
     let health = sandbox_health(&broker, writer.as_deref(), settled);
     args.common
         .conclude(&evidence, &health, status.code().clamp(0, 255) as u8)
+}
+
+/// What the rules say about an attempt, with the name its destination was handed out for
+/// by the command's resolver, if any; `None` for a lookup sent to that resolver (allowed
+/// unjudged: the resolver judges the lookup itself).
+fn rule_on(
+    rules: &DestinationRules,
+    dns: Option<&ExecutorDns>,
+    info: &AttemptInfo,
+) -> Option<(Option<HostName>, RuleDecision)> {
+    let name = match attempt_view(dns, info) {
+        AttemptView::ToResolver => return None,
+        AttemptView::Egress(name) => name,
+    };
+    let decision = rules.decide(
+        info.destination
+            .as_ref()
+            .map(|d| crate::daemon::named_rules_destination(d, name.as_ref()))
+            .as_ref(),
+    );
+    Some((name, decision))
 }
 
 fn log_attempt(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule: &str) {

@@ -15,11 +15,13 @@
 //! [`socket`] carries the operation out on the executor's socket without blocking a thread.
 //! This module receives the notifications and answers each exactly once.
 //!
-//! Each executor's notifications are received on a thread of the broker's own, blocked in
-//! `poll(2)` on the listener, and each is first handled right there: copied, judged (by the
-//! host's synchronous [`Judge`], when it has one and it decides), performed and answered
+//! An executor the host gave a synchronous [`Judge`] has its notifications received on a
+//! thread of the broker's own, blocked in `poll(2)` on the listener, and each is first
+//! handled right there: copied, judged (when the judge decides), performed and answered
 //! without leaving the thread. Only a handler that has to wait (for the host's attempt
 //! stream, a peer's handshake, room to send) continues as a task on the host's runtime.
+//! An executor without one ([`supervise_on_runtime`]) is supervised by a task on the
+//! runtime, where its attempts' consumer runs too.
 //! The thread is what keeps a notification off the idle CPU: with
 //! `SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP` the kernel wakes a waiter of the listener's own wait
 //! queue (a `poll`) on the trapping thread's CPU, and the answer wakes the caller on the
@@ -228,6 +230,77 @@ fn run_here_first(ctx: &Context, handler: impl Future<Output = ()> + Send + 'sta
         Ok(Poll::Ready(())) => {}
         Ok(Poll::Pending) => drop(ctx.runtime.spawn(handler)),
         Err(_) => tracing::error!("a notification handler panicked; the call was refused"),
+    }
+}
+
+/// Receives notifications as a task on the runtime until the executor is gone: the shape
+/// for an executor without a synchronous judge, whose every attempt goes to its attempt
+/// stream. There the handler, the stream's consumer (a task of the same runtime) and the
+/// answer stay on one worker; a thread of its own ([`supervise`]) would hand each attempt
+/// across threads to the consumer and back, which measured 10-25 µs slower per attempt
+/// here (BENCHMARKS.md, "Brokered connect and sendto"). Each notification is handled in
+/// its own task, so a blocking operation for one thread never stalls the others.
+pub(crate) async fn supervise_on_runtime(ctx: Arc<Context>) -> End {
+    let listener = match ctx.listener.try_clone().and_then(sys::async_fd) {
+        Ok(l) => l,
+        Err(e) => return End::Error(e),
+    };
+    let mut reaped = false;
+    loop {
+        tokio::select! {
+            ready = listener.readable() => {
+                let mut guard = match ready {
+                    Ok(g) => g,
+                    Err(e) => return End::Error(e),
+                };
+                loop {
+                    let mut fd = [PollFd::new(ctx.listener.as_fd(), PollFlags::POLLIN)];
+                    let revents = match nix::poll::poll(&mut fd, PollTimeout::ZERO) {
+                        Ok(_) => fd[0].revents().unwrap_or(PollFlags::empty()),
+                        Err(nix::errno::Errno::EINTR) => continue,
+                        Err(e) => return End::Error(e.into()),
+                    };
+                    if revents.contains(PollFlags::POLLIN) {
+                        // A permit first: while this executor has none free, its
+                        // notifications stay queued in the kernel.
+                        let permit = ctx.handlers.clone().acquire_owned().await.ok();
+                        match sys::notif_recv(ctx.listener.as_fd()) {
+                            Ok(n) => {
+                                ctx.bump(|c| &c.notifications);
+                                tokio::spawn(handle(ctx.clone(), n, permit));
+                            }
+                            // The caller died between notification and receipt, or a signal.
+                            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
+                            Err(e) => return End::Error(e),
+                        }
+                    } else if revents
+                        .intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL)
+                    {
+                        // Every task using the filter has exited: reap the executor before
+                        // supervision ends, so nothing is left as a zombie.
+                        if !reaped {
+                            let reap = ctx.reap.clone();
+                            let _ = tokio::task::spawn_blocking(move || reap_after_exit(&reap)).await;
+                        }
+                        return End::ExecutorGone;
+                    } else {
+                        guard.clear_ready();
+                        break;
+                    }
+                }
+            }
+            // The executor exited while descendants (outside a pid namespace) may still use
+            // the filter: reap it now, and keep supervising them until the listener hangs up.
+            exited = ctx.reap.pidfd.readable(), if !reaped => {
+                match exited {
+                    Ok(mut guard) => match ctx.reap.try_reap() {
+                        Ok(Some(_)) | Err(_) => reaped = true,
+                        Ok(None) => guard.clear_ready(),
+                    },
+                    Err(_) => reaped = true,
+                }
+            }
+        }
     }
 }
 
