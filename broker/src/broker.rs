@@ -110,7 +110,7 @@ struct Inner {
     support: KernelSupport,
     identity: Option<(u32, u32)>,
     uids: Option<Arc<UidPool>>,
-    cgroups: CgroupSupport,
+    cgroups: Arc<CgroupSupport>,
     /// Each profile's seccomp program, compiled once.
     programs: Programs,
     counters: Arc<Counters>,
@@ -224,13 +224,13 @@ impl Broker {
                 options.executor_uids.unwrap_or(UidRange::DEFAULT),
             ))
         });
-        let cgroups = if privileged {
+        let cgroups = Arc::new(if privileged {
             CgroupSupport::detect()
         } else {
             CgroupSupport::none(
                 "the broker runs unprivileged (executors in a user namespace) and creates no cgroups",
             )
-        };
+        });
 
         let (handshake_tx, handshake_rx) = std::sync::mpsc::channel::<spawn::HandshakeJob>();
         std::thread::Builder::new()
@@ -266,6 +266,9 @@ impl Broker {
                 }
             })
             .map_err(|e| BrokerError::Thread("reaper", e))?;
+        // Beside the first spawns rather than before them: a sweep never touches the
+        // cgroups of a live broker, and the cgroups of this one do not exist yet.
+        let _ = reaper_tx.send(ReaperJob::Sweep(cgroups.clone()));
 
         Ok(Broker {
             inner: Arc::new(Inner {
@@ -341,6 +344,17 @@ impl Broker {
             self.inner.identity,
             self.inner.uids.as_ref().map(|u| u.range()),
         )
+    }
+
+    /// Waits (at most `within`) until the cgroups and uids of every executor that has
+    /// ended so far are released, so that a process that exits next leaves no executor
+    /// cgroup behind. Returns whether they were.
+    pub async fn released(&self, within: Duration) -> bool {
+        let (done, finished) = oneshot::channel();
+        if self.inner.reaper.send(ReaperJob::Flush(done)).is_err() {
+            return false;
+        }
+        matches!(tokio::time::timeout(within, finished).await, Ok(Ok(())))
     }
 
     /// Supervision counters across every executor this broker started.
