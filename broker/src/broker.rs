@@ -99,9 +99,21 @@ impl BrokerStats {
     }
 }
 
-struct Job {
-    prepared: Prepared,
-    reply: oneshot::Sender<Result<(Started, Prepared), (SpawnError, Prepared)>>,
+/// Work for the spawner thread.
+// One of each per spawn, moved once through a channel: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Job {
+    /// Start a prepared executor.
+    Start {
+        prepared: Prepared,
+        reply: oneshot::Sender<Result<(Started, Prepared), (SpawnError, Prepared)>>,
+    },
+    /// Lease a uid for an executor being prepared: the scan of the host's processes this
+    /// takes runs here while the caller creates the executor's cgroups.
+    LeaseUid {
+        pool: Arc<UidPool>,
+        reply: oneshot::Sender<Option<crate::uids::UidLease>>,
+    },
 }
 
 struct Inner {
@@ -244,12 +256,20 @@ impl Broker {
                 // Executors' parent-death signal is tied to this thread: it ends only when
                 // the last Broker handle is gone.
                 while let Ok(job) = jobs_rx.recv() {
-                    let result = spawn::start(&job.prepared, &handshake_tx);
-                    let reply = match result {
-                        Ok(started) => Ok((started, job.prepared)),
-                        Err(e) => Err((e, job.prepared)),
+                    let (prepared, reply) = match job {
+                        Job::Start { prepared, reply } => (prepared, reply),
+                        Job::LeaseUid { pool, reply } => {
+                            // A caller that gave up drops the lease unanswered: returned.
+                            let _ = reply.send(pool.lease());
+                            continue;
+                        }
                     };
-                    if let Err(Ok((started, _))) = job.reply.send(reply) {
+                    let result = spawn::start(&prepared, &handshake_tx);
+                    let reply_with = match result {
+                        Ok(started) => Ok((started, prepared)),
+                        Err(e) => Err((e, prepared)),
+                    };
+                    if let Err(Ok((started, _))) = reply.send(reply_with) {
                         // The caller gave up; do not leave the executor running.
                         let _ = sys::pidfd_send_signal(started.pidfd.as_fd(), libc::SIGKILL);
                         let _ = sys::waitid_pidfd(started.pidfd.as_fd(), true);
@@ -346,6 +366,15 @@ impl Broker {
         )
     }
 
+    /// Hands `job` to the spawner thread.
+    fn send(&self, job: Job) -> Result<(), SpawnError> {
+        let jobs = self.inner.jobs.lock().map_err(|_| SpawnError::BrokerGone)?;
+        jobs.as_ref()
+            .ok_or(SpawnError::BrokerGone)?
+            .send(job)
+            .map_err(|_| SpawnError::BrokerGone)
+    }
+
     /// Waits (at most `within`) until the cgroups and uids of every executor that has
     /// ended so far are released, so that a process that exits next leaves no executor
     /// cgroup behind. Returns whether they were.
@@ -384,17 +413,21 @@ impl Broker {
         // Checked at every spawn too: a caller that skipped check_profile must not get an
         // executor without the bounds its profile demands.
         self.require_bounds(&spec.profile).map_err(fail)?;
-        // The executor's own uid and cgroup, released by the reaper once it has ended.
-        let mut lease = Lease::default();
-        if spec.identity.is_none()
-            && let Some(pool) = &self.inner.uids
-        {
-            lease.uid = Some(pool.lease().ok_or_else(|| {
-                fail(SpawnError::NoFreeUid {
-                    range: pool.range().to_string(),
+        // The executor's own uid and cgroup, released by the reaper once it has ended. The
+        // uid is leased on the spawner thread while this one creates the cgroups.
+        let pending_uid = match (&spec.identity, &self.inner.uids) {
+            (None, Some(pool)) => {
+                let (reply, leased) = oneshot::channel();
+                self.send(Job::LeaseUid {
+                    pool: pool.clone(),
+                    reply,
                 })
-            })?);
-        }
+                .map_err(fail)?;
+                Some((pool.range(), leased))
+            }
+            _ => None,
+        };
+        let mut lease = Lease::default();
         let limits = spec.profile.limits;
         let absent_unix_sockets = Arc::new(spec.profile.absent_unix_sockets.clone());
         if Controller::ALL.iter().any(|c| c.bound(&limits).is_some()) {
@@ -402,6 +435,22 @@ impl Broker {
                 ExecutorCgroup::create(&self.inner.cgroups, &limits)
                     .map_err(|e| fail(SpawnError::Cgroup(e)))?,
             );
+        }
+        if let Some((range, leased)) = pending_uid {
+            match leased.await {
+                Ok(Some(uid)) => lease.uid = Some(uid),
+                Ok(None) => {
+                    // The cgroups go the usual way.
+                    drop(LeaseGuard::new(lease, self.inner.reaper.clone()));
+                    return Err(fail(SpawnError::NoFreeUid {
+                        range: range.to_string(),
+                    }));
+                }
+                Err(_) => {
+                    drop(LeaseGuard::new(lease, self.inner.reaper.clone()));
+                    return Err(fail(SpawnError::BrokerGone));
+                }
+            }
         }
         let lease = LeaseGuard::new(lease, self.inner.reaper.clone());
         let identity = lease.uid().map(|u| (u, u)).or(self.inner.identity);
@@ -420,14 +469,7 @@ impl Broker {
         .map_err(fail)?;
         prepared.cgroup = lease.placement();
         let (reply, rx) = oneshot::channel();
-        {
-            let jobs = self.inner.jobs.lock().map_err(|_| SpawnError::BrokerGone)?;
-            let Some(jobs) = jobs.as_ref() else {
-                return Err(fail(SpawnError::BrokerGone));
-            };
-            jobs.send(Job { prepared, reply })
-                .map_err(|_| fail(SpawnError::BrokerGone))?;
-        }
+        self.send(Job::Start { prepared, reply }).map_err(fail)?;
         let (started, mut prepared) = match rx.await {
             Ok(Ok(v)) => v,
             Ok(Err((e, _))) => return Err(fail(e)),

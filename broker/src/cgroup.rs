@@ -592,8 +592,16 @@ impl ExecutorCgroup {
         let deadline = Instant::now() + within;
         let mut left: Vec<&PathBuf> = self.dirs.iter().map(|(_, _, d)| d).collect();
         left.dedup();
+        let removed = |dir: &Path| match std::fs::remove_dir(dir) {
+            Ok(()) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        };
         while !left.is_empty() {
             left.retain(|dir| {
+                // Usually empty: the executor and all it started have ended.
+                if removed(dir) {
+                    return false;
+                }
                 let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
                 // Never the host itself: its spawner thread is inside an executor's v1
                 // cgroups while it clones (see `Placement`), and `cgroup.procs` lists the
@@ -607,10 +615,7 @@ impl ExecutorCgroup {
                     // SAFETY: sends a signal; a pid of this executor's own cgroup.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
-                match std::fs::remove_dir(dir) {
-                    Ok(()) => false,
-                    Err(e) => e.kind() != std::io::ErrorKind::NotFound,
-                }
+                !removed(dir)
             });
             if left.is_empty() || Instant::now() > deadline {
                 break;
