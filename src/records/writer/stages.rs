@@ -61,7 +61,14 @@ struct Tail {
     file_lines: u64,
     chain: Chainer,
     closed: bool,
+    /// The file's blocks are reserved up to here (see [`Tail::reserve`]).
+    reserved: u64,
+    /// Reserving is supported by the file system (cleared at the first refusal).
+    reserving: bool,
 }
+
+/// How far ahead of a record file's end its blocks are reserved.
+pub(super) const RESERVE_AHEAD: u64 = 1024 * 1024;
 
 /// A record in its file, waiting for its sync.
 struct Written {
@@ -149,6 +156,8 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
             file_lines: s.file_lines,
             chain: s.chain,
             closed: false,
+            reserved: 0,
+            reserving: true,
         }),
         queue,
         shared: s.shared,
@@ -275,6 +284,11 @@ impl Tail {
             self.file_path = Arc::from(path);
             self.file_bytes = 0;
             self.file_lines = 0;
+            self.reserved = 0;
+        }
+        let end = self.file_bytes + line.len() as u64;
+        if self.reserving && end > self.reserved {
+            self.reserve(end);
         }
         (&*self.file)
             .write_all(line)
@@ -282,6 +296,42 @@ impl Tail {
         self.file_bytes += line.len() as u64;
         self.file_lines += 1;
         Ok(())
+    }
+
+    /// Reserves the file's blocks from its end to [`RESERVE_AHEAD`] past `end` (never
+    /// further than the rotation size), without changing its size: readers still see only
+    /// whole lines. Why: an append that starts a new block makes the next `fdatasync` write
+    /// the file system's allocation metadata too, which on ext4 made the sync of a call's two
+    /// records (about 2.6 KB) take 178 µs instead of 140 µs; with the blocks reserved in
+    /// advance it writes the data and the inode only. A file system that cannot reserve
+    /// (or a full one) changes nothing: appends go on as before. A rotated file keeps its
+    /// unused reserve (under [`RESERVE_AHEAD`]) allocated past its end.
+    fn reserve(&mut self, end: u64) {
+        let to = (end + RESERVE_AHEAD).min(self.rotate_bytes.max(end));
+        let (Ok(offset), Ok(len)) = (
+            i64::try_from(self.file_bytes),
+            i64::try_from(to.saturating_sub(self.file_bytes)),
+        ) else {
+            return;
+        };
+        match nix::fcntl::fallocate(
+            &*self.file,
+            nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
+            Ok(()) => self.reserved = to,
+            // A full file system may have room again later; one that cannot reserve never will.
+            Err(e) if e != nix::errno::Errno::EOPNOTSUPP => {}
+            Err(e) => {
+                self.reserving = false;
+                tracing::debug!(
+                    file = %self.file_path.display(),
+                    error = %e,
+                    "cannot reserve blocks ahead of the record file's end; appending without"
+                );
+            }
+        }
     }
 }
 

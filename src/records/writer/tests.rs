@@ -3,6 +3,7 @@
 use super::*;
 use crate::records::chain::verify_records;
 use crate::records::tests::sample_tool_call;
+use stages::RESERVE_AHEAD;
 use std::io::Write;
 
 fn small_rotation() -> WriterOptions {
@@ -287,4 +288,65 @@ async fn a_commit_is_booked_durable_when_it_returns_whoever_synced_it() {
     assert_eq!(status.last_seq, Some(26));
     assert_eq!(status.committed_since_open, 26);
     assert!(verify_records(dir.path(), None).unwrap().is_ok());
+}
+
+/// Blocks are reserved ahead of a record file's end (so a sync writes no allocation
+/// metadata) without changing the file: it holds exactly its lines, and a reopened writer
+/// continues the chain after them. Every commit is durable when it returns on both runtime
+/// shapes the host uses (a current-thread runtime and a multi-threaded one with one worker).
+#[test]
+fn blocks_are_reserved_ahead_without_changing_the_file() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let shapes = [
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap(),
+    ];
+    let mut expected = 0;
+    for rt in shapes {
+        let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..8)
+                .map(|_| {
+                    let w = w.clone();
+                    tokio::spawn(async move {
+                        let c = w.commit(sample_tool_call()).await.unwrap();
+                        assert!(w.status().last_seq >= Some(c.seq), "{:?}", w.status());
+                        w.append(sample_tool_call()).await.unwrap();
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            w.close().await.unwrap();
+        });
+        expected += 16;
+        let path = w.status().current_file;
+        let meta = std::fs::metadata(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), expected, "{}", path.display());
+        assert_eq!(meta.len(), text.len() as u64, "{}", path.display());
+        let allocated = meta.blocks() * 512;
+        if allocated <= meta.len() {
+            println!(
+                "the file system of {} reserved nothing ahead (allocated {allocated} of {} bytes); \
+                 only the file's contents are checked",
+                path.display(),
+                meta.len()
+            );
+        } else {
+            assert!(allocated >= meta.len() + RESERVE_AHEAD / 2, "{allocated}");
+        }
+    }
+    let report = verify_records(dir.path(), None).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.records, expected as u64);
 }
