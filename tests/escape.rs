@@ -11,7 +11,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixListener;
 use std::time::Duration;
 
-use common::{TcpSink, UdpSink, broker, probe, probe_argv, run_with};
+use common::{TcpSink, UdpSink, broker, probe, probe_argv, run_inline, run_with};
 use flowhost_broker::{Destination, EgressSyscall, Verdict, WaitStatus};
 
 const SIGSYS: i32 = libc::SIGSYS;
@@ -361,8 +361,10 @@ async fn connect_after_execve_of_another_binary_is_mediated() {
     assert_eq!(sink.connections(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sockaddr_rewritten_during_connect_cannot_redirect_it() {
+/// The probe connects 300 times to an address it rewrites from another thread while the
+/// broker handles each connect; only the copy the host judged may be reached. `inline`: the
+/// host judges on the supervision thread (a synchronous judge) instead of its stream.
+async fn rewritten_sockaddr_cannot_redirect(inline: bool) {
     let Some(b) = broker() else { return };
     let (allowed, other) = (TcpSink::start(), TcpSink::start());
     let allowed_addr = allowed.addr;
@@ -372,14 +374,25 @@ async fn a_sockaddr_rewritten_during_connect_cannot_redirect_it() {
         &other.addr.to_string(),
         "300",
     ]);
-    let run = run_with(&b, "brokered", argv, move |a| {
+    let policy = move |a: &flowhost_broker::AttemptInfo| {
         if a.destination == Some(Destination::Inet(allowed_addr)) {
             Verdict::Allow
         } else {
             Verdict::DENY
         }
-    })
-    .await;
+    };
+    let run = if inline {
+        run_inline(
+            &b,
+            "brokered",
+            argv,
+            move |a| Some(policy(a)),
+            |_| Verdict::DENY,
+        )
+        .await
+    } else {
+        run_with(&b, "brokered", argv, policy).await
+    };
     let r = run.result();
     std::thread::sleep(Duration::from_millis(300));
     let allowed_verdicts = run
@@ -399,6 +412,90 @@ async fn a_sockaddr_rewritten_during_connect_cannot_redirect_it() {
         "{r}"
     );
     assert_eq!(run.attempts.len(), 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sockaddr_rewritten_during_connect_cannot_redirect_it() {
+    rewritten_sockaddr_cannot_redirect(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sockaddr_rewritten_during_connect_cannot_redirect_it_when_judged_inline() {
+    rewritten_sockaddr_cannot_redirect(true).await;
+}
+
+/// The `fd-reuse` probe (an IPv4 then an IPv6 UDP send from one descriptor number) with
+/// `judge` inline and the stream refusing what it leaves.
+async fn fd_reuse(
+    b: &flowhost_broker::Broker,
+    sink: &UdpSink,
+    judge: impl Fn(&flowhost_broker::AttemptInfo) -> Option<Verdict> + Send + Sync + 'static,
+) -> common::Run {
+    let argv = probe_argv(&["fd-reuse", &sink.addr.to_string()]);
+    run_inline(b, "brokered", argv, judge, |_| Verdict::DENY).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_reused_for_another_socket_is_judged_as_that_socket() {
+    let Some(b) = broker() else { return };
+    let sink = UdpSink::start();
+    let run = fd_reuse(&b, &sink, |_| Some(Verdict::Allow)).await;
+    let r = run.result();
+    assert_eq!(r["result"], "ok", "{r}");
+    assert_eq!(r["same_fd"], true, "{r}");
+    assert_eq!(r["first"], 5, "{r}");
+    let families: Vec<i32> = run.attempts.iter().map(|(a, _)| a.socket.family).collect();
+    assert_eq!(
+        families,
+        [libc::AF_INET, libc::AF_INET6],
+        "each send is judged as the socket behind the descriptor at that moment"
+    );
+    assert!(eventually(|| sink.count() == 2), "{}", sink.count());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_the_judge_leaves_undecided_reaches_the_stream_with_its_executable() {
+    let Some(b) = broker() else { return };
+    let sink = UdpSink::start();
+    // The judge decides IPv4 sockets and leaves the rest to the stream, which refuses.
+    let run = fd_reuse(&b, &sink, |a| {
+        (a.socket.family == libc::AF_INET).then_some(Verdict::Allow)
+    })
+    .await;
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
+    assert_eq!(run.attempts.len(), 2, "{:?}", run.attempts);
+    let (inline, streamed) = (&run.attempts[0].0, &run.attempts[1].0);
+    assert_eq!(
+        inline.executable, None,
+        "the judge is not given the executable"
+    );
+    let exe = streamed
+        .executable
+        .as_ref()
+        .expect("the stream gets the executable");
+    assert!(exe.ends_with("flowhost-probe"), "{exe:?}");
+    assert!(eventually(|| sink.count() == 1), "{}", sink.count());
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(sink.count(), 1, "the refused send did not go out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_that_panics_refuses_the_call_and_supervision_goes_on() {
+    let Some(b) = broker() else { return };
+    let sink = UdpSink::start();
+    // Panics on the first send (IPv4), allows the second: the first is refused with EIO
+    // and the executor's next call is still supervised.
+    let run = fd_reuse(&b, &sink, |a| {
+        assert_ne!(a.socket.family, libc::AF_INET, "a judge that fails");
+        Some(Verdict::Allow)
+    })
+    .await;
+    let r = run.result();
+    assert_eq!(r["first_errno"], libc::EIO, "{r}");
+    assert_eq!(r["result"], "ok", "{r}");
+    assert_eq!(run.attempts.len(), 1, "{:?}", run.attempts);
+    assert!(eventually(|| sink.count() == 1), "{}", sink.count());
+    assert_eq!(b.stats().failed_notifications, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

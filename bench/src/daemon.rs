@@ -165,6 +165,12 @@ pub fn run(quick: bool) -> Vec<Row> {
             met: sqlite.rate >= 2000.0,
         },
     ];
+    // What the call's one sync costs the disk, beside the baseline above.
+    rows.extend(crate::records::reserved_blocks(if quick {
+        500
+    } else {
+        3000
+    }));
     let pg = match flowhost::lab::postgres::Postgres::start() {
         Ok(pg) => pg,
         Err(e) => {

@@ -22,6 +22,9 @@ enum Suite {
     Lattice,
     Manifest,
     Broker,
+    /// Internal: only the broker suite's connect and sendto loops and their parts.
+    #[value(hide = true)]
+    BrokerLoops,
     /// Internal: a timed connect loop run inside the sandbox.
     #[value(hide = true)]
     LoopConnect,
@@ -89,6 +92,9 @@ fn main() {
     }
     if want(Suite::Broker) {
         rows.extend(broker::run(args.quick));
+    }
+    if args.suite == Suite::BrokerLoops {
+        rows.extend(broker::run_loops(args.quick));
     }
     if want(Suite::Records) {
         rows.extend(records::run(args.quick));

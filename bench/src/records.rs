@@ -5,6 +5,11 @@
 //!   plain appends by 8 writers each doing `write` + `fdatasync` per record on the same file
 //!   system, and plain appends without any sync as an upper bound. The three are measured
 //!   interleaved, on a directory under `target/` (the real disk, not a tmpfs).
+//! * (Run by the daemon suite.) What one call's sync costs the disk: appending a call's two records (its
+//!   authorization, about 1.3 KB, and the previous call's outcome, about 1.3 KB, written
+//!   without a sync of its own) and one `fdatasync`, on a file whose blocks are reserved
+//!   ahead of its end (as the record writer does) and on one whose are not, beside one
+//!   1.1 KB append + `fdatasync` (the daemon suite's baseline); interleaved.
 //! * The diff over 1,000,000 records (read, parse, match, aggregate), end to end.
 
 use std::fs::OpenOptions;
@@ -252,6 +257,86 @@ pub fn run(quick: bool) -> Vec<Row> {
     });
     rows.extend(diff_million(&mapping, if quick { 1 } else { 5 }));
     rows
+}
+
+/// One call's sync with and without the blocks reserved ahead (see the module docs); run
+/// by the daemon suite, beside the call it explains.
+pub fn reserved_blocks(samples: usize) -> Vec<Row> {
+    use std::os::fd::AsRawFd;
+    let dir = scratch();
+    let open = |name: &str, reserve: bool| {
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join(name))
+            .expect("open scratch file");
+        if reserve {
+            // SAFETY: fallocate on a descriptor this function owns; no memory is passed.
+            let r =
+                unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, 64 << 20) };
+            assert_eq!(r, 0, "fallocate: {}", std::io::Error::last_os_error());
+        }
+        f
+    };
+    let (one, bare, reserved) = (
+        open("one.jsonl", false),
+        open("bare.jsonl", false),
+        open("reserved.jsonl", true),
+    );
+    let (outcome, authorization, record) = (
+        [b'o'; 1320]
+            .iter()
+            .chain(b"\n")
+            .copied()
+            .collect::<Vec<u8>>(),
+        [b'a'; 1277]
+            .iter()
+            .chain(b"\n")
+            .copied()
+            .collect::<Vec<u8>>(),
+        [b'r'; 1099]
+            .iter()
+            .chain(b"\n")
+            .copied()
+            .collect::<Vec<u8>>(),
+    );
+    let timed = |f: &std::fs::File, lines: &[&[u8]]| {
+        let mut f = f;
+        let start = Instant::now();
+        for l in lines {
+            f.write_all(l).expect("append");
+        }
+        f.sync_data().expect("fdatasync");
+        start.elapsed()
+    };
+    let (mut t_one, mut t_bare, mut t_reserved) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..samples {
+        t_one.push(timed(&one, &[&record]));
+        t_bare.push(timed(&bare, &[&outcome, &authorization]));
+        t_reserved.push(timed(&reserved, &[&outcome, &authorization]));
+    }
+    let (o, b, r) = (
+        Samples(t_one).median(),
+        Samples(t_bare).median(),
+        Samples(t_reserved).median(),
+    );
+    vec![Row {
+        name: format!(
+            "one call's sync: two records (2.6 KB) + fdatasync, blocks reserved ahead (median of {samples})"
+        ),
+        flowhost: fmt_duration(r),
+        baseline: Some((
+            "the same without reserved blocks; one 1.1 KB record + fdatasync".into(),
+            format!("{}; {}", fmt_duration(b), fmt_duration(o)),
+        )),
+        comparison: format!(
+            "{:.2}x unreserved; {:.2}x one record",
+            r.as_secs_f64() / b.as_secs_f64().max(1e-9),
+            r.as_secs_f64() / o.as_secs_f64().max(1e-9)
+        ),
+        goal: "reported".into(),
+        met: true,
+    }]
 }
 
 /// The diff over 1,000,000 records: 97% declared allows, 2% declared network egress, 1%

@@ -343,6 +343,19 @@ impl Verdict {
     };
 }
 
+/// A synchronous first look at each attempt, taken on the supervisor's own thread the
+/// moment the attempt is known (its address and payload copied, the copy being what is
+/// judged and later sent): `Some(verdict)` decides it there, `None` hands it to the
+/// executor's attempt stream ([`crate::Executor::take_attempts`]) as if there were no judge.
+///
+/// A judge must be cheap and must not block: it runs while the executor's thread waits in
+/// its syscall, and no other notification of that executor is received meanwhile. It sees
+/// the attempt without its `executable`, which the broker reads only for attempts handed to
+/// the stream (whose consumers record it); a judge that needs it returns `None`. A verdict
+/// it gives is final and obeyed exactly as one from the stream: the validity of the caller
+/// is checked again before anything is performed.
+pub type Judge = std::sync::Arc<dyn Fn(&AttemptInfo) -> Option<Verdict> + Send + Sync>;
+
 /// One attempt awaiting a verdict. Dropping it without answering refuses it (fail closed).
 #[derive(Debug)]
 pub struct EgressAttempt {

@@ -10,6 +10,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::attempt::Judge;
 use crate::cgroup::{CgroupSupport, Controller, ExecutorCgroup};
 use crate::executor::Executor;
 use crate::filter::Programs;
@@ -98,6 +99,10 @@ impl BrokerStats {
         self.spawned - self.exited - self.supervisor_failures
     }
 }
+
+/// Stack of a supervision thread: handlers keep their state on the heap, and what runs on
+/// the stack is syscalls and small buffers.
+const SUPERVISOR_STACK: usize = 1024 * 1024;
 
 /// Work for the spawner thread.
 // One of each per spawn, moved once through a channel: the size difference costs nothing.
@@ -404,8 +409,20 @@ impl Broker {
 
     /// Starts an executor under `spec`. Returns only once the executor has exec'd with its
     /// filter installed and its listener held by a running supervisor. Must be called
-    /// within a tokio runtime; supervision runs on that runtime.
+    /// within a tokio runtime; supervision lives as long as that runtime (its notifications
+    /// are received on a thread of their own, and handlers that wait continue on it).
     pub async fn spawn(&self, spec: SpawnSpec) -> Result<Executor, SpawnError> {
+        self.spawn_judged(spec, None).await
+    }
+
+    /// [`Broker::spawn`], with a synchronous [`Judge`] that may decide each attempt as soon
+    /// as it is known, on the supervision thread; the attempts it leaves undecided go to
+    /// the executor's attempt stream.
+    pub async fn spawn_judged(
+        &self,
+        spec: SpawnSpec,
+        judge: Option<Judge>,
+    ) -> Result<Executor, SpawnError> {
         let fail = |e: SpawnError| {
             self.inner.failed_spawns.fetch_add(1, Ordering::SeqCst);
             e
@@ -487,7 +504,6 @@ impl Broker {
         let pidfd = Arc::new(sys::async_fd(pidfd).map_err(host("watching the executor"))?);
         // From here on, any failure must kill the executor: it is running.
         let mut kill = KillOnDrop(Some(pidfd.clone()));
-        let listener = sys::async_fd(listener).map_err(host("watching the seccomp listener"))?;
         let wrap_tx = |fd: Option<OwnedFd>| fd.map(pipe::Sender::from_owned_fd).transpose();
         let wrap_rx = |fd: Option<OwnedFd>| fd.map(pipe::Receiver::from_owned_fd).transpose();
         let stdin = wrap_tx(prepared.stdio_parent[0].take()).map_err(host("wrapping stdin"))?;
@@ -499,6 +515,10 @@ impl Broker {
         let reap = Arc::new(Reap::new(pidfd.clone(), lease));
         let ctx = Arc::new(Context {
             listener,
+            runtime: tokio::runtime::Handle::current(),
+            judge,
+            pidfds: Default::default(),
+            sockets: Default::default(),
             reap: reap.clone(),
             attempts: tx,
             counters: counters.clone(),
@@ -512,21 +532,38 @@ impl Broker {
             absent_unix_sockets,
         });
         let inner = self.inner.clone();
-        // If the supervision task ends for any reason other than the executor's exit (an
-        // error, a runtime shutdown dropping it, even before its first poll), the executor
-        // is killed: it never runs unsupervised. The guard is built here and moved into the
-        // task so that dropping the unpolled task drops the guard too.
+        // The supervision thread runs until the executor is gone or the stop pipe hangs up.
+        // The pipe's write end lives in a task on the caller's runtime: if that task ends
+        // for any reason other than the executor's exit (a supervision error, a runtime
+        // shutdown dropping it, even before its first poll), the executor is killed and the
+        // thread stops; it never runs unsupervised. The guard is built here and moved into
+        // the task so that dropping the unpolled task drops the guard too.
+        let (stop, stopper) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| host("creating the supervisor's stop pipe")(e.into()))?;
+        let (ended, end) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("flowhost-notify".into())
+            .stack_size(SUPERVISOR_STACK)
+            .spawn(move || {
+                let _ = ended.send(supervisor::supervise(ctx, stop));
+            })
+            .map_err(host("starting the supervision thread"))?;
         let guard = KillOnDrop(Some(pidfd.clone()));
         tokio::spawn(async move {
             let mut guard = guard;
-            match supervisor::supervise(ctx).await {
-                End::ExecutorGone => {
+            let _stopper = stopper;
+            match end.await {
+                Ok(End::ExecutorGone) => {
                     inner.exited.fetch_add(1, Ordering::SeqCst);
                     guard.0 = None;
                 }
-                End::Error(e) => {
+                Ok(End::Error(e)) => {
                     inner.supervisor_failures.fetch_add(1, Ordering::SeqCst);
                     tracing::error!(pid, error = %e, "supervisor failed; killing the executor");
+                }
+                Ok(End::Stopped) | Err(_) => {
+                    inner.supervisor_failures.fetch_add(1, Ordering::SeqCst);
+                    tracing::error!(pid, "the supervision thread ended; killing the executor");
                 }
             }
         });

@@ -40,7 +40,7 @@ mod sys;
 mod uids;
 
 pub use attempt::{
-    AttemptInfo, Destination, EgressAttempt, EgressSyscall, SocketInfo, Verdict, family_name,
+    AttemptInfo, Destination, EgressAttempt, EgressSyscall, Judge, SocketInfo, Verdict, family_name,
 };
 pub use broker::{Broker, BrokerError, BrokerOptions, BrokerStats, KernelSupport};
 pub use executor::{Executor, ExitStatus};

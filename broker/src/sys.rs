@@ -30,17 +30,20 @@ pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
 /// `PIDFD_THREAD` (the fd table is the same unless the thread was created without
 /// `CLONE_FILES`).
 pub fn pidfd_open_thread(tid: libc::pid_t) -> io::Result<OwnedFd> {
+    match pidfd_open_tid(tid) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => pidfd_open(thread_group_of(tid)?),
+        other => other,
+    }
+}
+
+/// Opens a pidfd naming the thread `tid` itself (`PIDFD_THREAD`, Linux 6.9): it names that
+/// one task, so once the task has exited it fails every use with ESRCH, even after `tid`
+/// names another task. Fails with EINVAL on older kernels.
+pub fn pidfd_open_tid(tid: libc::pid_t) -> io::Result<OwnedFd> {
     // SAFETY: as in `pidfd_open`; PIDFD_THREAD is a plain flag value.
-    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, PIDFD_THREAD) };
-    if ret >= 0 {
-        // SAFETY: fresh fd from the kernel, owned by us alone.
-        return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EINVAL) {
-        return pidfd_open(thread_group_of(tid)?);
-    }
-    Err(err)
+    let ret = check(unsafe { libc::syscall(libc::SYS_pidfd_open, tid, PIDFD_THREAD) })?;
+    // SAFETY: fresh fd from the kernel, owned by us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
 }
 
 /// The thread group (process) id of thread `tid`, read from procfs.
@@ -551,31 +554,6 @@ pub fn wait_writable(fd: BorrowedFd<'_>, timeout: std::time::Duration) -> io::Re
         return Err(e);
     }
     Ok(r > 0 && pfd.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
-}
-
-/// The events pending on `fd` right now (`poll` for POLLIN with a zero timeout). A failure
-/// other than an interruption is reported as POLLIN, so the read that follows fails with the
-/// real error rather than the failure passing for a hang-up.
-pub fn poll_in_now(fd: BorrowedFd<'_>) -> i16 {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: polls one descriptor we own, without blocking.
-        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
-        if r >= 0 {
-            return pfd.revents;
-        }
-        // A signal handler ran on this thread: ask again. Any other failure of a zero-timeout
-        // poll on a descriptor we own is reported as readable, so the receive that follows
-        // fails and supervision ends with an error (which kills the executor), instead of
-        // being mistaken for the executor's exit.
-        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return libc::POLLIN;
-        }
-    }
 }
 
 /// Asks the kernel to wake the supervisor and the notifying task synchronously, on the same

@@ -19,6 +19,9 @@
 //!   egress. Records of a failed group may be on disk; their effects never happen.
 //! * Rotation: when the next line would take the current file past `rotate_bytes`, a new file
 //!   `records-<first seq>.jsonl` is started; the chain continues across files.
+//! * Blocks are reserved (`fallocate`, size unchanged) up to 1 MiB ahead of the current
+//!   file's end, so that a sync writes the lines and the inode but no allocation metadata.
+//!   The files' sizes and contents are only ever whole lines.
 //! * Resume: [`RecordWriter::open`] continues the sequence and chain of the existing files. A
 //!   torn last line (a crash mid-write: bytes after the last newline) was never acknowledged,
 //!   so it is neither kept in the stream nor thrown away: its bytes are preserved in a sidecar

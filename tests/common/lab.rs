@@ -258,9 +258,15 @@ pub fn spawn_daemon(mut command: Command, log_file: &Path, socket: &Path) -> Chi
         .spawn()
         .unwrap();
     let read_log = || std::fs::read_to_string(log_file).unwrap_or_default();
+    // Ready means this daemon said so (the log is shared by every run of a lab). A socket
+    // that accepts is not enough: after a SIGKILL, a child the old daemon was starting can
+    // hold its listener until it execs or dies, so a connection can land in the old
+    // daemon's backlog and be reset.
+    let readies = |log: &str| log.matches("ready: serving").count();
+    let before = readies(&read_log());
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
-        if UnixStream::connect(socket).is_ok() {
+        if readies(&read_log()) > before && UnixStream::connect(socket).is_ok() {
             return child;
         }
         if let Ok(Some(status)) = child.try_wait() {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flowhost_broker::{
-    AttemptInfo, Broker, BrokerOptions, ExitStatus, Profile, SpawnSpec, StdioMode, Verdict,
+    AttemptInfo, Broker, BrokerOptions, ExitStatus, Judge, Profile, SpawnSpec, StdioMode, Verdict,
 };
 use tokio::io::AsyncReadExt;
 
@@ -252,20 +252,54 @@ impl Run {
     }
 }
 
-/// Runs `argv` under `profile`, answering each attempt with `policy`.
+/// Runs `argv` under `profile`, answering each attempt with `policy` on the executor's
+/// attempt stream.
 pub async fn run_with(
     broker: &Broker,
     profile_name: &str,
     argv: Vec<String>,
     policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
 ) -> Run {
+    run_judged(broker, profile_name, argv, None, policy).await
+}
+
+/// Runs `argv` under `profile` with `judge` as the broker's synchronous judge; attempts it
+/// leaves undecided are answered with `policy` on the attempt stream. Every verdict is
+/// recorded, whichever gave it.
+pub async fn run_inline(
+    broker: &Broker,
+    profile_name: &str,
+    argv: Vec<String>,
+    judge: impl Fn(&AttemptInfo) -> Option<Verdict> + Send + Sync + 'static,
+    policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
+) -> Run {
+    run_judged(broker, profile_name, argv, Some(Box::new(judge)), policy).await
+}
+
+type InlinePolicy = Box<dyn Fn(&AttemptInfo) -> Option<Verdict> + Send + Sync>;
+
+async fn run_judged(
+    broker: &Broker,
+    profile_name: &str,
+    argv: Vec<String>,
+    inline: Option<InlinePolicy>,
+    policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
+) -> Run {
     let mut spec = SpawnSpec::new(argv, profile(profile_name));
     spec.stdin = StdioMode::Null;
     spec.wall_clock = Some(Duration::from_secs(30));
-    let mut exec = broker.spawn(spec).await.expect("spawn");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let judge: Option<Judge> = inline.map(|inline| {
+        let seen = seen.clone();
+        Arc::new(move |a: &AttemptInfo| {
+            let v = inline(a)?;
+            seen.lock().unwrap().push((a.clone(), v));
+            Some(v)
+        }) as Judge
+    });
+    let mut exec = broker.spawn_judged(spec, judge).await.expect("spawn");
     let pid = exec.pid();
     let mut attempts_rx = exec.take_attempts().unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = seen.clone();
     let decider = tokio::spawn(async move {
         while let Some(a) = attempts_rx.recv().await {

@@ -47,7 +47,7 @@ pub(super) struct CopiedMessage {
 
 impl Caller<'_> {
     pub(super) fn still_waiting(&self) -> Step<()> {
-        if sys::notif_id_valid(self.ctx.listener.get_ref().as_fd(), self.n.id) {
+        if sys::notif_id_valid(self.ctx.listener.as_fd(), self.n.id) {
             Ok(())
         } else {
             Err(Outcome::Abandon)
@@ -94,14 +94,6 @@ impl Caller<'_> {
             .map_err(|_| Outcome::Errno(libc::EFAULT))?;
         self.still_waiting()?;
         Ok((first, second))
-    }
-
-    /// A pidfd for the caller. Callers open it before their first [`Caller::copy`] (or
-    /// [`Caller::still_waiting`]): the validity check after that proves the pidfd (and any
-    /// descriptor taken with it) belongs to the thread still waiting on this notification,
-    /// not to a process that reused its pid. Nothing taken with it is used before that check.
-    pub(super) fn pidfd(&self) -> Step<OwnedFd> {
-        sys::pidfd_open_thread(self.n.pid).map_err(|e| self.failure(&e))
     }
 
     /// The caller's `/proc/<tid>/mem`, open for writing, to report results the kernel would

@@ -14,23 +14,39 @@
 //! descriptors, [`perform`] handles each notified syscall (copy, decide, perform) and
 //! [`socket`] carries the operation out on the executor's socket without blocking a thread.
 //! This module receives the notifications and answers each exactly once.
+//!
+//! Each executor's notifications are received on a thread of the broker's own, blocked in
+//! `poll(2)` on the listener, and each is first handled right there: copied, judged (by the
+//! host's synchronous [`Judge`], when it has one and it decides), performed and answered
+//! without leaving the thread. Only a handler that has to wait (for the host's attempt
+//! stream, a peer's handshake, room to send) continues as a task on the host's runtime.
+//! The thread is what keeps a notification off the idle CPU: with
+//! `SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP` the kernel wakes a waiter of the listener's own wait
+//! queue (a `poll`) on the trapping thread's CPU, and the answer wakes the caller on the
+//! answering thread's CPU; a wake-up through the runtime's `epoll` loses that hint and
+//! lands on whichever CPU is idle, which on a VM whose idle vCPUs halt costs about 20 µs
+//! each way (BENCHMARKS.md, "Brokered connect and sendto").
 
 mod cmsg;
 mod memory;
 mod perform;
+mod pidfds;
 mod socket;
 mod unix_path;
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
-use tokio::io::unix::AsyncFd;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, mpsc};
 
-use crate::attempt::{AttemptInfo, EgressAttempt, Verdict};
+use crate::attempt::{AttemptInfo, EgressAttempt, Judge, Verdict};
 use crate::reap::Reap;
 use crate::sys::{self, Notification};
 
@@ -61,7 +77,17 @@ pub struct Counters {
 
 /// Shared state of one executor's supervision.
 pub(crate) struct Context {
-    pub listener: AsyncFd<OwnedFd>,
+    /// The seccomp listener. Never registered with the runtime's `epoll` (see the module
+    /// documentation): only the supervision thread waits on it.
+    pub listener: OwnedFd,
+    /// The runtime handlers that have to wait continue on.
+    pub runtime: tokio::runtime::Handle,
+    /// The host's synchronous judge, if it gave one.
+    pub judge: Option<Judge>,
+    /// Pidfds of the executor's threads, kept while each thread lives.
+    pub pidfds: pidfds::Pidfds,
+    /// The kernel's facts about the executor's sockets, by cookie.
+    pub sockets: socket::KnownSockets,
     pub reap: Arc<Reap>,
     pub attempts: mpsc::Sender<EgressAttempt>,
     pub counters: Arc<Counters>,
@@ -93,83 +119,136 @@ pub(crate) enum End {
     ExecutorGone,
     /// The listener failed; the caller kills the executor.
     Error(io::Error),
+    /// Whoever started the supervision let go of it (the stop pipe hung up); the caller
+    /// kills the executor.
+    Stopped,
 }
 
-/// Receives notifications until the executor is gone. Each notification is handled in its
-/// own task, so a blocking operation for one thread never stalls the others (or other
-/// executors). (Measured: spawning beats polling handlers inside this task, since tokio runs
-/// a task spawned from a worker next on that worker.)
-pub(crate) async fn supervise(ctx: Arc<Context>) -> End {
+/// How long a supervision thread waits between tries for a handler permit while all of its
+/// executor's are taken (its notifications wait in the kernel meanwhile).
+const PERMIT_RETRY: Duration = Duration::from_millis(1);
+
+/// Receives notifications until the executor is gone or `stop` hangs up (every copy of its
+/// other end closed). Runs on a thread of its own (see the module documentation): each
+/// notification is handled on this thread until it completes or has to wait, then finishes
+/// as a task on the runtime, so one thread's blocking operation never stalls the others.
+pub(crate) fn supervise(ctx: Arc<Context>, stop: OwnedFd) -> End {
+    // Handlers create timers and reactor registrations on this thread.
+    let _runtime = ctx.runtime.enter();
     let mut reaped = false;
     loop {
-        tokio::select! {
-            ready = ctx.listener.readable() => {
-                let mut guard = match ready {
-                    Ok(g) => g,
-                    Err(e) => return End::Error(e),
-                };
-                loop {
-                    let revents = sys::poll_in_now(ctx.listener.get_ref().as_fd());
-                    if revents & libc::POLLIN != 0 {
-                        // A permit first: while this executor has none free, its
-                        // notifications stay queued in the kernel.
-                        let permit = ctx.handlers.clone().acquire_owned().await.ok();
-                        match sys::notif_recv(ctx.listener.get_ref().as_fd()) {
-                            Ok(n) => {
-                                ctx.bump(|c| &c.notifications);
-                                tokio::spawn(handle(ctx.clone(), n, permit));
-                            }
-                            // The caller died between notification and receipt, or a signal.
-                            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
-                            Err(e) => return End::Error(e),
-                        }
-                    } else if revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-                        // Every task using the filter has exited: reap the executor before
-                        // supervision ends, so nothing is left as a zombie.
-                        if !reaped {
-                            reap_after_exit(&ctx.reap).await;
-                        }
-                        return End::ExecutorGone;
-                    } else {
-                        guard.clear_ready();
-                        break;
-                    }
-                }
-            }
-            // The executor exited while descendants (outside a pid namespace) may still use
-            // the filter: reap it now, and keep supervising them until the listener hangs up.
-            exited = ctx.reap.pidfd.readable(), if !reaped => {
-                match exited {
-                    Ok(mut guard) => match ctx.reap.try_reap() {
-                        Ok(Some(_)) | Err(_) => reaped = true,
-                        Ok(None) => guard.clear_ready(),
-                    },
-                    Err(_) => reaped = true,
-                }
-            }
+        let listener = ctx.listener.as_fd();
+        let mut fds = vec![
+            PollFd::new(listener, PollFlags::POLLIN),
+            PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+        ];
+        if !reaped {
+            fds.push(PollFd::new(
+                ctx.reap.pidfd.get_ref().as_fd(),
+                PollFlags::POLLIN,
+            ));
         }
+        match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return End::Error(e.into()),
+        }
+        let revents = |i: usize| {
+            fds.get(i)
+                .and_then(PollFd::revents)
+                .unwrap_or(PollFlags::empty())
+        };
+        let (on_listener, on_stop, on_exit) = (revents(0), revents(1), revents(2));
+        if !on_stop.is_empty() {
+            return End::Stopped;
+        }
+        // The executor exited while descendants (outside a pid namespace) may still use the
+        // filter: reap it now, and keep supervising them until the listener hangs up.
+        // (Watched once: what a readable pidfd leaves unreaped is retried at hang-up.)
+        if !on_exit.is_empty() {
+            let _ = ctx.reap.try_reap();
+            reaped = true;
+        }
+        if on_listener.contains(PollFlags::POLLIN) {
+            // A permit first: while this executor has none free, its notifications stay
+            // queued in the kernel.
+            let Some(permit) = executor_permit(&ctx, stop.as_fd()) else {
+                return End::Stopped;
+            };
+            match sys::notif_recv(listener) {
+                Ok(n) => {
+                    ctx.bump(|c| &c.notifications);
+                    run_here_first(&ctx, handle(ctx.clone(), n, permit));
+                }
+                // The caller died between notification and receipt, or a signal.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINTR)) => {}
+                Err(e) => return End::Error(e),
+            }
+        } else if on_listener
+            .intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL)
+        {
+            // Every task using the filter has exited: reap the executor before supervision
+            // ends, so nothing is left as a zombie.
+            reap_after_exit(&ctx.reap);
+            return End::ExecutorGone;
+        }
+    }
+}
+
+/// One of the executor's handler permits (`None` inside: the semaphore is closed, which
+/// never happens while the context lives), waiting for one while all are taken. Returns
+/// `None` if `stop` hangs up meanwhile.
+fn executor_permit(ctx: &Context, stop: BorrowedFd<'_>) -> Option<Option<OwnedSemaphorePermit>> {
+    loop {
+        match ctx.handlers.clone().try_acquire_owned() {
+            Ok(permit) => return Some(Some(permit)),
+            Err(TryAcquireError::Closed) => return Some(None),
+            Err(TryAcquireError::NoPermits) => {}
+        }
+        let mut fd = [PollFd::new(stop, PollFlags::POLLIN)];
+        let nap = PollTimeout::try_from(PERMIT_RETRY).unwrap_or(PollTimeout::ZERO);
+        if matches!(nix::poll::poll(&mut fd, nap), Ok(n) if n > 0) {
+            return None;
+        }
+    }
+}
+
+/// Polls `handler` once on this thread; if it has to wait (the host's attempt stream, the
+/// network), it continues as a task on the runtime (tokio's resources take the task's waker
+/// at that next poll). A handler that panics is dropped, which refuses its notification
+/// (see [`Pending`]). (Measured: polling a waiting handler again here for up to 50 µs
+/// before handing it over, to catch a quick verdict from the stream without a second
+/// wake-up, made no difference, so it is handed over at once.)
+fn run_here_first(ctx: &Context, handler: impl Future<Output = ()> + Send + 'static) {
+    let mut handler = Box::pin(handler);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        handler.as_mut().poll(&mut cx)
+    }));
+    match polled {
+        Ok(Poll::Ready(())) => {}
+        Ok(Poll::Pending) => drop(ctx.runtime.spawn(handler)),
+        Err(_) => tracing::error!("a notification handler panicked; the call was refused"),
     }
 }
 
 /// Reaps an executor whose tasks have all exited (its pidfd turns readable, at the latest,
 /// once a pid-namespace init has collected its namespace).
-async fn reap_after_exit(reap: &Reap) {
-    let wait = async {
-        loop {
-            let Ok(mut guard) = reap.pidfd.readable().await else {
-                return;
-            };
-            match reap.try_reap() {
-                Ok(None) => guard.clear_ready(),
-                _ => return,
-            }
+fn reap_after_exit(reap: &Reap) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if !matches!(reap.try_reap(), Ok(None)) {
+            return;
         }
-    };
-    if tokio::time::timeout(std::time::Duration::from_secs(5), wait)
-        .await
-        .is_err()
-    {
-        tracing::warn!("an executor whose tasks all exited could not be reaped within 5 s");
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            tracing::warn!("an executor whose tasks all exited could not be reaped within 5 s");
+            return;
+        }
+        let mut fd = [PollFd::new(reap.pidfd.get_ref().as_fd(), PollFlags::POLLIN)];
+        let _ = nix::poll::poll(
+            &mut fd,
+            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+        );
     }
 }
 
@@ -201,7 +280,7 @@ struct Pending {
 impl Pending {
     fn answer(mut self, outcome: Outcome) {
         self.answered = true;
-        let fd = self.ctx.listener.get_ref().as_fd();
+        let fd = self.ctx.listener.as_fd();
         let result = match outcome {
             Outcome::Value(v) => sys::notif_send(fd, self.id, v, 0),
             Outcome::Errno(e) => sys::notif_send(fd, self.id, 0, -e),
@@ -221,7 +300,7 @@ impl Drop for Pending {
     fn drop(&mut self) {
         if !self.answered {
             self.ctx.bump(|c| &c.failed);
-            let _ = sys::notif_send(self.ctx.listener.get_ref().as_fd(), self.id, 0, -libc::EIO);
+            let _ = sys::notif_send(self.ctx.listener.as_fd(), self.id, 0, -libc::EIO);
         }
     }
 }
@@ -268,15 +347,25 @@ struct Caller<'a> {
 }
 
 impl Caller<'_> {
-    /// Hands the attempt to the host and waits for its verdict. No consumer, or a consumer
+    /// Has the host decide the attempt: its synchronous judge if it has one and that
+    /// decides, else its attempt stream, waiting for the verdict. No consumer, or a consumer
     /// that drops the attempt, is a refusal.
-    async fn decide(&self, info: AttemptInfo) -> Verdict {
-        let (attempt, verdict) = EgressAttempt::new(info);
-        if self.ctx.attempts.send(attempt).await.is_err() {
-            self.ctx.bump(|c| &c.denied);
-            return Verdict::DENY;
-        }
-        let v = verdict.await.unwrap_or(Verdict::DENY);
+    async fn decide(&self, mut info: AttemptInfo) -> Verdict {
+        let judged = self.ctx.judge.as_ref().and_then(|judge| judge(&info));
+        let v = match judged {
+            Some(v) => v,
+            None => {
+                // Read while the caller waits (the validity check before the operation
+                // proves it); the stream's consumers record it with the attempt.
+                info.executable = sys::executable_of(self.n.pid);
+                let (attempt, verdict) = EgressAttempt::new(info);
+                if self.ctx.attempts.send(attempt).await.is_err() {
+                    self.ctx.bump(|c| &c.denied);
+                    return Verdict::DENY;
+                }
+                verdict.await.unwrap_or(Verdict::DENY)
+            }
+        };
         match v {
             Verdict::Allow => self.ctx.bump(|c| &c.allowed),
             Verdict::Deny { .. } => self.ctx.bump(|c| &c.denied),

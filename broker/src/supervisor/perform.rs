@@ -15,12 +15,13 @@ use crate::attempt::{AttemptInfo, Destination, EgressSyscall, Verdict};
 use crate::sys::{self, OwnedMessage};
 
 impl Caller<'_> {
-    /// The attempt this caller makes on `sock`, before its destination is known.
+    /// The attempt this caller makes on `sock`, before its destination is known (and
+    /// before its executable is read: see `Caller::decide`).
     fn attempt(&self, syscall: EgressSyscall, sock: &TakenSocket) -> AttemptInfo {
         AttemptInfo {
             syscall,
             pid: self.n.pid,
-            executable: sys::executable_of(self.n.pid),
+            executable: None,
             socket: sock.info,
             destination: None,
             connected: false,
@@ -37,8 +38,7 @@ impl Caller<'_> {
     async fn decided_address(&self, syscall: EgressSyscall) -> Step<(TakenSocket, Target)> {
         let [fd, addr, len, ..] = self.n.args;
         let len = addr_len(len)?;
-        let pidfd = self.pidfd()?;
-        let sock = self.socket(&pidfd, fd)?;
+        let (_pidfd, sock) = self.socket(fd)?;
         let raw = self.copy(addr, len)?;
         let mut info = self.attempt(syscall, &sock);
         let (destination, target) = self.resolve(&raw, &sock, syscall);
@@ -92,8 +92,7 @@ impl Caller<'_> {
     /// for another socket between check and effect.
     pub(super) async fn listen(&self) -> Step<Outcome> {
         let [fd, backlog, ..] = self.n.args;
-        let pidfd = self.pidfd()?;
-        let sock = self.socket(&pidfd, fd)?;
+        let (_pidfd, sock) = self.socket(fd)?;
         // Nothing copied: this check is what proves the socket is the waiting thread's.
         self.still_waiting()?;
         let wildcard = match sock.info.family {
@@ -119,8 +118,7 @@ impl Caller<'_> {
     pub(super) async fn sendto(&self) -> Step<Outcome> {
         let [fd, buf, len, flags, addr, addrlen] = self.n.args;
         let flags = flags as i32;
-        let pidfd = self.pidfd()?;
-        let sock = self.socket(&pidfd, fd)?;
+        let (_pidfd, sock) = self.socket(fd)?;
         let payload = self.payload_len(&sock, len as usize)?;
         // The payload and the address in one copy (one read, one pair of validity checks).
         let (data, raw) = if addr == 0 {
@@ -162,8 +160,7 @@ impl Caller<'_> {
     pub(super) async fn sendmsg(&self) -> Step<Outcome> {
         let [fd, msg_ptr, flags, ..] = self.n.args;
         let flags = flags as i32;
-        let pidfd = self.pidfd()?;
-        let sock = self.socket(&pidfd, fd)?;
+        let (pidfd, sock) = self.socket(fd)?;
         let header = self.copy(msg_ptr, MSGHDR_SIZE)?;
         let mut budget = Budget::default();
         let copied = self.message(&pidfd, &sock, &header, EgressSyscall::Sendmsg, &mut budget)?;
@@ -193,9 +190,8 @@ impl Caller<'_> {
         if vlen == 0 {
             return Ok(Outcome::Value(0));
         }
-        let pidfd = self.pidfd()?;
         let memory = self.memory()?;
-        let sock = self.socket(&pidfd, fd)?;
+        let (pidfd, sock) = self.socket(fd)?;
         let headers = self.copy(vec_ptr, vlen * MMSGHDR_SIZE)?;
         let mut messages = Vec::with_capacity(vlen);
         let mut budget = Budget::default();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
+use super::pidfds::Opened;
 use super::{Caller, Outcome, Step, errno_of};
 use crate::attempt::{Destination, SocketInfo};
 use crate::sys::{self, OwnedMessage};
@@ -22,6 +23,42 @@ const UNIX_CONNECT_RETRY: Duration = Duration::from_millis(10);
 const MAX_REMEMBERED_BINDS: usize = 4096;
 /// How long the broker waits inline for a connect to complete before awaiting it.
 const INLINE_CONNECT_WAIT: Duration = Duration::from_micros(250);
+
+/// Most sockets per executor whose facts are kept; at the bound all are forgotten.
+const MAX_KNOWN_SOCKETS: usize = 1024;
+
+/// What the kernel said each of an executor's sockets is (`SO_DOMAIN`, `SO_TYPE`,
+/// `SO_PROTOCOL`), by socket cookie. A cookie names one socket for as long as the system
+/// runs and is never given to another, and a socket's family, type and protocol never
+/// change, so a socket met again (however its descriptor is numbered, in whichever
+/// process) is classified with one `getsockopt` instead of three; a different socket at the
+/// same descriptor number has another cookie.
+#[derive(Default)]
+pub(crate) struct KnownSockets {
+    known: std::sync::Mutex<std::collections::HashMap<u64, SocketInfo>>,
+}
+
+impl KnownSockets {
+    fn info(&self, fd: BorrowedFd<'_>) -> io::Result<SocketInfo> {
+        let cookie = sys::socket_cookie(fd)?;
+        if let Some(info) = self.known.lock().ok().and_then(|k| k.get(&cookie).copied()) {
+            return Ok(info);
+        }
+        let opt = |name| sys::getsockopt_int(fd, libc::SOL_SOCKET, name);
+        let info = SocketInfo {
+            family: opt(libc::SO_DOMAIN)?,
+            socket_type: opt(libc::SO_TYPE)?,
+            protocol: opt(libc::SO_PROTOCOL)?,
+        };
+        if let Ok(mut known) = self.known.lock() {
+            if known.len() >= MAX_KNOWN_SOCKETS {
+                known.clear();
+            }
+            known.insert(cookie, info);
+        }
+        Ok(info)
+    }
+}
 
 /// A socket taken from the executor, with what the kernel says it is.
 pub(super) struct TakenSocket {
@@ -38,23 +75,29 @@ impl TakenSocket {
 }
 
 impl Caller<'_> {
-    pub(super) fn socket(&self, pidfd: &OwnedFd, fd: u64) -> Step<TakenSocket> {
+    /// A pidfd for the caller and its socket `fd`, taken with it. Callers take them before
+    /// their first [`Caller::copy`] (or [`Caller::still_waiting`]): the validity check after
+    /// that proves the pidfd (and any descriptor taken with it) belongs to the thread still
+    /// waiting on this notification, not to a task that reused its id. Nothing taken with it
+    /// is used before that check.
+    pub(super) fn socket(&self, fd: u64) -> Step<(Arc<OwnedFd>, TakenSocket)> {
         let fd = i32::try_from(fd as i64).map_err(|_| Outcome::Errno(libc::EBADF))?;
-        let taken =
-            sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| Outcome::Errno(errno_of(&e)))?;
-        let opt = |name| {
-            sys::getsockopt_int(taken.as_fd(), libc::SOL_SOCKET, name)
-                .map_err(|e| Outcome::Errno(errno_of(&e)))
-        };
-        let info = SocketInfo {
-            family: opt(libc::SO_DOMAIN)?,
-            socket_type: opt(libc::SO_TYPE)?,
-            protocol: opt(libc::SO_PROTOCOL)?,
-        };
-        Ok(TakenSocket {
-            fd: Arc::new(taken),
-            info,
-        })
+        let (pidfd, taken) = self.ctx.pidfds.take(self.n.pid, fd).map_err(|e| match e {
+            Opened::Failed(e) => self.failure(&e),
+            Opened::Taking(e) => Outcome::Errno(errno_of(&e)),
+        })?;
+        let info = self
+            .ctx
+            .sockets
+            .info(taken.as_fd())
+            .map_err(|e| Outcome::Errno(errno_of(&e)))?;
+        Ok((
+            pidfd,
+            TakenSocket {
+                fd: Arc::new(taken),
+                info,
+            },
+        ))
     }
 }
 
@@ -216,7 +259,13 @@ impl Caller<'_> {
         flags: i32,
     ) -> Step<io::Result<usize>> {
         let flags = flags | libc::MSG_NOSIGNAL;
-        let may_block = flags & libc::MSG_DONTWAIT == 0 && self.is_blocking(sock);
+        // Whether the executor's call may block, read only when it matters (a send that did
+        // not go out whole): most sends complete at once, without the flag read.
+        let mut blocking = None;
+        let mut may_block = || {
+            *blocking
+                .get_or_insert_with(|| flags & libc::MSG_DONTWAIT == 0 && self.is_blocking(sock))
+        };
         let stream = sock.info.socket_type == libc::SOCK_STREAM;
         let mut sent = 0usize;
         let mut watch = None;
@@ -225,7 +274,7 @@ impl Caller<'_> {
             match sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT) {
                 Ok(n) => {
                     sent += n;
-                    if !(may_block && stream && n < msg.data.len()) {
+                    if !(stream && n < msg.data.len() && may_block()) {
                         return Ok(Ok(sent));
                     }
                     msg.data.drain(..n);
@@ -233,7 +282,7 @@ impl Caller<'_> {
                     msg.control.clear();
                     msg.name.clear();
                 }
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && may_block => {}
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && may_block() => {}
                 Err(_) if sent > 0 => return Ok(Ok(sent)),
                 Err(e) => return Ok(Err(e)),
             }
