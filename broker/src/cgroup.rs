@@ -497,8 +497,12 @@ impl ExecutorCgroup {
                     (Ok(()), None) => {}
                     // This creation was the probe: as a failed probe, the bound is not in
                     // force (a `required` profile has been refused before any spawn, by
-                    // `base`, which probes).
-                    (Err(e), Some(known)) if known.get().is_none() => {
+                    // `base`, which probes). A name taken already proves nothing about the
+                    // base: that spawn fails, as any other failed creation.
+                    (Err(e), Some(known))
+                        if known.get().is_none()
+                            && e.kind() != std::io::ErrorKind::AlreadyExists =>
+                    {
                         let _ = known.set(Err(unwritable(&base.dir, &e)));
                         continue;
                     }

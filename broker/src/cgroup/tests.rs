@@ -302,6 +302,24 @@ fn the_first_executor_cgroup_proves_a_v1_base_without_a_probe() {
     assert_eq!(s.base(Controller::Memory).unwrap().dir, mem.join("svc"));
     std::fs::rename(mem.join("moved"), mem.join("svc")).unwrap();
 
+    // A name already taken (a leftover of an earlier process with this pid) is no proof
+    // that the base is unwritable: the spawn fails and the bound stays in force.
+    let taken = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    // (Other tests of this process take names too: every one of the next few is taken.)
+    let next = NEXT.load(Ordering::Relaxed);
+    let squatters: Vec<_> = (next..next + 64)
+        .map(|n| mem.join(format!("svc/flowhost-exec-{}-{n}", std::process::id())))
+        .collect();
+    for d in &squatters {
+        std::fs::create_dir(d).unwrap();
+    }
+    let e = ExecutorCgroup::create(&taken, &limits()).unwrap_err();
+    assert!(e.contains("creating the cgroup"), "{e}");
+    for d in &squatters {
+        std::fs::remove_dir(d).unwrap();
+    }
+    assert_eq!(taken.base(Controller::Memory).unwrap().dir, mem.join("svc"));
+
     // Asked before any creation (a `required` profile, the bounds report): the probe.
     let fresh = CgroupSupport::from_layout(&memberships, &mounts, 42);
     assert_eq!(fresh.base(Controller::Memory).unwrap().dir, mem.join("svc"));
