@@ -4,11 +4,10 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use flowhost::cli::{Cli, report};
 
 fn main() -> ExitCode {
-    match Cli::parse().run() {
+    match Cli::from_args().run() {
         Ok(code) => code,
         Err(error) => {
             report(error.as_ref());

@@ -319,6 +319,25 @@ fn a_sandboxed_command_cannot_push_input_into_the_operators_shell() {
     );
 }
 
+/// A profile directory (new, in the shared test directory, named after `dir` and this
+/// process) holding `name.toml`: the built-in `isolated` profile with `from` replaced by
+/// `to`.
+fn isolated_variant(dir: &str, name: &str, (from, to): (&str, &str)) -> std::path::PathBuf {
+    let dir = common::shared_dir().join(format!("{dir}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/profiles/isolated.toml"
+    ))
+    .unwrap();
+    assert!(
+        text.contains(from),
+        "{from:?} is not in the isolated profile"
+    );
+    std::fs::write(dir.join(format!("{name}.toml")), text.replace(from, to)).unwrap();
+    dir
+}
+
 #[test]
 fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run() {
     if !can_run() {
@@ -333,15 +352,11 @@ fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run(
         return;
     }
     // A profile demanding its whole-executor bounds, readable by the service user.
-    let dir = common::shared_dir().join(format!("required-profile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/profiles/isolated.toml"
-    ))
-    .unwrap()
-    .replace("cgroup = \"best_effort\"", "cgroup = \"required\"");
-    std::fs::write(dir.join("strict.toml"), text).unwrap();
+    let dir = isolated_variant(
+        "required-profile",
+        "strict",
+        ("cgroup = \"best_effort\"", "cgroup = \"required\""),
+    );
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(
@@ -578,4 +593,85 @@ fn quiet_runs_are_judged_at_once_by_the_same_rules() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert_eq!(sink.bytes(), b"quiet-bytes");
+}
+
+/// Executor cgroups named after `pid` (`flowhost-exec-PID-N`) anywhere beneath
+/// /sys/fs/cgroup (the broker puts them beneath its own cgroup of each hierarchy).
+fn executor_cgroups_of(pid: u32) -> Vec<std::path::PathBuf> {
+    let prefix = format!("flowhost-exec-{pid}-");
+    let mut found = Vec::new();
+    let mut dirs = vec![(std::path::PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((dir, depth)) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                found.push(entry.path());
+            } else if depth < 4 {
+                dirs.push((entry.path(), depth + 1));
+            }
+        }
+    }
+    found
+}
+
+/// Processes whose command line is exactly `argv` (zombies have none).
+fn processes_running(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+#[test]
+fn a_run_ends_with_the_commands_cgroup_and_everything_left_in_it() {
+    if !can_run() {
+        return;
+    }
+    // Without a pid namespace a command can leave a process behind when it exits. The run
+    // must not end before that process is killed and the command's cgroups are removed:
+    // before the fix it returned while its reaper thread was still at it, so the process
+    // could outlive the run and the cgroups stayed until another broker swept them.
+    let dir = isolated_variant("no-pidns-profile", "nopidns", ("pid = true", "pid = false"));
+    let sleeper = ["sleep", "37.125"];
+    for _ in 0..3 {
+        let mut child = flowhost()
+            .args([
+                "sandbox",
+                "run",
+                "--quiet",
+                "--profile",
+                "nopidns",
+                "--profiles-dir",
+            ])
+            .arg(&dir)
+            .args(["--", "/bin/sh", "-c"])
+            .arg(format!("{} {} & exit 0", sleeper[0], sleeper[1]))
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(child.wait().unwrap().success());
+        let left = executor_cgroups_of(pid);
+        let running = processes_running(&sleeper);
+        for p in &running {
+            // SAFETY: a signal to a process this test's command left behind.
+            unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+        }
+        assert!(left.is_empty(), "cgroups left behind: {left:?}");
+        assert!(
+            running.is_empty(),
+            "processes outlived the run: {running:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -3,7 +3,8 @@
 //! (b) loopback TCP connect+close, brokered vs no broker;
 //! (c) unconnected UDP sendto, brokered vs no broker;
 //! each beside sandlock (see [`crate::broker_peer`]) when it is installed, and the
-//! per-notification parts of (b) and (c) (see [`crate::broker_parts`]).
+//! per-notification parts of (b) and (c) (see [`crate::broker_parts`]); and (d) `flowhost
+//! sandbox run -- /bin/true` as a whole process beside bwrap and the floor (see [`Floor`]).
 //!
 //! The connect and sendto loops run in a child process (this binary, in `loop-*` mode) that
 //! times each operation itself and prints its median, so process start-up is not counted.
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowhost_broker::{
-    AttemptInfo, Broker, BrokerOptions, Judge, Profile, SpawnSpec, StdioMode, Verdict,
+    AttemptInfo, Broker, BrokerOptions, Judge, NetworkPath, Profile, SpawnSpec, StdioMode, Verdict,
 };
 use tokio::io::AsyncReadExt;
 
@@ -29,6 +30,74 @@ const BWRAP_ARGS: &[&str] = &[
     "/",
     "/bin/true",
 ];
+
+/// The floor of a whole-process sandbox run: util-linux `unshare` creating the namespaces
+/// the `isolated` profile gives an executor (the same set, read from the profile), then
+/// exec'ing `/bin/true` in them. A small C program and no confinement beyond the namespaces:
+/// no process that creates these namespaces afresh and runs a command can do less.
+struct Floor {
+    args: Vec<&'static str>,
+}
+
+impl Floor {
+    /// The floor's command for the `isolated` profile, if `unshare` runs here (else says
+    /// why there is no floor row).
+    fn find() -> Option<Floor> {
+        let isolated = profile("isolated");
+        let mut args = Vec::new();
+        for (on, flag) in [
+            (isolated.mount_namespace, "--mount"),
+            (isolated.uts_namespace, "--uts"),
+            (isolated.ipc_namespace, "--ipc"),
+            (isolated.network == NetworkPath::None, "--net"),
+            (isolated.pid_namespace, "--pid"),
+        ] {
+            if on {
+                args.push(flag);
+            }
+        }
+        if isolated.pid_namespace {
+            // The command is the new pid namespace's first process, as an executor is.
+            args.push("--fork");
+        }
+        args.push("/bin/true");
+        let floor = Floor { args };
+        match floor.once() {
+            Some(_) => Some(floor),
+            None => {
+                eprintln!(
+                    "`unshare {}` does not run here (util-linux; needs root): no floor row",
+                    floor.args.join(" ")
+                );
+                None
+            }
+        }
+    }
+
+    /// The command line, for the table.
+    fn describe(&self) -> String {
+        format!("unshare {}", self.args.join(" "))
+    }
+
+    /// One whole-process run.
+    fn once(&self) -> Option<Duration> {
+        time_whole("unshare", &self.args)
+    }
+}
+
+/// One run of `program args` as a whole process, stdio to /dev/null: how long until it
+/// exited, if it succeeded.
+fn time_whole(program: &str, args: &[&str]) -> Option<Duration> {
+    let start = Instant::now();
+    let status = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .ok()?;
+    status.success().then(|| start.elapsed())
+}
 
 fn profile(name: &str) -> Arc<Profile> {
     Arc::new(Profile::find(name, &[]).expect("built-in profile"))
@@ -55,15 +124,7 @@ async fn spawn_once(broker: &Broker, profile_name: &str) -> Duration {
 }
 
 fn bwrap_once() -> Option<Duration> {
-    let start = Instant::now();
-    let status = Command::new("bwrap")
-        .args(BWRAP_ARGS)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .ok()?;
-    status.success().then(|| start.elapsed())
+    time_whole("bwrap", BWRAP_ARGS)
 }
 
 /// The runtime and broker the broker suite runs on; `None` (with the reason printed) when
@@ -201,10 +262,11 @@ fn spawn_rows(
 }
 
 /// `flowhost sandbox run` as a whole process (the user's view: the binary starting, the
-/// profile loaded, the spawn, the exit), interleaved with the same for bwrap (and sandlock
-/// when installed).
+/// profile loaded, the spawn, the exit), interleaved with the same for bwrap, the floor
+/// ([`Floor`]) and sandlock when installed.
 fn cli_rows(samples: usize, sandlock: Option<&Sandlock>) -> Vec<Row> {
     let flowhost = crate::scale::flowhost_binary();
+    let floor = Floor::find();
     let cli_once = || {
         let start = Instant::now();
         let status = Command::new(&flowhost)
@@ -237,7 +299,7 @@ fn cli_rows(samples: usize, sandlock: Option<&Sandlock>) -> Vec<Row> {
             samples.min(30),
         ),
     ] {
-        let (mut cli, mut bw, mut sl) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut cli, mut bw, mut sl, mut fl) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..n {
             std::thread::sleep(gap);
             cli.push(cli_once());
@@ -245,19 +307,64 @@ fn cli_rows(samples: usize, sandlock: Option<&Sandlock>) -> Vec<Row> {
             if let Some(d) = bwrap_once() {
                 bw.push(d);
             }
+            if let Some(f) = &floor {
+                std::thread::sleep(gap);
+                fl.extend(f.once());
+            }
             if let Some(s) = sandlock {
                 std::thread::sleep(gap);
                 sl.push(s.true_once());
             }
         }
-        rows.extend(cli_mode_rows(
-            mode,
-            n,
-            (Samples(cli), Samples(bw), Samples(sl)),
-            sandlock,
-        ));
+        let (cli, bw) = (Samples(cli), Samples(bw));
+        if let Some(f) = &floor {
+            rows.push(floor_row(mode, n, f, &cli, &bw, &Samples(fl)));
+        }
+        rows.extend(cli_mode_rows(mode, n, (cli, bw, Samples(sl)), sandlock));
     }
     rows
+}
+
+/// The floor row of one mode of [`cli_rows`]: flowhost against the floor, and where the
+/// goal (0.5x bwrap) lies against it.
+fn floor_row(
+    mode: &str,
+    samples: usize,
+    floor: &Floor,
+    cli: &Samples,
+    bw: &Samples,
+    fl: &Samples,
+) -> Row {
+    let (cli, bw, fl) = (
+        cli.median().as_secs_f64(),
+        bw.median().as_secs_f64(),
+        fl.median().as_secs_f64(),
+    );
+    let goal = 0.5 * bw;
+    Row {
+        name: format!(
+            "floor: `{}` (the isolated profile's namespaces, then exec), whole process, {mode} (median of {samples})",
+            floor.describe()
+        ),
+        flowhost: format!("{} flowhost", fmt_duration(Duration::from_secs_f64(cli))),
+        baseline: Some((
+            format!(
+                "the floor; bwrap {}",
+                fmt_duration(Duration::from_secs_f64(bw))
+            ),
+            fmt_duration(Duration::from_secs_f64(fl)),
+        )),
+        comparison: format!(
+            "flowhost {:.2}x the floor (+{}); the floor is {:.2}x bwrap, so 0.5x bwrap ({}) is {} the floor",
+            cli / fl,
+            fmt_duration(Duration::from_secs_f64((cli - fl).max(0.0))),
+            fl / bw,
+            fmt_duration(Duration::from_secs_f64(goal)),
+            if goal < fl { "below" } else { "above" }
+        ),
+        goal: "reported".into(),
+        met: true,
+    }
 }
 
 /// The rows of one mode of [`cli_rows`]: flowhost against bwrap, and sandlock beside them.

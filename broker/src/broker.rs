@@ -104,9 +104,21 @@ impl BrokerStats {
 /// the stack is syscalls and small buffers.
 const SUPERVISOR_STACK: usize = 1024 * 1024;
 
-struct Job {
-    prepared: Prepared,
-    reply: oneshot::Sender<Result<(Started, Prepared), (SpawnError, Prepared)>>,
+/// Work for the spawner thread.
+// One of each per spawn, moved once through a channel: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Job {
+    /// Start a prepared executor.
+    Start {
+        prepared: Prepared,
+        reply: oneshot::Sender<Result<(Started, Prepared), (SpawnError, Prepared)>>,
+    },
+    /// Lease a uid for an executor being prepared: the scan of the host's processes this
+    /// takes runs here while the caller creates the executor's cgroups.
+    LeaseUid {
+        pool: Arc<UidPool>,
+        reply: oneshot::Sender<Option<crate::uids::UidLease>>,
+    },
 }
 
 struct Inner {
@@ -115,7 +127,7 @@ struct Inner {
     support: KernelSupport,
     identity: Option<(u32, u32)>,
     uids: Option<Arc<UidPool>>,
-    cgroups: CgroupSupport,
+    cgroups: Arc<CgroupSupport>,
     /// Each profile's seccomp program, compiled once.
     programs: Programs,
     counters: Arc<Counters>,
@@ -229,13 +241,13 @@ impl Broker {
                 options.executor_uids.unwrap_or(UidRange::DEFAULT),
             ))
         });
-        let cgroups = if privileged {
+        let cgroups = Arc::new(if privileged {
             CgroupSupport::detect()
         } else {
             CgroupSupport::none(
                 "the broker runs unprivileged (executors in a user namespace) and creates no cgroups",
             )
-        };
+        });
 
         let (handshake_tx, handshake_rx) = std::sync::mpsc::channel::<spawn::HandshakeJob>();
         std::thread::Builder::new()
@@ -249,12 +261,20 @@ impl Broker {
                 // Executors' parent-death signal is tied to this thread: it ends only when
                 // the last Broker handle is gone.
                 while let Ok(job) = jobs_rx.recv() {
-                    let result = spawn::start(&job.prepared, &handshake_tx);
-                    let reply = match result {
-                        Ok(started) => Ok((started, job.prepared)),
-                        Err(e) => Err((e, job.prepared)),
+                    let (prepared, reply) = match job {
+                        Job::Start { prepared, reply } => (prepared, reply),
+                        Job::LeaseUid { pool, reply } => {
+                            // A caller that gave up drops the lease unanswered: returned.
+                            let _ = reply.send(pool.lease());
+                            continue;
+                        }
                     };
-                    if let Err(Ok((started, _))) = job.reply.send(reply) {
+                    let result = spawn::start(&prepared, &handshake_tx);
+                    let reply_with = match result {
+                        Ok(started) => Ok((started, prepared)),
+                        Err(e) => Err((e, prepared)),
+                    };
+                    if let Err(Ok((started, _))) = reply.send(reply_with) {
                         // The caller gave up; do not leave the executor running.
                         let _ = sys::pidfd_send_signal(started.pidfd.as_fd(), libc::SIGKILL);
                         let _ = sys::waitid_pidfd(started.pidfd.as_fd(), true);
@@ -271,6 +291,9 @@ impl Broker {
                 }
             })
             .map_err(|e| BrokerError::Thread("reaper", e))?;
+        // Beside the first spawns rather than before them: a sweep never touches the
+        // cgroups of a live broker, and the cgroups of this one do not exist yet.
+        let _ = reaper_tx.send(ReaperJob::Sweep(cgroups.clone()));
 
         Ok(Broker {
             inner: Arc::new(Inner {
@@ -348,6 +371,26 @@ impl Broker {
         )
     }
 
+    /// Hands `job` to the spawner thread.
+    fn send(&self, job: Job) -> Result<(), SpawnError> {
+        let jobs = self.inner.jobs.lock().map_err(|_| SpawnError::BrokerGone)?;
+        jobs.as_ref()
+            .ok_or(SpawnError::BrokerGone)?
+            .send(job)
+            .map_err(|_| SpawnError::BrokerGone)
+    }
+
+    /// Waits (at most `within`) until the cgroups and uids of every executor that has
+    /// ended so far are released, so that a process that exits next leaves no executor
+    /// cgroup behind. Returns whether they were.
+    pub async fn released(&self, within: Duration) -> bool {
+        let (done, finished) = oneshot::channel();
+        if self.inner.reaper.send(ReaperJob::Flush(done)).is_err() {
+            return false;
+        }
+        matches!(tokio::time::timeout(within, finished).await, Ok(Ok(())))
+    }
+
     /// Supervision counters across every executor this broker started.
     pub fn stats(&self) -> BrokerStats {
         let c = &self.inner.counters;
@@ -388,17 +431,21 @@ impl Broker {
         // Checked at every spawn too: a caller that skipped check_profile must not get an
         // executor without the bounds its profile demands.
         self.require_bounds(&spec.profile).map_err(fail)?;
-        // The executor's own uid and cgroup, released by the reaper once it has ended.
-        let mut lease = Lease::default();
-        if spec.identity.is_none()
-            && let Some(pool) = &self.inner.uids
-        {
-            lease.uid = Some(pool.lease().ok_or_else(|| {
-                fail(SpawnError::NoFreeUid {
-                    range: pool.range().to_string(),
+        // The executor's own uid and cgroup, released by the reaper once it has ended. The
+        // uid is leased on the spawner thread while this one creates the cgroups.
+        let pending_uid = match (&spec.identity, &self.inner.uids) {
+            (None, Some(pool)) => {
+                let (reply, leased) = oneshot::channel();
+                self.send(Job::LeaseUid {
+                    pool: pool.clone(),
+                    reply,
                 })
-            })?);
-        }
+                .map_err(fail)?;
+                Some((pool.range(), leased))
+            }
+            _ => None,
+        };
+        let mut lease = Lease::default();
         let limits = spec.profile.limits;
         let absent_unix_sockets = Arc::new(spec.profile.absent_unix_sockets.clone());
         if Controller::ALL.iter().any(|c| c.bound(&limits).is_some()) {
@@ -406,6 +453,22 @@ impl Broker {
                 ExecutorCgroup::create(&self.inner.cgroups, &limits)
                     .map_err(|e| fail(SpawnError::Cgroup(e)))?,
             );
+        }
+        if let Some((range, leased)) = pending_uid {
+            match leased.await {
+                Ok(Some(uid)) => lease.uid = Some(uid),
+                Ok(None) => {
+                    // The cgroups go the usual way.
+                    drop(LeaseGuard::new(lease, self.inner.reaper.clone()));
+                    return Err(fail(SpawnError::NoFreeUid {
+                        range: range.to_string(),
+                    }));
+                }
+                Err(_) => {
+                    drop(LeaseGuard::new(lease, self.inner.reaper.clone()));
+                    return Err(fail(SpawnError::BrokerGone));
+                }
+            }
         }
         let lease = LeaseGuard::new(lease, self.inner.reaper.clone());
         let identity = lease.uid().map(|u| (u, u)).or(self.inner.identity);
@@ -424,14 +487,7 @@ impl Broker {
         .map_err(fail)?;
         prepared.cgroup = lease.placement();
         let (reply, rx) = oneshot::channel();
-        {
-            let jobs = self.inner.jobs.lock().map_err(|_| SpawnError::BrokerGone)?;
-            let Some(jobs) = jobs.as_ref() else {
-                return Err(fail(SpawnError::BrokerGone));
-            };
-            jobs.send(Job { prepared, reply })
-                .map_err(|_| fail(SpawnError::BrokerGone))?;
-        }
+        self.send(Job::Start { prepared, reply }).map_err(fail)?;
         let (started, mut prepared) = match rx.await {
             Ok(Ok(v)) => v,
             Ok(Err((e, _))) => return Err(fail(e)),

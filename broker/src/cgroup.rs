@@ -3,7 +3,8 @@
 //! nothing outside it counts against it.
 //!
 //! Where each controller lives is found once, at broker start, from `/proc/self/cgroup` and
-//! `/proc/self/mountinfo`:
+//! `/proc/self/mountinfo` (whether cgroups can be created there is proven by the first one
+//! created, see [`CgroupSupport::base`]):
 //! * cgroup v2, when the broker's own cgroup offers the controller and the broker is alone
 //!   in it (a subtree delegated to it, as systemd's `Delegate=` does): the broker moves
 //!   itself into a leaf `flowhost-host`, enables the controllers for the subtree and creates
@@ -17,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -86,7 +88,15 @@ pub struct Base {
 /// Where each controller can be used on this host, or why it cannot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupSupport {
+    /// Where the layout puts each controller's executor cgroups, or why it cannot.
     bases: BTreeMap<Controller, Result<Base, String>>,
+    /// For each v1 base: whether executor cgroups can be created beneath it. Settled once,
+    /// by the first cgroup created there (an executor's own) or, when something asks before
+    /// any spawn, by creating and removing a probe; unset until then. A run that spawns one
+    /// executor so makes one cgroup per controller instead of two.
+    writable: BTreeMap<Controller, OnceLock<Result<(), String>>>,
+    /// Names the probes (tests use fake trees with a fake pid).
+    pid: u32,
 }
 
 fn unavailable(why: &str) -> CgroupSupport {
@@ -95,6 +105,8 @@ fn unavailable(why: &str) -> CgroupSupport {
             .iter()
             .map(|c| (*c, Err(why.to_string())))
             .collect(),
+        writable: BTreeMap::new(),
+        pid: std::process::id(),
     }
 }
 
@@ -106,7 +118,8 @@ type CgroupMount = (String, Vec<String>, PathBuf, String);
 impl CgroupSupport {
     /// Finds, for each controller, where this process may create executor cgroups. Nothing
     /// is changed on the host except, for a delegated v2 subtree, moving this process into
-    /// its leaf and enabling the controllers for the subtree.
+    /// its leaf and enabling the controllers for the subtree. Leftovers of brokers that are
+    /// gone are not removed here: see [`CgroupSupport::sweep_stale`].
     pub fn detect() -> CgroupSupport {
         let me = match procfs::process::Process::myself() {
             Ok(me) => me,
@@ -171,6 +184,7 @@ impl CgroupSupport {
             _ => None,
         };
         let mut bases = BTreeMap::new();
+        let mut writable = BTreeMap::new();
         for c in Controller::ALL {
             if let Some(base) = &v2_base
                 && wanted_v2.contains(&c)
@@ -193,11 +207,12 @@ impl CgroupSupport {
                             mp.display()
                         )
                     })
-                    .and_then(|dir| {
-                        check_writable(&dir, pid).map(|()| Base {
+                    .map(|dir| {
+                        writable.insert(c, OnceLock::new());
+                        Base {
                             dir,
                             version: Version::V1,
-                        })
+                        }
                     }),
                 None => Err(match &v2_base {
                     Some(Err(why)) => why.clone(),
@@ -209,18 +224,47 @@ impl CgroupSupport {
             };
             bases.insert(c, found);
         }
-        for base in bases.values().flatten() {
-            sweep_stale(&base.dir);
+        CgroupSupport {
+            bases,
+            writable,
+            pid,
         }
-        CgroupSupport { bases }
     }
 
-    /// Where `controller` is used, or why it cannot be.
+    /// Where `controller` is used, or why it cannot be. Proves, the first time it is asked
+    /// before any executor cgroup was created there, that cgroups can be created beneath a
+    /// v1 base, by creating and removing one.
     pub fn base(&self, controller: Controller) -> Result<&Base, &str> {
+        let base = self.layout(controller)?;
+        match self.writable.get(&controller) {
+            Some(known) => match known.get_or_init(|| check_writable(&base.dir, self.pid)) {
+                Ok(()) => Ok(base),
+                Err(why) => Err(why),
+            },
+            None => Ok(base),
+        }
+    }
+
+    /// Where the layout puts `controller`'s executor cgroups, whether or not one can be
+    /// created there.
+    fn layout(&self, controller: Controller) -> Result<&Base, &str> {
         match self.bases.get(&controller) {
             Some(Ok(b)) => Ok(b),
             Some(Err(why)) => Err(why),
             None => Err("not detected"),
+        }
+    }
+
+    /// Removes the executor cgroups that brokers which are gone left beneath the bases (a
+    /// process that exits with executors still being released leaves their cgroups
+    /// behind). Slow with many leftovers: the broker runs it on its reaper thread, beside
+    /// its first spawns (it never touches a cgroup of a live broker).
+    pub(crate) fn sweep_stale(&self) {
+        let mut dirs: Vec<&PathBuf> = self.bases.values().flatten().map(|b| &b.dir).collect();
+        dirs.sort();
+        dirs.dedup();
+        for dir in dirs {
+            sweep_stale(dir);
         }
     }
 
@@ -265,7 +309,12 @@ fn check_writable(dir: &Path, pid: u32) -> Result<(), String> {
     ));
     std::fs::create_dir(&probe)
         .and_then(|()| std::fs::remove_dir(&probe))
-        .map_err(|e| format!("cannot create cgroups beneath {}: {e}", dir.display()))
+        .map_err(|e| unwritable(dir, &e))
+}
+
+/// Why executor cgroups cannot be created beneath `dir`.
+fn unwritable(dir: &Path, e: &std::io::Error) -> String {
+    format!("cannot create cgroups beneath {}: {e}", dir.display())
 }
 
 /// The leaf of a delegated v2 subtree the broker moves itself into.
@@ -431,13 +480,36 @@ impl ExecutorCgroup {
             limits: *limits,
         };
         for c in Controller::ALL {
-            let (Some(bound), Ok(base)) = (c.bound(limits), support.base(c)) else {
+            let (Some(bound), Ok(base)) = (c.bound(limits), support.layout(c)) else {
                 continue;
             };
+            // Unknown until the first creation beneath a v1 base, which settles it.
+            let known = support.writable.get(&c);
+            if known.and_then(OnceLock::get).is_some_and(Result::is_err) {
+                continue;
+            }
             let dir = base.dir.join(&name);
             if !cg.dirs.iter().any(|(_, _, d)| *d == dir) {
-                std::fs::create_dir(&dir)
-                    .map_err(|e| format!("creating the cgroup {}: {e}", dir.display()))?;
+                match (std::fs::create_dir(&dir), known) {
+                    (Ok(()), Some(known)) => {
+                        let _ = known.set(Ok(()));
+                    }
+                    (Ok(()), None) => {}
+                    // This creation was the probe: as a failed probe, the bound is not in
+                    // force (a `required` profile has been refused before any spawn, by
+                    // `base`, which probes). A name taken already proves nothing about the
+                    // base: that spawn fails, as any other failed creation.
+                    (Err(e), Some(known))
+                        if known.get().is_none()
+                            && e.kind() != std::io::ErrorKind::AlreadyExists =>
+                    {
+                        let _ = known.set(Err(unwritable(&base.dir, &e)));
+                        continue;
+                    }
+                    (Err(e), _) => {
+                        return Err(format!("creating the cgroup {}: {e}", dir.display()));
+                    }
+                }
             }
             cg.dirs.push((c, base.version, dir.clone()));
             let f = |file: &str| dir.join(file);
@@ -524,8 +596,16 @@ impl ExecutorCgroup {
         let deadline = Instant::now() + within;
         let mut left: Vec<&PathBuf> = self.dirs.iter().map(|(_, _, d)| d).collect();
         left.dedup();
+        let removed = |dir: &Path| match std::fs::remove_dir(dir) {
+            Ok(()) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        };
         while !left.is_empty() {
             left.retain(|dir| {
+                // Usually empty: the executor and all it started have ended.
+                if removed(dir) {
+                    return false;
+                }
                 let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
                 // Never the host itself: its spawner thread is inside an executor's v1
                 // cgroups while it clones (see `Placement`), and `cgroup.procs` lists the
@@ -539,10 +619,7 @@ impl ExecutorCgroup {
                     // SAFETY: sends a signal; a pid of this executor's own cgroup.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
-                match std::fs::remove_dir(dir) {
-                    Ok(()) => false,
-                    Err(e) => e.kind() != std::io::ErrorKind::NotFound,
-                }
+                !removed(dir)
             });
             if left.is_empty() || Instant::now() > deadline {
                 break;

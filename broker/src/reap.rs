@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 
-use crate::cgroup::{BoundHit, ExecutorCgroup, Placement};
+use crate::cgroup::{BoundHit, CgroupSupport, ExecutorCgroup, Placement};
 use crate::sys::{self, WaitStatus};
 use crate::uids::UidLease;
 
@@ -26,6 +26,10 @@ pub(crate) enum ReaperJob {
     Wait(Arc<Reap>),
     /// Remove an ended executor's cgroup (killing what is left in it), then return its uid.
     Release(Lease),
+    /// Remove what brokers that are gone left beneath the cgroup bases.
+    Sweep(Arc<CgroupSupport>),
+    /// Answer once every job sent before this one is done.
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 /// How long the reaper waits for what is left of an executor's cgroup to go.
@@ -62,6 +66,10 @@ impl ReaperJob {
                     );
                     std::mem::forget(uid);
                 }
+            }
+            ReaperJob::Sweep(cgroups) => cgroups.sweep_stale(),
+            ReaperJob::Flush(done) => {
+                let _ = done.send(());
             }
         }
     }

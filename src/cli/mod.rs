@@ -20,7 +20,7 @@ mod state;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{FromArgMatches, Parser, Subcommand};
 
 /// Boxed error for the CLI boundary: every module error is a typed `thiserror` enum; the
 /// CLI only prints them.
@@ -82,6 +82,22 @@ enum Command {
     Diff(diff::DiffArgs),
 }
 
+/// The parser of `flowhost sandbox` alone (see [`Cli::from_args`]): the same name, version,
+/// texts and arguments as [`Cli`]'s `sandbox` (a test holds them equal).
+/// flowhost: a Linux process host for governed tools.
+#[derive(Debug, Parser)]
+#[command(name = "flowhost", version, about, propagate_version = true)]
+struct SandboxCli {
+    #[command(subcommand)]
+    command: SandboxOnly,
+}
+
+#[derive(Debug, Subcommand)]
+enum SandboxOnly {
+    /// Run any command under the broker.
+    Sandbox(sandbox::SandboxArgs),
+}
+
 #[derive(Debug, clap::Args)]
 struct LabelArgs {
     /// A file holding one information label as JSON.
@@ -89,6 +105,22 @@ struct LabelArgs {
 }
 
 impl Cli {
+    /// Parses the process's command line as [`Parser::parse`] does (help, version and
+    /// usage errors print and exit). For `flowhost sandbox ...` only that subcommand's
+    /// parser is built: a sandbox run is a whole process the user waits for, and building
+    /// the parsers of every subcommand was a visible part of its start-up.
+    pub fn from_args() -> Cli {
+        if std::env::args_os().nth(1).is_none_or(|a| a != "sandbox") {
+            return Cli::parse();
+        }
+        let matches = <SandboxCli as clap::CommandFactory>::command().get_matches();
+        let parsed = SandboxCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        let SandboxOnly::Sandbox(args) = parsed.command;
+        Cli {
+            command: Command::Sandbox(args),
+        }
+    }
+
     /// Runs the selected subcommand.
     pub fn run(self) -> CliResult {
         match self.command {
@@ -143,5 +175,53 @@ mod tests {
     #[test]
     fn the_command_line_definition_is_consistent() {
         super::Cli::command().debug_assert();
+        super::SandboxCli::command().debug_assert();
+    }
+
+    /// What a command line prints (help, version, usage error) or parses to.
+    fn outcome(command: clap::Command, line: &[&str]) -> String {
+        match command.try_get_matches_from(line) {
+            Ok(m) => format!("{:?}", m.subcommand_matches("sandbox")),
+            Err(e) => format!("{:?}: {}", e.kind(), e.render()),
+        }
+    }
+
+    #[test]
+    fn the_sandbox_parser_alone_is_the_full_parsers_sandbox() {
+        let lines: &[&[&str]] = &[
+            &["flowhost", "sandbox"],
+            &["flowhost", "sandbox", "--help"],
+            &["flowhost", "sandbox", "-h"],
+            &["flowhost", "sandbox", "--version"],
+            &["flowhost", "sandbox", "run", "--help"],
+            &["flowhost", "sandbox", "run", "-h"],
+            &["flowhost", "sandbox", "mcp", "--help"],
+            &["flowhost", "sandbox", "help", "run"],
+            &["flowhost", "sandbox", "run", "--profile", "isolated"],
+            &["flowhost", "sandbox", "run", "--bogus", "--", "/bin/true"],
+            &["flowhost", "sandbox", "rn"],
+            &[
+                "flowhost",
+                "sandbox",
+                "run",
+                "--quiet",
+                "--profile",
+                "isolated",
+                "--allow",
+                "127.0.0.1:80",
+                "--env",
+                "A=b",
+                "--timeout",
+                "5",
+                "--",
+                "/bin/true",
+                "-x",
+            ],
+        ];
+        for line in lines {
+            let full = outcome(super::Cli::command(), line);
+            let alone = outcome(super::SandboxCli::command(), line);
+            assert_eq!(full, alone, "{line:?}");
+        }
     }
 }

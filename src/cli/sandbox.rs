@@ -309,8 +309,18 @@ impl CommonArgs {
 impl SandboxArgs {
     /// Runs the subcommand.
     pub fn run(self) -> CliResult {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+        // `run` supervises one command: its notifications, their verdicts and its exit fit
+        // one thread, and a whole run is short enough that starting worker threads is a
+        // visible part of it. `mcp` serves a client and its server's output concurrently.
+        let mut runtime = match self.command {
+            SandboxCommand::Run(_) => tokio::runtime::Builder::new_current_thread(),
+            SandboxCommand::Mcp(_) => {
+                let mut b = tokio::runtime::Builder::new_multi_thread();
+                b.worker_threads(2);
+                b
+            }
+        };
+        let runtime = runtime
             .enable_all()
             .build()
             .map_err(SandboxError::Runtime)?;
@@ -574,6 +584,11 @@ async fn run(args: RunArgs) -> CliResult {
         w.close().await?;
     }
     let health = sandbox_health(&broker, writer.as_deref(), settled);
+    // The executor's cgroups go before this process does (else they stay until another
+    // broker sweeps them); removal started when it was reaped, so this rarely waits.
+    if !broker.released(Duration::from_secs(2)).await {
+        eprintln!("flowhost sandbox: the command's cgroups were not removed within 2 s");
+    }
     args.common
         .conclude(&evidence, &health, status.code().clamp(0, 255) as u8)
 }

@@ -254,3 +254,103 @@ fn removing_an_executor_cgroup_never_signals_the_host() {
     };
     assert!(!cg.remove(Duration::from_millis(30)));
 }
+
+#[test]
+fn the_first_executor_cgroup_proves_a_v1_base_without_a_probe() {
+    let root = tempfile::tempdir().unwrap();
+    let mem = root.path().join("memory");
+    std::fs::create_dir_all(mem.join("svc")).unwrap();
+    // The pids hierarchy's directory does not exist: nothing can be created beneath it.
+    let memberships = vec![
+        (4, vec!["memory".to_string()], "/svc".to_string()),
+        (8, vec!["pids".to_string()], "/".to_string()),
+    ];
+    let mounts = vec![
+        (
+            "cgroup".to_string(),
+            vec!["memory".to_string()],
+            mem.clone(),
+            "/".to_string(),
+        ),
+        (
+            "cgroup".to_string(),
+            vec!["pids".to_string()],
+            root.path().join("pids"),
+            "/".to_string(),
+        ),
+    ];
+    let entries = |dir: &Path| std::fs::read_dir(dir).unwrap().count();
+    let s = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    assert_eq!(
+        entries(&mem.join("svc")),
+        0,
+        "nothing is created at detection"
+    );
+
+    // The executor's own cgroup is the proof; a base where it cannot be created leaves
+    // that bound out of force, as a failed probe did.
+    let cg = ExecutorCgroup::create(&s, &limits()).unwrap();
+    assert_eq!(
+        cg.dirs.iter().map(|(c, ..)| *c).collect::<Vec<_>>(),
+        vec![Controller::Memory]
+    );
+    let why = s.base(Controller::Pids).unwrap_err();
+    assert!(why.contains("cannot create cgroups beneath"), "{why}");
+    // Proven once, never probed again: the base answers even with its directory gone.
+    std::fs::remove_dir_all(&cg.dirs[0].2).unwrap();
+    std::fs::rename(mem.join("svc"), mem.join("moved")).unwrap();
+    assert_eq!(s.base(Controller::Memory).unwrap().dir, mem.join("svc"));
+    std::fs::rename(mem.join("moved"), mem.join("svc")).unwrap();
+
+    // A name already taken (a leftover of an earlier process with this pid) is no proof
+    // that the base is unwritable: the spawn fails and the bound stays in force.
+    let taken = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    // (Other tests of this process take names too: every one of the next few is taken.)
+    let next = NEXT.load(Ordering::Relaxed);
+    let squatters: Vec<_> = (next..next + 64)
+        .map(|n| mem.join(format!("svc/flowhost-exec-{}-{n}", std::process::id())))
+        .collect();
+    for d in &squatters {
+        std::fs::create_dir(d).unwrap();
+    }
+    let e = ExecutorCgroup::create(&taken, &limits()).unwrap_err();
+    assert!(e.contains("creating the cgroup"), "{e}");
+    for d in &squatters {
+        std::fs::remove_dir(d).unwrap();
+    }
+    assert_eq!(taken.base(Controller::Memory).unwrap().dir, mem.join("svc"));
+
+    // Asked before any creation (a `required` profile, the bounds report): the probe.
+    let fresh = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    assert_eq!(fresh.base(Controller::Memory).unwrap().dir, mem.join("svc"));
+    assert_eq!(entries(&mem.join("svc")), 0, "the probe is removed");
+    let why = fresh.base(Controller::Pids).unwrap_err();
+    assert!(why.contains("cannot create cgroups beneath"), "{why}");
+}
+
+#[test]
+fn the_sweep_removes_only_what_gone_brokers_left() {
+    let root = tempfile::tempdir().unwrap();
+    let base = root.path().join("pids");
+    // No process has a pid above the kernel's maximum (2^22).
+    let gone = base.join("flowhost-exec-999999999-3");
+    let live = base.join(format!("flowhost-exec-{}-3", std::process::id()));
+    let other = base.join("system.slice");
+    for d in [&gone, &live, &other] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let s = CgroupSupport::from_layout(
+        &[(8, vec!["pids".to_string()], "/".to_string())],
+        &[(
+            "cgroup".to_string(),
+            vec!["pids".to_string()],
+            base.clone(),
+            "/".to_string(),
+        )],
+        42,
+    );
+    assert!(gone.exists(), "detection sweeps nothing");
+    s.sweep_stale();
+    assert!(!gone.exists());
+    assert!(live.exists() && other.exists());
+}
