@@ -58,20 +58,7 @@ impl Daemon {
 /// The release `flowhost` binary, rebuilt first when out of date: a binary left over from
 /// an older checkout would be measured in place of the code under test.
 pub fn flowhost_binary() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--quiet",
-            "--bin",
-            "flowhost",
-        ])
-        .current_dir(repo(""))
-        .status()
-        .expect("run cargo build");
-    assert!(status.success(), "building flowhost failed");
+    crate::support::release_build(&["--bin", "flowhost"], "flowhost");
     target_dir().join("flowhost")
 }
 

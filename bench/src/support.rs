@@ -66,23 +66,25 @@ fn copy_executable(src: &Path, name: &str) -> PathBuf {
 pub fn shared_copy(name: &str) -> PathBuf {
     let built = target_dir().join(name);
     if !built.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--release",
-                "--quiet",
-                "-p",
-                "flowhost-example-tools",
-                "-p",
-                "flowhost-probe",
-            ])
-            .current_dir(repo(""))
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building the example executors failed");
+        release_build(
+            &["-p", "flowhost-example-tools", "-p", "flowhost-probe"],
+            "the example executors",
+        );
     }
     copy_executable(&built, name)
+}
+
+/// Runs `cargo build --release --locked --quiet` with `args` in the repository, panicking
+/// (naming `what`) if it fails.
+pub fn release_build(args: &[&str], what: &str) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--locked", "--quiet"])
+        .args(args)
+        .current_dir(repo(""))
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "building {what} failed");
 }
 
 /// A copy of this benchmark binary (it runs the timed loops inside the sandbox).
