@@ -12,7 +12,9 @@
 //!   written so far, makes them durable with one `fdatasync`, then completes them all. While
 //!   one sync runs, the next records are already being written, so concurrent callers share
 //!   each sync and never wait for a sync that started before their record was written plus
-//!   one.
+//!   one. A caller that knows it is alone ([`RecordWriter::commit_alone`]) runs the sync on
+//!   its own thread instead when no sync runs, nobody else waits and the last sync was quick
+//!   and served one caller. Syncs never overlap.
 //! * Fail closed: after any write, sync, rotation or anchor error the writer is failed for good:
 //!   that commit and every later one return [`RecordError::WriterFailed`] with the first
 //!   reason, and [`RecordWriter::status`] reports it. The host must then refuse calls and
@@ -280,7 +282,18 @@ impl RecordWriter {
     pub async fn commit(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
         self.refuse_if_failed()?;
         let (tx, rx) = oneshot::channel();
-        self.stages.write(record, Some(Reply::Async(tx)))?;
+        self.stages.write(record, Some(Reply::Async(tx)), false)?;
+        rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
+    }
+
+    /// Commits `record` like [`RecordWriter::commit`], with one difference: when no sync is
+    /// running and nobody else waits, the `fdatasync` runs on the calling thread (which it
+    /// blocks for that long) instead of the sync thread, sparing the two hand-offs to and from
+    /// it. For a caller that knows nothing else needs its thread meanwhile.
+    pub async fn commit_alone(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
+        self.refuse_if_failed()?;
+        let (tx, rx) = oneshot::channel();
+        self.stages.write(record, Some(Reply::Async(tx)), true)?;
         rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
     }
 
@@ -292,7 +305,7 @@ impl RecordWriter {
     /// writer, so every later commit is refused. Errors: as for `commit`.
     pub async fn append(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
         self.refuse_if_failed()?;
-        self.stages.write(record, None)
+        self.stages.write(record, None, false)
     }
 
     /// Returns once every record queued before the call (committed or appended) is durable,
@@ -309,7 +322,8 @@ impl RecordWriter {
     pub fn commit_blocking(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
         self.refuse_if_failed()?;
         let (tx, rx) = mpsc::sync_channel(1);
-        self.stages.write(record, Some(Reply::Blocking(tx)))?;
+        self.stages
+            .write(record, Some(Reply::Blocking(tx)), false)?;
         rx.recv().unwrap_or_else(|_| Err(self.shared.gone()))
     }
 

@@ -23,6 +23,8 @@ pub struct HostCounters {
     pub unknown_tools: AtomicU64,
     /// Egress attempts the signed declaration does not admit, per `server/tool`.
     pub declaration_mismatches: Mutex<BTreeMap<String, u64>>,
+    /// `tools/call` requests being run.
+    pub calls_in_flight: super::CallsInFlight,
 }
 
 /// The running host.

@@ -34,6 +34,7 @@ mod session;
 
 mod generation;
 mod host;
+mod in_flight;
 mod serve;
 mod startup;
 
@@ -51,6 +52,7 @@ pub(crate) use generation::random_id;
 pub use generation::{CallInFlight, Generation, ServerFacts};
 use generation::{build_generation, prime_pools};
 pub use host::{Host, HostCounters};
+pub use in_flight::{CallsInFlight, InFlight};
 pub use serve::{default_workers, run};
 use startup::{Coverage, check_profiles, refuse_restart_only_changes, writer_head};
 pub use startup::{STATE_FILE, STATE_RESET_FILE, StartupError, require_broker, verify_registry};

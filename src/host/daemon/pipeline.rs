@@ -99,7 +99,15 @@ impl Recorder<'_> {
     /// too: health's count must equal the `tool_call` records it vouches for).
     pub async fn commit(&self, record: DecisionRecord) -> Result<(), RpcError> {
         let event = record.flowhost.event;
-        self.records.commit(record).await.map_err(record_failure)?;
+        // A call alone in the daemon syncs its record on its own thread: nothing else needs
+        // the runtime's worker for that long, and it spares the hand-offs to the sync thread
+        // and back (most of what a call adds beyond its sync, when waking an idle CPU is slow).
+        if self.counters.calls_in_flight.alone() {
+            self.records.commit_alone(record).await
+        } else {
+            self.records.commit(record).await
+        }
+        .map_err(record_failure)?;
         if event == EventKind::ToolCall {
             self.counters.tool_calls.fetch_add(1, Ordering::SeqCst);
         }
@@ -228,7 +236,9 @@ pub async fn tools_call<D: Dispatch>(
     let principal = caller.pinned.map(ToString::to_string);
     let session = caller.session.to_string();
     let last = std::sync::Mutex::new(None);
+    let in_flight = env.recorder.counters.calls_in_flight.enter();
     let outcome = run_call(env, caller, params, dispatcher, &last).await;
+    drop(in_flight);
     let (verdict, reason) = match last.lock().ok().and_then(|mut l| l.take()) {
         Some(Verdict::Refused { denial, .. }) => ("refused", denial.as_str()),
         Some(Verdict::Failed(f)) => ("failed", f.as_str()),

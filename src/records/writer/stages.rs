@@ -6,10 +6,12 @@
 //! thread. The syncer also syncs appended records nobody waits for within [`LAZY_SYNC`] and
 //! keeps the head anchor.
 //!
-//! (A caller that waits alone could run the sync on its own thread and spare the hand-offs
-//! to and from the syncer too; measured, it cost concurrent committers 10-20 % of their
-//! group commit rate for no latency gain beyond the noise, and a runtime's only worker must
-//! not wait for the disk, so every sync is the syncer's.)
+//! A caller that says it is alone (the daemon: one call in flight) *leads* instead when no
+//! sync is running, nobody else waits, the last sync served one caller at most and took less
+//! than [`LEAD_MAX_SYNC`]: it makes everything queued so far durable with one `fdatasync` on
+//! its own thread, sparing the hand-offs to the syncer and back. Syncs never overlap: one
+//! flag (`syncing`) is taken by whoever syncs. Concurrent callers keep the syncer's group
+//! commit, and a disk that has turned slow keeps its waits off the caller's thread.
 
 use std::fs::File;
 use std::io::Write;
@@ -42,6 +44,10 @@ pub(super) struct Start {
 /// The longest a written record nobody waits for stays unsynced: it rides on the next sync
 /// someone waits for, or is synced on its own after this.
 const LAZY_SYNC: Duration = Duration::from_millis(5);
+
+/// A caller leads a sync only if the last one took less than this: on a disk that stalls,
+/// the wait is the syncer's, not a runtime worker's.
+const LEAD_MAX_SYNC: Duration = Duration::from_millis(2);
 
 /// The appending side, shared by every handle; the syncer thread is told when the last
 /// handle is gone.
@@ -89,11 +95,20 @@ struct Book {
     anchor_dirty: bool,
     /// When the last sync finished.
     last_sync: Option<Instant>,
+    /// How many waiting callers the last sync served: more than one means callers are
+    /// concurrent, and their syncs are better grouped by the syncer than led one by one.
+    last_waited: usize,
+    /// How long the last sync's `fdatasync`s took.
+    last_took: Duration,
+    /// Syncs led by a caller on its own thread.
+    led: u64,
 }
 
 /// What the syncer has to do, and when it looks next on its own.
 #[derive(Default)]
 struct Pending {
+    /// A sync (the syncer's or a leading caller's) is running.
+    syncing: bool,
     book: Book,
     written: Vec<Written>,
     /// How many of `written` someone waits for.
@@ -134,6 +149,9 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
         durable: None,
         anchor_dirty: true,
         last_sync: None,
+        last_waited: 0,
+        last_took: Duration::ZERO,
+        led: 0,
     };
     let syncer = Syncer {
         dir: s.dir.clone(),
@@ -179,6 +197,7 @@ impl Stages {
         &self,
         mut record: DecisionRecord,
         reply: Option<CommitReply>,
+        may_lead: bool,
     ) -> Result<Committed, RecordError> {
         let mut tail = self.file.lock().map_err(|_| RecordError::WriterFailed {
             reason: "a thread panicked while appending a record".into(),
@@ -202,27 +221,64 @@ impl Stages {
             hash: sealed.hash,
         };
         // Queued while the file is still held, so the queue keeps the chain's order.
-        self.queue_written(Written {
-            file: tail.file.clone(),
-            file_path: tail.file_path.clone(),
-            file_lines: tail.file_lines,
-            committed: committed.clone(),
-            reply,
-        });
+        let lead = self.queue_written(
+            Written {
+                file: tail.file.clone(),
+                file_path: tail.file_path.clone(),
+                file_lines: tail.file_lines,
+                committed: committed.clone(),
+                reply,
+            },
+            may_lead,
+        );
+        drop(tail);
+        if let Some(written) = lead {
+            // Others append meanwhile; their records go to the next sync.
+            sync_written(&self.queue, &self.shared, written);
+            let q = self.queue.lock();
+            // Whoever queued a wait while this sync ran needs the syncer; an idle syncer
+            // needs to know about the anchor and any appended records.
+            let wake = q.waited > 0
+                || !q.flushes.is_empty()
+                || q.close.is_some()
+                || q.hung_up
+                || q.next_look.is_none();
+            drop(q);
+            if wake {
+                self.queue.wake.notify_one();
+            }
+        }
         Ok(committed)
     }
 
-    /// Queues a written record for the syncer.
-    fn queue_written(&self, w: Written) {
+    /// Queues a written record for the syncer; returns what to sync if the caller is to lead
+    /// the sync instead (only if it `may_lead`, no sync runs and nobody else waits).
+    fn queue_written(&self, w: Written, may_lead: bool) -> Option<Vec<Written>> {
         let mut q = self.queue.lock();
         if q.ended {
             drop(q);
             if let Some(reply) = w.reply {
                 reply.send(Err(self.shared.gone()));
             }
-            return;
+            return None;
         }
         let wake = if w.reply.is_some() {
+            let alone = may_lead
+                && q.book.last_waited <= 1
+                && q.book.last_took < LEAD_MAX_SYNC
+                && !q.syncing
+                && q.waited == 0
+                && q.flushes.is_empty()
+                && q.close.is_none()
+                && !q.hung_up;
+            if alone {
+                q.syncing = true;
+                q.book.led += 1;
+                q.lazy_since = None;
+                let mut written = std::mem::take(&mut q.written);
+                written.push(w);
+                return Some(written);
+            }
             q.waited += 1;
             true
         } else {
@@ -235,6 +291,13 @@ impl Stages {
         if wake {
             self.queue.wake.notify_one();
         }
+        None
+    }
+
+    /// How many syncs callers have led on their own threads.
+    #[cfg(test)]
+    pub(super) fn led_syncs(&self) -> u64 {
+        self.queue.lock().book.led
     }
 
     /// Answers `reply` once everything written before this call is durable.
@@ -415,12 +478,14 @@ impl Syncer {
         loop {
             let now = Instant::now();
             let lazy_due = q.lazy_since.map(|t| t + LAZY_SYNC);
-            if q.waited > 0
-                || !q.flushes.is_empty()
-                || q.close.is_some()
-                || q.hung_up
-                || lazy_due.is_some_and(|t| t <= now)
+            if !q.syncing
+                && (q.waited > 0
+                    || !q.flushes.is_empty()
+                    || q.close.is_some()
+                    || q.hung_up
+                    || lazy_due.is_some_and(|t| t <= now))
             {
+                q.syncing = true;
                 q.waited = 0;
                 q.lazy_since = None;
                 q.next_look = Some(now);
@@ -458,7 +523,8 @@ impl Syncer {
                         .0
                 }
             };
-            if anchor_due.is_some_and(|t| t <= Instant::now()) && q.written.is_empty() {
+            if anchor_due.is_some_and(|t| t <= Instant::now()) && q.written.is_empty() && !q.syncing
+            {
                 return None;
             }
         }
@@ -544,6 +610,7 @@ fn sync_written(queue: &Queue, shared: &Shared, written: Vec<Written>) {
         Some(reason) => Err(reason.clone()),
         None => Ok(()),
     };
+    let started = Instant::now();
     if result.is_ok() {
         let mut synced: Vec<&Arc<File>> = Vec::new();
         for w in &written {
@@ -559,6 +626,7 @@ fn sync_written(queue: &Queue, shared: &Shared, written: Vec<Written>) {
     }
     {
         let mut q = queue.lock();
+        q.syncing = false;
         if let (Ok(()), Some(last)) = (&result, written.last()) {
             let book = &mut q.book;
             book.first_seq = book.first_seq.or(written.first().map(|w| w.committed.seq));
@@ -568,6 +636,8 @@ fn sync_written(queue: &Queue, shared: &Shared, written: Vec<Written>) {
             });
             book.anchor_dirty = true;
             book.last_sync = Some(Instant::now());
+            book.last_waited = written.iter().filter(|w| w.reply.is_some()).count();
+            book.last_took = started.elapsed();
             let (first_seq, path, head) = (
                 book.first_seq,
                 last.file_path.to_path_buf(),

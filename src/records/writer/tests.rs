@@ -290,6 +290,59 @@ async fn a_commit_is_booked_durable_when_it_returns_whoever_synced_it() {
     assert!(verify_records(dir.path(), None).unwrap().is_ok());
 }
 
+/// A caller alone leads its sync on its own thread, and the record is durable when it
+/// returns; among concurrent callers that ask to lead, with appends, flushes and a close
+/// between them, syncs never overlap, nobody is left waiting, and the chain verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_caller_alone_leads_its_sync_and_concurrent_ones_stay_grouped_and_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    for n in 1..=3u64 {
+        let c = w.commit_alone(sample_tool_call()).await.unwrap();
+        assert!(w.status().last_seq >= Some(c.seq), "{:?}", w.status());
+        assert_eq!(
+            w.stages.led_syncs(),
+            n,
+            "a caller alone syncs on its own thread"
+        );
+    }
+    // A plain commit never leads.
+    w.commit(sample_tool_call()).await.unwrap();
+    assert_eq!(w.stages.led_syncs(), 3);
+
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            let w = w.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    for _ in 0..20 {
+                        let c = w.commit_alone(sample_tool_call()).await.unwrap();
+                        assert!(w.status().last_seq >= Some(c.seq));
+                        if i % 2 == 0 {
+                            w.append(sample_tool_call()).await.unwrap();
+                        } else {
+                            w.flush().await.unwrap();
+                        }
+                    }
+                });
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let status = tokio::time::timeout(std::time::Duration::from_secs(10), w.close())
+        .await
+        .expect("close must be answered after led syncs")
+        .unwrap();
+    // 4 alone, 6 x 20 concurrent commits, 3 x 20 appends.
+    assert_eq!(status.last_seq, Some(4 + 120 + 60));
+    assert!(verify_records(dir.path(), None).unwrap().is_ok());
+}
+
 /// Blocks are reserved ahead of a record file's end (so a sync writes no allocation
 /// metadata) without changing the file: it holds exactly its lines, and a reopened writer
 /// continues the chain after them. Every commit is durable when it returns on both runtime
