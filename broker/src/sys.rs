@@ -556,6 +556,22 @@ pub fn wait_writable(fd: BorrowedFd<'_>, timeout: std::time::Duration) -> io::Re
     Ok(r > 0 && pfd.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
 }
 
+/// Sets the calling thread's nice value to `nice` (the thread alone: on Linux a thread id
+/// names one thread for `setpriority`). Returns the error when not permitted (raising
+/// needs `CAP_SYS_NICE` or `RLIMIT_NICE`); callers treat that as "slower", never as a
+/// mediation failure.
+pub fn set_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: setpriority reads three integers; `tid` is this thread's own id.
+    let ret = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Asks the kernel to wake the supervisor and the notifying task synchronously, on the same
 /// CPU (`SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP`, Linux 6.6). Returns false on older kernels;
 /// mediation is the same either way, only slower.
@@ -570,4 +586,50 @@ pub fn notif_set_sync_wakeup(listener: BorrowedFd<'_>) -> bool {
         )
     };
     ret == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The nice value lands on the calling thread alone: the process's other threads keep
+    /// theirs. Without the right to raise it (not root), the call says so.
+    #[test]
+    fn a_thread_nice_value_is_the_threads_alone() {
+        let nice_of = |tid: i32| {
+            procfs::process::Process::myself()
+                .and_then(|p| p.task_from_tid(tid))
+                .and_then(|t| t.stat())
+                .map(|s| s.nice)
+                .unwrap()
+        };
+        let me = nix::unistd::gettid().as_raw();
+        let before = nice_of(me);
+        let (told, heard) = std::sync::mpsc::channel();
+        let (done, finish) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let r = set_thread_nice(-10);
+            told.send((r, nix::unistd::gettid().as_raw())).unwrap();
+            let _ = finish.recv();
+        });
+        let (result, tid) = heard.recv().unwrap();
+        if nix::unistd::geteuid().is_root() {
+            result.unwrap();
+            assert_eq!(nice_of(tid), -10);
+        } else {
+            let e = result.unwrap_err();
+            assert!(
+                matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)),
+                "{e}"
+            );
+            eprintln!("not root: checked only that raising the weight is refused");
+        }
+        assert_eq!(
+            nice_of(me),
+            before,
+            "the calling thread's neighbours keep theirs"
+        );
+        done.send(()).unwrap();
+        thread.join().unwrap();
+    }
 }
