@@ -41,6 +41,12 @@ fn refused_by_default_allowed_with_allow_and_recorded() {
         "{stderr}"
     );
     assert!(stderr.contains("REFUSED (default)"), "{stderr}");
+    // Judged and printed on the broker's supervision thread (no records), the line still
+    // names the caller's executable.
+    assert!(
+        stderr.contains(&format!("({}) -> REFUSED (default)", probe.display())),
+        "{stderr}"
+    );
 
     // Allowed with --allow, and recorded: read back through the harness as typed attempts.
     let run = flowhost::harness::Harness::with_binary(env!("CARGO_BIN_EXE_flowhost"))

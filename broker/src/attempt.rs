@@ -324,6 +324,18 @@ pub struct AttemptInfo {
     pub passed_fds: usize,
 }
 
+impl AttemptInfo {
+    /// The caller's executable: the one the broker read, or (for an attempt given to a
+    /// synchronous judge, which gets none) read now from `/proc/<pid>/exe`. Informational:
+    /// the caller is blocked in the notified syscall while a judge runs, but another
+    /// thread of its process can exec meanwhile.
+    pub fn executable_now(&self) -> Option<PathBuf> {
+        self.executable
+            .clone()
+            .or_else(|| crate::sys::executable_of(self.pid))
+    }
+}
+
 /// The host's answer to an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {

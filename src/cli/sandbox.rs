@@ -522,16 +522,30 @@ async fn run(args: RunArgs) -> CliResult {
         dns.show_to(&mut spec).map_err(SandboxError::Dns)?;
     }
 
-    // With nothing to record or print (`--quiet`, no `--records`), a verdict needs only the
-    // rules and the names the command's resolver handed out: it is given on the broker's
-    // supervision thread, as soon as the attempt is known. Otherwise every attempt goes to
-    // the task below, which records and prints it first.
-    let judge: Option<Judge> = (writer.is_none() && args.quiet).then(|| {
-        let (rules, dns) = (rules.clone(), dns.clone());
+    // With nothing to record (no `--records`), a verdict needs only the rules and the names
+    // the command's resolver handed out: it is given on the broker's supervision thread, as
+    // soon as the attempt is known, and printed there (unless `--quiet`). With records, every
+    // attempt goes to the task below, which records it first.
+    let judge: Option<Judge> = writer.is_none().then(|| {
+        let (rules, dns, quiet) = (rules.clone(), dns.clone(), args.quiet);
         Arc::new(move |info: &AttemptInfo| {
-            Some(match rule_on(&rules, dns.as_deref(), info) {
-                Some((_, decision)) if !decision.allowed => BrokerVerdict::DENY,
-                _ => BrokerVerdict::Allow,
+            let Some((name, decision)) = rule_on(&rules, dns.as_deref(), info) else {
+                return Some(BrokerVerdict::Allow);
+            };
+            if !quiet {
+                let executable = info.executable_now();
+                log_attempt(
+                    info,
+                    executable.as_deref(),
+                    name.as_ref(),
+                    decision.allowed,
+                    &decision.rule,
+                );
+            }
+            Some(if decision.allowed {
+                BrokerVerdict::Allow
+            } else {
+                BrokerVerdict::DENY
             })
         }) as Judge
     });
@@ -559,7 +573,13 @@ async fn run(args: RunArgs) -> CliResult {
                 // Fail closed: an attempt that cannot be recorded is refused.
                 let allowed = record(writer.as_deref(), r).await && decision.allowed;
                 if !args.quiet {
-                    log_attempt(&info, name.as_ref(), allowed, &decision.rule);
+                    log_attempt(
+                        &info,
+                        info.executable.as_deref(),
+                        name.as_ref(),
+                        allowed,
+                        &decision.rule,
+                    );
                 }
                 attempt.respond(if allowed {
                     BrokerVerdict::Allow
@@ -614,7 +634,13 @@ fn rule_on(
     Some((name, decision))
 }
 
-fn log_attempt(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule: &str) {
+fn log_attempt(
+    info: &AttemptInfo,
+    executable: Option<&std::path::Path>,
+    name: Option<&HostName>,
+    allowed: bool,
+    rule: &str,
+) {
     eprintln!(
         "flowhost sandbox: {} {}/{}/{} {}{} by pid {} ({}) -> {} ({})",
         info.syscall.as_str(),
@@ -627,8 +653,7 @@ fn log_attempt(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule:
             .unwrap_or_else(|| "(none)".into()),
         name.map(|n| format!(" ({n})")).unwrap_or_default(),
         info.pid,
-        info.executable
-            .as_ref()
+        executable
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "?".into()),
         if allowed { "ALLOWED" } else { "REFUSED" },
