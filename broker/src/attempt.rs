@@ -363,7 +363,8 @@ impl Verdict {
 /// A judge must be cheap and must not block: it runs while the executor's thread waits in
 /// its syscall, and no other notification of that executor is received meanwhile. It sees
 /// the attempt without its `executable`, which the broker reads only for attempts handed to
-/// the stream (whose consumers record it); a judge that needs it returns `None`. A verdict
+/// the stream (whose consumers record it); a judge that needs it reads it with
+/// [`AttemptInfo::executable_now`]. A verdict
 /// it gives is final and obeyed exactly as one from the stream: the validity of the caller
 /// is checked again before anything is performed.
 pub type Judge = std::sync::Arc<dyn Fn(&AttemptInfo) -> Option<Verdict> + Send + Sync>;

@@ -533,14 +533,7 @@ async fn run(args: RunArgs) -> CliResult {
                 return Some(BrokerVerdict::Allow);
             };
             if !quiet {
-                let executable = info.executable_now();
-                log_attempt(
-                    info,
-                    executable.as_deref(),
-                    name.as_ref(),
-                    decision.allowed,
-                    &decision.rule,
-                );
+                log_attempt(info, name.as_ref(), decision.allowed, &decision.rule);
             }
             Some(if decision.allowed {
                 BrokerVerdict::Allow
@@ -573,13 +566,7 @@ async fn run(args: RunArgs) -> CliResult {
                 // Fail closed: an attempt that cannot be recorded is refused.
                 let allowed = record(writer.as_deref(), r).await && decision.allowed;
                 if !args.quiet {
-                    log_attempt(
-                        &info,
-                        info.executable.as_deref(),
-                        name.as_ref(),
-                        allowed,
-                        &decision.rule,
-                    );
+                    log_attempt(&info, name.as_ref(), allowed, &decision.rule);
                 }
                 attempt.respond(if allowed {
                     BrokerVerdict::Allow
@@ -634,13 +621,9 @@ fn rule_on(
     Some((name, decision))
 }
 
-fn log_attempt(
-    info: &AttemptInfo,
-    executable: Option<&std::path::Path>,
-    name: Option<&HostName>,
-    allowed: bool,
-    rule: &str,
-) {
+/// Prints one attempt and its verdict, naming the caller's executable (read now if the
+/// broker did not: an attempt judged at once comes without it).
+fn log_attempt(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule: &str) {
     eprintln!(
         "flowhost sandbox: {} {}/{}/{} {}{} by pid {} ({}) -> {} ({})",
         info.syscall.as_str(),
@@ -653,7 +636,7 @@ fn log_attempt(
             .unwrap_or_else(|| "(none)".into()),
         name.map(|n| format!(" ({n})")).unwrap_or_default(),
         info.pid,
-        executable
+        info.executable_now()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "?".into()),
         if allowed { "ALLOWED" } else { "REFUSED" },

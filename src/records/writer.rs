@@ -280,10 +280,7 @@ impl RecordWriter {
     /// The line is written on the calling thread (one short `write`); the `fdatasync` runs
     /// on the sync thread.
     pub async fn commit(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
-        self.refuse_if_failed()?;
-        let (tx, rx) = oneshot::channel();
-        self.stages.write(record, Some(Reply::Async(tx)), false)?;
-        rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
+        self.commit_durably(record, false).await
     }
 
     /// Commits `record` like [`RecordWriter::commit`], with one difference: when no sync is
@@ -291,9 +288,20 @@ impl RecordWriter {
     /// blocks for that long) instead of the sync thread, sparing the two hand-offs to and from
     /// it. For a caller that knows nothing else needs its thread meanwhile.
     pub async fn commit_alone(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
+        self.commit_durably(record, true).await
+    }
+
+    /// Writes `record` and waits until it is durable; `may_lead`: see
+    /// [`RecordWriter::commit_alone`].
+    async fn commit_durably(
+        &self,
+        record: DecisionRecord,
+        may_lead: bool,
+    ) -> Result<Committed, RecordError> {
         self.refuse_if_failed()?;
         let (tx, rx) = oneshot::channel();
-        self.stages.write(record, Some(Reply::Async(tx)), true)?;
+        self.stages
+            .write(record, Some(Reply::Async(tx)), may_lead)?;
         rx.await.unwrap_or_else(|_| Err(self.shared.gone()))
     }
 

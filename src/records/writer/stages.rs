@@ -300,6 +300,12 @@ impl Stages {
         self.queue.lock().book.led
     }
 
+    /// Whether the last sync was quick enough for a caller to lead the next one.
+    #[cfg(test)]
+    pub(super) fn last_sync_was_quick(&self) -> bool {
+        self.queue.lock().book.last_took < LEAD_MAX_SYNC
+    }
+
     /// Answers `reply` once everything written before this call is durable.
     pub(super) fn flush(&self, reply: FlushReply) {
         let mut q = self.queue.lock();
