@@ -253,7 +253,7 @@ fn declassification_grants_allow_once_and_refuse_every_misuse() {
         "workspace/read_terms",
         json!({"document": "harbor-goods-terms.md"}),
     );
-    assert!(text(&r).contains("Harbor Goods"));
+    assert!(text(&r).contains("Harbor Goods"), "{r}");
     let session = c.request("flowhost/session", json!({}))["result"].clone();
     assert!(
         session["label"].to_string().contains("harbor-goods-terms"),
