@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use flowhost::records::chain::{ProblemKind, verify_records};
 use flowhost::records::health::{HealthProducer, RecordsHealth, ToolObservationHealth};
 use flowhost::records::{
-    Correlation, DecisionRecord, FlowContext, RecordError, RecordWriter, ServerInfo, ToolCallFacts,
-    Verdict, WriterOptions, project_tool_call,
+    Correlation, DecisionRecord, FlowContext, MIN_RING_BYTES, RecordError, RecordWriter,
+    ServerInfo, ToolCallFacts, Verdict, WriterOptions, project_tool_call,
 };
 
 const CHILD_ENV: &str = "FLOWHOST_DURABILITY_CHILD";
@@ -231,7 +231,12 @@ fn child_fill_disk() {
         .expect("set RLIMIT_FSIZE");
     let health_path = dir.join("health.json");
     let records = dir.join("records");
-    let w = RecordWriter::open(&records, WriterOptions::default()).expect("open");
+    // The smallest ring, so that the file limit bites on records, not on the ring.
+    let options = WriterOptions {
+        ring_bytes: MIN_RING_BYTES,
+        ..WriterOptions::default()
+    };
+    let w = RecordWriter::open(&records, options).expect("open");
     let mut committed = 0u64;
     let first_error = loop {
         match w.commit_blocking(decision(&format!("c{committed}"))) {
@@ -359,7 +364,11 @@ fn full_tmpfs_fails_closed_when_root() {
         }
     }
     let _guard = Mounted(dir.path().to_path_buf());
-    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    let options = WriterOptions {
+        ring_bytes: MIN_RING_BYTES,
+        ..WriterOptions::default()
+    };
+    let w = RecordWriter::open(dir.path(), options).unwrap();
     let mut committed = 0u64;
     let err = loop {
         match w.commit_blocking(decision(&format!("c{committed}"))) {

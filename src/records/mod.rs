@@ -36,7 +36,9 @@ pub use projection::{
     HashedField, Projection, ToolMapping, project_egress, project_tool_call, target_hash,
 };
 pub use trace::correlation_from_params;
-pub use writer::{Committed, RecordError, RecordWriter, WriterOptions, WriterStatus};
+pub use writer::{
+    Committed, MIN_RING_BYTES, RING_FILE, RecordError, RecordWriter, WriterOptions, WriterStatus,
+};
 
 /// The schema of the decision objects and of the exported envelope.
 pub const DECISION_SURFACE_SCHEMA: &str = "assay.tool_decision_surface.v0";

@@ -46,7 +46,8 @@ use tokio::sync::oneshot;
 
 use super::chain::{ChainHash, Chainer, line_hash};
 use super::store::{
-    HEAD_FILE, HeadAnchor, StoreError, TORN_INFIX, list_record_files, record_file_name, split_lines,
+    HEAD_FILE, HeadAnchor, RecordFile, StoreError, TORN_INFIX, list_record_files, record_file_name,
+    split_lines,
 };
 use super::{DecisionRecord, RecordFormatError};
 use crate::files::{sync_dir, write_atomic};
@@ -58,8 +59,11 @@ pub struct WriterOptions {
     /// (a file always takes at least one line). Default 64 MiB.
     pub rotate_bytes: u64,
     /// Refresh the head anchor at most this often while records keep coming (and once idle).
-    /// Default 1 s.
+    /// Default 1 s. Each refresh is also a checkpoint of the write-ahead ring.
     pub head_interval: Duration,
+    /// The size of the write-ahead ring (`records.wal`) made for a directory that has none.
+    /// Default 4 MiB (at least [`MIN_RING_BYTES`]).
+    pub ring_bytes: u64,
 }
 
 impl Default for WriterOptions {
@@ -67,6 +71,7 @@ impl Default for WriterOptions {
         WriterOptions {
             rotate_bytes: 64 * 1024 * 1024,
             head_interval: Duration::from_secs(1),
+            ring_bytes: 4 * 1024 * 1024,
         }
     }
 }
@@ -118,6 +123,9 @@ pub enum RecordError {
         /// The disagreement.
         problem: String,
     },
+    /// The write-ahead ring could not be read, written or synced.
+    #[error(transparent)]
+    Ring(#[from] ring::RingError),
     /// The writer's sync thread could not be started.
     #[error("cannot start the record writer's sync thread: {0}")]
     Spawn(#[source] io::Error),
@@ -238,6 +246,22 @@ impl RecordWriter {
             .append(true)
             .open(&resumed.file_path)
             .map_err(StoreError::io("open for append", &resumed.file_path))?;
+        // The ring's new checkpoint says the file is durable as it stands: lines a previous
+        // process wrote but never synced are synced here first.
+        file.sync_data()
+            .map_err(StoreError::io("fdatasync", &resumed.file_path))?;
+        let (ring, cursor) = ring::Ring::open(
+            dir,
+            options.ring_bytes,
+            &ring::Checkpoint {
+                file: file_name_of(&resumed.file_path),
+                bytes: resumed.file_bytes,
+                lines: resumed.file_lines,
+                seq: resumed.chain.next_seq() - 1,
+                hash: resumed.chain.head_hash().clone(),
+                ring_at: 0,
+            },
+        )?;
         let status = WriterStatus {
             dir: dir.to_path_buf(),
             first_seq: resumed.first_seq,
@@ -263,6 +287,8 @@ impl RecordWriter {
             chain: resumed.chain,
             first_seq: resumed.first_seq,
             shared: shared.clone(),
+            ring: Arc::new(ring),
+            cursor,
         })?;
         Ok(RecordWriter {
             stages: Arc::new(stages),
@@ -392,7 +418,7 @@ struct Resumed {
 /// Finds where the stream in `dir` ends, repairing a torn tail, and checks the head anchor.
 fn resume(dir: &Path) -> Result<Resumed, RecordError> {
     let files = list_record_files(dir)?;
-    let mut recovered = Vec::new();
+    let mut recovered = replay_ring(dir, &files)?;
     let Some(last) = files.last() else {
         let path = dir.join(record_file_name(1));
         create_record_file(dir, &path)?;
@@ -492,6 +518,104 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
     })
 }
 
+/// Writes the records the ring holds past its checkpoint into the record file the
+/// checkpoint names, where a crash of the machine lost them (its lines are synced only at
+/// checkpoints). Bytes of that file past the checkpoint that are not the ring's records (a
+/// torn or never-synced line) are preserved in a sidecar, as a torn tail is, and cut.
+fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, RecordError> {
+    let Some((checkpoint, entries)) = ring::read_back(dir)? else {
+        return Ok(Vec::new());
+    };
+    let path = dir.join(&checkpoint.file);
+    let Some(position) = files.iter().position(|f| f.path == path) else {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        return Err(RecordError::Corrupt {
+            path,
+            line: checkpoint.lines,
+            problem: format!(
+                "the write-ahead ring holds records {}..={} for this file, which is missing",
+                checkpoint.seq + 1,
+                checkpoint.seq + entries.len() as u64
+            ),
+        });
+    };
+    let bytes = fs::read(&path).map_err(StoreError::io("read", &path))?;
+    let Ok(start) = usize::try_from(checkpoint.bytes) else {
+        return Ok(Vec::new());
+    };
+    if bytes.len() < start || entries.is_empty() {
+        // Shorter than its durable length: lines were cut after they were synced, which no
+        // crash does. Left for the head anchor's check to refuse.
+        return Ok(Vec::new());
+    }
+    if position + 1 != files.len() {
+        return Err(RecordError::Corrupt {
+            path,
+            line: checkpoint.lines,
+            problem:
+                "the write-ahead ring holds records for this file, but later record files exist"
+                    .into(),
+        });
+    }
+    let have = &bytes[start..];
+    let mut matched = 0usize;
+    let mut kept = 0usize;
+    for entry in &entries {
+        let rest = &have[matched..];
+        if rest.len() > entry.line.len()
+            && rest.starts_with(&entry.line)
+            && rest[entry.line.len()] == b'\n'
+        {
+            matched += entry.line.len() + 1;
+            kept += 1;
+        } else {
+            break;
+        }
+    }
+    if kept == entries.len() && matched == have.len() {
+        return Ok(Vec::new());
+    }
+    let mut recovered = Vec::new();
+    let cut = &have[matched..];
+    if !cut.is_empty() {
+        recovered.push(preserve_torn_tail(&path, cut)?);
+    }
+    let mut tail = Vec::new();
+    for entry in &entries[kept..] {
+        tail.extend_from_slice(&entry.line);
+        tail.push(b'\n');
+    }
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(StoreError::io("open", &path))?;
+    let at = (start + matched) as u64;
+    f.set_len(at)
+        .and_then(|()| {
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(&tail, at)
+        })
+        .and_then(|()| f.sync_all())
+        .map_err(StoreError::io("replay the write-ahead ring into", &path))?;
+    tracing::warn!(
+        file = %path.display(),
+        replayed = entries.len() - kept,
+        first = checkpoint.seq + 1 + kept as u64,
+        cut_bytes = cut.len(),
+        "record file lacked durable records (a machine crash before its checkpoint); they were \
+         written back from the write-ahead ring"
+    );
+    Ok(recovered)
+}
+
+fn file_name_of(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 fn last_seq_of(path: &Path, line_no: u64, line: &[u8]) -> Result<u64, RecordError> {
     DecisionRecord::from_json_line(line)
         .map(|r| r.flowhost.seq)
@@ -575,7 +699,10 @@ fn create_record_file(dir: &Path, path: &Path) -> Result<File, RecordError> {
     Ok(f)
 }
 
+mod ring;
 mod stages;
+
+pub use ring::{MIN_RING_BYTES, RING_FILE};
 
 #[cfg(test)]
 mod tests;

@@ -19,12 +19,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::ring::{Checkpoint, Cursor, Ring};
 use super::{
     CloseReply, CommitReply, Committed, FlushReply, RecordError, Shared, WriterOptions,
-    WriterStatus, create_record_file,
+    WriterStatus, create_record_file, file_name_of,
 };
 use crate::records::DecisionRecord;
-use crate::records::chain::Chainer;
+use crate::records::chain::{ChainHash, Chainer, Sealed};
 use crate::records::now_rfc3339;
 use crate::records::store::{HEAD_FILE, HEAD_SCHEMA, HeadAnchor, record_file_name};
 
@@ -39,6 +40,8 @@ pub(super) struct Start {
     pub chain: Chainer,
     pub first_seq: Option<u64>,
     pub shared: Arc<Shared>,
+    pub ring: Arc<Ring>,
+    pub cursor: Cursor,
 }
 
 /// The longest a written record nobody waits for stays unsynced: it rides on the next sync
@@ -55,6 +58,7 @@ pub(super) struct Stages {
     file: Mutex<Tail>,
     queue: Arc<Queue>,
     shared: Arc<Shared>,
+    ring: Arc<Ring>,
 }
 
 /// The end of the stream records are appended to.
@@ -71,6 +75,9 @@ struct Tail {
     reserved: u64,
     /// Reserving is supported by the file system (cleared at the first refusal).
     reserving: bool,
+    ring: Arc<Ring>,
+    /// Where the next record's ring entry goes.
+    cursor: Cursor,
 }
 
 /// How far ahead of a record file's end its blocks are reserved.
@@ -82,6 +89,10 @@ struct Written {
     file_path: Arc<Path>,
     /// The file's line count once this record is in it (for the anchor).
     file_lines: u64,
+    /// The file's length once this record is in it (for the checkpoint).
+    file_bytes: u64,
+    /// The ring's cursor after this record (for the checkpoint).
+    cursor: Cursor,
     committed: Committed,
     /// Who waits for it to be durable (none for an appended record).
     reply: Option<CommitReply>,
@@ -154,6 +165,7 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
         led: 0,
     };
     let syncer = Syncer {
+        ring: s.ring.clone(),
         dir: s.dir.clone(),
         head_interval: s.options.head_interval,
         shared: s.shared.clone(),
@@ -176,9 +188,12 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
             closed: false,
             reserved: 0,
             reserving: true,
+            ring: s.ring.clone(),
+            cursor: s.cursor,
         }),
         queue,
         shared: s.shared,
+        ring: s.ring,
     })
 }
 
@@ -210,8 +225,9 @@ impl Stages {
                 reason: reason.clone(),
             });
         }
+        let prev = tail.chain.head_hash().clone();
         let sealed = tail.chain.seal(&mut record)?;
-        let appended = tail.append(&sealed.line, sealed.seq);
+        let appended = tail.append(&sealed, &prev);
         if let Err(reason) = appended {
             fail(&self.shared, reason.clone());
             return Err(RecordError::WriterFailed { reason });
@@ -226,6 +242,8 @@ impl Stages {
                 file: tail.file.clone(),
                 file_path: tail.file_path.clone(),
                 file_lines: tail.file_lines,
+                file_bytes: tail.file_bytes,
+                cursor: tail.cursor,
                 committed: committed.clone(),
                 reply,
             },
@@ -234,7 +252,7 @@ impl Stages {
         drop(tail);
         if let Some(written) = lead {
             // Others append meanwhile; their records go to the next sync.
-            sync_written(&self.queue, &self.shared, written);
+            sync_written(&self.queue, &self.shared, &self.ring, written);
             let q = self.queue.lock();
             // Whoever queued a wait while this sync ran needs the syncer; an idle syncer
             // needs to know about the anchor and any appended records.
@@ -342,11 +360,18 @@ impl Stages {
 }
 
 impl Tail {
-    /// Appends one sealed line, first starting a new file (record `seq`'s) if the line would
-    /// take this one past the rotation size.
-    fn append(&mut self, line: &[u8], seq: u64) -> Result<(), String> {
+    /// Writes one sealed record: its entry to the ring, then its line to the file, first
+    /// starting a new file (record `seq`'s) if the line would take this one past the rotation
+    /// size. `prev` is the hash of the record before it.
+    fn append(&mut self, sealed: &Sealed, prev: &ChainHash) -> Result<(), String> {
+        let line = &sealed.line;
         if self.file_bytes > 0 && self.file_bytes + line.len() as u64 > self.rotate_bytes {
-            let path = self.dir.join(record_file_name(seq));
+            // The old file is made durable before the stream moves on, so that the checkpoint
+            // can name the new one: the ring's entries from here on are all the new file's.
+            self.file
+                .sync_data()
+                .map_err(|e| format!("cannot fdatasync {}: {e}", self.file_path.display()))?;
+            let path = self.dir.join(record_file_name(sealed.seq));
             let file =
                 create_record_file(&self.dir, &path).map_err(|e| format!("rotation: {e}"))?;
             self.file = Arc::new(file);
@@ -354,6 +379,26 @@ impl Tail {
             self.file_bytes = 0;
             self.file_lines = 0;
             self.reserved = 0;
+            self.checkpoint(sealed.seq - 1, prev)?;
+        }
+        // The line without its newline is what the chain hashes.
+        let body = &line[..line.len() - 1];
+        let in_ring = self.ring.can_hold(body.len());
+        if in_ring {
+            if !self.ring.has_room(self.cursor, body.len()) {
+                // The sync thread's checkpoints have not kept up: this caller makes room.
+                self.file
+                    .sync_data()
+                    .map_err(|e| format!("cannot fdatasync {}: {e}", self.file_path.display()))?;
+                self.checkpoint(sealed.seq - 1, prev)?;
+            }
+            let mut hash = [0u8; 32];
+            let hex = sealed.hash.as_str().trim_start_matches("sha256:");
+            hex::decode_to_slice(hex, &mut hash)
+                .map_err(|e| format!("record {} has a malformed line hash: {e}", sealed.seq))?;
+            self.ring
+                .append(&mut self.cursor, sealed.seq, &hash, body)
+                .map_err(|e| e.to_string())?;
         }
         let end = self.file_bytes + line.len() as u64;
         if self.reserving && end > self.reserved {
@@ -364,7 +409,30 @@ impl Tail {
             .map_err(|e| format!("cannot append to {}: {e}", self.file_path.display()))?;
         self.file_bytes += line.len() as u64;
         self.file_lines += 1;
+        if !in_ring {
+            // A line larger than the whole ring is made durable in its file at once.
+            self.file
+                .sync_data()
+                .map_err(|e| format!("cannot fdatasync {}: {e}", self.file_path.display()))?;
+            self.checkpoint(sealed.seq, &sealed.hash)?;
+        }
         Ok(())
+    }
+
+    /// Checkpoints the ring at the file's current end, whose last record is `seq` with line
+    /// hash `hash`; the file must be durable up to there.
+    fn checkpoint(&self, seq: u64, hash: &ChainHash) -> Result<(), String> {
+        let checkpoint = Checkpoint {
+            file: file_name_of(&self.file_path),
+            bytes: self.file_bytes,
+            lines: self.file_lines,
+            seq,
+            hash: hash.clone(),
+            ring_at: self.cursor.at,
+        };
+        self.ring
+            .checkpoint(&checkpoint, self.cursor.used)
+            .map_err(|e| e.to_string())
     }
 
     /// Reserves the file's blocks from its end to [`RESERVE_AHEAD`] past `end` (never
@@ -415,8 +483,12 @@ fn fail(shared: &Shared, reason: String) {
 /// Where the last durable record is, for the anchor (its seq and hash are in the status).
 #[derive(Clone)]
 struct Durable {
+    file: Arc<File>,
     file_path: Arc<Path>,
     file_lines: u64,
+    file_bytes: u64,
+    cursor: Cursor,
+    committed: Committed,
 }
 
 /// One round of the syncer's work, taken from the queue at once.
@@ -429,6 +501,7 @@ struct Batch {
 }
 
 struct Syncer {
+    ring: Arc<Ring>,
     dir: PathBuf,
     head_interval: Duration,
     shared: Arc<Shared>,
@@ -447,7 +520,7 @@ impl Syncer {
                 self.refresh_anchor();
                 continue;
             };
-            sync_written(&self.queue, &self.shared, batch.written);
+            sync_written(&self.queue, &self.shared, &self.ring, batch.written);
             for reply in batch.flushes {
                 reply.send(match self.shared.failed.get() {
                     Some(reason) => Err(RecordError::WriterFailed {
@@ -557,17 +630,41 @@ impl Syncer {
         }
     }
 
+    /// Checkpoints the ring at the last durable record (its file synced first), then names
+    /// that record in the head anchor: the anchor only names a record its file holds durably.
     fn write_anchor(&mut self) -> Result<(), String> {
         let durable = {
             let mut q = self.queue.lock();
             q.book.anchor_dirty = false;
             q.book.durable.clone()
         };
-        let status = self.shared.status();
+        let (seq, hash) = match &durable {
+            Some(d) => {
+                d.file
+                    .sync_data()
+                    .map_err(|e| format!("cannot fdatasync {}: {e}", d.file_path.display()))?;
+                let checkpoint = Checkpoint {
+                    file: file_name_of(&d.file_path),
+                    bytes: d.file_bytes,
+                    lines: d.file_lines,
+                    seq: d.committed.seq,
+                    hash: d.committed.hash.clone(),
+                    ring_at: d.cursor.at,
+                };
+                self.ring
+                    .checkpoint(&checkpoint, d.cursor.used)
+                    .map_err(|e| e.to_string())?;
+                (d.committed.seq, d.committed.hash.clone())
+            }
+            None => {
+                let status = self.shared.status();
+                (status.last_seq.unwrap_or(0), status.chain_head)
+            }
+        };
         let anchor = HeadAnchor {
             schema: HEAD_SCHEMA.to_string(),
-            seq: status.last_seq.unwrap_or(0),
-            hash: status.chain_head.as_str().to_string(),
+            seq,
+            hash: hash.as_str().to_string(),
             file: durable.as_ref().and_then(|d| {
                 d.file_path
                     .file_name()
@@ -609,26 +706,19 @@ impl Syncer {
     }
 }
 
-/// Makes `written` durable (one `fdatasync` per distinct file), books it and completes
-/// whoever waits.
-fn sync_written(queue: &Queue, shared: &Shared, written: Vec<Written>) {
+/// Makes `written` durable (one `fdatasync` of the ring), books it and completes whoever
+/// waits.
+fn sync_written(queue: &Queue, shared: &Shared, ring: &Ring, written: Vec<Written>) {
     let mut result = match shared.failed.get() {
         Some(reason) => Err(reason.clone()),
         None => Ok(()),
     };
     let started = Instant::now();
-    if result.is_ok() {
-        let mut synced: Vec<&Arc<File>> = Vec::new();
-        for w in &written {
-            if synced.iter().any(|f| Arc::ptr_eq(f, &w.file)) {
-                continue;
-            }
-            if let Err(e) = w.file.sync_data() {
-                result = Err(format!("cannot fdatasync {}: {e}", w.file_path.display()));
-                break;
-            }
-            synced.push(&w.file);
-        }
+    if result.is_ok()
+        && !written.is_empty()
+        && let Err(e) = ring.sync()
+    {
+        result = Err(e.to_string());
     }
     {
         let mut q = queue.lock();
@@ -637,8 +727,12 @@ fn sync_written(queue: &Queue, shared: &Shared, written: Vec<Written>) {
             let book = &mut q.book;
             book.first_seq = book.first_seq.or(written.first().map(|w| w.committed.seq));
             book.durable = Some(Durable {
+                file: last.file.clone(),
                 file_path: last.file_path.clone(),
                 file_lines: last.file_lines,
+                file_bytes: last.file_bytes,
+                cursor: last.cursor,
+                committed: last.committed.clone(),
             });
             book.anchor_dirty = true;
             book.last_sync = Some(Instant::now());

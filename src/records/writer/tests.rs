@@ -10,6 +10,7 @@ fn small_rotation() -> WriterOptions {
     WriterOptions {
         rotate_bytes: 4096,
         head_interval: Duration::from_millis(10),
+        ..WriterOptions::default()
     }
 }
 
@@ -407,4 +408,109 @@ fn blocks_are_reserved_ahead_without_changing_the_file() {
     let report = verify_records(dir.path(), None).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
     assert_eq!(report.records, expected as u64);
+}
+
+/// Copies the record directory `from` as a machine crash would leave it: every record file
+/// cut back to the ring's checkpoint (what was synced), with `junk` bytes after it (blocks
+/// whose size reached the disk before their data).
+fn crash_copy(from: &Path, to: &Path, junk: &[u8]) -> ring::Checkpoint {
+    let (checkpoint, _) = ring::read_back(from).unwrap().unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    let file = to.join(&checkpoint.file);
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes.truncate(checkpoint.bytes as usize);
+    bytes.extend_from_slice(junk);
+    std::fs::write(&file, bytes).unwrap();
+    checkpoint
+}
+
+fn no_anchor_refresh(ring_bytes: u64) -> WriterOptions {
+    WriterOptions {
+        head_interval: Duration::from_secs(3600),
+        ring_bytes,
+        ..WriterOptions::default()
+    }
+}
+
+#[test]
+fn records_a_machine_crash_took_from_their_file_are_written_back_from_the_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
+    for _ in 0..10 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    // The first sync's anchor refresh checkpointed record 1; 2..=10 are durable in the ring only.
+    let crashed = tempfile::tempdir().unwrap();
+    let checkpoint = crash_copy(dir.path(), crashed.path(), &[0u8; 700]);
+    assert_eq!(checkpoint.seq, 1);
+    let before = std::fs::read(dir.path().join(&checkpoint.file)).unwrap();
+
+    let reopened = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap();
+    assert_eq!(reopened.status().last_seq, Some(10));
+    let recovered = reopened.recovered();
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert_eq!(
+        std::fs::read(&recovered[0].sidecar).unwrap(),
+        vec![0u8; 700]
+    );
+    // The file is again exactly what the live writer had written.
+    assert_eq!(
+        std::fs::read(crashed.path().join(&checkpoint.file)).unwrap(),
+        before
+    );
+    reopened.commit_blocking(sample_tool_call()).unwrap();
+    reopened.close_blocking().unwrap();
+    let report = verify_records(crashed.path(), None).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.records, 11);
+    drop(w);
+}
+
+#[test]
+fn a_full_ring_is_checkpointed_by_the_appender_and_replays_after_wrapping() {
+    let dir = tempfile::tempdir().unwrap();
+    // A ring of about fifty records, and no anchor refresh to checkpoint it: the appender
+    // must checkpoint before it wraps over entries the record file has not synced.
+    let w = RecordWriter::open(dir.path(), no_anchor_refresh(ring::MIN_RING_BYTES)).unwrap();
+    for _ in 0..300 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    let crashed = tempfile::tempdir().unwrap();
+    let checkpoint = crash_copy(dir.path(), crashed.path(), b"");
+    assert!(checkpoint.seq > 200, "{checkpoint:?}");
+    let reopened = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap();
+    assert_eq!(reopened.status().last_seq, Some(300));
+    assert!(reopened.recovered().is_empty());
+    reopened.close_blocking().unwrap();
+    let report = verify_records(crashed.path(), None).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.records, 300);
+    w.close_blocking().unwrap();
+}
+
+#[test]
+fn lines_cut_after_a_checkpoint_are_not_restored_but_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    for _ in 0..5 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    w.close_blocking().unwrap();
+    // Close checkpointed record 5; a file shorter than that lost synced lines: no crash
+    // does that, so the ring does not paper over it and the anchor check refuses.
+    let file = dir.path().join(record_file_name(1));
+    let bytes = std::fs::read(&file).unwrap();
+    let cut = bytes[..bytes.len() - 1]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .unwrap()
+        + 1;
+    std::fs::write(&file, &bytes[..cut]).unwrap();
+    assert!(matches!(
+        RecordWriter::open(dir.path(), WriterOptions::default()),
+        Err(RecordError::HeadConflict { .. })
+    ));
 }

@@ -1,0 +1,637 @@
+//! The write-ahead ring (`records.wal`): where a record is first made durable.
+//!
+//! Why it exists: a record file only grows, so every `fdatasync` after an append must also
+//! write the file's new size, and on ext4 that is a third device round trip (data, inode,
+//! flush) on every call. The ring is a file of fixed size whose blocks were all written once,
+//! with zeros, when it was made: writing a record into it and syncing it changes no metadata,
+//! so the sync is the data and the flush only. A record is durable once its entry in the ring
+//! is synced. Its line is written to the record file at the same moment (readable at once),
+//! and the record file is synced later, at a *checkpoint*, off every caller's path. At open,
+//! the entries after the last checkpoint are replayed into the record file, so the record
+//! files hold every durable record again before anything reads them.
+//!
+//! Guarantees:
+//! * An entry is only ever overwritten once the record file holding its line is synced and a
+//!   checkpoint saying so is durable in the ring's header.
+//! * A checkpoint never moves back: one naming an earlier place than the last one written is
+//!   dropped.
+//! * Reading back returns the entries after the checkpoint that are intact (their SHA-256
+//!   matches), consecutive in sequence and chained (each line's `prev_hash` is the hash of the
+//!   line before), and stops at the first that is not: a torn or stale entry ends the replay.
+//!
+//! Layout: two header slots of 512 bytes at offsets 0 and 512, written alternately, each
+//! with a counter and its own SHA-256 (the valid one with the higher counter holds the
+//! checkpoint); entries from [`DATA_START`] to the end: `FHWE`, the line's length (u32, LE),
+//! its seq (u64, LE), the SHA-256 of the line (32 bytes), then the line without its newline.
+//! An entry that does not fit before the end goes to [`DATA_START`], after a wrap mark
+//! (`FHWW`) where four bytes remain.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use sha2::{Digest, Sha256};
+
+use crate::files::write_atomic_with;
+use crate::records::DecisionRecord;
+use crate::records::chain::{ChainHash, line_hash};
+
+/// The ring's file name in a record directory.
+pub const RING_FILE: &str = "records.wal";
+
+/// Where entries start (the header slots come first).
+const DATA_START: u64 = 4096;
+const SLOT_BYTES: usize = 512;
+const ENTRY_HEAD: u64 = 48;
+const ENTRY_MAGIC: &[u8; 4] = b"FHWE";
+const WRAP_MAGIC: &[u8; 4] = b"FHWW";
+const SLOT_MAGIC: &[u8; 4] = b"FHWC";
+const SLOT_VERSION: u32 = 1;
+/// The smallest ring that is accepted: room for about twenty records of 1-2 KB.
+pub const MIN_RING_BYTES: u64 = DATA_START + 32 * 1024;
+
+/// A place in the stream up to which the record files are durable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The record file the stream continues in (file name only).
+    pub file: String,
+    /// Its durable length: whole lines only.
+    pub bytes: u64,
+    /// How many lines those bytes hold.
+    pub lines: u64,
+    /// The last record in the record files (0: none yet).
+    pub seq: u64,
+    /// Its line hash (genesis if none).
+    pub hash: ChainHash,
+    /// Where in the ring the entry of record `seq + 1` goes.
+    pub ring_at: u64,
+}
+
+/// A record read back from the ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingEntry {
+    /// Its sequence number.
+    pub seq: u64,
+    /// Its line, without the newline.
+    pub line: Vec<u8>,
+}
+
+/// Where the next entry goes; kept by the appender.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    /// The offset in the ring.
+    pub at: u64,
+    /// Bytes of ring used since the ring was opened, wrap gaps included: only compared with
+    /// the checkpoint's, to know how much of the ring is still needed.
+    pub used: u64,
+}
+
+/// Why the ring cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// Reading, writing or syncing it failed.
+    #[error("cannot {op} the write-ahead ring {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The ring file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Its header holds no valid checkpoint, or it is too small.
+    #[error(
+        "{path}: {problem}; move it aside to start a new one once the record files are reviewed"
+    )]
+    Corrupt {
+        /// The ring file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+struct Header {
+    counter: u64,
+    /// The order key of the last checkpoint written since open (see [`Ring::checkpoint`]).
+    last: Option<(u64, String, u64)>,
+}
+
+/// An open ring, shared by the appender and the sync thread.
+pub struct Ring {
+    file: File,
+    path: PathBuf,
+    size: u64,
+    header: Mutex<Header>,
+    /// `Cursor::used` at the last durable checkpoint: the ring before it may be overwritten.
+    checkpoint_used: AtomicU64,
+}
+
+impl Ring {
+    /// Opens the ring of `dir`, or makes one of `size` bytes (all written) if there is none or
+    /// it is too small, then writes `checkpoint` as its current one. Returns the ring and the
+    /// cursor its next entry goes to.
+    pub fn open(
+        dir: &Path,
+        size: u64,
+        checkpoint: &Checkpoint,
+    ) -> Result<(Ring, Cursor), RingError> {
+        let path = dir.join(RING_FILE);
+        let io = |op| {
+            let path = path.clone();
+            move |source| RingError::Io { op, path, source }
+        };
+        let existing = match fs::metadata(&path) {
+            Ok(m) if m.len() >= MIN_RING_BYTES => Some(m.len()),
+            Ok(_) => None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io("inspect")(e)),
+        };
+        let size = match existing {
+            Some(len) => len,
+            None => {
+                let size = size.max(MIN_RING_BYTES);
+                write_atomic_with(&path, 0o600, |out| {
+                    let zeros = vec![0u8; 64 * 1024];
+                    let mut left = size;
+                    while left > 0 {
+                        let n = left.min(zeros.len() as u64) as usize;
+                        out.write_all(&zeros[..n])?;
+                        left -= n as u64;
+                    }
+                    Ok(())
+                })
+                .map_err(|e| match e {
+                    crate::files::FileError::Write { source, .. } => io("create")(source),
+                    other => io("create")(io::Error::other(other.to_string())),
+                })?;
+                size
+            }
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io("open"))?;
+        let counter = if existing.is_some() {
+            let mut slots = vec![0u8; 2 * SLOT_BYTES];
+            file.read_exact_at(&mut slots, 0).map_err(io("read"))?;
+            read_slots(&slots).map_or(0, |(counter, _)| counter)
+        } else {
+            0
+        };
+        let ring = Ring {
+            file,
+            path,
+            size,
+            header: Mutex::new(Header {
+                counter,
+                last: None,
+            }),
+            checkpoint_used: AtomicU64::new(0),
+        };
+        let cursor = Cursor {
+            at: DATA_START,
+            used: 0,
+        };
+        let start = Checkpoint {
+            ring_at: cursor.at,
+            ..checkpoint.clone()
+        };
+        ring.checkpoint(&start, cursor.used)?;
+        Ok((ring, cursor))
+    }
+
+    /// Whether an entry for a line of `len` bytes fits at `cursor` without overwriting one
+    /// the last checkpoint still needs.
+    pub fn has_room(&self, cursor: Cursor, len: usize) -> bool {
+        let (_, used) = self.place(cursor, len);
+        used.saturating_sub(self.checkpoint_used.load(Ordering::Acquire)) <= self.size - DATA_START
+    }
+
+    /// Whether an entry for a line of `len` bytes could ever fit.
+    pub fn can_hold(&self, len: usize) -> bool {
+        ENTRY_HEAD + len as u64 <= self.size - DATA_START
+    }
+
+    /// Where an entry for a line of `len` bytes starts, and the cursor's `used` after it.
+    fn place(&self, cursor: Cursor, len: usize) -> (u64, u64) {
+        let need = ENTRY_HEAD + len as u64;
+        if cursor.at + need > self.size {
+            (DATA_START, cursor.used + (self.size - cursor.at) + need)
+        } else {
+            (cursor.at, cursor.used + need)
+        }
+    }
+
+    /// Writes the entry of record `seq` (its `line` without the newline, `hash` its
+    /// SHA-256) at `cursor` and advances it. The caller checked [`Ring::has_room`].
+    pub fn append(
+        &self,
+        cursor: &mut Cursor,
+        seq: u64,
+        hash: &[u8; 32],
+        line: &[u8],
+    ) -> Result<(), RingError> {
+        let io = |op| {
+            let path = self.path.clone();
+            move |source| RingError::Io { op, path, source }
+        };
+        let (at, used) = self.place(*cursor, line.len());
+        if at != cursor.at && self.size - cursor.at >= 4 {
+            self.file
+                .write_all_at(WRAP_MAGIC, cursor.at)
+                .map_err(io("write a wrap mark in"))?;
+        }
+        let len = u32::try_from(line.len())
+            .map_err(|_| io("write")(io::Error::other("line too long")))?;
+        let mut entry = Vec::with_capacity(ENTRY_HEAD as usize + line.len());
+        entry.extend_from_slice(ENTRY_MAGIC);
+        entry.extend_from_slice(&len.to_le_bytes());
+        entry.extend_from_slice(&seq.to_le_bytes());
+        entry.extend_from_slice(hash);
+        entry.extend_from_slice(line);
+        self.file
+            .write_all_at(&entry, at)
+            .map_err(io("write an entry to"))?;
+        *cursor = Cursor {
+            at: at + ENTRY_HEAD + line.len() as u64,
+            used,
+        };
+        Ok(())
+    }
+
+    /// Makes every entry written so far durable (`fdatasync`: the blocks were written when
+    /// the ring was made, so no metadata goes with them).
+    pub fn sync(&self) -> Result<(), RingError> {
+        self.file.sync_data().map_err(|source| RingError::Io {
+            op: "fdatasync",
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// Writes `checkpoint` (its record file must already be synced up to it) to the header
+    /// and syncs it; `used` is the cursor's at the checkpoint's `ring_at`. Checkpoints are
+    /// ordered by ring use, then record file (their names sort in chain order), then bytes: one
+    /// not after the last one written changes nothing, so that a sync thread's late checkpoint
+    /// never undoes one the appender wrote at a rotation.
+    pub fn checkpoint(&self, checkpoint: &Checkpoint, used: u64) -> Result<(), RingError> {
+        let mut header = self.header.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (used, checkpoint.file.clone(), checkpoint.bytes);
+        if header.last.as_ref().is_some_and(|last| key <= *last) {
+            return Ok(());
+        }
+        let counter = header.counter + 1;
+        let slot = encode_slot(counter, checkpoint);
+        let offset = (counter % 2) * SLOT_BYTES as u64;
+        self.file
+            .write_all_at(&slot, offset)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|source| RingError::Io {
+                op: "write a checkpoint to",
+                path: self.path.clone(),
+                source,
+            })?;
+        *header = Header {
+            counter,
+            last: Some(key),
+        };
+        self.checkpoint_used.fetch_max(used, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+/// Reads the ring of `dir`: its checkpoint and the records after it (see the module docs).
+/// `None` if the directory has no ring.
+pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, RingError> {
+    let path = dir.join(RING_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(RingError::Io {
+                op: "read",
+                path,
+                source,
+            });
+        }
+    };
+    let corrupt = |problem: &str| RingError::Corrupt {
+        path: path.clone(),
+        problem: problem.to_string(),
+    };
+    if (bytes.len() as u64) < MIN_RING_BYTES {
+        // A ring this small was never made by the writer, which only renames a whole one
+        // into place; it is replaced at open.
+        return Ok(None);
+    }
+    let Some((_, checkpoint)) = read_slots(&bytes[..2 * SLOT_BYTES]) else {
+        return Err(corrupt("neither header slot holds a valid checkpoint"));
+    };
+    if checkpoint.ring_at < DATA_START || checkpoint.ring_at > bytes.len() as u64 {
+        return Err(corrupt("the checkpoint points outside the ring"));
+    }
+    Ok(Some((
+        checkpoint.clone(),
+        entries_after(&bytes, &checkpoint),
+    )))
+}
+
+/// The intact, consecutive, chained entries after `checkpoint`.
+fn entries_after(bytes: &[u8], checkpoint: &Checkpoint) -> Vec<RingEntry> {
+    let size = bytes.len() as u64;
+    let mut at = checkpoint.ring_at;
+    let mut seq = checkpoint.seq + 1;
+    let mut prev = checkpoint.hash.clone();
+    let mut walked = 0u64;
+    let mut out = Vec::new();
+    while walked <= size - DATA_START {
+        let head_fits = at + ENTRY_HEAD <= size;
+        if !head_fits || &bytes[at as usize..at as usize + 4] == WRAP_MAGIC {
+            walked += size - at;
+            at = DATA_START;
+            continue;
+        }
+        let head = &bytes[at as usize..(at + ENTRY_HEAD) as usize];
+        let len = u64::from(u32::from_le_bytes([head[4], head[5], head[6], head[7]]));
+        let entry_seq = u64::from_le_bytes(head[8..16].try_into().unwrap_or([0; 8]));
+        if &head[..4] != ENTRY_MAGIC || entry_seq != seq || at + ENTRY_HEAD + len > size {
+            break;
+        }
+        let line = &bytes[(at + ENTRY_HEAD) as usize..(at + ENTRY_HEAD + len) as usize];
+        if Sha256::digest(line).as_slice() != &head[16..48] {
+            break;
+        }
+        let chained = DecisionRecord::from_json_line(line)
+            .is_ok_and(|r| r.flowhost.seq == seq && r.flowhost.prev_hash == prev.as_str());
+        if !chained {
+            break;
+        }
+        prev = line_hash(line);
+        out.push(RingEntry {
+            seq,
+            line: line.to_vec(),
+        });
+        seq += 1;
+        at += ENTRY_HEAD + len;
+        walked += ENTRY_HEAD + len;
+    }
+    out
+}
+
+fn encode_slot(counter: u64, c: &Checkpoint) -> Vec<u8> {
+    let mut s = Vec::with_capacity(SLOT_BYTES);
+    s.extend_from_slice(SLOT_MAGIC);
+    s.extend_from_slice(&SLOT_VERSION.to_le_bytes());
+    s.extend_from_slice(&counter.to_le_bytes());
+    for v in [c.bytes, c.lines, c.seq, c.ring_at] {
+        s.extend_from_slice(&v.to_le_bytes());
+    }
+    let hash = c.hash.as_str().as_bytes();
+    let name = &c.file.as_bytes()[..c.file.len().min(255)];
+    s.push(hash.len() as u8);
+    s.extend_from_slice(hash);
+    s.push(name.len() as u8);
+    s.extend_from_slice(name);
+    let digest = Sha256::digest(&s);
+    s.extend_from_slice(&digest);
+    s.resize(SLOT_BYTES, 0);
+    s
+}
+
+fn decode_slot(s: &[u8]) -> Option<(u64, Checkpoint)> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let field = s.get(at..at.checked_add(n)?)?;
+        at += n;
+        Some(field)
+    };
+    let u64_of = |b: &[u8]| b.try_into().ok().map(u64::from_le_bytes);
+    if take(4)? != SLOT_MAGIC || take(4)? != SLOT_VERSION.to_le_bytes() {
+        return None;
+    }
+    let counter = u64_of(take(8)?)?;
+    let bytes = u64_of(take(8)?)?;
+    let lines = u64_of(take(8)?)?;
+    let seq = u64_of(take(8)?)?;
+    let ring_at = u64_of(take(8)?)?;
+    let hash_len = usize::from(*take(1)?.first()?);
+    let hash = std::str::from_utf8(take(hash_len)?).ok()?.to_string();
+    let name_len = usize::from(*take(1)?.first()?);
+    let file = std::str::from_utf8(take(name_len)?).ok()?.to_string();
+    let body = &s[..at];
+    let digest = s.get(at..at + 32)?;
+    if Sha256::digest(body).as_slice() != digest {
+        return None;
+    }
+    Some((
+        counter,
+        Checkpoint {
+            file,
+            bytes,
+            lines,
+            seq,
+            hash: ChainHash::parse(&hash)?,
+            ring_at,
+        },
+    ))
+}
+
+/// The valid slot with the higher counter.
+fn read_slots(slots: &[u8]) -> Option<(u64, Checkpoint)> {
+    let a = decode_slot(&slots[..SLOT_BYTES]);
+    let b = decode_slot(&slots[SLOT_BYTES..2 * SLOT_BYTES]);
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::chain::Chainer;
+    use crate::records::tests::sample_tool_call;
+
+    fn start() -> Checkpoint {
+        Checkpoint {
+            file: "records-00000000000000000001.jsonl".into(),
+            bytes: 0,
+            lines: 0,
+            seq: 0,
+            hash: ChainHash::genesis(),
+            ring_at: DATA_START,
+        }
+    }
+
+    /// Seals `n` records and writes them to `ring`, returning their lines.
+    fn write_records(
+        ring: &Ring,
+        cursor: &mut Cursor,
+        chain: &mut Chainer,
+        n: usize,
+    ) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|_| {
+                let sealed = chain.seal(&mut sample_tool_call()).unwrap();
+                let line = &sealed.line[..sealed.line.len() - 1];
+                let hash: [u8; 32] = Sha256::digest(line).into();
+                assert!(ring.has_room(*cursor, line.len()));
+                ring.append(cursor, sealed.seq, &hash, line).unwrap();
+                line.to_vec()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn entries_after_the_checkpoint_read_back_in_order_and_a_checkpoint_moves_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ring, mut cursor) = Ring::open(dir.path(), MIN_RING_BYTES, &start()).unwrap();
+        let mut chain = Chainer::genesis();
+        let lines = write_records(&ring, &mut cursor, &mut chain, 5);
+        ring.sync().unwrap();
+        let (cp, entries) = read_back(dir.path()).unwrap().unwrap();
+        assert_eq!(cp, start());
+        assert_eq!(
+            entries.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4, 5]
+        );
+        assert_eq!(
+            entries.iter().map(|e| e.line.clone()).collect::<Vec<_>>(),
+            lines
+        );
+
+        // A checkpoint after record 3: only 4 and 5 remain to replay.
+        let at3 = Checkpoint {
+            bytes: 300,
+            lines: 3,
+            seq: 3,
+            hash: line_hash(&lines[2]),
+            ring_at: DATA_START
+                + lines[..3]
+                    .iter()
+                    .map(|l| ENTRY_HEAD + l.len() as u64)
+                    .sum::<u64>(),
+            ..start()
+        };
+        ring.checkpoint(&at3, 1).unwrap();
+        let (cp, entries) = read_back(dir.path()).unwrap().unwrap();
+        assert_eq!(cp, at3);
+        assert_eq!(
+            entries.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![4, 5]
+        );
+        // An older checkpoint written later changes nothing.
+        ring.checkpoint(&start(), 0).unwrap();
+        assert_eq!(read_back(dir.path()).unwrap().unwrap().0, at3);
+    }
+
+    #[test]
+    fn a_torn_or_unchained_entry_ends_the_replay_and_a_torn_header_falls_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ring, mut cursor) = Ring::open(dir.path(), MIN_RING_BYTES, &start()).unwrap();
+        let mut chain = Chainer::genesis();
+        let lines = write_records(&ring, &mut cursor, &mut chain, 4);
+        drop(ring);
+        let path = dir.path().join(RING_FILE);
+        let mut bytes = fs::read(&path).unwrap();
+        // One byte of record 3's line flipped: 1 and 2 remain.
+        let third = DATA_START
+            + lines[..2]
+                .iter()
+                .map(|l| ENTRY_HEAD + l.len() as u64)
+                .sum::<u64>();
+        bytes[(third + ENTRY_HEAD + 10) as usize] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let (_, entries) = read_back(dir.path()).unwrap().unwrap();
+        assert_eq!(entries.len(), 2);
+
+        // A second checkpoint goes to the other slot; torn, the first one is used again.
+        bytes[(third + ENTRY_HEAD + 10) as usize] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let (ring, _) = Ring::open(dir.path(), MIN_RING_BYTES, &start()).unwrap();
+        let later = Checkpoint {
+            seq: 2,
+            hash: line_hash(&lines[1]),
+            ring_at: third,
+            bytes: 10,
+            lines: 2,
+            ..start()
+        };
+        ring.checkpoint(&later, 1).unwrap();
+        drop(ring);
+        assert_eq!(read_back(dir.path()).unwrap().unwrap().0, later);
+        // The reopen wrote counter 2 to slot 0, `later` counter 3 to slot 1. Slot 1 torn:
+        // slot 0's checkpoint is used; both torn: the ring is refused.
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[SLOT_BYTES + 20] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(read_back(dir.path()).unwrap().unwrap().0, start());
+        bytes[20] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        assert!(matches!(
+            read_back(dir.path()),
+            Err(RingError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn the_ring_wraps_only_over_checkpointed_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ring, mut cursor) = Ring::open(dir.path(), MIN_RING_BYTES, &start()).unwrap();
+        let mut chain = Chainer::genesis();
+        let mut lines = Vec::new();
+        while ring.has_room(cursor, 2000) {
+            lines.extend(write_records(&ring, &mut cursor, &mut chain, 1));
+        }
+        let full = lines.len();
+        let end = cursor.at;
+        assert!(full > 10, "{full}");
+        // Checkpoint everything written: the ring takes more, wrapping past its end.
+        let cp = Checkpoint {
+            bytes: 1,
+            lines: full as u64,
+            seq: full as u64,
+            hash: line_hash(lines.last().unwrap()),
+            ring_at: cursor.at,
+            ..start()
+        };
+        ring.checkpoint(&cp, cursor.used).unwrap();
+        let more = write_records(&ring, &mut cursor, &mut chain, full / 2);
+        assert!(cursor.at < end, "the ring wrapped");
+        ring.sync().unwrap();
+        let (read_cp, entries) = read_back(dir.path()).unwrap().unwrap();
+        assert_eq!(read_cp, cp);
+        assert_eq!(entries.len(), more.len());
+        assert_eq!(entries.first().map(|e| e.seq), Some(full as u64 + 1));
+        assert_eq!(
+            entries.iter().map(|e| e.line.clone()).collect::<Vec<_>>(),
+            more
+        );
+    }
+
+    #[test]
+    fn a_header_slot_round_trips_and_any_flipped_byte_is_refused() {
+        let cp = Checkpoint {
+            bytes: 12345,
+            lines: 7,
+            seq: 99,
+            hash: line_hash(b"x"),
+            ring_at: 8192,
+            ..start()
+        };
+        let slot = encode_slot(3, &cp);
+        assert_eq!(decode_slot(&slot), Some((3, cp.clone())));
+        let used = 48 + 1 + cp.hash.as_str().len() + 1 + cp.file.len() + 32;
+        for i in 0..used {
+            let mut bad = slot.clone();
+            bad[i] ^= 0x40;
+            assert_eq!(decode_slot(&bad), None, "byte {i}");
+        }
+    }
+}
