@@ -1,39 +1,52 @@
 //! The record writer: group commit, fail closed, size rotation, crash recovery.
 //!
 //! Guarantees:
-//! * [`RecordWriter::commit`] returns `Ok` only once the record's line is written and
-//!   `fdatasync`ed (and, for the first record of a new file, the directory entry is fsynced),
-//!   so the host may perform an allowed effect after `commit` returns and never before.
-//! * [`RecordWriter::append`] returns once the line is written (in its place in the chain,
+//! * [`RecordWriter::commit`] returns `Ok` only once the record is durable: its entry in the
+//!   write-ahead ring (`records.wal`, see [`ring`]) is written and `fdatasync`ed (and, for the
+//!   first record of a new file, the directory entry is fsynced), so the host may perform an
+//!   allowed effect after `commit` returns and never before. Its line is in its record file
+//!   from the same moment (readable at once); the record file itself is synced at the next
+//!   checkpoint, and a machine crash before that is repaired at the next open (see Resume).
+//! * [`RecordWriter::append`] returns once the record is written (in its place in the chain,
 //!   readable); its `fdatasync` is the next one anybody waits for, or happens on its own
 //!   within 5 ms. It is for records no effect depends on.
-//! * Group commit, pipelined: each caller seals its record into the chain and appends its
-//!   line itself (one short `write`, in chain order); a sync thread takes every record
-//!   written so far, makes them durable with one `fdatasync`, then completes them all. While
-//!   one sync runs, the next records are already being written, so concurrent callers share
-//!   each sync and never wait for a sync that started before their record was written plus
-//!   one. A caller that knows it is alone ([`RecordWriter::commit_alone`]) runs the sync on
-//!   its own thread instead when no sync runs, nobody else waits and the last sync was quick
-//!   and served one caller. Syncs never overlap.
-//! * Fail closed: after any write, sync, rotation or anchor error the writer is failed for good:
-//!   that commit and every later one return [`RecordError::WriterFailed`] with the first
-//!   reason, and [`RecordWriter::status`] reports it. The host must then refuse calls and
-//!   egress. Records of a failed group may be on disk; their effects never happen.
-//! * Rotation: when the next line would take the current file past `rotate_bytes`, a new file
-//!   `records-<first seq>.jsonl` is started; the chain continues across files.
+//! * Group commit, pipelined: each caller seals its record into the chain and writes its
+//!   entry and line itself (two short writes, in chain order); a sync thread takes every
+//!   record written so far, makes them durable with one `fdatasync` of the ring, then
+//!   completes them all. While one sync runs, the next records are already being written, so
+//!   concurrent callers share each sync and never wait for a sync that started before their
+//!   record was written plus one. A caller that knows it is alone
+//!   ([`RecordWriter::commit_alone`]) runs the sync on its own thread instead when no sync
+//!   runs, nobody else waits and the last sync was quick and served one caller. Syncs never
+//!   overlap.
+//! * Checkpoints: with each head-anchor refresh (and whenever the ring would otherwise wrap
+//!   over entries still needed, and at each rotation) the record file is synced and the ring's
+//!   header records how far; only then may the ring's space before that point be reused.
+//! * Fail closed: after any write, sync, rotation, checkpoint or anchor error the writer is
+//!   failed for good: that commit and every later one return [`RecordError::WriterFailed`]
+//!   with the first reason, and [`RecordWriter::status`] reports it. The host must then refuse
+//!   calls and egress. Records of a failed group may be on disk; their effects never happen.
+//!   A ring that cannot be made or read refuses the open.
+//! * Rotation: when the next line would take the current file past `rotate_bytes`, the file is
+//!   synced and a new file `records-<first seq>.jsonl` is started; the chain continues across
+//!   files.
 //! * Blocks are reserved (`fallocate`, size unchanged) up to 1 MiB ahead of the current
-//!   file's end, so that a sync writes the lines and the inode but no allocation metadata.
-//!   The files' sizes and contents are only ever whole lines.
-//! * Resume: [`RecordWriter::open`] continues the sequence and chain of the existing files. A
-//!   torn last line (a crash mid-write: bytes after the last newline) was never acknowledged,
-//!   so it is neither kept in the stream nor thrown away: its bytes are preserved in a sidecar
-//!   `<file>.torn-<n>`, the file is cut back to its last complete line, and a warning is logged
-//!   and reported by [`RecordWriter::recovered`]. A stream that ends before the head anchor's
-//!   record, or whose last line differs from the anchored one, is refused (an operator must
-//!   look: lines were cut or edited).
+//!   file's end, so that a checkpoint's sync writes the lines and the inode but no allocation
+//!   metadata. The record files' sizes and contents are only ever whole lines.
+//! * Resume: [`RecordWriter::open`] first writes back into the last record file the records
+//!   the ring holds past its checkpoint (a machine crash lost them from the file), then
+//!   continues the sequence and chain of the existing files. Bytes of that file past the
+//!   checkpoint that are not the ring's records, and a torn last line (a crash mid-write:
+//!   bytes after the last newline), were never acknowledged, so they are neither kept in the
+//!   stream nor thrown away: their bytes are preserved in a sidecar `<file>.torn-<n>`, the
+//!   file is cut back, and a warning is logged and reported by [`RecordWriter::recovered`]. A
+//!   stream that ends before the head anchor's record, or whose last line differs from the
+//!   anchored one, is refused (an operator must look: lines were cut or edited); a record file
+//!   shorter than its checkpoint is not repaired from the ring but refused the same way.
 //! * The head anchor (`records.head`, see [`super::store`]) is replaced by the sync thread
 //!   after the first durable group, then at most every `head_interval` while records come (and
-//!   once more when they stop), and on close. It only ever names a durable record.
+//!   once more when they stop), and on close, each time right after a checkpoint. It only ever
+//!   names a record its file holds durably.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader};

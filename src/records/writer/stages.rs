@@ -1,10 +1,11 @@
-//! Where records are written and made durable. A caller seals and appends its own record
-//! (under the [`Stages`] lock, so the chain and the file keep one order), then queues it for
-//! the *syncer* thread, which makes everything queued so far durable with one `fdatasync`
-//! and completes whoever waits, while the next records are already being appended (group
-//! commit). Appending on the caller's thread spares the two hand-offs to and from a writer
-//! thread. The syncer also syncs appended records nobody waits for within [`LAZY_SYNC`] and
-//! keeps the head anchor.
+//! Where records are written and made durable. A caller seals its own record and writes it
+//! (its ring entry, then its line; under the [`Stages`] lock, so the chain, the ring and the
+//! file keep one order), then queues it for the *syncer* thread, which makes everything
+//! queued so far durable with one `fdatasync` of the write-ahead ring and completes whoever
+//! waits, while the next records are already being written (group commit). Writing on the
+//! caller's thread spares the two hand-offs to and from a writer thread. The syncer also
+//! syncs written records nobody waits for within [`LAZY_SYNC`], and checkpoints the ring
+//! with each refresh of the head anchor.
 //!
 //! A caller that says it is alone (the daemon: one call in flight) *leads* instead when no
 //! sync is running, nobody else waits, the last sync served one caller at most and took less

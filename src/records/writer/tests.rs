@@ -514,3 +514,26 @@ fn lines_cut_after_a_checkpoint_are_not_restored_but_refused() {
         Err(RecordError::HeadConflict { .. })
     ));
 }
+
+#[test]
+fn a_ring_that_cannot_be_made_refuses_the_open_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join(RING_FILE)).unwrap();
+    let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, RecordError::Ring(_)), "{err:?}");
+    assert!(err.to_string().contains("records.wal"), "{err}");
+}
+
+#[test]
+fn a_ring_without_a_valid_checkpoint_refuses_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(sample_tool_call()).unwrap();
+    w.close_blocking().unwrap();
+    let ring = dir.path().join(RING_FILE);
+    let mut bytes = std::fs::read(&ring).unwrap();
+    bytes[..1024].fill(0xAA);
+    std::fs::write(&ring, bytes).unwrap();
+    let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("valid checkpoint"), "{err}");
+}
