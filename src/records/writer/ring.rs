@@ -213,6 +213,13 @@ impl Ring {
         used.saturating_sub(self.checkpoint_used.load(Ordering::Acquire)) <= self.size - DATA_START
     }
 
+    /// Whether more than half the ring is used since the last checkpoint (by a cursor's
+    /// `used`): time to checkpoint, before an appender has to.
+    pub fn wants_checkpoint(&self, used: u64) -> bool {
+        used.saturating_sub(self.checkpoint_used.load(Ordering::Acquire))
+            > (self.size - DATA_START) / 2
+    }
+
     /// Whether an entry for a line of `len` bytes could ever fit.
     pub fn can_hold(&self, len: usize) -> bool {
         ENTRY_HEAD + len as u64 <= self.size - DATA_START

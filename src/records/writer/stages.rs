@@ -129,6 +129,9 @@ struct Pending {
     lazy_since: Option<Instant>,
     flushes: Vec<FlushReply>,
     close: Option<CloseReply>,
+    /// The ring is more than half used since its last checkpoint: the syncer checkpoints it
+    /// before an appender would have to, under the file's lock.
+    checkpoint_wanted: bool,
     /// Every handle is gone.
     hung_up: bool,
     /// The syncer has ended; nothing queued now would be answered.
@@ -237,6 +240,7 @@ impl Stages {
             seq: sealed.seq,
             hash: sealed.hash,
         };
+        let wants_checkpoint = tail.ring.wants_checkpoint(tail.cursor.used);
         // Queued while the file is still held, so the queue keeps the chain's order.
         let lead = self.queue_written(
             Written {
@@ -249,6 +253,7 @@ impl Stages {
                 reply,
             },
             may_lead,
+            wants_checkpoint,
         );
         drop(tail);
         if let Some(written) = lead {
@@ -258,6 +263,7 @@ impl Stages {
             // Whoever queued a wait while this sync ran needs the syncer; an idle syncer
             // needs to know about the anchor and any appended records.
             let wake = q.waited > 0
+                || q.checkpoint_wanted
                 || !q.flushes.is_empty()
                 || q.close.is_some()
                 || q.hung_up
@@ -272,7 +278,12 @@ impl Stages {
 
     /// Queues a written record for the syncer; returns what to sync if the caller is to lead
     /// the sync instead (only if it `may_lead`, no sync runs and nobody else waits).
-    fn queue_written(&self, w: Written, may_lead: bool) -> Option<Vec<Written>> {
+    fn queue_written(
+        &self,
+        w: Written,
+        may_lead: bool,
+        wants_checkpoint: bool,
+    ) -> Option<Vec<Written>> {
         let mut q = self.queue.lock();
         if q.ended {
             drop(q);
@@ -281,6 +292,8 @@ impl Stages {
             }
             return None;
         }
+        let checkpoint_news = wants_checkpoint && !q.checkpoint_wanted;
+        q.checkpoint_wanted |= wants_checkpoint;
         let wake = if w.reply.is_some() {
             let alone = may_lead
                 && q.book.last_waited <= 1
@@ -299,6 +312,8 @@ impl Stages {
                 return Some(written);
             }
             q.waited += 1;
+            true
+        } else if checkpoint_news {
             true
         } else {
             let since = *q.lazy_since.get_or_insert_with(Instant::now);
@@ -499,6 +514,7 @@ struct Batch {
     flushes: Vec<FlushReply>,
     close: Option<CloseReply>,
     hung_up: bool,
+    checkpoint: bool,
 }
 
 struct Syncer {
@@ -529,6 +545,12 @@ impl Syncer {
                     }),
                     None => Ok(()),
                 });
+            }
+            if batch.checkpoint
+                && self.shared.failed.get().is_none()
+                && let Err(reason) = self.checkpoint()
+            {
+                fail(&self.shared, reason);
             }
             if batch.close.is_some() || batch.hung_up {
                 let status = self.finish();
@@ -563,6 +585,7 @@ impl Syncer {
                     || !q.flushes.is_empty()
                     || q.close.is_some()
                     || q.hung_up
+                    || q.checkpoint_wanted
                     || lazy_due.is_some_and(|t| t <= now))
             {
                 q.syncing = true;
@@ -574,6 +597,7 @@ impl Syncer {
                     flushes: std::mem::take(&mut q.flushes),
                     close: q.close.take(),
                     hung_up: q.hung_up,
+                    checkpoint: std::mem::take(&mut q.checkpoint_wanted),
                 });
             }
             let linger = q
@@ -634,29 +658,10 @@ impl Syncer {
     /// Checkpoints the ring at the last durable record (its file synced first), then names
     /// that record in the head anchor: the anchor only names a record its file holds durably.
     fn write_anchor(&mut self) -> Result<(), String> {
-        let durable = {
-            let mut q = self.queue.lock();
-            q.book.anchor_dirty = false;
-            q.book.durable.clone()
-        };
+        self.queue.lock().book.anchor_dirty = false;
+        let durable = self.checkpoint()?;
         let (seq, hash) = match &durable {
-            Some(d) => {
-                d.file
-                    .sync_data()
-                    .map_err(|e| format!("cannot fdatasync {}: {e}", d.file_path.display()))?;
-                let checkpoint = Checkpoint {
-                    file: file_name_of(&d.file_path),
-                    bytes: d.file_bytes,
-                    lines: d.file_lines,
-                    seq: d.committed.seq,
-                    hash: d.committed.hash.clone(),
-                    ring_at: d.cursor.at,
-                };
-                self.ring
-                    .checkpoint(&checkpoint, d.cursor.used)
-                    .map_err(|e| e.to_string())?;
-                (d.committed.seq, d.committed.hash.clone())
-            }
+            Some(d) => (d.committed.seq, d.committed.hash.clone()),
             None => {
                 let status = self.shared.status();
                 (status.last_seq.unwrap_or(0), status.chain_head)
@@ -679,6 +684,29 @@ impl Syncer {
             .map_err(|e| format!("head anchor: {e}"))?;
         self.last_anchor = Some(Instant::now());
         Ok(())
+    }
+
+    /// Syncs the record file up to the last durable record and checkpoints the ring there;
+    /// returns that record (`None`: nothing was synced since open).
+    fn checkpoint(&self) -> Result<Option<Durable>, String> {
+        let durable = self.queue.lock().book.durable.clone();
+        if let Some(d) = &durable {
+            d.file
+                .sync_data()
+                .map_err(|e| format!("cannot fdatasync {}: {e}", d.file_path.display()))?;
+            let checkpoint = Checkpoint {
+                file: file_name_of(&d.file_path),
+                bytes: d.file_bytes,
+                lines: d.file_lines,
+                seq: d.committed.seq,
+                hash: d.committed.hash.clone(),
+                ring_at: d.cursor.at,
+            };
+            self.ring
+                .checkpoint(&checkpoint, d.cursor.used)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(durable)
     }
 
     fn refresh_anchor(&mut self) {

@@ -470,10 +470,11 @@ fn records_a_machine_crash_took_from_their_file_are_written_back_from_the_ring()
 }
 
 #[test]
-fn a_full_ring_is_checkpointed_by_the_appender_and_replays_after_wrapping() {
+fn a_small_ring_is_checkpointed_as_it_fills_and_replays_after_wrapping() {
     let dir = tempfile::tempdir().unwrap();
-    // A ring of about fifty records, and no anchor refresh to checkpoint it: the appender
-    // must checkpoint before it wraps over entries the record file has not synced.
+    // A ring of about twenty records, and no anchor refresh to checkpoint it: the ring must
+    // be checkpointed as it fills (by the sync thread at half, or by the appender when full)
+    // before it wraps over entries the record file has not synced.
     let w = RecordWriter::open(dir.path(), no_anchor_refresh(ring::MIN_RING_BYTES)).unwrap();
     for _ in 0..300 {
         w.commit_blocking(sample_tool_call()).unwrap();
