@@ -97,6 +97,10 @@ struct Measured {
     direct: Duration,
     /// Median append + `fdatasync` of one record-sized line on the records' disk.
     fdatasync: Duration,
+    /// Median overwrite of one record-sized line in a file written in full before, +
+    /// `fdatasync`, on the same disk: the write-ahead ring's own I/O, the floor below the
+    /// append.
+    overwrite: Duration,
     /// Calls per second with concurrent sessions.
     rate: f64,
 }
@@ -139,6 +143,20 @@ pub fn run(quick: bool) -> Vec<Row> {
             comparison: format!("{:.2}x one fdatasync", sqlite.floor_ratio()),
             goal: "<= 1.7x".into(),
             met: sqlite.floor_ratio() <= 1.7,
+        },
+        Row {
+            name: "tools/call added latency against the ring's own write (interleaved)".into(),
+            flowhost: format!("+{}", fmt_duration(sqlite.added())),
+            baseline: Some((
+                format!("overwrite {RECORD_LINE_BYTES} B of a written file + fdatasync, same disk"),
+                fmt_duration(sqlite.overwrite),
+            )),
+            comparison: format!(
+                "{:.2}x that write",
+                sqlite.added().as_secs_f64() / sqlite.overwrite.as_secs_f64().max(1e-9)
+            ),
+            goal: "reported".into(),
+            met: true,
         },
         Row {
             name: format!(
@@ -320,7 +338,17 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         .open(dir.join("fdatasync-baseline.jsonl"))
         .expect("open the fdatasync baseline file");
     let record_line = vec![b'x'; RECORD_LINE_BYTES];
-    let (mut d, mut t, mut f, mut h) = (
+    // The ring's floor: a file written in full first, then overwritten line by line.
+    const PREWRITTEN: usize = 1 << 20;
+    let prewritten_path = dir.join("overwrite-baseline.bin");
+    std::fs::write(&prewritten_path, vec![0u8; PREWRITTEN]).expect("write the overwrite baseline");
+    let prewritten = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&prewritten_path)
+        .expect("open the overwrite baseline");
+    prewritten.sync_all().expect("sync the overwrite baseline");
+    let (mut d, mut t, mut f, mut h, mut o) = (
+        Vec::with_capacity(samples),
         Vec::with_capacity(samples),
         Vec::with_capacity(samples),
         Vec::with_capacity(samples),
@@ -340,12 +368,19 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         floor_file.write_all(&record_line).expect("append");
         floor_file.sync_data().expect("fdatasync");
         f.push(start.elapsed());
+        let at = (o.len() * RECORD_LINE_BYTES) % (PREWRITTEN - RECORD_LINE_BYTES);
+        let start = Instant::now();
+        std::os::unix::fs::FileExt::write_all_at(&prewritten, &record_line, at as u64)
+            .expect("overwrite");
+        prewritten.sync_data().expect("fdatasync");
+        o.push(start.elapsed());
     }
-    let (d, t, f, h) = (
+    let (d, t, f, h, o) = (
         Samples(d).median(),
         Samples(t).median(),
         Samples(f).median(),
         Samples(h).median(),
+        Samples(o).median(),
     );
     drop(over_http);
     drop(direct);
@@ -397,6 +432,7 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         over_http: h,
         direct: d,
         fdatasync: f,
+        overwrite: o,
         rate,
     }
 }
