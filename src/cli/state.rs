@@ -76,6 +76,24 @@ impl StateCommand {
                     .create(&args.state_dir)
                     .map_err(|e| format!("{}: {e}", args.state_dir.display()))?;
                 let db = args.state_dir.join(crate::daemon::STATE_FILE);
+                // Records durable only in the write-ahead ring (a machine crash before their
+                // file's checkpoint) are written back first, as the host does at start: a
+                // rebuild that missed them could lower the labels they raised.
+                if args.records.join(crate::records::RING_FILE).exists() {
+                    let writer = crate::records::RecordWriter::open(
+                        &args.records,
+                        crate::records::WriterOptions::default(),
+                    )?;
+                    for torn in writer.recovered() {
+                        println!(
+                            "{}: {} bytes past its last durable record moved to {}",
+                            torn.file.display(),
+                            torn.bytes,
+                            torn.sidecar.display()
+                        );
+                    }
+                    writer.close_blocking()?;
+                }
                 let report = crate::continuity::rebuild(&args.records, &db)?;
                 println!(
                     "rebuilt {} from {} records in {}: {} principals, {} sessions; bound to record seq {}",

@@ -43,6 +43,9 @@
 //!   stream that ends before the head anchor's record, or whose last line differs from the
 //!   anchored one, is refused (an operator must look: lines were cut or edited); a record file
 //!   shorter than its checkpoint is not repaired from the ring but refused the same way.
+//! * One writer per directory: [`RecordWriter::open`] takes an exclusive `flock` on
+//!   `records.lock` (waiting up to 2 s for a writer that is just ending) and refuses with
+//!   [`RecordError::InUse`] otherwise.
 //! * The head anchor (`records.head`, see [`super::store`]) is replaced by the sync thread
 //!   after the first durable group, then at most every `head_interval` while records come (and
 //!   once more when they stop), and on close, each time right after a checkpoint. It only ever
@@ -135,6 +138,14 @@ pub enum RecordError {
         dir: PathBuf,
         /// The disagreement.
         problem: String,
+    },
+    /// Another writer (a running host, or `sandbox run --records`) has the directory open.
+    #[error(
+        "{dir}: another record writer has this directory open ({LOCK_FILE} is locked): a running host or `sandbox run --records`; stop it first"
+    )]
+    InUse {
+        /// The record directory.
+        dir: PathBuf,
     },
     /// The write-ahead ring could not be read, written or synced.
     #[error(transparent)]
@@ -254,6 +265,7 @@ impl RecordWriter {
     /// module docs for torn lines and the head anchor) and starts the sync thread.
     pub fn open(dir: &Path, options: WriterOptions) -> Result<RecordWriter, RecordError> {
         fs::create_dir_all(dir).map_err(StoreError::io("create", dir))?;
+        let lock = lock_dir(dir)?;
         let resumed = resume(dir)?;
         let file = OpenOptions::new()
             .append(true)
@@ -302,6 +314,7 @@ impl RecordWriter {
             shared: shared.clone(),
             ring: Arc::new(ring),
             cursor,
+            lock,
         })?;
         Ok(RecordWriter {
             stages: Arc::new(stages),
@@ -622,6 +635,49 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
     );
     Ok(recovered)
 }
+
+/// The file a writer holds locked (`flock`, exclusive) while it has the directory open.
+pub const LOCK_FILE: &str = "records.lock";
+
+/// Takes the directory's writer lock: two writers would interleave their lines and each
+/// would checkpoint the ring for the other. Released once the writer's sync thread ends (on
+/// close, or when every handle is gone) or its process does, and never inherited past `exec`
+/// (the file is opened close-on-exec).
+fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<File>, RecordError> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(StoreError::io("open", &path))?;
+    // A writer just closed or dropped may still be finishing its last checkpoint; one that
+    // is running holds the lock for good.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let mut file = file;
+    loop {
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = f;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(RecordError::InUse {
+                    dir: dir.to_path_buf(),
+                });
+            }
+            Err((_, e)) => {
+                return Err(RecordError::Store(StoreError::io("lock", &path)(
+                    io::Error::from(e),
+                )));
+            }
+        }
+    }
+}
+
+/// How long opening waits for another writer's lock before refusing.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 fn file_name_of(path: &Path) -> String {
     path.file_name()

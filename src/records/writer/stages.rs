@@ -43,6 +43,7 @@ pub(super) struct Start {
     pub shared: Arc<Shared>,
     pub ring: Arc<Ring>,
     pub cursor: Cursor,
+    pub lock: nix::fcntl::Flock<File>,
 }
 
 /// The longest a written record nobody waits for stays unsynced: it rides on the next sync
@@ -169,6 +170,7 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
         led: 0,
     };
     let syncer = Syncer {
+        _lock: s.lock,
         ring: s.ring.clone(),
         dir: s.dir.clone(),
         head_interval: s.options.head_interval,
@@ -518,6 +520,9 @@ struct Batch {
 }
 
 struct Syncer {
+    /// The directory's writer lock: held until the syncer has written its last checkpoint
+    /// and anchor (on close, or once every handle is gone).
+    _lock: nix::fcntl::Flock<File>,
     ring: Arc<Ring>,
     dir: PathBuf,
     head_interval: Duration,

@@ -538,3 +538,22 @@ fn a_ring_without_a_valid_checkpoint_refuses_the_open() {
     let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
     assert!(err.to_string().contains("valid checkpoint"), "{err}");
 }
+
+#[test]
+fn a_second_writer_on_a_directory_is_refused_until_the_first_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(sample_tool_call()).unwrap();
+    let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, RecordError::InUse { .. }), "{err:?}");
+    assert!(err.to_string().contains(LOCK_FILE), "{err}");
+    w.close_blocking().unwrap();
+    // Closed, even with the handle still alive, the directory is free again.
+    let again = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    assert_eq!(again.status().last_seq, Some(1));
+    drop(again);
+    // Dropped: the next open waits for the sync thread's last checkpoint, then goes on.
+    let third = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    assert_eq!(third.status().last_seq, Some(1));
+    drop(w);
+}
