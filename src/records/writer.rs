@@ -2,11 +2,12 @@
 //!
 //! Guarantees:
 //! * [`RecordWriter::commit`] returns `Ok` only once the record is durable: its entry in the
-//!   write-ahead ring (`records.wal`, see [`ring`]) is written and `fdatasync`ed (and, for the
-//!   first record of a new file, the directory entry is fsynced), so the host may perform an
-//!   allowed effect after `commit` returns and never before. Its line is in its record file
-//!   from the same moment (readable at once); the record file itself is synced at the next
-//!   checkpoint, and a machine crash before that is repaired at the next open (see Resume).
+//!   write-ahead ring (`records.wal`, see the `ring` module) is written and `fdatasync`ed
+//!   (and, for the first record of a new file, the directory entry is fsynced), so the host
+//!   may perform an allowed effect after `commit` returns and never before. Its line is in
+//!   its record file from the same moment (readable at once); the record file itself is
+//!   synced at the next checkpoint, and a machine crash before that is repaired at the next
+//!   open (see Resume).
 //! * [`RecordWriter::append`] returns once the record is written (in its place in the chain,
 //!   readable); its `fdatasync` is the next one anybody waits for, or happens on its own
 //!   within 5 ms. It is for records no effect depends on.
