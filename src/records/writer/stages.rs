@@ -807,3 +807,71 @@ fn sync_written(queue: &Queue, shared: &Shared, ring: &Ring, written: Vec<Writte
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{RecordWriter, ring};
+    use super::*;
+    use crate::records::tests::sample_tool_call;
+
+    /// With no sync thread at all, an appender that fills the ring checkpoints it itself
+    /// (syncing the record file first), so a crash copy still replays every record.
+    #[test]
+    fn an_appender_checkpoints_a_full_ring_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(record_file_name(1));
+        let file = create_record_file(dir.path(), &path).unwrap();
+        let (ring, cursor) = Ring::open(
+            dir.path(),
+            ring::MIN_RING_BYTES,
+            &Checkpoint {
+                file: file_name_of(&path),
+                bytes: 0,
+                lines: 0,
+                seq: 0,
+                hash: ChainHash::genesis(),
+                ring_at: 0,
+            },
+        )
+        .unwrap();
+        let mut tail = Tail {
+            dir: dir.path().to_path_buf(),
+            rotate_bytes: 64 * 1024 * 1024,
+            file: Arc::new(file),
+            file_path: Arc::from(path.clone()),
+            file_bytes: 0,
+            file_lines: 0,
+            chain: Chainer::genesis(),
+            closed: false,
+            reserved: 0,
+            reserving: true,
+            ring: Arc::new(ring),
+            cursor,
+        };
+        for _ in 0..100 {
+            let prev = tail.chain.head_hash().clone();
+            let sealed = tail.chain.seal(&mut sample_tool_call()).unwrap();
+            tail.append(&sealed, &prev).unwrap();
+        }
+        // Nobody synced the ring: this only makes the test's crash copy deterministic.
+        tail.ring.sync().unwrap();
+        let (checkpoint, entries) = ring::read_back(dir.path()).unwrap().unwrap();
+        assert!(
+            checkpoint.seq > 50,
+            "the appender checkpointed: {checkpoint:?}"
+        );
+        assert_eq!(checkpoint.seq + entries.len() as u64, 100);
+
+        let crashed = tempfile::tempdir().unwrap();
+        for name in [ring::RING_FILE, &checkpoint.file] {
+            std::fs::copy(dir.path().join(name), crashed.path().join(name)).unwrap();
+        }
+        let copy = crashed.path().join(&checkpoint.file);
+        let mut bytes = std::fs::read(&copy).unwrap();
+        bytes.truncate(checkpoint.bytes as usize);
+        std::fs::write(&copy, bytes).unwrap();
+        let reopened = RecordWriter::open(crashed.path(), Default::default()).unwrap();
+        assert_eq!(reopened.status().last_seq, Some(100));
+        assert_eq!(std::fs::read(&copy).unwrap(), std::fs::read(&path).unwrap());
+    }
+}
