@@ -43,7 +43,9 @@
 //!   file is cut back, and a warning is logged and reported by [`RecordWriter::recovered`]. A
 //!   stream that ends before the head anchor's record, or whose last line differs from the
 //!   anchored one, is refused (an operator must look: lines were cut or edited); a record file
-//!   shorter than its checkpoint is not repaired from the ring but refused the same way.
+//!   shorter than its checkpoint is not repaired from the ring but refused
+//!   ([`RecordError::Corrupt`]). A rotation cut short before its checkpoint (the old file
+//!   whole, the new one empty) reopens.
 //! * One writer per directory: [`RecordWriter::open`] takes an exclusive `flock` on
 //!   `records.lock` (waiting up to 2 s for a writer that is just ending) and refuses with
 //!   [`RecordError::InUse`] otherwise.
@@ -324,14 +326,15 @@ impl RecordWriter {
         })
     }
 
-    /// Commits `record`: assigns its `seq` and `prev_hash`, and returns once its line is on
-    /// disk (written and fdatasynced). Errors: [`RecordError::Invalid`] for a record that
+    /// Commits `record`: assigns its `seq` and `prev_hash`, and returns once it is durable
+    /// (its entry in the write-ahead ring written and fdatasynced; its line is in its record
+    /// file from the same moment). Errors: [`RecordError::Invalid`] for a record that
     /// breaks the format (nothing written; the writer stays usable),
     /// [`RecordError::WriterFailed`] once the writer has failed, [`RecordError::Closed`] after
     /// close. If the future is dropped before it completes, the record may or may not be
     /// written: the caller must then treat the decision as not durable and skip its effect.
-    /// The line is written on the calling thread (one short `write`); the `fdatasync` runs
-    /// on the sync thread.
+    /// The entry and the line are written on the calling thread (two short writes); the
+    /// `fdatasync` runs on the sync thread.
     pub async fn commit(&self, record: DecisionRecord) -> Result<Committed, RecordError> {
         self.commit_durably(record, false).await
     }
@@ -555,35 +558,34 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
     };
     let path = dir.join(&checkpoint.file);
     let Some(position) = files.iter().position(|f| f.path == path) else {
-        if entries.is_empty() {
+        if entries.is_empty() && checkpoint.bytes == 0 {
             return Ok(Vec::new());
         }
         return Err(RecordError::Corrupt {
             path,
             line: checkpoint.lines,
             problem: format!(
-                "the write-ahead ring holds records {}..={} for this file, which is missing",
-                checkpoint.seq + 1,
-                checkpoint.seq + entries.len() as u64
+                "the write-ahead ring's checkpoint says this file holds records up to {} durably \
+                 (and the ring {} more), but it is missing",
+                checkpoint.seq,
+                entries.len()
             ),
         });
     };
     let bytes = fs::read(&path).map_err(StoreError::io("read", &path))?;
-    let Ok(start) = usize::try_from(checkpoint.bytes) else {
-        return Ok(Vec::new());
-    };
-    if bytes.len() < start || entries.is_empty() {
-        // Shorter than its durable length: lines were cut after they were synced, which no
-        // crash does. Left for the head anchor's check to refuse.
-        return Ok(Vec::new());
-    }
-    if position + 1 != files.len() {
+    let start = usize::try_from(checkpoint.bytes).unwrap_or(usize::MAX);
+    if bytes.len() < start {
+        // No crash does this: the bytes were synced before the checkpoint was written.
         return Err(RecordError::Corrupt {
             path,
             line: checkpoint.lines,
-            problem:
-                "the write-ahead ring holds records for this file, but later record files exist"
-                    .into(),
+            problem: format!(
+                "the file has {} bytes, fewer than the {} its last checkpoint made durable \
+                 (up to record {}): lines were cut after they were synced",
+                bytes.len(),
+                checkpoint.bytes,
+                checkpoint.seq
+            ),
         });
     }
     let have = &bytes[start..];
@@ -601,7 +603,25 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
             break;
         }
     }
-    if kept == entries.len() && matched == have.len() {
+    let whole = kept == entries.len() && matched == have.len();
+    if position + 1 != files.len() {
+        // A rotation that stopped before its checkpoint: the old file was synced first and
+        // holds every record, and the new files are still empty.
+        let later_empty = files[position + 1..]
+            .iter()
+            .all(|f| fs::metadata(&f.path).is_ok_and(|m| m.len() == 0));
+        if whole && later_empty {
+            return Ok(Vec::new());
+        }
+        return Err(RecordError::Corrupt {
+            path,
+            line: checkpoint.lines,
+            problem: "the write-ahead ring's checkpoint names this file, but later record files \
+                      hold records"
+                .into(),
+        });
+    }
+    if whole {
         return Ok(Vec::new());
     }
     let mut recovered = Vec::new();
@@ -626,14 +646,23 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
         })
         .and_then(|()| f.sync_all())
         .map_err(StoreError::io("replay the write-ahead ring into", &path))?;
-    tracing::warn!(
-        file = %path.display(),
-        replayed = entries.len() - kept,
-        first = checkpoint.seq + 1 + kept as u64,
-        cut_bytes = cut.len(),
-        "record file lacked durable records (a machine crash before its checkpoint); they were \
-         written back from the write-ahead ring"
-    );
+    if kept < entries.len() {
+        tracing::warn!(
+            file = %path.display(),
+            replayed = entries.len() - kept,
+            first = checkpoint.seq + 1 + kept as u64,
+            cut_bytes = cut.len(),
+            "record file lacked durable records (a crash before its checkpoint); they were \
+             written back from the write-ahead ring"
+        );
+    } else {
+        tracing::warn!(
+            file = %path.display(),
+            cut_bytes = cut.len(),
+            "record file ended in bytes that are no durable record (a crash mid-write; never \
+             acknowledged); they were cut from the stream and preserved in a sidecar"
+        );
+    }
     Ok(recovered)
 }
 

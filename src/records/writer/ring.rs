@@ -15,11 +15,15 @@
 //!   checkpoint saying so is durable in the ring's header.
 //! * A checkpoint never moves back: one naming an earlier place than the last one written is
 //!   dropped.
+//! * Once an `fdatasync` of the ring, or of a record file before a checkpoint, has failed,
+//!   every later one fails too: Linux reports a lost write-back only once per open file, so
+//!   a later sync that succeeds proves nothing about the pages lost before it.
 //! * Reading back returns the entries after the checkpoint that are intact (their SHA-256
 //!   matches), consecutive in sequence and chained (each line's `prev_hash` is the hash of the
 //!   line before), and stops at the first that is not: a torn or stale entry ends the replay.
 //!
-//! Layout: two header slots of 512 bytes at offsets 0 and 512, written alternately, each
+//! Layout: two header slots of 512 bytes at offsets 0 and 4096 (a block each), written
+//! alternately, each
 //! with a counter and its own SHA-256 (the valid one with the higher counter holds the
 //! checkpoint); entries from [`DATA_START`] to the end: `FHWE`, the line's length (u32, LE),
 //! its seq (u64, LE), the SHA-256 of the line (32 bytes), then the line without its newline.
@@ -43,8 +47,10 @@ use crate::records::chain::{ChainHash, line_hash};
 pub const RING_FILE: &str = "records.wal";
 
 /// Where entries start (the header slots come first).
-const DATA_START: u64 = 4096;
+const DATA_START: u64 = 2 * SLOT_BLOCK;
 const SLOT_BYTES: usize = 512;
+/// Each header slot has a block of its own, so that one torn block write cannot take both.
+const SLOT_BLOCK: u64 = 4096;
 const ENTRY_HEAD: u64 = 48;
 const ENTRY_MAGIC: &[u8; 4] = b"FHWE";
 const WRAP_MAGIC: &[u8; 4] = b"FHWW";
@@ -129,6 +135,12 @@ pub struct Ring {
     header: Mutex<Header>,
     /// `Cursor::used` at the last durable checkpoint: the ring before it may be overwritten.
     checkpoint_used: AtomicU64,
+    /// Every `fdatasync` of the ring runs under this lock, which remembers a failed one: the
+    /// kernel reports a lost write-back once per open file, so a sync after a failed one
+    /// could succeed over pages that never reached the disk. Once one fails, all do.
+    sync_failed: Mutex<Option<String>>,
+    /// The same for the record files' syncs, which checkpoints vouch for.
+    record_sync_failed: Mutex<Option<String>>,
 }
 
 impl Ring {
@@ -178,7 +190,7 @@ impl Ring {
             .open(&path)
             .map_err(io("open"))?;
         let counter = if existing.is_some() {
-            let mut slots = vec![0u8; 2 * SLOT_BYTES];
+            let mut slots = vec![0u8; DATA_START as usize];
             file.read_exact_at(&mut slots, 0).map_err(io("read"))?;
             read_slots(&slots).map_or(0, |(counter, _)| counter)
         } else {
@@ -193,6 +205,8 @@ impl Ring {
                 last: None,
             }),
             checkpoint_used: AtomicU64::new(0),
+            sync_failed: Mutex::new(None),
+            record_sync_failed: Mutex::new(None),
         };
         let cursor = Cursor {
             at: DATA_START,
@@ -275,10 +289,47 @@ impl Ring {
     /// Makes every entry written so far durable (`fdatasync`: the blocks were written when
     /// the ring was made, so no metadata goes with them).
     pub fn sync(&self) -> Result<(), RingError> {
-        self.file.sync_data().map_err(|source| RingError::Io {
-            op: "fdatasync",
-            path: self.path.clone(),
-            source,
+        self.sync_as("fdatasync")
+    }
+
+    /// Syncs the record file `file` (at `path`) before a checkpoint vouches for it; once one
+    /// such sync has failed, every later one fails too (see `sync_failed`).
+    pub fn sync_record_file(&self, file: &File, path: &Path) -> Result<(), String> {
+        let mut failed = self
+            .record_sync_failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(first) = &*failed {
+            return Err(format!(
+                "cannot fdatasync {}: an earlier fdatasync of a record file failed: {first}",
+                path.display()
+            ));
+        }
+        file.sync_data().map_err(|e| {
+            *failed = Some(e.to_string());
+            format!("cannot fdatasync {}: {e}", path.display())
+        })
+    }
+
+    fn sync_as(&self, op: &'static str) -> Result<(), RingError> {
+        let mut failed = self
+            .sync_failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(first) = &*failed {
+            return Err(RingError::Io {
+                op,
+                path: self.path.clone(),
+                source: io::Error::other(format!("an earlier fdatasync failed: {first}")),
+            });
+        }
+        self.file.sync_data().map_err(|source| {
+            *failed = Some(source.to_string());
+            RingError::Io {
+                op,
+                path: self.path.clone(),
+                source,
+            }
         })
     }
 
@@ -295,15 +346,15 @@ impl Ring {
         }
         let counter = header.counter + 1;
         let slot = encode_slot(counter, checkpoint);
-        let offset = (counter % 2) * SLOT_BYTES as u64;
+        let offset = (counter % 2) * SLOT_BLOCK;
         self.file
             .write_all_at(&slot, offset)
-            .and_then(|()| self.file.sync_data())
             .map_err(|source| RingError::Io {
                 op: "write a checkpoint to",
                 path: self.path.clone(),
                 source,
             })?;
+        self.sync_as("sync a checkpoint of")?;
         *header = Header {
             counter,
             last: Some(key),
@@ -337,7 +388,7 @@ pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, Rin
         // into place; it is replaced at open.
         return Ok(None);
     }
-    let Some((_, checkpoint)) = read_slots(&bytes[..2 * SLOT_BYTES]) else {
+    let Some((_, checkpoint)) = read_slots(&bytes[..DATA_START as usize]) else {
         return Err(corrupt("neither header slot holds a valid checkpoint"));
     };
     if checkpoint.ring_at < DATA_START || checkpoint.ring_at > bytes.len() as u64 {
@@ -451,8 +502,9 @@ fn decode_slot(s: &[u8]) -> Option<(u64, Checkpoint)> {
 
 /// The valid slot with the higher counter.
 fn read_slots(slots: &[u8]) -> Option<(u64, Checkpoint)> {
+    let second = SLOT_BLOCK as usize;
     let a = decode_slot(&slots[..SLOT_BYTES]);
-    let b = decode_slot(&slots[SLOT_BYTES..2 * SLOT_BYTES]);
+    let b = decode_slot(&slots[second..second + SLOT_BYTES]);
     match (a, b) {
         (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
         (a, b) => a.or(b),
@@ -576,7 +628,7 @@ mod tests {
         // The reopen wrote counter 2 to slot 0, `later` counter 3 to slot 1. Slot 1 torn:
         // slot 0's checkpoint is used; both torn: the ring is refused.
         let mut bytes = fs::read(&path).unwrap();
-        bytes[SLOT_BYTES + 20] ^= 0xff;
+        bytes[SLOT_BLOCK as usize + 20] ^= 0xff;
         fs::write(&path, &bytes).unwrap();
         assert_eq!(read_back(dir.path()).unwrap().unwrap().0, start());
         bytes[20] ^= 0xff;
@@ -620,6 +672,32 @@ mod tests {
             entries.iter().map(|e| e.line.clone()).collect::<Vec<_>>(),
             more
         );
+    }
+
+    #[test]
+    fn an_entry_longer_than_the_ring_before_the_cursor_never_fits_where_it_would_wrap() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ring, mut cursor) = Ring::open(dir.path(), MIN_RING_BYTES, &start()).unwrap();
+        let mut chain = Chainer::genesis();
+        write_records(&ring, &mut cursor, &mut chain, 3);
+        // Everything checkpointed at the cursor: the ring is empty of needed entries.
+        ring.checkpoint(
+            &Checkpoint {
+                ring_at: cursor.at,
+                ..start()
+            },
+            cursor.used,
+        )
+        .unwrap();
+        let before = (cursor.at - DATA_START) as usize;
+        let after = (ring.size - cursor.at) as usize;
+        // Too long for the end, so it would wrap to the start and run over the wrap mark at
+        // the cursor, where a replay from this checkpoint begins.
+        let len = before.max(after) + 1 - ENTRY_HEAD as usize;
+        assert!(ring.can_hold(len));
+        assert!(!ring.has_room(cursor, len));
+        // One that fits before the wrap mark is fine.
+        assert!(ring.has_room(cursor, before - ENTRY_HEAD as usize));
     }
 
     #[test]

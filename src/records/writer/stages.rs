@@ -169,8 +169,9 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
         last_took: Duration::ZERO,
         led: 0,
     };
+    let lock = s.lock;
+    let (ended_queue, ended_shared) = (queue.clone(), s.shared.clone());
     let syncer = Syncer {
-        _lock: s.lock,
         ring: s.ring.clone(),
         dir: s.dir.clone(),
         head_interval: s.options.head_interval,
@@ -180,7 +181,20 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
     };
     std::thread::Builder::new()
         .name("flowhost-rec-sync".into())
-        .spawn(move || syncer.run())
+        .spawn(move || {
+            // The directory's writer lock is held until the syncer has written its last
+            // checkpoint and anchor, and, should it panic, until the writer is failed: no
+            // second writer may open the directory while this one could still append.
+            let _lock = lock;
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| syncer.run()));
+            if run.is_err() {
+                fail(
+                    &ended_shared,
+                    "the record writer's sync thread panicked".to_string(),
+                );
+                end_queue(&ended_queue, &ended_shared);
+            }
+        })
         .map_err(RecordError::Spawn)?;
     Ok(Stages {
         file: Mutex::new(Tail {
@@ -386,9 +400,7 @@ impl Tail {
         if self.file_bytes > 0 && self.file_bytes + line.len() as u64 > self.rotate_bytes {
             // The old file is made durable before the stream moves on, so that the checkpoint
             // can name the new one: the ring's entries from here on are all the new file's.
-            self.file
-                .sync_data()
-                .map_err(|e| format!("cannot fdatasync {}: {e}", self.file_path.display()))?;
+            self.ring.sync_record_file(&self.file, &self.file_path)?;
             let path = self.dir.join(record_file_name(sealed.seq));
             let file =
                 create_record_file(&self.dir, &path).map_err(|e| format!("rotation: {e}"))?;
@@ -401,15 +413,17 @@ impl Tail {
         }
         // The line without its newline is what the chain hashes.
         let body = &line[..line.len() - 1];
-        let in_ring = self.ring.can_hold(body.len());
+        let mut in_ring = self.ring.can_hold(body.len());
+        if in_ring && !self.ring.has_room(self.cursor, body.len()) {
+            // The sync thread's checkpoints have not kept up: this caller makes room.
+            self.ring.sync_record_file(&self.file, &self.file_path)?;
+            self.checkpoint(sealed.seq - 1, prev)?;
+            // Even with everything checkpointed, an entry that must wrap does not fit if it is
+            // longer than the ring before the cursor: it would overwrite the wrap mark the
+            // checkpoint's replay starts from. Such a line is made durable in its file.
+            in_ring = self.ring.has_room(self.cursor, body.len());
+        }
         if in_ring {
-            if !self.ring.has_room(self.cursor, body.len()) {
-                // The sync thread's checkpoints have not kept up: this caller makes room.
-                self.file
-                    .sync_data()
-                    .map_err(|e| format!("cannot fdatasync {}: {e}", self.file_path.display()))?;
-                self.checkpoint(sealed.seq - 1, prev)?;
-            }
             let mut hash = [0u8; 32];
             let hex = sealed.hash.as_str().trim_start_matches("sha256:");
             hex::decode_to_slice(hex, &mut hash)
@@ -428,10 +442,8 @@ impl Tail {
         self.file_bytes += line.len() as u64;
         self.file_lines += 1;
         if !in_ring {
-            // A line larger than the whole ring is made durable in its file at once.
-            self.file
-                .sync_data()
-                .map_err(|e| format!("cannot fdatasync {}: {e}", self.file_path.display()))?;
+            // A line the ring cannot take is made durable in its file at once.
+            self.ring.sync_record_file(&self.file, &self.file_path)?;
             self.checkpoint(sealed.seq, &sealed.hash)?;
         }
         Ok(())
@@ -490,6 +502,27 @@ impl Tail {
     }
 }
 
+/// The syncer has ended: whatever is still queued is answered, and nothing more is taken.
+fn end_queue(queue: &Queue, shared: &Shared) {
+    let left = {
+        let mut q = queue.lock();
+        let left = std::mem::take(&mut *q);
+        q.ended = true;
+        left
+    };
+    for w in left.written {
+        if let Some(reply) = w.reply {
+            reply.send(Err(shared.gone()));
+        }
+    }
+    for reply in left.flushes {
+        reply.send(Err(shared.gone()));
+    }
+    if let Some(reply) = left.close {
+        reply.send(Err(RecordError::Closed));
+    }
+}
+
 fn fail(shared: &Shared, reason: String) {
     tracing::error!(%reason, "record writer failed; refusing every further record (fail closed)");
     let _ = shared.failed.set(reason.clone());
@@ -520,9 +553,6 @@ struct Batch {
 }
 
 struct Syncer {
-    /// The directory's writer lock: held until the syncer has written its last checkpoint
-    /// and anchor (on close, or once every handle is gone).
-    _lock: nix::fcntl::Flock<File>,
     ring: Arc<Ring>,
     dir: PathBuf,
     head_interval: Duration,
@@ -641,23 +671,7 @@ impl Syncer {
 
     /// The syncer has ended: whatever is still queued is answered, and nothing more is taken.
     fn end(&self) {
-        let left = {
-            let mut q = self.queue.lock();
-            let left = std::mem::take(&mut *q);
-            q.ended = true;
-            left
-        };
-        for w in left.written {
-            if let Some(reply) = w.reply {
-                reply.send(Err(self.shared.gone()));
-            }
-        }
-        for reply in left.flushes {
-            reply.send(Err(self.shared.gone()));
-        }
-        if let Some(reply) = left.close {
-            reply.send(Err(RecordError::Closed));
-        }
+        end_queue(&self.queue, &self.shared);
     }
 
     /// Checkpoints the ring at the last durable record (its file synced first), then names
@@ -696,9 +710,7 @@ impl Syncer {
     fn checkpoint(&self) -> Result<Option<Durable>, String> {
         let durable = self.queue.lock().book.durable.clone();
         if let Some(d) = &durable {
-            d.file
-                .sync_data()
-                .map_err(|e| format!("cannot fdatasync {}: {e}", d.file_path.display()))?;
+            self.ring.sync_record_file(&d.file, &d.file_path)?;
             let checkpoint = Checkpoint {
                 file: file_name_of(&d.file_path),
                 bytes: d.file_bytes,
@@ -756,6 +768,12 @@ fn sync_written(queue: &Queue, shared: &Shared, ring: &Ring, written: Vec<Writte
     }
     {
         let mut q = queue.lock();
+        // A failure is recorded before the next sync may start, so that it refuses.
+        if let Err(reason) = &result
+            && shared.failed.get().is_none()
+        {
+            fail(shared, reason.clone());
+        }
         q.syncing = false;
         if let (Ok(()), Some(last)) = (&result, written.last()) {
             let book = &mut q.book;
@@ -789,9 +807,6 @@ fn sync_written(queue: &Queue, shared: &Shared, ring: &Ring, written: Vec<Writte
         }
     }
     if let Err(reason) = result {
-        if shared.failed.get().is_none() {
-            fail(shared, reason.clone());
-        }
         for w in written {
             if let Some(reply) = w.reply {
                 reply.send(Err(RecordError::WriterFailed {

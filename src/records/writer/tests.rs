@@ -185,6 +185,11 @@ fn open_refuses_a_stream_cut_or_edited_behind_the_anchor() {
     let text = String::from_utf8(original.clone()).unwrap();
     let cut: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
     fs::write(&file, &cut).unwrap();
+    // The ring's checkpoint refuses first; without a ring (a directory from before it), the
+    // head anchor does.
+    let e = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("cut after they were synced"), "{e}");
+    fs::remove_file(dir.path().join(RING_FILE)).unwrap();
     let e = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
     assert!(e.to_string().contains("1 whole lines are missing"), "{e}");
     // Edit the last line instead (still valid JSON).
@@ -414,11 +419,16 @@ fn blocks_are_reserved_ahead_without_changing_the_file() {
 /// cut back to the ring's checkpoint (what was synced), with `junk` bytes after it (blocks
 /// whose size reached the disk before their data).
 fn crash_copy(from: &Path, to: &Path, junk: &[u8]) -> ring::Checkpoint {
-    let (checkpoint, _) = ring::read_back(from).unwrap().unwrap();
+    // The ring first: a live writer's checkpoint only covers bytes already in its file, so
+    // the record files copied after it hold at least as much.
+    std::fs::copy(from.join(RING_FILE), to.join(RING_FILE)).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        if entry.file_name() != RING_FILE {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
     }
+    let (checkpoint, _) = ring::read_back(to).unwrap().unwrap();
     let file = to.join(&checkpoint.file);
     let mut bytes = std::fs::read(&file).unwrap();
     bytes.truncate(checkpoint.bytes as usize);
@@ -501,7 +511,7 @@ fn lines_cut_after_a_checkpoint_are_not_restored_but_refused() {
     }
     w.close_blocking().unwrap();
     // Close checkpointed record 5; a file shorter than that lost synced lines: no crash
-    // does that, so the ring does not paper over it and the anchor check refuses.
+    // does that, so the ring does not paper over it but refuses.
     let file = dir.path().join(record_file_name(1));
     let bytes = std::fs::read(&file).unwrap();
     let cut = bytes[..bytes.len() - 1]
@@ -510,10 +520,12 @@ fn lines_cut_after_a_checkpoint_are_not_restored_but_refused() {
         .unwrap()
         + 1;
     std::fs::write(&file, &bytes[..cut]).unwrap();
-    assert!(matches!(
-        RecordWriter::open(dir.path(), WriterOptions::default()),
-        Err(RecordError::HeadConflict { .. })
-    ));
+    let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, RecordError::Corrupt { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("cut after they were synced"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -533,7 +545,8 @@ fn a_ring_without_a_valid_checkpoint_refuses_the_open() {
     w.close_blocking().unwrap();
     let ring = dir.path().join(RING_FILE);
     let mut bytes = std::fs::read(&ring).unwrap();
-    bytes[..1024].fill(0xAA);
+    // Both header slots (a block each).
+    bytes[..8192].fill(0xAA);
     std::fs::write(&ring, bytes).unwrap();
     let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
     assert!(err.to_string().contains("valid checkpoint"), "{err}");
@@ -555,5 +568,34 @@ fn a_second_writer_on_a_directory_is_refused_until_the_first_is_closed() {
     // Dropped: the next open waits for the sync thread's last checkpoint, then goes on.
     let third = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
     assert_eq!(third.status().last_seq, Some(1));
+    drop(w);
+}
+
+#[test]
+fn a_rotation_cut_short_before_its_checkpoint_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
+    for _ in 0..3 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    let crashed = tempfile::tempdir().unwrap();
+    let checkpoint = crash_copy(dir.path(), crashed.path(), b"");
+    assert!(checkpoint.seq < 3, "{checkpoint:?}");
+    // The rotation synced the old file (so it is whole) and created the next one, then
+    // stopped before its checkpoint: the ring still names the old file and holds records
+    // that are all in it.
+    std::fs::copy(
+        dir.path().join(&checkpoint.file),
+        crashed.path().join(&checkpoint.file),
+    )
+    .unwrap();
+    std::fs::File::create(crashed.path().join(record_file_name(4))).unwrap();
+    let reopened = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap();
+    assert_eq!(reopened.status().last_seq, Some(3));
+    reopened.commit_blocking(sample_tool_call()).unwrap();
+    reopened.close_blocking().unwrap();
+    let report = verify_records(crashed.path(), None).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.records, 4);
     drop(w);
 }
