@@ -78,8 +78,10 @@ impl StateCommand {
                 let db = args.state_dir.join(crate::daemon::STATE_FILE);
                 // Records durable only in the write-ahead ring (a machine crash before their
                 // file's checkpoint) are written back first, as the host does at start: a
-                // rebuild that missed them could lower the labels they raised.
-                if args.records.join(crate::records::RING_FILE).exists() {
+                // rebuild that missed them could lower the labels they raised. The writer is
+                // held open (its lock taken) while the records are read, so no host starts
+                // writing to them meanwhile.
+                let writer = if args.records.join(crate::records::RING_FILE).exists() {
                     let writer = crate::records::RecordWriter::open(
                         &args.records,
                         crate::records::WriterOptions::default(),
@@ -92,9 +94,14 @@ impl StateCommand {
                             torn.sidecar.display()
                         );
                     }
+                    Some(writer)
+                } else {
+                    None
+                };
+                let report = crate::continuity::rebuild(&args.records, &db)?;
+                if let Some(writer) = writer {
                     writer.close_blocking()?;
                 }
-                let report = crate::continuity::rebuild(&args.records, &db)?;
                 println!(
                     "rebuilt {} from {} records in {}: {} principals, {} sessions; bound to record seq {}",
                     db.display(),
