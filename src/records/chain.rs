@@ -59,7 +59,11 @@ impl fmt::Display for ChainHash {
 
 /// The hash of one record line (its bytes without the newline).
 pub fn line_hash(line: &[u8]) -> ChainHash {
-    ChainHash(format!("sha256:{}", hex::encode(Sha256::digest(line))))
+    hash_of_digest(&Sha256::digest(line).into())
+}
+
+fn hash_of_digest(digest: &[u8; 32]) -> ChainHash {
+    ChainHash(format!("sha256:{}", hex::encode(digest)))
 }
 
 /// A record sealed into the chain: its line and its place.
@@ -71,6 +75,8 @@ pub struct Sealed {
     pub seq: u64,
     /// The hash of the line (what the next record's `prev_hash` will be).
     pub hash: ChainHash,
+    /// The same SHA-256 as bytes.
+    pub digest: [u8; 32],
 }
 
 /// The chain's head: the next sequence number and the hash the next record must carry.
@@ -117,12 +123,14 @@ impl Chainer {
             field: "(record)".into(),
             problem: format!("cannot serialise: {e}"),
         })?;
-        let hash = line_hash(&line);
+        let digest: [u8; 32] = Sha256::digest(&line).into();
+        let hash = hash_of_digest(&digest);
         line.push(b'\n');
         let sealed = Sealed {
             line,
             seq: self.next_seq,
             hash: hash.clone(),
+            digest,
         };
         self.next_seq = self.next_seq.saturating_add(1);
         self.prev_hash = hash;

@@ -144,9 +144,10 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// Opens the ring of `dir`, or makes one of `size` bytes (all written) if there is none or
-    /// it is too small, then writes `checkpoint` as its current one. Returns the ring and the
-    /// cursor its next entry goes to.
+    /// Opens the ring of `dir`, or makes one of `size` bytes (all written) if there is none,
+    /// then writes `checkpoint` as its current one, with its entries starting at the ring's
+    /// start (whatever `checkpoint.ring_at` says). Returns the ring and the cursor its next
+    /// entry goes to. A ring smaller than any the writer makes is refused.
     pub fn open(
         dir: &Path,
         size: u64,
@@ -159,7 +160,7 @@ impl Ring {
         };
         let existing = match fs::metadata(&path) {
             Ok(m) if m.len() >= MIN_RING_BYTES => Some(m.len()),
-            Ok(_) => None,
+            Ok(m) => return Err(too_small(path, m.len())),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(io("inspect")(e)),
         };
@@ -295,41 +296,15 @@ impl Ring {
     /// Syncs the record file `file` (at `path`) before a checkpoint vouches for it; once one
     /// such sync has failed, every later one fails too (see `sync_failed`).
     pub fn sync_record_file(&self, file: &File, path: &Path) -> Result<(), String> {
-        let mut failed = self
-            .record_sync_failed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(first) = &*failed {
-            return Err(format!(
-                "cannot fdatasync {}: an earlier fdatasync of a record file failed: {first}",
-                path.display()
-            ));
-        }
-        file.sync_data().map_err(|e| {
-            *failed = Some(e.to_string());
-            format!("cannot fdatasync {}: {e}", path.display())
-        })
+        sync_unless_failed(&self.record_sync_failed, file)
+            .map_err(|e| format!("cannot fdatasync {}: {e}", path.display()))
     }
 
     fn sync_as(&self, op: &'static str) -> Result<(), RingError> {
-        let mut failed = self
-            .sync_failed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(first) = &*failed {
-            return Err(RingError::Io {
-                op,
-                path: self.path.clone(),
-                source: io::Error::other(format!("an earlier fdatasync failed: {first}")),
-            });
-        }
-        self.file.sync_data().map_err(|source| {
-            *failed = Some(source.to_string());
-            RingError::Io {
-                op,
-                path: self.path.clone(),
-                source,
-            }
+        sync_unless_failed(&self.sync_failed, &self.file).map_err(|source| RingError::Io {
+            op,
+            path: self.path.clone(),
+            source,
         })
     }
 
@@ -364,6 +339,28 @@ impl Ring {
     }
 }
 
+fn too_small(path: PathBuf, len: u64) -> RingError {
+    RingError::Corrupt {
+        path,
+        problem: format!(
+            "it has {len} bytes, fewer than any ring the writer makes ({MIN_RING_BYTES})"
+        ),
+    }
+}
+
+/// `fdatasync`s `file` under `failed`, which remembers the first failure: after it, every
+/// call fails without syncing.
+fn sync_unless_failed(failed: &Mutex<Option<String>>, file: &File) -> io::Result<()> {
+    let mut failed = failed.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(first) = &*failed {
+        return Err(io::Error::other(format!(
+            "an earlier fdatasync failed: {first}"
+        )));
+    }
+    file.sync_data()
+        .inspect_err(|e| *failed = Some(e.to_string()))
+}
+
 /// Reads the ring of `dir`: its checkpoint and the records after it (see the module docs).
 /// `None` if the directory has no ring.
 pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, RingError> {
@@ -384,9 +381,9 @@ pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, Rin
         problem: problem.to_string(),
     };
     if (bytes.len() as u64) < MIN_RING_BYTES {
-        // A ring this small was never made by the writer, which only renames a whole one
-        // into place; it is replaced at open.
-        return Ok(None);
+        // The writer only renames a whole ring into place: a smaller one was cut, and the
+        // records it held past its checkpoint with it.
+        return Err(too_small(path, bytes.len() as u64));
     }
     let Some((_, checkpoint)) = read_slots(&bytes[..DATA_START as usize]) else {
         return Err(corrupt("neither header slot holds a valid checkpoint"));
@@ -394,10 +391,8 @@ pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, Rin
     if checkpoint.ring_at < DATA_START || checkpoint.ring_at > bytes.len() as u64 {
         return Err(corrupt("the checkpoint points outside the ring"));
     }
-    Ok(Some((
-        checkpoint.clone(),
-        entries_after(&bytes, &checkpoint),
-    )))
+    let entries = entries_after(&bytes, &checkpoint);
+    Ok(Some((checkpoint, entries)))
 }
 
 /// The intact, consecutive, chained entries after `checkpoint`.
@@ -547,6 +542,15 @@ mod tests {
             .collect()
     }
 
+    /// Where the entry after `lines` (written from the ring's start) begins.
+    fn offset_after(lines: &[Vec<u8>]) -> u64 {
+        DATA_START
+            + lines
+                .iter()
+                .map(|l| ENTRY_HEAD + l.len() as u64)
+                .sum::<u64>()
+    }
+
     #[test]
     fn entries_after_the_checkpoint_read_back_in_order_and_a_checkpoint_moves_the_start() {
         let dir = tempfile::tempdir().unwrap();
@@ -571,11 +575,7 @@ mod tests {
             lines: 3,
             seq: 3,
             hash: line_hash(&lines[2]),
-            ring_at: DATA_START
-                + lines[..3]
-                    .iter()
-                    .map(|l| ENTRY_HEAD + l.len() as u64)
-                    .sum::<u64>(),
+            ring_at: offset_after(&lines[..3]),
             ..start()
         };
         ring.checkpoint(&at3, 1).unwrap();
@@ -600,11 +600,7 @@ mod tests {
         let path = dir.path().join(RING_FILE);
         let mut bytes = fs::read(&path).unwrap();
         // One byte of record 3's line flipped: 1 and 2 remain.
-        let third = DATA_START
-            + lines[..2]
-                .iter()
-                .map(|l| ENTRY_HEAD + l.len() as u64)
-                .sum::<u64>();
+        let third = offset_after(&lines[..2]);
         bytes[(third + ENTRY_HEAD + 10) as usize] ^= 1;
         fs::write(&path, &bytes).unwrap();
         let (_, entries) = read_back(dir.path()).unwrap().unwrap();

@@ -87,24 +87,45 @@ pub(super) const RESERVE_AHEAD: u64 = 1024 * 1024;
 
 /// A record in its file, waiting for its sync.
 struct Written {
-    file: Arc<File>,
-    file_path: Arc<Path>,
-    /// The file's line count once this record is in it (for the anchor).
-    file_lines: u64,
-    /// The file's length once this record is in it (for the checkpoint).
-    file_bytes: u64,
-    /// The ring's cursor after this record (for the checkpoint).
-    cursor: Cursor,
-    committed: Committed,
+    place: Place,
     /// Who waits for it to be durable (none for an appended record).
     reply: Option<CommitReply>,
+}
+
+/// Where a written record is: once it is durable, what a checkpoint and the head anchor name.
+#[derive(Clone)]
+struct Place {
+    file: Arc<File>,
+    file_path: Arc<Path>,
+    /// The file's line count once this record is in it.
+    file_lines: u64,
+    /// The file's length once this record is in it.
+    file_bytes: u64,
+    /// The ring's cursor after this record.
+    cursor: Cursor,
+    committed: Committed,
+}
+
+impl Place {
+    /// A checkpoint right after this record (its file must be synced up to it).
+    fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            file: file_name_of(&self.file_path),
+            bytes: self.file_bytes,
+            lines: self.file_lines,
+            seq: self.committed.seq,
+            hash: self.committed.hash.clone(),
+            ring_at: self.cursor.at,
+        }
+    }
 }
 
 /// What is durable, kept by the syncer (read for the head anchor).
 #[derive(Default)]
 struct Book {
     first_seq: Option<u64>,
-    durable: Option<Durable>,
+    /// Where the last durable record is.
+    durable: Option<Place>,
     anchor_dirty: bool,
     /// When the last sync finished.
     last_sync: Option<Instant>,
@@ -260,12 +281,14 @@ impl Stages {
         // Queued while the file is still held, so the queue keeps the chain's order.
         let lead = self.queue_written(
             Written {
-                file: tail.file.clone(),
-                file_path: tail.file_path.clone(),
-                file_lines: tail.file_lines,
-                file_bytes: tail.file_bytes,
-                cursor: tail.cursor,
-                committed: committed.clone(),
+                place: Place {
+                    file: tail.file.clone(),
+                    file_path: tail.file_path.clone(),
+                    file_lines: tail.file_lines,
+                    file_bytes: tail.file_bytes,
+                    cursor: tail.cursor,
+                    committed: committed.clone(),
+                },
                 reply,
             },
             may_lead,
@@ -424,12 +447,8 @@ impl Tail {
             in_ring = self.ring.has_room(self.cursor, body.len());
         }
         if in_ring {
-            let mut hash = [0u8; 32];
-            let hex = sealed.hash.as_str().trim_start_matches("sha256:");
-            hex::decode_to_slice(hex, &mut hash)
-                .map_err(|e| format!("record {} has a malformed line hash: {e}", sealed.seq))?;
             self.ring
-                .append(&mut self.cursor, sealed.seq, &hash, body)
+                .append(&mut self.cursor, sealed.seq, &sealed.digest, body)
                 .map_err(|e| e.to_string())?;
         }
         let end = self.file_bytes + line.len() as u64;
@@ -529,17 +548,6 @@ fn fail(shared: &Shared, reason: String) {
     shared.update(|s| {
         s.failed.get_or_insert(reason);
     });
-}
-
-/// Where the last durable record is, for the anchor (its seq and hash are in the status).
-#[derive(Clone)]
-struct Durable {
-    file: Arc<File>,
-    file_path: Arc<Path>,
-    file_lines: u64,
-    file_bytes: u64,
-    cursor: Cursor,
-    committed: Committed,
 }
 
 /// One round of the syncer's work, taken from the queue at once.
@@ -707,20 +715,12 @@ impl Syncer {
 
     /// Syncs the record file up to the last durable record and checkpoints the ring there;
     /// returns that record (`None`: nothing was synced since open).
-    fn checkpoint(&self) -> Result<Option<Durable>, String> {
+    fn checkpoint(&self) -> Result<Option<Place>, String> {
         let durable = self.queue.lock().book.durable.clone();
         if let Some(d) = &durable {
             self.ring.sync_record_file(&d.file, &d.file_path)?;
-            let checkpoint = Checkpoint {
-                file: file_name_of(&d.file_path),
-                bytes: d.file_bytes,
-                lines: d.file_lines,
-                seq: d.committed.seq,
-                hash: d.committed.hash.clone(),
-                ring_at: d.cursor.at,
-            };
             self.ring
-                .checkpoint(&checkpoint, d.cursor.used)
+                .checkpoint(&d.checkpoint(), d.cursor.used)
                 .map_err(|e| e.to_string())?;
         }
         Ok(durable)
@@ -777,23 +777,18 @@ fn sync_written(queue: &Queue, shared: &Shared, ring: &Ring, written: Vec<Writte
         q.syncing = false;
         if let (Ok(()), Some(last)) = (&result, written.last()) {
             let book = &mut q.book;
-            book.first_seq = book.first_seq.or(written.first().map(|w| w.committed.seq));
-            book.durable = Some(Durable {
-                file: last.file.clone(),
-                file_path: last.file_path.clone(),
-                file_lines: last.file_lines,
-                file_bytes: last.file_bytes,
-                cursor: last.cursor,
-                committed: last.committed.clone(),
-            });
+            book.first_seq = book
+                .first_seq
+                .or(written.first().map(|w| w.place.committed.seq));
+            book.durable = Some(last.place.clone());
             book.anchor_dirty = true;
             book.last_sync = Some(Instant::now());
             book.last_waited = written.iter().filter(|w| w.reply.is_some()).count();
             book.last_took = started.elapsed();
             let (first_seq, path, head) = (
                 book.first_seq,
-                last.file_path.to_path_buf(),
-                last.committed.clone(),
+                last.place.file_path.to_path_buf(),
+                last.place.committed.clone(),
             );
             let n = written.len() as u64;
             // Updated under the queue's lock, so the status only ever moves forward.
@@ -818,7 +813,7 @@ fn sync_written(queue: &Queue, shared: &Shared, ring: &Ring, written: Vec<Writte
     }
     for w in written {
         if let Some(reply) = w.reply {
-            reply.send(Ok(w.committed));
+            reply.send(Ok(w.place.committed));
         }
     }
 }

@@ -599,3 +599,18 @@ fn a_rotation_cut_short_before_its_checkpoint_reopens() {
     assert_eq!(report.records, 4);
     drop(w);
 }
+
+#[test]
+fn a_ring_cut_short_refuses_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(sample_tool_call()).unwrap();
+    w.close_blocking().unwrap();
+    // The writer only renames whole rings into place: a shorter one lost what it held.
+    let ring = dir.path().join(RING_FILE);
+    let bytes = std::fs::read(&ring).unwrap();
+    std::fs::write(&ring, &bytes[..20_000]).unwrap();
+    let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, RecordError::Ring(_)), "{err:?}");
+    assert!(err.to_string().contains("fewer than any ring"), "{err}");
+}
