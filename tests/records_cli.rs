@@ -301,3 +301,75 @@ fn offline_health_reports_the_range_and_is_incomplete() {
             .any(|r| r == "proxy_seen is unknown")
     );
 }
+
+/// A copy of a live writer's directory as a machine crash leaves it: the record file cut back
+/// to what the ring's checkpoint made durable; the records after it are durable in the ring
+/// only. Returns the copy and how many records the writer had committed.
+fn crashed_copy(to: &Path) -> usize {
+    let live = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(
+        live.path(),
+        WriterOptions {
+            // No anchor refresh (and so no checkpoint) after the first durable group.
+            head_interval: std::time::Duration::from_secs(3600),
+            ..WriterOptions::default()
+        },
+    )
+    .unwrap();
+    for i in 0..10 {
+        w.commit_blocking(record(i)).unwrap();
+    }
+    // The ring first: its checkpoint only covers bytes already in the files copied after it.
+    let ring = flowhost::records::RING_FILE;
+    std::fs::copy(live.path().join(ring), to.join(ring)).unwrap();
+    for entry in std::fs::read_dir(live.path()).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != ring {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+    let (checkpoint, _) = flowhost::records::ring::read_back(to).unwrap().unwrap();
+    let file = to.join(&checkpoint.file);
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes.truncate(checkpoint.bytes as usize);
+    std::fs::write(&file, bytes).unwrap();
+    w.close_blocking().unwrap();
+    10
+}
+
+#[test]
+fn records_left_only_in_the_ring_are_refused_until_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let committed = crashed_copy(dir.path());
+    let path = dir.path().to_str().unwrap();
+    // Before the fix, verify said "ok: 1 records": the nine durable in the ring were not seen.
+    let o = flowhost(&["records", "verify", path]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(2), "{}{err}", stdout(&o));
+    assert!(
+        err.contains("records 2 to 10 are durable only in its write-ahead ring")
+            && err.contains(&format!("flowhost records replay {path}")),
+        "{err}"
+    );
+    let o = flowhost(&["health", "--records", path]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+
+    let o = flowhost(&["records", "replay", path]);
+    assert_eq!(o.status.code(), Some(0), "{:?}", o);
+    assert!(
+        stdout(&o).contains("records 2 to 10 copied from the write-ahead ring"),
+        "{}",
+        stdout(&o)
+    );
+    let (code, out) = verify(dir.path());
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(&format!("ok: {committed} records")), "{out}");
+    // A second replay finds nothing to copy.
+    let o = flowhost(&["records", "replay", path]);
+    assert_eq!(o.status.code(), Some(0), "{:?}", o);
+    assert!(
+        stdout(&o).contains("already held every durable record"),
+        "{}",
+        stdout(&o)
+    );
+}

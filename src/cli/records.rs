@@ -1,7 +1,7 @@
-//! `flowhost records`: export the observed surface, verify the chain.
+//! `flowhost records`: export the observed surface, verify the chain, replay the ring.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Subcommand;
@@ -36,6 +36,14 @@ pub(crate) enum RecordsCommand {
         /// A head anchor to check against instead of the directory's `records.head`.
         #[arg(long)]
         head: Option<PathBuf>,
+    },
+    /// Copy the records a machine crash left durable only in a directory's write-ahead ring
+    /// into its record files, as the host does when it opens the directory (until then,
+    /// `verify`, `export`, `diff` and `health` refuse the directory). Exit 0 done (also when
+    /// there was nothing to copy); 2 the directory is in use, or cannot be repaired.
+    Replay {
+        /// A record directory.
+        records: PathBuf,
     },
 }
 
@@ -77,6 +85,7 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
             }
             Ok(ExitCode::SUCCESS)
         }
+        RecordsCommand::Replay { records } => replay(&records),
         RecordsCommand::Verify { records, head } => {
             let report = verify_records(&records, head.as_deref())?;
             for note in &report.notes {
@@ -111,6 +120,52 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
             }
         }
     }
+}
+
+/// Opens a writer on `dir` (which replays its ring and sets torn tails aside) and prints each
+/// tail it set aside, so an offline command never moves bytes without saying where.
+pub(super) fn open_writer_saying_what_it_recovered(
+    dir: &Path,
+) -> Result<crate::records::RecordWriter, crate::records::RecordError> {
+    let writer = crate::records::RecordWriter::open(dir, crate::records::WriterOptions::default())?;
+    for torn in writer.recovered() {
+        println!(
+            "{}: {} bytes past its last durable record moved to {}",
+            torn.file.display(),
+            torn.bytes,
+            torn.sidecar.display()
+        );
+    }
+    Ok(writer)
+}
+
+/// Opens `dir` with a writer (which replays its ring) and closes it, saying what it copied.
+fn replay(dir: &Path) -> CliResult {
+    if !dir.join(crate::records::RING_FILE).exists() {
+        return Err(format!(
+            "{}: no write-ahead ring ({}) here; nothing to replay",
+            dir.display(),
+            crate::records::RING_FILE
+        )
+        .into());
+    }
+    // Read before the writer opens: its open is what copies them in.
+    let missing = crate::records::ring::unreplayed(dir)?;
+    let writer = open_writer_saying_what_it_recovered(dir)?;
+    let status = writer.close_blocking()?;
+    match missing {
+        Some((first, last)) => println!(
+            "{}: records {first} to {last} copied from the write-ahead ring into the record files; the stream ends at record {}",
+            dir.display(),
+            status.last_seq.unwrap_or(0)
+        ),
+        None => println!(
+            "{}: the record files already held every durable record; the stream ends at record {}",
+            dir.display(),
+            status.last_seq.unwrap_or(0)
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_problems(report: &VerifyReport) {

@@ -82,19 +82,9 @@ impl StateCommand {
                 // held open (its lock taken) while the records are read, so no host starts
                 // writing to them meanwhile.
                 let writer = if args.records.join(crate::records::RING_FILE).exists() {
-                    let writer = crate::records::RecordWriter::open(
+                    Some(super::records::open_writer_saying_what_it_recovered(
                         &args.records,
-                        crate::records::WriterOptions::default(),
-                    )?;
-                    for torn in writer.recovered() {
-                        println!(
-                            "{}: {} bytes past its last durable record moved to {}",
-                            torn.file.display(),
-                            torn.bytes,
-                            torn.sidecar.display()
-                        );
-                    }
-                    Some(writer)
+                    )?)
                 } else {
                     None
                 };

@@ -17,6 +17,7 @@ pub mod chain;
 pub mod export;
 pub mod health;
 pub mod projection;
+pub mod ring;
 pub mod store;
 pub mod trace;
 pub mod writer;

@@ -6,6 +6,9 @@
 //! records.head                         the head anchor: {seq, hash, file, line} of a
 //!                                      durable record, replaced atomically
 //! records-...jsonl.torn-<n>            bytes of a torn last line found at open, preserved
+//! records.wal                          the write-ahead ring: where a record is first made
+//!                                      durable (see the `ring` module)
+//! records.lock                         locked by the one writer that has the directory open
 //! ```
 //!
 //! File names carry the sequence number of their first record, zero-padded to 20 digits, so
@@ -18,13 +21,15 @@
 //! anchor never names a record that is not durable, and verification compares the stream
 //! against it. Lines cut or edited after the newest anchor cannot be told from a crash.
 
-use std::fs;
+use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use super::chain::ChainHash;
+use super::ring;
 use crate::files::{FileError, write_atomic};
 
 /// The prefix of every record file name.
@@ -63,6 +68,29 @@ pub enum StoreError {
     /// A file (the anchor, a torn-tail sidecar) could not be written.
     #[error(transparent)]
     Write(#[from] FileError),
+    /// Records are durable in the directory's write-ahead ring but missing from its record
+    /// files, and no writer has it open: reading the files alone would leave them out.
+    #[error(
+        "{dir}: records {first} to {last} are durable only in its write-ahead ring ({ring}): the \
+         writer stopped before they reached the record files (a machine crash) and nothing has \
+         opened the directory for writing since, so reading the files alone would leave them \
+         out; copy them in with `flowhost records replay {dir}` (starting the host on it, or \
+         `flowhost state rebuild`, also does)",
+        dir = dir.display(),
+        ring = ring::RING_FILE
+    )]
+    Unreplayed {
+        /// The record directory.
+        dir: PathBuf,
+        /// The first record missing from the files.
+        first: u64,
+        /// The last record in the ring.
+        last: u64,
+    },
+    /// The directory's write-ahead ring cannot be read: records durable only there cannot
+    /// be ruled out.
+    #[error(transparent)]
+    Ring(#[from] ring::RingError),
 }
 
 impl StoreError {
@@ -97,8 +125,48 @@ pub struct RecordFile {
     pub first_seq: u64,
 }
 
-/// The record files of `dir`, in chain order. Other files are ignored.
+/// The file a writer holds locked (`flock`, exclusive) while it has the directory open.
+pub const LOCK_FILE: &str = "records.lock";
+
+/// The record files of `dir`, in chain order, for a reader: refused while records that are
+/// durable in the directory's write-ahead ring are missing from them and no writer has the
+/// directory open to copy them in (after a machine crash, until the next open), and while
+/// its ring cannot be read. Other files are ignored.
 pub fn list_record_files(dir: &Path) -> Result<Vec<RecordFile>, StoreError> {
+    refuse_unreplayed(dir)?;
+    record_files_on_disk(dir)
+}
+
+/// Fails if `dir` holds durable records only in its ring (see [`list_record_files`]).
+fn refuse_unreplayed(dir: &Path) -> Result<(), StoreError> {
+    let lock = dir.join(LOCK_FILE);
+    // Held for the check, so that no writer opens (and replays) the directory meanwhile.
+    let _shared = match File::open(&lock) {
+        Ok(f) => match Flock::lock(f, FlockArg::LockSharedNonblock) {
+            Ok(held) => Some(held),
+            // A writer has the directory open: it replayed the ring when it opened, and an
+            // entry it has just put in the ring reaches the file a moment later. Its files
+            // are the stream, still growing.
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(()),
+            Err((_, e)) => return Err(StoreError::io("lock", &lock)(io::Error::from(e))),
+        },
+        // No writer ever opened it (or it was copied without the lock): nobody holds it.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(StoreError::io("open", &lock)(e)),
+    };
+    match ring::unreplayed(dir)? {
+        None => Ok(()),
+        Some((first, last)) => Err(StoreError::Unreplayed {
+            dir: dir.to_path_buf(),
+            first,
+            last,
+        }),
+    }
+}
+
+/// The record files of `dir`, in chain order, as they are on disk (the writer's view: it
+/// replays the ring into them itself). Other files are ignored.
+pub(crate) fn record_files_on_disk(dir: &Path) -> Result<Vec<RecordFile>, StoreError> {
     let mut files = Vec::new();
     for entry in fs::read_dir(dir).map_err(StoreError::io("list", dir))? {
         let entry = entry.map_err(StoreError::io("list", dir))?;

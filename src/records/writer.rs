@@ -64,9 +64,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::chain::{ChainHash, Chainer, line_hash};
+use super::ring;
 use super::store::{
-    HEAD_FILE, HeadAnchor, RecordFile, StoreError, TORN_INFIX, list_record_files, record_file_name,
-    split_lines,
+    HEAD_FILE, HeadAnchor, RecordFile, StoreError, TORN_INFIX, record_file_name,
+    record_files_on_disk, split_lines,
 };
 use super::{DecisionRecord, RecordFormatError};
 use crate::files::{sync_dir, write_atomic};
@@ -447,7 +448,7 @@ struct Resumed {
 
 /// Finds where the stream in `dir` ends, repairing a torn tail, and checks the head anchor.
 fn resume(dir: &Path) -> Result<Resumed, RecordError> {
-    let files = list_record_files(dir)?;
+    let files = record_files_on_disk(dir)?;
     let mut recovered = replay_ring(dir, &files)?;
     let Some(last) = files.last() else {
         let path = dir.join(record_file_name(1));
@@ -589,20 +590,7 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
         });
     }
     let have = &bytes[start..];
-    let mut matched = 0usize;
-    let mut kept = 0usize;
-    for entry in &entries {
-        let rest = &have[matched..];
-        if rest.len() > entry.line.len()
-            && rest.starts_with(&entry.line)
-            && rest[entry.line.len()] == b'\n'
-        {
-            matched += entry.line.len() + 1;
-            kept += 1;
-        } else {
-            break;
-        }
-    }
+    let (kept, matched) = ring::held_in_file(have, &entries);
     let whole = kept == entries.len() && matched == have.len();
     if position + 1 != files.len() {
         // A rotation that stopped before its checkpoint: the old file was synced first and
@@ -665,9 +653,6 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
     }
     Ok(recovered)
 }
-
-/// The file a writer holds locked (`flock`, exclusive) while it has the directory open.
-pub const LOCK_FILE: &str = "records.lock";
 
 /// Takes the directory's writer lock: two writers would interleave their lines and each
 /// would checkpoint the ring for the other. Released once the writer's sync thread ends (on
@@ -798,10 +783,10 @@ fn create_record_file(dir: &Path, path: &Path) -> Result<File, RecordError> {
     Ok(f)
 }
 
-mod ring;
 mod stages;
 
-pub use ring::{MIN_RING_BYTES, RING_FILE};
+pub use super::ring::{MIN_RING_BYTES, RING_FILE};
+pub use super::store::LOCK_FILE;
 
 #[cfg(test)]
 mod tests;

@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::ring::{Checkpoint, Cursor, Ring};
 use super::{
     CloseReply, CommitReply, Committed, FlushReply, RecordError, Shared, WriterOptions,
     WriterStatus, create_record_file, file_name_of,
@@ -28,6 +27,7 @@ use super::{
 use crate::records::DecisionRecord;
 use crate::records::chain::{ChainHash, Chainer, Sealed};
 use crate::records::now_rfc3339;
+use crate::records::ring::{Checkpoint, Cursor, Ring};
 use crate::records::store::{HEAD_FILE, HEAD_SCHEMA, HeadAnchor, record_file_name};
 
 /// What the writer starts from.

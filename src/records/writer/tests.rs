@@ -116,7 +116,7 @@ fn rotation_keeps_the_chain_and_resume_continues_it() {
         last = Some(w.commit_blocking(sample_tool_call()).unwrap());
     }
     w.close_blocking().unwrap();
-    let files = list_record_files(dir.path()).unwrap();
+    let files = crate::records::store::list_record_files(dir.path()).unwrap();
     assert!(
         files.len() >= 5,
         "expected several files, got {}",
@@ -537,17 +537,21 @@ fn a_ring_that_cannot_be_made_refuses_the_open_and_names_it() {
     assert!(err.to_string().contains("records.wal"), "{err}");
 }
 
+/// Overwrites both header slots of the ring in `dir` (a block each), leaving no valid checkpoint.
+fn spoil_both_ring_headers(dir: &Path) {
+    let ring = dir.join(RING_FILE);
+    let mut bytes = std::fs::read(&ring).unwrap();
+    bytes[..8192].fill(0xAA);
+    std::fs::write(&ring, bytes).unwrap();
+}
+
 #[test]
 fn a_ring_without_a_valid_checkpoint_refuses_the_open() {
     let dir = tempfile::tempdir().unwrap();
     let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
     w.commit_blocking(sample_tool_call()).unwrap();
     w.close_blocking().unwrap();
-    let ring = dir.path().join(RING_FILE);
-    let mut bytes = std::fs::read(&ring).unwrap();
-    // Both header slots (a block each).
-    bytes[..8192].fill(0xAA);
-    std::fs::write(&ring, bytes).unwrap();
+    spoil_both_ring_headers(dir.path());
     let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
     assert!(err.to_string().contains("valid checkpoint"), "{err}");
 }
@@ -613,4 +617,69 @@ fn a_ring_cut_short_refuses_the_open() {
     let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
     assert!(matches!(err, RecordError::Ring(_)), "{err:?}");
     assert!(err.to_string().contains("fewer than any ring"), "{err}");
+}
+
+#[test]
+fn readers_refuse_records_left_only_in_the_ring_until_a_writer_copies_them_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
+    for _ in 0..10 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    // While the writer runs, its files hold every record: readers read them.
+    let live = verify_records(dir.path(), None).unwrap();
+    assert!(live.is_ok() && live.records == 10, "{live:?}");
+    // After a machine crash, records 2..=10 are durable in the ring only. A reader that
+    // took the files alone would judge a stream nine records short as whole.
+    let crashed = tempfile::tempdir().unwrap();
+    let checkpoint = crash_copy(dir.path(), crashed.path(), &[]);
+    assert_eq!(checkpoint.seq, 1);
+    let err = verify_records(crashed.path(), None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Unreplayed {
+                first: 2,
+                last: 10,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("records 2 to 10")
+            && text.contains(&crashed.path().display().to_string())
+            && text.contains("flowhost records replay"),
+        "{text}"
+    );
+    for reader in [
+        crate::records::store::record_sources(crashed.path()).map(|_| ()),
+        crate::records::store::list_record_files(crashed.path()).map(|_| ()),
+    ] {
+        assert!(
+            matches!(reader, Err(StoreError::Unreplayed { .. })),
+            "{reader:?}"
+        );
+    }
+    // A writer's open copies them in; then every reader sees all ten.
+    RecordWriter::open(crashed.path(), WriterOptions::default())
+        .unwrap()
+        .close_blocking()
+        .unwrap();
+    let report = verify_records(crashed.path(), None).unwrap();
+    assert!(report.is_ok() && report.records == 10, "{report:?}");
+    w.close_blocking().unwrap();
+}
+
+#[test]
+fn readers_refuse_a_directory_whose_ring_is_unreadable() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(sample_tool_call()).unwrap();
+    w.close_blocking().unwrap();
+    spoil_both_ring_headers(dir.path());
+    // The ring may hold durable records no file has: nothing can say the files are whole.
+    let err = verify_records(dir.path(), None).unwrap_err();
+    assert!(err.to_string().contains("valid checkpoint"), "{err}");
 }

@@ -8,7 +8,9 @@
 //! is synced. Its line is written to the record file at the same moment (readable at once),
 //! and the record file is synced later, at a *checkpoint*, off every caller's path. At open,
 //! the entries after the last checkpoint are replayed into the record file, so the record
-//! files hold every durable record again before anything reads them.
+//! files hold every durable record again before anything reads them. Until then (after a
+//! machine crash, before the next open), readers of the directory refuse it rather than read
+//! a stream that lacks durable records (see `store::list_record_files`).
 //!
 //! Guarantees:
 //! * An entry is only ever overwritten once the record file holding its line is synced and a
@@ -365,34 +367,121 @@ fn sync_unless_failed(failed: &Mutex<Option<String>>, file: &File) -> io::Result
 /// `None` if the directory has no ring.
 pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, RingError> {
     let path = dir.join(RING_FILE);
-    let bytes = match fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(RingError::Io {
-                op: "read",
-                path,
-                source,
-            });
-        }
+    let io_error = |op: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| RingError::Io { op, path, source }
     };
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(io_error("open", &path)(source)),
+    };
+    let size = file.metadata().map_err(io_error("read", &path))?.len();
     let corrupt = |problem: &str| RingError::Corrupt {
         path: path.clone(),
         problem: problem.to_string(),
     };
-    if (bytes.len() as u64) < MIN_RING_BYTES {
+    if size < MIN_RING_BYTES {
         // The writer only renames a whole ring into place: a smaller one was cut, and the
         // records it held past its checkpoint with it.
-        return Err(too_small(path, bytes.len() as u64));
+        return Err(too_small(path, size));
     }
-    let Some((_, checkpoint)) = read_slots(&bytes[..DATA_START as usize]) else {
+    let mut header = vec![0u8; DATA_START as usize];
+    file.read_exact_at(&mut header, 0)
+        .map_err(io_error("read", &path))?;
+    let Some((_, checkpoint)) = read_slots(&header) else {
         return Err(corrupt("neither header slot holds a valid checkpoint"));
     };
-    if checkpoint.ring_at < DATA_START || checkpoint.ring_at > bytes.len() as u64 {
+    if checkpoint.ring_at < DATA_START || checkpoint.ring_at > size {
         return Err(corrupt("the checkpoint points outside the ring"));
+    }
+    // Most reads find nothing after the checkpoint (a writer that closed, or one whose sync
+    // thread checkpointed moments ago): the first entry's head says so without reading the
+    // whole ring.
+    if checkpoint.ring_at + ENTRY_HEAD <= size {
+        let mut head = [0u8; ENTRY_HEAD as usize];
+        file.read_exact_at(&mut head, checkpoint.ring_at)
+            .map_err(io_error("read", &path))?;
+        let seq = u64::from_le_bytes(head[8..16].try_into().unwrap_or([0; 8]));
+        if &head[..4] != WRAP_MAGIC && (&head[..4] != ENTRY_MAGIC || seq != checkpoint.seq + 1) {
+            return Ok(Some((checkpoint, Vec::new())));
+        }
+    }
+    let bytes = fs::read(&path).map_err(io_error("read", &path))?;
+    if bytes.len() as u64 != size {
+        return Err(corrupt("it changed size while it was read"));
     }
     let entries = entries_after(&bytes, &checkpoint);
     Ok(Some((checkpoint, entries)))
+}
+
+/// How many of `entries` the bytes `have` (a record file from the checkpoint's offset on)
+/// hold, in order and each as a whole line, and how many bytes those lines take.
+pub fn held_in_file(have: &[u8], entries: &[RingEntry]) -> (usize, usize) {
+    let mut matched = 0usize;
+    let mut kept = 0usize;
+    for entry in entries {
+        let rest = &have[matched..];
+        if rest.len() > entry.line.len()
+            && rest.starts_with(&entry.line)
+            && rest[entry.line.len()] == b'\n'
+        {
+            matched += entry.line.len() + 1;
+            kept += 1;
+        } else {
+            break;
+        }
+    }
+    (kept, matched)
+}
+
+/// The records that are durable in the ring of `dir` but missing from its record file (the
+/// first and last sequence numbers), as a machine crash leaves them until a writer opens
+/// the directory and replays them. `None` when the files hold every one, or there is no
+/// ring. Only meaningful while no writer has the directory open.
+pub fn unreplayed(dir: &Path) -> Result<Option<(u64, u64)>, RingError> {
+    let Some((checkpoint, entries)) = read_back(dir)? else {
+        return Ok(None);
+    };
+    let Some(last) = entries.last() else {
+        return Ok(None);
+    };
+    // Every entry after a checkpoint belongs to the file it names (a rotation checkpoints
+    // before the new file's first entry).
+    let path = dir.join(&checkpoint.file);
+    let have = match File::open(&path) {
+        Ok(file) => {
+            let mut have = Vec::new();
+            let len = file
+                .metadata()
+                .map_err(|source| RingError::Io {
+                    op: "read the record file named by",
+                    path: dir.join(RING_FILE),
+                    source,
+                })?
+                .len();
+            if len > checkpoint.bytes {
+                have.resize((len - checkpoint.bytes) as usize, 0);
+                file.read_exact_at(&mut have, checkpoint.bytes)
+                    .map_err(|source| RingError::Io {
+                        op: "read the record file named by",
+                        path: dir.join(RING_FILE),
+                        source,
+                    })?;
+            }
+            have
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(source) => {
+            return Err(RingError::Io {
+                op: "read the record file named by",
+                path: dir.join(RING_FILE),
+                source,
+            });
+        }
+    };
+    let (kept, _) = held_in_file(&have, &entries);
+    Ok((kept < entries.len()).then(|| (entries[kept].seq, last.seq)))
 }
 
 /// The intact, consecutive, chained entries after `checkpoint`.
