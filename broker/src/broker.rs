@@ -117,7 +117,7 @@ enum Job {
     /// takes runs here while the caller creates the executor's cgroups.
     LeaseUid {
         pool: Arc<UidPool>,
-        reply: oneshot::Sender<Option<crate::uids::UidLease>>,
+        reply: oneshot::Sender<Result<Option<crate::uids::UidLease>, crate::uids::UidScanError>>,
     },
 }
 
@@ -456,8 +456,12 @@ impl Broker {
         }
         if let Some((range, leased)) = pending_uid {
             match leased.await {
-                Ok(Some(uid)) => lease.uid = Some(uid),
-                Ok(None) => {
+                Ok(Ok(Some(uid))) => lease.uid = Some(uid),
+                Ok(Err(e)) => {
+                    drop(LeaseGuard::new(lease, self.inner.reaper.clone()));
+                    return Err(fail(SpawnError::UidScan(e)));
+                }
+                Ok(Ok(None)) => {
                     // The cgroups go the usual way.
                     drop(LeaseGuard::new(lease, self.inner.reaper.clone()));
                     return Err(fail(SpawnError::NoFreeUid {

@@ -189,6 +189,9 @@ pub enum SpawnError {
         /// The configured range.
         range: String,
     },
+    /// The host's processes could not be listed, so no executor uid is known to be unused.
+    #[error("{0}")]
+    UidScan(#[from] crate::uids::UidScanError),
     /// The executor's cgroup could not be set up.
     #[error("cannot set up the executor's cgroup: {0}")]
     Cgroup(String),

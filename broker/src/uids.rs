@@ -45,8 +45,20 @@ impl std::fmt::Display for UidRange {
 #[derive(Debug)]
 pub(crate) struct UidPool {
     range: UidRange,
+    proc: std::path::PathBuf,
     next: AtomicU32,
     leased: Mutex<std::collections::BTreeSet<u32>>,
+}
+
+/// The host's processes could not be listed, so no uid can be shown to be unused.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot list the host's processes in {} to find an unused executor uid: {source}", proc.display())]
+pub struct UidScanError {
+    /// The directory listed.
+    pub proc: std::path::PathBuf,
+    /// Why the listing failed.
+    #[source]
+    pub source: std::io::Error,
 }
 
 /// One leased uid; dropping it returns the uid.
@@ -73,30 +85,45 @@ fn claim(uid: u32) -> Option<OwnedFd> {
     Some(fd)
 }
 
-/// uids of every process on the host now: the owner of each `/proc/<pid>` directory (what
+/// Where the host's processes are listed; a test points a pool elsewhere to make the listing
+/// fail.
+const PROC: &str = "/proc";
+
+/// uids of every process on the host now: the owner of each `<proc>/<pid>` directory (what
 /// `procfs`'s `Process::uid` reads too), with one `statx` per process instead of opening
 /// each directory, since every spawn pays for this scan.
-fn running_uids() -> std::collections::BTreeSet<u32> {
+///
+/// A listing that cannot be read is an error, never an empty set: an empty set would lease a
+/// uid some host process may run with. A process that exits between the listing and its
+/// `statx` runs with no uid, so its `ENOENT` is skipped.
+fn running_uids(proc: &std::path::Path) -> std::io::Result<std::collections::BTreeSet<u32>> {
     use std::os::unix::fs::MetadataExt;
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Default::default();
-    };
-    entries
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .filter_map(|e| std::fs::metadata(e.path()).ok())
-        .map(|m| m.uid())
-        .collect()
+    let mut uids = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(proc)? {
+        let entry = entry?;
+        if !entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        match std::fs::metadata(entry.path()) {
+            Ok(m) => {
+                uids.insert(m.uid());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(uids)
 }
 
 impl UidPool {
     pub(crate) fn new(range: UidRange) -> Self {
         UidPool {
             range,
+            proc: PROC.into(),
             next: AtomicU32::new(0),
             leased: Mutex::new(Default::default()),
         }
@@ -106,10 +133,13 @@ impl UidPool {
         self.range
     }
 
-    /// Leases a uid no process runs with and nobody else holds; `None` when the range is
-    /// exhausted.
-    pub(crate) fn lease(self: &Arc<Self>) -> Option<UidLease> {
-        let running = running_uids();
+    /// Leases a uid no process runs with and nobody else holds; `Ok(None)` when the range is
+    /// exhausted, an error naming the listing when the host's processes cannot be listed.
+    pub(crate) fn lease(self: &Arc<Self>) -> Result<Option<UidLease>, UidScanError> {
+        let running = running_uids(&self.proc).map_err(|source| UidScanError {
+            proc: self.proc.clone(),
+            source,
+        })?;
         let mut leased = self.leased.lock().unwrap_or_else(|p| p.into_inner());
         let start = self.next.fetch_add(1, Ordering::Relaxed) % self.range.count;
         for i in 0..self.range.count {
@@ -121,14 +151,14 @@ impl UidPool {
                 leased.insert(uid);
                 self.next
                     .store((start + i + 1) % self.range.count, Ordering::Relaxed);
-                return Some(UidLease {
+                return Ok(Some(UidLease {
                     pool: self.clone(),
                     uid,
                     _claim: claim,
-                });
+                }));
             }
         }
-        None
+        Ok(None)
     }
 
     /// uids leased now.
@@ -162,22 +192,22 @@ mod tests {
             first: 0x7100_0000,
             count: 4,
         }));
-        let a = pool.lease().unwrap();
-        let b = pool.lease().unwrap();
-        let c = pool.lease().unwrap();
-        let d = pool.lease().unwrap();
+        let a = pool.lease().unwrap().unwrap();
+        let b = pool.lease().unwrap().unwrap();
+        let c = pool.lease().unwrap().unwrap();
+        let d = pool.lease().unwrap().unwrap();
         let mut uids = vec![a.uid(), b.uid(), c.uid(), d.uid()];
         uids.sort();
         uids.dedup();
         assert_eq!(uids.len(), 4);
-        assert!(pool.lease().is_none(), "the range is exhausted");
+        assert!(pool.lease().unwrap().is_none(), "the range is exhausted");
         // Another broker (another pool over the same range) gets none of them either.
         let other = Arc::new(UidPool::new(pool.range()));
-        assert!(other.lease().is_none());
+        assert!(other.lease().unwrap().is_none());
         let freed = b.uid();
         drop(b);
         assert_eq!(pool.leased(), 3);
-        assert_eq!(other.lease().map(|l| l.uid()), Some(freed));
+        assert_eq!(other.lease().unwrap().map(|l| l.uid()), Some(freed));
     }
 
     #[test]
@@ -188,6 +218,27 @@ mod tests {
             first: me,
             count: 1,
         }));
-        assert!(pool.lease().is_none());
+        assert!(pool.lease().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_host_whose_processes_cannot_be_listed_leases_no_uid() {
+        // Before, an unreadable listing was read as "no process runs with any uid".
+        let gone = tempfile::tempdir().unwrap();
+        let proc = gone.path().join("proc");
+        let pool = Arc::new(UidPool {
+            proc: proc.clone(),
+            ..UidPool::new(UidRange {
+                first: 0x7200_0000,
+                count: 4,
+            })
+        });
+        let err = pool.lease().unwrap_err();
+        assert_eq!(err.proc, proc);
+        assert!(
+            err.to_string().contains("cannot list the host's processes"),
+            "{err}"
+        );
+        assert_eq!(pool.leased(), 0);
     }
 }
