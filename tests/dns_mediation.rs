@@ -6,12 +6,8 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::named::{BODY, Daemon, Served, TestDns, TestHttp, tool};
+use common::named::{BODY, Daemon, NODE, Served, TestDns, TestHttp, tool};
 use serde_json::{Value, json};
-
-const NODE: &str = "/usr/bin/node";
 
 /// A minimal MCP stdio server (no dependencies): one tool, `probe`, that looks `name` up
 /// with `how` (`lookup` or `resolve4`) and, if that worked, fetches `http://name:port/`
@@ -56,21 +52,7 @@ readline.createInterface({ input: process.stdin }).on('line', async (line) => {
 "#;
 
 fn node_daemon(dns: &TestDns, http: &TestHttp) -> Option<(Daemon, std::path::PathBuf)> {
-    if !common::is_root() {
-        eprintln!("SKIP: the daemon tests need root for the broker (CI runs them as root)");
-        return None;
-    }
-    if !common::third_party(Path::new(NODE)) {
-        return None;
-    }
-    // Outside /tmp (executors have their own) and readable by executor uids.
-    let dir = common::shared_dir().join(format!("dns-probe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let script = dir.join("server.js");
-    std::fs::write(&script, SERVER_JS).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (dir, script) = common::named::node_script("dns-probe", SERVER_JS)?;
     let tools = json!([tool(
         "probe",
         json!({

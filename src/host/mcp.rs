@@ -47,8 +47,8 @@ pub mod code {
     pub const NOT_INITIALIZED: i64 = -32012;
 }
 
-/// A JSON-RPC error to send back.
-#[derive(Debug, Clone, PartialEq)]
+/// A JSON-RPC error: one flowhost sends back, or one a peer answered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RpcError {
     /// Error code (see [`code`]).
     pub code: i64,
@@ -74,9 +74,26 @@ impl RpcError {
         self
     }
 
+    /// The error a peer answered with, read strictly: an integer `code`, a string `message`
+    /// and any `data`; `None` for an object that is not a JSON-RPC error.
+    pub fn from_answer(error: &Value) -> Option<RpcError> {
+        let object = error.as_object()?;
+        Some(RpcError {
+            code: object.get("code")?.as_i64()?,
+            message: object.get("message")?.as_str()?.to_string(),
+            data: object.get("data").cloned(),
+        })
+    }
+
     /// The refusal code in `data.denial`, when the error carries one.
     pub fn data_denial(&self) -> Option<&str> {
         self.data.as_ref()?.get("denial")?.as_str()
+    }
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "error {}: {}", self.code, self.message)
     }
 }
 
@@ -326,6 +343,21 @@ mod tests {
             parse(br#"{"jsonrpc":"2.0","id":"x","result":{}}"#).unwrap(),
             Incoming::Response { outcome: Ok(_), .. }
         ));
+    }
+
+    #[test]
+    fn a_peers_error_is_read_strictly() {
+        let e = RpcError::from_answer(&json!({"code": -32002, "message": "gone", "data": [1]}));
+        assert_eq!(e, Some(RpcError::new(-32002, "gone").with_data(json!([1]))));
+        for bad in [
+            json!({"message": "no code"}),
+            json!({"code": "-32002", "message": "a string code"}),
+            json!({"code": 1.5, "message": "a fractional code"}),
+            json!({"code": -32002}),
+            json!("not an object"),
+        ] {
+            assert_eq!(RpcError::from_answer(&bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -277,6 +277,11 @@ policy = {{ input_clearances = [{clearances}], output_floor = {BOTTOM} }}
         c
     }
 
+    /// Every record the daemon has written so far.
+    pub fn records(&self) -> Vec<Value> {
+        records_in(&self.dir.path().join("records"))
+    }
+
     pub fn egress_records(&self) -> Vec<Value> {
         records_in(&self.dir.path().join("records"))
             .into_iter()
@@ -284,3 +289,27 @@ policy = {{ input_clearances = [{clearances}], output_floor = {BOTTOM} }}
             .collect()
     }
 }
+
+/// Writes `script` as `server.js` into a fresh directory every executor uid can read (the
+/// executor runs as its own uid), or `None` (having said why) when the test cannot run here:
+/// the daemon needs root for the broker, and Node.js must be installed.
+pub fn node_script(name: &str, script: &str) -> Option<(PathBuf, PathBuf)> {
+    if !super::is_root() {
+        eprintln!("SKIP: the daemon tests need root for the broker (CI runs them as root)");
+        return None;
+    }
+    if !super::third_party(Path::new(NODE)) {
+        return None;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = super::shared_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = dir.join("server.js");
+    std::fs::write(&file, script).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    Some((dir, file))
+}
+
+/// Where the interop install puts Node.js (Debian's package).
+pub const NODE: &str = "/usr/bin/node";

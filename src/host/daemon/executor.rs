@@ -48,9 +48,9 @@ pub enum ExecutorError {
     /// It sent something that is not MCP, or a message over the size limit.
     #[error("the executor broke the protocol: {0}")]
     Protocol(String),
-    /// It answered the call with a JSON-RPC error.
-    #[error("the executor answered with an error: {0}")]
-    Rpc(String),
+    /// It answered the call with a JSON-RPC error (it may serve again).
+    #[error("the executor answered with {0}")]
+    Rpc(mcp::RpcError),
     /// The client cancelled the call; the cancellation was forwarded to the executor, which
     /// either answered within the grace period (`acknowledged`: it may serve again) or was
     /// stopped.
@@ -660,7 +660,12 @@ impl<C: NamedCall> McpExecutor<C> {
             };
             match mcp::parse(&line) {
                 Ok(Incoming::Response { id: rid, outcome }) if rid == json!(id) => {
-                    return outcome.map_err(|e| ExecutorError::Rpc(e.to_string()));
+                    return outcome.map_err(|e| match mcp::RpcError::from_answer(&e) {
+                        Some(e) => ExecutorError::Rpc(e),
+                        None => ExecutorError::Protocol(format!(
+                            "an error answer without an integer code and a string message: {e}"
+                        )),
+                    });
                 }
                 Ok(Incoming::Notification { method, params })
                     if method == "notifications/progress" =>

@@ -160,6 +160,10 @@ pub enum DispatchError {
     NotStarted(String),
     /// The executor failed during the call (it is retired).
     Failed(String),
+    /// The executor answered the call with a JSON-RPC error (it may serve again). What it
+    /// says is content: it is labelled like a result, then reaches the client as that
+    /// error.
+    Answered(RpcError),
     /// The client cancelled the call; the executor was told (and retired if it did not
     /// acknowledge).
     Cancelled(String),
@@ -436,43 +440,53 @@ async fn settle(
     plan: &CallPlan,
     outcome: Result<Value, DispatchError>,
 ) -> Result<Value, RpcError> {
-    let (result, verdict, state) = match outcome {
+    let (answer, verdict, state) = match outcome {
         Err(DispatchError::NotStarted(why)) => (
-            tool_error(&format!("the executor could not be started: {why}")),
+            Ok(tool_error(&format!(
+                "the executor could not be started: {why}"
+            ))),
             Verdict::Failed(Failure::ExecutorFailed),
             plan.state_after_dispatch.clone(),
         ),
         // Nothing the executor produced reached the client (progress carries numbers only).
         Err(DispatchError::Cancelled(why)) => (
-            tool_error(&format!("the call was cancelled: {why}")),
+            Ok(tool_error(&format!("the call was cancelled: {why}"))),
             Verdict::Failed(Failure::Cancelled),
             plan.state_after_dispatch.clone(),
         ),
         other => {
-            let (result, verdict) = match other {
+            let (answer, verdict, text) = match other {
                 Ok(result) => {
                     let verdict = if result.get("isError") == Some(&Value::Bool(true)) {
                         Verdict::Failed(Failure::ToolError)
                     } else {
                         Verdict::Succeeded { rule: None }
                     };
-                    (result, verdict)
+                    let text = crate::resolver::classifiable_text(&result);
+                    (Ok(result), verdict, text)
                 }
-                Err(e) => (
-                    tool_error(&format!(
+                // The tool's own error, passed on as it was given (clients act on its code);
+                // its message and data are what it says, so they are classified.
+                Err(DispatchError::Answered(e)) => {
+                    let text = answered_text(&e);
+                    (Err(e), Verdict::Failed(Failure::ToolError), text)
+                }
+                Err(e) => {
+                    let result = tool_error(&format!(
                         "the tool's executor failed: {}",
                         match e {
                             DispatchError::Failed(w)
                             | DispatchError::NotStarted(w)
                             | DispatchError::Cancelled(w) => w,
+                            DispatchError::Answered(e) => e.to_string(),
                         }
-                    )),
-                    Verdict::Failed(Failure::ExecutorFailed),
-                ),
+                    ));
+                    let text = crate::resolver::classifiable_text(&result);
+                    (Ok(result), Verdict::Failed(Failure::ExecutorFailed), text)
+                }
             };
-            let text = crate::resolver::classifiable_text(&result);
             match env.resolver.after_call(plan, &text).await {
-                Ok(state) => (result, verdict, state),
+                Ok(state) => (answer, verdict, state),
                 Err(e) => {
                     // The output is withheld: that is the call's outcome, recorded with the
                     // last labels known to be stored, before the refusal goes out.
@@ -493,7 +507,16 @@ async fn settle(
         }
     };
     record_outcome(env, rec, verdict, &state).await?;
-    Ok(result)
+    answer
+}
+
+/// The text of an executor's JSON-RPC error that the classifier reads: its message and its
+/// data, which can carry what the executor read as much as a result can.
+pub(super) fn answered_text(e: &RpcError) -> String {
+    match &e.data {
+        Some(data) => format!("{}\n{data}", e.message),
+        None => e.message.clone(),
+    }
 }
 
 /// Records a call's outcome with the labels it leaves behind (already durable in the flow

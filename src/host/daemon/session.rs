@@ -995,6 +995,13 @@ impl Dispatch for Executors<'_> {
                 }
                 Err(DispatchError::Cancelled(reason))
             }
+            // It answered: it may serve again.
+            Err(ExecutorError::Rpc(e)) => {
+                if let Some(b) = self.give_back(server, bound) {
+                    b.exec.stop().await;
+                }
+                Err(DispatchError::Answered(e))
+            }
             Err(e) => {
                 tracing::warn!(server = %server, tool = %name, error = %e, "the executor of server {server:?} failed; it is retired");
                 bound.exec.stop().await;

@@ -75,10 +75,10 @@ pub enum ForwardError {
     /// The executor failed (it is retired).
     #[error("the executor failed: {0}")]
     Failed(String),
-    /// The executor answered with a JSON-RPC error (its message is content: it is labelled
-    /// like a result).
+    /// The executor answered with a JSON-RPC error (its message and data are content: they
+    /// are labelled like a result, then the error reaches the client as it was given).
     #[error("{0}")]
-    Answered(String),
+    Answered(RpcError),
 }
 
 /// Forwards an authorized content request to one of the session's executors.
@@ -381,7 +381,7 @@ async fn run<F: Forward>(
             record_outcome(env, rec, Verdict::Failed(Failure::ExecutorFailed), &state).await?;
             return Err(e);
         }
-        Err(ForwardError::Failed(why) | ForwardError::Answered(why)) => (
+        Err(ForwardError::Failed(why)) => (
             Err(RpcError::new(
                 code::INTERNAL_ERROR,
                 format!("server {server:?}: {why}"),
@@ -389,6 +389,10 @@ async fn run<F: Forward>(
             Verdict::Failed(Failure::ToolError),
             why,
         ),
+        Err(ForwardError::Answered(e)) => {
+            let text = super::answered_text(&e);
+            (Err(e), Verdict::Failed(Failure::ToolError), text)
+        }
     };
     match env
         .resolver

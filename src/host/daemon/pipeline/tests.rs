@@ -337,6 +337,16 @@ async fn a_read_taints_the_session_and_the_public_sink_is_refused_before_dispatc
     );
 }
 
+/// The `response.status` of each `tool_outcome` record so far, in order.
+async fn outcome_statuses(host: &Host) -> Vec<String> {
+    host.records()
+        .await
+        .iter()
+        .filter(|r| r["flowhost"]["event"] == "tool_outcome")
+        .map(|r| r["response"]["status"].as_str().unwrap().to_string())
+        .collect()
+}
+
 #[tokio::test]
 async fn outcomes_say_what_became_of_an_allowed_call() {
     let host = Host::new();
@@ -359,17 +369,39 @@ async fn outcomes_say_what_became_of_an_allowed_call() {
             .unwrap()
             .contains("could not be started")
     );
-    let statuses: Vec<String> = host
-        .records()
-        .await
-        .iter()
-        .filter(|r| r["flowhost"]["event"] == "tool_outcome")
-        .map(|r| r["response"]["status"].as_str().unwrap().to_string())
-        .collect();
+    let statuses = outcome_statuses(&host).await;
     assert_eq!(
         statuses,
         ["tool_error", "executor_failed", "executor_failed"]
     );
+}
+
+#[tokio::test]
+async fn a_tool_answering_with_an_error_passes_it_on_labelled_like_its_output() {
+    let host = Host::new();
+    let mut exec = Scripted::answering(vec![Err(DispatchError::Answered(
+        RpcError::new(-32602, "bad document name").with_data(json!({"read": TERMS})),
+    ))]);
+    let e = host
+        .call(
+            ANALYST,
+            call("workspace/read_terms", json!({"document": "t.md"})),
+            &mut exec,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, -32602, "{e:?}");
+    assert_eq!(e.message, "bad document name");
+    assert_eq!(e.data, Some(json!({"read": TERMS})));
+    // What the error carries raised the session's label as a result would have.
+    assert!(
+        serde_json::to_value(host.session_label(ANALYST).await)
+            .unwrap()
+            .to_string()
+            .contains("harbor-goods-terms")
+    );
+    let statuses = outcome_statuses(&host).await;
+    assert_eq!(statuses, ["tool_error"]);
 }
 
 #[tokio::test]
@@ -656,14 +688,17 @@ async fn what_an_executor_answers_as_an_error_is_labelled_like_content() {
     let host = Host::with_content();
     let mut exec = Feeding::default();
     exec.answers
-        .push_back(Err(content::ForwardError::Answered(format!(
-            "not found: {TERMS}"
+        .push_back(Err(content::ForwardError::Answered(RpcError::new(
+            -32002,
+            format!("not found: {TERMS}"),
         ))));
     let e = host
         .read(ANALYST, "test://static-text", &mut exec)
         .await
         .unwrap_err();
-    assert!(e.message.contains("not found"), "{e:?}");
+    // The executor's own error, as it gave it.
+    assert_eq!(e.code, -32002, "{e:?}");
+    assert_eq!(e.message, format!("not found: {TERMS}"));
     let label = serde_json::to_value(host.session_label(ANALYST).await).unwrap();
     assert_eq!(
         label["compartments"],
