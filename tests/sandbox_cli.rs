@@ -601,7 +601,7 @@ fn quiet_runs_are_judged_at_once_by_the_same_rules() {
     assert_eq!(sink.bytes(), b"quiet-bytes");
 }
 
-/// Executor cgroups named after `pid` (`flowhost-exec-PID-N`) anywhere beneath
+/// Executor cgroups named after `pid` (`flowhost-exec-PID-START-N`) anywhere beneath
 /// /sys/fs/cgroup (the broker puts them beneath its own cgroup of each hierarchy).
 fn executor_cgroups_of(pid: u32) -> Vec<std::path::PathBuf> {
     let prefix = format!("flowhost-exec-{pid}-");

@@ -282,15 +282,7 @@ fn sweep_stale(dir: &Path) {
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(owner) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("flowhost-exec-"))
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{owner}")).exists() {
+        if name.to_str().and_then(left_by_a_gone_process) == Some(true) {
             let stale = ExecutorCgroup {
                 dirs: vec![(Controller::Memory, Version::V1, entry.path())],
                 limits: Limits::NONE,
@@ -414,6 +406,49 @@ impl std::fmt::Display for BoundHit {
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
+/// Names this process's executor cgroups apart from those of any other process, including
+/// an earlier one that had the same pid: `<pid>-<start>`, the start being the process's
+/// start time in clock ticks since boot (`/proc/self/stat`, field 22), which no two
+/// processes of one pid share while the system runs.
+fn instance() -> &'static str {
+    static INSTANCE: OnceLock<String> = OnceLock::new();
+    INSTANCE.get_or_init(|| {
+        let pid = std::process::id();
+        // Unreadable only on a broken /proc, where detection has failed already; a name
+        // that then collides with a leftover fails that spawn (never shares the cgroup).
+        let start = started_at(pid).unwrap_or(0);
+        format!("{pid}-{start}")
+    })
+}
+
+/// When process `pid` started (clock ticks since boot), if it is running.
+fn started_at(pid: u32) -> Option<u64> {
+    let pid = i32::try_from(pid).ok()?;
+    procfs::process::Process::new(pid)
+        .and_then(|p| p.stat())
+        .ok()
+        .map(|s| s.starttime)
+}
+
+/// The name of this process's `n`th executor cgroup.
+fn executor_cgroup_name(n: u64) -> String {
+    format!("flowhost-exec-{}-{n}", instance())
+}
+
+/// Whether the executor cgroup `name` (from [`executor_cgroup_name`], or the older
+/// `flowhost-exec-<pid>-<n>`) was left by a process that has exited; `None` for a name
+/// that is not an executor cgroup's.
+fn left_by_a_gone_process(name: &str) -> Option<bool> {
+    let fields: Vec<&str> = name.strip_prefix("flowhost-exec-")?.split('-').collect();
+    let pid: u32 = fields.first()?.parse().ok()?;
+    Some(match fields.as_slice() {
+        // The pid's process now is another one if it started at another time.
+        [_, start, _] => started_at(pid) != Some(start.parse().ok()?),
+        [_, _] => !Path::new(&format!("/proc/{pid}")).exists(),
+        _ => return None,
+    })
+}
+
 /// How a new executor enters its cgroups before it runs a single instruction of its program.
 ///
 /// Writing a process into a cgroup (`cgroup.procs`) takes the kernel's global threadgroup
@@ -470,11 +505,7 @@ impl ExecutorCgroup {
     /// the host cannot offer are skipped (the caller has already refused a profile that
     /// requires them).
     pub(crate) fn create(support: &CgroupSupport, limits: &Limits) -> Result<Self, String> {
-        let name = format!(
-            "flowhost-exec-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = executor_cgroup_name(NEXT.fetch_add(1, Ordering::Relaxed));
         let mut cg = ExecutorCgroup {
             dirs: Vec::new(),
             limits: *limits,

@@ -302,13 +302,13 @@ fn the_first_executor_cgroup_proves_a_v1_base_without_a_probe() {
     assert_eq!(s.base(Controller::Memory).unwrap().dir, mem.join("svc"));
     std::fs::rename(mem.join("moved"), mem.join("svc")).unwrap();
 
-    // A name already taken (a leftover of an earlier process with this pid) is no proof
-    // that the base is unwritable: the spawn fails and the bound stays in force.
+    // A name already taken is no proof that the base is unwritable: the spawn fails and
+    // the bound stays in force.
     let taken = CgroupSupport::from_layout(&memberships, &mounts, 42);
     // (Other tests of this process take names too: every one of the next few is taken.)
     let next = NEXT.load(Ordering::Relaxed);
     let squatters: Vec<_> = (next..next + 64)
-        .map(|n| mem.join(format!("svc/flowhost-exec-{}-{n}", std::process::id())))
+        .map(|n| mem.join("svc").join(executor_cgroup_name(n)))
         .collect();
     for d in &squatters {
         std::fs::create_dir(d).unwrap();
@@ -334,9 +334,20 @@ fn the_sweep_removes_only_what_gone_brokers_left() {
     let base = root.path().join("pids");
     // No process has a pid above the kernel's maximum (2^22).
     let gone = base.join("flowhost-exec-999999999-3");
-    let live = base.join(format!("flowhost-exec-{}-3", std::process::id()));
+    let gone_now_named = base.join("flowhost-exec-999999999-1234-3");
+    let live_before = base.join(format!("flowhost-exec-{}-3", std::process::id()));
+    let live = base.join(executor_cgroup_name(3));
+    // An earlier process that had this pid: it started at another time.
+    let earlier = base.join(format!("flowhost-exec-{}-1-3", std::process::id()));
     let other = base.join("system.slice");
-    for d in [&gone, &live, &other] {
+    for d in [
+        &gone,
+        &gone_now_named,
+        &live_before,
+        &live,
+        &earlier,
+        &other,
+    ] {
         std::fs::create_dir_all(d).unwrap();
     }
     let s = CgroupSupport::from_layout(
@@ -351,6 +362,44 @@ fn the_sweep_removes_only_what_gone_brokers_left() {
     );
     assert!(gone.exists(), "detection sweeps nothing");
     s.sweep_stale();
-    assert!(!gone.exists());
-    assert!(live.exists() && other.exists());
+    assert!(!gone.exists() && !gone_now_named.exists() && !earlier.exists());
+    assert!(live.exists() && live_before.exists() && other.exists());
+}
+
+#[test]
+fn a_leftover_of_an_earlier_process_with_this_pid_takes_no_name_of_this_one() {
+    let root = tempfile::tempdir().unwrap();
+    let mem = root.path().join("memory");
+    std::fs::create_dir_all(mem.join("svc")).unwrap();
+    let s = CgroupSupport::from_layout(
+        &[(4, vec!["memory".to_string()], "/svc".to_string())],
+        &[(
+            "cgroup".to_string(),
+            vec!["memory".to_string()],
+            mem.clone(),
+            "/".to_string(),
+        )],
+        42,
+    );
+    // What a process with this pid that was killed before it could remove its executors'
+    // cgroups left, in the naming of then: before, this process's next names were these,
+    // and every spawn failed with "File exists" until an operator removed them.
+    let next = NEXT.load(Ordering::Relaxed);
+    for n in next..next + 64 {
+        std::fs::create_dir(mem.join(format!("svc/flowhost-exec-{}-{n}", std::process::id())))
+            .unwrap();
+    }
+    let cg = ExecutorCgroup::create(&s, &limits()).unwrap();
+    assert_eq!(cg.dirs.len(), 1);
+    assert!(
+        cg.dirs[0]
+            .2
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with(&format!("flowhost-exec-{}-", instance())),
+        "{:?}",
+        cg.dirs
+    );
 }
