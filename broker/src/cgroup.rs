@@ -414,20 +414,29 @@ fn instance() -> &'static str {
     static INSTANCE: OnceLock<String> = OnceLock::new();
     INSTANCE.get_or_init(|| {
         let pid = std::process::id();
-        // Unreadable only on a broken /proc, where detection has failed already; a name
-        // that then collides with a leftover fails that spawn (never shares the cgroup).
-        let start = started_at(pid).unwrap_or(0);
+        // Unreadable only on a broken /proc, where detection has failed already. A name
+        // that then collides with a leftover fails that spawn (it never shares the
+        // cgroup), and the sweep never removes a name with this process's pid and an
+        // unknown start (see `left_by_a_gone_process`).
+        let start = match started_at(pid) {
+            Ok(Some(start)) => start,
+            _ => 0,
+        };
         format!("{pid}-{start}")
     })
 }
 
-/// When process `pid` started (clock ticks since boot), if it is running.
-fn started_at(pid: u32) -> Option<u64> {
-    let pid = i32::try_from(pid).ok()?;
-    procfs::process::Process::new(pid)
-        .and_then(|p| p.stat())
-        .ok()
-        .map(|s| s.starttime)
+/// When process `pid` started (clock ticks since boot): `None` when no process has that
+/// pid, an error when `/proc` could not say (hidden by `hidepid`, out of descriptors).
+fn started_at(pid: u32) -> Result<Option<u64>, procfs::ProcError> {
+    let Ok(pid) = i32::try_from(pid) else {
+        return Ok(None);
+    };
+    match procfs::process::Process::new(pid).and_then(|p| p.stat()) {
+        Ok(stat) => Ok(Some(stat.starttime)),
+        Err(procfs::ProcError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The name of this process's `n`th executor cgroup.
@@ -437,14 +446,23 @@ fn executor_cgroup_name(n: u64) -> String {
 
 /// Whether the executor cgroup `name` (from [`executor_cgroup_name`], or the older
 /// `flowhost-exec-<pid>-<n>`) was left by a process that has exited; `None` for a name
-/// that is not an executor cgroup's.
+/// that is not an executor cgroup's. Only what `/proc` shows is taken as gone (no process
+/// with the pid, or one that started at another time): a sweep kills what is in the
+/// cgroups it removes, so a start it cannot read, or this process's own names, are kept.
 fn left_by_a_gone_process(name: &str) -> Option<bool> {
     let fields: Vec<&str> = name.strip_prefix("flowhost-exec-")?.split('-').collect();
     let pid: u32 = fields.first()?.parse().ok()?;
+    let ours = name.starts_with(&format!("flowhost-exec-{}-", instance()));
     Some(match fields.as_slice() {
-        // The pid's process now is another one if it started at another time.
-        [_, start, _] => started_at(pid) != Some(start.parse().ok()?),
-        [_, _] => !Path::new(&format!("/proc/{pid}")).exists(),
+        _ if ours => false,
+        [_, start, _] => {
+            let start: u64 = start.parse().ok()?;
+            match started_at(pid) {
+                Ok(now) => now != Some(start),
+                Err(_) => false,
+            }
+        }
+        [_, _] => matches!(started_at(pid), Ok(None)),
         _ => return None,
     })
 }
