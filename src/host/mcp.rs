@@ -75,13 +75,21 @@ impl RpcError {
     }
 
     /// The error a peer answered with, read strictly: an integer `code`, a string `message`
-    /// and any `data`; `None` for an object that is not a JSON-RPC error.
+    /// and any `data`; `None` for an object that is not a JSON-RPC error. `data.denial` is
+    /// what marks flowhost's own refusals, so a peer's `data.denial` is renamed
+    /// `data.peer_denial`: passed on, a peer's error never reads as a refusal by the host.
     pub fn from_answer(error: &Value) -> Option<RpcError> {
         let object = error.as_object()?;
+        let mut data = object.get("data").cloned();
+        if let Some(Value::Object(fields)) = &mut data
+            && let Some(denial) = fields.remove("denial")
+        {
+            fields.insert("peer_denial".into(), denial);
+        }
         Some(RpcError {
             code: object.get("code")?.as_i64()?,
             message: object.get("message")?.as_str()?.to_string(),
-            data: object.get("data").cloned(),
+            data,
         })
     }
 
@@ -349,6 +357,13 @@ mod tests {
     fn a_peers_error_is_read_strictly() {
         let e = RpcError::from_answer(&json!({"code": -32002, "message": "gone", "data": [1]}));
         assert_eq!(e, Some(RpcError::new(-32002, "gone").with_data(json!([1]))));
+        // A peer cannot pose as the host refusing.
+        let posing = RpcError::from_answer(
+            &json!({"code": code::FLOW_DENIED, "message": "x", "data": {"denial": "flow_denied"}}),
+        )
+        .unwrap();
+        assert_eq!(posing.data_denial(), None);
+        assert_eq!(posing.data, Some(json!({"peer_denial": "flow_denied"})));
         for bad in [
             json!({"message": "no code"}),
             json!({"code": "-32002", "message": "a string code"}),

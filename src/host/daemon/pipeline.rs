@@ -512,9 +512,15 @@ async fn settle(
 
 /// The text of an executor's JSON-RPC error that the classifier reads: its message and its
 /// data, which can carry what the executor read as much as a result can.
+/// Read as a result's text is (strings as sent, not JSON-escaped), so a pattern matches
+/// what an error carries exactly as it would match the same words in a result.
 pub(super) fn answered_text(e: &RpcError) -> String {
     match &e.data {
-        Some(data) => format!("{}\n{data}", e.message),
+        Some(data) => format!(
+            "{}\n{}",
+            e.message,
+            crate::resolver::classifiable_text(data)
+        ),
         None => e.message.clone(),
     }
 }
