@@ -347,7 +347,9 @@ fn records_left_only_in_the_ring_are_refused_until_replayed() {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(2), "{}{err}", stdout(&o));
     assert!(
-        err.contains("records 2 to 10 are durable only in its write-ahead ring")
+        // How far the ring's checkpoint got before the copy depends on the sync thread's
+        // timing; the ring holds the rest, up to the last.
+        err.contains(" to 10 are durable only in its write-ahead ring")
             && err.contains(&format!("flowhost records replay {path}")),
         "{err}"
     );
@@ -357,7 +359,7 @@ fn records_left_only_in_the_ring_are_refused_until_replayed() {
     let o = flowhost(&["records", "replay", path]);
     assert_eq!(o.status.code(), Some(0), "{:?}", o);
     assert!(
-        stdout(&o).contains("records 2 to 10 copied from the write-ahead ring"),
+        stdout(&o).contains(" to 10 copied from the write-ahead ring"),
         "{}",
         stdout(&o)
     );

@@ -37,10 +37,10 @@ pub(crate) enum RecordsCommand {
         #[arg(long)]
         head: Option<PathBuf>,
     },
-    /// Copy the records a machine crash left durable only in a directory's write-ahead ring
-    /// into its record files, as the host does when it opens the directory (until then,
-    /// `verify`, `export`, `diff` and `health` refuse the directory). Exit 0 done (also when
-    /// there was nothing to copy); 2 the directory is in use, or cannot be repaired.
+    /// Copy the records a crash left durable only in a directory's write-ahead ring into its
+    /// record files, as the host does when it opens the directory (until then, `verify`,
+    /// `export`, `diff` and `health` refuse the directory). Exit 0 done (also when there was
+    /// nothing to copy); 2 the directory has no ring, is in use, or cannot be repaired.
     Replay {
         /// A record directory.
         records: PathBuf,

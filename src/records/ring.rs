@@ -443,45 +443,50 @@ pub fn unreplayed(dir: &Path) -> Result<Option<(u64, u64)>, RingError> {
     let Some((checkpoint, entries)) = read_back(dir)? else {
         return Ok(None);
     };
-    let Some(last) = entries.last() else {
+    // With nothing past the checkpoint, the files are all there is: a file cut below it is
+    // for the reader's own checks to report (with file and line).
+    let Some(last) = entries.last().map(|e| e.seq) else {
         return Ok(None);
     };
     // Every entry after a checkpoint belongs to the file it names (a rotation checkpoints
     // before the new file's first entry).
     let path = dir.join(&checkpoint.file);
+    let read_failed = |source| RingError::Io {
+        op: "read the record file named by",
+        path: dir.join(RING_FILE),
+        source,
+    };
+    // The checkpoint says this much of the file was durable: a file that is gone or shorter
+    // lost records that copying the ring's entries after them cannot restore (a writer
+    // refuses to open it too), so no replay is offered.
+    let short = |len: Option<u64>| RingError::Corrupt {
+        path: dir.join(RING_FILE),
+        problem: format!(
+            "its checkpoint says {} held {} durable bytes, but it {}",
+            path.display(),
+            checkpoint.bytes,
+            match len {
+                Some(len) => format!("holds {len}"),
+                None => "is missing".into(),
+            }
+        ),
+    };
     let have = match File::open(&path) {
         Ok(file) => {
-            let mut have = Vec::new();
-            let len = file
-                .metadata()
-                .map_err(|source| RingError::Io {
-                    op: "read the record file named by",
-                    path: dir.join(RING_FILE),
-                    source,
-                })?
-                .len();
-            if len > checkpoint.bytes {
-                have.resize((len - checkpoint.bytes) as usize, 0);
-                file.read_exact_at(&mut have, checkpoint.bytes)
-                    .map_err(|source| RingError::Io {
-                        op: "read the record file named by",
-                        path: dir.join(RING_FILE),
-                        source,
-                    })?;
+            let len = file.metadata().map_err(read_failed)?.len();
+            if len < checkpoint.bytes {
+                return Err(short(Some(len)));
             }
+            let mut have = vec![0; (len - checkpoint.bytes) as usize];
+            file.read_exact_at(&mut have, checkpoint.bytes)
+                .map_err(read_failed)?;
             have
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(source) => {
-            return Err(RingError::Io {
-                op: "read the record file named by",
-                path: dir.join(RING_FILE),
-                source,
-            });
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(short(None)),
+        Err(source) => return Err(read_failed(source)),
     };
     let (kept, _) = held_in_file(&have, &entries);
-    Ok((kept < entries.len()).then(|| (entries[kept].seq, last.seq)))
+    Ok((kept < entries.len()).then(|| (entries[kept].seq, last)))
 }
 
 /// The intact, consecutive, chained entries after `checkpoint`.

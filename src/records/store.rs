@@ -9,6 +9,7 @@
 //! records.wal                          the write-ahead ring: where a record is first made
 //!                                      durable (see the `ring` module)
 //! records.lock                         locked by the one writer that has the directory open
+//! records.opening                      locked by a writer until its ring is copied into the files
 //! ```
 //!
 //! File names carry the sequence number of their first record, zero-padded to 20 digits, so
@@ -72,7 +73,7 @@ pub enum StoreError {
     /// files, and no writer has it open: reading the files alone would leave them out.
     #[error(
         "{dir}: records {first} to {last} are durable only in its write-ahead ring ({ring}): the \
-         writer stopped before they reached the record files (a machine crash) and nothing has \
+         writer stopped before they reached the record files (it or the machine crashed) and nothing has \
          opened the directory for writing since, so reading the files alone would leave them \
          out; copy them in with `flowhost records replay {dir}` (starting the host on it, or \
          `flowhost state rebuild`, also does)",
@@ -86,6 +87,18 @@ pub enum StoreError {
         first: u64,
         /// The last record in the ring.
         last: u64,
+    },
+    /// A writer has been opening the directory (copying its ring into the record files) for
+    /// longer than a reader waits: the files are not yet the whole stream.
+    #[error(
+        "{dir}: a record writer has been opening this directory (copying its write-ahead ring into the record files) for over {waited:?}; try again once it has started",
+        dir = dir.display()
+    )]
+    Opening {
+        /// The record directory.
+        dir: PathBuf,
+        /// How long the reader waited.
+        waited: std::time::Duration,
     },
     /// The directory's write-ahead ring cannot be read: records durable only there cannot
     /// be ruled out.
@@ -128,6 +141,65 @@ pub struct RecordFile {
 /// The file a writer holds locked (`flock`, exclusive) while it has the directory open.
 pub const LOCK_FILE: &str = "records.lock";
 
+/// The file a writer holds locked (`flock`, exclusive) from before it takes [`LOCK_FILE`]
+/// until its ring has been copied into the record files, so that a reader finding the
+/// directory held can wait for the files to be whole.
+pub const OPENING_LOCK_FILE: &str = "records.opening";
+
+/// How long a reader waits for a writer to finish opening a directory.
+const OPENING_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What came of waiting for a lock.
+pub(crate) enum Locked {
+    /// It is held, until this is dropped.
+    Held(Flock<File>),
+    /// Someone else held it for the whole wait.
+    Busy,
+    /// The lock file does not exist (and was not to be made).
+    Absent,
+}
+
+/// Takes the `flock` on `path` (exclusive, or shared), trying every 10 ms for up to `wait`;
+/// `create` makes the file when it is missing.
+pub(crate) fn lock_within(
+    path: &Path,
+    exclusive: bool,
+    create: bool,
+    wait: std::time::Duration,
+) -> Result<Locked, StoreError> {
+    let opened = if create {
+        fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+    } else {
+        File::open(path)
+    };
+    let mut file = match opened {
+        Ok(f) => f,
+        Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(Locked::Absent),
+        Err(e) => return Err(StoreError::io("open", path)(e)),
+    };
+    let arg = if exclusive {
+        FlockArg::LockExclusiveNonblock
+    } else {
+        FlockArg::LockSharedNonblock
+    };
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match Flock::lock(file, arg) {
+            Ok(held) => return Ok(Locked::Held(held)),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = f;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(Locked::Busy),
+            Err((_, e)) => return Err(StoreError::io("lock", path)(io::Error::from(e))),
+        }
+    }
+}
+
 /// The record files of `dir`, in chain order, for a reader: refused while records that are
 /// durable in the directory's write-ahead ring are missing from them and no writer has the
 /// directory open to copy them in (after a machine crash, until the next open), and while
@@ -139,21 +211,41 @@ pub fn list_record_files(dir: &Path) -> Result<Vec<RecordFile>, StoreError> {
 
 /// Fails if `dir` holds durable records only in its ring (see [`list_record_files`]).
 fn refuse_unreplayed(dir: &Path) -> Result<(), StoreError> {
-    let lock = dir.join(LOCK_FILE);
+    refuse_unreplayed_within(dir, OPENING_WAIT)
+}
+
+/// [`refuse_unreplayed`], waiting at most `opening_wait` for a writer that is opening `dir`.
+pub(crate) fn refuse_unreplayed_within(
+    dir: &Path,
+    opening_wait: std::time::Duration,
+) -> Result<(), StoreError> {
     // Held for the check, so that no writer opens (and replays) the directory meanwhile.
-    let _shared = match File::open(&lock) {
-        Ok(f) => match Flock::lock(f, FlockArg::LockSharedNonblock) {
-            Ok(held) => Some(held),
-            // A writer has the directory open: it replayed the ring when it opened, and an
-            // entry it has just put in the ring reaches the file a moment later. Its files
-            // are the stream, still growing.
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(()),
-            Err((_, e)) => return Err(StoreError::io("lock", &lock)(io::Error::from(e))),
-        },
-        // No writer ever opened it (or it was copied without the lock): nobody holds it.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(StoreError::io("open", &lock)(e)),
+    let _shared = match lock_within(
+        &dir.join(LOCK_FILE),
+        false,
+        false,
+        std::time::Duration::ZERO,
+    )? {
+        Locked::Held(held) => held,
+        // No writer ever opened it (or it was copied without the lock).
+        Locked::Absent => return unreplayed_in(dir),
+        // A writer has the directory open. Once it has copied its ring into the files (it
+        // holds the opening lock until then), the files are the stream, still growing: an
+        // entry it has just put in the ring reaches its file a moment later.
+        Locked::Busy => {
+            return match lock_within(&dir.join(OPENING_LOCK_FILE), false, false, opening_wait)? {
+                Locked::Held(_) | Locked::Absent => Ok(()),
+                Locked::Busy => Err(StoreError::Opening {
+                    dir: dir.to_path_buf(),
+                    waited: opening_wait,
+                }),
+            };
+        }
     };
+    unreplayed_in(dir)
+}
+
+fn unreplayed_in(dir: &Path) -> Result<(), StoreError> {
     match ring::unreplayed(dir)? {
         None => Ok(()),
         Some((first, last)) => Err(StoreError::Unreplayed {
@@ -200,16 +292,32 @@ pub fn list_torn_sidecars(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
 }
 
 /// The record files named by `path`: every record file of a directory, or the file itself.
+/// A record file beside a write-ahead ring is refused as its directory would be (see
+/// [`list_record_files`]): it may be the file the ring's records are missing from.
 pub fn record_sources(path: &Path) -> Result<Vec<PathBuf>, StoreError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
     if meta.is_dir() {
-        Ok(list_record_files(path)?
+        return Ok(list_record_files(path)?
             .into_iter()
             .map(|f| f.path)
-            .collect())
-    } else {
-        Ok(vec![path.to_path_buf()])
+            .collect());
     }
+    let is_record_file = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(parse_record_file_name)
+        .is_some();
+    if let Some(dir) = path.parent().filter(|_| is_record_file) {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        if dir.join(ring::RING_FILE).exists() {
+            refuse_unreplayed(dir)?;
+        }
+    }
+    Ok(vec![path.to_path_buf()])
 }
 
 /// Splits file content into its complete lines (without their newline) and the bytes after

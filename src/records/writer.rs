@@ -65,6 +65,7 @@ use tokio::sync::oneshot;
 
 use super::chain::{ChainHash, Chainer, line_hash};
 use super::ring;
+use super::store;
 use super::store::{
     HEAD_FILE, HeadAnchor, RecordFile, StoreError, TORN_INFIX, record_file_name,
     record_files_on_disk, split_lines,
@@ -269,6 +270,17 @@ impl RecordWriter {
     /// module docs for torn lines and the head anchor) and starts the sync thread.
     pub fn open(dir: &Path, options: WriterOptions) -> Result<RecordWriter, RecordError> {
         fs::create_dir_all(dir).map_err(StoreError::io("create", dir))?;
+        // Taken before the writer lock and held until the ring has been copied into the
+        // files: a reader that finds the directory held waits on it (see `store`).
+        let opening =
+            match store::lock_within(&dir.join(store::OPENING_LOCK_FILE), true, true, LOCK_WAIT)? {
+                store::Locked::Held(held) => held,
+                _ => {
+                    return Err(RecordError::InUse {
+                        dir: dir.to_path_buf(),
+                    });
+                }
+            };
         let lock = lock_dir(dir)?;
         let resumed = resume(dir)?;
         let file = OpenOptions::new()
@@ -291,6 +303,8 @@ impl RecordWriter {
                 ring_at: 0,
             },
         )?;
+        // The files now hold every durable record: readers need not wait any longer.
+        drop(opening);
         let status = WriterStatus {
             dir: dir.to_path_buf(),
             first_seq: resumed.first_seq,

@@ -653,9 +653,16 @@ fn readers_refuse_records_left_only_in_the_ring_until_a_writer_copies_them_in() 
             && text.contains("flowhost records replay"),
         "{text}"
     );
+    let last_file = crate::records::store::record_files_on_disk(crashed.path())
+        .unwrap()
+        .pop()
+        .unwrap()
+        .path;
     for reader in [
         crate::records::store::record_sources(crashed.path()).map(|_| ()),
         crate::records::store::list_record_files(crashed.path()).map(|_| ()),
+        // The file the records are missing from, named on its own.
+        crate::records::store::record_sources(&last_file).map(|_| ()),
     ] {
         assert!(
             matches!(reader, Err(StoreError::Unreplayed { .. })),
@@ -682,4 +689,78 @@ fn readers_refuse_a_directory_whose_ring_is_unreadable() {
     // The ring may hold durable records no file has: nothing can say the files are whole.
     let err = verify_records(dir.path(), None).unwrap_err();
     assert!(err.to_string().contains("valid checkpoint"), "{err}");
+}
+
+#[test]
+fn a_reader_finding_the_directory_held_waits_until_its_writer_has_copied_the_ring_in() {
+    use crate::records::store::{self, Locked, OPENING_LOCK_FILE};
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(sample_tool_call()).unwrap();
+    w.close_blocking().unwrap();
+    // A writer between taking the directory and finishing its ring's replay holds both.
+    // (The closed writer's sync thread lets go of its lock a moment after the close.)
+    let hold = |name: &str| match store::lock_within(
+        &dir.path().join(name),
+        true,
+        false,
+        Duration::from_secs(5),
+    )
+    .unwrap()
+    {
+        Locked::Held(held) => held,
+        _ => panic!("{name} not taken"),
+    };
+    let opening = hold(OPENING_LOCK_FILE);
+    let writer = hold(LOCK_FILE);
+    // Before, a reader that found the writer lock held read the files at once, even while
+    // the ring was still being copied into them.
+    let err = store::refuse_unreplayed_within(dir.path(), Duration::from_millis(50)).unwrap_err();
+    assert!(matches!(err, StoreError::Opening { .. }), "{err:?}");
+    assert!(err.to_string().contains("opening this directory"), "{err}");
+    drop(opening);
+    // Opened: its files are the stream.
+    store::refuse_unreplayed_within(dir.path(), Duration::from_millis(50)).unwrap();
+    drop(writer);
+    // And a writer's open releases the opening lock once it has replayed.
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    assert!(matches!(
+        store::lock_within(
+            &dir.path().join(OPENING_LOCK_FILE),
+            false,
+            false,
+            Duration::ZERO
+        )
+        .unwrap(),
+        Locked::Held(_)
+    ));
+    w.close_blocking().unwrap();
+}
+
+#[test]
+fn readers_refuse_a_file_cut_below_its_checkpoint_while_the_ring_holds_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
+    for _ in 0..10 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    let crashed = tempfile::tempdir().unwrap();
+    let checkpoint = crash_copy(dir.path(), crashed.path(), &[]);
+    w.close_blocking().unwrap();
+    assert!(
+        checkpoint.seq == 1 && checkpoint.bytes > 0,
+        "{checkpoint:?}"
+    );
+    // Record 1, durable by the checkpoint, is cut away: before, readers offered a replay,
+    // which the writer then refused, since copying records 2..=10 cannot bring 1 back.
+    let file = crashed.path().join(&checkpoint.file);
+    std::fs::write(&file, b"").unwrap();
+    let err = verify_records(crashed.path(), None).unwrap_err();
+    assert!(
+        err.to_string().contains("durable bytes, but it holds 0"),
+        "{err}"
+    );
+    std::fs::remove_file(&file).unwrap();
+    let err = verify_records(crashed.path(), None).unwrap_err();
+    assert!(err.to_string().contains("is missing"), "{err}");
 }
