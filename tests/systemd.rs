@@ -939,6 +939,21 @@ fn health_is_incomplete_while_a_servers_executors_cannot_start() {
     let _ = std::fs::remove_dir_all(&private_dir);
 }
 
+/// `systemd-socket-activate` listening on `socket` for a daemon whose configuration (in
+/// `dir`) is missing, so that it refuses to start.
+fn activate_a_refusing_daemon(socket: &Path, dir: &Path) -> std::process::Child {
+    Command::new("systemd-socket-activate")
+        .arg("-l")
+        .arg(socket)
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["serve", "--log-format", "text", "--config"])
+        .arg(dir.join("missing.toml"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// The connection that activated a daemon which then refuses to start gets an answer at
 /// once (a JSON-RPC error pointing at the operator's log), not a hang until its timeout.
 #[test]
@@ -949,16 +964,7 @@ fn a_client_that_activated_a_refusing_daemon_is_answered() {
     );
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("activated.sock");
-    let mut activator = Command::new("systemd-socket-activate")
-        .arg("-l")
-        .arg(&socket)
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_flowhost"))
-        .args(["serve", "--log-format", "text", "--config"])
-        .arg(dir.path().join("missing.toml"))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut activator = activate_a_refusing_daemon(&socket, dir.path());
     let deadline = Instant::now() + Duration::from_secs(10);
     let stream = loop {
         if let Ok(s) = UnixStream::connect(&socket) {
@@ -984,4 +990,49 @@ fn a_client_that_activated_a_refusing_daemon_is_answered() {
             .contains("refused to start"),
         "{answer}"
     );
+}
+
+/// The same through the real client, `flowhost connect`, which sends its request at once:
+/// the refusing daemon closed with that request unread, the kernel then reported the
+/// connection reset to the client, and the client lost the answer it had already received
+/// (seen in the booted-systemd test as "Connection reset by peer" and no answer).
+#[test]
+fn flowhost_connect_that_activated_a_refusing_daemon_prints_its_answer() {
+    assert!(
+        have("systemd-socket-activate"),
+        "systemd-socket-activate is missing (.ci/run installs systemd)"
+    );
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("activated.sock");
+        let mut activator = activate_a_refusing_daemon(&socket, dir.path());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "the activator did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut client = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+            .args(["connect", "--socket"])
+            .arg(&socket)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(
+            client.stdin.as_mut().unwrap(),
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n",
+        )
+        .unwrap();
+        drop(client.stdin.take());
+        let out = client.wait_with_output().unwrap();
+        let _ = activator.kill();
+        let _ = activator.wait();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("refused to start"),
+            "round {round}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -28,6 +28,26 @@ impl ConnectArgs {
     }
 }
 
+/// Copies what the host sends to `out` until it closes, writing out every byte read before
+/// reporting a read error: a host that closes with requests of ours unread makes the kernel
+/// report the connection reset, and what it answered before that must still reach the user
+/// (a buffered copy dropped it).
+async fn relay_out(
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    out: &mut (impl tokio::io::AsyncWrite + Unpin),
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        out.write_all(&buf[..n]).await?;
+        out.flush().await?;
+    }
+}
+
 /// Relays stdin to the host's socket and the socket to stdout until the host closes the
 /// connection: normally once the client has closed stdin and every answer is out, or when
 /// the host stops (also `flowhost sandbox mcp`'s session). Reading stdin happens on a
@@ -48,7 +68,7 @@ pub(super) async fn bridge(socket: &Path) -> Result<(), Box<dyn std::error::Erro
         r
     });
     let mut stdout = tokio::io::stdout();
-    let down = tokio::io::copy(&mut from_daemon, &mut stdout).await;
+    let down = relay_out(&mut from_daemon, &mut stdout).await;
     let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
     // A request still being read when the host closed has no one to answer it.
     if up.is_finished() {

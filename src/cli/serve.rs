@@ -89,5 +89,14 @@ fn refuse_pending_connections(listener: &std::os::unix::net::UnixListener) {
         let _ = stream.set_nonblocking(false);
         let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(1)));
         let _ = writeln!(stream, "{answer}");
+        // Closed with the client's request unread, the socket would report the connection
+        // reset to the client, which can then lose the answer: say no more comes, and read
+        // what the client sent until it closes (a second without data, 1 MiB at most).
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(1)));
+        let _ = std::io::copy(
+            &mut std::io::Read::take(&mut stream, 1 << 20),
+            &mut std::io::sink(),
+        );
     }
 }
