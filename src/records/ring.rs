@@ -407,10 +407,9 @@ pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, Rin
             return Ok(Some((checkpoint, Vec::new())));
         }
     }
-    let bytes = fs::read(&path).map_err(io_error("read", &path))?;
-    if bytes.len() as u64 != size {
-        return Err(corrupt("it changed size while it was read"));
-    }
+    let mut bytes = vec![0u8; size as usize];
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(io_error("read", &path))?;
     let entries = entries_after(&bytes, &checkpoint);
     Ok(Some((checkpoint, entries)))
 }

@@ -313,9 +313,7 @@ pub fn record_sources(path: &Path) -> Result<Vec<PathBuf>, StoreError> {
         } else {
             dir
         };
-        if dir.join(ring::RING_FILE).exists() {
-            refuse_unreplayed(dir)?;
-        }
+        refuse_unreplayed(dir)?;
     }
     Ok(vec![path.to_path_buf()])
 }

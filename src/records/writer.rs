@@ -272,15 +272,7 @@ impl RecordWriter {
         fs::create_dir_all(dir).map_err(StoreError::io("create", dir))?;
         // Taken before the writer lock and held until the ring has been copied into the
         // files: a reader that finds the directory held waits on it (see `store`).
-        let opening =
-            match store::lock_within(&dir.join(store::OPENING_LOCK_FILE), true, true, LOCK_WAIT)? {
-                store::Locked::Held(held) => held,
-                _ => {
-                    return Err(RecordError::InUse {
-                        dir: dir.to_path_buf(),
-                    });
-                }
-            };
+        let opening = take_for_writing(dir, store::OPENING_LOCK_FILE)?;
         let lock = lock_dir(dir)?;
         let resumed = resume(dir)?;
         let file = OpenOptions::new()
@@ -673,35 +665,18 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
 /// close, or when every handle is gone) or its process does, and never inherited past `exec`
 /// (the file is opened close-on-exec).
 fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<File>, RecordError> {
-    let path = dir.join(LOCK_FILE);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(StoreError::io("open", &path))?;
-    // A writer just closed or dropped may still be finishing its last checkpoint; one that
-    // is running holds the lock for good.
-    let deadline = std::time::Instant::now() + LOCK_WAIT;
-    let mut file = file;
-    loop {
-        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => return Ok(lock),
-            Err((f, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
-                file = f;
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                return Err(RecordError::InUse {
-                    dir: dir.to_path_buf(),
-                });
-            }
-            Err((_, e)) => {
-                return Err(RecordError::Store(StoreError::io("lock", &path)(
-                    io::Error::from(e),
-                )));
-            }
-        }
+    take_for_writing(dir, LOCK_FILE)
+}
+
+/// Takes `name`'s lock in `dir` exclusively, waiting up to [`LOCK_WAIT`]: a writer just
+/// closed or dropped may still be finishing its last checkpoint; one that is running holds
+/// the lock for good, and the directory is then in use.
+fn take_for_writing(dir: &Path, name: &str) -> Result<nix::fcntl::Flock<File>, RecordError> {
+    match store::lock_within(&dir.join(name), true, true, LOCK_WAIT)? {
+        store::Locked::Held(held) => Ok(held),
+        store::Locked::Busy | store::Locked::Absent => Err(RecordError::InUse {
+            dir: dir.to_path_buf(),
+        }),
     }
 }
 

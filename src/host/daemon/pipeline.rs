@@ -440,80 +440,77 @@ async fn settle(
     plan: &CallPlan,
     outcome: Result<Value, DispatchError>,
 ) -> Result<Value, RpcError> {
-    let (answer, verdict, state) = match outcome {
+    // `text`: what the executor said, to be classified and joined into the flow state
+    // before anything of it reaches the client; `None` when nothing it produced does.
+    let (answer, verdict, text) = match outcome {
         Err(DispatchError::NotStarted(why)) => (
             Ok(tool_error(&format!(
                 "the executor could not be started: {why}"
             ))),
             Verdict::Failed(Failure::ExecutorFailed),
-            plan.state_after_dispatch.clone(),
+            None,
         ),
         // Nothing the executor produced reached the client (progress carries numbers only).
         Err(DispatchError::Cancelled(why)) => (
             Ok(tool_error(&format!("the call was cancelled: {why}"))),
             Verdict::Failed(Failure::Cancelled),
-            plan.state_after_dispatch.clone(),
+            None,
         ),
-        other => {
-            let (answer, verdict, text) = match other {
-                Ok(result) => {
-                    let verdict = if result.get("isError") == Some(&Value::Bool(true)) {
-                        Verdict::Failed(Failure::ToolError)
-                    } else {
-                        Verdict::Succeeded { rule: None }
-                    };
-                    let text = crate::resolver::classifiable_text(&result);
-                    (Ok(result), verdict, text)
-                }
-                // The tool's own error, passed on as it was given (clients act on its code);
-                // its message and data are what it says, so they are classified.
-                Err(DispatchError::Answered(e)) => {
-                    let text = answered_text(&e);
-                    (Err(e), Verdict::Failed(Failure::ToolError), text)
-                }
-                Err(e) => {
-                    let result = tool_error(&format!(
-                        "the tool's executor failed: {}",
-                        match e {
-                            DispatchError::Failed(w)
-                            | DispatchError::NotStarted(w)
-                            | DispatchError::Cancelled(w) => w,
-                            DispatchError::Answered(e) => e.to_string(),
-                        }
-                    ));
-                    let text = crate::resolver::classifiable_text(&result);
-                    (Ok(result), Verdict::Failed(Failure::ExecutorFailed), text)
-                }
+        Ok(result) => {
+            let verdict = if result.get("isError") == Some(&Value::Bool(true)) {
+                Verdict::Failed(Failure::ToolError)
+            } else {
+                Verdict::Succeeded { rule: None }
             };
-            match env.resolver.after_call(plan, &text).await {
-                Ok(state) => (answer, verdict, state),
-                Err(e) => {
-                    // The output is withheld: that is the call's outcome, recorded with the
-                    // last labels known to be stored, before the refusal goes out.
-                    record_outcome(
-                        env,
-                        rec,
-                        Verdict::Failed(Failure::StateFailure),
-                        &plan.state_after_dispatch,
-                    )
-                    .await?;
-                    return Err(refusal(
-                        code::INTERNAL_ERROR,
-                        format!("the output's label could not be stored, so it is withheld: {e}"),
-                        Denial::StateFailure,
-                    ));
-                }
-            }
+            let text = crate::resolver::classifiable_text(&result);
+            (Ok(result), verdict, Some(text))
         }
+        // The tool's own error, passed on as it was given (clients act on its code); its
+        // message and data are what it says, so they are classified.
+        Err(DispatchError::Answered(e)) => {
+            let text = answered_text(&e);
+            (Err(e), Verdict::Failed(Failure::ToolError), Some(text))
+        }
+        Err(DispatchError::Failed(why)) => {
+            let result = tool_error(&format!("the tool's executor failed: {why}"));
+            let text = crate::resolver::classifiable_text(&result);
+            (
+                Ok(result),
+                Verdict::Failed(Failure::ExecutorFailed),
+                Some(text),
+            )
+        }
+    };
+    let state = match text {
+        None => plan.state_after_dispatch.clone(),
+        Some(text) => match env.resolver.after_call(plan, &text).await {
+            Ok(state) => state,
+            Err(e) => {
+                // The output is withheld: that is the call's outcome, recorded with the last
+                // labels known to be stored, before the refusal goes out.
+                record_outcome(
+                    env,
+                    rec,
+                    Verdict::Failed(Failure::StateFailure),
+                    &plan.state_after_dispatch,
+                )
+                .await?;
+                return Err(refusal(
+                    code::INTERNAL_ERROR,
+                    format!("the output's label could not be stored, so it is withheld: {e}"),
+                    Denial::StateFailure,
+                ));
+            }
+        },
     };
     record_outcome(env, rec, verdict, &state).await?;
     answer
 }
 
 /// The text of an executor's JSON-RPC error that the classifier reads: its message and its
-/// data, which can carry what the executor read as much as a result can.
-/// Read as a result's text is (strings as sent, not JSON-escaped), so a pattern matches
-/// what an error carries exactly as it would match the same words in a result.
+/// data, which can carry what the executor read as much as a result can. Data is read as a
+/// result's text is (strings as sent, not JSON-escaped), so a pattern matches what an error
+/// carries exactly as it would match the same words in a result.
 pub(super) fn answered_text(e: &RpcError) -> String {
     match &e.data {
         Some(data) => format!(

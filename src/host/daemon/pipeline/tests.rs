@@ -380,20 +380,21 @@ async fn outcomes_say_what_became_of_an_allowed_call() {
 async fn a_tool_answering_with_an_error_passes_it_on_labelled_like_its_output() {
     let host = Host::new();
     let mut exec = Scripted::answering(vec![Err(DispatchError::Answered(
-        RpcError::new(-32602, "bad document name").with_data(json!({"read": TERMS})),
+        RpcError::new(-32602, "bad folder").with_data(json!({"read": TERMS})),
     ))]);
     let e = host
         .call(
             ANALYST,
-            call("workspace/read_terms", json!({"document": "t.md"})),
+            call("workspace/list_documents", json!({})),
             &mut exec,
         )
         .await
         .unwrap_err();
     assert_eq!(e.code, -32602, "{e:?}");
-    assert_eq!(e.message, "bad document name");
+    assert_eq!(e.message, "bad folder");
     assert_eq!(e.data, Some(json!({"read": TERMS})));
-    // What the error carries raised the session's label as a result would have.
+    // What the error carries raised the session's label as a result would have (the
+    // classifier's label for the terms: this tool declares none of its own).
     assert!(
         serde_json::to_value(host.session_label(ANALYST).await)
             .unwrap()
