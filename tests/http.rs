@@ -739,3 +739,71 @@ fn unauthenticated_refusals_past_the_budget_fold_into_one_record() {
         "{names:?}"
     );
 }
+
+/// A client whose POST accepts only `application/json` can take one response, not a request
+/// from the server. When the tool it called asks for sampling and the session has no GET
+/// stream open, the host answers the tool at once that the request cannot reach the client,
+/// instead of holding the call until its deadline.
+#[test]
+fn a_json_only_caller_gets_its_answer_at_once_when_the_tool_asks_it_for_sampling() {
+    // The lab's call deadline (15 s) is beyond what the test waits: only a prompt answer
+    // passes.
+    let Some((mut lab, addr, _)) = start("") else {
+        return;
+    };
+    let mut c = McpHttp::new(addr, Some(TOKEN));
+    let init = c.call(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "json-only", "version": "0"}}),
+    );
+    assert_eq!(init.status, 200, "{init:?}");
+    c.session = init.header("mcp-session-id").map(ToString::to_string);
+    let session = c.session.clone().unwrap();
+    let n = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    assert_eq!(n.status, 202, "{n:?}");
+
+    let started = std::time::Instant::now();
+    let reply = request(
+        addr,
+        "POST",
+        "/mcp",
+        &[
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json"),
+            ("Authorization", &format!("Bearer {TOKEN}")),
+            ("Mcp-Session-Id", &session),
+        ],
+        &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "test_sampling", "arguments": {"prompt": "p"}}}).to_string(),
+    );
+    let waited = started.elapsed();
+    lab.stop();
+    assert_eq!(reply.status, 200, "{reply:?}\n{}", lab.log());
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/json"),
+        "{reply:?}"
+    );
+    let answer = reply.response();
+    assert_eq!(answer["id"], 7, "{answer}");
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        text.starts_with("sampling failed") && text.contains("accepts only application/json"),
+        "the tool was told why: {answer}"
+    );
+    assert!(
+        waited < std::time::Duration::from_secs(10),
+        "the call waited {waited:?} for a client that cannot answer"
+    );
+    // The records say the request went towards the client and what came back instead.
+    let back: Vec<Value> = lab
+        .records()
+        .into_iter()
+        .filter(|r| {
+            r["tool"]["name"] == "test_sampling" && r["flowhost"]["relay"]["direction"] == "to_tool"
+        })
+        .collect();
+    assert_eq!(back.len(), 1, "{back:#?}");
+}

@@ -35,6 +35,9 @@ pub(super) enum AttachError {
 
 struct Stream {
     tx: Option<mpsc::Sender<String>>,
+    /// The stream answers a POST that accepts only JSON: its client reads one response and
+    /// nothing else, so a request from the server cannot reach it here.
+    json_only: bool,
     log: VecDeque<(u64, String)>,
     next: u64,
     done: bool,
@@ -53,12 +56,13 @@ pub(super) struct Streams {
 }
 
 impl Streams {
-    fn new_stream(&mut self, tx: Option<mpsc::Sender<String>>) -> u64 {
+    fn new_stream(&mut self, tx: Option<mpsc::Sender<String>>, json_only: bool) -> u64 {
         self.next += 1;
         self.streams.insert(
             self.next,
             Stream {
                 tx,
+                json_only,
                 log: VecDeque::new(),
                 next: 0,
                 done: false,
@@ -67,10 +71,15 @@ impl Streams {
         self.next
     }
 
-    /// Opens the stream that answers `request` (a JSON-RPC request with an id).
-    pub(super) fn open_for_request(&mut self, request: &Value) -> mpsc::Receiver<String> {
+    /// Opens the stream that answers `request` (a JSON-RPC request with an id); `json_only`
+    /// when its client takes the response alone, as one JSON body.
+    pub(super) fn open_for_request(
+        &mut self,
+        request: &Value,
+        json_only: bool,
+    ) -> mpsc::Receiver<String> {
         let (tx, rx) = mpsc::channel(CHANNEL);
-        let n = self.new_stream(Some(tx));
+        let n = self.new_stream(Some(tx), json_only);
         self.pending.push((request["id"].to_string(), n));
         if let Some(token) = request["params"]["_meta"].get("progressToken") {
             self.progress.push((token.to_string(), n));
@@ -82,7 +91,11 @@ impl Streams {
     /// ends); a message sent while serving `request` (an id as JSON text) to that
     /// request's stream while it is open; progress to the stream of the request that asked
     /// for it; anything else to the newest request in flight, else to the GET stream.
-    pub(super) fn route(&mut self, message: &str, request: Option<&str>) {
+    ///
+    /// A request to the client bound for a stream whose client takes only JSON goes to the
+    /// GET stream while one is open; otherwise it cannot be delivered, and it is returned
+    /// so that its sender can be answered at once rather than wait for its deadline.
+    pub(super) fn route(&mut self, message: &str, request: Option<&str>) -> Option<Undelivered> {
         let parsed: Option<Value> = serde_json::from_str(message).ok();
         let response_to = parsed
             .as_ref()
@@ -100,7 +113,7 @@ impl Streams {
                 s.tx = None;
             }
             self.forget_finished();
-            return;
+            return None;
         }
         let progress_of = parsed
             .as_ref()
@@ -115,10 +128,32 @@ impl Streams {
             .or(progress_of)
             .or(self.pending.last().map(|(_, n)| *n))
             .or(self.standalone);
-        match target {
-            Some(n) => self.push(n, message),
-            None => tracing::debug!("a server message with no stream to carry it was dropped"),
+        let asks = parsed.as_ref().and_then(|v| {
+            Some(Undelivered {
+                id: v.get("id")?.clone(),
+                method: v.get("method")?.as_str()?.to_string(),
+            })
+        });
+        let json_only = |n: u64| self.streams.get(&n).is_some_and(|s| s.json_only);
+        match (target, asks) {
+            (Some(n), Some(asked)) if json_only(n) => {
+                let listening = self.standalone.filter(|g| {
+                    self.streams
+                        .get(g)
+                        .and_then(|s| s.tx.as_ref())
+                        .is_some_and(|tx| !tx.is_closed())
+                });
+                match listening {
+                    Some(g) => self.push(g, message),
+                    None => return Some(asked),
+                }
+            }
+            (Some(n), _) => self.push(n, message),
+            (None, _) => {
+                tracing::debug!("a server message with no stream to carry it was dropped")
+            }
         }
+        None
     }
 
     fn push(&mut self, n: u64, data: &str) {
@@ -170,7 +205,7 @@ impl Streams {
                     return Ok(rx);
                 }
                 let (tx, rx) = mpsc::channel(CHANNEL);
-                self.standalone = Some(self.new_stream(Some(tx)));
+                self.standalone = Some(self.new_stream(Some(tx), false));
                 Ok(rx)
             }
             Target::Resume(last) => {
@@ -212,6 +247,15 @@ impl Streams {
     }
 }
 
+/// A request the session sent its client that no stream can carry.
+#[derive(Debug, PartialEq)]
+pub(super) struct Undelivered {
+    /// The request's id (the host's).
+    pub id: Value,
+    /// Its method.
+    pub method: String,
+}
+
 /// The `data` of one SSE event as written here.
 pub(super) fn data_of(event: &str) -> Option<String> {
     event
@@ -236,7 +280,7 @@ mod tests {
     #[test]
     fn a_request_stream_carries_its_notifications_then_its_response_and_ends() {
         let mut s = Streams::default();
-        let mut rx = s.open_for_request(&json!({"id": 7}));
+        let mut rx = s.open_for_request(&json!({"id": 7}), false);
         s.route(
             r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#,
             None,
@@ -251,7 +295,7 @@ mod tests {
     #[test]
     fn a_lost_stream_resumes_after_the_last_event_seen() {
         let mut s = Streams::default();
-        let rx = s.open_for_request(&json!({"id": "a"}));
+        let rx = s.open_for_request(&json!({"id": "a"}), false);
         s.route(
             r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":1}}"#,
             None,
@@ -276,9 +320,11 @@ mod tests {
     #[test]
     fn progress_goes_to_the_request_that_asked_for_it() {
         let mut s = Streams::default();
-        let mut first =
-            s.open_for_request(&json!({"id": 1, "params": {"_meta": {"progressToken": "p1"}}}));
-        let mut second = s.open_for_request(&json!({"id": 2}));
+        let mut first = s.open_for_request(
+            &json!({"id": 1, "params": {"_meta": {"progressToken": "p1"}}}),
+            false,
+        );
+        let mut second = s.open_for_request(&json!({"id": 2}), false);
         s.route(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p1","progress":5}}"#, None);
         assert_eq!(drain(&mut first).len(), 1);
         assert!(drain(&mut second).is_empty());
@@ -287,8 +333,8 @@ mod tests {
     #[test]
     fn what_a_request_sends_goes_on_its_own_stream() {
         let mut s = Streams::default();
-        let mut call = s.open_for_request(&json!({"id": 1}));
-        let mut ping = s.open_for_request(&json!({"id": "p"}));
+        let mut call = s.open_for_request(&json!({"id": 1}), false);
+        let mut ping = s.open_for_request(&json!({"id": "p"}), false);
         s.route(
             r#"{"jsonrpc":"2.0","id":"flowhost-relay-1","method":"sampling/createMessage","params":{}}"#,
             Some("1"),
@@ -302,6 +348,36 @@ mod tests {
             drain(&mut ping).is_empty(),
             "not on the newest request's stream"
         );
+    }
+
+    #[test]
+    fn a_request_for_a_json_only_client_goes_to_the_get_stream_or_back_to_its_sender() {
+        let mut s = Streams::default();
+        let mut call = s.open_for_request(&json!({"id": 1}), true);
+        let asks = r#"{"jsonrpc":"2.0","id":"flowhost-relay-1","method":"sampling/createMessage","params":{}}"#;
+        assert_eq!(
+            s.route(asks, Some("1")),
+            Some(Undelivered {
+                id: json!("flowhost-relay-1"),
+                method: "sampling/createMessage".into()
+            })
+        );
+        // A notification has no answer to wait for: it goes where it always went.
+        let note = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#;
+        assert_eq!(s.route(note, Some("1")), None);
+        assert_eq!(drain(&mut call).len(), 1);
+        // With the GET stream open, the request goes there.
+        let mut get = s.attach(Target::Standalone).unwrap();
+        assert_eq!(s.route(asks, Some("1")), None);
+        assert_eq!(drain(&mut get).len(), 1);
+        assert!(drain(&mut call).is_empty());
+        // A closed GET stream carries nothing.
+        drop(get);
+        assert!(s.route(asks, Some("1")).is_some());
+        // A client that takes SSE gets the request on its own stream.
+        let mut sse = s.open_for_request(&json!({"id": 2}), false);
+        assert_eq!(s.route(asks, Some("2")), None);
+        assert_eq!(drain(&mut sse).len(), 1);
     }
 
     #[test]
