@@ -105,11 +105,14 @@ pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
 /// more) into it, TIOCCONS redirects the console, TIOCSCTTY makes a tty the caller's
 /// controlling terminal. The kernel's `ioctl` request is 32 bits wide, so only the low half
 /// of the argument is compared: high bits set by the caller change nothing.
+// The libc crate types these as `c_ulong` for glibc and `c_int` for musl; all are small
+// positive numbers, so the cast never changes a value.
+#[allow(clippy::unnecessary_cast)]
 pub const TERMINAL_IOCTLS_DENIED: &[(&str, u64)] = &[
-    ("TIOCSTI", libc::TIOCSTI),
-    ("TIOCLINUX", libc::TIOCLINUX),
-    ("TIOCCONS", libc::TIOCCONS),
-    ("TIOCSCTTY", libc::TIOCSCTTY),
+    ("TIOCSTI", libc::TIOCSTI as u64),
+    ("TIOCLINUX", libc::TIOCLINUX as u64),
+    ("TIOCCONS", libc::TIOCCONS as u64),
+    ("TIOCSCTTY", libc::TIOCSCTTY as u64),
 ];
 
 /// Syscalls whose arguments name a destination: stopped and handed to the broker.

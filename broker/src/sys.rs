@@ -438,7 +438,11 @@ pub fn sendmsg_owned(fd: BorrowedFd<'_>, msg: &OwnedMessage, flags: i32) -> io::
     hdr.msg_iovlen = 1;
     if !msg.control.is_empty() {
         hdr.msg_control = msg.control.as_ptr() as *mut libc::c_void;
-        hdr.msg_controllen = msg.control.len();
+        // `size_t` for glibc, `socklen_t` for musl; the control buffer is far below both.
+        #[allow(clippy::unnecessary_cast)]
+        {
+            hdr.msg_controllen = msg.control.len() as _;
+        }
     }
     // SAFETY: every pointer in `hdr` refers to buffers owned by `msg` / `iov`, which outlive
     // the call; the kernel does not write through them for sendmsg.

@@ -480,7 +480,10 @@ async fn run(args: RunArgs) -> CliResult {
     let broker = Broker::new(BrokerOptions::default())?;
     broker.check_profile(&profile)?;
     if !args.quiet {
-        eprintln!("flowhost sandbox: {}", broker.bounds(&profile));
+        // One write: the report's lines stay together, whatever else writes to the
+        // terminal (stderr is unbuffered, so a formatted print writes piece by piece).
+        let report = format!("flowhost sandbox: {}\n", broker.bounds(&profile));
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), report.as_bytes());
     }
     let rules = Arc::new(DestinationRules::allow_only(args.common.allow.clone()));
     let writer = match &evidence.records {
