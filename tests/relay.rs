@@ -22,6 +22,11 @@ const SECRET_LABEL: &str =
 /// The lab governing the conformance executor for principal `agent` (uid [`AGENT_UID`]),
 /// with each `(tool, policy)` replacing that tool's operator policy.
 fn start(policies: &[(&str, String)]) -> Option<Lab> {
+    start_with("", policies)
+}
+
+/// [`start`] with `host` (lines) added to the `[host]` table.
+fn start_with(host: &str, policies: &[(&str, String)]) -> Option<Lab> {
     let mut lab = Lab::prepare()?;
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut server = conformance_server(
@@ -39,7 +44,7 @@ fn start(policies: &[(&str, String)]) -> Option<Lab> {
     }
     lab.write_config(&format!(
         "{}{server}\n[[principal]]\nid = \"agent\"\nuids = [{AGENT_UID}]\ntools = [\"conformance/*\"]\n",
-        host_config(&lab.paths)
+        host_config(&lab.paths).replacen("[host]\n", &format!("[host]\n{host}\n"), 1)
     ));
     lab.spawn();
     Some(lab)
@@ -321,4 +326,126 @@ fn a_call_that_ends_abandons_what_it_relayed() {
             .all(|r| r["flowhost"]["relay"]["direction"] == "to_client"),
         "nothing went to the tool"
     );
+}
+
+/// The `notifications/resources/updated` of `uri` that arrive while the client pings the
+/// host `rounds` times (request ids from `first_id`), with what else came.
+fn updates_while_pinging(c: &mut Client, first_id: u64, rounds: u64, uri: &str) -> usize {
+    let mut seen = 0;
+    for id in first_id..first_id + rounds {
+        c.send(&json!({"jsonrpc": "2.0", "id": id, "method": "ping"}));
+        let (_, before) = until_answer(c, id);
+        seen += before
+            .iter()
+            .filter(|m| {
+                m["method"] == "notifications/resources/updated" && m["params"]["uri"] == uri
+            })
+            .count();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    seen
+}
+
+/// Sends `method` of `uri` as request `id`; returns the answer and counts the updates of
+/// `uri` that came before it.
+fn on_resource(c: &mut Client, id: u64, method: &str, uri: &str) -> (Value, usize) {
+    c.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {"uri": uri}}));
+    let (answer, before) = until_answer(c, id);
+    let updates = before
+        .iter()
+        .filter(|m| m["method"] == "notifications/resources/updated" && m["params"]["uri"] == uri)
+        .count();
+    (answer, updates)
+}
+
+/// Reloads the configuration unchanged but for a comment, and waits for `generation`.
+fn reload(lab: &Lab, generation: u32) {
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    lab.write_config(&format!("{text}\n# reload {generation}\n"));
+    lab.signal(libc::SIGHUP);
+    let want = format!("reloaded: generation {generation}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !lab.log().contains(&want) {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A subscription belongs to the session: when the executor that took it is retired (here
+/// by a reload, which retires the old generation's executors), the next executor bound for
+/// that server is subscribed again, and the client goes on getting updates. Once the client
+/// unsubscribes, no executor is subscribed for it again, and updates stop.
+#[test]
+fn a_subscription_outlives_the_executor_that_took_it() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    const URI: &str = "test://static-text";
+    let mut c = session(&lab, json!({}));
+    // The conformance executor sends an update of a resource as soon as it is subscribed.
+    let (r, mut updates) = on_resource(&mut c, 2, "resources/subscribe", URI);
+    assert_eq!(r["result"], json!({}), "{r}");
+    updates += updates_while_pinging(&mut c, 100, 5, URI);
+    assert_eq!(updates, 1, "the first subscription's update");
+
+    reload(&lab, 2);
+    let (r, mut updates) = on_resource(&mut c, 3, "resources/read", URI);
+    assert!(r["result"]["contents"].is_array(), "{r}");
+    updates += updates_while_pinging(&mut c, 200, 5, URI);
+    assert_eq!(
+        updates,
+        1,
+        "the new generation's executor was subscribed again:\n{}",
+        lab.log()
+    );
+
+    let (r, _) = on_resource(&mut c, 4, "resources/unsubscribe", URI);
+    assert_eq!(r["result"], json!({}), "{r}");
+    reload(&lab, 3);
+    let (r, mut updates) = on_resource(&mut c, 5, "resources/read", URI);
+    assert!(r["result"]["contents"].is_array(), "{r}");
+    updates += updates_while_pinging(&mut c, 300, 5, URI);
+    assert_eq!(updates, 0, "an unsubscribed resource is not watched again");
+    lab.stop();
+}
+
+/// An executor holding a subscription of the client is not stopped for being idle (that
+/// would end the subscription unnoticed); once the client unsubscribes, it is.
+#[test]
+fn an_idle_executor_holding_a_subscription_is_kept() {
+    let Some(mut lab) = start_with("idle_timeout_ms = 100", &[]) else {
+        return;
+    };
+    const URI: &str = "test://static-text";
+    // The conformance executor says on stderr (in the host's log) each time it is given
+    // a logging level: once per executor the session binds.
+    const APPLIED: &str = "conformance: logging level warning";
+    let mut c = session(&lab, json!({}));
+    let set = c.request("logging/setLevel", json!({"level": "warning"}));
+    assert_eq!(set["result"], json!({}), "{set}");
+    let (r, _) = on_resource(&mut c, 2, "resources/subscribe", URI);
+    assert_eq!(r["result"], json!({}), "{r}");
+    // Idle sessions' executors are looked at every 5 s.
+    std::thread::sleep(std::time::Duration::from_millis(5500));
+    let (r, _) = on_resource(&mut c, 3, "resources/read", URI);
+    assert!(r["result"]["contents"].is_array(), "{r}");
+    assert_eq!(
+        lab.log().matches(APPLIED).count(),
+        1,
+        "the holder served the read:\n{}",
+        lab.log()
+    );
+
+    let (r, _) = on_resource(&mut c, 4, "resources/unsubscribe", URI);
+    assert_eq!(r["result"], json!({}), "{r}");
+    std::thread::sleep(std::time::Duration::from_millis(5500));
+    let (r, _) = on_resource(&mut c, 5, "resources/read", URI);
+    assert!(r["result"]["contents"].is_array(), "{r}");
+    assert_eq!(
+        lab.log().matches(APPLIED).count(),
+        2,
+        "the executor was stopped once idle, and a new one served:\n{}",
+        lab.log()
+    );
+    lab.stop();
 }

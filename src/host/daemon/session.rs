@@ -14,7 +14,7 @@
 //! the warm pool), up to [`MAX_EXECUTORS_PER_SERVER`], and queue beyond that. No lock is held
 //! across a call.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -88,7 +88,9 @@ impl Outbox {
 }
 
 mod content;
+mod subscriptions;
 pub use content::LogLevel;
+use subscriptions::Subscriptions;
 
 /// An executor bound to the session, with the generation it was started in.
 struct Bound {
@@ -96,6 +98,8 @@ struct Bound {
     exec: McpExecutor<CallInFlight>,
     /// The `logging/setLevel` level last applied to it (`None`: never set).
     log_level: Option<LogLevel>,
+    /// The resources this session subscribed to through it (and has not unsubscribed).
+    subscribed: BTreeSet<String>,
 }
 
 impl Bound {
@@ -122,6 +126,38 @@ impl Bound {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Subscribes the executor to each of `uris` it does not hold yet. An executor that
+    /// refuses one (an error answer) is logged and keeps serving; the next binding tries
+    /// again. `Err`: the executor failed (the caller stops it).
+    async fn subscribe(
+        &mut self,
+        server: &str,
+        uris: BTreeSet<String>,
+        deadline: Duration,
+    ) -> Result<(), ExecutorError> {
+        for uri in uris {
+            if self.subscribed.contains(&uri) {
+                continue;
+            }
+            let params = json!({ "uri": uri });
+            match self
+                .exec
+                .forward("resources/subscribe", params, deadline)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(server = %server, pid = self.exec.pid(), uri = %uri, "subscribed a new executor to a resource the session's client watches");
+                    self.subscribed.insert(uri);
+                }
+                Err(ExecutorError::Rpc(e)) => {
+                    tracing::warn!(server = %server, uri = %uri, error = %e.message, "the executor refused to renew the session's subscription; it is tried again at the next binding");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -216,6 +252,8 @@ struct Session {
     capabilities: OnceLock<ClientCapabilities>,
     /// Requests of executors relayed to the client, awaiting its answers.
     relays: PendingRelays,
+    /// The resources the client subscribed to.
+    subscriptions: Subscriptions,
 }
 
 /// How long a reply may take to reach the client; a client that stops reading is
@@ -287,6 +325,7 @@ pub(super) async fn run(
         out: Outbox::new(out.clone()),
         capabilities: OnceLock::new(),
         relays: PendingRelays::default(),
+        subscriptions: Subscriptions::default(),
         host,
     });
     tracing::info!(session = %session.id, identity = %session.identity, "session opened");
@@ -774,16 +813,24 @@ impl Session {
         }
     }
 
-    /// Stops the session's executors that have been idle past the configured time.
+    /// Stops the session's executors that have been idle past the configured time, except
+    /// those holding a subscription of the client (stopping one would end it unnoticed).
     fn reap_idle(&self) {
         let limit = self.host.current().config.idle_timeout;
+        let subscriptions = &self.subscriptions;
         let idle: Vec<Bound> = match self.executors.lock() {
             Ok(mut all) => all
-                .values_mut()
-                .flat_map(|s| {
+                .iter_mut()
+                .flat_map(|(server, s)| {
                     let (old, keep) = std::mem::take(&mut s.idle)
                         .into_iter()
-                        .partition::<Vec<_>, _>(|b| b.exec.idle_for() > limit);
+                        .partition::<Vec<_>, _>(|b| {
+                            b.exec.idle_for() > limit
+                                && !b
+                                    .subscribed
+                                    .iter()
+                                    .any(|u| subscriptions.contains(server, u))
+                        });
                     s.idle = keep;
                     old
                 })
@@ -860,7 +907,8 @@ struct Executors<'s> {
 impl Executors<'_> {
     /// An idle executor of the session for `server` that belongs to the current generation,
     /// is alive and is fit for the call's label, or a fresh one from the warm pool. Unfit
-    /// ones met on the way are stopped.
+    /// ones met on the way are stopped. It has the client's logging level, and holds the
+    /// client's subscriptions to the server that no other idle executor holds.
     async fn take(
         &self,
         server: &str,
@@ -896,6 +944,7 @@ impl Executors<'_> {
                     generation: self.generation.id,
                     exec,
                     log_level: None,
+                    subscribed: BTreeSet::new(),
                 }
             }
         };
@@ -904,6 +953,26 @@ impl Executors<'_> {
         if let Some(level) = wanted
             && let Err(e) = bound
                 .apply_log_level(level, self.generation.config.call_timeout)
+                .await
+        {
+            bound.exec.stop().await;
+            return Err(e);
+        }
+        // The client's subscriptions that no idle executor of the server holds any more (their
+        // holder was retired) are taken over by this one. An executor serving another call of
+        // the session at this moment is not seen: the client may then get an update twice.
+        let mut orphaned = self.session.subscriptions.of(server);
+        if !orphaned.is_empty()
+            && let Ok(all) = self.session.executors.lock()
+            && let Some(s) = all.get(server)
+        {
+            for b in &s.idle {
+                orphaned.retain(|u| !b.subscribed.contains(u));
+            }
+        }
+        if !orphaned.is_empty()
+            && let Err(e) = bound
+                .subscribe(server, orphaned, self.generation.config.call_timeout)
                 .await
         {
             bound.exec.stop().await;

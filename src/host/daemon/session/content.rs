@@ -210,22 +210,33 @@ impl Session {
                 return Err(self.refuse_session(&what, e).await);
             }
         };
+        let server = &route.server_id;
+        if method == "resources/unsubscribe" {
+            self.subscriptions.remove(server, uri);
+            if let Ok(mut all) = self.executors.lock()
+                && let Some(s) = all.get_mut(server.as_str())
+            {
+                for b in &mut s.idle {
+                    b.subscribed.remove(uri);
+                }
+            }
+        }
+        let mut added = false;
         let mut executors = Executors {
             session: self,
             generation: &generation,
             control: CallControl::none(),
             outbox: self.out.clone(),
         };
-        executors
-            .forward(&route.server_id, method, json!({"uri": uri}), &source)
+        let outcome = executors
+            .subscription(server, method, uri, &source, &mut added)
             .await
             .map(|_| json!({}))
-            .map_err(|e| {
-                RpcError::new(
-                    code::INTERNAL_ERROR,
-                    format!("server {:?}: {e}", route.server_id),
-                )
-            })
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, format!("server {server:?}: {e}")));
+        if outcome.is_err() && added {
+            self.subscriptions.remove(server, uri);
+        }
+        outcome
     }
 
     /// `logging/setLevel`: remembered for the session, sent at once to its idle executors
@@ -295,6 +306,7 @@ impl Session {
         // configuration has it.
         let pinned = self.pinned().cloned();
         let out = self.out.clone();
+        let subscriptions = self.subscriptions.clone();
         let server = server.to_string();
         Arc::new(move |params: &Value| {
             let Some(uri) = params.get("uri").and_then(Value::as_str) else {
@@ -312,6 +324,10 @@ impl Session {
             });
             if !declared {
                 tracing::debug!(server = %server, "dropped an update of a resource the session may not read");
+                return;
+            }
+            if !subscriptions.contains(&server, uri) {
+                tracing::debug!(server = %server, "dropped an update of a resource the client is not subscribed to");
                 return;
             }
             // A client that does not read loses updates rather than holding the executor.
@@ -338,13 +354,18 @@ fn without_nulls(mut value: Value) -> Value {
     value
 }
 
-impl Forward for Executors<'_> {
-    async fn forward(
+impl Executors<'_> {
+    /// Forwards `method` to one of the session's executors of `server`. `on_bound` runs once
+    /// the executor is bound, before the request goes out; `served` sees the executor once
+    /// it has answered with a result, before it returns to the idle ones.
+    async fn forward_then(
         &mut self,
         server: &str,
         method: &str,
         params: Value,
         source: &crate::label::InformationLabel,
+        on_bound: impl FnOnce(),
+        served: impl FnOnce(&mut Bound),
     ) -> Result<Value, ForwardError> {
         let permits = self.permits(server).map_err(ForwardError::NotStarted)?;
         let _permit = permits
@@ -355,9 +376,11 @@ impl Forward for Executors<'_> {
             .take(server, source)
             .await
             .map_err(|e| ForwardError::NotStarted(format!("server {server:?}: {e}")))?;
+        on_bound();
         let deadline = self.generation.config.call_timeout;
         match bound.exec.forward(method, params, deadline).await {
             Ok(result) => {
+                served(&mut bound);
                 if let Some(b) = self.give_back(server, bound) {
                     b.exec.stop().await;
                 }
@@ -376,5 +399,56 @@ impl Forward for Executors<'_> {
                 Err(ForwardError::Failed(e.to_string()))
             }
         }
+    }
+
+    /// Forwards `resources/subscribe` or `resources/unsubscribe` of `uri` to one of the
+    /// session's executors of `server`, which then holds (or no longer holds) the
+    /// subscription. A subscription joins the session's set once the executor is bound (so
+    /// that binding does not take it over as an orphan) and before the executor answers
+    /// (it may send the first update at once; only URIs in the set reach the client);
+    /// `added` says whether it was new there.
+    async fn subscription(
+        &mut self,
+        server: &str,
+        method: &str,
+        uri: &str,
+        source: &crate::label::InformationLabel,
+        added: &mut bool,
+    ) -> Result<Value, ForwardError> {
+        let subscribe = method == "resources/subscribe";
+        let subscriptions = self.session.subscriptions.clone();
+        let on_bound = || {
+            if subscribe {
+                *added = subscriptions.add(server, uri);
+            }
+        };
+        self.forward_then(
+            server,
+            method,
+            json!({ "uri": uri }),
+            source,
+            on_bound,
+            |b| {
+                if subscribe {
+                    b.subscribed.insert(uri.to_string());
+                } else {
+                    b.subscribed.remove(uri);
+                }
+            },
+        )
+        .await
+    }
+}
+
+impl Forward for Executors<'_> {
+    async fn forward(
+        &mut self,
+        server: &str,
+        method: &str,
+        params: Value,
+        source: &crate::label::InformationLabel,
+    ) -> Result<Value, ForwardError> {
+        self.forward_then(server, method, params, source, || {}, |_| {})
+            .await
     }
 }
