@@ -449,3 +449,34 @@ fn an_idle_executor_holding_a_subscription_is_kept() {
     );
     lab.stop();
 }
+
+/// A session holds at most 256 subscriptions (each is renewed on every executor that takes
+/// it over): the next is refused and recorded; one ended makes room again.
+#[test]
+fn a_session_holds_a_bounded_number_of_subscriptions() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({}));
+    let uri = |n: u64| format!("test://template/{n}/data");
+    for n in 0..256 {
+        let (r, _) = on_resource(&mut c, 1000 + n, "resources/subscribe", &uri(n));
+        assert_eq!(r["result"], json!({}), "subscription {n}: {r}");
+    }
+    // The same one again is no new subscription.
+    let (r, _) = on_resource(&mut c, 2000, "resources/subscribe", &uri(0));
+    assert_eq!(r["result"], json!({}), "{r}");
+    let (r, _) = on_resource(&mut c, 2001, "resources/subscribe", &uri(256));
+    assert_eq!(r["error"]["data"]["denial"], "subscription_limit", "{r}");
+    let (r, _) = on_resource(&mut c, 2002, "resources/unsubscribe", &uri(0));
+    assert_eq!(r["result"], json!({}), "{r}");
+    let (r, _) = on_resource(&mut c, 2003, "resources/subscribe", &uri(256));
+    assert_eq!(r["result"], json!({}), "{r}");
+    lab.stop();
+    let refused: Vec<Value> = lab
+        .records()
+        .into_iter()
+        .filter(|r| r["flowhost"]["denial_kind"] == "subscription_limit")
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+}

@@ -72,6 +72,8 @@ pub enum Denial {
     /// An executor had as many requests to its client pending in one call as the host
     /// relays at once.
     RelayLimit,
+    /// A session asked for more resource subscriptions than the host keeps for one.
+    SubscriptionLimit,
     /// The flow state could not be read or written (fail closed).
     StateFailure,
     /// The decision could not be recorded (fail closed; reaches only the client).
@@ -108,6 +110,7 @@ impl Denial {
             Denial::GrantReplayed => "grant_replayed",
             Denial::ClientCapabilityMissing => "client_capability_missing",
             Denial::RelayLimit => "relay_limit",
+            Denial::SubscriptionLimit => "subscription_limit",
             Denial::StateFailure => "state_failure",
             Denial::RecordFailure => "record_failure",
         }

@@ -90,7 +90,7 @@ impl Outbox {
 mod content;
 mod subscriptions;
 pub use content::LogLevel;
-use subscriptions::Subscriptions;
+use subscriptions::{IdleExecutor, Subscriptions, idle_to_stop};
 
 /// An executor bound to the session, with the generation it was started in.
 struct Bound {
@@ -128,15 +128,16 @@ impl Bound {
         }
     }
 
-    /// Subscribes the executor to each of `uris` it does not hold yet. An executor that
-    /// refuses one (an error answer) is logged and keeps serving; the next binding tries
-    /// again. `Err`: the executor failed (the caller stops it).
+    /// Subscribes the executor to each of `uris` it does not hold yet; returns those it
+    /// refused (with an error answer; it keeps serving). `Err`: the executor failed (the
+    /// caller stops it).
     async fn subscribe(
         &mut self,
         server: &str,
         uris: BTreeSet<String>,
         deadline: Duration,
-    ) -> Result<(), ExecutorError> {
+    ) -> Result<Vec<String>, ExecutorError> {
+        let mut refused = Vec::new();
         for uri in uris {
             if self.subscribed.contains(&uri) {
                 continue;
@@ -152,12 +153,13 @@ impl Bound {
                     self.subscribed.insert(uri);
                 }
                 Err(ExecutorError::Rpc(e)) => {
-                    tracing::warn!(server = %server, uri = %uri, error = %e.message, "the executor refused to renew the session's subscription; it is tried again at the next binding");
+                    tracing::warn!(server = %server, uri = %uri, error = %e.message, "the executor refused to renew the session's subscription");
+                    refused.push(uri);
                 }
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(refused)
     }
 }
 
@@ -814,25 +816,33 @@ impl Session {
     }
 
     /// Stops the session's executors that have been idle past the configured time, except
-    /// those holding a subscription of the client (stopping one would end it unnoticed).
+    /// those holding a subscription of the client that no other kept executor holds
+    /// (stopping the only holder would end it unnoticed). A holder of an earlier generation,
+    /// or one that exited, holds nothing: the next binding subscribes again.
     fn reap_idle(&self) {
-        let limit = self.host.current().config.idle_timeout;
+        let current = self.host.current();
+        let limit = current.config.idle_timeout;
         let subscriptions = &self.subscriptions;
         let idle: Vec<Bound> = match self.executors.lock() {
             Ok(mut all) => all
                 .iter_mut()
                 .flat_map(|(server, s)| {
-                    let (old, keep) = std::mem::take(&mut s.idle)
+                    let seen: Vec<IdleExecutor<'_>> = s
+                        .idle
+                        .iter_mut()
+                        .map(|b| IdleExecutor {
+                            past_limit: b.exec.idle_for() > limit,
+                            holds: b.generation == current.id && b.exec.alive(),
+                            subscribed: &b.subscribed,
+                        })
+                        .collect();
+                    let stop = idle_to_stop(&seen, |u| subscriptions.contains(server, u));
+                    let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut s.idle)
                         .into_iter()
-                        .partition::<Vec<_>, _>(|b| {
-                            b.exec.idle_for() > limit
-                                && !b
-                                    .subscribed
-                                    .iter()
-                                    .any(|u| subscriptions.contains(server, u))
-                        });
-                    s.idle = keep;
-                    old
+                        .zip(stop)
+                        .partition(|(_, stop)| *stop);
+                    s.idle = keep.into_iter().map(|(b, _)| b).collect();
+                    old.into_iter().map(|(b, _)| b)
                 })
                 .collect(),
             Err(_) => Vec::new(),
@@ -963,20 +973,30 @@ impl Executors<'_> {
         // the session at this moment is not seen: the client may then get an update twice.
         let mut orphaned = self.session.subscriptions.of(server);
         if !orphaned.is_empty()
-            && let Ok(all) = self.session.executors.lock()
-            && let Some(s) = all.get(server)
+            && let Ok(mut all) = self.session.executors.lock()
+            && let Some(s) = all.get_mut(server)
         {
-            for b in &s.idle {
-                orphaned.retain(|u| !b.subscribed.contains(u));
+            for b in &mut s.idle {
+                if b.generation == self.generation.id && b.exec.alive() {
+                    orphaned.retain(|u| !b.subscribed.contains(u));
+                }
             }
         }
-        if !orphaned.is_empty()
-            && let Err(e) = bound
-                .subscribe(server, orphaned, self.generation.config.call_timeout)
-                .await
-        {
-            bound.exec.stop().await;
-            return Err(e);
+        if !orphaned.is_empty() {
+            let deadline = self.generation.config.call_timeout;
+            match bound.subscribe(server, orphaned, deadline).await {
+                Ok(refused) => {
+                    // Not tried again at every binding: the subscription ends, and says so.
+                    for uri in refused {
+                        self.session.subscriptions.remove(server, &uri);
+                        tracing::warn!(session = %self.session.id, server = %server, uri = %uri, "the client's subscription ended: the executor that replaced its holder refused it");
+                    }
+                }
+                Err(e) => {
+                    bound.exec.stop().await;
+                    return Err(e);
+                }
+            }
         }
         Ok(bound)
     }

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use super::super::executor::{CallControl, ExecutorError, UpdateSink};
 use super::super::pipeline::content::{ContentMethod, Forward, ForwardError};
 use super::super::pipeline::{self, refusal};
+use super::subscriptions::MAX_SUBSCRIPTIONS;
 use super::{Bound, Executors, Session};
 use crate::decision::Denial;
 use crate::mcp::{self, RpcError, code};
@@ -211,6 +212,19 @@ impl Session {
             }
         };
         let server = &route.server_id;
+        if method == "resources/subscribe"
+            && !self.subscriptions.contains(server, uri)
+            && self.subscriptions.len() >= MAX_SUBSCRIPTIONS
+        {
+            let e = refusal(
+                code::INVALID_REQUEST,
+                format!(
+                    "the session holds {MAX_SUBSCRIPTIONS} subscriptions, the most it may; unsubscribe one first"
+                ),
+                Denial::SubscriptionLimit,
+            );
+            return Err(self.refuse_session(&what, e).await);
+        }
         if method == "resources/unsubscribe" {
             self.subscriptions.remove(server, uri);
             if let Ok(mut all) = self.executors.lock()
@@ -233,10 +247,19 @@ impl Session {
             .await
             .map(|_| json!({}))
             .map_err(|e| RpcError::new(code::INTERNAL_ERROR, format!("server {server:?}: {e}")));
-        if outcome.is_err() && added {
+        // A concurrent subscribe of the same URI that succeeded keeps it.
+        if outcome.is_err() && added && !self.idle_holds(server, uri) {
             self.subscriptions.remove(server, uri);
         }
         outcome
+    }
+
+    /// Whether an idle executor of `server` holds the subscription to `uri`.
+    fn idle_holds(&self, server: &str, uri: &str) -> bool {
+        self.executors.lock().is_ok_and(|all| {
+            all.get(server)
+                .is_some_and(|s| s.idle.iter().any(|b| b.subscribed.contains(uri)))
+        })
     }
 
     /// `logging/setLevel`: remembered for the session, sent at once to its idle executors
@@ -430,6 +453,9 @@ impl Executors<'_> {
             on_bound,
             |b| {
                 if subscribe {
+                    // Again: a concurrent subscribe of the same URI that failed may have taken
+                    // it out of the set meanwhile.
+                    subscriptions.add(server, uri);
                     b.subscribed.insert(uri.to_string());
                 } else {
                     b.subscribed.remove(uri);
