@@ -227,12 +227,16 @@ impl Session {
         }
         if method == "resources/unsubscribe" {
             self.subscriptions.remove(server, uri);
+            // The unsubscribe goes to the executor holding the subscription: binding takes
+            // the last idle executor first. Another holder (rare: one taken while the first
+            // served a call) keeps watching until idle reaping stops it; its updates no
+            // longer reach the client, and a new subscribe counts it as the holder again.
             if let Ok(mut all) = self.executors.lock()
                 && let Some(s) = all.get_mut(server.as_str())
+                && let Some(at) = s.idle.iter().position(|b| b.subscribed.contains(uri))
             {
-                for b in &mut s.idle {
-                    b.subscribed.remove(uri);
-                }
+                let holder = s.idle.remove(at);
+                s.idle.push(holder);
             }
         }
         let mut added = false;
