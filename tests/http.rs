@@ -743,7 +743,7 @@ fn unauthenticated_refusals_past_the_budget_fold_into_one_record() {
 /// A client whose POST accepts only `application/json` can take one response, not a request
 /// from the server. When the tool it called asks for sampling and the session has no GET
 /// stream open, the host answers the tool at once that the request cannot reach the client,
-/// instead of holding the call until its deadline.
+/// instead of holding the call until its deadline, and records that it did not.
 #[test]
 fn a_json_only_caller_gets_its_answer_at_once_when_the_tool_asks_it_for_sampling() {
     // The lab's call deadline (15 s) is beyond what the test waits: only a prompt answer
@@ -797,13 +797,27 @@ fn a_json_only_caller_gets_its_answer_at_once_when_the_tool_asks_it_for_sampling
         waited < std::time::Duration::from_secs(10),
         "the call waited {waited:?} for a client that cannot answer"
     );
-    // The records say the request went towards the client and what came back instead.
-    let back: Vec<Value> = lab
+    // The records say the request was let out towards the client, then that it did not
+    // reach it; nothing came back to judge for the tool.
+    let relays: Vec<(String, String, String)> = lab
         .records()
         .into_iter()
-        .filter(|r| {
-            r["tool"]["name"] == "test_sampling" && r["flowhost"]["relay"]["direction"] == "to_tool"
+        .filter(|r| r["tool"]["name"] == "test_sampling" && r["flowhost"]["event"] == "relay")
+        .map(|r| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (
+                s(&r["flowhost"]["relay"]["direction"]),
+                s(&r["decision"]["effect"]),
+                s(&r["response"]["status"]),
+            )
         })
         .collect();
-    assert_eq!(back.len(), 1, "{back:#?}");
+    let want = |d: &str, e: &str, st: &str| (d.to_string(), e.to_string(), st.to_string());
+    assert_eq!(
+        relays,
+        [
+            want("to_client", "allow", "authorized"),
+            want("to_client", "error", "client_unreachable")
+        ],
+    );
 }

@@ -180,6 +180,8 @@ pub enum Failure {
     StateFailure,
     /// The client cancelled the call while it ran.
     Cancelled,
+    /// A request to the client could not reach it: its transport takes no request there.
+    ClientUnreachable,
 }
 
 impl Failure {
@@ -190,6 +192,7 @@ impl Failure {
             Failure::ExecutorFailed => "executor_failed",
             Failure::StateFailure => "state_failure",
             Failure::Cancelled => "cancelled",
+            Failure::ClientUnreachable => "client_unreachable",
         }
     }
 }

@@ -54,24 +54,43 @@ impl ClientCapabilities {
     }
 }
 
+/// What came back for a request forwarded to the client.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    /// The client's answer: `Ok(result)` or `Err(error object)`.
+    Client(Result<Value, Value>),
+    /// The transport could not deliver the request, and says why.
+    Undelivered(String),
+}
+
 /// The requests a session forwarded to its client, awaiting answers, by the host's id.
 #[derive(Default)]
 pub struct PendingRelays {
     next: AtomicU64,
-    waiting: Mutex<HashMap<String, oneshot::Sender<Result<Value, Value>>>>,
+    waiting: Mutex<HashMap<String, oneshot::Sender<Answer>>>,
 }
 
 impl PendingRelays {
     /// Hands the client's answer (`Ok(result)` or `Err(error object)`) to the request `id`
     /// it answers; `false` (and nothing happens) when no request awaits that id.
     pub fn answered(&self, id: &Value, outcome: Result<Value, Value>) -> bool {
+        self.settle(id, Answer::Client(outcome))
+    }
+
+    /// Tells the request `id` that the session's transport could not deliver it (`why`);
+    /// `false` when no request awaits that id.
+    pub fn undelivered(&self, id: &Value, why: String) -> bool {
+        self.settle(id, Answer::Undelivered(why))
+    }
+
+    fn settle(&self, id: &Value, answer: Answer) -> bool {
         let waiting = self
             .waiting
             .lock()
             .ok()
             .and_then(|mut w| w.remove(&id.to_string()));
         match waiting {
-            Some(tx) => tx.send(outcome).is_ok(),
+            Some(tx) => tx.send(answer).is_ok(),
             None => false,
         }
     }
@@ -99,12 +118,12 @@ struct Awaiting<'a> {
     pending: &'a PendingRelays,
     out: &'a Outbox,
     id: Value,
-    rx: Option<oneshot::Receiver<Result<Value, Value>>>,
+    rx: Option<oneshot::Receiver<Answer>>,
 }
 
 impl Awaiting<'_> {
-    /// The client's answer (`None`: the session ended first).
-    async fn answer(&mut self) -> Option<Result<Value, Value>> {
+    /// What came back (`None`: the session ended first).
+    async fn answer(&mut self) -> Option<Answer> {
         let answer = self.rx.as_mut()?.await.ok();
         self.rx = None;
         answer
@@ -168,7 +187,16 @@ impl CallRelay<'_> {
         if !self.out.send(line.to_string()).await {
             return Err(session_gone());
         }
-        let answer = awaiting.answer().await.ok_or_else(session_gone)?;
+        let answer = match awaiting.answer().await.ok_or_else(session_gone)? {
+            Answer::Client(answer) => answer,
+            Answer::Undelivered(why) => {
+                self.gate.undelivered(kind).await?;
+                return Err(RpcError::new(
+                    code::METHOD_NOT_FOUND,
+                    format!("{method} did not reach the client: {why}"),
+                ));
+            }
+        };
         let shown = match &answer {
             Ok(result) => result,
             Err(error) => error,
@@ -248,7 +276,10 @@ mod tests {
         let id = first.id.clone();
         assert!(!pending.answered(&json!("flowhost-relay-9"), Ok(json!({}))));
         assert!(pending.answered(&id, Ok(json!({"n": 1}))));
-        assert_eq!(first.answer().await, Some(Ok(json!({"n": 1}))));
+        assert_eq!(
+            first.answer().await,
+            Some(Answer::Client(Ok(json!({"n": 1}))))
+        );
         assert!(!pending.answered(&id, Ok(json!({"n": 2}))), "answered once");
         drop(first);
         assert!(
@@ -266,5 +297,18 @@ mod tests {
             !pending.answered(&id, Ok(json!({}))),
             "a late answer is ignored"
         );
+
+        // The transport could not deliver the third: it is told why, once, and a client's
+        // answer to it later is ignored.
+        let mut third = pending.open(&out).unwrap();
+        let id = third.id.clone();
+        assert!(pending.undelivered(&id, "no stream".into()));
+        assert_eq!(
+            third.answer().await,
+            Some(Answer::Undelivered("no stream".into()))
+        );
+        assert!(!pending.answered(&id, Ok(json!({}))));
+        drop(third);
+        assert!(sent.try_recv().is_err(), "nothing is cancelled");
     }
 }

@@ -301,20 +301,32 @@ pub(super) async fn serve(
             }
         }
     });
-    run(host, Identity::Peer { uid, gid }, incoming, out).await;
+    // A socket carries every message both ways: nothing it is given goes undelivered.
+    run(host, Identity::Peer { uid, gid }, incoming, out, None).await;
     reader.abort();
     let _ = writer.await;
 }
 
+/// A request the session sent its client that the transport could not deliver.
+pub struct NotDelivered {
+    /// The host's id of the request.
+    pub id: Value,
+    /// Why, in the transport's words.
+    pub why: String,
+}
+
 /// Runs a session of `identity` over any transport: `incoming` delivers the client's
-/// lines, `out` takes the session's. Returns when the client is gone (end of input, or `out`
-/// closed), the session is idle past the configured windows, is refused at `initialize`, or
-/// the host stops; calls still in flight then finish (their outcomes are recorded) first.
+/// lines, `out` takes the session's, and `undelivered` (from a transport that cannot carry
+/// every message) names the requests to the client it could not deliver, whose callers are
+/// then answered at once. Returns when the client is gone (end of input, or `out` closed),
+/// the session is idle past the configured windows, is refused at `initialize`, or the host
+/// stops; calls still in flight then finish (their outcomes are recorded) first.
 pub(super) async fn run(
     host: Arc<Host>,
     identity: Identity,
     mut incoming: mpsc::Receiver<Line>,
     out: mpsc::Sender<Outgoing>,
+    mut undelivered: Option<mpsc::UnboundedReceiver<NotDelivered>>,
 ) {
     let limit = host.current().config.max_message_bytes;
     let session = Arc::new(Session {
@@ -365,6 +377,7 @@ pub(super) async fn run(
                 continue;
             }
             _ = idle.tick() => { session.reap_idle(); continue; }
+            n = next_undelivered(&mut undelivered) => { session.undelivered(n); continue; }
             _ = tokio::time::sleep_until(deadline), if requests.is_empty() => {
                 ended = "no request within the configured window";
                 break;
@@ -430,6 +443,7 @@ pub(super) async fn run(
     loop {
         tokio::select! {
             done = requests.join_next() => if done.is_none() { break },
+            n = next_undelivered(&mut undelivered) => session.undelivered(n),
             _ = out.closed(), if !cancelled => {
                 session.cancel_all("the client disconnected");
                 cancelled = true;
@@ -457,7 +471,28 @@ pub(super) async fn run(
     tracing::info!(session = %session.id, reason = ended, "session closed");
 }
 
+/// The next request the transport could not deliver; never, for a transport that has none
+/// to report.
+async fn next_undelivered(
+    undelivered: &mut Option<mpsc::UnboundedReceiver<NotDelivered>>,
+) -> NotDelivered {
+    if let Some(rx) = undelivered
+        && let Some(n) = rx.recv().await
+    {
+        return n;
+    }
+    *undelivered = None;
+    std::future::pending().await
+}
+
 impl Session {
+    /// Answers the call that sent a request its transport could not deliver.
+    fn undelivered(&self, n: NotDelivered) {
+        if !self.relays.undelivered(&n.id, n.why) {
+            tracing::debug!(session = %self.id, id = %n.id, "an undelivered request no call awaits any more");
+        }
+    }
+
     fn principal(&self, generation: &Generation) -> Result<PrincipalConfig, RpcError> {
         let principal = self
             .identity

@@ -614,9 +614,10 @@ impl Transport {
         }
         let id = super::random_id();
         let (inbox, lines) = mpsc::channel::<Line>(16);
-        // The router answers what no stream can carry through the session's own input; a
-        // weak handle, so that ending the session (dropping its inbox) still ends it.
-        let answers = inbox.downgrade();
+        // Unbounded: each notice is a request of a call in flight, of which a session has at
+        // most 64 with 4 requests each; the router must never wait on the session, which may
+        // itself be waiting for room among the replies the router drains.
+        let (not_delivered, undelivered) = mpsc::unbounded_channel();
         let (out, mut replies) = mpsc::channel::<session::Outgoing>(64);
         let streams = Arc::new(Mutex::new(Streams::default()));
         let remote = Arc::new(Remote {
@@ -636,19 +637,26 @@ impl Transport {
                         Ok(mut s) => s.route(&message.line, message.request.as_deref()),
                         Err(_) => None,
                     };
-                    if let Some(asked) = undelivered
-                        && let Some(inbox) = answers.upgrade()
-                    {
-                        // Not awaited here: the session may itself be waiting for room
-                        // among the replies this loop drains.
-                        tokio::spawn(async move {
-                            let _ = inbox.send(Line::Message(undeliverable(&asked))).await;
+                    if let Some(asked) = undelivered {
+                        // The session is over when this fails: nothing awaits the request.
+                        let _ = not_delivered.send(session::NotDelivered {
+                            id: asked.id,
+                            why: format!(
+                                "the client's HTTP request accepts only application/json and the session has no GET stream open, so it cannot receive {}",
+                                asked.method
+                            ),
                         });
                     }
                 }
             };
             tokio::join!(
-                session::run(transport.host.clone(), identity, lines, out),
+                session::run(
+                    transport.host.clone(),
+                    identity,
+                    lines,
+                    out,
+                    Some(undelivered)
+                ),
                 router
             );
             if let Ok(mut s) = streams.lock() {
@@ -726,21 +734,10 @@ fn sse_response(events: mpsc::Receiver<String>) -> Response<Body> {
     r
 }
 
-/// The answer, in the client's place, to a request the session sent it that cannot reach it:
-/// an error naming why, which the session hands to whoever asked (a tool, which is told).
-fn undeliverable(asked: &streams::Undelivered) -> Vec<u8> {
-    let message = format!(
-        "the client's HTTP request accepts only application/json and the session has no GET stream open, so {} cannot reach the client",
-        asked.method
-    );
-    json!({"jsonrpc": "2.0", "id": asked.id, "error": {"code": code::METHOD_NOT_FOUND, "message": message}})
-        .to_string()
-        .into_bytes()
-}
-
 /// The answer to a request as one JSON body, for a client that takes no SSE: the stream's
 /// last event (its response). Notifications before it have nowhere to go and are dropped;
-/// requests to the client went to the GET stream or were answered in its place.
+/// requests to the client went to the GET stream or were reported to the session as
+/// undelivered.
 async fn json_answer(mut events: mpsc::Receiver<String>) -> Response<Body> {
     let mut last = None;
     while let Some(event) = events.recv().await {

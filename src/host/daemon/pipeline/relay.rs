@@ -141,6 +141,20 @@ impl RelayGate<'_> {
         }
     }
 
+    /// Records that a request the client was to get (its raise committed, its allow
+    /// recorded) did not reach it: the session's transport could not carry it. The error is
+    /// the executor's answer.
+    pub async fn undelivered(&self, method: RelayMethod) -> Result<(), RpcError> {
+        let failed = Verdict::Failed(Failure::ClientUnreachable);
+        self.record(
+            method,
+            RelayDirection::ToClient,
+            failed,
+            FlowContext::default(),
+        )
+        .await
+    }
+
     /// Records the allow of what leaves `state` behind, durably.
     async fn allow(
         &self,
