@@ -852,8 +852,7 @@ impl Session {
 
     /// Stops the session's executors that have been idle past the configured time, except
     /// those holding a subscription of the client that no other kept executor holds
-    /// (stopping the only holder would end it unnoticed). A holder of an earlier generation,
-    /// or one that exited, holds nothing: the next binding subscribes again.
+    /// (stopping the only holder would end it unnoticed; see `idle_to_stop`).
     fn reap_idle(&self) {
         let current = self.host.current();
         let limit = current.config.idle_timeout;
@@ -867,7 +866,8 @@ impl Session {
                         .iter_mut()
                         .map(|b| IdleExecutor {
                             past_limit: b.exec.idle_for() > limit,
-                            holds: b.generation == current.id && b.exec.alive(),
+                            live: b.exec.alive(),
+                            current: b.generation == current.id,
                             subscribed: &b.subscribed,
                         })
                         .collect();
@@ -953,7 +953,8 @@ impl Executors<'_> {
     /// An idle executor of the session for `server` that belongs to the current generation,
     /// is alive and is fit for the call's label, or a fresh one from the warm pool. Unfit
     /// ones met on the way are stopped. It has the client's logging level, and holds the
-    /// client's subscriptions to the server that no other idle executor holds.
+    /// client's subscriptions to the server that no live idle executor of the current
+    /// generation holds.
     async fn take(
         &self,
         server: &str,
@@ -1006,7 +1007,7 @@ impl Executors<'_> {
         // The client's subscriptions that no idle executor of the server holds any more (their
         // holder was retired) are taken over by this one. An executor serving another call of
         // the session at this moment is not seen: the client may then get an update twice.
-        let mut orphaned = self.session.subscriptions.of(server);
+        let mut orphaned = self.session.subscriptions.settled(server);
         if !orphaned.is_empty()
             && let Ok(mut all) = self.session.executors.lock()
             && let Some(s) = all.get_mut(server)

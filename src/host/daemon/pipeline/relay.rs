@@ -15,8 +15,10 @@
 //! taint is joined durably before the executor sees it.
 //!
 //! Each relayed request is recorded (`relay`, with `flowhost.relay` saying which request
-//! and which way) before it takes effect, refusals included; log notifications are not
-//! recorded one by one (the call's records carry the labels they left).
+//! and which way) before it takes effect, refusals included, and once more when the
+//! session's transport could not carry it to the client (`client_unreachable`); log
+//! notifications are not recorded one by one (the call's records carry the labels they
+//! left).
 
 use serde_json::Value;
 

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::super::executor::{CallControl, ExecutorError, UpdateSink};
 use super::super::pipeline::content::{ContentMethod, Forward, ForwardError};
 use super::super::pipeline::{self, refusal};
-use super::subscriptions::MAX_SUBSCRIPTIONS;
+use super::subscriptions::{Added, MAX_SUBSCRIPTIONS};
 use super::{Bound, Executors, Session};
 use crate::decision::Denial;
 use crate::mcp::{self, RpcError, code};
@@ -212,20 +212,25 @@ impl Session {
             }
         };
         let server = &route.server_id;
-        if method == "resources/subscribe"
-            && !self.subscriptions.contains(server, uri)
-            && self.subscriptions.len() >= MAX_SUBSCRIPTIONS
-        {
-            let e = refusal(
-                code::INVALID_REQUEST,
-                format!(
-                    "the session holds {MAX_SUBSCRIPTIONS} subscriptions, the most it may; unsubscribe one first"
-                ),
-                Denial::SubscriptionLimit,
-            );
-            return Err(self.refuse_session(&what, e).await);
-        }
-        if method == "resources/unsubscribe" {
+        let subscribe = method == "resources/subscribe";
+        // Counted in the session's set (and as in flight) before the executor is asked: it
+        // may send the first update at once, and only URIs in the set reach the client.
+        let added = if subscribe {
+            match self.subscriptions.begin(server, uri, MAX_SUBSCRIPTIONS) {
+                Added::New => true,
+                Added::Already => false,
+                Added::Full => {
+                    let e = refusal(
+                        code::INVALID_REQUEST,
+                        format!(
+                            "the session holds {MAX_SUBSCRIPTIONS} subscriptions, the most it may; unsubscribe one first"
+                        ),
+                        Denial::SubscriptionLimit,
+                    );
+                    return Err(self.refuse_session(&what, e).await);
+                }
+            }
+        } else {
             self.subscriptions.remove(server, uri);
             // The unsubscribe goes to the executor holding the subscription: binding takes
             // the last idle executor first. Another holder (rare: one taken while the first
@@ -238,8 +243,8 @@ impl Session {
                 let holder = s.idle.remove(at);
                 s.idle.push(holder);
             }
-        }
-        let mut added = false;
+            false
+        };
         let mut executors = Executors {
             session: self,
             generation: &generation,
@@ -247,22 +252,30 @@ impl Session {
             outbox: self.out.clone(),
         };
         let outcome = executors
-            .subscription(server, method, uri, &source, &mut added)
+            .subscription(server, method, uri, &source)
             .await
             .map(|_| json!({}))
             .map_err(|e| RpcError::new(code::INTERNAL_ERROR, format!("server {server:?}: {e}")));
-        // A concurrent subscribe of the same URI that succeeded keeps it.
-        if outcome.is_err() && added && !self.idle_holds(server, uri) {
-            self.subscriptions.remove(server, uri);
+        if subscribe {
+            let still_asking = self.subscriptions.answered(server, uri);
+            // A failed subscribe takes out only what it put in, and not while another
+            // subscribe of the same URI is in flight or an executor holds it.
+            if outcome.is_err() && added && still_asking == 0 && !self.live_idle_holds(server, uri)
+            {
+                self.subscriptions.remove(server, uri);
+            }
         }
         outcome
     }
 
-    /// Whether an idle executor of `server` holds the subscription to `uri`.
-    fn idle_holds(&self, server: &str, uri: &str) -> bool {
-        self.executors.lock().is_ok_and(|all| {
-            all.get(server)
-                .is_some_and(|s| s.idle.iter().any(|b| b.subscribed.contains(uri)))
+    /// Whether a live idle executor of `server` holds the subscription to `uri`.
+    fn live_idle_holds(&self, server: &str, uri: &str) -> bool {
+        self.executors.lock().is_ok_and(|mut all| {
+            all.get_mut(server).is_some_and(|s| {
+                s.idle
+                    .iter_mut()
+                    .any(|b| b.subscribed.contains(uri) && b.exec.alive())
+            })
         })
     }
 
@@ -382,16 +395,14 @@ fn without_nulls(mut value: Value) -> Value {
 }
 
 impl Executors<'_> {
-    /// Forwards `method` to one of the session's executors of `server`. `on_bound` runs once
-    /// the executor is bound, before the request goes out; `served` sees the executor once
-    /// it has answered with a result, before it returns to the idle ones.
+    /// Forwards `method` to one of the session's executors of `server`; `served` sees the
+    /// executor once it has answered with a result, before it returns to the idle ones.
     async fn forward_then(
         &mut self,
         server: &str,
         method: &str,
         params: Value,
         source: &crate::label::InformationLabel,
-        on_bound: impl FnOnce(),
         served: impl FnOnce(&mut Bound),
     ) -> Result<Value, ForwardError> {
         let permits = self.permits(server).map_err(ForwardError::NotStarted)?;
@@ -403,7 +414,6 @@ impl Executors<'_> {
             .take(server, source)
             .await
             .map_err(|e| ForwardError::NotStarted(format!("server {server:?}: {e}")))?;
-        on_bound();
         let deadline = self.generation.config.call_timeout;
         match bound.exec.forward(method, params, deadline).await {
             Ok(result) => {
@@ -430,42 +440,22 @@ impl Executors<'_> {
 
     /// Forwards `resources/subscribe` or `resources/unsubscribe` of `uri` to one of the
     /// session's executors of `server`, which then holds (or no longer holds) the
-    /// subscription. A subscription joins the session's set once the executor is bound (so
-    /// that binding does not take it over as an orphan) and before the executor answers
-    /// (it may send the first update at once; only URIs in the set reach the client);
-    /// `added` says whether it was new there.
+    /// subscription.
     async fn subscription(
         &mut self,
         server: &str,
         method: &str,
         uri: &str,
         source: &crate::label::InformationLabel,
-        added: &mut bool,
     ) -> Result<Value, ForwardError> {
         let subscribe = method == "resources/subscribe";
-        let subscriptions = self.session.subscriptions.clone();
-        let on_bound = || {
+        self.forward_then(server, method, json!({ "uri": uri }), source, |b| {
             if subscribe {
-                *added = subscriptions.add(server, uri);
+                b.subscribed.insert(uri.to_string());
+            } else {
+                b.subscribed.remove(uri);
             }
-        };
-        self.forward_then(
-            server,
-            method,
-            json!({ "uri": uri }),
-            source,
-            on_bound,
-            |b| {
-                if subscribe {
-                    // Again: a concurrent subscribe of the same URI that failed may have taken
-                    // it out of the set meanwhile.
-                    subscriptions.add(server, uri);
-                    b.subscribed.insert(uri.to_string());
-                } else {
-                    b.subscribed.remove(uri);
-                }
-            },
-        )
+        })
         .await
     }
 }
@@ -478,7 +468,7 @@ impl Forward for Executors<'_> {
         params: Value,
         source: &crate::label::InformationLabel,
     ) -> Result<Value, ForwardError> {
-        self.forward_then(server, method, params, source, || {}, |_| {})
+        self.forward_then(server, method, params, source, |_| {})
             .await
     }
 }
