@@ -1024,7 +1024,7 @@ impl Executors<'_> {
                 Ok(refused) => {
                     // Not tried again at every binding: the subscription ends, and says so.
                     for uri in refused {
-                        self.session.subscriptions.remove(server, &uri);
+                        self.session.subscriptions.remove_if_settled(server, &uri);
                         tracing::warn!(session = %self.session.id, server = %server, uri = %uri, "the client's subscription ended: the executor that replaced its holder refused it");
                     }
                 }

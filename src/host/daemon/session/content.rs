@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::super::executor::{CallControl, ExecutorError, UpdateSink};
 use super::super::pipeline::content::{ContentMethod, Forward, ForwardError};
 use super::super::pipeline::{self, refusal};
-use super::subscriptions::{Added, MAX_SUBSCRIPTIONS};
+use super::subscriptions::{Full, MAX_SUBSCRIPTIONS};
 use super::{Bound, Executors, Session};
 use crate::decision::Denial;
 use crate::mcp::{self, RpcError, code};
@@ -215,11 +215,10 @@ impl Session {
         let subscribe = method == "resources/subscribe";
         // Counted in the session's set (and as in flight) before the executor is asked: it
         // may send the first update at once, and only URIs in the set reach the client.
-        let added = if subscribe {
+        let asking = if subscribe {
             match self.subscriptions.begin(server, uri, MAX_SUBSCRIPTIONS) {
-                Added::New => true,
-                Added::Already => false,
-                Added::Full => {
+                Ok(asking) => Some(asking),
+                Err(Full) => {
                     let e = refusal(
                         code::INVALID_REQUEST,
                         format!(
@@ -243,7 +242,7 @@ impl Session {
                 let holder = s.idle.remove(at);
                 s.idle.push(holder);
             }
-            false
+            None
         };
         let mut executors = Executors {
             session: self,
@@ -256,27 +255,12 @@ impl Session {
             .await
             .map(|_| json!({}))
             .map_err(|e| RpcError::new(code::INTERNAL_ERROR, format!("server {server:?}: {e}")));
-        if subscribe {
-            let still_asking = self.subscriptions.answered(server, uri);
-            // A failed subscribe takes out only what it put in, and not while another
-            // subscribe of the same URI is in flight or an executor holds it.
-            if outcome.is_err() && added && still_asking == 0 && !self.live_idle_holds(server, uri)
-            {
-                self.subscriptions.remove(server, uri);
-            }
+        // A failed subscribe takes out only a URI it added, once no other subscribe of it is
+        // asking and none succeeded.
+        if let Some(asking) = asking {
+            asking.answered(outcome.is_ok());
         }
         outcome
-    }
-
-    /// Whether a live idle executor of `server` holds the subscription to `uri`.
-    fn live_idle_holds(&self, server: &str, uri: &str) -> bool {
-        self.executors.lock().is_ok_and(|mut all| {
-            all.get_mut(server).is_some_and(|s| {
-                s.idle
-                    .iter_mut()
-                    .any(|b| b.subscribed.contains(uri) && b.exec.alive())
-            })
-        })
     }
 
     /// `logging/setLevel`: remembered for the session, sent at once to its idle executors

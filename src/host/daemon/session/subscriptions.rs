@@ -25,56 +25,93 @@ pub(super) struct Subscriptions {
 struct Inner {
     by_server: HashMap<String, BTreeSet<String>>,
     /// Subscribe requests forwarded and not answered yet, by (server, URI).
-    in_flight: HashMap<(String, String), usize>,
+    in_flight: HashMap<(String, String), InFlight>,
 }
 
-/// What adding a subscription did.
+/// The subscribe requests of one URI in flight.
+#[derive(Default)]
+struct InFlight {
+    count: usize,
+    /// The first of them added the URI to the set, and none has succeeded yet: if none
+    /// does, the URI leaves the set again.
+    unconfirmed: bool,
+}
+
+/// Why a subscription was not added.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Added {
-    /// It is new.
-    New,
-    /// The client had it already.
-    Already,
-    /// The session holds the most it may: not added.
-    Full,
+pub(super) struct Full;
+
+/// A subscribe request in flight, counted from [`Subscriptions::begin`] until it is
+/// [`Asking::answered`] or dropped (a dropped one counts as failed).
+pub(super) struct Asking {
+    subscriptions: Subscriptions,
+    key: (String, String),
+    done: bool,
+}
+
+impl Asking {
+    /// Ends the request: `ok` when the executor took the subscription. When the last request
+    /// of a URI ends and none succeeded, the URI the first added leaves the set.
+    pub(super) fn answered(mut self, ok: bool) {
+        self.end(ok);
+    }
+
+    fn end(&mut self, ok: bool) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let Ok(mut s) = self.subscriptions.inner.lock() else {
+            return;
+        };
+        let Some(f) = s.in_flight.get_mut(&self.key) else {
+            return;
+        };
+        f.count = f.count.saturating_sub(1);
+        if ok {
+            f.unconfirmed = false;
+        }
+        if f.count > 0 {
+            return;
+        }
+        let unconfirmed = f.unconfirmed;
+        s.in_flight.remove(&self.key);
+        if unconfirmed && let Some(uris) = s.by_server.get_mut(&self.key.0) {
+            uris.remove(&self.key.1);
+        }
+    }
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        self.end(false);
+    }
 }
 
 impl Subscriptions {
-    /// Adds `uri` of `server` unless the session holds `max` subscriptions, as one step, and
-    /// counts a subscribe request in flight for it (until [`Self::answered`]).
-    pub(super) fn begin(&self, server: &str, uri: &str, max: usize) -> Added {
+    /// Adds `uri` of `server` unless it is new and the session holds `max` subscriptions, as
+    /// one step, and counts a subscribe request in flight for it.
+    pub(super) fn begin(&self, server: &str, uri: &str, max: usize) -> Result<Asking, Full> {
         let Ok(mut s) = self.inner.lock() else {
-            return Added::Full;
+            return Err(Full);
         };
         let held = s.by_server.get(server).is_some_and(|u| u.contains(uri));
         if !held && s.by_server.values().map(BTreeSet::len).sum::<usize>() >= max {
-            return Added::Full;
+            return Err(Full);
         }
-        *s.in_flight
-            .entry((server.to_string(), uri.to_string()))
-            .or_default() += 1;
-        if held {
-            return Added::Already;
+        let key = (server.to_string(), uri.to_string());
+        let f = s.in_flight.entry(key.clone()).or_default();
+        f.count += 1;
+        if !held {
+            f.unconfirmed = true;
+            s.by_server
+                .entry(server.to_string())
+                .or_default()
+                .insert(uri.to_string());
         }
-        s.by_server
-            .entry(server.to_string())
-            .or_default()
-            .insert(uri.to_string());
-        Added::New
-    }
-
-    /// Ends a subscribe request counted by [`Self::begin`]; returns how many for `uri` are
-    /// still in flight.
-    pub(super) fn answered(&self, server: &str, uri: &str) -> usize {
-        self.inner.lock().map_or(0, |mut s| {
-            let key = (server.to_string(), uri.to_string());
-            let left = s.in_flight.get(&key).map_or(0, |n| n.saturating_sub(1));
-            if left == 0 {
-                s.in_flight.remove(&key);
-            } else {
-                s.in_flight.insert(key, left);
-            }
-            left
+        Ok(Asking {
+            subscriptions: self.clone(),
+            key,
+            done: false,
         })
     }
 
@@ -85,6 +122,19 @@ impl Subscriptions {
                 .get_mut(server)
                 .is_some_and(|uris| uris.remove(uri))
         })
+    }
+
+    /// Removes `uri` of `server` unless a subscribe request of it is in flight (which then
+    /// decides).
+    pub(super) fn remove_if_settled(&self, server: &str, uri: &str) {
+        if let Ok(mut s) = self.inner.lock()
+            && !s
+                .in_flight
+                .contains_key(&(server.to_string(), uri.to_string()))
+            && let Some(uris) = s.by_server.get_mut(server)
+        {
+            uris.remove(uri);
+        }
     }
 
     /// Whether the client is subscribed to `uri` of `server`.
@@ -209,34 +259,50 @@ mod tests {
     }
 
     #[test]
-    fn adding_is_bounded_in_one_step_and_requests_in_flight_are_counted() {
+    fn adding_is_bounded_in_one_step_and_unconfirmed_additions_leave_again() {
         let s = Subscriptions::default();
-        assert_eq!(s.begin("a", "file:///x", 2), Added::New);
-        assert_eq!(s.begin("a", "file:///x", 2), Added::Already, "once");
-        assert!(s.contains("a", "file:///x"));
+        let x = s.begin("a", "file:///x", 2).unwrap();
+        assert!(s.contains("a", "file:///x"), "in the set while asked");
+        assert!(s.settled("a").is_empty(), "not renewed while asked");
+        x.answered(true);
+        assert_eq!(s.settled("a").len(), 1);
         assert!(
             !s.contains("b", "file:///x"),
             "another server's is another resource"
         );
-        assert_eq!(s.begin("b", "file:///x", 2), Added::New);
-        assert_eq!(s.begin("b", "file:///y", 2), Added::Full);
-        assert!(!s.contains("b", "file:///y"));
-        assert_eq!(
-            s.begin("b", "file:///x", 2),
-            Added::Already,
-            "held: no limit"
+        // Two asking at once for a new URI, both failing: it leaves with the last.
+        let (y1, y2) = (
+            s.begin("b", "file:///y", 2).unwrap(),
+            s.begin("b", "file:///y", 2).unwrap(),
         );
-        assert_eq!(s.answered("a", "file:///x"), 1);
-        assert_eq!(s.answered("a", "file:///x"), 0);
-        assert_eq!(s.answered("a", "file:///x"), 0, "never below zero");
+        y1.answered(false);
+        assert!(s.contains("b", "file:///y"), "the other is still asking");
+        drop(y2); // dropped unanswered: failed
+        assert!(!s.contains("b", "file:///y"));
+        // One of them succeeding keeps it, in either order.
+        let (z1, z2) = (
+            s.begin("b", "file:///z", 2).unwrap(),
+            s.begin("b", "file:///z", 2).unwrap(),
+        );
+        z1.answered(true);
+        z2.answered(false);
+        assert!(s.contains("b", "file:///z"));
+        // A subscription the client had is never taken out by a failed subscribe.
+        s.begin("a", "file:///x", 2).unwrap().answered(false);
+        assert!(s.contains("a", "file:///x"));
+        // The limit counts what the set holds; one held already passes it.
+        assert_eq!(s.begin("c", "file:///w", 2).err(), Some(Full));
+        assert!(s.begin("a", "file:///x", 2).is_ok());
+        // A removal that waits for the requests in flight.
+        let asking = s.begin("a", "file:///x", 2).unwrap();
+        s.remove_if_settled("a", "file:///x");
+        assert!(s.contains("a", "file:///x"));
+        asking.answered(true);
+        s.remove_if_settled("a", "file:///x");
+        assert!(!s.contains("a", "file:///x"));
         let shared = s.clone();
-        assert!(shared.remove("a", "file:///x"));
-        assert!(!s.contains("a", "file:///x"), "clones share one set");
-        assert!(!s.remove("a", "file:///x"));
-        assert!(s.settled("a").is_empty());
-        assert!(s.settled("b").is_empty(), "a subscribe of it is in flight");
-        assert_eq!(s.answered("b", "file:///x"), 1);
-        assert_eq!(s.answered("b", "file:///x"), 0);
-        assert_eq!(s.settled("b").len(), 1);
+        assert!(shared.remove("b", "file:///z"));
+        assert!(!s.contains("b", "file:///z"), "clones share one set");
+        assert!(!s.remove("b", "file:///z"));
     }
 }
