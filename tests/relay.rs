@@ -480,3 +480,29 @@ fn a_session_holds_a_bounded_number_of_subscriptions() {
         .collect();
     assert_eq!(refused.len(), 1, "{refused:#?}");
 }
+
+/// A subscription request reads nothing, so nothing of what the executor says about it is
+/// labelled: an executor's error words go to the host's log, never to the client.
+#[test]
+fn an_executors_refusal_of_a_subscription_reaches_the_client_without_its_words() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({}));
+    let uri = "test://template/unwatchable/data";
+    let (r, updates) = on_resource(&mut c, 2, "resources/subscribe", uri);
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        !message.contains(flowhost_example_tools::conformance::UNWATCHABLE_DETAIL)
+            && !r.to_string().contains("contract draft"),
+        "the executor's words reached the client unlabelled: {r}"
+    );
+    assert!(message.contains("answered with an error"), "{r}");
+    assert_eq!(updates, 0);
+    lab.stop();
+    assert!(
+        lab.log()
+            .contains(flowhost_example_tools::conformance::UNWATCHABLE_DETAIL),
+        "the operator can read them"
+    );
+}

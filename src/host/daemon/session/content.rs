@@ -254,7 +254,20 @@ impl Session {
             .subscription(server, method, uri, &source)
             .await
             .map(|_| json!({}))
-            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, format!("server {server:?}: {e}")));
+            .map_err(|e| {
+                // Nothing is read here, so nothing is labelled: what the executor said (an
+                // error's message, a broken line) goes to the host's log, never the client.
+                tracing::warn!(session = %self.id, server = %server, method, uri, error = %e, "a subscription request failed");
+                let why = match e {
+                    ForwardError::Answered(_) => "its executor answered with an error",
+                    ForwardError::NotStarted(_) => "no executor of it could be started",
+                    ForwardError::Failed(_) => "its executor failed",
+                };
+                RpcError::new(
+                    code::INTERNAL_ERROR,
+                    format!("server {server:?}: {method} of {uri:?} failed: {why} (the host's log says more)"),
+                )
+            });
         // A failed subscribe takes out only a URI it added, once no other subscribe of it is
         // asking and none succeeded.
         if let Some(asking) = asking {
