@@ -416,8 +416,8 @@ fn instance() -> &'static str {
         let pid = std::process::id();
         // Unreadable only on a broken /proc, where detection has failed already. A name
         // that then collides with a leftover fails that spawn (it never shares the
-        // cgroup), and the sweep never removes a name with this process's pid and an
-        // unknown start (see `left_by_a_gone_process`).
+        // cgroup), and no sweep removes a name with an unknown start (0) while a process
+        // has its pid (see `left_by_a_gone_process`).
         let start = match started_at(pid) {
             Ok(Some(start)) => start,
             _ => 0,
@@ -455,6 +455,9 @@ fn left_by_a_gone_process(name: &str) -> Option<bool> {
     let ours = name.starts_with(&format!("flowhost-exec-{}-", instance()));
     Some(match fields.as_slice() {
         _ if ours => false,
+        // A start of 0 is one its process could not read: like the older names, it is
+        // gone only when no process has the pid.
+        [_, "0", _] | [_, _] => matches!(started_at(pid), Ok(None)),
         [_, start, _] => {
             let start: u64 = start.parse().ok()?;
             match started_at(pid) {
@@ -462,7 +465,6 @@ fn left_by_a_gone_process(name: &str) -> Option<bool> {
                 Err(_) => false,
             }
         }
-        [_, _] => matches!(started_at(pid), Ok(None)),
         _ => return None,
     })
 }

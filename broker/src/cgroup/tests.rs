@@ -337,6 +337,8 @@ fn the_sweep_removes_only_what_gone_brokers_left() {
     let gone_now_named = base.join("flowhost-exec-999999999-1234-3");
     let live_before = base.join(format!("flowhost-exec-{}-3", std::process::id()));
     let live = base.join(executor_cgroup_name(3));
+    // A process with this pid that could not read its own start named its cgroups so.
+    let live_unknown_start = base.join(format!("flowhost-exec-{}-0-3", std::process::id()));
     // An earlier process that had this pid: it started at another time.
     let earlier = base.join(format!("flowhost-exec-{}-1-3", std::process::id()));
     let other = base.join("system.slice");
@@ -345,6 +347,7 @@ fn the_sweep_removes_only_what_gone_brokers_left() {
         &gone_now_named,
         &live_before,
         &live,
+        &live_unknown_start,
         &earlier,
         &other,
     ] {
@@ -364,6 +367,7 @@ fn the_sweep_removes_only_what_gone_brokers_left() {
     s.sweep_stale();
     assert!(!gone.exists() && !gone_now_named.exists() && !earlier.exists());
     assert!(live.exists() && live_before.exists() && other.exists());
+    assert!(live_unknown_start.exists(), "its process may be alive");
 }
 
 #[test]
