@@ -1004,9 +1004,10 @@ impl Executors<'_> {
             bound.exec.stop().await;
             return Err(e);
         }
-        // The client's subscriptions that no idle executor of the server holds any more (their
-        // holder was retired) are taken over by this one. An executor serving another call of
-        // the session at this moment is not seen: the client may then get an update twice.
+        // The client's settled subscriptions that no live idle executor of the server's
+        // current generation holds (their holder was retired or exited) are taken over by
+        // this one. An executor serving another call of the session at this moment is not
+        // seen: the client may then get an update twice, until reaping stops one of them.
         let mut orphaned = self.session.subscriptions.settled(server);
         if !orphaned.is_empty()
             && let Ok(mut all) = self.session.executors.lock()

@@ -637,15 +637,9 @@ impl Transport {
                         Ok(mut s) => s.route(&message.line, message.request.as_deref()),
                         Err(_) => None,
                     };
-                    if let Some(asked) = undelivered {
+                    if let Some(n) = undelivered {
                         // The session is over when this fails: nothing awaits the request.
-                        let _ = not_delivered.send(session::NotDelivered {
-                            id: asked.id,
-                            why: format!(
-                                "the client's HTTP request accepts only application/json and the session has no GET stream open, so it cannot receive {}",
-                                asked.method
-                            ),
-                        });
+                        let _ = not_delivered.send(n);
                     }
                 }
             };

@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, VecDeque};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::super::session::NotDelivered;
+
 /// Events kept per stream for replay.
 const MAX_EVENTS: usize = 256;
 /// Finished streams kept for replay.
@@ -34,6 +36,7 @@ pub(super) enum AttachError {
 }
 
 struct Stream {
+    /// Where its events go while a client reads it.
     tx: Option<mpsc::Sender<String>>,
     /// The stream answers a POST that accepts only JSON: its client reads one response and
     /// nothing else, so a request from the server cannot reach it here.
@@ -53,6 +56,13 @@ pub(super) struct Streams {
     progress: Vec<(String, u64)>,
     standalone: Option<u64>,
     next: u64,
+}
+
+impl Stream {
+    /// Whether a client reads it now.
+    fn attached(&self) -> bool {
+        self.tx.as_ref().is_some_and(|tx| !tx.is_closed())
+    }
 }
 
 impl Streams {
@@ -95,7 +105,7 @@ impl Streams {
     /// A request to the client bound for a stream whose client takes only JSON goes to the
     /// GET stream while one is open; otherwise it cannot be delivered, and it is returned
     /// so that its sender can be answered at once rather than wait for its deadline.
-    pub(super) fn route(&mut self, message: &str, request: Option<&str>) -> Option<Undelivered> {
+    pub(super) fn route(&mut self, message: &str, request: Option<&str>) -> Option<NotDelivered> {
         let parsed: Option<Value> = serde_json::from_str(message).ok();
         let response_to = parsed
             .as_ref()
@@ -129,20 +139,20 @@ impl Streams {
             .or(self.pending.last().map(|(_, n)| *n))
             .or(self.standalone);
         let asks = parsed.as_ref().and_then(|v| {
-            Some(Undelivered {
+            Some(NotDelivered {
                 id: v.get("id")?.clone(),
-                method: v.get("method")?.as_str()?.to_string(),
+                why: format!(
+                    "the client's HTTP request accepts only application/json and the session has no GET stream open, so it cannot receive {}",
+                    v.get("method")?.as_str()?
+                ),
             })
         });
         let json_only = |n: u64| self.streams.get(&n).is_some_and(|s| s.json_only);
         match (target, asks) {
             (Some(n), Some(asked)) if json_only(n) => {
-                let listening = self.standalone.filter(|g| {
-                    self.streams
-                        .get(g)
-                        .and_then(|s| s.tx.as_ref())
-                        .is_some_and(|tx| !tx.is_closed())
-                });
+                let listening = self
+                    .standalone
+                    .filter(|g| self.streams.get(g).is_some_and(Stream::attached));
                 match listening {
                     Some(g) => self.push(g, message),
                     None => return Some(asked),
@@ -197,7 +207,7 @@ impl Streams {
                 if let Some(n) = self.standalone
                     && let Some(s) = self.streams.get_mut(&n)
                 {
-                    if s.tx.as_ref().is_some_and(|tx| !tx.is_closed()) {
+                    if s.attached() {
                         return Err(AttachError::Busy);
                     }
                     let (tx, rx) = mpsc::channel(CHANNEL);
@@ -214,7 +224,7 @@ impl Streams {
                     .and_then(|(n, s)| Some((n.parse::<u64>().ok()?, s.parse::<u64>().ok()?)))
                     .ok_or(AttachError::Unknown)?;
                 let s = self.streams.get_mut(&n).ok_or(AttachError::Unknown)?;
-                if s.tx.as_ref().is_some_and(|tx| !tx.is_closed()) {
+                if s.attached() {
                     return Err(AttachError::Busy);
                 }
                 let missed: Vec<String> = s
@@ -245,15 +255,6 @@ impl Streams {
         self.pending.clear();
         self.progress.clear();
     }
-}
-
-/// A request the session sent its client that no stream can carry.
-#[derive(Debug, PartialEq)]
-pub(super) struct Undelivered {
-    /// The request's id (the host's).
-    pub id: Value,
-    /// Its method.
-    pub method: String,
 }
 
 /// The `data` of one SSE event as written here.
@@ -355,20 +356,21 @@ mod tests {
         let mut s = Streams::default();
         let mut call = s.open_for_request(&json!({"id": 1}), true);
         let asks = r#"{"jsonrpc":"2.0","id":"flowhost-relay-1","method":"sampling/createMessage","params":{}}"#;
-        assert_eq!(
-            s.route(asks, Some("1")),
-            Some(Undelivered {
-                id: json!("flowhost-relay-1"),
-                method: "sampling/createMessage".into()
-            })
+        let back = s.route(asks, Some("1")).unwrap();
+        assert_eq!(back.id, json!("flowhost-relay-1"));
+        assert!(
+            back.why.contains("accepts only application/json")
+                && back.why.ends_with("cannot receive sampling/createMessage"),
+            "{}",
+            back.why
         );
         // A notification has no answer to wait for: it goes where it always went.
         let note = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#;
-        assert_eq!(s.route(note, Some("1")), None);
+        assert!(s.route(note, Some("1")).is_none());
         assert_eq!(drain(&mut call).len(), 1);
         // With the GET stream open, the request goes there.
         let mut get = s.attach(Target::Standalone).unwrap();
-        assert_eq!(s.route(asks, Some("1")), None);
+        assert!(s.route(asks, Some("1")).is_none());
         assert_eq!(drain(&mut get).len(), 1);
         assert!(drain(&mut call).is_empty());
         // A closed GET stream carries nothing.
@@ -376,7 +378,7 @@ mod tests {
         assert!(s.route(asks, Some("1")).is_some());
         // A client that takes SSE gets the request on its own stream.
         let mut sse = s.open_for_request(&json!({"id": 2}), false);
-        assert_eq!(s.route(asks, Some("2")), None);
+        assert!(s.route(asks, Some("2")).is_none());
         assert_eq!(drain(&mut sse).len(), 1);
     }
 
