@@ -128,7 +128,7 @@ impl Bound {
         }
     }
 
-    /// Subscribes the executor to each of `uris` it does not hold yet; returns those it
+    /// Subscribes the executor to each of `uris` (none of which it holds); returns those it
     /// refused (with an error answer; it keeps serving). `Err`: the executor failed (the
     /// caller stops it).
     async fn subscribe(
@@ -139,9 +139,6 @@ impl Bound {
     ) -> Result<Vec<String>, ExecutorError> {
         let mut refused = Vec::new();
         for uri in uris {
-            if self.subscribed.contains(&uri) {
-                continue;
-            }
             let params = json!({ "uri": uri });
             match self
                 .exec
@@ -1009,6 +1006,8 @@ impl Executors<'_> {
         // this one. An executor serving another call of the session at this moment is not
         // seen: the client may then get an update twice, until reaping stops one of them.
         let mut orphaned = self.session.subscriptions.settled(server);
+        // Most often the executor bound is the holder: then nothing more is looked at.
+        orphaned.retain(|u| !bound.subscribed.contains(u));
         if !orphaned.is_empty()
             && let Ok(mut all) = self.session.executors.lock()
             && let Some(s) = all.get_mut(server)
