@@ -506,3 +506,136 @@ fn an_executors_refusal_of_a_subscription_reaches_the_client_without_its_words()
         "the operator can read them"
     );
 }
+
+/// Replaces the principal's `tools` value `from` by `to`, reloads, and waits for
+/// `generation`.
+fn reload_granting(lab: &Lab, from: &str, to: &str, generation: u32) {
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let granted = text.replacen(&format!("tools = {from}"), &format!("tools = {to}"), 1);
+    assert_ne!(granted, text, "the principal's tools line was found");
+    std::fs::write(&lab.config, &granted).unwrap();
+    reload(lab, generation);
+}
+
+/// A reload that takes the resource away from the session's principal ends the client's
+/// subscription: the executor bound next is not subscribed for a client that may no longer
+/// read the resource, and giving the right back later does not bring the subscription back
+/// unasked (the client was never told it ended, but it also never watched meanwhile).
+#[test]
+fn a_reload_revoking_a_resource_ends_the_subscription_to_it() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    const URI: &str = "test://static-text";
+    let mut c = session(&lab, json!({}));
+    let (r, updates) = on_resource(&mut c, 2, "resources/subscribe", URI);
+    assert_eq!(r["result"], json!({}), "{r}");
+    assert!(
+        updates + updates_while_pinging(&mut c, 100, 5, URI) == 1,
+        "subscribed"
+    );
+
+    const ALL: &str = "[\"conformance/*\"]";
+    const ONE_TOOL: &str = "[\"conformance/test_simple_text\"]";
+    reload_granting(&lab, ALL, ONE_TOOL, 2);
+    // A call of a tool still granted binds an executor of the new generation.
+    call(&mut c, 3, "test_simple_text", json!({}));
+    let (r, _) = until_answer(&mut c, 3);
+    assert!(r.get("result").is_some(), "{r}");
+    let (r, _) = on_resource(&mut c, 4, "resources/read", URI);
+    assert!(r.get("error").is_some(), "the right was taken away: {r}");
+
+    reload_granting(&lab, ONE_TOOL, ALL, 3);
+    let (r, mut updates) = on_resource(&mut c, 5, "resources/read", URI);
+    assert!(r["result"]["contents"].is_array(), "{r}");
+    updates += updates_while_pinging(&mut c, 300, 5, URI);
+    assert_eq!(
+        updates,
+        0,
+        "the subscription ended with the right:\n{}",
+        lab.log()
+    );
+    assert!(
+        lab.log()
+            .contains("the client's subscription ended: the principal may no longer read it"),
+        "the operator is told:\n{}",
+        lab.log()
+    );
+    lab.stop();
+}
+
+/// The pids of `lab`'s daemon's descendants whose command line mentions `name`.
+fn descendants_running(lab: &Lab, name: &str) -> Vec<i32> {
+    let all = procfs::process::all_processes().expect("/proc");
+    let parents: std::collections::HashMap<i32, (i32, String)> = all
+        .filter_map(Result::ok)
+        .filter_map(|p| {
+            let ppid = p.stat().ok()?.ppid;
+            Some((p.pid, (ppid, p.cmdline().ok()?.join(" "))))
+        })
+        .collect();
+    let daemon = lab.pid();
+    parents
+        .iter()
+        .filter(|(_, (_, cmdline))| cmdline.contains(name))
+        .filter(|&(&pid, _)| {
+            let mut at = pid;
+            for _ in 0..64 {
+                match parents.get(&at) {
+                    Some(&(ppid, _)) if ppid == daemon => return true,
+                    Some(&(ppid, _)) if ppid > 1 => at = ppid,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .map(|(&pid, _)| pid)
+        .collect()
+}
+
+/// An executor kept for holding a subscription is not kept past a reload that removes its
+/// server: the next look at idle executors stops it, whatever the client subscribed to.
+#[test]
+fn a_removed_servers_subscription_holder_is_stopped() {
+    let Some(mut lab) = start_with("idle_timeout_ms = 100", &[]) else {
+        return;
+    };
+    const URI: &str = "test://static-text";
+    let mut c = session(&lab, json!({}));
+    let (r, _) = on_resource(&mut c, 2, "resources/subscribe", URI);
+    assert_eq!(r["result"], json!({}), "{r}");
+    assert!(
+        !descendants_running(&lab, "conformance").is_empty(),
+        "the holder runs"
+    );
+
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let server = text
+        .find("\n[[server]]\nid = \"conformance\"")
+        .expect("the server table");
+    let principal = text
+        .find("\n[[principal]]\nid = \"agent\"")
+        .expect("the principal table");
+    lab.write_config(&format!(
+        "{}{}",
+        &text[..server],
+        text[principal..].replacen("tools = [\"conformance/*\"]", "tools = []", 1)
+    ));
+    lab.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !lab.log().contains("reloaded: generation 2") {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Idle sessions' executors are looked at every 5 s.
+    std::thread::sleep(std::time::Duration::from_millis(5500));
+    let left = descendants_running(&lab, "conformance");
+    assert!(
+        left.is_empty(),
+        "the removed server's executors {left:?} still run:\n{}",
+        lab.log()
+    );
+    let ping = c.request("ping", json!({}));
+    assert_eq!(ping["result"], json!({}), "the session goes on: {ping}");
+    lab.stop();
+}

@@ -90,6 +90,7 @@ impl Outbox {
 mod content;
 mod subscriptions;
 pub use content::LogLevel;
+use content::may_watch;
 use subscriptions::{IdleExecutor, Subscriptions, idle_to_stop};
 
 /// An executor bound to the session, with the generation it was started in.
@@ -847,13 +848,32 @@ impl Session {
         }
     }
 
-    /// Stops the session's executors that have been idle past the configured time, except
-    /// those holding a subscription of the client that no other kept executor holds
-    /// (stopping the only holder would end it unnoticed; see `idle_to_stop`).
+    /// Ends the client's subscription to `uri` of `server`: the principal may no longer
+    /// read it. MCP has no message telling the client so; the operator is told.
+    fn end_subscription(&self, server: &str, uri: &str) {
+        self.subscriptions.remove_if_settled(server, uri);
+        self.log_ended_subscription(server, uri);
+    }
+
+    fn log_ended_subscription(&self, server: &str, uri: &str) {
+        tracing::warn!(session = %self.id, server = %server, uri = %uri, "the client's subscription ended: the principal may no longer read it (the configuration reloaded)");
+    }
+
+    /// Stops the session's executors that have been idle past the configured time, and
+    /// those of an earlier generation at once, except those holding a subscription of the
+    /// client that no other kept executor holds (stopping the only holder would end it
+    /// unnoticed; see `idle_to_stop`). Subscriptions the principal may no longer read end
+    /// first, so nothing is kept for them.
     fn reap_idle(&self) {
         let current = self.host.current();
         let limit = current.config.idle_timeout;
         let subscriptions = &self.subscriptions;
+        let pinned = self.pinned();
+        for (server, uri) in
+            subscriptions.end_unless(|server, uri| may_watch(&current, pinned, server, uri))
+        {
+            self.log_ended_subscription(&server, &uri);
+        }
         let idle: Vec<Bound> = match self.executors.lock() {
             Ok(mut all) => all
                 .iter_mut()
@@ -1008,6 +1028,15 @@ impl Executors<'_> {
         let mut orphaned = self.session.subscriptions.settled(server);
         // Most often the executor bound is the holder: then nothing more is looked at.
         orphaned.retain(|u| !bound.subscribed.contains(u));
+        // Nothing is watched for a client that may no longer read it (a reload took the
+        // resource away): that subscription ends here.
+        orphaned.retain(|u| {
+            let allowed = may_watch(self.generation, self.session.pinned(), server, u);
+            if !allowed {
+                self.session.end_subscription(server, u);
+            }
+            allowed
+        });
         if !orphaned.is_empty()
             && let Ok(mut all) = self.session.executors.lock()
             && let Some(s) = all.get_mut(server)

@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::super::Generation;
 use super::super::executor::{CallControl, ExecutorError, UpdateSink};
 use super::super::pipeline::content::{ContentMethod, Forward, ForwardError};
 use super::super::pipeline::{self, refusal};
 use super::subscriptions::{Full, MAX_SUBSCRIPTIONS};
 use super::{Bound, Executors, Session};
 use crate::decision::Denial;
+use crate::ident::PrincipalId;
 use crate::mcp::{self, RpcError, code};
 use crate::state::SessionKey;
 
@@ -349,17 +351,7 @@ impl Session {
             let Some(uri) = params.get("uri").and_then(Value::as_str) else {
                 return;
             };
-            let generation = host.current();
-            let declared = generation.registry.resource_route(uri).is_some_and(|r| {
-                r.server_id == server
-                    && generation
-                        .config
-                        .principals
-                        .iter()
-                        .find(|p| Some(&p.id) == pinned.as_ref())
-                        .is_some_and(|p| p.may_call(&r.server_id, &r.name))
-            });
-            if !declared {
+            if !may_watch(&host.current(), pinned.as_ref(), &server, uri) {
                 tracing::debug!(server = %server, "dropped an update of a resource the session may not read");
                 return;
             }
@@ -374,6 +366,26 @@ impl Session {
             ));
         })
     }
+}
+
+/// Whether a session acting for `pinned` may watch `uri` of `server` under `generation`:
+/// `server` signed the resource and the principal may read it. A reload can take this
+/// away; what it takes away, the session stops watching.
+pub(super) fn may_watch(
+    generation: &Generation,
+    pinned: Option<&PrincipalId>,
+    server: &str,
+    uri: &str,
+) -> bool {
+    generation.registry.resource_route(uri).is_some_and(|r| {
+        r.server_id == server
+            && generation
+                .config
+                .principals
+                .iter()
+                .find(|p| Some(&p.id) == pinned)
+                .is_some_and(|p| p.may_call(&r.server_id, &r.name))
+    })
 }
 
 /// `value` without its `null` fields (optional fields MCP leaves out rather than nulls).

@@ -4,9 +4,10 @@
 //! previous generation keeps watching until the session binds that server again), and when
 //! the session binds an executor of a server whose subscriptions no live idle executor of
 //! the current generation holds (the holder was retired: a reload, a label it no longer
-//! fits, an exit), the host subscribes that executor again. Updates reach the client only
-//! for the URIs subscribed here, so an unsubscribed resource stays quiet whichever executor
-//! still watches it.
+//! fits, an exit), the host subscribes that executor again. A reload that takes a resource
+//! away from the session's principal ends the subscription to it. Updates reach the client
+//! only for the URIs subscribed here, so an unsubscribed resource stays quiet whichever
+//! executor still watches it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -137,6 +138,29 @@ impl Subscriptions {
         }
     }
 
+    /// Ends every settled subscription `keep` refuses (a subscribe request in flight decides
+    /// its own); returns what ended, as (server, URI).
+    pub(super) fn end_unless(&self, keep: impl Fn(&str, &str) -> bool) -> Vec<(String, String)> {
+        let mut ended = Vec::new();
+        if let Ok(mut s) = self.inner.lock() {
+            let Inner {
+                by_server,
+                in_flight,
+            } = &mut *s;
+            for (server, uris) in by_server.iter_mut() {
+                uris.retain(|u| {
+                    let asked = in_flight.contains_key(&(server.clone(), u.clone()));
+                    let kept = asked || keep(server, u);
+                    if !kept {
+                        ended.push((server.clone(), u.clone()));
+                    }
+                    kept
+                });
+            }
+        }
+        ended
+    }
+
     /// Whether the client is subscribed to `uri` of `server`.
     pub(super) fn contains(&self, server: &str, uri: &str) -> bool {
         self.inner.lock().is_ok_and(|s| {
@@ -172,10 +196,11 @@ pub(super) struct IdleExecutor<'a> {
     pub subscribed: &'a BTreeSet<String>,
 }
 
-/// Which of a server's idle executors (in their order) to stop: those idle past the limit,
-/// unless one is the first live holder of a URI the client is still subscribed to
-/// (`wanted`), holders of the current generation counted first. An executor that exited
-/// holds nothing; a second holder of the same URI is redundant.
+/// Which of a server's idle executors (in their order) to stop: those idle past the limit
+/// and every one of an earlier generation (it serves no call any more), unless one is the
+/// first live holder of a URI the client is still subscribed to (`wanted`), holders of the
+/// current generation counted first. An executor that exited holds nothing; a second holder
+/// of the same URI is redundant.
 pub(super) fn idle_to_stop(idle: &[IdleExecutor<'_>], wanted: impl Fn(&str) -> bool) -> Vec<bool> {
     let mut covered: BTreeSet<&str> = BTreeSet::new();
     let mut stop = vec![false; idle.len()];
@@ -188,7 +213,7 @@ pub(super) fn idle_to_stop(idle: &[IdleExecutor<'_>], wanted: impl Fn(&str) -> b
             && e.subscribed
                 .iter()
                 .any(|u| wanted(u) && !covered.contains(u.as_str()));
-        stop[i] = e.past_limit && !needed;
+        stop[i] = (e.past_limit || !e.current) && !needed;
         if !stop[i] && e.live {
             covered.extend(e.subscribed.iter().map(String::as_str));
         }
@@ -206,7 +231,12 @@ mod tests {
 
     #[test]
     fn only_the_first_live_holder_of_a_wanted_uri_outlives_its_idle_time() {
-        let (a, b, none) = (set(&["r:a"]), set(&["r:a", "r:b"]), set(&[]));
+        let (a, b, none, gone) = (
+            set(&["r:a"]),
+            set(&["r:a", "r:b"]),
+            set(&[]),
+            set(&["r:gone"]),
+        );
         let wanted = |u: &str| u != "r:gone";
         let e = |past_limit, live, current, subscribed| IdleExecutor {
             past_limit,
@@ -240,13 +270,20 @@ mod tests {
             [true, false]
         );
         assert_eq!(idle_to_stop(&[e(true, true, false, &a)], wanted), [false]);
+        // One of an earlier generation holding nothing wanted goes before its idle time.
+        assert_eq!(
+            idle_to_stop(
+                &[e(false, true, false, &none), e(false, true, false, &gone)],
+                wanted
+            ),
+            [true, true]
+        );
         // A holder that is not idle long enough stays and covers what it holds.
         assert_eq!(
             idle_to_stop(&[e(false, true, true, &a), e(true, true, true, &a)], wanted),
             [false, true]
         );
         // A URI the client unsubscribed keeps nobody.
-        let gone = set(&["r:gone"]);
         assert_eq!(idle_to_stop(&[e(true, true, true, &gone)], wanted), [true]);
         // Nothing idle past the limit is stopped, holder or not.
         assert_eq!(
