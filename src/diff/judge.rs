@@ -155,12 +155,13 @@ impl Acc {
                 self.tool_calls += 1;
             }
         }
+        // Borrowed: most decisions make no finding, and need no copy of either.
         let server = d
             .server
             .as_ref()
             .and_then(|s| s.id.as_ref())
-            .map(|id| id.0.to_string());
-        let tool = d.tool.name.0.to_string();
+            .map(|id| id.0.as_ref());
+        let tool: &str = &d.tool.name.0;
         // A session-level refusal (a peer refused at initialize, a request that named no
         // tool) is evidence in the chain but no tool action: nothing to compare with a
         // declared surface. So is a content request (a read of a signed resource, a prompt,
@@ -178,8 +179,8 @@ impl Acc {
             let target = d.action.target.as_ref().map(observed::ObsTarget::to_json);
             let key = Key {
                 kind,
-                server: server.clone(),
-                tool: tool.clone(),
+                server: server.map(str::to_string),
+                tool: tool.to_string(),
                 provider: d
                     .action
                     .target
@@ -210,14 +211,13 @@ impl Acc {
             let message = format!(
                 "undeclared_egress: tool {tool}{} attempted outbound I/O, but its signed declaration says egress: false (allowed or refused, the declaration is false)",
                 server
-                    .as_deref()
                     .map(|s| format!(" of server {s}"))
                     .unwrap_or_default()
             );
             let key = Key {
                 kind: FindingKind::UndeclaredEgress,
-                server,
-                tool,
+                server: server.map(str::to_string),
+                tool: tool.to_string(),
                 provider: None,
                 category: None,
                 effect: String::new(),

@@ -80,9 +80,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::records::chain::{Location, Problem, VerifyReport, verify_decisions, verify_records};
+use crate::records::chain::{
+    Gather, Location, Problem, VerifyReport, verify_decisions, verify_records,
+    verify_records_gathering,
+};
 use crate::records::health::ToolObservationHealth;
-use crate::records::store::{StoreError, record_sources};
+use crate::records::store::StoreError;
 use crate::records::{DECISION_SURFACE_SCHEMA, GENESIS_HASH};
 use observed::{ObsDecision, ObsEnvelope, Probe};
 use surface::{DeclaredAction, DeclaredSurface, TargetMatch};
@@ -518,21 +521,19 @@ impl Judged {
 fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
     if meta.is_dir() {
-        let report = verify_records(path, None)?;
-        let unanchored = report.head_anchor.is_none() && report.records > 0;
-        if !report.is_ok() {
-            return Ok(Judged::rejected(report));
-        }
-        let mut acc = Acc::default();
-        for file in record_sources(path)? {
-            acc.merge(judge_stream(matcher, &file, Tuning::default())?);
-        }
+        let judged = judge_records(matcher, path)?;
+        let unanchored = judged
+            .report
+            .as_ref()
+            .is_some_and(|r| r.head_anchor.is_none() && r.records > 0 && r.is_ok());
         return Ok(Judged {
             unanchored,
-            ..Judged::chained(acc, report)
+            ..judged
         });
     }
     match detect(path)? {
+        // Flowhost records (as the first line says): verified and judged in one read.
+        Format::Records => judge_records(matcher, path),
         Format::Stream => match judge_stream(matcher, path, Tuning::default()) {
             Ok(acc) if acc.chained == 0 => Ok(Judged::unchained(acc)),
             Ok(acc) => Ok(Judged::chained(acc, verify_records(path, None)?)),
@@ -560,6 +561,19 @@ fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError>
                 },
             }
         }
+    }
+}
+
+/// Verifies the flowhost records at `path` (a record directory or file) and judges each
+/// valid record as the verifier decodes it: rejected unless the whole stream verifies.
+fn judge_records(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError> {
+    let (report, part) = verify_records_gathering(path, None, &Judging { matcher })?;
+    if !report.is_ok() {
+        return Ok(Judged::rejected(report));
+    }
+    match part.error {
+        Some(e) => Err(e),
+        None => Ok(Judged::chained(part.acc, report)),
     }
 }
 

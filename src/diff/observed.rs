@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::surface::ScalarView;
+use crate::records::{DecisionRecord, TargetValue};
 
 /// A string borrowed from the input when it has no escapes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,9 +272,61 @@ pub(crate) struct ObsEnvelope<'a> {
     pub non_claims: Option<IgnoredAny>,
 }
 
-/// Enough of a first line to tell an envelope from a record.
+/// Enough of a first line to tell an envelope from a record, and flowhost records from
+/// other producers' decisions.
 #[derive(Debug, Deserialize)]
-pub(crate) struct Probe {
+pub(crate) struct Probe<'a> {
     #[serde(default)]
     pub observed_tool_decisions: Option<IgnoredAny>,
+    #[serde(default, borrow)]
+    pub flowhost: Option<ObsExtension<'a>>,
+}
+
+impl<'r> ObsDecision<'r> {
+    /// The fields the diff judges of a strictly decoded record, borrowed from it: what
+    /// reading the record's line leniently would give.
+    pub fn of_record(r: &'r DecisionRecord) -> Self {
+        let text = |s: &'r str| Text(Cow::Borrowed(s));
+        let target = r.action.target.as_ref().map(|t| {
+            ObsTarget(
+                t.0.iter()
+                    .map(|(k, v)| {
+                        let v = match v {
+                            TargetValue::Text(s) => Scalar::Text(Cow::Borrowed(s.as_str())),
+                            TargetValue::Integer(n) => Scalar::Integer(*n),
+                            TargetValue::Flag(b) => Scalar::Flag(*b),
+                        };
+                        (Cow::Borrowed(k.as_str()), v)
+                    })
+                    .collect(),
+            )
+        });
+        let x = &r.flowhost;
+        ObsDecision {
+            tool: ObsTool {
+                name: text(&r.tool.name),
+                category: r.tool.category.as_deref().map(text),
+            },
+            classification: text(r.classification.as_str()),
+            action: ObsAction {
+                class: Some(text(r.action.class.as_str())),
+                target,
+            },
+            decision: ObsVerdict {
+                effect: text(r.decision.effect.as_str()),
+            },
+            flowhost: Some(ObsExtension {
+                seq: Some(x.seq),
+                prev_hash: Some(IgnoredAny),
+                event: Some(text(x.event.as_str())),
+                egress_basis: x.egress_basis.map(|b| ObsEgressBasis {
+                    declared: Some(b.declared),
+                    observed: Some(b.observed),
+                }),
+            }),
+            server: Some(ObsServer {
+                id: Some(text(&r.server.id)),
+            }),
+        }
+    }
 }

@@ -2,8 +2,12 @@
 //! stream in parallel ranges with reused blocks (bounded memory, true line numbers).
 
 use super::*;
+use crate::records::DecisionRecord;
 
 pub(super) enum Format {
+    /// A JSONL stream whose first decision carries the flowhost chain fields.
+    Records,
+    /// Any other JSONL decision stream.
     Stream,
     Envelope,
 }
@@ -62,6 +66,7 @@ pub(super) fn detect(file: &Path) -> Result<Format, DiffError> {
     let complete = lines.next().is_some() || at_eof;
     match serde_json::from_slice::<Probe>(first) {
         Ok(p) if p.observed_tool_decisions.is_some() => Ok(Format::Envelope),
+        Ok(p) if p.flowhost.as_ref().is_some_and(|x| x.chained()) => Ok(Format::Records),
         Ok(_) => Ok(Format::Stream),
         // Not one object per line: a pretty-printed or very long envelope, or garbage.
         Err(line_error) => {
@@ -254,6 +259,63 @@ pub(super) fn judge_line(
         seq,
     };
     acc.judge(matcher, &d, at).map_err(bad)
+}
+
+/// Judges flowhost records as the chain verifier decodes them, so a stream is read and
+/// decoded once; what the judge makes of them is kept only if the stream verifies.
+pub(super) struct Judging<'m, 'd> {
+    pub(super) matcher: &'m Matcher<'d>,
+}
+
+/// What [`Judging`] made of a run of records: the judged decisions, or the first line the
+/// judge refused.
+pub(super) struct JudgedRun {
+    pub(super) acc: Acc,
+    pub(super) error: Option<DiffError>,
+}
+
+impl Gather for Judging<'_, '_> {
+    type Part = JudgedRun;
+
+    fn part(&self) -> JudgedRun {
+        JudgedRun {
+            acc: Acc::default(),
+            error: None,
+        }
+    }
+
+    fn record(&self, part: &mut JudgedRun, record: &DecisionRecord, file: &Path, line: u64) {
+        if part.error.is_some() {
+            return;
+        }
+        let seq = Some(record.flowhost.seq);
+        let at = || ObservedRef {
+            file: file.to_path_buf(),
+            line: Some(line),
+            index: None,
+            seq,
+        };
+        let d = ObsDecision::of_record(record);
+        if let Err(problem) = part.acc.judge(self.matcher, &d, at) {
+            part.error = Some(DiffError::BadLine {
+                file: file.to_path_buf(),
+                line,
+                problem,
+            });
+        }
+    }
+
+    fn append(&self, into: &mut JudgedRun, mut next: JudgedRun, lines_before: u64) {
+        if into.error.is_some() {
+            return;
+        }
+        if let Some(DiffError::BadLine { line, .. }) = next.error.as_mut() {
+            *line += lines_before;
+        }
+        next.acc.shift_lines(lines_before);
+        into.acc.merge(next.acc);
+        into.error = next.error;
+    }
 }
 
 pub(super) fn judge_envelope(

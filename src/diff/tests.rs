@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use super::*;
 use crate::records::chain::verify_records;
 use crate::records::health::RecordsHealth;
+use crate::records::store::record_sources;
 
 fn fixture(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -518,4 +519,45 @@ fn a_fleet_pairs_each_health_with_its_host_by_chain_head() {
     );
     assert!(!r.observation_complete);
     assert_eq!(r.exit_code(), 1);
+}
+
+/// Judging flowhost records as the verifier decodes them gives what reading their lines
+/// leniently gives: the same decisions, counts, findings, occurrences and locations.
+#[test]
+fn records_judged_while_verified_are_judged_as_their_lines_read() {
+    for observed in [
+        "allowed_declared",
+        "denied",
+        "incomplete_target",
+        "network_egress",
+        "undeclared",
+        "undeclared_egress",
+        "unknown_tool",
+    ] {
+        let path = fixture(&format!("observed/{observed}.jsonl"));
+        assert!(
+            matches!(detect(&path).unwrap(), Format::Records),
+            "{observed}"
+        );
+        for declared_name in [
+            "declared_empty",
+            "declared_network",
+            "declared_prod_allowlist",
+        ] {
+            let d = declared(declared_name);
+            let matcher = Matcher::new(&d);
+            let lenient = judge_stream(&matcher, &path, Tuning::default()).unwrap();
+            let judged = judge_records(&matcher, &path).unwrap();
+            assert!(judged.report.as_ref().is_some_and(VerifyReport::is_ok));
+            let strict = judged.acc.expect("verified");
+            let case = format!("{observed} against {declared_name}");
+            assert_eq!(
+                (strict.decisions, strict.chained, strict.tool_calls),
+                (lenient.decisions, lenient.chained, lenient.tool_calls),
+                "{case}"
+            );
+            assert_eq!(strict.order, lenient.order, "{case}");
+            assert_eq!(strict.findings, lenient.findings, "{case}");
+        }
+    }
 }

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use super::store::{
     HEAD_FILE, HeadAnchor, StoreError, list_record_files, list_torn_sidecars,
-    parse_record_file_name, split_lines,
+    parse_record_file_name,
 };
 use super::{DecisionRecord, RecordFormatError};
 
@@ -329,16 +329,54 @@ impl VerifyReport {
 /// Problems in the records are reported in the result; only failures to read (or an
 /// unusable anchor) are errors.
 pub fn verify_records(path: &Path, head: Option<&Path>) -> Result<VerifyReport, StoreError> {
-    verify_records_in_blocks(path, head, BLOCK_BYTES)
+    verify_records_in_blocks(path, head, BLOCK_BYTES, &Nothing).map(|(report, ())| report)
 }
 
-/// [`verify_records`], reading files in blocks of `block` bytes (tests use small blocks to
-/// cross block boundaries cheaply).
-fn verify_records_in_blocks(
+/// What a reader of the records gathers from them while they are verified, so a stream is
+/// read and decoded once (see [`verify_records_gathering`]). Records are shown to it on the
+/// verifier's worker threads, in runs of consecutive lines, and the runs' parts are then
+/// appended in stream order.
+pub trait Gather: Sync {
+    /// What one run of lines yields.
+    type Part: Send;
+    /// A part holding nothing yet.
+    fn part(&self) -> Self::Part;
+    /// Takes in the valid record at `line` of `file` (1-based, counted from the run's start).
+    fn record(&self, part: &mut Self::Part, record: &DecisionRecord, file: &Path, line: u64);
+    /// Appends `next`, the part of the run that follows `lines_before` lines of its file, to
+    /// `into`.
+    fn append(&self, into: &mut Self::Part, next: Self::Part, lines_before: u64);
+}
+
+/// Gathers nothing.
+struct Nothing;
+
+impl Gather for Nothing {
+    type Part = ();
+    fn part(&self) {}
+    fn record(&self, _: &mut (), _: &DecisionRecord, _: &Path, _: u64) {}
+    fn append(&self, _: &mut (), _: (), _: u64) {}
+}
+
+/// [`verify_records`], showing every valid record to `gather` as it is decoded; returns the
+/// report and what was gathered, in stream order. What a stream that does not verify yields
+/// is no evidence: the caller looks at the report first.
+pub fn verify_records_gathering<G: Gather>(
+    path: &Path,
+    head: Option<&Path>,
+    gather: &G,
+) -> Result<(VerifyReport, G::Part), StoreError> {
+    verify_records_in_blocks(path, head, BLOCK_BYTES, gather)
+}
+
+/// [`verify_records_gathering`], reading files in blocks of `block` bytes (tests use small
+/// blocks to cross block boundaries cheaply).
+fn verify_records_in_blocks<G: Gather>(
     path: &Path,
     head: Option<&Path>,
     block: usize,
-) -> Result<VerifyReport, StoreError> {
+    gather: &G,
+) -> Result<(VerifyReport, G::Part), StoreError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
     let (files, default_head, notes) = if meta.is_dir() {
         let files: Vec<PathBuf> = list_record_files(path)?
@@ -363,8 +401,10 @@ fn verify_records_in_blocks(
         None => None,
     };
     let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes);
-    for file in &files {
-        v.file(file, head_anchor.as_ref().map(|h| h.seq), block)?;
+    let mut gathered = gather.part();
+    for index in 0..files.len() {
+        let part = v.file(index, head_anchor.as_ref().map(|h| h.seq), block, gather)?;
+        gather.append(&mut gathered, part, 0);
     }
     if let Some(anchor) = &head_anchor {
         let last = v.report.last_seq.unwrap_or(0);
@@ -377,8 +417,8 @@ fn verify_records_in_blocks(
                     last_seq: last,
                 },
             });
-        } else if let Some((loc, hash)) = v.anchored.take()
-            && hash.as_str() != anchor.hash
+        } else if let Some((loc, digest)) = v.anchored.take()
+            && hash_of_digest(&digest).as_str() != anchor.hash
         {
             v.report.problems.push(Problem {
                 at: loc,
@@ -389,7 +429,7 @@ fn verify_records_in_blocks(
             });
         }
     }
-    Ok(v.report)
+    Ok((v.finish(), gathered))
 }
 
 /// Verifies the chain over the decisions of an exported decision surface envelope
@@ -403,11 +443,6 @@ fn verify_records_in_blocks(
 pub fn verify_decisions(file: &Path, decisions: &[serde_json::Value]) -> VerifyReport {
     let mut v = Verifier::new(vec![file.to_path_buf()], None, Vec::new());
     for (i, decision) in decisions.iter().enumerate() {
-        let at = Location {
-            file: file.to_path_buf(),
-            line: None,
-            index: Some(i as u64),
-        };
         let decoded = DecisionRecord::deserialize(decision).map_err(|e| RecordFormatError {
             field: "(json)".to_string(),
             problem: e.to_string(),
@@ -420,117 +455,202 @@ pub fn verify_decisions(file: &Path, decisions: &[serde_json::Value]) -> VerifyR
         }
         .unwrap_or_default();
         let facts = LineFacts {
-            hash: line_hash(&line),
+            digest: Sha256::digest(&line).into(),
             record: decoded
                 .and_then(|r| r.validate().map(|()| r))
                 .map(Linked::of),
         };
+        let at = v.place(Spot::Index(i as u64));
         v.record(at, facts, None);
     }
-    v.report
+    v.finish()
 }
 
 /// How much of a record file is read at a time; its complete lines are hashed and decoded
-/// together, in parallel, before they are linked in order.
+/// together, in parallel, while the next block is read, and then linked in order.
 const BLOCK_BYTES: usize = 16 * 1024 * 1024;
-/// Fewer lines than this are not worth a thread.
-const MIN_CHUNK_LINES: usize = 1024;
+/// Fewer bytes than this are not worth a thread.
+const MIN_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// What linking needs of a valid record.
 struct Linked {
     seq: u64,
-    prev_hash: String,
+    /// The SHA-256 its `prev_hash` names (`None` never links: validation already refused a
+    /// `prev_hash` of another form).
+    prev: Option<[u8; 32]>,
 }
 
 impl Linked {
     fn of(r: DecisionRecord) -> Self {
         Linked {
             seq: r.flowhost.seq,
-            prev_hash: r.flowhost.prev_hash,
+            prev: digest_of_hash(&r.flowhost.prev_hash),
         }
     }
 }
 
-/// One line as the chain sees it: its hash, and its chain fields when it is a valid record.
+/// The SHA-256 a `sha256:` hash names.
+fn digest_of_hash(hash: &str) -> Option<[u8; 32]> {
+    let mut digest = [0u8; 32];
+    hex::decode_to_slice(hash.strip_prefix("sha256:")?, &mut digest).ok()?;
+    Some(digest)
+}
+
+/// One line as the chain sees it: its SHA-256, and its chain fields when it is a valid
+/// record.
 struct LineFacts {
-    hash: ChainHash,
+    digest: [u8; 32],
     record: Result<Linked, RecordFormatError>,
 }
 
-impl LineFacts {
-    fn of(line: &[u8]) -> Self {
-        LineFacts {
-            hash: line_hash(line),
-            record: DecisionRecord::from_json_line(line).map(Linked::of),
+/// The facts of each complete line of `bytes` (which ends at a newline) of `file`, in order,
+/// and what `gather` made of its valid records.
+fn facts_of_lines<G: Gather>(bytes: &[u8], file: &Path, gather: &G) -> (Vec<LineFacts>, G::Part) {
+    let mut facts = Vec::with_capacity(bytes.len() / 512);
+    let mut part = gather.part();
+    let mut from = 0;
+    for nl in memchr::memchr_iter(b'\n', bytes) {
+        let line = &bytes[from..nl];
+        let record = DecisionRecord::from_json_line(line);
+        if let Ok(r) = &record {
+            gather.record(&mut part, r, file, facts.len() as u64 + 1);
         }
+        facts.push(LineFacts {
+            digest: Sha256::digest(line).into(),
+            record: record.map(Linked::of),
+        });
+        from = nl + 1;
     }
+    (facts, part)
 }
 
-/// Hashes and strictly decodes `lines` (the expensive part of verification) on up to one
-/// thread per core; the result is in line order.
-fn line_facts(lines: &[&[u8]]) -> Vec<LineFacts> {
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let per = lines.len().div_ceil(threads.max(1)).max(MIN_CHUNK_LINES);
-    if lines.len() <= per {
-        return lines.iter().map(|l| LineFacts::of(l)).collect();
+/// Splits `bytes` (which ends at a newline) into up to `parts` runs of whole lines.
+fn whole_line_runs(bytes: &[u8], parts: usize) -> Vec<std::ops::Range<usize>> {
+    let parts = parts.clamp(1, bytes.len() / MIN_CHUNK_BYTES + 1);
+    let mut runs = Vec::with_capacity(parts);
+    let mut start = 0;
+    for k in 1..parts {
+        let aim = (bytes.len() * k / parts).max(start);
+        let Some(nl) = memchr::memchr(b'\n', &bytes[aim..]) else {
+            break;
+        };
+        let end = aim + nl + 1;
+        if end < bytes.len() {
+            runs.push(start..end);
+            start = end;
+        }
     }
-    std::thread::scope(|s| {
-        let handles: Vec<_> = lines
-            .chunks(per)
-            .map(|chunk| {
-                let worker = s.spawn(move || chunk.iter().map(|l| LineFacts::of(l)).collect());
-                (chunk, worker)
+    runs.push(start..bytes.len());
+    runs
+}
+
+/// The facts of the complete lines of `block` (its first `cut` bytes), one worker thread per
+/// run of lines, in line order. A worker that fails leaves its lines unverified: each is a
+/// problem, never skipped, so the chain still counts every line in its place.
+struct BlockFacts<'scope, P> {
+    block: std::sync::Arc<Vec<u8>>,
+    runs: Vec<(std::ops::Range<usize>, Worker<'scope, P>)>,
+}
+
+/// The facts of a run of lines, and what was gathered of it.
+type RunFacts<P> = (Vec<LineFacts>, P);
+
+/// The thread working out a run's facts.
+type Worker<'scope, P> = std::thread::ScopedJoinHandle<'scope, RunFacts<P>>;
+
+impl<'scope, P: Send + 'scope> BlockFacts<'scope, P> {
+    fn start<'env, G: Gather<Part = P>>(
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+        block: std::sync::Arc<Vec<u8>>,
+        cut: usize,
+        threads: usize,
+        file: &'env Path,
+        gather: &'env G,
+    ) -> Self {
+        let runs = whole_line_runs(&block[..cut], threads)
+            .into_iter()
+            .map(|run| {
+                let bytes = std::sync::Arc::clone(&block);
+                let range = run.clone();
+                let worker = scope.spawn(move || facts_of_lines(&bytes[range], file, gather));
+                (run, worker)
             })
             .collect();
-        handles
-            .into_iter()
-            .flat_map(|(chunk, worker)| {
-                // A worker that panicked leaves its lines unverified: each is a problem, never
-                // skipped, so the chain still counts every line in its place.
-                worker.join().unwrap_or_else(|_| {
-                    chunk
-                        .iter()
-                        .map(|l| LineFacts {
-                            hash: line_hash(l),
+        BlockFacts { block, runs }
+    }
+
+    /// Each run's facts and part, in order, and the block's buffer back for the next read
+    /// (once every worker is done with it).
+    fn join(self, empty: impl Fn() -> P) -> (Vec<RunFacts<P>>, Option<Vec<u8>>) {
+        let block = self.block;
+        let runs = self.runs.into_iter().map(|(run, worker)| {
+            worker.join().unwrap_or_else(|_| {
+                let facts = memchr::memchr_iter(b'\n', &block[run.clone()])
+                    .scan(run.start, |from, nl| {
+                        let line = &block[*from..run.start + nl];
+                        *from = run.start + nl + 1;
+                        Some(LineFacts {
+                            digest: Sha256::digest(line).into(),
                             record: Err(RecordFormatError {
                                 field: "(record)".into(),
                                 problem: "could not be checked (the verifier's worker failed)"
                                     .into(),
                             }),
                         })
-                        .collect::<Vec<_>>()
-                })
+                    })
+                    .collect();
+                (facts, empty())
             })
-            .collect()
-    })
+        });
+        let runs = runs.collect();
+        (runs, std::sync::Arc::try_unwrap(block).ok())
+    }
 }
 
-/// Reads until `buf` is full or the file ends; returns how many bytes were read.
-fn read_full(f: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+/// Reads until `buf` holds `want` more bytes or the file ends (no zero-filling: the buffer's
+/// spare capacity is read into); returns how many bytes were read.
+fn read_more(f: &mut fs::File, buf: &mut Vec<u8>, want: usize) -> std::io::Result<usize> {
     use std::io::Read;
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
+    let before = buf.len();
+    loop {
+        match f
+            .by_ref()
+            .take((want - (buf.len() - before)) as u64)
+            .read_to_end(buf)
+        {
+            Ok(_) => return Ok(buf.len() - before),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(n)
+}
+
+/// Where a line is: which of the verifier's files, and where in it.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    file: usize,
+    spot: Spot,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Spot {
+    Line(u64),
+    Index(u64),
 }
 
 struct Prev {
-    at: Location,
+    at: Place,
     seq: Option<u64>,
-    hash: ChainHash,
+    digest: [u8; 32],
 }
 
 struct Verifier {
     report: VerifyReport,
+    /// The file being read, as an index into `report.files`.
+    current: usize,
     expected: Option<u64>,
     prev: Option<Prev>,
-    anchored: Option<(Location, ChainHash)>,
+    anchored: Option<(Location, [u8; 32])>,
 }
 
 impl Verifier {
@@ -546,70 +666,150 @@ impl Verifier {
                 problems: Vec::new(),
                 notes,
             },
+            current: 0,
             expected: None,
             prev: None,
             anchored: None,
         }
     }
 
+    /// The report, with the chain head's hash.
+    fn finish(mut self) -> VerifyReport {
+        self.report.head_hash = self.prev.as_ref().map(|p| hash_of_digest(&p.digest));
+        self.report
+    }
+
+    fn place(&self, spot: Spot) -> Place {
+        Place {
+            file: self.current,
+            spot,
+        }
+    }
+
+    fn location(&self, at: Place) -> Location {
+        let file = self.report.files.get(at.file).cloned().unwrap_or_default();
+        match at.spot {
+            Spot::Line(line) => Location {
+                file,
+                line: Some(line),
+                index: None,
+            },
+            Spot::Index(index) => Location {
+                file,
+                line: None,
+                index: Some(index),
+            },
+        }
+    }
+
     /// Verifies one record file, read in blocks of about `block` bytes (memory stays bounded
-    /// whatever the file's size); the complete lines of each block are hashed and decoded in
-    /// parallel, then linked in order.
-    fn file(
+    /// whatever the file's size: two blocks at a time); the complete lines of each block are
+    /// hashed and decoded in parallel while the next block is read, then linked in order.
+    fn file<G: Gather>(
         &mut self,
-        file: &Path,
+        index: usize,
         anchor_seq: Option<u64>,
         block: usize,
-    ) -> Result<(), StoreError> {
+        gather: &G,
+    ) -> Result<G::Part, StoreError> {
+        self.current = index;
+        let Some(file) = self.report.files.get(index).cloned() else {
+            return Ok(gather.part());
+        };
+        let file = file.as_path();
         let named = file
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(parse_record_file_name);
         let mut f = fs::File::open(file).map_err(StoreError::io("open", file))?;
         let block = block.max(1);
-        // buf holds the start of a line carried over from the previous block, then new bytes.
-        let mut buf: Vec<u8> = Vec::new();
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
         let mut line_no = 0u64;
-        loop {
-            let kept = buf.len();
-            buf.resize(kept + block, 0);
-            let n = read_full(&mut f, &mut buf[kept..]).map_err(StoreError::io("read", file))?;
-            buf.truncate(kept + n);
-            let cut = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-            let lines: Vec<&[u8]> = split_lines(&buf[..cut]).0.collect();
-            for facts in line_facts(&lines) {
-                line_no += 1;
-                let at = Location::in_file(file, Some(line_no));
-                let seq = self.record(at.clone(), facts, anchor_seq);
-                if line_no == 1
+        let mut gathered = gather.part();
+        let torn = std::thread::scope(|scope| -> Result<usize, StoreError> {
+            // The start of a line carried over from the previous block.
+            let mut carried: Vec<u8> = Vec::new();
+            let mut in_flight: Option<BlockFacts<'_, G::Part>> = None;
+            // A buffer a linked block gave back (fresh memory costs a page fault per page).
+            let mut spare: Option<Vec<u8>> = None;
+            loop {
+                let mut buf = spare.take().unwrap_or_default();
+                buf.clear();
+                buf.reserve(carried.len() + block);
+                buf.append(&mut carried);
+                let n = read_more(&mut f, &mut buf, block).map_err(StoreError::io("read", file))?;
+                let cut = memchr::memrchr(b'\n', &buf).map_or(0, |i| i + 1);
+                carried.extend_from_slice(&buf[cut..]);
+                let next = (cut > 0).then(|| {
+                    BlockFacts::start(scope, std::sync::Arc::new(buf), cut, threads, file, gather)
+                });
+                // The previous block is linked while this one is hashed and decoded.
+                if let Some(done) = in_flight.take() {
+                    spare = self.link_block(
+                        done,
+                        &mut line_no,
+                        named,
+                        anchor_seq,
+                        gather,
+                        &mut gathered,
+                    );
+                }
+                in_flight = next;
+                if n < block {
+                    break;
+                }
+            }
+            if let Some(done) = in_flight.take() {
+                self.link_block(done, &mut line_no, named, anchor_seq, gather, &mut gathered);
+            }
+            Ok(carried.len())
+        })?;
+        if torn > 0 {
+            let at = self.place(Spot::Line(line_no + 1));
+            self.problem(at, ProblemKind::TornLine { bytes: torn });
+        }
+        Ok(gathered)
+    }
+
+    /// Links a block's lines in order, and appends what was gathered of each run; returns
+    /// the block's buffer.
+    fn link_block<G: Gather>(
+        &mut self,
+        facts: BlockFacts<'_, G::Part>,
+        line_no: &mut u64,
+        named: Option<u64>,
+        anchor_seq: Option<u64>,
+        gather: &G,
+        gathered: &mut G::Part,
+    ) -> Option<Vec<u8>> {
+        let (runs, buffer) = facts.join(|| gather.part());
+        for (run, part) in runs {
+            gather.append(gathered, part, *line_no);
+            for facts in run {
+                *line_no += 1;
+                let at = self.place(Spot::Line(*line_no));
+                let seq = self.record(at, facts, anchor_seq);
+                if *line_no == 1
                     && let (Some(named), Some(found)) = (named, seq)
                     && named != found
                 {
-                    self.problem(&at, ProblemKind::FileNameMismatch { named, found });
+                    self.problem(at, ProblemKind::FileNameMismatch { named, found });
                 }
             }
-            buf.drain(..cut);
-            if n < block {
-                break;
-            }
         }
-        if !buf.is_empty() {
-            let at = Location::in_file(file, Some(line_no + 1));
-            self.problem(&at, ProblemKind::TornLine { bytes: buf.len() });
-        }
-        Ok(())
+        buffer
     }
 
     /// Takes one line (its hash, and its chain fields when it is a valid record) into the
     /// chain; returns its sequence number when it is a valid record.
-    fn record(&mut self, at: Location, facts: LineFacts, anchor_seq: Option<u64>) -> Option<u64> {
+    fn record(&mut self, at: Place, facts: LineFacts, anchor_seq: Option<u64>) -> Option<u64> {
         self.report.records += 1;
-        let LineFacts { hash, record } = facts;
+        let LineFacts { digest, record } = facts;
         let seq = match &record {
             Ok(r) => Some(r.seq),
             Err(e) => {
                 self.problem(
-                    &at,
+                    at,
                     ProblemKind::Malformed {
                         error: e.to_string(),
                     },
@@ -618,9 +818,9 @@ impl Verifier {
             }
         };
         if let (Ok(r), Some(seq)) = (&record, seq) {
-            self.link(&at, r, seq);
+            self.link(at, r, seq);
             if anchor_seq == Some(seq) {
-                self.anchored = Some((at.clone(), hash.clone()));
+                self.anchored = Some((self.location(at), digest));
             }
             self.report.first_seq.get_or_insert(seq);
             self.report.last_seq = Some(seq);
@@ -629,17 +829,16 @@ impl Verifier {
             // A malformed line still occupies its place in the stream.
             self.expected = Some(e.saturating_add(1));
         }
-        self.report.head_hash = Some(hash.clone());
-        self.prev = Some(Prev { at, seq, hash });
+        self.prev = Some(Prev { at, seq, digest });
         seq
     }
 
-    fn link(&mut self, at: &Location, r: &Linked, seq: u64) {
+    fn link(&mut self, at: Place, r: &Linked, seq: u64) {
         match self.expected {
             None => {
                 if seq != 1 {
                     self.problem(at, ProblemKind::StartsLate { first: seq });
-                } else if r.prev_hash != super::GENESIS_HASH {
+                } else if r.prev != Some([0; 32]) {
                     self.problem(at, ProblemKind::BadGenesis);
                 }
             }
@@ -666,11 +865,11 @@ impl Verifier {
                 // previous line was malformed it is already reported.
                 if let Some(prev) = &self.prev
                     && let Some(prev_seq) = prev.seq
-                    && prev.hash.as_str() != r.prev_hash
+                    && r.prev != Some(prev.digest)
                 {
-                    let loc = prev.at.clone();
+                    let loc = prev.at;
                     self.problem(
-                        &loc,
+                        loc,
                         ProblemKind::Edited {
                             seq: prev_seq,
                             witness: "next record",
@@ -681,11 +880,9 @@ impl Verifier {
         }
     }
 
-    fn problem(&mut self, at: &Location, kind: ProblemKind) {
-        self.report.problems.push(Problem {
-            at: at.clone(),
-            kind,
-        });
+    fn problem(&mut self, at: Place, kind: ProblemKind) {
+        let at = self.location(at);
+        self.report.problems.push(Problem { at, kind });
     }
 }
 
@@ -722,7 +919,13 @@ mod tests {
         // More lines than one block, so blocks, lines cut by a block end and worker chunks
         // all have boundaries.
         let mut c = Chainer::genesis();
-        let per_block = 4 * MIN_CHUNK_LINES;
+        let line_len = Chainer::genesis()
+            .seal(&mut sample_tool_call())
+            .unwrap()
+            .line
+            .len();
+        // Enough for several workers per block.
+        let per_block = 4 * MIN_CHUNK_BYTES / line_len;
         let n = per_block + 900;
         let mut lines: Vec<Vec<u8>> = (0..n)
             .map(|_| c.seal(&mut sample_tool_call()).unwrap().line)
@@ -731,7 +934,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("many.jsonl");
         std::fs::write(&path, lines.concat()).unwrap();
-        let report = verify_records_in_blocks(&path, None, block).unwrap();
+        let report = verify_records_in_blocks(&path, None, block, &Nothing)
+            .unwrap()
+            .0;
         assert!(report.is_ok(), "{:?}", report.problems);
         assert_eq!(
             (report.records, report.last_seq),
@@ -744,13 +949,108 @@ mod tests {
             .replace("\"allow\"", "\"deny\"");
         lines[at] = edited.into_bytes();
         std::fs::write(&path, lines.concat()).unwrap();
-        let report = verify_records_in_blocks(&path, None, block).unwrap();
+        let report = verify_records_in_blocks(&path, None, block, &Nothing)
+            .unwrap()
+            .0;
         let lines_reported: Vec<_> = report.problems.iter().map(|p| p.at.line).collect();
         assert_eq!(
             lines_reported,
             [Some(at as u64 + 1)],
             "{:?}",
             report.problems
+        );
+    }
+
+    /// Gathers each record's (line, seq).
+    struct Places;
+
+    impl Gather for Places {
+        type Part = Vec<(u64, u64)>;
+        fn part(&self) -> Self::Part {
+            Vec::new()
+        }
+        fn record(&self, part: &mut Self::Part, r: &DecisionRecord, _: &Path, line: u64) {
+            part.push((line, r.flowhost.seq));
+        }
+        fn append(&self, into: &mut Self::Part, next: Self::Part, lines_before: u64) {
+            into.extend(next.into_iter().map(|(l, seq)| (l + lines_before, seq)));
+        }
+    }
+
+    #[test]
+    fn what_is_gathered_comes_in_stream_order_with_true_line_numbers() {
+        let mut c = Chainer::genesis();
+        let line_len = c.seal(&mut sample_tool_call()).unwrap().line.len();
+        let per_block = 4 * MIN_CHUNK_BYTES / line_len;
+        let n = 2 * per_block + 17;
+        let mut c = Chainer::genesis();
+        let mut lines: Vec<Vec<u8>> = (0..n)
+            .map(|_| c.seal(&mut sample_tool_call()).unwrap().line)
+            .collect();
+        // One line that is no record: it takes its place, and nothing is gathered of it.
+        lines[per_block + 3] = b"{}\n".to_vec();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("many.jsonl");
+        std::fs::write(&path, lines.concat()).unwrap();
+        let block = line_len * per_block + 7;
+        let (report, places) = verify_records_in_blocks(&path, None, block, &Places).unwrap();
+        assert_eq!(report.records, n as u64);
+        let want: Vec<(u64, u64)> = (1..=n as u64)
+            .filter(|&l| l != per_block as u64 + 4)
+            .map(|l| (l, l))
+            .collect();
+        assert_eq!(places, want);
+    }
+
+    #[test]
+    fn runs_of_whole_lines_cover_the_bytes_once() {
+        let line = vec![b'x'; 1000];
+        let mut bytes = Vec::new();
+        for _ in 0..5000 {
+            bytes.extend_from_slice(&line);
+            bytes.push(b'\n');
+        }
+        for parts in [1, 2, 3, 8] {
+            let runs = whole_line_runs(&bytes, parts);
+            assert!(runs.len() <= parts);
+            assert_eq!(runs.first().map(|r| r.start), Some(0));
+            assert_eq!(runs.last().map(|r| r.end), Some(bytes.len()));
+            for pair in runs.windows(2) {
+                assert_eq!(pair[0].end, pair[1].start);
+                assert_eq!(bytes[pair[0].end - 1], b'\n', "a run ends at a line end");
+            }
+        }
+        // Too little for a second thread; one line longer than a share.
+        assert_eq!(whole_line_runs(b"a\nb\n", 2), vec![0..4]);
+        let mut long = vec![b'y'; 3 * MIN_CHUNK_BYTES];
+        long.push(b'\n');
+        assert_eq!(whole_line_runs(&long, 2), vec![0..long.len()]);
+    }
+
+    #[test]
+    fn an_edited_last_line_of_a_rotated_file_is_reported_in_that_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Chainer::genesis();
+        let mut seal = || c.seal(&mut sample_tool_call()).unwrap().line;
+        let first: Vec<Vec<u8>> = (0..3).map(|_| seal()).collect();
+        let second: Vec<Vec<u8>> = (0..2).map(|_| seal()).collect();
+        let edited = String::from_utf8(first[2].clone())
+            .unwrap()
+            .replace("\"allow\"", "\"deny\"");
+        let a = dir.path().join(super::super::store::record_file_name(1));
+        let b = dir.path().join(super::super::store::record_file_name(4));
+        std::fs::write(&a, [&first[0][..], &first[1], edited.as_bytes()].concat()).unwrap();
+        std::fs::write(&b, second.concat()).unwrap();
+        let report = verify_records(dir.path(), None).unwrap();
+        let at: Vec<_> = report
+            .problems
+            .iter()
+            .map(|p| (p.at.file.clone(), p.at.line))
+            .collect();
+        assert_eq!(at, [(a, Some(3))], "{:?}", report.problems);
+        assert_eq!(
+            report.head_hash,
+            Some(line_hash(second[1].trim_ascii_end()))
         );
     }
 

@@ -115,6 +115,17 @@ pub enum ActionClass {
     Unclassified,
 }
 
+impl ActionClass {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionClass::PrivilegedAdminAction => "privileged_admin_action",
+            ActionClass::NetworkEgress => "network_egress",
+            ActionClass::Unclassified => "unclassified",
+        }
+    }
+}
+
 /// `action`: what was attempted, on what.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -330,6 +341,21 @@ pub enum EventKind {
     /// What an allowed content request returned: `allow` with status `success`, or `error`;
     /// it carries the labels the content left behind (joined before it reached the client).
     ContentOutcome,
+}
+
+impl EventKind {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::ToolCall => "tool_call",
+            EventKind::EgressAttempt => "egress_attempt",
+            EventKind::ToolOutcome => "tool_outcome",
+            EventKind::Session => "session",
+            EventKind::Relay => "relay",
+            EventKind::ContentRequest => "content_request",
+            EventKind::ContentOutcome => "content_outcome",
+        }
+    }
 }
 
 /// `flowhost.relay`: which request an executor sent its client, and which way it went.

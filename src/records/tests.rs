@@ -274,3 +274,57 @@ fn denials_are_a_closed_set_and_a_deny_always_says_why() {
     let err = DecisionRecord::from_json_line(&line).unwrap_err();
     assert_eq!(err.field, "flowhost.denial_kind");
 }
+
+#[test]
+fn wire_names_are_what_serde_writes() {
+    use super::schema::{ActionClass, Classification, EventKind};
+    let wire = |v: serde_json::Value| v.as_str().unwrap().to_string();
+    for c in [
+        ActionClass::PrivilegedAdminAction,
+        ActionClass::NetworkEgress,
+        ActionClass::Unclassified,
+    ] {
+        assert_eq!(c.as_str(), wire(serde_json::to_value(c).unwrap()));
+    }
+    for e in [
+        EventKind::ToolCall,
+        EventKind::EgressAttempt,
+        EventKind::ToolOutcome,
+        EventKind::Session,
+        EventKind::Relay,
+        EventKind::ContentRequest,
+        EventKind::ContentOutcome,
+    ] {
+        assert_eq!(e.as_str(), wire(serde_json::to_value(e).unwrap()));
+    }
+    for c in [
+        Classification::Classified,
+        Classification::ClassifiedIncomplete,
+        Classification::ObservedUnknownTool,
+        Classification::RedactionFailed,
+        Classification::NotObserved,
+    ] {
+        assert_eq!(c.as_str(), wire(serde_json::to_value(c).unwrap()));
+    }
+    for e in [Effect::Allow, Effect::Deny, Effect::Error] {
+        assert_eq!(e.as_str(), wire(serde_json::to_value(e).unwrap()));
+    }
+}
+
+#[test]
+fn control_characters_are_found_in_ascii_and_beyond() {
+    for c in (0u32..0x300).filter_map(char::from_u32) {
+        for s in [
+            format!("{c}"),
+            format!("a{c}b"),
+            format!("é{c}"),
+            format!("{c}é"),
+        ] {
+            assert_eq!(
+                super::validate::has_control(&s),
+                s.chars().any(char::is_control),
+                "{s:?}"
+            );
+        }
+    }
+}

@@ -271,12 +271,23 @@ fn check_code(field: &str, s: &str) -> Result<(), RecordFormatError> {
     }
 }
 
+/// Whether `s` holds a control character (Unicode category Cc: U+0000-U+001F and
+/// U+007F-U+009F). Most text is ASCII, checked a byte at a time without decoding.
+pub(super) fn has_control(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    if bytes.is_ascii() {
+        bytes.iter().any(|&b| b < 0x20 || b == 0x7f)
+    } else {
+        s.chars().any(char::is_control)
+    }
+}
+
 fn check_text(field: &str, s: &str) -> Result<(), RecordFormatError> {
     let problem = if s.is_empty() {
         "must not be empty"
     } else if s.len() > MAX_TEXT_BYTES {
         "is longer than 1024 bytes"
-    } else if s.chars().any(char::is_control) {
+    } else if has_control(s) {
         "contains a control character"
     } else {
         return Ok(());
