@@ -275,11 +275,26 @@ pub(crate) struct ObsEnvelope<'a> {
 /// Enough of a first line to tell an envelope from a record, and flowhost records from
 /// other producers' decisions.
 #[derive(Debug, Deserialize)]
-pub(crate) struct Probe<'a> {
+pub(crate) struct Probe {
     #[serde(default)]
     pub observed_tool_decisions: Option<IgnoredAny>,
-    #[serde(default, borrow)]
-    pub flowhost: Option<ObsExtension<'a>>,
+    /// Read as any value: a line whose extension is malformed is still a decision (the
+    /// lenient read judges it, and verification then rejects it).
+    #[serde(default)]
+    pub flowhost: Option<serde_json::Value>,
+}
+
+impl Probe {
+    /// The line carries the flowhost chain fields (as [`ObsExtension::chained`] says).
+    pub fn chained(&self) -> bool {
+        let field = |name: &str| {
+            self.flowhost
+                .as_ref()
+                .and_then(|x| x.get(name))
+                .is_some_and(|v| !v.is_null())
+        };
+        field("seq") || field("prev_hash")
+    }
 }
 
 impl<'r> ObsDecision<'r> {

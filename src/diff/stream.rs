@@ -66,7 +66,7 @@ pub(super) fn detect(file: &Path) -> Result<Format, DiffError> {
     let complete = lines.next().is_some() || at_eof;
     match serde_json::from_slice::<Probe>(first) {
         Ok(p) if p.observed_tool_decisions.is_some() => Ok(Format::Envelope),
-        Ok(p) if p.flowhost.as_ref().is_some_and(|x| x.chained()) => Ok(Format::Records),
+        Ok(p) if p.chained() => Ok(Format::Records),
         Ok(_) => Ok(Format::Stream),
         // Not one object per line: a pretty-printed or very long envelope, or garbage.
         Err(line_error) => {

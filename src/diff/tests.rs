@@ -561,3 +561,20 @@ fn records_judged_while_verified_are_judged_as_their_lines_read() {
         }
     }
 }
+
+/// A first line whose flowhost extension is no object, before flowhost records: rejected
+/// evidence (the line is in the chain's place and is no record), not an unreadable file.
+#[test]
+fn a_malformed_extension_on_the_first_line_is_rejected_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(fixture("observed/allowed_declared.jsonl")).unwrap();
+    let mut first: serde_json::Value = serde_json::from_str(src.lines().next().unwrap()).unwrap();
+    first["flowhost"] = serde_json::json!(5);
+    let rest: Vec<&str> = src.lines().skip(1).collect();
+    let path = dir.path().join("bad-first.jsonl");
+    std::fs::write(&path, format!("{first}\n{}\n", rest.join("\n"))).unwrap();
+    let r = diff(&declared("declared_prod_allowlist"), &path, None).unwrap();
+    assert_eq!((r.verdict, r.exit_code()), (Verdict::EvidenceRejected, 4));
+    assert_eq!(r.sources[0].evidence, Evidence::Rejected);
+    assert_first_says(&r, "bad-first.jsonl:1: malformed");
+}

@@ -733,16 +733,46 @@ impl Verifier {
             // A buffer a linked block gave back (fresh memory costs a page fault per page).
             let mut spare: Option<Vec<u8>> = None;
             loop {
-                let mut buf = spare.take().unwrap_or_default();
-                buf.clear();
-                buf.reserve(carried.len() + block);
-                buf.append(&mut carried);
-                let n = read_more(&mut f, &mut buf, block).map_err(StoreError::io("read", file))?;
-                let cut = memchr::memrchr(b'\n', &buf).map_or(0, |i| i + 1);
-                carried.extend_from_slice(&buf[cut..]);
-                let next = (cut > 0).then(|| {
-                    BlockFacts::start(scope, std::sync::Arc::new(buf), cut, threads, file, gather)
-                });
+                // A long start of a line (no newline in a whole block) is read on into, not
+                // copied: one copy of it at a time, however long.
+                let mut buf = if carried.len() >= block / 2 {
+                    std::mem::take(&mut carried)
+                } else {
+                    let mut b = spare.take().unwrap_or_default();
+                    b.clear();
+                    b.extend_from_slice(&carried);
+                    carried.clear();
+                    b
+                };
+                buf.reserve(block);
+                // The carried bytes hold no newline: only what is read now is looked at.
+                let scanned = buf.len();
+                let n = match read_more(&mut f, &mut buf, block) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        // Joined first: a worker that failed is answered for, not left to
+                        // the scope.
+                        if let Some(done) = in_flight.take() {
+                            drop(done.join(|| gather.part()));
+                        }
+                        return Err(StoreError::io("read", file)(e));
+                    }
+                };
+                let cut = memchr::memrchr(b'\n', &buf[scanned..]).map_or(0, |i| scanned + i + 1);
+                let next = if cut == 0 {
+                    carried = buf;
+                    None
+                } else {
+                    carried.extend_from_slice(&buf[cut..]);
+                    Some(BlockFacts::start(
+                        scope,
+                        std::sync::Arc::new(buf),
+                        cut,
+                        threads,
+                        file,
+                        gather,
+                    ))
+                };
                 // The previous block is linked while this one is hashed and decoded.
                 if let Some(done) = in_flight.take() {
                     spare = self.link_block(
@@ -1000,6 +1030,34 @@ mod tests {
             .map(|l| (l, l))
             .collect();
         assert_eq!(places, want);
+    }
+
+    #[test]
+    fn lines_longer_than_a_block_are_read_whole() {
+        let mut c = Chainer::genesis();
+        let lines: Vec<Vec<u8>> = (0..5)
+            .map(|_| c.seal(&mut sample_tool_call()).unwrap().line)
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("long.jsonl");
+        std::fs::write(&path, lines.concat()).unwrap();
+        for block in [1, 64, 700, lines[0].len(), lines[0].len() + 1] {
+            let (report, ()) = verify_records_in_blocks(&path, None, block, &Nothing).unwrap();
+            assert!(report.is_ok(), "block {block}: {:?}", report.problems);
+            assert_eq!(report.records, 5, "block {block}");
+        }
+        // A torn tail longer than a block is one torn line of its length.
+        let tail = &lines[0][..lines[0].len() - 1];
+        std::fs::write(&path, [&lines.concat()[..], tail].concat()).unwrap();
+        let (report, ()) = verify_records_in_blocks(&path, None, 64, &Nothing).unwrap();
+        let kinds: Vec<_> = report.problems.iter().map(|p| &p.kind).collect();
+        assert_eq!(
+            kinds,
+            [&ProblemKind::TornLine { bytes: tail.len() }],
+            "{:?}",
+            report.problems
+        );
+        assert_eq!(report.problems[0].at.line, Some(6));
     }
 
     #[test]

@@ -177,10 +177,37 @@ impl TargetValue {
     }
 }
 
-/// A projected target: field name -> scalar, always with a `provider` string.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// A projected target: field name -> scalar, always with a `provider` string. A field named
+/// twice is refused when decoding: readers that keep the first and readers that keep the
+/// last would judge the same line differently.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 #[serde(transparent)]
 pub struct Target(pub BTreeMap<String, TargetValue>);
+
+impl<'de> Deserialize<'de> for Target {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Target;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a target object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Target, A::Error> {
+                let mut fields = BTreeMap::new();
+                while let Some((name, value)) = m.next_entry::<String, TargetValue>()? {
+                    if fields.contains_key(&name) {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "target field {name:?} appears twice"
+                        )));
+                    }
+                    fields.insert(name, value);
+                }
+                Ok(Target(fields))
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
 
 impl Target {
     /// A target holding only its provider.

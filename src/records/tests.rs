@@ -328,3 +328,20 @@ fn control_characters_are_found_in_ascii_and_beyond() {
         }
     }
 }
+
+#[test]
+fn a_target_field_named_twice_is_refused() {
+    let mut r = sample_tool_call();
+    r.flowhost.seq = 1;
+    r.flowhost.prev_hash = GENESIS_HASH.to_string();
+    let line = String::from_utf8(serde_json::to_vec(&r).unwrap()).unwrap();
+    assert!(DecisionRecord::from_json_line(line.as_bytes()).is_ok());
+    let twice = line.replacen(
+        "\"provider\":\"github\"",
+        "\"provider\":\"github\",\"provider\":\"x\"",
+        1,
+    );
+    assert_ne!(twice, line, "the sample names its provider");
+    let e = DecisionRecord::from_json_line(twice.as_bytes()).unwrap_err();
+    assert!(e.problem.contains("appears twice"), "{e:?}");
+}

@@ -1029,9 +1029,11 @@ impl Executors<'_> {
         // Most often the executor bound is the holder: then nothing more is looked at.
         orphaned.retain(|u| !bound.subscribed.contains(u));
         // Nothing is watched for a client that may no longer read it (a reload took the
-        // resource away): that subscription ends here.
+        // resource away): that subscription ends here. Judged by the configuration in force
+        // now, which may be newer than the one this call started under.
+        let now = self.session.host.current();
         orphaned.retain(|u| {
-            let allowed = may_watch(self.generation, self.session.pinned(), server, u);
+            let allowed = may_watch(&now, self.session.pinned(), server, u);
             if !allowed {
                 self.session.end_subscription(server, u);
             }
