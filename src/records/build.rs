@@ -236,6 +236,10 @@ pub fn now_rfc3339() -> String {
 /// character boundary), so text from callers and publishers cannot forge lines or bloat
 /// records.
 pub fn sanitize(text: &str) -> String {
+    // Most text needs neither: copied as it is.
+    if text.len() <= MAX_TEXT_BYTES && !super::validate::has_control(text) {
+        return text.to_string();
+    }
     let mut out = String::with_capacity(text.len().min(MAX_TEXT_BYTES));
     for c in text.chars() {
         let c = if c.is_control() { '\u{FFFD}' } else { c };

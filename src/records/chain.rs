@@ -63,7 +63,20 @@ pub fn line_hash(line: &[u8]) -> ChainHash {
 }
 
 fn hash_of_digest(digest: &[u8; 32]) -> ChainHash {
-    ChainHash(format!("sha256:{}", hex::encode(digest)))
+    ChainHash(sha256_text(digest))
+}
+
+/// `sha256:` and the 64 lowercase hex digits of `digest`, in one allocation (every record
+/// line, target hash and chain link is written so).
+pub(crate) fn sha256_text(digest: &[u8; 32]) -> String {
+    let mut hex = [0u8; 64];
+    // Cannot fail: the output is exactly twice the input's length.
+    let _ = hex::encode_to_slice(digest, &mut hex);
+    let mut text = String::with_capacity(7 + 64);
+    text.push_str("sha256:");
+    // Hex digits are ASCII.
+    text.extend(hex.iter().map(|&b| char::from(b)));
+    text
 }
 
 /// A record sealed into the chain: its line and its place.

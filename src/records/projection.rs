@@ -44,7 +44,7 @@ pub fn target_hash(domain: &str, value: &str) -> String {
     h.update(domain.as_bytes());
     h.update(b":");
     h.update(value.trim().to_lowercase().as_bytes());
-    format!("sha256:{}", hex::encode(h.finalize()))
+    super::chain::sha256_text(&h.finalize().into())
 }
 
 /// One argument projected as a hash: `field` (the argument name) is hashed under `domain` into

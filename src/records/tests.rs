@@ -345,3 +345,27 @@ fn a_target_field_named_twice_is_refused() {
     let e = DecisionRecord::from_json_line(twice.as_bytes()).unwrap_err();
     assert!(e.problem.contains("appears twice"), "{e:?}");
 }
+
+#[test]
+fn hash_text_and_sanitizing_agree_with_their_plain_forms() {
+    let digest: [u8; 32] = std::array::from_fn(|i| (i * 37 + 5) as u8);
+    assert_eq!(
+        super::chain::sha256_text(&digest),
+        format!("sha256:{}", hex::encode(digest))
+    );
+    let long = "x".repeat(MAX_TEXT_BYTES + 10);
+    for text in ["plain", "a\u{7}b", "é\u{85}", "", long.as_str()] {
+        let slow: String = {
+            let mut out = String::new();
+            for c in text.chars() {
+                let c = if c.is_control() { '\u{FFFD}' } else { c };
+                if out.len() + c.len_utf8() > MAX_TEXT_BYTES {
+                    break;
+                }
+                out.push(c);
+            }
+            out
+        };
+        assert_eq!(sanitize(text), slow, "{text:?}");
+    }
+}

@@ -273,10 +273,14 @@ fn check_code(field: &str, s: &str) -> Result<(), RecordFormatError> {
 
 /// Whether `s` holds a control character (Unicode category Cc: U+0000-U+001F and
 /// U+007F-U+009F). Most text is ASCII, checked a byte at a time without decoding.
-pub(super) fn has_control(s: &str) -> bool {
+#[inline]
+pub(crate) fn has_control(s: &str) -> bool {
     let bytes = s.as_bytes();
     if bytes.is_ascii() {
-        bytes.iter().any(|&b| b < 0x20 || b == 0x7f)
+        // Without an early exit, so the loop is vectorised: texts are short and clean.
+        bytes
+            .iter()
+            .fold(false, |found, &b| found | (b < 0x20) | (b == 0x7f))
     } else {
         s.chars().any(char::is_control)
     }
