@@ -821,3 +821,120 @@ fn a_json_only_caller_gets_its_answer_at_once_when_the_tool_asks_it_for_sampling
         ],
     );
 }
+
+/// A request id that is neither a string nor an integer could never be matched to its
+/// answer: it is refused at once, and no session is opened for it.
+#[test]
+fn a_request_id_of_another_kind_is_refused_at_once() {
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    for id in ["1.5", "{}", "null", "[1]"] {
+        let body = format!(
+            r#"{{"jsonrpc": "2.0", "id": {id}, "method": "initialize", "params": {{"protocolVersion": "2025-06-18", "capabilities": {{}}, "clientInfo": {{"name": "t", "version": "0"}}}}}}"#
+        );
+        let started = std::time::Instant::now();
+        let r = request(addr, "POST", "/mcp", &headers, &body);
+        assert_eq!(r.status, 400, "id {id}: {r:?}\n{}", lab.log());
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "id {id} answered at once"
+        );
+        assert!(r.body.contains("must be a string or an integer"), "{r:?}");
+    }
+    assert!(
+        !lab.log().contains("session initialized"),
+        "no session was opened:\n{}",
+        lab.log()
+    );
+}
+
+/// Connections past the daemon's limit are closed at once, so clients that connect and
+/// send nothing cannot take the descriptors the daemon needs; once some close, requests
+/// are served again.
+#[test]
+fn connections_past_the_limit_are_closed_at_once() {
+    use std::io::Read;
+    // The test and the daemon it starts each hold one descriptor per connection.
+    let (soft, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    let want = 4096.min(hard);
+    if soft < want {
+        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, want, hard)
+            .unwrap();
+    }
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    // The daemon's limit (MAX_CONNECTIONS in src/host/daemon/http/mod.rs).
+    const LIMIT: usize = 512;
+    let idle: Vec<std::net::TcpStream> = (0..LIMIT)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    // The daemon accepts in order: the last idle one is held once a request on it would be
+    // served. Wait until it has been accepted (the connection after it is then refused).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut extra = std::net::TcpStream::connect(addr).unwrap();
+    extra
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    let read = extra.read(&mut buf);
+    let closed = matches!(read, Ok(0))
+        || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset);
+    assert!(closed, "the connection past the limit was closed at once");
+    assert!(
+        lab.log().contains("http connection closed at once"),
+        "{}",
+        lab.log()
+    );
+    drop(idle);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let auth = format!("Bearer {TOKEN}");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).to_string();
+    let r = request(
+        addr,
+        "POST",
+        "/mcp",
+        &[
+            ("Authorization", auth.as_str()),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+/// A client that sends a request's head a byte now and then (or nothing) is cut off once
+/// the head has taken 30 s, so idle connections do not pile up.
+#[test]
+fn a_slow_request_head_is_cut_off() {
+    use std::io::{Read, Write};
+    let Some((_lab, addr, _)) = start("") else {
+        return;
+    };
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    slow.set_read_timeout(Some(std::time::Duration::from_secs(45)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    slow.write_all(b"GET /mcp HTTP/1.1\r\nHost: 127").unwrap();
+    let mut buf = [0u8; 256];
+    let read = slow.read(&mut buf);
+    let waited = started.elapsed();
+    assert!(
+        matches!(read, Ok(0))
+            || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "closed: {read:?}"
+    );
+    assert!(
+        (std::time::Duration::from_secs(25)..std::time::Duration::from_secs(40)).contains(&waited),
+        "cut off after about 30 s, not {waited:?}"
+    );
+}

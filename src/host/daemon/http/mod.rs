@@ -52,6 +52,13 @@ const MAX_SESSIONS_PER_PRINCIPAL: usize = 64;
 const MAX_SESSIONS: usize = 1024;
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's head, and how long a kept-alive
+/// connection may sit idle before its next request: past it the connection is closed, so
+/// a client that connects and sends nothing (or a byte now and then) holds nothing.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most HTTP connections open at once (each holds a descriptor of the daemon's, which the
+/// Unix socket and the executors need too); past it a new connection is closed at once.
+pub(crate) const MAX_CONNECTIONS: usize = 512;
 
 type Body = BoxBody<Bytes, Infallible>;
 /// A refusal before any session logic runs: its status and why.
@@ -176,6 +183,8 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         tls = tls.is_some(),
         "serving MCP over Streamable HTTP"
     );
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut refused_connections: u64 = 0;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -194,6 +203,15 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             }
             _ = host.stopped() => break,
         };
+        let Ok(connection) = connections.clone().try_acquire_owned() else {
+            refused_connections += 1;
+            // Said once per 1,000, so a flood does not flood the log too.
+            if refused_connections % 1000 == 1 {
+                tracing::warn!(%peer, refused = refused_connections, "http connection closed at once: {MAX_CONNECTIONS} are open");
+            }
+            drop(stream);
+            continue;
+        };
         // Responses go out in several writes (head, SSE events): without NODELAY each small
         // write after the first waits for the client's delayed ACK (tens of ms).
         if let Err(e) = stream.set_nodelay(true) {
@@ -202,11 +220,14 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         let transport = transport.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
+            let _connection = connection;
             let service = hyper::service::service_fn(move |req| {
                 let transport = transport.clone();
                 async move { Ok::<_, Infallible>(transport.handle(req).await) }
             });
-            let http = hyper::server::conn::http1::Builder::new();
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
             let outcome = match tls {
                 None => {
                     http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)
@@ -545,6 +566,16 @@ impl Transport {
         };
         let method = message.get("method").and_then(Value::as_str);
         let id = message.get("id");
+        // JSON-RPC ids are strings or integers: another id could never be matched to its
+        // answer, so the request is refused here, before any session sees it.
+        if let Some(id) = id
+            && !(id.is_string() || id.is_i64() || id.is_u64())
+        {
+            return json_body(
+                StatusCode::BAD_REQUEST,
+                &json!({"jsonrpc": "2.0", "id": null, "error": {"code": code::INVALID_REQUEST, "message": "the request id must be a string or an integer"}}),
+            );
+        }
         let (session_id, remote) =
             if method == Some("initialize") && !headers.contains_key(SESSION_HEADER) {
                 match self.open(&principal) {
