@@ -938,3 +938,72 @@ fn a_slow_request_head_is_cut_off() {
         "cut off after about 30 s, not {waited:?}"
     );
 }
+
+/// `DELETE` ends the session as a client that went away would: a call in flight (here one
+/// waiting for the client's sampling answer, which never comes) is cancelled at once
+/// rather than left running, uncounted, until its deadline.
+#[test]
+fn delete_cancels_the_sessions_calls_in_flight() {
+    // The lab's call deadline is 15 s: only a prompt end passes.
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    let mut c = McpHttp::new(addr, Some(TOKEN));
+    let init = c.call(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "deleter", "version": "0"}}),
+    );
+    assert_eq!(init.status, 200, "{init:?}");
+    let session = init.header("mcp-session-id").unwrap().to_string();
+    c.session = Some(session.clone());
+    let n = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    assert_eq!(n.status, 202, "{n:?}");
+    let auth = format!("Bearer {TOKEN}");
+    let call = {
+        let (auth, session) = (auth.clone(), session.clone());
+        std::thread::spawn(move || {
+            request(
+                addr,
+                "POST",
+                "/mcp",
+                &[
+                    ("Content-Type", "application/json"),
+                    ("Accept", "application/json, text/event-stream"),
+                    ("Authorization", &auth),
+                    ("Mcp-Session-Id", &session),
+                ],
+                &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "test_sampling", "arguments": {"prompt": "p"}}}).to_string(),
+            )
+        })
+    };
+    // The tool's sampling request reaches the client's stream, and nobody answers it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !lab
+        .records()
+        .iter()
+        .any(|r| r["flowhost"]["event"] == "relay")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no relay record:\n{}",
+            lab.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let deleted = std::time::Instant::now();
+    let d = request(
+        addr,
+        "DELETE",
+        "/mcp",
+        &[("Authorization", &auth), ("Mcp-Session-Id", &session)],
+        "",
+    );
+    assert_eq!(d.status, 204, "{d:?}");
+    let reply = call.join().unwrap();
+    let waited = deleted.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(8),
+        "the call ran on {waited:?} after DELETE: {reply:?}\n{}",
+        lab.log()
+    );
+}

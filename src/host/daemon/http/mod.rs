@@ -122,6 +122,9 @@ struct Remote {
     principal: PrincipalId,
     inbox: mpsc::Sender<Line>,
     streams: Arc<Mutex<Streams>>,
+    /// Told when the client ends the session (`DELETE`): the session then stops as for a
+    /// client that went away, its calls in flight cancelled and its executors stopped.
+    ended: Arc<tokio::sync::Notify>,
 }
 
 /// The record budget of unauthenticated callers in the current fold interval.
@@ -651,20 +654,32 @@ impl Transport {
         let (not_delivered, undelivered) = mpsc::unbounded_channel();
         let (out, mut replies) = mpsc::channel::<session::Outgoing>(64);
         let streams = Arc::new(Mutex::new(Streams::default()));
+        let ended = Arc::new(tokio::sync::Notify::new());
         let remote = Arc::new(Remote {
             principal: principal.clone(),
             inbox,
             streams: streams.clone(),
+            ended: ended.clone(),
         });
         sessions.insert(id.clone(), remote.clone());
         drop(sessions);
         let transport = self.clone();
         let session_id = id.clone();
         let identity = Identity::Principal(principal.clone());
+        let routed = streams.clone();
         tokio::spawn(async move {
-            let router = async {
-                while let Some(message) = replies.recv().await {
-                    let undelivered = match streams.lock() {
+            // Owns the replies' receiver: when it returns (the session ended, or the client
+            // ended it), the session sees its client gone.
+            let router = async move {
+                loop {
+                    let message = tokio::select! {
+                        m = replies.recv() => match m {
+                            Some(m) => m,
+                            None => break,
+                        },
+                        () = ended.notified() => break,
+                    };
+                    let undelivered = match routed.lock() {
                         Ok(mut s) => s.route(&message.line, message.request.as_deref()),
                         Err(_) => None,
                     };
@@ -729,11 +744,14 @@ impl Transport {
     }
 
     fn delete(&self, headers: &HeaderMap, principal: &PrincipalId) -> Response<Body> {
-        let (id, _) = match self.session_of(headers, principal) {
+        let (id, remote) = match self.session_of(headers, principal) {
             Ok(v) => v,
             Err((status, why)) => return http_error(status, why),
         };
-        // Dropping the session's inbox ends its session logic, which stops its executors.
+        // The session stops as for a client that went away: its calls in flight are
+        // cancelled and its executors stopped, rather than run on uncounted once it has left
+        // the table (whose size is what the session limits count).
+        remote.ended.notify_one();
         if let Ok(mut s) = self.sessions.lock() {
             s.remove(&id);
         }
