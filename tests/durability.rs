@@ -175,13 +175,24 @@ fn kill_mid_burst_loses_no_recorded_effect() {
         effects.len()
     );
 
-    // Straight after the crash: at most a torn last line, nothing else.
-    let report = verify_records(dir.path(), None).unwrap();
-    for p in &report.problems {
-        assert!(
-            matches!(p.kind, ProblemKind::TornLine { .. }),
-            "unexpected problem after SIGKILL: {p}"
-        );
+    // Straight after the crash: at most a torn last line, nothing else; or, when the kill
+    // fell between a record's durable write to the ring and its append to the file, a
+    // refusal to verify until a restart replays the ring (what the file lacks is durable).
+    match verify_records(dir.path(), None) {
+        Ok(report) => {
+            for p in &report.problems {
+                assert!(
+                    matches!(p.kind, ProblemKind::TornLine { .. }),
+                    "unexpected problem after SIGKILL: {p}"
+                );
+            }
+        }
+        Err(StoreError::Unreplayed { first, last, .. }) => {
+            println!(
+                "the ring holds records {first}..={last} the file lacks; the restart replays them"
+            );
+        }
+        Err(e) => panic!("cannot verify after SIGKILL: {e}"),
     }
     // The restart path repairs a torn tail; then the stream verifies cleanly.
     let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
