@@ -941,6 +941,21 @@ fn health_is_incomplete_while_a_servers_executors_cannot_start() {
 
 /// `systemd-socket-activate` listening on `socket` for a daemon whose configuration (in
 /// `dir`) is missing, so that it refuses to start.
+/// Whether a Unix socket bound at `path` is listening (`/proc/net/unix` flags it
+/// `__SO_ACCEPTCON`, 0x10000).
+fn listening(path: &Path) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return false;
+    };
+    let path = path.to_string_lossy();
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() >= 8
+            && fields[7] == path
+            && u32::from_str_radix(fields[3], 16).is_ok_and(|flags| flags & 0x10000 != 0)
+    })
+}
+
 fn activate_a_refusing_daemon(socket: &Path, dir: &Path) -> std::process::Child {
     Command::new("systemd-socket-activate")
         .arg("-l")
@@ -1007,7 +1022,9 @@ fn flowhost_connect_that_activated_a_refusing_daemon_prints_its_answer() {
         let socket = dir.path().join("activated.sock");
         let mut activator = activate_a_refusing_daemon(&socket, dir.path());
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
+        // Listening, not only bound: a connect between the two is refused. A probe connect
+        // would activate the daemon, so the kernel's socket table is read instead.
+        while !listening(&socket) {
             assert!(Instant::now() < deadline, "the activator did not listen");
             std::thread::sleep(Duration::from_millis(20));
         }
