@@ -240,6 +240,11 @@ pub fn sanitize(text: &str) -> String {
     if text.len() <= MAX_TEXT_BYTES && !super::validate::has_control(text) {
         return text.to_string();
     }
+    replace_and_cut(text)
+}
+
+/// What [`sanitize`] makes of any text, a character at a time.
+pub(super) fn replace_and_cut(text: &str) -> String {
     let mut out = String::with_capacity(text.len().min(MAX_TEXT_BYTES));
     for c in text.chars() {
         let c = if c.is_control() { '\u{FFFD}' } else { c };

@@ -415,8 +415,14 @@ fn verify_records_in_blocks<G: Gather>(
     };
     let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes);
     let mut gathered = gather.part();
-    for index in 0..files.len() {
-        let part = v.file(index, head_anchor.as_ref().map(|h| h.seq), block, gather)?;
+    for (index, file) in files.iter().enumerate() {
+        let part = v.file(
+            index,
+            file,
+            head_anchor.as_ref().map(|h| h.seq),
+            block,
+            gather,
+        )?;
         gather.append(&mut gathered, part, 0);
     }
     if let Some(anchor) = &head_anchor {
@@ -715,21 +721,18 @@ impl Verifier {
         }
     }
 
-    /// Verifies one record file, read in blocks of about `block` bytes (memory stays bounded
+    /// Verifies record file `file`, the `index`th of the report's, read in blocks of about `block` bytes (memory stays bounded
     /// whatever the file's size: two blocks at a time); the complete lines of each block are
     /// hashed and decoded in parallel while the next block is read, then linked in order.
     fn file<G: Gather>(
         &mut self,
         index: usize,
+        file: &Path,
         anchor_seq: Option<u64>,
         block: usize,
         gather: &G,
     ) -> Result<G::Part, StoreError> {
         self.current = index;
-        let Some(file) = self.report.files.get(index).cloned() else {
-            return Ok(gather.part());
-        };
-        let file = file.as_path();
         let named = file
             .file_name()
             .and_then(|n| n.to_str())

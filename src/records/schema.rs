@@ -195,12 +195,17 @@ impl<'de> Deserialize<'de> for Target {
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Target, A::Error> {
                 let mut fields = BTreeMap::new();
                 while let Some((name, value)) = m.next_entry::<String, TargetValue>()? {
-                    if fields.contains_key(&name) {
-                        return Err(serde::de::Error::custom(format_args!(
-                            "target field {name:?} appears twice"
-                        )));
+                    match fields.entry(name) {
+                        std::collections::btree_map::Entry::Vacant(v) => {
+                            v.insert(value);
+                        }
+                        std::collections::btree_map::Entry::Occupied(o) => {
+                            return Err(serde::de::Error::custom(format_args!(
+                                "target field {:?} appears twice",
+                                o.key()
+                            )));
+                        }
                     }
-                    fields.insert(name, value);
                 }
                 Ok(Target(fields))
             }

@@ -1031,14 +1031,16 @@ impl Executors<'_> {
         // Nothing is watched for a client that may no longer read it (a reload took the
         // resource away): that subscription ends here. Judged by the configuration in force
         // now, which may be newer than the one this call started under.
-        let now = self.session.host.current();
-        orphaned.retain(|u| {
-            let allowed = may_watch(&now, self.session.pinned(), server, u);
-            if !allowed {
-                self.session.end_subscription(server, u);
-            }
-            allowed
-        });
+        if !orphaned.is_empty() {
+            let now = self.session.host.current();
+            orphaned.retain(|u| {
+                let allowed = may_watch(&now, self.session.pinned(), server, u);
+                if !allowed {
+                    self.session.end_subscription(server, u);
+                }
+                allowed
+            });
+        }
         if !orphaned.is_empty()
             && let Ok(mut all) = self.session.executors.lock()
             && let Some(s) = all.get_mut(server)

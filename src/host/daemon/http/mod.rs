@@ -58,7 +58,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most HTTP connections open at once (each holds a descriptor of the daemon's, which the
 /// Unix socket and the executors need too); past it a new connection is closed at once.
-pub(crate) const MAX_CONNECTIONS: usize = 512;
+const MAX_CONNECTIONS: usize = 512;
 
 type Body = BoxBody<Bytes, Infallible>;
 /// A refusal before any session logic runs: its status and why.
