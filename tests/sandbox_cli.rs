@@ -681,3 +681,60 @@ fn a_run_ends_with_the_commands_cgroup_and_everything_left_in_it() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A terminal the caller owns is not readable from inside the sandbox. Run unprivileged, the
+/// command's uid is the caller's, and a login gives its user the terminals it types into: with
+/// all of `/dev` readable, `cat /dev/pts/N` would read the keystrokes typed into the caller's
+/// other terminals. The devices commands need (`/dev/null`, `/dev/urandom`, ...) still open.
+#[test]
+fn a_sandboxed_command_cannot_open_the_callers_other_terminals() {
+    use common::harness::{As, NOBODY, can_run as can_run_as, flowhost as flowhost_as};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let binary = common::harness::flowhost_for(As::Nobody);
+    if !can_run_as(As::Nobody, &[&binary]) {
+        return;
+    }
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two descriptors into the integers passed; the name, termios and
+    // window-size pointers may be NULL.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: openpty returned two new descriptors owned by nobody else.
+    let (_master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let terminal = std::fs::read_link(format!("/proc/self/fd/{}", slave.as_raw_fd())).unwrap();
+    // What login does for the user it logs in: the terminal is theirs.
+    std::os::unix::fs::chown(&terminal, Some(NOBODY.0), Some(NOBODY.1)).unwrap();
+    let script = "head -c 0 \"$1\" && echo OPENED-TERMINAL; \
+                  head -c 1 /dev/urandom >/dev/null && echo URANDOM; \
+                  head -c 1 /dev/zero >/dev/null && echo ZERO; echo x >/dev/null && echo NULL";
+    for who in [As::Root, As::Nobody] {
+        let out = flowhost_as(who)
+            .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
+            .args(["/bin/sh", "-c", script, "sh"])
+            .arg(&terminal)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stdout.contains("OPENED-TERMINAL"),
+            "{who:?}: the sandbox opened {} (owned by uid {}):\n{stdout}{stderr}",
+            terminal.display(),
+            NOBODY.0
+        );
+        for device in ["URANDOM", "ZERO", "NULL"] {
+            assert!(
+                stdout.contains(device),
+                "{who:?}: a device commands need did not open ({device}):\n{stdout}{stderr}"
+            );
+        }
+    }
+}
