@@ -738,3 +738,25 @@ fn a_sandboxed_command_cannot_open_the_callers_other_terminals() {
         }
     }
 }
+
+/// The command starts with every signal at its default disposition, as a process started
+/// from a shell does. flowhost itself ignores SIGPIPE (as every Rust program does); were
+/// that inherited, a command writing into a closed pipe would get EPIPE instead of ending.
+#[test]
+fn the_command_inherits_no_ignored_signal() {
+    if !can_run() {
+        return;
+    }
+    let out = flowhost()
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
+        .args(["/bin/grep", "^SigIgn:", "/proc/self/status"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.trim(), "SigIgn:\t0000000000000000");
+}

@@ -148,26 +148,44 @@ macro_rules! check {
     };
 }
 
-/// Resets every caught signal to its default disposition. The child shares the host's memory
-/// until exec (CLONE_VM), so a host handler must never run in it; signals stay blocked (the
-/// spawner blocked them) until the mask is restored right before exec.
+/// Sets every signal to its default disposition, whether the host catches it or ignores
+/// it: the command starts as a process started from a shell does. The child shares the
+/// host's memory until exec (CLONE_VM), so a host handler must never run in it; and an
+/// ignored disposition survives exec, so the host's ignored SIGPIPE (every Rust program
+/// ignores it) would otherwise turn a write into a closed pipe into EPIPE. The raw system
+/// call is used because glibc refuses to touch the signals it reserves for its threads
+/// (32 and 33), which the host may hold ignored too. Signals stay blocked (the spawner
+/// blocked them) until the mask is restored right before exec.
 fn reset_signal_handlers() {
+    /// The kernel's `struct sigaction` on x86_64 (`rt_sigaction`'s layout, not glibc's).
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: libc::sighandler_t,
+        flags: libc::c_ulong,
+        restorer: libc::sighandler_t,
+        mask: u64,
+    }
+    let default = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
     for sig in 1..=64 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;
         }
-        // SAFETY: queries then (if caught) resets one signal's disposition; the structs live
-        // on this stack.
+        // SAFETY: sets one signal's disposition in this child's own handler table (the clone
+        // did not share it); `default` lives on this stack, the old action is not asked for,
+        // and the size is that of the kernel's 64-signal mask.
         unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
-                && old.sa_sigaction != libc::SIG_DFL
-                && old.sa_sigaction != libc::SIG_IGN
-            {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            }
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig as libc::c_long,
+                &default as *const KernelSigaction,
+                std::ptr::null_mut::<KernelSigaction>(),
+                std::mem::size_of::<u64>() as libc::c_long,
+            );
         }
     }
 }
