@@ -760,3 +760,126 @@ fn the_command_inherits_no_ignored_signal() {
     );
     assert_eq!(stdout.trim(), "SigIgn:\t0000000000000000");
 }
+
+/// Waits (at most 20 s) for `child` to exit.
+fn wait_within(child: &mut std::process::Child, what: &str) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what}: flowhost did not end within 20 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Ctrl-C reaches a command that leaves SIGINT to its default action (which a pid
+/// namespace's first process would never get from outside), and the run still ends as a run
+/// does: the health written, the records closed and verifiable, the shell told 130. Before,
+/// SIGINT ended flowhost at once and the command only through its parent-death signal.
+#[test]
+fn an_interrupt_ends_the_command_and_the_run_still_concludes() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (records, health) = (dir.path().join("records"), dir.path().join("health.json"));
+    let sleeper = ["/bin/sleep", "41.0625"];
+    let mut child = flowhost()
+        .args([
+            "sandbox",
+            "run",
+            "--quiet",
+            "--profile",
+            "isolated",
+            "--records",
+        ])
+        .arg(&records)
+        .arg("--health")
+        .arg(&health)
+        .arg("--")
+        .args(sleeper)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while processes_running(&sleeper).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never ran"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = wait_within(&mut child, "SIGINT");
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert!(
+        processes_running(&sleeper).is_empty(),
+        "the command outlived the run"
+    );
+    let written = std::fs::read_to_string(&health).expect("the run's health was written");
+    let written: serde_json::Value = serde_json::from_str(&written).unwrap();
+    assert_eq!(written["broker_active"], true, "{written}");
+    let verify = flowhost()
+        .args(["records", "verify"])
+        .arg(&records)
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+}
+
+/// A command that handles SIGTERM gets it, and what it does with it is the run's result.
+#[test]
+fn a_command_that_handles_an_interrupt_gets_it() {
+    if !can_run() {
+        return;
+    }
+    let script = "trap 'echo TRAPPED; exit 7' TERM; echo READY; while :; do sleep 0.05; done";
+    let mut child = flowhost()
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
+        .args(["/bin/sh", "-c", script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "READY\n");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = wait_within(&mut child, "SIGTERM");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert_eq!((status.code(), rest.as_str()), (Some(7), "TRAPPED\n"));
+}
+
+/// A command that turns off echo and is then killed (here by its wall clock) leaves the
+/// caller's terminal as it found it.
+#[test]
+fn the_callers_terminal_modes_are_restored_when_the_command_is_killed() {
+    if !can_run() {
+        return;
+    }
+    let mut shell = PtyShell::start();
+    shell.type_line(&format!(
+        "{} sandbox run --quiet --timeout 1 --profile isolated -- /bin/sh -c 'stty -echo; sleep 30'; \
+         m=ON; stty -a | grep -q -- ' -echo ' && m=OFF; echo ECHO-$m-$((40+2))",
+        env!("CARGO_BIN_EXE_flowhost"),
+    ));
+    let out = shell.wait_for("-42");
+    shell.type_line("exit");
+    assert!(out.contains("ECHO-ON-42"), "echo stayed off:\n{out}");
+}

@@ -75,6 +75,61 @@ impl ExitStatus {
     }
 }
 
+/// A signal a terminal or a service manager sends to make a command stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    /// SIGHUP: the terminal went away.
+    Hangup,
+    /// SIGINT: Ctrl-C.
+    Interrupt,
+    /// SIGQUIT: Ctrl-Backslash.
+    Quit,
+    /// SIGTERM: asked to stop.
+    Terminate,
+}
+
+impl Interrupt {
+    /// Every interrupt, in signal-number order.
+    pub const ALL: [Interrupt; 4] = [
+        Interrupt::Hangup,
+        Interrupt::Interrupt,
+        Interrupt::Quit,
+        Interrupt::Terminate,
+    ];
+
+    /// The signal number.
+    pub fn signal(self) -> i32 {
+        match self {
+            Interrupt::Hangup => libc::SIGHUP,
+            Interrupt::Interrupt => libc::SIGINT,
+            Interrupt::Quit => libc::SIGQUIT,
+            Interrupt::Terminate => libc::SIGTERM,
+        }
+    }
+
+    /// The signal's name, as `kill -l` spells it with the `SIG` prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Interrupt::Hangup => "SIGHUP",
+            Interrupt::Interrupt => "SIGINT",
+            Interrupt::Quit => "SIGQUIT",
+            Interrupt::Terminate => "SIGTERM",
+        }
+    }
+}
+
+/// What an [`Interrupt`] did to the executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The executor handles the signal: it was sent, and the executor decides what follows.
+    Sent,
+    /// The executor ignores the signal: nothing was sent.
+    Ignored,
+    /// The executor leaves the signal to its default action, which ends a process: it was
+    /// killed, with everything it started.
+    Ended,
+}
+
 /// A running executor. Dropping the handle kills the executor and its whole process tree
 /// (the executor is pid 1 of its own pid namespace when the profile asks for one) and reaps
 /// it in the background.
@@ -137,6 +192,32 @@ impl Executor {
     /// Sends SIGKILL to the executor (its pid namespace dies with it).
     pub fn kill(&self) -> io::Result<()> {
         sys::pidfd_send_signal(self.pidfd.get_ref().as_fd(), libc::SIGKILL)
+    }
+
+    /// Delivers `interrupt` as the kernel would to a process outside a pid namespace: sent
+    /// if the executor handles it, dropped if it ignores it, and otherwise the executor is
+    /// killed, since the default action of each interrupt ends a process. The executor is
+    /// pid 1 of its own pid namespace under most profiles, and the kernel never delivers a
+    /// signal to such a process from outside unless it handles it: sent plainly, a Ctrl-C
+    /// would be lost. A signal the executor blocks but does not handle ends it at once.
+    pub fn interrupt(&self, interrupt: Interrupt) -> io::Result<Delivery> {
+        if self.exit.is_some() {
+            return Ok(Delivery::Ignored);
+        }
+        // The pid cannot name another process: only this handle reaps it, and it has not.
+        let status = procfs::process::Process::new(self.pid)
+            .and_then(|p| p.status())
+            .map_err(|e| io::Error::other(format!("reading /proc/{}/status: {e}", self.pid)))?;
+        let bit = 1u64 << (interrupt.signal() - 1);
+        if status.sigcgt & bit != 0 {
+            sys::pidfd_send_signal(self.pidfd.get_ref().as_fd(), interrupt.signal())?;
+            Ok(Delivery::Sent)
+        } else if status.sigign & bit != 0 {
+            Ok(Delivery::Ignored)
+        } else {
+            self.kill()?;
+            Ok(Delivery::Ended)
+        }
     }
 
     /// Waits for the executor to exit and reaps it.

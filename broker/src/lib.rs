@@ -43,7 +43,7 @@ pub use attempt::{
     AttemptInfo, Destination, EgressAttempt, EgressSyscall, Judge, SocketInfo, Verdict, family_name,
 };
 pub use broker::{Broker, BrokerError, BrokerOptions, BrokerStats, KernelSupport};
-pub use executor::{Executor, ExitStatus};
+pub use executor::{Delivery, Executor, ExitStatus, Interrupt};
 pub use profile::{CgroupMode, Limits, NetworkPath, Profile, ProfileError};
 pub use spawn::{SpawnError, SpawnSpec, StdioMode, env_forbidden};
 pub use stage::Stage;

@@ -12,13 +12,14 @@
 mod mcp;
 
 use std::ffi::OsString;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use flowhost_broker::{
-    AttemptInfo, Broker, BrokerOptions, Judge, Profile, SpawnSpec, StdioMode,
+    AttemptInfo, Broker, BrokerOptions, Delivery, Interrupt, Judge, Profile, SpawnSpec, StdioMode,
     Verdict as BrokerVerdict,
 };
 
@@ -156,6 +157,15 @@ pub enum SandboxError {
     /// The async runtime could not start.
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    /// An interrupt could not be taken from its default action, so it could not reach the
+    /// command.
+    #[error("cannot take {signal} to pass it to the command: {source}")]
+    Signals {
+        /// The signal's name.
+        signal: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 fn parse_upstream(s: &str) -> Result<std::net::SocketAddr, String> {
@@ -475,6 +485,11 @@ fn sandbox_health(
 }
 
 async fn run(args: RunArgs) -> CliResult {
+    // Before anything starts: from here an interrupt reaches the command (below), and the
+    // run still ends as a run does, with its records closed, its health written, its gate
+    // judged and the caller's terminal as it was.
+    let mut interrupts = Interrupts::listen()?;
+    let _terminal = TerminalModes::save();
     let profile = Arc::new(Profile::find(&args.profile, &args.common.profiles_dir)?);
     let evidence = args.common.evidence()?;
     let broker = Broker::new(BrokerOptions::default())?;
@@ -579,7 +594,17 @@ async fn run(args: RunArgs) -> CliResult {
             }
         })
     };
-    let status = exec.wait().await?;
+    let mut ended_by = None;
+    let status = loop {
+        tokio::select! {
+            status = exec.wait() => break status?,
+            interrupt = interrupts.next() => {
+                if exec.interrupt(interrupt)? == Delivery::Ended {
+                    ended_by.get_or_insert(interrupt);
+                }
+            }
+        }
+    };
     drop(exec);
     // Every attempt must be decided (and recorded) before the records are closed; one
     // that is not makes the run's observation incomplete.
@@ -599,8 +624,100 @@ async fn run(args: RunArgs) -> CliResult {
     if !broker.released(Duration::from_secs(2)).await {
         eprintln!("flowhost sandbox: the command's cgroups were not removed within 2 s");
     }
+    // Killed because it left the interrupt to its default action: it ends as that action
+    // would have ended it, and the shell sees 128 + that signal.
+    let code = match ended_by {
+        Some(interrupt) if status.signal() == Some(libc::SIGKILL) => {
+            if !args.quiet {
+                eprintln!(
+                    "flowhost sandbox: {}: the command does not handle it and was ended",
+                    interrupt.name()
+                );
+            }
+            128 + interrupt.signal()
+        }
+        _ => status.code(),
+    };
     args.common
-        .conclude(&evidence, &health, status.code().clamp(0, 255) as u8)
+        .conclude(&evidence, &health, code.clamp(0, 255) as u8)
+}
+
+/// The interrupts a terminal or a service manager sends, taken from their default action
+/// (which would end flowhost at once, and the command only through its parent-death signal,
+/// leaving the run's health, gate and the caller's terminal behind).
+struct Interrupts {
+    streams: Vec<(Interrupt, tokio::signal::unix::Signal)>,
+}
+
+impl Interrupts {
+    fn listen() -> Result<Self, SandboxError> {
+        let streams = Interrupt::ALL
+            .into_iter()
+            .map(|i| {
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(i.signal()))
+                    .map(|s| (i, s))
+                    .map_err(|source| SandboxError::Signals {
+                        signal: i.name(),
+                        source,
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Interrupts { streams })
+    }
+
+    /// The next interrupt received.
+    async fn next(&mut self) -> Interrupt {
+        std::future::poll_fn(|cx| {
+            for (interrupt, stream) in &mut self.streams {
+                if stream.poll_recv(cx).is_ready() {
+                    return std::task::Poll::Ready(*interrupt);
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+}
+
+/// The modes of the caller's terminal when the run started, put back when it ends however
+/// it ends: a command that turned off echo or set raw mode and was then killed (by its wall
+/// clock, a bound or an interrupt) would leave the caller's shell unusable.
+struct TerminalModes {
+    terminal: Box<dyn AsFd>,
+    modes: nix::sys::termios::Termios,
+}
+
+impl TerminalModes {
+    /// The first of stdin, stdout and stderr that is a terminal, and its modes; `None` when
+    /// none is.
+    fn save() -> Option<Self> {
+        let streams: [Box<dyn AsFd>; 3] = [
+            Box::new(std::io::stdin()),
+            Box::new(std::io::stdout()),
+            Box::new(std::io::stderr()),
+        ];
+        streams.into_iter().find_map(|terminal| {
+            let modes = nix::sys::termios::tcgetattr(terminal.as_fd()).ok()?;
+            Some(TerminalModes { terminal, modes })
+        })
+    }
+}
+
+impl Drop for TerminalModes {
+    fn drop(&mut self) {
+        use nix::sys::termios::{SetArg, tcgetattr, tcsetattr};
+        // Only while flowhost is in the foreground: a background job setting the modes
+        // would be stopped (SIGTTOU), and would change them under the job in front.
+        let terminal = self.terminal.as_fd();
+        let foreground =
+            nix::unistd::tcgetpgrp(terminal).is_ok_and(|group| group == nix::unistd::getpgrp());
+        let changed = tcgetattr(terminal).is_ok_and(|now| now != self.modes);
+        if foreground && changed {
+            // A terminal that went away has no modes left to restore; nothing else can fail
+            // here that the caller could act on.
+            let _ = tcsetattr(terminal, SetArg::TCSADRAIN, &self.modes);
+        }
+    }
 }
 
 /// What the rules say about an attempt, with the name its destination was handed out for
