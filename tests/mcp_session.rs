@@ -373,3 +373,112 @@ fn the_log_has_a_line_per_call_and_tagged_executor_stderr_without_colour() {
         assert!(log.contains(line), "no {line:?} line:\n{log}");
     }
 }
+
+/// Whether the host logs the cancellation of a call to `server` within `within`.
+fn cancellation_logged(host: &Governed, server: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if host
+            .log()
+            .lines()
+            .any(|l| l.contains("call cancelled") && l.contains(&format!("server={server} ")))
+        {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// A client that goes away (closes its socket) has its calls cancelled at once, as its
+/// cancellation would: they do not run on, holding executors, until their deadline.
+#[test]
+fn a_client_that_disconnects_has_its_calls_cancelled() {
+    let Some(host) = start() else { return };
+    let mut c = host.client();
+    call(
+        &mut c,
+        10,
+        "slow/sleep",
+        json!({"seconds": 20, "steps": 100}),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    drop(c);
+    assert!(
+        cancellation_logged(&host, "slow", Duration::from_secs(5)),
+        "the call ran on after its client went away:\n{}",
+        host.log()
+    );
+}
+
+/// A request id in flight is refused for every method, not only for calls: a `ping` that
+/// reused a running call's id took its place, and the call could no longer be cancelled.
+#[test]
+fn an_id_in_flight_is_refused_for_every_method() {
+    let Some(host) = start() else { return };
+    let mut c = host.client();
+    call(
+        &mut c,
+        10,
+        "slow/sleep",
+        json!({"seconds": 20, "steps": 100}),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    c.send_request(10, "ping", json!({}));
+    let (answer, _) = until_answer(&mut c, 10);
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("already in flight")),
+        "{answer}"
+    );
+    c.notify(
+        "notifications/cancelled",
+        json!({"requestId": 10, "reason": "user stopped it"}),
+    );
+    assert!(
+        cancellation_logged(&host, "slow", Duration::from_secs(5)),
+        "the call could not be cancelled any more:\n{}",
+        host.log()
+    );
+}
+
+/// At the limit of requests in flight the session still reads: a further request is refused
+/// at once, and cancellations (and answers to the host's own requests) still arrive. Before,
+/// it read nothing more, so a cancellation waited behind the very calls it would end.
+#[test]
+fn at_the_limit_of_requests_in_flight_the_session_still_reads() {
+    let Some(host) = start() else { return };
+    let mut c = host.client();
+    let limit = 64;
+    for id in 100..100 + limit {
+        call(
+            &mut c,
+            id,
+            "slow/sleep",
+            json!({"seconds": 20, "steps": 100}),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    let t0 = Instant::now();
+    c.send_request(1, "ping", json!({}));
+    let (answer, _) = until_answer(&mut c, 1);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("at most 64 requests")),
+        "{answer}"
+    );
+    for id in 100..100 + limit {
+        c.notify(
+            "notifications/cancelled",
+            json!({"requestId": id, "reason": "enough"}),
+        );
+    }
+    assert!(
+        cancellation_logged(&host, "slow", Duration::from_secs(5)),
+        "no call was cancelled:\n{}",
+        host.log()
+    );
+}

@@ -165,8 +165,9 @@ impl Bound {
 /// for one of them (calls to other servers, pings and lists do not).
 pub const MAX_EXECUTORS_PER_SERVER: usize = 8;
 
-/// Most requests of one session in flight at once; past it the session reads no further
-/// message until one is answered (a client cannot make the host hold unbounded work).
+/// Most requests of one session in flight at once; a further request is refused (a client
+/// cannot make the host hold unbounded work), while answers and notifications, such as a
+/// cancellation, are still read.
 pub const MAX_REQUESTS_IN_FLIGHT: usize = 64;
 
 /// One server's executors in a session: the idle ones, and the permits that bound how many
@@ -281,12 +282,27 @@ pub(super) async fn serve(
     let (read, mut write) = stream.into_split();
     let (in_tx, incoming) = mpsc::channel::<Line>(QUEUED_LINES);
     let (out, mut out_rx) = mpsc::channel::<Outgoing>(QUEUED_LINES);
+    let (hung_up, mut hangup) = tokio::sync::oneshot::channel::<()>();
     // Reading happens in its own task: a line read is not cancellation-safe.
-    let reader = tokio::spawn(mcp::forward_lines(BufReader::new(read), limit, in_tx));
-    // The writer ends when the session drops its sender (after the last line) or the client
-    // stops reading; the session sees the latter as its outgoing channel closing.
+    let reader = tokio::spawn(async move {
+        let mut read = BufReader::new(read);
+        mcp::forward_lines(&mut read, limit, in_tx).await;
+        if peer_gone(read.get_ref().as_ref()) {
+            let _ = hung_up.send(());
+        }
+    });
+    // The writer ends when the session drops its sender (after the last line), the client
+    // stops reading, or the client is gone; the session sees the latter two as its outgoing
+    // channel closing, and cancels what is in flight.
     let writer = tokio::spawn(async move {
-        while let Some(message) = out_rx.recv().await {
+        loop {
+            let message = tokio::select! {
+                message = out_rx.recv() => match message {
+                    Some(message) => message,
+                    None => return,
+                },
+                Ok(()) = &mut hangup => return,
+            };
             let mut bytes = message.line.into_bytes();
             bytes.push(b'\n');
             match tokio::time::timeout(CLIENT_WRITE_TIMEOUT, write.write_all(&bytes)).await {
@@ -303,6 +319,21 @@ pub(super) async fn serve(
     run(host, Identity::Peer { uid, gid }, incoming, out, None).await;
     reader.abort();
     let _ = writer.await;
+}
+
+/// Whether the peer of `socket`, whose input has ended, closed the connection rather than
+/// only its sending side. A client that half-closes still reads its answers; one that
+/// closed gets none, and its calls are cancelled rather than run to their deadline.
+fn peer_gone(socket: &UnixStream) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    // A unix socket reports a hang-up once both directions are shut, which the peer's close
+    // does at once (its shutdown of writing alone does not).
+    let mut fds = [PollFd::new(socket.as_fd(), PollFlags::empty())];
+    poll(&mut fds, PollTimeout::ZERO).is_ok()
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
 }
 
 /// A request the session sent its client that the transport could not deliver.
@@ -342,6 +373,8 @@ pub(super) async fn run(
     });
     tracing::info!(session = %session.id, identity = %session.identity, "session opened");
     let mut requests = JoinSet::new();
+    // The request each task serves, so that a task that panicked is still answered.
+    let mut in_flight: HashMap<tokio::task::Id, Value> = HashMap::new();
     let mut refused = false;
     let mut idle = tokio::time::interval(Duration::from_secs(5));
     let opened = tokio::time::Instant::now();
@@ -368,8 +401,9 @@ pub(super) async fn run(
             }
         };
         let line = tokio::select! {
-            l = incoming.recv(), if requests.len() < MAX_REQUESTS_IN_FLIGHT => l.unwrap_or(Line::Eof),
-            Some(_) = requests.join_next(), if !requests.is_empty() => {
+            l = incoming.recv() => l.unwrap_or(Line::Eof),
+            Some(done) = requests.join_next_with_id(), if !requests.is_empty() => {
+                session.joined(&mut in_flight, done).await;
                 // A long call is activity too: the idle window starts after its answer.
                 last_activity = tokio::time::Instant::now();
                 continue;
@@ -413,23 +447,30 @@ pub(super) async fn run(
                 refused = answer.is_err();
                 session.answer(&id, answer).await;
             }
+            Ok(Incoming::Request { id, .. }) if requests.len() >= MAX_REQUESTS_IN_FLIGHT => {
+                let e = RpcError::new(
+                    code::INVALID_REQUEST,
+                    format!(
+                        "at most {MAX_REQUESTS_IN_FLIGHT} requests may be in flight in a \
+                         session; this one was refused (wait for an answer or cancel a call)"
+                    ),
+                );
+                session.send(mcp::error_response(&id, &e)).await;
+            }
             Ok(Incoming::Request { id, method, params }) => {
-                let cancel = if method == "tools/call" {
-                    match session.register_cancel(&id) {
-                        Some(cancel) => Some(cancel),
-                        None => {
-                            let e = RpcError::new(
-                                code::INVALID_REQUEST,
-                                format!("request id {id} is already in flight in this session"),
-                            );
-                            session.send(mcp::error_response(&id, &e)).await;
-                            continue;
-                        }
-                    }
-                } else {
-                    None
+                // Every id in flight is unique, whatever its method: a cancellation names
+                // one request, and an answer goes to one.
+                let Some(cancel) = session.register_cancel(&id) else {
+                    let e = RpcError::new(
+                        code::INVALID_REQUEST,
+                        format!("request id {id} is already in flight in this session"),
+                    );
+                    session.send(mcp::error_response(&id, &e)).await;
+                    continue;
                 };
-                requests.spawn(session.clone().request(id, method, params, cancel));
+                let task =
+                    requests.spawn(session.clone().request(id.clone(), method, params, cancel));
+                in_flight.insert(task.id(), id);
             }
         }
     }
@@ -440,7 +481,10 @@ pub(super) async fn run(
     let mut cancelled = ended == HOST_STOPPING;
     loop {
         tokio::select! {
-            done = requests.join_next() => if done.is_none() { break },
+            done = requests.join_next_with_id() => match done {
+                Some(done) => session.joined(&mut in_flight, done).await,
+                None => break,
+            },
             n = next_undelivered(&mut undelivered) => session.undelivered(n),
             _ = out.closed(), if !cancelled => {
                 session.cancel_all("the client disconnected");
@@ -713,7 +757,7 @@ impl Session {
         id: Value,
         method: String,
         params: Value,
-        cancel: Option<watch::Receiver<Option<String>>>,
+        cancel: watch::Receiver<Option<String>>,
     ) {
         let result = match method.as_str() {
             "ping" => Ok(json!({})),
@@ -743,10 +787,7 @@ impl Session {
                 Err(e) => Err(self.refuse_session("(tools/list)", e).await),
                 ok => ok,
             },
-            "tools/call" => {
-                let cancel = cancel.unwrap_or_else(|| CallControl::none().cancel);
-                self.call(&id, &params, cancel).await
-            }
+            "tools/call" => self.call(&id, &params, cancel).await,
             "resources/list" | "resources/templates/list" | "prompts/list" => {
                 match self.list_content(&method) {
                     Err(e) => Err(self.refuse_session(&format!("({method})"), e).await),
@@ -781,6 +822,28 @@ impl Session {
         let cancelled = self.settle_cancel(&id);
         if !cancelled {
             self.answer(&id, result).await;
+        }
+    }
+
+    /// Settles a request task that ended: one that panicked (a defect) is logged and
+    /// answered as an internal error rather than left unanswered.
+    async fn joined(
+        &self,
+        in_flight: &mut HashMap<tokio::task::Id, Value>,
+        done: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
+    ) {
+        let (task, failure) = match done {
+            Ok((task, ())) => (task, None),
+            Err(e) => (e.id(), Some(e)),
+        };
+        let id = in_flight.remove(&task);
+        let (Some(failure), Some(id)) = (failure, id) else {
+            return;
+        };
+        tracing::error!(session = %self.id, request = %id, error = %failure, "a request's task failed; answering it as an internal error");
+        if !self.settle_cancel(&id) {
+            let e = RpcError::new(code::INTERNAL_ERROR, "the host failed serving this request");
+            self.answer(&id, Err(e)).await;
         }
     }
 
