@@ -150,16 +150,20 @@ fn replay(dir: &Path) -> CliResult {
         .into());
     }
     // Read before the writer opens: its open is what copies them in.
-    let missing = crate::records::ring::unreplayed(dir)?;
+    let files: Vec<std::path::PathBuf> = crate::records::store::record_files_on_disk(dir)?
+        .into_iter()
+        .map(|f| f.path)
+        .collect();
+    let missing = crate::records::ring::unreplayed(dir, &files)?;
     let writer = open_writer_saying_what_it_recovered(dir)?;
     let status = writer.close_blocking()?;
     match missing {
-        Some((first, last)) => println!(
+        Some(crate::records::ring::Unreplayed::Missing { first, last }) => println!(
             "{}: records {first} to {last} copied from the write-ahead ring into the record files; the stream ends at record {}",
             dir.display(),
             status.last_seq.unwrap_or(0)
         ),
-        None => println!(
+        Some(crate::records::ring::Unreplayed::Uncommitted { .. }) | None => println!(
             "{}: the record files already held every durable record; the stream ends at record {}",
             dir.display(),
             status.last_seq.unwrap_or(0)

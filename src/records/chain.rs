@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use super::store::{
     HEAD_FILE, HeadAnchor, StoreError, list_record_files, list_torn_sidecars,
-    parse_record_file_name,
+    parse_record_file_name, record_sources,
 };
 use super::{DecisionRecord, RecordFormatError};
 
@@ -407,7 +407,8 @@ fn verify_records_in_blocks<G: Gather>(
             .collect();
         (files, Some(path.join(HEAD_FILE)), notes)
     } else {
-        (vec![path.to_path_buf()], None, Vec::new())
+        // A record file beside a ring is refused as its directory would be.
+        (record_sources(path)?, None, Vec::new())
     };
     let head_anchor = match head.map(Path::to_path_buf).or(default_head) {
         Some(p) => HeadAnchor::read(&p)?,

@@ -434,21 +434,82 @@ pub fn held_in_file(have: &[u8], entries: &[RingEntry]) -> (usize, usize) {
     (kept, matched)
 }
 
-/// The records that are durable in the ring of `dir` but missing from its record file (the
-/// first and last sequence numbers), as a machine crash leaves them until a writer opens
-/// the directory and replays them. `None` when the files hold every one, or there is no
-/// ring. Only meaningful while no writer has the directory open.
-pub fn unreplayed(dir: &Path) -> Result<Option<(u64, u64)>, RingError> {
+/// What the record files beyond the one a checkpoint names hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaterFiles {
+    /// There are none: the checkpoint names the last record file.
+    None,
+    /// There are, all empty (a rotation stopped before its checkpoint).
+    Empty,
+    /// At least one holds bytes.
+    HoldBytes,
+}
+
+/// What opening a record directory after a crash does to make its files hold exactly the
+/// durable records. The writer acts on it, and readers refuse whatever it would change, so
+/// that what a reader accepts is what the stream keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayPlan {
+    /// The files already hold exactly the durable records.
+    Nothing,
+    /// The checkpoint's file (the last) keeps `matched` bytes past the checkpoint, which
+    /// hold the first `kept` entries; what follows them (no durable record: a crash
+    /// mid-write, never acknowledged) is cut, and the entries after `kept` are written back.
+    Rewrite {
+        /// How many of the ring's entries the file holds.
+        kept: usize,
+        /// The bytes they take past the checkpoint.
+        matched: usize,
+    },
+    /// Later record files hold bytes although the checkpoint names an earlier one: no crash
+    /// leaves this, and the writer refuses the directory.
+    LaterFilesHoldRecords,
+}
+
+/// The plan for a checkpoint's file holding `have` past the checkpoint, given the ring's
+/// `entries` after it and what the record files after it hold.
+pub fn replay_plan(have: &[u8], entries: &[RingEntry], later: LaterFiles) -> ReplayPlan {
+    let (kept, matched) = held_in_file(have, entries);
+    match later {
+        // A rotation syncs the old file before it creates the next one, so past the ring's
+        // entries the old file may hold records whose copies in the ring were not yet
+        // synced: durable in the file, and the new file's name says the chain goes on from
+        // them (which reopening checks).
+        LaterFiles::Empty if kept == entries.len() => ReplayPlan::Nothing,
+        LaterFiles::Empty | LaterFiles::HoldBytes => ReplayPlan::LaterFilesHoldRecords,
+        LaterFiles::None if kept == entries.len() && matched == have.len() => ReplayPlan::Nothing,
+        LaterFiles::None => ReplayPlan::Rewrite { kept, matched },
+    }
+}
+
+/// What a writer's next open of a record directory would change in its files, as a crash
+/// leaves them until a writer opens the directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unreplayed {
+    /// Records `first` to `last` are durable in the ring but missing from the files.
+    Missing {
+        /// The first missing record.
+        first: u64,
+        /// The last record in the ring.
+        last: u64,
+    },
+    /// The last record file ends in whole lines past its last durable record (`bytes` in
+    /// all), which the open cuts into a sidecar.
+    Uncommitted {
+        /// The record file.
+        file: PathBuf,
+        /// How many bytes.
+        bytes: u64,
+    },
+}
+
+/// What a writer's next open of `dir`, whose record files are `files` (in chain order),
+/// would change in them; `None` when nothing, or there is no ring. Only meaningful while no
+/// writer has the directory open.
+pub fn unreplayed(dir: &Path, files: &[PathBuf]) -> Result<Option<Unreplayed>, RingError> {
     let Some((checkpoint, entries)) = read_back(dir)? else {
         return Ok(None);
     };
-    // With nothing past the checkpoint, the files are all there is: a file cut below it is
-    // for the reader's own checks to report (with file and line).
-    let Some(last) = entries.last().map(|e| e.seq) else {
-        return Ok(None);
-    };
-    // Every entry after a checkpoint belongs to the file it names (a rotation checkpoints
-    // before the new file's first entry).
     let path = dir.join(&checkpoint.file);
     let read_failed = |source| RingError::Io {
         op: "read the record file named by",
@@ -470,22 +531,90 @@ pub fn unreplayed(dir: &Path) -> Result<Option<(u64, u64)>, RingError> {
             }
         ),
     };
+    // With nothing past the checkpoint, a file cut below it (or gone) is for the reader's
+    // own checks to report, with file and line: no crash does that.
+    let Some(position) = files.iter().position(|f| *f == path) else {
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        return Err(short(None));
+    };
     let have = match File::open(&path) {
         Ok(file) => {
             let len = file.metadata().map_err(read_failed)?.len();
             if len < checkpoint.bytes {
+                if entries.is_empty() {
+                    return Ok(None);
+                }
                 return Err(short(Some(len)));
             }
-            let mut have = vec![0; (len - checkpoint.bytes) as usize];
-            file.read_exact_at(&mut have, checkpoint.bytes)
-                .map_err(read_failed)?;
+            // From the byte before the checkpoint: a crash leaves the durable part ending
+            // at a line's end.
+            let from = checkpoint.bytes.saturating_sub(1);
+            let mut have = vec![0; (len - from) as usize];
+            file.read_exact_at(&mut have, from).map_err(read_failed)?;
+            if checkpoint.bytes > 0 {
+                if have.first() != Some(&b'\n') {
+                    // Changed below its checkpoint, which no crash does: readers report its
+                    // lines themselves (the chain breaks), and a writer refuses it.
+                    return Ok(None);
+                }
+                have.remove(0);
+            }
             have
         }
+        Err(e) if e.kind() == io::ErrorKind::NotFound && entries.is_empty() => return Ok(None),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(short(None)),
         Err(source) => return Err(read_failed(source)),
     };
-    let (kept, _) = held_in_file(&have, &entries);
-    Ok((kept < entries.len()).then(|| (entries[kept].seq, last)))
+    let later = later_files(&files[position + 1..]).map_err(|source| RingError::Io {
+        op: "stat the record files after the one named by",
+        path: dir.join(RING_FILE),
+        source,
+    })?;
+    Ok(match replay_plan(&have, &entries, later) {
+        ReplayPlan::Nothing => None,
+        ReplayPlan::Rewrite { kept, .. } if kept < entries.len() => Some(Unreplayed::Missing {
+            first: entries[kept].seq,
+            last: entries[entries.len() - 1].seq,
+        }),
+        // Whole lines that are no durable record would be read as records; a torn last
+        // line alone is not, and readers report it themselves.
+        ReplayPlan::Rewrite { matched, .. } if have[matched..].contains(&b'\n') => {
+            Some(Unreplayed::Uncommitted {
+                file: path,
+                bytes: (have.len() - matched) as u64,
+            })
+        }
+        ReplayPlan::Rewrite { .. } => None,
+        ReplayPlan::LaterFilesHoldRecords => {
+            return Err(RingError::Corrupt {
+                path: dir.join(RING_FILE),
+                problem: later_files_hold_records(&path),
+            });
+        }
+    })
+}
+
+/// What the record files after a checkpoint's file hold.
+pub fn later_files(later: &[PathBuf]) -> io::Result<LaterFiles> {
+    if later.is_empty() {
+        return Ok(LaterFiles::None);
+    }
+    for file in later {
+        if std::fs::metadata(file)?.len() > 0 {
+            return Ok(LaterFiles::HoldBytes);
+        }
+    }
+    Ok(LaterFiles::Empty)
+}
+
+/// The problem of [`ReplayPlan::LaterFilesHoldRecords`], naming the checkpoint's file.
+pub fn later_files_hold_records(file: &Path) -> String {
+    format!(
+        "the write-ahead ring's checkpoint names {}, but later record files hold records",
+        file.display()
+    )
 }
 
 /// The intact, consecutive, chained entries after `checkpoint`.

@@ -88,6 +88,25 @@ pub enum StoreError {
         /// The last record in the ring.
         last: u64,
     },
+    /// The last record file ends in bytes past its last durable record, and no writer has
+    /// the directory open: a writer's next open cuts them, so a reader must not accept them.
+    #[error(
+        "{file}: ends in {bytes} bytes of whole lines past its last durable record (the \
+         write-ahead ring's): a crash mid-write left them, never acknowledged, or something \
+         other than the writer added them; the next writer to open {dir} moves them to a \
+         sidecar, so they are not read as records; run `flowhost records replay {dir}` \
+         first (starting the host on it also does)",
+        file = file.display(),
+        dir = dir.display()
+    )]
+    Uncommitted {
+        /// The record directory.
+        dir: PathBuf,
+        /// The record file.
+        file: PathBuf,
+        /// How many bytes.
+        bytes: u64,
+    },
     /// A writer has been opening the directory (copying its ring into the record files) for
     /// longer than a reader waits: the files are not yet the whole stream.
     #[error(
@@ -246,12 +265,21 @@ pub(crate) fn refuse_unreplayed_within(
 }
 
 fn unreplayed_in(dir: &Path) -> Result<(), StoreError> {
-    match ring::unreplayed(dir)? {
+    let files: Vec<PathBuf> = record_files_on_disk(dir)?
+        .into_iter()
+        .map(|f| f.path)
+        .collect();
+    match ring::unreplayed(dir, &files)? {
         None => Ok(()),
-        Some((first, last)) => Err(StoreError::Unreplayed {
+        Some(ring::Unreplayed::Missing { first, last }) => Err(StoreError::Unreplayed {
             dir: dir.to_path_buf(),
             first,
             last,
+        }),
+        Some(ring::Unreplayed::Uncommitted { file, bytes }) => Err(StoreError::Uncommitted {
+            dir: dir.to_path_buf(),
+            file,
+            bytes,
         }),
     }
 }

@@ -269,7 +269,21 @@ impl RecordWriter {
     /// Opens (creating if needed) the record directory `dir`, resumes its chain (see the
     /// module docs for torn lines and the head anchor) and starts the sync thread.
     pub fn open(dir: &Path, options: WriterOptions) -> Result<RecordWriter, RecordError> {
+        // The directories this creates are synced into their parents: records made durable
+        // in a directory a power loss then unlinks would be lost with it.
+        let missing: Vec<PathBuf> = dir
+            .ancestors()
+            .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+            .map(Path::to_path_buf)
+            .collect();
         fs::create_dir_all(dir).map_err(StoreError::io("create", dir))?;
+        for created in &missing {
+            let parent = created
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            sync_dir(parent).map_err(StoreError::io("fsync directory", parent))?;
+        }
         // Taken before the writer lock and held until the ring has been copied into the
         // files: a reader that finds the directory held waits on it (see `store`).
         let opening = take_for_writing(dir, store::OPENING_LOCK_FILE)?;
@@ -596,28 +610,22 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
         });
     }
     let have = &bytes[start..];
-    let (kept, matched) = ring::held_in_file(have, &entries);
-    let whole = kept == entries.len() && matched == have.len();
-    if position + 1 != files.len() {
-        // A rotation that stopped before its checkpoint: the old file was synced first and
-        // holds every record, and the new files are still empty.
-        let later_empty = files[position + 1..]
-            .iter()
-            .all(|f| fs::metadata(&f.path).is_ok_and(|m| m.len() == 0));
-        if whole && later_empty {
-            return Ok(Vec::new());
+    let later: Vec<PathBuf> = files[position + 1..]
+        .iter()
+        .map(|f| f.path.clone())
+        .collect();
+    let later = ring::later_files(&later).map_err(StoreError::io("stat", dir))?;
+    let (kept, matched) = match ring::replay_plan(have, &entries, later) {
+        ring::ReplayPlan::Nothing => return Ok(Vec::new()),
+        ring::ReplayPlan::Rewrite { kept, matched } => (kept, matched),
+        ring::ReplayPlan::LaterFilesHoldRecords => {
+            return Err(RecordError::Corrupt {
+                line: checkpoint.lines,
+                problem: ring::later_files_hold_records(&path),
+                path,
+            });
         }
-        return Err(RecordError::Corrupt {
-            path,
-            line: checkpoint.lines,
-            problem: "the write-ahead ring's checkpoint names this file, but later record files \
-                      hold records"
-                .into(),
-        });
-    }
-    if whole {
-        return Ok(Vec::new());
-    }
+    };
     let mut recovered = Vec::new();
     let cut = &have[matched..];
     if !cut.is_empty() {

@@ -255,8 +255,12 @@ impl Stages {
         reply: Option<CommitReply>,
         may_lead: bool,
     ) -> Result<Committed, RecordError> {
-        let mut tail = self.file.lock().map_err(|_| RecordError::WriterFailed {
-            reason: "a thread panicked while appending a record".into(),
+        let mut tail = self.file.lock().map_err(|_| {
+            let reason = "a thread panicked while appending a record".to_string();
+            // Failed for good, and said so in the writer's status and health, not only
+            // to this caller.
+            fail(&self.shared, reason.clone());
+            RecordError::WriterFailed { reason }
         })?;
         if tail.closed {
             return Err(RecordError::Closed);
@@ -706,9 +710,13 @@ impl Syncer {
             line: durable.as_ref().map(|d| d.file_lines),
             written_at: now_rfc3339(),
         };
-        anchor
-            .write(&self.dir.join(HEAD_FILE))
-            .map_err(|e| format!("head anchor: {e}"))?;
+        anchor.write(&self.dir.join(HEAD_FILE)).map_err(|e| {
+            // The reason is kept as text (health reports it): with the OS's words in it.
+            match std::error::Error::source(&e) {
+                Some(cause) => format!("head anchor: {e}: {cause}"),
+                None => format!("head anchor: {e}"),
+            }
+        })?;
         self.last_anchor = Some(Instant::now());
         Ok(())
     }

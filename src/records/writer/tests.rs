@@ -605,6 +605,71 @@ fn a_rotation_cut_short_before_its_checkpoint_reopens() {
 }
 
 #[test]
+fn a_rotation_cut_short_after_records_the_ring_had_not_synced_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
+    for _ in 0..3 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    let crashed = tempfile::tempdir().unwrap();
+    let checkpoint = crash_copy(dir.path(), crashed.path(), b"");
+    // Records 4 and 5 reach the file, but the power fails before the ring's copies of them
+    // are synced (records appended without waiting are synced within milliseconds). A
+    // rotation had synced the old file, so it holds them whole, and created the next one.
+    for _ in 0..2 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    std::fs::copy(
+        dir.path().join(&checkpoint.file),
+        crashed.path().join(&checkpoint.file),
+    )
+    .unwrap();
+    std::fs::File::create(crashed.path().join(record_file_name(6))).unwrap();
+    let reopened = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap();
+    assert_eq!(reopened.status().last_seq, Some(5));
+    reopened.commit_blocking(sample_tool_call()).unwrap();
+    reopened.close_blocking().unwrap();
+    let report = verify_records(crashed.path(), None).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.records, 6);
+    drop(w);
+}
+
+#[test]
+fn readers_refuse_lines_past_the_ring_that_the_next_writer_cuts() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
+    for _ in 0..3 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    let crashed = tempfile::tempdir().unwrap();
+    let checkpoint = crash_copy(dir.path(), crashed.path(), b"");
+    // Records 4 and 5 reach the file's pages on disk, but the ring's pages holding them do
+    // not (the power failed first). A writer's open cuts them: they were never durable.
+    for _ in 0..2 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    let file = crashed.path().join(&checkpoint.file);
+    std::fs::copy(dir.path().join(&checkpoint.file), &file).unwrap();
+    let err = verify_records(crashed.path(), None).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Uncommitted { file: f, .. } if *f == file),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("flowhost records replay"), "{err}");
+    // A record file read alone is refused as its directory is.
+    let err = verify_records(&file, None).unwrap_err();
+    assert!(matches!(err, StoreError::Uncommitted { .. }), "{err:?}");
+    let reopened = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap();
+    assert_eq!(reopened.status().last_seq, Some(3));
+    assert_eq!(reopened.recovered().len(), 1);
+    reopened.close_blocking().unwrap();
+    let report = verify_records(crashed.path(), None).unwrap();
+    assert!(report.is_ok() && report.records == 3, "{report:?}");
+    drop(w);
+}
+
+#[test]
 fn a_ring_cut_short_refuses_the_open() {
     let dir = tempfile::tempdir().unwrap();
     let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
