@@ -228,6 +228,19 @@ pub fn list_record_files(dir: &Path) -> Result<Vec<RecordFile>, StoreError> {
     record_files_on_disk(dir)
 }
 
+/// Whether a writer has `dir` open at this moment.
+pub(crate) fn writer_holds(dir: &Path) -> Result<bool, StoreError> {
+    Ok(matches!(
+        lock_within(
+            &dir.join(LOCK_FILE),
+            false,
+            false,
+            std::time::Duration::ZERO
+        )?,
+        Locked::Busy
+    ))
+}
+
 /// Fails if `dir` holds durable records only in its ring (see [`list_record_files`]).
 fn refuse_unreplayed(dir: &Path) -> Result<(), StoreError> {
     refuse_unreplayed_within(dir, OPENING_WAIT)

@@ -670,6 +670,37 @@ fn readers_refuse_lines_past_the_ring_that_the_next_writer_cuts() {
 }
 
 #[test]
+fn a_line_being_written_in_a_held_directory_is_not_reported_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    for _ in 0..2 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    // What a reader sees of a line the writer is appending in one write: its first part.
+    let file = dir.path().join(record_file_name(1));
+    let mut f = OpenOptions::new().append(true).open(&file).unwrap();
+    f.write_all(b"{\"server\":{\"id\":\"half").unwrap();
+    let live = verify_records(dir.path(), None).unwrap();
+    assert!(live.is_ok(), "{:?}", live.problems);
+    assert_eq!(live.records, 2);
+    assert!(
+        live.notes.iter().any(|n| n.contains("being written")),
+        "{:?}",
+        live.notes
+    );
+    // Once no writer holds it, the same bytes are a torn line.
+    w.close_blocking().unwrap();
+    let closed = verify_records(dir.path(), None).unwrap();
+    assert!(
+        closed
+            .problems
+            .iter()
+            .any(|p| matches!(p.kind, super::super::chain::ProblemKind::TornLine { .. })),
+        "{closed:?}"
+    );
+}
+
+#[test]
 fn a_ring_cut_short_refuses_the_open() {
     let dir = tempfile::tempdir().unwrap();
     let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
