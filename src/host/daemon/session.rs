@@ -295,13 +295,21 @@ pub(super) async fn serve(
     // stops reading, or the client is gone; the session sees the latter two as its outgoing
     // channel closing, and cancels what is in flight.
     let writer = tokio::spawn(async move {
+        // Whether the reader has said whether the client is gone (a oneshot is polled once).
+        let mut told = false;
         loop {
             let message = tokio::select! {
                 message = out_rx.recv() => match message {
                     Some(message) => message,
                     None => return,
                 },
-                Ok(()) = &mut hangup => return,
+                gone = &mut hangup, if !told => {
+                    if gone.is_ok() {
+                        return;
+                    }
+                    told = true;
+                    continue;
+                }
             };
             let mut bytes = message.line.into_bytes();
             bytes.push(b'\n');
