@@ -199,11 +199,13 @@ impl FromStr for DestinationRule {
         }
         let parse_net = |t: &str| -> Result<IpNet, RuleError> {
             if let Ok(net) = t.parse::<IpNet>() {
-                return Ok(net.trunc());
+                return Ok(canonical_net(net.trunc()));
             }
-            t.parse::<IpAddr>().map(IpNet::from).map_err(|_| {
-                err("expected an IP address or CIDR, optionally with :PORT ([v6]:PORT for IPv6)")
-            })
+            t.parse::<IpAddr>()
+                .map(|ip| canonical_net(IpNet::from(ip)))
+                .map_err(|_| {
+                    err("expected an IP address or CIDR, optionally with :PORT ([v6]:PORT for IPv6)")
+                })
         };
         // [v6]:port, [v6/len]:port
         if let Some(rest) = s.strip_prefix('[') {
@@ -370,6 +372,20 @@ fn canonical_ip(ip: IpAddr) -> IpAddr {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
         v4 => v4,
     }
+}
+
+/// A network written in the IPv4-mapped IPv6 form (within `::ffff:0:0/96`) as the IPv4
+/// network it carries: destinations are matched in that form ([`canonical_ip`]), so kept as
+/// IPv6 it would match nothing.
+fn canonical_net(net: IpNet) -> IpNet {
+    if let IpNet::V6(v6) = net
+        && v6.prefix_len() >= 96
+        && let Some(v4) = v6.network().to_ipv4_mapped()
+        && let Ok(mapped) = ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+    {
+        return IpNet::V4(mapped);
+    }
+    net
 }
 
 /// What to do when no rule matches.
@@ -685,6 +701,18 @@ mod tests {
             rule("10.0.0.1").matches(&inet("[::ffff:10.0.0.1]:80")),
             "mapped v4"
         );
+        // A rule written in the mapped form governs the IPv4 addresses it carries: matched
+        // as IPv6, it would match nothing (destinations are matched as IPv4), and a block
+        // rule would silently block nothing.
+        for (written, to) in [
+            ("::ffff:169.254.169.254", "169.254.169.254:80"),
+            ("[::ffff:169.254.169.254]:80", "169.254.169.254:80"),
+            ("[::ffff:10.0.0.0/104]:443", "10.1.2.3:443"),
+            ("::ffff:10.0.0.0/104", "[::ffff:10.1.2.3]:443"),
+        ] {
+            assert!(rule(written).matches(&inet(to)), "{written} -> {to}");
+        }
+        assert!(!rule("[::ffff:10.0.0.0/104]:443").matches(&inet("11.0.0.1:443")));
         assert!(rule("unix:/run/app/").matches(&Destination::UnixPath("/run/app/s.sock".into())));
         assert!(!rule("unix:/run/app/").matches(&Destination::UnixPath("/run/app2/s.sock".into())));
         assert!(

@@ -233,7 +233,7 @@ pub enum GrantDenial {
     NotYetValid,
     /// `now` is at or after `expires_at`.
     Expired,
-    /// The target is not strictly lower than the call's source (or is `Top`).
+    /// The target is not strictly lower than the call's source (or either is `Top`).
     TargetNotLower,
     /// The purpose is not one both the tool's signed manifest and the operator allow.
     PurposeNotAllowed,
@@ -272,7 +272,7 @@ impl fmt::Display for GrantDenial {
             GrantDenial::NotYetValid => f.write_str("the grant is not valid yet"),
             GrantDenial::Expired => f.write_str("the grant has expired"),
             GrantDenial::TargetNotLower => f.write_str(
-                "the grant's target label is not strictly lower than the call's source label",
+                "the grant's target label is not strictly lower than the call's source label (and nothing declassifies top)",
             ),
             GrantDenial::PurposeNotAllowed => f.write_str(
                 "the grant's purpose is not one the tool's signed manifest and the operator's policy both allow",
@@ -358,7 +358,9 @@ pub fn check(
     if call.now >= b.expires_at {
         return Err(GrantDenial::Expired);
     }
+    // Nothing declassifies `Top` (a history too large to know, or unknown).
     if b.target_label.is_top()
+        || call.source.is_top()
         || b.target_label == *call.source
         || !b.target_label.flows_to(call.source)
     {

@@ -392,13 +392,22 @@ impl FlowResolver {
     ) -> EgressJudgment {
         let source = match self.state.get(&plan.key).await {
             Ok(state) => state.combined().join_or_top(&plan.argument_taint),
-            // State that cannot be read is unknown history: Top, which never egresses.
-            Err(_) => InformationLabel::Top,
+            // State that cannot be read is unknown history: refused as the failure it is,
+            // and never judged further (a grant must not apply to a history nobody knows).
+            Err(e) => {
+                tracing::error!(principal = %plan.key.principal, session = %plan.key.session, error = %e, "the flow state cannot be read; the outbound attempt is refused");
+                return EgressJudgment {
+                    verdict: Verdict::Failed(Failure::StateFailure),
+                    source: InformationLabel::Top,
+                    clearances: Vec::new(),
+                };
+            }
         };
         // A grant was issued against the source at dispatch; if anything raised it since (a
-        // read in another session of the principal), the grant no longer applies.
+        // read in another session of the principal), the grant no longer applies. Nothing
+        // declassifies `Top`.
         let checked = match &plan.grant {
-            Some(g) if source == plan.source => g.target.clone(),
+            Some(g) if source == plan.source && !source.is_top() => g.target.clone(),
             _ => source.clone(),
         };
         match check_clearances(&checked, &plan.security) {
@@ -458,7 +467,7 @@ impl FlowResolver {
             .join_or_top(&plan.argument_taint)
             .join_or_top(&taint);
         let checked = match &plan.grant {
-            Some(g) if source == plan.source => g.target.clone(),
+            Some(g) if source == plan.source && !source.is_top() => g.target.clone(),
             _ => source.clone(),
         };
         let security = &plan.security;
@@ -695,6 +704,77 @@ mod tests {
             principal: p.id.clone(),
             session: s.into(),
         }
+    }
+
+    /// A store whose every use fails (a database gone, a file unreadable).
+    #[derive(Debug)]
+    struct Unreadable;
+
+    impl crate::state::StateBackend for Unreadable {
+        fn get<'a>(&'a self, _: &'a SessionKey) -> crate::state::StateFuture<'a, FlowState> {
+            Box::pin(async { Err(StateError::Failed("unreadable".into())) })
+        }
+        fn raise<'a>(
+            &'a self,
+            _: &'a SessionKey,
+            _: &'a InformationLabel,
+            _: &'a InformationLabel,
+        ) -> crate::state::StateFuture<'a, FlowState> {
+            Box::pin(async { Err(StateError::Failed("unreadable".into())) })
+        }
+        fn forget_session<'a>(&'a self, _: &'a SessionKey) -> crate::state::StateFuture<'a, ()> {
+            Box::pin(async { Err(StateError::Failed("unreadable".into())) })
+        }
+        fn consume_grant<'a>(&'a self, _: &'a str, _: u64) -> crate::state::StateFuture<'a, bool> {
+            Box::pin(async { Err(StateError::Failed("unreadable".into())) })
+        }
+        fn snapshot(&self) -> crate::state::StateFuture<'_, crate::state::StateSnapshot> {
+            Box::pin(async { Err(StateError::Failed("unreadable".into())) })
+        }
+        fn checkpoint(&self) -> crate::state::StateFuture<'_, Option<(u64, String)>> {
+            Box::pin(async { Err(StateError::Failed("unreadable".into())) })
+        }
+        fn set_checkpoint<'a>(&'a self, _: u64, _: &'a str) -> crate::state::StateFuture<'a, ()> {
+            Box::pin(async { Err(StateError::Failed("unreadable".into())) })
+        }
+        fn failure(&self) -> Option<String> {
+            Some("unreadable".into())
+        }
+        fn describe(&self) -> String {
+            "an unreadable store".into()
+        }
+    }
+
+    /// A state that cannot be read at the syscall refuses the attempt as a state failure,
+    /// grant or no grant. Before, it was read as `Top`, and a call whose source was `Top` at
+    /// dispatch too kept its grant's target: the attempt went out under the grant.
+    #[tokio::test]
+    async fn an_unreadable_state_refuses_egress_even_under_a_grant() {
+        let dir = tempfile::tempdir().unwrap();
+        let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
+        let k = key_for(&who, "s1");
+        let args = serde_json::json!({"message": "m", "sink": "127.0.0.1:1"});
+        let team = reg.tool("team-inbox", "publish").unwrap();
+        let mut plan = res.pre_dispatch(&who, &k, team, &args, None).await.unwrap();
+        plan.source = InformationLabel::Top;
+        plan.grant = Some(AcceptedGrant {
+            id: "g-1".into(),
+            purpose: crate::DeclassificationPurpose::new("reviewed-summary").unwrap(),
+            target: InformationLabel::bottom(),
+        });
+        let broken = FlowResolver::new(
+            Classifier::new(Vec::new()),
+            InformationLabel::bottom(),
+            Arc::new(FlowStateStore::with_backend(Box::new(Unreadable))),
+        );
+        let to = crate::destination::Destination::Inet("127.0.0.1:1".parse().unwrap());
+        let rules = DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]);
+        let judged = broken.decide_egress(&plan, Some(&to), &rules, None).await;
+        assert_eq!(
+            judged.verdict,
+            Verdict::Failed(Failure::StateFailure),
+            "{judged:?}"
+        );
     }
 
     #[tokio::test]
