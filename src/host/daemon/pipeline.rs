@@ -681,10 +681,13 @@ fn read_grant(params: &Value) -> Result<Option<SignedGrant>, RpcError> {
     })
 }
 
+/// Now, for judging a grant's window. A clock set before 1970 cannot date one: it reads as
+/// the end of time, where every grant has expired (as 0 it would make every grant valid
+/// that was "issued" at 0).
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(u64::MAX, |d| d.as_secs())
 }
 
 /// `text` cut to at most `max` bytes on a character boundary, marked when cut.

@@ -247,17 +247,31 @@ impl Target {
             }
         };
         // A commit must be durable before a call's output leaves the host: a server whose
-        // default is `synchronous_commit = off` is overridden for this connection.
+        // default is `synchronous_commit = off` is overridden for this connection, and any
+        // other level is pinned for it, since a setting made for the session outlasts a
+        // later reload of the server's configuration (which would otherwise reach this
+        // connection too, `off` included).
         let row = client
             .query_one("SHOW synchronous_commit", &[])
             .await
             .map_err(failed)?;
-        if row.get::<_, &str>(0) == "off" {
-            client
-                .batch_execute("SET synchronous_commit TO on")
-                .await
-                .map_err(failed)?;
-        }
+        let level = match row.try_get::<_, &str>(0).map_err(failed)? {
+            "off" => "on",
+            level @ ("on" | "local" | "remote_write" | "remote_apply") => level,
+            other => {
+                return Err(PgError::Connect {
+                    target: self.name.clone(),
+                    reason: format!(
+                        "its synchronous_commit is {other:?}, which flowhost does not know \
+                         to be durable"
+                    ),
+                });
+            }
+        };
+        client
+            .batch_execute(&format!("SET synchronous_commit TO {level}"))
+            .await
+            .map_err(failed)?;
         Ok(client)
     }
 }
@@ -349,14 +363,15 @@ async fn schema_version(
     let exists: bool = client
         .query_one("SELECT to_regclass('flowhost_schema') IS NOT NULL", &[])
         .await?
-        .get(0);
+        .try_get(0)?;
     if !exists {
         return Ok(None);
     }
-    Ok(client
+    client
         .query_opt("SELECT version FROM flowhost_schema", &[])
         .await?
-        .map(|r| r.get(0)))
+        .map(|r| r.try_get(0))
+        .transpose()
 }
 
 /// The PostgreSQL store of one host.
@@ -475,6 +490,21 @@ impl PostgresStore {
         result.map_err(StateError::from)
     }
 
+    /// Column `i` of `row` (about `key`): a column of another type, or a NULL, is a
+    /// database changed by hand, refused as corrupt rather than trusted or panicked on.
+    fn column<'r, T: tokio_postgres::types::FromSql<'r>>(
+        &self,
+        row: &'r tokio_postgres::Row,
+        i: usize,
+        key: &str,
+    ) -> Result<T, PgError> {
+        row.try_get(i).map_err(|e| PgError::Corrupt {
+            target: self.target.name.clone(),
+            key: key.to_string(),
+            reason: reason(&e),
+        })
+    }
+
     fn decode(&self, key: &str, text: &str) -> Result<InformationLabel, PgError> {
         InformationLabel::from_json(text).map_err(|e| PgError::Corrupt {
             target: self.target.name.clone(),
@@ -497,7 +527,10 @@ impl PostgresStore {
             .map_err(|e| self.query_error(&e))?;
         match row {
             None => Ok(InformationLabel::bottom()),
-            Some(row) => self.decode(principal.as_str(), row.get(0)),
+            Some(row) => self.decode(
+                principal.as_str(),
+                self.column(&row, 0, principal.as_str())?,
+            ),
         }
     }
 
@@ -534,7 +567,10 @@ impl PostgresStore {
                 )
                 .await
                 .map_err(q)?;
-            let held = self.decode(principal.as_str(), row.get(0))?;
+            let held = self.decode(
+                principal.as_str(),
+                self.column(&row, 0, principal.as_str())?,
+            )?;
             let joined = held.join_or_top(label);
             if joined != held {
                 tx.execute(
@@ -642,13 +678,13 @@ impl StateBackend for PostgresStore {
                 .await?;
             let mut principals = HashMap::new();
             for row in rows {
-                let p: &str = row.get(0);
+                let p: &str = self.column(&row, 0, "(a principal's row)")?;
                 let principal = PrincipalId::new(p).map_err(|e| PgError::Corrupt {
                     target: self.target.name.clone(),
                     key: p.to_string(),
                     reason: e.to_string(),
                 })?;
-                principals.insert(principal, self.decode(p, row.get(1))?);
+                principals.insert(principal, self.decode(p, self.column(&row, 1, p)?)?);
             }
             let sessions = self
                 .sessions
@@ -676,7 +712,17 @@ impl StateBackend for PostgresStore {
                     .map_err(|e| self.query_error(&e))
                 })
                 .await?;
-            Ok(row.map(|r| (r.get::<_, i64>(0).max(0) as u64, r.get::<_, String>(1))))
+            let key = "(this host's records checkpoint)";
+            row.map(|r| {
+                let seq: i64 = self.column(&r, 0, key)?;
+                let seq = u64::try_from(seq).map_err(|_| PgError::Corrupt {
+                    target: self.target.name.clone(),
+                    key: key.to_string(),
+                    reason: format!("a negative sequence number ({seq})"),
+                })?;
+                Ok((seq, self.column::<String>(&r, 1, key)?))
+            })
+            .transpose()
         })
     }
 

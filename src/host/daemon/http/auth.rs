@@ -32,6 +32,9 @@ pub enum AuthRefusal {
     /// A JWT past its expiry.
     #[error("the access token has expired")]
     Expired,
+    /// A JWT whose `nbf` (not before) is still ahead.
+    #[error("the access token is not valid yet (nbf)")]
+    NotYetValid,
     /// A JWT from another issuer.
     #[error("the access token's issuer is not trusted")]
     WrongIssuer,
@@ -125,10 +128,11 @@ impl Authenticator {
         let Some(header) = authorization else {
             return self.loopback.clone().ok_or(AuthRefusal::Missing);
         };
+        // The scheme's name is case-insensitive (RFC 9110, section 11.1).
         let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))
-            .map(str::trim)
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .filter(|t| !t.is_empty())
             .ok_or(AuthRefusal::Malformed)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
@@ -170,6 +174,8 @@ impl Jwt {
         let mut validation = Validation::new(header.alg);
         validation.algorithms = vec![header.alg];
         validation.leeway = LEEWAY_SECS;
+        // Not checked unless asked for: a token issued for later must not work now.
+        validation.validate_nbf = true;
         validation.set_issuer(&[&self.config.issuer]);
         validation.set_audience(&[&self.config.audience]);
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
@@ -180,6 +186,7 @@ impl Jwt {
                 Err(e) => {
                     last = match e.kind() {
                         ErrorKind::ExpiredSignature => AuthRefusal::Expired,
+                        ErrorKind::ImmatureSignature => AuthRefusal::NotYetValid,
                         ErrorKind::InvalidAudience => AuthRefusal::WrongAudience,
                         ErrorKind::InvalidIssuer => AuthRefusal::WrongIssuer,
                         ErrorKind::MissingRequiredClaim(c) if c == "aud" => {
@@ -316,6 +323,19 @@ principals = {{ "user-1" = "alice" }}
         assert_eq!(
             a.authenticate(Some(&bearer(&expired))),
             Err(AuthRefusal::Expired)
+        );
+        let mut later = claims("https://mcp.example/mcp", now() + 900, "user-1");
+        later["nbf"] = json!(now() + 600);
+        let later = issuer.token(&later).unwrap();
+        assert_eq!(
+            a.authenticate(Some(&bearer(&later))),
+            Err(AuthRefusal::NotYetValid)
+        );
+        assert_eq!(
+            a.authenticate(Some(&format!("BEARER {good}")))
+                .unwrap()
+                .as_str(),
+            "alice"
         );
         let stranger = issuer
             .token(&claims("https://mcp.example/mcp", now() + 300, "user-2"))
