@@ -93,12 +93,13 @@ impl StateCommand {
                     writer.close_blocking()?;
                 }
                 println!(
-                    "rebuilt {} from {} records in {}: {} principals, {} sessions; bound to record seq {}",
+                    "rebuilt {} from {} records in {}: {} principals, {} sessions, {} declassification grants marked spent; bound to record seq {}",
                     db.display(),
                     report.records,
                     args.records.display(),
                     report.principals,
                     report.sessions,
+                    report.grants,
                     report
                         .head_seq
                         .map_or_else(|| "none".to_string(), |s| s.to_string())

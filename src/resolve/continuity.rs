@@ -120,8 +120,8 @@ pub struct OtherStreamError {
 #[derive(Debug, thiserror::Error)]
 #[error(
     "flow state {db} is older than the decision records: record seq {seq} ({file}:{line}) \
-     shows {holder} carrying a label the state does not hold (a truncated or restored \
-     state.db, or one whose write-ahead log was lost). Starting would lower that label. \
+     shows {holder}, which the state does not hold (a truncated or restored state.db, or \
+     one whose write-ahead log was lost). Starting would forget it. \
      With the host stopped, rebuild the state from the records with `flowhost state rebuild \
      --records {records} --state-dir {state_dir}`, or restore the newest state.db"
 )]
@@ -132,7 +132,8 @@ pub struct BehindError {
     state_dir: PathBuf,
     /// The record directory.
     records: PathBuf,
-    /// Whose label (`principal alice`, `session alice/…`).
+    /// What the records show (`principal alice carrying a label`, `declassification grant
+    /// "g-1" spent`).
     holder: String,
     /// The record proving it.
     seq: u64,
@@ -151,9 +152,20 @@ struct Proof {
     line: u64,
 }
 
+/// A record naming a declassification grant, and where it is.
+struct GrantSeen {
+    id: String,
+    /// Whether the record allowed its call: the grant was then spent, durably, before it.
+    allowed: bool,
+    seq: u64,
+    file: PathBuf,
+    line: u64,
+}
+
 /// What reading the records after a checkpoint found.
 struct Scan {
     proofs: Vec<Proof>,
+    grants: Vec<GrantSeen>,
     /// Whether the checkpoint record was found with its hash.
     checkpoint: CheckpointFound,
     /// The last record read: sequence number and line hash.
@@ -183,6 +195,7 @@ fn scan(dir: &Path, after: Option<(u64, &str)>, strict: bool) -> Result<Scan, Co
         .unwrap_or(0);
     let mut out = Scan {
         proofs: Vec::new(),
+        grants: Vec::new(),
         checkpoint: if after.is_some() {
             CheckpointFound::Missing
         } else {
@@ -217,6 +230,15 @@ fn scan(dir: &Path, after: Option<(u64, &str)>, strict: bool) -> Result<Scan, Co
                 continue;
             }
             let x = &record.flowhost;
+            if let Some(grant) = &x.grant {
+                out.grants.push(GrantSeen {
+                    id: grant.id.clone(),
+                    allowed: record.decision.effect == Effect::Allow,
+                    seq,
+                    file: f.path.clone(),
+                    line: line_no,
+                });
+            }
             let must_carry = matches!(x.event, EventKind::ToolOutcome | EventKind::ContentOutcome)
                 || (matches!(
                     x.event,
@@ -312,7 +334,7 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
             .unwrap_or_else(InformationLabel::bottom);
         let holder = (!p.labels.principal.flows_to(&principal)
             || !p.labels.session.flows_to(&principal))
-        .then(|| format!("principal {}", p.key.principal));
+        .then(|| format!("principal {} carrying a label", p.key.principal));
         if let Some(holder) = holder {
             return Err(ContinuityError::Behind(Box::new(BehindError {
                 db: places.db.to_path_buf(),
@@ -325,10 +347,33 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
             })));
         }
     }
+    // A grant an allowed call named was spent before the call went ahead: one the state
+    // does not hold as spent would be accepted again (a restored or truncated state).
+    // Marking it spent here is what a rebuild would do; the start is still refused, as for
+    // a label, since whatever lost it may have lost more.
+    for g in scan.grants.iter().filter(|g| g.allowed) {
+        if state.consume_grant(&g.id, unix_now()).await? {
+            return Err(ContinuityError::Behind(Box::new(BehindError {
+                db: places.db.to_path_buf(),
+                state_dir: places.state_dir.to_path_buf(),
+                records: places.records.to_path_buf(),
+                holder: format!("declassification grant {:?} spent", g.id),
+                seq: g.seq,
+                file: g.file.clone(),
+                line: g.line,
+            })));
+        }
+    }
     if let Some((seq, hash)) = &scan.head {
         state.set_checkpoint(*seq, hash).await?;
     }
     Ok(())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(u64::MAX, |d| d.as_secs())
 }
 
 /// Re-binds `state` to the records' current head without comparing labels: for an operator
@@ -352,6 +397,8 @@ pub struct RebuildReport {
     pub principals: usize,
     /// Sessions the records show (compacted into their principals).
     pub sessions: usize,
+    /// Declassification grants the records name, now marked spent.
+    pub grants: usize,
     /// The record the state is now bound to.
     pub head_seq: Option<u64>,
 }
@@ -382,6 +429,13 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
         principals.insert(p.key.principal.clone(), ());
         sessions.insert(p.key.clone(), ());
     }
+    // Every grant the records name is marked spent, whatever came of its call: one that
+    // was spent and then refused (the state failed after spending it) must not be accepted
+    // again, and an authority can issue a new grant for a call that was refused.
+    let now = unix_now();
+    for g in &scan.grants {
+        state.consume_grant(&g.id, now)?;
+    }
     if let Some((seq, hash)) = &scan.head {
         state.set_checkpoint(*seq, hash)?;
     }
@@ -389,6 +443,69 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
         records: report.records,
         principals: principals.len(),
         sessions: sessions.len(),
+        grants: scan
+            .grants
+            .iter()
+            .map(|g| g.id.as_str())
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
         head_seq: scan.head.map(|(s, _)| s),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{GrantFacts, RecordWriter, WriterOptions};
+
+    /// A record directory holding one allowed call made under grant `g-1`.
+    fn records_with_a_spent_grant(dir: &Path) {
+        let mut call = crate::records::tests::sample_tool_call();
+        call.flowhost.grant = Some(GrantFacts {
+            id: "g-1".into(),
+            purpose: "reviewed-summary".into(),
+        });
+        call.flowhost.labels_after = Some(LabelsAfter {
+            principal: InformationLabel::bottom(),
+            session: InformationLabel::bottom(),
+        });
+        let w = RecordWriter::open(dir, WriterOptions::default()).unwrap();
+        w.commit_blocking(call).unwrap();
+        w.close_blocking().unwrap();
+    }
+
+    /// A state that lost the grants it spent (restored, truncated, rebuilt) would accept
+    /// them again: a rebuild marks every grant the records name as spent, and a start on a
+    /// state that lacks one is refused.
+    #[tokio::test]
+    async fn grants_the_records_show_spent_stay_spent() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        records_with_a_spent_grant(&records);
+
+        let rebuilt = dir.path().join("rebuilt.db");
+        let report = rebuild(&records, &rebuilt).unwrap();
+        assert_eq!(report.grants, 1);
+        assert!(
+            !SqliteStore::open(&rebuilt)
+                .unwrap()
+                .consume_grant("g-1", 1)
+                .unwrap(),
+            "the rebuilt state accepts the spent grant again"
+        );
+
+        let fresh = dir.path().join("fresh.db");
+        let state = FlowStateStore::open(&fresh).unwrap();
+        let places = Places {
+            db: &fresh,
+            state_dir: dir.path(),
+            records: &records,
+        };
+        let err = check(&state, &places).await.unwrap_err();
+        assert!(
+            err.to_string().contains("grant \"g-1\" spent")
+                && err.to_string().contains("state rebuild"),
+            "{err}"
+        );
+    }
 }
