@@ -1007,3 +1007,79 @@ fn delete_cancels_the_sessions_calls_in_flight() {
         lab.log()
     );
 }
+
+/// A request id already in flight in the session is refused with 409 before anything is
+/// routed: its answer would otherwise end the first request's stream, and the first call's
+/// result would go to the second. A message that is no valid JSON-RPC message, and an id
+/// too long to keep, are refused with 400 at once, as the socket transport answers them.
+#[test]
+fn an_id_in_flight_or_an_invalid_message_is_refused_before_routing() {
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    let mut c = McpHttp::new(addr, Some(TOKEN));
+    let init = c.call(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "dup", "version": "0"}}),
+    );
+    assert_eq!(init.status, 200, "{init:?}");
+    let session = init.header("mcp-session-id").unwrap().to_string();
+    c.session = Some(session.clone());
+    assert_eq!(
+        c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .status,
+        202
+    );
+    let auth = format!("Bearer {TOKEN}");
+    let first = {
+        let (auth, session) = (auth.clone(), session.clone());
+        std::thread::spawn(move || {
+            request(
+                addr,
+                "POST",
+                "/mcp",
+                &[
+                    ("Content-Type", "application/json"),
+                    ("Accept", "application/json, text/event-stream"),
+                    ("Authorization", &auth),
+                    ("Mcp-Session-Id", &session),
+                ],
+                &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "test_sampling", "arguments": {"prompt": "p"}}}).to_string(),
+            )
+        })
+    };
+    // The call waits for the client's sampling answer, which never comes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !lab
+        .records()
+        .iter()
+        .any(|r| r["flowhost"]["event"] == "relay")
+    {
+        assert!(std::time::Instant::now() < deadline, "no relay record");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let again = c.post(&json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}));
+    assert_eq!(again.status, 409, "{again:?}");
+    assert!(again.body.contains("already in flight"), "{again:?}");
+    for bad in [
+        json!({"jsonrpc": "2.0", "id": 9, "method": 5}),
+        json!({"jsonrpc": "1.0", "id": 9, "result": {}}),
+        json!({"jsonrpc": "2.0", "id": "x".repeat(300), "method": "ping"}),
+    ] {
+        let r = c.post(&bad);
+        assert_eq!(r.status, 400, "{bad}: {r:?}");
+    }
+    let d = request(
+        addr,
+        "DELETE",
+        "/mcp",
+        &[("Authorization", &auth), ("Mcp-Session-Id", &session)],
+        "",
+    );
+    assert_eq!(d.status, 204, "{d:?}");
+    let first = first.join().unwrap();
+    assert!(
+        !first.body.contains("already in flight") && !first.body.contains("\"code\":-32"),
+        "another request's answer reached the call's stream: {first:?}"
+    );
+}

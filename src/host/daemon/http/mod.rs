@@ -59,6 +59,10 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most HTTP connections open at once (each holds a descriptor of the daemon's, which the
 /// Unix socket and the executors need too); past it a new connection is closed at once.
 const MAX_CONNECTIONS: usize = 512;
+/// How long a request's body may take to arrive once its head has.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest request id or progress token accepted, as JSON text.
+const MAX_ID_BYTES: usize = 256;
 
 type Body = BoxBody<Bytes, Infallible>;
 /// A refusal before any session logic runs: its status and why.
@@ -543,12 +547,26 @@ impl Transport {
             .is_some_and(|a| a.contains("text/event-stream"));
         let headers = req.headers().clone();
         let limit = self.host.current().config.max_message_bytes;
-        let bytes = match Limited::new(req.into_body(), limit).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(_) => {
+        let body = Limited::new(req.into_body(), limit).collect();
+        let bytes = match tokio::time::timeout(BODY_READ_TIMEOUT, body).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                 return http_error(
                     StatusCode::PAYLOAD_TOO_LARGE,
-                    &format!("the body exceeds {limit} bytes or could not be read"),
+                    &format!("the body exceeds {limit} bytes"),
+                );
+            }
+            Ok(Err(e)) => {
+                return http_error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("the body could not be read: {e}"),
+                );
+            }
+            // A body sent a byte at a time would hold the connection (and its slot) forever.
+            Err(_) => {
+                return http_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    &format!("the body did not arrive within {BODY_READ_TIMEOUT:?}"),
                 );
             }
         };
@@ -579,6 +597,26 @@ impl Transport {
                 &json!({"jsonrpc": "2.0", "id": null, "error": {"code": code::INVALID_REQUEST, "message": "the request id must be a string or an integer"}}),
             );
         }
+        // Every event of a stream is kept for resumption and each repeats its request's id
+        // or progress token: longer ones would let a client make the host keep any amount.
+        let too_long = |v: Option<&Value>| v.is_some_and(|v| v.to_string().len() > MAX_ID_BYTES);
+        if too_long(id) || too_long(message.pointer("/params/_meta/progressToken")) {
+            return json_body(
+                StatusCode::BAD_REQUEST,
+                &json!({"jsonrpc": "2.0", "id": null, "error": {"code": code::INVALID_REQUEST, "message": format!("a request id or progress token is at most {MAX_ID_BYTES} bytes")}}),
+            );
+        }
+        // What the session would answer as invalid is answered here, to its sender: the
+        // session's answer would go to whichever stream is open.
+        let kind = match crate::mcp::parse(&bytes) {
+            Ok(kind) => kind,
+            Err((id, e)) => {
+                return json_body(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"jsonrpc": "2.0", "id": id, "error": {"code": e.code, "message": e.message}}),
+                );
+            }
+        };
         let (session_id, remote) =
             if method == Some("initialize") && !headers.contains_key(SESSION_HEADER) {
                 match self.open(&principal) {
@@ -591,7 +629,7 @@ impl Transport {
                     Err((status, why)) => return http_error(status, why),
                 }
             };
-        if id.is_none() || method.is_none() {
+        if !matches!(kind, crate::mcp::Incoming::Request { .. }) {
             // A notification or a response: accepted once it is handed over.
             return if remote
                 .inbox
@@ -607,6 +645,14 @@ impl Transport {
             };
         }
         let events = match remote.streams.lock() {
+            // An answer is routed by its id: a second request with the same id would take
+            // the first one's answer.
+            Ok(s) if s.in_flight(&message) => {
+                return json_body(
+                    StatusCode::CONFLICT,
+                    &json!({"jsonrpc": "2.0", "id": null, "error": {"code": code::INVALID_REQUEST, "message": format!("request id {} is already in flight in this session", message["id"])}}),
+                );
+            }
             Ok(mut s) => s.open_for_request(&message, !accepts_sse),
             Err(_) => return http_error(StatusCode::INTERNAL_SERVER_ERROR, "session state lost"),
         };
@@ -788,10 +834,9 @@ async fn json_answer(mut events: mpsc::Receiver<String>) -> Response<Body> {
     }
     match last.and_then(|d| serde_json::from_str::<Value>(&d).ok()) {
         Some(v) => json_body(StatusCode::OK, &v),
-        None => http_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the session ended before answering",
-        ),
+        // Ended by DELETE, its idle window or the host stopping: the session is gone, and
+        // nothing failed in the host.
+        None => http_error(StatusCode::NOT_FOUND, "the session ended before answering"),
     }
 }
 

@@ -15,6 +15,8 @@ use super::super::session::NotDelivered;
 const MAX_EVENTS: usize = 256;
 /// Finished streams kept for replay.
 const MAX_FINISHED: usize = 32;
+/// Bytes of events kept for replay across a session's streams; past it the oldest go first.
+const MAX_LOG_BYTES: usize = 8 << 20;
 /// Events buffered towards a client before it must resume instead.
 const CHANNEL: usize = 64;
 
@@ -56,6 +58,8 @@ pub(super) struct Streams {
     progress: Vec<(String, u64)>,
     standalone: Option<u64>,
     next: u64,
+    /// Bytes of the events kept for replay.
+    log_bytes: usize,
 }
 
 impl Stream {
@@ -79,6 +83,12 @@ impl Streams {
             },
         );
         self.next
+    }
+
+    /// Whether a request with `request`'s id is in flight.
+    pub(super) fn in_flight(&self, request: &Value) -> bool {
+        let id = request["id"].to_string();
+        self.pending.iter().any(|(p, _)| *p == id)
     }
 
     /// Opens the stream that answers `request` (a JSON-RPC request with an id); `json_only`
@@ -176,15 +186,39 @@ impl Streams {
         let seq = s.next;
         s.next += 1;
         let event = format!("id: {n}-{seq}\ndata: {data}\n\n");
-        if s.log.len() == MAX_EVENTS {
-            s.log.pop_front();
+        // A JSON-only client never sees event ids, so it cannot resume: nothing is kept.
+        if !s.json_only {
+            if s.log.len() == MAX_EVENTS
+                && let Some((_, old)) = s.log.pop_front()
+            {
+                self.log_bytes -= old.len();
+            }
+            self.log_bytes += event.len();
+            s.log.push_back((seq, event.clone()));
         }
-        s.log.push_back((seq, event.clone()));
         // A client that is gone or too slow resumes from the log instead.
         if let Some(tx) = &s.tx
             && tx.try_send(event).is_err()
         {
             s.tx = None;
+        }
+        self.trim_logs();
+    }
+
+    /// Drops the oldest kept events, oldest stream first, until the session keeps at most
+    /// [`MAX_LOG_BYTES`]: a client that asks for large answers cannot make the host keep
+    /// them all for resumption.
+    fn trim_logs(&mut self) {
+        for s in self.streams.values_mut() {
+            while self.log_bytes > MAX_LOG_BYTES {
+                let Some((_, old)) = s.log.pop_front() else {
+                    break;
+                };
+                self.log_bytes -= old.len();
+            }
+            if self.log_bytes <= MAX_LOG_BYTES {
+                return;
+            }
         }
     }
 
@@ -199,7 +233,9 @@ impl Streams {
             .iter()
             .take(finished.len().saturating_sub(MAX_FINISHED))
         {
-            self.streams.remove(n);
+            if let Some(gone) = self.streams.remove(n) {
+                self.log_bytes -= gone.log.iter().map(|(_, e)| e.len()).sum::<usize>();
+            }
         }
     }
 
@@ -279,6 +315,37 @@ mod tests {
             out.push(data_of(&e).unwrap());
         }
         out
+    }
+
+    /// What a session keeps for resumption is bounded in bytes, whatever the answers' size
+    /// and number, and a JSON-only stream (which cannot be resumed) keeps nothing.
+    #[test]
+    fn the_events_kept_for_resumption_are_bounded_in_bytes() {
+        let mut s = Streams::default();
+        let big = "x".repeat(1 << 20);
+        for id in 0..40 {
+            let _rx = s.open_for_request(&json!({"id": id}), false);
+            s.route(
+                &format!(r#"{{"jsonrpc":"2.0","id":{id},"result":"{big}"}}"#),
+                None,
+            );
+        }
+        let kept: usize = s
+            .streams
+            .values()
+            .flat_map(|x| &x.log)
+            .map(|(_, e)| e.len())
+            .sum();
+        assert_eq!(kept, s.log_bytes);
+        assert!(kept <= MAX_LOG_BYTES, "{kept}");
+        assert!(
+            kept > MAX_LOG_BYTES - (2 << 20),
+            "the newest are kept: {kept}"
+        );
+        let mut json_only = Streams::default();
+        let _rx = json_only.open_for_request(&json!({"id": 1}), true);
+        json_only.route(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#, None);
+        assert_eq!(json_only.log_bytes, 0);
     }
 
     #[test]
