@@ -99,7 +99,9 @@ impl GrantCommand {
             tool: a.tool,
             purpose: crate::ident::DeclassificationPurpose::new(&a.purpose)
                 .map_err(|e| format!("--purpose: {e}"))?,
-            arguments_hash: arguments_hash(&arguments),
+            arguments_hash: arguments_hash(&arguments).ok_or(
+                "--arguments: an integer beyond ±2^53 cannot be bound exactly; write it as a string",
+            )?,
             source_label_hash: a.source_label_hash,
             target_label: target,
             issued_at,

@@ -163,7 +163,10 @@ fn sign_reviewed_summary(
         tool: "publish".into(),
         purpose: crate::ident::DeclassificationPurpose::new("reviewed-summary")
             .map_err(step("making a grant"))?,
-        arguments_hash: crate::grant::arguments_hash(arguments),
+        // The demo's own arguments: small integers and strings only.
+        arguments_hash: crate::grant::arguments_hash(arguments)
+            .ok_or("an integer beyond ±2^53")
+            .map_err(step("binding the grant to its arguments"))?,
         source_label_hash: field("label_hash"),
         target_label: crate::label::InformationLabel::bottom(),
         issued_at: now,

@@ -101,9 +101,30 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// The hash a grant binds a call's arguments with: `sha256:` + hex of the SHA-256 of their
-/// RFC 8785 canonical JSON.
-pub fn arguments_hash(arguments: &Value) -> String {
-    sha256_hex(&crate::canonical::canonical_bytes(arguments).unwrap_or_default())
+/// RFC 8785 canonical JSON. `None` for arguments no hash binds exactly: an integer beyond
+/// ±2^53 is canonicalized as the nearest double, so other integers near it would hash the
+/// same, and the tool would be handed one the grant never named.
+pub fn arguments_hash(arguments: &Value) -> Option<String> {
+    if !exactly_bound(arguments) {
+        return None;
+    }
+    crate::canonical::canonical_bytes(arguments)
+        .ok()
+        .map(|bytes| sha256_hex(&bytes))
+}
+
+/// Whether every integer in `value` is within ±2^53.
+fn exactly_bound(value: &Value) -> bool {
+    match value {
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u <= crate::canonical::MAX_EXACT_INTEGER,
+            (None, Some(i)) => i.unsigned_abs() <= crate::canonical::MAX_EXACT_INTEGER,
+            (None, None) => true,
+        },
+        Value::Array(items) => items.iter().all(exactly_bound),
+        Value::Object(map) => map.values().all(exactly_bound),
+        _ => true,
+    }
 }
 
 /// The hash a grant binds a session's label with: `sha256:` + hex of the SHA-256 of the
@@ -342,7 +363,7 @@ pub fn check(
         ("tool", b.tool == call.tool),
         (
             "arguments_hash",
-            b.arguments_hash == arguments_hash(call.arguments),
+            arguments_hash(call.arguments).is_some_and(|h| h == b.arguments_hash),
         ),
         (
             "source_label_hash",
@@ -394,7 +415,7 @@ mod tests {
             server: "inbox".into(),
             tool: "publish".into(),
             purpose: DeclassificationPurpose::new("reviewed-summary").unwrap(),
-            arguments_hash: arguments_hash(&serde_json::json!({"m": 1})),
+            arguments_hash: arguments_hash(&serde_json::json!({"m": 1})).unwrap(),
             source_label_hash: label_hash(&InformationLabel::bottom()),
             target_label: InformationLabel::bottom(),
             issued_at: now,
@@ -417,6 +438,20 @@ mod tests {
         let mut id = body(10);
         id.grant_id = "has space".into();
         assert!(SignedGrant::sign(id, &key).is_err());
+    }
+
+    /// Arguments are bound exactly or not at all: past ±2^53 two integers share a canonical
+    /// form, so a grant for one would pass a call carrying the other.
+    #[test]
+    fn arguments_beyond_the_exact_integers_cannot_be_bound() {
+        let near = |n: u64| arguments_hash(&serde_json::json!({"n": n}));
+        assert!(near(1 << 53).is_some());
+        assert_eq!(near((1 << 53) + 1), None);
+        assert_eq!(
+            arguments_hash(&serde_json::json!({"n": [-(1i64 << 53) - 1]})),
+            None
+        );
+        assert_ne!(near(1), near(2));
     }
 
     #[test]
