@@ -61,6 +61,25 @@ pub enum StateError {
         /// The decoding error.
         reason: String,
     },
+    /// Another process has the database open (a host on the same state directory, or a
+    /// rebuild): two writers would each trust their own copy and overwrite the other's
+    /// raises.
+    #[error(
+        "flow-state database {path} is in use by another process (a host running on this \
+         state directory, or a rebuild); one at a time"
+    )]
+    InUse {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// The database's lock file could not be opened or locked.
+    #[error("{path}: cannot lock the flow-state database: {source}")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// An earlier failure left the store unusable.
     #[error("flow-state store failed earlier and refuses further use: {0}")]
     Failed(String),
@@ -272,6 +291,9 @@ impl StateBackend for SqliteStore {
 pub struct SqliteStore {
     path: PathBuf,
     inner: Mutex<Inner>,
+    /// Held while the store is open: it trusts its in-memory copy of every label, which
+    /// only holds while no other process writes the database.
+    _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -290,6 +312,41 @@ fn decode(path: &Path, key: &str, text: &str) -> Result<InformationLabel, StateE
     })
 }
 
+/// Takes the exclusive lock of database `db` (`flock` on `DB.lock` beside it), waiting up
+/// to 2 s for a process that is just closing it.
+fn lock_exclusively(db: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StateError> {
+    use nix::fcntl::{Flock, FlockArg};
+    let mut name = db.as_os_str().to_owned();
+    name.push(".lock");
+    let path = PathBuf::from(name);
+    let lock_err = |source| StateError::Lock {
+        path: path.clone(),
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(lock_err)?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(held) => return Ok(held),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = f;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(StateError::InUse {
+                    path: db.to_path_buf(),
+                });
+            }
+            Err((_, e)) => return Err(lock_err(e.into())),
+        }
+    }
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and loads every stored label. A
     /// corrupt label stops the open: the host must not start with state it cannot read.
@@ -298,6 +355,7 @@ impl SqliteStore {
             path: path.to_path_buf(),
             source,
         };
+        let lock = lock_exclusively(path)?;
         let conn = Connection::open(path).map_err(open_err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
@@ -377,6 +435,7 @@ impl SqliteStore {
             }
         }
         Ok(SqliteStore {
+            _lock: lock,
             path: path.to_path_buf(),
             inner: Mutex::new(Inner {
                 conn,
@@ -620,6 +679,23 @@ impl SqliteStore {
 mod tests {
     use super::*;
     use std::collections::{BTreeMap, BTreeSet};
+
+    /// A second process on the same state file would trust its own copy of every label and
+    /// overwrite the first's raises: it is refused while the first has the file open.
+    #[test]
+    fn one_store_at_a_time_has_the_database_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let first = SqliteStore::open(&db).unwrap();
+        let err = SqliteStore::open(&db).unwrap_err();
+        assert!(matches!(err, StateError::InUse { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("in use by another process"),
+            "{err}"
+        );
+        drop(first);
+        SqliteStore::open(&db).unwrap();
+    }
 
     fn owner(o: &str) -> InformationLabel {
         let o = PrincipalId::new(o).unwrap();
