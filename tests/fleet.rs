@@ -176,6 +176,51 @@ async fn the_shared_store_keeps_its_promises_across_hosts() {
     assert!(err.contains("99 is newer"), "{err}");
 }
 
+/// A database that comes back lower than a host has seen it (a failover to a lagging
+/// replica, a restore) is refused, not trusted: judged against the lower label, a call the
+/// higher one refuses would go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_lower_than_this_host_has_seen_is_refused() {
+    let Some(pg) = postgres() else { return };
+    migrate(&pg.settings("a")).await.unwrap();
+    let a = open(&pg, "a").await;
+    let k = key(ANALYST, "s");
+    a.raise(&k, &compartment("c1"), &compartment("c1"))
+        .await
+        .unwrap();
+    let restored = InformationLabel::bottom().to_canonical_json();
+    raw(&pg)
+        .await
+        .execute(
+            "UPDATE principal_labels SET label = $1 WHERE principal = $2",
+            &[&restored, &ANALYST],
+        )
+        .await
+        .unwrap();
+    let err = a.get(&k).await.unwrap_err().to_string();
+    assert!(
+        err.contains("lower than this host has seen") && err.contains(ANALYST),
+        "{err}"
+    );
+    let err = a
+        .raise(&k, &InformationLabel::bottom(), &InformationLabel::bottom())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("lower than this host has seen"), "{err}");
+    // Raised back (another host's read, or the operator), it serves again.
+    let back = compartment("c1").to_canonical_json();
+    raw(&pg)
+        .await
+        .execute(
+            "UPDATE principal_labels SET label = $1 WHERE principal = $2",
+            &[&back, &ANALYST],
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.get(&k).await.unwrap().principal, compartment("c1"));
+}
+
 /// Two lab daemons (own sockets, state and record directories) sharing `pg`.
 fn fleet(pg: &Postgres) -> (Lab, Lab) {
     let labs: Vec<Lab> = ["host-a", "host-b"]

@@ -229,6 +229,37 @@ impl Host {
         Ok(h)
     }
 
+    /// Binds the flow state to the records' head, as a clean stop does. A state file only
+    /// this host writes is current here. A shared database is not known to be: another
+    /// host, a failover or a restore may have changed it meanwhile, so it is checked against
+    /// this host's records first (bound without the check, a rollback would be forgotten).
+    async fn bind_state_to_records(&self) -> Result<(), crate::continuity::ContinuityError> {
+        let generation = self.current();
+        let config = &generation.config;
+        match &config.state {
+            crate::config::StateConfig::Postgres(pg) => {
+                crate::continuity::check(
+                    self.resolver.state(),
+                    &crate::continuity::Places {
+                        db: &pg.url_file,
+                        state_dir: &config.state_dir,
+                        records: &config.records_dir,
+                    },
+                )
+                .await
+            }
+            crate::config::StateConfig::Sqlite => {
+                crate::continuity::rebind(
+                    self.resolver.state(),
+                    writer_head(&self.records.status())
+                        .as_ref()
+                        .map(|(s, h)| (*s, h.as_str())),
+                )
+                .await
+            }
+        }
+    }
+
     /// Stops every pool, closes the record writer and writes the final health.
     pub async fn finish(&self) {
         for pool in self.current().pools.values() {
@@ -237,15 +268,8 @@ impl Host {
         self.flush_refusals(true).await;
         if let Err(e) = self.records.close().await {
             tracing::error!(error = %e, "closing the decision records failed");
-        } else if let Err(e) = crate::continuity::rebind(
-            self.resolver.state(),
-            writer_head(&self.records.status())
-                .as_ref()
-                .map(|(s, h)| (*s, h.as_str())),
-        )
-        .await
-        {
-            tracing::error!(error = %e, "binding the flow state to the records failed");
+        } else if let Err(e) = self.bind_state_to_records().await {
+            tracing::error!(error = %e, "binding the flow state to the records failed; it stays bound where it was, so the next start checks it against every record since");
         }
         if let Err(e) = self.write_health() {
             tracing::error!(error = %e, "writing the health file failed");

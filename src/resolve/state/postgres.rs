@@ -119,6 +119,21 @@ pub enum PgError {
         /// What was found.
         found: String,
     },
+    /// A principal's label is lower than this host has already seen it: the database was
+    /// rolled back (a failover to a replica that lagged, a restore), and judging by it would
+    /// let out what the higher label refuses.
+    #[error(
+        "flow-state database {target}: principal {principal}'s label is lower than this host \
+         has seen it (a failover to a lagging replica, or a restore); refusing until the \
+         database holds it again (restore the newest copy, or rebuild the state from every \
+         host's records)"
+    )]
+    Lower {
+        /// The database.
+        target: String,
+        /// The principal.
+        principal: String,
+    },
     /// A stored label is not a valid label.
     #[error("flow-state database {target}: stored label for {key} is invalid: {reason}")]
     Corrupt {
@@ -383,6 +398,9 @@ pub struct PostgresStore {
     next: AtomicUsize,
     sessions: Mutex<HashMap<SessionKey, InformationLabel>>,
     failure: Mutex<Option<String>>,
+    /// The highest label this host has read or written for each principal: labels only
+    /// rise, so the database returning one below it was rolled back (see [`PgError::Lower`]).
+    seen: Mutex<HashMap<PrincipalId, InformationLabel>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -435,7 +453,49 @@ impl PostgresStore {
             next: AtomicUsize::new(0),
             sessions: Mutex::new(HashMap::new()),
             failure: Mutex::new(None),
+            seen: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The label this host has seen for `principal` so far; taken before a query, so that
+    /// a concurrent raise that returns first cannot make this query's (older) answer look
+    /// like a rollback.
+    fn seen_before(&self, principal: &PrincipalId) -> Result<InformationLabel, StateError> {
+        let seen = self
+            .seen
+            .lock()
+            .map_err(|_| StateError::Failed("a writer panicked while holding the store".into()))?;
+        Ok(seen
+            .get(principal)
+            .cloned()
+            .unwrap_or_else(InformationLabel::bottom))
+    }
+
+    /// Checks `label`, read from the database for `principal` after this host had seen
+    /// `before`, and keeps the higher of the two as seen.
+    fn observed(
+        &self,
+        principal: &PrincipalId,
+        before: &InformationLabel,
+        label: &InformationLabel,
+    ) -> Result<(), StateError> {
+        if !before.flows_to(label) {
+            tracing::error!(target = %self.target.name, principal = %principal, "the flow-state database holds a principal's label lower than this host has seen it; refusing");
+            return Err(PgError::Lower {
+                target: self.target.name.clone(),
+                principal: principal.to_string(),
+            }
+            .into());
+        }
+        let mut seen = self
+            .seen
+            .lock()
+            .map_err(|_| StateError::Failed("a writer panicked while holding the store".into()))?;
+        let entry = seen
+            .entry(principal.clone())
+            .or_insert_with(InformationLabel::bottom);
+        *entry = entry.join_or_top(label);
+        Ok(())
     }
 
     fn query_error(&self, e: &tokio_postgres::Error) -> PgError {
@@ -601,9 +661,11 @@ impl PostgresStore {
 impl StateBackend for PostgresStore {
     fn get<'a>(&'a self, key: &'a SessionKey) -> StateFuture<'a, FlowState> {
         Box::pin(async move {
+            let before = self.seen_before(&key.principal)?;
             let principal = self
                 .run(async |c| self.principal_label(c, &key.principal).await)
                 .await?;
+            self.observed(&key.principal, &before, &principal)?;
             Ok(FlowState {
                 principal,
                 session: self.session_label(key)?,
@@ -618,9 +680,11 @@ impl StateBackend for PostgresStore {
         session: &'a InformationLabel,
     ) -> StateFuture<'a, FlowState> {
         Box::pin(async move {
+            let before = self.seen_before(&key.principal)?;
             let principal = self
                 .run(async |c| self.raise_principal(c, &key.principal, principal).await)
                 .await?;
+            self.observed(&key.principal, &before, &principal)?;
             // The session's label is this host's alone; the join is commutative, so
             // concurrent raises of one session compose under the lock.
             let mut sessions = self.sessions.lock().map_err(|_| {
