@@ -1069,6 +1069,11 @@ fn an_id_in_flight_or_an_invalid_message_is_refused_before_routing() {
         let r = c.post(&bad);
         assert_eq!(r.status, 400, "{bad}: {r:?}");
     }
+    // An initialize sent as a notification opens no session (it would take a slot).
+    let opener = McpHttp::new(addr, Some(TOKEN));
+    let r = opener.post(&json!({"jsonrpc": "2.0", "method": "initialize"}));
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.header("mcp-session-id").is_none(), "{r:?}");
     let d = request(
         addr,
         "DELETE",

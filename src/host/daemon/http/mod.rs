@@ -59,6 +59,9 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most HTTP connections open at once (each holds a descriptor of the daemon's, which the
 /// Unix socket and the executors need too); past it a new connection is closed at once.
 const MAX_CONNECTIONS: usize = 512;
+/// How long a session must have been idle before a new one of its principal may replace it
+/// at the principal's cap.
+const EVICTABLE_AFTER: Duration = Duration::from_secs(60);
 /// How long a request's body may take to arrive once its head has.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest request id or progress token accepted, as JSON text.
@@ -129,6 +132,18 @@ struct Remote {
     /// Told when the client ends the session (`DELETE`): the session then stops as for a
     /// client that went away, its calls in flight cancelled and its executors stopped.
     ended: Arc<tokio::sync::Notify>,
+    /// When a request last named it.
+    last_used: Mutex<std::time::Instant>,
+}
+
+impl Remote {
+    /// How long the session has been idle: nothing in flight, no stream a client reads, and
+    /// no request for that long. `None` while it is in use.
+    fn idle_for(&self) -> Option<Duration> {
+        let in_use = self.streams.lock().map_or(true, |s| s.in_use());
+        let last = *self.last_used.lock().ok()?;
+        (!in_use).then(|| last.elapsed())
+    }
 }
 
 /// The record budget of unauthenticated callers in the current fold interval.
@@ -530,7 +545,12 @@ impl Transport {
         let remote = self.sessions.lock().ok().and_then(|s| s.get(id).cloned());
         match remote {
             // Another principal's session is as unknown as a closed one.
-            Some(r) if r.principal == *principal => Ok((id.to_string(), r)),
+            Some(r) if r.principal == *principal => {
+                if let Ok(mut last) = r.last_used.lock() {
+                    *last = std::time::Instant::now();
+                }
+                Ok((id.to_string(), r))
+            }
             _ => Err((
                 StatusCode::NOT_FOUND,
                 "no such session; send initialize to open one",
@@ -617,18 +637,21 @@ impl Transport {
                 );
             }
         };
-        let (session_id, remote) =
-            if method == Some("initialize") && !headers.contains_key(SESSION_HEADER) {
-                match self.open(&principal) {
-                    Ok(v) => v,
-                    Err((status, why)) => return http_error(status, why),
-                }
-            } else {
-                match self.session_of(&headers, &principal) {
-                    Ok(v) => v,
-                    Err((status, why)) => return http_error(status, why),
-                }
-            };
+        // Only an initialize request opens a session (a notification named so does not).
+        let (session_id, remote) = if method == Some("initialize")
+            && id.is_some()
+            && !headers.contains_key(SESSION_HEADER)
+        {
+            match self.open(&principal) {
+                Ok(v) => v,
+                Err((status, why)) => return http_error(status, why),
+            }
+        } else {
+            match self.session_of(&headers, &principal) {
+                Ok(v) => v,
+                Err((status, why)) => return http_error(status, why),
+            }
+        };
         if !matches!(kind, crate::mcp::Incoming::Request { .. }) {
             // A notification or a response: accepted once it is handed over.
             return if remote
@@ -686,6 +709,26 @@ impl Transport {
             .values()
             .filter(|r| r.principal == *principal)
             .count();
+        // At the principal's cap, its longest-idle session makes room (clients that end
+        // without DELETE would otherwise lock the principal out for the idle window); its
+        // client gets 404 next and opens another, as the transport says a client does.
+        if of_principal >= MAX_SESSIONS_PER_PRINCIPAL
+            && let Some(id) = sessions
+                .iter()
+                .filter(|(_, r)| r.principal == *principal)
+                .filter_map(|(id, r)| Some((id.clone(), r.idle_for()?)))
+                .filter(|(_, idle)| *idle >= EVICTABLE_AFTER)
+                .max_by_key(|(_, idle)| *idle)
+                .map(|(id, _)| id)
+            && let Some(evicted) = sessions.remove(&id)
+        {
+            tracing::info!(principal = %principal, "a new HTTP session replaces the principal's longest-idle one");
+            evicted.ended.notify_one();
+        }
+        let of_principal = sessions
+            .values()
+            .filter(|r| r.principal == *principal)
+            .count();
         if sessions.len() >= MAX_SESSIONS || of_principal >= MAX_SESSIONS_PER_PRINCIPAL {
             return Err((
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -706,6 +749,7 @@ impl Transport {
             inbox,
             streams: streams.clone(),
             ended: ended.clone(),
+            last_used: Mutex::new(std::time::Instant::now()),
         });
         sessions.insert(id.clone(), remote.clone());
         drop(sessions);

@@ -85,6 +85,11 @@ impl Streams {
         self.next
     }
 
+    /// Whether anything is in flight or a client reads one of the streams.
+    pub(super) fn in_use(&self) -> bool {
+        !self.pending.is_empty() || self.streams.values().any(Stream::attached)
+    }
+
     /// Whether a request with `request`'s id is in flight.
     pub(super) fn in_flight(&self, request: &Value) -> bool {
         let id = request["id"].to_string();
