@@ -485,10 +485,6 @@ fn sandbox_health(
 }
 
 async fn run(args: RunArgs) -> CliResult {
-    // Before anything starts: from here an interrupt reaches the command (below), and the
-    // run still ends as a run does, with its records closed, its health written, its gate
-    // judged and the caller's terminal as it was.
-    let mut interrupts = Interrupts::listen()?;
     let _terminal = TerminalModes::save();
     let profile = Arc::new(Profile::find(&args.profile, &args.common.profiles_dir)?);
     let evidence = args.common.evidence()?;
@@ -560,6 +556,10 @@ async fn run(args: RunArgs) -> CliResult {
             })
         }) as Judge
     });
+    // From here an interrupt reaches the command (below), and the run still ends as a run
+    // does, with its records closed, its health written, its gate judged and the caller's
+    // terminal as it was. Before, nothing has started that an interrupt would leave behind.
+    let mut interrupts = Interrupts::listen()?;
     let mut exec = broker.spawn_judged(spec, judge).await?;
     let _ = pid.set(exec.pid());
     let mut attempts = exec.take_attempts().ok_or("attempt stream already taken")?;
@@ -598,11 +598,23 @@ async fn run(args: RunArgs) -> CliResult {
     let status = loop {
         tokio::select! {
             status = exec.wait() => break status?,
-            interrupt = interrupts.next() => {
-                if exec.interrupt(interrupt)? == Delivery::Ended {
+            interrupt = interrupts.next() => match exec.interrupt(interrupt) {
+                Ok(Delivery::Ended) => {
                     ended_by.get_or_insert(interrupt);
                 }
-            }
+                Ok(Delivery::Sent | Delivery::Ignored) => {}
+                // Whether it handles the signal cannot be told, or the signal not sent: it
+                // is ended, as the signal's default action would, so the run concludes.
+                Err(e) => {
+                    eprintln!(
+                        "flowhost sandbox: {}: cannot pass it to the command ({e}); ending it",
+                        interrupt.name()
+                    );
+                    if exec.kill().is_ok() {
+                        ended_by.get_or_insert(interrupt);
+                    }
+                }
+            },
         }
     };
     drop(exec);

@@ -609,6 +609,19 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
             ),
         });
     }
+    // A crash leaves the durable part ending at a line's end; a file that does not was
+    // changed below its checkpoint, and rewriting it from there would splice two lines.
+    if start > 0 && bytes[start - 1] != b'\n' {
+        return Err(RecordError::Corrupt {
+            path,
+            line: checkpoint.lines,
+            problem: format!(
+                "the {} bytes its last checkpoint made durable (up to record {}) no longer end \
+                 at a line's end: the file was changed after they were synced",
+                checkpoint.bytes, checkpoint.seq
+            ),
+        });
+    }
     let have = &bytes[start..];
     let later: Vec<PathBuf> = files[position + 1..]
         .iter()

@@ -350,7 +350,10 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
     // A grant an allowed call named was spent before the call went ahead: one the state
     // does not hold as spent would be accepted again (a restored or truncated state).
     // Marking it spent here is what a rebuild would do; the start is still refused, as for
-    // a label, since whatever lost it may have lost more.
+    // a label, since whatever lost it may have lost more. Only allowed calls count here: a
+    // refused call's grant was usually never spent (refused before), and counting it would
+    // refuse every start after one. A rebuild, which is told the state is lost, marks them
+    // all; a grant spent and then refused (the state failing right after) is the gap.
     for g in scan.grants.iter().filter(|g| g.allowed) {
         if state.consume_grant(&g.id, unix_now()).await? {
             return Err(ContinuityError::Behind(Box::new(BehindError {

@@ -442,6 +442,13 @@ pub(super) async fn run(
             }
             Line::Message(bytes) => bytes,
         };
+        // Tasks that finished but were not joined yet hold no request: they must not count
+        // against the limit.
+        if requests.len() >= MAX_REQUESTS_IN_FLIGHT {
+            while let Some(done) = requests.try_join_next_with_id() {
+                session.joined(&mut in_flight, done).await;
+            }
+        }
         match mcp::parse(&bytes) {
             Err((id, e)) => session.send(mcp::error_response(&id, &e)).await,
             Ok(Incoming::Response { id, outcome }) => {

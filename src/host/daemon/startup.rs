@@ -500,10 +500,8 @@ impl Host {
         // Only now is any state touched.
         ensure_dir(&config.state_dir, 0o700)?;
         ensure_dir(&config.records_dir, 0o700)?;
-        // Executors' resolv.conf files a previous run left behind (each belongs to an
-        // executor of that run, all gone now).
-        let _ = std::fs::remove_dir_all(config.state_dir.join("resolv"));
-        registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
+        // The state first: a state file is held by one process at a time, so a second host
+        // on this state directory stops here, before it changes anything the first uses.
         let (state, db, reset_accepted) = match &config.state {
             StateConfig::Sqlite => {
                 let reset_accepted = check_state_continuity(&config)?;
@@ -519,6 +517,10 @@ impl Host {
             ),
         };
         tracing::info!(state = %state.describe(), "flow state opened");
+        // Executors' resolv.conf files a previous run left behind (each belongs to an
+        // executor of that run, all gone now).
+        let _ = std::fs::remove_dir_all(config.state_dir.join("resolv"));
+        registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
         let state = Arc::new(state);
         let records = RecordWriter::open(
             &config.records_dir,

@@ -701,6 +701,31 @@ fn a_line_being_written_in_a_held_directory_is_not_reported_torn() {
 }
 
 #[test]
+fn a_file_changed_below_its_checkpoint_is_refused_not_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    for _ in 0..3 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    w.close_blocking().unwrap();
+    // A longer first line moves every later byte: the checkpoint's offset is now inside a
+    // line, and a replay from there would splice two lines into one.
+    let file = dir.path().join(record_file_name(1));
+    let original = fs::read(&file).unwrap();
+    let edited =
+        String::from_utf8(original.clone())
+            .unwrap()
+            .replacen("prod-repo", "prod-repository", 1);
+    fs::write(&file, &edited).unwrap();
+    let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("no longer end at a line's end"),
+        "{err}"
+    );
+    assert_eq!(fs::read_to_string(&file).unwrap(), edited, "left as it was");
+}
+
+#[test]
 fn a_ring_cut_short_refuses_the_open() {
     let dir = tempfile::tempdir().unwrap();
     let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();

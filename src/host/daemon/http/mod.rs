@@ -652,6 +652,13 @@ impl Transport {
                 Err((status, why)) => return http_error(status, why),
             }
         };
+        if let crate::mcp::Incoming::Notification { method, params } = &kind
+            && method == "notifications/cancelled"
+            && let Some(cancelled) = params.get("requestId")
+            && let Ok(mut streams) = remote.streams.lock()
+        {
+            streams.cancelled(&cancelled.to_string());
+        }
         if !matches!(kind, crate::mcp::Incoming::Request { .. }) {
             // A notification or a response: accepted once it is handed over.
             return if remote

@@ -90,6 +90,21 @@ impl Streams {
         !self.pending.is_empty() || self.streams.values().any(Stream::attached)
     }
 
+    /// The client cancelled request `id` (as JSON text): the session will not answer it, so
+    /// its stream ends here and it is in flight no more.
+    pub(super) fn cancelled(&mut self, id: &str) {
+        let Some(at) = self.pending.iter().position(|(p, _)| p == id) else {
+            return;
+        };
+        let (_, n) = self.pending.remove(at);
+        self.progress.retain(|(_, p)| *p != n);
+        if let Some(s) = self.streams.get_mut(&n) {
+            s.done = true;
+            s.tx = None;
+        }
+        self.forget_finished();
+    }
+
     /// Whether a request with `request`'s id is in flight.
     pub(super) fn in_flight(&self, request: &Value) -> bool {
         let id = request["id"].to_string();
@@ -351,6 +366,19 @@ mod tests {
         let _rx = json_only.open_for_request(&json!({"id": 1}), true);
         json_only.route(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#, None);
         assert_eq!(json_only.log_bytes, 0);
+    }
+
+    /// A cancelled request is answered by nobody: its stream ends, and it no longer counts
+    /// as in flight (nor takes the messages of no request, nor keeps its session in use).
+    #[test]
+    fn a_cancelled_request_ends_its_stream_and_is_in_flight_no_more() {
+        let mut s = Streams::default();
+        let mut rx = s.open_for_request(&json!({"id": 7}), false);
+        assert!(s.in_flight(&json!({"id": 7})));
+        s.cancelled("7");
+        assert!(!s.in_flight(&json!({"id": 7})));
+        assert!(!s.in_use());
+        assert!(rx.try_recv().is_err(), "the stream ended");
     }
 
     #[test]
