@@ -299,6 +299,8 @@ pub(super) async fn serve(
         let mut told = false;
         loop {
             let message = tokio::select! {
+                // Messages first: while they flow, the hang-up is not even polled.
+                biased;
                 message = out_rx.recv() => match message {
                     Some(message) => message,
                     None => return,
