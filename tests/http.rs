@@ -939,28 +939,30 @@ fn a_slow_request_head_is_cut_off() {
     );
 }
 
-/// `DELETE` ends the session as a client that went away would: a call in flight (here one
-/// waiting for the client's sampling answer, which never comes) is cancelled at once
-/// rather than left running, uncounted, until its deadline.
-#[test]
-fn delete_cancels_the_sessions_calls_in_flight() {
-    // The lab's call deadline is 15 s: only a prompt end passes.
-    let Some((lab, addr, _)) = start("") else {
-        return;
-    };
+/// A session whose client takes sampling, with call 7 (`test_sampling`) in flight on its
+/// own connection: the tool's sampling request has reached the client's stream (a `relay`
+/// record), and nobody answers it. Returns the client, the session id and the call's
+/// thread, which ends with the call's reply.
+fn a_call_waiting_for_sampling(
+    lab: &Lab,
+    addr: SocketAddr,
+) -> (
+    McpHttp,
+    String,
+    std::thread::JoinHandle<common::http::Reply>,
+) {
     let mut c = McpHttp::new(addr, Some(TOKEN));
     let init = c.call(
         "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "deleter", "version": "0"}}),
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "sampled", "version": "0"}}),
     );
     assert_eq!(init.status, 200, "{init:?}");
     let session = init.header("mcp-session-id").unwrap().to_string();
     c.session = Some(session.clone());
     let n = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     assert_eq!(n.status, 202, "{n:?}");
-    let auth = format!("Bearer {TOKEN}");
     let call = {
-        let (auth, session) = (auth.clone(), session.clone());
+        let (auth, session) = (format!("Bearer {TOKEN}"), session.clone());
         std::thread::spawn(move || {
             request(
                 addr,
@@ -976,7 +978,6 @@ fn delete_cancels_the_sessions_calls_in_flight() {
             )
         })
     };
-    // The tool's sampling request reaches the client's stream, and nobody answers it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !lab
         .records()
@@ -990,6 +991,20 @@ fn delete_cancels_the_sessions_calls_in_flight() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    (c, session, call)
+}
+
+/// `DELETE` ends the session as a client that went away would: a call in flight (here one
+/// waiting for the client's sampling answer, which never comes) is cancelled at once
+/// rather than left running, uncounted, until its deadline.
+#[test]
+fn delete_cancels_the_sessions_calls_in_flight() {
+    // The lab's call deadline is 15 s: only a prompt end passes.
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    let (_c, session, call) = a_call_waiting_for_sampling(&lab, addr);
+    let auth = format!("Bearer {TOKEN}");
     let deleted = std::time::Instant::now();
     let d = request(
         addr,
@@ -1017,47 +1032,8 @@ fn an_id_in_flight_or_an_invalid_message_is_refused_before_routing() {
     let Some((lab, addr, _)) = start("") else {
         return;
     };
-    let mut c = McpHttp::new(addr, Some(TOKEN));
-    let init = c.call(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "dup", "version": "0"}}),
-    );
-    assert_eq!(init.status, 200, "{init:?}");
-    let session = init.header("mcp-session-id").unwrap().to_string();
-    c.session = Some(session.clone());
-    assert_eq!(
-        c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-            .status,
-        202
-    );
+    let (c, session, first) = a_call_waiting_for_sampling(&lab, addr);
     let auth = format!("Bearer {TOKEN}");
-    let first = {
-        let (auth, session) = (auth.clone(), session.clone());
-        std::thread::spawn(move || {
-            request(
-                addr,
-                "POST",
-                "/mcp",
-                &[
-                    ("Content-Type", "application/json"),
-                    ("Accept", "application/json, text/event-stream"),
-                    ("Authorization", &auth),
-                    ("Mcp-Session-Id", &session),
-                ],
-                &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "test_sampling", "arguments": {"prompt": "p"}}}).to_string(),
-            )
-        })
-    };
-    // The call waits for the client's sampling answer, which never comes.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !lab
-        .records()
-        .iter()
-        .any(|r| r["flowhost"]["event"] == "relay")
-    {
-        assert!(std::time::Instant::now() < deadline, "no relay record");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
     let again = c.post(&json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}));
     assert_eq!(again.status, 409, "{again:?}");
     assert!(again.body.contains("already in flight"), "{again:?}");

@@ -390,19 +390,25 @@ fn cancellation_logged(host: &Governed, server: &str, within: Duration) -> bool 
     false
 }
 
+/// A client of `host` with call `id` (20 s of `slow/sleep`) under way.
+fn with_a_long_call(host: &Governed, id: u64) -> RawClient {
+    let mut c = host.client();
+    call(
+        &mut c,
+        id,
+        "slow/sleep",
+        json!({"seconds": 20, "steps": 100}),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    c
+}
+
 /// A client that goes away (closes its socket) has its calls cancelled at once, as its
 /// cancellation would: they do not run on, holding executors, until their deadline.
 #[test]
 fn a_client_that_disconnects_has_its_calls_cancelled() {
     let Some(host) = start() else { return };
-    let mut c = host.client();
-    call(
-        &mut c,
-        10,
-        "slow/sleep",
-        json!({"seconds": 20, "steps": 100}),
-    );
-    std::thread::sleep(Duration::from_millis(400));
+    let c = with_a_long_call(&host, 10);
     drop(c);
     assert!(
         cancellation_logged(&host, "slow", Duration::from_secs(5)),
@@ -416,14 +422,7 @@ fn a_client_that_disconnects_has_its_calls_cancelled() {
 #[test]
 fn an_id_in_flight_is_refused_for_every_method() {
     let Some(host) = start() else { return };
-    let mut c = host.client();
-    call(
-        &mut c,
-        10,
-        "slow/sleep",
-        json!({"seconds": 20, "steps": 100}),
-    );
-    std::thread::sleep(Duration::from_millis(400));
+    let mut c = with_a_long_call(&host, 10);
     c.send_request(10, "ping", json!({}));
     let (answer, _) = until_answer(&mut c, 10);
     assert!(

@@ -197,6 +197,26 @@ impl Drop for LegacyTiocsti {
 
 /// An interactive bash on a fresh pty, the way an operator's terminal runs it: the shell
 /// leads its own session with the pty as controlling terminal; its output is collected.
+/// A new pseudo-terminal: its master and its slave.
+fn open_pty() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two descriptors into the integers passed; the name, termios and
+    // window-size pointers may be NULL.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: openpty returned two new descriptors owned by nobody else.
+    unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) }
+}
+
 struct PtyShell {
     master: std::fs::File,
     child: std::process::Child,
@@ -205,24 +225,8 @@ struct PtyShell {
 
 impl PtyShell {
     fn start() -> Self {
-        use std::os::fd::{FromRawFd, OwnedFd};
         use std::os::unix::process::CommandExt;
-        let (mut master, mut slave) = (-1, -1);
-        // SAFETY: openpty writes two descriptors into the integers passed; the name, termios
-        // and window-size pointers may be NULL.
-        let r = unsafe {
-            libc::openpty(
-                &mut master,
-                &mut slave,
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
-        // SAFETY: openpty returned two new descriptors owned by nobody else.
-        let (master, slave) =
-            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let (master, slave) = open_pty();
         let mut cmd = Command::new("/bin/bash");
         cmd.args(["--norc", "--noprofile", "-i"])
             .env("PS1", "$ ")
@@ -689,26 +693,12 @@ fn a_run_ends_with_the_commands_cgroup_and_everything_left_in_it() {
 #[test]
 fn a_sandboxed_command_cannot_open_the_callers_other_terminals() {
     use common::harness::{As, NOBODY, can_run as can_run_as, flowhost as flowhost_as};
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     let binary = common::harness::flowhost_for(As::Nobody);
     if !can_run_as(As::Nobody, &[&binary]) {
         return;
     }
-    let (mut master, mut slave) = (-1, -1);
-    // SAFETY: openpty writes two descriptors into the integers passed; the name, termios and
-    // window-size pointers may be NULL.
-    let r = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
-    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
-    // SAFETY: openpty returned two new descriptors owned by nobody else.
-    let (_master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let (_master, slave) = open_pty();
     let terminal = std::fs::read_link(format!("/proc/self/fd/{}", slave.as_raw_fd())).unwrap();
     // What login does for the user it logs in: the terminal is theirs.
     std::os::unix::fs::chown(&terminal, Some(NOBODY.0), Some(NOBODY.1)).unwrap();

@@ -437,6 +437,27 @@ fn crash_copy(from: &Path, to: &Path, junk: &[u8]) -> ring::Checkpoint {
     checkpoint
 }
 
+/// A machine crash after five records, where records 4 and 5 reached the record file's
+/// pages on disk but the ring's pages holding them did not (records appended without
+/// waiting are synced within milliseconds): `crashed` holds the ring as it was after three,
+/// and the record file as it is after five. Returns the live writer (on `dir`) and the
+/// crashed ring's checkpoint.
+fn crashed_before_the_ring_synced_two(
+    dir: &Path,
+    crashed: &Path,
+) -> (RecordWriter, ring::Checkpoint) {
+    let w = RecordWriter::open(dir, no_anchor_refresh(1 << 20)).unwrap();
+    for _ in 0..3 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    let checkpoint = crash_copy(dir, crashed, b"");
+    for _ in 0..2 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+    }
+    std::fs::copy(dir.join(&checkpoint.file), crashed.join(&checkpoint.file)).unwrap();
+    (w, checkpoint)
+}
+
 fn no_anchor_refresh(ring_bytes: u64) -> WriterOptions {
     WriterOptions {
         head_interval: Duration::from_secs(3600),
@@ -593,64 +614,39 @@ fn a_rotation_cut_short_before_its_checkpoint_reopens() {
         crashed.path().join(&checkpoint.file),
     )
     .unwrap();
-    std::fs::File::create(crashed.path().join(record_file_name(4))).unwrap();
-    let reopened = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap();
-    assert_eq!(reopened.status().last_seq, Some(3));
+    reopens_after_a_cut_rotation(crashed.path(), 3);
+    drop(w);
+}
+
+/// Creates the next record file, as a rotation after `records` records does before its
+/// checkpoint, then checks that the directory reopens with all of them and goes on.
+fn reopens_after_a_cut_rotation(crashed: &Path, records: u64) {
+    std::fs::File::create(crashed.join(record_file_name(records + 1))).unwrap();
+    let reopened = RecordWriter::open(crashed, WriterOptions::default()).unwrap();
+    assert_eq!(reopened.status().last_seq, Some(records));
     reopened.commit_blocking(sample_tool_call()).unwrap();
     reopened.close_blocking().unwrap();
-    let report = verify_records(crashed.path(), None).unwrap();
+    let report = verify_records(crashed, None).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
-    assert_eq!(report.records, 4);
-    drop(w);
+    assert_eq!(report.records, records + 1);
 }
 
 #[test]
 fn a_rotation_cut_short_after_records_the_ring_had_not_synced_reopens() {
-    let dir = tempfile::tempdir().unwrap();
-    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
-    for _ in 0..3 {
-        w.commit_blocking(sample_tool_call()).unwrap();
-    }
-    let crashed = tempfile::tempdir().unwrap();
-    let checkpoint = crash_copy(dir.path(), crashed.path(), b"");
-    // Records 4 and 5 reach the file, but the power fails before the ring's copies of them
-    // are synced (records appended without waiting are synced within milliseconds). A
-    // rotation had synced the old file, so it holds them whole, and created the next one.
-    for _ in 0..2 {
-        w.commit_blocking(sample_tool_call()).unwrap();
-    }
-    std::fs::copy(
-        dir.path().join(&checkpoint.file),
-        crashed.path().join(&checkpoint.file),
-    )
-    .unwrap();
-    std::fs::File::create(crashed.path().join(record_file_name(6))).unwrap();
-    let reopened = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap();
-    assert_eq!(reopened.status().last_seq, Some(5));
-    reopened.commit_blocking(sample_tool_call()).unwrap();
-    reopened.close_blocking().unwrap();
-    let report = verify_records(crashed.path(), None).unwrap();
-    assert!(report.is_ok(), "{:?}", report.problems);
-    assert_eq!(report.records, 6);
+    let (dir, crashed) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // A rotation had synced the old file, so it holds records 4 and 5 whole, and created
+    // the next one.
+    let (w, _) = crashed_before_the_ring_synced_two(dir.path(), crashed.path());
+    reopens_after_a_cut_rotation(crashed.path(), 5);
     drop(w);
 }
 
 #[test]
 fn readers_refuse_lines_past_the_ring_that_the_next_writer_cuts() {
-    let dir = tempfile::tempdir().unwrap();
-    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
-    for _ in 0..3 {
-        w.commit_blocking(sample_tool_call()).unwrap();
-    }
-    let crashed = tempfile::tempdir().unwrap();
-    let checkpoint = crash_copy(dir.path(), crashed.path(), b"");
-    // Records 4 and 5 reach the file's pages on disk, but the ring's pages holding them do
-    // not (the power failed first). A writer's open cuts them: they were never durable.
-    for _ in 0..2 {
-        w.commit_blocking(sample_tool_call()).unwrap();
-    }
+    let (dir, crashed) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // A writer's open cuts records 4 and 5: they were never durable.
+    let (w, checkpoint) = crashed_before_the_ring_synced_two(dir.path(), crashed.path());
     let file = crashed.path().join(&checkpoint.file);
-    std::fs::copy(dir.path().join(&checkpoint.file), &file).unwrap();
     let err = verify_records(crashed.path(), None).unwrap_err();
     assert!(
         matches!(&err, StoreError::Uncommitted { file: f, .. } if *f == file),
