@@ -873,3 +873,66 @@ fn the_callers_terminal_modes_are_restored_when_the_command_is_killed() {
     shell.type_line("exit");
     assert!(out.contains("ECHO-ON-42"), "echo stayed off:\n{out}");
 }
+
+/// The state letter of process `pid` (`S`, `R`, `T` for stopped, ...).
+fn process_state(pid: u32) -> Option<char> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("State:"))
+        .and_then(|s| s.trim().chars().next())
+}
+
+/// Waits (at most 20 s) until process `pid` is in a state `want` accepts.
+fn wait_for_state(pid: u32, want: impl Fn(char) -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !process_state(pid).is_some_and(&want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the command is in state {:?}",
+            process_state(pid)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Ctrl-Z stops the command with flowhost (in its own session, the terminal's stop never
+/// reaches it, and running on it would read what the operator types to the shell), and
+/// `fg` continues both.
+#[test]
+fn ctrl_z_stops_the_command_and_fg_continues_it() {
+    if !can_run() {
+        return;
+    }
+    let mut shell = PtyShell::start();
+    let sleeper = ["/bin/sleep", "43.03125"];
+    shell.type_line(&format!(
+        "{} sandbox run --quiet --profile isolated -- {} {}",
+        env!("CARGO_BIN_EXE_flowhost"),
+        sleeper[0],
+        sleeper[1]
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let pid = loop {
+        if let Some(pid) = processes_running(&sleeper).first() {
+            break *pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never ran"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    std::io::Write::write_all(&mut shell.master, b"\x1a").unwrap();
+    wait_for_state(pid, |s| s == 'T', "after Ctrl-Z");
+    shell.type_line("fg");
+    wait_for_state(pid, |s| s != 'T', "after fg");
+    std::io::Write::write_all(&mut shell.master, b"\x03").unwrap();
+    shell.type_line("echo ENDED-$((40+4))");
+    shell.wait_for("ENDED-44");
+    shell.type_line("exit");
+    assert!(
+        processes_running(&sleeper).is_empty(),
+        "the command outlived the run"
+    );
+}

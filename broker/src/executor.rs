@@ -194,6 +194,21 @@ impl Executor {
         sys::pidfd_send_signal(self.pidfd.get_ref().as_fd(), libc::SIGKILL)
     }
 
+    /// Stops (`SIGSTOP`) or continues (`SIGCONT`) the executor's process group: job control
+    /// for a caller that was suspended. The executor leads a session of its own, so the
+    /// terminal's stop never reaches it; stopped, it cannot read the terminal the caller's
+    /// shell takes back. A process that made a group of its own is not reached.
+    pub fn job_control(&self, stop: bool) -> io::Result<()> {
+        use nix::sys::signal::{Signal, killpg};
+        // The pid names this executor (only this handle reaps it), and it leads its group.
+        let signal = if stop {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        killpg(nix::unistd::Pid::from_raw(self.pid), signal).map_err(io::Error::from)
+    }
+
     /// Delivers `interrupt` as the kernel would to a process outside a pid namespace: sent
     /// if the executor handles it, dropped if it ignores it, and otherwise the executor is
     /// killed, since the default action of each interrupt ends a process. The executor is

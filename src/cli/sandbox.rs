@@ -560,6 +560,12 @@ async fn run(args: RunArgs) -> CliResult {
     // does, with its records closed, its health written, its gate judged and the caller's
     // terminal as it was. Before, nothing has started that an interrupt would leave behind.
     let mut interrupts = Interrupts::listen()?;
+    let mut suspends =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(libc::SIGTSTP))
+            .map_err(|source| SandboxError::Signals {
+                signal: "SIGTSTP",
+                source,
+            })?;
     let mut exec = broker.spawn_judged(spec, judge).await?;
     let _ = pid.set(exec.pid());
     let mut attempts = exec.take_attempts().ok_or("attempt stream already taken")?;
@@ -598,6 +604,17 @@ async fn run(args: RunArgs) -> CliResult {
     let status = loop {
         tokio::select! {
             status = exec.wait() => break status?,
+            // Ctrl-Z: the command stops with flowhost, and continues with it (`fg`, `bg`).
+            _ = suspends.recv() => {
+                if let Err(e) = exec.job_control(true) {
+                    eprintln!("flowhost sandbox: SIGTSTP: cannot stop the command ({e})");
+                }
+                // Stops this whole process until the shell continues it.
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+                if let Err(e) = exec.job_control(false) {
+                    eprintln!("flowhost sandbox: SIGCONT: cannot continue the command ({e})");
+                }
+            }
             interrupt = interrupts.next() => match exec.interrupt(interrupt) {
                 Ok(Delivery::Ended) => {
                     ended_by.get_or_insert(interrupt);
