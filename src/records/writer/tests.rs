@@ -684,8 +684,18 @@ fn a_line_being_written_in_a_held_directory_is_not_reported_torn() {
         "{:?}",
         live.notes
     );
-    // Once no writer holds it, the same bytes are a torn line.
+    // Once no writer holds it, the same bytes are a torn line. The lock goes when the
+    // writer's last thread has ended, a moment after close returns.
     w.close_blocking().unwrap();
+    drop(w);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while crate::records::store::writer_holds(dir.path()).unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer never let go"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let closed = verify_records(dir.path(), None).unwrap();
     assert!(
         closed
