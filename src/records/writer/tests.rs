@@ -714,6 +714,7 @@ fn a_file_changed_below_its_checkpoint_is_refused_not_rewritten() {
         w.commit_blocking(sample_tool_call()).unwrap();
     }
     w.close_blocking().unwrap();
+    drop(w);
     // A longer first line moves every later byte: the checkpoint's offset is now inside a
     // line, and a replay from there would splice two lines into one.
     let file = dir.path().join(record_file_name(1));
