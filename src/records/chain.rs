@@ -420,8 +420,34 @@ fn verify_records_in_blocks<G: Gather>(
     };
     let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes);
     let mut gathered = gather.part();
+    // The directory a writer may be appending to the last file read in: the one read, or
+    // the directory of a record file read alone when it is that directory's last.
+    let appending = if meta.is_dir() {
+        Some(path.to_path_buf())
+    } else {
+        let dir = path.parent().map(|d| {
+            if d.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                d
+            }
+        });
+        match dir {
+            Some(dir)
+                if super::store::record_files_on_disk(dir)?
+                    .last()
+                    .is_some_and(|f| f.path.file_name() == path.file_name()) =>
+            {
+                Some(dir.to_path_buf())
+            }
+            _ => None,
+        }
+    };
     // Asked before reading: a writer that held the directory all along was appending.
-    let live = meta.is_dir() && super::store::writer_holds(path)?;
+    let live = match &appending {
+        Some(dir) => super::store::writer_holds(dir)?,
+        None => false,
+    };
     for (index, file) in files.iter().enumerate() {
         let part = v.file(
             index,
@@ -436,8 +462,8 @@ fn verify_records_in_blocks<G: Gather>(
     // partial last line of the last file of a directory a writer held throughout is a line
     // being written, not a torn one.
     if let Some(last) = files.last()
-        && live
-        && super::store::writer_holds(path)?
+        && let Some(dir) = appending.as_deref().filter(|_| live)
+        && super::store::writer_holds(dir)?
     {
         let torn = |p: &Problem| {
             matches!(p.kind, ProblemKind::TornLine { .. }) && p.at.file.as_path() == last.as_path()

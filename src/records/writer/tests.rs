@@ -684,6 +684,9 @@ fn a_line_being_written_in_a_held_directory_is_not_reported_torn() {
         "{:?}",
         live.notes
     );
+    // Read alone, the directory's last file is read as its directory is.
+    let alone = verify_records(&file, None).unwrap();
+    assert!(alone.is_ok() && alone.records == 2, "{alone:?}");
     // Once no writer holds it, the same bytes are a torn line. The lock goes when the
     // writer's last thread has ended, a moment after close returns.
     w.close_blocking().unwrap();
