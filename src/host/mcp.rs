@@ -141,6 +141,11 @@ pub fn parse(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
             RpcError::new(code::PARSE_ERROR, format!("parse error: {e}")),
         )
     })?;
+    classify(&value)
+}
+
+/// What a message already read as JSON is, checked as [`parse`] checks a line.
+pub fn classify(value: &Value) -> Result<Incoming, (Value, RpcError)> {
     let Value::Object(obj) = value else {
         return Err((
             Value::Null,

@@ -464,11 +464,24 @@ pub enum ReplayPlan {
     /// Later record files hold bytes although the checkpoint names an earlier one: no crash
     /// leaves this, and the writer refuses the directory.
     LaterFilesHoldRecords,
+    /// The checkpoint's file no longer ends a line where the checkpoint says its durable
+    /// part ends: it was changed below the checkpoint, which no crash does. The writer
+    /// refuses it (a rewrite from there would splice two lines); readers report its lines.
+    ChangedBelowCheckpoint,
 }
 
-/// The plan for a checkpoint's file holding `have` past the checkpoint, given the ring's
+/// The plan for a checkpoint's file holding `have` past the checkpoint, given whether the
+/// bytes before it end a line (`durable_ends_a_line`, true at the file's start), the ring's
 /// `entries` after it and what the record files after it hold.
-pub fn replay_plan(have: &[u8], entries: &[RingEntry], later: LaterFiles) -> ReplayPlan {
+pub fn replay_plan(
+    have: &[u8],
+    durable_ends_a_line: bool,
+    entries: &[RingEntry],
+    later: LaterFiles,
+) -> ReplayPlan {
+    if !durable_ends_a_line {
+        return ReplayPlan::ChangedBelowCheckpoint;
+    }
     let (kept, matched) = held_in_file(have, entries);
     match later {
         // A rotation syncs the old file before it creates the next one, so past the ring's
@@ -539,7 +552,7 @@ pub fn unreplayed(dir: &Path, files: &[PathBuf]) -> Result<Option<Unreplayed>, R
         }
         return Err(short(None));
     };
-    let have = match File::open(&path) {
+    let (have, ends_a_line) = match File::open(&path) {
         Ok(file) => {
             let len = file.metadata().map_err(read_failed)?.len();
             if len < checkpoint.bytes {
@@ -553,15 +566,11 @@ pub fn unreplayed(dir: &Path, files: &[PathBuf]) -> Result<Option<Unreplayed>, R
             let from = checkpoint.bytes.saturating_sub(1);
             let mut have = vec![0; (len - from) as usize];
             file.read_exact_at(&mut have, from).map_err(read_failed)?;
+            let ends_a_line = checkpoint.bytes == 0 || have.first() == Some(&b'\n');
             if checkpoint.bytes > 0 {
-                if have.first() != Some(&b'\n') {
-                    // Changed below its checkpoint, which no crash does: readers report its
-                    // lines themselves (the chain breaks), and a writer refuses it.
-                    return Ok(None);
-                }
                 have.remove(0);
             }
-            have
+            (have, ends_a_line)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound && entries.is_empty() => return Ok(None),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(short(None)),
@@ -572,8 +581,10 @@ pub fn unreplayed(dir: &Path, files: &[PathBuf]) -> Result<Option<Unreplayed>, R
         path: dir.join(RING_FILE),
         source,
     })?;
-    Ok(match replay_plan(&have, &entries, later) {
-        ReplayPlan::Nothing => None,
+    Ok(match replay_plan(&have, ends_a_line, &entries, later) {
+        // Readers report the lines of a file changed below its checkpoint themselves (the
+        // chain breaks there).
+        ReplayPlan::Nothing | ReplayPlan::ChangedBelowCheckpoint => None,
         ReplayPlan::Rewrite { kept, .. } if kept < entries.len() => Some(Unreplayed::Missing {
             first: entries[kept].seq,
             last: entries[entries.len() - 1].seq,

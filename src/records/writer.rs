@@ -609,27 +609,26 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
             ),
         });
     }
-    // A crash leaves the durable part ending at a line's end; a file that does not was
-    // changed below its checkpoint, and rewriting it from there would splice two lines.
-    if start > 0 && bytes[start - 1] != b'\n' {
-        return Err(RecordError::Corrupt {
-            path,
-            line: checkpoint.lines,
-            problem: format!(
-                "the {} bytes its last checkpoint made durable (up to record {}) no longer end \
-                 at a line's end: the file was changed after they were synced",
-                checkpoint.bytes, checkpoint.seq
-            ),
-        });
-    }
     let have = &bytes[start..];
     let later: Vec<PathBuf> = files[position + 1..]
         .iter()
         .map(|f| f.path.clone())
         .collect();
     let later = ring::later_files(&later).map_err(StoreError::io("stat", dir))?;
-    let (kept, matched) = match ring::replay_plan(have, &entries, later) {
+    let ends_a_line = start == 0 || bytes[start - 1] == b'\n';
+    let (kept, matched) = match ring::replay_plan(have, ends_a_line, &entries, later) {
         ring::ReplayPlan::Nothing => return Ok(Vec::new()),
+        ring::ReplayPlan::ChangedBelowCheckpoint => {
+            return Err(RecordError::Corrupt {
+                path,
+                line: checkpoint.lines,
+                problem: format!(
+                    "the {} bytes its last checkpoint made durable (up to record {}) no longer \
+                     end at a line's end: the file was changed after they were synced",
+                    checkpoint.bytes, checkpoint.seq
+                ),
+            });
+        }
         ring::ReplayPlan::Rewrite { kept, matched } => (kept, matched),
         ring::ReplayPlan::LaterFilesHoldRecords => {
             return Err(RecordError::Corrupt {

@@ -355,7 +355,7 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
     // refuse every start after one. A rebuild, which is told the state is lost, marks them
     // all; a grant spent and then refused (the state failing right after) is the gap.
     for g in scan.grants.iter().filter(|g| g.allowed) {
-        if state.consume_grant(&g.id, unix_now()).await? {
+        if state.consume_grant(&g.id, crate::grant::now()).await? {
             return Err(ContinuityError::Behind(Box::new(BehindError {
                 db: places.db.to_path_buf(),
                 state_dir: places.state_dir.to_path_buf(),
@@ -371,12 +371,6 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
         state.set_checkpoint(*seq, hash).await?;
     }
     Ok(())
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(u64::MAX, |d| d.as_secs())
 }
 
 /// Re-binds `state` to the records' current head without comparing labels: for an operator
@@ -435,7 +429,7 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
     // Every grant the records name is marked spent, whatever came of its call: one that
     // was spent and then refused (the state failed after spending it) must not be accepted
     // again, and an authority can issue a new grant for a call that was refused.
-    let now = unix_now();
+    let now = crate::grant::now();
     for g in &scan.grants {
         state.consume_grant(&g.id, now)?;
     }

@@ -100,6 +100,15 @@ fn sha256_hex(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
+/// Now, in Unix seconds, for judging a grant's window and marking it spent. A clock set
+/// before 1970 cannot date one: it reads as the end of time, where every grant has expired
+/// (as 0 it would make every grant valid that was "issued" at 0).
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(u64::MAX, |d| d.as_secs())
+}
+
 /// The hash a grant binds a call's arguments with: `sha256:` + hex of the SHA-256 of their
 /// RFC 8785 canonical JSON. `None` for arguments no hash binds exactly: an integer beyond
 /// ±2^53 is canonicalized as the nearest double, so other integers near it would hash the

@@ -73,13 +73,8 @@ pub enum StateError {
         path: PathBuf,
     },
     /// The database's lock file could not be opened or locked.
-    #[error("{path}: cannot lock the flow-state database: {source}")]
-    Lock {
-        /// The lock file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    #[error("cannot lock the flow-state database: {0}")]
+    Lock(crate::records::store::StoreError),
     /// An earlier failure left the store unusable.
     #[error("flow-state store failed earlier and refuses further use: {0}")]
     Failed(String),
@@ -315,35 +310,21 @@ fn decode(path: &Path, key: &str, text: &str) -> Result<InformationLabel, StateE
 /// Takes the exclusive lock of database `db` (`flock` on `DB.lock` beside it), waiting up
 /// to 2 s for a process that is just closing it.
 fn lock_exclusively(db: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StateError> {
-    use nix::fcntl::{Flock, FlockArg};
+    use crate::records::store::{Locked, lock_within};
     let mut name = db.as_os_str().to_owned();
     name.push(".lock");
-    let path = PathBuf::from(name);
-    let lock_err = |source| StateError::Lock {
-        path: path.clone(),
-        source,
-    };
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(lock_err)?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    loop {
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(held) => return Ok(held),
-            Err((f, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
-                file = f;
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                return Err(StateError::InUse {
-                    path: db.to_path_buf(),
-                });
-            }
-            Err((_, e)) => return Err(lock_err(e.into())),
-        }
+    match lock_within(
+        Path::new(&name),
+        true,
+        true,
+        std::time::Duration::from_secs(2),
+    ) {
+        Ok(Locked::Held(held)) => Ok(held),
+        // Made when missing, so never absent.
+        Ok(Locked::Busy | Locked::Absent) => Err(StateError::InUse {
+            path: db.to_path_buf(),
+        }),
+        Err(e) => Err(StateError::Lock(e)),
     }
 }
 

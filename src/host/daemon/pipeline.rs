@@ -342,7 +342,7 @@ async fn run_call<D: Dispatch>(
     let offer = admitted.grant.as_ref().map(|g| GrantOffer {
         grant: g,
         authorities: &env.config.authorities,
-        now: unix_now(),
+        now: crate::grant::now(),
     });
     let plan = match env
         .resolver
@@ -679,15 +679,6 @@ fn read_grant(params: &Value) -> Result<Option<SignedGrant>, RpcError> {
             Denial::GrantMalformed,
         )
     })
-}
-
-/// Now, for judging a grant's window. A clock set before 1970 cannot date one: it reads as
-/// the end of time, where every grant has expired (as 0 it would make every grant valid
-/// that was "issued" at 0).
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(u64::MAX, |d| d.as_secs())
 }
 
 /// `text` cut to at most `max` bytes on a character boundary, marked when cut.

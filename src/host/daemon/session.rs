@@ -383,8 +383,6 @@ pub(super) async fn run(
     });
     tracing::info!(session = %session.id, identity = %session.identity, "session opened");
     let mut requests = JoinSet::new();
-    // The request each task serves, so that a task that panicked is still answered.
-    let mut in_flight: HashMap<tokio::task::Id, Value> = HashMap::new();
     let mut refused = false;
     let mut idle = tokio::time::interval(Duration::from_secs(5));
     let opened = tokio::time::Instant::now();
@@ -412,8 +410,7 @@ pub(super) async fn run(
         };
         let line = tokio::select! {
             l = incoming.recv() => l.unwrap_or(Line::Eof),
-            Some(done) = requests.join_next_with_id(), if !requests.is_empty() => {
-                session.joined(&mut in_flight, done).await;
+            Some(_) = requests.join_next(), if !requests.is_empty() => {
                 // A long call is activity too: the idle window starts after its answer.
                 last_activity = tokio::time::Instant::now();
                 continue;
@@ -447,9 +444,7 @@ pub(super) async fn run(
         // Tasks that finished but were not joined yet hold no request: they must not count
         // against the limit.
         if requests.len() >= MAX_REQUESTS_IN_FLIGHT {
-            while let Some(done) = requests.try_join_next_with_id() {
-                session.joined(&mut in_flight, done).await;
-            }
+            while requests.try_join_next().is_some() {}
         }
         match mcp::parse(&bytes) {
             Err((id, e)) => session.send(mcp::error_response(&id, &e)).await,
@@ -485,9 +480,7 @@ pub(super) async fn run(
                     session.send(mcp::error_response(&id, &e)).await;
                     continue;
                 };
-                let task =
-                    requests.spawn(session.clone().request(id.clone(), method, params, cancel));
-                in_flight.insert(task.id(), id);
+                requests.spawn(session.clone().request_answered(id, method, params, cancel));
             }
         }
     }
@@ -498,10 +491,7 @@ pub(super) async fn run(
     let mut cancelled = ended == HOST_STOPPING;
     loop {
         tokio::select! {
-            done = requests.join_next_with_id() => match done {
-                Some(done) => session.joined(&mut in_flight, done).await,
-                None => break,
-            },
+            done = requests.join_next() => if done.is_none() { break },
             n = next_undelivered(&mut undelivered) => session.undelivered(n),
             _ = out.closed(), if !cancelled => {
                 session.cancel_all("the client disconnected");
@@ -842,25 +832,33 @@ impl Session {
         }
     }
 
-    /// Settles a request task that ended: one that panicked (a defect) is logged and
-    /// answered as an internal error rather than left unanswered.
-    async fn joined(
-        &self,
-        in_flight: &mut HashMap<tokio::task::Id, Value>,
-        done: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
+    /// Serves one request, answering it as an internal error if serving it panics (a
+    /// defect) rather than leaving the client waiting for an answer that never comes.
+    async fn request_answered(
+        self: Arc<Self>,
+        id: Value,
+        method: String,
+        params: Value,
+        cancel: watch::Receiver<Option<String>>,
     ) {
-        let (task, failure) = match done {
-            Ok((task, ())) => (task, None),
-            Err(e) => (e.id(), Some(e)),
-        };
-        let id = in_flight.remove(&task);
-        let (Some(failure), Some(id)) = (failure, id) else {
-            return;
-        };
-        tracing::error!(session = %self.id, request = %id, error = %failure, "a request's task failed; answering it as an internal error");
-        if !self.settle_cancel(&id) {
-            let e = RpcError::new(code::INTERNAL_ERROR, "the host failed serving this request");
-            self.answer(&id, Err(e)).await;
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+        use std::task::Poll;
+        let mut served = std::pin::pin!(self.clone().request(id.clone(), method, params, cancel));
+        // Never polled again once it panicked.
+        let panicked = std::future::poll_fn(|cx| {
+            match catch_unwind(AssertUnwindSafe(|| served.as_mut().poll(cx))) {
+                Ok(Poll::Ready(())) => Poll::Ready(false),
+                Ok(Poll::Pending) => Poll::Pending,
+                Err(_) => Poll::Ready(true),
+            }
+        })
+        .await;
+        if panicked {
+            tracing::error!(session = %self.id, request = %id, "serving a request panicked; answering it as an internal error");
+            if !self.settle_cancel(&id) {
+                let e = RpcError::new(code::INTERNAL_ERROR, "the host failed serving this request");
+                self.answer(&id, Err(e)).await;
+            }
         }
     }
 

@@ -628,7 +628,7 @@ impl Transport {
         }
         // What the session would answer as invalid is answered here, to its sender: the
         // session's answer would go to whichever stream is open.
-        let kind = match crate::mcp::parse(&bytes) {
+        let kind = match crate::mcp::classify(&message) {
             Ok(kind) => kind,
             Err((id, e)) => {
                 return json_body(
