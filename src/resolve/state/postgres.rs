@@ -180,6 +180,35 @@ fn read_file(file: &Path, what: &'static str) -> Result<String, PgError> {
     })
 }
 
+/// The first server `config` reaches over a network rather than on this machine, if any: a
+/// numeric `hostaddr` decides where a host is reached, else the host itself (a Unix socket,
+/// `localhost`, or a loopback address is on this machine; any other name is not, since
+/// what it resolves to is not ours to vouch for).
+fn remote_host(config: &Config) -> Option<String> {
+    let addrs = config.get_hostaddrs();
+    let hosts = config.get_hosts();
+    let on_this_machine = |i: usize| match (addrs.get(i), hosts.get(i)) {
+        (Some(addr), _) => addr.is_loopback(),
+        (None, Some(Host::Unix(_))) => true,
+        (None, Some(Host::Tcp(name))) => {
+            name.eq_ignore_ascii_case("localhost")
+                || name
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        (None, None) => true,
+    };
+    (0..addrs.len().max(hosts.len()))
+        .find(|&i| !on_this_machine(i))
+        .map(|i| match (addrs.get(i), hosts.get(i)) {
+            (Some(addr), _) => format!("server address {addr}"),
+            (None, Some(Host::Tcp(name))) => format!("server {name:?}"),
+            _ => "a server".to_string(),
+        })
+}
+
 /// Names a database for operators: user, hosts, ports and database name, never a password.
 fn describe(config: &Config) -> String {
     let hosts: Vec<String> = config
@@ -232,6 +261,19 @@ impl Target {
                 });
             }
             None => {
+                // Without roots to check the server against, the labels would cross the
+                // network in plaintext and a host in the path could rewrite them (lower a
+                // principal's label): only a server on this machine is reached that way.
+                if let Some(remote) = remote_host(&config) {
+                    return Err(PgError::Settings {
+                        file: settings.url_file.clone(),
+                        reason: format!(
+                            "{remote} is not on this machine, and [host] state has no ca_file: \
+                             flow state is only sent in plaintext over loopback or a Unix \
+                             socket; set ca_file to reach it over TLS"
+                        ),
+                    });
+                }
                 config.ssl_mode(SslMode::Disable);
                 Tls::Off
             }
@@ -850,9 +892,48 @@ mod tests {
             dir.path(),
             "postgresql://fleet:s3cret-pw@db.example:6543/flow\n",
         );
+        let target = load_error(&s);
+        assert!(target.contains("db.example"), "{target}");
+        assert!(!target.contains("s3cret"), "{target}");
+        let s = settings(
+            dir.path(),
+            "postgresql://fleet:s3cret-pw@localhost:6543/flow\n",
+        );
         let target = Target::load(&s).unwrap();
-        assert_eq!(target.name, "postgresql://fleet@db.example:6543/flow");
+        assert_eq!(target.name, "postgresql://fleet@localhost:6543/flow");
         assert!(!target.name.contains("s3cret"));
+    }
+
+    #[test]
+    fn plaintext_reaches_only_servers_on_this_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        for local in [
+            "postgresql://u@127.0.0.1:5432/db",
+            "postgresql://u@[::1]:5432/db",
+            "postgresql://u@LOCALHOST/db",
+            "host=/run/postgresql user=u dbname=db",
+            "host=db.example hostaddr=127.0.0.1 user=u dbname=db",
+        ] {
+            let s = settings(dir.path(), local);
+            assert!(Target::load(&s).is_ok(), "{local}");
+        }
+        for (remote, named) in [
+            ("postgresql://u@db.example/db", "db.example"),
+            ("postgresql://u@10.0.0.5:5432/db", "10.0.0.5"),
+            ("postgresql://u@127.0.0.1,10.0.0.6/db", "10.0.0.6"),
+            (
+                "host=localhost hostaddr=10.0.0.7 user=u dbname=db",
+                "10.0.0.7",
+            ),
+            ("postgresql://u@db.example/db?sslmode=disable", "db.example"),
+        ] {
+            let s = settings(dir.path(), remote);
+            let e = load_error(&s);
+            assert!(
+                e.contains(named) && e.contains("ca_file") && e.contains("url"),
+                "{remote}: {e}"
+            );
+        }
     }
 
     #[test]
