@@ -367,7 +367,7 @@ impl DestinationRule {
 
 /// An IPv4-mapped IPv6 address is matched as the IPv4 address it carries, so an allow or
 /// block rule for 10.0.0.1 also governs ::ffff:10.0.0.1.
-fn canonical_ip(ip: IpAddr) -> IpAddr {
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
         v4 => v4,
@@ -386,6 +386,21 @@ fn canonical_net(net: IpNet) -> IpNet {
         return IpNet::V4(mapped);
     }
     net
+}
+
+/// The network executors' own resolvers listen in (127.53.0.0/16), on port
+/// [`RESOLVER_PORT`]: each executor whose lookups the host answers gets one address in it.
+pub const RESOLVER_NET: &str = "127.53.0.0/16";
+/// The port executors' own resolvers listen on (resolv.conf cannot name another).
+pub const RESOLVER_PORT: u16 = 53;
+
+/// Whether `addr` is where an executor's own resolver may listen. No rule reaches one: an
+/// executor's sends to its own resolver are its lookups, judged as lookups before any rule
+/// is consulted, and a lookup sent to another executor's resolver would be judged under that
+/// executor's call and charged to it.
+pub fn is_resolver_address(addr: &std::net::SocketAddr) -> bool {
+    addr.port() == RESOLVER_PORT
+        && matches!(canonical_ip(addr.ip()), IpAddr::V4(v4) if v4.octets()[..2] == [127, 53])
 }
 
 /// What to do when no rule matches.
@@ -477,6 +492,14 @@ impl DestinationRules {
                 rule: "undecodable address".into(),
             };
         }
+        if let Destination::Inet(addr) | Destination::Named { addr, .. } = dest
+            && is_resolver_address(addr)
+        {
+            return RuleDecision {
+                allowed: false,
+                rule: format!("another executor's resolver ({RESOLVER_NET} port {RESOLVER_PORT})"),
+            };
+        }
         if let Some(r) = self.block.iter().find(|r| r.matches(dest)) {
             return RuleDecision {
                 allowed: false,
@@ -513,7 +536,8 @@ pub struct OriginRules {
 
 /// Decides `dest` for a call of `origin` (a principal id and its rules, if any) against a
 /// server's `rules`. Precedence, first match wins: what the server's rules refuse whatever
-/// the lists say (no destination, an undecodable address); the origin's block; the server's
+/// the lists say (no destination, an undecodable address, an executor resolver's address);
+/// the origin's block; the server's
 /// block; the origin's allow; the server's allow; the server's default. The decision names
 /// the rule and whose it is (`principal <id> block ...`, `server allow ...`).
 pub fn decide_with_origin(
@@ -528,9 +552,11 @@ pub fn decide_with_origin(
     let Some((who, o)) = origin else {
         return server(rules.decide(dest));
     };
-    let Some(d) =
-        dest.filter(|d| !matches!(d, Destination::Disconnect | Destination::Undecidable(_)))
-    else {
+    let Some(d) = dest.filter(|d| match d {
+        Destination::Disconnect | Destination::Undecidable(_) => false,
+        Destination::Inet(addr) | Destination::Named { addr, .. } => !is_resolver_address(addr),
+        _ => true,
+    }) else {
         return server(rules.decide(dest));
     };
     if let Some(r) = o.block.iter().find(|r| r.matches(d)) {
@@ -772,6 +798,49 @@ mod tests {
                 .allowed
         );
         assert!(!decide_name_with_origin(&rules, None, &name("only.alice.test")).allowed);
+    }
+
+    #[test]
+    fn no_rule_reaches_an_executors_resolver() {
+        // A lookup sent to another executor's resolver would be judged under that
+        // executor's call: no allow list, default or principal's rule lets it through.
+        let rules = DestinationRules {
+            allow: vec![rule("127.0.0.0/8"), rule("*:53")],
+            block: vec![],
+            default: DefaultAction::Allow,
+        };
+        let origin = OriginRules {
+            allow: vec![rule("127.53.0.0/16:53")],
+            block: vec![],
+        };
+        for to in ["127.53.1.2:53", "[::ffff:127.53.9.9]:53"] {
+            let addr: std::net::SocketAddr = to.parse().unwrap();
+            for dest in [
+                Destination::Inet(addr),
+                Destination::Named {
+                    addr,
+                    name: "x.test".parse().unwrap(),
+                },
+            ] {
+                let d = rules.decide(Some(&dest));
+                assert!(
+                    !d.allowed && d.rule.contains("resolver"),
+                    "{to}: {}",
+                    d.rule
+                );
+                let d = decide_with_origin(&rules, Some(("alice", &origin)), Some(&dest));
+                assert!(
+                    !d.allowed && d.rule.contains("resolver"),
+                    "{to}: {}",
+                    d.rule
+                );
+            }
+        }
+        // Its other ports, and port 53 elsewhere on loopback, are addresses like any other.
+        for to in ["127.53.1.2:54", "127.0.0.53:53"] {
+            let dest = Destination::Inet(to.parse().unwrap());
+            assert!(rules.decide(Some(&dest)).allowed, "{to}");
+        }
     }
 
     #[test]

@@ -30,11 +30,11 @@ use hickory_proto::op::ResponseCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
-use crate::destination::HostName;
+use crate::destination::{HostName, canonical_ip};
 pub use upstream::Upstream;
 
 /// The port every executor resolver listens on (resolv.conf cannot name another).
-pub const DNS_PORT: u16 = 53;
+pub const DNS_PORT: u16 = crate::destination::RESOLVER_PORT;
 /// Most addresses remembered per executor; past it the oldest half is forgotten (a later
 /// connect to a forgotten address is judged by address rules alone).
 const MAX_REMEMBERED: usize = 4096;
@@ -42,7 +42,8 @@ const MAX_REMEMBERED: usize = 4096;
 /// queries are dropped (the client library retries) and TCP connections closed, so an
 /// executor cannot make the host hold unbounded work.
 const IN_FLIGHT: usize = 32;
-/// Longest wait for a TCP client's next query.
+/// Longest wait for a TCP client's next query, for the rest of one, or for it to take an
+/// answer.
 const TCP_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Why an executor's resolver could not be set up (the executor is not started).
@@ -108,9 +109,9 @@ struct AddressBook {
 
 impl AddressBook {
     fn remember(&mut self, name: &HostName, addresses: &[IpAddr]) {
-        for ip in addresses {
-            if self.names.insert(*ip, name.clone()).is_none() {
-                self.order.push(*ip);
+        for ip in addresses.iter().map(|ip| canonical_ip(*ip)) {
+            if self.names.insert(ip, name.clone()).is_none() {
+                self.order.push(ip);
             }
         }
         if self.order.len() > MAX_REMEMBERED {
@@ -144,7 +145,8 @@ impl Drop for ExecutorDns {
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 fn candidate(n: u32) -> Ipv4Addr {
-    // 127.53.0.1 ..= 127.53.255.254
+    // 127.53.0.1 ..= 127.53.255.254: within `destination::RESOLVER_NET`, which no
+    // destination rule reaches.
     let n = n % 65534 + 1;
     Ipv4Addr::new(127, 53, (n >> 8) as u8, (n & 0xff) as u8)
 }
@@ -221,20 +223,12 @@ impl ExecutorDns {
 
     /// Whether `addr` is this executor's own resolver.
     pub fn is_resolver(&self, addr: &SocketAddr) -> bool {
-        let ip = match addr.ip() {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(addr.ip()),
-            v4 => v4,
-        };
-        ip == self.address.ip() && addr.port() == DNS_PORT
+        canonical_ip(addr.ip()) == self.address.ip() && addr.port() == DNS_PORT
     }
 
     /// The name this executor's lookup got `ip` as an answer for, if any.
     pub fn name_of(&self, ip: IpAddr) -> Option<HostName> {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-            v4 => v4,
-        };
-        self.book.lock().ok()?.names.get(&ip).cloned()
+        self.book.lock().ok()?.names.get(&canonical_ip(ip)).cloned()
     }
 }
 
@@ -344,13 +338,23 @@ impl Server {
         if !(self.judge)(lookup).await {
             return Some(wire::refusal(query, ResponseCode::NXDomain));
         }
-        match self.upstream.ask(query, q.id).await {
-            Ok(response) => match wire::handed_out(&response, q.id) {
-                Ok(addresses) => {
+        // A fresh id per upstream query: the executor's own (which it may always set to 0)
+        // would make a forged answer easy to match.
+        let id = rand_core::RngCore::next_u32(&mut rand_core::OsRng) as u16;
+        let asked = match wire::upstream_query(&q, id) {
+            Ok(asked) => asked,
+            Err(why) => {
+                tracing::warn!(name = %q.name, why, "DNS query not asked upstream");
+                return Some(wire::refusal(query, ResponseCode::ServFail));
+            }
+        };
+        match self.upstream.ask(&asked, id).await {
+            Ok(response) => match wire::answer(&q, &response, id) {
+                Ok(answer) => {
                     if let Ok(mut book) = self.book.lock() {
-                        book.remember(&q.name, &addresses);
+                        book.remember(&q.name, &answer.addresses);
                     }
-                    Some(response)
+                    Some(answer.bytes)
                 }
                 Err(why) => {
                     tracing::warn!(name = %q.name, why, "upstream DNS answer refused");
@@ -367,17 +371,21 @@ impl Server {
 
 async fn serve_udp(server: Arc<Server>, sock: Arc<UdpSocket>) {
     let mut buf = vec![0u8; 65535];
+    // Owned here, so the queries in flight end with the resolver (this task is aborted
+    // when its executor's resolver is dropped).
+    let mut queries = tokio::task::JoinSet::new();
     loop {
         let Ok((n, from)) = sock.recv_from(&mut buf).await else {
             return;
         };
+        while queries.try_join_next().is_some() {}
         let Ok(permit) = server.in_flight.clone().try_acquire_owned() else {
             continue;
         };
         let query = buf[..n].to_vec();
         let (server, sock) = (server.clone(), sock.clone());
         // Each query on its own: glibc sends A and AAAA together and waits for both.
-        tokio::spawn(async move {
+        queries.spawn(async move {
             let _permit = permit;
             if let Some(answer) = server.answer(&query, "udp").await {
                 let _ = sock.send_to(&answer, from).await;
@@ -387,30 +395,39 @@ async fn serve_udp(server: Arc<Server>, sock: Arc<UdpSocket>) {
 }
 
 async fn serve_tcp(server: Arc<Server>, listener: TcpListener) {
+    let mut clients = tokio::task::JoinSet::new();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
+        while clients.try_join_next().is_some() {}
         let Ok(permit) = server.in_flight.clone().try_acquire_owned() else {
             continue;
         };
         let server = server.clone();
-        tokio::spawn(async move {
+        clients.spawn(async move {
             let _permit = permit;
             serve_tcp_client(server, stream).await;
         });
     }
 }
 
+/// Serves one TCP client's queries in turn. Every read and write has [`TCP_IDLE`] to finish,
+/// so a client that stops half-way through a message (or stops reading) gives its slot back.
 async fn serve_tcp_client(server: Arc<Server>, mut stream: TcpStream) {
     loop {
         let mut len = [0u8; 2];
-        match tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut len)).await {
-            Ok(Ok(_)) => {}
-            _ => return,
+        if !matches!(
+            tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut len)).await,
+            Ok(Ok(_))
+        ) {
+            return;
         }
         let mut query = vec![0u8; usize::from(u16::from_be_bytes(len))];
-        if stream.read_exact(&mut query).await.is_err() {
+        if !matches!(
+            tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut query)).await,
+            Ok(Ok(_))
+        ) {
             return;
         }
         let Some(answer) = server.answer(&query, "tcp").await else {
@@ -419,9 +436,13 @@ async fn serve_tcp_client(server: Arc<Server>, mut stream: TcpStream) {
         let Ok(n) = u16::try_from(answer.len()) else {
             return;
         };
-        if stream.write_all(&n.to_be_bytes()).await.is_err()
-            || stream.write_all(&answer).await.is_err()
-        {
+        let mut framed = Vec::with_capacity(answer.len() + 2);
+        framed.extend_from_slice(&n.to_be_bytes());
+        framed.extend_from_slice(&answer);
+        if !matches!(
+            tokio::time::timeout(TCP_IDLE, stream.write_all(&framed)).await,
+            Ok(Ok(()))
+        ) {
             return;
         }
     }
@@ -435,9 +456,13 @@ mod tests {
     use hickory_proto::rr::{Name, RData, Record};
     use std::str::FromStr;
 
+    /// What the upstream resolver got of one query: the name, and whether anything but the
+    /// question came with it (extra records, EDNS options).
+    type Asked = Arc<Mutex<Vec<(String, bool)>>>;
+
     /// An upstream resolver on loopback: `known.test` is 192.0.2.7, every other name
-    /// NXDOMAIN; it counts the queries it got.
-    async fn upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    /// NXDOMAIN; it keeps what it got of each query.
+    async fn upstream() -> (SocketAddr, Asked) {
         let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let addr = sock.local_addr().unwrap();
         let asked = Arc::new(Mutex::new(Vec::new()));
@@ -447,7 +472,13 @@ mod tests {
             while let Ok((n, from)) = sock.recv_from(&mut buf).await {
                 let q = Message::from_vec(&buf[..n]).unwrap();
                 let name = q.queries[0].name().to_ascii();
-                log.lock().unwrap().push(name.clone());
+                let extra = !q.additionals.is_empty()
+                    || !q.answers.is_empty()
+                    || !q.authorities.is_empty()
+                    || q.edns
+                        .as_ref()
+                        .is_some_and(|e| !e.options().options.is_empty());
+                log.lock().unwrap().push((name.clone(), extra));
                 let mut r = q.into_response();
                 if name == "known.test." {
                     r.add_answer(Record::from_rdata(
@@ -499,19 +530,30 @@ mod tests {
         assert!(dns.is_resolver(&dns.address()));
         assert_eq!(dns.name_of("192.0.2.7".parse().unwrap()), None);
 
-        // UDP, from a connected socket as glibc does: the answer comes from the resolver.
+        // UDP, from a connected socket as glibc does: the answer comes from the resolver,
+        // under the query's id. The query carries a record of its own and an EDNS option:
+        // only its question is asked upstream.
         let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         client.connect(dns.address()).await.unwrap();
-        client
-            .send(&wire::tests::query(11, "known.test."))
-            .await
-            .unwrap();
+        let mut smuggling = Message::from_vec(&wire::tests::query(11, "known.test.")).unwrap();
+        let mut edns = hickory_proto::op::Edns::new();
+        edns.options_mut()
+            .insert(hickory_proto::rr::rdata::opt::EdnsOption::Unknown(
+                65001,
+                b"secret".to_vec(),
+            ));
+        smuggling.set_edns(edns);
+        smuggling.add_additional(Record::from_rdata(
+            Name::from_str("secret.invalid.").unwrap(),
+            60,
+            RData::A(A::new(10, 0, 0, 1)),
+        ));
+        client.send(&smuggling.to_vec().unwrap()).await.unwrap();
         let mut buf = [0u8; 2048];
         let n = client.recv(&mut buf).await.unwrap();
-        assert_eq!(
-            wire::handed_out(&buf[..n], 11).unwrap(),
-            vec!["192.0.2.7".parse::<IpAddr>().unwrap()]
-        );
+        let answer = Message::from_vec(&buf[..n]).unwrap();
+        assert_eq!(answer.metadata.id, 11);
+        assert_eq!(answer.answers.len(), 1);
         assert_eq!(
             dns.name_of("192.0.2.7".parse().unwrap())
                 .map(|n| n.to_string()),
@@ -534,8 +576,8 @@ mod tests {
         assert_eq!(answer.metadata.response_code, ResponseCode::NXDomain);
         assert_eq!(
             *asked.lock().unwrap(),
-            vec!["known.test.".to_string()],
-            "only the allowed name reached the upstream resolver"
+            vec![("known.test.".to_string(), false)],
+            "only the allowed name reached the upstream resolver, and nothing but its question"
         );
         assert_eq!(
             *judged.lock().unwrap(),

@@ -1,15 +1,27 @@
 //! DNS messages as the mediator reads and writes them, with the `hickory-proto` codec: the
-//! one question of a query, refusals built from the query itself, and the addresses an
-//! upstream answer hands out.
+//! one question of a query, the query asked upstream in its place, refusals built from the
+//! query itself, and the answer passed back with the addresses it hands out.
+//!
+//! Nothing the executor wrote reaches the upstream resolver but its one question: the
+//! upstream query is built anew (its own random id, no extra records, no EDNS options), so
+//! the bytes of a query carry no more out of the host than the name that was judged.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 
-use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::{RData, RecordType};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
 
 use crate::destination::HostName;
 
-/// A query the mediator can decide: standard, one question, for a valid host name.
+/// Most CNAME links followed from the name asked to the addresses handed out.
+const MAX_CHAIN: usize = 16;
+/// The EDNS payload size asked for upstream at most (the size DNS flag day 2020 settled
+/// on: no fragmented UDP answers).
+const MAX_UDP_PAYLOAD: u16 = 1232;
+
+/// A query the mediator can decide: standard, one question of class IN, for a valid host
+/// name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Question {
     /// The query id.
@@ -18,6 +30,12 @@ pub struct Question {
     pub name: HostName,
     /// The record type asked for (`A`, `AAAA`, ...).
     pub record_type: String,
+    /// The question as the executor wrote it (the answer repeats it).
+    query: Query,
+    /// Whether the executor asked for recursion.
+    recursion_desired: bool,
+    /// The UDP payload size the executor advertised with EDNS, if it sent EDNS.
+    edns_payload: Option<u16>,
 }
 
 /// Why a message is not a query the mediator decides.
@@ -56,6 +74,12 @@ pub fn question(bytes: &[u8]) -> Result<Question, WireError> {
             format!("{} questions in one query", msg.queries.len()),
         ));
     };
+    if q.query_class() != DNSClass::IN {
+        return Err(unserved(
+            ResponseCode::Refused,
+            format!("class {} (only IN is answered)", q.query_class()),
+        ));
+    }
     let name = q.name().to_ascii();
     let name = name
         .parse::<HostName>()
@@ -64,7 +88,101 @@ pub fn question(bytes: &[u8]) -> Result<Question, WireError> {
         id: msg.metadata.id,
         name,
         record_type: q.query_type().to_string(),
+        query: q.clone(),
+        recursion_desired: msg.metadata.recursion_desired,
+        edns_payload: msg.edns.as_ref().map(|e| e.max_payload()),
     })
+}
+
+/// The query asked upstream for `q`, with id `id`: its question alone, recursion as the
+/// executor asked, and EDNS (a payload size, no options) only if the executor sent EDNS,
+/// so the answer fits what the executor said it accepts.
+pub fn upstream_query(q: &Question, id: u16) -> Result<Vec<u8>, String> {
+    let mut m = Message::query();
+    m.metadata.id = id;
+    m.metadata.recursion_desired = q.recursion_desired;
+    m.add_query(q.query.clone());
+    if let Some(payload) = q.edns_payload {
+        let mut edns = Edns::new();
+        edns.set_max_payload(payload.clamp(512, MAX_UDP_PAYLOAD));
+        m.set_edns(edns);
+    }
+    m.to_vec()
+        .map_err(|e| format!("cannot encode the upstream query: {e}"))
+}
+
+/// An upstream answer as it is passed back to the executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The answer to send the executor: its own id and question.
+    pub bytes: Vec<u8>,
+    /// The addresses handed out for the name asked: the A and AAAA records of the answer
+    /// section owned by that name or by a name its CNAME chain leads to.
+    pub addresses: Vec<IpAddr>,
+}
+
+/// Reads the upstream `response` to [`upstream_query`]`(q, id)`. Refused: a response that
+/// does not decode, is no response, answers another id, or another question (an answer
+/// forged or misdirected would otherwise be remembered as the name's address).
+pub fn answer(q: &Question, response: &[u8], id: u16) -> Result<Answer, String> {
+    let mut msg =
+        Message::from_vec(response).map_err(|e| format!("undecodable upstream answer: {e}"))?;
+    if msg.metadata.id != id || msg.metadata.message_type != MessageType::Response {
+        return Err("the upstream answer is not a response to the query".into());
+    }
+    let asked = &q.query;
+    match msg.queries.as_slice() {
+        [a] if same_name(a.name(), asked.name())
+            && a.query_type() == asked.query_type()
+            && a.query_class() == asked.query_class() => {}
+        _ => return Err("the upstream answer is for another question".into()),
+    }
+    let addresses = chain_addresses(&msg, asked.name());
+    msg.metadata.id = q.id;
+    msg.queries = vec![asked.clone()];
+    if q.edns_payload.is_none() {
+        msg.edns = None;
+    }
+    let bytes = msg
+        .to_vec()
+        .map_err(|e| format!("cannot encode the answer: {e}"))?;
+    Ok(Answer { bytes, addresses })
+}
+
+fn same_name(a: &Name, b: &Name) -> bool {
+    key(a) == key(b)
+}
+
+/// A name as compared here: lower case, without the root's dot.
+fn key(n: &Name) -> String {
+    n.to_ascii().trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The addresses of `msg`'s answer section that belong to `name` or a name its CNAME chain
+/// (at most [`MAX_CHAIN`] links) leads to: an answer may carry records for other names,
+/// which are not what the executor asked for.
+fn chain_addresses(msg: &Message, name: &Name) -> Vec<IpAddr> {
+    let mut chain = HashSet::from([key(name)]);
+    let mut at = key(name);
+    for _ in 0..MAX_CHAIN {
+        let next = msg.answers.iter().find_map(|r| match &r.data {
+            RData::CNAME(target) if key(&r.name) == at => Some(key(&target.0)),
+            _ => None,
+        });
+        match next {
+            Some(target) if chain.insert(target.clone()) => at = target,
+            _ => break,
+        }
+    }
+    msg.answers
+        .iter()
+        .filter(|r| chain.contains(&key(&r.name)))
+        .filter_map(|r| match (&r.data, r.record_type()) {
+            (RData::A(a), RecordType::A) => Some(IpAddr::V4(a.0)),
+            (RData::AAAA(a), RecordType::AAAA) => Some(IpAddr::V6(a.0)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The answer `code` (NXDOMAIN for a name no rule names, REFUSED, ...) to `query`, which
@@ -84,26 +202,6 @@ fn refusal_of(query: &Message, code: ResponseCode) -> Vec<u8> {
     answer.to_vec().unwrap_or_default()
 }
 
-/// The addresses an upstream `response` to query `id` hands out (every A and AAAA record of
-/// its answer section, CNAME targets included). Anything else is refused: a response that
-/// does not decode, answers another id, or is no response.
-pub fn handed_out(response: &[u8], id: u16) -> Result<Vec<IpAddr>, String> {
-    let msg =
-        Message::from_vec(response).map_err(|e| format!("undecodable upstream answer: {e}"))?;
-    if msg.metadata.id != id || msg.metadata.message_type != MessageType::Response {
-        return Err("the upstream answer is not a response to the query".into());
-    }
-    Ok(msg
-        .answers
-        .iter()
-        .filter_map(|r| match (&r.data, r.record_type()) {
-            (RData::A(a), RecordType::A) => Some(IpAddr::V4(a.0)),
-            (RData::AAAA(a), RecordType::AAAA) => Some(IpAddr::V6(a.0)),
-            _ => None,
-        })
-        .collect())
-}
-
 /// Whether a UDP `response` was truncated (the question is asked again over TCP).
 pub fn truncated(response: &[u8]) -> bool {
     // The TC bit: byte 2, 0x02 (RFC 1035 4.1.1).
@@ -113,9 +211,9 @@ pub fn truncated(response: &[u8]) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use hickory_proto::op::Query;
-    use hickory_proto::rr::rdata::A;
-    use hickory_proto::rr::{Name, Record};
+    use hickory_proto::rr::Record;
+    use hickory_proto::rr::rdata::opt::EdnsOption;
+    use hickory_proto::rr::rdata::{A, CNAME};
     use std::str::FromStr;
 
     /// A standard query for `name` (`A`), as a resolver library sends it.
@@ -150,26 +248,121 @@ pub(crate) mod tests {
         ));
     }
 
-    #[test]
-    fn collects_handed_out_addresses() {
-        let mut m = Message::from_vec(&query(3, "a.test."))
-            .unwrap()
-            .into_response();
-        m.add_answer(Record::from_rdata(
-            Name::from_str("a.test.").unwrap(),
+    /// The upstream's response to `asked` (bytes of [`upstream_query`]), with `records`.
+    fn respond(asked: &[u8], records: Vec<Record>) -> Vec<u8> {
+        let mut m = Message::from_vec(asked).unwrap().into_response();
+        m.add_answers(records);
+        m.to_vec().unwrap()
+    }
+
+    fn a(owner: &str, ip: [u8; 4]) -> Record {
+        Record::from_rdata(
+            Name::from_str(owner).unwrap(),
             60,
-            RData::A(A::new(192, 0, 2, 7)),
-        ));
-        let bytes = m.to_vec().unwrap();
-        assert_eq!(
-            handed_out(&bytes, 3).unwrap(),
-            vec!["192.0.2.7".parse::<IpAddr>().unwrap()]
-        );
-        assert!(handed_out(&bytes, 4).is_err(), "another id");
-        assert!(
-            handed_out(&query(3, "a.test."), 3).is_err(),
-            "not a response"
-        );
+            RData::A(A::new(ip[0], ip[1], ip[2], ip[3])),
+        )
+    }
+
+    fn cname(owner: &str, target: &str) -> Record {
+        Record::from_rdata(
+            Name::from_str(owner).unwrap(),
+            60,
+            RData::CNAME(CNAME(Name::from_str(target).unwrap())),
+        )
+    }
+
+    #[test]
+    fn passes_back_the_answer_with_the_executors_id_and_question() {
+        let q = question(&query(3, "A.Test.")).unwrap();
+        let asked = upstream_query(&q, 4242).unwrap();
+        let bytes = respond(&asked, vec![a("a.test.", [192, 0, 2, 7])]);
+        let got = answer(&q, &bytes, 4242).unwrap();
+        assert_eq!(got.addresses, vec!["192.0.2.7".parse::<IpAddr>().unwrap()]);
+        let m = Message::from_vec(&got.bytes).unwrap();
+        assert_eq!(m.metadata.id, 3);
+        assert_eq!(m.queries, vec![q.query.clone()]);
+        assert!(answer(&q, &bytes, 4243).is_err(), "another id");
+        assert!(answer(&q, &asked, 4242).is_err(), "not a response");
         assert!(!truncated(&bytes));
+    }
+
+    #[test]
+    fn an_answer_to_another_question_is_refused() {
+        let q = question(&query(3, "a.test.")).unwrap();
+        let other = question(&query(3, "b.test.")).unwrap();
+        let asked = upstream_query(&other, 9).unwrap();
+        let bytes = respond(&asked, vec![a("a.test.", [192, 0, 2, 7])]);
+        assert!(answer(&q, &bytes, 9).is_err());
+    }
+
+    #[test]
+    fn the_upstream_query_carries_only_the_question() {
+        // An executor's query with a private EDNS option and an extra record: neither, nor
+        // its id, leaves the host.
+        let mut m = Message::from_vec(&query(77, "a.test.")).unwrap();
+        let mut edns = Edns::new();
+        edns.set_max_payload(4096);
+        edns.options_mut()
+            .insert(EdnsOption::Unknown(65001, vec![0x5e; 2000]));
+        m.set_edns(edns);
+        m.add_additional(a("secret.invalid.", [10, 0, 0, 1]));
+        let bytes = m.to_vec().unwrap();
+        let q = question(&bytes).unwrap();
+        let up = Message::from_vec(&upstream_query(&q, 1234).unwrap()).unwrap();
+        assert_eq!(up.metadata.id, 1234);
+        assert_eq!(up.queries, vec![q.query.clone()]);
+        assert!(up.answers.is_empty() && up.authorities.is_empty());
+        assert!(up.additionals.is_empty());
+        let edns = up.edns.expect("the executor sent EDNS");
+        assert_eq!(edns.max_payload(), MAX_UDP_PAYLOAD);
+        assert!(edns.options().options.is_empty(), "no options pass");
+        // Without EDNS from the executor, none upstream and none in its answer.
+        let plain = question(&query(5, "a.test.")).unwrap();
+        let asked = upstream_query(&plain, 6).unwrap();
+        assert!(Message::from_vec(&asked).unwrap().edns.is_none());
+        let mut r = Message::from_vec(&asked).unwrap().into_response();
+        r.set_edns(Edns::new());
+        let got = answer(&plain, &r.to_vec().unwrap(), 6).unwrap();
+        assert!(Message::from_vec(&got.bytes).unwrap().edns.is_none());
+        // A class other than IN is not asked at all.
+        let mut chaos = Message::from_vec(&query(8, "version.bind.")).unwrap();
+        chaos.queries[0].set_query_class(DNSClass::CH);
+        assert!(matches!(
+            question(&chaos.to_vec().unwrap()),
+            Err(WireError::Unserved { .. })
+        ));
+    }
+
+    #[test]
+    fn only_addresses_on_the_names_chain_are_handed_out() {
+        let q = question(&query(3, "a.test.")).unwrap();
+        let asked = upstream_query(&q, 1).unwrap();
+        let bytes = respond(
+            &asked,
+            vec![
+                cname("A.test.", "edge.cdn.test."),
+                cname("edge.cdn.test.", "node.cdn.test."),
+                a("node.cdn.test.", [192, 0, 2, 8]),
+                // Not on the chain: an answer may not vouch for another name's address.
+                a("bank.test.", [203, 0, 113, 9]),
+            ],
+        );
+        assert_eq!(
+            answer(&q, &bytes, 1).unwrap().addresses,
+            vec!["192.0.2.8".parse::<IpAddr>().unwrap()]
+        );
+        // A loop ends the chain.
+        let bytes = respond(
+            &asked,
+            vec![
+                cname("a.test.", "b.test."),
+                cname("b.test.", "a.test."),
+                a("b.test.", [192, 0, 2, 9]),
+            ],
+        );
+        assert_eq!(
+            answer(&q, &bytes, 1).unwrap().addresses,
+            vec!["192.0.2.9".parse::<IpAddr>().unwrap()]
+        );
     }
 }
