@@ -2,7 +2,8 @@
 //! getaddrinfo on libuv's thread pool) and `dns.resolve4` (c-ares, which accepts a reply only
 //! from the server address it sent the query to) both reach the executor's own resolver and
 //! get the allowed name's address; a name no rule allows fails with ENOTFOUND under both;
-//! a connect to the address the lookup handed out is recorded with the name.
+//! a connect to the address the lookup handed out is recorded with the name, and so is
+//! every lookup.
 
 mod common;
 
@@ -131,12 +132,35 @@ fn node_getaddrinfo_and_c_ares_lookups_are_answered_by_the_host() {
             "fetch.test"
         );
     }
-    assert!(
-        records
+    // Every lookup is recorded, the answered ones too: the name leaves the host when it is
+    // asked upstream.
+    let lookups: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["flowhost"]["broker"]["syscall"] == "dns_query")
+        .collect();
+    let named = |name: &str| {
+        lookups
             .iter()
-            .filter(|r| r["flowhost"]["broker"]["syscall"] == "dns_query")
-            .all(|r| r["flowhost"]["denial_kind"] == "name_not_allowed"
-                && r["flowhost"]["broker"]["destination"]["host_name"] == "not-allowed.test"),
+            .filter(|r| r["flowhost"]["broker"]["destination"]["host_name"] == name)
+            .collect::<Vec<_>>()
+    };
+    assert!(!named("fetch.test").is_empty(), "{text}");
+    assert!(
+        named("fetch.test")
+            .iter()
+            .all(|r| r["decision"]["effect"] == "allow"),
+        "{text}"
+    );
+    assert!(!named("not-allowed.test").is_empty(), "{text}");
+    assert!(
+        named("not-allowed.test")
+            .iter()
+            .all(|r| r["flowhost"]["denial_kind"] == "name_not_allowed"),
+        "{text}"
+    );
+    assert_eq!(
+        lookups.len(),
+        named("fetch.test").len() + named("not-allowed.test").len(),
         "{text}"
     );
     drop(daemon);

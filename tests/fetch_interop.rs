@@ -186,8 +186,14 @@ fn fetch_server_reaches_a_named_destination_through_the_hosts_resolver() {
             && flowhost_ext(r)["denial_kind"] == "name_not_allowed"),
         "{text}"
     );
-    // No other egress was recorded: lookups of allowed names and the sends to the host's
-    // resolver are not egress records.
+    assert!(
+        records.iter().any(|r| broker(r)["syscall"] == "dns_query"
+            && broker(r)["destination"]["host_name"] == "fetch.test"
+            && r["decision"]["effect"] == "allow"),
+        "the answered lookup is recorded: {text}"
+    );
+    // No other egress was recorded: the sends to the host's resolver are not egress
+    // records (the lookups are).
     let lookups = records
         .iter()
         .filter(|r| broker(r)["syscall"] == "dns_query")

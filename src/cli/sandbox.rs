@@ -386,7 +386,7 @@ async fn record(writer: Option<&RecordWriter>, record: DecisionRecord) -> bool {
 }
 
 /// Starts the run's own resolver when the profile shares the host's network: the command's
-/// lookups are answered only for names an allow rule names; refusals are recorded. `None`
+/// lookups are answered only for names an allow rule names; every lookup is recorded. `None`
 /// when the profile needs none, or when this user may not bind port 53 (then lookups are
 /// sends like any other, judged by address rules; said on stderr).
 fn start_dns(
@@ -410,18 +410,19 @@ fn start_dns(
         let (args, rules, writer, pid) = (args.clone(), rules.clone(), writer.clone(), pid.clone());
         Box::pin(async move {
             let decision = rules.decide_name(&lookup.name);
-            let allowed = decision.allowed;
-            if !allowed {
-                // As the daemon: an answered lookup is not recorded (the connection to what
-                // it resolved to is); a refused one is (and stays refused if that fails).
-                let pid = pid.get().copied().unwrap_or(0);
-                let r = attempt_record(
-                    &args,
-                    crate::daemon::lookup_broker_details(&lookup, pid),
-                    verdict_of(false, decision.rule.clone(), Denial::NameNotAllowed),
-                );
-                record(writer.as_deref(), r).await;
-            }
+            // As the daemon: every lookup is recorded, an answered one before its name
+            // leaves the host (and refused if that fails).
+            let pid = pid.get().copied().unwrap_or(0);
+            let r = attempt_record(
+                &args,
+                crate::daemon::lookup_broker_details(&lookup, pid),
+                verdict_of(
+                    decision.allowed,
+                    decision.rule.clone(),
+                    Denial::NameNotAllowed,
+                ),
+            );
+            let allowed = record(writer.as_deref(), r).await && decision.allowed;
             if !args.quiet {
                 eprintln!(
                     "flowhost sandbox: dns_query {} {} ({}) -> {} ({})",

@@ -301,9 +301,10 @@ impl EgressJudge {
         }
     }
 
-    /// Judges one lookup of executor `pid`: allowed ones are answered without a record (the
-    /// connection to what they resolve to is judged and recorded); a refusal is recorded,
-    /// with the name, as an egress attempt of syscall `dns_query` to the executor's resolver.
+    /// Judges one lookup of executor `pid` and records it, allowed or refused, as an egress
+    /// attempt of syscall `dns_query` to the executor's resolver, carrying the name asked:
+    /// the name leaves the host when it is asked upstream, so an allowed lookup's record is
+    /// durable before that, and one that cannot be written refuses the lookup.
     async fn decide_lookup(
         &self,
         call: Option<Arc<CallInFlight>>,
@@ -323,19 +324,18 @@ impl EgressJudge {
                     .await,
             ),
         };
-        if let Some(v) = &judged
-            && v.verdict.allowed()
-        {
-            return Judgment {
-                approved_under: Some(v.source.clone()),
-            };
-        }
         let details = lookup_broker_details(&lookup, pid);
         let record = self.record(call.as_deref().zip(judged.as_ref()), details);
-        if let Err(e) = self.records.commit(record).await {
-            tracing::error!(server = %self.server_id, error = %e, "lookup refusal not recorded");
+        let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
+        match self.records.commit(record).await {
+            Ok(_) => Judgment {
+                approved_under: allowed,
+            },
+            Err(e) => {
+                tracing::error!(server = %self.server_id, error = %e, "lookup record not written; refusing the lookup");
+                Judgment::default()
+            }
         }
-        Judgment::default()
     }
 }
 
