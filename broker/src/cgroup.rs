@@ -17,12 +17,14 @@
 //! The cgroup files are the kernel's interface and are written directly, here only.
 
 use std::collections::BTreeMap;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::profile::Limits;
+use crate::sys;
 
 /// A cgroup controller bounding executors as a whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -652,7 +654,7 @@ impl ExecutorCgroup {
             Err(e) => e.kind() == std::io::ErrorKind::NotFound,
         };
         while !left.is_empty() {
-            left.retain(|dir| {
+            left.retain(|&dir| {
                 // Usually empty: the executor and all it started have ended.
                 if removed(dir) {
                     return false;
@@ -667,8 +669,7 @@ impl ExecutorCgroup {
                     .filter_map(|p| p.parse::<i32>().ok())
                     .filter(|p| *p != host)
                 {
-                    // SAFETY: sends a signal; a pid of this executor's own cgroup.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    kill_member(pid, dir);
                 }
                 !removed(dir)
             });
@@ -681,6 +682,27 @@ impl ExecutorCgroup {
             tracing::warn!(cgroups = ?left, "executor cgroups could not be removed");
         }
         left.is_empty()
+    }
+}
+
+/// Kills process `pid` if it is in the cgroup at `dir`. The pid was read from the cgroup's
+/// `cgroup.procs`, but that process may have ended since and the number gone to another:
+/// the process is pinned with a pidfd first, its membership read after that, and the
+/// signal sent through the pidfd, so only a member is ever signalled.
+fn kill_member(pid: i32, dir: &Path) {
+    let Ok(pidfd) = sys::pidfd_open(pid) else {
+        return;
+    };
+    let member = procfs::process::Process::new(pid)
+        .and_then(|p| p.cgroups())
+        .is_ok_and(|groups| {
+            groups.into_iter().any(|g| {
+                let path = g.pathname.trim_start_matches('/');
+                !path.is_empty() && dir.ends_with(path)
+            })
+        });
+    if member {
+        let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
     }
 }
 

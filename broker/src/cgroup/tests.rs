@@ -256,6 +256,31 @@ fn removing_an_executor_cgroup_never_signals_the_host() {
 }
 
 #[test]
+fn removing_an_executor_cgroup_signals_only_its_members() {
+    // A pid read from `cgroup.procs` whose process has ended may name another process by
+    // the time it is signalled: here, a process in no such cgroup at all.
+    let mut outsider = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("flowhost-exec-1-2");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("cgroup.procs"), format!("{}\n", outsider.id())).unwrap();
+    let cg = ExecutorCgroup {
+        dirs: vec![(Controller::Memory, Version::V1, dir)],
+        limits: Limits::NONE,
+    };
+    assert!(!cg.remove(Duration::from_millis(30)));
+    assert!(
+        outsider.try_wait().unwrap().is_none(),
+        "a process outside the cgroup was killed"
+    );
+    outsider.kill().unwrap();
+    outsider.wait().unwrap();
+}
+
+#[test]
 fn the_first_executor_cgroup_proves_a_v1_base_without_a_probe() {
     let root = tempfile::tempdir().unwrap();
     let mem = root.path().join("memory");
