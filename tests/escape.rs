@@ -214,6 +214,92 @@ async fn allowed_unix_connect_reaches_the_pinned_socket() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_unix_sendto_reaches_the_pinned_socket() {
+    let Some(b) = broker() else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("allowed-dgram.sock");
+    let receiver = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    receiver.set_nonblocking(true).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let argv = probe_argv(&["unix-sendto", &path.display().to_string()]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+    assert_eq!(
+        run.attempts[0].0.destination,
+        Some(Destination::UnixPath(path.clone()))
+    );
+    let mut buf = [0u8; 64];
+    let n = receiver
+        .recv(&mut buf)
+        .expect("the allowed datagram did not arrive");
+    assert_eq!(&buf[..n], b"probe-unix-sendto");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_bind_below_the_unprivileged_ports_is_refused_as_the_kernel_would() {
+    let Some(b) = broker() else { return };
+    // The broker may hold CAP_NET_BIND_SERVICE (the systemd unit grants it, and tests run
+    // as root); the executor holds no capability, so the kernel would refuse it the port.
+    let port = std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|s| s.trim().parse::<u16>().ok())
+        .unwrap_or(1024);
+    if port == 0 {
+        eprintln!("SKIP: ip_unprivileged_port_start is 0: every port is unprivileged here");
+        return;
+    }
+    let low = format!("127.0.0.1:{}", port - 1);
+    let argv = probe_argv(&["bind-in", &low]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
+    // An unprivileged port is bound as before.
+    let argv = probe_argv(&["bind-in", "127.0.0.1:0"]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_on_a_connected_tcp_socket_is_reported_to_its_peer() {
+    let Some(b) = broker() else { return };
+    let (peer, elsewhere) = (TcpSink::start(), UdpSink::start());
+    let argv = probe_argv(&[
+        "connect-sendto",
+        &peer.addr.to_string(),
+        &elsewhere.addr.to_string(),
+    ]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+    // The kernel ignores the address on a connected TCP socket: the bytes go to the peer,
+    // and that is what the host is asked about.
+    let send = run
+        .attempts
+        .iter()
+        .find(|(a, _)| a.syscall == EgressSyscall::Sendto)
+        .expect("the send is reported");
+    assert_eq!(send.0.destination, dest(peer.addr));
+    assert!(send.0.connected);
+    assert_eq!(peer.await_bytes(20), b"probe-connect-sendto");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn msg_zerocopy_never_reaches_the_kernel_from_the_broker() {
+    let Some(b) = broker() else { return };
+    // With MSG_ZEROCOPY the kernel would keep sending from the broker's copy of the data
+    // after the broker freed it (heap reused for other executors' data).
+    let sink = TcpSink::start();
+    let argv = probe_argv(&["zerocopy", &sink.addr.to_string()]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let r = run.result();
+    assert_eq!(r["sent"], 65536, "{r}");
+    assert_eq!(
+        r["errno"],
+        libc::EAGAIN,
+        "a zerocopy completion was queued: {r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_connect_through_a_symlink_is_not_followed() {
     let Some(b) = broker() else { return };
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

@@ -174,7 +174,7 @@ impl Caller<'_> {
         };
         let (destination, connected);
         let (mut pin, mut unreachable) = (None, None);
-        if name_ptr != 0 && name_len > 0 {
+        if name_ptr != 0 && name_len > 0 && !super::perform::ignores_address(sock) {
             let raw = self.copy(name_ptr, name_len)?;
             let (dest, target) = self.resolve(&raw, sock, syscall);
             destination = Some(dest);

@@ -75,6 +75,11 @@ impl Caller<'_> {
 
     pub(super) async fn bind(&self) -> Step<Outcome> {
         let (sock, target) = self.decided_address(EgressSyscall::Bind).await?;
+        // The broker may hold CAP_NET_BIND_SERVICE; the executor holds no capability, so the
+        // kernel would refuse it a privileged port, and so does the broker.
+        if privileged_port(&target.addr) {
+            return Ok(Outcome::Errno(libc::EACCES));
+        }
         if let Err(e) = sys::bind_raw(sock.fd.as_fd(), &target.addr) {
             return Ok(Outcome::Errno(errno_of(&e)));
         }
@@ -134,23 +139,26 @@ impl Caller<'_> {
         let mut info = self.attempt(EgressSyscall::Sendto, &sock);
         info.bytes = Some(message.data.len());
         let mut pin = None;
-        if let Some(raw) = raw {
-            let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Sendto);
-            info.destination = Some(destination);
-            if let Ok(t) = &target {
-                message.name = t.addr.clone();
+        match raw {
+            Some(raw) if !ignores_address(&sock) => {
+                let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Sendto);
+                info.destination = Some(destination);
+                if let Ok(t) = &target {
+                    message.name = t.addr.clone();
+                }
+                pin = Some(target);
             }
-            pin = Some(target);
-        } else {
-            info.connected = true;
-            info.destination = peer(&sock);
+            _ => {
+                info.connected = true;
+                info.destination = peer(&sock);
+            }
         }
         if let Verdict::Deny { errno } = self.decide(info).await {
             return Ok(Outcome::Errno(errno));
         }
-        if let Some(target) = pin {
-            target?;
-        }
+        // Held until the send is done: the name sent to is this descriptor's
+        // `/proc/self/fd` path, which must not come to name another socket meanwhile.
+        let _pinned = pin.transpose()?;
         self.performing()?;
         Ok(to_outcome(
             self.send(&sock, message, flags).await?.map(|n| n as i64),
@@ -248,4 +256,35 @@ impl Caller<'_> {
         }
         Ok(Outcome::Value(sent as i64))
     }
+}
+
+/// Whether the kernel ignores the address a send on `sock` gives: a connected TCP socket
+/// sends to its peer whatever address it is given (a connected unix stream socket refuses
+/// one, so there is no destination but the peer either; a seqpacket socket drops it), so
+/// the peer is what the host decides and the record names.
+pub(super) fn ignores_address(sock: &TakenSocket) -> bool {
+    matches!(
+        sock.info.socket_type,
+        libc::SOCK_STREAM | libc::SOCK_SEQPACKET
+    ) && peer(sock).is_some()
+}
+
+/// Whether `addr` (a raw IPv4 or IPv6 socket address) names a port below the host's
+/// `ip_unprivileged_port_start` (1024 if it cannot be read), port 0 excepted.
+fn privileged_port(addr: &[u8]) -> bool {
+    let family = addr
+        .get(..2)
+        .map(|f| i32::from(u16::from_ne_bytes([f[0], f[1]])));
+    if !matches!(family, Some(libc::AF_INET | libc::AF_INET6)) {
+        return false;
+    }
+    let Some(&[hi, lo]) = addr.get(2..4) else {
+        return false;
+    };
+    let port = u16::from_be_bytes([hi, lo]);
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(1024);
+    port != 0 && u32::from(port) < start
 }

@@ -251,14 +251,17 @@ impl Caller<'_> {
     /// blocking a thread: a blocking socket's send waits for room (on a stream socket it
     /// sends everything unless an error or `SO_SNDTIMEO` ends it early, then reports what
     /// was sent); a non-blocking one returns EAGAIN. `MSG_NOSIGNAL` is always set: a broken
-    /// pipe must not signal the broker.
+    /// pipe must not signal the broker. `MSG_ZEROCOPY` is never passed on: the kernel would
+    /// go on sending from the broker's copy of the data after the broker has freed it (its
+    /// heap then holds other data, another executor's included); the send is made as on a
+    /// socket without `SO_ZEROCOPY`, which the kernel allows.
     pub(super) async fn send(
         &self,
         sock: &TakenSocket,
         mut msg: OwnedMessage,
         flags: i32,
     ) -> Step<io::Result<usize>> {
-        let flags = flags | libc::MSG_NOSIGNAL;
+        let flags = (flags | libc::MSG_NOSIGNAL) & !libc::MSG_ZEROCOPY;
         // Whether the executor's call may block, read only when it matters (a send that did
         // not go out whole): most sends complete at once, without the flag read.
         let mut blocking = None;
