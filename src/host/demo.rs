@@ -97,11 +97,23 @@ fn text(r: &Value) -> Option<&str> {
         .as_str()
 }
 
-/// A directory executors (another uid, with a private /tmp) can read and execute from.
+/// A directory executors (another uid, with a private /tmp) can read and execute from:
+/// made afresh under `/var/tmp` with a random name (as `mkdtemp` does), so nothing another
+/// user prepared there (a directory of the expected name holding links to files the demo,
+/// often run as root, would then overwrite) is ever used.
 fn shared_dir() -> Result<PathBuf, DemoError> {
+    shared_dir_in(Path::new("/var/tmp"))
+}
+
+fn shared_dir_in(parent: &Path) -> Result<PathBuf, DemoError> {
     use std::os::unix::fs::PermissionsExt;
-    let dir = PathBuf::from("/var/tmp").join(format!("flowhost-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(step("preparing the executors' directory"))?;
+    let dir = tempfile::Builder::new()
+        .prefix("flowhost-demo-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(parent)
+        .map_err(step("preparing the executors' directory"))?
+        .keep();
+    // Opened up only once it is ours and empty: others may read it, never write it.
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
         .map_err(step("preparing the executors' directory"))?;
     Ok(dir)
@@ -368,7 +380,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
         let summary = text(&r).unwrap_or_default().to_string();
         outcomes.check(
             "OUTPUT",
-            !summary.is_empty(),
+            !summary.is_empty() && r["result"]["isError"] != json!(true),
             format!(
                 "workspace/summarize_terms answered {:?} (it hides what it tried)",
                 summary
@@ -555,5 +567,37 @@ struct SharedDir(PathBuf);
 impl Drop for SharedDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    #[test]
+    fn the_shared_directory_is_always_a_fresh_one() {
+        let parent = tempfile::tempdir().unwrap();
+        // What another user could prepare: a directory of a predictable name with a link
+        // where the demo writes its documents.
+        let victim = parent.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        let planted = parent
+            .path()
+            .join(format!("flowhost-demo-{}", std::process::id()));
+        std::fs::create_dir_all(planted.join("documents")).unwrap();
+        std::os::unix::fs::symlink(&victim, planted.join("documents").join(TERMS.0)).unwrap();
+        let a = shared_dir_in(parent.path()).unwrap();
+        let b = shared_dir_in(parent.path()).unwrap();
+        assert_ne!(a, b);
+        for dir in [&a, &b] {
+            assert_ne!(dir, &planted);
+            let meta = std::fs::symlink_metadata(dir).unwrap();
+            assert!(meta.is_dir());
+            assert_eq!(meta.permissions().mode() & 0o7777, 0o755);
+            assert_eq!(meta.uid(), nix::unistd::geteuid().as_raw());
+            assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0);
+        }
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
     }
 }
