@@ -8,8 +8,8 @@
 # configuration readable by group flowhost, then the units).
 #
 # The example configuration is the pricing lab: its signed manifests and registered public
-# keys go next to it in /etc/flowhost, its documents under DATADIR (executors, running as
-# flowhost-exec, cannot enter /etc/flowhost). Replace them with your own servers'.
+# keys go next to it in /etc/flowhost, its documents under DATADIR (executors, each running
+# as a uid of its own, cannot enter /etc/flowhost). Replace them with your own servers'.
 
 PREFIX      ?= /usr/local
 DESTDIR     ?=

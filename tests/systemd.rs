@@ -51,7 +51,7 @@ fn the_units_verify() {
 }
 
 #[test]
-fn the_service_exposure_is_3_1_or_lower() {
+fn the_service_exposure_is_3_3_or_lower() {
     assert!(
         have("systemd-analyze"),
         "systemd-analyze is missing (.ci/run installs systemd)"
@@ -79,15 +79,16 @@ fn the_service_exposure_is_3_1_or_lower() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{line}"));
     // 3.0 with exactly the broker's capabilities; CAP_NET_BIND_SERVICE (each executor's
-    // resolver listens on port 53, the only port resolv.conf can name) costs 0.1.
-    assert!(exposure <= 3.1, "exposure {exposure}: {line}");
+    // resolver listens on port 53, the only port resolv.conf can name) costs 0.1, and the
+    // delegated cgroup subtree the executors' bounds are made in (Delegate=yes, without
+    // ProtectControlGroups=, which would make it read-only) 0.2.
+    assert!(exposure <= 3.3, "exposure {exposure}: {line}");
 }
 
 #[test]
-fn the_sysusers_and_tmpfiles_snippets_name_both_users() {
+fn the_sysusers_and_tmpfiles_snippets_name_the_user_and_directories() {
     let users = unit("flowhost.sysusers.conf");
     assert!(users.lines().any(|l| l.starts_with("u flowhost ")));
-    assert!(users.lines().any(|l| l.starts_with("u flowhost-exec ")));
     let dirs = unit("flowhost.tmpfiles.conf");
     for d in [
         "/var/lib/flowhost",
