@@ -43,6 +43,51 @@ fn wait_log(lab: &Lab, needle: &str, count: usize) {
 }
 
 #[test]
+fn a_slow_reload_does_not_stop_the_daemon_accepting_connections() {
+    let Some(mut lab) = Lab::start() else { return };
+    // A server whose program never answers `initialize`: priming it takes the whole call
+    // timeout (4 s here), then the reload is refused.
+    let config = std::fs::read_to_string(&lab.config)
+        .unwrap()
+        .replacen("call_timeout_ms = 15000", "call_timeout_ms = 4000", 1);
+    let publisher = config
+        .lines()
+        .find(|l| l.starts_with("command = ") && l.contains("\"public-inbox\""))
+        .unwrap()
+        .to_string();
+    lab.write_config(&config.replacen(&publisher, "command = [\"/bin/sleep\", \"3600\"]", 1));
+    lab.signal(libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(500));
+    // Meanwhile a new client is accepted and served at once.
+    let asked = Instant::now();
+    let mut c = lab.client();
+    let r = c.initialize();
+    assert!(r.get("protocolVersion").is_some(), "{r}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "the new session waited {:?} for the reload",
+        asked.elapsed()
+    );
+    assert!(
+        !lab.log().contains("reload refused"),
+        "the reload was already over: the test proves nothing\n{}",
+        lab.log()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !lab.log().contains("reload refused") {
+        assert!(Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The previous configuration still serves.
+    let listed = c.request("tools/list", json!({}));
+    assert!(
+        listed.to_string().contains("public-inbox/publish"),
+        "{listed}"
+    );
+    lab.stop();
+}
+
+#[test]
 fn undeclared_egress_is_recorded_warned_about_and_counted() {
     let Some(mut lab) = Lab::start() else { return };
     let mut c = lab.client();

@@ -42,6 +42,24 @@ impl Host {
     }
 }
 
+/// A reload's start (the monotonic clock, for `flowhost reload`) and its outcome.
+type ReloadDone = (Option<u64>, Result<u64, StartupError>);
+
+/// Tells systemd a reload starts and starts it on its own task.
+fn start_reload(host: &Arc<Host>) -> tokio::task::JoinHandle<ReloadDone> {
+    let started_usec = reload::monotonic_usec();
+    let states = match started_usec {
+        Some(u) => vec![
+            sd_notify::NotifyState::Reloading,
+            sd_notify::NotifyState::MonotonicUsec(u.into()),
+        ],
+        None => vec![sd_notify::NotifyState::Reloading],
+    };
+    let _ = sd_notify::notify(false, &states);
+    let host = host.clone();
+    tokio::spawn(async move { (started_usec, host.reload().await) })
+}
+
 /// Runs the host until SIGTERM/SIGINT: accepts connections, reloads on SIGHUP, keeps the
 /// systemd watchdog fed, and on stop lets sessions finish their current request.
 pub async fn run(host: Arc<Host>, listener: UnixListener) {
@@ -96,6 +114,11 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
         pid = std::process::id(),
         "ready: {status}"
     );
+    // A reload runs beside the loop: priming the new generation's executors can take up to
+    // the call timeout per server, and meanwhile connections are still accepted, the
+    // watchdog fed and a stop obeyed.
+    let mut reloading: Option<tokio::task::JoinHandle<ReloadDone>> = None;
+    let mut reload_again = false;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -118,12 +141,24 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
             _ = int.recv() => break,
             _ = host.stopped() => break,
             _ = hup.recv() => {
-                let started_usec = reload::monotonic_usec();
-                match started_usec {
-                    Some(u) => notify(&[sd_notify::NotifyState::Reloading, sd_notify::NotifyState::MonotonicUsec(u.into())]),
-                    None => notify(&[sd_notify::NotifyState::Reloading]),
+                // One reload at a time; a SIGHUP during one asks for another after it, which
+                // reads the configuration as it is then.
+                match reloading {
+                    Some(_) => reload_again = true,
+                    None => reloading = Some(start_reload(&host)),
                 }
-                let outcome = host.reload().await;
+            }
+            done = async {
+                match reloading.as_mut() {
+                    Some(task) => task.await,
+                    None => std::future::pending().await,
+                }
+            }, if reloading.is_some() => {
+                reloading = None;
+                let (started_usec, outcome) = match done {
+                    Ok(done) => done,
+                    Err(e) => (None, Err(StartupError::ReloadAborted(e.to_string()))),
+                };
                 let (accepted, generation, status) = match &outcome {
                     Ok(id) => (true, *id, format!("reloaded: generation {id}")),
                     Err(e) => (false, host.current().id, format!("reload refused, still serving the previous configuration: {e}")),
@@ -144,6 +179,9 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
                 };
                 if let Err(e) = verdict.write(&host.current().config.state_dir) {
                     tracing::error!("cannot write the reload verdict: {e}");
+                }
+                if std::mem::take(&mut reload_again) {
+                    reloading = Some(start_reload(&host));
                 }
             }
             _ = summaries.tick() => host.admission.summarize(),
@@ -168,6 +206,10 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
         sd_notify::NotifyState::Status("stopping"),
     ]);
     tracing::info!("stopping: finishing calls in flight");
+    // A reload still priming is abandoned: the generation serving now is the one that stops.
+    if let Some(task) = reloading.take() {
+        task.abort();
+    }
     host.begin_shutdown();
     drop(listener);
     let drain = async { while sessions.join_next().await.is_some() {} };

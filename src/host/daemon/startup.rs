@@ -157,6 +157,9 @@ pub enum StartupError {
         /// Why its executor did not start.
         source: ExecutorError,
     },
+    /// A reload ended without an outcome (its task panicked): nothing was replaced.
+    #[error("the reload ended without an outcome: {0}")]
+    ReloadAborted(String),
 }
 
 /// Verifies and registers every configured manifest. Touches no state and spawns nothing.
