@@ -47,9 +47,11 @@ fn a_slow_reload_does_not_stop_the_daemon_accepting_connections() {
     let Some(mut lab) = Lab::start() else { return };
     // A server whose program never answers `initialize`: priming it takes the whole call
     // timeout (4 s here), then the reload is refused.
-    let config = std::fs::read_to_string(&lab.config)
-        .unwrap()
-        .replacen("call_timeout_ms = 15000", "call_timeout_ms = 4000", 1);
+    let config = std::fs::read_to_string(&lab.config).unwrap().replacen(
+        "call_timeout_ms = 15000",
+        "call_timeout_ms = 4000",
+        1,
+    );
     let publisher = config
         .lines()
         .find(|l| l.starts_with("command = ") && l.contains("\"public-inbox\""))
@@ -85,6 +87,46 @@ fn a_slow_reload_does_not_stop_the_daemon_accepting_connections() {
         "{listed}"
     );
     lab.stop();
+}
+
+#[test]
+fn flowhost_connect_fails_when_the_daemon_closes_while_the_client_still_sends() {
+    let Some(mut lab) = Lab::start() else { return };
+    let mut client = std::process::Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["connect", "--socket"])
+        .arg(&lab.paths.socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The client keeps stdin open, as an MCP client does for its whole session.
+    let mut stdin = client.stdin.take().unwrap();
+    std::io::Write::write_all(
+        &mut stdin,
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(client.stdout.as_mut().unwrap()),
+        &mut answer,
+    )
+    .unwrap();
+    assert!(answer.contains("\"id\":1"), "{answer}");
+    lab.stop();
+    let out = client.wait_with_output().unwrap();
+    drop(stdin);
+    assert!(
+        !out.status.success(),
+        "flowhost connect exited {}",
+        out.status
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("closed the connection while the client was still sending"),
+        "{stderr}"
+    );
 }
 
 #[test]

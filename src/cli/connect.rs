@@ -23,8 +23,17 @@ impl ConnectArgs {
             .build()?;
         let bridged = runtime.block_on(bridge(&self.socket));
         runtime.shutdown_background();
-        bridged?;
-        Ok(ExitCode::SUCCESS)
+        match bridged? {
+            Ending::ClientDone => Ok(ExitCode::SUCCESS),
+            // The client still had requests to send: they will never be answered, and the
+            // client must not take the bridge's end for a finished session.
+            Ending::HostClosed => Err(format!(
+                "{}: the flowhost daemon closed the connection while the client was still \
+                 sending: it refused the connection or stopped (its log says which)",
+                self.socket.display()
+            )
+            .into()),
+        }
     }
 }
 
@@ -48,11 +57,22 @@ async fn relay_out(
     }
 }
 
+/// How a bridged session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// The client closed stdin, and the host closed after its last answer.
+    ClientDone,
+    /// The host closed while stdin was still open (it refused the connection, or stopped).
+    HostClosed,
+}
+
 /// Relays stdin to the host's socket and the socket to stdout until the host closes the
 /// connection: normally once the client has closed stdin and every answer is out, or when
 /// the host stops (also `flowhost sandbox mcp`'s session). Reading stdin happens on a
 /// blocking thread that may outlive this: shut the runtime down in the background.
-pub(super) async fn bridge(socket: &Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+pub(super) async fn bridge(
+    socket: &Path,
+) -> Result<Ending, Box<dyn std::error::Error + Send + Sync>> {
     let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
         format!(
             "{}: cannot connect to the flowhost daemon: {e}",
@@ -71,13 +91,15 @@ pub(super) async fn bridge(socket: &Path) -> Result<(), Box<dyn std::error::Erro
     let down = relay_out(&mut from_daemon, &mut stdout).await;
     let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
     // A request still being read when the host closed has no one to answer it.
-    if up.is_finished() {
+    let ending = if up.is_finished() {
         if let Ok(Err(e)) = up.await {
             return Err(format!("reading stdin: {e}").into());
         }
+        Ending::ClientDone
     } else {
         up.abort();
-    }
+        Ending::HostClosed
+    };
     down?;
-    Ok(())
+    Ok(ending)
 }

@@ -252,6 +252,8 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     let relayed = super::super::connect::bridge(&socket).await;
     host.begin_shutdown();
     let _ = serving.await;
+    // The host stopping first (a signal to this process) ends the run as the client
+    // closing does: its records and health are concluded either way.
     relayed.map_err(|e| format!("relaying the session: {e}"))?;
     let health = crate::records::ToolObservationHealth::read_from(&health_file)?;
     // The host wrote the health; `conclude` writes it again to --health, which is that same
