@@ -130,6 +130,84 @@ fn flowhost_connect_fails_when_the_daemon_closes_while_the_client_still_sends() 
 }
 
 #[test]
+fn a_stop_that_cannot_close_its_records_exits_non_zero() {
+    let Some(mut lab) = Lab::start() else { return };
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call("workspace/list_documents", json!({}));
+    assert!(r.get("result").is_some(), "{r}");
+    drop(c);
+    // Root writes anywhere a mode forbids: an immutable directory (an ext4 attribute) is
+    // one it cannot write, so the writer cannot close the records there.
+    let records = lab.paths.records_dir.clone();
+    let chattr = |flag: &str| {
+        std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(&records)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !chattr("+i") {
+        eprintln!("SKIP: chattr +i is not supported on the file system of {records:?}");
+        lab.stop();
+        return;
+    }
+    let status = lab.stop_status().unwrap();
+    assert!(chattr("-i"));
+    assert!(
+        !status.success(),
+        "the daemon exited {status}:\n{}",
+        lab.log()
+    );
+    assert_eq!(status.code(), Some(1), "{}", lab.log());
+    assert!(
+        lab.log().contains("the stop did not complete"),
+        "{}",
+        lab.log()
+    );
+}
+
+#[test]
+fn a_start_that_may_succeed_later_exits_1_and_a_refusal_exits_2() {
+    let Some(lab) = Lab::prepare() else { return };
+    // A flow-state database that is not up yet (nothing listens on the port): the cause may
+    // pass, so the unit's Restart=on-failure must retry, which it does not for exit 2.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = lab.dir.path().join("pg.url");
+    std::fs::write(
+        &url,
+        format!("postgresql://flowhost@127.0.0.1:{port}/flow\n"),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(&lab.config).unwrap();
+    let with_pg = config.replacen(
+        "[host]\n",
+        &format!(
+            "[host]\nstate = {{ backend = \"postgres\", url_file = \"{}\", host_id = \"h\" }}\n",
+            url.display()
+        ),
+        1,
+    );
+    assert_ne!(with_pg, config);
+    let start = |text: &str| {
+        lab.write_config(text);
+        let out = lab.serve_command().output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = start(&with_pg);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+    // A configuration that cannot work is a refusal, which retrying cannot change.
+    let (code, stderr) = start("this is not toml");
+    assert_eq!(code, Some(2), "{stderr}");
+}
+
+#[test]
 fn undeclared_egress_is_recorded_warned_about_and_counted() {
     let Some(mut lab) = Lab::start() else { return };
     let mut c = lab.client();

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::CliResult;
-use crate::daemon::{Host, default_workers, listener_from_systemd, run};
+use crate::daemon::{Host, Served, default_workers, listener_from_systemd, run};
 use crate::logging::{LogFormat, init};
 
 /// Run the host daemon.
@@ -43,13 +43,20 @@ impl ServeArgs {
                     if let Some(listener) = &activated_by {
                         refuse_pending_connections(listener);
                     }
-                    return Err(e);
+                    if e.may_pass() {
+                        // Exit 1, which the unit retries (exit 2 it does not): the cause
+                        // may be gone by the next start.
+                        super::report(&e);
+                        return Ok(ExitCode::FAILURE);
+                    }
+                    return Err(e.into());
                 }
             };
-            run(host, listener).await;
-            Ok(())
-        })?;
-        Ok(ExitCode::SUCCESS)
+            Ok(match run(host, listener).await {
+                Served::Clean => ExitCode::SUCCESS,
+                Served::Unclean | Served::NotStarted => ExitCode::FAILURE,
+            })
+        })
     }
 }
 

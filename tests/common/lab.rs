@@ -175,12 +175,17 @@ impl Lab {
 
     /// Sends SIGTERM and waits for a clean exit.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let status = child.wait().unwrap();
+        if let Some(status) = self.stop_status() {
             assert!(status.success(), "daemon exit {status}:\n{}", self.log());
         }
+    }
+
+    /// Stops the daemon with SIGTERM and returns how it exited (`None`: none was running).
+    pub fn stop_status(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        Some(child.wait().unwrap())
     }
 
     /// Kills the daemon with SIGKILL.

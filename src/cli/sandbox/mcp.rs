@@ -251,7 +251,13 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     let serving = tokio::spawn(crate::daemon::run(host.clone(), listener));
     let relayed = super::super::connect::bridge(&socket).await;
     host.begin_shutdown();
-    let _ = serving.await;
+    if !matches!(serving.await, Ok(crate::daemon::Served::Clean)) {
+        return Err(
+            "the host's stop did not complete (its records or health may not vouch \
+                    for the end of the run): see the log above"
+                .into(),
+        );
+    }
     // The host stopping first (a signal to this process) ends the run as the client
     // closing does: its records and health are concluded either way.
     relayed.map_err(|e| format!("relaying the session: {e}"))?;

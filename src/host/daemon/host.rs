@@ -260,19 +260,25 @@ impl Host {
         }
     }
 
-    /// Stops every pool, closes the record writer and writes the final health.
-    pub async fn finish(&self) {
+    /// Stops every pool, closes the record writer and writes the final health. Returns
+    /// whether all of that succeeded; each failure is logged as it happens.
+    pub async fn finish(&self) -> bool {
         for pool in self.current().pools.values() {
             pool.drain().await;
         }
         self.flush_refusals(true).await;
+        let mut clean = true;
         if let Err(e) = self.records.close().await {
             tracing::error!(error = %e, "closing the decision records failed");
+            clean = false;
         } else if let Err(e) = self.bind_state_to_records().await {
             tracing::error!(error = %e, "binding the flow state to the records failed; it stays bound where it was, so the next start checks it against every record since");
+            clean = false;
         }
         if let Err(e) = self.write_health() {
             tracing::error!(error = %e, "writing the health file failed");
+            clean = false;
         }
+        clean
     }
 }

@@ -53,6 +53,6 @@ pub use generation::{CallInFlight, Generation, ServerFacts};
 use generation::{build_generation, prime_pools};
 pub use host::{Host, HostCounters};
 pub use in_flight::{CallsInFlight, InFlight};
-pub use serve::{default_workers, run};
+pub use serve::{Served, default_workers, run};
 use startup::{Coverage, check_profiles, refuse_restart_only_changes, writer_head};
 pub use startup::{STATE_FILE, STATE_RESET_FILE, StartupError, require_broker, verify_registry};

@@ -60,9 +60,22 @@ fn start_reload(host: &Arc<Host>) -> tokio::task::JoinHandle<ReloadDone> {
     tokio::spawn(async move { (started_usec, host.reload().await) })
 }
 
+/// How serving ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Served {
+    /// Stopped as asked, records closed and health written.
+    Clean,
+    /// Stopped, but something of the stop failed (the log says what): the records or the
+    /// health may not vouch for the end of the run.
+    Unclean,
+    /// Never served: the signal handlers could not be installed.
+    NotStarted,
+}
+
 /// Runs the host until SIGTERM/SIGINT: accepts connections, reloads on SIGHUP, keeps the
 /// systemd watchdog fed, and on stop lets sessions finish their current request.
-pub async fn run(host: Arc<Host>, listener: UnixListener) {
+pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
     use tokio::signal::unix::{SignalKind, signal};
     let notify = |states: &[sd_notify::NotifyState]| {
         let _ = sd_notify::notify(false, states);
@@ -75,7 +88,9 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
         (Ok(t), Ok(i), Ok(h)) => (t, i, h),
         _ => {
             tracing::error!("cannot install signal handlers; stopping");
-            return;
+            host.begin_shutdown();
+            let _ = host.finish().await;
+            return Served::NotStarted;
         }
     };
     let mut watchdog_usec = 0u64;
@@ -225,6 +240,11 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) {
     if let Some(task) = http_task {
         let _ = task.await;
     }
-    host.finish().await;
-    tracing::info!("stopped");
+    if host.finish().await {
+        tracing::info!("stopped");
+        Served::Clean
+    } else {
+        tracing::error!("stopped, but the stop did not complete (see above)");
+        Served::Unclean
+    }
 }

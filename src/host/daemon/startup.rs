@@ -162,6 +162,24 @@ pub enum StartupError {
     ReloadAborted(String),
 }
 
+impl StartupError {
+    /// Whether the cause may pass by itself, so that starting again later can succeed: the
+    /// flow-state database unreachable, or still held by a daemon that is stopping.
+    /// Everything else is a refusal (the configuration, a manifest, the broker on this host,
+    /// an executor that cannot start under it) that a retry cannot change.
+    pub fn may_pass(&self) -> bool {
+        use crate::state::StateError;
+        use crate::state::postgres::PgError;
+        matches!(
+            self,
+            StartupError::State(
+                StateError::InUse { .. }
+                    | StateError::Postgres(PgError::Connect { .. } | PgError::Timeout { .. })
+            )
+        )
+    }
+}
+
 /// Verifies and registers every configured manifest. Touches no state and spawns nothing.
 pub fn verify_registry(
     config: &HostConfig,
