@@ -751,3 +751,47 @@ fn a_refused_stranger_leaves_evidence_but_no_diff_finding() {
     ]);
     assert_eq!(code, 0, "{out}{err}");
 }
+
+#[test]
+fn a_server_key_file_others_may_write_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    // The lab's keys, copied where this test may change their modes.
+    let keys = lab.dir.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    for entry in std::fs::read_dir(&lab.paths.keys_dir).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().ends_with(".pub") {
+            std::fs::copy(entry.path(), keys.join(entry.file_name())).unwrap();
+        }
+    }
+    let workspace = keys.join("workspace.pub");
+    std::fs::set_permissions(&workspace, std::fs::Permissions::from_mode(0o664)).unwrap();
+    lab.paths.keys_dir = keys;
+    lab.write_config(&flowhost::lab::host_config(&lab.paths));
+    // Whoever may write the file could have put their own key there: nothing is started.
+    // (Not `refused_start`: a host that wrongly starts must fail this test, not hang it.)
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["serve", "--config"])
+        .arg(&lab.config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the host started with a server key file others may write");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let why = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(why.contains(&workspace.display().to_string()), "{why}");
+    assert!(why.contains("mode 0664"), "{why}");
+    assert!(!lab.paths.state_dir.exists(), "state was touched: {why}");
+}

@@ -4,11 +4,13 @@
 //! key file holds the 32-byte secret seed as 64 lowercase hex digits and a newline; it is
 //! created with mode 0600 and never replaces an existing file, and a private key file that
 //! its group or others may read or write is refused. A public key file holds the public key
-//! in the same text form. Small-order ("weak") public keys are refused everywhere, so a
+//! in the same text form; one that group or others may write, or that is owned by neither
+//! root nor the user flowhost runs as, is refused (whoever can change it could make flowhost
+//! trust their own key). Small-order ("weak") public keys are refused everywhere, so a
 //! signature can never verify for every message.
 
 use std::fs::DirBuilder;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::{SECRET_KEY_LENGTH, SigningKey, VerifyingKey};
@@ -60,6 +62,32 @@ pub enum KeyError {
         path: PathBuf,
         /// Its permission bits.
         mode: u32,
+    },
+    /// A public key file that group or others may write: whoever can write it can make
+    /// flowhost trust their own key.
+    #[error(
+        "{}: public key file has mode {mode:04o}, so group or others may write it and replace the key flowhost trusts; run `chmod go-w {}`",
+        path.display(), path.display()
+    )]
+    PublicKeyPermissions {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A public key file owned by neither root nor this process's user: its owner can
+    /// change its mode and content, so can make flowhost trust their own key.
+    #[error(
+        "{}: public key file is owned by uid {owner}, neither root nor this process's uid {uid}, so its owner may replace the key flowhost trusts; run `chown root {}` (or give it to uid {uid})",
+        path.display(), path.display()
+    )]
+    PublicKeyOwner {
+        /// The key file.
+        path: PathBuf,
+        /// The file's owner.
+        owner: u32,
+        /// This process's effective uid.
+        uid: u32,
     },
     /// A key file whose content is not a key.
     #[error("{}: {reason}", path.display())]
@@ -219,9 +247,40 @@ pub fn load_signing_key(path: &Path) -> Result<SigningKey, KeyError> {
     Ok(SigningKey::from_bytes(&seed))
 }
 
-/// Loads a public key file.
+/// Refuses a public key file owned by anyone but root or `uid` (this process's user):
+/// the owner of a file may always change its mode, so only those two may own a trusted key.
+fn check_public_key_owner(path: &Path, owner: u32, uid: u32) -> Result<(), KeyError> {
+    if owner == 0 || owner == uid {
+        return Ok(());
+    }
+    Err(KeyError::PublicKeyOwner {
+        path: path.to_owned(),
+        owner,
+        uid,
+    })
+}
+
+/// Loads a public key file, refusing one that group or others may write or that is owned
+/// by neither root nor this process's user: a public key decides which signatures are
+/// trusted, so anyone who could change the file could make flowhost trust their key.
+///
+/// The checks are made on the opened file (not the path), so the file read is the file
+/// checked.
 pub fn load_verifying_key(path: &Path) -> Result<VerifyingKey, KeyError> {
-    let text = files::read_text(path, MAX_KEY_FILE_BYTES)?;
+    let (file, metadata) = files::open_regular(path)?;
+    let mode = metadata.permissions().mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(KeyError::PublicKeyPermissions {
+            path: path.to_owned(),
+            mode,
+        });
+    }
+    check_public_key_owner(path, metadata.uid(), nix::unistd::geteuid().as_raw())?;
+    let bytes = files::read_opened(path, file, &metadata, MAX_KEY_FILE_BYTES)?;
+    let text = String::from_utf8(bytes).map_err(|e| FileError::NotUtf8 {
+        path: path.to_owned(),
+        offset: e.utf8_error().valid_up_to(),
+    })?;
     public_key_from_hex("public key", key_text(&text)).map_err(|reason| KeyError::KeyFileContent {
         path: path.to_owned(),
         reason: Box::new(reason),
@@ -229,7 +288,7 @@ pub fn load_verifying_key(path: &Path) -> Result<VerifyingKey, KeyError> {
 }
 
 /// A public key given on a command line: 64 lowercase hex digits, or else the path of a
-/// public key file.
+/// public key file (checked as [`load_verifying_key`] does).
 pub fn verifying_key_from_arg(arg: &str) -> Result<VerifyingKey, KeyError> {
     if arg.len() == 64 && arg.bytes().all(|b| b.is_ascii_hexdigit()) {
         public_key_from_hex("public key", arg)
@@ -285,6 +344,74 @@ mod tests {
         std::fs::set_permissions(&key.private_path, std::fs::Permissions::from_mode(0o400))
             .unwrap();
         load_signing_key(&key.private_path).unwrap();
+    }
+
+    #[test]
+    fn public_key_writable_by_group_or_others_is_refused_naming_file_and_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = generate(dir.path(), "k").unwrap();
+        let public = &key.public_path;
+        for mode in [0o664, 0o646, 0o666, 0o620, 0o602] {
+            std::fs::set_permissions(public, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = load_verifying_key(public).unwrap_err();
+            assert!(
+                matches!(err, KeyError::PublicKeyPermissions { .. }),
+                "{mode:o}: {err}"
+            );
+            let message = err.to_string();
+            assert!(message.contains(&public.display().to_string()), "{message}");
+            assert!(message.contains(&format!("{mode:04o}")), "{message}");
+            assert!(message.contains("chmod go-w"), "{message}");
+            // The daemon and the CLI take key files through this path too.
+            let via_arg = verifying_key_from_arg(public.to_str().unwrap()).unwrap_err();
+            assert!(
+                matches!(via_arg, KeyError::PublicKeyPermissions { .. }),
+                "{via_arg}"
+            );
+        }
+        // Readable by everyone is fine: a public key is no secret, only its integrity counts.
+        for mode in [0o644, 0o444, 0o600, 0o400] {
+            std::fs::set_permissions(public, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(load_verifying_key(public).unwrap(), key.verifying_key);
+        }
+    }
+
+    #[test]
+    fn public_key_owned_by_another_user_is_refused() {
+        let path = Path::new("/etc/flowhost/keys/x.pub");
+        // Owned by this process's uid, or by root: trusted.
+        check_public_key_owner(path, 1000, 1000).unwrap();
+        check_public_key_owner(path, 0, 1000).unwrap();
+        check_public_key_owner(path, 0, 0).unwrap();
+        // Owned by anyone else: that user could replace the key.
+        let err = check_public_key_owner(path, 1001, 1000).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KeyError::PublicKeyOwner {
+                    owner: 1001,
+                    uid: 1000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let message = err.to_string();
+        assert!(message.contains("/etc/flowhost/keys/x.pub"), "{message}");
+        assert!(message.contains("uid 1001"), "{message}");
+        assert!(check_public_key_owner(path, 1000, 0).is_err());
+
+        // The real file check, where this test may give a file away (as root).
+        if nix::unistd::geteuid().is_root() {
+            let dir = tempfile::tempdir().unwrap();
+            let key = generate(dir.path(), "k").unwrap();
+            std::os::unix::fs::chown(&key.public_path, Some(65534), None).unwrap();
+            let err = load_verifying_key(&key.public_path).unwrap_err();
+            assert!(
+                matches!(err, KeyError::PublicKeyOwner { owner: 65534, .. }),
+                "{err}"
+            );
+        }
     }
 
     #[test]
