@@ -425,4 +425,42 @@ fn openapi_flow_extension_names_are_never_dropped() {
         &typo_path,
         &["typo.json", "paths[\"/messages\"].post", "x-flowhst-flow"],
     );
+
+    // A declaration where none is read (the document root, directly under `paths`) is
+    // refused, naming where it is, rather than the tools being signed with no flow.
+    let mut at_root = doc.clone();
+    let post = at_root["paths"]["/messages"]["post"]
+        .as_object_mut()
+        .unwrap();
+    let value = post.remove("x-chio-flow").unwrap();
+    at_root["x-chio-flow"] = value.clone();
+    let root_path = lab.write("root.json", &at_root);
+    refused(
+        &root_path,
+        &["root.json", "x-chio-flow", "outside any operation"],
+    );
+    let mut under_paths = at_root.clone();
+    under_paths.as_object_mut().unwrap().remove("x-chio-flow");
+    under_paths["paths"]["x-chio-flow"] = value;
+    let under_path = lab.write("under-paths.json", &under_paths);
+    refused(
+        &under_path,
+        &[
+            "under-paths.json",
+            "paths.x-chio-flow",
+            "outside any operation",
+        ],
+    );
+    // A path item that only refers elsewhere would drop its operations: refused.
+    let mut referenced = doc.clone();
+    referenced["paths"]["/archive"] = json!({"$ref": "#/components/pathItems/Archive"});
+    let referenced_path = lab.write("referenced.json", &referenced);
+    refused(
+        &referenced_path,
+        &[
+            "referenced.json",
+            "paths[\"/archive\"]",
+            "#/components/pathItems/Archive",
+        ],
+    );
 }

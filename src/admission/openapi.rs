@@ -19,13 +19,17 @@
 //!   whole by an `x-flowhost-annotations` object when the operation has one;
 //! * flow: the operation's `x-chio-flow` (the seed's name) or `x-flowhost-flow`, decoded as
 //!   strictly as in a manifest. Both on one operation must declare the same flow; any other
-//!   operation or path-item key shaped like a flow extension (`x-*-flow`, any case) is
-//!   refused, so a misspelt or foreign declaration is never signed away as "no flow".
+//!   operation key shaped like a flow extension (`x-*-flow`, any case) is refused, and so is
+//!   any flow-shaped key, accepted name or not, at the document root, directly under
+//!   `paths` or on a path item (where none is read), so a misspelt, foreign or misplaced
+//!   declaration is never signed away as "no flow".
+//!
+//! Other `x-` keys directly under `paths` are extensions, not path items, and are ignored.
 //!
 //! A signed schema must be self-contained, so references to `#/components/schemas/...` are
 //! copied into the tool schema's `$defs` and rewritten to point there; `$ref`s to parameters,
 //! request bodies and responses under `#/components` are followed; any other reference
-//! (remote, file, or elsewhere in the document) is refused. `$ref` strings inside
+//! (remote, file, or elsewhere in the document), and a path item's `$ref`, is refused. `$ref` strings inside
 //! `example`, `examples`, `default`, `const`, `enum` and `x-` extensions are data and are
 //! left alone.
 //!
@@ -180,14 +184,28 @@ pub enum OpenApiError {
     /// The generated tool or manifest breaks a manifest rule (the path names the operation).
     #[error(transparent)]
     Manifest(#[from] ManifestError),
-    /// An operation or path item carries a key shaped like a flow extension that is not one
-    /// of [`FLOW_EXTENSIONS`].
+    /// An operation carries a key shaped like a flow extension that is not one of
+    /// [`FLOW_EXTENSIONS`].
     #[error(
         "{path}: {key:?} looks like a flow extension but is not one flowhost reads; rename it to \
          \"x-chio-flow\" or \"x-flowhost-flow\" on the operation (or remove it)"
     )]
     UnknownFlowExtension {
         /// The key's location (path, method, key).
+        path: JsonPath,
+        /// The key.
+        key: String,
+    },
+    /// A key shaped like a flow extension (an accepted name or not) outside any operation:
+    /// at the document root, directly under `paths`, or on a path item. Flowhost reads
+    /// declarations only from operations, so it would otherwise be signed away as "no flow".
+    #[error(
+        "{path}: {key:?} declares a flow outside any operation, where flowhost does not read it; \
+         move the declaration onto each operation it applies to, as \"x-chio-flow\" or \
+         \"x-flowhost-flow\" (or remove it)"
+    )]
+    MisplacedFlowExtension {
+        /// The key's location.
         path: JsonPath,
         /// The key.
         key: String,
@@ -263,14 +281,34 @@ fn operations(doc: &Value) -> Result<Vec<Operation<'_>>> {
             });
         }
     }
+    refuse_flow_keys_outside_operations(root, &JsonPath::root())?;
     let paths_path = JsonPath::field("paths");
     let Some(paths) = root.get("paths") else {
         return Err(OpenApiError::NoOperations);
     };
+    let paths = object(paths, &paths_path)?;
+    refuse_flow_keys_outside_operations(paths, &paths_path)?;
     let mut found = Vec::new();
-    for (route, item) in object(paths, &paths_path)? {
+    for (route, item) in paths {
+        // OpenAPI allows extensions beside the paths; they are not path items (the flow
+        // extensions among them were refused above).
+        if route.starts_with("x-") {
+            continue;
+        }
         let item_path = paths_path.key(route);
         let item = object(item, &item_path)?;
+        refuse_flow_keys_outside_operations(item, &item_path)?;
+        // A referenced path item's operations are elsewhere: skipping them would drop
+        // tools (and their declarations) without a word, so the reference is refused.
+        if let Some(reference) = item.get("$ref") {
+            return Err(OpenApiError::UnsupportedRef {
+                path: item_path.key("$ref"),
+                reference: reference
+                    .as_str()
+                    .map_or_else(|| reference.to_string(), str::to_owned),
+                reason: "path item references are not followed; write the path item in place",
+            });
+        }
         for method in METHODS {
             if let Some(op) = item.get(method) {
                 let path = item_path.key(method);
@@ -381,24 +419,31 @@ fn looks_like_flow_extension(key: &str) -> bool {
     key.starts_with("x-") && (key == "x-flow" || key.ends_with("-flow"))
 }
 
+/// Refuses any flow-shaped key (accepted name or not) of `map`, an object that is not an
+/// operation: declarations are read only from operations, so one anywhere else would be
+/// dropped and its tools signed with no flow.
+fn refuse_flow_keys_outside_operations(map: &Map<String, Value>, path: &JsonPath) -> Result<()> {
+    match map.keys().find(|key| looks_like_flow_extension(key)) {
+        Some(key) => Err(OpenApiError::MisplacedFlowExtension {
+            path: path.key(key),
+            key: key.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The accepted flow extensions an operation carries, in [`FLOW_EXTENSIONS`] order; any
-/// other flow-shaped key on the operation or its path item is an error.
+/// other flow-shaped key on the operation is an error. (Flow-shaped keys outside
+/// operations were refused by [`operations`].)
 fn flow_keys(op: &Operation<'_>) -> Result<Vec<&'static str>> {
-    let item_path = JsonPath::field("paths").key(op.route);
-    // A path item's keys are never read as a declaration, so even an accepted name there
-    // would be dropped: refuse it too.
-    let on_operation = op
+    if let Some(key) = op
         .value
         .keys()
         .filter(|key| !FLOW_EXTENSIONS.contains(&key.as_str()))
-        .map(|key| (op.path.key(key), key));
-    let on_item = op.path_item.keys().map(|key| (item_path.key(key), key));
-    if let Some((path, key)) = on_operation
-        .chain(on_item)
-        .find(|(_, key)| looks_like_flow_extension(key))
+        .find(|key| looks_like_flow_extension(key))
     {
         return Err(OpenApiError::UnknownFlowExtension {
-            path,
+            path: op.path.key(key),
             key: key.clone(),
         });
     }

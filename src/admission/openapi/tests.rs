@@ -368,31 +368,18 @@ fn both_flow_extension_names_are_read_and_must_agree() {
 
 #[test]
 fn look_alike_flow_extensions_are_refused() {
-    for (name, on_item) in [
-        ("x-flowhst-flow", false),
-        ("x-acme-flow", false),
-        ("X-Chio-Flow", false),
-        ("x-flow", false),
-        ("x-chio-flow", true),
-    ] {
+    for name in ["x-flowhst-flow", "x-acme-flow", "X-Chio-Flow", "x-flow"] {
         let mut d = doc();
-        let target = if on_item {
-            &mut d["paths"]["/summaries"]
-        } else {
-            &mut d["paths"]["/summaries"]["post"]
-        };
-        target[name] = json!({"egress": false});
+        d["paths"]["/summaries"]["post"][name] = json!({"egress": false});
         let err = manifest_from_openapi(&d, &identity()).unwrap_err();
         let OpenApiError::UnknownFlowExtension { path, key: found } = &err else {
             panic!("{name}: {err:?}");
         };
         assert_eq!(found, name);
-        let expected = if on_item {
-            format!("paths[\"/summaries\"].{name}")
-        } else {
+        assert_eq!(
+            path.to_string(),
             format!("paths[\"/summaries\"].post.{name}")
-        };
-        assert_eq!(path.to_string(), expected);
+        );
         // Export refuses the same document rather than writing beside the look-alike.
         let signed =
             SignedManifest::sign(manifest_from_openapi(&doc(), &identity()).unwrap(), &key())
@@ -460,4 +447,97 @@ fn export_writes_under_the_name_in_use() {
     assert_eq!(post["x-chio-flow"], json!({"egress": true}));
     assert_eq!(post["x-flowhost-flow"], json!({"egress": true}));
     manifest_from_openapi(&both, &identity()).unwrap();
+}
+
+/// A signed manifest made from the unchanged [`doc`], for export tests on changed documents.
+fn signed_doc() -> SignedManifest {
+    SignedManifest::sign(manifest_from_openapi(&doc(), &identity()).unwrap(), &key()).unwrap()
+}
+
+#[test]
+fn flow_declarations_outside_operations_are_refused_naming_where() {
+    // (where, key, the path the error names): the document root, `paths` itself and a path
+    // item are all places flowhost reads no declaration from, so the tools would be signed
+    // with no flow at all.
+    type Place = fn(&mut Value) -> &mut Value;
+    let cases: [(Place, &str, &str); 7] = [
+        (|d| d, "x-chio-flow", "x-chio-flow"),
+        (|d| d, "x-flowhost-flow", "x-flowhost-flow"),
+        (|d| d, "X-Acme-Flow", "X-Acme-Flow"),
+        (|d| &mut d["paths"], "x-chio-flow", "paths.x-chio-flow"),
+        (|d| &mut d["paths"], "x-acme-flow", "paths.x-acme-flow"),
+        (
+            |d| &mut d["paths"]["/summaries"],
+            "x-flowhost-flow",
+            "paths[\"/summaries\"].x-flowhost-flow",
+        ),
+        (
+            |d| &mut d["paths"]["/summaries"],
+            "x-chio-flow",
+            "paths[\"/summaries\"].x-chio-flow",
+        ),
+    ];
+    for (place, name, expected) in cases {
+        let mut d = doc();
+        place(&mut d)[name] = json!({"egress": false});
+        let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+        let OpenApiError::MisplacedFlowExtension { path, key: found } = &err else {
+            panic!("{name} at {expected}: {err:?}");
+        };
+        assert_eq!(found, name);
+        assert_eq!(path.to_string(), expected);
+        assert!(err.to_string().contains("operation"), "{err}");
+        // Export refuses the same document rather than writing beside it.
+        assert!(
+            matches!(
+                export_flow_declarations(&mut d, signed_doc().body()),
+                Err(OpenApiError::MisplacedFlowExtension { .. })
+            ),
+            "{name} at {expected}"
+        );
+    }
+}
+
+#[test]
+fn path_item_references_are_refused_not_skipped() {
+    // A path item that is only a reference has no method keys of its own; its operations
+    // must not silently become "no tools here".
+    let mut d = doc();
+    d["paths"]["/archive"] = json!({"$ref": "#/components/pathItems/Archive"});
+    d["components"]["pathItems"] = json!({"Archive": {"post": {
+        "operationId": "archive", "responses": {"204": {"description": "ok"}}}}});
+    let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+    assert!(
+        matches!(&err, OpenApiError::UnsupportedRef { path, reference, .. }
+            if path.to_string() == "paths[\"/archive\"][\"$ref\"]"
+                && reference == "#/components/pathItems/Archive"),
+        "{err:?}"
+    );
+    assert!(matches!(
+        export_flow_declarations(&mut d, signed_doc().body()),
+        Err(OpenApiError::UnsupportedRef { .. })
+    ));
+    // Beside operations too (OpenAPI leaves the merge undefined), and whatever its type.
+    for reference in [json!("#/components/pathItems/Archive"), json!(7)] {
+        let mut d = doc();
+        d["paths"]["/summaries"]["$ref"] = reference;
+        let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+        assert!(
+            matches!(&err, OpenApiError::UnsupportedRef { path, .. }
+                if path.to_string() == "paths[\"/summaries\"][\"$ref\"]"),
+            "{err:?}"
+        );
+    }
+}
+
+#[test]
+fn other_extensions_under_paths_are_ignored() {
+    let mut d = doc();
+    d["paths"]["x-foo"] = json!("bar");
+    // An extension is not a path item, even one shaped like it.
+    d["paths"]["x-internal"] = json!({"get": {"operationId": "hidden"}});
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    assert_eq!(body, manifest_from_openapi(&doc(), &identity()).unwrap());
+    export_flow_declarations(&mut d, signed_doc().body()).unwrap();
+    assert_eq!(d["paths"]["x-foo"], "bar");
 }
