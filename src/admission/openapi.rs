@@ -12,7 +12,13 @@
 //! * input schema: with only a JSON request body, the body's schema; otherwise an object
 //!   with one property per parameter (path-level parameters included, operation-level ones
 //!   overriding them), a `body` property for a JSON request body, `required` from the
-//!   parameters' and body's `required`, and no additional properties;
+//!   parameters' and body's `required` (absent means optional), and no additional
+//!   properties. A path parameter is always required: absent `required` means true there,
+//!   and `required: false` is refused, since OpenAPI demands true and the URL cannot be
+//!   built without it.
+//!
+//! A field read here that has the wrong JSON type (`"required": "true"`, a numeric
+//! `operationId` or `description`) is refused, never taken as absent.
 //! * output schema: the JSON schema of the lowest `2xx` response, if any;
 //! * annotations: from the method (`get`, `head`, `options`, `trace`: read-only and
 //!   idempotent; `put`: idempotent; `delete`: destructive and idempotent), replaced as a
@@ -148,6 +154,17 @@ pub enum OpenApiError {
         path: JsonPath,
         /// The missing field.
         field: &'static str,
+    },
+    /// A path parameter declared optional: OpenAPI requires `required: true` for them.
+    #[error(
+        "{path}: path parameter {name:?} is declared optional, but a path parameter is always \
+         required (OpenAPI: `required` must be true for `in: path`); set it to true"
+    )]
+    OptionalPathParameter {
+        /// The parameter's `required` field.
+        path: JsonPath,
+        /// The parameter's name.
+        name: String,
     },
     /// A parameter without a usable schema.
     #[error("{path}: parameter has neither `schema` nor a JSON `content` schema")]
@@ -328,13 +345,44 @@ fn operations(doc: &Value) -> Result<Vec<Operation<'_>>> {
     Ok(found)
 }
 
+/// The string at `map[key]`, if there is one; a value of another type is refused rather
+/// than taken as absent (absence has a meaning of its own here).
+fn optional_str<'a>(
+    map: &'a Map<String, Value>,
+    key: &str,
+    at: &JsonPath,
+) -> Result<Option<&'a str>> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text)),
+        Some(other) => Err(OpenApiError::WrongType {
+            path: at.key(key),
+            expected: "a string",
+            found: json_type(other),
+        }),
+    }
+}
+
+/// The boolean at `map[key]`, if there is one; a value of another type (such as the string
+/// `"true"`) is refused rather than taken as absent.
+fn optional_bool(map: &Map<String, Value>, key: &str, at: &JsonPath) -> Result<Option<bool>> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(OpenApiError::WrongType {
+            path: at.key(key),
+            expected: "a boolean",
+            found: json_type(other),
+        }),
+    }
+}
+
 fn operation_id<'a>(op: &Operation<'a>) -> Result<&'a str> {
-    op.value
-        .get("operationId")
-        .and_then(Value::as_str)
-        .ok_or_else(|| OpenApiError::MissingOperationId {
+    optional_str(op.value, "operationId", &op.path)?.ok_or_else(|| {
+        OpenApiError::MissingOperationId {
             path: op.path.clone(),
-        })
+        }
+    })
 }
 
 /// Builds a manifest body (as JSON, ready to sign) from an OpenAPI 3 document, checked as
@@ -372,10 +420,11 @@ pub fn manifest_from_openapi(doc: &Value, identity: &ManifestIdentity) -> Result
 }
 
 fn tool_from_operation(doc: &Value, op: &Operation<'_>, name: &str) -> Result<Value> {
-    let description = ["description", "summary"]
-        .iter()
-        .find_map(|k| op.value.get(*k).and_then(Value::as_str))
-        .unwrap_or("");
+    // Both read before choosing, so a summary of the wrong type is refused even when a
+    // description makes it unused.
+    let description = optional_str(op.value, "description", &op.path)?;
+    let summary = optional_str(op.value, "summary", &op.path)?;
+    let description = description.or(summary).unwrap_or("");
     let mut tool = Map::new();
     tool.insert("name".into(), json!(name));
     tool.insert("description".into(), json!(description));
@@ -666,10 +715,19 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
                 })
             };
             let (name, location) = (field("name")?, field("in")?);
-            let required = param
-                .get("required")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
+            let required = match (location, optional_bool(param, "required", &path)?) {
+                // A path parameter is part of the URL, so there is no call without it
+                // (OpenAPI 3: `required` must be true). An explicit `false` says the author
+                // thinks otherwise: refused rather than guessed at; absent means required.
+                ("path", Some(false)) => {
+                    return Err(OpenApiError::OptionalPathParameter {
+                        path: path.key("required"),
+                        name: name.to_owned(),
+                    });
+                }
+                ("path", _) => true,
+                (_, required) => required.unwrap_or(false),
+            };
             let schema = match param.get("schema") {
                 Some(schema) => schema,
                 None => param
@@ -688,10 +746,7 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
         Some(raw) => {
             let path = op.path.key("requestBody");
             let body = object(resolve(doc, raw, &path, "requestBodies")?, &path)?;
-            let required = body
-                .get("required")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
+            let required = optional_bool(body, "required", &path)?.unwrap_or(false);
             let content = body.get("content").and_then(Value::as_object);
             let (media, schema) = content
                 .and_then(json_content)

@@ -541,3 +541,100 @@ fn other_extensions_under_paths_are_ignored() {
     export_flow_declarations(&mut d, signed_doc().body()).unwrap();
     assert_eq!(d["paths"]["x-foo"], "bar");
 }
+
+#[test]
+fn fields_of_the_wrong_type_are_refused_not_defaulted() {
+    const TERMS: &str = "paths[\"/documents/{document}/terms\"]";
+    type Change = fn(&mut Value);
+    let cases: [(Change, String, &str); 7] = [
+        // A query parameter's `required: "true"` used to become "optional".
+        (
+            |d| d["components"]["parameters"]["Version"]["required"] = json!("true"),
+            format!("{TERMS}.get.parameters[0].required"),
+            "a boolean",
+        ),
+        (
+            |d| d["paths"]["/documents/{document}/terms"]["parameters"][0]["required"] = json!(1),
+            format!("{TERMS}.parameters[0].required"),
+            "a boolean",
+        ),
+        (
+            |d| d["paths"]["/summaries"]["post"]["requestBody"]["required"] = json!("true"),
+            "paths[\"/summaries\"].post.requestBody.required".into(),
+            "a boolean",
+        ),
+        // Used to be reported as missing.
+        (
+            |d| d["paths"]["/summaries"]["post"]["operationId"] = json!(42),
+            "paths[\"/summaries\"].post.operationId".into(),
+            "a string",
+        ),
+        // Used to fall back to the summary, or to "".
+        (
+            |d| d["paths"]["/documents/{document}/terms"]["get"]["description"] = json!(5),
+            format!("{TERMS}.get.description"),
+            "a string",
+        ),
+        (
+            |d| d["paths"]["/documents/{document}/terms"]["get"]["summary"] = json!(["x"]),
+            format!("{TERMS}.get.summary"),
+            "a string",
+        ),
+        (
+            |d| d["paths"]["/summaries"]["post"]["description"] = json!({"text": "x"}),
+            "paths[\"/summaries\"].post.description".into(),
+            "a string",
+        ),
+    ];
+    for (change, at, what) in cases {
+        let mut d = doc();
+        change(&mut d);
+        let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+        assert!(
+            matches!(&err, OpenApiError::WrongType { path, expected, .. }
+                if path.to_string() == at && *expected == what),
+            "{at}: {err:?}"
+        );
+    }
+    // Export finds operations by operationId, so it refuses one of the wrong type too.
+    let mut d = doc();
+    d["paths"]["/summaries"]["post"]["operationId"] = json!(42);
+    assert!(matches!(
+        export_flow_declarations(&mut d, signed_doc().body()),
+        Err(OpenApiError::WrongType { .. })
+    ));
+}
+
+#[test]
+fn path_parameters_are_always_required() {
+    let document = |body: &Value| tool(body, "read_terms")["input_schema"]["required"].clone();
+    // Without `required`, a path parameter is still required: the URL has no other form.
+    let mut d = doc();
+    d["paths"]["/documents/{document}/terms"]["parameters"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("required");
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    assert_eq!(document(&body), json!(["document"]));
+    // `required: false` contradicts OpenAPI and the author's intent is unclear: refused.
+    d["paths"]["/documents/{document}/terms"]["parameters"][0]["required"] = json!(false);
+    let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+    assert!(
+        matches!(&err, OpenApiError::OptionalPathParameter { path, name }
+            if path.to_string() == "paths[\"/documents/{document}/terms\"].parameters[0].required"
+                && name == "document"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("required"), "{err}");
+    // Also through a reference to a component parameter.
+    let mut d = doc();
+    d["components"]["parameters"]["Version"]["in"] = json!("path");
+    d["components"]["parameters"]["Version"]["required"] = json!(false);
+    assert!(matches!(
+        manifest_from_openapi(&d, &identity()),
+        Err(OpenApiError::OptionalPathParameter { .. })
+    ));
+    // Other locations keep their own `required`, absent meaning optional.
+    let body = manifest_from_openapi(&doc(), &identity()).unwrap();
+    assert_eq!(document(&body), json!(["document"]));
+}
