@@ -41,7 +41,8 @@
 //!
 //! [`export_flow_declarations`] writes each signed tool's declaration into the operation
 //! whose `operationId` is the tool's name, replacing an existing declaration, and removing
-//! it when the tool declares none. It writes under the name(s) the operation already uses;
+//! it when the tool declares none; a document where two operations share an `operationId`
+//! is refused, as on import. It writes under the name(s) the operation already uses;
 //! an operation with neither gets the name the rest of the document uses (when it uses
 //! exactly one), else `x-chio-flow`.
 
@@ -857,20 +858,31 @@ pub enum ExportAction {
 
 /// Writes each tool's signed flow declaration into the operation whose `operationId` is
 /// the tool's name; returns what was done per tool, in manifest order. Every tool must have
-/// an operation; operations without a tool are left as they are.
+/// an operation, and no two operations may share an `operationId`; operations without a
+/// tool are left as they are.
 pub fn export_flow_declarations(
     doc: &mut Value,
     body: &ManifestBody,
 ) -> Result<Vec<(String, ExportAction)>> {
-    type Location = (String, &'static str, Vec<&'static str>);
+    type Location = (JsonPath, String, &'static str, Vec<&'static str>);
     let mut locations: BTreeMap<String, Location> = BTreeMap::new();
     let mut used: BTreeSet<&'static str> = BTreeSet::new();
     for op in operations(doc)? {
         let keys = flow_keys(&op)?;
         used.extend(keys.iter().copied());
+        let name = operation_id(&op)?;
+        // A tool is found by operationId, so with two operations of one id the declaration
+        // would land on whichever came last, and the other would be silently forgotten.
+        if let Some((first, ..)) = locations.get(name) {
+            return Err(OpenApiError::DuplicateOperationId {
+                path: op.path,
+                name: name.to_owned(),
+                first: first.clone(),
+            });
+        }
         locations.insert(
-            operation_id(&op)?.to_owned(),
-            (op.route.to_owned(), op.method, keys),
+            name.to_owned(),
+            (op.path.clone(), op.route.to_owned(), op.method, keys),
         );
     }
     // An operation without a declaration gets the name the document already uses.
@@ -880,7 +892,7 @@ pub fn export_flow_declarations(
     };
     let mut done = Vec::new();
     for tool in body.tools() {
-        let (route, method, keys) = locations.get(tool.name()).cloned().ok_or_else(|| {
+        let (_, route, method, keys) = locations.get(tool.name()).cloned().ok_or_else(|| {
             OpenApiError::ToolWithoutOperation {
                 tool: tool.name().to_owned(),
             }

@@ -638,3 +638,27 @@ fn path_parameters_are_always_required() {
     let body = manifest_from_openapi(&doc(), &identity()).unwrap();
     assert_eq!(document(&body), json!(["document"]));
 }
+
+#[test]
+fn export_refuses_duplicate_operation_ids() {
+    // Two operations with one id: which one should get the declaration is unknowable, and
+    // the first used to be silently forgotten.
+    let mut d = doc();
+    d["paths"]["/summaries"]["post"]["operationId"] = json!("read_terms");
+    let before = d.clone();
+    let err = export_flow_declarations(&mut d, signed_doc().body()).unwrap_err();
+    assert!(
+        matches!(&err, OpenApiError::DuplicateOperationId { path, name, first }
+            if name == "read_terms"
+                && path.to_string() == "paths[\"/summaries\"].post"
+                && first.to_string() == "paths[\"/documents/{document}/terms\"].get"),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(message.contains("paths[\"/summaries\"].post"), "{message}");
+    assert!(
+        message.contains("paths[\"/documents/{document}/terms\"].get"),
+        "{message}"
+    );
+    assert_eq!(d, before, "nothing is written on refusal");
+}
