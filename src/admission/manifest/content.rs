@@ -140,24 +140,50 @@ impl UriTemplate {
         })
     }
 
-    /// Whether `uri` is one this template expands to.
+    /// Whether `uri` is one this template expands to: literal text matches itself, and each
+    /// variable matches one or more of `A-Z a-z 0-9 - . _ ~ %`.
+    ///
+    /// Takes time proportional to the URI's length times the template's, whatever the URI:
+    /// the URI comes from clients, and trying every way of splitting it between variables
+    /// (as a backtracking matcher does) is exponential in the number of variables.
     pub fn matches(&self, uri: &str) -> bool {
-        fn expands(pieces: &[Piece], uri: &str) -> bool {
-            match pieces.split_first() {
-                None => uri.is_empty(),
-                Some((Piece::Literal(l), rest)) => uri
-                    .strip_prefix(l.as_str())
-                    .is_some_and(|u| expands(rest, u)),
-                Some((Piece::Variable, rest)) => {
-                    let value_len = uri
-                        .bytes()
-                        .take_while(|b| b.is_ascii_alphanumeric() || b"-._~%".contains(b))
-                        .count();
-                    (1..=value_len).any(|n| expands(rest, &uri[n..]))
+        let uri = uri.as_bytes();
+        // `at[i]`: the pieces matched so far can end at byte `i` (start before byte 0).
+        // Each piece turns that set into the next one, so no split is ever tried twice.
+        let mut at = vec![false; uri.len() + 1];
+        at[0] = true;
+        let mut next = vec![false; uri.len() + 1];
+        for piece in &self.pieces {
+            next.fill(false);
+            match piece {
+                Piece::Literal(literal) => {
+                    let literal = literal.as_bytes();
+                    for (start, _) in at.iter().enumerate().filter(|(_, reached)| **reached) {
+                        if uri[start..].starts_with(literal) {
+                            next[start + literal.len()] = true;
+                        }
+                    }
+                }
+                Piece::Variable => {
+                    // One sweep: a variable can end after byte `i` when some reachable
+                    // start at or before `i` is followed by variable bytes only up to `i`.
+                    let mut open = false;
+                    for (i, byte) in uri.iter().enumerate() {
+                        open |= at[i];
+                        if variable_byte(*byte) {
+                            next[i + 1] = open;
+                        } else {
+                            open = false;
+                        }
+                    }
                 }
             }
+            std::mem::swap(&mut at, &mut next);
+            if !at.contains(&true) {
+                return false;
+            }
         }
-        expands(&self.pieces, uri)
+        at[uri.len()]
     }
 
     fn prefix(&self) -> &str {
@@ -173,6 +199,12 @@ impl UriTemplate {
             _ => "",
         }
     }
+}
+
+/// Whether a template variable's value may hold `byte`: unreserved characters and `%`
+/// (simple expansion percent-encodes everything else).
+fn variable_byte(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"-._~%".contains(&byte)
 }
 
 /// One resource (or resource template) of a manifest.

@@ -1036,3 +1036,110 @@ fn templates_overlap_conservatively() {
     assert!(u("test://a").may_overlap(&u("test://a")));
     assert!(!u("test://a").may_overlap(&u("test://b")));
 }
+
+#[test]
+fn template_matching_takes_polynomial_time_on_hostile_uris() {
+    // Every split of the dots between three variables used to be tried before the final
+    // '!' refused them all: about 10^13 steps. The URI comes from clients.
+    let template = UriTemplate::parse("db://{s}.{t}.{c}").unwrap();
+    let uri = format!("db://{}!", ".".repeat(50_000));
+    let (done, finished) = std::sync::mpsc::channel();
+    // In a thread, so a regression fails this test instead of hanging the suite.
+    std::thread::spawn(move || {
+        let _ = done.send(template.matches(&uri));
+    });
+    let matched = finished
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("matching did not finish within 5 s");
+    assert!(!matched);
+    // Without the '!' it matches, and as quickly.
+    let template = UriTemplate::parse("db://{s}.{t}.{c}").unwrap();
+    assert!(template.matches(&format!("db://{}", ".".repeat(50_000))));
+}
+
+#[test]
+fn template_matching_semantics() {
+    let matches = |template: &str, uri: &str| UriTemplate::parse(template).unwrap().matches(uri);
+    for (template, uri, expected) in [
+        ("db://{s}.{t}.{c}", "db://a.b.c", true),
+        // A variable may hold dots, so the split is the matcher's to find.
+        ("db://{s}.{t}.{c}", "db://a.b.c.d", true),
+        ("db://{s}.{t}.{c}", "db://a...b", true),
+        ("db://{s}.{t}.{c}", "db://a..b", false),
+        ("db://{s}.{t}.{c}", "db://a.b.", false),
+        ("db://{s}.{t}.{c}", "db://a.b", false),
+        // A variable is one or more unreserved or percent characters: never empty, never a
+        // '/', never other characters.
+        ("test://items/{id}/data", "test://items/x%20y/data", true),
+        (
+            "test://items/{id}/data",
+            "test://items/a-b_c~d.e/data",
+            true,
+        ),
+        ("test://items/{id}/data", "test://items//data", false),
+        ("test://items/{id}/data", "test://items/a/b/data", false),
+        ("test://items/{id}/data", "test://items/a b/data", false),
+        ("test://items/{id}/data", "test://items/\u{e9}/data", false),
+        ("test://items/{id}/data", "test://items/a/data/", false),
+        ("test://items/{id}", "test://items/", false),
+        ("test://items/{id}", "test://items/a", true),
+        ("test://{a}x{b}", "test://xxx", true),
+        ("test://{a}x{b}", "test://xx", false),
+        ("test://{a}xx{b}y", "test://axxxxby", true),
+        ("test://{a}xx{b}y", "test://axxby", true),
+        ("test://{a}xx{b}y", "test://axby", false),
+    ] {
+        assert_eq!(matches(template, uri), expected, "{template} {uri}");
+    }
+}
+
+/// The matcher agrees with a regular expression of the same language (compiled by the
+/// `regex` crate, which has no backtracking) on every short URI over a small alphabet.
+#[test]
+fn template_matching_agrees_with_a_regular_expression() {
+    fn as_regex(template: &str) -> regex::Regex {
+        let mut pattern = String::from("^");
+        for (i, part) in template.split(['{', '}']).enumerate() {
+            // Odd parts are variable names, even ones literal text.
+            if i % 2 == 1 {
+                pattern.push_str("[A-Za-z0-9._~%-]+");
+            } else {
+                pattern.push_str(&regex::escape(part));
+            }
+        }
+        pattern.push('$');
+        regex::Regex::new(&pattern).unwrap()
+    }
+    let templates = [
+        "t://{a}",
+        "t://{a}.{b}",
+        "t://{a}..{b}.",
+        "t://{a}/{b}",
+        "t://x{a}x{b}x",
+        "t://{a}a{b}",
+        "t://{a}%{b}%",
+        "t://{a}.a{b}/",
+    ];
+    let alphabet = ['a', '.', '/', '%', 'x', '!'];
+    let mut uris = vec![String::new()];
+    let mut last = vec![String::new()];
+    for _ in 0..6 {
+        last = last
+            .iter()
+            .flat_map(|u| alphabet.iter().map(move |c| format!("{u}{c}")))
+            .collect();
+        uris.extend(last.iter().cloned());
+    }
+    for template in templates {
+        let parsed = UriTemplate::parse(template).unwrap();
+        let regex = as_regex(template);
+        for tail in &uris {
+            let uri = format!("t://{tail}");
+            assert_eq!(
+                parsed.matches(&uri),
+                regex.is_match(&uri),
+                "{template} {uri}"
+            );
+        }
+    }
+}
