@@ -208,6 +208,73 @@ fn a_start_that_may_succeed_later_exits_1_and_a_refusal_exits_2() {
 }
 
 #[test]
+fn an_older_signed_manifest_is_refused_at_reload_and_at_start() {
+    let Some(mut lab) = Lab::start() else { return };
+    // The publisher's key, as the publisher keeps it (0600), signs versions 1.2.0 and 1.1.0
+    // of public-inbox; the lab serves 1.0.0.
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pricing-lab");
+    let key = lab.dir.path().join("public-inbox.key");
+    std::fs::copy(repo.join("keys/public-inbox.key"), &key).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let body: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo.join("public-inbox.manifest.json")).unwrap(),
+    )
+    .unwrap();
+    let sign = |version: &str| {
+        let mut versioned = body.clone();
+        versioned["version"] = json!(version);
+        let unsigned = lab.dir.path().join(format!("public-inbox-{version}.json"));
+        std::fs::write(&unsigned, versioned.to_string()).unwrap();
+        let out = lab
+            .dir
+            .path()
+            .join(format!("public-inbox-{version}.signed.json"));
+        let (code, _, err) = lab.cli(&[
+            "manifest",
+            "sign",
+            "--key",
+            &key.display().to_string(),
+            "--manifest",
+            &unsigned.display().to_string(),
+            "--out",
+            &out.display().to_string(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    let (newer, older) = (sign("1.2.0"), sign("1.1.0"));
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    let served = repo.join("public-inbox.signed.json").display().to_string();
+    assert!(original.contains(&served));
+    let serving = |manifest: &Path| original.replace(&served, &manifest.display().to_string());
+    lab.write_config(&serving(&newer));
+    lab.signal(libc::SIGHUP);
+    wait_log(&lab, "reloaded: generation 2", 1);
+    // Back to an older one: still validly signed, refused, and 1.2.0 keeps serving.
+    lab.write_config(&serving(&older));
+    lab.signal(libc::SIGHUP);
+    wait_log(&lab, "reload refused", 1);
+    assert!(
+        lab.log()
+            .contains("manifest version 1.1.0 is older than version 1.2.0"),
+        "{}",
+        lab.log()
+    );
+    lab.stop();
+    // A start on it is refused as well, until the operator deletes the retained set.
+    let out = lab.serve_command().output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("signed-manifests.json"), "{stderr}");
+    std::fs::remove_file(lab.paths.state_dir.join("signed-manifests.json")).unwrap();
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    lab.stop();
+}
+
+#[test]
 fn undeclared_egress_is_recorded_warned_about_and_counted() {
     let Some(mut lab) = Lab::start() else { return };
     let mut c = lab.client();

@@ -879,6 +879,62 @@ fn admit_tool(
     })
 }
 
+/// A server offered a manifest older than the one it was served with before.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "server {server:?}: manifest version {offered} is older than version {retained}, which \
+     this host served before (kept in {}): a rollback to an older signed manifest is refused; \
+     to serve it on purpose, delete that file, then reload or start again",
+    file.display()
+)]
+pub struct RollbackError {
+    /// The server.
+    pub server: String,
+    /// The version offered now.
+    pub offered: String,
+    /// The version served before.
+    pub retained: String,
+    /// The retained set that remembers it.
+    pub file: std::path::PathBuf,
+}
+
+impl VerifiedRegistry {
+    /// Refuses to serve a server a manifest older than the one `retained` (the set read back
+    /// from `file`) holds for it: an older manifest is still validly signed, so without
+    /// this whoever can replace a manifest file could bring back a version whose
+    /// declarations (an output label, a clearance) the publisher has since tightened.
+    /// Versions are compared as semantic versions (`1.2.0` < `1.10.0`, a pre-release below
+    /// its release); a version that is not one is not compared.
+    pub fn check_no_rollback(
+        &self,
+        retained: &[SignedManifest],
+        file: &Path,
+    ) -> Result<(), RollbackError> {
+        for offered in self.envelopes().map(SignedManifest::body) {
+            let Some(before) = retained
+                .iter()
+                .map(SignedManifest::body)
+                .find(|b| b.server_id() == offered.server_id())
+            else {
+                continue;
+            };
+            if let (Ok(now), Ok(then)) = (
+                semver::Version::parse(offered.version()),
+                semver::Version::parse(before.version()),
+            ) && now < then
+            {
+                return Err(RollbackError {
+                    server: offered.server_id().to_owned(),
+                    offered: offered.version().to_owned(),
+                    retained: before.version().to_owned(),
+                    file: file.to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Reads a retained set written by [`VerifiedRegistry::write_retained_set`]: the envelopes,
 /// parsed strictly but not verified (register them again, with the operator's keys, to
 /// trust them).

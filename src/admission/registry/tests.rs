@@ -723,6 +723,54 @@ fn retained_set_round_trips_and_re_registers() {
 }
 
 #[test]
+fn an_older_manifest_than_the_retained_one_is_a_rollback() {
+    let k = key(7);
+    let versioned = |server: &str, version: &str| {
+        let mut body = signed(server, &k, &[("tool", None)]).body_json().clone();
+        body["version"] = json!(version);
+        SignedManifest::sign(body, &k).unwrap()
+    };
+    let registry_of = |envelopes: Vec<SignedManifest>| {
+        let mut r = VerifiedRegistry::new();
+        for e in envelopes {
+            r.register(
+                e,
+                &k.verifying_key(),
+                &policies(&[("tool", ToolPolicy::public_only())]),
+                &topologies(&[("tool", RuntimeTopology::Local)]),
+            )
+            .unwrap();
+        }
+        r
+    };
+    let file = Path::new("/state/signed-manifests.json");
+    let retained = vec![
+        versioned("a-server", "1.10.0"),
+        versioned("b-server", "2024-r1"),
+    ];
+    // Newer, equal, another server, a version that is not semver: all served.
+    for offered in [
+        versioned("a-server", "1.10.0"),
+        versioned("a-server", "1.10.1"),
+        versioned("a-server", "2.0.0-rc.1"),
+        versioned("c-server", "0.1.0"),
+    ] {
+        let r = registry_of(vec![offered, versioned("b-server", "2023-r9")]);
+        assert_eq!(r.check_no_rollback(&retained, file), Ok(()));
+    }
+    for older in ["1.9.0", "1.10.0-rc.1", "0.1.0"] {
+        let r = registry_of(vec![versioned("a-server", older)]);
+        let e = r.check_no_rollback(&retained, file).unwrap_err();
+        assert_eq!(
+            (e.server.as_str(), e.offered.as_str(), e.retained.as_str()),
+            ("a-server", older, "1.10.0")
+        );
+        let text = e.to_string();
+        assert!(text.contains("/state/signed-manifests.json"), "{text}");
+    }
+}
+
+#[test]
 fn retained_set_must_be_an_array_of_envelopes() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(RETAINED_SET_FILE);

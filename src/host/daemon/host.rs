@@ -87,6 +87,7 @@ impl Host {
         }
         check_profiles(&self.broker, &profiles)?;
         super::startup::check_commands(&config, &profiles)?;
+        super::startup::check_no_rollback(&registry, &config.state_dir)?;
         let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
         let generation = build_generation(
             id,
@@ -98,9 +99,12 @@ impl Host {
         );
         prime_pools(&generation).await?;
         // Only a generation that will serve replaces the retained signed set.
-        generation
-            .registry
-            .write_retained_set(&generation.config.state_dir.join("signed-manifests.json"))?;
+        generation.registry.write_retained_set(
+            &generation
+                .config
+                .state_dir
+                .join(crate::registry::RETAINED_SET_FILE),
+        )?;
         let old = {
             let mut g = match self.generation.write() {
                 Ok(g) => g,

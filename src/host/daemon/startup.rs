@@ -14,7 +14,7 @@ use super::*;
 use crate::config::{BrokerMode, HostConfig, StateConfig, topology_of};
 use crate::records::health::HealthProducer;
 use crate::records::{RecordWriter, ToolObservationHealth, WriterOptions};
-use crate::registry::{RuntimeTopology, VerifiedRegistry};
+use crate::registry::{RETAINED_SET_FILE, RuntimeTopology, VerifiedRegistry};
 use crate::resolver::{Classifier, FlowResolver};
 use crate::state::FlowStateStore;
 use crate::state::postgres::PostgresStore;
@@ -157,6 +157,12 @@ pub enum StartupError {
         /// Why its executor did not start.
         source: ExecutorError,
     },
+    /// The retained set of manifests served before cannot be read.
+    #[error("cannot read the manifests this host served before: {0}")]
+    RetainedSetUnreadable(#[from] crate::manifest::ManifestFileError),
+    /// A server would be served an older manifest than before.
+    #[error(transparent)]
+    Rollback(#[from] crate::registry::RollbackError),
     /// A reload ended without an outcome (its task panicked): nothing was replaced.
     #[error("the reload ended without an outcome: {0}")]
     ReloadAborted(String),
@@ -178,6 +184,21 @@ impl StartupError {
             )
         )
     }
+}
+
+/// Refuses `registry` if it would serve a server an older manifest than the set retained in
+/// `state_dir` (the manifests served last) holds for it. No retained set: nothing served
+/// before, nothing to compare.
+pub fn check_no_rollback(
+    registry: &VerifiedRegistry,
+    state_dir: &std::path::Path,
+) -> Result<(), StartupError> {
+    let file = state_dir.join(RETAINED_SET_FILE);
+    if !file.exists() {
+        return Ok(());
+    }
+    let retained = crate::registry::load_retained_set(&file)?;
+    Ok(registry.check_no_rollback(&retained, &file)?)
 }
 
 /// Verifies and registers every configured manifest. Touches no state and spawns nothing.
@@ -541,7 +562,8 @@ impl Host {
         // Executors' resolv.conf files a previous run left behind (each belongs to an
         // executor of that run, all gone now).
         let _ = std::fs::remove_dir_all(config.state_dir.join("resolv"));
-        registry.write_retained_set(&config.state_dir.join("signed-manifests.json"))?;
+        check_no_rollback(&registry, &config.state_dir)?;
+        registry.write_retained_set(&config.state_dir.join(RETAINED_SET_FILE))?;
         let state = Arc::new(state);
         let records = RecordWriter::open(
             &config.records_dir,
