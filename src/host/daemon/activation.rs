@@ -17,24 +17,57 @@ const SD_LISTEN_FDS_START: i32 = 3;
 /// The listening socket systemd passed, if any (`LISTEN_PID` matches and `LISTEN_FDS` >= 1).
 /// Must be called before other threads read the environment (it clears the variables).
 pub fn listener_from_systemd() -> std::io::Result<Option<std::os::unix::net::UnixListener>> {
-    let mut fds = sd_notify::listen_fds()?;
-    let Some(fd) = fds.next() else {
+    let fds: Vec<i32> = sd_notify::listen_fds()?.collect();
+    let Some(&fd) = fds.first() else {
         return Ok(None);
     };
+    if fds.len() > 1 {
+        return Err(invalid(format!(
+            "systemd passed {} descriptors; flowhost serves one listening socket (a socket \
+             unit with one ListenStream=)",
+            fds.len()
+        )));
+    }
     if fd != SD_LISTEN_FDS_START {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("systemd passed descriptor {fd}, expected {SD_LISTEN_FDS_START}"),
-        ));
+        return Err(invalid(format!(
+            "systemd passed descriptor {fd}, expected {SD_LISTEN_FDS_START}"
+        )));
     }
     // SAFETY: systemd passed this descriptor to this process (LISTEN_PID matched) and nothing
     // else in the process has taken ownership of it.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let listener = std::os::unix::net::UnixListener::from(owned);
-    // A passed descriptor that is not a listening unix socket fails here, not at accept.
-    listener.local_addr()?;
+    adopt(owned).map(Some)
+}
+
+fn invalid(why: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, why)
+}
+
+/// The listener `fd` is, if it is a listening unix stream socket: anything else (a
+/// datagram or seqpacket socket, one not listening, another family) is refused here, where
+/// the start can say so, rather than failing every accept of a daemon that reports itself
+/// ready.
+fn adopt(fd: OwnedFd) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use nix::sys::socket::{SockType, SockaddrLike, getsockname, getsockopt, sockopt};
+    use std::os::fd::AsRawFd;
+    let refused = |what: &str| invalid(format!("the socket systemd passed {what}"));
+    let family = getsockname::<nix::sys::socket::SockaddrStorage>(fd.as_raw_fd())
+        .map_err(std::io::Error::from)?
+        .family();
+    if family != Some(nix::sys::socket::AddressFamily::Unix) {
+        return Err(refused("is not a unix socket"));
+    }
+    if getsockopt(&fd, sockopt::SockType).map_err(std::io::Error::from)? != SockType::Stream {
+        return Err(refused(
+            "is not a stream socket (the socket unit needs ListenStream=)",
+        ));
+    }
+    if !getsockopt(&fd, sockopt::AcceptConn).map_err(std::io::Error::from)? {
+        return Err(refused("is not listening"));
+    }
+    let listener = std::os::unix::net::UnixListener::from(fd);
     listener.set_nonblocking(true)?;
-    Ok(Some(listener))
+    Ok(listener)
 }
 
 /// The listener to serve on: the one systemd passed, else a new socket at `path` with
@@ -119,6 +152,31 @@ mod tests {
             Ok(_) => panic!("{} was replaced", path.display()),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn a_passed_socket_must_be_a_listening_unix_stream_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let listening = std::os::unix::net::UnixListener::bind(dir.path().join("l")).unwrap();
+        assert!(adopt(OwnedFd::from(listening)).is_ok());
+        let datagram = std::os::unix::net::UnixDatagram::bind(dir.path().join("d")).unwrap();
+        let e = adopt(OwnedFd::from(datagram)).unwrap_err().to_string();
+        assert!(e.contains("not a stream socket"), "{e}");
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let e = adopt(OwnedFd::from(tcp)).unwrap_err().to_string();
+        assert!(e.contains("not a unix socket"), "{e}");
+        // Bound but never listening: every accept would fail.
+        let bound = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::Stream,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let addr = nix::sys::socket::UnixAddr::new(&dir.path().join("b")).unwrap();
+        nix::sys::socket::bind(std::os::fd::AsRawFd::as_raw_fd(&bound), &addr).unwrap();
+        let e = adopt(bound).unwrap_err().to_string();
+        assert!(e.contains("not listening"), "{e}");
     }
 
     #[tokio::test]
