@@ -440,9 +440,11 @@ impl Caller<'_> {
         let v = match judged {
             Some(v) => v,
             None => {
-                // Read while the caller waits (the validity check before the operation
-                // proves it); the stream's consumers record it with the attempt.
-                info.executable = sys::executable_of(self.n.pid);
+                // The stream's consumers record it with the attempt, so it is kept only if
+                // the caller still waited after it was read: a waiting thread cannot end,
+                // so its pid then still named it (not a process that reused the number).
+                info.executable =
+                    sys::executable_of(self.n.pid).filter(|_| self.still_waiting().is_ok());
                 let (attempt, verdict) = EgressAttempt::new(info);
                 if self.ctx.attempts.send(attempt).await.is_err() {
                     self.ctx.bump(|c| &c.denied);
