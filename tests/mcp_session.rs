@@ -210,6 +210,45 @@ fn progress_reaches_the_client_and_cancellation_reaches_the_executor() {
 }
 
 #[test]
+fn a_cancelled_call_leaves_its_output_floor_in_the_session_label() {
+    // The tool ran until the cancel, and may have read what its floor labels: the floor
+    // joins the state as for a call that answered, so the executor (which serves the
+    // session again) cannot carry what it read to a later call at a lower label.
+    let mut labelled = slow("slow", &[]);
+    labelled.output_floor = flowhost::lab::TERMS_LABEL.into();
+    let Some(host) = Governed::start(&[labelled], "") else {
+        return;
+    };
+    let mut c = host.client();
+    call(
+        &mut c,
+        10,
+        "slow/sleep",
+        json!({"seconds": 20, "steps": 100}),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    c.notify(
+        "notifications/cancelled",
+        json!({"requestId": 10, "reason": "user stopped it"}),
+    );
+    c.send_request(11, "ping", json!({}));
+    let (pong, _) = until_answer(&mut c, 11);
+    assert!(pong.get("result").is_some(), "{pong}");
+    let outcome = || {
+        host.records().into_iter().find(|r| {
+            r["flowhost"]["event"] == "tool_outcome" && r.to_string().contains("\"cancelled\"")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while outcome().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let outcome = outcome().unwrap_or_else(|| panic!("{:#?}", host.records()));
+    let after = outcome["flowhost"]["labels_after"].to_string();
+    assert!(after.contains("harbor-goods-terms"), "{outcome:#}");
+}
+
+#[test]
 fn tools_carry_signed_output_schema_and_annotations_and_results_keep_structured_content() {
     let Some(host) = start() else { return };
     let mut c = host.client();

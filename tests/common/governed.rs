@@ -27,6 +27,8 @@ pub struct ServerSpec {
     pub extra: String,
     /// The tools the principal may call (`None`: all of them).
     pub allowed: Option<Vec<String>>,
+    /// Every tool's policy output floor (TOML inline table; bottom by default).
+    pub output_floor: String,
 }
 
 impl ServerSpec {
@@ -39,6 +41,7 @@ impl ServerSpec {
             tools,
             extra: String::new(),
             allowed: None,
+            output_floor: flowhost::lab::BOTTOM_LABEL.into(),
         }
     }
 }
@@ -160,7 +163,7 @@ impl Governed {
                 config.push_str(&format!(
                     "\n[server.tools.{}]\npolicy = {{ input_clearances = [], output_floor = {} }}\n",
                     toml_str(t["name"].as_str().unwrap()),
-                    flowhost::lab::BOTTOM_LABEL,
+                    s.output_floor,
                 ));
             }
         }

@@ -167,6 +167,8 @@ pub enum DispatchError {
     /// The client cancelled the call; the executor was told (and retired if it did not
     /// acknowledge).
     Cancelled(String),
+    /// The client cancelled the call while it waited for an executor: no tool ran.
+    CancelledBeforeStart(String),
 }
 
 /// Runs an authorized call on an executor of the session's.
@@ -182,6 +184,15 @@ pub trait Dispatch {
         call: CallInFlight,
         gate: &RelayGate<'_>,
     ) -> impl std::future::Future<Output = Result<Value, DispatchError>> + Send;
+
+    /// Called once the call is settled: `durable` says whether the labels of everything the
+    /// executor produced are stored. Until then the executor must serve no other call (it
+    /// would be taken at the labels before the raise); if they could not be stored, it must
+    /// serve none again.
+    fn settled(&mut self, durable: bool) -> impl std::future::Future<Output = ()> + Send {
+        let _ = durable;
+        async {}
+    }
 }
 
 /// A call that passed admission.
@@ -426,19 +437,25 @@ async fn run_call<D: Dispatch>(
         .dispatch(server_id, tool_name, admitted.arguments, call, &gate)
         .await;
 
-    // Settle.
-    settle(env, &rec, &plan, outcome).await
+    // Settle, then let the executor serve again only if its output's labels are stored.
+    let mut durable = false;
+    let answer = settle(env, &rec, &plan, outcome, &mut durable).await;
+    dispatcher.settled(durable).await;
+    answer
 }
 
 /// Joins what the call produced into the flow state (durably, before the result is returned)
 /// and records its outcome with the labels it leaves (written, its sync not awaited; see
 /// [`Recorder::record_written`]). What an executor said when it
-/// failed can carry what it read, so it is settled like a result.
+/// failed can carry what it read, so it is settled like a result, and so is a call
+/// cancelled after it started (the tool ran, and may have read what its floor labels).
+/// `durable` is set once the labels of what the executor produced are stored.
 async fn settle(
     env: &CallEnv<'_>,
     rec: &CallRecord<'_>,
     plan: &CallPlan,
     outcome: Result<Value, DispatchError>,
+    durable: &mut bool,
 ) -> Result<Value, RpcError> {
     // `text`: what the executor said, to be classified and joined into the flow state
     // before anything of it reaches the client; `None` when nothing it produced does.
@@ -450,8 +467,16 @@ async fn settle(
             Verdict::Failed(Failure::ExecutorFailed),
             None,
         ),
-        // Nothing the executor produced reached the client (progress carries numbers only).
+        // Nothing the executor produced reaches the client, but the executor ran the tool:
+        // its output floor joins
+        // the state, as for any call that ran, so the executor cannot carry what it read
+        // to a later call at a lower label.
         Err(DispatchError::Cancelled(why)) => (
+            Ok(tool_error(&format!("the call was cancelled: {why}"))),
+            Verdict::Failed(Failure::Cancelled),
+            Some(String::new()),
+        ),
+        Err(DispatchError::CancelledBeforeStart(why)) => (
             Ok(tool_error(&format!("the call was cancelled: {why}"))),
             Verdict::Failed(Failure::Cancelled),
             None,
@@ -482,9 +507,15 @@ async fn settle(
         }
     };
     let state = match text {
-        None => plan.state_after_dispatch.clone(),
+        None => {
+            *durable = true;
+            plan.state_after_dispatch.clone()
+        }
         Some(text) => match env.resolver.after_call(plan, &text).await {
-            Ok(state) => state,
+            Ok(state) => {
+                *durable = true;
+                state
+            }
             Err(e) => {
                 // The output is withheld: that is the call's outcome, recorded with the last
                 // labels known to be stored, before the refusal goes out.

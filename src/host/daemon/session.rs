@@ -746,6 +746,7 @@ impl Session {
         let mut executors = Executors {
             session: self,
             generation: &generation,
+            answered: None,
             control: CallControl { cancel, progress },
             outbox,
         };
@@ -1039,6 +1040,11 @@ pub(super) fn env<'g>(host: &'g Host, generation: &'g Generation) -> CallEnv<'g>
 struct Executors<'s> {
     session: &'s Session,
     generation: &'s Generation,
+    /// The executor of a call that has answered, with the permit it ran under, until the
+    /// labels of what it produced are durable ([`Dispatch::settled`]): before that another
+    /// call could take it at the lower label, and if the raise fails it must not serve
+    /// again. Dropped unsettled, it is stopped.
+    answered: Option<(String, Bound, tokio::sync::OwnedSemaphorePermit)>,
     control: CallControl,
     /// The call's messages to the client.
     outbox: Outbox,
@@ -1159,6 +1165,20 @@ impl Executors<'_> {
     }
 
     /// Returns an executor to the session's idle ones.
+    /// Lets the executor that answered last serve again once the labels of what it produced
+    /// are stored (`durable`), or retires it.
+    async fn release(&mut self, durable: bool) {
+        let Some((server, bound, _permit)) = self.answered.take() else {
+            return;
+        };
+        if !durable {
+            tracing::warn!(server = %server, pid = bound.exec.pid(), "the labels of what the executor produced could not be stored; it is retired");
+            bound.exec.stop().await;
+        } else if let Some(b) = self.give_back(&server, bound) {
+            b.exec.stop().await;
+        }
+    }
+
     fn give_back(&self, server: &str, bound: Bound) -> Option<Bound> {
         match self.session.executors.lock() {
             Ok(mut all) => {
@@ -1181,9 +1201,9 @@ impl Dispatch for Executors<'_> {
     ) -> Result<Value, DispatchError> {
         let permits = self.permits(server).map_err(DispatchError::NotStarted)?;
         // Waits (cancellably) for one of the server's executors of this session.
-        let _permit = tokio::select! {
+        let permit = tokio::select! {
             p = permits.acquire_owned() => p.map_err(|e| DispatchError::NotStarted(e.to_string()))?,
-            reason = cancelled(&mut self.control.cancel) => return Err(DispatchError::Cancelled(reason)),
+            reason = cancelled(&mut self.control.cancel) => return Err(DispatchError::CancelledBeforeStart(reason)),
         };
         let mut bound = self
             .take(server, &call.plan.source)
@@ -1210,11 +1230,10 @@ impl Dispatch for Executors<'_> {
                 &relay,
             )
             .await;
+        // An executor that answered may serve again, once what it produced is settled.
         match outcome {
             Ok(result) => {
-                if let Some(b) = self.give_back(server, bound) {
-                    b.exec.stop().await;
-                }
+                self.answered = Some((server.to_string(), bound, permit));
                 Ok(result)
             }
             Err(ExecutorError::Cancelled {
@@ -1223,19 +1242,14 @@ impl Dispatch for Executors<'_> {
             }) => {
                 tracing::info!(server = %server, tool = %name, acknowledged, "call cancelled: {reason}");
                 if acknowledged {
-                    if let Some(b) = self.give_back(server, bound) {
-                        b.exec.stop().await;
-                    }
+                    self.answered = Some((server.to_string(), bound, permit));
                 } else {
                     bound.exec.stop().await;
                 }
                 Err(DispatchError::Cancelled(reason))
             }
-            // It answered: it may serve again.
             Err(ExecutorError::Rpc(e)) => {
-                if let Some(b) = self.give_back(server, bound) {
-                    b.exec.stop().await;
-                }
+                self.answered = Some((server.to_string(), bound, permit));
                 Err(DispatchError::Answered(e))
             }
             Err(e) => {
@@ -1244,5 +1258,9 @@ impl Dispatch for Executors<'_> {
                 Err(DispatchError::Failed(format!("server {server:?}: {e}")))
             }
         }
+    }
+
+    async fn settled(&mut self, durable: bool) {
+        self.release(durable).await;
     }
 }

@@ -91,6 +91,12 @@ pub trait Forward {
         params: Value,
         source: &InformationLabel,
     ) -> impl std::future::Future<Output = Result<Value, ForwardError>> + Send;
+
+    /// Called once the request is settled: as [`super::Dispatch::settled`].
+    fn settled(&mut self, durable: bool) -> impl std::future::Future<Output = ()> + Send {
+        let _ = durable;
+        async {}
+    }
 }
 
 /// What a request names: the route to its server and the parameters the executor gets
@@ -394,11 +400,13 @@ async fn run<F: Forward>(
             (Err(e), Verdict::Failed(Failure::ToolError), text)
         }
     };
-    match env
+    let raised = env
         .resolver
         .after_content(&key, &routed.route.label, &text)
-        .await
-    {
+        .await;
+    // The executor serves again only if what it produced is labelled.
+    forward.settled(raised.is_ok()).await;
+    match raised {
         Ok(after) => {
             record_outcome(env, rec, verdict, &after).await?;
             answer

@@ -141,6 +141,7 @@ impl Session {
         let mut executors = Executors {
             session: self,
             generation: &generation,
+            answered: None,
             control: CallControl::none(),
             outbox: self.out.clone(),
         };
@@ -249,6 +250,7 @@ impl Session {
         let mut executors = Executors {
             session: self,
             generation: &generation,
+            answered: None,
             control: CallControl::none(),
             outbox: self.out.clone(),
         };
@@ -405,7 +407,8 @@ fn without_nulls(mut value: Value) -> Value {
 
 impl Executors<'_> {
     /// Forwards `method` to one of the session's executors of `server`; `served` sees the
-    /// executor once it has answered with a result, before it returns to the idle ones.
+    /// executor once it has answered with a result. An executor that answered is kept
+    /// aside until the request is settled (see `release`).
     async fn forward_then(
         &mut self,
         server: &str,
@@ -415,7 +418,7 @@ impl Executors<'_> {
         served: impl FnOnce(&mut Bound),
     ) -> Result<Value, ForwardError> {
         let permits = self.permits(server).map_err(ForwardError::NotStarted)?;
-        let _permit = permits
+        let permit = permits
             .acquire_owned()
             .await
             .map_err(|e| ForwardError::NotStarted(e.to_string()))?;
@@ -427,16 +430,12 @@ impl Executors<'_> {
         match bound.exec.forward(method, params, deadline).await {
             Ok(result) => {
                 served(&mut bound);
-                if let Some(b) = self.give_back(server, bound) {
-                    b.exec.stop().await;
-                }
+                self.answered = Some((server.to_string(), bound, permit));
                 Ok(result)
             }
-            // The executor answered: it may serve again.
+            // The executor answered: it may serve again once this is settled.
             Err(ExecutorError::Rpc(why)) => {
-                if let Some(b) = self.give_back(server, bound) {
-                    b.exec.stop().await;
-                }
+                self.answered = Some((server.to_string(), bound, permit));
                 Err(ForwardError::Answered(why))
             }
             Err(e) => {
@@ -458,14 +457,18 @@ impl Executors<'_> {
         source: &crate::label::InformationLabel,
     ) -> Result<Value, ForwardError> {
         let subscribe = method == "resources/subscribe";
-        self.forward_then(server, method, json!({ "uri": uri }), source, |b| {
-            if subscribe {
-                b.subscribed.insert(uri.to_string());
-            } else {
-                b.subscribed.remove(uri);
-            }
-        })
-        .await
+        let answer = self
+            .forward_then(server, method, json!({ "uri": uri }), source, |b| {
+                if subscribe {
+                    b.subscribed.insert(uri.to_string());
+                } else {
+                    b.subscribed.remove(uri);
+                }
+            })
+            .await;
+        // Nothing is read by a subscription, so nothing waits to be labelled.
+        self.release(true).await;
+        answer
     }
 }
 
@@ -479,5 +482,9 @@ impl Forward for Executors<'_> {
     ) -> Result<Value, ForwardError> {
         self.forward_then(server, method, params, source, |_| {})
             .await
+    }
+
+    async fn settled(&mut self, durable: bool) {
+        self.release(durable).await;
     }
 }
