@@ -564,6 +564,45 @@ fn a_reload_revoking_a_resource_ends_the_subscription_to_it() {
     lab.stop();
 }
 
+/// A reload that maps the session's uid to another principal ends its subscriptions too:
+/// the session's requests are refused from then on (it belongs to the principal it was
+/// pinned to), and so are the updates, though that principal still exists and may read.
+#[test]
+fn a_reload_remapping_the_peer_ends_its_subscriptions() {
+    let Some(mut lab) = start_with("idle_timeout_ms = 100", &[]) else {
+        return;
+    };
+    const URI: &str = "test://static-text";
+    let mut c = session(&lab, json!({}));
+    let (r, _) = on_resource(&mut c, 2, "resources/subscribe", URI);
+    assert_eq!(r["result"], json!({}), "{r}");
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let remapped = text.replacen(&format!("uids = [{AGENT_UID}]"), "uids = [65001]", 1)
+        + &format!(
+            "\n[[principal]]\nid = \"other\"\nuids = [{AGENT_UID}]\ntools = [\"conformance/*\"]\n"
+        );
+    assert_ne!(remapped, text);
+    lab.write_config(&remapped);
+    reload(&lab, 2);
+    let (r, _) = on_resource(&mut c, 3, "resources/read", URI);
+    assert!(r.get("error").is_some(), "the session is refused now: {r}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !lab
+        .log()
+        .contains("the client's subscription ended: the principal may no longer read it")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the subscription outlived the mapping:\n{}",
+            lab.log()
+        );
+        c.send(&json!({"jsonrpc": "2.0", "id": 4, "method": "ping"}));
+        let _ = until_answer(&mut c, 4);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    lab.stop();
+}
+
 /// The pids of `lab`'s daemon's descendants whose command line mentions `name`.
 fn descendants_running(lab: &Lab, name: &str) -> Vec<i32> {
     let all = procfs::process::all_processes().expect("/proc");

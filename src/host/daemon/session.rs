@@ -948,8 +948,8 @@ impl Session {
         let limit = current.config.idle_timeout;
         let subscriptions = &self.subscriptions;
         let pinned = self.pinned();
-        for (server, uri) in
-            subscriptions.end_unless(|server, uri| may_watch(&current, pinned, server, uri))
+        for (server, uri) in subscriptions
+            .end_unless(|server, uri| may_watch(&current, &self.identity, pinned, server, uri))
         {
             self.log_ended_subscription(&server, &uri);
         }
@@ -1118,7 +1118,13 @@ impl Executors<'_> {
         if !orphaned.is_empty() {
             let now = self.session.host.current();
             orphaned.retain(|u| {
-                let allowed = may_watch(&now, self.session.pinned(), server, u);
+                let allowed = may_watch(
+                    &now,
+                    &self.session.identity,
+                    self.session.pinned(),
+                    server,
+                    u,
+                );
                 if !allowed {
                     self.session.end_subscription(server, u);
                 }

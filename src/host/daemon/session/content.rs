@@ -11,7 +11,7 @@ use super::super::executor::{CallControl, ExecutorError, UpdateSink};
 use super::super::pipeline::content::{ContentMethod, Forward, ForwardError};
 use super::super::pipeline::{self, refusal};
 use super::subscriptions::{Full, MAX_SUBSCRIPTIONS};
-use super::{Bound, Executors, Session};
+use super::{Bound, Executors, Identity, Session};
 use crate::decision::Denial;
 use crate::ident::PrincipalId;
 use crate::mcp::{self, RpcError, code};
@@ -346,6 +346,7 @@ impl Session {
         // The principal the session acts for (pinned at `initialize`), as the current
         // configuration has it.
         let pinned = self.pinned().cloned();
+        let identity = self.identity.clone();
         let out = self.out.clone();
         let subscriptions = self.subscriptions.clone();
         let server = server.to_string();
@@ -353,7 +354,7 @@ impl Session {
             let Some(uri) = params.get("uri").and_then(Value::as_str) else {
                 return;
             };
-            if !may_watch(&host.current(), pinned.as_ref(), &server, uri) {
+            if !may_watch(&host.current(), &identity, pinned.as_ref(), &server, uri) {
                 tracing::debug!(server = %server, "dropped an update of a resource the session may not read");
                 return;
             }
@@ -370,24 +371,28 @@ impl Session {
     }
 }
 
-/// Whether a session acting for `pinned` may watch `uri` of `server` under `generation`:
-/// `server` signed the resource and the principal may read it. A reload can take this
-/// away; what it takes away, the session stops watching.
+/// Whether a session of `identity` acting for `pinned` may watch `uri` of `server` under
+/// `generation`: `server` signed the resource, the configuration still maps the identity
+/// to the pinned principal (as every request of the session requires), and the principal
+/// may read it. A reload can take any of this away; what it takes away, the session stops
+/// watching.
 pub(super) fn may_watch(
     generation: &Generation,
+    identity: &Identity,
     pinned: Option<&PrincipalId>,
     server: &str,
     uri: &str,
 ) -> bool {
-    generation.registry.resource_route(uri).is_some_and(|r| {
-        r.server_id == server
-            && generation
-                .config
-                .principals
-                .iter()
-                .find(|p| Some(&p.id) == pinned)
-                .is_some_and(|p| p.may_call(&r.server_id, &r.name))
-    })
+    let Some(principal) = identity
+        .principal(&generation.config)
+        .filter(|p| Some(&p.id) == pinned)
+    else {
+        return false;
+    };
+    generation
+        .registry
+        .resource_route(uri)
+        .is_some_and(|r| r.server_id == server && principal.may_call(&r.server_id, &r.name))
 }
 
 /// `value` without its `null` fields (optional fields MCP leaves out rather than nulls).
