@@ -603,6 +603,54 @@ fn a_reload_remapping_the_peer_ends_its_subscriptions() {
     lab.stop();
 }
 
+/// A subscription sends the client's URI to the executor, so what a template's variables
+/// carry joins the session's label first, as for a read, and the request is recorded
+/// (naming the signed template, not the URI) before the executor sees it.
+#[test]
+fn a_subscription_is_tainted_by_its_uri_and_recorded() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    lab.stop();
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let with_rule = text.replacen(
+        "[[classifier]]\n",
+        &format!(
+            "[[classifier]]\npattern = \"HUSH-[0-9]+\"\nlabel = {}\napplies_to = [\"arguments\"]\n\n[[classifier]]\n",
+            flowhost::lab::TERMS_LABEL
+        ),
+        1,
+    );
+    assert_ne!(with_rule, text);
+    lab.write_config(&with_rule);
+    lab.spawn();
+    let mut c = session(&lab, json!({}));
+    let (r, _) = on_resource(
+        &mut c,
+        2,
+        "resources/subscribe",
+        "test://template/HUSH-42/data",
+    );
+    assert_eq!(r["result"], json!({}), "{r}");
+    lab.stop();
+    let records = lab.records();
+    let subscribed = records
+        .iter()
+        .find(|r| {
+            r["flowhost"]["event"] == "content_request"
+                && r["tool"]["name"] == "resources/subscribe test://template/{id}/data"
+        })
+        .unwrap_or_else(|| panic!("no record of the subscription: {records:#?}"));
+    assert_eq!(subscribed["decision"]["effect"], "allow", "{subscribed:#}");
+    assert!(
+        subscribed["flowhost"]["labels_after"]
+            .to_string()
+            .contains("harbor-goods-terms"),
+        "{subscribed:#}"
+    );
+    assert!(!records.iter().any(|r| r.to_string().contains("HUSH-42")));
+}
+
 /// The pids of `lab`'s daemon's descendants whose command line mentions `name`.
 fn descendants_running(lab: &Lab, name: &str) -> Vec<i32> {
     let all = procfs::process::all_processes().expect("/proc");

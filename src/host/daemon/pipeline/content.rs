@@ -422,6 +422,44 @@ async fn run<F: Forward>(
     }
 }
 
+/// Records an authorized `resources/subscribe` or `resources/unsubscribe` of a resource of
+/// `route` before its executor sees it, with the label it is sent under (`source`, the
+/// request's taint joined) and the labels that join left (`state`). The record names what
+/// the server signed (as a read's does), not the client's URI. A subscription reads
+/// nothing, so it has no outcome record.
+pub async fn record_subscription(
+    env: &CallEnv<'_>,
+    caller: Caller<'_>,
+    method: &str,
+    params: &Value,
+    route: &ContentRoute,
+    source: &InformationLabel,
+    state: &FlowState,
+) -> Result<(), RpcError> {
+    let digest = env.servers.get(&route.server_id).map(|s| s.digest.clone());
+    let rec = ContentRecord {
+        server: ServerInfo::mcp(&route.server_id, digest.as_deref()),
+        name: format!("{method} {}", route.declared),
+        correlation: correlation_from_params(params),
+        principal: caller.pinned.map(ToString::to_string),
+        session: caller.session.to_string(),
+        call_id: super::super::random_id(),
+    };
+    env.recorder
+        .record(
+            EventKind::ContentRequest,
+            rec.facts(
+                Verdict::Authorized { rule: None },
+                FlowContext {
+                    source_label: Some(source.clone()),
+                    labels_after: Some(labels_after(state)),
+                    ..FlowContext::default()
+                },
+            ),
+        )
+        .await
+}
+
 /// Records a content request's outcome with the labels it leaves (already durable).
 async fn record_outcome(
     env: &CallEnv<'_>,

@@ -11,7 +11,7 @@ use super::super::executor::{CallControl, ExecutorError, UpdateSink};
 use super::super::pipeline::content::{ContentMethod, Forward, ForwardError};
 use super::super::pipeline::{self, refusal};
 use super::subscriptions::{Full, MAX_SUBSCRIPTIONS};
-use super::{Bound, Executors, Identity, Session};
+use super::{Bound, Executors, Identity, Session, env};
 use crate::decision::Denial;
 use crate::ident::PrincipalId;
 use crate::mcp::{self, RpcError, code};
@@ -203,8 +203,23 @@ impl Session {
             principal: principal.id.clone(),
             session: self.id.clone(),
         };
-        let source = match self.host.resolver.state().get(&key).await {
-            Ok(state) => state.combined(),
+        // The executor is about to see the request (a template's variables can carry what
+        // the client knows): its taint joins the state first, as a read's does, and the
+        // request is recorded before it is sent.
+        let source = match self.host.resolver.before_content(&key, params).await {
+            Ok((source, state)) => {
+                pipeline::content::record_subscription(
+                    &env(&self.host, &generation),
+                    self.caller(&generation),
+                    method,
+                    params,
+                    &route,
+                    &source,
+                    &state,
+                )
+                .await?;
+                source
+            }
             Err(e) => {
                 let e = refusal(
                     code::INTERNAL_ERROR,
