@@ -21,6 +21,9 @@ use crate::label::InformationLabel;
 
 /// Longest resource URI or template accepted, in bytes.
 pub const MAX_URI_BYTES: usize = 2048;
+/// The longest URI a client may name (a template's variables may expand beyond what a
+/// manifest may sign): a session keeps the URIs it subscribes to, so each is bounded.
+pub const MAX_CLIENT_URI_BYTES: usize = 8192;
 
 /// The signed label of what a resource read or a prompt returns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -199,6 +202,40 @@ impl UriTemplate {
             _ => "",
         }
     }
+}
+
+/// Whether a client's `uri` is in the one form it is routed in, and at most
+/// [`MAX_CLIENT_URI_BYTES`] long: every `%` starts an escape
+/// of two hex digits; no escape stands for an unreserved character (`%73` for `s`), a `/`,
+/// a backslash or a `.`; and no path segment is `.` or `..`. A URI that an executor may read
+/// as another (by decoding escapes or resolving dot segments) would otherwise escape the
+/// exact URI its server signed, and the label on it, through a template that also matches
+/// the other spelling (`test://docs/%73ecret` for `test://docs/secret`).
+pub(crate) fn is_normal_uri(uri: &str) -> bool {
+    if uri.len() > MAX_CLIENT_URI_BYTES {
+        return false;
+    }
+    let bytes = uri.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = |at: usize| bytes.get(at).and_then(|b| (*b as char).to_digit(16));
+            let (Some(hi), Some(lo)) = (hex(i + 1), hex(i + 2)) else {
+                return false;
+            };
+            let decoded = (hi * 16 + lo) as u8;
+            if decoded.is_ascii_alphanumeric() || b"-._~/\\".contains(&decoded) {
+                return false;
+            }
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    let path = uri.split(['?', '#']).next().unwrap_or(uri);
+    !path
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
 }
 
 /// Whether a template variable's value may hold `byte`: unreserved characters and `%`

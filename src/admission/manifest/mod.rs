@@ -34,8 +34,8 @@ use sha2::{Digest, Sha256};
 use crate::flow::ToolFlowDeclaration;
 
 pub use content::{
-    ContentFlow, MAX_URI_BYTES, PromptArgument, PromptDefinition, ResourceDefinition,
-    ResourceLocator, UriTemplate,
+    ContentFlow, MAX_CLIENT_URI_BYTES, MAX_URI_BYTES, PromptArgument, PromptDefinition,
+    ResourceDefinition, ResourceLocator, UriTemplate,
 };
 pub use decode::ManifestError;
 pub(crate) use decode::{decode_annotations, decode_flow, json_type};
@@ -123,6 +123,9 @@ impl ManifestBody {
     /// The resource a read of `uri` is served by: a resource with exactly that URI first,
     /// else the first template that expands to it.
     pub fn resource_for(&self, uri: &str) -> Option<&ResourceDefinition> {
+        if !content::is_normal_uri(uri) {
+            return None;
+        }
         self.resources
             .iter()
             .find(|r| matches!(r.locator(), ResourceLocator::Uri(u) if u == uri))

@@ -882,6 +882,31 @@ fn resources_and_prompts_round_trip_signed_and_route() {
     ] {
         assert!(body.resource_for(not_declared).is_none(), "{not_declared}");
     }
+    // Another spelling of a URI is never routed: an executor that decoded it or resolved
+    // its dot segments would read something other than what the route (and its label)
+    // was chosen for.
+    for other_spelling in [
+        "test://template/%31%32%33/data",
+        "test://template/%2E%2E/data",
+        "test://template/..%2Fstatic-text/data",
+        "test://template/a%5Cb/data",
+        "test://template/%zz/data",
+        "test://template/%4/data",
+        "test://template/../data",
+        "test://template/./data",
+    ] {
+        assert!(
+            body.resource_for(other_spelling).is_none(),
+            "{other_spelling}"
+        );
+    }
+    // Escapes of what a variable must encode are fine.
+    assert!(body.resource_for("test://template/a%20b/data").is_some());
+    assert!(body.resource_for("test://template/..x/data").is_some());
+    let long = |n: usize| format!("test://template/{}/data", "x".repeat(n));
+    let fits = MAX_CLIENT_URI_BYTES - long(0).len();
+    assert!(body.resource_for(&long(fits)).is_some());
+    assert!(body.resource_for(&long(fits + 1)).is_none());
     let prompt = body.prompt("with_args").unwrap();
     assert!(prompt.check_arguments(Some(&json!({"arg1": "a"}))).is_ok());
     assert!(prompt.check_arguments(None).unwrap_err().contains("arg1"));
