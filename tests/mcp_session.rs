@@ -249,6 +249,36 @@ fn a_cancelled_call_leaves_its_output_floor_in_the_session_label() {
 }
 
 #[test]
+fn progress_reaches_the_client_only_under_the_calls_output_label() {
+    // Progress numbers are the executor's to choose: the first one reaches the client only
+    // once the call's output floor is in the session's label.
+    let mut labelled = slow("slow", &[]);
+    labelled.output_floor = flowhost::lab::TERMS_LABEL.into();
+    let Some(host) = Governed::start(&[labelled], "") else {
+        return;
+    };
+    let mut c = host.client();
+    c.send_request(
+        1,
+        "tools/call",
+        json!({"name": "slow/sleep", "arguments": {"seconds": 3, "steps": 3},
+               "_meta": {"progressToken": "tok"}}),
+    );
+    let first = c.recv();
+    assert_eq!(first["method"], "notifications/progress", "{first}");
+    c.send_request(2, "flowhost/session", json!({}));
+    let (session, _) = until_answer(&mut c, 2);
+    assert!(
+        session["result"]["label"]
+            .to_string()
+            .contains("harbor-goods-terms"),
+        "progress went out before the label: {session}"
+    );
+    let (answer, _) = until_answer(&mut c, 1);
+    assert!(answer.get("result").is_some(), "{answer}");
+}
+
+#[test]
 fn tools_carry_signed_output_schema_and_annotations_and_results_keep_structured_content() {
     let Some(host) = start() else { return };
     let mut c = host.client();

@@ -156,8 +156,8 @@ pub struct ProgressRoute {
 
 impl ProgressRoute {
     /// Forwards one progress notification of the executor when it carries this call's token.
-    /// Only the numbers travel: a free-text `message` could carry what the tool read before
-    /// the output's label is joined into the session, so it is dropped.
+    /// Only the numbers travel (a free-text `message` is dropped), and only once the call's
+    /// output label is stored (see [`ClientRelay::labelled`]).
     async fn forward(&self, params: &Value) {
         if params.get("progressToken") != Some(&self.token) {
             return;
@@ -205,6 +205,11 @@ pub trait ClientRelay: Send + Sync {
 
     /// Relays one request of the executor; resolves to what the executor is answered.
     fn request(&self, method: String, params: Value) -> RelayFuture<'_, RelayAnswer>;
+
+    /// Joins the call's output label into the flow state (durably, once per call) before
+    /// anything else the executor chose (its progress numbers) reaches the client;
+    /// resolves to whether it is stored (if not, nothing may go out).
+    fn labelled(&self) -> RelayFuture<'_, bool>;
 }
 
 /// The executor's requests being relayed while it serves a call: its request id and the
@@ -667,10 +672,15 @@ impl<C: NamedCall> McpExecutor<C> {
                         )),
                     });
                 }
+                // Progress numbers are the executor's choice, so they can carry what it
+                // read: they go out only under the call's output label (and not at all
+                // once the call is being cancelled, when no relay is given).
                 Ok(Incoming::Notification { method, params })
                     if method == "notifications/progress" =>
                 {
-                    if let Some(route) = progress {
+                    if let (Some(route), Some(relay)) = (progress, relay)
+                        && relay.labelled().await
+                    {
                         route.forward(&params).await;
                     }
                 }

@@ -160,6 +160,8 @@ pub struct CallRelay<'a> {
     pub out: &'a Outbox,
     /// Requests of this call relayed and not yet answered.
     pub in_flight: AtomicUsize,
+    /// Whether the call's output label is stored already (see [`ClientRelay::labelled`]).
+    pub labelled: std::sync::atomic::AtomicBool,
 }
 
 impl CallRelay<'_> {
@@ -232,6 +234,25 @@ impl ClientRelay for CallRelay<'_> {
 
     fn request(&self, method: String, params: Value) -> RelayFuture<'_, RelayAnswer> {
         Box::pin(self.relay(method, params))
+    }
+
+    fn labelled(&self) -> RelayFuture<'_, bool> {
+        use std::sync::atomic::Ordering;
+        Box::pin(async move {
+            if self.labelled.load(Ordering::Acquire) {
+                return true;
+            }
+            match self.gate.raise(&Value::String(String::new())).await {
+                Ok(_) => {
+                    self.labelled.store(true, Ordering::Release);
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e.message, "a tool's progress is withheld");
+                    false
+                }
+            }
+        })
     }
 }
 
