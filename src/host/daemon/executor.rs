@@ -723,7 +723,16 @@ impl<C: NamedCall> McpExecutor<C> {
     /// starts: log notifications are counted and dropped, requests refused, stale answers
     /// ignored. Nothing it said between calls is taken as the next call's output.
     async fn settle_idle(&mut self) -> Result<(), ExecutorError> {
+        let mut handled = 0;
         while let Ok(line) = self.stdout.try_recv() {
+            // The reader refills the channel as it is drained: an executor that keeps
+            // talking between calls would hold the next call here for ever.
+            handled += 1;
+            if handled > MAX_IDLE_MESSAGES {
+                return Err(ExecutorError::Protocol(format!(
+                    "more than {MAX_IDLE_MESSAGES} messages sent between calls"
+                )));
+            }
             let bytes = match line {
                 Line::Message(bytes) => bytes,
                 // It exited between calls.
@@ -739,7 +748,16 @@ impl<C: NamedCall> McpExecutor<C> {
                     self.idle_log();
                 }
                 Ok(Incoming::Request { id, .. }) => {
-                    self.send(&mcp::error_response(&id, &no_relay())).await?;
+                    let refusal = mcp::error_response(&id, &no_relay());
+                    match tokio::time::timeout(IDLE_ANSWER_WRITE, self.send(&refusal)).await {
+                        Ok(sent) => sent?,
+                        Err(_) => {
+                            return Err(ExecutorError::Protocol(format!(
+                                "it stopped reading its input for {IDLE_ANSWER_WRITE:?} while \
+                                 asking the host {handled} things between calls"
+                            )));
+                        }
+                    }
                 }
                 _ => {}
             }
@@ -783,12 +801,18 @@ impl<C: NamedCall> McpExecutor<C> {
         if let Some(route) = &control.progress {
             params["_meta"] = json!({"progressToken": route.token});
         }
-        let mut result = match self.settle_idle().await {
-            Ok(()) => {
+        // Answering what it asked while idle writes to it: an executor that stops reading
+        // its input would block that write, so it is bounded by the call's deadline too.
+        let mut result = match tokio::time::timeout(deadline, self.settle_idle()).await {
+            Ok(Ok(())) => {
                 self.request("tools/call", params, deadline, control, Some(relay))
                     .await
             }
-            Err(e) => Err(e),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                let _ = self.exec.kill();
+                Err(ExecutorError::Timeout(deadline))
+            }
         };
         match tokio::time::timeout(deadline, self.judging.clone().lock_owned()).await {
             Ok(_settled) => {
@@ -957,6 +981,14 @@ async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt
         keep_approval(&r.approved_under, judgment);
     }
 }
+
+/// Most messages an executor's idle time may leave for the next call to handle; past it the
+/// executor is retired.
+const MAX_IDLE_MESSAGES: usize = 256;
+
+/// Longest wait to refuse one request an executor sent between calls: one that does not
+/// read its input meanwhile is retired rather than holding the next call.
+const IDLE_ANSWER_WRITE: Duration = Duration::from_secs(1);
 
 /// Longest executor stderr line read; longer lines are dropped without being buffered.
 const STDERR_LINE_LIMIT: usize = 4096;
