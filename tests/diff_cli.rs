@@ -186,11 +186,17 @@ struct Bound {
 
 impl Bound {
     fn new() -> Bound {
+        Bound::of(ALLOWED, 3)
+    }
+
+    /// The records of the fixture `observed` (holding `tool_calls` tool calls) written by the
+    /// record writer, with a health bound to them.
+    fn of(observed: &str, tool_calls: u64) -> Bound {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().to_path_buf();
         let dir = root.join("records");
         let w = RecordWriter::open(&dir, WriterOptions::default()).unwrap();
-        let src = std::fs::read_to_string(fixture(ALLOWED)).unwrap();
+        let src = std::fs::read_to_string(fixture(observed)).unwrap();
         for line in src.lines() {
             let r = DecisionRecord::from_json_line(line.as_bytes()).unwrap();
             w.commit_blocking(r).unwrap();
@@ -200,7 +206,7 @@ impl Bound {
         assert!(report.is_ok(), "{:?}", report.problems);
         let mut h = ToolObservationHealth::read_from(Path::new(&fixture(COMPLETE))).unwrap();
         h.records = RecordsHealth::from_verify(&report);
-        h.tool_calls_observed = Some(3);
+        h.tool_calls_observed = Some(tool_calls);
         let health = root.join("health.json");
         h.write_to(&health).unwrap();
         Bound {
@@ -397,4 +403,36 @@ fn an_edited_exported_envelope_is_rejected() {
     let (code, out) = diff_many(&[&env], Some(&b.health), &[]);
     assert_eq!(code, 4, "{out}");
     assert!(out.contains("observed_tool_decisions[0]"), "{out}");
+}
+
+#[test]
+fn an_exported_envelope_repeating_a_target_field_is_refused() {
+    // The chain re-serialises a decision keeping the last of two values for a key; a judge
+    // keeping the first would judge another record than the one the chain verified.
+    let b = Bound::of("observed/undeclared.jsonl", 1);
+    let env = b.root.join("surface.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["records", "export", "--surface", b.dir.to_str().unwrap()])
+        .args(["--out", env.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let (code, out) = diff_many(&[&env], Some(&b.health), &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("new_privileged_tool_action"), "{out}");
+    let text = std::fs::read_to_string(&env).unwrap();
+    let edited = text.replace(
+        "\"repo\":\"other-repo\"",
+        "\"repo\":\"prod-repo\",\"repo\":\"other-repo\"",
+    );
+    assert_ne!(edited, text);
+    std::fs::write(&env, edited).unwrap();
+    let (code, out) = diff_many(&[&env], Some(&b.health), &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("surface.json"), "{out}");
+    assert!(
+        out.contains("observed_tool_decisions[0].action.target"),
+        "{out}"
+    );
+    assert!(out.contains("\"repo\" appears twice"), "{out}");
 }

@@ -4,11 +4,13 @@
 //! `assay.tool_decision_surface.v0` envelope; several may be given) is one of:
 //! * *flowhost records*: a directory, or a file or envelope in which any decision carries the
 //!   `flowhost` chain fields (`seq`, `prev_hash`). Its hash chain is verified first with
-//!   [`crate::records::chain`] (for a directory also its head anchor; an envelope's decisions
-//!   are decoded strictly and re-serialised as the writer serialises them). Any break, gap,
-//!   reorder, edit, torn line, or line that is not a valid flowhost record *rejects* the
-//!   source: it is not judged, and each problem is an `evidence_rejected` finding naming file
-//!   and line (or envelope index).
+//!   [`crate::records::chain`] (for a directory also its head anchor; an envelope is parsed
+//!   with [`crate::canonical::parse_strict`], so no key is repeated anywhere in it, and its
+//!   decisions are decoded strictly and re-serialised as the writer serialises them; the judge
+//!   reads that same parsed value). Any break, gap, reorder, edit, torn line, or line that is
+//!   not a valid flowhost record *rejects* the source: it is not judged, and each problem is
+//!   an `evidence_rejected` finding naming file and line (or envelope index). A key repeated
+//!   in an envelope, or a target field named twice in any decision, is an input error.
 //! * *unchained*: no decision carries the chain fields (another producer's decisions, or
 //!   records whose extension was stripped). They are judged, but cannot be bound to a
 //!   flowhost health: unless the operator says another observer produced them
@@ -80,6 +82,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::canonical::JsonError;
 use crate::records::chain::{
     Gather, Location, Problem, VerifyReport, verify_decisions, verify_records,
     verify_records_gathering,
@@ -549,11 +552,13 @@ fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError>
             }
         },
         Format::Envelope => {
-            let bytes = fs::read(path).map_err(StoreError::io("read", path))?;
-            match judge_envelope(matcher, path, &bytes) {
+            // One strict parse feeds both the judge and the chain check, so they read the
+            // same value for every key.
+            let envelope = read_envelope(path)?;
+            match judge_envelope(matcher, path, &envelope) {
                 Ok(acc) if acc.chained == 0 => Ok(Judged::unchained(acc)),
-                Ok(acc) => Ok(Judged::chained(acc, envelope_chain(path, &bytes)?)),
-                Err(e) => match envelope_chain(path, &bytes) {
+                Ok(acc) => Ok(Judged::chained(acc, envelope_chain(path, &envelope)?)),
+                Err(e) => match envelope_chain(path, &envelope) {
                     Ok(report) if report.first_seq.is_some() && !report.is_ok() => {
                         Ok(Judged::rejected(report))
                     }
@@ -577,17 +582,57 @@ fn judge_records(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError
     }
 }
 
-/// The chain verification of an envelope's decisions.
-fn envelope_chain(file: &Path, bytes: &[u8]) -> Result<VerifyReport, DiffError> {
-    #[derive(serde::Deserialize)]
-    struct Decisions {
-        observed_tool_decisions: Vec<serde_json::Value>,
-    }
-    let env: Decisions = serde_json::from_slice(bytes).map_err(|e| DiffError::BadInput {
+/// Reads an exported envelope strictly: a key repeated anywhere (say a target naming `repo`
+/// twice) is refused, because serde's `Value` keeps the last value and a streaming reader the
+/// first, so the chain would verify one decision while the judge judged another.
+fn read_envelope(file: &Path) -> Result<serde_json::Value, DiffError> {
+    let bad = |problem: String| DiffError::BadInput {
         file: file.to_path_buf(),
-        problem: format!("not a valid {DECISION_SURFACE_SCHEMA} envelope: {e}"),
+        problem,
+    };
+    let bytes = fs::read(file).map_err(StoreError::io("read", file))?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        bad(format!(
+            "not a valid {DECISION_SURFACE_SCHEMA} envelope: not UTF-8 ({e})"
+        ))
     })?;
-    Ok(verify_decisions(file, &env.observed_tool_decisions))
+    crate::canonical::parse_strict(text).map_err(|e| {
+        bad(match e {
+            JsonError::DuplicateKey {
+                path,
+                key,
+                line,
+                column,
+            } => format!(
+                "{path}: the key {key:?} appears twice (line {line}, column {column}); readers keeping the first and the last value would judge different decisions, so the envelope is not judged: export the records again with `flowhost records export --surface`"
+            ),
+            JsonError::InexactInteger {
+                path,
+                number,
+                line,
+                column,
+            } => format!(
+                "{path}: the integer {number} is outside ±2^53 (line {line}, column {column}); no flowhost record holds one, and readers may round it differently: export the records again with `flowhost records export --surface`"
+            ),
+            JsonError::Syntax { .. } => {
+                format!("not a valid {DECISION_SURFACE_SCHEMA} envelope: {e}")
+            }
+        })
+    })
+}
+
+/// The chain verification of an envelope's decisions.
+fn envelope_chain(file: &Path, envelope: &serde_json::Value) -> Result<VerifyReport, DiffError> {
+    let decisions = envelope
+        .get("observed_tool_decisions")
+        .and_then(serde_json::Value::as_array)
+        .ok_or_else(|| DiffError::BadInput {
+            file: file.to_path_buf(),
+            problem: format!(
+                "not a valid {DECISION_SURFACE_SCHEMA} envelope: observed_tool_decisions is not an array"
+            ),
+        })?;
+    Ok(verify_decisions(file, decisions))
 }
 
 #[cfg(test)]

@@ -6,7 +6,9 @@
 //! from the `flowhost` extension when present `seq`, `prev_hash`, `event` and
 //! `egress_basis`) and ignores the rest, so other producers' extensions are accepted. Strings are
 //! borrowed from the input where possible: the diff reads a million records in well under
-//! two seconds.
+//! two seconds. Leniency never extends to ambiguity: a target naming a field twice is
+//! refused, and an envelope is first parsed strictly (no key repeated anywhere), so the
+//! decisions judged are the very ones the chain verifies.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -95,7 +97,9 @@ impl<'de: 'a, 'a> Deserialize<'de> for Scalar<'a> {
     }
 }
 
-/// An observed target: its fields in input order.
+/// An observed target: its fields in input order, each named once (a field named twice is
+/// refused when reading, as the record schema's `Target` refuses it: readers keeping the first
+/// and readers keeping the last value would judge the same decision differently).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct ObsTarget<'a>(pub Vec<(Cow<'a, str>, Scalar<'a>)>);
 
@@ -110,6 +114,13 @@ impl<'de: 'a, 'a> Deserialize<'de> for ObsTarget<'a> {
             fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
                 let mut fields = Vec::with_capacity(6);
                 while let Some((k, v)) = m.next_entry::<Text<'a>, Scalar<'a>>()? {
+                    // Targets hold a handful of fields: a linear scan is cheaper than a set.
+                    if fields.iter().any(|(seen, _)| *seen == k.0) {
+                        return Err(de::Error::custom(format_args!(
+                            "action.target field {:?} appears twice; a decision must name each target field once",
+                            k.0
+                        )));
+                    }
                     fields.push((k.0, v));
                 }
                 Ok(ObsTarget(fields))

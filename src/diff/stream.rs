@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::records::DecisionRecord;
+use serde::Deserialize;
 
 pub(super) enum Format {
     /// A JSONL stream whose first decision carries the flowhost chain fields.
@@ -318,16 +319,17 @@ impl Gather for Judging<'_, '_> {
     }
 }
 
+/// Judges the decisions of an envelope already parsed strictly (see `read_envelope`).
 pub(super) fn judge_envelope(
     matcher: &Matcher<'_>,
     file: &Path,
-    bytes: &[u8],
+    envelope: &serde_json::Value,
 ) -> Result<Acc, DiffError> {
     let bad = |problem: String| DiffError::BadInput {
         file: file.to_path_buf(),
         problem,
     };
-    let env: ObsEnvelope<'_> = serde_json::from_slice(bytes).map_err(|e| {
+    let env = ObsEnvelope::deserialize(envelope).map_err(|e| {
         bad(format!(
             "not a valid {DECISION_SURFACE_SCHEMA} envelope: {e}"
         ))

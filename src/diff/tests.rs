@@ -288,6 +288,26 @@ fn malformed_input_names_file_and_line() {
 }
 
 #[test]
+fn a_target_repeating_a_field_is_refused_in_another_producers_stream() {
+    // Readers keeping the first and readers keeping the last value would judge the line
+    // differently, so the diff judges neither.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plain.jsonl");
+    let good = std::fs::read_to_string(fixture("observed/undeclared.jsonl")).unwrap();
+    let mut plain: serde_json::Value = serde_json::from_str(good.trim()).unwrap();
+    plain.as_object_mut().unwrap().remove("flowhost");
+    let line = plain.to_string().replace(
+        "\"repo\":\"other-repo\"",
+        "\"repo\":\"prod-repo\",\"repo\":\"other-repo\"",
+    );
+    std::fs::write(&path, format!("{line}\n")).unwrap();
+    let e = diff(&declared("declared_prod_allowlist"), &path, None).unwrap_err();
+    let e = e.to_string();
+    assert!(e.contains("plain.jsonl:1:"), "{e}");
+    assert!(e.contains("\"repo\""), "{e}");
+}
+
+#[test]
 fn sarif_has_one_result_per_finding() {
     let r = run("declared_empty", "observed/allowed_declared.jsonl");
     let sarif: serde_json::Value = serde_json::from_str(&report::to_sarif(&r)).unwrap();
