@@ -14,7 +14,7 @@
 //! | `slack` | `principal` | `principal_hash` | hash, domain `slack_principal` |
 //! | `workspace` | `workspace_id` | `workspace_id_hash` | hash, domain `workspace` |
 //! | `workspace` | `principal` | `principal_hash` | hash, domain `workspace_principal` |
-//! | `network` | `address` | `address` | IP address or CIDR, containment |
+//! | `network` | `address` | `address` | IP address or CIDR, containment (IPv4-mapped IPv6 as IPv4) |
 //! | `network` | `port` | `port` | port number |
 //! | any | `<name>_hash` | `<name>_hash` | a `sha256:` value, exact |
 //! | any other | `<name>` | `<name>` | plain, exact (case-sensitive) |
@@ -37,6 +37,7 @@ use serde_json::{Map, Value};
 use crate::records::chain::ChainHash;
 use crate::records::projection::{NETWORK_PROVIDER, target_hash};
 use crate::records::{Effect, is_code};
+use crate::resolve::destination::{canonical_ip, canonical_net};
 
 /// The declared surface's schema string.
 pub const DECLARED_SCHEMA: &str = "assay.declared_tool_surface.v0";
@@ -139,7 +140,9 @@ pub enum FieldRule {
     Integer(u64),
     /// Exact boolean equality.
     Flag(bool),
-    /// The observed address lies in this network (a single address is a /32 or /128).
+    /// The observed address lies in this network (a single address is a /32 or /128). Both
+    /// are taken in enforcement's form: an IPv4-mapped IPv6 address or network is the IPv4
+    /// one it carries, so `10.0.0.0/8` covers `::ffff:10.0.0.5` and `::/0` covers no IPv4.
     Network(IpNet),
 }
 
@@ -180,9 +183,12 @@ impl TargetConstraint {
                     Some(o.parse::<u64>().ok() == Some(*v))
                 }
                 (FieldRule::Flag(v), Some(ScalarView::Flag(o))) => Some(*v == o),
-                (FieldRule::Network(net), Some(ScalarView::Text(o))) => {
-                    Some(o.parse::<IpAddr>().is_ok_and(|a| net.contains(&a)))
-                }
+                // Observed addresses are what the broker saw, possibly IPv4-mapped IPv6;
+                // like enforcement, judge them as the IPv4 address they carry.
+                (FieldRule::Network(net), Some(ScalarView::Text(o))) => Some(
+                    o.parse::<IpAddr>()
+                        .is_ok_and(|a| net.contains(&canonical_ip(a))),
+                ),
                 (_, Some(_)) => Some(false),
             };
             match ok {
@@ -450,7 +456,9 @@ fn field_constraint(
             .parse::<IpNet>()
             .or_else(|_| v.parse::<IpAddr>().map(IpNet::from))
             .map_err(|_| format!("{v:?} is not an IP address or CIDR"))?;
-        return constraint(name, FieldRule::Network(net.trunc()));
+        // In the form enforcement uses (`destination::canonical_net`), so a declared
+        // ::ffff:10.0.0.0/104 means 10.0.0.0/8, as it would in a destination rule.
+        return constraint(name, FieldRule::Network(canonical_net(net.trunc())));
     }
     if provider == NETWORK_PROVIDER && name == "port" {
         let port = match value {
@@ -654,6 +662,52 @@ mod tests {
         assert_eq!(
             test(a, json!({"unix_path": "/run/x.sock"})),
             TargetMatch::Undetermined
+        );
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_matched_as_enforcement_matches_them() {
+        // Enforcement judges ::ffff:a.b.c.d as a.b.c.d (destination::canonical_ip), so the
+        // diff must too: an IPv4 network declared covers the mapped form, and an IPv6
+        // network does not cover IPv4 egress that happens to be written in IPv6 form.
+        let declare = |address: &str| {
+            surface(json!([action(
+                "network",
+                "network_egress",
+                json!([{ "address": address }])
+            )]))
+            .unwrap()
+            .actions
+            .remove(0)
+        };
+        let (v4, v6, mapped) = (
+            &declare("10.0.0.0/8"),
+            &declare("::/0"),
+            &declare("::ffff:192.0.2.0/120"),
+        );
+        assert_eq!(
+            test(v4, json!({"address": "::ffff:10.0.0.5"})),
+            TargetMatch::Match
+        );
+        assert_eq!(
+            test(v6, json!({"address": "::ffff:203.0.113.9"})),
+            TargetMatch::Mismatch
+        );
+        assert_eq!(
+            test(v6, json!({"address": "2001:db8::1"})),
+            TargetMatch::Match
+        );
+        assert_eq!(
+            test(mapped, json!({"address": "192.0.2.7"})),
+            TargetMatch::Match
+        );
+        assert_eq!(
+            test(mapped, json!({"address": "::ffff:192.0.2.7"})),
+            TargetMatch::Match
+        );
+        assert_eq!(
+            test(mapped, json!({"address": "192.0.3.7"})),
+            TargetMatch::Mismatch
         );
     }
 

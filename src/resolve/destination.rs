@@ -376,8 +376,9 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
 
 /// A network written in the IPv4-mapped IPv6 form (within `::ffff:0:0/96`) as the IPv4
 /// network it carries: destinations are matched in that form ([`canonical_ip`]), so kept as
-/// IPv6 it would match nothing.
-fn canonical_net(net: IpNet) -> IpNet {
+/// IPv6 it would match nothing. Any other network is returned unchanged. Public so that
+/// everything judging addresses (the diff too) uses the same forms as enforcement.
+pub fn canonical_net(net: IpNet) -> IpNet {
     if let IpNet::V6(v6) = net
         && v6.prefix_len() >= 96
         && let Some(v4) = v6.network().to_ipv4_mapped()
