@@ -36,8 +36,12 @@
 //! | 5 | a declared action has the same provider, class and effect, and the target cannot be decided against it (a constrained field is missing from the observed target, e.g. `classified_incomplete`) | `inconclusive_tool_target` | warning |
 //! | 6 | otherwise | `new_privileged_tool_action` | error |
 //!
-//! An observed `error` effect matches only a declaration that lists `error`, never one that
-//! lists only `allow`: the effect may have happened, so an errored undeclared call is rule 6.
+//! An observed `error` effect matches only a declaration that lists `error` in
+//! `allowed_effects`, never one that lists only `allow`: the effect may have happened, so an
+//! errored call not declared with `error` is rule 6. Each decision is judged on its own: an
+//! allowed call's `tool_call` and its `tool_outcome` are two decisions (a failed declared
+//! call needs `allow` for the one and `error` for the other), and identical findings of the
+//! two are merged with two occurrences.
 //! A deny that a declaration lists with `deny` in `allowed_effects` is expected: no finding.
 //! Declared-but-unobserved actions are never findings.
 //!

@@ -24,6 +24,9 @@
 //! declared `<name>` whose value is `sha256:<hex>` also matches an observed `<name>_hash`
 //! (operator domains are not known here, so such fields are declared by hash). `"*"` or an
 //! absent field matches anything; an empty `allowed_targets` means no target constraint.
+//! `allowed_effects` lists one or more of `allow`, `deny` and `error`: an observed effect
+//! matches only a declaration listing it, so a call that errored (its `tool_outcome`, whose
+//! effect may have happened) is expected only where `error` is declared.
 //!
 //! The observed half (the envelope flowhost exports) is `records::export`.
 
@@ -218,7 +221,8 @@ pub struct DeclaredAction {
     pub action_class: String,
     /// The target constraints (empty: any target).
     pub allowed_targets: Vec<TargetConstraint>,
-    /// The effects it allows (`allow`, `deny`).
+    /// The effects it expects (`allow`, `deny`, `error`); an observed effect matches only
+    /// when listed here, so `allow` never covers an `error`.
     pub allowed_effects: BTreeSet<Effect>,
     /// Review metadata, not a match key.
     pub required_decision: String,
@@ -352,7 +356,7 @@ fn parse_action(index: usize, entry: &Value) -> Result<DeclaredAction, SurfaceEr
     if effects.is_empty() {
         return Err(bad(
             "allowed_effects",
-            "must list at least one of \"allow\", \"deny\"".into(),
+            "must list at least one of \"allow\", \"deny\", \"error\"".into(),
         ));
     }
     let mut allowed_effects = BTreeSet::new();
@@ -360,10 +364,13 @@ fn parse_action(index: usize, entry: &Value) -> Result<DeclaredAction, SurfaceEr
         let effect = match e.as_str() {
             Some("allow") => Effect::Allow,
             Some("deny") => Effect::Deny,
+            // An errored call (a tool or executor failure after the allow, or a host failure)
+            // may have had its effect, so it is expected only where `error` is listed.
+            Some("error") => Effect::Error,
             _ => {
                 return Err(bad(
                     &format!("allowed_effects[{i}]"),
-                    format!("{e} is not \"allow\" or \"deny\""),
+                    format!("{e} is not \"allow\", \"deny\" or \"error\""),
                 ));
             }
         };
@@ -552,7 +559,7 @@ mod tests {
         let e = surface(json!([action("slack", "slack_add_member", json!([])), bad])).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "declared_tool_actions[1] (id github.x): field allowed_effects[1]: \"maybe\" is not \"allow\" or \"deny\""
+            "declared_tool_actions[1] (id github.x): field allowed_effects[1]: \"maybe\" is not \"allow\", \"deny\" or \"error\""
         );
         let e = surface(json!([action(
             "network",

@@ -348,6 +348,55 @@ fn an_errored_call_never_matches_a_declared_allow() {
 }
 
 #[test]
+fn a_failed_outcome_of_a_declared_call_matches_a_declaration_listing_error() {
+    // The declared deploy key on org/prod-repo is allowed (tool_call) and then fails in its
+    // executor (tool_outcome error): the effect may have happened, so only a declaration
+    // that lists "error" expects it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("failed.jsonl");
+    let src = std::fs::read(fixture("observed/allowed_declared.jsonl")).unwrap();
+    let first = src.split(|&b| b == b'\n').next().unwrap();
+    let mut call = crate::records::DecisionRecord::from_json_line(first).unwrap();
+    let mut outcome = call.clone();
+    outcome.flowhost.event = crate::records::EventKind::ToolOutcome;
+    outcome.decision.effect = crate::records::Effect::Error;
+    outcome.response.status = "tool_error".into();
+    outcome.response.side_effect_asserted = false;
+    let mut chain = crate::records::Chainer::genesis();
+    let mut lines = chain.seal(&mut call).unwrap().line;
+    lines.extend(chain.seal(&mut outcome).unwrap().line);
+    std::fs::write(&path, lines).unwrap();
+    let h = health_for(&path);
+    let surface = |effects: serde_json::Value| {
+        let text = serde_json::json!({
+            "schema": "assay.declared_tool_surface.v0",
+            "declared_tool_actions": [{
+                "id": "github.deploy_key.prod", "provider": "github",
+                "action_class": "github_deploy_key",
+                "allowed_targets": [{"owner": "org", "repo": "prod-repo"}],
+                "allowed_effects": effects, "required_decision": "explicit_policy"
+            }]
+        });
+        DeclaredSurface::parse(&text.to_string()).unwrap()
+    };
+    let r = diff(&surface(serde_json::json!(["allow"])), &path, Some(&h)).unwrap();
+    assert_eq!(kinds(&r), vec![(FindingKind::NewPrivilegedToolAction, 1)]);
+    assert_eq!(r.findings[0].effect.as_deref(), Some("error"));
+    assert_eq!(r.findings[0].examples[0].line, Some(2));
+    let r = diff(
+        &surface(serde_json::json!(["allow", "error"])),
+        &path,
+        Some(&h),
+    )
+    .unwrap();
+    assert_eq!((kinds(&r), r.exit_code()), (vec![], 0));
+    // "error" alone does not cover the allow that preceded it.
+    let r = diff(&surface(serde_json::json!(["error"])), &path, Some(&h)).unwrap();
+    assert_eq!(kinds(&r), vec![(FindingKind::NewPrivilegedToolAction, 1)]);
+    assert_eq!(r.findings[0].effect.as_deref(), Some("allow"));
+}
+
+#[test]
 fn egress_the_declaration_denies_is_undeclared_egress() {
     let r = run("declared_network", "observed/undeclared_egress.jsonl");
     // summarizer.summarize declares egress: false; its allowed and its refused attempt are one
