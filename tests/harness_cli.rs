@@ -379,3 +379,26 @@ fn the_examples_signed_manifest_is_its_manifest_signed_with_its_key() {
         "manifest.json changed: sign it again with sign.sh"
     );
 }
+
+#[test]
+fn a_gate_status_of_zero_or_above_255_is_a_usage_error() {
+    // A failed gate must never exit 0 (a CI step would pass), and an exit status is 0..=255:
+    // both are refused before anything runs.
+    let dir = tempfile::tempdir().unwrap();
+    let declared = surface_allowing(dir.path(), "127.0.0.1:9".parse().unwrap());
+    for status in ["0", "256"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowhost"))
+            .args(["sandbox", "run", "--profile", "brokered", "--declared"])
+            .arg(&declared)
+            .args(["--gate-status", status, "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--gate-status") && stderr.contains("1..=255"),
+            "{}",
+            text(&out)
+        );
+    }
+}

@@ -5,7 +5,8 @@
 //! a record directory in the daemon's schema (hash-chained, each record durable before its
 //! verdict takes effect). With no `--allow`, every attempt is refused. The exit status is the
 //! command's (128 + signal when killed); with `--declared SURFACE` the diff judges the run
-//! when it ends, and a failed gate exits with `--gate-status` (default [`GATE_FAILED`]).
+//! when it ends, and a failed gate exits with `--gate-status` (1 to 255, never 0; default
+//! [`GATE_FAILED`]).
 //!
 //! `mcp`: see [`mcp`].
 
@@ -82,9 +83,16 @@ struct CommonArgs {
     /// ends, as `flowhost diff` would; anything but a clean verdict fails the gate.
     #[arg(long, value_name = "SURFACE")]
     declared: Option<PathBuf>,
-    /// Exit status when the gate fails (default 90). A passing gate keeps the command's
-    /// own status.
-    #[arg(long, value_name = "N", default_value_t = GATE_FAILED, requires = "declared")]
+    /// Exit status when the gate fails (1 to 255, default 90). A passing gate keeps the
+    /// command's own status.
+    // 0 is refused: a failed gate that exits 0 would pass the CI step it is meant to fail.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = GATE_FAILED,
+        value_parser = clap::value_parser!(u8).range(1..),
+        requires = "declared"
+    )]
     gate_status: u8,
     /// Pass NAME from the host environment, or set NAME=VALUE; may be repeated.
     #[arg(long = "env", value_name = "NAME[=VALUE]")]
