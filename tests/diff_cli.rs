@@ -156,6 +156,35 @@ fn input_errors_exit_2_naming_the_problem() {
     );
 }
 
+#[test]
+fn a_declared_surface_repeating_a_key_is_refused_naming_file_and_key() {
+    // With the last value winning, "repo": "*" would silently widen the declaration to
+    // every repository of the owner; the operator must say which they meant.
+    let dir = tempfile::tempdir().unwrap();
+    let declared = dir.path().join("declared.json");
+    let text = std::fs::read_to_string(fixture(PROD)).unwrap().replacen(
+        "\"repo\": \"prod-repo\"",
+        "\"repo\": \"prod-repo\", \"repo\": \"*\"",
+        1,
+    );
+    assert!(text.contains("\"repo\": \"*\""));
+    std::fs::write(&declared, text).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["diff", "--declared", declared.to_str().unwrap()])
+        .args(["--observed", &fixture("observed/undeclared.jsonl")])
+        .args(["--health", &fixture(COMPLETE)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains(&declared.display().to_string()), "{err}");
+    assert!(
+        err.contains("declared_tool_actions[0].allowed_targets[0]"),
+        "{err}"
+    );
+    assert!(err.contains("\"repo\" appears twice"), "{err}");
+}
+
 const PROD: &str = "declared/declared_prod_allowlist.json";
 
 /// Runs the diff on several observed sources with extra flags; (exit code, stdout).

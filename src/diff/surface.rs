@@ -2,8 +2,8 @@
 //! against.
 //!
 //! **Declared** (`assay.declared_tool_surface.v0`): the privileged actions expected in a run.
-//! [`DeclaredSurface::parse`] validates it strictly and names the entry (index and id) and the
-//! field of every error. Each declared target field becomes a [`FieldRule`] on one observed
+//! [`DeclaredSurface::parse`] validates it strictly (a key named twice anywhere is refused)
+//! and names the entry (index and id) and the field of every error. Each declared target field becomes a [`FieldRule`] on one observed
 //! target field:
 //!
 //! | provider | declared field | observed field | compared as |
@@ -37,6 +37,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 
+use crate::canonical::JsonError;
 use crate::records::chain::ChainHash;
 use crate::records::projection::{NETWORK_PROVIDER, target_hash};
 use crate::records::{Effect, is_code};
@@ -77,6 +78,20 @@ pub enum SurfaceError {
     /// The file is not JSON.
     #[error("declared surface is not JSON: {0}")]
     Json(String),
+    /// An object names a key twice.
+    #[error(
+        "declared surface: {path}: the key {key:?} appears twice (line {line}, column {column}); readers keeping the first and the last value would declare different actions, so write it once"
+    )]
+    RepeatedKey {
+        /// The object holding the key (e.g. `declared_tool_actions[0].allowed_targets[0]`).
+        path: String,
+        /// The key.
+        key: String,
+        /// 1-based line of its second occurrence.
+        line: usize,
+        /// 1-based column of its second occurrence.
+        column: usize,
+    },
     /// A top-level problem.
     #[error("declared surface: field {field}: {problem}")]
     Document {
@@ -257,9 +272,23 @@ pub struct DeclaredSurface {
 
 impl DeclaredSurface {
     /// Parses and validates a declared surface (see the module docs for the field rules).
+    /// The JSON is parsed strictly: a key named twice anywhere is refused
+    /// ([`SurfaceError::RepeatedKey`]), never resolved to one of its values.
     pub fn parse(text: &str) -> Result<Self, SurfaceError> {
-        let doc: Value =
-            serde_json::from_str(text).map_err(|e| SurfaceError::Json(e.to_string()))?;
+        let doc = crate::canonical::parse_strict(text).map_err(|e| match e {
+            JsonError::DuplicateKey {
+                path,
+                key,
+                line,
+                column,
+            } => SurfaceError::RepeatedKey {
+                path: path.to_string(),
+                key,
+                line,
+                column,
+            },
+            other => SurfaceError::Json(other.to_string()),
+        })?;
         let top = |field: &str, problem: &str| SurfaceError::Document {
             field: field.to_string(),
             problem: problem.to_string(),
@@ -581,6 +610,34 @@ mod tests {
         let e =
             DeclaredSurface::parse(r#"{"schema":"other","declared_tool_actions":[]}"#).unwrap_err();
         assert!(e.to_string().contains("field schema"), "{e}");
+    }
+
+    #[test]
+    fn a_key_named_twice_is_refused_wherever_it_is() {
+        let e = DeclaredSurface::parse(
+            r#"{"schema":"assay.declared_tool_surface.v0","declared_tool_actions":[
+                {"id":"a","provider":"github","action_class":"github_deploy_key",
+                 "allowed_targets":[{"owner":"org","repo":"prod-repo","repo":"*"}],
+                 "allowed_effects":["allow"],"required_decision":"explicit_policy"}]}"#,
+        )
+        .unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains(
+                "declared_tool_actions[0].allowed_targets[0]: the key \"repo\" appears twice"
+            ),
+            "{e}"
+        );
+        let e = DeclaredSurface::parse(
+            r#"{"schema":"assay.declared_tool_surface.v0","declared_tool_actions":[],
+                "declared_tool_actions":[]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("\"declared_tool_actions\" appears twice"),
+            "{e}"
+        );
     }
 
     #[test]
