@@ -63,6 +63,32 @@ pub enum HarnessError {
     /// The records could not be read.
     #[error("cannot read the decision records: {0}")]
     Records(#[from] crate::records::store::StoreError),
+    /// The records do not verify (a torn or edited line, a gap, a broken hash chain, lines
+    /// cut from the end): nothing read from them is evidence of what the run did.
+    #[error(
+        "the decision records in {} do not verify, so they prove nothing about the run: {}; `flowhost records verify {}` says the same",
+        dir.display(),
+        problems.join("; "),
+        dir.display()
+    )]
+    Unverified {
+        /// The record directory.
+        dir: PathBuf,
+        /// Each problem, naming its file and line.
+        problems: Vec<String>,
+    },
+    /// The health says observation was incomplete, so the records may miss what the run did.
+    #[error(
+        "observation was incomplete, as {} says ({}), so the records may miss what the run did; fix what it names and run again",
+        health.display(),
+        reasons.join("; ")
+    )]
+    Incomplete {
+        /// The health file.
+        health: PathBuf,
+        /// Its `incomplete_reasons`.
+        reasons: Vec<String>,
+    },
     /// The diff could not judge the records.
     #[error(transparent)]
     Diff(#[from] crate::diff::DiffError),

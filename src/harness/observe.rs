@@ -9,8 +9,7 @@ use super::gate;
 use crate::destination::{Destination as RuleDestination, DestinationRule};
 use crate::diff::DiffReport;
 use crate::diff::surface::DeclaredSurface;
-use crate::records::chain::verify_records;
-use crate::records::store::{list_record_files, split_lines};
+use crate::records::chain::{Gather, verify_records, verify_records_gathering};
 use crate::records::{
     DecisionRecord, DeclarationMismatch, Destination, Effect, EventKind, ToolObservationHealth,
 };
@@ -114,7 +113,8 @@ pub struct Observation {
     pub stdout: String,
     /// What `flowhost` and the command wrote to stderr.
     pub stderr: String,
-    /// Every decision record, in chain order.
+    /// Every decision record, in chain order: the records verified (sequence, hash chain,
+    /// head anchor, no torn line) and each was strictly decoded and validated when read.
     pub records: Vec<DecisionRecord>,
     /// The egress attempts among them.
     pub attempts: Vec<EgressAttempt>,
@@ -127,7 +127,8 @@ pub struct Observation {
 
 impl Observation {
     /// Reads what a run left in `records_dir` and `health_file`; the workspace holding them
-    /// is removed when the observation is dropped.
+    /// is removed when the observation is dropped. Records that do not verify are refused
+    /// ([`read_records`]).
     pub(super) fn read(
         status: std::process::ExitStatus,
         stdout: String,
@@ -187,27 +188,30 @@ impl Observation {
         )))
     }
 
-    /// The records verify (sequence, hash chain, head anchor) and observation was complete.
+    /// The records verify (sequence, hash chain, head anchor, no torn line) as they are on
+    /// disk now, and the health says observation was complete.
     pub fn check_complete(&self) -> Result<(), HarnessError> {
         let report = verify_records(&self.records_dir, None).map_err(HarnessError::Records)?;
         if !report.is_ok() {
-            let problems: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
-            return Err(HarnessError::Check(format!(
-                "the records do not verify: {}",
-                problems.join("; ")
-            )));
+            return Err(HarnessError::Unverified {
+                dir: self.records_dir.clone(),
+                problems: report.problems.iter().map(ToString::to_string).collect(),
+            });
         }
         if !self.health.complete {
-            return Err(HarnessError::Check(format!(
-                "observation was incomplete: {}",
-                self.health.incomplete_reasons.join("; ")
-            )));
+            return Err(HarnessError::Incomplete {
+                health: self.health_file.clone(),
+                reasons: self.health.incomplete_reasons.clone(),
+            });
         }
         Ok(())
     }
 
-    /// Nothing tried to reach anywhere.
+    /// Nothing tried to reach anywhere. Holds only on evidence: fails unless
+    /// [`Observation::check_complete`] holds, since an attempt missing from records that do
+    /// not verify, or from an incomplete observation, would otherwise read as no attempt.
     pub fn check_no_egress(&self) -> Result<(), HarnessError> {
+        self.check_complete()?;
         if self.attempts.is_empty() {
             return Ok(());
         }
@@ -220,8 +224,10 @@ impl Observation {
 
     /// Every attempt (allowed or refused) went to a destination one of `rules` names
     /// (`ADDR[:PORT]`, `CIDR[:PORT]`, `*:PORT`, `unix:/path`, `unix:@name`, as `--allow`
-    /// takes them).
+    /// takes them). Like [`Observation::check_no_egress`], fails unless
+    /// [`Observation::check_complete`] holds.
     pub fn check_only_destinations(&self, rules: &[&str]) -> Result<(), HarnessError> {
+        self.check_complete()?;
         let parsed = rules
             .iter()
             .map(|r| {
@@ -320,32 +326,46 @@ fn describe<'a>(attempts: impl Iterator<Item = &'a EgressAttempt>) -> String {
         .join("; ")
 }
 
-/// Every record of the directory `dir`, decoded strictly, in chain order.
+/// Every record of the directory `dir`, in chain order, only if the directory verifies as
+/// `flowhost records verify` checks it (sequence, hash chain, head anchor, no torn last
+/// line); each record strictly decoded and validated. Otherwise
+/// [`HarnessError::Unverified`], naming each problem's file and line: records that do not
+/// verify are no evidence, and a torn last line may be the one attempt a check looks for.
 pub fn read_records(dir: &Path) -> Result<Vec<DecisionRecord>, HarnessError> {
-    let mut out = Vec::new();
-    for file in list_record_files(dir).map_err(HarnessError::Records)? {
-        let bytes = std::fs::read(&file.path).map_err(|source| HarnessError::Io {
-            what: format!("cannot read {}", file.path.display()),
-            source,
-        })?;
-        let (lines, _torn) = split_lines(&bytes);
-        for (i, line) in lines.enumerate() {
-            let record: DecisionRecord = serde_json::from_slice(line).map_err(|e| {
-                HarnessError::Run(format!(
-                    "{}:{}: not a decision record: {e}",
-                    file.path.display(),
-                    i + 1
-                ))
-            })?;
-            out.push(record);
-        }
+    let (report, records) =
+        verify_records_gathering(dir, None, &Collect).map_err(HarnessError::Records)?;
+    if !report.is_ok() {
+        return Err(HarnessError::Unverified {
+            dir: dir.to_path_buf(),
+            problems: report.problems.iter().map(ToString::to_string).collect(),
+        });
     }
-    Ok(out)
+    Ok(records)
+}
+
+/// Keeps every record the verifier decodes, so the records are read and decoded once.
+struct Collect;
+
+impl Gather for Collect {
+    type Part = Vec<DecisionRecord>;
+
+    fn part(&self) -> Vec<DecisionRecord> {
+        Vec::new()
+    }
+
+    fn record(&self, part: &mut Vec<DecisionRecord>, record: &DecisionRecord, _: &Path, _: u64) {
+        part.push(record.clone());
+    }
+
+    fn append(&self, into: &mut Vec<DecisionRecord>, next: Vec<DecisionRecord>, _: u64) {
+        into.extend(next);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::records::store::list_record_files;
     use crate::records::{InetDestination, UndecodedDestination, UnixDestination};
 
     fn attempt(destination: Option<Destination>) -> EgressAttempt {
@@ -366,6 +386,157 @@ mod tests {
 
     fn rule(s: &str) -> DestinationRule {
         s.parse().unwrap()
+    }
+
+    /// A run's workspace: the records of the fixture `observed` written by the record
+    /// writer into `records`, and a health bound to them at `health.json`, complete or not.
+    struct Run {
+        ws: tempfile::TempDir,
+        records: PathBuf,
+        health: PathBuf,
+    }
+
+    impl Run {
+        fn new(observed: &str, complete: bool) -> Run {
+            use crate::records::health::RecordsHealth;
+            use crate::records::{RecordWriter, WriterOptions};
+            let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+            let ws = tempfile::tempdir().unwrap();
+            let records = ws.path().join("records");
+            let w = RecordWriter::open(&records, WriterOptions::default()).unwrap();
+            let text = std::fs::read_to_string(fixtures.join("observed").join(observed)).unwrap();
+            for line in text.lines() {
+                w.commit_blocking(DecisionRecord::from_json_line(line.as_bytes()).unwrap())
+                    .unwrap();
+            }
+            w.close_blocking().unwrap();
+            let report = verify_records(&records, None).unwrap();
+            assert!(report.is_ok(), "{:?}", report.problems);
+            let name = if complete {
+                "health_complete.json"
+            } else {
+                "health_incomplete.json"
+            };
+            let mut h =
+                ToolObservationHealth::read_from(&fixtures.join("health").join(name)).unwrap();
+            h.records = RecordsHealth::from_verify(&report);
+            h.tool_calls_observed = Some(text.matches("\"event\":\"tool_call\"").count() as u64);
+            let health = ws.path().join("health.json");
+            h.write_to(&health).unwrap();
+            Run {
+                ws,
+                records,
+                health,
+            }
+        }
+
+        fn last_file(&self) -> PathBuf {
+            list_record_files(&self.records)
+                .unwrap()
+                .pop()
+                .unwrap()
+                .path
+        }
+
+        /// What the harness reads back, and the first check's verdict.
+        fn check(self, check: impl Fn(&Observation) -> Result<(), HarnessError>) -> String {
+            use std::os::unix::process::ExitStatusExt;
+            let observed = Observation::read(
+                std::process::ExitStatus::from_raw(0),
+                String::new(),
+                String::new(),
+                self.records,
+                self.health,
+                self.ws,
+            );
+            match observed.and_then(|o| check(&o)) {
+                Ok(()) => String::new(),
+                Err(e) => e.to_string(),
+            }
+        }
+    }
+
+    fn no_egress(o: &Observation) -> Result<(), HarnessError> {
+        o.check_no_egress()
+    }
+
+    fn only_nowhere(o: &Observation) -> Result<(), HarnessError> {
+        o.check_only_destinations(&["192.0.2.1:9"])
+    }
+
+    #[test]
+    fn verified_records_and_a_complete_health_pass_the_egress_checks() {
+        assert_eq!(
+            Run::new("allowed_declared.jsonl", true).check(no_egress),
+            ""
+        );
+        assert_eq!(
+            Run::new("allowed_declared.jsonl", true).check(only_nowhere),
+            ""
+        );
+        let egress = Run::new("network_egress.jsonl", true).check(no_egress);
+        assert!(egress.contains("expected no egress"), "{egress}");
+    }
+
+    #[test]
+    fn the_egress_checks_fail_on_a_torn_last_line_naming_the_file() {
+        for check in [no_egress, only_nowhere] {
+            let run = Run::new("allowed_declared.jsonl", true);
+            // An egress attempt cut mid-write: read loosely, it vanished, and "no egress"
+            // would pass on records that do not verify.
+            let egress = std::fs::read_to_string(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("fixtures/observed/network_egress.jsonl"),
+            )
+            .unwrap();
+            let file = run.last_file();
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&file)
+                .unwrap();
+            std::io::Write::write_all(&mut f, &egress.as_bytes()[..200]).unwrap();
+            let e = run.check(check);
+            assert!(e.contains(&file.display().to_string()), "{e}");
+            assert!(e.contains("torn"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_egress_checks_fail_on_a_broken_chain_naming_the_file() {
+        for check in [no_egress, only_nowhere] {
+            let run = Run::new("allowed_declared.jsonl", true);
+            let file = run.last_file();
+            let text = std::fs::read_to_string(&file).unwrap();
+            let mut lines: Vec<&str> = text.lines().collect();
+            lines.remove(1);
+            std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+            let e = run.check(check);
+            assert!(e.contains(&file.display().to_string()), "{e}");
+            assert!(e.contains("do not verify"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_egress_checks_fail_on_an_incomplete_health_naming_the_file() {
+        for check in [no_egress, only_nowhere] {
+            let run = Run::new("allowed_declared.jsonl", false);
+            let health = run.health.display().to_string();
+            let e = run.check(check);
+            assert!(e.contains(&health), "{e}");
+            assert!(e.contains("incomplete"), "{e}");
+        }
+    }
+
+    #[test]
+    fn read_records_refuses_records_that_do_not_verify() {
+        let run = Run::new("network_egress.jsonl", true);
+        assert_eq!(read_records(&run.records).unwrap().len(), 4);
+        let file = run.last_file();
+        let text = std::fs::read_to_string(&file).unwrap();
+        std::fs::write(&file, &text[..text.len() - 1]).unwrap();
+        let e = read_records(&run.records).unwrap_err().to_string();
+        assert!(e.contains(&file.display().to_string()), "{e}");
+        assert!(e.contains("torn"), "{e}");
     }
 
     #[test]
