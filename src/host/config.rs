@@ -512,13 +512,17 @@ impl HostConfig {
                 ));
             }
         }
+        // 4294967295 is "no change" to setresuid/setresgid: the executor would keep the
+        // broker's identity (root's, on a root host).
+        let usable = |id: u32| id != 0 && id != u32::MAX;
         let executor_identity = match (h.executor_uid, h.executor_gid) {
-            (Some(u), Some(g)) if u != 0 && g != 0 => Some((u, g)),
+            (Some(u), Some(g)) if usable(u) && usable(g) => Some((u, g)),
             (None, None) => None,
             _ => {
                 return Err(invalid(
                     "host.executor_uid".into(),
-                    "set both executor_uid and executor_gid, neither of them 0".into(),
+                    "set both executor_uid and executor_gid, neither of them 0 nor 4294967295"
+                        .into(),
                 ));
             }
         };
@@ -667,9 +671,18 @@ impl HostConfig {
             http.as_ref()
                 .is_some_and(|h| h.named_principals().any(|(_, p)| p == id))
         };
-        let mut principals = Vec::new();
+        let mut principals: Vec<PrincipalConfig> = Vec::new();
         let mut seen_uids = BTreeMap::new();
+        let mut seen_gids = BTreeMap::new();
         for (i, p) in raw.principal.into_iter().enumerate() {
+            // Rules, tools and HTTP identities are looked up by id: a second entry of one id
+            // would silently take the place of the first in some of them.
+            if principals.iter().any(|q| q.id == p.id) {
+                return Err(invalid(
+                    format!("principal[{i}].id"),
+                    format!("principal {} is configured twice", p.id),
+                ));
+            }
             if p.uids.is_empty() && p.gids.is_empty() && !named_by_http(&p.id) {
                 return Err(invalid(
                     format!("principal[{i}].uids"),
@@ -681,6 +694,16 @@ impl HostConfig {
                     return Err(invalid(
                         format!("principal[{i}].uids"),
                         format!("uid {uid} is already principal {other}"),
+                    ));
+                }
+            }
+            // A peer is mapped by its uid first, then by its gid: a gid of two principals
+            // would map every member to whichever is listed first.
+            for gid in &p.gids {
+                if let Some(other) = seen_gids.insert(*gid, p.id.clone()) {
+                    return Err(invalid(
+                        format!("principal[{i}].gids"),
+                        format!("gid {gid} is already principal {other}"),
                     ));
                 }
             }
@@ -1004,6 +1027,14 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         assert!(ok.servers[0].content_floor.is_some());
         let e = error(&MINIMAL.replace("[host]", "[host]\nexecutor_uid = 5"));
         assert!(e.contains("`host.executor_uid`"), "{e}");
+        // setresuid(-1) changes nothing: the executor would keep the broker's uid.
+        for (uid, gid) in [(4294967295u32, 5000u32), (5000, 4294967295), (0, 5000)] {
+            let e = error(&MINIMAL.replace(
+                "[host]",
+                &format!("[host]\nexecutor_uid = {uid}\nexecutor_gid = {gid}"),
+            ));
+            assert!(e.contains("`host.executor_uid`"), "{uid}/{gid}: {e}");
+        }
         for bad in ["0-10", "10-5", "x-5", "5", "1-4294967295"] {
             let e = error(
                 &MINIMAL.replace("[host]", &format!("[host]\nexecutor_uid_range = \"{bad}\"")),
@@ -1047,6 +1078,24 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
             "[[principal]]\nid = \"bob\"\nuids = [1000]\ntools = []\n\n[[principal]]",
         );
         assert!(error(&twice).contains("uid 1000 is already principal"));
+        let same_id = MINIMAL.replace(
+            "[[principal]]",
+            "[[principal]]\nid = \"alice\"\nuids = [1001]\ntools = []\n\n[[principal]]",
+        );
+        let e = error(&same_id);
+        assert!(
+            e.contains("`principal[1].id`") && e.contains("configured twice"),
+            "{e}"
+        );
+        let shared_gid = MINIMAL.replace(
+            "[[principal]]",
+            "[[principal]]\nid = \"ops\"\ngids = [100]\ntools = []\n\n[[principal]]\nid = \"guests\"\ngids = [100]\ntools = []\n\n[[principal]]",
+        );
+        assert!(
+            error(&shared_gid).contains("gid 100 is already principal ops"),
+            "{}",
+            error(&shared_gid)
+        );
         let server = &MINIMAL[MINIMAL.find("[[server]]").unwrap()..];
         let e = error(&format!("{MINIMAL}\n{server}"));
         assert!(

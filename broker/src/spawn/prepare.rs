@@ -199,9 +199,13 @@ pub(crate) fn prepare(
                 "the broker is privileged but no executor uid/gid is configured".into(),
             )
         })?;
-        if id.0 == 0 || id.1 == 0 {
+        // u32::MAX is "no change" to setresuid/setresgid: the executor would keep the
+        // broker's own identity.
+        if [id.0, id.1].iter().any(|&n| n == 0 || n == u32::MAX) {
             return Err(SpawnError::InvalidSpec(
-                "executors never run as uid or gid 0".into(),
+                "executors never run as uid or gid 0, nor 4294967295 (which would leave the \
+                 broker's own)"
+                    .into(),
             ));
         }
         Some(id)
