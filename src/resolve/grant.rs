@@ -188,8 +188,16 @@ fn check_body(body: &GrantBody) -> Result<(), GrantFormatError> {
     if body.issued_at >= body.expires_at {
         return bad("expires_at", "must be after issued_at");
     }
+    // A grant is read back strictly, where integers beyond 2^53 are refused: one signed
+    // with a later time could never be used.
+    if body.expires_at > MAX_EXACT_SECONDS {
+        return bad("expires_at", "must be at most 2^53 seconds after 1970");
+    }
     Ok(())
 }
+
+/// The latest time a grant may name (seconds since 1970): JSON integers are exact up to it.
+const MAX_EXACT_SECONDS: u64 = 1 << 53;
 
 impl SignedGrant {
     /// Signs `body` (checked first) with `key`.
@@ -447,6 +455,14 @@ mod tests {
         let mut id = body(10);
         id.grant_id = "has space".into();
         assert!(SignedGrant::sign(id, &key).is_err());
+        // Signed, it could never be read back: refused when signing.
+        let mut forever = body(10);
+        forever.expires_at = u64::MAX;
+        assert!(SignedGrant::sign(forever, &key).is_err());
+        let mut latest = body(10);
+        latest.expires_at = 1 << 53;
+        let signed = SignedGrant::sign(latest, &key).unwrap();
+        assert!(SignedGrant::from_value(&signed.to_value()).is_ok());
     }
 
     /// Arguments are bound exactly or not at all: past ±2^53 two integers share a canonical
