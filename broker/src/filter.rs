@@ -10,10 +10,11 @@
 //! | order | action | what |
 //! |---|---|---|
 //! | 0 | kill process | non-x86_64 arch; syscall number with the x32 bit |
-//! | 1 | EPERM | bypass classes (io_uring, ptrace, process_vm_*, userfaultfd, bpf, perf, unshare, setns, mount family, seccomp, prctl(PR_SET_SECCOMP), personality, keyctl, ...), namespace flags to clone, raw/packet IP sockets, terminal-injection ioctls, profile extras |
+//! | 0 | ENOSYS | a syscall number above the highest this program was written against |
+//! | 1 | EPERM | bypass classes (io_uring, ptrace, process_vm_*, userfaultfd, bpf, perf, unshare, setns, mount family, seccomp, prctl(PR_SET_SECCOMP), personality, keyctl, ...), namespace flags to clone, raw/packet IP sockets and IP protocols other than TCP, UDP and ICMP, IP options, extension headers and multicast membership, terminal-injection ioctls, profile extras |
 //! | 2 | EAFNOSUPPORT | socket families and netlink protocols the profile does not allow; socketpair other than AF_UNIX |
 //! | 3 | ENOSYS | clone3 (its flags sit behind a pointer; libc falls back to clone) |
-//! | 4 | user notification | connect, sendto with an address, sendmsg, sendmmsg, bind |
+//! | 4 | user notification | connect, sendto with an address, sendmsg, sendmmsg, bind, listen |
 //! | — | allow | everything else |
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -81,13 +82,70 @@ const BYPASS_DENY: &[i64] = &[
     libc::SYS_reboot,
     libc::SYS_acct,
     libc::SYS_quotactl,
+    libc::SYS_quotactl_fd,
+    SYS_OPEN_TREE_ATTR,
     libc::SYS_uselib,
     libc::SYS_vhangup,
 ];
 
+/// `open_tree_attr` (Linux 6.15, mount family), which the libc crate does not name yet.
+const SYS_OPEN_TREE_ATTR: i64 = 467;
+
+/// The highest syscall number this program was written against (`file_setattr`, Linux
+/// 6.17). A number above it is a syscall newer than the filter: refused with ENOSYS, as a
+/// kernel without it would answer, rather than allowed unreviewed.
+pub const HIGHEST_REVIEWED_SYSCALL: u32 = 469;
+
+/// The protocols an IP socket may be created with (0 picks the type's default): those whose
+/// every way to reach a peer goes through the syscalls the broker is notified of. SCTP, say,
+/// connects and binds through `setsockopt` (`SCTP_SOCKOPT_CONNECTX`, `..._BINDX_ADD`).
+pub const IP_PROTOCOLS_ALLOWED: &[(i32, &[i32])] = &[
+    (
+        libc::AF_INET,
+        &[0, libc::IPPROTO_TCP, libc::IPPROTO_UDP, libc::IPPROTO_ICMP],
+    ),
+    (
+        libc::AF_INET6,
+        &[
+            0,
+            libc::IPPROTO_TCP,
+            libc::IPPROTO_UDP,
+            libc::IPPROTO_ICMPV6,
+        ],
+    ),
+];
+
 /// Socket options refused with EPERM: IP options and IPv6 extension headers (hop-by-hop,
-/// destination options, routing headers, in both the RFC 3542 and RFC 2292 forms).
+/// destination options, routing headers, in both the RFC 3542 and RFC 2292 forms), and
+/// every multicast (and IPv6 anycast) membership change: joining or leaving a group makes
+/// the kernel send IGMP or MLD reports out of the host naming a group the executor chose,
+/// with no syscall the broker is notified of.
 pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
+    (libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP),
+    (libc::IPPROTO_IP, libc::IP_DROP_MEMBERSHIP),
+    (libc::IPPROTO_IP, libc::IP_UNBLOCK_SOURCE),
+    (libc::IPPROTO_IP, libc::IP_BLOCK_SOURCE),
+    (libc::IPPROTO_IP, libc::IP_ADD_SOURCE_MEMBERSHIP),
+    (libc::IPPROTO_IP, libc::IP_DROP_SOURCE_MEMBERSHIP),
+    (libc::IPPROTO_IP, libc::IP_MSFILTER),
+    (libc::IPPROTO_IP, libc::MCAST_JOIN_GROUP),
+    (libc::IPPROTO_IP, libc::MCAST_BLOCK_SOURCE),
+    (libc::IPPROTO_IP, libc::MCAST_UNBLOCK_SOURCE),
+    (libc::IPPROTO_IP, libc::MCAST_LEAVE_GROUP),
+    (libc::IPPROTO_IP, libc::MCAST_JOIN_SOURCE_GROUP),
+    (libc::IPPROTO_IP, libc::MCAST_LEAVE_SOURCE_GROUP),
+    (libc::IPPROTO_IP, libc::MCAST_MSFILTER),
+    (libc::IPPROTO_IPV6, libc::IPV6_ADD_MEMBERSHIP),
+    (libc::IPPROTO_IPV6, libc::IPV6_DROP_MEMBERSHIP),
+    (libc::IPPROTO_IPV6, libc::IPV6_JOIN_ANYCAST),
+    (libc::IPPROTO_IPV6, libc::IPV6_LEAVE_ANYCAST),
+    (libc::IPPROTO_IPV6, libc::MCAST_JOIN_GROUP),
+    (libc::IPPROTO_IPV6, libc::MCAST_BLOCK_SOURCE),
+    (libc::IPPROTO_IPV6, libc::MCAST_UNBLOCK_SOURCE),
+    (libc::IPPROTO_IPV6, libc::MCAST_LEAVE_GROUP),
+    (libc::IPPROTO_IPV6, libc::MCAST_JOIN_SOURCE_GROUP),
+    (libc::IPPROTO_IPV6, libc::MCAST_LEAVE_SOURCE_GROUP),
+    (libc::IPPROTO_IPV6, libc::MCAST_MSFILTER),
     (libc::IPPROTO_IP, libc::IP_OPTIONS),
     (libc::IPPROTO_IPV6, libc::IPV6_2292HOPOPTS),
     (libc::IPPROTO_IPV6, libc::IPV6_2292DSTOPTS),
@@ -147,6 +205,7 @@ const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_JMP_JA: u16 = 0x05;
 const BPF_JMP_JEQ_K: u16 = 0x15;
 const BPF_JMP_JGE_K: u16 = 0x35;
+const BPF_JMP_JGT_K: u16 = 0x25;
 const BPF_RET_K: u16 = 0x06;
 const SECCOMP_RET_TRACE: u32 = 0x7ff0_0000;
 
@@ -285,6 +344,13 @@ fn compile_program(inputs: &Inputs) -> Result<BpfProgram, FilterError> {
             cond(1, Dword, MaskedEq(type_mask), ty as u64)?,
         ])?);
     }
+    for (family, protocols) in IP_PROTOCOLS_ALLOWED {
+        let mut conditions = vec![cond(0, Dword, Eq, *family as u64)?];
+        for p in *protocols {
+            conditions.push(cond(2, Dword, Ne, *p as u64)?);
+        }
+        raw_socket_rules.push(rule(conditions)?);
+    }
     eperm.insert(libc::SYS_socket, raw_socket_rules);
     // IP options and IPv6 extension headers set on a socket travel with every packet the
     // broker later sends on it: an IPv6 routing header, which needs no privilege, would send
@@ -366,6 +432,8 @@ fn compile_program(inputs: &Inputs) -> Result<BpfProgram, FilterError> {
         stmt(BPF_LD_W_ABS, 0), // seccomp_data.nr
         jump(BPF_JMP_JGE_K, X32_SYSCALL_BIT, 0, 1),
         stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
+        jump(BPF_JMP_JGT_K, HIGHEST_REVIEWED_SYSCALL, 0, 1),
+        stmt(BPF_RET_K, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
     ];
     let count = segments.len();
     for (i, (rules, action)) in segments.into_iter().enumerate() {

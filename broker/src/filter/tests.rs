@@ -334,6 +334,115 @@ fn netlink_protocols_are_filtered() {
 }
 
 #[test]
+fn multicast_membership_cannot_be_changed() {
+    // A join sends IGMP/MLD reports naming a group the executor chose.
+    let p = prog("brokered");
+    let eperm = ERRNO | libc::EPERM as u32;
+    for (level, name) in [
+        (libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP),
+        (libc::IPPROTO_IP, libc::MCAST_JOIN_GROUP),
+        (libc::IPPROTO_IPV6, libc::IPV6_ADD_MEMBERSHIP),
+        (libc::IPPROTO_IPV6, libc::MCAST_JOIN_SOURCE_GROUP),
+    ] {
+        assert_eq!(
+            call(
+                &p,
+                libc::SYS_setsockopt,
+                [3, level as u64, name as u64, 0, 0, 0]
+            ),
+            eperm,
+            "level {level} option {name}"
+        );
+    }
+}
+
+#[test]
+fn ip_sockets_take_only_protocols_the_broker_sees_all_of() {
+    let p = prog("brokered");
+    let eperm = ERRNO | libc::EPERM as u32;
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        // SCTP connects through setsockopt; UDP-Lite and MPTCP are not needed.
+        for protocol in [libc::IPPROTO_SCTP, libc::IPPROTO_UDPLITE, 262] {
+            assert_eq!(
+                call(
+                    &p,
+                    libc::SYS_socket,
+                    [
+                        family as u64,
+                        libc::SOCK_STREAM as u64,
+                        protocol as u64,
+                        0,
+                        0,
+                        0
+                    ]
+                ),
+                eperm,
+                "family {family} protocol {protocol}"
+            );
+        }
+        for protocol in [0, libc::IPPROTO_TCP, libc::IPPROTO_UDP] {
+            assert_eq!(
+                call(
+                    &p,
+                    libc::SYS_socket,
+                    [
+                        family as u64,
+                        libc::SOCK_STREAM as u64,
+                        protocol as u64,
+                        0,
+                        0,
+                        0
+                    ]
+                ),
+                libc::SECCOMP_RET_ALLOW,
+                "family {family} protocol {protocol}"
+            );
+        }
+    }
+    let ping = |family: i32, protocol: i32| {
+        call(
+            &p,
+            libc::SYS_socket,
+            [
+                family as u64,
+                libc::SOCK_DGRAM as u64,
+                protocol as u64,
+                0,
+                0,
+                0,
+            ],
+        )
+    };
+    assert_eq!(
+        ping(libc::AF_INET, libc::IPPROTO_ICMP),
+        libc::SECCOMP_RET_ALLOW
+    );
+    assert_eq!(
+        ping(libc::AF_INET6, libc::IPPROTO_ICMPV6),
+        libc::SECCOMP_RET_ALLOW
+    );
+    // Unix sockets keep their own protocol numbering.
+    assert_eq!(
+        call(&p, libc::SYS_socket, [libc::AF_UNIX as u64, 1, 5, 0, 0, 0]),
+        libc::SECCOMP_RET_ALLOW
+    );
+}
+
+#[test]
+fn syscalls_newer_than_the_filter_are_refused() {
+    let p = prog("isolated");
+    let enosys = ERRNO | libc::ENOSYS as u32;
+    for nr in [HIGHEST_REVIEWED_SYSCALL as i64 + 1, 470, 511, 1000] {
+        assert_eq!(call(&p, nr, [0; 6]), enosys, "{nr}");
+    }
+    let eperm = ERRNO | libc::EPERM as u32;
+    // The newest of the mount and quota families are denied like their elders.
+    assert_eq!(call(&p, 467, [0; 6]), eperm);
+    assert_eq!(call(&p, libc::SYS_quotactl_fd, [0; 6]), eperm);
+    assert_eq!(call(&p, libc::SYS_mseal, [0; 6]), libc::SECCOMP_RET_ALLOW);
+}
+
+#[test]
 fn ordinary_syscalls_are_allowed() {
     let p = prog("isolated");
     for nr in [
