@@ -121,11 +121,23 @@ pub struct CanonicalError(#[from] serde_json::Error);
 /// Parses `text` as one JSON value, rejecting duplicate keys and integers beyond ±2^53,
 /// before anything is deserialized into a typed structure.
 pub fn parse_strict(text: &str) -> Result<Value, JsonError> {
+    parse_checked(text, true)
+}
+
+/// Parses `text` as one JSON value, rejecting duplicate keys (integers of any size are
+/// kept as they are): for JSON another program wrote, whose numbers flowhost never signs
+/// or hashes, but whose every key must mean one thing to every reader.
+pub fn parse_unique_keys(text: &str) -> Result<Value, JsonError> {
+    parse_checked(text, false)
+}
+
+fn parse_checked(text: &str, exact_integers: bool) -> Result<Value, JsonError> {
     let fault = Cell::new(None);
     let mut deserializer = serde_json::Deserializer::from_str(text);
     let seed = StrictValue {
         at: &Segment::Root,
         fault: &fault,
+        exact_integers,
     };
     let result = seed
         .deserialize(&mut deserializer)
@@ -188,6 +200,8 @@ impl Segment<'_> {
 struct StrictValue<'a> {
     at: &'a Segment<'a>,
     fault: &'a Cell<Option<Fault>>,
+    /// Whether integers beyond ±2^53 are refused.
+    exact_integers: bool,
 }
 
 impl StrictValue<'_> {
@@ -223,14 +237,14 @@ impl<'de> Visitor<'de> for StrictValue<'_> {
     // as 1152921504606847000), so such integers are refused. Integer tokens beyond 64 bits
     // already arrive as doubles, so the host and the signature see the same double.
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
-        if v.unsigned_abs() > MAX_EXACT_INTEGER {
+        if self.exact_integers && v.unsigned_abs() > MAX_EXACT_INTEGER {
             return Err(self.inexact(v.to_string()));
         }
         Ok(Value::from(v))
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
-        if v > MAX_EXACT_INTEGER {
+        if self.exact_integers && v > MAX_EXACT_INTEGER {
             return Err(self.inexact(v.to_string()));
         }
         Ok(Value::from(v))
@@ -262,6 +276,7 @@ impl<'de> Visitor<'de> for StrictValue<'_> {
             let seed = StrictValue {
                 at: &at,
                 fault: self.fault,
+                exact_integers: self.exact_integers,
             };
             match seq.next_element_seed(seed)? {
                 Some(item) => items.push(item),
@@ -284,6 +299,7 @@ impl<'de> Visitor<'de> for StrictValue<'_> {
             let value = map.next_value_seed(StrictValue {
                 at: &at,
                 fault: self.fault,
+                exact_integers: self.exact_integers,
             })?;
             object.insert(key, value);
         }

@@ -5,7 +5,7 @@
 //! * *flowhost records*: a directory, or a file or envelope in which any decision carries the
 //!   `flowhost` chain fields (`seq`, `prev_hash`). Its hash chain is verified first with
 //!   [`crate::records::chain`] (for a directory also its head anchor; an envelope is parsed
-//!   with [`crate::canonical::parse_strict`], so no key is repeated anywhere in it, and its
+//!   with [`crate::canonical::parse_unique_keys`], so no key is repeated anywhere in it, and its
 //!   decisions are decoded strictly and re-serialised as the writer serialises them; the judge
 //!   reads that same parsed value). Any break, gap, reorder, edit, torn line, or line that is
 //!   not a valid flowhost record *rejects* the source: it is not judged, and each problem is
@@ -600,7 +600,9 @@ fn read_envelope(file: &Path) -> Result<serde_json::Value, DiffError> {
             "not a valid {DECISION_SURFACE_SCHEMA} envelope: not UTF-8 ({e})"
         ))
     })?;
-    crate::canonical::parse_strict(text).map_err(|e| {
+    // Keys only: another producer's extensions may hold integers of any size, and a
+    // flowhost record holding one fails its own strict decoding (the chain check).
+    crate::canonical::parse_unique_keys(text).map_err(|e| {
         bad(match e {
             JsonError::DuplicateKey {
                 path,
@@ -608,17 +610,9 @@ fn read_envelope(file: &Path) -> Result<serde_json::Value, DiffError> {
                 line,
                 column,
             } => format!(
-                "{path}: the key {key:?} appears twice (line {line}, column {column}); readers keeping the first and the last value would judge different decisions, so the envelope is not judged: export the records again with `flowhost records export --surface`"
+                "{path}: the key {key:?} appears twice (line {line}, column {column}); readers keeping the first and the last value would judge different decisions, so the envelope is not judged: export flowhost records again with `flowhost records export --surface` (another producer's envelope must name each key once)"
             ),
-            JsonError::InexactInteger {
-                path,
-                number,
-                line,
-                column,
-            } => format!(
-                "{path}: the integer {number} is outside ±2^53 (line {line}, column {column}); no flowhost record holds one, and readers may round it differently: export the records again with `flowhost records export --surface`"
-            ),
-            JsonError::Syntax { .. } => {
+            JsonError::InexactInteger { .. } | JsonError::Syntax { .. } => {
                 format!("not a valid {DECISION_SURFACE_SCHEMA} envelope: {e}")
             }
         })

@@ -79,6 +79,26 @@ fn envelope_input_judges_like_the_stream() {
 }
 
 #[test]
+fn another_producers_envelope_may_hold_integers_of_any_size() {
+    // No flowhost chain fields, and an extension with a nanosecond timestamp: judged (and
+    // inconclusive without an observer's word), not refused as input.
+    let text = std::fs::read_to_string(fixture("observed/surface_allowed_declared.json")).unwrap();
+    let mut envelope: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for d in envelope["observed_tool_decisions"].as_array_mut().unwrap() {
+        d.as_object_mut().unwrap().remove("flowhost");
+        d["x_producer"] = serde_json::json!({"ts_ns": 0});
+    }
+    let text = serde_json::to_string(&envelope)
+        .unwrap()
+        .replace("\"ts_ns\":0", "\"ts_ns\":17330000000000000123");
+    let dir = tempfile::tempdir().unwrap();
+    let observed = dir.path().join("other.json");
+    std::fs::write(&observed, text).unwrap();
+    let r = diff(&declared("declared_prod_allowlist"), &observed, None).unwrap();
+    assert_eq!(r.observed_decisions, 3);
+}
+
+#[test]
 fn empty_declaration_makes_every_privileged_action_new() {
     let r = run("declared_empty", "observed/allowed_declared.jsonl");
     assert_eq!(
