@@ -354,6 +354,9 @@ impl Server {
                     if let Ok(mut book) = self.book.lock() {
                         book.remember(&q.name, &answer.addresses);
                     }
+                    if transport == "udp" && answer.bytes.len() > wire::udp_limit(&q) {
+                        return Some(wire::truncated_answer(&q));
+                    }
                     Some(answer.bytes)
                 }
                 Err(why) => {

@@ -3,8 +3,9 @@
 //! query itself, and the answer passed back with the addresses it hands out.
 //!
 //! Nothing the executor wrote reaches the upstream resolver but its one question: the
-//! upstream query is built anew (its own random id, no extra records, no EDNS options), so
-//! the bytes of a query carry no more out of the host than the name that was judged.
+//! upstream query is built anew from the judged name and type (its own random id, the name
+//! in lower case, recursion asked, a fixed EDNS payload size, no extra records or options),
+//! so a query carries no more out of the host than the name that was judged.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -94,21 +95,43 @@ pub fn question(bytes: &[u8]) -> Result<Question, WireError> {
     })
 }
 
-/// The query asked upstream for `q`, with id `id`: its question alone, recursion as the
-/// executor asked, and EDNS (a payload size, no options) only if the executor sent EDNS,
-/// so the answer fits what the executor said it accepts.
+/// The query asked upstream for `q`, with id `id`: the judged name (in lower case: the
+/// case of each letter as the executor wrote it would be bits of its choosing), the record
+/// type, recursion asked for, and EDNS with a fixed payload size (no options) if the
+/// executor sent EDNS. Nothing else of the executor's message goes out.
 pub fn upstream_query(q: &Question, id: u16) -> Result<Vec<u8>, String> {
+    let name = Name::from_ascii(format!("{}.", q.name.as_str()))
+        .map_err(|e| format!("cannot encode the name {}: {e}", q.name))?;
+    let mut query = Query::query(name, q.query.query_type());
+    query.set_query_class(DNSClass::IN);
     let mut m = Message::query();
     m.metadata.id = id;
-    m.metadata.recursion_desired = q.recursion_desired;
-    m.add_query(q.query.clone());
-    if let Some(payload) = q.edns_payload {
+    m.metadata.recursion_desired = true;
+    m.add_query(query);
+    if q.edns_payload.is_some() {
         let mut edns = Edns::new();
-        edns.set_max_payload(payload.clamp(512, MAX_UDP_PAYLOAD));
+        edns.set_max_payload(MAX_UDP_PAYLOAD);
         m.set_edns(edns);
     }
     m.to_vec()
         .map_err(|e| format!("cannot encode the upstream query: {e}"))
+}
+
+/// The most bytes an answer to `q` may have over UDP: the payload size the executor
+/// advertised with EDNS, else 512 (RFC 1035).
+pub fn udp_limit(q: &Question) -> usize {
+    usize::from(q.edns_payload.unwrap_or(512).max(512))
+}
+
+/// An empty answer to `q` with the TC bit set: the executor's resolver asks again over TCP
+/// (for an answer larger than it said it accepts over UDP).
+pub fn truncated_answer(q: &Question) -> Vec<u8> {
+    let mut m = Message::response(q.id, OpCode::Query);
+    m.metadata.recursion_desired = q.recursion_desired;
+    m.metadata.recursion_available = true;
+    m.metadata.truncation = true;
+    m.add_query(q.query.clone());
+    m.to_vec().unwrap_or_default()
 }
 
 /// An upstream answer as it is passed back to the executor.
@@ -134,7 +157,7 @@ pub fn answer(q: &Question, response: &[u8], id: u16) -> Result<Answer, String> 
     match msg.queries.as_slice() {
         [a] if same_name(a.name(), asked.name())
             && a.query_type() == asked.query_type()
-            && a.query_class() == asked.query_class() => {}
+            && a.query_class() == DNSClass::IN => {}
         _ => return Err("the upstream answer is for another question".into()),
     }
     let addresses = chain_addresses(&msg, asked.name());
@@ -310,7 +333,8 @@ pub(crate) mod tests {
         let q = question(&bytes).unwrap();
         let up = Message::from_vec(&upstream_query(&q, 1234).unwrap()).unwrap();
         assert_eq!(up.metadata.id, 1234);
-        assert_eq!(up.queries, vec![q.query.clone()]);
+        assert_eq!(up.queries.len(), 1);
+        assert_eq!(up.queries[0].name().to_ascii(), "a.test.");
         assert!(up.answers.is_empty() && up.authorities.is_empty());
         assert!(up.additionals.is_empty());
         let edns = up.edns.expect("the executor sent EDNS");
@@ -331,6 +355,31 @@ pub(crate) mod tests {
             question(&chaos.to_vec().unwrap()),
             Err(WireError::Unserved { .. })
         ));
+    }
+
+    #[test]
+    fn the_upstream_query_carries_no_bits_of_the_executors_choosing() {
+        // Letter case, recursion and the EDNS payload size are all the executor's to set:
+        // none of them reaches the upstream resolver.
+        let mut m = Message::from_vec(&query(1, "SeCrEt.A.TeSt.")).unwrap();
+        m.metadata.recursion_desired = false;
+        let mut edns = Edns::new();
+        edns.set_max_payload(777);
+        m.set_edns(edns);
+        let q = question(&m.to_vec().unwrap()).unwrap();
+        let up = Message::from_vec(&upstream_query(&q, 9).unwrap()).unwrap();
+        assert_eq!(up.queries[0].name().to_ascii(), "secret.a.test.");
+        assert!(up.metadata.recursion_desired);
+        assert_eq!(up.edns.map(|e| e.max_payload()), Some(MAX_UDP_PAYLOAD));
+        // The answer goes back with the executor's own question; over UDP, one larger than
+        // it accepts is replaced by a truncated one.
+        let got = answer(&q, &respond(&upstream_query(&q, 9).unwrap(), vec![]), 9).unwrap();
+        let back = Message::from_vec(&got.bytes).unwrap();
+        assert_eq!(back.queries, vec![q.query.clone()]);
+        assert_eq!(udp_limit(&q), 777);
+        let tc = Message::from_vec(&truncated_answer(&q)).unwrap();
+        assert!(tc.metadata.truncation && tc.answers.is_empty());
+        assert_eq!(tc.metadata.id, 1);
     }
 
     #[test]
