@@ -259,14 +259,13 @@ impl Caller<'_> {
 }
 
 /// Whether the kernel ignores the address a send on `sock` gives: a connected TCP socket
-/// sends to its peer whatever address it is given (a connected unix stream socket refuses
-/// one, so there is no destination but the peer either; a seqpacket socket drops it), so
-/// the peer is what the host decides and the record names.
+/// sends to its peer whatever address it is given, and a seqpacket socket drops it, so the
+/// peer is what the host decides and the record names. (A connected unix stream socket
+/// refuses an address with EISCONN, which the send then returns as the kernel would.)
 pub(super) fn ignores_address(sock: &TakenSocket) -> bool {
-    matches!(
-        sock.info.socket_type,
-        libc::SOCK_STREAM | libc::SOCK_SEQPACKET
-    ) && peer(sock).is_some()
+    let tcp = sock.info.socket_type == libc::SOCK_STREAM
+        && matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
+    (tcp || sock.info.socket_type == libc::SOCK_SEQPACKET) && peer(sock).is_some()
 }
 
 /// Whether `addr` (a raw IPv4 or IPv6 socket address) names a port below the host's

@@ -268,7 +268,7 @@ pub trait AttemptSink<C>: Send + Sync + 'static {
         name: Option<HostName>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>>;
 
-    /// Judges one host-name lookup of executor `pid` (recording a refusal), returning what
+    /// Judges one host-name lookup of executor `pid` (recording it either way), returning what
     /// it approved (`approved_under: None`: the lookup is refused).
     fn judge_lookup(
         &self,
@@ -723,16 +723,11 @@ impl<C: NamedCall> McpExecutor<C> {
     /// starts: log notifications are counted and dropped, requests refused, stale answers
     /// ignored. Nothing it said between calls is taken as the next call's output.
     async fn settle_idle(&mut self) -> Result<(), ExecutorError> {
-        let mut handled = 0;
+        // The reader refills the channel as it is drained, so an executor that keeps
+        // talking between calls keeps this loop going: the caller bounds it by the call's
+        // deadline, and requests, each answered with a write, are counted.
+        let mut answered = 0;
         while let Ok(line) = self.stdout.try_recv() {
-            // The reader refills the channel as it is drained: an executor that keeps
-            // talking between calls would hold the next call here for ever.
-            handled += 1;
-            if handled > MAX_IDLE_MESSAGES {
-                return Err(ExecutorError::Protocol(format!(
-                    "more than {MAX_IDLE_MESSAGES} messages sent between calls"
-                )));
-            }
             let bytes = match line {
                 Line::Message(bytes) => bytes,
                 // It exited between calls.
@@ -748,13 +743,19 @@ impl<C: NamedCall> McpExecutor<C> {
                     self.idle_log();
                 }
                 Ok(Incoming::Request { id, .. }) => {
+                    answered += 1;
+                    if answered > MAX_IDLE_REQUESTS {
+                        return Err(ExecutorError::Protocol(format!(
+                            "more than {MAX_IDLE_REQUESTS} requests sent between calls"
+                        )));
+                    }
                     let refusal = mcp::error_response(&id, &no_relay());
                     match tokio::time::timeout(IDLE_ANSWER_WRITE, self.send(&refusal)).await {
                         Ok(sent) => sent?,
                         Err(_) => {
                             return Err(ExecutorError::Protocol(format!(
-                                "it stopped reading its input for {IDLE_ANSWER_WRITE:?} while \
-                                 asking the host {handled} things between calls"
+                                "it stopped reading its input for {IDLE_ANSWER_WRITE:?} after \
+                                 sending {answered} requests between calls"
                             )));
                         }
                     }
@@ -803,9 +804,12 @@ impl<C: NamedCall> McpExecutor<C> {
         }
         // Answering what it asked while idle writes to it: an executor that stops reading
         // its input would block that write, so it is bounded by the call's deadline too.
+        let started = Instant::now();
         let mut result = match tokio::time::timeout(deadline, self.settle_idle()).await {
+            // One deadline for both: the call takes at most `deadline` in all.
             Ok(Ok(())) => {
-                self.request("tools/call", params, deadline, control, Some(relay))
+                let left = deadline.saturating_sub(started.elapsed());
+                self.request("tools/call", params, left, control, Some(relay))
                     .await
             }
             Ok(Err(e)) => Err(e),
@@ -982,9 +986,9 @@ async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt
     }
 }
 
-/// Most messages an executor's idle time may leave for the next call to handle; past it the
-/// executor is retired.
-const MAX_IDLE_MESSAGES: usize = 256;
+/// Most requests an executor may send between calls (each is refused with a write); past
+/// it the executor is retired.
+const MAX_IDLE_REQUESTS: usize = 256;
 
 /// Longest wait to refuse one request an executor sent between calls: one that does not
 /// read its input meanwhile is retired rather than holding the next call.

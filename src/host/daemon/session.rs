@@ -1170,7 +1170,6 @@ impl Executors<'_> {
         }
     }
 
-    /// Returns an executor to the session's idle ones.
     /// Lets the executor that answered last serve again once the labels of what it produced
     /// are stored (`durable`), or retires it.
     async fn release(&mut self, durable: bool) {
@@ -1185,6 +1184,7 @@ impl Executors<'_> {
         }
     }
 
+    /// Returns an executor to the session's idle ones (handed back if the lock is poisoned).
     fn give_back(&self, server: &str, bound: Bound) -> Option<Bound> {
         match self.session.executors.lock() {
             Ok(mut all) => {

@@ -5,9 +5,9 @@
 //! that a reply comes from the server it asked, a retry over TCP), its queries reach that
 //! address, and the answers come from it.
 //!
-//! Every query is judged ([`LookupJudge`]): a name no rule allows is answered NXDOMAIN (and
-//! recorded by the judge); an allowed one is asked of the host's upstream resolvers and the
-//! answer passed on. The addresses handed out are remembered per executor
+//! Every query is judged and recorded by the judge ([`LookupJudge`]): a name no rule allows
+//! is answered NXDOMAIN; an allowed one is asked of the host's upstream resolvers (once its
+//! record is durable) and the answer passed on. The addresses handed out are remembered per executor
 //! ([`ExecutorDns::name_of`]), so a later connect to one is judged against host-name rules,
 //! and its record carries the name. The sends that reach this resolver are the host talking
 //! to itself: they are allowed without an egress record (the lookup is what is judged).
@@ -86,7 +86,7 @@ pub struct Lookup {
     pub resolver: SocketAddr,
 }
 
-/// Decides a lookup (recording a refusal) and says whether it may be answered.
+/// Decides a lookup (recording it, answered or refused) and says whether it may be answered.
 pub type LookupJudge =
     Arc<dyn Fn(Lookup) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 

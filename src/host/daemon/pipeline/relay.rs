@@ -8,7 +8,8 @@
 //! gets (the tool's effective output floor, joined with what the classifier finds in the
 //! message), durable in the flow state before the message is queued for the client; the
 //! result's own raise later joins the same floor again. Log notifications go the same way,
-//! so a client sees them before the result, in order.
+//! so a client sees them before the result, in order; so do progress notifications (numbers
+//! the executor chooses): the floor is joined once, before the first goes out.
 //!
 //! Towards the tool, the answer must flow to the tool's clearances as the session stands
 //! when it arrives (another request of the session may have raised it meanwhile); its

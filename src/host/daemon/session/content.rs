@@ -156,8 +156,9 @@ impl Session {
     }
 
     /// `resources/subscribe` and `resources/unsubscribe` of a signed resource the principal
-    /// may read, forwarded to one of the session's executors of its server. Nothing is read,
-    /// so no label changes; a refusal is recorded.
+    /// may read, forwarded to one of the session's executors of its server. What the URI
+    /// carries joins the session's label and the request is recorded before the executor
+    /// sees it; nothing is read, so nothing more is labelled. A refusal is recorded.
     pub(super) async fn subscription(
         &self,
         method: &str,
