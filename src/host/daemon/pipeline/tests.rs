@@ -18,8 +18,64 @@ use crate::state::FlowStateStore;
 const ANALYST: u32 = 4001;
 const REVIEWER: u32 = 4002;
 
+/// The SQLite store whose raises can be made to fail from the test (as a PostgreSQL store's
+/// do while its server is unreachable): every other operation goes on working.
+#[derive(Debug)]
+struct Breakable {
+    inner: crate::state::SqliteStore,
+    broken: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl crate::state::StateBackend for Breakable {
+    fn get<'a>(
+        &'a self,
+        key: &'a crate::state::SessionKey,
+    ) -> crate::state::StateFuture<'a, crate::state::FlowState> {
+        crate::state::StateBackend::get(&self.inner, key)
+    }
+    fn raise<'a>(
+        &'a self,
+        key: &'a crate::state::SessionKey,
+        principal: &'a crate::label::InformationLabel,
+        session: &'a crate::label::InformationLabel,
+    ) -> crate::state::StateFuture<'a, crate::state::FlowState> {
+        if self.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(crate::state::StateError::Failed(
+                "broken by the test".into(),
+            ))));
+        }
+        crate::state::StateBackend::raise(&self.inner, key, principal, session)
+    }
+    fn forget_session<'a>(
+        &'a self,
+        key: &'a crate::state::SessionKey,
+    ) -> crate::state::StateFuture<'a, ()> {
+        crate::state::StateBackend::forget_session(&self.inner, key)
+    }
+    fn consume_grant<'a>(&'a self, id: &'a str, now: u64) -> crate::state::StateFuture<'a, bool> {
+        crate::state::StateBackend::consume_grant(&self.inner, id, now)
+    }
+    fn snapshot(&self) -> crate::state::StateFuture<'_, crate::state::StateSnapshot> {
+        crate::state::StateBackend::snapshot(&self.inner)
+    }
+    fn checkpoint(&self) -> crate::state::StateFuture<'_, Option<(u64, String)>> {
+        crate::state::StateBackend::checkpoint(&self.inner)
+    }
+    fn set_checkpoint<'a>(&'a self, seq: u64, hash: &'a str) -> crate::state::StateFuture<'a, ()> {
+        crate::state::StateBackend::set_checkpoint(&self.inner, seq, hash)
+    }
+    fn failure(&self) -> Option<String> {
+        crate::state::StateBackend::failure(&self.inner)
+    }
+    fn describe(&self) -> String {
+        crate::state::StateBackend::describe(&self.inner)
+    }
+}
+
 /// The host side of one test: configuration, registry, state and records on disk.
 struct Host {
+    /// Set: every raise of the flow state fails.
+    broken: Arc<std::sync::atomic::AtomicBool>,
     dir: tempfile::TempDir,
     config: HostConfig,
     registry: VerifiedRegistry,
@@ -98,7 +154,11 @@ impl Host {
             })
             .collect();
         std::fs::create_dir_all(dir.path().join("state")).unwrap();
-        let state = FlowStateStore::open(&dir.path().join("state/state.db")).unwrap();
+        let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let state = FlowStateStore::with_backend(Box::new(Breakable {
+            inner: crate::state::SqliteStore::open(&dir.path().join("state/state.db")).unwrap(),
+            broken: broken.clone(),
+        }));
         let resolver = FlowResolver::new(
             Classifier::new(config.classifiers.clone()),
             config.operator_input_floor.clone(),
@@ -107,6 +167,7 @@ impl Host {
         let records =
             RecordWriter::open(&dir.path().join("records"), WriterOptions::default()).unwrap();
         Host {
+            broken,
             dir,
             config,
             registry,
@@ -199,6 +260,36 @@ impl Dispatch for Scripted {
         self.answers
             .pop_front()
             .unwrap_or(Err(DispatchError::Failed("no scripted answer".into())))
+    }
+}
+
+/// An executor that answers once and keeps what the pipeline said when the call was
+/// settled; it may break the flow state while it answers.
+struct Settling {
+    answer: Option<Result<Value, DispatchError>>,
+    break_state: Option<Arc<std::sync::atomic::AtomicBool>>,
+    settled: Vec<bool>,
+}
+
+impl Dispatch for Settling {
+    async fn dispatch(
+        &mut self,
+        _server: &str,
+        _tool: &str,
+        _arguments: Value,
+        _call: CallInFlight,
+        _gate: &RelayGate<'_>,
+    ) -> Result<Value, DispatchError> {
+        if let Some(broken) = &self.break_state {
+            broken.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.answer
+            .take()
+            .unwrap_or(Err(DispatchError::Failed("answered once".into())))
+    }
+
+    async fn settled(&mut self, durable: bool) {
+        self.settled.push(durable);
     }
 }
 
@@ -808,5 +899,47 @@ async fn what_an_executor_sends_its_client_is_governed_as_the_calls_output() {
     );
     for r in &records {
         DecisionRecord::from_json_line(r.to_string().as_bytes()).unwrap();
+    }
+}
+
+/// The executor may serve again only once the labels of what it produced are stored: the
+/// dispatcher is told so after the raise, and told it is not when the raise failed.
+#[tokio::test]
+async fn the_dispatcher_learns_whether_the_output_was_labelled() {
+    let host = Host::new();
+    for (answer, breaks, labelled) in [
+        (text("two documents"), false, true),
+        (text("two documents"), true, false),
+        (
+            Err(DispatchError::Answered(RpcError::new(-32602, "bad folder"))),
+            true,
+            false,
+        ),
+        (Err(DispatchError::Cancelled("stop".into())), true, false),
+        (
+            Err(DispatchError::CancelledBeforeStart("stop".into())),
+            true,
+            true,
+        ),
+    ] {
+        host.broken
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let mut exec = Settling {
+            answer: Some(answer.clone()),
+            break_state: breaks.then(|| host.broken.clone()),
+            settled: Vec::new(),
+        };
+        let r = host
+            .call(
+                ANALYST,
+                call("workspace/list_documents", json!({})),
+                &mut exec,
+            )
+            .await;
+        assert_eq!(exec.settled, vec![labelled], "{answer:?}: {r:?}");
+        if !labelled {
+            let e = r.unwrap_err();
+            assert!(e.message.contains("could not be stored"), "{e:?}");
+        }
     }
 }
