@@ -223,7 +223,8 @@ struct FilesystemSection {
     landlock: LandlockMode,
     read_only: Vec<PathBuf>,
     read_write: Vec<PathBuf>,
-    #[serde(default)]
+    // Required: left out, it would mean the service's one /tmp shared by every executor, a
+    // channel between sessions that neither the broker nor the flow checks see.
     private_tmp: bool,
 }
 
@@ -502,6 +503,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`seccomp.extra_deny[0]`"), "{e}");
+        let e = with(|s| s.replace("private_tmp = true", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("t.toml") && e.contains("missing field `private_tmp`"),
+            "{e}"
+        );
         let e = with(|s| s.replace("read_only = [", "read_only = [\"relative/dir\", "))
             .unwrap_err()
             .to_string();
