@@ -353,19 +353,7 @@ async fn run<F: Forward>(
     };
 
     // Authorize.
-    env.recorder
-        .record(
-            EventKind::ContentRequest,
-            rec.facts(
-                Verdict::Authorized { rule: None },
-                FlowContext {
-                    source_label: Some(source.clone()),
-                    labels_after: Some(labels_after(&state)),
-                    ..FlowContext::default()
-                },
-            ),
-        )
-        .await?;
+    record_authorized(env, rec, &source, &state).await?;
 
     // Forward.
     let server = routed.route.server_id.clone();
@@ -445,6 +433,17 @@ pub async fn record_subscription(
         session: caller.session.to_string(),
         call_id: super::super::random_id(),
     };
+    record_authorized(env, &rec, source, state).await
+}
+
+/// Records, durably, that the content request `rec` names is sent to its executor under
+/// `source`, leaving `state`.
+async fn record_authorized(
+    env: &CallEnv<'_>,
+    rec: &ContentRecord,
+    source: &InformationLabel,
+    state: &FlowState,
+) -> Result<(), RpcError> {
     env.recorder
         .record(
             EventKind::ContentRequest,
