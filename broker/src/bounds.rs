@@ -10,7 +10,8 @@ use crate::uids::UidRange;
 pub enum Enforcement {
     /// Enforced, and by what.
     By(String),
-    /// Not enforced, and why (only in a `best_effort` profile; a `required` one is refused).
+    /// Not enforced, and why: a bound of a `best_effort` profile (a `required` one is
+    /// refused), or a part of Landlock the kernel lacks (which other layers cover).
     NotInForce(String),
 }
 
@@ -42,9 +43,10 @@ impl BoundsReport {
         cgroups: &CgroupSupport,
         shared: Option<(u32, u32)>,
         range: Option<UidRange>,
+        landlock_abi: i32,
     ) -> Self {
         let l = &profile.limits;
-        let mut bounds = Vec::new();
+        let mut bounds = landlock_bounds(landlock_abi);
         for c in Controller::ALL {
             let Some(v) = c.bound(l) else { continue };
             let value = match c {
@@ -120,7 +122,8 @@ impl BoundsReport {
         }
     }
 
-    /// The bounds not in force (the profile is `best_effort`).
+    /// The bounds not in force (the profile is `best_effort`, or a Landlock part the kernel
+    /// lacks, which other layers cover).
     pub fn not_in_force(&self) -> impl Iterator<Item = &Bound> {
         self.bounds
             .iter()
@@ -140,5 +143,68 @@ impl std::fmt::Display for BoundsReport {
             }
         }
         write!(f, "  identity: {}", self.identity)
+    }
+}
+
+/// What the executors' Landlock domain holds on a kernel of Landlock ABI `abi`: the file
+/// system rules from ABI 1, the TCP bind and connect rules from ABI 4, and the abstract unix
+/// socket and signal scopes from ABI 6. A part the kernel lacks is left out of the domain
+/// (the landlock crate's best-effort mode), so it is reported, with what still covers it.
+fn landlock_bounds(abi: i32) -> Vec<Bound> {
+    let part = |value: &str, from: i32, instead: &str| Bound {
+        field: "filesystem.landlock",
+        value: value.to_string(),
+        enforcement: if abi >= from {
+            Enforcement::By(format!("Landlock (ABI {abi})"))
+        } else if abi <= 0 {
+            Enforcement::NotInForce(format!("this kernel has no Landlock; {instead}"))
+        } else {
+            Enforcement::NotInForce(format!(
+                "needs Landlock ABI {from}, this kernel has {abi}; {instead}"
+            ))
+        },
+    };
+    vec![
+        part(
+            "file system access beyond the profile's paths",
+            1,
+            "the mount namespace and uid still confine it",
+        ),
+        part(
+            "TCP bind and connect by the executor itself",
+            4,
+            "the seccomp filter still hands both to the broker",
+        ),
+        part(
+            "abstract unix sockets and signals outside the executor",
+            6,
+            "the broker still decides abstract connects, and the executor's own uid and pid \
+             namespace still scope its signals",
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod landlock_tests {
+    use super::*;
+
+    #[test]
+    fn landlock_parts_the_kernel_lacks_are_reported_not_in_force() {
+        let held = |abi: i32| {
+            landlock_bounds(abi)
+                .iter()
+                .map(|b| matches!(b.enforcement, Enforcement::By(_)))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(held(6), [true, true, true]);
+        assert_eq!(held(7), [true, true, true]);
+        assert_eq!(held(4), [true, true, false]);
+        assert_eq!(held(3), [true, false, false]);
+        assert_eq!(held(0), [false, false, false]);
+        let scopes = &landlock_bounds(5)[2];
+        assert!(
+            matches!(&scopes.enforcement, Enforcement::NotInForce(why) if why.contains("ABI 6") && why.contains("has 5")),
+            "{scopes:?}"
+        );
     }
 }

@@ -368,6 +368,7 @@ impl Broker {
             &self.inner.cgroups,
             self.inner.identity,
             self.inner.uids.as_ref().map(|u| u.range()),
+            self.inner.support.landlock_abi,
         )
     }
 
