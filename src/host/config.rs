@@ -197,6 +197,11 @@ fn default_initialize_timeout() -> u64 {
 fn default_session_idle_timeout() -> u64 {
     3_600_000
 }
+/// The longest interval over which identical refusals are folded into one record.
+const MAX_FOLD_INTERVAL_MS: u64 = 3_600_000;
+/// The smallest record file size before rotation.
+const MIN_ROTATE_BYTES: u64 = 1024 * 1024;
+
 fn default_rotate() -> u64 {
     64 * 1024 * 1024
 }
@@ -499,6 +504,27 @@ impl HostConfig {
                 "refusal_fold_interval_ms and refusal_records_per_interval must be positive".into(),
             ));
         }
+        // Folded refusals are written when their interval ends: a longer one would keep them
+        // only in memory, lost with a crash, for that long.
+        if h.refusal_fold_interval_ms > MAX_FOLD_INTERVAL_MS {
+            return Err(invalid(
+                "host.refusal_fold_interval_ms".into(),
+                format!(
+                    "{} is out of range; use 1 to {MAX_FOLD_INTERVAL_MS} (milliseconds: an hour)",
+                    h.refusal_fold_interval_ms
+                ),
+            ));
+        }
+        if h.records_rotate_bytes < MIN_ROTATE_BYTES {
+            return Err(invalid(
+                "host.records_rotate_bytes".into(),
+                format!(
+                    "{} is below {MIN_ROTATE_BYTES} (1 MiB): a record file of a handful of records \
+                     each would multiply the files every reader and the diff must open",
+                    h.records_rotate_bytes
+                ),
+            ));
+        }
         for (key, ms) in [
             ("call_timeout_ms", h.call_timeout_ms),
             ("idle_timeout_ms", h.idle_timeout_ms),
@@ -728,6 +754,40 @@ impl HostConfig {
                 tools: p.tools,
                 destinations: p.destinations,
             });
+        }
+
+        // An executor running as a principal's uid or gid could connect to the socket and be
+        // taken for that principal.
+        for (i, p) in principals.iter().enumerate() {
+            let overlap = p.uids.iter().find(|&&u| match executor_identity {
+                Some((eu, _)) => u == eu,
+                None => u >= executor_uids.first && u <= executor_uids.last(),
+            });
+            if let Some(uid) = overlap {
+                return Err(invalid(
+                    format!("principal[{i}].uids"),
+                    format!(
+                        "uid {uid} is also one executors run as ({}): a principal's uid must be \
+                         none of theirs",
+                        match executor_identity {
+                            Some((u, g)) => format!("executor_uid {u}, executor_gid {g}"),
+                            None => format!("executor_uid_range {executor_uids}"),
+                        }
+                    ),
+                ));
+            }
+            let gid_overlap = p.gids.iter().find(|&&g| match executor_identity {
+                Some((_, eg)) => g == eg,
+                None => g >= executor_uids.first && g <= executor_uids.last(),
+            });
+            if let Some(gid) = gid_overlap {
+                return Err(invalid(
+                    format!("principal[{i}].gids"),
+                    format!(
+                        "gid {gid} is also one executors run as: a principal's gid must be none of theirs"
+                    ),
+                ));
+            }
         }
 
         if let Some(h) = &http {
@@ -1027,6 +1087,30 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         assert!(ok.servers[0].content_floor.is_some());
         let e = error(&MINIMAL.replace("[host]", "[host]\nexecutor_uid = 5"));
         assert!(e.contains("`host.executor_uid`"), "{e}");
+        // An executor must never be taken for a principal.
+        let e =
+            error(&MINIMAL.replace("[host]", "[host]\nexecutor_uid = 1000\nexecutor_gid = 5000"));
+        assert!(
+            e.contains("`principal[0].uids`")
+                && e.contains("uid 1000 is also one executors run as"),
+            "{e}"
+        );
+        let e = error(&MINIMAL.replace("[host]", "[host]\nexecutor_uid_range = \"900-1100\""));
+        assert!(e.contains("`principal[0].uids`"), "{e}");
+        let e = error(
+            &MINIMAL
+                .replace("uids = [1000]", "uids = [1000]\ngids = [70]")
+                .replace("[host]", "[host]\nexecutor_uid = 5000\nexecutor_gid = 70"),
+        );
+        assert!(e.contains("`principal[0].gids`"), "{e}");
+        // Records and refusal folding within sane bounds.
+        let e = error(&MINIMAL.replace("[host]", "[host]\nrecords_rotate_bytes = 0"));
+        assert!(e.contains("`host.records_rotate_bytes`"), "{e}");
+        let e = error(&MINIMAL.replace(
+            "[host]",
+            "[host]\nrefusal_fold_interval_ms = 18446744073709551615",
+        ));
+        assert!(e.contains("`host.refusal_fold_interval_ms`"), "{e}");
         // setresuid(-1) changes nothing: the executor would keep the broker's uid.
         for (uid, gid) in [(4294967295u32, 5000u32), (5000, 4294967295), (0, 5000)] {
             let e = error(&MINIMAL.replace(
