@@ -795,12 +795,22 @@ impl VerifiedRegistry {
         })
     }
 
-    /// Writes the registered envelopes as a JSON array to `path` (normally
-    /// `<state dir>/signed-manifests.json`), atomically: readers and crashes see the old
-    /// set or the new one, never a mix.
-    pub fn write_retained_set(&self, path: &Path) -> Result<(), FileError> {
+    /// Writes the retained set to `path` (normally `<state dir>/signed-manifests.json`) as a
+    /// JSON array ordered by server id, atomically: readers and crashes see the old set or the
+    /// new one, never a mix. It holds the registered envelopes, and for every server of
+    /// `earlier` (the set retained before) that is not registered now, its earlier envelope:
+    /// a server left out of one configuration keeps its version, so serving it again later
+    /// is still checked against the newest manifest it was ever served with.
+    pub fn write_retained_set(
+        &self,
+        path: &Path,
+        earlier: &[SignedManifest],
+    ) -> Result<(), FileError> {
+        let mut set: BTreeMap<&str, &SignedManifest> =
+            earlier.iter().map(|e| (e.body().server_id(), e)).collect();
+        set.extend(self.envelopes().map(|e| (e.body().server_id(), e)));
         let set = Value::Array(
-            self.envelopes()
+            set.into_values()
                 .map(SignedManifest::to_json_value)
                 .collect(),
         );

@@ -696,7 +696,7 @@ fn retained_set_round_trips_and_re_registers() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(RETAINED_SET_FILE);
-    registry.write_retained_set(&path).unwrap();
+    registry.write_retained_set(&path, &[]).unwrap();
     // A JSON array of envelopes, each with the body as signed.
     let raw: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let bodies: Vec<&str> = raw
@@ -718,7 +718,7 @@ fn retained_set_round_trips_and_re_registers() {
     }
     assert_eq!(again.len(), 2);
     // Rewriting replaces the file in place, leaving no temporary file.
-    again.write_retained_set(&path).unwrap();
+    again.write_retained_set(&path, &[]).unwrap();
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 
@@ -768,6 +768,34 @@ fn an_older_manifest_than_the_retained_one_is_a_rollback() {
         let text = e.to_string();
         assert!(text.contains("/state/signed-manifests.json"), "{text}");
     }
+
+    // A server left out of one configuration keeps its version in the set: served at
+    // 1.2.0, dropped, then offered at 1.1.0, it is still a rollback.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(RETAINED_SET_FILE);
+    let served = registry_of(vec![versioned("a-server", "1.2.0")]);
+    served.write_retained_set(&path, &[]).unwrap();
+    let without = registry_of(vec![versioned("b-server", "1.0.0")]);
+    let retained = load_retained_set(&path).unwrap();
+    without.write_retained_set(&path, &retained).unwrap();
+    let retained = load_retained_set(&path).unwrap();
+    let servers: Vec<_> = retained.iter().map(|e| e.body().server_id()).collect();
+    assert_eq!(servers, ["a-server", "b-server"]);
+    let back = registry_of(vec![versioned("a-server", "1.1.0")]);
+    let e = back.check_no_rollback(&retained, &path).unwrap_err();
+    assert_eq!(
+        (e.offered.as_str(), e.retained.as_str()),
+        ("1.1.0", "1.2.0")
+    );
+    // A registered server's entry is replaced by the manifest it is served with now.
+    let newer = registry_of(vec![versioned("a-server", "1.3.0")]);
+    newer.write_retained_set(&path, &retained).unwrap();
+    let versions: Vec<_> = load_retained_set(&path)
+        .unwrap()
+        .iter()
+        .map(|e| e.body().version().to_owned())
+        .collect();
+    assert_eq!(versions, ["1.3.0", "1.0.0"]);
 }
 
 #[test]

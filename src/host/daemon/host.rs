@@ -87,7 +87,7 @@ impl Host {
         }
         check_profiles(&self.broker, &profiles)?;
         super::startup::check_commands(&config, &profiles)?;
-        super::startup::check_no_rollback(&registry, &config.state_dir)?;
+        let retained = super::startup::check_no_rollback(&registry, &config.state_dir)?;
         let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
         let generation = build_generation(
             id,
@@ -104,6 +104,7 @@ impl Host {
                 .config
                 .state_dir
                 .join(crate::registry::RETAINED_SET_FILE),
+            &retained,
         )?;
         let old = {
             let mut g = match self.generation.write() {

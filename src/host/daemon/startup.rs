@@ -12,6 +12,7 @@ use tokio::net::UnixListener;
 
 use super::*;
 use crate::config::{BrokerMode, HostConfig, StateConfig, topology_of};
+use crate::manifest::SignedManifest;
 use crate::records::health::HealthProducer;
 use crate::records::{RecordWriter, ToolObservationHealth, WriterOptions};
 use crate::registry::{RETAINED_SET_FILE, RuntimeTopology, VerifiedRegistry};
@@ -187,18 +188,20 @@ impl StartupError {
 }
 
 /// Refuses `registry` if it would serve a server an older manifest than the set retained in
-/// `state_dir` (the manifests served last) holds for it. No retained set: nothing served
+/// `state_dir` (the newest manifest each server was served with) holds for it, and returns
+/// that set for [`VerifiedRegistry::write_retained_set`]. No retained set: nothing served
 /// before, nothing to compare.
 pub fn check_no_rollback(
     registry: &VerifiedRegistry,
     state_dir: &std::path::Path,
-) -> Result<(), StartupError> {
+) -> Result<Vec<SignedManifest>, StartupError> {
     let file = state_dir.join(RETAINED_SET_FILE);
     if !file.exists() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let retained = crate::registry::load_retained_set(&file)?;
-    Ok(registry.check_no_rollback(&retained, &file)?)
+    registry.check_no_rollback(&retained, &file)?;
+    Ok(retained)
 }
 
 /// Verifies and registers every configured manifest. Touches no state and spawns nothing.
@@ -562,8 +565,8 @@ impl Host {
         // Executors' resolv.conf files a previous run left behind (each belongs to an
         // executor of that run, all gone now).
         let _ = std::fs::remove_dir_all(config.state_dir.join("resolv"));
-        check_no_rollback(&registry, &config.state_dir)?;
-        registry.write_retained_set(&config.state_dir.join(RETAINED_SET_FILE))?;
+        let retained = check_no_rollback(&registry, &config.state_dir)?;
+        registry.write_retained_set(&config.state_dir.join(RETAINED_SET_FILE), &retained)?;
         let state = Arc::new(state);
         let records = RecordWriter::open(
             &config.records_dir,
