@@ -391,7 +391,7 @@ impl EventKind {
 }
 
 /// `flowhost.relay`: which request an executor sent its client, and which way it went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RelayFacts {
     /// The request.

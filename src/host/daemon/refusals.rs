@@ -2,11 +2,13 @@
 //! other principal out when the writer then fails closed) by repeating a refused request.
 //!
 //! Within one interval, the first refusal of a kind (same principal or unmapped peer, same
-//! event, reason and tool) is recorded as usual; identical ones after it are only counted,
-//! and one record with `flowhost.folded: {count, first_at, last_at}` stands for them when
-//! the interval closes. Each principal (or unmapped peer) also has a budget of refusal records
-//! per interval; past it, all its refusals fold into one record per interval. What a client
-//! is told never changes: every refusal is still refused, with its reason.
+//! event, reason, server and tool, and for a relay the same request and direction) is
+//! recorded as usual; identical ones after it are only counted, and one record with
+//! `flowhost.folded: {count, first_at, last_at}` stands for them when the interval closes.
+//! Each principal (or unmapped peer) also has a budget of refusal records per interval; past
+//! it, its refusals fold into one record per event, reason and relay request per interval,
+//! which names no server, tool, call or session, since it stands for many. What a client is
+//! told never changes: every refusal is still refused, with its reason.
 //!
 //! A crash loses the counts of the interval in progress (never a decision: folded refusals
 //! had no effect to record before).
@@ -16,7 +18,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::decision::Denial;
-use crate::records::{DecisionRecord, EventKind, Folded, ToolCallFacts, now_rfc3339};
+use crate::records::{
+    Correlation, DecisionRecord, EventKind, Folded, Projection, RelayFacts, ServerInfo,
+    ToolCallFacts, now_rfc3339,
+};
 
 /// Who a refusal is charged to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -25,13 +30,15 @@ enum Holder {
     Peer(u32),
 }
 
-/// What makes two refusals identical. `tool` is `None` for the over-budget fold.
+/// What makes two refusals identical. `tool` (server id and tool name) is `None` for the
+/// over-budget fold.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct FoldKey {
     holder: Holder,
     event: EventKind,
     denial: Option<Denial>,
-    tool: Option<String>,
+    relay: Option<RelayFacts>,
+    tool: Option<(String, String)>,
 }
 
 /// Refusals counted but not yet recorded.
@@ -103,11 +110,13 @@ impl RefusalFolder {
             (None, None) => return Admit::Record,
         };
         let denial = facts.verdict.denial();
+        let relay = facts.context.relay;
         let key = FoldKey {
             holder: holder.clone(),
             event,
             denial,
-            tool: Some(facts.tool_name.clone()),
+            relay,
+            tool: Some((facts.server.id.clone(), facts.tool_name.clone())),
         };
         // A poisoned lock: record (the safe side is more evidence, not less).
         let Ok(mut w) = self.window.lock() else {
@@ -126,6 +135,7 @@ impl RefusalFolder {
                 holder,
                 event,
                 denial,
+                relay,
                 tool: None,
             }
         };
@@ -136,10 +146,11 @@ impl RefusalFolder {
                 f.last_at = now;
             }
             None => {
-                let mut facts = facts.clone();
-                if key.tool.is_none() {
-                    facts.tool_name = "(refusals over the per-interval budget)".to_string();
-                }
+                let facts = if key.tool.is_none() {
+                    over_budget(facts)
+                } else {
+                    facts.clone()
+                };
                 w.folds.insert(
                     key,
                     Fold {
@@ -181,10 +192,30 @@ impl RefusalFolder {
     }
 }
 
+/// The facts of an over-budget fold: what all its refusals share (holder, verdict, event,
+/// relay request), and nothing of the first one's call, which the others did not share.
+fn over_budget(first: &ToolCallFacts) -> ToolCallFacts {
+    let c = &first.context;
+    ToolCallFacts {
+        server: ServerInfo::mcp("(various)", None),
+        tool_name: "(refusals over the per-interval budget)".to_string(),
+        projection: Projection::unknown_tool(),
+        verdict: first.verdict.clone(),
+        credential_alias: None,
+        correlation: Correlation::none(),
+        context: crate::records::FlowContext {
+            principal: c.principal.clone(),
+            peer: c.peer,
+            relay: c.relay,
+            ..Default::default()
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::{Correlation, FlowContext, PeerIdentity, Projection, ServerInfo, Verdict};
+    use crate::records::{FlowContext, PeerIdentity, RelayDirection, RelayMethod, Verdict};
 
     fn refusal(principal: Option<&str>, tool: &str) -> ToolCallFacts {
         ToolCallFacts {
@@ -248,5 +279,58 @@ mod tests {
         );
         // A new interval starts afresh.
         assert_eq!(f.admit(call, &refusal(Some("a"), "x")), Admit::Record);
+    }
+
+    #[test]
+    fn refusals_of_other_relay_requests_or_servers_are_not_identical() {
+        let f = RefusalFolder::new(Duration::from_secs(3600), 4);
+        let relay = |method| {
+            let mut r = refusal(Some("a"), "x");
+            r.context.relay = Some(RelayFacts {
+                method,
+                direction: RelayDirection::ToClient,
+            });
+            r
+        };
+        let relay_event = EventKind::Relay;
+        assert_eq!(
+            f.admit(relay_event, &relay(RelayMethod::Sampling)),
+            Admit::Record
+        );
+        assert_eq!(
+            f.admit(relay_event, &relay(RelayMethod::Elicitation)),
+            Admit::Record
+        );
+        assert_eq!(
+            f.admit(relay_event, &relay(RelayMethod::Sampling)),
+            Admit::Folded
+        );
+        let mut elsewhere = refusal(Some("a"), "x");
+        elsewhere.server = ServerInfo::mcp("other-server", None);
+        assert_eq!(
+            f.admit(EventKind::ToolCall, &refusal(Some("a"), "x")),
+            Admit::Record
+        );
+        assert_eq!(f.admit(EventKind::ToolCall, &elsewhere), Admit::Record);
+        // Over budget: one fold per relay request, naming no call of any of them.
+        for i in 0..3 {
+            let mut r = relay(RelayMethod::Elicitation);
+            r.context.call_id = Some(format!("call-{i}"));
+            r.context.session = Some("s".into());
+            r.tool_name = format!("t{i}");
+            assert_eq!(f.admit(relay_event, &r), Admit::Folded);
+        }
+        let mut folds = f.take_due(true);
+        folds.sort_by_key(|r| r.flowhost.folded.as_ref().unwrap().count);
+        let budget = folds.last().unwrap();
+        assert_eq!(budget.flowhost.folded.as_ref().unwrap().count, 3);
+        assert_eq!(budget.tool.name, "(refusals over the per-interval budget)");
+        assert_eq!(budget.server.id, "(various)");
+        assert_eq!(budget.flowhost.call_id, None);
+        assert_eq!(budget.flowhost.session, None);
+        assert_eq!(
+            budget.flowhost.relay.map(|r| r.method),
+            Some(RelayMethod::Elicitation)
+        );
     }
 }
