@@ -328,6 +328,49 @@ fn a_call_that_ends_abandons_what_it_relayed() {
     );
 }
 
+/// A client that hangs up while a relayed request awaits its answer ends the call: the
+/// relay's allow is followed by the call's outcome, cancelled, so the records never show a
+/// request as relayed by a call that seems still open.
+#[test]
+fn a_request_whose_client_hangs_up_ends_its_call_in_the_records() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({"elicitation": {}}));
+    call(&mut c, 2, "test_elicitation", json!({"message": "wait"}));
+    let asked = c.read();
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    drop(c);
+    let of_the_call = |lab: &Lab| -> Vec<(String, String, String)> {
+        let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        lab.records()
+            .iter()
+            .filter(|r| r["tool"]["name"] == "test_elicitation")
+            .map(|r| {
+                (
+                    s(&r["flowhost"]["event"]),
+                    s(&r["decision"]["effect"]),
+                    s(&r["response"]["status"]),
+                )
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while of_the_call(&lab).len() < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    lab.stop();
+    let want = |e: &str, d: &str, s: &str| (e.to_string(), d.to_string(), s.to_string());
+    assert_eq!(
+        of_the_call(&lab),
+        [
+            want("tool_call", "allow", "authorized"),
+            want("relay", "allow", "authorized"),
+            want("tool_outcome", "error", "cancelled"),
+        ]
+    );
+}
+
 /// The `notifications/resources/updated` of `uri` that arrive while the client pings the
 /// host `rounds` times (request ids from `first_id`), with what else came.
 fn updates_while_pinging(c: &mut Client, first_id: u64, rounds: u64, uri: &str) -> usize {

@@ -165,6 +165,15 @@ pub struct CallRelay<'a> {
 }
 
 impl CallRelay<'_> {
+    /// Records that a request whose allow is recorded got no answer because the session's
+    /// client went away; the error is the executor's answer.
+    async fn client_gone(&self, kind: RelayMethod) -> RpcError {
+        match self.gate.undelivered(kind).await {
+            Ok(()) => RpcError::new(code::INTERNAL_ERROR, "the client is gone"),
+            Err(e) => e,
+        }
+    }
+
     async fn relay(&self, method: String, params: Value) -> RelayAnswer {
         // A ping needs no client: the host is the executor's peer.
         if method == "ping" {
@@ -183,15 +192,19 @@ impl CallRelay<'_> {
         self.gate
             .to_client(kind, &params, self.capabilities.offers(kind), already)
             .await?;
-        let session_gone = || RpcError::new(code::INTERNAL_ERROR, "the client is gone");
-        let mut awaiting = self.pending.open(self.out).ok_or_else(session_gone)?;
+        // From here on the allow is recorded: every way the request can fail to reach the
+        // client, or its answer to come back, is recorded too.
+        let Some(mut awaiting) = self.pending.open(self.out) else {
+            return Err(self.client_gone(kind).await);
+        };
         let line = json!({"jsonrpc": "2.0", "id": awaiting.id, "method": method, "params": params});
         if !self.out.send(line.to_string()).await {
-            return Err(session_gone());
+            return Err(self.client_gone(kind).await);
         }
-        let answer = match awaiting.answer().await.ok_or_else(session_gone)? {
-            Answer::Client(answer) => answer,
-            Answer::Undelivered(why) => {
+        let answer = match awaiting.answer().await {
+            None => return Err(self.client_gone(kind).await),
+            Some(Answer::Client(answer)) => answer,
+            Some(Answer::Undelivered(why)) => {
                 self.gate.undelivered(kind).await?;
                 return Err(RpcError::new(
                     code::METHOD_NOT_FOUND,
