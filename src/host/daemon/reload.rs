@@ -54,8 +54,9 @@ pub enum ReloadError {
     },
     /// No verdict arrived in time; the reload is treated as failed.
     #[error(
-        "no verdict from the daemon (pid {pid}) in {path} within {timeout:?}; treating the \
-         reload as failed (the journal says what the daemon did)"
+        "no verdict from the daemon (pid {pid}) in {path} within {timeout:?}{}; treating the \
+         reload as failed (the journal says what the daemon did)",
+        unreadable.as_ref().map(|why| format!(" (the file could not be read: {why})")).unwrap_or_default()
     )]
     Timeout {
         /// The daemon's pid.
@@ -64,6 +65,9 @@ pub enum ReloadError {
         path: PathBuf,
         /// How long it waited.
         timeout: Duration,
+        /// Why the file, when it was there, could not be read or parsed, last time it was
+        /// tried.
+        unreadable: Option<String>,
     },
 }
 
@@ -84,10 +88,17 @@ impl ReloadVerdict {
         crate::files::write_atomic(&state_dir.join(VERDICT_FILE), text.as_bytes(), 0o600)
     }
 
-    /// The verdict in `state_dir`, if there is a readable one.
-    pub fn read(state_dir: &Path) -> Option<ReloadVerdict> {
-        let text = std::fs::read_to_string(state_dir.join(VERDICT_FILE)).ok()?;
-        serde_json::from_str(&text).ok()
+    /// The verdict in `state_dir`: `None` when there is none yet, an error (in words) when
+    /// the file is there but cannot be read or is not a verdict.
+    pub fn read(state_dir: &Path) -> Result<Option<ReloadVerdict>, String> {
+        let text = match std::fs::read_to_string(state_dir.join(VERDICT_FILE)) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| format!("not a verdict: {e}"))
     }
 }
 
@@ -103,12 +114,13 @@ pub fn request(
     kill(daemon, Signal::SIGHUP).map_err(|source| ReloadError::Signal { pid, source })?;
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(v) = ReloadVerdict::read(state_dir)
-            && i64::from(v.pid) == i64::from(pid)
-            && v.started_usec >= since
-        {
-            return Ok(v);
-        }
+        let unreadable = match ReloadVerdict::read(state_dir) {
+            Ok(Some(v)) if i64::from(v.pid) == i64::from(pid) && v.started_usec >= since => {
+                return Ok(v);
+            }
+            Ok(_) => None,
+            Err(why) => Some(why),
+        };
         if kill(daemon, None) == Err(nix::Error::ESRCH) {
             return Err(ReloadError::Gone { pid });
         }
@@ -117,6 +129,7 @@ pub fn request(
                 pid,
                 path: state_dir.join(VERDICT_FILE),
                 timeout,
+                unreadable,
             });
         }
         std::thread::sleep(Duration::from_millis(25));
@@ -130,7 +143,7 @@ mod tests {
     #[test]
     fn a_verdict_round_trips_and_a_stale_one_is_not_taken() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(ReloadVerdict::read(dir.path()), None);
+        assert_eq!(ReloadVerdict::read(dir.path()), Ok(None));
         let me = std::process::id();
         let v = ReloadVerdict {
             pid: me,
@@ -140,7 +153,7 @@ mod tests {
             message: "refused".into(),
         };
         v.write(dir.path()).unwrap();
-        assert_eq!(ReloadVerdict::read(dir.path()), Some(v));
+        assert_eq!(ReloadVerdict::read(dir.path()), Ok(Some(v)));
         // A verdict from before the request by a process that never reloads (it ignores
         // SIGHUP): the wait does not take the stale verdict and fails closed on its deadline.
         let mut child = std::process::Command::new("sh")
@@ -161,5 +174,19 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         assert!(matches!(err, ReloadError::Timeout { .. }), "{err}");
+        assert!(!err.to_string().contains("could not be read"), "{err}");
+
+        // A verdict file that is not a verdict: the timeout says so.
+        std::fs::write(dir.path().join(VERDICT_FILE), "{\"pid\": 1").unwrap();
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "trap '' HUP; sleep 30"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let err = request(child.id() as i32, dir.path(), Duration::from_millis(300)).unwrap_err();
+        let _ = child.kill();
+        let _ = child.wait();
+        let text = err.to_string();
+        assert!(text.contains("could not be read: not a verdict"), "{text}");
     }
 }
