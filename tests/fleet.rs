@@ -619,3 +619,30 @@ async fn with_a_ca_file_the_connection_is_tls_and_the_server_is_authenticated() 
     assert!(ssl, "flowhost's connection is not TLS");
     drop(store);
 }
+
+/// What root writes for the lab's server (the URL and password files) sits where the
+/// server's user cannot replace it; the server's own files are in a directory it owns, and
+/// the password initdb read is gone.
+#[test]
+fn the_lab_servers_secrets_are_roots_and_its_files_the_servers() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Some(pg) = postgres() else {
+        return;
+    };
+    let meta = |p: &std::path::Path| std::fs::symlink_metadata(p).unwrap();
+    let top = meta(pg.dir());
+    assert_eq!((top.uid(), top.permissions().mode() & 0o777), (0, 0o755));
+    for secret in [&pg.url_file, &pg.password_file] {
+        let m = meta(secret);
+        assert_eq!(secret.parent(), Some(pg.dir()));
+        assert_eq!((m.uid(), m.permissions().mode() & 0o777), (0, 0o600));
+    }
+    assert!(!pg.dir().join("initdb-password").exists());
+    let server = meta(&pg.dir().join("server"));
+    assert_eq!(
+        (server.uid(), server.permissions().mode() & 0o777),
+        (65534, 0o700)
+    );
+    let password = std::fs::read_to_string(&pg.password_file).unwrap();
+    assert_eq!(password.trim().len(), 48, "24 random bytes, in hex");
+}

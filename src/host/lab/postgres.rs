@@ -1,10 +1,16 @@
 //! A throwaway PostgreSQL server for the fleet tests and the benchmarks: Debian's
 //! `postgresql` binaries, a fresh data directory in a temporary directory, listening on
 //! 127.0.0.1 only, run as the unprivileged `nobody` (the server refuses root), password
-//! authentication (SCRAM) with the password in a file. Stopped (immediately) when dropped.
+//! authentication (SCRAM) with a random password in a file. Stopped (immediately) when
+//! dropped.
+//!
+//! The temporary directory stays root's: what root writes (the URL, the password, the TLS
+//! files) is created there, never following a link, so the server's user cannot redirect
+//! those writes. The server's own files (data, socket, log) are in a subdirectory it owns.
 
+use std::io::Write;
 use std::net::TcpListener;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -91,18 +97,23 @@ impl Postgres {
         }
         let bin = binaries().ok_or(LabPostgresError::NotInstalled)?;
         let dir = tempfile::tempdir().map_err(io("creating a temporary directory"))?;
-        std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY))
-            .map_err(io(format!("chown {}", dir.path().display())))?;
-        let password = format!(
-            "pw-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        );
+        // Traversable by the server's user, writable by root alone.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .map_err(io(format!("chmod {}", dir.path().display())))?;
+        let server = dir.path().join("server");
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&server)
+            .map_err(io(format!("creating {}", server.display())))?;
+        std::os::unix::fs::chown(&server, Some(NOBODY), Some(NOBODY))
+            .map_err(io(format!("chown {}", server.display())))?;
+        let mut random = [0u8; 24];
+        rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut random);
+        let password: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        // initdb, running as the server's user, reads the password from a file; it is
+        // removed as soon as initdb is done.
         let pwfile = dir.path().join("initdb-password");
-        write(&pwfile, &password, 0o644)?;
+        create(&pwfile, &password, 0o400, Some(NOBODY))?;
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(io("choosing a loopback port"))?
@@ -115,7 +126,7 @@ impl Postgres {
             port,
             extra: String::new(),
         };
-        pg.run(
+        let initdb = pg.run(
             "initdb",
             pg.as_nobody("initdb")
                 .arg("-D")
@@ -129,19 +140,27 @@ impl Postgres {
                     "UTF8",
                 ])
                 .arg(format!("--pwfile={}", pwfile.display())),
-        )?;
-        write(
+        );
+        std::fs::remove_file(&pwfile).map_err(io(format!("removing {}", pwfile.display())))?;
+        initdb?;
+        create(
             &pg.url_file,
             &format!("postgresql://{ROLE}@127.0.0.1:{port}/postgres\n"),
             0o600,
+            None,
         )?;
-        write(&pg.password_file, &format!("{password}\n"), 0o600)?;
+        create(&pg.password_file, &format!("{password}\n"), 0o600, None)?;
         pg.resume()?;
         Ok(pg)
     }
 
+    /// The server's own directory (owned by its user).
+    fn server(&self) -> PathBuf {
+        self.dir.path().join("server")
+    }
+
     fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.server().join("data")
     }
 
     fn as_nobody(&self, tool: &str) -> Command {
@@ -153,7 +172,7 @@ impl Postgres {
             "--",
         ])
         .arg(self.bin.join(tool))
-        .current_dir(self.dir.path());
+        .current_dir(self.server());
         c
     }
 
@@ -189,10 +208,10 @@ impl Postgres {
             "-c listen_addresses=127.0.0.1 -p {} -c unix_socket_directories={} \
              -c max_connections=60 -c shared_buffers=16MB{}",
             self.port,
-            self.dir.path().display(),
+            self.server().display(),
             self.extra
         );
-        let log = self.dir.path().join("server.log");
+        let log = self.server().join("server.log");
         self.pg_ctl(&[
             "-l",
             &log.display().to_string(),
@@ -218,12 +237,10 @@ impl Postgres {
             self.dir.path().join("server.crt"),
             self.dir.path().join("server.key"),
         );
-        for (from, to, mode) in [(cert, &c, 0o644), (key, &k, 0o600)] {
-            std::fs::copy(from, to).map_err(io(format!("copying {}", from.display())))?;
-            std::os::unix::fs::chown(to, Some(NOBODY), Some(NOBODY))
-                .map_err(io(format!("chown {}", to.display())))?;
-            std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))
-                .map_err(io(format!("chmod {}", to.display())))?;
+        for (from, to, mode) in [(cert, &c, 0o444), (key, &k, 0o400)] {
+            let text =
+                std::fs::read_to_string(from).map_err(io(format!("reading {}", from.display())))?;
+            create(to, &text, mode, Some(NOBODY))?;
         }
         self.extra = format!(
             " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
@@ -262,10 +279,23 @@ impl Postgres {
     }
 }
 
-fn write(path: &Path, text: &str, mode: u32) -> Result<(), LabPostgresError> {
-    std::fs::write(path, text).map_err(io(format!("writing {}", path.display())))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(io(format!("chmod {}", path.display())))
+/// Creates `path` (which must not exist yet, not even as a link) holding `text`, with `mode`
+/// and, if given, owned by `owner`; the mode and owner are set on the open file.
+fn create(path: &Path, text: &str, mode: u32, owner: Option<u32>) -> Result<(), LabPostgresError> {
+    let what = || format!("writing {}", path.display());
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io(what()))?;
+    file.write_all(text.as_bytes()).map_err(io(what()))?;
+    if let Some(uid) = owner {
+        std::os::unix::fs::fchown(&file, Some(uid), Some(uid)).map_err(io(what()))?;
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(io(what()))
 }
 
 impl Drop for Postgres {
