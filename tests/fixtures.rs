@@ -267,11 +267,13 @@ fn observed_fixtures_are_current_flowhost_records() {
     );
 
     let mut envelope = Vec::new();
-    write_surface_envelope(
+    let verified = flowhost::records::chain::verify_records(
         &root().join("observed/allowed_declared.jsonl"),
-        &mut envelope,
+        None,
     )
     .unwrap();
+    assert!(verified.is_ok());
+    write_surface_envelope(&verified, &mut envelope).unwrap();
     check_or_write("observed/surface_allowed_declared.json", &envelope);
 }
 

@@ -1,6 +1,6 @@
 //! `flowhost records`: export the observed surface, verify the chain, replay the ring.
 
-use std::io::Write;
+use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -66,20 +66,31 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
             match out {
                 Some(path) => {
                     let mut result = Ok(0);
-                    write_atomic_with(&path, 0o644, |w| {
-                        result = write_surface_envelope(&records, w);
+                    let written = write_atomic_with(&path, 0o644, |w| {
+                        result = write_surface_envelope(&report, w);
                         result
                             .as_ref()
                             .map(|_| ())
                             .map_err(|e| std::io::Error::other(e.to_string()))
-                    })?;
+                    });
+                    // The export's own error names the record file; the output file's
+                    // error only says the output was left as it was.
                     let n = result?;
+                    written?;
                     eprintln!("wrote {n} decisions to {}", path.display());
                 }
                 None => {
+                    // Written whole to a temporary file first: stdout gets the envelope
+                    // complete, or nothing.
+                    let mut temp = tempfile::tempfile()?;
+                    let mut buffered = std::io::BufWriter::new(&mut temp);
+                    write_surface_envelope(&report, &mut buffered)?;
+                    buffered.flush()?;
+                    drop(buffered);
+                    temp.seek(std::io::SeekFrom::Start(0))?;
                     let stdout = std::io::stdout();
-                    let mut lock = std::io::BufWriter::new(stdout.lock());
-                    write_surface_envelope(&records, &mut lock)?;
+                    let mut lock = stdout.lock();
+                    std::io::copy(&mut temp, &mut lock)?;
                     lock.flush()?;
                 }
             }
