@@ -87,9 +87,13 @@ pub fn bind(
     if let Some(passed) = passed {
         return UnixListener::from_std(passed).map_err(io);
     }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+        check_socket_dir(dir)?;
+    }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            if !is_stale(path).map_err(io)? {
                 return Err(io(std::io::Error::new(
                     std::io::ErrorKind::AddrInUse,
                     "another process is serving on this socket",
@@ -112,11 +116,9 @@ pub fn bind(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let listener = UnixListener::bind(path).map_err(io)?;
-    // A link swapped in for the new socket makes this fail rather than change its target.
+    let listener = bind_with_mode(path, mode).map_err(io)?;
+    // bind applied the umask to the mode; this sets it exactly. A link swapped in for the
+    // new socket makes this fail rather than change its target.
     nix::sys::stat::fchmodat(
         nix::fcntl::AT_FDCWD,
         path,
@@ -125,6 +127,73 @@ pub fn bind(
     )
     .map_err(|e| io(e.into()))?;
     Ok(listener)
+}
+
+/// Whether the socket at `path` is stale: only a refused connection says nothing serves on
+/// it. A connection accepted or queued, a full backlog, or any other error (a socket this
+/// process may not connect to, say) leaves it alone. The connect never blocks.
+fn is_stale(path: &Path) -> std::io::Result<bool> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
+    let probe = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    let addr = UnixAddr::new(path)?;
+    match connect(std::os::fd::AsRawFd::as_raw_fd(&probe), &addr) {
+        Err(nix::Error::ECONNREFUSED) => Ok(true),
+        Ok(()) | Err(nix::Error::EAGAIN | nix::Error::EINPROGRESS) => Ok(false),
+        Err(e) => Err(std::io::Error::other(format!(
+            "cannot tell whether another process serves on this socket ({e}); remove it if \
+             nothing does"
+        ))),
+    }
+}
+
+/// Refuses a socket directory another user could swap the socket in: one not owned by this
+/// process's user or root, or writable by group or others without the sticky bit.
+fn check_socket_dir(dir: &Path) -> Result<(), StartupError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).map_err(|source| StartupError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let euid = nix::unistd::geteuid().as_raw();
+    let shared = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
+    if (meta.uid() != euid && meta.uid() != 0) || shared {
+        return Err(StartupError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "the socket's directory is owned by uid {} with mode {:o}: it must be \
+                     owned by uid {euid} or root and not writable by group or others (unless \
+                     sticky), or another user could replace the socket",
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                ),
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A listening socket bound at `path` whose file never has more permissions than `mode`:
+/// the socket's own mode is set before `bind`, which creates the file from it (less the
+/// umask).
+fn bind_with_mode(path: &Path, mode: u32) -> std::io::Result<UnixListener> {
+    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, listen};
+    let fd = nix::sys::socket::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    nix::sys::stat::fchmod(&fd, nix::sys::stat::Mode::from_bits_truncate(mode & 0o777))?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &UnixAddr::new(path)?)?;
+    listen(&fd, Backlog::MAXCONN)?;
+    UnixListener::from_std(std::os::unix::net::UnixListener::from(fd))
 }
 
 fn kind_of(t: &std::fs::FileType) -> &'static str {
@@ -218,5 +287,61 @@ mod tests {
         assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         drop(listener);
+    }
+
+    #[tokio::test]
+    async fn a_socket_with_a_full_backlog_is_live_and_answered_at_once() {
+        use nix::sys::socket::{Backlog, listen};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flowhost.sock");
+        let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        listen(&live, Backlog::new(0).unwrap()).unwrap();
+        // Fill the backlog: nobody accepts.
+        let mut queued = Vec::new();
+        while let Ok(c) = {
+            let s = nix::sys::socket::socket(
+                nix::sys::socket::AddressFamily::Unix,
+                nix::sys::socket::SockType::Stream,
+                nix::sys::socket::SockFlag::SOCK_NONBLOCK,
+                None,
+            )
+            .unwrap();
+            nix::sys::socket::connect(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                &nix::sys::socket::UnixAddr::new(&path).unwrap(),
+            )
+            .map(|()| s)
+        } {
+            queued.push(c);
+        }
+        let started = std::time::Instant::now();
+        let e = refused(&path);
+        assert!(e.contains("another process is serving"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        assert!(std::fs::symlink_metadata(&path).is_ok(), "left in place");
+        drop(live);
+    }
+
+    #[tokio::test]
+    async fn a_socket_directory_others_could_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = refused(&open.join("flowhost.sock"));
+        assert!(
+            e.contains("open") && e.contains("not writable by group"),
+            "{e}"
+        );
+        // Sticky, as /tmp: others cannot remove what is ours.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        drop(bind(&open.join("flowhost.sock"), 0o600, None).unwrap());
+        if nix::unistd::geteuid().is_root() {
+            let theirs = dir.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let e = refused(&theirs.join("flowhost.sock"));
+            assert!(e.contains("owned by uid 65534"), "{e}");
+        }
     }
 }
