@@ -80,7 +80,6 @@ fn raise_open_file_limit() {
 /// start instead of waiting for their own timeout. The reason stays in the operator's log:
 /// it may name configuration paths and keys.
 fn refuse_pending_connections(listener: &std::os::unix::net::UnixListener) {
-    use std::io::Write;
     let answer = serde_json::json!({
         "jsonrpc": "2.0",
         "id": null,
@@ -89,21 +88,79 @@ fn refuse_pending_connections(listener: &std::os::unix::net::UnixListener) {
             "message": "the flowhost host refused to start; its operator finds why in its log (journalctl -u flowhost -p err)"
         }
     });
+    refuse_pending_within(listener, &answer.to_string(), REFUSING_FOR);
+}
+
+/// How long a host that refused to start goes on answering waiting clients: clients
+/// trickling bytes or reconnecting must not keep it past its unit's start timeout.
+const REFUSING_FOR: std::time::Duration = std::time::Duration::from_secs(2);
+/// Most waiting connections answered before the host exits.
+const REFUSED_AT_MOST: usize = 64;
+
+fn refuse_pending_within(
+    listener: &std::os::unix::net::UnixListener,
+    answer: &str,
+    within: std::time::Duration,
+) {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + within;
+    let left = || {
+        deadline
+            .checked_duration_since(std::time::Instant::now())
+            .filter(|d| !d.is_zero())
+    };
     if listener.set_nonblocking(true).is_err() {
         return;
     }
-    while let Ok((mut stream, _)) = listener.accept() {
+    for _ in 0..REFUSED_AT_MOST {
+        let Ok((mut stream, _)) = listener.accept() else {
+            return;
+        };
+        let Some(wait) = left() else { return };
         let _ = stream.set_nonblocking(false);
-        let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(1)));
+        let _ = stream.set_write_timeout(Some(wait.min(std::time::Duration::from_secs(1))));
         let _ = writeln!(stream, "{answer}");
         // Closed with the client's request unread, the socket would report the connection
         // reset to the client, which can then lose the answer: say no more comes, and read
-        // what the client sent until it closes (a second without data, 1 MiB at most).
+        // what the client sent until it closes (1 MiB at most, within the deadline).
         let _ = stream.shutdown(std::net::Shutdown::Write);
-        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(1)));
-        let _ = std::io::copy(
-            &mut std::io::Read::take(&mut stream, 1 << 20),
-            &mut std::io::sink(),
-        );
+        let mut buf = [0u8; 8192];
+        let mut read = 0usize;
+        while read < 1 << 20 {
+            let Some(wait) = left() else { return };
+            let _ = stream.set_read_timeout(Some(wait.min(std::time::Duration::from_secs(1))));
+            match stream.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod refusing_tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_client_trickling_bytes_does_not_keep_a_refusing_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut client = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..40 {
+                if client.write_all(b"x").is_err() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
+        let started = std::time::Instant::now();
+        refuse_pending_within(&listener, "{}", std::time::Duration::from_millis(500));
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_millis(1500), "{took:?}");
+        drop(listener);
+        trickle.join().unwrap();
     }
 }
