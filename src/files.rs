@@ -80,6 +80,18 @@ pub enum FileError {
         /// What the OS said.
         source: io::Error,
     },
+    /// The file is in place, but its directory entry could not be made durable: a crash may
+    /// still lose it.
+    #[error(
+        "{}: written, but its directory could not be synced, so a crash may lose it",
+        path.display()
+    )]
+    NotDurable {
+        /// The file written.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
 }
 
 /// Opens `path` for reading without following a final symbolic link, and checks that it is a
@@ -255,7 +267,7 @@ fn write_temp_with(
 fn sync_parent(path: &Path) -> Result<(), FileError> {
     File::open(parent_dir(path))
         .and_then(|dir| dir.sync_all())
-        .map_err(|source| FileError::Write {
+        .map_err(|source| FileError::NotDurable {
             path: path.to_owned(),
             source,
         })

@@ -1,5 +1,7 @@
 //! `flowhost key` and `flowhost manifest`, run as the real binary on real files.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -463,4 +465,34 @@ fn openapi_flow_extension_names_are_never_dropped() {
             "#/components/pathItems/Archive",
         ],
     );
+}
+
+/// A key written into a directory whose entries cannot be synced (write and search, no
+/// read: the directory cannot be opened to sync it) is in place but not durable; the error
+/// says so instead of claiming nothing was written.
+#[test]
+fn a_key_whose_directory_cannot_be_synced_is_reported_as_not_durable() {
+    if !nix::unistd::geteuid().is_root() || !common::have("setpriv") {
+        eprintln!("SKIP: needs root and setpriv to run as another user");
+        return;
+    }
+    let top = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = top.path().join("keys");
+    std::fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(990), Some(990)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o300)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid", "990", "--regid", "990", "--clear-groups", "--"])
+        .arg(common::shared_flowhost())
+        .args(["key", "generate", "--out", s(&dir), "--name", "k"])
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("k.key: written, but its directory could not be synced"),
+        "{err}"
+    );
+    assert!(dir.join("k.key").exists());
 }
