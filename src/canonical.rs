@@ -330,6 +330,19 @@ mod tests {
     }
 
     #[test]
+    fn decimal_text_parses_to_the_nearest_double() {
+        // A parser that rounds a decimal to a neighbour of the nearest double prints these
+        // as 1.0000000000000001e-23 and 2.9999999999999997e+23; signers that parse
+        // correctly (as RFC 8785 requires) would then disagree with flowhost's digest.
+        assert_eq!(jcs("1e-23"), "1e-23");
+        assert_eq!(jcs("3e23"), "3e+23");
+        assert_eq!(
+            jcs("[0.1, 2.2250738585072014e-308]"),
+            "[0.1,2.2250738585072014e-308]"
+        );
+    }
+
+    #[test]
     fn rfc8785_section_3_2_3_sorts_by_utf16_code_units() {
         // RFC 8785 §3.2.3: U+1F600 (UTF-16 D83D DE00) sorts before U+FB33, which code point
         // or UTF-8 order would put the other way round.
