@@ -546,11 +546,11 @@ fn startup_refuses_without_the_broker_before_touching_state() {
 }
 
 #[test]
-fn one_uid_cannot_take_every_session() {
+fn one_principal_cannot_take_every_session() {
     use std::io::{Read, Write};
     let Some(lab) = Lab::start() else { return };
-    // Each of these is counted once it has answered a ping.
-    let mut held: Vec<Client> = (0..flowhost::daemon::MAX_SESSIONS_PER_UID)
+    // Each of these is counted once it has answered a ping. The lab has two principals.
+    let mut held: Vec<Client> = (0..flowhost::daemon::session_share(2))
         .map(|_| {
             let mut c = lab.client();
             assert!(c.request("ping", json!({})).get("result").is_some());
@@ -566,7 +566,7 @@ fn one_uid_cannot_take_every_session() {
     assert_eq!(
         extra.read(&mut buf).unwrap_or(0),
         0,
-        "a connection beyond the per-uid limit was served"
+        "a connection beyond the principal's share was served"
     );
     // A session that ends frees its slot.
     drop(held.pop());

@@ -1,11 +1,13 @@
 //! Which connections the daemon serves, decided at `accept` before any shared resource is
 //! taken, and how refusals are logged.
 //!
-//! Peers are told apart by `SO_PEERCRED`. A peer that maps to a principal competes only with
-//! other principals' sessions; a peer that maps to none (it will be refused at `initialize`)
-//! has a small pool of its own. A uid's own limit is checked before any shared slot is
-//! taken, so no uid, principal or not, can make another uid's connection fail, and peers
-//! that are no principal cannot hold a single principal slot.
+//! Peers are told apart by `SO_PEERCRED`. A peer that maps to a principal takes a slot of
+//! that principal's share of the sessions (an equal part of [`MAX_SESSIONS`] for each
+//! configured principal), so no principal's peers, however many uids they have, can take
+//! another principal's sessions; a peer that maps to none (it will be refused at
+//! `initialize`) has a small pool of its own, with a limit per uid. The own limit is checked
+//! before any shared slot is taken, and peers that are no principal cannot hold a single
+//! principal slot.
 //!
 //! Refusals are logged per uid and reason: the first of each interval at once, the rest as
 //! one summary line per interval, so a peer looping connect/close cannot flood the log.
@@ -16,8 +18,12 @@ use std::time::{Duration, Instant};
 
 /// Most sessions of principals served at once; each can hold an executor per server.
 pub const MAX_SESSIONS: usize = 256;
-/// Most sessions one principal uid holds at once (half of [`MAX_SESSIONS`]).
-pub const MAX_SESSIONS_PER_UID: usize = 128;
+
+/// Most sessions the peers of one principal hold at once when `principals` are configured:
+/// an equal share of [`MAX_SESSIONS`], and at least one.
+pub fn session_share(principals: usize) -> usize {
+    (MAX_SESSIONS / principals.max(1)).max(1)
+}
 /// Most connections open at once from peers that are no principal (they are answered at
 /// `initialize` with a refusal, then closed).
 pub const MAX_STRANGERS: usize = 16;
@@ -38,11 +44,43 @@ pub enum PeerClass {
     Stranger,
 }
 
+/// Who a connection is charged to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Peer {
+    /// A peer of this principal, one of `configured` principals.
+    Principal {
+        /// The principal's id.
+        id: String,
+        /// How many principals the running configuration has.
+        configured: usize,
+    },
+    /// A peer that maps to no principal, by uid.
+    Stranger(u32),
+}
+
+impl Peer {
+    /// Its class, for the refusal log.
+    pub fn class(&self) -> PeerClass {
+        match self {
+            Peer::Principal { .. } => PeerClass::Principal,
+            Peer::Stranger(_) => PeerClass::Stranger,
+        }
+    }
+}
+
+/// What an own limit is counted by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Holder {
+    Principal(String),
+    Stranger(u32),
+}
+
 /// Why a connection was closed at `accept`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Refusal {
-    /// The uid already holds its share of sessions.
-    UidLimit,
+    /// The principal (or, for a peer that is no principal, the uid) already holds its
+    /// share.
+    OwnLimit,
     /// Every session slot of its class is taken.
     ClassLimit,
 }
@@ -50,8 +88,10 @@ pub enum Refusal {
 impl Refusal {
     fn describe(self, class: PeerClass) -> &'static str {
         match (self, class) {
-            (Refusal::UidLimit, PeerClass::Principal) => "per-uid session limit reached",
-            (Refusal::UidLimit, PeerClass::Stranger) => {
+            (Refusal::OwnLimit, PeerClass::Principal) => {
+                "the principal's share of sessions reached"
+            }
+            (Refusal::OwnLimit, PeerClass::Stranger) => {
                 "per-uid limit for peers that are no principal reached"
             }
             (Refusal::ClassLimit, PeerClass::Principal) => "session limit reached",
@@ -64,7 +104,7 @@ impl Refusal {
 
 #[derive(Default)]
 struct Counts {
-    by_uid: HashMap<(u32, PeerClass), usize>,
+    by_holder: HashMap<Holder, usize>,
     principals: usize,
     strangers: usize,
 }
@@ -88,8 +128,7 @@ pub struct Admission {
 /// One admitted connection; its slot is released when this is dropped.
 pub struct Slot {
     admission: Arc<Admission>,
-    uid: u32,
-    class: PeerClass,
+    holder: Holder,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -98,19 +137,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Admission {
-    /// Admits a connection of `uid` as `class`, or says why not. The uid's own limit is
-    /// checked first; nothing is counted for a refused connection.
-    pub fn admit(self: &Arc<Self>, uid: u32, class: PeerClass) -> Result<Slot, Refusal> {
-        let (per_uid, total) = match class {
-            PeerClass::Principal => (MAX_SESSIONS_PER_UID, MAX_SESSIONS),
-            PeerClass::Stranger => (MAX_STRANGERS_PER_UID, MAX_STRANGERS),
+    /// Admits a connection of `peer`, or says why not. Its own limit is checked first;
+    /// nothing is counted for a refused connection.
+    pub fn admit(self: &Arc<Self>, peer: &Peer) -> Result<Slot, Refusal> {
+        let (holder, own, total) = match peer {
+            Peer::Principal { id, configured } => (
+                Holder::Principal(id.clone()),
+                session_share(*configured),
+                MAX_SESSIONS,
+            ),
+            Peer::Stranger(uid) => (Holder::Stranger(*uid), MAX_STRANGERS_PER_UID, MAX_STRANGERS),
         };
         let mut counts = lock(&self.counts);
-        let open = counts.by_uid.get(&(uid, class)).copied().unwrap_or(0);
-        if open >= per_uid {
-            return Err(Refusal::UidLimit);
+        if counts.by_holder.get(&holder).copied().unwrap_or(0) >= own {
+            return Err(Refusal::OwnLimit);
         }
-        let class_open = match class {
+        let class_open = match peer.class() {
             PeerClass::Principal => &mut counts.principals,
             PeerClass::Stranger => &mut counts.strangers,
         };
@@ -118,11 +160,10 @@ impl Admission {
             return Err(Refusal::ClassLimit);
         }
         *class_open += 1;
-        *counts.by_uid.entry((uid, class)).or_insert(0) += 1;
+        *counts.by_holder.entry(holder.clone()).or_insert(0) += 1;
         Ok(Slot {
             admission: self.clone(),
-            uid,
-            class,
+            holder,
         })
     }
 
@@ -188,16 +229,15 @@ impl Admission {
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut counts = lock(&self.admission.counts);
-        let key = (self.uid, self.class);
-        if let Some(n) = counts.by_uid.get_mut(&key) {
+        if let Some(n) = counts.by_holder.get_mut(&self.holder) {
             *n -= 1;
             if *n == 0 {
-                counts.by_uid.remove(&key);
+                counts.by_holder.remove(&self.holder);
             }
         }
-        match self.class {
-            PeerClass::Principal => counts.principals -= 1,
-            PeerClass::Stranger => counts.strangers -= 1,
+        match self.holder {
+            Holder::Principal(_) => counts.principals -= 1,
+            Holder::Stranger(_) => counts.strangers -= 1,
         }
     }
 }
@@ -206,50 +246,62 @@ impl Drop for Slot {
 mod tests {
     use super::*;
 
+    fn principal(id: &str, configured: usize) -> Peer {
+        Peer::Principal {
+            id: id.into(),
+            configured,
+        }
+    }
+
     #[test]
-    fn a_uid_at_its_limit_takes_no_shared_slot() {
+    fn a_peer_at_its_own_limit_takes_no_shared_slot() {
         let a = Arc::new(Admission::default());
         let strangers: Vec<Slot> = (0..MAX_STRANGERS_PER_UID)
-            .map(|_| a.admit(7, PeerClass::Stranger).unwrap())
+            .map(|_| a.admit(&Peer::Stranger(7)).unwrap())
             .collect();
         for _ in 0..1000 {
-            assert_eq!(
-                a.admit(7, PeerClass::Stranger).err(),
-                Some(Refusal::UidLimit)
-            );
+            assert_eq!(a.admit(&Peer::Stranger(7)).err(), Some(Refusal::OwnLimit));
         }
         assert_eq!(a.open(), (0, MAX_STRANGERS_PER_UID));
-        // Strangers never hold principal slots: a principal still gets all of its own.
-        let mine: Vec<Slot> = (0..MAX_SESSIONS_PER_UID)
-            .map(|_| a.admit(1000, PeerClass::Principal).unwrap())
+        // Strangers never hold principal slots: a principal still gets all of its share.
+        let mine: Vec<Slot> = (0..session_share(2))
+            .map(|_| a.admit(&principal("a", 2)).unwrap())
             .collect();
-        assert_eq!(
-            a.admit(1000, PeerClass::Principal).err(),
-            Some(Refusal::UidLimit)
-        );
-        let other: Vec<Slot> = (0..MAX_SESSIONS - MAX_SESSIONS_PER_UID)
-            .map(|_| a.admit(1001, PeerClass::Principal).unwrap())
+        assert_eq!(a.admit(&principal("a", 2)).err(), Some(Refusal::OwnLimit));
+        let other: Vec<Slot> = (0..session_share(2))
+            .map(|_| a.admit(&principal("b", 2)).unwrap())
             .collect();
-        assert_eq!(
-            a.admit(1002, PeerClass::Principal).err(),
-            Some(Refusal::ClassLimit)
-        );
+        assert_eq!(a.admit(&principal("c", 2)).err(), Some(Refusal::ClassLimit));
         drop((strangers, mine, other));
         assert_eq!(a.open(), (0, 0));
-        assert!(lock(&a.counts).by_uid.is_empty());
+        assert!(lock(&a.counts).by_holder.is_empty());
+    }
+
+    #[test]
+    fn two_principals_cannot_take_a_third_ones_sessions() {
+        // Before, the limit was per uid (128 of 256): two uids took every session.
+        let a = Arc::new(Admission::default());
+        let held: Vec<Slot> = ["a", "b"]
+            .iter()
+            .flat_map(|p| (0..MAX_SESSIONS).map_while(|_| a.admit(&principal(p, 3)).ok()))
+            .collect();
+        assert_eq!(held.len(), 2 * session_share(3));
+        assert!(a.admit(&principal("c", 3)).is_ok());
+        assert_eq!(session_share(1), MAX_SESSIONS);
+        assert_eq!(session_share(1000), 1);
     }
 
     #[test]
     fn strangers_share_a_small_pool() {
         let a = Arc::new(Admission::default());
         let held: Vec<Slot> = (0..MAX_STRANGERS as u32)
-            .map(|uid| a.admit(uid, PeerClass::Stranger).unwrap())
+            .map(|uid| a.admit(&Peer::Stranger(uid)).unwrap())
             .collect();
         assert_eq!(
-            a.admit(9999, PeerClass::Stranger).err(),
+            a.admit(&Peer::Stranger(9999)).err(),
             Some(Refusal::ClassLimit)
         );
-        assert!(a.admit(9999, PeerClass::Principal).is_ok());
+        assert!(a.admit(&principal("a", 1)).is_ok());
         drop(held);
     }
 
@@ -257,10 +309,10 @@ mod tests {
     fn refusals_are_counted_once_logged() {
         let a = Admission::default();
         for _ in 0..5 {
-            a.log_refusal(7, PeerClass::Stranger, Refusal::UidLimit);
+            a.log_refusal(7, PeerClass::Stranger, Refusal::OwnLimit);
         }
         assert_eq!(
-            lock(&a.log).pending[&(7, PeerClass::Stranger, Refusal::UidLimit)],
+            lock(&a.log).pending[&(7, PeerClass::Stranger, Refusal::OwnLimit)],
             4
         );
         a.summarize();

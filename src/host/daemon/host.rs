@@ -49,7 +49,7 @@ pub struct Host {
     pub(super) shutdown: tokio::sync::watch::Sender<bool>,
     pub(super) config_path: PathBuf,
     pub(super) health_file: PathBuf,
-    /// Which connections are served (see [`MAX_SESSIONS_PER_UID`]).
+    /// Which connections are served (see [`session_share`](super::session_share)).
     pub(super) admission: Arc<admission::Admission>,
     /// The HTTP listener bound at start, until [`run`] serves it.
     pub(super) http: Mutex<Option<http::HttpListener>>,

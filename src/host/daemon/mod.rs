@@ -40,7 +40,7 @@ mod startup;
 
 pub use activation::listener_from_systemd;
 pub use admission::{
-    MAX_SESSIONS, MAX_SESSIONS_PER_UID, MAX_STRANGERS, MAX_STRANGERS_PER_UID, SUMMARY_INTERVAL,
+    MAX_SESSIONS, MAX_STRANGERS, MAX_STRANGERS_PER_UID, SUMMARY_INTERVAL, session_share,
 };
 pub use egress::{
     EgressJudge, broker_details, lookup_broker_details, named_broker_details,

@@ -27,15 +27,18 @@ impl Host {
             return None;
         };
         let (uid, gid) = (cred.uid(), cred.gid());
-        let class = if self.current().config.principal_for(uid, gid).is_some() {
-            admission::PeerClass::Principal
-        } else {
-            admission::PeerClass::Stranger
+        let config = &self.current().config;
+        let peer = match config.principal_for(uid, gid) {
+            Some(p) => admission::Peer::Principal {
+                id: p.id.to_string(),
+                configured: config.principals.len(),
+            },
+            None => admission::Peer::Stranger(uid),
         };
-        match self.admission.admit(uid, class) {
+        match self.admission.admit(&peer) {
             Ok(slot) => Some((slot, uid, gid)),
             Err(refusal) => {
-                self.admission.log_refusal(uid, class, refusal);
+                self.admission.log_refusal(uid, peer.class(), refusal);
                 None
             }
         }
