@@ -316,6 +316,11 @@ impl Client {
         self.0.read().unwrap()
     }
 
+    /// The next message, or the error reading it (the host closed the connection, say).
+    pub fn try_read(&mut self) -> std::io::Result<Value> {
+        self.0.read()
+    }
+
     /// Sends a request and returns the whole response object.
     pub fn request(&mut self, method: &str, params: Value) -> Value {
         self.0.request(method, params).unwrap()

@@ -264,6 +264,8 @@ const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why a session ended when the host stops (its calls then finish even if the client is
 /// gone).
 const HOST_STOPPING: &str = "the host is stopping";
+/// Why a session whose peer a reload mapped elsewhere ended.
+const REMAPPED: &str = "a reload no longer maps the peer to the session's principal";
 
 /// Lines queued between the transport and the session, each way.
 const QUEUED_LINES: usize = 64;
@@ -397,6 +399,10 @@ pub(super) async fn run(
             ended = "refused at initialize";
             break;
         }
+        if session.remapped() {
+            ended = REMAPPED;
+            break;
+        }
         // Before initialize a connection gets a short window; after it, a session that
         // sends nothing for the configured time (and has nothing in flight) is closed, so
         // idle peers cannot hold slots.
@@ -425,6 +431,11 @@ pub(super) async fn run(
             _ = out.closed() => { ended = "the client stopped reading"; break; }
         };
         last_activity = tokio::time::Instant::now();
+        // Looked at again before the line is served: a reload may have come while waiting.
+        if session.remapped() {
+            ended = REMAPPED;
+            break;
+        }
         let bytes = match line {
             Line::Eof => break,
             Line::TooLarge(n) => {
@@ -574,6 +585,17 @@ impl Session {
     /// The principal the session was mapped to at `initialize`.
     fn pinned(&self) -> Option<&PrincipalId> {
         self.pinned.get()
+    }
+
+    /// Whether a reload has mapped the session's peer to another principal or to none since
+    /// `initialize`. Such a session ends: its requests would all be refused, and it holds a
+    /// slot of its old principal.
+    fn remapped(&self) -> bool {
+        self.pinned().is_some_and(|pinned| {
+            self.identity
+                .principal(&self.host.current().config)
+                .is_none_or(|p| p.id != *pinned)
+        })
     }
 
     fn caller(&self, generation: &Generation) -> Caller<'_> {
