@@ -17,8 +17,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::ring::Checkpoint;
 use super::store::{
-    HEAD_FILE, HeadAnchor, StoreError, list_record_files, list_torn_sidecars,
+    HEAD_FILE, HeadAnchor, StoreError, list_record_files_and_checkpoint, list_torn_sidecars,
     parse_record_file_name, record_sources,
 };
 use super::{DecisionRecord, RecordFormatError};
@@ -236,6 +237,14 @@ pub enum ProblemKind {
         /// The last sequence number present (0: none).
         last_seq: u64,
     },
+    /// Whole lines are missing at the end: the write-ahead ring's checkpoint says a later
+    /// record was made durable (it is later than the head anchor, or there is none).
+    MissingVersusCheckpoint {
+        /// The sequence number the checkpoint names.
+        checkpoint_seq: u64,
+        /// The last sequence number present (0: none).
+        last_seq: u64,
+    },
     /// The file name claims a different first record than the file holds.
     FileNameMismatch {
         /// The first seq the name claims.
@@ -282,6 +291,14 @@ impl fmt::Display for ProblemKind {
                 f,
                 "truncated: the head anchor names record {head_seq} but the stream ends at {last_seq} ({} whole lines missing)",
                 head_seq - last_seq
+            ),
+            ProblemKind::MissingVersusCheckpoint {
+                checkpoint_seq,
+                last_seq,
+            } => write!(
+                f,
+                "truncated: the write-ahead ring's checkpoint says record {checkpoint_seq} was durable but the stream ends at {last_seq} ({} whole lines missing)",
+                checkpoint_seq - last_seq
             ),
             ProblemKind::FileNameMismatch { named, found } => write!(
                 f,
@@ -338,6 +355,12 @@ impl VerifyReport {
 /// Verifies the records at `path`: a record directory (its files in chain order, and its
 /// `records.head` unless `head` names another anchor) or a single record file (checked
 /// against `head` only if given).
+///
+/// A directory no writer holds is also checked against its write-ahead ring's checkpoint,
+/// which names the last record its files had made durable: the stream must reach the later
+/// of the anchor's record and the checkpoint's (whole lines cut below either are missing),
+/// and each must hash as it says (an edited last line). The anchor alone would miss lines
+/// cut or edited after it, and the checkpoint moves more often.
 ///
 /// Problems in the records are reported in the result; only failures to read (or an
 /// unusable anchor) are errors.
@@ -399,11 +422,9 @@ fn verify_records_in_blocks<G: Gather>(
         Some(p) => HeadAnchor::read(&p)?,
         None => None,
     };
-    let (files, notes) = if meta.is_dir() {
-        let files: Vec<PathBuf> = list_record_files(path)?
-            .into_iter()
-            .map(|f| f.path)
-            .collect();
+    let (files, checkpoint, notes) = if meta.is_dir() {
+        let (files, checkpoint) = list_record_files_and_checkpoint(path)?;
+        let files: Vec<PathBuf> = files.into_iter().map(|f| f.path).collect();
         let notes = list_torn_sidecars(path)?
             .into_iter()
             .map(|p| {
@@ -413,12 +434,13 @@ fn verify_records_in_blocks<G: Gather>(
                 )
             })
             .collect();
-        (files, notes)
+        (files, checkpoint, notes)
     } else {
         // A record file beside a ring is refused as its directory would be.
-        (record_sources(path)?, Vec::new())
+        (record_sources(path)?, None, Vec::new())
     };
-    let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes);
+    let witnesses = Witness::of(head_anchor.as_ref(), checkpoint.as_ref());
+    let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes, witnesses);
     let mut gathered = gather.part();
     // The directory a writer may be appending to the last file read in: the one read, or
     // the directory of a record file read alone when it is that directory's last.
@@ -449,13 +471,7 @@ fn verify_records_in_blocks<G: Gather>(
         None => false,
     };
     for (index, file) in files.iter().enumerate() {
-        let part = v.file(
-            index,
-            file,
-            head_anchor.as_ref().map(|h| h.seq),
-            block,
-            gather,
-        )?;
+        let part = v.file(index, file, block, gather)?;
         gather.append(&mut gathered, part, 0);
     }
     // A writer appends each line with one write, which a reader may see in part: the
@@ -476,29 +492,8 @@ fn verify_records_in_blocks<G: Gather>(
             ));
         }
     }
-    if let Some(anchor) = &head_anchor {
-        let last = v.report.last_seq.unwrap_or(0);
-        let at = Location::in_file(files.last().map_or(path, PathBuf::as_path), None);
-        if anchor.seq > last {
-            v.report.problems.push(Problem {
-                at,
-                kind: ProblemKind::MissingVersusHead {
-                    head_seq: anchor.seq,
-                    last_seq: last,
-                },
-            });
-        } else if let Some((loc, digest)) = v.anchored.take()
-            && hash_of_digest(&digest).as_str() != anchor.hash
-        {
-            v.report.problems.push(Problem {
-                at: loc,
-                kind: ProblemKind::Edited {
-                    seq: anchor.seq,
-                    witness: "head anchor",
-                },
-            });
-        }
-    }
+    let at = Location::in_file(files.last().map_or(path, PathBuf::as_path), None);
+    v.check_witnesses(at);
     Ok((v.finish(), gathered))
 }
 
@@ -511,7 +506,7 @@ fn verify_records_in_blocks<G: Gather>(
 /// pretty-printed or re-indented). A decision that is not a valid record is a `malformed`
 /// problem at its index.
 pub fn verify_decisions(file: &Path, decisions: &[serde_json::Value]) -> VerifyReport {
-    let mut v = Verifier::new(vec![file.to_path_buf()], None, Vec::new());
+    let mut v = Verifier::new(vec![file.to_path_buf()], None, Vec::new(), Vec::new());
     for (i, decision) in decisions.iter().enumerate() {
         let decoded = DecisionRecord::deserialize(decision).map_err(|e| RecordFormatError {
             field: "(json)".to_string(),
@@ -531,7 +526,7 @@ pub fn verify_decisions(file: &Path, decisions: &[serde_json::Value]) -> VerifyR
                 .map(Linked::of),
         };
         let at = v.place(Spot::Index(i as u64));
-        v.record(at, facts, None);
+        v.record(at, facts);
     }
     v.finish()
 }
@@ -720,11 +715,73 @@ struct Verifier {
     current: usize,
     expected: Option<u64>,
     prev: Option<Prev>,
-    anchored: Option<(Location, [u8; 32])>,
+    /// The records the stream must still hold, and where each was found with its hash.
+    witnesses: Vec<(Witness, Option<Found>)>,
+}
+
+/// Where a line is, and its SHA-256.
+type Found = (Location, [u8; 32]);
+
+/// Who vouches for a record the stream must still hold, unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Voucher {
+    HeadAnchor,
+    Checkpoint,
+}
+
+impl Voucher {
+    fn name(self) -> &'static str {
+        match self {
+            Voucher::HeadAnchor => "head anchor",
+            Voucher::Checkpoint => "write-ahead ring's checkpoint",
+        }
+    }
+}
+
+/// A record the stream must still hold: no crash takes away a line once it is durable, so
+/// the stream reaches it and holds it unchanged.
+#[derive(Debug, Clone)]
+struct Witness {
+    seq: u64,
+    hash: String,
+    by: Voucher,
+}
+
+impl Witness {
+    /// The records the head anchor and the ring's checkpoint name (the checkpoint is often
+    /// the later: it moves as the ring fills, the anchor at most once per `head_interval`).
+    /// One that names what the other does adds nothing.
+    fn of(anchor: Option<&HeadAnchor>, checkpoint: Option<&Checkpoint>) -> Vec<Witness> {
+        let mut witnesses: Vec<Witness> = anchor
+            .map(|a| Witness {
+                seq: a.seq,
+                hash: a.hash.clone(),
+                by: Voucher::HeadAnchor,
+            })
+            .into_iter()
+            .collect();
+        if let Some(c) = checkpoint
+            && !witnesses
+                .iter()
+                .any(|w| w.seq == c.seq && w.hash == c.hash.as_str())
+        {
+            witnesses.push(Witness {
+                seq: c.seq,
+                hash: c.hash.as_str().to_string(),
+                by: Voucher::Checkpoint,
+            });
+        }
+        witnesses
+    }
 }
 
 impl Verifier {
-    fn new(files: Vec<PathBuf>, head_anchor: Option<HeadAnchor>, notes: Vec<String>) -> Self {
+    fn new(
+        files: Vec<PathBuf>,
+        head_anchor: Option<HeadAnchor>,
+        notes: Vec<String>,
+        witnesses: Vec<Witness>,
+    ) -> Self {
         Verifier {
             report: VerifyReport {
                 files,
@@ -739,7 +796,45 @@ impl Verifier {
             current: 0,
             expected: None,
             prev: None,
-            anchored: None,
+            witnesses: witnesses.into_iter().map(|w| (w, None)).collect(),
+        }
+    }
+
+    /// Checks the stream against its witnesses: it must reach the later one's record (the
+    /// head anchor's on a tie), and each record they name must hash as they say. `at` is
+    /// where a missing end is reported.
+    fn check_witnesses(&mut self, at: Location) {
+        let last = self.report.last_seq.unwrap_or(0);
+        let latest = self
+            .witnesses
+            .iter()
+            .map(|(w, _)| w)
+            .reduce(|a, b| if b.seq > a.seq { b } else { a });
+        if let Some(latest) = latest.filter(|w| w.seq > last) {
+            let kind = match latest.by {
+                Voucher::HeadAnchor => ProblemKind::MissingVersusHead {
+                    head_seq: latest.seq,
+                    last_seq: last,
+                },
+                Voucher::Checkpoint => ProblemKind::MissingVersusCheckpoint {
+                    checkpoint_seq: latest.seq,
+                    last_seq: last,
+                },
+            };
+            self.report.problems.push(Problem { at, kind });
+        }
+        for (witness, found) in std::mem::take(&mut self.witnesses) {
+            if let Some((loc, digest)) = found
+                && hash_of_digest(&digest).as_str() != witness.hash
+            {
+                self.report.problems.push(Problem {
+                    at: loc,
+                    kind: ProblemKind::Edited {
+                        seq: witness.seq,
+                        witness: witness.by.name(),
+                    },
+                });
+            }
         }
     }
 
@@ -779,7 +874,6 @@ impl Verifier {
         &mut self,
         index: usize,
         file: &Path,
-        anchor_seq: Option<u64>,
         block: usize,
         gather: &G,
     ) -> Result<G::Part, StoreError> {
@@ -842,14 +936,7 @@ impl Verifier {
                 };
                 // The previous block is linked while this one is hashed and decoded.
                 if let Some(done) = in_flight.take() {
-                    spare = self.link_block(
-                        done,
-                        &mut line_no,
-                        named,
-                        anchor_seq,
-                        gather,
-                        &mut gathered,
-                    );
+                    spare = self.link_block(done, &mut line_no, named, gather, &mut gathered);
                 }
                 in_flight = next;
                 if n < block {
@@ -857,7 +944,7 @@ impl Verifier {
                 }
             }
             if let Some(done) = in_flight.take() {
-                self.link_block(done, &mut line_no, named, anchor_seq, gather, &mut gathered);
+                self.link_block(done, &mut line_no, named, gather, &mut gathered);
             }
             Ok(carried.len())
         })?;
@@ -875,7 +962,6 @@ impl Verifier {
         facts: BlockFacts<'_, G::Part>,
         line_no: &mut u64,
         named: Option<u64>,
-        anchor_seq: Option<u64>,
         gather: &G,
         gathered: &mut G::Part,
     ) -> Option<Vec<u8>> {
@@ -885,7 +971,7 @@ impl Verifier {
             for facts in run {
                 *line_no += 1;
                 let at = self.place(Spot::Line(*line_no));
-                let seq = self.record(at, facts, anchor_seq);
+                let seq = self.record(at, facts);
                 if *line_no == 1
                     && let (Some(named), Some(found)) = (named, seq)
                     && named != found
@@ -899,7 +985,7 @@ impl Verifier {
 
     /// Takes one line (its hash, and its chain fields when it is a valid record) into the
     /// chain; returns its sequence number when it is a valid record.
-    fn record(&mut self, at: Place, facts: LineFacts, anchor_seq: Option<u64>) -> Option<u64> {
+    fn record(&mut self, at: Place, facts: LineFacts) -> Option<u64> {
         self.report.records += 1;
         let LineFacts { digest, record } = facts;
         let seq = match &record {
@@ -916,8 +1002,11 @@ impl Verifier {
         };
         if let (Ok(r), Some(seq)) = (&record, seq) {
             self.link(at, r, seq);
-            if anchor_seq == Some(seq) {
-                self.anchored = Some((self.location(at), digest));
+            if self.witnesses.iter().any(|(w, _)| w.seq == seq) {
+                let loc = self.location(at);
+                for (_, found) in self.witnesses.iter_mut().filter(|(w, _)| w.seq == seq) {
+                    *found = Some((loc.clone(), digest));
+                }
             }
             self.report.first_seq.get_or_insert(seq);
             self.report.last_seq = Some(seq);

@@ -520,9 +520,29 @@ pub enum Unreplayed {
 /// would change in them; `None` when nothing, or there is no ring. Only meaningful while no
 /// writer has the directory open.
 pub fn unreplayed(dir: &Path, files: &[PathBuf]) -> Result<Option<Unreplayed>, RingError> {
+    Ok(unreplayed_and_checkpoint(dir, files)?.and_then(|(_, unreplayed)| unreplayed))
+}
+
+/// [`unreplayed`], with the ring's checkpoint it was judged by (`None`: there is no ring). A
+/// reader checks the stream against it (see `chain::verify_records`): the lines it made
+/// durable are the stream's, whatever the head anchor names.
+pub fn unreplayed_and_checkpoint(
+    dir: &Path,
+    files: &[PathBuf],
+) -> Result<Option<(Checkpoint, Option<Unreplayed>)>, RingError> {
     let Some((checkpoint, entries)) = read_back(dir)? else {
         return Ok(None);
     };
+    let unreplayed = judge_unreplayed(dir, files, &checkpoint, &entries)?;
+    Ok(Some((checkpoint, unreplayed)))
+}
+
+fn judge_unreplayed(
+    dir: &Path,
+    files: &[PathBuf],
+    checkpoint: &Checkpoint,
+    entries: &[RingEntry],
+) -> Result<Option<Unreplayed>, RingError> {
     let path = dir.join(&checkpoint.file);
     let read_failed = |source| RingError::Io {
         op: "read the record file named by",
@@ -545,7 +565,8 @@ pub fn unreplayed(dir: &Path, files: &[PathBuf]) -> Result<Option<Unreplayed>, R
         ),
     };
     // With nothing past the checkpoint, a file cut below it (or gone) is for the reader's
-    // own checks to report, with file and line: no crash does that.
+    // own checks to report, with file and line (they take the checkpoint as a witness of the
+    // stream's end, as the head anchor is): no crash does that.
     let Some(position) = files.iter().position(|f| *f == path) else {
         if entries.is_empty() {
             return Ok(None);
@@ -576,12 +597,28 @@ pub fn unreplayed(dir: &Path, files: &[PathBuf]) -> Result<Option<Unreplayed>, R
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(short(None)),
         Err(source) => return Err(read_failed(source)),
     };
+    // Lines below the checkpoint cut or edited: the same as a file cut short. (One that no
+    // longer ends a line there is the plan's `ChangedBelowCheckpoint`.)
+    if ends_a_line {
+        let previous = position.checked_sub(1).map(|i| files[i].as_path());
+        if let Some(problem) =
+            durable_end_problem(&path, previous, checkpoint).map_err(read_failed)?
+        {
+            if entries.is_empty() {
+                return Ok(None);
+            }
+            return Err(RingError::Corrupt {
+                path: dir.join(RING_FILE),
+                problem,
+            });
+        }
+    }
     let later = later_files(&files[position + 1..]).map_err(|source| RingError::Io {
         op: "stat the record files after the one named by",
         path: dir.join(RING_FILE),
         source,
     })?;
-    Ok(match replay_plan(&have, ends_a_line, &entries, later) {
+    Ok(match replay_plan(&have, ends_a_line, entries, later) {
         // Readers report the lines of a file changed below its checkpoint themselves (the
         // chain breaks there).
         ReplayPlan::Nothing | ReplayPlan::ChangedBelowCheckpoint => None,
@@ -605,6 +642,102 @@ pub fn unreplayed(dir: &Path, files: &[PathBuf]) -> Result<Option<Unreplayed>, R
             });
         }
     })
+}
+
+/// The longest line [`durable_end_problem`] reads back: far beyond any record the writer
+/// makes, so that a file without newlines cannot make a reader hold all of it.
+const LONGEST_LINE: u64 = 16 * 1024 * 1024;
+
+/// Why the record files do not end their durable part where `checkpoint` says, if they do
+/// not: the line ending at its `bytes` in its `file` (at `bytes` 0: the last line of the
+/// `previous` record file; with none, the chain's start) must be record `seq` and hash to
+/// `hash`. `file` holds at least `bytes` bytes, and the byte before them ends a line (the
+/// caller checked both). No crash changes a synced line, so a mismatch means the lines
+/// below the checkpoint were cut or edited: a writer must not continue the chain from them,
+/// nor a reader take them for the durable stream.
+pub fn durable_end_problem(
+    file: &Path,
+    previous: Option<&Path>,
+    checkpoint: &Checkpoint,
+) -> io::Result<Option<String>> {
+    let (holder, end) = if checkpoint.bytes > 0 {
+        (Some(file), checkpoint.bytes)
+    } else {
+        match previous {
+            Some(previous) => (Some(previous), fs::metadata(previous)?.len()),
+            None => (None, 0),
+        }
+    };
+    let said = format!(
+        "the write-ahead ring's checkpoint says record {} (hash {}) is the last durable record",
+        checkpoint.seq, checkpoint.hash
+    );
+    let Some(holder) = holder.filter(|_| end > 0) else {
+        return Ok(
+            (checkpoint.seq != 0 || checkpoint.hash != ChainHash::genesis()).then(|| {
+                format!(
+                    "{said}, but no record precedes the {} bytes of {} it made durable",
+                    checkpoint.bytes,
+                    file.display()
+                )
+            }),
+        );
+    };
+    let line = line_ending_at(&File::open(holder)?, end)?;
+    let found = line.as_deref().map(|line| {
+        (
+            DecisionRecord::from_json_line(line).map(|r| r.flowhost.seq),
+            line_hash(line),
+        )
+    });
+    Ok(match found {
+        Some((Ok(seq), hash)) if seq == checkpoint.seq && hash == checkpoint.hash => None,
+        Some((Ok(seq), hash)) => Some(format!(
+            "{said}, but the last line of {} up to byte {end} is record {seq} (hash {hash}): \
+             lines the checkpoint made durable were cut or edited after they were synced",
+            holder.display()
+        )),
+        Some((Err(e), _)) => Some(format!(
+            "{said}, but the last line of {} up to byte {end} is not a valid record ({e}): \
+             lines the checkpoint made durable were cut or edited after they were synced",
+            holder.display()
+        )),
+        None => Some(format!(
+            "{said}, but {} does not end in a whole line at byte {end}",
+            holder.display()
+        )),
+    })
+}
+
+/// The line of `file` that ends at byte `end` (> 0), without its newline; `None` when the
+/// byte before `end` is no newline or the line is longer than [`LONGEST_LINE`].
+fn line_ending_at(file: &File, end: u64) -> io::Result<Option<Vec<u8>>> {
+    const STEP: u64 = 64 * 1024;
+    let mut last = [0u8; 1];
+    file.read_exact_at(&mut last, end - 1)?;
+    if last[0] != b'\n' {
+        return Ok(None);
+    }
+    // Read backwards a block at a time, up to the newline before the line.
+    let newline = end - 1;
+    let mut from = newline;
+    let mut line = Vec::new();
+    loop {
+        let start = from.saturating_sub(STEP);
+        let mut block = vec![0u8; (from - start) as usize];
+        file.read_exact_at(&mut block, start)?;
+        let before = memchr::memrchr(b'\n', &block);
+        block.drain(..before.map_or(0, |i| i + 1));
+        block.extend_from_slice(&line);
+        line = block;
+        if before.is_some() || start == 0 {
+            return Ok(Some(line));
+        }
+        if newline - start > LONGEST_LINE {
+            return Ok(None);
+        }
+        from = start;
+    }
 }
 
 /// What the record files after a checkpoint's file hold.
@@ -927,6 +1060,61 @@ mod tests {
         assert!(!ring.has_room(cursor, len));
         // One that fits before the wrap mark is fine.
         assert!(ring.has_room(cursor, before - ENTRY_HEAD as usize));
+    }
+
+    #[test]
+    fn the_durable_end_is_the_line_the_checkpoint_names_or_the_previous_files_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut chain = Chainer::genesis();
+        let lines: Vec<Vec<u8>> = (0..3)
+            .map(|_| chain.seal(&mut sample_tool_call()).unwrap().line)
+            .collect();
+        let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+        fs::write(&first, lines.concat()).unwrap();
+        fs::write(&second, b"").unwrap();
+        let after = |seq: usize| Checkpoint {
+            bytes: lines[..seq].iter().map(|l| l.len() as u64).sum(),
+            lines: seq as u64,
+            seq: seq as u64,
+            hash: line_hash(lines[seq - 1].trim_ascii_end()),
+            ..start()
+        };
+        let problem = |file: &Path, previous: Option<&Path>, c: &Checkpoint| {
+            durable_end_problem(file, previous, c).unwrap()
+        };
+        assert_eq!(problem(&first, None, &after(3)), None);
+        assert_eq!(problem(&first, None, &after(2)), None);
+        // The file's start: the chain's.
+        assert_eq!(problem(&first, None, &start()), None);
+        let claims_more = Checkpoint {
+            bytes: 0,
+            ..after(3)
+        };
+        assert!(problem(&first, None, &claims_more).is_some());
+        // Record 2's place, but record 3's name.
+        let moved = Checkpoint {
+            bytes: after(2).bytes,
+            ..after(3)
+        };
+        let text = problem(&first, None, &moved).unwrap();
+        assert!(text.contains("is record 2"), "{text}");
+        // A rotation's checkpoint: the new file's start, after the previous file's last line.
+        assert_eq!(problem(&second, Some(&first), &claims_more), None);
+        // That line edited, its length kept.
+        let last = String::from_utf8(lines[2].clone()).unwrap();
+        let edited = last.replacen("prod-repo", "prod-repx", 1);
+        assert_eq!(edited.len(), last.len());
+        fs::write(
+            &first,
+            [&lines[0][..], &lines[1], edited.as_bytes()].concat(),
+        )
+        .unwrap();
+        let text = problem(&second, Some(&first), &claims_more).unwrap();
+        assert!(text.contains("cut or edited"), "{text}");
+        assert!(problem(&first, None, &after(3)).is_some());
+        // Torn: no whole line ends there.
+        fs::write(&first, &lines.concat()[..after(3).bytes as usize - 1]).unwrap();
+        assert!(problem(&second, Some(&first), &claims_more).is_some());
     }
 
     #[test]

@@ -224,8 +224,17 @@ pub(crate) fn lock_within(
 /// directory open to copy them in (after a machine crash, until the next open), and while
 /// its ring cannot be read. Other files are ignored.
 pub fn list_record_files(dir: &Path) -> Result<Vec<RecordFile>, StoreError> {
-    refuse_unreplayed(dir)?;
-    record_files_on_disk(dir)
+    Ok(list_record_files_and_checkpoint(dir)?.0)
+}
+
+/// [`list_record_files`], with the checkpoint of the directory's write-ahead ring when it
+/// was read (no writer holds the directory, and it has a ring): the stream must still hold
+/// the record it names, unchanged (see `chain::verify_records`).
+pub fn list_record_files_and_checkpoint(
+    dir: &Path,
+) -> Result<(Vec<RecordFile>, Option<ring::Checkpoint>), StoreError> {
+    let checkpoint = refuse_unreplayed(dir)?;
+    Ok((record_files_on_disk(dir)?, checkpoint))
 }
 
 /// Whether a writer has `dir` open at this moment.
@@ -241,8 +250,9 @@ pub(crate) fn writer_holds(dir: &Path) -> Result<bool, StoreError> {
     ))
 }
 
-/// Fails if `dir` holds durable records only in its ring (see [`list_record_files`]).
-fn refuse_unreplayed(dir: &Path) -> Result<(), StoreError> {
+/// Fails if `dir` holds durable records only in its ring (see [`list_record_files`]);
+/// returns the ring's checkpoint when it was read.
+fn refuse_unreplayed(dir: &Path) -> Result<Option<ring::Checkpoint>, StoreError> {
     refuse_unreplayed_within(dir, OPENING_WAIT)
 }
 
@@ -250,7 +260,7 @@ fn refuse_unreplayed(dir: &Path) -> Result<(), StoreError> {
 pub(crate) fn refuse_unreplayed_within(
     dir: &Path,
     opening_wait: std::time::Duration,
-) -> Result<(), StoreError> {
+) -> Result<Option<ring::Checkpoint>, StoreError> {
     // Held for the check, so that no writer opens (and replays) the directory meanwhile.
     let _shared = match lock_within(
         &dir.join(LOCK_FILE),
@@ -266,7 +276,7 @@ pub(crate) fn refuse_unreplayed_within(
         // entry it has just put in the ring reaches its file a moment later.
         Locked::Busy => {
             return match lock_within(&dir.join(OPENING_LOCK_FILE), false, false, opening_wait)? {
-                Locked::Held(_) | Locked::Absent => Ok(()),
+                Locked::Held(_) | Locked::Absent => Ok(None),
                 Locked::Busy => Err(StoreError::Opening {
                     dir: dir.to_path_buf(),
                     waited: opening_wait,
@@ -277,13 +287,16 @@ pub(crate) fn refuse_unreplayed_within(
     unreplayed_in(dir)
 }
 
-fn unreplayed_in(dir: &Path) -> Result<(), StoreError> {
+fn unreplayed_in(dir: &Path) -> Result<Option<ring::Checkpoint>, StoreError> {
     let files: Vec<PathBuf> = record_files_on_disk(dir)?
         .into_iter()
         .map(|f| f.path)
         .collect();
-    match ring::unreplayed(dir, &files)? {
-        None => Ok(()),
+    let Some((checkpoint, unreplayed)) = ring::unreplayed_and_checkpoint(dir, &files)? else {
+        return Ok(None);
+    };
+    match unreplayed {
+        None => Ok(Some(checkpoint)),
         Some(ring::Unreplayed::Missing { first, last }) => Err(StoreError::Unreplayed {
             dir: dir.to_path_buf(),
             first,

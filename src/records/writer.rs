@@ -42,10 +42,13 @@
 //!   stream nor thrown away: their bytes are preserved in a sidecar `<file>.torn-<n>`, the
 //!   file is cut back, and a warning is logged and reported by [`RecordWriter::recovered`]. A
 //!   stream that ends before the head anchor's record, or whose last line differs from the
-//!   anchored one, is refused (an operator must look: lines were cut or edited); a record file
-//!   shorter than its checkpoint is not repaired from the ring but refused
-//!   ([`RecordError::Corrupt`]). A rotation cut short before its checkpoint (the old file
-//!   whole, the new one empty) reopens.
+//!   anchored one, is refused (an operator must look: lines were cut or edited); so is one
+//!   that disagrees with the ring's checkpoint, which the anchor may predate: a record file
+//!   missing, or shorter than its checkpoint, is not repaired from the ring but refused, and
+//!   the line ending where the checkpoint says the durable part ends (at a file's start: the
+//!   previous file's last line, or the chain's start) must be the record the checkpoint names,
+//!   with its hash ([`RecordError::Corrupt`]). A rotation cut short before its checkpoint
+//!   (the old file whole, the new one empty) reopens.
 //! * One writer per directory: [`RecordWriter::open`] takes an exclusive `flock` on
 //!   `records.lock` (waiting up to 2 s for a writer that is just ending) and refuses with
 //!   [`RecordError::InUse`] otherwise.
@@ -578,10 +581,9 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
         return Ok(Vec::new());
     };
     let path = dir.join(&checkpoint.file);
+    // Gone, it took the records the checkpoint made durable (or, at its start, the file
+    // was made durable before the checkpoint named it): no crash does that.
     let Some(position) = files.iter().position(|f| f.path == path) else {
-        if entries.is_empty() && checkpoint.bytes == 0 {
-            return Ok(Vec::new());
-        }
         return Err(RecordError::Corrupt {
             path,
             line: checkpoint.lines,
@@ -616,6 +618,20 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
         .collect();
     let later = ring::later_files(&later).map_err(StoreError::io("stat", dir))?;
     let ends_a_line = start == 0 || bytes[start - 1] == b'\n';
+    // The checkpoint names the last durable record: lines cut or edited below it, the
+    // same length or not, must not be continued from.
+    if ends_a_line {
+        let previous = position.checked_sub(1).map(|i| files[i].path.as_path());
+        if let Some(problem) = ring::durable_end_problem(&path, previous, &checkpoint)
+            .map_err(StoreError::io("read", &path))?
+        {
+            return Err(RecordError::Corrupt {
+                path,
+                line: checkpoint.lines,
+                problem,
+            });
+        }
+    }
     let (kept, matched) = match ring::replay_plan(have, ends_a_line, &entries, later) {
         ring::ReplayPlan::Nothing => return Ok(Vec::new()),
         ring::ReplayPlan::ChangedBelowCheckpoint => {

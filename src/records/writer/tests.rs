@@ -868,8 +868,12 @@ fn a_reader_finding_the_directory_held_waits_until_its_writer_has_copied_the_rin
     w.close_blocking().unwrap();
 }
 
-#[test]
-fn readers_refuse_a_file_cut_below_its_checkpoint_while_the_ring_holds_more() {
+/// A writer (closed at the end) commits ten records with no anchor refresh after the first
+/// sync's, which checkpointed record 1; a crash copy of its directory then holds record 1 in
+/// its file and 2..=10 in the ring only. Returns the writer's directory, the copy and its
+/// checkpoint.
+fn crashed_after_ten_checkpointed_at_one()
+-> (tempfile::TempDir, tempfile::TempDir, ring::Checkpoint) {
     let dir = tempfile::tempdir().unwrap();
     let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
     for _ in 0..10 {
@@ -882,6 +886,12 @@ fn readers_refuse_a_file_cut_below_its_checkpoint_while_the_ring_holds_more() {
         checkpoint.seq == 1 && checkpoint.bytes > 0,
         "{checkpoint:?}"
     );
+    (dir, crashed, checkpoint)
+}
+
+#[test]
+fn readers_refuse_a_file_cut_below_its_checkpoint_while_the_ring_holds_more() {
+    let (_live, crashed, checkpoint) = crashed_after_ten_checkpointed_at_one();
     // Record 1, durable by the checkpoint, is cut away: before, readers offered a replay,
     // which the writer then refused, since copying records 2..=10 cannot bring 1 back.
     let file = crashed.path().join(&checkpoint.file);
@@ -894,4 +904,120 @@ fn readers_refuse_a_file_cut_below_its_checkpoint_while_the_ring_holds_more() {
     std::fs::remove_file(&file).unwrap();
     let err = verify_records(crashed.path(), None).unwrap_err();
     assert!(err.to_string().contains("is missing"), "{err}");
+}
+
+/// Commits records to `w` (writing to `dir`, options [`no_anchor_refresh`] with the
+/// smallest ring) until the sync thread has checkpointed the ring at the last one, past the
+/// record the head anchor names (refreshed once, after the first sync): a machine crash then
+/// leaves no ring entry after the checkpoint, and only the checkpoint vouches for the last
+/// records. Returns how many were committed.
+fn commit_until_checkpointed_past_the_anchor(w: &RecordWriter, dir: &Path) -> u64 {
+    for n in 1..=1000 {
+        w.commit_blocking(sample_tool_call()).unwrap();
+        // The sync thread checkpoints a ring that is more than half used right after the
+        // sync that completes the commit.
+        let deadline = std::time::Instant::now() + Duration::from_millis(20);
+        loop {
+            let (checkpoint, entries) = ring::read_back(dir).unwrap().unwrap();
+            // The anchor, once written, stays at the first records.
+            let anchored = HeadAnchor::read(&dir.join(HEAD_FILE)).unwrap();
+            if entries.is_empty() && checkpoint.seq == n && anchored.is_some_and(|a| a.seq < n) {
+                return n;
+            }
+            if std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    panic!("the ring was never checkpointed at its last record");
+}
+
+/// A crash copy of a directory whose ring's checkpoint is at its last record and later than
+/// its head anchor (see [`commit_until_checkpointed_past_the_anchor`]); returns the copy, the
+/// checkpoint and the live writer's directory (kept until the end of the test).
+fn checkpointed_past_the_anchor() -> (tempfile::TempDir, ring::Checkpoint, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), no_anchor_refresh(ring::MIN_RING_BYTES)).unwrap();
+    let committed = commit_until_checkpointed_past_the_anchor(&w, dir.path());
+    let crashed = tempfile::tempdir().unwrap();
+    let checkpoint = crash_copy(dir.path(), crashed.path(), b"");
+    assert_eq!(checkpoint.seq, committed);
+    w.close_blocking().unwrap();
+    (crashed, checkpoint, dir)
+}
+
+#[test]
+fn whole_lines_cut_below_a_checkpoint_the_anchor_predates_are_refused_by_readers() {
+    let (crashed, checkpoint, _live) = checkpointed_past_the_anchor();
+    let file = crashed.path().join(&checkpoint.file);
+    let bytes = fs::read(&file).unwrap();
+    let text = String::from_utf8(bytes).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() > 3, "{}", lines.len());
+    let kept: String = lines[..lines.len() - 3]
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    fs::write(&file, kept).unwrap();
+    // No ring entry follows the checkpoint, and the head anchor names an earlier record:
+    // before, readers found nothing to object to and the stream verified three records short.
+    let report = verify_records(crashed.path(), None);
+    let problems: Vec<String> = match &report {
+        Ok(r) => r.problems.iter().map(ToString::to_string).collect(),
+        Err(e) => vec![e.to_string()],
+    };
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("checkpoint") && p.contains("3 whole lines missing")),
+        "{report:?}"
+    );
+    let err = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, RecordError::Corrupt { .. }), "{err:?}");
+}
+
+#[test]
+fn an_edit_of_the_last_durable_line_keeping_its_length_is_refused() {
+    let (crashed, checkpoint, _live) = checkpointed_past_the_anchor();
+    let file = crashed.path().join(&checkpoint.file);
+    let text = fs::read_to_string(&file).unwrap();
+    let code = "classified_github_deploy_key";
+    let at = text.rfind(code).unwrap();
+    let edited = format!(
+        "{}classified_github_deploy_kez{}",
+        &text[..at],
+        &text[at + code.len()..]
+    );
+    assert_eq!(edited.len(), text.len());
+    fs::write(&file, &edited).unwrap();
+    // Before, the writer planned nothing (the file ends where the checkpoint says) and
+    // continued the chain from the edited line.
+    let err = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, RecordError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("checkpoint"), "{err}");
+    assert_eq!(fs::read_to_string(&file).unwrap(), edited, "left as it was");
+    let report = verify_records(crashed.path(), None).unwrap();
+    let last = text.lines().count() as u64;
+    assert!(
+        report.problems.iter().any(|p| p.at.line == Some(last)
+            && p.to_string().contains("edited")
+            && p.to_string().contains("checkpoint")),
+        "{report:?}"
+    );
+}
+
+#[test]
+fn a_durable_line_edited_while_the_ring_holds_more_is_refused_not_offered_for_replay() {
+    let (_live, crashed, checkpoint) = crashed_after_ten_checkpointed_at_one();
+    // Record 1, durable by the checkpoint, edited in place: copying 2..=10 in after it would
+    // chain them to a line that is not the one they vouch for.
+    let file = crashed.path().join(&checkpoint.file);
+    let text = fs::read_to_string(&file).unwrap();
+    fs::write(&file, text.replacen("prod-repo", "prod-repx", 1)).unwrap();
+    let err = verify_records(crashed.path(), None).unwrap_err();
+    assert!(matches!(err, StoreError::Ring(_)), "{err:?}");
+    assert!(err.to_string().contains("cut or edited"), "{err}");
+    let err = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap_err();
+    assert!(matches!(err, RecordError::Corrupt { .. }), "{err:?}");
 }
