@@ -35,8 +35,10 @@
 //!   file's end, so that a checkpoint's sync writes the lines and the inode but no allocation
 //!   metadata. The record files' sizes and contents are only ever whole lines.
 //! * Resume: [`RecordWriter::open`] first writes back into the last record file the records
-//!   the ring holds past its checkpoint (a machine crash lost them from the file), then
-//!   continues the sequence and chain of the existing files. Bytes of that file past the
+//!   the ring holds past its checkpoint (a machine crash lost them from the file; all of them
+//!   are written, also those the file seems to hold, which a failed write-back may have left
+//!   in the page cache only) and syncs it before the ring's checkpoint moves, then continues
+//!   the sequence and chain of the existing files. Bytes of that file past the
 //!   checkpoint that are not the ring's records, and a torn last line (a crash mid-write:
 //!   bytes after the last newline), were never acknowledged, so they are neither kept in the
 //!   stream nor thrown away: their bytes are preserved in a sidecar `<file>.torn-<n>`, the
@@ -574,7 +576,7 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
 
 /// Writes the records the ring holds past its checkpoint into the record file the
 /// checkpoint names, where a crash of the machine lost them (its lines are synced only at
-/// checkpoints). Bytes of that file past the checkpoint that are not the ring's records (a
+/// checkpoints), each at its place even if the file seems to hold it, and syncs the file. Bytes of that file past the checkpoint that are not the ring's records (a
 /// torn or never-synced line) are preserved in a sidecar, as a torn tail is, and cut.
 fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, RecordError> {
     let Some((checkpoint, entries)) = ring::read_back(dir)? else {
@@ -632,8 +634,12 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
             });
         }
     }
-    let (kept, matched) = match ring::replay_plan(have, ends_a_line, &entries, later) {
-        ring::ReplayPlan::Nothing => return Ok(Vec::new()),
+    // What the file keeps past the checkpoint: all of it (`None`: it holds every entry, and
+    // past them perhaps records a rotation synced), or the first `matched` bytes, which hold
+    // the first `kept` entries.
+    let keep = match ring::replay_plan(have, ends_a_line, &entries, later) {
+        ring::ReplayPlan::Nothing if entries.is_empty() => return Ok(Vec::new()),
+        ring::ReplayPlan::Nothing => None,
         ring::ReplayPlan::ChangedBelowCheckpoint => {
             return Err(RecordError::Corrupt {
                 path,
@@ -645,7 +651,7 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
                 ),
             });
         }
-        ring::ReplayPlan::Rewrite { kept, matched } => (kept, matched),
+        ring::ReplayPlan::Rewrite { kept, matched } => Some((kept, matched)),
         ring::ReplayPlan::LaterFilesHoldRecords => {
             return Err(RecordError::Corrupt {
                 line: checkpoint.lines,
@@ -655,43 +661,55 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
         }
     };
     let mut recovered = Vec::new();
-    let cut = &have[matched..];
+    let cut = keep.map_or(&[][..], |(_, matched)| &have[matched..]);
     if !cut.is_empty() {
         recovered.push(preserve_torn_tail(&path, cut)?);
     }
-    let mut tail = Vec::new();
-    for entry in &entries[kept..] {
-        tail.extend_from_slice(&entry.line);
-        tail.push(b'\n');
+    // Every entry is written at its place, those the file seems to hold too: after a failed
+    // write-back of the file (Linux reports it once, to the writer whose sync failed), the
+    // page cache may still hold lines that never reached the disk, and a sync from this
+    // process would succeed without writing them. Written again, they are dirty, and the sync
+    // below writes them or fails, before the ring's checkpoint moves past them.
+    let mut lines = Vec::new();
+    for entry in &entries {
+        lines.extend_from_slice(&entry.line);
+        lines.push(b'\n');
     }
     let f = OpenOptions::new()
         .write(true)
         .open(&path)
         .map_err(StoreError::io("open", &path))?;
-    let at = (start + matched) as u64;
-    f.set_len(at)
-        .and_then(|()| {
-            use std::os::unix::fs::FileExt;
-            f.write_all_at(&tail, at)
-        })
-        .and_then(|()| f.sync_all())
-        .map_err(StoreError::io("replay the write-ahead ring into", &path))?;
-    if kept < entries.len() {
-        tracing::warn!(
+    match keep {
+        Some((_, matched)) => f.set_len((start + matched) as u64),
+        None => Ok(()),
+    }
+    .and_then(|()| {
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&lines, start as u64)
+    })
+    .and_then(|()| f.sync_all())
+    .map_err(StoreError::io("replay the write-ahead ring into", &path))?;
+    match keep {
+        Some((kept, _)) if kept < entries.len() => tracing::warn!(
             file = %path.display(),
             replayed = entries.len() - kept,
             first = checkpoint.seq + 1 + kept as u64,
             cut_bytes = cut.len(),
             "record file lacked durable records (a crash before its checkpoint); they were \
              written back from the write-ahead ring"
-        );
-    } else {
-        tracing::warn!(
+        ),
+        Some(_) => tracing::warn!(
             file = %path.display(),
             cut_bytes = cut.len(),
             "record file ended in bytes that are no durable record (a crash mid-write; never \
              acknowledged); they were cut from the stream and preserved in a sidecar"
-        );
+        ),
+        None => tracing::debug!(
+            file = %path.display(),
+            rewritten = entries.len(),
+            "record file held the write-ahead ring's records past its checkpoint; they were \
+             written again and synced before the checkpoint moved"
+        ),
     }
     Ok(recovered)
 }

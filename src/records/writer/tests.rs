@@ -1021,3 +1021,41 @@ fn a_durable_line_edited_while_the_ring_holds_more_is_refused_not_offered_for_re
     let err = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap_err();
     assert!(matches!(err, RecordError::Corrupt { .. }), "{err:?}");
 }
+
+/// After a write-back error on a checkpoint's `fdatasync` the writer fails closed, but its
+/// lines stay in the page cache: a restart (no reboot) finds the file holding every ring
+/// entry, and its own `fdatasync` succeeds (the kernel reported the lost write-back once,
+/// to the failed writer), so a checkpoint there would vouch for pages that never reached
+/// the disk. The entries past the checkpoint are written again at their places, dirtying
+/// those pages, and synced before the checkpoint moves. The write-back error itself cannot
+/// be injected here: what is checked is that the open writes the file although it already
+/// holds the entries (its modification time moves).
+#[test]
+fn entries_the_file_seems_to_hold_are_written_again_before_the_checkpoint_moves() {
+    let (live, crashed, checkpoint) = crashed_after_ten_checkpointed_at_one();
+    // The failed writer's file as the page cache holds it: every record, identical.
+    let file = crashed.path().join(&checkpoint.file);
+    std::fs::copy(live.path().join(&checkpoint.file), &file).unwrap();
+    let before = std::fs::read(&file).unwrap();
+    let (_, entries) = ring::read_back(crashed.path()).unwrap().unwrap();
+    assert_eq!(entries.len(), 9);
+    let long_ago = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(long_ago)
+        .unwrap();
+    let reopened = RecordWriter::open(crashed.path(), WriterOptions::default()).unwrap();
+    assert_eq!(reopened.status().last_seq, Some(10));
+    assert!(reopened.recovered().is_empty());
+    let modified = fs::metadata(&file).unwrap().modified().unwrap();
+    assert!(
+        modified > long_ago,
+        "the entries past the checkpoint were not written again"
+    );
+    assert_eq!(fs::read(&file).unwrap(), before);
+    reopened.close_blocking().unwrap();
+    let report = verify_records(crashed.path(), None).unwrap();
+    assert!(report.is_ok() && report.records == 10, "{report:?}");
+}
