@@ -200,7 +200,61 @@ pub fn write_atomic_with(
 
 /// Makes the entries of `dir` (created, renamed or removed files) durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    File::open(dir)?.sync_all()?;
+    #[cfg(test)]
+    SYNCED_DIRS.with(|synced| synced.borrow_mut().push(dir.to_path_buf()));
+    Ok(())
+}
+
+/// Why a directory could not be made durably.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {op} {}", path.display())]
+pub struct DirError {
+    /// What was being done.
+    pub op: &'static str,
+    /// The directory.
+    pub path: PathBuf,
+    /// What the OS said.
+    #[source]
+    pub source: io::Error,
+}
+
+/// Creates `dir` and whichever of its ancestors are missing (permission bits `mode`, less the
+/// umask), and syncs each one it created into its parent before returning: files made durable
+/// in a directory whose own entry a power loss then takes are lost with it. A directory that
+/// already exists is left as it is.
+pub fn create_dir_all_synced(dir: &Path, mode: u32) -> Result<(), DirError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .collect();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+        .map_err(|source| DirError {
+            op: "create the directory",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    for created in missing {
+        let parent = parent_dir(created);
+        sync_dir(parent).map_err(|source| DirError {
+            op: "fsync the directory",
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The directories [`sync_dir`] synced on this thread, for tests to look at (a sync
+    /// leaves nothing else to see).
+    pub(crate) static SYNCED_DIRS: std::cell::RefCell<Vec<PathBuf>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Creates `path` with `bytes` and permission bits `mode`, refusing to replace anything

@@ -76,7 +76,7 @@ use super::store::{
     record_files_on_disk, split_lines,
 };
 use super::{DecisionRecord, RecordFormatError};
-use crate::files::{sync_dir, write_atomic};
+use crate::files::{create_dir_all_synced, sync_dir, write_atomic};
 
 /// How the writer behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,19 +276,7 @@ impl RecordWriter {
     pub fn open(dir: &Path, options: WriterOptions) -> Result<RecordWriter, RecordError> {
         // The directories this creates are synced into their parents: records made durable
         // in a directory a power loss then unlinks would be lost with it.
-        let missing: Vec<PathBuf> = dir
-            .ancestors()
-            .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
-            .map(Path::to_path_buf)
-            .collect();
-        fs::create_dir_all(dir).map_err(StoreError::io("create", dir))?;
-        for created in &missing {
-            let parent = created
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            sync_dir(parent).map_err(StoreError::io("fsync directory", parent))?;
-        }
+        create_dir_all_synced(dir, 0o777).map_err(|e| StoreError::io(e.op, &e.path)(e.source))?;
         // Taken before the writer lock and held until the ring has been copied into the
         // files: a reader that finds the directory held waits on it (see `store`).
         let opening = take_for_writing(dir, store::OPENING_LOCK_FILE)?;

@@ -507,17 +507,19 @@ fn check_state_continuity(config: &HostConfig) -> Result<bool, StartupError> {
     Ok(false)
 }
 
+/// Creates the state or record directory `path` if needed, each directory it makes synced
+/// into its parent (the record writer's own syncs find them made), and refuses one others
+/// may write to.
 fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     let io = |source| StartupError::Io {
         path: path.to_path_buf(),
         source,
     };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(path)
-        .map_err(io)?;
+    crate::files::create_dir_all_synced(path, mode).map_err(|e| StartupError::Io {
+        source: std::io::Error::new(e.source.kind(), format!("cannot {}: {}", e.op, e.source)),
+        path: e.path,
+    })?;
     let meta = std::fs::metadata(path).map_err(io)?;
     if meta.permissions().mode() & 0o022 != 0 {
         return Err(io(std::io::Error::new(
@@ -645,5 +647,39 @@ impl Host {
             admission: Arc::new(admission::Admission::default()),
         });
         Ok((host, listener))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_directory_made_at_start_is_synced_into_each_parent_it_was_made_in() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a/b/records");
+        crate::files::SYNCED_DIRS.with(|synced| synced.borrow_mut().clear());
+        ensure_dir(&dir, 0o700).unwrap();
+        let synced = crate::files::SYNCED_DIRS.with(|synced| synced.take());
+        // Unsynced, a power loss could unlink the directory records were made durable in;
+        // the record writer's own sync of the ancestors it creates finds them all there.
+        for parent in [
+            root.path().to_path_buf(),
+            root.path().join("a"),
+            root.path().join("a/b"),
+        ] {
+            assert!(
+                synced.contains(&parent),
+                "{} not synced: {synced:?}",
+                parent.display()
+            );
+        }
+        // Made already: nothing to sync.
+        ensure_dir(&dir, 0o700).unwrap();
+        assert!(
+            crate::files::SYNCED_DIRS
+                .with(|synced| synced.take())
+                .is_empty()
+        );
     }
 }
