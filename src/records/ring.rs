@@ -148,7 +148,8 @@ pub struct Ring {
 impl Ring {
     /// Opens the ring of `dir`, or makes one of `size` bytes (all written) if there is none,
     /// then writes `checkpoint` as its current one, with its entries starting at the ring's
-    /// start (whatever `checkpoint.ring_at` says). Returns the ring and the cursor its next
+    /// start (whatever `checkpoint.ring_at` says). A ring it makes holds that checkpoint
+    /// before it takes its name, so it is never found without a valid one. Returns the ring and the cursor its next
     /// entry goes to. A ring smaller than any the writer makes is refused.
     pub fn open(
         dir: &Path,
@@ -166,13 +167,29 @@ impl Ring {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(io("inspect")(e)),
         };
+        let cursor = Cursor {
+            at: DATA_START,
+            used: 0,
+        };
+        let start = Checkpoint {
+            ring_at: cursor.at,
+            ..checkpoint.clone()
+        };
         let size = match existing {
             Some(len) => len,
             None => {
                 let size = size.max(MIN_RING_BYTES);
                 write_atomic_with(&path, 0o600, |out| {
+                    // The first checkpoint is written with the zeros, so the ring is valid
+                    // once it has its name: a crash right after the rename must not leave a
+                    // ring without a valid header slot, which every later open refuses.
+                    let mut header = vec![0u8; DATA_START as usize];
+                    let at = slot_offset(FIRST_COUNTER) as usize;
+                    header[at..at + SLOT_BYTES]
+                        .copy_from_slice(&encode_slot(FIRST_COUNTER, &start));
+                    out.write_all(&header)?;
                     let zeros = vec![0u8; 64 * 1024];
-                    let mut left = size;
+                    let mut left = size - DATA_START;
                     while left > 0 {
                         let n = left.min(zeros.len() as u64) as usize;
                         out.write_all(&zeros[..n])?;
@@ -184,6 +201,10 @@ impl Ring {
                     crate::files::FileError::Write { source, .. } => io("create")(source),
                     other => io("create")(io::Error::other(other.to_string())),
                 })?;
+                #[cfg(test)]
+                if STOP_AFTER_MAKING.with(|stop| stop.replace(false)) {
+                    return Err(io("create")(io::Error::other("stopped by the test")));
+                }
                 size
             }
         };
@@ -192,32 +213,25 @@ impl Ring {
             .write(true)
             .open(&path)
             .map_err(io("open"))?;
-        let counter = if existing.is_some() {
+        let (counter, last) = if existing.is_some() {
             let mut slots = vec![0u8; DATA_START as usize];
             file.read_exact_at(&mut slots, 0).map_err(io("read"))?;
-            read_slots(&slots).map_or(0, |(counter, _)| counter)
+            (read_slots(&slots).map_or(0, |(counter, _)| counter), None)
         } else {
-            0
+            // Made with `start` as its checkpoint, which is durable: the rename was synced.
+            (
+                FIRST_COUNTER,
+                Some((cursor.used, start.file.clone(), start.bytes)),
+            )
         };
         let ring = Ring {
             file,
             path,
             size,
-            header: Mutex::new(Header {
-                counter,
-                last: None,
-            }),
+            header: Mutex::new(Header { counter, last }),
             checkpoint_used: AtomicU64::new(0),
             sync_failed: Mutex::new(None),
             record_sync_failed: Mutex::new(None),
-        };
-        let cursor = Cursor {
-            at: DATA_START,
-            used: 0,
-        };
-        let start = Checkpoint {
-            ring_at: cursor.at,
-            ..checkpoint.clone()
         };
         ring.checkpoint(&start, cursor.used)?;
         Ok((ring, cursor))
@@ -323,7 +337,7 @@ impl Ring {
         }
         let counter = header.counter + 1;
         let slot = encode_slot(counter, checkpoint);
-        let offset = (counter % 2) * SLOT_BLOCK;
+        let offset = slot_offset(counter);
         self.file
             .write_all_at(&slot, offset)
             .map_err(|source| RingError::Io {
@@ -339,6 +353,14 @@ impl Ring {
         self.checkpoint_used.fetch_max(used, Ordering::AcqRel);
         Ok(())
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Set by a test: the next [`Ring::open`] on this thread that makes a ring stops right
+    /// after renaming it into place, as a crash there would.
+    pub(crate) static STOP_AFTER_MAKING: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
 }
 
 fn too_small(path: PathBuf, len: u64) -> RingError {
@@ -801,6 +823,14 @@ fn entries_after(bytes: &[u8], checkpoint: &Checkpoint) -> Vec<RingEntry> {
         walked += ENTRY_HEAD + len;
     }
     out
+}
+
+/// The counter of the checkpoint a new ring is made with.
+const FIRST_COUNTER: u64 = 1;
+
+/// Where the header slot of the checkpoint numbered `counter` is: the two slots take turns.
+fn slot_offset(counter: u64) -> u64 {
+    (counter % 2) * SLOT_BLOCK
 }
 
 fn encode_slot(counter: u64, c: &Checkpoint) -> Vec<u8> {

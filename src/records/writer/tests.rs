@@ -1059,3 +1059,20 @@ fn entries_the_file_seems_to_hold_are_written_again_before_the_checkpoint_moves(
     let report = verify_records(crashed.path(), None).unwrap();
     assert!(report.is_ok() && report.records == 10, "{report:?}");
 }
+
+#[test]
+fn a_ring_stopped_right_after_it_was_made_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    ring::STOP_AFTER_MAKING.with(|stop| stop.set(true));
+    let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("stopped by the test"), "{err}");
+    // As a crash between renaming the new ring into place and its first checkpoint leaves
+    // it: before, neither header slot was valid, and every later open and reader refused it.
+    let report = verify_records(dir.path(), None).unwrap();
+    assert!(report.is_ok() && report.records == 0, "{report:?}");
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    assert_eq!(w.commit_blocking(sample_tool_call()).unwrap().seq, 1);
+    w.close_blocking().unwrap();
+    let report = verify_records(dir.path(), None).unwrap();
+    assert!(report.is_ok() && report.records == 1, "{report:?}");
+}
