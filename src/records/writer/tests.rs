@@ -876,7 +876,17 @@ fn crashed_after_ten_checkpointed_at_one()
 -> (tempfile::TempDir, tempfile::TempDir, ring::Checkpoint) {
     let dir = tempfile::tempdir().unwrap();
     let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
-    for _ in 0..10 {
+    w.commit_blocking(sample_tool_call()).unwrap();
+    // The sync thread's one anchor refresh, a checkpoint first, comes right after.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while HeadAnchor::read(&dir.path().join(HEAD_FILE))
+        .unwrap()
+        .is_none()
+    {
+        assert!(std::time::Instant::now() < deadline, "no anchor refresh");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for _ in 1..10 {
         w.commit_blocking(sample_tool_call()).unwrap();
     }
     let crashed = tempfile::tempdir().unwrap();
