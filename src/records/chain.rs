@@ -109,12 +109,13 @@ impl Chainer {
         }
     }
 
-    /// A chain whose last record is `last_seq` with line hash `last_hash`.
-    pub fn resume(last_seq: u64, last_hash: ChainHash) -> Self {
-        Chainer {
-            next_seq: last_seq.saturating_add(1),
+    /// A chain whose last record is `last_seq` with line hash `last_hash`; `None` when no
+    /// sequence number is left after `last_seq`.
+    pub fn resume(last_seq: u64, last_hash: ChainHash) -> Option<Self> {
+        Some(Chainer {
+            next_seq: last_seq.checked_add(1)?,
             prev_hash: last_hash,
-        }
+        })
     }
 
     /// The sequence number the next record gets.
@@ -130,6 +131,17 @@ impl Chainer {
     /// Assigns the record its `seq` and `prev_hash`, validates it, serialises it as one line
     /// and advances the chain. On error the chain is unchanged.
     pub fn seal(&mut self, record: &mut DecisionRecord) -> Result<Sealed, RecordFormatError> {
+        // The last sequence number is never used: the chain could not go on after it.
+        let next_seq = self
+            .next_seq
+            .checked_add(1)
+            .ok_or_else(|| RecordFormatError {
+                field: "flowhost.seq".into(),
+                problem: format!(
+                    "the chain has used every sequence number up to {}",
+                    self.next_seq
+                ),
+            })?;
         record.flowhost.seq = self.next_seq;
         record.flowhost.prev_hash = self.prev_hash.as_str().to_string();
         record.validate()?;
@@ -146,7 +158,7 @@ impl Chainer {
             hash: hash.clone(),
             digest,
         };
-        self.next_seq = self.next_seq.saturating_add(1);
+        self.next_seq = next_seq;
         self.prev_hash = hash;
         Ok(sealed)
     }
@@ -1098,6 +1110,16 @@ mod tests {
         let e = c.seal(&mut r).unwrap_err();
         assert_eq!(e.field, "redaction.secret_material_stored");
         assert_eq!(c.next_seq(), 1);
+    }
+
+    #[test]
+    fn the_chain_never_reuses_a_sequence_number() {
+        assert_eq!(Chainer::resume(u64::MAX, ChainHash::genesis()), None);
+        let mut c = Chainer::resume(u64::MAX - 2, ChainHash::genesis()).unwrap();
+        assert_eq!(c.seal(&mut sample_tool_call()).unwrap().seq, u64::MAX - 1);
+        let e = c.seal(&mut sample_tool_call()).unwrap_err();
+        assert_eq!(e.field, "flowhost.seq");
+        assert_eq!(c.next_seq(), u64::MAX, "unchanged");
     }
 
     #[test]

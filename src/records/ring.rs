@@ -425,7 +425,9 @@ pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, Rin
         file.read_exact_at(&mut head, checkpoint.ring_at)
             .map_err(io_error("read", &path))?;
         let seq = u64::from_le_bytes(head[8..16].try_into().unwrap_or([0; 8]));
-        if &head[..4] != WRAP_MAGIC && (&head[..4] != ENTRY_MAGIC || seq != checkpoint.seq + 1) {
+        if &head[..4] != WRAP_MAGIC
+            && (&head[..4] != ENTRY_MAGIC || Some(seq) != checkpoint.seq.checked_add(1))
+        {
             return Ok(Some((checkpoint, Vec::new())));
         }
     }
@@ -733,7 +735,7 @@ pub fn durable_end_problem(
 
 /// The line of `file` that ends at byte `end` (> 0), without its newline; `None` when the
 /// byte before `end` is no newline or the line is longer than [`LONGEST_LINE`].
-fn line_ending_at(file: &File, end: u64) -> io::Result<Option<Vec<u8>>> {
+pub(crate) fn line_ending_at(file: &File, end: u64) -> io::Result<Option<Vec<u8>>> {
     const STEP: u64 = 64 * 1024;
     let mut last = [0u8; 1];
     file.read_exact_at(&mut last, end - 1)?;
@@ -787,7 +789,10 @@ pub fn later_files_hold_records(file: &Path) -> String {
 fn entries_after(bytes: &[u8], checkpoint: &Checkpoint) -> Vec<RingEntry> {
     let size = bytes.len() as u64;
     let mut at = checkpoint.ring_at;
-    let mut seq = checkpoint.seq + 1;
+    // A checkpoint at the last sequence number has no record after it.
+    let Some(mut seq) = checkpoint.seq.checked_add(1) else {
+        return Vec::new();
+    };
     let mut prev = checkpoint.hash.clone();
     let mut walked = 0u64;
     let mut out = Vec::new();
@@ -818,7 +823,10 @@ fn entries_after(bytes: &[u8], checkpoint: &Checkpoint) -> Vec<RingEntry> {
             seq,
             line: line.to_vec(),
         });
-        seq += 1;
+        let Some(next) = seq.checked_add(1) else {
+            break;
+        };
+        seq = next;
         at += ENTRY_HEAD + len;
         walked += ENTRY_HEAD + len;
     }
@@ -1145,6 +1153,23 @@ mod tests {
         // Torn: no whole line ends there.
         fs::write(&first, &lines.concat()[..after(3).bytes as usize - 1]).unwrap();
         assert!(problem(&second, Some(&first), &claims_more).is_some());
+    }
+
+    #[test]
+    fn a_checkpoint_at_the_last_sequence_number_has_nothing_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let last = Checkpoint {
+            seq: u64::MAX,
+            hash: line_hash(b"x"),
+            ..start()
+        };
+        let (ring, mut cursor) = Ring::open(dir.path(), MIN_RING_BYTES, &last).unwrap();
+        // An entry where the record after it would go: its seq is never `seq + 1`.
+        ring.append(&mut cursor, 0, &[0; 32], b"{}").unwrap();
+        drop(ring);
+        let (checkpoint, entries) = read_back(dir.path()).unwrap().unwrap();
+        assert_eq!(checkpoint, last);
+        assert!(entries.is_empty(), "{entries:?}");
     }
 
     #[test]

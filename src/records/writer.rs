@@ -38,7 +38,10 @@
 //!   the ring holds past its checkpoint (a machine crash lost them from the file; all of them
 //!   are written, also those the file seems to hold, which a failed write-back may have left
 //!   in the page cache only) and syncs it before the ring's checkpoint moves, then continues
-//!   the sequence and chain of the existing files. Bytes of that file past the
+//!   the sequence and chain of the existing files. Their last line must be the record its
+//!   place says (its file is named for its first record) and carry the hash of the line
+//!   before it; one that does not is refused ([`RecordError::Corrupt`]) rather than
+//!   continued from (a seq taken from it could repeat or overflow). Bytes of that file past the
 //!   checkpoint that are not the ring's records, and a torn last line (a crash mid-write:
 //!   bytes after the last newline), were never acknowledged, so they are neither kept in the
 //!   stream nor thrown away: their bytes are preserved in a sidecar `<file>.torn-<n>`, the
@@ -499,15 +502,13 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
         recovered.push(tail);
     }
     let lines: Vec<&[u8]> = split_lines(&bytes).0.collect();
+    let before_last = files.len().checked_sub(2).map(|i| &files[i]);
     let chain = match lines.last() {
-        Some(line) => {
-            let seq = last_seq_of(&last.path, lines.len() as u64, line)?;
-            Chainer::resume(seq, line_hash(line))
-        }
+        Some(_) => chain_after(last, &lines, before_last)?,
         None => {
             // An empty last file (rotation happened, nothing written yet): the chain ends in
             // the previous file, and this file must be named for the next record.
-            let chain = match files.len().checked_sub(2).map(|i| &files[i]) {
+            let chain = match before_last {
                 Some(prev) => {
                     let prev_bytes =
                         fs::read(&prev.path).map_err(StoreError::io("read", &prev.path))?;
@@ -521,10 +522,11 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
                         });
                     }
                     match prev_lines.last() {
-                        Some(line) => Chainer::resume(
-                            last_seq_of(&prev.path, prev_lines.len() as u64, line)?,
-                            line_hash(line),
-                        ),
+                        Some(_) => chain_after(
+                            prev,
+                            &prev_lines,
+                            files.len().checked_sub(3).map(|i| &files[i]),
+                        )?,
                         None => {
                             return Err(RecordError::Corrupt {
                                 path: prev.path.clone(),
@@ -731,14 +733,74 @@ fn file_name_of(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-fn last_seq_of(path: &Path, line_no: u64, line: &[u8]) -> Result<u64, RecordError> {
-    DecisionRecord::from_json_line(line)
-        .map(|r| r.flowhost.seq)
-        .map_err(|e| RecordError::Corrupt {
-            path: path.to_path_buf(),
-            line: line_no,
-            problem: format!("the last record is not valid ({e})"),
-        })
+/// The chain continued after `lines`, the whole lines of record `file` (at least one): its
+/// last line must be the record its place says (the file is named for its first record) and
+/// carry the hash of the line before it (in this file, or the last one of `previous`, the
+/// record file before it; record 1 carries the genesis hash). One that does not was not
+/// written by the writer: continuing from it would reuse sequence numbers or chain new
+/// records to a line no record vouches for.
+fn chain_after(
+    file: &RecordFile,
+    lines: &[&[u8]],
+    previous: Option<&RecordFile>,
+) -> Result<Chainer, RecordError> {
+    let n = lines.len() as u64;
+    let corrupt = |problem: String| RecordError::Corrupt {
+        path: file.path.clone(),
+        line: n,
+        problem,
+    };
+    let Some(&line) = lines.last() else {
+        return Err(corrupt("the file holds no record".into()));
+    };
+    let record = DecisionRecord::from_json_line(line)
+        .map_err(|e| corrupt(format!("the last record is not valid ({e})")))?;
+    let seq = record.flowhost.seq;
+    let place = file.first_seq.checked_add(n - 1);
+    if place != Some(seq) {
+        return Err(corrupt(format!(
+            "the last record says it is record {seq}, but it is line {n} of the file named \
+             for record {}",
+            file.first_seq
+        )));
+    }
+    let before = match (lines.len().checked_sub(2), previous) {
+        (Some(i), _) => Some(line_hash(lines[i])),
+        (None, Some(previous)) => {
+            let len = fs::metadata(&previous.path)
+                .map_err(StoreError::io("inspect", &previous.path))?
+                .len();
+            let last = match len {
+                0 => None,
+                _ => File::open(&previous.path)
+                    .and_then(|f| ring::line_ending_at(&f, len))
+                    .map_err(StoreError::io("read", &previous.path))?,
+            };
+            let Some(last) = last else {
+                return Err(corrupt(format!(
+                    "the record file before it, {}, does not end in a whole line",
+                    previous.path.display()
+                )));
+            };
+            Some(line_hash(&last))
+        }
+        (None, None) if seq == 1 => Some(ChainHash::genesis()),
+        // The first file of a stream that starts late: nothing before it to check against.
+        (None, None) => None,
+    };
+    if let Some(before) = before
+        && record.flowhost.prev_hash != before.as_str()
+    {
+        return Err(corrupt(format!(
+            "the last record's prev_hash is {}, but the line before it hashes to {before}",
+            record.flowhost.prev_hash
+        )));
+    }
+    Chainer::resume(seq, line_hash(line)).ok_or_else(|| {
+        corrupt(format!(
+            "the last record is {seq}: no sequence number is left for the next"
+        ))
+    })
 }
 
 fn first_seq_of(path: &Path) -> Result<Option<u64>, RecordError> {

@@ -171,15 +171,20 @@ fn torn_tail_is_preserved_cut_and_reported() {
     assert_eq!(report.notes.len(), 1);
 }
 
-#[test]
-fn open_refuses_a_stream_cut_or_edited_behind_the_anchor() {
-    let dir = tempfile::tempdir().unwrap();
-    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+/// Commits three records to a writer on `dir` and closes it; returns their record file.
+fn three_records_closed(dir: &Path) -> PathBuf {
+    let w = RecordWriter::open(dir, WriterOptions::default()).unwrap();
     for _ in 0..3 {
         w.commit_blocking(sample_tool_call()).unwrap();
     }
     w.close_blocking().unwrap();
-    let file = dir.path().join(record_file_name(1));
+    dir.join(record_file_name(1))
+}
+
+#[test]
+fn open_refuses_a_stream_cut_or_edited_behind_the_anchor() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = three_records_closed(dir.path());
     let original = fs::read(&file).unwrap();
     // Cut the last whole line.
     let text = String::from_utf8(original.clone()).unwrap();
@@ -192,12 +197,11 @@ fn open_refuses_a_stream_cut_or_edited_behind_the_anchor() {
     fs::remove_file(dir.path().join(RING_FILE)).unwrap();
     let e = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
     assert!(e.to_string().contains("1 whole lines are missing"), "{e}");
-    // Edit the last line instead (still valid JSON).
-    fs::write(
-        &file,
-        text.replace("\"session\":\"s-1\"", "\"session\":\"s-2\""),
-    )
-    .unwrap();
+    // Edit the last line instead (still valid JSON; the lines before it as they were, so
+    // that its prev_hash still links it to them).
+    let at = text.rfind("\"session\":\"s-1\"").unwrap();
+    let edited = format!("{}\"session\":\"s-2\"{}", &text[..at], &text[at + 15..]);
+    fs::write(&file, edited).unwrap();
     let e = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
     assert!(e.to_string().contains("was edited"), "{e}");
 }
@@ -1085,4 +1089,38 @@ fn a_ring_stopped_right_after_it_was_made_reopens() {
     w.close_blocking().unwrap();
     let report = verify_records(dir.path(), None).unwrap();
     assert!(report.is_ok() && report.records == 1, "{report:?}");
+}
+
+#[test]
+fn a_last_line_whose_seq_or_prev_hash_does_not_follow_the_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = three_records_closed(dir.path());
+    let original = fs::read_to_string(&file).unwrap();
+    let third = line_hash(original.lines().last().unwrap().as_bytes());
+    let with_line = |seq: u64, prev_hash: &str| {
+        let mut record = sample_tool_call();
+        record.flowhost.seq = seq;
+        record.flowhost.prev_hash = prev_hash.to_string();
+        let line = String::from_utf8(serde_json::to_vec(&record).unwrap()).unwrap();
+        fs::write(&file, format!("{original}{line}\n")).unwrap();
+        // A directory from before the ring: the lines past the anchor vouch for themselves.
+        let _ = fs::remove_file(dir.path().join(RING_FILE));
+    };
+    // Before, the chain resumed after seq u64::MAX and every new record got that seq again.
+    for (seq, prev_hash) in [
+        (u64::MAX, third.as_str()),
+        (7, third.as_str()),
+        (4, crate::records::GENESIS_HASH),
+    ] {
+        with_line(seq, prev_hash);
+        let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, RecordError::Corrupt { line: 4, .. }),
+            "seq {seq}, prev_hash {prev_hash}: {err:?}"
+        );
+    }
+    with_line(4, third.as_str());
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    assert_eq!(w.commit_blocking(sample_tool_call()).unwrap().seq, 5);
+    w.close_blocking().unwrap();
 }
