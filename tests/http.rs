@@ -708,6 +708,16 @@ fn tls_when_configured() {
     lab.stop();
 }
 
+/// The tool names of the records of HTTP authentication refusals (`(http: why)`).
+fn http_refusal_names(lab: &Lab) -> Vec<String> {
+    lab.records()
+        .iter()
+        .filter_map(|r| r["tool"]["name"].as_str())
+        .filter(|n| n.starts_with("(http: "))
+        .map(ToString::to_string)
+        .collect()
+}
+
 /// Unauthenticated callers are no principal and no peer: their refusal records get the
 /// folder's budget per interval, and the rest are recorded as one count.
 #[test]
@@ -722,13 +732,7 @@ fn unauthenticated_refusals_past_the_budget_fold_into_one_record() {
         assert_eq!(McpHttp::new(addr, Some("wrong")).initialize().status, 401);
     }
     lab.stop();
-    let names: Vec<String> = lab
-        .records()
-        .iter()
-        .filter_map(|r| r["tool"]["name"].as_str())
-        .filter(|n| n.starts_with("(http: "))
-        .map(ToString::to_string)
-        .collect();
+    let names = http_refusal_names(&lab);
     assert_eq!(
         names,
         [
@@ -1063,4 +1067,68 @@ fn an_id_in_flight_or_an_invalid_message_is_refused_before_routing() {
         !first.body.contains("already in flight") && !first.body.contains("\"code\":-32"),
         "another request's answer reached the call's stream: {first:?}"
     );
+}
+
+/// A header sent but unreadable (bytes outside visible ASCII) or sent twice is refused, not
+/// read as absent: with `unauthenticated_loopback_principal` set, an unreadable or repeated
+/// `Authorization` would otherwise make its sender the anonymous principal (answered `401`
+/// and recorded like any other bad credential instead), and an unreadable `Origin` would
+/// skip the Origin check.
+#[test]
+fn an_unreadable_or_repeated_header_is_refused_not_read_as_absent() {
+    let Some((mut lab, addr, _)) = start("unauthenticated_loopback_principal = \"remote-agent\"")
+    else {
+        return;
+    };
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).to_string();
+    let post = |extra: &[(&str, &str)]| {
+        let mut h = vec![
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ];
+        h.extend_from_slice(extra);
+        request(addr, "POST", "/mcp", &h, &body)
+    };
+    // Without credentials the caller is the loopback principal, as configured.
+    let anonymous = post(&[]);
+    assert_eq!(anonymous.status, 200, "{anonymous:?}\n{}", lab.log());
+    let bearer = format!("Bearer {TOKEN}");
+    for (headers, status) in [
+        // Bytes >= 0x80 (UTF-8 here) in the credential.
+        (vec![("Authorization", "Bearer t\u{e9}l\u{e9}phone")], 401),
+        (
+            vec![
+                ("Authorization", bearer.as_str()),
+                ("Authorization", "Bearer x"),
+            ],
+            401,
+        ),
+        (
+            vec![
+                ("Authorization", bearer.as_str()),
+                ("Authorization", bearer.as_str()),
+            ],
+            401,
+        ),
+        (vec![("Origin", "http://\u{e9}vil.test")], 400),
+        (
+            vec![
+                ("Origin", "http://localhost"),
+                ("Origin", "http://evil.test"),
+            ],
+            400,
+        ),
+        (vec![("Host", "localhost"), ("Host", "evil.test")], 400),
+    ] {
+        let r = post(&headers);
+        assert_eq!(r.status, status, "{headers:?}: {r:?}");
+        assert!(r.header("mcp-session-id").is_none(), "{headers:?}: {r:?}");
+    }
+    lab.stop();
+    let names = http_refusal_names(&lab);
+    let unreadable = names
+        .iter()
+        .filter(|n| n.starts_with("(http: the Authorization header"))
+        .count();
+    assert_eq!(unreadable, 3, "{names:?}");
 }

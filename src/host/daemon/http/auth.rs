@@ -6,11 +6,13 @@
 
 use std::collections::HashMap;
 
+use hyper::header::{AUTHORIZATION, HeaderMap};
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, errors::ErrorKind};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::{UnreadableHeader, single_header};
 use crate::config::{BearerToken, HttpConfig, JwtConfig};
 use crate::ident::PrincipalId;
 
@@ -20,6 +22,10 @@ pub enum AuthRefusal {
     /// No `Authorization` header.
     #[error("no credentials: send Authorization: Bearer <token>")]
     Missing,
+    /// An `Authorization` header sent more than once or not in visible ASCII: refused, never
+    /// taken as no credentials (which a loopback principal would let act).
+    #[error("the Authorization header {0}")]
+    Unreadable(UnreadableHeader),
     /// An `Authorization` header that is not `Bearer <token>`.
     #[error("the Authorization header is not a bearer token")]
     Malformed,
@@ -56,7 +62,7 @@ impl AuthRefusal {
     pub fn oauth_error(&self) -> Option<&'static str> {
         match self {
             AuthRefusal::Missing => None,
-            AuthRefusal::Malformed => Some("invalid_request"),
+            AuthRefusal::Malformed | AuthRefusal::Unreadable(_) => Some("invalid_request"),
             _ => Some("invalid_token"),
         }
     }
@@ -122,9 +128,18 @@ impl Authenticator {
         })
     }
 
-    /// The principal the `Authorization` header value authenticates (the listener is on
-    /// loopback when an unauthenticated principal is configured at all).
-    pub fn authenticate(&self, authorization: Option<&str>) -> Result<PrincipalId, AuthRefusal> {
+    /// The principal a request's `Authorization` header authenticates. Only a request that
+    /// sends no `Authorization` at all is the unauthenticated loopback principal (when one is
+    /// configured: the listener is then on loopback); one sent twice, or with bytes outside
+    /// visible ASCII, is refused like any other bad credential.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<PrincipalId, AuthRefusal> {
+        let authorization =
+            single_header(headers, AUTHORIZATION.as_str()).map_err(AuthRefusal::Unreadable)?;
+        self.authenticate_value(authorization)
+    }
+
+    /// The principal an `Authorization` value (`None`: not sent) authenticates.
+    fn authenticate_value(&self, authorization: Option<&str>) -> Result<PrincipalId, AuthRefusal> {
         let Some(header) = authorization else {
             return self.loopback.clone().ok_or(AuthRefusal::Missing);
         };
@@ -283,6 +298,42 @@ principals = {{ "user-1" = "alice" }}
         Authenticator::new(config.http.as_ref().unwrap()).unwrap()
     }
 
+    /// An `Authorization` header that is sent but unreadable, or sent twice, is refused even
+    /// where a request without one acts as the loopback principal.
+    #[test]
+    fn an_unreadable_or_repeated_authorization_is_refused_not_taken_as_absent() {
+        let config = crate::config::HostConfig::parse(
+            std::path::Path::new("/etc/h.toml"),
+            "[host]\nsocket = \"s\"\nstate_dir = \"st\"\nrecords_dir = \"r\"\n[[principal]]\nid = \"a\"\ntools = [\"*\"]\n[http]\nunauthenticated_loopback_principal = \"a\"\n",
+        )
+        .unwrap();
+        let a = Authenticator::new(config.http.as_ref().unwrap()).unwrap();
+        let with = |values: &[&[u8]]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(
+                    AUTHORIZATION,
+                    hyper::header::HeaderValue::from_bytes(v).unwrap(),
+                );
+            }
+            a.authenticate(&h)
+        };
+        assert_eq!(with(&[]).unwrap().as_str(), "a");
+        assert_eq!(with(&[b"Bearer garbage"]), Err(AuthRefusal::UnknownToken));
+        assert_eq!(
+            with(&[b"Bearer \xe9\xff"]),
+            Err(AuthRefusal::Unreadable(UnreadableHeader::NotAscii))
+        );
+        assert_eq!(
+            with(&[b"Bearer x", b"Bearer y"]),
+            Err(AuthRefusal::Unreadable(UnreadableHeader::Repeated))
+        );
+        assert_eq!(
+            AuthRefusal::Unreadable(UnreadableHeader::NotAscii).to_string(),
+            "the Authorization header is not visible ASCII"
+        );
+    }
+
     #[test]
     fn tokens_and_jwts_map_to_principals_and_everything_else_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -291,48 +342,50 @@ principals = {{ "user-1" = "alice" }}
         let claims = |aud: &str, exp: u64, sub: &str| json!({"iss": "https://as.example", "aud": aud, "exp": exp, "sub": sub});
         let bearer = |t: &str| format!("Bearer {t}");
         assert_eq!(
-            a.authenticate(Some("Bearer s3cret")).unwrap().as_str(),
+            a.authenticate_value(Some("Bearer s3cret"))
+                .unwrap()
+                .as_str(),
             "alice"
         );
-        assert_eq!(a.authenticate(None), Err(AuthRefusal::Missing));
+        assert_eq!(a.authenticate_value(None), Err(AuthRefusal::Missing));
         assert_eq!(
-            a.authenticate(Some("Basic eDp5")),
+            a.authenticate_value(Some("Basic eDp5")),
             Err(AuthRefusal::Malformed)
         );
         assert_eq!(
-            a.authenticate(Some("Bearer wrong")),
+            a.authenticate_value(Some("Bearer wrong")),
             Err(AuthRefusal::UnknownToken)
         );
         let good = issuer
             .token(&claims("https://mcp.example/mcp", now() + 300, "user-1"))
             .unwrap();
         assert_eq!(
-            a.authenticate(Some(&bearer(&good))).unwrap().as_str(),
+            a.authenticate_value(Some(&bearer(&good))).unwrap().as_str(),
             "alice"
         );
         let aud = issuer
             .token(&claims("https://other.example/mcp", now() + 300, "user-1"))
             .unwrap();
         assert_eq!(
-            a.authenticate(Some(&bearer(&aud))),
+            a.authenticate_value(Some(&bearer(&aud))),
             Err(AuthRefusal::WrongAudience)
         );
         let expired = issuer
             .token(&claims("https://mcp.example/mcp", now() - 600, "user-1"))
             .unwrap();
         assert_eq!(
-            a.authenticate(Some(&bearer(&expired))),
+            a.authenticate_value(Some(&bearer(&expired))),
             Err(AuthRefusal::Expired)
         );
         let mut later = claims("https://mcp.example/mcp", now() + 900, "user-1");
         later["nbf"] = json!(now() + 600);
         let later = issuer.token(&later).unwrap();
         assert_eq!(
-            a.authenticate(Some(&bearer(&later))),
+            a.authenticate_value(Some(&bearer(&later))),
             Err(AuthRefusal::NotYetValid)
         );
         assert_eq!(
-            a.authenticate(Some(&format!("BEARER {good}")))
+            a.authenticate_value(Some(&format!("BEARER {good}")))
                 .unwrap()
                 .as_str(),
             "alice"
@@ -341,14 +394,14 @@ principals = {{ "user-1" = "alice" }}
             .token(&claims("https://mcp.example/mcp", now() + 300, "user-2"))
             .unwrap();
         assert!(matches!(
-            a.authenticate(Some(&bearer(&stranger))),
+            a.authenticate_value(Some(&bearer(&stranger))),
             Err(AuthRefusal::UnknownPrincipal { .. })
         ));
         let forged = Issuer::new(8)
             .token(&claims("https://mcp.example/mcp", now() + 300, "user-1"))
             .unwrap();
         assert!(matches!(
-            a.authenticate(Some(&bearer(&forged))),
+            a.authenticate_value(Some(&bearer(&forged))),
             Err(AuthRefusal::InvalidToken(_))
         ));
     }

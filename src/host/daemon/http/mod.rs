@@ -8,7 +8,8 @@
 //! Before anything else, the `Host` header must name an allowed host and an `Origin`
 //! header, if sent, an allowed origin (DNS rebinding); then the caller must authenticate,
 //! on every request, as the principal its session belongs to. Authentication refusals are
-//! recorded like every other refusal.
+//! recorded like every other refusal. A header these checks read is refused when it is sent
+//! twice or is not visible ASCII, never read as absent.
 //!
 //! Files: `auth` (credentials to principals), `streams` (a session's SSE streams and their
 //! replay), `tls` (the listener's TLS).
@@ -69,7 +70,7 @@ const MAX_ID_BYTES: usize = 256;
 
 type Body = BoxBody<Bytes, Infallible>;
 /// A refusal before any session logic runs: its status and why.
-type Refused = (StatusCode, &'static str);
+type Refused = (StatusCode, String);
 
 /// Why the HTTP listener could not start.
 #[derive(Debug, thiserror::Error)]
@@ -302,8 +303,60 @@ fn http_error(status: StatusCode, message: &str) -> Response<Body> {
     )
 }
 
-fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
+/// Why a header that was sent cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UnreadableHeader {
+    /// It was sent more than once (which value counts would be a guess).
+    #[error("is sent more than once")]
+    Repeated,
+    /// Its value has bytes outside visible ASCII.
+    #[error("is not visible ASCII")]
+    NotAscii,
+}
+
+/// A header's value: `Ok(None)` only when it is not sent at all. One that is sent but
+/// unreadable (repeated, or not visible ASCII) is an error, never taken as absent: a check
+/// that passes an absent header (`Origin`, `Authorization` with a loopback principal)
+/// would otherwise pass whoever garbles it.
+fn single_header<'h>(
+    headers: &'h HeaderMap,
+    name: &str,
+) -> Result<Option<&'h str>, UnreadableHeader> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(UnreadableHeader::Repeated);
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| UnreadableHeader::NotAscii)
+}
+
+/// [`single_header`], its error a refusal (`400`) naming the header.
+fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, Refused> {
+    single_header(headers, name)
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("the {name} header {e}")))
+}
+
+/// The request's `Host`, for URLs naming this server (every request's `Host` was found
+/// readable and allowed before anything runs).
+fn host_header(headers: &HeaderMap) -> &str {
+    single_header(headers, header::HOST.as_str())
+        .ok()
+        .flatten()
+        .unwrap_or("localhost")
+}
+
+/// Whether the client takes `text/event-stream` (`Accept` is a list, which may come in
+/// several headers; a value that is not ASCII names nothing this server sends).
+fn accepts_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|a| a.contains("text/event-stream")))
 }
 
 /// The host part of a `Host` header or an origin's authority (IPv6 keeps its brackets).
@@ -322,23 +375,25 @@ fn host_of(authority: &str) -> String {
 }
 
 /// DNS rebinding protection: the `Host` header names an allowed host, and an `Origin`
-/// header (browsers send it) is an allowed origin or one whose host is allowed.
-fn check_host_and_origin(config: &HttpConfig, headers: &HeaderMap) -> Result<(), String> {
-    let host =
-        header_str(headers, header::HOST.as_str()).ok_or("the request has no Host header")?;
+/// header (browsers send it) is an allowed origin or one whose host is allowed. Either
+/// header sent twice or unreadable is refused (`400`); one not allowed is forbidden.
+fn check_host_and_origin(config: &HttpConfig, headers: &HeaderMap) -> Result<(), Refused> {
+    let forbidden = |why: String| (StatusCode::FORBIDDEN, why);
+    let host = header_str(headers, header::HOST.as_str())?
+        .ok_or_else(|| forbidden("the request has no Host header".into()))?;
     if !config.allowed_hosts.contains(&host_of(host)) {
-        return Err(format!(
+        return Err(forbidden(format!(
             "Host {host:?} is not a host this server answers to"
-        ));
+        )));
     }
-    if let Some(origin) = header_str(headers, header::ORIGIN.as_str()) {
+    if let Some(origin) = header_str(headers, header::ORIGIN.as_str())? {
         let allowed = config.allowed_origins.iter().any(|o| o == origin)
             || origin
                 .split_once("://")
                 .filter(|(scheme, _)| *scheme == "http" || *scheme == "https")
                 .is_some_and(|(_, authority)| config.allowed_hosts.contains(&host_of(authority)));
         if !allowed {
-            return Err(format!("Origin {origin:?} is not allowed"));
+            return Err(forbidden(format!("Origin {origin:?} is not allowed")));
         }
     }
     Ok(())
@@ -350,9 +405,9 @@ impl Transport {
     }
 
     async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        if let Err(why) = check_host_and_origin(&self.config, req.headers()) {
+        if let Err((status, why)) = check_host_and_origin(&self.config, req.headers()) {
             tracing::debug!("{why}; refused");
-            return http_error(StatusCode::FORBIDDEN, &why);
+            return http_error(status, &why);
         }
         let path = req.uri().path();
         if req.method() == Method::GET && path.starts_with("/.well-known/oauth-protected-resource")
@@ -362,18 +417,17 @@ impl Transport {
         if path != self.config.path {
             return http_error(StatusCode::NOT_FOUND, "no MCP endpoint here");
         }
-        if let Some(v) = header_str(req.headers(), VERSION_HEADER)
-            && !VERSIONS.contains(&v)
-        {
-            return http_error(
-                StatusCode::BAD_REQUEST,
-                &format!("MCP-Protocol-Version {v:?} is not supported"),
-            );
+        match header_str(req.headers(), VERSION_HEADER) {
+            Ok(Some(v)) if !VERSIONS.contains(&v) => {
+                return http_error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("MCP-Protocol-Version {v:?} is not supported"),
+                );
+            }
+            Ok(_) => {}
+            Err((status, why)) => return http_error(status, &why),
         }
-        let principal = match self
-            .auth
-            .authenticate(header_str(req.headers(), header::AUTHORIZATION.as_str()))
-        {
+        let principal = match self.auth.authenticate(req.headers()) {
             Ok(p) => p,
             Err(refusal) => return self.unauthorized(req.headers(), refusal).await,
         };
@@ -397,11 +451,7 @@ impl Transport {
                 .split_once("://")
                 .map(|(s, rest)| format!("{s}://{}", rest.split('/').next().unwrap_or(rest)))
                 .unwrap_or_else(|| r.clone()),
-            None => format!(
-                "{}://{}",
-                self.scheme,
-                header_str(headers, header::HOST.as_str()).unwrap_or("localhost")
-            ),
+            None => format!("{}://{}", self.scheme, host_header(headers)),
         };
         format!(
             "{base}/.well-known/oauth-protected-resource{}",
@@ -420,7 +470,7 @@ impl Transport {
             format!(
                 "{}://{}{}",
                 self.scheme,
-                header_str(headers, header::HOST.as_str()).unwrap_or("localhost"),
+                host_header(headers),
                 self.config.path
             )
         });
@@ -536,10 +586,10 @@ impl Transport {
         headers: &HeaderMap,
         principal: &PrincipalId,
     ) -> Result<(String, Arc<Remote>), Refused> {
-        let Some(id) = header_str(headers, SESSION_HEADER) else {
+        let Some(id) = header_str(headers, SESSION_HEADER)? else {
             return Err((
                 StatusCode::BAD_REQUEST,
-                "send Mcp-Session-Id (initialize opens a session)",
+                "send Mcp-Session-Id (initialize opens a session)".into(),
             ));
         };
         let remote = self.sessions.lock().ok().and_then(|s| s.get(id).cloned());
@@ -553,7 +603,7 @@ impl Transport {
             }
             _ => Err((
                 StatusCode::NOT_FOUND,
-                "no such session; send initialize to open one",
+                "no such session; send initialize to open one".into(),
             )),
         }
     }
@@ -563,8 +613,7 @@ impl Transport {
         req: Request<Incoming>,
         principal: PrincipalId,
     ) -> Response<Body> {
-        let accepts_sse = header_str(req.headers(), header::ACCEPT.as_str())
-            .is_some_and(|a| a.contains("text/event-stream"));
+        let accepts_sse = accepts_sse(req.headers());
         let headers = req.headers().clone();
         let limit = self.host.current().config.max_message_bytes;
         let body = Limited::new(req.into_body(), limit).collect();
@@ -644,12 +693,12 @@ impl Transport {
         {
             match self.open(&principal) {
                 Ok(v) => v,
-                Err((status, why)) => return http_error(status, why),
+                Err((status, why)) => return http_error(status, &why),
             }
         } else {
             match self.session_of(&headers, &principal) {
                 Ok(v) => v,
-                Err((status, why)) => return http_error(status, why),
+                Err((status, why)) => return http_error(status, &why),
             }
         };
         if let crate::mcp::Incoming::Notification { method, params } = &kind
@@ -708,10 +757,12 @@ impl Transport {
     /// Opens a session for `principal`: its session logic, and the task routing what it
     /// sends to the streams.
     fn open(self: &Arc<Self>, principal: &PrincipalId) -> Result<(String, Arc<Remote>), Refused> {
-        let mut sessions = self
-            .sessions
-            .lock()
-            .map_err(|_| (StatusCode::INTERNAL_SERVER_ERROR, "session table lost"))?;
+        let mut sessions = self.sessions.lock().map_err(|_| {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "session table lost".to_string(),
+            )
+        })?;
         let of_principal = sessions
             .values()
             .filter(|r| r.principal == *principal)
@@ -739,7 +790,7 @@ impl Transport {
         if sessions.len() >= MAX_SESSIONS || of_principal >= MAX_SESSIONS_PER_PRINCIPAL {
             return Err((
                 StatusCode::SERVICE_UNAVAILABLE,
-                "too many open sessions; end one (DELETE) first",
+                "too many open sessions; end one (DELETE) first".into(),
             ));
         }
         let id = super::random_id();
@@ -807,9 +858,7 @@ impl Transport {
     }
 
     fn get(&self, headers: &HeaderMap, principal: &PrincipalId) -> Response<Body> {
-        if !header_str(headers, header::ACCEPT.as_str())
-            .is_some_and(|a| a.contains("text/event-stream"))
-        {
+        if !accepts_sse(headers) {
             return http_error(
                 StatusCode::NOT_ACCEPTABLE,
                 "GET serves text/event-stream only",
@@ -817,11 +866,14 @@ impl Transport {
         }
         let (_, remote) = match self.session_of(headers, principal) {
             Ok(v) => v,
-            Err((status, why)) => return http_error(status, why),
+            Err((status, why)) => return http_error(status, &why),
         };
+        // An unreadable Last-Event-ID is refused: read as absent, it would open the
+        // session's GET stream instead of the stream the client asked for.
         let target = match header_str(headers, "last-event-id") {
-            Some(last) => Target::Resume(last.to_string()),
-            None => Target::Standalone,
+            Ok(Some(last)) => Target::Resume(last.to_string()),
+            Ok(None) => Target::Standalone,
+            Err((status, why)) => return http_error(status, &why),
         };
         let opened = match remote.streams.lock() {
             Ok(mut s) => s.attach(target),
@@ -843,7 +895,7 @@ impl Transport {
     fn delete(&self, headers: &HeaderMap, principal: &PrincipalId) -> Response<Body> {
         let (id, remote) = match self.session_of(headers, principal) {
             Ok(v) => v,
-            Err((status, why)) => return http_error(status, why),
+            Err((status, why)) => return http_error(status, &why),
         };
         // The session stops as for a client that went away: its calls in flight are
         // cancelled and its executors stopped, rather than run on uncounted once it has left
@@ -937,5 +989,35 @@ mod tests {
         assert!(check_host_and_origin(&c, &with_origin("https://app.example")).is_ok());
         assert!(check_host_and_origin(&c, &with_origin("http://evil.example")).is_err());
         assert!(check_host_and_origin(&c, &with_origin("null")).is_err());
+    }
+
+    /// A Host or Origin sent twice or unreadable is refused, never read as absent (which
+    /// would skip the Origin check).
+    #[test]
+    fn a_repeated_or_unreadable_host_or_origin_is_refused() {
+        let c = config();
+        let with = |pairs: &[(&'static str, &[u8])]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(*k, HeaderValue::from_bytes(v).unwrap());
+            }
+            check_host_and_origin(&c, &h).map_err(|(status, why)| (status.as_u16(), why))
+        };
+        let host: (&'static str, &[u8]) = ("host", b"localhost");
+        assert!(with(&[host]).is_ok());
+        assert_eq!(
+            with(&[host, ("origin", b"http://\xe9vil.example")]),
+            Err((400, "the origin header is not visible ASCII".into()))
+        );
+        assert_eq!(
+            with(&[
+                host,
+                ("origin", b"http://localhost"),
+                ("origin", b"http://evil.example")
+            ]),
+            Err((400, "the origin header is sent more than once".into()))
+        );
+        assert_eq!(with(&[host, host]).unwrap_err().0, 400);
+        assert_eq!(with(&[("host", b"l\xffcalhost")]).unwrap_err().0, 400);
     }
 }
