@@ -40,7 +40,7 @@ use crate::decision::Denial;
 use crate::ident::PrincipalId;
 use crate::mcp::{Line, RpcError, code};
 use auth::{AuthRefusal, Authenticator};
-use streams::{Streams, Target};
+use streams::{Events, Streams, Target};
 
 /// The session id header.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -875,6 +875,7 @@ impl Transport {
             Ok(None) => Target::Standalone,
             Err((status, why)) => return http_error(status, &why),
         };
+        let resuming = matches!(target, Target::Resume(_));
         let opened = match remote.streams.lock() {
             Ok(mut s) => s.attach(target),
             Err(_) => return http_error(StatusCode::INTERNAL_SERVER_ERROR, "session state lost"),
@@ -883,11 +884,22 @@ impl Transport {
             Ok(events) => sse_response(events),
             Err(streams::AttachError::Busy) => http_error(
                 StatusCode::CONFLICT,
-                "this session already has its GET stream open",
+                if resuming {
+                    "a client already reads the stream Last-Event-ID names"
+                } else {
+                    "this session already has its GET stream open"
+                },
             ),
             Err(streams::AttachError::Unknown) => http_error(
                 StatusCode::BAD_REQUEST,
                 "Last-Event-ID names no stream of this session that can be replayed",
+            ),
+            Err(streams::AttachError::TooMany) => http_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!(
+                    "this session has {} GET streams open; close one first",
+                    streams::MAX_GETS
+                ),
             ),
         }
     }
@@ -910,11 +922,11 @@ impl Transport {
     }
 }
 
-/// An SSE response carrying a stream's events as they come.
-fn sse_response(events: mpsc::Receiver<String>) -> Response<Body> {
-    let frames = tokio_stream::wrappers::ReceiverStream::new(events);
-    let body = StreamBody::new(tokio_stream::StreamExt::map(frames, |event| {
-        Ok::<_, Infallible>(Frame::data(Bytes::from(event)))
+/// An SSE response carrying a stream's events as they come (the response holds the
+/// stream's reader until it is sent or its client is gone).
+fn sse_response(events: Events) -> Response<Body> {
+    let body = StreamBody::new(tokio_stream::StreamExt::map(events, |event| {
+        Ok::<_, Infallible>(Frame::data(event))
     }));
     let mut r = Response::new(BodyExt::boxed(body));
     let h = r.headers_mut();
@@ -930,7 +942,7 @@ fn sse_response(events: mpsc::Receiver<String>) -> Response<Body> {
 /// last event (its response). Notifications before it have nowhere to go and are dropped;
 /// requests to the client went to the GET stream or were reported to the session as
 /// undelivered.
-async fn json_answer(mut events: mpsc::Receiver<String>) -> Response<Body> {
+async fn json_answer(mut events: Events) -> Response<Body> {
     let mut last = None;
     while let Some(event) = events.recv().await {
         last = streams::data_of(&event);

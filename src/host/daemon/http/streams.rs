@@ -3,9 +3,17 @@
 //! (messages that belong to no request). Every event has an id `STREAM-SEQ`; the events of
 //! a stream are kept (bounded) so a client that lost the connection can resume the stream
 //! with `Last-Event-ID` and get what it missed, then the rest.
+//!
+//! A stream is read by one client at a time, and a session has at most [`MAX_GETS`] GETs
+//! open: an event's bytes are shared by the log and every channel carrying it, so what a
+//! session keeps stays near its bound however its client resumes.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -19,6 +27,37 @@ const MAX_FINISHED: usize = 32;
 const MAX_LOG_BYTES: usize = 8 << 20;
 /// Events buffered towards a client before it must resume instead.
 const CHANNEL: usize = 64;
+/// GET streams a session may have open at once (its own stream and resumed ones).
+pub(super) const MAX_GETS: usize = 16;
+
+/// One SSE event as sent. Its bytes are shared (not copied) by the replay log and every
+/// channel that carries it.
+pub(super) type Event = Bytes;
+
+/// What a client reads from one stream. While it lives, another reader of the stream is
+/// refused and, for a GET, it counts among the session's open GETs (which keep the session
+/// in use).
+#[derive(Debug)]
+pub(super) struct Events {
+    rx: mpsc::Receiver<Event>,
+    _reader: Arc<()>,
+    _get: Option<Arc<()>>,
+}
+
+impl Events {
+    /// The next event; `None` once the stream has ended and every event was read.
+    pub(super) async fn recv(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+}
+
+impl tokio_stream::Stream for Events {
+    type Item = Event;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        self.rx.poll_recv(cx)
+    }
+}
 
 /// What a GET attaches to.
 pub(super) enum Target {
@@ -31,19 +70,24 @@ pub(super) enum Target {
 /// Why a GET cannot attach.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum AttachError {
-    /// The GET stream is already open.
+    /// A client already reads that stream.
     Busy,
     /// The event id names no stream kept here.
     Unknown,
+    /// The session has [`MAX_GETS`] GET streams open.
+    TooMany,
 }
 
 struct Stream {
     /// Where its events go while a client reads it.
-    tx: Option<mpsc::Sender<String>>,
+    tx: Option<mpsc::Sender<Event>>,
+    /// Alive while a client holds the stream's [`Events`], whether or not more events can
+    /// reach it (a finished stream's replay has no sender).
+    reader: Weak<()>,
     /// The stream answers a POST that accepts only JSON: its client reads one response and
     /// nothing else, so a request from the server cannot reach it here.
     json_only: bool,
-    log: VecDeque<(u64, String)>,
+    log: VecDeque<(u64, Event)>,
     next: u64,
     done: bool,
 }
@@ -60,34 +104,63 @@ pub(super) struct Streams {
     next: u64,
     /// Bytes of the events kept for replay.
     log_bytes: usize,
+    /// Held by every open GET's [`Events`]: the GETs open are its other holders.
+    gets: Arc<()>,
 }
 
 impl Stream {
-    /// Whether a client reads it now.
+    /// Whether a client holds it now (reading what was sent or replayed).
     fn attached(&self) -> bool {
+        self.reader.strong_count() > 0
+    }
+
+    /// Whether what is sent now reaches a client.
+    fn live(&self) -> bool {
         self.tx.as_ref().is_some_and(|tx| !tx.is_closed())
+    }
+
+    /// Gives the stream to a new reader: a channel of `capacity` (its sender kept unless the
+    /// stream is done) and the reader's hold, counted as a GET when `get` is given.
+    fn read(&mut self, capacity: usize, get: Option<Arc<()>>) -> (mpsc::Sender<Event>, Events) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let reader = Arc::new(());
+        self.reader = Arc::downgrade(&reader);
+        self.tx = (!self.done).then(|| tx.clone());
+        let events = Events {
+            rx,
+            _reader: reader,
+            _get: get,
+        };
+        (tx, events)
     }
 }
 
 impl Streams {
-    fn new_stream(&mut self, tx: Option<mpsc::Sender<String>>, json_only: bool) -> u64 {
+    /// Opens a stream and gives it to its first reader (a GET when it holds `get`).
+    fn new_stream(&mut self, json_only: bool, get: Option<Arc<()>>) -> (u64, Events) {
+        let mut stream = Stream {
+            tx: None,
+            reader: Weak::new(),
+            json_only,
+            log: VecDeque::new(),
+            next: 0,
+            done: false,
+        };
+        let (_, events) = stream.read(CHANNEL, get);
         self.next += 1;
-        self.streams.insert(
-            self.next,
-            Stream {
-                tx,
-                json_only,
-                log: VecDeque::new(),
-                next: 0,
-                done: false,
-            },
-        );
-        self.next
+        self.streams.insert(self.next, stream);
+        (self.next, events)
     }
 
-    /// Whether anything is in flight or a client reads one of the streams.
+    /// Whether anything is in flight, a GET is open (even one replaying a stream no longer
+    /// kept), or what the session sends reaches a client.
     pub(super) fn in_use(&self) -> bool {
-        !self.pending.is_empty() || self.streams.values().any(Stream::attached)
+        !self.pending.is_empty() || self.open_gets() > 0 || self.streams.values().any(Stream::live)
+    }
+
+    /// GET streams open now.
+    fn open_gets(&self) -> usize {
+        Arc::strong_count(&self.gets) - 1
     }
 
     /// The client cancelled request `id` (as JSON text): the session will not answer it, so
@@ -113,18 +186,13 @@ impl Streams {
 
     /// Opens the stream that answers `request` (a JSON-RPC request with an id); `json_only`
     /// when its client takes the response alone, as one JSON body.
-    pub(super) fn open_for_request(
-        &mut self,
-        request: &Value,
-        json_only: bool,
-    ) -> mpsc::Receiver<String> {
-        let (tx, rx) = mpsc::channel(CHANNEL);
-        let n = self.new_stream(Some(tx), json_only);
+    pub(super) fn open_for_request(&mut self, request: &Value, json_only: bool) -> Events {
+        let (n, events) = self.new_stream(json_only, None);
         self.pending.push((request["id"].to_string(), n));
         if let Some(token) = request["params"]["_meta"].get("progressToken") {
             self.progress.push((token.to_string(), n));
         }
-        rx
+        events
     }
 
     /// Routes one message the session sent: a response to its request's stream (which it
@@ -182,7 +250,7 @@ impl Streams {
             (Some(n), Some(asked)) if json_only(n) => {
                 let listening = self
                     .standalone
-                    .filter(|g| self.streams.get(g).is_some_and(Stream::attached));
+                    .filter(|g| self.streams.get(g).is_some_and(Stream::live));
                 match listening {
                     Some(g) => self.push(g, message),
                     None => return Some(asked),
@@ -205,7 +273,7 @@ impl Streams {
         };
         let seq = s.next;
         s.next += 1;
-        let event = format!("id: {n}-{seq}\ndata: {data}\n\n");
+        let event = Event::from(format!("id: {n}-{seq}\ndata: {data}\n\n"));
         // A JSON-only client never sees event ids, so it cannot resume: nothing is kept.
         if !s.json_only {
             if s.log.len() == MAX_EVENTS
@@ -259,24 +327,23 @@ impl Streams {
         }
     }
 
-    /// Attaches a GET to `target`.
-    pub(super) fn attach(&mut self, target: Target) -> Result<mpsc::Receiver<String>, AttachError> {
+    /// Attaches a GET to `target`: refused while a client reads that stream, or while the
+    /// session has [`MAX_GETS`] GETs open.
+    pub(super) fn attach(&mut self, target: Target) -> Result<Events, AttachError> {
+        if self.open_gets() >= MAX_GETS {
+            return Err(AttachError::TooMany);
+        }
+        let get = Some(self.gets.clone());
         match target {
-            Target::Standalone => {
-                if let Some(n) = self.standalone
-                    && let Some(s) = self.streams.get_mut(&n)
-                {
-                    if s.attached() {
-                        return Err(AttachError::Busy);
-                    }
-                    let (tx, rx) = mpsc::channel(CHANNEL);
-                    s.tx = Some(tx);
-                    return Ok(rx);
+            Target::Standalone => match self.standalone.and_then(|n| self.streams.get_mut(&n)) {
+                Some(s) if s.attached() => Err(AttachError::Busy),
+                Some(s) => Ok(s.read(CHANNEL, get).1),
+                None => {
+                    let (n, events) = self.new_stream(false, get);
+                    self.standalone = Some(n);
+                    Ok(events)
                 }
-                let (tx, rx) = mpsc::channel(CHANNEL);
-                self.standalone = Some(self.new_stream(Some(tx), false));
-                Ok(rx)
-            }
+            },
             Target::Resume(last) => {
                 let (n, seq) = last
                     .split_once('-')
@@ -286,21 +353,21 @@ impl Streams {
                 if s.attached() {
                     return Err(AttachError::Busy);
                 }
-                let missed: Vec<String> = s
+                // Shared bytes: the reader holds no copy of what the log keeps.
+                let missed: Vec<Event> = s
                     .log
                     .iter()
                     .filter(|(q, _)| *q > seq)
                     .map(|(_, e)| e.clone())
                     .collect();
-                let (tx, rx) = mpsc::channel(missed.len() + CHANNEL);
+                // A finished stream gets nothing more; a channel cannot be empty.
+                let room = if s.done { 1 } else { CHANNEL };
+                let (tx, events) = s.read(missed.len() + room, get);
                 for e in missed {
                     // Capacity was made for every missed event.
                     let _ = tx.try_send(e);
                 }
-                if !s.done {
-                    s.tx = Some(tx);
-                }
-                Ok(rx)
+                Ok(events)
             }
         }
     }
@@ -317,8 +384,9 @@ impl Streams {
 }
 
 /// The `data` of one SSE event as written here.
-pub(super) fn data_of(event: &str) -> Option<String> {
-    event
+pub(super) fn data_of(event: &[u8]) -> Option<String> {
+    std::str::from_utf8(event)
+        .ok()?
         .lines()
         .find_map(|l| l.strip_prefix("data: "))
         .map(ToString::to_string)
@@ -329,9 +397,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn drain(rx: &mut mpsc::Receiver<String>) -> Vec<String> {
+    fn drain(rx: &mut Events) -> Vec<String> {
         let mut out = Vec::new();
-        while let Ok(e) = rx.try_recv() {
+        while let Ok(e) = rx.rx.try_recv() {
             out.push(data_of(&e).unwrap());
         }
         out
@@ -378,7 +446,7 @@ mod tests {
         s.cancelled("7");
         assert!(!s.in_flight(&json!({"id": 7})));
         assert!(!s.in_use());
-        assert!(rx.try_recv().is_err(), "the stream ended");
+        assert!(rx.rx.try_recv().is_err(), "the stream ended");
     }
 
     #[test]
@@ -393,7 +461,7 @@ mod tests {
         let got = drain(&mut rx);
         assert_eq!(got.len(), 2);
         assert!(got[1].contains("\"id\":7"));
-        assert!(rx.try_recv().is_err(), "the stream ended");
+        assert!(rx.rx.try_recv().is_err(), "the stream ended");
     }
 
     #[test]
@@ -435,6 +503,63 @@ mod tests {
             s.attach(Target::Resume("9-0".into())).unwrap_err(),
             AttachError::Unknown
         );
+    }
+
+    /// A finished stream has one replay reader at a time: every GET resuming it would
+    /// otherwise hold a copy of all it kept, multiplying the session's bound on what is
+    /// kept. A reader keeps the session in use; once it is gone the stream can be resumed
+    /// again.
+    #[test]
+    fn a_stream_has_one_replay_reader_at_a_time() {
+        let mut s = Streams::default();
+        drop(s.open_for_request(&json!({"id": 1}), false)); // the connection is lost
+        s.route(
+            r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#,
+            None,
+        );
+        s.route(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#, None);
+        assert!(!s.in_use());
+        let mut first = s.attach(Target::Resume("1-0".into())).unwrap();
+        assert_eq!(
+            s.attach(Target::Resume("1-0".into())).unwrap_err(),
+            AttachError::Busy
+        );
+        assert!(s.in_use(), "a GET being read keeps the session in use");
+        assert_eq!(drain(&mut first).len(), 1);
+        drop(first);
+        assert!(!s.in_use());
+        let mut again = s.attach(Target::Resume("1-0".into())).unwrap();
+        assert_eq!(drain(&mut again).len(), 1);
+    }
+
+    /// A session has at most [`MAX_GETS`] GETs open, and what a GET replays is the log's own
+    /// bytes, not a copy.
+    #[test]
+    fn gets_are_bounded_and_a_replay_shares_the_kept_bytes() {
+        let mut s = Streams::default();
+        for id in 1..=MAX_GETS {
+            drop(s.open_for_request(&json!({"id": id}), false));
+            s.route(
+                r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#,
+                None,
+            );
+            s.route(
+                &format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#),
+                None,
+            );
+        }
+        let mut open: Vec<Events> = (1..=MAX_GETS)
+            .map(|n| s.attach(Target::Resume(format!("{n}-0"))).unwrap())
+            .collect();
+        let replayed = open[0].rx.try_recv().unwrap();
+        let kept = &s.streams[&1].log[1].1;
+        assert_eq!(replayed.as_ptr(), kept.as_ptr(), "shared, not copied");
+        assert_eq!(
+            s.attach(Target::Standalone).unwrap_err(),
+            AttachError::TooMany
+        );
+        open.pop();
+        assert!(s.attach(Target::Standalone).is_ok());
     }
 
     #[test]
