@@ -138,6 +138,56 @@ struct Remote {
 }
 
 impl Remote {
+    /// Hands `message` (of `kind`, its text `line`) to the session. A request gets its
+    /// stream (`json_only` when its client takes only JSON); anything else gets `None`.
+    ///
+    /// What the streams record (a request in flight, a cancel) is recorded only together
+    /// with the handing over: room in the session's inbox is taken first, and from then on
+    /// nothing waits. A client that gives up while the session is busy (hyper then drops
+    /// this future) leaves nothing behind: no request in flight forever (its id refused,
+    /// its session never idle), no request ended that the session will still answer.
+    async fn hand_over(
+        &self,
+        message: &Value,
+        kind: &crate::mcp::Incoming,
+        line: Vec<u8>,
+        json_only: bool,
+    ) -> Result<Option<Events>, Response<Body>> {
+        let Ok(room) = self.inbox.reserve().await else {
+            return Err(http_error(StatusCode::NOT_FOUND, "the session has ended"));
+        };
+        let Ok(mut streams) = self.streams.lock() else {
+            return Err(http_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "session state lost",
+            ));
+        };
+        let events = match kind {
+            // An answer is routed by its id: a second request with the same id would take
+            // the first one's answer.
+            crate::mcp::Incoming::Request { .. } if streams.in_flight(message) => {
+                return Err(json_body(
+                    StatusCode::CONFLICT,
+                    &json!({"jsonrpc": "2.0", "id": null, "error": {"code": code::INVALID_REQUEST, "message": format!("request id {} is already in flight in this session", message["id"])}}),
+                ));
+            }
+            crate::mcp::Incoming::Request { .. } => {
+                Some(streams.open_for_request(message, json_only))
+            }
+            crate::mcp::Incoming::Notification { method, params }
+                if method == "notifications/cancelled" =>
+            {
+                if let Some(cancelled) = params.get("requestId") {
+                    streams.cancelled(&cancelled.to_string());
+                }
+                None
+            }
+            _ => None,
+        };
+        room.send(Line::Message(line));
+        Ok(events)
+    }
+
     /// How long the session has been idle: nothing in flight, no stream a client reads, and
     /// no request for that long. `None` while it is in use.
     fn idle_for(&self) -> Option<Duration> {
@@ -701,48 +751,19 @@ impl Transport {
                 Err((status, why)) => return http_error(status, &why),
             }
         };
-        if let crate::mcp::Incoming::Notification { method, params } = &kind
-            && method == "notifications/cancelled"
-            && let Some(cancelled) = params.get("requestId")
-            && let Ok(mut streams) = remote.streams.lock()
+        let events = match remote
+            .hand_over(&message, &kind, bytes.to_vec(), !accepts_sse)
+            .await
         {
-            streams.cancelled(&cancelled.to_string());
-        }
-        if !matches!(kind, crate::mcp::Incoming::Request { .. }) {
+            Ok(Some(events)) => events,
             // A notification or a response: accepted once it is handed over.
-            return if remote
-                .inbox
-                .send(Line::Message(bytes.to_vec()))
-                .await
-                .is_ok()
-            {
+            Ok(None) => {
                 let mut r = Response::new(Full::new(Bytes::new()).boxed());
                 *r.status_mut() = StatusCode::ACCEPTED;
-                r
-            } else {
-                http_error(StatusCode::NOT_FOUND, "the session has ended")
-            };
-        }
-        let events = match remote.streams.lock() {
-            // An answer is routed by its id: a second request with the same id would take
-            // the first one's answer.
-            Ok(s) if s.in_flight(&message) => {
-                return json_body(
-                    StatusCode::CONFLICT,
-                    &json!({"jsonrpc": "2.0", "id": null, "error": {"code": code::INVALID_REQUEST, "message": format!("request id {} is already in flight in this session", message["id"])}}),
-                );
+                return r;
             }
-            Ok(mut s) => s.open_for_request(&message, !accepts_sse),
-            Err(_) => return http_error(StatusCode::INTERNAL_SERVER_ERROR, "session state lost"),
+            Err(refused) => return refused,
         };
-        if remote
-            .inbox
-            .send(Line::Message(bytes.to_vec()))
-            .await
-            .is_err()
-        {
-            return http_error(StatusCode::NOT_FOUND, "the session has ended");
-        }
         let mut response = if accepts_sse {
             sse_response(events)
         } else {
@@ -973,6 +994,71 @@ mod tests {
             h.insert(*k, HeaderValue::from_str(v).unwrap());
         }
         h
+    }
+
+    /// A session whose inbox is full (one line queued, nobody reading), and the inbox's
+    /// receiving end, which keeps it open.
+    fn busy_remote() -> (Remote, mpsc::Receiver<Line>) {
+        let (inbox, lines) = mpsc::channel(1);
+        inbox.try_send(Line::Message(b"{}".to_vec())).unwrap();
+        let remote = Remote {
+            principal: PrincipalId::new("a").unwrap(),
+            inbox,
+            streams: Arc::new(Mutex::new(Streams::default())),
+            ended: Arc::new(tokio::sync::Notify::new()),
+            last_used: Mutex::new(std::time::Instant::now()),
+        };
+        (remote, lines)
+    }
+
+    /// Hands `message` to `remote`, giving up (as hyper does when the client disconnects)
+    /// after a while; whether it was handed over.
+    async fn hand_over_or_give_up(remote: &Remote, message: &Value) -> bool {
+        let kind = crate::mcp::classify(message).unwrap();
+        let line = message.to_string().into_bytes();
+        tokio::time::timeout(
+            Duration::from_millis(50),
+            remote.hand_over(message, &kind, line, false),
+        )
+        .await
+        .is_ok()
+    }
+
+    /// A request whose client gives up while the session has no room for it never reached
+    /// the session: it is not left in flight (its id refused, its session never idle).
+    #[tokio::test]
+    async fn a_request_given_up_before_the_session_took_it_is_not_in_flight() {
+        let (remote, mut lines) = busy_remote();
+        let request = json!({"jsonrpc": "2.0", "id": 7, "method": "ping"});
+        assert!(!hand_over_or_give_up(&remote, &request).await);
+        {
+            let streams = remote.streams.lock().unwrap();
+            assert!(!streams.in_flight(&request));
+            assert!(!streams.in_use());
+        }
+        // With room, the request is in flight and with the session.
+        lines.try_recv().unwrap();
+        assert!(hand_over_or_give_up(&remote, &request).await);
+        assert!(remote.streams.lock().unwrap().in_flight(&request));
+        assert!(
+            matches!(lines.try_recv(), Ok(Line::Message(m)) if m == request.to_string().into_bytes())
+        );
+    }
+
+    /// A cancel whose client gives up before the session took it was never seen by the
+    /// session, which will answer the request: it stays in flight on its stream.
+    #[tokio::test]
+    async fn a_cancel_given_up_before_the_session_took_it_changes_nothing() {
+        let (remote, _lines) = busy_remote();
+        let request = json!({"jsonrpc": "2.0", "id": 7, "method": "ping"});
+        let _stream = remote
+            .streams
+            .lock()
+            .unwrap()
+            .open_for_request(&request, false);
+        let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}});
+        assert!(!hand_over_or_give_up(&remote, &cancel).await);
+        assert!(remote.streams.lock().unwrap().in_flight(&request));
     }
 
     #[test]
