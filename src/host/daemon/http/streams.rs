@@ -106,6 +106,8 @@ pub(super) struct Streams {
     log_bytes: usize,
     /// Held by every open GET's [`Events`]: the GETs open are its other holders.
     gets: Arc<()>,
+    /// Server messages dropped for want of a stream to carry them.
+    dropped: u64,
 }
 
 impl Stream {
@@ -198,11 +200,15 @@ impl Streams {
     /// Routes one message the session sent: a response to its request's stream (which it
     /// ends); a message sent while serving `request` (an id as JSON text) to that
     /// request's stream while it is open; progress to the stream of the request that asked
-    /// for it; anything else to the newest request in flight, else to the GET stream.
+    /// for it. A message of no request in flight goes to the GET stream while a client
+    /// reads it, else to the newest request whose client reads SSE, else to the GET
+    /// stream's log (for a client that resumes it); a response to no request in flight
+    /// goes nowhere (the GET stream carries no responses).
     ///
     /// A request to the client bound for a stream whose client takes only JSON goes to the
-    /// GET stream while one is open; otherwise it cannot be delivered, and it is returned
-    /// so that its sender can be answered at once rather than wait for its deadline.
+    /// GET stream while one is read; a request with no stream to carry it cannot be
+    /// delivered, and it is returned so that its sender can be answered at once rather than
+    /// wait for its deadline. What else is dropped is logged.
     pub(super) fn route(&mut self, message: &str, request: Option<&str>) -> Option<NotDelivered> {
         let parsed: Option<Value> = serde_json::from_str(message).ok();
         let response_to = parsed
@@ -210,9 +216,12 @@ impl Streams {
             .filter(|v| v.get("method").is_none())
             .and_then(|v| v.get("id"))
             .map(Value::to_string);
-        if let Some(id) = response_to
-            && let Some(at) = self.pending.iter().position(|(p, _)| *p == id)
-        {
+        if let Some(id) = response_to {
+            let Some(at) = self.pending.iter().position(|(p, _)| *p == id) else {
+                // Expected when a cancel crossed the answer: the client stopped waiting.
+                tracing::debug!(request = %id, "a response to no request in flight was dropped");
+                return None;
+            };
             let (_, n) = self.pending.remove(at);
             self.progress.retain(|(_, p)| *p != n);
             self.push(n, message);
@@ -232,39 +241,65 @@ impl Streams {
         let serving = request
             .and_then(|r| self.pending.iter().find(|(p, _)| p == r))
             .map(|(_, n)| *n);
-        let target = serving
-            .or(progress_of)
-            .or(self.pending.last().map(|(_, n)| *n))
-            .or(self.standalone);
-        let asks = parsed.as_ref().and_then(|v| {
-            Some(NotDelivered {
-                id: v.get("id")?.clone(),
-                why: format!(
-                    "the client's HTTP request accepts only application/json and the session has no GET stream open, so it cannot receive {}",
-                    v.get("method")?.as_str()?
-                ),
-            })
+        let json_only = |n: &u64| self.streams.get(n).is_some_and(|s| s.json_only);
+        let listening = self
+            .standalone
+            .filter(|g| self.streams.get(g).is_some_and(Stream::live));
+        let target = serving.or(progress_of).or_else(|| {
+            listening
+                .or_else(|| {
+                    let mut newest_first = self.pending.iter().rev().map(|(_, n)| *n);
+                    newest_first.find(|n| !json_only(n))
+                })
+                .or(self.standalone)
         });
-        let json_only = |n: u64| self.streams.get(&n).is_some_and(|s| s.json_only);
+        // A request to the client (it has an id and a method): what it asks for.
+        let asks = parsed
+            .as_ref()
+            .filter(|v| v.get("id").is_some())
+            .and_then(|v| Some((v["id"].clone(), v.get("method")?.as_str()?.to_string())));
+        let not_delivered = |(id, method): (Value, String), why: &str| NotDelivered {
+            id,
+            why: format!("{why}, so it cannot receive {method}"),
+        };
         match (target, asks) {
-            (Some(n), Some(asked)) if json_only(n) => {
-                let listening = self
-                    .standalone
-                    .filter(|g| self.streams.get(g).is_some_and(Stream::live));
-                match listening {
-                    Some(g) => self.push(g, message),
-                    None => return Some(asked),
+            (Some(n), Some(asked)) if json_only(&n) => match listening {
+                Some(g) => self.push(g, message),
+                None => {
+                    return Some(not_delivered(
+                        asked,
+                        "the client's HTTP request accepts only application/json and the session has no GET stream open",
+                    ));
                 }
-            }
+            },
             // Its client reads one response and nothing else: what comes before it would
-            // only fill the channel, and a full channel would lose the response.
-            (Some(n), None) if json_only(n) => {}
-            (Some(n), _) => self.push(n, message),
-            (None, _) => {
-                tracing::debug!("a server message with no stream to carry it was dropped")
+            // only fill the channel, and a full channel would lose the response. As the
+            // client chose, this is no fault (and not logged above debug).
+            (Some(n), None) if json_only(&n) => {
+                tracing::debug!("a notification for a client that takes only JSON was dropped");
             }
+            (Some(n), _) => self.push(n, message),
+            (None, Some(asked)) => {
+                return Some(not_delivered(
+                    asked,
+                    "the session has no GET stream and no request whose client reads SSE",
+                ));
+            }
+            (None, None) => self.dropped(),
         }
         None
+    }
+
+    /// Logs a server message that no stream could carry: the first, then one line per
+    /// 1,000, so a flood of them does not flood the log too.
+    fn dropped(&mut self) {
+        self.dropped += 1;
+        if self.dropped % 1000 == 1 {
+            tracing::warn!(
+                dropped = self.dropped,
+                "a server message of no request was dropped: the session has no GET stream and no request whose client reads SSE"
+            );
+        }
     }
 
     fn push(&mut self, n: u64, data: &str) {
@@ -626,6 +661,63 @@ mod tests {
         assert!(s.route(asks, Some("2")).is_none());
         assert_eq!(drain(&mut sse).len(), 1);
     }
+
+    /// A message of no request (a resource update) goes to the GET stream while a client
+    /// reads it, not to the newest request in flight, whose client may read nothing but its
+    /// response (JSON only).
+    #[test]
+    fn a_message_of_no_request_goes_to_the_get_stream_first() {
+        let mut s = Streams::default();
+        let mut call = s.open_for_request(&json!({"id": 1}), true);
+        let mut get = s.attach(Target::Standalone).unwrap();
+        assert!(s.route(UPDATED, None).is_none());
+        assert_eq!(drain(&mut get).len(), 1);
+        assert!(drain(&mut call).is_empty());
+        // An SSE request in flight does not take it either.
+        let mut sse = s.open_for_request(&json!({"id": 2}), false);
+        assert!(s.route(UPDATED, None).is_none());
+        assert_eq!(drain(&mut get).len(), 1);
+        assert!(drain(&mut sse).is_empty());
+    }
+
+    /// Without a GET stream read, a message of no request goes to the newest request whose
+    /// client reads SSE, past newer JSON-only ones.
+    #[test]
+    fn without_a_get_stream_a_message_of_no_request_goes_to_a_request_that_reads_sse() {
+        let mut s = Streams::default();
+        let mut sse = s.open_for_request(&json!({"id": 1}), false);
+        let mut json_only = s.open_for_request(&json!({"id": 2}), true);
+        assert!(s.route(UPDATED, None).is_none());
+        assert_eq!(drain(&mut sse).len(), 1);
+        assert!(drain(&mut json_only).is_empty());
+        // A request to the client with no stream to carry it is returned to its sender.
+        let mut only = Streams::default();
+        let _json_only = only.open_for_request(&json!({"id": 2}), true);
+        let asks = r#"{"jsonrpc":"2.0","id":"flowhost-relay-1","method":"roots/list"}"#;
+        let back = only.route(asks, None).unwrap();
+        assert!(
+            back.why.ends_with("cannot receive roots/list"),
+            "{}",
+            back.why
+        );
+    }
+
+    /// A response to no request in flight (one the client cancelled) is not carried: the
+    /// GET stream carries no responses, and no other request's stream may take it.
+    #[test]
+    fn a_response_to_no_request_in_flight_is_not_carried() {
+        let mut s = Streams::default();
+        let mut get = s.attach(Target::Standalone).unwrap();
+        let mut other = s.open_for_request(&json!({"id": 2}), false);
+        assert!(
+            s.route(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#, None)
+                .is_none()
+        );
+        assert!(drain(&mut get).is_empty());
+        assert!(drain(&mut other).is_empty());
+    }
+
+    const UPDATED: &str = r#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"file:///x"}}"#;
 
     #[test]
     fn one_get_stream_at_a_time() {
