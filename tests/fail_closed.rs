@@ -381,7 +381,8 @@ fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
     assert_eq!(denial(&r), "unknown_tool", "{r}");
 
     // A reload maps the reviewer's uid to the analyst: the reviewer's open session keeps
-    // its principal, and its calls are refused, recorded under that principal.
+    // its principal, its call is refused, recorded under that principal, and the session
+    // ends.
     let mut reviewer = lab.client_as(REVIEWER_UID);
     reviewer.initialize();
     let text = std::fs::read_to_string(&lab.config).unwrap();
@@ -397,6 +398,7 @@ fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
     wait_log(&lab, "reloaded: generation 2", 1);
     let r = reviewer.call("workspace/list_documents", json!({}));
     assert_eq!(denial(&r), "access_denied", "{r}");
+    assert!(reviewer.try_read().is_err(), "the remapped session ended");
 
     lab.stop();
     let records = lab.records();

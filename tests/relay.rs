@@ -627,10 +627,11 @@ fn a_reload_remapping_the_peer_ends_its_session_and_subscriptions() {
     assert_ne!(remapped, text);
     lab.write_config(&remapped);
     reload(&lab, 2);
-    // The session belongs to the principal its peer no longer maps to: the host ends it
-    // (and its subscription with it) rather than refusing its requests while it holds a
-    // slot of that principal.
-    c.send(&json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}));
+    // The session belongs to the principal its peer no longer maps to: its request is
+    // refused, then the host ends it (and its subscription with it) rather than refusing
+    // request after request while it holds a slot of that principal.
+    let (r, _) = on_resource(&mut c, 3, "resources/read", URI);
+    assert!(r.get("error").is_some(), "the session is refused now: {r}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         assert!(

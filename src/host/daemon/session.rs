@@ -399,6 +399,9 @@ pub(super) async fn run(
             ended = "refused at initialize";
             break;
         }
+        // Looked at before each wait: a line that arrived after a reload has been served
+        // (refused and recorded, since the session's principal no longer maps), then the
+        // session ends.
         if session.remapped() {
             ended = REMAPPED;
             break;
@@ -431,11 +434,6 @@ pub(super) async fn run(
             _ = out.closed() => { ended = "the client stopped reading"; break; }
         };
         last_activity = tokio::time::Instant::now();
-        // Looked at again before the line is served: a reload may have come while waiting.
-        if session.remapped() {
-            ended = REMAPPED;
-            break;
-        }
         let bytes = match line {
             Line::Eof => break,
             Line::TooLarge(n) => {
