@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use tokio::sync::oneshot;
 
+use crate::escaped::Escaped;
+
 /// The intercepted syscall.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EgressSyscall {
@@ -268,13 +270,17 @@ fn is_unspecified(ip: IpAddr) -> bool {
     }
 }
 
+/// The destination as a person reads it (a log line, a terminal): socket paths and names,
+/// which the executor chose, have their control characters escaped (see [`Escaped`]). Records
+/// are made from the destination itself and keep the exact bytes.
 impl fmt::Display for Destination {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Destination::Inet(addr) => write!(f, "{addr}"),
-            Destination::UnixPath(p) => write!(f, "unix:{}", p.display()),
+            // The executor chose these bytes: shown escaped, never raw (see `Escaped`).
+            Destination::UnixPath(p) => write!(f, "unix:{}", Escaped(p.display())),
             Destination::UnixAbstract(name) => {
-                write!(f, "unix:@{}", String::from_utf8_lossy(name))
+                write!(f, "unix:@{}", Escaped(String::from_utf8_lossy(name)))
             }
             Destination::UnixUnnamed => f.write_str("unix:(unnamed)"),
             Destination::Netlink { port_id, groups } => {
@@ -512,6 +518,28 @@ mod tests {
         ));
         assert!(
             Destination::for_socket(&unix, libc::AF_UNIX, EgressSyscall::Connect).is_decidable()
+        );
+    }
+
+    /// A socket name or path is the executor's choice: shown to a person (a log line, a
+    /// terminal), its control bytes must not retitle, erase or rewrite what they see.
+    #[test]
+    fn a_destination_shown_to_a_person_carries_no_control_characters() {
+        let shown = [
+            Destination::UnixAbstract(b"\x1b]0;pwned\x07\x1b[2J\r\x05\x0e\x0f\x7f".to_vec()),
+            Destination::UnixPath("/tmp/\x1b]0;pwned\x07\r\u{9b}2J".into()),
+        ]
+        .map(|d| d.to_string());
+        for text in &shown {
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+            assert!(
+                text.contains("pwned") && text.contains("\\u{1b}"),
+                "{text:?}"
+            );
+        }
+        assert_eq!(
+            shown[0],
+            "unix:@\\u{1b}]0;pwned\\u{7}\\u{1b}[2J\\u{d}\\u{5}\\u{e}\\u{f}\\u{7f}"
         );
     }
 

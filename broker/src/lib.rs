@@ -29,6 +29,7 @@ pub mod bounds;
 mod broker;
 pub mod cgroup;
 mod child;
+mod escaped;
 mod executor;
 pub mod filter;
 pub mod profile;
@@ -43,6 +44,7 @@ pub use attempt::{
     AttemptInfo, Destination, EgressAttempt, EgressSyscall, Judge, SocketInfo, Verdict, family_name,
 };
 pub use broker::{Broker, BrokerError, BrokerOptions, BrokerStats, KernelSupport};
+pub use escaped::Escaped;
 pub use executor::{Delivery, Executor, ExitStatus, Interrupt};
 pub use profile::{CgroupMode, Limits, NetworkPath, Profile, ProfileError};
 pub use spawn::{SpawnError, SpawnSpec, StdioMode, env_forbidden};

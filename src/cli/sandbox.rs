@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowhost_broker::{
-    AttemptInfo, Broker, BrokerOptions, Delivery, Interrupt, Judge, Profile, SpawnSpec, StdioMode,
-    Verdict as BrokerVerdict,
+    AttemptInfo, Broker, BrokerOptions, Delivery, Escaped, Interrupt, Judge, Profile, SpawnSpec,
+    StdioMode, Verdict as BrokerVerdict,
 };
 
 use super::CliResult;
@@ -779,10 +779,15 @@ fn rule_on(
     Some((name, decision))
 }
 
-/// Prints one attempt and its verdict, naming the caller's executable (read now if the
-/// broker did not: an attempt judged at once comes without it).
+/// Prints one attempt and its verdict (see [`attempt_line`]).
 fn log_attempt(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule: &str) {
-    eprintln!(
+    eprintln!("{}", attempt_line(info, name, allowed, rule));
+}
+
+/// One attempt and its verdict as printed, naming the caller's executable (read now if the
+/// broker did not: an attempt judged at once comes without it).
+fn attempt_line(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule: &str) -> String {
+    format!(
         "flowhost sandbox: {} {}/{}/{} {}{} by pid {} ({}) -> {} ({})",
         info.syscall.as_str(),
         info.socket.family_name(),
@@ -794,17 +799,32 @@ fn log_attempt(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule:
             .unwrap_or_else(|| "(none)".into()),
         name.map(|n| format!(" ({n})")).unwrap_or_default(),
         info.pid,
+        // The command chose its executable's path, as it chose its destination (whose
+        // display escapes it): neither may rewrite the operator's terminal.
         info.executable_now()
-            .map(|p| p.display().to_string())
+            .map(|p| Escaped(p.display()).to_string())
             .unwrap_or_else(|| "?".into()),
         if allowed { "ALLOWED" } else { "REFUSED" },
         rule
-    );
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The command names its sockets and its executables: printed to the operator's
+    /// terminal, their control bytes must not retitle, erase or rewrite it.
+    #[test]
+    fn a_printed_attempt_carries_no_control_characters() {
+        let info = crate::daemon::unix_connect(
+            flowhost_broker::Destination::UnixAbstract(b"\x1b]0;pwned\x07\x1b[2J".to_vec()),
+            Some("/tmp/\x1b]0;exe\x07\r\x0e".into()),
+        );
+        let line = attempt_line(&info, None, false, "default");
+        assert!(line.contains("pwned") && line.contains("exe"), "{line}");
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+    }
 
     #[test]
     fn records_go_into_a_new_or_empty_directory_only() {

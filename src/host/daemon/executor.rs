@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flowhost_broker::{Broker, EgressAttempt, Executor, Profile, SpawnSpec, StdioMode};
+use flowhost_broker::{Broker, EgressAttempt, Escaped, Executor, Profile, SpawnSpec, StdioMode};
 use serde_json::{Value, json};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
@@ -967,23 +967,44 @@ async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt
         let call = r.slot.lock().ok().and_then(|g| g.clone());
         let info = attempt.info().clone();
         let tool = call.as_ref().map(|c| c.tool_name().to_string());
-        let shown = match (&info.destination, &name) {
-            (Some(d), Some(n)) => format!("{d} ({n})"),
-            (Some(d), None) => d.to_string(),
-            (None, _) => "(none)".into(),
-        };
+        let shown = name.clone();
         let judgment = r.sink.judge(call, attempt, name).await;
-        tracing::info!(
-            server = %r.server,
-            tool = %tool.as_deref().unwrap_or("(no call in flight)"),
-            pid = info.pid,
-            syscall = %info.syscall.as_str(),
-            destination = %shown,
-            verdict = if judgment.approved_under.is_some() { "allowed" } else { "refused" },
-            "egress decision"
+        log_egress_decision(
+            &r.server,
+            tool.as_deref(),
+            &info,
+            shown.as_ref(),
+            judgment.approved_under.is_some(),
         );
         keep_approval(&r.approved_under, judgment);
     }
+}
+
+/// Logs the verdict on one attempt of an executor of `server` (`name`: the host name its
+/// destination was the answer for).
+fn log_egress_decision(
+    server: &str,
+    tool: Option<&str>,
+    info: &flowhost_broker::AttemptInfo,
+    name: Option<&HostName>,
+    allowed: bool,
+) {
+    // A destination shows escaped what the executor chose of it (see `Escaped`); a host
+    // name is checked DNS syntax.
+    let shown = match (&info.destination, name) {
+        (Some(d), Some(n)) => format!("{d} ({n})"),
+        (Some(d), None) => d.to_string(),
+        (None, _) => "(none)".into(),
+    };
+    tracing::info!(
+        server = %server,
+        tool = %tool.unwrap_or("(no call in flight)"),
+        pid = info.pid,
+        syscall = %info.syscall.as_str(),
+        destination = %shown,
+        verdict = if allowed { "allowed" } else { "refused" },
+        "egress decision"
+    );
 }
 
 /// Most requests an executor may send between calls (each is refused with a write); past
@@ -1049,14 +1070,15 @@ async fn drain_stderr(stderr: pipe::Receiver, tag: StderrTag) {
             continue;
         }
         tag.report_suppressed(std::mem::take(&mut suppressed));
-        let text = match &line {
+        let text: String = match &line {
             Some(l) => String::from_utf8_lossy(l)
                 .chars()
                 .take(STDERR_LOGGED_CHARS)
                 .collect(),
             None => format!("(a line over {STDERR_LINE_LIMIT} bytes, dropped)"),
         };
-        tracing::info!(server = %tag.server, tool = %tag.tool(), pid = tag.pid, "executor stderr: {text}");
+        // The executor wrote it: escaped, it cannot rewrite the operator's terminal or log.
+        tracing::info!(server = %tag.server, tool = %tag.tool(), pid = tag.pid, "executor stderr: {}", Escaped(text));
     }
     tag.report_suppressed(suppressed);
 }
@@ -1204,9 +1226,101 @@ impl<C: NamedCall> WarmPool<C> {
     }
 }
 
+/// A connect of pid 7 on a unix stream socket to `destination` (tests of what is shown of
+/// an attempt).
+#[cfg(test)]
+pub(crate) fn unix_connect(
+    destination: flowhost_broker::Destination,
+    executable: Option<PathBuf>,
+) -> flowhost_broker::AttemptInfo {
+    flowhost_broker::AttemptInfo {
+        syscall: flowhost_broker::EgressSyscall::Connect,
+        pid: 7,
+        executable,
+        socket: flowhost_broker::SocketInfo {
+            family: libc::AF_UNIX,
+            socket_type: libc::SOCK_STREAM,
+            protocol: 0,
+        },
+        destination: Some(destination),
+        connected: false,
+        bytes: None,
+        message_index: None,
+        passed_fds: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a `tracing` text layer writes, as the daemon's text log does (without colour).
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl tracing_subscriber::fmt::MakeWriter<'_> for Captured {
+        type Writer = Captured;
+
+        fn make_writer(&self) -> Captured {
+            self.clone()
+        }
+    }
+
+    /// An executor chooses its socket names and its stderr: logged, their control bytes
+    /// (ESC, BEL, CR, ENQ, SO, SI) must not reach the operator's terminal or log raw.
+    #[tokio::test(flavor = "current_thread")]
+    async fn executor_chosen_text_is_logged_without_control_characters() {
+        let log = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(log.clone())
+            .finish();
+        let _logging = tracing::subscriber::set_default(subscriber);
+
+        let info = unix_connect(
+            flowhost_broker::Destination::UnixAbstract(b"\x1b]0;pwned\x07\x1b[2J".to_vec()),
+            None,
+        );
+        log_egress_decision("srv", Some("srv/tool"), &info, None, false);
+
+        let (mut to, stderr) = pipe::pipe().unwrap();
+        to.write_all(b"50%\r\x1b[2Kdone \x05\x0e\x0f\x1b]0;pwned-too\x07\n")
+            .await
+            .unwrap();
+        drop(to);
+        let tag = StderrTag {
+            server: "srv".into(),
+            pid: 7,
+            tool: Arc::new(Mutex::new("srv/tool".into())),
+            budget: Arc::new(std::sync::atomic::AtomicUsize::new(STDERR_LINES_PER_CALL)),
+        };
+        drain_stderr(stderr, tag).await;
+
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            text.contains("egress decision")
+                && text.contains("pwned")
+                && text.contains("executor stderr")
+                && text.contains("pwned-too"),
+            "{text}"
+        );
+        let raw: Vec<_> = text
+            .chars()
+            .filter(|c| c.is_control() && *c != '\n')
+            .collect();
+        assert!(raw.is_empty(), "raw control characters {raw:?} in {text:?}");
+    }
 
     #[test]
     fn a_spawn_error_names_the_server_the_program_and_the_cause() {

@@ -46,6 +46,8 @@ pub use egress::{
     EgressJudge, broker_details, lookup_broker_details, named_broker_details,
     named_rules_destination, rules_destination,
 };
+#[cfg(test)]
+pub(crate) use executor::unix_connect;
 pub use executor::{ExecutorError, ExecutorTemplate, McpExecutor, WarmPool};
 
 pub(crate) use generation::random_id;

@@ -18,6 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use flowhost_broker::Escaped;
 use serde_json::{Value, json};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
@@ -147,11 +148,11 @@ impl Bound {
                 .await
             {
                 Ok(_) => {
-                    tracing::info!(server = %server, pid = self.exec.pid(), uri = %uri, "subscribed a new executor to a resource the session's client watches");
+                    tracing::info!(server = %server, pid = self.exec.pid(), uri = %Escaped(&uri), "subscribed a new executor to a resource the session's client watches");
                     self.subscribed.insert(uri);
                 }
                 Err(ExecutorError::Rpc(e)) => {
-                    tracing::warn!(server = %server, uri = %uri, error = %e.message, "the executor refused to renew the session's subscription");
+                    tracing::warn!(server = %server, uri = %Escaped(&uri), error = %Escaped(&e.message), "the executor refused to renew the session's subscription");
                     refused.push(uri);
                 }
                 Err(e) => return Err(e),
@@ -955,7 +956,7 @@ impl Session {
     }
 
     fn log_ended_subscription(&self, server: &str, uri: &str) {
-        tracing::warn!(session = %self.id, server = %server, uri = %uri, "the client's subscription ended: the principal may no longer read it (the configuration reloaded)");
+        tracing::warn!(session = %self.id, server = %server, uri = %Escaped(&uri), "the client's subscription ended: the principal may no longer read it (the configuration reloaded)");
     }
 
     /// Stops the session's executors that have been idle past the configured time, and
@@ -1168,7 +1169,7 @@ impl Executors<'_> {
                     // Not tried again at every binding: the subscription ends, and says so.
                     for uri in refused {
                         self.session.subscriptions.remove_if_settled(server, &uri);
-                        tracing::warn!(session = %self.session.id, server = %server, uri = %uri, "the client's subscription ended: the executor that replaced its holder refused it");
+                        tracing::warn!(session = %self.session.id, server = %server, uri = %Escaped(&uri), "the client's subscription ended: the executor that replaced its holder refused it");
                     }
                 }
                 Err(e) => {
@@ -1267,7 +1268,7 @@ impl Dispatch for Executors<'_> {
                 reason,
                 acknowledged,
             }) => {
-                tracing::info!(server = %server, tool = %name, acknowledged, "call cancelled: {reason}");
+                tracing::info!(server = %server, tool = %name, acknowledged, "call cancelled: {}", Escaped(&reason));
                 if acknowledged {
                     self.answered = Some((server.to_string(), bound, permit));
                 } else {
@@ -1280,7 +1281,7 @@ impl Dispatch for Executors<'_> {
                 Err(DispatchError::Answered(e))
             }
             Err(e) => {
-                tracing::warn!(server = %server, tool = %name, error = %e, "the executor of server {server:?} failed; it is retired");
+                tracing::warn!(server = %server, tool = %name, error = %Escaped(&e), "the executor of server {server:?} failed; it is retired");
                 bound.exec.stop().await;
                 Err(DispatchError::Failed(format!("server {server:?}: {e}")))
             }

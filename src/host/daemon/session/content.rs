@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use flowhost_broker::Escaped;
 use serde_json::{Value, json};
 
 use super::super::Generation;
@@ -277,7 +278,7 @@ impl Session {
             .map_err(|e| {
                 // Nothing is read here, so nothing is labelled: what the executor said (an
                 // error's message, a broken line) goes to the host's log, never the client.
-                tracing::warn!(session = %self.id, server = %server, method, uri, error = %e, "a subscription request failed");
+                tracing::warn!(session = %self.id, server = %server, method, uri, error = %Escaped(&e), "a subscription request failed");
                 let why = match e {
                     ForwardError::Answered(_) => "its executor answered with an error",
                     ForwardError::NotStarted(_) => "no executor of it could be started",
@@ -346,7 +347,7 @@ impl Session {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(server = %server, error = %e, "an executor failed to take the logging level; it is retired");
+                    tracing::warn!(server = %server, error = %Escaped(&e), "an executor failed to take the logging level; it is retired");
                     b.exec.stop().await;
                 }
             }
@@ -460,7 +461,7 @@ impl Executors<'_> {
                 Err(ForwardError::Answered(why))
             }
             Err(e) => {
-                tracing::warn!(server = %server, method, error = %e, "the executor of server {server:?} failed; it is retired");
+                tracing::warn!(server = %server, method, error = %Escaped(&e), "the executor of server {server:?} failed; it is retired");
                 bound.exec.stop().await;
                 Err(ForwardError::Failed(e.to_string()))
             }
