@@ -385,6 +385,13 @@ fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run(
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
+        stderr.contains(&format!(
+            "bounds of profile \"strict\" from {}:",
+            dir.join("strict.toml").display()
+        )),
+        "the report names the file the profile came from: {stderr}"
+    );
+    assert!(
         stderr.contains("limits.memory_mib: 4096 MiB per executor (by cgroup")
             && stderr.contains("limits.tasks: 1024 tasks per executor (by cgroup")
             && stderr.contains("a uid (and gid) of its own"),
@@ -418,6 +425,40 @@ fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run(
         stderr.contains("limits.memory_mib: 4096 MiB per executor NOT IN FORCE"),
         "{stderr}"
     );
+}
+
+/// A profile file the user cannot read stops the run, naming the file: it is not replaced
+/// by the built-in profile of that name, whose bounds may be looser than the operator's.
+/// (`/etc/flowhost/profiles` is 0750 root:flowhost; a user outside the group gets EACCES.)
+#[test]
+fn an_unreadable_profile_file_refuses_the_run_instead_of_the_builtin() {
+    use common::harness::{As, can_run as can_run_as, flowhost as flowhost_as};
+    let binary = common::harness::flowhost_for(As::Nobody);
+    if !can_run_as(As::Nobody, &[&binary]) {
+        return;
+    }
+    let dir = isolated_variant(
+        "unreadable-profile",
+        "isolated",
+        ("tasks = 1024", "tasks = 64"),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let out = flowhost_as(As::Nobody)
+        .args(["sandbox", "run", "--profile", "isolated", "--profiles-dir"])
+        .arg(&dir)
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&dir.join("isolated.toml").display().to_string())
+            && stderr.contains("Permission denied"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("bounds of profile"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `--allow NAME:PORT`: the command's lookups are answered by flowhost (only the allowed name

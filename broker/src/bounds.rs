@@ -31,6 +31,8 @@ pub struct Bound {
 pub struct BoundsReport {
     /// The profile.
     pub profile: String,
+    /// The file the profile was read from (see [`Profile::file`]).
+    pub file: std::path::PathBuf,
     /// The bounds, whole-executor ones first.
     pub bounds: Vec<Bound>,
     /// Which uid executors run as, and what that means for per-uid limits.
@@ -117,6 +119,7 @@ impl BoundsReport {
         };
         BoundsReport {
             profile: profile.name.clone(),
+            file: profile.file.clone(),
             bounds,
             identity,
         }
@@ -133,7 +136,12 @@ impl BoundsReport {
 
 impl std::fmt::Display for BoundsReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "bounds of profile {:?}:", self.profile)?;
+        writeln!(
+            f,
+            "bounds of profile {:?} from {}:",
+            self.profile,
+            self.file.display()
+        )?;
         for b in &self.bounds {
             match &b.enforcement {
                 Enforcement::By(how) => writeln!(f, "  {}: {} (by {how})", b.field, b.value)?,

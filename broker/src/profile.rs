@@ -93,6 +93,9 @@ pub enum CgroupMode {
 pub struct Profile {
     /// Profile name (the file stem).
     pub name: String,
+    /// The file it was read from (`<built-in NAME.toml>` for a built-in profile), named in
+    /// the bounds report so the operator sees which profile is in force.
+    pub file: PathBuf,
     /// What the profile is for.
     pub description: String,
     /// Network path of the executor.
@@ -280,12 +283,18 @@ impl Profile {
     }
 
     /// Finds a profile by name: `DIR/NAME.toml` in each search directory, then the built-in
-    /// profiles.
+    /// profiles. Only a file that does not exist is looked for further on: one that is there
+    /// but cannot be read (no permission on it or its directory, a dangling link, a
+    /// directory, an I/O error) is a [`ProfileError::Read`] naming it, never the looser
+    /// built-in profile of that name in its place.
     pub fn find(name: &str, search: &[PathBuf]) -> Result<Self, ProfileError> {
         for dir in search {
             let file = dir.join(format!("{name}.toml"));
-            if file.is_file() {
-                return Self::load(&file);
+            // Not followed: a link whose target is gone is there, and refused by `load`.
+            match std::fs::symlink_metadata(&file) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => return Err(ProfileError::Read { file, source }),
+                Ok(_) => return Self::load(&file),
             }
         }
         if let Some((_, text)) = BUILTIN.iter().find(|(n, _)| *n == name) {
@@ -435,6 +444,7 @@ impl Profile {
         }
         Ok(Profile {
             name: name.to_string(),
+            file: file.to_path_buf(),
             description: raw.description,
             network: raw.network.path,
             socket_families,
@@ -517,6 +527,34 @@ mod tests {
             e.contains("`filesystem.read_only[0]`") && e.contains("absolute"),
             "{e}"
         );
+    }
+
+    /// A profile file that is there but cannot be read (a dangling link, a directory, no
+    /// permission) must stop the caller, naming it: falling back to the built-in profile of
+    /// that name would run executors under other bounds than the operator wrote.
+    #[test]
+    fn a_profile_file_that_cannot_be_read_is_an_error_not_the_builtin() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("brokered.toml");
+        std::os::unix::fs::symlink(dir.path().join("gone.toml"), &link).unwrap();
+        let e = Profile::find("brokered", &[dir.path().to_path_buf()])
+            .expect_err("a dangling profile link is not the built-in profile");
+        assert!(matches!(e, ProfileError::Read { .. }), "{e:?}");
+        assert!(e.to_string().contains(&link.display().to_string()), "{e}");
+        std::fs::create_dir(dir.path().join("isolated.toml")).unwrap();
+        let e = Profile::find("isolated", &[dir.path().to_path_buf()])
+            .expect_err("a directory is not the built-in profile");
+        assert!(
+            e.to_string()
+                .contains(&dir.path().join("isolated.toml").display().to_string()),
+            "{e}"
+        );
+        // Absent, it is looked for further on.
+        let found = Profile::find(
+            "isolated",
+            &[PathBuf::from("/nonexistent"), dir.path().join("none")],
+        );
+        assert_eq!(found.unwrap().name, "isolated");
     }
 
     #[test]
