@@ -427,38 +427,50 @@ fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run(
     );
 }
 
+/// Runs `/bin/true` as uid 65534 under profile `name`, an `isolated` variant written into
+/// a new directory `dir` (then given `mode`), and expects the run refused: its stderr, or
+/// `None` where the unprivileged mode cannot run here (said why).
+fn refused_as_nobody(dir: &str, name: &str, edit: (&str, &str), mode: u32) -> Option<String> {
+    use common::harness::{As, can_run as can_run_as, flowhost as flowhost_as};
+    use std::os::unix::fs::PermissionsExt;
+    let binary = common::harness::flowhost_for(As::Nobody);
+    if !can_run_as(As::Nobody, &[&binary]) {
+        return None;
+    }
+    let dir = isolated_variant(dir, name, edit);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+    let out = flowhost_as(As::Nobody)
+        .args([
+            "sandbox",
+            "run",
+            "--quiet",
+            "--profile",
+            name,
+            "--profiles-dir",
+        ])
+        .arg(&dir)
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    Some(stderr.replace(&dir.display().to_string(), "DIR"))
+}
+
 /// A profile file the user cannot read stops the run, naming the file: it is not replaced
 /// by the built-in profile of that name, whose bounds may be looser than the operator's.
 /// (`/etc/flowhost/profiles` is 0750 root:flowhost; a user outside the group gets EACCES.)
 #[test]
 fn an_unreadable_profile_file_refuses_the_run_instead_of_the_builtin() {
-    use common::harness::{As, can_run as can_run_as, flowhost as flowhost_as};
-    let binary = common::harness::flowhost_for(As::Nobody);
-    if !can_run_as(As::Nobody, &[&binary]) {
+    let edit = ("tasks = 1024", "tasks = 64");
+    let Some(stderr) = refused_as_nobody("unreadable-profile", "isolated", edit, 0o750) else {
         return;
-    }
-    let dir = isolated_variant(
-        "unreadable-profile",
-        "isolated",
-        ("tasks = 1024", "tasks = 64"),
-    );
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
-    let out = flowhost_as(As::Nobody)
-        .args(["sandbox", "run", "--profile", "isolated", "--profiles-dir"])
-        .arg(&dir)
-        .args(["--", "/bin/true"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    };
     assert!(
-        stderr.contains(&dir.join("isolated.toml").display().to_string())
-            && stderr.contains("Permission denied"),
+        stderr.contains("DIR/isolated.toml") && stderr.contains("Permission denied"),
         "{stderr}"
     );
-    assert!(!stderr.contains("bounds of profile"), "{stderr}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `--allow NAME:PORT`: the command's lookups are answered by flowhost (only the allowed name
@@ -729,6 +741,21 @@ fn a_run_ends_with_the_commands_cgroup_and_everything_left_in_it() {
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Without a pid namespace, only the command's cgroup reaches what it leaves behind when it
+/// is killed; an unprivileged broker makes none. Such a profile is refused, saying why,
+/// rather than a kill that leaves the command's children running.
+#[test]
+fn a_profile_without_a_pid_namespace_is_refused_where_no_cgroup_holds_the_tree() {
+    let edit = ("pid = true", "pid = false");
+    let Some(stderr) = refused_as_nobody("nopidns-unprivileged", "nopidns", edit, 0o755) else {
+        return;
+    };
+    assert!(
+        stderr.contains("\"nopidns\"") && stderr.contains("namespaces.pid = false"),
+        "{stderr}"
+    );
 }
 
 /// A terminal the caller owns is not readable from inside the sandbox. Run unprivileged, the

@@ -323,8 +323,9 @@ impl Broker {
 
     /// Checks that `profile` can be enforced on this kernel (call at startup, so a profile
     /// that cannot be honoured stops the host before it serves anything): Landlock when it
-    /// is required, and every whole-executor bound the profile sets when its cgroup mode is
-    /// `required`.
+    /// is required, every whole-executor bound the profile sets when its cgroup mode is
+    /// `required`, and, for a profile without a pid namespace, a cgroup for each executor
+    /// (the only thing that would end its tree when it is killed).
     pub fn check_profile(&self, profile: &Profile) -> Result<(), SpawnError> {
         if profile.landlock == LandlockMode::Required && self.inner.support.landlock_abi <= 0 {
             return Err(SpawnError::Unsupported {
@@ -341,8 +342,20 @@ impl Broker {
             .map_err(|e| SpawnError::Prepare(e.to_string()))
     }
 
-    /// Refuses a `required` profile whose whole-executor bounds this host cannot enforce.
+    /// Refuses a `required` profile whose whole-executor bounds this host cannot enforce,
+    /// and a profile without a pid namespace whose executors would get no cgroup: killing
+    /// such an executor would leave what it started running (only pid 1 of a pid namespace
+    /// takes its tree with it, and only a cgroup reaches the tree otherwise).
     fn require_bounds(&self, profile: &Profile) -> Result<(), SpawnError> {
+        if !profile.pid_namespace {
+            self.inner
+                .cgroups
+                .holds_tree(&profile.limits)
+                .map_err(|why| SpawnError::TreeUnheld {
+                    profile: profile.name.clone(),
+                    why,
+                })?;
+        }
         if profile.limits.cgroup != CgroupMode::Required {
             return Ok(());
         }

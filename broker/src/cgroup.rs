@@ -274,6 +274,29 @@ impl CgroupSupport {
     pub fn none(why: &str) -> CgroupSupport {
         unavailable(why)
     }
+
+    /// Whether an executor bounded by `limits` gets a cgroup here, one whatever it starts
+    /// enters and whose processes are all killed when it ends; if not, why. Without a pid
+    /// namespace nothing else ends an executor's tree with it.
+    pub(crate) fn holds_tree(&self, limits: &Limits) -> Result<(), String> {
+        let mut why = None;
+        for c in Controller::ALL {
+            if c.bound(limits).is_none() {
+                continue;
+            }
+            match self.base(c) {
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    why.get_or_insert_with(|| format!("{} cannot be held: {e}", c.field()));
+                }
+            }
+        }
+        Err(why.unwrap_or_else(|| {
+            "it sets none of limits.memory_mib, limits.tasks and limits.cpu_percent, so its \
+             executors get no cgroup"
+                .into()
+        }))
+    }
 }
 
 /// Removes executor cgroups left beneath `dir` by brokers that are gone (a process that

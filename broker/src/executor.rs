@@ -189,7 +189,11 @@ impl Executor {
         &self.counters
     }
 
-    /// Sends SIGKILL to the executor (its pid namespace dies with it).
+    /// Sends SIGKILL to the executor. Its whole tree ends with it: with its pid namespace
+    /// (pid 1's death kills every process in it) or, for a profile without one, with its
+    /// cgroup, whose processes are killed once the executor is reaped (a profile without a
+    /// pid namespace is refused where its executors get no cgroup: see
+    /// [`crate::Broker::check_profile`]).
     pub fn kill(&self) -> io::Result<()> {
         sys::pidfd_send_signal(self.pidfd.get_ref().as_fd(), libc::SIGKILL)
     }

@@ -181,6 +181,19 @@ pub enum SpawnError {
         /// Why the host cannot enforce it.
         why: String,
     },
+    /// The profile has no pid namespace and its executors would get no cgroup: nothing would
+    /// end what an executor started when it is killed.
+    #[error(
+        "profile {profile:?} sets namespaces.pid = false, so only a cgroup of its own could end \
+         what an executor leaves running when it is killed, and it would get none here: {why}; \
+         set namespaces.pid = true"
+    )]
+    TreeUnheld {
+        /// The profile.
+        profile: String,
+        /// Why its executors get no cgroup.
+        why: String,
+    },
     /// Every uid of the executor range is held by a live executor or a running process.
     #[error(
         "no free executor uid in {range}: every one is held by a live executor or a running process"

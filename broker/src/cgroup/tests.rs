@@ -7,6 +7,41 @@ fn limits() -> Limits {
     Profile::find("isolated", &[]).unwrap().limits
 }
 
+/// An executor's tree is held by its cgroup only where one of its bounds gets a cgroup:
+/// never for an unprivileged broker, nor for a profile that sets no whole-executor bound.
+#[test]
+fn a_tree_is_held_only_where_a_bound_gets_a_cgroup() {
+    let root = tempfile::tempdir().unwrap();
+    let mem = root.path().join("memory");
+    std::fs::create_dir_all(mem.join("svc")).unwrap();
+    let memberships = vec![(4, vec!["memory".to_string()], "/svc".to_string())];
+    let mounts = vec![(
+        "cgroup".to_string(),
+        vec!["memory".to_string()],
+        mem.clone(),
+        "/".to_string(),
+    )];
+    let host = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    assert_eq!(host.holds_tree(&limits()), Ok(()));
+    let tasks_only = Limits {
+        memory: None,
+        cpu_percent: None,
+        ..limits()
+    };
+    let e = host.holds_tree(&tasks_only).unwrap_err();
+    assert!(e.contains("limits.tasks cannot be held"), "{e}");
+    let unbounded = Limits {
+        tasks: None,
+        ..tasks_only
+    };
+    let e = host.holds_tree(&unbounded).unwrap_err();
+    assert!(e.contains("no cgroup"), "{e}");
+    let e = CgroupSupport::none("the broker runs unprivileged")
+        .holds_tree(&limits())
+        .unwrap_err();
+    assert!(e.contains("the broker runs unprivileged"), "{e}");
+}
+
 #[test]
 fn v1_layout_is_found_per_controller() {
     let root = tempfile::tempdir().unwrap();
