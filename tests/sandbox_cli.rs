@@ -81,6 +81,61 @@ fn refused_by_default_allowed_with_allow_and_recorded() {
     assert_eq!(sink.connections(), 1, "only the allowed run connected");
 }
 
+/// stderr closed early (`flowhost sandbox run ... 2>&1 | head -1`) must not change what is
+/// decided: Rust ignores SIGPIPE, so printing an attempt panicked after its record was
+/// committed and before its verdict was given; the attempt was refused though recorded as
+/// allowed, and every later attempt refused with no record at all.
+#[test]
+fn a_closed_stderr_changes_no_verdict_and_no_record() {
+    if !can_run() {
+        return;
+    }
+    let sink = TcpSink::start();
+    let probe = shared_copy("flowhost-probe");
+    let records = common::shared_dir().join(format!("sandbox-epipe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&records);
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = flowhost()
+        .args(["sandbox", "run", "--profile", "brokered", "--allow"])
+        .arg(sink.addr.to_string())
+        .arg("--records")
+        .arg(&records)
+        .arg("--read")
+        .arg(&probe)
+        .args(["--", "/bin/sh", "-c"])
+        .arg("\"$0\" connect \"$1\" one 2>/dev/null; \"$0\" connect \"$1\" two 2>/dev/null")
+        .arg(&probe)
+        .arg(sink.addr.to_string())
+        .stderr(std::process::Stdio::from(write))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        stdout.matches("\"result\":\"ok\"").count(),
+        2,
+        "both connects went through: {stdout}"
+    );
+    let effects: Vec<String> = std::fs::read_dir(&records)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .flat_map(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .filter(|r| r["flowhost"]["broker"]["syscall"] == "connect")
+                .map(|r| r["decision"]["effect"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(effects, ["allow", "allow"], "{stdout}");
+    assert_eq!(sink.connections(), 2);
+    std::fs::remove_dir_all(&records).unwrap();
+}
+
 #[test]
 fn exit_status_is_the_commands_and_128_plus_signal() {
     if !can_run() {
@@ -428,14 +483,15 @@ fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run(
 }
 
 /// Runs `/bin/true` as uid 65534 under profile `name`, an `isolated` variant written into
-/// a new directory `dir` (then given `mode`), and expects the run refused: its stderr, or
-/// `None` where the unprivileged mode cannot run here (said why).
-fn refused_as_nobody(dir: &str, name: &str, edit: (&str, &str), mode: u32) -> Option<String> {
+/// a new directory `dir` (then given `mode`), and expects the run refused with a message
+/// saying each of `why` (`DIR` standing for the directory). Skips (saying why) where the
+/// unprivileged mode cannot run here.
+fn refused_as_nobody(dir: &str, name: &str, edit: (&str, &str), mode: u32, why: &[&str]) {
     use common::harness::{As, can_run as can_run_as, flowhost as flowhost_as};
     use std::os::unix::fs::PermissionsExt;
     let binary = common::harness::flowhost_for(As::Nobody);
     if !can_run_as(As::Nobody, &[&binary]) {
-        return None;
+        return;
     }
     let dir = isolated_variant(dir, name, edit);
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -453,9 +509,11 @@ fn refused_as_nobody(dir: &str, name: &str, edit: (&str, &str), mode: u32) -> Op
         .output()
         .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).replace(&dir.display().to_string(), "DIR");
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    Some(stderr.replace(&dir.display().to_string(), "DIR"))
+    for part in why {
+        assert!(stderr.contains(part), "{part:?} is not said: {stderr}");
+    }
 }
 
 /// A profile file the user cannot read stops the run, naming the file: it is not replaced
@@ -464,13 +522,8 @@ fn refused_as_nobody(dir: &str, name: &str, edit: (&str, &str), mode: u32) -> Op
 #[test]
 fn an_unreadable_profile_file_refuses_the_run_instead_of_the_builtin() {
     let edit = ("tasks = 1024", "tasks = 64");
-    let Some(stderr) = refused_as_nobody("unreadable-profile", "isolated", edit, 0o750) else {
-        return;
-    };
-    assert!(
-        stderr.contains("DIR/isolated.toml") && stderr.contains("Permission denied"),
-        "{stderr}"
-    );
+    let why = ["DIR/isolated.toml", "Permission denied"];
+    refused_as_nobody("unreadable-profile", "isolated", edit, 0o750, &why);
 }
 
 /// `--allow NAME:PORT`: the command's lookups are answered by flowhost (only the allowed name
@@ -749,13 +802,8 @@ fn a_run_ends_with_the_commands_cgroup_and_everything_left_in_it() {
 #[test]
 fn a_profile_without_a_pid_namespace_is_refused_where_no_cgroup_holds_the_tree() {
     let edit = ("pid = true", "pid = false");
-    let Some(stderr) = refused_as_nobody("nopidns-unprivileged", "nopidns", edit, 0o755) else {
-        return;
-    };
-    assert!(
-        stderr.contains("\"nopidns\"") && stderr.contains("namespaces.pid = false"),
-        "{stderr}"
-    );
+    let why = ["\"nopidns\"", "namespaces.pid = false"];
+    refused_as_nobody("nopidns-unprivileged", "nopidns", edit, 0o755, &why);
 }
 
 /// A terminal the caller owns is not readable from inside the sandbox. Run unprivileged, the

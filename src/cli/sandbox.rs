@@ -43,6 +43,23 @@ pub const DEFAULT_PROFILE_DIR: &str = "/etc/flowhost/profiles";
 /// another.
 pub const GATE_FAILED: u8 = 90;
 
+/// Writes `text` to stderr in one write (stderr is unbuffered: a formatted print writes
+/// piece by piece, and other output would land between the pieces), and goes on when it
+/// cannot be written. Rust ignores SIGPIPE, so with stderr closed early (`2>&1 | head -1`)
+/// `eprintln!` panics: in the middle of deciding an attempt, that refused it after its
+/// record said it was allowed, and ended the task that decides every later one.
+fn to_stderr(text: &str) {
+    // Nobody reads it any more; the run and its records go on.
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
+}
+
+/// `eprintln!` through [`to_stderr`]: one line, never a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        to_stderr(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 /// Run commands under the broker.
 #[derive(Debug, clap::Args)]
 pub struct SandboxArgs {
@@ -297,11 +314,11 @@ impl CommonArgs {
         let report = crate::harness::judge(surface, records, health)?;
         let text = crate::diff::report::to_text(&report);
         if crate::harness::passes(&report) {
-            eprint!("flowhost sandbox: gate passed: {text}");
+            to_stderr(&format!("flowhost sandbox: gate passed: {text}"));
             Ok(ExitCode::from(status))
         } else {
-            eprint!("{text}");
-            eprintln!(
+            to_stderr(&text);
+            say!(
                 "flowhost sandbox: GATE FAILED against {} (exit {}; the command exited {status})",
                 self.declared
                     .as_deref()
@@ -387,7 +404,7 @@ async fn record(writer: Option<&RecordWriter>, record: DecisionRecord) -> bool {
     match w.commit(record).await {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("flowhost sandbox: cannot write the decision record ({e}); refusing");
+            say!("flowhost sandbox: cannot write the decision record ({e}); refusing");
             false
         }
     }
@@ -432,7 +449,7 @@ fn start_dns(
             );
             let allowed = record(writer.as_deref(), r).await && decision.allowed;
             if !args.quiet {
-                eprintln!(
+                say!(
                     "flowhost sandbox: dns_query {} {} ({}) -> {} ({})",
                     lookup.record_type,
                     lookup.name,
@@ -447,7 +464,7 @@ fn start_dns(
     match ExecutorDns::start(&mediation, judge) {
         Ok(dns) => Ok(Some(dns)),
         Err(e) if e.permission_denied() => {
-            eprintln!(
+            say!(
                 "flowhost sandbox: {e}: lookups are judged as plain sends, and host-name rules match nothing"
             );
             Ok(None)
@@ -500,10 +517,8 @@ async fn run(args: RunArgs) -> CliResult {
     let broker = Broker::new(BrokerOptions::default())?;
     broker.check_profile(&profile)?;
     if !args.quiet {
-        // One write: the report's lines stay together, whatever else writes to the
-        // terminal (stderr is unbuffered, so a formatted print writes piece by piece).
-        let report = format!("flowhost sandbox: {}\n", broker.bounds(&profile));
-        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), report.as_bytes());
+        // One write: the report's lines stay together, whatever else writes to the terminal.
+        say!("flowhost sandbox: {}", broker.bounds(&profile));
     }
     let rules = Arc::new(DestinationRules::allow_only(args.common.allow.clone()));
     let writer = match &evidence.records {
@@ -598,14 +613,16 @@ async fn run(args: RunArgs) -> CliResult {
                 );
                 // Fail closed: an attempt that cannot be recorded is refused.
                 let allowed = record(writer.as_deref(), r).await && decision.allowed;
-                if !args.quiet {
-                    log_attempt(&info, name.as_ref(), allowed, &decision.rule);
-                }
+                // Answered as recorded before anything is printed: what the command gets
+                // never depends on whether stderr can still be written.
                 attempt.respond(if allowed {
                     BrokerVerdict::Allow
                 } else {
                     BrokerVerdict::DENY
                 });
+                if !args.quiet {
+                    log_attempt(&info, name.as_ref(), allowed, &decision.rule);
+                }
             }
         })
     };
@@ -616,12 +633,12 @@ async fn run(args: RunArgs) -> CliResult {
             // Ctrl-Z: the command stops with flowhost, and continues with it (`fg`, `bg`).
             _ = suspends.recv() => {
                 if let Err(e) = exec.job_control(true) {
-                    eprintln!("flowhost sandbox: SIGTSTP: cannot stop the command ({e})");
+                    say!("flowhost sandbox: SIGTSTP: cannot stop the command ({e})");
                 }
                 // Stops this whole process until the shell continues it.
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
                 if let Err(e) = exec.job_control(false) {
-                    eprintln!("flowhost sandbox: SIGCONT: cannot continue the command ({e})");
+                    say!("flowhost sandbox: SIGCONT: cannot continue the command ({e})");
                 }
             }
             interrupt = interrupts.next() => match exec.interrupt(interrupt) {
@@ -632,7 +649,7 @@ async fn run(args: RunArgs) -> CliResult {
                 // Whether it handles the signal cannot be told, or the signal not sent: it
                 // is ended, as the signal's default action would, so the run concludes.
                 Err(e) => {
-                    eprintln!(
+                    say!(
                         "flowhost sandbox: {}: cannot pass it to the command ({e}); ending it",
                         interrupt.name()
                     );
@@ -651,7 +668,7 @@ async fn run(args: RunArgs) -> CliResult {
         Ok(Ok(()))
     );
     if let Some(bound) = status.bound_description() {
-        eprintln!("flowhost sandbox: the command ran into {bound}");
+        say!("flowhost sandbox: the command ran into {bound}");
     }
     if let Some(w) = &writer {
         w.close().await?;
@@ -660,14 +677,14 @@ async fn run(args: RunArgs) -> CliResult {
     // The executor's cgroups go before this process does (else they stay until another
     // broker sweeps them); removal started when it was reaped, so this rarely waits.
     if !broker.released(Duration::from_secs(2)).await {
-        eprintln!("flowhost sandbox: the command's cgroups were not removed within 2 s");
+        say!("flowhost sandbox: the command's cgroups were not removed within 2 s");
     }
     // Killed because it left the interrupt to its default action: it ends as that action
     // would have ended it, and the shell sees 128 + that signal.
     let code = match ended_by {
         Some(interrupt) if status.signal() == Some(libc::SIGKILL) => {
             if !args.quiet {
-                eprintln!(
+                say!(
                     "flowhost sandbox: {}: the command does not handle it and was ended",
                     interrupt.name()
                 );
@@ -781,7 +798,7 @@ fn rule_on(
 
 /// Prints one attempt and its verdict (see [`attempt_line`]).
 fn log_attempt(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule: &str) {
-    eprintln!("{}", attempt_line(info, name, allowed, rule));
+    say!("{}", attempt_line(info, name, allowed, rule));
 }
 
 /// One attempt and its verdict as printed, naming the caller's executable (read now if the
