@@ -283,8 +283,8 @@ pub struct McpExecutor<C> {
     exec: Executor,
     stdin: pipe::Sender,
     /// The executor's output, read line by line by its own task (so a request abandoned
-    /// at cancellation never loses half a line).
-    stdout: mpsc::Receiver<Line>,
+    /// at cancellation never loses half a line), within its budget (see [`read_output`]).
+    stdout: mpsc::Receiver<Output>,
     /// The MCP revision the executor agreed to at `initialize`.
     revision: String,
     /// Stderr lines the current call may still log.
@@ -322,20 +322,60 @@ const RESOURCE_UPDATED: &str = "notifications/resources/updated";
 /// longer lines pass on unparsed, so a large result is not parsed twice.
 const MAX_UPDATE_LINE: usize = 8192;
 
+/// Bytes of output an executor's reader may hold beyond one message of the size limit:
+/// room to read small lines (progress, logs) ahead of whoever takes them.
+const READ_AHEAD: usize = 64 * 1024;
+
+/// Lines of output an executor's reader may hold (whatever their size: see [`read_output`]).
+const READ_AHEAD_LINES: usize = 16;
+
+/// One line of an executor's output, holding its share of the output budget (see
+/// [`read_output`]) until it is taken.
+#[derive(Debug)]
+struct Output {
+    line: Line,
+    _held: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
 /// Reads an executor's output line by line and passes the lines on to whoever reads its
 /// answers, except resource updates, which go to its sink as they arrive (dropped while it
 /// has none).
+///
+/// What an executor makes the daemon hold of its output, whether or not anyone takes it (an
+/// idle executor's lines wait until the next call), is bounded in bytes: the lines read and
+/// not yet taken, the one being read included, hold at most `limit` + [`READ_AHEAD`] bytes
+/// (and at most [`READ_AHEAD_LINES`] + 1 lines), plus the reader's own buffer (8 KiB). A
+/// line is read only once there is room for one of the largest size; read, it keeps the
+/// room of its own size until it is taken.
 async fn read_output<R: tokio::io::AsyncBufRead + Unpin>(
     mut reader: R,
     limit: usize,
-    lines: mpsc::Sender<Line>,
+    lines: mpsc::Sender<Output>,
     sink: Arc<Mutex<Option<UpdateSink>>>,
 ) {
     let needle = RESOURCE_UPDATED.as_bytes();
+    // The configuration bounds the limit far below 4 GiB; beyond it, a line larger than a
+    // `u32` of room would be read with less room than its size (still bounded by it).
+    let room = u32::try_from(limit).unwrap_or(u32::MAX);
+    let budget = Arc::new(tokio::sync::Semaphore::new(room as usize + READ_AHEAD));
     loop {
-        let line = mcp::read_line(&mut reader, limit)
+        // The semaphore is never closed, so this waits until room is made.
+        let Ok(mut reserved) = budget.clone().acquire_many_owned(room).await else {
+            return;
+        };
+        let mut line = mcp::read_line(&mut reader, limit)
             .await
             .unwrap_or(Line::Eof);
+        // A line keeps room for its own bytes, its buffer cut to them; the rest is free.
+        let size = match &mut line {
+            Line::Message(m) => {
+                m.shrink_to_fit();
+                m.len()
+            }
+            Line::TooLarge(_) | Line::Eof => 0,
+        };
+        let held = reserved.split(size);
+        drop(reserved);
         if let Line::Message(m) = &line
             && m.len() <= MAX_UPDATE_LINE
             && m.windows(needle.len()).any(|w| w == needle)
@@ -349,7 +389,7 @@ async fn read_output<R: tokio::io::AsyncBufRead + Unpin>(
             continue;
         }
         let eof = line == Line::Eof;
-        if lines.send(line).await.is_err() || eof {
+        if lines.send(Output { line, _held: held }).await.is_err() || eof {
             return;
         }
     }
@@ -432,7 +472,7 @@ impl<C: NamedCall> McpExecutor<C> {
         let stdout = BufReader::new(exec.take_stdout().ok_or(ExecutorError::Exited)?);
         let _ = pid_cell.set(exec.pid());
         let mut tasks = Vec::new();
-        let (lines_tx, lines) = mpsc::channel(16);
+        let (lines_tx, lines) = mpsc::channel(READ_AHEAD_LINES);
         // Its own task: a request abandoned at cancellation must not lose half a line. It
         // also hands resource updates to the session as they come, between requests too.
         let updates: Arc<Mutex<Option<UpdateSink>>> = Arc::new(Mutex::new(None));
@@ -648,7 +688,7 @@ impl<C: NamedCall> McpExecutor<C> {
         let mut relaying: Relaying<'_> = Vec::new();
         loop {
             let line = tokio::select! {
-                line = self.stdout.recv() => line.unwrap_or(Line::Eof),
+                output = self.stdout.recv() => output.map_or(Line::Eof, |o| o.line),
                 (rid, answer) = next_answer(&mut relaying), if !relaying.is_empty() => {
                     self.send(&answer_line(&rid, answer)).await?;
                     continue;
@@ -727,8 +767,8 @@ impl<C: NamedCall> McpExecutor<C> {
         // talking between calls keeps this loop going: the caller bounds it by the call's
         // deadline, and requests, each answered with a write, are counted.
         let mut answered = 0;
-        while let Ok(line) = self.stdout.try_recv() {
-            let bytes = match line {
+        while let Ok(output) = self.stdout.try_recv() {
+            let bytes = match output.line {
                 Line::Message(bytes) => bytes,
                 // It exited between calls.
                 Line::Eof => return Err(ExecutorError::Exited),
@@ -1275,6 +1315,68 @@ mod tests {
         fn make_writer(&self) -> Captured {
             self.clone()
         }
+    }
+
+    /// An executor's output as it comes, counting the bytes read from it.
+    struct Counted {
+        output: std::io::Cursor<Vec<u8>>,
+        read: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl tokio::io::AsyncRead for Counted {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let before = buf.filled().len();
+            let polled = std::pin::Pin::new(&mut self.output).poll_read(cx, buf);
+            let n = buf.filled().len() - before;
+            self.read.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            polled
+        }
+    }
+
+    /// An idle executor writing message after message of the largest size nobody reads:
+    /// what the daemon reads of it and holds must stay within a small bound, not grow with
+    /// the queue of lines (16 lines of the limit, each with a buffer up to twice its size).
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_idle_executors_output_is_held_within_its_budget() {
+        let limit = 256 * 1024;
+        let mut line =
+            br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":""#.to_vec();
+        line.resize(limit - 4, b'a');
+        line.extend_from_slice(b"\"}}\n");
+        let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let output = Counted {
+            output: std::io::Cursor::new(line.repeat(20)),
+            read: read.clone(),
+        };
+        let (lines, mut taken) = mpsc::channel(16);
+        let reader = tokio::spawn(read_output(
+            BufReader::new(output),
+            limit,
+            lines,
+            Arc::new(Mutex::new(None)),
+        ));
+        // The reader runs until it must wait for room.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let held = read.load(std::sync::atomic::Ordering::Relaxed);
+        let reader_buffer = 8 * 1024;
+        assert!(
+            held <= limit + READ_AHEAD + reader_buffer,
+            "{held} bytes of output held ({} lines of {limit})",
+            held / limit
+        );
+        // Room is made as lines are taken: none is lost.
+        for _ in 0..20 {
+            match taken.recv().await.map(|o| o.line) {
+                Some(Line::Message(m)) => assert_eq!(m.len(), limit - 1),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(taken.recv().await.map(|o| o.line), Some(Line::Eof));
+        reader.await.unwrap();
     }
 
     /// An executor chooses its socket names and its stderr: logged, their control bytes
