@@ -65,6 +65,24 @@ enum McpSetupError {
     Mappings { path: PathBuf, message: String },
     #[error("{0}")]
     Config(String),
+    /// Text the run must pass on is not UTF-8: the derived configuration is TOML, which
+    /// holds only UTF-8, and text changed to fit (U+FFFD for what is not) would run another
+    /// command, or read another file, than the one given.
+    #[error("{what} {shown:?} is not UTF-8, which the server's configuration needs")]
+    NotUtf8 {
+        /// What it is: an argument, a flag's path, a variable's value.
+        what: String,
+        /// It, with what is not UTF-8 shown as U+FFFD.
+        shown: String,
+    },
+}
+
+/// `text` as UTF-8, or [`McpSetupError::NotUtf8`] saying `what` it is.
+fn utf8<'a>(what: &str, text: &'a std::ffi::OsStr) -> Result<&'a str, McpSetupError> {
+    text.to_str().ok_or_else(|| McpSetupError::NotUtf8 {
+        what: what.to_string(),
+        shown: text.to_string_lossy().into_owned(),
+    })
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, McpSetupError> {
@@ -108,7 +126,44 @@ fn read_mappings(
 }
 
 impl McpArgs {
-    /// The host configuration for this one server, as TOML.
+    /// The server's environment from `--env`: `NAME=VALUE` as given, `NAME` with its value
+    /// here (`var` reads it), left out when it is not set here, as `sandbox run` leaves it
+    /// (a server tells an empty value from none). A value that is not UTF-8 is refused.
+    fn server_env(
+        &self,
+        var: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, McpSetupError> {
+        let mut env = serde_json::Map::new();
+        for e in &self.common.env {
+            match e.split_once('=') {
+                Some((k, v)) => {
+                    env.insert(k.into(), json!(v));
+                }
+                None => {
+                    if let Some(value) = var(e) {
+                        let what = format!("the value of --env {e}");
+                        env.insert(e.clone(), json!(utf8(&what, &value)?));
+                    }
+                }
+            }
+        }
+        Ok(env)
+    }
+
+    /// The server's command: its program found as `sandbox run` finds it, then its
+    /// arguments, each as given (one that is not UTF-8 is refused).
+    fn server_command(&self) -> Result<Vec<String>, McpSetupError> {
+        let program =
+            resolve_program(&self.command[0]).map_err(|e| McpSetupError::Config(e.to_string()))?;
+        let mut command = vec![utf8("the command", program.as_os_str())?.to_string()];
+        for (i, a) in self.command.iter().enumerate().skip(1) {
+            command.push(utf8(&format!("argument {i} of the command"), a)?.to_string());
+        }
+        Ok(command)
+    }
+
+    /// The host configuration for this one server, as TOML. Every path in it must be UTF-8
+    /// (see [`McpSetupError::NotUtf8`]).
     fn host_config(
         &self,
         dir: &Path,
@@ -116,6 +171,7 @@ impl McpArgs {
         health: &Path,
     ) -> Result<String, McpSetupError> {
         let manifest = absolute(&self.manifest)?;
+        let shown = |what: &str, p: &Path| utf8(what, p.as_os_str()).map(str::to_string);
         let envelope = crate::manifest::load_envelope_file(&manifest)
             .map_err(|e| McpSetupError::Config(e.to_string()))?;
         let body = envelope.body();
@@ -152,37 +208,27 @@ impl McpArgs {
         }
         // A key given as a file is read from where the caller pointed, not from `dir`.
         let key = if Path::new(&self.key).exists() {
-            absolute(Path::new(&self.key))?.display().to_string()
+            shown("--key", &absolute(Path::new(&self.key))?)?
         } else {
             self.key.clone()
         };
-        let mut command = vec![
-            resolve_program(&self.command[0])
-                .map_err(|e| McpSetupError::Config(e.to_string()))?
-                .display()
-                .to_string(),
-        ];
-        command.extend(
-            self.command[1..]
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned()),
-        );
-        let mut env = serde_json::Map::new();
-        for e in &self.common.env {
-            match e.split_once('=') {
-                Some((k, v)) => env.insert(k.into(), json!(v)),
-                None => env.insert(e.clone(), json!(std::env::var(e).unwrap_or_default())),
-            };
-        }
-        let absolute_all = |paths: &[PathBuf]| {
+        let command = self.server_command()?;
+        let env = self.server_env(|name| std::env::var_os(name))?;
+        let absolute_all = |flag: &str, paths: &[PathBuf]| {
             paths
                 .iter()
-                .map(|p| in_cwd(p))
+                .map(|p| shown(flag, &in_cwd(p)?))
                 .collect::<Result<Vec<_>, _>>()
         };
         let (profiles_dir, read_paths) = (
-            absolute_all(&self.common.profiles_dir)?,
-            absolute_all(&self.common.read)?,
+            absolute_all("--profiles-dir", &self.common.profiles_dir)?,
+            absolute_all("--read", &self.common.read)?,
+        );
+        let manifest = shown("--manifest", &manifest)?;
+        let private = |name: &str| shown("the run's private directory", &dir.join(name));
+        let (records, health) = (
+            shown("the records directory (--records)", records)?,
+            shown("the health file (--health)", health)?,
         );
         let allow: Vec<String> = self.common.allow.iter().map(ToString::to_string).collect();
         // Like its tools' output floors: what the publisher signed, nothing more.
@@ -190,9 +236,9 @@ impl McpArgs {
             .then(InformationLabel::bottom);
         let mut config = json!({
             "host": {
-                "socket": dir.join("flowhost.sock"),
+                "socket": private("flowhost.sock")?,
                 "socket_mode": "600",
-                "state_dir": dir.join("state"),
+                "state_dir": private("state")?,
                 "records_dir": records,
                 "health_file": health,
                 "profiles_dir": profiles_dir,
@@ -283,9 +329,15 @@ mod tests {
     }
 
     fn args(extra: &[&str]) -> McpArgs {
+        let extra: Vec<OsString> = extra.iter().map(OsString::from).collect();
+        args_running(&extra, &["/bin/true".into(), "serve".into()])
+    }
+
+    /// The example's arguments with `extra`, serving `command`.
+    fn args_running(extra: &[OsString], command: &[OsString]) -> McpArgs {
         let manifest = example("manifest.signed.json");
         let key = example("keys/status-probe.pub");
-        let mut argv = vec![
+        let mut argv: Vec<OsString> = [
             "x",
             "--manifest",
             &manifest,
@@ -293,10 +345,75 @@ mod tests {
             &key,
             "--allow",
             "127.0.0.1:8080",
-        ];
+        ]
+        .map(OsString::from)
+        .to_vec();
         argv.extend_from_slice(extra);
-        argv.extend_from_slice(&["--", "/bin/true", "serve"]);
+        argv.push("--".into());
+        argv.extend_from_slice(command);
         Wrapper::try_parse_from(argv).unwrap().args
+    }
+
+    fn config_of(args: &McpArgs) -> Result<String, McpSetupError> {
+        let dir = tempfile::tempdir().unwrap();
+        args.host_config(dir.path(), &dir.path().join("r"), &dir.path().join("h"))
+    }
+
+    /// `--env NAME` passes NAME as it is here, as `sandbox run` does: one that is not set is
+    /// left out, not set empty (a server tells an empty value from none).
+    #[test]
+    fn an_env_name_not_set_here_is_left_out() {
+        let args = args(&[
+            "--env",
+            "FLOWHOST_TEST_NEVER_SET_7C1",
+            "--env",
+            "GIVEN=x",
+            "--env",
+            "PRESENT",
+        ]);
+        let env = args
+            .server_env(|name| (name == "PRESENT").then(|| "here".into()))
+            .unwrap();
+        assert_eq!(
+            serde_json::Value::Object(env),
+            json!({"GIVEN": "x", "PRESENT": "here"})
+        );
+        let text = config_of(&args).unwrap();
+        assert!(!text.contains("FLOWHOST_TEST_NEVER_SET_7C1"), "{text}");
+    }
+
+    /// A value or an argument that is not UTF-8 cannot go into the derived configuration
+    /// (TOML): it is refused, naming it, rather than changed into another one.
+    #[test]
+    fn a_value_or_argument_that_is_not_utf8_is_refused_not_changed() {
+        use std::os::unix::ffi::OsStringExt;
+        let raw = || OsString::from_vec(b"caf\xe9".to_vec());
+        let e = args(&["--env", "LATIN1"])
+            .server_env(|_| Some(raw()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("LATIN1") && e.contains("UTF-8"), "{e}");
+        let e = config_of(&args_running(&[], &["/bin/true".into(), raw()]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("argument 1") && e.contains("UTF-8"), "{e}");
+        let mut dir = OsString::from("/tmp/");
+        dir.push(raw());
+        for flag in ["--read", "--profiles-dir"] {
+            let e = config_of(&args_running(
+                &[flag.into(), dir.clone()],
+                &["/bin/true".into()],
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(flag) && e.contains("UTF-8"), "{e}");
+        }
+        let private = tempfile::tempdir().unwrap();
+        let e = args(&[])
+            .host_config(private.path(), Path::new(&dir), &private.path().join("h"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--records") && e.contains("UTF-8"), "{e}");
     }
 
     #[test]
