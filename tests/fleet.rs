@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::lab::Lab;
 use flowhost::ident::PrincipalId;
-use flowhost::lab::postgres::{LabPostgresError, Postgres, with_host_setting};
+use flowhost::lab::postgres::{Postgres, with_host_setting};
 use flowhost::label::InformationLabel;
 use flowhost::state::postgres::{PostgresStore, migrate};
 use flowhost::state::{FlowStateStore, SessionKey};
@@ -20,14 +20,7 @@ use serde_json::{Value, json};
 /// A fresh server, or `None` with the reason printed where it cannot run (CI runs as root
 /// with the `postgresql` package installed, so there it always runs).
 fn postgres() -> Option<Postgres> {
-    match Postgres::start() {
-        Ok(pg) => Some(pg),
-        Err(e @ (LabPostgresError::NotRoot | LabPostgresError::NotInstalled)) => {
-            eprintln!("SKIP: {e}");
-            None
-        }
-        Err(e) => panic!("PostgreSQL did not start: {e}"),
-    }
+    Postgres::start_unless_unavailable().expect("PostgreSQL did not start")
 }
 
 const TERMS: &str = "harbor-goods-terms.md";
@@ -57,13 +50,7 @@ async fn open(pg: &Postgres, host: &str) -> FlowStateStore {
 
 /// A direct connection, for what the tests inspect or break on purpose.
 async fn raw(pg: &Postgres) -> tokio_postgres::Client {
-    let url = std::fs::read_to_string(&pg.url_file).unwrap();
-    let password = std::fs::read_to_string(&pg.password_file).unwrap();
-    let mut config: tokio_postgres::Config = url.trim().parse().unwrap();
-    config.password(password.trim());
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
+    pg.client().await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

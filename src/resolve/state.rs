@@ -678,7 +678,8 @@ mod tests {
         SqliteStore::open(&db).unwrap();
     }
 
-    fn owner(o: &str) -> InformationLabel {
+    /// The label of data owned by `o`, readable by `o` alone.
+    pub(super) fn owner(o: &str) -> InformationLabel {
         let o = PrincipalId::new(o).unwrap();
         InformationLabel::try_known(
             BTreeMap::from([(o.clone(), BTreeSet::from([o]))]),
@@ -687,7 +688,7 @@ mod tests {
         .unwrap()
     }
 
-    fn key(p: &str, s: &str) -> SessionKey {
+    pub(super) fn key(p: &str, s: &str) -> SessionKey {
         SessionKey {
             principal: PrincipalId::new(p).unwrap(),
             session: s.into(),

@@ -171,7 +171,8 @@ pub enum StartupError {
 
 impl StartupError {
     /// Whether the cause may pass by itself, so that starting again later can succeed: the
-    /// flow-state database unreachable, or still held by a daemon that is stopping.
+    /// flow-state database unreachable, not taking writes (a failover under way), or still
+    /// held by a daemon that is stopping.
     /// Everything else is a refusal (the configuration, a manifest, the broker on this host,
     /// an executor that cannot start under it) that a retry cannot change.
     pub fn may_pass(&self) -> bool {
@@ -181,7 +182,11 @@ impl StartupError {
             self,
             StartupError::State(
                 StateError::InUse { .. }
-                    | StateError::Postgres(PgError::Connect { .. } | PgError::Timeout { .. })
+                    | StateError::Postgres(
+                        PgError::Connect { .. }
+                            | PgError::Timeout { .. }
+                            | PgError::ReadOnly { .. }
+                    )
             )
         )
     }

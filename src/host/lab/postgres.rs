@@ -159,6 +159,40 @@ impl Postgres {
         self.dir.path().join("server")
     }
 
+    /// Like [`Postgres::start`], but `Ok(None)` where no server can run here (not root, or
+    /// the package missing): a test then skips, saying why.
+    pub fn start_unless_unavailable() -> Result<Option<Postgres>, LabPostgresError> {
+        match Postgres::start() {
+            Ok(pg) => Ok(Some(pg)),
+            Err(e @ (LabPostgresError::NotRoot | LabPostgresError::NotInstalled)) => {
+                eprintln!("SKIP: {e}");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A direct connection as the login role, for what a test inspects or breaks on purpose
+    /// behind flowhost's back.
+    pub async fn client(&self) -> Result<tokio_postgres::Client, LabPostgresError> {
+        let read = |file: &Path| {
+            std::fs::read_to_string(file).map_err(io(format!("reading {}", file.display())))
+        };
+        let failed = |e: tokio_postgres::Error| LabPostgresError::Io {
+            what: format!("connecting to the lab server on port {}", self.port),
+            source: std::io::Error::other(e),
+        };
+        let mut config: tokio_postgres::Config =
+            read(&self.url_file)?.trim().parse().map_err(failed)?;
+        config.password(read(&self.password_file)?.trim());
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(failed)?;
+        tokio::spawn(connection);
+        Ok(client)
+    }
+
     fn data(&self) -> PathBuf {
         self.server().join("data")
     }

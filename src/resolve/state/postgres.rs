@@ -14,6 +14,13 @@
 //! Grants' single use lives in the same database, so a grant used on one host is a replay on
 //! every other. Each host keeps its own records checkpoint, keyed by its `host_id`.
 //!
+//! Only the primary is used: every connection (each reconnect of a pool slot included)
+//! demands a server that takes writes, and refuses a standby in recovery or a database whose
+//! transactions default to read-only ([`PgError::ReadOnly`]), since either may lag the
+//! primary. A label lower than this host has seen is refused ([`PgError::Lower`]); what it has
+//! seen starts with every label the database held when the store opened, and grows with
+//! every label read or written since (a missing row counts as bottom).
+//!
 //! A database that cannot be reached, or an operation that takes longer than the configured
 //! timeout, fails the operation (the caller refuses the call); the next operation reconnects,
 //! so service resumes when the database is back. Errors name the database (user, host, port,
@@ -25,7 +32,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
 use tokio_postgres::{Client, Config, NoTls};
 
 use super::{FlowState, SessionKey, StateBackend, StateError, StateFuture, StateSnapshot};
@@ -107,6 +114,19 @@ pub enum PgError {
         /// The timeout.
         after: Duration,
     },
+    /// The server does not take writes: a standby in recovery, or a database or role whose
+    /// transactions default to read-only. Whatever it holds may lag the primary, so labels
+    /// read from it could be lower than they are.
+    #[error(
+        "flow-state database {target}: {found}; flowhost needs the primary, which takes \
+         writes (list every server of the cluster in url_file, or point it at the primary)"
+    )]
+    ReadOnly {
+        /// The database.
+        target: String,
+        /// What the server reported.
+        found: String,
+    },
     /// The schema is missing or of a version this build does not know.
     #[error(
         "flow-state database {target}: {found}; this flowhost knows schema version \
@@ -156,6 +176,11 @@ fn reason(e: &tokio_postgres::Error) -> String {
         cause = c.source();
     }
     text
+}
+
+/// A lock whose holder panicked: what it guards may be half updated, so the store refuses.
+fn poisoned<G>(_: std::sync::PoisonError<G>) -> StateError {
+    StateError::Failed("a writer panicked while holding the store".into())
 }
 
 /// How the store reaches the server.
@@ -247,6 +272,10 @@ impl Target {
         }
         config.connect_timeout(settings.timeout);
         config.application_name("flowhost");
+        // Only a server that takes writes is the primary; any other (a standby after a
+        // failover, a restored copy left read-only) may lag it, and its labels could be
+        // lower than they are. With several servers listed, the first writable one is used.
+        config.target_session_attrs(TargetSessionAttrs::ReadWrite);
         let tls = match &settings.ca_file {
             Some(ca) => {
                 config.ssl_mode(SslMode::Require);
@@ -285,10 +314,17 @@ impl Target {
         })
     }
 
+    /// Connects to the primary, refusing a server that does not take writes (see
+    /// [`PgError::ReadOnly`]), and pins the session's `synchronous_commit`.
     async fn connect(&self) -> Result<Client, PgError> {
-        let failed = |e: tokio_postgres::Error| PgError::Connect {
-            target: self.name.clone(),
-            reason: reason(&e),
+        let failed = |e: tokio_postgres::Error| {
+            if refused_as_read_only(&e) {
+                return self.read_only("every server listed refuses writes".into());
+            }
+            PgError::Connect {
+                target: self.name.clone(),
+                reason: reason(&e),
+            }
         };
         let client = match &self.tls {
             Tls::Off => {
@@ -303,6 +339,26 @@ impl Target {
                 client
             }
         };
+        // Checked here as well as by the driver: a server in recovery is refused whatever
+        // its read-only default says, and a server demoted after the driver's check (a
+        // failover under way) is caught before anything is read from it.
+        let row = client
+            .query_one(
+                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')",
+                &[],
+            )
+            .await
+            .map_err(failed)?;
+        let in_recovery: bool = row.try_get(0).map_err(failed)?;
+        let read_only: &str = row.try_get(1).map_err(failed)?;
+        if in_recovery {
+            return Err(self.read_only("it is a standby in recovery".into()));
+        }
+        if read_only != "off" {
+            return Err(self.read_only(format!(
+                "its transactions are read-only by default (transaction_read_only = {read_only})"
+            )));
+        }
         // A commit must be durable before a call's output leaves the host: a server whose
         // default is `synchronous_commit = off` is overridden for this connection, and any
         // other level is pinned for it, since a setting made for the session outlasts a
@@ -331,6 +387,27 @@ impl Target {
             .map_err(failed)?;
         Ok(client)
     }
+}
+
+impl Target {
+    fn read_only(&self, found: String) -> PgError {
+        PgError::ReadOnly {
+            target: self.name.clone(),
+            found,
+        }
+    }
+}
+
+/// Whether the driver refused every server because none takes writes (its
+/// `target_session_attrs=read-write` check): a permission error it makes itself, told apart
+/// from a socket's own by its text.
+fn refused_as_read_only(e: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|c| c.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| {
+            io.kind() == std::io::ErrorKind::PermissionDenied
+                && io.to_string() == "database does not allow writes"
+        })
 }
 
 /// A rustls connector trusting only the roots in `ca` (PEM).
@@ -440,8 +517,9 @@ pub struct PostgresStore {
     next: AtomicUsize,
     sessions: Mutex<HashMap<SessionKey, InformationLabel>>,
     failure: Mutex<Option<String>>,
-    /// The highest label this host has read or written for each principal: labels only
-    /// rise, so the database returning one below it was rolled back (see [`PgError::Lower`]).
+    /// The highest label this host has read or written for each principal, starting with
+    /// every label the database held at open: labels only rise, so the database returning
+    /// one below it was rolled back (see [`PgError::Lower`]).
     seen: Mutex<HashMap<PrincipalId, InformationLabel>>,
 }
 
@@ -487,7 +565,7 @@ impl PostgresStore {
             .map(|_| tokio::sync::Mutex::new(None))
             .collect();
         slots[0] = tokio::sync::Mutex::new(Some(first));
-        Ok(PostgresStore {
+        let store = PostgresStore {
             target,
             host_id: settings.host_id.clone(),
             timeout: settings.timeout,
@@ -496,7 +574,12 @@ impl PostgresStore {
             sessions: Mutex::new(HashMap::new()),
             failure: Mutex::new(None),
             seen: Mutex::new(HashMap::new()),
-        })
+        };
+        // Every label the database holds now is one this host has seen: a failover or
+        // restore that lowers one later is then refused (PgError::Lower), even for a
+        // principal this host has not served yet.
+        store.snapshot().await?;
+        Ok(store)
     }
 
     /// The label this host has seen for `principal` so far; taken before a query, so that
@@ -775,6 +858,7 @@ impl StateBackend for PostgresStore {
 
     fn snapshot(&self) -> StateFuture<'_, StateSnapshot> {
         Box::pin(async move {
+            let before = self.seen.lock().map_err(poisoned)?.clone();
             let rows = self
                 .run(async |c| {
                     c.query("SELECT principal, label FROM principal_labels", &[])
@@ -792,13 +876,19 @@ impl StateBackend for PostgresStore {
                 })?;
                 principals.insert(principal, self.decode(p, self.column(&row, 1, p)?)?);
             }
-            let sessions = self
-                .sessions
-                .lock()
-                .map_err(|_| {
-                    StateError::Failed("a writer panicked while holding the store".into())
-                })?
-                .clone();
+            // A principal seen before and missing now reads as bottom, like a missing row
+            // read on its own: both are checked against what this host has seen.
+            let bottom = InformationLabel::bottom();
+            for (principal, seen) in &before {
+                let label = principals.get(principal).unwrap_or(&bottom);
+                self.observed(principal, seen, label)?;
+            }
+            for (principal, label) in &principals {
+                if !before.contains_key(principal) {
+                    self.observed(principal, &bottom, label)?;
+                }
+            }
+            let sessions = self.sessions.lock().map_err(poisoned)?.clone();
             Ok(StateSnapshot {
                 principals,
                 sessions,
@@ -959,5 +1049,88 @@ mod tests {
         s.ca_file = Some(ca);
         let e = load_error(&s);
         assert!(e.contains("ca.pem") && e.contains("no certificate"), "{e}");
+    }
+
+    /// A fresh lab server holding the schema, or `None` (the reason printed) where no
+    /// server can run here.
+    async fn lab() -> Option<crate::lab::postgres::Postgres> {
+        let pg = crate::lab::postgres::Postgres::start_unless_unavailable().unwrap()?;
+        migrate(&pg.settings("h")).await.unwrap();
+        Some(pg)
+    }
+
+    /// A server that does not take writes (a standby, or a database made read-only) could
+    /// only be one that lags the primary: the store refuses it, naming it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_that_does_not_take_writes_is_refused() {
+        let Some(pg) = lab().await else { return };
+        pg.client()
+            .await
+            .unwrap()
+            .batch_execute("ALTER DATABASE postgres SET default_transaction_read_only = on")
+            .await
+            .unwrap();
+        let err = PostgresStore::open(&pg.settings("h")).await.unwrap_err();
+        assert!(
+            matches!(err, StateError::Postgres(PgError::ReadOnly { .. })),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("127.0.0.1:{}/postgres", pg.port)) && text.contains("writes"),
+            "{text}"
+        );
+        // The store's own check after connecting, should the driver's pass such a server.
+        let mut target = Target::load(&pg.settings("h")).unwrap();
+        target.config.target_session_attrs(TargetSessionAttrs::Any);
+        let err = target.connect().await.unwrap_err();
+        assert!(
+            matches!(&err, PgError::ReadOnly { found, .. } if found.contains("transaction_read_only = on")),
+            "{err:?}"
+        );
+    }
+
+    /// A store opened after a principal was raised (a host restarted, or started later)
+    /// knows the label it found at start: a database lowered behind its back (a failover, a
+    /// restore) is refused, not read as the principal's label.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_label_lowered_after_a_store_opened_is_refused() {
+        use super::super::tests::{key, owner};
+        let Some(pg) = lab().await else { return };
+        let k = key("alice", "s");
+        let first = PostgresStore::open(&pg.settings("a")).await.unwrap();
+        first
+            .raise(&k, &owner("larkfield"), &owner("larkfield"))
+            .await
+            .unwrap();
+        let second = PostgresStore::open(&pg.settings("b")).await.unwrap();
+        let raw = pg.client().await.unwrap();
+        raw.execute(
+            "UPDATE principal_labels SET label = $1 WHERE principal = 'alice'",
+            &[&InformationLabel::bottom().to_canonical_json()],
+        )
+        .await
+        .unwrap();
+        let err = second.get(&k).await.unwrap_err();
+        assert!(
+            matches!(&err, StateError::Postgres(PgError::Lower { principal, .. }) if principal == "alice"),
+            "{err:?}"
+        );
+        // A row gone altogether reads as bottom, and is refused the same way.
+        raw.execute(
+            "DELETE FROM principal_labels WHERE principal = 'alice'",
+            &[],
+        )
+        .await
+        .unwrap();
+        let third = PostgresStore::open(&pg.settings("c")).await.unwrap();
+        assert!(
+            matches!(
+                second.get(&k).await,
+                Err(StateError::Postgres(PgError::Lower { .. }))
+            ),
+            "a missing row is not bottom to a store that has seen the label"
+        );
+        assert!(third.get(&k).await.unwrap().principal.is_bottom());
     }
 }
