@@ -8,7 +8,8 @@
 //! database on every decision (another host may have raised it a moment ago), never from a
 //! copy kept here; a raise is a transaction that locks the principal's row (`SELECT ... FOR
 //! UPDATE`) and joins under that lock, so concurrent raises from any number of hosts all
-//! survive; it is committed (with `synchronous_commit` at least `on`) before the future
+//! survive; it is committed (with `synchronous_commit` at least `on`: a lower level, `off`,
+//! `local` or `remote_write`, is raised to `on` for the store's sessions) before the future
 //! resolves. A session's label is per host and lives in memory: a session never outlives its
 //! host process, and every raise of a session also raises its principal in the database.
 //! Grants' single use lives in the same database, so a grant used on one host is a replay on
@@ -359,18 +360,20 @@ impl Target {
                 "its transactions are read-only by default (transaction_read_only = {read_only})"
             )));
         }
-        // A commit must be durable before a call's output leaves the host: a server whose
-        // default is `synchronous_commit = off` is overridden for this connection, and any
-        // other level is pinned for it, since a setting made for the session outlasts a
-        // later reload of the server's configuration (which would otherwise reach this
-        // connection too, `off` included).
+        // A commit must be durable before a call's output leaves the host, on the primary
+        // and on every synchronous standby the server names (one of which a failover may
+        // promote): levels below `on` (`off`, and `local` and `remote_write`, which do not
+        // wait for the standbys to flush) become `on`, and `on` or `remote_apply` is kept.
+        // The level is pinned for the session, since a session setting outlasts a later
+        // reload of the server's configuration (which would otherwise reach this connection
+        // too, `off` included).
         let row = client
             .query_one("SHOW synchronous_commit", &[])
             .await
             .map_err(failed)?;
         let level = match row.try_get::<_, &str>(0).map_err(failed)? {
-            "off" => "on",
-            level @ ("on" | "local" | "remote_write" | "remote_apply") => level,
+            "off" | "local" | "remote_write" => "on",
+            level @ ("on" | "remote_apply") => level,
             other => {
                 return Err(PgError::Connect {
                     target: self.name.clone(),
@@ -1132,5 +1135,38 @@ mod tests {
             "a missing row is not bottom to a store that has seen the label"
         );
         assert!(third.get(&k).await.unwrap().principal.is_bottom());
+    }
+
+    /// A level below `on` (`off`; `local` and `remote_write`, which do not wait for a
+    /// synchronous standby to flush the commit) is raised to `on` for the store's
+    /// connections; `remote_apply`, stronger than `on`, is kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn synchronous_commit_is_at_least_on() {
+        let Some(pg) = lab().await else { return };
+        let raw = pg.client().await.unwrap();
+        for (configured, pinned) in [
+            ("off", "on"),
+            ("local", "on"),
+            ("remote_write", "on"),
+            ("on", "on"),
+            ("remote_apply", "remote_apply"),
+        ] {
+            raw.batch_execute(&format!(
+                "ALTER ROLE flowhost SET synchronous_commit = {configured}"
+            ))
+            .await
+            .unwrap();
+            let store = PostgresStore::open(&pg.settings("h")).await.unwrap();
+            let shown: String = store
+                .run(async |c| {
+                    Ok(c.query_one("SHOW synchronous_commit", &[])
+                        .await
+                        .unwrap()
+                        .get(0))
+                })
+                .await
+                .unwrap();
+            assert_eq!(shown, pinned, "configured {configured}");
+        }
     }
 }
