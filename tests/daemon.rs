@@ -293,7 +293,9 @@ fn a_lost_flow_state_stops_the_start_until_the_operator_accepts_it() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "started with lost state: {stderr}");
     assert!(
-        stderr.contains("state.db is missing") && stderr.contains("state-reset-accepted"),
+        stderr.contains("state.db is missing")
+            && stderr.contains("state-reset-accepted")
+            && stderr.contains("flowhost state rebuild"),
         "{stderr}"
     );
     assert!(!lab.paths.state_dir.join("state.db").exists());

@@ -126,15 +126,33 @@ pub enum StartupError {
     #[error(
         "flow state {db} is missing, but {records} holds decision records of earlier runs: \
          starting would reset every principal's and session's label to bottom. Restore {db} \
-         from a backup, or accept the loss by creating {ack} (removed once the host has started)"
+         from a backup, or rebuild it from the records with `flowhost state rebuild --records \
+         {records} --state-dir {state_dir}`, or accept the loss by creating {ack} (removed \
+         once the host has started)"
     )]
     StateLost {
         /// The missing database.
         db: PathBuf,
+        /// Its state directory.
+        state_dir: PathBuf,
         /// The record directory that proves earlier runs.
         records: PathBuf,
         /// The file an operator creates to accept the loss.
         ack: PathBuf,
+    },
+    /// The file accepting a reset of the flow state is there although the state file is
+    /// too: left from an earlier reset (or made by mistake), it would silently accept a later
+    /// loss of the state file.
+    #[error(
+        "{ack} accepts starting with fresh flow state, but {db} exists: the acceptance is \
+         left from an earlier reset (or was made by mistake) and would silently accept a \
+         later loss of {db}. Check that {db} is the state you mean to keep, then remove {ack}"
+    )]
+    ResetAcceptanceLeft {
+        /// The acceptance file.
+        ack: PathBuf,
+        /// The state file next to it.
+        db: PathBuf,
     },
     /// The record writer could not be opened.
     #[error("cannot open the decision records: {0}")]
@@ -477,21 +495,28 @@ pub const STATE_RESET_FILE: &str = "state-reset-accepted";
 
 /// Refuses a fresh flow state when the record directory shows earlier runs, unless the
 /// operator accepted the reset. Returns whether a reset was accepted.
-fn check_state_continuity(config: &HostConfig) -> Result<bool, StartupError> {
-    let db = config.state_dir.join(STATE_FILE);
+fn check_state_continuity(state_dir: &Path, records_dir: &Path) -> Result<bool, StartupError> {
+    let db = state_dir.join(STATE_FILE);
+    let ack = state_dir.join(STATE_RESET_FILE);
+    // Whatever the entry is (a link included): the operator made it to accept a reset.
+    let accepted = ack.symlink_metadata().is_ok();
     if db.exists() {
+        // Kept, an acceptance would wait here for the state file's next loss and accept
+        // that silently: it is for one reset, the one it was made for.
+        if accepted {
+            return Err(StartupError::ResetAcceptanceLeft { ack, db });
+        }
         return Ok(false);
     }
-    let ack = config.state_dir.join(STATE_RESET_FILE);
-    if ack.exists() {
+    if accepted {
         return Ok(true);
     }
     let io = |source| StartupError::Io {
-        path: config.records_dir.clone(),
+        path: records_dir.to_path_buf(),
         source,
     };
     let mut ran_before = false;
-    for entry in std::fs::read_dir(&config.records_dir).map_err(io)? {
+    for entry in std::fs::read_dir(records_dir).map_err(io)? {
         let name = entry.map_err(io)?.file_name();
         if name
             .to_str()
@@ -505,7 +530,8 @@ fn check_state_continuity(config: &HostConfig) -> Result<bool, StartupError> {
     if ran_before {
         return Err(StartupError::StateLost {
             db,
-            records: config.records_dir.clone(),
+            state_dir: state_dir.to_path_buf(),
+            records: records_dir.to_path_buf(),
             ack,
         });
     }
@@ -556,7 +582,8 @@ impl Host {
         // on this state directory stops here, before it changes anything the first uses.
         let (state, db, reset_accepted) = match &config.state {
             StateConfig::Sqlite => {
-                let reset_accepted = check_state_continuity(&config)?;
+                let reset_accepted =
+                    check_state_continuity(&config.state_dir, &config.records_dir)?;
                 let db = config.state_dir.join(STATE_FILE);
                 (FlowStateStore::open(&db)?, db, reset_accepted)
             }
@@ -591,7 +618,11 @@ impl Host {
                 writer_head(&status).as_ref().map(|(s, h)| (*s, h.as_str())),
             )
             .await?;
-            std::fs::remove_file(&ack).map_err(|source| StartupError::Io { path: ack, source })?;
+            // Used once: removed, durably, so that it cannot accept a later loss (a start
+            // that finds it next to the state file is refused).
+            std::fs::remove_file(&ack)
+                .and_then(|()| crate::files::sync_dir(&config.state_dir))
+                .map_err(|source| StartupError::Io { path: ack, source })?;
         } else {
             crate::continuity::check(
                 &state,
@@ -686,5 +717,30 @@ mod tests {
                 .with(|synced| synced.take())
                 .is_empty()
         );
+    }
+
+    /// An acceptance left next to a state file (from an earlier reset, or made by mistake)
+    /// would silently accept a later loss of that file: the start is refused, naming it.
+    #[test]
+    fn a_reset_acceptance_next_to_a_state_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, records) = (dir.path().join("state"), dir.path().join("records"));
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::create_dir_all(&records).unwrap();
+        std::fs::write(state.join(STATE_FILE), b"").unwrap();
+        let ack = state.join(STATE_RESET_FILE);
+        std::fs::write(&ack, b"").unwrap();
+        let err = check_state_continuity(&state, &records).unwrap_err();
+        assert!(
+            matches!(err, StartupError::ResetAcceptanceLeft { .. }),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&ack.display().to_string()) && text.contains("remove"),
+            "{text}"
+        );
+        std::fs::remove_file(&ack).unwrap();
+        assert!(!check_state_continuity(&state, &records).unwrap());
     }
 }
