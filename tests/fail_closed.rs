@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::lab::{Lab, REVIEWER_UID};
@@ -565,25 +565,65 @@ fn a_truncated_state_file_is_refused_and_rebuild_restores_every_label() {
     run_once(&mut lab, true);
 }
 
-#[test]
-fn an_older_copy_of_the_state_is_refused() {
-    let Some(mut lab) = Lab::prepare() else {
-        return;
-    };
-    // A first run that raises nothing (the document list carries no label).
+/// Runs the lab once raising nothing (the document list carries no label), stops it
+/// cleanly, and returns a copy of its state file: an older copy for the runs that follow.
+fn backup_of_a_run_that_raises_nothing(lab: &mut Lab) -> PathBuf {
     lab.spawn();
     let mut c = lab.client();
     c.initialize();
     let r = c.call("workspace/list_documents", json!({}));
     assert!(r.get("result").is_some(), "{r}");
     lab.stop();
-    let state = lab.paths.state_dir.clone();
     let backup = lab.dir.path().join("backup.db");
-    std::fs::copy(state.join("state.db"), &backup).unwrap();
+    std::fs::copy(lab.paths.state_dir.join("state.db"), &backup).unwrap();
+    backup
+}
+
+#[test]
+fn an_older_copy_of_the_state_is_refused() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let backup = backup_of_a_run_that_raises_nothing(&mut lab);
+    let state = lab.paths.state_dir.clone();
     // A second run raises the analyst's label.
     run_once(&mut lab, true);
     remove_state(&state, &["-wal", "-shm"]);
     std::fs::copy(&backup, state.join("state.db")).unwrap();
+    let why = refused_start(&mut lab);
+    assert!(why.contains("older than the decision records"), "{why}");
+    assert!(why.contains("principal larkfield-analyst"), "{why}");
+}
+
+/// An older `state.db` copied over the live file while the host runs (a restore into the
+/// running host) must not be bound to the records at the clean stop: bound, the next start
+/// would accept its lower labels.
+#[test]
+fn an_older_copy_written_over_the_running_state_is_not_bound_at_stop() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let backup = backup_of_a_run_that_raises_nothing(&mut lab);
+    let db = lab.paths.state_dir.join("state.db");
+    // A second run raises the analyst's label; its raise is moved from the write-ahead
+    // log into the file, which is then overwritten in place with the older copy.
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call("workspace/read_terms", json!({"document": TERMS}));
+    assert!(r.get("result").is_some(), "{r}");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    std::fs::copy(&backup, &db).unwrap();
+    drop(c);
+    let stopped = lab.stop_status().unwrap();
+    assert!(
+        !stopped.success(),
+        "the stop reported a clean binding of a rolled-back state:\n{}",
+        lab.log()
+    );
     let why = refused_start(&mut lab);
     assert!(why.contains("older than the decision records"), "{why}");
     assert!(why.contains("principal larkfield-analyst"), "{why}");

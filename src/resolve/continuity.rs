@@ -373,8 +373,8 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
     Ok(())
 }
 
-/// Re-binds `state` to the records' current head without comparing labels: for an operator
-/// who accepted a reset, and for a clean shutdown (where the state is known to be current).
+/// Re-binds `state` to the records' current head without comparing labels: only for an
+/// operator who accepted a reset (a clean stop checks first, with [`check`]).
 pub async fn rebind(
     state: &FlowStateStore,
     head: Option<(u64, &str)>,

@@ -307,6 +307,32 @@ fn decode(path: &Path, key: &str, text: &str) -> Result<InformationLabel, StateE
     })
 }
 
+/// Every principal's label stored in `conn` (the database at `path`); `failed` names a
+/// read that fails.
+fn load_principals(
+    conn: &Connection,
+    path: &Path,
+    failed: impl Fn(rusqlite::Error) -> StateError,
+) -> Result<HashMap<PrincipalId, InformationLabel>, StateError> {
+    let mut principals = HashMap::new();
+    let mut stmt = conn
+        .prepare("SELECT principal, label FROM principal_labels")
+        .map_err(&failed)?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+        .map_err(&failed)?;
+    for row in rows {
+        let (p, label) = row.map_err(&failed)?;
+        let principal = PrincipalId::new(&p).map_err(|e| StateError::Corrupt {
+            path: path.to_path_buf(),
+            key: p.clone(),
+            reason: e.to_string(),
+        })?;
+        principals.insert(principal, decode(path, &p, &label)?);
+    }
+    Ok(principals)
+}
+
 /// Takes the exclusive lock of database `db` (`flock` on `DB.lock` beside it), waiting up
 /// to 2 s for a process that is just closing it.
 fn lock_exclusively(db: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StateError> {
@@ -368,24 +394,9 @@ impl SqliteStore {
         // already joined into its principal's. Their rows are compacted away at open.
         conn.execute("DELETE FROM session_labels", [])
             .map_err(open_err)?;
-        let mut principals = HashMap::new();
+        let principals = load_principals(&conn, path, open_err)?;
         let mut sessions = HashMap::new();
         {
-            let mut stmt = conn
-                .prepare("SELECT principal, label FROM principal_labels")
-                .map_err(open_err)?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
-                .map_err(open_err)?;
-            for row in rows {
-                let (p, label) = row.map_err(open_err)?;
-                let principal = PrincipalId::new(&p).map_err(|e| StateError::Corrupt {
-                    path: path.to_path_buf(),
-                    key: p.clone(),
-                    reason: e.to_string(),
-                })?;
-                principals.insert(principal, decode(path, &p, &label)?);
-            }
             let mut stmt = conn
                 .prepare("SELECT principal, session, label FROM session_labels")
                 .map_err(open_err)?;
@@ -591,11 +602,23 @@ impl SqliteStore {
         }
     }
 
-    /// Every stored label: principals, then sessions.
+    /// Every stored label: the principals' as the file holds them now, read afresh (what
+    /// the next open would load, which is what the continuity checks judge: a file replaced
+    /// or rolled back under the running store shows here, where the store's own copy and
+    /// its connection's cache would hide it), and this run's sessions.
     pub fn snapshot(&self) -> Result<StateSnapshot, StateError> {
         let inner = self.lock()?;
+        let io = |source| StateError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let fresh = Connection::open_with_flags(
+            &self.path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(io)?;
         Ok(StateSnapshot {
-            principals: inner.principals.clone(),
+            principals: load_principals(&fresh, &self.path, io)?,
             sessions: inner.sessions.clone(),
         })
     }
@@ -787,6 +810,32 @@ mod tests {
             "a replay after a restart"
         );
         assert!(store.consume_grant("g-2", 102).unwrap());
+    }
+
+    /// The continuity checks judge what the file holds: an older copy written over it while
+    /// the store is open shows in the snapshot, however current the store's own copy is.
+    #[test]
+    fn the_snapshot_reads_the_file_not_the_stores_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let older = dir.path().join("older.db");
+        let alice = PrincipalId::new("alice").unwrap();
+        let store = SqliteStore::open(&db).unwrap();
+        store.join(&key("bob", "s"), &owner("x")).unwrap();
+        Connection::open(&db)
+            .unwrap()
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        std::fs::copy(&db, &older).unwrap();
+        store.join(&key("alice", "s"), &owner("x")).unwrap();
+        assert_eq!(store.snapshot().unwrap().principals[&alice], owner("x"));
+        Connection::open(&db)
+            .unwrap()
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        std::fs::copy(&older, &db).unwrap();
+        let snapshot = store.snapshot().unwrap();
+        assert!(!snapshot.principals.contains_key(&alice), "{snapshot:?}");
     }
 
     #[test]

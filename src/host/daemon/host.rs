@@ -234,35 +234,28 @@ impl Host {
         Ok(h)
     }
 
-    /// Binds the flow state to the records' head, as a clean stop does. A state file only
-    /// this host writes is current here. A shared database is not known to be: another
-    /// host, a failover or a restore may have changed it meanwhile, so it is checked against
-    /// this host's records first (bound without the check, a rollback would be forgotten).
+    /// Binds the flow state to the records' head, as a clean stop does, once it is checked
+    /// against the records (as at start): a shared database may have been changed by another
+    /// host, a failover or a restore, and a state file may have been replaced or rolled back
+    /// under the running host (a backup restored into it). Bound without the check, the next
+    /// start would take the lower labels for current. A state that fails the check stays
+    /// bound where it was, so the next start finds the same fault.
     async fn bind_state_to_records(&self) -> Result<(), crate::continuity::ContinuityError> {
         let generation = self.current();
         let config = &generation.config;
-        match &config.state {
-            crate::config::StateConfig::Postgres(pg) => {
-                crate::continuity::check(
-                    self.resolver.state(),
-                    &crate::continuity::Places {
-                        db: &pg.url_file,
-                        state_dir: &config.state_dir,
-                        records: &config.records_dir,
-                    },
-                )
-                .await
-            }
-            crate::config::StateConfig::Sqlite => {
-                crate::continuity::rebind(
-                    self.resolver.state(),
-                    writer_head(&self.records.status())
-                        .as_ref()
-                        .map(|(s, h)| (*s, h.as_str())),
-                )
-                .await
-            }
-        }
+        let db = match &config.state {
+            crate::config::StateConfig::Postgres(pg) => pg.url_file.clone(),
+            crate::config::StateConfig::Sqlite => config.state_dir.join(super::STATE_FILE),
+        };
+        crate::continuity::check(
+            self.resolver.state(),
+            &crate::continuity::Places {
+                db: &db,
+                state_dir: &config.state_dir,
+                records: &config.records_dir,
+            },
+        )
+        .await
     }
 
     /// Stops every pool, closes the record writer and writes the final health. Returns

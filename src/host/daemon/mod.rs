@@ -56,5 +56,5 @@ use generation::{build_generation, prime_pools};
 pub use host::{Host, HostCounters};
 pub use in_flight::{CallsInFlight, InFlight};
 pub use serve::{Served, default_workers, run};
-use startup::{Coverage, check_profiles, refuse_restart_only_changes, writer_head};
+use startup::{Coverage, check_profiles, refuse_restart_only_changes};
 pub use startup::{STATE_FILE, STATE_RESET_FILE, StartupError, require_broker, verify_registry};
