@@ -43,6 +43,14 @@ pub enum StateError {
         /// The SQLite error.
         source: rusqlite::Error,
     },
+    /// The database file itself could not be opened or inspected.
+    #[error("{path}: cannot open the flow-state database file: {source}")]
+    File {
+        /// The database file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
     /// A read or write failed.
     #[error("flow-state database {path}: {source}")]
     Io {
@@ -71,6 +79,19 @@ pub enum StateError {
     InUse {
         /// The database file.
         path: PathBuf,
+    },
+    /// The database path is not a regular file known by that one name (a symbolic link, a
+    /// file with other hard links, a directory or device): the one-writer lock is taken on
+    /// the name, so a second name would let a second writer overwrite the first's raises.
+    #[error(
+        "flow-state database {path} {found}; it must be a regular file with no other name \
+         (not a link): replace it with the file itself"
+    )]
+    NotOwnFile {
+        /// The database path.
+        path: PathBuf,
+        /// What it is instead.
+        found: String,
     },
     /// The database's lock file could not be opened or locked.
     #[error("cannot lock the flow-state database: {0}")]
@@ -307,6 +328,66 @@ fn decode(path: &Path, key: &str, text: &str) -> Result<InformationLabel, StateE
     })
 }
 
+/// Opens (creating it when missing) the database file at `path` itself, refusing a path that
+/// is not a regular file known by that name alone (see [`StateError::NotOwnFile`]): the lock
+/// beside it is what keeps a second writer out, and it only can while the file has one name.
+/// The final component is never followed (`O_NOFOLLOW`), and a FIFO never blocks the open.
+fn open_own_file(path: &Path) -> Result<std::fs::File, StateError> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let not_own = |found: &str| StateError::NotOwnFile {
+        path: path.to_path_buf(),
+        found: found.to_string(),
+    };
+    let failed = |source| StateError::File {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => not_own("is a symbolic link"),
+            Some(libc::EISDIR) => not_own("is not a regular file (a directory)"),
+            _ => failed(e),
+        })?;
+    let meta = file.metadata().map_err(failed)?;
+    if !meta.file_type().is_file() {
+        return Err(not_own("is not a regular file"));
+    }
+    if meta.nlink() != 1 {
+        return Err(not_own(&format!(
+            "has {} names (hard links), so another name could be opened by another writer",
+            meta.nlink()
+        )));
+    }
+    Ok(file)
+}
+
+/// Refuses when `path` no longer names `file` (replaced after it was checked).
+fn same_file(path: &Path, file: &std::fs::File) -> Result<(), StateError> {
+    use std::os::unix::fs::MetadataExt;
+    let failed = |source| StateError::File {
+        path: path.to_path_buf(),
+        source,
+    };
+    let (named, held) = (
+        std::fs::symlink_metadata(path).map_err(failed)?,
+        file.metadata().map_err(failed)?,
+    );
+    if (named.dev(), named.ino()) != (held.dev(), held.ino()) {
+        return Err(StateError::NotOwnFile {
+            path: path.to_path_buf(),
+            found: "was replaced while it was being opened".into(),
+        });
+    }
+    Ok(())
+}
+
 /// Every principal's label stored in `conn` (the database at `path`); `failed` names a
 /// read that fails.
 fn load_principals(
@@ -356,14 +437,20 @@ fn lock_exclusively(db: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, State
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and loads every stored label. A
-    /// corrupt label stops the open: the host must not start with state it cannot read.
+    /// corrupt label stops the open: the host must not start with state it cannot read. So
+    /// does a path that is a symbolic link, a file with other hard links, or no regular file
+    /// ([`StateError::NotOwnFile`]): the one-writer lock is kept per name.
     pub fn open(path: &Path) -> Result<Self, StateError> {
         let open_err = |source| StateError::Open {
             path: path.to_path_buf(),
             source,
         };
         let lock = lock_exclusively(path)?;
+        let file = open_own_file(path)?;
         let conn = Connection::open(path).map_err(open_err)?;
+        // SQLite opened the file by its name again: still the file checked, not one put in
+        // its place meanwhile.
+        same_file(path, &file)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
         conn.pragma_update(None, "synchronous", "FULL")
@@ -836,6 +923,41 @@ mod tests {
         std::fs::copy(&older, &db).unwrap();
         let snapshot = store.snapshot().unwrap();
         assert!(!snapshot.principals.contains_key(&alice), "{snapshot:?}");
+    }
+
+    /// The one-writer lock is taken on the path: a second name for the same file (a symbolic
+    /// or hard link) would let a second store write it at once, each overwriting the other's
+    /// raises with its own copy. Such a path is refused, and so is one that is no file.
+    #[test]
+    fn a_state_file_reached_by_another_name_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+        std::fs::create_dir_all(&one).unwrap();
+        std::fs::create_dir_all(&two).unwrap();
+        let db = one.join("state.db");
+        let first = SqliteStore::open(&db).unwrap();
+        let refused = |path: &Path, found: &str| {
+            let err = SqliteStore::open(path).unwrap_err();
+            assert!(matches!(err, StateError::NotOwnFile { .. }), "{err:?}");
+            let text = err.to_string();
+            assert!(
+                text.contains(&path.display().to_string()) && text.contains(found),
+                "{text}"
+            );
+        };
+        let linked = two.join("state.db");
+        std::os::unix::fs::symlink(&db, &linked).unwrap();
+        refused(&linked, "symbolic link");
+        std::fs::remove_file(&linked).unwrap();
+        std::fs::hard_link(&db, &linked).unwrap();
+        refused(&linked, "2 names");
+        drop(first);
+        refused(&db, "2 names");
+        std::fs::remove_file(&linked).unwrap();
+        SqliteStore::open(&db).unwrap();
+        let not_a_file = two.join("dir.db");
+        std::fs::create_dir(&not_a_file).unwrap();
+        refused(&not_a_file, "not a regular file");
     }
 
     #[test]
