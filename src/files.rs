@@ -8,7 +8,7 @@
 
 use std::fs::{File, Metadata, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Largest manifest or envelope file accepted: 1 MiB.
@@ -92,6 +92,52 @@ pub enum FileError {
         /// What the OS said.
         source: io::Error,
     },
+}
+
+/// How someone other than root or this process's user could change a file (or directory)
+/// flowhost trusts, and so decide what flowhost trusts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OthersMayChange {
+    /// Its group or others may write it.
+    #[error("has mode {mode:04o}, so group or others may write it (chmod go-w)")]
+    Mode {
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// It is owned by neither root nor this process's user, and an owner may always change
+    /// a file's mode, and then its content.
+    #[error(
+        "is owned by uid {owner}, neither root nor this process's uid {uid}, so its owner may \
+         change it (chown it to root or to uid {uid})"
+    )]
+    Owner {
+        /// Its owner.
+        owner: u32,
+        /// This process's effective uid.
+        uid: u32,
+    },
+}
+
+/// Whether anyone but root or `uid` (this process's effective user) may change a file with
+/// permission bits `mode` owned by `owner`: `None` when only they may. The mode is judged
+/// first.
+pub fn others_may_change(mode: u32, owner: u32, uid: u32) -> Option<OthersMayChange> {
+    if mode & 0o022 != 0 {
+        return Some(OthersMayChange::Mode {
+            mode: mode & 0o7777,
+        });
+    }
+    (owner != 0 && owner != uid).then_some(OthersMayChange::Owner { owner, uid })
+}
+
+/// [`others_may_change`] for the file `metadata` describes (take it from the opened file, so
+/// the file judged is the file read) and this process's effective user.
+pub fn others_may_change_file(metadata: &Metadata) -> Option<OthersMayChange> {
+    others_may_change(
+        metadata.mode(),
+        metadata.uid(),
+        nix::unistd::geteuid().as_raw(),
+    )
 }
 
 /// Opens `path` for reading without following a final symbolic link, and checks that it is a

@@ -247,17 +247,22 @@ pub fn load_signing_key(path: &Path) -> Result<SigningKey, KeyError> {
     Ok(SigningKey::from_bytes(&seed))
 }
 
-/// Refuses a public key file owned by anyone but root or `uid` (this process's user):
-/// the owner of a file may always change its mode, so only those two may own a trusted key.
-fn check_public_key_owner(path: &Path, owner: u32, uid: u32) -> Result<(), KeyError> {
-    if owner == 0 || owner == uid {
-        return Ok(());
+/// Refuses a public key file with permission bits `mode` that group or others may write, or
+/// owned by anyone but root or `uid` (this process's user): the owner of a file may always
+/// change its mode, so only those two may own a trusted key.
+fn check_public_key_file(path: &Path, mode: u32, owner: u32, uid: u32) -> Result<(), KeyError> {
+    match files::others_may_change(mode, owner, uid) {
+        None => Ok(()),
+        Some(files::OthersMayChange::Mode { mode }) => Err(KeyError::PublicKeyPermissions {
+            path: path.to_owned(),
+            mode,
+        }),
+        Some(files::OthersMayChange::Owner { owner, uid }) => Err(KeyError::PublicKeyOwner {
+            path: path.to_owned(),
+            owner,
+            uid,
+        }),
     }
-    Err(KeyError::PublicKeyOwner {
-        path: path.to_owned(),
-        owner,
-        uid,
-    })
 }
 
 /// Loads a public key file, refusing one that group or others may write or that is owned
@@ -268,14 +273,12 @@ fn check_public_key_owner(path: &Path, owner: u32, uid: u32) -> Result<(), KeyEr
 /// checked.
 pub fn load_verifying_key(path: &Path) -> Result<VerifyingKey, KeyError> {
     let (file, metadata) = files::open_regular(path)?;
-    let mode = metadata.permissions().mode() & 0o7777;
-    if mode & 0o022 != 0 {
-        return Err(KeyError::PublicKeyPermissions {
-            path: path.to_owned(),
-            mode,
-        });
-    }
-    check_public_key_owner(path, metadata.uid(), nix::unistd::geteuid().as_raw())?;
+    check_public_key_file(
+        path,
+        metadata.mode(),
+        metadata.uid(),
+        nix::unistd::geteuid().as_raw(),
+    )?;
     let bytes = files::read_opened(path, file, &metadata, MAX_KEY_FILE_BYTES)?;
     let text = String::from_utf8(bytes).map_err(|e| FileError::NotUtf8 {
         path: path.to_owned(),
@@ -380,11 +383,11 @@ mod tests {
     fn public_key_owned_by_another_user_is_refused() {
         let path = Path::new("/etc/flowhost/keys/x.pub");
         // Owned by this process's uid, or by root: trusted.
-        check_public_key_owner(path, 1000, 1000).unwrap();
-        check_public_key_owner(path, 0, 1000).unwrap();
-        check_public_key_owner(path, 0, 0).unwrap();
+        check_public_key_file(path, 0o644, 1000, 1000).unwrap();
+        check_public_key_file(path, 0o644, 0, 1000).unwrap();
+        check_public_key_file(path, 0o644, 0, 0).unwrap();
         // Owned by anyone else: that user could replace the key.
-        let err = check_public_key_owner(path, 1001, 1000).unwrap_err();
+        let err = check_public_key_file(path, 0o644, 1001, 1000).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -399,7 +402,7 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("/etc/flowhost/keys/x.pub"), "{message}");
         assert!(message.contains("uid 1001"), "{message}");
-        assert!(check_public_key_owner(path, 1000, 0).is_err());
+        assert!(check_public_key_file(path, 0o644, 1000, 0).is_err());
 
         // The real file check, where this test may give a file away (as root).
         if nix::unistd::geteuid().is_root() {

@@ -69,12 +69,8 @@ impl StateCommand {
                 Ok(ExitCode::SUCCESS)
             }
             StateCommand::Rebuild(args) => {
-                use std::os::unix::fs::DirBuilderExt;
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(&args.state_dir)
-                    .map_err(|e| format!("{}: {e}", args.state_dir.display()))?;
+                // Checked as the host checks it at start, an existing directory included.
+                crate::daemon::prepare_state_dir(&args.state_dir)?;
                 let db = args.state_dir.join(crate::daemon::STATE_FILE);
                 // Records durable only in the write-ahead ring (a machine crash before their
                 // file's checkpoint) are written back first, as the host does at start: a
@@ -107,5 +103,37 @@ impl StateCommand {
                 Ok(ExitCode::SUCCESS)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rebuild writes the state the host will trust: into an existing directory that
+    /// someone else could change it is refused, as the host refuses to start on one.
+    #[test]
+    fn rebuild_refuses_a_state_dir_others_could_change() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (records, state_dir) = (dir.path().join("records"), dir.path().join("state"));
+        std::fs::create_dir(&records).unwrap();
+        std::fs::create_dir(&state_dir).unwrap();
+        std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let rebuild = || {
+            StateCommand::Rebuild(RebuildArgs {
+                records: records.clone(),
+                state_dir: state_dir.clone(),
+            })
+            .run()
+        };
+        let err = rebuild().unwrap_err().to_string();
+        assert!(
+            err.contains(&state_dir.display().to_string()) && err.contains("group or others"),
+            "{err}"
+        );
+        assert!(!state_dir.join(crate::daemon::STATE_FILE).exists());
+        std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        rebuild().unwrap();
     }
 }

@@ -328,10 +328,11 @@ fn decode(path: &Path, key: &str, text: &str) -> Result<InformationLabel, StateE
     })
 }
 
-/// Opens (creating it when missing) the database file at `path` itself, refusing a path that
-/// is not a regular file known by that name alone (see [`StateError::NotOwnFile`]): the lock
-/// beside it is what keeps a second writer out, and it only can while the file has one name.
-/// The final component is never followed (`O_NOFOLLOW`), and a FIFO never blocks the open.
+/// Opens (creating it when missing) the database file at `path` itself and gives it mode
+/// 0600, refusing a path that is not a regular file known by that name alone (see
+/// [`StateError::NotOwnFile`]): the lock beside it is what keeps a second writer out, and it
+/// only can while the file has one name. The final component is never followed
+/// (`O_NOFOLLOW`), and a FIFO never blocks the open.
 fn open_own_file(path: &Path) -> Result<std::fs::File, StateError> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let not_own = |found: &str| StateError::NotOwnFile {
@@ -365,7 +366,47 @@ fn open_own_file(path: &Path) -> Result<std::fs::File, StateError> {
             meta.nlink()
         )));
     }
+    restrict_to_owner(&file, path)?;
     Ok(file)
+}
+
+/// Gives `file` (at `path`) mode 0600: the state files hold every principal's label, and are
+/// created under the process's umask (the lock file, and SQLite's files too when the
+/// database file is not created here), or were left wider by an earlier run.
+fn restrict_to_owner(file: &std::fs::File, path: &Path) -> Result<(), StateError> {
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|source| StateError::File {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Gives the write-ahead log and shared-memory files of database `db` mode 0600 where they
+/// exist (SQLite creates them with the database file's mode, which is 0600, but an earlier
+/// run may have left them wider). Never follows a symbolic link.
+fn restrict_wal_files(db: &Path) -> Result<(), StateError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    for suffix in ["-wal", "-shm"] {
+        let mut name = db.as_os_str().to_owned();
+        name.push(suffix);
+        let path = Path::new(&name);
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(file) => restrict_to_owner(&file, path)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(StateError::File {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses when `path` no longer names `file` (replaced after it was checked).
@@ -426,7 +467,10 @@ fn lock_exclusively(db: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, State
         true,
         std::time::Duration::from_secs(2),
     ) {
-        Ok(Locked::Held(held)) => Ok(held),
+        Ok(Locked::Held(held)) => {
+            restrict_to_owner(&held, Path::new(&name))?;
+            Ok(held)
+        }
         // Made when missing, so never absent.
         Ok(Locked::Busy | Locked::Absent) => Err(StateError::InUse {
             path: db.to_path_buf(),
@@ -447,6 +491,7 @@ impl SqliteStore {
         };
         let lock = lock_exclusively(path)?;
         let file = open_own_file(path)?;
+        restrict_wal_files(path)?;
         let conn = Connection::open(path).map_err(open_err)?;
         // SQLite opened the file by its name again: still the file checked, not one put in
         // its place meanwhile.
@@ -958,6 +1003,36 @@ mod tests {
         let not_a_file = two.join("dir.db");
         std::fs::create_dir(&not_a_file).unwrap();
         refused(&not_a_file, "not a regular file");
+    }
+
+    /// The state files hold every principal's label: only their owner may read or write
+    /// them, whatever the process's umask, and files an earlier run left wider are narrowed.
+    #[test]
+    fn state_files_are_private_to_their_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let files = ["state.db", "state.db-wal", "state.db-shm", "state.db.lock"]
+            .map(|f| dir.path().join(f));
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        {
+            let store = SqliteStore::open(&db).unwrap();
+            store.join(&key("alice", "s"), &owner("x")).unwrap();
+            for f in &files {
+                assert_eq!(mode(f), 0o600, "{}", f.display());
+            }
+        }
+        for f in &files {
+            if !f.exists() {
+                std::fs::write(f, b"").unwrap();
+            }
+            std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let store = SqliteStore::open(&db).unwrap();
+        store.join(&key("bob", "s"), &owner("x")).unwrap();
+        for f in &files {
+            assert_eq!(mode(f), 0o600, "{}", f.display());
+        }
     }
 
     #[test]

@@ -57,4 +57,6 @@ pub use host::{Host, HostCounters};
 pub use in_flight::{CallsInFlight, InFlight};
 pub use serve::{Served, default_workers, run};
 use startup::{Coverage, check_profiles, refuse_restart_only_changes};
-pub use startup::{STATE_FILE, STATE_RESET_FILE, StartupError, require_broker, verify_registry};
+pub use startup::{
+    STATE_FILE, STATE_RESET_FILE, StartupError, prepare_state_dir, require_broker, verify_registry,
+};

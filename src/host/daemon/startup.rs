@@ -538,11 +538,18 @@ fn check_state_continuity(state_dir: &Path, records_dir: &Path) -> Result<bool, 
     Ok(false)
 }
 
+/// Creates the state directory `path` (mode 0700) when missing, and refuses one that anyone
+/// but root or this process's user could change (see [`crate::files::OthersMayChange`]): they
+/// could put a state file with lower labels in place. For `flowhost state rebuild`, which
+/// writes the state the host will trust.
+pub fn prepare_state_dir(path: &Path) -> Result<(), StartupError> {
+    ensure_dir(path, 0o700)
+}
+
 /// Creates the state or record directory `path` if needed, each directory it makes synced
 /// into its parent (the record writer's own syncs find them made), and refuses one others
-/// may write to.
+/// may change.
 fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
-    use std::os::unix::fs::PermissionsExt;
     let io = |source| StartupError::Io {
         path: path.to_path_buf(),
         source,
@@ -552,10 +559,10 @@ fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
         path: e.path,
     })?;
     let meta = std::fs::metadata(path).map_err(io)?;
-    if meta.permissions().mode() & 0o022 != 0 {
+    if let Some(why) = crate::files::others_may_change_file(&meta) {
         return Err(io(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
-            "is writable by group or others; flowhost keeps its state private (chmod 700)",
+            format!("{why}; flowhost keeps its state private (chmod 700, owned by its user)"),
         )));
     }
     Ok(())
@@ -742,5 +749,31 @@ mod tests {
         );
         std::fs::remove_file(&ack).unwrap();
         assert!(!check_state_continuity(&state, &records).unwrap());
+    }
+
+    /// A state directory someone else could change (its group or others by its mode, its
+    /// owner by being the owner) is refused: they could replace the state file with one
+    /// holding lower labels.
+    #[test]
+    fn a_state_dir_others_could_change_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        ensure_dir(&state, 0o700).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o770)).unwrap();
+        let err = ensure_dir(&state, 0o700).unwrap_err().to_string();
+        assert!(err.contains("group or others"), "{err}");
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+        ensure_dir(&state, 0o700).unwrap();
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: giving the state directory to another user needs root");
+            return;
+        }
+        std::os::unix::fs::chown(&state, Some(65534), None).unwrap();
+        let err = ensure_dir(&state, 0o700).unwrap_err().to_string();
+        assert!(
+            err.contains(&state.display().to_string()) && err.contains("uid 65534"),
+            "{err}"
+        );
     }
 }

@@ -73,15 +73,31 @@ INSERT INTO flowhost_schema (version) VALUES (1);
 /// Why the PostgreSQL store failed. `target` names the database without its password.
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
-    /// A file named in the configuration could not be read.
-    #[error("{file}: cannot read the flow-state database's {what}: {source}")]
+    /// A file named in the configuration could not be read (missing, a symbolic link, not
+    /// a regular file, too large, not text).
+    #[error("cannot read the flow-state database's {what}: {reason}")]
     Read {
         /// The file.
         file: PathBuf,
         /// Which setting (`url_file`, `password_file`, `ca_file`).
         what: &'static str,
-        /// The error.
-        source: std::io::Error,
+        /// Why, naming the file.
+        reason: String,
+    },
+    /// A file named in the configuration could be changed by someone other than root or
+    /// this process's user: they would decide which database, and which server, flowhost
+    /// trusts with the labels.
+    #[error(
+        "{file}: the flow-state database's {what} {why}; whoever may change it decides which \
+         database flowhost trusts with the labels"
+    )]
+    Exposed {
+        /// The file.
+        file: PathBuf,
+        /// Which setting (`url_file`, `password_file`, `ca_file`).
+        what: &'static str,
+        /// Who else may change it, and how.
+        why: crate::files::OthersMayChange,
     },
     /// The URL file does not hold a valid connection string, or the TLS settings cannot work.
     #[error("{file}: {reason}")]
@@ -167,8 +183,9 @@ pub enum PgError {
     },
 }
 
-/// A `tokio_postgres` error with its causes (its `Display` alone often says only "db error").
-fn reason(e: &tokio_postgres::Error) -> String {
+/// An error with its causes (a `tokio_postgres` error's `Display` alone often says only "db
+/// error", a file error's only what was being done).
+fn reason(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = std::error::Error::source(e);
     while let Some(c) = cause {
@@ -198,11 +215,34 @@ struct Target {
     name: String,
 }
 
+/// The settings files are small; anything larger is not one.
+const MAX_SETTINGS_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Reads settings file `file` (for setting `what`): a regular file, not reached through a
+/// symbolic link, that only root or this process's user may change (checked on the file
+/// opened, so the file judged is the file read).
 fn read_file(file: &Path, what: &'static str) -> Result<String, PgError> {
-    std::fs::read_to_string(file).map_err(|source| PgError::Read {
+    use crate::files::{self, FileError};
+    let failed = |e: FileError| PgError::Read {
         file: file.to_path_buf(),
         what,
-        source,
+        reason: reason(&e),
+    };
+    let (opened, metadata) = files::open_regular(file).map_err(failed)?;
+    if let Some(why) = files::others_may_change_file(&metadata) {
+        return Err(PgError::Exposed {
+            file: file.to_path_buf(),
+            what,
+            why,
+        });
+    }
+    let bytes =
+        files::read_opened(file, opened, &metadata, MAX_SETTINGS_FILE_BYTES).map_err(failed)?;
+    String::from_utf8(bytes).map_err(|e| {
+        failed(FileError::NotUtf8 {
+            path: file.to_path_buf(),
+            offset: e.utf8_error().valid_up_to(),
+        })
     })
 }
 
@@ -1052,6 +1092,57 @@ mod tests {
         s.ca_file = Some(ca);
         let e = load_error(&s);
         assert!(e.contains("ca.pem") && e.contains("no certificate"), "{e}");
+    }
+
+    /// The files naming the database, its password and the roots its server is checked
+    /// against decide which database holds the labels: one that someone other than root or
+    /// this process's user could change is refused, naming it and the setting.
+    #[test]
+    fn settings_files_others_could_change_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(dir.path(), "postgresql://u@localhost/db");
+        let password = dir.path().join("password");
+        std::fs::write(&password, "pw\n").unwrap();
+        s.password_file = Some(password.clone());
+        Target::load(&s).unwrap();
+        let chmod = |f: &Path, mode| {
+            std::fs::set_permissions(f, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        for (file, what) in [(&s.url_file, "url_file"), (&password, "password_file")] {
+            for mode in [0o664, 0o646] {
+                chmod(file, mode);
+                let e = load_error(&s);
+                assert!(
+                    e.contains(&file.display().to_string())
+                        && e.contains(what)
+                        && e.contains(&format!("{mode:04o}")),
+                    "{e}"
+                );
+            }
+            chmod(file, 0o600);
+        }
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not a certificate").unwrap();
+        chmod(&ca, 0o666);
+        s.ca_file = Some(ca.clone());
+        let e = load_error(&s);
+        assert!(
+            e.contains("ca.pem") && e.contains("ca_file") && e.contains("0666"),
+            "{e}"
+        );
+        s.ca_file = None;
+        Target::load(&s).unwrap();
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: giving a file to another user needs root");
+            return;
+        }
+        std::os::unix::fs::chown(&password, Some(65534), None).unwrap();
+        let e = load_error(&s);
+        assert!(
+            e.contains("password_file") && e.contains("uid 65534"),
+            "{e}"
+        );
     }
 
     /// A fresh lab server holding the schema, or `None` (the reason printed) where no
