@@ -310,6 +310,11 @@ pub struct SqliteStore {
     /// Held while the store is open: it trusts its in-memory copy of every label, which
     /// only holds while no other process writes the database.
     _lock: nix::fcntl::Flock<std::fs::File>,
+    /// The database file as checked at open, held as long as the connection: closing any
+    /// descriptor of the file releases every POSIX lock this process holds on it, SQLite's
+    /// included, after which another process's SQLite would take itself for the last user
+    /// and remove the write-ahead log this connection still writes to.
+    _file: std::fs::File,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -560,6 +565,7 @@ impl SqliteStore {
         }
         Ok(SqliteStore {
             _lock: lock,
+            _file: file,
             path: path.to_path_buf(),
             inner: Mutex::new(Inner {
                 conn,
@@ -813,6 +819,30 @@ impl SqliteStore {
 
 #[cfg(test)]
 mod tests {
+    /// SQLite's own lock on the database outlives the open: the descriptor flowhost opened
+    /// to check the file is kept, since closing it would release every lock this process
+    /// holds on the file.
+    #[test]
+    fn sqlites_lock_on_the_database_is_held_after_open() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let inode = std::fs::metadata(&path).unwrap().ino();
+        let me = std::process::id().to_string();
+        let locks = std::fs::read_to_string("/proc/locks").unwrap();
+        let held = locks.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(1) == Some(&"POSIX")
+                && f.get(4) == Some(&me.as_str())
+                && f.get(5)
+                    .and_then(|d| d.rsplit(':').next())
+                    .is_some_and(|i| i == inode.to_string())
+        });
+        assert!(held, "no POSIX lock of pid {me} on inode {inode}:\n{locks}");
+        drop(store);
+    }
+
     use super::*;
     use std::collections::{BTreeMap, BTreeSet};
 
