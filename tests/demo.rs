@@ -96,3 +96,28 @@ fn the_demo_succeeds_and_its_records_verify() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("not a flowhost demo directory"));
     assert!(other.join("precious.txt").exists());
 }
+
+/// A user whose umask lets the group write (002, common on desktops) runs the demo too:
+/// the directories it makes are not writable by others whatever the umask, so the host's
+/// check of its socket directory passes.
+#[test]
+fn the_demo_runs_under_a_umask_that_lets_the_group_write() {
+    if !common::is_root() {
+        eprintln!("SKIP: the demo needs the broker (root in CI)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let research = dir.path().join("nested/.research");
+    let out = Command::new("sh")
+        .args(["-c", "umask 002; exec \"$0\" demo --dir \"$1\""])
+        .arg(env!("CARGO_BIN_EXE_flowhost"))
+        .arg(&research)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

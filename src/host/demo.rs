@@ -129,7 +129,11 @@ fn prepare_dir(dir: &Path) -> Result<(), DemoError> {
         }
         std::fs::remove_dir_all(dir).map_err(step("clearing the previous demo"))?;
     }
-    std::fs::create_dir_all(dir).map_err(step("creating the demo directory"))?;
+    // Not writable by group or others whatever the umask: the host refuses a socket
+    // directory others could change.
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o755)
+        .create(dir)
+        .map_err(step("creating the demo directory"))?;
     std::fs::write(
         dir.join(MARKER),
         "flowhost demo directory; `flowhost demo` may delete it\n",

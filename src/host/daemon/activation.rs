@@ -88,7 +88,12 @@ pub fn bind(
         return UnixListener::from_std(passed).map_err(io);
     }
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
+        // Made writable by its owner alone whatever the umask (check_socket_dir refuses
+        // a directory others could change), searchable by the clients the socket's mode
+        // lets in.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o755)
+            .create(dir)
+            .map_err(io)?;
         check_socket_dir(dir)?;
     }
     match std::fs::symlink_metadata(path) {
