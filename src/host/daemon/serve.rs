@@ -31,7 +31,11 @@ impl Host {
         let peer = match config.principal_for(uid, gid) {
             Some(p) => admission::Peer::Principal {
                 id: p.id.to_string(),
-                configured: config.principals.len(),
+                configured: config
+                    .principals
+                    .iter()
+                    .filter(|p| !p.uids.is_empty() || !p.gids.is_empty())
+                    .count(),
             },
             None => admission::Peer::Stranger(uid),
         };
