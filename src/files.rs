@@ -108,7 +108,8 @@ pub enum OthersMayChange {
     /// a file's mode, and then its content.
     #[error(
         "is owned by uid {owner}, neither root nor this process's uid {uid}, so its owner may \
-         change it (chown it to root or to uid {uid})"
+         change it (chown it to root or to uid {uid}, or run this as uid {owner} if that is the \
+         host's own user)"
     )]
     Owner {
         /// Its owner.

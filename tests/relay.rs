@@ -301,15 +301,22 @@ fn the_clients_answer_reaches_the_tool_only_while_the_session_flows_to_its_clear
     );
 }
 
+/// A session whose call (request 2) of `test_elicitation` has asked the client, and what
+/// it asked.
+fn elicitation_asked(lab: &Lab) -> (Client, Value) {
+    let mut c = session(lab, json!({"elicitation": {}}));
+    call(&mut c, 2, "test_elicitation", json!({"message": "wait"}));
+    let asked = c.read();
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    (c, asked)
+}
+
 #[test]
 fn a_call_that_ends_abandons_what_it_relayed() {
     let Some(mut lab) = start(&[]) else {
         return;
     };
-    let mut c = session(&lab, json!({"elicitation": {}}));
-    call(&mut c, 2, "test_elicitation", json!({"message": "wait"}));
-    let asked = c.read();
-    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    let (mut c, asked) = elicitation_asked(&lab);
     c.send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2, "reason": "changed my mind"}}));
     let told = c.read();
     assert_eq!(told["method"], "notifications/cancelled", "{told}");
@@ -336,10 +343,7 @@ fn a_request_whose_client_hangs_up_ends_its_call_in_the_records() {
     let Some(mut lab) = start(&[]) else {
         return;
     };
-    let mut c = session(&lab, json!({"elicitation": {}}));
-    call(&mut c, 2, "test_elicitation", json!({"message": "wait"}));
-    let asked = c.read();
-    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    let (c, _) = elicitation_asked(&lab);
     drop(c);
     let of_the_call = |lab: &Lab| -> Vec<(String, String, String)> {
         let s = |v: &Value| v.as_str().unwrap_or_default().to_string();

@@ -145,8 +145,10 @@ pub enum StartupError {
     /// loss of the state file.
     #[error(
         "{ack} accepts starting with fresh flow state, but {db} exists: the acceptance is \
-         left from an earlier reset (or was made by mistake) and would silently accept a \
-         later loss of {db}. Check that {db} is the state you mean to keep, then remove {ack}"
+         left from an earlier reset, was made by mistake, or a start that accepted a reset \
+         made {db} and then failed; it would silently accept a later loss of {db}. If {db} \
+         is the state you mean to keep, remove {ack}; if that reset is still what you mean, \
+         remove {db} as well"
     )]
     ResetAcceptanceLeft {
         /// The acceptance file.
