@@ -403,21 +403,25 @@ pub(super) async fn run(
         // Looked at before each wait: a line that arrived after a reload has been served
         // (refused and recorded, since the session's principal no longer maps), then the
         // session ends.
-        if session.remapped() {
-            ended = REMAPPED;
-            break;
-        }
-        // Before initialize a connection gets a short window; after it, a session that
-        // sends nothing for the configured time (and has nothing in flight) is closed, so
-        // idle peers cannot hold slots.
-        let deadline = {
-            let config = &session.host.current().config;
-            if session.pinned.get().is_some() {
+        // The serving generation is looked at here and let go before the wait: held across
+        // it, a generation a reload replaced would live on with its executors.
+        let (remapped, deadline) = {
+            let current = session.host.current();
+            let config = &current.config;
+            // Before initialize a connection gets a short window; after it, a session that
+            // sends nothing for the configured time (and has nothing in flight) is closed,
+            // so idle peers cannot hold slots.
+            let deadline = if session.pinned.get().is_some() {
                 last_activity + config.session_idle_timeout
             } else {
                 opened + config.initialize_timeout
-            }
+            };
+            (session.remapped(config), deadline)
         };
+        if remapped {
+            ended = REMAPPED;
+            break;
+        }
         let line = tokio::select! {
             l = incoming.recv() => l.unwrap_or(Line::Eof),
             Some(_) = requests.join_next(), if !requests.is_empty() => {
@@ -586,13 +590,13 @@ impl Session {
         self.pinned.get()
     }
 
-    /// Whether a reload has mapped the session's peer to another principal or to none since
-    /// `initialize`. Such a session ends: its requests would all be refused, and it holds a
-    /// slot of its old principal.
-    fn remapped(&self) -> bool {
+    /// Whether `config` (the one serving now) maps the session's peer to another principal
+    /// or to none than at `initialize`. Such a session ends: its requests would all be
+    /// refused, and it holds a slot of its old principal.
+    fn remapped(&self, config: &crate::config::HostConfig) -> bool {
         self.pinned().is_some_and(|pinned| {
             self.identity
-                .principal(&self.host.current().config)
+                .principal(config)
                 .is_none_or(|p| p.id != *pinned)
         })
     }
