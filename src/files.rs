@@ -366,12 +366,10 @@ fn write_temp_with(
 }
 
 fn sync_parent(path: &Path) -> Result<(), FileError> {
-    File::open(parent_dir(path))
-        .and_then(|dir| dir.sync_all())
-        .map_err(|source| FileError::NotDurable {
-            path: path.to_owned(),
-            source,
-        })
+    sync_dir(parent_dir(path)).map_err(|source| FileError::NotDurable {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -165,18 +165,21 @@ fn check_socket_dir(dir: &Path) -> Result<(), StartupError> {
         source,
     })?;
     let euid = nix::unistd::geteuid().as_raw();
-    let shared = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
-    if (meta.uid() != euid && meta.uid() != 0) || shared {
+    // In a sticky directory others may add entries but not remove or rename ours.
+    let mode = if meta.mode() & 0o1000 != 0 {
+        meta.mode() & !0o022
+    } else {
+        meta.mode()
+    };
+    if let Some(why) = crate::files::others_may_change(mode, meta.uid(), euid) {
         return Err(StartupError::Io {
             path: dir.to_path_buf(),
             source: std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,
                 format!(
-                    "the socket's directory is owned by uid {} with mode {:o}: it must be \
-                     owned by uid {euid} or root and not writable by group or others (unless \
-                     sticky), or another user could replace the socket",
-                    meta.uid(),
-                    meta.mode() & 0o7777
+                    "the socket's directory {why}: it must be owned by uid {euid} or root and \
+                     not writable by group or others (unless sticky), or another user could \
+                     replace the socket"
                 ),
             ),
         });
