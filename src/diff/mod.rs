@@ -538,23 +538,35 @@ fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError>
             ..judged
         });
     }
-    match detect(path)? {
+    // One open serves telling the format and the lenient read, so both see the same file.
+    let file = File::open(path).map_err(StoreError::io("open", path))?;
+    match detect(path, &file)? {
         // Flowhost records (as the first line says): verified and judged in one read.
         Format::Records => judge_records(matcher, path),
-        Format::Stream => match judge_stream(matcher, path, Tuning::default()) {
-            Ok(acc) if acc.chained == 0 => Ok(Judged::unchained(acc)),
-            Ok(acc) => Ok(Judged::chained(acc, verify_records(path, None)?)),
-            // A line the diff cannot read: inside flowhost records that is a foreign or torn
-            // line (rejected evidence); in anything else, an input error.
-            Err(e) => {
-                let report = verify_records(path, None)?;
-                if report.first_seq.is_some() && !report.is_ok() {
-                    Ok(Judged::rejected(report))
-                } else {
-                    Err(e)
+        Format::Stream => {
+            match judge_stream(matcher, path, &file, Tuning::default()).inspect(|_| {
+                #[cfg(test)]
+                after_lenient_read(path)
+            }) {
+                // No chain anywhere: judged from this one read, nothing to verify.
+                Ok(acc) if acc.chained == 0 => Ok(Judged::unchained(acc)),
+                // A line carries the chain: what the lenient read judged is dropped, and the file
+                // is verified and judged in one more read. Judging one read and verifying another
+                // would let a file replaced in between pass unverified decisions as verified.
+                Ok(_) => judge_records(matcher, path),
+                // A line the diff cannot read: inside flowhost records that is a foreign or torn
+                // line (rejected evidence); in anything else, an input error. Either refuses (exit
+                // 4 or 2), whatever a later read finds, so no verdict is drawn from two reads.
+                Err(e) => {
+                    let report = verify_records(path, None)?;
+                    if report.first_seq.is_some() && !report.is_ok() {
+                        Ok(Judged::rejected(report))
+                    } else {
+                        Err(e)
+                    }
                 }
             }
-        },
+        }
         Format::Envelope => {
             // One strict parse feeds both the judge and the chain check, so they read the
             // same value for every key.
@@ -571,6 +583,27 @@ fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError>
             }
         }
     }
+}
+
+/// What a test runs on a file between reads.
+#[cfg(test)]
+type ReadHook = Box<dyn FnMut(&Path)>;
+
+#[cfg(test)]
+thread_local! {
+    /// Run between the lenient read of a JSONL stream and whatever reads the file next
+    /// (tests replace the file there).
+    static AFTER_LENIENT_READ: std::cell::RefCell<Option<ReadHook>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+#[cfg(test)]
+fn after_lenient_read(path: &Path) {
+    AFTER_LENIENT_READ.with(|h| {
+        if let Some(hook) = h.borrow_mut().as_mut() {
+            hook(path)
+        }
+    });
 }
 
 /// Verifies the flowhost records at `path` (a record directory or file) and judges each

@@ -46,12 +46,13 @@ pub(super) fn read_at(
         .map_err(|e| DiffError::Store(StoreError::io("read", file)(e)))
 }
 
-pub(super) fn detect(file: &Path) -> Result<Format, DiffError> {
-    let f = File::open(file).map_err(StoreError::io("open", file))?;
+/// Tells the format of `file` from its first line, read through `f` (the caller's handle, so
+/// what is read next is the same file).
+pub(super) fn detect(file: &Path, f: &File) -> Result<Format, DiffError> {
     let mut prefix = vec![0u8; PROBE_BYTES as usize];
     let mut n = 0;
     while n < prefix.len() {
-        match read_at(file, &f, &mut prefix[n..], n as u64)? {
+        match read_at(file, f, &mut prefix[n..], n as u64)? {
             0 => break,
             k => n += k,
         }
@@ -71,7 +72,7 @@ pub(super) fn detect(file: &Path) -> Result<Format, DiffError> {
         Ok(_) => Ok(Format::Stream),
         // Not one object per line: a pretty-printed or very long envelope, or garbage.
         Err(line_error) => {
-            let bytes = std::fs::read(file).map_err(StoreError::io("read", file))?;
+            let bytes = read_all(file, f)?;
             match serde_json::from_slice::<Probe>(&bytes) {
                 Ok(p) if p.observed_tool_decisions.is_some() => Ok(Format::Envelope),
                 _ => Err(DiffError::BadInput {
@@ -86,6 +87,18 @@ pub(super) fn detect(file: &Path) -> Result<Format, DiffError> {
                     ),
                 }),
             }
+        }
+    }
+}
+
+/// The whole of `file`, read through `f` from its start.
+fn read_all(file: &Path, f: &File) -> Result<Vec<u8>, DiffError> {
+    let mut bytes = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        match read_at(file, f, &mut chunk, bytes.len() as u64)? {
+            0 => return Ok(bytes),
+            n => bytes.extend_from_slice(&chunk[..n]),
         }
     }
 }
@@ -115,15 +128,15 @@ pub(super) fn next_line_start(
     Ok(len)
 }
 
-/// Judges a JSONL stream: the file is cut at line starts into one range per core, each range
-/// read in reused blocks and judged on its own thread; the partial results are merged in
-/// stream order with true line numbers.
+/// Judges a JSONL stream read through `f`: the file is cut at line starts into one range per
+/// core, each range read in reused blocks and judged on its own thread; the partial results
+/// are merged in stream order with true line numbers.
 pub(super) fn judge_stream(
     matcher: &Matcher<'_>,
     file: &Path,
+    f: &File,
     tuning: Tuning,
 ) -> Result<Acc, DiffError> {
-    let f = File::open(file).map_err(StoreError::io("open", file))?;
     let len = f.metadata().map_err(StoreError::io("stat", file))?.len();
     let threads = if len < tuning.parallel_min {
         1
@@ -134,7 +147,7 @@ pub(super) fn judge_stream(
     };
     let mut bounds = vec![0u64];
     for i in 1..threads as u64 {
-        let b = next_line_start(file, &f, len * i / threads as u64, len)?;
+        let b = next_line_start(file, f, len * i / threads as u64, len)?;
         if b > *bounds.last().unwrap_or(&0) && b < len {
             bounds.push(b);
         }
@@ -145,7 +158,6 @@ pub(super) fn judge_stream(
         let handles: Vec<_> = ranges
             .iter()
             .map(|&(start, end)| {
-                let f = &f;
                 s.spawn(move || judge_range(matcher, file, f, (start, end), tuning.block))
             })
             .collect();

@@ -625,7 +625,10 @@ fn records_judged_while_verified_are_judged_as_their_lines_read() {
     ] {
         let path = fixture(&format!("observed/{observed}.jsonl"));
         assert!(
-            matches!(detect(&path).unwrap(), Format::Records),
+            matches!(
+                detect(&path, &File::open(&path).unwrap()).unwrap(),
+                Format::Records
+            ),
             "{observed}"
         );
         for declared_name in [
@@ -635,7 +638,8 @@ fn records_judged_while_verified_are_judged_as_their_lines_read() {
         ] {
             let d = declared(declared_name);
             let matcher = Matcher::new(&d);
-            let lenient = judge_stream(&matcher, &path, Tuning::default()).unwrap();
+            let f = File::open(&path).unwrap();
+            let lenient = judge_stream(&matcher, &path, &f, Tuning::default()).unwrap();
             let judged = judge_records(&matcher, &path).unwrap();
             assert!(judged.report.as_ref().is_some_and(VerifyReport::is_ok));
             let strict = judged.acc.expect("verified");
@@ -666,4 +670,41 @@ fn a_malformed_extension_on_the_first_line_is_rejected_evidence() {
     assert_eq!((r.verdict, r.exit_code()), (Verdict::EvidenceRejected, 4));
     assert_eq!(r.sources[0].evidence, Evidence::Rejected);
     assert_first_says(&r, "bad-first.jsonl:1: malformed");
+}
+
+/// A stream whose first line carries no chain is read leniently first. Its verdict must come
+/// from one read of the file: before, the decisions judged from that read were combined with
+/// the chain report of a later read, so a file replaced in between (here by real records
+/// holding an undeclared action) gave the clean verdict of records that were never verified.
+#[test]
+fn a_stream_replaced_between_reads_is_judged_from_one_read() {
+    let dir = tempfile::tempdir().unwrap();
+    // The real records: one undeclared deploy key (a finding), bound to a complete health.
+    let real = dir.path().join("real.jsonl");
+    std::fs::copy(fixture("observed/undeclared.jsonl"), &real).unwrap();
+    let health = health_for(&real);
+    // What the lenient read sees: the declared call without its chain, then as a record.
+    let src = std::fs::read_to_string(fixture("observed/allowed_declared.jsonl")).unwrap();
+    let chained = src.lines().next().unwrap();
+    let mut bare: serde_json::Value = serde_json::from_str(chained).unwrap();
+    bare.as_object_mut().unwrap().remove("flowhost");
+    let observed = dir.path().join("observed.jsonl");
+    std::fs::write(&observed, format!("{bare}\n{chained}\n")).unwrap();
+    let swap = real.clone();
+    AFTER_LENIENT_READ.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move |path: &Path| {
+            std::fs::rename(&swap, path).unwrap();
+        }))
+    });
+    let r = diff(
+        &declared("declared_prod_allowlist"),
+        &observed,
+        Some(&health),
+    );
+    AFTER_LENIENT_READ.with(|h| *h.borrow_mut() = None);
+    let r = r.unwrap();
+    assert_ne!(r.verdict, Verdict::Clean, "{:?}", r.findings);
+    // Judged from the records that verified: the undeclared action is found.
+    assert_eq!(kinds(&r), vec![(FindingKind::NewPrivilegedToolAction, 1)]);
+    assert_eq!(r.exit_code(), 1);
 }
