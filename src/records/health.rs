@@ -19,15 +19,16 @@
 //! | `records.writer_failed` | false |
 //!
 //! `records` also carries the sequence range (`first_seq`, `last_seq`) and `chain_head`, which
-//! bind the health to one record stream. `complete` and `incomplete_reasons` are derived from
-//! the other fields when written, and derived again when read (a stored `complete` is never
-//! trusted).
+//! bind the health to one record stream (a carrier read whose `chain_head` is not a chain
+//! hash is refused, naming the file and the field). `complete` and `incomplete_reasons` are
+//! derived from the other fields when written, and derived again when read (a stored
+//! `complete` is never trusted).
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::chain::{VerifyReport, verify_records};
+use super::chain::{ChainHash, VerifyReport, verify_records};
 use super::now_rfc3339;
 use super::store::StoreError;
 use super::writer::WriterStatus;
@@ -176,6 +177,16 @@ pub enum HealthError {
         /// The file.
         path: std::path::PathBuf,
         /// What is wrong (with the JSON line and column when it is a syntax problem).
+        problem: String,
+    },
+    /// A field holds a value it may not (the carrier may have been crafted).
+    #[error("health file {path}: {field} {problem}")]
+    Field {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The field, by its path in the carrier.
+        field: &'static str,
+        /// What is wrong.
         problem: String,
     },
     /// Could not be written.
@@ -332,7 +343,8 @@ impl ToolObservationHealth {
                     .chain_head
                     .as_deref()
                     .and_then(|c| c.strip_prefix("sha256:"))
-                    .map_or("none", |c| &c[..c.len().min(16)])
+                    // A carrier read back holds a checked hash; one built otherwise may not.
+                    .map_or("none", |c| c.get(..16).unwrap_or(c))
             ),
             "platform": "linux",
             "kernel_layer": kernel_layer,
@@ -350,7 +362,7 @@ impl ToolObservationHealth {
     /// checked against the assay fields (which must be exactly what that carrier gives). A
     /// carrier from another producer, with no flowhost carrier inside, binds to no flowhost
     /// records and is read as unknown (incomplete).
-    fn from_assay(value: &serde_json::Value) -> Result<Self, String> {
+    fn from_assay(value: &serde_json::Value) -> Result<Self, AssayProblem> {
         let embedded = value
             .get("notes")
             .and_then(serde_json::Value::as_array)
@@ -367,10 +379,15 @@ impl ToolObservationHealth {
             return Ok(h.finalize());
         };
         let h: ToolObservationHealth = serde_json::from_str(embedded)
-            .map_err(|e| format!("the embedded flowhost carrier: {e}"))?;
+            .map_err(|e| AssayProblem::Invalid(format!("the embedded flowhost carrier: {e}")))?;
         if h.schema != HEALTH_SCHEMA {
-            return Err(format!("the embedded carrier's schema is {:?}", h.schema));
+            return Err(AssayProblem::Invalid(format!(
+                "the embedded carrier's schema is {:?}",
+                h.schema
+            )));
         }
+        h.check_fields()
+            .map_err(|(field, problem)| AssayProblem::Field(field, problem))?;
         let h = h.finalize();
         let expected = h.to_assay();
         for field in [
@@ -382,14 +399,29 @@ impl ToolObservationHealth {
             "network_endpoint_claim_scope",
         ] {
             if value.get(field) != expected.get(field) {
-                return Err(format!(
+                return Err(AssayProblem::Invalid(format!(
                     "{field} is {} but the embedded flowhost carrier gives {}",
                     value.get(field).unwrap_or(&serde_json::Value::Null),
                     expected.get(field).unwrap_or(&serde_json::Value::Null)
-                ));
+                )));
             }
         }
         Ok(h)
+    }
+
+    /// Checks the fields whose form the types do not fix: `records.chain_head` must be a
+    /// chain hash (`sha256:` and 64 lowercase hex digits). On failure, the field and what is
+    /// wrong with it.
+    fn check_fields(&self) -> Result<(), (&'static str, String)> {
+        if let Some(head) = &self.records.chain_head
+            && ChainHash::parse(head).is_none()
+        {
+            return Err((
+                "records.chain_head",
+                format!("is {head:?}, not a chain hash (\"sha256:\" and 64 lowercase hex digits)"),
+            ));
+        }
+        Ok(())
     }
 
     /// Reads a carrier strictly (flowhost's shape, or assay's runner shape with a flowhost
@@ -403,10 +435,18 @@ impl ToolObservationHealth {
             path: path.to_path_buf(),
             problem,
         };
+        let bad_field = |(field, problem)| HealthError::Field {
+            path: path.to_path_buf(),
+            field,
+            problem,
+        };
         if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes)
             && value.get("schema").and_then(serde_json::Value::as_str) == Some(ASSAY_HEALTH_SCHEMA)
         {
-            return Self::from_assay(&value).map_err(invalid);
+            return Self::from_assay(&value).map_err(|e| match e {
+                AssayProblem::Invalid(problem) => invalid(problem),
+                AssayProblem::Field(field, problem) => bad_field((field, problem)),
+            });
         }
         let h: ToolObservationHealth =
             serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
@@ -416,8 +456,17 @@ impl ToolObservationHealth {
                 h.schema
             )));
         }
+        h.check_fields().map_err(bad_field)?;
         Ok(h.finalize())
     }
+}
+
+/// Why an assay-shaped carrier was refused.
+enum AssayProblem {
+    /// Not a valid carrier.
+    Invalid(String),
+    /// The flowhost carrier inside has a field it may not (field, what is wrong).
+    Field(&'static str, String),
 }
 
 /// The record-side health of the records at `path` (a directory or file), computed offline:
@@ -533,6 +582,34 @@ mod tests {
         // assay's own carrier (no flowhost inside) binds to nothing: incomplete.
         std::fs::write(&path, r#"{"schema":"assay.runner.observation_health.v0","run_id":"run_001","platform":"linux","kernel_layer":"absent","ringbuf_drops":0,"policy_layer":"present","sdk_layer":"absent","cgroup_correlation":"partial","network_protocol_coverage":"absent","network_endpoint_claim_scope":"not_applicable","notes":[]}"#).unwrap();
         assert!(!ToolObservationHealth::read_from(&path).unwrap().complete);
+    }
+
+    /// A crafted carrier's `records.chain_head` is refused by name, whatever shape it comes
+    /// in. Before, it was read unchecked, and cutting the run id from a head with a
+    /// multi-byte character panicked (exit 101, no file named).
+    #[test]
+    fn a_chain_head_that_is_no_chain_hash_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("health.json");
+        let mut h = complete_health();
+        h.records.chain_head = Some(format!("sha256:a{}", "é".repeat(40)));
+        // The assay shape, its carrier inside.
+        let mut a = complete_health().to_assay();
+        let embedded = format!("{ASSAY_EMBED_NOTE}{}", serde_json::to_string(&h).unwrap());
+        a["notes"] = serde_json::json!([embedded]);
+        // Then flowhost's own shape.
+        for text in [a.to_string(), serde_json::to_string(&h).unwrap()] {
+            std::fs::write(&path, text).unwrap();
+            let err = ToolObservationHealth::read_from(&path)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&path.display().to_string()) && err.contains("records.chain_head"),
+                "{err}"
+            );
+        }
+        // A carrier built in memory never panics either.
+        assert_eq!(h.to_assay()["schema"], ASSAY_HEALTH_SCHEMA);
     }
 
     #[test]
