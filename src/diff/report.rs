@@ -1,23 +1,30 @@
 //! Rendering a [`DiffReport`]: plain text for people, JSON for tools, SARIF 2.1.0 for code
 //! scanning (one result per finding).
 
+use flowhost_broker::Escaped;
 use serde_json::{Value, json};
 
 use super::{DiffReport, FindingKind, Severity, Verdict};
 
-/// The text report: one line per finding, then a summary line naming the exit code.
+/// The text report: one line per finding, then a summary line naming the exit code. What the
+/// observed input named (tool and server names, targets, file names) is shown with every
+/// control character (C0, DEL, C1) escaped, so no input can drive the terminal.
 pub fn to_text(report: &DiffReport) -> String {
     let mut out = String::new();
     for f in &report.findings {
-        out.push_str(&format!("{:<7} {}", f.severity.to_string(), f.message));
+        out.push_str(&format!(
+            "{:<7} {}",
+            f.severity.to_string(),
+            Escaped(&f.message)
+        ));
         if let Some(t) = &f.target {
-            out.push_str(&format!("\n        target {t}"));
+            out.push_str(&format!("\n        target {}", Escaped(t)));
         }
         if f.occurrences > 1 {
             out.push_str(&format!("\n        {} occurrences", f.occurrences));
         }
         for e in &f.examples {
-            out.push_str(&format!("\n        at {e}"));
+            out.push_str(&format!("\n        at {}", Escaped(e)));
         }
         out.push('\n');
     }

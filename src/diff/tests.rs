@@ -708,3 +708,27 @@ fn a_stream_replaced_between_reads_is_judged_from_one_read() {
     assert_eq!(kinds(&r), vec![(FindingKind::NewPrivilegedToolAction, 1)]);
     assert_eq!(r.exit_code(), 1);
 }
+
+/// Names in another producer's decisions reach the text report escaped: a tool name holding
+/// a terminal escape (C0, DEL or C1) cannot drive the terminal that shows the report.
+#[test]
+fn control_characters_in_observed_names_are_escaped_in_the_text_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plain\u{7}.jsonl");
+    let good = std::fs::read_to_string(fixture("observed/undeclared.jsonl")).unwrap();
+    let mut plain: serde_json::Value = serde_json::from_str(good.trim()).unwrap();
+    plain.as_object_mut().unwrap().remove("flowhost");
+    plain["tool"]["name"] = "add\u{1b}]0;owned\u{7}\u{7f}\u{9b}2J".into();
+    plain["action"]["target"]["repo"] = "repo\u{9b}2J\u{7f}".into();
+    std::fs::write(&path, format!("{plain}\n")).unwrap();
+    let r = diff(&declared("declared_empty"), &path, None).unwrap();
+    let text = report::to_text(&r);
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\n'),
+        "{text:?}"
+    );
+    assert!(
+        text.contains("add\\u{1b}]0;owned\\u{7}\\u{7f}\\u{9b}2J"),
+        "{text}"
+    );
+}
