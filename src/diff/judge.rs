@@ -308,19 +308,16 @@ impl Acc {
             [h] => {
                 let mut gaps = incomplete(h).into_iter().collect::<Vec<_>>();
                 gaps.extend(binding_gaps(h, &evidence.sources));
-                let complete = gaps.is_empty();
-                for s in &mut evidence.sources {
-                    if s.evidence == Evidence::Verified {
-                        s.observation_complete = Some(complete);
-                    }
-                }
                 gaps
             }
+            // Each host's completeness from its own health is set here, and lowered below.
             fleet => fleet_gaps(fleet, &mut evidence.sources),
         };
+        let mut unattributed = false;
         if !options.unchained_from_other_observer {
             for s in &evidence.sources {
                 if s.evidence == Evidence::Unchained && s.decisions > 0 {
+                    unattributed = true;
                     gaps.push(format!(
                         "{}: {} decisions carry no flowhost chain (flowhost.seq, flowhost.prev_hash), so they cannot be verified or bound to a flowhost health; if another observer produced them, say so with --unchained-from-other-observer",
                         s.path.display(),
@@ -335,6 +332,23 @@ impl Acc {
                 dir.display(),
                 crate::records::store::HEAD_FILE
             ));
+        }
+        // Each verified source's completeness, once every gap is known: one health vouches
+        // for the whole run; in a fleet, a host is also incomplete when its directory lost
+        // its anchor, or when decisions nobody observed are about (they may be its own).
+        let run_complete = gaps.is_empty();
+        for s in evidence
+            .sources
+            .iter_mut()
+            .filter(|s| s.evidence == Evidence::Verified)
+        {
+            s.observation_complete = match health {
+                [] => None,
+                [_] => Some(run_complete),
+                _ => s
+                    .observation_complete
+                    .map(|own| own && !unattributed && !evidence.unanchored.contains(&s.path)),
+            };
         }
         let mut findings: Vec<Finding> = rejections(&evidence.problems);
         findings.extend(self.order.iter().filter_map(|k| self.findings.remove(k)));

@@ -54,7 +54,9 @@
 //! `records.chain_head` names, whatever the order given, and is then bound to that stream as
 //! above. Every stream's observation must be complete and bound: a stream no health names, a
 //! health that names no stream, or any host's gap makes the fleet inconclusive. Each
-//! source's `observation_complete` in the report says how its own host fared.
+//! source's `observation_complete` in the report says how its own host fared, once every gap
+//! is known (its directory's missing head anchor and unattributed unchained decisions count;
+//! with one health, every gap of the run does).
 //!
 //! Observation coverage adds at most one run-level `inconclusive_observation_gap` (warning)
 //! when: no health carrier was given; a health is incomplete; it is not bound to the
@@ -340,7 +342,9 @@ pub struct ObservedSource {
     /// Verified records: how many have `flowhost.event` `tool_call`.
     pub tool_calls: u64,
     /// Verified records: whether a health paired with them (see the module docs) says
-    /// observation was complete and is bound to them (`None` for other sources).
+    /// observation was complete and is bound to them, with no other gap touching them (a
+    /// missing head anchor, unattributed unchained decisions); `None` for other sources, and
+    /// when no health was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observation_complete: Option<bool>,
 }

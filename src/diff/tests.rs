@@ -540,6 +540,55 @@ fn a_directory_without_its_head_anchor_is_inconclusive() {
     let r = diff(&d, &records, Some(&h)).unwrap();
     assert_eq!(r.exit_code(), 3);
     assert_first_says(&r, "has records but no head anchor");
+    // The source's own completeness says so too (it was computed before this gap).
+    assert_eq!(r.sources[0].observation_complete, Some(false));
+    // In a fleet, the host whose directory lost its anchor is the incomplete one.
+    let other = fixture("observed/denied.jsonl");
+    let r = diff_sources(
+        &d,
+        &[records.clone(), other.clone()],
+        &[h, health_for(&other)],
+        DiffOptions::default(),
+    )
+    .unwrap();
+    assert!(!r.observation_complete);
+    assert!(gap(&r).is_some_and(|g| g.contains("no head anchor")));
+    let complete: Vec<_> = r.sources.iter().map(|s| s.observation_complete).collect();
+    assert_eq!(complete, [Some(false), Some(true)]);
+}
+
+/// Decisions no observer is named for leave the verified sources' observation incomplete
+/// too: they may be any host's, stripped of their chain.
+#[test]
+fn unattributed_unchained_decisions_leave_every_source_incomplete() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain.jsonl");
+    let good = std::fs::read_to_string(fixture("observed/allowed_declared.jsonl")).unwrap();
+    let mut first: serde_json::Value = serde_json::from_str(good.lines().next().unwrap()).unwrap();
+    first.as_object_mut().unwrap().remove("flowhost");
+    std::fs::write(&plain, format!("{first}\n")).unwrap();
+    let records = fixture("observed/allowed_declared.jsonl");
+    let h = health_for(&records);
+    let d = declared("declared_prod_allowlist");
+    let run = |options| {
+        diff_sources(
+            &d,
+            &[records.clone(), plain.clone()],
+            std::slice::from_ref(&h),
+            options,
+        )
+        .unwrap()
+    };
+    let r = run(DiffOptions::default());
+    assert_eq!(r.exit_code(), 3, "{:?}", r.findings);
+    assert_eq!(r.sources[0].observation_complete, Some(false));
+    assert_eq!(r.sources[1].observation_complete, None);
+    // Said to be another observer's: the host's own observation is complete.
+    let r = run(DiffOptions {
+        unchained_from_other_observer: true,
+    });
+    assert_eq!(r.exit_code(), 0, "{:?}", r.findings);
+    assert_eq!(r.sources[0].observation_complete, Some(true));
 }
 
 /// The healths of two hosts, given in the opposite order to their record streams.
