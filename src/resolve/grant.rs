@@ -14,8 +14,10 @@
 //! effective egress; a binding that does not match the call; not yet valid; expired; a target
 //! that is not strictly lower than the call's source (or is `Top`); a purpose the tool's
 //! signed purposes and the operator's policy do not both allow. Single use is the resolver's
-//! (durable, in the flow state). A grant never lowers retained state: only the one egress
-//! check uses the target.
+//! (durable, in the flow state), and so is expiry during the call: the accepted grant carries
+//! `expires_at`, and each later outbound attempt or client answer of the call is refused once
+//! it has passed. A grant never lowers retained state: only the one egress check uses the
+//! target.
 
 use std::fmt;
 
@@ -356,6 +358,16 @@ pub struct AcceptedGrant {
     pub purpose: DeclassificationPurpose,
     /// The label the egress check runs against.
     pub target: InformationLabel,
+    /// Valid until (Unix seconds, exclusive): every later check of the call refuses the
+    /// grant from then on (see [`AcceptedGrant::expired`]).
+    pub expires_at: u64,
+}
+
+impl AcceptedGrant {
+    /// Whether the grant has expired at `now` (Unix seconds).
+    pub fn expired(&self, now: u64) -> bool {
+        now >= self.expires_at
+    }
 }
 
 /// Applies every rule of a grant to a call, in the documented order (single use excepted).
@@ -415,12 +427,14 @@ pub fn check(
         id: b.grant_id.clone(),
         purpose: b.purpose.clone(),
         target: b.target_label.clone(),
+        expires_at: b.expires_at,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn body(now: u64) -> GrantBody {
         GrantBody {
@@ -477,6 +491,111 @@ mod tests {
             None
         );
         assert_ne!(near(1), near(2));
+    }
+
+    /// A call as the grant tests vary it: owned, so each test edits what it needs.
+    struct Call {
+        principal: PrincipalId,
+        session: &'static str,
+        server: &'static str,
+        tool: &'static str,
+        arguments: Value,
+        session_label: InformationLabel,
+        source: InformationLabel,
+        now: u64,
+    }
+
+    /// Checks `grant` against a call that matches `body(10)` (at 10, from a source holding the
+    /// lab's terms), with `edit` applied to the call first.
+    fn check_call(
+        grant: &SignedGrant,
+        edit: impl FnOnce(&mut Call),
+    ) -> Result<AcceptedGrant, GrantDenial> {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let authorities = Authorities::from([("board".to_string(), key.verifying_key())]);
+        // The lab's public inbox: brokered (egress), purpose "reviewed-summary" allowed.
+        let registry = crate::resolver::tests::registry();
+        let tool = registry.tool("public-inbox", "publish").unwrap();
+        let mut c = Call {
+            principal: PrincipalId::new("alice").unwrap(),
+            session: "s1",
+            server: "inbox",
+            tool: "publish",
+            arguments: json!({"m": 1}),
+            session_label: InformationLabel::bottom(),
+            source: crate::resolver::tests::terms(),
+            now: 10,
+        };
+        edit(&mut c);
+        let call = CallFacts {
+            principal: &c.principal,
+            session: c.session,
+            server: c.server,
+            tool: c.tool,
+            arguments: &c.arguments,
+            session_label: &c.session_label,
+            source: &c.source,
+            security: tool.security(),
+            now: c.now,
+        };
+        check(grant, &authorities, &call)
+    }
+
+    #[test]
+    fn the_window_includes_issued_at_and_excludes_expires_at() {
+        let grant = SignedGrant::sign(body(10), &SigningKey::from_bytes(&[7; 32])).unwrap();
+        let at = |now| check_call(&grant, |c| c.now = now);
+        let accepted = at(10).expect("valid from issued_at");
+        assert_eq!((accepted.id.as_str(), accepted.expires_at), ("g-1", 70));
+        assert_eq!(accepted.target, InformationLabel::bottom());
+        assert!(at(69).is_ok(), "valid until the second before expires_at");
+        assert_eq!(at(9), Err(GrantDenial::NotYetValid));
+        assert_eq!(at(70), Err(GrantDenial::Expired));
+        assert!(accepted.expired(70) && !accepted.expired(69));
+    }
+
+    #[test]
+    fn each_binding_must_match_the_call() {
+        let grant = SignedGrant::sign(body(10), &SigningKey::from_bytes(&[7; 32])).unwrap();
+        let mismatch = |field| Err(GrantDenial::BindingMismatch(field));
+        let bob = || PrincipalId::new("bob").unwrap();
+        assert_eq!(
+            check_call(&grant, |c| c.principal = bob()),
+            mismatch("principal")
+        );
+        assert_eq!(
+            check_call(&grant, |c| c.session = "s2"),
+            mismatch("session")
+        );
+        assert_eq!(
+            check_call(&grant, |c| c.server = "other"),
+            mismatch("server")
+        );
+        assert_eq!(check_call(&grant, |c| c.tool = "other"), mismatch("tool"));
+        assert_eq!(
+            check_call(&grant, |c| c.arguments = json!({"m": 2})),
+            mismatch("arguments_hash")
+        );
+        assert_eq!(
+            check_call(&grant, |c| c.session_label =
+                crate::resolver::tests::terms()),
+            mismatch("source_label_hash")
+        );
+    }
+
+    #[test]
+    fn nothing_declassifies_a_top_source() {
+        let grant = SignedGrant::sign(body(10), &SigningKey::from_bytes(&[7; 32])).unwrap();
+        assert!(check_call(&grant, |_| {}).is_ok());
+        assert_eq!(
+            check_call(&grant, |c| c.source = InformationLabel::Top),
+            Err(GrantDenial::TargetNotLower)
+        );
+        // Nor a target no lower than the source.
+        assert_eq!(
+            check_call(&grant, |c| c.source = InformationLabel::bottom()),
+            Err(GrantDenial::TargetNotLower)
+        );
     }
 
     #[test]

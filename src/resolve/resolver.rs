@@ -223,6 +223,12 @@ pub fn check_clearances(
     Ok(used)
 }
 
+/// The call's grant if it has expired since dispatch: what the call does from then on is
+/// refused as expired (a grant is valid for its window only, however long the call runs).
+fn expired_grant(plan: &CallPlan) -> Option<&AcceptedGrant> {
+    plan.grant.as_ref().filter(|g| g.expired(grant::now()))
+}
+
 /// The resolver: classifier, input floor and the durable state store.
 #[derive(Debug)]
 pub struct FlowResolver {
@@ -384,6 +390,7 @@ impl FlowResolver {
     }
 
     /// The clearance check every outbound attempt passes, then `rules` (refused as `denial`).
+    /// Under a grant that has expired since dispatch, the attempt is refused as expired.
     async fn judge_outbound(
         &self,
         plan: &CallPlan,
@@ -403,6 +410,13 @@ impl FlowResolver {
                 };
             }
         };
+        if expired_grant(plan).is_some() {
+            return EgressJudgment {
+                verdict: Verdict::refused(Denial::from(&GrantDenial::Expired)),
+                source,
+                clearances: Vec::new(),
+            };
+        }
         // A grant was issued against the source at dispatch; if anything raised it since (a
         // read in another session of the principal), the grant no longer applies. Nothing
         // declassifies `Top`.
@@ -439,7 +453,8 @@ impl FlowResolver {
     /// session as it is now (other requests may have raised it since dispatch) `⊔` the
     /// call's argument taint `⊔` `operator input floor ⊔ classifier(answer)` must flow to
     /// every clearance of the tool, and a tool that egresses must have one (as at
-    /// dispatch; a grant of the call still applies while nothing raised the source). When
+    /// dispatch; a grant of the call still applies while nothing raised the source, and an
+    /// expired one refuses the answer as [`GrantDenial::Expired`]). When
     /// it may, the answer's taint is joined into the state durably before this returns.
     pub async fn admit_answer(
         &self,
@@ -466,6 +481,17 @@ impl FlowResolver {
             .combined()
             .join_or_top(&plan.argument_taint)
             .join_or_top(&taint);
+        if let Some(g) = expired_grant(plan) {
+            return AnswerJudgment {
+                source,
+                clearances: Vec::new(),
+                outcome: Err(CallRefusal::Grant {
+                    tool: tool.to_string(),
+                    grant_id: g.id.clone(),
+                    denial: GrantDenial::Expired,
+                }),
+            };
+        }
         let checked = match &plan.grant {
             Some(g) if source == plan.source && !source.is_top() => g.target.clone(),
             _ => source.clone(),
@@ -572,7 +598,7 @@ impl FlowResolver {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -617,7 +643,7 @@ mod tests {
     use std::path::Path;
     use std::sync::Arc;
 
-    fn terms() -> InformationLabel {
+    pub(crate) fn terms() -> InformationLabel {
         InformationLabel::from_json(
             r#"{"kind":"known","owners":{"larkfield-pricing":["larkfield-pricing"]},"compartments":["harbor-goods-terms"]}"#,
         )
@@ -634,8 +660,9 @@ mod tests {
         crate::keys::load_verifying_key(&dir.join(format!("{name}.pub"))).unwrap()
     }
 
-    /// The lab's registry: workspace local, both inboxes brokered.
-    fn registry() -> VerifiedRegistry {
+    /// The lab's registry: workspace local, both inboxes brokered; the public inbox allows
+    /// the purpose "reviewed-summary", as in the lab's host.toml.
+    pub(crate) fn registry() -> VerifiedRegistry {
         let mut r = VerifiedRegistry::new();
         let bottom =
             || ToolPolicy::new(vec![], InformationLabel::bottom(), BTreeSet::new()).unwrap();
@@ -666,7 +693,7 @@ mod tests {
         let public = ToolPolicy::new(
             vec![InformationLabel::bottom()],
             InformationLabel::bottom(),
-            BTreeSet::new(),
+            BTreeSet::from([crate::DeclassificationPurpose::new("reviewed-summary").unwrap()]),
         )
         .unwrap();
         r.register(
@@ -745,23 +772,37 @@ mod tests {
         }
     }
 
+    /// The analyst's call of the team inbox's publish to 127.0.0.1:1, dispatched without a
+    /// grant.
+    async fn team_publish(res: &FlowResolver) -> CallPlan {
+        let (reg, who) = (registry(), analyst());
+        let args = serde_json::json!({"message": "m", "sink": "127.0.0.1:1"});
+        let team = reg.tool("team-inbox", "publish").unwrap();
+        res.pre_dispatch(&who, &key_for(&who, "s1"), team, &args, None)
+            .await
+            .unwrap()
+    }
+
+    /// An accepted grant of the lab's purpose to the bottom label.
+    fn lab_grant(expires_at: u64) -> AcceptedGrant {
+        AcceptedGrant {
+            id: "g-1".into(),
+            purpose: crate::DeclassificationPurpose::new("reviewed-summary").unwrap(),
+            target: InformationLabel::bottom(),
+            expires_at,
+        }
+    }
+
     /// A state that cannot be read at the syscall refuses the attempt as a state failure,
     /// grant or no grant. Before, it was read as `Top`, and a call whose source was `Top` at
     /// dispatch too kept its grant's target: the attempt went out under the grant.
     #[tokio::test]
     async fn an_unreadable_state_refuses_egress_even_under_a_grant() {
         let dir = tempfile::tempdir().unwrap();
-        let (reg, res, who) = (registry(), resolver(dir.path()), analyst());
-        let k = key_for(&who, "s1");
-        let args = serde_json::json!({"message": "m", "sink": "127.0.0.1:1"});
-        let team = reg.tool("team-inbox", "publish").unwrap();
-        let mut plan = res.pre_dispatch(&who, &k, team, &args, None).await.unwrap();
+        let res = resolver(dir.path());
+        let mut plan = team_publish(&res).await;
         plan.source = InformationLabel::Top;
-        plan.grant = Some(AcceptedGrant {
-            id: "g-1".into(),
-            purpose: crate::DeclassificationPurpose::new("reviewed-summary").unwrap(),
-            target: InformationLabel::bottom(),
-        });
+        plan.grant = Some(lab_grant(u64::MAX));
         let broken = FlowResolver::new(
             Classifier::new(Vec::new()),
             InformationLabel::bottom(),
@@ -774,6 +815,48 @@ mod tests {
             judged.verdict,
             Verdict::Failed(Failure::StateFailure),
             "{judged:?}"
+        );
+    }
+
+    /// A grant expires while its call runs: the call's later attempts and the answers it
+    /// would take in are refused as expired. Before, expiry was checked only at dispatch, and
+    /// the grant's target kept serving the call after it expired.
+    #[tokio::test]
+    async fn a_grant_that_expires_mid_call_refuses_what_comes_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let res = resolver(dir.path());
+        let mut plan = team_publish(&res).await;
+        let to = Destination::Inet("127.0.0.1:1".parse().unwrap());
+        let rules = DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]);
+        // Still valid: the grant serves the call.
+        plan.grant = Some(lab_grant(crate::grant::now() + 600));
+        let v = res.decide_egress(&plan, Some(&to), &rules, None).await;
+        assert!(v.verdict.allowed(), "{v:?}");
+        assert!(
+            res.admit_answer(&plan, "publish", "fine")
+                .await
+                .outcome
+                .is_ok()
+        );
+        // Expired since dispatch: refused as expired.
+        plan.grant = Some(lab_grant(crate::grant::now()));
+        let v = res.decide_egress(&plan, Some(&to), &rules, None).await;
+        assert_eq!(v.verdict.denial(), Some(Denial::GrantExpired), "{v:?}");
+        let v = res
+            .decide_lookup(&plan, &"inbox.test".parse().unwrap(), &rules, None)
+            .await;
+        assert_eq!(v.verdict.denial(), Some(Denial::GrantExpired), "{v:?}");
+        let answer = res.admit_answer(&plan, "publish", "fine").await;
+        assert!(
+            matches!(
+                answer.outcome,
+                Err(CallRefusal::Grant {
+                    denial: GrantDenial::Expired,
+                    ..
+                })
+            ),
+            "{:?}",
+            answer.outcome
         );
     }
 
