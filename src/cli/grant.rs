@@ -78,16 +78,12 @@ impl GrantCommand {
         }
         let target = crate::label::InformationLabel::from_json(&read(&a.target_label)?)
             .map_err(|e| format!("{}: {e}", a.target_label.display()))?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let issued_at = a.not_before.unwrap_or(now);
-        let grant_id = a.grant_id.unwrap_or_else(|| {
-            use rand_core::RngCore;
-            let mut bytes = [0u8; 16];
-            rand_core::OsRng.fill_bytes(&mut bytes);
-            hex::encode(bytes)
-        });
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let issued_at = issued_at(a.not_before, now)?;
+        let grant_id = match a.grant_id {
+            Some(id) => id,
+            None => random_grant_id(&mut rand_core::OsRng)?,
+        };
         let body = GrantBody {
             schema: GRANT_SCHEMA.to_string(),
             grant_id,
@@ -115,5 +111,86 @@ impl GrantCommand {
             None => print!("{text}"),
         }
         Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// When a grant becomes valid: `--not-before`, else now (whole seconds since 1970).
+fn issued_at(
+    not_before: Option<u64>,
+    now: Result<std::time::Duration, std::time::SystemTimeError>,
+) -> Result<u64, SignError> {
+    match not_before {
+        Some(at) => Ok(at),
+        None => now
+            .map(|d| d.as_secs())
+            .map_err(|_| SignError::ClockBefore1970),
+    }
+}
+
+/// A grant id of 32 random hex digits drawn from `rng`; a source that fails is an error
+/// (`fill_bytes` would panic).
+fn random_grant_id(rng: &mut impl rand_core::RngCore) -> Result<String, SignError> {
+    let mut bytes = [0u8; 16];
+    rng.try_fill_bytes(&mut bytes).map_err(SignError::Random)?;
+    Ok(hex::encode(bytes))
+}
+
+/// Why this machine could not sign a grant.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SignError {
+    /// The clock reads before 1970: "now" cannot be dated.
+    #[error(
+        "the system clock reads before 1970, so the grant's issued_at cannot be now; set the clock, or give --not-before"
+    )]
+    ClockBefore1970,
+    /// The operating system's random source failed.
+    #[error(
+        "the operating system's random source failed, so no grant id could be drawn ({0}); give one with --grant-id"
+    )]
+    Random(rand_core::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    /// A random source that always fails (as the operating system's may).
+    struct Broken;
+
+    impl rand_core::RngCore for Broken {
+        fn next_u32(&mut self) -> u32 {
+            panic!("the random source failed")
+        }
+        fn next_u64(&mut self) -> u64 {
+            panic!("the random source failed")
+        }
+        fn fill_bytes(&mut self, _: &mut [u8]) {
+            panic!("the random source failed")
+        }
+        fn try_fill_bytes(&mut self, _: &mut [u8]) -> Result<(), rand_core::Error> {
+            Err(std::num::NonZeroU32::new(rand_core::Error::CUSTOM_START)
+                .expect("nonzero")
+                .into())
+        }
+    }
+
+    #[test]
+    fn a_failed_random_source_is_an_error_not_a_panic() {
+        let e = random_grant_id(&mut Broken).unwrap_err();
+        assert!(e.to_string().contains("--grant-id"), "{e}");
+        let id = random_grant_id(&mut rand_core::OsRng).unwrap();
+        assert_eq!(id.len(), 32);
+    }
+
+    #[test]
+    fn a_clock_before_1970_is_an_error_unless_not_before_is_given() {
+        let before = UNIX_EPOCH.duration_since(UNIX_EPOCH + Duration::from_secs(5));
+        assert!(before.is_err());
+        let e = issued_at(None, before.clone()).unwrap_err();
+        assert!(e.to_string().contains("before 1970"), "{e}");
+        assert_eq!(issued_at(Some(7), before).unwrap(), 7);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+        assert!(issued_at(None, now).unwrap() > 0);
     }
 }
