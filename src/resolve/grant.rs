@@ -217,16 +217,22 @@ impl SignedGrant {
         })
     }
 
-    /// Reads an envelope strictly: duplicate keys, unknown fields, `null`s and broken rules
-    /// are refused. The signature is checked by [`check`], against the configured key.
+    /// Reads an envelope strictly: unknown fields, `null`s, integers beyond ±2^53 and broken
+    /// rules are refused. The signature is checked by [`check`], against the configured key,
+    /// over the canonical bytes of exactly the body read here.
+    ///
+    /// `value` was parsed already (a grant rides in a request's `_meta`), so a key the text
+    /// repeated is no longer visible: the parser kept its last value, and that value is the
+    /// one decoded and verified, so a repeated key cannot make the grant say anything its
+    /// authority did not sign.
     pub fn from_value(value: &Value) -> Result<Self, GrantFormatError> {
-        // Re-parse through the strict parser so duplicate keys in the original text (when it
-        // came as text) and inexact integers cannot slip past.
-        let text = value.to_string();
-        let strict = crate::canonical::parse_strict(&text)
+        if !exactly_bound(value) {
+            return Err(GrantFormatError::Shape(
+                "an integer beyond ±2^53 has no exact canonical form".into(),
+            ));
+        }
+        let envelope: Envelope = serde_json::from_value(value.clone())
             .map_err(|e| GrantFormatError::Shape(e.to_string()))?;
-        let envelope: Envelope =
-            serde_json::from_value(strict).map_err(|e| GrantFormatError::Shape(e.to_string()))?;
         let body: GrantBody = serde_json::from_value(envelope.grant.clone())
             .map_err(|e| GrantFormatError::Shape(format!("grant: {e}")))?;
         check_body(&body)?;
@@ -596,6 +602,35 @@ mod tests {
             check_call(&grant, |c| c.source = InformationLabel::bottom()),
             Err(GrantDenial::TargetNotLower)
         );
+    }
+
+    /// A key repeated in the request's text is not visible in the parsed value (its last
+    /// value is): what is decoded is what the signature is checked over, so a repeated key
+    /// that changes the body fails verification.
+    #[test]
+    fn a_key_repeated_in_the_request_text_cannot_change_what_is_verified() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let signed = SignedGrant::sign(body(10), &key)
+            .unwrap()
+            .to_value()
+            .to_string();
+        let purpose = "\"purpose\":\"reviewed-summary\"";
+        let repeated = |second: &str| {
+            let text = signed.replacen(purpose, &format!("{purpose},\"purpose\":{second}"), 1);
+            // The request is parsed as the JSON-RPC reader parses it.
+            SignedGrant::from_value(&serde_json::from_str(&text).unwrap()).unwrap()
+        };
+        let edited = repeated("\"other\"");
+        assert_eq!(edited.body().purpose.as_str(), "other");
+        assert_eq!(
+            check_call(&edited, |_| {}),
+            Err(GrantDenial::UntrustedAuthority)
+        );
+        assert!(check_call(&repeated("\"reviewed-summary\""), |_| {}).is_ok());
+        // Integers the canonical form cannot hold exactly are still refused.
+        let mut v = SignedGrant::sign(body(10), &key).unwrap().to_value();
+        v["grant"]["issued_at"] = ((1u64 << 53) + 1).into();
+        assert!(SignedGrant::from_value(&v).is_err());
     }
 
     #[test]
