@@ -3,10 +3,11 @@
 //! Startup order (each step fails closed, naming what failed): load the configuration;
 //! verify and register every signed manifest; if the registry requires flow mediation and the
 //! broker is disabled or cannot start, refuse — before opening any state or spawning anything;
-//! check every execution profile against the kernel; then open the state directory, write the
-//! retained signed set, open the flow-state database and the record writer, warm the executor
-//! pools (one executor of every server must start), bind the socket (or take it from
-//! systemd), and report ready.
+//! check every execution profile against the kernel; then open the state directory and the
+//! flow-state store, refuse a rollback against the retained signed set and write it, open the
+//! record writer, check the store's labels against the records (continuity), warm the
+//! executor pools (one executor of every server must start), bind the socket (or take it
+//! from systemd), and report ready.
 //!
 //! A generation (configuration + registry + executor pools) is immutable; SIGHUP builds a new
 //! one and swaps it in atomically. Calls in flight finish on the generation they started on;
