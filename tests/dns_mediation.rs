@@ -52,8 +52,15 @@ readline.createInterface({ input: process.stdin }).on('line', async (line) => {
 });
 "#;
 
-fn node_daemon(dns: &TestDns, http: &TestHttp) -> Option<(Daemon, std::path::PathBuf)> {
-    let (dir, script) = common::named::node_script("dns-probe", SERVER_JS)?;
+/// A daemon serving the probe (its script in a directory named after `test`: tests run in
+/// parallel, and each removes its own).
+fn node_daemon(
+    test: &str,
+    dns: &TestDns,
+    http: &TestHttp,
+    private_answers: &[&str],
+) -> Option<(Daemon, std::path::PathBuf)> {
+    let (dir, script) = common::named::node_script(&format!("dns-probe-{test}"), SERVER_JS)?;
     let tools = json!([tool(
         "probe",
         json!({
@@ -79,6 +86,7 @@ fn node_daemon(dns: &TestDns, http: &TestHttp) -> Option<(Daemon, std::path::Pat
             read_path: dir.clone(),
             allow: format!("fetch.test:{}", http.port),
             cleared: true,
+            private_answers: private_answers.iter().map(|p| p.to_string()).collect(),
         },
     );
     Some((daemon, dir))
@@ -100,7 +108,8 @@ fn probe(daemon: &Daemon, name: &str, how: &str, port: u16) -> Value {
 #[test]
 fn node_getaddrinfo_and_c_ares_lookups_are_answered_by_the_host() {
     let (dns, http) = (TestDns::start(), TestHttp::start());
-    let Some((daemon, dir)) = node_daemon(&dns, &http) else {
+    // TestDns answers fetch.test with 127.0.0.1: the server opts in for it.
+    let Some((daemon, dir)) = node_daemon("names", &dns, &http, &["fetch.test"]) else {
         return;
     };
     for how in ["lookup", "resolve4"] {
@@ -162,6 +171,48 @@ fn node_getaddrinfo_and_c_ares_lookups_are_answered_by_the_host() {
         lookups.len(),
         named("fetch.test").len() + named("not-allowed.test").len(),
         "{text}"
+    );
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A name an allow rule names may still not vouch for a private address (here loopback,
+/// as 169.254.169.254 or an RFC 1918 address would be): without the server's
+/// `private_answers` opt-in for it, the lookup is answered but the address is not bound to
+/// the name, so the connect is judged by address rules alone, and no address rule allows it.
+#[test]
+fn a_name_answered_with_a_private_address_does_not_allow_it_without_the_opt_in() {
+    let (dns, http) = (TestDns::start(), TestHttp::start());
+    let Some((daemon, dir)) = node_daemon("private", &dns, &http, &[]) else {
+        return;
+    };
+    let r = probe(&daemon, "fetch.test", "lookup", http.port);
+    assert_eq!(r["lookup"], "ok", "{r}\n{}", daemon.log());
+    assert_eq!(r["address"], "127.0.0.1", "{r}");
+    assert!(
+        r["body"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("connect failed"),
+        "{r}\n{}",
+        daemon.log()
+    );
+    assert_eq!(http.connections(), 0);
+    let records = daemon.egress_records();
+    let text = serde_json::to_string_pretty(&records).unwrap();
+    let connect = records
+        .iter()
+        .find(|r| r["flowhost"]["broker"]["syscall"] == "connect")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(connect["decision"]["effect"], "deny", "{text}");
+    assert!(
+        connect["flowhost"]["broker"]["destination"]["host_name"].is_null(),
+        "{text}"
+    );
+    assert!(
+        daemon.log().contains("withheld"),
+        "the log says which addresses were withheld: {}",
+        daemon.log()
     );
     drop(daemon);
     let _ = std::fs::remove_dir_all(dir);

@@ -54,6 +54,7 @@ fn node_daemon(dns: &TestDns) -> Option<(Daemon, std::path::PathBuf)> {
             read_path: dir.clone(),
             allow: "127.0.0.1:9".into(),
             cleared: true,
+            private_answers: Vec::new(),
         },
     );
     Some((daemon, dir))

@@ -44,6 +44,8 @@ fn fetch_daemon(egress: bool, dns: &TestDns, http: &TestHttp) -> Daemon {
             read_path: "/opt/flowhost-interop".into(),
             allow: format!("fetch.test:{}", http.port),
             cleared: egress,
+            // TestDns answers fetch.test with 127.0.0.1.
+            private_answers: vec!["fetch.test".into()],
         },
     )
 }

@@ -543,8 +543,10 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
     let allow = format!("fetch.test:{}", http.port);
     let run = |script: String, records: Option<&std::path::Path>| {
         let mut cmd = flowhost();
+        // TestDns answers fetch.test with 127.0.0.1: the run opts in for it.
         cmd.args(["sandbox", "run", "--profile", "brokered", "--allow", &allow])
-            .args(["--dns-upstream", &dns.addr.to_string()]);
+            .args(["--dns-upstream", &dns.addr.to_string()])
+            .args(["--private-answers", "fetch.test"]);
         if let Some(dir) = records {
             cmd.arg("--records").arg(dir);
         }
@@ -671,6 +673,7 @@ fn quiet_runs_are_judged_at_once_by_the_same_rules() {
             .args(["sandbox", "run", "--quiet", "--profile", "brokered"])
             .args(["--allow", &allow, "--allow", &sink.addr.to_string()])
             .args(["--dns-upstream", &dns.addr.to_string()])
+            .args(["--private-answers", "fetch.test"])
             .args(["--", "/bin/bash", "-c", &script])
             .output()
             .unwrap();

@@ -28,7 +28,7 @@ use super::CliResult;
 use crate::destination::{DestinationRule, DestinationRules, HostName, RuleDecision};
 use crate::diff::surface::DeclaredSurface;
 use crate::dns::{
-    AttemptView, DnsMediation, ExecutorDns, Lookup, LookupJudge, Upstream, attempt_view,
+    AttemptView, DnsMediation, ExecutorDns, ExecutorId, Lookup, LookupJudge, Upstream, attempt_view,
 };
 use crate::records::health::{HealthProducer, RecordsHealth};
 use crate::records::{
@@ -145,6 +145,11 @@ struct RunArgs {
     /// repeated. Default: the `nameserver` lines of the host's `/etc/resolv.conf`.
     #[arg(long = "dns-upstream", value_name = "ADDR", value_parser = parse_upstream)]
     dns_upstream: Vec<std::net::SocketAddr>,
+    /// A name (`NAME` or `*.NAME`) whose answers may bind private addresses (loopback,
+    /// link-local, RFC 1918, ...) to it, so its host-name rules reach them; may be repeated.
+    /// Without it such an address is judged by address rules alone.
+    #[arg(long = "private-answers", value_name = "PATTERN")]
+    private_answers: Vec<crate::destination::NamePattern>,
     /// Do not log attempts to stderr.
     #[arg(long)]
     quiet: bool,
@@ -429,6 +434,11 @@ fn start_dns(
     let mediation = DnsMediation {
         upstream: Arc::new(upstream),
         dir,
+        private_answers: args.private_answers.clone().into(),
+    };
+    let owner = ExecutorId {
+        server: "sandbox".into(),
+        pid: pid.clone(),
     };
     let (args, rules, writer) = (args.clone(), rules.clone(), writer.cloned());
     let judge: LookupJudge = Arc::new(move |lookup: Lookup| {
@@ -461,7 +471,7 @@ fn start_dns(
             allowed
         })
     });
-    match ExecutorDns::start(&mediation, judge) {
+    match ExecutorDns::start(&mediation, owner, judge) {
         Ok(dns) => Ok(Some(dns)),
         Err(e) if e.permission_denied() => {
             say!(

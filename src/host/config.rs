@@ -256,6 +256,8 @@ struct RawServer {
     #[serde(default)]
     destinations: DestinationRules,
     #[serde(default)]
+    private_answers: Vec<String>,
+    #[serde(default)]
     content_floor: Option<InformationLabel>,
     tools: BTreeMap<String, RawTool>,
 }
@@ -442,6 +444,10 @@ pub struct ServerConfig {
     pub unqualified_names: bool,
     /// Destination rules for this server's egress.
     pub destinations: DestinationRules,
+    /// The names whose lookups' answers may bind private addresses (loopback, link-local,
+    /// RFC 1918, ...) to the name, so host-name rules for it reach them; by default none may
+    /// (see [`crate::dns::private_scope`]).
+    pub private_answers: Vec<crate::destination::NamePattern>,
     /// Per-tool operator policy.
     pub policies: BTreeMap<String, ToolPolicy>,
     /// Per-tool record mapping (target projection).
@@ -652,6 +658,15 @@ impl HostConfig {
                     "is top; name the owners and compartments the server's resources and prompts carry".into(),
                 ));
             }
+            let private_answers = s
+                .private_answers
+                .iter()
+                .enumerate()
+                .map(|(j, p)| {
+                    p.parse()
+                        .map_err(|e| invalid(key(&format!("private_answers[{j}]")), e))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             let mut policies = BTreeMap::new();
             let mut record_mappings = BTreeMap::new();
             for (tool, t) in s.tools {
@@ -677,6 +692,7 @@ impl HostConfig {
                 pool_size: s.pool_size,
                 unqualified_names: s.unqualified_names,
                 destinations: s.destinations,
+                private_answers,
                 policies,
                 record_mappings,
                 content_floor: s.content_floor,
@@ -1036,6 +1052,40 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         assert!(!c.principals[0].may_call("other", "t"));
         assert_eq!(c.principal_for(1000, 5).unwrap().id.as_str(), "alice");
         assert!(c.principal_for(1001, 5).is_none());
+    }
+
+    #[test]
+    fn private_answers_are_host_name_patterns_checked_strictly() {
+        let with = |list: &str| {
+            MINIMAL.replace(
+                "profile = \"isolated\"",
+                &format!("profile = \"isolated\"\nprivate_answers = {list}"),
+            )
+        };
+        assert!(
+            parse(MINIMAL).unwrap().servers[0]
+                .private_answers
+                .is_empty()
+        );
+        let c = parse(&with(r#"["fetch.test", "*.corp.internal"]"#)).unwrap();
+        let shown: Vec<String> = c.servers[0]
+            .private_answers
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(shown, ["fetch.test", "*.corp.internal"]);
+        for bad in [
+            r#"["fetch.test:80"]"#,
+            r#"["127.0.0.1"]"#,
+            r#"["*"]"#,
+            r#"["a.*.test"]"#,
+            r#"[""]"#,
+        ] {
+            let e = error(&with(&format!(r#"["ok.test", {}"#, &bad[1..])));
+            assert!(e.contains("`server[0].private_answers[1]`"), "{bad}: {e}");
+        }
+        let e = error(&with(r#""fetch.test""#));
+        assert!(e.contains("host.toml"), "{e}");
     }
 
     #[test]

@@ -165,6 +165,53 @@ impl FromStr for HostName {
     }
 }
 
+/// A host-name pattern without a port, written as host-name rules write their names: `NAME`
+/// (that name) or `*.NAME` (every name strictly beneath it, not `NAME` itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamePattern {
+    name: HostName,
+    subdomains: bool,
+}
+
+impl NamePattern {
+    /// Whether `name` is the pattern's name or, for `*.NAME`, strictly beneath it.
+    pub fn matches(&self, name: &HostName) -> bool {
+        name.within(&self.name, self.subdomains)
+    }
+}
+
+impl FromStr for NamePattern {
+    type Err = String;
+
+    /// Strict: a port, an address, a wildcard anywhere but a leading `*.`, or anything that
+    /// is not a host name is refused (a pattern that means something else than it seems
+    /// would widen what it opts in).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (subdomains, rest) = match s.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        if rest.contains(':') || rest.parse::<IpAddr>().is_ok() {
+            return Err(format!(
+                "{s:?} is not a host-name pattern (NAME or *.NAME, without a port or an address)"
+            ));
+        }
+        let name = rest
+            .parse::<HostName>()
+            .map_err(|e| format!("{s:?} is not a host-name pattern (NAME or *.NAME): {e}"))?;
+        Ok(NamePattern { name, subdomains })
+    }
+}
+
+impl fmt::Display for NamePattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.subdomains {
+            f.write_str("*.")?;
+        }
+        write!(f, "{}", self.name)
+    }
+}
+
 impl FromStr for DestinationRule {
     type Err = RuleError;
 
@@ -607,6 +654,37 @@ pub fn decide_name_with_origin(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn name_patterns_are_names_or_subdomain_wildcards_and_nothing_else() {
+        use super::*;
+        let name = |n: &str| n.parse::<HostName>().unwrap();
+        let exact: NamePattern = "Fetch.Test".parse().unwrap();
+        assert!(exact.matches(&name("fetch.test")));
+        assert!(!exact.matches(&name("a.fetch.test")));
+        let beneath: NamePattern = "*.corp.internal".parse().unwrap();
+        assert!(beneath.matches(&name("db.corp.internal")));
+        assert!(beneath.matches(&name("a.b.corp.internal")));
+        assert!(!beneath.matches(&name("corp.internal")));
+        assert!(!beneath.matches(&name("evilcorp.internal")));
+        assert_eq!(beneath.to_string(), "*.corp.internal");
+        for bad in [
+            "",
+            "*",
+            "*.",
+            "fetch.test:80",
+            "127.0.0.1",
+            "::1",
+            "[::1]",
+            "10.0.0.0/8",
+            "a.*.test",
+            "*fetch.test",
+            "**.test",
+            "unix:/x",
+        ] {
+            assert!(bad.parse::<NamePattern>().is_err(), "{bad:?}");
+        }
+    }
+
     #[test]
     fn origin_rules_combine_with_the_servers_in_the_documented_order() {
         use super::*;

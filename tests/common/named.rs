@@ -190,6 +190,8 @@ pub struct Served<'a> {
     pub allow: String,
     /// Whether the tool's policy has the bottom clearance (else none).
     pub cleared: bool,
+    /// The server's `private_answers` (names whose answers may bind private addresses).
+    pub private_answers: Vec<String>,
 }
 
 /// A running daemon governing one server.
@@ -234,6 +236,7 @@ key = "{key}"
 command = [{command}]
 profile = "{profile}"
 read_paths = ["{read}"]
+{private_answers}
 
 [server.destinations]
 allow = ["{allow}"]
@@ -252,6 +255,11 @@ policy = {{ input_clearances = [{clearances}], output_floor = {BOTTOM} }}
             allow = server.allow,
             tool = server.tool,
             clearances = if server.cleared { BOTTOM } else { "" },
+            private_answers = if server.private_answers.is_empty() {
+                String::new()
+            } else {
+                format!("private_answers = {:?}", server.private_answers)
+            },
         );
         let config_file = dir.path().join("host.toml");
         std::fs::write(&config_file, config).unwrap();

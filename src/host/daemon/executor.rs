@@ -438,7 +438,11 @@ impl<C: NamedCall> McpExecutor<C> {
                 );
                 let refuse =
                     |e: String| ExecutorError::Spawn(format!("server {:?}: {e}", template.server));
-                match ExecutorDns::start(mediation, judge) {
+                let owner = crate::dns::ExecutorId {
+                    server: template.server.clone(),
+                    pid: pid_cell.clone(),
+                };
+                match ExecutorDns::start(mediation, owner, judge) {
                     Ok(dns) => {
                         dns.show_to(&mut spec).map_err(refuse)?;
                         Some(Arc::new(dns))

@@ -101,6 +101,7 @@ pub(super) fn build_generation(
             }
         }),
         dir: config.state_dir.join("resolv"),
+        private_answers: Arc::from([]),
     };
     for s in &config.servers {
         let Some(admitted) = registry.servers().find(|a| a.server_id() == s.id) else {
@@ -126,7 +127,10 @@ pub(super) fn build_generation(
             env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             profile: profile.clone(),
             read_paths: s.read_paths.clone(),
-            dns: Some(dns.clone()),
+            dns: Some(crate::dns::DnsMediation {
+                private_answers: s.private_answers.clone().into(),
+                ..dns.clone()
+            }),
             run_as: config.executor_identity_hint(),
         };
         let pool = WarmPool::new(

@@ -14,6 +14,13 @@
 //!
 //! The address is the attribution: only this executor's lookups arrive at it (other
 //! executors' sends to it are egress like any other, and no rule names it).
+//!
+//! An answer vouches for a name's public addresses only: a private one (loopback,
+//! link-local such as 169.254.169.254, RFC 1918, ULA, CGNAT, multicast, unspecified or
+//! reserved: [`private_scope`]) is passed on to the executor but not remembered under the
+//! name, unless the server opts in for that name (`private_answers`). Otherwise whoever
+//! controls an allowed name's zone (or the answer) could aim a host-name rule at the host
+//! itself, its metadata service or the internal network.
 
 pub mod upstream;
 pub mod wire;
@@ -30,7 +37,7 @@ use hickory_proto::op::ResponseCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
-use crate::destination::{HostName, canonical_ip};
+use crate::destination::{HostName, NamePattern, canonical_ip};
 pub use upstream::Upstream;
 
 /// The port every executor resolver listens on (resolv.conf cannot name another).
@@ -90,14 +97,167 @@ pub struct Lookup {
 pub type LookupJudge =
     Arc<dyn Fn(Lookup) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
-/// The host-wide DNS mediation settings.
+/// The DNS mediation settings of one server's executors.
 #[derive(Debug, Clone)]
 pub struct DnsMediation {
-    /// Where allowed names are asked.
+    /// Where allowed names are asked (the host's).
     pub upstream: Arc<Upstream>,
     /// Where the executors' resolv.conf files are written (read by the broker's bind mount,
     /// as root, before the executor runs).
     pub dir: PathBuf,
+    /// The names whose answers may bind private addresses ([`private_scope`]) to the name
+    /// (`[[server]] private_answers`); empty: none may.
+    pub private_answers: Arc<[NamePattern]>,
+}
+
+/// Whose resolver it is, as its log lines name it.
+#[derive(Debug, Clone, Default)]
+pub struct ExecutorId {
+    /// The server whose executor it serves (or what else runs it, like `sandbox`).
+    pub server: String,
+    /// The executor's pid, once it runs.
+    pub pid: Arc<std::sync::OnceLock<i32>>,
+}
+
+impl ExecutorId {
+    fn pid(&self) -> i32 {
+        self.pid.get().copied().unwrap_or(0)
+    }
+}
+
+/// What kind of address an answer may not bind to a name without the server's opt-in: one
+/// that reaches the host itself, its link, its private networks or several hosts at once,
+/// rather than the public service the name stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrivateScope {
+    /// 0.0.0.0 or `::` (the kernel picks the host's own address).
+    Unspecified,
+    /// 127.0.0.0/8 or `::1`.
+    Loopback,
+    /// 169.254.0.0/16 (cloud metadata services among them) or fe80::/10.
+    LinkLocal,
+    /// 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16 (RFC 1918).
+    Private,
+    /// fc00::/7 (IPv6 unique local addresses).
+    UniqueLocal,
+    /// 100.64.0.0/10 (carrier-grade NAT, RFC 6598).
+    SharedAddressSpace,
+    /// 224.0.0.0/4 or ff00::/8.
+    Multicast,
+    /// 0.0.0.0/8, 240.0.0.0/4 (the broadcast address among them), `::/96` (IPv4-compatible)
+    /// or fec0::/10 (site-local): no public service is there.
+    Reserved,
+}
+
+impl PrivateScope {
+    /// The snake_case code the log names it by.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrivateScope::Unspecified => "unspecified",
+            PrivateScope::Loopback => "loopback",
+            PrivateScope::LinkLocal => "link_local",
+            PrivateScope::Private => "private",
+            PrivateScope::UniqueLocal => "unique_local",
+            PrivateScope::SharedAddressSpace => "shared_address_space",
+            PrivateScope::Multicast => "multicast",
+            PrivateScope::Reserved => "reserved",
+        }
+    }
+}
+
+/// The private scope `ip` is in, if any. An IPv6 address carrying an IPv4 one (mapped,
+/// NAT64's 64:ff9b::/96, 6to4's 2002::/16) is judged as the IPv4 address it reaches.
+pub fn private_scope(ip: IpAddr) -> Option<PrivateScope> {
+    match canonical_ip(ip) {
+        IpAddr::V4(v4) => private_v4(v4),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let embedded = |hi: u16, lo: u16| {
+                Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+            };
+            if v6.is_unspecified() {
+                Some(PrivateScope::Unspecified)
+            } else if v6.is_loopback() {
+                Some(PrivateScope::Loopback)
+            } else if s[..6] == [0; 6] {
+                Some(PrivateScope::Reserved)
+            } else if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                private_v4(embedded(s[6], s[7]))
+            } else if s[0] == 0x2002 {
+                private_v4(embedded(s[1], s[2]))
+            } else if s[0] & 0xffc0 == 0xfe80 {
+                Some(PrivateScope::LinkLocal)
+            } else if s[0] & 0xffc0 == 0xfec0 {
+                Some(PrivateScope::Reserved)
+            } else if s[0] & 0xfe00 == 0xfc00 {
+                Some(PrivateScope::UniqueLocal)
+            } else if s[0] & 0xff00 == 0xff00 {
+                Some(PrivateScope::Multicast)
+            } else {
+                None
+            }
+        }
+    }
+}
+
+fn private_v4(ip: Ipv4Addr) -> Option<PrivateScope> {
+    let [a, b, ..] = ip.octets();
+    if ip.is_unspecified() {
+        Some(PrivateScope::Unspecified)
+    } else if a == 0 || a >= 240 {
+        Some(PrivateScope::Reserved)
+    } else if a == 127 {
+        Some(PrivateScope::Loopback)
+    } else if ip.is_link_local() {
+        Some(PrivateScope::LinkLocal)
+    } else if ip.is_private() {
+        Some(PrivateScope::Private)
+    } else if a == 100 && b & 0xc0 == 64 {
+        Some(PrivateScope::SharedAddressSpace)
+    } else if ip.is_multicast() {
+        Some(PrivateScope::Multicast)
+    } else {
+        None
+    }
+}
+
+/// Why an address of an allowed name's answer is not remembered under the name (a connect
+/// to it is judged by address rules alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Withheld {
+    /// A private address, and the server has not opted in for the name.
+    Private(PrivateScope),
+}
+
+impl std::fmt::Display for Withheld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Withheld::Private(scope) => write!(
+                f,
+                "{} address, and no private_answers pattern names the name",
+                scope.as_str()
+            ),
+        }
+    }
+}
+
+/// Which of `addresses`, handed out for `name`, may be remembered under it, and which are
+/// withheld and why.
+fn screen(
+    name: &HostName,
+    addresses: &[IpAddr],
+    private_answers: &[NamePattern],
+) -> (Vec<IpAddr>, Vec<(IpAddr, Withheld)>) {
+    let opted_in = private_answers.iter().any(|p| p.matches(name));
+    let mut bound = Vec::new();
+    let mut withheld = Vec::new();
+    for &ip in addresses {
+        match private_scope(ip) {
+            Some(scope) if !opted_in => withheld.push((ip, Withheld::Private(scope))),
+            _ => bound.push(ip),
+        }
+    }
+    (bound, withheld)
 }
 
 /// Remembered answers: which name each handed-out address was the answer for.
@@ -183,7 +343,11 @@ fn bind_pair() -> Result<(std::net::UdpSocket, std::net::TcpListener), DnsError>
 impl ExecutorDns {
     /// Binds a resolver for one executor and starts serving it, every lookup judged by
     /// `judge`. Must run inside a tokio runtime.
-    pub fn start(mediation: &DnsMediation, judge: LookupJudge) -> Result<ExecutorDns, DnsError> {
+    pub fn start(
+        mediation: &DnsMediation,
+        owner: ExecutorId,
+        judge: LookupJudge,
+    ) -> Result<ExecutorDns, DnsError> {
         let (udp, tcp) = bind_pair()?;
         let address = udp.local_addr().map_err(DnsError::Bind)?;
         let conf = write_conf(&mediation.dir, address.ip())?;
@@ -194,6 +358,8 @@ impl ExecutorDns {
         let book = Arc::new(Mutex::new(AddressBook::default()));
         let server = Arc::new(Server {
             address,
+            owner,
+            private_answers: mediation.private_answers.clone(),
             upstream: mediation.upstream.clone(),
             judge,
             book: book.clone(),
@@ -311,6 +477,8 @@ fn write_conf(dir: &Path, ip: IpAddr) -> Result<tempfile::NamedTempFile, DnsErro
 
 struct Server {
     address: SocketAddr,
+    owner: ExecutorId,
+    private_answers: Arc<[NamePattern]>,
     upstream: Arc<Upstream>,
     judge: LookupJudge,
     book: Arc<Mutex<AddressBook>>,
@@ -351,9 +519,7 @@ impl Server {
         match self.upstream.ask(&asked, id).await {
             Ok(response) => match wire::answer(&q, &response, id) {
                 Ok(answer) => {
-                    if let Ok(mut book) = self.book.lock() {
-                        book.remember(&q.name, &answer.addresses);
-                    }
+                    self.admit(&q.name, &answer.addresses);
                     if transport == "udp" && answer.bytes.len() > wire::udp_limit(&q) {
                         return Some(wire::truncated_answer(&q));
                     }
@@ -368,6 +534,30 @@ impl Server {
                 tracing::warn!(name = %q.name, why, "no upstream resolver answered");
                 Some(wire::refusal(query, ResponseCode::ServFail))
             }
+        }
+    }
+}
+
+impl Server {
+    /// Remembers the addresses of an allowed name's answer that may be bound to it, and logs
+    /// those withheld, with why.
+    fn admit(&self, name: &HostName, addresses: &[IpAddr]) {
+        let (bound, withheld) = screen(name, addresses, &self.private_answers);
+        if !withheld.is_empty() {
+            let shown: Vec<String> = withheld
+                .iter()
+                .map(|(ip, why)| format!("{ip} ({why})"))
+                .collect();
+            tracing::warn!(
+                server = %self.owner.server,
+                executor_pid = self.owner.pid(),
+                name = %name,
+                withheld = %shown.join(", "),
+                "DNS answer addresses withheld from the name: a connect to them is judged by address rules alone"
+            );
+        }
+        if let Ok(mut book) = self.book.lock() {
+            book.remember(name, &bound);
         }
     }
 }
@@ -466,6 +656,21 @@ mod tests {
     /// An upstream resolver on loopback: `known.test` is 192.0.2.7, every other name
     /// NXDOMAIN; it keeps what it got of each query.
     async fn upstream() -> (SocketAddr, Asked) {
+        upstream_answering(|name, r| {
+            if name == "known.test." {
+                r.add_answer(a(name, [192, 0, 2, 7]));
+            } else {
+                r.metadata.response_code = ResponseCode::NXDomain;
+            }
+        })
+        .await
+    }
+
+    /// An upstream resolver on loopback whose response to a query for `name` (with the root's
+    /// dot) is what `respond` makes of it; it keeps what it got of each query.
+    async fn upstream_answering(
+        respond: impl Fn(&str, &mut Message) + Send + 'static,
+    ) -> (SocketAddr, Asked) {
         let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let addr = sock.local_addr().unwrap();
         let asked = Arc::new(Mutex::new(Vec::new()));
@@ -483,19 +688,146 @@ mod tests {
                         .is_some_and(|e| !e.options().options.is_empty());
                 log.lock().unwrap().push((name.clone(), extra));
                 let mut r = q.into_response();
-                if name == "known.test." {
-                    r.add_answer(Record::from_rdata(
-                        Name::from_str("known.test.").unwrap(),
-                        60,
-                        RData::A(A::new(192, 0, 2, 7)),
-                    ));
-                } else {
-                    r.metadata.response_code = ResponseCode::NXDomain;
-                }
+                respond(&name, &mut r);
                 let _ = sock.send_to(&r.to_vec().unwrap(), from).await;
             }
         });
         (addr, asked)
+    }
+
+    fn a(owner: &str, ip: [u8; 4]) -> Record {
+        Record::from_rdata(
+            Name::from_str(owner).unwrap(),
+            60,
+            RData::A(A::new(ip[0], ip[1], ip[2], ip[3])),
+        )
+    }
+
+    /// Asks `dns` for `name` (type A) over UDP and returns its answer.
+    async fn ask(dns: &ExecutorDns, id: u16, name: &str) -> Message {
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client.connect(dns.address()).await.unwrap();
+        client.send(&wire::tests::query(id, name)).await.unwrap();
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(5), client.recv(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        Message::from_vec(&buf[..n]).unwrap()
+    }
+
+    /// A judge allowing every lookup.
+    fn allow_all() -> LookupJudge {
+        Arc::new(|_: Lookup| Box::pin(async { true }))
+    }
+
+    #[tokio::test]
+    async fn an_allowed_name_is_not_bound_to_a_private_address() {
+        if !can_bind_53() {
+            return;
+        }
+        let (up, _) = upstream_answering(|name, r| {
+            let ip = match name {
+                "meta.test." => [169, 254, 169, 254],
+                "local.test." => [127, 0, 0, 1],
+                "corp.test." => [10, 1, 2, 3],
+                "cgnat.test." => [100, 64, 0, 1],
+                "multi.test." => [224, 0, 0, 251],
+                "zero.test." => [0, 0, 0, 0],
+                _ => [192, 0, 2, 7],
+            };
+            r.add_answer(a(name, ip));
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let mediation = DnsMediation {
+            upstream: Arc::new(Upstream::new(vec![up])),
+            dir: dir.path().to_path_buf(),
+            private_answers: Arc::from([]),
+        };
+        let dns = ExecutorDns::start(&mediation, ExecutorId::default(), allow_all()).unwrap();
+        for (id, (name, ip)) in [
+            ("meta.test.", "169.254.169.254"),
+            ("local.test.", "127.0.0.1"),
+            ("corp.test.", "10.1.2.3"),
+            ("cgnat.test.", "100.64.0.1"),
+            ("multi.test.", "224.0.0.251"),
+            ("zero.test.", "0.0.0.0"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let answer = ask(&dns, id as u16, name).await;
+            // The executor still gets the answer: only the host-name binding is withheld.
+            assert_eq!(answer.answers.len(), 1, "{name}");
+            assert_eq!(dns.name_of(ip.parse().unwrap()), None, "{name} -> {ip}");
+        }
+        ask(&dns, 99, "public.test.").await;
+        assert_eq!(
+            dns.name_of("192.0.2.7".parse().unwrap())
+                .map(|n| n.to_string()),
+            Some("public.test".into())
+        );
+        drop(dns);
+
+        // The server's opt-in binds them for the names it names, and for those only.
+        let mediation = DnsMediation {
+            private_answers: Arc::from(["local.test".parse().unwrap()]),
+            ..mediation
+        };
+        let dns = ExecutorDns::start(&mediation, ExecutorId::default(), allow_all()).unwrap();
+        ask(&dns, 1, "local.test.").await;
+        ask(&dns, 2, "meta.test.").await;
+        assert_eq!(
+            dns.name_of("127.0.0.1".parse().unwrap())
+                .map(|n| n.to_string()),
+            Some("local.test".into())
+        );
+        assert_eq!(dns.name_of("169.254.169.254".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn private_scopes_cover_what_reaches_the_host_its_link_and_its_networks() {
+        use PrivateScope::*;
+        for (ip, scope) in [
+            ("0.0.0.0", Some(Unspecified)),
+            ("0.1.2.3", Some(Reserved)),
+            ("127.0.0.53", Some(Loopback)),
+            ("169.254.169.254", Some(LinkLocal)),
+            ("10.0.0.1", Some(Private)),
+            ("172.16.0.1", Some(Private)),
+            ("172.31.255.255", Some(Private)),
+            ("192.168.1.1", Some(Private)),
+            ("100.64.0.1", Some(SharedAddressSpace)),
+            ("100.127.255.255", Some(SharedAddressSpace)),
+            ("224.0.0.251", Some(Multicast)),
+            ("239.255.255.250", Some(Multicast)),
+            ("240.0.0.1", Some(Reserved)),
+            ("255.255.255.255", Some(Reserved)),
+            ("::", Some(Unspecified)),
+            ("::1", Some(Loopback)),
+            ("::ffff:169.254.169.254", Some(LinkLocal)),
+            ("::ffff:10.0.0.1", Some(Private)),
+            ("::10.0.0.1", Some(Reserved)),
+            ("64:ff9b::a9fe:a9fe", Some(LinkLocal)),
+            ("64:ff9b::7f00:1", Some(Loopback)),
+            ("2002:a00:1::1", Some(Private)),
+            ("fe80::1", Some(LinkLocal)),
+            ("fec0::1", Some(Reserved)),
+            ("fd00::1", Some(UniqueLocal)),
+            ("fc00::1", Some(UniqueLocal)),
+            ("ff02::1", Some(Multicast)),
+            // Public ones (documentation ranges stand in for them).
+            ("192.0.2.7", None),
+            ("172.32.0.1", None),
+            ("100.128.0.1", None),
+            ("8.8.8.8", None),
+            ("2001:db8::1", None),
+            ("64:ff9b::808:808", None),
+            ("2002:808:808::1", None),
+        ] {
+            assert_eq!(private_scope(ip.parse().unwrap()), scope, "{ip}");
+        }
     }
 
     fn can_bind_53() -> bool {
@@ -516,6 +848,7 @@ mod tests {
         let mediation = DnsMediation {
             upstream: Arc::new(Upstream::new(vec![up])),
             dir: dir.path().to_path_buf(),
+            private_answers: Arc::from([]),
         };
         let judged = Arc::new(Mutex::new(Vec::new()));
         let log = judged.clone();
@@ -524,7 +857,7 @@ mod tests {
             let allowed = l.name.as_str() == "known.test";
             Box::pin(async move { allowed })
         });
-        let dns = ExecutorDns::start(&mediation, judge).unwrap();
+        let dns = ExecutorDns::start(&mediation, ExecutorId::default(), judge).unwrap();
         let conf = std::fs::read_to_string(dns.resolv_conf()).unwrap();
         assert!(
             conf.contains(&format!("nameserver {}", dns.address().ip())),
