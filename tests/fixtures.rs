@@ -65,6 +65,7 @@ fn egress(address: &str, port: u16, protocol: &str, verdict: Verdict) -> Decisio
                 address: address.parse().unwrap(),
                 port,
                 host_name: None,
+                other_host_names: Vec::new(),
             })),
             bytes: None,
         },

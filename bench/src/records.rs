@@ -86,6 +86,7 @@ fn egress(port: u16) -> DecisionRecord {
                 address: "10.1.2.3".parse().expect("address"),
                 port,
                 host_name: None,
+                other_host_names: Vec::new(),
             })),
             bytes: None,
         },

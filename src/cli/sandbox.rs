@@ -25,10 +25,11 @@ use flowhost_broker::{
 };
 
 use super::CliResult;
-use crate::destination::{DestinationRule, DestinationRules, HostName, RuleDecision};
+use crate::destination::{DestinationRule, DestinationRules, HostName, NameBlocks, RuleDecision};
 use crate::diff::surface::DeclaredSurface;
 use crate::dns::{
-    AttemptView, DnsMediation, ExecutorDns, ExecutorId, Lookup, LookupJudge, Upstream, attempt_view,
+    AttemptView, DnsMediation, ExecutorDns, ExecutorId, Lookup, LookupJudge, LookupVerdict,
+    Upstream, attempt_view,
 };
 use crate::records::health::{HealthProducer, RecordsHealth};
 use crate::records::{
@@ -468,7 +469,11 @@ fn start_dns(
                     decision.rule
                 );
             }
-            allowed
+            if allowed {
+                LookupVerdict::Answered(NameBlocks::of(&rules, None))
+            } else {
+                LookupVerdict::Refused
+            }
         })
     });
     match ExecutorDns::start(&mediation, owner, judge) {
@@ -581,7 +586,7 @@ async fn run(args: RunArgs) -> CliResult {
                 return Some(BrokerVerdict::Allow);
             };
             if !quiet {
-                log_attempt(info, name.as_ref(), decision.allowed, &decision.rule);
+                log_attempt(info, &name, decision.allowed, &decision.rule);
             }
             Some(if decision.allowed {
                 BrokerVerdict::Allow
@@ -614,7 +619,7 @@ async fn run(args: RunArgs) -> CliResult {
                 };
                 let r = attempt_record(
                     &args,
-                    crate::daemon::named_broker_details(&info, name.as_ref()),
+                    crate::daemon::named_broker_details(&info, &name),
                     verdict_of(
                         decision.allowed,
                         decision.rule.clone(),
@@ -631,7 +636,7 @@ async fn run(args: RunArgs) -> CliResult {
                     BrokerVerdict::DENY
                 });
                 if !args.quiet {
-                    log_attempt(&info, name.as_ref(), allowed, &decision.rule);
+                    log_attempt(&info, &name, allowed, &decision.rule);
                 }
             }
         })
@@ -785,35 +790,35 @@ impl Drop for TerminalModes {
     }
 }
 
-/// What the rules say about an attempt, with the name its destination was handed out for
-/// by the command's resolver, if any; `None` for a lookup sent to that resolver (allowed
-/// unjudged: the resolver judges the lookup itself).
+/// What the rules say about an attempt, with the names its destination was handed out for
+/// by the command's resolver (the last one first; empty: none); `None` for a lookup sent to
+/// that resolver (allowed unjudged: the resolver judges the lookup itself).
 fn rule_on(
     rules: &DestinationRules,
     dns: Option<&ExecutorDns>,
     info: &AttemptInfo,
-) -> Option<(Option<HostName>, RuleDecision)> {
-    let name = match attempt_view(dns, info) {
+) -> Option<(Vec<HostName>, RuleDecision)> {
+    let names = match attempt_view(dns, info) {
         AttemptView::ToResolver => return None,
-        AttemptView::Egress(name) => name,
+        AttemptView::Egress(names) => names,
     };
     let decision = rules.decide(
         info.destination
             .as_ref()
-            .map(|d| crate::daemon::named_rules_destination(d, name.as_ref()))
+            .map(|d| crate::daemon::named_rules_destination(d, &names))
             .as_ref(),
     );
-    Some((name, decision))
+    Some((names, decision))
 }
 
 /// Prints one attempt and its verdict (see [`attempt_line`]).
-fn log_attempt(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule: &str) {
-    say!("{}", attempt_line(info, name, allowed, rule));
+fn log_attempt(info: &AttemptInfo, names: &[HostName], allowed: bool, rule: &str) {
+    say!("{}", attempt_line(info, names, allowed, rule));
 }
 
 /// One attempt and its verdict as printed, naming the caller's executable (read now if the
 /// broker did not: an attempt judged at once comes without it).
-fn attempt_line(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule: &str) -> String {
+fn attempt_line(info: &AttemptInfo, names: &[HostName], allowed: bool, rule: &str) -> String {
     format!(
         "flowhost sandbox: {} {}/{}/{} {}{} by pid {} ({}) -> {} ({})",
         info.syscall.as_str(),
@@ -824,7 +829,7 @@ fn attempt_line(info: &AttemptInfo, name: Option<&HostName>, allowed: bool, rule
             .as_ref()
             .map(|d| d.to_string())
             .unwrap_or_else(|| "(none)".into()),
-        name.map(|n| format!(" ({n})")).unwrap_or_default(),
+        crate::dns::shown_names(names),
         info.pid,
         // The command chose its executable's path, as it chose its destination (whose
         // display escapes it): neither may rewrite the operator's terminal.
@@ -848,7 +853,7 @@ mod tests {
             flowhost_broker::Destination::UnixAbstract(b"\x1b]0;pwned\x07\x1b[2J".to_vec()),
             Some("/tmp/\x1b]0;exe\x07\r\x0e".into()),
         );
-        let line = attempt_line(&info, None, false, "default");
+        let line = attempt_line(&info, &[], false, "default");
         assert!(line.contains("pwned") && line.contains("exe"), "{line}");
         assert!(!line.chars().any(char::is_control), "{line:?}");
     }

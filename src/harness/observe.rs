@@ -86,9 +86,17 @@ fn rule_destination(d: Option<&Destination>) -> Option<RuleDestination> {
     Some(match d? {
         Destination::Inet(i) => {
             let addr = std::net::SocketAddr::new(i.address, i.port);
-            // An address the host handed out for a name: host-name rules name it too.
+            // An address the host handed out for names: host-name rules name it too.
             match i.host_name.as_deref().and_then(|n| n.parse().ok()) {
-                Some(name) => RuleDestination::Named { addr, name },
+                Some(name) => RuleDestination::Named {
+                    addr,
+                    name,
+                    also: i
+                        .other_host_names
+                        .iter()
+                        .filter_map(|n| n.parse().ok())
+                        .collect(),
+                },
                 None => RuleDestination::Inet(addr),
             }
         }
@@ -551,6 +559,7 @@ mod tests {
             address: "127.0.0.2".parse().unwrap(),
             port: 8080,
             host_name: None,
+            other_host_names: Vec::new(),
         })));
         assert!(inet.matches(&rule("127.0.0.2:8080")));
         assert!(inet.matches(&rule("127.0.0.0/8")));

@@ -610,6 +610,7 @@ pub(crate) mod tests {
                 address: "10.1.2.3".parse().unwrap(),
                 port: 443,
                 host_name: None,
+                other_host_names: Vec::new(),
             })),
             bytes: None,
         };

@@ -494,6 +494,11 @@ pub struct InetDestination {
     /// from a lookup the host answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_name: Option<String>,
+    /// The other host names the host handed this address out for to the executor's lookups
+    /// (still remembered when the attempt was judged): host-name rules were judged against
+    /// `host_name` and every one of these, and a block rule naming any refused it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_host_names: Vec<String>,
 }
 
 /// A Unix socket destination.

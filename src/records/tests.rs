@@ -51,6 +51,7 @@ pub(crate) fn sample_egress(address: &str, port: u16, verdict: Verdict) -> Decis
                 address: address.parse().unwrap(),
                 port,
                 host_name: None,
+                other_host_names: Vec::new(),
             })),
             bytes: None,
         },

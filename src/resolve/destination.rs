@@ -43,12 +43,16 @@ pub enum Destination {
     /// An IPv4 or IPv6 socket address.
     Inet(std::net::SocketAddr),
     /// An IPv4 or IPv6 socket address the host handed out as an answer to the executor's
-    /// lookup of `name`: matched by address rules and by host-name rules for that name.
+    /// lookups of `name` and of every name in `also`: matched by address rules and by
+    /// host-name rules for any of those names (so a block rule naming one of them refuses
+    /// it, however many allowed names share the address).
     Named {
         /// The address and port.
         addr: std::net::SocketAddr,
-        /// The name the executor looked up.
+        /// The name the executor last looked up and got the address for.
         name: HostName,
+        /// The other names it got the address for (still remembered).
+        also: Vec<HostName>,
     },
     /// A pathname unix socket (`.` and `..` resolved by the broker where it could).
     UnixPath(PathBuf),
@@ -382,13 +386,18 @@ fn climbs(path: &Path) -> bool {
 impl DestinationRule {
     /// Whether the rule matches `dest`.
     pub fn matches(&self, dest: &Destination) -> bool {
-        if let Destination::Named { addr, name } = dest {
+        if let Destination::Named { addr, name, also } = dest {
             return match self {
                 DestinationRule::Name {
                     name: rule,
                     subdomains,
                     port,
-                } => *port == addr.port() && name.within(rule, *subdomains),
+                } => {
+                    *port == addr.port()
+                        && std::iter::once(name)
+                            .chain(also)
+                            .any(|n| n.within(rule, *subdomains))
+                }
                 other => other.matches(&Destination::Inet(*addr)),
             };
         }
@@ -628,6 +637,38 @@ pub fn decide_with_origin(
     server(rules.decide(dest))
 }
 
+/// The block rules of one call (its principal's and its server's), against which the names
+/// an answer leads through (its CNAME chain) are judged before its addresses are remembered
+/// under the name asked.
+#[derive(Debug, Clone, Default)]
+pub struct NameBlocks {
+    /// Each rule with whose it is (`principal <id>`, `server`).
+    rules: Vec<(String, DestinationRule)>,
+}
+
+impl NameBlocks {
+    /// The block rules of `rules` and of `origin` (a principal id and its rules), if any.
+    pub fn of(rules: &DestinationRules, origin: Option<(&str, &OriginRules)>) -> NameBlocks {
+        let origin = origin
+            .into_iter()
+            .flat_map(|(who, o)| o.block.iter().map(move |r| (format!("principal {who}"), r)));
+        let server = rules.block.iter().map(|r| ("server".to_string(), r));
+        NameBlocks {
+            rules: origin.chain(server).map(|(w, r)| (w, r.clone())).collect(),
+        }
+    }
+
+    /// The first block rule naming `name` on any port, described as
+    /// [`decide_with_origin`] describes it (`server block NAME:PORT`): a name an answer leads
+    /// through is judged without knowing the port a connect will use.
+    pub fn naming(&self, name: &HostName) -> Option<String> {
+        self.rules
+            .iter()
+            .find(|(_, r)| r.names(name))
+            .map(|(who, r)| format!("{who} block {r}"))
+    }
+}
+
 /// Whether a lookup of `name` may be answered for a call of `origin`, on top of the server's
 /// `rules`: the origin's allow naming it, else the server's decision
 /// ([`DestinationRules::decide_name`]); an origin that blocks the name (on some port) does
@@ -832,6 +873,7 @@ mod tests {
         let named = |n: &str, a: &str| Destination::Named {
             addr: a.parse().unwrap(),
             name: n.parse().unwrap(),
+            also: Vec::new(),
         };
         let exact = rule("api.example.com:443");
         assert!(exact.matches(&named("api.example.com", "192.0.2.1:443")));
@@ -880,6 +922,56 @@ mod tests {
     }
 
     #[test]
+    fn a_block_rule_naming_any_name_of_an_address_refuses_it() {
+        let rules = DestinationRules {
+            allow: vec![rule("*.example.com:443")],
+            block: vec![rule("secret.example.com:443")],
+            default: DefaultAction::Block,
+        };
+        let shared = |names: &[&str]| Destination::Named {
+            addr: "192.0.2.50:443".parse().unwrap(),
+            name: names[0].parse().unwrap(),
+            also: names[1..].iter().map(|n| n.parse().unwrap()).collect(),
+        };
+        assert!(rules.decide(Some(&shared(&["www.example.com"]))).allowed);
+        for names in [
+            ["www.example.com", "secret.example.com"],
+            ["secret.example.com", "www.example.com"],
+        ] {
+            let d = rules.decide(Some(&shared(&names)));
+            assert_eq!(
+                (d.allowed, d.rule.as_str()),
+                (false, "block secret.example.com:443"),
+                "{names:?}"
+            );
+        }
+        // Any allowed name of the address allows it (on the rule's port).
+        let other = DestinationRules::allow_only(vec![rule("b.test:443")]);
+        assert!(other.decide(Some(&shared(&["a.test", "b.test"]))).allowed);
+
+        // The names an answer leads through are judged by every block rule, on any port.
+        let origin = OriginRules {
+            allow: vec![],
+            block: vec![rule("*.alice-blocked.test:80")],
+        };
+        let blocks = NameBlocks::of(&rules, Some(("alice", &origin)));
+        let name = |n: &str| n.parse::<HostName>().unwrap();
+        assert_eq!(
+            blocks.naming(&name("secret.example.com")).as_deref(),
+            Some("server block secret.example.com:443")
+        );
+        assert_eq!(
+            blocks.naming(&name("x.alice-blocked.test")).as_deref(),
+            Some("principal alice block *.alice-blocked.test:80")
+        );
+        assert_eq!(blocks.naming(&name("www.example.com")), None);
+        assert_eq!(
+            NameBlocks::default().naming(&name("secret.example.com")),
+            None
+        );
+    }
+
+    #[test]
     fn no_rule_reaches_an_executors_resolver() {
         // A lookup sent to another executor's resolver would be judged under that
         // executor's call: no allow list, default or principal's rule lets it through.
@@ -899,6 +991,7 @@ mod tests {
                 Destination::Named {
                     addr,
                     name: "x.test".parse().unwrap(),
+                    also: Vec::new(),
                 },
             ] {
                 let d = rules.decide(Some(&dest));

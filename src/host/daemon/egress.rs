@@ -10,7 +10,7 @@ use flowhost_broker::{AttemptInfo, Destination, EgressAttempt, Verdict as Broker
 
 use super::CallInFlight;
 use super::executor::{AttemptSink, Judgment};
-use crate::destination::{DestinationRules, HostName, OriginRules};
+use crate::destination::{DestinationRules, HostName, NameBlocks, OriginRules};
 use crate::dns::Lookup;
 use crate::records::{
     BrokerDetails, Correlation, DecisionRecord, DeclarationMismatch, Denial, EgressBasis,
@@ -45,30 +45,31 @@ const MAX_WARNED: usize = 4096;
 /// The rules' view of a destination the broker decoded (every form has one), for an
 /// address the executor did not get from a lookup the host answered.
 pub fn rules_destination(d: &Destination) -> crate::destination::Destination {
-    named_rules_destination(d, None)
+    named_rules_destination(d, &[])
 }
 
-/// The rules' view of a destination the broker decoded; `name` is the host name the
-/// executor's lookup got the address as an answer for, if any.
+/// The rules' view of a destination the broker decoded; `names` are the host names the
+/// executor's lookups got the address as an answer for, the last one first (empty: none).
 pub fn named_rules_destination(
     d: &Destination,
-    name: Option<&HostName>,
+    names: &[HostName],
 ) -> crate::destination::Destination {
     use crate::destination::Destination as R;
     match d {
-        Destination::Inet(addr) => match name {
-            Some(name) => R::Named {
+        Destination::Inet(addr) => match names {
+            [name, also @ ..] => R::Named {
                 addr: *addr,
                 name: name.clone(),
+                also: also.to_vec(),
             },
-            None => R::Inet(*addr),
+            [] => R::Inet(*addr),
         },
         Destination::UnixPath(p) => R::UnixPath(p.clone()),
         Destination::UnixAbstract(n) => R::UnixAbstract(n.clone()),
         Destination::UnixUnnamed => R::UnixUnnamed,
         Destination::Netlink { port_id, .. } => R::Netlink { port_id: *port_id },
         Destination::Unspecified => R::Disconnect,
-        other => match record_destination(other, None) {
+        other => match record_destination(other, &[]) {
             crate::records::Destination::Undecoded(u) => R::Undecidable(u.undecoded),
             // The unspecified IP: the kernel would pick the address, so no rule applies.
             crate::records::Destination::Inet(i) => {
@@ -80,15 +81,17 @@ pub fn named_rules_destination(
 }
 
 /// The record form of a destination the broker decoded: every form has one (nothing the
-/// broker saw is recorded without a destination).
-fn record_destination(d: &Destination, name: Option<&HostName>) -> crate::records::Destination {
+/// broker saw is recorded without a destination). `names`: as for
+/// [`named_rules_destination`].
+fn record_destination(d: &Destination, names: &[HostName]) -> crate::records::Destination {
     use crate::records::{Destination as R, NetlinkDestination, UndecodedDestination};
     let undecoded = |what: String| R::Undecoded(UndecodedDestination { undecoded: what });
     match d {
         Destination::Inet(addr) | Destination::AnyAddress(addr) => R::Inet(InetDestination {
             address: addr.ip(),
             port: addr.port(),
-            host_name: name.map(|n| n.to_string()),
+            host_name: names.first().map(HostName::to_string),
+            other_host_names: names.iter().skip(1).map(HostName::to_string).collect(),
         }),
         Destination::UnixPath(p) => R::Unix(UnixDestination {
             unix_path: p.display().to_string(),
@@ -119,11 +122,11 @@ fn record_destination(d: &Destination, name: Option<&HostName>) -> crate::record
 /// The record form of what the broker saw, for an address the executor did not get from a
 /// lookup the host answered.
 pub fn broker_details(info: &AttemptInfo) -> BrokerDetails {
-    named_broker_details(info, None)
+    named_broker_details(info, &[])
 }
 
-/// The record form of what the broker saw (`name`: as for [`named_rules_destination`]).
-pub fn named_broker_details(info: &AttemptInfo, name: Option<&HostName>) -> BrokerDetails {
+/// The record form of what the broker saw (`names`: as for [`named_rules_destination`]).
+pub fn named_broker_details(info: &AttemptInfo, names: &[HostName]) -> BrokerDetails {
     BrokerDetails {
         pid: info.pid.max(0) as u32,
         executable: info.executable.as_ref().map(|p| p.display().to_string()),
@@ -134,7 +137,7 @@ pub fn named_broker_details(info: &AttemptInfo, name: Option<&HostName>) -> Brok
         destination: info
             .destination
             .as_ref()
-            .map(|d| record_destination(d, name)),
+            .map(|d| record_destination(d, names)),
         bytes: info.bytes.map(|b| b as u64),
     }
 }
@@ -165,6 +168,7 @@ pub fn lookup_broker_details(lookup: &Lookup, pid: i32) -> BrokerDetails {
             address: lookup.resolver.ip(),
             port: lookup.resolver.port(),
             host_name: Some(lookup.name.to_string()),
+            other_host_names: Vec::new(),
         })),
         bytes: Some(lookup.bytes as u64),
     }
@@ -258,10 +262,10 @@ impl EgressJudge {
         &self,
         call: Option<Arc<CallInFlight>>,
         attempt: EgressAttempt,
-        name: Option<HostName>,
+        names: Vec<HostName>,
     ) -> Judgment {
         let info = attempt.info().clone();
-        let details = named_broker_details(&info, name.as_ref());
+        let details = named_broker_details(&info, &names);
         let judged = match &call {
             None => None,
             Some(call) => Some(
@@ -270,7 +274,7 @@ impl EgressJudge {
                         &call.plan,
                         info.destination
                             .as_ref()
-                            .map(|d| named_rules_destination(d, name.as_ref()))
+                            .map(|d| named_rules_destination(d, &names))
                             .as_ref(),
                         &self.destinations,
                         self.origins.get(&call.plan.key.principal),
@@ -304,13 +308,15 @@ impl EgressJudge {
     /// Judges one lookup of executor `pid` and records it, allowed or refused, as an egress
     /// attempt of syscall `dns_query` to the executor's resolver, carrying the name asked:
     /// the name leaves the host when it is asked upstream, so an allowed lookup's record is
-    /// durable before that, and one that cannot be written refuses the lookup.
+    /// durable before that, and one that cannot be written refuses the lookup. An allowed
+    /// lookup comes with the block rules of its call, by which the names its answer leads
+    /// through are judged.
     async fn decide_lookup(
         &self,
         call: Option<Arc<CallInFlight>>,
         lookup: Lookup,
         pid: i32,
-    ) -> Judgment {
+    ) -> (Judgment, NameBlocks) {
         let judged = match &call {
             None => None,
             Some(call) => Some(
@@ -324,16 +330,28 @@ impl EgressJudge {
                     .await,
             ),
         };
+        let blocks = match &call {
+            Some(call) => NameBlocks::of(
+                &self.destinations,
+                self.origins
+                    .get(&call.plan.key.principal)
+                    .map(|o| (call.plan.key.principal.as_str(), o)),
+            ),
+            None => NameBlocks::default(),
+        };
         let details = lookup_broker_details(&lookup, pid);
         let record = self.record(call.as_deref().zip(judged.as_ref()), details);
         let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
         match self.records.commit(record).await {
-            Ok(_) => Judgment {
-                approved_under: allowed,
-            },
+            Ok(_) => (
+                Judgment {
+                    approved_under: allowed,
+                },
+                blocks,
+            ),
             Err(e) => {
                 tracing::error!(server = %self.server_id, error = %e, "lookup record not written; refusing the lookup");
-                Judgment::default()
+                (Judgment::default(), blocks)
             }
         }
     }
@@ -344,9 +362,9 @@ impl AttemptSink<CallInFlight> for EgressJudge {
         &self,
         call: Option<Arc<CallInFlight>>,
         attempt: EgressAttempt,
-        name: Option<HostName>,
+        names: Vec<HostName>,
     ) -> Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>> {
-        Box::pin(self.decide(call, attempt, name))
+        Box::pin(self.decide(call, attempt, names))
     }
 
     fn judge_lookup(
@@ -354,7 +372,7 @@ impl AttemptSink<CallInFlight> for EgressJudge {
         call: Option<Arc<CallInFlight>>,
         lookup: Lookup,
         pid: i32,
-    ) -> Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>> {
+    ) -> Pin<Box<dyn std::future::Future<Output = (Judgment, NameBlocks)> + Send + '_>> {
         Box::pin(self.decide_lookup(call, lookup, pid))
     }
 }

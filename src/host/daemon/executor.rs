@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::session::Outbox;
 use crate::destination::HostName;
-use crate::dns::{DnsMediation, ExecutorDns, Lookup, LookupJudge};
+use crate::dns::{DnsMediation, ExecutorDns, Lookup, LookupJudge, LookupVerdict};
 use crate::label::InformationLabel;
 use crate::mcp::{self, Incoming, Line};
 
@@ -259,23 +259,31 @@ pub struct Judgment {
 /// Receives an executor's egress attempts together with the call they belong to.
 pub trait AttemptSink<C>: Send + Sync + 'static {
     /// Judges one attempt (and answers it), returning what it approved. `call` is `None`
-    /// when the executor tried to reach out while no call was in flight; `name` is the host
-    /// name the executor's lookup got the destination address for, if any.
+    /// when the executor tried to reach out while no call was in flight; `names` are the
+    /// host names the executor's lookups got the destination address for, the last one
+    /// first (empty: none).
     fn judge(
         &self,
         call: Option<Arc<C>>,
         attempt: EgressAttempt,
-        name: Option<HostName>,
+        names: Vec<HostName>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>>;
 
     /// Judges one host-name lookup of executor `pid` (recording it either way), returning what
-    /// it approved (`approved_under: None`: the lookup is refused).
+    /// it approved (`approved_under: None`: the lookup is refused) and the block rules the
+    /// names its answer leads through are judged by.
     fn judge_lookup(
         &self,
         call: Option<Arc<C>>,
         lookup: Lookup,
         pid: i32,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>>;
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = (Judgment, crate::destination::NameBlocks)>
+                + Send
+                + '_,
+        >,
+    >;
 }
 
 /// A running executor that has completed the MCP handshake.
@@ -983,10 +991,14 @@ fn lookup_judge<C: Send + Sync + 'static>(
             let _judging = judging.lock().await;
             let call = slot.lock().ok().and_then(|g| g.clone());
             let pid = pid.get().copied().unwrap_or(0);
-            let judgment = sink.judge_lookup(call, lookup, pid).await;
+            let (judgment, blocks) = sink.judge_lookup(call, lookup, pid).await;
             let allowed = judgment.approved_under.is_some();
             keep_approval(&approved_under, judgment);
-            allowed
+            if allowed {
+                LookupVerdict::Answered(blocks)
+            } else {
+                LookupVerdict::Refused
+            }
         })
     })
 }
@@ -998,12 +1010,12 @@ fn lookup_judge<C: Send + Sync + 'static>(
 /// resolver handed out is judged with the name it was the answer for.
 async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt>, r: Routing<C>) {
     while let Some(attempt) = attempts.recv().await {
-        let name = match crate::dns::attempt_view(r.dns.as_deref(), attempt.info()) {
+        let names = match crate::dns::attempt_view(r.dns.as_deref(), attempt.info()) {
             crate::dns::AttemptView::ToResolver => {
                 attempt.allow();
                 continue;
             }
-            crate::dns::AttemptView::Egress(name) => name,
+            crate::dns::AttemptView::Egress(names) => names,
         };
         // The slot is read under the judging lock, so a call that has ended (and cleared the
         // slot under the same lock) is never judged against.
@@ -1011,34 +1023,33 @@ async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt
         let call = r.slot.lock().ok().and_then(|g| g.clone());
         let info = attempt.info().clone();
         let tool = call.as_ref().map(|c| c.tool_name().to_string());
-        let shown = name.clone();
-        let judgment = r.sink.judge(call, attempt, name).await;
+        let shown = names.clone();
+        let judgment = r.sink.judge(call, attempt, names).await;
         log_egress_decision(
             &r.server,
             tool.as_deref(),
             &info,
-            shown.as_ref(),
+            &shown,
             judgment.approved_under.is_some(),
         );
         keep_approval(&r.approved_under, judgment);
     }
 }
 
-/// Logs the verdict on one attempt of an executor of `server` (`name`: the host name its
+/// Logs the verdict on one attempt of an executor of `server` (`names`: the host names its
 /// destination was the answer for).
 fn log_egress_decision(
     server: &str,
     tool: Option<&str>,
     info: &flowhost_broker::AttemptInfo,
-    name: Option<&HostName>,
+    names: &[HostName],
     allowed: bool,
 ) {
     // A destination shows escaped what the executor chose of it (see `Escaped`); a host
     // name is checked DNS syntax.
-    let shown = match (&info.destination, name) {
-        (Some(d), Some(n)) => format!("{d} ({n})"),
-        (Some(d), None) => d.to_string(),
-        (None, _) => "(none)".into(),
+    let shown = match &info.destination {
+        Some(d) => format!("{d}{}", crate::dns::shown_names(names)),
+        None => "(none)".into(),
     };
     tracing::info!(
         server = %server,
@@ -1398,7 +1409,7 @@ mod tests {
             flowhost_broker::Destination::UnixAbstract(b"\x1b]0;pwned\x07\x1b[2J".to_vec()),
             None,
         );
-        log_egress_decision("srv", Some("srv/tool"), &info, None, false);
+        log_egress_decision("srv", Some("srv/tool"), &info, &[], false);
 
         let (mut to, stderr) = pipe::pipe().unwrap();
         to.write_all(b"50%\r\x1b[2Kdone \x05\x0e\x0f\x1b]0;pwned-too\x07\n")

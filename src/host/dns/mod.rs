@@ -8,8 +8,9 @@
 //! Every query is judged and recorded by the judge ([`LookupJudge`]): a name no rule allows
 //! is answered NXDOMAIN; an allowed one is asked of the host's upstream resolvers (once its
 //! record is durable) and the answer passed on. The addresses handed out are remembered per executor
-//! ([`ExecutorDns::name_of`]), so a later connect to one is judged against host-name rules,
-//! and its record carries the name. The sends that reach this resolver are the host talking
+//! ([`ExecutorDns::names_of`]), with every name each was handed out for, so a later connect to
+//! one is judged against host-name rules for all of them (a block rule naming any refuses
+//! it), and its record carries the names. The sends that reach this resolver are the host talking
 //! to itself: they are allowed without an egress record (the lookup is what is judged).
 //!
 //! The address is the attribution: only this executor's lookups arrive at it (other
@@ -20,7 +21,8 @@
 //! reserved: [`private_scope`]) is passed on to the executor but not remembered under the
 //! name, unless the server opts in for that name (`private_answers`). Otherwise whoever
 //! controls an allowed name's zone (or the answer) could aim a host-name rule at the host
-//! itself, its metadata service or the internal network.
+//! itself, its metadata service or the internal network. Nor does an answer whose CNAME
+//! chain leads through a name a block rule names bind its addresses to the name asked.
 
 pub mod upstream;
 pub mod wire;
@@ -37,7 +39,7 @@ use hickory_proto::op::ResponseCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
-use crate::destination::{HostName, NamePattern, canonical_ip};
+use crate::destination::{HostName, NameBlocks, NamePattern, canonical_ip};
 pub use upstream::Upstream;
 
 /// The port every executor resolver listens on (resolv.conf cannot name another).
@@ -45,6 +47,10 @@ pub const DNS_PORT: u16 = crate::destination::RESOLVER_PORT;
 /// Most addresses remembered per executor; past it the oldest half is forgotten (a later
 /// connect to a forgotten address is judged by address rules alone).
 const MAX_REMEMBERED: usize = 4096;
+/// Most names remembered per address; past it a new name is not remembered for the address.
+/// The names kept still judge a connect to it: one of them may be blocked, and must not be
+/// pushed out by a flood of allowed names answered with the same address.
+const MAX_NAMES_PER_ADDRESS: usize = 32;
 /// Queries (and TCP connections) one executor's resolver handles at once; past it, UDP
 /// queries are dropped (the client library retries) and TCP connections closed, so an
 /// executor cannot make the host hold unbounded work.
@@ -93,9 +99,19 @@ pub struct Lookup {
     pub resolver: SocketAddr,
 }
 
+/// The judge's word on one lookup.
+#[derive(Debug, Clone)]
+pub enum LookupVerdict {
+    /// Refused: answered NXDOMAIN, and nothing is asked upstream.
+    Refused,
+    /// Asked upstream and the answer passed on; before its addresses are remembered under
+    /// the name, the names its CNAME chain leads through are judged by these block rules.
+    Answered(NameBlocks),
+}
+
 /// Decides a lookup (recording it, answered or refused) and says whether it may be answered.
 pub type LookupJudge =
-    Arc<dyn Fn(Lookup) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+    Arc<dyn Fn(Lookup) -> Pin<Box<dyn Future<Output = LookupVerdict> + Send>> + Send + Sync>;
 
 /// The DNS mediation settings of one server's executors.
 #[derive(Debug, Clone)]
@@ -223,10 +239,17 @@ fn private_v4(ip: Ipv4Addr) -> Option<PrivateScope> {
 
 /// Why an address of an allowed name's answer is not remembered under the name (a connect
 /// to it is judged by address rules alone).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Withheld {
     /// A private address, and the server has not opted in for the name.
     Private(PrivateScope),
+    /// The answer's CNAME chain leads through `name`, which a block rule names.
+    ChainNameBlocked {
+        /// The blocked name on the chain.
+        name: HostName,
+        /// The block rule naming it.
+        rule: String,
+    },
 }
 
 impl std::fmt::Display for Withheld {
@@ -237,42 +260,66 @@ impl std::fmt::Display for Withheld {
                 "{} address, and no private_answers pattern names the name",
                 scope.as_str()
             ),
+            Withheld::ChainNameBlocked { name, rule } => {
+                write!(f, "the answer's CNAME chain leads through {name} ({rule})")
+            }
         }
     }
 }
 
-/// Which of `addresses`, handed out for `name`, may be remembered under it, and which are
-/// withheld and why.
+/// Which addresses of `answer`, the answer to an allowed lookup of `name`, may be remembered
+/// under it, and which are withheld and why.
 fn screen(
     name: &HostName,
-    addresses: &[IpAddr],
+    answer: &wire::Answer,
     private_answers: &[NamePattern],
+    blocks: &NameBlocks,
 ) -> (Vec<IpAddr>, Vec<(IpAddr, Withheld)>) {
     let opted_in = private_answers.iter().any(|p| p.matches(name));
+    let blocked = answer.chain.iter().find_map(|c| {
+        let rule = blocks.naming(c)?;
+        Some(Withheld::ChainNameBlocked {
+            name: c.clone(),
+            rule,
+        })
+    });
     let mut bound = Vec::new();
     let mut withheld = Vec::new();
-    for &ip in addresses {
-        match private_scope(ip) {
-            Some(scope) if !opted_in => withheld.push((ip, Withheld::Private(scope))),
+    for &ip in &answer.addresses {
+        match (&blocked, private_scope(ip)) {
+            (Some(why), _) => withheld.push((ip, why.clone())),
+            (None, Some(scope)) if !opted_in => withheld.push((ip, Withheld::Private(scope))),
             _ => bound.push(ip),
         }
     }
     (bound, withheld)
 }
 
-/// Remembered answers: which name each handed-out address was the answer for.
+/// Remembered answers: the names each handed-out address was the answer for, the last one
+/// first.
 #[derive(Debug, Default)]
 struct AddressBook {
-    names: HashMap<IpAddr, HostName>,
+    names: HashMap<IpAddr, Vec<HostName>>,
     order: Vec<IpAddr>,
 }
 
 impl AddressBook {
-    fn remember(&mut self, name: &HostName, addresses: &[IpAddr]) {
+    /// Remembers `addresses` as handed out for `name`; returns those that already have as
+    /// many other names as are kept (`name` is not remembered for them).
+    fn remember(&mut self, name: &HostName, addresses: &[IpAddr]) -> Vec<IpAddr> {
+        let mut full = Vec::new();
         for ip in addresses.iter().map(|ip| canonical_ip(*ip)) {
-            if self.names.insert(ip, name.clone()).is_none() {
+            if !self.names.contains_key(&ip) {
                 self.order.push(ip);
             }
+            let names = self.names.entry(ip).or_default();
+            if let Some(i) = names.iter().position(|n| n == name) {
+                names.remove(i);
+            } else if names.len() >= MAX_NAMES_PER_ADDRESS {
+                full.push(ip);
+                continue;
+            }
+            names.insert(0, name.clone());
         }
         if self.order.len() > MAX_REMEMBERED {
             let forget: Vec<IpAddr> = self.order.drain(..MAX_REMEMBERED / 2).collect();
@@ -280,6 +327,7 @@ impl AddressBook {
                 self.names.remove(&ip);
             }
         }
+        full
     }
 }
 
@@ -392,9 +440,14 @@ impl ExecutorDns {
         canonical_ip(addr.ip()) == self.address.ip() && addr.port() == DNS_PORT
     }
 
-    /// The name this executor's lookup got `ip` as an answer for, if any.
-    pub fn name_of(&self, ip: IpAddr) -> Option<HostName> {
-        self.book.lock().ok()?.names.get(&canonical_ip(ip)).cloned()
+    /// The names this executor's lookups got `ip` as an answer for, the last one first
+    /// (empty: none; a connect to it is judged by address rules alone).
+    pub fn names_of(&self, ip: IpAddr) -> Vec<HostName> {
+        self.book
+            .lock()
+            .ok()
+            .and_then(|book| book.names.get(&canonical_ip(ip)).cloned())
+            .unwrap_or_default()
     }
 }
 
@@ -428,9 +481,10 @@ pub enum AttemptView {
     /// A lookup reaching the executor's own resolver: the host talking to itself, allowed
     /// without judgment (the lookup is what is judged).
     ToResolver,
-    /// Anything else, with the name the executor's lookup got its address as an answer
-    /// for, if any (judged against host-name rules with it, and recorded with it).
-    Egress(Option<HostName>),
+    /// Anything else, with the names the executor's lookups got its address as an answer
+    /// for, the last one first (judged against host-name rules with all of them, and
+    /// recorded with them; empty: none).
+    Egress(Vec<HostName>),
 }
 
 /// How `info` stands with the executor's resolver `dns` (`None`: lookups not mediated).
@@ -438,7 +492,7 @@ pub enum AttemptView {
 pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptInfo) -> AttemptView {
     let (Some(dns), Some(flowhost_broker::Destination::Inet(addr))) = (dns, &info.destination)
     else {
-        return AttemptView::Egress(None);
+        return AttemptView::Egress(Vec::new());
     };
     let reaches = !matches!(
         info.syscall,
@@ -447,8 +501,19 @@ pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptIn
     if reaches && dns.is_resolver(addr) {
         AttemptView::ToResolver
     } else {
-        AttemptView::Egress(dns.name_of(addr.ip()))
+        AttemptView::Egress(dns.names_of(addr.ip()))
     }
+}
+
+/// How the names an address was handed out for are shown after it in a log line:
+/// ` (last, other, ...)`, or nothing when it has none. Host names are checked DNS syntax, so
+/// nothing here needs escaping.
+pub fn shown_names(names: &[HostName]) -> String {
+    if names.is_empty() {
+        return String::new();
+    }
+    let names: Vec<&str> = names.iter().map(HostName::as_str).collect();
+    format!(" ({})", names.join(", "))
 }
 
 fn write_conf(dir: &Path, ip: IpAddr) -> Result<tempfile::NamedTempFile, DnsError> {
@@ -503,9 +568,9 @@ impl Server {
             bytes: query.len(),
             resolver: self.address,
         };
-        if !(self.judge)(lookup).await {
+        let LookupVerdict::Answered(blocks) = (self.judge)(lookup).await else {
             return Some(wire::refusal(query, ResponseCode::NXDomain));
-        }
+        };
         // A fresh id per upstream query: the executor's own (which it may always set to 0)
         // would make a forged answer easy to match.
         let id = rand_core::RngCore::next_u32(&mut rand_core::OsRng) as u16;
@@ -519,7 +584,7 @@ impl Server {
         match self.upstream.ask(&asked, id).await {
             Ok(response) => match wire::answer(&q, &response, id) {
                 Ok(answer) => {
-                    self.admit(&q.name, &answer.addresses);
+                    self.admit(&q.name, &answer, &blocks);
                     if transport == "udp" && answer.bytes.len() > wire::udp_limit(&q) {
                         return Some(wire::truncated_answer(&q));
                     }
@@ -541,8 +606,8 @@ impl Server {
 impl Server {
     /// Remembers the addresses of an allowed name's answer that may be bound to it, and logs
     /// those withheld, with why.
-    fn admit(&self, name: &HostName, addresses: &[IpAddr]) {
-        let (bound, withheld) = screen(name, addresses, &self.private_answers);
+    fn admit(&self, name: &HostName, answer: &wire::Answer, blocks: &NameBlocks) {
+        let (bound, withheld) = screen(name, answer, &self.private_answers, blocks);
         if !withheld.is_empty() {
             let shown: Vec<String> = withheld
                 .iter()
@@ -556,8 +621,19 @@ impl Server {
                 "DNS answer addresses withheld from the name: a connect to them is judged by address rules alone"
             );
         }
-        if let Ok(mut book) = self.book.lock() {
-            book.remember(name, &bound);
+        let full = match self.book.lock() {
+            Ok(mut book) => book.remember(name, &bound),
+            Err(_) => Vec::new(),
+        };
+        if !full.is_empty() {
+            let shown: Vec<String> = full.iter().map(IpAddr::to_string).collect();
+            tracing::warn!(
+                server = %self.owner.server,
+                executor_pid = self.owner.pid(),
+                name = %name,
+                addresses = %shown.join(", "),
+                "DNS answer addresses not remembered under the name: each already has {MAX_NAMES_PER_ADDRESS} names, which still judge a connect to it"
+            );
         }
     }
 }
@@ -716,9 +792,27 @@ mod tests {
         Message::from_vec(&buf[..n]).unwrap()
     }
 
-    /// A judge allowing every lookup.
+    /// A judge allowing every lookup, with no block rules.
     fn allow_all() -> LookupJudge {
-        Arc::new(|_: Lookup| Box::pin(async { true }))
+        allow_all_but(crate::destination::DestinationRules::default())
+    }
+
+    /// A judge allowing every lookup, the names its answers lead through judged by the
+    /// block rules of `rules`.
+    fn allow_all_but(rules: crate::destination::DestinationRules) -> LookupJudge {
+        let blocks = NameBlocks::of(&rules, None);
+        Arc::new(move |_: Lookup| {
+            let blocks = blocks.clone();
+            Box::pin(async move { LookupVerdict::Answered(blocks) })
+        })
+    }
+
+    /// The names `dns` remembers for `ip`, the last one first.
+    fn names(dns: &ExecutorDns, ip: &str) -> Vec<String> {
+        dns.names_of(ip.parse().unwrap())
+            .iter()
+            .map(|n| n.to_string())
+            .collect()
     }
 
     #[tokio::test]
@@ -760,14 +854,10 @@ mod tests {
             let answer = ask(&dns, id as u16, name).await;
             // The executor still gets the answer: only the host-name binding is withheld.
             assert_eq!(answer.answers.len(), 1, "{name}");
-            assert_eq!(dns.name_of(ip.parse().unwrap()), None, "{name} -> {ip}");
+            assert_eq!(names(&dns, ip), Vec::<String>::new(), "{name} -> {ip}");
         }
         ask(&dns, 99, "public.test.").await;
-        assert_eq!(
-            dns.name_of("192.0.2.7".parse().unwrap())
-                .map(|n| n.to_string()),
-            Some("public.test".into())
-        );
+        assert_eq!(names(&dns, "192.0.2.7"), ["public.test"]);
         drop(dns);
 
         // The server's opt-in binds them for the names it names, and for those only.
@@ -778,12 +868,134 @@ mod tests {
         let dns = ExecutorDns::start(&mediation, ExecutorId::default(), allow_all()).unwrap();
         ask(&dns, 1, "local.test.").await;
         ask(&dns, 2, "meta.test.").await;
-        assert_eq!(
-            dns.name_of("127.0.0.1".parse().unwrap())
-                .map(|n| n.to_string()),
-            Some("local.test".into())
+        assert_eq!(names(&dns, "127.0.0.1"), ["local.test"]);
+        assert_eq!(names(&dns, "169.254.169.254"), Vec::<String>::new());
+    }
+
+    /// An upstream resolver for the `example.com` names of the address-sharing tests:
+    /// `secret` and `www` share 192.0.2.50, `alias` is a CNAME of `secret2` (192.0.2.51),
+    /// `other` is 192.0.2.60.
+    async fn example_upstream() -> SocketAddr {
+        upstream_answering(|name, r| match name {
+            "secret.example.com." | "www.example.com." => {
+                r.add_answer(a(name, [192, 0, 2, 50]));
+            }
+            "alias.example.com." => {
+                r.add_answer(Record::from_rdata(
+                    Name::from_str(name).unwrap(),
+                    60,
+                    RData::CNAME(hickory_proto::rr::rdata::CNAME(
+                        Name::from_str("secret2.example.com.").unwrap(),
+                    )),
+                ));
+                r.add_answer(a("secret2.example.com.", [192, 0, 2, 51]));
+            }
+            "other.example.com." => {
+                r.add_answer(a(name, [192, 0, 2, 60]));
+            }
+            _ => r.metadata.response_code = ResponseCode::NXDomain,
+        })
+        .await
+        .0
+    }
+
+    /// Allow `*.example.com:443`, block `secret.example.com:443` and `secret2.example.com:443`.
+    fn example_rules() -> crate::destination::DestinationRules {
+        let rule = |r: &str| r.parse().unwrap();
+        crate::destination::DestinationRules {
+            allow: vec![rule("*.example.com:443")],
+            block: vec![
+                rule("secret.example.com:443"),
+                rule("secret2.example.com:443"),
+            ],
+            default: crate::destination::DefaultAction::Block,
+        }
+    }
+
+    /// A resolver asking [`example_upstream`], its lookups' answers judged by the block rules
+    /// of [`example_rules`] (returned too); its resolv.conf is written into `dir`.
+    async fn example_dns(dir: &Path) -> (ExecutorDns, crate::destination::DestinationRules) {
+        let mediation = DnsMediation {
+            upstream: Arc::new(Upstream::new(vec![example_upstream().await])),
+            dir: dir.to_path_buf(),
+            private_answers: Arc::from([]),
+        };
+        let rules = example_rules();
+        let judge = allow_all_but(rules.clone());
+        let dns = ExecutorDns::start(&mediation, ExecutorId::default(), judge).unwrap();
+        (dns, rules)
+    }
+
+    /// Whether `rules` allow a connect to `addr`, judged as the daemon judges it: with the
+    /// names the executor's resolver remembers for the address.
+    fn connect_allowed(
+        dns: &ExecutorDns,
+        rules: &crate::destination::DestinationRules,
+        addr: &str,
+    ) -> bool {
+        let addr: SocketAddr = addr.parse().unwrap();
+        let dest = crate::daemon::named_rules_destination(
+            &flowhost_broker::Destination::Inet(addr),
+            &dns.names_of(addr.ip()),
         );
-        assert_eq!(dns.name_of("169.254.169.254".parse().unwrap()), None);
+        rules.decide(Some(&dest)).allowed
+    }
+
+    #[tokio::test]
+    async fn a_blocked_name_sharing_an_address_with_an_allowed_one_keeps_it_blocked() {
+        if !can_bind_53() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (dns, rules) = example_dns(dir.path()).await;
+        // The blocked name first, then an allowed one answered with the same address: the
+        // later lookup does not launder the address.
+        ask(&dns, 1, "secret.example.com.").await;
+        ask(&dns, 2, "www.example.com.").await;
+        assert!(!connect_allowed(&dns, &rules, "192.0.2.50:443"));
+        assert_eq!(
+            names(&dns, "192.0.2.50"),
+            ["www.example.com", "secret.example.com"]
+        );
+        ask(&dns, 3, "other.example.com.").await;
+        assert!(connect_allowed(&dns, &rules, "192.0.2.60:443"));
+    }
+
+    #[tokio::test]
+    async fn a_cname_chain_through_a_blocked_name_binds_no_address() {
+        if !can_bind_53() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (dns, rules) = example_dns(dir.path()).await;
+        let answer = ask(&dns, 1, "alias.example.com.").await;
+        assert_eq!(answer.answers.len(), 2, "the executor gets the answer");
+        assert!(!connect_allowed(&dns, &rules, "192.0.2.51:443"));
+        assert_eq!(names(&dns, "192.0.2.51"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_address_keeps_a_bounded_set_of_names_and_never_drops_one_for_a_newcomer() {
+        let mut book = AddressBook::default();
+        let ip: IpAddr = "192.0.2.50".parse().unwrap();
+        let name = |n: String| n.parse::<HostName>().unwrap();
+        assert!(book.remember(&name("secret.test".into()), &[ip]).is_empty());
+        for i in 1..MAX_NAMES_PER_ADDRESS {
+            assert!(book.remember(&name(format!("n{i}.test")), &[ip]).is_empty());
+        }
+        // Full: a newcomer is not remembered, and the first name stays.
+        assert_eq!(book.remember(&name("late.test".into()), &[ip]), vec![ip]);
+        let kept = &book.names[&ip];
+        assert_eq!(kept.len(), MAX_NAMES_PER_ADDRESS);
+        assert!(kept.contains(&name("secret.test".into())));
+        assert!(!kept.contains(&name("late.test".into())));
+        // A name seen again moves to the front (the record names it first).
+        assert!(book.remember(&name("secret.test".into()), &[ip]).is_empty());
+        assert_eq!(book.names[&ip][0].as_str(), "secret.test");
+        // IPv4-mapped is the same address.
+        let mapped: IpAddr = "::ffff:192.0.2.50".parse().unwrap();
+        book.remember(&name("n1.test".into()), &[mapped]);
+        assert_eq!(book.names[&ip][0].as_str(), "n1.test");
     }
 
     #[test]
@@ -854,8 +1066,12 @@ mod tests {
         let log = judged.clone();
         let judge: LookupJudge = Arc::new(move |l: Lookup| {
             log.lock().unwrap().push((l.name.to_string(), l.transport));
-            let allowed = l.name.as_str() == "known.test";
-            Box::pin(async move { allowed })
+            let verdict = if l.name.as_str() == "known.test" {
+                LookupVerdict::Answered(NameBlocks::default())
+            } else {
+                LookupVerdict::Refused
+            };
+            Box::pin(async move { verdict })
         });
         let dns = ExecutorDns::start(&mediation, ExecutorId::default(), judge).unwrap();
         let conf = std::fs::read_to_string(dns.resolv_conf()).unwrap();
@@ -864,7 +1080,7 @@ mod tests {
             "{conf}"
         );
         assert!(dns.is_resolver(&dns.address()));
-        assert_eq!(dns.name_of("192.0.2.7".parse().unwrap()), None);
+        assert!(names(&dns, "192.0.2.7").is_empty());
 
         // UDP, from a connected socket as glibc does: the answer comes from the resolver,
         // under the query's id. The query carries a record of its own and an EDNS option:
@@ -890,11 +1106,7 @@ mod tests {
         let answer = Message::from_vec(&buf[..n]).unwrap();
         assert_eq!(answer.metadata.id, 11);
         assert_eq!(answer.answers.len(), 1);
-        assert_eq!(
-            dns.name_of("192.0.2.7".parse().unwrap())
-                .map(|n| n.to_string()),
-            Some("known.test".into())
-        );
+        assert_eq!(names(&dns, "192.0.2.7"), ["known.test"]);
 
         // TCP, length-prefixed: a refused name gets NXDOMAIN and is never asked upstream.
         let mut tcp = TcpStream::connect(dns.address()).await.unwrap();

@@ -142,6 +142,10 @@ pub struct Answer {
     /// The addresses handed out for the name asked: the A and AAAA records of the answer
     /// section owned by that name or by a name its CNAME chain leads to.
     pub addresses: Vec<IpAddr>,
+    /// The names the CNAME chain leads through from the name asked (not that name), in
+    /// order. The chain is followed only through host names: past a target that is none,
+    /// nothing is handed out (no rule could have judged it).
+    pub chain: Vec<HostName>,
 }
 
 /// Reads the upstream `response` to [`upstream_query`]`(q, id)`. Refused: a response that
@@ -160,7 +164,7 @@ pub fn answer(q: &Question, response: &[u8], id: u16) -> Result<Answer, String> 
             && a.query_class() == DNSClass::IN => {}
         _ => return Err("the upstream answer is for another question".into()),
     }
-    let addresses = chain_addresses(&msg, asked.name());
+    let (addresses, chain) = chain_addresses(&msg, asked.name());
     msg.metadata.id = q.id;
     msg.queries = vec![asked.clone()];
     if q.edns_payload.is_none() {
@@ -169,7 +173,11 @@ pub fn answer(q: &Question, response: &[u8], id: u16) -> Result<Answer, String> 
     let bytes = msg
         .to_vec()
         .map_err(|e| format!("cannot encode the answer: {e}"))?;
-    Ok(Answer { bytes, addresses })
+    Ok(Answer {
+        bytes,
+        addresses,
+        chain,
+    })
 }
 
 fn same_name(a: &Name, b: &Name) -> bool {
@@ -182,30 +190,42 @@ fn key(n: &Name) -> String {
 }
 
 /// The addresses of `msg`'s answer section that belong to `name` or a name its CNAME chain
-/// (at most [`MAX_CHAIN`] links) leads to: an answer may carry records for other names,
-/// which are not what the executor asked for.
-fn chain_addresses(msg: &Message, name: &Name) -> Vec<IpAddr> {
-    let mut chain = HashSet::from([key(name)]);
+/// (at most [`MAX_CHAIN`] links, through host names only) leads to, and the names of that
+/// chain after `name`: an answer may carry records for other names, which are not what the
+/// executor asked for.
+fn chain_addresses(msg: &Message, name: &Name) -> (Vec<IpAddr>, Vec<HostName>) {
+    let mut seen = HashSet::from([key(name)]);
+    let mut chain = Vec::new();
     let mut at = key(name);
     for _ in 0..MAX_CHAIN {
         let next = msg.answers.iter().find_map(|r| match &r.data {
             RData::CNAME(target) if key(&r.name) == at => Some(key(&target.0)),
             _ => None,
         });
-        match next {
-            Some(target) if chain.insert(target.clone()) => at = target,
-            _ => break,
-        }
+        let Some(target) = next.filter(|t| seen.insert(t.clone())) else {
+            break;
+        };
+        let Ok(host) = target.parse::<HostName>() else {
+            break;
+        };
+        chain.push(host);
+        at = target;
     }
-    msg.answers
+    let on_chain = |owner: &Name| {
+        let owner = key(owner);
+        owner == key(name) || chain.iter().any(|c| c.as_str() == owner)
+    };
+    let addresses = msg
+        .answers
         .iter()
-        .filter(|r| chain.contains(&key(&r.name)))
+        .filter(|r| on_chain(&r.name))
         .filter_map(|r| match (&r.data, r.record_type()) {
             (RData::A(a), RecordType::A) => Some(IpAddr::V4(a.0)),
             (RData::AAAA(a), RecordType::AAAA) => Some(IpAddr::V6(a.0)),
             _ => None,
         })
-        .collect()
+        .collect();
+    (addresses, chain)
 }
 
 /// The answer `code` (NXDOMAIN for a name no rule names, REFUSED, ...) to `query`, which
@@ -396,10 +416,20 @@ pub(crate) mod tests {
                 a("bank.test.", [203, 0, 113, 9]),
             ],
         );
-        assert_eq!(
-            answer(&q, &bytes, 1).unwrap().addresses,
-            vec!["192.0.2.8".parse::<IpAddr>().unwrap()]
+        let got = answer(&q, &bytes, 1).unwrap();
+        assert_eq!(got.addresses, vec!["192.0.2.8".parse::<IpAddr>().unwrap()]);
+        let chain: Vec<&str> = got.chain.iter().map(HostName::as_str).collect();
+        assert_eq!(chain, ["edge.cdn.test", "node.cdn.test"]);
+        // A target that is no host name ends the chain: nothing past it is handed out.
+        let bytes = respond(
+            &asked,
+            vec![
+                cname("a.test.", "odd\\.name.test."),
+                a("odd\\.name.test.", [192, 0, 2, 10]),
+            ],
         );
+        let got = answer(&q, &bytes, 1).unwrap();
+        assert!(got.addresses.is_empty() && got.chain.is_empty(), "{got:?}");
         // A loop ends the chain.
         let bytes = respond(
             &asked,
