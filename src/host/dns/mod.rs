@@ -7,10 +7,11 @@
 //!
 //! Every query is judged and recorded by the judge ([`LookupJudge`]): a name no rule allows
 //! is answered NXDOMAIN; an allowed one is asked of the host's upstream resolvers (once its
-//! record is durable) and the answer passed on. The addresses handed out are remembered per executor
-//! ([`ExecutorDns::names_of`]), with every name each was handed out for, so a later connect to
-//! one is judged against host-name rules for all of them (a block rule naming any refuses
-//! it), and its record carries the names. The sends that reach this resolver are the host talking
+//! record is durable) and the answer passed on. The addresses handed out are remembered per
+//! executor ([`ExecutorDns::names_of`]), with every name each was handed out for and for as
+//! long as the answer said (its TTL, kept within 60 s and an hour), so a later connect to one
+//! is judged against host-name rules for all of them (a block rule naming any refuses it),
+//! and its record carries the names. The sends that reach this resolver are the host talking
 //! to itself: they are allowed without an egress record (the lookup is what is judged).
 //!
 //! The address is the attribution: only this executor's lookups arrive at it (other
@@ -34,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -51,13 +53,17 @@ const MAX_REMEMBERED: usize = 4096;
 /// The names kept still judge a connect to it: one of them may be blocked, and must not be
 /// pushed out by a flood of allowed names answered with the same address.
 const MAX_NAMES_PER_ADDRESS: usize = 32;
+/// The shortest time an answer binds an address to a name, whatever its TTL.
+const MIN_BINDING: Duration = Duration::from_secs(60);
+/// The longest time an answer binds an address to a name, whatever its TTL.
+const MAX_BINDING: Duration = Duration::from_secs(3600);
 /// Queries (and TCP connections) one executor's resolver handles at once; past it, UDP
 /// queries are dropped (the client library retries) and TCP connections closed, so an
 /// executor cannot make the host hold unbounded work.
 const IN_FLIGHT: usize = 32;
 /// Longest wait for a TCP client's next query, for the rest of one, or for it to take an
 /// answer.
-const TCP_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+const TCP_IDLE: Duration = Duration::from_secs(10);
 
 /// Why an executor's resolver could not be set up (the executor is not started).
 #[derive(Debug, thiserror::Error)]
@@ -274,7 +280,7 @@ fn screen(
     answer: &wire::Answer,
     private_answers: &[NamePattern],
     blocks: &NameBlocks,
-) -> (Vec<IpAddr>, Vec<(IpAddr, Withheld)>) {
+) -> (Vec<wire::AnswerAddress>, Vec<(IpAddr, Withheld)>) {
     let opted_in = private_answers.iter().any(|p| p.matches(name));
     let blocked = answer.chain.iter().find_map(|c| {
         let rule = blocks.naming(c)?;
@@ -285,41 +291,70 @@ fn screen(
     });
     let mut bound = Vec::new();
     let mut withheld = Vec::new();
-    for &ip in &answer.addresses {
-        match (&blocked, private_scope(ip)) {
-            (Some(why), _) => withheld.push((ip, why.clone())),
-            (None, Some(scope)) if !opted_in => withheld.push((ip, Withheld::Private(scope))),
-            _ => bound.push(ip),
+    for &a in &answer.addresses {
+        match (&blocked, private_scope(a.ip)) {
+            (Some(why), _) => withheld.push((a.ip, why.clone())),
+            (None, Some(scope)) if !opted_in => withheld.push((a.ip, Withheld::Private(scope))),
+            _ => bound.push(a),
         }
     }
     (bound, withheld)
 }
 
+/// One name an address was handed out for, until when.
+#[derive(Debug, Clone)]
+struct Binding {
+    name: HostName,
+    expires: Instant,
+}
+
+/// How long an answer binds an address to a name: its TTL, at least [`MIN_BINDING`] (the
+/// executor connects after it looked up, and some answers say 0) and at most
+/// [`MAX_BINDING`].
+fn binding_lifetime(ttl: u32) -> Duration {
+    Duration::from_secs(u64::from(ttl)).clamp(MIN_BINDING, MAX_BINDING)
+}
+
 /// Remembered answers: the names each handed-out address was the answer for, the last one
-/// first.
+/// first, each until its answer's TTL ran out.
 #[derive(Debug, Default)]
 struct AddressBook {
-    names: HashMap<IpAddr, Vec<HostName>>,
+    names: HashMap<IpAddr, Vec<Binding>>,
     order: Vec<IpAddr>,
 }
 
 impl AddressBook {
-    /// Remembers `addresses` as handed out for `name`; returns those that already have as
-    /// many other names as are kept (`name` is not remembered for them).
-    fn remember(&mut self, name: &HostName, addresses: &[IpAddr]) -> Vec<IpAddr> {
+    /// Remembers `addresses` as handed out for `name` at `now`; returns those that already
+    /// have as many other live names as are kept (`name` is not remembered for them).
+    fn remember(
+        &mut self,
+        name: &HostName,
+        addresses: &[wire::AnswerAddress],
+        now: Instant,
+    ) -> Vec<IpAddr> {
         let mut full = Vec::new();
-        for ip in addresses.iter().map(|ip| canonical_ip(*ip)) {
+        for a in addresses {
+            let ip = canonical_ip(a.ip);
+            let mut expires = now + binding_lifetime(a.ttl);
             if !self.names.contains_key(&ip) {
                 self.order.push(ip);
             }
             let names = self.names.entry(ip).or_default();
-            if let Some(i) = names.iter().position(|n| n == name) {
-                names.remove(i);
+            names.retain(|b| b.expires > now);
+            if let Some(i) = names.iter().position(|b| b.name == *name) {
+                // The executor may hold the earlier answer as long as it said.
+                expires = expires.max(names.remove(i).expires);
             } else if names.len() >= MAX_NAMES_PER_ADDRESS {
                 full.push(ip);
                 continue;
             }
-            names.insert(0, name.clone());
+            let name = name.clone();
+            names.insert(0, Binding { name, expires });
+        }
+        if self.order.len() > MAX_REMEMBERED {
+            let names = &mut self.names;
+            names.retain(|_, bindings| bindings.iter().any(|b| b.expires > now));
+            self.order.retain(|ip| names.contains_key(ip));
         }
         if self.order.len() > MAX_REMEMBERED {
             let forget: Vec<IpAddr> = self.order.drain(..MAX_REMEMBERED / 2).collect();
@@ -328,6 +363,17 @@ impl AddressBook {
             }
         }
         full
+    }
+
+    /// The names `ip` was handed out for that are still live at `now`, the last one first.
+    fn names_at(&self, ip: IpAddr, now: Instant) -> Vec<HostName> {
+        self.names
+            .get(&canonical_ip(ip))
+            .into_iter()
+            .flatten()
+            .filter(|b| b.expires > now)
+            .map(|b| b.name.clone())
+            .collect()
     }
 }
 
@@ -440,13 +486,13 @@ impl ExecutorDns {
         canonical_ip(addr.ip()) == self.address.ip() && addr.port() == DNS_PORT
     }
 
-    /// The names this executor's lookups got `ip` as an answer for, the last one first
-    /// (empty: none; a connect to it is judged by address rules alone).
+    /// The names this executor's lookups got `ip` as an answer for, the last one first,
+    /// whose answers' TTLs have not run out (empty: none; a connect to it is judged by
+    /// address rules alone).
     pub fn names_of(&self, ip: IpAddr) -> Vec<HostName> {
         self.book
             .lock()
-            .ok()
-            .and_then(|book| book.names.get(&canonical_ip(ip)).cloned())
+            .map(|book| book.names_at(ip, Instant::now()))
             .unwrap_or_default()
     }
 }
@@ -622,7 +668,7 @@ impl Server {
             );
         }
         let full = match self.book.lock() {
-            Ok(mut book) => book.remember(name, &bound),
+            Ok(mut book) => book.remember(name, &bound, Instant::now()),
             Err(_) => Vec::new(),
         };
         if !full.is_empty() {
@@ -974,28 +1020,68 @@ mod tests {
         assert_eq!(names(&dns, "192.0.2.51"), Vec::<String>::new());
     }
 
+    /// `ip` as an answer hands it out for `ttl` seconds.
+    fn handed(ip: &str, ttl: u32) -> [wire::AnswerAddress; 1] {
+        [wire::AnswerAddress {
+            ip: ip.parse().unwrap(),
+            ttl,
+        }]
+    }
+
+    fn host(n: &str) -> HostName {
+        n.parse().unwrap()
+    }
+
     #[test]
     fn an_address_keeps_a_bounded_set_of_names_and_never_drops_one_for_a_newcomer() {
         let mut book = AddressBook::default();
+        let now = Instant::now();
         let ip: IpAddr = "192.0.2.50".parse().unwrap();
-        let name = |n: String| n.parse::<HostName>().unwrap();
-        assert!(book.remember(&name("secret.test".into()), &[ip]).is_empty());
+        let at = handed("192.0.2.50", 300);
+        assert!(book.remember(&host("secret.test"), &at, now).is_empty());
         for i in 1..MAX_NAMES_PER_ADDRESS {
-            assert!(book.remember(&name(format!("n{i}.test")), &[ip]).is_empty());
+            let n = host(&format!("n{i}.test"));
+            assert!(book.remember(&n, &at, now).is_empty());
         }
         // Full: a newcomer is not remembered, and the first name stays.
-        assert_eq!(book.remember(&name("late.test".into()), &[ip]), vec![ip]);
-        let kept = &book.names[&ip];
+        assert_eq!(book.remember(&host("late.test"), &at, now), vec![ip]);
+        let kept = book.names_at(ip, now);
         assert_eq!(kept.len(), MAX_NAMES_PER_ADDRESS);
-        assert!(kept.contains(&name("secret.test".into())));
-        assert!(!kept.contains(&name("late.test".into())));
+        assert!(kept.contains(&host("secret.test")));
+        assert!(!kept.contains(&host("late.test")));
         // A name seen again moves to the front (the record names it first).
-        assert!(book.remember(&name("secret.test".into()), &[ip]).is_empty());
-        assert_eq!(book.names[&ip][0].as_str(), "secret.test");
+        assert!(book.remember(&host("secret.test"), &at, now).is_empty());
+        assert_eq!(book.names_at(ip, now)[0].as_str(), "secret.test");
         // IPv4-mapped is the same address.
-        let mapped: IpAddr = "::ffff:192.0.2.50".parse().unwrap();
-        book.remember(&name("n1.test".into()), &[mapped]);
-        assert_eq!(book.names[&ip][0].as_str(), "n1.test");
+        book.remember(&host("n1.test"), &handed("::ffff:192.0.2.50", 300), now);
+        assert_eq!(book.names_at(ip, now)[0].as_str(), "n1.test");
+        // Expired names make room.
+        let later = now + Duration::from_secs(301);
+        assert!(book.names_at(ip, later).is_empty());
+        assert!(book.remember(&host("late.test"), &at, later).is_empty());
+        assert_eq!(book.names_at(ip, later), [host("late.test")]);
+    }
+
+    #[test]
+    fn a_binding_lasts_its_answers_ttl_within_a_floor_and_a_cap() {
+        let mut book = AddressBook::default();
+        let now = Instant::now();
+        let secs = |s: u64| now + Duration::from_secs(s);
+        let live = |book: &AddressBook, ip: &str, at: Instant| {
+            !book.names_at(ip.parse().unwrap(), at).is_empty()
+        };
+        book.remember(&host("zero.test"), &handed("192.0.2.1", 0), now);
+        book.remember(&host("five.test"), &handed("192.0.2.2", 300), now);
+        book.remember(&host("long.test"), &handed("192.0.2.3", 86_400), now);
+        assert!(live(&book, "192.0.2.1", secs(59)) && !live(&book, "192.0.2.1", secs(61)));
+        assert!(live(&book, "192.0.2.2", secs(299)) && !live(&book, "192.0.2.2", secs(301)));
+        assert!(live(&book, "192.0.2.3", secs(3599)) && !live(&book, "192.0.2.3", secs(3601)));
+        // A later answer with a shorter TTL does not cut short what the executor was told.
+        book.remember(&host("five.test"), &handed("192.0.2.2", 0), secs(10));
+        assert!(live(&book, "192.0.2.2", secs(299)) && !live(&book, "192.0.2.2", secs(301)));
+        // A later one with a longer TTL extends it.
+        book.remember(&host("five.test"), &handed("192.0.2.2", 600), secs(200));
+        assert!(live(&book, "192.0.2.2", secs(799)) && !live(&book, "192.0.2.2", secs(801)));
     }
 
     #[test]

@@ -141,11 +141,21 @@ pub struct Answer {
     pub bytes: Vec<u8>,
     /// The addresses handed out for the name asked: the A and AAAA records of the answer
     /// section owned by that name or by a name its CNAME chain leads to.
-    pub addresses: Vec<IpAddr>,
+    pub addresses: Vec<AnswerAddress>,
     /// The names the CNAME chain leads through from the name asked (not that name), in
     /// order. The chain is followed only through host names: past a target that is none,
     /// nothing is handed out (no rule could have judged it).
     pub chain: Vec<HostName>,
+}
+
+/// One address an answer hands out for the name asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnswerAddress {
+    /// The address.
+    pub ip: IpAddr,
+    /// How long the answer vouches for it, in seconds: the least TTL of its record and of
+    /// the CNAME links leading to it.
+    pub ttl: u32,
 }
 
 /// Reads the upstream `response` to [`upstream_query`]`(q, id)`. Refused: a response that
@@ -193,39 +203,51 @@ fn key(n: &Name) -> String {
 /// (at most [`MAX_CHAIN`] links, through host names only) leads to, and the names of that
 /// chain after `name`: an answer may carry records for other names, which are not what the
 /// executor asked for.
-fn chain_addresses(msg: &Message, name: &Name) -> (Vec<IpAddr>, Vec<HostName>) {
+fn chain_addresses(msg: &Message, name: &Name) -> (Vec<AnswerAddress>, Vec<HostName>) {
     let mut seen = HashSet::from([key(name)]);
-    let mut chain = Vec::new();
-    let mut at = key(name);
+    // Each name of the chain after `name`, with the least TTL of the links leading to it.
+    let mut chain: Vec<(HostName, u32)> = Vec::new();
+    let (mut at, mut ttl) = (key(name), u32::MAX);
     for _ in 0..MAX_CHAIN {
         let next = msg.answers.iter().find_map(|r| match &r.data {
-            RData::CNAME(target) if key(&r.name) == at => Some(key(&target.0)),
+            RData::CNAME(target) if key(&r.name) == at => Some((key(&target.0), r.ttl)),
             _ => None,
         });
-        let Some(target) = next.filter(|t| seen.insert(t.clone())) else {
+        let Some((target, link)) = next.filter(|(t, _)| seen.insert(t.clone())) else {
             break;
         };
         let Ok(host) = target.parse::<HostName>() else {
             break;
         };
-        chain.push(host);
+        ttl = ttl.min(link);
+        chain.push((host, ttl));
         at = target;
     }
-    let on_chain = |owner: &Name| {
+    // The least TTL of the links leading to `owner`, if it is on the chain.
+    let reach = |owner: &Name| {
         let owner = key(owner);
-        owner == key(name) || chain.iter().any(|c| c.as_str() == owner)
+        if owner == key(name) {
+            return Some(u32::MAX);
+        }
+        chain
+            .iter()
+            .find(|(c, _)| c.as_str() == owner)
+            .map(|(_, ttl)| *ttl)
     };
     let addresses = msg
         .answers
         .iter()
-        .filter(|r| on_chain(&r.name))
-        .filter_map(|r| match (&r.data, r.record_type()) {
-            (RData::A(a), RecordType::A) => Some(IpAddr::V4(a.0)),
-            (RData::AAAA(a), RecordType::AAAA) => Some(IpAddr::V6(a.0)),
-            _ => None,
+        .filter_map(|r| {
+            let ip = match (&r.data, r.record_type()) {
+                (RData::A(a), RecordType::A) => IpAddr::V4(a.0),
+                (RData::AAAA(a), RecordType::AAAA) => IpAddr::V6(a.0),
+                _ => return None,
+            };
+            let ttl = reach(&r.name)?.min(r.ttl);
+            Some(AnswerAddress { ip, ttl })
         })
         .collect();
-    (addresses, chain)
+    (addresses, chain.into_iter().map(|(c, _)| c).collect())
 }
 
 /// The answer `code` (NXDOMAIN for a name no rule names, REFUSED, ...) to `query`, which
@@ -298,6 +320,45 @@ pub(crate) mod tests {
         m.to_vec().unwrap()
     }
 
+    /// The addresses `answer` hands out, as text.
+    fn ips(answer: &Answer) -> Vec<String> {
+        answer.addresses.iter().map(|a| a.ip.to_string()).collect()
+    }
+
+    #[test]
+    fn an_address_lasts_as_long_as_its_record_and_the_links_to_it() {
+        let q = question(&query(3, "a.test.")).unwrap();
+        let asked = upstream_query(&q, 1).unwrap();
+        let with_ttl = |mut r: Record, ttl: u32| {
+            r.ttl = ttl;
+            r
+        };
+        let bytes = respond(
+            &asked,
+            vec![
+                with_ttl(cname("a.test.", "b.test."), 300),
+                with_ttl(cname("b.test.", "c.test."), 40),
+                with_ttl(a("c.test.", [192, 0, 2, 1]), 900),
+                with_ttl(a("b.test.", [192, 0, 2, 2]), 100),
+                with_ttl(a("a.test.", [192, 0, 2, 3]), 7),
+            ],
+        );
+        let got: Vec<(String, u32)> = answer(&q, &bytes, 1)
+            .unwrap()
+            .addresses
+            .iter()
+            .map(|a| (a.ip.to_string(), a.ttl))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("192.0.2.1".to_string(), 40),
+                ("192.0.2.2".to_string(), 100),
+                ("192.0.2.3".to_string(), 7)
+            ]
+        );
+    }
+
     fn a(owner: &str, ip: [u8; 4]) -> Record {
         Record::from_rdata(
             Name::from_str(owner).unwrap(),
@@ -320,7 +381,7 @@ pub(crate) mod tests {
         let asked = upstream_query(&q, 4242).unwrap();
         let bytes = respond(&asked, vec![a("a.test.", [192, 0, 2, 7])]);
         let got = answer(&q, &bytes, 4242).unwrap();
-        assert_eq!(got.addresses, vec!["192.0.2.7".parse::<IpAddr>().unwrap()]);
+        assert_eq!(ips(&got), ["192.0.2.7"]);
         let m = Message::from_vec(&got.bytes).unwrap();
         assert_eq!(m.metadata.id, 3);
         assert_eq!(m.queries, vec![q.query.clone()]);
@@ -417,7 +478,7 @@ pub(crate) mod tests {
             ],
         );
         let got = answer(&q, &bytes, 1).unwrap();
-        assert_eq!(got.addresses, vec!["192.0.2.8".parse::<IpAddr>().unwrap()]);
+        assert_eq!(ips(&got), ["192.0.2.8"]);
         let chain: Vec<&str> = got.chain.iter().map(HostName::as_str).collect();
         assert_eq!(chain, ["edge.cdn.test", "node.cdn.test"]);
         // A target that is no host name ends the chain: nothing past it is handed out.
@@ -439,9 +500,6 @@ pub(crate) mod tests {
                 a("b.test.", [192, 0, 2, 9]),
             ],
         );
-        assert_eq!(
-            answer(&q, &bytes, 1).unwrap().addresses,
-            vec!["192.0.2.9".parse::<IpAddr>().unwrap()]
-        );
+        assert_eq!(ips(&answer(&q, &bytes, 1).unwrap()), ["192.0.2.9"]);
     }
 }
