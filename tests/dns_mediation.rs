@@ -19,6 +19,13 @@ const net = require('net');
 const readline = require('readline');
 const send = (m) => process.stdout.write(JSON.stringify(m) + '\n');
 async function probe({ name, how, port }) {
+  if (how === 'txt') {
+    try {
+      return { lookup: 'ok', txt: await new dns.promises.Resolver().resolveTxt(name) };
+    } catch (e) {
+      return { lookup: 'failed', code: e.code };
+    }
+  }
   let address;
   try {
     address = how === 'lookup'
@@ -67,7 +74,7 @@ fn node_daemon(
             "type": "object",
             "properties": {
                 "name": {"type": "string"},
-                "how": {"enum": ["lookup", "resolve4"]},
+                "how": {"enum": ["lookup", "resolve4", "txt"]},
                 "port": {"type": "integer"}
             },
             "required": ["name", "how", "port"],
@@ -213,6 +220,59 @@ fn a_name_answered_with_a_private_address_does_not_allow_it_without_the_opt_in()
         daemon.log().contains("withheld"),
         "the log says which addresses were withheld: {}",
         daemon.log()
+    );
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Only the record types a connection needs are served (A, AAAA, CNAME, HTTPS, SVCB): a TXT
+/// query for an allowed name is answered REFUSED, never asked upstream (its 16 bits of type
+/// are the executor's to choose), and recorded as a refusal with its type; every lookup's
+/// record carries its type.
+#[test]
+fn a_record_type_not_served_is_refused_and_recorded_with_its_type() {
+    let (dns, http) = (TestDns::start(), TestHttp::start());
+    let Some((daemon, dir)) = node_daemon("types", &dns, &http, &["fetch.test"]) else {
+        return;
+    };
+    let r = probe(&daemon, "fetch.test", "txt", http.port);
+    assert_eq!(r["lookup"], "failed", "{r}\n{}", daemon.log());
+    assert_eq!(r["code"], "EREFUSED", "{r}");
+    assert_eq!(dns.asked("fetch.test."), 0, "nothing was asked upstream");
+    let ok = probe(&daemon, "fetch.test", "resolve4", http.port);
+    assert_eq!(ok["lookup"], "ok", "{ok}");
+
+    let records = daemon.egress_records();
+    let text = serde_json::to_string_pretty(&records).unwrap();
+    let lookups: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["flowhost"]["broker"]["syscall"] == "dns_query")
+        .collect();
+    let of_type = |t: &str| {
+        lookups
+            .iter()
+            .filter(|r| r["flowhost"]["broker"]["dns_query_type"] == t)
+            .collect::<Vec<_>>()
+    };
+    assert!(!of_type("TXT").is_empty(), "{text}");
+    for r in of_type("TXT") {
+        assert_eq!(r["decision"]["effect"], "deny", "{text}");
+        assert_eq!(
+            r["flowhost"]["denial_kind"], "record_type_not_served",
+            "{text}"
+        );
+    }
+    assert!(!of_type("A").is_empty(), "{text}");
+    assert!(
+        of_type("A")
+            .iter()
+            .all(|r| r["decision"]["effect"] == "allow"),
+        "{text}"
+    );
+    assert_eq!(
+        lookups.len(),
+        of_type("TXT").len() + of_type("A").len(),
+        "every lookup record carries its type: {text}"
     );
     drop(daemon);
     let _ = std::fs::remove_dir_all(dir);

@@ -68,6 +68,7 @@ fn egress(address: &str, port: u16, protocol: &str, verdict: Verdict) -> Decisio
                 other_host_names: Vec::new(),
             })),
             bytes: None,
+            dns_query_type: None,
         },
         verdict,
         credential_alias: None,

@@ -89,6 +89,7 @@ fn egress(port: u16) -> DecisionRecord {
                 other_host_names: Vec::new(),
             })),
             bytes: None,
+            dns_query_type: None,
         },
         verdict: Verdict::Authorized {
             rule: Some("dest.internal".into()),

@@ -445,18 +445,26 @@ fn start_dns(
     let judge: LookupJudge = Arc::new(move |lookup: Lookup| {
         let (args, rules, writer, pid) = (args.clone(), rules.clone(), writer.clone(), pid.clone());
         Box::pin(async move {
-            let decision = rules.decide_name(&lookup.name);
+            // A type not served is refused whatever the rules say.
+            let decision = match lookup.refused_type() {
+                Some(rule) => RuleDecision {
+                    allowed: false,
+                    rule,
+                },
+                None => rules.decide_name(&lookup.name),
+            };
+            let denial = if lookup.record_type.served() {
+                Denial::NameNotAllowed
+            } else {
+                Denial::RecordTypeNotServed
+            };
             // As the daemon: every lookup is recorded, an answered one before its name
             // leaves the host (and refused if that fails).
             let pid = pid.get().copied().unwrap_or(0);
             let r = attempt_record(
                 &args,
                 crate::daemon::lookup_broker_details(&lookup, pid),
-                verdict_of(
-                    decision.allowed,
-                    decision.rule.clone(),
-                    Denial::NameNotAllowed,
-                ),
+                verdict_of(decision.allowed, decision.rule.clone(), denial),
             );
             let allowed = record(writer.as_deref(), r).await && decision.allowed;
             if !args.quiet {

@@ -32,6 +32,10 @@ pub enum Denial {
     /// The executor looked up a host name no destination rule of its server (or of the
     /// call's principal) names; the host answered the lookup with a refusal.
     NameNotAllowed,
+    /// The executor asked its resolver for a record type the host does not serve (only A,
+    /// AAAA, CNAME, HTTPS and SVCB: what a connection needs); answered REFUSED, never asked
+    /// upstream.
+    RecordTypeNotServed,
     /// The arguments do not satisfy the signed input schema.
     SchemaInvalid,
     /// The principal may not use the tool (or the peer is no principal).
@@ -91,6 +95,7 @@ impl Denial {
             Denial::DestinationBlocked => "destination_blocked",
             Denial::NoCallInFlight => "no_call_in_flight",
             Denial::NameNotAllowed => "name_not_allowed",
+            Denial::RecordTypeNotServed => "record_type_not_served",
             Denial::SchemaInvalid => "schema_invalid",
             Denial::AccessDenied => "access_denied",
             Denial::UnknownTool => "unknown_tool",

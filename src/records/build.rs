@@ -132,6 +132,7 @@ impl DecisionRecord {
             family: sanitize(&broker.family),
             socket_type: broker.socket_type.as_deref().map(sanitize),
             protocol: broker.protocol.as_deref().map(sanitize),
+            dns_query_type: broker.dns_query_type.as_deref().map(sanitize),
             destination: broker.destination.map(|d| match d {
                 Destination::Unix(u) => Destination::Unix(UnixDestination {
                     unix_path: sanitize(&u.unix_path),

@@ -613,6 +613,7 @@ pub(crate) mod tests {
                 other_host_names: Vec::new(),
             })),
             bytes: None,
+            dns_query_type: None,
         };
         let p = project_egress(&b);
         assert_eq!(p.category.as_deref(), Some("network_egress"));

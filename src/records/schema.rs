@@ -529,6 +529,10 @@ pub struct BrokerDetails {
     pub destination: Option<Destination>,
     /// The byte count of a send, when there is one.
     pub bytes: Option<u64>,
+    /// The record type a lookup (`syscall = "dns_query"`) asked for (`A`, `AAAA`, `TXT`,
+    /// `TYPE65280`, ...); absent for anything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_query_type: Option<String>,
 }
 
 /// The `flowhost` extension object.

@@ -54,6 +54,7 @@ pub(crate) fn sample_egress(address: &str, port: u16, verdict: Verdict) -> Decis
                 other_host_names: Vec::new(),
             })),
             bytes: None,
+            dns_query_type: None,
         },
         verdict,
         credential_alias: None,

@@ -139,6 +139,7 @@ pub fn named_broker_details(info: &AttemptInfo, names: &[HostName]) -> BrokerDet
             .as_ref()
             .map(|d| record_destination(d, names)),
         bytes: info.bytes.map(|b| b as u64),
+        dns_query_type: None,
     }
 }
 
@@ -171,6 +172,7 @@ pub fn lookup_broker_details(lookup: &Lookup, pid: i32) -> BrokerDetails {
             other_host_names: Vec::new(),
         })),
         bytes: Some(lookup.bytes as u64),
+        dns_query_type: Some(lookup.record_type.to_string()),
     }
 }
 
@@ -330,6 +332,16 @@ impl EgressJudge {
                     .await,
             ),
         };
+        // A type not served is refused whatever the rules say (a flow refusal stands).
+        let judged = judged.map(|mut v| {
+            if let (true, Some(rule)) = (v.verdict.allowed(), lookup.refused_type()) {
+                v.verdict = Verdict::Refused {
+                    denial: Denial::RecordTypeNotServed,
+                    rule: Some(rule),
+                };
+            }
+            v
+        });
         let blocks = match &call {
             Some(call) => NameBlocks::of(
                 &self.destinations,

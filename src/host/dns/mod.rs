@@ -5,8 +5,9 @@
 //! that a reply comes from the server it asked, a retry over TCP), its queries reach that
 //! address, and the answers come from it.
 //!
-//! Every query is judged and recorded by the judge ([`LookupJudge`]): a name no rule allows
-//! is answered NXDOMAIN; an allowed one is asked of the host's upstream resolvers (once its
+//! Every query is judged and recorded by the judge ([`LookupJudge`]): a record type other
+//! than A, AAAA, CNAME, HTTPS and SVCB is answered REFUSED; a name no rule allows is answered
+//! NXDOMAIN; an allowed one is asked of the host's upstream resolvers (once its
 //! record is durable) and the answer passed on. The addresses handed out are remembered per
 //! executor ([`ExecutorDns::names_of`]), with every name each was handed out for and for as
 //! long as the answer said (its TTL, kept within 60 s and an hour), so a later connect to one
@@ -95,14 +96,28 @@ impl DnsError {
 pub struct Lookup {
     /// The name.
     pub name: HostName,
-    /// The record type (`A`, `AAAA`, ...).
-    pub record_type: String,
+    /// The record type asked for (a lookup of a type not [served](wire::QueryType::served)
+    /// is judged and recorded as refused, and answered REFUSED).
+    pub record_type: wire::QueryType,
     /// `udp` or `tcp`.
     pub transport: &'static str,
     /// The query's size in bytes.
     pub bytes: usize,
     /// The resolver address the executor asked.
     pub resolver: SocketAddr,
+}
+
+impl Lookup {
+    /// The reason a lookup of this type is refused, as a record's rule states it, when the
+    /// type is not served (`None`: it is).
+    pub fn refused_type(&self) -> Option<String> {
+        (!self.record_type.served()).then(|| {
+            format!(
+                "record type {} not served (only A, AAAA, CNAME, HTTPS, SVCB)",
+                self.record_type
+            )
+        })
+    }
 }
 
 /// The judge's word on one lookup.
@@ -116,6 +131,8 @@ pub enum LookupVerdict {
 }
 
 /// Decides a lookup (recording it, answered or refused) and says whether it may be answered.
+/// A lookup of a type not served must be recorded as refused
+/// ([`Lookup::refused_type`]); it is answered REFUSED whatever the judge says.
 pub type LookupJudge =
     Arc<dyn Fn(Lookup) -> Pin<Box<dyn Future<Output = LookupVerdict> + Send>> + Send + Sync>;
 
@@ -609,12 +626,17 @@ impl Server {
         };
         let lookup = Lookup {
             name: q.name.clone(),
-            record_type: q.record_type.clone(),
+            record_type: q.record_type,
             transport,
             bytes: query.len(),
             resolver: self.address,
         };
-        let LookupVerdict::Answered(blocks) = (self.judge)(lookup).await else {
+        let verdict = (self.judge)(lookup).await;
+        // Whatever the judge said: a type not served is refused here too (fail closed).
+        if !q.record_type.served() {
+            return Some(wire::refusal(query, ResponseCode::Refused));
+        }
+        let LookupVerdict::Answered(blocks) = verdict else {
             return Some(wire::refusal(query, ResponseCode::NXDomain));
         };
         // A fresh id per upstream query: the executor's own (which it may always set to 0)
@@ -838,6 +860,16 @@ mod tests {
         Message::from_vec(&buf[..n]).unwrap()
     }
 
+    /// Mediation asking `upstream`, writing resolv.conf files into `dir`, with no
+    /// `private_answers`.
+    fn mediation(upstream: SocketAddr, dir: &Path) -> DnsMediation {
+        DnsMediation {
+            upstream: Arc::new(Upstream::new(vec![upstream])),
+            dir: dir.to_path_buf(),
+            private_answers: Arc::from([]),
+        }
+    }
+
     /// A judge allowing every lookup, with no block rules.
     fn allow_all() -> LookupJudge {
         allow_all_but(crate::destination::DestinationRules::default())
@@ -880,11 +912,7 @@ mod tests {
         })
         .await;
         let dir = tempfile::tempdir().unwrap();
-        let mediation = DnsMediation {
-            upstream: Arc::new(Upstream::new(vec![up])),
-            dir: dir.path().to_path_buf(),
-            private_answers: Arc::from([]),
-        };
+        let mediation = mediation(up, dir.path());
         let dns = ExecutorDns::start(&mediation, ExecutorId::default(), allow_all()).unwrap();
         for (id, (name, ip)) in [
             ("meta.test.", "169.254.169.254"),
@@ -961,11 +989,7 @@ mod tests {
     /// A resolver asking [`example_upstream`], its lookups' answers judged by the block rules
     /// of [`example_rules`] (returned too); its resolv.conf is written into `dir`.
     async fn example_dns(dir: &Path) -> (ExecutorDns, crate::destination::DestinationRules) {
-        let mediation = DnsMediation {
-            upstream: Arc::new(Upstream::new(vec![example_upstream().await])),
-            dir: dir.to_path_buf(),
-            private_answers: Arc::from([]),
-        };
+        let mediation = mediation(example_upstream().await, dir);
         let rules = example_rules();
         let judge = allow_all_but(rules.clone());
         let dns = ExecutorDns::start(&mediation, ExecutorId::default(), judge).unwrap();
@@ -1084,6 +1108,84 @@ mod tests {
         assert!(live(&book, "192.0.2.2", secs(799)) && !live(&book, "192.0.2.2", secs(801)));
     }
 
+    #[tokio::test]
+    async fn only_address_and_service_record_types_are_served() {
+        if !can_bind_53() {
+            return;
+        }
+        let (up, asked) = upstream_answering(|name, r| {
+            r.add_answer(a(name, [192, 0, 2, 7]));
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let mediation = mediation(up, dir.path());
+        let judged = Arc::new(Mutex::new(Vec::new()));
+        let log = judged.clone();
+        let judge: LookupJudge = Arc::new(move |l: Lookup| {
+            log.lock().unwrap().push(l.record_type.to_string());
+            Box::pin(async { LookupVerdict::Answered(NameBlocks::default()) })
+        });
+        let dns = ExecutorDns::start(&mediation, ExecutorId::default(), judge).unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client.connect(dns.address()).await.unwrap();
+        use hickory_proto::rr::RecordType as T;
+        let mut buf = [0u8; 4096];
+        for (id, (rtype, served)) in [
+            (T::A, true),
+            (T::AAAA, true),
+            (T::CNAME, true),
+            (T::HTTPS, true),
+            (T::SVCB, true),
+            (T::TXT, false),
+            (T::MX, false),
+            (T::NULL, false),
+            (T::ANY, false),
+            (T::Unknown(65_280), false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let name = format!("q{id}.test.");
+            let q = wire::tests::typed_query(id as u16, &name, rtype);
+            client.send(&q).await.unwrap();
+            let n = client.recv(&mut buf).await.unwrap();
+            let answer = Message::from_vec(&buf[..n]).unwrap();
+            let upstream_saw = asked.lock().unwrap().iter().any(|(n, _)| *n == name);
+            if served {
+                assert_eq!(
+                    answer.metadata.response_code,
+                    ResponseCode::NoError,
+                    "{rtype}"
+                );
+                assert!(upstream_saw, "{rtype}");
+            } else {
+                assert_eq!(
+                    answer.metadata.response_code,
+                    ResponseCode::Refused,
+                    "{rtype}"
+                );
+                assert!(answer.answers.is_empty(), "{rtype}");
+                assert!(!upstream_saw, "{rtype}: its bits never leave the host");
+            }
+        }
+        // Every query is judged (and so recorded), with its type.
+        assert_eq!(
+            *judged.lock().unwrap(),
+            [
+                "A",
+                "AAAA",
+                "CNAME",
+                "HTTPS",
+                "SVCB",
+                "TXT",
+                "MX",
+                "NULL",
+                "ANY",
+                "TYPE65280"
+            ]
+        );
+    }
+
     #[test]
     fn private_scopes_cover_what_reaches_the_host_its_link_and_its_networks() {
         use PrivateScope::*;
@@ -1143,11 +1245,7 @@ mod tests {
         }
         let (up, asked) = upstream().await;
         let dir = tempfile::tempdir().unwrap();
-        let mediation = DnsMediation {
-            upstream: Arc::new(Upstream::new(vec![up])),
-            dir: dir.path().to_path_buf(),
-            private_answers: Arc::from([]),
-        };
+        let mediation = mediation(up, dir.path());
         let judged = Arc::new(Mutex::new(Vec::new()));
         let log = judged.clone();
         let judge: LookupJudge = Arc::new(move |l: Lookup| {

@@ -21,6 +21,36 @@ const MAX_CHAIN: usize = 16;
 /// on: no fragmented UDP answers).
 const MAX_UDP_PAYLOAD: u16 = 1232;
 
+/// The record type a query asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryType(RecordType);
+
+impl QueryType {
+    /// Whether the mediator serves it: A, AAAA, CNAME, HTTPS and SVCB, what a connection
+    /// needs. Any other is answered REFUSED and never asked upstream (its 16 bits would be
+    /// the executor's to choose, and would leave the host).
+    pub fn served(self) -> bool {
+        matches!(
+            self.0,
+            RecordType::A
+                | RecordType::AAAA
+                | RecordType::CNAME
+                | RecordType::HTTPS
+                | RecordType::SVCB
+        )
+    }
+}
+
+impl std::fmt::Display for QueryType {
+    /// Its mnemonic (`A`, `TXT`), or `TYPE<n>` (RFC 3597) for a type without one.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            RecordType::Unknown(n) => write!(f, "TYPE{n}"),
+            known => write!(f, "{known}"),
+        }
+    }
+}
+
 /// A query the mediator can decide: standard, one question of class IN, for a valid host
 /// name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,8 +59,8 @@ pub struct Question {
     pub id: u16,
     /// The name asked for.
     pub name: HostName,
-    /// The record type asked for (`A`, `AAAA`, ...).
-    pub record_type: String,
+    /// The record type asked for.
+    pub record_type: QueryType,
     /// The question as the executor wrote it (the answer repeats it).
     query: Query,
     /// Whether the executor asked for recursion.
@@ -88,7 +118,7 @@ pub fn question(bytes: &[u8]) -> Result<Question, WireError> {
     Ok(Question {
         id: msg.metadata.id,
         name,
-        record_type: q.query_type().to_string(),
+        record_type: QueryType(q.query_type()),
         query: q.clone(),
         recursion_desired: msg.metadata.recursion_desired,
         edns_payload: msg.edns.as_ref().map(|e| e.max_payload()),
@@ -283,10 +313,15 @@ pub(crate) mod tests {
 
     /// A standard query for `name` (`A`), as a resolver library sends it.
     pub fn query(id: u16, name: &str) -> Vec<u8> {
+        typed_query(id, name, RecordType::A)
+    }
+
+    /// A standard query for `name`, of type `rtype`.
+    pub fn typed_query(id: u16, name: &str, rtype: RecordType) -> Vec<u8> {
         let mut m = Message::query();
         m.metadata.id = id;
         m.metadata.recursion_desired = true;
-        m.add_query(Query::query(Name::from_str(name).unwrap(), RecordType::A));
+        m.add_query(Query::query(Name::from_str(name).unwrap(), rtype));
         m.to_vec().unwrap()
     }
 
@@ -295,7 +330,8 @@ pub(crate) mod tests {
         let q = question(&query(7, "Fetch.Test.")).unwrap();
         assert_eq!(q.id, 7);
         assert_eq!(q.name.as_str(), "fetch.test");
-        assert_eq!(q.record_type, "A");
+        assert_eq!(q.record_type.to_string(), "A");
+        assert!(q.record_type.served());
         let r = Message::from_vec(&refusal(&query(7, "x.test."), ResponseCode::NXDomain)).unwrap();
         assert_eq!(r.metadata.id, 7);
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
