@@ -170,7 +170,8 @@ pub struct Answer {
     /// The answer to send the executor: its own id and question.
     pub bytes: Vec<u8>,
     /// The addresses handed out for the name asked: the A and AAAA records of the answer
-    /// section owned by that name or by a name its CNAME chain leads to.
+    /// section owned by that name or by a name its CNAME chain leads to, if the response
+    /// code is NOERROR (none otherwise).
     pub addresses: Vec<AnswerAddress>,
     /// The names the CNAME chain leads through from the name asked (not that name), in
     /// order. The chain is followed only through host names: past a target that is none,
@@ -190,7 +191,8 @@ pub struct AnswerAddress {
 
 /// Reads the upstream `response` to [`upstream_query`]`(q, id)`. Refused: a response that
 /// does not decode, is no response, answers another id, or another question (an answer
-/// forged or misdirected would otherwise be remembered as the name's address).
+/// forged or misdirected would otherwise be remembered as the name's address). Only a
+/// NOERROR response hands out addresses.
 pub fn answer(q: &Question, response: &[u8], id: u16) -> Result<Answer, String> {
     let mut msg =
         Message::from_vec(response).map_err(|e| format!("undecodable upstream answer: {e}"))?;
@@ -204,7 +206,13 @@ pub fn answer(q: &Question, response: &[u8], id: u16) -> Result<Answer, String> 
             && a.query_class() == DNSClass::IN => {}
         _ => return Err("the upstream answer is for another question".into()),
     }
-    let (addresses, chain) = chain_addresses(&msg, asked.name());
+    // Only a NOERROR answer vouches for addresses: whatever records an NXDOMAIN or SERVFAIL
+    // carries are passed on, never remembered.
+    let (addresses, chain) = if msg.metadata.response_code == ResponseCode::NoError {
+        chain_addresses(&msg, asked.name())
+    } else {
+        (Vec::new(), Vec::new())
+    };
     msg.metadata.id = q.id;
     msg.queries = vec![asked.clone()];
     if q.edns_payload.is_none() {
@@ -424,6 +432,30 @@ pub(crate) mod tests {
         assert!(answer(&q, &bytes, 4243).is_err(), "another id");
         assert!(answer(&q, &asked, 4242).is_err(), "not a response");
         assert!(!truncated(&bytes));
+    }
+
+    #[test]
+    fn only_a_noerror_answer_hands_out_addresses() {
+        let q = question(&query(3, "a.test.")).unwrap();
+        let asked = upstream_query(&q, 5).unwrap();
+        for code in [
+            ResponseCode::NXDomain,
+            ResponseCode::ServFail,
+            ResponseCode::Refused,
+            ResponseCode::NotImp,
+            ResponseCode::FormErr,
+        ] {
+            let mut r = Message::from_vec(&asked).unwrap().into_response();
+            r.add_answer(a("a.test.", [192, 0, 2, 7]));
+            r.metadata.response_code = code;
+            let got = answer(&q, &r.to_vec().unwrap(), 5).unwrap();
+            assert!(got.addresses.is_empty(), "{code:?}: {got:?}");
+            // The executor still gets the upstream's answer, code and all.
+            let back = Message::from_vec(&got.bytes).unwrap();
+            assert_eq!(back.metadata.response_code, code);
+        }
+        let got = answer(&q, &respond(&asked, vec![a("a.test.", [192, 0, 2, 7])]), 5).unwrap();
+        assert_eq!(ips(&got), ["192.0.2.7"]);
     }
 
     #[test]
