@@ -706,15 +706,102 @@ impl Server {
     }
 }
 
+/// The first pause after a transient failure to take a query or connection; it doubles
+/// with each failure in a row, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// The longest pause after a transient failure (so a lasting one is logged at most this
+/// often).
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Whether `error`, from taking the next query or connection, passes: the host or the socket
+/// ran out of descriptors, buffers or memory, or one connection failed before it was
+/// accepted. Anything else means the socket itself is unusable.
+fn transient(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::ECONNABORTED
+                | libc::ECONNRESET
+                | libc::ECONNREFUSED
+                | libc::EPROTO
+                | libc::EPERM
+                | libc::ENETDOWN
+                | libc::ENETUNREACH
+                | libc::EHOSTDOWN
+                | libc::EHOSTUNREACH
+                | libc::ENONET
+                | libc::ENOPROTOOPT
+                | libc::EINTR
+        )
+    )
+}
+
+/// The pause after a transient failure that follows `failures` others in a row.
+fn backoff(failures: u32) -> Duration {
+    FIRST_BACKOFF
+        .saturating_mul(1 << failures.min(16))
+        .min(MAX_BACKOFF)
+}
+
+/// Whether a resolver goes on after its socket failed to take the next query or connection
+/// with `error` (`failures`: how many in a row before this one; the caller resets it on
+/// success). Logged either way, naming the executor: after a transient error it pauses
+/// (longer with each failure in a row) and goes on; after any other, that transport of the
+/// resolver stops (the executor's lookups over it then go unanswered, and fail).
+async fn survive(
+    owner: &ExecutorId,
+    resolver: SocketAddr,
+    transport: &'static str,
+    error: &std::io::Error,
+    failures: &mut u32,
+) -> bool {
+    if !transient(error) {
+        tracing::error!(
+            server = %owner.server,
+            executor_pid = owner.pid(),
+            resolver = %resolver,
+            transport,
+            error = %error,
+            "the executor's resolver stops serving {transport}: its socket failed"
+        );
+        return false;
+    }
+    let pause = backoff(*failures);
+    *failures = failures.saturating_add(1);
+    tracing::warn!(
+        server = %owner.server,
+        executor_pid = owner.pid(),
+        resolver = %resolver,
+        transport,
+        error = %error,
+        failures_in_a_row = *failures,
+        "the executor's resolver could not take a query; trying again in {pause:?}"
+    );
+    tokio::time::sleep(pause).await;
+    true
+}
+
 async fn serve_udp(server: Arc<Server>, sock: Arc<UdpSocket>) {
     let mut buf = vec![0u8; 65535];
     // Owned here, so the queries in flight end with the resolver (this task is aborted
     // when its executor's resolver is dropped).
     let mut queries = tokio::task::JoinSet::new();
+    let mut failures = 0;
     loop {
-        let Ok((n, from)) = sock.recv_from(&mut buf).await else {
-            return;
+        let (n, from) = match sock.recv_from(&mut buf).await {
+            Ok(got) => got,
+            Err(e) => {
+                if survive(&server.owner, server.address, "udp", &e, &mut failures).await {
+                    continue;
+                }
+                return;
+            }
         };
+        failures = 0;
         while queries.try_join_next().is_some() {}
         let Ok(permit) = server.in_flight.clone().try_acquire_owned() else {
             continue;
@@ -733,10 +820,18 @@ async fn serve_udp(server: Arc<Server>, sock: Arc<UdpSocket>) {
 
 async fn serve_tcp(server: Arc<Server>, listener: TcpListener) {
     let mut clients = tokio::task::JoinSet::new();
+    let mut failures = 0;
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            return;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                if survive(&server.owner, server.address, "tcp", &e, &mut failures).await {
+                    continue;
+                }
+                return;
+            }
         };
+        failures = 0;
         while clients.try_join_next().is_some() {}
         let Ok(permit) = server.in_flight.clone().try_acquire_owned() else {
             continue;
@@ -1184,6 +1279,37 @@ mod tests {
                 "TYPE65280"
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_resolver_outlives_running_out_of_descriptors_or_buffers() {
+        let owner = ExecutorId::default();
+        let at: SocketAddr = "127.53.0.1:53".parse().unwrap();
+        let mut failures = 0;
+        for errno in [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::ENOMEM,
+            libc::ECONNABORTED,
+        ] {
+            let e = std::io::Error::from_raw_os_error(errno);
+            let started = Instant::now();
+            assert!(survive(&owner, at, "tcp", &e, &mut failures).await, "{e}");
+            assert!(
+                started.elapsed() >= Duration::from_millis(50),
+                "{e}: backs off"
+            );
+        }
+        assert_eq!(failures, 5);
+        // The pause grows with failures in a row, up to its cap.
+        assert_eq!(backoff(0), FIRST_BACKOFF);
+        assert_eq!(backoff(1), FIRST_BACKOFF * 2);
+        assert_eq!(backoff(40), MAX_BACKOFF);
+        assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
+        // Anything else stops the resolver (its socket is gone), said in the log.
+        let e = std::io::Error::from_raw_os_error(libc::EBADF);
+        assert!(!survive(&owner, at, "udp", &e, &mut failures).await);
     }
 
     #[test]
