@@ -20,11 +20,6 @@
 //! * Once an `fdatasync` of the ring, or of a record file before a checkpoint, has failed,
 //!   every later one fails too: Linux reports a lost write-back only once per open file, so
 //!   a later sync that succeeds proves nothing about the pages lost before it.
-//! * Up to [`SYNC_LANES`] syncs of the ring may run at once, each on a descriptor of its own
-//!   (a *lane*) that no other sync uses meanwhile. Linux keeps the write-back error mark per
-//!   open file, so every lane's sync reports a write-back lost after that lane's previous
-//!   sync, whichever lane's pages were lost: concurrent syncs never take an error from each
-//!   other. Checkpoints sync on a descriptor of their own.
 //! * Reading back returns the entries after the checkpoint that are intact (their SHA-256
 //!   matches), consecutive in sequence and chained (each line's `prev_hash` is the hash of the
 //!   line before), and stops at the first that is not: a torn or stale entry ends the replay.
@@ -42,7 +37,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
 
@@ -63,9 +58,6 @@ const ENTRY_MAGIC: &[u8; 4] = b"FHWE";
 const WRAP_MAGIC: &[u8; 4] = b"FHWW";
 const SLOT_MAGIC: &[u8; 4] = b"FHWC";
 const SLOT_VERSION: u32 = 1;
-/// How many syncs of the ring may run at once (see the module docs).
-pub const SYNC_LANES: usize = 2;
-
 /// The smallest ring that is accepted: room for about twenty records of 1-2 KB.
 pub const MIN_RING_BYTES: u64 = DATA_START + 32 * 1024;
 
@@ -139,20 +131,16 @@ struct Header {
 
 /// An open ring, shared by the appender and the sync thread.
 pub struct Ring {
-    /// Where entries and checkpoints are written.
     file: File,
-    /// One descriptor per sync lane, then the checkpoints' own; each is held for its sync,
-    /// so no two syncs share an open file.
-    lanes: Box<[Mutex<File>]>,
     path: PathBuf,
     size: u64,
     header: Mutex<Header>,
     /// `Cursor::used` at the last durable checkpoint: the ring before it may be overwritten.
     checkpoint_used: AtomicU64,
-    /// The first failed `fdatasync` of the ring, set before its lane is let go: the kernel
-    /// reports a lost write-back once per open file, so a later sync on that lane could
-    /// succeed over pages that never reached the disk. Once one fails, all do.
-    sync_failed: OnceLock<String>,
+    /// Every `fdatasync` of the ring runs under this lock, which remembers a failed one: the
+    /// kernel reports a lost write-back once per open file, so a sync after a failed one
+    /// could succeed over pages that never reached the disk. Once one fails, all do.
+    sync_failed: Mutex<Option<String>>,
     /// The same for the record files' syncs, which checkpoints vouch for.
     record_sync_failed: Mutex<Option<String>>,
 }
@@ -236,23 +224,13 @@ impl Ring {
                 Some((cursor.used, start.file.clone(), start.bytes)),
             )
         };
-        let lanes = (0..=SYNC_LANES)
-            .map(|_| {
-                OpenOptions::new()
-                    .read(true)
-                    .open(&path)
-                    .map(Mutex::new)
-                    .map_err(io("open"))
-            })
-            .collect::<Result<Box<[_]>, _>>()?;
         let ring = Ring {
             file,
-            lanes,
             path,
             size,
             header: Mutex::new(Header { counter, last }),
             checkpoint_used: AtomicU64::new(0),
-            sync_failed: OnceLock::new(),
+            sync_failed: Mutex::new(None),
             record_sync_failed: Mutex::new(None),
         };
         ring.checkpoint(&start, cursor.used)?;
@@ -326,11 +304,9 @@ impl Ring {
     }
 
     /// Makes every entry written so far durable (`fdatasync`: the blocks were written when
-    /// the ring was made, so no metadata goes with them), on sync lane `lane` (below
-    /// [`SYNC_LANES`]); the caller keeps concurrent syncs on different lanes, or they wait
-    /// for each other.
-    pub fn sync(&self, lane: usize) -> Result<(), RingError> {
-        self.sync_as(lane.min(SYNC_LANES - 1), "fdatasync")
+    /// the ring was made, so no metadata goes with them).
+    pub fn sync(&self) -> Result<(), RingError> {
+        self.sync_as("fdatasync")
     }
 
     /// Syncs the record file `file` (at `path`) before a checkpoint vouches for it; once one
@@ -340,24 +316,11 @@ impl Ring {
             .map_err(|e| format!("cannot fdatasync {}: {e}", path.display()))
     }
 
-    fn sync_as(&self, lane: usize, op: &'static str) -> Result<(), RingError> {
-        let error = |source| RingError::Io {
+    fn sync_as(&self, op: &'static str) -> Result<(), RingError> {
+        sync_unless_failed(&self.sync_failed, &self.file).map_err(|source| RingError::Io {
             op,
             path: self.path.clone(),
             source,
-        };
-        let file = self.lanes[lane]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(first) = self.sync_failed.get() {
-            return Err(error(io::Error::other(format!(
-                "an earlier fdatasync failed: {first}"
-            ))));
-        }
-        file.sync_data().map_err(|e| {
-            // Set while the lane is held: its next sync could not see this loss again.
-            let _ = self.sync_failed.set(e.to_string());
-            error(e)
         })
     }
 
@@ -382,7 +345,7 @@ impl Ring {
                 path: self.path.clone(),
                 source,
             })?;
-        self.sync_as(SYNC_LANES, "sync a checkpoint of")?;
+        self.sync_as("sync a checkpoint of")?;
         *header = Header {
             counter,
             last: Some(key),
@@ -998,7 +961,7 @@ mod tests {
         let (ring, mut cursor) = Ring::open(dir.path(), MIN_RING_BYTES, &start()).unwrap();
         let mut chain = Chainer::genesis();
         let lines = write_records(&ring, &mut cursor, &mut chain, 5);
-        ring.sync(0).unwrap();
+        ring.sync().unwrap();
         let (cp, entries) = read_back(dir.path()).unwrap().unwrap();
         assert_eq!(cp, start());
         assert_eq!(
@@ -1100,7 +1063,7 @@ mod tests {
         ring.checkpoint(&cp, cursor.used).unwrap();
         let more = write_records(&ring, &mut cursor, &mut chain, full / 2);
         assert!(cursor.at < end, "the ring wrapped");
-        ring.sync(0).unwrap();
+        ring.sync().unwrap();
         let (read_cp, entries) = read_back(dir.path()).unwrap().unwrap();
         assert_eq!(read_cp, cp);
         assert_eq!(entries.len(), more.len());

@@ -18,10 +18,8 @@
 //!   concurrent callers share each sync and never wait for a sync that started before their
 //!   record was written plus one. A caller that knows it is alone
 //!   ([`RecordWriter::commit_alone`]) runs the sync on its own thread instead when no sync
-//!   runs, nobody else waits and the last sync was quick and served one caller. Up to
-//!   [`ring::SYNC_LANES`] (two) syncs run at once (the second for callers who came to wait
-//!   while the first runs), and they complete in the order they started: a record is
-//!   answered durable only once every sync begun before its own has succeeded.
+//!   runs, nobody else waits and the last sync was quick and served one caller. Syncs never
+//!   overlap.
 //! * Checkpoints: with each head-anchor refresh (and whenever the ring would otherwise wrap
 //!   over entries still needed, and at each rotation) the record file is synced and the ring's
 //!   header records how far; only then may the ring's space before that point be reused.

@@ -10,17 +10,9 @@
 //! A caller that says it is alone (the daemon: one call in flight) *leads* instead when no
 //! sync is running, nobody else waits, the last sync served one caller at most and took less
 //! than [`LEAD_MAX_SYNC`]: it makes everything queued so far durable with one `fdatasync` on
-//! its own thread, sparing the hand-offs to the syncer and back. Concurrent callers keep the
-//! syncer's group commit, and a disk that has turned slow keeps its waits off the caller's
-//! thread.
-//!
-//! Up to [`SYNC_LANES`] syncs run at once: while one runs, a *helper* thread starts the next
-//! for the callers that have come to wait meanwhile, each on its own lane of the ring (a
-//! disk serves overlapping flushes partly in parallel). Each sync takes a ticket when it
-//! starts, and syncs complete in ticket order, whichever finishes first: a record is booked
-//! and answered only once every sync that started before its own has succeeded too, so the
-//! durable stream never has a hole, and once one has failed, every later one is answered
-//! with the failure (the writer is failed for good).
+//! its own thread, sparing the hand-offs to the syncer and back. Syncs never overlap: one
+//! flag (`syncing`) is taken by whoever syncs. Concurrent callers keep the syncer's group
+//! commit, and a disk that has turned slow keeps its waits off the caller's thread.
 
 use std::fs::File;
 use std::io::Write;
@@ -35,7 +27,7 @@ use super::{
 use crate::records::DecisionRecord;
 use crate::records::chain::{ChainHash, Chainer, Sealed};
 use crate::records::now_rfc3339;
-use crate::records::ring::{Checkpoint, Cursor, Ring, SYNC_LANES};
+use crate::records::ring::{Checkpoint, Cursor, Ring};
 use crate::records::store::{HEAD_FILE, HEAD_SCHEMA, HeadAnchor, record_file_name};
 
 /// What the writer starts from.
@@ -149,23 +141,8 @@ struct Book {
 /// What the syncer has to do, and when it looks next on its own.
 #[derive(Default)]
 struct Pending {
-    /// Syncs running (the syncer's, a helper's or a leading caller's), at most
-    /// [`SYNC_LANES`].
-    in_flight: usize,
-    /// The ring's sync lanes taken by the running syncs (bit `i`: lane `i`).
-    lanes_taken: u32,
-    /// The ticket the next sync takes.
-    next_ticket: u64,
-    /// The ticket of the sync that completes next: syncs complete in ticket order.
-    next_to_complete: u64,
-    /// Syncs that finished while an earlier one still ran.
-    finished: Vec<Finished>,
-    /// The syncer waits for work (it is woken for anything it would take).
-    syncer_waiting: bool,
-    /// How many helpers wait for work.
-    helpers_waiting: usize,
-    /// The syncer took the close (or the last handle's end): no helper starts a sync now.
-    closing: bool,
+    /// A sync (the syncer's or a leading caller's) is running.
+    syncing: bool,
     book: Book,
     written: Vec<Written>,
     /// How many of `written` someone waits for.
@@ -183,188 +160,11 @@ struct Pending {
     ended: bool,
     /// When the syncer looks again without being woken (`None`: only when woken).
     next_look: Option<Instant>,
-    /// A sync a test holds back (and maybe fails).
-    #[cfg(test)]
-    held: Option<HeldSync>,
-    /// Syncs started while another ran.
-    #[cfg(test)]
-    overlapped: u64,
-}
-
-/// The sync with ticket `ticket` waits `delay` before it syncs, then fails if `fail`.
-#[cfg(test)]
-#[derive(Clone, Copy)]
-struct HeldSync {
-    ticket: u64,
-    delay: Duration,
-    fail: bool,
 }
 
 struct Queue {
     pending: Mutex<Pending>,
-    /// Wakes the syncer.
     wake: Condvar,
-    /// Wakes a helper.
-    help: Condvar,
-}
-
-/// A sync's place: the order it completes in, and the ring lane it syncs on.
-#[derive(Clone, Copy)]
-struct Ticket {
-    number: u64,
-    lane: usize,
-}
-
-/// A sync that has run, waiting for its turn to complete.
-struct Finished {
-    ticket: Ticket,
-    result: Result<(), String>,
-    took: Duration,
-    written: Vec<Written>,
-    flushes: Vec<FlushReply>,
-}
-
-/// Replies to send once the queue's lock is let go.
-#[derive(Default)]
-struct Answers {
-    commits: Vec<(CommitReply, Result<Committed, RecordError>)>,
-    flushes: Vec<(FlushReply, Result<(), RecordError>)>,
-}
-
-impl Answers {
-    fn send(self) {
-        for (reply, result) in self.commits {
-            reply.send(result);
-        }
-        for (reply, result) in self.flushes {
-            reply.send(result);
-        }
-    }
-}
-
-impl Pending {
-    /// Whether the syncer would take a batch now.
-    fn syncer_has_work(&self, now: Instant) -> bool {
-        if self.close.is_some() || self.hung_up {
-            // The last batch waits for every running sync, so that it completes last.
-            return self.in_flight == 0;
-        }
-        self.in_flight < SYNC_LANES
-            && (self.waited > 0
-                || !self.flushes.is_empty()
-                || self.checkpoint_wanted
-                || self.lazy_since.is_some_and(|t| t + LAZY_SYNC <= now))
-    }
-
-    /// Whether a helper would start a sync now: only for waiting callers, and never once the
-    /// writer is closing.
-    fn helper_has_work(&self) -> bool {
-        self.waited > 0
-            && self.in_flight < SYNC_LANES
-            && self.close.is_none()
-            && !self.hung_up
-            && !self.closing
-            && !self.ended
-    }
-
-    /// Starts a sync: a ticket and a free lane. The caller saw `in_flight < SYNC_LANES`.
-    fn take_ticket(&mut self) -> Ticket {
-        // With fewer syncs running than lanes, a lane is free; were none, sharing lane 0
-        // would only make two syncs wait for each other.
-        let lane = (0..SYNC_LANES)
-            .find(|i| self.lanes_taken & (1 << i) == 0)
-            .unwrap_or(0);
-        self.lanes_taken |= 1 << lane;
-        #[cfg(test)]
-        if self.in_flight > 0 {
-            self.overlapped += 1;
-        }
-        self.in_flight += 1;
-        let number = self.next_ticket;
-        self.next_ticket += 1;
-        Ticket { number, lane }
-    }
-
-    /// Takes every written record for a sync, which then serves whoever waits.
-    fn take_written(&mut self) -> Vec<Written> {
-        self.waited = 0;
-        self.lazy_since = None;
-        std::mem::take(&mut self.written)
-    }
-
-    /// Wakes whoever should take the work there is: the syncer if it waits and would take
-    /// it, else a waiting helper. A thread that is busy looks again when it is done.
-    fn nudge(&self, queue: &Queue) {
-        if self.syncer_waiting && self.syncer_has_work(Instant::now()) {
-            queue.wake.notify_one();
-        } else if self.helpers_waiting > 0 && self.helper_has_work() {
-            queue.help.notify_one();
-        }
-    }
-
-    /// Books and answers, in ticket order, every finished sync whose turn has come.
-    fn complete_in_order(&mut self, shared: &Shared) -> Answers {
-        let mut answers = Answers::default();
-        while let Some(at) = self
-            .finished
-            .iter()
-            .position(|f| f.ticket.number == self.next_to_complete)
-        {
-            let done = self.finished.swap_remove(at);
-            self.next_to_complete += 1;
-            // A failure of this sync or of anything before it (an earlier sync, an append, a
-            // checkpoint) fails it: a record is only answered durable with all before it.
-            let result = match (done.result, shared.failed.get()) {
-                (Err(reason), _) => Err(reason),
-                (Ok(()), Some(reason)) => Err(reason.clone()),
-                (Ok(()), None) => Ok(()),
-            };
-            if let (Ok(()), Some(last)) = (&result, done.written.last()) {
-                let book = &mut self.book;
-                book.first_seq = book
-                    .first_seq
-                    .or(done.written.first().map(|w| w.place.committed.seq));
-                book.durable = Some(last.place.clone());
-                book.anchor_dirty = true;
-                book.last_sync = Some(Instant::now());
-                book.last_waited = done.written.iter().filter(|w| w.reply.is_some()).count();
-                book.last_took = done.took;
-                let (first_seq, path, head) = (
-                    book.first_seq,
-                    last.place.file_path.to_path_buf(),
-                    last.place.committed.clone(),
-                );
-                let n = done.written.len() as u64;
-                // Updated under the queue's lock and in ticket order, so the status only ever
-                // moves forward.
-                shared.update(|s| {
-                    s.first_seq = first_seq;
-                    s.last_seq = Some(head.seq);
-                    s.chain_head = head.hash;
-                    s.current_file = path;
-                    s.committed_since_open += n;
-                });
-            }
-            let failed = |reason: &String| RecordError::WriterFailed {
-                reason: reason.clone(),
-            };
-            for w in done.written {
-                if let Some(reply) = w.reply {
-                    let answer = match &result {
-                        Ok(()) => Ok(w.place.committed),
-                        Err(reason) => Err(failed(reason)),
-                    };
-                    answers.commits.push((reply, answer));
-                }
-            }
-            for reply in done.flushes {
-                answers
-                    .flushes
-                    .push((reply, result.as_ref().map_err(failed).copied()));
-            }
-        }
-        answers
-    }
 }
 
 impl Queue {
@@ -380,7 +180,6 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
     let queue = Arc::new(Queue {
         pending: Mutex::new(Pending::default()),
         wake: Condvar::new(),
-        help: Condvar::new(),
     });
     queue.lock().book = Book {
         first_seq: s.first_seq,
@@ -418,29 +217,6 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
             }
         })
         .map_err(RecordError::Spawn)?;
-    for n in 1..SYNC_LANES {
-        let (helped, shared, ring) = (queue.clone(), s.shared.clone(), s.ring.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("flowhost-rec-sync{n}"))
-            .spawn(move || {
-                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    help(&helped, &shared, &ring)
-                }));
-                if run.is_err() {
-                    fail(
-                        &shared,
-                        "a record writer's sync helper panicked".to_string(),
-                    );
-                    end_queue(&helped, &shared);
-                }
-            });
-        if let Err(e) = spawned {
-            // The syncer is running: it ends once it is told every handle is gone.
-            queue.lock().hung_up = true;
-            queue.wake.notify_one();
-            return Err(RecordError::Spawn(e));
-        }
-    }
     Ok(Stages {
         file: Mutex::new(Tail {
             dir: s.dir,
@@ -523,20 +299,20 @@ impl Stages {
             wants_checkpoint,
         );
         drop(tail);
-        if let Some((ticket, written)) = lead {
+        if let Some(written) = lead {
             // Others append meanwhile; their records go to the next sync.
-            sync_written(
-                &self.queue,
-                &self.shared,
-                &self.ring,
-                ticket,
-                written,
-                Vec::new(),
-            );
-            // An idle syncer that looks only when woken needs to know about the anchor and
-            // any appended records.
+            sync_written(&self.queue, &self.shared, &self.ring, written);
             let q = self.queue.lock();
-            if q.syncer_waiting && q.next_look.is_none() {
+            // Whoever queued a wait while this sync ran needs the syncer; an idle syncer
+            // needs to know about the anchor and any appended records.
+            let wake = q.waited > 0
+                || q.checkpoint_wanted
+                || !q.flushes.is_empty()
+                || q.close.is_some()
+                || q.hung_up
+                || q.next_look.is_none();
+            drop(q);
+            if wake {
                 self.queue.wake.notify_one();
             }
         }
@@ -550,7 +326,7 @@ impl Stages {
         w: Written,
         may_lead: bool,
         wants_checkpoint: bool,
-    ) -> Option<(Ticket, Vec<Written>)> {
+    ) -> Option<Vec<Written>> {
         let mut q = self.queue.lock();
         if q.ended {
             drop(q);
@@ -565,24 +341,21 @@ impl Stages {
             let alone = may_lead
                 && q.book.last_waited <= 1
                 && q.book.last_took < LEAD_MAX_SYNC
-                && q.in_flight == 0
+                && !q.syncing
                 && q.waited == 0
                 && q.flushes.is_empty()
                 && q.close.is_none()
                 && !q.hung_up;
             if alone {
-                let ticket = q.take_ticket();
+                q.syncing = true;
                 q.book.led += 1;
-                let mut written = q.take_written();
+                q.lazy_since = None;
+                let mut written = std::mem::take(&mut q.written);
                 written.push(w);
-                return Some((ticket, written));
+                return Some(written);
             }
             q.waited += 1;
-            q.written.push(w);
-            // The syncer if it is idle, else a helper for a second sync; if every lane is
-            // taken, whoever finishes first takes this.
-            q.nudge(&self.queue);
-            return None;
+            true
         } else if checkpoint_news {
             true
         } else {
@@ -602,23 +375,6 @@ impl Stages {
     #[cfg(test)]
     pub(super) fn led_syncs(&self) -> u64 {
         self.queue.lock().book.led
-    }
-
-    /// Holds the next sync back for `delay`, then fails it if `fail`.
-    #[cfg(test)]
-    pub(super) fn hold_next_sync(&self, delay: Duration, fail: bool) {
-        let mut q = self.queue.lock();
-        q.held = Some(HeldSync {
-            ticket: q.next_ticket,
-            delay,
-            fail,
-        });
-    }
-
-    /// How many syncs started while another ran.
-    #[cfg(test)]
-    pub(super) fn overlapped_syncs(&self) -> u64 {
-        self.queue.lock().overlapped
     }
 
     /// Whether the last sync was quick enough for a caller to lead the next one.
@@ -775,21 +531,8 @@ fn end_queue(queue: &Queue, shared: &Shared) {
         let mut q = queue.lock();
         let left = std::mem::take(&mut *q);
         q.ended = true;
-        // A sync still running (only after a panic) answers its callers once it is done.
-        q.in_flight = left.in_flight;
         left
     };
-    queue.help.notify_all();
-    for f in left.finished {
-        for w in f.written {
-            if let Some(reply) = w.reply {
-                reply.send(Err(shared.gone()));
-            }
-        }
-        for reply in f.flushes {
-            reply.send(Err(shared.gone()));
-        }
-    }
     for w in left.written {
         if let Some(reply) = w.reply {
             reply.send(Err(shared.gone()));
@@ -812,8 +555,8 @@ fn fail(shared: &Shared, reason: String) {
 }
 
 /// One round of the syncer's work, taken from the queue at once.
+#[derive(Default)]
 struct Batch {
-    ticket: Ticket,
     written: Vec<Written>,
     flushes: Vec<FlushReply>,
     close: Option<CloseReply>,
@@ -841,14 +584,15 @@ impl Syncer {
                 self.refresh_anchor();
                 continue;
             };
-            sync_written(
-                &self.queue,
-                &self.shared,
-                &self.ring,
-                batch.ticket,
-                batch.written,
-                batch.flushes,
-            );
+            sync_written(&self.queue, &self.shared, &self.ring, batch.written);
+            for reply in batch.flushes {
+                reply.send(match self.shared.failed.get() {
+                    Some(reason) => Err(RecordError::WriterFailed {
+                        reason: reason.clone(),
+                    }),
+                    None => Ok(()),
+                });
+            }
             if batch.checkpoint
                 && self.shared.failed.get().is_none()
                 && let Err(reason) = self.checkpoint()
@@ -883,24 +627,20 @@ impl Syncer {
         loop {
             let now = Instant::now();
             let lazy_due = q.lazy_since.map(|t| t + LAZY_SYNC);
-            if q.ended {
-                // A helper panicked and answered everything queued: the syncer ends too.
-                return Some(Batch {
-                    ticket: q.take_ticket(),
-                    written: Vec::new(),
-                    flushes: Vec::new(),
-                    close: None,
-                    hung_up: true,
-                    checkpoint: false,
-                });
-            }
-            if q.syncer_has_work(now) {
-                let ticket = q.take_ticket();
+            if !q.syncing
+                && (q.waited > 0
+                    || !q.flushes.is_empty()
+                    || q.close.is_some()
+                    || q.hung_up
+                    || q.checkpoint_wanted
+                    || lazy_due.is_some_and(|t| t <= now))
+            {
+                q.syncing = true;
+                q.waited = 0;
+                q.lazy_since = None;
                 q.next_look = Some(now);
-                q.closing = q.close.is_some() || q.hung_up;
                 return Some(Batch {
-                    ticket,
-                    written: q.take_written(),
+                    written: std::mem::take(&mut q.written),
                     flushes: std::mem::take(&mut q.flushes),
                     close: q.close.take(),
                     hung_up: q.hung_up,
@@ -920,7 +660,6 @@ impl Syncer {
                 });
             let look = [lazy_due, linger, anchor_due].into_iter().flatten().min();
             q.next_look = look;
-            q.syncer_waiting = true;
             q = match look {
                 None => self
                     .queue
@@ -935,10 +674,7 @@ impl Syncer {
                         .0
                 }
             };
-            q.syncer_waiting = false;
-            if anchor_due.is_some_and(|t| t <= Instant::now())
-                && q.written.is_empty()
-                && q.in_flight == 0
+            if anchor_due.is_some_and(|t| t <= Instant::now()) && q.written.is_empty() && !q.syncing
             {
                 return None;
             }
@@ -1024,98 +760,69 @@ impl Syncer {
     }
 }
 
-/// Makes `written` durable (one `fdatasync` of the ring on the ticket's lane), then, in
-/// ticket order, books it and answers whoever waits (and `flushes`).
-fn sync_written(
-    queue: &Queue,
-    shared: &Shared,
-    ring: &Ring,
-    ticket: Ticket,
-    written: Vec<Written>,
-    flushes: Vec<FlushReply>,
-) {
-    let started = Instant::now();
-    #[cfg(test)]
-    let held = queue.lock().held.filter(|h| h.ticket == ticket.number);
-    #[cfg(test)]
-    if let Some(h) = held {
-        std::thread::sleep(h.delay);
-    }
-    let result = match shared.failed.get() {
+/// Makes `written` durable (one `fdatasync` of the ring), books it and completes whoever
+/// waits.
+fn sync_written(queue: &Queue, shared: &Shared, ring: &Ring, written: Vec<Written>) {
+    let mut result = match shared.failed.get() {
         Some(reason) => Err(reason.clone()),
-        None if written.is_empty() => Ok(()),
-        None => ring.sync(ticket.lane).map_err(|e| e.to_string()),
+        None => Ok(()),
     };
-    #[cfg(test)]
-    let result = match held {
-        Some(h) if h.fail => Err("the sync failed (a test made it fail)".to_string()),
-        _ => result,
-    };
-    let took = started.elapsed();
-    let answers = {
+    let started = Instant::now();
+    if result.is_ok()
+        && !written.is_empty()
+        && let Err(e) = ring.sync()
+    {
+        result = Err(e.to_string());
+    }
+    {
         let mut q = queue.lock();
-        // A failure is recorded before any later sync completes, so that it refuses.
+        // A failure is recorded before the next sync may start, so that it refuses.
         if let Err(reason) = &result
             && shared.failed.get().is_none()
         {
             fail(shared, reason.clone());
         }
-        q.in_flight = q.in_flight.saturating_sub(1);
-        q.lanes_taken &= !(1 << ticket.lane);
-        let finished = Finished {
-            ticket,
-            result,
-            took,
-            written,
-            flushes,
-        };
-        if q.ended {
-            // The syncer is gone (it panicked): nobody completes in order any more.
-            let answers = Answers {
-                commits: finished
-                    .written
-                    .into_iter()
-                    .filter_map(|w| w.reply.map(|r| (r, Err(shared.gone()))))
-                    .collect(),
-                flushes: finished
-                    .flushes
-                    .into_iter()
-                    .map(|r| (r, Err(shared.gone())))
-                    .collect(),
-            };
-            drop(q);
-            answers.send();
-            return;
+        q.syncing = false;
+        if let (Ok(()), Some(last)) = (&result, written.last()) {
+            let book = &mut q.book;
+            book.first_seq = book
+                .first_seq
+                .or(written.first().map(|w| w.place.committed.seq));
+            book.durable = Some(last.place.clone());
+            book.anchor_dirty = true;
+            book.last_sync = Some(Instant::now());
+            book.last_waited = written.iter().filter(|w| w.reply.is_some()).count();
+            book.last_took = started.elapsed();
+            let (first_seq, path, head) = (
+                book.first_seq,
+                last.place.file_path.to_path_buf(),
+                last.place.committed.clone(),
+            );
+            let n = written.len() as u64;
+            // Updated under the queue's lock, so the status only ever moves forward.
+            shared.update(|s| {
+                s.first_seq = first_seq;
+                s.last_seq = Some(head.seq);
+                s.chain_head = head.hash;
+                s.current_file = path;
+                s.committed_since_open += n;
+            });
         }
-        q.finished.push(finished);
-        let answers = q.complete_in_order(shared);
-        q.nudge(queue);
-        answers
-    };
-    answers.send();
-}
-
-/// A helper: starts a second sync (on a lane of its own) for callers that came to wait while
-/// another sync runs, until the writer ends.
-fn help(queue: &Queue, shared: &Shared, ring: &Ring) {
-    loop {
-        let (ticket, written) = {
-            let mut q = queue.lock();
-            loop {
-                if q.ended {
-                    return;
-                }
-                if q.helper_has_work() {
-                    break;
-                }
-                q.helpers_waiting += 1;
-                q = queue.help.wait(q).unwrap_or_else(PoisonError::into_inner);
-                q.helpers_waiting = q.helpers_waiting.saturating_sub(1);
+    }
+    if let Err(reason) = result {
+        for w in written {
+            if let Some(reply) = w.reply {
+                reply.send(Err(RecordError::WriterFailed {
+                    reason: reason.clone(),
+                }));
             }
-            let ticket = q.take_ticket();
-            (ticket, q.take_written())
-        };
-        sync_written(queue, shared, ring, ticket, written, Vec::new());
+        }
+        return;
+    }
+    for w in written {
+        if let Some(reply) = w.reply {
+            reply.send(Ok(w.place.committed));
+        }
     }
 }
 
@@ -1165,7 +872,7 @@ mod tests {
             tail.append(&sealed, &prev).unwrap();
         }
         // Nobody synced the ring: this only makes the test's crash copy deterministic.
-        tail.ring.sync(0).unwrap();
+        tail.ring.sync().unwrap();
         let (checkpoint, entries) = ring::read_back(dir.path()).unwrap().unwrap();
         assert!(
             checkpoint.seq > 50,

@@ -451,10 +451,7 @@ fn crashed_before_the_ring_synced_two(
     crashed: &Path,
 ) -> (RecordWriter, ring::Checkpoint) {
     let w = RecordWriter::open(dir, no_anchor_refresh(1 << 20)).unwrap();
-    w.commit_blocking(sample_tool_call()).unwrap();
-    // Its one anchor refresh is done before the copy.
-    wait_for_the_first_anchor(dir);
-    for _ in 1..3 {
+    for _ in 0..3 {
         w.commit_blocking(sample_tool_call()).unwrap();
     }
     let checkpoint = crash_copy(dir, crashed, b"");
@@ -463,18 +460,6 @@ fn crashed_before_the_ring_synced_two(
     }
     std::fs::copy(dir.join(&checkpoint.file), crashed.join(&checkpoint.file)).unwrap();
     (w, checkpoint)
-}
-
-/// Waits for the sync thread's first anchor refresh (a checkpoint first), which comes right
-/// after the first sync: a record committed after it is in no checkpoint (with
-/// [`no_anchor_refresh`]), while one committed meanwhile may be synced by a helper before
-/// the checkpoint is taken.
-fn wait_for_the_first_anchor(dir: &Path) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while HeadAnchor::read(&dir.join(HEAD_FILE)).unwrap().is_none() {
-        assert!(std::time::Instant::now() < deadline, "no anchor refresh");
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 fn no_anchor_refresh(ring_bytes: u64) -> WriterOptions {
@@ -489,9 +474,7 @@ fn no_anchor_refresh(ring_bytes: u64) -> WriterOptions {
 fn records_a_machine_crash_took_from_their_file_are_written_back_from_the_ring() {
     let dir = tempfile::tempdir().unwrap();
     let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
-    w.commit_blocking(sample_tool_call()).unwrap();
-    wait_for_the_first_anchor(dir.path());
-    for _ in 1..10 {
+    for _ in 0..10 {
         w.commit_blocking(sample_tool_call()).unwrap();
     }
     // The first sync's anchor refresh checkpointed record 1; 2..=10 are durable in the ring only.
@@ -775,9 +758,7 @@ fn a_ring_cut_short_refuses_the_open() {
 fn readers_refuse_records_left_only_in_the_ring_until_a_writer_copies_them_in() {
     let dir = tempfile::tempdir().unwrap();
     let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
-    w.commit_blocking(sample_tool_call()).unwrap();
-    wait_for_the_first_anchor(dir.path());
-    for _ in 1..10 {
+    for _ in 0..10 {
         w.commit_blocking(sample_tool_call()).unwrap();
     }
     // While the writer runs, its files hold every record: readers read them.
@@ -900,7 +881,15 @@ fn crashed_after_ten_checkpointed_at_one()
     let dir = tempfile::tempdir().unwrap();
     let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
     w.commit_blocking(sample_tool_call()).unwrap();
-    wait_for_the_first_anchor(dir.path());
+    // The sync thread's one anchor refresh, a checkpoint first, comes right after.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while HeadAnchor::read(&dir.path().join(HEAD_FILE))
+        .unwrap()
+        .is_none()
+    {
+        assert!(std::time::Instant::now() < deadline, "no anchor refresh");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     for _ in 1..10 {
         w.commit_blocking(sample_tool_call()).unwrap();
     }
@@ -1134,74 +1123,4 @@ fn a_last_line_whose_seq_or_prev_hash_does_not_follow_the_file_is_refused() {
     let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
     assert_eq!(w.commit_blocking(sample_tool_call()).unwrap().seq, 5);
     w.close_blocking().unwrap();
-}
-
-/// Commits one record on a thread of its own; the receiver gets its answer.
-fn commit_on_a_thread(w: &RecordWriter) -> mpsc::Receiver<Result<Committed, RecordError>> {
-    let (tx, rx) = mpsc::channel();
-    let w = w.clone();
-    std::thread::spawn(move || {
-        let _ = tx.send(w.commit_blocking(sample_tool_call()));
-    });
-    rx
-}
-
-/// Waits until a sync has started while another runs (a helper's second sync).
-fn wait_for_an_overlapping_sync(w: &RecordWriter, before: u64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while w.stages.overlapped_syncs() == before {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no second sync started"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-#[test]
-fn a_second_sync_runs_beside_a_slow_one_and_is_answered_only_after_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
-    w.commit_blocking(sample_tool_call()).unwrap();
-    let overlapped = w.stages.overlapped_syncs();
-    w.stages.hold_next_sync(Duration::from_millis(400), false);
-    let first = commit_on_a_thread(&w);
-    std::thread::sleep(Duration::from_millis(50));
-    let second = commit_on_a_thread(&w);
-    wait_for_an_overlapping_sync(&w, overlapped);
-    // The second sync has its own lane and is quick, but its record comes after the held
-    // one's in the chain: it is neither answered nor booked before that one is durable.
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(
-        second.try_recv().is_err(),
-        "answered before the sync begun earlier"
-    );
-    assert_eq!(w.status().last_seq, Some(1));
-    assert_eq!(first.recv().unwrap().unwrap().seq, 2);
-    assert_eq!(second.recv().unwrap().unwrap().seq, 3);
-    assert_eq!(w.status().last_seq, Some(3));
-    w.close_blocking().unwrap();
-    assert!(verify_records(dir.path(), None).unwrap().is_ok());
-}
-
-#[test]
-fn a_failed_sync_fails_the_sync_begun_after_it_although_that_one_succeeded() {
-    let dir = tempfile::tempdir().unwrap();
-    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
-    w.commit_blocking(sample_tool_call()).unwrap();
-    let overlapped = w.stages.overlapped_syncs();
-    w.stages.hold_next_sync(Duration::from_millis(400), true);
-    let first = commit_on_a_thread(&w);
-    std::thread::sleep(Duration::from_millis(50));
-    let second = commit_on_a_thread(&w);
-    wait_for_an_overlapping_sync(&w, overlapped);
-    for (name, rx) in [("held", first), ("second", second)] {
-        let answer = rx.recv().unwrap();
-        assert!(
-            matches!(&answer, Err(RecordError::WriterFailed { reason }) if reason.contains("a test made it fail")),
-            "{name}: {answer:?}"
-        );
-    }
-    assert_eq!(w.status().last_seq, Some(1));
-    assert!(w.status().failed.is_some());
 }
