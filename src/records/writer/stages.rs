@@ -199,6 +199,8 @@ pub(super) fn start(s: Start) -> Result<Stages, RecordError> {
         shared: s.shared.clone(),
         queue: queue.clone(),
         last_anchor: None,
+        #[cfg(test)]
+        pause: PAUSE_FIRST_ANCHOR.with(|p| p.borrow_mut().take()),
     };
     std::thread::Builder::new()
         .name("flowhost-rec-sync".into())
@@ -571,6 +573,27 @@ struct Syncer {
     shared: Arc<Shared>,
     queue: Arc<Queue>,
     last_anchor: Option<Instant>,
+    /// A test's pause in the first anchor refresh, right after it has read what to name.
+    #[cfg(test)]
+    pause: Option<AnchorPause>,
+}
+
+/// Where a test holds the syncer's first anchor refresh: `read` is told once it has read
+/// what the anchor names (or, if `before`, right before it reads), then it waits for `go`,
+/// and tells `written` once the anchor is in place.
+#[cfg(test)]
+pub(super) struct AnchorPause {
+    pub before: bool,
+    pub read: std::sync::mpsc::Sender<()>,
+    pub go: std::sync::mpsc::Receiver<()>,
+    pub written: std::sync::mpsc::Sender<()>,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Set by a test: the next writer opened on this thread pauses its first anchor refresh.
+    pub(super) static PAUSE_FIRST_ANCHOR: std::cell::RefCell<Option<AnchorPause>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// How long after a sync the syncer keeps looking every [`LAZY_SYNC`] on its own, so that
@@ -690,14 +713,26 @@ impl Syncer {
     /// that record in the head anchor: the anchor only names a record its file holds durably.
     fn write_anchor(&mut self) -> Result<(), String> {
         self.queue.lock().book.anchor_dirty = false;
-        let durable = self.checkpoint()?;
-        let (seq, hash) = match &durable {
-            Some(d) => (d.committed.seq, d.committed.hash.clone()),
-            None => {
-                let status = self.shared.status();
-                (status.last_seq.unwrap_or(0), status.chain_head)
+        #[cfg(test)]
+        self.pause_anchor(true);
+        // With nothing synced since open, the anchor names the head the writer opened with,
+        // read in the same look: a sync booked after it (a caller may lead one meanwhile)
+        // is in the ring only until the next checkpoint syncs its file.
+        let (durable, seq, hash) = {
+            let q = self.queue.lock();
+            match &q.book.durable {
+                Some(d) => (Some(d.clone()), d.committed.seq, d.committed.hash.clone()),
+                None => {
+                    let status = self.shared.status();
+                    (None, status.last_seq.unwrap_or(0), status.chain_head)
+                }
             }
         };
+        #[cfg(test)]
+        self.pause_anchor(false);
+        if let Some(d) = &durable {
+            self.checkpoint_at(d)?;
+        }
         let anchor = HeadAnchor {
             schema: HEAD_SCHEMA.to_string(),
             seq,
@@ -718,6 +753,10 @@ impl Syncer {
             }
         })?;
         self.last_anchor = Some(Instant::now());
+        #[cfg(test)]
+        if let Some(p) = self.pause.take() {
+            let _ = p.written.send(());
+        }
         Ok(())
     }
 
@@ -726,12 +765,26 @@ impl Syncer {
     fn checkpoint(&self) -> Result<Option<Place>, String> {
         let durable = self.queue.lock().book.durable.clone();
         if let Some(d) = &durable {
-            self.ring.sync_record_file(&d.file, &d.file_path)?;
-            self.ring
-                .checkpoint(&d.checkpoint(), d.cursor.used)
-                .map_err(|e| e.to_string())?;
+            self.checkpoint_at(d)?;
         }
         Ok(durable)
+    }
+
+    /// Holds a test's paused anchor refresh at its point (`before` reading or after).
+    #[cfg(test)]
+    fn pause_anchor(&self, before: bool) {
+        if let Some(p) = self.pause.as_ref().filter(|p| p.before == before) {
+            let _ = p.read.send(());
+            let _ = p.go.recv();
+        }
+    }
+
+    /// Syncs the record file up to the durable record `d` and checkpoints the ring there.
+    fn checkpoint_at(&self, d: &Place) -> Result<(), String> {
+        self.ring.sync_record_file(&d.file, &d.file_path)?;
+        self.ring
+            .checkpoint(&d.checkpoint(), d.cursor.used)
+            .map_err(|e| e.to_string())
     }
 
     fn refresh_anchor(&mut self) {

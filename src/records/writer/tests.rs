@@ -462,6 +462,44 @@ fn crashed_before_the_ring_synced_two(
     (w, checkpoint)
 }
 
+/// Opens a writer on `dir` (options [`no_anchor_refresh`]) whose first anchor refresh
+/// checkpoints record 1, its first record: the refresh is held until record 1 is durable.
+/// Without the hold, a refresh that came before the first sync left the checkpoint at the
+/// start, and no other came.
+fn open_checkpointed_at_one(dir: &Path) -> RecordWriter {
+    let (read, go, written) = pause_first_anchor(true);
+    let w = RecordWriter::open(dir, no_anchor_refresh(1 << 20)).unwrap();
+    read.recv_timeout(Duration::from_secs(10)).unwrap();
+    // The sync thread is held in the refresh: the caller syncs its record itself.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    assert_eq!(
+        rt.block_on(w.commit_alone(sample_tool_call())).unwrap().seq,
+        1
+    );
+    go.send(()).unwrap();
+    written.recv_timeout(Duration::from_secs(10)).unwrap();
+    w
+}
+
+/// Makes the next writer opened on this thread hold its first anchor refresh (see
+/// `stages::AnchorPause`); returns where the test hears it is held, lets it go on, and
+/// hears it is written.
+fn pause_first_anchor(before: bool) -> (mpsc::Receiver<()>, mpsc::Sender<()>, mpsc::Receiver<()>) {
+    let ((read_tx, read), (go, go_rx), (written_tx, written)) =
+        (mpsc::channel(), mpsc::channel(), mpsc::channel());
+    stages::PAUSE_FIRST_ANCHOR.with(|p| {
+        *p.borrow_mut() = Some(stages::AnchorPause {
+            before,
+            read: read_tx,
+            go: go_rx,
+            written: written_tx,
+        })
+    });
+    (read, go, written)
+}
+
 fn no_anchor_refresh(ring_bytes: u64) -> WriterOptions {
     WriterOptions {
         head_interval: Duration::from_secs(3600),
@@ -473,8 +511,8 @@ fn no_anchor_refresh(ring_bytes: u64) -> WriterOptions {
 #[test]
 fn records_a_machine_crash_took_from_their_file_are_written_back_from_the_ring() {
     let dir = tempfile::tempdir().unwrap();
-    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
-    for _ in 0..10 {
+    let w = open_checkpointed_at_one(dir.path());
+    for _ in 1..10 {
         w.commit_blocking(sample_tool_call()).unwrap();
     }
     // The first sync's anchor refresh checkpointed record 1; 2..=10 are durable in the ring only.
@@ -757,8 +795,8 @@ fn a_ring_cut_short_refuses_the_open() {
 #[test]
 fn readers_refuse_records_left_only_in_the_ring_until_a_writer_copies_them_in() {
     let dir = tempfile::tempdir().unwrap();
-    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
-    for _ in 0..10 {
+    let w = open_checkpointed_at_one(dir.path());
+    for _ in 1..10 {
         w.commit_blocking(sample_tool_call()).unwrap();
     }
     // While the writer runs, its files hold every record: readers read them.
@@ -879,17 +917,7 @@ fn a_reader_finding_the_directory_held_waits_until_its_writer_has_copied_the_rin
 fn crashed_after_ten_checkpointed_at_one()
 -> (tempfile::TempDir, tempfile::TempDir, ring::Checkpoint) {
     let dir = tempfile::tempdir().unwrap();
-    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
-    w.commit_blocking(sample_tool_call()).unwrap();
-    // The sync thread's one anchor refresh, a checkpoint first, comes right after.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while HeadAnchor::read(&dir.path().join(HEAD_FILE))
-        .unwrap()
-        .is_none()
-    {
-        assert!(std::time::Instant::now() < deadline, "no anchor refresh");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let w = open_checkpointed_at_one(dir.path());
     for _ in 1..10 {
         w.commit_blocking(sample_tool_call()).unwrap();
     }
@@ -1122,5 +1150,34 @@ fn a_last_line_whose_seq_or_prev_hash_does_not_follow_the_file_is_refused() {
     with_line(4, third.as_str());
     let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
     assert_eq!(w.commit_blocking(sample_tool_call()).unwrap().seq, 5);
+    w.close_blocking().unwrap();
+}
+
+/// The first anchor refresh after an open, with nothing synced since, names the head the
+/// writer opened with. A sync a caller led while the refresh was being written made it name
+/// that caller's record instead, with no file or line: a record its file did not yet hold
+/// durably (only the ring did).
+#[test]
+fn the_first_anchor_never_names_a_record_synced_while_it_was_being_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (read, go, written) = pause_first_anchor(false);
+    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
+    read.recv_timeout(Duration::from_secs(10)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let c = rt.block_on(w.commit_alone(sample_tool_call())).unwrap();
+    assert_eq!(c.seq, 1);
+    assert_eq!(w.stages.led_syncs(), 1, "the caller led its own sync");
+    go.send(()).unwrap();
+    written.recv_timeout(Duration::from_secs(10)).unwrap();
+    let anchor = HeadAnchor::read(&dir.path().join(HEAD_FILE))
+        .unwrap()
+        .unwrap();
+    assert!(
+        anchor.seq == 0 || anchor.file.is_some(),
+        "the anchor names record {} without its file: {anchor:?}",
+        anchor.seq
+    );
     w.close_blocking().unwrap();
 }
