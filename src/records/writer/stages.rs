@@ -160,6 +160,12 @@ struct Pending {
     ended: bool,
     /// When the syncer looks again without being woken (`None`: only when woken).
     next_look: Option<Instant>,
+    /// A test makes the next sync this much slower.
+    #[cfg(test)]
+    slow_next_sync: Option<Duration>,
+    /// How often the syncer has looked for work.
+    #[cfg(test)]
+    looks: u64,
 }
 
 struct Queue {
@@ -308,6 +314,7 @@ impl Stages {
             // Whoever queued a wait while this sync ran needs the syncer; an idle syncer
             // needs to know about the anchor and any appended records.
             let wake = q.waited > 0
+                || q.lazy_since.is_some()
                 || q.checkpoint_wanted
                 || !q.flushes.is_empty()
                 || q.close.is_some()
@@ -377,6 +384,18 @@ impl Stages {
     #[cfg(test)]
     pub(super) fn led_syncs(&self) -> u64 {
         self.queue.lock().book.led
+    }
+
+    /// Makes the next sync (whoever runs it) `by` slower.
+    #[cfg(test)]
+    pub(super) fn slow_next_sync(&self, by: Duration) {
+        self.queue.lock().slow_next_sync = Some(by);
+    }
+
+    /// How often the syncer has looked for work.
+    #[cfg(test)]
+    pub(super) fn syncer_looks(&self) -> u64 {
+        self.queue.lock().looks
     }
 
     /// Whether the last sync was quick enough for a caller to lead the next one.
@@ -648,6 +667,10 @@ impl Syncer {
     fn next_batch(&self) -> Option<Batch> {
         let mut q = self.queue.lock();
         loop {
+            #[cfg(test)]
+            {
+                q.looks += 1;
+            }
             let now = Instant::now();
             let lazy_due = q.lazy_since.map(|t| t + LAZY_SYNC);
             if !q.syncing
@@ -681,7 +704,15 @@ impl Syncer {
                         .map_or(now, |t| t + self.head_interval)
                         .max(now + Duration::from_millis(1))
                 });
-            let look = [lazy_due, linger, anchor_due].into_iter().flatten().min();
+            // While a caller's sync runs, neither appended records come due nor the anchor
+            // can be served: the caller wakes this thread when it is done (see `write`),
+            // rather than it looking again and again for as long as the disk holds the sync.
+            let look = [lazy_due, anchor_due]
+                .into_iter()
+                .flatten()
+                .filter(|_| !q.syncing)
+                .chain(linger)
+                .min();
             q.next_look = look;
             q = match look {
                 None => self
@@ -821,6 +852,13 @@ fn sync_written(queue: &Queue, shared: &Shared, ring: &Ring, written: Vec<Writte
         None => Ok(()),
     };
     let started = Instant::now();
+    #[cfg(test)]
+    {
+        let slow = queue.lock().slow_next_sync.take();
+        if let Some(by) = slow {
+            std::thread::sleep(by);
+        }
+    }
     if result.is_ok()
         && !written.is_empty()
         && let Err(e) = ring.sync()

@@ -1181,3 +1181,60 @@ fn the_first_anchor_never_names_a_record_synced_while_it_was_being_written() {
     );
     w.close_blocking().unwrap();
 }
+
+/// While a caller leads a sync that the disk holds up, records appended meanwhile come due
+/// (5 ms) but cannot be synced until it ends. The sync thread used to look again at once,
+/// over and over, for as long as the lead lasted (one core spinning on a stalled disk); it
+/// now waits to be told the lead has ended, then syncs them.
+#[tokio::test(flavor = "current_thread")]
+async fn the_sync_thread_waits_for_a_led_sync_instead_of_spinning() {
+    // On a tmpfs where there is one, so that the last sync is quick enough for a caller to
+    // lead the next (what the disk's load would otherwise decide).
+    let dir = match tempfile::tempdir_in("/dev/shm") {
+        Ok(dir) => dir,
+        Err(_) => tempfile::tempdir().unwrap(),
+    };
+    let w = RecordWriter::open(dir.path(), no_anchor_refresh(1 << 20)).unwrap();
+    let mut last = w.commit_alone(sample_tool_call()).await.unwrap();
+    for _ in 0..100 {
+        if w.stages.last_sync_was_quick() {
+            break;
+        }
+        last = w.commit_alone(sample_tool_call()).await.unwrap();
+    }
+    let led = w.stages.led_syncs();
+    w.stages.slow_next_sync(Duration::from_millis(300));
+    let leader = {
+        let w = w.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(w.commit_alone(sample_tool_call())).unwrap()
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while w.stages.led_syncs() == led {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the caller did not lead"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let appended = w.append(sample_tool_call()).await.unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let looks = w.stages.syncer_looks();
+    std::thread::sleep(Duration::from_millis(150));
+    let looked = w.stages.syncer_looks() - looks;
+    assert!(
+        looked < 40,
+        "the sync thread looked {looked} times in 150 ms"
+    );
+    assert_eq!(leader.join().unwrap().seq, last.seq + 1);
+    // Once the lead is over, the appended record is synced without anyone waiting for it.
+    while w.status().last_seq < Some(appended.seq) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", w.status());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    w.close_blocking().unwrap();
+}
