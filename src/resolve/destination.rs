@@ -658,6 +658,22 @@ impl NameBlocks {
         }
     }
 
+    /// The ports on which a block rule names `name`, each once, in order (empty: none
+    /// does).
+    pub fn ports_naming(&self, name: &HostName) -> Vec<u16> {
+        let mut ports: Vec<u16> = self
+            .rules
+            .iter()
+            .filter_map(|(_, r)| match r {
+                DestinationRule::Name { port, .. } if r.names(name) => Some(*port),
+                _ => None,
+            })
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+
     /// The first block rule naming `name` on any port, described as
     /// [`decide_with_origin`] describes it (`server block NAME:PORT`): a name an answer leads
     /// through is judged without knowing the port a connect will use.

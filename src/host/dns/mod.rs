@@ -12,7 +12,9 @@
 //! executor ([`ExecutorDns::names_of`]), with every name each was handed out for and for as
 //! long as the answer said (its TTL, kept within 60 s and an hour), so a later connect to one
 //! is judged against host-name rules for all of them (a block rule naming any refuses it),
-//! and its record carries the names. The sends that reach this resolver are the host talking
+//! and its record carries the names. A name a block rule named is kept past its TTL, for
+//! block judging only, while any other name holds its address, and always gets a place among
+//! an address's names ([`MAX_NAMES_PER_ADDRESS`]). The sends that reach this resolver are the host talking
 //! to itself: they are allowed without an egress record (the lookup is what is judged).
 //!
 //! The address is the attribution: only this executor's lookups arrive at it (other
@@ -50,9 +52,12 @@ pub const DNS_PORT: u16 = crate::destination::RESOLVER_PORT;
 /// Most addresses remembered per executor; past it the oldest half is forgotten (a later
 /// connect to a forgotten address is judged by address rules alone).
 const MAX_REMEMBERED: usize = 4096;
-/// Most names remembered per address; past it a new name is not remembered for the address.
-/// The names kept still judge a connect to it: one of them may be blocked, and must not be
-/// pushed out by a flood of allowed names answered with the same address.
+/// Most names remembered per address. Past it, a new name no block rule names is not
+/// remembered for the address (dropping it only takes an allow away), while a name a block
+/// rule names always gets a place: the oldest name no block rule names makes way, or, when
+/// every kept name is blocked, the name is kept beyond the cap unless the kept names are
+/// already blocked on each of its ports (so a flood of allowed names answered with the same
+/// address never pushes out a block).
 const MAX_NAMES_PER_ADDRESS: usize = 32;
 /// The shortest time an answer binds an address to a name, whatever its TTL.
 const MIN_BINDING: Duration = Duration::from_secs(60);
@@ -318,11 +323,23 @@ fn screen(
     (bound, withheld)
 }
 
-/// One name an address was handed out for, until when.
+/// One name an address was handed out for, until when, and the ports on which a block rule
+/// of the lookup's call named it ([`NameBlocks::ports_naming`]; empty: none did).
 #[derive(Debug, Clone)]
 struct Binding {
     name: HostName,
     expires: Instant,
+    blocked_on: Vec<u16>,
+}
+
+impl Binding {
+    /// Whether the binding still holds at `now` for a connect to `port`: until it expires,
+    /// and after that, while its address is still held (by some live binding), on a port a
+    /// block rule named it on. An expired name thus still meets the block rules it met, and
+    /// never allows anything.
+    fn holds(&self, port: u16, now: Instant) -> bool {
+        self.expires > now || self.blocked_on.contains(&port)
+    }
 }
 
 /// How long an answer binds an address to a name: its TTL, at least [`MIN_BINDING`] (the
@@ -333,7 +350,10 @@ fn binding_lifetime(ttl: u32) -> Duration {
 }
 
 /// Remembered answers: the names each handed-out address was the answer for, the last one
-/// first, each until its answer's TTL ran out.
+/// first, each until its answer's TTL ran out. A name a block rule named stays after its TTL
+/// (for block judging only) as long as any other name holds the address, and an address is
+/// only ever forgotten with all its names at once (a connect to it is then judged by address
+/// rules alone).
 #[derive(Debug, Default)]
 struct AddressBook {
     names: HashMap<IpAddr, Vec<Binding>>,
@@ -341,32 +361,50 @@ struct AddressBook {
 }
 
 impl AddressBook {
-    /// Remembers `addresses` as handed out for `name` at `now`; returns those that already
-    /// have as many other live names as are kept (`name` is not remembered for them).
+    /// Remembers `addresses` as handed out at `now` for `name`, which block rules name on
+    /// the ports `blocked_on`; returns those it is not remembered for, as they already have
+    /// as many names as are kept ([`MAX_NAMES_PER_ADDRESS`]).
     fn remember(
         &mut self,
         name: &HostName,
+        blocked_on: &[u16],
         addresses: &[wire::AnswerAddress],
         now: Instant,
     ) -> Vec<IpAddr> {
         let mut full = Vec::new();
         for a in addresses {
             let ip = canonical_ip(a.ip);
-            let mut expires = now + binding_lifetime(a.ttl);
-            if !self.names.contains_key(&ip) {
+            let names = self.names.entry(ip).or_default();
+            if names.iter().any(|b| b.expires > now) {
+                // Expired names go, but those a block rule named (the address is held).
+                names.retain(|b| b.expires > now || !b.blocked_on.is_empty());
+            } else {
+                // No live name holds the address: it goes with all its names, and comes
+                // back as a new one.
+                if !names.is_empty() {
+                    self.order.retain(|o| *o != ip);
+                }
+                names.clear();
                 self.order.push(ip);
             }
-            let names = self.names.entry(ip).or_default();
-            names.retain(|b| b.expires > now);
+            let mut binding = Binding {
+                name: name.clone(),
+                expires: now + binding_lifetime(a.ttl),
+                blocked_on: blocked_on.to_vec(),
+            };
             if let Some(i) = names.iter().position(|b| b.name == *name) {
-                // The executor may hold the earlier answer as long as it said.
-                expires = expires.max(names.remove(i).expires);
-            } else if names.len() >= MAX_NAMES_PER_ADDRESS {
+                // The executor may hold the earlier answer as long as it said, and a block
+                // once met is not forgotten.
+                let earlier = names.remove(i);
+                binding.expires = binding.expires.max(earlier.expires);
+                binding.blocked_on.extend(earlier.blocked_on);
+                binding.blocked_on.sort_unstable();
+                binding.blocked_on.dedup();
+            } else if names.len() >= MAX_NAMES_PER_ADDRESS && !make_way(names, &binding) {
                 full.push(ip);
                 continue;
             }
-            let name = name.clone();
-            names.insert(0, Binding { name, expires });
+            names.insert(0, binding);
         }
         if self.order.len() > MAX_REMEMBERED {
             let names = &mut self.names;
@@ -382,16 +420,42 @@ impl AddressBook {
         full
     }
 
-    /// The names `ip` was handed out for that are still live at `now`, the last one first.
-    fn names_at(&self, ip: IpAddr, now: Instant) -> Vec<HostName> {
-        self.names
-            .get(&canonical_ip(ip))
-            .into_iter()
-            .flatten()
-            .filter(|b| b.expires > now)
+    /// The names `addr`'s address was handed out for that judge a connect to it at `now`,
+    /// the last one first: none once no name is live; else the live ones, and the expired
+    /// ones a block rule named on `addr`'s port ([`Binding::holds`]).
+    fn names_at(&self, addr: SocketAddr, now: Instant) -> Vec<HostName> {
+        let Some(names) = self.names.get(&canonical_ip(addr.ip())) else {
+            return Vec::new();
+        };
+        if !names.iter().any(|b| b.expires > now) {
+            return Vec::new();
+        }
+        names
+            .iter()
+            .filter(|b| b.holds(addr.port(), now))
             .map(|b| b.name.clone())
             .collect()
     }
+}
+
+/// Makes room for `newcomer` among an address's `names`, which are full; whether it may be
+/// added. Only a name a block rule named gets a place: the oldest name no block rule named
+/// makes way (dropping it only takes an allow away). When every kept name is blocked, the
+/// newcomer is kept beyond the cap unless the kept names are blocked on each of its ports
+/// already (a connect on those is refused without it), which bounds them by the ports block
+/// rules name.
+fn make_way(names: &mut Vec<Binding>, newcomer: &Binding) -> bool {
+    if newcomer.blocked_on.is_empty() {
+        return false;
+    }
+    if let Some(i) = names.iter().rposition(|b| b.blocked_on.is_empty()) {
+        names.remove(i);
+        return true;
+    }
+    !newcomer
+        .blocked_on
+        .iter()
+        .all(|p| names.iter().any(|b| b.blocked_on.contains(p)))
 }
 
 /// One executor's resolver: its address, the answers it handed out, and the tasks serving
@@ -503,13 +567,15 @@ impl ExecutorDns {
         canonical_ip(addr.ip()) == self.address.ip() && addr.port() == DNS_PORT
     }
 
-    /// The names this executor's lookups got `ip` as an answer for, the last one first,
-    /// whose answers' TTLs have not run out (empty: none; a connect to it is judged by
-    /// address rules alone).
-    pub fn names_of(&self, ip: IpAddr) -> Vec<HostName> {
+    /// The names this executor's lookups got `addr`'s address as an answer for that judge a
+    /// connect to `addr`, the last one first: those whose answers' TTLs have not run out and,
+    /// while any has not, those whose TTLs ran out that a block rule named on `addr`'s port
+    /// (so they still refuse it, and never allow anything). Empty: none; a connect to it is
+    /// judged by address rules alone.
+    pub fn names_of(&self, addr: SocketAddr) -> Vec<HostName> {
         self.book
             .lock()
-            .map(|book| book.names_at(ip, Instant::now()))
+            .map(|book| book.names_at(addr, Instant::now()))
             .unwrap_or_default()
     }
 }
@@ -564,7 +630,7 @@ pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptIn
     if reaches && dns.is_resolver(addr) {
         AttemptView::ToResolver
     } else {
-        AttemptView::Egress(dns.names_of(addr.ip()))
+        AttemptView::Egress(dns.names_of(*addr))
     }
 }
 
@@ -690,7 +756,7 @@ impl Server {
             );
         }
         let full = match self.book.lock() {
-            Ok(mut book) => book.remember(name, &bound, Instant::now()),
+            Ok(mut book) => book.remember(name, &blocks.ports_naming(name), &bound, Instant::now()),
             Err(_) => Vec::new(),
         };
         if !full.is_empty() {
@@ -700,7 +766,7 @@ impl Server {
                 executor_pid = self.owner.pid(),
                 name = %name,
                 addresses = %shown.join(", "),
-                "DNS answer addresses not remembered under the name: each already has {MAX_NAMES_PER_ADDRESS} names, which still judge a connect to it"
+                "DNS answer addresses not remembered under the name: each already has {MAX_NAMES_PER_ADDRESS} names (which still judge a connect to it), and no block rule names this one"
             );
         }
     }
@@ -982,7 +1048,7 @@ mod tests {
 
     /// The names `dns` remembers for `ip`, the last one first.
     fn names(dns: &ExecutorDns, ip: &str) -> Vec<String> {
-        dns.names_of(ip.parse().unwrap())
+        dns.names_of(SocketAddr::new(ip.parse().unwrap(), 443))
             .iter()
             .map(|n| n.to_string())
             .collect()
@@ -1101,7 +1167,7 @@ mod tests {
         let addr: SocketAddr = addr.parse().unwrap();
         let dest = crate::daemon::named_rules_destination(
             &flowhost_broker::Destination::Inet(addr),
-            &dns.names_of(addr.ip()),
+            &dns.names_of(addr),
         );
         rules.decide(Some(&dest)).allowed
     }
@@ -1151,34 +1217,128 @@ mod tests {
         n.parse().unwrap()
     }
 
+    /// Whether `rules` allow a connect to `addr` at `at`, judged with the names `book` holds
+    /// for it then.
+    fn book_allows(
+        book: &AddressBook,
+        rules: &crate::destination::DestinationRules,
+        addr: &str,
+        at: Instant,
+    ) -> bool {
+        let addr: SocketAddr = addr.parse().unwrap();
+        let dest = crate::daemon::named_rules_destination(
+            &flowhost_broker::Destination::Inet(addr),
+            &book.names_at(addr, at),
+        );
+        rules.decide(Some(&dest)).allowed
+    }
+
+    #[test]
+    fn a_blocked_name_is_never_dropped_while_an_allowed_one_holds_its_address() {
+        let rules = example_rules();
+        let blocks = NameBlocks::of(&rules, None);
+        let now = Instant::now();
+        let secs = |s: u64| now + Duration::from_secs(s);
+        let remember = |book: &mut AddressBook, name: &str, ttl: u32, at: Instant| {
+            let name = host(name);
+            book.remember(
+                &name,
+                &blocks.ports_naming(&name),
+                &handed("192.0.2.50", ttl),
+                at,
+            )
+        };
+        // `secret` (blocked on 443) and `www` share an address; `secret`'s TTL runs out first.
+        let mut book = AddressBook::default();
+        remember(&mut book, "secret.example.com", 60, now);
+        remember(&mut book, "www.example.com", 3600, now);
+        assert!(!book_allows(&book, &rules, "192.0.2.50:443", secs(1)));
+        assert!(
+            !book_allows(&book, &rules, "192.0.2.50:443", secs(61)),
+            "the block outlives the blocked name's TTL while www holds the address"
+        );
+        // Once every name has run out, the address goes, and address rules alone judge it.
+        // It meets only the block rules it met: on another port it allows nothing.
+        let s80: SocketAddr = "192.0.2.50:80".parse().unwrap();
+        assert_eq!(book.names_at(s80, secs(61)), [host("www.example.com")]);
+        // Once every name has run out, the address goes, and address rules alone judge it.
+        let s443: SocketAddr = "192.0.2.50:443".parse().unwrap();
+        assert!(book.names_at(s443, secs(3601)).is_empty());
+        remember(&mut book, "other.example.com", 60, secs(3601));
+        assert_eq!(book.names_at(s443, secs(3602)), [host("other.example.com")]);
+
+        // A full address still takes a blocked name (an allowed-only one makes way).
+        let mut book = AddressBook::default();
+        for i in 0..MAX_NAMES_PER_ADDRESS {
+            assert!(remember(&mut book, &format!("n{i}.example.com"), 300, now).is_empty());
+        }
+        assert!(book_allows(&book, &rules, "192.0.2.50:443", secs(1)));
+        assert!(remember(&mut book, "secret.example.com", 300, secs(1)).is_empty());
+        assert!(
+            !book_allows(&book, &rules, "192.0.2.50:443", secs(2)),
+            "a blocked name always gets a place"
+        );
+        assert_eq!(book.names_at(s443, secs(2)).len(), MAX_NAMES_PER_ADDRESS);
+        // A full address of blocked names takes another only for a port not yet blocked.
+        let mut book = AddressBook::default();
+        let at = handed("192.0.2.50", 300);
+        for i in 0..MAX_NAMES_PER_ADDRESS {
+            assert!(
+                book.remember(&host(&format!("b{i}.test")), &[443], &at, now)
+                    .is_empty()
+            );
+        }
+        let ip: IpAddr = "192.0.2.50".parse().unwrap();
+        assert_eq!(book.remember(&host("late.test"), &[], &at, now), vec![ip]);
+        assert_eq!(book.remember(&host("b99.test"), &[443], &at, now), vec![ip]);
+        assert!(book.remember(&host("b98.test"), &[80], &at, now).is_empty());
+        let s80: SocketAddr = "192.0.2.50:80".parse().unwrap();
+        assert_eq!(book.names_at(s80, now).len(), MAX_NAMES_PER_ADDRESS + 1);
+    }
+
     #[test]
     fn an_address_keeps_a_bounded_set_of_names_and_never_drops_one_for_a_newcomer() {
         let mut book = AddressBook::default();
         let now = Instant::now();
         let ip: IpAddr = "192.0.2.50".parse().unwrap();
+        let to = SocketAddr::new(ip, 443);
         let at = handed("192.0.2.50", 300);
-        assert!(book.remember(&host("secret.test"), &at, now).is_empty());
+        assert!(
+            book.remember(&host("secret.test"), &[], &at, now)
+                .is_empty()
+        );
         for i in 1..MAX_NAMES_PER_ADDRESS {
             let n = host(&format!("n{i}.test"));
-            assert!(book.remember(&n, &at, now).is_empty());
+            assert!(book.remember(&n, &[], &at, now).is_empty());
         }
         // Full: a newcomer is not remembered, and the first name stays.
-        assert_eq!(book.remember(&host("late.test"), &at, now), vec![ip]);
-        let kept = book.names_at(ip, now);
+        assert_eq!(book.remember(&host("late.test"), &[], &at, now), vec![ip]);
+        let kept = book.names_at(to, now);
         assert_eq!(kept.len(), MAX_NAMES_PER_ADDRESS);
         assert!(kept.contains(&host("secret.test")));
         assert!(!kept.contains(&host("late.test")));
         // A name seen again moves to the front (the record names it first).
-        assert!(book.remember(&host("secret.test"), &at, now).is_empty());
-        assert_eq!(book.names_at(ip, now)[0].as_str(), "secret.test");
+        assert!(
+            book.remember(&host("secret.test"), &[], &at, now)
+                .is_empty()
+        );
+        assert_eq!(book.names_at(to, now)[0].as_str(), "secret.test");
         // IPv4-mapped is the same address.
-        book.remember(&host("n1.test"), &handed("::ffff:192.0.2.50", 300), now);
-        assert_eq!(book.names_at(ip, now)[0].as_str(), "n1.test");
+        book.remember(
+            &host("n1.test"),
+            &[],
+            &handed("::ffff:192.0.2.50", 300),
+            now,
+        );
+        assert_eq!(book.names_at(to, now)[0].as_str(), "n1.test");
         // Expired names make room.
         let later = now + Duration::from_secs(301);
-        assert!(book.names_at(ip, later).is_empty());
-        assert!(book.remember(&host("late.test"), &at, later).is_empty());
-        assert_eq!(book.names_at(ip, later), [host("late.test")]);
+        assert!(book.names_at(to, later).is_empty());
+        assert!(
+            book.remember(&host("late.test"), &[], &at, later)
+                .is_empty()
+        );
+        assert_eq!(book.names_at(to, later), [host("late.test")]);
     }
 
     #[test]
@@ -1187,19 +1347,26 @@ mod tests {
         let now = Instant::now();
         let secs = |s: u64| now + Duration::from_secs(s);
         let live = |book: &AddressBook, ip: &str, at: Instant| {
-            !book.names_at(ip.parse().unwrap(), at).is_empty()
+            !book
+                .names_at(format!("{ip}:443").parse().unwrap(), at)
+                .is_empty()
         };
-        book.remember(&host("zero.test"), &handed("192.0.2.1", 0), now);
-        book.remember(&host("five.test"), &handed("192.0.2.2", 300), now);
-        book.remember(&host("long.test"), &handed("192.0.2.3", 86_400), now);
+        book.remember(&host("zero.test"), &[], &handed("192.0.2.1", 0), now);
+        book.remember(&host("five.test"), &[], &handed("192.0.2.2", 300), now);
+        book.remember(&host("long.test"), &[], &handed("192.0.2.3", 86_400), now);
         assert!(live(&book, "192.0.2.1", secs(59)) && !live(&book, "192.0.2.1", secs(61)));
         assert!(live(&book, "192.0.2.2", secs(299)) && !live(&book, "192.0.2.2", secs(301)));
         assert!(live(&book, "192.0.2.3", secs(3599)) && !live(&book, "192.0.2.3", secs(3601)));
         // A later answer with a shorter TTL does not cut short what the executor was told.
-        book.remember(&host("five.test"), &handed("192.0.2.2", 0), secs(10));
+        book.remember(&host("five.test"), &[], &handed("192.0.2.2", 0), secs(10));
         assert!(live(&book, "192.0.2.2", secs(299)) && !live(&book, "192.0.2.2", secs(301)));
         // A later one with a longer TTL extends it.
-        book.remember(&host("five.test"), &handed("192.0.2.2", 600), secs(200));
+        book.remember(
+            &host("five.test"),
+            &[],
+            &handed("192.0.2.2", 600),
+            secs(200),
+        );
         assert!(live(&book, "192.0.2.2", secs(799)) && !live(&book, "192.0.2.2", secs(801)));
     }
 
