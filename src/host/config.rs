@@ -446,7 +446,7 @@ pub struct ServerConfig {
     pub destinations: DestinationRules,
     /// The names whose lookups' answers may bind private addresses (loopback, link-local,
     /// RFC 1918, ...) to the name, so host-name rules for it reach them; by default none may
-    /// (see [`crate::dns::private_scope`]).
+    /// (see [`crate::dns::scope_on`]).
     pub private_answers: Vec<crate::destination::NamePattern>,
     /// Per-tool operator policy.
     pub policies: BTreeMap<String, ToolPolicy>,

@@ -21,8 +21,8 @@
 //! executors' sends to it are egress like any other, and no rule names it).
 //!
 //! An answer vouches for a name's public addresses only: a private one (loopback,
-//! link-local such as 169.254.169.254, RFC 1918, ULA, CGNAT, multicast, unspecified or
-//! reserved: [`private_scope`]) is passed on to the executor but not remembered under the
+//! link-local such as 169.254.169.254, RFC 1918, ULA, CGNAT, multicast, unspecified,
+//! reserved, or one of the host's own interface addresses: [`scope_on`]) is passed on to the executor but not remembered under the
 //! name, unless the server opts in for that name (`private_answers`). Otherwise whoever
 //! controls an allowed name's zone (or the answer) could aim a host-name rule at the host
 //! itself, its metadata service or the internal network. Nor does an answer whose CNAME
@@ -87,6 +87,10 @@ pub enum DnsError {
         /// The error.
         source: std::io::Error,
     },
+    /// The host's own interface addresses could not be read (answers naming them could not
+    /// be told from public ones).
+    #[error("cannot read the host's interface addresses (getifaddrs): {0}")]
+    HostAddresses(std::io::Error),
 }
 
 impl DnsError {
@@ -171,7 +175,7 @@ impl ExecutorId {
 
 /// What kind of address an answer may not bind to a name without the server's opt-in: one
 /// that reaches the host itself, its link, its private networks or several hosts at once,
-/// rather than the public service the name stands for.
+/// rather than the public service the name stands for (or where none is).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrivateScope {
     /// 0.0.0.0 or `::` (the kernel picks the host's own address).
@@ -180,7 +184,8 @@ pub enum PrivateScope {
     Loopback,
     /// 169.254.0.0/16 (cloud metadata services among them) or fe80::/10.
     LinkLocal,
-    /// 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16 (RFC 1918).
+    /// 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16 (RFC 1918), or 64:ff9b:1::/48 (NAT64
+    /// local use, RFC 8215: it reaches the operator's own translator).
     Private,
     /// fc00::/7 (IPv6 unique local addresses).
     UniqueLocal,
@@ -188,9 +193,13 @@ pub enum PrivateScope {
     SharedAddressSpace,
     /// 224.0.0.0/4 or ff00::/8.
     Multicast,
-    /// 0.0.0.0/8, 240.0.0.0/4 (the broadcast address among them), `::/96` (IPv4-compatible)
-    /// or fec0::/10 (site-local): no public service is there.
+    /// 0.0.0.0/8, 192.0.0.0/24 (IETF protocol assignments), 198.18.0.0/15 (benchmarking),
+    /// 240.0.0.0/4 (the broadcast address among them), `::/96` (IPv4-compatible), Teredo's
+    /// 2001::/32 (a tunnel through whatever IPv4 address it carries) or fec0::/10
+    /// (site-local): no public service is there.
     Reserved,
+    /// One of the host's own interface addresses ([`host_addresses`]), public ones included.
+    Host,
 }
 
 impl PrivateScope {
@@ -205,50 +214,101 @@ impl PrivateScope {
             PrivateScope::SharedAddressSpace => "shared_address_space",
             PrivateScope::Multicast => "multicast",
             PrivateScope::Reserved => "reserved",
+            PrivateScope::Host => "host",
         }
     }
 }
 
-/// The private scope `ip` is in, if any. An IPv6 address carrying an IPv4 one (mapped,
-/// NAT64's 64:ff9b::/96, 6to4's 2002::/16) is judged as the IPv4 address it reaches.
-pub fn private_scope(ip: IpAddr) -> Option<PrivateScope> {
-    match canonical_ip(ip) {
-        IpAddr::V4(v4) => private_v4(v4),
-        IpAddr::V6(v6) => {
-            let s = v6.segments();
-            let embedded = |hi: u16, lo: u16| {
-                Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
-            };
-            if v6.is_unspecified() {
-                Some(PrivateScope::Unspecified)
-            } else if v6.is_loopback() {
-                Some(PrivateScope::Loopback)
-            } else if s[..6] == [0; 6] {
-                Some(PrivateScope::Reserved)
-            } else if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                private_v4(embedded(s[6], s[7]))
-            } else if s[0] == 0x2002 {
-                private_v4(embedded(s[1], s[2]))
-            } else if s[0] & 0xffc0 == 0xfe80 {
-                Some(PrivateScope::LinkLocal)
-            } else if s[0] & 0xffc0 == 0xfec0 {
-                Some(PrivateScope::Reserved)
-            } else if s[0] & 0xfe00 == 0xfc00 {
-                Some(PrivateScope::UniqueLocal)
-            } else if s[0] & 0xff00 == 0xff00 {
-                Some(PrivateScope::Multicast)
-            } else {
-                None
-            }
-        }
+/// The address `ip` reaches: the IPv4 address an IPv6 one carries (IPv4-mapped
+/// `::ffff:0:0/96`, IPv4-translated `::ffff:0:0:0/96`, NAT64's 64:ff9b::/96, 6to4's
+/// 2002::/16), else `ip` itself.
+fn reached(ip: IpAddr) -> IpAddr {
+    let IpAddr::V6(v6) = canonical_ip(ip) else {
+        return canonical_ip(ip);
+    };
+    let s = v6.segments();
+    let embedded = |hi: u16, lo: u16| {
+        IpAddr::V4(Ipv4Addr::new(
+            (hi >> 8) as u8,
+            hi as u8,
+            (lo >> 8) as u8,
+            lo as u8,
+        ))
+    };
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..6] == [0, 0, 0, 0, 0xffff, 0] {
+        embedded(s[6], s[7])
+    } else if s[0] == 0x2002 {
+        embedded(s[1], s[2])
+    } else {
+        IpAddr::V6(v6)
     }
+}
+
+/// The private scope `ip` is in, if any (the host's own addresses aside: [`scope_on`]). An
+/// IPv6 address carrying an IPv4 one ([`reached`]) is judged as the IPv4 address it reaches.
+pub fn private_scope(ip: IpAddr) -> Option<PrivateScope> {
+    let v6 = match reached(ip) {
+        IpAddr::V4(v4) => return private_v4(v4),
+        IpAddr::V6(v6) => v6,
+    };
+    let s = v6.segments();
+    if v6.is_unspecified() {
+        Some(PrivateScope::Unspecified)
+    } else if v6.is_loopback() {
+        Some(PrivateScope::Loopback)
+    } else if s[..6] == [0; 6] || (s[0] == 0x2001 && s[1] == 0) {
+        Some(PrivateScope::Reserved)
+    } else if s[..3] == [0x64, 0xff9b, 1] {
+        Some(PrivateScope::Private)
+    } else if s[0] & 0xffc0 == 0xfe80 {
+        Some(PrivateScope::LinkLocal)
+    } else if s[0] & 0xffc0 == 0xfec0 {
+        Some(PrivateScope::Reserved)
+    } else if s[0] & 0xfe00 == 0xfc00 {
+        Some(PrivateScope::UniqueLocal)
+    } else if s[0] & 0xff00 == 0xff00 {
+        Some(PrivateScope::Multicast)
+    } else {
+        None
+    }
+}
+
+/// The private scope `ip` is in on a host whose own interface addresses are `host`
+/// (canonical, as [`host_addresses`] reads them): [`private_scope`], else
+/// [`PrivateScope::Host`] when it reaches one of them (a public one too: `<host-ip>.nip.io`
+/// must not aim a host-name rule at the host).
+pub fn scope_on(ip: IpAddr, host: &[IpAddr]) -> Option<PrivateScope> {
+    private_scope(ip).or_else(|| host.contains(&reached(ip)).then_some(PrivateScope::Host))
+}
+
+/// The host's own interface addresses, read once, when the first executor's resolver starts.
+static HOST_ADDRESSES: std::sync::OnceLock<Arc<[IpAddr]>> = std::sync::OnceLock::new();
+
+/// The host's own interface addresses (IPv4 and IPv6, in canonical form), read with
+/// `getifaddrs` the first time DNS mediation starts and kept; fails (and no resolver starts)
+/// when they cannot be read, as no answer could then be screened for them.
+pub fn host_addresses() -> Result<Arc<[IpAddr]>, DnsError> {
+    if let Some(known) = HOST_ADDRESSES.get() {
+        return Ok(known.clone());
+    }
+    let read: Arc<[IpAddr]> = nix::ifaddrs::getifaddrs()
+        .map_err(|e| DnsError::HostAddresses(std::io::Error::from(e)))?
+        .filter_map(|i| i.address)
+        .filter_map(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        })
+        .map(canonical_ip)
+        .collect();
+    Ok(HOST_ADDRESSES.get_or_init(|| read).clone())
 }
 
 fn private_v4(ip: Ipv4Addr) -> Option<PrivateScope> {
-    let [a, b, ..] = ip.octets();
+    let [a, b, c, _] = ip.octets();
     if ip.is_unspecified() {
         Some(PrivateScope::Unspecified)
-    } else if a == 0 || a >= 240 {
+    } else if a == 0 || a >= 240 || [a, b, c] == [192, 0, 0] || (a == 198 && b & 0xfe == 18) {
         Some(PrivateScope::Reserved)
     } else if a == 127 {
         Some(PrivateScope::Loopback)
@@ -301,6 +361,7 @@ fn screen(
     name: &HostName,
     answer: &wire::Answer,
     private_answers: &[NamePattern],
+    host: &[IpAddr],
     blocks: &NameBlocks,
 ) -> (Vec<wire::AnswerAddress>, Vec<(IpAddr, Withheld)>) {
     let opted_in = private_answers.iter().any(|p| p.matches(name));
@@ -314,7 +375,7 @@ fn screen(
     let mut bound = Vec::new();
     let mut withheld = Vec::new();
     for &a in &answer.addresses {
-        match (&blocked, private_scope(a.ip)) {
+        match (&blocked, scope_on(a.ip, host)) {
             (Some(why), _) => withheld.push((a.ip, why.clone())),
             (None, Some(scope)) if !opted_in => withheld.push((a.ip, Withheld::Private(scope))),
             _ => bound.push(a),
@@ -523,6 +584,7 @@ impl ExecutorDns {
         owner: ExecutorId,
         judge: LookupJudge,
     ) -> Result<ExecutorDns, DnsError> {
+        let host_addresses = host_addresses()?;
         let (udp, tcp) = bind_pair()?;
         let address = udp.local_addr().map_err(DnsError::Bind)?;
         let conf = write_conf(&mediation.dir, address.ip())?;
@@ -535,6 +597,7 @@ impl ExecutorDns {
             address,
             owner,
             private_answers: mediation.private_answers.clone(),
+            host_addresses,
             upstream: mediation.upstream.clone(),
             judge,
             book: book.clone(),
@@ -673,6 +736,7 @@ struct Server {
     address: SocketAddr,
     owner: ExecutorId,
     private_answers: Arc<[NamePattern]>,
+    host_addresses: Arc<[IpAddr]>,
     upstream: Arc<Upstream>,
     judge: LookupJudge,
     book: Arc<Mutex<AddressBook>>,
@@ -741,7 +805,13 @@ impl Server {
     /// Remembers the addresses of an allowed name's answer that may be bound to it, and logs
     /// those withheld, with why.
     fn admit(&self, name: &HostName, answer: &wire::Answer, blocks: &NameBlocks) {
-        let (bound, withheld) = screen(name, answer, &self.private_answers, blocks);
+        let (bound, withheld) = screen(
+            name,
+            answer,
+            &self.private_answers,
+            &self.host_addresses,
+            blocks,
+        );
         if !withheld.is_empty() {
             let shown: Vec<String> = withheld
                 .iter()
@@ -1510,6 +1580,21 @@ mod tests {
             ("fd00::1", Some(UniqueLocal)),
             ("fc00::1", Some(UniqueLocal)),
             ("ff02::1", Some(Multicast)),
+            ("192.0.0.1", Some(Reserved)),
+            ("198.18.0.1", Some(Reserved)),
+            ("198.19.255.255", Some(Reserved)),
+            ("64:ff9b:1::a9fe:a9fe", Some(Private)),
+            ("64:ff9b:1:ffff::808:808", Some(Private)),
+            ("::ffff:0:a9fe:a9fe", Some(LinkLocal)),
+            ("::ffff:0:7f00:1", Some(Loopback)),
+            ("2001::1", Some(Reserved)),
+            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", Some(Reserved)),
+            ("192.0.1.1", None),
+            ("198.20.0.1", None),
+            ("198.17.255.255", None),
+            ("::ffff:0:808:808", None),
+            ("64:ff9b:2::1", None),
+            ("2606:4700::1111", None),
             // Public ones (documentation ranges stand in for them).
             ("192.0.2.7", None),
             ("172.32.0.1", None),
@@ -1521,6 +1606,30 @@ mod tests {
         ] {
             assert_eq!(private_scope(ip.parse().unwrap()), scope, "{ip}");
         }
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_private_in_any_form() {
+        let host: Vec<IpAddr> = ["203.0.113.5", "2001:db8::5"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        for (ip, scope) in [
+            ("203.0.113.5", Some(PrivateScope::Host)),
+            ("::ffff:203.0.113.5", Some(PrivateScope::Host)),
+            ("::ffff:0:cb00:7105", Some(PrivateScope::Host)),
+            ("64:ff9b::cb00:7105", Some(PrivateScope::Host)),
+            ("2002:cb00:7105::1", Some(PrivateScope::Host)),
+            ("2001:db8::5", Some(PrivateScope::Host)),
+            ("10.0.0.1", Some(PrivateScope::Private)),
+            ("203.0.113.6", None),
+            ("2001:db8::6", None),
+        ] {
+            assert_eq!(scope_on(ip.parse().unwrap(), &host), scope, "{ip}");
+        }
+        // Read from the host's interfaces (loopback is always among them).
+        let read = host_addresses().unwrap();
+        assert!(read.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)), "{read:?}");
     }
 
     fn can_bind_53() -> bool {
