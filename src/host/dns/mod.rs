@@ -52,6 +52,12 @@ pub const DNS_PORT: u16 = crate::destination::RESOLVER_PORT;
 /// Most addresses remembered per executor; past it the oldest half is forgotten (a later
 /// connect to a forgotten address is judged by address rules alone).
 const MAX_REMEMBERED: usize = 4096;
+/// Most (address, name) bindings remembered per executor, over all its addresses; past it
+/// the oldest addresses are forgotten, each with all its names, until it holds no more.
+/// With [`MAX_REMEMBERED`], this bounds an executor's book to about 3 MB (a binding is a
+/// name of at most 253 bytes, its expiry and the ports it is blocked on), however many
+/// names its lookups share addresses between.
+const MAX_BINDINGS: usize = 8192;
 /// Most names remembered per address. Past it, a new name no block rule names is not
 /// remembered for the address (dropping it only takes an allow away), while a name a block
 /// rule names always gets a place: the oldest name no block rule names makes way, or, when
@@ -467,18 +473,39 @@ impl AddressBook {
             }
             names.insert(0, binding);
         }
-        if self.order.len() > MAX_REMEMBERED {
-            let names = &mut self.names;
-            names.retain(|_, bindings| bindings.iter().any(|b| b.expires > now));
-            self.order.retain(|ip| names.contains_key(ip));
+        self.trim(now);
+        full
+    }
+
+    /// How many (address, name) bindings the book holds.
+    fn bindings(&self) -> usize {
+        self.names.values().map(Vec::len).sum()
+    }
+
+    /// Keeps the book within [`MAX_REMEMBERED`] addresses and [`MAX_BINDINGS`] bindings:
+    /// first the addresses no live name holds go, then the oldest ones (the oldest half of
+    /// them when there are too many addresses), each with all its names at once.
+    fn trim(&mut self, now: Instant) {
+        if self.order.len() <= MAX_REMEMBERED && self.bindings() <= MAX_BINDINGS {
+            return;
         }
+        let names = &mut self.names;
+        names.retain(|_, bindings| bindings.iter().any(|b| b.expires > now));
+        self.order.retain(|ip| names.contains_key(ip));
         if self.order.len() > MAX_REMEMBERED {
-            let forget: Vec<IpAddr> = self.order.drain(..MAX_REMEMBERED / 2).collect();
-            for ip in forget {
-                self.names.remove(&ip);
+            for ip in self.order.drain(..MAX_REMEMBERED / 2) {
+                names.remove(&ip);
             }
         }
-        full
+        let mut held = self.bindings();
+        let mut gone = 0;
+        while held > MAX_BINDINGS
+            && let Some(ip) = self.order.get(gone)
+        {
+            held -= self.names.remove(ip).map_or(0, |b| b.len());
+            gone += 1;
+        }
+        self.order.drain(..gone);
     }
 
     /// The names `addr`'s address was handed out for that judge a connect to it at `now`,
@@ -1409,6 +1436,34 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(book.names_at(to, later), [host("late.test")]);
+    }
+
+    #[test]
+    fn an_executors_book_holds_a_bounded_number_of_bindings_oldest_address_first() {
+        let mut book = AddressBook::default();
+        let now = Instant::now();
+        let count = |book: &AddressBook| book.names.values().map(Vec::len).sum::<usize>();
+        let addresses = MAX_BINDINGS / MAX_NAMES_PER_ADDRESS + 8;
+        for a in 0..addresses {
+            let at = handed(&format!("198.51.{}.{}", a / 256, a % 256), 300);
+            for n in 0..MAX_NAMES_PER_ADDRESS {
+                book.remember(&host(&format!("n{n}.a{a}.test")), &[], &at, now);
+            }
+            assert!(count(&book) <= MAX_BINDINGS, "{a}: {}", count(&book));
+        }
+        let first: SocketAddr = "198.51.0.0:443".parse().unwrap();
+        let last = addresses - 1;
+        let last: SocketAddr = format!("198.51.{}.{}:443", last / 256, last % 256)
+            .parse()
+            .unwrap();
+        // The oldest addresses went, each with all its names; the newest keeps all of its.
+        assert!(book.names_at(first, now).is_empty());
+        assert_eq!(book.names_at(last, now).len(), MAX_NAMES_PER_ADDRESS);
+        assert!(
+            book.names
+                .values()
+                .all(|b| b.len() == MAX_NAMES_PER_ADDRESS)
+        );
     }
 
     #[test]
