@@ -23,7 +23,8 @@
 //! An answer vouches for a name's public addresses only: a private one (loopback,
 //! link-local such as 169.254.169.254, RFC 1918, ULA, CGNAT, multicast, unspecified,
 //! reserved, or one of the host's own interface addresses: [`scope_on`]) is passed on to the executor but not remembered under the
-//! name, unless the server opts in for that name (`private_answers`). Otherwise whoever
+//! name, unless the server opts in for that name and every name the answer's CNAME chain
+//! leads through (`private_answers`). Otherwise whoever
 //! controls an allowed name's zone (or the answer) could aim a host-name rule at the host
 //! itself, its metadata service or the internal network. Nor does an answer whose CNAME
 //! chain leads through a name a block rule names bind its addresses to the name asked.
@@ -335,7 +336,8 @@ fn private_v4(ip: Ipv4Addr) -> Option<PrivateScope> {
 /// to it is judged by address rules alone).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Withheld {
-    /// A private address, and the server has not opted in for the name.
+    /// A private address, and the server has not opted in for the name and every name the
+    /// answer's CNAME chain leads through.
     Private(PrivateScope),
     /// The answer's CNAME chain leads through `name`, which a block rule names.
     ChainNameBlocked {
@@ -351,7 +353,7 @@ impl std::fmt::Display for Withheld {
         match self {
             Withheld::Private(scope) => write!(
                 f,
-                "{} address, and no private_answers pattern names the name",
+                "{} address, and private_answers does not name the name and every name its CNAME chain leads through",
                 scope.as_str()
             ),
             Withheld::ChainNameBlocked { name, rule } => {
@@ -362,7 +364,8 @@ impl std::fmt::Display for Withheld {
 }
 
 /// Which addresses of `answer`, the answer to an allowed lookup of `name`, may be remembered
-/// under it, and which are withheld and why.
+/// under it, and which are withheld and why: a private one only when `private_answers`
+/// names `name` and every name its CNAME chain leads through.
 fn screen(
     name: &HostName,
     answer: &wire::Answer,
@@ -370,7 +373,11 @@ fn screen(
     host: &[IpAddr],
     blocks: &NameBlocks,
 ) -> (Vec<wire::AnswerAddress>, Vec<(IpAddr, Withheld)>) {
-    let opted_in = private_answers.iter().any(|p| p.matches(name));
+    // Every name on the chain: an opted-in name's CNAME to a name outside the opt-in would
+    // carry the opt-in to whatever that name's zone answers.
+    let opted_in = std::iter::once(name)
+        .chain(&answer.chain)
+        .all(|n| private_answers.iter().any(|p| p.matches(n)));
     let blocked = answer.chain.iter().find_map(|c| {
         let rule = blocks.naming(c)?;
         Some(Withheld::ChainNameBlocked {
@@ -1661,6 +1668,35 @@ mod tests {
         ] {
             assert_eq!(private_scope(ip.parse().unwrap()), scope, "{ip}");
         }
+    }
+
+    #[test]
+    fn a_private_answer_binds_only_where_every_name_on_its_chain_opts_in() {
+        let answer = |chain: &[&str]| wire::Answer {
+            bytes: Vec::new(),
+            addresses: handed("169.254.169.254", 60).to_vec(),
+            chain: chain.iter().map(|c| host(c)).collect(),
+        };
+        let opted: Vec<NamePattern> = ["app.corp.internal", "*.svc.internal"]
+            .iter()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let blocks = NameBlocks::default();
+        let bound = |name: &str, chain: &[&str]| {
+            let (bound, _) = screen(&host(name), &answer(chain), &opted, &[], &blocks);
+            !bound.is_empty()
+        };
+        assert!(bound("app.corp.internal", &[]));
+        assert!(bound("app.corp.internal", &["db.svc.internal"]));
+        assert!(
+            !bound("app.corp.internal", &["x.vendor-cdn.com"]),
+            "a CNAME out of the opted-in names does not carry the opt-in with it"
+        );
+        assert!(!bound(
+            "app.corp.internal",
+            &["db.svc.internal", "x.vendor-cdn.com"]
+        ));
+        assert!(!bound("other.corp.internal", &["db.svc.internal"]));
     }
 
     #[test]
