@@ -75,27 +75,39 @@ impl EgressAttempt {
         }
     }
 
-    /// Whether `rule` names this attempt's destination.
-    pub fn matches(&self, rule: &DestinationRule) -> bool {
-        rule_destination(self.destination.as_ref()).is_some_and(|d| rule.matches(&d))
+    /// Whether `rule` names this attempt's destination; fails, naming the record, when a
+    /// host name recorded for it does not parse (the rules could not be judged as the host
+    /// judged them).
+    pub fn matches(&self, rule: &DestinationRule) -> Result<bool, HarnessError> {
+        let d = rule_destination(self.destination.as_ref())
+            .map_err(|e| HarnessError::Check(format!("record seq {}: {e}", self.seq)))?;
+        Ok(d.is_some_and(|d| rule.matches(&d)))
     }
 }
 
-/// The rules' view of a recorded destination (`None`: nothing a rule can name).
-fn rule_destination(d: Option<&Destination>) -> Option<RuleDestination> {
-    Some(match d? {
+/// The rules' view of a recorded destination (`None`: nothing a rule can name); fails when
+/// its `host_name` or one of its `other_host_names` is not a host name.
+fn rule_destination(d: Option<&Destination>) -> Result<Option<RuleDestination>, String> {
+    let Some(d) = d else {
+        return Ok(None);
+    };
+    let parse = |field: &str, n: &str| {
+        n.parse::<crate::destination::HostName>()
+            .map_err(|e| format!("{field} {n:?} is not a host name: {e}"))
+    };
+    Ok(Some(match d {
         Destination::Inet(i) => {
             let addr = std::net::SocketAddr::new(i.address, i.port);
             // An address the host handed out for names: host-name rules name it too.
-            match i.host_name.as_deref().and_then(|n| n.parse().ok()) {
+            match i.host_name.as_deref() {
                 Some(name) => RuleDestination::Named {
                     addr,
-                    name,
+                    name: parse("host_name", name)?,
                     also: i
                         .other_host_names
                         .iter()
-                        .filter_map(|n| n.parse().ok())
-                        .collect(),
+                        .map(|n| parse("other_host_names", n))
+                        .collect::<Result<_, _>>()?,
                 },
                 None => RuleDestination::Inet(addr),
             }
@@ -107,8 +119,8 @@ fn rule_destination(d: Option<&Destination>) -> Option<RuleDestination> {
         Destination::Netlink(n) => RuleDestination::Netlink {
             port_id: n.netlink_port_id,
         },
-        Destination::Undecoded(_) => return None,
-    })
+        Destination::Undecoded(_) => return Ok(None),
+    }))
 }
 
 /// Everything one run under the harness produced. The record directory lives as long as
@@ -249,11 +261,16 @@ impl Observation {
                     .map_err(|e| HarnessError::Check(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let stray: Vec<&EgressAttempt> = self
-            .attempts
-            .iter()
-            .filter(|a| !parsed.iter().any(|r| a.matches(r)))
-            .collect();
+        let mut stray: Vec<&EgressAttempt> = Vec::new();
+        for a in &self.attempts {
+            let mut named = false;
+            for r in &parsed {
+                named = named || a.matches(r)?;
+            }
+            if !named {
+                stray.push(a);
+            }
+        }
         if stray.is_empty() {
             return Ok(());
         }
@@ -561,23 +578,42 @@ mod tests {
             host_name: None,
             other_host_names: Vec::new(),
         })));
-        assert!(inet.matches(&rule("127.0.0.2:8080")));
-        assert!(inet.matches(&rule("127.0.0.0/8")));
-        assert!(inet.matches(&rule("*:8080")));
-        assert!(!inet.matches(&rule("127.0.0.1:8080")));
-        assert!(!inet.matches(&rule("127.0.0.2:8081")));
+        assert!(inet.matches(&rule("127.0.0.2:8080")).unwrap());
+        assert!(inet.matches(&rule("127.0.0.0/8")).unwrap());
+        assert!(inet.matches(&rule("*:8080")).unwrap());
+        assert!(!inet.matches(&rule("127.0.0.1:8080")).unwrap());
+        assert!(!inet.matches(&rule("127.0.0.2:8081")).unwrap());
         assert_eq!(inet.destination_text(), "127.0.0.2:8080");
 
         let path = attempt(Some(Destination::Unix(UnixDestination {
             unix_path: "/run/app.sock".into(),
         })));
-        assert!(path.matches(&rule("unix:/run/app.sock")));
-        assert!(!path.matches(&rule("unix:@/run/app.sock")));
+        assert!(path.matches(&rule("unix:/run/app.sock")).unwrap());
+        assert!(!path.matches(&rule("unix:@/run/app.sock")).unwrap());
         let abstract_name = attempt(Some(Destination::Unix(UnixDestination {
             unix_path: "@bus".into(),
         })));
-        assert!(abstract_name.matches(&rule("unix:@bus")));
-        assert!(!abstract_name.matches(&rule("unix:/bus")));
+        assert!(abstract_name.matches(&rule("unix:@bus")).unwrap());
+        assert!(!abstract_name.matches(&rule("unix:/bus")).unwrap());
+    }
+
+    #[test]
+    fn a_recorded_host_name_that_does_not_parse_is_an_error_naming_the_record() {
+        let named = |other: &str| {
+            attempt(Some(Destination::Inet(InetDestination {
+                address: "192.0.2.50".parse().unwrap(),
+                port: 443,
+                host_name: Some("www.example.com".into()),
+                other_host_names: vec![other.into()],
+            })))
+        };
+        assert!(named("secret.example.com").matches(&rule("*:443")).unwrap());
+        let e = named("not a name").matches(&rule("*:443")).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("record seq") && e.contains("other_host_names"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -589,8 +625,8 @@ mod tests {
             })),
         ] {
             let a = attempt(d);
-            assert!(!a.matches(&rule("0.0.0.0/0")), "{a:?}");
-            assert!(!a.matches(&rule("*:80")), "{a:?}");
+            assert!(!a.matches(&rule("0.0.0.0/0")).unwrap(), "{a:?}");
+            assert!(!a.matches(&rule("*:80")).unwrap(), "{a:?}");
         }
     }
 }

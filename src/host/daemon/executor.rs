@@ -1007,7 +1007,8 @@ fn lookup_judge<C: Send + Sync + 'static>(
 /// judgments approved (the executor's own record of it: see [`McpExecutor::fit_for`]).
 /// Sends to the executor's own resolver are the host talking to itself and are allowed
 /// unjudged (its lookups are judged by the resolver); a connect or send to an address the
-/// resolver handed out is judged with the name it was the answer for.
+/// resolver handed out is judged with every name it still remembers the address under
+/// ([`crate::dns::ExecutorDns::names_of`]).
 async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt>, r: Routing<C>) {
     while let Some(attempt) = attempts.recv().await {
         let names = match crate::dns::attempt_view(r.dns.as_deref(), attempt.info()) {
