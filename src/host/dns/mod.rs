@@ -22,8 +22,8 @@
 //!
 //! An answer vouches for a name's public addresses only: a private one (loopback,
 //! link-local such as 169.254.169.254, RFC 1918, ULA, CGNAT, multicast, unspecified,
-//! reserved, or one of the host's own interface addresses: [`scope_on`]) is passed on to the executor but not remembered under the
-//! name, unless the server opts in for that name and every name the answer's CNAME chain
+//! reserved, or one of the host's own addresses: [`scope_on`]) is passed on to the executor
+//! but not remembered under the name, unless the server opts in for that name and every name the answer's CNAME chain
 //! leads through (`private_answers`). Otherwise whoever
 //! controls an allowed name's zone (or the answer) could aim a host-name rule at the host
 //! itself, its metadata service or the internal network. Nor does an answer whose CNAME
@@ -94,10 +94,6 @@ pub enum DnsError {
         /// The error.
         source: std::io::Error,
     },
-    /// The host's own interface addresses could not be read (answers naming them could not
-    /// be told from public ones).
-    #[error("cannot read the host's interface addresses (getifaddrs): {0}")]
-    HostAddresses(std::io::Error),
 }
 
 impl DnsError {
@@ -205,7 +201,7 @@ pub enum PrivateScope {
     /// 2001::/32 (a tunnel through whatever IPv4 address it carries) or fec0::/10
     /// (site-local): no public service is there.
     Reserved,
-    /// One of the host's own interface addresses ([`host_addresses`]), public ones included.
+    /// One of the host's own addresses ([`is_host_address`]), public ones included.
     Host,
 }
 
@@ -280,35 +276,26 @@ pub fn private_scope(ip: IpAddr) -> Option<PrivateScope> {
     }
 }
 
-/// The private scope `ip` is in on a host whose own interface addresses are `host`
-/// (canonical, as [`host_addresses`] reads them): [`private_scope`], else
-/// [`PrivateScope::Host`] when it reaches one of them (a public one too: `<host-ip>.nip.io`
-/// must not aim a host-name rule at the host).
-pub fn scope_on(ip: IpAddr, host: &[IpAddr]) -> Option<PrivateScope> {
-    private_scope(ip).or_else(|| host.contains(&reached(ip)).then_some(PrivateScope::Host))
+/// The private scope `ip` is in, on a host that owns an address when `is_host` says so:
+/// [`private_scope`], else [`PrivateScope::Host`] when it reaches one of the host's own
+/// addresses (a public one too: `<host-ip>.nip.io` must not aim a host-name rule at the
+/// host).
+pub fn scope_on(ip: IpAddr, is_host: impl Fn(IpAddr) -> bool) -> Option<PrivateScope> {
+    private_scope(ip).or_else(|| is_host(reached(ip)).then_some(PrivateScope::Host))
 }
 
-/// The host's own interface addresses, read once, when the first executor's resolver starts.
-static HOST_ADDRESSES: std::sync::OnceLock<Arc<[IpAddr]>> = std::sync::OnceLock::new();
-
-/// The host's own interface addresses (IPv4 and IPv6, in canonical form), read with
-/// `getifaddrs` the first time DNS mediation starts and kept; fails (and no resolver starts)
-/// when they cannot be read, as no answer could then be screened for them.
-pub fn host_addresses() -> Result<Arc<[IpAddr]>, DnsError> {
-    if let Some(known) = HOST_ADDRESSES.get() {
-        return Ok(known.clone());
+/// Whether `ip` is one of this host's own addresses now: a socket binds to it only then
+/// (`EADDRNOTAVAIL` otherwise). Asked for each answer, so an address the host gained since
+/// it started counts; and asked through the socket families the daemon's unit allows, where
+/// listing the interfaces would take a netlink socket it may not open. Any other error
+/// counts as the host's own, so the answer's address is withheld (fail closed); so does
+/// every address on a host that lets sockets bind to addresses it does not have
+/// (`net.ipv4.ip_nonlocal_bind`).
+pub fn is_host_address(ip: IpAddr) -> bool {
+    match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
     }
-    let read: Arc<[IpAddr]> = nix::ifaddrs::getifaddrs()
-        .map_err(|e| DnsError::HostAddresses(std::io::Error::from(e)))?
-        .filter_map(|i| i.address)
-        .filter_map(|a| {
-            a.as_sockaddr_in()
-                .map(|v4| IpAddr::V4(v4.ip()))
-                .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-        })
-        .map(canonical_ip)
-        .collect();
-    Ok(HOST_ADDRESSES.get_or_init(|| read).clone())
 }
 
 fn private_v4(ip: Ipv4Addr) -> Option<PrivateScope> {
@@ -370,7 +357,7 @@ fn screen(
     name: &HostName,
     answer: &wire::Answer,
     private_answers: &[NamePattern],
-    host: &[IpAddr],
+    is_host: impl Fn(IpAddr) -> bool,
     blocks: &NameBlocks,
 ) -> (Vec<wire::AnswerAddress>, Vec<(IpAddr, Withheld)>) {
     // Every name on the chain: an opted-in name's CNAME to a name outside the opt-in would
@@ -388,7 +375,7 @@ fn screen(
     let mut bound = Vec::new();
     let mut withheld = Vec::new();
     for &a in &answer.addresses {
-        match (&blocked, scope_on(a.ip, host)) {
+        match (&blocked, scope_on(a.ip, &is_host)) {
             (Some(why), _) => withheld.push((a.ip, why.clone())),
             (None, Some(scope)) if !opted_in => withheld.push((a.ip, Withheld::Private(scope))),
             _ => bound.push(a),
@@ -618,7 +605,6 @@ impl ExecutorDns {
         owner: ExecutorId,
         judge: LookupJudge,
     ) -> Result<ExecutorDns, DnsError> {
-        let host_addresses = host_addresses()?;
         let (udp, tcp) = bind_pair()?;
         let address = udp.local_addr().map_err(DnsError::Bind)?;
         let conf = write_conf(&mediation.dir, address.ip())?;
@@ -631,7 +617,6 @@ impl ExecutorDns {
             address,
             owner,
             private_answers: mediation.private_answers.clone(),
-            host_addresses,
             upstream: mediation.upstream.clone(),
             judge,
             book: book.clone(),
@@ -770,7 +755,6 @@ struct Server {
     address: SocketAddr,
     owner: ExecutorId,
     private_answers: Arc<[NamePattern]>,
-    host_addresses: Arc<[IpAddr]>,
     upstream: Arc<Upstream>,
     judge: LookupJudge,
     book: Arc<Mutex<AddressBook>>,
@@ -839,13 +823,8 @@ impl Server {
     /// Remembers the addresses of an allowed name's answer that may be bound to it, and logs
     /// those withheld, with why.
     fn admit(&self, name: &HostName, answer: &wire::Answer, blocks: &NameBlocks) {
-        let (bound, withheld) = screen(
-            name,
-            answer,
-            &self.private_answers,
-            &self.host_addresses,
-            blocks,
-        );
+        let (bound, withheld) =
+            screen(name, answer, &self.private_answers, is_host_address, blocks);
         if !withheld.is_empty() {
             let shown: Vec<String> = withheld
                 .iter()
@@ -1683,7 +1662,7 @@ mod tests {
             .collect();
         let blocks = NameBlocks::default();
         let bound = |name: &str, chain: &[&str]| {
-            let (bound, _) = screen(&host(name), &answer(chain), &opted, &[], &blocks);
+            let (bound, _) = screen(&host(name), &answer(chain), &opted, |_| false, &blocks);
             !bound.is_empty()
         };
         assert!(bound("app.corp.internal", &[]));
@@ -1716,11 +1695,16 @@ mod tests {
             ("203.0.113.6", None),
             ("2001:db8::6", None),
         ] {
-            assert_eq!(scope_on(ip.parse().unwrap(), &host), scope, "{ip}");
+            assert_eq!(
+                scope_on(ip.parse().unwrap(), |a| host.contains(&a)),
+                scope,
+                "{ip}"
+            );
         }
-        // Read from the host's interfaces (loopback is always among them).
-        let read = host_addresses().unwrap();
-        assert!(read.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)), "{read:?}");
+        // Asked of the host itself: loopback is always its own; a documentation address
+        // never is.
+        assert!(is_host_address(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert!(!is_host_address("192.0.2.77".parse().unwrap()));
     }
 
     fn can_bind_53() -> bool {
