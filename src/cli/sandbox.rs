@@ -445,18 +445,18 @@ fn start_dns(
     let judge: LookupJudge = Arc::new(move |lookup: Lookup| {
         let (args, rules, writer, pid) = (args.clone(), rules.clone(), writer.clone(), pid.clone());
         Box::pin(async move {
-            // A type not served is refused whatever the rules say.
-            let decision = match lookup.refused_type() {
-                Some(rule) => RuleDecision {
-                    allowed: false,
-                    rule,
-                },
-                None => rules.decide_name(&lookup.name),
-            };
-            let denial = if lookup.record_type.served() {
-                Denial::NameNotAllowed
-            } else {
-                Denial::RecordTypeNotServed
+            // A type not served is refused whatever the rules say; as the daemon records it,
+            // a name the rules refuse keeps that refusal.
+            let decided = rules.decide_name(&lookup.name);
+            let (decision, denial) = match lookup.refused_type() {
+                Some(rule) if decided.allowed => (
+                    RuleDecision {
+                        allowed: false,
+                        rule,
+                    },
+                    Denial::RecordTypeNotServed,
+                ),
+                _ => (decided, Denial::NameNotAllowed),
             };
             // As the daemon: every lookup is recorded, an answered one before its name
             // leaves the host (and refused if that fails).
