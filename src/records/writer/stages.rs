@@ -592,7 +592,7 @@ struct Syncer {
     shared: Arc<Shared>,
     queue: Arc<Queue>,
     last_anchor: Option<Instant>,
-    /// A test's pause in the first anchor refresh, right after it has read what to name.
+    /// A test's pause in the first anchor refresh (see [`AnchorPause`]).
     #[cfg(test)]
     pause: Option<AnchorPause>,
 }
