@@ -643,6 +643,72 @@ async fn an_allowed_connect_reports_the_kernels_own_error() {
     assert_eq!(run.errno(), libc::ECONNREFUSED as i64, "{}", run.stdout);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_whose_connect_was_refused_can_connect_again() {
+    let Some(b) = broker() else { return };
+    // As without the broker: a refused blocking connect leaves the socket unconnected (not
+    // half-way through a connect), so connecting it again to a listening peer succeeds.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let sink = TcpSink::start();
+    let argv = probe_argv(&["connect-again", &closed.to_string(), &sink.addr.to_string()]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let r = run.result();
+    assert_eq!(r["first_errno"], libc::ECONNREFUSED, "{}", run.stdout);
+    assert_eq!(r["result"], "ok", "{}", run.stdout);
+    assert!(
+        eventually(|| sink.connections() == 1),
+        "{}",
+        sink.connections()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_the_peer_answers_late_is_awaited_until_it_completes() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let Some(b) = broker() else { return };
+    // A listener whose accept queue is full drops the probe's SYN, so its blocking connect
+    // is still under way when the broker first asks; the queue is emptied after 300 ms and
+    // the kernel's retransmitted SYN (about 1 s) completes it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // SAFETY: re-listening on our own socket only changes its backlog.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    let addr = listener.local_addr().unwrap();
+    let fillers: Vec<_> = (0..2)
+        .map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)))
+        .collect();
+    assert!(fillers[0].is_ok(), "{fillers:?}");
+    let accepter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let mut buf = Vec::new();
+            let _ = s.read_to_end(&mut buf);
+            if !buf.is_empty() {
+                got = buf;
+                break;
+            }
+        }
+        got
+    });
+    let argv = probe_argv(&["connect", &addr.to_string(), "late"]);
+    let started = std::time::Instant::now();
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+    assert!(
+        started.elapsed() > Duration::from_millis(300),
+        "the connect did not wait for the queue to empty: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(accepter.join().unwrap(), b"late");
+}
+
 /// A policy that answers as the host's destination rules would.
 fn by_rules(
     rules: flowhost::destination::DestinationRules,

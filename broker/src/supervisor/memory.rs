@@ -1,6 +1,13 @@
-//! Reading the executor's memory: every copy is bracketed by `SECCOMP_IOCTL_NOTIF_ID_VALID`
-//! checks, so what was copied is known to come from the thread still waiting on the
+//! Reading the executor's memory: every copy is followed by a `SECCOMP_IOCTL_NOTIF_ID_VALID`
+//! check, so what was copied is known to come from the thread still waiting on the
 //! notification; and the bounds on what one notification may copy and hold.
+//!
+//! Why a check after the copy is enough, with none before it: a notification that is valid
+//! after the copy was valid throughout it (an id never becomes valid again), so its thread
+//! was alive and waiting, and its thread id could not name another task while the copy
+//! read it. A copy from a thread that ended first may read whatever task reused the id, but
+//! the check then fails and those bytes are dropped unread; reading has no effect on the
+//! task read. The same check proves every pidfd and descriptor taken before the copy.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -56,9 +63,12 @@ impl Caller<'_> {
 
     /// Called between the verdict and the operation: nothing is performed for a caller that
     /// went away while the host decided, and the broker-wide permit is released, since what
-    /// follows may wait on the network for as long as the caller does.
+    /// follows may wait on the network for as long as the caller does. A verdict the host's
+    /// synchronous judge gave needs no second look: nothing waited since the copy's check.
     pub(super) fn performing(&self) -> Step<()> {
-        self.still_waiting()?;
+        if self.waited.load(std::sync::atomic::Ordering::Relaxed) {
+            self.still_waiting()?;
+        }
         if let Ok(mut shared) = self.shared.lock() {
             shared.take();
         }
@@ -75,10 +85,10 @@ impl Caller<'_> {
         }
     }
 
-    /// Copies `len` bytes at `addr` from the caller, bracketed by ID_VALID checks so the
-    /// bytes are known to come from the thread that is waiting on this notification.
+    /// Copies `len` bytes at `addr` from the caller, followed by an ID_VALID check so the
+    /// bytes are known to come from the thread that is waiting on this notification (see
+    /// the module documentation).
     pub(super) fn copy(&self, addr: u64, len: usize) -> Step<Vec<u8>> {
-        self.still_waiting()?;
         let mut buf = vec![0u8; len];
         sys::read_remote(self.n.pid, addr, &mut buf).map_err(|_| Outcome::Errno(libc::EFAULT))?;
         self.still_waiting()?;
@@ -86,9 +96,8 @@ impl Caller<'_> {
     }
 
     /// Copies two ranges of the caller's memory (a payload and its address) in one read,
-    /// bracketed by ID_VALID checks as [`Caller::copy`] is.
+    /// checked as [`Caller::copy`] is.
     pub(super) fn copy_two(&self, a: (u64, usize), b: (u64, usize)) -> Step<(Vec<u8>, Vec<u8>)> {
-        self.still_waiting()?;
         let (mut first, mut second) = (vec![0u8; a.1], vec![0u8; b.1]);
         sys::read_remote_many(self.n.pid, &mut [(a.0, &mut first), (b.0, &mut second)])
             .map_err(|_| Outcome::Errno(libc::EFAULT))?;

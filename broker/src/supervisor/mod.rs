@@ -404,6 +404,7 @@ async fn handle(ctx: Arc<Context>, n: Notification, _permit: Option<OwnedSemapho
         ctx: &ctx,
         n,
         shared: std::sync::Mutex::new(shared),
+        waited: std::sync::atomic::AtomicBool::new(false),
     };
     // The filter kills every other architecture; this is a second line, not the first.
     if n.arch != AUDIT_ARCH_X86_64 {
@@ -429,6 +430,9 @@ struct Caller<'a> {
     n: Notification,
     /// The broker-wide permit, held until the operation is performed.
     shared: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
+    /// Whether a verdict was awaited from the host's attempt stream (time passed since the
+    /// last validity check; see `Caller::performing`).
+    waited: std::sync::atomic::AtomicBool,
 }
 
 impl Caller<'_> {
@@ -440,6 +444,7 @@ impl Caller<'_> {
         let v = match judged {
             Some(v) => v,
             None => {
+                self.waited.store(true, Ordering::Relaxed);
                 // The stream's consumers record it with the attempt, so it is kept only if
                 // the caller still waited after it was read: a waiting thread cannot end,
                 // so its pid then still named it (not a process that reused the number).

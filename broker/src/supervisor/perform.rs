@@ -62,14 +62,7 @@ impl Caller<'_> {
 
     pub(super) async fn connect(&self) -> Step<Outcome> {
         let (sock, target) = self.decided_address(EgressSyscall::Connect).await?;
-        let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
-        let result = if !self.is_blocking(&sock) {
-            sys::connect_raw(sock.fd.as_fd(), &target.addr)
-        } else if inet {
-            self.connect_ip(&sock, &target.addr).await?
-        } else {
-            self.connect_unix(&sock, &target.addr).await?
-        };
+        let result = self.connect_on(&sock, &target.addr).await?;
         Ok(to_outcome(result.map(|()| 0)))
     }
 

@@ -107,17 +107,25 @@ pub(super) fn peer(sock: &TakenSocket) -> Option<Destination> {
         .map(|raw| Destination::from_sockaddr(&raw))
 }
 
-/// The outcome of a non-blocking connect whose socket became writable: its final error, or
-/// success once it has a peer (`WouldBlock` if neither yet).
-fn connect_result(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let err = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR)?;
-    if err != 0 {
-        return Err(io::Error::from_raw_os_error(err));
+/// Where a connect the broker started non-blocking stands.
+enum Connecting {
+    /// It ended: connected, or failed with this error.
+    Ended(io::Result<()>),
+    /// The handshake is still under way.
+    Pending,
+}
+
+/// Asks the kernel again about a connect started non-blocking (the socket must still be in
+/// non-blocking mode). A failed one is then left unconnected, as a failed blocking connect
+/// leaves it, so it can be connected again; reading `SO_ERROR` instead would take the error
+/// but leave the socket marked as connecting, and a later connect on it would fail with
+/// ECONNABORTED.
+fn connect_again(fd: BorrowedFd<'_>, addr: &[u8]) -> Connecting {
+    match sys::connect_raw(fd, addr) {
+        Err(e) if e.raw_os_error() == Some(libc::EALREADY) => Connecting::Pending,
+        Err(e) if e.raw_os_error() == Some(libc::EISCONN) => Connecting::Ended(Ok(())),
+        other => Connecting::Ended(other),
     }
-    if sys::peer_address(fd).is_ok() {
-        return Ok(());
-    }
-    Err(io::Error::from(io::ErrorKind::WouldBlock))
 }
 
 /// When a wait on behalf of a blocking call gives up: the socket's own send timeout
@@ -143,19 +151,24 @@ impl Caller<'_> {
     }
 
     /// Runs `op` with the socket's file description non-blocking (the executor's calling
-    /// thread is parked in its own syscall meanwhile), restoring its flags afterwards. One
-    /// toggle at a time per executor, so two handlers cannot leave the flag set.
+    /// thread is parked in its own syscall meanwhile), restoring its flags afterwards; `op`
+    /// is told whether the executor's socket was in blocking mode (if not, nothing is
+    /// toggled). One toggle at a time per executor, so two handlers cannot leave the flag
+    /// set.
     fn nonblocking<T>(
         &self,
         sock: &TakenSocket,
-        op: impl FnOnce() -> io::Result<T>,
+        op: impl FnOnce(bool) -> io::Result<T>,
     ) -> io::Result<T> {
         use nix::fcntl::{FcntlArg, OFlag, fcntl};
         let _flags = self.ctx.flags.lock();
         let fd = sock.fd.as_fd();
         let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+        if flags.contains(OFlag::O_NONBLOCK) {
+            return op(false);
+        }
         fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-        let result = op();
+        let result = op(true);
         fcntl(fd, FcntlArg::F_SETFL(flags))?;
         result
     }
@@ -192,19 +205,47 @@ impl Caller<'_> {
         self.still_waiting()
     }
 
-    /// Performs a connect the executor made on a blocking IP socket without blocking a
-    /// thread: started non-blocking, then awaited, returning the socket's final error
-    /// exactly as a blocking connect would have (EINPROGRESS once `SO_SNDTIMEO` expires).
-    pub(super) async fn connect_ip(&self, sock: &TakenSocket, addr: &[u8]) -> Step<io::Result<()>> {
+    /// Performs the executor's connect with the semantics of its own call, without blocking
+    /// a thread. On a non-blocking socket it is one connect. A blocking IP connect is
+    /// started non-blocking and asked about again at once, under the same toggle: a nearby
+    /// peer (loopback) has completed the handshake by then, so it ends there, with the
+    /// socket connected as a blocking connect leaves it. Otherwise it is awaited, returning
+    /// the socket's final error exactly as a blocking connect would have (EINPROGRESS once
+    /// `SO_SNDTIMEO` expires). A blocking unix connect goes to [`Caller::connect_unix`].
+    pub(super) async fn connect_on(&self, sock: &TakenSocket, addr: &[u8]) -> Step<io::Result<()>> {
         let fd = sock.fd.as_fd();
-        match self.nonblocking(sock, || sys::connect_raw(fd, addr)) {
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-            other => return Ok(other),
+        let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
+        let started = self.nonblocking(sock, |blocking| {
+            Ok(match sys::connect_raw(fd, addr) {
+                Err(e) if blocking && inet && e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                    connect_again(fd, addr)
+                }
+                Err(e) if blocking && !inet && e.raw_os_error() == Some(libc::EAGAIN) => {
+                    Connecting::Pending
+                }
+                other => Connecting::Ended(other),
+            })
+        });
+        match started {
+            Ok(Connecting::Ended(result)) => return Ok(result),
+            Err(e) => return Ok(Err(e)),
+            Ok(Connecting::Pending) if !inet => return self.connect_unix(sock, addr).await,
+            Ok(Connecting::Pending) => {}
         }
-        // A nearby peer completes the handshake within microseconds: wait for that inline,
-        // for at most INLINE_CONNECT_WAIT, before paying for a reactor registration.
+        // Not complete yet: wait for that inline, for at most INLINE_CONNECT_WAIT, before
+        // paying for a reactor registration.
+        let ended =
+            |sock: &TakenSocket| match self.nonblocking(sock, |_| Ok(connect_again(fd, addr))) {
+                Ok(Connecting::Ended(result)) => Some(result),
+                Ok(Connecting::Pending) => None,
+                Err(e) => Some(Err(e)),
+            };
         match sys::wait_writable(fd, INLINE_CONNECT_WAIT) {
-            Ok(true) => return Ok(connect_result(fd)),
+            Ok(true) => {
+                if let Some(result) = ended(sock) {
+                    return Ok(result);
+                }
+            }
             Ok(false) => {}
             Err(e) => return Ok(Err(e)),
         }
@@ -215,9 +256,8 @@ impl Caller<'_> {
         };
         loop {
             self.writable_or_gone(&watch, deadline).await?;
-            match connect_result(fd) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                done => return Ok(done),
+            if let Some(result) = ended(sock) {
+                return Ok(result);
             }
             if timed_out(deadline) {
                 return Ok(Err(io::Error::from_raw_os_error(libc::EINPROGRESS)));
@@ -236,7 +276,7 @@ impl Caller<'_> {
     ) -> Step<io::Result<()>> {
         let deadline = give_up_at(sock);
         loop {
-            match self.nonblocking(sock, || sys::connect_raw(sock.fd.as_fd(), addr)) {
+            match self.nonblocking(sock, |_| sys::connect_raw(sock.fd.as_fd(), addr)) {
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
                 other => return Ok(other),
             }
