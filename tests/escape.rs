@@ -11,7 +11,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixListener;
 use std::time::Duration;
 
-use common::{TcpSink, UdpSink, broker, probe, probe_argv, run_inline, run_with};
+use common::{TcpSink, UdpSink, broker, probe, probe_argv, run_inline, run_under, run_with};
 use flowhost_broker::{Destination, EgressSyscall, Verdict, WaitStatus};
 
 const SIGSYS: i32 = libc::SIGSYS;
@@ -707,6 +707,46 @@ async fn a_connect_the_peer_answers_late_is_awaited_until_it_completes() {
         started.elapsed()
     );
     assert_eq!(accepter.join().unwrap(), b"late");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn netlink_sends_to_other_sockets_are_refused_as_the_kernel_refuses_the_executor() {
+    let Some(b) = broker() else { return };
+    // The broker may hold CAP_NET_ADMIN, which lets a netlink send reach another socket or
+    // a multicast group (a uevent listener trusts the sender's credentials, which would be
+    // the broker's); the executor holds none, so the kernel would refuse it, and so does
+    // the broker.
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/brokered.toml"),
+    )
+    .unwrap()
+    .replace(
+        r#"socket_families = ["unix", "inet", "inet6"]"#,
+        r#"socket_families = ["unix", "inet", "inet6", "netlink"]"#,
+    )
+    .replace(
+        "netlink_protocols = []",
+        r#"netlink_protocols = ["kobject_uevent"]"#,
+    );
+    let profile = std::sync::Arc::new(
+        flowhost_broker::Profile::parse("uevent", std::path::Path::new("uevent.toml"), &text)
+            .unwrap(),
+    );
+    // A port id no socket has: the kernel alone would refuse with EPERM before looking.
+    for args in [
+        ["netlink-send", "2147483632", "0", "sendto"],
+        ["netlink-send", "2147483632", "0", "connect"],
+        ["netlink-send", "0", "1", "sendto"],
+        ["netlink-send", "0", "1", "connect"],
+    ] {
+        let run = run_under(&b, profile.clone(), probe_argv(&args), |_| Verdict::Allow).await;
+        assert_eq!(run.errno(), libc::EPERM as i64, "{args:?}: {}", run.stdout);
+        assert_eq!(
+            run.attempts.len(),
+            1,
+            "still reported and decided: {args:?}"
+        );
+    }
 }
 
 /// A policy that answers as the host's destination rules would.

@@ -116,7 +116,8 @@ pub const IP_PROTOCOLS_ALLOWED: &[(i32, &[i32])] = &[
 ];
 
 /// Socket options refused with EPERM: IP options and IPv6 extension headers (hop-by-hop,
-/// destination options, routing headers, in both the RFC 3542 and RFC 2292 forms), and
+/// destination options, routing headers, in both the RFC 3542 and RFC 2292 forms, and
+/// through flow labels), and
 /// every multicast (and IPv6 anycast) membership change: joining or leaving a group makes
 /// the kernel send IGMP or MLD reports out of the host naming a group the executor chose,
 /// with no syscall the broker is notified of.
@@ -155,6 +156,9 @@ pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
     (libc::IPPROTO_IPV6, libc::IPV6_RTHDRDSTOPTS),
     (libc::IPPROTO_IPV6, libc::IPV6_RTHDR),
     (libc::IPPROTO_IPV6, libc::IPV6_DSTOPTS),
+    // A flow label carries IPv6 options (a routing header among them) that the kernel adds
+    // to every send naming the label in its address or control data.
+    (libc::IPPROTO_IPV6, libc::IPV6_FLOWLABEL_MGR),
 ];
 
 /// `ioctl` requests refused with EPERM whatever the profile: each writes into the input of
@@ -331,18 +335,20 @@ fn compile_program(inputs: &Inputs) -> Result<BpfProgram, FilterError> {
             libc::PR_SET_SECCOMP as u64,
         )?])?],
     );
-    let type_mask = 0xf_u64;
+    // An IP socket is a stream (TCP) or a datagram (UDP, ping) socket, nothing else: the
+    // type's low four bits (the rest are SOCK_NONBLOCK and SOCK_CLOEXEC) must be 1 or 2. Raw
+    // and packet sockets reach the network unmediated, and protocol 0 picks a type's first
+    // protocol, which for SOCK_SEQPACKET is SCTP (it connects through setsockopt) once its
+    // module is loaded. Four masked tests cover every other value: 0, 3, and any with bit 2
+    // or bit 3 set.
     let mut raw_socket_rules = Vec::new();
-    for (family, ty) in [
-        (libc::AF_INET, libc::SOCK_RAW),
-        (libc::AF_INET6, libc::SOCK_RAW),
-        // SOCK_PACKET (10): the obsolete packet interface on AF_INET.
-        (libc::AF_INET, 10),
-    ] {
-        raw_socket_rules.push(rule(vec![
-            cond(0, Dword, Eq, family as u64)?,
-            cond(1, Dword, MaskedEq(type_mask), ty as u64)?,
-        ])?);
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        for (mask, value) in [(0xf_u64, 0_u64), (0xf, 3), (0x4, 0x4), (0x8, 0x8)] {
+            raw_socket_rules.push(rule(vec![
+                cond(0, Dword, Eq, family as u64)?,
+                cond(1, Dword, MaskedEq(mask), value)?,
+            ])?);
+        }
     }
     for (family, protocols) in IP_PROTOCOLS_ALLOWED {
         let mut conditions = vec![cond(0, Dword, Eq, *family as u64)?];

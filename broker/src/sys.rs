@@ -242,32 +242,50 @@ pub fn notif_send(listener: BorrowedFd<'_>, id: u64, val: i64, error: i32) -> io
         error,
         flags: 0,
     };
-    // SAFETY: the ioctl reads the response struct we own.
-    let ret = unsafe {
-        libc::ioctl(
-            listener.as_raw_fd(),
-            libc::SECCOMP_IOCTL_NOTIF_SEND as _,
-            &resp as *const libc::seccomp_notif_resp,
-        )
-    };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    retry_interrupted(|| {
+        // SAFETY: the ioctl reads the response struct we own.
+        unsafe {
+            libc::ioctl(
+                listener.as_raw_fd(),
+                libc::SECCOMP_IOCTL_NOTIF_SEND as _,
+                &resp as *const libc::seccomp_notif_resp,
+            )
+        }
+    })
+    .map(|_| ())
 }
 
-/// Whether the notification `id` is still pending (its caller is still waiting on it). Used
-/// to bracket every read of the caller's memory so a recycled pid cannot fool the broker.
+/// Runs a seccomp ioctl until no signal interrupts it. The kernel takes the listener's lock
+/// interruptibly, so a signal that arrives while another thread holds it fails the call
+/// with EINTR: read as "the caller is gone" or "cannot answer", that would leave a waiting
+/// thread unanswered for good.
+fn retry_interrupted(mut call: impl FnMut() -> libc::c_int) -> io::Result<libc::c_int> {
+    loop {
+        let ret = call();
+        if ret >= 0 {
+            return Ok(ret);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Whether the notification `id` is still pending (its caller is still waiting on it). Checked
+/// after every read of the caller's memory so a recycled pid cannot fool the broker.
 pub fn notif_id_valid(listener: BorrowedFd<'_>, id: u64) -> bool {
-    // SAFETY: the ioctl reads the u64 we own.
-    let ret = unsafe {
-        libc::ioctl(
-            listener.as_raw_fd(),
-            libc::SECCOMP_IOCTL_NOTIF_ID_VALID as _,
-            &id as *const u64,
-        )
-    };
-    ret == 0
+    retry_interrupted(|| {
+        // SAFETY: the ioctl reads the u64 we own.
+        unsafe {
+            libc::ioctl(
+                listener.as_raw_fd(),
+                libc::SECCOMP_IOCTL_NOTIF_ID_VALID as _,
+                &id as *const u64,
+            )
+        }
+    })
+    .is_ok()
 }
 
 /// This thread's securebits (`PR_GET_SECUREBITS`).

@@ -260,7 +260,17 @@ pub async fn run_with(
     argv: Vec<String>,
     policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
 ) -> Run {
-    run_judged(broker, profile_name, argv, None, policy).await
+    run_judged(broker, profile(profile_name), argv, None, policy).await
+}
+
+/// Runs `argv` under `profile` (one a test made), answering every attempt with `policy`.
+pub async fn run_under(
+    broker: &Broker,
+    profile: Arc<Profile>,
+    argv: Vec<String>,
+    policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
+) -> Run {
+    run_judged(broker, profile, argv, None, policy).await
 }
 
 /// Runs `argv` under `profile` with `judge` as the broker's synchronous judge; attempts it
@@ -273,19 +283,26 @@ pub async fn run_inline(
     judge: impl Fn(&AttemptInfo) -> Option<Verdict> + Send + Sync + 'static,
     policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
 ) -> Run {
-    run_judged(broker, profile_name, argv, Some(Box::new(judge)), policy).await
+    run_judged(
+        broker,
+        profile(profile_name),
+        argv,
+        Some(Box::new(judge)),
+        policy,
+    )
+    .await
 }
 
 type InlinePolicy = Box<dyn Fn(&AttemptInfo) -> Option<Verdict> + Send + Sync>;
 
 async fn run_judged(
     broker: &Broker,
-    profile_name: &str,
+    profile: Arc<Profile>,
     argv: Vec<String>,
     inline: Option<InlinePolicy>,
     policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
 ) -> Run {
-    let mut spec = SpawnSpec::new(argv, profile(profile_name));
+    let mut spec = SpawnSpec::new(argv, profile);
     spec.stdin = StdioMode::Null;
     spec.wall_clock = Some(Duration::from_secs(30));
     let seen = Arc::new(Mutex::new(Vec::new()));

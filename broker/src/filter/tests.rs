@@ -553,3 +553,70 @@ fn programs_are_shared_by_equal_profiles_and_never_stale() {
     assert!(Arc::ptr_eq(&programs.get(&renamed).unwrap(), &first));
     assert_eq!(programs.compilations(), 2);
 }
+
+#[test]
+fn ip_sockets_take_only_stream_and_datagram_types() {
+    // Protocol 0 picks a type's first protocol: SCTP for SOCK_SEQPACKET (when its module is
+    // loaded), which connects through setsockopt, out of the broker's sight.
+    let p = prog("brokered");
+    let eperm = ERRNO | libc::EPERM as u32;
+    let socket =
+        |family: i32, ty: i32| call(&p, libc::SYS_socket, [family as u64, ty as u64, 0, 0, 0, 0]);
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        for ty in [
+            0,
+            libc::SOCK_RAW,
+            libc::SOCK_RDM,
+            libc::SOCK_SEQPACKET,
+            6,
+            7,
+            10,
+            15,
+        ] {
+            for flags in [0, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC] {
+                assert_eq!(
+                    socket(family, ty | flags),
+                    eperm,
+                    "family {family} type {ty}"
+                );
+            }
+        }
+        for ty in [libc::SOCK_STREAM, libc::SOCK_DGRAM] {
+            for flags in [0, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC] {
+                assert_eq!(
+                    socket(family, ty | flags),
+                    libc::SECCOMP_RET_ALLOW,
+                    "family {family} type {ty}"
+                );
+            }
+        }
+    }
+    // Other families keep their types (a unix seqpacket socket is mediated by path).
+    assert_eq!(
+        socket(libc::AF_UNIX, libc::SOCK_SEQPACKET),
+        libc::SECCOMP_RET_ALLOW
+    );
+}
+
+#[test]
+fn ipv6_flow_labels_cannot_be_managed() {
+    // A flow label created with IPV6_FLOWLABEL_MGR carries IPv6 options (a routing header)
+    // that the kernel adds to every send naming the label: a send decided for one address
+    // would go to another.
+    let p = prog("brokered");
+    assert_eq!(
+        call(
+            &p,
+            libc::SYS_setsockopt,
+            [
+                3,
+                libc::IPPROTO_IPV6 as u64,
+                libc::IPV6_FLOWLABEL_MGR as u64,
+                0,
+                0,
+                0
+            ]
+        ),
+        ERRNO | libc::EPERM as u32
+    );
+}

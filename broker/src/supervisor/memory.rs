@@ -186,6 +186,9 @@ impl Caller<'_> {
         if name_ptr != 0 && name_len > 0 && !super::perform::ignores_address(sock) {
             let raw = self.copy(name_ptr, name_len)?;
             let (dest, target) = self.resolve(&raw, sock, syscall);
+            if super::perform::needs_network_privilege(&dest) {
+                unreachable = Some(libc::EPERM);
+            }
             destination = Some(dest);
             connected = false;
             match target {
@@ -200,7 +203,7 @@ impl Caller<'_> {
                             .ok_or(Outcome::Errno(libc::ENOBUFS))?;
                     }
                 }
-                Err(Outcome::Errno(e)) => unreachable = Some(e),
+                Err(Outcome::Errno(e)) => unreachable = unreachable.or(Some(e)),
                 Err(other) => return Err(other),
             }
         } else {

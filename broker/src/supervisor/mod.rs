@@ -3,13 +3,13 @@
 //!
 //! The TOCTOU rule: a decision that depended on memory the executor points at is never
 //! answered with CONTINUE. The broker copies the address (and for sends the payload and
-//! control data) once, with `SECCOMP_IOCTL_NOTIF_ID_VALID` checked before and after the copy,
+//! control data) once, with `SECCOMP_IOCTL_NOTIF_ID_VALID` checked after the copy,
 //! decides on that copy, takes the executor's socket with `pidfd_getfd`, performs the syscall
 //! itself with the copy, and returns the result. Later writes by the executor to its own
 //! memory change nothing.
 //!
 //! One notification flows through the submodules in order: [`memory`] copies what the
-//! executor points at (each copy bracketed by ID_VALID checks), [`unix_path`] resolves and
+//! executor points at (each copy followed by an ID_VALID check), [`unix_path`] resolves and
 //! pins a unix socket path, [`cmsg`] rebuilds control messages with the broker's own
 //! descriptors, [`perform`] handles each notified syscall (copy, decide, perform) and
 //! [`socket`] carries the operation out on the executor's socket without blocking a thread.

@@ -50,9 +50,13 @@ impl Caller<'_> {
             self.still_waiting()?;
             return Err(Outcome::Errno(libc::ENOENT));
         }
+        let privileged = syscall == EgressSyscall::Connect && needs_network_privilege(&destination);
         info.destination = Some(destination);
         if let Verdict::Deny { errno } = self.decide(info).await {
             return Err(Outcome::Errno(errno));
+        }
+        if privileged {
+            return Err(Outcome::Errno(libc::EPERM));
         }
         let target = target?;
         // Nothing is performed for a caller that went away while the host decided.
@@ -146,8 +150,15 @@ impl Caller<'_> {
                 info.destination = peer(&sock);
             }
         }
+        let privileged = info
+            .destination
+            .as_ref()
+            .is_some_and(needs_network_privilege);
         if let Verdict::Deny { errno } = self.decide(info).await {
             return Ok(Outcome::Errno(errno));
+        }
+        if privileged {
+            return Ok(Outcome::Errno(libc::EPERM));
         }
         // Held until the send is done: the name sent to is this descriptor's
         // `/proc/self/fd` path, which must not come to name another socket meanwhile.
@@ -259,6 +270,16 @@ pub(super) fn ignores_address(sock: &TakenSocket) -> bool {
     let tcp = sock.info.socket_type == libc::SOCK_STREAM
         && matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
     (tcp || sock.info.socket_type == libc::SOCK_SEQPACKET) && peer(sock).is_some()
+}
+
+/// Whether a send or connect to `dest` needs a capability the executor lacks and the broker,
+/// which performs it, may hold: a netlink message to another socket (a port id other than
+/// the kernel's 0) or to a multicast group. The kernel lets only a holder of `CAP_NET_ADMIN`
+/// do that for every netlink family a profile may allow, and it stamps the message with the
+/// sender's credentials, which a listener such as a uevent consumer trusts; so the broker
+/// refuses it with EPERM, as the kernel would refuse the executor.
+pub(super) fn needs_network_privilege(dest: &Destination) -> bool {
+    matches!(dest, Destination::Netlink { port_id, groups } if *port_id != 0 || *groups != 0)
 }
 
 /// Whether `addr` (a raw IPv4 or IPv6 socket address) names a port below the host's
