@@ -749,6 +749,64 @@ async fn netlink_sends_to_other_sockets_are_refused_as_the_kernel_refuses_the_ex
     }
 }
 
+#[test]
+fn an_executor_that_clears_o_nonblock_cannot_block_the_hosts_runtime() {
+    use std::os::fd::AsRawFd;
+    // The daemon supervises executors on its runtime, whose workers every session and
+    // record shares; the broker starts a blocking connect non-blocking, but the flag is on
+    // the file description the executor shares and can clear at any moment. A unix listener
+    // with a full backlog makes a connect that really blocks wait for good. With one worker,
+    // a second executor's connect must still be served.
+    if !common::is_root() {
+        eprintln!("SKIP: the broker needs root here");
+        return;
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("full.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    // SAFETY: re-listening on our own socket only changes its backlog.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    let _filler = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let b = broker().unwrap();
+            let sink = TcpSink::start();
+            let racing = run_with(
+                &b,
+                "brokered",
+                probe_argv(&["unix-connect-racing", &path.display().to_string()]),
+                |_| Verdict::Allow,
+            );
+            let plain = async {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                run_with(
+                    &b,
+                    "brokered",
+                    probe_argv(&["connect", &sink.addr.to_string()]),
+                    |_| Verdict::Allow,
+                )
+                .await
+            };
+            tokio::select! {
+                run = plain => { let _ = tx.send(run.stdout); }
+                run = racing => { let _ = tx.send(format!("the racing connect ended: {}", run.stdout)); }
+            }
+        });
+        rt.shutdown_background();
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(stdout) => assert!(stdout.contains("\"result\":\"ok\""), "{stdout}"),
+        Err(_) => panic!("the runtime stalled: a broker connect blocked its only worker"),
+    }
+    drop(listener);
+}
+
 /// A policy that answers as the host's destination rules would.
 fn by_rules(
     rules: flowhost::destination::DestinationRules,

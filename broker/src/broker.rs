@@ -548,7 +548,8 @@ impl Broker {
             )),
             broker_handlers: self.inner.handlers.clone(),
             bound: std::sync::Mutex::new(Default::default()),
-            flags: std::sync::Mutex::new(()),
+            toggles: Default::default(),
+            supervision_thread: Default::default(),
             absent_unix_sockets,
         });
         let inner = self.inner.clone();

@@ -1,12 +1,13 @@
 //! The executor's socket in the broker's hands: what the kernel says it is, and carrying an
 //! operation out on it with the semantics of the executor's own (blocking or not) call,
-//! without ever blocking one of the broker's threads.
+//! without ever blocking a worker of the host's runtime.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use tokio::io::unix::AsyncFd;
 
 use super::pidfds::Opened;
@@ -39,10 +40,11 @@ pub(crate) struct KnownSockets {
 }
 
 impl KnownSockets {
-    fn info(&self, fd: BorrowedFd<'_>) -> io::Result<SocketInfo> {
+    /// The socket's cookie and what it is.
+    fn info(&self, fd: BorrowedFd<'_>) -> io::Result<(u64, SocketInfo)> {
         let cookie = sys::socket_cookie(fd)?;
         if let Some(info) = self.known.lock().ok().and_then(|k| k.get(&cookie).copied()) {
-            return Ok(info);
+            return Ok((cookie, info));
         }
         let opt = |name| sys::getsockopt_int(fd, libc::SOL_SOCKET, name);
         let info = SocketInfo {
@@ -56,21 +58,101 @@ impl KnownSockets {
             }
             known.insert(cookie, info);
         }
-        Ok(info)
+        Ok((cookie, info))
     }
 }
 
 /// A socket taken from the executor, with what the kernel says it is.
+#[derive(Clone)]
 pub(super) struct TakenSocket {
     pub(super) fd: Arc<OwnedFd>,
+    /// Its cookie: names this socket and no other for as long as the system runs.
+    pub(super) cookie: u64,
     pub(super) info: SocketInfo,
 }
 
-impl TakenSocket {
-    fn blocking(&self) -> bool {
-        nix::fcntl::fcntl(&*self.fd, nix::fcntl::FcntlArg::F_GETFL)
-            .map(|flags| flags & libc::O_NONBLOCK == 0)
-            .unwrap_or(false)
+/// The broker's temporary O_NONBLOCK on an executor's sockets, by socket cookie. The flag
+/// belongs to the file description, which the executor shares: handlers toggling one socket
+/// at once must leave it as the executor had it, and a handler asking whether the executor's
+/// call may block must see the executor's flags, not the broker's. The lock is held only
+/// while flags are read or written, never across the call made between (which blocks after
+/// all if the executor clears the flag meanwhile: see `Caller::nonblocking`). An executor's
+/// own change of the flags while a toggle is in force is undone when it ends.
+#[derive(Default)]
+pub(crate) struct Toggles {
+    active: std::sync::Mutex<std::collections::HashMap<u64, Toggle>>,
+}
+
+struct Toggle {
+    /// Handlers relying on the toggle.
+    holders: usize,
+    /// The executor's flags, put back when the last holder is done.
+    saved: OFlag,
+}
+
+impl Toggles {
+    fn active(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Toggle>> {
+        // Only fcntl calls run under the lock; a poisoned map is still accurate.
+        self.active
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the executor's socket is in blocking mode (false if that cannot be read).
+    fn blocking(&self, sock: &TakenSocket) -> bool {
+        let active = self.active();
+        if let Some(toggle) = active.get(&sock.cookie) {
+            return !toggle.saved.contains(OFlag::O_NONBLOCK);
+        }
+        fcntl(&*sock.fd, FcntlArg::F_GETFL)
+            .map(|flags| OFlag::from_bits_retain(flags).contains(OFlag::O_NONBLOCK))
+            .is_ok_and(|nonblocking| !nonblocking)
+    }
+
+    /// Runs `op` with the socket non-blocking, telling it whether the executor's socket was
+    /// in blocking mode (if not, nothing is toggled), and puts the executor's flags back
+    /// once no handler relies on the toggle.
+    fn with_nonblocking<T>(
+        &self,
+        sock: &TakenSocket,
+        op: impl FnOnce(bool) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let fd = sock.fd.as_fd();
+        {
+            let mut active = self.active();
+            match active.get_mut(&sock.cookie) {
+                Some(toggle) => toggle.holders += 1,
+                None => {
+                    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+                    if flags.contains(OFlag::O_NONBLOCK) {
+                        drop(active);
+                        return op(false);
+                    }
+                    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+                    active.insert(
+                        sock.cookie,
+                        Toggle {
+                            holders: 1,
+                            saved: flags,
+                        },
+                    );
+                }
+            }
+        }
+        let result = op(true);
+        let mut active = self.active();
+        let restore = match active.get_mut(&sock.cookie) {
+            Some(toggle) if toggle.holders > 1 => {
+                toggle.holders -= 1;
+                None
+            }
+            Some(_) => active.remove(&sock.cookie).map(|toggle| toggle.saved),
+            None => None,
+        };
+        if let Some(saved) = restore {
+            fcntl(fd, FcntlArg::F_SETFL(saved))?;
+        }
+        result
     }
 }
 
@@ -86,7 +168,7 @@ impl Caller<'_> {
             Opened::Failed(e) => self.failure(&e),
             Opened::Taking(e) => Outcome::Errno(errno_of(&e)),
         })?;
-        let info = self
+        let (cookie, info) = self
             .ctx
             .sockets
             .info(taken.as_fd())
@@ -95,6 +177,7 @@ impl Caller<'_> {
             pidfd,
             TakenSocket {
                 fd: Arc::new(taken),
+                cookie,
                 info,
             },
         ))
@@ -128,6 +211,25 @@ fn connect_again(fd: BorrowedFd<'_>, addr: &[u8]) -> Connecting {
     }
 }
 
+/// Starts the executor's connect (the socket non-blocking for the broker; `blocking`:
+/// whether the executor's call blocks). A blocking IP connect is asked about again at once:
+/// a nearby peer (loopback) has completed the handshake by then, so it ends there, with the
+/// socket connected as a blocking connect leaves it. A blocking unix connect to a full
+/// backlog is pending (EAGAIN); a non-blocking call ends with whatever the kernel said.
+fn start_connect(sock: &TakenSocket, addr: &[u8], blocking: bool) -> Connecting {
+    let fd = sock.fd.as_fd();
+    let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
+    match sys::connect_raw(fd, addr) {
+        Err(e) if blocking && inet && e.raw_os_error() == Some(libc::EINPROGRESS) => {
+            connect_again(fd, addr)
+        }
+        Err(e) if blocking && !inet && e.raw_os_error() == Some(libc::EAGAIN) => {
+            Connecting::Pending
+        }
+        other => Connecting::Ended(other),
+    }
+}
+
 /// When a wait on behalf of a blocking call gives up: the socket's own send timeout
 /// (`SO_SNDTIMEO`), as the kernel's blocking call would; without one, never (the wait still
 /// ends when the caller is gone).
@@ -143,34 +245,35 @@ fn timed_out(deadline: Option<Instant>) -> bool {
 }
 
 impl Caller<'_> {
-    /// Whether the executor's socket is in blocking mode (read under the same lock as the
-    /// broker's temporary O_NONBLOCK, so a concurrent connect's toggle is never seen).
+    /// Whether the executor's socket is in blocking mode (its own flags, not a toggle of the
+    /// broker's in force).
     pub(super) fn is_blocking(&self, sock: &TakenSocket) -> bool {
-        let _flags = self.ctx.flags.lock();
-        sock.blocking()
+        self.ctx.toggles.blocking(sock)
     }
 
-    /// Runs `op` with the socket's file description non-blocking (the executor's calling
-    /// thread is parked in its own syscall meanwhile), restoring its flags afterwards; `op`
-    /// is told whether the executor's socket was in blocking mode (if not, nothing is
-    /// toggled). One toggle at a time per executor, so two handlers cannot leave the flag
-    /// set.
-    fn nonblocking<T>(
+    /// Runs `op` on `sock` with O_NONBLOCK set for the broker (see [`Toggles`]), telling it
+    /// whether the executor's socket was in blocking mode. The flag is on the description the
+    /// executor shares, so another of its threads can clear it just before `op`'s call, which
+    /// then blocks after all: `op` runs on the executor's own supervision thread, where that
+    /// stalls only this executor, and anywhere else on the runtime's blocking pool, never on
+    /// a worker every session and record shares. (Calls with a per-call flag, sends with
+    /// `MSG_DONTWAIT`, need none of this.)
+    async fn nonblocking<T: Send + 'static>(
         &self,
         sock: &TakenSocket,
-        op: impl FnOnce(bool) -> io::Result<T>,
+        addr: &[u8],
+        op: fn(&TakenSocket, &[u8], bool) -> T,
     ) -> io::Result<T> {
-        use nix::fcntl::{FcntlArg, OFlag, fcntl};
-        let _flags = self.ctx.flags.lock();
-        let fd = sock.fd.as_fd();
-        let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
-        if flags.contains(OFlag::O_NONBLOCK) {
-            return op(false);
+        let toggles = self.ctx.toggles.clone();
+        if self.ctx.supervision_thread.get() == Some(&std::thread::current().id()) {
+            return toggles.with_nonblocking(sock, |blocking| Ok(op(sock, addr, blocking)));
         }
-        fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-        let result = op(true);
-        fcntl(fd, FcntlArg::F_SETFL(flags))?;
-        result
+        let (sock, addr) = (sock.clone(), addr.to_vec());
+        tokio::task::spawn_blocking(move || {
+            toggles.with_nonblocking(&sock, |blocking| Ok(op(&sock, &addr, blocking)))
+        })
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e.to_string())))
     }
 
     /// Waits until `watch` may have turned writable, for at most [`CALLER_CHECK`] (or until
@@ -206,43 +309,24 @@ impl Caller<'_> {
     }
 
     /// Performs the executor's connect with the semantics of its own call, without blocking
-    /// a thread. On a non-blocking socket it is one connect. A blocking IP connect is
-    /// started non-blocking and asked about again at once, under the same toggle: a nearby
-    /// peer (loopback) has completed the handshake by then, so it ends there, with the
-    /// socket connected as a blocking connect leaves it. Otherwise it is awaited, returning
-    /// the socket's final error exactly as a blocking connect would have (EINPROGRESS once
-    /// `SO_SNDTIMEO` expires). A blocking unix connect goes to [`Caller::connect_unix`].
+    /// a runtime worker (see [`Caller::nonblocking`] and [`start_connect`]). A blocking IP
+    /// connect that did not end at once is awaited, returning the socket's final error
+    /// exactly as a blocking connect would have (EINPROGRESS once `SO_SNDTIMEO` expires). A
+    /// blocking unix connect to a full backlog goes to [`Caller::connect_unix`].
     pub(super) async fn connect_on(&self, sock: &TakenSocket, addr: &[u8]) -> Step<io::Result<()>> {
-        let fd = sock.fd.as_fd();
         let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
-        let started = self.nonblocking(sock, |blocking| {
-            Ok(match sys::connect_raw(fd, addr) {
-                Err(e) if blocking && inet && e.raw_os_error() == Some(libc::EINPROGRESS) => {
-                    connect_again(fd, addr)
-                }
-                Err(e) if blocking && !inet && e.raw_os_error() == Some(libc::EAGAIN) => {
-                    Connecting::Pending
-                }
-                other => Connecting::Ended(other),
-            })
-        });
-        match started {
+        match self.nonblocking(sock, addr, start_connect).await {
             Ok(Connecting::Ended(result)) => return Ok(result),
             Err(e) => return Ok(Err(e)),
             Ok(Connecting::Pending) if !inet => return self.connect_unix(sock, addr).await,
             Ok(Connecting::Pending) => {}
         }
+        let fd = sock.fd.as_fd();
         // Not complete yet: wait for that inline, for at most INLINE_CONNECT_WAIT, before
         // paying for a reactor registration.
-        let ended =
-            |sock: &TakenSocket| match self.nonblocking(sock, |_| Ok(connect_again(fd, addr))) {
-                Ok(Connecting::Ended(result)) => Some(result),
-                Ok(Connecting::Pending) => None,
-                Err(e) => Some(Err(e)),
-            };
         match sys::wait_writable(fd, INLINE_CONNECT_WAIT) {
             Ok(true) => {
-                if let Some(result) = ended(sock) {
+                if let Some(result) = self.connect_ended(sock, addr).await {
                     return Ok(result);
                 }
             }
@@ -256,12 +340,22 @@ impl Caller<'_> {
         };
         loop {
             self.writable_or_gone(&watch, deadline).await?;
-            if let Some(result) = ended(sock) {
+            if let Some(result) = self.connect_ended(sock, addr).await {
                 return Ok(result);
             }
             if timed_out(deadline) {
                 return Ok(Err(io::Error::from_raw_os_error(libc::EINPROGRESS)));
             }
+        }
+    }
+
+    /// The result of a connect under way once it has ended; `None` while it has not.
+    async fn connect_ended(&self, sock: &TakenSocket, addr: &[u8]) -> Option<io::Result<()>> {
+        let again = |sock: &TakenSocket, addr: &[u8], _| connect_again(sock.fd.as_fd(), addr);
+        match self.nonblocking(sock, addr, again).await {
+            Ok(Connecting::Ended(result)) => Some(result),
+            Ok(Connecting::Pending) => None,
+            Err(e) => Some(Err(e)),
         }
     }
 
@@ -275,8 +369,9 @@ impl Caller<'_> {
         addr: &[u8],
     ) -> Step<io::Result<()>> {
         let deadline = give_up_at(sock);
+        let once = |sock: &TakenSocket, addr: &[u8], _| sys::connect_raw(sock.fd.as_fd(), addr);
         loop {
-            match self.nonblocking(sock, |_| sys::connect_raw(sock.fd.as_fd(), addr)) {
+            match self.nonblocking(sock, addr, once).await.and_then(|r| r) {
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
                 other => return Ok(other),
             }
