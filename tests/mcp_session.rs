@@ -550,3 +550,40 @@ fn at_the_limit_of_requests_in_flight_the_session_still_reads() {
         host.log()
     );
 }
+
+/// An executor made ready for a call (bound to the session, given the client's logging
+/// level) has not run the tool, so nothing it says then is labelled as the call's output:
+/// the client is told the host's words only, and the executor's go to the host's log.
+/// Before, its error object (here a `logging/setLevel` answer whose `code` is no integer,
+/// carrying what it read) reached the client in the call's `isError` text with no label
+/// raised.
+#[test]
+fn an_executor_failing_before_the_call_reaches_it_tells_the_client_nothing_of_its_own() {
+    let leaked = "HUSH-4711 the file the executor read";
+    let Some(host) = Governed::start(&[slow("leaky", &["--set-level-error", leaked])], "") else {
+        return;
+    };
+    let mut c = host.client();
+    // No executor is bound to the session yet: the level is sent to the one the call binds.
+    let r = c.request("logging/setLevel", json!({"level": "debug"}));
+    assert_eq!(r["result"], json!({}), "{r}");
+    let r = c.request(
+        "tools/call",
+        json!({"name": "leaky/structured", "arguments": {}}),
+    );
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(!r.to_string().contains("HUSH-4711"), "{r}");
+    let text = r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        text.contains("\"leaky\"") && text.contains("host's log"),
+        "{text}"
+    );
+    let log = host.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("server=leaky") && l.contains("HUSH-4711")),
+        "the operator is not told what the executor said:\n{log}"
+    );
+}

@@ -69,6 +69,29 @@ pub enum ExecutorError {
     Io(#[from] std::io::Error),
 }
 
+impl ExecutorError {
+    /// This error in the host's words only, for a client whose request it ended before the
+    /// executor was given the request (starting it, or making it ready for the session). What
+    /// an executor chose (an error answer, its protocol revision, the line with which it broke
+    /// the protocol) is named, never quoted: nothing of the request ran, so no label covers
+    /// it, and it stays in the host's log. The other variants are the host's own text.
+    pub fn host_words(&self) -> String {
+        match self {
+            ExecutorError::Rpc(_) => "the executor answered with an error".into(),
+            ExecutorError::Protocol(_) => "the executor broke the protocol".into(),
+            ExecutorError::Revision(_) => {
+                "the executor speaks an MCP revision flowhost does not".into()
+            }
+            ExecutorError::Cancelled { .. } => "the request was cancelled".into(),
+            ExecutorError::Spawn(_)
+            | ExecutorError::Timeout(_)
+            | ExecutorError::Exited
+            | ExecutorError::Bound { .. }
+            | ExecutorError::Io(_) => self.to_string(),
+        }
+    }
+}
+
 /// How to start one server's executors.
 #[derive(Debug, Clone)]
 pub struct ExecutorTemplate {
@@ -1198,11 +1221,12 @@ impl<C: NamedCall> WarmPool<C> {
                             ready.push(e);
                         }
                     }
+                    // What the executor said (its revision, an error answer) is escaped.
                     Err(e) => tracing::error!(
                         server = %pool.template.server,
-                        error = %e,
+                        error = %Escaped(&e),
                         program = %pool.template.argv.first().map(String::as_str).unwrap_or(""),
-                        "cannot start a warm executor of server {:?}: {e}", pool.template.server
+                        "cannot start a warm executor of server {:?}", pool.template.server
                     ),
                 }
             });
@@ -1438,6 +1462,24 @@ mod tests {
             .filter(|c| c.is_control() && *c != '\n')
             .collect();
         assert!(raw.is_empty(), "raw control characters {raw:?} in {text:?}");
+    }
+
+    /// What an executor chose never reaches a client through an error that ended its
+    /// request before the executor was given it; the host's own text does.
+    #[test]
+    fn host_words_name_what_the_executor_said_without_quoting_it() {
+        let said = "HUSH-1 what the executor read";
+        for e in [
+            ExecutorError::Rpc(mcp::RpcError::new(-32603, said)),
+            ExecutorError::Protocol(format!("an error answer ...: {said}")),
+            ExecutorError::Revision(said.into()),
+        ] {
+            let words = e.host_words();
+            assert!(!words.contains("HUSH"), "{words}");
+            assert!(words.starts_with("the executor"), "{words}");
+        }
+        let timeout = ExecutorError::Timeout(Duration::from_secs(3));
+        assert_eq!(timeout.host_words(), timeout.to_string());
     }
 
     #[test]

@@ -156,7 +156,9 @@ pub struct Caller<'a> {
 /// Why dispatching failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DispatchError {
-    /// No executor could be started (the call never reached one).
+    /// No executor could be started or made ready (the call never reached one). The text
+    /// is the host's words only: it reaches the client unlabelled, so it must hold nothing
+    /// an executor said (the dispatcher logs that instead).
     NotStarted(String),
     /// The executor failed during the call (it is retired).
     Failed(String),
@@ -458,7 +460,8 @@ async fn settle(
     durable: &mut bool,
 ) -> Result<Value, RpcError> {
     // `text`: what the executor said, to be classified and joined into the flow state
-    // before anything of it reaches the client; `None` when nothing it produced does.
+    // before anything of it reaches the client; `None` when nothing it produced does (a
+    // `NotStarted` reason is the host's words: see `DispatchError::NotStarted`).
     let (answer, verdict, text) = match outcome {
         Err(DispatchError::NotStarted(why)) => (
             Ok(tool_error(&format!(

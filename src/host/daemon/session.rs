@@ -1185,6 +1185,23 @@ impl Executors<'_> {
         Ok(bound)
     }
 
+    /// [`Executors::take`], with a failure told in the host's words
+    /// ([`ExecutorError::host_words`]): the executor has not been given the request, so
+    /// nothing it said is labelled, and what it said goes to the host's log (escaped) only.
+    async fn ready(
+        &self,
+        server: &str,
+        source: &crate::label::InformationLabel,
+    ) -> Result<Bound, String> {
+        self.take(server, source).await.map_err(|e| {
+            tracing::warn!(session = %self.session.id, server = %server, error = %Escaped(&e), "no executor of server {server:?} could be made ready for a request");
+            format!(
+                "server {server:?}: {} (the host's log says more)",
+                e.host_words()
+            )
+        })
+    }
+
     /// The permits that bound how many of `server`'s executors the session runs at once.
     fn permits(&self, server: &str) -> Result<Arc<Semaphore>, String> {
         match self.session.executors.lock() {
@@ -1237,9 +1254,9 @@ impl Dispatch for Executors<'_> {
             reason = cancelled(&mut self.control.cancel) => return Err(DispatchError::CancelledBeforeStart(reason)),
         };
         let mut bound = self
-            .take(server, &call.plan.source)
+            .ready(server, &call.plan.source)
             .await
-            .map_err(|e| DispatchError::NotStarted(format!("server {server:?}: {e}")))?;
+            .map_err(DispatchError::NotStarted)?;
         call.executor_pid = bound.exec.pid();
         let name = call.tool.clone();
         let config = &self.generation.config;

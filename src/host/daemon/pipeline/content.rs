@@ -69,7 +69,9 @@ impl ContentMethod {
 /// Why forwarding a content request failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ForwardError {
-    /// No executor could be started (the request never reached one).
+    /// No executor could be started or made ready (the request never reached one). The
+    /// text is the host's words only: it reaches the client unlabelled, so it must hold
+    /// nothing an executor said (the forwarder logs that instead).
     #[error("the executor could not be started: {0}")]
     NotStarted(String),
     /// The executor failed (it is retired).

@@ -445,9 +445,9 @@ impl Executors<'_> {
             .await
             .map_err(|e| ForwardError::NotStarted(e.to_string()))?;
         let mut bound = self
-            .take(server, source)
+            .ready(server, source)
             .await
-            .map_err(|e| ForwardError::NotStarted(format!("server {server:?}: {e}")))?;
+            .map_err(ForwardError::NotStarted)?;
         let deadline = self.generation.config.call_timeout;
         match bound.exec.forward(method, params, deadline).await {
             Ok(result) => {
