@@ -120,24 +120,31 @@ fn concurrent_calls_to_one_server_run_on_separate_executors() {
     );
 }
 
+/// Runs call `id` of `slow/sleep` in `steps` steps of 0.2 s with progress `token`; returns
+/// the progress notifications that came before its answer (one per step).
+fn progress_of_a_call(c: &mut RawClient, id: u64, token: Value, steps: u64) -> Vec<Value> {
+    c.send_request(
+        id,
+        "tools/call",
+        json!({"name": "slow/sleep", "arguments": {"seconds": 0.2 * steps as f64, "steps": steps},
+               "_meta": {"progressToken": token}}),
+    );
+    let (answer, before) = until_answer(c, id);
+    assert!(answer.get("result").is_some(), "{answer}");
+    let progress: Vec<Value> = before
+        .into_iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .collect();
+    assert_eq!(progress.len(), steps as usize, "{progress:?}");
+    progress
+}
+
 #[test]
 fn progress_reaches_the_client_and_cancellation_reaches_the_executor() {
     let Some(host) = start() else { return };
     let mut c = host.client();
     // Progress: every notification, with the client's token, before the answer; numbers only.
-    c.send_request(
-        1,
-        "tools/call",
-        json!({"name": "slow/sleep", "arguments": {"seconds": 0.8, "steps": 4},
-               "_meta": {"progressToken": "tok-1"}}),
-    );
-    let (answer, before) = until_answer(&mut c, 1);
-    assert!(answer.get("result").is_some(), "{answer}");
-    let progress: Vec<&Value> = before
-        .iter()
-        .filter(|m| m["method"] == "notifications/progress")
-        .collect();
-    assert_eq!(progress.len(), 4, "{before:?}");
+    let progress = progress_of_a_call(&mut c, 1, json!("tok-1"), 4);
     for (i, p) in progress.iter().enumerate() {
         assert_eq!(p["params"]["progressToken"], "tok-1");
         assert_eq!(p["params"]["progress"], json!(i + 1));
@@ -586,4 +593,60 @@ fn an_executor_failing_before_the_call_reaches_it_tells_the_client_nothing_of_it
             .any(|l| l.contains("server=leaky") && l.contains("HUSH-4711")),
         "the operator is not told what the executor said:\n{log}"
     );
+}
+
+/// The executor's stderr lines the host has logged so far that contain `needle`.
+fn executor_said(host: &Governed, needle: &str) -> Vec<String> {
+    host.log()
+        .lines()
+        .filter(|l| l.contains("executor stderr") && l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A call's progress token and its cancellation's reason are the client's text, which the
+/// host classifies only in `arguments`: the executor gets a progress token the host issued
+/// (the client's own comes back on its progress) and the host's reason, never the client's
+/// words. Before, both reached the executor as the client sent them, so a token could carry
+/// what the classifier would have kept from a low-clearance tool.
+#[test]
+fn the_executor_sees_neither_the_clients_progress_token_nor_its_cancel_reason() {
+    let Some(host) = start() else { return };
+    let mut c = host.client();
+    for p in progress_of_a_call(&mut c, 1, json!("HUSH-1 token"), 2) {
+        assert_eq!(p["params"]["progressToken"], "HUSH-1 token", "{p}");
+    }
+
+    call(
+        &mut c,
+        2,
+        "slow/sleep",
+        json!({"seconds": 20, "steps": 100}),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    c.notify(
+        "notifications/cancelled",
+        json!({"requestId": 2, "reason": "HUSH-2 reason"}),
+    );
+    assert!(
+        cancellation_logged(&host, "slow", Duration::from_secs(5)),
+        "{}",
+        host.log()
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (executor_said(&host, "progress token:").is_empty()
+        || executor_said(&host, "cancel reason:").is_empty())
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let tokens = executor_said(&host, "progress token:");
+    let reasons = executor_said(&host, "cancel reason:");
+    assert!(!tokens.is_empty() && !reasons.is_empty(), "{}", host.log());
+    for line in tokens.iter().chain(&reasons) {
+        assert!(
+            !line.contains("HUSH-"),
+            "the executor saw the client's text: {line}"
+        );
+    }
 }

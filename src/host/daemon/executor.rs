@@ -51,12 +51,12 @@ pub enum ExecutorError {
     /// It answered the call with a JSON-RPC error (it may serve again).
     #[error("the executor answered with {0}")]
     Rpc(mcp::RpcError),
-    /// The client cancelled the call; the cancellation was forwarded to the executor, which
-    /// either answered within the grace period (`acknowledged`: it may serve again) or was
-    /// stopped.
+    /// The client cancelled the call; the cancellation was forwarded to the executor (with
+    /// [`CANCEL_REASON`]), which either answered within the grace period (`acknowledged`: it
+    /// may serve again) or was stopped.
     #[error("the call was cancelled ({reason}); the executor {}", if *acknowledged { "acknowledged it" } else { "did not acknowledge it and was stopped" })]
     Cancelled {
-        /// Why, as the client said.
+        /// Why, as the client said (for the host's log; the executor is not told).
         reason: String,
         /// Whether the executor answered the cancelled request within the grace period.
         acknowledged: bool,
@@ -140,6 +140,11 @@ pub trait NamedCall: Send + Sync + 'static {
     fn tool_name(&self) -> &str;
 }
 
+/// The reason an executor is given when a request it serves is cancelled, whatever the
+/// client said: the client's reason is its own text, which no classifier reads, so it goes
+/// to the host's log only.
+pub const CANCEL_REASON: &str = "the client cancelled the request";
+
 /// How long an executor has to answer a cancelled request before it is stopped: one that
 /// does not answer may still be working, and its later egress must not be attributed to
 /// the next call.
@@ -169,20 +174,38 @@ impl CallControl {
 }
 
 /// Where an executor's `notifications/progress` for one call are sent: the client's
-/// progress token (passed through to the executor) and the call's outgoing messages.
+/// progress token, the token the executor is given in its place, and the call's outgoing
+/// messages.
+///
+/// The client's token is its own text, which no classifier reads (only a call's `arguments`
+/// are classified before dispatch): passed through, it could carry to a low-clearance tool
+/// what the classifier keeps from it. So the executor gets a token the host issued, and the
+/// client's comes back on the progress forwarded to it.
 pub struct ProgressRoute {
     /// The client's `progressToken`.
-    pub token: Value,
+    token: Value,
+    /// The token the executor is given (the host's, unique to the call).
+    issued: Value,
     /// The call's outgoing lines.
-    pub out: Outbox,
+    out: Outbox,
 }
 
 impl ProgressRoute {
-    /// Forwards one progress notification of the executor when it carries this call's token.
-    /// Only the numbers travel (a free-text `message` is dropped), and only once the call's
-    /// output label is stored (see [`ClientRelay::labelled`]).
+    /// The route of a call whose client asked for progress with `token`, sending on `out`.
+    pub fn new(token: Value, out: Outbox) -> Self {
+        ProgressRoute {
+            token,
+            issued: Value::String(format!("flowhost-progress-{}", super::random_id())),
+            out,
+        }
+    }
+
+    /// Forwards one progress notification of the executor when it carries the token issued
+    /// for this call, with the client's token in its place. Only the numbers travel (a
+    /// free-text `message` is dropped), and only once the call's output label is stored
+    /// (see [`ClientRelay::labelled`]).
     async fn forward(&self, params: &Value) {
-        if params.get("progressToken") != Some(&self.token) {
+        if params.get("progressToken") != Some(&self.issued) {
             return;
         }
         let Some(progress) = params.get("progress").filter(|p| p.is_number()) else {
@@ -683,8 +706,9 @@ impl<C: NamedCall> McpExecutor<C> {
         }
     }
 
-    /// Forwards the client's cancellation of request `id` and gives the executor
-    /// [`CANCEL_GRACE`] to answer it; one that does not is killed.
+    /// Forwards the client's cancellation of request `id` (with [`CANCEL_REASON`], not the
+    /// client's `reason`) and gives the executor [`CANCEL_GRACE`] to answer it; one that does
+    /// not is killed.
     async fn cancel(
         &mut self,
         id: u64,
@@ -693,7 +717,7 @@ impl<C: NamedCall> McpExecutor<C> {
     ) -> ExecutorError {
         let notice = mcp::notification(
             "notifications/cancelled",
-            json!({"requestId": id, "reason": reason}),
+            json!({"requestId": id, "reason": CANCEL_REASON}),
         );
         let answered = async {
             self.send(&notice).await?;
@@ -850,11 +874,12 @@ impl<C: NamedCall> McpExecutor<C> {
     /// later attempt finds no call in flight and is refused. Without this, an executor could
     /// answer while another of its threads' attempts is still approved under the old label.
     ///
-    /// The client's progress token, if any, is passed to the executor and its progress
-    /// notifications are forwarded; a cancellation is forwarded too (see
-    /// [`ExecutorError::Cancelled`]). Log notifications and requests the executor sends its
-    /// client during the call go through `relay` (see [`ClientRelay`]); what it sent while
-    /// idle before the call is not relayed.
+    /// If the client asked for progress, the executor gets a token the host issued and its
+    /// progress notifications reach the client with the client's token (see
+    /// [`ProgressRoute`]); a cancellation is forwarded too, in the host's words (see
+    /// [`ExecutorError::Cancelled`], [`CANCEL_REASON`]). Log notifications and requests the
+    /// executor sends its client during the call go through `relay` (see [`ClientRelay`]);
+    /// what it sent while idle before the call is not relayed.
     pub async fn call(
         &mut self,
         call: Arc<C>,
@@ -875,7 +900,7 @@ impl<C: NamedCall> McpExecutor<C> {
         }
         let mut params = json!({"name": tool, "arguments": arguments});
         if let Some(route) = &control.progress {
-            params["_meta"] = json!({"progressToken": route.token});
+            params["_meta"] = json!({"progressToken": route.issued});
         }
         // Answering what it asked while idle writes to it: an executor that stops reading
         // its input would block that write, so it is bounded by the call's deadline too.

@@ -764,10 +764,7 @@ impl Session {
             .get("_meta")
             .and_then(|m| m.get("progressToken"))
             .filter(|t| t.is_string() || t.is_i64() || t.is_u64())
-            .map(|token| ProgressRoute {
-                token: token.clone(),
-                out: outbox.clone(),
-            });
+            .map(|token| ProgressRoute::new(token.clone(), outbox.clone()));
         let mut executors = Executors {
             session: self,
             generation: &generation,
