@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 
-use common::http::{McpHttp, request};
+use common::http::{McpHttp, connect_from, request, request_over};
 use common::lab::Lab;
 use common::shared_copy;
 use flowhost::lab::{JwtIssuer, conformance_server, host_config, unix_now};
@@ -859,12 +859,48 @@ fn a_request_id_of_another_kind_is_refused_at_once() {
     );
 }
 
+/// Whether `stream`, just connected, is closed by the daemon within 5 s rather than held.
+fn closed_at_once(mut stream: std::net::TcpStream) -> bool {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    let read = stream.read(&mut buf);
+    matches!(read, Ok(0))
+        || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset)
+}
+
+/// The status of an authenticated `initialize` sent over `stream` to the daemon at `addr`.
+fn initialize_over(stream: std::net::TcpStream, addr: SocketAddr) -> u16 {
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let auth = format!("Bearer {TOKEN}");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).to_string();
+    request_over(
+        stream,
+        &addr.to_string(),
+        "POST",
+        "/mcp",
+        &[
+            ("Authorization", auth.as_str()),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ],
+        &body,
+    )
+    .status
+}
+
+/// The daemon's limit of connections from one source.
+const PER_SOURCE: usize = flowhost::daemon::http::MAX_CONNECTIONS_PER_SOURCE;
+
 /// Connections past the daemon's limit are closed at once, so clients that connect and
 /// send nothing cannot take the descriptors the daemon needs; once some close, requests
 /// are served again.
 #[test]
 fn connections_past_the_limit_are_closed_at_once() {
-    use std::io::Read;
     // The test and the daemon it starts each hold one descriptor per connection.
     let (soft, hard) =
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
@@ -876,23 +912,20 @@ fn connections_past_the_limit_are_closed_at_once() {
     let Some((lab, addr, _)) = start("") else {
         return;
     };
-    // The daemon's limit (MAX_CONNECTIONS in src/host/daemon/http/mod.rs).
+    // The daemon's limit (MAX_CONNECTIONS in src/host/daemon/http/mod.rs), taken from as
+    // many sources as the limit per source asks.
     const LIMIT: usize = 512;
     let idle: Vec<std::net::TcpStream> = (0..LIMIT)
-        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .map(|i| connect_from(Ipv4Addr::new(127, 0, 1, (i / PER_SOURCE) as u8 + 1), addr))
         .collect();
     // The daemon accepts in order: the last idle one is held once a request on it would be
     // served. Wait until it has been accepted (the connection after it is then refused).
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let mut extra = std::net::TcpStream::connect(addr).unwrap();
-    extra
-        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .unwrap();
-    let mut buf = [0u8; 1];
-    let read = extra.read(&mut buf);
-    let closed = matches!(read, Ok(0))
-        || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset);
-    assert!(closed, "the connection past the limit was closed at once");
+    let extra = connect_from(Ipv4Addr::new(127, 0, 1, 200), addr);
+    assert!(
+        closed_at_once(extra),
+        "the connection past the limit was held"
+    );
     assert!(
         lab.log().contains("http connection closed at once"),
         "{}",
@@ -900,20 +933,35 @@ fn connections_past_the_limit_are_closed_at_once() {
     );
     drop(idle);
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let auth = format!("Bearer {TOKEN}");
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).to_string();
-    let r = request(
-        addr,
-        "POST",
-        "/mcp",
-        &[
-            ("Authorization", auth.as_str()),
-            ("Content-Type", "application/json"),
-            ("Accept", "application/json, text/event-stream"),
-        ],
-        &body,
+    let status = initialize_over(std::net::TcpStream::connect(addr).unwrap(), addr);
+    assert_eq!(status, 200);
+}
+
+/// One remote host cannot take every connection: past the limit per source address its next
+/// connection is closed at once, while another host's is served. Before, one host holding
+/// the 512 connections of the daemon's limit locked every other client out.
+#[test]
+fn one_source_cannot_hold_every_connection() {
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    let flooder = Ipv4Addr::new(127, 0, 0, 2);
+    let idle: Vec<std::net::TcpStream> = (0..PER_SOURCE)
+        .map(|_| connect_from(flooder, addr))
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        closed_at_once(connect_from(flooder, addr)),
+        "a connection past the limit of its source was held"
     );
-    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        lab.log().contains("are open from its source"),
+        "{}",
+        lab.log()
+    );
+    let other = connect_from(Ipv4Addr::new(127, 0, 0, 3), addr);
+    assert_eq!(initialize_over(other, addr), 200);
+    drop(idle);
 }
 
 /// A client that sends a request's head a byte now and then (or nothing) is cut off once

@@ -195,3 +195,27 @@ impl McpHttp {
         r
     }
 }
+
+/// A TCP connection to `addr` from `source` (any loopback address names this host), so a
+/// test can stand for several remote hosts.
+pub fn connect_from(source: std::net::Ipv4Addr, addr: SocketAddr) -> TcpStream {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, socket};
+    use std::os::fd::AsRawFd;
+    let SocketAddr::V4(to) = addr else {
+        panic!("{addr} is no IPv4 address");
+    };
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    bind(
+        fd.as_raw_fd(),
+        &SockaddrIn::from(std::net::SocketAddrV4::new(source, 0)),
+    )
+    .unwrap();
+    connect(fd.as_raw_fd(), &SockaddrIn::from(to)).unwrap();
+    TcpStream::from(fd)
+}

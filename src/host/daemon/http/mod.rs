@@ -12,9 +12,10 @@
 //! twice or is not visible ASCII, never read as absent.
 //!
 //! Files: `auth` (credentials to principals), `streams` (a session's SSE streams and their
-//! replay), `tls` (the listener's TLS).
+//! replay), `sources` (the connections open per source address), `tls` (the listener's TLS).
 
 pub mod auth;
+mod sources;
 mod streams;
 mod tls;
 
@@ -40,6 +41,8 @@ use crate::decision::Denial;
 use crate::ident::PrincipalId;
 use crate::mcp::{Line, RpcError, code};
 use auth::{AuthRefusal, Authenticator};
+pub use sources::MAX_CONNECTIONS_PER_SOURCE;
+use sources::Sources;
 use streams::{Events, Streams, Target};
 
 /// The session id header.
@@ -58,7 +61,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// a client that connects and sends nothing (or a byte now and then) holds nothing.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most HTTP connections open at once (each holds a descriptor of the daemon's, which the
-/// Unix socket and the executors need too); past it a new connection is closed at once.
+/// Unix socket and the executors need too); past it a new connection is closed at once. One
+/// source may hold [`MAX_CONNECTIONS_PER_SOURCE`] of them.
 const MAX_CONNECTIONS: usize = 512;
 /// How long a session must have been idle before a new one of its principal may replace it
 /// at the principal's cap.
@@ -257,7 +261,9 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         "serving MCP over Streamable HTTP"
     );
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let sources = Arc::new(Sources::default());
     let mut refused_connections: u64 = 0;
+    let mut refused_from_source: u64 = 0;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -276,9 +282,18 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             }
             _ = host.stopped() => break,
         };
+        // The source's own limit first: a host at its limit takes none of the shared ones.
+        let Some(source) = sources.take(peer.ip()) else {
+            refused_from_source += 1;
+            // Said once per 1,000, so a flood does not flood the log too.
+            if refused_from_source % 1000 == 1 {
+                tracing::warn!(%peer, refused = refused_from_source, "http connection closed at once: {MAX_CONNECTIONS_PER_SOURCE} are open from its source");
+            }
+            drop(stream);
+            continue;
+        };
         let Ok(connection) = connections.clone().try_acquire_owned() else {
             refused_connections += 1;
-            // Said once per 1,000, so a flood does not flood the log too.
             if refused_connections % 1000 == 1 {
                 tracing::warn!(%peer, refused = refused_connections, "http connection closed at once: {MAX_CONNECTIONS} are open");
             }
@@ -293,7 +308,7 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         let transport = transport.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let _connection = connection;
+            let _connection = (connection, source);
             let service = hyper::service::service_fn(move |req| {
                 let transport = transport.clone();
                 async move { Ok::<_, Infallible>(transport.handle(req).await) }
