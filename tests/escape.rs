@@ -738,6 +738,9 @@ async fn netlink_sends_to_other_sockets_are_refused_as_the_kernel_refuses_the_ex
         ["netlink-send", "2147483632", "0", "connect"],
         ["netlink-send", "0", "1", "sendto"],
         ["netlink-send", "0", "1", "connect"],
+        // Joining groups by bind: some groups are checked against the binding task's
+        // capabilities, which would be the broker's.
+        ["netlink-send", "0", "1", "bind"],
     ] {
         let run = run_under(&b, profile.clone(), probe_argv(&args), |_| Verdict::Allow).await;
         assert_eq!(run.errno(), libc::EPERM as i64, "{args:?}: {}", run.stdout);
@@ -780,7 +783,7 @@ fn an_executor_that_clears_o_nonblock_cannot_block_the_hosts_runtime() {
             let racing = run_with(
                 &b,
                 "brokered",
-                probe_argv(&["unix-connect-racing", &path.display().to_string()]),
+                probe_argv(&["connect-racing", &path.display().to_string()]),
                 |_| Verdict::Allow,
             );
             let plain = async {
@@ -803,6 +806,64 @@ fn an_executor_that_clears_o_nonblock_cannot_block_the_hosts_runtime() {
     match rx.recv_timeout(Duration::from_secs(20)) {
         Ok(stdout) => assert!(stdout.contains("\"result\":\"ok\""), "{stdout}"),
         Err(_) => panic!("the runtime stalled: a broker connect blocked its only worker"),
+    }
+    drop(listener);
+}
+
+#[test]
+fn a_connect_left_blocking_on_the_pool_ends_when_its_caller_is_gone() {
+    use std::os::fd::AsRawFd;
+    // A connect the executor made block (by clearing O_NONBLOCK) holds a thread of the
+    // runtime's blocking pool; to a peer that never answers (a full accept queue drops every
+    // SYN) it would hold it for minutes. Once the executor is gone the broker dissolves it,
+    // so the pool (here one thread) serves the next executor.
+    if !common::is_root() {
+        eprintln!("SKIP: the broker needs root here");
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // SAFETY: re-listening on our own socket only changes its backlog.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    let addr = listener.local_addr().unwrap();
+    let _fillers: Vec<_> = (0..2)
+        .map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)))
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let b = broker().unwrap();
+            let sink = TcpSink::start();
+            let racing = run_with(
+                &b,
+                "brokered",
+                probe_argv(&["connect-racing", &addr.to_string()]),
+                |_| Verdict::Allow,
+            );
+            // Ended (its executor killed) after 600 ms, its connect still blocked.
+            let ended = tokio::time::timeout(Duration::from_millis(600), racing).await;
+            let run = run_with(
+                &b,
+                "brokered",
+                probe_argv(&["connect", &sink.addr.to_string()]),
+                |_| Verdict::Allow,
+            )
+            .await;
+            let _ = tx.send((ended.is_err(), run.stdout));
+        });
+        rt.shutdown_background();
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok((cut_short, stdout)) => {
+            assert!(cut_short, "the racing connect was expected to block");
+            assert!(stdout.contains("\"result\":\"ok\""), "{stdout}");
+        }
+        Err(_) => panic!("the blocking pool stayed taken by a connect whose caller was gone"),
     }
     drop(listener);
 }

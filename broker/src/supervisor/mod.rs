@@ -36,6 +36,8 @@ mod pidfds;
 mod socket;
 mod unix_path;
 
+pub(crate) use socket::EXECUTOR_BLOCKING_CALLS;
+
 use std::collections::HashSet;
 use std::future::Future;
 use std::io;
@@ -106,6 +108,9 @@ pub(crate) struct Context {
     pub bound: std::sync::Mutex<HashSet<u64>>,
     /// Unix socket paths absent from the executor's view (the profile's).
     pub absent_unix_sockets: Arc<Vec<std::path::PathBuf>>,
+    /// Bounds this executor's calls on the runtime's blocking pool
+    /// ([`socket::EXECUTOR_BLOCKING_CALLS`]).
+    pub blocking_calls: Arc<Semaphore>,
     /// The broker's O_NONBLOCK toggles on this executor's sockets (see `socket::Toggles`).
     pub toggles: Arc<socket::Toggles>,
     /// The thread that receives this executor's notifications, if it has one ([`supervise`]):

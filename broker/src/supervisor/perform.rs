@@ -50,7 +50,11 @@ impl Caller<'_> {
             self.still_waiting()?;
             return Err(Outcome::Errno(libc::ENOENT));
         }
-        let privileged = syscall == EgressSyscall::Connect && needs_network_privilege(&destination);
+        let privileged = match syscall {
+            EgressSyscall::Connect => needs_network_privilege(&destination),
+            EgressSyscall::Bind => joins_netlink_groups(&destination),
+            _ => false,
+        };
         info.destination = Some(destination);
         if let Verdict::Deny { errno } = self.decide(info).await {
             return Err(Outcome::Errno(errno));
@@ -280,6 +284,14 @@ pub(super) fn ignores_address(sock: &TakenSocket) -> bool {
 /// refuses it with EPERM, as the kernel would refuse the executor.
 pub(super) fn needs_network_privilege(dest: &Destination) -> bool {
     matches!(dest, Destination::Netlink { port_id, groups } if *port_id != 0 || *groups != 0)
+}
+
+/// Whether a bind to `dest` joins netlink multicast groups. The kernel checks some groups
+/// against the binding task's capabilities (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN`), which would be
+/// the broker's, so such a bind is refused with EPERM; `NETLINK_ADD_MEMBERSHIP` joins a group
+/// with the executor's own capabilities checked, since the executor makes that call itself.
+fn joins_netlink_groups(dest: &Destination) -> bool {
+    matches!(dest, Destination::Netlink { groups, .. } if *groups != 0)
 }
 
 /// Whether `addr` (a raw IPv4 or IPv6 socket address) names a port below the host's

@@ -25,6 +25,13 @@ const MAX_REMEMBERED_BINDS: usize = 4096;
 /// How long the broker waits inline for a connect to complete before awaiting it.
 const INLINE_CONNECT_WAIT: Duration = Duration::from_micros(250);
 
+/// An AF_UNSPEC socket address: a connect to it dissolves the socket's association.
+const UNSPECIFIED: [u8; 16] = [0; 16];
+
+/// Calls per executor that may be on the runtime's blocking pool at once (see
+/// `Caller::nonblocking`): one the executor made block holds a pool thread.
+pub(crate) const EXECUTOR_BLOCKING_CALLS: usize = 4;
+
 /// Most sockets per executor whose facts are kept; at the bound all are forgotten.
 const MAX_KNOWN_SOCKETS: usize = 1024;
 
@@ -268,12 +275,30 @@ impl Caller<'_> {
         if self.ctx.supervision_thread.get() == Some(&std::thread::current().id()) {
             return toggles.with_nonblocking(sock, |blocking| Ok(op(sock, addr, blocking)));
         }
-        let (sock, addr) = (sock.clone(), addr.to_vec());
-        tokio::task::spawn_blocking(move || {
-            toggles.with_nonblocking(&sock, |blocking| Ok(op(&sock, &addr, blocking)))
-        })
-        .await
-        .unwrap_or_else(|e| Err(io::Error::other(e.to_string())))
+        // A few at a time per executor: those an executor makes block hold pool threads.
+        let _slot = self.ctx.blocking_calls.clone().acquire_owned().await;
+        let (taken, addr) = (sock.clone(), addr.to_vec());
+        let mut call = tokio::task::spawn_blocking(move || {
+            toggles.with_nonblocking(&taken, |blocking| Ok(op(&taken, &addr, blocking)))
+        });
+        let mut aborted = false;
+        loop {
+            tokio::select! {
+                done = &mut call => {
+                    return done.unwrap_or_else(|e| Err(io::Error::other(e.to_string())));
+                }
+                _ = tokio::time::sleep(CALLER_CHECK), if !aborted => {
+                    // A caller that is gone waits for nothing: an IP connect blocked on its
+                    // behalf is dissolved (an AF_UNSPEC connect wakes it), so the thread is
+                    // freed. A unix connect waits on its listener's backlog, which only
+                    // the listener frees (or its end, as when the executor owning it dies).
+                    if self.still_waiting().is_err() {
+                        aborted = true;
+                        let _ = sys::connect_raw(sock.fd.as_fd(), &UNSPECIFIED);
+                    }
+                }
+            }
+        }
     }
 
     /// Waits until `watch` may have turned writable, for at most [`CALLER_CHECK`] (or until
