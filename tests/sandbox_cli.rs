@@ -250,8 +250,6 @@ impl Drop for LegacyTiocsti {
     }
 }
 
-/// An interactive bash on a fresh pty, the way an operator's terminal runs it: the shell
-/// leads its own session with the pty as controlling terminal; its output is collected.
 /// A new pseudo-terminal: its master and its slave.
 fn open_pty() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
     use std::os::fd::{FromRawFd, OwnedFd};
@@ -272,82 +270,60 @@ fn open_pty() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
     unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) }
 }
 
-struct PtyShell {
-    master: std::fs::File,
-    child: std::process::Child,
-    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+/// Everything `master` shows, read on a thread of its own until nothing holds the terminal
+/// any more (EIO).
+fn collect(master: &std::fs::File) -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut reader = master.try_clone().unwrap();
+    let sink = output.clone();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    output
 }
+
+/// Waits (at most `within`) until `output` holds `text`; returns all of it.
+fn shows(output: &std::sync::Mutex<Vec<u8>>, text: &str, within: std::time::Duration) -> String {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let out = String::from_utf8_lossy(&output.lock().unwrap()).into_owned();
+        if out.contains(text) {
+            return out;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the terminal never showed {text:?}; it showed:\n{out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// An interactive bash on a fresh pty, the way an operator's terminal runs it: the shell
+/// leads its own session with the pty as controlling terminal; its output is collected.
+struct PtyShell(OnTerminal);
 
 impl PtyShell {
     fn start() -> Self {
-        use std::os::unix::process::CommandExt;
-        let (master, slave) = open_pty();
         let mut cmd = Command::new("/bin/bash");
-        cmd.args(["--norc", "--noprofile", "-i"])
-            .env("PS1", "$ ")
-            .stdin(slave.try_clone().unwrap())
-            .stdout(slave.try_clone().unwrap())
-            .stderr(slave);
-        // SAFETY: setsid and ioctl are async-signal-safe; the child makes the pty (its stdin)
-        // its controlling terminal, as a terminal emulator does for its shell.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().unwrap();
-        let master = std::fs::File::from(master);
-        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut reader = master.try_clone().unwrap();
-        let sink = output.clone();
-        std::thread::spawn(move || {
-            use std::io::Read;
-            let mut buf = [0u8; 4096];
-            // Ends with EIO once the shell and everything on the pty has gone.
-            while let Ok(n) = reader.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        PtyShell {
-            master,
-            child,
-            output,
-        }
+        cmd.args(["--norc", "--noprofile", "-i"]).env("PS1", "$ ");
+        PtyShell(OnTerminal::spawn(cmd, true))
     }
 
     fn type_line(&mut self, line: &str) {
-        use std::io::Write;
-        self.master.write_all(line.as_bytes()).unwrap();
-        self.master.write_all(b"\n").unwrap();
+        self.0.type_bytes(line.as_bytes());
+        self.0.type_bytes(b"\n");
     }
 
     /// Waits until the shell has printed `text`; returns everything printed so far.
     fn wait_for(&self, text: &str) -> String {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            let out = String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned();
-            if out.contains(text) {
-                return out;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the shell never printed {text:?}; it printed:\n{out}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for PtyShell {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.wait_for(text, std::time::Duration::from_secs(60))
     }
 }
 
@@ -373,7 +349,7 @@ fn a_sandboxed_command_cannot_push_input_into_the_operators_shell() {
     shell.type_line("echo SHELL-$((40+3))");
     let out = format!("{out}{}", shell.wait_for("SHELL-43"));
     shell.type_line("exit");
-    let _ = shell.child.wait();
+    let _ = shell.0.child.wait();
     assert!(
         !marker.exists(),
         "a line pushed from inside the sandbox ran in the operator's shell:\n{out}"
@@ -1046,11 +1022,32 @@ fn ctrl_z_stops_the_command_and_fg_continues_it() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
-    std::io::Write::write_all(&mut shell.master, b"\x1a").unwrap();
+    shell.0.type_bytes(b"\x1a");
     wait_for_state(pid, |s| s == 'T', "after Ctrl-Z");
     shell.type_line("fg");
     wait_for_state(pid, |s| s != 'T', "after fg");
-    std::io::Write::write_all(&mut shell.master, b"\x03").unwrap();
+    shell.0.type_bytes(b"\x03");
+    // What is typed while the run lasts is the command's (as over `ssh -t`): the shell's
+    // next line waits for the run to end.
+    let run = [
+        env!("CARGO_BIN_EXE_flowhost"),
+        "sandbox",
+        "run",
+        "--quiet",
+        "--profile",
+        "isolated",
+        "--",
+        sleeper[0],
+        sleeper[1],
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !processes_running(&run).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Ctrl-C did not end the run"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     shell.type_line("echo ENDED-$((40+4))");
     shell.wait_for("ENDED-44");
     shell.type_line("exit");
@@ -1058,4 +1055,281 @@ fn ctrl_z_stops_the_command_and_fg_continues_it() {
         processes_running(&sleeper).is_empty(),
         "the command outlived the run"
     );
+}
+
+/// flowhost started on a terminal the test holds, as a shell starts it: flowhost leads the
+/// terminal's session (setsid, TIOCSCTTY), in the foreground, or in the background behind a
+/// process of the session that holds the foreground (what a shell does for `CMD &`). That
+/// holder dies with the session's hangup when flowhost ends.
+struct OnTerminal {
+    master: std::fs::File,
+    /// The test's own copy of the terminal flowhost runs on.
+    slave: std::os::fd::OwnedFd,
+    child: std::process::Child,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+/// Whether a terminal test can run here; prints why not.
+fn can_run_on_a_terminal() -> bool {
+    if !can_run() {
+        return false;
+    }
+    if !std::path::Path::new("/dev/ptmx").exists() {
+        eprintln!("SKIP: terminal tests need /dev/ptmx to open a pseudo-terminal");
+        return false;
+    }
+    true
+}
+
+impl OnTerminal {
+    /// flowhost with `args`.
+    fn start(args: &[&std::ffi::OsStr], foreground: bool) -> Self {
+        let mut cmd = flowhost();
+        cmd.args(args);
+        Self::spawn(cmd, foreground)
+    }
+
+    /// `sandbox run --quiet --timeout SECONDS --profile isolated -- COMMAND...`.
+    fn quiet(seconds: &str, command: &[&str], foreground: bool) -> Self {
+        let mut args = os(&[
+            "sandbox",
+            "run",
+            "--quiet",
+            "--timeout",
+            seconds,
+            "--profile",
+            "isolated",
+            "--",
+        ]);
+        args.extend(os(command));
+        Self::start(&refs(&args), foreground)
+    }
+
+    /// `cmd` on the terminal.
+    fn spawn(mut cmd: Command, foreground: bool) -> Self {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let (master, slave) = open_pty();
+        // A window size of its own, so that a copied size is told from a default one.
+        let size = libc::winsize {
+            ws_row: 37,
+            ws_col: 101,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads the winsize on this stack.
+        let set = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+        assert_eq!(set, 0);
+        let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let (ready_r, ready_w) = (ready_r.as_raw_fd(), ready_w.as_raw_fd());
+        cmd.stdin(slave.try_clone().unwrap())
+            .stdout(slave.try_clone().unwrap())
+            .stderr(slave.try_clone().unwrap());
+        // SAFETY: between fork and exec only async-signal-safe calls are made (setsid, ioctl,
+        // fork, setpgid, sigprocmask, tcsetpgrp, read, write, pause); the pipe descriptors
+        // stay open in the test process until the child has been spawned.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if foreground {
+                    return Ok(());
+                }
+                match libc::fork() {
+                    -1 => Err(std::io::Error::last_os_error()),
+                    0 => {
+                        // The holder: a group of its own, given the terminal. A background
+                        // process may set the foreground only with SIGTTOU blocked.
+                        let mut set: libc::sigset_t = std::mem::zeroed();
+                        libc::sigemptyset(&mut set);
+                        libc::sigaddset(&mut set, libc::SIGTTOU);
+                        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                        libc::setpgid(0, 0);
+                        libc::tcsetpgrp(0, libc::getpid());
+                        libc::write(ready_w, b"x".as_ptr().cast(), 1);
+                        // Nothing of the spawn stays open here: the test's spawn waits
+                        // for its exec-error pipe to close.
+                        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                        loop {
+                            libc::pause();
+                        }
+                    }
+                    _ => {
+                        let mut byte = 0u8;
+                        if libc::read(ready_r, (&mut byte as *mut u8).cast(), 1) != 1 {
+                            return Err(std::io::Error::other("the holder did not start"));
+                        }
+                        Ok(())
+                    }
+                }
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        let master = std::fs::File::from(master);
+        let output = collect(&master);
+        OnTerminal {
+            master,
+            slave,
+            child,
+            output,
+        }
+    }
+
+    /// What the terminal showed so far.
+    fn shown(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+
+    fn type_bytes(&mut self, bytes: &[u8]) {
+        std::io::Write::write_all(&mut self.master, bytes).unwrap();
+    }
+
+    /// Waits (at most `within`) until the terminal showed `text`.
+    fn wait_for(&self, text: &str, within: std::time::Duration) -> String {
+        shows(&self.output, text, within)
+    }
+
+    /// flowhost's exit status, if it ended within `within`.
+    fn ended_within(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for OnTerminal {
+    fn drop(&mut self) {
+        // A test that failed with the terminal stopped must not leave flowhost blocked.
+        let _ = nix::sys::termios::tcflow(&self.slave, nix::sys::termios::FlowArg::TCOON);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
+    args.iter().map(std::ffi::OsString::from).collect()
+}
+
+fn refs(args: &[std::ffi::OsString]) -> Vec<&std::ffi::OsStr> {
+    args.iter().map(|a| a.as_os_str()).collect()
+}
+
+/// A sandboxed command run in the background (`flowhost sandbox run ... &`) does not read
+/// what is typed to the job in the foreground. It leads a session of its own, so the
+/// terminal's job control (SIGTTIN) never stopped it: with the caller's terminal as its
+/// stdin it read the keystrokes meant for the shell. It now has a terminal of its own, fed
+/// only while flowhost is in the foreground.
+#[test]
+fn a_background_run_does_not_read_what_is_typed_to_the_foreground() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let script = "echo READY; read l; echo \"GOT-$l\" | tr a-z A-Z";
+    let mut run = OnTerminal::quiet("2", &["/bin/sh", "-c", script], false);
+    run.wait_for("READY", std::time::Duration::from_secs(5));
+    run.type_bytes(b"secret\n");
+    let status = run.ended_within(std::time::Duration::from_secs(6));
+    let shown = run.shown();
+    assert!(
+        !shown.contains("GOT-SECRET"),
+        "the background command read the foreground's input:\n{shown}"
+    );
+    assert!(
+        status.is_some(),
+        "the wall clock did not end the run:\n{shown}"
+    );
+}
+
+/// In the foreground, what is typed reaches the command, which runs on a terminal (its
+/// controlling terminal, sized like the caller's), and what it writes reaches the caller.
+#[test]
+fn a_foreground_run_gets_a_terminal_of_its_own_and_the_callers_input() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let script = "test -t 0 && test -t 1 && echo IS-A-TERMINAL; \
+                  set -- $(cat /proc/$$/stat); [ \"$7\" != 0 ] && echo HAS-A-CONTROLLING-TERMINAL; \
+                  echo SIZE-$(stty size | tr ' ' x); \
+                  echo READY; read l; echo \"GOT-$l\" | tr a-z A-Z";
+    let mut run = OnTerminal::quiet("8", &["/bin/sh", "-c", script], true);
+    run.wait_for("READY", std::time::Duration::from_secs(5));
+    run.type_bytes(b"hello\n");
+    run.wait_for("GOT-HELLO", std::time::Duration::from_secs(5));
+    let status = run.ended_within(std::time::Duration::from_secs(5));
+    let shown = run.shown();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{shown}");
+    for want in ["IS-A-TERMINAL", "HAS-A-CONTROLLING-TERMINAL", "SIZE-37x101"] {
+        assert!(shown.contains(want), "{want} missing:\n{shown}");
+    }
+}
+
+/// Without a pseudo-terminal to give the command (no usable `/dev/ptmx`), a run from a
+/// terminal is refused, naming why; the caller's own terminal is never handed over instead.
+#[test]
+fn without_a_pseudo_terminal_a_run_from_a_terminal_is_refused() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    if std::process::Command::new("unshare")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP: needs unshare(1) to hide /dev/ptmx in a mount namespace");
+        return;
+    }
+    // In a mount namespace of its own, /dev/ptmx is /dev/null: opening a pseudo-terminal fails.
+    let inner = format!(
+        "mount --bind /dev/null /dev/ptmx && exec {} \"$@\"",
+        env!("CARGO_BIN_EXE_flowhost")
+    );
+    let args = os(&[
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        &inner,
+        "sh",
+        "sandbox",
+        "run",
+        "--quiet",
+        "--profile",
+        "isolated",
+        "--",
+        "/bin/echo",
+        "RAN-ON-THE-CALLERS-TERMINAL",
+    ]);
+    let (master, slave) = open_pty();
+    let mut child = std::process::Command::new("unshare")
+        .args(&args)
+        .stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave)
+        .spawn()
+        .unwrap();
+    let status = wait_within(&mut child, "no pseudo-terminal");
+    let mut shown = Vec::new();
+    let mut master = std::fs::File::from(master);
+    nix::fcntl::fcntl(
+        &master,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .unwrap();
+    let _ = std::io::Read::read_to_end(&mut master, &mut shown);
+    let shown = String::from_utf8_lossy(&shown);
+    assert!(
+        !shown.contains("RAN-ON-THE-CALLERS-TERMINAL"),
+        "the command ran on the caller's terminal:\n{shown}"
+    );
+    assert_eq!(status.code(), Some(2), "{shown}");
+    assert!(shown.contains("terminal"), "{shown}");
 }

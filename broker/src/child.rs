@@ -7,7 +7,8 @@
 //! parent in a [`ChildPlan`], which the suspended spawner thread keeps alive and unchanged.
 //!
 //! Order matters and is fixed: user-namespace maps (when unprivileged), mounts and hostname
-//! (need CAP_SYS_ADMIN), file descriptors, a new session, working directory, rlimits,
+//! (need CAP_SYS_ADMIN), file descriptors, a new session (with the executor's own
+//! pseudo-terminal as its controlling terminal, when it has one), working directory, rlimits,
 //! capability bounding set, ambient set and securebits (need CAP_SETPCAP), groups/gid/uid
 //! (drops the remaining capabilities), an explicit empty capset, parent-death signal (after the uid change, which
 //! would clear it), no_new_privs, Landlock, and last the seccomp filter, because it denies
@@ -68,6 +69,9 @@ pub struct ChildPlan {
     pub cwd: CString,
     /// Descriptors to become 0, 1 and 2.
     pub stdio: [c_int; 3],
+    /// Which of 0, 1 and 2 (once placed) is a terminal to make the controlling terminal of
+    /// the new session.
+    pub controlling_terminal: Option<c_int>,
     /// (source, target) descriptors to keep open across exec at fixed numbers.
     pub extra_fds: Vec<(c_int, c_int)>,
     /// Write end of the status pipe.
@@ -401,6 +405,16 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
         // neither push input into it (TIOCSTI needs the tty to be the caller's controlling
         // terminal) nor receive or send the terminal's job-control signals.
         check_parked!(&p, Stage::Session, libc::setsid());
+        // A terminal of its own (a pseudo-terminal the host relays) becomes its controlling
+        // terminal: job control and the terminal's signals apply to it as to any process
+        // started from a shell. Before the filter, which refuses TIOCSCTTY.
+        if let Some(fd) = plan.controlling_terminal {
+            check_parked!(
+                &p,
+                Stage::Terminal,
+                libc::ioctl(fd, libc::TIOCSCTTY, 0 as libc::c_ulong)
+            );
+        }
         check_parked!(&p, Stage::WorkingDirectory, libc::chdir(plan.cwd.as_ptr()));
         for (resource, limit) in &plan.rlimits {
             check_parked!(

@@ -200,8 +200,9 @@ impl Executor {
 
     /// Stops (`SIGSTOP`) or continues (`SIGCONT`) the executor's process group: job control
     /// for a caller that was suspended. The executor leads a session of its own, so the
-    /// terminal's stop never reaches it; stopped, it cannot read the terminal the caller's
-    /// shell takes back. A process that made a group of its own is not reached.
+    /// caller's terminal's stop never reaches it. A process that made a group of its own is
+    /// not reached; on a terminal of its own ([`crate::SpawnSpec::terminal`]) it can read
+    /// only what the host relays, which a stopped host does not.
     pub fn job_control(&self, stop: bool) -> io::Result<()> {
         use nix::sys::signal::{Signal, killpg};
         // The pid names this executor (only this handle reaps it), and it leads its group.

@@ -38,6 +38,7 @@ mod spawn;
 mod stage;
 mod supervisor;
 mod sys;
+pub mod terminal;
 mod uids;
 
 pub use attempt::{

@@ -61,6 +61,9 @@ pub enum StdioMode {
     Null,
     /// The host's own stream.
     Inherit,
+    /// The slave of the spec's [`SpawnSpec::terminal`], which becomes the executor's
+    /// controlling terminal.
+    Terminal,
 }
 
 /// How the host wants an executor run.
@@ -98,6 +101,11 @@ pub struct SpawnSpec {
     /// file, absolute path it replaces). Needs the profile's mount namespace; the target
     /// must exist.
     pub bind_files: Vec<(PathBuf, PathBuf)>,
+    /// A pseudo-terminal's slave ([`crate::terminal::Pty`]) for the streams in
+    /// [`StdioMode::Terminal`]. The executor makes it its controlling terminal in its new
+    /// session, before its seccomp filter (which refuses `TIOCSCTTY`) is installed, so the
+    /// terminal's job control and signals apply to it as to a process started from a shell.
+    pub terminal: Option<OwnedFd>,
 }
 
 impl SpawnSpec {
@@ -122,6 +130,7 @@ impl SpawnSpec {
             write_paths: Vec::new(),
             keep_fds: Vec::new(),
             bind_files: Vec::new(),
+            terminal: None,
         }
     }
 }

@@ -37,6 +37,8 @@ pub enum Stage {
     Session = 15,
     /// Setting and locking securebits (noroot, no_cap_ambient_raise).
     Securebits = 16,
+    /// TIOCSCTTY: making the executor's own pseudo-terminal its controlling terminal.
+    Terminal = 17,
 }
 
 impl Stage {
@@ -60,6 +62,7 @@ impl Stage {
             14 => Exec,
             15 => Session,
             16 => Securebits,
+            17 => Terminal,
             _ => return None,
         })
     }
@@ -85,6 +88,9 @@ impl Stage {
             Stage::Securebits => {
                 "setting the executor's securebits (noroot, no_cap_ambient_raise, both locked)"
             }
+            Stage::Terminal => {
+                "making the executor's pseudo-terminal its controlling terminal (TIOCSCTTY)"
+            }
         }
     }
 }
@@ -100,11 +106,11 @@ mod tests {
 
     #[test]
     fn every_stage_round_trips_through_the_status_pipe_number() {
-        for n in 1..=16 {
+        for n in 1..=17 {
             let stage = Stage::from_u32(n).expect("a stage");
             assert_eq!(stage as u32, n);
         }
-        assert_eq!(Stage::from_u32(17), None);
+        assert_eq!(Stage::from_u32(18), None);
         assert!(Stage::Securebits.describe().contains("securebits"));
     }
 }

@@ -610,6 +610,30 @@ pub fn notif_set_sync_wakeup(listener: BorrowedFd<'_>) -> bool {
     ret == 0
 }
 
+/// The window size of the terminal `fd` (`TIOCGWINSZ`).
+pub fn window_size(fd: BorrowedFd<'_>) -> io::Result<libc::winsize> {
+    let mut size = MaybeUninit::<libc::winsize>::zeroed();
+    // SAFETY: the ioctl writes one winsize into the buffer we own.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, size.as_mut_ptr()) };
+    check(ret as libc::c_long)?;
+    // SAFETY: zero-initialised, then filled by the ioctl that succeeded.
+    Ok(unsafe { size.assume_init() })
+}
+
+/// Sets the window size of the terminal `fd` (`TIOCSWINSZ`); the kernel signals SIGWINCH to
+/// the terminal's foreground process group when it changed.
+pub fn set_window_size(fd: BorrowedFd<'_>, size: &libc::winsize) -> io::Result<()> {
+    // SAFETY: the ioctl reads one winsize we own.
+    let ret = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCSWINSZ,
+            size as *const libc::winsize,
+        )
+    };
+    check(ret as libc::c_long).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

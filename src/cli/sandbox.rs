@@ -13,7 +13,6 @@
 mod mcp;
 
 use std::ffi::OsString;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -50,6 +49,14 @@ pub const GATE_FAILED: u8 = 90;
 /// `eprintln!` panics: in the middle of deciding an attempt, that refused it after its
 /// record said it was allowed, and ended the task that decides every later one.
 fn to_stderr(text: &str) {
+    // On a terminal, the lines end with a carriage return too: while the command's terminal
+    // is relayed the caller's takes output unprocessed (elsewhere one more is harmless).
+    static TERMINAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let text = if *TERMINAL.get_or_init(|| std::io::IsTerminal::is_terminal(&std::io::stderr())) {
+        std::borrow::Cow::Owned(text.replace('\n', "\r\n"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    };
     // Nobody reads it any more; the run and its records go on.
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
 }
@@ -60,6 +67,8 @@ macro_rules! say {
         to_stderr(&format!("{}\n", format_args!($($arg)*)))
     };
 }
+
+mod terminal;
 
 /// Run commands under the broker.
 #[derive(Debug, clap::Args)]
@@ -188,6 +197,10 @@ pub enum SandboxError {
     /// The async runtime could not start.
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    /// The command's own terminal could not be made or relayed (the caller's terminal is
+    /// never passed to the command instead).
+    #[error("{0}; refusing to run the command on the caller's terminal")]
+    Terminal(#[from] terminal::RelayError),
     /// An interrupt could not be taken from its default action, so it could not reach the
     /// command.
     #[error("cannot take {signal} to pass it to the command: {source}")]
@@ -534,7 +547,8 @@ fn sandbox_health(
 }
 
 async fn run(args: RunArgs) -> CliResult {
-    let _terminal = TerminalModes::save();
+    // Before anything is printed: from here on the caller's terminal is looked after.
+    let mut terminal = terminal::CommandTerminal::open()?;
     let profile = Arc::new(Profile::find(&args.profile, &args.common.profiles_dir)?);
     let evidence = args.common.evidence()?;
     let broker = Broker::new(BrokerOptions::default())?;
@@ -570,6 +584,10 @@ async fn run(args: RunArgs) -> CliResult {
     spec.stdin = StdioMode::Inherit;
     spec.stdout = StdioMode::Inherit;
     spec.stderr = StdioMode::Inherit;
+    // Streams that are terminals become the command's own terminal instead.
+    if let Some(terminal) = terminal.as_mut() {
+        terminal.give_to(&mut spec);
+    }
     spec.inherit_env = vec!["PATH".into(), "LANG".into(), "TERM".into()];
     args.common.env_into(&mut spec);
     if let Some(cwd) = &args.cwd {
@@ -613,7 +631,18 @@ async fn run(args: RunArgs) -> CliResult {
                 signal: "SIGTSTP",
                 source,
             })?;
+    let mut resizes = terminal
+        .as_ref()
+        .map(|_| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()))
+        .transpose()
+        .map_err(|source| SandboxError::Signals {
+            signal: "SIGWINCH",
+            source,
+        })?;
     let mut exec = broker.spawn_judged(spec, judge).await?;
+    if let Some(terminal) = terminal.as_mut() {
+        terminal.relay()?;
+    }
     let _ = pid.set(exec.pid());
     let mut attempts = exec.take_attempts().ok_or("attempt stream already taken")?;
     let decider = {
@@ -654,14 +683,32 @@ async fn run(args: RunArgs) -> CliResult {
         tokio::select! {
             status = exec.wait() => break status?,
             // Ctrl-Z: the command stops with flowhost, and continues with it (`fg`, `bg`).
+            // Stopped or not, it gets nothing typed while flowhost is stopped or in the
+            // background.
             _ = suspends.recv() => {
                 if let Err(e) = exec.job_control(true) {
                     say!("flowhost sandbox: SIGTSTP: cannot stop the command ({e})");
+                }
+                if let Some(terminal) = &terminal {
+                    terminal.suspend();
                 }
                 // Stops this whole process until the shell continues it.
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
                 if let Err(e) = exec.job_control(false) {
                     say!("flowhost sandbox: SIGCONT: cannot continue the command ({e})");
+                }
+                if let Some(terminal) = &terminal {
+                    terminal.resume();
+                }
+            }
+            Some(_) = async {
+                match resizes.as_mut() {
+                    Some(resizes) => resizes.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if let Some(terminal) = &terminal {
+                    terminal.resized();
                 }
             }
             interrupt = interrupts.next() => match exec.interrupt(interrupt) {
@@ -754,47 +801,6 @@ impl Interrupts {
             std::task::Poll::Pending
         })
         .await
-    }
-}
-
-/// The modes of the caller's terminal when the run started, put back when it ends however
-/// it ends: a command that turned off echo or set raw mode and was then killed (by its wall
-/// clock, a bound or an interrupt) would leave the caller's shell unusable.
-struct TerminalModes {
-    terminal: Box<dyn AsFd>,
-    modes: nix::sys::termios::Termios,
-}
-
-impl TerminalModes {
-    /// The first of stdin, stdout and stderr that is a terminal, and its modes; `None` when
-    /// none is.
-    fn save() -> Option<Self> {
-        let streams: [Box<dyn AsFd>; 3] = [
-            Box::new(std::io::stdin()),
-            Box::new(std::io::stdout()),
-            Box::new(std::io::stderr()),
-        ];
-        streams.into_iter().find_map(|terminal| {
-            let modes = nix::sys::termios::tcgetattr(terminal.as_fd()).ok()?;
-            Some(TerminalModes { terminal, modes })
-        })
-    }
-}
-
-impl Drop for TerminalModes {
-    fn drop(&mut self) {
-        use nix::sys::termios::{SetArg, tcgetattr, tcsetattr};
-        // Only while flowhost is in the foreground: a background job setting the modes
-        // would be stopped (SIGTTOU), and would change them under the job in front.
-        let terminal = self.terminal.as_fd();
-        let foreground =
-            nix::unistd::tcgetpgrp(terminal).is_ok_and(|group| group == nix::unistd::getpgrp());
-        let changed = tcgetattr(terminal).is_ok_and(|now| now != self.modes);
-        if foreground && changed {
-            // A terminal that went away has no modes left to restore; nothing else can fail
-            // here that the caller could act on.
-            let _ = tcsetattr(terminal, SetArg::TCSADRAIN, &self.modes);
-        }
     }
 }
 

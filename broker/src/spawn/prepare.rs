@@ -27,6 +27,9 @@ pub(crate) struct Prepared {
     pub(super) env: Vec<CString>,
     pub(super) cwd: CString,
     pub(super) stdio_child: [OwnedFd; 3],
+    /// Which of stdin, stdout and stderr (0 to 2) is the terminal the executor makes its
+    /// controlling terminal, if any.
+    pub(super) controlling_terminal: Option<libc::c_int>,
     pub(crate) stdio_parent: [Option<OwnedFd>; 3],
     pub(super) keep_fds: Vec<(OwnedFd, RawFd)>,
     pub(super) clone_flags: libc::c_ulong,
@@ -158,12 +161,20 @@ pub(crate) fn prepare(
         }
     }
 
+    let terminal = spec.terminal;
+    let modes = [spec.stdin, spec.stdout, spec.stderr];
+    let controlling_terminal = modes
+        .iter()
+        .position(|m| *m == StdioMode::Terminal)
+        .map(|i| i as libc::c_int);
+    if terminal.is_some() != controlling_terminal.is_some() {
+        return Err(SpawnError::InvalidSpec(
+            "a terminal is given exactly when a standard stream is StdioMode::Terminal".into(),
+        ));
+    }
     let mut stdio_child: Vec<OwnedFd> = Vec::with_capacity(3);
     let mut stdio_parent: [Option<OwnedFd>; 3] = [None, None, None];
-    for (i, mode) in [spec.stdin, spec.stdout, spec.stderr]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, mode) in modes.into_iter().enumerate() {
         match mode {
             StdioMode::Piped => {
                 let (r, w) = pipe()?;
@@ -186,6 +197,16 @@ pub(crate) fn prepare(
                             source,
                         })?,
                 );
+            }
+            StdioMode::Terminal => {
+                // Present: checked above.
+                let Some(terminal) = &terminal else {
+                    return Err(SpawnError::InvalidSpec("no terminal given".into()));
+                };
+                stdio_child.push(terminal.try_clone().map_err(|source| SpawnError::Host {
+                    what: "duplicating the executor's terminal",
+                    source,
+                })?);
             }
         }
     }
@@ -305,6 +326,7 @@ pub(crate) fn prepare(
         env,
         cwd,
         stdio_child,
+        controlling_terminal,
         stdio_parent,
         keep_fds: spec.keep_fds,
         clone_flags: flags,

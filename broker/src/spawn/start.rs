@@ -277,6 +277,7 @@ pub(crate) fn start(
             prepared.stdio_child[1].as_raw_fd(),
             prepared.stdio_child[2].as_raw_fd(),
         ],
+        controlling_terminal: prepared.controlling_terminal,
         extra_fds: prepared
             .keep_fds
             .iter()
