@@ -1333,3 +1333,74 @@ fn without_a_pseudo_terminal_a_run_from_a_terminal_is_refused() {
     assert_eq!(status.code(), Some(2), "{shown}");
     assert!(shown.contains("terminal"), "{shown}");
 }
+
+/// The command cannot stop the caller's terminal. Before, `tcflow(TCOOFF)` on the terminal
+/// it inherited (with IXON cleared, so that Ctrl-Q could not undo it) blocked flowhost's own
+/// next write to stderr on its one runtime thread: attempts went undecided, the wall clock
+/// never fired, and the run outlived `--timeout`. Now it stops only its own terminal. And a
+/// terminal stopped by someone else delays flowhost's messages, never the run: `--timeout`
+/// still ends the command.
+#[test]
+fn a_stopped_terminal_stalls_neither_flowhost_nor_the_timeout() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let probe = shared_copy("flowhost-probe");
+    let dir = tempfile::tempdir().unwrap();
+    // `script` run by sh with the probe as $0, keeping records (so that attempts are
+    // decided, and printed, on flowhost's runtime), with a 2 s wall clock.
+    let start = |script: &str, records: &str| {
+        let mut args = os(&["sandbox", "run", "--timeout", "2", "--profile", "isolated"]);
+        args.extend([
+            "--records".into(),
+            dir.path().join(records).into_os_string(),
+            "--read".into(),
+            probe.clone().into_os_string(),
+        ]);
+        args.extend(os(&["--", "/bin/sh", "-c", script]));
+        args.push(probe.clone().into_os_string());
+        OnTerminal::start(&refs(&args), true)
+    };
+    // The command stops its terminal, then makes an attempt flowhost logs, then waits for
+    // the wall clock.
+    let mut run = start(
+        "\"$0\" tcoff >/dev/null; \"$0\" connect 127.0.0.1:9 x >/dev/null 2>&1; \
+         exec /bin/sleep 30.0390625",
+        "own",
+    );
+    let status = run.ended_within(std::time::Duration::from_secs(6));
+    let shown = run.shown();
+    assert!(
+        status.is_some(),
+        "the run outlived its 2 s wall clock by 4 s:\n{shown}"
+    );
+    for want in ["connect inet/stream/tcp 127.0.0.1:9", "wall-clock limit"] {
+        assert!(
+            shown.contains(want),
+            "{want} never reached the terminal:\n{shown}"
+        );
+    }
+    drop(run);
+
+    // The terminal stopped by someone else (here the test) once the command runs.
+    let sleeper = ["/bin/sleep", "30.04296875"];
+    let mut run = start(
+        &format!(
+            "echo RUNNING; sleep 0.5; \"$0\" connect 127.0.0.1:9 x >/dev/null 2>&1; exec {} {}",
+            sleeper[0], sleeper[1]
+        ),
+        "other",
+    );
+    run.wait_for("RUNNING", std::time::Duration::from_secs(5));
+    nix::sys::termios::tcflow(&run.slave, nix::sys::termios::FlowArg::TCOOFF).unwrap();
+    assert!(
+        run.ended_within(std::time::Duration::from_secs(6))
+            .is_some(),
+        "with the terminal stopped, the run outlived its 2 s wall clock by 4 s:\n{}",
+        run.shown()
+    );
+    assert!(
+        processes_running(&sleeper).is_empty(),
+        "the command outlived the run"
+    );
+}

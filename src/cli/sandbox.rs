@@ -49,14 +49,11 @@ pub const GATE_FAILED: u8 = 90;
 /// `eprintln!` panics: in the middle of deciding an attempt, that refused it after its
 /// record said it was allowed, and ended the task that decides every later one.
 fn to_stderr(text: &str) {
-    // On a terminal, the lines end with a carriage return too: while the command's terminal
-    // is relayed the caller's takes output unprocessed (elsewhere one more is harmless).
-    static TERMINAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let text = if *TERMINAL.get_or_init(|| std::io::IsTerminal::is_terminal(&std::io::stderr())) {
-        std::borrow::Cow::Owned(text.replace('\n', "\r\n"))
-    } else {
-        std::borrow::Cow::Borrowed(text)
-    };
+    // While the command's terminal is relayed and stderr is the caller's terminal, the relay
+    // writes it: a terminal that takes no output then holds up no thread of the run.
+    if terminal::relayed_message(text) {
+        return;
+    }
     // Nobody reads it any more; the run and its records go on.
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
 }

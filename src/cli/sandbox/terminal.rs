@@ -10,7 +10,8 @@
 //! flowhost.
 //!
 //! flowhost relays on threads of their own, so that a terminal that takes no output never
-//! holds up the run: what the command writes goes to the caller's terminal; what is typed
+//! holds up the run: what the command writes goes to the caller's terminal, and so do
+//! flowhost's own messages while stderr is that terminal (queued, up to a bound); what is typed
 //! goes to the command only while flowhost is the terminal's foreground process group,
 //! looked at before every read, and every read is bounded (a poll with a timeout, then a
 //! read that does not wait: the modes flowhost sets ask for none). While it relays in the
@@ -41,6 +42,91 @@ const LOOK_AGAIN: u16 = 100;
 /// terminal (a terminal that takes none is left behind).
 const DRAIN: Duration = Duration::from_secs(2);
 
+/// Most bytes of flowhost's own messages that wait for a terminal that takes no output; what
+/// comes beyond is dropped, and counted.
+const PENDING_LIMIT: usize = 64 * 1024;
+
+/// flowhost's own messages on their way to the caller's terminal.
+#[derive(Debug, Default)]
+struct Pending {
+    text: Vec<u8>,
+    /// Bytes dropped since the last [`Pending::take`].
+    dropped: usize,
+}
+
+impl Pending {
+    /// Queues `message` whole, or drops it whole when the queue is full.
+    fn push(&mut self, message: &str) {
+        if self.text.len() + message.len() > PENDING_LIMIT {
+            self.dropped += message.len();
+        } else {
+            self.text.extend_from_slice(message.as_bytes());
+        }
+    }
+
+    /// Everything queued, in order, then a line saying what was dropped. With `crlf` (the
+    /// terminal takes output unprocessed while flowhost relays), each line feed comes with a
+    /// carriage return, as output processing would have added.
+    fn take(&mut self, crlf: bool) -> Vec<u8> {
+        let mut text = std::mem::take(&mut self.text);
+        if self.dropped > 0 {
+            text.extend_from_slice(
+                format!(
+                    "flowhost sandbox: {} bytes of messages were dropped while the terminal \
+                     took no output\n",
+                    std::mem::take(&mut self.dropped)
+                )
+                .as_bytes(),
+            );
+        }
+        if !crlf {
+            return text;
+        }
+        let mut out = Vec::with_capacity(text.len() + text.len() / 32);
+        for byte in text {
+            if byte == b'\n' {
+                out.push(b'\r');
+            }
+            out.push(byte);
+        }
+        out
+    }
+}
+
+/// flowhost's own messages while the relay writes them, and the pipe that wakes the relay.
+struct Messages {
+    pending: Mutex<Pending>,
+    wake_r: OwnedFd,
+    wake_w: OwnedFd,
+}
+
+impl Messages {
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        // A push or take that panicked left whole messages behind.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Where flowhost's messages go instead of a direct write to stderr, while the relay runs.
+static MESSAGES: Mutex<Option<Arc<Messages>>> = Mutex::new(None);
+
+fn messages_registry() -> MutexGuard<'static, Option<Arc<Messages>>> {
+    MESSAGES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Hands `text` to the relay when it writes flowhost's messages (stderr is the caller's
+/// terminal and the relay runs): it is queued, never written here, so a terminal that takes
+/// no output cannot hold up the caller. `false` when the caller writes it itself.
+pub(super) fn relayed_message(text: &str) -> bool {
+    let Some(messages) = messages_registry().clone() else {
+        return false;
+    };
+    messages.pending().push(text);
+    // A full pipe already wakes the relay.
+    let _ = nix::unistd::write(&messages.wake_w, b"m");
+    true
+}
+
 /// Which of flowhost's standard streams are terminals, and what follows for the command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Streams {
@@ -54,6 +140,8 @@ struct Streams {
     output: usize,
     /// Whether what is typed is relayed (flowhost's stdin is a terminal).
     input: bool,
+    /// Whether flowhost's own messages go through the relay (its stderr is a terminal).
+    messages: bool,
 }
 
 /// What the command gets for each of flowhost's streams, given which are terminals; `None`
@@ -72,6 +160,7 @@ fn streams(terminals: [bool; 3]) -> Option<Streams> {
         caller,
         output,
         input: terminals[0],
+        messages: terminals[2],
     })
 }
 
@@ -285,31 +374,60 @@ fn write_all(to: BorrowedFd<'_>, mut bytes: &[u8], give_up: &dyn Fn() -> bool) -
     true
 }
 
-/// Command -> caller: what the command's terminal shows goes to the caller's terminal until
-/// the command's terminal closes (everything on it ended), or the run has ended and waited
-/// [`DRAIN`] for it.
-fn relay_output(shared: &Shared, to: OwnedFd) {
+/// Command -> caller: what the command's terminal shows goes to the caller's terminal, and
+/// flowhost's messages (`messages`, written to its stderr), as they come. It ends once the run
+/// has ended and the command's terminal closed (everything on it ended) and the messages are
+/// out, or [`DRAIN`] after the run ended, whatever is left.
+fn relay_output(shared: &Shared, to: OwnedFd, messages: Option<(Arc<Messages>, OwnedFd)>) {
     without_job_control_stops();
     let mut buf = vec![0u8; 16 * 1024];
-    let mut to_caller = true;
+    let (mut master_open, mut to_caller) = (true, true);
+    let give_up = || shared.drained();
     loop {
         if shared.drained() {
             return;
         }
-        if !shared.may_write() {
-            std::thread::sleep(Duration::from_millis(LOOK_AGAIN.into()));
-            continue;
+        let may_write = shared.may_write();
+        let mut fds = Vec::with_capacity(2);
+        if may_write && master_open {
+            fds.push(PollFd::new(shared.master.as_fd(), PollFlags::POLLIN));
         }
-        wait_for(shared.master.as_fd(), PollFlags::POLLIN);
-        match nix::unistd::read(&shared.master, &mut buf) {
-            Ok(0) | Err(Errno::EIO) => return,
-            Ok(n) => {
+        if let Some((messages, _)) = &messages {
+            fds.push(PollFd::new(messages.wake_r.as_fd(), PollFlags::POLLIN));
+        }
+        if fds.is_empty() {
+            std::thread::sleep(Duration::from_millis(LOOK_AGAIN.into()));
+        } else {
+            let _ = poll(&mut fds, LOOK_AGAIN);
+        }
+        drop(fds);
+        if may_write && master_open {
+            match nix::unistd::read(&shared.master, &mut buf) {
+                Ok(0) | Err(Errno::EIO) => master_open = false,
                 // A caller's terminal that went away: the rest is read and dropped, so the
                 // command never blocks on its own terminal.
-                to_caller = to_caller && write_all(to.as_fd(), &buf[..n], &|| shared.drained());
+                Ok(n) => to_caller = to_caller && write_all(to.as_fd(), &buf[..n], &give_up),
+                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                Err(_) => master_open = false,
             }
-            Err(Errno::EAGAIN | Errno::EINTR) => {}
-            Err(_) => return,
+        }
+        let mut left = false;
+        if let Some((messages, stderr)) = &messages {
+            let mut wake = [0u8; 64];
+            while matches!(nix::unistd::read(&messages.wake_r, &mut wake), Ok(n) if n > 0) {}
+            if may_write {
+                let crlf =
+                    tcgetattr(stderr).is_ok_and(|m| !m.output_flags.contains(OutputFlags::OPOST));
+                let text = messages.pending().take(crlf);
+                write_all(stderr.as_fd(), &text, &give_up);
+            }
+            left = !messages.pending().text.is_empty();
+        }
+        if shared.ending() && !master_open && !left {
+            return;
+        }
+        if !master_open && messages.is_none() {
+            return;
         }
     }
 }
@@ -438,7 +556,29 @@ impl CommandTerminal {
     pub(super) fn relay(&mut self) -> Result<(), RelayError> {
         let (done, ended) = std::sync::mpsc::channel();
         self.ended = Some(ended);
-        self.start("flowhost-tty-out", self.streams.output, relay_output, &done)?;
+        let messages = if self.streams.messages {
+            let (wake_r, wake_w) =
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                    .map_err(|e| RelayError::Relay {
+                        what: "creating the pipe that wakes the relay",
+                        source: e.into(),
+                    })?;
+            let messages = Arc::new(Messages {
+                pending: Mutex::new(Pending::default()),
+                wake_r,
+                wake_w,
+            });
+            Some((messages, duplicate(2)?))
+        } else {
+            None
+        };
+        let to = duplicate(self.streams.output)?;
+        let registered = messages.as_ref().map(|(m, _)| m.clone());
+        self.start("flowhost-tty-out", &done, move |shared| {
+            relay_output(shared, to, messages)
+        })?;
+        // From here flowhost's messages are queued for the relay.
+        *messages_registry() = registered;
         if self.streams.input {
             if standing(self.shared.caller.as_fd()) == Standing::NotOurs {
                 say!(
@@ -447,26 +587,27 @@ impl CommandTerminal {
                      nothing typed reaches the command"
                 );
             } else {
-                self.start("flowhost-tty-in", 0, relay_input, &done)?;
+                let from = duplicate(0)?;
+                self.start("flowhost-tty-in", &done, move |shared| {
+                    relay_input(shared, from)
+                })?;
             }
         }
         Ok(())
     }
 
-    /// Runs `relay` on a thread of its own, with flowhost's stream `stream`.
+    /// Runs `relay` on a thread of its own.
     fn start(
         &mut self,
         name: &str,
-        stream: usize,
-        relay: fn(&Shared, OwnedFd),
         done: &std::sync::mpsc::Sender<()>,
+        relay: impl FnOnce(&Shared) + Send + 'static,
     ) -> Result<(), RelayError> {
-        let fd = duplicate(stream)?;
         let (shared, done) = (self.shared.clone(), done.clone());
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                relay(&shared, fd);
+                relay(&shared);
                 let _ = done.send(());
             })
             .map_err(|source| RelayError::Relay {
@@ -497,14 +638,22 @@ impl CommandTerminal {
 impl Drop for CommandTerminal {
     fn drop(&mut self) {
         let _ = self.shared.ending.set(Instant::now() + DRAIN);
+        let mut all_ended = true;
         if let Some(ended) = &self.ended {
             let deadline = Instant::now() + DRAIN + Duration::from_millis(LOOK_AGAIN.into());
             for _ in 0..self.threads {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if ended.recv_timeout(left).is_err() {
+                    all_ended = false;
                     break;
                 }
             }
+        }
+        // A relay still writing to a terminal that takes no output keeps the messages: a
+        // later one is queued (and lost when flowhost exits), never written here, where it
+        // would wait with it.
+        if all_ended {
+            *messages_registry() = None;
         }
         self.shared.restore(true);
     }
@@ -533,6 +682,35 @@ mod tests {
         let err = streams([true, true, false]).expect("terminals");
         assert_eq!(err.modes, [Terminal, Terminal, Inherit]);
         assert_eq!(err.output, 1);
+        assert!(all.messages && !err.messages);
+    }
+
+    /// flowhost's messages wait whole, up to a bound, and what was dropped is said.
+    #[test]
+    fn messages_wait_whole_up_to_a_bound_and_the_dropped_are_counted() {
+        let mut pending = Pending::default();
+        pending.push("one\n");
+        pending.push("two\n");
+        assert_eq!(pending.take(false), b"one\ntwo\n");
+        assert_eq!(pending.take(true), b"");
+        pending.push("raw\n");
+        assert_eq!(pending.take(true), b"raw\r\n");
+        let line = "x".repeat(1000) + "\n";
+        for _ in 0..100 {
+            pending.push(&line);
+        }
+        let text = String::from_utf8(pending.take(false)).expect("text");
+        let kept = PENDING_LIMIT / line.len();
+        assert_eq!(text.matches(&line).count(), kept);
+        assert!(
+            text.ends_with(&format!(
+                "{} bytes of messages were dropped while the terminal took no output\n",
+                (100 - kept) * line.len()
+            )),
+            "{}",
+            &text[text.len() - 200..]
+        );
+        assert_eq!(pending.dropped, 0);
     }
 
     /// The relaying modes pass every byte on as typed and never wait in a read, and keep
