@@ -1203,6 +1203,12 @@ impl OnTerminal {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
+
+    /// The terminal's VINTR byte (Ctrl-C).
+    fn interrupt_byte(&self) -> u8 {
+        let modes = nix::sys::termios::tcgetattr(&self.slave).unwrap();
+        modes.control_chars[nix::sys::termios::SpecialCharacterIndices::VINTR as usize]
+    }
 }
 
 impl Drop for OnTerminal {
@@ -1403,4 +1409,35 @@ fn a_stopped_terminal_stalls_neither_flowhost_nor_the_timeout() {
         processes_running(&sleeper).is_empty(),
         "the command outlived the run"
     );
+}
+
+/// Ctrl-C reaches every process of the command's foreground job, as a terminal sends it:
+/// `bash -c 'sleep 100; true'` ends at once. Before, only the command's first process got
+/// it: bash handles SIGINT while it waits, and sleep went on.
+#[test]
+fn ctrl_c_reaches_the_commands_whole_foreground_job() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let sleeper = ["sleep", "100.0546875"];
+    let script = format!("{} {}; true", sleeper[0], sleeper[1]);
+    let mut run = OnTerminal::quiet("20", &["/bin/bash", "-c", &script], true);
+    let started = std::time::Instant::now();
+    while processes_running(&sleeper).is_empty() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "the command never ran:\n{}",
+            run.shown()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let ctrl_c = run.interrupt_byte();
+    run.type_bytes(&[ctrl_c]);
+    let status = run.ended_within(std::time::Duration::from_secs(3));
+    assert!(
+        status.is_some(),
+        "Ctrl-C did not end `bash -c 'sleep 100; true'`:\n{}",
+        run.shown()
+    );
+    assert!(processes_running(&sleeper).is_empty());
 }

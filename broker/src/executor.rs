@@ -2,7 +2,7 @@
 //! attempts, and kill/wait with deadlines.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -107,6 +107,12 @@ impl Interrupt {
         }
     }
 
+    /// Whether a terminal's key sends it (Ctrl-C, Ctrl-Backslash) to the terminal's
+    /// foreground process group.
+    fn sent_by_a_key(self) -> bool {
+        matches!(self, Interrupt::Interrupt | Interrupt::Quit)
+    }
+
     /// The signal's name, as `kill -l` spells it with the `SIG` prefix.
     pub fn name(self) -> &'static str {
         match self {
@@ -115,6 +121,40 @@ impl Interrupt {
             Interrupt::Quit => "SIGQUIT",
             Interrupt::Terminate => "SIGTERM",
         }
+    }
+}
+
+/// What a process does with a signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Disposition {
+    /// It has a handler.
+    Handled,
+    /// It ignores it.
+    Ignored,
+    /// It leaves it to the default action.
+    Default,
+}
+
+/// Where a key's signal goes when the executor has a terminal of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TerminalDelivery {
+    /// To the executor alone, as without a terminal.
+    Executor,
+    /// The executor is killed with everything it started.
+    Kill,
+    /// To the terminal's foreground process group.
+    Group,
+}
+
+/// Where a key's signal goes: `group` is the terminal's foreground process group (0: none),
+/// `executor` the executor's disposition when the executor is in that group.
+fn on_terminal(group: i32, executor: Option<Disposition>) -> TerminalDelivery {
+    match (group, executor) {
+        (0, _) => TerminalDelivery::Executor,
+        // The kernel would not end a pid namespace's first process: it is ended as the
+        // default action would end it, and its namespace with it.
+        (_, Some(Disposition::Default)) => TerminalDelivery::Kill,
+        _ => TerminalDelivery::Group,
     }
 }
 
@@ -224,20 +264,76 @@ impl Executor {
         if self.exit.is_some() {
             return Ok(Delivery::Ignored);
         }
+        match self.disposition(interrupt)? {
+            Disposition::Handled => {
+                sys::pidfd_send_signal(self.pidfd.get_ref().as_fd(), interrupt.signal())?;
+                Ok(Delivery::Sent)
+            }
+            Disposition::Ignored => Ok(Delivery::Ignored),
+            Disposition::Default => {
+                self.kill()?;
+                Ok(Delivery::Ended)
+            }
+        }
+    }
+
+    /// Delivers `interrupt` as the executor's own terminal would: `master` is the master of
+    /// the pseudo-terminal that is the executor's controlling terminal
+    /// ([`crate::SpawnSpec::terminal`]). SIGINT and SIGQUIT, the signals of the terminal's
+    /// keys, go to every process of the terminal's foreground process group (`TIOCSIG`), as
+    /// the key would send them; when the executor itself is in that group, the rule of
+    /// [`Executor::interrupt`] still applies to it (left to its default action, it is killed
+    /// with everything it started, which the kernel would not do for a pid namespace's first
+    /// process). SIGHUP and SIGTERM, which no key sends, go to the executor as
+    /// [`Executor::interrupt`] sends them.
+    pub fn interrupt_on_terminal(
+        &self,
+        interrupt: Interrupt,
+        master: BorrowedFd<'_>,
+    ) -> io::Result<Delivery> {
+        if self.exit.is_some() {
+            return Ok(Delivery::Ignored);
+        }
+        if !interrupt.sent_by_a_key() {
+            return self.interrupt(interrupt);
+        }
+        // No foreground group (0): the terminal would signal nobody; the executor is still
+        // asked, as without a terminal.
+        let group = nix::unistd::tcgetpgrp(master)
+            .map_err(io::Error::from)?
+            .as_raw();
+        let disposition = if group == self.pid {
+            Some(self.disposition(interrupt)?)
+        } else {
+            None
+        };
+        match on_terminal(group, disposition) {
+            TerminalDelivery::Executor => self.interrupt(interrupt),
+            TerminalDelivery::Kill => {
+                self.kill()?;
+                Ok(Delivery::Ended)
+            }
+            TerminalDelivery::Group => {
+                sys::terminal_signal(master, interrupt.signal())?;
+                Ok(Delivery::Sent)
+            }
+        }
+    }
+
+    /// What the executor does with `interrupt`, read from `/proc/PID/status`.
+    fn disposition(&self, interrupt: Interrupt) -> io::Result<Disposition> {
         // The pid cannot name another process: only this handle reaps it, and it has not.
         let status = procfs::process::Process::new(self.pid)
             .and_then(|p| p.status())
             .map_err(|e| io::Error::other(format!("reading /proc/{}/status: {e}", self.pid)))?;
         let bit = 1u64 << (interrupt.signal() - 1);
-        if status.sigcgt & bit != 0 {
-            sys::pidfd_send_signal(self.pidfd.get_ref().as_fd(), interrupt.signal())?;
-            Ok(Delivery::Sent)
+        Ok(if status.sigcgt & bit != 0 {
+            Disposition::Handled
         } else if status.sigign & bit != 0 {
-            Ok(Delivery::Ignored)
+            Disposition::Ignored
         } else {
-            self.kill()?;
-            Ok(Delivery::Ended)
-        }
+            Disposition::Default
+        })
     }
 
     /// Waits for the executor to exit and reaps it.
@@ -304,5 +400,27 @@ impl Drop for Executor {
             // Reaped by the broker's reaper thread, so no zombie is left behind.
             let _ = self.reaper.send(ReaperJob::Wait(self.reap.clone()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key's signal goes to the terminal's foreground job; the executor, when it is in that
+    /// job and leaves the signal to its default action, is ended (the kernel would drop it
+    /// for a pid namespace's first process); with no foreground job, the executor is asked.
+    #[test]
+    fn a_keys_signal_goes_to_the_foreground_job_with_the_pid_1_rule() {
+        use Disposition::*;
+        assert_eq!(on_terminal(0, None), TerminalDelivery::Executor);
+        assert_eq!(on_terminal(0, Some(Handled)), TerminalDelivery::Executor);
+        assert_eq!(on_terminal(42, Some(Default)), TerminalDelivery::Kill);
+        assert_eq!(on_terminal(42, Some(Handled)), TerminalDelivery::Group);
+        assert_eq!(on_terminal(42, Some(Ignored)), TerminalDelivery::Group);
+        // The executor is not in the foreground job: the job gets it, as from a terminal.
+        assert_eq!(on_terminal(43, None), TerminalDelivery::Group);
+        assert!(Interrupt::Interrupt.sent_by_a_key() && Interrupt::Quit.sent_by_a_key());
+        assert!(!Interrupt::Hangup.sent_by_a_key() && !Interrupt::Terminate.sent_by_a_key());
     }
 }

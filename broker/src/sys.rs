@@ -634,6 +634,16 @@ pub fn set_window_size(fd: BorrowedFd<'_>, size: &libc::winsize) -> io::Result<(
     check(ret as libc::c_long).map(|_| ())
 }
 
+/// Sends `signal` (SIGINT, SIGQUIT or SIGTSTP) to the foreground process group of the
+/// pseudo-terminal whose master is `master` (`TIOCSIG`), as its line discipline would on
+/// the matching character: the kernel reads the group when it sends, so no group number can
+/// go stale in between.
+pub fn terminal_signal(master: BorrowedFd<'_>, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: TIOCSIG takes the signal number by value; no memory is passed.
+    let ret = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSIG, signal as libc::c_ulong) };
+    check(ret as libc::c_long).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -708,7 +708,11 @@ async fn run(args: RunArgs) -> CliResult {
                     terminal.resized();
                 }
             }
-            interrupt = interrupts.next() => match exec.interrupt(interrupt) {
+            // As the command's terminal would: a key's signal to its foreground job.
+            interrupt = interrupts.next() => match match &terminal {
+                Some(terminal) => exec.interrupt_on_terminal(interrupt, terminal.master()),
+                None => exec.interrupt(interrupt),
+            } {
                 Ok(Delivery::Ended) => {
                     ended_by.get_or_insert(interrupt);
                 }

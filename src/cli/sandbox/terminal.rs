@@ -618,6 +618,11 @@ impl CommandTerminal {
         Ok(())
     }
 
+    /// The master of the command's terminal: what a key's signal goes through.
+    pub(super) fn master(&self) -> BorrowedFd<'_> {
+        self.shared.master.as_fd()
+    }
+
     /// Ctrl-Z: the caller's modes go back before flowhost stops, and stay until
     /// [`CommandTerminal::resume`].
     pub(super) fn suspend(&self) {
