@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
+use super::super::connect::Ending;
 use super::{CliResult, CommonArgs, resolve_program};
 use crate::label::InformationLabel;
 use crate::records::ToolMapping;
@@ -296,6 +297,9 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     let socket = host.current().config.socket.clone();
     let serving = tokio::spawn(crate::daemon::run(host.clone(), listener));
     let relayed = super::super::connect::bridge(&socket).await;
+    // Whether the host was stopping (on a signal to this process) when the session ended,
+    // read before this run asks it to stop.
+    let stopping = host.stopping();
     host.begin_shutdown();
     if !matches!(serving.await, Ok(crate::daemon::Served::Clean)) {
         return Err(
@@ -305,12 +309,31 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
         );
     }
     // The host stopping first (a signal to this process) ends the run as the client
-    // closing does: its records and health are concluded either way.
-    relayed.map_err(|e| format!("relaying the session: {e}"))?;
+    // closing does: its records and health are concluded either way. A host that ended the
+    // session for any other reason fails the run.
+    let ending = relayed.map_err(|e| format!("relaying the session: {e}"))?;
+    session_ended(ending, stopping)?;
     let health = crate::records::ToolObservationHealth::read_from(&health_file)?;
     // The host wrote the health; `conclude` writes it again to --health, which is that same
     // file, with the same content.
     args.common.conclude(&evidence, &health, 0)
+}
+
+/// Whether the session ended as a run may end: the client closed stdin, or the host was
+/// stopping on a signal to this process. A host that ended the session otherwise, with the
+/// client still sending, refused it (or a request): the client's later requests were never
+/// answered, and the run must not pass for a finished session.
+fn session_ended(ending: Ending, host_stopping: bool) -> Result<(), String> {
+    match ending {
+        Ending::ClientDone => Ok(()),
+        Ending::HostClosed if host_stopping => Ok(()),
+        Ending::HostClosed => Err(
+            "the host ended the session before the client closed stdin: it refused the \
+             session or a request (the log above and the records say which), and what the \
+             client sent after that was never answered"
+                .into(),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -322,6 +345,19 @@ mod tests {
     struct Wrapper {
         #[command(flatten)]
         args: McpArgs,
+    }
+
+    /// The host ending the session while the client still had stdin open (it refused the
+    /// session, or a request) is no finished session: the run fails, saying so. Before, it
+    /// exited 0, as if the client had closed stdin. A host stopping on a signal ends the run
+    /// as the client's own end does.
+    #[test]
+    fn a_session_the_host_ended_fails_the_run_unless_it_was_stopping() {
+        assert_eq!(session_ended(Ending::ClientDone, false), Ok(()));
+        assert_eq!(session_ended(Ending::ClientDone, true), Ok(()));
+        assert_eq!(session_ended(Ending::HostClosed, true), Ok(()));
+        let e = session_ended(Ending::HostClosed, false).expect_err("a failed run");
+        assert!(e.contains("before the client closed stdin"), "{e}");
     }
 
     fn example(rel: &str) -> String {
