@@ -1441,3 +1441,83 @@ fn ctrl_c_reaches_the_commands_whole_foreground_job() {
     );
     assert!(processes_running(&sleeper).is_empty());
 }
+
+/// Unmounts on drop, so a failing assertion leaves no mount behind.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A record writer that fails during the run (its disk full) still leaves the run's health,
+/// saying the observation is incomplete and why, and the run exits 2. Before, the failed
+/// close returned at once: no health was written (a stale `--health` file from an earlier
+/// run stayed, vouching for this one), and the gate and the cgroups' release were skipped.
+#[test]
+fn a_record_writer_that_fails_during_the_run_still_leaves_the_runs_health() {
+    if !can_run() {
+        return;
+    }
+    let disk = common::shared_dir().join(format!("sandbox-full-{}", std::process::id()));
+    std::fs::create_dir_all(&disk).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs"])
+        .arg(&disk)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("SKIP: cannot mount a small tmpfs to fill (needs root and mount(8))");
+        return;
+    }
+    let _unmount = Unmount(disk.clone());
+    let fill = disk.join("fill");
+    std::fs::create_dir(&fill).unwrap();
+    std::fs::set_permissions(&fill, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    std::fs::write(&health, "{\"stale\": \"from an earlier run\"}").unwrap();
+    let probe = shared_copy("flowhost-probe");
+    // The command fills the disk the records are on (the ring was made when the writer
+    // opened), then makes an attempt, whose record cannot be written.
+    let out = flowhost()
+        .args([
+            "sandbox",
+            "run",
+            "--quiet",
+            "--profile",
+            "isolated",
+            "--records",
+        ])
+        .arg(disk.join("records"))
+        .arg("--health")
+        .arg(&health)
+        .arg("--write")
+        .arg(&fill)
+        .arg("--read")
+        .arg(&probe)
+        .args(["--", "/bin/sh", "-c"])
+        .arg("head -c 8M /dev/zero > \"$1/z\" 2>/dev/null; \"$0\" connect 127.0.0.1:9 x")
+        .arg(&probe)
+        .arg(&fill)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("record writer"), "{stderr}");
+    let written = std::fs::read_to_string(&health).unwrap();
+    let written: serde_json::Value = serde_json::from_str(&written).unwrap();
+    assert_eq!(
+        written["producer"], "sandbox",
+        "the stale health stayed: {written}"
+    );
+    assert_eq!(written["complete"], false, "{written}");
+    assert_eq!(written["records"]["writer_failed"], true, "{written}");
+    assert!(
+        written["incomplete_reasons"]
+            .to_string()
+            .contains("No space left"),
+        "{written}"
+    );
+}

@@ -6,7 +6,8 @@
 //! verdict takes effect). With no `--allow`, every attempt is refused. The exit status is the
 //! command's (128 + signal when killed); with `--declared SURFACE` the diff judges the run
 //! when it ends, and a failed gate exits with `--gate-status` (1 to 255, never 0; default
-//! [`GATE_FAILED`]).
+//! [`GATE_FAILED`]). A record writer that failed during the run makes it exit 2, once its
+//! health (incomplete, naming the failure) is written and its gate judged.
 //!
 //! `mcp`: see [`mcp`].
 
@@ -182,6 +183,13 @@ pub enum SandboxError {
     /// The record writer failed.
     #[error("decision records: {0}")]
     Records(#[from] crate::records::RecordError),
+    /// The record writer failed during the run (or could not close): the run ended as a
+    /// run does, its health saying its observation is incomplete and why, and fails.
+    #[error(
+        "decision records: the record writer failed during the run, so its records are \
+         incomplete (the run's health says so): {0}"
+    )]
+    RecordsFailed(crate::records::RecordError),
     /// The health could not be written.
     #[error("health: {0}")]
     Health(#[from] crate::records::health::HealthError),
@@ -508,11 +516,13 @@ fn start_dns(
 
 /// The health of one sandbox run: the broker's supervision and the writer's stream. There
 /// is no MCP endpoint: no tool calls, and the broker is the command's only way out.
-/// `settled`: every attempt was decided (and recorded) before the records were closed.
+/// `settled`: every attempt was decided (and recorded) before the records were closed;
+/// `close_failed`: why the writer could not close, if it could not.
 fn sandbox_health(
     broker: &Broker,
     writer: Option<&RecordWriter>,
     settled: bool,
+    close_failed: Option<&crate::records::RecordError>,
 ) -> ToolObservationHealth {
     let stats = broker.stats();
     let mut h = ToolObservationHealth::unknown(HealthProducer::Sandbox);
@@ -528,6 +538,14 @@ fn sandbox_health(
     h.failed_notifications = Some(stats.failed_notifications + stats.supervisor_failures);
     if let Some(w) = writer {
         h.records = RecordsHealth::from_writer(&w.status());
+        // A writer that failed says why itself; one that failed only to close, here.
+        if let Some(e) = close_failed
+            && !h.records.writer_failed
+        {
+            h.records.records_complete = Some(false);
+            h.records.writer_failed = true;
+            h.records.writer_failure_reason = Some(format!("closing the records: {e}"));
+        }
     } else {
         h.records.records_complete = Some(false);
         h.records
@@ -741,10 +759,14 @@ async fn run(args: RunArgs) -> CliResult {
     if let Some(bound) = status.bound_description() {
         say!("flowhost sandbox: the command ran into {bound}");
     }
-    if let Some(w) = &writer {
-        w.close().await?;
-    }
-    let health = sandbox_health(&broker, writer.as_deref(), settled);
+    // A writer that failed during the run (or cannot close) does not cut the end short: the
+    // run's health is still written, saying its observation is incomplete and why, the gate
+    // judges and the cgroups go; then the run fails.
+    let records_failed = match &writer {
+        Some(w) => w.close().await.err(),
+        None => None,
+    };
+    let health = sandbox_health(&broker, writer.as_deref(), settled, records_failed.as_ref());
     // The executor's cgroups go before this process does (else they stay until another
     // broker sweeps them); removal started when it was reaped, so this rarely waits.
     if !broker.released(Duration::from_secs(2)).await {
@@ -764,8 +786,16 @@ async fn run(args: RunArgs) -> CliResult {
         }
         _ => status.code(),
     };
-    args.common
-        .conclude(&evidence, &health, code.clamp(0, 255) as u8)
+    let concluded = args
+        .common
+        .conclude(&evidence, &health, code.clamp(0, 255) as u8);
+    match records_failed {
+        Some(e) => {
+            concluded?;
+            Err(SandboxError::RecordsFailed(e).into())
+        }
+        None => concluded,
+    }
 }
 
 /// The interrupts a terminal or a service manager sends, taken from their default action
