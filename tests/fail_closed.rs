@@ -510,15 +510,39 @@ fn run_once(lab: &mut Lab, clean: bool) {
     }
 }
 
-/// Starts the daemon and expects it to refuse, returning its log.
+/// Starts the daemon and expects it to refuse, returning its log. A daemon that starts
+/// instead is stopped after 60 s and fails the test (rather than hanging it).
 fn refused_start(lab: &mut Lab) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowhost"))
+    let err = lab.dir.path().join("refused-start.err");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_flowhost"))
         .args(["serve", "--config"])
         .arg(&lab.config)
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "the host started: {out:?}");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!(
+                "the host started:\n{}",
+                std::fs::read_to_string(&err).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = std::fs::read_to_string(&err).unwrap_or_default();
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "the host started: {status}\n{stderr}"
+    );
+    stderr
 }
 
 fn rebuild(lab: &Lab) {
@@ -627,6 +651,84 @@ fn an_older_copy_written_over_the_running_state_is_not_bound_at_stop() {
     let why = refused_start(&mut lab);
     assert!(why.contains("older than the decision records"), "{why}");
     assert!(why.contains("principal larkfield-analyst"), "{why}");
+}
+
+/// A run in which only the reviewer calls, killed: its record lies past the checkpoint, so
+/// the next start moves the checkpoint, and the move stays in that run's write-ahead log
+/// (no raise goes with it) until the file is checkpointed.
+fn a_killed_run_the_analyst_sits_out(lab: &mut Lab) {
+    lab.spawn();
+    let mut reviewer = lab.client_as(REVIEWER_UID);
+    reviewer.initialize();
+    let r = reviewer.call("workspace/list_documents", json!({}));
+    assert!(r.get("result").is_some(), "{r}");
+    lab.kill9();
+}
+
+/// As above, but the older copy lands while the running store's write-ahead log holds the
+/// checkpoint its start wrote (nothing moved it into the file): the store's connection reads
+/// that checkpoint from the log, and no record after it proves the analyst's label. The stop
+/// must still refuse to bind, and the next start must refuse the file SQLite makes of the
+/// copy and the log.
+#[test]
+fn an_older_copy_written_over_the_running_state_under_a_live_log_is_refused() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let backup = backup_of_a_run_that_raises_nothing(&mut lab);
+    let db = lab.paths.state_dir.join("state.db");
+    run_once(&mut lab, true);
+    a_killed_run_the_analyst_sits_out(&mut lab);
+    lab.spawn();
+    std::fs::copy(&backup, &db).unwrap();
+    let stopped = lab.stop_status().unwrap();
+    assert!(
+        !stopped.success(),
+        "the stop reported a clean binding of a rolled-back state:\n{}",
+        lab.log()
+    );
+    assert!(
+        lab.log()
+            .contains("lower label for principal larkfield-analyst"),
+        "{}",
+        lab.log()
+    );
+    let why = refused_start(&mut lab);
+    assert!(
+        why.contains("state.db") && why.contains("different times"),
+        "{why}"
+    );
+    rebuild(&lab);
+    let analyst = PrincipalId::new("larkfield-analyst").unwrap();
+    assert!(!snapshot(&db).principals[&analyst].is_bottom());
+    run_once(&mut lab, true);
+}
+
+/// A run killed with its write-ahead log holding the checkpoint its start moved; the operator
+/// restores `state.db` alone from an older backup. The next start replays the log over the
+/// copy: the checkpoint is current, the labels are the backup's, and no record after the
+/// checkpoint proves the analyst's label. The start must refuse that file.
+#[test]
+fn an_older_copy_restored_under_a_later_runs_log_is_refused() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let backup = backup_of_a_run_that_raises_nothing(&mut lab);
+    let state = lab.paths.state_dir.clone();
+    run_once(&mut lab, true);
+    a_killed_run_the_analyst_sits_out(&mut lab);
+    lab.spawn();
+    lab.kill9();
+    assert!(
+        state.join("state.db-wal").exists(),
+        "the killed run's log is left"
+    );
+    std::fs::copy(&backup, state.join("state.db")).unwrap();
+    let why = refused_start(&mut lab);
+    assert!(
+        why.contains("state.db") && why.contains("different times"),
+        "{why}"
+    );
 }
 
 #[test]

@@ -414,7 +414,7 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
         });
     }
     let scan = scan(records_dir, None, true)?;
-    let state = SqliteStore::open(state_db)?;
+    let state = SqliteStore::open_to_rebuild(state_db)?;
     let mut principals: HashMap<PrincipalId, ()> = HashMap::new();
     let mut sessions: HashMap<SessionKey, ()> = HashMap::new();
     for p in &scan.proofs {

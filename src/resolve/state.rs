@@ -17,9 +17,13 @@
 //! one principal all survive, and a store that cannot be read or written fails the call.
 //!
 //! The SQLite store keeps an authoritative in-memory copy and writes to disk only when a join
-//! actually changes a label, so the common call that adds nothing costs no fsync.
+//! actually changes a label, so the common call that adds nothing costs no fsync. Its file is
+//! sealed (see `state/seal.rs`): a file whose labels, spent grants and records checkpoint come
+//! from different times is refused at open, and one that holds less than the store wrote to
+//! it is refused by [`SqliteStore::snapshot`], which the continuity checks read.
 
 pub mod postgres;
+mod seal;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -93,6 +97,41 @@ pub enum StateError {
         /// What it is instead.
         found: String,
     },
+    /// The file's labels, spent grants and records checkpoint do not match the seal written
+    /// with them: they were read from pages of different times (see [`seal`](self)), so the
+    /// checkpoint may vouch for labels the file no longer holds.
+    #[error(
+        "flow-state database {path} does not match the seal written with its contents: its \
+         labels, spent grants and records checkpoint come from different times (an older \
+         state.db restored while a later run's {path}-wal was left beside it, or copied over \
+         the file of a running host), so its checkpoint may vouch for labels it no longer \
+         holds. With the host stopped, rebuild it from the records (`flowhost state rebuild \
+         --records RECORDS_DIR --state-dir {state_dir}`, which keeps every label it holds and \
+         joins in every label the records prove), or restore a copy together with the -wal \
+         file it was taken with, or with none"
+    )]
+    Unsealed {
+        /// The database file.
+        path: PathBuf,
+        /// Its directory.
+        state_dir: PathBuf,
+    },
+    /// What the file holds differs from what this store wrote to it: it was replaced or
+    /// rolled back under the running store (a backup copied over it).
+    #[error(
+        "flow-state database {path} {found}: the file was replaced or rolled back while this \
+         host had it open (a backup copied over it?). It is not bound to the records; with \
+         the host stopped, rebuild it from the records (`flowhost state rebuild --records \
+         RECORDS_DIR --state-dir {state_dir}`) or restore the newest copy"
+    )]
+    Replaced {
+        /// The database file.
+        path: PathBuf,
+        /// Its directory.
+        state_dir: PathBuf,
+        /// What differs (`holds a lower label for principal alice than this host wrote`).
+        found: String,
+    },
     /// The database's lock file could not be opened or locked.
     #[error("cannot lock the flow-state database: {0}")]
     Lock(crate::records::store::StoreError),
@@ -143,6 +182,8 @@ struct Inner {
     conn: Connection,
     principals: HashMap<PrincipalId, InformationLabel>,
     sessions: HashMap<SessionKey, InformationLabel>,
+    /// The seal of what the file holds, as last committed (see [`seal`]).
+    seal: seal::Seal,
     failed: Option<String>,
 }
 
@@ -460,6 +501,56 @@ fn load_principals(
     Ok(principals)
 }
 
+/// The records checkpoint stored in `conn`.
+fn load_checkpoint(conn: &Connection) -> rusqlite::Result<Option<(i64, String)>> {
+    conn.query_row(
+        "SELECT seq, hash FROM records_checkpoint WHERE id = 1",
+        [],
+        |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+    )
+    .optional()
+}
+
+/// The seal of what `conn` holds: `principals` (read from it), and its spent grants and
+/// records checkpoint.
+fn seal_of(
+    conn: &Connection,
+    principals: &HashMap<PrincipalId, InformationLabel>,
+) -> rusqlite::Result<seal::Seal> {
+    let mut sealed = seal::Seal::default();
+    let bottom = InformationLabel::bottom();
+    for (principal, label) in principals {
+        sealed.relabel(principal, &bottom, label);
+    }
+    let mut stmt = conn.prepare("SELECT grant_id FROM consumed_grants")?;
+    for id in stmt.query_map([], |r| r.get::<_, String>(0))? {
+        sealed.spend(&id?);
+    }
+    if let Some((seq, hash)) = load_checkpoint(conn)? {
+        sealed.rebind(None, (seq, &hash));
+    }
+    Ok(sealed)
+}
+
+/// Writes `sealed` as the seal of what the transaction leaves in the file.
+fn store_seal(conn: &Connection, sealed: seal::Seal) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO state_seal (id, digest) VALUES (1, ?1)
+         ON CONFLICT(id) DO UPDATE SET digest = excluded.digest",
+        params![sealed.to_hex()],
+    )?;
+    Ok(())
+}
+
+/// Whether [`SqliteStore::open`] checks the seal (every open but a rebuild's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SealMode {
+    /// Refuse a file whose contents do not match its seal.
+    Check,
+    /// Seal what the file holds (a rebuild, which joins every recorded label into it).
+    Renew,
+}
+
 /// Takes the exclusive lock of database `db` (`flock` on `DB.lock` beside it), waiting up
 /// to 2 s for a process that is just closing it.
 fn lock_exclusively(db: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StateError> {
@@ -488,8 +579,22 @@ impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and loads every stored label. A
     /// corrupt label stops the open: the host must not start with state it cannot read. So
     /// does a path that is a symbolic link, a file with other hard links, or no regular file
-    /// ([`StateError::NotOwnFile`]): the one-writer lock is kept per name.
+    /// ([`StateError::NotOwnFile`]): the one-writer lock is kept per name. So does a file
+    /// whose labels, spent grants and records checkpoint do not match the seal written with
+    /// them ([`StateError::Unsealed`]): read from pages of different times, its checkpoint
+    /// could vouch for labels it no longer holds. A file from before seals is sealed as found.
     pub fn open(path: &Path) -> Result<Self, StateError> {
+        Self::open_sealed(path, SealMode::Check)
+    }
+
+    /// Opens the database at `path` like [`SqliteStore::open`], but seals what it holds
+    /// instead of checking it: for `flowhost state rebuild`, which then joins every label
+    /// the records prove into it, whatever times its pages come from.
+    pub fn open_to_rebuild(path: &Path) -> Result<Self, StateError> {
+        Self::open_sealed(path, SealMode::Renew)
+    }
+
+    fn open_sealed(path: &Path, mode: SealMode) -> Result<Self, StateError> {
         let open_err = |source| StateError::Open {
             path: path.to_path_buf(),
             source,
@@ -524,6 +629,10 @@ impl SqliteStore {
                  id   INTEGER PRIMARY KEY CHECK (id = 1),
                  seq  INTEGER NOT NULL,
                  hash TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS state_seal (
+                 id     INTEGER PRIMARY KEY CHECK (id = 1),
+                 digest TEXT NOT NULL
              );",
         )
         .map_err(open_err)?;
@@ -532,6 +641,26 @@ impl SqliteStore {
         conn.execute("DELETE FROM session_labels", [])
             .map_err(open_err)?;
         let principals = load_principals(&conn, path, open_err)?;
+        let sealed = seal_of(&conn, &principals).map_err(open_err)?;
+        let stored: Option<String> = conn
+            .query_row("SELECT digest FROM state_seal WHERE id = 1", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(open_err)?;
+        match (mode, stored) {
+            (SealMode::Check, Some(stored)) if stored == sealed.to_hex() => {}
+            (SealMode::Check, Some(_)) => {
+                return Err(StateError::Unsealed {
+                    path: path.to_path_buf(),
+                    state_dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+                });
+            }
+            // A new file, or one written before seals; or a rebuild.
+            (SealMode::Check, None) | (SealMode::Renew, _) => {
+                store_seal(&conn, sealed).map_err(open_err)?;
+            }
+        }
         let mut sessions = HashMap::new();
         {
             let mut stmt = conn
@@ -571,6 +700,7 @@ impl SqliteStore {
                 conn,
                 principals,
                 sessions,
+                seal: sealed,
                 failed: None,
             }),
         })
@@ -654,6 +784,7 @@ impl SqliteStore {
                 session: new_s,
             });
         }
+        let mut sealed = inner.seal;
         let result = (|| -> rusqlite::Result<()> {
             let tx = inner.conn.transaction()?;
             if new_p != old_p {
@@ -662,6 +793,8 @@ impl SqliteStore {
                      ON CONFLICT(principal) DO UPDATE SET label = excluded.label",
                     params![key.principal.as_str(), new_p.to_canonical_json()],
                 )?;
+                sealed.relabel(&key.principal, &old_p, &new_p);
+                store_seal(&tx, sealed)?;
             }
             if new_s != old_s {
                 tx.execute(
@@ -677,6 +810,7 @@ impl SqliteStore {
             tx.commit()
         })();
         result.map_err(|source| self.poison(&mut inner, source))?;
+        inner.seal = sealed;
         inner
             .principals
             .insert(key.principal.clone(), new_p.clone());
@@ -722,14 +856,24 @@ impl SqliteStore {
     pub fn consume_grant(&self, id: &str, now: u64) -> Result<bool, StateError> {
         let mut inner = self.lock()?;
         let now = i64::try_from(now).unwrap_or(i64::MAX);
-        let result = inner.conn.execute(
-            "INSERT INTO consumed_grants (grant_id, consumed_at) VALUES (?1, ?2)
-             ON CONFLICT(grant_id) DO NOTHING",
-            params![id, now],
-        );
-        result
-            .map(|n| n == 1)
-            .map_err(|source| self.poison(&mut inner, source))
+        let mut sealed = inner.seal;
+        let result = (|| -> rusqlite::Result<bool> {
+            let tx = inner.conn.transaction()?;
+            let spent = tx.execute(
+                "INSERT INTO consumed_grants (grant_id, consumed_at) VALUES (?1, ?2)
+                 ON CONFLICT(grant_id) DO NOTHING",
+                params![id, now],
+            )? == 1;
+            if spent {
+                sealed.spend(id);
+                store_seal(&tx, sealed)?;
+            }
+            tx.commit()?;
+            Ok(spent)
+        })();
+        let spent = result.map_err(|source| self.poison(&mut inner, source))?;
+        inner.seal = sealed;
+        Ok(spent)
     }
 
     /// Why the store refuses further use, once a write failed (`None`: healthy).
@@ -744,8 +888,13 @@ impl SqliteStore {
     /// the next open would load, which is what the continuity checks judge: a file replaced
     /// or rolled back under the running store shows here, where the store's own copy and
     /// its connection's cache would hide it), and this run's sessions.
+    ///
+    /// A file that holds anything other than what this store wrote to it (a principal's
+    /// label lower than the store holds, or other spent grants or another checkpoint) was
+    /// replaced or rolled back under it: that is refused ([`StateError::Replaced`]) and
+    /// fails the store, since its checkpoint may vouch for labels the file no longer holds.
     pub fn snapshot(&self) -> Result<StateSnapshot, StateError> {
-        let inner = self.lock()?;
+        let mut inner = self.lock()?;
         let io = |source| StateError::Io {
             path: self.path.clone(),
             source,
@@ -755,8 +904,36 @@ impl SqliteStore {
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(io)?;
+        let principals = load_principals(&fresh, &self.path, io)?;
+        let bottom = InformationLabel::bottom();
+        let lowered = inner
+            .principals
+            .iter()
+            .filter(|(p, held)| !held.flows_to(principals.get(*p).unwrap_or(&bottom)))
+            .map(|(p, _)| p.as_str())
+            .min();
+        let found = match lowered {
+            Some(p) => Some(format!(
+                "holds a lower label for principal {p} than this host wrote to it"
+            )),
+            None if seal_of(&fresh, &principals).map_err(io)? != inner.seal => Some(
+                "holds other labels, spent grants or records checkpoint than this host wrote to it"
+                    .into(),
+            ),
+            None => None,
+        };
+        if let Some(found) = found {
+            let err = StateError::Replaced {
+                path: self.path.clone(),
+                state_dir: self.path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+                found,
+            };
+            inner.failed = Some(err.to_string());
+            tracing::error!(error = %err, "the flow-state file changed under the running host");
+            return Err(err);
+        }
         Ok(StateSnapshot {
-            principals: load_principals(&fresh, &self.path, io)?,
+            principals,
             sessions: inner.sessions.clone(),
         })
     }
@@ -765,14 +942,7 @@ impl SqliteStore {
     /// line hash (`None` for a state never bound to records).
     pub fn checkpoint(&self) -> Result<Option<(u64, String)>, StateError> {
         let inner = self.lock()?;
-        inner
-            .conn
-            .query_row(
-                "SELECT seq, hash FROM records_checkpoint WHERE id = 1",
-                [],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
-            )
-            .optional()
+        load_checkpoint(&inner.conn)
             .map_err(|source| StateError::Io {
                 path: self.path.clone(),
                 source,
@@ -785,12 +955,21 @@ impl SqliteStore {
     pub fn set_checkpoint(&self, seq: u64, hash: &str) -> Result<(), StateError> {
         let mut inner = self.lock()?;
         let seq = i64::try_from(seq).unwrap_or(i64::MAX);
-        let result = inner.conn.execute(
-            "INSERT INTO records_checkpoint (id, seq, hash) VALUES (1, ?1, ?2)
-             ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
-            params![seq, hash],
-        );
+        let mut sealed = inner.seal;
+        let result = (|| -> rusqlite::Result<()> {
+            let tx = inner.conn.transaction()?;
+            let old = load_checkpoint(&tx)?;
+            tx.execute(
+                "INSERT INTO records_checkpoint (id, seq, hash) VALUES (1, ?1, ?2)
+                 ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+                params![seq, hash],
+            )?;
+            sealed.rebind(old.as_ref().map(|(s, h)| (*s, h.as_str())), (seq, hash));
+            store_seal(&tx, sealed)?;
+            tx.commit()
+        })();
         result.map_err(|source| self.poison(&mut inner, source))?;
+        inner.seal = sealed;
         Ok(())
     }
 
@@ -996,8 +1175,73 @@ mod tests {
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
             .unwrap();
         std::fs::copy(&older, &db).unwrap();
-        let snapshot = store.snapshot().unwrap();
-        assert!(!snapshot.principals.contains_key(&alice), "{snapshot:?}");
+        // The file now holds less than the store wrote to it: refused, naming who lost a
+        // label, and the store refuses from then on.
+        let err = store.snapshot().unwrap_err();
+        assert!(matches!(err, StateError::Replaced { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("lower label for principal alice")
+                && text.contains(&db.display().to_string())
+                && text.contains("state rebuild"),
+            "{text}"
+        );
+        assert!(store.failure().is_some());
+        assert!(store.get(&key("bob", "s")).is_err());
+    }
+
+    /// The labels, spent grants and records checkpoint are read back at open against the
+    /// seal written with them: any of them from another time than the seal (pages of an
+    /// older file under a later write-ahead log; here, a row changed behind the store) is
+    /// refused, naming the file. A rebuild's open seals what it finds; a file from before
+    /// seals is sealed as found.
+    #[test]
+    fn a_file_whose_contents_do_not_match_their_seal_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        {
+            let store = SqliteStore::open(&db).unwrap();
+            store.join(&key("alice", "s"), &owner("x")).unwrap();
+            assert!(store.consume_grant("g-1", 1).unwrap());
+            store.set_checkpoint(7, "sha256:aa").unwrap();
+        }
+        SqliteStore::open(&db).unwrap();
+        let behind_the_store = |sql: &str| Connection::open(&db).unwrap().execute(sql, []).unwrap();
+        let refused = || {
+            let err = SqliteStore::open(&db).unwrap_err();
+            assert!(matches!(err, StateError::Unsealed { .. }), "{err:?}");
+            let text = err.to_string();
+            assert!(
+                text.contains(&db.display().to_string())
+                    && text.contains("different times")
+                    && text.contains("state rebuild"),
+                "{text}"
+            );
+        };
+        behind_the_store("UPDATE records_checkpoint SET seq = 9");
+        refused();
+        behind_the_store("UPDATE records_checkpoint SET seq = 7");
+        SqliteStore::open(&db).unwrap();
+        behind_the_store("DELETE FROM consumed_grants");
+        refused();
+        behind_the_store("INSERT INTO consumed_grants VALUES ('g-1', 1)");
+        SqliteStore::open(&db).unwrap();
+        behind_the_store("DELETE FROM principal_labels");
+        refused();
+        // A rebuild opens it, sealing what it holds (alice's row is gone: a rebuild joins
+        // the records back in); then it opens again.
+        drop(SqliteStore::open_to_rebuild(&db).unwrap());
+        let store = SqliteStore::open(&db).unwrap();
+        assert!(store.get(&key("alice", "s")).unwrap().principal.is_bottom());
+        drop(store);
+        // No seal at all (a file from before seals): sealed as found.
+        behind_the_store("DELETE FROM state_seal");
+        drop(SqliteStore::open(&db).unwrap());
+        behind_the_store("UPDATE records_checkpoint SET seq = 8");
+        assert!(matches!(
+            SqliteStore::open(&db),
+            Err(StateError::Unsealed { .. })
+        ));
     }
 
     /// The one-writer lock is taken on the path: a second name for the same file (a symbolic
