@@ -18,7 +18,7 @@
 //! that claims the raise is committed, so after a crash the state is ahead of the records,
 //! never behind.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use crate::ident::PrincipalId;
@@ -26,7 +26,7 @@ use crate::label::InformationLabel;
 use crate::records::chain::{line_hash, verify_records};
 use crate::records::store::{StoreError, list_record_files, split_lines};
 use crate::records::{DecisionRecord, Effect, EventKind, LabelsAfter};
-use crate::state::{FlowStateStore, SessionKey, SqliteStore, StateError};
+use crate::state::{FlowStateStore, SessionKey, SqliteStore, StateError, StateSnapshot};
 
 /// Why the flow state and the records do not agree, or could not be compared.
 #[derive(Debug, thiserror::Error)]
@@ -143,33 +143,40 @@ pub struct BehindError {
     line: u64,
 }
 
-/// One record that carries labels, and where it is.
-struct Proof {
-    key: SessionKey,
-    labels: LabelsAfter,
+/// Where a record is.
+#[derive(Debug, Clone, Copy)]
+struct At<'a> {
     seq: u64,
-    file: PathBuf,
+    file: &'a Path,
     line: u64,
 }
 
-/// A record naming a declassification grant, and where it is.
-struct GrantSeen {
-    id: String,
-    /// Whether the record allowed its call: the grant was then spent, durably, before it.
-    allowed: bool,
-    seq: u64,
-    file: PathBuf,
-    line: u64,
+/// What [`scan`] shows its visitor of one record after the checkpoint.
+enum Seen<'a> {
+    /// The record carries labels: `key`'s principal's and session's labels once it took
+    /// effect.
+    Labels {
+        key: SessionKey,
+        labels: LabelsAfter,
+        at: At<'a>,
+    },
+    /// The record names a declassification grant.
+    Grant {
+        id: &'a str,
+        /// Whether the record allowed its call: the grant was then spent, durably, before it.
+        allowed: bool,
+        at: At<'a>,
+    },
 }
 
-/// What reading the records after a checkpoint found.
-struct Scan {
-    proofs: Vec<Proof>,
-    grants: Vec<GrantSeen>,
+/// How reading the records after a checkpoint ended.
+struct ScanEnd {
     /// Whether the checkpoint record was found with its hash.
     checkpoint: CheckpointFound,
     /// The last record read: sequence number and line hash.
     head: Option<(u64, String)>,
+    /// Records read (the checkpoint and those before it in its file included).
+    records: u64,
 }
 
 enum CheckpointFound {
@@ -184,8 +191,17 @@ enum CheckpointFound {
 }
 
 /// Reads every record with a sequence number above `after.0`, checking that record
-/// `after.0` has line hash `after.1`. `strict` refuses allowed calls without labels.
-fn scan(dir: &Path, after: Option<(u64, &str)>, strict: bool) -> Result<Scan, ContinuityError> {
+/// `after.0` has line hash `after.1`, and shows each to `visit` as it is read: nothing of
+/// the records is kept here, so what a caller holds is what it folds them into. Stops at the
+/// first record past the checkpoint when the checkpoint was not found as it should be (its
+/// caller refuses that state whatever follows). `strict` refuses allowed calls without
+/// labels.
+fn scan(
+    dir: &Path,
+    after: Option<(u64, &str)>,
+    strict: bool,
+    visit: &mut dyn FnMut(Seen<'_>) -> Result<(), ContinuityError>,
+) -> Result<ScanEnd, ContinuityError> {
     let files = list_record_files(dir)?;
     let after_seq = after.map_or(0, |(s, _)| s);
     // Start with the file holding the checkpoint: the last one named at or before it.
@@ -193,30 +209,37 @@ fn scan(dir: &Path, after: Option<(u64, &str)>, strict: bool) -> Result<Scan, Co
         .iter()
         .rposition(|f| f.first_seq <= after_seq.max(1))
         .unwrap_or(0);
-    let mut out = Scan {
-        proofs: Vec::new(),
-        grants: Vec::new(),
+    let mut out = ScanEnd {
         checkpoint: if after.is_some() {
             CheckpointFound::Missing
         } else {
             CheckpointFound::NotNeeded
         },
         head: None,
+        records: 0,
     };
     for f in &files[start..] {
         let bytes = std::fs::read(&f.path).map_err(StoreError::io("read", &f.path))?;
         let (lines, _torn) = split_lines(&bytes);
         for (i, line) in lines.enumerate() {
-            let line_no = i as u64 + 1;
+            let at = At {
+                seq: 0,
+                file: &f.path,
+                line: i as u64 + 1,
+            };
             let record =
                 DecisionRecord::from_json_line(line).map_err(|e| ContinuityError::Malformed {
                     file: f.path.clone(),
-                    line: line_no,
+                    line: at.line,
                     error: e.to_string(),
                 })?;
-            let seq = record.flowhost.seq;
+            let at = At {
+                seq: record.flowhost.seq,
+                ..at
+            };
+            out.records += 1;
             if let Some((s, hash)) = after
-                && seq == s
+                && at.seq == s
             {
                 let found = line_hash(line);
                 out.checkpoint = if found.as_str() == hash {
@@ -225,19 +248,23 @@ fn scan(dir: &Path, after: Option<(u64, &str)>, strict: bool) -> Result<Scan, Co
                     CheckpointFound::Differs(found.as_str().to_string())
                 };
             }
-            out.head = Some((seq, line_hash(line).as_str().to_string()));
-            if seq <= after_seq {
+            out.head = Some((at.seq, line_hash(line).as_str().to_string()));
+            if at.seq <= after_seq {
                 continue;
+            }
+            if matches!(
+                out.checkpoint,
+                CheckpointFound::Missing | CheckpointFound::Differs(_)
+            ) {
+                return Ok(out);
             }
             let x = &record.flowhost;
             if let Some(grant) = &x.grant {
-                out.grants.push(GrantSeen {
-                    id: grant.id.clone(),
+                visit(Seen::Grant {
+                    id: &grant.id,
                     allowed: record.decision.effect == Effect::Allow,
-                    seq,
-                    file: f.path.clone(),
-                    line: line_no,
-                });
+                    at,
+                })?;
             }
             let must_carry = matches!(x.event, EventKind::ToolOutcome | EventKind::ContentOutcome)
                 || (matches!(
@@ -248,8 +275,8 @@ fn scan(dir: &Path, after: Option<(u64, &str)>, strict: bool) -> Result<Scan, Co
                 if strict && must_carry {
                     return Err(ContinuityError::Unrecoverable {
                         file: f.path.clone(),
-                        line: line_no,
-                        seq,
+                        line: at.line,
+                        seq: at.seq,
                     });
                 }
                 continue;
@@ -260,20 +287,18 @@ fn scan(dir: &Path, after: Option<(u64, &str)>, strict: bool) -> Result<Scan, Co
             let principal =
                 PrincipalId::new(principal).map_err(|e| ContinuityError::BadPrincipal {
                     file: f.path.clone(),
-                    line: line_no,
-                    seq,
+                    line: at.line,
+                    seq: at.seq,
                     reason: e.to_string(),
                 })?;
-            out.proofs.push(Proof {
+            visit(Seen::Labels {
                 key: SessionKey {
                     principal,
                     session: session.clone(),
                 },
                 labels,
-                seq,
-                file: f.path.clone(),
-                line: line_no,
-            });
+                at,
+            })?;
         }
     }
     Ok(out)
@@ -290,16 +315,93 @@ pub struct Places<'a> {
     pub records: &'a Path,
 }
 
+impl Places<'_> {
+    /// The state is behind the records: `holder` is what record `at` shows.
+    fn behind(&self, holder: String, at: At<'_>) -> ContinuityError {
+        ContinuityError::Behind(Box::new(BehindError {
+            db: self.db.to_path_buf(),
+            state_dir: self.state_dir.to_path_buf(),
+            records: self.records.to_path_buf(),
+            holder,
+            seq: at.seq,
+            file: at.file.to_path_buf(),
+            line: at.line,
+        }))
+    }
+}
+
+/// What [`check`] keeps while it reads the records after the checkpoint: each record's
+/// labels are compared with the state's as they are read, so of those nothing is kept; of
+/// the grants allowed calls named, each one once, with the first record naming it. Bounded
+/// by the grants issued, not by the records.
+#[derive(Default)]
+struct Owed {
+    grants: HashMap<String, (u64, PathBuf, u64)>,
+}
+
+impl Owed {
+    /// Takes in one record: a label the state does not hold is refused at once.
+    fn take(
+        &mut self,
+        seen: Seen<'_>,
+        held: &StateSnapshot,
+        places: &Places<'_>,
+    ) -> Result<(), ContinuityError> {
+        match seen {
+            Seen::Labels { key, labels, at } => {
+                // Sessions do not outlive a run, and each session's label is joined into its
+                // principal's, so the principals' labels are what the records must find held.
+                let bottom = InformationLabel::bottom();
+                let principal = held.principals.get(&key.principal).unwrap_or(&bottom);
+                if !labels.principal.flows_to(principal) || !labels.session.flows_to(principal) {
+                    return Err(
+                        places.behind(format!("principal {} carrying a label", key.principal), at)
+                    );
+                }
+            }
+            Seen::Grant { id, allowed, at } => {
+                if allowed && !self.grants.contains_key(id) {
+                    self.grants
+                        .insert(id.to_string(), (at.seq, at.file.to_path_buf(), at.line));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How many things are kept.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.grants.len()
+    }
+}
+
+/// Reads the records after `checkpoint` against `held`, the state read before (see
+/// [`Owed`]).
+fn read_owed(
+    places: &Places<'_>,
+    checkpoint: Option<&(u64, String)>,
+    held: &StateSnapshot,
+) -> Result<(ScanEnd, Owed), ContinuityError> {
+    let mut owed = Owed::default();
+    let end = scan(
+        places.records,
+        checkpoint.map(|(s, h)| (*s, h.as_str())),
+        false,
+        &mut |seen| owed.take(seen, held, places),
+    )?;
+    Ok((end, owed))
+}
+
 /// Checks that `state` holds every label the records in `places.records` prove, and
 /// re-binds it to the records' head. Refuses (see [`ContinuityError`]) a state that is
 /// behind the records or belongs to another record stream.
 pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), ContinuityError> {
     let checkpoint = state.checkpoint().await?;
-    let scan = scan(
-        places.records,
-        checkpoint.as_ref().map(|(s, h)| (*s, h.as_str())),
-        false,
-    )?;
+    // Read once, before the records: nothing raises a label while the host starts or once
+    // it has stopped serving, and each record is compared with it as it is read.
+    let held = state.snapshot().await?;
+    let (scan, owed) = read_owed(places, checkpoint.as_ref(), &held)?;
     if let Some((seq, hash)) = &checkpoint {
         let found = match &scan.checkpoint {
             CheckpointFound::Matches | CheckpointFound::NotNeeded => None,
@@ -323,30 +425,6 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
             })));
         }
     }
-    // Sessions do not outlive a run, and each session's label is joined into its
-    // principal's, so the principals' labels are what the records must find held.
-    let held = state.snapshot().await?;
-    for p in &scan.proofs {
-        let principal = held
-            .principals
-            .get(&p.key.principal)
-            .cloned()
-            .unwrap_or_else(InformationLabel::bottom);
-        let holder = (!p.labels.principal.flows_to(&principal)
-            || !p.labels.session.flows_to(&principal))
-        .then(|| format!("principal {} carrying a label", p.key.principal));
-        if let Some(holder) = holder {
-            return Err(ContinuityError::Behind(Box::new(BehindError {
-                db: places.db.to_path_buf(),
-                state_dir: places.state_dir.to_path_buf(),
-                records: places.records.to_path_buf(),
-                holder,
-                seq: p.seq,
-                file: p.file.clone(),
-                line: p.line,
-            })));
-        }
-    }
     // A grant an allowed call named was spent before the call went ahead: one the state
     // does not hold as spent would be accepted again (a restored or truncated state).
     // Marking it spent here is what a rebuild would do; the start is still refused, as for
@@ -354,17 +432,16 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
     // refused call's grant was usually never spent (refused before), and counting it would
     // refuse every start after one. A rebuild, which is told the state is lost, marks them
     // all; a grant spent and then refused (the state failing right after) is the gap.
-    for g in scan.grants.iter().filter(|g| g.allowed) {
-        if state.consume_grant(&g.id, crate::grant::now()).await? {
-            return Err(ContinuityError::Behind(Box::new(BehindError {
-                db: places.db.to_path_buf(),
-                state_dir: places.state_dir.to_path_buf(),
-                records: places.records.to_path_buf(),
-                holder: format!("declassification grant {:?} spent", g.id),
-                seq: g.seq,
-                file: g.file.clone(),
-                line: g.line,
-            })));
+    let mut grants: Vec<_> = owed.grants.into_iter().collect();
+    grants.sort_by_key(|(_, (seq, _, _))| *seq);
+    for (id, (seq, file, line)) in grants {
+        if state.consume_grant(&id, crate::grant::now()).await? {
+            let at = At {
+                seq,
+                file: &file,
+                line,
+            };
+            return Err(places.behind(format!("declassification grant {id:?} spent"), at));
         }
     }
     if let Some((seq, hash)) = &scan.head {
@@ -400,6 +477,42 @@ pub struct RebuildReport {
     pub head_seq: Option<u64>,
 }
 
+/// What the records prove, folded as [`rebuild`] reads them: one label per principal (ended
+/// sessions are compacted into their principals), the sessions seen (for the report) and
+/// every grant named. Bounded by principals, sessions and grants, not by the records.
+#[derive(Default)]
+struct Proven {
+    principals: HashMap<PrincipalId, InformationLabel>,
+    sessions: HashSet<SessionKey>,
+    grants: HashSet<String>,
+}
+
+impl Proven {
+    fn take(&mut self, seen: Seen<'_>) {
+        match seen {
+            Seen::Labels { key, labels, .. } => {
+                let label = self
+                    .principals
+                    .entry(key.principal.clone())
+                    .or_insert_with(InformationLabel::bottom);
+                *label = label
+                    .join_or_top(&labels.principal)
+                    .join_or_top(&labels.session);
+                self.sessions.insert(key);
+            }
+            // Every grant the records name is marked spent, whatever came of its call: one
+            // that was spent and then refused (the state failed after spending it) must not
+            // be accepted again, and an authority can issue a new grant for a call that was
+            // refused.
+            Seen::Grant { id, .. } => {
+                if !self.grants.contains(id) {
+                    self.grants.insert(id.to_string());
+                }
+            }
+        }
+    }
+}
+
 /// Rebuilds the flow state in `state_db` from the records in `records_dir` alone: the chain
 /// must verify, every allowed call must carry its labels, and each label is joined into what
 /// the state already holds (so a rebuild never lowers anything). The state is then bound to
@@ -413,39 +526,27 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
             first: first.to_string(),
         });
     }
-    let scan = scan(records_dir, None, true)?;
+    let mut proven = Proven::default();
+    let scan = scan(records_dir, None, true, &mut |seen| {
+        proven.take(seen);
+        Ok(())
+    })?;
     let state = SqliteStore::open_to_rebuild(state_db)?;
-    let mut principals: HashMap<PrincipalId, ()> = HashMap::new();
-    let mut sessions: HashMap<SessionKey, ()> = HashMap::new();
-    for p in &scan.proofs {
-        // Ended sessions are compacted into their principals: only principals are rebuilt.
-        state.raise_principal(
-            &p.key.principal,
-            &p.labels.principal.join_or_top(&p.labels.session),
-        )?;
-        principals.insert(p.key.principal.clone(), ());
-        sessions.insert(p.key.clone(), ());
+    for (principal, label) in &proven.principals {
+        state.raise_principal(principal, label)?;
     }
-    // Every grant the records name is marked spent, whatever came of its call: one that
-    // was spent and then refused (the state failed after spending it) must not be accepted
-    // again, and an authority can issue a new grant for a call that was refused.
     let now = crate::grant::now();
-    for g in &scan.grants {
-        state.consume_grant(&g.id, now)?;
+    for id in &proven.grants {
+        state.consume_grant(id, now)?;
     }
     if let Some((seq, hash)) = &scan.head {
         state.set_checkpoint(*seq, hash)?;
     }
     Ok(RebuildReport {
         records: report.records,
-        principals: principals.len(),
-        sessions: sessions.len(),
-        grants: scan
-            .grants
-            .iter()
-            .map(|g| g.id.as_str())
-            .collect::<std::collections::HashSet<_>>()
-            .len(),
+        principals: proven.principals.len(),
+        sessions: proven.sessions.len(),
+        grants: proven.grants.len(),
         head_seq: scan.head.map(|(s, _)| s),
     })
 }
@@ -469,6 +570,59 @@ mod tests {
         let w = RecordWriter::open(dir, WriterOptions::default()).unwrap();
         w.commit_blocking(call).unwrap();
         w.close_blocking().unwrap();
+    }
+
+    /// A record directory holding `n` allowed calls of alice, each in a session of its own
+    /// and carrying the label of data owned by `larkfield`.
+    fn records_of_one_principal(dir: &Path, n: usize) {
+        let w = RecordWriter::open(dir, WriterOptions::default()).unwrap();
+        for i in 0..n {
+            let mut call = crate::records::tests::sample_tool_call();
+            call.flowhost.session = Some(format!("s-{i}"));
+            call.flowhost.labels_after = Some(LabelsAfter {
+                principal: crate::state::tests::owner("larkfield"),
+                session: crate::state::tests::owner("larkfield"),
+            });
+            w.commit_blocking(call).unwrap();
+        }
+        w.close_blocking().unwrap();
+    }
+
+    /// The checkpoint moves only at start and clean stop, so the records after it grow with
+    /// the run: what the scan holds while it reads them must not.
+    #[test]
+    fn what_the_scan_holds_does_not_grow_with_the_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        records_of_one_principal(&records, 300);
+        let places = Places {
+            db: &dir.path().join("state.db"),
+            state_dir: dir.path(),
+            records: &records,
+        };
+        let alice = PrincipalId::new("alice").unwrap();
+        let mut held = StateSnapshot::default();
+        held.principals
+            .insert(alice.clone(), crate::state::tests::owner("larkfield"));
+        let (end, owed) = read_owed(&places, None, &held).unwrap();
+        assert_eq!(end.records, 300);
+        assert_eq!(owed.held(), 0, "the check holds something per record");
+        // A record the state does not hold is refused as it is read, naming it.
+        held.principals.insert(alice, InformationLabel::bottom());
+        let err = read_owed(&places, None, &held).err().unwrap().to_string();
+        assert!(
+            err.contains("record seq 1 ") && err.contains("principal alice"),
+            "{err}"
+        );
+        // A rebuild folds them into one label per principal.
+        let mut proven = Proven::default();
+        scan(&records, None, true, &mut |seen| {
+            proven.take(seen);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(proven.principals.len(), 1);
+        assert_eq!(proven.sessions.len(), 300);
     }
 
     /// A state that lost the grants it spent (restored, truncated, rebuilt) would accept

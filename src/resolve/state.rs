@@ -997,7 +997,7 @@ impl SqliteStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     /// SQLite's own lock on the database outlives the open: the descriptor flowhost opened
     /// to check the file is kept, since closing it would release every lock this process
     /// holds on the file.
@@ -1043,7 +1043,7 @@ mod tests {
     }
 
     /// The label of data owned by `o`, readable by `o` alone.
-    pub(super) fn owner(o: &str) -> InformationLabel {
+    pub(crate) fn owner(o: &str) -> InformationLabel {
         let o = PrincipalId::new(o).unwrap();
         InformationLabel::try_known(
             BTreeMap::from([(o.clone(), BTreeSet::from([o]))]),
