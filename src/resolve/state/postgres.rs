@@ -8,7 +8,9 @@
 //! database on every decision (another host may have raised it a moment ago), never from a
 //! copy kept here; a raise is a transaction that locks the principal's row (`SELECT ... FOR
 //! UPDATE`) and joins under that lock, so concurrent raises from any number of hosts all
-//! survive; it is committed (with `synchronous_commit` at least `on`: a lower level, `off`,
+//! survive (every connection reads committed data, whatever isolation level the server
+//! defaults to, and an operation the server aborts for a concurrent write runs again, a
+//! bounded number of times); it is committed (with `synchronous_commit` at least `on`: a lower level, `off`,
 //! `local` or `remote_write`, is raised to `on` for the store's sessions) before the future
 //! resolves. A session's label is per host and lives in memory: a session never outlives its
 //! host process, and every raise of a session also raises its principal in the database.
@@ -43,6 +45,11 @@ use crate::label::InformationLabel;
 
 /// The schema version this build creates and accepts.
 pub const SCHEMA_VERSION: i32 = 1;
+
+/// How many times an operation runs when a concurrent write conflicts with it (see
+/// [`PgError::Conflict`]): with every connection reading committed data such conflicts are
+/// not expected, so this is a bound, not a policy.
+const CONFLICT_ATTEMPTS: usize = 3;
 
 /// Serializes concurrent `flowhost state migrate` runs (a transaction-scoped advisory lock).
 const MIGRATE_LOCK: i64 = 0x666c_6f77_686f_7374;
@@ -121,6 +128,20 @@ pub enum PgError {
         /// The database.
         target: String,
         /// Why.
+        reason: String,
+    },
+    /// Another transaction's write conflicted with this one (a serialization failure or a
+    /// deadlock) on every attempt; nothing of it was committed.
+    #[error(
+        "flow-state database {target}: a concurrent write conflicted with this one on each of \
+         {attempts} attempts: {reason}"
+    )]
+    Conflict {
+        /// The database.
+        target: String,
+        /// How many times the operation ran.
+        attempts: usize,
+        /// The server's last error.
         reason: String,
     },
     /// The operation took longer than the configured timeout.
@@ -424,8 +445,15 @@ impl Target {
                 });
             }
         };
+        // Every transaction reads committed data, whatever the server or role defaults to: a
+        // raise joins under the row's lock and must see the row as the last raise committed
+        // it, where `repeatable read` or `serializable` would abort it instead (a concurrent
+        // raise refused as a state failure).
         client
-            .batch_execute(&format!("SET synchronous_commit TO {level}"))
+            .batch_execute(&format!(
+                "SET synchronous_commit TO {level}; \
+                 SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED"
+            ))
             .await
             .map_err(failed)?;
         Ok(client)
@@ -666,7 +694,20 @@ impl PostgresStore {
         Ok(())
     }
 
+    /// A failed query, as [`PgError::Conflict`] when the server aborted it for a concurrent
+    /// write (SQLSTATE 40001, 40P01): [`PostgresStore::run`] runs such an operation again.
     fn query_error(&self, e: &tokio_postgres::Error) -> PgError {
+        use tokio_postgres::error::SqlState;
+        let conflict = e.code().is_some_and(|code| {
+            *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED
+        });
+        if conflict {
+            return PgError::Conflict {
+                target: self.target.name.clone(),
+                attempts: 1,
+                reason: reason(e),
+            };
+        }
         PgError::Query {
             target: self.target.name.clone(),
             reason: reason(e),
@@ -674,11 +715,15 @@ impl PostgresStore {
     }
 
     /// Runs `op` on one of the host's connections (reconnecting a lost one), within the
-    /// timeout. A failure drops that connection, so the next operation starts afresh, and is
-    /// reported by [`StateBackend::failure`] until an operation succeeds again.
+    /// timeout. An operation a concurrent write aborted ([`PgError::Conflict`]; its
+    /// transaction rolled back, nothing committed) runs again, up to [`CONFLICT_ATTEMPTS`]
+    /// times in all. A failure drops that connection, so the next operation starts afresh,
+    /// and is reported by [`StateBackend::failure`] until an operation succeeds again.
     async fn run<T, F>(&self, op: F) -> Result<T, StateError>
     where
-        F: AsyncFnOnce(&mut Client) -> Result<T, PgError>,
+        // Cloned for each attempt (its captures are references): an `AsyncFn` called twice
+        // makes a future the compiler cannot show to be `Send`.
+        F: AsyncFnOnce(&mut Client) -> Result<T, PgError> + Clone,
     {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let work = async {
@@ -692,7 +737,15 @@ impl PostgresStore {
                     reason: "no connection".into(),
                 });
             };
-            let result = op(client).await;
+            let mut attempts = 1;
+            let mut result = op.clone()(client).await;
+            while matches!(result, Err(PgError::Conflict { .. })) && attempts < CONFLICT_ATTEMPTS {
+                attempts += 1;
+                result = op.clone()(client).await;
+            }
+            if let Err(PgError::Conflict { attempts: n, .. }) = &mut result {
+                *n = attempts;
+            }
             if result.is_err() {
                 *slot = None;
             }
@@ -1153,6 +1206,15 @@ mod tests {
         Some(pg)
     }
 
+    /// The value of `setting` on one of `store`'s connections.
+    async fn show(store: &PostgresStore, setting: &str) -> String {
+        let query = format!("SHOW {setting}");
+        store
+            .run(async |c| Ok(c.query_one(&query, &[]).await.unwrap().get(0)))
+            .await
+            .unwrap()
+    }
+
     /// A server that does not take writes (a standby, or a database made read-only) could
     /// only be one that lags the primary: the store refuses it, naming it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1228,6 +1290,87 @@ mod tests {
         assert!(third.get(&k).await.unwrap().principal.is_bottom());
     }
 
+    /// A server whose transactions default to `serializable` (or `repeatable read`) would
+    /// fail one of two concurrent raises of a principal with a serialization failure (the
+    /// second finds the row changed since its snapshot), refusing its call: the store's
+    /// connections read committed, so every concurrent raise survives.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_raises_all_survive_whatever_isolation_the_server_defaults_to() {
+        use super::super::tests::{key, owner};
+        let Some(pg) = lab().await else { return };
+        let raw = pg.client().await.unwrap();
+        for level in ["serializable", "repeatable read"] {
+            raw.batch_execute(&format!(
+                "ALTER DATABASE postgres SET default_transaction_isolation = '{level}'"
+            ))
+            .await
+            .unwrap();
+            let principal = format!("p-{}", level.replace(' ', "-"));
+            let stores = [
+                std::sync::Arc::new(PostgresStore::open(&pg.settings("a")).await.unwrap()),
+                std::sync::Arc::new(PostgresStore::open(&pg.settings("b")).await.unwrap()),
+            ];
+            let mut tasks = Vec::new();
+            for i in 0..16 {
+                let store = stores[i % 2].clone();
+                let principal = principal.clone();
+                tasks.push(tokio::spawn(async move {
+                    let k = key(&principal, &format!("s{i}"));
+                    let label = owner(&format!("o{i}"));
+                    store.raise(&k, &label, &label).await.map(|_| ())
+                }));
+            }
+            for t in tasks {
+                let raised = t.await.unwrap();
+                assert!(raised.is_ok(), "server default {level}: {raised:?}");
+            }
+            let mut all = InformationLabel::bottom();
+            for i in 0..16 {
+                all = all.join_or_top(&owner(&format!("o{i}")));
+            }
+            let held = stores[1].get(&key(&principal, "new")).await.unwrap();
+            assert_eq!(
+                held.principal, all,
+                "server default {level}: a raise was lost"
+            );
+            assert_eq!(
+                show(&stores[0], "transaction_isolation").await,
+                "read committed",
+                "server default {level}"
+            );
+        }
+        // Should a conflict happen all the same, the operation runs again, a bounded number
+        // of times.
+        let store = PostgresStore::open(&pg.settings("c")).await.unwrap();
+        let runs = AtomicUsize::new(0);
+        let conflict = || PgError::Conflict {
+            target: "t".into(),
+            attempts: 1,
+            reason: "could not serialize access".into(),
+        };
+        let ran = store
+            .run(async |_| match runs.fetch_add(1, Ordering::SeqCst) {
+                0 | 1 => Err(conflict()),
+                n => Ok(n),
+            })
+            .await;
+        assert_eq!(ran.unwrap(), 2);
+        let err = store
+            .run(async |_| Err::<(), _>(conflict()))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StateError::Postgres(PgError::Conflict {
+                    attempts: CONFLICT_ATTEMPTS,
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+    }
+
     /// A level below `on` (`off`; `local` and `remote_write`, which do not wait for a
     /// synchronous standby to flush the commit) is raised to `on` for the store's
     /// connections; `remote_apply`, stronger than `on`, is kept.
@@ -1248,16 +1391,11 @@ mod tests {
             .await
             .unwrap();
             let store = PostgresStore::open(&pg.settings("h")).await.unwrap();
-            let shown: String = store
-                .run(async |c| {
-                    Ok(c.query_one("SHOW synchronous_commit", &[])
-                        .await
-                        .unwrap()
-                        .get(0))
-                })
-                .await
-                .unwrap();
-            assert_eq!(shown, pinned, "configured {configured}");
+            assert_eq!(
+                show(&store, "synchronous_commit").await,
+                pinned,
+                "configured {configured}"
+            );
         }
     }
 }
