@@ -592,6 +592,10 @@ pub struct PostgresStore {
     /// every label the database held at open: labels only rise, so the database returning
     /// one below it was rolled back (see [`PgError::Lower`]).
     seen: Mutex<HashMap<PrincipalId, InformationLabel>>,
+    /// The principals whose label was last read lower than seen, with why: each one's calls
+    /// are refused until a read finds its label back, so the store reports the failure
+    /// (whatever other queries succeed) until then.
+    lowered: Mutex<std::collections::BTreeMap<PrincipalId, String>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -645,6 +649,7 @@ impl PostgresStore {
             sessions: Mutex::new(HashMap::new()),
             failure: Mutex::new(None),
             seen: Mutex::new(HashMap::new()),
+            lowered: Mutex::new(std::collections::BTreeMap::new()),
         };
         // Every label the database holds now is one this host has seen: a failover or
         // restore that lowers one later is then refused (PgError::Lower), even for a
@@ -668,21 +673,26 @@ impl PostgresStore {
     }
 
     /// Checks `label`, read from the database for `principal` after this host had seen
-    /// `before`, and keeps the higher of the two as seen.
+    /// `before`, and keeps the higher of the two as seen. A lower label is the store's
+    /// failure (see [`StateBackend::failure`]) until a read finds the principal's label back.
     fn observed(
         &self,
         principal: &PrincipalId,
         before: &InformationLabel,
         label: &InformationLabel,
     ) -> Result<(), StateError> {
+        let mut lowered = self.lowered.lock().map_err(poisoned)?;
         if !before.flows_to(label) {
             tracing::error!(target = %self.target.name, principal = %principal, "the flow-state database holds a principal's label lower than this host has seen it; refusing");
-            return Err(PgError::Lower {
+            let err = PgError::Lower {
                 target: self.target.name.clone(),
                 principal: principal.to_string(),
-            }
-            .into());
+            };
+            lowered.insert(principal.clone(), err.to_string());
+            return Err(err.into());
         }
+        lowered.remove(principal);
+        drop(lowered);
         let mut seen = self
             .seen
             .lock()
@@ -1035,10 +1045,13 @@ impl StateBackend for PostgresStore {
         })
     }
 
+    /// The last operation's failure, else a principal's label found lower than seen and
+    /// not read back since.
     fn failure(&self) -> Option<String> {
-        match self.failure.lock() {
-            Ok(f) => f.clone(),
-            Err(_) => Some("a writer panicked while holding the store".into()),
+        let panicked = || Some("a writer panicked while holding the store".to_string());
+        match (self.failure.lock(), self.lowered.lock()) {
+            (Ok(f), Ok(lowered)) => f.clone().or_else(|| lowered.values().next().cloned()),
+            _ => panicked(),
         }
     }
 
@@ -1288,6 +1301,48 @@ mod tests {
             "a missing row is not bottom to a store that has seen the label"
         );
         assert!(third.get(&k).await.unwrap().principal.is_bottom());
+    }
+
+    /// A label found lower than this host has seen refuses every call of that principal:
+    /// the store reports it as its failure (health says the flow state failed) until a read
+    /// finds the label back, though the queries themselves succeed, other principals' too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lowered_label_stays_the_stores_failure_until_it_is_read_back() {
+        use super::super::tests::{key, owner};
+        let Some(pg) = lab().await else { return };
+        let (alice, bob) = (key("alice", "s"), key("bob", "s"));
+        let store = PostgresStore::open(&pg.settings("a")).await.unwrap();
+        store
+            .raise(&alice, &owner("larkfield"), &owner("larkfield"))
+            .await
+            .unwrap();
+        let raw = pg.client().await.unwrap();
+        let set = |label: InformationLabel| {
+            let raw = &raw;
+            async move {
+                raw.execute(
+                    "UPDATE principal_labels SET label = $1 WHERE principal = 'alice'",
+                    &[&label.to_canonical_json()],
+                )
+                .await
+                .unwrap();
+            }
+        };
+        set(InformationLabel::bottom()).await;
+        assert!(store.get(&alice).await.is_err());
+        let failure = store.failure();
+        assert!(
+            failure
+                .as_deref()
+                .is_some_and(|f| f.contains("alice") && f.contains("lower")),
+            "{failure:?}"
+        );
+        store.get(&bob).await.unwrap();
+        assert!(store.failure().is_some(), "bob's read cleared alice's");
+        assert!(store.get(&alice).await.is_err());
+        set(owner("larkfield")).await;
+        store.get(&alice).await.unwrap();
+        assert_eq!(store.failure(), None);
     }
 
     /// A server whose transactions default to `serializable` (or `repeatable read`) would
