@@ -93,19 +93,31 @@ pub enum ContinuityError {
     },
 }
 
+/// Where the flow state that a [`ContinuityError`] is about lives, and so what an operator
+/// can do about it.
+#[derive(Debug, Clone)]
+enum Home {
+    /// The embedded SQLite file `db` in `state_dir`.
+    File { db: PathBuf, state_dir: PathBuf },
+    /// A shared PostgreSQL database (`name`, as the store describes it, without a password,
+    /// named by `url_file`) in which this host keeps its checkpoint as `host_id`. `flowhost
+    /// state rebuild` cannot help there: it writes a SQLite file.
+    Database {
+        name: String,
+        url_file: PathBuf,
+        host_id: String,
+    },
+}
+
+/// Says that `state_rebuild` writes a SQLite file alone, for the messages about a database.
+const REBUILD_IS_SQLITE_ONLY: &str = "(`flowhost state rebuild` writes a host's SQLite \
+                                      state.db, never a shared database)";
+
 /// The state was last proven against a record the records no longer hold as it was.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "flow state {db} was last proven against record seq {seq} ({hash}), but {records} {found}: \
-     this state belongs to another record stream (another host's file?) or the records were \
-     replaced. Restore the state.db that belongs to these records, or rebuild it from them \
-     with `flowhost state rebuild --records {records} --state-dir {state_dir}` (host stopped)"
-)]
 pub struct OtherStreamError {
-    /// The state database.
-    db: PathBuf,
-    /// Its state directory.
-    state_dir: PathBuf,
+    /// Where the state lives.
+    home: Home,
     /// The record directory.
     records: PathBuf,
     /// The checkpoint's sequence number.
@@ -116,20 +128,46 @@ pub struct OtherStreamError {
     found: String,
 }
 
+impl std::fmt::Display for OtherStreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let OtherStreamError {
+            records,
+            seq,
+            hash,
+            found,
+            ..
+        } = self;
+        let records = records.display();
+        match &self.home {
+            Home::File { db, state_dir } => write!(
+                f,
+                "flow state {} was last proven against record seq {seq} ({hash}), but \
+                 {records} {found}: this state belongs to another record stream (another \
+                 host's file?) or the records were replaced. Restore the state.db that belongs \
+                 to these records, or rebuild it from them with `flowhost state rebuild \
+                 --records {records} --state-dir {}` (host stopped)",
+                db.display(),
+                state_dir.display()
+            ),
+            Home::Database { name, host_id, .. } => write!(
+                f,
+                "flow-state database {name} holds a checkpoint for host_id {host_id:?} at \
+                 record seq {seq} ({hash}), but {records} {found}: another host uses host_id \
+                 {host_id:?} with records of its own, or this host's records were replaced. \
+                 Give every host a host_id of its own in [host] state; if these records are \
+                 this host's, set a host_id no host has used: the next start then checks \
+                 every label these records prove against the database before it binds them \
+                 {REBUILD_IS_SQLITE_ONLY}"
+            ),
+        }
+    }
+}
+
 /// The records prove a label the state does not hold.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "flow state {db} is older than the decision records: record seq {seq} ({file}:{line}) \
-     shows {holder}, which the state does not hold (a truncated or restored state.db, or \
-     one whose write-ahead log was lost). Starting would forget it. \
-     With the host stopped, rebuild the state from the records with `flowhost state rebuild \
-     --records {records} --state-dir {state_dir}`, or restore the newest state.db"
-)]
 pub struct BehindError {
-    /// The state database.
-    db: PathBuf,
-    /// Its state directory.
-    state_dir: PathBuf,
+    /// Where the state lives.
+    home: Home,
     /// The record directory.
     records: PathBuf,
     /// What the records show (`principal alice carrying a label`, `declassification grant
@@ -141,6 +179,49 @@ pub struct BehindError {
     file: PathBuf,
     /// Its line.
     line: u64,
+}
+
+impl std::fmt::Display for BehindError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let BehindError {
+            records,
+            holder,
+            seq,
+            file,
+            line,
+            ..
+        } = self;
+        let (records, file) = (records.display(), file.display());
+        match &self.home {
+            Home::File { db, state_dir } => write!(
+                f,
+                "flow state {} is older than the decision records: record seq {seq} \
+                 ({file}:{line}) shows {holder}, which the state does not hold (a truncated or \
+                 restored state.db, or one whose write-ahead log was lost). Starting would \
+                 forget it. With the host stopped, rebuild the state from the records with \
+                 `flowhost state rebuild --records {records} --state-dir {}`, or restore the \
+                 newest state.db",
+                db.display(),
+                state_dir.display()
+            ),
+            Home::Database {
+                name,
+                url_file,
+                host_id,
+            } => write!(
+                f,
+                "flow-state database {name} is older than the decision records: record seq \
+                 {seq} ({file}:{line}) shows {holder}, which the database does not hold (it \
+                 was restored from an older backup, failed over to a standby that lagged, or \
+                 emptied). Starting would forget it. Bring back the database that holds it: \
+                 restore its newest backup, or point {} at the server that has the latest \
+                 writes, then start again {REBUILD_IS_SQLITE_ONLY}. If no copy holds it any \
+                 more, starting means accepting the loss: move {records} aside (keep it) and \
+                 give this host a host_id other than {host_id:?}",
+                url_file.display()
+            ),
+        }
+    }
 }
 
 /// Where a record is.
@@ -307,20 +388,39 @@ fn scan(
 /// Where the state lives, for messages.
 #[derive(Debug, Clone)]
 pub struct Places<'a> {
-    /// The state database file.
+    /// The state database file (for a shared PostgreSQL store, the `url_file` naming the
+    /// database).
     pub db: &'a Path,
     /// The state directory.
     pub state_dir: &'a Path,
     /// The record directory.
     pub records: &'a Path,
+    /// For a shared PostgreSQL store, this host's `host_id` (the messages then name the
+    /// database as the store describes it, and say what can be done there); `None` for the
+    /// SQLite file `db`.
+    pub host_id: Option<&'a str>,
 }
 
 impl Places<'_> {
+    /// Where `state`, which these places describe, lives.
+    fn home(&self, state: &FlowStateStore) -> Home {
+        match self.host_id {
+            None => Home::File {
+                db: self.db.to_path_buf(),
+                state_dir: self.state_dir.to_path_buf(),
+            },
+            Some(host_id) => Home::Database {
+                name: state.describe(),
+                url_file: self.db.to_path_buf(),
+                host_id: host_id.to_string(),
+            },
+        }
+    }
+
     /// The state is behind the records: `holder` is what record `at` shows.
-    fn behind(&self, holder: String, at: At<'_>) -> ContinuityError {
+    fn behind(&self, home: &Home, holder: String, at: At<'_>) -> ContinuityError {
         ContinuityError::Behind(Box::new(BehindError {
-            db: self.db.to_path_buf(),
-            state_dir: self.state_dir.to_path_buf(),
+            home: home.clone(),
             records: self.records.to_path_buf(),
             holder,
             seq: at.seq,
@@ -346,6 +446,7 @@ impl Owed {
         seen: Seen<'_>,
         held: &StateSnapshot,
         places: &Places<'_>,
+        home: &Home,
     ) -> Result<(), ContinuityError> {
         match seen {
             Seen::Labels { key, labels, at } => {
@@ -354,9 +455,8 @@ impl Owed {
                 let bottom = InformationLabel::bottom();
                 let principal = held.principals.get(&key.principal).unwrap_or(&bottom);
                 if !labels.principal.flows_to(principal) || !labels.session.flows_to(principal) {
-                    return Err(
-                        places.behind(format!("principal {} carrying a label", key.principal), at)
-                    );
+                    let holder = format!("principal {} carrying a label", key.principal);
+                    return Err(places.behind(home, holder, at));
                 }
             }
             Seen::Grant { id, allowed, at } => {
@@ -380,6 +480,7 @@ impl Owed {
 /// [`Owed`]).
 fn read_owed(
     places: &Places<'_>,
+    home: &Home,
     checkpoint: Option<&(u64, String)>,
     held: &StateSnapshot,
 ) -> Result<(ScanEnd, Owed), ContinuityError> {
@@ -388,7 +489,7 @@ fn read_owed(
         places.records,
         checkpoint.map(|(s, h)| (*s, h.as_str())),
         false,
-        &mut |seen| owed.take(seen, held, places),
+        &mut |seen| owed.take(seen, held, places, home),
     )?;
     Ok((end, owed))
 }
@@ -401,7 +502,8 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
     // Read once, before the records: nothing raises a label while the host starts or once
     // it has stopped serving, and each record is compared with it as it is read.
     let held = state.snapshot().await?;
-    let (scan, owed) = read_owed(places, checkpoint.as_ref(), &held)?;
+    let home = places.home(state);
+    let (scan, owed) = read_owed(places, &home, checkpoint.as_ref(), &held)?;
     if let Some((seq, hash)) = &checkpoint {
         let found = match &scan.checkpoint {
             CheckpointFound::Matches | CheckpointFound::NotNeeded => None,
@@ -416,8 +518,7 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
         };
         if let Some(found) = found {
             return Err(ContinuityError::OtherStream(Box::new(OtherStreamError {
-                db: places.db.to_path_buf(),
-                state_dir: places.state_dir.to_path_buf(),
+                home,
                 records: places.records.to_path_buf(),
                 seq: *seq,
                 hash: hash.clone(),
@@ -441,7 +542,7 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
                 file: &file,
                 line,
             };
-            return Err(places.behind(format!("declassification grant {id:?} spent"), at));
+            return Err(places.behind(&home, format!("declassification grant {id:?} spent"), at));
         }
     }
     if let Some((seq, hash)) = &scan.head {
@@ -599,17 +700,22 @@ mod tests {
             db: &dir.path().join("state.db"),
             state_dir: dir.path(),
             records: &records,
+            host_id: None,
         };
         let alice = PrincipalId::new("alice").unwrap();
         let mut held = StateSnapshot::default();
         held.principals
             .insert(alice.clone(), crate::state::tests::owner("larkfield"));
-        let (end, owed) = read_owed(&places, None, &held).unwrap();
+        let home = places.home(&FlowStateStore::open(places.db).unwrap());
+        let (end, owed) = read_owed(&places, &home, None, &held).unwrap();
         assert_eq!(end.records, 300);
         assert_eq!(owed.held(), 0, "the check holds something per record");
         // A record the state does not hold is refused as it is read, naming it.
         held.principals.insert(alice, InformationLabel::bottom());
-        let err = read_owed(&places, None, &held).err().unwrap().to_string();
+        let err = read_owed(&places, &home, None, &held)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             err.contains("record seq 1 ") && err.contains("principal alice"),
             "{err}"
@@ -623,6 +729,50 @@ mod tests {
         .unwrap();
         assert_eq!(proven.principals.len(), 1);
         assert_eq!(proven.sessions.len(), 300);
+    }
+
+    /// On a shared PostgreSQL store the messages say what works there, naming the database
+    /// and this host's `host_id`: `state rebuild` writes a SQLite file the host would not
+    /// read.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shared_databases_refusals_say_what_works_there() {
+        let Some(pg) = crate::lab::postgres::Postgres::start_unless_unavailable().unwrap() else {
+            return;
+        };
+        let settings = pg.settings("web-1");
+        crate::state::postgres::migrate(&settings).await.unwrap();
+        let state = FlowStateStore::with_backend(Box::new(
+            crate::state::postgres::PostgresStore::open(&settings)
+                .await
+                .unwrap(),
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        records_of_one_principal(&records, 2);
+        let places = Places {
+            db: &settings.url_file,
+            state_dir: dir.path(),
+            records: &records,
+            host_id: Some("web-1"),
+        };
+        let database = format!("127.0.0.1:{}/postgres", pg.port);
+        let behind = check(&state, &places).await.unwrap_err().to_string();
+        let other = {
+            state.set_checkpoint(99, "sha256:00").await.unwrap();
+            check(&state, &places).await.unwrap_err().to_string()
+        };
+        for err in [&behind, &other] {
+            assert!(
+                err.contains(&database) && err.contains("web-1") && !err.contains("--state-dir"),
+                "{err}"
+            );
+        }
+        let url_file = settings.url_file.display().to_string();
+        assert!(
+            behind.contains("restore") && behind.contains(&url_file),
+            "{behind}"
+        );
+        assert!(other.contains("host_id"), "{other}");
     }
 
     /// A state that lost the grants it spent (restored, truncated, rebuilt) would accept
@@ -651,6 +801,7 @@ mod tests {
             db: &fresh,
             state_dir: dir.path(),
             records: &records,
+            host_id: None,
         };
         let err = check(&state, &places).await.unwrap_err();
         assert!(

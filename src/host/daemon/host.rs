@@ -243,9 +243,11 @@ impl Host {
     async fn bind_state_to_records(&self) -> Result<(), crate::continuity::ContinuityError> {
         let generation = self.current();
         let config = &generation.config;
-        let db = match &config.state {
-            crate::config::StateConfig::Postgres(pg) => pg.url_file.clone(),
-            crate::config::StateConfig::Sqlite => config.state_dir.join(super::STATE_FILE),
+        let (db, host_id) = match &config.state {
+            crate::config::StateConfig::Postgres(pg) => {
+                (pg.url_file.clone(), Some(pg.host_id.as_str()))
+            }
+            crate::config::StateConfig::Sqlite => (config.state_dir.join(super::STATE_FILE), None),
         };
         crate::continuity::check(
             self.resolver.state(),
@@ -253,6 +255,7 @@ impl Host {
                 db: &db,
                 state_dir: &config.state_dir,
                 records: &config.records_dir,
+                host_id,
             },
         )
         .await

@@ -639,6 +639,10 @@ impl Host {
                     db: &db,
                     state_dir: &config.state_dir,
                     records: &config.records_dir,
+                    host_id: match &config.state {
+                        StateConfig::Postgres(pg) => Some(&pg.host_id),
+                        StateConfig::Sqlite => None,
+                    },
                 },
             )
             .await?;

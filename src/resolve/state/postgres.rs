@@ -183,8 +183,9 @@ pub enum PgError {
     #[error(
         "flow-state database {target}: principal {principal}'s label is lower than this host \
          has seen it (a failover to a lagging replica, or a restore); refusing until the \
-         database holds it again (restore the newest copy, or rebuild the state from every \
-         host's records)"
+         database holds it again (restore the newest backup of the database, or point \
+         url_file at the server that has the latest writes; `flowhost state rebuild` writes \
+         a host's SQLite state.db, never a shared database)"
     )]
     Lower {
         /// The database.
@@ -1332,9 +1333,10 @@ mod tests {
         assert!(store.get(&alice).await.is_err());
         let failure = store.failure();
         assert!(
-            failure
-                .as_deref()
-                .is_some_and(|f| f.contains("alice") && f.contains("lower")),
+            failure.as_deref().is_some_and(|f| f.contains("alice")
+                && f.contains("lower")
+                && f.contains("url_file")
+                && !f.contains("rebuild the state")),
             "{failure:?}"
         );
         store.get(&bob).await.unwrap();
