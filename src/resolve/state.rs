@@ -116,6 +116,21 @@ pub enum StateError {
         /// Its directory.
         state_dir: PathBuf,
     },
+    /// The file holds labels, spent grants or a records checkpoint but no seal: its seal was
+    /// removed, or it was written before seals existed.
+    #[error(
+        "flow-state database {path} holds labels, spent grants or a records checkpoint but no \
+         seal: it was removed (and the rows it vouched for may have been changed with it), or \
+         the file predates seals. With the host stopped, rebuild it from the records \
+         (`flowhost state rebuild --records RECORDS_DIR --state-dir {state_dir}`), which seals \
+         what it writes"
+    )]
+    NoSeal {
+        /// The database file.
+        path: PathBuf,
+        /// Its directory.
+        state_dir: PathBuf,
+    },
     /// What the file holds differs from what this store wrote to it: it was replaced or
     /// rolled back under the running store (a backup copied over it).
     #[error(
@@ -582,7 +597,8 @@ impl SqliteStore {
     /// ([`StateError::NotOwnFile`]): the one-writer lock is kept per name. So does a file
     /// whose labels, spent grants and records checkpoint do not match the seal written with
     /// them ([`StateError::Unsealed`]): read from pages of different times, its checkpoint
-    /// could vouch for labels it no longer holds. A file from before seals is sealed as found.
+    /// could vouch for labels it no longer holds. A file that holds something but no seal is
+    /// refused too ([`StateError::NoSeal`]); a new, empty one is sealed.
     pub fn open(path: &Path) -> Result<Self, StateError> {
         Self::open_sealed(path, SealMode::Check)
     }
@@ -656,7 +672,15 @@ impl SqliteStore {
                     state_dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
                 });
             }
-            // A new file, or one written before seals; or a rebuild.
+            // A file holding something without a seal: its seal was removed (with rows
+            // changed behind it, perhaps), or it predates seals. Only a rebuild seals it.
+            (SealMode::Check, None) if sealed != seal::Seal::default() => {
+                return Err(StateError::NoSeal {
+                    path: path.to_path_buf(),
+                    state_dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+                });
+            }
+            // A new, empty file; or a rebuild.
             (SealMode::Check, None) | (SealMode::Renew, _) => {
                 store_seal(&conn, sealed).map_err(open_err)?;
             }
@@ -1193,8 +1217,8 @@ pub(crate) mod tests {
     /// The labels, spent grants and records checkpoint are read back at open against the
     /// seal written with them: any of them from another time than the seal (pages of an
     /// older file under a later write-ahead log; here, a row changed behind the store) is
-    /// refused, naming the file. A rebuild's open seals what it finds; a file from before
-    /// seals is sealed as found.
+    /// refused, naming the file. A rebuild's open seals what it finds; a file that holds
+    /// something but no seal is refused.
     #[test]
     fn a_file_whose_contents_do_not_match_their_seal_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -1234,14 +1258,23 @@ pub(crate) mod tests {
         let store = SqliteStore::open(&db).unwrap();
         assert!(store.get(&key("alice", "s")).unwrap().principal.is_bottom());
         drop(store);
-        // No seal at all (a file from before seals): sealed as found.
+        // No seal at all on a file that holds something (its seal removed, or a file from
+        // before seals): refused too, since anyone could otherwise drop the seal with the
+        // rows; a rebuild seals it again.
         behind_the_store("DELETE FROM state_seal");
+        let err = SqliteStore::open(&db).unwrap_err();
+        assert!(matches!(err, StateError::NoSeal { .. }), "{err:?}");
+        assert!(err.to_string().contains("state rebuild"), "{err}");
+        drop(SqliteStore::open_to_rebuild(&db).unwrap());
         drop(SqliteStore::open(&db).unwrap());
-        behind_the_store("UPDATE records_checkpoint SET seq = 8");
-        assert!(matches!(
-            SqliteStore::open(&db),
-            Err(StateError::Unsealed { .. })
-        ));
+        // A new, empty file is sealed as it is made.
+        let fresh = dir.path().join("fresh.db");
+        drop(SqliteStore::open(&fresh).unwrap());
+        Connection::open(&fresh)
+            .unwrap()
+            .execute("DELETE FROM state_seal", [])
+            .unwrap();
+        drop(SqliteStore::open(&fresh).unwrap());
     }
 
     /// The one-writer lock is taken on the path: a second name for the same file (a symbolic
