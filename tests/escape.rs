@@ -668,19 +668,12 @@ async fn a_socket_whose_connect_was_refused_can_connect_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_the_peer_answers_late_is_awaited_until_it_completes() {
     use std::io::Read;
-    use std::os::fd::AsRawFd;
     let Some(b) = broker() else { return };
     // A listener whose accept queue is full drops the probe's SYN, so its blocking connect
     // is still under way when the broker first asks; the queue is emptied after 300 ms and
     // the kernel's retransmitted SYN (about 1 s) completes it.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    // SAFETY: re-listening on our own socket only changes its backlog.
-    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    let (listener, _fillers) = full_accept_queue();
     let addr = listener.local_addr().unwrap();
-    let fillers: Vec<_> = (0..2)
-        .map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)))
-        .collect();
-    assert!(fillers[0].is_ok(), "{fillers:?}");
     let accepter = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
         let mut got = Vec::new();
@@ -752,28 +745,16 @@ async fn netlink_sends_to_other_sockets_are_refused_as_the_kernel_refuses_the_ex
     }
 }
 
-#[test]
-fn an_executor_that_clears_o_nonblock_cannot_block_the_hosts_runtime() {
-    use std::os::fd::AsRawFd;
-    // The daemon supervises executors on its runtime, whose workers every session and
-    // record shares; the broker starts a blocking connect non-blocking, but the flag is on
-    // the file description the executor shares and can clear at any moment. A unix listener
-    // with a full backlog makes a connect that really blocks wait for good. With one worker,
-    // a second executor's connect must still be served.
-    if !common::is_root() {
-        eprintln!("SKIP: the broker needs root here");
-        return;
-    }
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let path = dir.path().join("full.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    // SAFETY: re-listening on our own socket only changes its backlog.
-    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
-    let _filler = std::os::unix::net::UnixStream::connect(&path).unwrap();
+/// Runs the probe's `connect-racing` to `target` (a connect while another of its threads
+/// keeps clearing O_NONBLOCK on the socket) on a runtime of one worker and one blocking
+/// thread, and 500 ms in, a second executor's connect to a sink; fails if the second is not
+/// served within 20 s.
+fn served_beside_a_racing_connect(target: String) {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
+            .max_blocking_threads(1)
             .enable_all()
             .build()
             .unwrap();
@@ -783,7 +764,7 @@ fn an_executor_that_clears_o_nonblock_cannot_block_the_hosts_runtime() {
             let racing = run_with(
                 &b,
                 "brokered",
-                probe_argv(&["connect-racing", &path.display().to_string()]),
+                probe_argv(&["connect-racing", &target]),
                 |_| Verdict::Allow,
             );
             let plain = async {
@@ -805,67 +786,48 @@ fn an_executor_that_clears_o_nonblock_cannot_block_the_hosts_runtime() {
     });
     match rx.recv_timeout(Duration::from_secs(20)) {
         Ok(stdout) => assert!(stdout.contains("\"result\":\"ok\""), "{stdout}"),
-        Err(_) => panic!("the runtime stalled: a broker connect blocked its only worker"),
+        Err(_) => panic!("the runtime stalled: a broker connect blocked a thread it shares"),
     }
-    drop(listener);
 }
 
 #[test]
-fn a_connect_left_blocking_on_the_pool_ends_when_its_caller_is_gone() {
+fn an_executor_that_clears_o_nonblock_cannot_block_the_hosts_runtime() {
     use std::os::fd::AsRawFd;
-    // A connect the executor made block (by clearing O_NONBLOCK) holds a thread of the
-    // runtime's blocking pool; to a peer that never answers (a full accept queue drops every
-    // SYN) it would hold it for minutes. Once the executor is gone the broker dissolves it,
-    // so the pool (here one thread) serves the next executor.
+    // The daemon supervises executors on its runtime, whose workers every session and
+    // record shares; the broker starts a blocking connect non-blocking, but the flag is on
+    // the file description the executor shares and can clear at any moment. A unix listener
+    // with a full backlog makes a connect that really blocks wait for good; so does, for
+    // minutes, a TCP listener whose full accept queue drops every SYN.
     if !common::is_root() {
         eprintln!("SKIP: the broker needs root here");
         return;
     }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("full.sock");
+    let unix = UnixListener::bind(&path).unwrap();
+    // SAFETY: re-listening on our own socket only changes its backlog.
+    assert_eq!(unsafe { libc::listen(unix.as_raw_fd(), 0) }, 0);
+    let _filler = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    served_beside_a_racing_connect(path.display().to_string());
+    let (tcp, _fillers) = full_accept_queue();
+    served_beside_a_racing_connect(tcp.local_addr().unwrap().to_string());
+}
+
+/// A loopback TCP listener whose accept queue is full (backlog 0, filled by the connections
+/// returned with it): the kernel drops every further SYN until it accepts.
+fn full_accept_queue() -> (std::net::TcpListener, Vec<std::net::TcpStream>) {
+    use std::os::fd::AsRawFd;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     // SAFETY: re-listening on our own socket only changes its backlog.
     assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
     let addr = listener.local_addr().unwrap();
-    let _fillers: Vec<_> = (0..2)
-        .map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)))
+    let fillers: Vec<_> = (0..2)
+        .filter_map(|_| {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()
+        })
         .collect();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .max_blocking_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let b = broker().unwrap();
-            let sink = TcpSink::start();
-            let racing = run_with(
-                &b,
-                "brokered",
-                probe_argv(&["connect-racing", &addr.to_string()]),
-                |_| Verdict::Allow,
-            );
-            // Ended (its executor killed) after 600 ms, its connect still blocked.
-            let ended = tokio::time::timeout(Duration::from_millis(600), racing).await;
-            let run = run_with(
-                &b,
-                "brokered",
-                probe_argv(&["connect", &sink.addr.to_string()]),
-                |_| Verdict::Allow,
-            )
-            .await;
-            let _ = tx.send((ended.is_err(), run.stdout));
-        });
-        rt.shutdown_background();
-    });
-    match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok((cut_short, stdout)) => {
-            assert!(cut_short, "the racing connect was expected to block");
-            assert!(stdout.contains("\"result\":\"ok\""), "{stdout}");
-        }
-        Err(_) => panic!("the blocking pool stayed taken by a connect whose caller was gone"),
-    }
-    drop(listener);
+    assert!(!fillers.is_empty(), "no connection reached the listener");
+    (listener, fillers)
 }
 
 /// A policy that answers as the host's destination rules would.

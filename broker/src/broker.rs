@@ -548,11 +548,7 @@ impl Broker {
             )),
             broker_handlers: self.inner.handlers.clone(),
             bound: std::sync::Mutex::new(Default::default()),
-            blocking_calls: Arc::new(tokio::sync::Semaphore::new(
-                supervisor::EXECUTOR_BLOCKING_CALLS,
-            )),
             toggles: Default::default(),
-            supervision_thread: Default::default(),
             absent_unix_sockets,
         });
         let inner = self.inner.clone();

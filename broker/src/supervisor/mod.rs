@@ -36,8 +36,6 @@ mod pidfds;
 mod socket;
 mod unix_path;
 
-pub(crate) use socket::EXECUTOR_BLOCKING_CALLS;
-
 use std::collections::HashSet;
 use std::future::Future;
 use std::io;
@@ -108,15 +106,8 @@ pub(crate) struct Context {
     pub bound: std::sync::Mutex<HashSet<u64>>,
     /// Unix socket paths absent from the executor's view (the profile's).
     pub absent_unix_sockets: Arc<Vec<std::path::PathBuf>>,
-    /// Bounds this executor's calls on the runtime's blocking pool
-    /// ([`socket::EXECUTOR_BLOCKING_CALLS`]).
-    pub blocking_calls: Arc<Semaphore>,
     /// The broker's O_NONBLOCK toggles on this executor's sockets (see `socket::Toggles`).
     pub toggles: Arc<socket::Toggles>,
-    /// The thread that receives this executor's notifications, if it has one ([`supervise`]):
-    /// a call that could block is made there inline, and anywhere else off the runtime's
-    /// workers (see `Caller::off_the_workers`).
-    pub supervision_thread: std::sync::OnceLock<std::thread::ThreadId>,
 }
 
 impl Context {
@@ -147,7 +138,6 @@ const PERMIT_RETRY: Duration = Duration::from_millis(1);
 /// notification is handled on this thread until it completes or has to wait, then finishes
 /// as a task on the runtime, so one thread's blocking operation never stalls the others.
 pub(crate) fn supervise(ctx: Arc<Context>, stop: OwnedFd) -> End {
-    let _ = ctx.supervision_thread.set(std::thread::current().id());
     // Handlers create timers and reactor registrations on this thread.
     let _runtime = ctx.runtime.enter();
     // The weight that lets a handler finish what it started: the operation it performs

@@ -25,12 +25,12 @@ const MAX_REMEMBERED_BINDS: usize = 4096;
 /// How long the broker waits inline for a connect to complete before awaiting it.
 const INLINE_CONNECT_WAIT: Duration = Duration::from_micros(250);
 
-/// An AF_UNSPEC socket address: a connect to it dissolves the socket's association.
-const UNSPECIFIED: [u8; 16] = [0; 16];
-
-/// Calls per executor that may be on the runtime's blocking pool at once (see
-/// `Caller::nonblocking`): one the executor made block holds a pool thread.
-pub(crate) const EXECUTOR_BLOCKING_CALLS: usize = 4;
+/// The longest a connect the broker makes may block its thread. It is started with
+/// O_NONBLOCK, but the flag lives on the file description the executor shares, and another
+/// of its threads can clear it just before the call, which then blocks after all (for a
+/// peer that never answers, for minutes; for a unix listener whose backlog stays full, for
+/// good). Cut off there with EINTR, the connect is then awaited like any other under way.
+const CONNECT_BLOCK_LIMIT: Duration = Duration::from_millis(2);
 
 /// Most sockets per executor whose facts are kept; at the bound all are forgotten.
 const MAX_KNOWN_SOCKETS: usize = 1024;
@@ -83,7 +83,7 @@ pub(super) struct TakenSocket {
 /// at once must leave it as the executor had it, and a handler asking whether the executor's
 /// call may block must see the executor's flags, not the broker's. The lock is held only
 /// while flags are read or written, never across the call made between (which blocks after
-/// all if the executor clears the flag meanwhile: see `Caller::nonblocking`). An executor's
+/// all if the executor clears the flag meanwhile: see [`CONNECT_BLOCK_LIMIT`]). An executor's
 /// own change of the flags while a toggle is in force is undone when it ends.
 #[derive(Default)]
 pub(crate) struct Toggles {
@@ -211,8 +211,10 @@ enum Connecting {
 /// but leave the socket marked as connecting, and a later connect on it would fail with
 /// ECONNABORTED.
 fn connect_again(fd: BorrowedFd<'_>, addr: &[u8]) -> Connecting {
-    match sys::connect_raw(fd, addr) {
-        Err(e) if e.raw_os_error() == Some(libc::EALREADY) => Connecting::Pending,
+    match connect_bounded(fd, addr) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EALREADY | libc::EINTR)) => {
+            Connecting::Pending
+        }
         Err(e) if e.raw_os_error() == Some(libc::EISCONN) => Connecting::Ended(Ok(())),
         other => Connecting::Ended(other),
     }
@@ -226,15 +228,27 @@ fn connect_again(fd: BorrowedFd<'_>, addr: &[u8]) -> Connecting {
 fn start_connect(sock: &TakenSocket, addr: &[u8], blocking: bool) -> Connecting {
     let fd = sock.fd.as_fd();
     let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
-    match sys::connect_raw(fd, addr) {
+    match connect_bounded(fd, addr) {
         Err(e) if blocking && inet && e.raw_os_error() == Some(libc::EINPROGRESS) => {
             connect_again(fd, addr)
         }
-        Err(e) if blocking && !inet && e.raw_os_error() == Some(libc::EAGAIN) => {
+        // Cut off at the bound (an IP connect goes on in the kernel, a unix one is tried
+        // again), or a unix listener's backlog is full (tried again).
+        Err(e)
+            if blocking
+                && (e.raw_os_error() == Some(libc::EINTR)
+                    || (!inet && e.raw_os_error() == Some(libc::EAGAIN))) =>
+        {
             Connecting::Pending
         }
         other => Connecting::Ended(other),
     }
+}
+
+/// `connect(2)` on the broker's copy of the executor's socket, blocking this thread at most
+/// [`CONNECT_BLOCK_LIMIT`] (EINTR past it) whatever the executor did to its flags.
+fn connect_bounded(fd: BorrowedFd<'_>, addr: &[u8]) -> io::Result<()> {
+    sys::bounded(CONNECT_BLOCK_LIMIT, || sys::connect_raw(fd, addr)).and_then(|r| r)
 }
 
 /// When a wait on behalf of a blocking call gives up: the socket's own send timeout
@@ -259,46 +273,12 @@ impl Caller<'_> {
     }
 
     /// Runs `op` on `sock` with O_NONBLOCK set for the broker (see [`Toggles`]), telling it
-    /// whether the executor's socket was in blocking mode. The flag is on the description the
-    /// executor shares, so another of its threads can clear it just before `op`'s call, which
-    /// then blocks after all: `op` runs on the executor's own supervision thread, where that
-    /// stalls only this executor, and anywhere else on the runtime's blocking pool, never on
-    /// a worker every session and record shares. (Calls with a per-call flag, sends with
-    /// `MSG_DONTWAIT`, need none of this.)
-    async fn nonblocking<T: Send + 'static>(
-        &self,
-        sock: &TakenSocket,
-        addr: &[u8],
-        op: fn(&TakenSocket, &[u8], bool) -> T,
-    ) -> io::Result<T> {
-        let toggles = self.ctx.toggles.clone();
-        if self.ctx.supervision_thread.get() == Some(&std::thread::current().id()) {
-            return toggles.with_nonblocking(sock, |blocking| Ok(op(sock, addr, blocking)));
-        }
-        // A few at a time per executor: those an executor makes block hold pool threads.
-        let _slot = self.ctx.blocking_calls.clone().acquire_owned().await;
-        let (taken, addr) = (sock.clone(), addr.to_vec());
-        let mut call = tokio::task::spawn_blocking(move || {
-            toggles.with_nonblocking(&taken, |blocking| Ok(op(&taken, &addr, blocking)))
-        });
-        let mut aborted = false;
-        loop {
-            tokio::select! {
-                done = &mut call => {
-                    return done.unwrap_or_else(|e| Err(io::Error::other(e.to_string())));
-                }
-                _ = tokio::time::sleep(CALLER_CHECK), if !aborted => {
-                    // A caller that is gone waits for nothing: an IP connect blocked on its
-                    // behalf is dissolved (an AF_UNSPEC connect wakes it), so the thread is
-                    // freed. A unix connect waits on its listener's backlog, which only
-                    // the listener frees (or its end, as when the executor owning it dies).
-                    if self.still_waiting().is_err() {
-                        aborted = true;
-                        let _ = sys::connect_raw(sock.fd.as_fd(), &UNSPECIFIED);
-                    }
-                }
-            }
-        }
+    /// whether the executor's socket was in blocking mode. (Calls with a per-call flag, sends
+    /// with `MSG_DONTWAIT`, need none of this.)
+    fn nonblocking<T>(&self, sock: &TakenSocket, op: impl FnOnce(bool) -> T) -> io::Result<T> {
+        self.ctx
+            .toggles
+            .with_nonblocking(sock, |blocking| Ok(op(blocking)))
     }
 
     /// Waits until `watch` may have turned writable, for at most [`CALLER_CHECK`] (or until
@@ -334,13 +314,13 @@ impl Caller<'_> {
     }
 
     /// Performs the executor's connect with the semantics of its own call, without blocking
-    /// a runtime worker (see [`Caller::nonblocking`] and [`start_connect`]). A blocking IP
+    /// a thread for longer than [`CONNECT_BLOCK_LIMIT`] (see [`start_connect`]). A blocking IP
     /// connect that did not end at once is awaited, returning the socket's final error
     /// exactly as a blocking connect would have (EINPROGRESS once `SO_SNDTIMEO` expires). A
     /// blocking unix connect to a full backlog goes to [`Caller::connect_unix`].
     pub(super) async fn connect_on(&self, sock: &TakenSocket, addr: &[u8]) -> Step<io::Result<()>> {
         let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
-        match self.nonblocking(sock, addr, start_connect).await {
+        match self.nonblocking(sock, |blocking| start_connect(sock, addr, blocking)) {
             Ok(Connecting::Ended(result)) => return Ok(result),
             Err(e) => return Ok(Err(e)),
             Ok(Connecting::Pending) if !inet => return self.connect_unix(sock, addr).await,
@@ -351,7 +331,7 @@ impl Caller<'_> {
         // paying for a reactor registration.
         match sys::wait_writable(fd, INLINE_CONNECT_WAIT) {
             Ok(true) => {
-                if let Some(result) = self.connect_ended(sock, addr).await {
+                if let Some(result) = self.connect_ended(sock, addr) {
                     return Ok(result);
                 }
             }
@@ -365,7 +345,7 @@ impl Caller<'_> {
         };
         loop {
             self.writable_or_gone(&watch, deadline).await?;
-            if let Some(result) = self.connect_ended(sock, addr).await {
+            if let Some(result) = self.connect_ended(sock, addr) {
                 return Ok(result);
             }
             if timed_out(deadline) {
@@ -375,9 +355,8 @@ impl Caller<'_> {
     }
 
     /// The result of a connect under way once it has ended; `None` while it has not.
-    async fn connect_ended(&self, sock: &TakenSocket, addr: &[u8]) -> Option<io::Result<()>> {
-        let again = |sock: &TakenSocket, addr: &[u8], _| connect_again(sock.fd.as_fd(), addr);
-        match self.nonblocking(sock, addr, again).await {
+    fn connect_ended(&self, sock: &TakenSocket, addr: &[u8]) -> Option<io::Result<()>> {
+        match self.nonblocking(sock, |_| connect_again(sock.fd.as_fd(), addr)) {
             Ok(Connecting::Ended(result)) => Some(result),
             Ok(Connecting::Pending) => None,
             Err(e) => Some(Err(e)),
@@ -394,10 +373,12 @@ impl Caller<'_> {
         addr: &[u8],
     ) -> Step<io::Result<()>> {
         let deadline = give_up_at(sock);
-        let once = |sock: &TakenSocket, addr: &[u8], _| sys::connect_raw(sock.fd.as_fd(), addr);
         loop {
-            match self.nonblocking(sock, addr, once).await.and_then(|r| r) {
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+            match self
+                .nonblocking(sock, |_| connect_bounded(sock.fd.as_fd(), addr))
+                .and_then(|r| r)
+            {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => {}
                 other => return Ok(other),
             }
             if timed_out(deadline) {
