@@ -25,6 +25,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 mod attempt;
+mod bound;
 pub mod bounds;
 mod broker;
 pub mod cgroup;

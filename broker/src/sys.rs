@@ -644,7 +644,7 @@ pub fn terminal_signal(master: BorrowedFd<'_>, signal: libc::c_int) -> io::Resul
     check(ret as libc::c_long).map(|_| ())
 }
 
-/// The signal that ends a bounded call (see [`bounded`]): a real-time signal near the top of
+/// The signal that ends a bounded call (see `bound::bounded`): a real-time signal near the top of
 /// the range, which glibc leaves to programs, handled by a function that does nothing.
 fn bound_signal() -> libc::c_int {
     libc::SIGRTMAX() - 3
@@ -653,7 +653,7 @@ fn bound_signal() -> libc::c_int {
 /// Installs the handler of [`bound_signal`] once per process: it does nothing, and it is
 /// installed without `SA_RESTART`, so a call the signal interrupts returns EINTR instead of
 /// waiting again.
-fn install_bound_handler() -> io::Result<()> {
+pub fn install_bound_handler() -> io::Result<()> {
     static INSTALLED: std::sync::OnceLock<Result<(), i32>> = std::sync::OnceLock::new();
     extern "C" fn interrupt(_: libc::c_int) {}
     let installed = INSTALLED.get_or_init(|| {
@@ -677,119 +677,52 @@ fn install_bound_handler() -> io::Result<()> {
     installed.map_err(io::Error::from_raw_os_error)
 }
 
-/// A one-shot timer that signals the thread that made it (`SIGEV_THREAD_ID`), deleted with
-/// the thread.
-struct ThreadTimer(libc::timer_t);
-
-impl ThreadTimer {
-    fn new() -> io::Result<ThreadTimer> {
-        // SAFETY: gettid takes nothing; a zeroed sigevent is valid and we fill the fields the
-        // kernel reads for SIGEV_THREAD_ID; timer_create writes one timer id we own.
-        unsafe {
-            let mut event: libc::sigevent = std::mem::zeroed();
-            event.sigev_notify = libc::SIGEV_THREAD_ID;
-            event.sigev_signo = bound_signal();
-            event.sigev_notify_thread_id = libc::gettid();
-            let mut timer = MaybeUninit::<libc::timer_t>::uninit();
-            if libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, timer.as_mut_ptr()) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(ThreadTimer(timer.assume_init()))
-        }
+/// Blocks (`true`) or unblocks [`bound_signal`] on the calling thread alone. Unblocking
+/// delivers one that is pending at once, to its handler, which does nothing: a signal sent
+/// for a call that had already returned interrupts nothing.
+pub fn block_bound_signal(block: bool) -> io::Result<()> {
+    let how = if block {
+        libc::SIG_BLOCK
+    } else {
+        libc::SIG_UNBLOCK
+    };
+    // SAFETY: the set is ours, initialised by sigemptyset before sigaddset reads it; the
+    // kernel only reads it, and the old mask is not asked for.
+    let ret = unsafe {
+        let mut set = MaybeUninit::<libc::sigset_t>::zeroed();
+        libc::sigemptyset(set.as_mut_ptr());
+        libc::sigaddset(set.as_mut_ptr(), bound_signal());
+        libc::pthread_sigmask(how, set.as_ptr(), std::ptr::null_mut())
+    };
+    if ret != 0 {
+        return Err(io::Error::from_raw_os_error(ret));
     }
-
-    /// Arms it to fire once after `after`, or disarms it (`None`).
-    fn set(&self, after: Option<std::time::Duration>) -> io::Result<()> {
-        let after = after.unwrap_or_default();
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: libc::timespec {
-                tv_sec: after.as_secs() as libc::time_t,
-                tv_nsec: after.subsec_nanos() as libc::c_long,
-            },
-        };
-        // SAFETY: the timer is ours and live; the kernel reads the spec we own.
-        let ret = unsafe { libc::timer_settime(self.0, 0, &spec, std::ptr::null_mut()) };
-        check(ret as libc::c_long).map(|_| ())
-    }
+    Ok(())
 }
 
-impl Drop for ThreadTimer {
-    fn drop(&mut self) {
-        // SAFETY: the timer is ours, deleted once, here.
-        unsafe { libc::timer_delete(self.0) };
-    }
+/// The kernel's id of the calling thread.
+pub fn thread_id() -> libc::pid_t {
+    nix::unistd::gettid().as_raw()
 }
 
-thread_local! {
-    static THREAD_TIMER: std::cell::RefCell<Option<ThreadTimer>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Makes `call` (one syscall that may block) on the calling thread, interrupted with EINTR if
-/// it is still blocked after `limit`: a thread-directed one-shot timer is armed before it
-/// and disarmed after. Only a syscall blocked while the signal arrives is interrupted; one
-/// that fires after `call` returned is taken on the way back from the disarming call, which
-/// does not block, so no later call of the thread sees it.
-pub fn bounded<T>(limit: std::time::Duration, call: impl FnOnce() -> T) -> io::Result<T> {
-    install_bound_handler()?;
-    THREAD_TIMER.with(|slot| {
-        let mut slot = slot.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(ThreadTimer::new()?);
-        }
-        let Some(timer) = slot.as_ref() else {
-            // Set just above.
-            return Err(io::Error::other("no timer for this thread"));
-        };
-        timer.set(Some(limit))?;
-        let result = call();
-        timer.set(None)?;
-        Ok(result)
-    })
+/// Sends [`bound_signal`] to thread `tid` of this process (`tgkill`): a thread of another
+/// process is never reached, whatever `tid` is.
+pub fn signal_bound_thread(tid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: tgkill takes integers only; it touches no memory of ours.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            libc::getpid(),
+            tid,
+            bound_signal() as libc::c_long,
+        )
+    };
+    check(ret).map(|_| ())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A call that blocks is cut off with EINTR at the bound; a quick one is untouched; and
-    /// the thread's next blocking call is not interrupted by anything left of the bound.
-    #[test]
-    fn a_bounded_call_ends_at_its_bound_and_leaves_nothing_behind() {
-        use std::os::fd::AsFd;
-        let (read_end, write_end) = nix::unistd::pipe().unwrap();
-        let mut byte = [0u8; 1];
-        let started = std::time::Instant::now();
-        let blocked = bounded(std::time::Duration::from_millis(30), || {
-            nix::unistd::read(&read_end, &mut byte)
-        })
-        .unwrap();
-        assert_eq!(blocked, Err(nix::errno::Errno::EINTR));
-        let took = started.elapsed();
-        assert!(took >= std::time::Duration::from_millis(30), "{took:?}");
-        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
-        nix::unistd::write(&write_end, b"x").unwrap();
-        let quick = bounded(std::time::Duration::from_millis(30), || {
-            nix::unistd::read(&read_end, &mut byte)
-        })
-        .unwrap();
-        assert_eq!(quick, Ok(1));
-        // Past the bound, a blocking wait of the same thread runs its full length.
-        std::thread::sleep(std::time::Duration::from_millis(60));
-        let mut fds = [nix::poll::PollFd::new(
-            read_end.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        let waited = std::time::Instant::now();
-        assert_eq!(
-            nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u8)),
-            Ok(0)
-        );
-        assert!(waited.elapsed() >= std::time::Duration::from_millis(95));
-    }
 
     /// The nice value lands on the calling thread alone: the process's other threads keep
     /// theirs. Without the right to raise it (not root), the call says so.

@@ -248,7 +248,7 @@ fn start_connect(sock: &TakenSocket, addr: &[u8], blocking: bool) -> Connecting 
 /// `connect(2)` on the broker's copy of the executor's socket, blocking this thread at most
 /// [`CONNECT_BLOCK_LIMIT`] (EINTR past it) whatever the executor did to its flags.
 fn connect_bounded(fd: BorrowedFd<'_>, addr: &[u8]) -> io::Result<()> {
-    sys::bounded(CONNECT_BLOCK_LIMIT, || sys::connect_raw(fd, addr)).and_then(|r| r)
+    crate::bound::bounded(CONNECT_BLOCK_LIMIT, || sys::connect_raw(fd, addr)).and_then(|r| r)
 }
 
 /// When a wait on behalf of a blocking call gives up: the socket's own send timeout
