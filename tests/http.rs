@@ -893,8 +893,8 @@ fn initialize_over(stream: std::net::TcpStream, addr: SocketAddr) -> u16 {
     .status
 }
 
-/// The daemon's limit of connections from one source.
-const PER_SOURCE: usize = flowhost::daemon::http::MAX_CONNECTIONS_PER_SOURCE;
+/// The daemon's limit of connections from one source, unless configured.
+const PER_SOURCE: usize = flowhost::config::DEFAULT_MAX_CONNECTIONS_PER_SOURCE;
 
 /// Connections past the daemon's limit are closed at once, so clients that connect and
 /// send nothing cannot take the descriptors the daemon needs; once some close, requests
@@ -961,6 +961,34 @@ fn one_source_cannot_hold_every_connection() {
     );
     let other = connect_from(Ipv4Addr::new(127, 0, 0, 3), addr);
     assert_eq!(initialize_over(other, addr), 200);
+    drop(idle);
+}
+
+/// The limit per source is the operator's: with `max_connections_per_source = 4`, a fifth
+/// connection from one address is closed at once, and the log names the setting; another
+/// address is served.
+#[test]
+fn the_limit_per_source_is_configured() {
+    let Some((lab, addr, _)) = start("max_connections_per_source = 4") else {
+        return;
+    };
+    let source = Ipv4Addr::new(127, 0, 0, 4);
+    let idle: Vec<std::net::TcpStream> = (0..4).map(|_| connect_from(source, addr)).collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        closed_at_once(connect_from(source, addr)),
+        "a fifth connection from one source was held"
+    );
+    assert!(
+        lab.log()
+            .contains("4 are open from its source (http.max_connections_per_source)"),
+        "{}",
+        lab.log()
+    );
+    assert_eq!(
+        initialize_over(connect_from(Ipv4Addr::new(127, 0, 0, 5), addr), addr),
+        200
+    );
     drop(idle);
 }
 

@@ -22,7 +22,10 @@ use crate::label::InformationLabel;
 use crate::registry::{RuntimeTopology, ToolPolicy};
 
 mod http;
-pub use http::{BearerToken, HttpConfig, JwtConfig, TlsFiles};
+pub use http::{
+    BearerToken, DEFAULT_MAX_CONNECTIONS_PER_SOURCE, HttpConfig, JwtConfig, MAX_CONNECTIONS,
+    TlsFiles,
+};
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]

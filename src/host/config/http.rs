@@ -32,6 +32,8 @@ pub(super) struct RawHttp {
     jwt: Option<RawJwt>,
     #[serde(default)]
     unauthenticated_loopback_principal: Option<PrincipalId>,
+    #[serde(default = "default_per_source")]
+    max_connections_per_source: usize,
 }
 
 #[derive(Deserialize)]
@@ -71,6 +73,19 @@ fn default_path() -> String {
 fn default_claim() -> String {
     "sub".into()
 }
+fn default_per_source() -> usize {
+    DEFAULT_MAX_CONNECTIONS_PER_SOURCE
+}
+
+/// Most HTTP connections the listener keeps open at once (each holds one of the daemon's
+/// descriptors, which the Unix socket and the executors need too).
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// How many of [`MAX_CONNECTIONS`] one source (an IPv4 address, an IPv6 /64) may hold
+/// unless `max_connections_per_source` says otherwise: room for several clients behind one
+/// address, each with its session's GET stream and some requests in flight (a request in
+/// flight holds a connection of its own), while eight such sources cannot fill the listener.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 64;
 
 /// The names a loopback listener answers to by default.
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
@@ -100,6 +115,10 @@ pub struct HttpConfig {
     /// The principal of callers without credentials, only on a loopback listener (for local
     /// tools that cannot send a token; any local process can then act as it).
     pub unauthenticated_loopback_principal: Option<PrincipalId>,
+    /// Most connections open at once from one source (1 to [`MAX_CONNECTIONS`]; default
+    /// [`DEFAULT_MAX_CONNECTIONS_PER_SOURCE`]). Counted from the moment a connection is
+    /// accepted, before any authentication: what it bounds is what an unknown host can hold.
+    pub max_connections_per_source: usize,
 }
 
 /// TLS files.
@@ -203,6 +222,15 @@ pub(super) fn validate(
             );
         }
     }
+    if !(1..=MAX_CONNECTIONS).contains(&raw.max_connections_per_source) {
+        return bad(
+            "max_connections_per_source",
+            format!(
+                "{} is outside 1 to {MAX_CONNECTIONS} (the listener's limit of connections in all)",
+                raw.max_connections_per_source
+            ),
+        );
+    }
     let mut tokens = Vec::new();
     for (i, t) in raw.token.into_iter().enumerate() {
         let mut sha256 = [0u8; 32];
@@ -281,6 +309,7 @@ pub(super) fn validate(
         tokens,
         jwt,
         unauthenticated_loopback_principal: raw.unauthenticated_loopback_principal,
+        max_connections_per_source: raw.max_connections_per_source,
     })
 }
 
@@ -322,6 +351,21 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(anon.0, "http.unauthenticated_loopback_principal");
+    }
+
+    #[test]
+    fn the_connections_per_source_are_within_the_listeners_limit() {
+        assert_eq!(
+            parse(TOKEN).unwrap().max_connections_per_source,
+            DEFAULT_MAX_CONNECTIONS_PER_SOURCE
+        );
+        let raised = parse(&format!("max_connections_per_source = 512\n{TOKEN}")).unwrap();
+        assert_eq!(raised.max_connections_per_source, 512);
+        for bad in ["0", "513"] {
+            let e = parse(&format!("max_connections_per_source = {bad}\n{TOKEN}")).unwrap_err();
+            assert_eq!(e.0, "http.max_connections_per_source");
+            assert!(e.1.contains(bad) && e.1.contains("1 to 512"), "{}", e.1);
+        }
     }
 
     #[test]

@@ -37,11 +37,13 @@ use super::Host;
 use super::pipeline::{self, Caller};
 use super::session::{self, Identity};
 use crate::config::HttpConfig;
+// Past MAX_CONNECTIONS a new connection is closed at once; one source may hold
+// `max_connections_per_source` of them.
+use crate::config::MAX_CONNECTIONS;
 use crate::decision::Denial;
 use crate::ident::PrincipalId;
 use crate::mcp::{Line, RpcError, code};
 use auth::{AuthRefusal, Authenticator};
-pub use sources::MAX_CONNECTIONS_PER_SOURCE;
 use sources::Sources;
 use streams::{Events, Streams, Target};
 
@@ -60,10 +62,16 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection may sit idle before its next request: past it the connection is closed, so
 /// a client that connects and sends nothing (or a byte now and then) holds nothing.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Most HTTP connections open at once (each holds a descriptor of the daemon's, which the
-/// Unix socket and the executors need too); past it a new connection is closed at once. One
-/// source may hold [`MAX_CONNECTIONS_PER_SOURCE`] of them.
-const MAX_CONNECTIONS: usize = 512;
+/// How long an SSE stream may carry nothing before a comment goes out on it, so that a
+/// client gone without closing its connection is found out (see [`keep_peers_honest`]).
+const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// How long data sent on a connection may stay unacknowledged, and how long an idle
+/// connection goes before TCP asks whether its peer is still there (then every
+/// [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] times): past either, the connection is
+/// dropped and whatever it held (a GET stream, a connection slot of its source) freed.
+const PEER_SILENCE_LIMIT: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
 /// How long a session must have been idle before a new one of its principal may replace it
 /// at the principal's cap.
 const EVICTABLE_AFTER: Duration = Duration::from_secs(60);
@@ -261,7 +269,7 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         "serving MCP over Streamable HTTP"
     );
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let sources = Arc::new(Sources::default());
+    let sources = Arc::new(Sources::new(transport.config.max_connections_per_source));
     let mut refused_connections: u64 = 0;
     let mut refused_from_source: u64 = 0;
     loop {
@@ -287,7 +295,7 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             refused_from_source += 1;
             // Said once per 1,000, so a flood does not flood the log too.
             if refused_from_source % 1000 == 1 {
-                tracing::warn!(%peer, refused = refused_from_source, "http connection closed at once: {MAX_CONNECTIONS_PER_SOURCE} are open from its source");
+                tracing::warn!(%peer, refused = refused_from_source, "http connection closed at once: {} are open from its source (http.max_connections_per_source)", sources.limit());
             }
             drop(stream);
             continue;
@@ -304,6 +312,12 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         // write after the first waits for the client's delayed ACK (tens of ms).
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
+        if let Err(e) = keep_peers_honest(&stream) {
+            // Without them a vanished client's connection could be held for good: refused.
+            tracing::warn!(%peer, error = %e, "http connection closed at once: cannot set its TCP keepalive and user timeout");
+            drop(stream);
+            continue;
         }
         let transport = transport.clone();
         let tls = tls.clone();
@@ -348,6 +362,32 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
     while transport.live_sessions() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Makes TCP find out about a peer that is gone without closing the connection (its host
+/// down, the network cut): an idle connection is probed ([`PEER_SILENCE_LIMIT`], then
+/// [`KEEPALIVE_PROBES`] probes [`KEEPALIVE_INTERVAL`] apart), and data left unacknowledged for
+/// [`PEER_SILENCE_LIMIT`] ends it. Together with the comments on silent SSE streams, no
+/// connection outlives its peer by much more than a minute and a half.
+fn keep_peers_honest(stream: &tokio::net::TcpStream) -> nix::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    setsockopt(stream, sockopt::KeepAlive, &true)?;
+    setsockopt(
+        stream,
+        sockopt::TcpKeepIdle,
+        &(PEER_SILENCE_LIMIT.as_secs() as u32),
+    )?;
+    setsockopt(
+        stream,
+        sockopt::TcpKeepInterval,
+        &(KEEPALIVE_INTERVAL.as_secs() as u32),
+    )?;
+    setsockopt(stream, sockopt::TcpKeepCount, &KEEPALIVE_PROBES)?;
+    setsockopt(
+        stream,
+        sockopt::TcpUserTimeout,
+        &(PEER_SILENCE_LIMIT.as_millis() as u32),
+    )
 }
 
 fn json_body(status: StatusCode, value: &Value) -> Response<Body> {
@@ -961,6 +1001,7 @@ impl Transport {
 /// An SSE response carrying a stream's events as they come (the response holds the
 /// stream's reader until it is sent or its client is gone).
 fn sse_response(events: Events) -> Response<Body> {
+    let events = events.keep_alive(SSE_KEEP_ALIVE);
     let body = StreamBody::new(tokio_stream::StreamExt::map(events, |event| {
         Ok::<_, Infallible>(Frame::data(event))
     }));
@@ -994,6 +1035,27 @@ async fn json_answer(mut events: Events) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An accepted connection is set to find out about a peer that vanished: keepalive
+    /// probes after a minute idle, and a minute at most for unacknowledged data.
+    #[tokio::test]
+    async fn accepted_connections_probe_their_peer() {
+        use nix::sys::socket::{getsockopt, sockopt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (accepted, _client) = tokio::join!(listener.accept(), client);
+        let (stream, _) = accepted.unwrap();
+        assert!(!getsockopt(&stream, sockopt::KeepAlive).unwrap());
+        keep_peers_honest(&stream).unwrap();
+        assert!(getsockopt(&stream, sockopt::KeepAlive).unwrap());
+        assert_eq!(getsockopt(&stream, sockopt::TcpKeepIdle).unwrap(), 60);
+        assert_eq!(getsockopt(&stream, sockopt::TcpKeepInterval).unwrap(), 10);
+        assert_eq!(getsockopt(&stream, sockopt::TcpKeepCount).unwrap(), 3);
+        assert_eq!(
+            getsockopt(&stream, sockopt::TcpUserTimeout).unwrap(),
+            60_000
+        );
+    }
 
     fn config() -> HttpConfig {
         let text = "[host]\nsocket = \"s\"\nstate_dir = \"st\"\nrecords_dir = \"r\"\n[[principal]]\nid = \"a\"\ntools = [\"*\"]\n[http]\nallowed_origins = [\"https://app.example\"]\n[[http.token]]\nprincipal = \"a\"\nsha256 = \"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\"\n";

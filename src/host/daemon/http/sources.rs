@@ -1,5 +1,5 @@
 //! The HTTP connections open per source, so that one remote host cannot take every
-//! connection the listener allows (see [`MAX_CONNECTIONS_PER_SOURCE`]).
+//! connection the listener allows (`max_connections_per_source` in `[http]`).
 //!
 //! A source is the peer's IPv4 address, or the /64 prefix of its IPv6 address: one host
 //! commonly holds a whole /64 and can connect from any address in it. An IPv4 address
@@ -10,15 +10,14 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
 
-/// Most HTTP connections open at once from one source; past it a new connection from there
-/// is closed as soon as it is accepted, so no single host holds the listener's whole limit.
-pub const MAX_CONNECTIONS_PER_SOURCE: usize = 32;
-
-/// The connections open per source. Only sources with a connection open are kept, so it
-/// holds at most as many entries as connections are open.
-#[derive(Debug, Default)]
+/// The connections open per source, each source holding at most its limit: past it a new
+/// connection from there is closed as soon as it is accepted, so no single host holds the
+/// listener's whole limit. Only sources with a connection open are kept, so it holds at most
+/// as many entries as connections are open.
+#[derive(Debug)]
 pub struct Sources {
     open: Mutex<HashMap<IpAddr, usize>>,
+    limit: usize,
 }
 
 /// One open connection, counted against its source until it is dropped.
@@ -29,14 +28,26 @@ pub struct SourceSlot {
 }
 
 impl Sources {
-    /// Counts a connection of `peer` against its source, or `None` when the source holds
-    /// [`MAX_CONNECTIONS_PER_SOURCE`] already (or the count cannot be read: refused, as any
-    /// doubt is).
+    /// No connection open yet; each source may hold `limit`.
+    pub fn new(limit: usize) -> Sources {
+        Sources {
+            open: Mutex::default(),
+            limit,
+        }
+    }
+
+    /// How many connections one source may hold.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Counts a connection of `peer` against its source, or `None` when the source holds its
+    /// limit already (or the count cannot be read: refused, as any doubt is).
     pub fn take(self: &Arc<Self>, peer: IpAddr) -> Option<SourceSlot> {
         let source = source_of(peer);
         let mut open = self.open.lock().ok()?;
         let held = open.entry(source).or_default();
-        if *held >= MAX_CONNECTIONS_PER_SOURCE {
+        if *held >= self.limit {
             return None;
         }
         *held += 1;
@@ -84,13 +95,19 @@ fn source_of(peer: IpAddr) -> IpAddr {
 mod tests {
     use super::*;
 
+    const MAX_CONNECTIONS_PER_SOURCE: usize = 32;
+
+    fn sources() -> Arc<Sources> {
+        Arc::new(Sources::new(MAX_CONNECTIONS_PER_SOURCE))
+    }
+
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
     }
 
     #[test]
     fn one_source_holds_at_most_its_share_and_others_are_unaffected() {
-        let sources = Arc::new(Sources::default());
+        let sources = sources();
         let mut held: Vec<SourceSlot> = (0..MAX_CONNECTIONS_PER_SOURCE)
             .map(|_| sources.take(ip("192.0.2.7")).unwrap())
             .collect();
@@ -110,7 +127,7 @@ mod tests {
 
     #[test]
     fn an_ipv6_host_is_counted_by_its_64_prefix() {
-        let sources = Arc::new(Sources::default());
+        let sources = sources();
         let _held: Vec<SourceSlot> = (0..MAX_CONNECTIONS_PER_SOURCE)
             .map(|i| {
                 sources

@@ -42,12 +42,29 @@ pub(super) struct Events {
     rx: mpsc::Receiver<Event>,
     _reader: Arc<()>,
     _get: Option<Arc<()>>,
+    /// When the stream has been silent this long, a comment goes out (see
+    /// [`Events::keep_alive`]).
+    keep_alive: Option<tokio::time::Interval>,
 }
+
+/// An SSE comment: clients skip it, and it is not an event (no id, nothing kept).
+const KEEP_ALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
 
 impl Events {
     /// The next event; `None` once the stream has ended and every event was read.
     pub(super) async fn recv(&mut self) -> Option<Event> {
         self.rx.recv().await
+    }
+
+    /// Read as a stream, the events come with a comment after every `silence` without one: a
+    /// stream that carries nothing still writes to its connection now and then, so a client
+    /// that vanished without closing it (its host gone, a network cut) is found out by TCP
+    /// and its connection freed, instead of holding it for as long as the host runs.
+    pub(super) fn keep_alive(mut self, silence: std::time::Duration) -> Events {
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + silence, silence);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.keep_alive = Some(every);
+        self
     }
 }
 
@@ -55,7 +72,18 @@ impl tokio_stream::Stream for Events {
     type Item = Event;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
-        self.rx.poll_recv(cx)
+        if let Poll::Ready(event) = self.rx.poll_recv(cx) {
+            if let Some(every) = &mut self.keep_alive {
+                every.reset();
+            }
+            return Poll::Ready(event);
+        }
+        if let Some(every) = &mut self.keep_alive
+            && every.poll_tick(cx).is_ready()
+        {
+            return Poll::Ready(Some(Bytes::from_static(KEEP_ALIVE_COMMENT)));
+        }
+        Poll::Pending
     }
 }
 
@@ -132,6 +160,7 @@ impl Stream {
             rx,
             _reader: reader,
             _get: get,
+            keep_alive: None,
         };
         (tx, events)
     }
@@ -473,6 +502,27 @@ mod tests {
 
     /// A cancelled request is answered by nobody: its stream ends, and it no longer counts
     /// as in flight (nor takes the messages of no request, nor keeps its session in use).
+    /// A silent stream read as a stream carries a comment (no event: no id, no data) after
+    /// each silence; events pass as they come, and the stream still ends when it ends.
+    #[tokio::test]
+    async fn a_silent_stream_carries_a_comment_now_and_then() {
+        use tokio_stream::StreamExt;
+        let mut s = Streams::default();
+        let silence = std::time::Duration::from_millis(50);
+        let mut rx = s
+            .open_for_request(&json!({"id": 7}), false)
+            .keep_alive(silence);
+        let started = tokio::time::Instant::now();
+        let first = rx.next().await.unwrap();
+        assert_eq!(&first[..], KEEP_ALIVE_COMMENT);
+        assert!(started.elapsed() >= silence);
+        assert_eq!(data_of(&first), None);
+        s.route(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#, None);
+        let answer = rx.next().await.unwrap();
+        assert!(data_of(&answer).unwrap().contains("\"id\":7"));
+        assert_eq!(rx.next().await, None, "the stream ended");
+    }
+
     #[test]
     fn a_cancelled_request_ends_its_stream_and_is_in_flight_no_more() {
         let mut s = Streams::default();
