@@ -191,17 +191,26 @@ pub fn bounded<T>(limit: Duration, call: impl FnOnce() -> T) -> io::Result<T> {
     let limit = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
     slot.deadline
         .store(now().saturating_add(limit), Ordering::SeqCst);
+    let in_call = InCall(&slot);
     WATCHDOG.wake_if_parked();
-    if let Err(e) = sys::block_bound_signal(false) {
-        slot.deadline.store(0, Ordering::SeqCst);
-        return Err(e);
-    }
+    sys::block_bound_signal(false)?;
     let result = call();
-    // Blocking the signal cannot fail (only an unknown `how` makes pthread_sigmask fail), and
-    // the call has been made: its result is what the caller needs, whatever this says.
-    let _ = sys::block_bound_signal(true);
-    slot.deadline.store(0, Ordering::SeqCst);
+    drop(in_call);
     Ok(result)
+}
+
+/// A bounded call in progress on this thread. However it ends (returned, or unwound by a
+/// panic), the signal is blocked again and the deadline cleared, so the watchdog never goes
+/// on signalling a thread that has left its call.
+struct InCall<'a>(&'a Slot);
+
+impl Drop for InCall<'_> {
+    fn drop(&mut self) {
+        // Blocking the signal cannot fail (only an unknown `how` makes pthread_sigmask
+        // fail); the call has been made, and its result is what the caller needs.
+        let _ = sys::block_bound_signal(true);
+        self.0.deadline.store(0, Ordering::SeqCst);
+    }
 }
 
 #[cfg(test)]
