@@ -995,6 +995,19 @@ fn wait_for_state(pid: u32, want: impl Fn(char) -> bool, what: &str) {
     }
 }
 
+/// The pid of a process running `argv`, once there is one (within 30 s; else fails saying
+/// `never`).
+fn started(argv: &[&str], never: impl Fn() -> String) -> u32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(pid) = processes_running(argv).first() {
+            return *pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", never());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Ctrl-Z stops the command with flowhost (in its own session, the terminal's stop never
 /// reaches it, and running on it would read what the operator types to the shell), and
 /// `fg` continues both.
@@ -1011,17 +1024,7 @@ fn ctrl_z_stops_the_command_and_fg_continues_it() {
         sleeper[0],
         sleeper[1]
     ));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let pid = loop {
-        if let Some(pid) = processes_running(&sleeper).first() {
-            break *pid;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the command never ran"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let pid = started(&sleeper, || "the command never ran".into());
     shell.0.type_bytes(b"\x1a");
     wait_for_state(pid, |s| s == 'T', "after Ctrl-Z");
     shell.type_line("fg");
@@ -1345,21 +1348,27 @@ fn without_a_pseudo_terminal_a_run_from_a_terminal_is_refused() {
 /// next write to stderr on its one runtime thread: attempts went undecided, the wall clock
 /// never fired, and the run outlived `--timeout`. Now it stops only its own terminal. And a
 /// terminal stopped by someone else delays flowhost's messages, never the run: `--timeout`
-/// still ends the command.
+/// still ends the command, and the run concludes (its health written). Its messages wait
+/// for the terminal and are all shown once it takes output again; before, they were
+/// dropped 2 s after the run ended, and nothing said so.
 #[test]
-fn a_stopped_terminal_stalls_neither_flowhost_nor_the_timeout() {
+fn a_stopped_terminal_stalls_neither_the_run_nor_its_timeout_and_loses_nothing() {
     if !can_run_on_a_terminal() {
         return;
     }
     let probe = shared_copy("flowhost-probe");
     let dir = tempfile::tempdir().unwrap();
     // `script` run by sh with the probe as $0, keeping records (so that attempts are
-    // decided, and printed, on flowhost's runtime), with a 2 s wall clock.
+    // decided, and printed, on flowhost's runtime) and its health, with a 2 s wall clock.
     let start = |script: &str, records: &str| {
         let mut args = os(&["sandbox", "run", "--timeout", "2", "--profile", "isolated"]);
         args.extend([
             "--records".into(),
             dir.path().join(records).into_os_string(),
+            "--health".into(),
+            dir.path()
+                .join(format!("{records}.health.json"))
+                .into_os_string(),
             "--read".into(),
             probe.clone().into_os_string(),
         ]);
@@ -1399,16 +1408,188 @@ fn a_stopped_terminal_stalls_neither_flowhost_nor_the_timeout() {
     );
     run.wait_for("RUNNING", std::time::Duration::from_secs(5));
     nix::sys::termios::tcflow(&run.slave, nix::sys::termios::FlowArg::TCOOFF).unwrap();
+    let health = dir.path().join("other.health.json");
+    let stopped = std::time::Instant::now();
+    while !health.exists() || !processes_running(&sleeper).is_empty() {
+        assert!(
+            stopped.elapsed() < std::time::Duration::from_secs(10),
+            "with the terminal stopped, the run outlived its 2 s wall clock by 8 s:\n{}",
+            run.shown()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // flowhost waits for the terminal (before, it gave up 2 s after the run ended).
+    waits_for_its_terminal(&run, &health);
+    nix::sys::termios::tcflow(&run.slave, nix::sys::termios::FlowArg::TCOON).unwrap();
+    let shown = run.wait_for("wall-clock limit", std::time::Duration::from_secs(30));
     assert!(
-        run.ended_within(std::time::Duration::from_secs(6))
-            .is_some(),
-        "with the terminal stopped, the run outlived its 2 s wall clock by 4 s:\n{}",
+        shown.contains("connect inet/stream/tcp 127.0.0.1:9"),
+        "the attempt's verdict was lost:\n{shown}"
+    );
+    let status = run.ended_within(std::time::Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.code() != Some(2)),
+        "{status:?}:\n{}",
         run.shown()
     );
-    assert!(
-        processes_running(&sleeper).is_empty(),
-        "the command outlived the run"
+}
+
+/// flowhost waiting for a stopped terminal to take the end of a run (its messages, the
+/// command's last output) is ended by an interrupt as any program would be: the run is over,
+/// so the interrupt has its default action again, and no `kill` goes unheeded.
+#[test]
+fn a_run_waiting_for_a_stopped_terminal_still_ends_on_an_interrupt() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    let mut args = os(&[
+        "sandbox",
+        "run",
+        "--quiet",
+        "--profile",
+        "isolated",
+        "--health",
+    ]);
+    args.push(health.clone().into_os_string());
+    args.extend(os(&[
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo RUNNING; read l; echo LAST-$((40+6))",
+    ]));
+    let mut run = OnTerminal::start(&refs(&args), true);
+    run.wait_for("RUNNING", std::time::Duration::from_secs(10));
+    nix::sys::termios::tcflow(&run.slave, nix::sys::termios::FlowArg::TCOOFF).unwrap();
+    // What is typed still reaches the command, which then writes its last line and ends.
+    run.type_bytes(b"go\n");
+    waits_for_its_terminal(&run, &health);
+    assert!(!run.shown().contains("LAST-46"), "{}", run.shown());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = run.ended_within(std::time::Duration::from_secs(30));
+    assert_eq!(
+        status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s)),
+        Some(libc::SIGTERM),
+        "{status:?}:\n{}",
+        run.shown()
     );
+}
+
+/// Waits (at most 30 s) until flowhost on `run` has concluded its run (`health` written) and
+/// waits for its stopped terminal to take the rest, SIGTERM no longer taken; fails when it
+/// ends first, with what it had left unshown.
+fn waits_for_its_terminal(run: &OnTerminal, health: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match catches(run.child.id(), libc::SIGTERM) {
+            None => panic!(
+                "flowhost ended while its terminal was stopped, without showing what it had \
+                 left:\n{}",
+                run.shown()
+            ),
+            Some(false) if health.exists() => return,
+            Some(_) => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never concluded, or flowhost still takes SIGTERM:\n{}",
+            run.shown()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` has a handler for `signal` (`None`: no such process; a zombie has
+/// none).
+fn catches(pid: u32, signal: i32) -> Option<bool> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    if status
+        .lines()
+        .any(|l| l.starts_with("State:") && l.contains('Z'))
+    {
+        return None;
+    }
+    let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+    let mask = u64::from_str_radix(mask.trim(), 16).ok()?;
+    Some(mask & (1 << (signal - 1)) != 0)
+}
+
+/// A background run on a terminal that stops background jobs that write (`stty tostop`)
+/// shows everything once it is brought to the foreground: when it has the command's last
+/// output and its own messages to write, the kernel stops it (SIGTTOU), and `fg` lets them
+/// out. Before, the relay held them back while flowhost was in the background, then dropped
+/// them 2 s after the run ended: flowhost exited with none of them shown, and nothing said so.
+#[test]
+fn a_background_run_on_a_tostop_terminal_is_stopped_and_shows_everything_after_fg() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let mut shell = PtyShell::start();
+    shell.type_line("stty tostop; echo TOSTOP-$((40+1))");
+    shell.wait_for("TOSTOP-41");
+    let script = "echo OUT-$((40+2)); exec /bin/sleep 30.05859375";
+    let run = [
+        env!("CARGO_BIN_EXE_flowhost"),
+        "sandbox",
+        "run",
+        "--quiet",
+        "--timeout",
+        "4",
+        "--profile",
+        "isolated",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ];
+    shell.type_line(&format!("{} '{script}' &", run[..run.len() - 1].join(" ")));
+    let pid = started(&run, || format!("flowhost never ran:\n{}", shell.0.shown()));
+    // The wall clock ends the command after 4 s; flowhost then has its output to show.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match process_state(pid) {
+            Some('T') => break,
+            Some('Z') | None => panic!(
+                "flowhost ended in the background without being stopped:\n{}",
+                shell.0.shown()
+            ),
+            Some(_) => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "flowhost was never stopped:\n{}",
+            shell.0.shown()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        !shell.0.shown().contains("OUT-42"),
+        "the background run wrote to a TOSTOP terminal:\n{}",
+        shell.0.shown()
+    );
+    // In POSIX mode, bash names the signal that stopped a job.
+    shell.type_line("set -o posix; jobs; echo JOBS-$((40+4))");
+    let jobs = shell.wait_for("JOBS-44");
+    assert!(
+        jobs.contains("SIGTTOU") || jobs.contains("tty output"),
+        "flowhost was not stopped for writing to the terminal:\n{jobs}"
+    );
+    shell.type_line("fg");
+    let shown = shell.wait_for("wall-clock limit");
+    let (out, said) = (shown.find("OUT-42"), shown.find("wall-clock limit"));
+    assert!(
+        out.is_some() && out < said,
+        "the command's last output did not come before flowhost's messages:\n{shown}"
+    );
+    shell.type_line("echo DONE-$((40+3))");
+    shell.wait_for("DONE-43");
+    shell.type_line("exit");
+    let _ = shell.0.child.wait();
 }
 
 /// Ctrl-C reaches every process of the command's foreground job, as a terminal sends it:

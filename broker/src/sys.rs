@@ -644,6 +644,19 @@ pub fn terminal_signal(master: BorrowedFd<'_>, signal: libc::c_int) -> io::Resul
     check(ret as libc::c_long).map(|_| ())
 }
 
+/// Gives `signal` its default action again (`SIG_DFL`), whatever handler it had.
+pub fn default_action(signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: a zeroed sigaction is valid; its handler is SIG_DFL (no code of ours runs on
+    // the signal) with an empty mask, and the kernel only reads it.
+    let ret = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(signal, &action, std::ptr::null_mut())
+    };
+    check(ret as libc::c_long).map(|_| ())
+}
+
 /// The signal that ends a bounded call (see `bound::bounded`): a real-time signal near the top of
 /// the range, which glibc leaves to programs, handled by a function that does nothing.
 fn bound_signal() -> libc::c_int {

@@ -95,6 +95,24 @@ pub fn set_window_size(fd: impl AsFd, size: &WindowSize) -> io::Result<()> {
     sys::set_window_size(fd.as_fd(), size)
 }
 
+/// Gives SIGINT, SIGQUIT, SIGTERM, SIGHUP and SIGTSTP their default actions again, for a
+/// host whose run is over and that has only its terminal left to write to: the terminal's
+/// keys and `kill` then end or stop it wherever it waits (a terminal that takes no output),
+/// as they would any program. Fails naming the first signal that could not be given back.
+pub fn interrupts_take_their_default_action() -> io::Result<()> {
+    for signal in [
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGTSTP,
+    ] {
+        sys::default_action(signal)
+            .map_err(|e| io::Error::new(e.kind(), format!("signal {signal}: {e}")))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -206,6 +206,10 @@ pub enum SandboxError {
     /// never passed to the command instead).
     #[error("{0}; refusing to run the command on the caller's terminal")]
     Terminal(#[from] terminal::RelayError),
+    /// The command ran, but some of its output or of flowhost's messages could not be
+    /// written to the caller's terminal.
+    #[error("the command ran, but {0}")]
+    NotShown(terminal::NotShown),
     /// An interrupt could not be taken from its default action, so it could not reach the
     /// command.
     #[error("cannot take {signal} to pass it to the command: {source}")]
@@ -789,12 +793,23 @@ async fn run(args: RunArgs) -> CliResult {
     let concluded = args
         .common
         .conclude(&evidence, &health, code.clamp(0, 255) as u8);
-    match records_failed {
-        Some(e) => {
-            concluded?;
-            Err(SandboxError::RecordsFailed(e).into())
-        }
+    // The run is over: what is left for the caller's terminal (the command's last output,
+    // the messages above) reaches it now, however long the terminal takes.
+    let shown = terminal
+        .as_mut()
+        .map_or(Ok(()), terminal::CommandTerminal::finish);
+    let concluded = match records_failed {
+        Some(e) => concluded.and_then(|_| Err(SandboxError::RecordsFailed(e).into())),
         None => concluded,
+    };
+    match (concluded, shown) {
+        (concluded, Ok(())) => concluded,
+        // Output that was never shown is not vouched for by a status that says all went well.
+        (Ok(_), Err(lost)) => Err(SandboxError::NotShown(lost).into()),
+        (Err(e), Err(lost)) => {
+            say!("flowhost sandbox: {lost}");
+            Err(e)
+        }
     }
 }
 

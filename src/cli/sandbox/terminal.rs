@@ -18,17 +18,27 @@
 //! foreground, the caller's terminal is in a raw mode that keeps ISIG: Ctrl-C, Ctrl-Z and
 //! Ctrl-\ still reach flowhost as signals. The caller's modes come back on Ctrl-Z (before
 //! flowhost stops) and when the run ends, however it ends.
+//!
+//! Once the run has ended (its records closed, its health written, its gate judged), nothing
+//! is left that a terminal could hold up, and nothing that was meant for the caller is
+//! dropped: what the relay could not write yet, what is still on the command's terminal and
+//! the messages still queued are written by the run's own thread, with the caller's modes
+//! back, as any program writes to its terminal. A background flowhost on a terminal that
+//! stops background jobs that write (`stty tostop`) is then stopped by the kernel (SIGTTOU)
+//! until `fg`, and a terminal that takes no output (XOFF) is waited for; the terminal's keys
+//! and `kill` end or stop flowhost meanwhile, as they would any program.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use flowhost_broker::terminal::{Pty, TerminalError};
 
 use super::to_stderr;
 use flowhost_broker::{SpawnSpec, StdioMode};
 use nix::errno::Errno;
-use nix::poll::{PollFd, PollFlags, poll};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::termios::{
     InputFlags, LocalFlags, OutputFlags, SetArg, SpecialCharacterIndices, Termios, tcgetattr,
     tcsetattr,
@@ -38,9 +48,10 @@ use nix::sys::termios::{
 /// and at whether the run has ended.
 const LOOK_AGAIN: u16 = 100;
 
-/// How long the end of a run waits for the command's last output to reach the caller's
-/// terminal (a terminal that takes none is left behind).
-const DRAIN: Duration = Duration::from_secs(2);
+/// Most bytes the end of a run reads from the command's terminal: everything the command
+/// left there fits many times over; more could come only from a process that outlived the run
+/// (none should: the run ends everything in the command's cgroup), which is not the run's.
+const TAIL_LIMIT: usize = 1024 * 1024;
 
 /// Most bytes of flowhost's own messages that wait for a terminal that takes no output; what
 /// comes beyond is dropped, and counted.
@@ -228,12 +239,42 @@ struct Shared {
     master: OwnedFd,
     /// The caller's terminal ([`Streams::caller`]).
     caller: OwnedFd,
+    /// Where what the command writes goes ([`Streams::output`]).
+    output: OwnedFd,
+    /// flowhost's stdin, when what is typed is relayed ([`Streams::input`]).
+    input: Option<OwnedFd>,
+    /// flowhost's messages and its stderr, when they go through the relay
+    /// ([`Streams::messages`]).
+    messages: Option<(Arc<Messages>, OwnedFd)>,
     /// Whether flowhost sets the relaying modes (it reads the caller's terminal).
     raw: bool,
     modes: Mutex<Modes>,
-    /// Set when the run ends: the relays finish, the command's last output given until
-    /// then to reach the caller.
-    ending: OnceLock<Instant>,
+    /// Set when the run ends: the relays stop, and the run writes what is left.
+    ending: AtomicBool,
+    /// What the output relay took but had not written when the run ended, and what the
+    /// caller's terminal refused.
+    unwritten: Mutex<Unwritten>,
+}
+
+/// Bytes the output relay handed back, for the end of the run to write, and those nobody
+/// will see.
+#[derive(Debug, Default)]
+struct Unwritten {
+    /// The command's output, for [`Shared::output`].
+    output: Vec<u8>,
+    /// flowhost's messages, for its stderr.
+    messages: Vec<u8>,
+    /// Bytes the caller's terminal refused (it went away).
+    refused: usize,
+    /// Why it refused them, the last time.
+    refusal: Option<Errno>,
+}
+
+impl Unwritten {
+    fn refuse(&mut self, bytes: usize, why: Errno) {
+        self.refused += bytes;
+        self.refusal = Some(why);
+    }
 }
 
 /// The caller's terminal modes, who may change them, and what flowhost last did to them.
@@ -255,12 +296,12 @@ impl Shared {
     }
 
     fn ending(&self) -> bool {
-        self.ending.get().is_some()
+        self.ending.load(Ordering::SeqCst)
     }
 
-    /// The run ended more than [`DRAIN`] ago.
-    fn drained(&self) -> bool {
-        self.ending.get().is_some_and(|end| Instant::now() >= *end)
+    fn unwritten(&self) -> MutexGuard<'_, Unwritten> {
+        // Bytes are appended whole, under the lock.
+        self.unwritten.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Sets the relaying modes once per stay in the foreground (whatever sets other modes
@@ -354,10 +395,22 @@ fn wait_for(fd: BorrowedFd<'_>, events: PollFlags) -> PollFlags {
     }
 }
 
+/// Why [`write_all`] did not write everything.
+#[derive(Debug, PartialEq, Eq)]
+enum Short<'a> {
+    /// `to` takes no more (a terminal gone, the command's terminal closed), and why.
+    Gone(Errno),
+    /// It gave up: what was not written, in order.
+    Left(&'a [u8]),
+}
+
 /// Writes all of `bytes` to `to`, waiting as long as it takes (on a relay thread, never the
-/// run's) unless `give_up` says otherwise. `false` when `to` takes no more (a terminal gone,
-/// the command's terminal closed) or it gave up.
-fn write_all(to: BorrowedFd<'_>, mut bytes: &[u8], give_up: &dyn Fn() -> bool) -> bool {
+/// run's) unless `give_up` says otherwise; what it gave up on is handed back, never dropped.
+fn write_all<'a>(
+    to: BorrowedFd<'_>,
+    mut bytes: &'a [u8],
+    give_up: &dyn Fn() -> bool,
+) -> Result<(), Short<'a>> {
     while !bytes.is_empty() {
         match nix::unistd::write(to, bytes) {
             Ok(n) => bytes = &bytes[n..],
@@ -365,34 +418,70 @@ fn write_all(to: BorrowedFd<'_>, mut bytes: &[u8], give_up: &dyn Fn() -> bool) -
             Err(Errno::EAGAIN) => {
                 wait_for(to, PollFlags::POLLOUT);
                 if give_up() {
-                    return false;
+                    return Err(Short::Left(bytes));
                 }
             }
-            Err(_) => return false,
+            Err(e) => return Err(Short::Gone(e)),
         }
     }
-    true
+    Ok(())
+}
+
+/// Writes all of `bytes` to the caller's terminal `to` as any program writes to its
+/// terminal: a terminal that takes no output is waited for, and a background flowhost on a
+/// terminal that stops background jobs that write (TOSTOP) is stopped by the kernel until it
+/// is continued (the calling thread must not block SIGTTOU). A description someone else
+/// made non-blocking is waited on as a blocking one would be, and left as it is. Fails,
+/// with how many bytes were not written, only when the terminal refuses them (gone, or
+/// flowhost's process group orphaned).
+fn write_out(to: BorrowedFd<'_>, mut bytes: &[u8]) -> Result<(), (usize, Errno)> {
+    while !bytes.is_empty() {
+        match nix::unistd::write(to, bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => {
+                let mut fds = [PollFd::new(to, PollFlags::POLLOUT)];
+                let _ = poll(&mut fds, PollTimeout::NONE);
+            }
+            Err(e) => return Err((bytes.len(), e)),
+        }
+    }
+    Ok(())
+}
+
+/// What is still on the command's terminal: read from its (non-blocking) master until it has
+/// nothing more (EAGAIN) or nothing holds the terminal any more (EIO), at most `limit` bytes.
+fn drain(master: BorrowedFd<'_>, limit: usize) -> Vec<u8> {
+    let mut tail = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    while tail.len() < limit {
+        match nix::unistd::read(master, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => tail.extend_from_slice(&buf[..n.min(limit - tail.len())]),
+            Err(Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    }
+    tail
 }
 
 /// Command -> caller: what the command's terminal shows goes to the caller's terminal, and
-/// flowhost's messages (`messages`, written to its stderr), as they come. It ends once the run
-/// has ended and the command's terminal closed (everything on it ended) and the messages are
-/// out, or [`DRAIN`] after the run ended, whatever is left.
-fn relay_output(shared: &Shared, to: OwnedFd, messages: Option<(Arc<Messages>, OwnedFd)>) {
+/// flowhost's messages (written to its stderr), as they come, until the run ends or there is
+/// nothing more to relay. What it took and could not write when the run ended is handed back
+/// ([`Shared::unwritten`]) for the end of the run to write.
+fn relay_output(shared: &Shared) {
     without_job_control_stops();
     let mut buf = vec![0u8; 16 * 1024];
     let (mut master_open, mut to_caller) = (true, true);
-    let give_up = || shared.drained();
-    loop {
-        if shared.drained() {
-            return;
-        }
+    let give_up = || shared.ending();
+    let messages = shared.messages.as_ref();
+    while !shared.ending() {
         let may_write = shared.may_write();
         let mut fds = Vec::with_capacity(2);
         if may_write && master_open {
             fds.push(PollFd::new(shared.master.as_fd(), PollFlags::POLLIN));
         }
-        if let Some((messages, _)) = &messages {
+        if let Some((messages, _)) = messages {
             fds.push(PollFd::new(messages.wake_r.as_fd(), PollFlags::POLLIN));
         }
         if fds.is_empty() {
@@ -406,27 +495,39 @@ fn relay_output(shared: &Shared, to: OwnedFd, messages: Option<(Arc<Messages>, O
                 Ok(0) | Err(Errno::EIO) => master_open = false,
                 // A caller's terminal that went away: the rest is read and dropped, so the
                 // command never blocks on its own terminal.
-                Ok(n) => to_caller = to_caller && write_all(to.as_fd(), &buf[..n], &give_up),
+                Ok(n) if to_caller => match write_all(shared.output.as_fd(), &buf[..n], &give_up) {
+                    Ok(()) => {}
+                    Err(Short::Gone(why)) => {
+                        shared.unwritten().refuse(n, why);
+                        to_caller = false;
+                    }
+                    Err(Short::Left(left)) => {
+                        shared.unwritten().output.extend_from_slice(left);
+                        return;
+                    }
+                },
+                Ok(n) => shared.unwritten().refused += n,
                 Err(Errno::EAGAIN | Errno::EINTR) => {}
                 Err(_) => master_open = false,
             }
         }
-        let mut left = false;
-        if let Some((messages, stderr)) = &messages {
+        if let Some((messages, stderr)) = messages {
             let mut wake = [0u8; 64];
             while matches!(nix::unistd::read(&messages.wake_r, &mut wake), Ok(n) if n > 0) {}
             if may_write {
                 let crlf =
                     tcgetattr(stderr).is_ok_and(|m| !m.output_flags.contains(OutputFlags::OPOST));
                 let text = messages.pending().take(crlf);
-                write_all(stderr.as_fd(), &text, &give_up);
+                match write_all(stderr.as_fd(), &text, &give_up) {
+                    Ok(()) => {}
+                    Err(Short::Gone(why)) => shared.unwritten().refuse(text.len(), why),
+                    Err(Short::Left(left)) => {
+                        shared.unwritten().messages.extend_from_slice(left);
+                        return;
+                    }
+                }
             }
-            left = !messages.pending().text.is_empty();
-        }
-        if shared.ending() && !master_open && !left {
-            return;
-        }
-        if !master_open && messages.is_none() {
+        } else if !master_open {
             return;
         }
     }
@@ -434,8 +535,11 @@ fn relay_output(shared: &Shared, to: OwnedFd, messages: Option<(Arc<Messages>, O
 
 /// Caller -> command: what is typed goes to the command, only while flowhost is in the
 /// foreground, until the run ends or the caller's terminal goes away.
-fn relay_input(shared: &Shared, from: OwnedFd) {
+fn relay_input(shared: &Shared) {
     without_job_control_stops();
+    let Some(from) = &shared.input else {
+        return;
+    };
     let mut buf = vec![0u8; 4096];
     while !shared.ending() {
         if !shared.relay_here() {
@@ -451,10 +555,11 @@ fn relay_input(shared: &Shared, from: OwnedFd) {
         if !came.contains(PollFlags::POLLIN) || !shared.relay_here() {
             continue;
         }
-        match nix::unistd::read(&from, &mut buf) {
-            // The relaying modes make a read return what there is, possibly nothing.
+        match nix::unistd::read(from, &mut buf) {
+            // The relaying modes make a read return what there is, possibly nothing. What is
+            // typed after the run ended is nobody's.
             Ok(n) => {
-                if !write_all(shared.master.as_fd(), &buf[..n], &|| shared.ending()) {
+                if write_all(shared.master.as_fd(), &buf[..n], &|| shared.ending()).is_err() {
                     return;
                 }
             }
@@ -480,8 +585,23 @@ pub enum RelayError {
     Terminal(#[from] TerminalError),
 }
 
-/// The command's own terminal for one run, and its relay. Dropping it ends the relay (after
-/// at most [`DRAIN`] for the command's last output) and puts the caller's modes back.
+/// Why some of the command's output or of flowhost's messages never reached the caller's
+/// terminal: it refused them (it went away, or flowhost's process group was orphaned).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{bytes} bytes of the command's output or of flowhost's messages were not shown: the \
+     caller's terminal refused them ({why}); the run itself ended as it did (its records, \
+     health and gate stand)"
+)]
+pub struct NotShown {
+    /// How many bytes.
+    pub bytes: usize,
+    /// The last refusal.
+    pub why: Errno,
+}
+
+/// The command's own terminal for one run, and its relay. [`CommandTerminal::finish`] (or
+/// dropping it) ends the relay, puts the caller's modes back and writes what is left.
 pub(super) struct CommandTerminal {
     shared: Arc<Shared>,
     streams: Streams,
@@ -490,6 +610,8 @@ pub(super) struct CommandTerminal {
     /// The relay threads say here that they ended.
     ended: Option<std::sync::mpsc::Receiver<()>>,
     threads: usize,
+    /// [`CommandTerminal::finish`] ran.
+    finished: bool,
 }
 
 /// Flowhost's stream `i` (0 to 2), duplicated.
@@ -509,10 +631,26 @@ fn duplicate(i: usize) -> Result<OwnedFd, RelayError> {
     })
 }
 
+/// The end of a run may wait on the caller's terminal as long as it takes no output: the
+/// interrupts flowhost took to pass them to the command end or stop it again, as they would
+/// any program (a Ctrl-C or a `kill` would otherwise be taken and the write go on waiting).
+fn interrupts_end_flowhost() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        if let Err(e) = flowhost_broker::terminal::interrupts_take_their_default_action() {
+            say!(
+                "flowhost sandbox: cannot give the interrupts their default action back ({e}): \
+                 while flowhost waits for the terminal to take its last output, only SIGKILL \
+                 ends it"
+            );
+        }
+    });
+}
+
 impl CommandTerminal {
     /// A pseudo-terminal for the command when any of flowhost's standard streams is a
-    /// terminal (`None` when none is). Fails, naming why, when none can be made: the
-    /// caller's terminal is never handed over instead.
+    /// terminal (`None` when none is), with everything its relay needs. Fails, naming why,
+    /// when any of that cannot be had: the caller's terminal is never handed over instead.
     pub(super) fn open() -> Result<Option<CommandTerminal>, RelayError> {
         let terminals =
             [0, 1, 2].map(|i| standard(i).is_ok_and(|fd| nix::unistd::isatty(fd).unwrap_or(false)));
@@ -525,38 +663,7 @@ impl CommandTerminal {
             what: "reading the caller's terminal modes",
             source: e.into(),
         })?;
-        let shared = Arc::new(Shared {
-            master: pty.master,
-            caller,
-            raw: streams.input,
-            modes: Mutex::new(Modes {
-                raw: relaying_modes(&saved),
-                saved,
-                relaying: false,
-                held: false,
-            }),
-            ending: OnceLock::new(),
-        });
-        Ok(Some(CommandTerminal {
-            shared,
-            streams,
-            slave: Some(pty.slave),
-            ended: None,
-            threads: 0,
-        }))
-    }
-
-    /// Gives the command its terminal: the slave for each stream that was a terminal.
-    pub(super) fn give_to(&mut self, spec: &mut SpawnSpec) {
-        [spec.stdin, spec.stdout, spec.stderr] = self.streams.modes;
-        spec.terminal = self.slave.take();
-    }
-
-    /// Starts relaying, once the command runs.
-    pub(super) fn relay(&mut self) -> Result<(), RelayError> {
-        let (done, ended) = std::sync::mpsc::channel();
-        self.ended = Some(ended);
-        let messages = if self.streams.messages {
+        let messages = if streams.messages {
             let (wake_r, wake_w) =
                 nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
                     .map_err(|e| RelayError::Relay {
@@ -572,13 +679,45 @@ impl CommandTerminal {
         } else {
             None
         };
-        let to = duplicate(self.streams.output)?;
-        let registered = messages.as_ref().map(|(m, _)| m.clone());
-        self.start("flowhost-tty-out", &done, move |shared| {
-            relay_output(shared, to, messages)
-        })?;
+        let shared = Arc::new(Shared {
+            master: pty.master,
+            caller,
+            output: duplicate(streams.output)?,
+            input: streams.input.then(|| duplicate(0)).transpose()?,
+            messages,
+            raw: streams.input,
+            modes: Mutex::new(Modes {
+                raw: relaying_modes(&saved),
+                saved,
+                relaying: false,
+                held: false,
+            }),
+            ending: AtomicBool::new(false),
+            unwritten: Mutex::new(Unwritten::default()),
+        });
+        Ok(Some(CommandTerminal {
+            shared,
+            streams,
+            slave: Some(pty.slave),
+            ended: None,
+            threads: 0,
+            finished: false,
+        }))
+    }
+
+    /// Gives the command its terminal: the slave for each stream that was a terminal.
+    pub(super) fn give_to(&mut self, spec: &mut SpawnSpec) {
+        [spec.stdin, spec.stdout, spec.stderr] = self.streams.modes;
+        spec.terminal = self.slave.take();
+    }
+
+    /// Starts relaying, once the command runs.
+    pub(super) fn relay(&mut self) -> Result<(), RelayError> {
+        let (done, ended) = std::sync::mpsc::channel();
+        self.ended = Some(ended);
+        self.start("flowhost-tty-out", &done, relay_output)?;
         // From here flowhost's messages are queued for the relay.
-        *messages_registry() = registered;
+        *messages_registry() = self.shared.messages.as_ref().map(|(m, _)| m.clone());
         if self.streams.input {
             if standing(self.shared.caller.as_fd()) == Standing::NotOurs {
                 say!(
@@ -587,10 +726,7 @@ impl CommandTerminal {
                      nothing typed reaches the command"
                 );
             } else {
-                let from = duplicate(0)?;
-                self.start("flowhost-tty-in", &done, move |shared| {
-                    relay_input(shared, from)
-                })?;
+                self.start("flowhost-tty-in", &done, relay_input)?;
             }
         }
         Ok(())
@@ -601,7 +737,7 @@ impl CommandTerminal {
         &mut self,
         name: &str,
         done: &std::sync::mpsc::Sender<()>,
-        relay: impl FnOnce(&Shared) + Send + 'static,
+        relay: fn(&Shared),
     ) -> Result<(), RelayError> {
         let (shared, done) = (self.shared.clone(), done.clone());
         std::thread::Builder::new()
@@ -638,29 +774,80 @@ impl CommandTerminal {
     pub(super) fn resized(&self) {
         self.shared.follow_size();
     }
-}
 
-impl Drop for CommandTerminal {
-    fn drop(&mut self) {
-        let _ = self.shared.ending.set(Instant::now() + DRAIN);
-        let mut all_ended = true;
-        if let Some(ended) = &self.ended {
-            let deadline = Instant::now() + DRAIN + Duration::from_millis(LOOK_AGAIN.into());
-            for _ in 0..self.threads {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if ended.recv_timeout(left).is_err() {
-                    all_ended = false;
-                    break;
+    /// Ends the relay once the run has ended, and puts the caller's modes back; then writes,
+    /// on the calling thread, what is left for the caller's terminal: what the relay took
+    /// and could not write, what is still on the command's terminal, and flowhost's queued
+    /// messages, in that order. It waits as long as the terminal takes no output, and in the
+    /// background on a terminal with TOSTOP flowhost is stopped (SIGTTOU) until continued;
+    /// meanwhile the interrupts end or stop flowhost as any program (see
+    /// [`interrupts_end_flowhost`]). Fails, counting them, when some of those bytes (or of
+    /// what the relay wrote before) were refused by the caller's terminal. Later calls do
+    /// nothing.
+    pub(super) fn finish(&mut self) -> Result<(), NotShown> {
+        if std::mem::replace(&mut self.finished, true) {
+            return Ok(());
+        }
+        self.shared.ending.store(true, Ordering::SeqCst);
+        if let Some((messages, _)) = &self.shared.messages {
+            // The output relay sees the end at once rather than at its next look.
+            let _ = nix::unistd::write(&messages.wake_w, b"e");
+        }
+        // Before anything below can stop flowhost or wait: never left raw meanwhile.
+        self.shared.restore(true);
+        if let Some(ended) = self.ended.take() {
+            let mut running = self.threads;
+            while running > 0 {
+                match ended.recv_timeout(Duration::from_millis(u64::from(LOOK_AGAIN) * 3)) {
+                    Ok(()) => running -= 1,
+                    // Every relay thread is gone (one that panicked sends nothing).
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    // The output relay is in a write the terminal does not take (XOFF): it
+                    // finishes it, however long that takes.
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => interrupts_end_flowhost(),
                 }
             }
         }
-        // A relay still writing to a terminal that takes no output keeps the messages: a
-        // later one is queued (and lost when flowhost exits), never written here, where it
-        // would wait with it.
-        if all_ended {
-            *messages_registry() = None;
+        // From here flowhost's messages are written where they are said, after these.
+        *messages_registry() = None;
+        let shared = &self.shared;
+        let mut unwritten = std::mem::take(&mut *shared.unwritten());
+        unwritten
+            .output
+            .extend(drain(shared.master.as_fd(), TAIL_LIMIT));
+        if let Some((messages, stderr)) = &shared.messages {
+            let crlf =
+                tcgetattr(stderr).is_ok_and(|m| !m.output_flags.contains(OutputFlags::OPOST));
+            unwritten.messages.extend(messages.pending().take(crlf));
         }
-        self.shared.restore(true);
+        if !unwritten.output.is_empty() || !unwritten.messages.is_empty() {
+            interrupts_end_flowhost();
+        }
+        let mut out = vec![(shared.output.as_fd(), std::mem::take(&mut unwritten.output))];
+        if let Some((_, stderr)) = &shared.messages {
+            out.push((stderr.as_fd(), std::mem::take(&mut unwritten.messages)));
+        }
+        for (to, text) in out {
+            if let Err((left, why)) = write_out(to, &text) {
+                unwritten.refuse(left, why);
+            }
+        }
+        match unwritten.refusal {
+            Some(why) if unwritten.refused > 0 => Err(NotShown {
+                bytes: unwritten.refused,
+                why,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for CommandTerminal {
+    /// A run that ended early (an error) still gets its terminal's end.
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            say!("flowhost sandbox: {e}");
+        }
     }
 }
 
@@ -716,6 +903,86 @@ mod tests {
             &text[text.len() - 200..]
         );
         assert_eq!(pending.dropped, 0);
+    }
+
+    /// What the relay gives up on is handed back whole, in order, never dropped.
+    #[test]
+    fn a_write_given_up_hands_back_what_it_did_not_write() {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).expect("a pipe");
+        let bytes: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
+        let Err(Short::Left(left)) = write_all(w.as_fd(), &bytes, &|| true) else {
+            panic!("a full pipe took everything");
+        };
+        assert!(!left.is_empty() && left.len() < bytes.len());
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = nix::unistd::read(&r, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got.extend_from_slice(left);
+        assert!(
+            got == bytes,
+            "written and handed back differ from what was given"
+        );
+        drop(r);
+        assert_eq!(
+            write_all(w.as_fd(), b"x", &|| false),
+            Err(Short::Gone(Errno::EPIPE))
+        );
+    }
+
+    /// The end of a run writes everything to a description someone else made non-blocking,
+    /// waiting for room as a blocking write would, and counts what is refused.
+    #[test]
+    fn the_end_of_a_run_waits_for_room_and_counts_what_is_refused() {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).expect("a pipe");
+        let bytes: Vec<u8> = (0..512 * 1024).map(|i| (i % 253) as u8).collect();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match nix::unistd::read(&r, &mut buf) {
+                    Ok(0) => return got,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(Errno::EAGAIN) => std::thread::sleep(Duration::from_millis(5)),
+                    Err(e) => panic!("read: {e}"),
+                }
+            }
+        });
+        assert_eq!(write_out(w.as_fd(), &bytes), Ok(()));
+        drop(w);
+        assert!(reader.join().expect("the reader") == bytes);
+        let (r, w) = nix::unistd::pipe().expect("a pipe");
+        drop(r);
+        assert_eq!(write_out(w.as_fd(), b"abc"), Err((3, Errno::EPIPE)));
+    }
+
+    /// What the command left on its terminal is read to the end, and reading stops when the
+    /// terminal has nothing more, whether or not the command's side is still open.
+    #[test]
+    fn what_is_left_on_the_commands_terminal_is_read_to_the_end() {
+        let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+        let flags = nix::fcntl::fcntl(&pty.master, nix::fcntl::FcntlArg::F_GETFL).expect("flags");
+        nix::fcntl::fcntl(
+            &pty.master,
+            nix::fcntl::FcntlArg::F_SETFL(
+                nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK,
+            ),
+        )
+        .expect("non-blocking");
+        assert_eq!(drain(pty.master.as_fd(), TAIL_LIMIT), b"");
+        nix::unistd::write(&pty.slave, b"last words\n").expect("write");
+        drop(pty.slave);
+        let tail = drain(pty.master.as_fd(), TAIL_LIMIT);
+        assert!(
+            tail.ends_with(b"last words\r\n"),
+            "{:?}",
+            String::from_utf8_lossy(&tail)
+        );
+        assert_eq!(drain(pty.master.as_fd(), TAIL_LIMIT), b"");
     }
 
     /// The relaying modes pass every byte on as typed and never wait in a read, and keep
