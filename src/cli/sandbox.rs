@@ -658,10 +658,12 @@ async fn run(args: RunArgs) -> CliResult {
             signal: "SIGWINCH",
             source,
         })?;
-    let mut exec = broker.spawn_judged(spec, judge).await?;
+    // The relay starts before the command does: a relay that cannot start refuses a run in
+    // which nothing ran, and none can fail once the command runs.
     if let Some(terminal) = terminal.as_mut() {
         terminal.relay()?;
     }
+    let mut exec = broker.spawn_judged(spec, judge).await?;
     let _ = pid.set(exec.pid());
     let mut attempts = exec.take_attempts().ok_or("attempt stream already taken")?;
     let decider = {

@@ -711,7 +711,9 @@ impl CommandTerminal {
         spec.terminal = self.slave.take();
     }
 
-    /// Starts relaying, once the command runs.
+    /// Starts relaying. Called before the command is spawned, so that a relay that cannot
+    /// start refuses a run in which nothing ran yet: until the command holds its terminal,
+    /// its output relay finds nothing to read, and what is typed waits on it for the command.
     pub(super) fn relay(&mut self) -> Result<(), RelayError> {
         let (done, ended) = std::sync::mpsc::channel();
         self.ended = Some(ended);
