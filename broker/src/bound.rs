@@ -7,7 +7,7 @@
 //! disarming a timer per call reprograms the CPU's timer device, which under a hypervisor
 //! costs several microseconds each time, more than the connect itself. The watchdog looks
 //! at the calls in progress every [`TICK`] while any thread makes them, and sleeps, woken by
-//! the next call, once none has been made for [`IDLE_TICKS`] looks.
+//! the next call, once none has begun for [`IDLE_TICKS`] looks.
 //!
 //! A call is interrupted by a signal whose handler does nothing and which is installed
 //! without `SA_RESTART`, so the interrupted call returns EINTR. The signal is blocked on the
@@ -28,8 +28,9 @@ use crate::sys;
 /// to be scheduled), and again every [`TICK`] until it returns.
 const TICK: Duration = Duration::from_millis(1);
 
-/// Looks that found no bounded call before the watchdog sleeps until the next one (so a
-/// steady stream of calls never has to wake it).
+/// Looks in a row with no bounded call in progress and none begun since the last look,
+/// before the watchdog sleeps until the next call (so a steady stream of calls, however
+/// short, never has to wake it).
 const IDLE_TICKS: u32 = 100;
 
 /// A thread's bounded call, as the watchdog sees it.
@@ -38,11 +39,18 @@ struct Slot {
     tid: libc::pid_t,
     /// When the call in progress must have returned, as [`now`]; 0 while there is none.
     deadline: AtomicU64,
+    /// Held by the watchdog from reading an overdue deadline to signalling the thread, and
+    /// by the thread while it clears the deadline: a signal meant for one call is never sent
+    /// once that call has ended, so it cannot cut the thread's next call short.
+    signalling: Mutex<()>,
 }
 
 /// The calls in progress, and the watchdog's sleep.
 struct Watchdog {
     slots: Mutex<Vec<Arc<Slot>>>,
+    /// Bounded calls begun so far: the watchdog stays awake while this moves, even when
+    /// no look of its falls inside a call.
+    calls: AtomicU64,
     /// The watchdog sleeps (or is about to) until a call wakes it.
     parked: AtomicBool,
     wake: Mutex<()>,
@@ -54,6 +62,7 @@ struct Watchdog {
 
 static WATCHDOG: Watchdog = Watchdog {
     slots: Mutex::new(Vec::new()),
+    calls: AtomicU64::new(0),
     parked: AtomicBool::new(false),
     wake: Mutex::new(()),
     woken: Condvar::new(),
@@ -95,12 +104,15 @@ impl Watchdog {
 
     fn run(&self) {
         let mut idle = 0;
+        let mut calls_seen = 0;
         loop {
-            if self.interrupt_overdue() {
+            let calls = self.calls.load(Ordering::SeqCst);
+            if self.interrupt_overdue() || calls != calls_seen {
                 idle = 0;
             } else {
                 idle += 1;
             }
+            calls_seen = calls;
             if idle >= IDLE_TICKS {
                 self.sleep_until_woken();
                 idle = 0;
@@ -122,10 +134,14 @@ impl Watchdog {
             }
             busy = true;
             if now >= deadline {
-                // The thread is alive: it leaves the list (under this lock) only when it
-                // exits, which it cannot do in the middle of a call. A failure would mean it
-                // has gone, and then there is nothing left to interrupt.
-                let _ = sys::signal_bound_thread(slot.tid);
+                let _signalling = lock(&slot.signalling);
+                // Read again under the lock: the call may have ended since.
+                if slot.deadline.load(Ordering::SeqCst) == deadline {
+                    // The thread is alive: it leaves the list (under the list's lock, held
+                    // here) only when it exits, which it cannot do in the middle of a call.
+                    // A failure would mean it has gone, and then nothing is left to interrupt.
+                    let _ = sys::signal_bound_thread(slot.tid);
+                }
             }
         }
         busy
@@ -182,6 +198,7 @@ pub fn bounded<T>(limit: Duration, call: impl FnOnce() -> T) -> io::Result<T> {
             let slot = Arc::new(Slot {
                 tid: sys::thread_id(),
                 deadline: AtomicU64::new(0),
+                signalling: Mutex::new(()),
             });
             lock(&WATCHDOG.slots).push(slot.clone());
             Registration(slot)
@@ -192,6 +209,7 @@ pub fn bounded<T>(limit: Duration, call: impl FnOnce() -> T) -> io::Result<T> {
     slot.deadline
         .store(now().saturating_add(limit), Ordering::SeqCst);
     let in_call = InCall(&slot);
+    WATCHDOG.calls.fetch_add(1, Ordering::SeqCst);
     WATCHDOG.wake_if_parked();
     sys::block_bound_signal(false)?;
     let result = call();
@@ -209,6 +227,7 @@ impl Drop for InCall<'_> {
         // Blocking the signal cannot fail (only an unknown `how` makes pthread_sigmask
         // fail); the call has been made, and its result is what the caller needs.
         let _ = sys::block_bound_signal(true);
+        let _signalling = lock(&self.0.signalling);
         self.0.deadline.store(0, Ordering::SeqCst);
     }
 }
@@ -249,6 +268,28 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1))
             });
         }
+        // A signal that comes once the call has returned (as the watchdog's may, racing the
+        // call's end) stays pending: a blocking wait of the thread runs its full length, and
+        // the next bounded call takes it before it starts, so it still runs to its bound.
+        let me = sys::thread_id();
+        let late_signal = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            sys::signal_bound_thread(me).unwrap();
+        });
+        let mut fds = [nix::poll::PollFd::new(
+            read_end.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let waited = Instant::now();
+        assert_eq!(
+            nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u8)),
+            Ok(0)
+        );
+        assert!(waited.elapsed() >= Duration::from_millis(95));
+        late_signal.join().unwrap();
+        let (late, took) = read_blocked(Duration::from_millis(30));
+        assert_eq!(late, Err(nix::errno::Errno::EINTR));
+        assert!(took >= Duration::from_millis(30), "{took:?}");
         // Past the bound, a blocking wait of the same thread runs its full length.
         std::thread::sleep(Duration::from_millis(60));
         let mut fds = [nix::poll::PollFd::new(
