@@ -84,7 +84,8 @@ pub const MAX_CONNECTIONS: usize = 512;
 /// How many of [`MAX_CONNECTIONS`] one source (an IPv4 address, an IPv6 /64) may hold
 /// unless `max_connections_per_source` says otherwise: room for several clients behind one
 /// address, each with its session's GET stream and some requests in flight (a request in
-/// flight holds a connection of its own), while eight such sources cannot fill the listener.
+/// flight holds a connection of its own), while it takes eight such sources to fill the
+/// listener.
 pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 64;
 
 /// The names a loopback listener answers to by default.

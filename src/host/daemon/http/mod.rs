@@ -66,12 +66,12 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// client gone without closing its connection is found out (see [`keep_peers_honest`]).
 const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// How long data sent on a connection may stay unacknowledged, and how long an idle
-/// connection goes before TCP asks whether its peer is still there (then every
-/// [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] times): past either, the connection is
-/// dropped and whatever it held (a GET stream, a connection slot of its source) freed.
+/// connection goes before TCP asks whether its peer is still there: past the first, or
+/// with the question unanswered [`KEEPALIVE_INTERVAL`] after the second (the user timeout
+/// has passed by then, which ends the connection at its first unanswered probe), the
+/// connection is dropped and whatever it held (a GET stream, a slot of its source) freed.
 const PEER_SILENCE_LIMIT: Duration = Duration::from_secs(60);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_PROBES: u32 = 3;
 /// How long a session must have been idle before a new one of its principal may replace it
 /// at the principal's cap.
 const EVICTABLE_AFTER: Duration = Duration::from_secs(60);
@@ -365,10 +365,10 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
 }
 
 /// Makes TCP find out about a peer that is gone without closing the connection (its host
-/// down, the network cut): an idle connection is probed ([`PEER_SILENCE_LIMIT`], then
-/// [`KEEPALIVE_PROBES`] probes [`KEEPALIVE_INTERVAL`] apart), and data left unacknowledged for
-/// [`PEER_SILENCE_LIMIT`] ends it. Together with the comments on silent SSE streams, no
-/// connection outlives its peer by much more than a minute and a half.
+/// down, the network cut): an idle connection is probed after [`PEER_SILENCE_LIMIT`] and
+/// dropped when the probe is unanswered [`KEEPALIVE_INTERVAL`] later, and data left
+/// unacknowledged for [`PEER_SILENCE_LIMIT`] ends it. Together with the comments on silent
+/// SSE streams, no connection outlives its peer by much more than a minute.
 fn keep_peers_honest(stream: &tokio::net::TcpStream) -> nix::Result<()> {
     use nix::sys::socket::{setsockopt, sockopt};
     setsockopt(stream, sockopt::KeepAlive, &true)?;
@@ -382,7 +382,6 @@ fn keep_peers_honest(stream: &tokio::net::TcpStream) -> nix::Result<()> {
         sockopt::TcpKeepInterval,
         &(KEEPALIVE_INTERVAL.as_secs() as u32),
     )?;
-    setsockopt(stream, sockopt::TcpKeepCount, &KEEPALIVE_PROBES)?;
     setsockopt(
         stream,
         sockopt::TcpUserTimeout,
@@ -1036,8 +1035,8 @@ async fn json_answer(mut events: Events) -> Response<Body> {
 mod tests {
     use super::*;
 
-    /// An accepted connection is set to find out about a peer that vanished: keepalive
-    /// probes after a minute idle, and a minute at most for unacknowledged data.
+    /// An accepted connection is set to find out about a peer that vanished: a keepalive
+    /// probe after a minute idle, and a minute at most for unacknowledged data.
     #[tokio::test]
     async fn accepted_connections_probe_their_peer() {
         use nix::sys::socket::{getsockopt, sockopt};
@@ -1050,7 +1049,6 @@ mod tests {
         assert!(getsockopt(&stream, sockopt::KeepAlive).unwrap());
         assert_eq!(getsockopt(&stream, sockopt::TcpKeepIdle).unwrap(), 60);
         assert_eq!(getsockopt(&stream, sockopt::TcpKeepInterval).unwrap(), 10);
-        assert_eq!(getsockopt(&stream, sockopt::TcpKeepCount).unwrap(), 3);
         assert_eq!(
             getsockopt(&stream, sockopt::TcpUserTimeout).unwrap(),
             60_000

@@ -500,8 +500,6 @@ mod tests {
         assert_eq!(json_only.log_bytes, 0);
     }
 
-    /// A cancelled request is answered by nobody: its stream ends, and it no longer counts
-    /// as in flight (nor takes the messages of no request, nor keeps its session in use).
     /// A silent stream read as a stream carries a comment (no event: no id, no data) after
     /// each silence; events pass as they come, and the stream still ends when it ends.
     #[tokio::test]
@@ -523,6 +521,8 @@ mod tests {
         assert_eq!(rx.next().await, None, "the stream ended");
     }
 
+    /// A cancelled request is answered by nobody: its stream ends, and it no longer counts
+    /// as in flight (nor takes the messages of no request, nor keeps its session in use).
     #[test]
     fn a_cancelled_request_ends_its_stream_and_is_in_flight_no_more() {
         let mut s = Streams::default();
