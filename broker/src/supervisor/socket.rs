@@ -1,6 +1,6 @@
 //! The executor's socket in the broker's hands: what the kernel says it is, and carrying an
 //! operation out on it with the semantics of the executor's own (blocking or not) call,
-//! without ever blocking a worker of the host's runtime.
+//! without blocking a worker of the host's runtime for longer than [`CONNECT_BLOCK_LIMIT`].
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
