@@ -799,7 +799,7 @@ async fn run(args: RunArgs) -> CliResult {
     // the messages above) reaches it now, however long the terminal takes.
     let shown = terminal
         .as_mut()
-        .map_or(Ok(()), terminal::CommandTerminal::finish);
+        .map_or(Ok(()), |t| t.finish(&mut || interrupts.taken()));
     let concluded = match records_failed {
         Some(e) => concluded.and_then(|_| Err(SandboxError::RecordsFailed(e).into())),
         None => concluded,
@@ -807,7 +807,15 @@ async fn run(args: RunArgs) -> CliResult {
     match (concluded, shown) {
         (concluded, Ok(())) => concluded,
         // Output that was never shown is not vouched for by a status that says all went well.
-        (Ok(_), Err(lost)) => Err(SandboxError::NotShown(lost).into()),
+        (Ok(code), Err(lost)) if code == ExitCode::SUCCESS => {
+            Err(SandboxError::NotShown(lost).into())
+        }
+        // A failing status (the command's, or a failed gate's) stays what the run says, the
+        // one verdict that cannot be lost with the terminal's output; the loss is said too.
+        (Ok(code), Err(lost)) => {
+            say!("flowhost sandbox: the command ran, but {lost}");
+            Ok(code)
+        }
         (Err(e), Err(lost)) => {
             say!("flowhost sandbox: {lost}");
             Err(e)
@@ -836,6 +844,18 @@ impl Interrupts {
             })
             .collect::<Result<_, _>>()?;
         Ok(Interrupts { streams })
+    }
+
+    /// The signals of the interrupts received and not yet taken by [`Interrupts::next`].
+    fn taken(&mut self) -> Vec<libc::c_int> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut taken = Vec::new();
+        for (interrupt, stream) in &mut self.streams {
+            if stream.poll_recv(&mut cx).is_ready() {
+                taken.push(interrupt.signal());
+            }
+        }
+        taken
     }
 
     /// The next interrupt received.
@@ -906,6 +926,25 @@ fn attempt_line(info: &AttemptInfo, names: &[HostName], allowed: bool, rule: &st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An interrupt flowhost's handlers took and nobody acted on is handed back (to take its
+    /// default action before flowhost waits on its terminal), once; none is made up.
+    #[tokio::test]
+    async fn interrupts_taken_and_not_acted_on_are_handed_back() {
+        let mut interrupts = Interrupts::listen().unwrap();
+        assert!(interrupts.taken().is_empty());
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGQUIT).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let taken = loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let taken = interrupts.taken();
+            if !taken.is_empty() || std::time::Instant::now() > deadline {
+                break taken;
+            }
+        };
+        assert_eq!(taken, [libc::SIGQUIT]);
+        assert!(interrupts.taken().is_empty());
+    }
 
     /// The command names its sockets and its executables: printed to the operator's
     /// terminal, their control bytes must not retitle, erase or rewrite it.

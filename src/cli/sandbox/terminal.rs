@@ -634,7 +634,7 @@ fn duplicate(i: usize) -> Result<OwnedFd, RelayError> {
 /// The end of a run may wait on the caller's terminal as long as it takes no output: the
 /// interrupts flowhost took to pass them to the command end or stop it again, as they would
 /// any program (a Ctrl-C or a `kill` would otherwise be taken and the write go on waiting).
-fn interrupts_end_flowhost() {
+fn interrupts_end_flowhost(taken: &mut dyn FnMut() -> Vec<libc::c_int>) {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
         if let Err(e) = flowhost_broker::terminal::interrupts_take_their_default_action() {
@@ -643,6 +643,15 @@ fn interrupts_end_flowhost() {
                  while flowhost waits for the terminal to take its last output, only SIGKILL \
                  ends it"
             );
+            return;
+        }
+        // An interrupt that came after the command ended and before the default actions
+        // were back was taken by flowhost's own handlers and acted on by nobody: it takes
+        // its default action now, before flowhost waits, as it would have at once.
+        for signal in taken() {
+            if let Ok(signal) = nix::sys::signal::Signal::try_from(signal) {
+                let _ = nix::sys::signal::raise(signal);
+            }
         }
     });
 }
@@ -786,7 +795,10 @@ impl CommandTerminal {
     /// [`interrupts_end_flowhost`]). Fails, counting them, when some of those bytes (or of
     /// what the relay wrote before) were refused by the caller's terminal. Later calls do
     /// nothing.
-    pub(super) fn finish(&mut self) -> Result<(), NotShown> {
+    pub(super) fn finish(
+        &mut self,
+        taken: &mut dyn FnMut() -> Vec<libc::c_int>,
+    ) -> Result<(), NotShown> {
         if std::mem::replace(&mut self.finished, true) {
             return Ok(());
         }
@@ -806,7 +818,9 @@ impl CommandTerminal {
                     Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     // The output relay is in a write the terminal does not take (XOFF): it
                     // finishes it, however long that takes.
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => interrupts_end_flowhost(),
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        interrupts_end_flowhost(taken)
+                    }
                 }
             }
         }
@@ -823,7 +837,7 @@ impl CommandTerminal {
             unwritten.messages.extend(messages.pending().take(crlf));
         }
         if !unwritten.output.is_empty() || !unwritten.messages.is_empty() {
-            interrupts_end_flowhost();
+            interrupts_end_flowhost(taken);
         }
         let mut out = vec![(shared.output.as_fd(), std::mem::take(&mut unwritten.output))];
         if let Some((_, stderr)) = &shared.messages {
@@ -847,7 +861,7 @@ impl CommandTerminal {
 impl Drop for CommandTerminal {
     /// A run that ended early (an error) still gets its terminal's end.
     fn drop(&mut self) {
-        if let Err(e) = self.finish() {
+        if let Err(e) = self.finish(&mut Vec::new) {
             say!("flowhost sandbox: {e}");
         }
     }
