@@ -795,6 +795,10 @@ async fn run(args: RunArgs) -> CliResult {
     let concluded = args
         .common
         .conclude(&evidence, &health, code.clamp(0, 255) as u8);
+    // What the run held goes before the wait below, which a kill may end (or SIGTTOU stop
+    // until the user logs out): the run's scratch directory (its resolver file, its records
+    // when they were kept only for the gate), the resolver, the broker.
+    drop((dns, writer, broker, evidence));
     // The run is over: what is left for the caller's terminal (the command's last output,
     // the messages above) reaches it now, however long the terminal takes.
     let shown = terminal
