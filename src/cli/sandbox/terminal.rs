@@ -44,6 +44,10 @@ use nix::sys::termios::{
     tcsetattr,
 };
 
+/// The name of the thread that relays the command's output (the one the end of a run waits
+/// for, however long it takes).
+const OUTPUT_RELAY: &str = "flowhost-tty-out";
+
 /// How long a relay thread waits at most before it looks again at the terminal's foreground,
 /// and at whether the run has ended.
 const LOOK_AGAIN: u16 = 100;
@@ -608,7 +612,7 @@ pub(super) struct CommandTerminal {
     /// The slave, until given to the command.
     slave: Option<OwnedFd>,
     /// The relay threads say here that they ended.
-    ended: Option<std::sync::mpsc::Receiver<()>>,
+    ended: Option<std::sync::mpsc::Receiver<&'static str>>,
     threads: usize,
     /// [`CommandTerminal::finish`] ran.
     finished: bool,
@@ -726,7 +730,7 @@ impl CommandTerminal {
     pub(super) fn relay(&mut self) -> Result<(), RelayError> {
         let (done, ended) = std::sync::mpsc::channel();
         self.ended = Some(ended);
-        self.start("flowhost-tty-out", &done, relay_output)?;
+        self.start(OUTPUT_RELAY, &done, relay_output)?;
         // From here flowhost's messages are queued for the relay.
         *messages_registry() = self.shared.messages.as_ref().map(|(m, _)| m.clone());
         if self.streams.input {
@@ -746,8 +750,8 @@ impl CommandTerminal {
     /// Runs `relay` on a thread of its own.
     fn start(
         &mut self,
-        name: &str,
-        done: &std::sync::mpsc::Sender<()>,
+        name: &'static str,
+        done: &std::sync::mpsc::Sender<&'static str>,
         relay: fn(&Shared),
     ) -> Result<(), RelayError> {
         let (shared, done) = (self.shared.clone(), done.clone());
@@ -755,7 +759,7 @@ impl CommandTerminal {
             .name(name.into())
             .spawn(move || {
                 relay(&shared);
-                let _ = done.send(());
+                let _ = done.send(name);
             })
             .map_err(|source| RelayError::Relay {
                 what: "starting a relay thread",
@@ -811,11 +815,25 @@ impl CommandTerminal {
         self.shared.restore(true);
         if let Some(ended) = self.ended.take() {
             let mut running = self.threads;
+            let mut output_ended = false;
+            let mut input_looks = 0;
             while running > 0 {
                 match ended.recv_timeout(Duration::from_millis(u64::from(LOOK_AGAIN) * 3)) {
-                    Ok(()) => running -= 1,
+                    Ok(name) => {
+                        running -= 1;
+                        output_ended |= name == OUTPUT_RELAY;
+                    }
                     // Every relay thread is gone (one that panicked sends nothing).
                     Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    // Only the input relay is left, in a read that waits for a key (another
+                    // process of the job changed the terminal's modes under it): what it
+                    // would read is nobody's now, so it is left behind.
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) if output_ended => {
+                        input_looks += 1;
+                        if input_looks >= 3 {
+                            break;
+                        }
+                    }
                     // The output relay is in a write the terminal does not take (XOFF): it
                     // finishes it, however long that takes.
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
