@@ -245,6 +245,20 @@ mod tests {
         (r, started.elapsed())
     }
 
+    /// A 100 ms poll on `fd` (which never becomes readable) is not interrupted.
+    fn poll_runs_its_full_length(fd: &impl AsFd) {
+        let mut fds = [nix::poll::PollFd::new(
+            fd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let waited = Instant::now();
+        assert_eq!(
+            nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u8)),
+            Ok(0)
+        );
+        assert!(waited.elapsed() >= Duration::from_millis(95));
+    }
+
     /// A call that blocks is cut off with EINTR at the bound; a quick one is untouched; and
     /// the thread's next blocking call is not interrupted by anything left of the bound.
     #[test]
@@ -276,32 +290,14 @@ mod tests {
             std::thread::sleep(Duration::from_millis(30));
             sys::signal_bound_thread(me).unwrap();
         });
-        let mut fds = [nix::poll::PollFd::new(
-            read_end.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        let waited = Instant::now();
-        assert_eq!(
-            nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u8)),
-            Ok(0)
-        );
-        assert!(waited.elapsed() >= Duration::from_millis(95));
+        poll_runs_its_full_length(&read_end);
         late_signal.join().unwrap();
         let (late, took) = read_blocked(Duration::from_millis(30));
         assert_eq!(late, Err(nix::errno::Errno::EINTR));
         assert!(took >= Duration::from_millis(30), "{took:?}");
         // Past the bound, a blocking wait of the same thread runs its full length.
         std::thread::sleep(Duration::from_millis(60));
-        let mut fds = [nix::poll::PollFd::new(
-            read_end.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        let waited = Instant::now();
-        assert_eq!(
-            nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u8)),
-            Ok(0)
-        );
-        assert!(waited.elapsed() >= Duration::from_millis(95));
+        poll_runs_its_full_length(&read_end);
     }
 
     /// The watchdog that went to sleep for want of calls is woken by the next one, which is
