@@ -454,19 +454,21 @@ fn write_out(to: BorrowedFd<'_>, mut bytes: &[u8]) -> Result<(), (usize, Errno)>
 }
 
 /// What is still on the command's terminal: read from its (non-blocking) master until it has
-/// nothing more (EAGAIN) or nothing holds the terminal any more (EIO), at most `limit` bytes.
-fn drain(master: BorrowedFd<'_>, limit: usize) -> Vec<u8> {
+/// nothing more (EAGAIN) or nothing holds the terminal any more (EIO), at most `limit` bytes;
+/// `true` when it stopped at `limit` (something still writes there, or had written more).
+fn drain(master: BorrowedFd<'_>, limit: usize) -> (Vec<u8>, bool) {
     let mut tail = Vec::new();
     let mut buf = vec![0u8; 16 * 1024];
-    while tail.len() < limit {
-        match nix::unistd::read(master, &mut buf) {
-            Ok(0) => break,
-            Ok(n) => tail.extend_from_slice(&buf[..n.min(limit - tail.len())]),
+    loop {
+        let room = limit - tail.len();
+        match nix::unistd::read(master, &mut buf[..room.clamp(1, 16 * 1024)]) {
+            Ok(0) => return (tail, false),
+            Ok(_) if room == 0 => return (tail, true),
+            Ok(n) => tail.extend_from_slice(&buf[..n]),
             Err(Errno::EINTR) => {}
-            Err(_) => break,
+            Err(_) => return (tail, false),
         }
     }
-    tail
 }
 
 /// Command -> caller: what the command's terminal shows goes to the caller's terminal, and
@@ -846,9 +848,8 @@ impl CommandTerminal {
         *messages_registry() = None;
         let shared = &self.shared;
         let mut unwritten = std::mem::take(&mut *shared.unwritten());
-        unwritten
-            .output
-            .extend(drain(shared.master.as_fd(), TAIL_LIMIT));
+        let (tail, cut) = drain(shared.master.as_fd(), TAIL_LIMIT);
+        unwritten.output.extend(tail);
         if let Some((messages, stderr)) = &shared.messages {
             let crlf =
                 tcgetattr(stderr).is_ok_and(|m| !m.output_flags.contains(OutputFlags::OPOST));
@@ -865,6 +866,14 @@ impl CommandTerminal {
             if let Err((left, why)) = write_out(to, &text) {
                 unwritten.refuse(left, why);
             }
+        }
+        if cut {
+            say!(
+                "flowhost sandbox: the command's terminal was still being written to after the \
+                 run ended (something it started goes on running there); the first {} KiB of \
+                 what was left are shown above, the rest is not",
+                TAIL_LIMIT / 1024
+            );
         }
         match unwritten.refusal {
             Some(why) if unwritten.refused > 0 => Err(NotShown {
@@ -1007,16 +1016,21 @@ mod tests {
             ),
         )
         .expect("non-blocking");
-        assert_eq!(drain(pty.master.as_fd(), TAIL_LIMIT), b"");
+        assert_eq!(drain(pty.master.as_fd(), TAIL_LIMIT), (vec![], false));
+        // More than the limit: the limit's worth, and word that there was more.
+        nix::unistd::write(&pty.slave, b"first words\n").expect("write");
+        let (head, cut) = drain(pty.master.as_fd(), 5);
+        assert_eq!((head.as_slice(), cut), (&b"first"[..], true));
         nix::unistd::write(&pty.slave, b"last words\n").expect("write");
         drop(pty.slave);
-        let tail = drain(pty.master.as_fd(), TAIL_LIMIT);
+        let (tail, cut) = drain(pty.master.as_fd(), TAIL_LIMIT);
+        assert!(!cut);
         assert!(
             tail.ends_with(b"last words\r\n"),
             "{:?}",
             String::from_utf8_lossy(&tail)
         );
-        assert_eq!(drain(pty.master.as_fd(), TAIL_LIMIT), b"");
+        assert_eq!(drain(pty.master.as_fd(), TAIL_LIMIT), (vec![], false));
     }
 
     /// The relaying modes pass every byte on as typed and never wait in a read, and keep
