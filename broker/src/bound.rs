@@ -196,7 +196,7 @@ pub fn bounded<T>(limit: Duration, call: impl FnOnce() -> T) -> io::Result<T> {
         let mut r = r.borrow_mut();
         let registration = r.get_or_insert_with(|| {
             let slot = Arc::new(Slot {
-                tid: sys::thread_id(),
+                tid: nix::unistd::gettid().as_raw(),
                 deadline: AtomicU64::new(0),
                 signalling: Mutex::new(()),
             });
@@ -285,7 +285,7 @@ mod tests {
         // A signal that comes once the call has returned (as the watchdog's may, racing the
         // call's end) stays pending: a blocking wait of the thread runs its full length, and
         // the next bounded call takes it before it starts, so it still runs to its bound.
-        let me = sys::thread_id();
+        let me = nix::unistd::gettid().as_raw();
         let late_signal = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));
             sys::signal_bound_thread(me).unwrap();

@@ -646,11 +646,17 @@ pub fn terminal_signal(master: BorrowedFd<'_>, signal: libc::c_int) -> io::Resul
 
 /// Gives `signal` its default action again (`SIG_DFL`), whatever handler it had.
 pub fn default_action(signal: libc::c_int) -> io::Result<()> {
-    // SAFETY: a zeroed sigaction is valid; its handler is SIG_DFL (no code of ours runs on
-    // the signal) with an empty mask, and the kernel only reads it.
+    set_action(signal, libc::SIG_DFL)
+}
+
+/// Sets `handler` (`SIG_DFL`, or a function that touches nothing) for `signal`, with an empty
+/// mask and no flags (so no `SA_RESTART`).
+fn set_action(signal: libc::c_int, handler: libc::sighandler_t) -> io::Result<()> {
+    // SAFETY: a zeroed sigaction is valid; we set its handler (SIG_DFL, or a function of
+    // ours that touches nothing) and an empty mask, and the kernel only reads it.
     let ret = unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = libc::SIG_DFL;
+        action.sa_sigaction = handler;
         libc::sigemptyset(&mut action.sa_mask);
         libc::sigaction(signal, &action, std::ptr::null_mut())
     };
@@ -663,31 +669,15 @@ fn bound_signal() -> libc::c_int {
     libc::SIGRTMAX() - 3
 }
 
-/// Installs the handler of [`bound_signal`] once per process: it does nothing, and it is
+/// Installs the handler of [`bound_signal`] (the caller installs it once): it does nothing, and it is
 /// installed without `SA_RESTART`, so a call the signal interrupts returns EINTR instead of
 /// waiting again.
 pub fn install_bound_handler() -> io::Result<()> {
-    static INSTALLED: std::sync::OnceLock<Result<(), i32>> = std::sync::OnceLock::new();
     extern "C" fn interrupt(_: libc::c_int) {}
-    let installed = INSTALLED.get_or_init(|| {
-        // SAFETY: a zeroed sigaction is valid; we set its handler (a function that touches
-        // nothing) and an empty mask, and the kernel only reads it.
-        let ret = unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            libc::sigemptyset(&mut action.sa_mask);
-            action.sa_flags = 0;
-            libc::sigaction(bound_signal(), &action, std::ptr::null_mut())
-        };
-        if ret < 0 {
-            Err(io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EINVAL))
-        } else {
-            Ok(())
-        }
-    });
-    installed.map_err(io::Error::from_raw_os_error)
+    set_action(
+        bound_signal(),
+        interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t,
+    )
 }
 
 /// Blocks (`true`) or unblocks [`bound_signal`] on the calling thread alone. Unblocking
@@ -711,11 +701,6 @@ pub fn block_bound_signal(block: bool) -> io::Result<()> {
         return Err(io::Error::from_raw_os_error(ret));
     }
     Ok(())
-}
-
-/// The kernel's id of the calling thread.
-pub fn thread_id() -> libc::pid_t {
-    nix::unistd::gettid().as_raw()
 }
 
 /// Sends [`bound_signal`] to thread `tid` of this process (`tgkill`): a thread of another
