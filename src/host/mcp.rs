@@ -141,18 +141,23 @@ pub fn parse(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
             RpcError::new(code::PARSE_ERROR, format!("parse error: {e}")),
         )
     })?;
-    classify(&value)
+    classify_owned(value)
 }
 
 /// What a message already read as JSON is, checked as [`parse`] checks a line.
 pub fn classify(value: &Value) -> Result<Incoming, (Value, RpcError)> {
-    let Value::Object(obj) = value else {
+    classify_owned(value.clone())
+}
+
+/// [`classify`], taking the message apart instead of copying its parameters or result.
+fn classify_owned(value: Value) -> Result<Incoming, (Value, RpcError)> {
+    let Value::Object(mut obj) = value else {
         return Err((
             Value::Null,
             RpcError::new(code::INVALID_REQUEST, "a message must be a JSON object"),
         ));
     };
-    let id = obj.get("id").cloned();
+    let id = obj.remove("id");
     let echo = id.clone().unwrap_or(Value::Null);
     if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err((
@@ -171,9 +176,9 @@ pub fn classify(value: &Value) -> Result<Incoming, (Value, RpcError)> {
             ),
         ));
     }
-    match obj.get("method") {
+    match obj.remove("method") {
         Some(Value::String(method)) => {
-            let params = obj.get("params").cloned().unwrap_or(Value::Null);
+            let params = obj.remove("params").unwrap_or(Value::Null);
             if !(params.is_object() || params.is_array() || params.is_null()) {
                 return Err((
                     echo,
@@ -184,29 +189,22 @@ pub fn classify(value: &Value) -> Result<Incoming, (Value, RpcError)> {
                 ));
             }
             Ok(match id {
-                Some(id) => Incoming::Request {
-                    id,
-                    method: method.clone(),
-                    params,
-                },
-                None => Incoming::Notification {
-                    method: method.clone(),
-                    params,
-                },
+                Some(id) => Incoming::Request { id, method, params },
+                None => Incoming::Notification { method, params },
             })
         }
         Some(_) => Err((
             echo,
             RpcError::new(code::INVALID_REQUEST, "\"method\" must be a string"),
         )),
-        None => match (id, obj.get("result"), obj.get("error")) {
+        None => match (id, obj.remove("result"), obj.remove("error")) {
             (Some(id), Some(result), None) => Ok(Incoming::Response {
                 id,
-                outcome: Ok(result.clone()),
+                outcome: Ok(result),
             }),
             (Some(id), None, Some(error)) => Ok(Incoming::Response {
                 id,
-                outcome: Err(error.clone()),
+                outcome: Err(error),
             }),
             _ => Err((
                 echo,
@@ -216,9 +214,64 @@ pub fn classify(value: &Value) -> Result<Incoming, (Value, RpcError)> {
     }
 }
 
+/// One outgoing JSON-RPC message, serialised straight from borrowed parts. Its members are
+/// declared in name order, the order a `json!` object (a sorted map) writes them in, so a
+/// line is byte for byte what building a `Value` first would give, without the map.
+#[derive(serde::Serialize)]
+struct Outgoing<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<OutgoingId<'a>>,
+    jsonrpc: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    params: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a Value>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum OutgoingId<'a> {
+    Echoed(&'a Value),
+    Own(u64),
+}
+
+impl Outgoing<'_> {
+    const EMPTY: Outgoing<'static> = Outgoing {
+        error: None,
+        id: None,
+        jsonrpc: "2.0",
+        method: None,
+        params: None,
+        result: None,
+    };
+
+    fn line(&self) -> String {
+        // Serialising strings, numbers and `Value`s (whose maps have string keys) into memory
+        // does not fail; were it ever to, the peer is told of an internal error rather than
+        // sent a torn line.
+        serde_json::to_string(self).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot serialise an outgoing JSON-RPC message");
+            format!(
+                "{{\"error\":{{\"code\":{},\"message\":\"the host could not serialise a \
+                 message\"}},\"id\":null,\"jsonrpc\":\"2.0\"}}",
+                code::INTERNAL_ERROR
+            )
+        })
+    }
+}
+
 /// A success response line (without the newline).
 pub fn response(id: &Value, result: Value) -> String {
-    json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string()
+    Outgoing {
+        id: Some(OutgoingId::Echoed(id)),
+        result: Some(&result),
+        ..Outgoing::EMPTY
+    }
+    .line()
 }
 
 /// An error response line (without the newline).
@@ -227,17 +280,33 @@ pub fn error_response(id: &Value, error: &RpcError) -> String {
     if let Some(data) = &error.data {
         e["data"] = data.clone();
     }
-    json!({"jsonrpc": "2.0", "id": id, "error": e}).to_string()
+    Outgoing {
+        error: Some(&e),
+        id: Some(OutgoingId::Echoed(id)),
+        ..Outgoing::EMPTY
+    }
+    .line()
 }
 
 /// A request line (without the newline).
 pub fn request(id: u64, method: &str, params: Value) -> String {
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
+    Outgoing {
+        id: Some(OutgoingId::Own(id)),
+        method: Some(method),
+        params: Some(&params),
+        ..Outgoing::EMPTY
+    }
+    .line()
 }
 
 /// A notification line (without the newline).
 pub fn notification(method: &str, params: Value) -> String {
-    json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string()
+    Outgoing {
+        method: Some(method),
+        params: Some(&params),
+        ..Outgoing::EMPTY
+    }
+    .line()
 }
 
 /// One line read under a size limit.
@@ -321,6 +390,43 @@ pub async fn forward_lines<R: AsyncBufRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Outgoing lines are the bytes a `json!` object of the same members writes: clients
+    /// and records see no change from how a line is built.
+    #[test]
+    fn outgoing_lines_are_the_sorted_objects_bytes() {
+        let ids = [json!(7), json!("a\"b"), Value::Null, json!(-1.5)];
+        let result = json!({"z": [1, {"b": "\u{1}é", "a": null}], "content": []});
+        for id in &ids {
+            assert_eq!(
+                response(id, result.clone()),
+                json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string()
+            );
+            let mut e = RpcError::new(code::INVALID_PARAMS, "bad \n input");
+            assert_eq!(
+                error_response(id, &e),
+                json!({"jsonrpc": "2.0", "id": id, "error": {"code": e.code, "message": e.message}})
+                    .to_string()
+            );
+            e.data = Some(json!({"denial": "x"}));
+            assert_eq!(
+                error_response(id, &e),
+                json!({"jsonrpc": "2.0", "id": id, "error":
+                    {"code": e.code, "message": e.message, "data": {"denial": "x"}}})
+                .to_string()
+            );
+        }
+        assert_eq!(
+            request(u64::MAX, "tools/call", result.clone()),
+            json!({"jsonrpc": "2.0", "id": u64::MAX, "method": "tools/call", "params": result})
+                .to_string()
+        );
+        assert_eq!(
+            notification("notifications/cancelled", json!({"requestId": 3})),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}})
+                .to_string()
+        );
+    }
 
     #[tokio::test]
     async fn reads_lines_and_discards_oversized_ones() {
