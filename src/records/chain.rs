@@ -131,6 +131,17 @@ impl Chainer {
     /// Assigns the record its `seq` and `prev_hash`, validates it, serialises it as one line
     /// and advances the chain. On error the chain is unchanged.
     pub fn seal(&mut self, record: &mut DecisionRecord) -> Result<Sealed, RecordFormatError> {
+        self.seal_into(record, Vec::with_capacity(LINE_CAPACITY))
+    }
+
+    /// [`Chainer::seal`], writing the line into `line` (emptied first): a writer hands the
+    /// same buffer back record after record instead of allocating one each time.
+    pub fn seal_into(
+        &mut self,
+        record: &mut DecisionRecord,
+        mut line: Vec<u8>,
+    ) -> Result<Sealed, RecordFormatError> {
+        line.clear();
         // The last sequence number is never used: the chain could not go on after it.
         let next_seq = self
             .next_seq
@@ -145,7 +156,7 @@ impl Chainer {
         record.flowhost.seq = self.next_seq;
         record.flowhost.prev_hash = self.prev_hash.as_str().to_string();
         record.validate()?;
-        let mut line = serde_json::to_vec(record).map_err(|e| RecordFormatError {
+        serde_json::to_writer(&mut line, record).map_err(|e| RecordFormatError {
             field: "(record)".into(),
             problem: format!("cannot serialise: {e}"),
         })?;
@@ -163,6 +174,10 @@ impl Chainer {
         Ok(sealed)
     }
 }
+
+/// Room a new line buffer starts with: a tool call's records are 1-2 KB, so serialising one
+/// does not grow it again and again.
+const LINE_CAPACITY: usize = 2048;
 
 /// Where a problem is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

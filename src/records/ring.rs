@@ -267,13 +267,15 @@ impl Ring {
     }
 
     /// Writes the entry of record `seq` (its `line` without the newline, `hash` its
-    /// SHA-256) at `cursor` and advances it. The caller checked [`Ring::has_room`].
+    /// SHA-256) at `cursor` and advances it; the entry is put together in `scratch`, which
+    /// the caller may hand back next time. The caller checked [`Ring::has_room`].
     pub fn append(
         &self,
         cursor: &mut Cursor,
         seq: u64,
         hash: &[u8; 32],
         line: &[u8],
+        scratch: &mut Vec<u8>,
     ) -> Result<(), RingError> {
         let io = |op| {
             let path = self.path.clone();
@@ -287,14 +289,15 @@ impl Ring {
         }
         let len = u32::try_from(line.len())
             .map_err(|_| io("write")(io::Error::other("line too long")))?;
-        let mut entry = Vec::with_capacity(ENTRY_HEAD as usize + line.len());
+        let entry = scratch;
+        entry.clear();
         entry.extend_from_slice(ENTRY_MAGIC);
         entry.extend_from_slice(&len.to_le_bytes());
         entry.extend_from_slice(&seq.to_le_bytes());
         entry.extend_from_slice(hash);
         entry.extend_from_slice(line);
         self.file
-            .write_all_at(&entry, at)
+            .write_all_at(entry, at)
             .map_err(io("write an entry to"))?;
         *cursor = Cursor {
             at: at + ENTRY_HEAD + line.len() as u64,
@@ -940,7 +943,8 @@ mod tests {
                 let line = &sealed.line[..sealed.line.len() - 1];
                 let hash: [u8; 32] = Sha256::digest(line).into();
                 assert!(ring.has_room(*cursor, line.len()));
-                ring.append(cursor, sealed.seq, &hash, line).unwrap();
+                ring.append(cursor, sealed.seq, &hash, line, &mut Vec::new())
+                    .unwrap();
                 line.to_vec()
             })
             .collect()
@@ -1165,7 +1169,8 @@ mod tests {
         };
         let (ring, mut cursor) = Ring::open(dir.path(), MIN_RING_BYTES, &last).unwrap();
         // An entry where the record after it would go: its seq is never `seq + 1`.
-        ring.append(&mut cursor, 0, &[0; 32], b"{}").unwrap();
+        ring.append(&mut cursor, 0, &[0; 32], b"{}", &mut Vec::new())
+            .unwrap();
         drop(ring);
         let (checkpoint, entries) = read_back(dir.path()).unwrap().unwrap();
         assert_eq!(checkpoint, last);
