@@ -866,7 +866,9 @@ impl Session {
     ) {
         use std::panic::{AssertUnwindSafe, catch_unwind};
         use std::task::Poll;
-        let mut served = std::pin::pin!(self.clone().request(id.clone(), method, params, cancel));
+        // On the heap: the request's state is large, and the task holding it is moved as it
+        // is spawned and when it ends; a box moves as a pointer.
+        let mut served = Box::pin(self.clone().request(id.clone(), method, params, cancel));
         // Never polled again once it panicked.
         let panicked = std::future::poll_fn(|cx| {
             match catch_unwind(AssertUnwindSafe(|| served.as_mut().poll(cx))) {
