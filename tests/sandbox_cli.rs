@@ -850,6 +850,44 @@ fn the_command_inherits_no_ignored_signal() {
     assert_eq!(stdout.trim(), "SigIgn:\t0000000000000000");
 }
 
+/// A run started with SIGHUP ignored (`nohup`, as a caller that leaves it behind does)
+/// keeps ignoring it: flowhost neither ends of it nor passes it on, and the command starts
+/// ignoring it too, as it would under `nohup` alone. Before, flowhost caught the hangup and
+/// passed it to the command, which ended of it (129), and the command started with SIGHUP at
+/// its default action.
+#[test]
+fn a_hangup_the_caller_ignores_reaches_neither_flowhost_nor_the_command() {
+    if !can_run() {
+        return;
+    }
+    let script = "grep '^SigIgn:' /proc/self/status; echo READY; sleep 0.5; echo DONE";
+    let mut child = Command::new("nohup")
+        .arg(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
+        .args(["/bin/sh", "-c", script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut ignored = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut ignored).unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "READY\n");
+    // nohup has become flowhost: same pid.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let status = wait_within(&mut child, "SIGHUP");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert_eq!((status.code(), rest.as_str()), (Some(0), "DONE\n"));
+    assert_eq!(ignored.trim(), "SigIgn:\t0000000000000001");
+}
+
 /// Waits (at most 20 s) for `child` to exit.
 fn wait_within(child: &mut std::process::Child, what: &str) -> std::process::ExitStatus {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

@@ -102,6 +102,8 @@ pub struct ChildPlan {
     pub landlock_late: Vec<(CString, u64)>,
     /// The seccomp program (the profile's, shared by all its spawns).
     pub filter: std::sync::Arc<Vec<sock_filter>>,
+    /// Signals to start ignoring, bit `n - 1` for signal `n`; all others start at default.
+    pub ignored_signals: u64,
 }
 
 fn errno() -> i32 {
@@ -153,14 +155,15 @@ macro_rules! check {
 }
 
 /// Sets every signal to its default disposition, whether the host catches it or ignores
-/// it: the command starts as a process started from a shell does. The child shares the
+/// it, except those in `ignored` (bit `n - 1` for signal `n`), which it ignores: the
+/// command starts as a process started from a shell does. The child shares the
 /// host's memory until exec (CLONE_VM), so a host handler must never run in it; and an
 /// ignored disposition survives exec, so the host's ignored SIGPIPE (every Rust program
 /// ignores it) would otherwise turn a write into a closed pipe into EPIPE. The raw system
 /// call is used because glibc refuses to touch the signals it reserves for its threads
 /// (32 and 33), which the host may hold ignored too. Signals stay blocked (the spawner
 /// blocked them) until the mask is restored right before exec.
-fn reset_signal_handlers() {
+fn reset_signal_handlers(ignored: u64) {
     /// The kernel's `struct sigaction` on x86_64 (`rt_sigaction`'s layout, not glibc's).
     #[repr(C)]
     struct KernelSigaction {
@@ -175,18 +178,27 @@ fn reset_signal_handlers() {
         restorer: 0,
         mask: 0,
     };
+    let ignore = KernelSigaction {
+        handler: libc::SIG_IGN,
+        ..default
+    };
     for sig in 1..=64 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;
         }
+        let action = if ignored & (1u64 << (sig - 1)) != 0 {
+            &ignore
+        } else {
+            &default
+        };
         // SAFETY: sets one signal's disposition in this child's own handler table (the clone
-        // did not share it); `default` lives on this stack, the old action is not asked for,
+        // did not share it); `action` points to this stack, the old action is not asked for,
         // and the size is that of the kernel's 64-signal mask.
         unsafe {
             libc::syscall(
                 libc::SYS_rt_sigaction,
                 sig as libc::c_long,
-                &default as *const KernelSigaction,
+                action as *const KernelSigaction,
                 std::ptr::null_mut::<KernelSigaction>(),
                 std::mem::size_of::<u64>() as libc::c_long,
             );
@@ -221,7 +233,7 @@ macro_rules! check_parked {
 /// Must only be called in a freshly cloned child whose `plan` pointers are valid (they are:
 /// the child's memory is a copy of the parent's at clone time).
 pub unsafe fn child_main(plan: &ChildPlan) -> ! {
-    reset_signal_handlers();
+    reset_signal_handlers(plan.ignored_signals);
     if plan.user_namespace {
         report(plan.status_w, STARTED, 0);
         wait_go(plan, Stage::UserNamespace);

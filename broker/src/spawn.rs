@@ -106,6 +106,11 @@ pub struct SpawnSpec {
     /// session, before its seccomp filter (which refuses `TIOCSCTTY`) is installed, so the
     /// terminal's job control and signals apply to it as to a process started from a shell.
     pub terminal: Option<OwnedFd>,
+    /// Signals the executor starts ignoring; every other signal starts at its default
+    /// action. For the signals its own caller ignores (see [`crate::terminal::is_ignored`]),
+    /// which a command started directly would inherit. Numbers outside 1 to 64, SIGKILL
+    /// and SIGSTOP are refused.
+    pub ignored_signals: Vec<libc::c_int>,
 }
 
 impl SpawnSpec {
@@ -131,6 +136,7 @@ impl SpawnSpec {
             keep_fds: Vec::new(),
             bind_files: Vec::new(),
             terminal: None,
+            ignored_signals: Vec::new(),
         }
     }
 }

@@ -644,6 +644,19 @@ pub fn terminal_signal(master: BorrowedFd<'_>, signal: libc::c_int) -> io::Resul
     check(ret as libc::c_long).map(|_| ())
 }
 
+/// Whether `signal` is ignored (`SIG_IGN`) in this process now.
+pub fn is_ignored(signal: libc::c_int) -> io::Result<bool> {
+    // SAFETY: asks for the current action only (no new one is given); the kernel writes it
+    // into `old`, a zeroed sigaction on this stack.
+    let (ret, old) = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        let ret = libc::sigaction(signal, std::ptr::null(), &mut old);
+        (ret, old)
+    };
+    check(ret as libc::c_long)?;
+    Ok(old.sa_sigaction == libc::SIG_IGN)
+}
+
 /// Gives `signal` its default action again (`SIG_DFL`), whatever handler it had.
 pub fn default_action(signal: libc::c_int) -> io::Result<()> {
     set_action(signal, libc::SIG_DFL)

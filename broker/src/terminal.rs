@@ -95,10 +95,21 @@ pub fn set_window_size(fd: impl AsFd, size: &WindowSize) -> io::Result<()> {
     sys::set_window_size(fd.as_fd(), size)
 }
 
+/// Whether `signal` is ignored in this process. Asked at a host's start, before it takes any
+/// signal, it tells the caller's choice (`nohup` ignores SIGHUP; a shell without job control
+/// ignores SIGINT and SIGQUIT in the jobs it starts in the background), which a host keeps:
+/// it does not take such a signal, so never passes it on, and its command starts ignoring it
+/// too (`SpawnSpec::ignored_signals`).
+pub fn is_ignored(signal: libc::c_int) -> io::Result<bool> {
+    sys::is_ignored(signal).map_err(|e| io::Error::new(e.kind(), format!("signal {signal}: {e}")))
+}
+
 /// Gives SIGINT, SIGQUIT, SIGTERM, SIGHUP and SIGTSTP their default actions again, for a
 /// host whose run is over and that has only its terminal left to write to: the terminal's
 /// keys and `kill` then end or stop it wherever it waits (a terminal that takes no output),
-/// as they would any program. Fails naming the first signal that could not be given back.
+/// as they would any program. One that is ignored stays ignored: the host never took it,
+/// so it is still the caller's choice (see [`is_ignored`]). Fails naming the first signal
+/// that could not be given back.
 pub fn interrupts_take_their_default_action() -> io::Result<()> {
     for signal in [
         libc::SIGINT,
@@ -107,8 +118,10 @@ pub fn interrupts_take_their_default_action() -> io::Result<()> {
         libc::SIGHUP,
         libc::SIGTSTP,
     ] {
-        sys::default_action(signal)
-            .map_err(|e| io::Error::new(e.kind(), format!("signal {signal}: {e}")))?;
+        if !is_ignored(signal)? {
+            sys::default_action(signal)
+                .map_err(|e| io::Error::new(e.kind(), format!("signal {signal}: {e}")))?;
+        }
     }
     Ok(())
 }

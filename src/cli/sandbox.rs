@@ -608,6 +608,11 @@ async fn run(args: RunArgs) -> CliResult {
         terminal.give_to(&mut spec);
     }
     spec.inherit_env = vec!["PATH".into(), "LANG".into(), "TERM".into()];
+    // What the caller ignores (`nohup`, a background job) stays ignored by flowhost and by
+    // the command, as it would by the command started directly. Asked before flowhost
+    // takes any signal.
+    let ignored = ignored_by_caller()?;
+    spec.ignored_signals = ignored.clone();
     args.common.env_into(&mut spec);
     if let Some(cwd) = &args.cwd {
         spec.cwd = cwd.clone();
@@ -643,13 +648,16 @@ async fn run(args: RunArgs) -> CliResult {
     // From here an interrupt reaches the command (below), and the run still ends as a run
     // does, with its records closed, its health written, its gate judged and the caller's
     // terminal as it was. Before, nothing has started that an interrupt would leave behind.
-    let mut interrupts = Interrupts::listen()?;
-    let mut suspends =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(libc::SIGTSTP))
-            .map_err(|source| SandboxError::Signals {
-                signal: "SIGTSTP",
-                source,
-            })?;
+    let mut interrupts = Interrupts::listen(&ignored)?;
+    let mut suspends = (!ignored.contains(&libc::SIGTSTP))
+        .then(|| {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(libc::SIGTSTP))
+        })
+        .transpose()
+        .map_err(|source| SandboxError::Signals {
+            signal: "SIGTSTP",
+            source,
+        })?;
     let mut resizes = terminal
         .as_ref()
         .map(|_| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()))
@@ -706,7 +714,12 @@ async fn run(args: RunArgs) -> CliResult {
             // Ctrl-Z: the command stops with flowhost, and continues with it (`fg`, `bg`).
             // Stopped or not, it gets nothing typed while flowhost is stopped or in the
             // background.
-            _ = suspends.recv() => {
+            Some(_) = async {
+                match suspends.as_mut() {
+                    Some(suspends) => suspends.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
                 if let Err(e) = exec.job_control(true) {
                     say!("flowhost sandbox: SIGTSTP: cannot stop the command ({e})");
                 }
@@ -834,10 +847,35 @@ struct Interrupts {
     streams: Vec<(Interrupt, tokio::signal::unix::Signal)>,
 }
 
+/// The interrupts (and SIGTSTP) the caller left ignored, by signal number.
+fn ignored_by_caller() -> Result<Vec<libc::c_int>, SandboxError> {
+    let signals = Interrupt::ALL
+        .into_iter()
+        .map(|i| (i.name(), i.signal()))
+        .chain([("SIGTSTP", libc::SIGTSTP)]);
+    let mut ignored = Vec::new();
+    for (name, signal) in signals {
+        match flowhost_broker::terminal::is_ignored(signal) {
+            Ok(true) => ignored.push(signal),
+            Ok(false) => {}
+            Err(source) => {
+                return Err(SandboxError::Signals {
+                    signal: name,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(ignored)
+}
+
 impl Interrupts {
-    fn listen() -> Result<Self, SandboxError> {
+    /// Takes every interrupt but the `ignored` ones, which flowhost never takes: they reach
+    /// neither flowhost nor, through it, the command.
+    fn listen(ignored: &[libc::c_int]) -> Result<Self, SandboxError> {
         let streams = Interrupt::ALL
             .into_iter()
+            .filter(|i| !ignored.contains(&i.signal()))
             .map(|i| {
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(i.signal()))
                     .map(|s| (i, s))
@@ -935,7 +973,7 @@ mod tests {
     /// default action before flowhost waits on its terminal), once; none is made up.
     #[tokio::test]
     async fn interrupts_taken_and_not_acted_on_are_handed_back() {
-        let mut interrupts = Interrupts::listen().unwrap();
+        let mut interrupts = Interrupts::listen(&[]).unwrap();
         assert!(interrupts.taken().is_empty());
         nix::sys::signal::raise(nix::sys::signal::Signal::SIGQUIT).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);

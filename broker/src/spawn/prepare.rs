@@ -48,6 +48,8 @@ pub(crate) struct Prepared {
     pub(crate) wall_clock: Option<Duration>,
     /// How the executor enters its cgroups before it may exec.
     pub(crate) cgroup: crate::cgroup::Placement,
+    /// The signals it starts ignoring, bit `n - 1` for signal `n`.
+    pub(super) ignored_signals: u64,
 }
 
 fn cstring(what: &str, bytes: &[u8]) -> Result<CString, SpawnError> {
@@ -73,6 +75,19 @@ fn dev_null() -> Result<OwnedFd, SpawnError> {
         })
 }
 
+/// The mask of `signals` (bit `n - 1` for signal `n`); SIGKILL, SIGSTOP and numbers the
+/// kernel does not have cannot be ignored, and are refused.
+fn signal_mask(signals: &[libc::c_int]) -> Result<u64, SpawnError> {
+    signals.iter().try_fold(0u64, |mask, &signal| {
+        if !(1..=64).contains(&signal) || signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            return Err(SpawnError::InvalidSpec(format!(
+                "signal {signal} cannot be ignored by an executor"
+            )));
+        }
+        Ok(mask | 1u64 << (signal - 1))
+    })
+}
+
 /// Prepares everything the child needs. `privileged` selects uid switching (the broker holds
 /// its capabilities) or a user namespace (unprivileged host); `default_identity` is used when
 /// the spec names none; `filter` is the profile's compiled seccomp program.
@@ -95,6 +110,7 @@ pub(crate) fn prepare(
         )));
     }
     let path = cstring("argv[0]", program.as_os_str().as_bytes())?;
+    let ignored_signals = signal_mask(&spec.ignored_signals)?;
     let argv = spec
         .argv
         .iter()
@@ -350,6 +366,7 @@ pub(crate) fn prepare(
         filter,
         wall_clock: spec.wall_clock,
         cgroup: Default::default(),
+        ignored_signals,
     })
 }
 
@@ -401,4 +418,28 @@ fn landlock_ruleset(
         });
     }
     Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Signals an executor may start ignoring become their bits; those it cannot ignore,
+    /// and numbers the kernel does not have, refuse the spawn.
+    #[test]
+    fn only_ignorable_signals_make_the_mask() {
+        assert_eq!(signal_mask(&[]).unwrap(), 0);
+        assert_eq!(
+            signal_mask(&[libc::SIGHUP, libc::SIGINT, 64]).unwrap(),
+            0b11 | 1 << 63
+        );
+        for bad in [0, -1, 65, libc::SIGKILL, libc::SIGSTOP] {
+            let e = signal_mask(&[libc::SIGHUP, bad]).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains(&format!("signal {bad} cannot be ignored")),
+                "{e}"
+            );
+        }
+    }
 }

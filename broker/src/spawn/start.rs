@@ -296,6 +296,7 @@ pub(crate) fn start(
         landlock_fd: prepared.landlock.as_ref().map(|fd| fd.as_raw_fd()),
         landlock_late: prepared.landlock_late.clone(),
         filter: prepared.filter.clone(),
+        ignored_signals: prepared.ignored_signals,
     };
     let mut stack = vec![0u8; CHILD_STACK];
     let pidfd_cell = Arc::new(AtomicI32::new(-1));
