@@ -836,7 +836,7 @@ fn the_command_inherits_no_ignored_signal() {
     if !can_run() {
         return;
     }
-    let out = flowhost()
+    let out = with_interrupts(flowhost(), &[])
         .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
         .args(["/bin/grep", "^SigIgn:", "/proc/self/status"])
         .output()
@@ -861,7 +861,7 @@ fn a_hangup_the_caller_ignores_reaches_neither_flowhost_nor_the_command() {
         return;
     }
     let script = "grep '^SigIgn:' /proc/self/status; echo READY; sleep 0.5; echo DONE";
-    let mut child = Command::new("nohup")
+    let mut child = with_interrupts(Command::new("nohup"), &[])
         .arg(env!("CARGO_BIN_EXE_flowhost"))
         .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
         .args(["/bin/sh", "-c", script])
@@ -886,6 +886,72 @@ fn a_hangup_the_caller_ignores_reaches_neither_flowhost_nor_the_command() {
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     assert_eq!((status.code(), rest.as_str()), (Some(0), "DONE\n"));
     assert_eq!(ignored.trim(), "SigIgn:\t0000000000000001");
+}
+
+/// `cmd` with SIGHUP, SIGINT, SIGQUIT, SIGTERM and SIGTSTP at their default actions but
+/// `ignored`, whatever the test runner was started with (`nohup cargo test` ignores SIGHUP).
+fn with_interrupts(mut cmd: Command, ignored: &'static [libc::c_int]) -> Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec this only calls signal(2), which is async-signal-safe,
+    // with constants.
+    unsafe {
+        cmd.pre_exec(move || {
+            for signal in [
+                libc::SIGHUP,
+                libc::SIGINT,
+                libc::SIGQUIT,
+                libc::SIGTERM,
+                libc::SIGTSTP,
+            ] {
+                let action = if ignored.contains(&signal) {
+                    libc::SIG_IGN
+                } else {
+                    libc::SIG_DFL
+                };
+                if libc::signal(signal, action) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// A run started with SIGINT and SIGTSTP ignored (a background job of a shell without job
+/// control ignores SIGINT) takes neither: Ctrl-C's signal and Ctrl-Z's sent to flowhost
+/// change nothing, and the command starts ignoring both.
+#[test]
+fn an_interrupt_and_a_stop_the_caller_ignores_change_nothing() {
+    if !can_run() {
+        return;
+    }
+    let script = "grep '^SigIgn:' /proc/self/status; echo READY; sleep 0.5; echo DONE";
+    let mut child = with_interrupts(flowhost(), &[libc::SIGINT, libc::SIGTSTP])
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
+        .args(["/bin/sh", "-c", script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut ignored = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut ignored).unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "READY\n");
+    for signal in [
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGTSTP,
+    ] {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+    }
+    let status = wait_within(&mut child, "SIGINT and SIGTSTP");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert_eq!((status.code(), rest.as_str()), (Some(0), "DONE\n"));
+    // SIGINT is signal 2, SIGTSTP 20.
+    assert_eq!(ignored.trim(), "SigIgn:\t0000000000080002");
 }
 
 /// Waits (at most 20 s) for `child` to exit.
@@ -1509,6 +1575,59 @@ fn a_run_waiting_for_a_stopped_terminal_still_ends_on_an_interrupt() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
+    let status = run.ended_within(std::time::Duration::from_secs(30));
+    assert_eq!(
+        status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s)),
+        Some(libc::SIGTERM),
+        "{status:?}:\n{}",
+        run.shown()
+    );
+}
+
+/// The same wait, by a run started with SIGHUP ignored: the hangup flowhost never took stays
+/// ignored when the other interrupts get their default actions back, so it does not end
+/// flowhost while the terminal holds the run's last output; SIGTERM still does.
+#[test]
+fn a_run_waiting_for_its_terminal_keeps_ignoring_what_the_caller_ignores() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("health.json");
+    let mut cmd = Command::new("/bin/bash");
+    // The shell ignores SIGHUP and becomes flowhost, which inherits that.
+    cmd.args(["-c", "trap '' HUP; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_flowhost"))
+        .args([
+            "sandbox",
+            "run",
+            "--quiet",
+            "--profile",
+            "isolated",
+            "--health",
+        ])
+        .arg(&health)
+        .args([
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo RUNNING; read l; echo LAST-$((40+6))",
+        ]);
+    let mut run = OnTerminal::spawn(cmd, true);
+    run.wait_for("RUNNING", std::time::Duration::from_secs(10));
+    nix::sys::termios::tcflow(&run.slave, nix::sys::termios::FlowArg::TCOOFF).unwrap();
+    run.type_bytes(b"go\n");
+    waits_for_its_terminal(&run, &health);
+    let pid = nix::unistd::Pid::from_raw(run.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        catches(run.child.id(), libc::SIGHUP),
+        Some(false),
+        "flowhost ended of the hangup it was started ignoring:\n{}",
+        run.shown()
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = run.ended_within(std::time::Duration::from_secs(30));
     assert_eq!(
         status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s)),
