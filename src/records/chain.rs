@@ -131,7 +131,7 @@ impl Chainer {
     /// Assigns the record its `seq` and `prev_hash`, validates it, serialises it as one line
     /// and advances the chain. On error the chain is unchanged.
     pub fn seal(&mut self, record: &mut DecisionRecord) -> Result<Sealed, RecordFormatError> {
-        self.seal_into(record, Vec::with_capacity(LINE_CAPACITY))
+        self.seal_into(record, Vec::new())
     }
 
     /// [`Chainer::seal`], writing the line into `line` (emptied first): a writer hands the
@@ -142,6 +142,7 @@ impl Chainer {
         mut line: Vec<u8>,
     ) -> Result<Sealed, RecordFormatError> {
         line.clear();
+        line.reserve(LINE_CAPACITY);
         // The last sequence number is never used: the chain could not go on after it.
         let next_seq = self
             .next_seq
@@ -175,8 +176,9 @@ impl Chainer {
     }
 }
 
-/// Room a new line buffer starts with: a tool call's records are 1-2 KB, so serialising one
-/// does not grow it again and again.
+/// Room a line buffer has before a record is serialised into it: a tool call's records are
+/// 1-2 KB, so serialising one does not grow it again and again (a no-op for a buffer that
+/// already held a record).
 const LINE_CAPACITY: usize = 2048;
 
 /// Where a problem is.

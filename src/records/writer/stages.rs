@@ -292,7 +292,7 @@ impl Stages {
             fail(&self.shared, reason.clone());
             return Err(RecordError::WriterFailed { reason });
         }
-        tail.spare_line = sealed.line;
+        tail.keep_spares(sealed.line);
         let committed = Committed {
             seq: sealed.seq,
             hash: sealed.hash,
@@ -447,7 +447,22 @@ impl Stages {
     }
 }
 
+/// The largest buffer a writer keeps for the next record: an unusually long record's
+/// buffers are let go rather than held for the writer's lifetime.
+const SPARE_MAX: usize = 64 * 1024;
+
 impl Tail {
+    /// Keeps `line` (the last record's, written) and the ring entry's scratch for the next
+    /// record, unless they grew past [`SPARE_MAX`].
+    fn keep_spares(&mut self, line: Vec<u8>) {
+        if line.capacity() <= SPARE_MAX {
+            self.spare_line = line;
+        }
+        if self.spare_entry.capacity() > SPARE_MAX {
+            self.spare_entry = Vec::new();
+        }
+    }
+
     /// Writes one sealed record: its entry to the ring, then its line to the file, first
     /// starting a new file (record `seq`'s) if the line would take this one past the rotation
     /// size. `prev` is the hash of the record before it.
