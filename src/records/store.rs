@@ -107,6 +107,20 @@ pub enum StoreError {
         /// How many bytes.
         bytes: u64,
     },
+    /// The head anchor says a writer kept a write-ahead ring in the directory, and the ring
+    /// is gone: the records durable only in it (those since its last checkpoint, after a
+    /// machine crash) would be lost without a trace, so neither a writer nor a reader takes
+    /// the record files for the whole stream.
+    #[error(
+        "{dir}: {ring} is missing, but {head} says a record writer kept it there: records made          durable only in it (after its last checkpoint, when the machine crashed) would be          lost without a trace; put it back (a copy of the directory must include it), or move          the directory aside once its record files are reviewed",
+        dir = dir.display(),
+        ring = ring::RING_FILE,
+        head = HEAD_FILE
+    )]
+    RingMissing {
+        /// The record directory.
+        dir: PathBuf,
+    },
     /// A writer has been opening the directory (copying its ring into the record files) for
     /// longer than a reader waits: the files are not yet the whole stream.
     #[error(
@@ -293,6 +307,7 @@ fn unreplayed_in(dir: &Path) -> Result<Option<ring::Checkpoint>, StoreError> {
         .map(|f| f.path)
         .collect();
     let Some((checkpoint, unreplayed)) = ring::unreplayed_and_checkpoint(dir, &files)? else {
+        refuse_lost_ring(dir)?;
         return Ok(None);
     };
     match unreplayed {
@@ -307,6 +322,18 @@ fn unreplayed_in(dir: &Path) -> Result<Option<ring::Checkpoint>, StoreError> {
             file,
             bytes,
         }),
+    }
+}
+
+/// For a directory without a write-ahead ring: fails if its head anchor says a writer kept
+/// one there (see [`StoreError::RingMissing`]). A directory from before the ring, or one no
+/// writer has anchored, has nothing to miss.
+pub(crate) fn refuse_lost_ring(dir: &Path) -> Result<(), StoreError> {
+    match HeadAnchor::read(&dir.join(HEAD_FILE))? {
+        Some(anchor) if anchor.ring => Err(StoreError::RingMissing {
+            dir: dir.to_path_buf(),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -399,6 +426,12 @@ pub struct HeadAnchor {
     pub line: Option<u64>,
     /// When the anchor was written (RFC 3339, UTC).
     pub written_at: String,
+    /// The directory had a write-ahead ring when the anchor was written (every writer makes
+    /// one as it opens a directory; an anchor from before the ring existed lacks this). A
+    /// directory whose anchor says so and whose ring is gone is refused (see
+    /// [`StoreError::RingMissing`]).
+    #[serde(default)]
+    pub ring: bool,
 }
 
 impl HeadAnchor {

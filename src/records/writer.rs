@@ -570,6 +570,7 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
 /// torn or never-synced line) are preserved in a sidecar, as a torn tail is, and cut.
 fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, RecordError> {
     let Some((checkpoint, entries)) = ring::read_back(dir)? else {
+        store::refuse_lost_ring(dir)?;
         return Ok(Vec::new());
     };
     let path = dir.join(&checkpoint.file);

@@ -804,6 +804,7 @@ impl Syncer {
             }),
             line: durable.as_ref().map(|d| d.file_lines),
             written_at: now_rfc3339(),
+            ring: true,
         };
         anchor.write(&self.dir.join(HEAD_FILE)).map_err(|e| {
             // The reason is kept as text (health reports it): with the OS's words in it.

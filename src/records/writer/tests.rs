@@ -181,6 +181,47 @@ fn three_records_closed(dir: &Path) -> PathBuf {
     dir.join(record_file_name(1))
 }
 
+/// Makes `dir` look as a directory from before the write-ahead ring does: no ring, and a head
+/// anchor (if any) that does not say one was kept.
+fn as_before_the_ring(dir: &Path) {
+    let _ = fs::remove_file(dir.join(RING_FILE));
+    let head = dir.join(HEAD_FILE);
+    if let Some(mut anchor) = HeadAnchor::read(&head).unwrap() {
+        anchor.ring = false;
+        anchor.write(&head).unwrap();
+    }
+}
+
+/// A directory whose head anchor says a writer kept a ring there, with the ring gone, is
+/// refused by a writer and by a reader: the records durable only in the ring after a machine
+/// crash would otherwise vanish without a trace. Before, the writer took the directory for
+/// one from before the ring and made a new ring. A directory from before the ring still opens.
+#[test]
+fn a_directory_whose_ring_is_gone_is_refused_by_writers_and_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    three_records_closed(dir.path());
+    assert!(
+        HeadAnchor::read(&dir.path().join(HEAD_FILE))
+            .unwrap()
+            .unwrap()
+            .ring
+    );
+    fs::remove_file(dir.path().join(RING_FILE)).unwrap();
+    let e = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("records.wal is missing, but records.head says"),
+        "{e}"
+    );
+    assert!(!dir.path().join(RING_FILE).exists(), "no new ring was made");
+    let e = crate::records::store::list_record_files(dir.path()).unwrap_err();
+    assert!(matches!(e, StoreError::RingMissing { .. }), "{e}");
+    as_before_the_ring(dir.path());
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    assert_eq!(w.status().last_seq, Some(3));
+    w.close_blocking().unwrap();
+}
+
 #[test]
 fn open_refuses_a_stream_cut_or_edited_behind_the_anchor() {
     let dir = tempfile::tempdir().unwrap();
@@ -194,7 +235,7 @@ fn open_refuses_a_stream_cut_or_edited_behind_the_anchor() {
     // head anchor does.
     let e = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
     assert!(e.to_string().contains("cut after they were synced"), "{e}");
-    fs::remove_file(dir.path().join(RING_FILE)).unwrap();
+    as_before_the_ring(dir.path());
     let e = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
     assert!(e.to_string().contains("1 whole lines are missing"), "{e}");
     // Edit the last line instead (still valid JSON; the lines before it as they were, so
@@ -1132,7 +1173,7 @@ fn a_last_line_whose_seq_or_prev_hash_does_not_follow_the_file_is_refused() {
         let line = String::from_utf8(serde_json::to_vec(&record).unwrap()).unwrap();
         fs::write(&file, format!("{original}{line}\n")).unwrap();
         // A directory from before the ring: the lines past the anchor vouch for themselves.
-        let _ = fs::remove_file(dir.path().join(RING_FILE));
+        as_before_the_ring(dir.path());
     };
     // Before, the chain resumed after seq u64::MAX and every new record got that seq again.
     for (seq, prev_hash) in [
