@@ -922,6 +922,36 @@ async fn listen_after_a_decided_bind_adds_no_attempt() {
     assert_eq!(syscalls, vec![EgressSyscall::Bind]);
 }
 
+/// An allowed bind of a unix path makes the socket file only where the executor could make
+/// it itself: beneath its Landlock write paths (here its private /tmp). The broker binds with
+/// its own rights, outside the executor's Landlock domain and as root, so an allow rule (one
+/// meant for connecting to a directory's sockets, say) would otherwise let the executor
+/// create sockets anywhere in its view of the host, such as a path a host service connects
+/// to. Before, the bind below succeeded and left a root-owned socket file in the host's
+/// directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_unix_bind_outside_the_executors_write_paths_is_refused() {
+    let Some(b) = broker() else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let outside = dir.path().join("squat.sock");
+    let argv = probe_argv(&["unix-bind", &outside.display().to_string()]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
+    assert!(
+        !outside.exists(),
+        "the socket file was made in the host's directory"
+    );
+    // Reported and decided as before: the refusal is the write paths', after the verdict.
+    assert_eq!(
+        run.attempts[0].0.destination,
+        Some(Destination::UnixPath(outside.clone()))
+    );
+    // Beneath its write paths (its private /tmp), the bind is carried out.
+    let argv = probe_argv(&["unix-bind", "/tmp/mine.sock"]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_dot_dot_cannot_leave_an_allowed_directory() {
     let Some(b) = broker() else { return };

@@ -462,6 +462,14 @@ impl Broker {
         let mut lease = Lease::default();
         let limits = spec.profile.limits;
         let absent_unix_sockets = Arc::new(spec.profile.absent_unix_sockets.clone());
+        let bind_roots = Arc::new(
+            spec.profile
+                .read_write
+                .iter()
+                .chain(&spec.write_paths)
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
         if Controller::ALL.iter().any(|c| c.bound(&limits).is_some()) {
             lease.cgroup = Some(
                 ExecutorCgroup::create(&self.inner.cgroups, &limits)
@@ -550,6 +558,7 @@ impl Broker {
             bound: std::sync::Mutex::new(Default::default()),
             toggles: Default::default(),
             absent_unix_sockets,
+            bind_roots,
         });
         let inner = self.inner.clone();
         if on_thread {

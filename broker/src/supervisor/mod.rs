@@ -106,6 +106,9 @@ pub(crate) struct Context {
     pub bound: std::sync::Mutex<HashSet<u64>>,
     /// Unix socket paths absent from the executor's view (the profile's).
     pub absent_unix_sockets: Arc<Vec<std::path::PathBuf>>,
+    /// Where the executor may make files (its Landlock write paths, as it sees them): a unix
+    /// socket the broker binds for it is made only beneath one of these.
+    pub bind_roots: Arc<Vec<std::path::PathBuf>>,
     /// The broker's O_NONBLOCK toggles on this executor's sockets (see `socket::Toggles`).
     pub toggles: Arc<socket::Toggles>,
 }

@@ -77,6 +77,12 @@ impl Caller<'_> {
                 })
             }
             UnixUse::Bind => {
+                // The broker binds with its own rights, outside the executor's Landlock domain:
+                // the socket file is made only where the executor could make it itself, and
+                // refused elsewhere as Landlock refuses it (EACCES).
+                if !within_any(absolute, &self.ctx.bind_roots) {
+                    return Err(Outcome::Errno(libc::EACCES));
+                }
                 let (Some(parent), Some(name)) = (absolute.parent(), absolute.file_name()) else {
                     return Err(Outcome::Errno(libc::EINVAL));
                 };
@@ -91,6 +97,19 @@ impl Caller<'_> {
             }
         }
     }
+}
+
+/// Whether `path` (absolute, without `.` or `..`) lies beneath one of `roots`, compared by
+/// whole components (`/tmpx` is not beneath `/tmp`). A root given relative, or with `.` or
+/// `..` in it, names nothing in the executor's view and holds nothing.
+fn within_any(path: &Path, roots: &[PathBuf]) -> bool {
+    roots.iter().any(|root| {
+        root.is_absolute()
+            && !root
+                .components()
+                .any(|c| matches!(c, Component::CurDir | Component::ParentDir))
+            && path.starts_with(root)
+    })
 }
 
 /// `path` with `.` and `..` resolved lexically. Exact for the broker's lookups, which follow
@@ -135,6 +154,22 @@ fn unix_sockaddr(path: &[u8]) -> Step<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bind_path_is_within_a_root_by_whole_components() {
+        let roots = [PathBuf::from("/tmp"), PathBuf::from("/srv/out/")];
+        assert!(within_any(Path::new("/tmp/a.sock"), &roots));
+        assert!(within_any(Path::new("/srv/out/x/a.sock"), &roots));
+        assert!(!within_any(Path::new("/tmpx/a.sock"), &roots));
+        assert!(!within_any(Path::new("/srv/a.sock"), &roots));
+        assert!(!within_any(Path::new("/run/a.sock"), &[]));
+        for odd in ["tmp", "/srv/../tmp"] {
+            assert!(
+                !within_any(Path::new("/tmp/a.sock"), &[PathBuf::from(odd)]),
+                "{odd}"
+            );
+        }
+    }
 
     #[test]
     fn unix_addresses_fit_sun_path() {
