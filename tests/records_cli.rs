@@ -302,6 +302,30 @@ fn offline_health_reports_the_range_and_is_incomplete() {
     );
 }
 
+/// The same crashed copy without its ring (left out of the copy, or removed): what was
+/// durable only in the ring is gone, and every reader and `records replay` say so instead of
+/// taking the record files for the whole stream ("nothing to replay", before).
+#[test]
+fn a_crashed_copy_without_its_ring_is_refused_by_readers_and_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    crashed_copy(dir.path());
+    std::fs::remove_file(dir.path().join(flowhost::records::RING_FILE)).unwrap();
+    let path = dir.path().to_str().unwrap();
+    for args in [
+        &["records", "verify", path][..],
+        &["records", "replay", path][..],
+        &["health", "--records", path][..],
+    ] {
+        let o = flowhost(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("records.wal is missing, but records.head says"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 /// A copy of a live writer's directory as a machine crash leaves it: the record file cut back
 /// to what the ring's checkpoint made durable; the records after it are durable in the ring
 /// only. Returns the copy and how many records the writer had committed.

@@ -153,6 +153,8 @@ pub(super) fn open_writer_saying_what_it_recovered(
 /// Opens `dir` with a writer (which replays its ring) and closes it, saying what it copied.
 fn replay(dir: &Path) -> CliResult {
     if !dir.join(crate::records::RING_FILE).exists() {
+        // A ring a writer kept and that is gone is not "nothing to replay".
+        crate::records::store::refuse_lost_ring(dir)?;
         return Err(format!(
             "{}: no write-ahead ring ({}) here; nothing to replay",
             dir.display(),

@@ -112,7 +112,10 @@ pub enum StoreError {
     /// machine crash) would be lost without a trace, so neither a writer nor a reader takes
     /// the record files for the whole stream.
     #[error(
-        "{dir}: {ring} is missing, but {head} says a record writer kept it there: records made          durable only in it (after its last checkpoint, when the machine crashed) would be          lost without a trace; put it back (a copy of the directory must include it), or move          the directory aside once its record files are reviewed",
+        "{dir}: {ring} is missing, but {head} says a record writer kept it there: records made \
+         durable only in it (after its last checkpoint, when the machine crashed) would be \
+         lost without a trace; put it back (a copy of the directory must include it), or move \
+         the directory aside once its record files are reviewed",
         dir = dir.display(),
         ring = ring::RING_FILE,
         head = HEAD_FILE

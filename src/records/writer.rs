@@ -75,7 +75,7 @@ use super::chain::{ChainHash, Chainer, line_hash};
 use super::ring;
 use super::store;
 use super::store::{
-    HEAD_FILE, HeadAnchor, RecordFile, StoreError, TORN_INFIX, record_file_name,
+    HEAD_FILE, HEAD_SCHEMA, HeadAnchor, RecordFile, StoreError, TORN_INFIX, record_file_name,
     record_files_on_disk, split_lines,
 };
 use super::{DecisionRecord, RecordFormatError};
@@ -305,6 +305,9 @@ impl RecordWriter {
                 ring_at: 0,
             },
         )?;
+        // From here the ring may hold records durable nowhere else: the anchor says so before
+        // any is written, so a removed ring is never taken for a directory from before it.
+        mark_ring_kept(dir)?;
         // The files now hold every durable record: readers need not wait any longer.
         drop(opening);
         let status = WriterStatus {
@@ -821,6 +824,32 @@ fn first_seq_of(path: &Path) -> Result<Option<u64>, RecordError> {
             line: 1,
             problem: format!("the first record is not valid ({e})"),
         })
+}
+
+/// Makes the head anchor of `dir` say that a write-ahead ring is kept there (see
+/// `HeadAnchor::ring`), keeping what it names; with no anchor yet, one naming the chain's
+/// start (which every stream contains) is written. Durable before it returns.
+fn mark_ring_kept(dir: &Path) -> Result<(), RecordError> {
+    let path = dir.join(HEAD_FILE);
+    let anchor = match HeadAnchor::read(&path)? {
+        Some(anchor) if anchor.ring => return Ok(()),
+        Some(anchor) => HeadAnchor {
+            ring: true,
+            written_at: super::build::now_rfc3339(),
+            ..anchor
+        },
+        None => HeadAnchor {
+            schema: HEAD_SCHEMA.to_string(),
+            seq: 0,
+            hash: super::GENESIS_HASH.to_string(),
+            file: None,
+            line: None,
+            written_at: super::build::now_rfc3339(),
+            ring: true,
+        },
+    };
+    anchor.write(&path)?;
+    Ok(())
 }
 
 fn check_anchor(dir: &Path, chain: &Chainer) -> Result<(), RecordError> {

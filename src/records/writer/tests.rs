@@ -199,6 +199,13 @@ fn as_before_the_ring(dir: &Path) {
 #[test]
 fn a_directory_whose_ring_is_gone_is_refused_by_writers_and_readers() {
     let dir = tempfile::tempdir().unwrap();
+    // The anchor says so from the writer's open, before any record is durable in the ring.
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    let anchor = HeadAnchor::read(&dir.path().join(HEAD_FILE))
+        .unwrap()
+        .unwrap();
+    assert!(anchor.ring && anchor.seq == 0, "{anchor:?}");
+    w.close_blocking().unwrap();
     three_records_closed(dir.path());
     assert!(
         HeadAnchor::read(&dir.path().join(HEAD_FILE))
@@ -219,6 +226,11 @@ fn a_directory_whose_ring_is_gone_is_refused_by_writers_and_readers() {
     as_before_the_ring(dir.path());
     let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
     assert_eq!(w.status().last_seq, Some(3));
+    // Opened by a writer, it keeps a ring from now on, and its anchor says so at once.
+    let anchor = HeadAnchor::read(&dir.path().join(HEAD_FILE))
+        .unwrap()
+        .unwrap();
+    assert!(anchor.ring && anchor.seq == 3, "{anchor:?}");
     w.close_blocking().unwrap();
 }
 
