@@ -946,6 +946,11 @@ async fn an_allowed_unix_bind_outside_the_executors_write_paths_is_refused() {
         run.attempts[0].0.destination,
         Some(Destination::UnixPath(outside.clone()))
     );
+    // A path that is itself a write path is made in the directory above it: refused too
+    // (the profiles' write paths include /dev/null; /dev/null-x would be the same).
+    let argv = probe_argv(&["unix-bind", "/tmp"]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
     // Beneath its write paths (its private /tmp), the bind is carried out.
     let argv = probe_argv(&["unix-bind", "/tmp/mine.sock"]);
     let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;

@@ -80,7 +80,11 @@ impl Caller<'_> {
                 // The broker binds with its own rights, outside the executor's Landlock domain:
                 // the socket file is made only where the executor could make it itself, and
                 // refused elsewhere as Landlock refuses it (EACCES).
-                if !within_any(absolute, &self.ctx.bind_roots) {
+                // Landlock judges the directory the socket is made in.
+                if !absolute
+                    .parent()
+                    .is_some_and(|dir| within_any(dir, &self.ctx.bind_roots))
+                {
                     return Err(Outcome::Errno(libc::EACCES));
                 }
                 let (Some(parent), Some(name)) = (absolute.parent(), absolute.file_name()) else {
@@ -99,8 +103,8 @@ impl Caller<'_> {
     }
 }
 
-/// Whether `path` (absolute, without `.` or `..`) lies beneath one of `roots`, compared by
-/// whole components (`/tmpx` is not beneath `/tmp`). A root given relative, or with `.` or
+/// Whether `path` (absolute, without `.` or `..`) is one of `roots` or lies beneath one,
+/// compared by whole components (`/tmpx` is not beneath `/tmp`). A root given relative, or with `.` or
 /// `..` in it, names nothing in the executor's view and holds nothing.
 fn within_any(path: &Path, roots: &[PathBuf]) -> bool {
     roots.iter().any(|root| {
@@ -163,6 +167,8 @@ mod tests {
         assert!(!within_any(Path::new("/tmpx/a.sock"), &roots));
         assert!(!within_any(Path::new("/srv/a.sock"), &roots));
         assert!(!within_any(Path::new("/run/a.sock"), &[]));
+        // A root is itself a directory sockets may be made in.
+        assert!(within_any(Path::new("/tmp"), &roots));
         for odd in ["tmp", "/srv/../tmp"] {
             assert!(
                 !within_any(Path::new("/tmp/a.sock"), &[PathBuf::from(odd)]),
