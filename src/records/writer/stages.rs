@@ -167,6 +167,9 @@ struct Pending {
     /// A test makes the next sync this much slower.
     #[cfg(test)]
     slow_next_sync: Option<Duration>,
+    /// A test makes the next sync panic.
+    #[cfg(test)]
+    panic_next_sync: bool,
     /// How often the syncer has looked for work.
     #[cfg(test)]
     looks: u64,
@@ -317,7 +320,13 @@ impl Stages {
         drop(tail);
         if let Some(written) = lead {
             // Others append meanwhile; their records go to the next sync.
+            let led = LedSync {
+                queue: &self.queue,
+                shared: &self.shared,
+            };
             sync_written(&self.queue, &self.shared, &self.ring, written);
+            // It ended: the guard has nothing to undo.
+            std::mem::forget(led);
             let q = self.queue.lock();
             // Whoever queued a wait while this sync ran needs the syncer; an idle syncer
             // needs to know about the anchor and any appended records.
@@ -398,6 +407,12 @@ impl Stages {
     #[cfg(test)]
     pub(super) fn slow_next_sync(&self, by: Duration) {
         self.queue.lock().slow_next_sync = Some(by);
+    }
+
+    /// Makes the next sync (whoever runs it) panic.
+    #[cfg(test)]
+    pub(super) fn panic_next_sync(&self) {
+        self.queue.lock().panic_next_sync = true;
     }
 
     /// How often the syncer has looked for work.
@@ -572,6 +587,23 @@ impl Tail {
                 );
             }
         }
+    }
+}
+
+/// A sync a caller leads, until it has ended: should it unwind instead (a panic on the
+/// caller's thread), the writer is failed and the sync marked over, so that neither the
+/// syncer nor any later caller waits for a sync that will never end; the callers whose
+/// records it held are answered by their dropped replies.
+struct LedSync<'a> {
+    queue: &'a Queue,
+    shared: &'a Shared,
+}
+
+impl Drop for LedSync<'_> {
+    fn drop(&mut self) {
+        fail(self.shared, "a sync led by a caller panicked".to_string());
+        self.queue.lock().syncing = false;
+        self.queue.wake.notify_one();
     }
 }
 
@@ -884,10 +916,17 @@ fn sync_written(queue: &Queue, shared: &Shared, ring: &Ring, written: Vec<Writte
     let started = Instant::now();
     #[cfg(test)]
     {
-        let slow = queue.lock().slow_next_sync.take();
+        let (slow, panic) = {
+            let mut q = queue.lock();
+            (
+                q.slow_next_sync.take(),
+                std::mem::take(&mut q.panic_next_sync),
+            )
+        };
         if let Some(by) = slow {
             std::thread::sleep(by);
         }
+        assert!(!panic, "the test made this sync panic");
     }
     if result.is_ok()
         && !written.is_empty()

@@ -353,6 +353,35 @@ async fn a_commit_is_booked_durable_when_it_returns_whoever_synced_it() {
     assert!(verify_records(dir.path(), None).unwrap().is_ok());
 }
 
+/// A sync a caller leads that panics fails the writer and ends: a later commit is refused at
+/// once instead of waiting for a sync nobody runs. Before, the queue stayed marked as
+/// syncing, the syncer never synced again and every later commit hung.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_led_sync_that_panics_fails_the_writer_instead_of_hanging_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.stages.panic_next_sync();
+    let leader = {
+        let w = w.clone();
+        tokio::spawn(async move { w.commit_alone(sample_tool_call()).await })
+    };
+    let joined = leader.await;
+    assert!(joined.as_ref().is_err_and(|e| e.is_panic()), "{joined:?}");
+    assert_eq!(
+        w.stages.led_syncs(),
+        1,
+        "the caller led the sync that panicked"
+    );
+    let later = tokio::time::timeout(Duration::from_secs(5), w.commit(sample_tool_call()))
+        .await
+        .expect("a later commit waited for a sync that never ended");
+    let e = later.unwrap_err();
+    assert!(
+        e.to_string().contains("a sync led by a caller panicked"),
+        "{e}"
+    );
+}
+
 /// A caller alone leads its sync on its own thread, and the record is durable when it
 /// returns; among concurrent callers that ask to lead, with appends, flushes and a close
 /// between them, syncs never overlap, nobody is left waiting, and the chain verifies.
