@@ -860,9 +860,24 @@ fn a_hangup_the_caller_ignores_reaches_neither_flowhost_nor_the_command() {
     if !can_run() {
         return;
     }
+    let mut nohup = with_interrupts(Command::new("nohup"), &[]);
+    nohup.arg(env!("CARGO_BIN_EXE_flowhost"));
+    // nohup has become flowhost: same pid.
+    let (code, rest, ignored) = signalled_mid_run(nohup, &[nix::sys::signal::Signal::SIGHUP]);
+    assert_eq!((code, rest.as_str()), (Some(0), "DONE\n"));
+    assert_eq!(ignored.trim(), "SigIgn:\t0000000000000001");
+}
+
+/// Runs `cmd` (flowhost, or what becomes it) as `sandbox run` of a command that prints its
+/// `SigIgn:` line, then READY, and DONE half a second later; once READY is read, sends
+/// `signals` to flowhost. Returns the exit code, what came after READY, and the `SigIgn:`
+/// line.
+fn signalled_mid_run(
+    mut cmd: Command,
+    signals: &[nix::sys::signal::Signal],
+) -> (Option<i32>, String, String) {
     let script = "grep '^SigIgn:' /proc/self/status; echo READY; sleep 0.5; echo DONE";
-    let mut child = with_interrupts(Command::new("nohup"), &[])
-        .arg(env!("CARGO_BIN_EXE_flowhost"))
+    let mut child = cmd
         .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
         .args(["/bin/sh", "-c", script])
         .stdin(std::process::Stdio::null())
@@ -875,17 +890,13 @@ fn a_hangup_the_caller_ignores_reaches_neither_flowhost_nor_the_command() {
     let mut line = String::new();
     std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
     assert_eq!(line, "READY\n");
-    // nohup has become flowhost: same pid.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
-    let status = wait_within(&mut child, "SIGHUP");
+    for &signal in signals {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+    }
+    let status = wait_within(&mut child, &format!("{signals:?}"));
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
-    assert_eq!((status.code(), rest.as_str()), (Some(0), "DONE\n"));
-    assert_eq!(ignored.trim(), "SigIgn:\t0000000000000001");
+    (status.code(), rest, ignored)
 }
 
 /// `cmd` with SIGHUP, SIGINT, SIGQUIT, SIGTERM and SIGTSTP at their default actions but
@@ -926,30 +937,14 @@ fn an_interrupt_and_a_stop_the_caller_ignores_change_nothing() {
     if !can_run() {
         return;
     }
-    let script = "grep '^SigIgn:' /proc/self/status; echo READY; sleep 0.5; echo DONE";
-    let mut child = with_interrupts(flowhost(), &[libc::SIGINT, libc::SIGTSTP])
-        .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
-        .args(["/bin/sh", "-c", script])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut ignored = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut ignored).unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
-    assert_eq!(line, "READY\n");
-    for signal in [
-        nix::sys::signal::Signal::SIGINT,
-        nix::sys::signal::Signal::SIGTSTP,
-    ] {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
-    }
-    let status = wait_within(&mut child, "SIGINT and SIGTSTP");
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
-    assert_eq!((status.code(), rest.as_str()), (Some(0), "DONE\n"));
+    let (code, rest, ignored) = signalled_mid_run(
+        with_interrupts(flowhost(), &[libc::SIGINT, libc::SIGTSTP]),
+        &[
+            nix::sys::signal::Signal::SIGINT,
+            nix::sys::signal::Signal::SIGTSTP,
+        ],
+    );
+    assert_eq!((code, rest.as_str()), (Some(0), "DONE\n"));
     // SIGINT is signal 2, SIGTSTP 20.
     assert_eq!(ignored.trim(), "SigIgn:\t0000000000080002");
 }
