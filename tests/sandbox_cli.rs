@@ -1542,41 +1542,13 @@ fn a_run_waiting_for_a_stopped_terminal_still_ends_on_an_interrupt() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let health = dir.path().join("health.json");
-    let mut args = os(&[
-        "sandbox",
-        "run",
-        "--quiet",
-        "--profile",
-        "isolated",
-        "--health",
-    ]);
-    args.push(health.clone().into_os_string());
-    args.extend(os(&[
-        "--",
-        "/bin/sh",
-        "-c",
-        "echo RUNNING; read l; echo LAST-$((40+6))",
-    ]));
-    let mut run = OnTerminal::start(&refs(&args), true);
-    run.wait_for("RUNNING", std::time::Duration::from_secs(10));
-    nix::sys::termios::tcflow(&run.slave, nix::sys::termios::FlowArg::TCOOFF).unwrap();
-    // What is typed still reaches the command, which then writes its last line and ends.
-    run.type_bytes(b"go\n");
-    waits_for_its_terminal(&run, &health);
-    assert!(!run.shown().contains("LAST-46"), "{}", run.shown());
+    let mut run = waiting_for_its_stopped_terminal(flowhost(), dir.path());
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(run.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let status = run.ended_within(std::time::Duration::from_secs(30));
-    assert_eq!(
-        status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s)),
-        Some(libc::SIGTERM),
-        "{status:?}:\n{}",
-        run.shown()
-    );
+    ended_by_sigterm(&mut run);
 }
 
 /// The same wait, by a run started with SIGHUP ignored: the hangup flowhost never took stays
@@ -1588,31 +1560,11 @@ fn a_run_waiting_for_its_terminal_keeps_ignoring_what_the_caller_ignores() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let health = dir.path().join("health.json");
     let mut cmd = Command::new("/bin/bash");
     // The shell ignores SIGHUP and becomes flowhost, which inherits that.
     cmd.args(["-c", "trap '' HUP; exec \"$0\" \"$@\""])
-        .arg(env!("CARGO_BIN_EXE_flowhost"))
-        .args([
-            "sandbox",
-            "run",
-            "--quiet",
-            "--profile",
-            "isolated",
-            "--health",
-        ])
-        .arg(&health)
-        .args([
-            "--",
-            "/bin/sh",
-            "-c",
-            "echo RUNNING; read l; echo LAST-$((40+6))",
-        ]);
-    let mut run = OnTerminal::spawn(cmd, true);
-    run.wait_for("RUNNING", std::time::Duration::from_secs(10));
-    nix::sys::termios::tcflow(&run.slave, nix::sys::termios::FlowArg::TCOOFF).unwrap();
-    run.type_bytes(b"go\n");
-    waits_for_its_terminal(&run, &health);
+        .arg(env!("CARGO_BIN_EXE_flowhost"));
+    let mut run = waiting_for_its_stopped_terminal(cmd, dir.path());
     let pid = nix::unistd::Pid::from_raw(run.child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
@@ -1623,6 +1575,41 @@ fn a_run_waiting_for_its_terminal_keeps_ignoring_what_the_caller_ignores() {
         run.shown()
     );
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    ended_by_sigterm(&mut run);
+}
+
+/// `cmd` (flowhost, or what becomes it) as a `sandbox run` on a terminal whose command reads
+/// a line and writes its last one; the terminal is stopped (XOFF) before that last line, so
+/// flowhost, its run concluded (its health in `dir`), waits for the terminal to take it.
+fn waiting_for_its_stopped_terminal(mut cmd: Command, dir: &std::path::Path) -> OnTerminal {
+    let health = dir.join("health.json");
+    cmd.args([
+        "sandbox",
+        "run",
+        "--quiet",
+        "--profile",
+        "isolated",
+        "--health",
+    ])
+    .arg(&health)
+    .args([
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo RUNNING; read l; echo LAST-$((40+6))",
+    ]);
+    let mut run = OnTerminal::spawn(cmd, true);
+    run.wait_for("RUNNING", std::time::Duration::from_secs(10));
+    nix::sys::termios::tcflow(&run.slave, nix::sys::termios::FlowArg::TCOOFF).unwrap();
+    // What is typed still reaches the command, which then writes its last line and ends.
+    run.type_bytes(b"go\n");
+    waits_for_its_terminal(&run, &health);
+    assert!(!run.shown().contains("LAST-46"), "{}", run.shown());
+    run
+}
+
+/// Waits for flowhost on `run` to end, and checks that SIGTERM ended it.
+fn ended_by_sigterm(run: &mut OnTerminal) {
     let status = run.ended_within(std::time::Duration::from_secs(30));
     assert_eq!(
         status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s)),
