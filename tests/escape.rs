@@ -957,6 +957,29 @@ async fn an_allowed_unix_bind_outside_the_executors_write_paths_is_refused() {
     assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
 }
 
+/// A write path in the executor's private /tmp names the executor's file, not the host's:
+/// a host symlink planted at that path before the spawn (any local user can write the
+/// host's /tmp) does not make its target a place the broker binds sockets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_symlink_at_a_private_tmp_write_path_lends_no_directory_to_binds() {
+    let Some(b) = broker() else { return };
+    let target = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let link = std::path::PathBuf::from(format!("/tmp/flowhost-escape-{}", std::process::id()));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(target.path(), &link).unwrap();
+    let mut profile = (*common::profile("brokered")).clone();
+    profile.read_write.push(link.clone());
+    let inside = target.path().join("planted.sock");
+    let argv = probe_argv(&["unix-bind", &inside.display().to_string()]);
+    let run = run_under(&b, std::sync::Arc::new(profile), argv, |_| Verdict::Allow).await;
+    std::fs::remove_file(&link).unwrap();
+    assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
+    assert!(
+        !inside.exists(),
+        "the socket was made through the host's symlink"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_dot_dot_cannot_leave_an_allowed_directory() {
     let Some(b) = broker() else { return };

@@ -462,14 +462,22 @@ impl Broker {
         let mut lease = Lease::default();
         let limits = spec.profile.limits;
         let absent_unix_sockets = Arc::new(spec.profile.absent_unix_sockets.clone());
-        // As Landlock's rules name them: each path opened (symlinks followed, a relative one
-        // from here); one that cannot be opened has no rule, and holds nothing here either.
+        // As Landlock's rules name them: a path in what the child mounts afresh (its private
+        // /tmp) as written, since its rule is made on the executor's file; any other opened
+        // here (symlinks followed, a relative one from here), and one that cannot be opened
+        // has no rule, and holds nothing here either.
         let bind_roots = Arc::new(
             spec.profile
                 .read_write
                 .iter()
                 .chain(&spec.write_paths)
-                .filter_map(|p| std::fs::canonicalize(p).ok())
+                .filter_map(|p| {
+                    if spawn::remounted(&spec.profile, p) {
+                        Some(p.clone())
+                    } else {
+                        std::fs::canonicalize(p).ok()
+                    }
+                })
                 .collect::<Vec<_>>(),
         );
         if Controller::ALL.iter().any(|c| c.bound(&limits).is_some()) {

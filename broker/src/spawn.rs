@@ -8,7 +8,7 @@
 mod prepare;
 mod start;
 
-pub(crate) use prepare::{Prepared, prepare};
+pub(crate) use prepare::{Prepared, prepare, remounted};
 pub(crate) use start::{HandshakeJob, Started, run_handshakes, start};
 
 use std::ffi::OsString;

@@ -75,6 +75,14 @@ fn dev_null() -> Result<OwnedFd, SpawnError> {
         })
 }
 
+/// Whether `path` lies in what the executor's child mounts afresh (its own /proc, its
+/// private /tmp): Landlock's rule for such a path is made in the child, after the mount, on
+/// the executor's file, not the host's.
+pub(crate) fn remounted(profile: &Profile, path: &std::path::Path) -> bool {
+    (profile.mount_namespace && profile.pid_namespace && path.starts_with("/proc"))
+        || (profile.private_tmp && path.starts_with("/tmp"))
+}
+
 /// The mask of `signals` (bit `n - 1` for signal `n`); SIGKILL, SIGSTOP and numbers the
 /// kernel does not have cannot be ignored, and are refused.
 fn signal_mask(signals: &[libc::c_int]) -> Result<u64, SpawnError> {
@@ -312,10 +320,7 @@ pub(crate) fn prepare(
     let mut write_paths = profile.read_write.clone();
     write_paths.extend(spec.write_paths.iter().cloned());
     // Paths the child mounts afresh get their rules inside the child, after the mount.
-    let remounted = |p: &PathBuf| {
-        (profile.mount_namespace && profile.pid_namespace && p.starts_with("/proc"))
-            || (profile.private_tmp && p.starts_with("/tmp"))
-    };
+    let remounted = |p: &PathBuf| remounted(&profile, p);
     let (late_read, read_paths): (Vec<_>, Vec<_>) = read_paths.into_iter().partition(remounted);
     let (late_write, write_paths): (Vec<_>, Vec<_>) = write_paths.into_iter().partition(remounted);
     let abi = landlock_abi_for(landlock_abi);
