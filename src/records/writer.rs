@@ -307,7 +307,7 @@ impl RecordWriter {
         )?;
         // From here the ring may hold records durable nowhere else: the anchor says so before
         // any is written, so a removed ring is never taken for a directory from before it.
-        mark_ring_kept(dir)?;
+        mark_ring_kept(dir, &resumed.chain)?;
         // The files now hold every durable record: readers need not wait any longer.
         drop(opening);
         let status = WriterStatus {
@@ -827,9 +827,10 @@ fn first_seq_of(path: &Path) -> Result<Option<u64>, RecordError> {
 }
 
 /// Makes the head anchor of `dir` say that a write-ahead ring is kept there (see
-/// `HeadAnchor::ring`), keeping what it names; with no anchor yet, one naming the chain's
-/// start (which every stream contains) is written. Durable before it returns.
-fn mark_ring_kept(dir: &Path) -> Result<(), RecordError> {
+/// `HeadAnchor::ring`), keeping what it names; with no anchor yet, one naming the head of
+/// `chain` (the stream as the writer resumed it, its file synced) is written, as the
+/// syncer's first anchor would name it. Durable before it returns.
+fn mark_ring_kept(dir: &Path, chain: &Chainer) -> Result<(), RecordError> {
     let path = dir.join(HEAD_FILE);
     let anchor = match HeadAnchor::read(&path)? {
         Some(anchor) if anchor.ring => return Ok(()),
@@ -840,8 +841,8 @@ fn mark_ring_kept(dir: &Path) -> Result<(), RecordError> {
         },
         None => HeadAnchor {
             schema: HEAD_SCHEMA.to_string(),
-            seq: 0,
-            hash: super::GENESIS_HASH.to_string(),
+            seq: chain.next_seq() - 1,
+            hash: chain.head_hash().as_str().to_string(),
             file: None,
             line: None,
             written_at: super::build::now_rfc3339(),
