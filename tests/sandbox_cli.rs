@@ -1578,6 +1578,38 @@ fn a_run_waiting_for_its_terminal_keeps_ignoring_what_the_caller_ignores() {
     ended_by_sigterm(&mut run);
 }
 
+/// The caller's terminal goes away mid-run (hung up, as a closed window or a dropped ssh
+/// connection does) under a flowhost started ignoring SIGHUP: the command runs on (it has a
+/// terminal of its own), what it writes afterwards is refused by the caller's terminal, and
+/// the run, which had otherwise succeeded, exits 2 instead of 0. Before, the hangup reached
+/// the command (129), and the refusal path had no test.
+#[test]
+fn output_a_hung_up_terminal_refuses_makes_a_successful_run_exit_2() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let mut cmd = Command::new("/bin/bash");
+    // The shell ignores SIGHUP and becomes flowhost, which inherits that.
+    cmd.args(["-c", "trap '' HUP; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
+        .args(["/bin/sh", "-c", "echo RUNNING; sleep 1; echo LATE; exit 0"]);
+    let mut run = OnTerminal::spawn(cmd, true);
+    run.wait_for("RUNNING", std::time::Duration::from_secs(10));
+    use std::os::fd::AsRawFd;
+    // SAFETY: TIOCVHANGUP takes no argument; it hangs up the terminal the descriptor names.
+    let hung = unsafe { libc::ioctl(run.slave.as_raw_fd(), libc::TIOCVHANGUP, 0) };
+    assert_eq!(hung, 0, "{}", std::io::Error::last_os_error());
+    let status = run.ended_within(std::time::Duration::from_secs(30));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(2),
+        "{status:?}:\n{}",
+        run.shown()
+    );
+    assert!(!run.shown().contains("LATE"), "{}", run.shown());
+}
+
 /// `cmd` (flowhost, or what becomes it) as a `sandbox run` on a terminal whose command reads
 /// a line and writes its last one; the terminal is stopped (XOFF) before that last line, so
 /// flowhost, its run concluded (its health in `dir`), waits for the terminal to take it.

@@ -153,11 +153,15 @@ impl Cli {
 /// Prints `error` and every error in its source chain to stderr, one per line.
 /// Under systemd every line (messages may span several, e.g. a TOML parse error) carries
 /// the journal's error priority.
+/// A stderr nobody can read (closed, a terminal that hung up) loses the text, never the exit
+/// status: `eprintln!` would panic there, and the process would exit 101 instead.
 pub fn report(error: &(dyn std::error::Error + 'static)) {
+    use std::io::Write;
     let p = crate::logging::fatal_line_prefix();
     let print = |head: &str, text: String| {
+        let mut stderr = std::io::stderr().lock();
         for (i, line) in text.lines().enumerate() {
-            eprintln!("{p}{}{line}", if i == 0 { head } else { "  " });
+            let _ = writeln!(stderr, "{p}{}{line}", if i == 0 { head } else { "  " });
         }
     };
     print("flowhost: error: ", error.to_string());
