@@ -192,6 +192,18 @@ fn as_before_the_ring(dir: &Path) {
     }
 }
 
+/// Opens a writer on `dir` and returns it with the head anchor as its open left it: the
+/// syncer is held before its own first anchor while the anchor is read.
+fn anchor_at_open(dir: &Path) -> (RecordWriter, HeadAnchor) {
+    let (read, go, written) = pause_first_anchor(true);
+    let w = RecordWriter::open(dir, WriterOptions::default()).unwrap();
+    read.recv().unwrap();
+    let anchor = HeadAnchor::read(&dir.join(HEAD_FILE)).unwrap().unwrap();
+    go.send(()).unwrap();
+    written.recv().unwrap();
+    (w, anchor)
+}
+
 /// A directory whose head anchor says a writer kept a ring there, with the ring gone, is
 /// refused by a writer and by a reader: the records durable only in the ring after a machine
 /// crash would otherwise vanish without a trace. Before, the writer took the directory for
@@ -199,17 +211,9 @@ fn as_before_the_ring(dir: &Path) {
 #[test]
 fn a_directory_whose_ring_is_gone_is_refused_by_writers_and_readers() {
     let dir = tempfile::tempdir().unwrap();
-    // The anchor says so from the writer's open, before any record is durable in the ring
-    // (the syncer held before its own first anchor).
-    let (read, go, written) = pause_first_anchor(true);
-    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
-    read.recv().unwrap();
-    let anchor = HeadAnchor::read(&dir.path().join(HEAD_FILE))
-        .unwrap()
-        .unwrap();
+    // The anchor says so from the writer's open, before any record is durable in the ring.
+    let (w, anchor) = anchor_at_open(dir.path());
     assert!(anchor.ring && anchor.seq == 0, "{anchor:?}");
-    go.send(()).unwrap();
-    written.recv().unwrap();
     w.close_blocking().unwrap();
     three_records_closed(dir.path());
     assert!(
@@ -229,25 +233,14 @@ fn a_directory_whose_ring_is_gone_is_refused_by_writers_and_readers() {
     let e = crate::records::store::list_record_files(dir.path()).unwrap_err();
     assert!(matches!(e, StoreError::RingMissing { .. }), "{e}");
     as_before_the_ring(dir.path());
-    let anchor_at_open = || {
-        let (read, go, written) = pause_first_anchor(true);
-        let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
-        read.recv().unwrap();
-        let anchor = HeadAnchor::read(&dir.path().join(HEAD_FILE))
-            .unwrap()
-            .unwrap();
-        go.send(()).unwrap();
-        written.recv().unwrap();
-        (w, anchor)
-    };
     // Opened by a writer, it keeps a ring from now on, and its anchor says so at once.
-    let (w, anchor) = anchor_at_open();
+    let (w, anchor) = anchor_at_open(dir.path());
     assert_eq!(w.status().last_seq, Some(3));
     assert!(anchor.ring && anchor.seq == 3, "{anchor:?}");
     w.close_blocking().unwrap();
     // A directory with records and no anchor at all gets one naming its head, not its start.
     fs::remove_file(dir.path().join(HEAD_FILE)).unwrap();
-    let (w, anchor) = anchor_at_open();
+    let (w, anchor) = anchor_at_open(dir.path());
     assert!(anchor.ring && anchor.seq == 3, "{anchor:?}");
     assert_eq!(anchor.hash, w.status().chain_head.as_str());
     w.close_blocking().unwrap();
