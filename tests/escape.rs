@@ -180,9 +180,9 @@ async fn sendmmsg_partially_allowed_sends_only_the_allowed_prefix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_connect_to_an_outside_socket_is_reported_and_refused() {
     let Some(b) = broker() else { return };
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::executor_visible_dir();
     let path = dir.path().join("host.sock");
-    let listener = UnixListener::bind(&path).unwrap();
+    let listener = common::listener_for_executors(&path);
     listener.set_nonblocking(true).unwrap();
     let run = probe(&b, "brokered", &["unix-connect", path.to_str().unwrap()]).await;
     assert_eq!(run.errno(), libc::EACCES as i64);
@@ -200,9 +200,9 @@ async fn unix_connect_to_an_outside_socket_is_reported_and_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_unix_connect_reaches_the_pinned_socket() {
     let Some(b) = broker() else { return };
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::executor_visible_dir();
     let path = dir.path().join("allowed.sock");
-    let listener = UnixListener::bind(&path).unwrap();
+    let listener = common::listener_for_executors(&path);
     listener.set_nonblocking(true).unwrap();
     let argv = probe_argv(&["unix-connect", &path.display().to_string()]);
     let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
@@ -216,7 +216,7 @@ async fn allowed_unix_connect_reaches_the_pinned_socket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_unix_sendto_reaches_the_pinned_socket() {
     let Some(b) = broker() else { return };
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::executor_visible_dir();
     let path = dir.path().join("allowed-dgram.sock");
     let receiver = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
     receiver.set_nonblocking(true).unwrap();
@@ -302,10 +302,10 @@ async fn msg_zerocopy_never_reaches_the_kernel_from_the_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_connect_through_a_symlink_is_not_followed() {
     let Some(b) = broker() else { return };
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::executor_visible_dir();
     let real = dir.path().join("real.sock");
     let link = dir.path().join("link.sock");
-    let listener = UnixListener::bind(&real).unwrap();
+    let listener = common::listener_for_executors(&real);
     listener.set_nonblocking(true).unwrap();
     std::os::unix::fs::symlink(&real, &link).unwrap();
     let argv = probe_argv(&["unix-connect", &link.display().to_string()]);
@@ -802,9 +802,9 @@ fn an_executor_that_clears_o_nonblock_cannot_block_the_hosts_runtime() {
         eprintln!("SKIP: the broker needs root here");
         return;
     }
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::executor_visible_dir();
     let path = dir.path().join("full.sock");
-    let unix = UnixListener::bind(&path).unwrap();
+    let unix = common::listener_for_executors(&path);
     // SAFETY: re-listening on our own socket only changes its backlog.
     assert_eq!(unsafe { libc::listen(unix.as_raw_fd(), 0) }, 0);
     let _filler = std::os::unix::net::UnixStream::connect(&path).unwrap();
@@ -983,11 +983,11 @@ async fn a_host_symlink_at_a_private_tmp_write_path_lends_no_directory_to_binds(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_dot_dot_cannot_leave_an_allowed_directory() {
     let Some(b) = broker() else { return };
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::executor_visible_dir();
     let allowed = dir.path().join("allowed");
     std::fs::create_dir(&allowed).unwrap();
     let outside = dir.path().join("outside.sock");
-    let listener = UnixListener::bind(&outside).unwrap();
+    let listener = common::listener_for_executors(&outside);
     listener.set_nonblocking(true).unwrap();
     let rule: flowhost::destination::DestinationRule =
         format!("unix:{}/", allowed.display()).parse().unwrap();
@@ -1053,9 +1053,9 @@ async fn listen_after_a_refused_connect_is_still_decided() {
 async fn a_send_waiting_on_a_silent_peer_ends_when_the_executor_dies() {
     use std::os::fd::AsRawFd;
     let Some(b) = broker() else { return };
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::executor_visible_dir();
     let path = dir.path().join("silent.sock");
-    let listener = UnixListener::bind(&path).unwrap();
+    let listener = common::listener_for_executors(&path);
     let mut spec = flowhost_broker::SpawnSpec::new(
         probe_argv(&["unix-flood", path.to_str().unwrap()]),
         common::profile("brokered"),
@@ -1135,9 +1135,9 @@ async fn a_connect_to_the_unspecified_address_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_send_keeps_its_send_timeout() {
     let Some(b) = broker() else { return };
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = common::executor_visible_dir();
     let path = dir.path().join("silent.sock");
-    let listener = UnixListener::bind(&path).unwrap();
+    let listener = common::listener_for_executors(&path);
     // Accept and hold the connection without reading.
     let held = std::thread::spawn(move || listener.accept().map(|(c, _)| c));
     let argv = probe_argv(&["unix-flood", path.to_str().unwrap(), "200"]);

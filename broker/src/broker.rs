@@ -569,6 +569,8 @@ impl Broker {
             toggles: Default::default(),
             absent_unix_sockets,
             bind_roots,
+            // Unprivileged, the executor runs as the broker's own uid (in a user namespace).
+            identity: identity.filter(|_| self.inner.support.privileged),
         });
         let inner = self.inner.clone();
         if on_thread {

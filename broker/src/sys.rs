@@ -594,6 +594,90 @@ pub fn set_thread_nice(nice: i32) -> io::Result<()> {
     }
 }
 
+/// One thread's credentials as the kernel checks a file access against them and hands them
+/// to a unix socket's peer: real and effective uid and gid, supplementary groups, and
+/// effective capabilities. (Saved ids are never changed by [`assume_identity`].)
+#[derive(Debug, Clone)]
+pub struct ThreadCredentials {
+    uid: (libc::uid_t, libc::uid_t),
+    gid: (libc::gid_t, libc::gid_t),
+    groups: Vec<libc::gid_t>,
+    effective: caps::CapsHashSet,
+}
+
+/// The calling thread's credentials, to give back to [`restore_credentials`].
+pub fn thread_credentials() -> io::Result<ThreadCredentials> {
+    let (mut ruid, mut euid, mut suid) = (0, 0, 0);
+    let (mut rgid, mut egid, mut sgid) = (0, 0, 0);
+    // SAFETY: getresuid and getresgid write three ids each into the locals passed.
+    let ret = unsafe {
+        libc::getresuid(&mut ruid, &mut euid, &mut suid)
+            | libc::getresgid(&mut rgid, &mut egid, &mut sgid)
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: with a size of 0, getgroups only counts the groups.
+    let count = check(unsafe { libc::getgroups(0, std::ptr::null_mut()) }.into())?;
+    let mut groups = vec![0 as libc::gid_t; count as usize];
+    // SAFETY: `groups` holds `count` entries; getgroups writes at most that many and fails
+    // with EINVAL if the list grew since.
+    let n = check(unsafe { libc::getgroups(count as libc::c_int, groups.as_mut_ptr()) }.into())?;
+    groups.truncate(n as usize);
+    let effective = caps::read(None, caps::CapSet::Effective).map_err(io::Error::other)?;
+    Ok(ThreadCredentials {
+        uid: (ruid, euid),
+        gid: (rgid, egid),
+        groups,
+        effective,
+    })
+}
+
+/// Makes the calling thread act as `uid` and `gid` (real, effective and filesystem ids), with
+/// no supplementary group and no effective capability. Only this thread changes: the raw
+/// syscalls are used, since glibc's wrappers apply an id change to every thread of the
+/// process. Saved ids are kept, so [`restore_credentials`] can always go back. Needs
+/// `CAP_SETUID` and `CAP_SETGID`; on failure the thread may be part-way, and the caller
+/// restores it.
+pub fn assume_identity(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<()> {
+    const KEEP: libc::c_long = -1;
+    // SAFETY: setgroups with a count of 0 reads no memory; the raw syscall changes only
+    // this thread's groups.
+    check(unsafe { libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) })?;
+    // SAFETY: integer arguments only; the raw syscall changes only this thread's ids.
+    check(unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, KEEP) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, KEEP) })?;
+    // Leaving uid 0 drops the effective capabilities, unless securebits keep them: they
+    // go explicitly, so nothing overrides file permissions on the executor's behalf.
+    caps::clear(None, caps::CapSet::Effective).map_err(io::Error::other)
+}
+
+/// Gives the calling thread back what [`thread_credentials`] read. The effective
+/// capabilities come first (the permitted set was never lowered, so they can), since the
+/// id changes need them; and again last, since returning to uid 0 raises them all.
+pub fn restore_credentials(saved: &ThreadCredentials) -> io::Result<()> {
+    const KEEP: libc::c_long = -1;
+    let capabilities =
+        || caps::set(None, caps::CapSet::Effective, &saved.effective).map_err(io::Error::other);
+    capabilities()?;
+    let (ruid, euid) = saved.uid;
+    // SAFETY: integer arguments only; the raw syscall changes only this thread's ids.
+    check(unsafe { libc::syscall(libc::SYS_setresuid, ruid, euid, KEEP) })?;
+    let (rgid, egid) = saved.gid;
+    // SAFETY: as above.
+    check(unsafe { libc::syscall(libc::SYS_setresgid, rgid, egid, KEEP) })?;
+    // SAFETY: `groups` holds the count passed; the raw syscall changes only this thread.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_setgroups,
+            saved.groups.len(),
+            saved.groups.as_ptr(),
+        )
+    })?;
+    capabilities()
+}
+
 /// Asks the kernel to wake the supervisor and the notifying task synchronously, on the same
 /// CPU (`SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP`, Linux 6.6). Returns false on older kernels;
 /// mediation is the same either way, only slower.

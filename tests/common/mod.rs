@@ -10,7 +10,7 @@ pub mod lab;
 pub mod named;
 
 use std::net::{SocketAddr, UdpSocket};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +43,27 @@ pub fn shared_dir() -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
     dir
+}
+
+/// A temporary directory every executor uid can search (in [`shared_dir`], mode 0755). The
+/// build's own temporary directories are 0700, and a checkout under /root is not
+/// traversable: the broker reaches a unix socket path with the executor's permissions.
+#[allow(dead_code)]
+pub fn executor_visible_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir_in(shared_dir()).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// A unix listener at `path` that any uid may connect to (mode 0777), as a service meant
+/// for executors makes its socket.
+#[allow(dead_code)]
+pub fn listener_for_executors(path: &Path) -> std::os::unix::net::UnixListener {
+    use std::os::unix::fs::PermissionsExt;
+    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    listener
 }
 
 /// A copy of a workspace binary in [`shared_dir`], so executors can run it whatever the

@@ -29,6 +29,7 @@
 //! lands on whichever CPU is idle, which on a VM whose idle vCPUs halt costs about 20 µs
 //! each way (BENCHMARKS.md, "Brokered connect and sendto").
 
+mod as_executor;
 mod cmsg;
 mod memory;
 mod perform;
@@ -109,6 +110,9 @@ pub(crate) struct Context {
     /// Where the executor may make files (its Landlock write paths, as it sees them): a unix
     /// socket the broker binds for it is made only beneath one of these.
     pub bind_roots: Arc<Vec<std::path::PathBuf>>,
+    /// The executor's uid and gid when they are not the broker's own (a privileged broker):
+    /// operations on its unix sockets are carried out with them (see `as_executor`).
+    pub identity: Option<(u32, u32)>,
     /// The broker's O_NONBLOCK toggles on this executor's sockets (see `socket::Toggles`).
     pub toggles: Arc<socket::Toggles>,
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use tokio::io::unix::AsyncFd;
 
+use super::as_executor::unix_op;
 use super::pidfds::Opened;
 use super::{Caller, Outcome, Step, errno_of};
 use crate::attempt::{Destination, SocketInfo};
@@ -210,8 +211,8 @@ enum Connecting {
 /// leaves it, so it can be connected again; reading `SO_ERROR` instead would take the error
 /// but leave the socket marked as connecting, and a later connect on it would fail with
 /// ECONNABORTED.
-fn connect_again(fd: BorrowedFd<'_>, addr: &[u8]) -> Connecting {
-    match connect_bounded(fd, addr) {
+fn connect_again(sock: &TakenSocket, addr: &[u8], identity: Identity) -> Connecting {
+    match connect_bounded(sock, addr, identity) {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EALREADY | libc::EINTR)) => {
             Connecting::Pending
         }
@@ -225,12 +226,16 @@ fn connect_again(fd: BorrowedFd<'_>, addr: &[u8]) -> Connecting {
 /// a nearby peer (loopback) has completed the handshake by then, so it ends there, with the
 /// socket connected as a blocking connect leaves it. A blocking unix connect to a full
 /// backlog is pending (EAGAIN); a non-blocking call ends with whatever the kernel said.
-fn start_connect(sock: &TakenSocket, addr: &[u8], blocking: bool) -> Connecting {
-    let fd = sock.fd.as_fd();
+fn start_connect(
+    sock: &TakenSocket,
+    addr: &[u8],
+    blocking: bool,
+    identity: Identity,
+) -> Connecting {
     let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
-    match connect_bounded(fd, addr) {
+    match connect_bounded(sock, addr, identity) {
         Err(e) if blocking && inet && e.raw_os_error() == Some(libc::EINPROGRESS) => {
-            connect_again(fd, addr)
+            connect_again(sock, addr, identity)
         }
         // Cut off at the bound (an IP connect goes on in the kernel, a unix one is tried
         // again), or a unix listener's backlog is full (tried again).
@@ -246,10 +251,17 @@ fn start_connect(sock: &TakenSocket, addr: &[u8], blocking: bool) -> Connecting 
 }
 
 /// `connect(2)` on the broker's copy of the executor's socket, blocking this thread at most
-/// [`CONNECT_BLOCK_LIMIT`] (EINTR past it) whatever the executor did to its flags.
-fn connect_bounded(fd: BorrowedFd<'_>, addr: &[u8]) -> io::Result<()> {
-    crate::bound::bounded(CONNECT_BLOCK_LIMIT, || sys::connect_raw(fd, addr)).and_then(|r| r)
+/// [`CONNECT_BLOCK_LIMIT`] (EINTR past it) whatever the executor did to its flags; a unix
+/// socket's with the executor's identity (see `as_executor`).
+fn connect_bounded(sock: &TakenSocket, addr: &[u8], identity: Identity) -> io::Result<()> {
+    let fd = sock.fd.as_fd();
+    unix_op(identity, sock, || {
+        crate::bound::bounded(CONNECT_BLOCK_LIMIT, || sys::connect_raw(fd, addr)).and_then(|r| r)
+    })
 }
+
+/// The executor's uid and gid, when unix socket operations need them (`Context::identity`).
+type Identity = Option<(u32, u32)>;
 
 /// When a wait on behalf of a blocking call gives up: the socket's own send timeout
 /// (`SO_SNDTIMEO`), as the kernel's blocking call would; without one, never (the wait still
@@ -320,7 +332,10 @@ impl Caller<'_> {
     /// blocking unix connect to a full backlog goes to [`Caller::connect_unix`].
     pub(super) async fn connect_on(&self, sock: &TakenSocket, addr: &[u8]) -> Step<io::Result<()>> {
         let inet = matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
-        match self.nonblocking(sock, |blocking| start_connect(sock, addr, blocking)) {
+        let identity = self.ctx.identity;
+        match self.nonblocking(sock, |blocking| {
+            start_connect(sock, addr, blocking, identity)
+        }) {
             Ok(Connecting::Ended(result)) => return Ok(result),
             Err(e) => return Ok(Err(e)),
             Ok(Connecting::Pending) if !inet => return self.connect_unix(sock, addr).await,
@@ -356,7 +371,7 @@ impl Caller<'_> {
 
     /// The result of a connect under way once it has ended; `None` while it has not.
     fn connect_ended(&self, sock: &TakenSocket, addr: &[u8]) -> Option<io::Result<()>> {
-        match self.nonblocking(sock, |_| connect_again(sock.fd.as_fd(), addr)) {
+        match self.nonblocking(sock, |_| connect_again(sock, addr, self.ctx.identity)) {
             Ok(Connecting::Ended(result)) => Some(result),
             Ok(Connecting::Pending) => None,
             Err(e) => Some(Err(e)),
@@ -375,7 +390,7 @@ impl Caller<'_> {
         let deadline = give_up_at(sock);
         loop {
             match self
-                .nonblocking(sock, |_| connect_bounded(sock.fd.as_fd(), addr))
+                .nonblocking(sock, |_| connect_bounded(sock, addr, self.ctx.identity))
                 .and_then(|r| r)
             {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => {}
@@ -415,7 +430,9 @@ impl Caller<'_> {
         let mut watch = None;
         let mut deadline = None;
         loop {
-            match sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT) {
+            // A unix receiver may ask who sent each message (`SO_PASSCRED`).
+            let send = || sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT);
+            match unix_op(self.ctx.identity, sock, send) {
                 Ok(n) => {
                     sent += n;
                     if !(stream && n < msg.data.len() && may_block()) {

@@ -7,6 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
+use super::as_executor::as_executor;
 use super::socket::TakenSocket;
 use super::{Caller, Outcome, Step, errno_of};
 use crate::attempt::{Destination, EgressSyscall};
@@ -66,10 +67,19 @@ impl Caller<'_> {
         let c = |p: &Path| {
             CString::new(p.as_os_str().as_bytes()).map_err(|_| Outcome::Errno(libc::EINVAL))
         };
+        // Looked up as the executor: each directory on the way needs its search permission.
+        let open = |path: &Path| {
+            let path = c(path)?;
+            let open = || sys::open_path_nofollow(root.as_fd(), &path, true);
+            match self.ctx.identity {
+                Some(id) => as_executor(id, open),
+                None => open(),
+            }
+            .map_err(errno)
+        };
         match usage {
             UnixUse::Connect => {
-                let pin =
-                    sys::open_path_nofollow(root.as_fd(), &c(absolute)?, true).map_err(errno)?;
+                let pin = open(absolute)?;
                 let addr = unix_sockaddr(format!("/proc/self/fd/{}", pin.as_raw_fd()).as_bytes())?;
                 Ok(Target {
                     addr,
@@ -77,9 +87,9 @@ impl Caller<'_> {
                 })
             }
             UnixUse::Bind => {
-                // The broker binds with its own rights, outside the executor's Landlock domain:
-                // the socket file is made only where the executor could make it itself, and
-                // refused elsewhere as Landlock refuses it (EACCES).
+                // The broker binds outside the executor's Landlock domain (with its identity:
+                // see `as_executor`): the socket file is made only where Landlock would let
+                // the executor make it, and refused elsewhere as Landlock refuses it (EACCES).
                 // Landlock judges the directory the socket is made in.
                 if !absolute
                     .parent()
@@ -90,8 +100,7 @@ impl Caller<'_> {
                 let (Some(parent), Some(name)) = (absolute.parent(), absolute.file_name()) else {
                     return Err(Outcome::Errno(libc::EINVAL));
                 };
-                let dir =
-                    sys::open_path_nofollow(root.as_fd(), &c(parent)?, true).map_err(errno)?;
+                let dir = open(parent)?;
                 let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
                 path.extend_from_slice(name.as_bytes());
                 Ok(Target {
