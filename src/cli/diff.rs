@@ -71,9 +71,9 @@ pub(crate) fn run(args: DiffArgs) -> CliResult {
         Format::Json => report::to_json(&result),
         Format::Sarif => report::to_sarif(&result),
     };
-    print!("{out}");
+    out!("{out}")?;
     if !out.ends_with('\n') {
-        println!();
+        out!("\n")?;
     }
     Ok(ExitCode::from(result.exit_code()))
 }

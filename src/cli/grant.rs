@@ -108,7 +108,7 @@ impl GrantCommand {
         let text = format!("{}\n", serde_json::to_string_pretty(&signed.to_value())?);
         match a.out {
             Some(path) => crate::files::write_atomic(&path, text.as_bytes(), 0o600)?,
-            None => print!("{text}"),
+            None => out!("{text}")?,
         }
         Ok(ExitCode::SUCCESS)
     }

@@ -41,7 +41,7 @@ pub(crate) fn run(args: HealthArgs) -> CliResult {
     };
     match args.out {
         Some(path) => crate::files::write_atomic(&path, format!("{text}\n").as_bytes(), 0o644)?,
-        None => println!("{text}"),
+        None => outln!("{text}")?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -57,11 +57,11 @@ fn generate(args: GenerateArgs) -> CliResult {
         return Err(KeyCommandError::InvalidName(args.name).into());
     }
     let key = keys::generate(&args.out, &args.name)?;
-    eprintln!(
+    note!(
         "wrote {} (private key, mode 0600)",
         key.private_path.display()
     );
-    eprintln!("wrote {} (public key)", key.public_path.display());
-    println!("{}", keys::public_key_to_hex(&key.verifying_key));
+    note!("wrote {} (public key)", key.public_path.display());
+    outln!("{}", keys::public_key_to_hex(&key.verifying_key))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -194,13 +194,13 @@ fn sign(args: SignArgs) -> CliResult {
             reason,
         })?;
     files::write_atomic(&args.out, signed.to_pretty_json().as_bytes(), OUTPUT_MODE)?;
-    eprintln!(
+    note!(
         "signed {} ({}) into {}",
         signed.body().server_id(),
         count_tools(signed.body().tools().len()),
         args.out.display()
     );
-    println!("{}", signed.digest());
+    outln!("{}", signed.digest())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -222,13 +222,13 @@ fn verify(args: VerifyArgs) -> CliResult {
     match verified(&args.envelope, &key) {
         Ok(envelope) => {
             let body = envelope.body();
-            println!(
+            outln!(
                 "verified: server {} version {}, {}, {}",
                 body.server_id(),
                 body.version(),
                 count_tools(body.tools().len()),
                 envelope.digest()
-            );
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {
@@ -255,7 +255,7 @@ fn digest(args: DigestArgs) -> CliResult {
         let bytes = canonical::canonical_bytes(&value).map_err(|e| invalid(e.into()))?;
         ManifestDigest::of_canonical_bytes(&bytes)
     };
-    println!("{digest}");
+    outln!("{digest}")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -276,7 +276,7 @@ fn from_openapi(args: FromOpenapiArgs) -> CliResult {
     })?;
     files::write_atomic(&args.out, pretty(&body).as_bytes(), OUTPUT_MODE)?;
     let tools = body["tools"].as_array().map_or(0, Vec::len);
-    eprintln!("wrote {} ({})", args.out.display(), count_tools(tools));
+    note!("wrote {} ({})", args.out.display(), count_tools(tools));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -300,8 +300,8 @@ fn export_openapi(args: ExportOpenapiArgs) -> CliResult {
             ExportAction::Removed => "declaration removed (the tool declares none)",
             ExportAction::Absent => "no declaration",
         };
-        eprintln!("{tool}: {what}");
+        note!("{tool}: {what}");
     }
-    eprintln!("wrote {}", args.out.display());
+    note!("wrote {}", args.out.display());
     Ok(ExitCode::SUCCESS)
 }

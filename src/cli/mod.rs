@@ -4,6 +4,9 @@
 //! source chain and exits non-zero. Subcommands with documented exit codes (for example
 //! `manifest verify`, `diff`) return them as `Ok(code)`.
 
+#[macro_use]
+mod output;
+
 mod connect;
 mod demo;
 mod diff;
@@ -129,7 +132,7 @@ impl Cli {
                     .map_err(|e| format!("{}: {e}", args.file.display()))?;
                 let label = crate::InformationLabel::from_json(&text)
                     .map_err(|e| format!("{}: {e}", args.file.display()))?;
-                println!("{}", label.to_canonical_json());
+                outln!("{}", label.to_canonical_json())?;
                 Ok(ExitCode::SUCCESS)
             }
             Command::Profile(args) => args.run(),

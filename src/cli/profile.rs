@@ -37,7 +37,7 @@ impl ProfileArgs {
             }
         }
         if invalid > 0 {
-            eprintln!(
+            note!(
                 "flowhost: {invalid} of {} profile files are invalid",
                 files.len()
             );
@@ -56,7 +56,7 @@ fn check(file: &Path) -> CliResult<()> {
         .iter()
         .map(|f| format!("{f:?}").to_lowercase())
         .collect();
-    println!(
+    outln!(
         "{}: profile {:?} is valid: network {}, socket families [{}], landlock {:?}, seccomp program of {} instructions",
         file.display(),
         profile.name,
@@ -67,6 +67,6 @@ fn check(file: &Path) -> CliResult<()> {
         families.join(", "),
         profile.landlock,
         program.len()
-    );
+    )?;
     Ok(())
 }

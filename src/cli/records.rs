@@ -56,11 +56,11 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
         } => {
             let report = verify_records(&records, None)?;
             if !report.is_ok() {
-                eprintln!(
+                note!(
                     "flowhost: {} does not verify; nothing exported:",
                     records.display()
                 );
-                print_problems(&report);
+                print_problems(&report)?;
                 return Ok(ExitCode::from(1));
             }
             match out {
@@ -77,7 +77,7 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                     // error only says the output was left as it was.
                     let n = result?;
                     written?;
-                    eprintln!("wrote {n} decisions to {}", path.display());
+                    note!("wrote {n} decisions to {}", path.display());
                 }
                 None => {
                     // Written whole to a temporary file first: stdout gets the envelope
@@ -90,8 +90,9 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                     temp.seek(std::io::SeekFrom::Start(0))?;
                     let stdout = std::io::stdout();
                     let mut lock = stdout.lock();
-                    std::io::copy(&mut temp, &mut lock)?;
-                    lock.flush()?;
+                    std::io::copy(&mut temp, &mut lock)
+                        .and_then(|_| lock.flush())
+                        .map_err(super::output::OutputError)?;
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -100,10 +101,10 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
         RecordsCommand::Verify { records, head } => {
             let report = verify_records(&records, head.as_deref())?;
             for note in &report.notes {
-                println!("note: {note}");
+                outln!("note: {note}")?;
             }
             if report.is_ok() {
-                println!(
+                outln!(
                     "ok: {} records in {} files, seq {}, chain head {}{}",
                     report.records,
                     report.files.len(),
@@ -118,15 +119,15 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                             ", no head anchor (truncation of whole trailing lines is not checked)"
                                 .into(),
                     }
-                );
+                )?;
                 Ok(ExitCode::SUCCESS)
             } else {
-                print_problems(&report);
-                println!(
+                print_problems(&report)?;
+                outln!(
                     "{} problems in {} records",
                     report.problems.len(),
                     report.records
-                );
+                )?;
                 Ok(ExitCode::from(1))
             }
         }
@@ -137,15 +138,15 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
 /// tail it set aside, so an offline command never moves bytes without saying where.
 pub(super) fn open_writer_saying_what_it_recovered(
     dir: &Path,
-) -> Result<crate::records::RecordWriter, crate::records::RecordError> {
+) -> CliResult<crate::records::RecordWriter> {
     let writer = crate::records::RecordWriter::open(dir, crate::records::WriterOptions::default())?;
     for torn in writer.recovered() {
-        println!(
+        outln!(
             "{}: {} bytes past its last durable record moved to {}",
             torn.file.display(),
             torn.bytes,
             torn.sidecar.display()
-        );
+        )?;
     }
     Ok(writer)
 }
@@ -171,22 +172,23 @@ fn replay(dir: &Path) -> CliResult {
     let writer = open_writer_saying_what_it_recovered(dir)?;
     let status = writer.close_blocking()?;
     match missing {
-        Some(crate::records::ring::Unreplayed::Missing { first, last }) => println!(
+        Some(crate::records::ring::Unreplayed::Missing { first, last }) => outln!(
             "{}: records {first} to {last} copied from the write-ahead ring into the record files; the stream ends at record {}",
             dir.display(),
             status.last_seq.unwrap_or(0)
-        ),
-        Some(crate::records::ring::Unreplayed::Uncommitted { .. }) | None => println!(
+        )?,
+        Some(crate::records::ring::Unreplayed::Uncommitted { .. }) | None => outln!(
             "{}: the record files already held every durable record; the stream ends at record {}",
             dir.display(),
             status.last_seq.unwrap_or(0)
-        ),
+        )?,
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_problems(report: &VerifyReport) {
+fn print_problems(report: &VerifyReport) -> Result<(), super::output::OutputError> {
     for p in &report.problems {
-        println!("{p}");
+        outln!("{p}")?;
     }
+    Ok(())
 }

@@ -32,10 +32,10 @@ impl ReloadArgs {
         let verdict =
             reload::request(self.pid, &self.state_dir, Duration::from_secs(self.timeout))?;
         if verdict.accepted {
-            println!("{}", verdict.message);
+            outln!("{}", verdict.message)?;
             Ok(ExitCode::SUCCESS)
         } else {
-            eprintln!(
+            note!(
                 "{}flowhost: {}",
                 crate::logging::fatal_line_prefix(),
                 verdict.message

@@ -46,11 +46,11 @@ impl StateCommand {
             StateCommand::Migrate(args) => {
                 let config = crate::config::HostConfig::load(&args.config)?;
                 let crate::config::StateConfig::Postgres(pg) = &config.state else {
-                    println!(
+                    outln!(
                         "{}: the flow state is the embedded SQLite file {}; it needs no migration",
                         args.config.display(),
                         config.state_dir.join(crate::daemon::STATE_FILE).display()
-                    );
+                    )?;
                     return Ok(ExitCode::SUCCESS);
                 };
                 let runtime = tokio::runtime::Builder::new_current_thread()
@@ -58,13 +58,12 @@ impl StateCommand {
                     .build()?;
                 let report = runtime.block_on(crate::state::postgres::migrate(pg))?;
                 match report.from {
-                    None => println!(
+                    None => outln!(
                         "{}: created flowhost schema version {}",
-                        report.target, report.to
-                    ),
-                    Some(v) => {
-                        println!("{}: flowhost schema version {v} is current", report.target)
-                    }
+                        report.target,
+                        report.to
+                    )?,
+                    Some(v) => outln!("{}: flowhost schema version {v} is current", report.target)?,
                 }
                 Ok(ExitCode::SUCCESS)
             }
@@ -88,7 +87,7 @@ impl StateCommand {
                 if let Some(writer) = writer {
                     writer.close_blocking()?;
                 }
-                println!(
+                outln!(
                     "rebuilt {} from {} records in {}: {} principals, {} sessions, {} declassification grants marked spent; bound to record seq {}",
                     db.display(),
                     report.records,
@@ -99,7 +98,7 @@ impl StateCommand {
                     report
                         .head_seq
                         .map_or_else(|| "none".to_string(), |s| s.to_string())
-                );
+                )?;
                 Ok(ExitCode::SUCCESS)
             }
         }

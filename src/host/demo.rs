@@ -141,18 +141,39 @@ fn prepare_dir(dir: &Path) -> Result<(), DemoError> {
     .map_err(step("creating the demo directory"))
 }
 
+/// Prints one line of the demo's report. A stdout that refuses it (a closed pipe, a terminal
+/// that hung up) ends the demo with an error, never a panic.
+fn say(args: std::fmt::Arguments<'_>) -> Result<(), DemoError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+        .map_err(step("printing the demo's report"))
+}
+
 /// One expected outcome, printed with its verdict.
 struct Outcomes {
     failed: Vec<String>,
 }
 
 impl Outcomes {
-    fn check(&mut self, label: &str, ok: bool, line: String, detail: impl FnOnce() -> String) {
+    fn check(
+        &mut self,
+        label: &str,
+        ok: bool,
+        line: String,
+        detail: impl FnOnce() -> String,
+    ) -> Result<(), DemoError> {
         if ok {
-            println!("{label:<8} {line}");
+            say(format_args!("{label:<8} {line}"))
         } else {
-            println!("{label:<8} {line}\n         UNEXPECTED: {}", detail());
+            say(format_args!(
+                "{label:<8} {line}\n         UNEXPECTED: {}",
+                detail()
+            ))?;
             self.failed.push(line);
+            Ok(())
         }
     }
 }
@@ -199,8 +220,10 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
     drop(broker);
     prepare_dir(dir)?;
     let dir = std::fs::canonicalize(dir).map_err(step("resolving the demo directory"))?;
-    println!("flowhost demo: the pricing lab, end to end, on real processes");
-    println!(
+    say(format_args!(
+        "flowhost demo: the pricing lab, end to end, on real processes"
+    ))?;
+    say(format_args!(
         "         broker: {} mode, Landlock ABI {}; workspace: {}",
         if support.privileged {
             "privileged (namespaces, executor uid)"
@@ -209,7 +232,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
         },
         support.landlock_abi,
         dir.display()
-    );
+    ))?;
 
     // Keys and signed manifests.
     let keys = dir.join("keys");
@@ -230,11 +253,11 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             0o644,
         )
         .map_err(step("writing a signed manifest"))?;
-        println!(
+        say(format_args!(
             "SIGNED   {server}: {} (key {})",
             signed.digest(),
             generated.public_path.display()
-        );
+        ))?;
     }
 
     // Executors run as another uid with a private /tmp: give them a copy of this program
@@ -299,10 +322,10 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
         .block_on(Host::start(&config, None))
         .map_err(step("starting the host"))?;
     let serving = runtime.spawn(run_host(host.clone(), listener));
-    println!(
+    say(format_args!(
         "STARTED  host: 5 tools from 3 signed servers; relays: team {}, public {}, elsewhere {}",
         team.addr, public.addr, elsewhere.addr
-    );
+    ))?;
 
     let mut outcomes = Outcomes { failed: Vec::new() };
     let workflow = (|| -> Result<(), DemoError> {
@@ -322,7 +345,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             terms.contains("Harbor Goods"),
             format!("workspace/read_terms: {} bytes of Harbor Goods terms; the session now carries larkfield-pricing / harbor-goods-terms", terms.len()),
             || r.to_string(),
-        );
+        )?;
 
         let message = "Harbor Goods: floor 4.10 EUR, rebate 6.5% (for the pricing team)";
         let r = c.call(
@@ -335,7 +358,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             text(&r).is_some_and(|t| t.starts_with("delivered")) && got == message.as_bytes(),
             format!("team-inbox/publish: cleared for the contract label; the team relay received {} bytes: {:?}", got.len(), String::from_utf8_lossy(&got)),
             || r.to_string(),
-        );
+        )?;
 
         let r = c.call(
             "public-inbox/publish",
@@ -348,7 +371,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             denial == "flow_violation" && public.connections() == 0,
             "public-inbox/publish: flow violation before dispatch (the session's contract label does not flow to a public clearance); the public relay received nothing".into(),
             || format!("{r} (public relay connections: {})", public.connections()),
-        );
+        )?;
 
         // The seed's missing step: the review board declassifies one reviewed summary for
         // the public inbox, bound to this session, its label and these exact arguments.
@@ -365,7 +388,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             text(&r).is_some_and(|t| t.starts_with("delivered")) && public.connections() == 1,
             format!("public-inbox/publish with grant {id} (purpose reviewed-summary, signed by review-board): declassified for this one call; the public relay received {} bytes: {:?}", got.len(), String::from_utf8_lossy(&got)),
             || r.to_string(),
-        );
+        )?;
         let r = c.request("tools/call", with_grant)?;
         let denial = r["error"]["data"]["denial"].as_str().unwrap_or("");
         std::thread::sleep(Duration::from_millis(100));
@@ -374,7 +397,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             denial == "grant_replayed" && public.connections() == 1,
             "public-inbox/publish with the same grant again: a replay (single use, durable); the public relay received nothing more; the session still carries the contract label".into(),
             || r.to_string(),
-        );
+        )?;
 
         let r = c.call(
             "workspace/summarize_terms",
@@ -390,7 +413,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
                 summary
             ),
             || r.to_string(),
-        );
+        )?;
         Ok(())
     })();
 
@@ -417,7 +440,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             elsewhere.addr
         ),
         || format!("record: {sneaky:?}; relay connections: {}", elsewhere.connections()),
-    );
+    )?;
     let head = report
         .head_hash
         .as_ref()
@@ -442,7 +465,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
                 .collect::<Vec<_>>()
                 .join("; ")
         },
-    );
+    )?;
     let health_file = paths.state_dir.join("health.json");
     let health = crate::records::ToolObservationHealth::read_from(&health_file)
         .map_err(step("reading the health file"))?;
@@ -454,7 +477,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             health_file.display()
         ),
         || health.incomplete_reasons.join("; "),
-    );
+    )?;
 
     let surface = crate::diff::surface::DeclaredSurface::parse(
         &std::fs::read_to_string(&declared).map_err(step("reading the declared surface"))?,
@@ -496,9 +519,9 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             diff.observed_decisions
         ),
         || format!("{kinds:?}"),
-    );
+    )?;
     for line in crate::diff::report::to_text(&diff).lines() {
-        println!("           {line}");
+        say(format_args!("           {line}"))?;
     }
     drop(cleanup);
 
@@ -511,17 +534,19 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
         .map_err(step("publishing the retained signed set"))?;
 
     if outcomes.failed.is_empty() {
-        println!("flowhost demo: every outcome was the expected one.");
-        println!(
+        say(format_args!(
+            "flowhost demo: every outcome was the expected one."
+        ))?;
+        say(format_args!(
             "         The host kept the envelopes it registered: jq '[.[] | .manifest | {{server_id, tools: [.tools[] | {{name, flow}}]}}]' {}",
             published.display()
-        );
+        ))?;
         Ok(true)
     } else {
-        println!(
+        say(format_args!(
             "flowhost demo: {} outcome(s) were not the expected ones.",
             outcomes.failed.len()
-        );
+        ))?;
         Ok(false)
     }
 }

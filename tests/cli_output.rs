@@ -1,0 +1,72 @@
+//! A command whose result cannot be written (a closed pipe, a terminal that hung up) fails
+//! with its own error and exit status 2, never a panic (exit 101). A note on stderr beside a
+//! result ("wrote FILE") that cannot be written is lost, and the command's status stays.
+
+use std::os::fd::OwnedFd;
+use std::process::{Command, Output, Stdio};
+
+fn fixture(rel: &str) -> String {
+    format!("{}/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The write end of a pipe whose read end is already closed: every write fails with EPIPE.
+fn closed_pipe() -> Stdio {
+    let (read, write): (OwnedFd, OwnedFd) = nix::unistd::pipe().unwrap();
+    drop(read);
+    Stdio::from(write)
+}
+
+/// Runs flowhost with `args`, its stdout (or stderr) a pipe nobody reads.
+fn run(args: &[&str], closed_stdout: bool) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_flowhost"));
+    c.args(args).stdin(Stdio::null());
+    if closed_stdout {
+        c.stdout(closed_pipe()).stderr(Stdio::piped());
+    } else {
+        c.stdout(Stdio::piped()).stderr(closed_pipe());
+    }
+    c.output().expect("run flowhost")
+}
+
+fn assert_output_refused(what: &str, out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{what}: {stderr}");
+    assert!(
+        stderr.contains("cannot write the result to standard output"),
+        "{what}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+}
+
+#[test]
+fn a_result_stdout_refuses_is_an_error_not_a_panic() {
+    let keys = tempfile::tempdir().unwrap();
+    let keys = keys.path().to_str().unwrap();
+    let (declared, observed, profile) = (
+        fixture("declared/declared_prod_allowlist.json"),
+        fixture("observed/denied.jsonl"),
+        fixture("../profiles/brokered.toml"),
+    );
+    let diff = ["diff", "--declared", &declared, "--observed", &observed];
+    let commands: [(&str, Vec<&str>); 3] = [
+        ("key generate", vec!["key", "generate", "--out", keys]),
+        ("diff", diff.to_vec()),
+        ("profile check", vec!["profile", "check", &profile]),
+    ];
+    for (what, args) in commands {
+        assert_output_refused(what, &run(&args, true));
+    }
+}
+
+#[test]
+fn a_note_stderr_refuses_leaves_the_result_and_the_status() {
+    let keys = tempfile::tempdir().unwrap();
+    let out = run(
+        &["key", "generate", "--out", keys.path().to_str().unwrap()],
+        false,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let public = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(public.trim().len(), 64, "{public}");
+    assert!(keys.path().join("signing.key").exists());
+}
