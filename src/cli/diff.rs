@@ -49,7 +49,8 @@ pub(crate) struct DiffArgs {
     format: Format,
 }
 
-/// Runs the diff and prints the report. Exit codes by precedence: 2 usage or input error;
+/// Runs the diff and prints the report. Exit codes by precedence: 2 usage or input error (or
+/// the report not written);
 /// 4 evidence rejected; 1 findings; 3 no findings but observation incomplete or not bound to
 /// the records; 0 clean.
 pub(crate) fn run(args: DiffArgs) -> CliResult {

@@ -79,7 +79,8 @@ enum Command {
     /// daemon-only fields stay unknown, so it is never complete).
     Health(health::HealthArgs),
     /// Compare observed decisions with a declared tool surface. Exit codes by precedence:
-    /// 2 usage or input error; 4 evidence rejected (observed flowhost records do not verify);
+    /// 2 usage or input error, or the report not written; 4 evidence rejected (observed
+    /// flowhost records do not verify);
     /// 1 findings; 3 no findings but observation incomplete or not bound to the records;
     /// 0 clean.
     Diff(diff::DiffArgs),

@@ -32,6 +32,10 @@ impl ProfileArgs {
         let mut invalid = 0;
         for file in &files {
             if let Err(e) = check(file) {
+                // Not the file's fault: stdout took no more, and no later file's could go.
+                if e.is::<super::output::OutputError>() {
+                    return Err(e);
+                }
                 super::report(e.as_ref());
                 invalid += 1;
             }

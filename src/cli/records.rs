@@ -1,6 +1,6 @@
 //! `flowhost records`: export the observed surface, verify the chain, replay the ring.
 
-use std::io::{Seek, Write};
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -56,11 +56,14 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
         } => {
             let report = verify_records(&records, None)?;
             if !report.is_ok() {
+                // On stderr: stdout is where the export goes, and nothing is exported.
                 note!(
                     "flowhost: {} does not verify; nothing exported:",
                     records.display()
                 );
-                print_problems(&report)?;
+                for p in &report.problems {
+                    note!("{p}");
+                }
                 return Ok(ExitCode::from(1));
             }
             match out {
@@ -88,11 +91,18 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                     buffered.flush()?;
                     drop(buffered);
                     temp.seek(std::io::SeekFrom::Start(0))?;
-                    let stdout = std::io::stdout();
-                    let mut lock = stdout.lock();
-                    std::io::copy(&mut temp, &mut lock)
-                        .and_then(|_| lock.flush())
-                        .map_err(super::output::OutputError)?;
+                    let mut lock = std::io::stdout().lock();
+                    let mut chunk = vec![0u8; 64 * 1024];
+                    loop {
+                        // A read error is the temporary file's; only a write is stdout's.
+                        let n = temp.read(&mut chunk)?;
+                        if n == 0 {
+                            break;
+                        }
+                        lock.write_all(&chunk[..n])
+                            .map_err(super::output::OutputError)?;
+                    }
+                    lock.flush().map_err(super::output::OutputError)?;
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -140,13 +150,15 @@ pub(super) fn open_writer_saying_what_it_recovered(
     dir: &Path,
 ) -> CliResult<crate::records::RecordWriter> {
     let writer = crate::records::RecordWriter::open(dir, crate::records::WriterOptions::default())?;
+    // On stderr, whatever stdout is: the only notice of bytes already moved, never lost
+    // to a stdout that refuses it, and never the reason the writer is not closed.
     for torn in writer.recovered() {
-        outln!(
+        note!(
             "{}: {} bytes past its last durable record moved to {}",
             torn.file.display(),
             torn.bytes,
             torn.sidecar.display()
-        )?;
+        );
     }
     Ok(writer)
 }

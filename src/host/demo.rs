@@ -149,7 +149,7 @@ fn say(args: std::fmt::Arguments<'_>) -> Result<(), DemoError> {
     out.write_fmt(args)
         .and_then(|()| out.write_all(b"\n"))
         .and_then(|()| out.flush())
-        .map_err(step("printing the demo's report"))
+        .map_err(step("cannot write the result to standard output"))
 }
 
 /// One expected outcome, printed with its verdict.
@@ -322,13 +322,15 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
         .block_on(Host::start(&config, None))
         .map_err(step("starting the host"))?;
     let serving = runtime.spawn(run_host(host.clone(), listener));
-    say(format_args!(
-        "STARTED  host: 5 tools from 3 signed servers; relays: team {}, public {}, elsewhere {}",
-        team.addr, public.addr, elsewhere.addr
-    ))?;
 
     let mut outcomes = Outcomes { failed: Vec::new() };
+    // Every step, its printing included, inside: the host is shut down in order whatever
+    // ends it.
     let workflow = (|| -> Result<(), DemoError> {
+        say(format_args!(
+            "STARTED  host: 5 tools from 3 signed servers; relays: team {}, public {}, elsewhere {}",
+            team.addr, public.addr, elsewhere.addr
+        ))?;
         let mut c = connect(&paths.socket)?;
         let init = c.request("initialize", json!({"protocolVersion": crate::mcp::PROTOCOL_VERSION, "capabilities": {}, "clientInfo": {"name": "flowhost-demo", "version": env!("CARGO_PKG_VERSION")}}))?;
         if init.get("result").is_none() {
