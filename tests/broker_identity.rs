@@ -196,3 +196,43 @@ async fn a_client_sees_the_executors_uid_and_gid_on_a_brokered_listener() {
     assert_eq!(number(&r, "peer_uid"), number(&r, "uid"));
     assert_eq!(number(&r, "peer_gid"), number(&r, "gid"));
 }
+
+/// The broker's helper threads keep its identity. A thread starts with its creator's
+/// credentials: the watchdog that bounds connects, once started by the first bounded call
+/// (in this binary always a unix connect, made as an executor), kept that executor's uid for
+/// good, and the kernel then refused it the signal that cuts another executor's connect off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_brokers_threads_keep_its_identity_after_a_unix_connect() {
+    if !root_only() {
+        return;
+    }
+    let Some(b) = broker() else { return };
+    let dir = common::executor_visible_dir();
+    let path = dir.path().join("server.sock");
+    let listener = common::listener_for_executors(&path);
+    listener.set_nonblocking(true).unwrap();
+    let argv = probe_argv(&["unix-connect", path.to_str().unwrap()]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+    let own = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    let uid_line = |status: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .map(str::to_owned)
+            .unwrap()
+    };
+    let mut threads = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let task = task.unwrap().path();
+        let Ok(status) = std::fs::read_to_string(task.join("status")) else {
+            continue; // ended meanwhile
+        };
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if name.starts_with("flowhost-") {
+            threads += 1;
+            assert_eq!(uid_line(&status), uid_line(&own), "thread {}", name.trim());
+        }
+    }
+    assert!(threads > 0, "no broker thread found");
+}

@@ -27,6 +27,11 @@ fn eventually(mut cond: impl FnMut() -> bool) -> bool {
     false
 }
 
+fn set_mode(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
 fn dest(addr: SocketAddr) -> Option<Destination> {
     Some(Destination::Inet(addr))
 }
@@ -932,10 +937,18 @@ async fn listen_after_a_decided_bind_adds_no_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowed_unix_bind_outside_the_executors_write_paths_is_refused() {
     let Some(b) = broker() else { return };
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Writable by every uid (as the host's /tmp is), so only the write paths refuse.
+    let dir = common::executor_visible_dir();
+    set_mode(dir.path(), 0o1777);
+    let write_path = dir.path().join("out");
+    std::fs::create_dir(&write_path).unwrap();
+    set_mode(&write_path, 0o1777);
+    let mut profile = (*common::profile("brokered")).clone();
+    profile.read_write.push(write_path.clone());
+    let profile = std::sync::Arc::new(profile);
     let outside = dir.path().join("squat.sock");
     let argv = probe_argv(&["unix-bind", &outside.display().to_string()]);
-    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let run = run_under(&b, profile.clone(), argv, |_| Verdict::Allow).await;
     assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
     assert!(
         !outside.exists(),
@@ -948,13 +961,17 @@ async fn an_allowed_unix_bind_outside_the_executors_write_paths_is_refused() {
     );
     // A path that is itself a write path is made in the directory above it: refused too
     // (the profiles' write paths include /dev/null; /dev/null-x would be the same).
-    let argv = probe_argv(&["unix-bind", "/tmp"]);
-    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let argv = probe_argv(&["unix-bind", &write_path.display().to_string()]);
+    let run = run_under(&b, profile.clone(), argv, |_| Verdict::Allow).await;
     assert_eq!(run.errno(), libc::EACCES as i64, "{}", run.stdout);
-    // Beneath its write paths (its private /tmp), the bind is carried out.
-    let argv = probe_argv(&["unix-bind", "/tmp/mine.sock"]);
-    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
-    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+    // Beneath its write paths (this one, and its private /tmp), the bind is carried out.
+    let inside = write_path.join("mine.sock");
+    for path in [inside.to_str().unwrap(), "/tmp/mine.sock"] {
+        let argv = probe_argv(&["unix-bind", path]);
+        let run = run_under(&b, profile.clone(), argv, |_| Verdict::Allow).await;
+        assert_eq!(run.result()["result"], "ok", "{path}: {}", run.stdout);
+    }
+    assert!(inside.exists());
 }
 
 /// A write path in the executor's private /tmp names the executor's file, not the host's:
@@ -963,7 +980,9 @@ async fn an_allowed_unix_bind_outside_the_executors_write_paths_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_symlink_at_a_private_tmp_write_path_lends_no_directory_to_binds() {
     let Some(b) = broker() else { return };
-    let target = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Writable by every uid, so only the write paths refuse.
+    let target = common::executor_visible_dir();
+    set_mode(target.path(), 0o1777);
     let link = std::path::PathBuf::from(format!("/tmp/flowhost-escape-{}", std::process::id()));
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(target.path(), &link).unwrap();

@@ -58,6 +58,8 @@ struct Watchdog {
     /// The watchdog thread is running.
     started: OnceLock<()>,
     starting: Mutex<()>,
+    /// A signal to an overdue call failed other than with ESRCH (logged once).
+    signal_failed: AtomicBool,
 }
 
 static WATCHDOG: Watchdog = Watchdog {
@@ -68,6 +70,7 @@ static WATCHDOG: Watchdog = Watchdog {
     woken: Condvar::new(),
     started: OnceLock::new(),
     starting: Mutex::new(()),
+    signal_failed: AtomicBool::new(false),
 };
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -139,8 +142,14 @@ impl Watchdog {
                 if slot.deadline.load(Ordering::SeqCst) == deadline {
                     // The thread is alive: it leaves the list (under the list's lock, held
                     // here) only when it exits, which it cannot do in the middle of a call.
-                    // A failure would mean it has gone, and then nothing is left to interrupt.
-                    let _ = sys::signal_bound_thread(slot.tid);
+                    // ESRCH would mean it has gone, and then nothing is left to interrupt.
+                    // Any other failure leaves calls unbounded: said, once.
+                    if let Err(e) = sys::signal_bound_thread(slot.tid)
+                        && e.raw_os_error() != Some(libc::ESRCH)
+                        && !self.signal_failed.swap(true, Ordering::SeqCst)
+                    {
+                        tracing::error!(error = %e, "cannot interrupt a bounded call: connects may block a thread beyond their bound");
+                    }
                 }
             }
         }
@@ -185,6 +194,14 @@ impl Drop for Registration {
 
 thread_local! {
     static REGISTRATION: RefCell<Option<Registration>> = const { RefCell::new(None) };
+}
+
+/// Starts the watchdog now, on the calling thread, rather than on the first bounded call. A
+/// thread starts with its creator's credentials: started inside a call made with an
+/// executor's identity (see `supervisor::as_executor`), the watchdog would keep that
+/// identity for good, and the kernel would refuse it every other thread's signal.
+pub fn start_watchdog() -> io::Result<()> {
+    WATCHDOG.start()
 }
 
 /// Makes `call` (one syscall that may block) on the calling thread, interrupted with EINTR if

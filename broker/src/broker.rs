@@ -249,6 +249,8 @@ impl Broker {
             )
         });
 
+        // Here, with the broker's own credentials (see `bound::start_watchdog`).
+        crate::bound::start_watchdog().map_err(|e| BrokerError::Thread("connect watchdog", e))?;
         let (handshake_tx, handshake_rx) = std::sync::mpsc::channel::<spawn::HandshakeJob>();
         std::thread::Builder::new()
             .name("flowhost-handshk".into())

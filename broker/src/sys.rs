@@ -633,21 +633,26 @@ pub fn thread_credentials() -> io::Result<ThreadCredentials> {
     })
 }
 
-/// Makes the calling thread act as `uid` and `gid` (real, effective and filesystem ids), with
-/// no supplementary group and no effective capability. Only this thread changes: the raw
-/// syscalls are used, since glibc's wrappers apply an id change to every thread of the
-/// process. Saved ids are kept, so [`restore_credentials`] can always go back. Needs
-/// `CAP_SETUID` and `CAP_SETGID`; on failure the thread may be part-way, and the caller
-/// restores it.
-pub fn assume_identity(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<()> {
+/// Makes the calling thread act as `uid` and `gid` (effective and filesystem ids, and the
+/// real ones too if `real`), with no supplementary group and no effective capability. Only
+/// this thread changes: the raw syscalls are used, since glibc's wrappers apply an id change
+/// to every thread of the process. Saved ids are kept, so [`restore_credentials`] can go
+/// back. Needs `CAP_SETUID` and `CAP_SETGID`; on failure the thread may be part-way, and the
+/// caller restores it.
+pub fn assume_identity(uid: libc::uid_t, gid: libc::gid_t, real: bool) -> io::Result<()> {
     const KEEP: libc::c_long = -1;
+    let (ruid, rgid) = if real {
+        (libc::c_long::from(uid), libc::c_long::from(gid))
+    } else {
+        (KEEP, KEEP)
+    };
     // SAFETY: setgroups with a count of 0 reads no memory; the raw syscall changes only
     // this thread's groups.
     check(unsafe { libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) })?;
     // SAFETY: integer arguments only; the raw syscall changes only this thread's ids.
-    check(unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, KEEP) })?;
+    check(unsafe { libc::syscall(libc::SYS_setresgid, rgid, gid, KEEP) })?;
     // SAFETY: as above.
-    check(unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, KEEP) })?;
+    check(unsafe { libc::syscall(libc::SYS_setresuid, ruid, uid, KEEP) })?;
     // Leaving uid 0 drops the effective capabilities, unless securebits keep them: they
     // go explicitly, so nothing overrides file permissions on the executor's behalf.
     caps::clear(None, caps::CapSet::Effective).map_err(io::Error::other)

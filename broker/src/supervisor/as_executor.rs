@@ -5,10 +5,12 @@
 //! directory a socket is made in), the owner of a socket file made by `bind`, and the
 //! credentials a peer is given (`SO_PEERCRED` from `connect` and `listen`, `SCM_CREDENTIALS`
 //! with each message to a receiver that asks for them). A privileged broker making these
-//! calls as itself would lend the executor root's identity. So on the thread that makes the
-//! call, the broker takes the executor's uid and gid for the call's duration, with no
-//! supplementary group and no capability, as the executor runs. Only the process id a peer
-//! is told stays the broker's: the kernel takes it from the calling process.
+//! calls as itself would lend the executor its own identity (root's, or the service user's
+//! with its capabilities). So on the thread that makes the call, the broker takes the
+//! executor's uid and gid for the call's duration, with no supplementary group and no
+//! capability, as the executor runs. The process a peer is told of stays the broker's (its
+//! pid, and what is derived from it: `SO_PEERPIDFD`, its cgroup, its `/proc` entry): the
+//! kernel takes it from the calling process.
 //!
 //! An IP socket needs none of this: nothing the kernel does for its connect, bind or send
 //! depends on the caller's identity beyond the privileged-port check the broker makes itself.
@@ -18,19 +20,35 @@ use std::io;
 use super::socket::TakenSocket;
 use crate::sys;
 
+/// Which of the executor's ids an operation is made with.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Ids {
+    /// The effective (and so filesystem) ids: what file permission checks and a peer's
+    /// `SO_PEERCRED` read. The thread's real ids stay the broker's, so no process running
+    /// as the executor's uid may signal the thread meanwhile.
+    Effective,
+    /// The real ids too: what the kernel attaches to a message as its sender's
+    /// (`SCM_CREDENTIALS`). For one send, a process running as the executor's uid may signal
+    /// the thread (only executors do, and they do not see the broker's pid namespace), and
+    /// the thread counts toward that uid's process limit.
+    Sender,
+}
+
 /// Runs `op` on this thread with `identity` (the executor's uid and gid) when `sock` is a
 /// unix socket and the broker has an identity of its own to set aside (`identity` is `Some`
 /// only for a privileged broker); otherwise runs it as it is. The thread's own credentials
 /// are back before this returns, even if `op` panics. If the executor's identity cannot be
 /// taken, `op` is not run and the error is returned: the operation is refused, never carried
-/// out as the broker.
+/// out as the broker. `op` must start no thread: a thread starts with its creator's
+/// credentials.
 pub(super) fn unix_op<T>(
     identity: Option<(u32, u32)>,
+    ids: Ids,
     sock: &TakenSocket,
     op: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
     match identity {
-        Some(id) if sock.info.family == libc::AF_UNIX => as_executor(id, op),
+        Some(id) if sock.info.family == libc::AF_UNIX => as_executor(id, ids, op),
         _ => op(),
     }
 }
@@ -38,10 +56,13 @@ pub(super) fn unix_op<T>(
 /// Runs `op` on this thread as `uid`/`gid` (see [`unix_op`]).
 pub(super) fn as_executor<T>(
     (uid, gid): (u32, u32),
+    ids: Ids,
     op: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
-    let _restore = Restore(sys::thread_credentials()?);
-    if let Err(e) = sys::assume_identity(uid, gid) {
+    let restore = Restore(sys::thread_credentials()?);
+    if let Err(e) = sys::assume_identity(uid, gid, matches!(ids, Ids::Sender)) {
+        // Logged as the broker: a log line is a message on a socket too.
+        drop(restore);
         tracing::warn!(
             uid,
             gid,
@@ -50,7 +71,9 @@ pub(super) fn as_executor<T>(
         );
         return Err(e);
     }
-    op()
+    let result = op();
+    drop(restore);
+    result
 }
 
 /// Gives the thread its credentials back when dropped.
@@ -59,9 +82,10 @@ struct Restore(sys::ThreadCredentials);
 impl Drop for Restore {
     fn drop(&mut self) {
         if let Err(e) = sys::restore_credentials(&self.0) {
-            // The kernel never refuses this (the saved ids and the permitted capabilities
-            // were left as they were). If it did, this thread of the broker would go on
-            // serving other executors as this one: nothing may run on it any more.
+            // The kernel allows every step (the saved ids and the permitted capabilities were
+            // left as they were); only a failed allocation (ENOMEM) could stop it. Then this
+            // thread of the broker would go on serving other executors as this one: nothing
+            // may run on it any more.
             tracing::error!(error = %e, "cannot restore the broker thread's credentials");
             std::process::abort();
         }
@@ -95,7 +119,7 @@ mod tests {
         }
         let own = status("/proc/thread-self/status");
         let leader = status("/proc/self/status");
-        let during = as_executor((65534, 65533), || {
+        let during = as_executor((65534, 65533), Ids::Sender, || {
             Ok((
                 status("/proc/thread-self/status"),
                 status("/proc/self/status"),
@@ -124,9 +148,28 @@ mod tests {
         assert_eq!(other, leader);
         assert_eq!(status("/proc/thread-self/status"), own);
 
+        // Without a message to send, the real ids stay the broker's.
+        let this = as_executor((65534, 65533), Ids::Effective, || {
+            Ok(status("/proc/thread-self/status"))
+        })
+        .unwrap();
+        assert!(
+            this.contains(&"Uid:\t0\t65534\t0\t65534".to_owned()),
+            "{this:?}"
+        );
+        assert!(
+            this.contains(&"Gid:\t0\t65533\t0\t65533".to_owned()),
+            "{this:?}"
+        );
+        assert!(
+            this.contains(&"CapEff:\t0000000000000000".to_owned()),
+            "{this:?}"
+        );
+        assert_eq!(status("/proc/thread-self/status"), own);
+
         // A panic in the operation still gives the thread its credentials back.
         let panicked = std::panic::catch_unwind(|| {
-            let _ = as_executor((65534, 65534), || -> io::Result<()> {
+            let _ = as_executor((65534, 65534), Ids::Sender, || -> io::Result<()> {
                 panic!("in the call")
             });
         });
@@ -156,8 +199,10 @@ mod tests {
                 own.contains(&"Uid:\t4242\t4242\t4242\t4242".to_owned()),
                 "{own:?}"
             );
-            let this =
-                as_executor((65534, 65534), || Ok(status("/proc/thread-self/status"))).unwrap();
+            let this = as_executor((65534, 65534), Ids::Sender, || {
+                Ok(status("/proc/thread-self/status"))
+            })
+            .unwrap();
             assert!(
                 this.contains(&"Uid:\t65534\t65534\t4242\t65534".to_owned()),
                 "{this:?}"

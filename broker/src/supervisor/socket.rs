@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use tokio::io::unix::AsyncFd;
 
-use super::as_executor::unix_op;
+use super::as_executor::{Ids, unix_op};
 use super::pidfds::Opened;
 use super::{Caller, Outcome, Step, errno_of};
 use crate::attempt::{Destination, SocketInfo};
@@ -255,7 +255,7 @@ fn start_connect(
 /// socket's with the executor's identity (see `as_executor`).
 fn connect_bounded(sock: &TakenSocket, addr: &[u8], identity: Identity) -> io::Result<()> {
     let fd = sock.fd.as_fd();
-    unix_op(identity, sock, || {
+    unix_op(identity, Ids::Effective, sock, || {
         crate::bound::bounded(CONNECT_BLOCK_LIMIT, || sys::connect_raw(fd, addr)).and_then(|r| r)
     })
 }
@@ -432,7 +432,7 @@ impl Caller<'_> {
         loop {
             // A unix receiver may ask who sent each message (`SO_PASSCRED`).
             let send = || sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT);
-            match unix_op(self.ctx.identity, sock, send) {
+            match unix_op(self.ctx.identity, Ids::Sender, sock, send) {
                 Ok(n) => {
                     sent += n;
                     if !(stream && n < msg.data.len() && may_block()) {

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use super::as_executor::as_executor;
+use super::as_executor::{Ids, as_executor};
 use super::socket::TakenSocket;
 use super::{Caller, Outcome, Step, errno_of};
 use crate::attempt::{Destination, EgressSyscall};
@@ -72,7 +72,7 @@ impl Caller<'_> {
             let path = c(path)?;
             let open = || sys::open_path_nofollow(root.as_fd(), &path, true);
             match self.ctx.identity {
-                Some(id) => as_executor(id, open),
+                Some(id) => as_executor(id, Ids::Effective, open),
                 None => open(),
             }
             .map_err(errno)
