@@ -596,13 +596,70 @@ pub fn set_thread_nice(nice: i32) -> io::Result<()> {
 
 /// One thread's credentials as the kernel checks a file access against them and hands them
 /// to a unix socket's peer: real and effective uid and gid, supplementary groups, and
-/// effective capabilities. (Saved ids are never changed by [`assume_identity`].)
+/// capabilities. (Saved ids are never changed by [`assume_identity`].)
 #[derive(Debug, Clone)]
 pub struct ThreadCredentials {
     uid: (libc::uid_t, libc::uid_t),
     gid: (libc::gid_t, libc::gid_t),
     groups: Vec<libc::gid_t>,
-    effective: caps::CapsHashSet,
+    caps: ThreadCaps,
+}
+
+/// The capability sets of one thread, as `capget(2)` gives them (version 3: two words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+type ThreadCaps = [CapData; 2];
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// The calling thread's capability sets (one syscall; no allocation, unlike a set of names:
+/// this is on the path of every unix socket operation a privileged broker carries out).
+fn thread_caps() -> io::Result<ThreadCaps> {
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = ThreadCaps::default();
+    // SAFETY: capget reads the header and writes two CapData words, both ours; pid 0 is the
+    // calling thread.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    })?;
+    Ok(data)
+}
+
+/// Sets the calling thread's capability sets to `data`.
+fn set_thread_caps(data: &ThreadCaps) -> io::Result<()> {
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: capset reads the header and two CapData words, both ours; pid 0 is the
+    // calling thread, the only one it changes.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        )
+    })?;
+    Ok(())
 }
 
 /// The calling thread's credentials, to give back to [`restore_credentials`].
@@ -617,70 +674,108 @@ pub fn thread_credentials() -> io::Result<ThreadCredentials> {
     if ret != 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: with a size of 0, getgroups only counts the groups.
-    let count = check(unsafe { libc::getgroups(0, std::ptr::null_mut()) }.into())?;
-    let mut groups = vec![0 as libc::gid_t; count as usize];
-    // SAFETY: `groups` holds `count` entries; getgroups writes at most that many and fails
-    // with EINVAL if the list grew since.
-    let n = check(unsafe { libc::getgroups(count as libc::c_int, groups.as_mut_ptr()) }.into())?;
+    // Most threads have few groups: one call with room for 32, counted first only if more.
+    let mut groups = vec![0 as libc::gid_t; 32];
+    // SAFETY: `groups` holds the count passed; getgroups writes at most that many.
+    let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+    let n = if n >= 0 {
+        n
+    } else {
+        // SAFETY: with a size of 0, getgroups only counts the groups.
+        let count = check(unsafe { libc::getgroups(0, std::ptr::null_mut()) }.into())?;
+        groups.resize(count as usize, 0);
+        // SAFETY: as above; EINVAL if the list grew since.
+        unsafe { libc::getgroups(count as libc::c_int, groups.as_mut_ptr()) }
+    };
+    let n = check(n.into())?;
     groups.truncate(n as usize);
-    let effective = caps::read(None, caps::CapSet::Effective).map_err(io::Error::other)?;
     Ok(ThreadCredentials {
         uid: (ruid, euid),
         gid: (rgid, egid),
         groups,
-        effective,
+        caps: thread_caps()?,
     })
 }
 
 /// Makes the calling thread act as `uid` and `gid` (effective and filesystem ids, and the
-/// real ones too if `real`), with no supplementary group and no effective capability. Only
-/// this thread changes: the raw syscalls are used, since glibc's wrappers apply an id change
-/// to every thread of the process. Saved ids are kept, so [`restore_credentials`] can go
-/// back. Needs `CAP_SETUID` and `CAP_SETGID`; on failure the thread may be part-way, and the
-/// caller restores it.
-pub fn assume_identity(uid: libc::uid_t, gid: libc::gid_t, real: bool) -> io::Result<()> {
+/// real ones too if `real`), with no supplementary group and no effective capability.
+/// `own` is what [`thread_credentials`] read of the thread just before. Only this thread
+/// changes: the raw syscalls are used, since glibc's wrappers apply an id change to every
+/// thread of the process. Saved ids are kept, so [`restore_credentials`] can go back. Needs
+/// `CAP_SETUID` and `CAP_SETGID`; on failure the thread may be part-way, and the caller
+/// restores it. Each change costs the kernel a new set of credentials, so none is made that
+/// would change nothing.
+pub fn assume_identity(
+    own: &ThreadCredentials,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    real: bool,
+) -> io::Result<()> {
     const KEEP: libc::c_long = -1;
     let (ruid, rgid) = if real {
         (libc::c_long::from(uid), libc::c_long::from(gid))
     } else {
         (KEEP, KEEP)
     };
-    // SAFETY: setgroups with a count of 0 reads no memory; the raw syscall changes only
-    // this thread's groups.
-    check(unsafe { libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) })?;
+    if !own.groups.is_empty() {
+        // SAFETY: setgroups with a count of 0 reads no memory; the raw syscall changes only
+        // this thread's groups.
+        check(unsafe {
+            libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>())
+        })?;
+    }
     // SAFETY: integer arguments only; the raw syscall changes only this thread's ids.
     check(unsafe { libc::syscall(libc::SYS_setresgid, rgid, gid, KEEP) })?;
     // SAFETY: as above.
     check(unsafe { libc::syscall(libc::SYS_setresuid, ruid, uid, KEEP) })?;
-    // Leaving uid 0 drops the effective capabilities, unless securebits keep them: they
-    // go explicitly, so nothing overrides file permissions on the executor's behalf.
-    caps::clear(None, caps::CapSet::Effective).map_err(io::Error::other)
+    // Leaving uid 0 drops the effective capabilities; a broker that is not root (or runs
+    // with securebits that keep them) still holds them: they go explicitly, so nothing
+    // overrides file permissions on the executor's behalf.
+    let mut caps = thread_caps()?;
+    if caps.iter().any(|c| c.effective != 0) {
+        for c in &mut caps {
+            c.effective = 0;
+        }
+        set_thread_caps(&caps)?;
+    }
+    Ok(())
 }
 
-/// Gives the calling thread back what [`thread_credentials`] read. The effective
-/// capabilities come first (the permitted set was never lowered, so they can), since the
-/// id changes need them; and again last, since returning to uid 0 raises them all.
+/// Gives the calling thread back what [`thread_credentials`] read. The ids come back
+/// without any capability (each is one the thread still holds as its saved id), unless
+/// the thread's ids were unusual; then its capabilities are restored first. Returning to
+/// uid 0 raises the effective set to the permitted one: it is set back to what it was if
+/// that differs. The groups come last, with `CAP_SETGID` back.
 pub fn restore_credentials(saved: &ThreadCredentials) -> io::Result<()> {
     const KEEP: libc::c_long = -1;
-    let capabilities =
-        || caps::set(None, caps::CapSet::Effective, &saved.effective).map_err(io::Error::other);
-    capabilities()?;
-    let (ruid, euid) = saved.uid;
-    // SAFETY: integer arguments only; the raw syscall changes only this thread's ids.
-    check(unsafe { libc::syscall(libc::SYS_setresuid, ruid, euid, KEEP) })?;
-    let (rgid, egid) = saved.gid;
-    // SAFETY: as above.
-    check(unsafe { libc::syscall(libc::SYS_setresgid, rgid, egid, KEEP) })?;
-    // SAFETY: `groups` holds the count passed; the raw syscall changes only this thread.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_setgroups,
-            saved.groups.len(),
-            saved.groups.as_ptr(),
-        )
-    })?;
-    capabilities()
+    let ids = || -> io::Result<()> {
+        let (ruid, euid) = saved.uid;
+        // SAFETY: integer arguments only; the raw syscall changes only this thread's ids.
+        check(unsafe { libc::syscall(libc::SYS_setresuid, ruid, euid, KEEP) })?;
+        let (rgid, egid) = saved.gid;
+        // SAFETY: as above.
+        check(unsafe { libc::syscall(libc::SYS_setresgid, rgid, egid, KEEP) })?;
+        Ok(())
+    };
+    if ids().is_err() {
+        // The permitted set was never lowered, so the saved sets can be set again.
+        set_thread_caps(&saved.caps)?;
+        ids()?;
+    }
+    if thread_caps()? != saved.caps {
+        set_thread_caps(&saved.caps)?;
+    }
+    if !saved.groups.is_empty() {
+        // SAFETY: `groups` holds the count passed; the raw syscall changes only this thread.
+        check(unsafe {
+            libc::syscall(
+                libc::SYS_setgroups,
+                saved.groups.len(),
+                saved.groups.as_ptr(),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Asks the kernel to wake the supervisor and the notifying task synchronously, on the same

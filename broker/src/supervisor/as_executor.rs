@@ -60,7 +60,7 @@ pub(super) fn as_executor<T>(
     op: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
     let restore = Restore(sys::thread_credentials()?);
-    if let Err(e) = sys::assume_identity(uid, gid, matches!(ids, Ids::Sender)) {
+    if let Err(e) = sys::assume_identity(&restore.0, uid, gid, matches!(ids, Ids::Sender)) {
         // Logged as the broker: a log line is a message on a socket too.
         drop(restore);
         tracing::warn!(
@@ -187,9 +187,12 @@ mod tests {
             return;
         }
         std::thread::spawn(|| {
-            // SAFETY: prctl and the raw setresuid change only this thread, which ends here.
+            // SAFETY: prctl and the raw setgroups/setresuid change only this thread, which
+            // ends here. No groups, as the unit's user has none.
             unsafe {
                 assert_eq!(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0), 0);
+                let none = std::ptr::null::<libc::gid_t>();
+                assert_eq!(libc::syscall(libc::SYS_setgroups, 0usize, none), 0);
                 assert_eq!(libc::syscall(libc::SYS_setresuid, 4242, 4242, 4242), 0);
             }
             let permitted = caps::read(None, caps::CapSet::Permitted).unwrap();
