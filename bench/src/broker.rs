@@ -179,10 +179,13 @@ fn loops_and_parts(
     let rounds = if quick { 3 } else { 7 };
     let mut rows = Vec::new();
     let mut added = Vec::new();
-    for kind in ["connect", "sendto"] {
+    for kind in ["connect", "sendto", "unix-connect", "unix-sendto"] {
         let (loop_rows, by_broker) = loop_rows(runtime, broker, kind, iterations, rounds, sandlock);
         rows.extend(loop_rows);
-        added.push((kind, by_broker));
+        // The per-notification parts are the IP loops'.
+        if !kind.starts_with("unix-") {
+            added.push((kind, by_broker));
+        }
     }
     rows.extend(crate::broker_parts::run(
         runtime,
@@ -409,10 +412,14 @@ fn cli_mode_rows(
     rows
 }
 
-/// The child side: `loop-connect ADDR N` / `loop-sendto ADDR N` time each operation and
-/// print the median in nanoseconds.
-pub fn child_loop(kind: &str, addr: &str, iterations: usize) {
-    let addr: SocketAddr = addr.parse().expect("address");
+/// The child side: `loop-connect ADDR N` / `loop-sendto ADDR N` (and `loop-unix-connect
+/// PATH N` / `loop-unix-sendto PATH N`) time each operation and print the median in
+/// nanoseconds.
+pub fn child_loop(kind: &str, target: &str, iterations: usize) {
+    if let Some(kind) = kind.strip_prefix("unix-") {
+        return child_unix_loop(kind, target, iterations);
+    }
+    let addr: SocketAddr = target.parse().expect("address");
     let mut times = Vec::with_capacity(iterations);
     let udp = UdpSocket::bind("127.0.0.1:0").expect("udp socket");
     for _ in 0..iterations {
@@ -421,6 +428,24 @@ pub fn child_loop(kind: &str, addr: &str, iterations: usize) {
             "connect" => drop(std::net::TcpStream::connect(addr).expect("connect")),
             _ => {
                 udp.send_to(b"x", addr).expect("sendto");
+            }
+        }
+        times.push(start.elapsed());
+    }
+    println!("{}", Samples(times).median().as_nanos());
+}
+
+/// [`child_loop`] on a pathname unix socket: a stream connect and close, or a datagram.
+fn child_unix_loop(kind: &str, path: &str, iterations: usize) {
+    use std::os::unix::net::{UnixDatagram, UnixStream};
+    let mut times = Vec::with_capacity(iterations);
+    let datagram = UnixDatagram::unbound().expect("unix datagram socket");
+    for _ in 0..iterations {
+        let start = Instant::now();
+        match kind {
+            "connect" => drop(UnixStream::connect(path).expect("unix connect")),
+            _ => {
+                datagram.send_to(b"x", path).expect("unix sendto");
             }
         }
         times.push(start.elapsed());
@@ -474,8 +499,38 @@ fn brokered_round(
     })
 }
 
-/// The loopback target of a loop: a TCP listener that accepts and closes, or a UDP sink.
-fn loop_target(kind: &str) -> SocketAddr {
+/// The target of a loop: a loopback TCP listener that accepts and closes, or a UDP sink; for
+/// the unix kinds, the same at a socket path every uid may use (the executor's uid reaches it
+/// with its own permissions).
+fn loop_target(kind: &str) -> String {
+    if let Some(unix) = kind.strip_prefix("unix-") {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::support::shared_dir().join(format!("unix-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create the socket directory");
+        let path = dir.join(format!("{unix}.sock"));
+        let _ = std::fs::remove_file(&path);
+        if unix == "connect" {
+            let listener = std::os::unix::net::UnixListener::bind(&path).expect("unix listener");
+            std::thread::spawn(move || {
+                for s in listener.incoming() {
+                    drop(s);
+                }
+            });
+        } else {
+            let sink = std::os::unix::net::UnixDatagram::bind(&path).expect("unix sink");
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64];
+                while sink.recv(&mut buf).is_ok() {}
+            });
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))
+            .expect("open the socket to every uid");
+        return path.display().to_string();
+    }
+    inet_loop_target(kind).to_string()
+}
+
+fn inet_loop_target(kind: &str) -> SocketAddr {
     if kind == "connect" {
         let listener = TcpListener::bind("127.0.0.1:0").expect("listener");
         let addr = listener.local_addr().expect("addr");
@@ -505,6 +560,7 @@ fn loop_rows(
     sandlock: Option<&Sandlock>,
 ) -> (Vec<Row>, Duration) {
     let target = loop_target(kind);
+    let unix = kind.starts_with("unix-");
     // The loop runs inside the sandbox as the executor uid: run a copy it can reach.
     let me = crate::support::shared_self().display().to_string();
     let args = vec![
@@ -523,7 +579,7 @@ fn loop_rows(
         direct.push(parse_median(&String::from_utf8_lossy(&out.stdout)));
         brokered.push(brokered_round(runtime, broker, &args, Judging::Inline));
         streamed.push(brokered_round(runtime, broker, &args, Judging::Stream));
-        if let Some(s) = sandlock {
+        if let Some(s) = sandlock.filter(|_| !unix) {
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
             let out = s
                 .command(&Sandlock::allow(kind, &target.to_string()), &argv)
@@ -540,12 +596,19 @@ fn loop_rows(
     }
     let (d, b) = (Samples(direct).median(), Samples(brokered).median());
     let added = b.saturating_sub(d);
-    let (name, limit) = if kind == "connect" {
-        ("loopback TCP connect+close", Duration::from_micros(20))
-    } else {
-        ("unconnected UDP sendto", Duration::from_micros(15))
+    let (name, limit) = match kind {
+        "connect" => ("loopback TCP connect+close", Duration::from_micros(20)),
+        "sendto" => ("unconnected UDP sendto", Duration::from_micros(15)),
+        "unix-connect" => ("unix stream connect+close", Duration::ZERO),
+        _ => ("unix datagram sendto", Duration::ZERO),
     };
-    let goal = format!("<= {} added", fmt_duration(limit));
+    // No goal for the unix loops: a privileged broker makes each of their operations, and
+    // the lookup of the path, with the executor's identity (reported).
+    let goal = if unix {
+        "reported".to_string()
+    } else {
+        format!("<= {} added", fmt_duration(limit))
+    };
     let versus_direct = |judged: &str, b: Duration, goal: &str| {
         let added = b.saturating_sub(d);
         Row {

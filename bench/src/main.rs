@@ -31,6 +31,12 @@ enum Suite {
     /// Internal: a timed sendto loop run inside the sandbox.
     #[value(hide = true)]
     LoopSendto,
+    /// Internal: a timed unix connect loop run inside the sandbox.
+    #[value(hide = true)]
+    LoopUnixConnect,
+    /// Internal: a timed unix datagram sendto loop run inside the sandbox.
+    #[value(hide = true)]
+    LoopUnixSendto,
     /// Internal: open and hold sessions on a socket (run as another principal's uid).
     #[value(hide = true)]
     HoldSessions,
@@ -68,11 +74,14 @@ fn main() {
         scale::drive(&args.rest);
         return;
     }
-    if let Suite::LoopConnect | Suite::LoopSendto = args.suite {
-        let kind = if args.suite == Suite::LoopConnect {
-            "connect"
-        } else {
-            "sendto"
+    if let Suite::LoopConnect | Suite::LoopSendto | Suite::LoopUnixConnect | Suite::LoopUnixSendto =
+        args.suite
+    {
+        let kind = match args.suite {
+            Suite::LoopConnect => "connect",
+            Suite::LoopSendto => "sendto",
+            Suite::LoopUnixConnect => "unix-connect",
+            _ => "unix-sendto",
         };
         let n = args
             .rest

@@ -43,7 +43,7 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn shared_dir() -> PathBuf {
+pub fn shared_dir() -> PathBuf {
     let dir = PathBuf::from("/var/tmp/flowhost-bench");
     std::fs::create_dir_all(&dir).expect("create /var/tmp/flowhost-bench");
     use std::os::unix::fs::PermissionsExt;
