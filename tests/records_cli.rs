@@ -258,6 +258,19 @@ fn export_writes_the_envelope_and_refuses_broken_records() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("does not verify"));
     assert_eq!(std::fs::read(&out).unwrap(), before);
+    // Exported to stdout: nothing reaches it, not even the problems (stderr has them), so
+    // `> surface.json` never holds problem lines taken for an export.
+    let o = flowhost(&[
+        "records",
+        "export",
+        "--surface",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stdout(&o), "");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("does not verify"), "{stderr}");
+    assert!(stderr.lines().count() > 1, "no problem named: {stderr}");
 }
 
 #[test]

@@ -198,8 +198,8 @@ thread_local! {
 
 /// Starts the watchdog now, on the calling thread, rather than on the first bounded call. A
 /// thread starts with its creator's credentials: started inside a call made with an
-/// executor's identity (see `supervisor::as_executor`), the watchdog would keep that
-/// identity for good, and the kernel would refuse it every other thread's signal.
+/// executor's identity (see `supervisor::as_executor`), the watchdog would be a broker
+/// thread holding that executor's uid and none of the broker's capabilities for good.
 pub fn start_watchdog() -> io::Result<()> {
     WATCHDOG.start()
 }

@@ -95,7 +95,10 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                     let mut chunk = vec![0u8; 64 * 1024];
                     loop {
                         // A read error is the temporary file's; only a write is stdout's.
-                        let n = temp.read(&mut chunk)?;
+                        let n = match temp.read(&mut chunk) {
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                            other => other?,
+                        };
                         if n == 0 {
                             break;
                         }

@@ -102,9 +102,11 @@ mod tests {
             .unwrap()
             .lines()
             .filter(|l| {
-                ["Uid:", "Gid:", "Groups:", "CapEff:"]
-                    .iter()
-                    .any(|k| l.starts_with(k))
+                [
+                    "Uid:", "Gid:", "Groups:", "CapEff:", "CapPrm:", "CapInh:", "CapAmb:",
+                ]
+                .iter()
+                .any(|k| l.starts_with(k))
             })
             .map(str::to_owned)
             .collect()
@@ -187,12 +189,17 @@ mod tests {
             return;
         }
         std::thread::spawn(|| {
-            // SAFETY: prctl and the raw setgroups/setresuid change only this thread, which
-            // ends here. No groups, as the unit's user has none.
+            // SAFETY: prctl and the raw setgroups/setresgid/setresuid change only this
+            // thread, which ends here. Its group is its one supplementary group, as systemd
+            // gives the unit's user.
             unsafe {
                 assert_eq!(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0), 0);
-                let none = std::ptr::null::<libc::gid_t>();
-                assert_eq!(libc::syscall(libc::SYS_setgroups, 0usize, none), 0);
+                let group: [libc::gid_t; 1] = [4243];
+                assert_eq!(
+                    libc::syscall(libc::SYS_setgroups, 1usize, group.as_ptr()),
+                    0
+                );
+                assert_eq!(libc::syscall(libc::SYS_setresgid, 4243, 4243, 4243), 0);
                 assert_eq!(libc::syscall(libc::SYS_setresuid, 4242, 4242, 4242), 0);
             }
             let permitted = caps::read(None, caps::CapSet::Permitted).unwrap();
@@ -202,19 +209,27 @@ mod tests {
                 own.contains(&"Uid:\t4242\t4242\t4242\t4242".to_owned()),
                 "{own:?}"
             );
-            let this = as_executor((65534, 65534), Ids::Sender, || {
-                Ok(status("/proc/thread-self/status"))
-            })
-            .unwrap();
-            assert!(
-                this.contains(&"Uid:\t65534\t65534\t4242\t65534".to_owned()),
-                "{this:?}"
-            );
-            assert!(
-                this.contains(&"CapEff:\t0000000000000000".to_owned()),
-                "{this:?}"
-            );
-            assert_eq!(status("/proc/thread-self/status"), own);
+            assert!(own.contains(&"Groups:\t4243 ".to_owned()), "{own:?}");
+            for (ids, uid) in [
+                (Ids::Sender, "Uid:\t65534\t65534\t4242\t65534"),
+                (Ids::Effective, "Uid:\t4242\t65534\t4242\t65534"),
+            ] {
+                let this = as_executor((65534, 65534), ids, || {
+                    Ok(status("/proc/thread-self/status"))
+                })
+                .unwrap();
+                assert!(this.contains(&uid.to_owned()), "{ids:?}: {this:?}");
+                assert!(
+                    this.contains(&"CapEff:\t0000000000000000".to_owned()),
+                    "{ids:?}: {this:?}"
+                );
+                assert!(
+                    this.iter()
+                        .any(|l| l.starts_with("Groups:") && l[7..].trim().is_empty()),
+                    "{ids:?}: {this:?}"
+                );
+                assert_eq!(status("/proc/thread-self/status"), own, "{ids:?}");
+            }
         })
         .join()
         .unwrap();
