@@ -96,7 +96,7 @@ impl Drop for Restore {
 mod tests {
     use super::*;
 
-    /// The `Uid`, `Gid`, `Groups` and `CapEff` lines of a task's status.
+    /// The identity lines of a task's status: ids, groups and every capability set.
     fn status(path: &str) -> Vec<String> {
         std::fs::read_to_string(path)
             .unwrap()
