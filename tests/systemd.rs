@@ -735,6 +735,18 @@ fn flowhost_reload_waits_for_the_daemons_verdict() {
     let (code, stdout, stderr) = reload(&lab);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("generation 3"), "{stdout}");
+    // Accepted while nobody reads stdout: the status is still the verdict (what systemd's
+    // ExecReload reads), not the failed print of its message.
+    let (unread, nobody) = std::io::pipe().unwrap();
+    drop(unread);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["reload", "--pid", &pid, "--state-dir", &state])
+        .stdout(nobody)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 
     // A configuration whose executors cannot start (the publisher exits at once) and that
     // drops the public inbox: refused, naming the server, and nothing of it is kept.
