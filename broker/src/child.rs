@@ -505,19 +505,7 @@ fn continue_after_descriptors(plan: &ChildPlan, p: ParkedPlan) -> ! {
         }
 
         // Whatever the uid change left (nothing, normally; everything, in a user namespace).
-        #[repr(C)]
-        struct CapHeader {
-            version: u32,
-            pid: c_int,
-        }
-        #[repr(C)]
-        #[derive(Clone, Copy)]
-        struct CapData {
-            effective: u32,
-            permitted: u32,
-            inheritable: u32,
-        }
-        const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+        use crate::sys::{CapData, CapHeader, LINUX_CAPABILITY_VERSION_3};
         let header = CapHeader {
             version: LINUX_CAPABILITY_VERSION_3,
             pid: 0,

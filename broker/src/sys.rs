@@ -605,24 +605,26 @@ pub struct ThreadCredentials {
     caps: ThreadCaps,
 }
 
-/// The capability sets of one thread, as `capget(2)` gives them (version 3: two words).
+/// One word of a thread's capability sets, as `capget(2)`/`capset(2)` take them (version 3:
+/// two words, capabilities 0-31 and 32-63).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(C)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
+pub(crate) struct CapData {
+    pub(crate) effective: u32,
+    pub(crate) permitted: u32,
+    pub(crate) inheritable: u32,
 }
 
 type ThreadCaps = [CapData; 2];
 
+/// The header `capget(2)`/`capset(2)` read: the ABI version and the thread (0: the caller).
 #[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
+pub(crate) struct CapHeader {
+    pub(crate) version: u32,
+    pub(crate) pid: libc::c_int,
 }
 
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+pub(crate) const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
 /// The calling thread's capability sets (one syscall; no allocation, unlike a set of names:
 /// this is on the path of every unix socket operation a privileged broker carries out).

@@ -47,18 +47,22 @@ pub(super) fn unix_op<T>(
     sock: &TakenSocket,
     op: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
-    match identity {
-        Some(id) if sock.info.family == libc::AF_UNIX => as_executor(id, ids, op),
-        _ => op(),
+    if sock.info.family == libc::AF_UNIX {
+        as_executor(identity, ids, op)
+    } else {
+        op()
     }
 }
 
-/// Runs `op` on this thread as `uid`/`gid` (see [`unix_op`]).
+/// Runs `op` on this thread as `identity` when there is one (see [`unix_op`]), else as it is.
 pub(super) fn as_executor<T>(
-    (uid, gid): (u32, u32),
+    identity: Option<(u32, u32)>,
     ids: Ids,
     op: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
+    let Some((uid, gid)) = identity else {
+        return op();
+    };
     let restore = Restore(sys::thread_credentials()?);
     if let Err(e) = sys::assume_identity(&restore.0, uid, gid, matches!(ids, Ids::Sender)) {
         // Logged as the broker: a log line is a message on a socket too.
@@ -121,7 +125,7 @@ mod tests {
         }
         let own = status("/proc/thread-self/status");
         let leader = status("/proc/self/status");
-        let during = as_executor((65534, 65533), Ids::Sender, || {
+        let during = as_executor(Some((65534, 65533)), Ids::Sender, || {
             Ok((
                 status("/proc/thread-self/status"),
                 status("/proc/self/status"),
@@ -151,7 +155,7 @@ mod tests {
         assert_eq!(status("/proc/thread-self/status"), own);
 
         // Without a message to send, the real ids stay the broker's.
-        let this = as_executor((65534, 65533), Ids::Effective, || {
+        let this = as_executor(Some((65534, 65533)), Ids::Effective, || {
             Ok(status("/proc/thread-self/status"))
         })
         .unwrap();
@@ -171,7 +175,7 @@ mod tests {
 
         // A panic in the operation still gives the thread its credentials back.
         let panicked = std::panic::catch_unwind(|| {
-            let _ = as_executor((65534, 65534), Ids::Sender, || -> io::Result<()> {
+            let _ = as_executor(Some((65534, 65534)), Ids::Sender, || -> io::Result<()> {
                 panic!("in the call")
             });
         });
@@ -214,7 +218,7 @@ mod tests {
                 (Ids::Sender, "Uid:\t65534\t65534\t4242\t65534"),
                 (Ids::Effective, "Uid:\t4242\t65534\t4242\t65534"),
             ] {
-                let this = as_executor((65534, 65534), ids, || {
+                let this = as_executor(Some((65534, 65534)), ids, || {
                     Ok(status("/proc/thread-self/status"))
                 })
                 .unwrap();

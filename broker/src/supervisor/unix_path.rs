@@ -70,11 +70,9 @@ impl Caller<'_> {
         // Looked up as the executor: each directory on the way needs its search permission.
         let open = |path: &Path| {
             let path = c(path)?;
-            let open = || sys::open_path_nofollow(root.as_fd(), &path, true);
-            match self.ctx.identity {
-                Some(id) => as_executor(id, Ids::Effective, open),
-                None => open(),
-            }
+            as_executor(self.ctx.identity, Ids::Effective, || {
+                sys::open_path_nofollow(root.as_fd(), &path, true)
+            })
             .map_err(errno)
         };
         match usage {
