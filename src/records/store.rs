@@ -405,11 +405,16 @@ pub fn record_sources(path: &Path) -> Result<Vec<PathBuf>, StoreError> {
 /// Splits file content into its complete lines (without their newline) and the bytes after
 /// the last newline (a torn line, if non-empty).
 pub fn split_lines(bytes: &[u8]) -> (impl Iterator<Item = &[u8]>, &[u8]) {
-    let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    // memchr, since every reader of the records splits whole files: a byte at a time, the
+    // split took about a third of a flow-state check's time.
+    let end = memchr::memrchr(b'\n', bytes).map_or(0, |i| i + 1);
     let (complete, torn) = bytes.split_at(end);
-    let lines = complete
-        .split(|&b| b == b'\n')
-        .take(complete.iter().filter(|&&b| b == b'\n').count());
+    let mut from = 0;
+    let lines = memchr::memchr_iter(b'\n', complete).map(move |newline| {
+        let line = &complete[from..newline];
+        from = newline + 1;
+        line
+    });
     (lines, torn)
 }
 
