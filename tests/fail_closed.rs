@@ -619,6 +619,27 @@ fn an_older_copy_of_the_state_is_refused() {
     assert!(why.contains("principal larkfield-analyst"), "{why}");
 }
 
+/// Starts the lab again, in which the analyst reads the terms (raising their label), and
+/// returns that session.
+fn raise_the_analyst_in_a_second_run(lab: &mut Lab) -> common::lab::Client {
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call("workspace/read_terms", json!({"document": TERMS}));
+    assert!(r.get("result").is_some(), "{r}");
+    c
+}
+
+/// Moves the running store's raises from its write-ahead log into `db`, then overwrites the
+/// file in place with the older copy `backup` (a restore into a running host).
+fn write_over_the_running_state(db: &Path, backup: &Path) {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    std::fs::copy(backup, db).unwrap();
+}
+
 /// An older `state.db` copied over the live file while the host runs (a restore into the
 /// running host) must not be bound to the records at the clean stop: bound, the next start
 /// would accept its lower labels.
@@ -629,18 +650,8 @@ fn an_older_copy_written_over_the_running_state_is_not_bound_at_stop() {
     };
     let backup = backup_of_a_run_that_raises_nothing(&mut lab);
     let db = lab.paths.state_dir.join("state.db");
-    // A second run raises the analyst's label; its raise is moved from the write-ahead
-    // log into the file, which is then overwritten in place with the older copy.
-    lab.spawn();
-    let mut c = lab.client();
-    c.initialize();
-    let r = c.call("workspace/read_terms", json!({"document": TERMS}));
-    assert!(r.get("result").is_some(), "{r}");
-    rusqlite::Connection::open(&db)
-        .unwrap()
-        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
-        .unwrap();
-    std::fs::copy(&backup, &db).unwrap();
+    let c = raise_the_analyst_in_a_second_run(&mut lab);
+    write_over_the_running_state(&db, &backup);
     drop(c);
     let stopped = lab.stop_status().unwrap();
     assert!(
@@ -650,6 +661,59 @@ fn an_older_copy_written_over_the_running_state_is_not_bound_at_stop() {
     );
     let why = refused_start(&mut lab);
     assert!(why.contains("older than the decision records"), "{why}");
+    assert!(why.contains("principal larkfield-analyst"), "{why}");
+}
+
+/// The same restore, found while the host serves rather than at its stop: the check made
+/// every `state_check_interval_ms` finds the file no longer holds what the records prove,
+/// and from then on the host refuses every call that needs the state, and its health says
+/// why. Before, the host went on deciding from that state until it stopped.
+#[test]
+fn an_older_copy_written_over_the_running_state_is_found_while_serving() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let backup = backup_of_a_run_that_raises_nothing(&mut lab);
+    let config = std::fs::read_to_string(&lab.config).unwrap();
+    assert!(config.contains("call_timeout_ms = 15000"), "{config}");
+    lab.write_config(&config.replacen(
+        "call_timeout_ms = 15000",
+        "call_timeout_ms = 15000\nstate_check_interval_ms = 200",
+        1,
+    ));
+    let db = lab.paths.state_dir.join("state.db");
+    let mut c = raise_the_analyst_in_a_second_run(&mut lab);
+    // A check between the raise and the restore binds the state to the raise's records.
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        !lab.log()
+            .contains("does not hold what the decision records prove"),
+        "a check refused the state before it was restored:\n{}",
+        lab.log()
+    );
+    write_over_the_running_state(&db, &backup);
+    wait_log(&lab, "refusing every call that needs it", 1);
+    assert!(
+        lab.log()
+            .contains("lower label for principal larkfield-analyst"),
+        "{}",
+        lab.log()
+    );
+    let r = c.call("workspace/list_documents", json!({}));
+    assert_eq!(denial(&r), "state_failure", "{r}");
+    let h = c.request("flowhost/health", json!({}));
+    let h = &h["result"];
+    assert_eq!(h["flow_state_failed"], true, "{h}");
+    assert!(
+        h["flow_state_failure_reason"]
+            .as_str()
+            .is_some_and(|w| w.contains("larkfield-analyst")),
+        "{h}"
+    );
+    drop(c);
+    let stopped = lab.stop_status().unwrap();
+    assert!(!stopped.success(), "{}", lab.log());
+    let why = refused_start(&mut lab);
     assert!(why.contains("principal larkfield-analyst"), "{why}");
 }
 

@@ -131,6 +131,8 @@ struct RawHost {
     initialize_timeout_ms: u64,
     #[serde(default = "default_session_idle_timeout")]
     session_idle_timeout_ms: u64,
+    #[serde(default = "default_state_check_interval")]
+    state_check_interval_ms: u64,
     #[serde(default = "default_rotate")]
     records_rotate_bytes: u64,
     #[serde(default = "default_classifier_version")]
@@ -187,6 +189,9 @@ fn default_min_free() -> u64 {
 }
 fn default_max_message() -> usize {
     1024 * 1024
+}
+fn default_state_check_interval() -> u64 {
+    10_000
 }
 fn default_call_timeout() -> u64 {
     30_000
@@ -323,6 +328,9 @@ pub struct HostConfig {
     pub initialize_timeout: Duration,
     /// How long an initialized session may go without a request before it is closed.
     pub session_idle_timeout: Duration,
+    /// How often the running host checks the flow state against the records written since
+    /// the last check, and binds it to them (see `Host::check_state_while_serving`).
+    pub state_check_interval: Duration,
     /// Record file rotation size.
     pub records_rotate_bytes: u64,
     /// Identical refusals (same principal or peer, reason and tool) within this interval
@@ -539,6 +547,7 @@ impl HostConfig {
             ("idle_timeout_ms", h.idle_timeout_ms),
             ("initialize_timeout_ms", h.initialize_timeout_ms),
             ("session_idle_timeout_ms", h.session_idle_timeout_ms),
+            ("state_check_interval_ms", h.state_check_interval_ms),
         ] {
             if ms == 0 || ms > MAX_TIMEOUT_MS {
                 return Err(invalid(
@@ -928,6 +937,7 @@ impl HostConfig {
             idle_timeout: Duration::from_millis(h.idle_timeout_ms),
             initialize_timeout: Duration::from_millis(h.initialize_timeout_ms),
             session_idle_timeout: Duration::from_millis(h.session_idle_timeout_ms),
+            state_check_interval: Duration::from_millis(h.state_check_interval_ms),
             records_rotate_bytes: h.records_rotate_bytes,
             refusal_fold_interval: Duration::from_millis(h.refusal_fold_interval_ms),
             refusal_records_per_interval: h.refusal_records_per_interval,

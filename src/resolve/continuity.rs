@@ -11,6 +11,10 @@
 //!   the records after it prove must flow to what the state holds. A truncated `state.db`, an
 //!   older copy, a lost write-ahead log, or another host's file all fail here, and the host
 //!   refuses to start, saying what it found and what to do.
+//! * [`check_through`] is the same check over the records up to a given one, made while the
+//!   host serves (and so the checkpoint follows the records): a state rolled back under a
+//!   running host is found within one interval, and what a stop or a start after a crash
+//!   reads is the records since the last such check, not since the start.
 //! * [`rebuild`] reconstructs every principal's and session's label from the records alone
 //!   (joining into whatever the state already holds, so it never lowers anything).
 //!
@@ -25,7 +29,7 @@ use crate::ident::PrincipalId;
 use crate::label::InformationLabel;
 use crate::records::chain::{line_hash, verify_records};
 use crate::records::store::{StoreError, list_record_files, split_lines};
-use crate::records::{DecisionRecord, Effect, EventKind, LabelsAfter};
+use crate::records::{Effect, EventKind, LabelsAfter};
 use crate::state::{FlowStateStore, SessionKey, SqliteStore, StateError, StateSnapshot};
 
 /// Why the flow state and the records do not agree, or could not be compared.
@@ -78,6 +82,14 @@ pub enum ContinuityError {
         line: u64,
         /// Its sequence number.
         seq: u64,
+    },
+    /// The check stopped before it finished (its reading thread panicked or was cancelled).
+    #[error("the check of the flow state against {records} stopped before it finished: {reason}")]
+    Interrupted {
+        /// The record directory.
+        records: PathBuf,
+        /// Why.
+        reason: String,
     },
     /// A record names a principal that is not a valid principal id.
     #[error("{file}:{line}: record seq {seq} names an invalid principal: {reason}")]
@@ -256,7 +268,8 @@ struct ScanEnd {
     checkpoint: CheckpointFound,
     /// The last record read: sequence number and line hash.
     head: Option<(u64, String)>,
-    /// Records read (the checkpoint and those before it in its file included).
+    /// Records decoded (the checkpoint included, and those before it in its file when they
+    /// did not hold consecutive sequence numbers).
     records: u64,
 }
 
@@ -271,15 +284,16 @@ enum CheckpointFound {
     Missing,
 }
 
-/// Reads every record with a sequence number above `after.0`, checking that record
-/// `after.0` has line hash `after.1`, and shows each to `visit` as it is read: nothing of
-/// the records is kept here, so what a caller holds is what it folds them into. Stops at the
-/// first record past the checkpoint when the checkpoint was not found as it should be (its
-/// caller refuses that state whatever follows). `strict` refuses allowed calls without
-/// labels.
+/// Reads every record with a sequence number above `after.0` (and at most `through`, when
+/// given), checking that record `after.0` has line hash `after.1`, and shows each to `visit`
+/// as it is read: nothing of the records is kept here, so what a caller holds is what it
+/// folds them into. Stops at the first record past the checkpoint when the checkpoint was not
+/// found as it should be (its caller refuses that state whatever follows). `strict` refuses
+/// allowed calls without labels.
 fn scan(
     dir: &Path,
     after: Option<(u64, &str)>,
+    through: Option<u64>,
     strict: bool,
     visit: &mut dyn FnMut(Seen<'_>) -> Result<(), ContinuityError>,
 ) -> Result<ScanEnd, ContinuityError> {
@@ -299,25 +313,51 @@ fn scan(
         head: None,
         records: 0,
     };
+    let decode = |file: &Path, line: u64, text: &[u8]| {
+        serde_json::from_slice::<Judged>(text).map_err(|e| ContinuityError::Malformed {
+            file: file.to_path_buf(),
+            line,
+            error: e.to_string(),
+        })
+    };
     for f in &files[start..] {
         let bytes = std::fs::read(&f.path).map_err(StoreError::io("read", &f.path))?;
-        let (lines, _torn) = split_lines(&bytes);
-        for (i, line) in lines.enumerate() {
+        let lines: Vec<&[u8]> = split_lines(&bytes).0.collect();
+        // A writer gives a file's lines consecutive sequence numbers from the one its name
+        // carries, so the checkpoint is looked for where that puts it and the lines before
+        // it are not decoded (a restart or a check while serving would otherwise decode the
+        // whole file each time). Anywhere else, the file is read from its first line.
+        let skip = after_seq
+            .checked_sub(f.first_seq)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|&i| i > 0 && i < lines.len())
+            .filter(|&i| {
+                decode(&f.path, i as u64 + 1, lines[i]).is_ok_and(|r| r.flowhost.seq == after_seq)
+            })
+            .unwrap_or(0);
+        // The head's hash is taken once per file, of the last line read in it.
+        let mut last: Option<(u64, usize)> = None;
+        let head_of = |last: Option<(u64, usize)>, out: &mut ScanEnd| {
+            if let Some((seq, i)) = last {
+                out.head = Some((seq, line_hash(lines[i]).as_str().to_string()));
+            }
+        };
+        for (i, line) in lines.iter().enumerate().skip(skip) {
+            let line = *line;
             let at = At {
                 seq: 0,
                 file: &f.path,
                 line: i as u64 + 1,
             };
-            let record =
-                DecisionRecord::from_json_line(line).map_err(|e| ContinuityError::Malformed {
-                    file: f.path.clone(),
-                    line: at.line,
-                    error: e.to_string(),
-                })?;
-            let at = At {
-                seq: record.flowhost.seq,
-                ..at
-            };
+            let Judged {
+                flowhost: x,
+                decision,
+            } = decode(&f.path, at.line, line)?;
+            let at = At { seq: x.seq, ..at };
+            if through.is_some_and(|t| at.seq > t) {
+                head_of(last, &mut out);
+                return Ok(out);
+            }
             out.records += 1;
             if let Some((s, hash)) = after
                 && at.seq == s
@@ -329,7 +369,7 @@ fn scan(
                     CheckpointFound::Differs(found.as_str().to_string())
                 };
             }
-            out.head = Some((at.seq, line_hash(line).as_str().to_string()));
+            last = Some((at.seq, i));
             if at.seq <= after_seq {
                 continue;
             }
@@ -337,13 +377,13 @@ fn scan(
                 out.checkpoint,
                 CheckpointFound::Missing | CheckpointFound::Differs(_)
             ) {
+                head_of(last, &mut out);
                 return Ok(out);
             }
-            let x = &record.flowhost;
             if let Some(grant) = &x.grant {
                 visit(Seen::Grant {
                     id: &grant.id,
-                    allowed: record.decision.effect == Effect::Allow,
+                    allowed: decision.effect == Effect::Allow,
                     at,
                 })?;
             }
@@ -351,8 +391,8 @@ fn scan(
                 || (matches!(
                     x.event,
                     EventKind::ToolCall | EventKind::ContentRequest | EventKind::Relay
-                ) && record.decision.effect == Effect::Allow);
-            let Some(labels) = x.labels_after.clone() else {
+                ) && decision.effect == Effect::Allow);
+            let Some(labels) = x.labels_after else {
                 if strict && must_carry {
                     return Err(ContinuityError::Unrecoverable {
                         file: f.path.clone(),
@@ -362,27 +402,63 @@ fn scan(
                 }
                 continue;
             };
-            let (Some(principal), Some(session)) = (&x.principal, &x.session) else {
+            let (Some(principal), Some(session)) = (x.principal, x.session) else {
                 continue;
             };
             let principal =
-                PrincipalId::new(principal).map_err(|e| ContinuityError::BadPrincipal {
+                PrincipalId::new(&principal).map_err(|e| ContinuityError::BadPrincipal {
                     file: f.path.clone(),
                     line: at.line,
                     seq: at.seq,
                     reason: e.to_string(),
                 })?;
             visit(Seen::Labels {
-                key: SessionKey {
-                    principal,
-                    session: session.clone(),
-                },
+                key: SessionKey { principal, session },
                 labels,
                 at,
             })?;
         }
+        head_of(last, &mut out);
     }
     Ok(out)
+}
+
+/// What [`scan`] reads of a record: the fields a flow-state check judges by, each decoded as
+/// strictly as the record format types it. The rest of the line is skipped unread: checking
+/// every field of every record is `flowhost records verify`'s work (and the diff's, which
+/// verifies first; a rebuild verifies first too), and decoding and validating them all took
+/// most of a check's time.
+#[derive(serde::Deserialize)]
+struct Judged {
+    flowhost: JudgedExtension,
+    decision: JudgedDecision,
+}
+
+/// The part of `flowhost` a check reads.
+#[derive(serde::Deserialize)]
+struct JudgedExtension {
+    seq: u64,
+    event: EventKind,
+    #[serde(default)]
+    principal: Option<String>,
+    #[serde(default)]
+    session: Option<String>,
+    #[serde(default)]
+    labels_after: Option<LabelsAfter>,
+    #[serde(default)]
+    grant: Option<JudgedGrant>,
+}
+
+/// The part of `flowhost.grant` a check reads.
+#[derive(serde::Deserialize)]
+struct JudgedGrant {
+    id: String,
+}
+
+/// The part of `decision` a check reads.
+#[derive(serde::Deserialize)]
+struct JudgedDecision {
+    effect: Effect,
 }
 
 /// Where the state lives, for messages.
@@ -482,28 +558,82 @@ fn read_owed(
     places: &Places<'_>,
     home: &Home,
     checkpoint: Option<&(u64, String)>,
+    through: Option<u64>,
     held: &StateSnapshot,
 ) -> Result<(ScanEnd, Owed), ContinuityError> {
     let mut owed = Owed::default();
     let end = scan(
         places.records,
         checkpoint.map(|(s, h)| (*s, h.as_str())),
+        through,
         false,
         &mut |seen| owed.take(seen, held, places, home),
     )?;
     Ok((end, owed))
 }
 
+/// [`read_owed`] on a thread of the runtime's blocking pool: reading and decoding the records
+/// takes a few microseconds per record, which a check while serving must not take from the
+/// runtime's workers.
+async fn read_owed_apart(
+    places: &Places<'_>,
+    home: &Home,
+    checkpoint: Option<(u64, String)>,
+    through: Option<u64>,
+    held: StateSnapshot,
+) -> Result<(ScanEnd, Owed), ContinuityError> {
+    let (db, state_dir, records) = (
+        places.db.to_path_buf(),
+        places.state_dir.to_path_buf(),
+        places.records.to_path_buf(),
+    );
+    let host_id = places.host_id.map(str::to_string);
+    let home = home.clone();
+    let reading = tokio::task::spawn_blocking(move || {
+        let places = Places {
+            db: &db,
+            state_dir: &state_dir,
+            records: &records,
+            host_id: host_id.as_deref(),
+        };
+        read_owed(&places, &home, checkpoint.as_ref(), through, &held)
+    });
+    reading.await.map_err(|e| ContinuityError::Interrupted {
+        records: places.records.to_path_buf(),
+        reason: e.to_string(),
+    })?
+}
+
 /// Checks that `state` holds every label the records in `places.records` prove, and
 /// re-binds it to the records' head. Refuses (see [`ContinuityError`]) a state that is
 /// behind the records or belongs to another record stream.
 pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), ContinuityError> {
+    check_through(state, places, None).await
+}
+
+/// [`check`] over the records up to sequence number `through` alone (all of them with
+/// `None`), binding the state to the last of them read; sound while the host serves when
+/// `through` was read from the record writer before this is called. The state is raised
+/// before a record that claims the raise is written, and labels only grow, so the state
+/// read here, after `through` was, holds whatever the records up to it prove; records
+/// written since may claim raises it was read too early to hold, and are left to the next
+/// check.
+pub async fn check_through(
+    state: &FlowStateStore,
+    places: &Places<'_>,
+    through: Option<u64>,
+) -> Result<(), ContinuityError> {
     let checkpoint = state.checkpoint().await?;
-    // Read once, before the records: nothing raises a label while the host starts or once
-    // it has stopped serving, and each record is compared with it as it is read.
+    if let (Some(through), Some((seq, _))) = (through, &checkpoint)
+        && through <= *seq
+    {
+        return Ok(());
+    }
+    // Read once, before the records, and each record is compared with it as it is read
+    // (see above for why that is sound while labels are being raised).
     let held = state.snapshot().await?;
     let home = places.home(state);
-    let (scan, owed) = read_owed(places, &home, checkpoint.as_ref(), &held)?;
+    let (scan, owed) = read_owed_apart(places, &home, checkpoint.clone(), through, held).await?;
     if let Some((seq, hash)) = &checkpoint {
         let found = match &scan.checkpoint {
             CheckpointFound::Matches | CheckpointFound::NotNeeded => None,
@@ -628,7 +758,7 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
         });
     }
     let mut proven = Proven::default();
-    let scan = scan(records_dir, None, true, &mut |seen| {
+    let scan = scan(records_dir, None, None, true, &mut |seen| {
         proven.take(seen);
         Ok(())
     })?;
@@ -689,8 +819,98 @@ mod tests {
         w.close_blocking().unwrap();
     }
 
-    /// The checkpoint moves only at start and clean stop, so the records after it grow with
-    /// the run: what the scan holds while it reads them must not.
+    /// A record directory holding one allowed call of alice per label, in order, each in a
+    /// session of its own.
+    fn records_of_labels(dir: &Path, labels: &[InformationLabel]) {
+        let w = RecordWriter::open(dir, WriterOptions::default()).unwrap();
+        for (i, label) in labels.iter().enumerate() {
+            let mut call = crate::records::tests::sample_tool_call();
+            call.flowhost.session = Some(format!("s-{i}"));
+            call.flowhost.labels_after = Some(LabelsAfter {
+                principal: label.clone(),
+                session: label.clone(),
+            });
+            w.commit_blocking(call).unwrap();
+        }
+        w.close_blocking().unwrap();
+    }
+
+    /// The lines of the one record file in `dir`.
+    fn lines_of(dir: &Path) -> Vec<Vec<u8>> {
+        let files = list_record_files(dir).unwrap();
+        assert_eq!(files.len(), 1);
+        let bytes = std::fs::read(&files[0].path).unwrap();
+        split_lines(&bytes).0.map(<[u8]>::to_vec).collect()
+    }
+
+    /// A check while serving reads the records up to the one the writer had when it began,
+    /// and binds the state to it: a later record may claim a raise the state was read too
+    /// early to hold, so it is left to the next check, which still finds a state without it.
+    #[tokio::test]
+    async fn a_check_through_a_record_binds_to_it_and_leaves_the_later_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        let bottom = InformationLabel::bottom();
+        records_of_labels(
+            &records,
+            &[
+                bottom.clone(),
+                bottom,
+                crate::state::tests::owner("larkfield"),
+            ],
+        );
+        let db = dir.path().join("state.db");
+        let state = FlowStateStore::open(&db).unwrap();
+        let places = Places {
+            db: &db,
+            state_dir: dir.path(),
+            records: &records,
+            host_id: None,
+        };
+        check_through(&state, &places, Some(2)).await.unwrap();
+        let second = line_hash(&lines_of(&records)[1]).as_str().to_string();
+        assert_eq!(state.checkpoint().await.unwrap(), Some((2, second)));
+        // Nothing new up to the checkpoint: nothing to read.
+        check_through(&state, &places, Some(1)).await.unwrap();
+        check_through(&state, &places, Some(2)).await.unwrap();
+        let err = check_through(&state, &places, Some(3)).await.unwrap_err();
+        assert!(
+            err.to_string().contains("record seq 3 ") && err.to_string().contains("alice"),
+            "{err}"
+        );
+        // The refused check left the binding where it was.
+        assert_eq!(state.checkpoint().await.unwrap().map(|c| c.0), Some(2));
+    }
+
+    /// After a checkpoint, the lines before it in its file are not decoded when the file's
+    /// name puts the checkpoint's line where it is; a file whose lines are not numbered as
+    /// its name says is read from its first line, and the checkpoint still found.
+    #[test]
+    fn the_lines_before_the_checkpoint_are_skipped_only_where_their_numbers_allow() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        records_of_one_principal(&records, 300);
+        let hash = line_hash(&lines_of(&records)[249]).as_str().to_string();
+        let end = scan(&records, Some((250, &hash)), None, false, &mut |_| Ok(())).unwrap();
+        assert!(matches!(end.checkpoint, CheckpointFound::Matches));
+        assert_eq!(
+            end.records, 51,
+            "the lines before the checkpoint were decoded"
+        );
+        assert_eq!(end.head.map(|h| h.0), Some(300));
+        let file = &list_record_files(&records).unwrap()[0].path;
+        std::fs::rename(
+            file,
+            records.join(crate::records::store::record_file_name(2)),
+        )
+        .unwrap();
+        let end = scan(&records, Some((250, &hash)), None, false, &mut |_| Ok(())).unwrap();
+        assert!(matches!(end.checkpoint, CheckpointFound::Matches));
+        assert_eq!(end.records, 300);
+    }
+
+    /// The records after the checkpoint grow with the run between checks (and without
+    /// bound when a state stays behind): what the scan holds while it reads them must not.
     #[test]
     fn what_the_scan_holds_does_not_grow_with_the_records() {
         let dir = tempfile::tempdir().unwrap();
@@ -707,12 +927,12 @@ mod tests {
         held.principals
             .insert(alice.clone(), crate::state::tests::owner("larkfield"));
         let home = places.home(&FlowStateStore::open(places.db).unwrap());
-        let (end, owed) = read_owed(&places, &home, None, &held).unwrap();
+        let (end, owed) = read_owed(&places, &home, None, None, &held).unwrap();
         assert_eq!(end.records, 300);
         assert_eq!(owed.held(), 0, "the check holds something per record");
         // A record the state does not hold is refused as it is read, naming it.
         held.principals.insert(alice, InformationLabel::bottom());
-        let err = read_owed(&places, &home, None, &held)
+        let err = read_owed(&places, &home, None, None, &held)
             .err()
             .unwrap()
             .to_string();
@@ -722,7 +942,7 @@ mod tests {
         );
         // A rebuild folds them into one label per principal.
         let mut proven = Proven::default();
-        scan(&records, None, true, &mut |seen| {
+        scan(&records, None, None, true, &mut |seen| {
             proven.take(seen);
             Ok(())
         })

@@ -242,6 +242,9 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct FlowStateStore {
     backend: Box<dyn StateBackend>,
+    /// Set once the store is found not to hold what the records prove (see
+    /// [`FlowStateStore::fail`]); never cleared while the host runs.
+    failed: std::sync::OnceLock<String>,
 }
 
 impl FlowStateStore {
@@ -252,12 +255,31 @@ impl FlowStateStore {
 
     /// A store over `backend`.
     pub fn with_backend(backend: Box<dyn StateBackend>) -> Self {
-        FlowStateStore { backend }
+        FlowStateStore {
+            backend,
+            failed: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Refuses every later use of the store, for `reason`: the host found that it does not
+    /// hold what the decision records prove (rolled back or replaced under the running host),
+    /// so no label read from it can be trusted, and nothing written to it may bind it to the
+    /// records. The first reason is kept.
+    pub fn fail(&self, reason: String) {
+        let _ = self.failed.set(reason);
+    }
+
+    fn usable(&self) -> Result<(), StateError> {
+        match self.failed.get() {
+            Some(why) => Err(StateError::Failed(why.clone())),
+            None => Ok(()),
+        }
     }
 
     /// The current labels of a session. A session never seen starts at bottom; its
     /// principal's label applies through [`FlowState::combined`].
     pub async fn get(&self, key: &SessionKey) -> Result<FlowState, StateError> {
+        self.usable()?;
         self.backend.get(key).await
     }
 
@@ -268,6 +290,7 @@ impl FlowStateStore {
         key: &SessionKey,
         label: &InformationLabel,
     ) -> Result<FlowState, StateError> {
+        self.usable()?;
         self.backend.raise(key, label, label).await
     }
 
@@ -278,37 +301,46 @@ impl FlowStateStore {
         principal: &InformationLabel,
         session: &InformationLabel,
     ) -> Result<FlowState, StateError> {
+        self.usable()?;
         self.backend.raise(key, principal, session).await
     }
 
     /// Drops an ended session (its label already lives in its principal's).
     pub async fn forget_session(&self, key: &SessionKey) -> Result<(), StateError> {
+        self.usable()?;
         self.backend.forget_session(key).await
     }
 
     /// Marks declassification grant `id` used, durably; `Ok(false)` for a replay.
     pub async fn consume_grant(&self, id: &str, now: u64) -> Result<bool, StateError> {
+        self.usable()?;
         self.backend.consume_grant(id, now).await
     }
 
     /// Every label held.
     pub async fn snapshot(&self) -> Result<StateSnapshot, StateError> {
+        self.usable()?;
         self.backend.snapshot().await
     }
 
     /// This host's records checkpoint.
     pub async fn checkpoint(&self) -> Result<Option<(u64, String)>, StateError> {
+        self.usable()?;
         self.backend.checkpoint().await
     }
 
     /// Binds this host's state to record `seq` (line hash `hash`), durably.
     pub async fn set_checkpoint(&self, seq: u64, hash: &str) -> Result<(), StateError> {
+        self.usable()?;
         self.backend.set_checkpoint(seq, hash).await
     }
 
     /// Why the store refuses use at the moment (`None`: healthy).
     pub fn failure(&self) -> Option<String> {
-        self.backend.failure()
+        self.failed
+            .get()
+            .cloned()
+            .or_else(|| self.backend.failure())
     }
 
     /// Names the store for operators.
@@ -1064,6 +1096,36 @@ pub(crate) mod tests {
         );
         drop(first);
         SqliteStore::open(&db).unwrap();
+    }
+
+    /// A store found not to hold what the records prove refuses every use from then on, and
+    /// says why: a label read from it, or a checkpoint written to it, would vouch for it.
+    #[tokio::test]
+    async fn a_failed_store_refuses_every_use_and_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FlowStateStore::open(&dir.path().join("state.db")).unwrap();
+        let k = key("alice", "s-1");
+        let l = owner("larkfield");
+        store.join(&k, &l).await.unwrap();
+        assert_eq!(store.failure(), None);
+        store.fail("rolled back under the host".into());
+        store.fail("a second reason is not kept".into());
+        let refused = |r: Result<(), StateError>| match r {
+            Err(StateError::Failed(why)) => assert_eq!(why, "rolled back under the host"),
+            other => panic!("not refused: {other:?}"),
+        };
+        refused(store.get(&k).await.map(drop));
+        refused(store.join(&k, &l).await.map(drop));
+        refused(store.raise(&k, &l, &l).await.map(drop));
+        refused(store.forget_session(&k).await);
+        refused(store.consume_grant("g-1", 1).await.map(drop));
+        refused(store.snapshot().await.map(drop));
+        refused(store.checkpoint().await.map(drop));
+        refused(store.set_checkpoint(1, "sha256:00").await);
+        assert_eq!(
+            store.failure().as_deref(),
+            Some("rolled back under the host")
+        );
     }
 
     /// The label of data owned by `o`, readable by `o` alone.

@@ -234,13 +234,48 @@ impl Host {
         Ok(h)
     }
 
-    /// Binds the flow state to the records' head, as a clean stop does, once it is checked
-    /// against the records (as at start): a shared database may have been changed by another
-    /// host, a failover or a restore, and a state file may have been replaced or rolled back
-    /// under the running host (a backup restored into it). Bound without the check, the next
-    /// start would take the lower labels for current. A state that fails the check stays
-    /// bound where it was, so the next start finds the same fault.
-    async fn bind_state_to_records(&self) -> Result<(), crate::continuity::ContinuityError> {
+    /// Checks the flow state against the records written since it was last bound, and binds
+    /// it to the last of them (see [`crate::continuity::check_through`]); the serve loop runs
+    /// this every `state_check_interval`. So a stop, and a start after a crash, read only the
+    /// records of the last interval, and a state rolled back or replaced under the running
+    /// host (a restored backup, a database failed over to a standby that lagged) is found
+    /// within one interval: the store then refuses every later use, so every call that needs
+    /// a label is refused, and the health says why, until the host is restarted (whose start
+    /// check names what to do). A check that cannot read the records is logged and tried
+    /// again at the next interval.
+    pub async fn check_state_while_serving(&self) {
+        let Some(through) = self.records.status().last_seq else {
+            return;
+        };
+        use crate::continuity::ContinuityError;
+        let Err(e) = self.bind_state_to_records(Some(through)).await else {
+            return;
+        };
+        let state = self.resolver.state();
+        if matches!(
+            e,
+            ContinuityError::Behind(_) | ContinuityError::OtherStream(_)
+        ) {
+            state.fail(e.to_string());
+        }
+        // A file replaced under the store fails it from within (its snapshot sees that).
+        if state.failure().is_some() {
+            tracing::error!(error = %e, "the flow state does not hold what the decision records prove; refusing every call that needs it until the host is restarted");
+        } else {
+            tracing::error!(error = %e, "checking the flow state against the decision records failed; trying again at the next interval");
+        }
+    }
+
+    /// Binds the flow state to the records' head (or to record `through`), as a clean stop
+    /// does, once it is checked against the records (as at start): a shared database may have
+    /// been changed by another host, a failover or a restore, and a state file may have been
+    /// replaced or rolled back under the running host (a backup restored into it). Bound
+    /// without the check, the next start would take the lower labels for current. A state
+    /// that fails the check stays bound where it was, so the next start finds the same fault.
+    async fn bind_state_to_records(
+        &self,
+        through: Option<u64>,
+    ) -> Result<(), crate::continuity::ContinuityError> {
         let generation = self.current();
         let config = &generation.config;
         let (db, host_id) = match &config.state {
@@ -249,7 +284,7 @@ impl Host {
             }
             crate::config::StateConfig::Sqlite => (config.state_dir.join(super::STATE_FILE), None),
         };
-        crate::continuity::check(
+        crate::continuity::check_through(
             self.resolver.state(),
             &crate::continuity::Places {
                 db: &db,
@@ -257,6 +292,7 @@ impl Host {
                 records: &config.records_dir,
                 host_id,
             },
+            through,
         )
         .await
     }
@@ -272,7 +308,7 @@ impl Host {
         if let Err(e) = self.records.close().await {
             tracing::error!(error = %e, "closing the decision records failed");
             clean = false;
-        } else if let Err(e) = self.bind_state_to_records().await {
+        } else if let Err(e) = self.bind_state_to_records(None).await {
             tracing::error!(error = %e, "binding the flow state to the records failed; it stays bound where it was, so the next start checks it against every record since");
             clean = false;
         }

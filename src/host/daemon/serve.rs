@@ -118,6 +118,16 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
             .max(Duration::from_millis(100)),
     );
     let mut last_space_warning: Option<tokio::time::Instant> = None;
+    // The first tick of an interval is at once; the start has just checked the state.
+    let state_check_interval = host.current().config.state_check_interval;
+    let mut state_checks = tokio::time::interval_at(
+        tokio::time::Instant::now() + state_check_interval,
+        state_check_interval,
+    );
+    state_checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One check at a time, beside the loop: its reading of the records runs on a blocking
+    // thread and may take a while after a busy interval.
+    let mut state_check: Option<tokio::task::JoinHandle<()>> = None;
     let status = {
         let generation = host.current();
         format!(
@@ -206,6 +216,14 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
                     reloading = Some(start_reload(&host));
                 }
             }
+            _ = state_checks.tick() => {
+                if state_check.as_ref().is_none_or(|t| t.is_finished()) {
+                    let host = host.clone();
+                    state_check = Some(tokio::spawn(async move {
+                        host.check_state_while_serving().await
+                    }));
+                }
+            }
             _ = summaries.tick() => host.admission.summarize(),
             _ = tick.tick() => {
                 if watchdog {
@@ -245,6 +263,10 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
         tracing::warn!("sessions did not finish in time");
     }
     if let Some(task) = http_task {
+        let _ = task.await;
+    }
+    // The stop's own check follows one in progress, never runs beside it.
+    if let Some(task) = state_check {
         let _ = task.await;
     }
     if host.finish().await {
