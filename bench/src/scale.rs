@@ -84,7 +84,16 @@ fn start_daemon(dir: &Path) -> (Daemon, PathBuf) {
     let config = dir.join("host.toml");
     // The pool refills behind sessions that take an executor; a larger pool only moves
     // spawn time out of the measured calls.
-    let text = host_config(&paths).replace("pool_size = 2", "pool_size = 8");
+    let mut text = host_config(&paths).replace("pool_size = 2", "pool_size = 8");
+    // How often the running daemon checks its flow state against the records (to compare a
+    // stop after a long run with and without those checks).
+    if let Ok(ms) = std::env::var("FLOWHOST_BENCH_STATE_CHECK_MS") {
+        text = text.replacen(
+            "call_timeout_ms = ",
+            &format!("state_check_interval_ms = {ms}\ncall_timeout_ms = "),
+            1,
+        );
+    }
     std::fs::write(&config, text).expect("write config");
     let mut serve = Command::new(flowhost_binary());
     serve.args(["serve", "--config"]).arg(&config);
@@ -268,7 +277,7 @@ pub fn drive(rest: &[String]) {
         Duration::from_secs(rest.get(i).and_then(|s| s.parse().ok()).unwrap_or(default))
     };
     let dir = scratch_dir("drive");
-    let (daemon, socket) = start_daemon(&dir);
+    let (mut daemon, socket) = start_daemon(&dir);
     eprintln!("daemon pid {}", daemon.child.id());
     std::thread::sleep(secs(1, 3));
     let serial = pipelined_rate(&socket, 1, 1, secs(0, 5));
@@ -277,6 +286,25 @@ pub fn drive(rest: &[String]) {
     eprintln!(
         "{PIPELINED_SESSIONS} sessions x {IN_FLIGHT} in flight: {}",
         fmt_rate(pipelined)
+    );
+    // A clean stop checks the flow state against the records written since the last check.
+    let stopping = Instant::now();
+    // SAFETY: kill(2) on the daemon's pid, which this process spawned and has not reaped.
+    unsafe { libc::kill(daemon.child.id() as i32, libc::SIGTERM) };
+    let status = daemon.child.wait();
+    let stopped = stopping.elapsed();
+    let records: usize = std::fs::read_dir(dir.join("records"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".jsonl"))
+        .filter_map(|e| std::fs::read(e.path()).ok())
+        .map(|bytes| bytes.iter().filter(|&&b| b == b'\n').count())
+        .sum();
+    eprintln!(
+        "clean stop after {records} records: {} ({})",
+        fmt_duration(stopped),
+        status.map_or_else(|e| e.to_string(), |s| s.to_string())
     );
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
