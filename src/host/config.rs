@@ -1015,10 +1015,12 @@ pub fn topology_of(profile: &flowhost_broker::Profile) -> RuntimeTopology {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const MINIMAL: &str = r#"
+    /// A valid configuration with one principal and one server, paths relative to
+    /// `/etc/flowhost`.
+    pub(crate) const MINIMAL: &str = r#"
 [host]
 socket = "s.sock"
 state_dir = "state"
@@ -1046,6 +1048,27 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
 
     fn error(text: &str) -> String {
         parse(text).unwrap_err().to_string()
+    }
+
+    /// The running host's check of its flow state against the records: 10 s unless set,
+    /// and never 0 (a check that never comes would be no check).
+    #[test]
+    fn the_state_check_interval_has_a_default_and_a_range() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.state_check_interval, Duration::from_secs(10));
+        let set = |v: &str| {
+            MINIMAL.replacen(
+                "[host]\n",
+                &format!("[host]\nstate_check_interval_ms = {v}\n"),
+                1,
+            )
+        };
+        assert_eq!(
+            parse(&set("250")).unwrap().state_check_interval,
+            Duration::from_millis(250)
+        );
+        let err = error(&set("0"));
+        assert!(err.contains("host.state_check_interval_ms"), "{err}");
     }
 
     #[test]

@@ -573,8 +573,9 @@ fn read_owed(
 }
 
 /// [`read_owed`] on a thread of the runtime's blocking pool: reading and decoding the records
-/// takes a few microseconds per record, which a check while serving must not take from the
-/// runtime's workers.
+/// takes about 3 µs per record, which a check while serving must not take from the
+/// runtime's workers. (The state's own reads stay where the store makes them: SQLite's on
+/// the calling worker, under the store's lock, for the time it reads the file once.)
 async fn read_owed_apart(
     places: &Places<'_>,
     home: &Home,
@@ -624,14 +625,17 @@ pub async fn check_through(
     through: Option<u64>,
 ) -> Result<(), ContinuityError> {
     let checkpoint = state.checkpoint().await?;
+    // Read once, before the records, and each record is compared with it as it is read
+    // (see above for why that is sound while labels are being raised). Read even when no
+    // record is new: reading is what finds a file replaced under the store.
+    let held = state.snapshot().await?;
+    // Nothing new since the checkpoint. A checkpoint past `through` is not this stream's
+    // (the writer's head never falls back): the scan below reports it.
     if let (Some(through), Some((seq, _))) = (through, &checkpoint)
-        && through <= *seq
+        && through == *seq
     {
         return Ok(());
     }
-    // Read once, before the records, and each record is compared with it as it is read
-    // (see above for why that is sound while labels are being raised).
-    let held = state.snapshot().await?;
     let home = places.home(state);
     let (scan, owed) = read_owed_apart(places, &home, checkpoint.clone(), through, held).await?;
     if let Some((seq, hash)) = &checkpoint {
@@ -870,8 +874,7 @@ mod tests {
         check_through(&state, &places, Some(2)).await.unwrap();
         let second = line_hash(&lines_of(&records)[1]).as_str().to_string();
         assert_eq!(state.checkpoint().await.unwrap(), Some((2, second)));
-        // Nothing new up to the checkpoint: nothing to read.
-        check_through(&state, &places, Some(1)).await.unwrap();
+        // Nothing new since the checkpoint: nothing to read.
         check_through(&state, &places, Some(2)).await.unwrap();
         let err = check_through(&state, &places, Some(3)).await.unwrap_err();
         assert!(
@@ -880,6 +883,55 @@ mod tests {
         );
         // The refused check left the binding where it was.
         assert_eq!(state.checkpoint().await.unwrap().map(|c| c.0), Some(2));
+    }
+
+    /// With no record since the checkpoint, a check still reads the state: a file replaced
+    /// under the store is found on a host that is idle. And a checkpoint past the writer's
+    /// head is another stream's, found as such (before, both returned at once).
+    #[tokio::test]
+    async fn a_check_with_nothing_new_still_reads_the_state_and_its_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        records_of_labels(&records, &[crate::state::tests::owner("larkfield")]);
+        let db = dir.path().join("state.db");
+        let places = Places {
+            db: &db,
+            state_dir: dir.path(),
+            records: &records,
+            host_id: None,
+        };
+        let state = FlowStateStore::open(&db).unwrap();
+        let older = dir.path().join("older.db");
+        let settle = |db: &Path| {
+            rusqlite::Connection::open(db)
+                .unwrap()
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                .unwrap();
+        };
+        settle(&db);
+        std::fs::copy(&db, &older).unwrap();
+        let alice = crate::state::tests::key("alice", "s-0");
+        state
+            .join(&alice, &crate::state::tests::owner("larkfield"))
+            .await
+            .unwrap();
+        check_through(&state, &places, Some(1)).await.unwrap();
+        settle(&db);
+        std::fs::copy(&older, &db).unwrap();
+        let err = check_through(&state, &places, Some(1)).await.unwrap_err();
+        assert!(
+            matches!(err, ContinuityError::State(StateError::Replaced { .. })),
+            "{err}"
+        );
+
+        let other = FlowStateStore::open(&dir.path().join("other.db")).unwrap();
+        other.set_checkpoint(5, "sha256:00").await.unwrap();
+        let err = check_through(&other, &places, Some(1)).await.unwrap_err();
+        assert!(
+            matches!(err, ContinuityError::OtherStream(_))
+                && err.to_string().contains("end at record seq 1"),
+            "{err}"
+        );
     }
 
     /// After a checkpoint, the lines before it in its file are not decoded when the file's

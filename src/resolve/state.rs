@@ -1138,7 +1138,7 @@ pub(crate) mod tests {
         .unwrap()
     }
 
-    pub(super) fn key(p: &str, s: &str) -> SessionKey {
+    pub(crate) fn key(p: &str, s: &str) -> SessionKey {
         SessionKey {
             principal: PrincipalId::new(p).unwrap(),
             session: s.into(),

@@ -248,21 +248,29 @@ impl Host {
             return;
         };
         use crate::continuity::ContinuityError;
+        use crate::state::{StateError, postgres::PgError};
         let Err(e) = self.bind_state_to_records(Some(through)).await else {
             return;
         };
-        let state = self.resolver.state();
-        if matches!(
-            e,
-            ContinuityError::Behind(_) | ContinuityError::OtherStream(_)
-        ) {
-            state.fail(e.to_string());
-        }
-        // A file replaced under the store fails it from within (its snapshot sees that).
-        if state.failure().is_some() {
-            tracing::error!(error = %e, "the flow state does not hold what the decision records prove; refusing every call that needs it until the host is restarted");
-        } else {
-            tracing::error!(error = %e, "checking the flow state against the decision records failed; trying again at the next interval");
+        // Found lower than the records prove, bound to another stream, or a file replaced
+        // under the store: no label it gives can be trusted. A shared database that reads
+        // lower than this host has seen a principal refuses that principal's calls by
+        // itself, until the label reads back (a standby catching up): that stays so. Anything
+        // else (the records or the database unreachable for now) is tried again, and each
+        // call meanwhile meets the same fault on its own.
+        match e {
+            ContinuityError::Behind(_)
+            | ContinuityError::OtherStream(_)
+            | ContinuityError::State(StateError::Replaced { .. }) => {
+                self.resolver.state().fail(e.to_string());
+                tracing::error!(error = %e, "the flow state does not hold what the decision records prove; refusing every call that needs it until the host is restarted");
+            }
+            ContinuityError::State(StateError::Postgres(PgError::Lower { .. })) => {
+                tracing::error!(error = %e, "the flow-state database holds a lower label than this host has seen; that principal's calls are refused until it reads back");
+            }
+            e => {
+                tracing::error!(error = %e, "checking the flow state against the decision records failed; trying again at the next interval");
+            }
         }
     }
 

@@ -386,7 +386,7 @@ pub(super) fn refuse_restart_only_changes(
     new: &HostConfig,
 ) -> Result<(), StartupError> {
     type Shown = fn(&HostConfig) -> String;
-    let fixed: [(&'static str, Shown); 17] = [
+    let fixed: [(&'static str, Shown); 18] = [
         ("socket", |c| c.socket.display().to_string()),
         ("socket_mode", |c| format!("{:o}", c.socket_mode)),
         ("http", |c| format!("{:?}", c.http)),
@@ -414,6 +414,9 @@ pub(super) fn refuse_restart_only_changes(
         }),
         ("records_min_free_mib", |c| {
             (c.records_min_free_bytes / (1024 * 1024)).to_string()
+        }),
+        ("state_check_interval_ms", |c| {
+            c.state_check_interval.as_millis().to_string()
         }),
         ("classifier", |c| {
             let rules: Vec<String> = c
@@ -702,6 +705,23 @@ impl Host {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The interval of the state checks is read once, at start: a reload that changes it is
+    /// refused, naming it, rather than reported applied while the old interval runs on.
+    #[test]
+    fn a_reload_cannot_change_the_state_check_interval() {
+        let file = Path::new("/etc/flowhost/host.toml");
+        let text = crate::config::tests::MINIMAL;
+        let running = HostConfig::parse(file, text).unwrap();
+        let new = HostConfig::parse(
+            file,
+            &text.replacen("[host]\n", "[host]\nstate_check_interval_ms = 500\n", 1),
+        )
+        .unwrap();
+        let err = refuse_restart_only_changes(&running, &new).unwrap_err();
+        assert!(err.to_string().contains("state_check_interval_ms"), "{err}");
+        refuse_restart_only_changes(&running, &running.clone()).unwrap();
+    }
 
     #[test]
     fn a_state_directory_made_at_start_is_synced_into_each_parent_it_was_made_in() {
