@@ -290,7 +290,13 @@ pub fn drive(rest: &[String]) {
     // A clean stop checks the flow state against the records written since the last check.
     let stopping = Instant::now();
     // SAFETY: kill(2) on the daemon's pid, which this process spawned and has not reaped.
-    unsafe { libc::kill(daemon.child.id() as i32, libc::SIGTERM) };
+    if unsafe { libc::kill(daemon.child.id() as i32, libc::SIGTERM) } != 0 {
+        eprintln!(
+            "clean stop not measured: SIGTERM: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
     let status = daemon.child.wait();
     let stopped = stopping.elapsed();
     let records: usize = std::fs::read_dir(dir.join("records"))
