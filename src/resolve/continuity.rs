@@ -612,9 +612,9 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
     check_through(state, places, None).await
 }
 
-/// [`check`] over the records up to sequence number `through` alone (all of them with
-/// `None`), binding the state to the last of them read; sound while the host serves when
-/// `through` was read from the record writer before this is called. The state is raised
+/// [`check`] over the records up to `through` alone (its sequence number and line hash; all
+/// of them with `None`), binding the state to the last of them read; sound while the host
+/// serves when `through` is the record writer's head as read before this is called. The state is raised
 /// before a record that claims the raise is written, and labels only grow, so the state
 /// read here, after `through` was, holds whatever the records up to it prove; records
 /// written since may claim raises it was read too early to hold, and are left to the next
@@ -622,21 +622,22 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
 pub async fn check_through(
     state: &FlowStateStore,
     places: &Places<'_>,
-    through: Option<u64>,
+    through: Option<(u64, &str)>,
 ) -> Result<(), ContinuityError> {
     let checkpoint = state.checkpoint().await?;
     // Read once, before the records, and each record is compared with it as it is read
     // (see above for why that is sound while labels are being raised). Read even when no
     // record is new: reading is what finds a file replaced under the store.
     let held = state.snapshot().await?;
-    // Nothing new since the checkpoint. A checkpoint past `through` is not this stream's
-    // (the writer's head never falls back): the scan below reports it.
-    if let (Some(through), Some((seq, _))) = (through, &checkpoint)
-        && through == *seq
+    // Nothing new since the checkpoint. Any other checkpoint at or past `through` is not
+    // this stream's (the writer's head never falls back): the scan below reports it.
+    if let (Some(through), Some((seq, hash))) = (through, &checkpoint)
+        && through == (*seq, hash.as_str())
     {
         return Ok(());
     }
     let home = places.home(state);
+    let through = through.map(|(seq, _)| seq);
     let (scan, owed) = read_owed_apart(places, &home, checkpoint.clone(), through, held).await?;
     if let Some((seq, hash)) = &checkpoint {
         let found = match &scan.checkpoint {
@@ -871,12 +872,19 @@ mod tests {
             records: &records,
             host_id: None,
         };
-        check_through(&state, &places, Some(2)).await.unwrap();
-        let second = line_hash(&lines_of(&records)[1]).as_str().to_string();
-        assert_eq!(state.checkpoint().await.unwrap(), Some((2, second)));
+        let hashes: Vec<String> = lines_of(&records)
+            .iter()
+            .map(|l| line_hash(l).as_str().to_string())
+            .collect();
+        let head = |seq: u64| Some((seq, hashes[seq as usize - 1].as_str()));
+        check_through(&state, &places, head(2)).await.unwrap();
+        assert_eq!(
+            state.checkpoint().await.unwrap(),
+            Some((2, hashes[1].clone()))
+        );
         // Nothing new since the checkpoint: nothing to read.
-        check_through(&state, &places, Some(2)).await.unwrap();
-        let err = check_through(&state, &places, Some(3)).await.unwrap_err();
+        check_through(&state, &places, head(2)).await.unwrap();
+        let err = check_through(&state, &places, head(3)).await.unwrap_err();
         assert!(
             err.to_string().contains("record seq 3 ") && err.to_string().contains("alice"),
             "{err}"
@@ -887,12 +895,15 @@ mod tests {
 
     /// With no record since the checkpoint, a check still reads the state: a file replaced
     /// under the store is found on a host that is idle. And a checkpoint past the writer's
-    /// head is another stream's, found as such (before, both returned at once).
+    /// head, or at its sequence number with another hash, is another stream's, found as such
+    /// (before, all three returned at once).
     #[tokio::test]
     async fn a_check_with_nothing_new_still_reads_the_state_and_its_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
         let records = dir.path().join("records");
         records_of_labels(&records, &[crate::state::tests::owner("larkfield")]);
+        let first = line_hash(&lines_of(&records)[0]).as_str().to_string();
+        let head = Some((1, first.as_str()));
         let db = dir.path().join("state.db");
         let places = Places {
             db: &db,
@@ -915,23 +926,21 @@ mod tests {
             .join(&alice, &crate::state::tests::owner("larkfield"))
             .await
             .unwrap();
-        check_through(&state, &places, Some(1)).await.unwrap();
+        check_through(&state, &places, head).await.unwrap();
         settle(&db);
         std::fs::copy(&older, &db).unwrap();
-        let err = check_through(&state, &places, Some(1)).await.unwrap_err();
+        let err = check_through(&state, &places, head).await.unwrap_err();
         assert!(
             matches!(err, ContinuityError::State(StateError::Replaced { .. })),
             "{err}"
         );
 
-        let other = FlowStateStore::open(&dir.path().join("other.db")).unwrap();
-        other.set_checkpoint(5, "sha256:00").await.unwrap();
-        let err = check_through(&other, &places, Some(1)).await.unwrap_err();
-        assert!(
-            matches!(err, ContinuityError::OtherStream(_))
-                && err.to_string().contains("end at record seq 1"),
-            "{err}"
-        );
+        for (n, (seq, hash)) in [(5, "sha256:00"), (1, "sha256:00")].into_iter().enumerate() {
+            let other = FlowStateStore::open(&dir.path().join(format!("other-{n}.db"))).unwrap();
+            other.set_checkpoint(seq, hash).await.unwrap();
+            let err = check_through(&other, &places, head).await.unwrap_err();
+            assert!(matches!(err, ContinuityError::OtherStream(_)), "{err}");
+        }
     }
 
     /// After a checkpoint, the lines before it in its file are not decoded when the file's

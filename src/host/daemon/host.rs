@@ -237,18 +237,21 @@ impl Host {
     /// Checks the flow state against the records written since it was last bound, and binds
     /// it to the last of them (see [`crate::continuity::check_through`]); the serve loop runs
     /// this every `state_check_interval`. So a stop, and a start after a crash, read only the
-    /// records of the last interval, and a state rolled back or replaced under the running
-    /// host (a restored backup, a database failed over to a standby that lagged) is found
-    /// within one interval: the store then refuses every later use, so every call that needs
-    /// a label is refused, and the health says why, until the host is restarted (whose start
-    /// check names what to do). A check that cannot read the records is logged and tried
-    /// again at the next interval.
+    /// records of the last interval, and a state that does not hold what the records prove,
+    /// is bound to another record stream or was replaced under the running host (a restored
+    /// `state.db`) is found within one interval: the store then refuses every later use, so
+    /// every call that needs a label is refused, and the health says why, until the host is
+    /// restarted (whose start check names what to do). A shared database that reads lower
+    /// than this host has seen a principal refuses that principal's calls until it reads
+    /// back, as it does for any read. A check that cannot read the records or the state is
+    /// logged and tried again at the next interval.
     pub async fn check_state_while_serving(&self) {
-        let Some(through) = self.records.status().last_seq else {
+        let Some(through) = super::startup::writer_head(&self.records.status()) else {
             return;
         };
         use crate::continuity::ContinuityError;
         use crate::state::{StateError, postgres::PgError};
+        let through = (through.0, through.1.as_str());
         let Err(e) = self.bind_state_to_records(Some(through)).await else {
             return;
         };
@@ -265,6 +268,8 @@ impl Host {
                 self.resolver.state().fail(e.to_string());
                 tracing::error!(error = %e, "the flow state does not hold what the decision records prove; refusing every call that needs it until the host is restarted");
             }
+            // Failed already (by an earlier check, or a write that failed): said then.
+            ContinuityError::State(StateError::Failed(_)) => {}
             ContinuityError::State(StateError::Postgres(PgError::Lower { .. })) => {
                 tracing::error!(error = %e, "the flow-state database holds a lower label than this host has seen; that principal's calls are refused until it reads back");
             }
@@ -274,7 +279,8 @@ impl Host {
         }
     }
 
-    /// Binds the flow state to the records' head (or to record `through`), as a clean stop
+    /// Binds the flow state to the records' head (or to record `through`: its sequence number
+    /// and line hash), as a clean stop
     /// does, once it is checked against the records (as at start): a shared database may have
     /// been changed by another host, a failover or a restore, and a state file may have been
     /// replaced or rolled back under the running host (a backup restored into it). Bound
@@ -282,7 +288,7 @@ impl Host {
     /// that fails the check stays bound where it was, so the next start finds the same fault.
     async fn bind_state_to_records(
         &self,
-        through: Option<u64>,
+        through: Option<(u64, &str)>,
     ) -> Result<(), crate::continuity::ContinuityError> {
         let generation = self.current();
         let config = &generation.config;
