@@ -295,6 +295,8 @@ pub fn drive(rest: &[String]) {
             "clean stop not measured: SIGTERM: {}",
             std::io::Error::last_os_error()
         );
+        drop(daemon);
+        let _ = std::fs::remove_dir_all(&dir);
         return;
     }
     let status = daemon.child.wait();
