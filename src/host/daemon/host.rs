@@ -280,12 +280,12 @@ impl Host {
     }
 
     /// Binds the flow state to the records' head (or to record `through`: its sequence number
-    /// and line hash), as a clean stop
-    /// does, once it is checked against the records (as at start): a shared database may have
-    /// been changed by another host, a failover or a restore, and a state file may have been
-    /// replaced or rolled back under the running host (a backup restored into it). Bound
-    /// without the check, the next start would take the lower labels for current. A state
-    /// that fails the check stays bound where it was, so the next start finds the same fault.
+    /// and line hash), as a clean stop does, once it is checked against the records (as at
+    /// start): a shared database may have been changed by another host, a failover or a
+    /// restore, and a state file may have been replaced or rolled back under the running host
+    /// (a backup restored into it). Bound without the check, the next start would take the
+    /// lower labels for current. A state that fails the check stays bound where it was, so
+    /// the next start finds the same fault.
     async fn bind_state_to_records(
         &self,
         through: Option<(u64, &str)>,
