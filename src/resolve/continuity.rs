@@ -30,6 +30,7 @@ use crate::label::InformationLabel;
 use crate::records::chain::{line_hash, verify_records};
 use crate::records::store::{StoreError, list_record_files, split_lines};
 use crate::records::{Effect, EventKind, LabelsAfter};
+use crate::state::postgres::PgError;
 use crate::state::{FlowStateStore, SessionKey, SqliteStore, StateError, StateSnapshot};
 
 /// Why the flow state and the records do not agree, or could not be compared.
@@ -520,16 +521,20 @@ impl Owed {
     fn take(
         &mut self,
         seen: Seen<'_>,
-        held: &StateSnapshot,
+        held: Option<&StateSnapshot>,
         places: &Places<'_>,
         home: &Home,
     ) -> Result<(), ContinuityError> {
         match seen {
+            // Without the state's labels (see `check_through`) only grants are owed.
+            Seen::Labels { .. } if held.is_none() => {}
             Seen::Labels { key, labels, at } => {
                 // Sessions do not outlive a run, and each session's label is joined into its
                 // principal's, so the principals' labels are what the records must find held.
                 let bottom = InformationLabel::bottom();
-                let principal = held.principals.get(&key.principal).unwrap_or(&bottom);
+                let principal = held
+                    .and_then(|h| h.principals.get(&key.principal))
+                    .unwrap_or(&bottom);
                 if !labels.principal.flows_to(principal) || !labels.session.flows_to(principal) {
                     let holder = format!("principal {} carrying a label", key.principal);
                     return Err(places.behind(home, holder, at));
@@ -559,7 +564,7 @@ fn read_owed(
     home: &Home,
     checkpoint: Option<&(u64, String)>,
     through: Option<u64>,
-    held: &StateSnapshot,
+    held: Option<&StateSnapshot>,
 ) -> Result<(ScanEnd, Owed), ContinuityError> {
     let mut owed = Owed::default();
     let end = scan(
@@ -581,7 +586,7 @@ async fn read_owed_apart(
     home: &Home,
     checkpoint: Option<(u64, String)>,
     through: Option<u64>,
-    held: StateSnapshot,
+    held: Option<StateSnapshot>,
 ) -> Result<(ScanEnd, Owed), ContinuityError> {
     let (db, state_dir, records) = (
         places.db.to_path_buf(),
@@ -597,7 +602,7 @@ async fn read_owed_apart(
             records: &records,
             host_id: host_id.as_deref(),
         };
-        read_owed(&places, &home, checkpoint.as_ref(), through, &held)
+        read_owed(&places, &home, checkpoint.as_ref(), through, held.as_ref())
     });
     reading.await.map_err(|e| ContinuityError::Interrupted {
         records: places.records.to_path_buf(),
@@ -614,11 +619,11 @@ pub async fn check(state: &FlowStateStore, places: &Places<'_>) -> Result<(), Co
 
 /// [`check`] over the records up to `through` alone (its sequence number and line hash; all
 /// of them with `None`), binding the state to the last of them read; sound while the host
-/// serves when `through` is the record writer's head as read before this is called. The state is raised
-/// before a record that claims the raise is written, and labels only grow, so the state
-/// read here, after `through` was, holds whatever the records up to it prove; records
-/// written since may claim raises it was read too early to hold, and are left to the next
-/// check.
+/// serves when `through` is the record writer's head as read before this is called. The
+/// state is raised before a record that claims the raise is written, and labels only grow,
+/// so the state read here, after `through` was, holds whatever the records up to it prove;
+/// records written since may claim raises it was read too early to hold, and are left to
+/// the next check.
 pub async fn check_through(
     state: &FlowStateStore,
     places: &Places<'_>,
@@ -628,13 +633,23 @@ pub async fn check_through(
     // Read once, before the records, and each record is compared with it as it is read
     // (see above for why that is sound while labels are being raised). Read even when no
     // record is new: reading is what finds a file replaced under the store.
-    let held = state.snapshot().await?;
+    //
+    // A shared database that reads a principal lower than this host has seen gives no
+    // labels to compare (each call of that principal is refused meanwhile, until it reads
+    // back), but the grants the records show spent, and the checkpoint, are still checked:
+    // a restore that lost spent grants would otherwise let them be spent again. The state
+    // is then not bound further, and the check fails as the read did.
+    let (held, lowered) = match state.snapshot().await {
+        Ok(held) => (Some(held), None),
+        Err(e @ StateError::Postgres(PgError::Lower { .. })) => (None, Some(e)),
+        Err(e) => return Err(e.into()),
+    };
     // Nothing new since the checkpoint. Any other checkpoint at or past `through` is not
     // this stream's (the writer's head never falls back): the scan below reports it.
     if let (Some(through), Some((seq, hash))) = (through, &checkpoint)
         && through == (*seq, hash.as_str())
     {
-        return Ok(());
+        return lowered.map_or(Ok(()), |e| Err(e.into()));
     }
     let home = places.home(state);
     let through = through.map(|(seq, _)| seq);
@@ -679,6 +694,9 @@ pub async fn check_through(
             };
             return Err(places.behind(&home, format!("declassification grant {id:?} spent"), at));
         }
+    }
+    if let Some(e) = lowered {
+        return Err(e.into());
     }
     if let Some((seq, hash)) = &scan.head {
         state.set_checkpoint(*seq, hash).await?;
@@ -988,12 +1006,12 @@ mod tests {
         held.principals
             .insert(alice.clone(), crate::state::tests::owner("larkfield"));
         let home = places.home(&FlowStateStore::open(places.db).unwrap());
-        let (end, owed) = read_owed(&places, &home, None, None, &held).unwrap();
+        let (end, owed) = read_owed(&places, &home, None, None, Some(&held)).unwrap();
         assert_eq!(end.records, 300);
         assert_eq!(owed.held(), 0, "the check holds something per record");
         // A record the state does not hold is refused as it is read, naming it.
         held.principals.insert(alice, InformationLabel::bottom());
-        let err = read_owed(&places, &home, None, None, &held)
+        let err = read_owed(&places, &home, None, None, Some(&held))
             .err()
             .unwrap()
             .to_string();
@@ -1012,6 +1030,16 @@ mod tests {
         assert_eq!(proven.sessions.len(), 300);
     }
 
+    /// This host's store in the lab database of `settings`, its schema made first.
+    async fn shared_store(settings: &crate::config::PostgresStateConfig) -> FlowStateStore {
+        crate::state::postgres::migrate(settings).await.unwrap();
+        FlowStateStore::with_backend(Box::new(
+            crate::state::postgres::PostgresStore::open(settings)
+                .await
+                .unwrap(),
+        ))
+    }
+
     /// On a shared PostgreSQL store the messages say what works there, naming the database
     /// and this host's `host_id`: `state rebuild` writes a SQLite file the host would not
     /// read.
@@ -1021,12 +1049,7 @@ mod tests {
             return;
         };
         let settings = pg.settings("web-1");
-        crate::state::postgres::migrate(&settings).await.unwrap();
-        let state = FlowStateStore::with_backend(Box::new(
-            crate::state::postgres::PostgresStore::open(&settings)
-                .await
-                .unwrap(),
-        ));
+        let state = shared_store(&settings).await;
         let dir = tempfile::tempdir().unwrap();
         let records = dir.path().join("records");
         records_of_one_principal(&records, 2);
@@ -1054,6 +1077,68 @@ mod tests {
             "{behind}"
         );
         assert!(other.contains("host_id"), "{other}");
+    }
+
+    /// A shared database that reads a principal lower than this host has seen gives no
+    /// labels to compare, but the grants the records show spent are still checked: one the
+    /// database lost with the label (restored from an older backup) is found, not left to be
+    /// spent again. Before, the check stopped at the lowered label.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_database_reading_lower_still_has_its_spent_grants_checked() {
+        let Some(pg) = crate::lab::postgres::Postgres::start_unless_unavailable().unwrap() else {
+            return;
+        };
+        let settings = pg.settings("web-1");
+        let state = shared_store(&settings).await;
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        records_with_a_spent_grant(&records);
+        let places = Places {
+            db: &settings.url_file,
+            state_dir: dir.path(),
+            records: &records,
+            host_id: Some("web-1"),
+        };
+        // As the call did: the grant spent, and the principal's label raised.
+        assert!(state.consume_grant("g-1", 1).await.unwrap());
+        let alice = crate::state::tests::key("alice", "s-9");
+        state
+            .join(&alice, &crate::state::tests::owner("larkfield"))
+            .await
+            .unwrap();
+        // The database restored from before both.
+        let raw = pg.client().await.unwrap();
+        let bottom = InformationLabel::bottom().to_canonical_json();
+        raw.execute(
+            "UPDATE principal_labels SET label = $1 WHERE principal = 'alice'",
+            &[&bottom],
+        )
+        .await
+        .unwrap();
+        raw.execute("DELETE FROM consumed_grants WHERE grant_id = 'g-1'", &[])
+            .await
+            .unwrap();
+        let err = check(&state, &places).await.unwrap_err();
+        assert!(
+            matches!(err, ContinuityError::Behind(_))
+                && err.to_string().contains("grant \"g-1\" spent"),
+            "{err}"
+        );
+        // The label alone lowered (the grant still spent): the check fails as the read did,
+        // and binds nothing.
+        raw.execute("DELETE FROM consumed_grants WHERE grant_id = 'g-1'", &[])
+            .await
+            .unwrap();
+        assert!(state.consume_grant("g-1", 1).await.unwrap());
+        let err = check(&state, &places).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ContinuityError::State(StateError::Postgres(PgError::Lower { .. }))
+            ),
+            "{err}"
+        );
+        assert_eq!(state.checkpoint().await.unwrap(), None);
     }
 
     /// A state that lost the grants it spent (restored, truncated, rebuilt) would accept
