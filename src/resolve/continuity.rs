@@ -683,17 +683,24 @@ pub async fn check_through(
     // refused call's grant was usually never spent (refused before), and counting it would
     // refuse every start after one. A rebuild, which is told the state is lost, marks them
     // all; a grant spent and then refused (the state failing right after) is the gap.
+    // Every lost one is marked before the first is reported: the refusal that follows
+    // stops every later use of this state, so one left unmarked could be spent on another
+    // host sharing the database.
     let mut grants: Vec<_> = owed.grants.into_iter().collect();
     grants.sort_by_key(|(_, (seq, _, _))| *seq);
-    for (id, (seq, file, line)) in grants {
-        if state.consume_grant(&id, crate::grant::now()).await? {
-            let at = At {
-                seq,
-                file: &file,
-                line,
-            };
-            return Err(places.behind(&home, format!("declassification grant {id:?} spent"), at));
+    let mut first_lost = None;
+    for (id, found) in grants {
+        if state.consume_grant(&id, crate::grant::now()).await? && first_lost.is_none() {
+            first_lost = Some((id, found));
         }
+    }
+    if let Some((id, (seq, file, line))) = first_lost {
+        let at = At {
+            seq,
+            file: &file,
+            line,
+        };
+        return Err(places.behind(&home, format!("declassification grant {id:?} spent"), at));
     }
     if let Some(e) = lowered {
         return Err(e.into());
@@ -812,17 +819,25 @@ mod tests {
 
     /// A record directory holding one allowed call made under grant `g-1`.
     fn records_with_a_spent_grant(dir: &Path) {
-        let mut call = crate::records::tests::sample_tool_call();
-        call.flowhost.grant = Some(GrantFacts {
-            id: "g-1".into(),
-            purpose: "reviewed-summary".into(),
-        });
-        call.flowhost.labels_after = Some(LabelsAfter {
-            principal: InformationLabel::bottom(),
-            session: InformationLabel::bottom(),
-        });
+        records_with_spent_grants(dir, &["g-1"], &InformationLabel::bottom());
+    }
+
+    /// A record directory holding one allowed call of alice per grant in `grants`, each
+    /// carrying `label`.
+    fn records_with_spent_grants(dir: &Path, grants: &[&str], label: &InformationLabel) {
         let w = RecordWriter::open(dir, WriterOptions::default()).unwrap();
-        w.commit_blocking(call).unwrap();
+        for id in grants {
+            let mut call = crate::records::tests::sample_tool_call();
+            call.flowhost.grant = Some(GrantFacts {
+                id: id.to_string(),
+                purpose: "reviewed-summary".into(),
+            });
+            call.flowhost.labels_after = Some(LabelsAfter {
+                principal: label.clone(),
+                session: label.clone(),
+            });
+            w.commit_blocking(call).unwrap();
+        }
         w.close_blocking().unwrap();
     }
 
@@ -1092,20 +1107,20 @@ mod tests {
         let state = shared_store(&settings).await;
         let dir = tempfile::tempdir().unwrap();
         let records = dir.path().join("records");
-        records_with_a_spent_grant(&records);
+        let larkfield = crate::state::tests::owner("larkfield");
+        records_with_spent_grants(&records, &["g-1", "g-2"], &larkfield);
         let places = Places {
             db: &settings.url_file,
             state_dir: dir.path(),
             records: &records,
             host_id: Some("web-1"),
         };
-        // As the call did: the grant spent, and the principal's label raised.
-        assert!(state.consume_grant("g-1", 1).await.unwrap());
+        // As the calls did: the grants spent, and the principal's label raised.
+        for g in ["g-1", "g-2"] {
+            assert!(state.consume_grant(g, 1).await.unwrap());
+        }
         let alice = crate::state::tests::key("alice", "s-9");
-        state
-            .join(&alice, &crate::state::tests::owner("larkfield"))
-            .await
-            .unwrap();
+        state.join(&alice, &larkfield).await.unwrap();
         // The database restored from before both.
         let raw = pg.client().await.unwrap();
         let bottom = InformationLabel::bottom().to_canonical_json();
@@ -1115,7 +1130,7 @@ mod tests {
         )
         .await
         .unwrap();
-        raw.execute("DELETE FROM consumed_grants WHERE grant_id = 'g-1'", &[])
+        raw.execute("DELETE FROM consumed_grants", &[])
             .await
             .unwrap();
         let err = check(&state, &places).await.unwrap_err();
@@ -1124,12 +1139,13 @@ mod tests {
                 && err.to_string().contains("grant \"g-1\" spent"),
             "{err}"
         );
-        // The label alone lowered (the grant still spent): the check fails as the read did,
-        // and binds nothing.
-        raw.execute("DELETE FROM consumed_grants WHERE grant_id = 'g-1'", &[])
-            .await
-            .unwrap();
-        assert!(state.consume_grant("g-1", 1).await.unwrap());
+        // Both lost grants were marked spent again, not only the one reported.
+        for g in ["g-1", "g-2"] {
+            assert!(!state.consume_grant(g, 1).await.unwrap(), "{g} spendable");
+        }
+        // The label alone lowered: the check fails as the read did, and binds nothing
+        // (the records' labels, which the lowered database does not hold, are not what it
+        // reports).
         let err = check(&state, &places).await.unwrap_err();
         assert!(
             matches!(

@@ -243,8 +243,9 @@ impl Host {
     /// every call that needs a label is refused, and the health says why, until the host is
     /// restarted (whose start check names what to do). A shared database that reads lower
     /// than this host has seen a principal refuses that principal's calls until it reads
-    /// back, as it does for any read. A check that cannot read the records or the state is
-    /// logged and tried again at the next interval.
+    /// back, as it does for any read; the check then still compares the grants the records
+    /// show spent (a lost one fails the store as above). A check that cannot read the
+    /// records or the state is logged and tried again at the next interval.
     pub async fn check_state_while_serving(&self) {
         let Some(through) = super::startup::writer_head(&self.records.status()) else {
             return;
