@@ -80,18 +80,27 @@ pub(super) async fn bridge(
         )
     })?;
     let (mut from_daemon, mut to_daemon) = stream.into_split();
-    let up = tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let r = tokio::io::copy(&mut stdin, &mut to_daemon).await;
-        // Tell the daemon no more requests come, and keep reading its answers.
-        let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
-        r
-    });
+    // Set before the shutdown that lets the host close after its last answer, so a host
+    // that closed because stdin did is never taken for one that closed on its own. (Asking
+    // whether the copying task had finished raced with its last steps after the shutdown:
+    // under load, a session the client ended was now and then reported as refused.)
+    let stdin_closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let up = {
+        let stdin_closed = stdin_closed.clone();
+        tokio::spawn(async move {
+            let mut stdin = tokio::io::stdin();
+            let r = tokio::io::copy(&mut stdin, &mut to_daemon).await;
+            stdin_closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            // Tell the daemon no more requests come, and keep reading its answers.
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
+            r
+        })
+    };
     let mut stdout = tokio::io::stdout();
     let down = relay_out(&mut from_daemon, &mut stdout).await;
     let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
     // A request still being read when the host closed has no one to answer it.
-    let ending = if up.is_finished() {
+    let ending = if stdin_closed.load(std::sync::atomic::Ordering::SeqCst) {
         if let Ok(Err(e)) = up.await {
             return Err(format!("reading stdin: {e}").into());
         }
