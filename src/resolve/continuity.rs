@@ -1055,6 +1055,20 @@ mod tests {
         ))
     }
 
+    /// Where host `web-1`'s state lives in the lab database of `settings`.
+    fn shared_places<'a>(
+        settings: &'a crate::config::PostgresStateConfig,
+        state_dir: &'a Path,
+        records: &'a Path,
+    ) -> Places<'a> {
+        Places {
+            db: &settings.url_file,
+            state_dir,
+            records,
+            host_id: Some("web-1"),
+        }
+    }
+
     /// On a shared PostgreSQL store the messages say what works there, naming the database
     /// and this host's `host_id`: `state rebuild` writes a SQLite file the host would not
     /// read.
@@ -1068,12 +1082,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let records = dir.path().join("records");
         records_of_one_principal(&records, 2);
-        let places = Places {
-            db: &settings.url_file,
-            state_dir: dir.path(),
-            records: &records,
-            host_id: Some("web-1"),
-        };
+        let places = shared_places(&settings, dir.path(), &records);
         let database = format!("127.0.0.1:{}/postgres", pg.port);
         let behind = check(&state, &places).await.unwrap_err().to_string();
         let other = {
@@ -1109,12 +1118,7 @@ mod tests {
         let records = dir.path().join("records");
         let larkfield = crate::state::tests::owner("larkfield");
         records_with_spent_grants(&records, &["g-1", "g-2"], &larkfield);
-        let places = Places {
-            db: &settings.url_file,
-            state_dir: dir.path(),
-            records: &records,
-            host_id: Some("web-1"),
-        };
+        let places = shared_places(&settings, dir.path(), &records);
         // As the calls did: the grants spent, and the principal's label raised.
         for g in ["g-1", "g-2"] {
             assert!(state.consume_grant(g, 1).await.unwrap());
