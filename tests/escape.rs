@@ -288,6 +288,62 @@ async fn a_send_on_a_connected_tcp_socket_is_reported_to_its_peer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_while_the_handshake_is_under_way_is_never_judged_by_the_address_it_names() {
+    let Some(b) = broker() else { return };
+    // The peer's full accept queue holds the probe's handshake: its socket is connecting, and
+    // the kernel sends whatever it is given to that peer once the handshake ends, ignoring
+    // the address the send names. Judged by that address, an executor could name any
+    // allowed one and have its bytes go to a peer the host judged only at connect time.
+    let (listener, _fillers) = full_accept_queue();
+    let peer = listener.local_addr().unwrap();
+    let elsewhere = UdpSink::start();
+    let argv = probe_argv(&[
+        "connecting-sendto",
+        &peer.to_string(),
+        &elsewhere.addr.to_string(),
+    ]);
+    let run = run_with(&b, "brokered", argv, allow_everything).await;
+    let result = run.result();
+    assert_eq!(result["connect_errno"], libc::EINPROGRESS, "{}", run.stdout);
+    let send = run
+        .attempts
+        .iter()
+        .find(|(a, _)| a.syscall == EgressSyscall::Sendto)
+        .expect("the send is reported");
+    assert_ne!(send.0.destination, dest(elsewhere.addr), "{:?}", send.0);
+    // The peer is not known until the handshake ends: a send to no known destination is
+    // refused, as every rule set refuses it.
+    assert_eq!(send.0.destination, None, "{:?}", send.0);
+    assert!(send.0.connected);
+    assert_eq!(result["result"], "errno", "{}", run.stdout);
+    assert!(elsewhere.datagrams.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fastopen_send_on_a_fresh_socket_is_judged_by_its_address() {
+    let Some(b) = broker() else { return };
+    let fastopen = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen").unwrap_or_default();
+    if fastopen.trim().parse::<u32>().is_ok_and(|v| v & 1 == 0) {
+        eprintln!("SKIP: TCP Fast Open is disabled for clients (net.ipv4.tcp_fastopen)");
+        return;
+    }
+    // With MSG_FASTOPEN, a send on a socket that is not connecting is a connect to the
+    // address it names, so that address is what the host is asked about.
+    let target = TcpSink::start();
+    let argv = probe_argv(&["fastopen-sendto", &target.addr.to_string()]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+    let send = run
+        .attempts
+        .iter()
+        .find(|(a, _)| a.syscall == EgressSyscall::Sendto)
+        .expect("the send is reported");
+    assert_eq!(send.0.destination, dest(target.addr));
+    assert!(!send.0.connected);
+    assert_eq!(target.await_bytes(21), b"probe-fastopen-sendto");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn msg_zerocopy_never_reaches_the_kernel_from_the_broker() {
     let Some(b) = broker() else { return };
     // With MSG_ZEROCOPY the kernel would keep sending from the broker's copy of the data

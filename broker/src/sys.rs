@@ -529,6 +529,29 @@ pub fn peer_address(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     Ok(storage[..(len as usize).min(storage.len())].to_vec())
 }
 
+/// The TCP state `TCP_CLOSE` (`include/net/tcp_states.h`): neither connected nor
+/// connecting nor listening.
+pub const TCP_CLOSE: u8 = 7;
+
+/// The state of a TCP socket (`tcpi_state`, the first byte of `TCP_INFO`); `None` if it
+/// cannot be read.
+pub fn tcp_state(fd: BorrowedFd<'_>) -> Option<u8> {
+    let mut state = 0u8;
+    let mut len: libc::socklen_t = 1;
+    // SAFETY: the kernel writes at most `len` (1) bytes of `tcp_info` into `state`, which we
+    // own, and the new length into `len`.
+    let ret = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut state as *mut u8).cast(),
+            &mut len,
+        )
+    };
+    (ret == 0 && len == 1).then_some(state)
+}
+
 /// `listen(2)` on a socket the broker holds.
 pub fn listen_raw(fd: BorrowedFd<'_>, backlog: i32) -> io::Result<()> {
     // SAFETY: plain syscall on a descriptor we hold.

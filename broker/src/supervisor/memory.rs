@@ -128,15 +128,17 @@ impl Caller<'_> {
     /// Copies one `struct msghdr` worth of message: name, payload and control data, within
     /// what is left of the notification's `budget`. A stream message larger than the budget
     /// is copied partially (and sent partially) only when nothing else of the notification
-    /// was copied yet; otherwise it fails, as does a datagram that does not fit.
+    /// was copied yet; otherwise it fails, as does a datagram that does not fit. `flags` are
+    /// the send's (they say whether the kernel reads the name at all).
     pub(super) fn message(
         &self,
         pidfd: &OwnedFd,
         sock: &TakenSocket,
         header: &[u8],
-        syscall: EgressSyscall,
+        send: (EgressSyscall, i32),
         budget: &mut Budget,
     ) -> Step<CopiedMessage> {
+        let (syscall, flags) = send;
         let u64_at = |o: usize| u64::from_ne_bytes(header[o..o + 8].try_into().unwrap_or([0; 8]));
         let u32_at = |o: usize| u32::from_ne_bytes(header[o..o + 4].try_into().unwrap_or([0; 4]));
         let (name_ptr, name_len) = (u64_at(0), u32_at(8) as usize);
@@ -183,7 +185,7 @@ impl Caller<'_> {
         };
         let (destination, connected);
         let (mut pin, mut unreachable) = (None, None);
-        if name_ptr != 0 && name_len > 0 && !super::perform::ignores_address(sock) {
+        if name_ptr != 0 && name_len > 0 && !super::perform::ignores_address(sock, flags) {
             let raw = self.copy(name_ptr, name_len)?;
             let (dest, target) = self.resolve(&raw, sock, syscall);
             if super::perform::needs_network_privilege(&dest) {

@@ -145,7 +145,7 @@ impl Caller<'_> {
         info.bytes = Some(message.data.len());
         let mut pin = None;
         match raw {
-            Some(raw) if !ignores_address(&sock) => {
+            Some(raw) if !ignores_address(&sock, flags) => {
                 let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Sendto);
                 info.destination = Some(destination);
                 if let Ok(t) = &target {
@@ -183,7 +183,13 @@ impl Caller<'_> {
         let (pidfd, sock) = self.socket(fd)?;
         let header = self.copy(msg_ptr, MSGHDR_SIZE)?;
         let mut budget = Budget::default();
-        let copied = self.message(&pidfd, &sock, &header, EgressSyscall::Sendmsg, &mut budget)?;
+        let copied = self.message(
+            &pidfd,
+            &sock,
+            &header,
+            (EgressSyscall::Sendmsg, flags),
+            &mut budget,
+        )?;
         let mut info = self.attempt(EgressSyscall::Sendmsg, &sock);
         info.bytes = Some(copied.msg.data.len());
         info.destination = copied.destination.clone();
@@ -217,7 +223,13 @@ impl Caller<'_> {
         let mut budget = Budget::default();
         for i in 0..vlen {
             let h = &headers[i * MMSGHDR_SIZE..i * MMSGHDR_SIZE + MSGHDR_SIZE];
-            match self.message(&pidfd, &sock, h, EgressSyscall::Sendmmsg, &mut budget) {
+            match self.message(
+                &pidfd,
+                &sock,
+                h,
+                (EgressSyscall::Sendmmsg, flags),
+                &mut budget,
+            ) {
                 Ok(m) => messages.push(m),
                 Err(Outcome::Abandon) => return Err(Outcome::Abandon),
                 // Like the kernel, a batch that fails part-way reports the messages before
@@ -270,14 +282,27 @@ impl Caller<'_> {
     }
 }
 
-/// Whether the kernel ignores the address a send on `sock` gives: a connected TCP socket
-/// sends to its peer whatever address it is given, and a seqpacket socket drops it, so the
-/// peer is what the host decides and the record names. (A connected unix stream socket
-/// refuses an address with EISCONN, which the send then returns as the kernel would.)
-pub(super) fn ignores_address(sock: &TakenSocket) -> bool {
+/// Whether the kernel ignores the address a send on `sock` with `flags` gives, so that the
+/// socket's peer is what the host decides and the record names:
+/// - TCP sends to the peer of its connection whatever address it is given, and so it does
+///   while its handshake is under way (the bytes wait for it, then go to the address the
+///   connect named, which `getpeername` does not tell until then: such a send is decided
+///   as one to no known destination, which every rule set refuses). Only `MSG_FASTOPEN` on
+///   a socket that is not connected or connecting makes the send a connect to the address.
+/// - A seqpacket socket drops the address once connected.
+///
+/// (A connected unix stream socket refuses an address with EISCONN, which the send then
+/// returns as the kernel would.)
+pub(super) fn ignores_address(sock: &TakenSocket, flags: i32) -> bool {
     let tcp = sock.info.socket_type == libc::SOCK_STREAM
         && matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
-    (tcp || sock.info.socket_type == libc::SOCK_SEQPACKET) && peer(sock).is_some()
+    if tcp {
+        // A state that cannot be read is taken as a connection: the send is then decided by
+        // the peer, or refused for having none, never by an address the kernel may ignore.
+        return flags & libc::MSG_FASTOPEN == 0
+            || sys::tcp_state(sock.fd.as_fd()).is_none_or(|s| s != sys::TCP_CLOSE);
+    }
+    sock.info.socket_type == libc::SOCK_SEQPACKET && peer(sock).is_some()
 }
 
 /// Whether a send or connect to `dest` needs a capability the executor lacks and the broker,

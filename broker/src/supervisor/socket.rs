@@ -417,14 +417,12 @@ impl Caller<'_> {
         mut msg: OwnedMessage,
         flags: i32,
     ) -> Step<io::Result<usize>> {
-        let flags = (flags | libc::MSG_NOSIGNAL) & !libc::MSG_ZEROCOPY;
+        let mut flags = (flags | libc::MSG_NOSIGNAL) & !libc::MSG_ZEROCOPY;
+        let dontwait = flags & libc::MSG_DONTWAIT != 0;
         // Whether the executor's call may block, read only when it matters (a send that did
         // not go out whole): most sends complete at once, without the flag read.
         let mut blocking = None;
-        let mut may_block = || {
-            *blocking
-                .get_or_insert_with(|| flags & libc::MSG_DONTWAIT == 0 && self.is_blocking(sock))
-        };
+        let mut may_block = || *blocking.get_or_insert_with(|| !dontwait && self.is_blocking(sock));
         let stream = sock.info.socket_type == libc::SOCK_STREAM;
         let mut sent = 0usize;
         let mut watch = None;
@@ -444,6 +442,18 @@ impl Caller<'_> {
                     msg.name.clear();
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && may_block() => {}
+                // A Fast Open send started the connect without carrying the bytes (no
+                // cookie yet). A blocking call waits for the handshake, as the kernel's
+                // would, then sends them on the connection.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EINPROGRESS)
+                        && flags & libc::MSG_FASTOPEN != 0
+                        && sent == 0
+                        && may_block() =>
+                {
+                    flags &= !libc::MSG_FASTOPEN;
+                    msg.name.clear();
+                }
                 Err(_) if sent > 0 => return Ok(Ok(sent)),
                 Err(e) => return Ok(Err(e)),
             }
