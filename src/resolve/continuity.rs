@@ -186,6 +186,9 @@ pub struct BehindError {
     /// What the records show (`principal alice carrying a label`, `declassification grant
     /// "g-1" spent`).
     holder: String,
+    /// The check has marked it spent again (a grant): nothing is left to forget, but what
+    /// lost it may have lost more.
+    remarked: bool,
     /// The record proving it.
     seq: u64,
     /// Its file.
@@ -199,19 +202,26 @@ impl std::fmt::Display for BehindError {
         let BehindError {
             records,
             holder,
+            remarked,
             seq,
             file,
             line,
             ..
         } = self;
         let (records, file) = (records.display(), file.display());
+        let lost = if *remarked {
+            "It is marked spent again now (with every other spent grant the records show), \
+             but whatever lost it may have lost more."
+        } else {
+            "Starting would forget it."
+        };
         match &self.home {
             Home::File { db, state_dir } => write!(
                 f,
                 "flow state {} is older than the decision records: record seq {seq} \
                  ({file}:{line}) shows {holder}, which the state does not hold (a truncated or \
-                 restored state.db, or one whose write-ahead log was lost). Starting would \
-                 forget it. With the host stopped, rebuild the state from the records with \
+                 restored state.db, or one whose write-ahead log was lost). {lost} With the \
+                 host stopped, rebuild the state from the records with \
                  `flowhost state rebuild --records {records} --state-dir {}`, or restore the \
                  newest state.db",
                 db.display(),
@@ -226,7 +236,7 @@ impl std::fmt::Display for BehindError {
                 "flow-state database {name} is older than the decision records: record seq \
                  {seq} ({file}:{line}) shows {holder}, which the database does not hold (it \
                  was restored from an older backup, failed over to a standby that lagged, or \
-                 emptied). Starting would forget it. Bring back the database that holds it: \
+                 emptied). {lost} Bring back the database that holds it: \
                  restore its newest backup, or point {} at the server that has the latest \
                  writes, then start again {REBUILD_IS_SQLITE_ONLY}. If no copy holds it any \
                  more, starting means accepting the loss: move {records} aside (keep it) and \
@@ -496,10 +506,22 @@ impl Places<'_> {
 
     /// The state is behind the records: `holder` is what record `at` shows.
     fn behind(&self, home: &Home, holder: String, at: At<'_>) -> ContinuityError {
+        self.behind_as(home, holder, at, false)
+    }
+
+    /// [`Places::behind`], for what the check has put back itself (`remarked`).
+    fn behind_as(
+        &self,
+        home: &Home,
+        holder: String,
+        at: At<'_>,
+        remarked: bool,
+    ) -> ContinuityError {
         ContinuityError::Behind(Box::new(BehindError {
             home: home.clone(),
             records: self.records.to_path_buf(),
             holder,
+            remarked,
             seq: at.seq,
             file: at.file.to_path_buf(),
             line: at.line,
@@ -660,10 +682,13 @@ pub async fn check_through(
             CheckpointFound::Differs(other) => {
                 Some(format!("holds record seq {seq} with hash {other}"))
             }
-            CheckpointFound::Missing => Some(match &scan.head {
-                Some((last, _)) if last < seq => format!("end at record seq {last}"),
-                None => "hold no records".to_string(),
-                Some(_) => format!("do not hold record seq {seq}"),
+            CheckpointFound::Missing => Some(match (&scan.head, through) {
+                (Some((last, _)), _) if last < seq => format!("end at record seq {last}"),
+                (Some(_), _) => format!("do not hold record seq {seq}"),
+                // Nothing was read: the scan started at the checkpoint's line, which is past
+                // the writer's head, where the records end for this check.
+                (None, Some(head)) if head < *seq => format!("end at record seq {head}"),
+                (None, _) => "hold no records".to_string(),
             }),
         };
         if let Some(found) = found {
@@ -700,7 +725,12 @@ pub async fn check_through(
             file: &file,
             line,
         };
-        return Err(places.behind(&home, format!("declassification grant {id:?} spent"), at));
+        return Err(places.behind_as(
+            &home,
+            format!("declassification grant {id:?} spent"),
+            at,
+            true,
+        ));
     }
     if let Some(e) = lowered {
         return Err(e.into());
@@ -976,6 +1006,32 @@ mod tests {
         }
     }
 
+    /// A checkpoint inside the records' last file but past the writer's head is reported
+    /// with where the records end for the check (before, as holding no records at all).
+    #[tokio::test]
+    async fn a_checkpoint_past_the_head_says_where_the_records_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        let larkfield = crate::state::tests::owner("larkfield");
+        records_of_labels(&records, &[larkfield.clone(), larkfield.clone(), larkfield]);
+        let lines = lines_of(&records);
+        let (first, third) = (line_hash(&lines[0]), line_hash(&lines[2]));
+        let db = dir.path().join("state.db");
+        let places = Places {
+            db: &db,
+            state_dir: dir.path(),
+            records: &records,
+            host_id: None,
+        };
+        let state = FlowStateStore::open(&db).unwrap();
+        state.set_checkpoint(3, third.as_str()).await.unwrap();
+        let err = check_through(&state, &places, Some((1, first.as_str())))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ContinuityError::OtherStream(_)), "{err}");
+        assert!(err.to_string().contains("end at record seq 1"), "{err}");
+    }
+
     /// After a checkpoint, the lines before it in its file are not decoded when the file's
     /// name puts the checkpoint's line where it is; a file whose lines are not numbered as
     /// its name says is read from its first line, and the checkpoint still found.
@@ -1193,6 +1249,13 @@ mod tests {
         assert!(
             err.to_string().contains("grant \"g-1\" spent")
                 && err.to_string().contains("state rebuild"),
+            "{err}"
+        );
+        // The check put the grant back itself: the refusal says so, not that starting
+        // would forget it.
+        assert!(
+            err.to_string().contains("marked spent again now")
+                && !err.to_string().contains("Starting would forget it"),
             "{err}"
         );
     }
