@@ -188,6 +188,64 @@ fn the_pricing_lab_flow() {
     );
 }
 
+/// Both runtime shapes serve the same calls: one worker (the default on 2 CPUs) runs the host
+/// on a current-thread runtime, more on a multi-thread one, and concurrent sessions, label
+/// raises, egress through the broker and refusals work on each.
+#[test]
+fn the_daemon_serves_on_one_worker_and_on_several() {
+    for workers in ["1", "2"] {
+        let Some(mut lab) = Lab::prepare() else {
+            return;
+        };
+        let mut command = lab.serve_command();
+        command.args(["--workers", workers]);
+        let socket = lab.paths.socket.clone();
+        lab.spawn_with(command, &socket);
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                let mut c = lab.client();
+                let team = lab.team.addr.to_string();
+                std::thread::spawn(move || {
+                    c.initialize();
+                    let terms = text(&c.call("workspace/read_terms", json!({"document": TERMS})));
+                    assert!(terms.contains("Harbor Goods"), "{terms}");
+                    let message = format!("note {i}");
+                    let r = c.call(
+                        "team-inbox/publish",
+                        json!({"message": message, "sink": team}),
+                    );
+                    assert_eq!(
+                        text(&r),
+                        format!("delivered {} bytes to team-inbox", message.len()),
+                        "{r}"
+                    );
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a session failed");
+        }
+        let mut c = lab.client();
+        c.initialize();
+        text(&c.call("workspace/read_terms", json!({"document": TERMS})));
+        let r = c.call(
+            "public-inbox/publish",
+            json!({"message": "a public note", "sink": lab.public.addr.to_string()}),
+        );
+        assert_eq!(
+            denial(&r),
+            (code::FLOW_DENIED, "flow_violation".into()),
+            "{workers} workers: {r}"
+        );
+        assert!(
+            wait_for(|| lab.team.bytes().len() == 4 * "note 0".len()),
+            "{workers} workers: {:?}\n{}",
+            lab.team.bytes(),
+            lab.log()
+        );
+    }
+}
+
 #[test]
 fn another_principal_still_publishes_publicly_and_taint_follows_the_principal() {
     let Some(lab) = Lab::start() else { return };

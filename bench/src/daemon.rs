@@ -296,15 +296,20 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(flowhost::daemon::default_workers);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = flowhost::daemon::serve_runtime(workers).expect("runtime");
     let (host, listener) = runtime
         .block_on(Host::start(&config, None))
         .unwrap_or_else(|e| panic!("the daemon did not start: {e}"));
-    let serving = runtime.spawn(run_host(host.clone(), listener));
+    // A thread drives the runtime, as `flowhost serve`'s main thread does (a current-thread
+    // runtime runs its tasks only while it is driven), until the host has stopped.
+    let (served_tx, served) = std::sync::mpsc::channel();
+    let driver = {
+        let host = host.clone();
+        std::thread::spawn(move || {
+            let _ = served_tx.send(runtime.block_on(run_host(host, listener)));
+            runtime
+        })
+    };
     std::thread::sleep(Duration::from_millis(500)); // let the warm pools fill
 
     // Direct: the same executor binary as a plain child process, MCP over its stdio.
@@ -421,9 +426,10 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
     let rate = total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
 
     host.begin_shutdown();
-    runtime.block_on(async {
-        let _ = tokio::time::timeout(Duration::from_secs(10), serving).await;
-    });
+    if served.recv_timeout(Duration::from_secs(10)).is_ok() {
+        // Dropped here, once its tasks are done with the scratch directory.
+        drop(driver.join());
+    }
     drop(through);
     // The records and state of every run would otherwise pile up under target/.
     let _ = std::fs::remove_dir_all(&dir);

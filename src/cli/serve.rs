@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::CliResult;
-use crate::daemon::{Host, Served, default_workers, listener_from_systemd, run};
+use crate::daemon::{Host, Served, default_workers, listener_from_systemd, run, serve_runtime};
 use crate::logging::{LogFormat, init};
 
 /// Run the host daemon.
@@ -16,7 +16,8 @@ pub struct ServeArgs {
     /// Log destination and format.
     #[arg(long, value_enum, default_value = "auto")]
     log_format: LogFormat,
-    /// Worker threads of the async runtime (default: one fewer than the CPUs, at least one).
+    /// Worker threads of the async runtime (default: one fewer than the CPUs, at least one;
+    /// with one, a current-thread runtime).
     #[arg(long)]
     workers: Option<usize>,
 }
@@ -30,10 +31,7 @@ impl ServeArgs {
         let passed = listener_from_systemd()?;
         // Kept to answer the connections that activated the service if it refuses to start.
         let activated_by = passed.as_ref().and_then(|l| l.try_clone().ok());
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder.enable_all();
-        builder.worker_threads(self.workers.unwrap_or_else(default_workers).max(1));
-        let runtime = builder.build()?;
+        let runtime = serve_runtime(self.workers.unwrap_or_else(default_workers))?;
         runtime.block_on(async {
             let (host, listener) = match Host::start(&self.config, passed).await {
                 Ok(v) => v,

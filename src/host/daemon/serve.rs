@@ -18,6 +18,24 @@ pub fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
 }
 
+/// The async runtime the daemon serves on, with `workers` threads (at least one). With one,
+/// it is a current-thread runtime: its tasks run on the thread that drives it (with
+/// `block_on`), which must keep driving it for the host to make progress. One worker of a
+/// multi-thread runtime pays for the machinery that lets workers steal each other's tasks
+/// with nobody to steal from: on 2 CPUs the current-thread runtime served about 10 % more
+/// calls at 8 sessions x 4 in flight, one call at a time as fast (BENCHMARKS.md). Timers,
+/// I/O and signals are enabled either way.
+pub fn serve_runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = if workers <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
+    builder.enable_all().build()
+}
+
 impl Host {
     /// Admits or refuses a new connection by its peer's credentials (checked before it
     /// takes any shared slot); a refusal is logged, rate-limited, and the stream closed.
