@@ -31,6 +31,14 @@ fn denial(r: &Value) -> (i64, String) {
     )
 }
 
+/// Publishes `message` to the lab's public sink from `c`.
+fn publish_publicly(c: &mut Client, lab: &Lab, message: &str) -> Value {
+    c.call(
+        "public-inbox/publish",
+        json!({"message": message, "sink": lab.public.addr.to_string()}),
+    )
+}
+
 #[test]
 fn the_pricing_lab_flow() {
     let Some(mut lab) = Lab::start() else { return };
@@ -77,10 +85,7 @@ fn the_pricing_lab_flow() {
     );
 
     // 3. The public pull request is not: refused as a flow violation before dispatch.
-    let r = c.call(
-        "public-inbox/publish",
-        json!({"message": "a public note", "sink": lab.public.addr.to_string()}),
-    );
+    let r = publish_publicly(&mut c, &lab, "a public note");
     assert_eq!(
         denial(&r),
         (code::FLOW_DENIED, "flow_violation".into()),
@@ -228,10 +233,7 @@ fn the_daemon_serves_on_one_worker_and_on_several() {
         let mut c = lab.client();
         c.initialize();
         text(&c.call("workspace/read_terms", json!({"document": TERMS})));
-        let r = c.call(
-            "public-inbox/publish",
-            json!({"message": "a public note", "sink": lab.public.addr.to_string()}),
-        );
+        let r = publish_publicly(&mut c, &lab, "a public note");
         assert_eq!(
             denial(&r),
             (code::FLOW_DENIED, "flow_violation".into()),
@@ -255,10 +257,7 @@ fn another_principal_still_publishes_publicly_and_taint_follows_the_principal() 
 
     let mut reviewer = lab.client_as(REVIEWER_UID);
     reviewer.initialize();
-    let r = reviewer.call(
-        "public-inbox/publish",
-        json!({"message": "release notes", "sink": lab.public.addr.to_string()}),
-    );
+    let r = publish_publicly(&mut reviewer, &lab, "release notes");
     assert_eq!(text(&r), "delivered 13 bytes to public-inbox", "{r}");
     assert!(wait_for(|| lab.public.bytes() == b"release notes"));
     // The reviewer was never granted the workspace reader.
@@ -272,10 +271,7 @@ fn another_principal_still_publishes_publicly_and_taint_follows_the_principal() 
     // A brand-new session of the analyst carries the analyst's taint.
     let mut again = lab.client();
     again.initialize();
-    let r = again.call(
-        "public-inbox/publish",
-        json!({"message": "hello", "sink": lab.public.addr.to_string()}),
-    );
+    let r = publish_publicly(&mut again, &lab, "hello");
     assert_eq!(
         denial(&r),
         (code::FLOW_DENIED, "flow_violation".into()),
@@ -364,10 +360,7 @@ fn a_lost_flow_state_stops_the_start_until_the_operator_accepts_it() {
     assert!(!ack.exists(), "the acceptance is used once");
     let mut c = lab.client();
     c.initialize();
-    let r = c.call(
-        "public-inbox/publish",
-        json!({"message": "after reset", "sink": lab.public.addr.to_string()}),
-    );
+    let r = publish_publicly(&mut c, &lab, "after reset");
     assert_eq!(text(&r), "delivered 11 bytes to public-inbox");
 }
 
@@ -510,17 +503,11 @@ fn two_hundred_concurrent_sessions_do_not_leak_labels() {
                                 json!({"message": "t", "sink": lab.team.addr.to_string()}),
                             );
                             assert_eq!(text(&r), "delivered 1 bytes to team-inbox", "{r}");
-                            let r = c.call(
-                                "public-inbox/publish",
-                                json!({"message": "p", "sink": lab.public.addr.to_string()}),
-                            );
+                            let r = publish_publicly(c, &lab, "p");
                             assert_eq!(denial(&r).1, "flow_violation", "{r}");
                         }
                     } else {
-                        let r = c.call(
-                            "public-inbox/publish",
-                            json!({"message": "r", "sink": lab.public.addr.to_string()}),
-                        );
+                        let r = publish_publicly(c, &lab, "r");
                         assert_eq!(
                             text(&r),
                             "delivered 1 bytes to public-inbox",

@@ -277,13 +277,9 @@ async fn a_send_on_a_connected_tcp_socket_is_reported_to_its_peer() {
     assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
     // The kernel ignores the address on a connected TCP socket: the bytes go to the peer,
     // and that is what the host is asked about.
-    let send = run
-        .attempts
-        .iter()
-        .find(|(a, _)| a.syscall == EgressSyscall::Sendto)
-        .expect("the send is reported");
-    assert_eq!(send.0.destination, dest(peer.addr));
-    assert!(send.0.connected);
+    let send = run.first_attempt(EgressSyscall::Sendto);
+    assert_eq!(send.destination, dest(peer.addr));
+    assert!(send.connected);
     assert_eq!(peer.await_bytes(20), b"probe-connect-sendto");
 }
 
@@ -305,16 +301,12 @@ async fn a_send_while_the_handshake_is_under_way_is_never_judged_by_the_address_
     let run = run_with(&b, "brokered", argv, allow_everything).await;
     let result = run.result();
     assert_eq!(result["connect_errno"], libc::EINPROGRESS, "{}", run.stdout);
-    let send = run
-        .attempts
-        .iter()
-        .find(|(a, _)| a.syscall == EgressSyscall::Sendto)
-        .expect("the send is reported");
-    assert_ne!(send.0.destination, dest(elsewhere.addr), "{:?}", send.0);
+    let send = run.first_attempt(EgressSyscall::Sendto);
+    assert_ne!(send.destination, dest(elsewhere.addr), "{:?}", send);
     // The peer is not known until the handshake ends: a send to no known destination is
     // refused, as every rule set refuses it.
-    assert_eq!(send.0.destination, None, "{:?}", send.0);
-    assert!(send.0.connected);
+    assert_eq!(send.destination, None, "{:?}", send);
+    assert!(send.connected);
     assert_eq!(result["result"], "errno", "{}", run.stdout);
     assert!(elsewhere.datagrams.lock().unwrap().is_empty());
 }
@@ -333,13 +325,9 @@ async fn a_fastopen_send_on_a_fresh_socket_is_judged_by_its_address() {
     let argv = probe_argv(&["fastopen-sendto", &target.addr.to_string()]);
     let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
     assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
-    let send = run
-        .attempts
-        .iter()
-        .find(|(a, _)| a.syscall == EgressSyscall::Sendto)
-        .expect("the send is reported");
-    assert_eq!(send.0.destination, dest(target.addr));
-    assert!(!send.0.connected);
+    let send = run.first_attempt(EgressSyscall::Sendto);
+    assert_eq!(send.destination, dest(target.addr));
+    assert!(!send.connected);
     assert_eq!(target.await_bytes(21), b"probe-fastopen-sendto");
 }
 

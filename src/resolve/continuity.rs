@@ -929,12 +929,7 @@ mod tests {
         );
         let db = dir.path().join("state.db");
         let state = FlowStateStore::open(&db).unwrap();
-        let places = Places {
-            db: &db,
-            state_dir: dir.path(),
-            records: &records,
-            host_id: None,
-        };
+        let places = file_places(&db, dir.path(), &records);
         let hashes: Vec<String> = lines_of(&records)
             .iter()
             .map(|l| line_hash(l).as_str().to_string())
@@ -968,12 +963,7 @@ mod tests {
         let first = line_hash(&lines_of(&records)[0]).as_str().to_string();
         let head = Some((1, first.as_str()));
         let db = dir.path().join("state.db");
-        let places = Places {
-            db: &db,
-            state_dir: dir.path(),
-            records: &records,
-            host_id: None,
-        };
+        let places = file_places(&db, dir.path(), &records);
         let state = FlowStateStore::open(&db).unwrap();
         let older = dir.path().join("older.db");
         let settle = |db: &Path| {
@@ -1017,12 +1007,7 @@ mod tests {
         let lines = lines_of(&records);
         let (first, third) = (line_hash(&lines[0]), line_hash(&lines[2]));
         let db = dir.path().join("state.db");
-        let places = Places {
-            db: &db,
-            state_dir: dir.path(),
-            records: &records,
-            host_id: None,
-        };
+        let places = file_places(&db, dir.path(), &records);
         let state = FlowStateStore::open(&db).unwrap();
         state.set_checkpoint(3, third.as_str()).await.unwrap();
         let err = check_through(&state, &places, Some((1, first.as_str())))
@@ -1066,12 +1051,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let records = dir.path().join("records");
         records_of_one_principal(&records, 300);
-        let places = Places {
-            db: &dir.path().join("state.db"),
-            state_dir: dir.path(),
-            records: &records,
-            host_id: None,
-        };
+        let db = dir.path().join("state.db");
+        let places = file_places(&db, dir.path(), &records);
         let alice = PrincipalId::new("alice").unwrap();
         let mut held = StateSnapshot::default();
         held.principals
@@ -1109,6 +1090,16 @@ mod tests {
                 .await
                 .unwrap(),
         ))
+    }
+
+    /// Where a SQLite state file `db` lives, beside the records of `records`.
+    fn file_places<'a>(db: &'a Path, state_dir: &'a Path, records: &'a Path) -> Places<'a> {
+        Places {
+            db,
+            state_dir,
+            records,
+            host_id: None,
+        }
     }
 
     /// Where host `web-1`'s state lives in the lab database of `settings`.
@@ -1239,12 +1230,7 @@ mod tests {
 
         let fresh = dir.path().join("fresh.db");
         let state = FlowStateStore::open(&fresh).unwrap();
-        let places = Places {
-            db: &fresh,
-            state_dir: dir.path(),
-            records: &records,
-            host_id: None,
-        };
+        let places = file_places(&fresh, dir.path(), &records);
         let err = check(&state, &places).await.unwrap_err();
         assert!(
             err.to_string().contains("grant \"g-1\" spent")

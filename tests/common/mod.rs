@@ -266,6 +266,15 @@ impl Run {
         serde_json::from_str(line).unwrap()
     }
 
+    /// The first attempt the broker reported for `syscall` (the test fails if there is none).
+    pub fn first_attempt(&self, syscall: flowhost_broker::EgressSyscall) -> &AttemptInfo {
+        self.attempts
+            .iter()
+            .map(|(a, _)| a)
+            .find(|a| a.syscall == syscall)
+            .unwrap_or_else(|| panic!("no {syscall:?} attempt reported: {:?}", self.attempts))
+    }
+
     pub fn errno(&self) -> i64 {
         let r = self.result();
         assert_eq!(r["result"], "errno", "expected a failed call: {r}");
