@@ -314,9 +314,7 @@ async fn a_send_while_the_handshake_is_under_way_is_never_judged_by_the_address_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fastopen_send_on_a_fresh_socket_is_judged_by_its_address() {
     let Some(b) = broker() else { return };
-    let fastopen = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen").unwrap_or_default();
-    if fastopen.trim().parse::<u32>().is_ok_and(|v| v & 1 == 0) {
-        eprintln!("SKIP: TCP Fast Open is disabled for clients (net.ipv4.tcp_fastopen)");
+    if !client_fastopen() {
         return;
     }
     // With MSG_FASTOPEN, a send on a socket that is not connecting is a connect to the
@@ -329,6 +327,36 @@ async fn a_fastopen_send_on_a_fresh_socket_is_judged_by_its_address() {
     assert_eq!(send.destination, dest(target.addr));
     assert!(!send.connected);
     assert_eq!(target.await_bytes(21), b"probe-fastopen-sendto");
+    // Left connected, as the kernel's own wait leaves it.
+    assert_eq!(run.result()["again_errno"], libc::EISCONN, "{}", run.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fastopen_batch_ends_after_the_message_that_connects() {
+    let Some(b) = broker() else { return };
+    if !client_fastopen() {
+        return;
+    }
+    // The first message connects to its address; the kernel sends the second to that same
+    // peer whatever it names, so the second is never decided by its own address: the batch
+    // ends after the first.
+    let (target, elsewhere) = (TcpSink::start(), UdpSink::start());
+    let argv = probe_argv(&[
+        "sendmmsg-fastopen",
+        &target.addr.to_string(),
+        &elsewhere.addr.to_string(),
+    ]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let result = run.result();
+    assert_eq!(result["result"], "ok", "{}", run.stdout);
+    assert_eq!(result["value"], 1, "{}", run.stdout);
+    let reported: Vec<_> = run
+        .attempts
+        .iter()
+        .map(|(a, _)| (a.message_index, a.destination.clone()))
+        .collect();
+    assert_eq!(reported, vec![(Some(0), dest(target.addr))]);
+    assert_eq!(target.await_bytes(12), b"probe-mmsg-0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -860,6 +888,17 @@ fn an_executor_that_clears_o_nonblock_cannot_block_the_hosts_runtime() {
     served_beside_a_racing_connect(path.display().to_string());
     let (tcp, _fillers) = full_accept_queue();
     served_beside_a_racing_connect(tcp.local_addr().unwrap().to_string());
+}
+
+/// Whether this kernel lets clients use TCP Fast Open (`net.ipv4.tcp_fastopen` bit 1);
+/// prints why a test skips if not.
+fn client_fastopen() -> bool {
+    let setting = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen").unwrap_or_default();
+    let enabled = setting.trim().parse::<u32>().is_ok_and(|v| v & 1 != 0);
+    if !enabled {
+        eprintln!("SKIP: TCP Fast Open is disabled for clients (net.ipv4.tcp_fastopen)");
+    }
+    enabled
 }
 
 /// A loopback TCP listener whose accept queue is full (backlog 0, filled by the connections

@@ -218,6 +218,14 @@ impl Caller<'_> {
         }
         let memory = self.memory()?;
         let (pidfd, sock) = self.socket(fd)?;
+        // With `MSG_FASTOPEN` on TCP the first message may be a connect to its address, and
+        // the later ones then go to that peer whatever they name: the batch ends after the
+        // first, as a batch may end early, so that each message is decided by where it goes.
+        let vlen = if flags & libc::MSG_FASTOPEN != 0 && is_tcp(&sock) {
+            1
+        } else {
+            vlen
+        };
         let headers = self.copy(vec_ptr, vlen * MMSGHDR_SIZE)?;
         let mut messages = Vec::with_capacity(vlen);
         let mut budget = Budget::default();
@@ -294,15 +302,19 @@ impl Caller<'_> {
 /// (A connected unix stream socket refuses an address with EISCONN, which the send then
 /// returns as the kernel would.)
 pub(super) fn ignores_address(sock: &TakenSocket, flags: i32) -> bool {
-    let tcp = sock.info.socket_type == libc::SOCK_STREAM
-        && matches!(sock.info.family, libc::AF_INET | libc::AF_INET6);
-    if tcp {
+    if is_tcp(sock) {
         // A state that cannot be read is taken as a connection: the send is then decided by
         // the peer, or refused for having none, never by an address the kernel may ignore.
         return flags & libc::MSG_FASTOPEN == 0
             || sys::tcp_state(sock.fd.as_fd()).is_none_or(|s| s != sys::TCP_CLOSE);
     }
     sock.info.socket_type == libc::SOCK_SEQPACKET && peer(sock).is_some()
+}
+
+/// Whether `sock` is a TCP socket (the only stream protocol an IP socket may have here).
+fn is_tcp(sock: &TakenSocket) -> bool {
+    sock.info.socket_type == libc::SOCK_STREAM
+        && matches!(sock.info.family, libc::AF_INET | libc::AF_INET6)
 }
 
 /// Whether a send or connect to `dest` needs a capability the executor lacks and the broker,

@@ -417,8 +417,10 @@ impl Caller<'_> {
         mut msg: OwnedMessage,
         flags: i32,
     ) -> Step<io::Result<usize>> {
-        let mut flags = (flags | libc::MSG_NOSIGNAL) & !libc::MSG_ZEROCOPY;
+        let flags = (flags | libc::MSG_NOSIGNAL) & !libc::MSG_ZEROCOPY;
         let dontwait = flags & libc::MSG_DONTWAIT != 0;
+        // A Fast Open send that started the handshake without its bytes, waiting for it.
+        let mut connecting = false;
         // Whether the executor's call may block, read only when it matters (a send that did
         // not go out whole): most sends complete at once, without the flag read.
         let mut blocking = None;
@@ -444,16 +446,21 @@ impl Caller<'_> {
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && may_block() => {}
                 // A Fast Open send started the connect without carrying the bytes (no
                 // cookie yet). A blocking call waits for the handshake, as the kernel's
-                // would, then sends them on the connection.
+                // would, then sends them: again with `MSG_FASTOPEN` and no address, which
+                // marks the socket connected as the kernel's own wait does (a later
+                // connect then fails with EISCONN); until the handshake ends, that send
+                // answers EALREADY.
                 Err(e)
                     if e.raw_os_error() == Some(libc::EINPROGRESS)
                         && flags & libc::MSG_FASTOPEN != 0
                         && sent == 0
+                        && !connecting
                         && may_block() =>
                 {
-                    flags &= !libc::MSG_FASTOPEN;
+                    connecting = true;
                     msg.name.clear();
                 }
+                Err(e) if connecting && e.raw_os_error() == Some(libc::EALREADY) => {}
                 Err(_) if sent > 0 => return Ok(Ok(sent)),
                 Err(e) => return Ok(Err(e)),
             }
@@ -461,6 +468,10 @@ impl Caller<'_> {
             if timed_out(deadline) {
                 return Ok(if sent > 0 {
                     Ok(sent)
+                } else if connecting {
+                    // As the kernel's blocking Fast Open send reports a handshake it
+                    // stopped waiting for.
+                    Err(io::Error::from_raw_os_error(libc::EINPROGRESS))
                 } else {
                     Err(io::Error::from_raw_os_error(libc::EAGAIN))
                 });
