@@ -301,13 +301,21 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         .block_on(Host::start(&config, None))
         .unwrap_or_else(|e| panic!("the daemon did not start: {e}"));
     // A thread drives the runtime, as `flowhost serve`'s main thread does (a current-thread
-    // runtime runs its tasks only while it is driven), until the host has stopped.
-    let (served_tx, served) = std::sync::mpsc::channel();
+    // runtime runs its tasks only while it is driven), until the host has stopped or 10 s
+    // after it was told to stop; the runtime is then dropped with whatever it still runs.
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let driver = {
         let host = host.clone();
         std::thread::spawn(move || {
-            let _ = served_tx.send(runtime.block_on(run_host(host, listener)));
-            runtime
+            runtime.block_on(async {
+                tokio::select! {
+                    _ = run_host(host, listener) => {}
+                    _ = async {
+                        let _ = stop_rx.await;
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                    } => {}
+                }
+            });
         })
     };
     std::thread::sleep(Duration::from_millis(500)); // let the warm pools fill
@@ -426,10 +434,9 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
     let rate = total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
 
     host.begin_shutdown();
-    if served.recv_timeout(Duration::from_secs(10)).is_ok() {
-        // Dropped here, once its tasks are done with the scratch directory.
-        drop(driver.join());
-    }
+    let _ = stop_tx.send(());
+    // Joined before the scratch directory goes: the runtime's tasks are done with it.
+    let _ = driver.join();
     drop(through);
     // The records and state of every run would otherwise pile up under target/.
     let _ = std::fs::remove_dir_all(&dir);

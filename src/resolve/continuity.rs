@@ -210,8 +210,8 @@ impl std::fmt::Display for BehindError {
         } = self;
         let (records, file) = (records.display(), file.display());
         let lost = if *remarked {
-            "It is marked spent again now (with every other spent grant the records show), \
-             but whatever lost it may have lost more."
+            "It is marked spent again now (with every other grant an allowed call spent \
+             since the checkpoint), but whatever lost it may have lost more."
         } else {
             "Starting would forget it."
         };
