@@ -289,7 +289,8 @@ async fn a_send_while_the_handshake_is_under_way_is_never_judged_by_the_address_
     // The peer's full accept queue holds the probe's handshake: its socket is connecting, and
     // the kernel sends whatever it is given to that peer once the handshake ends, ignoring
     // the address the send names. Judged by that address, an executor could name any
-    // allowed one and have its bytes go to a peer the host judged only at connect time.
+    // allowed one and have the record say its bytes went there. A non-blocking send answers
+    // EAGAIN, as the kernel's does, and nothing is decided.
     let (listener, _fillers) = full_accept_queue();
     let peer = listener.local_addr().unwrap();
     let elsewhere = UdpSink::start();
@@ -301,13 +302,53 @@ async fn a_send_while_the_handshake_is_under_way_is_never_judged_by_the_address_
     let run = run_with(&b, "brokered", argv, allow_everything).await;
     let result = run.result();
     assert_eq!(result["connect_errno"], libc::EINPROGRESS, "{}", run.stdout);
+    assert_eq!(run.errno(), libc::EAGAIN as i64, "{}", run.stdout);
+    assert!(
+        !run.attempts
+            .iter()
+            .any(|(a, _)| a.syscall == EgressSyscall::Sendto),
+        "{:?}",
+        run.attempts
+    );
+    assert!(elsewhere.datagrams.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_send_waits_for_the_handshake_and_is_judged_by_the_peer_it_reached() {
+    use std::io::Read;
+    let Some(b) = broker() else { return };
+    // As above, with the socket made blocking before the send: the send waits for the
+    // handshake, which ends once the queue is emptied (after 300 ms, with the kernel's
+    // retransmitted SYN at about 1 s), and is then decided by the peer it reached.
+    let (listener, _fillers) = full_accept_queue();
+    let peer = listener.local_addr().unwrap();
+    let accepter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..4 {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(500)))
+                .unwrap();
+            let mut buf = Vec::new();
+            let _ = s.read_to_end(&mut buf);
+            if !buf.is_empty() {
+                return buf;
+            }
+        }
+        Vec::new()
+    });
+    let elsewhere = UdpSink::start();
+    let argv = probe_argv(&[
+        "connecting-sendto",
+        &peer.to_string(),
+        &elsewhere.addr.to_string(),
+        "blocking",
+    ]);
+    let run = run_with(&b, "brokered", argv, allow_everything).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
     let send = run.first_attempt(EgressSyscall::Sendto);
-    assert_ne!(send.destination, dest(elsewhere.addr), "{:?}", send);
-    // The peer is not known until the handshake ends: a send to no known destination is
-    // refused, as every rule set refuses it.
-    assert_eq!(send.destination, None, "{:?}", send);
+    assert_eq!(send.destination, dest(peer), "{send:?}");
     assert!(send.connected);
-    assert_eq!(result["result"], "errno", "{}", run.stdout);
+    assert_eq!(accepter.join().unwrap(), b"probe-connecting-sendto");
     assert!(elsewhere.datagrams.lock().unwrap().is_empty());
 }
 

@@ -529,8 +529,14 @@ pub fn peer_address(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     Ok(storage[..(len as usize).min(storage.len())].to_vec())
 }
 
-/// The TCP state `TCP_CLOSE` (`include/net/tcp_states.h`): neither connected nor
-/// connecting nor listening.
+/// The TCP state `TCP_SYN_SENT` (`include/net/tcp_states.h`): a connect's handshake is
+/// under way.
+pub const TCP_SYN_SENT: u8 = 2;
+
+/// The TCP state `TCP_SYN_RECV`: the handshake's answer came and its last step is pending.
+pub const TCP_SYN_RECV: u8 = 3;
+
+/// The TCP state `TCP_CLOSE`: neither connected nor connecting nor listening.
 pub const TCP_CLOSE: u8 = 7;
 
 /// The state of a TCP socket (`tcpi_state`, the first byte of `TCP_INFO`); `None` if it

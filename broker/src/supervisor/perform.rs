@@ -129,6 +129,13 @@ impl Caller<'_> {
         let [fd, buf, len, flags, addr, addrlen] = self.n.args;
         let flags = flags as i32;
         let (_pidfd, sock) = self.socket(fd)?;
+        // A TCP send while the handshake is under way is answered (or waited for) as the
+        // kernel would before anything is decided: only then is its peer known.
+        if is_tcp(&sock)
+            && let Some(outcome) = self.after_handshake(&sock, flags).await?
+        {
+            return Ok(outcome);
+        }
         let payload = self.payload_len(&sock, len as usize)?;
         // The payload and the address in one copy (one read, one pair of validity checks).
         let (data, raw) = if addr == 0 {
@@ -181,6 +188,13 @@ impl Caller<'_> {
         let [fd, msg_ptr, flags, ..] = self.n.args;
         let flags = flags as i32;
         let (pidfd, sock) = self.socket(fd)?;
+        // A TCP send while the handshake is under way is answered (or waited for) as the
+        // kernel would before anything is decided: only then is its peer known.
+        if is_tcp(&sock)
+            && let Some(outcome) = self.after_handshake(&sock, flags).await?
+        {
+            return Ok(outcome);
+        }
         let header = self.copy(msg_ptr, MSGHDR_SIZE)?;
         let mut budget = Budget::default();
         let copied = self.message(
@@ -218,6 +232,13 @@ impl Caller<'_> {
         }
         let memory = self.memory()?;
         let (pidfd, sock) = self.socket(fd)?;
+        // A TCP send while the handshake is under way is answered (or waited for) as the
+        // kernel would before anything is decided: only then is its peer known.
+        if is_tcp(&sock)
+            && let Some(outcome) = self.after_handshake(&sock, flags).await?
+        {
+            return Ok(outcome);
+        }
         // With `MSG_FASTOPEN` on TCP the first message may be a connect to its address, and
         // the later ones then go to that peer whatever they name: the batch ends after the
         // first, as a batch may end early, so that each message is decided by where it goes.
@@ -294,9 +315,9 @@ impl Caller<'_> {
 /// socket's peer is what the host decides and the record names:
 /// - TCP sends to the peer of its connection whatever address it is given, and so it does
 ///   while its handshake is under way (the bytes wait for it, then go to the address the
-///   connect named, which `getpeername` does not tell until then: such a send is decided
-///   as one to no known destination, which every rule set refuses). Only `MSG_FASTOPEN` on
-///   a socket that is not connected or connecting makes the send a connect to the address.
+///   connect named, which `getpeername` does not tell until then: see
+///   [`Caller::after_handshake`]). Only `MSG_FASTOPEN` on a socket that is not connected or
+///   connecting makes the send a connect to the address.
 /// - A seqpacket socket drops the address once connected.
 ///
 /// (A connected unix stream socket refuses an address with EISCONN, which the send then

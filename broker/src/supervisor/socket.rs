@@ -403,6 +403,61 @@ impl Caller<'_> {
         }
     }
 
+    /// What the kernel's send on the TCP socket `sock` does while its handshake is under way
+    /// (its peer not yet known, so nothing could be decided by it), before anything leaves:
+    /// a non-blocking send answers EAGAIN; a blocking one waits for the handshake (bounded by
+    /// the socket's send timeout and by the caller's death, as every wait here), then answers
+    /// the handshake's error if it failed. `None`: the send goes on to be decided, by the
+    /// peer it now has. A connect deferred to the first send (`TCP_FASTOPEN_CONNECT`) is not
+    /// waited for: it has no handshake under way, and its send is decided as it stands.
+    pub(super) async fn after_handshake(
+        &self,
+        sock: &TakenSocket,
+        flags: i32,
+    ) -> Step<Option<Outcome>> {
+        let handshaking = |sock: &TakenSocket| {
+            matches!(
+                sys::tcp_state(sock.fd.as_fd()),
+                Some(sys::TCP_SYN_SENT | sys::TCP_SYN_RECV)
+            )
+        };
+        if peer(sock).is_some()
+            || !handshaking(sock)
+            || sys::getsockopt_int(
+                sock.fd.as_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_FASTOPEN_CONNECT,
+            )
+            .is_ok_and(|deferred| deferred != 0)
+        {
+            return Ok(None);
+        }
+        if flags & libc::MSG_DONTWAIT != 0 || !self.is_blocking(sock) {
+            return Ok(Some(Outcome::Errno(libc::EAGAIN)));
+        }
+        let deadline = give_up_at(sock);
+        let watch = match sock.fd.try_clone().and_then(sys::async_fd_writable) {
+            Ok(w) => w,
+            Err(e) => return Ok(Some(Outcome::Errno(errno_of(&e)))),
+        };
+        while handshaking(sock) {
+            if timed_out(deadline) {
+                return Ok(Some(Outcome::Errno(libc::EAGAIN)));
+            }
+            self.writable_or_gone(&watch, deadline).await?;
+        }
+        if peer(sock).is_some() {
+            return Ok(None);
+        }
+        // The handshake failed: the kernel's send answers its error (and takes it), or EPIPE.
+        Ok(Some(Outcome::Errno(
+            match sys::getsockopt_int(sock.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR) {
+                Ok(e) if e > 0 => e,
+                _ => libc::EPIPE,
+            },
+        )))
+    }
+
     /// Sends a copied message with the semantics of the executor's own call, without ever
     /// blocking a thread: a blocking socket's send waits for room (on a stream socket it
     /// sends everything unless an error or `SO_SNDTIMEO` ends it early, then reports what
