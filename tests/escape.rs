@@ -316,16 +316,39 @@ async fn a_send_while_the_handshake_is_under_way_is_never_judged_by_the_address_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_send_waits_for_the_handshake_and_is_judged_by_the_peer_it_reached() {
     use std::io::Read;
+    use std::time::Instant;
     let Some(b) = broker() else { return };
     // As above, with the socket made blocking before the send: the send waits for the
-    // handshake, which ends once the queue is emptied (after 300 ms, with the kernel's
-    // retransmitted SYN at about 1 s), and is then decided by the peer it reached.
+    // handshake, which ends once the queue is emptied (300 ms after the connect is decided;
+    // the kernel retransmits the SYN at about 1 s), and is then decided by the peer it
+    // reached.
     let (listener, _fillers) = full_accept_queue();
     let peer = listener.local_addr().unwrap();
+    let (connect_decided, connected) = std::sync::mpsc::channel::<()>();
+    let decided = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let policy = {
+        let decided = decided.clone();
+        move |a: &flowhost_broker::AttemptInfo| {
+            decided.lock().unwrap().push((a.syscall, Instant::now()));
+            if a.syscall == EgressSyscall::Connect {
+                let _ = connect_decided.send(());
+            }
+            allow_everything(a)
+        }
+    };
     let accepter = std::thread::spawn(move || {
+        if connected.recv_timeout(Duration::from_secs(10)).is_err() {
+            return Vec::new();
+        }
         std::thread::sleep(Duration::from_millis(300));
-        for _ in 0..4 {
-            let (mut s, _) = listener.accept().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            let Ok((mut s, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
             s.set_read_timeout(Some(Duration::from_millis(500)))
                 .unwrap();
             let mut buf = Vec::new();
@@ -343,13 +366,24 @@ async fn a_blocking_send_waits_for_the_handshake_and_is_judged_by_the_peer_it_re
         &elsewhere.addr.to_string(),
         "blocking",
     ]);
-    let run = run_with(&b, "brokered", argv, allow_everything).await;
+    let run = run_with(&b, "brokered", argv, policy).await;
     assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
     let send = run.first_attempt(EgressSyscall::Sendto);
     assert_eq!(send.destination, dest(peer), "{send:?}");
     assert!(send.connected);
     assert_eq!(accepter.join().unwrap(), b"probe-connecting-sendto");
     assert!(elsewhere.datagrams.lock().unwrap().is_empty());
+    // The send was decided only once the handshake had ended, after the queue was emptied.
+    let decided = decided.lock().unwrap();
+    let at = |syscall| {
+        decided
+            .iter()
+            .find(|(s, _)| *s == syscall)
+            .map(|(_, t)| *t)
+            .unwrap()
+    };
+    let waited = at(EgressSyscall::Sendto) - at(EgressSyscall::Connect);
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -302,7 +302,7 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
         .unwrap_or_else(|e| panic!("the daemon did not start: {e}"));
     // A thread drives the runtime, as `flowhost serve`'s main thread does (a current-thread
     // runtime runs its tasks only while it is driven), until the host has stopped or 10 s
-    // after it was told to stop; the runtime is then dropped with whatever it still runs.
+    // after it was told to stop; the runtime is then shut down, waiting at most 5 s more.
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let driver = {
         let host = host.clone();
@@ -316,6 +316,8 @@ fn measure(quick: bool, samples: usize, name: &str, state: Option<&str>) -> Meas
                     } => {}
                 }
             });
+            // A plain drop would wait for blocking work without bound.
+            runtime.shutdown_timeout(Duration::from_secs(5));
         })
     };
     std::thread::sleep(Duration::from_millis(500)); // let the warm pools fill

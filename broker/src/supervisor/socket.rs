@@ -405,11 +405,13 @@ impl Caller<'_> {
 
     /// What the kernel's send on the TCP socket `sock` does while its handshake is under way
     /// (its peer not yet known, so nothing could be decided by it), before anything leaves:
-    /// a non-blocking send answers EAGAIN; a blocking one waits for the handshake (bounded by
-    /// the socket's send timeout and by the caller's death, as every wait here), then answers
-    /// the handshake's error if it failed. `None`: the send goes on to be decided, by the
-    /// peer it now has. A connect deferred to the first send (`TCP_FASTOPEN_CONNECT`) is not
-    /// waited for: it has no handshake under way, and its send is decided as it stands.
+    /// a non-blocking send answers EAGAIN (EALREADY with `MSG_FASTOPEN`); a blocking one
+    /// waits for the handshake (bounded by the socket's send timeout and by the caller's
+    /// death, as every wait here), then answers the handshake's error if it failed. `None`:
+    /// the send goes on to be decided, by the peer it now has. A connect deferred to the
+    /// first send (`TCP_FASTOPEN_CONNECT` with a cookie: the kernel then reports the socket
+    /// writable before any handshake) is not waited for: nothing is under way, and its send
+    /// is decided as it stands.
     pub(super) async fn after_handshake(
         &self,
         sock: &TakenSocket,
@@ -421,19 +423,21 @@ impl Caller<'_> {
                 Some(sys::TCP_SYN_SENT | sys::TCP_SYN_RECV)
             )
         };
-        if peer(sock).is_some()
-            || !handshaking(sock)
-            || sys::getsockopt_int(
-                sock.fd.as_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_FASTOPEN_CONNECT,
-            )
-            .is_ok_and(|deferred| deferred != 0)
-        {
+        if peer(sock).is_some() || !handshaking(sock) {
             return Ok(None);
         }
+        // The socket is used further only once it is proven the waiting thread's.
+        self.still_waiting()?;
+        if sys::wait_writable(sock.fd.as_fd(), Duration::ZERO).unwrap_or(false) {
+            return Ok(None);
+        }
+        let not_yet = if flags & libc::MSG_FASTOPEN != 0 {
+            libc::EALREADY
+        } else {
+            libc::EAGAIN
+        };
         if flags & libc::MSG_DONTWAIT != 0 || !self.is_blocking(sock) {
-            return Ok(Some(Outcome::Errno(libc::EAGAIN)));
+            return Ok(Some(Outcome::Errno(not_yet)));
         }
         let deadline = give_up_at(sock);
         let watch = match sock.fd.try_clone().and_then(sys::async_fd_writable) {
@@ -442,7 +446,7 @@ impl Caller<'_> {
         };
         while handshaking(sock) {
             if timed_out(deadline) {
-                return Ok(Some(Outcome::Errno(libc::EAGAIN)));
+                return Ok(Some(Outcome::Errno(not_yet)));
             }
             self.writable_or_gone(&watch, deadline).await?;
         }
@@ -450,6 +454,7 @@ impl Caller<'_> {
             return Ok(None);
         }
         // The handshake failed: the kernel's send answers its error (and takes it), or EPIPE.
+        self.still_waiting()?;
         Ok(Some(Outcome::Errno(
             match sys::getsockopt_int(sock.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR) {
                 Ok(e) if e > 0 => e,
@@ -472,7 +477,7 @@ impl Caller<'_> {
         mut msg: OwnedMessage,
         flags: i32,
     ) -> Step<io::Result<usize>> {
-        let flags = (flags | libc::MSG_NOSIGNAL) & !libc::MSG_ZEROCOPY;
+        let mut flags = (flags | libc::MSG_NOSIGNAL) & !libc::MSG_ZEROCOPY;
         let dontwait = flags & libc::MSG_DONTWAIT != 0;
         // A Fast Open send that started the handshake without its bytes, waiting for it.
         let mut connecting = false;
@@ -490,6 +495,10 @@ impl Caller<'_> {
             match unix_op(self.ctx.identity, Ids::Sender, sock, send) {
                 Ok(n) => {
                     sent += n;
+                    // Whatever Fast Open began, the rest goes on the connection: sent again
+                    // with the flag, it would be refused (EISCONN) once connected, or
+                    // (EALREADY) while the handshake that carried the first bytes is on.
+                    flags &= !libc::MSG_FASTOPEN;
                     if !(stream && n < msg.data.len() && may_block()) {
                         return Ok(Ok(sent));
                     }
