@@ -129,11 +129,7 @@ impl Caller<'_> {
         let [fd, buf, len, flags, addr, addrlen] = self.n.args;
         let flags = flags as i32;
         let (_pidfd, sock) = self.socket(fd)?;
-        // A TCP send while the handshake is under way is answered (or waited for) as the
-        // kernel would before anything is decided: only then is its peer known.
-        if is_tcp(&sock)
-            && let Some(outcome) = self.after_handshake(&sock, flags).await?
-        {
+        if let Some(outcome) = self.after_handshake(&sock, flags).await? {
             return Ok(outcome);
         }
         let payload = self.payload_len(&sock, len as usize)?;
@@ -188,11 +184,7 @@ impl Caller<'_> {
         let [fd, msg_ptr, flags, ..] = self.n.args;
         let flags = flags as i32;
         let (pidfd, sock) = self.socket(fd)?;
-        // A TCP send while the handshake is under way is answered (or waited for) as the
-        // kernel would before anything is decided: only then is its peer known.
-        if is_tcp(&sock)
-            && let Some(outcome) = self.after_handshake(&sock, flags).await?
-        {
+        if let Some(outcome) = self.after_handshake(&sock, flags).await? {
             return Ok(outcome);
         }
         let header = self.copy(msg_ptr, MSGHDR_SIZE)?;
@@ -232,11 +224,7 @@ impl Caller<'_> {
         }
         let memory = self.memory()?;
         let (pidfd, sock) = self.socket(fd)?;
-        // A TCP send while the handshake is under way is answered (or waited for) as the
-        // kernel would before anything is decided: only then is its peer known.
-        if is_tcp(&sock)
-            && let Some(outcome) = self.after_handshake(&sock, flags).await?
-        {
+        if let Some(outcome) = self.after_handshake(&sock, flags).await? {
             return Ok(outcome);
         }
         // With `MSG_FASTOPEN` on TCP the first message may be a connect to its address, and
@@ -333,7 +321,7 @@ pub(super) fn ignores_address(sock: &TakenSocket, flags: i32) -> bool {
 }
 
 /// Whether `sock` is a TCP socket (the only stream protocol an IP socket may have here).
-fn is_tcp(sock: &TakenSocket) -> bool {
+pub(super) fn is_tcp(sock: &TakenSocket) -> bool {
     sock.info.socket_type == libc::SOCK_STREAM
         && matches!(sock.info.family, libc::AF_INET | libc::AF_INET6)
 }

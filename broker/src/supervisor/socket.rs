@@ -403,7 +403,8 @@ impl Caller<'_> {
         }
     }
 
-    /// What the kernel's send on the TCP socket `sock` does while its handshake is under way
+    /// What the kernel's send on `sock`, if it is a TCP socket, does while its handshake is
+    /// under way
     /// (its peer not yet known, so nothing could be decided by it), before anything leaves:
     /// a non-blocking send answers EAGAIN (EALREADY with `MSG_FASTOPEN`); a blocking one
     /// waits for the handshake (bounded by the socket's send timeout and by the caller's
@@ -423,7 +424,7 @@ impl Caller<'_> {
                 Some(sys::TCP_SYN_SENT | sys::TCP_SYN_RECV)
             )
         };
-        if peer(sock).is_some() || !handshaking(sock) {
+        if !super::perform::is_tcp(sock) || peer(sock).is_some() || !handshaking(sock) {
             return Ok(None);
         }
         // The socket is used further only once it is proven the waiting thread's.
