@@ -504,19 +504,9 @@ impl Places<'_> {
         }
     }
 
-    /// The state is behind the records: `holder` is what record `at` shows.
-    fn behind(&self, home: &Home, holder: String, at: At<'_>) -> ContinuityError {
-        self.behind_as(home, holder, at, false)
-    }
-
-    /// [`Places::behind`], for what the check has put back itself (`remarked`).
-    fn behind_as(
-        &self,
-        home: &Home,
-        holder: String,
-        at: At<'_>,
-        remarked: bool,
-    ) -> ContinuityError {
+    /// The state is behind the records: `holder` is what record `at` shows; `remarked`: the
+    /// check has put it back itself (a grant marked spent again).
+    fn behind(&self, home: &Home, holder: String, at: At<'_>, remarked: bool) -> ContinuityError {
         ContinuityError::Behind(Box::new(BehindError {
             home: home.clone(),
             records: self.records.to_path_buf(),
@@ -559,7 +549,7 @@ impl Owed {
                     .unwrap_or(&bottom);
                 if !labels.principal.flows_to(principal) || !labels.session.flows_to(principal) {
                     let holder = format!("principal {} carrying a label", key.principal);
-                    return Err(places.behind(home, holder, at));
+                    return Err(places.behind(home, holder, at, false));
                 }
             }
             Seen::Grant { id, allowed, at } => {
@@ -725,7 +715,7 @@ pub async fn check_through(
             file: &file,
             line,
         };
-        return Err(places.behind_as(
+        return Err(places.behind(
             &home,
             format!("declassification grant {id:?} spent"),
             at,
@@ -1082,16 +1072,6 @@ mod tests {
         assert_eq!(proven.sessions.len(), 300);
     }
 
-    /// This host's store in the lab database of `settings`, its schema made first.
-    async fn shared_store(settings: &crate::config::PostgresStateConfig) -> FlowStateStore {
-        crate::state::postgres::migrate(settings).await.unwrap();
-        FlowStateStore::with_backend(Box::new(
-            crate::state::postgres::PostgresStore::open(settings)
-                .await
-                .unwrap(),
-        ))
-    }
-
     /// Where a SQLite state file `db` lives, beside the records of `records`.
     fn file_places<'a>(db: &'a Path, state_dir: &'a Path, records: &'a Path) -> Places<'a> {
         Places {
@@ -1102,17 +1082,46 @@ mod tests {
         }
     }
 
-    /// Where host `web-1`'s state lives in the lab database of `settings`.
-    fn shared_places<'a>(
-        settings: &'a crate::config::PostgresStateConfig,
-        state_dir: &'a Path,
-        records: &'a Path,
-    ) -> Places<'a> {
-        Places {
-            db: &settings.url_file,
-            state_dir,
-            records,
-            host_id: Some("web-1"),
+    /// A lab PostgreSQL server holding host `web-1`'s flow state (its schema made), and an
+    /// empty record directory beside it.
+    struct SharedLab {
+        pg: crate::lab::postgres::Postgres,
+        settings: crate::config::PostgresStateConfig,
+        state: FlowStateStore,
+        dir: tempfile::TempDir,
+        records: PathBuf,
+    }
+
+    impl SharedLab {
+        /// `None` (saying why) where no PostgreSQL server can run here.
+        async fn start() -> Option<SharedLab> {
+            let pg = crate::lab::postgres::Postgres::start_unless_unavailable().unwrap()?;
+            let settings = pg.settings("web-1");
+            crate::state::postgres::migrate(&settings).await.unwrap();
+            let state = FlowStateStore::with_backend(Box::new(
+                crate::state::postgres::PostgresStore::open(&settings)
+                    .await
+                    .unwrap(),
+            ));
+            let dir = tempfile::tempdir().unwrap();
+            let records = dir.path().join("records");
+            Some(SharedLab {
+                pg,
+                settings,
+                state,
+                dir,
+                records,
+            })
+        }
+
+        /// Where host `web-1`'s state and records are.
+        fn places(&self) -> Places<'_> {
+            Places {
+                db: &self.settings.url_file,
+                state_dir: self.dir.path(),
+                records: &self.records,
+                host_id: Some("web-1"),
+            }
         }
     }
 
@@ -1121,20 +1130,16 @@ mod tests {
     /// read.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_shared_databases_refusals_say_what_works_there() {
-        let Some(pg) = crate::lab::postgres::Postgres::start_unless_unavailable().unwrap() else {
+        let Some(lab) = SharedLab::start().await else {
             return;
         };
-        let settings = pg.settings("web-1");
-        let state = shared_store(&settings).await;
-        let dir = tempfile::tempdir().unwrap();
-        let records = dir.path().join("records");
-        records_of_one_principal(&records, 2);
-        let places = shared_places(&settings, dir.path(), &records);
-        let database = format!("127.0.0.1:{}/postgres", pg.port);
-        let behind = check(&state, &places).await.unwrap_err().to_string();
+        records_of_one_principal(&lab.records, 2);
+        let (state, places) = (&lab.state, lab.places());
+        let database = format!("127.0.0.1:{}/postgres", lab.pg.port);
+        let behind = check(state, &places).await.unwrap_err().to_string();
         let other = {
             state.set_checkpoint(99, "sha256:00").await.unwrap();
-            check(&state, &places).await.unwrap_err().to_string()
+            check(state, &places).await.unwrap_err().to_string()
         };
         for err in [&behind, &other] {
             assert!(
@@ -1142,7 +1147,7 @@ mod tests {
                 "{err}"
             );
         }
-        let url_file = settings.url_file.display().to_string();
+        let url_file = lab.settings.url_file.display().to_string();
         assert!(
             behind.contains("restore") && behind.contains(&url_file),
             "{behind}"
@@ -1156,16 +1161,12 @@ mod tests {
     /// spent again. Before, the check stopped at the lowered label.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_database_reading_lower_still_has_its_spent_grants_checked() {
-        let Some(pg) = crate::lab::postgres::Postgres::start_unless_unavailable().unwrap() else {
+        let Some(lab) = SharedLab::start().await else {
             return;
         };
-        let settings = pg.settings("web-1");
-        let state = shared_store(&settings).await;
-        let dir = tempfile::tempdir().unwrap();
-        let records = dir.path().join("records");
         let larkfield = crate::state::tests::owner("larkfield");
-        records_with_spent_grants(&records, &["g-1", "g-2"], &larkfield);
-        let places = shared_places(&settings, dir.path(), &records);
+        records_with_spent_grants(&lab.records, &["g-1", "g-2"], &larkfield);
+        let (state, places) = (&lab.state, lab.places());
         // As the calls did: the grants spent, and the principal's label raised.
         for g in ["g-1", "g-2"] {
             assert!(state.consume_grant(g, 1).await.unwrap());
@@ -1173,7 +1174,7 @@ mod tests {
         let alice = crate::state::tests::key("alice", "s-9");
         state.join(&alice, &larkfield).await.unwrap();
         // The database restored from before both.
-        let raw = pg.client().await.unwrap();
+        let raw = lab.pg.client().await.unwrap();
         let bottom = InformationLabel::bottom().to_canonical_json();
         raw.execute(
             "UPDATE principal_labels SET label = $1 WHERE principal = 'alice'",
@@ -1184,7 +1185,7 @@ mod tests {
         raw.execute("DELETE FROM consumed_grants", &[])
             .await
             .unwrap();
-        let err = check(&state, &places).await.unwrap_err();
+        let err = check(state, &places).await.unwrap_err();
         assert!(
             matches!(err, ContinuityError::Behind(_))
                 && err.to_string().contains("grant \"g-1\" spent"),
@@ -1197,7 +1198,7 @@ mod tests {
         // The label alone lowered: the check fails as the read did, and binds nothing
         // (the records' labels, which the lowered database does not hold, are not what it
         // reports).
-        let err = check(&state, &places).await.unwrap_err();
+        let err = check(state, &places).await.unwrap_err();
         assert!(
             matches!(
                 err,
