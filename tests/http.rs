@@ -1019,6 +1019,148 @@ fn a_slow_request_head_is_cut_off() {
     );
 }
 
+/// Sends one keep-alive request over a fresh connection to `addr` and reads what comes
+/// back for `wait`: the answer's status, and whether the daemon closed the connection after
+/// it (rather than keeping it for a next request).
+fn one_request_kept_alive(
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    body: &str,
+    wait: std::time::Duration,
+) -> (u16, bool) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let mut head = String::from("POST /mcp HTTP/1.1\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        head.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, closed)
+}
+
+/// A connection is kept for a next request only once its client has authenticated. Before,
+/// a client with no credentials could keep a connection (and its source's and the
+/// transport's connection slots) for good with one refused request per header timeout.
+#[test]
+fn a_connection_is_kept_only_for_an_authenticated_client() {
+    let Some((_lab, addr, _)) = start("") else {
+        return;
+    };
+    let auth = format!("Bearer {TOKEN}");
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).to_string();
+    let accept = ("Accept", "application/json, text/event-stream");
+    let json = ("Content-Type", "application/json");
+    let refused = [
+        ("no credentials", vec![accept, json], 401),
+        (
+            "a token it does not know",
+            vec![accept, json, ("Authorization", "Bearer not-a-token")],
+            401,
+        ),
+        (
+            "a Host not allowed",
+            vec![
+                accept,
+                json,
+                ("Authorization", auth.as_str()),
+                ("Host", "evil.test"),
+            ],
+            403,
+        ),
+        (
+            "a protocol version it does not speak",
+            vec![
+                accept,
+                json,
+                ("Authorization", auth.as_str()),
+                ("MCP-Protocol-Version", "1999-01-01"),
+            ],
+            400,
+        ),
+    ];
+    for (what, headers, want) in refused {
+        let (status, closed) = one_request_kept_alive(
+            addr,
+            &headers,
+            &initialize,
+            std::time::Duration::from_secs(10),
+        );
+        assert_eq!(status, want, "{what}");
+        assert!(closed, "the connection of a request with {what} was kept");
+    }
+    let (status, closed) = one_request_kept_alive(
+        addr,
+        &[accept, json, ("Authorization", auth.as_str())],
+        &initialize,
+        std::time::Duration::from_secs(2),
+    );
+    assert_eq!(status, 200);
+    assert!(!closed, "an authenticated client's connection was closed");
+}
+
+/// `MCP-Protocol-Version` may name a revision the host speaks, or none. Before, a fixed
+/// list was served, among them a revision that no `initialize` is ever answered with, while
+/// 2024-11-05, which `initialize` grants, was refused on every request of its session.
+#[test]
+fn a_request_names_a_revision_the_host_speaks() {
+    let Some((_lab, addr, _)) = start("") else {
+        return;
+    };
+    let auth = format!("Bearer {TOKEN}");
+    let post = |session: Option<&str>, version: Option<&str>, body: &Value| {
+        let mut headers = vec![
+            ("Authorization", auth.as_str()),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ];
+        if let Some(s) = session {
+            headers.push(("Mcp-Session-Id", s));
+        }
+        if let Some(v) = version {
+            headers.push(("MCP-Protocol-Version", v));
+        }
+        request(addr, "POST", "/mcp", &headers, &body.to_string())
+    };
+    let initialize = |version: &str| json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+    let ping = json!({"jsonrpc": "2.0", "id": 9, "method": "ping"});
+    let init = post(None, None, &initialize("2024-11-05"));
+    assert_eq!(init.status, 200, "{init:?}");
+    assert_eq!(init.response()["result"]["protocolVersion"], "2024-11-05");
+    let session = init.header("mcp-session-id").unwrap().to_string();
+    for named in [Some("2024-11-05"), None, Some("2025-03-26")] {
+        let r = post(Some(&session), named, &ping);
+        assert_eq!(r.status, 200, "{named:?}: {r:?}");
+    }
+    // A revision the host does not speak, on a session or on the initialize that would
+    // open one.
+    let r = post(Some(&session), Some("2025-11-25"), &ping);
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.body.contains("is not supported"), "{r:?}");
+    let r = post(None, Some("2025-11-25"), &initialize("2025-11-25"));
+    assert_eq!(r.status, 400, "{r:?}");
+}
+
 /// A session whose client takes sampling, with call 7 (`test_sampling`) in flight on its
 /// own connection: the tool's sampling request has reached the client's stream (a `relay`
 /// record), and nobody answers it. Returns the client, the session id and the call's

@@ -51,8 +51,6 @@ use streams::{Events, Streams, Target};
 const SESSION_HEADER: &str = "mcp-session-id";
 /// The negotiated protocol version header.
 const VERSION_HEADER: &str = "mcp-protocol-version";
-/// Protocol versions a request may name in `MCP-Protocol-Version`.
-const VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
 /// Most live HTTP sessions per principal, and in all.
 const MAX_SESSIONS_PER_PRINCIPAL: usize = 64;
 const MAX_SESSIONS: usize = 1024;
@@ -509,31 +507,17 @@ impl Transport {
     }
 
     async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        if let Err((status, why)) = check_host_and_origin(&self.config, req.headers()) {
-            tracing::debug!("{why}; refused");
-            return http_error(status, &why);
-        }
-        let path = req.uri().path();
-        if req.method() == Method::GET && path.starts_with("/.well-known/oauth-protected-resource")
-        {
-            return self.resource_metadata(req.headers());
-        }
-        if path != self.config.path {
-            return http_error(StatusCode::NOT_FOUND, "no MCP endpoint here");
-        }
-        match header_str(req.headers(), VERSION_HEADER) {
-            Ok(Some(v)) if !VERSIONS.contains(&v) => {
-                return http_error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("MCP-Protocol-Version {v:?} is not supported"),
-                );
+        let principal = match self.admit(&req).await {
+            Ok(principal) => principal,
+            // The connection goes with the answer: kept open, one request per header
+            // timeout would hold the source's and the transport's connection slots for
+            // good without ever authenticating.
+            Err(mut answered) => {
+                answered
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return answered;
             }
-            Ok(_) => {}
-            Err((status, why)) => return http_error(status, &why),
-        }
-        let principal = match self.auth.authenticate(req.headers()) {
-            Ok(p) => p,
-            Err(refusal) => return self.unauthorized(req.headers(), refusal).await,
         };
         match *req.method() {
             Method::POST => self.post(req, principal).await,
@@ -545,6 +529,43 @@ impl Transport {
                     .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
                 r
             }
+        }
+    }
+
+    /// The principal a request to the MCP endpoint comes from, or the answer for a request
+    /// that is not one, or not authenticated (the public metadata included).
+    async fn admit(&self, req: &Request<Incoming>) -> Result<PrincipalId, Response<Body>> {
+        if let Err((status, why)) = check_host_and_origin(&self.config, req.headers()) {
+            tracing::debug!("{why}; refused");
+            return Err(http_error(status, &why));
+        }
+        let path = req.uri().path();
+        if req.method() == Method::GET && path.starts_with("/.well-known/oauth-protected-resource")
+        {
+            return Err(self.resource_metadata(req.headers()));
+        }
+        if path != self.config.path {
+            return Err(http_error(StatusCode::NOT_FOUND, "no MCP endpoint here"));
+        }
+        match header_str(req.headers(), VERSION_HEADER) {
+            // Any revision the host speaks: the transport asks a client to name the one its
+            // session negotiated, but not the server to refuse another (the MCP conformance
+            // suite names 2025-03-26 on sessions that negotiated 2025-06-18).
+            Ok(Some(v)) if crate::mcp::negotiate(v).is_none() => {
+                return Err(http_error(
+                    StatusCode::BAD_REQUEST,
+                    &format!(
+                        "MCP-Protocol-Version {v:?} is not supported (this host speaks {})",
+                        crate::mcp::SUPPORTED_PROTOCOL_VERSIONS.join(", ")
+                    ),
+                ));
+            }
+            Ok(_) => {}
+            Err((status, why)) => return Err(http_error(status, &why)),
+        }
+        match self.auth.authenticate(req.headers()) {
+            Ok(p) => Ok(p),
+            Err(refusal) => Err(self.unauthorized(req.headers(), refusal).await),
         }
     }
 
