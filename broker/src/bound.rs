@@ -106,7 +106,10 @@ impl Watchdog {
     }
 
     fn run(&self) {
-        let mut idle = 0;
+        // Asleep until the first call: a process that starts the watchdog ahead of its calls
+        // (a `sandbox run` whose command connects nowhere makes none) is not woken every
+        // tick for nothing. A call begun before the watchdog's first look is found by it.
+        let mut idle = IDLE_TICKS;
         let mut calls_seen = 0;
         loop {
             let calls = self.calls.load(Ordering::SeqCst);
