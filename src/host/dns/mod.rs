@@ -797,7 +797,11 @@ impl Server {
                 return Some(wire::refusal(query, ResponseCode::ServFail));
             }
         };
-        match self.upstream.ask(&asked, id).await {
+        match self
+            .upstream
+            .ask(&asked, |response| wire::answers(&q, response, id))
+            .await
+        {
             Ok(response) => match wire::answer(&q, &response, id) {
                 Ok(answer) => {
                     self.admit(&q.name, &answer, &blocks);

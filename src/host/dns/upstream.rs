@@ -43,13 +43,19 @@ impl Upstream {
         &self.servers
     }
 
-    /// Asks `query` (whose id is `id`) of each server in turn until one answers; over TCP
-    /// when the UDP answer is truncated.
-    pub async fn ask(&self, query: &[u8], id: u16) -> Result<Vec<u8>, String> {
+    /// Asks `query` of each server in turn until one answers; over TCP when the UDP answer
+    /// is truncated. Over UDP, only a datagram for which `is_answer` holds is the answer:
+    /// any other (a late answer to an earlier query, a forged one naming another question)
+    /// is passed over, and neither ends the wait nor sends the query over TCP.
+    pub async fn ask(
+        &self,
+        query: &[u8],
+        is_answer: impl Fn(&[u8]) -> bool,
+    ) -> Result<Vec<u8>, String> {
         let mut why = String::from("no upstream resolver is configured");
         for server in &self.servers {
             let answer = async {
-                let udp = ask_udp(*server, query, id).await?;
+                let udp = ask_udp(*server, query, &is_answer).await?;
                 if wire::truncated(&udp) {
                     ask_tcp(*server, query).await
                 } else {
@@ -80,7 +86,11 @@ fn parse_resolv_conf(text: &str) -> Vec<SocketAddr> {
         .collect()
 }
 
-async fn ask_udp(server: SocketAddr, query: &[u8], id: u16) -> std::io::Result<Vec<u8>> {
+async fn ask_udp(
+    server: SocketAddr,
+    query: &[u8],
+    is_answer: impl Fn(&[u8]) -> bool,
+) -> std::io::Result<Vec<u8>> {
     let local: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse().map_err(std::io::Error::other)?
     } else {
@@ -93,7 +103,7 @@ async fn ask_udp(server: SocketAddr, query: &[u8], id: u16) -> std::io::Result<V
     let mut buf = vec![0u8; 65535];
     loop {
         let n = sock.recv(&mut buf).await?;
-        if n >= 2 && u16::from_be_bytes([buf[0], buf[1]]) == id {
+        if is_answer(&buf[..n]) {
             buf.truncate(n);
             return Ok(buf);
         }
@@ -115,6 +125,42 @@ async fn ask_tcp(server: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hickory_proto::op::{Message, OpCode, Query};
+    use hickory_proto::rr::{Name, RecordType};
+
+    /// A datagram with the query's id that answers another question (here also truncated,
+    /// which would have sent the query over TCP) is passed over, and the real answer that
+    /// follows it is taken. Before, the first datagram with the right id was the answer, and
+    /// the lookup failed with SERVFAIL once it was found to answer another question.
+    #[tokio::test]
+    async fn a_datagram_that_answers_another_question_is_passed_over() {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let upstream = Upstream::new(vec![server.local_addr().unwrap()]);
+        let q = wire::question(&wire::tests::query(3, "a.test.")).unwrap();
+        let id = 4242;
+        let asked = wire::upstream_query(&q, id).unwrap();
+        let responder = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            let (n, client) = server.recv_from(&mut buf).unwrap();
+            let query = Message::from_vec(&buf[..n]).unwrap();
+            let mut forged = Message::response(query.metadata.id, OpCode::Query);
+            forged.metadata.truncation = true;
+            forged.add_query(Query::query(
+                Name::from_ascii("b.test.").unwrap(),
+                RecordType::A,
+            ));
+            server.send_to(&forged.to_vec().unwrap(), client).unwrap();
+            let real = query.into_response();
+            server.send_to(&real.to_vec().unwrap(), client).unwrap();
+        });
+        let got = upstream
+            .ask(&asked, |r| wire::answers(&q, r, id))
+            .await
+            .unwrap();
+        responder.join().unwrap();
+        assert!(!wire::truncated(&got));
+        assert!(wire::answer(&q, &got, id).is_ok());
+    }
 
     #[test]
     fn reads_nameserver_lines() {

@@ -194,18 +194,8 @@ pub struct AnswerAddress {
 /// forged or misdirected would otherwise be remembered as the name's address). Only a
 /// NOERROR response hands out addresses.
 pub fn answer(q: &Question, response: &[u8], id: u16) -> Result<Answer, String> {
-    let mut msg =
-        Message::from_vec(response).map_err(|e| format!("undecodable upstream answer: {e}"))?;
-    if msg.metadata.id != id || msg.metadata.message_type != MessageType::Response {
-        return Err("the upstream answer is not a response to the query".into());
-    }
+    let mut msg = response_to(q, response, id)?;
     let asked = &q.query;
-    match msg.queries.as_slice() {
-        [a] if same_name(a.name(), asked.name())
-            && a.query_type() == asked.query_type()
-            && a.query_class() == DNSClass::IN => {}
-        _ => return Err("the upstream answer is for another question".into()),
-    }
     // Only a NOERROR answer vouches for addresses: whatever records an NXDOMAIN or SERVFAIL
     // carries are passed on, never remembered.
     let (addresses, chain) = if msg.metadata.response_code == ResponseCode::NoError {
@@ -226,6 +216,31 @@ pub fn answer(q: &Question, response: &[u8], id: u16) -> Result<Answer, String> 
         addresses,
         chain,
     })
+}
+
+/// Whether `response` is a response to [`upstream_query`]`(q, id)`: decodable, a response,
+/// with that id and that one question. Anything else that reaches the query's socket is
+/// not its answer, and the real one may still come.
+pub fn answers(q: &Question, response: &[u8], id: u16) -> bool {
+    response_to(q, response, id).is_ok()
+}
+
+fn response_to(q: &Question, response: &[u8], id: u16) -> Result<Message, String> {
+    let msg =
+        Message::from_vec(response).map_err(|e| format!("undecodable upstream answer: {e}"))?;
+    if msg.metadata.id != id || msg.metadata.message_type != MessageType::Response {
+        return Err("the upstream answer is not a response to the query".into());
+    }
+    let asked = &q.query;
+    match msg.queries.as_slice() {
+        [a] if same_name(a.name(), asked.name())
+            && a.query_type() == asked.query_type()
+            && a.query_class() == DNSClass::IN =>
+        {
+            Ok(msg)
+        }
+        _ => Err("the upstream answer is for another question".into()),
+    }
 }
 
 fn same_name(a: &Name, b: &Name) -> bool {
