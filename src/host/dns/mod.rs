@@ -350,6 +350,16 @@ impl std::fmt::Display for Withheld {
     }
 }
 
+/// Whether `private_answers` lets `answer`, the answer for `name`, bind a private address
+/// to it: when it names `name` and every name its CNAME chain leads through (an opted-in
+/// name's CNAME to a name outside the opt-in would carry the opt-in to whatever that name's
+/// zone answers).
+fn opted_in(name: &HostName, answer: &wire::Answer, private_answers: &[NamePattern]) -> bool {
+    std::iter::once(name)
+        .chain(&answer.chain)
+        .all(|n| private_answers.iter().any(|p| p.matches(n)))
+}
+
 /// Which addresses of `answer`, the answer to an allowed lookup of `name`, may be remembered
 /// under it, and which are withheld and why: a private one only when `private_answers`
 /// names `name` and every name its CNAME chain leads through.
@@ -360,11 +370,7 @@ fn screen(
     is_host: impl Fn(IpAddr) -> bool,
     blocks: &NameBlocks,
 ) -> (Vec<wire::AnswerAddress>, Vec<(IpAddr, Withheld)>) {
-    // Every name on the chain: an opted-in name's CNAME to a name outside the opt-in would
-    // carry the opt-in to whatever that name's zone answers.
-    let opted_in = std::iter::once(name)
-        .chain(&answer.chain)
-        .all(|n| private_answers.iter().any(|p| p.matches(n)));
+    let opted_in = opted_in(name, answer, private_answers);
     let blocked = answer.chain.iter().find_map(|c| {
         let rule = blocks.naming(c)?;
         Some(Withheld::ChainNameBlocked {
@@ -391,6 +397,9 @@ struct Binding {
     name: HostName,
     expires: Instant,
     blocked_on: Vec<u16>,
+    /// `private_answers` named the name and its chain ([`opted_in`]): only then may the name
+    /// judge a connect to an address that has become one of the host's own since.
+    opted_in: bool,
 }
 
 impl Binding {
@@ -430,6 +439,7 @@ impl AddressBook {
         name: &HostName,
         blocked_on: &[u16],
         addresses: &[wire::AnswerAddress],
+        opted_in: bool,
         now: Instant,
     ) -> Vec<IpAddr> {
         let mut full = Vec::new();
@@ -452,6 +462,7 @@ impl AddressBook {
                 name: name.clone(),
                 expires: now + binding_lifetime(a.ttl),
                 blocked_on: blocked_on.to_vec(),
+                opted_in,
             };
             if let Some(i) = names.iter().position(|b| b.name == *name) {
                 // The executor may hold the earlier answer as long as it said, and a block
@@ -461,6 +472,7 @@ impl AddressBook {
                 binding.blocked_on.extend(earlier.blocked_on);
                 binding.blocked_on.sort_unstable();
                 binding.blocked_on.dedup();
+                binding.opted_in &= earlier.opted_in;
             } else if names.len() >= MAX_NAMES_PER_ADDRESS && !make_way(names, &binding) {
                 full.push(ip);
                 continue;
@@ -504,17 +516,27 @@ impl AddressBook {
 
     /// The names `addr`'s address was handed out for that judge a connect to it at `now`,
     /// the last one first: none once no name is live; else the live ones, and the expired
-    /// ones a block rule named on `addr`'s port ([`Binding::holds`]).
-    fn names_at(&self, addr: SocketAddr, now: Instant) -> Vec<HostName> {
+    /// ones a block rule named on `addr`'s port ([`Binding::holds`]). When the address is
+    /// one of the host's own now (`is_host`), only names `private_answers` opted in judge
+    /// it, as when it was already the host's at the answer ([`screen`]): the host may have
+    /// taken it since (a floating address moved to it, an interface came up).
+    fn names_at(
+        &self,
+        addr: SocketAddr,
+        now: Instant,
+        is_host: impl Fn(IpAddr) -> bool,
+    ) -> Vec<HostName> {
         let Some(names) = self.names.get(&canonical_ip(addr.ip())) else {
             return Vec::new();
         };
         if !names.iter().any(|b| b.expires > now) {
             return Vec::new();
         }
+        // Asked only when it matters: the question costs a socket.
+        let host_now = names.iter().any(|b| !b.opted_in) && is_host(reached(addr.ip()));
         names
             .iter()
-            .filter(|b| b.holds(addr.port(), now))
+            .filter(|b| b.holds(addr.port(), now) && (b.opted_in || !host_now))
             .map(|b| b.name.clone())
             .collect()
     }
@@ -652,12 +674,13 @@ impl ExecutorDns {
     /// The names this executor's lookups got `addr`'s address as an answer for that judge a
     /// connect to `addr`, the last one first: those whose answers' TTLs have not run out and,
     /// while any has not, those whose TTLs ran out that a block rule named on `addr`'s port
-    /// (so they still refuse it, and never allow anything). Empty: none; a connect to it is
-    /// judged by address rules alone.
+    /// (so they still refuse it, and never allow anything). When the address has become one
+    /// of the host's own since, only names `private_answers` opted in. Empty: none; a
+    /// connect to it is judged by address rules alone.
     pub fn names_of(&self, addr: SocketAddr) -> Vec<HostName> {
         self.book
             .lock()
-            .map(|book| book.names_at(addr, Instant::now()))
+            .map(|book| book.names_at(addr, Instant::now(), is_host_address))
             .unwrap_or_default()
     }
 }
@@ -843,7 +866,13 @@ impl Server {
             );
         }
         let full = match self.book.lock() {
-            Ok(mut book) => book.remember(name, &blocks.ports_naming(name), &bound, Instant::now()),
+            Ok(mut book) => book.remember(
+                name,
+                &blocks.ports_naming(name),
+                &bound,
+                opted_in(name, answer, &self.private_answers),
+                Instant::now(),
+            ),
             Err(_) => Vec::new(),
         };
         if !full.is_empty() {
@@ -1315,9 +1344,68 @@ mod tests {
         let addr: SocketAddr = addr.parse().unwrap();
         let dest = crate::daemon::named_rules_destination(
             &flowhost_broker::Destination::Inet(addr),
-            &book.names_at(addr, at),
+            &book.names_at(addr, at, not_host),
         );
         rules.decide(Some(&dest)).allowed
+    }
+
+    /// No address is the host's own (the book's tests are about names and times).
+    fn not_host(_: IpAddr) -> bool {
+        false
+    }
+
+    /// A name whose answer bound an address that the host has taken since (a floating
+    /// address moved to it, an interface came up) no longer judges a connect to it, unless
+    /// `private_answers` opted it in, as at an answer that named the host's address already.
+    /// Before, the binding made at the answer allowed the connect to the host for as long as
+    /// the name was looked up again.
+    #[test]
+    fn an_address_the_host_took_after_the_answer_is_judged_as_the_hosts() {
+        let now = Instant::now();
+        let mut book = AddressBook::default();
+        book.remember(
+            &host("vip.test"),
+            &[],
+            &handed("203.0.113.5", 300),
+            false,
+            now,
+        );
+        book.remember(
+            &host("own.test"),
+            &[],
+            &handed("203.0.113.6", 300),
+            true,
+            now,
+        );
+        let to = |ip: &str| format!("{ip}:80").parse::<SocketAddr>().unwrap();
+        let taken = |ip: IpAddr| ip.to_string().starts_with("203.0.113.");
+        assert_eq!(
+            book.names_at(to("203.0.113.5"), now, not_host),
+            [host("vip.test")]
+        );
+        assert!(book.names_at(to("203.0.113.5"), now, taken).is_empty());
+        // An IPv4-mapped IPv6 destination reaches the same address.
+        assert!(
+            book.names_at(to("[::ffff:203.0.113.5]"), now, taken)
+                .is_empty()
+        );
+        assert_eq!(
+            book.names_at(to("203.0.113.6"), now, taken),
+            [host("own.test")]
+        );
+        // Answered again without the opt-in (the configuration changed), the name loses it.
+        book.remember(
+            &host("own.test"),
+            &[],
+            &handed("203.0.113.6", 300),
+            false,
+            now,
+        );
+        assert!(book.names_at(to("203.0.113.6"), now, taken).is_empty());
+        assert_eq!(
+            book.names_at(to("203.0.113.6"), now, not_host),
+            [host("own.test")]
+        );
     }
 
     #[test]
@@ -1332,6 +1420,7 @@ mod tests {
                 &name,
                 &blocks.ports_naming(&name),
                 &handed("192.0.2.50", ttl),
+                false,
                 at,
             )
         };
@@ -1347,12 +1436,18 @@ mod tests {
         // Once every name has run out, the address goes, and address rules alone judge it.
         // It meets only the block rules it met: on another port it allows nothing.
         let s80: SocketAddr = "192.0.2.50:80".parse().unwrap();
-        assert_eq!(book.names_at(s80, secs(61)), [host("www.example.com")]);
+        assert_eq!(
+            book.names_at(s80, secs(61), not_host),
+            [host("www.example.com")]
+        );
         // Once every name has run out, the address goes, and address rules alone judge it.
         let s443: SocketAddr = "192.0.2.50:443".parse().unwrap();
-        assert!(book.names_at(s443, secs(3601)).is_empty());
+        assert!(book.names_at(s443, secs(3601), not_host).is_empty());
         remember(&mut book, "other.example.com", 60, secs(3601));
-        assert_eq!(book.names_at(s443, secs(3602)), [host("other.example.com")]);
+        assert_eq!(
+            book.names_at(s443, secs(3602), not_host),
+            [host("other.example.com")]
+        );
 
         // A full address still takes a blocked name (an allowed-only one makes way).
         let mut book = AddressBook::default();
@@ -1365,22 +1460,37 @@ mod tests {
             !book_allows(&book, &rules, "192.0.2.50:443", secs(2)),
             "a blocked name always gets a place"
         );
-        assert_eq!(book.names_at(s443, secs(2)).len(), MAX_NAMES_PER_ADDRESS);
+        assert_eq!(
+            book.names_at(s443, secs(2), not_host).len(),
+            MAX_NAMES_PER_ADDRESS
+        );
         // A full address of blocked names takes another only for a port not yet blocked.
         let mut book = AddressBook::default();
         let at = handed("192.0.2.50", 300);
         for i in 0..MAX_NAMES_PER_ADDRESS {
             assert!(
-                book.remember(&host(&format!("b{i}.test")), &[443], &at, now)
+                book.remember(&host(&format!("b{i}.test")), &[443], &at, false, now)
                     .is_empty()
             );
         }
         let ip: IpAddr = "192.0.2.50".parse().unwrap();
-        assert_eq!(book.remember(&host("late.test"), &[], &at, now), vec![ip]);
-        assert_eq!(book.remember(&host("b99.test"), &[443], &at, now), vec![ip]);
-        assert!(book.remember(&host("b98.test"), &[80], &at, now).is_empty());
+        assert_eq!(
+            book.remember(&host("late.test"), &[], &at, false, now),
+            vec![ip]
+        );
+        assert_eq!(
+            book.remember(&host("b99.test"), &[443], &at, false, now),
+            vec![ip]
+        );
+        assert!(
+            book.remember(&host("b98.test"), &[80], &at, false, now)
+                .is_empty()
+        );
         let s80: SocketAddr = "192.0.2.50:80".parse().unwrap();
-        assert_eq!(book.names_at(s80, now).len(), MAX_NAMES_PER_ADDRESS + 1);
+        assert_eq!(
+            book.names_at(s80, now, not_host).len(),
+            MAX_NAMES_PER_ADDRESS + 1
+        );
     }
 
     #[test]
@@ -1391,41 +1501,45 @@ mod tests {
         let to = SocketAddr::new(ip, 443);
         let at = handed("192.0.2.50", 300);
         assert!(
-            book.remember(&host("secret.test"), &[], &at, now)
+            book.remember(&host("secret.test"), &[], &at, false, now)
                 .is_empty()
         );
         for i in 1..MAX_NAMES_PER_ADDRESS {
             let n = host(&format!("n{i}.test"));
-            assert!(book.remember(&n, &[], &at, now).is_empty());
+            assert!(book.remember(&n, &[], &at, false, now).is_empty());
         }
         // Full: a newcomer is not remembered, and the first name stays.
-        assert_eq!(book.remember(&host("late.test"), &[], &at, now), vec![ip]);
-        let kept = book.names_at(to, now);
+        assert_eq!(
+            book.remember(&host("late.test"), &[], &at, false, now),
+            vec![ip]
+        );
+        let kept = book.names_at(to, now, not_host);
         assert_eq!(kept.len(), MAX_NAMES_PER_ADDRESS);
         assert!(kept.contains(&host("secret.test")));
         assert!(!kept.contains(&host("late.test")));
         // A name seen again moves to the front (the record names it first).
         assert!(
-            book.remember(&host("secret.test"), &[], &at, now)
+            book.remember(&host("secret.test"), &[], &at, false, now)
                 .is_empty()
         );
-        assert_eq!(book.names_at(to, now)[0].as_str(), "secret.test");
+        assert_eq!(book.names_at(to, now, not_host)[0].as_str(), "secret.test");
         // IPv4-mapped is the same address.
         book.remember(
             &host("n1.test"),
             &[],
             &handed("::ffff:192.0.2.50", 300),
+            false,
             now,
         );
-        assert_eq!(book.names_at(to, now)[0].as_str(), "n1.test");
+        assert_eq!(book.names_at(to, now, not_host)[0].as_str(), "n1.test");
         // Expired names make room.
         let later = now + Duration::from_secs(301);
-        assert!(book.names_at(to, later).is_empty());
+        assert!(book.names_at(to, later, not_host).is_empty());
         assert!(
-            book.remember(&host("late.test"), &[], &at, later)
+            book.remember(&host("late.test"), &[], &at, false, later)
                 .is_empty()
         );
-        assert_eq!(book.names_at(to, later), [host("late.test")]);
+        assert_eq!(book.names_at(to, later, not_host), [host("late.test")]);
     }
 
     #[test]
@@ -1437,7 +1551,7 @@ mod tests {
         for a in 0..addresses {
             let at = handed(&format!("198.51.{}.{}", a / 256, a % 256), 300);
             for n in 0..MAX_NAMES_PER_ADDRESS {
-                book.remember(&host(&format!("n{n}.a{a}.test")), &[], &at, now);
+                book.remember(&host(&format!("n{n}.a{a}.test")), &[], &at, false, now);
             }
             assert!(count(&book) <= MAX_BINDINGS, "{a}: {}", count(&book));
         }
@@ -1447,8 +1561,11 @@ mod tests {
             .parse()
             .unwrap();
         // The oldest addresses went, each with all its names; the newest keeps all of its.
-        assert!(book.names_at(first, now).is_empty());
-        assert_eq!(book.names_at(last, now).len(), MAX_NAMES_PER_ADDRESS);
+        assert!(book.names_at(first, now, not_host).is_empty());
+        assert_eq!(
+            book.names_at(last, now, not_host).len(),
+            MAX_NAMES_PER_ADDRESS
+        );
         assert!(
             book.names
                 .values()
@@ -1463,23 +1580,42 @@ mod tests {
         let secs = |s: u64| now + Duration::from_secs(s);
         let live = |book: &AddressBook, ip: &str, at: Instant| {
             !book
-                .names_at(format!("{ip}:443").parse().unwrap(), at)
+                .names_at(format!("{ip}:443").parse().unwrap(), at, not_host)
                 .is_empty()
         };
-        book.remember(&host("zero.test"), &[], &handed("192.0.2.1", 0), now);
-        book.remember(&host("five.test"), &[], &handed("192.0.2.2", 300), now);
-        book.remember(&host("long.test"), &[], &handed("192.0.2.3", 86_400), now);
+        book.remember(&host("zero.test"), &[], &handed("192.0.2.1", 0), false, now);
+        book.remember(
+            &host("five.test"),
+            &[],
+            &handed("192.0.2.2", 300),
+            false,
+            now,
+        );
+        book.remember(
+            &host("long.test"),
+            &[],
+            &handed("192.0.2.3", 86_400),
+            false,
+            now,
+        );
         assert!(live(&book, "192.0.2.1", secs(59)) && !live(&book, "192.0.2.1", secs(61)));
         assert!(live(&book, "192.0.2.2", secs(299)) && !live(&book, "192.0.2.2", secs(301)));
         assert!(live(&book, "192.0.2.3", secs(3599)) && !live(&book, "192.0.2.3", secs(3601)));
         // A later answer with a shorter TTL does not cut short what the executor was told.
-        book.remember(&host("five.test"), &[], &handed("192.0.2.2", 0), secs(10));
+        book.remember(
+            &host("five.test"),
+            &[],
+            &handed("192.0.2.2", 0),
+            false,
+            secs(10),
+        );
         assert!(live(&book, "192.0.2.2", secs(299)) && !live(&book, "192.0.2.2", secs(301)));
         // A later one with a longer TTL extends it.
         book.remember(
             &host("five.test"),
             &[],
             &handed("192.0.2.2", 600),
+            false,
             secs(200),
         );
         assert!(live(&book, "192.0.2.2", secs(799)) && !live(&book, "192.0.2.2", secs(801)));
