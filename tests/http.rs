@@ -1161,6 +1161,47 @@ fn a_request_names_a_revision_the_host_speaks() {
     assert_eq!(r.status, 400, "{r:?}");
 }
 
+/// Reloads the daemon's configuration unchanged but for a comment, and waits for the log to
+/// say `want`.
+fn reload_and_wait(lab: &Lab, generation: u32, want: &str) {
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    lab.write_config(&format!("{text}\n# reload {generation}\n"));
+    lab.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !lab.log().contains(want) {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A reload reads the issuer's key set file again: a key taken out of it (revoked) verifies
+/// no token once the reload has succeeded, and a key put in does. A file that cannot be read
+/// refuses the reload and leaves the keys in use. Before, the set read at start was kept
+/// until a restart, so a revoked key went on working after the operator's reload.
+#[test]
+fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
+    let Some((lab, addr, issuer)) = start("") else {
+        return;
+    };
+    let later = unix_now() + 300;
+    let revoked = jwt(&issuer, RESOURCE, later, "agent-1");
+    let next = JwtIssuer::new(13);
+    let rotated = jwt(&next, RESOURCE, later, "agent-1");
+    let status = |token: &str| McpHttp::new(addr, Some(token)).initialize().status;
+    assert_eq!(status(&revoked), 200);
+    assert_eq!(status(&rotated), 401);
+    let jwks = lab.dir.path().join("jwks.json");
+    std::fs::write(&jwks, &next.jwks).unwrap();
+    reload_and_wait(&lab, 2, "reloaded: generation 2");
+    assert_eq!(status(&revoked), 401, "a revoked key still verifies");
+    assert_eq!(status(&rotated), 200);
+    std::fs::write(&jwks, "not a key set").unwrap();
+    reload_and_wait(&lab, 3, "reload refused");
+    assert!(lab.log().contains("http.jwt.jwks"), "{}", lab.log());
+    assert_eq!(status(&rotated), 200);
+    assert_eq!(status(&revoked), 401);
+}
+
 /// A session whose client takes sampling, with call 7 (`test_sampling`) in flight on its
 /// own connection: the tool's sampling request has reached the client's stream (a `relay`
 /// record), and nobody answers it. Returns the client, the session id and the call's

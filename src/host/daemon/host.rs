@@ -53,6 +53,9 @@ pub struct Host {
     pub(super) admission: Arc<admission::Admission>,
     /// The HTTP listener bound at start, until [`run`] serves it.
     pub(super) http: Mutex<Option<http::HttpListener>>,
+    /// Who authenticates HTTP callers (while there is a listener): each reload gives it the
+    /// issuer's key set as the file says then.
+    pub(super) http_auth: Option<Arc<http::auth::Authenticator>>,
 }
 
 impl Host {
@@ -79,6 +82,15 @@ impl Host {
     pub async fn reload(&self) -> Result<u64, StartupError> {
         let config = HostConfig::load(&self.config_path)?;
         refuse_restart_only_changes(&self.current().config, &config)?;
+        // Read before anything changes, put to use only with the new generation: an operator
+        // who took a key out of the file (revoked it) and reloaded is told when it cannot be
+        // read, and otherwise has it refused from the moment the reload succeeds.
+        let key_set = match &self.http_auth {
+            Some(auth) => auth
+                .read_key_set()
+                .map_err(|e| StartupError::Http(super::http::HttpError::Auth(e)))?,
+            None => None,
+        };
         let (registry, profiles) = verify_registry(&config)?;
         if registry.requires_flow_runtime() && config.broker == BrokerMode::Disabled {
             return Err(StartupError::NoBroker(
@@ -113,6 +125,9 @@ impl Host {
             };
             std::mem::replace(&mut *g, Arc::new(generation))
         };
+        if let (Some(auth), Some(keys)) = (&self.http_auth, key_set) {
+            auth.use_key_set(keys);
+        }
         // Stopping the old warm executors can take a moment each; it happens in the
         // background so accepting and the watchdog do not wait for it.
         tokio::spawn(async move {

@@ -683,6 +683,7 @@ impl Host {
             None => None,
         };
         let host = Arc::new(Host {
+            http_auth: http.as_ref().map(super::http::HttpListener::authenticator),
             http: std::sync::Mutex::new(http),
             generation: RwLock::new(Arc::new(generation)),
             next_generation: AtomicU64::new(2),

@@ -100,9 +100,13 @@ const LEEWAY_SECS: u64 = 30;
 
 struct Jwt {
     config: JwtConfig,
-    /// Keys by `kid` (keys without one are tried when a token names none).
-    keys: HashMap<Option<String>, Vec<DecodingKey>>,
+    /// The key set read last (at start, then at each reload).
+    keys: std::sync::RwLock<KeySet>,
 }
+
+/// An issuer's key set as read from its file: keys by `kid` (keys without one are tried
+/// when a token names none).
+pub struct KeySet(HashMap<Option<String>, Vec<DecodingKey>>);
 
 /// Maps credentials to principals (see the module docs).
 pub struct Authenticator {
@@ -117,7 +121,7 @@ impl Authenticator {
         let jwt = match &config.jwt {
             None => None,
             Some(j) => Some(Jwt {
-                keys: load_keys(&j.jwks)?,
+                keys: std::sync::RwLock::new(load_keys(&j.jwks)?),
                 config: j.clone(),
             }),
         };
@@ -171,6 +175,24 @@ impl Authenticator {
     pub fn jwt(&self) -> Option<&JwtConfig> {
         self.jwt.as_ref().map(|j| &j.config)
     }
+
+    /// Reads the issuer's key set file again (`None`: no JWTs are taken). Nothing changes
+    /// until [`Authenticator::use_key_set`]: a reload that fails later keeps the keys in use.
+    pub fn read_key_set(&self) -> Result<Option<KeySet>, AuthSetupError> {
+        self.jwt
+            .as_ref()
+            .map(|j| load_keys(&j.config.jwks))
+            .transpose()
+    }
+
+    /// Verifies tokens with `keys` from now on: a key taken out of the file (revoked) no
+    /// longer verifies any.
+    pub fn use_key_set(&self, keys: KeySet) {
+        if let Some(j) = &self.jwt {
+            // A poisoned lock holds a whole key set (the swap is one assignment).
+            *j.keys.write().unwrap_or_else(|p| p.into_inner()) = keys;
+        }
+    }
 }
 
 impl Jwt {
@@ -183,7 +205,8 @@ impl Jwt {
                 header.alg
             )));
         }
-        let keys = self.keys.get(&header.kid).ok_or_else(|| {
+        let set = self.keys.read().unwrap_or_else(|p| p.into_inner());
+        let keys = set.0.get(&header.kid).ok_or_else(|| {
             AuthRefusal::InvalidToken("no key of the issuer's set signs it".into())
         })?;
         let mut validation = Validation::new(header.alg);
@@ -236,9 +259,7 @@ impl Jwt {
     }
 }
 
-fn load_keys(
-    path: &std::path::Path,
-) -> Result<HashMap<Option<String>, Vec<DecodingKey>>, AuthSetupError> {
+fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
     let fail = |message: String| AuthSetupError::KeySet {
         path: path.display().to_string(),
         message,
@@ -262,7 +283,7 @@ fn load_keys(
     if keys.is_empty() {
         return Err(fail("the key set has no keys".into()));
     }
-    Ok(keys)
+    Ok(KeySet(keys))
 }
 
 #[cfg(test)]

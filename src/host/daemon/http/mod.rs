@@ -106,13 +106,13 @@ pub struct HttpListener {
     listener: tokio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     config: HttpConfig,
-    auth: Authenticator,
+    auth: Arc<Authenticator>,
 }
 
 impl HttpListener {
     /// Binds `config.listen` and loads its TLS files and JWT key set.
     pub fn bind(config: &HttpConfig) -> Result<Self, HttpError> {
-        let auth = Authenticator::new(config)?;
+        let auth = Arc::new(Authenticator::new(config)?);
         let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
         let bind = |source| HttpError::Bind {
             addr: config.listen,
@@ -132,6 +132,12 @@ impl HttpListener {
     /// The bound address.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.listener.local_addr().ok()
+    }
+
+    /// Who authenticates its callers, shared with the host (which gives it the issuer's key
+    /// set again at each reload).
+    pub fn authenticator(&self) -> Arc<Authenticator> {
+        self.auth.clone()
     }
 }
 
@@ -228,7 +234,7 @@ struct Transport {
     host: Arc<Host>,
     budget: Mutex<Budget>,
     config: HttpConfig,
-    auth: Authenticator,
+    auth: Arc<Authenticator>,
     sessions: Mutex<HashMap<String, Arc<Remote>>>,
     scheme: &'static str,
 }
