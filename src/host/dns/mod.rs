@@ -514,32 +514,54 @@ impl AddressBook {
         self.order.drain(..gone);
     }
 
-    /// The names `addr`'s address was handed out for that judge a connect to it at `now`,
-    /// the last one first: none once no name is live; else the live ones, and the expired
-    /// ones a block rule named on `addr`'s port ([`Binding::holds`]). When the address is
-    /// one of the host's own now (`is_host`), only names `private_answers` opted in judge
-    /// it, as when it was already the host's at the answer ([`screen`]): the host may have
-    /// taken it since (a floating address moved to it, an interface came up).
+    /// The names that judge a connect to `addr` at `now` on a host whose own addresses
+    /// `is_host` tells: [`AddressBook::bindings_at`], then [`judging`], as
+    /// [`ExecutorDns::names_of`] does.
+    #[cfg(test)]
     fn names_at(
         &self,
         addr: SocketAddr,
         now: Instant,
         is_host: impl Fn(IpAddr) -> bool,
     ) -> Vec<HostName> {
+        judging(addr, self.bindings_at(addr, now), is_host)
+    }
+
+    /// The names `addr`'s address was handed out for that judge a connect to it at `now`,
+    /// the last one first, each with whether `private_answers` opted it in: none once no
+    /// name is live; else the live ones, and the expired ones a block rule named on `addr`'s
+    /// port ([`Binding::holds`]). Whether the address is the host's own is for [`judging`].
+    fn bindings_at(&self, addr: SocketAddr, now: Instant) -> Vec<(HostName, bool)> {
         let Some(names) = self.names.get(&canonical_ip(addr.ip())) else {
             return Vec::new();
         };
         if !names.iter().any(|b| b.expires > now) {
             return Vec::new();
         }
-        // Asked only when it matters: the question costs a socket.
-        let host_now = names.iter().any(|b| !b.opted_in) && is_host(reached(addr.ip()));
         names
             .iter()
-            .filter(|b| b.holds(addr.port(), now) && (b.opted_in || !host_now))
-            .map(|b| b.name.clone())
+            .filter(|b| b.holds(addr.port(), now))
+            .map(|b| (b.name.clone(), b.opted_in))
             .collect()
     }
+}
+
+/// Of `bindings` ([`AddressBook::bindings_at`]), the names that judge a connect to `addr`:
+/// when the address is one of the host's own now (`is_host`), only those `private_answers`
+/// opted in, as when it was the host's already at the answer ([`screen`]); the host may have
+/// taken it since (a floating address moved to it, an interface came up).
+fn judging(
+    addr: SocketAddr,
+    bindings: Vec<(HostName, bool)>,
+    is_host: impl Fn(IpAddr) -> bool,
+) -> Vec<HostName> {
+    // Asked only when it matters: the question costs a socket.
+    let host_now = bindings.iter().any(|(_, opted_in)| !opted_in) && is_host(reached(addr.ip()));
+    bindings
+        .into_iter()
+        .filter(|(_, opted_in)| *opted_in || !host_now)
+        .map(|(name, _)| name)
+        .collect()
 }
 
 /// Makes room for `newcomer` among an address's `names`, which are full; whether it may be
@@ -678,10 +700,13 @@ impl ExecutorDns {
     /// of the host's own since, only names `private_answers` opted in. Empty: none; a
     /// connect to it is judged by address rules alone.
     pub fn names_of(&self, addr: SocketAddr) -> Vec<HostName> {
-        self.book
+        let bindings = self
+            .book
             .lock()
-            .map(|book| book.names_at(addr, Instant::now(), is_host_address))
-            .unwrap_or_default()
+            .map(|book| book.bindings_at(addr, Instant::now()))
+            .unwrap_or_default();
+        // Out of the book's lock: the host-address question binds a socket.
+        judging(addr, bindings, is_host_address)
     }
 }
 

@@ -162,6 +162,36 @@ mod tests {
         assert!(wire::answer(&q, &got, id).is_ok());
     }
 
+    /// An error answer with the query's id and no question (as some servers send a FORMERR or
+    /// REFUSED) ends the wait at once; it hands out nothing.
+    #[tokio::test]
+    async fn an_error_answer_without_a_question_ends_the_wait() {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let upstream = Upstream::new(vec![server.local_addr().unwrap()]);
+        let q = wire::question(&wire::tests::query(3, "a.test.")).unwrap();
+        let id = 4243;
+        let asked = wire::upstream_query(&q, id).unwrap();
+        let responder = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            let (n, client) = server.recv_from(&mut buf).unwrap();
+            let query = Message::from_vec(&buf[..n]).unwrap();
+            let refused = Message::error_msg(
+                query.metadata.id,
+                OpCode::Query,
+                hickory_proto::op::ResponseCode::Refused,
+            );
+            server.send_to(&refused.to_vec().unwrap(), client).unwrap();
+        });
+        let started = std::time::Instant::now();
+        let got = upstream
+            .ask(&asked, |r| wire::answers(&q, r, id))
+            .await
+            .unwrap();
+        responder.join().unwrap();
+        assert!(started.elapsed() < PER_SERVER / 2);
+        assert!(wire::answer(&q, &got, id).is_err());
+    }
+
     #[test]
     fn reads_nameserver_lines() {
         let text = "# comment\nsearch example.org\nnameserver 10.0.0.53\nnameserver fe80::1%eth0\nnameserver bogus\noptions ndots:2\n";

@@ -219,10 +219,20 @@ pub fn answer(q: &Question, response: &[u8], id: u16) -> Result<Answer, String> 
 }
 
 /// Whether `response` is a response to [`upstream_query`]`(q, id)`: decodable, a response,
-/// with that id and that one question. Anything else that reaches the query's socket is
-/// not its answer, and the real one may still come.
+/// with that id and that one question, or an error (FORMERR, REFUSED, ...) with that id and
+/// no question at all, as some servers send one ([`answer`] then refuses it, and the lookup
+/// fails at once rather than at the server's timeout). Anything else that reaches the
+/// query's socket is not its answer, and the real one may still come.
 pub fn answers(q: &Question, response: &[u8], id: u16) -> bool {
-    response_to(q, response, id).is_ok()
+    match response_to(q, response, id) {
+        Ok(_) => true,
+        Err(_) => Message::from_vec(response).is_ok_and(|m| {
+            m.metadata.id == id
+                && m.metadata.message_type == MessageType::Response
+                && m.metadata.response_code != ResponseCode::NoError
+                && m.queries.is_empty()
+        }),
+    }
 }
 
 fn response_to(q: &Question, response: &[u8], id: u16) -> Result<Message, String> {
