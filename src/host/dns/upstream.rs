@@ -125,62 +125,26 @@ async fn ask_tcp(server: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hickory_proto::op::{Message, OpCode, Query};
+    use hickory_proto::op::{Message, OpCode, Query, ResponseCode};
     use hickory_proto::rr::{Name, RecordType};
 
-    /// A datagram with the query's id that answers another question (here also truncated,
-    /// which would have sent the query over TCP) is passed over, and the real answer that
-    /// follows it is taken. Before, the first datagram with the right id was the answer, and
-    /// the lookup failed with SERVFAIL once it was found to answer another question.
-    #[tokio::test]
-    async fn a_datagram_that_answers_another_question_is_passed_over() {
+    /// Asks a query for `a.test` (upstream id `id`) of a real UDP server on loopback, which
+    /// answers the query it receives with the datagrams `reply` makes of it, in order.
+    /// Returns what the wait took as the answer, how long it took, and the question.
+    async fn asked_of(
+        id: u16,
+        reply: impl FnOnce(Message) -> Vec<Message> + Send + 'static,
+    ) -> (Vec<u8>, std::time::Duration, wire::Question) {
         let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let upstream = Upstream::new(vec![server.local_addr().unwrap()]);
         let q = wire::question(&wire::tests::query(3, "a.test.")).unwrap();
-        let id = 4242;
         let asked = wire::upstream_query(&q, id).unwrap();
         let responder = std::thread::spawn(move || {
             let mut buf = [0u8; 512];
             let (n, client) = server.recv_from(&mut buf).unwrap();
-            let query = Message::from_vec(&buf[..n]).unwrap();
-            let mut forged = Message::response(query.metadata.id, OpCode::Query);
-            forged.metadata.truncation = true;
-            forged.add_query(Query::query(
-                Name::from_ascii("b.test.").unwrap(),
-                RecordType::A,
-            ));
-            server.send_to(&forged.to_vec().unwrap(), client).unwrap();
-            let real = query.into_response();
-            server.send_to(&real.to_vec().unwrap(), client).unwrap();
-        });
-        let got = upstream
-            .ask(&asked, |r| wire::answers(&q, r, id))
-            .await
-            .unwrap();
-        responder.join().unwrap();
-        assert!(!wire::truncated(&got));
-        assert!(wire::answer(&q, &got, id).is_ok());
-    }
-
-    /// An error answer with the query's id and no question (as some servers send a FORMERR or
-    /// REFUSED) ends the wait at once; it hands out nothing.
-    #[tokio::test]
-    async fn an_error_answer_without_a_question_ends_the_wait() {
-        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let upstream = Upstream::new(vec![server.local_addr().unwrap()]);
-        let q = wire::question(&wire::tests::query(3, "a.test.")).unwrap();
-        let id = 4243;
-        let asked = wire::upstream_query(&q, id).unwrap();
-        let responder = std::thread::spawn(move || {
-            let mut buf = [0u8; 512];
-            let (n, client) = server.recv_from(&mut buf).unwrap();
-            let query = Message::from_vec(&buf[..n]).unwrap();
-            let refused = Message::error_msg(
-                query.metadata.id,
-                OpCode::Query,
-                hickory_proto::op::ResponseCode::Refused,
-            );
-            server.send_to(&refused.to_vec().unwrap(), client).unwrap();
+            for m in reply(Message::from_vec(&buf[..n]).unwrap()) {
+                server.send_to(&m.to_vec().unwrap(), client).unwrap();
+            }
         });
         let started = std::time::Instant::now();
         let got = upstream
@@ -188,8 +152,43 @@ mod tests {
             .await
             .unwrap();
         responder.join().unwrap();
-        assert!(started.elapsed() < PER_SERVER / 2);
-        assert!(wire::answer(&q, &got, id).is_err());
+        (got, started.elapsed(), q)
+    }
+
+    /// A datagram with the query's id that answers another question (here also truncated,
+    /// which would have sent the query over TCP) is passed over, and the real answer that
+    /// follows it is taken. Before, the first datagram with the right id was the answer, and
+    /// the lookup failed with SERVFAIL once it was found to answer another question.
+    #[tokio::test]
+    async fn a_datagram_that_answers_another_question_is_passed_over() {
+        let (got, _, q) = asked_of(4242, |query| {
+            let mut forged = Message::response(query.metadata.id, OpCode::Query);
+            forged.metadata.truncation = true;
+            forged.add_query(Query::query(
+                Name::from_ascii("b.test.").unwrap(),
+                RecordType::A,
+            ));
+            vec![forged, query.into_response()]
+        })
+        .await;
+        assert!(!wire::truncated(&got));
+        assert!(wire::answer(&q, &got, 4242).is_ok());
+    }
+
+    /// An error answer with the query's id and no question (as some servers send a FORMERR or
+    /// REFUSED) ends the wait at once; it hands out nothing.
+    #[tokio::test]
+    async fn an_error_answer_without_a_question_ends_the_wait() {
+        let (got, took, q) = asked_of(4243, |query| {
+            vec![Message::error_msg(
+                query.metadata.id,
+                OpCode::Query,
+                ResponseCode::Refused,
+            )]
+        })
+        .await;
+        assert!(took < PER_SERVER / 2, "{took:?}");
+        assert!(wire::answer(&q, &got, 4243).is_err());
     }
 
     #[test]
