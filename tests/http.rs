@@ -1202,6 +1202,74 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
     assert_eq!(status(&revoked), 401);
 }
 
+/// A principal that names another principal's session is answered as if there were no such
+/// session (404), whichever method it uses, and each attempt is recorded with the principal
+/// who made it, not with the session's id. Before, nothing was recorded, so a session id in
+/// the wrong hands left no trace. The owner's session goes on.
+#[test]
+fn a_request_naming_another_principals_session_is_refused_and_recorded() {
+    const OTHER: &str = "reviewer-token";
+    let extra = format!(
+        "[[http.token]]\nprincipal = \"oss-reviewer\"\nsha256 = \"{}\"\n",
+        hex::encode(Sha256::digest(OTHER.as_bytes()))
+    );
+    let Some((lab, addr, _)) = start(&extra) else {
+        return;
+    };
+    let mut owner = McpHttp::new(addr, Some(TOKEN));
+    assert_eq!(owner.initialize().status, 200);
+    let session = owner.session.clone().unwrap();
+    let mut intruder = McpHttp::new(addr, Some(OTHER));
+    intruder.session = Some(session.clone());
+    let r = intruder.call("tools/list", json!({}));
+    assert_eq!(r.status, 404, "{r:?}");
+    let auth = format!("Bearer {OTHER}");
+    for method in ["GET", "DELETE"] {
+        let r = request(
+            addr,
+            method,
+            "/mcp",
+            &[
+                ("Authorization", auth.as_str()),
+                ("Accept", "text/event-stream"),
+                ("Mcp-Session-Id", session.as_str()),
+            ],
+            "",
+        );
+        assert_eq!(r.status, 404, "{method}: {r:?}");
+    }
+    assert_eq!(owner.call("tools/list", json!({})).status, 200);
+    let refused = || -> Vec<Value> {
+        lab.records()
+            .into_iter()
+            .filter(|r| r["tool"]["name"] == "(http: a request named another principal's session)")
+            .collect()
+    };
+    // Repeats of one refusal are folded into one record with their count (the host's
+    // refusal folder), written once the fold interval (10 s) has passed.
+    let attempts = || -> u64 {
+        refused()
+            .iter()
+            .map(|r| r["flowhost"]["folded"]["count"].as_u64().unwrap_or(1))
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while attempts() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}\n{}",
+            refused(),
+            lab.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(attempts(), 3);
+    for r in refused() {
+        assert_eq!(r["flowhost"]["principal"], "oss-reviewer", "{r}");
+        assert!(!r.to_string().contains(&session), "{r}");
+    }
+}
+
 /// A session whose client takes sampling, with call 7 (`test_sampling`) in flight on its
 /// own connection: the tool's sampling request has reached the client's stream (a `relay`
 /// record), and nobody answers it. Returns the client, the session id and the call's

@@ -467,6 +467,14 @@ fn accepts_sse(headers: &HeaderMap) -> bool {
         .any(|v| v.to_str().is_ok_and(|a| a.contains("text/event-stream")))
 }
 
+/// The answer for a session id that names no session of the caller's.
+fn no_such_session() -> Refused {
+    (
+        StatusCode::NOT_FOUND,
+        "no such session; send initialize to open one".into(),
+    )
+}
+
 /// The host part of a `Host` header or an origin's authority (IPv6 keeps its brackets).
 fn host_of(authority: &str) -> String {
     let host = if authority.starts_with('[') {
@@ -527,8 +535,8 @@ impl Transport {
         };
         match *req.method() {
             Method::POST => self.post(req, principal).await,
-            Method::GET => self.get(req.headers(), &principal),
-            Method::DELETE => self.delete(req.headers(), &principal),
+            Method::GET => self.get(req.headers(), &principal).await,
+            Method::DELETE => self.delete(req.headers(), &principal).await,
             _ => {
                 let mut r = http_error(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE");
                 r.headers_mut()
@@ -655,24 +663,35 @@ impl Transport {
         let summary = (folded > 0)
             .then(|| format!("(http: {folded} further authentication refusals, folded)"));
         for what in summary.into_iter().chain(record) {
-            let generation = self.host.current();
-            let e = pipeline::refusal(code::ACCESS_DENIED, what.clone(), Denial::AccessDenied);
-            let recorded = pipeline::refuse_session(
-                &session::env(&self.host, &generation),
-                &Caller {
-                    session: "(none)",
-                    peer: None,
-                    principal: Err(e.clone()),
-                    pinned: None,
-                },
-                &what,
-                e,
-                Denial::AccessDenied,
-            )
-            .await;
-            if recorded.data_denial() == Some(Denial::RecordFailure.as_str()) {
-                return Err(recorded);
-            }
+            self.record_session_refusal(&what, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Records a refusal of `what` over HTTP, outside any session, for `principal` when the
+    /// caller authenticated as one; an error when it could not be recorded.
+    async fn record_session_refusal(
+        &self,
+        what: &str,
+        principal: Option<&PrincipalId>,
+    ) -> Result<(), RpcError> {
+        let generation = self.host.current();
+        let e = pipeline::refusal(code::ACCESS_DENIED, what.to_string(), Denial::AccessDenied);
+        let recorded = pipeline::refuse_session(
+            &session::env(&self.host, &generation),
+            &Caller {
+                session: "(none)",
+                peer: None,
+                principal: Err(e.clone()),
+                pinned: principal,
+            },
+            what,
+            e,
+            Denial::AccessDenied,
+        )
+        .await;
+        if recorded.data_denial() == Some(Denial::RecordFailure.as_str()) {
+            return Err(recorded);
         }
         Ok(())
     }
@@ -712,7 +731,7 @@ impl Transport {
     }
 
     /// The session a request names, if it belongs to `principal`.
-    fn session_of(
+    async fn session_of(
         &self,
         headers: &HeaderMap,
         principal: &PrincipalId,
@@ -725,17 +744,25 @@ impl Transport {
         };
         let remote = self.sessions.lock().ok().and_then(|s| s.get(id).cloned());
         match remote {
-            // Another principal's session is as unknown as a closed one.
             Some(r) if r.principal == *principal => {
                 if let Ok(mut last) = r.last_used.lock() {
                     *last = std::time::Instant::now();
                 }
                 Ok((id.to_string(), r))
             }
-            _ => Err((
-                StatusCode::NOT_FOUND,
-                "no such session; send initialize to open one".into(),
-            )),
+            // Another principal's session is as unknown to the caller as a closed one; the
+            // attempt is recorded (without the id), so an id in the wrong hands leaves a trace.
+            Some(_) => match self
+                .record_session_refusal(
+                    "(http: a request named another principal's session)",
+                    Some(principal),
+                )
+                .await
+            {
+                Ok(()) => Err(no_such_session()),
+                Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, e.message)),
+            },
+            None => Err(no_such_session()),
         }
     }
 
@@ -827,7 +854,7 @@ impl Transport {
                 Err((status, why)) => return http_error(status, &why),
             }
         } else {
-            match self.session_of(&headers, &principal) {
+            match self.session_of(&headers, &principal).await {
                 Ok(v) => v,
                 Err((status, why)) => return http_error(status, &why),
             }
@@ -959,14 +986,14 @@ impl Transport {
         Ok((id, remote))
     }
 
-    fn get(&self, headers: &HeaderMap, principal: &PrincipalId) -> Response<Body> {
+    async fn get(&self, headers: &HeaderMap, principal: &PrincipalId) -> Response<Body> {
         if !accepts_sse(headers) {
             return http_error(
                 StatusCode::NOT_ACCEPTABLE,
                 "GET serves text/event-stream only",
             );
         }
-        let (_, remote) = match self.session_of(headers, principal) {
+        let (_, remote) = match self.session_of(headers, principal).await {
             Ok(v) => v,
             Err((status, why)) => return http_error(status, &why),
         };
@@ -1006,8 +1033,8 @@ impl Transport {
         }
     }
 
-    fn delete(&self, headers: &HeaderMap, principal: &PrincipalId) -> Response<Body> {
-        let (id, remote) = match self.session_of(headers, principal) {
+    async fn delete(&self, headers: &HeaderMap, principal: &PrincipalId) -> Response<Body> {
+        let (id, remote) = match self.session_of(headers, principal).await {
             Ok(v) => v,
             Err((status, why)) => return http_error(status, &why),
         };
