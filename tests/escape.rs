@@ -264,16 +264,24 @@ async fn an_allowed_bind_below_the_unprivileged_ports_is_refused_as_the_kernel_w
     assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
 }
 
+/// Runs the probe's `mode` with everything allowed, its TCP peer a sink and the other address
+/// its sends name that of a UDP sink elsewhere; the peer and the run.
+async fn run_to_a_peer_naming_elsewhere(
+    b: &flowhost_broker::Broker,
+    mode: &str,
+) -> (TcpSink, common::Run) {
+    let (peer, elsewhere) = (TcpSink::start(), UdpSink::start());
+    let argv = probe_argv(&[mode, &peer.addr.to_string(), &elsewhere.addr.to_string()]);
+    (
+        peer,
+        run_with(b, "brokered", argv, |_| Verdict::Allow).await,
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_on_a_connected_tcp_socket_is_reported_to_its_peer() {
     let Some(b) = broker() else { return };
-    let (peer, elsewhere) = (TcpSink::start(), UdpSink::start());
-    let argv = probe_argv(&[
-        "connect-sendto",
-        &peer.addr.to_string(),
-        &elsewhere.addr.to_string(),
-    ]);
-    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let (peer, run) = run_to_a_peer_naming_elsewhere(&b, "connect-sendto").await;
     assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
     // The kernel ignores the address on a connected TCP socket: the bytes go to the peer,
     // and that is what the host is asked about.
@@ -415,13 +423,7 @@ async fn a_fastopen_batch_ends_after_the_message_that_connects() {
     // The first message connects to its address; the kernel sends the second to that same
     // peer whatever it names, so the second is never decided by its own address: the batch
     // ends after the first.
-    let (target, elsewhere) = (TcpSink::start(), UdpSink::start());
-    let argv = probe_argv(&[
-        "sendmmsg-fastopen",
-        &target.addr.to_string(),
-        &elsewhere.addr.to_string(),
-    ]);
-    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let (target, run) = run_to_a_peer_naming_elsewhere(&b, "sendmmsg-fastopen").await;
     let result = run.result();
     assert_eq!(result["result"], "ok", "{}", run.stdout);
     assert_eq!(result["value"], 1, "{}", run.stdout);
