@@ -458,6 +458,7 @@ fn start_dns(
         upstream: Arc::new(upstream),
         dir,
         private_answers: args.private_answers.clone().into(),
+        host: crate::dns::HostSide::LIVE,
     };
     let owner = ExecutorId {
         server: "sandbox".into(),

@@ -22,13 +22,15 @@
 //!
 //! An answer vouches for a name's public addresses only: a private one (loopback,
 //! link-local such as 169.254.169.254, RFC 1918, ULA, CGNAT, multicast, unspecified,
-//! reserved, or one of the host's own addresses: [`scope_on`]) is passed on to the executor
+//! reserved, one of the host's own addresses, or one on a network the host is directly
+//! attached to: [`scope_on`]) is passed on to the executor
 //! but not remembered under the name, unless the server opts in for that name and every name the answer's CNAME chain
 //! leads through (`private_answers`). Otherwise whoever
 //! controls an allowed name's zone (or the answer) could aim a host-name rule at the host
 //! itself, its metadata service or the internal network. Nor does an answer whose CNAME
 //! chain leads through a name a block rule names bind its addresses to the name asked.
 
+pub mod on_link;
 pub mod upstream;
 pub mod wire;
 
@@ -159,6 +161,8 @@ pub struct DnsMediation {
     /// The names whose answers may bind private addresses ([`private_scope`]) to the name
     /// (`[[server]] private_answers`); empty: none may.
     pub private_answers: Arc<[NamePattern]>,
+    /// Where an answer's public addresses lie from the host ([`HostSide::LIVE`] but in tests).
+    pub host: HostSide,
 }
 
 /// Whose resolver it is, as its log lines name it.
@@ -203,6 +207,9 @@ pub enum PrivateScope {
     Reserved,
     /// One of the host's own addresses ([`is_host_address`]), public ones included.
     Host,
+    /// An address on a network the host is directly attached to ([`on_link`]), public ones
+    /// included: a neighbour of the host.
+    OnLink,
 }
 
 impl PrivateScope {
@@ -218,6 +225,7 @@ impl PrivateScope {
             PrivateScope::Multicast => "multicast",
             PrivateScope::Reserved => "reserved",
             PrivateScope::Host => "host",
+            PrivateScope::OnLink => "on_link",
         }
     }
 }
@@ -276,12 +284,43 @@ pub fn private_scope(ip: IpAddr) -> Option<PrivateScope> {
     }
 }
 
-/// The private scope `ip` is in, on a host that owns an address when `is_host` says so:
-/// [`private_scope`], else [`PrivateScope::Host`] when it reaches one of the host's own
-/// addresses (a public one too: `<host-ip>.nip.io` must not aim a host-name rule at the
-/// host).
-pub fn scope_on(ip: IpAddr, is_host: impl Fn(IpAddr) -> bool) -> Option<PrivateScope> {
-    private_scope(ip).or_else(|| is_host(reached(ip)).then_some(PrivateScope::Host))
+/// The private scope `ip` is in, seen from a host whose side `host` tells
+/// ([`HostSide::scope`]): [`private_scope`], else where it lies from the host (one of its own
+/// addresses or a neighbour's, public ones too: `<host-ip>.nip.io` must not aim a host-name
+/// rule at the host).
+pub fn scope_on(ip: IpAddr, host: impl Fn(IpAddr) -> Option<PrivateScope>) -> Option<PrivateScope> {
+    private_scope(ip).or_else(|| host(reached(ip)))
+}
+
+/// How the resolver tells where a public address lies from the host: one of its own
+/// addresses, or one on a network it is directly attached to. Each is asked of the host as
+/// it is now, so an address or a network it gains after an answer counts at the next connect.
+#[derive(Debug, Clone, Copy)]
+pub struct HostSide {
+    /// Whether an address is one of the host's own.
+    pub is_host: fn(IpAddr) -> bool,
+    /// Whether an address is on a network the host is directly attached to.
+    pub on_link: fn(IpAddr) -> bool,
+}
+
+impl HostSide {
+    /// The host this daemon runs on: [`is_host_address`] and [`on_link::on_host_network`].
+    pub const LIVE: HostSide = HostSide {
+        is_host: is_host_address,
+        on_link: on_link::on_host_network,
+    };
+
+    /// [`PrivateScope::Host`] or [`PrivateScope::OnLink`] when `ip` (as it reaches the host:
+    /// [`reached`]) is there, else none.
+    pub fn scope(&self, ip: IpAddr) -> Option<PrivateScope> {
+        if (self.is_host)(ip) {
+            Some(PrivateScope::Host)
+        } else if (self.on_link)(ip) {
+            Some(PrivateScope::OnLink)
+        } else {
+            None
+        }
+    }
 }
 
 /// Whether `ip` is one of this host's own addresses now: a socket binds to it only then
@@ -367,7 +406,7 @@ fn screen(
     name: &HostName,
     answer: &wire::Answer,
     private_answers: &[NamePattern],
-    is_host: impl Fn(IpAddr) -> bool,
+    host: impl Fn(IpAddr) -> Option<PrivateScope>,
     blocks: &NameBlocks,
 ) -> (Vec<wire::AnswerAddress>, Vec<(IpAddr, Withheld)>) {
     let opted_in = opted_in(name, answer, private_answers);
@@ -381,7 +420,7 @@ fn screen(
     let mut bound = Vec::new();
     let mut withheld = Vec::new();
     for &a in &answer.addresses {
-        match (&blocked, scope_on(a.ip, &is_host)) {
+        match (&blocked, scope_on(a.ip, &host)) {
             (Some(why), _) => withheld.push((a.ip, why.clone())),
             (None, Some(scope)) if !opted_in => withheld.push((a.ip, Withheld::Private(scope))),
             _ => bound.push(a),
@@ -514,17 +553,17 @@ impl AddressBook {
         self.order.drain(..gone);
     }
 
-    /// The names that judge a connect to `addr` at `now` on a host whose own addresses
-    /// `is_host` tells: [`AddressBook::bindings_at`], then [`judging`], as
+    /// The names that judge a connect to `addr` at `now` on a host whose side `host` tells
+    /// ([`HostSide::scope`]): [`AddressBook::bindings_at`], then [`judging`], as
     /// [`ExecutorDns::names_of`] does.
     #[cfg(test)]
     fn names_at(
         &self,
         addr: SocketAddr,
         now: Instant,
-        is_host: impl Fn(IpAddr) -> bool,
+        host: impl Fn(IpAddr) -> Option<PrivateScope>,
     ) -> Vec<HostName> {
-        judging(addr, self.bindings_at(addr, now), is_host)
+        judging(addr, self.bindings_at(addr, now), host)
     }
 
     /// The names `addr`'s address was handed out for that judge a connect to it at `now`,
@@ -547,16 +586,18 @@ impl AddressBook {
 }
 
 /// Of `bindings` ([`AddressBook::bindings_at`]), the names that judge a connect to `addr`:
-/// when the address is one of the host's own now (`is_host`), only those `private_answers`
-/// opted in, as when it was the host's already at the answer ([`screen`]); the host may have
-/// taken it since (a floating address moved to it, an interface came up).
+/// when the address is one of the host's own now or on a network it is attached to now
+/// (`host`: [`HostSide::scope`]), only those `private_answers` opted in, as when it was
+/// already at the answer ([`screen`]); the host may have taken it or its network since (a
+/// floating address moved to it, an interface came up).
 fn judging(
     addr: SocketAddr,
     bindings: Vec<(HostName, bool)>,
-    is_host: impl Fn(IpAddr) -> bool,
+    host: impl Fn(IpAddr) -> Option<PrivateScope>,
 ) -> Vec<HostName> {
     // Asked only when it matters: the question costs a socket.
-    let host_now = bindings.iter().any(|(_, opted_in)| !opted_in) && is_host(reached(addr.ip()));
+    let host_now =
+        bindings.iter().any(|(_, opted_in)| !opted_in) && host(reached(addr.ip())).is_some();
     bindings
         .into_iter()
         .filter(|(_, opted_in)| *opted_in || !host_now)
@@ -589,6 +630,7 @@ fn make_way(names: &mut Vec<Binding>, newcomer: &Binding) -> bool {
 pub struct ExecutorDns {
     address: SocketAddr,
     book: Arc<Mutex<AddressBook>>,
+    host: HostSide,
     conf: tempfile::NamedTempFile,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -661,6 +703,7 @@ impl ExecutorDns {
             address,
             owner,
             private_answers: mediation.private_answers.clone(),
+            host: mediation.host,
             upstream: mediation.upstream.clone(),
             judge,
             book: book.clone(),
@@ -673,6 +716,7 @@ impl ExecutorDns {
         Ok(ExecutorDns {
             address,
             book,
+            host: mediation.host,
             conf,
             tasks,
         })
@@ -706,7 +750,7 @@ impl ExecutorDns {
             .map(|book| book.bindings_at(addr, Instant::now()))
             .unwrap_or_default();
         // Out of the book's lock: the host-address question binds a socket.
-        judging(addr, bindings, is_host_address)
+        judging(addr, bindings, |ip| self.host.scope(ip))
     }
 }
 
@@ -803,6 +847,7 @@ struct Server {
     address: SocketAddr,
     owner: ExecutorId,
     private_answers: Arc<[NamePattern]>,
+    host: HostSide,
     upstream: Arc<Upstream>,
     judge: LookupJudge,
     book: Arc<Mutex<AddressBook>>,
@@ -875,8 +920,13 @@ impl Server {
     /// Remembers the addresses of an allowed name's answer that may be bound to it, and logs
     /// those withheld, with why.
     fn admit(&self, name: &HostName, answer: &wire::Answer, blocks: &NameBlocks) {
-        let (bound, withheld) =
-            screen(name, answer, &self.private_answers, is_host_address, blocks);
+        let (bound, withheld) = screen(
+            name,
+            answer,
+            &self.private_answers,
+            |ip| self.host.scope(ip),
+            blocks,
+        );
         if !withheld.is_empty() {
             let shown: Vec<String> = withheld
                 .iter()
@@ -1094,6 +1144,7 @@ mod tests {
     use hickory_proto::rr::rdata::A;
     use hickory_proto::rr::{Name, RData, Record};
     use std::str::FromStr;
+    use std::sync::atomic::AtomicBool;
 
     /// What the upstream resolver got of one query: the name, and whether anything but the
     /// question came with it (extra records, EDNS options).
@@ -1162,13 +1213,22 @@ mod tests {
         Message::from_vec(&buf[..n]).unwrap()
     }
 
+    /// The host's own addresses as they are, and no network it is attached to: the tests'
+    /// public answers are in the documentation ranges, which a test machine's own link may
+    /// use (this one's is 192.0.2.0/24).
+    const AWAY: HostSide = HostSide {
+        is_host: is_host_address,
+        on_link: |_| false,
+    };
+
     /// Mediation asking `upstream`, writing resolv.conf files into `dir`, with no
-    /// `private_answers`.
+    /// `private_answers`, on a host attached to no public network ([`AWAY`]).
     fn mediation(upstream: SocketAddr, dir: &Path) -> DnsMediation {
         DnsMediation {
             upstream: Arc::new(Upstream::new(vec![upstream])),
             dir: dir.to_path_buf(),
             private_answers: Arc::from([]),
+            host: AWAY,
         }
     }
 
@@ -1375,8 +1435,8 @@ mod tests {
     }
 
     /// No address is the host's own (the book's tests are about names and times).
-    fn not_host(_: IpAddr) -> bool {
-        false
+    fn not_host(_: IpAddr) -> Option<PrivateScope> {
+        None
     }
 
     /// A name whose answer bound an address that the host has taken since (a floating
@@ -1403,7 +1463,11 @@ mod tests {
             now,
         );
         let to = |ip: &str| format!("{ip}:80").parse::<SocketAddr>().unwrap();
-        let taken = |ip: IpAddr| ip.to_string().starts_with("203.0.113.");
+        let taken = |ip: IpAddr| {
+            ip.to_string()
+                .starts_with("203.0.113.")
+                .then_some(PrivateScope::Host)
+        };
         assert_eq!(
             book.names_at(to("203.0.113.5"), now, not_host),
             [host("vip.test")]
@@ -1827,7 +1891,7 @@ mod tests {
             .collect();
         let blocks = NameBlocks::default();
         let bound = |name: &str, chain: &[&str]| {
-            let (bound, _) = screen(&host(name), &answer(chain), &opted, |_| false, &blocks);
+            let (bound, _) = screen(&host(name), &answer(chain), &opted, |_| None, &blocks);
             !bound.is_empty()
         };
         assert!(bound("app.corp.internal", &[]));
@@ -1861,7 +1925,9 @@ mod tests {
             ("2001:db8::6", None),
         ] {
             assert_eq!(
-                scope_on(ip.parse().unwrap(), |a| host.contains(&a)),
+                scope_on(ip.parse().unwrap(), |a| host
+                    .contains(&a)
+                    .then_some(PrivateScope::Host)),
                 scope,
                 "{ip}"
             );
@@ -1877,6 +1943,92 @@ mod tests {
         } else {
             assert!(!is_host_address("192.0.2.77".parse().unwrap()));
         }
+    }
+
+    /// Whether 198.51.100.0/24 is one of the host's connected networks, in
+    /// [`an_answer_naming_a_neighbour_of_the_host_binds_it_to_no_name`].
+    static ATTACHED: AtomicBool = AtomicBool::new(false);
+
+    /// A host with no public address of its own, attached to 198.51.100.0/24 while
+    /// [`ATTACHED`] says so.
+    const NEIGHBOURED: HostSide = HostSide {
+        is_host: |_| false,
+        on_link: |ip| {
+            ATTACHED.load(Ordering::SeqCst)
+                && matches!(ip, IpAddr::V4(v4) if v4.octets()[..3] == [198, 51, 100])
+        },
+    };
+
+    #[test]
+    fn a_neighbour_of_the_host_is_private_in_any_form() {
+        let host = HostSide {
+            is_host: |ip| ip == IpAddr::V4(Ipv4Addr::new(203, 0, 113, 5)),
+            on_link: |ip| matches!(ip, IpAddr::V4(v4) if v4.octets()[..3] == [203, 0, 113]),
+        };
+        for (ip, scope) in [
+            ("203.0.113.9", Some(PrivateScope::OnLink)),
+            ("::ffff:203.0.113.9", Some(PrivateScope::OnLink)),
+            ("64:ff9b::cb00:7109", Some(PrivateScope::OnLink)),
+            // The host's own address is on its link too; it is named for what it is.
+            ("203.0.113.5", Some(PrivateScope::Host)),
+            ("10.0.0.1", Some(PrivateScope::Private)),
+            ("198.51.100.9", None),
+        ] {
+            assert_eq!(
+                scope_on(ip.parse().unwrap(), |a| host.scope(a)),
+                scope,
+                "{ip}"
+            );
+        }
+        assert_eq!(PrivateScope::OnLink.as_str(), "on_link");
+    }
+
+    /// Before, only the special ranges and the host's own addresses were screened: a
+    /// wildcard host-name rule reached whichever neighbour of the host (a public subnet it
+    /// is attached to) the name's zone answered with. Now such an answer binds the address
+    /// to no name unless `private_answers` opts in; and a network the host is attached to
+    /// after an answer counts at the next connect, as the host's own addresses do.
+    #[tokio::test]
+    async fn an_answer_naming_a_neighbour_of_the_host_binds_it_to_no_name() {
+        if !can_bind_53() {
+            return;
+        }
+        let (up, _) = upstream_answering(|name, r| {
+            let ip = match name {
+                "neighbour.test." => [198, 51, 100, 7],
+                _ => [198, 51, 100, 8],
+            };
+            r.add_answer(a(name, ip));
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let mediation = DnsMediation {
+            host: NEIGHBOURED,
+            ..mediation(up, dir.path())
+        };
+        let dns = ExecutorDns::start(&mediation, ExecutorId::default(), allow_all()).unwrap();
+        ask(&dns, 1, "later.test.").await;
+        assert_eq!(names(&dns, "198.51.100.8"), ["later.test"]);
+
+        ATTACHED.store(true, Ordering::SeqCst);
+        let answer = ask(&dns, 2, "neighbour.test.").await;
+        // The executor still gets the answer: only the host-name binding is withheld.
+        assert_eq!(answer.answers.len(), 1);
+        assert_eq!(names(&dns, "198.51.100.7"), Vec::<String>::new());
+        assert_eq!(
+            names(&dns, "198.51.100.8"),
+            Vec::<String>::new(),
+            "bound before the host was attached to its network"
+        );
+        drop(dns);
+
+        let mediation = DnsMediation {
+            private_answers: Arc::from(["neighbour.test".parse().unwrap()]),
+            ..mediation
+        };
+        let dns = ExecutorDns::start(&mediation, ExecutorId::default(), allow_all()).unwrap();
+        ask(&dns, 3, "neighbour.test.").await;
+        assert_eq!(names(&dns, "198.51.100.7"), ["neighbour.test"]);
     }
 
     fn can_bind_53() -> bool {
