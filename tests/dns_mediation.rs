@@ -99,9 +99,27 @@ fn node_daemon(
     Some((daemon, dir))
 }
 
+/// Held by each test while its executors look names up, and by the one that replaces the
+/// host's `/etc/resolv.conf`, which drops the view every running executor has of its own
+/// resolver.
+static LOOKUPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn lookups() -> std::sync::MutexGuard<'static, ()> {
+    LOOKUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn probe(daemon: &Daemon, name: &str, how: &str, port: u16) -> Value {
     // A session (and so an executor) per probe: each starts with no remembered answers.
-    let mut client = daemon.client();
+    probe_in(&mut daemon.client(), daemon, name, how, port)
+}
+
+fn probe_in(
+    client: &mut common::lab::Client,
+    daemon: &Daemon,
+    name: &str,
+    how: &str,
+    port: u16,
+) -> Value {
     let r = client.call(
         "node/probe",
         json!({"name": name, "how": how, "port": port}),
@@ -114,6 +132,7 @@ fn probe(daemon: &Daemon, name: &str, how: &str, port: u16) -> Value {
 
 #[test]
 fn node_getaddrinfo_and_c_ares_lookups_are_answered_by_the_host() {
+    let _lookups = lookups();
     let (dns, http) = (TestDns::start(), TestHttp::start());
     // TestDns answers fetch.test with 127.0.0.1: the server opts in for it.
     let Some((daemon, dir)) = node_daemon("names", &dns, &http, &["fetch.test"]) else {
@@ -189,6 +208,7 @@ fn node_getaddrinfo_and_c_ares_lookups_are_answered_by_the_host() {
 /// the name, so the connect is judged by address rules alone, and no address rule allows it.
 #[test]
 fn a_name_answered_with_a_private_address_does_not_allow_it_without_the_opt_in() {
+    let _lookups = lookups();
     let (dns, http) = (TestDns::start(), TestHttp::start());
     let Some((daemon, dir)) = node_daemon("private", &dns, &http, &[]) else {
         return;
@@ -231,6 +251,7 @@ fn a_name_answered_with_a_private_address_does_not_allow_it_without_the_opt_in()
 /// record carries its type.
 #[test]
 fn a_record_type_not_served_is_refused_and_recorded_with_its_type() {
+    let _lookups = lookups();
     let (dns, http) = (TestDns::start(), TestHttp::start());
     let Some((daemon, dir)) = node_daemon("types", &dns, &http, &["fetch.test"]) else {
         return;
@@ -273,6 +294,50 @@ fn a_record_type_not_served_is_refused_and_recorded_with_its_type() {
         lookups.len(),
         of_type("TXT").len() + of_type("A").len(),
         "every lookup record carries its type: {text}"
+    );
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The host replaces its `/etc/resolv.conf` by a rename (as systemd-resolved and
+/// NetworkManager write it), which drops the bind mount that showed each running executor
+/// its own resolver. Before, the session's idle executor then served the next call reading
+/// the host's file, and its lookups went past its resolver (refused). Now an executor that
+/// lost its view is retired before it serves, the log says why, and a fresh one answers.
+#[test]
+fn an_executor_that_lost_its_view_of_its_resolver_is_retired_before_it_serves() {
+    let _lookups = lookups();
+    let (dns, http) = (TestDns::start(), TestHttp::start());
+    let Some((daemon, dir)) = node_daemon("replaced", &dns, &http, &["fetch.test"]) else {
+        return;
+    };
+    let mut client = daemon.client();
+    let first = probe_in(&mut client, &daemon, "fetch.test", "lookup", http.port);
+    assert_eq!(first["lookup"], "ok", "{first}\n{}", daemon.log());
+
+    let host = std::fs::canonicalize("/etc/resolv.conf").unwrap();
+    let fresh = host.with_extension(format!("flowhost-test-{}", std::process::id()));
+    std::fs::copy(&host, &fresh).unwrap();
+    if let Err(e) = std::fs::rename(&fresh, &host) {
+        // A resolv.conf that is itself a mount point (a container's) cannot be replaced.
+        eprintln!("SKIP: {} cannot be replaced: {e}", host.display());
+        let _ = std::fs::remove_file(&fresh);
+        return;
+    }
+    for how in ["lookup", "resolve4"] {
+        let again = probe_in(&mut client, &daemon, "fetch.test", how, http.port);
+        assert_eq!(again["lookup"], "ok", "{how}: {again}\n{}", daemon.log());
+        assert!(
+            again["body"].as_str().unwrap_or_default().contains(BODY),
+            "{how}: {again}"
+        );
+    }
+    assert!(
+        daemon
+            .log()
+            .contains("the host replaced /etc/resolv.conf since this executor started"),
+        "{}",
+        daemon.log()
     );
     drop(daemon);
     let _ = std::fs::remove_dir_all(dir);

@@ -19,6 +19,15 @@ fn can_run() -> bool {
     false
 }
 
+/// Held by the tests whose commands look names up, and by the one that replaces the host's
+/// `/etc/resolv.conf`: the replacement drops the bind mount that shows a running command
+/// its own resolver, so a lookup made meanwhile would go past it (and be refused).
+static LOOKUPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn lookups() -> std::sync::MutexGuard<'static, ()> {
+    LOOKUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn refused_by_default_allowed_with_allow_and_recorded() {
     if !can_run() {
@@ -512,6 +521,7 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
         return;
     }
     use common::named::{BODY, TestDns, TestHttp};
+    let _lookups = lookups();
     let dns = TestDns::start();
     let http = TestHttp::start();
     let records = common::shared_dir().join(format!("sandbox-names-{}", std::process::id()));
@@ -629,6 +639,81 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
     assert_eq!(http.connections(), 1, "the refused connect never arrived");
 }
 
+/// A command whose lookups flowhost answers makes none elsewhere: a query to port 53 of any
+/// address but its own resolver is refused, whatever the rules allow. Before, such a query
+/// went by address rules, so where they allowed it the lookup left unjudged. That is also
+/// where a long-running command is left when the host replaces its `/etc/resolv.conf` by a
+/// rename (systemd-resolved, NetworkManager): the kernel drops every bind mount on the
+/// replaced file, in the command's namespace too, and the command then reads the host's.
+#[test]
+fn a_lookup_past_the_commands_resolver_is_refused_even_after_the_host_replaces_its_file() {
+    if !can_run() {
+        return;
+    }
+    use std::io::{BufRead, Write};
+    let _lookups = lookups();
+    let dns = common::named::TestDns::start();
+    let mut child = flowhost()
+        .args(["sandbox", "run", "--profile", "brokered"])
+        .args(["--allow", "127.0.0.1:53"])
+        .args(["--dns-upstream", &dns.addr.to_string()])
+        .args(["--", "/bin/bash", "-c"])
+        .arg(
+            "send() { (echo x > /dev/udp/127.0.0.1/53) 2>/dev/null && echo \"$1-sent\" || echo \"$1-refused\"; }; \
+             grep -c '^nameserver 127\\.53\\.' /etc/resolv.conf; send before; read go; \
+             grep -c '^nameserver 127\\.53\\.' /etc/resolv.conf; send after",
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = || {
+        let mut l = String::new();
+        stdout.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    };
+    assert_eq!(line(), "1", "the command is shown its own resolver");
+    assert_eq!(line(), "before-refused");
+
+    // The host replaces its file (same contents) by a rename, as its resolver managers do.
+    let host = std::fs::canonicalize("/etc/resolv.conf").unwrap();
+    let fresh = host.with_extension(format!("flowhost-test-{}", std::process::id()));
+    std::fs::copy(&host, &fresh).unwrap();
+    let replaced = std::fs::rename(&fresh, &host);
+    if let Err(e) = &replaced {
+        // A resolv.conf that is itself a mount point (a container's) cannot be replaced.
+        eprintln!(
+            "SKIP (second half): {} cannot be replaced: {e}",
+            host.display()
+        );
+        let _ = std::fs::remove_file(&fresh);
+    }
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let shown_after = line();
+    let after = line();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    if replaced.is_ok() {
+        // The kernel dropped the bind mount: the command now reads the host's file.
+        assert_eq!(shown_after, "0", "{stderr}");
+    }
+    assert_eq!(after, "after-refused", "{stderr}");
+    let refusals = stderr
+        .matches("connect inet/dgram/udp 127.0.0.1:53 by pid")
+        .count();
+    assert_eq!(refusals, 2, "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("REFUSED (a lookup past the executor's own resolver (127.0.0.1:53")
+            .count(),
+        2,
+        "{stderr}"
+    );
+}
+
 /// `--quiet` without `--records`: nothing is printed or recorded, so each verdict is given
 /// by the rules as soon as the attempt is known (on the broker's supervision thread). The
 /// verdicts are the same: an allowed address and an allowed name connect, a name and an
@@ -639,6 +724,7 @@ fn quiet_runs_are_judged_at_once_by_the_same_rules() {
         return;
     }
     use common::named::{BODY, TestDns, TestHttp};
+    let _lookups = lookups();
     let dns = TestDns::start();
     let http = TestHttp::start();
     let sink = TcpSink::start();

@@ -923,17 +923,17 @@ fn rule_on(
     dns: Option<&ExecutorDns>,
     info: &AttemptInfo,
 ) -> Option<(Vec<HostName>, RuleDecision)> {
-    let names = match attempt_view(dns, info) {
+    let naming = match attempt_view(dns, info) {
         AttemptView::ToResolver => return None,
-        AttemptView::Egress(names) => names,
+        AttemptView::Egress(naming) => naming,
     };
     let decision = rules.decide(
         info.destination
             .as_ref()
-            .map(|d| crate::daemon::named_rules_destination(d, &names))
+            .map(|d| crate::daemon::judged_destination(d, &naming))
             .as_ref(),
     );
-    Some((names, decision))
+    Some((naming.names().to_vec(), decision))
 }
 
 /// Prints one attempt and its verdict (see [`attempt_line`]).

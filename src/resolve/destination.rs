@@ -67,6 +67,10 @@ pub enum Destination {
     },
     /// An AF_UNSPEC connect: dissolves a socket's association and reaches nothing.
     Disconnect,
+    /// An address on port 53 an executor whose lookups the host answers tried to reach
+    /// past the resolver it was given: a lookup nobody would judge by name. Never allowed,
+    /// whatever the rules say.
+    LookupPastResolver(std::net::SocketAddr),
     /// An address no rule can be checked on (unnamed, foreign to its socket, an unspecified
     /// IP, undecodable, malformed), described. Never allowed, whatever the default.
     Undecidable(String),
@@ -549,6 +553,14 @@ impl DestinationRules {
                 rule: "undecodable address".into(),
             };
         }
+        if let Destination::LookupPastResolver(addr) = dest {
+            return RuleDecision {
+                allowed: false,
+                rule: format!(
+                    "a lookup past the executor's own resolver ({addr}: its lookups are answered by the host and judged by name)"
+                ),
+            };
+        }
         if let Destination::Inet(addr) | Destination::Named { addr, .. } = dest
             && is_resolver_address(addr)
         {
@@ -593,7 +605,8 @@ pub struct OriginRules {
 
 /// Decides `dest` for a call of `origin` (a principal id and its rules, if any) against a
 /// server's `rules`. Precedence, first match wins: what the server's rules refuse whatever
-/// the lists say (no destination, an undecodable address, an executor resolver's address);
+/// the lists say (no destination, an undecodable address, an executor resolver's address, a
+/// lookup past the executor's own resolver);
 /// the origin's block; the server's
 /// block; the origin's allow; the server's allow; the server's default. The decision names
 /// the rule and whose it is (`principal <id> block ...`, `server allow ...`).
@@ -610,7 +623,9 @@ pub fn decide_with_origin(
         return server(rules.decide(dest));
     };
     let Some(d) = dest.filter(|d| match d {
-        Destination::Disconnect | Destination::Undecidable(_) => false,
+        Destination::Disconnect
+        | Destination::Undecidable(_)
+        | Destination::LookupPastResolver(_) => false,
         Destination::Inet(addr) | Destination::Named { addr, .. } => !is_resolver_address(addr),
         _ => true,
     }) else {
@@ -1029,6 +1044,17 @@ mod tests {
             let dest = Destination::Inet(to.parse().unwrap());
             assert!(rules.decide(Some(&dest)).allowed, "{to}");
         }
+        // Unless the host answers the executor's lookups: then a query there is one past
+        // its resolver, which no rule reaches either.
+        let dest = Destination::LookupPastResolver("127.0.0.53:53".parse().unwrap());
+        let d = decide_with_origin(&rules, Some(("alice", &origin)), Some(&dest));
+        assert_eq!(
+            (d.allowed, d.rule.as_str()),
+            (
+                false,
+                "server a lookup past the executor's own resolver (127.0.0.53:53: its lookups are answered by the host and judged by name)"
+            )
+        );
     }
 
     #[test]

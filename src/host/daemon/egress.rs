@@ -48,6 +48,21 @@ pub fn rules_destination(d: &Destination) -> crate::destination::Destination {
     named_rules_destination(d, &[])
 }
 
+/// The rules' view of a destination the broker decoded, with what the executor's lookups
+/// say of it ([`crate::dns::Naming`]): a lookup past the executor's own resolver is one no
+/// rule reaches.
+pub fn judged_destination(
+    d: &Destination,
+    naming: &crate::dns::Naming,
+) -> crate::destination::Destination {
+    match naming {
+        crate::dns::Naming::PastResolver(addr) => {
+            crate::destination::Destination::LookupPastResolver(*addr)
+        }
+        crate::dns::Naming::Names(names) => named_rules_destination(d, names),
+    }
+}
+
 /// The rules' view of a destination the broker decoded; `names` are the host names the
 /// executor's lookups got the address as an answer for, the last one first (empty: none).
 pub fn named_rules_destination(
@@ -264,10 +279,10 @@ impl EgressJudge {
         &self,
         call: Option<Arc<CallInFlight>>,
         attempt: EgressAttempt,
-        names: Vec<HostName>,
+        naming: crate::dns::Naming,
     ) -> Judgment {
         let info = attempt.info().clone();
-        let details = named_broker_details(&info, &names);
+        let details = named_broker_details(&info, naming.names());
         let judged = match &call {
             None => None,
             Some(call) => Some(
@@ -276,7 +291,7 @@ impl EgressJudge {
                         &call.plan,
                         info.destination
                             .as_ref()
-                            .map(|d| named_rules_destination(d, &names))
+                            .map(|d| judged_destination(d, &naming))
                             .as_ref(),
                         &self.destinations,
                         self.origins.get(&call.plan.key.principal),
@@ -374,9 +389,9 @@ impl AttemptSink<CallInFlight> for EgressJudge {
         &self,
         call: Option<Arc<CallInFlight>>,
         attempt: EgressAttempt,
-        names: Vec<HostName>,
+        naming: crate::dns::Naming,
     ) -> Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>> {
-        Box::pin(self.decide(call, attempt, names))
+        Box::pin(self.decide(call, attempt, naming))
     }
 
     fn judge_lookup(

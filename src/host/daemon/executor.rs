@@ -305,14 +305,14 @@ pub struct Judgment {
 /// Receives an executor's egress attempts together with the call they belong to.
 pub trait AttemptSink<C>: Send + Sync + 'static {
     /// Judges one attempt (and answers it), returning what it approved. `call` is `None`
-    /// when the executor tried to reach out while no call was in flight; `names` are the
-    /// host names the executor's lookups got the destination address for, the last one
-    /// first (empty: none).
+    /// when the executor tried to reach out while no call was in flight; `naming` is what
+    /// the executor's lookups say of the destination (the host names they got its address
+    /// for, the last one first, or a lookup past its resolver).
     fn judge(
         &self,
         call: Option<Arc<C>>,
         attempt: EgressAttempt,
-        names: Vec<HostName>,
+        naming: crate::dns::Naming,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>>;
 
     /// Judges one host-name lookup of executor `pid` (recording it either way), returning what
@@ -362,7 +362,7 @@ pub struct McpExecutor<C> {
     /// Where the executor's `notifications/resources/updated` go (set once it is bound).
     updates: Arc<Mutex<Option<UpdateSink>>>,
     /// The executor's own resolver (kept alive as long as the executor).
-    _dns: Option<Arc<ExecutorDns>>,
+    dns: Option<Arc<ExecutorDns>>,
 }
 
 /// Receives the `params` of each `notifications/resources/updated` an executor sends (the
@@ -580,7 +580,7 @@ impl<C: NamedCall> McpExecutor<C> {
             tasks,
             server: template.server.clone(),
             updates,
-            _dns: dns,
+            dns,
         };
         let answer = me
             .request(
@@ -644,6 +644,22 @@ impl<C: NamedCall> McpExecutor<C> {
             Ok(Some(approved)) => &approved == source,
             Err(_) => false,
         }
+    }
+
+    /// Whether the executor still sees its own resolver where its lookups go
+    /// ([`ExecutorDns::still_shown`]): one that does not is retired (its lookups would all
+    /// be refused), and the log says why. True for an executor whose lookups are not
+    /// mediated.
+    pub fn sees_its_resolver(&self) -> bool {
+        let sees = self.dns.as_ref().is_none_or(|d| d.still_shown());
+        if !sees {
+            tracing::warn!(
+                server = %self.server,
+                pid = self.pid(),
+                "the host replaced /etc/resolv.conf since this executor started, which dropped its view of its own resolver: it is retired and a fresh one serves the next call"
+            );
+        }
+        sees
     }
 
     /// How long since the executor last served a call.
@@ -1059,12 +1075,12 @@ fn lookup_judge<C: Send + Sync + 'static>(
 /// ([`crate::dns::ExecutorDns::names_of`]).
 async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt>, r: Routing<C>) {
     while let Some(attempt) = attempts.recv().await {
-        let names = match crate::dns::attempt_view(r.dns.as_deref(), attempt.info()) {
+        let naming = match crate::dns::attempt_view(r.dns.as_deref(), attempt.info()) {
             crate::dns::AttemptView::ToResolver => {
                 attempt.allow();
                 continue;
             }
-            crate::dns::AttemptView::Egress(names) => names,
+            crate::dns::AttemptView::Egress(naming) => naming,
         };
         // The slot is read under the judging lock, so a call that has ended (and cleared the
         // slot under the same lock) is never judged against.
@@ -1072,8 +1088,8 @@ async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt
         let call = r.slot.lock().ok().and_then(|g| g.clone());
         let info = attempt.info().clone();
         let tool = call.as_ref().map(|c| c.tool_name().to_string());
-        let shown = names.clone();
-        let judgment = r.sink.judge(call, attempt, names).await;
+        let shown = naming.names().to_vec();
+        let judgment = r.sink.judge(call, attempt, naming).await;
         log_egress_decision(
             &r.server,
             tool.as_deref(),
@@ -1282,7 +1298,10 @@ impl<C: NamedCall> WarmPool<C> {
         if let Some(mut e) = warm
             && e.alive()
         {
-            return Ok(e);
+            if e.sees_its_resolver() {
+                return Ok(e);
+            }
+            e.stop().await;
         }
         self.start_one().await
     }

@@ -44,7 +44,7 @@ pub use admission::{
     MAX_SESSIONS, MAX_STRANGERS, MAX_STRANGERS_PER_UID, SUMMARY_INTERVAL, session_share,
 };
 pub use egress::{
-    EgressJudge, broker_details, lookup_broker_details, named_broker_details,
+    EgressJudge, broker_details, judged_destination, lookup_broker_details, named_broker_details,
     named_rules_destination, rules_destination,
 };
 #[cfg(test)]

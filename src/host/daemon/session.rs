@@ -1091,7 +1091,11 @@ impl Executors<'_> {
             && let Some(s) = all.get_mut(server)
         {
             while let Some(mut b) = s.idle.pop() {
-                if b.generation == self.generation.id && b.exec.alive() && b.exec.fit_for(source) {
+                if b.generation == self.generation.id
+                    && b.exec.alive()
+                    && b.exec.fit_for(source)
+                    && b.exec.sees_its_resolver()
+                {
                     found = Some(b);
                     break;
                 }

@@ -37,6 +37,7 @@ pub mod wire;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -632,6 +633,9 @@ pub struct ExecutorDns {
     book: Arc<Mutex<AddressBook>>,
     host: HostSide,
     conf: tempfile::NamedTempFile,
+    /// The device and inode of the host's `/etc/resolv.conf` when the executor was shown
+    /// this resolver over it ([`ExecutorDns::show_to`]).
+    shown_over: std::sync::OnceLock<(u64, u64)>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -718,6 +722,7 @@ impl ExecutorDns {
             book,
             host: mediation.host,
             conf,
+            shown_over: std::sync::OnceLock::new(),
             tasks,
         })
     }
@@ -771,10 +776,30 @@ impl ExecutorDns {
                 "DNS mediation shows executors their own /etc/resolv.conf, which must exist on the host (an empty file will do): {e}"
             )
         })?;
+        let file = std::fs::metadata(&shown).map_err(|e| {
+            format!(
+                "DNS mediation shows executors their own /etc/resolv.conf over {}, which cannot be read: {e}",
+                shown.display()
+            )
+        })?;
+        let _ = self.shown_over.set((file.dev(), file.ino()));
         spec.bind_files
             .push((self.resolv_conf().to_path_buf(), shown.clone()));
         spec.read_paths.push(shown);
         Ok(())
+    }
+
+    /// Whether an executor shown this resolver ([`ExecutorDns::show_to`]) still sees it:
+    /// not once the host's `/etc/resolv.conf` leads to another file than it did then. A
+    /// rename over the file (how systemd-resolved and NetworkManager write it) drops every
+    /// bind mount on it, in the executor's namespace too, and a changed link leads past
+    /// it; either way the executor now reads the host's file, and its lookups would go
+    /// past its resolver (and be refused). True when it was never shown.
+    pub fn still_shown(&self) -> bool {
+        let Some(&shown) = self.shown_over.get() else {
+            return true;
+        };
+        std::fs::metadata("/etc/resolv.conf").is_ok_and(|now| (now.dev(), now.ino()) == shown)
     }
 }
 
@@ -784,18 +809,43 @@ pub enum AttemptView {
     /// A lookup reaching the executor's own resolver: the host talking to itself, allowed
     /// without judgment (the lookup is what is judged).
     ToResolver,
-    /// Anything else, with the names the executor's lookups got its address as an answer
-    /// for, the last one first (judged against host-name rules with all of them, and
-    /// recorded with them; empty: none).
-    Egress(Vec<HostName>),
+    /// Anything else, with what the executor's lookups say of its destination.
+    Egress(Naming),
+}
+
+/// What an executor's lookups say of an attempt's destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Naming {
+    /// The names the executor's lookups got its address as an answer for, the last one
+    /// first (judged against host-name rules with all of them, and recorded with them;
+    /// empty: none).
+    Names(Vec<HostName>),
+    /// A reach for port 53 of an address other than the executor's own resolver: a lookup
+    /// past it, which nobody would judge by name (refused whatever the rules say). Its
+    /// `/etc/resolv.conf` names its own resolver only; a lookup elsewhere is a client that
+    /// ignores it, or a view of the host's file after a rename there replaced the file the
+    /// executor was shown (the kernel then drops that bind mount in every namespace).
+    PastResolver(SocketAddr),
+}
+
+impl Naming {
+    /// The names, if any (none for a lookup past the resolver).
+    pub fn names(&self) -> &[HostName] {
+        match self {
+            Naming::Names(names) => names,
+            Naming::PastResolver(_) => &[],
+        }
+    }
 }
 
 /// How `info` stands with the executor's resolver `dns` (`None`: lookups not mediated).
-/// Binding or listening on the resolver's address is not reaching it, and is judged.
+/// Binding or listening on the resolver's address, or on port 53, is not reaching it, and
+/// is judged by the rules. Another executor's resolver is an address the rules refuse
+/// themselves ([`crate::destination::is_resolver_address`]).
 pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptInfo) -> AttemptView {
     let (Some(dns), Some(flowhost_broker::Destination::Inet(addr))) = (dns, &info.destination)
     else {
-        return AttemptView::Egress(Vec::new());
+        return AttemptView::Egress(Naming::Names(Vec::new()));
     };
     let reaches = !matches!(
         info.syscall,
@@ -803,8 +853,10 @@ pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptIn
     );
     if reaches && dns.is_resolver(addr) {
         AttemptView::ToResolver
+    } else if reaches && addr.port() == DNS_PORT && !crate::destination::is_resolver_address(addr) {
+        AttemptView::Egress(Naming::PastResolver(*addr))
     } else {
-        AttemptView::Egress(dns.names_of(*addr))
+        AttemptView::Egress(Naming::Names(dns.names_of(*addr)))
     }
 }
 
