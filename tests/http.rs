@@ -896,12 +896,9 @@ fn initialize_over(stream: std::net::TcpStream, addr: SocketAddr) -> u16 {
 /// The daemon's limit of connections from one source, unless configured.
 const PER_SOURCE: usize = flowhost::config::DEFAULT_MAX_CONNECTIONS_PER_SOURCE;
 
-/// Connections past the daemon's limit are closed at once, so clients that connect and
-/// send nothing cannot take the descriptors the daemon needs; once some close, requests
-/// are served again.
-#[test]
-fn connections_past_the_limit_are_closed_at_once() {
-    // The test and the daemon it starts each hold one descriptor per connection.
+/// Raises this process's descriptor limit: the test and the daemon it starts each hold one
+/// descriptor per connection.
+fn room_for_connections() {
     let (soft, hard) =
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
     let want = 4096.min(hard);
@@ -909,19 +906,99 @@ fn connections_past_the_limit_are_closed_at_once() {
         nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, want, hard)
             .unwrap();
     }
+}
+
+/// The daemon's limit of connections in all (`MAX_CONNECTIONS` in the host's configuration).
+const LIMIT: usize = flowhost::config::MAX_CONNECTIONS;
+
+/// A connection from `source` to the daemon at `addr` that has carried one authenticated
+/// request (its answer read whole), kept open.
+fn proven_from(source: Ipv4Addr, addr: SocketAddr) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut stream = connect_from(source, addr);
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    // A DELETE naming no session: refused, but only once the client is known.
+    write!(
+        stream,
+        "DELETE /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "closed after an authenticated request");
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw).to_string();
+        let Some(end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let length: usize = text[..end]
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        if raw.len() >= end + 4 + length {
+            assert!(
+                !text[..end]
+                    .to_ascii_lowercase()
+                    .contains("connection: close"),
+                "{text}"
+            );
+            return stream;
+        }
+    }
+}
+
+/// Clients without credentials cannot lock out those with them. Before, 512 connections
+/// that sent nothing (from as many sources as the limit per source asks) held the daemon's
+/// every connection until its 30 s header timeout, and an authenticated client's connection
+/// was closed at once, for as long as the flood reconnected. Now at most half the limit is
+/// held by connections that have carried no authenticated request, the newest taking the
+/// place of the oldest, so a client that sends its request at once is served.
+#[test]
+fn connections_without_credentials_make_way_for_a_client_with_them() {
+    room_for_connections();
     let Some((lab, addr, _)) = start("") else {
         return;
     };
-    // The daemon's limit (MAX_CONNECTIONS in src/host/daemon/http/mod.rs), taken from as
-    // many sources as the limit per source asks.
-    const LIMIT: usize = 512;
     let idle: Vec<std::net::TcpStream> = (0..LIMIT)
         .map(|i| connect_from(Ipv4Addr::new(127, 0, 1, (i / PER_SOURCE) as u8 + 1), addr))
         .collect();
-    // The daemon accepts in order: the last idle one is held once a request on it would be
-    // served. Wait until it has been accepted (the connection after it is then refused).
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let extra = connect_from(Ipv4Addr::new(127, 0, 1, 200), addr);
+    let client = connect_from(Ipv4Addr::new(127, 0, 1, 200), addr);
+    assert_eq!(initialize_over(client, addr), 200, "{}", lab.log());
+    assert!(
+        lab.log()
+            .contains("the newest took the place of the oldest"),
+        "{}",
+        lab.log()
+    );
+    let mut idle = idle.into_iter();
+    assert!(
+        closed_at_once(idle.next().unwrap()),
+        "the oldest connection without a request was held"
+    );
+}
+
+/// Connections past the daemon's limit are closed at once, so clients cannot take the
+/// descriptors the daemon needs; once some close, requests are served again.
+#[test]
+fn connections_past_the_limit_are_closed_at_once() {
+    room_for_connections();
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    // Authenticated clients, from as many sources as the limit per source asks.
+    let held: Vec<std::net::TcpStream> = (0..LIMIT)
+        .map(|i| proven_from(Ipv4Addr::new(127, 0, 2, (i / PER_SOURCE) as u8 + 1), addr))
+        .collect();
+    let extra = connect_from(Ipv4Addr::new(127, 0, 2, 200), addr);
     assert!(
         closed_at_once(extra),
         "the connection past the limit was held"
@@ -931,7 +1008,7 @@ fn connections_past_the_limit_are_closed_at_once() {
         "{}",
         lab.log()
     );
-    drop(idle);
+    drop(held);
     std::thread::sleep(std::time::Duration::from_millis(300));
     let status = initialize_over(std::net::TcpStream::connect(addr).unwrap(), addr);
     assert_eq!(status, 200);

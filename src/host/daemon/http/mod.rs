@@ -18,6 +18,7 @@ pub mod auth;
 mod sources;
 mod streams;
 mod tls;
+mod unproven;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -46,6 +47,7 @@ use crate::mcp::{Line, RpcError, code};
 use auth::{AuthRefusal, Authenticator};
 use sources::Sources;
 use streams::{Events, Streams, Target};
+use unproven::{UNPROVEN_LIMIT, Unproven, UnprovenSlot};
 
 /// The session id header.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -274,8 +276,10 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
     );
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let sources = Arc::new(Sources::new(transport.config.max_connections_per_source));
+    let unproven = Unproven::new(UNPROVEN_LIMIT);
     let mut refused_connections: u64 = 0;
     let mut refused_from_source: u64 = 0;
+    let mut made_way: u64 = 0;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -323,41 +327,32 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             drop(stream);
             continue;
         }
+        let Some((slot, told)) = unproven.enter() else {
+            tracing::warn!(%peer, "http connection closed at once: the count of unauthenticated connections cannot be read");
+            drop(stream);
+            continue;
+        };
+        if told {
+            made_way += 1;
+            if made_way % 1000 == 1 {
+                tracing::warn!(%peer, closed = made_way, "http connection closed: {UNPROVEN_LIMIT} were open without an authenticated request, and the newest took the place of the oldest");
+            }
+        }
         let transport = transport.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
             let _connection = (connection, source);
-            let service = hyper::service::service_fn(move |req| {
-                let transport = transport.clone();
-                async move { Ok::<_, Infallible>(transport.handle(req).await) }
-            });
-            let mut http = hyper::server::conn::http1::Builder::new();
-            http.timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
-            let outcome = match tls {
-                None => {
-                    http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await
+            let slot = Arc::new(slot);
+            let closing = slot.clone();
+            tokio::select! {
+                () = serve_one(transport, tls, stream, peer, slot) => {}
+                () = closing.closing() => {
+                    tracing::debug!(%peer, "unauthenticated http connection closed: a newer one took its place");
                 }
-                Some(acceptor) => {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            http.serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                                .await
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return,
-                    }
-                }
-            };
-            if let Err(e) = outcome {
-                tracing::debug!(%peer, error = %e, "http connection ended with an error");
             }
         });
     }
+
     drop(listener);
     if let Err(e) = transport.record_refusal(None, true).await {
         tracing::error!(error = %e.message, "folded authentication refusals not recorded");
@@ -365,6 +360,47 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
     let deadline = tokio::time::Instant::now() + host.current().config.call_timeout;
     while transport.live_sessions() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Serves one accepted connection until it ends; `slot` counts it as unproven until a
+/// request on it is authenticated.
+async fn serve_one(
+    transport: Arc<Transport>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    slot: Arc<UnprovenSlot>,
+) {
+    let service = hyper::service::service_fn(move |req| {
+        let transport = transport.clone();
+        let slot = slot.clone();
+        async move { Ok::<_, Infallible>(transport.handle(req, &slot).await) }
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let outcome = match tls {
+        None => {
+            http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+        }
+        Some(acceptor) => {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    http.serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    };
+    if let Err(e) = outcome {
+        tracing::debug!(%peer, error = %e, "http connection ended with an error");
     }
 }
 
@@ -520,9 +556,24 @@ impl Transport {
         self.sessions.lock().map_or(0, |s| s.len())
     }
 
-    async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+    async fn handle(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        slot: &UnprovenSlot,
+    ) -> Response<Body> {
         let principal = match self.admit(&req).await {
-            Ok(principal) => principal,
+            // Proven, it no longer counts against connections without credentials.
+            Ok(principal) if slot.prove() => principal,
+            Ok(_) => {
+                let mut closing = http_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "this connection sent no authenticated request before newer ones needed its place; connect again",
+                );
+                closing
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return closing;
+            }
             // The connection goes with the answer: kept open, one request per header
             // timeout would hold the source's and the transport's connection slots for
             // good without ever authenticating.
