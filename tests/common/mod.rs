@@ -35,6 +35,54 @@ pub fn workspace_binary(name: &str) -> PathBuf {
     path
 }
 
+/// The host's `/etc/resolv.conf` replaced by a copy, as a resolver manager replaces it (a
+/// rename over it), until dropped: then the original file (its inode, owner and label) is
+/// renamed back. Every path step is a rename, so the path never goes missing.
+pub struct ReplacedResolvConf {
+    host: PathBuf,
+    original: PathBuf,
+}
+
+impl ReplacedResolvConf {
+    /// Replaces the file, or says why it cannot (a read-only `/etc`, a file that is itself
+    /// a mount point, as in a container) and returns `None`.
+    pub fn now() -> Option<ReplacedResolvConf> {
+        let skip = |why: String| {
+            eprintln!("SKIP: the host's /etc/resolv.conf cannot be replaced: {why}");
+            None
+        };
+        let host = match std::fs::canonicalize("/etc/resolv.conf") {
+            Ok(host) => host,
+            Err(e) => return skip(e.to_string()),
+        };
+        let pid = std::process::id();
+        let original = host.with_extension(format!("flowhost-test-original-{pid}"));
+        let copy = host.with_extension(format!("flowhost-test-copy-{pid}"));
+        if let Err(e) = std::fs::hard_link(&host, &original) {
+            return skip(format!("{}: {e}", original.display()));
+        }
+        let replaced = std::fs::copy(&host, &copy).and_then(|_| std::fs::rename(&copy, &host));
+        if let Err(e) = replaced {
+            let _ = std::fs::remove_file(&copy);
+            let _ = std::fs::remove_file(&original);
+            return skip(format!("{}: {e}", host.display()));
+        }
+        Some(ReplacedResolvConf { host, original })
+    }
+}
+
+impl Drop for ReplacedResolvConf {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::rename(&self.original, &self.host) {
+            eprintln!(
+                "could not put back {} from {}: {e}",
+                self.host.display(),
+                self.original.display()
+            );
+        }
+    }
+}
+
 /// A world-readable directory outside /tmp (executors get a private /tmp) where tests put
 /// what executors, running as another uid, must read or execute.
 pub fn shared_dir() -> PathBuf {

@@ -1294,15 +1294,26 @@ impl<C: NamedCall> WarmPool<C> {
     /// A ready executor (warm if one is available, else started now). The pool refills.
     pub async fn acquire(self: &Arc<Self>) -> Result<McpExecutor<C>, ExecutorError> {
         let warm = self.ready.lock().ok().and_then(|mut r| r.pop());
-        self.refill();
         if let Some(mut e) = warm
             && e.alive()
         {
             if e.sees_its_resolver() {
+                self.refill();
                 return Ok(e);
             }
-            e.stop().await;
+            // The host replaced its resolv.conf: the other warm executors started before
+            // lost their view too. They are stopped in the background and replaced.
+            let mut stale = vec![e];
+            if let Ok(mut ready) = self.ready.lock() {
+                stale.extend(ready.extract_if(.., |e| !e.sees_its_resolver()));
+            }
+            tokio::spawn(async move {
+                for e in stale {
+                    e.stop().await;
+                }
+            });
         }
+        self.refill();
         self.start_one().await
     }
 

@@ -986,7 +986,7 @@ impl Session {
                         .iter_mut()
                         .map(|b| IdleExecutor {
                             past_limit: b.exec.idle_for() > limit,
-                            live: b.exec.alive(),
+                            live: b.exec.alive() && b.exec.sees_its_resolver(),
                             current: b.generation == current.id,
                             subscribed: &b.subscribed,
                         })
@@ -1164,7 +1164,10 @@ impl Executors<'_> {
             && let Some(s) = all.get_mut(server)
         {
             for b in &mut s.idle {
-                if b.generation == self.generation.id && b.exec.alive() {
+                if b.generation == self.generation.id
+                    && b.exec.alive()
+                    && b.exec.sees_its_resolver()
+                {
                     orphaned.retain(|u| !b.subscribed.contains(u));
                 }
             }

@@ -633,9 +633,10 @@ pub struct ExecutorDns {
     book: Arc<Mutex<AddressBook>>,
     host: HostSide,
     conf: tempfile::NamedTempFile,
-    /// The device and inode of the host's `/etc/resolv.conf` when the executor was shown
-    /// this resolver over it ([`ExecutorDns::show_to`]).
-    shown_over: std::sync::OnceLock<(u64, u64)>,
+    /// The host's `/etc/resolv.conf` as it was when the executor was shown this resolver
+    /// over it ([`ExecutorDns::show_to`]), held open so that its inode number cannot be
+    /// given to a later file while the executor lives.
+    shown_over: std::sync::OnceLock<std::fs::File>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -776,13 +777,13 @@ impl ExecutorDns {
                 "DNS mediation shows executors their own /etc/resolv.conf, which must exist on the host (an empty file will do): {e}"
             )
         })?;
-        let file = std::fs::metadata(&shown).map_err(|e| {
+        let file = std::fs::File::open(&shown).map_err(|e| {
             format!(
-                "DNS mediation shows executors their own /etc/resolv.conf over {}, which cannot be read: {e}",
+                "DNS mediation shows executors their own /etc/resolv.conf over {}, which cannot be opened: {e}",
                 shown.display()
             )
         })?;
-        let _ = self.shown_over.set((file.dev(), file.ino()));
+        let _ = self.shown_over.set(file);
         spec.bind_files
             .push((self.resolv_conf().to_path_buf(), shown.clone()));
         spec.read_paths.push(shown);
@@ -796,10 +797,13 @@ impl ExecutorDns {
     /// it; either way the executor now reads the host's file, and its lookups would go
     /// past its resolver (and be refused). True when it was never shown.
     pub fn still_shown(&self) -> bool {
-        let Some(&shown) = self.shown_over.get() else {
+        let Some(shown) = self.shown_over.get() else {
             return true;
         };
-        std::fs::metadata("/etc/resolv.conf").is_ok_and(|now| (now.dev(), now.ino()) == shown)
+        match (shown.metadata(), std::fs::metadata("/etc/resolv.conf")) {
+            (Ok(then), Ok(now)) => (then.dev(), then.ino()) == (now.dev(), now.ino()),
+            _ => false,
+        }
     }
 }
 

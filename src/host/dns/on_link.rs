@@ -5,8 +5,9 @@
 //! ([`super::PrivateScope::OnLink`]).
 //!
 //! Read from `/proc/net/route` and `/proc/net/ipv6_route` (the daemon's unit allows no
-//! netlink socket), at most once per [`FRESH_FOR`], so a connect pays a lock and a scan of
-//! the few connected networks rather than a read of the routing table.
+//! netlink socket), renewed in the background once a reading is older than [`FRESH_FOR`],
+//! so a connect pays a lock and a scan of the few connected networks rather than a read of
+//! the routing table. IPv4 routes are those of the main table only.
 
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -120,46 +121,86 @@ pub fn read() -> Result<Vec<IpNet>, OnLinkError> {
     Ok(networks)
 }
 
-/// The last reading and when it was made.
-type Reading = (Instant, Option<Arc<[IpNet]>>);
+/// The last reading of the routing tables, when it was made (`None` in it: they could not
+/// be read), and whether a newer one is being made.
+#[derive(Default)]
+struct Readings {
+    last: Option<(Instant, Option<Arc<[IpNet]>>)>,
+    refreshing: bool,
+}
 
-static LAST: Mutex<Option<Reading>> = Mutex::new(None);
+static READINGS: Mutex<Readings> = Mutex::new(Readings {
+    last: None,
+    refreshing: false,
+});
+
+/// Reads the routing tables (logging why when they cannot be read).
+fn reading() -> Option<Arc<[IpNet]>> {
+    match read() {
+        Ok(networks) => Some(Arc::from(networks)),
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "the host's connected networks could not be read: every DNS answer address counts as on one"
+            );
+            None
+        }
+    }
+}
+
+/// Keeps `networks`, read at `at`, as the last reading.
+fn keep(at: Instant, networks: Option<Arc<[IpNet]>>) {
+    if let Ok(mut readings) = READINGS.lock() {
+        readings.last = Some((at, networks));
+        readings.refreshing = false;
+    }
+}
+
+/// The connected networks as last read (`None`: they could not be). The first question
+/// reads them; after that, a question asked more than [`FRESH_FOR`] after the last reading
+/// has a new one made on a thread of its own and is answered with the last, so a host with
+/// a large routing table does not make a connect wait for it to be read.
+fn networks() -> Option<Arc<[IpNet]>> {
+    let now = Instant::now();
+    let Ok(mut readings) = READINGS.lock() else {
+        return None;
+    };
+    let Some((at, networks)) = readings.last.clone() else {
+        drop(readings);
+        let networks = reading();
+        keep(now, networks.clone());
+        return networks;
+    };
+    if now.duration_since(at) >= FRESH_FOR && !readings.refreshing {
+        readings.refreshing = true;
+        drop(readings);
+        let spawned = std::thread::Builder::new()
+            .name("flowhost-routes".into())
+            .spawn(|| keep(Instant::now(), reading()));
+        if spawned.is_err() {
+            // No thread: read here rather than answer from a stale reading for good.
+            let networks = reading();
+            keep(now, networks.clone());
+            return networks;
+        }
+    }
+    networks
+}
 
 /// Whether `ip` (an address as it reaches the host: IPv4 for an IPv4-mapped one) is on a
-/// network the host is directly attached to, as its routing tables said at most
-/// [`FRESH_FOR`] ago. When they cannot be read, every address counts as on one (fail
-/// closed: an answer then binds only where `private_answers` opts in), and the log says why.
+/// network the host is directly attached to, as its routing tables said when last read
+/// (a reading older than [`FRESH_FOR`] is renewed in the background). When they cannot be
+/// read, every address counts as on one (fail closed: an answer then binds only where
+/// `private_answers` opts in), and the log says why. IPv4 networks are those of the main
+/// routing table (the only one `/proc/net/route` shows): a connected network in another
+/// table (a VRF, a policy-routing table) is not seen.
 pub fn on_host_network(ip: IpAddr) -> bool {
-    let now = Instant::now();
-    let networks = {
-        let Ok(mut last) = LAST.lock() else {
-            return true;
-        };
-        match &*last {
-            Some((at, networks)) if now.duration_since(*at) < FRESH_FOR => networks.clone(),
-            _ => {
-                let networks = match read() {
-                    Ok(networks) => Some(Arc::from(networks)),
-                    Err(e) => {
-                        tracing::warn!(
-                            error = %e,
-                            "the host's connected networks could not be read: every DNS answer address counts as on one"
-                        );
-                        None
-                    }
-                };
-                *last = Some((now, networks.clone()));
-                networks
-            }
-        }
-    };
-    networks.is_none_or(|n| n.iter().any(|net| net.contains(&ip)))
+    networks().is_none_or(|n| n.iter().any(|net| net.contains(&ip)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv4Addr;
 
     const IPV6_ROUTE: &str = "\
 fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0
@@ -214,7 +255,7 @@ fe800000000000000000000000000000 40 00000000000000000000000000000000 00 00000000
             eprintln!("SKIP: this host has no connected IPv4 network");
             return;
         };
-        let inside = IpAddr::V4(Ipv4Addr::from(u32::from(net.network()) | 1));
+        let inside = IpAddr::V4(net.network());
         assert!(on_host_network(inside), "{inside} on {net}");
     }
 }
