@@ -959,14 +959,18 @@ fn proven_from(source: Ipv4Addr, addr: SocketAddr) -> std::net::TcpStream {
 /// that sent nothing (from as many sources as the limit per source asks) held the daemon's
 /// every connection until its 30 s header timeout, and an authenticated client's connection
 /// was closed at once, for as long as the flood reconnected. Now at most half the limit is
-/// held by connections that have carried no authenticated request, the newest taking the
-/// place of the oldest, so a client that sends its request at once is served.
+/// held by connections that have carried no authenticated request, and a newcomer gets the
+/// place of the flood's oldest, also when authenticated clients hold the other half; so a
+/// client from another source that sends its request at once is served.
 #[test]
 fn connections_without_credentials_make_way_for_a_client_with_them() {
     room_for_connections();
     let Some((lab, addr, _)) = start("") else {
         return;
     };
+    let held: Vec<std::net::TcpStream> = (0..LIMIT / 2)
+        .map(|i| proven_from(Ipv4Addr::new(127, 0, 3, (i / PER_SOURCE) as u8 + 1), addr))
+        .collect();
     let idle: Vec<std::net::TcpStream> = (0..LIMIT)
         .map(|i| connect_from(Ipv4Addr::new(127, 0, 1, (i / PER_SOURCE) as u8 + 1), addr))
         .collect();
@@ -974,8 +978,7 @@ fn connections_without_credentials_make_way_for_a_client_with_them() {
     let client = connect_from(Ipv4Addr::new(127, 0, 1, 200), addr);
     assert_eq!(initialize_over(client, addr), 200, "{}", lab.log());
     assert!(
-        lab.log()
-            .contains("the newest took the place of the oldest"),
+        lab.log().contains("made way for the newest"),
         "{}",
         lab.log()
     );
@@ -984,6 +987,7 @@ fn connections_without_credentials_make_way_for_a_client_with_them() {
         closed_at_once(idle.next().unwrap()),
         "the oldest connection without a request was held"
     );
+    drop(held);
 }
 
 /// Connections past the daemon's limit are closed at once, so clients cannot take the

@@ -56,6 +56,9 @@ const VERSION_HEADER: &str = "mcp-protocol-version";
 /// Most live HTTP sessions per principal, and in all.
 const MAX_SESSIONS_PER_PRINCIPAL: usize = 64;
 const MAX_SESSIONS: usize = 1024;
+/// How long a new connection waits for the place of the unproven one it closed (its task
+/// lets go of it within a scheduling round).
+const ROOM_WAIT: Duration = Duration::from_secs(1);
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send a request's head, and how long a kept-alive
@@ -279,7 +282,7 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
     let unproven = Unproven::new(UNPROVEN_LIMIT);
     let mut refused_connections: u64 = 0;
     let mut refused_from_source: u64 = 0;
-    let mut made_way: u64 = 0;
+    let mut made_room: u64 = 0;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -308,13 +311,36 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             drop(stream);
             continue;
         };
-        let Ok(connection) = connections.clone().try_acquire_owned() else {
-            refused_connections += 1;
-            if refused_connections % 1000 == 1 {
-                tracing::warn!(%peer, refused = refused_connections, "http connection closed at once: {MAX_CONNECTIONS} are open");
-            }
+        let Some((slot, told)) = unproven.enter(sources::source_of(peer.ip())) else {
+            tracing::warn!(%peer, "http connection closed at once: the count of unauthenticated connections cannot be read");
             drop(stream);
             continue;
+        };
+        if told {
+            made_room += 1;
+            if made_room % 1000 == 1 {
+                tracing::warn!(%peer, closed = made_room, "http connection closed to make room: {UNPROVEN_LIMIT} were open without an authenticated request, and the oldest of the source holding the most made way for the newest");
+            }
+        }
+        // At the limit in all, an unproven connection makes room when there is one; its
+        // place comes free once its task has let go of it.
+        let connection = match connections.clone().try_acquire_owned() {
+            Ok(connection) => Some(connection),
+            Err(_) if unproven.make_room(&slot) => {
+                made_room += 1;
+                if made_room % 1000 == 1 {
+                    tracing::warn!(%peer, closed = made_room, "http connection closed to make room: {MAX_CONNECTIONS} were open, and the oldest unauthenticated one of the source holding the most made way for the newest");
+                }
+                None
+            }
+            Err(_) => {
+                refused_connections += 1;
+                if refused_connections % 1000 == 1 {
+                    tracing::warn!(%peer, refused = refused_connections, "http connection closed at once: {MAX_CONNECTIONS} are open");
+                }
+                drop(stream);
+                continue;
+            }
         };
         // Responses go out in several writes (head, SSE events): without NODELAY each small
         // write after the first waits for the client's delayed ACK (tens of ms).
@@ -327,20 +353,20 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             drop(stream);
             continue;
         }
-        let Some((slot, told)) = unproven.enter() else {
-            tracing::warn!(%peer, "http connection closed at once: the count of unauthenticated connections cannot be read");
-            drop(stream);
-            continue;
-        };
-        if told {
-            made_way += 1;
-            if made_way % 1000 == 1 {
-                tracing::warn!(%peer, closed = made_way, "http connection closed: {UNPROVEN_LIMIT} were open without an authenticated request, and the newest took the place of the oldest");
-            }
-        }
         let transport = transport.clone();
         let tls = tls.clone();
+        let connections = connections.clone();
         tokio::spawn(async move {
+            let connection = match connection {
+                Some(connection) => connection,
+                None => match tokio::time::timeout(ROOM_WAIT, connections.acquire_owned()).await {
+                    Ok(Ok(connection)) => connection,
+                    _ => {
+                        tracing::debug!(%peer, "http connection closed: no room came free");
+                        return;
+                    }
+                },
+            };
             let _connection = (connection, source);
             let slot = Arc::new(slot);
             let closing = slot.clone();

@@ -81,7 +81,7 @@ impl Drop for SourceSlot {
 }
 
 /// What connections of `peer` are counted by (see the module docs).
-fn source_of(peer: IpAddr) -> IpAddr {
+pub(super) fn source_of(peer: IpAddr) -> IpAddr {
     match peer.to_canonical() {
         IpAddr::V6(v6) => {
             let s = v6.segments();

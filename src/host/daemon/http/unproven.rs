@@ -2,24 +2,26 @@
 //! handshake, waiting for a request's head, or refused one), so that clients without
 //! credentials cannot hold the listener's connections against those with them.
 //!
-//! At most [`UNPROVEN_LIMIT`] connections are unproven at once. A newer one takes the place
-//! of the oldest, which is closed: a client that means to authenticate sends its request as
-//! soon as it has connected, so the oldest unproven connection is the one least likely to
-//! be a client's. A connection leaves the count once a request on it is authenticated; from
-//! then on only the listener's own limit ([`crate::config::MAX_CONNECTIONS`]) holds it.
+//! At most [`UNPROVEN_LIMIT`] connections are unproven at once. Past it, and when the
+//! listener holds its limit of connections in all, a connection is closed to make room for
+//! the newcomer: the oldest unproven one of the source (an IPv4 address, an IPv6 /64) that
+//! holds the most unproven ones. A flood from a few sources then makes room out of its own
+//! connections, and a client from any other source keeps its connection long enough to
+//! send its first request. A connection leaves the count once a request on it is
+//! authenticated; from then on only the listener's own limits hold it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-/// Most connections unproven at once: half of the listener's limit, so a flood of
-/// connections without credentials leaves the other half to authenticated ones, and every
-/// new connection still gets a place to send its first request in.
+/// Most connections unproven at once: half of the listener's limit, so connections without
+/// credentials always leave the other half to authenticated ones.
 pub const UNPROVEN_LIMIT: usize = crate::config::MAX_CONNECTIONS / 2;
 
-/// The unproven connections, oldest first.
+/// The unproven connections, oldest first, and how many each source holds.
 #[derive(Debug)]
 pub struct Unproven {
     open: Mutex<Open>,
@@ -30,12 +32,15 @@ pub struct Unproven {
 struct Open {
     /// Each unproven connection by the order it was accepted in.
     by_age: BTreeMap<u64, Arc<Place>>,
+    /// How many unproven connections each source holds (only sources that hold some).
+    per_source: HashMap<IpAddr, usize>,
     next: u64,
 }
 
-/// What tells one connection to close.
-#[derive(Debug, Default)]
+/// One unproven connection: its source, and what tells it to close.
+#[derive(Debug)]
 struct Place {
+    source: IpAddr,
     closing: Notify,
     told: AtomicBool,
 }
@@ -48,6 +53,40 @@ pub struct UnprovenSlot {
     place: Arc<Place>,
 }
 
+impl Open {
+    /// Takes connection `id` out of the count (if it is still in it).
+    fn remove(&mut self, id: u64) {
+        if let Some(place) = self.by_age.remove(&id)
+            && let Some(held) = self.per_source.get_mut(&place.source)
+        {
+            *held -= 1;
+            if *held == 0 {
+                self.per_source.remove(&place.source);
+            }
+        }
+    }
+
+    /// Tells the oldest unproven connection of the source that holds the most to close,
+    /// sparing `newcomer`; whether there was one.
+    fn close_one(&mut self, newcomer: u64) -> bool {
+        let Some((&source, _)) = self.per_source.iter().max_by_key(|(_, held)| **held) else {
+            return false;
+        };
+        let Some((&id, place)) = self
+            .by_age
+            .iter()
+            .find(|(id, place)| **id != newcomer && place.source == source)
+        else {
+            return false;
+        };
+        place.told.store(true, Ordering::SeqCst);
+        // A stored permit: the connection closes even if it is not waiting yet.
+        place.closing.notify_one();
+        self.remove(id);
+        true
+    }
+}
+
 impl Unproven {
     /// No connection yet; at most `limit` unproven at once.
     pub fn new(limit: usize) -> Arc<Unproven> {
@@ -57,25 +96,25 @@ impl Unproven {
         })
     }
 
-    /// Counts a newly accepted connection as unproven, telling the oldest to close when
-    /// `limit` are already; the slot, and whether one was told. `None` when the count
-    /// cannot be read (the connection is refused, as any doubt is).
-    pub fn enter(self: &Arc<Self>) -> Option<(UnprovenSlot, bool)> {
+    /// Counts a newly accepted connection from `source` (as [`super::sources`] counts
+    /// them) as unproven, telling one to close ([`Open::close_one`]) when `limit` are
+    /// already; the slot, and whether one was told. `None` when the count cannot be read
+    /// (the connection is refused, as any doubt is).
+    pub fn enter(self: &Arc<Self>, source: IpAddr) -> Option<(UnprovenSlot, bool)> {
         let mut open = self.open.lock().ok()?;
-        let mut told = false;
-        while open.by_age.len() >= self.limit {
-            let Some((_, oldest)) = open.by_age.pop_first() else {
-                break;
-            };
-            oldest.told.store(true, Ordering::SeqCst);
-            // A stored permit: the connection closes even if it is not waiting yet.
-            oldest.closing.notify_one();
-            told = true;
-        }
         let id = open.next;
         open.next += 1;
-        let place = Arc::new(Place::default());
+        let mut told = false;
+        while open.by_age.len() >= self.limit && open.close_one(id) {
+            told = true;
+        }
+        let place = Arc::new(Place {
+            source,
+            closing: Notify::new(),
+            told: AtomicBool::new(false),
+        });
         open.by_age.insert(id, place.clone());
+        *open.per_source.entry(source).or_default() += 1;
         Some((
             UnprovenSlot {
                 unproven: self.clone(),
@@ -84,6 +123,14 @@ impl Unproven {
             },
             told,
         ))
+    }
+
+    /// Tells one unproven connection other than `newcomer`'s to close, to make room for it
+    /// when the listener holds its limit of connections in all; whether one was told.
+    pub fn make_room(&self, newcomer: &UnprovenSlot) -> bool {
+        self.open
+            .lock()
+            .is_ok_and(|mut open| open.close_one(newcomer.id))
     }
 
     /// How many connections are unproven.
@@ -95,16 +142,16 @@ impl Unproven {
 
 impl UnprovenSlot {
     /// Takes the connection out of the count: a request on it was authenticated. False when
-    /// it had been told to close already (a newer connection took its place), and is closing.
+    /// it had been told to close already (to make room for a newer one), and is closing.
     pub fn prove(&self) -> bool {
         if let Ok(mut open) = self.unproven.open.lock() {
-            open.by_age.remove(&self.id);
+            open.remove(self.id);
         }
         // Told under the same lock that took it out of the count: read after it, this is final.
         !self.place.told.load(Ordering::SeqCst)
     }
 
-    /// Completes when the connection is told to close: a newer one took its place while
+    /// Completes when the connection is told to close, to make room for a newer one while
     /// it was unproven. Never completes once it is proven.
     pub async fn closing(&self) {
         self.place.closing.notified().await
@@ -114,7 +161,7 @@ impl UnprovenSlot {
 impl Drop for UnprovenSlot {
     fn drop(&mut self) {
         if let Ok(mut open) = self.unproven.open.lock() {
-            open.by_age.remove(&self.id);
+            open.remove(self.id);
         }
     }
 }
@@ -123,44 +170,46 @@ impl Drop for UnprovenSlot {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_newer_connection_takes_the_place_of_the_oldest() {
-        let unproven = Unproven::new(2);
-        let (first, told) = unproven.enter().unwrap();
-        assert!(!told);
-        let (second, _) = unproven.enter().unwrap();
-        let (third, told) = unproven.enter().unwrap();
-        assert!(told, "the oldest was told to close");
-        assert_eq!(unproven.count(), 2);
-        tokio::time::timeout(std::time::Duration::from_secs(1), first.closing())
+    const FLOOD: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+    const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 1));
+
+    async fn closes(slot: &UnprovenSlot) -> bool {
+        tokio::time::timeout(std::time::Duration::from_millis(200), slot.closing())
             .await
-            .expect("the oldest closes");
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn the_source_holding_the_most_makes_room_out_of_its_oldest() {
+        let unproven = Unproven::new(3);
+        let (client, _) = unproven.enter(CLIENT).unwrap();
+        let (first, _) = unproven.enter(FLOOD).unwrap();
+        let (second, told) = unproven.enter(FLOOD).unwrap();
+        assert!(!told);
+        let (third, told) = unproven.enter(FLOOD).unwrap();
+        assert!(told, "one was told to close");
+        assert_eq!(unproven.count(), 3);
+        assert!(closes(&first).await, "the flood's oldest closes");
+        assert!(!closes(&client).await, "the client's older one is spared");
         assert!(!first.prove(), "a connection told to close stays closing");
 
-        assert!(second.prove(), "a request on it was authenticated");
-        assert_eq!(unproven.count(), 1);
-        let (_fourth, told) = unproven.enter().unwrap();
+        assert!(client.prove(), "a request on it was authenticated");
+        assert_eq!(unproven.count(), 2);
+        let (_another, told) = unproven.enter(CLIENT).unwrap();
         assert!(!told, "a proven connection holds no unproven place");
-        let (_fifth, told) = unproven.enter().unwrap();
-        assert!(told);
-        assert!(
-            tokio::time::timeout(std::time::Duration::from_millis(50), second.closing())
-                .await
-                .is_err(),
-            "a proven connection is never told to close"
-        );
-        tokio::time::timeout(std::time::Duration::from_secs(1), third.closing())
-            .await
-            .expect("the next oldest closes");
-        assert!(second.prove(), "proving twice is still proven");
+        assert!(unproven.make_room(&third));
+        assert!(closes(&second).await, "room made out of the flood's oldest");
+        assert!(!closes(&third).await, "never the newcomer's own");
+        assert!(client.prove(), "proving twice is still proven");
     }
 
     #[test]
     fn a_dropped_connection_leaves_the_count() {
         let unproven = Unproven::new(4);
-        let (slot, _) = unproven.enter().unwrap();
+        let (slot, _) = unproven.enter(CLIENT).unwrap();
         assert_eq!(unproven.count(), 1);
         drop(slot);
         assert_eq!(unproven.count(), 0);
+        assert!(unproven.open.lock().unwrap().per_source.is_empty());
     }
 }
