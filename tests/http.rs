@@ -628,19 +628,9 @@ const PASSING: [&str; 30] = [
     "prompts-get-with-image",
 ];
 
-/// With `[http.tls]`, the listener speaks only TLS: a client that trusts the certificate
-/// gets MCP, a plain-text request gets nothing.
-#[test]
-fn tls_when_configured() {
-    if !common::have("openssl") {
-        eprintln!("SKIP: openssl is not installed (it makes the test certificate)");
-        return;
-    }
-    let Some(mut lab) = Lab::prepare() else {
-        return;
-    };
-    let dir = lab.dir.path().to_path_buf();
-    // An Ed25519 leaf certificate for localhost, its own trust anchor.
+/// Makes an Ed25519 leaf certificate for localhost, its own trust anchor, as `<stem>.pem`
+/// with its key in `<stem>-key.pem` in `dir`.
+fn make_certificate(dir: &std::path::Path, stem: &str) {
     let made = std::process::Command::new("openssl")
         .args(["req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "1"])
         .args([
@@ -651,12 +641,27 @@ fn tls_when_configured() {
         ])
         .args(["-addext", "basicConstraints=critical,CA:FALSE"])
         .arg("-keyout")
-        .arg(dir.join("key.pem"))
+        .arg(dir.join(format!("{stem}-key.pem")))
         .arg("-out")
-        .arg(dir.join("cert.pem"))
+        .arg(dir.join(format!("{stem}.pem")))
         .output()
         .unwrap();
     assert!(made.status.success(), "{made:?}");
+}
+
+/// A daemon whose listener speaks TLS with the certificate `cert.pem` and key `key.pem`
+/// of its directory (copied from `first` made by [`make_certificate`]), or `None` (said
+/// why) where it cannot run.
+fn start_tls(first: &str) -> Option<(Lab, SocketAddr)> {
+    if !common::have("openssl") {
+        eprintln!("SKIP: openssl is not installed (it makes the test certificate)");
+        return None;
+    }
+    let mut lab = Lab::prepare()?;
+    let dir = lab.dir.path().to_path_buf();
+    make_certificate(&dir, first);
+    std::fs::copy(dir.join(format!("{first}.pem")), dir.join("cert.pem")).unwrap();
+    std::fs::copy(dir.join(format!("{first}-key.pem")), dir.join("key.pem")).unwrap();
     let text = format!(
         "{}\n[http]\nlisten = \"127.0.0.1:0\"\nallowed_hosts = [\"localhost\"]\ntls = {{ cert = \"cert.pem\", key = \"key.pem\" }}\n[[http.token]]\nprincipal = \"larkfield-analyst\"\nsha256 = \"{}\"\n",
         host_config(&lab.paths),
@@ -665,10 +670,18 @@ fn tls_when_configured() {
     lab.write_config(&text);
     lab.spawn();
     let addr = bound_addr(&lab);
+    Some((lab, addr))
+}
 
-    let mut roots = rustls::RootCertStore::empty();
+/// An authenticated `initialize` over TLS to `addr`, trusting only the certificate in
+/// `trusted`: its answer, or why the handshake failed.
+fn initialize_over_tls(
+    addr: SocketAddr,
+    trusted: &std::path::Path,
+) -> Result<common::http::Reply, String> {
     use rustls_pki_types::pem::PemObject;
-    for cert in rustls_pki_types::CertificateDer::pem_file_iter(dir.join("cert.pem")).unwrap() {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(trusted).unwrap() {
         roots.add(cert.unwrap()).unwrap();
     }
     let config = std::sync::Arc::new(
@@ -681,31 +694,84 @@ fn tls_when_configured() {
         .with_no_client_auth(),
     );
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let conn = rustls::ClientConnection::new(config, name).unwrap();
-    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    let mut conn = rustls::ClientConnection::new(config, name).unwrap();
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(std::time::Duration::from_secs(20)))
         .unwrap();
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp).map_err(|e| e.to_string())?;
+    }
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).to_string();
     let auth = format!("Bearer {TOKEN}");
-    let headers = [
-        ("Authorization", auth.as_str()),
-        ("Content-Type", "application/json"),
-        ("Accept", "application/json, text/event-stream"),
-    ];
-    let r = common::http::request_over(
+    Ok(common::http::request_over(
         rustls::StreamOwned::new(conn, tcp),
         &format!("localhost:{}", addr.port()),
         "POST",
         "/mcp",
-        &headers,
+        &[
+            ("Authorization", auth.as_str()),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ],
         &body,
-    );
+    ))
+}
+
+/// With `[http.tls]`, the listener speaks only TLS: a client that trusts the certificate
+/// gets MCP, a plain-text request gets nothing.
+#[test]
+fn tls_when_configured() {
+    let Some((mut lab, addr)) = start_tls("first") else {
+        return;
+    };
+    let r = initialize_over_tls(addr, &lab.dir.path().join("first.pem")).unwrap();
     assert_eq!(r.status, 200, "{r:?}\n{}", lab.log());
     assert_eq!(r.response()["result"]["serverInfo"]["name"], "flowhost");
 
-    let plain = request(addr, "POST", "/mcp", &headers, &body);
+    let auth = format!("Bearer {TOKEN}");
+    let plain = request(
+        addr,
+        "POST",
+        "/mcp",
+        &[("Authorization", auth.as_str())],
+        "{}",
+    );
     assert_ne!(plain.status, 200, "{plain:?}");
     lab.stop();
+}
+
+/// A reload reads the certificate and key files again: a renewed certificate is presented
+/// from the reload on, and a pair that does not belong together refuses the reload, naming
+/// the file, while the pair in use stays. Before, the files read at start were served until
+/// a restart, so a renewal (or the replacement of a compromised key) needed one.
+#[test]
+fn a_reload_presents_the_certificate_its_files_hold_then() {
+    let Some((lab, addr)) = start_tls("first") else {
+        return;
+    };
+    let dir = lab.dir.path().to_path_buf();
+    let (first, renewed) = (dir.join("first.pem"), dir.join("renewed.pem"));
+    assert_eq!(initialize_over_tls(addr, &first).unwrap().status, 200);
+    make_certificate(&dir, "renewed");
+    std::fs::copy(&renewed, dir.join("cert.pem")).unwrap();
+    std::fs::copy(dir.join("renewed-key.pem"), dir.join("key.pem")).unwrap();
+    reload_and_wait(&lab, 2, "reloaded: generation 2");
+    let old = initialize_over_tls(addr, &first).unwrap_err();
+    assert!(
+        old.contains("UnknownIssuer") || old.contains("certificate"),
+        "{old}"
+    );
+    assert_eq!(initialize_over_tls(addr, &renewed).unwrap().status, 200);
+
+    // The first certificate with the renewed key: not a pair.
+    std::fs::copy(&first, dir.join("cert.pem")).unwrap();
+    reload_and_wait(&lab, 3, "reload refused");
+    let log = lab.log();
+    assert!(
+        log.contains("http.tls") && log.contains(&dir.join("key.pem").display().to_string()),
+        "{log}"
+    );
+    assert_eq!(initialize_over_tls(addr, &renewed).unwrap().status, 200);
 }
 
 /// The tool names of the records of HTTP authentication refusals (`(http: why)`).

@@ -56,6 +56,9 @@ pub struct Host {
     /// Who authenticates HTTP callers (while there is a listener): each reload gives it the
     /// issuer's key set as the file says then.
     pub(super) http_auth: Option<Arc<http::auth::Authenticator>>,
+    /// The certificates the HTTP listener presents (while it speaks TLS): each reload gives
+    /// it the pair its files hold then.
+    pub(super) http_tls: Option<Arc<http::Certificates>>,
 }
 
 impl Host {
@@ -89,6 +92,11 @@ impl Host {
             Some(auth) => auth
                 .read_key_set()
                 .map_err(|e| StartupError::Http(super::http::HttpError::Auth(e)))?,
+            None => None,
+        };
+        // Likewise the TLS certificate: a renewed one is served from the reload on.
+        let certificate = match &self.http_tls {
+            Some(certificates) => Some(certificates.read().map_err(StartupError::Http)?),
             None => None,
         };
         let (registry, profiles) = verify_registry(&config)?;
@@ -127,6 +135,9 @@ impl Host {
         };
         if let (Some(auth), Some(keys)) = (&self.http_auth, key_set) {
             auth.use_key_set(keys);
+        }
+        if let (Some(certificates), Some(pair)) = (&self.http_tls, certificate) {
+            certificates.present(pair);
         }
         // Stopping the old warm executors can take a moment each; it happens in the
         // background so accepting and the watchdog do not wait for it.

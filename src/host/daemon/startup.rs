@@ -684,6 +684,9 @@ impl Host {
         };
         let host = Arc::new(Host {
             http_auth: http.as_ref().map(super::http::HttpListener::authenticator),
+            http_tls: http
+                .as_ref()
+                .and_then(super::http::HttpListener::certificates),
             http: std::sync::Mutex::new(http),
             generation: RwLock::new(Arc::new(generation)),
             next_generation: AtomicU64::new(2),

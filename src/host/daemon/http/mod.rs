@@ -47,6 +47,7 @@ use crate::mcp::{Line, RpcError, code};
 use auth::{AuthRefusal, Authenticator};
 use sources::Sources;
 use streams::{Events, Streams, Target};
+pub use tls::Certificates;
 use unproven::{UNPROVEN_LIMIT, Unproven, UnprovenSlot};
 
 /// The session id header.
@@ -110,6 +111,7 @@ pub enum HttpError {
 pub struct HttpListener {
     listener: tokio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    certificates: Option<Arc<Certificates>>,
     config: HttpConfig,
     auth: Arc<Authenticator>,
 }
@@ -118,7 +120,7 @@ impl HttpListener {
     /// Binds `config.listen` and loads its TLS files and JWT key set.
     pub fn bind(config: &HttpConfig) -> Result<Self, HttpError> {
         let auth = Arc::new(Authenticator::new(config)?);
-        let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
+        let (tls, certificates) = config.tls.as_ref().map(tls::acceptor).transpose()?.unzip();
         let bind = |source| HttpError::Bind {
             addr: config.listen,
             source,
@@ -129,6 +131,7 @@ impl HttpListener {
         Ok(HttpListener {
             listener,
             tls,
+            certificates,
             config: config.clone(),
             auth,
         })
@@ -143,6 +146,12 @@ impl HttpListener {
     /// set again at each reload).
     pub fn authenticator(&self) -> Arc<Authenticator> {
         self.auth.clone()
+    }
+
+    /// The certificates the listener presents, when it speaks TLS: each reload reads their
+    /// files again.
+    pub fn certificates(&self) -> Option<Arc<Certificates>> {
+        self.certificates.clone()
     }
 }
 
@@ -252,6 +261,7 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         tls,
         config,
         auth,
+        ..
     } = listener;
     let transport = Arc::new(Transport {
         scheme: if tls.is_some() { "https" } else { "http" },
