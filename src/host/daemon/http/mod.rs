@@ -369,14 +369,19 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         tokio::spawn(async move {
             let connection = match connection {
                 Some(connection) => connection,
-                None => match tokio::time::timeout(ROOM_WAIT, connections.acquire_owned()).await {
-                    Ok(Ok(connection)) => connection,
-                    _ => {
-                        tracing::debug!(%peer, "http connection closed: no room came free");
-                        return;
-                    }
+                // Told to close while waiting, it stops waiting: it holds no place to free.
+                None => tokio::select! {
+                    waited = tokio::time::timeout(ROOM_WAIT, connections.acquire_owned()) => match waited {
+                        Ok(Ok(connection)) => connection,
+                        _ => {
+                            tracing::debug!(%peer, "http connection closed: no room came free");
+                            return;
+                        }
+                    },
+                    () = slot.closing() => return,
                 },
             };
+            slot.holds_place();
             let _connection = (connection, source);
             let slot = Arc::new(slot);
             let closing = slot.clone();

@@ -37,10 +37,12 @@ struct Open {
     next: u64,
 }
 
-/// One unproven connection: its source, and what tells it to close.
+/// One unproven connection: its source, whether it holds one of the listener's places,
+/// and what tells it to close.
 #[derive(Debug)]
 struct Place {
     source: IpAddr,
+    holds_place: AtomicBool,
     closing: Notify,
     told: AtomicBool,
 }
@@ -67,15 +69,24 @@ impl Open {
     }
 
     /// Tells the oldest unproven connection of the source that holds the most to close,
-    /// sparing `newcomer`; whether there was one.
-    fn close_one(&mut self, newcomer: u64) -> bool {
-        let Some((&source, _)) = self.per_source.iter().max_by_key(|(_, held)| **held) else {
+    /// sparing `newcomer` (and, with `holding`, passing over those that hold no place of
+    /// the listener's yet: closing one frees none); whether there was one.
+    fn close_one(&mut self, newcomer: u64, holding: bool) -> bool {
+        let closable = |(id, place): &(&u64, &Arc<Place>)| {
+            **id != newcomer && (!holding || place.holds_place.load(Ordering::SeqCst))
+        };
+        let mut held: HashMap<IpAddr, usize> = HashMap::new();
+        for (_, place) in self.by_age.iter().filter(closable) {
+            *held.entry(place.source).or_default() += 1;
+        }
+        let Some((source, _)) = held.into_iter().max_by_key(|(_, n)| *n) else {
             return false;
         };
         let Some((&id, place)) = self
             .by_age
             .iter()
-            .find(|(id, place)| **id != newcomer && place.source == source)
+            .filter(closable)
+            .find(|(_, place)| place.source == source)
         else {
             return false;
         };
@@ -105,11 +116,12 @@ impl Unproven {
         let id = open.next;
         open.next += 1;
         let mut told = false;
-        while open.by_age.len() >= self.limit && open.close_one(id) {
+        while open.by_age.len() >= self.limit && open.close_one(id, false) {
             told = true;
         }
         let place = Arc::new(Place {
             source,
+            holds_place: AtomicBool::new(false),
             closing: Notify::new(),
             told: AtomicBool::new(false),
         });
@@ -125,12 +137,13 @@ impl Unproven {
         ))
     }
 
-    /// Tells one unproven connection other than `newcomer`'s to close, to make room for it
-    /// when the listener holds its limit of connections in all; whether one was told.
+    /// Tells one unproven connection that holds a place of the listener's, other than
+    /// `newcomer`'s, to close, to make room for it when the listener holds its limit of
+    /// connections in all; whether one was told.
     pub fn make_room(&self, newcomer: &UnprovenSlot) -> bool {
         self.open
             .lock()
-            .is_ok_and(|mut open| open.close_one(newcomer.id))
+            .is_ok_and(|mut open| open.close_one(newcomer.id, true))
     }
 
     /// How many connections are unproven.
@@ -149,6 +162,11 @@ impl UnprovenSlot {
         }
         // Told under the same lock that took it out of the count: read after it, this is final.
         !self.place.told.load(Ordering::SeqCst)
+    }
+
+    /// Marks the connection as holding a place of the listener's: closing it frees one.
+    pub fn holds_place(&self) {
+        self.place.holds_place.store(true, Ordering::SeqCst);
     }
 
     /// Completes when the connection is told to close, to make room for a newer one while
@@ -197,6 +215,11 @@ mod tests {
         assert_eq!(unproven.count(), 2);
         let (_another, told) = unproven.enter(CLIENT).unwrap();
         assert!(!told, "a proven connection holds no unproven place");
+        assert!(
+            !unproven.make_room(&third),
+            "none holds a place yet: closing one would free none"
+        );
+        second.holds_place();
         assert!(unproven.make_room(&third));
         assert!(closes(&second).await, "room made out of the flood's oldest");
         assert!(!closes(&third).await, "never the newcomer's own");
