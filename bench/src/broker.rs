@@ -632,7 +632,8 @@ fn loop_rows(
             "reported",
         ),
     ];
-    if let Some(s) = sandlock {
+    // sandlock does not mediate unix sockets: no row for them (its loop is not run).
+    if let Some(s) = sandlock.filter(|_| !unix) {
         let p = Samples(peer).median();
         let peer_added = p.saturating_sub(d);
         rows.push(Row {
