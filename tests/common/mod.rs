@@ -41,6 +41,8 @@ pub fn workspace_binary(name: &str) -> PathBuf {
 pub struct ReplacedResolvConf {
     host: PathBuf,
     original: PathBuf,
+    /// The device and inode of the copy put in its place.
+    copy: (u64, u64),
 }
 
 impl ReplacedResolvConf {
@@ -67,12 +69,28 @@ impl ReplacedResolvConf {
             let _ = std::fs::remove_file(&original);
             return skip(format!("{}: {e}", host.display()));
         }
-        Some(ReplacedResolvConf { host, original })
+        use std::os::unix::fs::MetadataExt;
+        let copy = match std::fs::metadata(&host) {
+            Ok(m) => (m.dev(), m.ino()),
+            Err(e) => return skip(format!("{}: {e}", host.display())),
+        };
+        Some(ReplacedResolvConf {
+            host,
+            original,
+            copy,
+        })
     }
 }
 
 impl Drop for ReplacedResolvConf {
     fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        // Replaced again meanwhile (a resolver manager, another test run): that file stays.
+        let ours = std::fs::metadata(&self.host).is_ok_and(|m| (m.dev(), m.ino()) == self.copy);
+        if !ours {
+            let _ = std::fs::remove_file(&self.original);
+            return;
+        }
         if let Err(e) = std::fs::rename(&self.original, &self.host) {
             eprintln!(
                 "could not put back {} from {}: {e}",

@@ -363,6 +363,9 @@ pub struct McpExecutor<C> {
     updates: Arc<Mutex<Option<UpdateSink>>>,
     /// The executor's own resolver (kept alive as long as the executor).
     dns: Option<Arc<ExecutorDns>>,
+    /// Whether the log has said that the executor lost its view of its resolver (it says
+    /// so once).
+    view_loss_told: std::sync::atomic::AtomicBool,
 }
 
 /// Receives the `params` of each `notifications/resources/updated` an executor sends (the
@@ -581,6 +584,7 @@ impl<C: NamedCall> McpExecutor<C> {
             server: template.server.clone(),
             updates,
             dns,
+            view_loss_told: Default::default(),
         };
         let answer = me
             .request(
@@ -647,12 +651,16 @@ impl<C: NamedCall> McpExecutor<C> {
     }
 
     /// Whether the executor still sees its own resolver where its lookups go
-    /// ([`ExecutorDns::still_shown`]): one that does not is retired (its lookups would all
-    /// be refused), and the log says why. True for an executor whose lookups are not
-    /// mediated.
+    /// ([`ExecutorDns::still_shown`]): one that does not is to be retired (its lookups would
+    /// all be refused), and the log says why, once. True for an executor whose lookups are
+    /// not mediated.
     pub fn sees_its_resolver(&self) -> bool {
         let sees = self.dns.as_ref().is_none_or(|d| d.still_shown());
-        if !sees {
+        if !sees
+            && !self
+                .view_loss_told
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             tracing::warn!(
                 server = %self.server,
                 pid = self.pid(),

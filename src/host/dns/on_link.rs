@@ -6,8 +6,9 @@
 //!
 //! Read from `/proc/net/route` and `/proc/net/ipv6_route` (the daemon's unit allows no
 //! netlink socket), renewed in the background once a reading is older than [`FRESH_FOR`],
-//! so a connect pays a lock and a scan of the few connected networks rather than a read of
-//! the routing table. IPv4 routes are those of the main table only.
+//! so a connect in a steady stream pays a lock and a scan of the few connected networks
+//! rather than a read of the routing table; the first after a quiet spell reads it. IPv4
+//! routes are those of the main table only.
 
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -16,8 +17,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long a reading of the routing table is used before it is read again: a network the
-/// host attaches to counts within this long.
+/// How long a reading of the routing table is used before a new one is made: a network the
+/// host attaches to counts within twice this long.
 pub const FRESH_FOR: Duration = Duration::from_secs(1);
 
 /// `RTF_UP`, `RTF_GATEWAY` and `RTF_REJECT` of `<linux/route.h>`, the flags of both files.
@@ -122,8 +123,7 @@ pub fn read() -> Result<Vec<IpNet>, OnLinkError> {
 }
 
 /// The last reading of the routing tables, when it was made (`None` in it: they could not
-/// be read), and whether a newer one is being made.
-#[derive(Default)]
+/// be read), and whether a newer one is being made on a thread of its own.
 struct Readings {
     last: Option<(Instant, Option<Arc<[IpNet]>>)>,
     refreshing: bool,
@@ -148,48 +148,68 @@ fn reading() -> Option<Arc<[IpNet]>> {
     }
 }
 
-/// Keeps `networks`, read at `at`, as the last reading.
+/// Keeps `networks`, read from a start at `at`, as the last reading unless a newer one is.
 fn keep(at: Instant, networks: Option<Arc<[IpNet]>>) {
-    if let Ok(mut readings) = READINGS.lock() {
+    if let Ok(mut readings) = READINGS.lock()
+        && readings.last.as_ref().is_none_or(|(last, _)| *last <= at)
+    {
         readings.last = Some((at, networks));
-        readings.refreshing = false;
     }
 }
 
-/// The connected networks as last read (`None`: they could not be). The first question
-/// reads them; after that, a question asked more than [`FRESH_FOR`] after the last reading
-/// has a new one made on a thread of its own and is answered with the last, so a host with
-/// a large routing table does not make a connect wait for it to be read.
+/// Lets a new background reading start once the thread making one is done, whichever way
+/// it ends (a panic included).
+struct Refreshed;
+
+impl Drop for Refreshed {
+    fn drop(&mut self) {
+        if let Ok(mut readings) = READINGS.lock() {
+            readings.refreshing = false;
+        }
+    }
+}
+
+/// The connected networks (`None`: they could not be read). A reading less than
+/// [`FRESH_FOR`] old answers; one up to twice that old answers too, while a new one is made
+/// on a thread of its own (so a steady stream of questions never waits for a large table
+/// to be read); an older one, or none (the host was quiet), is replaced here before
+/// answering, so no answer rests on a reading older than twice [`FRESH_FOR`].
 fn networks() -> Option<Arc<[IpNet]>> {
     let now = Instant::now();
     let Ok(mut readings) = READINGS.lock() else {
         return None;
     };
-    let Some((at, networks)) = readings.last.clone() else {
-        drop(readings);
-        let networks = reading();
-        keep(now, networks.clone());
-        return networks;
-    };
-    if now.duration_since(at) >= FRESH_FOR && !readings.refreshing {
-        readings.refreshing = true;
-        drop(readings);
-        let spawned = std::thread::Builder::new()
-            .name("flowhost-routes".into())
-            .spawn(|| keep(Instant::now(), reading()));
-        if spawned.is_err() {
-            // No thread: read here rather than answer from a stale reading for good.
+    match readings.last.clone() {
+        Some((at, networks)) if now.duration_since(at) < FRESH_FOR => networks,
+        Some((at, networks)) if now.duration_since(at) < 2 * FRESH_FOR => {
+            if !readings.refreshing {
+                readings.refreshing = true;
+                drop(readings);
+                let spawned = std::thread::Builder::new()
+                    .name("flowhost-routes".into())
+                    .spawn(|| {
+                        let _done = Refreshed;
+                        let at = Instant::now();
+                        keep(at, reading());
+                    });
+                if spawned.is_err() {
+                    drop(Refreshed);
+                }
+            }
+            networks
+        }
+        _ => {
+            drop(readings);
             let networks = reading();
             keep(now, networks.clone());
-            return networks;
+            networks
         }
     }
-    networks
 }
 
 /// Whether `ip` (an address as it reaches the host: IPv4 for an IPv4-mapped one) is on a
-/// network the host is directly attached to, as its routing tables said when last read
-/// (a reading older than [`FRESH_FOR`] is renewed in the background). When they cannot be
+/// network the host is directly attached to, as its routing tables said at most twice
+/// [`FRESH_FOR`] ago ([`networks`]). When they cannot be
 /// read, every address counts as on one (fail closed: an answer then binds only where
 /// `private_answers` opts in), and the log says why. IPv4 networks are those of the main
 /// routing table (the only one `/proc/net/route` shows): a connected network in another

@@ -188,7 +188,8 @@ impl Subscriptions {
 pub(super) struct IdleExecutor<'a> {
     /// Idle past the configured time.
     pub past_limit: bool,
-    /// Running: the subscriptions it took are live.
+    /// Running and able to serve (its lookups reach its own resolver): the subscriptions it
+    /// took are live.
     pub live: bool,
     /// Of the current generation (one of an earlier one serves no call any more).
     pub current: bool,
@@ -196,8 +197,9 @@ pub(super) struct IdleExecutor<'a> {
     pub subscribed: &'a BTreeSet<String>,
 }
 
-/// Which of a server's idle executors (in their order) to stop: those idle past the limit
-/// and every one of an earlier generation (it serves no call any more), unless one is the
+/// Which of a server's idle executors (in their order) to stop: those idle past the limit,
+/// every one that is not live (it exited, or can no longer serve), and every one of an
+/// earlier generation (it serves no call any more), unless one is the
 /// first live holder of a URI the client is still subscribed to (`wanted`), holders of the
 /// current generation counted first. An executor that exited holds nothing; a second holder
 /// of the same URI is redundant.
@@ -213,7 +215,7 @@ pub(super) fn idle_to_stop(idle: &[IdleExecutor<'_>], wanted: impl Fn(&str) -> b
             && e.subscribed
                 .iter()
                 .any(|u| wanted(u) && !covered.contains(u.as_str()));
-        stop[i] = (e.past_limit || !e.current) && !needed;
+        stop[i] = (e.past_limit || !e.current || !e.live) && !needed;
         if !stop[i] && e.live {
             covered.extend(e.subscribed.iter().map(String::as_str));
         }
@@ -285,13 +287,14 @@ mod tests {
         );
         // A URI the client unsubscribed keeps nobody.
         assert_eq!(idle_to_stop(&[e(true, true, true, &gone)], wanted), [true]);
-        // Nothing idle past the limit is stopped, holder or not.
+        // Nothing live and not idle past the limit is stopped, holder or not; one that is not
+        // live (it exited, or can no longer serve) goes before its idle time.
         assert_eq!(
             idle_to_stop(
                 &[e(false, false, true, &none), e(false, true, true, &a)],
                 wanted
             ),
-            [false, false]
+            [true, false]
         );
     }
 
