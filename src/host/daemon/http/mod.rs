@@ -46,7 +46,7 @@ use crate::ident::PrincipalId;
 use crate::mcp::{Line, RpcError, code};
 use auth::{AuthRefusal, Authenticator};
 use sources::Sources;
-use streams::{Events, Streams, Target};
+use streams::{Events, ReplayBudget, Streams, Target};
 pub use tls::Certificates;
 use unproven::{UNPROVEN_LIMIT, Unproven, UnprovenSlot};
 
@@ -251,6 +251,8 @@ struct Transport {
     auth: Arc<Authenticator>,
     sessions: Mutex<HashMap<String, Arc<Remote>>>,
     scheme: &'static str,
+    /// What the sessions keep for replay, together.
+    replay: Arc<ReplayBudget>,
 }
 
 /// Serves MCP over HTTP on `listener` until the host stops, then waits (bounded) for its
@@ -270,6 +272,7 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         auth,
         sessions: Mutex::new(HashMap::new()),
         budget: Mutex::new(Budget::default()),
+        replay: Arc::default(),
     });
     let mut fold_tick = tokio::time::interval(
         host.current()
@@ -1021,7 +1024,7 @@ impl Transport {
         // itself be waiting for room among the replies the router drains.
         let (not_delivered, undelivered) = mpsc::unbounded_channel();
         let (out, mut replies) = mpsc::channel::<session::Outgoing>(64);
-        let streams = Arc::new(Mutex::new(Streams::default()));
+        let streams = Arc::new(Mutex::new(Streams::sharing(self.replay.clone())));
         let ended = Arc::new(tokio::sync::Notify::new());
         let remote = Arc::new(Remote {
             principal: principal.clone(),

@@ -25,6 +25,10 @@ const MAX_EVENTS: usize = 256;
 const MAX_FINISHED: usize = 32;
 /// Bytes of events kept for replay across a session's streams; past it the oldest go first.
 const MAX_LOG_BYTES: usize = 8 << 20;
+/// Bytes of events kept for replay across every session of the transport
+/// ([`ReplayBudget`]): 32 sessions at their own limit. Past it, the session that keeps
+/// another event lets go of its own oldest first.
+pub(super) const MAX_TRANSPORT_LOG_BYTES: usize = 256 << 20;
 /// Events buffered towards a client before it must resume instead.
 const CHANNEL: usize = 64;
 /// GET streams a session may have open at once (its own stream and resumed ones).
@@ -120,6 +124,50 @@ struct Stream {
     done: bool,
 }
 
+/// The bytes of events the transport's sessions keep for replay, together: bounded by
+/// [`MAX_TRANSPORT_LOG_BYTES`], so many sessions each at its own limit cannot make the host
+/// hold gigabytes for resumptions that may never come.
+#[derive(Debug)]
+pub(super) struct ReplayBudget {
+    kept: std::sync::atomic::AtomicUsize,
+    limit: usize,
+}
+
+impl Default for ReplayBudget {
+    fn default() -> Self {
+        ReplayBudget::new(MAX_TRANSPORT_LOG_BYTES)
+    }
+}
+
+impl ReplayBudget {
+    /// Nothing kept yet; at most `limit` bytes together.
+    pub(super) fn new(limit: usize) -> ReplayBudget {
+        ReplayBudget {
+            kept: Default::default(),
+            limit,
+        }
+    }
+
+    /// Whether the sessions keep more than the limit together.
+    fn over(&self) -> bool {
+        self.kept() > self.limit
+    }
+
+    fn kept(&self) -> usize {
+        self.kept.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add(&self, bytes: usize) {
+        self.kept
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn sub(&self, bytes: usize) {
+        self.kept
+            .fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// The streams of one session.
 #[derive(Default)]
 pub(super) struct Streams {
@@ -136,6 +184,17 @@ pub(super) struct Streams {
     gets: Arc<()>,
     /// Server messages dropped for want of a stream to carry them.
     dropped: u64,
+    /// What the transport's sessions keep for replay together (a session of its own by
+    /// default).
+    budget: Arc<ReplayBudget>,
+    /// Events let go of early for the transport's bound, for the log.
+    let_go: u64,
+}
+
+impl Drop for Streams {
+    fn drop(&mut self) {
+        self.budget.sub(self.log_bytes);
+    }
 }
 
 impl Stream {
@@ -167,6 +226,20 @@ impl Stream {
 }
 
 impl Streams {
+    /// No stream yet; what it keeps for replay counts against `budget`, shared by the
+    /// transport's sessions.
+    pub(super) fn sharing(budget: Arc<ReplayBudget>) -> Streams {
+        let mut streams = Streams::default();
+        streams.budget = budget;
+        streams
+    }
+
+    /// Counts `bytes` fewer kept for replay.
+    fn drop_bytes(&mut self, bytes: usize) {
+        self.log_bytes -= bytes;
+        self.budget.sub(bytes);
+    }
+
     /// Opens a stream and gives it to its first reader (a GET when it holds `get`).
     fn new_stream(&mut self, json_only: bool, get: Option<Arc<()>>) -> (u64, Events) {
         let mut stream = Stream {
@@ -340,13 +413,17 @@ impl Streams {
         let event = Event::from(format!("id: {n}-{seq}\ndata: {data}\n\n"));
         // A JSON-only client never sees event ids, so it cannot resume: nothing is kept.
         if !s.json_only {
+            let mut freed = 0;
             if s.log.len() == MAX_EVENTS
                 && let Some((_, old)) = s.log.pop_front()
             {
-                self.log_bytes -= old.len();
+                freed = old.len();
             }
-            self.log_bytes += event.len();
             s.log.push_back((seq, event.clone()));
+            // The fields, not the helpers: the stream is borrowed from the map.
+            self.log_bytes = self.log_bytes - freed + event.len();
+            self.budget.sub(freed);
+            self.budget.add(event.len());
         }
         // A client that is gone or too slow resumes from the log instead.
         if let Some(tx) = &s.tx
@@ -358,18 +435,37 @@ impl Streams {
     }
 
     /// Drops the oldest kept events, oldest stream first, until the session keeps at most
-    /// [`MAX_LOG_BYTES`]: a client that asks for large answers cannot make the host keep
-    /// them all for resumption.
+    /// [`MAX_LOG_BYTES`] and the transport's sessions together at most
+    /// [`MAX_TRANSPORT_LOG_BYTES`] (or this session keeps nothing): a client that asks for
+    /// large answers cannot make the host keep them all for resumption, nor can many.
     fn trim_logs(&mut self) {
+        let over =
+            |own: usize, budget: &ReplayBudget| own > MAX_LOG_BYTES || (own > 0 && budget.over());
+        let mut freed = 0;
+        let mut early = 0;
         for s in self.streams.values_mut() {
-            while self.log_bytes > MAX_LOG_BYTES {
+            while over(self.log_bytes - freed, &self.budget) {
+                let for_the_transport = self.log_bytes - freed <= MAX_LOG_BYTES;
                 let Some((_, old)) = s.log.pop_front() else {
                     break;
                 };
-                self.log_bytes -= old.len();
+                freed += old.len();
+                early += u64::from(for_the_transport);
+                // Counted at once, so the transport's total is right while this loops.
+                self.budget.sub(old.len());
             }
-            if self.log_bytes <= MAX_LOG_BYTES {
-                return;
+        }
+        self.log_bytes -= freed;
+        if early > 0 {
+            let before = self.let_go;
+            self.let_go += early;
+            // Said at the first and then once per 1,000.
+            if before == 0 || before / 1000 != self.let_go / 1000 {
+                tracing::warn!(
+                    let_go = self.let_go,
+                    limit = self.budget.limit,
+                    "events kept for resumption let go early: the HTTP sessions keep at most this many bytes together"
+                );
             }
         }
     }
@@ -386,7 +482,7 @@ impl Streams {
             .take(finished.len().saturating_sub(MAX_FINISHED))
         {
             if let Some(gone) = self.streams.remove(n) {
-                self.log_bytes -= gone.log.iter().map(|(_, e)| e.len()).sum::<usize>();
+                self.drop_bytes(gone.log.iter().map(|(_, e)| e.len()).sum::<usize>());
             }
         }
     }
@@ -498,6 +594,46 @@ mod tests {
         let _rx = json_only.open_for_request(&json!({"id": 1}), true);
         json_only.route(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#, None);
         assert_eq!(json_only.log_bytes, 0);
+    }
+
+    /// What the transport's sessions keep together is bounded too: past the bound, the session
+    /// that keeps another event lets go of its own oldest first, and a session that ends gives
+    /// back what it kept. Before, each session kept up to 8 MiB whatever the others kept, so
+    /// 1,024 sessions could make the host hold 8 GiB.
+    #[test]
+    fn what_the_sessions_keep_together_is_bounded() {
+        // Room for three of the answers below, and a half.
+        let budget = Arc::new(ReplayBudget::new(7 << 19));
+        let big = "x".repeat(1 << 20);
+        let answer = |s: &mut Streams, id: u64| {
+            let _rx = s.open_for_request(&json!({"id": id}), false);
+            s.route(
+                &format!(r#"{{"jsonrpc":"2.0","id":{id},"result":"{big}"}}"#),
+                None,
+            );
+        };
+        let mut first = Streams::sharing(budget.clone());
+        for id in 0..2 {
+            answer(&mut first, id);
+        }
+        let mut second = Streams::sharing(budget.clone());
+        for id in 0..3 {
+            answer(&mut second, id);
+        }
+        assert!(budget.kept() <= 7 << 19, "{}", budget.kept());
+        assert_eq!(budget.kept(), first.log_bytes + second.log_bytes);
+        assert!(
+            first.log_bytes > 1 << 20,
+            "the other session's events are not let go of: {}",
+            first.log_bytes
+        );
+        assert!(
+            (1 << 20..2 << 20).contains(&second.log_bytes),
+            "the newest is kept, its older ones let go of: {}",
+            second.log_bytes
+        );
+        drop(first);
+        assert_eq!(budget.kept(), second.log_bytes);
     }
 
     /// A silent stream read as a stream carries a comment (no event: no id, no data) after
