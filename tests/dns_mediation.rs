@@ -19,6 +19,29 @@ const net = require('net');
 const readline = require('readline');
 const send = (m) => process.stdout.write(JSON.stringify(m) + '\n');
 async function probe({ name, how, port }) {
+  if (how === 'two') {
+    // Two questions in one query, sent raw to the resolver the executor was shown.
+    const ns = require('fs').readFileSync('/etc/resolv.conf', 'utf8').match(/^nameserver (\S+)/m)[1];
+    const q = (label) => Buffer.concat([Buffer.from([label.length]), Buffer.from(label),
+      Buffer.from([4]), Buffer.from('test'), Buffer.from([0, 0, 1, 0, 1])]);
+    const msg = Buffer.concat([Buffer.from([0x12, 0x34, 1, 0, 0, 2, 0, 0, 0, 0, 0, 0]), q(name), q('b')]);
+    // Over TCP (length-prefixed): Node binds a UDP socket before sending, which the
+    // broker judges as egress.
+    return await new Promise((resolve) => {
+      const sock = net.connect(53, ns, () => {
+        const len = Buffer.alloc(2);
+        len.writeUInt16BE(msg.length);
+        sock.write(Buffer.concat([len, msg]));
+      });
+      let got = Buffer.alloc(0);
+      sock.on('data', (d) => {
+        got = Buffer.concat([got, d]);
+        if (got.length >= 6) { sock.destroy(); resolve({ lookup: 'answered', rcode: got[5] & 15 }); }
+      });
+      sock.on('error', (e) => resolve({ lookup: 'failed', code: e.code }));
+      setTimeout(() => { sock.destroy(); resolve({ lookup: 'no answer' }); }, 5000);
+    });
+  }
   if (how === 'txt') {
     try {
       return { lookup: 'ok', txt: await new dns.promises.Resolver().resolveTxt(name) };
@@ -74,7 +97,7 @@ fn node_daemon(
             "type": "object",
             "properties": {
                 "name": {"type": "string"},
-                "how": {"enum": ["lookup", "resolve4", "txt"]},
+                "how": {"enum": ["lookup", "resolve4", "txt", "two"]},
                 "port": {"type": "integer"}
             },
             "required": ["name", "how", "port"],
@@ -127,7 +150,7 @@ fn probe_in(
     let text = r["result"]["content"][0]["text"]
         .as_str()
         .unwrap_or_else(|| panic!("{r}\n{}", daemon.log()));
-    serde_json::from_str(text).unwrap()
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}\n{}", daemon.log()))
 }
 
 #[test]
@@ -332,6 +355,44 @@ fn an_executor_that_lost_its_view_of_its_resolver_is_retired_before_it_serves() 
             .contains("the host replaced /etc/resolv.conf since this executor started"),
         "{}",
         daemon.log()
+    );
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A query the executor's resolver does not serve (two questions in one, sent raw over TCP) is
+/// answered FORMERR, never asked upstream, and recorded under the call as refused with why.
+/// Before, it left no record.
+#[test]
+fn a_query_not_served_is_refused_and_recorded_under_the_call() {
+    let _lookups = lookups();
+    let (dns, http) = (TestDns::start(), TestHttp::start());
+    let Some((daemon, dir)) = node_daemon("unserved", &dns, &http, &["fetch.test"]) else {
+        return;
+    };
+    let r = probe(&daemon, "fetch", "two", http.port);
+    assert_eq!(r["lookup"], "answered", "{r}\n{}", daemon.log());
+    assert_eq!(r["rcode"], 1, "FORMERR: {r}");
+    assert_eq!(dns.asked("fetch.test."), 0, "never asked upstream");
+    let records = daemon.egress_records();
+    let text = serde_json::to_string_pretty(&records).unwrap();
+    let refused: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["flowhost"]["broker"]["syscall"] == "dns_query")
+        .collect();
+    assert_eq!(refused.len(), 1, "{text}");
+    assert_eq!(refused[0]["decision"]["effect"], "deny", "{text}");
+    assert_eq!(
+        refused[0]["flowhost"]["denial_kind"], "query_not_served",
+        "{text}"
+    );
+    assert_eq!(
+        refused[0]["decision"]["rule_id"], "query not served: 2 questions in one query",
+        "{text}"
+    );
+    assert_eq!(
+        refused[0]["tool"]["name"], "node/probe",
+        "recorded under the call: {text}"
     );
     drop(daemon);
     let _ = std::fs::remove_dir_all(dir);

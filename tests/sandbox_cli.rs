@@ -639,6 +639,78 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
     assert_eq!(http.connections(), 1, "the refused connect never arrived");
 }
 
+/// A query the command's resolver does not serve (here two questions in one) is refused
+/// and recorded, with why, though no rule is asked: before, it was only logged at debug, so
+/// the records did not show it.
+#[test]
+fn a_query_not_served_is_recorded() {
+    if !can_run() {
+        return;
+    }
+    let _lookups = lookups();
+    let dns = common::named::TestDns::start();
+    let records = common::shared_dir().join(format!("sandbox-unserved-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&records);
+    // A standard query (id 0x1234, recursion desired) asking a.test and b.test at once.
+    let two = r"\x12\x34\x01\x00\x00\x02\x00\x00\x00\x00\x00\x00\x01a\x04test\x00\x00\x01\x00\x01\x01b\x04test\x00\x00\x01\x00\x01";
+    let out = flowhost()
+        .args(["sandbox", "run", "--profile", "brokered"])
+        .args(["--dns-upstream", &dns.addr.to_string()])
+        .arg("--records")
+        .arg(&records)
+        .args(["--", "/bin/bash", "-c"])
+        .arg(format!(
+            "ns=$(awk '/^nameserver/ {{ print $2; exit }}' /etc/resolv.conf); \
+             printf '{two}' > /dev/udp/$ns/53 && sleep 0.5 && echo sent"
+        ))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("sent"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "dns_query - - (udp) -> REFUSED (query not served: 2 questions in one query)"
+        ),
+        "{stderr}"
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_dir(&records)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .flat_map(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let refused: Vec<_> = lines
+        .iter()
+        .filter(|r| r["flowhost"]["broker"]["syscall"] == "dns_query")
+        .collect();
+    assert_eq!(refused.len(), 1, "{lines:?}");
+    assert_eq!(refused[0]["decision"]["effect"], "deny");
+    assert_eq!(refused[0]["flowhost"]["denial_kind"], "query_not_served");
+    assert!(
+        refused[0]["flowhost"]["broker"]["destination"]["host_name"].is_null(),
+        "{:?}",
+        refused[0]
+    );
+    assert_eq!(dns.asked("a.test."), 0, "never asked upstream");
+    let verify = flowhost()
+        .args(["records", "verify"])
+        .arg(&records)
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{verify:?}");
+    std::fs::remove_dir_all(&records).unwrap();
+}
+
 /// A command whose lookups flowhost answers makes none elsewhere: a query to port 53 of any
 /// address but its own resolver is refused, whatever the rules allow. Before, such a query
 /// went by address rules, so where they allowed it the lookup left unjudged. That is also

@@ -470,16 +470,29 @@ fn start_dns(
         Box::pin(async move {
             // A type not served is refused whatever the rules say; as the daemon records it,
             // a name the rules refuse keeps that refusal.
-            let decided = rules.decide_name(&lookup.name);
-            let (decision, denial) = match lookup.refused_type() {
-                Some(rule) if decided.allowed => (
+            let refused = |(denial, rule): (Denial, String)| {
+                (
                     RuleDecision {
                         allowed: false,
                         rule,
                     },
-                    Denial::RecordTypeNotServed,
+                    denial,
+                )
+            };
+            let (decision, denial) = match lookup.name() {
+                // A query not served: refused before any rule.
+                None => refused(
+                    lookup
+                        .refused_anyway()
+                        .unwrap_or((Denial::QueryNotServed, "query not served".into())),
                 ),
-                _ => (decided, Denial::NameNotAllowed),
+                Some(name) => {
+                    let decided = rules.decide_name(name);
+                    match lookup.refused_anyway() {
+                        Some(anyway) if decided.allowed => refused(anyway),
+                        _ => (decided, Denial::NameNotAllowed),
+                    }
+                }
             };
             // As the daemon: every lookup is recorded, an answered one before its name
             // leaves the host (and refused if that fails).
@@ -491,10 +504,14 @@ fn start_dns(
             );
             let allowed = record(writer.as_deref(), r).await && decision.allowed;
             if !args.quiet {
+                let (record_type, name) = match (lookup.record_type(), lookup.name()) {
+                    (Some(t), Some(n)) => (t.to_string(), n.to_string()),
+                    _ => ("-".into(), "-".into()),
+                };
                 say!(
                     "flowhost sandbox: dns_query {} {} ({}) -> {} ({})",
-                    lookup.record_type,
-                    lookup.name,
+                    record_type,
+                    name,
                     lookup.transport,
                     if allowed { "ANSWERED" } else { "REFUSED" },
                     decision.rule

@@ -36,6 +36,10 @@ pub enum Denial {
     /// AAAA, CNAME, HTTPS and SVCB: what a connection needs); answered REFUSED, never asked
     /// upstream.
     RecordTypeNotServed,
+    /// The executor sent its resolver a query the host does not serve (not a standard
+    /// query, several questions in one, a class other than IN, a name that is no host
+    /// name); answered with a refusal before any rule, never asked upstream.
+    QueryNotServed,
     /// The arguments do not satisfy the signed input schema.
     SchemaInvalid,
     /// The principal may not use the tool (or the peer is no principal).
@@ -96,6 +100,7 @@ impl Denial {
             Denial::NoCallInFlight => "no_call_in_flight",
             Denial::NameNotAllowed => "name_not_allowed",
             Denial::RecordTypeNotServed => "record_type_not_served",
+            Denial::QueryNotServed => "query_not_served",
             Denial::SchemaInvalid => "schema_invalid",
             Denial::AccessDenied => "access_denied",
             Denial::UnknownTool => "unknown_tool",

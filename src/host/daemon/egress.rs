@@ -159,7 +159,8 @@ pub fn named_broker_details(info: &AttemptInfo, names: &[HostName]) -> BrokerDet
 }
 
 /// The record form of one lookup executor `pid` sent to its resolver: an egress attempt of
-/// syscall `dns_query` to the resolver's address, carrying the name asked.
+/// syscall `dns_query` to the resolver's address, carrying the name and record type asked
+/// (none for a query not served).
 pub fn lookup_broker_details(lookup: &Lookup, pid: i32) -> BrokerDetails {
     BrokerDetails {
         pid: pid.max(0) as u32,
@@ -183,11 +184,11 @@ pub fn lookup_broker_details(lookup: &Lookup, pid: i32) -> BrokerDetails {
         destination: Some(crate::records::Destination::Inet(InetDestination {
             address: lookup.resolver.ip(),
             port: lookup.resolver.port(),
-            host_name: Some(lookup.name.to_string()),
+            host_name: lookup.name().map(HostName::to_string),
             other_host_names: Vec::new(),
         })),
         bytes: Some(lookup.bytes as u64),
-        dns_query_type: Some(lookup.record_type.to_string()),
+        dns_query_type: lookup.record_type().map(|t| t.to_string()),
     }
 }
 
@@ -334,24 +335,30 @@ impl EgressJudge {
         lookup: Lookup,
         pid: i32,
     ) -> (Judgment, NameBlocks) {
-        let judged = match &call {
-            None => None,
-            Some(call) => Some(
+        let origin = |call: &CallInFlight| self.origins.get(&call.plan.key.principal);
+        let judged = match (&call, lookup.name()) {
+            (None, _) => None,
+            (Some(call), Some(name)) => Some(
                 self.resolver
-                    .decide_lookup(
-                        &call.plan,
-                        &lookup.name,
-                        &self.destinations,
-                        self.origins.get(&call.plan.key.principal),
-                    )
+                    .decide_lookup(&call.plan, name, &self.destinations, origin(call))
+                    .await,
+            ),
+            // A query not served names nothing to judge: the call's flow facts, refused
+            // below.
+            (Some(call), None) => Some(
+                self.resolver
+                    .decide_egress(&call.plan, None, &self.destinations, origin(call))
                     .await,
             ),
         };
-        // A type not served is refused whatever the rules say (a flow refusal stands).
+        // A type not served is refused whatever the rules say (a flow refusal stands); a
+        // query not served always is, and says so.
         let judged = judged.map(|mut v| {
-            if let (true, Some(rule)) = (v.verdict.allowed(), lookup.refused_type()) {
+            if let Some((denial, rule)) = lookup.refused_anyway()
+                && (v.verdict.allowed() || lookup.name().is_none())
+            {
                 v.verdict = Verdict::Refused {
-                    denial: Denial::RecordTypeNotServed,
+                    denial,
                     rule: Some(rule),
                 };
             }

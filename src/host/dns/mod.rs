@@ -109,11 +109,8 @@ impl DnsError {
 /// One lookup an executor made, as the judge sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lookup {
-    /// The name.
-    pub name: HostName,
-    /// The record type asked for (a lookup of a type not [served](wire::QueryType::served)
-    /// is judged and recorded as refused, and answered REFUSED).
-    pub record_type: wire::QueryType,
+    /// What the query asked.
+    pub asked: Asked,
     /// `udp` or `tcp`.
     pub transport: &'static str,
     /// The query's size in bytes.
@@ -122,16 +119,63 @@ pub struct Lookup {
     pub resolver: SocketAddr,
 }
 
+/// What a query to an executor's resolver asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asked {
+    /// One name, in class IN: judged by the rules.
+    Name {
+        /// The name.
+        name: HostName,
+        /// The record type asked for (a lookup of a type not
+        /// [served](wire::QueryType::served) is judged and recorded as refused, and answered
+        /// REFUSED).
+        record_type: wire::QueryType,
+    },
+    /// A query the resolver does not serve (not a standard query, several questions, a class
+    /// other than IN, a name that is no host name): answered with a refusal whatever the
+    /// judge says, and judged only to be recorded. `why` says what it is (a name in it is
+    /// shown escaped).
+    Unserved {
+        /// What the query is, and why it is not served.
+        why: String,
+    },
+}
+
 impl Lookup {
-    /// The reason a lookup of this type is refused, as a record's rule states it, when the
-    /// type is not served (`None`: it is).
-    pub fn refused_type(&self) -> Option<String> {
-        (!self.record_type.served()).then(|| {
-            format!(
-                "record type {} not served (only A, AAAA, CNAME, HTTPS, SVCB)",
-                self.record_type
-            )
-        })
+    /// The name asked, when the query is one the resolver serves.
+    pub fn name(&self) -> Option<&HostName> {
+        match &self.asked {
+            Asked::Name { name, .. } => Some(name),
+            Asked::Unserved { .. } => None,
+        }
+    }
+
+    /// The record type asked for, when the query is one the resolver serves.
+    pub fn record_type(&self) -> Option<wire::QueryType> {
+        match &self.asked {
+            Asked::Name { record_type, .. } => Some(*record_type),
+            Asked::Unserved { .. } => None,
+        }
+    }
+
+    /// Why the lookup is refused whatever the rules say, as a record's rule states it, with
+    /// the kind of refusal: a query not served, or a record type not served (`None`: the
+    /// rules decide).
+    pub fn refused_anyway(&self) -> Option<(crate::decision::Denial, String)> {
+        match &self.asked {
+            Asked::Unserved { why } => Some((
+                crate::decision::Denial::QueryNotServed,
+                format!("query not served: {why}"),
+            )),
+            Asked::Name { record_type, .. } => (!record_type.served()).then(|| {
+                (
+                    crate::decision::Denial::RecordTypeNotServed,
+                    format!(
+                        "record type {record_type} not served (only A, AAAA, CNAME, HTTPS, SVCB)"
+                    ),
+                )
+            }),
+        }
     }
 }
 
@@ -147,7 +191,8 @@ pub enum LookupVerdict {
 
 /// Decides a lookup (recording it, answered or refused) and says whether it may be answered.
 /// A lookup of a type not served must be recorded as refused
-/// ([`Lookup::refused_type`]); it is answered REFUSED whatever the judge says.
+/// ([`Lookup::refused_anyway`]); it is answered REFUSED whatever the judge says, and so
+/// is a query not served ([`Asked::Unserved`]), judged only to be recorded.
 pub type LookupJudge =
     Arc<dyn Fn(Lookup) -> Pin<Box<dyn Future<Output = LookupVerdict> + Send>> + Send + Sync>;
 
@@ -918,12 +963,22 @@ impl Server {
             Err(wire::WireError::Undecodable) => return None,
             Err(wire::WireError::Unserved { answer, why }) => {
                 tracing::debug!(resolver = %self.address, why, "DNS query not served");
+                let lookup = Lookup {
+                    asked: Asked::Unserved { why },
+                    transport,
+                    bytes: query.len(),
+                    resolver: self.address,
+                };
+                // Refused whatever the judge says: judged only to be recorded.
+                let _ = (self.judge)(lookup).await;
                 return Some(answer);
             }
         };
         let lookup = Lookup {
-            name: q.name.clone(),
-            record_type: q.record_type,
+            asked: Asked::Name {
+                name: q.name.clone(),
+                record_type: q.record_type,
+            },
             transport,
             bytes: query.len(),
             resolver: self.address,
@@ -1204,11 +1259,11 @@ mod tests {
 
     /// What the upstream resolver got of one query: the name, and whether anything but the
     /// question came with it (extra records, EDNS options).
-    type Asked = Arc<Mutex<Vec<(String, bool)>>>;
+    type AskedUpstream = Arc<Mutex<Vec<(String, bool)>>>;
 
     /// An upstream resolver on loopback: `known.test` is 192.0.2.7, every other name
     /// NXDOMAIN; it keeps what it got of each query.
-    async fn upstream() -> (SocketAddr, Asked) {
+    async fn upstream() -> (SocketAddr, AskedUpstream) {
         upstream_answering(|name, r| {
             if name == "known.test." {
                 r.add_answer(a(name, [192, 0, 2, 7]));
@@ -1223,7 +1278,7 @@ mod tests {
     /// dot) is what `respond` makes of it; it keeps what it got of each query.
     async fn upstream_answering(
         respond: impl Fn(&str, &mut Message) + Send + 'static,
-    ) -> (SocketAddr, Asked) {
+    ) -> (SocketAddr, AskedUpstream) {
         let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let addr = sock.local_addr().unwrap();
         let asked = Arc::new(Mutex::new(Vec::new()));
@@ -1780,7 +1835,10 @@ mod tests {
         let judged = Arc::new(Mutex::new(Vec::new()));
         let log = judged.clone();
         let judge: LookupJudge = Arc::new(move |l: Lookup| {
-            log.lock().unwrap().push(l.record_type.to_string());
+            log.lock().unwrap().push(
+                l.record_type()
+                    .map_or_else(|| "(not served)".to_string(), |t| t.to_string()),
+            );
             Box::pin(async { LookupVerdict::Answered(NameBlocks::default()) })
         });
         let dns = ExecutorDns::start(&mediation, ExecutorId::default(), judge).unwrap();
@@ -2095,6 +2153,62 @@ mod tests {
         root
     }
 
+    /// A query the resolver does not serve (two questions in one, class CH) is refused
+    /// without being asked upstream, as before, and now goes to the judge too, which records
+    /// it, whatever it says: before, it was logged at debug and left no record.
+    #[tokio::test]
+    async fn a_query_not_served_is_judged_for_its_record_and_refused() {
+        if !can_bind_53() {
+            return;
+        }
+        let (up, asked) = upstream().await;
+        let dir = tempfile::tempdir().unwrap();
+        let judged = Arc::new(Mutex::new(Vec::new()));
+        let log = judged.clone();
+        let judge: LookupJudge = Arc::new(move |l: Lookup| {
+            log.lock().unwrap().push(l.asked.clone());
+            // An allowing judge changes nothing for a query not served.
+            Box::pin(async { LookupVerdict::Answered(NameBlocks::default()) })
+        });
+        let dns =
+            ExecutorDns::start(&mediation(up, dir.path()), ExecutorId::default(), judge).unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client.connect(dns.address()).await.unwrap();
+        let mut two = Message::from_vec(&wire::tests::query(21, "known.test.")).unwrap();
+        two.add_query(hickory_proto::op::Query::query(
+            Name::from_str("other.test.").unwrap(),
+            hickory_proto::rr::RecordType::A,
+        ));
+        let mut chaos = Message::from_vec(&wire::tests::query(22, "version.bind.")).unwrap();
+        let mut q = chaos.queries[0].clone();
+        q.set_query_class(hickory_proto::rr::DNSClass::CH);
+        chaos.queries = vec![q];
+        for (query, code) in [(two, ResponseCode::FormErr), (chaos, ResponseCode::Refused)] {
+            client.send(&query.to_vec().unwrap()).await.unwrap();
+            let mut buf = [0u8; 2048];
+            let n = tokio::time::timeout(std::time::Duration::from_secs(5), client.recv(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            let answer = Message::from_vec(&buf[..n]).unwrap();
+            assert_eq!(answer.metadata.response_code, code);
+            assert!(answer.answers.is_empty());
+        }
+        let judged = judged.lock().unwrap().clone();
+        assert_eq!(
+            judged,
+            [
+                Asked::Unserved {
+                    why: "2 questions in one query".into()
+                },
+                Asked::Unserved {
+                    why: "class CH (only IN is answered)".into()
+                },
+            ]
+        );
+        assert_eq!(asked.lock().unwrap().len(), 0, "never asked upstream");
+    }
+
     #[tokio::test]
     async fn answers_allowed_names_over_udp_and_tcp_and_refuses_the_rest() {
         if !can_bind_53() {
@@ -2106,8 +2220,12 @@ mod tests {
         let judged = Arc::new(Mutex::new(Vec::new()));
         let log = judged.clone();
         let judge: LookupJudge = Arc::new(move |l: Lookup| {
-            log.lock().unwrap().push((l.name.to_string(), l.transport));
-            let verdict = if l.name.as_str() == "known.test" {
+            log.lock().unwrap().push((
+                l.name()
+                    .map_or_else(|| "(not served)".to_string(), |n| n.to_string()),
+                l.transport,
+            ));
+            let verdict = if l.name().is_some_and(|n| n.as_str() == "known.test") {
                 LookupVerdict::Answered(NameBlocks::default())
             } else {
                 LookupVerdict::Refused
