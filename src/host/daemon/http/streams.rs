@@ -27,8 +27,12 @@ const MAX_FINISHED: usize = 32;
 const MAX_LOG_BYTES: usize = 8 << 20;
 /// Bytes of events kept for replay across every session of the transport
 /// ([`ReplayBudget`]): 32 sessions at their own limit. Past it, the session that keeps
-/// another event lets go of its own oldest first.
+/// another event lets go of its own oldest first, down to [`SESSION_LOG_FLOOR`].
 pub(super) const MAX_TRANSPORT_LOG_BYTES: usize = 256 << 20;
+/// Bytes of events every session may keep for replay whatever the others keep: sessions
+/// that hold the transport's budget (a principal's idle ones, say) cannot take resumption
+/// from the rest. 1,024 sessions at it add 256 MiB to [`MAX_TRANSPORT_LOG_BYTES`].
+const SESSION_LOG_FLOOR: usize = 256 << 10;
 /// Events buffered towards a client before it must resume instead.
 const CHANNEL: usize = 64;
 /// GET streams a session may have open at once (its own stream and resumed ones).
@@ -131,6 +135,8 @@ struct Stream {
 pub(super) struct ReplayBudget {
     kept: std::sync::atomic::AtomicUsize,
     limit: usize,
+    /// Events let go of early for the bound, for the log.
+    let_go: std::sync::atomic::AtomicU64,
 }
 
 impl Default for ReplayBudget {
@@ -145,6 +151,7 @@ impl ReplayBudget {
         ReplayBudget {
             kept: Default::default(),
             limit,
+            let_go: Default::default(),
         }
     }
 
@@ -187,8 +194,6 @@ pub(super) struct Streams {
     /// What the transport's sessions keep for replay together (a session of its own by
     /// default).
     budget: Arc<ReplayBudget>,
-    /// Events let go of early for the transport's bound, for the log.
-    let_go: u64,
 }
 
 impl Drop for Streams {
@@ -436,11 +441,13 @@ impl Streams {
 
     /// Drops the oldest kept events, oldest stream first, until the session keeps at most
     /// [`MAX_LOG_BYTES`] and the transport's sessions together at most
-    /// [`MAX_TRANSPORT_LOG_BYTES`] (or this session keeps nothing): a client that asks for
-    /// large answers cannot make the host keep them all for resumption, nor can many.
+    /// [`MAX_TRANSPORT_LOG_BYTES`] (or this session keeps at most [`SESSION_LOG_FLOOR`]): a
+    /// client that asks for large answers cannot make the host keep them all for
+    /// resumption, nor can many.
     fn trim_logs(&mut self) {
-        let over =
-            |own: usize, budget: &ReplayBudget| own > MAX_LOG_BYTES || (own > 0 && budget.over());
+        let over = |own: usize, budget: &ReplayBudget| {
+            own > MAX_LOG_BYTES || (own > SESSION_LOG_FLOOR && budget.over())
+        };
         let mut freed = 0;
         let mut early = 0;
         for s in self.streams.values_mut() {
@@ -457,12 +464,15 @@ impl Streams {
         }
         self.log_bytes -= freed;
         if early > 0 {
-            let before = self.let_go;
-            self.let_go += early;
-            // Said at the first and then once per 1,000.
-            if before == 0 || before / 1000 != self.let_go / 1000 {
+            let before = self
+                .budget
+                .let_go
+                .fetch_add(early, std::sync::atomic::Ordering::Relaxed);
+            let after = before + early;
+            // Said at the first and then once per 1,000, over the transport.
+            if before == 0 || before / 1000 != after / 1000 {
                 tracing::warn!(
-                    let_go = self.let_go,
+                    let_go = after,
                     limit = self.budget.limit,
                     "events kept for resumption let go early: the HTTP sessions keep at most this many bytes together"
                 );
@@ -634,6 +644,28 @@ mod tests {
         );
         drop(first);
         assert_eq!(budget.kept(), second.log_bytes);
+
+        // Sessions holding the whole budget (each within its floor) do not take resumption
+        // from another: it keeps what fits in its own floor.
+        let full = Arc::new(ReplayBudget::new(512 << 10));
+        let under_floor = "x".repeat(200 << 10);
+        let hogs: Vec<Streams> = (0..3)
+            .map(|_| {
+                let mut hog = Streams::sharing(full.clone());
+                let _rx = hog.open_for_request(&json!({"id": 1}), false);
+                hog.route(
+                    &format!(r#"{{"jsonrpc":"2.0","id":1,"result":"{under_floor}"}}"#),
+                    None,
+                );
+                hog
+            })
+            .collect();
+        assert!(hogs.iter().all(|h| h.log_bytes > 0));
+        let mut small = Streams::sharing(full.clone());
+        let _rx = small.open_for_request(&json!({"id": 1}), false);
+        small.route(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#, None);
+        assert!(full.over());
+        assert!(small.log_bytes > 0, "kept within its floor");
     }
 
     /// A silent stream read as a stream carries a comment (no event: no id, no data) after
