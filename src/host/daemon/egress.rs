@@ -354,8 +354,14 @@ impl EgressJudge {
         // A type not served is refused whatever the rules say (a flow refusal stands); a
         // query not served always is, and says so.
         let judged = judged.map(|mut v| {
+            // A decision is replaced, never a failure to decide (a state read that failed is
+            // recorded as such).
+            let decided = matches!(
+                v.verdict,
+                Verdict::Authorized { .. } | Verdict::Refused { .. }
+            );
             if let Some((denial, rule)) = lookup.refused_anyway()
-                && (v.verdict.allowed() || lookup.name().is_none())
+                && (v.verdict.allowed() || (decided && lookup.name().is_none()))
             {
                 v.verdict = Verdict::Refused {
                     denial,

@@ -72,8 +72,9 @@ pub struct Question {
 /// Why a message is not a query the mediator decides.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
-    /// Not a DNS message at all (nothing can be answered: no id to answer with).
-    #[error("not a DNS message")]
+    /// Not a DNS query at all (nothing is answered: a message that is no DNS message has no
+    /// id to answer with, and a response is not answered).
+    #[error("not a DNS query")]
     Undecodable,
     /// A DNS message the mediator does not serve: answered with `answer` (NOTIMP, FORMERR
     /// or REFUSED, built from the message itself).
@@ -93,7 +94,12 @@ pub fn question(bytes: &[u8]) -> Result<Question, WireError> {
         answer: refusal_of(&msg, code),
         why,
     };
-    if msg.metadata.message_type != MessageType::Query || msg.metadata.op_code != OpCode::Query {
+    // A response is no query to answer (answering it would make two resolvers talk to each
+    // other), nor one to record: dropped as a message that is no query at all.
+    if msg.metadata.message_type == MessageType::Response {
+        return Err(WireError::Undecodable);
+    }
+    if msg.metadata.op_code != OpCode::Query {
         return Err(unserved(
             ResponseCode::NotImp,
             "only standard queries are answered".into(),
@@ -371,6 +377,9 @@ pub(crate) mod tests {
         assert_eq!(r.metadata.message_type, MessageType::Response);
         assert_eq!(r.queries.len(), 1);
         assert!(matches!(question(b"\x01"), Err(WireError::Undecodable)));
+        // A response sent to the resolver is not answered (nor recorded).
+        let response = refusal(&query(8, "x.test."), ResponseCode::NXDomain);
+        assert!(matches!(question(&response), Err(WireError::Undecodable)));
         let mut two = Message::from_vec(&query(9, "a.test.")).unwrap();
         two.add_query(Query::query(
             Name::from_str("b.test.").unwrap(),
