@@ -126,19 +126,10 @@ fn a_closed_stderr_changes_no_verdict_and_no_record() {
         2,
         "both connects went through: {stdout}"
     );
-    let effects: Vec<String> = std::fs::read_dir(&records)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .flat_map(|p| {
-            std::fs::read_to_string(p)
-                .unwrap()
-                .lines()
-                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-                .filter(|r| r["flowhost"]["broker"]["syscall"] == "connect")
-                .map(|r| r["decision"]["effect"].as_str().unwrap().to_string())
-                .collect::<Vec<_>>()
-        })
+    let effects: Vec<String> = records_in(&records)
+        .iter()
+        .filter(|r| r["flowhost"]["broker"]["syscall"] == "connect")
+        .map(|r| r["decision"]["effect"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(effects, ["allow", "allow"], "{stdout}");
     assert_eq!(sink.connections(), 2);
@@ -511,6 +502,22 @@ fn an_unreadable_profile_file_refuses_the_run_instead_of_the_builtin() {
     refused_as_nobody("unreadable-profile", "isolated", edit, 0o750, &why);
 }
 
+/// Every record in the `.jsonl` files of `dir`.
+fn records_in(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .flat_map(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// `--allow NAME:PORT`: the command's lookups are answered by flowhost (only the allowed name
 /// resolves; the other is never asked upstream and its refusal is recorded), the connection
 /// to the address handed out is judged and recorded with the name, and a connection to the
@@ -576,18 +583,7 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
     );
     assert_eq!(http.connections(), 1);
 
-    let lines: Vec<serde_json::Value> = std::fs::read_dir(&records)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .flat_map(|p| {
-            std::fs::read_to_string(p)
-                .unwrap()
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let lines = records_in(&records);
     let broker = |r: &serde_json::Value| r["flowhost"]["broker"].clone();
     let connect = lines
         .iter()
@@ -677,18 +673,7 @@ fn a_query_not_served_is_recorded() {
         ),
         "{stderr}"
     );
-    let lines: Vec<serde_json::Value> = std::fs::read_dir(&records)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .flat_map(|p| {
-            std::fs::read_to_string(p)
-                .unwrap()
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let lines = records_in(&records);
     let refused: Vec<_> = lines
         .iter()
         .filter(|r| r["flowhost"]["broker"]["syscall"] == "dns_query")
