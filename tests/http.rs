@@ -1499,6 +1499,73 @@ fn delete_cancels_the_sessions_calls_in_flight() {
     );
 }
 
+/// A request the client cancels while it waits for one JSON body (it takes no SSE) is
+/// answered `204`, and the session goes on. Before, the POST got `404`, "the session ended
+/// before answering", which tells a client to open a new session.
+#[test]
+fn a_cancelled_json_only_request_is_answered_as_cancelled() {
+    use std::io::Write;
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    let mut c = McpHttp::new(addr, Some(TOKEN));
+    let init = c.call(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "json-only", "version": "0"}}),
+    );
+    assert_eq!(init.status, 200, "{init:?}");
+    let session = init.header("mcp-session-id").unwrap().to_string();
+    c.session = Some(session.clone());
+    let n = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    assert_eq!(n.status, 202, "{n:?}");
+    let auth = format!("Bearer {TOKEN}");
+    // The session's GET stream takes the tool's sampling request, which nobody answers, so
+    // the call waits.
+    let mut get = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        get,
+        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {auth}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\n\r\n"
+    )
+    .unwrap();
+    let call = {
+        let (auth, session) = (auth.clone(), session.clone());
+        std::thread::spawn(move || {
+            request(
+                addr,
+                "POST",
+                "/mcp",
+                &[
+                    ("Content-Type", "application/json"),
+                    ("Accept", "application/json"),
+                    ("Authorization", &auth),
+                    ("Mcp-Session-Id", &session),
+                ],
+                &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "test_sampling", "arguments": {"prompt": "p"}}}).to_string(),
+            )
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !lab
+        .records()
+        .iter()
+        .any(|r| r["flowhost"]["event"] == "relay")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no relay record:\n{}",
+            lab.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let cancel = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7, "reason": "the user gave up"}}));
+    assert_eq!(cancel.status, 202, "{cancel:?}");
+    let reply = call.join().unwrap();
+    assert_eq!(reply.status, 204, "{reply:?}\n{}", lab.log());
+    let ping = c.call("ping", json!({}));
+    assert_eq!(ping.status, 200, "the session goes on: {ping:?}");
+    drop(get);
+}
+
 /// A request id already in flight in the session is refused with 409 before anything is
 /// routed: its answer would otherwise end the first request's stream, and the first call's
 /// result would go to the second. A message that is no valid JSON-RPC message, and an id

@@ -1140,10 +1140,15 @@ impl Transport {
         if let Ok(mut s) = self.sessions.lock() {
             s.remove(&id);
         }
-        let mut r = Response::new(Full::new(Bytes::new()).boxed());
-        *r.status_mut() = StatusCode::NO_CONTENT;
-        r
+        no_content()
     }
+}
+
+/// An empty `204 No Content`.
+fn no_content() -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::new()).boxed());
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    r
 }
 
 /// An SSE response carrying a stream's events as they come (the response holds the
@@ -1169,11 +1174,19 @@ fn sse_response(events: Events) -> Response<Body> {
 /// undelivered.
 async fn json_answer(mut events: Events) -> Response<Body> {
     let mut last = None;
+    let mut cancelled = false;
     while let Some(event) = events.recv().await {
+        if streams::is_cancellation(&event) {
+            cancelled = true;
+            continue;
+        }
         last = streams::data_of(&event);
     }
     match last.and_then(|d| serde_json::from_str::<Value>(&d).ok()) {
         Some(v) => json_body(StatusCode::OK, &v),
+        // The client cancelled it: no answer (as over SSE), and the session goes on; a 404
+        // would tell the client its session had ended.
+        None if cancelled => no_content(),
         // Ended by DELETE, its idle window or the host stopping: the session is gone, and
         // nothing failed in the host.
         None => http_error(StatusCode::NOT_FOUND, "the session ended before answering"),

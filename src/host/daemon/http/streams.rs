@@ -58,6 +58,16 @@ pub(super) struct Events {
 /// An SSE comment: clients skip it, and it is not an event (no id, nothing kept).
 const KEEP_ALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
 
+/// Ends the stream of a request the client cancelled that takes its answer as one JSON body
+/// ([`is_cancellation`]): its POST is then answered as cancelled, not as one whose session
+/// ended. Only such a stream carries it, and an SSE client would skip it as a comment.
+const CANCELLED_COMMENT: &[u8] = b": cancelled\n\n";
+
+/// Whether `event` says its stream's request was cancelled by the client.
+pub(super) fn is_cancellation(event: &[u8]) -> bool {
+    event == CANCELLED_COMMENT
+}
+
 impl Events {
     /// The next event; `None` once the stream has ended and every event was read.
     pub(super) async fn recv(&mut self) -> Option<Event> {
@@ -282,6 +292,12 @@ impl Streams {
         self.progress.retain(|(_, p)| *p != n);
         if let Some(s) = self.streams.get_mut(&n) {
             s.done = true;
+            if s.json_only
+                && let Some(tx) = &s.tx
+            {
+                // Not kept for replay: a JSON-only stream cannot be resumed.
+                let _ = tx.try_send(Event::from_static(CANCELLED_COMMENT));
+            }
             s.tx = None;
         }
         self.forget_finished();
