@@ -1417,15 +1417,19 @@ fn a_request_naming_another_principals_session_is_refused_and_recorded() {
 
 /// A session whose client takes sampling, with call 7 (`test_sampling`) in flight on its
 /// own connection: the tool's sampling request has reached the client's stream (a `relay`
-/// record), and nobody answers it. Returns the client, the session id and the call's
-/// thread, which ends with the call's reply.
+/// record), and nobody answers it. With `json_only`, the call takes its answer as one JSON
+/// body, and the sampling request goes to the session's GET stream, opened first. Returns
+/// the client, the session id, the call's thread (which ends with the call's reply) and
+/// the GET stream's connection, if any.
 fn a_call_waiting_for_sampling(
     lab: &Lab,
     addr: SocketAddr,
+    json_only: bool,
 ) -> (
     McpHttp,
     String,
     std::thread::JoinHandle<common::http::Reply>,
+    Option<std::net::TcpStream>,
 ) {
     let mut c = McpHttp::new(addr, Some(TOKEN));
     let init = c.call(
@@ -1437,8 +1441,24 @@ fn a_call_waiting_for_sampling(
     c.session = Some(session.clone());
     let n = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     assert_eq!(n.status, 202, "{n:?}");
+    let auth = format!("Bearer {TOKEN}");
+    let get = json_only.then(|| {
+        use std::io::Write;
+        let mut get = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            get,
+            "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {auth}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\n\r\n"
+        )
+        .unwrap();
+        get
+    });
+    let accept = if json_only {
+        "application/json"
+    } else {
+        "application/json, text/event-stream"
+    };
     let call = {
-        let (auth, session) = (format!("Bearer {TOKEN}"), session.clone());
+        let (auth, session) = (auth.clone(), session.clone());
         std::thread::spawn(move || {
             request(
                 addr,
@@ -1446,7 +1466,7 @@ fn a_call_waiting_for_sampling(
                 "/mcp",
                 &[
                     ("Content-Type", "application/json"),
-                    ("Accept", "application/json, text/event-stream"),
+                    ("Accept", accept),
                     ("Authorization", &auth),
                     ("Mcp-Session-Id", &session),
                 ],
@@ -1467,7 +1487,7 @@ fn a_call_waiting_for_sampling(
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    (c, session, call)
+    (c, session, call, get)
 }
 
 /// `DELETE` ends the session as a client that went away would: a call in flight (here one
@@ -1479,7 +1499,7 @@ fn delete_cancels_the_sessions_calls_in_flight() {
     let Some((lab, addr, _)) = start("") else {
         return;
     };
-    let (_c, session, call) = a_call_waiting_for_sampling(&lab, addr);
+    let (_c, session, call, _) = a_call_waiting_for_sampling(&lab, addr, false);
     let auth = format!("Bearer {TOKEN}");
     let deleted = std::time::Instant::now();
     let d = request(
@@ -1504,66 +1524,16 @@ fn delete_cancels_the_sessions_calls_in_flight() {
 /// before answering", which tells a client to open a new session.
 #[test]
 fn a_cancelled_json_only_request_is_answered_as_cancelled() {
-    use std::io::Write;
     let Some((lab, addr, _)) = start("") else {
         return;
     };
-    let mut c = McpHttp::new(addr, Some(TOKEN));
-    let init = c.call(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "json-only", "version": "0"}}),
-    );
-    assert_eq!(init.status, 200, "{init:?}");
-    let session = init.header("mcp-session-id").unwrap().to_string();
-    c.session = Some(session.clone());
-    let n = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    assert_eq!(n.status, 202, "{n:?}");
-    let auth = format!("Bearer {TOKEN}");
-    // The session's GET stream takes the tool's sampling request, which nobody answers, so
-    // the call waits.
-    let mut get = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        get,
-        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {auth}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\n\r\n"
-    )
-    .unwrap();
-    let call = {
-        let (auth, session) = (auth.clone(), session.clone());
-        std::thread::spawn(move || {
-            request(
-                addr,
-                "POST",
-                "/mcp",
-                &[
-                    ("Content-Type", "application/json"),
-                    ("Accept", "application/json"),
-                    ("Authorization", &auth),
-                    ("Mcp-Session-Id", &session),
-                ],
-                &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "test_sampling", "arguments": {"prompt": "p"}}}).to_string(),
-            )
-        })
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !lab
-        .records()
-        .iter()
-        .any(|r| r["flowhost"]["event"] == "relay")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no relay record:\n{}",
-            lab.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let (mut c, _session, call, _get) = a_call_waiting_for_sampling(&lab, addr, true);
     let cancel = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7, "reason": "the user gave up"}}));
     assert_eq!(cancel.status, 202, "{cancel:?}");
     let reply = call.join().unwrap();
     assert_eq!(reply.status, 204, "{reply:?}\n{}", lab.log());
     let ping = c.call("ping", json!({}));
     assert_eq!(ping.status, 200, "the session goes on: {ping:?}");
-    drop(get);
 }
 
 /// A request id already in flight in the session is refused with 409 before anything is
@@ -1575,7 +1545,7 @@ fn an_id_in_flight_or_an_invalid_message_is_refused_before_routing() {
     let Some((lab, addr, _)) = start("") else {
         return;
     };
-    let (c, session, first) = a_call_waiting_for_sampling(&lab, addr);
+    let (c, session, first, _) = a_call_waiting_for_sampling(&lab, addr, false);
     let auth = format!("Bearer {TOKEN}");
     let again = c.post(&json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}));
     assert_eq!(again.status, 409, "{again:?}");
