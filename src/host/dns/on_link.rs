@@ -11,11 +11,11 @@
 //! routes are those of the main table only.
 
 use std::net::{IpAddr, Ipv6Addr};
-
-use ipnet::IpNet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
 
 /// How long a reading of the routing table is used before a new one is made: a network the
 /// host attaches to counts within twice this long.
