@@ -679,9 +679,9 @@ pub struct ExecutorDns {
     host: HostSide,
     conf: tempfile::NamedTempFile,
     /// The host's `/etc/resolv.conf` as it was when the executor was shown this resolver
-    /// over it ([`ExecutorDns::show_to`]), held open so that its inode number cannot be
-    /// given to a later file while the executor lives.
-    shown_over: std::sync::OnceLock<std::fs::File>,
+    /// over it ([`ExecutorDns::show_to`]), with its device and inode: held open so that its
+    /// inode number cannot be given to a later file while the executor lives.
+    shown_over: std::sync::OnceLock<(std::fs::File, (u64, u64))>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -828,7 +828,13 @@ impl ExecutorDns {
                 shown.display()
             )
         })?;
-        let _ = self.shown_over.set(file);
+        let id = file.metadata().map_err(|e| {
+            format!(
+                "DNS mediation shows executors their own /etc/resolv.conf over {}, which cannot be read: {e}",
+                shown.display()
+            )
+        })?;
+        let _ = self.shown_over.set((file, (id.dev(), id.ino())));
         spec.bind_files
             .push((self.resolv_conf().to_path_buf(), shown.clone()));
         spec.read_paths.push(shown);
@@ -842,13 +848,10 @@ impl ExecutorDns {
     /// it; either way the executor now reads the host's file, and its lookups would go
     /// past its resolver (and be refused). True when it was never shown.
     pub fn still_shown(&self) -> bool {
-        let Some(shown) = self.shown_over.get() else {
+        let Some((_, then)) = self.shown_over.get() else {
             return true;
         };
-        match (shown.metadata(), std::fs::metadata("/etc/resolv.conf")) {
-            (Ok(then), Ok(now)) => (then.dev(), then.ino()) == (now.dev(), now.ino()),
-            _ => false,
-        }
+        std::fs::metadata("/etc/resolv.conf").is_ok_and(|now| (now.dev(), now.ino()) == *then)
     }
 }
 
