@@ -1054,6 +1054,56 @@ fn connections_without_credentials_make_way_for_a_client_with_them() {
     drop(held);
 }
 
+/// A flood of connections without credentials, from as many sources as there are places
+/// for them, cannot close a client's connection before its first request: a connection
+/// keeps its place for its first 2 s against newcomers from sources holding as many, and
+/// the flood's newest are closed at once instead. Before, each of the flood's newcomers
+/// closed one of the others, picked at random among sources holding as many, so the
+/// client's connection went within a few hundred of them, and none was refused.
+#[test]
+fn a_flood_from_many_sources_leaves_a_client_its_first_seconds() {
+    room_for_connections();
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    let places = LIMIT / 2;
+    let from = |wave: usize, i: usize| {
+        Ipv4Addr::new(
+            127,
+            (wave + i / 62_500) as u8,
+            (i / 250 % 250) as u8,
+            (i % 250) as u8 + 1,
+        )
+    };
+    let first: Vec<std::net::TcpStream> = (0..places)
+        .map(|i| connect_from(from(1, i), addr))
+        .collect();
+    // The first wave past its grace: the client's connection takes the place of its oldest.
+    std::thread::sleep(std::time::Duration::from_millis(2300));
+    let client = connect_from(Ipv4Addr::new(127, 9, 9, 1), addr);
+    // The client sends its request a second after connecting, whatever the flood, which
+    // meanwhile goes on from as many sources again, and more: a new source each.
+    let request = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        initialize_over(client, addr)
+    });
+    let mut second: Vec<std::net::TcpStream> = (0..places + places / 4)
+        .map(|i| connect_from(from(2, i), addr))
+        .collect();
+    let status = request.join().unwrap();
+    assert_eq!(status, 200, "{}", lab.log());
+    assert!(
+        closed_at_once(second.pop().unwrap()),
+        "the flood's newest was held"
+    );
+    assert!(
+        lab.log().contains("each within its first 2 s"),
+        "the flood's newest were not refused: {}",
+        lab.log()
+    );
+    drop((first, second));
+}
+
 /// Connections past the daemon's limit are closed at once, so clients cannot take the
 /// descriptors the daemon needs; once some close, requests are served again.
 #[test]

@@ -48,7 +48,7 @@ use auth::{AuthRefusal, Authenticator};
 use sources::Sources;
 use streams::{Events, ReplayBudget, Streams, Target};
 pub use tls::Certificates;
-use unproven::{UNPROVEN_LIMIT, Unproven, UnprovenSlot};
+use unproven::{NoEntry, UNPROVEN_GRACE, UNPROVEN_LIMIT, Unproven, UnprovenSlot};
 
 /// The session id header.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -60,6 +60,13 @@ const MAX_SESSIONS: usize = 1024;
 /// How long a new connection waits for the place of the unproven one it closed (its task
 /// lets go of it within a scheduling round).
 const ROOM_WAIT: Duration = Duration::from_secs(1);
+/// How many accepted connections the kernel may queue before the listener takes them. A
+/// burst past it has its connection requests dropped, and each client tries again only
+/// after a second (then three, then seven): a client arriving amid a flood of connections
+/// would wait that long, even though the listener would close the flood's at once. So the
+/// queue holds a burst as large as the listener's limit twice over (the kernel caps it at
+/// `net.core.somaxconn`).
+const LISTEN_BACKLOG: u32 = 2 * MAX_CONNECTIONS as u32;
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send a request's head, and how long a kept-alive
@@ -125,9 +132,15 @@ impl HttpListener {
             addr: config.listen,
             source,
         };
-        let std_listener = std::net::TcpListener::bind(config.listen).map_err(bind)?;
-        std_listener.set_nonblocking(true).map_err(bind)?;
-        let listener = tokio::net::TcpListener::from_std(std_listener).map_err(bind)?;
+        let socket = match config.listen {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }
+        .map_err(bind)?;
+        // As std's bind does: a restarted daemon binds while the old connections linger.
+        socket.set_reuseaddr(true).map_err(bind)?;
+        socket.bind(config.listen).map_err(bind)?;
+        let listener = socket.listen(LISTEN_BACKLOG).map_err(bind)?;
         Ok(HttpListener {
             listener,
             tls,
@@ -296,6 +309,7 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
     let mut refused_connections: u64 = 0;
     let mut refused_from_source: u64 = 0;
     let mut made_room: u64 = 0;
+    let mut refused_unproven: u64 = 0;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -324,10 +338,23 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             drop(stream);
             continue;
         };
-        let Some((slot, told)) = unproven.enter(sources::source_of(peer.ip())) else {
-            tracing::warn!(%peer, "http connection closed at once: the count of unauthenticated connections cannot be read");
-            drop(stream);
-            continue;
+        let (slot, told) = match unproven
+            .enter(sources::source_of(peer.ip()), std::time::Instant::now())
+        {
+            Ok(entered) => entered,
+            Err(NoEntry::Unreadable) => {
+                tracing::warn!(%peer, "http connection closed at once: the count of unauthenticated connections cannot be read");
+                drop(stream);
+                continue;
+            }
+            Err(NoEntry::Full) => {
+                refused_unproven += 1;
+                if refused_unproven % 1000 == 1 {
+                    tracing::warn!(%peer, refused = refused_unproven, "http connection closed at once: {UNPROVEN_LIMIT} are open without an authenticated request, each within its first {} s or from a source holding as many", UNPROVEN_GRACE.as_secs());
+                }
+                drop(stream);
+                continue;
+            }
         };
         if told {
             made_room += 1;
@@ -339,7 +366,7 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         // place comes free once its task has let go of it.
         let connection = match connections.clone().try_acquire_owned() {
             Ok(connection) => Some(connection),
-            Err(_) if unproven.make_room(&slot) => {
+            Err(_) if unproven.make_room(&slot, std::time::Instant::now()) => {
                 made_room += 1;
                 if made_room % 1000 == 1 {
                     tracing::warn!(%peer, closed = made_room, "http connection closed to make room: {MAX_CONNECTIONS} were open, and the oldest unauthenticated one of the source holding the most made way for the newest");

@@ -6,20 +6,38 @@
 //! listener holds its limit of connections in all, a connection is closed to make room for
 //! the newcomer: the oldest unproven one of the source (an IPv4 address, an IPv6 /64) that
 //! holds the most unproven ones. A flood from a few sources then makes room out of its own
-//! connections, and a client from any other source keeps its connection long enough to
-//! send its first request. A connection leaves the count once a request on it is
+//! connections. A connection whose source holds no more than the newcomer's keeps its
+//! place for [`UNPROVEN_GRACE`] whatever comes after it: a flood from as many sources as
+//! there are places then has its newcomers refused, rather than closing every connection
+//! before its first request arrives. A connection leaves the count once a request on it is
 //! authenticated; from then on only the listener's own limits hold it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 /// Most connections unproven at once: half of the listener's limit, so connections without
 /// credentials always leave the other half to authenticated ones.
 pub const UNPROVEN_LIMIT: usize = crate::config::MAX_CONNECTIONS / 2;
+
+/// How long an unproven connection keeps its place against a newcomer from a source that
+/// holds as many unproven connections as its own, or more: time for a distant client's TLS
+/// handshake and first request.
+pub const UNPROVEN_GRACE: Duration = Duration::from_secs(2);
+
+/// Why a connection was not counted, and so is closed at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoEntry {
+    /// The count cannot be read (a poisoned lock): refused, as any doubt is.
+    Unreadable,
+    /// [`UNPROVEN_LIMIT`] are unproven, and none may be closed for this newcomer: each is
+    /// within its grace, or of a source holding fewer than the newcomer's.
+    Full,
+}
 
 /// The unproven connections, oldest first, and how many each source holds.
 #[derive(Debug)]
@@ -42,6 +60,7 @@ struct Open {
 #[derive(Debug)]
 struct Place {
     source: IpAddr,
+    since: Instant,
     holds_place: AtomicBool,
     closing: Notify,
     told: AtomicBool,
@@ -68,32 +87,46 @@ impl Open {
         }
     }
 
-    /// Tells the oldest unproven connection of the source that holds the most to close,
-    /// sparing `newcomer` (and, with `holding`, passing over those that hold no place of
-    /// the listener's yet: closing one frees none); whether there was one.
-    fn close_one(&mut self, newcomer: u64, holding: bool) -> bool {
+    /// Tells the oldest unproven connection of the source that holds the most to close, on
+    /// behalf of `newcomer` from `source` (sparing it; with `holding`, passing over those
+    /// that hold no place of the listener's yet: closing one frees none); whether one was.
+    ///
+    /// Among sources holding equally many, the newcomer's own goes first, then the one
+    /// whose oldest is oldest. A connection of another source that holds no more than the
+    /// newcomer's (the newcomer counted) is spared within its [`UNPROVEN_GRACE`], and none
+    /// is closed.
+    fn close_one(&mut self, newcomer: u64, source: IpAddr, holding: bool, now: Instant) -> bool {
         let closable = |(id, place): &(&u64, &Arc<Place>)| {
             **id != newcomer && (!holding || place.holds_place.load(Ordering::SeqCst))
         };
-        let mut held: HashMap<IpAddr, usize> = HashMap::new();
-        for (_, place) in self.by_age.iter().filter(closable) {
-            *held.entry(place.source).or_default() += 1;
+        // Each source's closable count and its oldest closable connection (by_age is oldest
+        // first, so the first seen is the oldest).
+        let mut held: HashMap<IpAddr, (usize, u64)> = HashMap::new();
+        for (&id, place) in self.by_age.iter().filter(closable) {
+            held.entry(place.source).or_insert((0, id)).0 += 1;
         }
-        let Some((source, _)) = held.into_iter().max_by_key(|(_, n)| *n) else {
-            return false;
-        };
-        let Some((&id, place)) = self
-            .by_age
+        let Some((&from, &(count, oldest))) = held
             .iter()
-            .filter(closable)
-            .find(|(_, place)| place.source == source)
+            .max_by_key(|(from, (count, oldest))| (*count, **from == source, u64::MAX - oldest))
         else {
             return false;
         };
+        let Some(place) = self.by_age.get(&oldest).cloned() else {
+            return false;
+        };
+        let newcomers = self.per_source.get(&source).copied().unwrap_or(0)
+            + usize::from(!self.by_age.contains_key(&newcomer));
+        let theirs = self.per_source.get(&from).copied().unwrap_or(count);
+        if from != source
+            && theirs <= newcomers
+            && now.saturating_duration_since(place.since) < UNPROVEN_GRACE
+        {
+            return false;
+        }
         place.told.store(true, Ordering::SeqCst);
         // A stored permit: the connection closes even if it is not waiting yet.
         place.closing.notify_one();
-        self.remove(id);
+        self.remove(oldest);
         true
     }
 }
@@ -107,27 +140,34 @@ impl Unproven {
         })
     }
 
-    /// Counts a newly accepted connection from `source` (as [`super::sources`] counts
-    /// them) as unproven, telling one to close ([`Open::close_one`]) when `limit` are
-    /// already; the slot, and whether one was told. `None` when the count cannot be read
-    /// (the connection is refused, as any doubt is).
-    pub fn enter(self: &Arc<Self>, source: IpAddr) -> Option<(UnprovenSlot, bool)> {
-        let mut open = self.open.lock().ok()?;
+    /// Counts a connection from `source` (as [`super::sources`] counts them) accepted at
+    /// `now` as unproven, telling one to close ([`Open::close_one`]) when `limit` are
+    /// already; the slot, and whether one was told.
+    pub fn enter(
+        self: &Arc<Self>,
+        source: IpAddr,
+        now: Instant,
+    ) -> Result<(UnprovenSlot, bool), NoEntry> {
+        let mut open = self.open.lock().map_err(|_| NoEntry::Unreadable)?;
         let id = open.next;
         open.next += 1;
         let mut told = false;
-        while open.by_age.len() >= self.limit && open.close_one(id, false) {
+        while open.by_age.len() >= self.limit {
+            if !open.close_one(id, source, false, now) {
+                return Err(NoEntry::Full);
+            }
             told = true;
         }
         let place = Arc::new(Place {
             source,
+            since: now,
             holds_place: AtomicBool::new(false),
             closing: Notify::new(),
             told: AtomicBool::new(false),
         });
         open.by_age.insert(id, place.clone());
         *open.per_source.entry(source).or_default() += 1;
-        Some((
+        Ok((
             UnprovenSlot {
                 unproven: self.clone(),
                 id,
@@ -140,10 +180,10 @@ impl Unproven {
     /// Tells one unproven connection that holds a place of the listener's, other than
     /// `newcomer`'s, to close, to make room for it when the listener holds its limit of
     /// connections in all; whether one was told.
-    pub fn make_room(&self, newcomer: &UnprovenSlot) -> bool {
+    pub fn make_room(&self, newcomer: &UnprovenSlot, now: Instant) -> bool {
         self.open
             .lock()
-            .is_ok_and(|mut open| open.close_one(newcomer.id, true))
+            .is_ok_and(|mut open| open.close_one(newcomer.id, newcomer.place.source, true, now))
     }
 
     /// How many connections are unproven.
@@ -200,11 +240,12 @@ mod tests {
     #[tokio::test]
     async fn the_source_holding_the_most_makes_room_out_of_its_oldest() {
         let unproven = Unproven::new(3);
-        let (client, _) = unproven.enter(CLIENT).unwrap();
-        let (first, _) = unproven.enter(FLOOD).unwrap();
-        let (second, told) = unproven.enter(FLOOD).unwrap();
+        let now = Instant::now();
+        let (client, _) = unproven.enter(CLIENT, now).unwrap();
+        let (first, _) = unproven.enter(FLOOD, now).unwrap();
+        let (second, told) = unproven.enter(FLOOD, now).unwrap();
         assert!(!told);
-        let (third, told) = unproven.enter(FLOOD).unwrap();
+        let (third, told) = unproven.enter(FLOOD, now).unwrap();
         assert!(told, "one was told to close");
         assert_eq!(unproven.count(), 3);
         assert!(closes(&first).await, "the flood's oldest closes");
@@ -213,23 +254,81 @@ mod tests {
 
         assert!(client.prove(), "a request on it was authenticated");
         assert_eq!(unproven.count(), 2);
-        let (_another, told) = unproven.enter(CLIENT).unwrap();
+        let (_another, told) = unproven.enter(CLIENT, now).unwrap();
         assert!(!told, "a proven connection holds no unproven place");
         assert!(
-            !unproven.make_room(&third),
+            !unproven.make_room(&third, now),
             "none holds a place yet: closing one would free none"
         );
         second.holds_place();
-        assert!(unproven.make_room(&third));
+        assert!(unproven.make_room(&third, now));
         assert!(closes(&second).await, "room made out of the flood's oldest");
         assert!(!closes(&third).await, "never the newcomer's own");
         assert!(client.prove(), "proving twice is still proven");
     }
 
+    fn source(n: u8) -> IpAddr {
+        IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, n))
+    }
+
+    /// With every source holding one, the oldest makes way, but only once its grace is
+    /// over: until then the newcomer is refused. Before, the newcomer closed a connection
+    /// of any age (at random among equals), so a flood from as many sources as there are
+    /// places closed a client's connection before its first request arrived.
+    #[tokio::test]
+    async fn a_connection_keeps_its_place_for_its_grace_against_as_heavy_a_source() {
+        let unproven = Unproven::new(3);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let (first, _) = unproven.enter(source(1), at(0)).unwrap();
+        let (second, _) = unproven.enter(source(2), at(0)).unwrap();
+        let (client, _) = unproven.enter(CLIENT, at(1000)).unwrap();
+        assert_eq!(
+            unproven.enter(source(3), at(1500)).err(),
+            Some(NoEntry::Full),
+            "every connection is within its grace"
+        );
+        let (_third, told) = unproven.enter(source(3), at(2100)).unwrap();
+        assert!(told);
+        assert!(closes(&first).await, "the oldest, past its grace, made way");
+        let (_fourth, told) = unproven.enter(source(4), at(2200)).unwrap();
+        assert!(told);
+        assert!(closes(&second).await);
+        assert_eq!(
+            unproven.enter(source(5), at(2300)).err(),
+            Some(NoEntry::Full),
+            "the client's connection is the oldest, within its grace"
+        );
+        assert!(!closes(&client).await, "the client kept its place");
+        assert!(client.prove(), "its first request came within its grace");
+        assert_eq!(unproven.count(), 2);
+    }
+
+    /// A source holding more than the newcomer's makes room whatever the age of its
+    /// connections, so a flood from few sources cannot refuse others by reconnecting fast.
+    #[tokio::test]
+    async fn a_heavier_source_makes_room_whatever_its_age() {
+        let unproven = Unproven::new(3);
+        let now = Instant::now();
+        let (client, _) = unproven.enter(CLIENT, now).unwrap();
+        let (first, _) = unproven.enter(FLOOD, now).unwrap();
+        let (_second, _) = unproven.enter(FLOOD, now).unwrap();
+        let (_other, told) = unproven.enter(source(1), now).unwrap();
+        assert!(told, "the flood's connection made way at once");
+        assert!(closes(&first).await);
+        assert!(!closes(&client).await);
+        // Now every source holds one: the client's, within its grace, is spared.
+        assert_eq!(unproven.enter(source(2), now).err(), Some(NoEntry::Full));
+        // The newcomer's own source goes first among equals, whatever its age.
+        let (_again, told) = unproven.enter(source(1), now).unwrap();
+        assert!(told);
+        assert!(!closes(&client).await);
+    }
+
     #[test]
     fn a_dropped_connection_leaves_the_count() {
         let unproven = Unproven::new(4);
-        let (slot, _) = unproven.enter(CLIENT).unwrap();
+        let (slot, _) = unproven.enter(CLIENT, Instant::now()).unwrap();
         assert_eq!(unproven.count(), 1);
         drop(slot);
         assert_eq!(unproven.count(), 0);
