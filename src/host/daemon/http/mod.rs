@@ -48,7 +48,7 @@ use auth::{AuthRefusal, Authenticator};
 use sources::Sources;
 use streams::{Events, ReplayBudget, Streams, Target};
 pub use tls::Certificates;
-use unproven::{NoEntry, UNPROVEN_GRACE, UNPROVEN_LIMIT, Unproven, UnprovenSlot};
+use unproven::{Closed, NoEntry, UNPROVEN_GRACE, UNPROVEN_LIMIT, Unproven, UnprovenSlot};
 
 /// The session id header.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -338,7 +338,7 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             drop(stream);
             continue;
         };
-        let (slot, told) = match unproven
+        let (slot, closed) = match unproven
             .enter(sources::source_of(peer.ip()), std::time::Instant::now())
         {
             Ok(entered) => entered,
@@ -350,13 +350,13 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
             Err(NoEntry::Full) => {
                 refused_unproven += 1;
                 if refused_unproven % 1000 == 1 {
-                    tracing::warn!(%peer, refused = refused_unproven, "http connection closed at once: {UNPROVEN_LIMIT} are open without an authenticated request, each within its first {} s or from a source holding as many", UNPROVEN_GRACE.as_secs());
+                    tracing::warn!(%peer, refused = refused_unproven, "http connection closed at once: {UNPROVEN_LIMIT} are open without an authenticated request, each within its first {} s and from a source holding no more than this one's", UNPROVEN_GRACE.as_secs());
                 }
                 drop(stream);
                 continue;
             }
         };
-        if told {
+        if closed != Closed::Nothing {
             made_room += 1;
             if made_room % 1000 == 1 {
                 tracing::warn!(%peer, closed = made_room, "http connection closed to make room: {UNPROVEN_LIMIT} were open without an authenticated request, and the oldest of the source holding the most made way for the newest");
@@ -366,6 +366,8 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
         // place comes free once its task has let go of it.
         let connection = match connections.clone().try_acquire_owned() {
             Ok(connection) => Some(connection),
+            // The one closed to count this one held a place: that one comes free.
+            Err(_) if closed == Closed::Placed => None,
             Err(_) if unproven.make_room(&slot, std::time::Instant::now()) => {
                 made_room += 1;
                 if made_room % 1000 == 1 {
