@@ -360,6 +360,29 @@ fn a_sandboxed_command_cannot_push_input_into_the_operators_shell() {
     );
 }
 
+/// A command run from a terminal cannot attach a line discipline to the pseudo-terminal it
+/// is given: attaching one loads that discipline's kernel module on demand, code with a
+/// history of privilege escalations. Before, the ioctl went through.
+#[test]
+fn a_sandboxed_command_cannot_attach_a_line_discipline() {
+    if !can_run() {
+        return;
+    }
+    let mut shell = PtyShell::start();
+    shell.type_line(&format!(
+        "{} sandbox run --quiet --profile isolated -- {} tiocsetd; echo SANDBOX-$((40+2))",
+        env!("CARGO_BIN_EXE_flowhost"),
+        shared_copy("flowhost-probe").display(),
+    ));
+    let out = shell.wait_for("SANDBOX-42");
+    shell.type_line("exit");
+    let _ = shell.0.child.wait();
+    assert!(
+        out.contains("\"mode\":\"tiocsetd\",\"result\":\"errno\",\"errno\":1"),
+        "TIOCSETD was not refused with EPERM:\n{out}"
+    );
+}
+
 /// A profile directory (new, in the shared test directory, named after `dir` and this
 /// process) holding `name.toml`: the built-in `isolated` profile with `from` replaced by
 /// `to`.

@@ -165,8 +165,10 @@ pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
 /// a terminal that other processes (the operator's shell) read, or takes a terminal over.
 /// TIOCSTI pushes bytes into a tty's input queue, TIOCLINUX pastes the console selection (and
 /// more) into it, TIOCCONS redirects the console, TIOCSCTTY makes a tty the caller's
-/// controlling terminal. The kernel's `ioctl` request is 32 bits wide, so only the low half
-/// of the argument is compared: high bits set by the caller change nothing.
+/// controlling terminal, TIOCSETD attaches a line discipline (loading its kernel module on
+/// demand: code no executor needs, with a history of privilege escalations). The kernel's
+/// `ioctl` request is 32 bits wide, so only the low half of the argument is compared: high
+/// bits set by the caller change nothing.
 // The libc crate types these as `c_ulong` for glibc and `c_int` for musl; all are small
 // positive numbers, so the cast never changes a value.
 #[allow(clippy::unnecessary_cast)]
@@ -175,6 +177,7 @@ pub const TERMINAL_IOCTLS_DENIED: &[(&str, u64)] = &[
     ("TIOCLINUX", libc::TIOCLINUX as u64),
     ("TIOCCONS", libc::TIOCCONS as u64),
     ("TIOCSCTTY", libc::TIOCSCTTY as u64),
+    ("TIOCSETD", libc::TIOCSETD as u64),
 ];
 
 /// Syscalls whose arguments name a destination: stopped and handed to the broker.

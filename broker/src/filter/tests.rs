@@ -486,6 +486,12 @@ fn terminal_injection_ioctls_are_denied_whatever_the_profile() {
                 "{name} with high bits"
             );
         }
+        // Named, not only through the list: a line discipline attached from inside.
+        assert_eq!(
+            call(&p, libc::SYS_ioctl, [0, libc::TIOCSETD, 0x1000, 0, 0, 0]),
+            eperm,
+            "TIOCSETD"
+        );
         // Ordinary terminal ioctls stay available (isatty, window size, FIONREAD).
         for request in [libc::TCGETS, libc::TIOCGWINSZ, libc::FIONREAD] {
             assert_eq!(
