@@ -1011,10 +1011,10 @@ fn a_refused_stranger_leaves_evidence_but_no_diff_finding() {
     assert_eq!(denial(&r), "access_denied");
     let mut c = lab.client();
     c.initialize();
-    let h = c.request("flowhost/health", json!({}))["result"].clone();
+    drop(c);
     lab.stop();
-    let health = lab.dir.path().join("health.json");
-    std::fs::write(&health, h.to_string()).unwrap();
+    // The health the daemon wrote when it stopped.
+    let health = lab.paths.state_dir.join("health.json");
     let (code, out, err) = lab.cli(&[
         "diff",
         "--declared",
@@ -1025,6 +1025,32 @@ fn a_refused_stranger_leaves_evidence_but_no_diff_finding() {
         &health.display().to_string(),
     ]);
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// A health the daemon wrote on demand vouches only for the run so far. Left on disk by a
+/// daemon that never wrote its last one (killed here; a full disk does the same), and bound
+/// to records that end where it does, it must not let the gate pass: after it, calls may
+/// have been refused without a record. Before, the diff judged the run clean on it (exit 0).
+#[test]
+fn a_health_written_while_the_run_went_on_does_not_pass_the_gate() {
+    let Some(mut lab) = Lab::start() else { return };
+    let mut c = lab.client();
+    c.initialize();
+    let h = c.request("flowhost/health", json!({}))["result"].clone();
+    assert_eq!(h["complete"], true, "{h}");
+    lab.kill9();
+    let health = lab.paths.state_dir.join("health.json");
+    let (code, out, err) = lab.cli(&[
+        "diff",
+        "--declared",
+        &lab.declared_surface_file().display().to_string(),
+        "--observed",
+        &lab.paths.records_dir.display().to_string(),
+        "--health",
+        &health.display().to_string(),
+    ]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(out.contains("run_ended"), "{out}{err}");
 }
 
 #[test]

@@ -248,6 +248,7 @@ fn observed_fixtures_are_current_flowhost_records() {
         executors_spawned: Some(3),
         executors_supervised: Some(3),
         failed_notifications: Some(0),
+        run_ended: Some(true),
         records: RecordsHealth::from_verify(&report),
         ..ToolObservationHealth::unknown(HealthProducer::Daemon)
     }

@@ -558,6 +558,8 @@ fn sandbox_health(
     h.executors_spawned = Some(stats.spawned);
     h.executors_supervised = Some(stats.supervised() + stats.exited);
     h.failed_notifications = Some(stats.failed_notifications + stats.supervisor_failures);
+    // Built once, when the command and its broker have ended.
+    h.run_ended = Some(true);
     if let Some(w) = writer {
         h.records = RecordsHealth::from_writer(&w.status());
         // A writer that failed says why itself; one that failed only to close, here.

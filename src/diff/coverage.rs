@@ -125,6 +125,20 @@ pub(super) fn binding_gaps(h: &ToolObservationHealth, sources: &[ObservedSource]
         // Rejected records decide the verdict; binding to what is left would only add noise.
         return Vec::new();
     }
+    // A running producer's carrier binds only when written as its run ended: one asked for
+    // while it went on says nothing of what came after it, and records that end where it
+    // does may only mean that later attempts were refused without one (a writer that failed)
+    // or that the producer died before its last word.
+    let ran = matches!(h.producer, HealthProducer::Daemon | HealthProducer::Sandbox);
+    if ran && h.run_ended != Some(true) {
+        return vec![format!(
+            "run_ended: the health was {} its run ended, so it vouches for nothing after it; judge with the health its producer wrote as the run ended",
+            match h.run_ended {
+                Some(false) => "written on demand, before",
+                _ => "not written when",
+            }
+        )];
+    }
     let verified: Vec<&ObservedSource> = sources
         .iter()
         .filter(|s| s.evidence == Evidence::Verified)

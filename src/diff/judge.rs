@@ -166,8 +166,10 @@ impl Acc {
         // tool) is evidence in the chain but no tool action: nothing to compare with a
         // declared surface. So is a content request (a read of a signed resource, a prompt,
         // a completion): it has no effect outside the session, whose label it raised; and a
-        // relayed request of a call (judged with its call).
-        if x.is_some_and(|x| {
+        // relayed request of a call (judged with its call). Only flowhost's own chained
+        // records, verified before any is judged, are taken at their word: another
+        // producer's decision calling itself one of these is judged like any other.
+        if x.filter(|x| x.chained()).is_some_and(|x| {
             x.event_is("session")
                 || x.event_is("content_request")
                 || x.event_is("content_outcome")

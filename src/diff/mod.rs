@@ -93,7 +93,7 @@ use crate::records::chain::{
     Gather, Location, Problem, VerifyReport, verify_decisions, verify_records,
     verify_records_gathering,
 };
-use crate::records::health::ToolObservationHealth;
+use crate::records::health::{HealthProducer, ToolObservationHealth};
 use crate::records::store::StoreError;
 use crate::records::{DECISION_SURFACE_SCHEMA, GENESIS_HASH};
 use observed::{ObsDecision, ObsEnvelope, Probe};

@@ -187,6 +187,34 @@ fn missing_or_incomplete_health_is_an_observation_gap() {
     assert_eq!(r.exit_code(), 1);
 }
 
+/// A daemon's health written on demand binds nothing, however well its range, head and
+/// count match: the run went on after it. One that does not say (an older carrier) binds
+/// nothing either; an offline health is judged by its own gaps.
+#[test]
+fn a_health_not_written_as_the_run_ended_is_an_observation_gap() {
+    let observed = fixture("observed/allowed_declared.jsonl");
+    let d = declared("declared_prod_allowlist");
+    for (run_ended, says) in [
+        (Some(false), "written on demand"),
+        (None, "not written when"),
+    ] {
+        let h = ToolObservationHealth {
+            run_ended,
+            ..health_for(&observed)
+        }
+        .finalize();
+        assert!(h.complete, "complete so far: {:?}", h.incomplete_reasons);
+        let r = diff(&d, &observed, Some(&h)).unwrap();
+        assert_eq!(
+            kinds(&r),
+            vec![(FindingKind::InconclusiveObservationGap, 1)]
+        );
+        assert_first_says(&r, "run_ended");
+        assert_first_says(&r, says);
+        assert_eq!(r.exit_code(), 3);
+    }
+}
+
 #[test]
 fn health_range_must_cover_the_observed_records() {
     let observed = fixture("observed/allowed_declared.jsonl");
@@ -589,6 +617,32 @@ fn unattributed_unchained_decisions_leave_every_source_incomplete() {
     });
     assert_eq!(r.exit_code(), 0, "{:?}", r.findings);
     assert_eq!(r.sources[0].observation_complete, Some(true));
+}
+
+/// Another producer's decision that calls itself a relayed request (an event the judge
+/// passes over in flowhost's own verified records) is judged like any other. Before, an
+/// undeclared privileged allow labelled so was counted and never judged: clean, exit 0.
+#[test]
+fn an_unchained_decision_calling_itself_a_relay_is_judged() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("other.jsonl");
+    let text = std::fs::read_to_string(fixture("observed/undeclared.jsonl")).unwrap();
+    let mut first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    first["flowhost"] = serde_json::json!({"event": "relay"});
+    std::fs::write(&plain, format!("{first}\n")).unwrap();
+    // Beside the host's own verified records and their health, as an observer's would be.
+    let records = fixture("observed/allowed_declared.jsonl");
+    let r = diff_sources(
+        &declared("declared_prod_allowlist"),
+        &[records.clone(), plain],
+        &[health_for(&records)],
+        DiffOptions {
+            unchained_from_other_observer: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(kinds(&r), vec![(FindingKind::NewPrivilegedToolAction, 1)]);
+    assert_eq!(r.exit_code(), 1);
 }
 
 /// The healths of two hosts, given in the opposite order to their record streams.

@@ -18,6 +18,12 @@
 //! | `records.records_complete` | true: the sequence is contiguous and the chain intact |
 //! | `records.writer_failed` | false |
 //!
+//! `run_ended` says whether the producer wrote the carrier when its run ended, after
+//! closing the records (`false`: asked for while the run went on, so it says nothing of what
+//! came after it; `null`: unknown, as from `flowhost health --records`). It does not make
+//! observation incomplete, since a live health may well be complete so far, but the diff
+//! binds no daemon or sandbox carrier to records unless it is true.
+//!
 //! `records` also carries the sequence range (`first_seq`, `last_seq`) and `chain_head`, which
 //! bind the health to one record stream (a carrier read whose `chain_head` is not a chain
 //! hash is refused, naming the file and the field). `complete` and `incomplete_reasons` are
@@ -137,6 +143,10 @@ pub struct ToolObservationHealth {
     pub executors_supervised: Option<u64>,
     /// seccomp notifications that failed or were lost.
     pub failed_notifications: Option<u64>,
+    /// Whether its producer wrote it when its run ended, after closing the records (false:
+    /// on demand, while the run went on; null: unknown). See the module docs.
+    #[serde(default)]
+    pub run_ended: Option<bool>,
     /// The record side.
     pub records: RecordsHealth,
     /// Egress attempts the signed declarations do not admit, per `server/tool` (findings
@@ -211,6 +221,7 @@ impl ToolObservationHealth {
             executors_spawned: None,
             executors_supervised: None,
             failed_notifications: None,
+            run_ended: None,
             records: RecordsHealth::default(),
             declaration_mismatches: Default::default(),
             flow_state_failed: false,

@@ -189,6 +189,8 @@ impl Host {
         // supervision; a supervisor failure is the only way one escapes the count.
         h.executors_supervised = Some(stats.supervised() + stats.exited);
         h.failed_notifications = Some(stats.failed_notifications + stats.supervisor_failures);
+        // The run goes on; only the health written as it ends says otherwise.
+        h.run_ended = Some(false);
         h.records = RecordsHealth::from_writer(&status);
         let covered = status
             .last_seq
@@ -253,9 +255,21 @@ impl Host {
         }
     }
 
-    /// Writes the health file (on demand and on shutdown).
+    /// Writes the health file on demand: the run goes on, so it vouches for nothing after it
+    /// (`run_ended` false).
     pub fn write_health(&self) -> Result<ToolObservationHealth, HealthError> {
         let h = self.health();
+        h.write_to(&self.health_file)?;
+        Ok(h)
+    }
+
+    /// Writes the health file as the run ends, once the records are closed (`run_ended`
+    /// true): the only carrier the diff binds to the records as the whole run.
+    fn write_final_health(&self) -> Result<ToolObservationHealth, HealthError> {
+        let h = ToolObservationHealth {
+            run_ended: Some(true),
+            ..self.health()
+        };
         h.write_to(&self.health_file)?;
         Ok(h)
     }
@@ -353,7 +367,7 @@ impl Host {
             tracing::error!(error = %e, "binding the flow state to the records failed; it stays bound where it was, so the next start checks it against every record since");
             clean = false;
         }
-        if let Err(e) = self.write_health() {
+        if let Err(e) = self.write_final_health() {
             tracing::error!(error = %e, "writing the health file failed");
             clean = false;
         }
