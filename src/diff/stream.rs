@@ -231,7 +231,13 @@ pub(super) fn judge_range(
         let want = (buf.len() - kept).min((end - pos) as usize);
         let n = read_at(file, f, &mut buf[kept..kept + want], pos)?;
         if n == 0 {
-            break;
+            // The file was cut while being judged: what was past the cut went unjudged.
+            return Err(DiffError::BadInput {
+                file: file.to_path_buf(),
+                problem: format!(
+                    "the file ended at byte {pos} while being read, short of the {end} bytes it held: another process truncated it; judge a copy that is not being written"
+                ),
+            });
         }
         pos += n as u64;
         let filled = kept + n;

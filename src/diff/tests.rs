@@ -835,3 +835,25 @@ fn control_characters_in_observed_names_are_escaped_in_the_text_report() {
         "{text}"
     );
 }
+
+/// A file cut while it is judged is an input error naming it, not a shorter run: before,
+/// the lines past the cut went unjudged and nothing said so. The range asked for ends past
+/// the file's end, as it does when another process truncates the file after its size was
+/// read.
+#[test]
+fn a_file_cut_while_it_is_judged_is_an_input_error() {
+    let path = fixture("observed/allowed_declared.jsonl");
+    let f = File::open(&path).unwrap();
+    let len = f.metadata().unwrap().len();
+    let d = declared("declared_prod_allowlist");
+    let matcher = Matcher::new(&d);
+    let whole = judge_range(&matcher, &path, &f, (0, len), 64).unwrap();
+    assert_eq!(whole.lines, 3);
+    let err = judge_range(&matcher, &path, &f, (0, len + 100), 64)
+        .err()
+        .expect("a short file is refused");
+    assert!(
+        err.to_string().contains("truncated") && err.to_string().contains("allowed_declared"),
+        "{err}"
+    );
+}
