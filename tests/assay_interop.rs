@@ -17,8 +17,8 @@ fn health_in_assays_shape_gates_the_diff_like_flowhosts_own() {
         json!({"document": "harbor-goods-terms.md"}),
     );
     assert!(r.get("result").is_some(), "{r}");
-    let own = c.request("flowhost/health", json!({}))["result"].clone();
     let assay = c.request("flowhost/health", json!({"shape": "assay"}))["result"].clone();
+    drop(c);
     lab.stop();
     assert_eq!(assay["schema"], "assay.runner.observation_health.v0");
     assert_eq!(assay["policy_layer"], "present", "{assay}");
@@ -34,10 +34,24 @@ fn health_in_assays_shape_gates_the_diff_like_flowhosts_own() {
     assert_eq!(success.len(), 1);
     assert_eq!(success[0]["response"]["side_effect_asserted"], true);
 
-    let dir = lab.dir.path();
-    let (own_file, assay_file) = (dir.join("own.json"), dir.join("assay.json"));
-    std::fs::write(&own_file, own.to_string()).unwrap();
-    std::fs::write(&assay_file, assay.to_string()).unwrap();
+    // The diff judges the run by the health the daemon wrote as it stopped, in flowhost's
+    // shape and, written again by `flowhost health --from`, in assay's.
+    let own_file = lab.paths.state_dir.join("health.json");
+    let assay_file = lab.dir.path().join("assay.json");
+    let (code, out, err) = lab.cli(&[
+        "health",
+        "--from",
+        &own_file.display().to_string(),
+        "--shape",
+        "assay",
+        "--out",
+        &assay_file.display().to_string(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(&assay_file).unwrap()).unwrap();
+    assert_eq!(written["schema"], "assay.runner.observation_health.v0");
+    assert_eq!(written["policy_layer"], "present", "{written}");
     let declared = lab.declared_surface_file().display().to_string();
     let records_dir = lab.paths.records_dir.display().to_string();
     let run = |health: &std::path::Path| {

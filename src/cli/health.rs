@@ -1,17 +1,23 @@
-//! `flowhost health`: the record side of `tool_observation_health`, computed offline.
+//! `flowhost health`: the record side of `tool_observation_health`, computed offline, or a
+//! carrier already written, in either shape.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::CliResult;
-use crate::records::health::offline_health;
+use crate::records::health::{ToolObservationHealth, offline_health};
 
-/// `flowhost health --records DIR [--out FILE]`
+/// `flowhost health --records DIR | --from FILE [--out FILE] [--shape SHAPE]`
 #[derive(Debug, clap::Args)]
 pub(crate) struct HealthArgs {
     /// The record directory (or file) to summarise.
+    #[arg(long, conflicts_with = "from", required_unless_present = "from")]
+    records: Option<PathBuf>,
+    /// A health carrier already written (either shape; the daemon's `health_file`, say), to
+    /// write again in `--shape`: read and checked as any reader does, derived again, and
+    /// otherwise unchanged.
     #[arg(long)]
-    records: PathBuf,
+    from: Option<PathBuf>,
     /// Write the carrier here (atomically) instead of standard output.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -34,7 +40,14 @@ pub(crate) enum Shape {
 /// with the daemon-only fields unknown (so it is never complete). Exit 0 when produced (even
 /// when incomplete: the carrier says so), 2 on usage or I/O errors.
 pub(crate) fn run(args: HealthArgs) -> CliResult {
-    let health = offline_health(&args.records)?;
+    let health = match (&args.from, &args.records) {
+        (Some(from), _) => ToolObservationHealth::read_from(from)?,
+        (None, Some(records)) => offline_health(records)?,
+        (None, None) => {
+            // clap requires one of them: this is only the type's other case.
+            return Err("flowhost health needs --records DIR or --from FILE".into());
+        }
+    };
     let text = match args.shape {
         Shape::Flowhost => health.to_json(),
         Shape::Assay => serde_json::to_string_pretty(&health.to_assay())?,
