@@ -274,6 +274,69 @@ fn an_older_signed_manifest_is_refused_at_reload_and_at_start() {
     lab.stop();
 }
 
+/// A tool whose signed manifest requires a person's approval of each call does not run on a
+/// call that brings none (no declassification grant signed for exactly that call): refused
+/// before dispatch, recorded, and the sink gets nothing. Before, the annotation was signed
+/// and then never read: the call ran.
+#[test]
+fn a_tool_requiring_approval_does_not_run_without_it() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pricing-lab");
+    let key = lab.dir.path().join("public-inbox.key");
+    std::fs::copy(repo.join("keys/public-inbox.key"), &key).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut body: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo.join("public-inbox.manifest.json")).unwrap(),
+    )
+    .unwrap();
+    body["tools"][0]["annotations"]["requires_approval"] = json!(true);
+    let unsigned = lab.dir.path().join("public-inbox-approval.json");
+    std::fs::write(&unsigned, body.to_string()).unwrap();
+    let signed = lab.dir.path().join("public-inbox-approval.signed.json");
+    let (code, _, err) = lab.cli(&[
+        "manifest",
+        "sign",
+        "--key",
+        &key.display().to_string(),
+        "--manifest",
+        &unsigned.display().to_string(),
+        "--out",
+        &signed.display().to_string(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    let served = repo.join("public-inbox.signed.json").display().to_string();
+    assert!(original.contains(&served));
+    lab.write_config(&original.replace(&served, &signed.display().to_string()));
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    // A fresh session: nothing it carries keeps it from the public sink but the approval.
+    let r = c.call(
+        "public-inbox/publish",
+        json!({"message": "hello", "sink": lab.public.addr.to_string()}),
+    );
+    assert_eq!(r["error"]["data"]["denial"], "approval_required", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("requires a person's approval")),
+        "{r}"
+    );
+    assert_eq!(lab.public.connections(), 0);
+    drop(c);
+    lab.stop();
+    let records = lab.records();
+    let refused: Vec<&Value> = events(&records, "tool_call")
+        .into_iter()
+        .filter(|r| r["flowhost"]["denial_kind"] == "approval_required")
+        .collect();
+    assert_eq!(refused.len(), 1, "{records:#?}");
+}
+
 #[test]
 fn undeclared_egress_is_recorded_warned_about_and_counted() {
     let Some(mut lab) = Lab::start() else { return };

@@ -74,6 +74,9 @@ pub enum Denial {
     GrantPurposeNotAllowed,
     /// A grant used before.
     GrantReplayed,
+    /// The tool's signed manifest requires a person's approval of each call, and the call
+    /// came without one (an accepted declassification grant for exactly that call).
+    ApprovalRequired,
     /// An executor asked its client for something (sampling, elicitation) the client did
     /// not declare at `initialize`.
     ClientCapabilityMissing,
@@ -118,6 +121,7 @@ impl Denial {
             Denial::GrantTargetNotLower => "grant_target_not_lower",
             Denial::GrantPurposeNotAllowed => "grant_purpose_not_allowed",
             Denial::GrantReplayed => "grant_replayed",
+            Denial::ApprovalRequired => "approval_required",
             Denial::ClientCapabilityMissing => "client_capability_missing",
             Denial::RelayLimit => "relay_limit",
             Denial::SubscriptionLimit => "subscription_limit",

@@ -107,6 +107,15 @@ pub enum CallRefusal {
     /// The flow state could not be read or written; the call is refused (fail closed).
     #[error("flow state unavailable: {0}")]
     State(String),
+    /// The tool's signed manifest requires a person's approval of each call, and none came
+    /// with it.
+    #[error(
+        "{tool} requires a person's approval of each call (its signed manifest says requires_approval): pass a declassification grant an authority signed for exactly this call"
+    )]
+    ApprovalRequired {
+        /// The tool.
+        tool: String,
+    },
     /// The call's declassification grant was refused.
     #[error("declassification grant {grant_id:?} refused for {tool}: {denial}")]
     Grant {
@@ -128,6 +137,7 @@ impl CallRefusal {
             CallRefusal::Flow { denial, .. } => Denial::from(*denial),
             CallRefusal::State(_) => Denial::StateFailure,
             CallRefusal::Grant { denial, .. } => Denial::from(denial),
+            CallRefusal::ApprovalRequired { .. } => Denial::ApprovalRequired,
         }
     }
 
@@ -325,6 +335,14 @@ impl FlowResolver {
         } else {
             Vec::new()
         };
+        // A person's approval of each call is an authority's grant signed for exactly this
+        // call (its arguments, session and tool), accepted above and spent below; no other
+        // way of asking one exists, so without it the call does not run.
+        if tool.definition().annotations().requires_approval && grant.is_none() {
+            return Err(CallRefusal::ApprovalRequired {
+                tool: tool.name().to_string(),
+            });
+        }
         // Single use is spent only once everything else passed, durably, before dispatch.
         if let (Some(g), Some(offer)) = (&grant, offer)
             && !self.state.consume_grant(&g.id, offer.now).await?

@@ -667,7 +667,9 @@ pub async fn refuse_session(
 
 fn refusal_error(refused: &CallRefusal) -> RpcError {
     let code = match refused {
-        CallRefusal::AccessDenied { .. } => code::ACCESS_DENIED,
+        CallRefusal::AccessDenied { .. } | CallRefusal::ApprovalRequired { .. } => {
+            code::ACCESS_DENIED
+        }
         CallRefusal::SchemaInvalid { .. } => code::INVALID_PARAMS,
         CallRefusal::Flow { .. } | CallRefusal::Grant { .. } => code::FLOW_DENIED,
         CallRefusal::State(_) => code::INTERNAL_ERROR,
