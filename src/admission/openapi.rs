@@ -463,17 +463,62 @@ fn tool_from_operation(doc: &Value, op: &Operation<'_>, name: &str) -> Result<Va
     Ok(Value::Object(tool))
 }
 
-/// Whether `key` is shaped like a flow extension (`x-*-flow`, any case).
-fn looks_like_flow_extension(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    key.starts_with("x-") && (key == "x-flow" || key.ends_with("-flow"))
+/// The fields of a flow declaration: an extension whose value is an object holding one of
+/// them is a flow declaration, whatever its name.
+const FLOW_FIELDS: [&str; 4] = [
+    "egress",
+    "output_label",
+    "input_clearance",
+    "declassification_purposes",
+];
+
+/// Whether the extension `key`, holding `value`, is shaped like a flow declaration: its
+/// last word is `flow` or `flows` in any case, words being split at any character that is
+/// no letter or digit and where a capital follows a small letter (`x-chio-flow`,
+/// `x-chioFlow`, `x-flowhost_flow`, `x-chio-flows`, `x-chio-flow ` with a space at the end;
+/// not `x-workflow`), or it holds an object with a field a flow declaration has
+/// (`x-chio-flow-v1`). So a declaration under a misspelt name is refused rather than
+/// dropped, and its tool never signed without it.
+fn looks_like_flow_extension(key: &str, value: &Value) -> bool {
+    if !key.to_ascii_lowercase().starts_with("x-") {
+        return false;
+    }
+    let mut words: Vec<String> = vec![String::new()];
+    let mut previous_small = false;
+    for c in key.chars() {
+        if !c.is_alphanumeric() {
+            words.push(String::new());
+            previous_small = false;
+            continue;
+        }
+        if c.is_uppercase() && previous_small {
+            words.push(String::new());
+        }
+        previous_small = c.is_lowercase();
+        if let Some(word) = words.last_mut() {
+            word.extend(c.to_lowercase());
+        }
+    }
+    let named = words
+        .iter()
+        .rev()
+        .find(|w| !w.is_empty())
+        .is_some_and(|w| w == "flow" || w == "flows");
+    named
+        || value
+            .as_object()
+            .is_some_and(|o| FLOW_FIELDS.iter().any(|f| o.contains_key(*f)))
 }
 
 /// Refuses any flow-shaped key (accepted name or not) of `map`, an object that is not an
 /// operation: declarations are read only from operations, so one anywhere else would be
 /// dropped and its tools signed with no flow.
 fn refuse_flow_keys_outside_operations(map: &Map<String, Value>, path: &JsonPath) -> Result<()> {
-    match map.keys().find(|key| looks_like_flow_extension(key)) {
+    match map
+        .iter()
+        .find(|(key, value)| looks_like_flow_extension(key, value))
+        .map(|(key, _)| key)
+    {
         Some(key) => Err(OpenApiError::MisplacedFlowExtension {
             path: path.key(key),
             key: key.clone(),
@@ -486,11 +531,11 @@ fn refuse_flow_keys_outside_operations(map: &Map<String, Value>, path: &JsonPath
 /// other flow-shaped key on the operation is an error. (Flow-shaped keys outside
 /// operations were refused by [`operations`].)
 fn flow_keys(op: &Operation<'_>) -> Result<Vec<&'static str>> {
-    if let Some(key) = op
+    if let Some((key, _)) = op
         .value
-        .keys()
-        .filter(|key| !FLOW_EXTENSIONS.contains(&key.as_str()))
-        .find(|key| looks_like_flow_extension(key))
+        .iter()
+        .filter(|(key, _)| !FLOW_EXTENSIONS.contains(&key.as_str()))
+        .find(|(key, value)| looks_like_flow_extension(key, value))
     {
         return Err(OpenApiError::UnknownFlowExtension {
             path: op.path.key(key),

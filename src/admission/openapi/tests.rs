@@ -368,7 +368,18 @@ fn both_flow_extension_names_are_read_and_must_agree() {
 
 #[test]
 fn look_alike_flow_extensions_are_refused() {
-    for name in ["x-flowhst-flow", "x-acme-flow", "X-Chio-Flow", "x-flow"] {
+    for name in [
+        "x-flowhst-flow",
+        "x-acme-flow",
+        "X-Chio-Flow",
+        "x-flow",
+        // Before, these were taken for ordinary extensions and their declarations dropped.
+        "x-chioFlow",
+        "x-flowhost_flow",
+        "x-chio-flows",
+        "x-chio-flow-v1",
+        "x-chio-flow ",
+    ] {
         let mut d = doc();
         d["paths"]["/summaries"]["post"][name] = json!({"egress": false});
         let err = manifest_from_openapi(&d, &identity()).unwrap_err();
@@ -376,10 +387,12 @@ fn look_alike_flow_extensions_are_refused() {
             panic!("{name}: {err:?}");
         };
         assert_eq!(found, name);
-        assert_eq!(
-            path.to_string(),
+        let expected = if name.contains(' ') {
+            format!("paths[\"/summaries\"].post[{name:?}]")
+        } else {
             format!("paths[\"/summaries\"].post.{name}")
-        );
+        };
+        assert_eq!(path.to_string(), expected);
         // Export refuses the same document rather than writing beside the look-alike.
         let signed =
             SignedManifest::sign(manifest_from_openapi(&doc(), &identity()).unwrap(), &key())
@@ -393,6 +406,7 @@ fn look_alike_flow_extensions_are_refused() {
     let mut d = doc();
     d["paths"]["/summaries"]["post"]["x-flowrate"] = json!(1);
     d["paths"]["/summaries"]["post"]["x-workflow-id"] = json!("a");
+    d["paths"]["/summaries"]["post"]["x-workflow"] = json!({"steps": 2});
     manifest_from_openapi(&d, &identity()).unwrap();
 }
 
