@@ -245,6 +245,12 @@ pub struct FlowStateStore {
     /// Set once the store is found not to hold what the records prove (see
     /// [`FlowStateStore::fail`]); never cleared while the host runs.
     failed: std::sync::OnceLock<String>,
+    /// The declassification grants this store spent while the host runs: a grant is
+    /// refused again from memory before the store is asked, so a file or database that
+    /// lost the row (an older copy written over it, a restore, a lagging replica) cannot
+    /// accept it a second time before the next check finds the loss. Grows by one id per
+    /// grant spent.
+    spent: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl FlowStateStore {
@@ -258,6 +264,7 @@ impl FlowStateStore {
         FlowStateStore {
             backend,
             failed: std::sync::OnceLock::new(),
+            spent: std::sync::Mutex::default(),
         }
     }
 
@@ -314,7 +321,20 @@ impl FlowStateStore {
     /// Marks declassification grant `id` used, durably; `Ok(false)` for a replay.
     pub async fn consume_grant(&self, id: &str, now: u64) -> Result<bool, StateError> {
         self.usable()?;
-        self.backend.consume_grant(id, now).await
+        // The set only grows, so a panic elsewhere while it was held left nothing half-done.
+        let spent_here = || {
+            self.spent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if spent_here().contains(id) {
+            return Ok(false);
+        }
+        let spent = self.backend.consume_grant(id, now).await?;
+        if spent {
+            spent_here().insert(id.to_string());
+        }
+        Ok(spent)
     }
 
     /// Every label held.
@@ -1237,6 +1257,26 @@ pub(crate) mod tests {
             "a replay after a restart"
         );
         assert!(store.consume_grant("g-2", 102).unwrap());
+    }
+
+    /// A grant this store spent stays spent while the host runs, even if the file loses its
+    /// row (an older copy written over it): before, the store accepted it again until the
+    /// next check found the loss, and the call's egress had gone by then.
+    #[tokio::test]
+    async fn a_grant_spent_here_stays_spent_when_the_file_forgets_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let store = FlowStateStore::open(&db).unwrap();
+        assert!(store.consume_grant("g-1", 100).await.unwrap());
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .execute("DELETE FROM consumed_grants", [])
+            .unwrap();
+        assert!(
+            !store.consume_grant("g-1", 101).await.unwrap(),
+            "a replay after the file lost the row"
+        );
+        assert!(store.consume_grant("g-2", 101).await.unwrap());
     }
 
     /// The continuity checks judge what the file holds: an older copy written over it while
