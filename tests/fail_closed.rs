@@ -1077,17 +1077,8 @@ fn a_refused_stranger_leaves_evidence_but_no_diff_finding() {
     drop(c);
     lab.stop();
     // The health the daemon wrote when it stopped.
-    let health = lab.paths.state_dir.join("health.json");
-    let (code, out, err) = lab.cli(&[
-        "diff",
-        "--declared",
-        &lab.declared_surface_file().display().to_string(),
-        "--observed",
-        &lab.paths.records_dir.display().to_string(),
-        "--health",
-        &health.display().to_string(),
-    ]);
-    assert_eq!(code, 0, "{out}{err}");
+    let (code, report) = lab.verify_and_diff(Some(&lab.paths.state_dir.join("health.json")));
+    assert_eq!(code, 0, "{report}");
 }
 
 /// A health the daemon wrote on demand vouches only for the run so far. Left on disk by a
