@@ -132,10 +132,11 @@ pub(super) fn binding_gaps(h: &ToolObservationHealth, sources: &[ObservedSource]
     let ran = matches!(h.producer, HealthProducer::Daemon | HealthProducer::Sandbox);
     if ran && h.run_ended != Some(true) {
         return vec![format!(
-            "run_ended: the health was {} its run ended, so it vouches for nothing after it; judge with the health its producer wrote as the run ended",
+            "run_ended: the health {}, so it vouches for nothing after it; judge with the health its producer wrote as the run ended",
             match h.run_ended {
-                Some(false) => "written on demand, before",
-                _ => "not written when",
+                Some(false) => "was written on demand, before its run ended",
+                _ =>
+                    "does not say whether it was written as its run ended (a carrier from before the field?)",
             }
         )];
     }

@@ -196,7 +196,7 @@ fn a_health_not_written_as_the_run_ended_is_an_observation_gap() {
     let d = declared("declared_prod_allowlist");
     for (run_ended, says) in [
         (Some(false), "written on demand"),
-        (None, "not written when"),
+        (None, "does not say whether"),
     ] {
         let h = ToolObservationHealth {
             run_ended,

@@ -110,7 +110,7 @@ pub enum CallRefusal {
     /// The tool's signed manifest requires a person's approval of each call, and none came
     /// with it.
     #[error(
-        "{tool} requires a person's approval of each call (its signed manifest says requires_approval): pass a declassification grant an authority signed for exactly this call"
+        "{tool} requires a person's approval of each call (its signed manifest says requires_approval), and this host's only form of it is a declassification grant an authority signed for exactly this call: none came with it (a call with nothing to declassify cannot run)"
     )]
     ApprovalRequired {
         /// The tool.

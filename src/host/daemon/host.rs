@@ -296,8 +296,9 @@ impl Host {
         let Err(e) = self.bind_state_to_records(Some(through)).await else {
             return;
         };
-        // Found lower than the records prove, bound to another stream, or a file replaced
-        // under the store: no label it gives can be trusted. A shared database that reads
+        // Found lower than the records prove, bound to another stream, records missing after
+        // the checkpoint (a gap does not heal), or a file replaced under the store: no label
+        // it gives can be trusted. A shared database that reads
         // lower than this host has seen a principal refuses that principal's calls by
         // itself, until the label reads back (a standby catching up): that stays so. Anything
         // else (the records or the database unreachable for now) is tried again, and each
@@ -305,6 +306,7 @@ impl Host {
         match e {
             ContinuityError::Behind(_)
             | ContinuityError::OtherStream(_)
+            | ContinuityError::Gap { .. }
             | ContinuityError::State(StateError::Replaced { .. }) => {
                 self.resolver.state().fail(e.to_string());
                 tracing::error!(error = %e, "the flow state does not hold what the decision records prove; refusing every call that needs it until the host is restarted");

@@ -467,7 +467,11 @@ impl Coverage {
         let Ok(previous) = ToolObservationHealth::read_from(health_file) else {
             return this_run;
         };
-        let ends_here = previous.records.last_seq == status.last_seq
+        // Only a health written as its run ended vouches for that run's tail: one asked for
+        // while it went on (its writer failing, or the host killed, after it) may end where
+        // the records do because what came after was refused without a record.
+        let ends_here = previous.run_ended == Some(true)
+            && previous.records.last_seq == status.last_seq
             && previous.records.chain_head.as_deref() == Some(status.chain_head.as_str());
         match (
             previous.complete,
@@ -709,6 +713,53 @@ impl Host {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run's health carries its range and counts over to the next run only when written
+    /// as that run ended: one asked for while it went on may end where the records do
+    /// because what came after was refused without a record. Before, a complete on-demand
+    /// health that ended at the records' head was carried over, and the next run's final
+    /// health vouched for the lost tail.
+    #[test]
+    fn only_a_health_written_as_its_run_ended_carries_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("health.json");
+        let head = crate::records::chain::ChainHash::parse(&format!("sha256:{}", "ab".repeat(32))).unwrap();
+        let status = crate::records::WriterStatus {
+            dir: dir.path().to_path_buf(),
+            first_seq: Some(1),
+            last_seq: Some(7),
+            chain_head: head.clone(),
+            committed_since_open: 0,
+            current_file: dir.path().join("records"),
+            failed: None,
+            closed: false,
+            recovered: Vec::new(),
+        };
+        for (run_ended, carried) in [(Some(true), true), (Some(false), false), (None, false)] {
+            let mut h = ToolObservationHealth::unknown(HealthProducer::Daemon);
+            h.proxy_seen = Some(true);
+            h.tool_calls_observed = Some(3);
+            h.policy_layer_active = Some(true);
+            h.classifier_version = Some("v".into());
+            h.unknown_tool_count = Some(0);
+            h.redaction_active = Some(true);
+            h.broker_active = Some(true);
+            h.executors_spawned = Some(1);
+            h.executors_supervised = Some(1);
+            h.failed_notifications = Some(0);
+            h.run_ended = run_ended;
+            h.records.first_seq = Some(2);
+            h.records.last_seq = Some(7);
+            h.records.chain_head = Some(head.as_str().to_string());
+            h.records.records_complete = Some(true);
+            let h = h.finalize();
+            assert!(h.complete, "{:?}", h.incomplete_reasons);
+            h.write_to(&file).unwrap();
+            let coverage = Coverage::carried_over(&file, &status);
+            assert_eq!(coverage.first_seq == 2, carried, "{run_ended:?}");
+            assert_eq!(coverage.tool_calls == 3, carried, "{run_ended:?}");
+        }
+    }
 
     /// The interval of the state checks is read once, at start: a reload that changes it is
     /// refused, naming it, rather than reported applied while the old interval runs on.
