@@ -735,7 +735,7 @@ pub async fn check_through(
     grants.sort_by_key(|(_, (seq, _, _))| *seq);
     let mut first_lost = None;
     for (id, found) in grants {
-        if state.consume_grant(&id, crate::grant::now()).await? && first_lost.is_none() {
+        if state.mark_grant_spent(&id, crate::grant::now()).await? && first_lost.is_none() {
             first_lost = Some((id, found));
         }
     }

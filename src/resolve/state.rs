@@ -337,6 +337,19 @@ impl FlowStateStore {
         Ok(spent)
     }
 
+    /// Marks grant `id` spent in the store itself, whatever this run remembers: what the
+    /// continuity check does for each grant the records show spent. Whether the store
+    /// lacked it (it lost the row: the check reports that).
+    pub async fn mark_grant_spent(&self, id: &str, now: u64) -> Result<bool, StateError> {
+        self.usable()?;
+        let lacked = self.backend.consume_grant(id, now).await?;
+        self.spent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id.to_string());
+        Ok(lacked)
+    }
+
     /// Every label held.
     pub async fn snapshot(&self) -> Result<StateSnapshot, StateError> {
         self.usable()?;

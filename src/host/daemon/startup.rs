@@ -723,7 +723,8 @@ mod tests {
     fn only_a_health_written_as_its_run_ended_carries_over() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("health.json");
-        let head = crate::records::chain::ChainHash::parse(&format!("sha256:{}", "ab".repeat(32))).unwrap();
+        let head = crate::records::chain::ChainHash::parse(&format!("sha256:{}", "ab".repeat(32)))
+            .unwrap();
         let status = crate::records::WriterStatus {
             dir: dir.path().to_path_buf(),
             first_seq: Some(1),
