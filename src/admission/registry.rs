@@ -889,12 +889,15 @@ fn admit_tool(
     })
 }
 
-/// A server offered a manifest older than the one it was served with before.
+/// A server offered a manifest older than the one it was served with before, or another
+/// body under the version it was served with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "server {server:?}: manifest version {offered} is older than version {retained}, which \
-     this host served before (kept in {}): a rollback to an older signed manifest is refused; \
-     to serve it on purpose, delete that file, then reload or start again",
+    "server {server:?}: manifest version {offered} is {} version {retained}, which \
+     this host served before (kept in {}): a rollback to an older signed manifest is refused, \
+     and a changed manifest needs a new version; to serve it on purpose, delete that file, \
+     then reload or start again",
+    if offered == retained { "another body than the one signed as" } else { "older than" },
     file.display()
 )]
 pub struct RollbackError {
@@ -914,25 +917,34 @@ impl VerifiedRegistry {
     /// this whoever can replace a manifest file could bring back a version whose
     /// declarations (an output label, a clearance) the publisher has since tightened.
     /// Versions are compared as semantic versions (`1.2.0` < `1.10.0`, a pre-release below
-    /// its release); a version that is not one is not compared.
+    /// its release); a version that is not one is not compared. The same version with
+    /// another body (another digest) is refused too: whoever holds the publisher's key could
+    /// otherwise loosen a declaration without the version saying so, and an older body
+    /// re-signed under the current version would pass as current.
     pub fn check_no_rollback(
         &self,
         retained: &[SignedManifest],
         file: &Path,
     ) -> Result<(), RollbackError> {
-        for offered in self.envelopes().map(SignedManifest::body) {
-            let Some(before) = retained
+        for envelope in self.envelopes() {
+            let offered = envelope.body();
+            let Some(retained_envelope) = retained
                 .iter()
-                .map(SignedManifest::body)
-                .find(|b| b.server_id() == offered.server_id())
+                .find(|e| e.body().server_id() == offered.server_id())
             else {
                 continue;
             };
-            if let (Ok(now), Ok(then)) = (
-                semver::Version::parse(offered.version()),
-                semver::Version::parse(before.version()),
-            ) && now < then
-            {
+            let before = retained_envelope.body();
+            let older = matches!(
+                (
+                    semver::Version::parse(offered.version()),
+                    semver::Version::parse(before.version()),
+                ),
+                (Ok(now), Ok(then)) if now < then
+            );
+            let changed = offered.version() == before.version()
+                && envelope.digest() != retained_envelope.digest();
+            if older || changed {
                 return Err(RollbackError {
                     server: offered.server_id().to_owned(),
                     offered: offered.version().to_owned(),

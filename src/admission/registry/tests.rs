@@ -758,6 +758,20 @@ fn an_older_manifest_than_the_retained_one_is_a_rollback() {
         let r = registry_of(vec![offered, versioned("b-server", "2023-r9")]);
         assert_eq!(r.check_no_rollback(&retained, file), Ok(()));
     }
+    // The version served before, with another body: re-signed without a new version.
+    let changed = {
+        let mut body = versioned("a-server", "1.10.0").body_json().clone();
+        body["name"] = json!("a-server, changed");
+        SignedManifest::sign(body, &k).unwrap()
+    };
+    let e = registry_of(vec![changed])
+        .check_no_rollback(&retained, file)
+        .unwrap_err();
+    assert_eq!(
+        (e.offered.as_str(), e.retained.as_str()),
+        ("1.10.0", "1.10.0")
+    );
+    assert!(e.to_string().contains("another body"), "{e}");
     for older in ["1.9.0", "1.10.0-rc.1", "0.1.0"] {
         let r = registry_of(vec![versioned("a-server", older)]);
         let e = r.check_no_rollback(&retained, file).unwrap_err();
