@@ -557,6 +557,20 @@ fn same_file(path: &Path, file: &std::fs::File) -> Result<(), StateError> {
 
 /// Every principal's label stored in `conn` (the database at `path`); `failed` names a
 /// read that fails.
+/// Whether reading a state file failed because it holds no flow state at all: not SQLite,
+/// or without the store's tables.
+fn no_state_in(e: &rusqlite::Error) -> bool {
+    match e {
+        rusqlite::Error::SqliteFailure(f, message) => {
+            f.code == rusqlite::ErrorCode::NotADatabase
+                || message
+                    .as_deref()
+                    .is_some_and(|m| m.starts_with("no such table"))
+        }
+        _ => false,
+    }
+}
+
 fn load_principals(
     conn: &Connection,
     path: &Path,
@@ -988,12 +1002,33 @@ impl SqliteStore {
             path: self.path.clone(),
             source,
         };
+        // A file gone, emptied or no longer a flow-state database under the running store
+        // is no passing fault to retry: what it held lives on only in this process, and the
+        // next start would find nothing to check the records against.
+        let gone = match std::fs::symlink_metadata(&self.path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Some("is gone (deleted or renamed away)")
+            }
+            Ok(m) if m.len() == 0 => Some("is empty"),
+            _ => None,
+        };
+        if let Some(found) = gone {
+            return Err(self.replaced(&mut inner, found.into()));
+        }
         let fresh = Connection::open_with_flags(
             &self.path,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(io)?;
-        let principals = load_principals(&fresh, &self.path, io)?;
+        let principals = match load_principals(&fresh, &self.path, io) {
+            Err(StateError::Io { source, .. }) if no_state_in(&source) => {
+                return Err(self.replaced(
+                    &mut inner,
+                    "is no flow-state database (its tables are gone, or it is not SQLite)".into(),
+                ));
+            }
+            read => read?,
+        };
         let bottom = InformationLabel::bottom();
         let lowered = inner
             .principals
@@ -1012,19 +1047,25 @@ impl SqliteStore {
             None => None,
         };
         if let Some(found) = found {
-            let err = StateError::Replaced {
-                path: self.path.clone(),
-                state_dir: self.path.parent().unwrap_or(Path::new(".")).to_path_buf(),
-                found,
-            };
-            inner.failed = Some(err.to_string());
-            tracing::error!(error = %err, "the flow-state file changed under the running host");
-            return Err(err);
+            return Err(self.replaced(&mut inner, found));
         }
         Ok(StateSnapshot {
             principals,
             sessions: inner.sessions.clone(),
         })
+    }
+
+    /// The file was replaced, rolled back or removed under the store (`found` says how):
+    /// the store fails, and stays failed while the host runs.
+    fn replaced(&self, inner: &mut Inner, found: String) -> StateError {
+        let err = StateError::Replaced {
+            path: self.path.clone(),
+            state_dir: self.path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            found,
+        };
+        inner.failed = Some(err.to_string());
+        tracing::error!(error = %err, "the flow-state file changed under the running host");
+        err
     }
 
     /// The decision record this state was last proven against: its sequence number and
@@ -1270,6 +1311,44 @@ pub(crate) mod tests {
             "a replay after a restart"
         );
         assert!(store.consume_grant("g-2", 102).unwrap());
+    }
+
+    /// A state file deleted, emptied or replaced by a database without the store's tables
+    /// while the store runs fails the store, as a rolled-back one does. Before, each was an I/O
+    /// error the host logged and tried again at the next check, reporting its state healthy
+    /// while it lived only in this process.
+    #[test]
+    fn a_state_file_gone_under_the_store_fails_it() {
+        for (name, undo) in [
+            (
+                "deleted",
+                (|db: &Path| std::fs::remove_file(db).unwrap()) as fn(&Path),
+            ),
+            ("emptied", |db: &Path| std::fs::write(db, b"").unwrap()),
+            ("another database", |db: &Path| {
+                let other = db.with_extension("other");
+                rusqlite::Connection::open(&other)
+                    .unwrap()
+                    .execute("CREATE TABLE unrelated (x)", [])
+                    .unwrap();
+                for side in ["state.db-wal", "state.db-shm"] {
+                    let _ = std::fs::remove_file(db.with_file_name(side));
+                }
+                std::fs::rename(&other, db).unwrap();
+            }),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let db = dir.path().join("state.db");
+            let store = SqliteStore::open(&db).unwrap();
+            store.snapshot().unwrap();
+            undo(&db);
+            let err = store
+                .snapshot()
+                .err()
+                .unwrap_or_else(|| panic!("{name}: read as a state"));
+            assert!(matches!(err, StateError::Replaced { .. }), "{name}: {err}");
+            assert!(store.failure().is_some(), "{name}: the store failed");
+        }
     }
 
     /// A grant this store spent stays spent while the host runs, even if the file loses its
