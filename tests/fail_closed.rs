@@ -207,47 +207,60 @@ fn a_start_that_may_succeed_later_exits_1_and_a_refusal_exits_2() {
     assert_eq!(code, Some(2), "{stderr}");
 }
 
-#[test]
-fn an_older_signed_manifest_is_refused_at_reload_and_at_start() {
-    let Some(mut lab) = Lab::start() else { return };
-    // The publisher's key, as the publisher keeps it (0600), signs versions 1.2.0 and 1.1.0
-    // of public-inbox; the lab serves 1.0.0.
+/// The pricing lab's public-inbox manifest as `change` leaves it, signed with the
+/// publisher's key (kept 0600, as the publisher keeps it) into `NAME.signed.json` in the
+/// lab's directory.
+fn signed_public_inbox(lab: &Lab, name: &str, change: impl FnOnce(&mut Value)) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pricing-lab");
     let key = lab.dir.path().join("public-inbox.key");
     std::fs::copy(repo.join("keys/public-inbox.key"), &key).unwrap();
-    use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let body: Value = serde_json::from_str(
+    let mut body: Value = serde_json::from_str(
         &std::fs::read_to_string(repo.join("public-inbox.manifest.json")).unwrap(),
     )
     .unwrap();
+    change(&mut body);
+    let unsigned = lab.dir.path().join(format!("{name}.json"));
+    std::fs::write(&unsigned, body.to_string()).unwrap();
+    let out = lab.dir.path().join(format!("{name}.signed.json"));
+    let (code, _, err) = lab.cli(&[
+        "manifest",
+        "sign",
+        "--key",
+        &key.display().to_string(),
+        "--manifest",
+        &unsigned.display().to_string(),
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    out
+}
+
+/// The lab's configuration `original` with public-inbox served from `manifest`.
+fn serving_public_inbox(original: &str, manifest: &Path) -> String {
+    let served = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/pricing-lab/public-inbox.signed.json")
+        .display()
+        .to_string();
+    assert!(original.contains(&served));
+    original.replace(&served, &manifest.display().to_string())
+}
+
+#[test]
+fn an_older_signed_manifest_is_refused_at_reload_and_at_start() {
+    let Some(mut lab) = Lab::start() else { return };
+    // The publisher's key signs versions 1.2.0 and 1.1.0 of public-inbox; the lab serves
+    // 1.0.0.
     let sign = |version: &str| {
-        let mut versioned = body.clone();
-        versioned["version"] = json!(version);
-        let unsigned = lab.dir.path().join(format!("public-inbox-{version}.json"));
-        std::fs::write(&unsigned, versioned.to_string()).unwrap();
-        let out = lab
-            .dir
-            .path()
-            .join(format!("public-inbox-{version}.signed.json"));
-        let (code, _, err) = lab.cli(&[
-            "manifest",
-            "sign",
-            "--key",
-            &key.display().to_string(),
-            "--manifest",
-            &unsigned.display().to_string(),
-            "--out",
-            &out.display().to_string(),
-        ]);
-        assert_eq!(code, 0, "{err}");
-        out
+        signed_public_inbox(&lab, &format!("public-inbox-{version}"), |body| {
+            body["version"] = json!(version);
+        })
     };
     let (newer, older) = (sign("1.2.0"), sign("1.1.0"));
     let original = std::fs::read_to_string(&lab.config).unwrap();
-    let served = repo.join("public-inbox.signed.json").display().to_string();
-    assert!(original.contains(&served));
-    let serving = |manifest: &Path| original.replace(&served, &manifest.display().to_string());
+    let serving = |manifest: &Path| serving_public_inbox(&original, manifest);
     lab.write_config(&serving(&newer));
     lab.signal(libc::SIGHUP);
     wait_log(&lab, "reloaded: generation 2", 1);
@@ -283,34 +296,11 @@ fn a_tool_requiring_approval_does_not_run_without_it() {
     let Some(mut lab) = Lab::prepare() else {
         return;
     };
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pricing-lab");
-    let key = lab.dir.path().join("public-inbox.key");
-    std::fs::copy(repo.join("keys/public-inbox.key"), &key).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let mut body: Value = serde_json::from_str(
-        &std::fs::read_to_string(repo.join("public-inbox.manifest.json")).unwrap(),
-    )
-    .unwrap();
-    body["tools"][0]["annotations"]["requires_approval"] = json!(true);
-    let unsigned = lab.dir.path().join("public-inbox-approval.json");
-    std::fs::write(&unsigned, body.to_string()).unwrap();
-    let signed = lab.dir.path().join("public-inbox-approval.signed.json");
-    let (code, _, err) = lab.cli(&[
-        "manifest",
-        "sign",
-        "--key",
-        &key.display().to_string(),
-        "--manifest",
-        &unsigned.display().to_string(),
-        "--out",
-        &signed.display().to_string(),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    let signed = signed_public_inbox(&lab, "public-inbox-approval", |body| {
+        body["tools"][0]["annotations"]["requires_approval"] = json!(true);
+    });
     let original = std::fs::read_to_string(&lab.config).unwrap();
-    let served = repo.join("public-inbox.signed.json").display().to_string();
-    assert!(original.contains(&served));
-    lab.write_config(&original.replace(&served, &signed.display().to_string()));
+    lab.write_config(&serving_public_inbox(&original, &signed));
     lab.spawn();
     let mut c = lab.client();
     c.initialize();

@@ -737,22 +737,15 @@ mod tests {
             recovered: Vec::new(),
         };
         for (run_ended, carried) in [(Some(true), true), (Some(false), false), (None, false)] {
-            let mut h = ToolObservationHealth::unknown(HealthProducer::Daemon);
-            h.proxy_seen = Some(true);
-            h.tool_calls_observed = Some(3);
-            h.policy_layer_active = Some(true);
-            h.classifier_version = Some("v".into());
-            h.unknown_tool_count = Some(0);
-            h.redaction_active = Some(true);
-            h.broker_active = Some(true);
-            h.executors_spawned = Some(1);
-            h.executors_supervised = Some(1);
-            h.failed_notifications = Some(0);
+            // The committed complete daemon health, moved onto this writer's records.
+            let mut h = ToolObservationHealth::read_from(
+                &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/health/health_complete.json"),
+            )
+            .unwrap();
             h.run_ended = run_ended;
             h.records.first_seq = Some(2);
             h.records.last_seq = Some(7);
             h.records.chain_head = Some(head.as_str().to_string());
-            h.records.records_complete = Some(true);
             let h = h.finalize();
             assert!(h.complete, "{:?}", h.incomplete_reasons);
             h.write_to(&file).unwrap();
