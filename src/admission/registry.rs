@@ -889,15 +889,20 @@ fn admit_tool(
     })
 }
 
-/// A server offered a manifest older than the one it was served with before, or another
-/// body under the version it was served with.
+/// A server offered a manifest older than the one it was served with before, another body
+/// at the same version, or a version that cannot be ordered against that one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "server {server:?}: manifest version {offered} is {} version {retained}, which \
      this host served before (kept in {}): a rollback to an older signed manifest is refused, \
-     and a changed manifest needs a new version; to serve it on purpose, delete that file, \
+     and a changed manifest needs a newer version; to serve it on purpose, delete that file, \
      then reload or start again",
-    if offered == retained { "another body than the one signed as" } else { "older than" },
+    match kind {
+        RollbackKind::Older => "older than",
+        RollbackKind::SameVersion => "another body at the same precedence as",
+        RollbackKind::Unordered => "not a version that can be ordered (semantic, or up to three \
+            dot-separated numbers) against",
+    },
     file.display()
 )]
 pub struct RollbackError {
@@ -907,20 +912,52 @@ pub struct RollbackError {
     pub offered: String,
     /// The version served before.
     pub retained: String,
+    /// Why the offered manifest is not newer.
+    pub kind: RollbackKind,
     /// The retained set that remembers it.
     pub file: std::path::PathBuf,
 }
 
+/// Why an offered manifest was not proven newer than the one served before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RollbackKind {
+    /// Its version orders before the one served.
+    Older,
+    /// Its version has the same precedence (build metadata is ignored, `1` is `1.0.0`) and
+    /// its body differs.
+    SameVersion,
+    /// One of the two versions cannot be ordered, and they differ.
+    Unordered,
+}
+
+/// A manifest version as a semantic version: one that parses as such, or up to three
+/// dot-separated decimal numbers (`1`, `1.2`, `01.2.0`), read as the release they name.
+/// Anything else has no order.
+fn orderable_version(text: &str) -> Option<semver::Version> {
+    if let Ok(v) = semver::Version::parse(text) {
+        return Some(v);
+    }
+    let mut parts = [0u64; 3];
+    for (i, part) in text.split('.').enumerate() {
+        if i == parts.len() || part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        parts[i] = part.parse().ok()?;
+    }
+    Some(semver::Version::new(parts[0], parts[1], parts[2]))
+}
+
 impl VerifiedRegistry {
-    /// Refuses to serve a server a manifest older than the one `retained` (the set read back
-    /// from `file`) holds for it: an older manifest is still validly signed, so without
-    /// this whoever can replace a manifest file could bring back a version whose
+    /// Refuses to serve a server a manifest not proven newer than the one `retained` (the
+    /// set read back from `file`) holds for it: an older manifest is still validly signed,
+    /// so without this whoever can replace a manifest file could bring back a version whose
     /// declarations (an output label, a clearance) the publisher has since tightened.
-    /// Versions are compared as semantic versions (`1.2.0` < `1.10.0`, a pre-release below
-    /// its release); a version that is not one is not compared. The same version with
-    /// another body (another digest) is refused too: whoever holds the publisher's key could
-    /// otherwise loosen a declaration without the version saying so, and an older body
-    /// re-signed under the current version would pass as current.
+    /// Versions are ordered by semantic-version precedence (`1.2.0` < `1.10.0`, a
+    /// pre-release below its release, build metadata ignored; `1` and `1.2` read as `1.0.0`
+    /// and `1.2.0`). Refused: an older version; the same precedence with another body (whoever
+    /// holds the publisher's key could otherwise loosen a declaration without the version
+    /// saying so, or pass an older body off as current under new build metadata); and a
+    /// different version where either cannot be ordered, since it cannot be proven newer.
     pub fn check_no_rollback(
         &self,
         retained: &[SignedManifest],
@@ -935,20 +972,26 @@ impl VerifiedRegistry {
                 continue;
             };
             let before = retained_envelope.body();
-            let older = matches!(
-                (
-                    semver::Version::parse(offered.version()),
-                    semver::Version::parse(before.version()),
-                ),
-                (Ok(now), Ok(then)) if now < then
-            );
-            let changed = offered.version() == before.version()
-                && envelope.digest() != retained_envelope.digest();
-            if older || changed {
+            let same_body = envelope.digest() == retained_envelope.digest();
+            let kind = match (
+                orderable_version(offered.version()),
+                orderable_version(before.version()),
+            ) {
+                (Some(now), Some(then)) => match now.cmp_precedence(&then) {
+                    std::cmp::Ordering::Less => Some(RollbackKind::Older),
+                    std::cmp::Ordering::Equal if !same_body => Some(RollbackKind::SameVersion),
+                    _ => None,
+                },
+                _ if offered.version() != before.version() => Some(RollbackKind::Unordered),
+                _ if !same_body => Some(RollbackKind::SameVersion),
+                _ => None,
+            };
+            if let Some(kind) = kind {
                 return Err(RollbackError {
                     server: offered.server_id().to_owned(),
                     offered: offered.version().to_owned(),
                     retained: before.version().to_owned(),
+                    kind,
                     file: file.to_owned(),
                 });
             }

@@ -748,16 +748,51 @@ fn an_older_manifest_than_the_retained_one_is_a_rollback() {
         versioned("a-server", "1.10.0"),
         versioned("b-server", "2024-r1"),
     ];
-    // Newer, equal, another server, a version that is not semver: all served.
+    // Newer, equal, another server, the same unorderable version: all served.
     for offered in [
         versioned("a-server", "1.10.0"),
         versioned("a-server", "1.10.1"),
         versioned("a-server", "2.0.0-rc.1"),
+        versioned("a-server", "2"),
+        versioned("a-server", "1.11"),
         versioned("c-server", "0.1.0"),
     ] {
-        let r = registry_of(vec![offered, versioned("b-server", "2023-r9")]);
+        let r = registry_of(vec![offered, versioned("b-server", "2024-r1")]);
         assert_eq!(r.check_no_rollback(&retained, file), Ok(()));
     }
+    // A version that cannot be ordered cannot be proven newer: before, any such version
+    // was served over any other, so `2023-r9` replaced `2024-r1`, and `1.9` or `v1.9.0`
+    // (neither a semantic version) replaced `1.10.0`.
+    for (server, offered, retained_version) in [
+        ("b-server", "2023-r9", "2024-r1"),
+        ("b-server", "2025-r1", "2024-r1"),
+        ("a-server", "v1.9.0", "1.10.0"),
+    ] {
+        let e = registry_of(vec![versioned(server, offered)])
+            .check_no_rollback(&retained, file)
+            .unwrap_err();
+        assert_eq!(
+            (e.offered.as_str(), e.retained.as_str(), e.kind),
+            (offered, retained_version, RollbackKind::Unordered)
+        );
+        assert!(
+            e.to_string().contains("not a version that can be ordered"),
+            "{e}"
+        );
+    }
+    // Build metadata has no precedence: an older body under other build metadata was
+    // served before, because the versions differ as strings and `c1` sorts after `bc`.
+    let built = vec![versioned("a-server", "1.2.0+bc17664")];
+    for offered in ["1.2.0+c144a98", "1.2.0", "1.2"] {
+        let e = registry_of(vec![versioned("a-server", offered)])
+            .check_no_rollback(&built, file)
+            .unwrap_err();
+        assert_eq!(e.kind, RollbackKind::SameVersion, "{offered}");
+    }
+    let older = registry_of(vec![versioned("a-server", "1.1")])
+        .check_no_rollback(&built, file)
+        .unwrap_err();
+    assert_eq!(older.kind, RollbackKind::Older);
     // The version served before, with another body: re-signed without a new version.
     let changed = {
         let mut body = versioned("a-server", "1.10.0").body_json().clone();
