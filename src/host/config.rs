@@ -641,6 +641,17 @@ impl HostConfig {
         let mut ids = BTreeSet::new();
         for (i, s) in raw.server.into_iter().enumerate() {
             let key = |k: &str| format!("server[{i}].{k}");
+            crate::ident::validate_identifier("server id", &s.id)
+                .map_err(|e| invalid(key("id"), e.to_string()))?;
+            if s.id.contains('/') {
+                return Err(invalid(
+                    key("id"),
+                    format!(
+                        "{:?} contains '/', which separates the server from the tool in the names clients call",
+                        s.id
+                    ),
+                ));
+            }
             if !ids.insert(s.id.clone()) {
                 return Err(invalid(
                     key("id"),
@@ -1272,6 +1283,19 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
             e.contains("`server[1].id`") && e.contains("configured twice"),
             "{e}"
         );
+        // A server id with '/' made `a/b/c` name both server `a`'s tool `b/c` and server
+        // `a/b`'s tool `c`; one that breaks the identifier rule was not checked at all.
+        for (id, says) in [
+            ("srv/x", "contains '/'"),
+            (" srv", "whitespace"),
+            ("", "empty"),
+        ] {
+            let e = error(&MINIMAL.replace("id = \"srv\"", &format!("id = {id:?}")));
+            assert!(
+                e.contains("`server[0].id`") && e.contains(says),
+                "{id:?}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! `PrincipalId`, `Compartment` and `DeclassificationPurpose` share one rule (README,
 //! "Information-flow model"): non-empty, at most [`MAX_IDENTIFIER_BYTES`] bytes of UTF-8, no
 //! leading or trailing whitespace, and no control character anywhere (`char::is_control`,
-//! which covers C0, DEL and C1 such as U+0085). No other character is restricted.
+//! which covers C0, DEL and C1 such as U+0085), and no character that draws nothing or
+//! reorders the text (zero-width characters, bidirectional controls, the byte-order mark and
+//! the like). No other character is restricted.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -40,6 +42,21 @@ pub enum IdentifierError {
         /// The rejected value (printed with escapes).
         value: String,
     },
+    /// The string contains a character that draws nothing or reorders the text around it.
+    #[error(
+        "{kind} {value:?} contains the invisible character U+{code:04X} at byte {offset}; \
+         identifiers hold only characters that can be seen"
+    )]
+    InvisibleCharacter {
+        /// Which identifier type was being built.
+        kind: &'static str,
+        /// The rejected value (printed with escapes).
+        value: String,
+        /// The offending code point.
+        code: u32,
+        /// Byte offset of the offending character.
+        offset: usize,
+    },
     /// The string contains a control character.
     #[error("{kind} {value:?} contains the control character U+{code:04X} at byte {offset}")]
     ControlCharacter {
@@ -73,6 +90,14 @@ pub fn validate_identifier(kind: &'static str, value: &str) -> Result<(), Identi
             offset,
         });
     }
+    if let Some((offset, ch)) = value.char_indices().find(|&(_, c)| is_invisible(c)) {
+        return Err(IdentifierError::InvisibleCharacter {
+            kind,
+            value: value.to_owned(),
+            code: u32::from(ch),
+            offset,
+        });
+    }
     if value.trim() != value {
         return Err(IdentifierError::SurroundingWhitespace {
             kind,
@@ -80,6 +105,44 @@ pub fn validate_identifier(kind: &'static str, value: &str) -> Result<(), Identi
         });
     }
     Ok(())
+}
+
+/// Characters that draw nothing or reorder what follows: Unicode's format characters
+/// (zero-width spaces and joiners, bidirectional controls, the byte-order mark, tags, the
+/// soft hyphen), variation selectors, the combining grapheme joiner and the Hangul fillers.
+/// Two identifiers that differ only by one look the same to the operator who copies one into
+/// a policy, and a bidirectional override makes one read as another.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00ad}'
+            | '\u{034f}'
+            | '\u{0600}'..='\u{0605}'
+            | '\u{061c}'
+            | '\u{06dd}'
+            | '\u{070f}'
+            | '\u{0890}'..='\u{0891}'
+            | '\u{08e2}'
+            | '\u{115f}'..='\u{1160}'
+            | '\u{17b4}'..='\u{17b5}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{110bd}'
+            | '\u{110cd}'
+            | '\u{13430}'..='\u{1343f}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0001}'
+            | '\u{e0020}'..='\u{e007f}'
+            | '\u{e0100}'..='\u{e01ef}'
+    )
 }
 
 macro_rules! identifier_type {
@@ -234,6 +297,41 @@ mod tests {
                 ),
                 "{bad:?}"
             );
+        }
+    }
+
+    /// Zero-width characters, bidirectional overrides and the like were accepted, so
+    /// `read\u{200b}_file` and `read_file` were two principals, tools or compartments that
+    /// look the same, and an override made one identifier read as another.
+    #[test]
+    fn rejects_invisible_characters() {
+        for (bad, code) in [
+            ("read\u{200b}_file", 0x200b),
+            ("\u{feff}alice", 0xfeff),
+            ("a\u{202e}b", 0x202e),
+            ("a\u{2066}b", 0x2066),
+            ("soft\u{ad}hyphen", 0xad),
+            ("a\u{2060}b", 0x2060),
+            ("tag\u{e0041}", 0xe0041),
+            ("x\u{fe0f}", 0xfe0f),
+            ("\u{3164}", 0x3164),
+        ] {
+            match Compartment::new(bad) {
+                Err(IdentifierError::InvisibleCharacter { code: c, .. }) => {
+                    assert_eq!(c, code, "{bad:?}")
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        let err = PrincipalId::new("ali\u{200d}ce").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "principal id \"ali\\u{200d}ce\" contains the invisible character U+200D at byte 3; \
+             identifiers hold only characters that can be seen"
+        );
+        // Visible characters from other scripts, and emoji without a selector, stay valid.
+        for ok in ["Ωmega", "ação", "🙂", "日本/ops"] {
+            PrincipalId::new(ok).unwrap();
         }
     }
 

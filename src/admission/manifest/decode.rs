@@ -80,6 +80,20 @@ pub enum ManifestError {
         /// Which rule it breaks.
         reason: IdentifierError,
     },
+    /// A server id, tool name or prompt name holds `/`, the separator of the names clients
+    /// see (`server/tool`): two tools could otherwise share one.
+    #[error(
+        "{path}: {kind} {value:?} contains '/', which separates the server from the tool in the \
+         names clients call; rename it"
+    )]
+    SeparatorInName {
+        /// The field.
+        path: JsonPath,
+        /// Which name it is.
+        kind: &'static str,
+        /// The rejected value.
+        value: String,
+    },
     /// Two tools share a name.
     #[error("{path}: tool name {name:?} is already used by {first}; tool names are unique")]
     DuplicateToolName {
@@ -317,6 +331,21 @@ impl<'a> Fields<'a> {
         })?;
         Ok(text)
     }
+
+    /// A required identifier that becomes part of a name clients call (`server/tool`), so
+    /// holds no `/`: without this, server `a` with tool `b/c` and server `a/b` with tool `c`
+    /// would both be `a/b/c`.
+    pub(crate) fn name_part(&self, field: &'static str, kind: &'static str) -> Result<&'a str> {
+        let text = self.identifier(field, kind)?;
+        if text.contains('/') {
+            return Err(ManifestError::SeparatorInName {
+                path: self.path(field),
+                kind,
+                value: text.to_owned(),
+            });
+        }
+        Ok(text)
+    }
 }
 
 pub(crate) fn as_str<'a>(value: &'a Value, at: &JsonPath) -> Result<&'a str> {
@@ -396,7 +425,7 @@ impl ManifestBody {
             }
         }
         let fields = Fields::new(value, at, BODY_FIELDS)?;
-        let server_id = fields.identifier("server_id", "server id")?.to_owned();
+        let server_id = fields.name_part("server_id", "server id")?.to_owned();
         let name = fields.identifier("name", "server name")?.to_owned();
         let description = fields
             .optional_str("description")?
@@ -472,7 +501,7 @@ impl ToolDefinition {
     /// Decodes and checks one tool; `at` is its location (for example `tools[2]`).
     pub fn from_json_value(value: &Value, at: &JsonPath) -> Result<Self> {
         let fields = Fields::new(value, at, TOOL_FIELDS)?;
-        let name = fields.identifier("name", "tool name")?.to_owned();
+        let name = fields.name_part("name", "tool name")?.to_owned();
         let title = fields
             .optional_str("title")?
             .map(|t| check_description(t, fields.path("title")))

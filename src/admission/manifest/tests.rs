@@ -428,6 +428,44 @@ fn identifiers_are_checked() {
             "{bad:?}"
         );
     }
+    // Clients call `server/tool`: a '/' in either made server `a`'s tool `b/c` and server
+    // `a/b`'s tool `c` one name, and let a server offering bare names list `a/x` as its own.
+    let mut body = full_body(&key(1));
+    body["server_id"] = json!("acme/billing");
+    let e = parse_body(body);
+    assert!(
+        matches!(
+            &e,
+            ManifestError::SeparatorInName {
+                kind: "server id",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("server_id") && e.to_string().contains("'/'"),
+        "{e}"
+    );
+    let mut body = full_body(&key(1));
+    body["tools"][0]["name"] = json!("billing/charge");
+    let e = parse_body(body);
+    assert!(
+        matches!(
+            &e,
+            ManifestError::SeparatorInName {
+                kind: "tool name",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("tools[0].name"), "{e}");
+    // A version may hold '/': it is never part of a name.
+    let mut body = full_body(&key(1));
+    body["version"] = json!("2024/1");
+    let k = key(1);
+    parse_value(&envelope_value(body, &k)).unwrap();
 }
 
 #[test]
@@ -1030,6 +1068,12 @@ fn bad_resources_and_prompts_are_refused_naming_the_field() {
             json!([{"name": "r", "uri": "test://a"}]),
             json!([{"name": " p"}]),
             |e| matches!(e, ManifestError::InvalidIdentifier { .. }),
+            "prompts[0].name",
+        ),
+        (
+            json!([{"name": "r", "uri": "test://a"}]),
+            json!([{"name": "a/p"}]),
+            |e| matches!(e, ManifestError::SeparatorInName { .. }),
             "prompts[0].name",
         ),
         (
