@@ -21,8 +21,13 @@
 //! `operationId` or `description`) is refused, never taken as absent.
 //! * output schema: the JSON schema of the lowest `2xx` response, if any;
 //! * annotations: from the method (`get`, `head`, `options`, `trace`: read-only and
-//!   idempotent; `put`: idempotent; `delete`: destructive and idempotent), replaced as a
-//!   whole by an `x-flowhost-annotations` object when the operation has one;
+//!   idempotent; `put` and `delete`: destructive and idempotent; `post`, `patch`:
+//!   destructive), replaced as a whole by an `x-flowhost-annotations` object when the
+//!   operation has one. Any other annotations-shaped key (last word `annotation(s)`, or an
+//!   object holding an annotation field) on an operation, and any such key including the
+//!   accepted one outside operations, is refused, as is an operation key that is neither an
+//!   OpenAPI 3 operation field nor an `x-` extension, so annotations written under the wrong
+//!   name (and their `requires_approval`) are never replaced by the method's defaults;
 //! * flow: the operation's `x-chio-flow` (the seed's name) or `x-flowhost-flow`, decoded as
 //!   strictly as in a manifest. Both on one operation must declare the same flow; any other
 //!   operation key shaped like a flow extension (`x-*-flow`, any case) is refused, and so is
@@ -228,6 +233,57 @@ pub enum OpenApiError {
         /// The key.
         key: String,
     },
+    /// An operation carries a key shaped like the annotations extension that is not
+    /// [`ANNOTATIONS_EXTENSION`].
+    #[error(
+        "{path}: {key:?} looks like tool annotations but is not the extension flowhost reads; \
+         rename it to \"x-flowhost-annotations\" (or remove it), or the method's defaults \
+         would be signed in its place"
+    )]
+    UnknownAnnotationsExtension {
+        /// The key's location (path, method, key).
+        path: JsonPath,
+        /// The key.
+        key: String,
+    },
+    /// Annotations (the accepted name or a look-alike) outside any operation, where none is
+    /// read: the document root, directly under `paths`, or a path item.
+    #[error(
+        "{path}: {key:?} declares tool annotations outside any operation, where flowhost does \
+         not read them; move them onto each operation they apply to, as \
+         \"x-flowhost-annotations\" (or remove them)"
+    )]
+    MisplacedAnnotationsExtension {
+        /// The key's location.
+        path: JsonPath,
+        /// The key.
+        key: String,
+    },
+    /// An operation holds a key that is neither a field OpenAPI 3 defines for an operation
+    /// nor an extension (`x-...`, case-sensitive): whatever it meant would be dropped.
+    #[error(
+        "{path}: {key:?} is not a field of an OpenAPI 3 operation, and extensions start with \
+         \"x-\" (lower case); rename or remove it"
+    )]
+    UnknownOperationField {
+        /// The key's location.
+        path: JsonPath,
+        /// The key.
+        key: String,
+    },
+    /// A path item holds a key that is neither a field OpenAPI 3 defines for a path item (a
+    /// method in lower case among them) nor an extension: an operation under it would be
+    /// skipped.
+    #[error(
+        "{path}: {key:?} is not a field of an OpenAPI 3 path item (methods are lower case), \
+         and extensions start with \"x-\"; rename or remove it"
+    )]
+    UnknownPathItemField {
+        /// The key's location.
+        path: JsonPath,
+        /// The key.
+        key: String,
+    },
     /// An operation carries both flow extensions with different declarations.
     #[error(
         "{path}: \"x-chio-flow\" and \"x-flowhost-flow\" declare different flows; keep one, or make them equal"
@@ -316,6 +372,16 @@ fn operations(doc: &Value) -> Result<Vec<Operation<'_>>> {
         let item_path = paths_path.key(route);
         let item = object(item, &item_path)?;
         refuse_flow_keys_outside_operations(item, &item_path)?;
+        if let Some(key) = item.keys().find(|key| {
+            !key.starts_with("x-")
+                && !METHODS.contains(&key.as_str())
+                && !PATH_ITEM_FIELDS.contains(&key.as_str())
+        }) {
+            return Err(OpenApiError::UnknownPathItemField {
+                path: item_path.key(key),
+                key: key.clone(),
+            });
+        }
         // A referenced path item's operations are elsewhere: skipping them would drop
         // tools (and their declarations) without a word, so the reference is refused.
         if let Some(reference) = item.get("$ref") {
@@ -421,6 +487,7 @@ pub fn manifest_from_openapi(doc: &Value, identity: &ManifestIdentity) -> Result
 }
 
 fn tool_from_operation(doc: &Value, op: &Operation<'_>, name: &str) -> Result<Value> {
+    check_operation_keys(op)?;
     // Both read before choosing, so a summary of the wrong type is refused even when a
     // description makes it unused.
     let description = optional_str(op.value, "description", &op.path)?;
@@ -480,6 +547,12 @@ const FLOW_FIELDS: [&str; 4] = [
 /// (`x-chio-flow-v1`). So a declaration under a misspelt name is refused rather than
 /// dropped, and its tool never signed without it.
 fn looks_like_flow_extension(key: &str, value: &Value) -> bool {
+    extension_shaped(key, value, &["flow", "flows"], &FLOW_FIELDS)
+}
+
+/// Whether `key` is an extension (`x-` in any case) whose last word is one of `last_words`,
+/// or whose value is an object holding one of `fields`.
+fn extension_shaped(key: &str, value: &Value, last_words: &[&str], fields: &[&str]) -> bool {
     if !key.to_ascii_lowercase().starts_with("x-") {
         return false;
     }
@@ -503,28 +576,99 @@ fn looks_like_flow_extension(key: &str, value: &Value) -> bool {
         .iter()
         .rev()
         .find(|w| !w.is_empty())
-        .is_some_and(|w| w == "flow" || w == "flows");
+        .is_some_and(|w| last_words.contains(&w.as_str()));
     named
         || value
             .as_object()
-            .is_some_and(|o| FLOW_FIELDS.iter().any(|f| o.contains_key(*f)))
+            .is_some_and(|o| fields.iter().any(|f| o.contains_key(*f)))
 }
 
 /// Refuses any flow-shaped key (accepted name or not) of `map`, an object that is not an
 /// operation: declarations are read only from operations, so one anywhere else would be
 /// dropped and its tools signed with no flow.
 fn refuse_flow_keys_outside_operations(map: &Map<String, Value>, path: &JsonPath) -> Result<()> {
-    match map
-        .iter()
-        .find(|(key, value)| looks_like_flow_extension(key, value))
-        .map(|(key, _)| key)
-    {
-        Some(key) => Err(OpenApiError::MisplacedFlowExtension {
-            path: path.key(key),
-            key: key.clone(),
-        }),
-        None => Ok(()),
+    for (key, value) in map {
+        if looks_like_flow_extension(key, value) {
+            return Err(OpenApiError::MisplacedFlowExtension {
+                path: path.key(key),
+                key: key.clone(),
+            });
+        }
+        if looks_like_annotations_extension(key, value) {
+            return Err(OpenApiError::MisplacedAnnotationsExtension {
+                path: path.key(key),
+                key: key.clone(),
+            });
+        }
     }
+    Ok(())
+}
+
+/// The fields OpenAPI 3 defines for a path item besides its methods.
+const PATH_ITEM_FIELDS: [&str; 5] = ["$ref", "summary", "description", "servers", "parameters"];
+
+/// The fields OpenAPI 3 defines for an operation object; any other key of an operation
+/// must be an extension.
+const OPERATION_FIELDS: [&str; 12] = [
+    "tags",
+    "summary",
+    "description",
+    "externalDocs",
+    "operationId",
+    "parameters",
+    "requestBody",
+    "responses",
+    "callbacks",
+    "deprecated",
+    "security",
+    "servers",
+];
+
+/// The fields of tool annotations: an extension whose value is an object holding one of
+/// them is an annotations block, whatever its name.
+const ANNOTATION_FIELDS: [&str; 5] = [
+    "read_only",
+    "destructive",
+    "idempotent",
+    "requires_approval",
+    "open_world",
+];
+
+/// Whether the extension `key`, holding `value`, is shaped like an annotations block: its
+/// last word is `annotation` or `annotations`, or it holds an object with an annotation
+/// field (words as in [`looks_like_flow_extension`]).
+fn looks_like_annotations_extension(key: &str, value: &Value) -> bool {
+    extension_shaped(
+        key,
+        value,
+        &["annotation", "annotations"],
+        &ANNOTATION_FIELDS,
+    )
+}
+
+/// Refuses, on an operation, any key that is neither an operation field nor an extension,
+/// and any annotations-shaped extension under another name than [`ANNOTATIONS_EXTENSION`]:
+/// either would leave the method's defaults signed in place of what the publisher wrote.
+fn check_operation_keys(op: &Operation<'_>) -> Result<()> {
+    for (key, value) in op.value {
+        // Flow-shaped keys are judged, with their own message, by `flow_keys`.
+        if looks_like_flow_extension(key, value) {
+            continue;
+        }
+        if !key.starts_with("x-") && !OPERATION_FIELDS.contains(&key.as_str()) {
+            return Err(OpenApiError::UnknownOperationField {
+                path: op.path.key(key),
+                key: key.clone(),
+            });
+        }
+        if key != ANNOTATIONS_EXTENSION && looks_like_annotations_extension(key, value) {
+            return Err(OpenApiError::UnknownAnnotationsExtension {
+                path: op.path.key(key),
+                key: key.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The accepted flow extensions an operation carries, in [`FLOW_EXTENSIONS`] order; any
@@ -556,9 +700,10 @@ fn to_value<T: serde::Serialize>(value: &T) -> Result<Value> {
 fn method_annotations(method: &str) -> Value {
     let (read_only, destructive, idempotent) = match method {
         "get" | "head" | "options" | "trace" => (true, false, true),
-        "put" => (false, false, true),
-        "delete" => (false, true, true),
-        _ => (false, false, false),
+        // A method that writes may destroy or overwrite data unless the publisher says
+        // otherwise (as MCP assumes of a tool that is not read-only).
+        "put" | "delete" => (false, true, true),
+        _ => (false, true, false),
     };
     json!({"read_only": read_only, "destructive": destructive, "idempotent": idempotent,
            "requires_approval": false})

@@ -410,6 +410,119 @@ fn look_alike_flow_extensions_are_refused() {
     manifest_from_openapi(&d, &identity()).unwrap();
 }
 
+/// Annotations under any other name than `x-flowhost-annotations` were ignored, so the
+/// method's defaults (which never require approval) were signed in their place: a
+/// `requires_approval: true` written as `x-flowhost-annotation` was lost.
+#[test]
+fn look_alike_annotations_are_refused() {
+    let approval = json!({"read_only": false, "destructive": true, "idempotent": false,
+                          "requires_approval": true});
+    for name in [
+        "x-flowhost-annotation",
+        "x-flowhost_annotations",
+        "x-flowhostAnnotations",
+        "x-acme-annotations",
+        "x-flowhost-annotations-v2",
+    ] {
+        let mut d = doc();
+        d["paths"]["/summaries"]["post"][name] = approval.clone();
+        let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+        let OpenApiError::UnknownAnnotationsExtension { path, key: found } = &err else {
+            panic!("{name}: {err:?}");
+        };
+        assert_eq!(found, name);
+        assert_eq!(
+            path.to_string(),
+            format!("paths[\"/summaries\"].post.{name}")
+        );
+        assert!(err.to_string().contains("x-flowhost-annotations"), "{err}");
+    }
+    // Not an extension at all (OpenAPI's are case-sensitive), or no such operation field:
+    // whatever it meant would be dropped.
+    for name in [
+        "X-Flowhost-Annotations",
+        "annotations",
+        "x_chio_flow",
+        "operationID",
+    ] {
+        let mut d = doc();
+        d["paths"]["/summaries"]["post"][name] = approval.clone();
+        let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+        assert!(
+            matches!(&err, OpenApiError::UnknownOperationField { key, .. } if key == name),
+            "{name}: {err:?}"
+        );
+    }
+    // A path item's key that is no field of one (a method in capitals) held an operation
+    // that was skipped without a word.
+    let mut d = doc();
+    d["paths"]["/summaries"]["PATCH"] = json!({"operationId": "patch_summary", "responses": {}});
+    let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+    assert!(
+        matches!(&err, OpenApiError::UnknownPathItemField { key, .. } if key == "PATCH"),
+        "{err:?}"
+    );
+    // The accepted name outside an operation, where none is read.
+    for (at, path) in [
+        (
+            vec!["paths", "/summaries"],
+            "paths[\"/summaries\"].x-flowhost-annotations",
+        ),
+        (vec!["paths"], "paths.x-flowhost-annotations"),
+        (vec![], "x-flowhost-annotations"),
+    ] {
+        let mut d = doc();
+        let mut target = &mut d;
+        for segment in at {
+            target = &mut target[segment];
+        }
+        target["x-flowhost-annotations"] = approval.clone();
+        let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+        assert!(
+            matches!(&err, OpenApiError::MisplacedAnnotationsExtension { path: p, .. } if p.to_string() == path),
+            "{path}: {err:?}"
+        );
+    }
+    // Other extensions, and the accepted one on the operation, are fine.
+    let mut d = doc();
+    d["paths"]["/summaries"]["post"]["x-annotated-by"] = json!("ops");
+    d["paths"]["/summaries"]["post"]["x-flowhost-annotations"] = approval.clone();
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    assert_eq!(
+        tool(&body, "summarize_terms")["annotations"]["requires_approval"],
+        true
+    );
+}
+
+/// POST, PATCH and PUT were signed as non-destructive by default, so a client that runs
+/// non-destructive tools without asking ran `POST /accounts/{id}/close`.
+#[test]
+fn writing_methods_are_destructive_unless_declared_otherwise() {
+    let mut d = doc();
+    let summaries = d["paths"]["/summaries"].as_object_mut().unwrap();
+    let post = summaries.get_mut("post").unwrap().as_object_mut().unwrap();
+    post.remove("x-flowhost-annotations");
+    let post = Value::Object(post.clone());
+    for method in ["put", "patch", "post"] {
+        let mut op = post.clone();
+        op["operationId"] = json!(format!("{method}_summary"));
+        summaries.insert(method.to_owned(), op);
+    }
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    for (method, idempotent) in [("put", true), ("patch", false), ("post", false)] {
+        let a = &tool(&body, &format!("{method}_summary"))["annotations"];
+        assert_eq!(
+            (
+                a["read_only"].clone(),
+                a["destructive"].clone(),
+                a["idempotent"].clone()
+            ),
+            (json!(false), json!(true), json!(idempotent)),
+            "{method}"
+        );
+    }
+}
+
 #[test]
 fn export_writes_under_the_name_in_use() {
     let body = manifest_from_openapi(&doc(), &identity()).unwrap();
