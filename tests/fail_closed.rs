@@ -432,6 +432,10 @@ fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
     assert_eq!(denial(&r), "invalid_params", "{r}");
     let r = c.call("nowhere/nothing", json!({}));
     assert_eq!(denial(&r), "unknown_tool", "{r}");
+    // An empty name broke the record format: refused as record_failure with no record, and
+    // the health still called the records complete.
+    let r = c.call("", json!({}));
+    assert_eq!(denial(&r), "unknown_tool", "{r}");
 
     // A reload maps the reviewer's uid to the analyst: the reviewer's open session keeps
     // its principal, its call is refused, recorded under that principal, and the session
@@ -477,6 +481,12 @@ fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
     );
     assert!(calls.iter().any(|r| r["tool"]["name"] == "nowhere/nothing"
         && r["flowhost"]["denial_kind"] == "unknown_tool"));
+    assert!(
+        calls
+            .iter()
+            .any(|r| r["tool"]["name"] == "\u{FFFD}"
+                && r["flowhost"]["denial_kind"] == "unknown_tool")
+    );
     let remapped = calls
         .iter()
         .find(|r| r["tool"]["name"] == "workspace/list_documents")

@@ -235,10 +235,11 @@ pub fn now_rfc3339() -> String {
 
 /// Replaces control characters by U+FFFD and cuts the text to [`MAX_TEXT_BYTES`] (on a
 /// character boundary), so text from callers and publishers cannot forge lines or bloat
-/// records.
+/// records. Empty text becomes U+FFFD: no record field may be empty, and a decision about
+/// an empty name (a client calling tool `""`) must still have its record.
 pub fn sanitize(text: &str) -> String {
     // Most text needs neither: copied as it is.
-    if text.len() <= MAX_TEXT_BYTES && !super::validate::has_control(text) {
+    if !text.is_empty() && text.len() <= MAX_TEXT_BYTES && !super::validate::has_control(text) {
         return text.to_string();
     }
     replace_and_cut(text)
@@ -253,6 +254,9 @@ pub(super) fn replace_and_cut(text: &str) -> String {
             break;
         }
         out.push(c);
+    }
+    if out.is_empty() {
+        out.push('\u{FFFD}');
     }
     out
 }

@@ -97,16 +97,26 @@ impl RecordsHealth {
     }
 
     /// The record side as the running writer sees it: its range and head, complete unless it
-    /// failed.
+    /// failed or refused a decision's record.
     pub fn from_writer(status: &WriterStatus) -> Self {
+        let problems = status
+            .last_rejection
+            .iter()
+            .map(|last| {
+                format!(
+                    "{} decision(s) refused a record that broke the record format, so the records lack them; the last: {last}",
+                    status.rejected
+                )
+            })
+            .collect();
         RecordsHealth {
             first_seq: status.first_seq,
             last_seq: status.last_seq,
             chain_head: Some(status.chain_head.as_str().to_string()),
-            records_complete: Some(status.failed.is_none()),
+            records_complete: Some(status.failed.is_none() && status.rejected == 0),
             writer_failed: status.failed.is_some(),
             writer_failure_reason: status.failed.clone(),
-            problems: Vec::new(),
+            problems,
         }
     }
 }

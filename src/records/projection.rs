@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{
-    Action, ActionClass, BrokerDetails, Classification, Destination, Target, TargetValue, is_code,
-    sanitize,
+    Action, ActionClass, BrokerDetails, Classification, Destination, MAX_TEXT_BYTES, Target,
+    TargetValue, is_code, sanitize,
 };
 
 /// The provider of every network egress record.
@@ -45,6 +45,22 @@ pub fn target_hash(domain: &str, value: &str) -> String {
     h.update(b":");
     h.update(value.trim().to_lowercase().as_bytes());
     super::chain::sha256_text(&h.finalize().into())
+}
+
+/// A plain argument as its target value: the text itself when a record can hold it as it
+/// is; otherwise (longer than [`MAX_TEXT_BYTES`], or holding a control character)
+/// `sha256:` + hex(SHA-256(`flowhost.plain_value.v1:` + the exact text)). Cut or with its
+/// controls replaced, it could equal a declared value the call did not name (a declared
+/// path plus `/../x` past the cut); a digest of the exact text equals no declared plain
+/// value, so such a call is judged outside the declared targets, never inside one.
+pub fn plain_value(value: &str) -> TargetValue {
+    if value.len() <= MAX_TEXT_BYTES && !super::validate::has_control(value) {
+        return TargetValue::Text(value.to_owned());
+    }
+    let mut h = Sha256::new();
+    h.update(b"flowhost.plain_value.v1:");
+    h.update(value.as_bytes());
+    TargetValue::Text(super::chain::sha256_text(&h.finalize().into()))
 }
 
 /// One argument projected as a hash: `field` (the argument name) is hashed under `domain` into
@@ -292,7 +308,7 @@ pub fn project_tool_call(
     let mut target = Target::for_provider(&m.provider);
     for f in &m.plain {
         if let Some(v) = arg(f) {
-            target.insert_text(f, v);
+            target.0.insert(f.clone(), plain_value(v));
         }
     }
     for h in &m.hashed {
@@ -501,6 +517,33 @@ pub(crate) mod tests {
         );
         let text = serde_json::to_string(&t).unwrap();
         assert!(!text.contains("secret") && !text.contains("ghp_"), "{text}");
+    }
+
+    /// A plain value was cut at 1024 bytes and its control characters replaced, so a call
+    /// naming a declared value plus `/../x` past the cut was recorded as exactly the
+    /// declared value and judged inside the declared targets.
+    #[test]
+    fn a_plain_value_a_record_cannot_hold_as_it_is_is_recorded_as_its_digest() {
+        let m = deploy_key_mapping();
+        let declared = "r".repeat(MAX_TEXT_BYTES);
+        for repo in [format!("{declared}/../x"), "prod\u{7}repo".to_string()] {
+            let p = project_tool_call(Some(&m), &json!({"owner": "org", "repo": repo}));
+            assert_eq!(p.classification, Classification::Classified);
+            let t = p.action.target.unwrap();
+            let Some(TargetValue::Text(recorded)) = t.get("repo") else {
+                panic!("{t:?}");
+            };
+            assert!(recorded.starts_with("sha256:"), "{recorded}");
+            assert_ne!(recorded, &declared);
+            assert_ne!(recorded, &crate::records::sanitize(&repo));
+            assert_eq!(t.get("repo"), Some(&plain_value(&repo)));
+        }
+        // Different texts, different digests; a value that fits is kept as it is.
+        assert_ne!(
+            plain_value(&format!("{declared}a")),
+            plain_value(&format!("{declared}b"))
+        );
+        assert_eq!(plain_value(&declared), TargetValue::Text(declared.clone()));
     }
 
     #[test]

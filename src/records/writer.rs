@@ -201,6 +201,11 @@ pub struct WriterStatus {
     pub closed: bool,
     /// Torn last lines preserved at open.
     pub recovered: Vec<TornTail>,
+    /// Decisions refused a record because the record broke the format (and so were refused
+    /// themselves): the records are incomplete by that many.
+    pub rejected: u64,
+    /// Why the last of them was refused.
+    pub last_rejection: Option<String>,
 }
 
 enum Reply<T> {
@@ -320,6 +325,8 @@ impl RecordWriter {
             failed: None,
             closed: false,
             recovered: resumed.recovered,
+            rejected: 0,
+            last_rejection: None,
         };
         let shared = Arc::new(Shared {
             failed: OnceLock::new(),

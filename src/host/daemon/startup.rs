@@ -735,6 +735,8 @@ mod tests {
             failed: None,
             closed: false,
             recovered: Vec::new(),
+            rejected: 0,
+            last_rejection: None,
         };
         for (run_ended, carried) in [(Some(true), true), (Some(false), false), (None, false)] {
             // The committed complete daemon health, moved onto this writer's records.

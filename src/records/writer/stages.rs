@@ -289,7 +289,18 @@ impl Stages {
         }
         let prev = tail.chain.head_hash().clone();
         let spare = std::mem::take(&mut tail.spare_line);
-        let sealed = tail.chain.seal_into(&mut record, spare)?;
+        let sealed = match tail.chain.seal_into(&mut record, spare) {
+            Ok(sealed) => sealed,
+            Err(e) => {
+                // The decision is refused for want of a record, and the records lack it:
+                // said in the status, so no health calls them complete.
+                self.shared.update(|s| {
+                    s.rejected = s.rejected.saturating_add(1);
+                    s.last_rejection = Some(e.to_string());
+                });
+                return Err(e.into());
+            }
+        };
         let appended = tail.append(&sealed, &prev);
         if let Err(reason) = appended {
             fail(&self.shared, reason.clone());

@@ -1343,3 +1343,34 @@ async fn the_sync_thread_waits_for_a_led_sync_instead_of_spinning() {
     }
     w.close_blocking().unwrap();
 }
+
+/// A record that broke the format was refused (and its decision with it) without a trace:
+/// the writer went on, and the health built from its status called the records complete,
+/// so the diff judged a run that lacked a decision. A client calling tool `""` was enough.
+#[test]
+fn a_record_refused_for_its_format_leaves_the_records_incomplete() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(sample_tool_call()).unwrap();
+    let mut bad = sample_tool_call();
+    bad.tool.name = String::new();
+    assert!(matches!(
+        w.commit_blocking(bad),
+        Err(RecordError::Invalid(_))
+    ));
+    // The writer goes on: the next decision is recorded.
+    w.commit_blocking(sample_tool_call()).unwrap();
+    let status = w.close_blocking().unwrap();
+    assert_eq!(status.rejected, 1);
+    assert!(status.failed.is_none());
+    let health = crate::records::health::RecordsHealth::from_writer(&status);
+    assert_eq!(health.records_complete, Some(false));
+    assert!(
+        health.problems.iter().any(|p| p.contains("tool.name")),
+        "{:?}",
+        health.problems
+    );
+
+    // Text the builder sanitizes is never empty, so such a decision has its record.
+    assert_eq!(crate::records::sanitize(""), "\u{FFFD}");
+}
