@@ -210,13 +210,72 @@ impl ObsEgressBasis {
 
 impl<'de> Deserialize<'de> for ObsEgressBasis {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // Small and rare (egress attempts only), so a JSON value is cheap enough.
-        let v = serde_json::Value::deserialize(d)?;
-        let flag = |field: &str| v.get(field).and_then(serde_json::Value::as_bool);
-        Ok(ObsEgressBasis {
-            declared: flag("declared"),
-            observed: flag("observed"),
-        })
+        d.deserialize_any(EgressBasisVisitor)
+    }
+}
+
+/// Reads an egress basis leniently (any value that is not an object, and any field that is
+/// not a boolean, reads as unknown) but never ambiguously: a field named twice is an error,
+/// since readers keeping the first and readers keeping the last would judge the line
+/// differently.
+struct EgressBasisVisitor;
+
+impl<'de> Visitor<'de> for EgressBasisVisitor {
+    type Value = ObsEgressBasis;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an egress basis")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ObsEgressBasis, A::Error> {
+        let mut basis = ObsEgressBasis::default();
+        let (mut declared, mut observed) = (false, false);
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            let (seen, slot) = match key.as_ref() {
+                "declared" => (&mut declared, &mut basis.declared),
+                "observed" => (&mut observed, &mut basis.observed),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            if std::mem::replace(seen, true) {
+                return Err(de::Error::custom(format_args!(
+                    "egress_basis.{key} is given twice"
+                )));
+            }
+            *slot = map.next_value::<serde_json::Value>()?.as_bool();
+        }
+        Ok(basis)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ObsEgressBasis, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(ObsEgressBasis::default())
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<ObsEgressBasis, E> {
+        Ok(ObsEgressBasis::default())
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<ObsEgressBasis, E> {
+        Ok(ObsEgressBasis::default())
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<ObsEgressBasis, E> {
+        Ok(ObsEgressBasis::default())
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<ObsEgressBasis, E> {
+        Ok(ObsEgressBasis::default())
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<ObsEgressBasis, E> {
+        Ok(ObsEgressBasis::default())
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<ObsEgressBasis, E> {
+        Ok(ObsEgressBasis::default())
     }
 }
 

@@ -197,9 +197,9 @@ impl TargetConstraint {
                 | (FieldRule::TextOrHash { value: v, .. }, Some(ScalarView::Text(o)))
                 | (FieldRule::Hash(v), Some(ScalarView::Text(o))) => Some(v == o),
                 (FieldRule::Integer(v), Some(ScalarView::Integer(o))) => Some(*v == o),
-                (FieldRule::Integer(v), Some(ScalarView::Text(o))) => {
-                    Some(o.parse::<u64>().ok() == Some(*v))
-                }
+                // Only the integer's own decimal text: "042" or "+42" may name another
+                // thing to the tool that received the string.
+                (FieldRule::Integer(v), Some(ScalarView::Text(o))) => Some(o == v.to_string()),
                 (FieldRule::Flag(v), Some(ScalarView::Flag(o))) => Some(*v == o),
                 // Observed addresses are what the broker saw, possibly IPv4-mapped IPv6;
                 // like enforcement, judge them as the IPv4 address they carry.
@@ -693,6 +693,27 @@ mod tests {
             test(&s.actions[0], json!({"owner": "org"})),
             TargetMatch::Undetermined
         );
+        // A declared integer matches a recorded string only as its own decimal text: "042"
+        // and "+42" matched before, though the tool received those strings.
+        let s = surface(json!([action(
+            "github",
+            "github_deploy_key",
+            json!([{"team_id": 42}])
+        )]))
+        .unwrap();
+        for (observed, expected) in [
+            (json!("42"), TargetMatch::Match),
+            (json!(42), TargetMatch::Match),
+            (json!("042"), TargetMatch::Mismatch),
+            (json!("+42"), TargetMatch::Mismatch),
+            (json!(" 42"), TargetMatch::Mismatch),
+        ] {
+            assert_eq!(
+                test(&s.actions[0], json!({"team_id": observed})),
+                expected,
+                "{observed}"
+            );
+        }
     }
 
     #[test]

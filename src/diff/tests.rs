@@ -500,6 +500,15 @@ fn egress_basis_is_read_leniently() {
     ] {
         assert!(!read(v).undeclared_but_observed(), "{v}");
     }
+    // A field named twice read as its last value, so a line a first-wins reader judges as
+    // undeclared egress passed here.
+    for v in [
+        r#"{"declared": false, "observed": true, "observed": false}"#,
+        r#"{"declared": false, "declared": true, "observed": true}"#,
+    ] {
+        let e = serde_json::from_str::<ObsEgressBasis>(v).unwrap_err();
+        assert!(e.to_string().contains("given twice"), "{v}: {e}");
+    }
 }
 
 #[test]

@@ -60,6 +60,10 @@ const SLOT_MAGIC: &[u8; 4] = b"FHWC";
 const SLOT_VERSION: u32 = 1;
 /// The smallest ring that is accepted: room for about twenty records of 1-2 KB.
 pub const MIN_RING_BYTES: u64 = DATA_START + 32 * 1024;
+/// The largest ring that is accepted (the writer makes 4 MiB by default): readers hold a ring
+/// in memory, so a larger one (a sparse file of many gigabytes) is refused rather than
+/// read.
+pub const MAX_RING_BYTES: u64 = 256 * 1024 * 1024;
 
 /// A place in the stream up to which the record files are durable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,6 +166,7 @@ impl Ring {
             move |source| RingError::Io { op, path, source }
         };
         let existing = match fs::metadata(&path) {
+            Ok(m) if m.len() > MAX_RING_BYTES => return Err(too_large(path, m.len())),
             Ok(m) if m.len() >= MIN_RING_BYTES => Some(m.len()),
             Ok(m) => return Err(too_small(path, m.len())),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
@@ -178,7 +183,7 @@ impl Ring {
         let size = match existing {
             Some(len) => len,
             None => {
-                let size = size.max(MIN_RING_BYTES);
+                let size = size.clamp(MIN_RING_BYTES, MAX_RING_BYTES);
                 write_atomic_with(&path, 0o600, |out| {
                     // The first checkpoint is written with the zeros, so the ring is valid
                     // once it has its name: a crash right after the rename must not leave a
@@ -366,6 +371,15 @@ thread_local! {
         const { std::cell::Cell::new(false) };
 }
 
+fn too_large(path: PathBuf, len: u64) -> RingError {
+    RingError::Corrupt {
+        path,
+        problem: format!(
+            "it has {len} bytes, more than any ring the writer makes ({MAX_RING_BYTES})"
+        ),
+    }
+}
+
 fn too_small(path: PathBuf, len: u64) -> RingError {
     RingError::Corrupt {
         path,
@@ -410,6 +424,9 @@ pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, Rin
         // The writer only renames a whole ring into place: a smaller one was cut, and the
         // records it held past its checkpoint with it.
         return Err(too_small(path, size));
+    }
+    if size > MAX_RING_BYTES {
+        return Err(too_large(path, size));
     }
     let mut header = vec![0u8; DATA_START as usize];
     file.read_exact_at(&mut header, 0)

@@ -886,6 +886,28 @@ fn a_ring_cut_short_refuses_the_open() {
     assert!(err.to_string().contains("fewer than any ring"), "{err}");
 }
 
+/// Readers held the whole ring in memory whatever its size: a sparse ring of a terabyte
+/// whose checkpoint points at a wrap mark made every `records verify`, diff and health
+/// read abort for want of memory.
+#[test]
+fn a_ring_larger_than_any_the_writer_makes_is_refused_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(sample_tool_call()).unwrap();
+    w.close_blocking().unwrap();
+    let ring = dir.path().join(RING_FILE);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ring)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("more than any ring"), "{err}");
+    let read = format!("{:?}", verify_records(dir.path(), None));
+    assert!(read.contains("more than any ring"), "{read}");
+}
+
 #[test]
 fn readers_refuse_records_left_only_in_the_ring_until_a_writer_copies_them_in() {
     let dir = tempfile::tempdir().unwrap();
