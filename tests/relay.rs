@@ -405,6 +405,55 @@ fn on_resource(c: &mut Client, id: u64, method: &str, uri: &str) -> (Value, usiz
     (answer, updates)
 }
 
+/// A resource update an executor sends while it serves a call reaches the client only once
+/// the call's label is stored: which URI changes, and when, is a signal the executor
+/// chooses. Before, the update went out at once, while the session's label still lacked
+/// what the call read, so the client (or a parallel call) saw it at the lower label.
+#[test]
+fn an_update_sent_during_a_call_waits_for_the_calls_label() {
+    let Some(mut lab) = start(&[(
+        "test_tool_with_progress",
+        format!("policy = {{ input_clearances = [], output_floor = {SECRET_LABEL} }}"),
+    )]) else {
+        return;
+    };
+    const URI: &str = "test://watched-resource";
+    let mut c = session(&lab, json!({}));
+    let (r, _) = on_resource(&mut c, 2, "resources/subscribe", URI);
+    assert_eq!(r["result"], json!({}), "{r}");
+    // The subscription's own update, and nothing else pending.
+    updates_while_pinging(&mut c, 100, 3, URI);
+    assert!(!compartments(&mut c, 3).to_string().contains("secret"));
+
+    c.send(
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
+        "name": "test_tool_with_progress", "arguments": {}, "_meta": {"progressToken": "p"}}}),
+    );
+    let (answer, before) = until_answer(&mut c, 4);
+    assert!(answer.get("result").is_some(), "{answer}");
+    let kinds: Vec<&str> = before
+        .iter()
+        .map(|m| m["method"].as_str().unwrap_or("?"))
+        .collect();
+    let update = kinds
+        .iter()
+        .position(|k| *k == "notifications/resources/updated")
+        .unwrap_or_else(|| panic!("no update before the answer: {kinds:?}"));
+    let last_progress = kinds
+        .iter()
+        .rposition(|k| *k == "notifications/progress")
+        .unwrap_or_else(|| panic!("no progress: {kinds:?}"));
+    assert!(
+        update > last_progress,
+        "the update went out while the call ran, before its label was stored: {kinds:?}"
+    );
+    assert_eq!(
+        compartments(&mut c, 5),
+        json!(["conformance-data", "secret"])
+    );
+    lab.stop();
+}
+
 /// Reloads the configuration unchanged but for a comment, and waits for `generation`.
 fn reload(lab: &Lab, generation: u32) {
     let text = std::fs::read_to_string(&lab.config).unwrap();

@@ -359,8 +359,9 @@ pub struct McpExecutor<C> {
     idle_logs: u64,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     server: String,
-    /// Where the executor's `notifications/resources/updated` go (set once it is bound).
-    updates: Arc<Mutex<Option<UpdateSink>>>,
+    /// Where the executor's `notifications/resources/updated` go (set once it is bound), or
+    /// held while it serves a request.
+    updates: Arc<Mutex<UpdateRoute>>,
     /// The executor's own resolver (kept alive as long as the executor).
     dns: Option<Arc<ExecutorDns>>,
     /// Whether the log has said that the executor lost its view of its resolver (it says
@@ -371,6 +372,33 @@ pub struct McpExecutor<C> {
 /// Receives the `params` of each `notifications/resources/updated` an executor sends (the
 /// session decides what reaches its client).
 pub type UpdateSink = Arc<dyn Fn(&Value) + Send + Sync>;
+
+/// Where an executor's resource updates go: to its session's sink, or, while it serves a
+/// request whose labels are not yet durable, held until they are ([`McpExecutor::hold_updates`]).
+#[derive(Default)]
+struct UpdateRoute {
+    sink: Option<UpdateSink>,
+    held: Option<Vec<Value>>,
+}
+
+/// Distinct updates held for one request; more are dropped (each says only that a URI
+/// changed, so one per URI is all a client needs).
+const MAX_HELD_UPDATES: usize = 256;
+
+impl UpdateRoute {
+    /// The sink to give `params` to now, or `None` once it is held (or dropped).
+    fn pass(&mut self, params: &Value) -> Option<UpdateSink> {
+        match &mut self.held {
+            None => self.sink.clone(),
+            Some(held) => {
+                if held.len() < MAX_HELD_UPDATES && !held.contains(params) {
+                    held.push(params.clone());
+                }
+                None
+            }
+        }
+    }
+}
 
 /// The method of a resource update notification.
 const RESOURCE_UPDATED: &str = "notifications/resources/updated";
@@ -395,8 +423,8 @@ struct Output {
 }
 
 /// Reads an executor's output line by line and passes the lines on to whoever reads its
-/// answers, except resource updates, which go to its sink as they arrive (dropped while it
-/// has none).
+/// answers, except resource updates, which go to its sink as they arrive (held while it
+/// serves a request, dropped while it has none).
 ///
 /// What an executor makes the daemon hold of its output, whether or not anyone takes it (an
 /// idle executor's lines wait until the next call), is bounded in bytes: the lines read and
@@ -408,7 +436,7 @@ async fn read_output<R: tokio::io::AsyncBufRead + Unpin>(
     mut reader: R,
     limit: usize,
     lines: mpsc::Sender<Output>,
-    sink: Arc<Mutex<Option<UpdateSink>>>,
+    route: Arc<Mutex<UpdateRoute>>,
 ) {
     let needle = RESOURCE_UPDATED.as_bytes();
     // The configuration bounds the limit far below 4 GiB; beyond it, a line larger than a
@@ -439,7 +467,7 @@ async fn read_output<R: tokio::io::AsyncBufRead + Unpin>(
             && let Ok(Incoming::Notification { method, params }) = mcp::parse(m)
             && method == RESOURCE_UPDATED
         {
-            let to = sink.lock().ok().and_then(|s| s.clone());
+            let to = route.lock().ok().and_then(|mut r| r.pass(&params));
             if let Some(to) = to {
                 to(&params);
             }
@@ -536,7 +564,7 @@ impl<C: NamedCall> McpExecutor<C> {
         let (lines_tx, lines) = mpsc::channel(READ_AHEAD_LINES);
         // Its own task: a request abandoned at cancellation must not lose half a line. It
         // also hands resource updates to the session as they come, between requests too.
-        let updates: Arc<Mutex<Option<UpdateSink>>> = Arc::new(Mutex::new(None));
+        let updates: Arc<Mutex<UpdateRoute>> = Arc::default();
         tasks.push(tokio::spawn(read_output(
             stdout,
             limit,
@@ -975,8 +1003,32 @@ impl<C: NamedCall> McpExecutor<C> {
 
     /// Sends the executor's resource updates to `sink` from now on.
     pub fn on_resource_updated(&self, sink: UpdateSink) {
-        if let Ok(mut s) = self.updates.lock() {
-            *s = Some(sink);
+        if let Ok(mut r) = self.updates.lock() {
+            r.sink = Some(sink);
+        }
+    }
+
+    /// Holds the executor's resource updates from now on, until
+    /// [`McpExecutor::release_updates`]: while it serves a request, an update could say
+    /// something of what it read before the session's label carries what it read (which
+    /// URI changes, and when, is a signal the executor chooses).
+    pub fn hold_updates(&self) {
+        if let Ok(mut r) = self.updates.lock() {
+            r.held.get_or_insert_with(Vec::new);
+        }
+    }
+
+    /// Passes on the updates held since [`McpExecutor::hold_updates`], and those that come
+    /// from now on. Called once the labels of what the executor produced are durable.
+    pub fn release_updates(&self) {
+        let (held, sink) = match self.updates.lock() {
+            Ok(mut r) => (r.held.take().unwrap_or_default(), r.sink.clone()),
+            Err(_) => return,
+        };
+        if let Some(sink) = sink {
+            for params in &held {
+                sink(params);
+            }
         }
     }
 
@@ -1460,7 +1512,7 @@ mod tests {
             BufReader::new(output),
             limit,
             lines,
-            Arc::new(Mutex::new(None)),
+            Arc::default(),
         ));
         // The reader runs until it must wait for room.
         tokio::time::sleep(Duration::from_millis(100)).await;

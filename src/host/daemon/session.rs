@@ -1123,6 +1123,8 @@ impl Executors<'_> {
                 }
             }
         };
+        // Until what it produces for this request is labelled (`give_back`).
+        bound.exec.hold_updates();
         // The client's logging level reaches every executor before it serves the session.
         let wanted = self.session.log_level.lock().ok().and_then(|l| *l);
         if let Some(level) = wanted
@@ -1232,8 +1234,11 @@ impl Executors<'_> {
         }
     }
 
-    /// Returns an executor to the session's idle ones (handed back if the lock is poisoned).
+    /// Returns an executor to the session's idle ones (handed back if the lock is poisoned),
+    /// passing on the resource updates it sent while taken: whatever it read is labelled by
+    /// now.
     fn give_back(&self, server: &str, bound: Bound) -> Option<Bound> {
+        bound.exec.release_updates();
         match self.session.executors.lock() {
             Ok(mut all) => {
                 all.entry(server.to_string()).or_default().idle.push(bound);
