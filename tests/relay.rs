@@ -454,6 +454,49 @@ fn an_update_sent_during_a_call_waits_for_the_calls_label() {
     lab.stop();
 }
 
+/// Progress numbers are read by the classifier like the output they are part of: an
+/// executor sending a number a rule matches one notification at a time raises the label as
+/// the same number in its result would. Before, a call's progress was labelled once with
+/// its floor only, so no rule ever saw the numbers.
+#[test]
+fn progress_numbers_are_classified_as_output() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    lab.stop();
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    // The conformance tool reports 0, 50 and 100; neither its result nor its arguments
+    // hold 50.
+    let with_rule = text.replacen(
+        "[[classifier]]\n",
+        &format!(
+            "[[classifier]]\npattern = \"\\\\b50\\\\b\"\nlabel = {}\napplies_to = [\"outputs\"]\n\n[[classifier]]\n",
+            flowhost::lab::TERMS_LABEL
+        ),
+        1,
+    );
+    assert_ne!(with_rule, text);
+    lab.write_config(&with_rule);
+    lab.spawn();
+    let mut c = session(&lab, json!({}));
+    c.send(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "test_tool_with_progress", "arguments": {}, "_meta": {"progressToken": 7}}}),
+    );
+    let (answer, before) = until_answer(&mut c, 2);
+    assert!(answer.get("result").is_some(), "{answer}");
+    assert!(
+        before.iter().any(|m| m["params"]["progress"] == 50),
+        "{before:?}"
+    );
+    let label = compartments(&mut c, 3);
+    assert!(
+        label.to_string().contains("harbor-goods-terms"),
+        "the number the rule matches did not raise the label: {label}"
+    );
+    lab.stop();
+}
+
 /// Reloads the configuration unchanged but for a comment, and waits for `generation`.
 fn reload(lab: &Lab, generation: u32) {
     let text = std::fs::read_to_string(&lab.config).unwrap();

@@ -200,24 +200,28 @@ impl ProgressRoute {
         }
     }
 
-    /// Forwards one progress notification of the executor when it carries the token issued
-    /// for this call, with the client's token in its place. Only the numbers travel (a
-    /// free-text `message` is dropped), and only once the call's output label is stored
-    /// (see [`ClientRelay::labelled`]).
-    async fn forward(&self, params: &Value) {
+    /// The numbers of one progress notification of the executor, when it carries the token
+    /// issued for this call: only they travel (a free-text `message` is dropped), and only
+    /// once their label is stored (see [`ClientRelay::labelled`]).
+    fn numbers(&self, params: &Value) -> Option<Value> {
         if params.get("progressToken") != Some(&self.issued) {
-            return;
+            return None;
         }
-        let Some(progress) = params.get("progress").filter(|p| p.is_number()) else {
-            return;
-        };
-        let mut out = json!({"progressToken": self.token, "progress": progress});
+        let progress = params.get("progress").filter(|p| p.is_number())?;
+        let mut numbers = json!({"progress": progress});
         if let Some(total) = params.get("total").filter(|t| t.is_number()) {
-            out["total"] = total.clone();
+            numbers["total"] = total.clone();
         }
+        Some(numbers)
+    }
+
+    /// Sends `numbers` (from [`ProgressRoute::numbers`], labelled) to the client under its
+    /// token.
+    async fn forward(&self, mut numbers: Value) {
+        numbers["progressToken"] = self.token.clone();
         // A client that went away loses its progress; the call itself goes on.
         self.out
-            .send(mcp::notification("notifications/progress", out))
+            .send(mcp::notification("notifications/progress", numbers))
             .await;
     }
 }
@@ -252,10 +256,10 @@ pub trait ClientRelay: Send + Sync {
     /// Relays one request of the executor; resolves to what the executor is answered.
     fn request(&self, method: String, params: Value) -> RelayFuture<'_, RelayAnswer>;
 
-    /// Joins the call's output label into the flow state (durably, once per call) before
-    /// anything else the executor chose (its progress numbers) reaches the client;
-    /// resolves to whether it is stored (if not, nothing may go out).
-    fn labelled(&self) -> RelayFuture<'_, bool>;
+    /// Joins the call's output label, with `numbers` (a progress notification's numbers)
+    /// read by the classifier as output, into the flow state, durably, before they reach
+    /// the client; resolves to whether it is stored (if not, nothing may go out).
+    fn labelled<'a>(&'a self, numbers: &'a Value) -> RelayFuture<'a, bool>;
 }
 
 /// The executor's requests being relayed while it serves a call: its request id and the
@@ -830,9 +834,10 @@ impl<C: NamedCall> McpExecutor<C> {
                     if method == "notifications/progress" =>
                 {
                     if let (Some(route), Some(relay)) = (progress, relay)
-                        && relay.labelled().await
+                        && let Some(numbers) = route.numbers(&params)
+                        && relay.labelled(&numbers).await
                     {
-                        route.forward(&params).await;
+                        route.forward(numbers).await;
                     }
                 }
                 // Forwarded before the answer is read on: a log line reaches the client

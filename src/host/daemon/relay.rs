@@ -160,8 +160,6 @@ pub struct CallRelay<'a> {
     pub out: &'a Outbox,
     /// Requests of this call relayed and not yet answered.
     pub in_flight: AtomicUsize,
-    /// Whether the call's output label is stored already (see [`ClientRelay::labelled`]).
-    pub labelled: std::sync::atomic::AtomicBool,
 }
 
 impl CallRelay<'_> {
@@ -249,17 +247,13 @@ impl ClientRelay for CallRelay<'_> {
         Box::pin(self.relay(method, params))
     }
 
-    fn labelled(&self) -> RelayFuture<'_, bool> {
-        use std::sync::atomic::Ordering;
+    fn labelled<'a>(&'a self, numbers: &'a Value) -> RelayFuture<'a, bool> {
+        // Each time: a number the classifier reads as output (an identifier sent one
+        // notification at a time) raises the label as it would in the result. A raise that
+        // changes nothing writes nothing.
         Box::pin(async move {
-            if self.labelled.load(Ordering::Acquire) {
-                return true;
-            }
-            match self.gate.raise(&Value::String(String::new())).await {
-                Ok(_) => {
-                    self.labelled.store(true, Ordering::Release);
-                    true
-                }
+            match self.gate.raise(numbers).await {
+                Ok(_) => true,
                 Err(e) => {
                     tracing::warn!(error = %e.message, "a tool's progress is withheld");
                     false

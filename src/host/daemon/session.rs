@@ -1277,7 +1277,6 @@ impl Dispatch for Executors<'_> {
             capabilities: self.session.capabilities.get().copied().unwrap_or_default(),
             out: &self.outbox,
             in_flight: Default::default(),
-            labelled: Default::default(),
         };
         let outcome = bound
             .exec
