@@ -1600,6 +1600,7 @@ fn an_id_in_flight_or_an_invalid_message_is_refused_before_routing() {
     let again = c.post(&json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}));
     assert_eq!(again.status, 409, "{again:?}");
     assert!(again.body.contains("already in flight"), "{again:?}");
+    assert!(again.body.contains("request_id_in_flight"), "{again:?}");
     for bad in [
         json!({"jsonrpc": "2.0", "id": 9, "method": 5}),
         json!({"jsonrpc": "1.0", "id": 9, "result": {}}),

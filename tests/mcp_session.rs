@@ -507,6 +507,22 @@ fn an_id_in_flight_is_refused_for_every_method() {
             .is_some_and(|m| m.contains("already in flight")),
         "{answer}"
     );
+    // Like every refusal: its denial told, and a record of it (before, neither).
+    assert_eq!(answer["error"]["data"]["denial"], "request_id_in_flight");
+    let recorded = || {
+        host.records().into_iter().any(|r| {
+            r["tool"]["name"] == "(ping)" && r["flowhost"]["denial_kind"] == "request_id_in_flight"
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !recorded() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:#?}",
+            host.records()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     c.notify(
         "notifications/cancelled",
         json!({"requestId": 10, "reason": "user stopped it"}),
@@ -545,6 +561,7 @@ fn at_the_limit_of_requests_in_flight_the_session_still_reads() {
             .is_some_and(|m| m.contains("at most 64 requests")),
         "{answer}"
     );
+    assert_eq!(answer["error"]["data"]["denial"], "request_limit");
     for id in 100..100 + limit {
         c.notify(
             "notifications/cancelled",
@@ -555,6 +572,14 @@ fn at_the_limit_of_requests_in_flight_the_session_still_reads() {
         cancellation_logged(&host, "slow", Duration::from_secs(5)),
         "no call was cancelled:\n{}",
         host.log()
+    );
+    assert!(
+        host.records()
+            .iter()
+            .any(|r| r["tool"]["name"] == "(ping)"
+                && r["flowhost"]["denial_kind"] == "request_limit"),
+        "{:#?}",
+        host.records()
     );
 }
 

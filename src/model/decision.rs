@@ -85,6 +85,11 @@ pub enum Denial {
     RelayLimit,
     /// A session asked for more resource subscriptions than the host keeps for one.
     SubscriptionLimit,
+    /// A session sent a request while as many of its requests were in flight as the host
+    /// serves at once.
+    RequestLimit,
+    /// A session sent a request under the id of one of its requests still in flight.
+    RequestIdInFlight,
     /// The flow state could not be read or written (fail closed).
     StateFailure,
     /// The decision could not be recorded (fail closed; reaches only the client).
@@ -125,6 +130,8 @@ impl Denial {
             Denial::ClientCapabilityMissing => "client_capability_missing",
             Denial::RelayLimit => "relay_limit",
             Denial::SubscriptionLimit => "subscription_limit",
+            Denial::RequestLimit => "request_limit",
+            Denial::RequestIdInFlight => "request_id_in_flight",
             Denial::StateFailure => "state_failure",
             Denial::RecordFailure => "record_failure",
         }

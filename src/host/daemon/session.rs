@@ -473,24 +473,30 @@ pub(super) async fn run(
                 refused = answer.is_err();
                 session.answer(&id, answer).await;
             }
-            Ok(Incoming::Request { id, .. }) if requests.len() >= MAX_REQUESTS_IN_FLIGHT => {
-                let e = RpcError::new(
+            Ok(Incoming::Request { id, method, .. })
+                if requests.len() >= MAX_REQUESTS_IN_FLIGHT =>
+            {
+                let e = refusal(
                     code::INVALID_REQUEST,
                     format!(
                         "at most {MAX_REQUESTS_IN_FLIGHT} requests may be in flight in a \
                          session; this one was refused (wait for an answer or cancel a call)"
                     ),
+                    Denial::RequestLimit,
                 );
+                let e = session.refuse_session(&format!("({method})"), e).await;
                 session.send(mcp::error_response(&id, &e)).await;
             }
             Ok(Incoming::Request { id, method, params }) => {
                 // Every id in flight is unique, whatever its method: a cancellation names
                 // one request, and an answer goes to one.
                 let Some(cancel) = session.register_cancel(&id) else {
-                    let e = RpcError::new(
+                    let e = refusal(
                         code::INVALID_REQUEST,
                         format!("request id {id} is already in flight in this session"),
+                        Denial::RequestIdInFlight,
                     );
+                    let e = session.refuse_session(&format!("({method})"), e).await;
                     session.send(mcp::error_response(&id, &e)).await;
                     continue;
                 };

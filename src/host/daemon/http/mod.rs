@@ -211,7 +211,7 @@ impl Remote {
             crate::mcp::Incoming::Request { .. } if streams.in_flight(message) => {
                 return Err(json_body(
                     StatusCode::CONFLICT,
-                    &json!({"jsonrpc": "2.0", "id": null, "error": {"code": code::INVALID_REQUEST, "message": format!("request id {} is already in flight in this session", message["id"])}}),
+                    &json!({"jsonrpc": "2.0", "id": null, "error": {"code": code::INVALID_REQUEST, "message": format!("request id {} is already in flight in this session", message["id"]), "data": {"denial": crate::decision::Denial::RequestIdInFlight.as_str()}}}),
                 ));
             }
             crate::mcp::Incoming::Request { .. } => {
