@@ -471,8 +471,8 @@ impl FlowResolver {
     /// session as it is now (other requests may have raised it since dispatch) `⊔` the
     /// call's argument taint `⊔` `operator input floor ⊔ classifier(answer)` must flow to
     /// every clearance of the tool, and a tool that egresses must have one (as at
-    /// dispatch; a grant of the call still applies while nothing raised the source, and an
-    /// expired one refuses the answer as [`GrantDenial::Expired`]). When
+    /// dispatch, but never against a grant's target: the grant bound the call's arguments,
+    /// not the answer; an expired grant refuses the answer as [`GrantDenial::Expired`]). When
     /// it may, the answer's taint is joined into the state durably before this returns.
     pub async fn admit_answer(
         &self,
@@ -510,10 +510,10 @@ impl FlowResolver {
                 }),
             };
         }
-        let checked = match &plan.grant {
-            Some(g) if source == plan.source && !source.is_top() => g.target.clone(),
-            _ => source.clone(),
-        };
+        // A grant of the call does not reach its answers: the authority bound the call's
+        // arguments, not what the client says while the call runs, so an answer is judged
+        // against the session as it is.
+        let checked = source.clone();
         let security = &plan.security;
         let checked = if security.effective_egress() {
             check_clearances(&checked, security)
@@ -870,6 +870,50 @@ pub(crate) mod tests {
                 answer.outcome,
                 Err(CallRefusal::Grant {
                     denial: GrantDenial::Expired,
+                    ..
+                })
+            ),
+            "{:?}",
+            answer.outcome
+        );
+    }
+
+    /// A call that egresses under a grant takes no client answer above its clearances:
+    /// the authority signed the call's arguments, not what the client says during it.
+    /// Before, an answer was judged against the grant's target, so session data the
+    /// authority never saw reached the tool, and left under the grant.
+    #[tokio::test]
+    async fn a_grant_does_not_cover_a_clients_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let (reg, res) = (registry(), resolver(dir.path()));
+        let fresh = PrincipalConfig {
+            id: PrincipalId::new("newcomer").unwrap(),
+            ..analyst()
+        };
+        let k = key_for(&fresh, "s1");
+        let args = serde_json::json!({"message": "m", "sink": "127.0.0.1:1"});
+        let public = reg.tool("public-inbox", "publish").unwrap();
+        let mut plan = res
+            .pre_dispatch(&fresh, &k, public, &args, None)
+            .await
+            .unwrap();
+        // The session holds the terms, and the call runs under a grant to public.
+        res.state().join(&k, &terms()).await.unwrap();
+        plan.source = terms();
+        plan.grant = Some(lab_grant(u64::MAX));
+        let to = Destination::Inet("127.0.0.1:1".parse().unwrap());
+        let rules = DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]);
+        let v = res.decide_egress(&plan, Some(&to), &rules, None).await;
+        assert!(
+            v.verdict.allowed(),
+            "the grant serves the call's egress: {v:?}"
+        );
+        let answer = res.admit_answer(&plan, "publish", "fine").await;
+        assert!(
+            matches!(
+                answer.outcome,
+                Err(CallRefusal::Flow {
+                    denial: EgressDenial::FlowViolation,
                     ..
                 })
             ),
