@@ -104,7 +104,7 @@ impl RecordsHealth {
             .iter()
             .map(|last| {
                 format!(
-                    "{} decision(s) refused a record that broke the record format, so the records lack them; the last: {last}",
+                    "{} decision(s) were refused their record (and so refused), so the records lack them; the last: {last}",
                     status.rejected
                 )
             })

@@ -201,8 +201,8 @@ pub struct WriterStatus {
     pub closed: bool,
     /// Torn last lines preserved at open.
     pub recovered: Vec<TornTail>,
-    /// Decisions refused a record because the record broke the format (and so were refused
-    /// themselves): the records are incomplete by that many.
+    /// Decisions refused a record because the record broke the format or came after the
+    /// writer was closed (and so were refused themselves): the records lack that many.
     pub rejected: u64,
     /// Why the last of them was refused.
     pub last_rejection: Option<String>,

@@ -265,11 +265,17 @@ impl Host {
 
     /// Writes the health file as the run ends, once the records are closed (`run_ended`
     /// true): the only carrier the diff binds to the records as the whole run.
-    fn write_final_health(&self) -> Result<ToolObservationHealth, HealthError> {
-        let h = ToolObservationHealth {
+    fn write_final_health(&self, abandoned: bool) -> Result<ToolObservationHealth, HealthError> {
+        let mut h = ToolObservationHealth {
             run_ended: Some(true),
             ..self.health()
         };
+        if abandoned {
+            h.records.records_complete = Some(false);
+            h.records.problems.push(
+                "the host stopped while sessions still had requests in flight (it waits call_timeout + 2 s): what they decided after that, their outcomes among it, is not recorded".into(),
+            );
+        }
         h.write_to(&self.health_file)?;
         Ok(h)
     }
@@ -355,8 +361,11 @@ impl Host {
     }
 
     /// Stops every pool, closes the record writer and writes the final health. Returns
-    /// whether all of that succeeded; each failure is logged as it happens.
-    pub async fn finish(&self) -> bool {
+    /// whether all of that succeeded; each failure is logged as it happens. `abandoned`
+    /// says that sessions still had requests in flight (the stop stopped waiting for them):
+    /// their outcomes will never be recorded, so the final health calls the records
+    /// incomplete.
+    pub async fn finish(&self, abandoned: bool) -> bool {
         for pool in self.current().pools.values() {
             pool.drain().await;
         }
@@ -369,7 +378,7 @@ impl Host {
             tracing::error!(error = %e, "binding the flow state to the records failed; it stays bound where it was, so the next start checks it against every record since");
             clean = false;
         }
-        if let Err(e) = self.write_final_health() {
+        if let Err(e) = self.write_final_health(abandoned) {
             tracing::error!(error = %e, "writing the health file failed");
             clean = false;
         }

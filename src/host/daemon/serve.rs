@@ -114,7 +114,7 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
         _ => {
             tracing::error!("cannot install signal handlers; stopping");
             host.begin_shutdown();
-            let _ = host.finish().await;
+            let _ = host.finish(false).await;
             return Served::NotStarted;
         }
     };
@@ -271,14 +271,16 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
     host.begin_shutdown();
     drop(listener);
     let drain = async { while sessions.join_next().await.is_some() {} };
-    if tokio::time::timeout(
+    let abandoned = tokio::time::timeout(
         host.current().config.call_timeout + Duration::from_secs(2),
         drain,
     )
     .await
-    .is_err()
-    {
-        tracing::warn!("sessions did not finish in time");
+    .is_err();
+    if abandoned {
+        tracing::warn!(
+            "sessions did not finish in time; the final health calls the records incomplete"
+        );
     }
     if let Some(task) = http_task {
         let _ = task.await;
@@ -287,7 +289,7 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
     if let Some(task) = state_check {
         let _ = task.await;
     }
-    if host.finish().await {
+    if host.finish(abandoned).await {
         tracing::info!("stopped");
         Served::Clean
     } else {

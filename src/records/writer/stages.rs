@@ -280,6 +280,12 @@ impl Stages {
             RecordError::WriterFailed { reason }
         })?;
         if tail.closed {
+            // A decision made after the stop closed the records: refused, and missing from
+            // them, so no health written from now on calls them complete.
+            self.shared.update(|s| {
+                s.rejected = s.rejected.saturating_add(1);
+                s.last_rejection = Some("a decision came after the records were closed".into());
+            });
             return Err(RecordError::Closed);
         }
         if let Some(reason) = self.shared.failed.get() {

@@ -1392,6 +1392,23 @@ fn a_record_refused_for_its_format_leaves_the_records_incomplete() {
         "{:?}",
         health.problems
     );
+    // A decision made after the stop closed the records (a call the stop stopped waiting
+    // for) lacks its record too.
+    assert!(matches!(
+        w.commit_blocking(sample_tool_call()),
+        Err(RecordError::Closed)
+    ));
+    let status = w.status();
+    assert_eq!(status.rejected, 2);
+    let health = crate::records::health::RecordsHealth::from_writer(&status);
+    assert!(
+        health
+            .problems
+            .iter()
+            .any(|p| p.contains("after the records were closed")),
+        "{:?}",
+        health.problems
+    );
 
     // Text the builder sanitizes is never empty, so such a decision has its record.
     assert_eq!(crate::records::sanitize(""), "\u{FFFD}");
