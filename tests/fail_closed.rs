@@ -248,6 +248,58 @@ fn serving_public_inbox(original: &str, manifest: &Path) -> String {
     original.replace(&served, &manifest.display().to_string())
 }
 
+/// The server that offers its tools under bare names may not sign a name with '/': its
+/// `team-inbox/publish` would be called as server team-inbox's `publish`. Before, both were
+/// served, and every call of that name went to the team inbox.
+#[test]
+fn a_bare_name_holding_a_slash_is_refused_at_start() {
+    let Some(mut lab) = Lab::start() else { return };
+    lab.stop();
+    let shadowing = signed_public_inbox(&lab, "public-inbox-shadowing", |body| {
+        body["tools"][0]["name"] = json!("team-inbox/publish");
+        body["version"] = json!("1.1.0");
+    });
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    let bare = serving_public_inbox(&original, &shadowing).replacen(
+        "id = \"public-inbox\"\n",
+        "id = \"public-inbox\"\nunqualified_names = true\n",
+        1,
+    );
+    // Its policy names the signed tool, so rule 3 admits it: only the name's '/' is wrong.
+    let at = bare.find("id = \"public-inbox\"").unwrap();
+    let bare = format!(
+        "{}{}",
+        &bare[..at],
+        bare[at..].replacen(
+            "[server.tools.publish]",
+            "[server.tools.\"team-inbox/publish\"]",
+            1
+        )
+    );
+    assert!(bare.contains("unqualified_names = true"));
+    lab.write_config(&bare);
+    let mut serving = lab
+        .serve_command()
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while serving.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            serving.kill().unwrap();
+            panic!("the host served a bare name holding '/'");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = serving.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("\"team-inbox/publish\"") && stderr.contains("unqualified_names"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn an_older_signed_manifest_is_refused_at_reload_and_at_start() {
     let Some(mut lab) = Lab::start() else { return };

@@ -108,10 +108,11 @@ pub fn validate_identifier(kind: &'static str, value: &str) -> Result<(), Identi
 }
 
 /// Characters that draw nothing or reorder what follows: Unicode's format characters
-/// (zero-width spaces and joiners, bidirectional controls, the byte-order mark, tags, the
-/// soft hyphen), variation selectors, the combining grapheme joiner and the Hangul fillers.
-/// Two identifiers that differ only by one look the same to the operator who copies one into
-/// a policy, and a bidirectional override makes one read as another.
+/// (the zero-width space, bidirectional controls, the byte-order mark, tags, the soft
+/// hyphen), variation selectors, the combining grapheme joiner and the Hangul fillers. Two
+/// identifiers that differ only by one look the same to the operator who copies one into a
+/// policy, and a bidirectional override makes one read as another. The zero-width joiner and
+/// non-joiner stay allowed: Persian and the Indic scripts spell words with them.
 fn is_invisible(c: char) -> bool {
     matches!(
         c,
@@ -126,7 +127,8 @@ fn is_invisible(c: char) -> bool {
             | '\u{115f}'..='\u{1160}'
             | '\u{17b4}'..='\u{17b5}'
             | '\u{180b}'..='\u{180f}'
-            | '\u{200b}'..='\u{200f}'
+            | '\u{200b}'
+            | '\u{200e}'..='\u{200f}'
             | '\u{202a}'..='\u{202e}'
             | '\u{2060}'..='\u{206f}'
             | '\u{3164}'
@@ -323,14 +325,22 @@ mod tests {
                 other => panic!("{bad:?}: {other:?}"),
             }
         }
-        let err = PrincipalId::new("ali\u{200d}ce").unwrap_err();
+        let err = PrincipalId::new("ali\u{200b}ce").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "principal id \"ali\\u{200d}ce\" contains the invisible character U+200D at byte 3; \
+            "principal id \"ali\\u{200b}ce\" contains the invisible character U+200B at byte 3; \
              identifiers hold only characters that can be seen"
         );
-        // Visible characters from other scripts, and emoji without a selector, stay valid.
-        for ok in ["Ωmega", "ação", "🙂", "日本/ops"] {
+        // Visible characters from other scripts, emoji without a selector, and the joiners
+        // some scripts spell with (Persian "می‌خواهم" holds a zero-width non-joiner) stay valid.
+        for ok in [
+            "Ωmega",
+            "ação",
+            "🙂",
+            "日本/ops",
+            "می\u{200c}خواهم",
+            "क्\u{200d}ष",
+        ] {
             PrincipalId::new(ok).unwrap();
         }
     }

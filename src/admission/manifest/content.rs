@@ -524,7 +524,7 @@ impl PromptDefinition {
     /// Decodes and checks one prompt; `at` is its location (for example `prompts[0]`).
     pub fn from_json_value(value: &Value, at: &JsonPath) -> Result<Self, ManifestError> {
         let fields = Fields::new(value, at, PROMPT_FIELDS)?;
-        let name = fields.name_part("name", "prompt name")?.to_owned();
+        let name = fields.identifier("name", "prompt name")?.to_owned();
         let mut arguments = Vec::new();
         if let Some(list) = fields.optional("arguments")? {
             let list_path = fields.path("arguments");

@@ -80,8 +80,8 @@ pub enum ManifestError {
         /// Which rule it breaks.
         reason: IdentifierError,
     },
-    /// A server id, tool name or prompt name holds `/`, the separator of the names clients
-    /// see (`server/tool`): two tools could otherwise share one.
+    /// A server id holds `/`, the separator of the names clients see (`server/tool`): two
+    /// tools could otherwise share one.
     #[error(
         "{path}: {kind} {value:?} contains '/', which separates the server from the tool in the \
          names clients call; rename it"
@@ -332,9 +332,9 @@ impl<'a> Fields<'a> {
         Ok(text)
     }
 
-    /// A required identifier that becomes part of a name clients call (`server/tool`), so
-    /// holds no `/`: without this, server `a` with tool `b/c` and server `a/b` with tool `c`
-    /// would both be `a/b/c`.
+    /// A required identifier that names a server in the names clients call (`server/tool`,
+    /// split at the first `/`), so holds no `/`: without this, server `a` with tool `b/c`
+    /// and server `a/b` with tool `c` would both be `a/b/c`.
     pub(crate) fn name_part(&self, field: &'static str, kind: &'static str) -> Result<&'a str> {
         let text = self.identifier(field, kind)?;
         if text.contains('/') {
@@ -501,7 +501,7 @@ impl ToolDefinition {
     /// Decodes and checks one tool; `at` is its location (for example `tools[2]`).
     pub fn from_json_value(value: &Value, at: &JsonPath) -> Result<Self> {
         let fields = Fields::new(value, at, TOOL_FIELDS)?;
-        let name = fields.name_part("name", "tool name")?.to_owned();
+        let name = fields.identifier("name", "tool name")?.to_owned();
         let title = fields
             .optional_str("title")?
             .map(|t| check_description(t, fields.path("title")))

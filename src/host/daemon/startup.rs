@@ -72,6 +72,23 @@ pub enum StartupError {
         /// The id in the signed manifest.
         signed: String,
     },
+    /// The server that offers its tools under bare names signs a tool or prompt name with
+    /// `/`, which clients would take for another server's `server/tool`.
+    #[error(
+        "server {server:?} offers its tools and prompts under bare names (unqualified_names), \
+         but its manifest signs the {kind} {name:?}, which holds '/': clients would call it as \
+         {name:?} and reach server {prefix:?} instead; serve it qualified (drop unqualified_names)"
+    )]
+    SeparatorInBareName {
+        /// The server.
+        server: String,
+        /// `tool` or `prompt`.
+        kind: &'static str,
+        /// The name.
+        name: String,
+        /// The server id clients would reach.
+        prefix: String,
+    },
     /// The registry refused a manifest.
     #[error("server {server:?} was not admitted: {source}")]
     Admission {
@@ -248,6 +265,22 @@ pub fn verify_registry(
                 configured: s.id.clone(),
                 signed: signed_id,
             });
+        }
+        if s.unqualified_names {
+            let body = envelope.body();
+            let names = body
+                .tools()
+                .iter()
+                .map(|t| ("tool", t.name()))
+                .chain(body.prompts().iter().map(|p| ("prompt", p.name())));
+            if let Some((kind, name)) = names.into_iter().find(|(_, n)| n.contains('/')) {
+                return Err(StartupError::SeparatorInBareName {
+                    server: s.id.clone(),
+                    kind,
+                    name: name.to_string(),
+                    prefix: name.split('/').next().unwrap_or(name).to_string(),
+                });
+            }
         }
         let key =
             crate::keys::verifying_key_from_arg(&s.key).map_err(|source| StartupError::Key {
