@@ -141,6 +141,55 @@ pub fn others_may_change_file(metadata: &Metadata) -> Option<OthersMayChange> {
     )
 }
 
+/// Why a file that decides what flowhost trusts (a key set, a certificate, a private key)
+/// was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustedFileError {
+    /// It could not be opened or read, or is no regular file (a symbolic link, a FIFO).
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// Someone other than root or this process's user could change it, and so decide what
+    /// flowhost trusts.
+    #[error("{path} {why}")]
+    Exposed {
+        /// The file.
+        path: PathBuf,
+        /// How.
+        why: OthersMayChange,
+    },
+    /// A secret that group or others may read.
+    #[error(
+        "{path} has mode {mode:04o}, so group or others may read the secret it holds (chmod go-rwx)"
+    )]
+    Readable {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+}
+
+/// Reads at most `limit` bytes of a file flowhost trusts: a regular file (no symbolic link
+/// followed) that no one but root or this process's user may change, and, when `secret`,
+/// that group and others may not read. The file judged is the file read.
+pub fn read_trusted(path: &Path, limit: u64, secret: bool) -> Result<Vec<u8>, TrustedFileError> {
+    let (file, metadata) = open_regular(path)?;
+    if let Some(why) = others_may_change_file(&metadata) {
+        return Err(TrustedFileError::Exposed {
+            path: path.to_owned(),
+            why,
+        });
+    }
+    let mode = metadata.mode() & 0o7777;
+    if secret && mode & 0o077 != 0 {
+        return Err(TrustedFileError::Readable {
+            path: path.to_owned(),
+            mode,
+        });
+    }
+    Ok(read_opened(path, file, &metadata, limit)?)
+}
+
 /// Opens `path` for reading without following a final symbolic link, and checks that it is a
 /// regular file. The metadata is that of the opened file, so it cannot change underneath.
 pub fn open_regular(path: &Path) -> Result<(File, Metadata), FileError> {

@@ -770,6 +770,18 @@ fn a_reload_presents_the_certificate_its_files_hold_then() {
         "{log}"
     );
     assert_eq!(initialize_over_tls(addr, &renewed).unwrap().status, 200);
+
+    // A private key others may read (or a certificate others may change) is not used:
+    // before, any file at the path was read and served.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::copy(&renewed, dir.join("cert.pem")).unwrap();
+    let key = dir.join("key.pem");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    reload_and_wait(&lab, 4, "group or others may read the secret");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(dir.join("cert.pem"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    reload_and_wait(&lab, 5, "group or others may write it");
+    assert_eq!(initialize_over_tls(addr, &renewed).unwrap().status, 200);
 }
 
 /// The tool names of the records of HTTP authentication refusals (`(http: why)`).
@@ -1626,6 +1638,14 @@ fn an_id_in_flight_or_an_invalid_message_is_refused_before_routing() {
     assert!(
         !first.body.contains("already in flight") && !first.body.contains("\"code\":-32"),
         "another request's answer reached the call's stream: {first:?}"
+    );
+    // Like every refusal of an identified peer, it has a record (before, none).
+    assert!(
+        lab.records().iter().any(|r| r["tool"]["name"] == "(ping)"
+            && r["flowhost"]["denial_kind"] == "request_id_in_flight"
+            && r["flowhost"]["session"] == session.as_str()),
+        "{:#?}",
+        lab.records()
     );
 }
 

@@ -91,6 +91,29 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 64;
 /// The names a loopback listener answers to by default.
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
 
+/// The host of an authority (`host[:port]`, an IPv6 address in brackets), lower case.
+fn authority_host(authority: &str) -> String {
+    let host = match authority.strip_prefix('[') {
+        Some(rest) => rest
+            .split(']')
+            .next()
+            .map_or(authority.to_string(), |h| format!("[{h}]")),
+        None => authority.split(':').next().unwrap_or(authority).to_string(),
+    };
+    host.to_ascii_lowercase()
+}
+
+/// Whether `host` (from [`authority_host`]) names this machine: `localhost` and its
+/// subdomains, or a loopback address.
+fn is_loopback_name(host: &str) -> bool {
+    if host == "localhost" || host.ends_with(".localhost") {
+        return true;
+    }
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<std::net::IpAddr>()
+        .is_ok_and(|a| a.is_loopback())
+}
+
 /// The HTTP listener.
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
@@ -204,7 +227,7 @@ pub(super) fn validate(
             format!("only allowed on a loopback listener, not {}", raw.listen),
         );
     }
-    let allowed_hosts = match raw.allowed_hosts {
+    let allowed_hosts: Vec<String> = match raw.allowed_hosts {
         Some(h) if !h.is_empty() => h.into_iter().map(|h| h.to_ascii_lowercase()).collect(),
         Some(_) => return bad("allowed_hosts", "name at least one host".into()),
         None if loopback => LOOPBACK_HOSTS.iter().map(ToString::to_string).collect(),
@@ -220,6 +243,30 @@ pub(super) fn validate(
             return bad(
                 &format!("allowed_origins[{i}]"),
                 format!("{o:?} is not scheme://host[:port]"),
+            );
+        }
+    }
+    // Callers without credentials act as this principal only because they are on this
+    // machine: a host name or origin that is not (a reverse proxy's public name) would let
+    // anyone reaching the proxy act as it.
+    if raw.unauthenticated_loopback_principal.is_some() {
+        let origin_hosts = raw.allowed_origins.iter().map(|o| {
+            let authority = o.split_once("://").map_or(o.as_str(), |(_, a)| a);
+            authority_host(authority)
+        });
+        if let Some(name) = allowed_hosts
+            .iter()
+            .map(|h| authority_host(h))
+            .chain(origin_hosts)
+            .find(|h| !is_loopback_name(h))
+        {
+            return bad(
+                "unauthenticated_loopback_principal",
+                format!(
+                    "callers are only taken for it on this machine, but the listener answers to \
+                     {name:?} (allowed_hosts or allowed_origins), which is not a loopback name: \
+                     behind a proxy, give callers tokens instead"
+                ),
             );
         }
     }
@@ -352,6 +399,30 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(anon.0, "http.unauthenticated_loopback_principal");
+    }
+
+    /// A loopback listener answering to a public name is a reverse proxy's backend: a
+    /// caller without credentials there may be anyone reaching the proxy, and was taken
+    /// for the unauthenticated loopback principal.
+    #[test]
+    fn the_unauthenticated_principal_needs_loopback_names_only() {
+        let anon = "unauthenticated_loopback_principal = \"ops\"\n";
+        for extra in [
+            "allowed_hosts = [\"mcp.example.org\"]\n",
+            "allowed_hosts = [\"localhost\", \"10.0.0.5:8931\"]\n",
+            "allowed_origins = [\"https://mcp.example.org\"]\n",
+        ] {
+            let e = parse(&format!("{extra}{anon}")).unwrap_err();
+            assert_eq!(e.0, "http.unauthenticated_loopback_principal", "{extra}");
+            assert!(e.1.contains("not a loopback name"), "{}", e.1);
+        }
+        for extra in [
+            "",
+            "allowed_hosts = [\"localhost:8931\", \"127.0.0.2\", \"[::1]:9\", \"a.localhost\"]\n",
+            "allowed_origins = [\"http://localhost:3000\", \"http://[::1]:3000\"]\n",
+        ] {
+            parse(&format!("{extra}{anon}")).unwrap_or_else(|e| panic!("{extra}: {e:?}"));
+        }
     }
 
     #[test]

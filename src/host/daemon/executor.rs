@@ -382,11 +382,12 @@ pub type UpdateSink = Arc<dyn Fn(&Value) + Send + Sync>;
 #[derive(Default)]
 struct UpdateRoute {
     sink: Option<UpdateSink>,
-    held: Option<Vec<Value>>,
+    /// The URIs of the updates held, in the order they first came.
+    held: Option<Vec<String>>,
 }
 
-/// Distinct updates held for one request; more are dropped (each says only that a URI
-/// changed, so one per URI is all a client needs).
+/// Distinct URIs held for one request; more are dropped (an update says only that its URI
+/// changed, so one per URI is all a client needs, and the session passes on only the URI).
 const MAX_HELD_UPDATES: usize = 256;
 
 impl UpdateRoute {
@@ -395,8 +396,11 @@ impl UpdateRoute {
         match &mut self.held {
             None => self.sink.clone(),
             Some(held) => {
-                if held.len() < MAX_HELD_UPDATES && !held.contains(params) {
-                    held.push(params.clone());
+                if let Some(uri) = params.get("uri").and_then(Value::as_str)
+                    && held.len() < MAX_HELD_UPDATES
+                    && !held.iter().any(|u| u == uri)
+                {
+                    held.push(uri.to_owned());
                 }
                 None
             }
@@ -1031,8 +1035,8 @@ impl<C: NamedCall> McpExecutor<C> {
             Err(_) => return,
         };
         if let Some(sink) = sink {
-            for params in &held {
-                sink(params);
+            for uri in held {
+                sink(&json!({ "uri": uri }));
             }
         }
     }

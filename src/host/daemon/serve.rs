@@ -271,19 +271,20 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
     host.begin_shutdown();
     drop(listener);
     let drain = async { while sessions.join_next().await.is_some() {} };
-    let abandoned = tokio::time::timeout(
+    let mut abandoned = tokio::time::timeout(
         host.current().config.call_timeout + Duration::from_secs(2),
         drain,
     )
     .await
     .is_err();
+    if let Some(task) = http_task {
+        // A task that failed (it panicked) cannot say its sessions ended.
+        abandoned |= task.await.unwrap_or(true);
+    }
     if abandoned {
         tracing::warn!(
             "sessions did not finish in time; the final health calls the records incomplete"
         );
-    }
-    if let Some(task) = http_task {
-        let _ = task.await;
     }
     // The stop's own check follows one in progress, never runs beside it.
     if let Some(task) = state_check {

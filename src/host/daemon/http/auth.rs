@@ -47,6 +47,16 @@ pub enum AuthRefusal {
     /// A JWT that does not verify or is malformed.
     #[error("the access token is invalid: {0}")]
     InvalidToken(String),
+    /// A request without credentials that a proxy forwarded: the unauthenticated loopback
+    /// principal is for callers on this machine, and a proxy's caller may be anywhere.
+    #[error(
+        "no credentials, and the request was forwarded by a proxy ({header}), so it may come \
+         from anywhere: send Authorization: Bearer <token>"
+    )]
+    Forwarded {
+        /// The forwarding header found.
+        header: &'static str,
+    },
     /// A JWT whose principal claim maps to no configured principal.
     #[error("the access token's {claim} {value:?} is not mapped to a principal")]
     UnknownPrincipal {
@@ -61,7 +71,7 @@ impl AuthRefusal {
     /// The OAuth error code for `WWW-Authenticate` (none when no token was sent).
     pub fn oauth_error(&self) -> Option<&'static str> {
         match self {
-            AuthRefusal::Missing => None,
+            AuthRefusal::Missing | AuthRefusal::Forwarded { .. } => None,
             AuthRefusal::Malformed | AuthRefusal::Unreadable(_) => Some("invalid_request"),
             _ => Some("invalid_token"),
         }
@@ -94,6 +104,18 @@ const ALGORITHMS: [Algorithm; 9] = [
     Algorithm::ES384,
     Algorithm::EdDSA,
 ];
+
+/// Headers a proxy adds to what it forwards: a request carrying one may come from anywhere,
+/// so it is never the unauthenticated loopback principal.
+const FORWARDING_HEADERS: [&str; 4] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-real-ip",
+];
+
+/// Largest key set file read.
+const MAX_KEY_SET_BYTES: u64 = 1024 * 1024;
 
 /// Seconds of clock skew tolerated on `exp` and `nbf`.
 const LEEWAY_SECS: u64 = 30;
@@ -139,6 +161,14 @@ impl Authenticator {
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<PrincipalId, AuthRefusal> {
         let authorization =
             single_header(headers, AUTHORIZATION.as_str()).map_err(AuthRefusal::Unreadable)?;
+        if authorization.is_none()
+            && self.loopback.is_some()
+            && let Some(header) = FORWARDING_HEADERS
+                .into_iter()
+                .find(|h| headers.contains_key(*h))
+        {
+            return Err(AuthRefusal::Forwarded { header });
+        }
         self.authenticate_value(authorization)
     }
 
@@ -264,7 +294,11 @@ fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
         path: path.display().to_string(),
         message,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    // The key set decides who may act: a file others could change would let them add a
+    // key of their own.
+    let bytes = crate::files::read_trusted(path, MAX_KEY_SET_BYTES, false)
+        .map_err(|e| fail(format!("cannot be trusted: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|_| fail("not UTF-8 text".into()))?;
     let set: JwkSet =
         serde_json::from_str(&text).map_err(|e| fail(format!("not a JSON Web Key Set: {e}")))?;
     let mut keys: HashMap<Option<String>, Vec<DecodingKey>> = HashMap::new();
@@ -317,6 +351,59 @@ principals = {{ "user-1" = "alice" }}
         );
         let config = crate::config::HostConfig::parse(&dir.join("host.toml"), &text).unwrap();
         Authenticator::new(config.http.as_ref().unwrap()).unwrap()
+    }
+
+    /// The key set decides who may act, so it is read as a trusted file. Before, any file
+    /// at the path was read: one others could write (or its owner, a deploy user) let them
+    /// add their own key, and a FIFO or a symbolic link to `/dev/zero` hung or exhausted
+    /// the host at start or reload.
+    #[test]
+    fn a_key_set_others_may_change_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let issuer = Issuer::new(7);
+        let dir = tempfile::tempdir().unwrap();
+        authenticator(dir.path(), &issuer);
+        let jwks = dir.path().join("jwks.json");
+        let setup = |dir: &std::path::Path| {
+            let config = crate::config::HostConfig::parse(
+                &dir.join("host.toml"),
+                "[host]\nsocket = \"s\"\nstate_dir = \"st\"\nrecords_dir = \"r\"\n[[principal]]\nid = \"alice\"\ntools = [\"*\"]\n[http]\nresource = \"https://mcp.example/mcp\"\n[http.jwt]\nissuer = \"https://as.example\"\njwks = \"jwks.json\"\nprincipals = { \"user-1\" = \"alice\" }\n",
+            )
+            .unwrap();
+            Authenticator::new(config.http.as_ref().unwrap()).map(|_| ())
+        };
+        setup(dir.path()).unwrap();
+        std::fs::set_permissions(&jwks, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = setup(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("jwks.json") && e.contains("go-w"), "{e}");
+        std::fs::remove_file(&jwks).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &jwks).unwrap();
+        assert!(setup(dir.path()).is_err());
+        std::fs::remove_file(&jwks).unwrap();
+        nix::unistd::mkfifo(&jwks, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(setup(dir.path()).is_err());
+    }
+
+    /// A request a proxy forwarded may come from anywhere: without credentials it is not the
+    /// loopback principal, which a local reverse proxy (whose requests all come from
+    /// loopback) would otherwise give every remote caller.
+    #[test]
+    fn a_forwarded_request_without_credentials_is_not_the_loopback_principal() {
+        let config = crate::config::HostConfig::parse(
+            std::path::Path::new("/etc/h.toml"),
+            "[host]\nsocket = \"s\"\nstate_dir = \"st\"\nrecords_dir = \"r\"\n[[principal]]\nid = \"a\"\ntools = [\"*\"]\n[http]\nunauthenticated_loopback_principal = \"a\"\n",
+        )
+        .unwrap();
+        let a = Authenticator::new(config.http.as_ref().unwrap()).unwrap();
+        for header in FORWARDING_HEADERS {
+            let mut h = HeaderMap::new();
+            h.insert(
+                header,
+                hyper::header::HeaderValue::from_static("203.0.113.9"),
+            );
+            assert_eq!(a.authenticate(&h), Err(AuthRefusal::Forwarded { header }));
+        }
+        assert_eq!(a.authenticate(&HeaderMap::new()).unwrap().as_str(), "a");
     }
 
     /// An `Authorization` header that is sent but unreadable, or sent twice, is refused even

@@ -269,8 +269,9 @@ struct Transport {
 }
 
 /// Serves MCP over HTTP on `listener` until the host stops, then waits (bounded) for its
-/// sessions to end.
-pub async fn serve(host: Arc<Host>, listener: HttpListener) {
+/// sessions to end. Returns whether some had not ended by then (the stop abandons what they
+/// still had in flight).
+pub async fn serve(host: Arc<Host>, listener: HttpListener) -> bool {
     let HttpListener {
         listener,
         tls,
@@ -434,6 +435,7 @@ pub async fn serve(host: Arc<Host>, listener: HttpListener) {
     while transport.live_sessions() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    transport.live_sessions() > 0
 }
 
 /// Serves one accepted connection until it ends; `slot` counts it as unproven until a
@@ -787,7 +789,8 @@ impl Transport {
         let summary = (folded > 0)
             .then(|| format!("(http: {folded} further authentication refusals, folded)"));
         for what in summary.into_iter().chain(record) {
-            self.record_session_refusal(&what, None).await?;
+            self.record_session_refusal(&what, None, Denial::AccessDenied, None)
+                .await?;
         }
         Ok(())
     }
@@ -798,20 +801,22 @@ impl Transport {
         &self,
         what: &str,
         principal: Option<&PrincipalId>,
+        denial: Denial,
+        session: Option<&str>,
     ) -> Result<(), RpcError> {
         let generation = self.host.current();
-        let e = pipeline::refusal(code::ACCESS_DENIED, what.to_string(), Denial::AccessDenied);
+        let e = pipeline::refusal(code::ACCESS_DENIED, what.to_string(), denial);
         let recorded = pipeline::refuse_session(
             &session::env(&self.host, &generation),
             &Caller {
-                session: "(none)",
+                session: session.unwrap_or("(none)"),
                 peer: None,
                 principal: Err(e.clone()),
                 pinned: principal,
             },
             what,
             e,
-            Denial::AccessDenied,
+            denial,
         )
         .await;
         if recorded.data_denial() == Some(Denial::RecordFailure.as_str()) {
@@ -880,6 +885,8 @@ impl Transport {
                 .record_session_refusal(
                     "(http: a request named another principal's session)",
                     Some(principal),
+                    Denial::AccessDenied,
+                    None,
                 )
                 .await
             {
@@ -993,6 +1000,23 @@ impl Transport {
                 let mut r = Response::new(Full::new(Bytes::new()).boxed());
                 *r.status_mut() = StatusCode::ACCEPTED;
                 return r;
+            }
+            // An id already in flight: refused like any refusal of an identified peer, with
+            // a record (its session's, its principal's).
+            Err(refused) if refused.status() == StatusCode::CONFLICT => {
+                let what = format!("({})", method.unwrap_or("request"));
+                return match self
+                    .record_session_refusal(
+                        &what,
+                        Some(&principal),
+                        Denial::RequestIdInFlight,
+                        Some(&session_id),
+                    )
+                    .await
+                {
+                    Ok(()) => refused,
+                    Err(e) => http_error(StatusCode::SERVICE_UNAVAILABLE, &e.message),
+                };
             }
             Err(refused) => return refused,
         };

@@ -50,19 +50,29 @@ impl ResolvesServerCert for Certificates {
     }
 }
 
+/// Largest certificate chain or key file read.
+const MAX_PEM_BYTES: u64 = 1024 * 1024;
+
 /// The chain and key `files` hold, checked to belong together.
 fn read_pair(files: &TlsFiles, provider: &CryptoProvider) -> Result<Arc<CertifiedKey>, HttpError> {
     let fail =
         |what: &std::path::Path, e: String| HttpError::Tls(format!("{}: {e}", what.display()));
-    let certs = CertificateDer::pem_file_iter(&files.cert)
-        .map_err(|e| fail(&files.cert, e.to_string()))?
+    // Whoever could change either file could serve their own pair to remote agents, and
+    // read their bearer tokens; whoever could read the key could be this server.
+    let read = |path: &std::path::Path, secret| {
+        crate::files::read_trusted(path, MAX_PEM_BYTES, secret)
+            .map_err(|e| HttpError::Tls(format!("cannot be trusted: {e}")))
+    };
+    let cert_pem = read(&files.cert, false)?;
+    let certs = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| fail(&files.cert, e.to_string()))?;
     if certs.is_empty() {
         return Err(fail(&files.cert, "no certificate in the file".into()));
     }
+    let key_pem = zeroize::Zeroizing::new(read(&files.key, true)?);
     let key =
-        PrivateKeyDer::from_pem_file(&files.key).map_err(|e| fail(&files.key, e.to_string()))?;
+        PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| fail(&files.key, e.to_string()))?;
     let pair = CertifiedKey::from_der(certs, key, provider).map_err(|e| {
         fail(
             &files.key,

@@ -9,7 +9,8 @@
 //! message), durable in the flow state before the message is queued for the client; the
 //! result's own raise later joins the same floor again. Log notifications go the same way,
 //! so a client sees them before the result, in order; so do progress notifications (numbers
-//! the executor chooses): the floor is joined once, before the first goes out.
+//! the executor chooses): each one's numbers are read by the classifier and raised the same
+//! way before it goes out (a raise that changes nothing writes nothing).
 //!
 //! Towards the tool, the answer must flow to the tool's clearances as the session stands
 //! when it arrives (another request of the session may have raised it meanwhile); its
