@@ -540,18 +540,38 @@ impl Broker {
             pidfd,
             listener,
         } = started;
-        let pidfd = Arc::new(sys::async_fd(pidfd).map_err(host("watching the executor"))?);
-        // From here on, any failure must kill the executor: it is running.
+        // The executor is running: any failure from here on must kill it, and its uid and
+        // cgroup go back only once it is reaped.
+        let pidfd = match sys::async_fd(pidfd) {
+            Ok(fd) => Arc::new(fd),
+            Err(source) => {
+                // Its pidfd went with the failed registration; it is this process's child,
+                // reaped by no one else, so its pid still names it.
+                sys::kill_and_reap(pid);
+                drop(lease);
+                return Err(host("watching the executor")(source));
+            }
+        };
         let mut kill = KillOnDrop(Some(pidfd.clone()));
+        let reap = Arc::new(Reap::new(pidfd.clone(), lease));
+        let reaper = self.inner.reaper.clone();
+        let abandon = |e: SpawnError| {
+            // Killed when `kill` drops as this returns; reaped (then its lease released) by
+            // the reaper thread.
+            let _ = reaper.send(ReaperJob::Wait(reap.clone()));
+            e
+        };
         let wrap_tx = |fd: Option<OwnedFd>| fd.map(pipe::Sender::from_owned_fd).transpose();
         let wrap_rx = |fd: Option<OwnedFd>| fd.map(pipe::Receiver::from_owned_fd).transpose();
-        let stdin = wrap_tx(prepared.stdio_parent[0].take()).map_err(host("wrapping stdin"))?;
-        let stdout = wrap_rx(prepared.stdio_parent[1].take()).map_err(host("wrapping stdout"))?;
-        let stderr = wrap_rx(prepared.stdio_parent[2].take()).map_err(host("wrapping stderr"))?;
+        let stdin = wrap_tx(prepared.stdio_parent[0].take())
+            .map_err(|e| abandon(host("wrapping stdin")(e)))?;
+        let stdout = wrap_rx(prepared.stdio_parent[1].take())
+            .map_err(|e| abandon(host("wrapping stdout")(e)))?;
+        let stderr = wrap_rx(prepared.stdio_parent[2].take())
+            .map_err(|e| abandon(host("wrapping stderr")(e)))?;
 
         let (tx, attempts) = mpsc::channel(64);
         let counters = Arc::new(Counters::default());
-        let reap = Arc::new(Reap::new(pidfd.clone(), lease));
         let on_thread = judge.is_some();
         let ctx = Arc::new(Context {
             listener,
@@ -576,7 +596,7 @@ impl Broker {
         });
         let inner = self.inner.clone();
         if on_thread {
-            supervise_on_thread(ctx, inner, pidfd.clone(), pid)?;
+            supervise_on_thread(ctx, inner, pidfd.clone(), pid).map_err(abandon)?;
         } else {
             // If the supervision task ends for any reason other than the executor's exit (an
             // error, a runtime shutdown dropping it, even before its first poll), the

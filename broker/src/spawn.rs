@@ -23,7 +23,7 @@ use crate::sys;
 
 /// Environment variables an executor never receives, whatever the spec says: they change
 /// what code a dynamic loader or interpreter runs before the tool's own `main`.
-const FORBIDDEN_ENV_PREFIXES: &[&str] = &["LD_", "DYLD_", "MALLOC_", "GLIBC_"];
+const FORBIDDEN_ENV_PREFIXES: &[&str] = &["LD_", "DYLD_", "MALLOC_", "GLIBC_", "BASH_FUNC_"];
 const FORBIDDEN_ENV: &[&str] = &[
     "BASH_ENV",
     "ENV",
@@ -38,13 +38,18 @@ const FORBIDDEN_ENV: &[&str] = &[
     "PYTHONPATH",
     "PYTHONHOME",
     "PYTHONSTARTUP",
+    "PYTHONWARNINGS",
     "PERL5LIB",
+    "PERLLIB",
     "PERL5OPT",
     "RUBYLIB",
     "RUBYOPT",
     "NODE_OPTIONS",
     "NODE_PATH",
     "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "OPENSSL_CONF",
 ];
 
 /// Whether an environment variable name is refused for executors.
@@ -243,5 +248,32 @@ fn hint(stage: Stage, errno: i32) -> &'static str {
             "; the host lacks CAP_SYS_ADMIN for the profile's namespaces"
         }
         _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each of these runs code of the caller's choosing before the tool's own `main` (a Java
+    /// agent, an exported bash function, a module imported for a warning filter, an engine
+    /// an OpenSSL configuration loads); before, they were passed on.
+    #[test]
+    fn interpreter_start_up_variables_are_refused() {
+        for name in [
+            "_JAVA_OPTIONS",
+            "JDK_JAVA_OPTIONS",
+            "BASH_FUNC_ls%%",
+            "PERLLIB",
+            "PYTHONWARNINGS",
+            "OPENSSL_CONF",
+            "LD_PRELOAD",
+            "JAVA_TOOL_OPTIONS",
+        ] {
+            assert!(env_forbidden(name), "{name}");
+        }
+        for name in ["PATH", "HOME", "JAVA_HOME", "LANG", "BASH"] {
+            assert!(!env_forbidden(name), "{name}");
+        }
     }
 }

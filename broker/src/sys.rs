@@ -72,6 +72,14 @@ pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
 }
 
+/// Kills this process's child `pid` and reaps it, waiting for it to exit. Only for a child
+/// nothing else reaps (so its pid cannot have been reused) and whose pidfd is gone.
+pub fn kill_and_reap(pid: i32) {
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
+}
+
 /// Sends `signal` to the process behind `pidfd` (`pidfd_send_signal(2)`). Signalling a
 /// process that has exited but not been reaped succeeds (ESRCH is reported as success).
 pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: libc::c_int) -> io::Result<()> {
