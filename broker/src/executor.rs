@@ -245,13 +245,18 @@ impl Executor {
     /// only what the host relays, which a stopped host does not.
     pub fn job_control(&self, stop: bool) -> io::Result<()> {
         use nix::sys::signal::{Signal, killpg};
-        // The pid names this executor (only this handle reaps it), and it leads its group.
         let signal = if stop {
             Signal::SIGSTOP
         } else {
             Signal::SIGCONT
         };
-        killpg(nix::unistd::Pid::from_raw(self.pid), signal).map_err(io::Error::from)
+        // The supervisor reaps the executor as soon as it exits: once it has, its pid may
+        // name another process's group, so nothing is signalled. Until then the number names
+        // this executor, which leads its group.
+        self.reap
+            .while_unreaped(|| killpg(nix::unistd::Pid::from_raw(self.pid), signal))?
+            .unwrap_or(Ok(()))
+            .map_err(io::Error::from)
     }
 
     /// Delivers `interrupt` as the kernel would to a process outside a pid namespace: sent
@@ -322,10 +327,17 @@ impl Executor {
 
     /// What the executor does with `interrupt`, read from `/proc/PID/status`.
     fn disposition(&self, interrupt: Interrupt) -> io::Result<Disposition> {
-        // The pid cannot name another process: only this handle reaps it, and it has not.
-        let status = procfs::process::Process::new(self.pid)
-            .and_then(|p| p.status())
-            .map_err(|e| io::Error::other(format!("reading /proc/{}/status: {e}", self.pid)))?;
+        // Read while the executor is not reaped, so the pid cannot name another process;
+        // once it is, it handles nothing.
+        let Some(status) = self.reap.while_unreaped(|| {
+            procfs::process::Process::new(self.pid)
+                .and_then(|p| p.status())
+                .map_err(|e| io::Error::other(format!("reading /proc/{}/status: {e}", self.pid)))
+        })?
+        else {
+            return Ok(Disposition::Ignored);
+        };
+        let status = status?;
         let bit = 1u64 << (interrupt.signal() - 1);
         Ok(if status.sigcgt & bit != 0 {
             Disposition::Handled

@@ -134,6 +134,17 @@ impl Reap {
         }
     }
 
+    /// Runs `f` while the executor is not reaped, holding off any reaping until it returns:
+    /// `None` (and `f` not run) once it has been. Its pid names it for as long as `f` runs
+    /// (a zombie keeps its pid), so `f` may act on the number.
+    pub(crate) fn while_unreaped<T>(&self, f: impl FnOnce() -> T) -> io::Result<Option<T>> {
+        let status = self
+            .status
+            .lock()
+            .map_err(|_| io::Error::other("reap state poisoned"))?;
+        Ok(status.is_none().then(f))
+    }
+
     /// Reaps the executor if it has exited (at most once), and returns how it ended and
     /// which whole-executor bound it ran into. Once reaped, its cgroup and uid are released.
     pub(crate) fn try_reap(&self) -> io::Result<Option<(WaitStatus, Option<BoundHit>)>> {
