@@ -87,6 +87,22 @@ pub enum ContinuityError {
         /// Its own sequence number.
         found: u64,
     },
+    /// The state is bound to no record, so every record is checked, but the records do not
+    /// start at seq 1: what the earlier ones raised is not here to check.
+    #[error(
+        "{file}:{line}: the flow state is bound to no record, so it is checked against every \
+         record, but the records start at seq {first}: records 1..{first} are not in the \
+         directory (rotated files archived or removed?), and the labels they raised cannot be \
+         checked; put them back"
+    )]
+    MissingStart {
+        /// The first record file.
+        file: PathBuf,
+        /// The 1-based line.
+        line: u64,
+        /// The sequence number found first.
+        first: u64,
+    },
     /// An allowed call's record carries no labels (written before records carried them).
     #[error(
         "{file}:{line}: record seq {seq} is an allowed call but carries no labels_after (it \
@@ -384,6 +400,13 @@ fn scan(
                 decision,
             } = decode(&f.path, at.line, line)?;
             let at = At { seq: x.seq, ..at };
+            if previous.is_none() && after.is_none() && at.seq != 1 {
+                return Err(ContinuityError::MissingStart {
+                    file: f.path.clone(),
+                    line: at.line,
+                    first: at.seq,
+                });
+            }
             if let Some(p) = previous
                 && Some(at.seq) != p.checked_add(1)
             {
@@ -1084,6 +1107,83 @@ mod tests {
         );
         assert!(err.to_string().contains("follows seq 1"), "{err}");
         assert_eq!(state.checkpoint().await.unwrap().map(|c| c.0), Some(1));
+    }
+
+    /// A state bound to no record is checked against every record, so the records must
+    /// start at seq 1. Before, the scan began wherever the files did: with the earliest
+    /// rotated files archived, a fresh or emptied state passed, and the labels only those
+    /// files proved were lost.
+    #[tokio::test]
+    async fn a_state_bound_to_no_record_needs_the_records_from_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        let bottom = InformationLabel::bottom();
+        records_of_labels(
+            &records,
+            &[
+                crate::state::tests::owner("larkfield"),
+                bottom.clone(),
+                bottom,
+            ],
+        );
+        let lines = lines_of(&records);
+        let hashes: Vec<String> = lines
+            .iter()
+            .map(|l| line_hash(l).as_str().to_string())
+            .collect();
+        let file = list_record_files(&records).unwrap()[0].path.clone();
+        let mut without_first = Vec::new();
+        for line in &lines[1..] {
+            without_first.extend_from_slice(line);
+            without_first.push(b'\n');
+        }
+        std::fs::write(&file, without_first).unwrap();
+        let db = dir.path().join("state.db");
+        let state = FlowStateStore::open(&db).unwrap();
+        let places = file_places(&db, dir.path(), &records);
+        let err = check_through(&state, &places, Some((3, hashes[2].as_str())))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ContinuityError::MissingStart { first: 2, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("start at seq 2"), "{err}");
+        assert_eq!(state.checkpoint().await.unwrap(), None);
+    }
+
+    /// A rebuild cut short (killed after opening the state, before raising what the records
+    /// prove) leaves a state bound to no record. Before, opening for the rebuild sealed what
+    /// the file held with its old checkpoint, so a state that had lost labels behind the
+    /// store, once refused as unsealed, passed the next start's check.
+    #[tokio::test]
+    async fn a_rebuild_cut_short_leaves_a_state_checked_against_every_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        records_of_labels(&records, &[crate::state::tests::owner("larkfield")]);
+        let db = dir.path().join("state.db");
+        rebuild(&records, &db).unwrap();
+        let hash = line_hash(&lines_of(&records)[0]).as_str().to_string();
+        // alice's label is lost behind the store: refused as unsealed.
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .execute("DELETE FROM principal_labels", [])
+            .unwrap();
+        assert!(FlowStateStore::open(&db).is_err());
+        // The rebuild the error asks for opens the file, then is cut short.
+        drop(SqliteStore::open_to_rebuild(&db).unwrap());
+        let state = FlowStateStore::open(&db).unwrap();
+        assert_eq!(state.checkpoint().await.unwrap(), None);
+        let places = file_places(&db, dir.path(), &records);
+        let err = check_through(&state, &places, Some((1, hash.as_str())))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ContinuityError::Behind(_)), "{err}");
+        // A rebuild run to its end restores the label and the binding.
+        drop(state);
+        rebuild(&records, &db).unwrap();
+        let state = FlowStateStore::open(&db).unwrap();
+        assert_eq!(state.checkpoint().await.unwrap(), Some((1, hash.clone())));
     }
 
     /// After a checkpoint, the lines before it in its file are not decoded when the file's

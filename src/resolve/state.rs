@@ -736,7 +736,7 @@ impl SqliteStore {
         conn.execute("DELETE FROM session_labels", [])
             .map_err(open_err)?;
         let principals = load_principals(&conn, path, open_err)?;
-        let sealed = seal_of(&conn, &principals).map_err(open_err)?;
+        let mut sealed = seal_of(&conn, &principals).map_err(open_err)?;
         let stored: Option<String> = conn
             .query_row("SELECT digest FROM state_seal WHERE id = 1", [], |r| {
                 r.get(0)
@@ -759,9 +759,21 @@ impl SqliteStore {
                     state_dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
                 });
             }
-            // A new, empty file; or a rebuild.
-            (SealMode::Check, None) | (SealMode::Renew, _) => {
+            // A new, empty file.
+            (SealMode::Check, None) => {
                 store_seal(&conn, sealed).map_err(open_err)?;
+            }
+            // A rebuild seals what the file holds, but binds it to no record: until the
+            // rebuild has raised every label the records prove and bound the state to their
+            // head, the state vouches for nothing, so a rebuild cut short leaves a state the
+            // next start checks against every record rather than one sealed as current.
+            (SealMode::Renew, _) => {
+                let tx = conn.unchecked_transaction().map_err(open_err)?;
+                tx.execute("DELETE FROM records_checkpoint", [])
+                    .map_err(open_err)?;
+                sealed = seal_of(&tx, &principals).map_err(open_err)?;
+                store_seal(&tx, sealed).map_err(open_err)?;
+                tx.commit().map_err(open_err)?;
             }
         }
         let mut sessions = HashMap::new();

@@ -313,6 +313,7 @@ impl Host {
             ContinuityError::Behind(_)
             | ContinuityError::OtherStream(_)
             | ContinuityError::Gap { .. }
+            | ContinuityError::MissingStart { .. }
             | ContinuityError::State(StateError::Replaced { .. }) => {
                 self.resolver.state().fail(e.to_string());
                 tracing::error!(error = %e, "the flow state does not hold what the decision records prove; refusing every call that needs it until the host is restarted");
