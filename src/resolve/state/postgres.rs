@@ -449,11 +449,15 @@ impl Target {
         // Every transaction reads committed data, whatever the server or role defaults to: a
         // raise joins under the row's lock and must see the row as the last raise committed
         // it, where `repeatable read` or `serializable` would abort it instead (a concurrent
-        // raise refused as a state failure).
+        // raise refused as a state failure). The tables are the `public` schema's whatever
+        // the role's search_path says: with a schema per role (PostgreSQL's own advice),
+        // hosts connecting as different roles would each migrate and use tables of their
+        // own, and a label one of them raised would not refuse a call on another.
         client
             .batch_execute(&format!(
                 "SET synchronous_commit TO {level}; \
-                 SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED"
+                 SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+                 SET search_path TO public"
             ))
             .await
             .map_err(failed)?;
@@ -1032,14 +1036,48 @@ impl StateBackend for PostgresStore {
     fn set_checkpoint<'a>(&'a self, seq: u64, hash: &'a str) -> StateFuture<'a, ()> {
         Box::pin(async move {
             let seq = i64::try_from(seq).unwrap_or(i64::MAX);
+            // Every label this host has seen, which includes every label the check that
+            // vouches for this checkpoint read.
+            let seen = self.seen.lock().map_err(poisoned)?.clone();
             self.run(async |c| {
-                c.execute(
+                let q = |e: tokio_postgres::Error| self.query_error(&e);
+                let tx = c.transaction().await.map_err(q)?;
+                // The database the checkpoint goes to must still hold those labels: one that
+                // lost some after the check read them (a failover to a lagging replica, a
+                // restore) would otherwise be bound to records whose raises it lacks, and the
+                // next start would check only the records after it. The rows are locked
+                // until the checkpoint is written (raises by other hosts only add).
+                let rows = tx
+                    .query(
+                        "SELECT principal, label FROM principal_labels FOR SHARE",
+                        &[],
+                    )
+                    .await
+                    .map_err(q)?;
+                let mut held = HashMap::new();
+                for row in &rows {
+                    let p: &str = self.column(row, 0, "(a principal's row)")?;
+                    held.insert(p.to_string(), self.decode(p, self.column(row, 1, p)?)?);
+                }
+                let bottom = InformationLabel::bottom();
+                for (principal, label) in &seen {
+                    let now = held.get(principal.as_str()).unwrap_or(&bottom);
+                    if !label.flows_to(now) {
+                        tracing::error!(target = %self.target.name, principal = %principal, "the flow-state database holds a principal's label lower than this host has seen it; the checkpoint is not moved");
+                        return Err(PgError::Lower {
+                            target: self.target.name.clone(),
+                            principal: principal.to_string(),
+                        });
+                    }
+                }
+                tx.execute(
                     "INSERT INTO records_checkpoint (host_id, seq, hash) VALUES ($1, $2, $3)
                      ON CONFLICT (host_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
                     &[&self.host_id, &seq, &hash],
                 )
                 .await
-                .map_err(|e| self.query_error(&e))?;
+                .map_err(q)?;
+                tx.commit().await.map_err(q)?;
                 Ok(())
             })
             .await
@@ -1302,6 +1340,58 @@ mod tests {
             "a missing row is not bottom to a store that has seen the label"
         );
         assert!(third.get(&k).await.unwrap().principal.is_bottom());
+    }
+
+    /// Every connection uses the `public` schema's tables, whatever the role's search_path:
+    /// hosts connecting as roles with schemas of their own share one state. Before, each
+    /// role's `migrate` made and used tables in its own schema.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_role_reads_the_public_schemas_tables() {
+        let Some(pg) = lab().await else { return };
+        pg.client()
+            .await
+            .unwrap()
+            .batch_execute(
+                "CREATE SCHEMA own; ALTER DATABASE postgres SET search_path TO own, public",
+            )
+            .await
+            .unwrap();
+        let store = PostgresStore::open(&pg.settings("a")).await.unwrap();
+        assert_eq!(show(&store, "search_path").await, "public");
+    }
+
+    /// The checkpoint vouches for the labels the check read: it is not written to a
+    /// database that lost one of them since (a failover to a lagging replica, a restore,
+    /// while the records were read). Before, it was written whatever the database held, and
+    /// the next start, checking only the records after it, accepted the lower labels.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_checkpoint_is_not_moved_onto_a_database_that_lost_labels() {
+        use super::super::tests::{key, owner};
+        let Some(pg) = lab().await else { return };
+        let store = PostgresStore::open(&pg.settings("a")).await.unwrap();
+        store
+            .raise(&key("alice", "s"), &owner("larkfield"), &owner("larkfield"))
+            .await
+            .unwrap();
+        store.set_checkpoint(1, "sha256:one").await.unwrap();
+        pg.client()
+            .await
+            .unwrap()
+            .execute(
+                "DELETE FROM principal_labels WHERE principal = 'alice'",
+                &[],
+            )
+            .await
+            .unwrap();
+        let err = store.set_checkpoint(2, "sha256:two").await.unwrap_err();
+        assert!(
+            matches!(&err, StateError::Postgres(PgError::Lower { principal, .. }) if principal == "alice"),
+            "{err:?}"
+        );
+        assert_eq!(
+            store.checkpoint().await.unwrap(),
+            Some((1, "sha256:one".to_string()))
+        );
     }
 
     /// A label found lower than this host has seen refuses every call of that principal:
