@@ -216,3 +216,44 @@ fn the_example_runs_and_its_gate_catches_the_tool_phoning_home() {
         "{stdout}"
     );
 }
+
+/// A tool that logs before its result: the log lines come first, as notifications, and the
+/// harness reads on to the answer. Before, it took the first line for the answer and failed
+/// ("not for request N"), and every later request read a reply meant for an earlier one.
+#[test]
+fn a_tool_that_logs_before_its_result_is_answered() {
+    let conformance = common::shared_copy("flowhost-tool-conformance");
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/conformance");
+    let manifest = repo.join("conformance.signed.json");
+    if !can_run(
+        As::Root,
+        &[&flowhost_for(As::Root), &conformance, &manifest],
+    ) {
+        return;
+    }
+    let mut server = harness(As::Root)
+        .mcp(
+            &manifest,
+            &repo.join("keys/conformance.pub").display().to_string(),
+            [conformance.display().to_string()],
+        )
+        .unwrap();
+    let logged = server.call("test_tool_with_logging", json!({})).unwrap();
+    assert!(
+        logged.to_string().contains("executed successfully"),
+        "{logged}"
+    );
+    let lines = server
+        .notifications()
+        .iter()
+        .filter(|n| n["method"] == "notifications/message")
+        .count();
+    assert_eq!(lines, 3, "{:?}", server.notifications());
+    // The next request gets its own answer.
+    let simple = server.call("test_simple_text", json!({})).unwrap();
+    assert!(
+        simple.to_string().contains("simple text response"),
+        "{simple}"
+    );
+    server.finish().unwrap().assert_success();
+}

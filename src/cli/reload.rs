@@ -13,8 +13,9 @@ use crate::daemon::reload;
 /// `ExecReload=` runs this, so a refused reload fails `systemctl reload`.
 #[derive(Debug, clap::Args)]
 pub struct ReloadArgs {
-    /// The daemon's pid (`$MAINPID` under systemd).
-    #[arg(long)]
+    /// The daemon's pid (`$MAINPID` under systemd). One process only: 0 and -1 would
+    /// signal a process group or every process, and 1 is init.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(2..))]
     pid: i32,
     /// The daemon's state directory (its `state_dir`), where it writes the verdict.
     #[arg(long, default_value = "/var/lib/flowhost")]
@@ -22,7 +23,7 @@ pub struct ReloadArgs {
     /// Seconds to wait for the verdict before treating the reload as failed (below the
     /// unit's TimeoutStartSec=60, which bounds ExecReload too, so the reason is printed
     /// before systemd gives up).
-    #[arg(long, default_value_t = 45)]
+    #[arg(long, default_value_t = 45, value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout: u64,
 }
 

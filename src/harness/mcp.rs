@@ -22,7 +22,12 @@ pub struct McpServer {
     records: PathBuf,
     health: PathBuf,
     workspace: Option<tempfile::TempDir>,
+    /// The notifications the host sent (log lines, progress) while requests were answered.
+    notifications: Vec<Value>,
 }
+
+/// Notifications kept for [`McpServer::notifications`]; later ones are dropped.
+const MAX_KEPT_NOTIFICATIONS: usize = 10_000;
 
 fn io(what: &str) -> impl FnOnce(std::io::Error) -> HarnessError + '_ {
     move |source| HarnessError::Io {
@@ -70,6 +75,7 @@ impl McpServer {
             records,
             health,
             workspace: Some(workspace),
+            notifications: Vec::new(),
         };
         let init = server.request(
             "initialize",
@@ -108,24 +114,54 @@ impl McpServer {
         writeln!(stdin, "{line}")
             .and_then(|()| stdin.flush())
             .map_err(io("cannot write to flowhost sandbox mcp"))?;
-        let mut reply = String::new();
-        let n = self
-            .stdout
-            .read_line(&mut reply)
-            .map_err(io("cannot read from flowhost sandbox mcp"))?;
-        if n == 0 {
-            return Err(HarnessError::Run(format!(
-                "flowhost sandbox mcp closed its output before answering {method}"
-            )));
+        // What the tool sends before its result (log lines, progress) comes first, as
+        // notifications; a request of the host's (sampling, elicitation: this client
+        // declares neither) is answered that it is not served.
+        loop {
+            let mut reply = String::new();
+            let n = self
+                .stdout
+                .read_line(&mut reply)
+                .map_err(io("cannot read from flowhost sandbox mcp"))?;
+            if n == 0 {
+                return Err(HarnessError::Run(format!(
+                    "flowhost sandbox mcp closed its output before answering {method}"
+                )));
+            }
+            let v: Value = serde_json::from_str(&reply)
+                .map_err(|e| HarnessError::Run(format!("not a JSON-RPC line ({e}): {reply:?}")))?;
+            match (v.get("method"), v.get("id")) {
+                (Some(_), None) => {
+                    if self.notifications.len() < MAX_KEPT_NOTIFICATIONS {
+                        self.notifications.push(v);
+                    }
+                }
+                (Some(asked), Some(their_id)) => {
+                    let answer = json!({"jsonrpc": "2.0", "id": their_id, "error": {
+                        "code": crate::mcp::code::METHOD_NOT_FOUND,
+                        "message": format!("the test harness serves no {asked}")}});
+                    let stdin = self
+                        .stdin
+                        .as_mut()
+                        .ok_or_else(|| HarnessError::Run("the server's input is closed".into()))?;
+                    writeln!(stdin, "{answer}")
+                        .and_then(|()| stdin.flush())
+                        .map_err(io("cannot write to flowhost sandbox mcp"))?;
+                }
+                (None, _) if v["id"] == id => return Ok(v),
+                (None, _) => {
+                    return Err(HarnessError::Run(format!(
+                        "the response is not for request {id}: {v}"
+                    )));
+                }
+            }
         }
-        let v: Value = serde_json::from_str(&reply)
-            .map_err(|e| HarnessError::Run(format!("not a JSON-RPC line ({e}): {reply:?}")))?;
-        if v["id"] != id {
-            return Err(HarnessError::Run(format!(
-                "the response is not for request {id}: {v}"
-            )));
-        }
-        Ok(v)
+    }
+
+    /// The notifications the host sent while requests were answered (the tool's log lines
+    /// and progress, each as the whole JSON-RPC message), oldest first.
+    pub fn notifications(&self) -> &[Value] {
+        &self.notifications
     }
 
     /// The tools the server offers (`tools/list`), named `server/tool`.

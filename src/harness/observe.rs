@@ -140,6 +140,9 @@ pub struct Observation {
     pub attempts: Vec<EgressAttempt>,
     /// The run's `tool_observation_health`.
     pub health: ToolObservationHealth,
+    /// The verified records' last sequence number and head hash, which the health must
+    /// end at.
+    head: Head,
     records_dir: PathBuf,
     health_file: PathBuf,
     workspace: Option<tempfile::TempDir>,
@@ -162,7 +165,7 @@ impl Observation {
                 "flowhost ended with {status} and left no readable health ({e}); it said:\n{stderr}"
             ))
         })?;
-        let records = read_records(&records_dir)?;
+        let (records, head) = read_verified(&records_dir)?;
         let attempts = records
             .iter()
             .filter_map(EgressAttempt::from_record)
@@ -174,6 +177,7 @@ impl Observation {
             records,
             attempts,
             health,
+            head,
             records_dir,
             health_file,
             workspace: Some(workspace),
@@ -221,14 +225,41 @@ impl Observation {
         self.check_health_complete()
     }
 
-    /// The health says observation was complete. (The records were verified when they were
-    /// read: see [`Observation::read`].)
+    /// The health says observation was complete, was written as the run ended, and ends
+    /// where the records do. (The records were verified when they were read: see
+    /// [`Observation::read`].) A health asked for while the run went on (and left in place
+    /// when the final one could not be written) says nothing of what came after it.
     fn check_health_complete(&self) -> Result<(), HarnessError> {
+        let incomplete = |reasons: Vec<String>| HarnessError::Incomplete {
+            health: self.health_file.clone(),
+            reasons,
+        };
         if !self.health.complete {
-            return Err(HarnessError::Incomplete {
-                health: self.health_file.clone(),
-                reasons: self.health.incomplete_reasons.clone(),
-            });
+            return Err(incomplete(self.health.incomplete_reasons.clone()));
+        }
+        if self.health.run_ended != Some(true) {
+            return Err(incomplete(vec![
+                "run_ended: the health was not written as the run ended, so it vouches for nothing after it".into(),
+            ]));
+        }
+        let says = (
+            self.health.records.last_seq,
+            self.health.records.chain_head.as_deref(),
+        );
+        // No records: the writer's head is the genesis hash.
+        let found = (
+            self.head.as_ref().map(|h| h.0),
+            Some(
+                self.head
+                    .as_ref()
+                    .map_or(crate::records::GENESIS_HASH, |h| h.1.as_str()),
+            ),
+        );
+        if says != found {
+            return Err(incomplete(vec![format!(
+                "records: the health ends at record {:?} (head {:?}), the records at {:?} (head {:?})",
+                says.0, says.1, found.0, found.1
+            )]));
         }
         Ok(())
     }
@@ -363,6 +394,14 @@ fn describe<'a>(attempts: impl Iterator<Item = &'a EgressAttempt>) -> String {
 /// [`HarnessError::Unverified`], naming each problem's file and line: records that do not
 /// verify are no evidence, and a torn last line may be the one attempt a check looks for.
 pub fn read_records(dir: &Path) -> Result<Vec<DecisionRecord>, HarnessError> {
+    read_verified(dir).map(|(records, _)| records)
+}
+
+/// The last sequence number and head hash of verified records (none: no records).
+type Head = Option<(u64, String)>;
+
+/// [`read_records`], with the head of what verified.
+fn read_verified(dir: &Path) -> Result<(Vec<DecisionRecord>, Head), HarnessError> {
     let (report, records) =
         verify_records_gathering(dir, None, &Collect).map_err(HarnessError::Records)?;
     if !report.is_ok() {
@@ -371,7 +410,11 @@ pub fn read_records(dir: &Path) -> Result<Vec<DecisionRecord>, HarnessError> {
             problems: report.problems.iter().map(ToString::to_string).collect(),
         });
     }
-    Ok(records)
+    let head = records
+        .last()
+        .map(|r| r.flowhost.seq)
+        .zip(report.head_hash.as_ref().map(|h| h.as_str().to_string()));
+    Ok((records, head))
 }
 
 /// Keeps every record the verifier decodes, so the records are read and decoded once.
@@ -452,6 +495,7 @@ mod tests {
                 ToolObservationHealth::read_from(&fixtures.join("health").join(name)).unwrap();
             h.records = RecordsHealth::from_verify(&report);
             h.tool_calls_observed = Some(text.matches("\"event\":\"tool_call\"").count() as u64);
+            h.run_ended = Some(true);
             let health = ws.path().join("health.json");
             h.write_to(&health).unwrap();
             Run {
@@ -507,6 +551,29 @@ mod tests {
         );
         let egress = Run::new("network_egress.jsonl", true).check(no_egress);
         assert!(egress.contains("expected no egress"), "{egress}");
+    }
+
+    /// A health asked for while the run went on (left in place when the final one could
+    /// not be written) vouches for nothing after it, and one that ends before the records do
+    /// is another moment's: both passed the egress checks before, since only `complete` was
+    /// read.
+    #[test]
+    fn the_egress_checks_need_the_health_written_as_the_run_ended_at_the_records_head() {
+        for check in [no_egress, only_nowhere] {
+            let run = Run::new("allowed_declared.jsonl", true);
+            let mut h = ToolObservationHealth::read_from(&run.health).unwrap();
+            h.run_ended = Some(false);
+            h.write_to(&run.health).unwrap();
+            let said = run.check(check);
+            assert!(said.contains("run_ended"), "{said}");
+
+            let run = Run::new("allowed_declared.jsonl", true);
+            let mut h = ToolObservationHealth::read_from(&run.health).unwrap();
+            h.records.last_seq = h.records.last_seq.map(|s| s - 1);
+            h.write_to(&run.health).unwrap();
+            let said = run.check(check);
+            assert!(said.contains("the health ends at record"), "{said}");
+        }
     }
 
     #[test]

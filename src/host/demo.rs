@@ -420,11 +420,23 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
     })();
 
     host.begin_shutdown();
-    runtime.block_on(async {
-        let _ = tokio::time::timeout(Duration::from_secs(30), serving).await;
+    let stopped = runtime.block_on(async {
+        matches!(
+            tokio::time::timeout(Duration::from_secs(30), serving).await,
+            Ok(Ok(crate::daemon::Served::Clean))
+        )
     });
     drop(runtime);
     workflow?;
+    // A stop that failed (the records not closed, the state not bound, the health not
+    // written) leaves a run its evidence does not vouch for: as `flowhost serve` would
+    // exit 1, the demo does not call it as expected.
+    outcomes.check(
+        "STOP",
+        stopped,
+        "the host stopped cleanly: records closed, flow state bound to them, health written".into(),
+        || "the stop did not complete (the lines above say what failed)".into(),
+    )?;
 
     // What the broker saw of the sneaky tool, from the records.
     let report = crate::records::chain::verify_records(&paths.records_dir, None)

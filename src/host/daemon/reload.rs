@@ -110,9 +110,13 @@ pub fn request(
     timeout: Duration,
 ) -> Result<ReloadVerdict, ReloadError> {
     let since = monotonic_usec().ok_or(ReloadError::Clock)?;
+    // Checked before the signal, so a timeout too long to count never leaves a reload
+    // begun and unwatched.
+    let deadline = Instant::now()
+        .checked_add(timeout)
+        .ok_or(ReloadError::Clock)?;
     let daemon = Pid::from_raw(pid);
     kill(daemon, Signal::SIGHUP).map_err(|source| ReloadError::Signal { pid, source })?;
-    let deadline = Instant::now() + timeout;
     loop {
         let unreadable = match ReloadVerdict::read(state_dir) {
             Ok(Some(v)) if i64::from(v.pid) == i64::from(pid) && v.started_usec >= since => {
