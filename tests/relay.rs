@@ -50,6 +50,26 @@ fn start_with(host: &str, policies: &[(&str, String)]) -> Option<Lab> {
     Some(lab)
 }
 
+/// [`start`], restarted with a classifier rule first: `pattern` (a TOML basic string's
+/// content) labels what it matches in `scope` with the terms label.
+fn start_with_classifier(pattern: &str, scope: &str) -> Option<Lab> {
+    let mut lab = start(&[])?;
+    lab.stop();
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let with_rule = text.replacen(
+        "[[classifier]]\n",
+        &format!(
+            "[[classifier]]\npattern = \"{pattern}\"\nlabel = {}\napplies_to = [\"{scope}\"]\n\n[[classifier]]\n",
+            flowhost::lab::TERMS_LABEL
+        ),
+        1,
+    );
+    assert_ne!(with_rule, text);
+    lab.write_config(&with_rule);
+    lab.spawn();
+    Some(lab)
+}
+
 /// A session of the agent whose client declares `capabilities`.
 fn session(lab: &Lab, capabilities: Value) -> Client {
     let mut c = lab.client_as(AGENT_UID);
@@ -460,24 +480,11 @@ fn an_update_sent_during_a_call_waits_for_the_calls_label() {
 /// its floor only, so no rule ever saw the numbers.
 #[test]
 fn progress_numbers_are_classified_as_output() {
-    let Some(mut lab) = start(&[]) else {
-        return;
-    };
-    lab.stop();
-    let text = std::fs::read_to_string(&lab.config).unwrap();
     // The conformance tool reports 0, 50 and 100; neither its result nor its arguments
     // hold 50.
-    let with_rule = text.replacen(
-        "[[classifier]]\n",
-        &format!(
-            "[[classifier]]\npattern = \"\\\\b50\\\\b\"\nlabel = {}\napplies_to = [\"outputs\"]\n\n[[classifier]]\n",
-            flowhost::lab::TERMS_LABEL
-        ),
-        1,
-    );
-    assert_ne!(with_rule, text);
-    lab.write_config(&with_rule);
-    lab.spawn();
+    let Some(mut lab) = start_with_classifier("\\\\b50\\\\b", "outputs") else {
+        return;
+    };
     let mut c = session(&lab, json!({}));
     c.send(
         &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
@@ -753,22 +760,9 @@ fn a_reload_remapping_the_peer_ends_its_session_and_subscriptions() {
 /// (naming the signed template, not the URI) before the executor sees it.
 #[test]
 fn a_subscription_is_tainted_by_its_uri_and_recorded() {
-    let Some(mut lab) = start(&[]) else {
+    let Some(mut lab) = start_with_classifier("HUSH-[0-9]+", "arguments") else {
         return;
     };
-    lab.stop();
-    let text = std::fs::read_to_string(&lab.config).unwrap();
-    let with_rule = text.replacen(
-        "[[classifier]]\n",
-        &format!(
-            "[[classifier]]\npattern = \"HUSH-[0-9]+\"\nlabel = {}\napplies_to = [\"arguments\"]\n\n[[classifier]]\n",
-            flowhost::lab::TERMS_LABEL
-        ),
-        1,
-    );
-    assert_ne!(with_rule, text);
-    lab.write_config(&with_rule);
-    lab.spawn();
     let mut c = session(&lab, json!({}));
     let (r, _) = on_resource(
         &mut c,
