@@ -675,6 +675,9 @@ fn make_way(names: &mut Vec<Binding>, newcomer: &Binding) -> bool {
 /// it (stopped when this is dropped, as is its resolv.conf file).
 pub struct ExecutorDns {
     address: SocketAddr,
+    /// The host's upstream resolvers: a send to one, on any port, is a lookup past this
+    /// resolver.
+    upstream: Arc<Upstream>,
     book: Arc<Mutex<AddressBook>>,
     host: HostSide,
     conf: tempfile::NamedTempFile,
@@ -765,6 +768,7 @@ impl ExecutorDns {
         ];
         Ok(ExecutorDns {
             address,
+            upstream: mediation.upstream.clone(),
             book,
             host: mediation.host,
             conf,
@@ -786,6 +790,16 @@ impl ExecutorDns {
     /// Whether `addr` is this executor's own resolver.
     pub fn is_resolver(&self, addr: &SocketAddr) -> bool {
         canonical_ip(addr.ip()) == self.address.ip() && addr.port() == DNS_PORT
+    }
+
+    /// Whether `addr` is one of the host's upstream resolvers (on whatever port it serves:
+    /// a local unbound or dnscrypt-proxy is often on another than 53).
+    pub fn is_upstream(&self, addr: &SocketAddr) -> bool {
+        let ip = canonical_ip(addr.ip());
+        self.upstream
+            .servers()
+            .iter()
+            .any(|s| canonical_ip(s.ip()) == ip && s.port() == addr.port())
     }
 
     /// The names this executor's lookups got `addr`'s address as an answer for that judge a
@@ -891,8 +905,10 @@ impl Naming {
 }
 
 /// How `info` stands with the executor's resolver `dns` (`None`: lookups not mediated).
-/// Binding or listening on the resolver's address, or on port 53, is not reaching it, and
-/// is judged by the rules. Another executor's resolver is an address the rules refuse
+/// A send to port 53 anywhere but its own resolver, or to one of the host's upstream
+/// resolvers on any port, is a lookup past it (the upstream would carry whatever the
+/// executor asks, unjudged). Binding or listening on the resolver's address, or on port 53,
+/// is not reaching it, and is judged by the rules. Another executor's resolver is an address the rules refuse
 /// themselves ([`crate::destination::is_resolver_address`]).
 pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptInfo) -> AttemptView {
     let (Some(dns), Some(flowhost_broker::Destination::Inet(addr))) = (dns, &info.destination)
@@ -905,7 +921,10 @@ pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptIn
     );
     if reaches && dns.is_resolver(addr) {
         AttemptView::ToResolver
-    } else if reaches && addr.port() == DNS_PORT && !crate::destination::is_resolver_address(addr) {
+    } else if reaches
+        && (addr.port() == DNS_PORT && !crate::destination::is_resolver_address(addr)
+            || dns.is_upstream(addr))
+    {
         AttemptView::Egress(Naming::PastResolver(*addr))
     } else {
         AttemptView::Egress(Naming::Names(dns.names_of(*addr)))
@@ -1367,6 +1386,55 @@ mod tests {
             .iter()
             .map(|n| n.to_string())
             .collect()
+    }
+
+    /// A send to one of the host's upstream resolvers is a lookup past the executor's own,
+    /// on whatever port the upstream serves. Before, only port 53 was taken for one: with
+    /// the upstream on 127.0.0.1:5335 (a local unbound) and a rule allowing 127.0.0.1 for
+    /// another service, the executor's raw queries reached it unjudged and went on to the
+    /// internet.
+    #[tokio::test]
+    async fn a_send_to_an_upstream_resolver_on_any_port_is_a_lookup_past_its_own() {
+        if !can_bind_53() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let up: SocketAddr = "127.0.0.1:5335".parse().unwrap();
+        let dns = ExecutorDns::start(
+            &mediation(up, dir.path()),
+            ExecutorId::default(),
+            allow_all(),
+        )
+        .unwrap();
+        let view = |addr: &str| {
+            let info = flowhost_broker::AttemptInfo {
+                syscall: flowhost_broker::EgressSyscall::Sendto,
+                pid: 7,
+                executable: None,
+                socket: flowhost_broker::SocketInfo {
+                    family: libc::AF_INET6,
+                    socket_type: libc::SOCK_DGRAM,
+                    protocol: 0,
+                },
+                destination: Some(flowhost_broker::Destination::Inet(addr.parse().unwrap())),
+                connected: false,
+                bytes: None,
+                message_index: None,
+                passed_fds: 0,
+            };
+            attempt_view(Some(&dns), &info)
+        };
+        for to in ["127.0.0.1:5335", "[::ffff:127.0.0.1]:5335", "192.0.2.9:53"] {
+            assert!(
+                matches!(view(to), AttemptView::Egress(Naming::PastResolver(_))),
+                "{to}"
+            );
+        }
+        // The same address on another port is another service, judged by the rules.
+        assert!(matches!(
+            view("127.0.0.1:8080"),
+            AttemptView::Egress(Naming::Names(_))
+        ));
     }
 
     #[tokio::test]

@@ -133,8 +133,9 @@ pub fn question(bytes: &[u8]) -> Result<Question, WireError> {
 
 /// The query asked upstream for `q`, with id `id`: the judged name (in lower case: the
 /// case of each letter as the executor wrote it would be bits of its choosing), the record
-/// type, recursion asked for, and EDNS with a fixed payload size (no options) if the
-/// executor sent EDNS. Nothing else of the executor's message goes out.
+/// type, recursion asked for, and EDNS with a fixed payload size (no options), whether or not
+/// the executor sent EDNS (else whether it did would be one bit of its choosing per query).
+/// Nothing else of the executor's message goes out.
 pub fn upstream_query(q: &Question, id: u16) -> Result<Vec<u8>, String> {
     let name = Name::from_ascii(format!("{}.", q.name.as_str()))
         .map_err(|e| format!("cannot encode the name {}: {e}", q.name))?;
@@ -144,11 +145,9 @@ pub fn upstream_query(q: &Question, id: u16) -> Result<Vec<u8>, String> {
     m.metadata.id = id;
     m.metadata.recursion_desired = true;
     m.add_query(query);
-    if q.edns_payload.is_some() {
-        let mut edns = Edns::new();
-        edns.set_max_payload(MAX_UDP_PAYLOAD);
-        m.set_edns(edns);
-    }
+    let mut edns = Edns::new();
+    edns.set_max_payload(MAX_UDP_PAYLOAD);
+    m.set_edns(edns);
     m.to_vec()
         .map_err(|e| format!("cannot encode the upstream query: {e}"))
 }
@@ -523,10 +522,17 @@ pub(crate) mod tests {
         let edns = up.edns.expect("the executor sent EDNS");
         assert_eq!(edns.max_payload(), MAX_UDP_PAYLOAD);
         assert!(edns.options().options.is_empty(), "no options pass");
-        // Without EDNS from the executor, none upstream and none in its answer.
+        // Without EDNS from the executor, the same fixed EDNS upstream (whether it sent any
+        // is not told), and none in its answer.
         let plain = question(&query(5, "a.test.")).unwrap();
         let asked = upstream_query(&plain, 6).unwrap();
-        assert!(Message::from_vec(&asked).unwrap().edns.is_none());
+        assert_eq!(
+            Message::from_vec(&asked)
+                .unwrap()
+                .edns
+                .map(|e| e.max_payload()),
+            Some(MAX_UDP_PAYLOAD)
+        );
         let mut r = Message::from_vec(&asked).unwrap().into_response();
         r.set_edns(Edns::new());
         let got = answer(&plain, &r.to_vec().unwrap(), 6).unwrap();
@@ -563,6 +569,23 @@ pub(crate) mod tests {
         let tc = Message::from_vec(&truncated_answer(&q)).unwrap();
         assert!(tc.metadata.truncation && tc.answers.is_empty());
         assert_eq!(tc.metadata.id, 1);
+        // Whether the executor sent EDNS at all is not told either: before, the upstream
+        // query carried an OPT record exactly when the executor's did, one bit per query.
+        let plain = question(&query(1, "secret.a.test.")).unwrap();
+        assert!(plain.edns_payload.is_none());
+        assert_eq!(
+            upstream_query(&plain, 9).unwrap(),
+            upstream_query(&q, 9).unwrap()
+        );
+        // The answer to a query without EDNS carries none, and over UDP holds 512 bytes.
+        let got = answer(
+            &plain,
+            &respond(&upstream_query(&plain, 9).unwrap(), vec![]),
+            9,
+        )
+        .unwrap();
+        assert!(Message::from_vec(&got.bytes).unwrap().edns.is_none());
+        assert_eq!(udp_limit(&plain), 512);
     }
 
     #[test]
