@@ -157,10 +157,8 @@ pub enum TrustedFileError {
         /// How.
         why: OthersMayChange,
     },
-    /// A secret that group or others may read.
-    #[error(
-        "{path} has mode {mode:04o}, so group or others may read the secret it holds (chmod go-rwx)"
-    )]
+    /// A secret that others may read.
+    #[error("{path} has mode {mode:04o}, so others may read the secret it holds (chmod o-rwx)")]
     Readable {
         /// The file.
         path: PathBuf,
@@ -171,7 +169,8 @@ pub enum TrustedFileError {
 
 /// Reads at most `limit` bytes of a file flowhost trusts: a regular file (no symbolic link
 /// followed) that no one but root or this process's user may change, and, when `secret`,
-/// that group and others may not read. The file judged is the file read.
+/// that others may not read (a group may: a TLS key is often shared with a group such as
+/// Debian's `ssl-cert`). The file judged is the file read.
 pub fn read_trusted(path: &Path, limit: u64, secret: bool) -> Result<Vec<u8>, TrustedFileError> {
     let (file, metadata) = open_regular(path)?;
     if let Some(why) = others_may_change_file(&metadata) {
@@ -181,7 +180,7 @@ pub fn read_trusted(path: &Path, limit: u64, secret: bool) -> Result<Vec<u8>, Tr
         });
     }
     let mode = metadata.mode() & 0o7777;
-    if secret && mode & 0o077 != 0 {
+    if secret && mode & 0o007 != 0 {
         return Err(TrustedFileError::Readable {
             path: path.to_owned(),
             mode,

@@ -777,10 +777,28 @@ fn a_reload_presents_the_certificate_its_files_hold_then() {
     std::fs::copy(&renewed, dir.join("cert.pem")).unwrap();
     let key = dir.join("key.pem");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    reload_and_wait(&lab, 4, "group or others may read the secret");
+    reload_and_wait(&lab, 4, "others may read the secret");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::set_permissions(dir.join("cert.pem"), std::fs::Permissions::from_mode(0o666)).unwrap();
     reload_and_wait(&lab, 5, "group or others may write it");
+    assert_eq!(initialize_over_tls(addr, &renewed).unwrap().status, 200);
+
+    // As certbot lays them out: the configured names are links into an archive, and the
+    // key is shared with a group (0640). Both are served.
+    let archive = dir.join("archive");
+    std::fs::create_dir(&archive).unwrap();
+    std::fs::copy(&renewed, archive.join("fullchain1.pem")).unwrap();
+    std::fs::copy(dir.join("renewed-key.pem"), archive.join("privkey1.pem")).unwrap();
+    std::fs::set_permissions(
+        archive.join("privkey1.pem"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    for (link, to) in [("cert.pem", "fullchain1.pem"), ("key.pem", "privkey1.pem")] {
+        std::fs::remove_file(dir.join(link)).unwrap();
+        std::os::unix::fs::symlink(archive.join(to), dir.join(link)).unwrap();
+    }
+    reload_and_wait(&lab, 6, "reloaded: generation 3");
     assert_eq!(initialize_over_tls(addr, &renewed).unwrap().status, 200);
 }
 
@@ -1639,14 +1657,21 @@ fn an_id_in_flight_or_an_invalid_message_is_refused_before_routing() {
         !first.body.contains("already in flight") && !first.body.contains("\"code\":-32"),
         "another request's answer reached the call's stream: {first:?}"
     );
-    // Like every refusal of an identified peer, it has a record (before, none).
-    assert!(
-        lab.records().iter().any(|r| r["tool"]["name"] == "(ping)"
-            && r["flowhost"]["denial_kind"] == "request_id_in_flight"
-            && r["flowhost"]["session"] == session.as_str()),
-        "{:#?}",
-        lab.records()
-    );
+    // Like every refusal of an identified peer, it has a record (before, none), under the
+    // session's record id (that of its call), never the Mcp-Session-Id.
+    let records = lab.records();
+    let refused = records
+        .iter()
+        .find(|r| {
+            r["tool"]["name"] == "(ping)" && r["flowhost"]["denial_kind"] == "request_id_in_flight"
+        })
+        .unwrap_or_else(|| panic!("{records:#?}"));
+    let call = records
+        .iter()
+        .find(|r| r["flowhost"]["event"] == "tool_call")
+        .unwrap_or_else(|| panic!("{records:#?}"));
+    assert_eq!(refused["flowhost"]["session"], call["flowhost"]["session"]);
+    assert_ne!(refused["flowhost"]["session"], session.as_str());
 }
 
 /// A header sent but unreadable (bytes outside visible ASCII) or sent twice is refused, not

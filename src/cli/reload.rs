@@ -13,9 +13,9 @@ use crate::daemon::reload;
 /// `ExecReload=` runs this, so a refused reload fails `systemctl reload`.
 #[derive(Debug, clap::Args)]
 pub struct ReloadArgs {
-    /// The daemon's pid (`$MAINPID` under systemd). One process only: 0 and -1 would
-    /// signal a process group or every process, and 1 is init.
-    #[arg(long, value_parser = clap::value_parser!(i32).range(2..))]
+    /// The daemon's pid (`$MAINPID` under systemd; 1 in a container where it is init). One
+    /// process only: 0 and negative numbers would signal a process group or every process.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
     pid: i32,
     /// The daemon's state directory (its `state_dir`), where it writes the verdict.
     #[arg(long, default_value = "/var/lib/flowhost")]

@@ -38,6 +38,15 @@ pub enum ConfigError {
         /// The error.
         source: std::io::Error,
     },
+    /// The file is not one flowhost trusts (others may change it, it is no regular file,
+    /// too large, not text).
+    #[error("{file}: cannot use the configuration: {reason}")]
+    Untrusted {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// Not valid TOML for a host configuration (syntax, unknown key, wrong type).
     #[error("{file}: {message}")]
     Syntax {
@@ -468,12 +477,28 @@ pub struct ServerConfig {
     pub content_floor: Option<InformationLabel>,
 }
 
+/// Largest configuration file read.
+const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+
 impl HostConfig {
-    /// Loads and validates `file`.
+    /// Loads and validates `file`, which must be one only root or the host's user may
+    /// change (after any symbolic link): it names the keys, tokens, key sets and policies
+    /// everything else is judged by, so whoever could edit it would not need to get past
+    /// any other check.
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+        let target = std::fs::canonicalize(file).map_err(|source| ConfigError::Read {
             file: file.to_path_buf(),
             source,
+        })?;
+        let bytes = crate::files::read_trusted(&target, MAX_CONFIG_BYTES, false).map_err(|e| {
+            ConfigError::Untrusted {
+                file: file.to_path_buf(),
+                reason: e.to_string(),
+            }
+        })?;
+        let text = String::from_utf8(bytes).map_err(|_| ConfigError::Untrusted {
+            file: file.to_path_buf(),
+            reason: "not UTF-8 text".into(),
         })?;
         Self::parse(file, &text)
     }
@@ -656,6 +681,15 @@ impl HostConfig {
                 return Err(invalid(
                     key("id"),
                     format!("server {:?} is configured twice", s.id),
+                ));
+            }
+            if let Some(name) = s.env.keys().find(|n| flowhost_broker::env_forbidden(n)) {
+                return Err(invalid(
+                    key("env"),
+                    format!(
+                        "names {name:?}, which makes a loader or interpreter run code before \
+                         the tool's own (executors never receive it, so every spawn would fail)"
+                    ),
                 ));
             }
             let Some(program) = s.command.first() else {
@@ -1283,6 +1317,16 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
             e.contains("`server[1].id`") && e.contains("configured twice"),
             "{e}"
         );
+        // A variable executors never receive is refused at load, naming the server, rather
+        // than at each spawn.
+        let e = error(&MINIMAL.replace(
+            "profile = \"isolated\"\n",
+            "profile = \"isolated\"\nenv = { PYTHONWARNINGS = \"ignore\" }\n",
+        ));
+        assert!(
+            e.contains("`server[0].env`") && e.contains("PYTHONWARNINGS"),
+            "{e}"
+        );
         // A server id with '/' made `a/b/c` name both server `a`'s tool `b/c` and server
         // `a/b`'s tool `c`; one that breaks the identifier rule was not checked at all.
         for (id, says) in [
@@ -1294,6 +1338,35 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
             assert!(
                 e.contains("`server[0].id`") && e.contains(says),
                 "{id:?}: {e}"
+            );
+        }
+    }
+
+    /// The configuration names every key, token and policy the host judges by: before, any
+    /// file at the path was read, so one a deploy user or others could change decided what
+    /// the host trusts. A symbolic link to a trusted file is followed.
+    #[test]
+    fn a_configuration_others_may_change_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("flowhost.toml");
+        std::fs::write(&file, MINIMAL).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let linked = dir.path().join("linked.toml");
+        std::os::unix::fs::symlink(&file, &linked).unwrap();
+        for ok in [&file, &linked] {
+            let e = HostConfig::load(ok).err().map(|e| e.to_string());
+            assert!(
+                !e.as_deref().is_some_and(|e| e.contains("cannot use")),
+                "{e:?}"
+            );
+        }
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        for bad in [&file, &linked] {
+            let e = HostConfig::load(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&bad.display().to_string()) && e.contains("go-w"),
+                "{e}"
             );
         }
     }

@@ -329,7 +329,15 @@ pub(super) async fn serve(
         }
     });
     // A socket carries every message both ways: nothing it is given goes undelivered.
-    run(host, Identity::Peer { uid, gid }, incoming, out, None).await;
+    run(
+        host,
+        super::random_id(),
+        Identity::Peer { uid, gid },
+        incoming,
+        out,
+        None,
+    )
+    .await;
     reader.abort();
     let _ = writer.await;
 }
@@ -357,7 +365,8 @@ pub struct NotDelivered {
     pub why: String,
 }
 
-/// Runs a session of `identity` over any transport: `incoming` delivers the client's
+/// Runs a session of `identity`, known in its records as `id`, over any transport:
+/// `incoming` delivers the client's
 /// lines, `out` takes the session's, and `undelivered` (from a transport that cannot carry
 /// every message) names the requests to the client it could not deliver, whose callers are
 /// then answered at once. Returns when the client is gone (end of input, or `out` closed),
@@ -365,6 +374,7 @@ pub struct NotDelivered {
 /// stops; calls still in flight then finish (their outcomes are recorded) first.
 pub(super) async fn run(
     host: Arc<Host>,
+    id: String,
     identity: Identity,
     mut incoming: mpsc::Receiver<Line>,
     out: mpsc::Sender<Outgoing>,
@@ -372,7 +382,7 @@ pub(super) async fn run(
 ) {
     let limit = host.current().config.max_message_bytes;
     let session = Arc::new(Session {
-        id: super::random_id(),
+        id,
         identity,
         pinned: OnceLock::new(),
         executors: Mutex::new(HashMap::new()),

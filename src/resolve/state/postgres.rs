@@ -449,15 +449,11 @@ impl Target {
         // Every transaction reads committed data, whatever the server or role defaults to: a
         // raise joins under the row's lock and must see the row as the last raise committed
         // it, where `repeatable read` or `serializable` would abort it instead (a concurrent
-        // raise refused as a state failure). The tables are the `public` schema's whatever
-        // the role's search_path says: with a schema per role (PostgreSQL's own advice),
-        // hosts connecting as different roles would each migrate and use tables of their
-        // own, and a label one of them raised would not refuse a call on another.
+        // raise refused as a state failure).
         client
             .batch_execute(&format!(
                 "SET synchronous_commit TO {level}; \
-                 SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-                 SET search_path TO public"
+                 SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED"
             ))
             .await
             .map_err(failed)?;
@@ -1340,24 +1336,6 @@ mod tests {
             "a missing row is not bottom to a store that has seen the label"
         );
         assert!(third.get(&k).await.unwrap().principal.is_bottom());
-    }
-
-    /// Every connection uses the `public` schema's tables, whatever the role's search_path:
-    /// hosts connecting as roles with schemas of their own share one state. Before, each
-    /// role's `migrate` made and used tables in its own schema.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn every_role_reads_the_public_schemas_tables() {
-        let Some(pg) = lab().await else { return };
-        pg.client()
-            .await
-            .unwrap()
-            .batch_execute(
-                "CREATE SCHEMA own; ALTER DATABASE postgres SET search_path TO own, public",
-            )
-            .await
-            .unwrap();
-        let store = PostgresStore::open(&pg.settings("a")).await.unwrap();
-        assert_eq!(show(&store, "search_path").await, "public");
     }
 
     /// The checkpoint vouches for the labels the check read: it is not written to a

@@ -107,11 +107,17 @@ const ALGORITHMS: [Algorithm; 9] = [
 
 /// Headers a proxy adds to what it forwards: a request carrying one may come from anywhere,
 /// so it is never the unauthenticated loopback principal.
-const FORWARDING_HEADERS: [&str; 4] = [
+const FORWARDING_HEADERS: [&str; 10] = [
     "forwarded",
+    "via",
     "x-forwarded-for",
     "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-server",
     "x-real-ip",
+    "cf-connecting-ip",
+    "true-client-ip",
 ];
 
 /// Largest key set file read.

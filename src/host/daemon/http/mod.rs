@@ -171,6 +171,8 @@ impl HttpListener {
 /// One HTTP session: the channel into its session logic and its streams.
 struct Remote {
     principal: PrincipalId,
+    /// The session's id in its records (not the `Mcp-Session-Id`, which stays out of them).
+    record_id: String,
     inbox: mpsc::Sender<Line>,
     streams: Arc<Mutex<Streams>>,
     /// Told when the client ends the session (`DELETE`): the session then stops as for a
@@ -1010,7 +1012,7 @@ impl Transport {
                         &what,
                         Some(&principal),
                         Denial::RequestIdInFlight,
-                        Some(&session_id),
+                        Some(&remote.record_id),
                     )
                     .await
                 {
@@ -1079,8 +1081,10 @@ impl Transport {
         let (out, mut replies) = mpsc::channel::<session::Outgoing>(64);
         let streams = Arc::new(Mutex::new(Streams::sharing(self.replay.clone())));
         let ended = Arc::new(tokio::sync::Notify::new());
+        let record_id = super::random_id();
         let remote = Arc::new(Remote {
             principal: principal.clone(),
+            record_id: record_id.clone(),
             inbox,
             streams: streams.clone(),
             ended: ended.clone(),
@@ -1117,6 +1121,7 @@ impl Transport {
             tokio::join!(
                 session::run(
                     transport.host.clone(),
+                    record_id,
                     identity,
                     lines,
                     out,
@@ -1293,6 +1298,7 @@ mod tests {
         inbox.try_send(Line::Message(b"{}".to_vec())).unwrap();
         let remote = Remote {
             principal: PrincipalId::new("a").unwrap(),
+            record_id: "s-1".into(),
             inbox,
             streams: Arc::new(Mutex::new(Streams::default())),
             ended: Arc::new(tokio::sync::Notify::new()),

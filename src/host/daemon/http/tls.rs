@@ -59,9 +59,13 @@ fn read_pair(files: &TlsFiles, provider: &CryptoProvider) -> Result<Arc<Certifie
         |what: &std::path::Path, e: String| HttpError::Tls(format!("{}: {e}", what.display()));
     // Whoever could change either file could serve their own pair to remote agents, and
     // read their bearer tokens; whoever could read the key could be this server.
+    // Symbolic links are followed (certbot's `live/` names are links into `archive/`, and
+    // a renewal moves them), and the file they lead to is judged.
     let read = |path: &std::path::Path, secret| {
-        crate::files::read_trusted(path, MAX_PEM_BYTES, secret)
-            .map_err(|e| HttpError::Tls(format!("cannot be trusted: {e}")))
+        let target = std::fs::canonicalize(path)
+            .map_err(|e| HttpError::Tls(format!("{}: {e}", path.display())))?;
+        crate::files::read_trusted(&target, MAX_PEM_BYTES, secret)
+            .map_err(|e| HttpError::Tls(format!("{}: cannot be trusted: {e}", path.display())))
     };
     let cert_pem = read(&files.cert, false)?;
     let certs = CertificateDer::pem_slice_iter(&cert_pem)
