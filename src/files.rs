@@ -157,8 +157,12 @@ pub enum TrustedFileError {
         /// How.
         why: OthersMayChange,
     },
-    /// A secret that others may read.
-    #[error("{path} has mode {mode:04o}, so others may read the secret it holds (chmod o-rwx)")]
+    /// A secret that others, or the group this process runs as (which, for a daemon, is
+    /// often its clients' group), may read.
+    #[error(
+        "{path} has mode {mode:04o}, so others or this process's own group may read the secret \
+         it holds (chmod o-rwx; a group other than this process's own may read it)"
+    )]
     Readable {
         /// The file.
         path: PathBuf,
@@ -169,8 +173,9 @@ pub enum TrustedFileError {
 
 /// Reads at most `limit` bytes of a file flowhost trusts: a regular file (no symbolic link
 /// followed) that no one but root or this process's user may change, and, when `secret`,
-/// that others may not read (a group may: a TLS key is often shared with a group such as
-/// Debian's `ssl-cert`). The file judged is the file read.
+/// that others may not read, nor the group this process runs as (unless root's); another
+/// group may (a TLS key is often shared with a group such as Debian's `ssl-cert`). The file
+/// judged is the file read.
 pub fn read_trusted(path: &Path, limit: u64, secret: bool) -> Result<Vec<u8>, TrustedFileError> {
     let (file, metadata) = open_regular(path)?;
     if let Some(why) = others_may_change_file(&metadata) {
@@ -180,13 +185,52 @@ pub fn read_trusted(path: &Path, limit: u64, secret: bool) -> Result<Vec<u8>, Tr
         });
     }
     let mode = metadata.mode() & 0o7777;
-    if secret && mode & 0o007 != 0 {
+    let own_group = metadata.gid() != 0 && metadata.gid() == nix::unistd::getegid().as_raw();
+    if secret && (mode & 0o007 != 0 || own_group && mode & 0o040 != 0) {
         return Err(TrustedFileError::Readable {
             path: path.to_owned(),
             mode,
         });
     }
     Ok(read_opened(path, file, &metadata, limit)?)
+}
+
+/// Where `path` leads through any symbolic links, when no one but root or this process's
+/// user could change where it leads: every directory above the link and above the file it
+/// leads to must be one only they may change (a sticky one, such as `/tmp`, may be written
+/// by others, who cannot replace an entry they do not own). Whoever could write one of them
+/// could otherwise point the name at a file of their choosing that passes the file's own
+/// checks (another service's key they can read).
+pub fn trusted_target(path: &Path) -> Result<PathBuf, TrustedFileError> {
+    let io = |source| FileError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let target = std::fs::canonicalize(path).map_err(io)?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let link_dir = std::fs::canonicalize(parent).map_err(io)?;
+    let dirs = link_dir
+        .ancestors()
+        .chain(target.parent().into_iter().flat_map(Path::ancestors));
+    for dir in dirs {
+        let meta = std::fs::metadata(dir).map_err(|source| FileError::Open {
+            path: dir.to_owned(),
+            source,
+        })?;
+        if meta.mode() & 0o1000 != 0 && meta.uid() == 0 {
+            continue;
+        }
+        if let Some(why) = others_may_change_file(&meta) {
+            return Err(TrustedFileError::Exposed {
+                path: dir.to_owned(),
+                why,
+            });
+        }
+    }
+    Ok(target)
 }
 
 /// Opens `path` for reading without following a final symbolic link, and checks that it is a

@@ -98,4 +98,14 @@ fn reload_refuses_a_pid_that_is_no_single_daemon_and_a_timeout_it_cannot_count()
         assert!(stderr.contains("invalid value"), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+    // Pid 1 only when it is a flowhost daemon (a container's init); here it is not, and
+    // SIGHUP would have told init to reload its own configuration.
+    let out = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["reload", "--pid", "1", "--state-dir", "/nonexistent"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("not a flowhost daemon"), "{stderr}");
 }

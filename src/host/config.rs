@@ -486,16 +486,12 @@ impl HostConfig {
     /// everything else is judged by, so whoever could edit it would not need to get past
     /// any other check.
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        let target = std::fs::canonicalize(file).map_err(|source| ConfigError::Read {
-            file: file.to_path_buf(),
-            source,
-        })?;
-        let bytes = crate::files::read_trusted(&target, MAX_CONFIG_BYTES, false).map_err(|e| {
-            ConfigError::Untrusted {
+        let bytes = crate::files::trusted_target(file)
+            .and_then(|target| crate::files::read_trusted(&target, MAX_CONFIG_BYTES, false))
+            .map_err(|e| ConfigError::Untrusted {
                 file: file.to_path_buf(),
                 reason: e.to_string(),
-            }
-        })?;
+            })?;
         let text = String::from_utf8(bytes).map_err(|_| ConfigError::Untrusted {
             file: file.to_path_buf(),
             reason: "not UTF-8 text".into(),
@@ -687,8 +683,9 @@ impl HostConfig {
                 return Err(invalid(
                     key("env"),
                     format!(
-                        "names {name:?}, which makes a loader or interpreter run code before \
-                         the tool's own (executors never receive it, so every spawn would fail)"
+                        "names {name:?}, which executors never receive (it changes how a \
+                         loader, interpreter or the C library behaves before the tool's own \
+                         code runs), so every spawn would fail"
                     ),
                 ));
             }
@@ -1361,6 +1358,17 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
                 "{e:?}"
             );
         }
+        // A link in a directory others may write could be pointed anywhere.
+        let open_dir = dir.path().join("shared");
+        std::fs::create_dir(&open_dir).unwrap();
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let planted = open_dir.join("flowhost.toml");
+        std::os::unix::fs::symlink(&file, &planted).unwrap();
+        let e = HostConfig::load(&planted).unwrap_err().to_string();
+        assert!(
+            e.contains(&open_dir.display().to_string()) && e.contains("go-w"),
+            "{e}"
+        );
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
         for bad in [&file, &linked] {
             let e = HostConfig::load(bad).unwrap_err().to_string();

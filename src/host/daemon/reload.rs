@@ -38,6 +38,13 @@ pub enum ReloadError {
     /// The monotonic clock could not be read.
     #[error("cannot read the monotonic clock")]
     Clock,
+    /// Pid 1 is not a flowhost daemon (on a normal host it is init, for which SIGHUP means
+    /// reloading its own configuration).
+    #[error("pid 1 is {comm:?}, not a flowhost daemon; give the daemon's pid")]
+    NotTheDaemon {
+        /// What pid 1 runs.
+        comm: String,
+    },
     /// SIGHUP could not be sent.
     #[error("cannot signal the daemon (pid {pid}): {source}")]
     Signal {
@@ -109,6 +116,16 @@ pub fn request(
     state_dir: &Path,
     timeout: Duration,
 ) -> Result<ReloadVerdict, ReloadError> {
+    // Pid 1 is allowed for a daemon that is a container's init, and only then.
+    if pid == 1 {
+        let comm = procfs::process::Process::new(1)
+            .and_then(|p| p.stat())
+            .map(|s| s.comm)
+            .unwrap_or_default();
+        if comm != "flowhost" {
+            return Err(ReloadError::NotTheDaemon { comm });
+        }
+    }
     let since = monotonic_usec().ok_or(ReloadError::Clock)?;
     // Checked before the signal, so a timeout too long to count never leaves a reload
     // begun and unwatched.

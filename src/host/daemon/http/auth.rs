@@ -107,18 +107,34 @@ const ALGORITHMS: [Algorithm; 9] = [
 
 /// Headers a proxy adds to what it forwards: a request carrying one may come from anywhere,
 /// so it is never the unauthenticated loopback principal.
-const FORWARDING_HEADERS: [&str; 10] = [
+const FORWARDING_HEADERS: [&str; 9] = [
     "forwarded",
     "via",
-    "x-forwarded-for",
-    "x-forwarded-host",
-    "x-forwarded-proto",
-    "x-forwarded-port",
-    "x-forwarded-server",
     "x-real-ip",
+    "x-client-ip",
+    "x-cluster-client-ip",
     "cf-connecting-ip",
     "true-client-ip",
+    "fastly-client-ip",
+    "x-envoy-external-address",
 ];
+
+/// The prefix of the `X-Forwarded-*` headers proxies add (`-For`, `-Host`, `-Proto`, ...).
+const FORWARDED_PREFIX: &str = "x-forwarded-";
+
+/// The first header of `headers` a proxy adds, if any.
+fn forwarding_header(headers: &HeaderMap) -> Option<&'static str> {
+    if let Some(h) = FORWARDING_HEADERS
+        .into_iter()
+        .find(|h| headers.contains_key(*h))
+    {
+        return Some(h);
+    }
+    headers
+        .keys()
+        .any(|k| k.as_str().starts_with(FORWARDED_PREFIX))
+        .then_some("x-forwarded-*")
+}
 
 /// Largest key set file read.
 const MAX_KEY_SET_BYTES: u64 = 1024 * 1024;
@@ -169,9 +185,7 @@ impl Authenticator {
             single_header(headers, AUTHORIZATION.as_str()).map_err(AuthRefusal::Unreadable)?;
         if authorization.is_none()
             && self.loopback.is_some()
-            && let Some(header) = FORWARDING_HEADERS
-                .into_iter()
-                .find(|h| headers.contains_key(*h))
+            && let Some(header) = forwarding_header(headers)
         {
             return Err(AuthRefusal::Forwarded { header });
         }
@@ -408,6 +422,19 @@ principals = {{ "user-1" = "alice" }}
                 hyper::header::HeaderValue::from_static("203.0.113.9"),
             );
             assert_eq!(a.authenticate(&h), Err(AuthRefusal::Forwarded { header }));
+        }
+        for header in ["x-forwarded-for", "x-forwarded-prefix", "X-Forwarded-Ssl"] {
+            let mut h = HeaderMap::new();
+            h.insert(
+                hyper::header::HeaderName::from_bytes(header.as_bytes()).unwrap(),
+                hyper::header::HeaderValue::from_static("on"),
+            );
+            assert_eq!(
+                a.authenticate(&h),
+                Err(AuthRefusal::Forwarded {
+                    header: "x-forwarded-*"
+                })
+            );
         }
         assert_eq!(a.authenticate(&HeaderMap::new()).unwrap().as_str(), "a");
     }

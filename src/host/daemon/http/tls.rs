@@ -62,9 +62,8 @@ fn read_pair(files: &TlsFiles, provider: &CryptoProvider) -> Result<Arc<Certifie
     // Symbolic links are followed (certbot's `live/` names are links into `archive/`, and
     // a renewal moves them), and the file they lead to is judged.
     let read = |path: &std::path::Path, secret| {
-        let target = std::fs::canonicalize(path)
-            .map_err(|e| HttpError::Tls(format!("{}: {e}", path.display())))?;
-        crate::files::read_trusted(&target, MAX_PEM_BYTES, secret)
+        crate::files::trusted_target(path)
+            .and_then(|target| crate::files::read_trusted(&target, MAX_PEM_BYTES, secret))
             .map_err(|e| HttpError::Tls(format!("{}: cannot be trusted: {e}", path.display())))
     };
     let cert_pem = read(&files.cert, false)?;
