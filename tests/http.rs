@@ -777,7 +777,7 @@ fn a_reload_presents_the_certificate_its_files_hold_then() {
     std::fs::copy(&renewed, dir.join("cert.pem")).unwrap();
     let key = dir.join("key.pem");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    reload_and_wait(&lab, 4, "others may read the secret");
+    reload_and_wait(&lab, 4, "may read the secret it holds");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::set_permissions(dir.join("cert.pem"), std::fs::Permissions::from_mode(0o666)).unwrap();
     reload_and_wait(&lab, 5, "group or others may write it");

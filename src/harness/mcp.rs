@@ -106,14 +106,7 @@ impl McpServer {
     pub fn request(&mut self, method: &str, params: Value) -> Result<Value, HarnessError> {
         let id = self.next_id;
         self.next_id += 1;
-        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let stdin = self
-            .stdin
-            .as_mut()
-            .ok_or_else(|| HarnessError::Run("the server's input is closed".into()))?;
-        writeln!(stdin, "{line}")
-            .and_then(|()| stdin.flush())
-            .map_err(io("cannot write to flowhost sandbox mcp"))?;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))?;
         // What the tool sends before its result (log lines, progress) comes first, as
         // notifications; a request of the host's (sampling, elicitation: this client
         // declares neither) is answered that it is not served.
@@ -137,16 +130,9 @@ impl McpServer {
                     }
                 }
                 (Some(asked), Some(their_id)) => {
-                    let answer = json!({"jsonrpc": "2.0", "id": their_id, "error": {
+                    self.send(&json!({"jsonrpc": "2.0", "id": their_id, "error": {
                         "code": crate::mcp::code::METHOD_NOT_FOUND,
-                        "message": format!("the test harness serves no {asked}")}});
-                    let stdin = self
-                        .stdin
-                        .as_mut()
-                        .ok_or_else(|| HarnessError::Run("the server's input is closed".into()))?;
-                    writeln!(stdin, "{answer}")
-                        .and_then(|()| stdin.flush())
-                        .map_err(io("cannot write to flowhost sandbox mcp"))?;
+                        "message": format!("the test harness serves no {asked}")}}))?;
                 }
                 (None, _) if v["id"] == id => return Ok(v),
                 (None, _) => {
@@ -156,6 +142,17 @@ impl McpServer {
                 }
             }
         }
+    }
+
+    /// Writes one message to the server, as one line.
+    fn send(&mut self, message: &Value) -> Result<(), HarnessError> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| HarnessError::Run("the server's input is closed".into()))?;
+        writeln!(stdin, "{message}")
+            .and_then(|()| stdin.flush())
+            .map_err(io("cannot write to flowhost sandbox mcp"))
     }
 
     /// The notifications the host sent while requests were answered (the tool's log lines
