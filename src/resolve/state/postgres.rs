@@ -240,17 +240,31 @@ struct Target {
 /// The settings files are small; anything larger is not one.
 const MAX_SETTINGS_FILE_BYTES: u64 = 1024 * 1024;
 
-/// Reads settings file `file` (for setting `what`): a regular file, not reached through a
-/// symbolic link, that only root or this process's user may change (checked on the file
-/// opened, so the file judged is the file read).
+/// Reads settings file `file` (for setting `what`): a regular file that only root or this
+/// process's user may change (checked on the file opened, so the file judged is the file
+/// read), reached through symbolic links (a secret mounted by Kubernetes is one) only
+/// through directories no one else may change ([`crate::files::trusted_target`]).
 fn read_file(file: &Path, what: &'static str) -> Result<String, PgError> {
-    use crate::files::{self, FileError};
+    use crate::files::{self, FileError, TrustedFileError};
     let failed = |e: FileError| PgError::Read {
         file: file.to_path_buf(),
         what,
         reason: reason(&e),
     };
-    let (opened, metadata) = files::open_regular(file).map_err(failed)?;
+    let target = files::trusted_target(file).map_err(|e| match e {
+        TrustedFileError::Exposed { path, why } => PgError::Exposed {
+            file: path,
+            what,
+            why,
+        },
+        TrustedFileError::File(e) => failed(e),
+        other => PgError::Read {
+            file: file.to_path_buf(),
+            what,
+            reason: other.to_string(),
+        },
+    })?;
+    let (opened, metadata) = files::open_regular(&target).map_err(failed)?;
     if let Some(why) = files::others_may_change_file(&metadata) {
         return Err(PgError::Exposed {
             file: file.to_path_buf(),
@@ -1234,6 +1248,21 @@ mod tests {
         );
         s.ca_file = None;
         Target::load(&s).unwrap();
+        // Reached through a link (a Kubernetes secret mount is one): followed, the file it
+        // leads to judged; through a directory others may write: refused, naming it.
+        let mounted = dir.path().join("mounted");
+        std::fs::create_dir(&mounted).unwrap();
+        std::os::unix::fs::symlink(&password, mounted.join("password")).unwrap();
+        s.password_file = Some(mounted.join("password"));
+        Target::load(&s).unwrap();
+        chmod(&mounted, 0o777);
+        let e = load_error(&s);
+        assert!(
+            e.contains(&mounted.display().to_string()) && e.contains("password_file"),
+            "{e}"
+        );
+        chmod(&mounted, 0o755);
+        s.password_file = Some(password.clone());
         if !nix::unistd::geteuid().is_root() {
             eprintln!("SKIP: giving a file to another user needs root");
             return;
