@@ -26,6 +26,18 @@ pub enum ProfileError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The file, or the directory it was found in, is one someone other than root or this
+    /// process's user could change: they could loosen the sandbox, or place a profile that
+    /// shadows a built-in one.
+    #[error("{file}: cannot use profile: {path} {why}")]
+    Untrusted {
+        /// The profile file.
+        file: PathBuf,
+        /// The file or directory at fault.
+        path: PathBuf,
+        /// Who else may change it.
+        why: String,
+    },
     /// The file is not valid TOML for a profile (syntax, unknown field, wrong type).
     #[error("{file}: {message}")]
     Syntax {
@@ -262,6 +274,29 @@ struct SeccompSection {
     extra_deny: Vec<String>,
 }
 
+/// How someone other than root or this process's user could change what `meta` describes,
+/// if anyone could (`sticky`: a root-owned sticky directory, whose entries others cannot
+/// replace, is fine).
+fn others_may_change(meta: &std::fs::Metadata, sticky: bool) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mode = meta.mode() & 0o7777;
+    if sticky && mode & 0o1000 != 0 && meta.uid() == 0 {
+        return None;
+    }
+    if mode & 0o022 != 0 {
+        return Some(format!(
+            "has mode {mode:04o}, so group or others may write it (chmod go-w)"
+        ));
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    (meta.uid() != 0 && meta.uid() != uid).then(|| {
+        format!(
+            "is owned by uid {}, neither root nor this process's uid {uid}",
+            meta.uid()
+        )
+    })
+}
+
 /// The profiles compiled into the binary, so a fresh machine runs without installed files.
 pub const BUILTIN: &[(&str, &str)] = &[
     ("isolated", include_str!("../../profiles/isolated.toml")),
@@ -269,12 +304,33 @@ pub const BUILTIN: &[(&str, &str)] = &[
 ];
 
 impl Profile {
-    /// Loads and validates a profile file; its name is the file stem.
+    /// Loads and validates a profile file; its name is the file stem. The file (judged as
+    /// opened) and the directory it is in must be ones only root or this process's user may
+    /// change (a root-owned sticky directory excepted).
     pub fn load(file: &Path) -> Result<Self, ProfileError> {
-        let text = std::fs::read_to_string(file).map_err(|source| ProfileError::Read {
+        use std::io::Read;
+        let read = |source| ProfileError::Read {
             file: file.to_path_buf(),
             source,
-        })?;
+        };
+        let mut opened = std::fs::File::open(file).map_err(read)?;
+        let meta = opened.metadata().map_err(read)?;
+        let dir = match file.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let dir_meta = std::fs::metadata(dir).map_err(read)?;
+        for (path, m, may_be_sticky) in [(file, &meta, false), (dir, &dir_meta, true)] {
+            if let Some(why) = others_may_change(m, may_be_sticky) {
+                return Err(ProfileError::Untrusted {
+                    file: file.to_path_buf(),
+                    path: path.to_path_buf(),
+                    why,
+                });
+            }
+        }
+        let mut text = String::new();
+        opened.read_to_string(&mut text).map_err(read)?;
         let name = file
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -555,6 +611,36 @@ mod tests {
             &[PathBuf::from("/nonexistent"), dir.path().join("none")],
         );
         assert_eq!(found.unwrap().name, "isolated");
+    }
+
+    /// A profile decides an executor's sandbox, and one found first shadows the built-in
+    /// profile of its name: before, any file in a search directory was read, so whoever
+    /// could write the file or its directory could loosen the sandbox.
+    #[test]
+    fn a_profile_others_may_change_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let chmod = |p: &Path, mode| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("isolated.toml");
+        let builtin = BUILTIN.iter().find(|(n, _)| *n == "isolated").unwrap().1;
+        std::fs::write(&file, builtin).unwrap();
+        chmod(&file, 0o644);
+        chmod(dir.path(), 0o755);
+        let search = [dir.path().to_path_buf()];
+        assert_eq!(Profile::find("isolated", &search).unwrap().name, "isolated");
+        for (path, mode) in [(file.as_path(), 0o666), (dir.path(), 0o777)] {
+            chmod(path, mode);
+            let e = Profile::find("isolated", &search).unwrap_err();
+            assert!(matches!(e, ProfileError::Untrusted { .. }), "{e:?}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&path.display().to_string()) && text.contains("go-w"),
+                "{text}"
+            );
+            chmod(path, if path == file { 0o644 } else { 0o755 });
+        }
     }
 
     #[test]
