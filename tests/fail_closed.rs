@@ -356,6 +356,18 @@ fn a_tool_requiring_approval_does_not_run_without_it() {
     lab.spawn();
     let mut c = lab.client();
     c.initialize();
+    // The listing says so before any call; other tools say nothing of it.
+    let listed = c.request("tools/list", json!({}));
+    let tools = listed["result"]["tools"].as_array().unwrap();
+    let meta = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("{listed}"))["_meta"]["flowhost/requires_approval"]
+            .clone()
+    };
+    assert_eq!(meta("public-inbox/publish"), json!(true), "{listed}");
+    assert_eq!(meta("team-inbox/publish"), Value::Null, "{listed}");
     // A fresh session: nothing it carries keeps it from the public sink but the approval.
     let r = c.call(
         "public-inbox/publish",

@@ -1057,8 +1057,17 @@ fn tool_entry(
     if let Some(schema) = definition.output_schema() {
         entry["outputSchema"] = Value::Object(schema.clone());
     }
+    // MCP's annotations have no hint for it: a client learns here, before calling, that a
+    // call without an authority's grant for exactly it is refused (`approval_required`).
+    if a.requires_approval {
+        entry["_meta"][REQUIRES_APPROVAL_META_KEY] = json!(true);
+    }
     entry
 }
+
+/// Where `tools/list` says a tool's signed manifest requires a person's approval of each
+/// call: the tool's `_meta`.
+pub const REQUIRES_APPROVAL_META_KEY: &str = "flowhost/requires_approval";
 
 /// The call environment of `generation` on `host`.
 pub(super) fn env<'g>(host: &'g Host, generation: &'g Generation) -> CallEnv<'g> {
