@@ -946,6 +946,14 @@ mod tests {
         w.close_blocking().unwrap();
     }
 
+    /// The line hashes of `lines`, in order.
+    fn hashes_of(lines: &[Vec<u8>]) -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| line_hash(l).as_str().to_string())
+            .collect()
+    }
+
     /// The lines of the one record file in `dir`.
     fn lines_of(dir: &Path) -> Vec<Vec<u8>> {
         let files = list_record_files(dir).unwrap();
@@ -973,10 +981,7 @@ mod tests {
         let db = dir.path().join("state.db");
         let state = FlowStateStore::open(&db).unwrap();
         let places = file_places(&db, dir.path(), &records);
-        let hashes: Vec<String> = lines_of(&records)
-            .iter()
-            .map(|l| line_hash(l).as_str().to_string())
-            .collect();
+        let hashes = hashes_of(&lines_of(&records));
         let head = |seq: u64| Some((seq, hashes[seq as usize - 1].as_str()));
         check_through(&state, &places, head(2)).await.unwrap();
         assert_eq!(
@@ -1077,10 +1082,7 @@ mod tests {
             ],
         );
         let lines = lines_of(&records);
-        let hashes: Vec<String> = lines
-            .iter()
-            .map(|l| line_hash(l).as_str().to_string())
-            .collect();
+        let hashes = hashes_of(&lines);
         let file = list_record_files(&records).unwrap()[0].path.clone();
         let mut without_second = lines[0].clone();
         without_second.push(b'\n');
@@ -1127,10 +1129,7 @@ mod tests {
             ],
         );
         let lines = lines_of(&records);
-        let hashes: Vec<String> = lines
-            .iter()
-            .map(|l| line_hash(l).as_str().to_string())
-            .collect();
+        let hashes = hashes_of(&lines);
         let file = list_record_files(&records).unwrap()[0].path.clone();
         let mut without_first = Vec::new();
         for line in &lines[1..] {

@@ -77,7 +77,8 @@ pub enum StartupError {
     #[error(
         "server {server:?} offers its tools and prompts under bare names (unqualified_names), \
          but its manifest signs the {kind} {name:?}, which holds '/': clients would call it as \
-         {name:?} and reach server {prefix:?} instead; serve it qualified (drop unqualified_names)"
+         {name:?} and reach server {:?} instead; serve it qualified (drop unqualified_names)",
+        name.split('/').next().unwrap_or(name)
     )]
     SeparatorInBareName {
         /// The server.
@@ -86,8 +87,6 @@ pub enum StartupError {
         kind: &'static str,
         /// The name.
         name: String,
-        /// The server id clients would reach.
-        prefix: String,
     },
     /// The registry refused a manifest.
     #[error("server {server:?} was not admitted: {source}")]
@@ -268,17 +267,16 @@ pub fn verify_registry(
         }
         if s.unqualified_names {
             let body = envelope.body();
-            let names = body
+            let mut names = body
                 .tools()
                 .iter()
                 .map(|t| ("tool", t.name()))
                 .chain(body.prompts().iter().map(|p| ("prompt", p.name())));
-            if let Some((kind, name)) = names.into_iter().find(|(_, n)| n.contains('/')) {
+            if let Some((kind, name)) = names.find(|(_, n)| n.contains('/')) {
                 return Err(StartupError::SeparatorInBareName {
                     server: s.id.clone(),
                     kind,
                     name: name.to_string(),
-                    prefix: name.split('/').next().unwrap_or(name).to_string(),
                 });
             }
         }
