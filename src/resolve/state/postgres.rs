@@ -251,29 +251,21 @@ fn read_file(file: &Path, what: &'static str) -> Result<String, PgError> {
         what,
         reason: reason(&e),
     };
-    let target = files::trusted_target(file).map_err(|e| match e {
-        TrustedFileError::Exposed { path, why } => PgError::Exposed {
-            file: path,
-            what,
-            why,
-        },
-        TrustedFileError::File(e) => failed(e),
-        other => PgError::Read {
-            file: file.to_path_buf(),
-            what,
-            reason: other.to_string(),
-        },
-    })?;
-    let (opened, metadata) = files::open_regular(&target).map_err(failed)?;
-    if let Some(why) = files::others_may_change_file(&metadata) {
-        return Err(PgError::Exposed {
-            file: file.to_path_buf(),
-            what,
-            why,
-        });
-    }
-    let bytes =
-        files::read_opened(file, opened, &metadata, MAX_SETTINGS_FILE_BYTES).map_err(failed)?;
+    let bytes = files::trusted_target(file)
+        .and_then(|target| files::read_trusted(&target, MAX_SETTINGS_FILE_BYTES, false))
+        .map_err(|e| match e {
+            TrustedFileError::Exposed { path, why } => PgError::Exposed {
+                file: path,
+                what,
+                why,
+            },
+            TrustedFileError::File(e) => failed(e),
+            other => PgError::Read {
+                file: file.to_path_buf(),
+                what,
+                reason: other.to_string(),
+            },
+        })?;
     String::from_utf8(bytes).map_err(|e| {
         failed(FileError::NotUtf8 {
             path: file.to_path_buf(),
