@@ -57,15 +57,24 @@ impl BoundsReport {
                 Controller::Cpu => format!("{v}% of one CPU per executor"),
             };
             let enforcement = match cgroups.base(c) {
-                Ok(base) => Enforcement::By(format!(
-                    "cgroup {} {} beneath {}",
-                    match base.version {
-                        Version::V1 => "v1",
-                        Version::V2 => "v2",
-                    },
-                    c.name(),
-                    base.dir.display()
-                )),
+                Ok(base) => {
+                    let by = format!(
+                        "cgroup {} {} beneath {}",
+                        match base.version {
+                            Version::V1 => "v1",
+                            Version::V2 => "v2",
+                        },
+                        c.name(),
+                        base.dir.display()
+                    );
+                    match (c, cgroups.swap_uncapped()) {
+                        // RAM is capped, swap is not: the bound is not what it says.
+                        (Controller::Memory, Some(why)) => {
+                            Enforcement::NotInForce(format!("{why} (the {by} caps RAM only)"))
+                        }
+                        _ => Enforcement::By(by),
+                    }
+                }
                 Err(why) => Enforcement::NotInForce(why.to_string()),
             };
             bounds.push(Bound {

@@ -361,10 +361,17 @@ impl Broker {
         if profile.limits.cgroup != CgroupMode::Required {
             return Ok(());
         }
+        let cgroups = &self.inner.cgroups;
         for c in Controller::ALL {
-            if c.bound(&profile.limits).is_some()
-                && let Err(why) = self.inner.cgroups.base(c)
-            {
+            if c.bound(&profile.limits).is_none() {
+                continue;
+            }
+            let unheld = match (cgroups.base(c), c) {
+                (Err(why), _) => Some(why),
+                (Ok(_), Controller::Memory) => cgroups.swap_uncapped(),
+                (Ok(_), _) => None,
+            };
+            if let Some(why) = unheld {
                 return Err(SpawnError::BoundUnenforceable {
                     profile: profile.name.clone(),
                     field: c.field(),

@@ -23,6 +23,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use procfs::Current;
+
 use crate::profile::Limits;
 use crate::sys;
 
@@ -99,6 +101,8 @@ pub struct CgroupSupport {
     writable: BTreeMap<Controller, OnceLock<Result<(), String>>>,
     /// Names the probes (tests use fake trees with a fake pid).
     pid: u32,
+    /// Why a memory bound would not cap swap here, if it would not: see [`swap_left_uncapped`].
+    swap: Option<String>,
 }
 
 fn unavailable(why: &str) -> CgroupSupport {
@@ -109,6 +113,7 @@ fn unavailable(why: &str) -> CgroupSupport {
             .collect(),
         writable: BTreeMap::new(),
         pid: std::process::id(),
+        swap: None,
     }
 }
 
@@ -149,7 +154,15 @@ impl CgroupSupport {
                 .collect(),
             Err(e) => return unavailable(&format!("cannot read /proc/self/mountinfo: {e}")),
         };
-        Self::from_layout(&memberships, &mounts, std::process::id())
+        let mut support = Self::from_layout(&memberships, &mounts, std::process::id());
+        let host_swap = procfs::Meminfo::current()
+            .map(|m| m.swap_total)
+            .map_err(|e| format!("cannot read /proc/meminfo for the host's swap: {e}"));
+        support.swap = support
+            .layout(Controller::Memory)
+            .ok()
+            .and_then(|base| swap_left_uncapped(base, host_swap));
+        support
     }
 
     /// [`CgroupSupport::detect`] on given memberships and mounts (tests use fake trees).
@@ -230,7 +243,14 @@ impl CgroupSupport {
             bases,
             writable,
             pid,
+            swap: None,
         }
+    }
+
+    /// Why a memory bound would cap RAM but not swap on this host, if so (swap is on and
+    /// the memory hierarchy does not account it).
+    pub(crate) fn swap_uncapped(&self) -> Option<&str> {
+        self.swap.as_deref()
     }
 
     /// Where `controller` is used, or why it cannot be. Proves, the first time it is asked
@@ -296,6 +316,36 @@ impl CgroupSupport {
              executors get no cgroup"
                 .into()
         }))
+    }
+}
+
+/// Why an executor cgroup beneath `base` would leave swap uncapped, if it would: the host
+/// has swap (`host_swap`, bytes, or why it could not be read) and the hierarchy has no swap
+/// accounting (`memory.swap.max` on v2, `memory.memsw.limit_in_bytes` on v1, at the base:
+/// an executor cgroup has the file exactly when its parent has). The memory bound then holds
+/// RAM only, and an executor may fill the host's swap besides.
+fn swap_left_uncapped(base: &Base, host_swap: Result<u64, String>) -> Option<String> {
+    let file = match base.version {
+        Version::V2 => "memory.swap.max",
+        Version::V1 => "memory.memsw.limit_in_bytes",
+    };
+    let accounted = base.dir.join(file).exists();
+    match host_swap {
+        Ok(0) => None,
+        _ if accounted => None,
+        Ok(bytes) => Some(format!(
+            "this host has {} MiB of swap and the memory hierarchy does not account it (no {} \
+             beneath {}), so the bound would not cap swap; turn swap accounting on \
+             (swapaccount=1 on cgroup v1) or swap off",
+            bytes >> 20,
+            file,
+            base.dir.display()
+        )),
+        Err(why) => Some(format!(
+            "{why}, and the memory hierarchy does not account swap (no {file} beneath {}), so \
+             the bound may not cap swap",
+            base.dir.display()
+        )),
     }
 }
 

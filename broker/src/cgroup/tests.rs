@@ -467,3 +467,73 @@ fn a_leftover_of_an_earlier_process_with_this_pid_takes_no_name_of_this_one() {
         cg.dirs
     );
 }
+
+/// A memory bound caps swap only where the hierarchy accounts it: a host with swap and no
+/// accounting file beneath the base (or whose swap cannot be read) is named, with a fix.
+#[test]
+fn swap_without_accounting_leaves_the_memory_bound_uncapped() {
+    let root = tempfile::tempdir().unwrap();
+    let v1 = Base {
+        dir: root.path().join("memory/svc"),
+        version: Version::V1,
+    };
+    let v2 = Base {
+        dir: root.path().join("unified/svc"),
+        version: Version::V2,
+    };
+    std::fs::create_dir_all(&v1.dir).unwrap();
+    std::fs::create_dir_all(&v2.dir).unwrap();
+    let gib = 1u64 << 30;
+    // No swap: nothing to cap, with or without accounting.
+    assert_eq!(swap_left_uncapped(&v1, Ok(0)), None);
+    assert_eq!(swap_left_uncapped(&v2, Ok(0)), None);
+    let why = swap_left_uncapped(&v1, Ok(2 * gib)).unwrap();
+    assert!(why.contains("2048 MiB of swap"), "{why}");
+    assert!(why.contains("memory.memsw.limit_in_bytes"), "{why}");
+    assert!(why.contains(&v1.dir.display().to_string()), "{why}");
+    let why = swap_left_uncapped(&v2, Ok(gib)).unwrap();
+    assert!(why.contains("memory.swap.max"), "{why}");
+    let why = swap_left_uncapped(&v2, Err("cannot read /proc/meminfo".into())).unwrap();
+    assert!(why.contains("cannot read /proc/meminfo"), "{why}");
+    // Accounted: swap is capped with RAM, whatever the host has.
+    std::fs::write(v1.dir.join("memory.memsw.limit_in_bytes"), "max").unwrap();
+    std::fs::write(v2.dir.join("memory.swap.max"), "max").unwrap();
+    assert_eq!(swap_left_uncapped(&v1, Ok(2 * gib)), None);
+    assert_eq!(swap_left_uncapped(&v2, Err("unread".into())), None);
+}
+
+/// The bounds report does not call a memory bound enforced that leaves swap uncapped.
+#[test]
+fn the_report_names_a_memory_bound_that_leaves_swap_uncapped() {
+    let root = tempfile::tempdir().unwrap();
+    let mem = root.path().join("memory");
+    std::fs::create_dir_all(mem.join("svc")).unwrap();
+    let memberships = vec![(4, vec!["memory".to_string()], "/svc".to_string())];
+    let mounts = vec![(
+        "cgroup".to_string(),
+        vec!["memory".to_string()],
+        mem.clone(),
+        "/".to_string(),
+    )];
+    let mut host = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    let profile = Profile::find("isolated", &[]).unwrap();
+    let memory = |host: &CgroupSupport| {
+        crate::bounds::BoundsReport::new(&profile, host, None, None, 6)
+            .bounds
+            .into_iter()
+            .find(|b| b.field == "limits.memory_mib")
+            .unwrap()
+            .enforcement
+    };
+    assert!(matches!(memory(&host), crate::bounds::Enforcement::By(_)));
+    host.swap = swap_left_uncapped(host.layout(Controller::Memory).unwrap(), Ok(1 << 30));
+    match memory(&host) {
+        crate::bounds::Enforcement::NotInForce(why) => {
+            assert!(
+                why.contains("1024 MiB of swap") && why.contains("caps RAM only"),
+                "{why}"
+            )
+        }
+        other => panic!("a memory bound leaving swap uncapped was reported {other:?}"),
+    }
+}
