@@ -104,7 +104,8 @@ pub enum HarnessError {
 /// by every user, so that executors (which run as a uid of their own, or in a user
 /// namespace, with a private `/tmp`) can run it whatever the permissions of a build tree.
 /// `dir` must not be under `/tmp`. Copies are named by size and modification time, so
-/// repeated calls reuse one. The copy is made by `cp` in a child process and renamed into
+/// repeated calls reuse one while it still holds the program's bytes and only this user may
+/// change it. The copy is made by `cp` in a child process and renamed into
 /// place: a descriptor open for writing in this (multithreaded) process could leak into a
 /// concurrently spawned executor and make its exec fail with ETXTBSY.
 pub fn stage(program: &Path, dir: &Path) -> Result<PathBuf, HarnessError> {
@@ -121,7 +122,9 @@ pub fn stage(program: &Path, dir: &Path) -> Result<PathBuf, HarnessError> {
         .ok_or_else(|| HarnessError::Run(format!("{} names no file", program.display())))?;
     let sub = dir.join(format!("{}-{stamp}", meta.len()));
     let dst = sub.join(name);
-    if dst.is_file() {
+    // A copy is reused only when it is still the program, byte for byte, and no one else
+    // could have changed it: the name says only size and time.
+    if same_program(program, &dst) {
         return Ok(dst);
     }
     for d in [dir, sub.as_path()] {
@@ -160,6 +163,50 @@ pub fn stage(program: &Path, dir: &Path) -> Result<PathBuf, HarnessError> {
         .map_err(io(format!("cannot make {} executable", tmp.display())))?;
     std::fs::rename(&tmp, &dst).map_err(io(format!("cannot move {} into place", dst.display())))?;
     Ok(dst)
+}
+
+/// Whether `copy` is a file of this user that group and others may not write, holding
+/// exactly the bytes of `program`. Any doubt (unreadable, another owner) says no, and the
+/// caller copies again.
+fn same_program(program: &Path, copy: &Path) -> bool {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(copy) else {
+        return false;
+    };
+    if !meta.is_file() || meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o022 != 0
+    {
+        return false;
+    }
+    let (Ok(mut a), Ok(mut b)) = (std::fs::File::open(program), std::fs::File::open(copy)) else {
+        return false;
+    };
+    let (mut x, mut y) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
+    loop {
+        let n = match read_full(&mut a, &mut x) {
+            Ok(n) => n,
+            Err(_) => return false,
+        };
+        match read_full(&mut b, &mut y) {
+            Ok(m) if m == n && x[..n] == y[..n] => {}
+            _ => return false,
+        }
+        if n == 0 {
+            return true;
+        }
+    }
+
+    /// Fills `buf` as far as the file goes (a short read is not the end of a file).
+    fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut at = 0;
+        while at < buf.len() {
+            match f.read(&mut buf[at..])? {
+                0 => break,
+                n => at += n,
+            }
+        }
+        Ok(at)
+    }
 }
 
 /// How to run commands and MCP servers under the broker. Cheap to clone; every run gets a
@@ -441,5 +488,31 @@ mod tests {
             .unwrap()
             .count();
         assert_eq!(left, 1);
+    }
+
+    /// A staged copy changed since it was made (same size, same name) is not run: staging
+    /// copies the program again.
+    #[test]
+    fn a_staged_copy_that_is_no_longer_the_program_is_replaced() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("tool");
+        std::fs::write(&program, b"#!/bin/sh\necho staged\n").unwrap();
+        let into = dir.path().join("staged");
+        let copy = stage(&program, &into).unwrap();
+        std::fs::write(&copy, b"#!/bin/sh\necho evil!\n").unwrap();
+        assert_eq!(stage(&program, &into).unwrap(), copy);
+        assert_eq!(
+            std::fs::read(&copy).unwrap(),
+            std::fs::read(&program).unwrap()
+        );
+        // Nor one others may write, though it holds the program's bytes.
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(!same_program(&program, &copy));
+        stage(&program, &into).unwrap();
+        assert_eq!(
+            std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
     }
 }
