@@ -173,6 +173,8 @@ enum RawState {
         password_file: Option<PathBuf>,
         #[serde(default)]
         ca_file: Option<PathBuf>,
+        #[serde(default)]
+        schema: Option<String>,
         #[serde(default = "default_state_timeout")]
         timeout_ms: u64,
         #[serde(default = "default_state_connections")]
@@ -391,6 +393,9 @@ pub struct PostgresStateConfig {
     pub password_file: Option<PathBuf>,
     /// PEM roots that authenticate the server; when set, TLS is required.
     pub ca_file: Option<PathBuf>,
+    /// The schema holding flowhost's tables, the only one searched; unset, the tables are
+    /// those the role's `search_path` finds.
+    pub schema: Option<String>,
     /// How long one state operation (connecting included) may take before the call is
     /// refused.
     pub timeout: Duration,
@@ -902,6 +907,7 @@ impl HostConfig {
                 host_id,
                 password_file,
                 ca_file,
+                schema,
                 timeout_ms,
                 connections,
             }) => {
@@ -915,6 +921,25 @@ impl HostConfig {
                         "host.state.host_id".into(),
                         format!(
                             "{host_id:?} is not 1 to {MAX_HOST_ID} characters of A-Z a-z 0-9 . _ -"
+                        ),
+                    ));
+                }
+                // Lower case only: PostgreSQL folds unquoted names, and `Fleet` and `fleet`
+                // would otherwise be two schemas one operator reads as one.
+                if let Some(schema) = schema
+                    && (schema.is_empty()
+                        || schema.len() > 63
+                        || schema.starts_with(|c: char| c.is_ascii_digit())
+                        || schema.starts_with("pg_")
+                        || !schema
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
+                {
+                    return Err(invalid(
+                        "host.state.schema".into(),
+                        format!(
+                            "{schema:?} is not 1 to 63 characters of a-z 0-9 _ not starting with \
+                             a digit or pg_"
                         ),
                     ));
                 }
@@ -935,6 +960,7 @@ impl HostConfig {
                     host_id: host_id.clone(),
                     password_file: password_file.as_deref().map(resolve),
                     ca_file: ca_file.as_deref().map(resolve),
+                    schema: schema.clone(),
                     timeout: Duration::from_millis(*timeout_ms),
                     connections: *connections,
                 })

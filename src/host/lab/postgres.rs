@@ -302,6 +302,7 @@ impl Postgres {
             host_id: host_id.into(),
             password_file: Some(self.password_file.clone()),
             ca_file: None,
+            schema: None,
             timeout: Duration::from_secs(2),
             connections: 4,
         }

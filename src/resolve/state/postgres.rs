@@ -235,6 +235,8 @@ struct Target {
     config: Config,
     tls: Tls,
     name: String,
+    /// The only schema searched, if one is set.
+    schema: Option<String>,
 }
 
 /// The settings files are small; anything larger is not one.
@@ -380,6 +382,7 @@ impl Target {
             name: describe(&config),
             config,
             tls,
+            schema: settings.schema.clone(),
         })
     }
 
@@ -463,6 +466,34 @@ impl Target {
             ))
             .await
             .map_err(failed)?;
+        // With a schema set, it is the only one searched (after pg_catalog, always first),
+        // whatever the role's own `search_path` holds: every host of a fleet finds the same
+        // tables however its role is set up. A schema that is not there is named, rather
+        // than the tables it should hold.
+        if let Some(schema) = &self.schema {
+            let exists: bool = client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+                    &[schema],
+                )
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(failed)?;
+            if !exists {
+                return Err(PgError::Connect {
+                    target: self.name.clone(),
+                    reason: format!(
+                        "it has no schema {schema:?} (host.state.schema): create it \
+                         (CREATE SCHEMA {schema}) or name one it has"
+                    ),
+                });
+            }
+            let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+            client
+                .query_one("SELECT set_config('search_path', $1, false)", &[&quoted])
+                .await
+                .map_err(failed)?;
+        }
         Ok(client)
     }
 }
@@ -1113,6 +1144,7 @@ mod tests {
             host_id: "h".into(),
             password_file: None,
             ca_file: None,
+            schema: None,
             timeout: Duration::from_secs(1),
             connections: 1,
         }
@@ -1282,6 +1314,57 @@ mod tests {
             .run(async |c| Ok(c.query_one(&query, &[]).await.unwrap().get(0)))
             .await
             .unwrap()
+    }
+
+    /// With `schema` set, the store keeps its tables there and finds them there whatever
+    /// the role's `search_path` says; a schema the database lacks is named.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_configured_schema_is_the_only_one_searched() {
+        use super::super::tests::{key, owner};
+        let Some(pg) = crate::lab::postgres::Postgres::start_unless_unavailable().unwrap() else {
+            return;
+        };
+        let admin = pg.client().await.unwrap();
+        let mut s = pg.settings("h");
+        s.schema = Some("fleet".into());
+        let e = migrate(&s).await.unwrap_err().to_string();
+        assert!(
+            e.contains("no schema \"fleet\"") && e.contains("host.state.schema"),
+            "{e}"
+        );
+        // The role searches a schema of its own first, where tables would go by default.
+        admin
+            .batch_execute(
+                "CREATE SCHEMA fleet; CREATE SCHEMA own; \
+                 ALTER ROLE CURRENT_USER SET search_path TO own, public",
+            )
+            .await
+            .unwrap();
+        migrate(&s).await.unwrap();
+        let row = admin
+            .query_one(
+                "SELECT to_regclass('fleet.principal_labels') IS NOT NULL, \
+                 to_regclass('own.principal_labels') IS NULL, \
+                 to_regclass('public.principal_labels') IS NULL",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert!(row.get::<_, bool>(0) && row.get::<_, bool>(1) && row.get::<_, bool>(2));
+        // Without the setting, the role's search_path finds no tables: refused at open.
+        assert!(PostgresStore::open(&pg.settings("h")).await.is_err());
+        let store = PostgresStore::open(&s).await.unwrap();
+        assert_eq!(show(&store, "search_path").await, "\"fleet\"");
+        store
+            .raise(&key("alice", "s"), &owner("larkfield"), &owner("larkfield"))
+            .await
+            .unwrap();
+        let n: i64 = admin
+            .query_one("SELECT count(*) FROM fleet.principal_labels", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 1);
     }
 
     /// A server that does not take writes (a standby, or a database made read-only) could
