@@ -165,6 +165,11 @@ fn per_origin_rules_combine_with_the_servers_and_follow_a_reload() {
 /// The lab with a declassification authority the operator trusts (`review-board`), and a
 /// second key it does not.
 fn lab_with_authority() -> Option<(Lab, std::path::PathBuf, std::path::PathBuf)> {
+    lab_with_authority_and("")
+}
+
+/// [`lab_with_authority`], with `more` appended to its configuration.
+fn lab_with_authority_and(more: &str) -> Option<(Lab, std::path::PathBuf, std::path::PathBuf)> {
     let mut lab = Lab::prepare()?;
     let keys = lab.dir.path().join("authority-keys");
     for name in ["review-board", "stranger"] {
@@ -180,7 +185,7 @@ fn lab_with_authority() -> Option<(Lab, std::path::PathBuf, std::path::PathBuf)>
     }
     let config = std::fs::read_to_string(&lab.config).unwrap();
     lab.write_config(&format!(
-        "{config}\n[[declassification_authority]]\nid = \"review-board\"\nkey = \"{}\"\n",
+        "{config}\n[[declassification_authority]]\nid = \"review-board\"\nkey = \"{}\"\n{more}",
         keys.join("review-board.pub").display()
     ));
     lab.spawn();
@@ -411,4 +416,74 @@ fn declassification_grants_allow_once_and_refuse_every_misuse() {
             .iter()
             .any(|r| r["flowhost"]["denial_kind"] == "grant_replayed")
     );
+}
+
+/// A grant binds the call's source label, what its arguments carry included (here the
+/// classifier finds the terms in them): one signed over the session's label alone, which
+/// the authority saw without the terms, does not let them leave.
+#[test]
+fn a_grant_binds_what_the_calls_arguments_carry() {
+    let rule = format!(
+        "\n[[classifier]]\npattern = \"EMBARGOED\"\nlabel = {}\napplies_to = [\"arguments\"]\n",
+        flowhost::lab::TERMS_LABEL
+    );
+    let Some((mut lab, authority, _)) = lab_with_authority_and(&rule) else {
+        return;
+    };
+    let mut c = lab.client();
+    c.initialize();
+    let session = c.request("flowhost/session", json!({}))["result"].clone();
+    let bottom: Value = serde_json::from_str(BOTTOM).unwrap();
+    assert_eq!(session["label"], bottom, "{session}");
+    let public = lab.public.addr.to_string();
+    let arguments = json!({"message": "EMBARGOED: harbor goods terms", "sink": public});
+    let base = GrantSpec {
+        key: &authority,
+        server: "public-inbox",
+        tool: "publish",
+        purpose: "reviewed-summary",
+        arguments: &arguments,
+        target: BOTTOM,
+        extra: &[],
+    };
+    let call = |c: &mut common::lab::Client, grant: &Value| {
+        c.request(
+            "tools/call",
+            json!({"name": "public-inbox/publish", "arguments": arguments,
+                   "_meta": {"flowhost/grant": grant}}),
+        )
+    };
+    let r = c.call("public-inbox/publish", arguments.clone());
+    assert_eq!(denial(&r), "flow_violation", "{r}");
+    // Signed over the session's label, which does not hold what the arguments carry.
+    let r = call(&mut c, &sign_grant(&lab, &session, &base));
+    assert_eq!(denial(&r), "grant_binding_mismatch", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("source label"),
+        "{r}"
+    );
+    // flowhost/session, given the call's arguments, returns the source to bind.
+    let described =
+        c.request("flowhost/session", json!({"arguments": arguments}))["result"].clone();
+    assert_eq!(
+        described["label_hash"], session["label_hash"],
+        "{described}"
+    );
+    assert!(
+        described["source_label"]
+            .to_string()
+            .contains("harbor-goods-terms"),
+        "{described}"
+    );
+    let mut bound = described.clone();
+    bound["label_hash"] = described["source_label_hash"].clone();
+    let r = call(&mut c, &sign_grant(&lab, &bound, &base));
+    assert!(text(&r).contains("delivered"), "{r}\n{}", lab.log());
+    let r = c.request("flowhost/session", json!({"arguments": "text"}));
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    lab.stop();
+    assert_eq!(lab.public.connections(), 1);
 }

@@ -41,7 +41,8 @@ pub(crate) struct SignArgs {
     /// them.
     #[arg(long)]
     arguments: PathBuf,
-    /// The `label_hash` of the session's label (`flowhost/session` returns it).
+    /// The hash of the call's source label (`flowhost/session` given the call's arguments
+    /// returns it as `source_label_hash`).
     #[arg(long)]
     source_label_hash: String,
     /// A file holding the target label (JSON).

@@ -178,7 +178,7 @@ impl Outcomes {
     }
 }
 
-/// A grant for one reviewed summary: this session, its current label, these arguments, the
+/// A grant for one reviewed summary: this session, the call's source label, these arguments, the
 /// public inbox, purpose `reviewed-summary`, target bottom, valid ten minutes.
 fn sign_reviewed_summary(
     key: &ed25519_dalek::SigningKey,
@@ -204,7 +204,7 @@ fn sign_reviewed_summary(
         arguments_hash: crate::grant::arguments_hash(arguments)
             .ok_or("an integer beyond ±2^53")
             .map_err(step("binding the grant to its arguments"))?,
-        source_label_hash: field("label_hash"),
+        source_label_hash: field("source_label_hash"),
         target_label: crate::label::InformationLabel::bottom(),
         issued_at: now,
         expires_at: now + 600,
@@ -376,9 +376,10 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
         )?;
 
         // The seed's missing step: the review board declassifies one reviewed summary for
-        // the public inbox, bound to this session, its label and these exact arguments.
-        let session = c.request("flowhost/session", json!({}))?;
+        // the public inbox, bound to this session, the call's source label and these exact
+        // arguments.
         let summary_args = json!({"message": "Reviewed summary: supply terms renegotiated this quarter.", "sink": public.addr.to_string()});
+        let session = c.request("flowhost/session", json!({"arguments": summary_args}))?;
         let grant = sign_reviewed_summary(&board_key, &session["result"], &summary_args)?;
         let id = grant.body().grant_id.clone();
         let with_grant = json!({"name": "public-inbox/publish", "arguments": summary_args,

@@ -312,6 +312,11 @@ impl fmt::Display for GrantDenial {
             GrantDenial::NoEffectiveEgress => {
                 f.write_str("the call has no effective egress, so a grant has nothing to apply to")
             }
+            GrantDenial::BindingMismatch("source_label_hash") => f.write_str(
+                "the grant's source_label_hash is not that of this call's source label (the \
+                 session's label with what its arguments carry: flowhost/session with the \
+                 call's arguments returns it)",
+            ),
             GrantDenial::BindingMismatch(field) => {
                 write!(f, "the grant's {field} does not match this call")
             }
@@ -344,10 +349,9 @@ pub struct CallFacts<'a> {
     pub tool: &'a str,
     /// The call's arguments.
     pub arguments: &'a Value,
-    /// The session's label (principal ⊔ session) before this call.
-    pub session_label: &'a InformationLabel,
     /// The call's egress source (the session's label, the operator floor and the
-    /// arguments' taint).
+    /// arguments' taint): what the grant's `source_label_hash` binds, so an authority
+    /// approves exactly what leaves.
     pub source: &'a InformationLabel,
     /// The tool's admitted security.
     pub security: &'a AdmittedToolSecurity,
@@ -402,7 +406,7 @@ pub fn check(
         ),
         (
             "source_label_hash",
-            b.source_label_hash == label_hash(call.session_label),
+            b.source_label_hash == label_hash(call.source),
         ),
     ];
     if let Some((field, _)) = binding.iter().find(|(_, ok)| !ok) {
@@ -453,7 +457,7 @@ mod tests {
             tool: "publish".into(),
             purpose: DeclassificationPurpose::new("reviewed-summary").unwrap(),
             arguments_hash: arguments_hash(&serde_json::json!({"m": 1})).unwrap(),
-            source_label_hash: label_hash(&InformationLabel::bottom()),
+            source_label_hash: label_hash(&crate::resolver::tests::terms()),
             target_label: InformationLabel::bottom(),
             issued_at: now,
             expires_at: now + 60,
@@ -506,7 +510,6 @@ mod tests {
         server: &'static str,
         tool: &'static str,
         arguments: Value,
-        session_label: InformationLabel,
         source: InformationLabel,
         now: u64,
     }
@@ -528,7 +531,6 @@ mod tests {
             server: "inbox",
             tool: "publish",
             arguments: json!({"m": 1}),
-            session_label: InformationLabel::bottom(),
             source: crate::resolver::tests::terms(),
             now: 10,
         };
@@ -539,7 +541,6 @@ mod tests {
             server: c.server,
             tool: c.tool,
             arguments: &c.arguments,
-            session_label: &c.session_label,
             source: &c.source,
             security: tool.security(),
             now: c.now,
@@ -582,9 +583,17 @@ mod tests {
             check_call(&grant, |c| c.arguments = json!({"m": 2})),
             mismatch("arguments_hash")
         );
+        // A source the authority was not shown (the operator's floor, or what the
+        // classifier finds in the arguments, raised it past the session's label) is not the
+        // one bound, though the target is still lower than it.
+        let higher = crate::resolver::tests::terms().join_or_top(
+            &InformationLabel::from_json(
+                r#"{"kind":"known","owners":{},"compartments":["embargo"]}"#,
+            )
+            .unwrap(),
+        );
         assert_eq!(
-            check_call(&grant, |c| c.session_label =
-                crate::resolver::tests::terms()),
+            check_call(&grant, |c| c.source = higher),
             mismatch("source_label_hash")
         );
     }
@@ -593,13 +602,21 @@ mod tests {
     fn nothing_declassifies_a_top_source() {
         let grant = SignedGrant::sign(body(10), &SigningKey::from_bytes(&[7; 32])).unwrap();
         assert!(check_call(&grant, |_| {}).is_ok());
+        // Signed for the very source the call has, each time.
+        let bound_to = |source: &InformationLabel| {
+            let mut b = body(10);
+            b.source_label_hash = label_hash(source);
+            SignedGrant::sign(b, &SigningKey::from_bytes(&[7; 32])).unwrap()
+        };
         assert_eq!(
-            check_call(&grant, |c| c.source = InformationLabel::Top),
+            check_call(&bound_to(&InformationLabel::Top), |c| c.source =
+                InformationLabel::Top),
             Err(GrantDenial::TargetNotLower)
         );
         // Nor a target no lower than the source.
         assert_eq!(
-            check_call(&grant, |c| c.source = InformationLabel::bottom()),
+            check_call(&bound_to(&InformationLabel::bottom()), |c| c.source =
+                InformationLabel::bottom()),
             Err(GrantDenial::TargetNotLower)
         );
     }

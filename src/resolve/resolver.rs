@@ -289,11 +289,7 @@ impl FlowResolver {
                 tool: tool.name().to_string(),
                 reason: e.to_string(),
             })?;
-        let argument_taint = self.input_floor.join_or_top(
-            &self
-                .classifier
-                .classify(ClassifierScope::Arguments, &classifiable_text(arguments)),
-        );
+        let argument_taint = self.argument_label(arguments);
         let state = self.state.get(key).await?;
         let session_label = state.combined();
         let source = session_label.join_or_top(&argument_taint);
@@ -317,7 +313,6 @@ impl FlowResolver {
                     server: tool.server_id(),
                     tool: tool.name(),
                     arguments,
-                    session_label: &session_label,
                     source: &source,
                     security: &security,
                     now: offer.now,
@@ -583,6 +578,17 @@ impl FlowResolver {
         self.state.join(key, &label).await
     }
 
+    /// The label `arguments` carry into a call on this host: the operator's input floor
+    /// joined with what the classifier finds in them. A call's source is the session's
+    /// label joined with it.
+    pub fn argument_label(&self, arguments: &serde_json::Value) -> InformationLabel {
+        self.input_floor.join_or_top(
+            &self
+                .classifier
+                .classify(ClassifierScope::Arguments, &classifiable_text(arguments)),
+        )
+    }
+
     /// Before a content request (a resource read, a prompt, a completion) reaches its
     /// executor: what it carries (`operator input floor ⊔ classifier(request)`) joins the
     /// principal's and session's state durably, since the executor is about to see it.
@@ -592,11 +598,7 @@ impl FlowResolver {
         key: &SessionKey,
         request: &serde_json::Value,
     ) -> Result<(InformationLabel, FlowState), StateError> {
-        let taint = self.input_floor.join_or_top(
-            &self
-                .classifier
-                .classify(ClassifierScope::Arguments, &classifiable_text(request)),
-        );
+        let taint = self.argument_label(request);
         let source = self.state.get(key).await?.combined().join_or_top(&taint);
         let state = self.state.join(key, &taint).await?;
         Ok((source, state))

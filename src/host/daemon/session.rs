@@ -706,8 +706,21 @@ impl Session {
     }
 
     /// `flowhost/session`: what a declassification authority binds a grant to (the session
-    /// id and the session's current label with its hash).
-    async fn describe(&self) -> Result<Value, RpcError> {
+    /// id and the session's current label with its hash); given a call's `arguments`, also
+    /// that call's source label (the session's label with the operator's input floor and
+    /// what the classifier finds in them) and its hash, which a grant for it must bind.
+    async fn describe(&self, params: &Value) -> Result<Value, RpcError> {
+        let arguments = match params.get("arguments") {
+            None => None,
+            Some(a @ Value::Object(_)) => Some(a),
+            Some(_) => {
+                return Err(refusal(
+                    code::INVALID_PARAMS,
+                    "flowhost/session: arguments must be an object (a tools/call's arguments)",
+                    Denial::InvalidParams,
+                ));
+            }
+        };
         let generation = self.host.current();
         let principal = self.principal(&generation)?;
         let key = SessionKey {
@@ -728,12 +741,18 @@ impl Session {
                 )
             })?
             .combined();
-        Ok(json!({
+        let mut described = json!({
             "principal": principal.id.to_string(),
             "session": self.id,
             "label": serde_json::to_value(&label).unwrap_or(Value::Null),
             "label_hash": crate::grant::label_hash(&label),
-        }))
+        });
+        if let Some(arguments) = arguments {
+            let source = label.join_or_top(&self.host.resolver.argument_label(arguments));
+            described["source_label"] = serde_json::to_value(&source).unwrap_or(Value::Null);
+            described["source_label_hash"] = crate::grant::label_hash(&source).into();
+        }
+        Ok(described)
     }
 
     fn health(&self, params: &Value) -> Result<Value, RpcError> {
@@ -847,7 +866,7 @@ impl Session {
             method if ContentMethod::from_method(method).is_some() => {
                 self.content(method, &params).await
             }
-            "flowhost/session" => match self.describe().await {
+            "flowhost/session" => match self.describe(&params).await {
                 Err(e) => Err(self.refuse_session("(flowhost/session)", e).await),
                 ok => ok,
             },
