@@ -297,8 +297,8 @@ impl Session {
         outcome
     }
 
-    /// `logging/setLevel`: remembered for the session, sent at once to its idle executors
-    /// (an unknown level is refused and recorded).
+    /// `logging/setLevel`: remembered for the session and given to each executor as it is
+    /// taken for the session's next request (an unknown level is refused and recorded).
     pub(super) async fn set_log_level(&self, params: &Value) -> Result<Value, RpcError> {
         let generation = self.host.current();
         if let Err(e) = self.principal(&generation) {
@@ -319,39 +319,10 @@ impl Session {
         if let Ok(mut l) = self.log_level.lock() {
             *l = Some(level);
         }
-        // The idle executors get it now; those serving a request, before their next one.
-        let idle: Vec<(String, Bound)> = match self.executors.lock() {
-            Ok(mut all) => all
-                .iter_mut()
-                .flat_map(|(server, s)| {
-                    std::mem::take(&mut s.idle)
-                        .into_iter()
-                        .map(move |b| (server.clone(), b))
-                })
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        let deadline = generation.config.call_timeout;
-        for (server, mut b) in idle {
-            match b.apply_log_level(level, deadline).await {
-                Ok(()) => {
-                    let unreturned = match self.executors.lock() {
-                        Ok(mut all) => {
-                            all.entry(server).or_default().idle.push(b);
-                            None
-                        }
-                        Err(_) => Some(b),
-                    };
-                    if let Some(b) = unreturned {
-                        b.exec.stop().await;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(server = %server, error = %Escaped(&e), "an executor failed to take the logging level; it is retired");
-                    b.exec.stop().await;
-                }
-            }
-        }
+        // Each executor gets it when it is next taken for the session, after the check that
+        // it is fit for that request's label. Sent to idle executors now, the client's choice
+        // (made with whatever the session has read since) would reach executors approved for
+        // an older, lower label, with connections still open, and unrecorded.
         Ok(json!({}))
     }
 
