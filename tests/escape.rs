@@ -122,6 +122,29 @@ async fn unconnected_udp_sendto_is_reported_and_refused() {
     assert_eq!(sink.count(), 0);
 }
 
+/// A datagram the executor begins with MSG_MORE is not held open by the broker's send, so
+/// nothing sent later without an address (a plain write, which the broker never sees) can
+/// join it; and UDP_CORK, which would hold the next datagram open the same way, is refused.
+/// Before, the kernel kept the broker's one-byte send pending, and the write's bytes left
+/// with it to the address decided for that one byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corked_datagram_takes_nothing_the_broker_did_not_see() {
+    let Some(b) = broker() else { return };
+    let sink = UdpSink::start();
+    let argv = probe_argv(&["udp-cork", &sink.addr.to_string()]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let r = run.result();
+    assert_eq!(r["first"], 1, "{r}");
+    assert_eq!(r["value"], 3, "{r}");
+    assert_eq!(r["cork_errno"], libc::EPERM, "{r}");
+    assert!(eventually(|| sink.count() >= 2), "{r}");
+    std::thread::sleep(Duration::from_millis(100));
+    let got = sink.datagrams.lock().unwrap().clone();
+    assert_eq!(got, [b"x".to_vec(), b"end".to_vec()], "{r}");
+    let recorded: usize = run.attempts.iter().filter_map(|(a, _)| a.bytes).sum();
+    assert_eq!(recorded, 4, "{:?}", run.attempts);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sendmsg_with_a_name_is_reported_and_refused() {
     let Some(b) = broker() else { return };

@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | 0 | kill process | non-x86_64 arch; syscall number with the x32 bit |
 //! | 0 | ENOSYS | a syscall number above the highest this program was written against |
-//! | 1 | EPERM | bypass classes (io_uring, ptrace, process_vm_*, userfaultfd, bpf, perf, unshare, setns, mount family, seccomp, prctl(PR_SET_SECCOMP), personality, keyctl, ...), namespace flags to clone, raw/packet IP sockets and IP protocols other than TCP, UDP and ICMP, IP options, extension headers and multicast membership, terminal-injection ioctls, profile extras |
+//! | 1 | EPERM | bypass classes (io_uring, ptrace, process_vm_*, userfaultfd, bpf, perf, unshare, setns, mount family, seccomp, prctl(PR_SET_SECCOMP), personality, keyctl, ...), namespace flags to clone, raw/packet IP sockets and IP protocols other than TCP, UDP and ICMP, IP options, extension headers, multicast membership, UDP cork and interface binding, terminal-injection ioctls, profile extras |
 //! | 2 | EAFNOSUPPORT | socket families and netlink protocols the profile does not allow; socketpair other than AF_UNIX |
 //! | 3 | ENOSYS | clone3 (its flags sit behind a pointer; libc falls back to clone) |
 //! | 4 | user notification | connect, sendto with an address, sendmsg, sendmmsg, bind, listen |
@@ -117,10 +117,13 @@ pub const IP_PROTOCOLS_ALLOWED: &[(i32, &[i32])] = &[
 
 /// Socket options refused with EPERM: IP options and IPv6 extension headers (hop-by-hop,
 /// destination options, routing headers, in both the RFC 3542 and RFC 2292 forms, and
-/// through flow labels), and
-/// every multicast (and IPv6 anycast) membership change: joining or leaving a group makes
-/// the kernel send IGMP or MLD reports out of the host naming a group the executor chose,
-/// with no syscall the broker is notified of.
+/// through flow labels); every multicast (and IPv6 anycast) membership change: joining or
+/// leaving a group makes the kernel send IGMP or MLD reports out of the host naming a group
+/// the executor chose, with no syscall the broker is notified of; `UDP_CORK`, which holds a
+/// datagram the broker sent open for bytes a later plain `write` (never notified) adds; and
+/// the options that choose the interface a send leaves by (`SO_BINDTODEVICE`,
+/// `SO_BINDTOIFINDEX`, `IP_UNICAST_IF`, `IPV6_UNICAST_IF`), which a decision by address does
+/// not see (on a host with VRFs, one address names a host in each).
 pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
     (libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP),
     (libc::IPPROTO_IP, libc::IP_DROP_MEMBERSHIP),
@@ -159,6 +162,12 @@ pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
     // A flow label carries IPv6 options (a routing header among them) that the kernel adds
     // to every send naming the label in its address or control data.
     (libc::IPPROTO_IPV6, libc::IPV6_FLOWLABEL_MGR),
+    (libc::SOL_UDP, libc::UDP_CORK),
+    (libc::SOL_SOCKET, libc::SO_BINDTODEVICE),
+    // SO_BINDTOIFINDEX (libc has no name for it on this target).
+    (libc::SOL_SOCKET, 62),
+    (libc::IPPROTO_IP, libc::IP_UNICAST_IF),
+    (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_IF),
 ];
 
 /// `ioctl` requests refused with EPERM whatever the profile: each writes into the input of

@@ -471,7 +471,10 @@ impl Caller<'_> {
     /// pipe must not signal the broker. `MSG_ZEROCOPY` is never passed on: the kernel would
     /// go on sending from the broker's copy of the data after the broker has freed it (its
     /// heap then holds other data, another executor's included); the send is made as on a
-    /// socket without `SO_ZEROCOPY`, which the kernel allows.
+    /// socket without `SO_ZEROCOPY`, which the kernel allows. `MSG_MORE` is never passed on
+    /// for a datagram: the kernel would hold it open, addressed as decided, for whatever
+    /// the socket sends next without an address (a plain `write`, never notified); each
+    /// datagram goes out whole, as decided and recorded.
     pub(super) async fn send(
         &self,
         sock: &TakenSocket,
@@ -479,6 +482,9 @@ impl Caller<'_> {
         flags: i32,
     ) -> Step<io::Result<usize>> {
         let mut flags = (flags | libc::MSG_NOSIGNAL) & !libc::MSG_ZEROCOPY;
+        if sock.info.socket_type != libc::SOCK_STREAM {
+            flags &= !libc::MSG_MORE;
+        }
         let dontwait = flags & libc::MSG_DONTWAIT != 0;
         // A Fast Open send that started the handshake without its bytes, waiting for it.
         let mut connecting = false;
