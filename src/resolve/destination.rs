@@ -509,26 +509,13 @@ impl DestinationRules {
         }
     }
 
-    /// Whether a lookup of `name` may be answered: some allow rule names it (on any port),
-    /// or the default allows and no block rule names it. Whether a connection to what it
-    /// resolves to is allowed is decided per port when it is attempted.
+    /// Whether a lookup of `name` may be answered: some allow rule names it on a port no
+    /// block rule names it on, or no block rule names it (on any port) and the default
+    /// allows. Whether a connection to what it resolves to is allowed is decided per port
+    /// when it is attempted; the lookup itself sends the name out, so a name blocked on
+    /// every port an allow gives it is not looked up.
     pub fn decide_name(&self, name: &HostName) -> RuleDecision {
-        if let Some(r) = self.allow.iter().find(|r| r.names(name)) {
-            return RuleDecision {
-                allowed: true,
-                rule: format!("allow {r}"),
-            };
-        }
-        if let Some(r) = self.block.iter().find(|r| r.names(name)) {
-            return RuleDecision {
-                allowed: false,
-                rule: format!("block {r}"),
-            };
-        }
-        RuleDecision {
-            allowed: self.default == DefaultAction::Allow,
-            rule: "default".into(),
-        }
+        decide_lookup(self, None, name)
     }
 
     /// Decides `dest` (`None`: a send on an unconnected socket, which reaches nothing).
@@ -701,26 +688,74 @@ impl NameBlocks {
 }
 
 /// Whether a lookup of `name` may be answered for a call of `origin`, on top of the server's
-/// `rules`: the origin's allow naming it, else the server's decision
-/// ([`DestinationRules::decide_name`]); an origin that blocks the name (on some port) does
-/// not stop the lookup, only the connection on that port.
+/// `rules`, with each decision named as [`decide_with_origin`] names it.
 pub fn decide_name_with_origin(
     rules: &DestinationRules,
     origin: Option<(&str, &OriginRules)>,
     name: &HostName,
 ) -> RuleDecision {
-    if let Some((who, o)) = origin
-        && let Some(r) = o.allow.iter().find(|r| r.names(name))
-    {
+    decide_lookup(rules, Some(origin), name)
+}
+
+/// A lookup of `name` is answered when a connection to it could be allowed on some port: an
+/// allow rule (the origin's, then the server's) names it on a port that no block rule (the
+/// origin's or the server's) names it on. Otherwise the first block rule naming it (on any
+/// port) refuses it, and failing that the server's default decides. `origin` is `None` for
+/// the server's rules alone (decisions then not prefixed with whose they are).
+fn decide_lookup(
+    rules: &DestinationRules,
+    origin: Option<Option<(&str, &OriginRules)>>,
+    name: &HostName,
+) -> RuleDecision {
+    let (who, theirs) = match origin {
+        Some(Some((who, o))) => (Some(who), Some(o)),
+        _ => (None, None),
+    };
+    let server = |what: &str, r: &dyn std::fmt::Display| match origin {
+        None => format!("{what} {r}"),
+        Some(_) => format!("server {what} {r}"),
+    };
+    let principal = |what: &str, r: &DestinationRule| {
+        format!("principal {} {what} {r}", who.unwrap_or_default())
+    };
+    let origin_blocks = theirs.map(|o| o.block.as_slice()).unwrap_or_default();
+    let blocks = || origin_blocks.iter().chain(&rules.block);
+    let unblocked = |r: &&DestinationRule| match r {
+        DestinationRule::Name { port, .. } if r.names(name) => !blocks().any(|b| {
+            b.names(name) && matches!(b, DestinationRule::Name { port: p, .. } if p == port)
+        }),
+        _ => false,
+    };
+    if let Some(r) = theirs.and_then(|o| o.allow.iter().find(unblocked)) {
         return RuleDecision {
             allowed: true,
-            rule: format!("principal {who} allow {r}"),
+            rule: principal("allow", r),
         };
     }
-    let d = rules.decide_name(name);
+    if let Some(r) = rules.allow.iter().find(unblocked) {
+        return RuleDecision {
+            allowed: true,
+            rule: server("allow", r),
+        };
+    }
+    if let Some(r) = origin_blocks.iter().find(|r| r.names(name)) {
+        return RuleDecision {
+            allowed: false,
+            rule: principal("block", r),
+        };
+    }
+    if let Some(r) = rules.block.iter().find(|r| r.names(name)) {
+        return RuleDecision {
+            allowed: false,
+            rule: server("block", r),
+        };
+    }
     RuleDecision {
-        rule: format!("server {}", d.rule),
-        ..d
+        allowed: rules.default == DefaultAction::Allow,
+        rule: match origin {
+            None => "default".into(),
+            Some(_) => "server default".into(),
+        },
     }
 }
 
@@ -950,6 +985,67 @@ mod tests {
                 .allowed
         );
         assert!(!decide_name_with_origin(&rules, None, &name("only.alice.test")).allowed);
+    }
+
+    /// A lookup sends the name out: it is answered only where a connection to the name
+    /// could be allowed on some port. An allow on the very port a block names (the server's
+    /// or the principal's) does not let it be looked up; an allow on another port does.
+    #[test]
+    fn a_name_blocked_on_the_port_an_allow_gives_it_is_not_looked_up() {
+        let name = |n: &str| n.parse::<HostName>().unwrap();
+        let rules = DestinationRules {
+            allow: vec![rule("*.example.com:443")],
+            block: vec![rule("*.partner.example.com:443")],
+            default: DefaultAction::Block,
+        };
+        let d = rules.decide_name(&name("secret.partner.example.com"));
+        assert_eq!(
+            (d.allowed, d.rule.as_str()),
+            (false, "block *.partner.example.com:443")
+        );
+        assert!(rules.decide_name(&name("www.example.com")).allowed);
+        let origin = OriginRules {
+            allow: vec![rule("x.test:443"), rule("x.partner.example.com:443")],
+            block: vec![rule("y.example.com:443")],
+        };
+        let server = DestinationRules {
+            block: vec![rule("x.test:443"), rule("*.partner.example.com:443")],
+            ..rules.clone()
+        };
+        let with = |n: &str| decide_name_with_origin(&server, Some(("alice", &origin)), &name(n));
+        let d = with("x.test");
+        assert_eq!(
+            (d.allowed, d.rule.as_str()),
+            (false, "server block x.test:443")
+        );
+        assert!(!with("x.partner.example.com").allowed);
+        let d = with("y.example.com");
+        assert_eq!(
+            (d.allowed, d.rule.as_str()),
+            (false, "principal alice block y.example.com:443")
+        );
+        // Allowed on another port than the one blocked: a connection there could be.
+        let on_80 = DestinationRules {
+            allow: vec![rule("*.example.com:443"), rule("*.partner.example.com:80")],
+            ..rules.clone()
+        };
+        let d = on_80.decide_name(&name("secret.partner.example.com"));
+        assert_eq!(
+            (d.allowed, d.rule.as_str()),
+            (true, "allow *.partner.example.com:80")
+        );
+        // Under a default that allows, a name some block names is not looked up.
+        let open = DestinationRules {
+            allow: vec![],
+            default: DefaultAction::Allow,
+            ..rules
+        };
+        assert!(
+            !open
+                .decide_name(&name("secret.partner.example.com"))
+                .allowed
+        );
+        assert!(open.decide_name(&name("other.test")).allowed);
     }
 
     #[test]
