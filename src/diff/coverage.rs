@@ -81,6 +81,23 @@ pub(super) fn fleet_gaps(
         // Rejected records decide the verdict; pairing what is left would only add noise.
         return healths.iter().filter_map(incomplete).collect();
     }
+    // One stream given twice (a copy of one host's records in place of another's) would
+    // pair with two copies of its health, and the other host's records go unjudged. Two
+    // streams that hold records never end in one head; empty ones all end in the genesis.
+    let mut heads: Vec<(&str, &std::path::Path)> = Vec::new();
+    for s in sources.iter().filter(|s| s.evidence == Evidence::Verified) {
+        let Some(head) = s.chain_head.as_deref().filter(|h| *h != GENESIS_HASH) else {
+            continue;
+        };
+        match heads.iter().find(|(h, _)| *h == head) {
+            Some((_, first)) => gaps.push(format!(
+                "{} and {} end in the same chain head {head}: one record stream was given twice, so another host's records are missing",
+                first.display(),
+                s.path.display()
+            )),
+            None => heads.push((head, &s.path)),
+        }
+    }
     for s in sources
         .iter_mut()
         .filter(|s| s.evidence == Evidence::Verified)

@@ -722,6 +722,31 @@ fn a_fleet_pairs_each_health_with_its_host_by_chain_head() {
     assert_eq!(r.exit_code(), 1);
 }
 
+/// One host's stream and health given twice, in place of another host's, pair each with
+/// each: the fleet is not complete, since a host's records are missing.
+#[test]
+fn one_stream_given_twice_is_not_a_fleet() {
+    let records = fixture("observed/allowed_declared.jsonl");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("copy.jsonl");
+    std::fs::copy(&records, &copy).unwrap();
+    let h = health_for(&records);
+    let r = diff_sources(
+        &declared("declared_prod_allowlist"),
+        &[records, copy],
+        &[h.clone(), h],
+        DiffOptions::default(),
+    )
+    .unwrap();
+    let message = gap(&r).expect("a gap");
+    assert!(
+        message.contains("one record stream was given twice"),
+        "{message}"
+    );
+    assert!(!r.observation_complete);
+    assert_ne!(r.exit_code(), 0);
+}
+
 /// Judging flowhost records as the verifier decodes them gives what reading their lines
 /// leniently gives: the same decisions, counts, findings, occurrences and locations.
 #[test]
