@@ -626,16 +626,13 @@ fn judge_unreplayed(
                 }
                 return Err(short(Some(len)));
             }
-            // From the byte before the checkpoint: a crash leaves the durable part ending
-            // at a line's end.
-            let from = checkpoint.bytes.saturating_sub(1);
-            let mut have = vec![0; (len - from) as usize];
-            file.read_exact_at(&mut have, from).map_err(read_failed)?;
-            let ends_a_line = checkpoint.bytes == 0 || have.first() == Some(&b'\n');
-            if checkpoint.bytes > 0 {
-                have.remove(0);
+            if let Some(problem) = past_checkpoint_problem(len, checkpoint.bytes) {
+                return Err(RingError::Corrupt {
+                    path: dir.join(RING_FILE),
+                    problem: format!("{}: {problem}", path.display()),
+                });
             }
-            (have, ends_a_line)
+            read_past_checkpoint(&file, len, checkpoint.bytes).map_err(read_failed)?
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound && entries.is_empty() => return Ok(None),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(short(None)),
@@ -686,6 +683,39 @@ fn judge_unreplayed(
             });
         }
     })
+}
+
+/// The most bytes a record file may hold past its checkpoint: the records of a full ring
+/// (those written to the file but not yet synced in the ring included, which a rotation
+/// leaves) and one torn line. No crash leaves more, and a reader or writer holds what is
+/// there in memory.
+const MOST_PAST_CHECKPOINT: u64 = MAX_RING_BYTES + LONGEST_LINE;
+
+/// Why a record file of `len` bytes cannot be what a crash left past a checkpoint at `at`
+/// bytes, if it cannot: it holds more than [`MOST_PAST_CHECKPOINT`] beyond it.
+pub fn past_checkpoint_problem(len: u64, at: u64) -> Option<String> {
+    let past = len.saturating_sub(at);
+    (past > MOST_PAST_CHECKPOINT).then(|| {
+        format!(
+            "it holds {past} bytes past the checkpoint at {at}, more than a full write-ahead \
+             ring's records and one line ({MOST_PAST_CHECKPOINT}): no crash leaves that"
+        )
+    })
+}
+
+/// The bytes of a record file of `len` bytes (at least `at`) past a checkpoint at `at`, and
+/// whether the byte before them ends a line (true at 0): a crash leaves the durable part
+/// ending at a line's end. The caller has checked [`past_checkpoint_problem`].
+pub fn read_past_checkpoint(file: &File, len: u64, at: u64) -> io::Result<(Vec<u8>, bool)> {
+    use std::os::unix::fs::FileExt;
+    let from = at.saturating_sub(1);
+    let mut have = vec![0; usize::try_from(len - from).unwrap_or(usize::MAX)];
+    file.read_exact_at(&mut have, from)?;
+    let ends_a_line = at == 0 || have.first() == Some(&b'\n');
+    if at > 0 {
+        have.remove(0);
+    }
+    Ok((have, ends_a_line))
 }
 
 /// The longest line [`durable_end_problem`] reads back: far beyond any record the writer

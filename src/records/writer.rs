@@ -598,9 +598,13 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
             ),
         });
     };
-    let bytes = fs::read(&path).map_err(StoreError::io("read", &path))?;
-    let start = usize::try_from(checkpoint.bytes).unwrap_or(usize::MAX);
-    if bytes.len() < start {
+    let file = File::open(&path).map_err(StoreError::io("open", &path))?;
+    let len = file
+        .metadata()
+        .map_err(StoreError::io("read", &path))?
+        .len();
+    let start = checkpoint.bytes;
+    if len < start {
         // No crash does this: the bytes were synced before the checkpoint was written.
         return Err(RecordError::Corrupt {
             path,
@@ -608,19 +612,26 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
             problem: format!(
                 "the file has {} bytes, fewer than the {} its last checkpoint made durable \
                  (up to record {}): lines were cut after they were synced",
-                bytes.len(),
-                checkpoint.bytes,
-                checkpoint.seq
+                len, checkpoint.bytes, checkpoint.seq
             ),
         });
     }
-    let have = &bytes[start..];
+    if let Some(problem) = ring::past_checkpoint_problem(len, start) {
+        return Err(RecordError::Corrupt {
+            path,
+            line: checkpoint.lines,
+            problem,
+        });
+    }
+    let (have, ends_a_line) =
+        ring::read_past_checkpoint(&file, len, start).map_err(StoreError::io("read", &path))?;
+    drop(file);
+    let have = &have[..];
     let later: Vec<PathBuf> = files[position + 1..]
         .iter()
         .map(|f| f.path.clone())
         .collect();
     let later = ring::later_files(&later).map_err(StoreError::io("stat", dir))?;
-    let ends_a_line = start == 0 || bytes[start - 1] == b'\n';
     // The checkpoint names the last durable record: lines cut or edited below it, the
     // same length or not, must not be continued from.
     if ends_a_line {
@@ -681,12 +692,12 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
         .open(&path)
         .map_err(StoreError::io("open", &path))?;
     match keep {
-        Some((_, matched)) => f.set_len((start + matched) as u64),
+        Some((_, matched)) => f.set_len(start + matched as u64),
         None => Ok(()),
     }
     .and_then(|()| {
         use std::os::unix::fs::FileExt;
-        f.write_all_at(&lines, start as u64)
+        f.write_all_at(&lines, start)
     })
     .and_then(|()| f.sync_all())
     .map_err(StoreError::io("replay the write-ahead ring into", &path))?;
