@@ -384,14 +384,20 @@ impl ToolObservationHealth {
     /// carrier from another producer, with no flowhost carrier inside, binds to no flowhost
     /// records and is read as unknown (incomplete).
     fn from_assay(value: &serde_json::Value) -> Result<Self, AssayProblem> {
-        let embedded = value
+        let mut embedded = value
             .get("notes")
             .and_then(serde_json::Value::as_array)
             .into_iter()
             .flatten()
             .filter_map(serde_json::Value::as_str)
-            .find_map(|n| n.strip_prefix(ASSAY_EMBED_NOTE));
-        let Some(embedded) = embedded else {
+            .filter_map(|n| n.strip_prefix(ASSAY_EMBED_NOTE));
+        let first = embedded.next();
+        if embedded.next().is_some() {
+            return Err(AssayProblem::Invalid(
+                "its notes embed more than one flowhost carrier".into(),
+            ));
+        }
+        let Some(embedded) = first else {
             let mut h = ToolObservationHealth::unknown(HealthProducer::Offline);
             h.records.problems.push(
                 "an assay observation_health without a flowhost carrier binds to no flowhost records"
@@ -399,7 +405,11 @@ impl ToolObservationHealth {
             );
             return Ok(h.finalize());
         };
-        let h: ToolObservationHealth = serde_json::from_str(embedded)
+        let h = crate::canonical::parse_unique_keys(embedded)
+            .map_err(|e| e.to_string())
+            .and_then(|v| {
+                serde_json::from_value::<ToolObservationHealth>(v).map_err(|e| e.to_string())
+            })
             .map_err(|e| AssayProblem::Invalid(format!("the embedded flowhost carrier: {e}")))?;
         if h.schema != HEALTH_SCHEMA {
             return Err(AssayProblem::Invalid(format!(
@@ -461,9 +471,12 @@ impl ToolObservationHealth {
             field,
             problem,
         };
-        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes)
-            && value.get("schema").and_then(serde_json::Value::as_str) == Some(ASSAY_HEALTH_SCHEMA)
-        {
+        // A key given twice is read one way here and maybe the other way by another reader
+        // (assay's, a person's): evidence that says two things is refused.
+        let text = std::str::from_utf8(&bytes).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
+        let value =
+            crate::canonical::parse_unique_keys(text).map_err(|e| invalid(e.to_string()))?;
+        if value.get("schema").and_then(serde_json::Value::as_str) == Some(ASSAY_HEALTH_SCHEMA) {
             return Self::from_assay(&value).map_err(|e| match e {
                 AssayProblem::Invalid(problem) => invalid(problem),
                 AssayProblem::Field(field, problem) => bad_field((field, problem)),
@@ -603,6 +616,40 @@ mod tests {
         // assay's own carrier (no flowhost inside) binds to nothing: incomplete.
         std::fs::write(&path, r#"{"schema":"assay.runner.observation_health.v0","run_id":"run_001","platform":"linux","kernel_layer":"absent","ringbuf_drops":0,"policy_layer":"present","sdk_layer":"absent","cgroup_correlation":"partial","network_protocol_coverage":"absent","network_endpoint_claim_scope":"not_applicable","notes":[]}"#).unwrap();
         assert!(!ToolObservationHealth::read_from(&path).unwrap().complete);
+    }
+
+    /// A carrier that says two things (a key given twice, read last-wins here and maybe
+    /// first-wins by assay; or two flowhost carriers in its notes) is refused.
+    #[test]
+    fn a_carrier_that_says_two_things_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("observation_health.json");
+        let h = complete_health();
+        let a = h.to_assay().to_string();
+        let twice = a.replacen(
+            "\"kernel_layer\":\"complete\"",
+            "\"kernel_layer\":\"complete\",\"kernel_layer\":\"complete\"",
+            1,
+        );
+        assert_ne!(twice, a);
+        let mut failed = h.clone();
+        failed.records.writer_failed = true;
+        let mut two_notes = h.to_assay();
+        let other = format!(
+            "{ASSAY_EMBED_NOTE}{}",
+            serde_json::to_string(&failed.finalize()).unwrap()
+        );
+        two_notes["notes"]
+            .as_array_mut()
+            .unwrap()
+            .push(other.into());
+        let own = serde_json::to_string(&h).unwrap();
+        let own_twice = own.replacen("{", "{\"complete\":false,", 1);
+        for text in [twice, two_notes.to_string(), own_twice] {
+            std::fs::write(&path, &text).unwrap();
+            let err = ToolObservationHealth::read_from(&path);
+            assert!(err.is_err(), "{text}: {err:?}");
+        }
     }
 
     /// A crafted carrier's `records.chain_head` is refused by name, whatever shape it comes
