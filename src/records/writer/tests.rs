@@ -908,6 +908,56 @@ fn a_ring_larger_than_any_the_writer_makes_is_refused_not_read() {
     assert!(read.contains("more than any ring"), "{read}");
 }
 
+/// The writer's locks are its own: a lock file others may open lets them hold it and pass
+/// for a live writer, whose partial last line and unreplayed ring a reader lets pass.
+#[test]
+fn only_the_writer_may_open_its_locks() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let lock = dir.path().join(crate::records::store::LOCK_FILE);
+    // Left open to others by an older writer.
+    fs::write(&lock, "").unwrap();
+    fs::set_permissions(&lock, fs::Permissions::from_mode(0o644)).unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    for name in [
+        crate::records::store::LOCK_FILE,
+        crate::records::store::OPENING_LOCK_FILE,
+    ] {
+        let mode = fs::metadata(dir.path().join(name))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{name}");
+    }
+    w.close_blocking().unwrap();
+}
+
+/// The record file past the ring's checkpoint was read whole: a sparse terabyte appended
+/// to it made the writer's open and every reader abort for want of memory. No crash leaves
+/// more there than a full ring's records and a line: both refuse it, naming the file.
+#[test]
+fn a_record_file_grown_past_what_a_crash_leaves_is_refused_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(sample_tool_call()).unwrap();
+    w.close_blocking().unwrap();
+    let file = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let err = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("past the checkpoint"), "{err}");
+    let read = format!("{:?}", verify_records(dir.path(), None));
+    assert!(read.contains("past the checkpoint"), "{read}");
+}
+
 #[test]
 fn readers_refuse_records_left_only_in_the_ring_until_a_writer_copies_them_in() {
     let dir = tempfile::tempdir().unwrap();
