@@ -152,6 +152,16 @@ pub enum RecordError {
         /// The disagreement.
         problem: String,
     },
+    /// The directory holds records but neither a head anchor nor a write-ahead ring: a
+    /// writer keeps both from its first open, so they were removed, and with them what
+    /// would show the stream's end was cut. Continuing would anchor whatever is left.
+    #[error(
+        "{dir}: it holds record files but neither {HEAD_FILE} nor records.wal, which every writer keeps: they were removed, and whether the stream was cut cannot be checked; run `flowhost records verify {dir}`, keep the directory as it is for review, and give the host a new one"
+    )]
+    Unanchored {
+        /// The record directory.
+        dir: PathBuf,
+    },
     /// Another writer (a running host, or `sandbox run --records`) has the directory open.
     #[error(
         "{dir}: another record writer has this directory open ({LOCK_FILE} is locked): a running host or `sandbox run --records`; stop it first"
@@ -581,6 +591,16 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
 fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, RecordError> {
     let Some((checkpoint, entries)) = ring::read_back(dir)? else {
         store::refuse_lost_ring(dir)?;
+        // An empty file holds nothing to cut: a first open that stopped before its anchor
+        // and ring were made leaves one.
+        let holds_records = files
+            .iter()
+            .any(|f| fs::metadata(&f.path).is_ok_and(|m| m.len() > 0));
+        if holds_records && HeadAnchor::read(&dir.join(HEAD_FILE))?.is_none() {
+            return Err(RecordError::Unanchored {
+                dir: dir.to_path_buf(),
+            });
+        }
         return Ok(Vec::new());
     };
     let path = dir.join(&checkpoint.file);
