@@ -164,8 +164,9 @@ impl std::fmt::Display for BoundsReport {
 }
 
 /// What the executors' Landlock domain holds on a kernel of Landlock ABI `abi`: the file
-/// system rules from ABI 1, the TCP bind and connect rules from ABI 4, and the abstract unix
-/// socket and signal scopes from ABI 6. A part the kernel lacks is left out of the domain
+/// system rules from ABI 1 (truncation by path from ABI 3, device ioctls from ABI 5), the
+/// TCP bind and connect rules from ABI 4, and the abstract unix socket and signal scopes
+/// from ABI 6. A part the kernel lacks is left out of the domain
 /// (the landlock crate's best-effort mode), so it is reported, with what still covers it.
 fn landlock_bounds(abi: i32) -> Vec<Bound> {
     let part = |value: &str, from: i32, instead: &str| Bound {
@@ -188,9 +189,20 @@ fn landlock_bounds(abi: i32) -> Vec<Bound> {
             "the mount namespace and uid still confine it",
         ),
         part(
+            "truncating files beyond the profile's paths",
+            3,
+            "the mount namespace, its read-only mounts and the uid still confine it",
+        ),
+        part(
             "TCP bind and connect by the executor itself",
             4,
             "the seccomp filter still hands both to the broker",
+        ),
+        part(
+            "ioctls on devices beyond the profile's paths",
+            5,
+            "the devices the profile lets it open, and the seccomp filter's refusals of \
+             terminal ioctls, still confine it",
         ),
         part(
             "abstract unix sockets and signals outside the executor",
@@ -213,12 +225,14 @@ mod landlock_tests {
                 .map(|b| matches!(b.enforcement, Enforcement::By(_)))
                 .collect::<Vec<_>>()
         };
-        assert_eq!(held(6), [true, true, true]);
-        assert_eq!(held(7), [true, true, true]);
-        assert_eq!(held(4), [true, true, false]);
-        assert_eq!(held(3), [true, false, false]);
-        assert_eq!(held(0), [false, false, false]);
-        let scopes = &landlock_bounds(5)[2];
+        assert_eq!(held(6), [true; 5]);
+        assert_eq!(held(7), [true; 5]);
+        assert_eq!(held(5), [true, true, true, true, false]);
+        assert_eq!(held(4), [true, true, true, false, false]);
+        assert_eq!(held(3), [true, true, false, false, false]);
+        assert_eq!(held(2), [true, false, false, false, false]);
+        assert_eq!(held(0), [false; 5]);
+        let scopes = &landlock_bounds(5)[4];
         assert!(
             matches!(&scopes.enforcement, Enforcement::NotInForce(why) if why.contains("ABI 6") && why.contains("has 5")),
             "{scopes:?}"
