@@ -1431,6 +1431,43 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
     assert!(lab.log().contains("http.jwt.jwks"), "{}", lab.log());
     assert_eq!(status(&rotated), 200);
     assert_eq!(status(&revoked), 401);
+
+    // A key taken out of the file is revoked by a reload that fails for another reason (a
+    // manifest that no longer verifies); one put in waits for a reload that succeeds.
+    // Before, the whole key set waited, and the revoked key went on verifying.
+    let keys = |issuers: &[&JwtIssuer]| {
+        let all: Vec<serde_json::Value> = issuers
+            .iter()
+            .map(|i| serde_json::from_str::<serde_json::Value>(&i.jwks).unwrap()["keys"][0].clone())
+            .collect();
+        json!({"keys": all}).to_string()
+    };
+    let third = JwtIssuer::new(17);
+    let kept = jwt(&third, RESOURCE, later, "agent-1");
+    std::fs::write(&jwks, keys(&[&next, &third])).unwrap();
+    reload_and_wait(&lab, 4, "reloaded: generation 3");
+    assert_eq!((status(&rotated), status(&kept)), (200, 200));
+    let fourth = JwtIssuer::new(19);
+    let added = jwt(&fourth, RESOURCE, later, "agent-1");
+    std::fs::write(&jwks, keys(&[&third, &fourth])).unwrap();
+    let refusals = lab.log().matches("reload refused").count();
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let broken = text.replacen(".signed.json\"", ".missing.json\"", 1);
+    assert_ne!(broken, text);
+    lab.write_config(&broken);
+    lab.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while lab.log().matches("reload refused").count() == refusals {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(status(&rotated), 401, "a key taken out still verifies");
+    assert_eq!(status(&kept), 200);
+    assert_eq!(
+        status(&added),
+        401,
+        "a key put in by a refused reload verifies"
+    );
 }
 
 /// A principal that names another principal's session is answered as if there were no such

@@ -94,6 +94,44 @@ impl Host {
                 .map_err(|e| StartupError::Http(super::http::HttpError::Auth(e)))?,
             None => None,
         };
+        let built = self.build_reloaded(config).await;
+        if let (Err(_), Some(auth), Some(keys)) = (&built, &self.http_auth, &key_set) {
+            // Whatever else failed, a key taken out of the file is revoked now: it must not
+            // go on authenticating until a reload succeeds.
+            auth.revoke_keys_absent_from(keys);
+        }
+        let (generation, certificate) = built?;
+        let id = generation.id;
+        let old = {
+            let mut g = match self.generation.write() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            std::mem::replace(&mut *g, Arc::new(generation))
+        };
+        if let (Some(auth), Some(keys)) = (&self.http_auth, key_set) {
+            auth.use_key_set(keys);
+        }
+        if let (Some(certificates), Some(pair)) = (&self.http_tls, certificate) {
+            certificates.present(pair);
+        }
+        // Stopping the old warm executors can take a moment each; it happens in the
+        // background so accepting and the watchdog do not wait for it.
+        tokio::spawn(async move {
+            for pool in old.pools.values() {
+                pool.drain().await;
+            }
+        });
+        Ok(id)
+    }
+
+    /// The generation a reload to `config` would serve, its pools primed and the retained
+    /// signed set written, with the TLS pair its files hold now; nothing the host serves
+    /// has changed yet.
+    async fn build_reloaded(
+        &self,
+        config: HostConfig,
+    ) -> Result<(Generation, Option<Arc<rustls::sign::CertifiedKey>>), StartupError> {
         // Likewise the TLS certificate: a renewed one is served from the reload on.
         let certificate = match &self.http_tls {
             Some(certificates) => Some(certificates.read().map_err(StartupError::Http)?),
@@ -126,27 +164,7 @@ impl Host {
                 .join(crate::registry::RETAINED_SET_FILE),
             &retained,
         )?;
-        let old = {
-            let mut g = match self.generation.write() {
-                Ok(g) => g,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            std::mem::replace(&mut *g, Arc::new(generation))
-        };
-        if let (Some(auth), Some(keys)) = (&self.http_auth, key_set) {
-            auth.use_key_set(keys);
-        }
-        if let (Some(certificates), Some(pair)) = (&self.http_tls, certificate) {
-            certificates.present(pair);
-        }
-        // Stopping the old warm executors can take a moment each; it happens in the
-        // background so accepting and the watchdog do not wait for it.
-        tokio::spawn(async move {
-            for pool in old.pools.values() {
-                pool.drain().await;
-            }
-        });
-        Ok(id)
+        Ok((generation, certificate))
     }
 
     /// Whether the host is stopping.

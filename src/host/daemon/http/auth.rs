@@ -149,8 +149,18 @@ struct Jwt {
 }
 
 /// An issuer's key set as read from its file: keys by `kid` (keys without one are tried
-/// when a token names none).
-pub struct KeySet(HashMap<Option<String>, Vec<DecodingKey>>);
+/// when a token names none), each with the SHA-256 of its JWK, which tells one key from
+/// another across reads.
+pub struct KeySet(HashMap<Option<String>, Vec<([u8; 32], DecodingKey)>>);
+
+impl KeySet {
+    /// Whether this set holds the key `fingerprint` under `kid`.
+    fn holds(&self, kid: &Option<String>, fingerprint: &[u8; 32]) -> bool {
+        self.0
+            .get(kid)
+            .is_some_and(|keys| keys.iter().any(|(f, _)| f == fingerprint))
+    }
+}
 
 /// Maps credentials to principals (see the module docs).
 pub struct Authenticator {
@@ -235,6 +245,19 @@ impl Authenticator {
             .transpose()
     }
 
+    /// Stops verifying tokens with any key `newer` lacks, adding none: a reload that fails
+    /// after reading the key set keeps the keys in use, except those taken out of the file
+    /// (revoked), which must not wait for a reload that succeeds.
+    pub fn revoke_keys_absent_from(&self, newer: &KeySet) {
+        if let Some(j) = &self.jwt {
+            let mut set = j.keys.write().unwrap_or_else(|p| p.into_inner());
+            for (kid, keys) in set.0.iter_mut() {
+                keys.retain(|(f, _)| newer.holds(kid, f));
+            }
+            set.0.retain(|_, keys| !keys.is_empty());
+        }
+    }
+
     /// Verifies tokens with `keys` from now on: a key taken out of the file (revoked) no
     /// longer verifies any.
     pub fn use_key_set(&self, keys: KeySet) {
@@ -268,7 +291,7 @@ impl Jwt {
         validation.set_audience(&[&self.config.audience]);
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let mut last = AuthRefusal::InvalidToken("no key of the issuer's set verifies it".into());
-        for key in keys {
+        for (_, key) in keys {
             match jsonwebtoken::decode::<serde_json::Value>(token, key, &validation) {
                 Ok(data) => return self.map(&data.claims),
                 Err(e) => {
@@ -321,7 +344,7 @@ fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
     let text = String::from_utf8(bytes).map_err(|_| fail("not UTF-8 text".into()))?;
     let set: JwkSet =
         serde_json::from_str(&text).map_err(|e| fail(format!("not a JSON Web Key Set: {e}")))?;
-    let mut keys: HashMap<Option<String>, Vec<DecodingKey>> = HashMap::new();
+    let mut keys: HashMap<Option<String>, Vec<([u8; 32], DecodingKey)>> = HashMap::new();
     for (i, jwk) in set.keys.iter().enumerate() {
         if matches!(
             jwk.algorithm,
@@ -332,7 +355,11 @@ fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
             )));
         }
         let key = DecodingKey::from_jwk(jwk).map_err(|e| fail(format!("key {i}: {e}")))?;
-        keys.entry(jwk.common.key_id.clone()).or_default().push(key);
+        let text = serde_json::to_vec(jwk).map_err(|e| fail(format!("key {i}: {e}")))?;
+        let fingerprint: [u8; 32] = Sha256::digest(&text).into();
+        keys.entry(jwk.common.key_id.clone())
+            .or_default()
+            .push((fingerprint, key));
     }
     if keys.is_empty() {
         return Err(fail("the key set has no keys".into()));
