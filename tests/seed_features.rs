@@ -487,3 +487,53 @@ fn a_grant_binds_what_the_calls_arguments_carry() {
     lab.stop();
     assert_eq!(lab.public.connections(), 1);
 }
+
+/// An executor that retries a refused connect in a loop costs a few records, not one
+/// durable write per attempt: identical refusals fold into one record with their count.
+/// Before, each of the attempts was its own record, and an executor looping long enough
+/// filled the records' disk, after which the host refused every principal's calls.
+#[test]
+fn an_executor_retrying_a_refused_connect_folds_into_one_record() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let config = std::fs::read_to_string(&lab.config).unwrap();
+    let retrying = config.replacen(
+        "\"--name\", \"team-inbox\"]",
+        "\"--name\", \"team-inbox\", \"--attempts\", \"300\"]",
+        1,
+    );
+    assert_ne!(retrying, config);
+    lab.write_config(&retrying);
+    lab.spawn();
+    let exfil = lab.exfil.addr.to_string();
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call(
+        "team-inbox/publish",
+        json!({"message": "again and again", "sink": exfil}),
+    );
+    assert!(text(&r).contains("in 300 attempts"), "{r}");
+    lab.stop();
+    let attempts: Vec<Value> = lab
+        .records()
+        .into_iter()
+        .filter(|r| {
+            r["flowhost"]["event"] == "egress_attempt"
+                && r["flowhost"]["broker"]["syscall"] == "connect"
+        })
+        .collect();
+    assert!(attempts.len() <= 3, "{attempts:#?}");
+    let stood_for: u64 = attempts
+        .iter()
+        .map(|r| r["flowhost"]["folded"]["count"].as_u64().unwrap_or(1))
+        .sum();
+    assert_eq!(stood_for, 300, "{attempts:#?}");
+    assert!(
+        attempts
+            .iter()
+            .all(|r| r["decision"]["effect"] == "deny" && r["flowhost"]["call_id"].is_string()),
+        "{attempts:#?}"
+    );
+    assert_eq!(lab.exfil.connections(), 0);
+}

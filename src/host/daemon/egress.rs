@@ -36,6 +36,8 @@ pub struct EgressJudge {
     pub counters: Arc<super::HostCounters>,
     /// Executors (by pid) already warned about for undeclared egress.
     pub warned: std::sync::Mutex<std::collections::HashSet<i32>>,
+    /// The host's refusal folder: repeated refusals of one executor fold.
+    pub refusals: Arc<super::refusals::RefusalFolder>,
 }
 
 /// Most executors remembered as warned; past it the memory starts over (a repeated warning
@@ -215,16 +217,16 @@ impl EgressJudge {
         }
     }
 
-    /// The record of one judged attempt: `judged` is the call in flight and the resolver's
-    /// judgment, `None` when no call was in flight.
-    fn record(
+    /// The facts recorded of one judged attempt: `judged` is the call in flight and the
+    /// resolver's judgment, `None` when no call was in flight.
+    fn facts(
         &self,
         judged: Option<(&CallInFlight, &crate::resolver::EgressJudgment)>,
         details: BrokerDetails,
-    ) -> DecisionRecord {
+    ) -> EgressFacts {
         let server = ServerInfo::mcp(&self.server_id, Some(&self.digest));
         let Some((call, v)) = judged else {
-            return DecisionRecord::egress_attempt(EgressFacts {
+            return EgressFacts {
                 server,
                 tool_name: "(no call in flight)".into(),
                 broker: details,
@@ -239,13 +241,13 @@ impl EgressJudge {
                     }),
                     ..FlowContext::default()
                 },
-            });
+            };
         };
         let mismatch = (!call.plan.basis.declared).then(|| {
             self.undeclared_egress(call);
             DeclarationMismatch::UndeclaredEgress
         });
-        DecisionRecord::egress_attempt(EgressFacts {
+        EgressFacts {
             server,
             tool_name: call.tool.clone(),
             broker: details,
@@ -273,7 +275,16 @@ impl EgressJudge {
                     }),
                 ..FlowContext::default()
             },
-        })
+        }
+    }
+
+    /// The record of a judged attempt, or `None` when it is a refusal folded with identical
+    /// ones (see [`super::refusals`]): nothing is then written now.
+    fn record_unless_folded(&self, facts: EgressFacts, allowed: bool) -> Option<DecisionRecord> {
+        if !allowed && self.refusals.admit_egress(&facts) == super::refusals::Admit::Folded {
+            return None;
+        }
+        Some(DecisionRecord::egress_attempt(facts))
     }
 
     async fn decide(
@@ -300,8 +311,12 @@ impl EgressJudge {
                     .await,
             ),
         };
-        let record = self.record(call.as_deref().zip(judged.as_ref()), details);
+        let facts = self.facts(call.as_deref().zip(judged.as_ref()), details);
         let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
+        let Some(record) = self.record_unless_folded(facts, allowed.is_some()) else {
+            attempt.respond(BrokerVerdict::DENY);
+            return Judgment::default();
+        };
         match self.records.commit(record).await {
             Ok(_) => match allowed {
                 Some(source) => {
@@ -380,8 +395,11 @@ impl EgressJudge {
             None => NameBlocks::default(),
         };
         let details = lookup_broker_details(&lookup, pid);
-        let record = self.record(call.as_deref().zip(judged.as_ref()), details);
+        let facts = self.facts(call.as_deref().zip(judged.as_ref()), details);
         let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
+        let Some(record) = self.record_unless_folded(facts, allowed.is_some()) else {
+            return (Judgment::default(), blocks);
+        };
         match self.records.commit(record).await {
             Ok(_) => (
                 Judgment {

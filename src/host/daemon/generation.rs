@@ -83,6 +83,7 @@ pub(super) fn build_generation(
     profiles: &BTreeMap<String, Arc<Profile>>,
     broker: &Broker,
     (resolver, records, counters): (&Arc<FlowResolver>, &RecordWriter, &Arc<HostCounters>),
+    refusals: &Arc<super::refusals::RefusalFolder>,
 ) -> Generation {
     let mut servers = BTreeMap::new();
     let mut pools = BTreeMap::new();
@@ -121,6 +122,7 @@ pub(super) fn build_generation(
             origins: origins.clone(),
             counters: counters.clone(),
             warned: Default::default(),
+            refusals: refusals.clone(),
         });
         let template = ExecutorTemplate {
             server: s.id.clone(),

@@ -42,7 +42,7 @@ pub struct Host {
     /// What the health carried over from the previous run.
     pub(super) coverage: Coverage,
     /// Repeated refusals, folded (see [`refusals`]).
-    pub(crate) refusals: refusals::RefusalFolder,
+    pub(crate) refusals: Arc<refusals::RefusalFolder>,
     /// Health warns below this much free space on the records filesystem.
     pub(super) records_min_free_bytes: u64,
     /// Becomes true when the host is stopping (a watch: nobody can miss the change).
@@ -154,6 +154,7 @@ impl Host {
             &profiles,
             &self.broker,
             (&self.resolver, &self.records, &self.counters),
+            &self.refusals,
         );
         prime_pools(&generation).await?;
         // Only a generation that will serve replaces the retained signed set.

@@ -10,6 +10,14 @@
 //! which names no server, tool, call or session, since it stands for many. What a client is
 //! told never changes: every refusal is still refused, with its reason.
 //!
+//! An executor's refused egress attempts and lookups fold the same way: identical ones (same
+//! executor, call, syscall, destination, reason: everything recorded of the attempt but its
+//! byte count and time) within an interval are counted into one record, and each executor
+//! (server and pid) has a budget of refusal records per interval, past which its refusals
+//! fold into one record per reason that names no destination, call or session. An executor
+//! looping on a refused send (a misconfigured statsd client, or one trying to) so costs a
+//! few records an interval, not one durable write per attempt.
+//!
 //! A crash loses the counts of the interval in progress (never a decision: folded refusals
 //! had no effect to record before).
 
@@ -19,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use crate::decision::Denial;
 use crate::records::{
-    Correlation, DecisionRecord, EventKind, Folded, Projection, RelayFacts, ServerInfo,
-    ToolCallFacts, now_rfc3339,
+    Correlation, DecisionRecord, EgressFacts, EventKind, Folded, Projection, RelayFacts,
+    ServerInfo, ToolCallFacts, now_rfc3339,
 };
 
 /// Who a refusal is charged to.
@@ -50,6 +58,25 @@ struct Fold {
     last_at: String,
 }
 
+/// What makes two refused egress attempts (or lookups) identical: the executor, the reason,
+/// and everything else recorded of them but the byte count and time (`None` for the
+/// executor's over-budget fold).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct EgressKey {
+    server: String,
+    pid: u32,
+    denial: Option<Denial>,
+    what: Option<String>,
+}
+
+/// Refused egress attempts counted but not yet recorded.
+struct EgressFold {
+    facts: EgressFacts,
+    count: u64,
+    first_at: String,
+    last_at: String,
+}
+
 struct Window {
     started: Instant,
     /// Refusal kinds recorded this interval.
@@ -57,6 +84,11 @@ struct Window {
     /// Refusal records charged to each holder this interval.
     charged: HashMap<Holder, usize>,
     folds: HashMap<FoldKey, Fold>,
+    /// Egress refusal kinds recorded this interval.
+    egress_seen: HashMap<EgressKey, ()>,
+    /// Egress refusal records charged to each executor (server, pid) this interval.
+    egress_charged: HashMap<(String, u32), usize>,
+    egress_folds: HashMap<EgressKey, EgressFold>,
 }
 
 /// Whether a refusal is to be recorded now.
@@ -91,8 +123,77 @@ impl RefusalFolder {
                 seen: HashMap::new(),
                 charged: HashMap::new(),
                 folds: HashMap::new(),
+                egress_seen: HashMap::new(),
+                egress_charged: HashMap::new(),
+                egress_folds: HashMap::new(),
             }),
         }
+    }
+
+    /// Decides whether the refused egress attempt (or lookup) `facts` is recorded now or
+    /// folded (see the module docs). Only refusals are ever passed here.
+    pub fn admit_egress(&self, facts: &EgressFacts) -> Admit {
+        let pid = facts.broker.pid;
+        let denial = facts.verdict.denial();
+        let mut same = facts.broker.clone();
+        same.bytes = None;
+        let c = &facts.context;
+        let Ok(what) = serde_json::to_string(&(
+            &facts.tool_name,
+            &c.principal,
+            &c.session,
+            &c.call_id,
+            &c.declaration_mismatch,
+            &same,
+        )) else {
+            return Admit::Record;
+        };
+        let key = EgressKey {
+            server: facts.server.id.clone(),
+            pid,
+            denial,
+            what: Some(what),
+        };
+        // A poisoned lock: record (the safe side is more evidence, not less).
+        let Ok(mut w) = self.window.lock() else {
+            return Admit::Record;
+        };
+        let key = if w.egress_seen.contains_key(&key) {
+            key
+        } else {
+            let executor = (key.server.clone(), pid);
+            let charged = w.egress_charged.get(&executor).copied().unwrap_or(0);
+            if charged < self.budget && w.seen.len() + w.egress_seen.len() < MAX_KINDS {
+                w.egress_seen.insert(key, ());
+                *w.egress_charged.entry(executor).or_insert(0) += 1;
+                return Admit::Record;
+            }
+            EgressKey { what: None, ..key }
+        };
+        let now = now_rfc3339();
+        match w.egress_folds.get_mut(&key) {
+            Some(f) => {
+                f.count += 1;
+                f.last_at = now;
+            }
+            None => {
+                let facts = if key.what.is_none() {
+                    egress_over_budget(facts)
+                } else {
+                    facts.clone()
+                };
+                w.egress_folds.insert(
+                    key,
+                    EgressFold {
+                        facts,
+                        count: 1,
+                        first_at: now.clone(),
+                        last_at: now,
+                    },
+                );
+            }
+        }
+        Admit::Folded
     }
 
     /// How long an interval lasts.
@@ -177,7 +278,10 @@ impl RefusalFolder {
         w.started = Instant::now();
         w.seen.clear();
         w.charged.clear();
-        w.folds
+        w.egress_seen.clear();
+        w.egress_charged.clear();
+        let calls: Vec<DecisionRecord> = w
+            .folds
             .drain()
             .map(|(_, f)| {
                 let mut facts = f.facts;
@@ -188,7 +292,17 @@ impl RefusalFolder {
                 });
                 DecisionRecord::from_call_facts(facts, f.event)
             })
-            .collect()
+            .collect();
+        let egress = w.egress_folds.drain().map(|(_, f)| {
+            let mut facts = f.facts;
+            facts.context.folded = Some(Folded {
+                count: f.count,
+                first_at: f.first_at,
+                last_at: f.last_at,
+            });
+            DecisionRecord::egress_attempt(facts)
+        });
+        calls.into_iter().chain(egress).collect()
     }
 }
 
@@ -207,6 +321,28 @@ fn over_budget(first: &ToolCallFacts) -> ToolCallFacts {
             principal: c.principal.clone(),
             peer: c.peer,
             relay: c.relay,
+            ..Default::default()
+        },
+    }
+}
+
+/// The facts of an executor's over-budget egress fold: what all its refusals share (the
+/// executor, the reason, the syscall and socket of the first), and no destination, byte
+/// count, call or session, which the others did not share.
+fn egress_over_budget(first: &EgressFacts) -> EgressFacts {
+    let mut broker = first.broker.clone();
+    broker.destination = None;
+    broker.bytes = None;
+    broker.dns_query_type = None;
+    EgressFacts {
+        server: first.server.clone(),
+        tool_name: "(refusals over the per-interval budget)".to_string(),
+        broker,
+        verdict: first.verdict.clone(),
+        credential_alias: None,
+        correlation: Correlation::none(),
+        context: crate::records::FlowContext {
+            egress_basis: first.context.egress_basis,
             ..Default::default()
         },
     }
@@ -279,6 +415,75 @@ mod tests {
         );
         // A new interval starts afresh.
         assert_eq!(f.admit(call, &refusal(Some("a"), "x")), Admit::Record);
+    }
+
+    fn egress(pid: u32, port: u16, bytes: u64) -> EgressFacts {
+        EgressFacts {
+            server: ServerInfo::mcp("inbox", None),
+            tool_name: "publish".into(),
+            broker: crate::records::BrokerDetails {
+                pid,
+                executable: None,
+                syscall: "sendto".into(),
+                family: "inet".into(),
+                socket_type: Some("dgram".into()),
+                protocol: Some("udp".into()),
+                destination: Some(crate::records::Destination::Inet(
+                    crate::records::InetDestination {
+                        address: "192.0.2.1".parse().unwrap(),
+                        port,
+                        host_name: None,
+                        other_host_names: Vec::new(),
+                    },
+                )),
+                bytes: Some(bytes),
+                dns_query_type: None,
+            },
+            verdict: Verdict::refused(Denial::DestinationBlocked),
+            credential_alias: None,
+            correlation: Correlation::none(),
+            context: FlowContext {
+                principal: Some("a".into()),
+                call_id: Some("c1".into()),
+                ..FlowContext::default()
+            },
+        }
+    }
+
+    /// An executor's identical refused attempts (whatever their byte counts) fold into one
+    /// record with their count; distinct ones past its budget fold into one that names no
+    /// destination; another executor has a budget of its own.
+    #[test]
+    fn an_executors_repeated_egress_refusals_fold() {
+        let f = RefusalFolder::new(Duration::from_secs(3600), 2);
+        assert_eq!(f.admit_egress(&egress(10, 53, 1)), Admit::Record);
+        for n in 0..20 {
+            assert_eq!(f.admit_egress(&egress(10, 53, n)), Admit::Folded);
+        }
+        assert_eq!(f.admit_egress(&egress(10, 54, 1)), Admit::Record);
+        for port in 55..60 {
+            assert_eq!(f.admit_egress(&egress(10, port, 1)), Admit::Folded);
+        }
+        assert_eq!(f.admit_egress(&egress(11, 53, 1)), Admit::Record);
+        let mut folds: Vec<(Option<String>, u64)> = f
+            .take_due(true)
+            .into_iter()
+            .map(|mut r| {
+                r.flowhost.seq = 1;
+                r.validate().unwrap();
+                let dest = r
+                    .flowhost
+                    .broker
+                    .as_ref()
+                    .and_then(|b| b.destination.as_ref())
+                    .map(|d| format!("{d:?}"));
+                (dest.map(|_| r.tool.name), r.flowhost.folded.unwrap().count)
+            })
+            .collect();
+        folds.sort();
+        assert_eq!(folds, vec![(None, 5), (Some("publish".into()), 20)]);
+        // A new interval starts afresh.
+        assert_eq!(f.admit_egress(&egress(10, 53, 1)), Admit::Record);
     }
 
     #[test]

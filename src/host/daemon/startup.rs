@@ -693,10 +693,10 @@ impl Host {
         ));
         let health_file = config.health_file.clone();
         let counters = Arc::new(HostCounters::default());
-        let refusals = refusals::RefusalFolder::new(
+        let refusals = Arc::new(refusals::RefusalFolder::new(
             config.refusal_fold_interval,
             config.refusal_records_per_interval,
-        );
+        ));
         let records_min_free_bytes = config.records_min_free_bytes;
         let generation = build_generation(
             1,
@@ -705,6 +705,7 @@ impl Host {
             &profiles,
             &broker,
             (&resolver, &records, &counters),
+            &refusals,
         );
         // Before binding: a client that can connect finds every server's executors proven.
         prime_pools(&generation).await?;
