@@ -137,6 +137,7 @@ async fn a_corked_datagram_takes_nothing_the_broker_did_not_see() {
     assert_eq!(r["first"], 1, "{r}");
     assert_eq!(r["value"], 3, "{r}");
     assert_eq!(r["cork_errno"], libc::EPERM, "{r}");
+    assert_eq!(r["lite_cork_errno"], libc::EPERM, "{r}");
     assert!(eventually(|| sink.count() >= 2), "{r}");
     std::thread::sleep(Duration::from_millis(100));
     let got = sink.datagrams.lock().unwrap().clone();

@@ -122,8 +122,9 @@ pub const IP_PROTOCOLS_ALLOWED: &[(i32, &[i32])] = &[
 /// the executor chose, with no syscall the broker is notified of; `UDP_CORK`, which holds a
 /// datagram the broker sent open for bytes a later plain `write` (never notified) adds; and
 /// the options that choose the interface a send leaves by (`SO_BINDTODEVICE`,
-/// `SO_BINDTOIFINDEX`, `IP_UNICAST_IF`, `IPV6_UNICAST_IF`), which a decision by address does
-/// not see (on a host with VRFs, one address names a host in each).
+/// `SO_BINDTOIFINDEX`, `IP_UNICAST_IF`, `IPV6_UNICAST_IF`, `IP_MULTICAST_IF`,
+/// `IPV6_MULTICAST_IF`), which a decision by address does not see (on a host with VRFs, one
+/// address names a host in each).
 pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
     (libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP),
     (libc::IPPROTO_IP, libc::IP_DROP_MEMBERSHIP),
@@ -163,6 +164,10 @@ pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
     // to every send naming the label in its address or control data.
     (libc::IPPROTO_IPV6, libc::IPV6_FLOWLABEL_MGR),
     (libc::SOL_UDP, libc::UDP_CORK),
+    // The kernel's UDP options are read at SOL_UDPLITE too, on a plain UDP socket.
+    (libc::IPPROTO_UDPLITE, libc::UDP_CORK),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_IF),
+    (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_IF),
     (libc::SOL_SOCKET, libc::SO_BINDTODEVICE),
     // SO_BINDTOIFINDEX (libc has no name for it on this target).
     (libc::SOL_SOCKET, 62),

@@ -9,9 +9,11 @@ use crate::sys;
 /// SCM_RIGHTS are replaced by the broker's duplicates of them (at most `max_fds` in all, as
 /// the kernel refuses more than `SCM_MAX_FD` per message with EINVAL); any other SOL_SOCKET
 /// control message is refused (SCM_CREDENTIALS would be checked against the broker's
-/// credentials, not the executor's), and so are IP options and IPv6 extension headers;
-/// other IP-level control messages (TOS, TTL, PKTINFO, ...) pass unchanged. Lengths come
-/// from the executor, so every offset is checked before use.
+/// credentials, not the executor's), and so are IP options and IPv6 extension headers, and
+/// a PKTINFO naming an interface (the send would leave by it, which a decision by address
+/// does not see); other IP-level control messages (TOS, TTL, PKTINFO naming only a source
+/// address, ...) pass unchanged. Lengths come from the executor, so every offset is checked
+/// before use.
 pub(super) fn translate_control(
     raw: &[u8],
     pidfd: &OwnedFd,
@@ -61,6 +63,16 @@ pub(super) fn translate_control(
                 | libc::IPV6_2292HOPOPTS
                 | libc::IPV6_2292DSTOPTS,
             ) => return Err(Outcome::Errno(libc::EPERM)),
+            // `in_pktinfo` starts with its interface index; `in6_pktinfo` ends with it.
+            (libc::IPPROTO_IP, libc::IP_PKTINFO)
+            | (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO | libc::IPV6_2292PKTINFO) => {
+                let at = if level == libc::IPPROTO_IP { 0 } else { 16 };
+                let index = data.get(at..at + 4).ok_or(Outcome::Errno(libc::EINVAL))?;
+                if index != [0; 4] {
+                    return Err(Outcome::Errno(libc::EPERM));
+                }
+                out.extend_from_slice(data);
+            }
             _ => out.extend_from_slice(data),
         }
         let step = align(len).ok_or(Outcome::Errno(libc::EINVAL))?;
@@ -135,6 +147,40 @@ mod tests {
         }
         let tos = cmsg(16 + 4, libc::IPPROTO_IP, libc::IP_TOS, &[0u8; 4]);
         assert!(translate_control(&tos, &me, &mut Vec::new(), MAX_PASSED_FDS).is_ok());
+    }
+
+    /// A PKTINFO naming an interface picks the one the send leaves by, which the decision
+    /// by address does not see: refused. One naming only a source address passes.
+    #[test]
+    fn control_refuses_an_outgoing_interface() {
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        let translate = |raw: &[u8]| translate_control(raw, &me, &mut Vec::new(), MAX_PASSED_FDS);
+        let mut v4 = [0u8; 12];
+        v4[0] = 2;
+        let mut v6 = [0u8; 20];
+        v6[16] = 2;
+        for (level, kind, data) in [
+            (libc::IPPROTO_IP, libc::IP_PKTINFO, &v4[..]),
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &v6[..]),
+            (libc::IPPROTO_IPV6, libc::IPV6_2292PKTINFO, &v6[..]),
+        ] {
+            let raw = cmsg(16 + data.len() as u64, level, kind, data);
+            assert!(
+                matches!(translate(&raw), Err(Outcome::Errno(libc::EPERM))),
+                "{level}/{kind}"
+            );
+            let unnamed = vec![0u8; data.len()];
+            let raw = cmsg(16 + data.len() as u64, level, kind, &unnamed);
+            assert!(
+                translate(&raw).is_ok(),
+                "{level}/{kind} without an interface"
+            );
+            let short = cmsg(16 + 2, level, kind, &[0u8; 2]);
+            assert!(matches!(
+                translate(&short),
+                Err(Outcome::Errno(libc::EINVAL))
+            ));
+        }
     }
 
     #[test]
