@@ -1468,6 +1468,17 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
         401,
         "a key put in by a refused reload verifies"
     );
+    // Nor does a configuration that cannot be read at all keep a removed key.
+    std::fs::write(&jwks, keys(&[&fourth])).unwrap();
+    lab.write_config(&format!("{broken}\n[[[not toml\n"));
+    let refusals = lab.log().matches("reload refused").count();
+    lab.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while lab.log().matches("reload refused").count() == refusals {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!((status(&kept), status(&added)), (401, 401));
 }
 
 /// A principal that names another principal's session is answered as if there were no such

@@ -83,18 +83,23 @@ impl Host {
     /// generation replaces the old one atomically; on failure the old one stays and the
     /// error is returned.
     pub async fn reload(&self) -> Result<u64, StartupError> {
-        let config = HostConfig::load(&self.config_path)?;
-        refuse_restart_only_changes(&self.current().config, &config)?;
-        // Read before anything changes, put to use only with the new generation: an operator
-        // who took a key out of the file (revoked it) and reloaded is told when it cannot be
-        // read, and otherwise has it refused from the moment the reload succeeds.
+        // Read first (its file is named by the `[http]` table, fixed at start), put to use
+        // only with the new generation: an operator who took a key out of the file
+        // (revoked it) and reloaded is told when it cannot be read, and otherwise has it
+        // refused from this reload on, whatever else the reload refuses.
         let key_set = match &self.http_auth {
             Some(auth) => auth
                 .read_key_set()
                 .map_err(|e| StartupError::Http(super::http::HttpError::Auth(e)))?,
             None => None,
         };
-        let built = self.build_reloaded(config).await;
+        let built = match HostConfig::load(&self.config_path).map_err(StartupError::from) {
+            Ok(config) => match refuse_restart_only_changes(&self.current().config, &config) {
+                Ok(()) => self.build_reloaded(config).await,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
         if let (Err(_), Some(auth), Some(keys)) = (&built, &self.http_auth, &key_set) {
             // Whatever else failed, a key taken out of the file is revoked now: it must not
             // go on authenticating until a reload succeeds.
