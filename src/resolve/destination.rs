@@ -720,10 +720,21 @@ fn decide_lookup(
     };
     let origin_blocks = theirs.map(|o| o.block.as_slice()).unwrap_or_default();
     let blocks = || origin_blocks.iter().chain(&rules.block);
+    // A block refuses every connection to the name on `port` when it names the name there,
+    // or every address there (a port rule, or a network of every address of a family: a
+    // name may resolve to either family, so either refuses the lookup).
+    let blocks_on = |b: &DestinationRule, port: u16| match b {
+        DestinationRule::Name { port: p, .. } => *p == port && b.names(name),
+        DestinationRule::Port(p) => *p == port,
+        DestinationRule::Inet { net, port: p } => {
+            net.prefix_len() == 0 && p.is_none_or(|p| p == port)
+        }
+        _ => false,
+    };
     let unblocked = |r: &&DestinationRule| match r {
-        DestinationRule::Name { port, .. } if r.names(name) => !blocks().any(|b| {
-            b.names(name) && matches!(b, DestinationRule::Name { port: p, .. } if p == port)
-        }),
+        DestinationRule::Name { port, .. } if r.names(name) => {
+            !blocks().any(|b| blocks_on(b, *port))
+        }
         _ => false,
     };
     if let Some(r) = theirs.and_then(|o| o.allow.iter().find(unblocked)) {
@@ -1046,6 +1057,30 @@ mod tests {
                 .allowed
         );
         assert!(open.decide_name(&name("other.test")).allowed);
+        // A block of every address on the allow's port refuses every connection there too.
+        for every in ["0.0.0.0/0", "::/0", "0.0.0.0/0:443"] {
+            let wide = DestinationRules {
+                allow: vec![rule("*.example.com:443")],
+                block: vec![rule(every)],
+                default: DefaultAction::Block,
+            };
+            assert!(
+                !wide.decide_name(&name("www.example.com")).allowed,
+                "{every}"
+            );
+        }
+        let port_wide = DestinationRules {
+            allow: vec![rule("*.example.com:443")],
+            block: vec![DestinationRule::Port(443)],
+            default: DefaultAction::Block,
+        };
+        assert!(!port_wide.decide_name(&name("www.example.com")).allowed);
+        let narrow = DestinationRules {
+            allow: vec![rule("*.example.com:443")],
+            block: vec![rule("10.0.0.0/8"), DestinationRule::Port(80)],
+            default: DefaultAction::Block,
+        };
+        assert!(narrow.decide_name(&name("www.example.com")).allowed);
     }
 
     #[test]
