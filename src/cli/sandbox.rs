@@ -528,7 +528,7 @@ fn start_dns(
         Ok(dns) => Ok(Some(dns)),
         Err(e) if e.permission_denied() => {
             say!(
-                "flowhost sandbox: {e}: lookups are judged as plain sends, and host-name rules match nothing"
+                "flowhost sandbox: {e}: lookups (any send to port 53) are refused, and host-name rules match nothing"
             );
             Ok(None)
         }

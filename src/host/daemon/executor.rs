@@ -541,11 +541,12 @@ impl<C: NamedCall> McpExecutor<C> {
                         Some(Arc::new(dns))
                     }
                     // A daemon without the right to bind port 53 (run unprivileged, in user
-                    // namespaces) still mediates every lookup as the send it is: judged by
-                    // address rules like any other attempt. Only names are lost.
+                    // namespaces) cannot mediate lookups: every send to port 53 is then
+                    // refused as a lookup past the executor's resolver, and host-name rules
+                    // match nothing.
                     Err(e @ crate::dns::DnsError::Bind(_)) if e.permission_denied() => {
                         if !WARNED_NO_DNS.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                            tracing::warn!(server = %template.server, "{e}: executors' lookups are judged as plain egress attempts, and host-name rules match nothing");
+                            tracing::warn!(server = %template.server, "{e}: executors' lookups (any send to port 53) are refused, and host-name rules match nothing; give the host the right to bind port 53 (CAP_NET_BIND_SERVICE) to have lookups mediated");
                         }
                         None
                     }

@@ -907,18 +907,27 @@ impl Naming {
 /// How `info` stands with the executor's resolver `dns` (`None`: lookups not mediated).
 /// A send to port 53 anywhere but its own resolver, or to one of the host's upstream
 /// resolvers on any port, is a lookup past it (the upstream would carry whatever the
-/// executor asks, unjudged). Binding or listening on the resolver's address, or on port 53,
+/// executor asks, unjudged); without a resolver of its own, every send to port 53 is. Binding or listening on the resolver's address, or on port 53,
 /// is not reaching it, and is judged by the rules. Another executor's resolver is an address the rules refuse
 /// themselves ([`crate::destination::is_resolver_address`]).
 pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptInfo) -> AttemptView {
-    let (Some(dns), Some(flowhost_broker::Destination::Inet(addr))) = (dns, &info.destination)
-    else {
-        return AttemptView::Egress(Naming::Names(Vec::new()));
-    };
     let reaches = !matches!(
         info.syscall,
         flowhost_broker::EgressSyscall::Bind | flowhost_broker::EgressSyscall::Listen
     );
+    let (Some(dns), Some(flowhost_broker::Destination::Inet(addr))) = (dns, &info.destination)
+    else {
+        // Lookups not mediated (the host could not bind the resolver's port): a query to
+        // any resolver would carry whatever the executor asks, judged by the resolver's
+        // address alone. None is let out.
+        if let (None, Some(flowhost_broker::Destination::Inet(addr))) = (dns, &info.destination)
+            && reaches
+            && addr.port() == DNS_PORT
+        {
+            return AttemptView::Egress(Naming::PastResolver(*addr));
+        }
+        return AttemptView::Egress(Naming::Names(Vec::new()));
+    };
     if reaches && dns.is_resolver(addr) {
         AttemptView::ToResolver
     } else if reaches
@@ -1435,6 +1444,47 @@ mod tests {
             view("127.0.0.1:8080"),
             AttemptView::Egress(Naming::Names(_))
         ));
+    }
+
+    /// Without a resolver of its own (the host could not bind port 53), every send to port
+    /// 53 is a lookup past it: refused, never judged by the resolver's address alone.
+    /// Before, an address rule allowing the host's resolver let any query out through it.
+    #[test]
+    fn without_mediation_every_send_to_port_53_is_a_lookup_past_the_resolver() {
+        let info = |syscall, addr: &str| flowhost_broker::AttemptInfo {
+            syscall,
+            pid: 7,
+            executable: None,
+            socket: flowhost_broker::SocketInfo {
+                family: libc::AF_INET,
+                socket_type: libc::SOCK_DGRAM,
+                protocol: 0,
+            },
+            destination: Some(flowhost_broker::Destination::Inet(addr.parse().unwrap())),
+            connected: false,
+            bytes: None,
+            message_index: None,
+            passed_fds: 0,
+        };
+        use flowhost_broker::EgressSyscall::{Bind, Connect, Sendto};
+        for (syscall, to) in [(Sendto, "10.0.0.2:53"), (Connect, "127.0.0.53:53")] {
+            assert!(
+                matches!(
+                    attempt_view(None, &info(syscall, to)),
+                    AttemptView::Egress(Naming::PastResolver(_))
+                ),
+                "{to}"
+            );
+        }
+        for (syscall, to) in [(Sendto, "10.0.0.2:443"), (Bind, "0.0.0.0:53")] {
+            assert!(
+                matches!(
+                    attempt_view(None, &info(syscall, to)),
+                    AttemptView::Egress(Naming::Names(_))
+                ),
+                "{to}"
+            );
+        }
     }
 
     #[tokio::test]
