@@ -470,6 +470,31 @@ impl Target {
         // whatever the role's own `search_path` holds: every host of a fleet finds the same
         // tables however its role is set up. A schema that is not there is named, rather
         // than the tables it should hold.
+        // Without one, the tables are public's: a role that searches a schema of its own
+        // first would find (or create) tables of its own, and the hosts of a fleet would
+        // each keep labels no other host reads.
+        if self.schema.is_none() {
+            let first: Option<String> = client
+                .query_one("SELECT current_schema()", &[])
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(failed)?;
+            if first.as_deref() != Some("public") {
+                return Err(PgError::Connect {
+                    target: self.name.clone(),
+                    reason: format!(
+                        "its role searches {} first (its search_path), not public, and \
+                         host.state.schema is not set: set it (to that schema to keep the \
+                         tables there) on every host of the fleet, so that all use one set of \
+                         tables",
+                        match &first {
+                            Some(s) => format!("schema {s:?}"),
+                            None => "no schema that exists".into(),
+                        }
+                    ),
+                });
+            }
+        }
         if let Some(schema) = &self.schema {
             let exists: bool = client
                 .query_one(
@@ -1351,8 +1376,18 @@ mod tests {
             .await
             .unwrap();
         assert!(row.get::<_, bool>(0) && row.get::<_, bool>(1) && row.get::<_, bool>(2));
-        // Without the setting, the role's search_path finds no tables: refused at open.
-        assert!(PostgresStore::open(&pg.settings("h")).await.is_err());
+        // Without the setting, a role that searches a schema of its own first is refused,
+        // at open and at migrate (it would find or make tables no other host's role sees).
+        let e = PostgresStore::open(&pg.settings("h"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"own\"") && e.contains("host.state.schema"),
+            "{e}"
+        );
+        let e = migrate(&pg.settings("h")).await.unwrap_err().to_string();
+        assert!(e.contains("host.state.schema"), "{e}");
         let store = PostgresStore::open(&s).await.unwrap();
         assert_eq!(show(&store, "search_path").await, "\"fleet\"");
         store
