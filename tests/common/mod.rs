@@ -236,6 +236,22 @@ pub fn third_party(path: &std::path::Path) -> bool {
     false
 }
 
+/// Whether this host leaves a memory bound's swap uncapped (swap on, no swap accounting),
+/// so that the bound is reported not in force and a `required` profile refused; says why
+/// a test skips when so.
+pub fn swap_uncapped(report: &flowhost_broker::bounds::BoundsReport) -> bool {
+    let uncapped = report.not_in_force().any(|b| {
+        b.field == "limits.memory_mib"
+            && matches!(&b.enforcement, flowhost_broker::bounds::Enforcement::NotInForce(why) if why.contains("of swap"))
+    });
+    if uncapped {
+        eprintln!(
+            "SKIP: this host has swap without swap accounting, so memory bounds are not in force:\n{report}"
+        );
+    }
+    uncapped
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }

@@ -238,6 +238,13 @@ fn a_directory_whose_ring_is_gone_is_refused_by_writers_and_readers() {
     assert_eq!(w.status().last_seq, Some(3));
     assert!(anchor.ring && anchor.seq == 3, "{anchor:?}");
     w.close_blocking().unwrap();
+    // A directory whose anchor alone was removed keeps its ring's checkpoint, which pins
+    // the stream's end: a writer anchors the head again, not the start.
+    fs::remove_file(dir.path().join(HEAD_FILE)).unwrap();
+    let (w, anchor) = anchor_at_open(dir.path());
+    assert!(anchor.ring && anchor.seq == 3, "{anchor:?}");
+    assert_eq!(anchor.hash, w.status().chain_head.as_str());
+    w.close_blocking().unwrap();
     // A directory with records and neither an anchor nor a ring lost both: every writer
     // keeps them, so whatever cut its last records removed them too. Before, the open
     // anchored what was left, and later readers took the cut stream for whole.
