@@ -466,8 +466,11 @@ fn a_grant_binds_what_the_calls_arguments_carry() {
         "{r}"
     );
     // flowhost/session, given the call's arguments, returns the source to bind.
-    let described =
-        c.request("flowhost/session", json!({"arguments": arguments}))["result"].clone();
+    let described = c.request(
+        "flowhost/session",
+        json!({"name": "public-inbox/publish", "arguments": arguments}),
+    )["result"]
+        .clone();
     assert_eq!(
         described["label_hash"], session["label_hash"],
         "{described}"
@@ -482,8 +485,22 @@ fn a_grant_binds_what_the_calls_arguments_carry() {
     bound["label_hash"] = described["source_label_hash"].clone();
     let r = call(&mut c, &sign_grant(&lab, &bound, &base));
     assert!(text(&r).contains("delivered"), "{r}\n{}", lab.log());
-    let r = c.request("flowhost/session", json!({"arguments": "text"}));
-    assert_eq!(r["error"]["code"], -32602, "{r}");
+    // Only for a tool it may call, with arguments its schema takes: the classifier is not
+    // there to be asked about any text.
+    for (params, denial) in [
+        (json!({"arguments": arguments}), "invalid_params"),
+        (
+            json!({"name": "public-inbox/publish", "arguments": "text"}),
+            "invalid_params",
+        ),
+        (
+            json!({"name": "nowhere/nothing", "arguments": {}}),
+            "unknown_tool",
+        ),
+    ] {
+        let r = c.request("flowhost/session", params);
+        assert_eq!(r["error"]["data"]["denial"], denial, "{r}");
+    }
     lab.stop();
     assert_eq!(lab.public.connections(), 1);
 }

@@ -379,7 +379,10 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
         // the public inbox, bound to this session, the call's source label and these exact
         // arguments.
         let summary_args = json!({"message": "Reviewed summary: supply terms renegotiated this quarter.", "sink": public.addr.to_string()});
-        let session = c.request("flowhost/session", json!({"arguments": summary_args}))?;
+        let session = c.request(
+            "flowhost/session",
+            json!({"name": "public-inbox/publish", "arguments": summary_args}),
+        )?;
         let grant = sign_reviewed_summary(&board_key, &session["result"], &summary_args)?;
         let id = grant.body().grant_id.clone();
         let with_grant = json!({"name": "public-inbox/publish", "arguments": summary_args,

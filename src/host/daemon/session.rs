@@ -706,23 +706,56 @@ impl Session {
     }
 
     /// `flowhost/session`: what a declassification authority binds a grant to (the session
-    /// id and the session's current label with its hash); given a call's `arguments`, also
-    /// that call's source label (the session's label with the operator's input floor and
-    /// what the classifier finds in them) and its hash, which a grant for it must bind.
+    /// id and the session's current label with its hash); given a call's tool `name` and
+    /// `arguments`, also that call's source label (the session's label with the operator's
+    /// input floor and what the classifier finds in them) and its hash, which a grant for it
+    /// must bind. Only for a tool the principal may call, with arguments its signed schema
+    /// takes, as the call itself would be judged: the classifier is not there to be asked
+    /// about any text.
     async fn describe(&self, params: &Value) -> Result<Value, RpcError> {
-        let arguments = match params.get("arguments") {
-            None => None,
-            Some(a @ Value::Object(_)) => Some(a),
-            Some(_) => {
-                return Err(refusal(
-                    code::INVALID_PARAMS,
-                    "flowhost/session: arguments must be an object (a tools/call's arguments)",
-                    Denial::InvalidParams,
+        let generation = self.host.current();
+        let principal = self.principal(&generation)?;
+        let invalid = |what: String| {
+            refusal(
+                code::INVALID_PARAMS,
+                format!("flowhost/session: {what}"),
+                Denial::InvalidParams,
+            )
+        };
+        let arguments = match (params.get("name"), params.get("arguments")) {
+            (None, None) => None,
+            (Some(Value::String(name)), Some(a @ Value::Object(_))) => {
+                let (server, tool) = generation.config.tool_name(name);
+                let Some(t) = generation.registry.tool(server, tool) else {
+                    return Err(refusal(
+                        code::INVALID_PARAMS,
+                        format!("flowhost/session: unknown tool {name:?}"),
+                        Denial::UnknownTool,
+                    ));
+                };
+                if !principal.may_call(server, tool) {
+                    return Err(refusal(
+                        code::ACCESS_DENIED,
+                        format!("flowhost/session: {} may not call {name:?}", principal.id),
+                        Denial::AccessDenied,
+                    ));
+                }
+                t.validate_arguments(a).map_err(|e| {
+                    refusal(
+                        code::INVALID_PARAMS,
+                        format!("flowhost/session: arguments for {name:?}: {e}"),
+                        Denial::SchemaInvalid,
+                    )
+                })?;
+                Some(a)
+            }
+            _ => {
+                return Err(invalid(
+                    "give both name (the tool) and arguments (an object), as tools/call would"
+                        .into(),
                 ));
             }
         };
-        let generation = self.host.current();
-        let principal = self.principal(&generation)?;
         let key = SessionKey {
             principal: principal.id.clone(),
             session: self.id.clone(),
