@@ -419,6 +419,26 @@ impl DestinationRule {
 }
 
 impl DestinationRule {
+    /// Whether this rule, as a block, refuses `dest`: it matches it, or the IPv4 address an
+    /// IPv6 one carries ([`reached_ip`]: NAT64, 6to4), which is where the packets go on a
+    /// host that translates them. A block of 10.0.0.0/8 so refuses 64:ff9b::a00:5.
+    pub fn blocks(&self, dest: &Destination) -> bool {
+        if self.matches(dest) {
+            return true;
+        }
+        match dest {
+            Destination::Inet(addr) | Destination::Named { addr, .. } => {
+                let reached = reached_ip(addr.ip());
+                reached != canonical_ip(addr.ip())
+                    && self.matches(&Destination::Inet(std::net::SocketAddr::new(
+                        reached,
+                        addr.port(),
+                    )))
+            }
+            _ => false,
+        }
+    }
+
     /// Whether this is a host-name rule matching `name` (on its port).
     pub fn names(&self, name: &HostName) -> bool {
         matches!(self, DestinationRule::Name { name: rule, subdomains, .. } if name.within(rule, *subdomains))
@@ -431,6 +451,31 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
         v4 => v4,
+    }
+}
+
+/// The address `ip` reaches: the IPv4 address an IPv6 one carries (IPv4-mapped
+/// `::ffff:0:0/96`, IPv4-translated `::ffff:0:0:0/96`, NAT64's 64:ff9b::/96, 6to4's
+/// 2002::/16), else `ip` itself.
+pub fn reached_ip(ip: IpAddr) -> IpAddr {
+    let IpAddr::V6(v6) = canonical_ip(ip) else {
+        return canonical_ip(ip);
+    };
+    let s = v6.segments();
+    let embedded = |hi: u16, lo: u16| {
+        IpAddr::V4(std::net::Ipv4Addr::new(
+            (hi >> 8) as u8,
+            hi as u8,
+            (lo >> 8) as u8,
+            lo as u8,
+        ))
+    };
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..6] == [0, 0, 0, 0, 0xffff, 0] {
+        embedded(s[6], s[7])
+    } else if s[0] == 0x2002 {
+        embedded(s[1], s[2])
+    } else {
+        IpAddr::V6(v6)
     }
 }
 
@@ -556,7 +601,7 @@ impl DestinationRules {
                 rule: format!("another executor's resolver ({RESOLVER_NET} port {RESOLVER_PORT})"),
             };
         }
-        if let Some(r) = self.block.iter().find(|r| r.matches(dest)) {
+        if let Some(r) = self.block.iter().find(|r| r.blocks(dest)) {
             return RuleDecision {
                 allowed: false,
                 rule: format!("block {r}"),
@@ -618,13 +663,13 @@ pub fn decide_with_origin(
     }) else {
         return server(rules.decide(dest));
     };
-    if let Some(r) = o.block.iter().find(|r| r.matches(d)) {
+    if let Some(r) = o.block.iter().find(|r| r.blocks(d)) {
         return RuleDecision {
             allowed: false,
             rule: format!("principal {who} block {r}"),
         };
     }
-    if let Some(r) = rules.block.iter().find(|r| r.matches(d)) {
+    if let Some(r) = rules.block.iter().find(|r| r.blocks(d)) {
         return RuleDecision {
             allowed: false,
             rule: format!("server block {r}"),
@@ -1081,6 +1126,37 @@ mod tests {
             default: DefaultAction::Block,
         };
         assert!(narrow.decide_name(&name("www.example.com")).allowed);
+    }
+
+    /// A block of an IPv4 network also refuses the IPv6 forms that carry its addresses to
+    /// it (NAT64, 6to4): on a host that translates them, that is where the packets go.
+    #[test]
+    fn a_block_covers_the_ipv4_an_ipv6_address_carries() {
+        let rules = DestinationRules {
+            allow: vec![rule("[64:ff9b::/96]:443"), rule("2002::/16")],
+            block: vec![rule("10.0.0.0/8")],
+            default: DefaultAction::Block,
+        };
+        let to = |a: &str| Destination::Inet(a.parse().unwrap());
+        for inside in ["[64:ff9b::a00:5]:443", "[2002:a00:5::1]:443"] {
+            let d = rules.decide(Some(&to(inside)));
+            assert_eq!(
+                (d.allowed, d.rule.as_str()),
+                (false, "block 10.0.0.0/8"),
+                "{inside}"
+            );
+        }
+        assert!(rules.decide(Some(&to("[64:ff9b::c000:201]:443"))).allowed);
+        let origin = OriginRules {
+            allow: vec![],
+            block: vec![rule("192.0.2.0/24")],
+        };
+        let d = decide_with_origin(
+            &rules,
+            Some(("alice", &origin)),
+            Some(&to("[64:ff9b::c000:201]:443")),
+        );
+        assert!(!d.allowed, "{d:?}");
     }
 
     #[test]

@@ -48,7 +48,7 @@ use hickory_proto::op::ResponseCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
-use crate::destination::{HostName, NameBlocks, NamePattern, canonical_ip};
+use crate::destination::{HostName, NameBlocks, NamePattern, canonical_ip, reached_ip as reached};
 pub use upstream::Upstream;
 
 /// The port every executor resolver listens on (resolv.conf cannot name another).
@@ -273,31 +273,6 @@ impl PrivateScope {
             PrivateScope::Host => "host",
             PrivateScope::OnLink => "on_link",
         }
-    }
-}
-
-/// The address `ip` reaches: the IPv4 address an IPv6 one carries (IPv4-mapped
-/// `::ffff:0:0/96`, IPv4-translated `::ffff:0:0:0/96`, NAT64's 64:ff9b::/96, 6to4's
-/// 2002::/16), else `ip` itself.
-fn reached(ip: IpAddr) -> IpAddr {
-    let IpAddr::V6(v6) = canonical_ip(ip) else {
-        return canonical_ip(ip);
-    };
-    let s = v6.segments();
-    let embedded = |hi: u16, lo: u16| {
-        IpAddr::V4(Ipv4Addr::new(
-            (hi >> 8) as u8,
-            hi as u8,
-            (lo >> 8) as u8,
-            lo as u8,
-        ))
-    };
-    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..6] == [0, 0, 0, 0, 0xffff, 0] {
-        embedded(s[6], s[7])
-    } else if s[0] == 0x2002 {
-        embedded(s[1], s[2])
-    } else {
-        IpAddr::V6(v6)
     }
 }
 
