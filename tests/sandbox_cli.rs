@@ -360,6 +360,34 @@ fn a_sandboxed_command_cannot_push_input_into_the_operators_shell() {
     );
 }
 
+/// What the command leaves open on the caller's terminal (here the start of a window
+/// title, which would swallow what follows) does not swallow flowhost's verdicts: each batch
+/// of its messages first ends any open sequence and attribute. Before, the REFUSED line went
+/// into the window title, unseen.
+#[test]
+fn a_commands_open_terminal_sequence_does_not_hide_flowhosts_verdicts() {
+    if !can_run() {
+        return;
+    }
+    let mut shell = PtyShell::start();
+    shell.type_line(&format!(
+        "{} sandbox run --profile brokered -- /bin/bash -c \"printf '\\033]0;'; exec 3<>/dev/tcp/192.0.2.1/80\"; echo SANDBOX-$((40+2))",
+        env!("CARGO_BIN_EXE_flowhost"),
+    ));
+    let out = shell.wait_for("SANDBOX-42");
+    shell.type_line("exit");
+    let _ = shell.0.child.wait();
+    let opened = out
+        .find("\x1b]0;")
+        .expect("the command's output reached the terminal");
+    let refused = out[opened..].find("REFUSED").map(|i| opened + i);
+    let reset = out[opened..].find("\x18\x1b\\\x1b[0m").map(|i| opened + i);
+    assert!(
+        matches!((reset, refused), (Some(r), Some(v)) if r < v),
+        "the verdict was not preceded by a reset of the terminal: {out:?}"
+    );
+}
+
 /// A command run from a terminal cannot attach a line discipline to the pseudo-terminal it
 /// is given: attaching one loads that discipline's kernel module on demand, code with a
 /// history of privilege escalations. Before, the ioctl went through.

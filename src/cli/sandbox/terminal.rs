@@ -61,6 +61,13 @@ const TAIL_LIMIT: usize = 1024 * 1024;
 /// comes beyond is dropped, and counted.
 const PENDING_LIMIT: usize = 64 * 1024;
 
+/// Written before each batch of flowhost's messages on the caller's terminal: CAN ends any
+/// control sequence the command's output left open, ST any string (a window title, DCS,
+/// APC, PM), and SGR 0 any attribute (concealed text among them). The command's output,
+/// relayed as it is, could otherwise swallow a REFUSED or GATE FAILED line into a title, or
+/// show it invisibly. On a terminal none of these were pending, they do nothing seen.
+const RESET_TERMINAL: &[u8] = b"\x18\x1b\\\x1b[0m";
+
 /// flowhost's own messages on their way to the caller's terminal.
 #[derive(Debug, Default)]
 struct Pending {
@@ -84,6 +91,10 @@ impl Pending {
     /// carriage return, as output processing would have added.
     fn take(&mut self, crlf: bool) -> Vec<u8> {
         let mut text = std::mem::take(&mut self.text);
+        if text.is_empty() && self.dropped == 0 {
+            return text;
+        }
+        text.splice(0..0, RESET_TERMINAL.iter().copied());
         if self.dropped > 0 {
             text.extend_from_slice(
                 format!(
@@ -860,7 +871,13 @@ impl CommandTerminal {
         }
         let mut out = vec![(shared.output.as_fd(), std::mem::take(&mut unwritten.output))];
         if let Some((_, stderr)) = &shared.messages {
-            out.push((stderr.as_fd(), std::mem::take(&mut unwritten.messages)));
+            // What flowhost says from here (the run's end, the gate) is written after the
+            // command's last output, which may have left a sequence open.
+            let mut messages = std::mem::take(&mut unwritten.messages);
+            if !messages.starts_with(RESET_TERMINAL) {
+                messages.splice(0..0, RESET_TERMINAL.iter().copied());
+            }
+            out.push((stderr.as_fd(), messages));
         }
         for (to, text) in out {
             if let Err((left, why)) = write_out(to, &text) {
@@ -926,10 +943,14 @@ mod tests {
         let mut pending = Pending::default();
         pending.push("one\n");
         pending.push("two\n");
-        assert_eq!(pending.take(false), b"one\ntwo\n");
+        // Each batch first ends whatever the command's output left open on the terminal.
+        assert_eq!(
+            pending.take(false),
+            [RESET_TERMINAL, b"one\ntwo\n"].concat()
+        );
         assert_eq!(pending.take(true), b"");
         pending.push("raw\n");
-        assert_eq!(pending.take(true), b"raw\r\n");
+        assert_eq!(pending.take(true), [RESET_TERMINAL, b"raw\r\n"].concat());
         let line = "x".repeat(1000) + "\n";
         for _ in 0..100 {
             pending.push(&line);
