@@ -172,7 +172,7 @@ impl From<&crate::grant::GrantDenial> for Denial {
 }
 
 /// Which sources of knowledge made a call egress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EgressBasis {
     /// The signed declaration says the tool egresses.

@@ -280,8 +280,8 @@ impl EgressJudge {
 
     /// The record of a judged attempt, or `None` when it is a refusal folded with identical
     /// ones (see [`super::refusals`]): nothing is then written now.
-    fn record_unless_folded(&self, facts: EgressFacts, allowed: bool) -> Option<DecisionRecord> {
-        if !allowed && self.refusals.admit_egress(&facts) == super::refusals::Admit::Folded {
+    fn record_unless_folded(&self, facts: EgressFacts) -> Option<DecisionRecord> {
+        if self.refusals.admit_egress(&facts) == super::refusals::Admit::Folded {
             return None;
         }
         Some(DecisionRecord::egress_attempt(facts))
@@ -313,7 +313,7 @@ impl EgressJudge {
         };
         let facts = self.facts(call.as_deref().zip(judged.as_ref()), details);
         let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
-        let Some(record) = self.record_unless_folded(facts, allowed.is_some()) else {
+        let Some(record) = self.record_unless_folded(facts) else {
             attempt.respond(BrokerVerdict::DENY);
             return Judgment::default();
         };
@@ -397,7 +397,7 @@ impl EgressJudge {
         let details = lookup_broker_details(&lookup, pid);
         let facts = self.facts(call.as_deref().zip(judged.as_ref()), details);
         let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
-        let Some(record) = self.record_unless_folded(facts, allowed.is_some()) else {
+        let Some(record) = self.record_unless_folded(facts) else {
             return (Judgment::default(), blocks);
         };
         match self.records.commit(record).await {

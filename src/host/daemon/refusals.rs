@@ -25,6 +25,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use sha2::Digest;
+
 use crate::decision::Denial;
 use crate::records::{
     Correlation, DecisionRecord, EgressFacts, EventKind, Folded, Projection, RelayFacts,
@@ -59,14 +61,19 @@ struct Fold {
 }
 
 /// What makes two refused egress attempts (or lookups) identical: the executor, the reason,
-/// and everything else recorded of them but the byte count and time (`None` for the
-/// executor's over-budget fold).
+/// the tool, the syscall, what made it egress and how it contradicts the declaration, and
+/// (`what`: a digest of) everything else recorded of them but the byte count and time
+/// (`None` for the executor's over-budget fold, which keeps the rest).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct EgressKey {
     server: String,
     pid: u32,
     denial: Option<Denial>,
-    what: Option<String>,
+    tool: String,
+    syscall: String,
+    basis: Option<crate::records::EgressBasis>,
+    mismatch: Option<crate::records::DeclarationMismatch>,
+    what: Option<[u8; 32]>,
 }
 
 /// Refused egress attempts counted but not yet recorded.
@@ -75,6 +82,13 @@ struct EgressFold {
     count: u64,
     first_at: String,
     last_at: String,
+}
+
+impl Window {
+    /// Every kind remembered this interval, folds included: the one bound on its memory.
+    fn kinds(&self) -> usize {
+        self.seen.len() + self.folds.len() + self.egress_seen.len() + self.egress_folds.len()
+    }
 }
 
 struct Window {
@@ -130,29 +144,30 @@ impl RefusalFolder {
         }
     }
 
-    /// Decides whether the refused egress attempt (or lookup) `facts` is recorded now or
-    /// folded (see the module docs). Only refusals are ever passed here.
+    /// Decides whether the egress attempt (or lookup) `facts` is recorded now or folded
+    /// (see the module docs). Only refusals fold: an allow is recorded before its effect,
+    /// and a failure to decide (the flow state unreadable) is recorded each time.
     pub fn admit_egress(&self, facts: &EgressFacts) -> Admit {
+        if !matches!(facts.verdict, crate::records::Verdict::Refused { .. }) {
+            return Admit::Record;
+        }
         let pid = facts.broker.pid;
         let denial = facts.verdict.denial();
         let mut same = facts.broker.clone();
         same.bytes = None;
         let c = &facts.context;
-        let Ok(what) = serde_json::to_string(&(
-            &facts.tool_name,
-            &c.principal,
-            &c.session,
-            &c.call_id,
-            &c.declaration_mismatch,
-            &same,
-        )) else {
+        let Ok(what) = serde_json::to_vec(&(&c.principal, &c.session, &c.call_id, &same)) else {
             return Admit::Record;
         };
         let key = EgressKey {
             server: facts.server.id.clone(),
             pid,
             denial,
-            what: Some(what),
+            tool: facts.tool_name.clone(),
+            syscall: facts.broker.syscall.clone(),
+            basis: c.egress_basis,
+            mismatch: c.declaration_mismatch,
+            what: Some(sha2::Sha256::digest(&what).into()),
         };
         // A poisoned lock: record (the safe side is more evidence, not less).
         let Ok(mut w) = self.window.lock() else {
@@ -163,7 +178,7 @@ impl RefusalFolder {
         } else {
             let executor = (key.server.clone(), pid);
             let charged = w.egress_charged.get(&executor).copied().unwrap_or(0);
-            if charged < self.budget && w.seen.len() + w.egress_seen.len() < MAX_KINDS {
+            if charged < self.budget && w.kinds() < MAX_KINDS {
                 w.egress_seen.insert(key, ());
                 *w.egress_charged.entry(executor).or_insert(0) += 1;
                 return Admit::Record;
@@ -227,7 +242,7 @@ impl RefusalFolder {
             key
         } else {
             let charged = w.charged.get(&holder).copied().unwrap_or(0);
-            if charged < self.budget && w.seen.len() < MAX_KINDS {
+            if charged < self.budget && w.kinds() < MAX_KINDS {
                 w.seen.insert(key, ());
                 *w.charged.entry(holder).or_insert(0) += 1;
                 return Admit::Record;
@@ -327,8 +342,9 @@ fn over_budget(first: &ToolCallFacts) -> ToolCallFacts {
 }
 
 /// The facts of an executor's over-budget egress fold: what all its refusals share (the
-/// executor, the reason, the syscall and socket of the first), and no destination, byte
-/// count, call or session, which the others did not share.
+/// executor, the reason, the tool, the syscall, what made them egress and how they
+/// contradict the declaration; the socket of the first), and no destination, byte count,
+/// call or session, which the others did not share.
 fn egress_over_budget(first: &EgressFacts) -> EgressFacts {
     let mut broker = first.broker.clone();
     broker.destination = None;
@@ -336,13 +352,14 @@ fn egress_over_budget(first: &EgressFacts) -> EgressFacts {
     broker.dns_query_type = None;
     EgressFacts {
         server: first.server.clone(),
-        tool_name: "(refusals over the per-interval budget)".to_string(),
+        tool_name: first.tool_name.clone(),
         broker,
         verdict: first.verdict.clone(),
         credential_alias: None,
         correlation: Correlation::none(),
         context: crate::records::FlowContext {
             egress_basis: first.context.egress_basis,
+            declaration_mismatch: first.context.declaration_mismatch,
             ..Default::default()
         },
     }
@@ -484,6 +501,29 @@ mod tests {
         assert_eq!(folds, vec![(None, 5), (Some("publish".into()), 20)]);
         // A new interval starts afresh.
         assert_eq!(f.admit_egress(&egress(10, 53, 1)), Admit::Record);
+        // A failure to decide (the state unreadable) and an allow are recorded each time:
+        // a fold stands for refusals only.
+        for verdict in [
+            Verdict::Failed(crate::records::Failure::StateFailure),
+            Verdict::Authorized { rule: None },
+        ] {
+            for _ in 0..3 {
+                let mut e = egress(10, 53, 1);
+                e.verdict = verdict.clone();
+                assert_eq!(f.admit_egress(&e), Admit::Record, "{verdict:?}");
+            }
+        }
+        // Refusals of another tool, or with another basis, are not the same over budget.
+        let g = RefusalFolder::new(Duration::from_secs(3600), 1);
+        assert_eq!(g.admit_egress(&egress(10, 53, 1)), Admit::Record);
+        let mut other = egress(10, 54, 1);
+        other.tool_name = "fetch".into();
+        for _ in 0..2 {
+            assert_eq!(g.admit_egress(&egress(10, 55, 1)), Admit::Folded);
+            assert_eq!(g.admit_egress(&other), Admit::Folded);
+        }
+        let tools: Vec<String> = g.take_due(true).into_iter().map(|r| r.tool.name).collect();
+        assert_eq!(tools.len(), 2, "{tools:?}");
     }
 
     #[test]
