@@ -168,6 +168,9 @@ pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
     (libc::IPPROTO_UDPLITE, libc::UDP_CORK),
     (libc::IPPROTO_IP, libc::IP_MULTICAST_IF),
     (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_IF),
+    // Set as an option, an IPv6 PKTINFO sticks: every later send leaves by its interface
+    // (the interface index sits behind a pointer the filter cannot read).
+    (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO),
     (libc::SOL_SOCKET, libc::SO_BINDTODEVICE),
     // SO_BINDTOIFINDEX (libc has no name for it on this target).
     (libc::SOL_SOCKET, 62),
