@@ -765,21 +765,26 @@ fn decide_lookup(
     };
     let origin_blocks = theirs.map(|o| o.block.as_slice()).unwrap_or_default();
     let blocks = || origin_blocks.iter().chain(&rules.block);
-    // A block refuses every connection to the name on `port` when it names the name there,
-    // or every address there (a port rule, or a network of every address of a family: a
-    // name may resolve to either family, so either refuses the lookup).
-    let blocks_on = |b: &DestinationRule, port: u16| match b {
-        DestinationRule::Name { port: p, .. } => *p == port && b.names(name),
-        DestinationRule::Port(p) => *p == port,
-        DestinationRule::Inet { net, port: p } => {
-            net.prefix_len() == 0 && p.is_none_or(|p| p == port)
-        }
-        _ => false,
+    // Blocks refuse every connection to the name on `port` when one names the name there,
+    // or blocks every address there: a port rule, or networks of every IPv4 and every IPv6
+    // address (a name may resolve to either family, so one family's alone leaves the other).
+    let every = |port: u16, v6: bool| {
+        blocks().any(|b| {
+            matches!(b, DestinationRule::Inet { net, port: p }
+                if net.prefix_len() == 0
+                    && matches!(net, IpNet::V6(_)) == v6
+                    && p.is_none_or(|p| p == port))
+        })
+    };
+    let blocked_on = |port: u16| {
+        blocks().any(|b| match b {
+            DestinationRule::Name { port: p, .. } => *p == port && b.names(name),
+            DestinationRule::Port(p) => *p == port,
+            _ => false,
+        }) || (every(port, false) && every(port, true))
     };
     let unblocked = |r: &&DestinationRule| match r {
-        DestinationRule::Name { port, .. } if r.names(name) => {
-            !blocks().any(|b| blocks_on(b, *port))
-        }
+        DestinationRule::Name { port, .. } if r.names(name) => !blocked_on(*port),
         _ => false,
     };
     if let Some(r) = theirs.and_then(|o| o.allow.iter().find(unblocked)) {
@@ -1102,17 +1107,22 @@ mod tests {
                 .allowed
         );
         assert!(open.decide_name(&name("other.test")).allowed);
-        // A block of every address on the allow's port refuses every connection there too.
-        for every in ["0.0.0.0/0", "::/0", "0.0.0.0/0:443"] {
-            let wide = DestinationRules {
-                allow: vec![rule("*.example.com:443")],
-                block: vec![rule(every)],
-                default: DefaultAction::Block,
-            };
+        // A block of every address on the allow's port refuses every connection there too;
+        // one family's alone leaves the other.
+        let wide = |block: &[&str]| DestinationRules {
+            allow: vec![rule("*.example.com:443")],
+            block: block.iter().map(|b| rule(b)).collect(),
+            default: DefaultAction::Block,
+        };
+        for every in [&["0.0.0.0/0", "::/0"][..], &["0.0.0.0/0:443", "[::/0]:443"]] {
             assert!(
-                !wide.decide_name(&name("www.example.com")).allowed,
-                "{every}"
+                !wide(every).decide_name(&name("www.example.com")).allowed,
+                "{every:?}"
             );
+        }
+        for one in [&["0.0.0.0/0"][..], &["::/0"], &["0.0.0.0/0:443", "::/0"]] {
+            let d = wide(one).decide_name(&name("www.example.com"));
+            assert_eq!(d.allowed, one.len() == 1, "{one:?}");
         }
         let port_wide = DestinationRules {
             allow: vec![rule("*.example.com:443")],
