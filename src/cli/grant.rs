@@ -41,8 +41,8 @@ pub(crate) struct SignArgs {
     /// them.
     #[arg(long)]
     arguments: PathBuf,
-    /// The hash of the call's source label (`flowhost/session` given the call's arguments
-    /// returns it as `source_label_hash`).
+    /// The hash of the call's source label (`flowhost/session` given the call's tool name
+    /// and arguments returns it as `source_label_hash`).
     #[arg(long)]
     source_label_hash: String,
     /// A file holding the target label (JSON).

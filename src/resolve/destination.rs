@@ -589,7 +589,7 @@ impl DestinationRules {
             return RuleDecision {
                 allowed: false,
                 rule: format!(
-                    "a lookup past the executor's own resolver ({addr}: its lookups are answered by the host and judged by name)"
+                    "a lookup past the executor's own resolver ({addr}): lookups leave only through the resolver the host gives the executor, judged by name, and none at all where the host gives it none"
                 ),
             };
         }
@@ -1269,7 +1269,7 @@ mod tests {
             (d.allowed, d.rule.as_str()),
             (
                 false,
-                "server a lookup past the executor's own resolver (127.0.0.53:53: its lookups are answered by the host and judged by name)"
+                "server a lookup past the executor's own resolver (127.0.0.53:53): lookups leave only through the resolver the host gives the executor, judged by name, and none at all where the host gives it none"
             )
         );
     }

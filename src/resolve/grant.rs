@@ -315,7 +315,7 @@ impl fmt::Display for GrantDenial {
             GrantDenial::BindingMismatch("source_label_hash") => f.write_str(
                 "the grant's source_label_hash is not that of this call's source label (the \
                  session's label with what its arguments carry: flowhost/session with the \
-                 call's arguments returns it)",
+                 call's tool name and arguments returns it)",
             ),
             GrantDenial::BindingMismatch(field) => {
                 write!(f, "the grant's {field} does not match this call")

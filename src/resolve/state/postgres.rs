@@ -480,16 +480,31 @@ impl Target {
                 .and_then(|row| row.try_get(0))
                 .map_err(failed)?;
             if first.as_deref() != Some("public") {
+                // Where the tables are now, to say which setting keeps them.
+                let held_in: Option<String> = client
+                    .query_one(
+                        "SELECT n.nspname::text FROM pg_class c \
+                         JOIN pg_namespace n ON n.oid = c.relnamespace \
+                         WHERE c.relname = 'flowhost_schema' AND c.relkind = 'r' \
+                         ORDER BY n.nspname = 'public' DESC, n.nspname LIMIT 1",
+                        &[],
+                    )
+                    .await
+                    .ok()
+                    .and_then(|row| row.try_get(0).ok());
                 return Err(PgError::Connect {
                     target: self.name.clone(),
                     reason: format!(
                         "its role searches {} first (its search_path), not public, and \
-                         host.state.schema is not set: set it (to that schema to keep the \
-                         tables there) on every host of the fleet, so that all use one set of \
-                         tables",
+                         host.state.schema is not set: set it on every host of the fleet, so \
+                         that all use one set of tables{}",
                         match &first {
                             Some(s) => format!("schema {s:?}"),
                             None => "no schema that exists".into(),
+                        },
+                        match held_in {
+                            Some(s) => format!(" (the tables are in schema {s:?}: schema = {s:?})"),
+                            None => String::new(),
                         }
                     ),
                 });
@@ -1383,7 +1398,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("\"own\"") && e.contains("host.state.schema"),
+            e.contains("\"own\"")
+                && e.contains("host.state.schema")
+                && e.contains("schema = \"fleet\""),
             "{e}"
         );
         let e = migrate(&pg.settings("h")).await.unwrap_err().to_string();
