@@ -443,10 +443,36 @@ fn verify_records_in_blocks<G: Gather>(
     gather: &G,
 ) -> Result<(VerifyReport, G::Part), StoreError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
+    // The directory a writer may be appending to the last file read in: the one read, or
+    // the directory of a record file read alone when it is that directory's last.
+    let appending = if meta.is_dir() {
+        Some(path.to_path_buf())
+    } else {
+        let dir = path.parent().map(|d| {
+            if d.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                d
+            }
+        });
+        match dir {
+            Some(dir)
+                if super::store::record_files_on_disk(dir)?
+                    .last()
+                    .is_some_and(|f| f.path.file_name() == path.file_name()) =>
+            {
+                Some(dir.to_path_buf())
+            }
+            _ => None,
+        }
+    };
+    // A record file read alone that is its directory's last is held to the directory's
+    // head anchor, which pins where its stream ends: lines cut from it show as they would
+    // when the directory is read.
+    let default_head = appending.as_ref().map(|dir| dir.join(HEAD_FILE));
     // The anchor before the files: a writer that rotates and refreshes its anchor meanwhile
     // then adds files past the anchor (which verify), never an anchor past the files listed
     // (which would read as records cut).
-    let default_head = meta.is_dir().then(|| path.join(HEAD_FILE));
     let head_anchor = match head.map(Path::to_path_buf).or(default_head) {
         Some(p) => HeadAnchor::read(&p)?,
         None => None,
@@ -471,29 +497,6 @@ fn verify_records_in_blocks<G: Gather>(
     let witnesses = Witness::of(head_anchor.as_ref(), checkpoint.as_ref());
     let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes, witnesses);
     let mut gathered = gather.part();
-    // The directory a writer may be appending to the last file read in: the one read, or
-    // the directory of a record file read alone when it is that directory's last.
-    let appending = if meta.is_dir() {
-        Some(path.to_path_buf())
-    } else {
-        let dir = path.parent().map(|d| {
-            if d.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                d
-            }
-        });
-        match dir {
-            Some(dir)
-                if super::store::record_files_on_disk(dir)?
-                    .last()
-                    .is_some_and(|f| f.path.file_name() == path.file_name()) =>
-            {
-                Some(dir.to_path_buf())
-            }
-            _ => None,
-        }
-    };
     // Asked before reading: a writer that held the directory all along was appending.
     let live = match &appending {
         Some(dir) => super::store::writer_holds(dir)?,

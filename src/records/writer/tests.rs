@@ -261,6 +261,21 @@ fn a_directory_whose_ring_is_gone_is_refused_by_writers_and_readers() {
     assert!(!dir.path().join(RING_FILE).exists(), "no ring was made");
 }
 
+/// The last record file of a directory read alone is held to the directory's head anchor:
+/// its last lines cut, it does not verify. Before, only a directory read was checked
+/// against the anchor, so the cut file alone verified as whole.
+#[test]
+fn the_last_record_file_read_alone_is_held_to_its_directorys_anchor() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = three_records_closed(dir.path());
+    assert!(verify_records(&file, None).unwrap().is_ok());
+    let text = fs::read_to_string(&file).unwrap();
+    let cut: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
+    fs::write(&file, &cut).unwrap();
+    let alone = verify_records(&file, None);
+    assert!(alone.as_ref().map_or(true, |r| !r.is_ok()), "{alone:?}");
+}
+
 #[test]
 fn open_refuses_a_stream_cut_or_edited_behind_the_anchor() {
     let dir = tempfile::tempdir().unwrap();
