@@ -12,6 +12,10 @@
 //! pid, and what is derived from it: `SO_PEERPIDFD`, its cgroup, its `/proc` entry): the
 //! kernel takes it from the calling process.
 //!
+//! A netlink socket is the same: the kernel checks a request to it against the capabilities
+//! of the caller (a `SOCK_DESTROY` to `sock_diag` needs `CAP_NET_ADMIN`, and a broker that
+//! has it would close any of the host's connections for the executor).
+//!
 //! An IP socket needs none of this: nothing the kernel does for its connect, bind or send
 //! depends on the caller's identity beyond the privileged-port check the broker makes itself.
 
@@ -35,7 +39,8 @@ pub(super) enum Ids {
 }
 
 /// Runs `op` on this thread with `identity` (the executor's uid and gid) when `sock` is a
-/// unix socket and the broker has an identity of its own to set aside (`identity` is `Some`
+/// unix or netlink socket ([`as_the_executor`]) and the broker has an identity of its own
+/// to set aside (`identity` is `Some`
 /// only for a privileged broker); otherwise runs it as it is. The thread's own credentials
 /// are back before this returns, even if `op` panics. If the executor's identity cannot be
 /// taken, `op` is not run and the error is returned: the operation is refused, never carried
@@ -47,11 +52,17 @@ pub(super) fn unix_op<T>(
     sock: &TakenSocket,
     op: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
-    if sock.info.family == libc::AF_UNIX {
+    if as_the_executor(sock.info.family) {
         as_executor(identity, ids, op)
     } else {
         op()
     }
+}
+
+/// Whether operations on a socket of `family` are made with the executor's identity: those
+/// whose outcome depends on who calls (see the module docs).
+fn as_the_executor(family: i32) -> bool {
+    matches!(family, libc::AF_UNIX | libc::AF_NETLINK)
 }
 
 /// Runs `op` on this thread as `identity` when there is one (see [`unix_op`]), else as it is.
@@ -99,6 +110,16 @@ impl Drop for Restore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Unix and netlink operations are made as the executor: a netlink request is checked
+    /// against the caller's capabilities, which the broker's may exceed. IP ones are not.
+    #[test]
+    fn unix_and_netlink_operations_are_made_as_the_executor() {
+        assert!(as_the_executor(libc::AF_UNIX));
+        assert!(as_the_executor(libc::AF_NETLINK));
+        assert!(!as_the_executor(libc::AF_INET));
+        assert!(!as_the_executor(libc::AF_INET6));
+    }
 
     /// The identity lines of a task's status: ids, groups and every capability set.
     fn status(path: &str) -> Vec<String> {
