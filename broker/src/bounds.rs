@@ -49,6 +49,7 @@ impl BoundsReport {
     ) -> Self {
         let l = &profile.limits;
         let mut bounds = landlock_bounds(landlock_abi);
+        bounds.extend(separation_bounds(profile));
         for c in Controller::ALL {
             let Some(v) = c.bound(l) else { continue };
             let value = match c {
@@ -163,6 +164,40 @@ impl std::fmt::Display for BoundsReport {
     }
 }
 
+/// How executors (of different sessions, so of different labels) are kept from sharing
+/// data outside the broker's view: their own System V IPC and POSIX message queues (an IPC
+/// namespace each) and their own `/tmp`. A profile that gives either up is reported, since
+/// a channel between executors is one no egress decision sees.
+fn separation_bounds(profile: &Profile) -> Vec<Bound> {
+    let mut bounds = Vec::new();
+    let mut part = |field: &'static str, value: &str, held: bool, why: &str| {
+        bounds.push(Bound {
+            field,
+            value: value.to_string(),
+            enforcement: if held {
+                Enforcement::By(format!("{field} = true"))
+            } else {
+                Enforcement::NotInForce(why.to_string())
+            },
+        });
+    };
+    part(
+        "namespaces.ipc",
+        "System V IPC and message queues of each executor its own",
+        profile.ipc_namespace,
+        "namespaces.ipc = false: executors share the host's System V IPC and POSIX message \
+         queues, a channel between executors of different sessions no egress decision sees",
+    );
+    part(
+        "filesystem.private_tmp",
+        "a /tmp of each executor its own",
+        profile.private_tmp,
+        "filesystem.private_tmp = false: executors given the same /tmp may pass data \
+         between sessions there, unseen by the broker",
+    );
+    bounds
+}
+
 /// What the executors' Landlock domain holds on a kernel of Landlock ABI `abi`: the file
 /// system rules from ABI 1 (truncation by path from ABI 3, device ioctls from ABI 5), the
 /// TCP bind and connect rules from ABI 4, and the abstract unix socket and signal scopes
@@ -216,6 +251,23 @@ fn landlock_bounds(abi: i32) -> Vec<Bound> {
 #[cfg(test)]
 mod landlock_tests {
     use super::*;
+
+    /// A profile that lets executors share IPC or /tmp says so: a channel between executors
+    /// of different sessions is one no egress decision sees.
+    #[test]
+    fn shared_ipc_or_tmp_is_reported_not_in_force() {
+        let mut p = crate::profile::Profile::find("isolated", &[]).unwrap();
+        let held = |p: &crate::profile::Profile| {
+            separation_bounds(p)
+                .iter()
+                .map(|b| matches!(b.enforcement, Enforcement::By(_)))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(held(&p), [true, true]);
+        p.ipc_namespace = false;
+        p.private_tmp = false;
+        assert_eq!(held(&p), [false, false]);
+    }
 
     #[test]
     fn landlock_parts_the_kernel_lacks_are_reported_not_in_force() {
