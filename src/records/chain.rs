@@ -383,7 +383,8 @@ impl VerifyReport {
 
 /// Verifies the records at `path`: a record directory (its files in chain order, and its
 /// `records.head` unless `head` names another anchor) or a single record file (checked
-/// against `head` only if given).
+/// against `head` if given, else against its directory's `records.head` when it is that
+/// directory's last record file and the anchor names no other).
 ///
 /// A directory no writer holds is also checked against its write-ahead ring's checkpoint,
 /// which names the last record its files had made durable: the stream must reach the later
@@ -443,19 +444,43 @@ fn verify_records_in_blocks<G: Gather>(
     gather: &G,
 ) -> Result<(VerifyReport, G::Part), StoreError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
+    let parent = path.parent().map(|d| {
+        if d.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            d
+        }
+    });
+    // The anchor before the files: a writer that rotates and refreshes its anchor meanwhile
+    // then adds files past the anchor (which verify), never an anchor past the files listed
+    // (which would read as records cut). A record file read alone is held to its
+    // directory's anchor (read here, before the directory is listed) when it is that
+    // directory's last file and the anchor names no other: lines cut from it then show as
+    // they would when the directory is read.
+    let anchor_at = match (head, meta.is_dir(), parent) {
+        (Some(head), _, _) => Some(head.to_path_buf()),
+        (None, true, _) => Some(path.join(HEAD_FILE)),
+        (None, false, Some(dir))
+            if path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(super::store::parse_record_file_name)
+                .is_some() =>
+        {
+            Some(dir.join(HEAD_FILE))
+        }
+        (None, false, _) => None,
+    };
+    let head_anchor = match anchor_at {
+        Some(p) => HeadAnchor::read(&p)?,
+        None => None,
+    };
     // The directory a writer may be appending to the last file read in: the one read, or
     // the directory of a record file read alone when it is that directory's last.
     let appending = if meta.is_dir() {
         Some(path.to_path_buf())
     } else {
-        let dir = path.parent().map(|d| {
-            if d.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                d
-            }
-        });
-        match dir {
+        match parent {
             Some(dir)
                 if super::store::record_files_on_disk(dir)?
                     .last()
@@ -466,16 +491,12 @@ fn verify_records_in_blocks<G: Gather>(
             _ => None,
         }
     };
-    // A record file read alone that is its directory's last is held to the directory's
-    // head anchor, which pins where its stream ends: lines cut from it show as they would
-    // when the directory is read.
-    let default_head = appending.as_ref().map(|dir| dir.join(HEAD_FILE));
-    // The anchor before the files: a writer that rotates and refreshes its anchor meanwhile
-    // then adds files past the anchor (which verify), never an anchor past the files listed
-    // (which would read as records cut).
-    let head_anchor = match head.map(Path::to_path_buf).or(default_head) {
-        Some(p) => HeadAnchor::read(&p)?,
-        None => None,
+    let head_anchor = if head.is_none() && !meta.is_dir() {
+        let name = path.file_name().and_then(|n| n.to_str());
+        head_anchor
+            .filter(|a| appending.is_some() && a.file.as_deref().is_none_or(|f| Some(f) == name))
+    } else {
+        head_anchor
     };
     let (files, checkpoint, notes) = if meta.is_dir() {
         let (files, checkpoint) = list_record_files_and_checkpoint(path)?;
