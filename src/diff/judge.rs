@@ -99,7 +99,9 @@ pub(super) fn judge(
             TargetMatch::Mismatch => {}
         }
     }
-    if effect == crate::records::Effect::Deny {
+    // A declared denial the target cannot be checked against (a record of refusals folded
+    // without their destinations) is undecided, not undeclared.
+    if effect == crate::records::Effect::Deny && !undetermined {
         return Ok(Some((
             FindingKind::AttemptedPrivilegedToolActionDenied,
             "denied, and no declared action expects this denial",

@@ -128,6 +128,34 @@ fn undeclared_target_is_new_privileged_action() {
     assert_eq!(f.examples[0].seq, Some(1));
 }
 
+/// A refusal whose target lacks a field a declared denial constrains (a record of
+/// refusals folded without their destinations) is undecided, not an undeclared denial.
+/// Before, it read as "denied, and no declared action expects this denial".
+#[test]
+fn a_denial_whose_target_cannot_be_checked_is_inconclusive() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(fixture("observed/incomplete_target.jsonl")).unwrap();
+    let mut r: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    r["decision"]["effect"] = "deny".into();
+    r["response"]["status"] = "blocked".into();
+    r["flowhost"]["denial_kind"] = "destination_blocked".into();
+    let observed = dir.path().join("denied_incomplete.jsonl");
+    std::fs::write(&observed, format!("{r}\n")).unwrap();
+    let health = health_for(&observed);
+    let report = diff(
+        &declared("declared_prod_allowlist"),
+        &observed,
+        Some(&health),
+    )
+    .unwrap();
+    assert_eq!(
+        kinds(&report),
+        vec![(FindingKind::InconclusiveToolTarget, 1)],
+        "{:?}",
+        report.findings
+    );
+}
+
 #[test]
 fn incomplete_target_is_inconclusive() {
     let r = run(

@@ -14,9 +14,11 @@
 //! executor, call, syscall, destination, reason: everything recorded of the attempt but its
 //! byte count and time) within an interval are counted into one record, and each executor
 //! (server and pid) has a budget of refusal records per interval, past which its refusals
-//! fold into one record per reason that names no destination, call or session. An executor
-//! looping on a refused send (a misconfigured statsd client, or one trying to) so costs a
-//! few records an interval, not one durable write per attempt.
+//! fold into one record per tool, syscall, reason and destination that names no call or
+//! session (and, once the folder holds as many kinds as it may, one per tool, syscall and
+//! reason that names no destination). Executors' refusals have room of their own, apart
+//! from principals'. An executor looping on a refused send (a misconfigured statsd client,
+//! or one trying to) so costs a few records an interval, not one durable write per attempt.
 //!
 //! A crash loses the counts of the interval in progress (never a decision: folded refusals
 //! had no effect to record before).
@@ -74,6 +76,8 @@ struct EgressKey {
     basis: Option<crate::records::EgressBasis>,
     mismatch: Option<crate::records::DeclarationMismatch>,
     what: Option<[u8; 32]>,
+    /// The destination of an over-budget fold (`None` past the folder's room).
+    to: Option<[u8; 32]>,
 }
 
 /// Refused egress attempts counted but not yet recorded.
@@ -85,9 +89,16 @@ struct EgressFold {
 }
 
 impl Window {
-    /// Every kind remembered this interval, folds included: the one bound on its memory.
+    /// The client refusal kinds remembered this interval, folds included: the bound on
+    /// their memory (executors' refusals have a bound of their own, so that an executor
+    /// cannot use up the room principals' refusals are judged in).
     fn kinds(&self) -> usize {
-        self.seen.len() + self.folds.len() + self.egress_seen.len() + self.egress_folds.len()
+        self.seen.len() + self.folds.len()
+    }
+
+    /// The executor refusal kinds remembered this interval, folds included.
+    fn egress_kinds(&self) -> usize {
+        self.egress_seen.len() + self.egress_folds.len()
     }
 }
 
@@ -168,6 +179,7 @@ impl RefusalFolder {
             basis: c.egress_basis,
             mismatch: c.declaration_mismatch,
             what: Some(sha2::Sha256::digest(&what).into()),
+            to: None,
         };
         // A poisoned lock: record (the safe side is more evidence, not less).
         let Ok(mut w) = self.window.lock() else {
@@ -178,12 +190,24 @@ impl RefusalFolder {
         } else {
             let executor = (key.server.clone(), pid);
             let charged = w.egress_charged.get(&executor).copied().unwrap_or(0);
-            if charged < self.budget && w.kinds() < MAX_KINDS {
+            if charged < self.budget && w.egress_kinds() < MAX_KINDS {
                 w.egress_seen.insert(key, ());
                 *w.egress_charged.entry(executor).or_insert(0) += 1;
                 return Admit::Record;
             }
-            EgressKey { what: None, ..key }
+            // Over budget: one fold per destination (calls and sessions aside), while the
+            // folder has room; past that, one per reason that names no destination.
+            let to = serde_json::to_vec(&facts.broker.destination).ok();
+            let over = EgressKey {
+                what: None,
+                to: to.map(|t| sha2::Sha256::digest(&t).into()),
+                ..key
+            };
+            if w.egress_folds.contains_key(&over) || w.egress_kinds() < MAX_KINDS {
+                over
+            } else {
+                EgressKey { to: None, ..over }
+            }
         };
         let now = now_rfc3339();
         match w.egress_folds.get_mut(&key) {
@@ -193,7 +217,7 @@ impl RefusalFolder {
             }
             None => {
                 let facts = if key.what.is_none() {
-                    egress_over_budget(facts)
+                    egress_over_budget(facts, key.to.is_some())
                 } else {
                     facts.clone()
                 };
@@ -343,11 +367,13 @@ fn over_budget(first: &ToolCallFacts) -> ToolCallFacts {
 
 /// The facts of an executor's over-budget egress fold: what all its refusals share (the
 /// executor, the reason, the tool, the syscall, what made them egress and how they
-/// contradict the declaration; the socket of the first), and no destination, byte count,
-/// call or session, which the others did not share.
-fn egress_over_budget(first: &EgressFacts) -> EgressFacts {
+/// contradict the declaration; the socket of the first; their destination when
+/// `same_destination`), and no byte count, call or session, which the others did not share.
+fn egress_over_budget(first: &EgressFacts, same_destination: bool) -> EgressFacts {
     let mut broker = first.broker.clone();
-    broker.destination = None;
+    if !same_destination {
+        broker.destination = None;
+    }
     broker.bytes = None;
     broker.dns_query_type = None;
     EgressFacts {
@@ -482,23 +508,30 @@ mod tests {
             assert_eq!(f.admit_egress(&egress(10, port, 1)), Admit::Folded);
         }
         assert_eq!(f.admit_egress(&egress(11, 53, 1)), Admit::Record);
-        let mut folds: Vec<(Option<String>, u64)> = f
+        let mut folds: Vec<(Option<u16>, u64)> = f
             .take_due(true)
             .into_iter()
             .map(|mut r| {
                 r.flowhost.seq = 1;
                 r.validate().unwrap();
-                let dest = r
+                assert_eq!(r.tool.name, "publish");
+                let port = match r
                     .flowhost
                     .broker
                     .as_ref()
-                    .and_then(|b| b.destination.as_ref())
-                    .map(|d| format!("{d:?}"));
-                (dest.map(|_| r.tool.name), r.flowhost.folded.unwrap().count)
+                    .and_then(|b| b.destination.clone())
+                {
+                    Some(crate::records::Destination::Inet(i)) => Some(i.port),
+                    _ => None,
+                };
+                (port, r.flowhost.folded.unwrap().count)
             })
             .collect();
         folds.sort();
-        assert_eq!(folds, vec![(None, 5), (Some("publish".into()), 20)]);
+        // Over budget, each destination still has its fold (calls aside).
+        let mut want: Vec<(Option<u16>, u64)> = (55..60).map(|p| (Some(p), 1)).collect();
+        want.insert(0, (Some(53), 20));
+        assert_eq!(folds, want);
         // A new interval starts afresh.
         assert_eq!(f.admit_egress(&egress(10, 53, 1)), Admit::Record);
         // A failure to decide (the state unreadable) and an allow are recorded each time:
@@ -524,6 +557,44 @@ mod tests {
         }
         let tools: Vec<String> = g.take_due(true).into_iter().map(|r| r.tool.name).collect();
         assert_eq!(tools.len(), 2, "{tools:?}");
+    }
+
+    /// Past the folder's room, an executor's refusals to yet more destinations fold into
+    /// one record per reason that names no destination, counting every one of them: memory
+    /// stays bounded, and nothing is dropped uncounted.
+    #[test]
+    fn past_its_room_the_folder_counts_without_destinations() {
+        let f = RefusalFolder::new(Duration::from_secs(3600), 1);
+        let total = MAX_KINDS + 10;
+        for i in 0..total {
+            let mut e = egress(10, (i % 65_536) as u16, 1);
+            if let Some(crate::records::Destination::Inet(d)) = e.broker.destination.as_mut() {
+                d.address = std::net::Ipv4Addr::new(192, 0, 2, (i / 65_536) as u8).into();
+            }
+            f.admit_egress(&e);
+        }
+        let records = f.take_due(true);
+        assert!(records.len() <= MAX_KINDS, "{}", records.len());
+        let counted: u64 = records
+            .iter()
+            .map(|r| r.flowhost.folded.as_ref().unwrap().count)
+            .sum();
+        assert_eq!(
+            counted as usize,
+            total - 1,
+            "all but the first, which was recorded"
+        );
+        let without: Vec<_> = records
+            .iter()
+            .filter(|r| {
+                r.flowhost
+                    .broker
+                    .as_ref()
+                    .is_some_and(|b| b.destination.is_none())
+            })
+            .collect();
+        assert_eq!(without.len(), 1);
+        assert_eq!(without[0].flowhost.folded.as_ref().unwrap().count, 10);
     }
 
     #[test]
