@@ -381,7 +381,9 @@ fn a_commands_open_terminal_sequence_does_not_hide_flowhosts_verdicts() {
         .find("\x1b]0;")
         .expect("the command's output reached the terminal");
     let refused = out[opened..].find("REFUSED").map(|i| opened + i);
-    let reset = out[opened..].find("\x18\x1b\\\x1b[0m").map(|i| opened + i);
+    let reset = out[opened..]
+        .find("\x18\x1b\\\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x0f\x1b(B")
+        .map(|i| opened + i);
     assert!(
         matches!((reset, refused), (Some(r), Some(v)) if r < v),
         "the verdict was not preceded by a reset of the terminal: {out:?}"

@@ -63,10 +63,12 @@ const PENDING_LIMIT: usize = 64 * 1024;
 
 /// Written before each batch of flowhost's messages on the caller's terminal: CAN ends any
 /// control sequence the command's output left open, ST any string (a window title, DCS,
-/// APC, PM), and SGR 0 any attribute (concealed text among them). The command's output,
-/// relayed as it is, could otherwise swallow a REFUSED or GATE FAILED line into a title, or
-/// show it invisibly. On a terminal none of these were pending, they do nothing seen.
-const RESET_TERMINAL: &[u8] = b"\x18\x1b\\\x1b[0m";
+/// APC, PM), SGR 0 any attribute (concealed text among them), OSC 110 and 111 any default
+/// colours it set (text the colour of the background), and SI with `ESC ( B` any character
+/// set it chose (line drawing). The command's output, relayed as it is, could otherwise
+/// swallow a REFUSED or GATE FAILED line into a title, or show it invisibly. On a terminal
+/// none of these were pending, they do nothing seen.
+const RESET_TERMINAL: &[u8] = b"\x18\x1b\\\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x0f\x1b(B";
 
 /// flowhost's own messages on their way to the caller's terminal.
 #[derive(Debug, Default)]

@@ -486,7 +486,9 @@ impl Target {
                         "SELECT n.nspname::text FROM pg_class c \
                          JOIN pg_namespace n ON n.oid = c.relnamespace \
                          WHERE c.relname = 'flowhost_schema' AND c.relkind = 'r' \
-                         ORDER BY n.nspname = 'public' DESC, n.nspname LIMIT 1",
+                         AND has_schema_privilege(n.oid, 'USAGE') \
+                         ORDER BY n.nspname = current_schema() DESC, \
+                         n.nspname = 'public' DESC, n.nspname LIMIT 1",
                         &[],
                     )
                     .await
