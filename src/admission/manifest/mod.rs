@@ -254,12 +254,125 @@ impl ToolDefinition {
         self.flow.as_ref()
     }
 
-    /// Compiles the input schema into a validator. No remote or file `$ref` is ever
-    /// fetched, so a schema that needs one does not compile.
+    /// Compiles the input schema into a validator that checks `format` too (an argument a
+    /// schema calls an `email` or a `date-time` must be one). No remote or file `$ref` is
+    /// ever fetched, so a schema that needs one does not compile, and a schema whose local
+    /// `$ref`s lead back to themselves is refused: the validator would recurse on them
+    /// without end, and a call would take the host down.
     pub fn compile_input_schema(&self) -> Result<jsonschema::Validator, SchemaCompileError> {
-        jsonschema::validator_for(&Value::Object(self.input_schema.clone()))
+        let schema = Value::Object(self.input_schema.clone());
+        if let Some(keyword) = dynamic_ref(&schema) {
+            return Err(SchemaCompileError(format!(
+                "it uses {keyword}, whose target is only known while validating; \
+                 recursive schemas are not accepted"
+            )));
+        }
+        if let Some(cycle) = ref_cycle(&schema) {
+            return Err(SchemaCompileError(format!(
+                "its $ref chain {} leads back to itself; recursive schemas are not accepted",
+                cycle.join(" -> ")
+            )));
+        }
+        jsonschema::options()
+            .should_validate_formats(true)
+            .build(&schema)
             .map_err(|e| SchemaCompileError(e.to_string()))
     }
+}
+
+/// The first keyword of `schema` that refers by scope rather than by place
+/// (`$dynamicRef`, `$recursiveRef`), if any.
+fn dynamic_ref(schema: &Value) -> Option<&'static str> {
+    match schema {
+        Value::Object(m) => ["$dynamicRef", "$recursiveRef"]
+            .into_iter()
+            .find(|k| m.contains_key(*k))
+            .or_else(|| m.values().find_map(dynamic_ref)),
+        Value::Array(a) => a.iter().find_map(dynamic_ref),
+        _ => None,
+    }
+}
+
+/// A chain of local `$ref`s in `schema` that leads back to where it started, if there is
+/// one (each as written, from the first). Every `$ref` inside the subschema a reference
+/// names counts as reached from it: nesting consumes no input the validator could run out
+/// of, so any such cycle is refused.
+fn ref_cycle(schema: &Value) -> Option<Vec<String>> {
+    /// The local `$ref`s anywhere inside `v`.
+    fn refs_in<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    match (k.as_str(), x) {
+                        ("$ref", Value::String(r)) if r.starts_with('#') => out.push(r),
+                        _ => refs_in(x, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| refs_in(x, out)),
+            _ => {}
+        }
+    }
+    /// The subschema a local reference names: a JSON pointer (`#`, `#/...`) or an anchor
+    /// (`#name`, a subschema's `$anchor` or `$id`).
+    fn target<'a>(schema: &'a Value, r: &str) -> Option<&'a Value> {
+        let rest = r.strip_prefix('#')?;
+        if rest.is_empty() || rest.starts_with('/') {
+            return schema.pointer(rest);
+        }
+        fn anchored<'a>(v: &'a Value, name: &str, r: &str) -> Option<&'a Value> {
+            match v {
+                Value::Object(m) => {
+                    let named = m.get("$anchor").and_then(Value::as_str) == Some(name)
+                        || m.get("$id").and_then(Value::as_str) == Some(r);
+                    if named {
+                        return Some(v);
+                    }
+                    m.values().find_map(|x| anchored(x, name, r))
+                }
+                Value::Array(a) => a.iter().find_map(|x| anchored(x, name, r)),
+                _ => None,
+            }
+        }
+        anchored(schema, rest, r)
+    }
+    fn visit<'a>(
+        schema: &'a Value,
+        r: &'a str,
+        path: &mut Vec<&'a str>,
+        done: &mut std::collections::HashSet<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| *p == r) {
+            return Some(
+                path[at..]
+                    .iter()
+                    .chain([&r])
+                    .map(|s| s.to_string())
+                    .collect(),
+            );
+        }
+        if !done.insert(r) {
+            return None;
+        }
+        path.push(r);
+        let mut next = Vec::new();
+        if let Some(t) = target(schema, r) {
+            refs_in(t, &mut next);
+        }
+        for n in next {
+            if let Some(cycle) = visit(schema, n, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut roots = Vec::new();
+    refs_in(schema, &mut roots);
+    let mut done = std::collections::HashSet::new();
+    roots
+        .into_iter()
+        .find_map(|r| visit(schema, r, &mut Vec::new(), &mut done))
 }
 
 /// Why an input schema is not a usable JSON Schema.

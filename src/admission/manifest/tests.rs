@@ -1195,3 +1195,57 @@ fn template_matching_agrees_with_a_regular_expression() {
         }
     }
 }
+
+/// The tool of `full_body` with `schema` as its input schema, compiled.
+fn compiled(schema: Value) -> Result<jsonschema::Validator, SchemaCompileError> {
+    let mut body = full_body(&key(1));
+    body["tools"][0]["input_schema"] = schema;
+    let body = ManifestBody::from_json_value(&body, &JsonPath::root()).unwrap();
+    body.tools()[0].compile_input_schema()
+}
+
+/// A schema whose local `$ref`s lead back to themselves is refused: the validator would
+/// recurse on it without end at the first call, and the host's stack with it. Before, it
+/// compiled, and any call to the tool aborted the daemon.
+#[test]
+fn a_schema_whose_refs_lead_back_to_themselves_is_refused() {
+    for schema in [
+        json!({"type": "object", "$ref": "#/$defs/a",
+               "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+        json!({"type": "object", "properties": {"x": {"$ref": "#"}}}),
+        json!({"type": "object", "$ref": "#here", "$defs": {"h": {"$anchor": "here", "properties": {"y": {"$ref": "#here"}}}}}),
+        json!({"type": "object", "$dynamicRef": "#meta"}),
+    ] {
+        let e = compiled(schema.clone()).unwrap_err().to_string();
+        assert!(
+            e.contains("recursive schemas are not accepted"),
+            "{schema}: {e}"
+        );
+    }
+    // References that lead elsewhere, however many, are fine.
+    let fine = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/s"}, "b": {"$ref": "#/$defs/s"}},
+                      "$defs": {"s": {"type": "string"}}});
+    let v = compiled(fine).unwrap();
+    assert!(v.is_valid(&json!({"a": "x", "b": "y"})));
+}
+
+/// `format` is checked: an argument its schema calls an email, a date-time or an IPv4
+/// address must be one. Before, any string passed.
+#[test]
+fn formats_are_checked() {
+    let v = compiled(json!({"type": "object", "properties": {
+        "to": {"type": "string", "format": "email"},
+        "at": {"type": "string", "format": "date-time"},
+        "ip": {"type": "string", "format": "ipv4"}}}))
+    .unwrap();
+    assert!(v.is_valid(
+        &json!({"to": "a@example.com", "at": "2026-12-06T10:00:00Z", "ip": "192.0.2.1"})
+    ));
+    for bad in [
+        json!({"to": "x\r\nBcc: y"}),
+        json!({"at": "yesterday"}),
+        json!({"ip": "192.0.2.1; rm -rf /"}),
+    ] {
+        assert!(!v.is_valid(&bad), "{bad}");
+    }
+}
