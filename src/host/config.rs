@@ -165,7 +165,9 @@ struct RawHost {
 #[derive(Deserialize)]
 #[serde(tag = "backend", rename_all = "lowercase", deny_unknown_fields)]
 enum RawState {
-    Sqlite,
+    // A struct variant: serde reads a unit variant of an internally tagged enum by skipping
+    // every other key, so `deny_unknown_fields` would not refuse a misplaced `url_file`.
+    Sqlite {},
     Postgres {
         url_file: PathBuf,
         host_id: String,
@@ -901,7 +903,7 @@ impl HostConfig {
         }
 
         let state = match &h.state {
-            None | Some(RawState::Sqlite) => StateConfig::Sqlite,
+            None | Some(RawState::Sqlite {}) => StateConfig::Sqlite,
             Some(RawState::Postgres {
                 url_file,
                 host_id,
@@ -1459,6 +1461,20 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         assert!(e.contains("password"), "{e}");
         let e = error(&pg.replace(", host_id = \"web-1\"", ""));
         assert!(e.contains("host_id"), "{e}");
+        // SQLite takes no settings: PostgreSQL's beside it are a mistake, not ignored.
+        // Before, serde skipped every other key of a unit variant.
+        let sqlite = |extra: &str| {
+            MINIMAL.replace(
+                "[host]",
+                &format!("[host]\nstate = {{ backend = \"sqlite\"{extra} }}"),
+            )
+        };
+        assert_eq!(
+            HostConfig::parse(file, &sqlite("")).unwrap().state,
+            StateConfig::Sqlite
+        );
+        let e = error(&sqlite(", url_file = \"pg.url\", host_id = \"web-1\""));
+        assert!(e.contains("url_file"), "{e}");
     }
 
     #[test]
