@@ -204,21 +204,30 @@ pub(crate) fn lock_within(
     wait: std::time::Duration,
 ) -> Result<Locked, StoreError> {
     // The writer's lock is its own: anyone who could open it could hold it and pass for a
-    // live writer, whose partial last line and unreplayed ring readers then let pass.
+    // live writer, whose partial last line and unreplayed ring readers then let pass. It is
+    // never reached through a link (one put in its place would make a root writer change
+    // the mode of the file it names), and must be a regular file.
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let opened = if create {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path)
             .and_then(|f| {
+                if !f.metadata()?.is_file() {
+                    return Err(io::Error::other("not a regular file"));
+                }
                 f.set_permissions(fs::Permissions::from_mode(0o600))?;
                 Ok(f)
             })
     } else {
-        File::open(path)
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
     };
     let mut file = match opened {
         Ok(f) => f,
@@ -361,6 +370,14 @@ pub(crate) fn record_files_on_disk(dir: &Path) -> Result<Vec<RecordFile>, StoreE
         let entry = entry.map_err(StoreError::io("list", dir))?;
         let name = entry.file_name();
         if let Some(first_seq) = name.to_str().and_then(parse_record_file_name) {
+            // A link or anything but a regular file in a record's place is no record file:
+            // read or truncated through, it would be another file.
+            let kind = entry.file_type().map_err(StoreError::io("list", dir))?;
+            if !kind.is_file() {
+                return Err(StoreError::io("read", &entry.path())(io::Error::other(
+                    "a record file that is not a regular file (a symbolic link?)",
+                )));
+            }
             files.push(RecordFile {
                 path: entry.path(),
                 first_seq,

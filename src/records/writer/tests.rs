@@ -987,6 +987,34 @@ fn only_the_writer_may_open_its_locks() {
     w.close_blocking().unwrap();
 }
 
+/// A link put in place of a lock file or a record file is never followed: a root writer
+/// (`records replay` in a directory its service user owns) would have made the file it
+/// names 0600, or read and truncated it as records.
+#[test]
+fn links_in_a_record_directory_are_not_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    three_records_closed(dir.path());
+    let victim = dir.path().join("victim");
+    fs::write(&victim, "keep me").unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o644)).unwrap();
+    let opening = dir.path().join(crate::records::store::OPENING_LOCK_FILE);
+    fs::remove_file(&opening).unwrap();
+    std::os::unix::fs::symlink(&victim, &opening).unwrap();
+    assert!(RecordWriter::open(dir.path(), WriterOptions::default()).is_err());
+    let mode = fs::metadata(&victim).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "the file the link named was changed");
+    fs::remove_file(&opening).unwrap();
+    // A record file that is a link is refused, by the writer and by readers.
+    let other = tempfile::tempdir().unwrap();
+    let real = three_records_closed(other.path());
+    let linked = dir.path().join(record_file_name(4));
+    std::os::unix::fs::symlink(&real, &linked).unwrap();
+    assert!(RecordWriter::open(dir.path(), WriterOptions::default()).is_err());
+    assert!(verify_records(dir.path(), None).is_err());
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "keep me");
+}
+
 /// The record file past the ring's checkpoint was read whole: a sparse terabyte appended
 /// to it made the writer's open and every reader abort for want of memory. No crash leaves
 /// more there than a full ring's records and a line: both refuse it, naming the file.
