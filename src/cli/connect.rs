@@ -90,7 +90,11 @@ pub(super) async fn bridge(
         tokio::spawn(async move {
             let mut stdin = tokio::io::stdin();
             let r = tokio::io::copy(&mut stdin, &mut to_daemon).await;
-            stdin_closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            // Only the end of stdin is the client's: a copy that failed (the host closed
+            // first, or stdin could not be read) is no session the client ended.
+            if r.is_ok() {
+                stdin_closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
             // Tell the daemon no more requests come, and keep reading its answers.
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
             r

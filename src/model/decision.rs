@@ -90,6 +90,9 @@ pub enum Denial {
     RequestLimit,
     /// A session sent a request under the id of one of its requests still in flight.
     RequestIdInFlight,
+    /// A request the host had read but not begun when its session ended (the host
+    /// stopping, or a reload mapping the session's peer to another principal).
+    SessionEnding,
     /// The flow state could not be read or written (fail closed).
     StateFailure,
     /// The decision could not be recorded (fail closed; reaches only the client).
@@ -132,6 +135,7 @@ impl Denial {
             Denial::SubscriptionLimit => "subscription_limit",
             Denial::RequestLimit => "request_limit",
             Denial::RequestIdInFlight => "request_id_in_flight",
+            Denial::SessionEnding => "session_ending",
             Denial::StateFailure => "state_failure",
             Denial::RecordFailure => "record_failure",
         }

@@ -514,6 +514,22 @@ pub(super) async fn run(
             }
         }
     }
+    // Requests read but not begun when the host stops, or a reload remaps the peer, are
+    // answered and recorded as refused: a client whose input had ended (a stdio bridge)
+    // would otherwise take the closed connection for every answer given.
+    if ended == HOST_STOPPING || ended == REMAPPED {
+        while let Ok(Line::Message(bytes)) = incoming.try_recv() {
+            if let Ok(Incoming::Request { id, method, .. }) = mcp::parse(&bytes) {
+                let e = refusal(
+                    code::INTERNAL_ERROR,
+                    format!("the session is ending ({ended}); this request was not served"),
+                    Denial::SessionEnding,
+                );
+                let e = session.refuse_session(&format!("({method})"), e).await;
+                session.send(mcp::error_response(&id, &e)).await;
+            }
+        }
+    }
     // Calls still in flight finish, are recorded and answered: a client that closed only
     // its sending side (as a stdio client does at the end of its input) still reads. Once
     // nothing can reach the client any more, they are cancelled (their executors are told,
