@@ -38,6 +38,15 @@ fn command_under_harness(who: As) {
     quiet.assert_no_egress();
     quiet.assert_matches_declared(&declared);
 
+    // Cut short by its wall-clock limit before it tried anything: no check of what the
+    // command does holds (before, it passed as a command that never reaches anywhere).
+    let cut = harness(who)
+        .timeout(1)
+        .run(["/bin/sh".to_string(), "-c".into(), "sleep 5".into()])
+        .unwrap();
+    let e = cut.check_no_egress().unwrap_err().to_string();
+    assert!(e.contains("cut short") && e.contains("wall-clock"), "{e}");
+
     // Well-behaved: one allowed connect, to the declared destination.
     let good = harness(who)
         .allow(&sink.addr.to_string())

@@ -148,6 +148,9 @@ pub struct Observation {
     workspace: Option<tempfile::TempDir>,
 }
 
+/// How `flowhost sandbox run` says a bound ended the command.
+const CUT_SHORT: &str = "flowhost sandbox: the command ran into ";
+
 impl Observation {
     /// Reads what a run left in `records_dir` and `health_file`; the workspace holding them
     /// is removed when the observation is dropped. Records that do not verify are refused
@@ -241,6 +244,14 @@ impl Observation {
             return Err(incomplete(vec![
                 "run_ended: the health was not written as the run ended, so it vouches for nothing after it".into(),
             ]));
+        }
+        // A run a bound cut short (its wall-clock limit, a memory or CPU bound) was observed
+        // whole, but what the command would have done after is not: no check of what it
+        // did holds for the command.
+        if let Some(bound) = self.stderr.lines().find_map(|l| l.strip_prefix(CUT_SHORT)) {
+            return Err(incomplete(vec![format!(
+                "the run was cut short: the command ran into {bound}; what it would have done after is not observed"
+            )]));
         }
         let says = (
             self.health.records.last_seq,
