@@ -122,21 +122,29 @@ pub fn stage(program: &Path, dir: &Path) -> Result<PathBuf, HarnessError> {
         .ok_or_else(|| HarnessError::Run(format!("{} names no file", program.display())))?;
     let sub = dir.join(format!("{}-{stamp}", meta.len()));
     let dst = sub.join(name);
+    for d in [dir, sub.as_path()] {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::create_dir_all(d).map_err(io(format!("cannot create {}", d.display())))?;
+        // A directory the copy is run from must be this user's alone to change (a link, or
+        // one another user owns or may write, would let them swap the program before it
+        // runs); others may read and search it, to run what is inside.
+        let meta = std::fs::symlink_metadata(d).map_err(io(format!("{}", d.display())))?;
+        if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
+            return Err(HarnessError::Run(format!(
+                "{} is not a directory of this user's (a link, or another user's): a staged \
+                 program there could be swapped before it runs",
+                d.display()
+            )));
+        }
+        if meta.mode() & 0o777 != 0o755 {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
+                .map_err(io(format!("cannot make {} 0755", d.display())))?;
+        }
+    }
     // A copy is reused only when it is still the program, byte for byte, and no one else
     // could have changed it: the name says only size and time.
     if same_program(program, &dst) {
         return Ok(dst);
-    }
-    for d in [dir, sub.as_path()] {
-        std::fs::create_dir_all(d).map_err(io(format!("cannot create {}", d.display())))?;
-        let mode = std::fs::metadata(d)
-            .map_err(io(format!("{}", d.display())))?
-            .permissions()
-            .mode();
-        if mode & 0o755 != 0o755 {
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
-                .map_err(io(format!("cannot open {} to others", d.display())))?;
-        }
     }
     // Unique per call: threads of one process may stage the same program at once.
     static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -514,5 +522,16 @@ mod tests {
             std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777,
             0o755
         );
+        // A directory others may write is made this user's alone; a link in its place is
+        // refused.
+        std::fs::set_permissions(&into, std::fs::Permissions::from_mode(0o777)).unwrap();
+        stage(&program, &into).unwrap();
+        assert_eq!(
+            std::fs::metadata(&into).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        let linked = dir.path().join("linked");
+        std::os::unix::fs::symlink(&into, &linked).unwrap();
+        assert!(stage(&program, &linked).is_err());
     }
 }
