@@ -161,6 +161,28 @@ pub enum OpenApiError {
         /// The missing field.
         field: &'static str,
     },
+    /// A parameter's `in` is not one OpenAPI knows: read as something else, its contract
+    /// (a required path parameter) would be lost.
+    #[error(
+        "{path}: parameter \"in\" is {found:?}, not \"path\", \"query\", \"header\" or \"cookie\""
+    )]
+    UnknownParameterLocation {
+        /// The parameter's `in`.
+        path: JsonPath,
+        /// What it says.
+        found: String,
+    },
+    /// One list names a parameter twice: the later would replace the earlier and its
+    /// constraints with it.
+    #[error("{path}: parameter {name:?} in {location:?} is listed twice in one parameters list")]
+    DuplicateParameter {
+        /// The second listing.
+        path: JsonPath,
+        /// The parameter's name.
+        name: String,
+        /// Its `in`.
+        location: String,
+    },
     /// A path parameter declared optional: OpenAPI requires `required: true` for them.
     #[error(
         "{path}: path parameter {name:?} is declared optional, but a path parameter is always \
@@ -894,6 +916,7 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
             expected: "an array of parameters",
             found: json_type(list),
         })?;
+        let mut listed = std::collections::HashSet::new();
         for (i, raw) in items.iter().enumerate() {
             let path = list_path.index(i);
             let param = object(resolve(doc, raw, &path, "parameters")?, &path)?;
@@ -906,6 +929,21 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
                 })
             };
             let (name, location) = (field("name")?, field("in")?);
+            if !matches!(location, "path" | "query" | "header" | "cookie") {
+                return Err(OpenApiError::UnknownParameterLocation {
+                    path: path.key("in"),
+                    found: location.to_owned(),
+                });
+            }
+            // An operation's list overrides its path item's (OpenAPI's rule), but within one
+            // list a name and place are given once.
+            if !listed.insert((name, location)) {
+                return Err(OpenApiError::DuplicateParameter {
+                    path: path.clone(),
+                    name: name.to_owned(),
+                    location: location.to_owned(),
+                });
+            }
             let required = match (location, optional_bool(param, "required", &path)?) {
                 // A path parameter is part of the URL, so there is no call without it
                 // (OpenAPI 3: `required` must be true). An explicit `false` says the author

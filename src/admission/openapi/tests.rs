@@ -789,3 +789,35 @@ fn export_refuses_duplicate_operation_ids() {
     );
     assert_eq!(d, before, "nothing is written on refusal");
 }
+
+/// A parameter listed twice in one list replaced the first, and its constraints with it;
+/// an `in` OpenAPI does not know (`"Path"`) made a path parameter optional. Both refused.
+#[test]
+fn parameters_listed_twice_or_placed_nowhere_are_refused() {
+    let twice = json!([
+        {"name": "id", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+        {"name": "id", "in": "path", "required": true, "schema": {}}
+    ]);
+    let mut d = doc();
+    d["paths"]["/summaries"]["post"]["parameters"] = twice;
+    let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+    assert!(
+        matches!(&err, OpenApiError::DuplicateParameter { name, .. } if name == "id"),
+        "{err:?}"
+    );
+    let mut d = doc();
+    d["paths"]["/summaries"]["post"]["parameters"] =
+        json!([{"name": "id", "in": "Path", "schema": {"type": "string"}}]);
+    let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+    assert!(
+        matches!(&err, OpenApiError::UnknownParameterLocation { found, .. } if found == "Path"),
+        "{err:?}"
+    );
+    // An operation's parameter overriding its path item's is OpenAPI's rule, and kept.
+    let mut d = doc();
+    d["paths"]["/summaries"]["parameters"] =
+        json!([{"name": "q", "in": "query", "schema": {"type": "string"}}]);
+    d["paths"]["/summaries"]["post"]["parameters"] =
+        json!([{"name": "q", "in": "query", "required": true, "schema": {"type": "string"}}]);
+    manifest_from_openapi(&d, &identity()).unwrap();
+}
