@@ -254,24 +254,22 @@ impl ToolDefinition {
         self.flow.as_ref()
     }
 
-    /// Compiles the input schema into a validator that checks `format` too (an argument a
-    /// schema calls an `email` or a `date-time` must be one). No remote or file `$ref` is
-    /// ever fetched, so a schema that needs one does not compile, and a schema whose local
-    /// `$ref`s lead back to themselves is refused: the validator would recurse on them
-    /// without end, and a call would take the host down.
+    /// Compiles the input schema into a validator that checks `format` too, strictly (an
+    /// argument a schema calls an `email` or a `date-time` must be one, the latter with its
+    /// offset, as RFC 3339 writes it). References must be local (`#...`), and a schema whose
+    /// subschemas, applied to one value, lead back to themselves is refused (see
+    /// [`ref_problem`]): the validator would follow them without end, and a call would take
+    /// the host down.
     pub fn compile_input_schema(&self) -> Result<jsonschema::Validator, SchemaCompileError> {
         let schema = Value::Object(self.input_schema.clone());
         if let Some(keyword) = dynamic_ref(&schema) {
             return Err(SchemaCompileError(format!(
-                "it uses {keyword}, whose target is only known while validating; \
-                 recursive schemas are not accepted"
+                "it uses {keyword}, whose target is only known while validating: not \
+                 accepted"
             )));
         }
-        if let Some(cycle) = ref_cycle(&schema) {
-            return Err(SchemaCompileError(format!(
-                "its $ref chain {} leads back to itself; recursive schemas are not accepted",
-                cycle.join(" -> ")
-            )));
+        if let Some(problem) = ref_problem(&schema) {
+            return Err(SchemaCompileError(problem));
         }
         jsonschema::options()
             .should_validate_formats(true)
@@ -293,86 +291,161 @@ fn dynamic_ref(schema: &Value) -> Option<&'static str> {
     }
 }
 
-/// A chain of local `$ref`s in `schema` that leads back to where it started, if there is
-/// one (each as written, from the first). Every `$ref` inside the subschema a reference
-/// names counts as reached from it: nesting consumes no input the validator could run out
-/// of, so any such cycle is refused.
-fn ref_cycle(schema: &Value) -> Option<Vec<String>> {
-    /// The local `$ref`s anywhere inside `v`.
-    fn refs_in<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+/// Why `schema`'s references cannot be followed safely, if they cannot: a reference that
+/// is not local (`#...`; the root's own `$id` included, and no `$id` below the root, which
+/// would change what a `#` reference names), or a chain of subschemas applied to one and the
+/// same value (through `$ref`, `allOf`, `anyOf`, `oneOf`, `not`, `if`/`then`/`else`,
+/// `dependentSchemas`) that leads back to where it started: the validator would follow it
+/// without end, since none of those steps moves into the value. Recursion that moves into
+/// the value (a tree's `children` items naming the tree) ends with the value, and is fine.
+fn ref_problem(schema: &Value) -> Option<String> {
+    /// `s` as one JSON pointer token.
+    fn token(s: &str) -> String {
+        s.replace('~', "~0").replace('/', "~1")
+    }
+    /// A reference's fragment, percent-decoded (as the validator decodes it).
+    fn decoded(fragment: &str) -> Option<String> {
+        let bytes = fragment.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).ok()
+    }
+    /// The pointer of the subschema holding `$anchor` `name`, searched from `at`.
+    fn anchor(v: &Value, name: &str, at: String) -> Option<String> {
         match v {
             Value::Object(m) => {
-                for (k, x) in m {
-                    match (k.as_str(), x) {
-                        ("$ref", Value::String(r)) if r.starts_with('#') => out.push(r),
-                        _ => refs_in(x, out),
-                    }
+                if m.get("$anchor").and_then(Value::as_str) == Some(name) {
+                    return Some(at);
                 }
+                m.iter()
+                    .find_map(|(k, x)| anchor(x, name, format!("{at}/{}", token(k))))
             }
-            Value::Array(a) => a.iter().for_each(|x| refs_in(x, out)),
-            _ => {}
+            Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .find_map(|(i, x)| anchor(x, name, format!("{at}/{i}"))),
+            _ => None,
         }
     }
-    /// The subschema a local reference names: a JSON pointer (`#`, `#/...`) or an anchor
-    /// (`#name`, a subschema's `$anchor` or `$id`).
-    fn target<'a>(schema: &'a Value, r: &str) -> Option<&'a Value> {
-        let rest = r.strip_prefix('#')?;
-        if rest.is_empty() || rest.starts_with('/') {
-            return schema.pointer(rest);
-        }
-        fn anchored<'a>(v: &'a Value, name: &str, r: &str) -> Option<&'a Value> {
-            match v {
-                Value::Object(m) => {
-                    let named = m.get("$anchor").and_then(Value::as_str) == Some(name)
-                        || m.get("$id").and_then(Value::as_str) == Some(r);
-                    if named {
-                        return Some(v);
-                    }
-                    m.values().find_map(|x| anchored(x, name, r))
+    /// Every `$ref` anywhere in `v` must be local, and no `$id` below the root.
+    fn refs_local(v: &Value, root: bool) -> Option<String> {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(r)) = m.get("$ref")
+                    && !r.starts_with('#')
+                {
+                    return Some(format!(
+                        "$ref {r:?} is not a reference within the schema (\"#...\")"
+                    ));
                 }
-                Value::Array(a) => a.iter().find_map(|x| anchored(x, name, r)),
-                _ => None,
+                if !root && m.contains_key("$id") {
+                    return Some("a $id below the root changes what its references name".into());
+                }
+                m.values().find_map(|x| refs_local(x, false))
+            }
+            Value::Array(a) => a.iter().find_map(|x| refs_local(x, false)),
+            _ => None,
+        }
+    }
+    /// The subschemas applied to the same value as the one at `at`.
+    fn same_value(schema: &Value, at: &str) -> Vec<String> {
+        let Some(Value::Object(m)) = schema.pointer(at) else {
+            return Vec::new();
+        };
+        let mut next = Vec::new();
+        if let Some(Value::String(r)) = m.get("$ref") {
+            let fragment = r.trim_start_matches('#');
+            match decoded(fragment) {
+                Some(f) if f.is_empty() || f.starts_with('/') => next.push(f),
+                Some(f) => next.extend(anchor(schema, &f, String::new())),
+                // Undecodable: named as it is, which resolves to nothing (and compiles to
+                // an error).
+                None => {}
             }
         }
-        anchored(schema, rest, r)
+        for k in ["allOf", "anyOf", "oneOf"] {
+            if let Some(Value::Array(a)) = m.get(k) {
+                next.extend((0..a.len()).map(|i| format!("{at}/{k}/{i}")));
+            }
+        }
+        for k in ["not", "if", "then", "else"] {
+            if m.contains_key(k) {
+                next.push(format!("{at}/{k}"));
+            }
+        }
+        for k in ["dependentSchemas", "dependencies"] {
+            if let Some(Value::Object(d)) = m.get(k) {
+                next.extend(d.keys().map(|n| format!("{at}/{k}/{}", token(n))));
+            }
+        }
+        next
     }
-    fn visit<'a>(
-        schema: &'a Value,
-        r: &'a str,
-        path: &mut Vec<&'a str>,
-        done: &mut std::collections::HashSet<&'a str>,
+    fn visit(
+        schema: &Value,
+        at: String,
+        path: &mut Vec<String>,
+        done: &mut std::collections::HashSet<String>,
     ) -> Option<Vec<String>> {
-        if let Some(at) = path.iter().position(|p| *p == r) {
-            return Some(
-                path[at..]
-                    .iter()
-                    .chain([&r])
-                    .map(|s| s.to_string())
-                    .collect(),
-            );
+        if let Some(i) = path.iter().position(|p| *p == at) {
+            let mut cycle: Vec<String> = path[i..].to_vec();
+            cycle.push(at);
+            return Some(cycle);
         }
-        if !done.insert(r) {
+        if !done.insert(at.clone()) {
             return None;
         }
-        path.push(r);
-        let mut next = Vec::new();
-        if let Some(t) = target(schema, r) {
-            refs_in(t, &mut next);
-        }
-        for n in next {
-            if let Some(cycle) = visit(schema, n, path, done) {
-                return Some(cycle);
+        path.push(at.clone());
+        for n in same_value(schema, &at) {
+            if let Some(c) = visit(schema, n, path, done) {
+                return Some(c);
             }
         }
         path.pop();
         None
     }
-    let mut roots = Vec::new();
-    refs_in(schema, &mut roots);
+    if let Some(problem) = refs_local(schema, true) {
+        return Some(problem);
+    }
+    // Every subschema is a start: one that no path from the root reaches is still compiled.
+    fn all(v: &Value, at: String, out: &mut Vec<String>) {
+        if v.is_object() {
+            out.push(at.clone());
+        }
+        match v {
+            Value::Object(m) => m
+                .iter()
+                .for_each(|(k, x)| all(x, format!("{at}/{}", token(k)), out)),
+            Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .for_each(|(i, x)| all(x, format!("{at}/{i}"), out)),
+            _ => {}
+        }
+    }
+    let mut starts = Vec::new();
+    all(schema, String::new(), &mut starts);
     let mut done = std::collections::HashSet::new();
-    roots
+    starts
         .into_iter()
-        .find_map(|r| visit(schema, r, &mut Vec::new(), &mut done))
+        .find_map(|at| visit(schema, at, &mut Vec::new(), &mut done))
+        .map(|cycle| {
+            let shown: Vec<String> = cycle.iter().map(|p| format!("#{p}")).collect();
+            format!(
+                "the subschemas {} apply to one value and lead back to themselves, which no \
+                 value could ever end",
+                shown.join(" -> ")
+            )
+        })
 }
 
 /// Why an input schema is not a usable JSON Schema.

@@ -1204,24 +1204,51 @@ fn compiled(schema: Value) -> Result<jsonschema::Validator, SchemaCompileError> 
     body.tools()[0].compile_input_schema()
 }
 
-/// A schema whose local `$ref`s lead back to themselves is refused: the validator would
-/// recurse on it without end at the first call, and the host's stack with it. Before, it
-/// compiled, and any call to the tool aborted the daemon.
+/// A schema whose subschemas, applied to one value, lead back to themselves is refused: the
+/// validator would follow them without end at the first call, and the host's stack with it.
+/// Before, it compiled, and any call to the tool aborted the daemon. Recursion that moves
+/// into the value (a tree) ends with the value, and is accepted.
 #[test]
-fn a_schema_whose_refs_lead_back_to_themselves_is_refused() {
+fn a_schema_that_applies_itself_to_one_value_without_end_is_refused() {
     for schema in [
         json!({"type": "object", "$ref": "#/$defs/a",
                "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
-        json!({"type": "object", "properties": {"x": {"$ref": "#"}}}),
-        json!({"type": "object", "$ref": "#here", "$defs": {"h": {"$anchor": "here", "properties": {"y": {"$ref": "#here"}}}}}),
-        json!({"type": "object", "$dynamicRef": "#meta"}),
+        json!({"type": "object", "allOf": [{"$ref": "#"}]}),
+        json!({"type": "object", "anyOf": [{"not": {"$ref": "#/anyOf/0"}}]}),
+        json!({"type": "object", "$ref": "#/$defs/a%20b", "$defs": {"a b": {"$ref": "#/$defs/a%20b"}}}),
+        json!({"type": "object", "$ref": "#here", "$defs": {"h": {"$anchor": "here", "allOf": [{"$ref": "#here"}]}}}),
+        json!({"type": "object", "$defs": {"unused": {"$ref": "#/$defs/unused"}}}),
     ] {
         let e = compiled(schema.clone()).unwrap_err().to_string();
-        assert!(
-            e.contains("recursive schemas are not accepted"),
-            "{schema}: {e}"
-        );
+        assert!(e.contains("lead back to themselves"), "{schema}: {e}");
     }
+    for (schema, says) in [
+        (
+            json!({"type": "object", "$dynamicRef": "#meta"}),
+            "$dynamicRef",
+        ),
+        (
+            json!({"$id": "urn:t", "type": "object", "$ref": "urn:t#/$defs/a", "$defs": {"a": {}}}),
+            "not a reference within",
+        ),
+        (
+            json!({"type": "object", "properties": {"x": {"$id": "urn:x", "$ref": "#"}}}),
+            "$id below the root",
+        ),
+    ] {
+        let e = compiled(schema.clone()).unwrap_err().to_string();
+        assert!(e.contains(says), "{schema}: {e}");
+    }
+    // A tree: each node's children are nodes. Accepted, and deep values validate.
+    let tree = json!({"type": "object", "properties": {"root": {"$ref": "#/$defs/node"}},
+                      "$defs": {"node": {"type": "object", "properties": {
+                          "name": {"type": "string"},
+                          "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}});
+    let v = compiled(tree).unwrap();
+    let deep =
+        json!({"root": {"name": "a", "children": [{"name": "b", "children": [{"name": "c"}]}]}});
+    assert!(v.is_valid(&deep));
+    assert!(!v.is_valid(&json!({"root": {"children": [{"name": 7}]}})));
     // References that lead elsewhere, however many, are fine.
     let fine = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/s"}, "b": {"$ref": "#/$defs/s"}},
                       "$defs": {"s": {"type": "string"}}});
