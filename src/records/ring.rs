@@ -34,7 +34,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -165,7 +165,13 @@ impl Ring {
             let path = path.clone();
             move |source| RingError::Io { op, path, source }
         };
-        let existing = match fs::metadata(&path) {
+        // Never through a link: a ring put in as one would be another stream's.
+        let existing = match fs::symlink_metadata(&path) {
+            Ok(m) if !m.is_file() => {
+                return Err(io("inspect")(io::Error::other(
+                    "not a regular file (a symbolic link?)",
+                )));
+            }
             Ok(m) if m.len() > MAX_RING_BYTES => return Err(too_large(path, m.len())),
             Ok(m) if m.len() >= MIN_RING_BYTES => Some(m.len()),
             Ok(m) => return Err(too_small(path, m.len())),
@@ -216,6 +222,7 @@ impl Ring {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .map_err(io("open"))?;
         let (counter, last) = if existing.is_some() {
@@ -410,7 +417,11 @@ pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, Rin
         let path = path.to_path_buf();
         move |source| RingError::Io { op, path, source }
     };
-    let file = match File::open(&path) {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(io_error("open", &path)(source)),

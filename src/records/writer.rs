@@ -64,6 +64,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -302,6 +303,7 @@ impl RecordWriter {
         let resumed = resume(dir)?;
         let file = OpenOptions::new()
             .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&resumed.file_path)
             .map_err(StoreError::io("open for append", &resumed.file_path))?;
         // The ring's new checkpoint says the file is durable as it stands: lines a previous
@@ -506,6 +508,7 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
         let keep = bytes.len() - torn.len();
         let f = OpenOptions::new()
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&last.path)
             .map_err(StoreError::io("open", &last.path))?;
         f.set_len(keep as u64)
@@ -618,7 +621,11 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
             ),
         });
     };
-    let file = File::open(&path).map_err(StoreError::io("open", &path))?;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(StoreError::io("open", &path))?;
     let len = file
         .metadata()
         .map_err(StoreError::io("read", &path))?
@@ -709,6 +716,7 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
     }
     let f = OpenOptions::new()
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&path)
         .map_err(StoreError::io("open", &path))?;
     match keep {

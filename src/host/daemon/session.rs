@@ -518,7 +518,11 @@ pub(super) async fn run(
     // answered and recorded as refused: a client whose input had ended (a stdio bridge)
     // would otherwise take the closed connection for every answer given.
     if ended == HOST_STOPPING || ended == REMAPPED {
-        while let Ok(Line::Message(bytes)) = incoming.try_recv() {
+        // Closed first: only what was read before is answered, however fast the client
+        // goes on sending (the reader stops at its next line).
+        incoming.close();
+        while let Ok(line) = incoming.try_recv() {
+            let Line::Message(bytes) = line else { continue };
             if let Ok(Incoming::Request { id, method, .. }) = mcp::parse(&bytes) {
                 let e = refusal(
                     code::INTERNAL_ERROR,

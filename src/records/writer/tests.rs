@@ -1005,6 +1005,19 @@ fn links_in_a_record_directory_are_not_followed() {
     let mode = fs::metadata(&victim).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o644, "the file the link named was changed");
     fs::remove_file(&opening).unwrap();
+    // A ring that is a link (another stream's) is neither written nor read.
+    let elsewhere = tempfile::tempdir().unwrap();
+    three_records_closed(elsewhere.path());
+    let ring = dir.path().join(RING_FILE);
+    let kept = dir.path().join("ring-kept");
+    fs::rename(&ring, &kept).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path().join(RING_FILE), &ring).unwrap();
+    let before = fs::read(elsewhere.path().join(RING_FILE)).unwrap();
+    assert!(RecordWriter::open(dir.path(), WriterOptions::default()).is_err());
+    assert!(verify_records(dir.path(), None).is_err());
+    assert_eq!(fs::read(elsewhere.path().join(RING_FILE)).unwrap(), before);
+    fs::remove_file(&ring).unwrap();
+    fs::rename(&kept, &ring).unwrap();
     // A record file that is a link is refused, by the writer and by readers.
     let other = tempfile::tempdir().unwrap();
     let real = three_records_closed(other.path());
