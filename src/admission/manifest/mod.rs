@@ -390,27 +390,53 @@ fn ref_problem(schema: &Value) -> Option<String> {
         }
         next
     }
+    /// A same-value cycle reachable from `start`, as the subschemas on it. Iterative, with
+    /// the path in a set as well: a manifest may hold long chains, which neither the stack
+    /// nor a search of the path at every step should pay for.
     fn visit(
         schema: &Value,
-        at: String,
-        path: &mut Vec<String>,
+        start: String,
         done: &mut std::collections::HashSet<String>,
-    ) -> Option<Vec<String>> {
-        if let Some(i) = path.iter().position(|p| *p == at) {
-            let mut cycle: Vec<String> = path[i..].to_vec();
-            cycle.push(at);
-            return Some(cycle);
-        }
-        if !done.insert(at.clone()) {
+    ) -> Option<String> {
+        if !done.insert(start.clone()) {
             return None;
         }
-        path.push(at.clone());
-        for n in same_value(schema, &at) {
-            if let Some(c) = visit(schema, n, path, done) {
-                return Some(c);
+        let mut on_path = std::collections::HashSet::from([start.clone()]);
+        // Each subschema on the path with the ones it leads to still to follow.
+        let mut path = vec![(start.clone(), same_value(schema, &start))];
+        while let Some((_, next)) = path.last_mut() {
+            let Some(n) = next.pop() else {
+                if let Some((at, _)) = path.pop() {
+                    on_path.remove(&at);
+                }
+                continue;
+            };
+            if on_path.contains(&n) {
+                let from = path.iter().position(|(p, _)| *p == n).unwrap_or(0);
+                let shown: Vec<String> = path[from..]
+                    .iter()
+                    .map(|(p, _)| format!("#{p}"))
+                    .chain([format!("#{n}")])
+                    .collect();
+                return Some(format!(
+                    "the subschemas {} apply to one value and lead back to themselves, which \
+                     no value could ever end",
+                    shown.join(" -> ")
+                ));
+            }
+            // The validator compiles and follows such a chain by recursion too.
+            if path.len() >= MAX_SAME_VALUE_CHAIN {
+                return Some(format!(
+                    "its subschemas apply to one value through a chain of more than \
+                     {MAX_SAME_VALUE_CHAIN} ($ref, allOf, ...) from #{start}"
+                ));
+            }
+            if done.insert(n.clone()) {
+                on_path.insert(n.clone());
+                let further = same_value(schema, &n);
+                path.push((n, further));
             }
         }
-        path.pop();
         None
     }
     if let Some(problem) = refs_local(schema, true) {
@@ -437,16 +463,11 @@ fn ref_problem(schema: &Value) -> Option<String> {
     let mut done = std::collections::HashSet::new();
     starts
         .into_iter()
-        .find_map(|at| visit(schema, at, &mut Vec::new(), &mut done))
-        .map(|cycle| {
-            let shown: Vec<String> = cycle.iter().map(|p| format!("#{p}")).collect();
-            format!(
-                "the subschemas {} apply to one value and lead back to themselves, which no \
-                 value could ever end",
-                shown.join(" -> ")
-            )
-        })
+        .find_map(|at| visit(schema, at, &mut done))
 }
+
+/// The longest chain of subschemas applied to one value (`$ref`, `allOf`, ...) accepted.
+const MAX_SAME_VALUE_CHAIN: usize = 256;
 
 /// Why an input schema is not a usable JSON Schema.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

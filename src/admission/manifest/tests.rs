@@ -1249,6 +1249,22 @@ fn a_schema_that_applies_itself_to_one_value_without_end_is_refused() {
         json!({"root": {"name": "a", "children": [{"name": "b", "children": [{"name": "c"}]}]}});
     assert!(v.is_valid(&deep));
     assert!(!v.is_valid(&json!({"root": {"children": [{"name": 7}]}})));
+    // A chain of references applied to one value is followed by recursion when compiled
+    // and validated: one longer than 256 is refused, a shorter one is fine.
+    let chain = |n: usize| {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            defs.insert(
+                format!("d{i}"),
+                json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+            );
+        }
+        defs.insert(format!("d{n}"), json!({"type": "object"}));
+        json!({"type": "object", "$ref": "#/$defs/d0", "$defs": defs})
+    };
+    let e = compiled(chain(300)).unwrap_err().to_string();
+    assert!(e.contains("more than 256"), "{e}");
+    compiled(chain(100)).unwrap();
     // References that lead elsewhere, however many, are fine.
     let fine = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/s"}, "b": {"$ref": "#/$defs/s"}},
                       "$defs": {"s": {"type": "string"}}});
