@@ -450,14 +450,14 @@ impl AdmittedTool {
             .iter_errors(arguments)
             .take(MAX_ARGUMENT_ERRORS)
             .map(|e| {
-                let at = e.instance_path.to_string();
+                let at = e.instance_path().to_string();
                 let at = if at.is_empty() { "/".to_owned() } else { at };
                 // Names only what the signed schema says, never the argument values.
-                match &e.kind {
+                match e.kind() {
                     jsonschema::error::ValidationErrorKind::Required { property } => {
                         format!("at {at}: missing required property {property}")
                     }
-                    _ => format!("at {at}: fails {}", e.schema_path),
+                    _ => format!("at {at}: fails {}", e.schema_path()),
                 }
             })
             .collect();
