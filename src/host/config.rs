@@ -396,7 +396,7 @@ pub struct PostgresStateConfig {
     /// PEM roots that authenticate the server; when set, TLS is required.
     pub ca_file: Option<PathBuf>,
     /// The schema holding flowhost's tables, the only one searched; unset, the tables are
-    /// those the role's `search_path` finds.
+    /// `public`'s, and a role that searches another schema first is refused.
     pub schema: Option<String>,
     /// How long one state operation (connecting included) may take before the call is
     /// refused.
