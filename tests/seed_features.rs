@@ -207,6 +207,31 @@ struct GrantSpec<'a> {
     extra: &'a [&'a str],
 }
 
+impl<'a> GrantSpec<'a> {
+    /// A grant of `key`'s for the public inbox's `publish` with `arguments`, purpose
+    /// `reviewed-summary`, to bottom.
+    fn reviewed_summary(key: &'a std::path::Path, arguments: &'a Value) -> Self {
+        GrantSpec {
+            key,
+            server: "public-inbox",
+            tool: "publish",
+            purpose: "reviewed-summary",
+            arguments,
+            target: BOTTOM,
+            extra: &[],
+        }
+    }
+}
+
+/// `public-inbox/publish` with `arguments`, under `grant`.
+fn publish_with_grant(c: &mut common::lab::Client, grant: &Value, arguments: &Value) -> Value {
+    c.request(
+        "tools/call",
+        json!({"name": "public-inbox/publish", "arguments": arguments,
+               "_meta": {"flowhost/grant": grant}}),
+    )
+}
+
 fn sign_grant(lab: &Lab, session: &Value, spec: &GrantSpec<'_>) -> Value {
     let dir = lab.dir.path();
     let args_file = dir.join("grant-arguments.json");
@@ -268,22 +293,8 @@ fn declassification_grants_allow_once_and_refuse_every_misuse() {
     let public = lab.public.addr.to_string();
     let arguments =
         json!({"message": "A reviewed summary: terms were renegotiated.", "sink": public});
-    let base = GrantSpec {
-        key: &authority,
-        server: "public-inbox",
-        tool: "publish",
-        purpose: "reviewed-summary",
-        arguments: &arguments,
-        target: BOTTOM,
-        extra: &[],
-    };
-    let call = |c: &mut common::lab::Client, grant: &Value, arguments: &Value| {
-        c.request(
-            "tools/call",
-            json!({"name": "public-inbox/publish", "arguments": arguments,
-                   "_meta": {"flowhost/grant": grant}}),
-        )
-    };
+    let base = GrantSpec::reviewed_summary(&authority, &arguments);
+    let call = publish_with_grant;
 
     // Without a grant: the flow violation of the pricing lab.
     let r = c.call("public-inbox/publish", arguments.clone());
@@ -437,22 +448,9 @@ fn a_grant_binds_what_the_calls_arguments_carry() {
     assert_eq!(session["label"], bottom, "{session}");
     let public = lab.public.addr.to_string();
     let arguments = json!({"message": "EMBARGOED: harbor goods terms", "sink": public});
-    let base = GrantSpec {
-        key: &authority,
-        server: "public-inbox",
-        tool: "publish",
-        purpose: "reviewed-summary",
-        arguments: &arguments,
-        target: BOTTOM,
-        extra: &[],
-    };
-    let call = |c: &mut common::lab::Client, grant: &Value| {
-        c.request(
-            "tools/call",
-            json!({"name": "public-inbox/publish", "arguments": arguments,
-                   "_meta": {"flowhost/grant": grant}}),
-        )
-    };
+    let base = GrantSpec::reviewed_summary(&authority, &arguments);
+    let call =
+        |c: &mut common::lab::Client, grant: &Value| publish_with_grant(c, grant, &arguments);
     let r = c.call("public-inbox/publish", arguments.clone());
     assert_eq!(denial(&r), "flow_violation", "{r}");
     // Signed over the session's label, which does not hold what the arguments carry.

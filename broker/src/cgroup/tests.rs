@@ -7,21 +7,26 @@ fn limits() -> Limits {
     Profile::find("isolated", &[]).unwrap().limits
 }
 
-/// An executor's tree is held by its cgroup only where one of its bounds gets a cgroup:
-/// never for an unprivileged broker, nor for a profile that sets no whole-executor bound.
-#[test]
-fn a_tree_is_held_only_where_a_bound_gets_a_cgroup() {
-    let root = tempfile::tempdir().unwrap();
-    let mem = root.path().join("memory");
+/// A host whose only cgroup is a v1 memory one, `/svc`, in a fake tree beneath `root`.
+fn v1_memory_only(root: &std::path::Path) -> CgroupSupport {
+    let mem = root.join("memory");
     std::fs::create_dir_all(mem.join("svc")).unwrap();
     let memberships = vec![(4, vec!["memory".to_string()], "/svc".to_string())];
     let mounts = vec![(
         "cgroup".to_string(),
         vec!["memory".to_string()],
-        mem.clone(),
+        mem,
         "/".to_string(),
     )];
-    let host = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    CgroupSupport::from_layout(&memberships, &mounts, 42)
+}
+
+/// An executor's tree is held by its cgroup only where one of its bounds gets a cgroup:
+/// never for an unprivileged broker, nor for a profile that sets no whole-executor bound.
+#[test]
+fn a_tree_is_held_only_where_a_bound_gets_a_cgroup() {
+    let root = tempfile::tempdir().unwrap();
+    let host = v1_memory_only(root.path());
     assert_eq!(host.holds_tree(&limits()), Ok(()));
     let tasks_only = Limits {
         memory: None,
@@ -506,16 +511,7 @@ fn swap_without_accounting_leaves_the_memory_bound_uncapped() {
 #[test]
 fn the_report_names_a_memory_bound_that_leaves_swap_uncapped() {
     let root = tempfile::tempdir().unwrap();
-    let mem = root.path().join("memory");
-    std::fs::create_dir_all(mem.join("svc")).unwrap();
-    let memberships = vec![(4, vec!["memory".to_string()], "/svc".to_string())];
-    let mounts = vec![(
-        "cgroup".to_string(),
-        vec!["memory".to_string()],
-        mem.clone(),
-        "/".to_string(),
-    )];
-    let mut host = CgroupSupport::from_layout(&memberships, &mounts, 42);
+    let mut host = v1_memory_only(root.path());
     let profile = Profile::find("isolated", &[]).unwrap();
     let memory = |host: &CgroupSupport| {
         crate::bounds::BoundsReport::new(&profile, host, None, None, 6)

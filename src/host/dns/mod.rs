@@ -1391,22 +1391,10 @@ mod tests {
         )
         .unwrap();
         let view = |addr: &str| {
-            let info = flowhost_broker::AttemptInfo {
-                syscall: flowhost_broker::EgressSyscall::Sendto,
-                pid: 7,
-                executable: None,
-                socket: flowhost_broker::SocketInfo {
-                    family: libc::AF_INET6,
-                    socket_type: libc::SOCK_DGRAM,
-                    protocol: 0,
-                },
-                destination: Some(flowhost_broker::Destination::Inet(addr.parse().unwrap())),
-                connected: false,
-                bytes: None,
-                message_index: None,
-                passed_fds: 0,
-            };
-            attempt_view(Some(&dns), &info)
+            attempt_view(
+                Some(&dns),
+                &udp_attempt(flowhost_broker::EgressSyscall::Sendto, addr),
+            )
         };
         for to in ["127.0.0.1:5335", "[::ffff:127.0.0.1]:5335", "192.0.2.9:53"] {
             assert!(
@@ -1421,26 +1409,39 @@ mod tests {
         ));
     }
 
+    /// An attempt of executor pid 7 on a UDP socket to `addr`.
+    fn udp_attempt(
+        syscall: flowhost_broker::EgressSyscall,
+        addr: &str,
+    ) -> flowhost_broker::AttemptInfo {
+        let addr: SocketAddr = addr.parse().unwrap();
+        flowhost_broker::AttemptInfo {
+            syscall,
+            pid: 7,
+            executable: None,
+            socket: flowhost_broker::SocketInfo {
+                family: if addr.is_ipv4() {
+                    libc::AF_INET
+                } else {
+                    libc::AF_INET6
+                },
+                socket_type: libc::SOCK_DGRAM,
+                protocol: 0,
+            },
+            destination: Some(flowhost_broker::Destination::Inet(addr)),
+            connected: false,
+            bytes: None,
+            message_index: None,
+            passed_fds: 0,
+        }
+    }
+
     /// Without a resolver of its own (the host could not bind port 53), every send to port
     /// 53 is a lookup past it: refused, never judged by the resolver's address alone.
     /// Before, an address rule allowing the host's resolver let any query out through it.
     #[test]
     fn without_mediation_every_send_to_port_53_is_a_lookup_past_the_resolver() {
-        let info = |syscall, addr: &str| flowhost_broker::AttemptInfo {
-            syscall,
-            pid: 7,
-            executable: None,
-            socket: flowhost_broker::SocketInfo {
-                family: libc::AF_INET,
-                socket_type: libc::SOCK_DGRAM,
-                protocol: 0,
-            },
-            destination: Some(flowhost_broker::Destination::Inet(addr.parse().unwrap())),
-            connected: false,
-            bytes: None,
-            message_index: None,
-            passed_fds: 0,
-        };
+        let info = udp_attempt;
         use flowhost_broker::EgressSyscall::{Bind, Connect, Sendto};
         for (syscall, to) in [(Sendto, "10.0.0.2:53"), (Connect, "127.0.0.53:53")] {
             assert!(
