@@ -718,7 +718,6 @@ pub fn past_checkpoint_problem(len: u64, at: u64) -> Option<String> {
 /// whether the byte before them ends a line (true at 0): a crash leaves the durable part
 /// ending at a line's end. The caller has checked [`past_checkpoint_problem`].
 pub fn read_past_checkpoint(file: &File, len: u64, at: u64) -> io::Result<(Vec<u8>, bool)> {
-    use std::os::unix::fs::FileExt;
     let from = at.saturating_sub(1);
     let mut have = vec![0; usize::try_from(len - from).unwrap_or(usize::MAX)];
     file.read_exact_at(&mut have, from)?;

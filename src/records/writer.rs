@@ -653,7 +653,6 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
     let (have, ends_a_line) =
         ring::read_past_checkpoint(&file, len, start).map_err(StoreError::io("read", &path))?;
     drop(file);
-    let have = &have[..];
     let later: Vec<PathBuf> = files[position + 1..]
         .iter()
         .map(|f| f.path.clone())
@@ -676,7 +675,7 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
     // What the file keeps past the checkpoint: all of it (`None`: it holds every entry, and
     // past them perhaps records a rotation synced), or the first `matched` bytes, which hold
     // the first `kept` entries.
-    let keep = match ring::replay_plan(have, ends_a_line, &entries, later) {
+    let keep = match ring::replay_plan(&have, ends_a_line, &entries, later) {
         ring::ReplayPlan::Nothing if entries.is_empty() => return Ok(Vec::new()),
         ring::ReplayPlan::Nothing => None,
         ring::ReplayPlan::ChangedBelowCheckpoint => {

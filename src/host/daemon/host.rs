@@ -93,13 +93,12 @@ impl Host {
                 .map_err(|e| StartupError::Http(super::http::HttpError::Auth(e)))?,
             None => None,
         };
-        let built = match HostConfig::load(&self.config_path).map_err(StartupError::from) {
-            Ok(config) => match refuse_restart_only_changes(&self.current().config, &config) {
-                Ok(()) => self.build_reloaded(config).await,
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
+        let built: Result<_, StartupError> = async {
+            let config = HostConfig::load(&self.config_path)?;
+            refuse_restart_only_changes(&self.current().config, &config)?;
+            self.build_reloaded(config).await
+        }
+        .await;
         if let (Err(_), Some(auth), Some(keys)) = (&built, &self.http_auth, &key_set) {
             // Whatever else failed, a key taken out of the file is revoked now: it must not
             // go on authenticating until a reload succeeds.

@@ -735,13 +735,6 @@ impl Session {
     async fn describe(&self, params: &Value) -> Result<Value, RpcError> {
         let generation = self.host.current();
         let principal = self.principal(&generation)?;
-        let invalid = |what: String| {
-            refusal(
-                code::INVALID_PARAMS,
-                format!("flowhost/session: {what}"),
-                Denial::InvalidParams,
-            )
-        };
         let arguments = match (params.get("name"), params.get("arguments")) {
             (None, None) => None,
             (Some(Value::String(name)), Some(a @ Value::Object(_))) => {
@@ -770,9 +763,11 @@ impl Session {
                 Some(a)
             }
             _ => {
-                return Err(invalid(
-                    "give both name (the tool) and arguments (an object), as tools/call would"
-                        .into(),
+                return Err(refusal(
+                    code::INVALID_PARAMS,
+                    "flowhost/session: give both name (the tool) and arguments (an object), as \
+                     tools/call would",
+                    Denial::InvalidParams,
                 ));
             }
         };

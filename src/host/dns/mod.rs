@@ -890,15 +890,14 @@ pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptIn
         info.syscall,
         flowhost_broker::EgressSyscall::Bind | flowhost_broker::EgressSyscall::Listen
     );
-    let (Some(dns), Some(flowhost_broker::Destination::Inet(addr))) = (dns, &info.destination)
-    else {
+    let Some(flowhost_broker::Destination::Inet(addr)) = &info.destination else {
+        return AttemptView::Egress(Naming::Names(Vec::new()));
+    };
+    let Some(dns) = dns else {
         // Lookups not mediated (the host could not bind the resolver's port): a query to
         // any resolver would carry whatever the executor asks, judged by the resolver's
         // address alone. None is let out.
-        if let (None, Some(flowhost_broker::Destination::Inet(addr))) = (dns, &info.destination)
-            && reaches
-            && addr.port() == DNS_PORT
-        {
+        if reaches && addr.port() == DNS_PORT {
             return AttemptView::Egress(Naming::PastResolver(*addr));
         }
         return AttemptView::Egress(Naming::Names(Vec::new()));
