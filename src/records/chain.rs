@@ -935,7 +935,7 @@ impl Verifier {
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(parse_record_file_name);
-        let mut f = fs::File::open(file).map_err(StoreError::io("open", file))?;
+        let mut f = super::store::open_record_file(file)?;
         let block = block.max(1);
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
         let mut line_no = 0u64;

@@ -73,7 +73,7 @@ pub fn write_surface_envelope(
     let mut prev: Option<ChainHash> = None;
     let mut last_at: Option<(PathBuf, u64)> = None;
     'files: for file in &verified.files {
-        let bytes = std::fs::read(file).map_err(StoreError::io("read", file))?;
+        let bytes = crate::records::store::read_record_file(file)?;
         for (i, line) in split_lines(&bytes).0.enumerate() {
             if n == verified.records {
                 break 'files;

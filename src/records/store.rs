@@ -362,6 +362,39 @@ pub(crate) fn refuse_lost_ring(dir: &Path) -> Result<(), StoreError> {
     }
 }
 
+/// Opens the record file at `path` for reading, as the file the listing saw: a symbolic link,
+/// FIFO or device put in its place since then is refused, never followed or waited on.
+pub(crate) fn open_record_file(path: &Path) -> Result<File, StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => StoreError::io("open", path)(io::Error::other(
+                "a record file that is a symbolic link",
+            )),
+            _ => StoreError::io("open", path)(e),
+        })?;
+    let meta = file.metadata().map_err(StoreError::io("inspect", path))?;
+    if !meta.is_file() {
+        return Err(StoreError::io("open", path)(io::Error::other(
+            "a record file that is not a regular file",
+        )));
+    }
+    Ok(file)
+}
+
+/// The whole of the record file at `path`, read as [`open_record_file`] opens it.
+pub(crate) fn read_record_file(path: &Path) -> Result<Vec<u8>, StoreError> {
+    use std::io::Read;
+    let mut file = open_record_file(path)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(StoreError::io("read", path))?;
+    Ok(bytes)
+}
+
 /// The record files of `dir`, in chain order, as they are on disk (the writer's view: it
 /// replays the ring into them itself). Other files are ignored.
 pub(crate) fn record_files_on_disk(dir: &Path) -> Result<Vec<RecordFile>, StoreError> {
@@ -523,6 +556,28 @@ mod tests {
             None
         );
         assert!(record_file_name(9) < record_file_name(10));
+    }
+
+    #[test]
+    fn a_record_file_is_read_as_itself_never_through_what_replaced_it() {
+        // What a listing saw can be swapped before the read: a link to a file the reader
+        // may read and the directory's owner may not, or a FIFO that would hang the reader.
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        fs::write(&secret, b"not a record\n").unwrap();
+        let link = dir.path().join(record_file_name(1));
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let err = read_record_file(&link).unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+
+        let fifo = dir.path().join(record_file_name(2));
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = open_record_file(&fifo).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+
+        let file = dir.path().join(record_file_name(3));
+        fs::write(&file, b"{}\n").unwrap();
+        assert_eq!(read_record_file(&file).unwrap(), b"{}\n");
     }
 
     #[test]

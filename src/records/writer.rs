@@ -501,7 +501,7 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
             recovered,
         });
     };
-    let mut bytes = fs::read(&last.path).map_err(StoreError::io("read", &last.path))?;
+    let mut bytes = store::read_record_file(&last.path)?;
     let (_, torn) = split_lines(&bytes);
     if !torn.is_empty() {
         let tail = preserve_torn_tail(&last.path, torn)?;
@@ -533,8 +533,7 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
             // the previous file, and this file must be named for the next record.
             let chain = match before_last {
                 Some(prev) => {
-                    let prev_bytes =
-                        fs::read(&prev.path).map_err(StoreError::io("read", &prev.path))?;
+                    let prev_bytes = store::read_record_file(&prev.path)?;
                     let (prev_lines, prev_torn) = split_lines(&prev_bytes);
                     let prev_lines: Vec<&[u8]> = prev_lines.collect();
                     if !prev_torn.is_empty() {
@@ -816,13 +815,14 @@ fn chain_after(
     let before = match (lines.len().checked_sub(2), previous) {
         (Some(i), _) => Some(line_hash(lines[i])),
         (None, Some(previous)) => {
-            let len = fs::metadata(&previous.path)
+            let file = store::open_record_file(&previous.path)?;
+            let len = file
+                .metadata()
                 .map_err(StoreError::io("inspect", &previous.path))?
                 .len();
             let last = match len {
                 0 => None,
-                _ => File::open(&previous.path)
-                    .and_then(|f| ring::line_ending_at(&f, len))
+                _ => ring::line_ending_at(&file, len)
                     .map_err(StoreError::io("read", &previous.path))?,
             };
             let Some(last) = last else {
@@ -853,7 +853,7 @@ fn chain_after(
 }
 
 fn first_seq_of(path: &Path) -> Result<Option<u64>, RecordError> {
-    let f = File::open(path).map_err(StoreError::io("open", path))?;
+    let f = store::open_record_file(path)?;
     let mut line = Vec::new();
     BufReader::new(f)
         .read_until(b'\n', &mut line)
