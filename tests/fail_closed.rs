@@ -130,6 +130,28 @@ fn flowhost_connect_fails_when_the_daemon_closes_while_the_client_still_sends() 
 }
 
 #[test]
+fn flowhost_connect_says_so_when_stdin_cannot_be_read() {
+    let Some(mut lab) = Lab::start() else { return };
+    // A directory as stdin: every read fails (EISDIR). The daemon then closes, because the
+    // bridge tells it no more requests come; the failure is the client's input, not the host.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["connect", "--socket"])
+        .arg(&lab.paths.socket)
+        .stdin(std::fs::File::open("/").unwrap())
+        .output()
+        .unwrap();
+    lab.stop();
+    assert!(
+        !out.status.success(),
+        "flowhost connect exited {}",
+        out.status
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("reading stdin"), "{stderr}");
+    assert!(!stderr.contains("daemon closed the connection"), "{stderr}");
+}
+
+#[test]
 fn a_stop_that_cannot_close_its_records_exits_non_zero() {
     let Some(mut lab) = Lab::start() else { return };
     let mut c = lab.client();

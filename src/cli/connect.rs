@@ -57,6 +57,40 @@ async fn relay_out(
     }
 }
 
+/// Stdin is still being relayed (or the host closed first).
+const STDIN_OPEN: u8 = 0;
+/// Stdin ended, and all of it reached the host.
+const STDIN_DONE: u8 = 1;
+/// Stdin could not be read: the client's requests are cut, whatever the host does next.
+const STDIN_FAILED: u8 = 2;
+
+/// Which side stopped the relay of stdin to the host.
+enum Up {
+    /// Reading stdin failed.
+    Stdin(std::io::Error),
+    /// Writing to the host failed (it closed).
+    Host,
+}
+
+/// Copies stdin to the host until stdin ends, telling a failure to read stdin from the host
+/// closing, which a plain copy reports alike.
+async fn relay_up(
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    to: &mut (impl tokio::io::AsyncWrite + Unpin),
+) -> Result<(), Up> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Up::Stdin(e)),
+        };
+        to.write_all(&buf[..n]).await.map_err(|_| Up::Host)?;
+    }
+}
+
 /// How a bridged session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Ending {
@@ -81,20 +115,22 @@ pub(super) async fn bridge(
     })?;
     let (mut from_daemon, mut to_daemon) = stream.into_split();
     // Set before the shutdown that lets the host close after its last answer, so a host
-    // that closed because stdin did is never taken for one that closed on its own. (Asking
-    // whether the copying task had finished raced with its last steps after the shutdown:
-    // under load, a session the client ended was now and then reported as refused.)
-    let stdin_closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // that closed because stdin did (or because stdin failed) is never taken for one that
+    // closed on its own. (Asking whether the copying task had finished raced with its last
+    // steps after the shutdown: under load, a session the client ended was now and then
+    // reported as refused.)
+    let stdin_ended = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(STDIN_OPEN));
     let up = {
-        let stdin_closed = stdin_closed.clone();
+        let stdin_ended = stdin_ended.clone();
         tokio::spawn(async move {
-            let mut stdin = tokio::io::stdin();
-            let r = tokio::io::copy(&mut stdin, &mut to_daemon).await;
-            // Only the end of stdin is the client's: a copy that failed (the host closed
-            // first, or stdin could not be read) is no session the client ended.
-            if r.is_ok() {
-                stdin_closed.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
+            let r = relay_up(&mut tokio::io::stdin(), &mut to_daemon).await;
+            let ended = match &r {
+                Ok(()) => STDIN_DONE,
+                Err(Up::Stdin(_)) => STDIN_FAILED,
+                // The host closed first: no session the client ended.
+                Err(Up::Host) => STDIN_OPEN,
+            };
+            stdin_ended.store(ended, std::sync::atomic::Ordering::SeqCst);
             // Tell the daemon no more requests come, and keep reading its answers.
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
             r
@@ -104,14 +140,19 @@ pub(super) async fn bridge(
     let down = relay_out(&mut from_daemon, &mut stdout).await;
     let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
     // A request still being read when the host closed has no one to answer it.
-    let ending = if stdin_closed.load(std::sync::atomic::Ordering::SeqCst) {
-        if let Ok(Err(e)) = up.await {
-            return Err(format!("reading stdin: {e}").into());
+    let ending = match stdin_ended.load(std::sync::atomic::Ordering::SeqCst) {
+        STDIN_DONE => Ending::ClientDone,
+        STDIN_FAILED => {
+            let problem = match up.await {
+                Ok(Err(Up::Stdin(e))) => e.to_string(),
+                _ => "failed".to_string(),
+            };
+            return Err(format!("reading stdin: {problem}").into());
         }
-        Ending::ClientDone
-    } else {
-        up.abort();
-        Ending::HostClosed
+        _ => {
+            up.abort();
+            Ending::HostClosed
+        }
     };
     down?;
     Ok(ending)
