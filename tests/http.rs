@@ -1407,8 +1407,9 @@ fn reload_and_wait(lab: &Lab, generation: u32, want: &str) {
 
 /// A reload reads the issuer's key set file again: a key taken out of it (revoked) verifies
 /// no token once the reload has succeeded, and a key put in does. A file that cannot be read
-/// refuses the reload and leaves the keys in use. Before, the set read at start was kept
-/// until a restart, so a revoked key went on working after the operator's reload.
+/// refuses the reload and revokes every key until a reload reads it. Before, the set read at
+/// start was kept until a restart, so a revoked key went on working after the operator's
+/// reload.
 #[test]
 fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
     let Some((lab, addr, issuer)) = start("") else {
@@ -1426,10 +1427,13 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
     reload_and_wait(&lab, 2, "reloaded: generation 2");
     assert_eq!(status(&revoked), 401, "a revoked key still verifies");
     assert_eq!(status(&rotated), 200);
+    // A key set that cannot be read revokes every key: the operator who took a key out
+    // and wrote the file wrong must not have it go on verifying (before, the previous set
+    // stayed in use).
     std::fs::write(&jwks, "not a key set").unwrap();
     reload_and_wait(&lab, 3, "reload refused");
     assert!(lab.log().contains("http.jwt.jwks"), "{}", lab.log());
-    assert_eq!(status(&rotated), 200);
+    assert_eq!(status(&rotated), 401, "an unreadable key set kept its keys");
     assert_eq!(status(&revoked), 401);
 
     // A key taken out of the file is revoked by a reload that fails for another reason (a
@@ -1479,6 +1483,55 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert_eq!((status(&kept), status(&added)), (401, 401));
+}
+
+/// A bearer token or JWT subject taken out of `[http]` is refused from the reload on, although
+/// the reload itself is refused (`[http]` changes at a restart); one put back waits for the
+/// restart. Before, both went on authenticating until the daemon restarted.
+#[test]
+fn a_credential_taken_out_of_the_configuration_is_revoked_at_the_reload() {
+    let Some((lab, addr, issuer)) = start("") else {
+        return;
+    };
+    let subject = jwt(&issuer, RESOURCE, unix_now() + 300, "agent-1");
+    let status = |token: &str| McpHttp::new(addr, Some(token)).initialize().status;
+    assert_eq!((status(TOKEN), status(&subject)), (200, 200));
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let token_line = format!(
+        "sha256 = \"{}\"",
+        hex::encode(Sha256::digest(TOKEN.as_bytes()))
+    );
+    let without_token = text.replacen(&token_line, &format!("sha256 = \"{}\"", "0".repeat(64)), 1);
+    assert_ne!(without_token, text);
+    lab.write_config(&without_token);
+    reload_and_wait(&lab, 2, "reload refused");
+    assert_eq!(status(TOKEN), 401, "a token taken out still authenticates");
+    assert_eq!(status(&subject), 200);
+    let without_subject = without_token.replacen("\"agent-1\" = ", "\"agent-2\" = ", 1);
+    assert_ne!(without_subject, without_token);
+    lab.write_config(&without_subject);
+    let refusals = lab.log().matches("reload refused").count();
+    reload_and_wait(&lab, 3, "reload refused");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while lab.log().matches("reload refused").count() == refusals {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        status(&subject),
+        401,
+        "a subject taken out still authenticates"
+    );
+    let added = jwt(&issuer, RESOURCE, unix_now() + 300, "agent-2");
+    assert_eq!(
+        status(&added),
+        401,
+        "a subject put in by a refused reload authenticates"
+    );
+    // Put back, they wait for the restart.
+    lab.write_config(&text);
+    reload_and_wait(&lab, 4, "reloaded: generation 2");
+    assert_eq!((status(TOKEN), status(&subject)), (401, 401));
 }
 
 /// A principal that names another principal's session is answered as if there were no such

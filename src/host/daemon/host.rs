@@ -87,14 +87,25 @@ impl Host {
         // only with the new generation: an operator who took a key out of the file
         // (revoked it) and reloaded is told when it cannot be read, and otherwise has it
         // refused from this reload on, whatever else the reload refuses.
+        // A key set that cannot be read revokes every key: which ones the operator still
+        // trusts is then unknown.
         let key_set = match &self.http_auth {
-            Some(auth) => auth
-                .read_key_set()
-                .map_err(|e| StartupError::Http(super::http::HttpError::Auth(e)))?,
+            Some(auth) => auth.read_key_set().map_err(|e| {
+                auth.revoke_all_keys();
+                tracing::error!(
+                    "the JWT key set cannot be read ({e}): no JWT is accepted until a reload reads it"
+                );
+                StartupError::Http(super::http::HttpError::Auth(e))
+            })?,
             None => None,
         };
         let built: Result<_, StartupError> = async {
             let config = HostConfig::load(&self.config_path)?;
+            // Likewise a bearer token or JWT subject taken out of `[http]`, although the
+            // rest of that table waits for a restart.
+            if let Some(auth) = &self.http_auth {
+                auth.revoke_credentials_absent_from(config.http.as_ref());
+            }
             refuse_restart_only_changes(&self.current().config, &config)?;
             self.build_reloaded(config).await
         }

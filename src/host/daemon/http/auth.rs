@@ -146,11 +146,16 @@ struct Jwt {
     config: JwtConfig,
     /// The key set read last (at start, then at each reload).
     keys: std::sync::RwLock<KeySet>,
+    /// The subjects that act as principals: `config.principals`, less those a reload's
+    /// configuration no longer maps (they are revoked at once; additions wait for a
+    /// restart).
+    principals: std::sync::RwLock<std::collections::BTreeMap<String, PrincipalId>>,
 }
 
 /// An issuer's key set as read from its file: keys by `kid` (keys without one are tried
 /// when a token names none), each with the SHA-256 of its JWK, which tells one key from
 /// another across reads.
+#[derive(Default)]
 pub struct KeySet(HashMap<Option<String>, Vec<([u8; 32], DecodingKey)>>);
 
 impl KeySet {
@@ -164,7 +169,8 @@ impl KeySet {
 
 /// Maps credentials to principals (see the module docs).
 pub struct Authenticator {
-    tokens: Vec<BearerToken>,
+    /// The configured tokens, less those a reload's configuration no longer lists.
+    tokens: std::sync::RwLock<Vec<BearerToken>>,
     jwt: Option<Jwt>,
     loopback: Option<PrincipalId>,
 }
@@ -176,11 +182,12 @@ impl Authenticator {
             None => None,
             Some(j) => Some(Jwt {
                 keys: std::sync::RwLock::new(load_keys(&j.jwks)?),
+                principals: std::sync::RwLock::new(j.principals.clone()),
                 config: j.clone(),
             }),
         };
         Ok(Authenticator {
-            tokens: config.tokens.clone(),
+            tokens: std::sync::RwLock::new(config.tokens.clone()),
             jwt,
             loopback: config.unauthenticated_loopback_principal.clone(),
         })
@@ -216,14 +223,14 @@ impl Authenticator {
             .ok_or(AuthRefusal::Malformed)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         // Every configured hash is compared, so the time taken does not tell which matched.
-        let mut found: Option<&PrincipalId> = None;
-        for t in &self.tokens {
+        let mut found: Option<PrincipalId> = None;
+        for t in self.tokens.read().unwrap_or_else(|p| p.into_inner()).iter() {
             if bool::from(t.sha256.ct_eq(&digest)) {
-                found = Some(&t.principal);
+                found = Some(t.principal.clone());
             }
         }
         if let Some(p) = found {
-            return Ok(p.clone());
+            return Ok(p);
         }
         match &self.jwt {
             Some(jwt) if token.split('.').count() == 3 => jwt.principal(token),
@@ -255,6 +262,39 @@ impl Authenticator {
                 keys.retain(|(f, _)| newer.holds(kid, f));
             }
             set.0.retain(|_, keys| !keys.is_empty());
+        }
+    }
+
+    /// Stops taking any JWT: the key set could not be read at a reload, so which keys the
+    /// operator still trusts is unknown (a key taken out of the file must not go on
+    /// authenticating because the file was then written wrong).
+    pub fn revoke_all_keys(&self) {
+        self.use_key_set(KeySet::default());
+    }
+
+    /// Stops taking the bearer tokens and JWT subjects `newer` (a reload's `[http]` table)
+    /// no longer maps to the same principal, adding none: `[http]` changes only at a
+    /// restart, but a credential the operator took out must not wait for one.
+    pub fn revoke_credentials_absent_from(&self, newer: Option<&HttpConfig>) {
+        let kept_token = |t: &BearerToken| {
+            newer.is_some_and(|n| {
+                n.tokens
+                    .iter()
+                    .any(|k| k.sha256 == t.sha256 && k.principal == t.principal)
+            })
+        };
+        self.tokens
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(kept_token);
+        if let Some(j) = &self.jwt {
+            let newer = newer.and_then(|n| n.jwt.as_ref());
+            j.principals
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|subject, principal| {
+                    newer.is_some_and(|n| n.principals.get(subject) == Some(principal))
+                });
         }
     }
 
@@ -321,8 +361,9 @@ impl Jwt {
             .get(claim)
             .and_then(serde_json::Value::as_str)
             .ok_or_else(|| AuthRefusal::InvalidToken(format!("no string claim {claim:?}")))?;
-        self.config
-            .principals
+        self.principals
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
             .get(value)
             .cloned()
             .ok_or_else(|| AuthRefusal::UnknownPrincipal {
