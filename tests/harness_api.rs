@@ -10,6 +10,7 @@ use common::harness::{
     As, can_run, example_files, example_tool, flowhost_for, harness, surface_allowing, work_dir,
 };
 use serde_json::json;
+use std::time::Duration;
 
 fn command_under_harness(who: As) {
     let probe = common::shared_copy("flowhost-probe");
@@ -187,6 +188,31 @@ fn mcp_server_under_harness(who: As) {
         home.iter()
             .any(|a| a.tool == "status-probe/check" && !a.undeclared)
     );
+    // A call its deadline ended, with its executor: what the tool would have done after
+    // is not observed, so no check of what it did holds (before, the run passed as one
+    // that reached nowhere).
+    let mut stalled = harness(who)
+        .call_timeout(Duration::from_millis(500))
+        .mcp(
+            &files.manifest,
+            &files.key.display().to_string(),
+            [
+                tool.display().to_string(),
+                "serve".into(),
+                "--stall-ms".into(),
+                "20000".into(),
+            ],
+        )
+        .unwrap();
+    let ended = stalled.call("version", json!({})).unwrap();
+    assert_eq!(ended["result"]["isError"], true, "{ended}");
+    let stalled = stalled.finish().unwrap();
+    let e = stalled.check_no_egress().unwrap_err().to_string();
+    assert!(
+        e.contains("cut short") && e.contains("status-probe/version"),
+        "{e}"
+    );
+
     let report = bad.diff_declared(&files.declared).unwrap();
     assert!(!flowhost::harness::passes(&report));
     assert!(

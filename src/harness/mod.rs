@@ -228,6 +228,7 @@ pub struct Harness {
     env: Vec<String>,
     read: Vec<PathBuf>,
     timeout: Option<u64>,
+    call_timeout: Option<std::time::Duration>,
     run_as: Option<(u32, u32)>,
     work_dir: Option<PathBuf>,
 }
@@ -265,6 +266,7 @@ impl Harness {
             env: Vec::new(),
             read: Vec::new(),
             timeout: None,
+            call_timeout: None,
             run_as: None,
             work_dir: None,
         }
@@ -305,6 +307,13 @@ impl Harness {
     /// Wall-clock limit of a [`Harness::run`], in seconds.
     pub fn timeout(mut self, seconds: u64) -> Self {
         self.timeout = Some(seconds);
+        self
+    }
+
+    /// How long one call of an [`Harness::mcp`] server may take (default 30 s): a call
+    /// past it is ended with its executor, and the run is then incomplete.
+    pub fn call_timeout(mut self, limit: std::time::Duration) -> Self {
+        self.call_timeout = Some(limit);
         self
     }
 
@@ -393,6 +402,9 @@ impl Harness {
             .args(["--key", key]);
         if let Some(m) = mappings {
             cmd.arg("--mappings").arg(m);
+        }
+        if let Some(limit) = self.call_timeout {
+            cmd.args(["--call-timeout-ms", &limit.as_millis().max(1).to_string()]);
         }
         self.common_args(&mut cmd, &records, &health);
         cmd.arg("--");

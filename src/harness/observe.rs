@@ -9,6 +9,7 @@ use super::gate;
 use crate::destination::{Destination as RuleDestination, DestinationRule};
 use crate::diff::DiffReport;
 use crate::diff::surface::DeclaredSurface;
+use crate::model::decision::Failure;
 use crate::records::chain::{Gather, verify_records, verify_records_gathering};
 use crate::records::{
     DecisionRecord, DeclarationMismatch, Destination, Effect, EventKind, ToolObservationHealth,
@@ -251,6 +252,17 @@ impl Observation {
         if let Some(bound) = self.stderr.lines().find_map(|l| l.strip_prefix(CUT_SHORT)) {
             return Err(incomplete(vec![format!(
                 "the run was cut short: the command ran into {bound}; what it would have done after is not observed"
+            )]));
+        }
+        // The same of a served call whose executor a bound ended (`flowhost sandbox mcp`).
+        if let Some(cut) = self
+            .records
+            .iter()
+            .find(|r| r.response.status == Failure::BoundReached.as_str())
+        {
+            return Err(incomplete(vec![format!(
+                "the call to {} was cut short: its executor ran into a bound; what it would have done after is not observed",
+                cut.tool.name
             )]));
         }
         let says = (

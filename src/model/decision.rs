@@ -201,6 +201,10 @@ pub enum Failure {
     ToolError,
     /// The executor could not be started, or failed during the call.
     ExecutorFailed,
+    /// The executor ran into one of its bounds (memory, CPU time, processes, or the call's
+    /// deadline) and was ended during the call: what it would have done after is not
+    /// observed.
+    BoundReached,
     /// The flow state failed (the action was refused: fail closed).
     StateFailure,
     /// The client cancelled the call while it ran.
@@ -215,6 +219,7 @@ impl Failure {
         match self {
             Failure::ToolError => "tool_error",
             Failure::ExecutorFailed => "executor_failed",
+            Failure::BoundReached => "bound_reached",
             Failure::StateFailure => "state_failure",
             Failure::Cancelled => "cancelled",
             Failure::ClientUnreachable => "client_unreachable",

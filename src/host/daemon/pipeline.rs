@@ -162,6 +162,9 @@ pub enum DispatchError {
     NotStarted(String),
     /// The executor failed during the call (it is retired).
     Failed(String),
+    /// The executor ran into a bound during the call (its memory, CPU or process limit, or
+    /// the call's deadline) and was ended (it is retired).
+    BoundReached(String),
     /// The executor answered the call with a JSON-RPC error (it may serve again). What it
     /// says is content: it is labelled like a result, then reaches the client as that
     /// error.
@@ -505,6 +508,15 @@ async fn settle(
             (
                 Ok(result),
                 Verdict::Failed(Failure::ExecutorFailed),
+                Some(text),
+            )
+        }
+        Err(DispatchError::BoundReached(why)) => {
+            let result = tool_error(&format!("the tool's executor was ended: {why}"));
+            let text = crate::resolver::classifiable_text(&result);
+            (
+                Ok(result),
+                Verdict::Failed(Failure::BoundReached),
                 Some(text),
             )
         }

@@ -1406,7 +1406,13 @@ impl Dispatch for Executors<'_> {
             Err(e) => {
                 tracing::warn!(server = %server, tool = %name, error = %Escaped(&e), "the executor of server {server:?} failed; it is retired");
                 bound.exec.stop().await;
-                Err(DispatchError::Failed(format!("server {server:?}: {e}")))
+                let why = format!("server {server:?}: {e}");
+                Err(match e {
+                    ExecutorError::Bound { .. } | ExecutorError::Timeout(_) => {
+                        DispatchError::BoundReached(why)
+                    }
+                    _ => DispatchError::Failed(why),
+                })
             }
         }
     }
