@@ -146,6 +146,78 @@ async fn a_corked_datagram_takes_nothing_the_broker_did_not_see() {
     assert_eq!(recorded, 4, "{:?}", run.attempts);
 }
 
+/// A datagram the executor corked itself (a send without an address, which is never
+/// notified, on a socket connected to A) does not take the data of a send the broker decided
+/// for C: before, the kernel added it to the corked datagram, and it went to A while the
+/// record said C.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datagram_corked_by_the_executor_does_not_take_a_decided_send() {
+    let Some(b) = broker() else { return };
+    let (a, c) = (UdpSink::start(), UdpSink::start());
+    let argv = probe_argv(&[
+        "udp-cork-connected",
+        &a.addr.to_string(),
+        &c.addr.to_string(),
+    ]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let r = run.result();
+    assert_eq!(
+        (r["connected"].clone(), r["corked"].clone()),
+        (0.into(), 1.into()),
+        "{r}"
+    );
+    assert_eq!(r["value"], 4, "{r}");
+    assert!(eventually(|| c.count() >= 1), "C got nothing: {r}");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        c.datagrams.lock().unwrap().clone(),
+        [b"data".to_vec()],
+        "{r}"
+    );
+    assert_eq!(a.datagrams.lock().unwrap().clone(), [b"x".to_vec()], "{r}");
+}
+
+/// An ICMP echo is decided without a port (the kernel ignores the one written): before, a
+/// rule allowing `host:443` let echo payloads reach the host, the port copied from the
+/// executor's address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_icmp_echo_is_decided_without_a_port() {
+    let Some(b) = broker() else { return };
+    // Ping sockets are for the groups in this range, none by default; it is widened for the
+    // test and put back after.
+    const RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
+    let Ok(before) = std::fs::read_to_string(RANGE) else {
+        eprintln!("SKIP: {RANGE} cannot be read");
+        return;
+    };
+    struct PutBack(String);
+    impl Drop for PutBack {
+        fn drop(&mut self) {
+            let _ = std::fs::write(RANGE, self.0.trim());
+        }
+    }
+    if std::fs::write(RANGE, "0 2147483647").is_err() {
+        eprintln!("SKIP: {RANGE} cannot be written (not root)");
+        return;
+    }
+    let _put_back = PutBack(before);
+    let run = run_with(
+        &b,
+        "brokered",
+        probe_argv(&["ping", "127.0.0.1:443"]),
+        |_| Verdict::Allow,
+    )
+    .await;
+    let r = run.result();
+    assert!(r["socket"].as_i64().unwrap_or(-1) >= 0, "{r}");
+    assert_eq!(run.attempts.len(), 1, "{r}");
+    assert_eq!(
+        run.attempts[0].0.destination,
+        dest("127.0.0.1:0".parse().unwrap()),
+        "{r}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sendmsg_with_a_name_is_reported_and_refused() {
     let Some(b) = broker() else { return };

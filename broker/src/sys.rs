@@ -356,6 +356,25 @@ pub fn landlock_abi() -> i32 {
     if ret < 0 { 0 } else { ret as i32 }
 }
 
+/// Sets an `int` socket option on `fd`.
+pub fn setsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32, value: i32) -> io::Result<()> {
+    let value: libc::c_int = value;
+    // SAFETY: the value points at a c_int and the length is its size; the kernel only reads it.
+    let ret = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Reads an `int` socket option from `fd`.
 pub fn getsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
     getsockopt_plain(fd, level, name, 0 as libc::c_int)

@@ -485,6 +485,15 @@ impl Caller<'_> {
         if sock.info.socket_type != libc::SOCK_STREAM {
             flags &= !libc::MSG_MORE;
         }
+        // A UDP datagram the executor corked itself (`MSG_MORE` on a send without an
+        // address, which is never notified) would take this send's data, addressed as that
+        // send was: pushed out first, as it stands, it leaves this one to go alone.
+        if sock.info.protocol == libc::IPPROTO_UDP
+            && let Err(e) =
+                sys::setsockopt_int(sock.fd.as_fd(), libc::IPPROTO_UDP, libc::UDP_CORK, 0)
+        {
+            return Ok(Err(e));
+        }
         let dontwait = flags & libc::MSG_DONTWAIT != 0;
         // A Fast Open send that started the handshake without its bytes, waiting for it.
         let mut connecting = false;
