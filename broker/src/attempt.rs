@@ -54,6 +54,15 @@ pub struct SocketInfo {
 }
 
 impl SocketInfo {
+    /// Whether it is a ping socket (ICMP or ICMPv6 echo, `SOCK_DGRAM`).
+    pub fn is_icmp(&self) -> bool {
+        matches!(
+            (self.family, self.protocol),
+            (libc::AF_INET | libc::AF_INET6, libc::IPPROTO_ICMP)
+                | (libc::AF_INET6, libc::IPPROTO_ICMPV6)
+        )
+    }
+
     /// The family's conventional name (`inet`, `inet6`, `unix`, `netlink`, or `af<N>`).
     pub fn family_name(&self) -> String {
         family_name(self.family)
@@ -129,6 +138,14 @@ pub enum Destination {
     /// The unspecified address given to connect or send to: the kernel substitutes an
     /// address from the socket's own state, so no rule can be checked on it. Never allowed.
     AnyAddress(SocketAddr),
+    /// An IPv6 address naming an interface (`sin6_scope_id`): the kernel binds the socket
+    /// to that interface (as `SO_BINDTODEVICE` would), which no rule names. Never allowed.
+    Scoped {
+        /// The address, without its interface.
+        address: SocketAddr,
+        /// The interface index.
+        scope_id: u32,
+    },
     /// A family the broker does not decode.
     Other {
         /// The AF_* family.
@@ -158,7 +175,7 @@ impl Destination {
             Destination::Unspecified if syscall == EgressSyscall::Connect => return decoded,
             Destination::Unspecified => libc::AF_UNSPEC,
             Destination::Inet(SocketAddr::V4(_)) => libc::AF_INET,
-            Destination::Inet(SocketAddr::V6(_)) => libc::AF_INET6,
+            Destination::Inet(SocketAddr::V6(_)) | Destination::Scoped { .. } => libc::AF_INET6,
             Destination::UnixPath(_) | Destination::UnixAbstract(_) | Destination::UnixUnnamed => {
                 libc::AF_UNIX
             }
@@ -196,6 +213,7 @@ impl Destination {
             self,
             Destination::Malformed { .. }
                 | Destination::Foreign { .. }
+                | Destination::Scoped { .. }
                 | Destination::Other { .. }
                 | Destination::AnyAddress(_)
         )
@@ -232,7 +250,16 @@ impl Destination {
                 let port = u16::from_be_bytes([raw[2], raw[3]]);
                 let mut octets = [0u8; 16];
                 octets.copy_from_slice(&raw[8..24]);
-                Destination::Inet(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(octets)), port))
+                let address = SocketAddr::new(IpAddr::V6(Ipv6Addr::from(octets)), port);
+                match raw.get(24..28) {
+                    Some(&[a, b, c, d]) if u32::from_ne_bytes([a, b, c, d]) != 0 => {
+                        Destination::Scoped {
+                            address,
+                            scope_id: u32::from_ne_bytes([a, b, c, d]),
+                        }
+                    }
+                    _ => Destination::Inet(address),
+                }
             }
             libc::AF_UNIX => {
                 let path = &raw[2..];
@@ -297,6 +324,9 @@ impl fmt::Display for Destination {
                 family_name(*family),
                 family_name(*socket_family)
             ),
+            Destination::Scoped { address, scope_id } => {
+                write!(f, "[{}%{scope_id}]:{}", address.ip(), address.port())
+            }
             Destination::Other { family } => write!(f, "{}:?", family_name(*family)),
             Destination::Malformed { family, len } => match family {
                 Some(fam) => write!(f, "malformed {} address ({len} bytes)", family_name(*fam)),
@@ -420,6 +450,25 @@ mod tests {
         v[2..4].copy_from_slice(&port.to_be_bytes());
         v[4..8].copy_from_slice(&ip);
         v
+    }
+
+    /// An IPv6 address with an interface (`sin6_scope_id`) is refused: the kernel binds the
+    /// socket to that interface, as `SO_BINDTODEVICE` would, and no rule names one. Before, the
+    /// scope was dropped from what was decided and passed on to the kernel.
+    #[test]
+    fn an_ipv6_address_with_an_interface_is_not_decidable() {
+        let mut raw = vec![0u8; 28];
+        raw[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        raw[2..4].copy_from_slice(&443u16.to_be_bytes());
+        raw[8..24].copy_from_slice(&"fe80::1".parse::<Ipv6Addr>().unwrap().octets());
+        raw[24..28].copy_from_slice(&1u32.to_ne_bytes());
+        let d = Destination::for_socket(&raw, libc::AF_INET6, EgressSyscall::Connect);
+        assert!(!d.is_decidable(), "{d:?}");
+        assert!(d.to_string().contains("%1"), "{d}");
+        raw[24..28].copy_from_slice(&0u32.to_ne_bytes());
+        assert!(
+            Destination::for_socket(&raw, libc::AF_INET6, EgressSyscall::Connect).is_decidable()
+        );
     }
 
     #[test]

@@ -25,7 +25,14 @@ impl Caller<'_> {
         sock: &TakenSocket,
         syscall: EgressSyscall,
     ) -> (Destination, Step<Target>) {
-        let destination = Destination::for_socket(raw, sock.info.family, syscall);
+        let destination = match Destination::for_socket(raw, sock.info.family, syscall) {
+            // A ping socket sends to the address alone (the kernel ignores the port): it is
+            // decided without one, so no rule's port is taken to allow an ICMP echo.
+            Destination::Inet(addr) if sock.info.is_icmp() => {
+                Destination::Inet(std::net::SocketAddr::new(addr.ip(), 0))
+            }
+            other => other,
+        };
         let Destination::UnixPath(path) = &destination else {
             return (
                 destination,

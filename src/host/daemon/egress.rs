@@ -128,6 +128,11 @@ fn record_destination(d: &Destination, names: &[HostName]) -> crate::records::De
         } => undecoded(format!(
             "foreign_family_{family}_on_socket_family_{socket_family}"
         )),
+        Destination::Scoped { address, scope_id } => undecoded(format!(
+            "scoped_{}_interface_{scope_id}_port_{}",
+            address.ip(),
+            address.port()
+        )),
         Destination::Other { family } => undecoded(format!("undecoded_family_{family}")),
         Destination::Malformed { family, len } => undecoded(match family {
             Some(f) => format!("malformed_family_{f}_len_{len}"),
