@@ -22,7 +22,12 @@
 //! transactions default to read-only ([`PgError::ReadOnly`]), since either may lag the
 //! primary. A label lower than this host has seen is refused ([`PgError::Lower`]); what it has
 //! seen starts with every label the database held when the store opened, and grows with
-//! every label read or written since (a missing row counts as bottom).
+//! every label read or written since (a missing row counts as bottom). The label seen is then
+//! written back (labels only rise), so hosts that never saw the lost raise read it again; and
+//! since spent grants may have been lost with it, this host takes no grant until it restarts
+//! ([`PgError::GrantsUnvouched`]). Hosts that read the database before the write-back served
+//! the lowered label: a fleet needs a database that loses no acknowledged commit (synchronous
+//! replication to any standby it may fail over to).
 //!
 //! A database that cannot be reached, or an operation that takes longer than the configured
 //! timeout, fails the operation (the caller refuses the call); the next operation reconnects,
@@ -192,6 +197,19 @@ pub enum PgError {
         target: String,
         /// The principal.
         principal: String,
+    },
+    /// The database was found to have lost a label this host had seen, so it may have lost
+    /// spent grants too: a grant is refused rather than spent a second time.
+    #[error(
+        "flow-state database {target}: {lost}; it may have lost spent grants with it, so no \
+         grant is taken on this host until it restarts against a database that holds every \
+         write (see the log for the principal)"
+    )]
+    GrantsUnvouched {
+        /// The database.
+        target: String,
+        /// What was found lost.
+        lost: String,
     },
     /// A stored label is not a valid label.
     #[error("flow-state database {target}: stored label for {key} is invalid: {reason}")]
@@ -676,6 +694,9 @@ pub struct PostgresStore {
     /// are refused until a read finds its label back, so the store reports the failure
     /// (whatever other queries succeed) until then.
     lowered: Mutex<std::collections::BTreeMap<PrincipalId, String>>,
+    /// Why this host no longer vouches for grants' single use: the database was found to
+    /// have lost a label this host had seen (see [`PgError::GrantsUnvouched`]).
+    lost_writes: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -730,6 +751,7 @@ impl PostgresStore {
             failure: Mutex::new(None),
             seen: Mutex::new(HashMap::new()),
             lowered: Mutex::new(std::collections::BTreeMap::new()),
+            lost_writes: Mutex::new(None),
         };
         // Every label the database holds now is one this host has seen: a failover or
         // restore that lowers one later is then refused (PgError::Lower), even for a
@@ -769,6 +791,13 @@ impl PostgresStore {
                 principal: principal.to_string(),
             };
             lowered.insert(principal.clone(), err.to_string());
+            if let Ok(mut lost) = self.lost_writes.lock() {
+                lost.get_or_insert_with(|| {
+                    format!(
+                        "principal {principal}'s label was found lower than this host had seen it"
+                    )
+                });
+            }
             return Err(err.into());
         }
         lowered.remove(principal);
@@ -782,6 +811,39 @@ impl PostgresStore {
             .or_insert_with(InformationLabel::bottom);
         *entry = entry.join_or_top(label);
         Ok(())
+    }
+
+    /// Writes `seen` back as `principal`'s label, which the database was found to hold lower
+    /// than this host had seen it. Labels only rise, so the join is always safe; without it,
+    /// every other host (and any started later) would read and serve the lowered label,
+    /// since none of them may have seen the lost raise. The call that found it is refused
+    /// all the same.
+    async fn write_back(&self, principal: &PrincipalId, seen: &InformationLabel) {
+        match self
+            .run(async |c| self.raise_principal(c, principal, seen).await)
+            .await
+        {
+            Ok(_) => {
+                tracing::warn!(target = %self.target.name, principal = %principal, "wrote the label this host had seen back to the flow-state database");
+            }
+            Err(e) => {
+                tracing::error!(target = %self.target.name, principal = %principal, "cannot write the label this host had seen back to the flow-state database: {e}");
+            }
+        }
+    }
+
+    /// [`PostgresStore::observed`], writing the label seen back when the database's is lower.
+    async fn observed_or_write_back(
+        &self,
+        principal: &PrincipalId,
+        before: &InformationLabel,
+        label: &InformationLabel,
+    ) -> Result<(), StateError> {
+        let checked = self.observed(principal, before, label);
+        if checked.is_err() && !before.flows_to(label) {
+            self.write_back(principal, before).await;
+        }
+        checked
     }
 
     /// A failed query, as [`PgError::Conflict`] when the server aborted it for a concurrent
@@ -976,7 +1038,8 @@ impl StateBackend for PostgresStore {
             let principal = self
                 .run(async |c| self.principal_label(c, &key.principal).await)
                 .await?;
-            self.observed(&key.principal, &before, &principal)?;
+            self.observed_or_write_back(&key.principal, &before, &principal)
+                .await?;
             Ok(FlowState {
                 principal,
                 session: self.session_label(key)?,
@@ -995,7 +1058,8 @@ impl StateBackend for PostgresStore {
             let principal = self
                 .run(async |c| self.raise_principal(c, &key.principal, principal).await)
                 .await?;
-            self.observed(&key.principal, &before, &principal)?;
+            self.observed_or_write_back(&key.principal, &before, &principal)
+                .await?;
             // The session's label is this host's alone; the join is commutative, so
             // concurrent raises of one session compose under the lock.
             let mut sessions = self.sessions.lock().map_err(|_| {
@@ -1026,6 +1090,14 @@ impl StateBackend for PostgresStore {
 
     fn consume_grant<'a>(&'a self, id: &'a str, now: u64) -> StateFuture<'a, bool> {
         Box::pin(async move {
+            let lost = self.lost_writes.lock().map_err(poisoned)?.clone();
+            if let Some(lost) = lost {
+                return Err(PgError::GrantsUnvouched {
+                    target: self.target.name.clone(),
+                    lost,
+                }
+                .into());
+            }
             let now = i64::try_from(now).unwrap_or(i64::MAX);
             self.run(async |c| {
                 let n = c
@@ -1065,9 +1137,16 @@ impl StateBackend for PostgresStore {
             // A principal seen before and missing now reads as bottom, like a missing row
             // read on its own: both are checked against what this host has seen.
             let bottom = InformationLabel::bottom();
+            // Every lowered label is written back before the first is reported.
+            let mut lowered = None;
             for (principal, seen) in &before {
                 let label = principals.get(principal).unwrap_or(&bottom);
-                self.observed(principal, seen, label)?;
+                if let Err(e) = self.observed_or_write_back(principal, seen, label).await {
+                    lowered.get_or_insert(e);
+                }
+            }
+            if let Some(e) = lowered {
+                return Err(e);
             }
             for (principal, label) in &principals {
                 if !before.contains_key(principal) {
@@ -1493,7 +1572,16 @@ mod tests {
             ),
             "a missing row is not bottom to a store that has seen the label"
         );
-        assert!(third.get(&k).await.unwrap().principal.is_bottom());
+        // The store that found it lowered wrote back what it had seen: a host that never
+        // saw the lost raise reads it again (before, it served the principal at bottom).
+        assert_eq!(third.get(&k).await.unwrap().principal, owner("larkfield"));
+        // Spent grants may have been lost with the label: the store that found the loss
+        // takes none (before, a grant spent before the loss could be spent again).
+        assert!(matches!(
+            second.consume_grant("g-1", 1).await,
+            Err(StateError::Postgres(PgError::GrantsUnvouched { .. }))
+        ));
+        assert!(third.consume_grant("g-1", 1).await.unwrap());
     }
 
     /// The checkpoint vouches for the labels the check read: it is not written to a
@@ -1530,9 +1618,11 @@ mod tests {
         );
     }
 
-    /// A label found lower than this host has seen refuses every call of that principal:
-    /// the store reports it as its failure (health says the flow state failed) until a read
-    /// finds the label back, though the queries themselves succeed, other principals' too.
+    /// A label found lower than this host has seen refuses the call of that principal that
+    /// found it: the store reports it as its failure (health says the flow state failed)
+    /// until a read finds the label back, though the queries themselves succeed, other
+    /// principals' too. The store writes what it had seen back at once, so the next read
+    /// does (and every other host reads it again).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lowered_label_stays_the_stores_failure_until_it_is_read_back() {
         use super::super::tests::{key, owner};
@@ -1567,10 +1657,15 @@ mod tests {
         );
         store.get(&bob).await.unwrap();
         assert!(store.failure().is_some(), "bob's read cleared alice's");
-        assert!(store.get(&alice).await.is_err());
-        set(owner("larkfield")).await;
-        store.get(&alice).await.unwrap();
+        // The refusal wrote back the label the store had seen, so the next read finds it.
+        assert_eq!(
+            store.get(&alice).await.unwrap().principal,
+            owner("larkfield")
+        );
         assert_eq!(store.failure(), None);
+        // Lowered again, refused again.
+        set(InformationLabel::bottom()).await;
+        assert!(store.get(&alice).await.is_err());
     }
 
     /// A server whose transactions default to `serializable` (or `repeatable read`) would
