@@ -755,8 +755,8 @@ pub fn thread_credentials() -> io::Result<ThreadCredentials> {
     })
 }
 
-/// Makes the calling thread act as `uid` and `gid` (effective and filesystem ids, and the
-/// real ones too if `real`), with no supplementary group and no effective capability.
+/// Makes the calling thread act as `uid` and `gid` (effective and filesystem ids; the real
+/// ones stay its own), with no supplementary group and no effective capability.
 /// `own` is what [`thread_credentials`] read of the thread just before. Only this thread
 /// changes: the raw syscalls are used, since glibc's wrappers apply an id change to every
 /// thread of the process. Saved ids are kept, so [`restore_credentials`] can go back. Needs
@@ -767,14 +767,8 @@ pub fn assume_identity(
     own: &ThreadCredentials,
     uid: libc::uid_t,
     gid: libc::gid_t,
-    real: bool,
 ) -> io::Result<()> {
     const KEEP: libc::c_long = -1;
-    let (ruid, rgid) = if real {
-        (libc::c_long::from(uid), libc::c_long::from(gid))
-    } else {
-        (KEEP, KEEP)
-    };
     if !own.groups.is_empty() {
         // SAFETY: setgroups with a count of 0 reads no memory; the raw syscall changes only
         // this thread's groups.
@@ -783,9 +777,9 @@ pub fn assume_identity(
         })?;
     }
     // SAFETY: integer arguments only; the raw syscall changes only this thread's ids.
-    check(unsafe { libc::syscall(libc::SYS_setresgid, rgid, gid, KEEP) })?;
+    check(unsafe { libc::syscall(libc::SYS_setresgid, KEEP, gid, KEEP) })?;
     // SAFETY: as above.
-    check(unsafe { libc::syscall(libc::SYS_setresuid, ruid, uid, KEEP) })?;
+    check(unsafe { libc::syscall(libc::SYS_setresuid, KEEP, uid, KEEP) })?;
     // Leaving uid 0 drops the effective capabilities; a broker that is not root (or runs
     // with securebits that keep them) still holds them: they go explicitly, so nothing
     // overrides file permissions on the executor's behalf.

@@ -7,10 +7,16 @@
 //! with each message to a receiver that asks for them). A privileged broker making these
 //! calls as itself would lend the executor its own identity (root's, or the service user's
 //! with its capabilities). So on the thread that makes the call, the broker takes the
-//! executor's uid and gid for the call's duration, with no supplementary group and no
-//! capability, as the executor runs. The process a peer is told of stays the broker's (its
-//! pid, and what is derived from it: `SO_PEERPIDFD`, its cgroup, its `/proc` entry): the
-//! kernel takes it from the calling process.
+//! executor's uid and gid as its effective ids for the call's duration, with no supplementary
+//! group and no capability, as the executor runs. Its real ids stay the broker's: a process
+//! running as the executor's uid may then neither signal the thread nor change its priority
+//! or CPUs meanwhile (an executor without a pid namespace of its own can name the broker's
+//! threads). What the kernel would take from the real ids, the sender a unix receiver is told
+//! of, is given with each send instead (an `SCM_CREDENTIALS` control message naming the
+//! executor's uid and gid, which the kernel takes from a thread whose effective ids they
+//! are). The process a peer is told of stays the broker's (its pid, and what is derived from
+//! it: `SO_PEERPIDFD`, its cgroup, its `/proc` entry): the kernel takes it from the calling
+//! process.
 //!
 //! A netlink socket is the same: the kernel checks a request to it against the capabilities
 //! of the caller (a `SOCK_DESTROY` to `sock_diag` needs `CAP_NET_ADMIN`, and a broker that
@@ -24,20 +30,6 @@ use std::io;
 use super::socket::TakenSocket;
 use crate::sys;
 
-/// Which of the executor's ids an operation is made with.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Ids {
-    /// The effective (and so filesystem) ids: what file permission checks and a peer's
-    /// `SO_PEERCRED` read. The thread's real ids stay the broker's, so no process running
-    /// as the executor's uid may signal the thread meanwhile.
-    Effective,
-    /// The real ids too: what the kernel attaches to a message as its sender's
-    /// (`SCM_CREDENTIALS`). For one send, a process running as the executor's uid may signal
-    /// the thread (only executors do, and they do not see the broker's pid namespace), and
-    /// the thread counts toward that uid's process limit.
-    Sender,
-}
-
 /// Runs `op` on this thread with `identity` (the executor's uid and gid) when `sock` is a
 /// unix or netlink socket ([`as_the_executor`]) and the broker has an identity of its own
 /// to set aside (`identity` is `Some`
@@ -48,12 +40,11 @@ pub(super) enum Ids {
 /// credentials.
 pub(super) fn unix_op<T>(
     identity: Option<(u32, u32)>,
-    ids: Ids,
     sock: &TakenSocket,
     op: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
     if as_the_executor(sock.info.family) {
-        as_executor(identity, ids, op)
+        as_executor(identity, op)
     } else {
         op()
     }
@@ -61,21 +52,20 @@ pub(super) fn unix_op<T>(
 
 /// Whether operations on a socket of `family` are made with the executor's identity: those
 /// whose outcome depends on who calls (see the module docs).
-fn as_the_executor(family: i32) -> bool {
+pub(super) fn as_the_executor(family: i32) -> bool {
     matches!(family, libc::AF_UNIX | libc::AF_NETLINK)
 }
 
 /// Runs `op` on this thread as `identity` when there is one (see [`unix_op`]), else as it is.
 pub(super) fn as_executor<T>(
     identity: Option<(u32, u32)>,
-    ids: Ids,
     op: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
     let Some((uid, gid)) = identity else {
         return op();
     };
     let restore = Restore(sys::thread_credentials()?);
-    if let Err(e) = sys::assume_identity(&restore.0, uid, gid, matches!(ids, Ids::Sender)) {
+    if let Err(e) = sys::assume_identity(&restore.0, uid, gid) {
         // Logged as the broker: a log line is a message on a socket too.
         drop(restore);
         tracing::warn!(
@@ -146,7 +136,7 @@ mod tests {
         }
         let own = status("/proc/thread-self/status");
         let leader = status("/proc/self/status");
-        let during = as_executor(Some((65534, 65533)), Ids::Sender, || {
+        let during = as_executor(Some((65534, 65533)), || {
             Ok((
                 status("/proc/thread-self/status"),
                 status("/proc/self/status"),
@@ -154,12 +144,13 @@ mod tests {
         })
         .unwrap();
         let (this, other) = during;
+        // The real ids stay the broker's: no process of the executor's uid may signal it.
         assert!(
-            this.contains(&"Uid:\t65534\t65534\t0\t65534".to_owned()),
+            this.contains(&"Uid:\t0\t65534\t0\t65534".to_owned()),
             "{this:?}"
         );
         assert!(
-            this.contains(&"Gid:\t65533\t65533\t0\t65533".to_owned()),
+            this.contains(&"Gid:\t0\t65533\t0\t65533".to_owned()),
             "{this:?}"
         );
         assert!(
@@ -175,28 +166,9 @@ mod tests {
         assert_eq!(other, leader);
         assert_eq!(status("/proc/thread-self/status"), own);
 
-        // Without a message to send, the real ids stay the broker's.
-        let this = as_executor(Some((65534, 65533)), Ids::Effective, || {
-            Ok(status("/proc/thread-self/status"))
-        })
-        .unwrap();
-        assert!(
-            this.contains(&"Uid:\t0\t65534\t0\t65534".to_owned()),
-            "{this:?}"
-        );
-        assert!(
-            this.contains(&"Gid:\t0\t65533\t0\t65533".to_owned()),
-            "{this:?}"
-        );
-        assert!(
-            this.contains(&"CapEff:\t0000000000000000".to_owned()),
-            "{this:?}"
-        );
-        assert_eq!(status("/proc/thread-self/status"), own);
-
         // A panic in the operation still gives the thread its credentials back.
         let panicked = std::panic::catch_unwind(|| {
-            let _ = as_executor(Some((65534, 65534)), Ids::Sender, || -> io::Result<()> {
+            let _ = as_executor(Some((65534, 65534)), || -> io::Result<()> {
                 panic!("in the call")
             });
         });
@@ -235,26 +207,24 @@ mod tests {
                 "{own:?}"
             );
             assert!(own.contains(&"Groups:\t4243 ".to_owned()), "{own:?}");
-            for (ids, uid) in [
-                (Ids::Sender, "Uid:\t65534\t65534\t4242\t65534"),
-                (Ids::Effective, "Uid:\t4242\t65534\t4242\t65534"),
-            ] {
-                let this = as_executor(Some((65534, 65534)), ids, || {
-                    Ok(status("/proc/thread-self/status"))
-                })
-                .unwrap();
-                assert!(this.contains(&uid.to_owned()), "{ids:?}: {this:?}");
-                assert!(
-                    this.contains(&"CapEff:\t0000000000000000".to_owned()),
-                    "{ids:?}: {this:?}"
-                );
-                assert!(
-                    this.iter()
-                        .any(|l| l.starts_with("Groups:") && l[7..].trim().is_empty()),
-                    "{ids:?}: {this:?}"
-                );
-                assert_eq!(status("/proc/thread-self/status"), own, "{ids:?}");
-            }
+            let this = as_executor(Some((65534, 65534)), || {
+                Ok(status("/proc/thread-self/status"))
+            })
+            .unwrap();
+            assert!(
+                this.contains(&"Uid:\t4242\t65534\t4242\t65534".to_owned()),
+                "{this:?}"
+            );
+            assert!(
+                this.contains(&"CapEff:\t0000000000000000".to_owned()),
+                "{this:?}"
+            );
+            assert!(
+                this.iter()
+                    .any(|l| l.starts_with("Groups:") && l[7..].trim().is_empty()),
+                "{this:?}"
+            );
+            assert_eq!(status("/proc/thread-self/status"), own);
         })
         .join()
         .unwrap();

@@ -82,6 +82,24 @@ pub(super) fn translate_control(
     Ok(out)
 }
 
+/// An `SCM_CREDENTIALS` control message giving `pid`, `uid` and `gid` as the sender's. The
+/// kernel takes it from a thread whose effective ids are `uid` and `gid` and whose process is
+/// `pid`, and tells a receiver that asks (`SO_PASSCRED`) exactly these.
+pub(super) fn credentials(pid: u32, uid: u32, gid: u32) -> Vec<u8> {
+    const HDR: usize = 16;
+    let len = HDR + size_of::<libc::ucred>();
+    let mut out = Vec::with_capacity(32);
+    out.extend_from_slice(&(len as u64).to_ne_bytes());
+    out.extend_from_slice(&libc::SOL_SOCKET.to_ne_bytes());
+    out.extend_from_slice(&libc::SCM_CREDENTIALS.to_ne_bytes());
+    out.extend_from_slice(&pid.to_ne_bytes());
+    out.extend_from_slice(&uid.to_ne_bytes());
+    out.extend_from_slice(&gid.to_ne_bytes());
+    // Padded to the alignment the kernel steps by (CMSG_SPACE).
+    out.resize(len.next_multiple_of(8), 0);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

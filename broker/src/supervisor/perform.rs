@@ -7,7 +7,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsFd;
 
-use super::as_executor::{Ids, unix_op};
+use super::as_executor::unix_op;
 use super::memory::{Budget, MAX_IOV, MMSGHDR_SIZE, MSGHDR_SIZE, addr_len};
 use super::socket::{TakenSocket, peer};
 use super::unix_path::Target;
@@ -83,7 +83,7 @@ impl Caller<'_> {
             return Ok(Outcome::Errno(libc::EACCES));
         }
         let bind = || sys::bind_raw(sock.fd.as_fd(), &target.addr);
-        if let Err(e) = unix_op(self.ctx.identity, Ids::Effective, &sock, bind) {
+        if let Err(e) = unix_op(self.ctx.identity, &sock, bind) {
             return Ok(Outcome::Errno(errno_of(&e)));
         }
         self.remember_bound(&sock);
@@ -121,7 +121,7 @@ impl Caller<'_> {
         // A unix listener hands its credentials to every client that connects.
         let listen = || sys::listen_raw(sock.fd.as_fd(), backlog as i32);
         Ok(to_outcome(
-            unix_op(self.ctx.identity, Ids::Effective, &sock, listen).map(|()| 0),
+            unix_op(self.ctx.identity, &sock, listen).map(|()| 0),
         ))
     }
 

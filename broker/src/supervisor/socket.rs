@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use tokio::io::unix::AsyncFd;
 
-use super::as_executor::{Ids, unix_op};
+use super::as_executor::unix_op;
 use super::pidfds::Opened;
 use super::{Caller, Outcome, Step, errno_of};
 use crate::attempt::{Destination, SocketInfo};
@@ -32,6 +32,18 @@ const INLINE_CONNECT_WAIT: Duration = Duration::from_micros(250);
 /// peer that never answers, for minutes; for a unix listener whose backlog stays full, for
 /// good). Cut off there with EINTR, the connect is then awaited like any other under way.
 const CONNECT_BLOCK_LIMIT: Duration = Duration::from_millis(2);
+
+/// The `SCM_CREDENTIALS` control message naming the executor's uid and gid (and the broker's
+/// pid, the only one the kernel lets it give) for a send on a socket the broker uses as the
+/// executor (see [`unix_op`]); empty when the broker has no identity to set aside.
+fn sender_credentials(identity: Option<(u32, u32)>, sock: &TakenSocket) -> Vec<u8> {
+    match identity {
+        Some((uid, gid)) if super::as_executor::as_the_executor(sock.info.family) => {
+            super::cmsg::credentials(std::process::id(), uid, gid)
+        }
+        _ => Vec::new(),
+    }
+}
 
 /// Most sockets per executor whose facts are kept; at the bound all are forgotten.
 const MAX_KNOWN_SOCKETS: usize = 1024;
@@ -255,7 +267,7 @@ fn start_connect(
 /// socket's with the executor's identity (see `as_executor`).
 fn connect_bounded(sock: &TakenSocket, addr: &[u8], identity: Identity) -> io::Result<()> {
     let fd = sock.fd.as_fd();
-    unix_op(identity, Ids::Effective, sock, || {
+    unix_op(identity, sock, || {
         crate::bound::bounded(CONNECT_BLOCK_LIMIT, || sys::connect_raw(fd, addr)).and_then(|r| r)
     })
 }
@@ -494,6 +506,11 @@ impl Caller<'_> {
         {
             return Ok(Err(e));
         }
+        // What a unix receiver is told of the sender (`SO_PASSCRED`): the executor's ids,
+        // given with each send rather than taken by the kernel from the thread's real ids,
+        // which then stay the broker's (see `as_executor`).
+        let sender = sender_credentials(self.ctx.identity, sock);
+        msg.control.extend_from_slice(&sender);
         let dontwait = flags & libc::MSG_DONTWAIT != 0;
         // A Fast Open send that started the handshake without its bytes, waiting for it.
         let mut connecting = false;
@@ -508,7 +525,7 @@ impl Caller<'_> {
         loop {
             // A unix receiver may ask who sent each message (`SO_PASSCRED`).
             let send = || sys::sendmsg_owned(sock.fd.as_fd(), &msg, flags | libc::MSG_DONTWAIT);
-            match unix_op(self.ctx.identity, Ids::Sender, sock, send) {
+            match unix_op(self.ctx.identity, sock, send) {
                 Ok(n) => {
                     sent += n;
                     // Whatever Fast Open began, the rest goes on the connection: sent again
@@ -519,8 +536,9 @@ impl Caller<'_> {
                         return Ok(Ok(sent));
                     }
                     msg.data.drain(..n);
-                    // The control data (and any name) went with the first bytes.
-                    msg.control.clear();
+                    // The control data (and any name) went with the first bytes; who sends
+                    // goes with every one.
+                    msg.control.clone_from(&sender);
                     msg.name.clear();
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && may_block() => {}

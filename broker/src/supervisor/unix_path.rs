@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use super::as_executor::{Ids, as_executor};
+use super::as_executor::as_executor;
 use super::socket::TakenSocket;
 use super::{Caller, Outcome, Step, errno_of};
 use crate::attempt::{Destination, EgressSyscall};
@@ -77,7 +77,7 @@ impl Caller<'_> {
         // Looked up as the executor: each directory on the way needs its search permission.
         let open = |path: &Path| {
             let path = c(path)?;
-            as_executor(self.ctx.identity, Ids::Effective, || {
+            as_executor(self.ctx.identity, || {
                 sys::open_path_nofollow(root.as_fd(), &path, true)
             })
             .map_err(errno)
