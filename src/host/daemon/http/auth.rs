@@ -154,16 +154,24 @@ struct Jwt {
 
 /// An issuer's key set as read from its file: keys by `kid` (keys without one are tried
 /// when a token names none), each with the SHA-256 of its JWK, which tells one key from
-/// another across reads.
+/// another across reads, and the one algorithm it names, if it does.
 #[derive(Default)]
-pub struct KeySet(HashMap<Option<String>, Vec<([u8; 32], DecodingKey)>>);
+pub struct KeySet(HashMap<Option<String>, Vec<SigningKey>>);
+
+/// One key of a set that may verify signatures.
+struct SigningKey {
+    fingerprint: [u8; 32],
+    key: DecodingKey,
+    /// The algorithm its JWK names (`alg`): it verifies only tokens signed with that one.
+    alg: Option<Algorithm>,
+}
 
 impl KeySet {
     /// Whether this set holds the key `fingerprint` under `kid`.
     fn holds(&self, kid: &Option<String>, fingerprint: &[u8; 32]) -> bool {
         self.0
             .get(kid)
-            .is_some_and(|keys| keys.iter().any(|(f, _)| f == fingerprint))
+            .is_some_and(|keys| keys.iter().any(|k| &k.fingerprint == fingerprint))
     }
 }
 
@@ -259,7 +267,7 @@ impl Authenticator {
         if let Some(j) = &self.jwt {
             let mut set = j.keys.write().unwrap_or_else(|p| p.into_inner());
             for (kid, keys) in set.0.iter_mut() {
-                keys.retain(|(f, _)| newer.holds(kid, f));
+                keys.retain(|k| newer.holds(kid, &k.fingerprint));
             }
             set.0.retain(|_, keys| !keys.is_empty());
         }
@@ -331,8 +339,13 @@ impl Jwt {
         validation.set_audience(&[&self.config.audience]);
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let mut last = AuthRefusal::InvalidToken("no key of the issuer's set verifies it".into());
-        for (_, key) in keys {
-            match jsonwebtoken::decode::<serde_json::Value>(token, key, &validation) {
+        // A key that names its algorithm verifies tokens of that one only (a key published
+        // for RS256 is no PS256 key).
+        for k in keys
+            .iter()
+            .filter(|k| k.alg.is_none_or(|alg| alg == header.alg))
+        {
+            match jsonwebtoken::decode::<serde_json::Value>(token, &k.key, &validation) {
                 Ok(data) => return self.map(&data.claims),
                 Err(e) => {
                     last = match e.kind() {
@@ -385,8 +398,40 @@ fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
     let text = String::from_utf8(bytes).map_err(|_| fail("not UTF-8 text".into()))?;
     let set: JwkSet =
         serde_json::from_str(&text).map_err(|e| fail(format!("not a JSON Web Key Set: {e}")))?;
-    let mut keys: HashMap<Option<String>, Vec<([u8; 32], DecodingKey)>> = HashMap::new();
+    let mut keys: HashMap<Option<String>, Vec<SigningKey>> = HashMap::new();
     for (i, jwk) in set.keys.iter().enumerate() {
+        // A key published for encryption, or for operations that do not include verifying,
+        // verifies no signature (RFC 7517, sections 4.2 and 4.3); nor does one naming an
+        // algorithm that is not a signature algorithm.
+        let common = &jwk.common;
+        let not_for_signatures = common
+            .public_key_use
+            .as_ref()
+            .is_some_and(|u| *u != jsonwebtoken::jwk::PublicKeyUse::Signature)
+            || common
+                .key_operations
+                .as_ref()
+                .is_some_and(|ops| !ops.contains(&jsonwebtoken::jwk::KeyOperations::Verify));
+        let alg = match common.key_algorithm {
+            None => None,
+            Some(named) => match format!("{named:?}").parse::<Algorithm>() {
+                Ok(alg) if ALGORITHMS.contains(&alg) => Some(alg),
+                _ => {
+                    tracing::debug!(
+                        key = i,
+                        "JWT key set: key {i} names an algorithm flowhost does not verify with; not used"
+                    );
+                    continue;
+                }
+            },
+        };
+        if not_for_signatures {
+            tracing::debug!(
+                key = i,
+                "JWT key set: key {i} is not for signatures; not used"
+            );
+            continue;
+        }
         if matches!(
             jwk.algorithm,
             jsonwebtoken::jwk::AlgorithmParameters::OctetKey(_)
@@ -400,10 +445,16 @@ fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
         let fingerprint: [u8; 32] = Sha256::digest(&text).into();
         keys.entry(jwk.common.key_id.clone())
             .or_default()
-            .push((fingerprint, key));
+            .push(SigningKey {
+                fingerprint,
+                key,
+                alg,
+            });
     }
     if keys.is_empty() {
-        return Err(fail("the key set has no keys".into()));
+        return Err(fail(
+            "the key set has no keys for verifying signatures".into(),
+        ));
     }
     Ok(KeySet(keys))
 }
@@ -541,6 +592,54 @@ principals = {{ "user-1" = "alice" }}
             AuthRefusal::Unreadable(UnreadableHeader::NotAscii).to_string(),
             "the Authorization header is not visible ASCII"
         );
+    }
+
+    /// A key published for encryption, or for operations without `verify`, verifies no
+    /// token, and a key naming its algorithm verifies only tokens of that one. Before, every
+    /// key of the set verified tokens of any accepted algorithm its type could check.
+    #[test]
+    fn a_key_verifies_only_what_its_jwk_says_it_is_for() {
+        let issuer = Issuer::new(7);
+        let token = issuer
+            .token(
+                &json!({"iss": "https://as.example", "aud": "https://mcp.example/mcp",
+                           "exp": now() + 300, "sub": "user-1"}),
+            )
+            .unwrap();
+        let bearer = format!("Bearer {token}");
+        let with = |change: serde_json::Value| {
+            let dir = tempfile::tempdir().unwrap();
+            let a = authenticator(dir.path(), &issuer);
+            let mut set: serde_json::Value = serde_json::from_str(&issuer.jwks).unwrap();
+            let key = set["keys"][0].as_object_mut().unwrap();
+            for (k, v) in change.as_object().unwrap() {
+                key.insert(k.clone(), v.clone());
+            }
+            // Alongside, so the set is not empty of keys for signatures.
+            let other =
+                serde_json::from_str::<serde_json::Value>(&Issuer::new(9).jwks).unwrap()["keys"][0]
+                    .clone();
+            set["keys"].as_array_mut().unwrap().push(other);
+            let jwks = dir.path().join("jwks.json");
+            std::fs::write(&jwks, set.to_string()).unwrap();
+            a.use_key_set(load_keys(&jwks).unwrap());
+            a.authenticate_value(Some(&bearer))
+        };
+        assert_eq!(with(json!({})).unwrap().as_str(), "alice");
+        assert_eq!(
+            with(json!({"use": "sig", "key_ops": ["verify"]}))
+                .unwrap()
+                .as_str(),
+            "alice"
+        );
+        for refused in [
+            json!({"use": "enc"}),
+            json!({"key_ops": ["encrypt"]}),
+            json!({"alg": "ES256"}),
+            json!({"alg": "RSA-OAEP"}),
+        ] {
+            assert!(with(refused.clone()).is_err(), "{refused}");
+        }
     }
 
     #[test]
