@@ -63,8 +63,9 @@ pub enum StateError {
         /// The SQLite error.
         source: rusqlite::Error,
     },
-    /// A stored label is not a valid label (edited by hand, or corrupt).
-    #[error("flow-state database {path}: stored label for {key} is invalid: {reason}")]
+    /// A stored label is not a valid label, or the stored checkpoint no valid checkpoint
+    /// (edited by hand, or corrupt).
+    #[error("flow-state database {path}: stored value for {key} is invalid: {reason}")]
     Corrupt {
         /// The database file.
         path: PathBuf,
@@ -1089,7 +1090,18 @@ impl SqliteStore {
                 path: self.path.clone(),
                 source,
             })
-            .map(|row| row.map(|(seq, hash)| (seq.max(0) as u64, hash)))
+            .and_then(|row| {
+                row.map(|(seq, hash)| {
+                    // A negative number is no record's: the file was edited or is corrupt.
+                    let seq = u64::try_from(seq).map_err(|_| StateError::Corrupt {
+                        path: self.path.clone(),
+                        key: "(the records checkpoint)".into(),
+                        reason: format!("a negative sequence number ({seq})"),
+                    })?;
+                    Ok((seq, hash))
+                })
+                .transpose()
+            })
     }
 
     /// Binds the state to record `seq` (line hash `hash`), durably: every label the records
@@ -1166,6 +1178,26 @@ pub(crate) mod tests {
 
     use super::*;
     use std::collections::{BTreeMap, BTreeSet};
+
+    /// A negative checkpoint sequence number is no record's: the stored checkpoint is
+    /// corrupt (before, it was read as record 0, which PostgreSQL's store refuses).
+    #[test]
+    fn a_negative_checkpoint_is_corrupt_not_record_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let store = SqliteStore::open(&db).unwrap();
+        store.set_checkpoint(3, "sha256:x").unwrap();
+        let raw = rusqlite::Connection::open(&db).unwrap();
+        raw.execute("UPDATE records_checkpoint SET seq = -5", [])
+            .unwrap();
+        let err = store.checkpoint().unwrap_err();
+        assert!(matches!(err, StateError::Corrupt { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("negative sequence number (-5)"),
+            "{err}"
+        );
+        drop(raw);
+    }
 
     /// A second process on the same state file would trust its own copy of every label and
     /// overwrite the first's raises: it is refused while the first has the file open.
@@ -1564,6 +1596,6 @@ pub(crate) mod tests {
         .unwrap();
         drop(conn);
         let err = SqliteStore::open(&db).unwrap_err().to_string();
-        assert!(err.contains("stored label for alice is invalid"), "{err}");
+        assert!(err.contains("stored value for alice is invalid"), "{err}");
     }
 }

@@ -211,8 +211,8 @@ pub enum PgError {
         /// What was found lost.
         lost: String,
     },
-    /// A stored label is not a valid label.
-    #[error("flow-state database {target}: stored label for {key} is invalid: {reason}")]
+    /// A stored label is not a valid label, or the stored checkpoint no valid checkpoint.
+    #[error("flow-state database {target}: stored value for {key} is invalid: {reason}")]
     Corrupt {
         /// The database.
         target: String,
