@@ -338,6 +338,17 @@ impl FlowResolver {
                 tool: tool.name().to_string(),
             });
         }
+        // The state's read above may have taken up to its timeout: a grant that expired
+        // meanwhile is not spent on a call that starts after its window.
+        if let Some(g) = &grant
+            && g.expired(grant::now())
+        {
+            return Err(CallRefusal::Grant {
+                tool: tool.name().to_string(),
+                grant_id: g.id.clone(),
+                denial: GrantDenial::Expired,
+            });
+        }
         // Single use is spent only once everything else passed, durably, before dispatch.
         if let (Some(g), Some(offer)) = (&grant, offer)
             && !self.state.consume_grant(&g.id, offer.now).await?
@@ -811,6 +822,67 @@ pub(crate) mod tests {
             target: InformationLabel::bottom(),
             expires_at,
         }
+    }
+
+    /// A grant that expires while the state is read (which may take up to its timeout) is
+    /// neither spent nor applied: the call would start after the grant's window. Before,
+    /// validity was judged at the time read before the state, so the grant was spent and
+    /// the call dispatched under it.
+    #[tokio::test]
+    async fn a_grant_that_expires_while_the_state_is_read_is_not_spent() {
+        use crate::grant::{GRANT_SCHEMA, GrantBody, arguments_hash, label_hash};
+        let dir = tempfile::tempdir().unwrap();
+        let res = resolver(dir.path());
+        let (reg, who) = (registry(), analyst());
+        let inbox = reg.tool("public-inbox", "publish").unwrap();
+        // The classifier finds the lab's terms in the arguments: the call's source.
+        let args = json!({"message": "harbor goods", "sink": "127.0.0.1:1"});
+        let now = crate::grant::now();
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        let body = GrantBody {
+            schema: GRANT_SCHEMA.into(),
+            grant_id: "g-1".into(),
+            authority: "board".into(),
+            principal: who.id.clone(),
+            session: "s1".into(),
+            server: inbox.server_id().into(),
+            tool: inbox.name().into(),
+            purpose: crate::DeclassificationPurpose::new("reviewed-summary").unwrap(),
+            arguments_hash: arguments_hash(&args).unwrap(),
+            source_label_hash: label_hash(&terms()),
+            target_label: InformationLabel::bottom(),
+            issued_at: now - 100,
+            expires_at: now,
+        };
+        let grant = SignedGrant::sign(body, &key).unwrap();
+        let authorities = Authorities::from([("board".to_string(), key.verifying_key())]);
+        let offer = |at| GrantOffer {
+            grant: &grant,
+            authorities: &authorities,
+            now: at,
+        };
+        // Read before the state, the time was inside the window.
+        let refused = res
+            .pre_dispatch(
+                &who,
+                &key_for(&who, "s1"),
+                inbox,
+                &args,
+                Some(offer(now - 1)),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                CallRefusal::Grant {
+                    denial: GrantDenial::Expired,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        assert!(res.state.consume_grant("g-1", now).await.unwrap(), "spent");
     }
 
     /// A state that cannot be read at the syscall refuses the attempt as a state failure,
