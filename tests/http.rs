@@ -1534,6 +1534,85 @@ fn a_credential_taken_out_of_the_configuration_is_revoked_at_the_reload() {
     assert_eq!((status(TOKEN), status(&subject)), (401, 401));
 }
 
+/// A stream stays open only while the credential that opened it authenticates: a GET stream
+/// opened with a JWT ends once the JWT has expired, and one opened with a bearer token once a
+/// reload takes the token out. Before, both stayed open for as long as the session lived
+/// (kept alive every 15 s), carrying whatever the host sent.
+#[test]
+fn a_stream_ends_when_its_credential_stops_authenticating() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let Some((lab, addr, issuer)) = start("") else {
+        return;
+    };
+    // A GET stream opened with `token` in a session of its own: how long it stayed open
+    // (`None`: still open after 20 s) and what it sent.
+    let open_stream = |token: String| {
+        let mut client = McpHttp::new(addr, Some(&token));
+        assert_eq!(client.initialize().status, 200);
+        let session = client.session.clone().unwrap();
+        std::thread::spawn(move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            write!(
+                s,
+                "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let opened = Instant::now();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while opened.elapsed() < Duration::from_secs(20) {
+                match s.read(&mut buf) {
+                    Ok(0) => {
+                        return (
+                            String::from_utf8_lossy(&got).into_owned(),
+                            Some(opened.elapsed()),
+                        );
+                    }
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(_) => {
+                        return (
+                            String::from_utf8_lossy(&got).into_owned(),
+                            Some(opened.elapsed()),
+                        );
+                    }
+                }
+            }
+            (String::from_utf8_lossy(&got).into_owned(), None)
+        })
+    };
+    // Within the tolerated clock skew for about five more seconds.
+    let expiring = jwt(&issuer, RESOURCE, unix_now() - 25, "agent-1");
+    let (sent, open) = open_stream(expiring).join().unwrap();
+    assert!(sent.starts_with("HTTP/1.1 200"), "{sent}");
+    assert!(
+        open.is_some_and(|t| t < Duration::from_secs(12)),
+        "the stream outlived its JWT: open {open:?}"
+    );
+    let streaming = open_stream(TOKEN.to_string());
+    std::thread::sleep(Duration::from_secs(1));
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let token_line = format!(
+        "sha256 = \"{}\"",
+        hex::encode(Sha256::digest(TOKEN.as_bytes()))
+    );
+    lab.write_config(&text.replacen(&token_line, &format!("sha256 = \"{}\"", "0".repeat(64)), 1));
+    reload_and_wait(&lab, 2, "reload refused");
+    let (sent, open) = streaming.join().unwrap();
+    assert!(sent.starts_with("HTTP/1.1 200"), "{sent}");
+    assert!(
+        open.is_some_and(|t| t < Duration::from_secs(8)),
+        "the stream outlived its revoked token: open {open:?}"
+    );
+}
+
 /// A principal that names another principal's session is answered as if there were no such
 /// session (404), whichever method it uses, and each attempt is recorded with the principal
 /// who made it, not with the session's id. Before, nothing was recorded, so a session id in

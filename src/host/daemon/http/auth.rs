@@ -175,6 +175,31 @@ impl KeySet {
     }
 }
 
+/// Who a request authenticated as, and with what: what it opens (a stream, a call answered
+/// later) is served only while [`Authenticator::still_accepts`] the credential.
+#[derive(Debug, Clone)]
+pub struct Credential {
+    /// The principal it authenticates.
+    pub principal: PrincipalId,
+    by: By,
+}
+
+/// What a [`Credential`] was presented as.
+#[derive(Debug, Clone)]
+enum By {
+    /// No `Authorization` at all, on loopback.
+    Loopback,
+    /// A configured bearer token (its SHA-256).
+    Token([u8; 32]),
+    /// A JWT: the key that verified it, the subject it was mapped by, and its `exp`.
+    Jwt {
+        kid: Option<String>,
+        fingerprint: [u8; 32],
+        subject: String,
+        expires: u64,
+    },
+}
+
 /// Maps credentials to principals (see the module docs).
 pub struct Authenticator {
     /// The configured tokens, less those a reload's configuration no longer lists.
@@ -205,7 +230,7 @@ impl Authenticator {
     /// sends no `Authorization` at all is the unauthenticated loopback principal (when one is
     /// configured: the listener is then on loopback); one sent twice, or with bytes outside
     /// visible ASCII, is refused like any other bad credential.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<PrincipalId, AuthRefusal> {
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Credential, AuthRefusal> {
         let authorization =
             single_header(headers, AUTHORIZATION.as_str()).map_err(AuthRefusal::Unreadable)?;
         if authorization.is_none()
@@ -214,13 +239,58 @@ impl Authenticator {
         {
             return Err(AuthRefusal::Forwarded { header });
         }
-        self.authenticate_value(authorization)
+        self.credential(authorization)
+    }
+
+    /// Whether `credential` would still authenticate now: a JWT until its `exp` (with the
+    /// clock skew tolerated), while the key that verified it and its subject's mapping are
+    /// kept; a bearer token while it is configured (a reload takes one out).
+    pub fn still_accepts(&self, credential: &Credential) -> bool {
+        match &credential.by {
+            By::Loopback => true,
+            By::Token(digest) => self
+                .tokens
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|t| t.sha256 == *digest && t.principal == credential.principal),
+            By::Jwt {
+                kid,
+                fingerprint,
+                subject,
+                expires,
+            } => self.jwt.as_ref().is_some_and(|j| {
+                crate::lab::unix_now() < expires.saturating_add(LEEWAY_SECS)
+                    && j.keys
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .holds(kid, fingerprint)
+                    && j.principals
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(subject)
+                        == Some(&credential.principal)
+            }),
+        }
     }
 
     /// The principal an `Authorization` value (`None`: not sent) authenticates.
+    #[cfg(test)]
     fn authenticate_value(&self, authorization: Option<&str>) -> Result<PrincipalId, AuthRefusal> {
+        self.credential(authorization).map(|c| c.principal)
+    }
+
+    /// The credential an `Authorization` value (`None`: not sent) is.
+    fn credential(&self, authorization: Option<&str>) -> Result<Credential, AuthRefusal> {
         let Some(header) = authorization else {
-            return self.loopback.clone().ok_or(AuthRefusal::Missing);
+            return self
+                .loopback
+                .clone()
+                .map(|principal| Credential {
+                    principal,
+                    by: By::Loopback,
+                })
+                .ok_or(AuthRefusal::Missing);
         };
         // The scheme's name is case-insensitive (RFC 9110, section 11.1).
         let token = header
@@ -237,11 +307,14 @@ impl Authenticator {
                 found = Some(t.principal.clone());
             }
         }
-        if let Some(p) = found {
-            return Ok(p);
+        if let Some(principal) = found {
+            return Ok(Credential {
+                principal,
+                by: By::Token(digest),
+            });
         }
         match &self.jwt {
-            Some(jwt) if token.split('.').count() == 3 => jwt.principal(token),
+            Some(jwt) if token.split('.').count() == 3 => jwt.credential(token),
             _ => Err(AuthRefusal::UnknownToken),
         }
     }
@@ -317,7 +390,7 @@ impl Authenticator {
 }
 
 impl Jwt {
-    fn principal(&self, token: &str) -> Result<PrincipalId, AuthRefusal> {
+    fn credential(&self, token: &str) -> Result<Credential, AuthRefusal> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| AuthRefusal::InvalidToken(e.to_string()))?;
         if !ALGORITHMS.contains(&header.alg) {
@@ -346,7 +419,21 @@ impl Jwt {
             .filter(|k| k.alg.is_none_or(|alg| alg == header.alg))
         {
             match jsonwebtoken::decode::<serde_json::Value>(token, &k.key, &validation) {
-                Ok(data) => return self.map(&data.claims),
+                Ok(data) => {
+                    let (subject, principal) = self.map(&data.claims)?;
+                    // Verified, `exp` is a number; one that is no whole number of seconds
+                    // ends what it opens at once.
+                    let expires = data.claims["exp"].as_u64().unwrap_or(0);
+                    return Ok(Credential {
+                        principal,
+                        by: By::Jwt {
+                            kid: header.kid.clone(),
+                            fingerprint: k.fingerprint,
+                            subject,
+                            expires,
+                        },
+                    });
+                }
                 Err(e) => {
                     last = match e.kind() {
                         ErrorKind::ExpiredSignature => AuthRefusal::Expired,
@@ -368,7 +455,8 @@ impl Jwt {
         Err(last)
     }
 
-    fn map(&self, claims: &serde_json::Value) -> Result<PrincipalId, AuthRefusal> {
+    /// The subject claim's value and the principal it maps to.
+    fn map(&self, claims: &serde_json::Value) -> Result<(String, PrincipalId), AuthRefusal> {
         let claim = &self.config.principal_claim;
         let value = claims
             .get(claim)
@@ -378,7 +466,7 @@ impl Jwt {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(value)
-            .cloned()
+            .map(|principal| (value.to_string(), principal.clone()))
             .ok_or_else(|| AuthRefusal::UnknownPrincipal {
                 claim: claim.clone(),
                 value: value.chars().take(128).collect(),
@@ -540,7 +628,10 @@ principals = {{ "user-1" = "alice" }}
                 header,
                 hyper::header::HeaderValue::from_static("203.0.113.9"),
             );
-            assert_eq!(a.authenticate(&h), Err(AuthRefusal::Forwarded { header }));
+            assert_eq!(
+                a.authenticate(&h).map(|c| c.principal),
+                Err(AuthRefusal::Forwarded { header })
+            );
         }
         for header in ["x-forwarded-for", "x-forwarded-prefix", "X-Forwarded-Ssl"] {
             let mut h = HeaderMap::new();
@@ -549,13 +640,19 @@ principals = {{ "user-1" = "alice" }}
                 hyper::header::HeaderValue::from_static("on"),
             );
             assert_eq!(
-                a.authenticate(&h),
+                a.authenticate(&h).map(|c| c.principal),
                 Err(AuthRefusal::Forwarded {
                     header: "x-forwarded-*"
                 })
             );
         }
-        assert_eq!(a.authenticate(&HeaderMap::new()).unwrap().as_str(), "a");
+        assert_eq!(
+            a.authenticate(&HeaderMap::new())
+                .unwrap()
+                .principal
+                .as_str(),
+            "a"
+        );
     }
 
     /// An `Authorization` header that is sent but unreadable, or sent twice, is refused even
@@ -576,7 +673,7 @@ principals = {{ "user-1" = "alice" }}
                     hyper::header::HeaderValue::from_bytes(v).unwrap(),
                 );
             }
-            a.authenticate(&h)
+            a.authenticate(&h).map(|c| c.principal)
         };
         assert_eq!(with(&[]).unwrap().as_str(), "a");
         assert_eq!(with(&[b"Bearer garbage"]), Err(AuthRefusal::UnknownToken));

@@ -44,7 +44,7 @@ use crate::config::MAX_CONNECTIONS;
 use crate::decision::Denial;
 use crate::ident::PrincipalId;
 use crate::mcp::{Line, RpcError, code};
-use auth::{AuthRefusal, Authenticator};
+use auth::{AuthRefusal, Authenticator, Credential};
 use sources::Sources;
 use streams::{Events, ReplayBudget, Streams, Target};
 pub use tls::Certificates;
@@ -638,9 +638,9 @@ impl Transport {
         req: Request<Incoming>,
         slot: &UnprovenSlot,
     ) -> Response<Body> {
-        let principal = match self.admit(&req).await {
+        let credential = match self.admit(&req).await {
             // Proven, it no longer counts against connections without credentials.
-            Ok(principal) if slot.prove() => principal,
+            Ok(credential) if slot.prove() => credential,
             Ok(_) => {
                 let mut closing = http_error(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -662,9 +662,9 @@ impl Transport {
             }
         };
         match *req.method() {
-            Method::POST => self.post(req, principal).await,
-            Method::GET => self.get(req.headers(), &principal).await,
-            Method::DELETE => self.delete(req.headers(), &principal).await,
+            Method::POST => self.post(req, credential).await,
+            Method::GET => self.get(req.headers(), &credential).await,
+            Method::DELETE => self.delete(req.headers(), &credential.principal).await,
             _ => {
                 let mut r = http_error(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE");
                 r.headers_mut()
@@ -674,9 +674,9 @@ impl Transport {
         }
     }
 
-    /// The principal a request to the MCP endpoint comes from, or the answer for a request
+    /// The credential a request to the MCP endpoint comes with, or the answer for a request
     /// that is not one, or not authenticated (the public metadata included).
-    async fn admit(&self, req: &Request<Incoming>) -> Result<PrincipalId, Response<Body>> {
+    async fn admit(&self, req: &Request<Incoming>) -> Result<Credential, Response<Body>> {
         if let Err((status, why)) = check_host_and_origin(&self.config, req.headers()) {
             tracing::debug!("{why}; refused");
             return Err(http_error(status, &why));
@@ -902,8 +902,9 @@ impl Transport {
     async fn post(
         self: &Arc<Self>,
         req: Request<Incoming>,
-        principal: PrincipalId,
+        credential: Credential,
     ) -> Response<Body> {
+        let principal = credential.principal.clone();
         let accepts_sse = accepts_sse(req.headers());
         let headers = req.headers().clone();
         let limit = self.host.current().config.max_message_bytes;
@@ -1022,6 +1023,9 @@ impl Transport {
             }
             Err(refused) => return refused,
         };
+        // An answer that comes after the credential stopped authenticating (it expired, or
+        // a reload revoked it) does not go to its holder.
+        let events = events.while_true(self.validity(credential));
         let mut response = if accepts_sse {
             sse_response(events)
         } else {
@@ -1139,7 +1143,14 @@ impl Transport {
         Ok((id, remote))
     }
 
-    async fn get(&self, headers: &HeaderMap, principal: &PrincipalId) -> Response<Body> {
+    /// Whether `credential` still authenticates, for what a request made with it opened.
+    fn validity(&self, credential: Credential) -> streams::Validity {
+        let auth = self.auth.clone();
+        Arc::new(move || auth.still_accepts(&credential))
+    }
+
+    async fn get(&self, headers: &HeaderMap, credential: &Credential) -> Response<Body> {
+        let principal = &credential.principal;
         if !accepts_sse(headers) {
             return http_error(
                 StatusCode::NOT_ACCEPTABLE,
@@ -1163,7 +1174,8 @@ impl Transport {
             Err(_) => return http_error(StatusCode::INTERNAL_SERVER_ERROR, "session state lost"),
         };
         match opened {
-            Ok(events) => sse_response(events),
+            // The stream ends once the credential that opened it no longer authenticates.
+            Ok(events) => sse_response(events.while_true(self.validity(credential.clone()))),
             Err(streams::AttachError::Busy) => http_error(
                 StatusCode::CONFLICT,
                 if resuming {

@@ -45,7 +45,6 @@ pub(super) type Event = Bytes;
 /// What a client reads from one stream. While it lives, another reader of the stream is
 /// refused and, for a GET, it counts among the session's open GETs (which keep the session
 /// in use).
-#[derive(Debug)]
 pub(super) struct Events {
     rx: mpsc::Receiver<Event>,
     _reader: Arc<()>,
@@ -53,7 +52,17 @@ pub(super) struct Events {
     /// When the stream has been silent this long, a comment goes out (see
     /// [`Events::keep_alive`]).
     keep_alive: Option<tokio::time::Interval>,
+    /// Whether the stream may still be read, and how often that is asked while it is
+    /// silent (see [`Events::while_true`]).
+    valid: Option<(Validity, tokio::time::Interval)>,
 }
+
+/// How often a silent stream bound to a credential asks whether it still authenticates.
+const VALIDITY_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether what a stream carries may still go to its reader (its credential still
+/// authenticates).
+pub(super) type Validity = std::sync::Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// An SSE comment: clients skip it, and it is not an event (no id, nothing kept).
 const KEEP_ALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
@@ -68,10 +77,38 @@ pub(super) fn is_cancellation(event: &[u8]) -> bool {
     event == CANCELLED_COMMENT
 }
 
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Events")
+            .field("keep_alive", &self.keep_alive.is_some())
+            .field("bound", &self.valid.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Events {
     /// The next event; `None` once the stream has ended and every event was read.
     pub(super) async fn recv(&mut self) -> Option<Event> {
-        self.rx.recv().await
+        let event = self.rx.recv().await;
+        if !self.still_valid() {
+            return None;
+        }
+        event
+    }
+
+    /// Ends the stream, for its reader, once `valid` says no: an event is given only
+    /// while it holds, and a silent stream read as a stream ends within a second of its
+    /// ceasing to hold.
+    pub(super) fn while_true(mut self, valid: Validity) -> Events {
+        let mut every =
+            tokio::time::interval_at(tokio::time::Instant::now() + VALIDITY_CHECK, VALIDITY_CHECK);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.valid = Some((valid, every));
+        self
+    }
+
+    fn still_valid(&self) -> bool {
+        self.valid.as_ref().is_none_or(|(valid, _)| valid())
     }
 
     /// Read as a stream, the events come with a comment after every `silence` without one: a
@@ -91,10 +128,21 @@ impl tokio_stream::Stream for Events {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
         if let Poll::Ready(event) = self.rx.poll_recv(cx) {
+            if !self.still_valid() {
+                return Poll::Ready(None);
+            }
             if let Some(every) = &mut self.keep_alive {
                 every.reset();
             }
             return Poll::Ready(event);
+        }
+        // Polled until pending, so the next check wakes this stream.
+        if let Some((valid, every)) = &mut self.valid {
+            while every.poll_tick(cx).is_ready() {
+                if !valid() {
+                    return Poll::Ready(None);
+                }
+            }
         }
         if let Some(every) = &mut self.keep_alive
             && every.poll_tick(cx).is_ready()
@@ -235,6 +283,7 @@ impl Stream {
             _reader: reader,
             _get: get,
             keep_alive: None,
+            valid: None,
         };
         (tx, events)
     }
