@@ -207,12 +207,12 @@ impl McpArgs {
             }
             tools.insert(t.name().to_string(), entry);
         }
-        // A key given as a file is read from where the caller pointed, not from `dir`.
-        let key = if Path::new(&self.key).exists() {
-            shown("--key", &absolute(Path::new(&self.key))?)?
-        } else {
-            self.key.clone()
-        };
+        // The key is read here, once, by the daemon's rule (hex first, else a file read
+        // from where the caller pointed), and the configuration names it by its hex: a file
+        // named like the hex the caller gave (one a checked-out tree adds) is never read.
+        let key = crate::keys::verifying_key_from_arg(&self.key)
+            .map(|k| hex::encode(k.to_bytes()))
+            .map_err(|e| McpSetupError::Config(format!("--key {}: {e}", self.key)))?;
         let command = self.server_command()?;
         let env = self.server_env(|name| std::env::var_os(name))?;
         let absolute_all = |flag: &str, paths: &[PathBuf]| {
@@ -393,6 +393,36 @@ mod tests {
     fn config_of(args: &McpArgs) -> Result<String, McpSetupError> {
         let dir = tempfile::tempdir().unwrap();
         args.host_config(dir.path(), &dir.path().join("r"), &dir.path().join("h"))
+    }
+
+    /// `--key HEX` is that key, whatever file is named like it where the run starts (a tree
+    /// under test may add one, holding its own key). Before, such a file was read instead.
+    #[test]
+    fn a_hex_key_is_never_read_from_a_file_named_like_it() {
+        let pinned = std::fs::read_to_string(example("keys/status-probe.pub"))
+            .unwrap()
+            .trim()
+            .to_string();
+        assert_eq!(pinned.len(), 64, "{pinned}");
+        let other = hex::encode(
+            ed25519_dalek::SigningKey::from_bytes(&[3; 32])
+                .verifying_key()
+                .to_bytes(),
+        );
+        // Named relative to where the run starts, as `--key HEX` would be read as a path.
+        let decoy = std::path::PathBuf::from(&pinned);
+        std::fs::write(&decoy, format!("{other}\n")).unwrap();
+        let mut with_hex = args(&[]);
+        with_hex.key = pinned.clone();
+        let text = config_of(&with_hex);
+        std::fs::remove_file(&decoy).unwrap();
+        let key_of = |text: &str| {
+            let config: toml::Value = toml::from_str(text).unwrap();
+            config["server"][0]["key"].as_str().unwrap().to_string()
+        };
+        assert_eq!(key_of(&text.unwrap()), pinned);
+        // A file given by its path is read, and named by the key it holds.
+        assert_eq!(key_of(&config_of(&args(&[])).unwrap()), pinned);
     }
 
     /// `--env NAME` passes NAME as it is here, as `sandbox run` does: one that is not set is
