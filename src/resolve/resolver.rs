@@ -200,6 +200,9 @@ pub struct EgressJudgment {
     pub source: InformationLabel,
     /// The clearances checked.
     pub clearances: Vec<InformationLabel>,
+    /// The call's grant decided it (the clearances were checked against the grant's target,
+    /// not `source`): what it allowed is the call's alone.
+    pub under_grant: bool,
 }
 
 /// Whether a client's answer may reach a tool (see [`FlowResolver::admit_answer`]).
@@ -431,6 +434,7 @@ impl FlowResolver {
                     verdict: Verdict::Failed(Failure::StateFailure),
                     source: InformationLabel::Top,
                     clearances: Vec::new(),
+                    under_grant: false,
                 };
             }
         };
@@ -439,20 +443,22 @@ impl FlowResolver {
                 verdict: Verdict::refused(Denial::from(&GrantDenial::Expired)),
                 source,
                 clearances: Vec::new(),
+                under_grant: false,
             };
         }
         // A grant was issued against the source at dispatch; if anything raised it since (a
         // read in another session of the principal), the grant no longer applies. Nothing
         // declassifies `Top`.
-        let checked = match &plan.grant {
-            Some(g) if source == plan.source && !source.is_top() => g.target.clone(),
-            _ => source.clone(),
+        let (checked, under_grant) = match &plan.grant {
+            Some(g) if source == plan.source && !source.is_top() => (g.target.clone(), true),
+            _ => (source.clone(), false),
         };
         match check_clearances(&checked, &plan.security) {
             Err((denial, clearances)) => EgressJudgment {
                 verdict: Verdict::refused(denial.into()),
                 source,
                 clearances,
+                under_grant,
             },
             Ok(clearances) => {
                 let d = rules();
@@ -467,6 +473,7 @@ impl FlowResolver {
                     },
                     source,
                     clearances,
+                    under_grant,
                 }
             }
         }
@@ -924,6 +931,7 @@ pub(crate) mod tests {
         plan.grant = Some(lab_grant(crate::grant::now() + 600));
         let v = res.decide_egress(&plan, Some(&to), &rules, None).await;
         assert!(v.verdict.allowed(), "{v:?}");
+        assert!(v.under_grant, "{v:?}");
         assert!(
             res.admit_answer(&plan, "publish", "fine")
                 .await

@@ -317,6 +317,7 @@ impl EgressJudge {
             ),
         };
         let facts = self.facts(call.as_deref().zip(judged.as_ref()), details);
+        let under_grant = judged.as_ref().is_some_and(|v| v.under_grant);
         let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
         let Some(record) = self.record_unless_folded(facts) else {
             attempt.respond(BrokerVerdict::DENY);
@@ -328,6 +329,7 @@ impl EgressJudge {
                     attempt.respond(BrokerVerdict::Allow);
                     Judgment {
                         approved_under: Some(source),
+                        under_grant,
                     }
                 }
                 None => {
@@ -401,6 +403,7 @@ impl EgressJudge {
         };
         let details = lookup_broker_details(&lookup, pid);
         let facts = self.facts(call.as_deref().zip(judged.as_ref()), details);
+        let under_grant = judged.as_ref().is_some_and(|v| v.under_grant);
         let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
         let Some(record) = self.record_unless_folded(facts) else {
             return (Judgment::default(), blocks);
@@ -409,6 +412,7 @@ impl EgressJudge {
             Ok(_) => (
                 Judgment {
                     approved_under: allowed,
+                    under_grant,
                 },
                 blocks,
             ),

@@ -304,6 +304,10 @@ pub struct Judgment {
     /// The source label the attempt was allowed under (`None`: refused). The executor is
     /// retired before it serves a call under another label.
     pub approved_under: Option<InformationLabel>,
+    /// It was allowed under the call's declassification grant: the executor is retired
+    /// after the call, whatever comes next (a connection it opened is not judged again, and
+    /// the grant was the call's alone).
+    pub under_grant: bool,
 }
 
 /// Receives an executor's egress attempts together with the call they belong to.
@@ -355,8 +359,8 @@ pub struct McpExecutor<C> {
     /// Held while an attempt is judged; a call ends only once it holds it (see
     /// [`McpExecutor::call`]).
     judging: Arc<tokio::sync::Mutex<()>>,
-    /// The highest source label under which an egress of this executor was approved.
-    approved_under: Arc<Mutex<Option<InformationLabel>>>,
+    /// What the egress of this executor was approved under.
+    approved_under: Arc<Mutex<Approval>>,
     last_used: Instant,
     /// Log notifications the executor sent while it served no call (not forwarded: their
     /// data has no call whose label it would carry).
@@ -517,7 +521,7 @@ impl<C: NamedCall> McpExecutor<C> {
         spec.read_paths = template.read_paths.clone();
         let slot: CallSlot<C> = Arc::new(Mutex::new(None));
         let judging = Arc::new(tokio::sync::Mutex::new(()));
-        let approved_under = Arc::new(Mutex::new(None));
+        let approved_under = Arc::new(Mutex::new(Approval::Nothing));
         // The executor's pid is known only once it runs; its lookups come after.
         let pid_cell = Arc::new(std::sync::OnceLock::new());
         let dns = match &template.dns {
@@ -678,13 +682,12 @@ impl<C: NamedCall> McpExecutor<C> {
     }
 
     /// Whether the executor may serve a call whose source is `source`: it may not if it
-    /// had egress approved under a different (necessarily lower) label.
+    /// had egress approved under a different (necessarily lower) label, or under a call's
+    /// grant (which was that call's alone).
     pub fn fit_for(&self, source: &InformationLabel) -> bool {
-        match self.approved_under.lock().map(|g| g.clone()) {
-            Ok(None) => true,
-            Ok(Some(approved)) => &approved == source,
-            Err(_) => false,
-        }
+        self.approved_under
+            .lock()
+            .is_ok_and(|approved| approved.fits(source))
     }
 
     /// Whether the executor still sees its own resolver where its lookups go
@@ -1090,17 +1093,44 @@ struct Routing<C> {
     slot: CallSlot<C>,
     judging: Arc<tokio::sync::Mutex<()>>,
     sink: Arc<dyn AttemptSink<C>>,
-    approved_under: Arc<Mutex<Option<InformationLabel>>>,
+    approved_under: Arc<Mutex<Approval>>,
     dns: Option<Arc<ExecutorDns>>,
     /// The server (named in the egress decision log line).
     server: String,
 }
 
-/// Keeps the label an egress of the executor was approved under (see
-/// [`McpExecutor::fit_for`]).
-fn keep_approval(approved_under: &Mutex<Option<InformationLabel>>, judgment: Judgment) {
-    if let (Some(label), Ok(mut approved)) = (judgment.approved_under, approved_under.lock()) {
-        *approved = Some(label);
+/// What an executor's egress was approved under so far (see [`McpExecutor::fit_for`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Approval {
+    /// Nothing was approved.
+    Nothing,
+    /// The last approval's source label.
+    Under(InformationLabel),
+    /// Something was approved under a call's grant: the executor serves nothing after.
+    Grant,
+}
+
+impl Approval {
+    /// Whether an executor whose egress was approved so may serve a call whose source is
+    /// `source` (see [`McpExecutor::fit_for`]).
+    fn fits(&self, source: &InformationLabel) -> bool {
+        match self {
+            Approval::Nothing => true,
+            Approval::Under(approved) => approved == source,
+            Approval::Grant => false,
+        }
+    }
+}
+
+/// Keeps what an egress of the executor was approved under (see [`McpExecutor::fit_for`]).
+fn keep_approval(approved_under: &Mutex<Approval>, judgment: Judgment) {
+    let Ok(mut approved) = approved_under.lock() else {
+        return;
+    };
+    match judgment.approved_under {
+        Some(_) if judgment.under_grant => *approved = Approval::Grant,
+        Some(label) if *approved != Approval::Grant => *approved = Approval::Under(label),
+        _ => {}
     }
 }
 
@@ -1110,7 +1140,7 @@ fn lookup_judge<C: Send + Sync + 'static>(
     slot: CallSlot<C>,
     judging: Arc<tokio::sync::Mutex<()>>,
     sink: Arc<dyn AttemptSink<C>>,
-    approved_under: Arc<Mutex<Option<InformationLabel>>>,
+    approved_under: Arc<Mutex<Approval>>,
     pid: Arc<std::sync::OnceLock<i32>>,
 ) -> LookupJudge {
     Arc::new(move |lookup: Lookup| {
@@ -1458,6 +1488,53 @@ pub(crate) fn unix_connect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An executor that made egress under a call's grant serves nothing after that call,
+    /// whatever the next request's source: a connection it opened is not judged again, and
+    /// the grant was that call's alone. Before, it was kept fit for any request at the
+    /// call's source label (a completion, a prompt, the next call), which reached it with
+    /// its connection open.
+    #[test]
+    fn an_executor_that_egressed_under_a_grant_serves_nothing_after() {
+        let source = InformationLabel::bottom();
+        let approved = Mutex::new(Approval::Nothing);
+        assert!(approved.lock().unwrap().fits(&source));
+        keep_approval(
+            &approved,
+            Judgment {
+                approved_under: Some(source.clone()),
+                under_grant: false,
+            },
+        );
+        assert!(approved.lock().unwrap().fits(&source));
+        keep_approval(
+            &approved,
+            Judgment {
+                approved_under: Some(source.clone()),
+                under_grant: true,
+            },
+        );
+        assert!(!approved.lock().unwrap().fits(&source));
+        // Later approvals without the grant do not make it fit again.
+        keep_approval(
+            &approved,
+            Judgment {
+                approved_under: Some(source.clone()),
+                under_grant: false,
+            },
+        );
+        assert!(!approved.lock().unwrap().fits(&source));
+        // A refusal under a grant changes nothing.
+        let refused = Mutex::new(Approval::Nothing);
+        keep_approval(
+            &refused,
+            Judgment {
+                approved_under: None,
+                under_grant: true,
+            },
+        );
+        assert!(refused.lock().unwrap().fits(&source));
+    }
 
     /// What a `tracing` text layer writes, as the daemon's text log does (without colour).
     #[derive(Clone, Default)]
