@@ -478,6 +478,13 @@ pub(super) async fn run(
                 }
             }
             Ok(Incoming::Notification { method, params }) => session.notified(&method, &params),
+            // Every id in flight is unique, whatever its method: a cancellation names one
+            // request, and an answer goes to one. The refusal carries no id (null): the
+            // id's answer is the request in flight's, still to come, and a client matching
+            // answers by id would take the refusal for it.
+            Ok(Incoming::Request { id, method, .. }) if session.in_flight(&id) => {
+                session.refuse_id_in_flight(&id, &method).await;
+            }
             Ok(Incoming::Request { id, method, params }) if method == "initialize" => {
                 let answer = session.initialize(&params).await;
                 refused = answer.is_err();
@@ -498,16 +505,8 @@ pub(super) async fn run(
                 session.send(mcp::error_response(&id, &e)).await;
             }
             Ok(Incoming::Request { id, method, params }) => {
-                // Every id in flight is unique, whatever its method: a cancellation names
-                // one request, and an answer goes to one.
                 let Some(cancel) = session.register_cancel(&id) else {
-                    let e = refusal(
-                        code::INVALID_REQUEST,
-                        format!("request id {id} is already in flight in this session"),
-                        Denial::RequestIdInFlight,
-                    );
-                    let e = session.refuse_session(&format!("({method})"), e).await;
-                    session.send(mcp::error_response(&id, &e)).await;
+                    session.refuse_id_in_flight(&id, &method).await;
                     continue;
                 };
                 requests.spawn(session.clone().request_answered(id, method, params, cancel));
@@ -1005,6 +1004,25 @@ impl Session {
     }
 
     /// Registers a cancellable request `id`; `None` if a request with that id is in flight.
+    /// Whether request `id` is in flight (true if that cannot be told).
+    fn in_flight(&self, id: &Value) -> bool {
+        self.cancels
+            .lock()
+            .map_or(true, |c| c.contains_key(&id.to_string()))
+    }
+
+    /// Refuses a request whose `id` is in flight, recorded, answered with a null id (see the
+    /// read loop).
+    async fn refuse_id_in_flight(&self, id: &Value, method: &str) {
+        let e = refusal(
+            code::INVALID_REQUEST,
+            format!("request id {id} is already in flight in this session"),
+            Denial::RequestIdInFlight,
+        );
+        let e = self.refuse_session(&format!("({method})"), e).await;
+        self.send(mcp::error_response(&Value::Null, &e)).await;
+    }
+
     fn register_cancel(&self, id: &Value) -> Option<watch::Receiver<Option<String>>> {
         let mut cancels = self.cancels.lock().ok()?;
         let key = id.to_string();
