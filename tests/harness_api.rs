@@ -40,10 +40,16 @@ fn command_under_harness(who: As) {
     quiet.assert_matches_declared(&declared);
 
     // Cut short by its wall-clock limit before it tried anything: no check of what the
-    // command does holds (before, it passed as a command that never reaches anywhere).
+    // command does holds (before, it passed as a command that never reaches anywhere). Its
+    // own unfinished line on stderr does not hide that (before, flowhost's line was looked
+    // for at the start of a line, and a command could glue it onto its own).
     let cut = harness(who)
         .timeout(1)
-        .run(["/bin/sh".to_string(), "-c".into(), "sleep 5".into()])
+        .run([
+            "/bin/sh".to_string(),
+            "-c".into(),
+            "printf waiting >&2; sleep 5".into(),
+        ])
         .unwrap();
     let e = cut.check_no_egress().unwrap_err().to_string();
     assert!(e.contains("cut short") && e.contains("wall-clock"), "{e}");

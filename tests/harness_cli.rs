@@ -119,6 +119,24 @@ fn sandbox_run_gate(who: As) {
     let out = run("bad2", elsewhere.addr, &["--gate-status", "7"]);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out));
 
+    // Cut short by its wall-clock limit: what it would have done after is not observed, so
+    // the gate cannot pass it (before, a run that had reached nowhere yet passed).
+    let out = flowhost(who)
+        .args(["sandbox", "run", "--profile", "brokered", "--timeout", "1"])
+        .arg("--records")
+        .arg(dir.path().join("cut"))
+        .arg("--declared")
+        .arg(&declared)
+        .args(["--", "/bin/sh", "-c", "sleep 5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(GATE_FAILED), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cut short"),
+        "{}",
+        text(&out)
+    );
+
     // A records directory that is not empty is refused before anything runs.
     let out = run("good", sink.addr, &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));

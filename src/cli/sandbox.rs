@@ -795,7 +795,8 @@ async fn run(args: RunArgs) -> CliResult {
         tokio::time::timeout(Duration::from_secs(2), decider).await,
         Ok(Ok(()))
     );
-    if let Some(bound) = status.bound_description() {
+    let cut_short = status.bound_description();
+    if let Some(bound) = &cut_short {
         say!("flowhost sandbox: the command ran into {bound}");
     }
     // A writer that failed during the run (or cannot close) does not cut the end short: the
@@ -805,7 +806,13 @@ async fn run(args: RunArgs) -> CliResult {
         Some(w) => w.close().await.err(),
         None => None,
     };
-    let health = sandbox_health(&broker, writer.as_deref(), settled, records_failed.as_ref());
+    let mut health = sandbox_health(&broker, writer.as_deref(), settled, records_failed.as_ref());
+    if let Some(bound) = cut_short {
+        health
+            .cut_short
+            .push(format!("the command ran into {bound}"));
+        health = health.finalize();
+    }
     // The executor's cgroups go before this process does (else they stay until another
     // broker sweeps them); removal started when it was reaped, so this rarely waits.
     if !broker.released(Duration::from_secs(2)).await {

@@ -32,6 +32,7 @@ use std::process::Command;
 
 pub use gate::{judge, load_surface, passes};
 pub use mcp::McpServer;
+pub(crate) use observe::calls_cut_short;
 pub use observe::{EgressAttempt, Observation, read_records};
 
 /// The environment variable naming the `flowhost` binary the harness runs (default: the

@@ -149,9 +149,6 @@ pub struct Observation {
     workspace: Option<tempfile::TempDir>,
 }
 
-/// How `flowhost sandbox run` says a bound ended the command.
-const CUT_SHORT: &str = "flowhost sandbox: the command ran into ";
-
 impl Observation {
     /// Reads what a run left in `records_dir` and `health_file`; the workspace holding them
     /// is removed when the observation is dropped. Records that do not verify are refused
@@ -245,25 +242,6 @@ impl Observation {
             return Err(incomplete(vec![
                 "run_ended: the health was not written as the run ended, so it vouches for nothing after it".into(),
             ]));
-        }
-        // A run a bound cut short (its wall-clock limit, a memory or CPU bound) was observed
-        // whole, but what the command would have done after is not: no check of what it
-        // did holds for the command.
-        if let Some(bound) = self.stderr.lines().find_map(|l| l.strip_prefix(CUT_SHORT)) {
-            return Err(incomplete(vec![format!(
-                "the run was cut short: the command ran into {bound}; what it would have done after is not observed"
-            )]));
-        }
-        // The same of a served call whose executor a bound ended (`flowhost sandbox mcp`).
-        if let Some(cut) = self
-            .records
-            .iter()
-            .find(|r| r.response.status == Failure::BoundReached.as_str())
-        {
-            return Err(incomplete(vec![format!(
-                "the call to {} was cut short: its executor ran into a bound; what it would have done after is not observed",
-                cut.tool.name
-            )]));
         }
         let says = (
             self.health.records.last_seq,
@@ -424,6 +402,22 @@ pub fn read_records(dir: &Path) -> Result<Vec<DecisionRecord>, HarnessError> {
 type Head = Option<(u64, String)>;
 
 /// [`read_records`], with the head of what verified.
+/// The calls of the records in `dir` (which must verify) that a bound or their deadline
+/// ended (`bound_reached`), one description each.
+pub(crate) fn calls_cut_short(dir: &Path) -> Result<Vec<String>, HarnessError> {
+    let (records, _) = read_verified(dir)?;
+    Ok(records
+        .iter()
+        .filter(|r| r.response.status == Failure::BoundReached.as_str())
+        .map(|r| {
+            format!(
+                "the call to {} ran into a bound or its deadline",
+                r.tool.name
+            )
+        })
+        .collect())
+}
+
 fn read_verified(dir: &Path) -> Result<(Vec<DecisionRecord>, Head), HarnessError> {
     let (report, records) =
         verify_records_gathering(dir, None, &Collect).map_err(HarnessError::Records)?;

@@ -173,6 +173,12 @@ pub struct ToolObservationHealth {
     /// little free space left for the records).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// What a bound cut short, one entry each (a run's wall-clock limit, a call's memory
+    /// bound or deadline): observed whole up to there, but what would have come after is
+    /// not observed, so nothing that run did vouches for the tool. Set by `sandbox run` and
+    /// `sandbox mcp`, whose runs are the tool's test. Left out when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cut_short: Vec<String>,
     /// Derived: whether observation was complete.
     pub complete: bool,
     /// Derived: why not, one reason per entry.
@@ -237,6 +243,7 @@ impl ToolObservationHealth {
             flow_state_failed: false,
             flow_state_failure_reason: None,
             warnings: Vec::new(),
+            cut_short: Vec::new(),
             complete: false,
             incomplete_reasons: Vec::new(),
         }
@@ -276,6 +283,11 @@ impl ToolObservationHealth {
             Some(0) => {}
             Some(n) => why.push(format!("{n} seccomp notifications failed")),
             None => why.push("failed_notifications is unknown".into()),
+        }
+        for cut in &self.cut_short {
+            why.push(format!(
+                "cut short: {cut}; what would have come after is not observed"
+            ));
         }
         if self.flow_state_failed {
             why.push(format!(

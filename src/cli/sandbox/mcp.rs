@@ -313,9 +313,20 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     // session for any other reason fails the run.
     let ending = relayed.map_err(|e| format!("relaying the session: {e}"))?;
     session_ended(ending, stopping)?;
-    let health = crate::records::ToolObservationHealth::read_from(&health_file)?;
+    let mut health = crate::records::ToolObservationHealth::read_from(&health_file)?;
+    // A call a bound or its deadline ended is the run cut short (the daemon's health does not
+    // say so: there a call that runs into its bound is service, not a test of the tool).
+    // Records that cannot be read cannot tell: the run is then taken as cut short.
+    health.cut_short.extend(
+        crate::harness::calls_cut_short(&records).unwrap_or_else(|e| {
+            vec![format!(
+                "whether a bound ended a call cannot be told (the records: {e})"
+            )]
+        }),
+    );
+    let health = health.finalize();
     // The host wrote the health; `conclude` writes it again to --health, which is that same
-    // file, with the same content.
+    // file, with what was cut short added.
     args.common.conclude(&evidence, &health, 0)
 }
 
