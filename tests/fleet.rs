@@ -165,7 +165,7 @@ async fn the_shared_store_keeps_its_promises_across_hosts() {
 
 /// A database that comes back lower than a host has seen it (a failover to a lagging
 /// replica, a restore) is refused, not trusted: judged against the lower label, a call the
-/// higher one refuses would go out.
+/// higher one refuses would go out. The host writes the label back, for the fleet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_label_lower_than_this_host_has_seen_is_refused() {
     let Some(pg) = postgres() else { return };
@@ -189,23 +189,29 @@ async fn a_label_lower_than_this_host_has_seen_is_refused() {
         err.contains("lower than this host has seen") && err.contains(ANALYST),
         "{err}"
     );
+    // The host wrote back what it had seen: a host that never saw the raise reads it, and
+    // this one serves again.
+    let b = open(&pg, "b").await;
+    assert_eq!(
+        b.get(&key(ANALYST, "t")).await.unwrap().principal,
+        compartment("c1")
+    );
+    assert_eq!(a.get(&k).await.unwrap().principal, compartment("c1"));
+    // Lowered again: refused again, the raise that found it included.
+    raw(&pg)
+        .await
+        .execute(
+            "UPDATE principal_labels SET label = $1 WHERE principal = $2",
+            &[&restored, &ANALYST],
+        )
+        .await
+        .unwrap();
     let err = a
         .raise(&k, &InformationLabel::bottom(), &InformationLabel::bottom())
         .await
         .unwrap_err()
         .to_string();
     assert!(err.contains("lower than this host has seen"), "{err}");
-    // Raised back (another host's read, or the operator), it serves again.
-    let back = compartment("c1").to_canonical_json();
-    raw(&pg)
-        .await
-        .execute(
-            "UPDATE principal_labels SET label = $1 WHERE principal = $2",
-            &[&back, &ANALYST],
-        )
-        .await
-        .unwrap();
-    assert_eq!(a.get(&k).await.unwrap().principal, compartment("c1"));
 }
 
 /// Two lab daemons (own sockets, state and record directories) sharing `pg`.

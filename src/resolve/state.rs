@@ -227,6 +227,11 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// Marks grant `id` used, durably; `false` when it was used before (anywhere the store
     /// is shared).
     fn consume_grant<'a>(&'a self, id: &'a str, now: u64) -> StateFuture<'a, bool>;
+    /// Why the store can no longer vouch that a grant was not spent before (it was found to
+    /// have lost writes); `None` while it can. Marking a grant spent is still done.
+    fn grants_unvouched(&self) -> Option<StateError> {
+        None
+    }
     /// Every label held: every principal's, and this host's live sessions'.
     fn snapshot(&self) -> StateFuture<'_, StateSnapshot>;
     /// This host's records checkpoint (sequence number and line hash).
@@ -330,6 +335,9 @@ impl FlowStateStore {
         };
         if spent_here().contains(id) {
             return Ok(false);
+        }
+        if let Some(e) = self.backend.grants_unvouched() {
+            return Err(e);
         }
         let spent = self.backend.consume_grant(id, now).await?;
         if spent {
