@@ -390,6 +390,89 @@ fn a_commands_open_terminal_sequence_does_not_hide_flowhosts_verdicts() {
     );
 }
 
+/// flowhost's last words (here the gate's verdict) come after everything the command wrote
+/// to its terminal, however far the terminal is behind when the command ends. Before, they
+/// were relayed as they came, between two chunks of the command's output still on its
+/// terminal, whose rest (cursor movements included) then followed and could write over them.
+#[test]
+fn the_verdict_comes_after_the_commands_last_output() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let declared = common::harness::surface_allowing(dir.path(), "127.0.0.1:9".parse().unwrap());
+    let (master, slave) = open_pty();
+    let mut cmd = flowhost();
+    cmd.args([
+        "sandbox",
+        "run",
+        "--quiet",
+        "--profile",
+        "brokered",
+        "--records",
+    ])
+    .arg(dir.path().join("records"))
+    .arg("--declared")
+    .arg(&declared)
+    .args([
+        "--",
+        "/bin/sh",
+        "-c",
+        "yes 0123456789abcdef | head -c 400000; printf LAST-OUTPUT",
+    ])
+    .stdin(slave.try_clone().unwrap())
+    .stdout(slave.try_clone().unwrap())
+    .stderr(slave.try_clone().unwrap());
+    // SAFETY: setsid and ioctl are async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    // Only flowhost holds the terminal now (the command keeps its copies until dropped), so
+    // reading it ends (EIO) when flowhost does.
+    drop((cmd, slave));
+    nix::fcntl::fcntl(
+        &master,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .unwrap();
+    // A slow terminal: the command's output waits on its own terminal as it ends.
+    let mut master = std::fs::File::from(master);
+    let mut shown = Vec::new();
+    let mut buf = [0u8; 2048];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        match std::io::Read::read(&mut master, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => shown.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run did not end: {}",
+            String::from_utf8_lossy(&shown[shown.len().saturating_sub(300)..])
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(child.wait().unwrap().success());
+    let shown = String::from_utf8_lossy(&shown);
+    let last = shown
+        .rfind("LAST-OUTPUT")
+        .expect("the command's last output was shown");
+    let verdict = shown.rfind("gate passed").expect("the verdict was shown");
+    assert!(
+        verdict > last,
+        "the verdict came {} bytes before the command's last output",
+        last - verdict
+    );
+}
+
 /// A command run from a terminal cannot attach a line discipline to the pseudo-terminal it
 /// is given: attaching one loads that discipline's kernel module on demand, code with a
 /// history of privilege escalations. Before, the ioctl went through.

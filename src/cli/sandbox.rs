@@ -789,6 +789,10 @@ async fn run(args: RunArgs) -> CliResult {
         }
     };
     drop(exec);
+    // What flowhost says from here comes after the command's last output.
+    if let Some(terminal) = &terminal {
+        terminal.hold();
+    }
     // Every attempt must be decided (and recorded) before the records are closed; one
     // that is not makes the run's observation incomplete.
     let settled = matches!(

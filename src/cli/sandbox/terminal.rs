@@ -64,11 +64,15 @@ const PENDING_LIMIT: usize = 64 * 1024;
 /// Written before each batch of flowhost's messages on the caller's terminal: CAN ends any
 /// control sequence the command's output left open, ST any string (a window title, DCS,
 /// APC, PM), SGR 0 any attribute (concealed text among them), OSC 110 and 111 any default
-/// colours it set (text the colour of the background), and SI with `ESC ( B` any character
-/// set it chose (line drawing). The command's output, relayed as it is, could otherwise
-/// swallow a REFUSED or GATE FAILED line into a title, or show it invisibly. On a terminal
-/// none of these were pending, they do nothing seen.
-const RESET_TERMINAL: &[u8] = b"\x18\x1b\\\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x0f\x1b(B";
+/// colours it set (text the colour of the background), SI with `ESC ( B` any character set
+/// it chose (line drawing), a soft reset (DECSTR) its scroll margins, origin and insert
+/// modes, `CSI ? 7 h` turns line wrap back on (off, a line's end would be written over
+/// its last column), and OSC 104 any colour of the palette it changed. The command's output,
+/// relayed as it is, could otherwise swallow a REFUSED or GATE FAILED line into a title,
+/// show it invisibly, or keep it in a region of the screen that scrolls it away. On a
+/// terminal none of these were pending, they do nothing seen.
+const RESET_TERMINAL: &[u8] =
+    b"\x18\x1b\\\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x0f\x1b(B\x1b[!p\x1b[?7h\x1b]104\x1b\\";
 
 /// flowhost's own messages on their way to the caller's terminal.
 #[derive(Debug, Default)]
@@ -268,6 +272,9 @@ struct Shared {
     modes: Mutex<Modes>,
     /// Set when the run ends: the relays stop, and the run writes what is left.
     ending: AtomicBool,
+    /// Set once the command has ended: flowhost's messages wait for the end of the run,
+    /// which writes them after the command's last output (see [`CommandTerminal::hold`]).
+    holding: AtomicBool,
     /// What the output relay took but had not written when the run ended, and what the
     /// caller's terminal refused.
     unwritten: Mutex<Unwritten>,
@@ -533,7 +540,7 @@ fn relay_output(shared: &Shared) {
         if let Some((messages, stderr)) = messages {
             let mut wake = [0u8; 64];
             while matches!(nix::unistd::read(&messages.wake_r, &mut wake), Ok(n) if n > 0) {}
-            if may_write {
+            if may_write && !shared.holding.load(Ordering::SeqCst) {
                 let crlf =
                     tcgetattr(stderr).is_ok_and(|m| !m.output_flags.contains(OutputFlags::OPOST));
                 let text = messages.pending().take(crlf);
@@ -721,6 +728,7 @@ impl CommandTerminal {
                 held: false,
             }),
             ending: AtomicBool::new(false),
+            holding: AtomicBool::new(false),
             unwritten: Mutex::new(Unwritten::default()),
         });
         Ok(Some(CommandTerminal {
@@ -787,6 +795,14 @@ impl CommandTerminal {
     /// The master of the command's terminal: what a key's signal goes through.
     pub(super) fn master(&self) -> BorrowedFd<'_> {
         self.shared.master.as_fd()
+    }
+
+    /// The command has ended: flowhost's messages from here (how the run ended, the gate's
+    /// verdict) are written by [`CommandTerminal::finish`], after everything the command
+    /// left on its terminal. Relayed as they came, they could be written before the rest of
+    /// its output, which could then move the cursor over them and write over them.
+    pub(super) fn hold(&self) {
+        self.shared.holding.store(true, Ordering::SeqCst);
     }
 
     /// Ctrl-Z: the caller's modes go back before flowhost stops, and stay until
@@ -885,6 +901,16 @@ impl CommandTerminal {
             if let Err((left, why)) = write_out(to, &text) {
                 unwritten.refuse(left, why);
             }
+        }
+        // A query in the command's last output (its cursor position, its attributes) has
+        // the caller's terminal answer with bytes the shell would read as typed: what was
+        // sent to the terminal's input and not read goes. (A remote terminal's late answer
+        // can still come after.)
+        if shared.raw {
+            let _ = nix::sys::termios::tcflush(
+                shared.caller.as_fd(),
+                nix::sys::termios::FlushArg::TCIFLUSH,
+            );
         }
         if cut {
             say!(
