@@ -73,6 +73,10 @@ const MAX_NAMES_PER_ADDRESS: usize = 32;
 const MIN_BINDING: Duration = Duration::from_secs(60);
 /// The longest time an answer binds an address to a name, whatever its TTL.
 const MAX_BINDING: Duration = Duration::from_secs(3600);
+/// Most addresses of one answer that may be bound to its name: an answer the executor's own
+/// zone makes (thousands of records over TCP) would otherwise have every one looked at on
+/// the runtime's thread and flush the executor's address book.
+const MAX_ADDRESSES_PER_ANSWER: usize = 64;
 /// Queries (and TCP connections) one executor's resolver handles at once; past it, UDP
 /// queries are dropped (the client library retries) and TCP connections closed, so an
 /// executor cannot make the host hold unbounded work.
@@ -256,6 +260,10 @@ pub enum PrivateScope {
     /// An address on a network the host is directly attached to ([`on_link`]), public ones
     /// included: a neighbour of the host.
     OnLink,
+    /// 168.63.129.16: a public address where a cloud serves the machines it runs (Azure's
+    /// platform endpoint: their configuration, extensions and health), reached through the
+    /// host's gateway, so neither private nor on its link.
+    Platform,
 }
 
 impl PrivateScope {
@@ -272,6 +280,7 @@ impl PrivateScope {
             PrivateScope::Reserved => "reserved",
             PrivateScope::Host => "host",
             PrivateScope::OnLink => "on_link",
+            PrivateScope::Platform => "platform",
         }
     }
 }
@@ -374,6 +383,8 @@ fn private_v4(ip: Ipv4Addr) -> Option<PrivateScope> {
         Some(PrivateScope::SharedAddressSpace)
     } else if ip.is_multicast() {
         Some(PrivateScope::Multicast)
+    } else if ip == Ipv4Addr::new(168, 63, 129, 16) {
+        Some(PrivateScope::Platform)
     } else {
         None
     }
@@ -386,6 +397,13 @@ pub enum Withheld {
     /// A private address, and the server has not opted in for the name and every name the
     /// answer's CNAME chain leads through.
     Private(PrivateScope),
+    /// The answer held more than [`MAX_ADDRESSES_PER_ANSWER`] addresses: this one and the
+    /// `more` after it are not looked at (each costs a look at the host's addresses, on the
+    /// runtime's thread).
+    PastLimit {
+        /// How many more addresses came after it.
+        more: usize,
+    },
     /// The answer's CNAME chain leads through `name`, which a block rule names.
     ChainNameBlocked {
         /// The blocked name on the chain.
@@ -406,6 +424,10 @@ impl std::fmt::Display for Withheld {
             Withheld::ChainNameBlocked { name, rule } => {
                 write!(f, "the answer's CNAME chain leads through {name} ({rule})")
             }
+            Withheld::PastLimit { more } => write!(
+                f,
+                "the answer holds more than {MAX_ADDRESSES_PER_ANSWER} addresses: this one and the {more} after it are past them"
+            ),
         }
     }
 }
@@ -440,7 +462,12 @@ fn screen(
     });
     let mut bound = Vec::new();
     let mut withheld = Vec::new();
-    for &a in &answer.addresses {
+    let looked_at = answer.addresses.len().min(MAX_ADDRESSES_PER_ANSWER);
+    if let Some(first) = answer.addresses.get(looked_at) {
+        let more = answer.addresses.len() - looked_at - 1;
+        withheld.push((first.ip, Withheld::PastLimit { more }));
+    }
+    for &a in &answer.addresses[..looked_at] {
         match (&blocked, scope_on(a.ip, &host)) {
             (Some(why), _) => withheld.push((a.ip, why.clone())),
             (None, Some(scope)) if !opted_in => withheld.push((a.ip, Withheld::Private(scope))),
@@ -883,7 +910,7 @@ impl Naming {
 /// A send to port 53 anywhere but its own resolver, or to one of the host's upstream
 /// resolvers on any port, is a lookup past it (the upstream would carry whatever the
 /// executor asks, unjudged); without a resolver of its own, every send to port 53 is. Binding or listening on the resolver's address, or on port 53,
-/// is not reaching it, and is judged by the rules. Another executor's resolver is an address the rules refuse
+/// is not reaching it, and is judged by the rules, by address alone. Another executor's resolver is an address the rules refuse
 /// themselves ([`crate::destination::is_resolver_address`]).
 pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptInfo) -> AttemptView {
     let reaches = !matches!(
@@ -909,8 +936,13 @@ pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptIn
             || dns.is_upstream(addr))
     {
         AttemptView::Egress(Naming::PastResolver(*addr))
-    } else {
+    } else if reaches {
         AttemptView::Egress(Naming::Names(dns.names_of(*addr)))
+    } else {
+        // A bind or listen takes a local address, not a name's: an address a lookup handed
+        // out (another host's, bound with IP_FREEBIND to send from it) is judged by address
+        // rules alone, as for a lookup that never happened.
+        AttemptView::Egress(Naming::Names(Vec::new()))
     }
 }
 
@@ -1501,6 +1533,24 @@ mod tests {
         }
         ask(&dns, 99, "public.test.").await;
         assert_eq!(names(&dns, "192.0.2.7"), ["public.test"]);
+        // A bind or listen to that address is judged by address alone: the name's rules
+        // are for reaching it (before, a bind with IP_FREEBIND to send from another
+        // host's address matched a rule naming the name).
+        for syscall in [
+            flowhost_broker::EgressSyscall::Bind,
+            flowhost_broker::EgressSyscall::Listen,
+        ] {
+            let view = attempt_view(Some(&dns), &udp_attempt(syscall, "192.0.2.7:443"));
+            assert!(
+                matches!(&view, AttemptView::Egress(Naming::Names(n)) if n.is_empty()),
+                "{syscall:?}"
+            );
+        }
+        let view = attempt_view(
+            Some(&dns),
+            &udp_attempt(flowhost_broker::EgressSyscall::Connect, "192.0.2.7:443"),
+        );
+        assert!(matches!(&view, AttemptView::Egress(Naming::Names(n)) if n.len() == 1));
         drop(dns);
 
         // The server's opt-in binds them for the names it names, and for those only.
@@ -2069,6 +2119,9 @@ mod tests {
             ("::ffff:0:7f00:1", Some(Loopback)),
             ("2001::1", Some(Reserved)),
             ("2001:0:4136:e378:8000:63bf:3fff:fdd2", Some(Reserved)),
+            ("168.63.129.16", Some(Platform)),
+            ("::ffff:168.63.129.16", Some(Platform)),
+            ("168.63.129.17", None),
             ("192.0.1.1", None),
             ("198.20.0.1", None),
             ("198.17.255.255", None),
@@ -2115,6 +2168,45 @@ mod tests {
             &["db.svc.internal", "x.vendor-cdn.com"]
         ));
         assert!(!bound("other.corp.internal", &["db.svc.internal"]));
+    }
+
+    /// An answer of thousands of addresses (the executor's own zone, over TCP) binds at most
+    /// [`MAX_ADDRESSES_PER_ANSWER`] of them, and looks at no more: the rest are withheld in
+    /// one entry that counts them. Before, each was looked at on the runtime's thread, and
+    /// the executor's whole address book was flushed.
+    #[test]
+    fn an_answer_binds_at_most_its_first_addresses() {
+        let addresses: Vec<wire::AnswerAddress> = (0..4000u32)
+            .map(|i| wire::AnswerAddress {
+                ip: IpAddr::V4(Ipv4Addr::from(0xc633_6400 + i)),
+                ttl: 60,
+            })
+            .collect();
+        let answer = wire::Answer {
+            bytes: Vec::new(),
+            addresses,
+            chain: Vec::new(),
+        };
+        let looked = std::sync::atomic::AtomicUsize::new(0);
+        let (bound, withheld) = screen(
+            &host("many.test"),
+            &answer,
+            &[],
+            |_| {
+                looked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                None
+            },
+            &NameBlocks::default(),
+        );
+        assert_eq!(bound.len(), MAX_ADDRESSES_PER_ANSWER);
+        assert_eq!(looked.into_inner(), MAX_ADDRESSES_PER_ANSWER);
+        assert_eq!(withheld.len(), 1);
+        assert_eq!(
+            withheld[0].1,
+            Withheld::PastLimit {
+                more: 4000 - MAX_ADDRESSES_PER_ANSWER - 1
+            }
+        );
     }
 
     #[test]
