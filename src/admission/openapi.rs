@@ -1037,8 +1037,11 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
 }
 
 fn output_schema(doc: &Value, op: &Operation<'_>) -> Result<Option<Map<String, Value>>> {
-    let Some(responses) = op.value.get("responses").and_then(Value::as_object) else {
-        return Ok(None);
+    // Present, `responses` and a response's `content` must be objects: of another type,
+    // they would be read as no output schema at all.
+    let responses = match op.value.get("responses") {
+        None => return Ok(None),
+        Some(r) => object(r, &op.path.key("responses"))?,
     };
     let Some((status, raw)) = responses
         .iter()
@@ -1049,11 +1052,12 @@ fn output_schema(doc: &Value, op: &Operation<'_>) -> Result<Option<Map<String, V
     };
     let path = op.path.key("responses").key(status);
     let response = object(resolve(doc, raw, &path, "responses")?, &path)?;
-    let Some((media, schema)) = response
-        .get("content")
-        .and_then(Value::as_object)
-        .and_then(json_content)
-        .and_then(|(media, m)| m.get("schema").map(|s| (media, s)))
+    let content = match response.get("content") {
+        None => return Ok(None),
+        Some(c) => object(c, &path.key("content"))?,
+    };
+    let Some((media, schema)) =
+        json_content(content).and_then(|(media, m)| m.get("schema").map(|s| (media, s)))
     else {
         return Ok(None);
     };

@@ -673,7 +673,7 @@ fn other_extensions_under_paths_are_ignored() {
 fn fields_of_the_wrong_type_are_refused_not_defaulted() {
     const TERMS: &str = "paths[\"/documents/{document}/terms\"]";
     type Change = fn(&mut Value);
-    let cases: [(Change, String, &str); 7] = [
+    let cases: [(Change, String, &str); 9] = [
         // A query parameter's `required: "true"` used to become "optional".
         (
             |d| d["components"]["parameters"]["Version"]["required"] = json!("true"),
@@ -711,6 +711,17 @@ fn fields_of_the_wrong_type_are_refused_not_defaulted() {
             |d| d["paths"]["/summaries"]["post"]["description"] = json!({"text": "x"}),
             "paths[\"/summaries\"].post.description".into(),
             "a string",
+        ),
+        // Used to be read as no output schema.
+        (
+            |d| d["paths"]["/documents/{document}/terms"]["get"]["responses"] = json!(["200"]),
+            format!("{TERMS}.get.responses"),
+            "an object",
+        ),
+        (
+            |d| d["components"]["responses"]["Terms"]["content"] = json!("application/json"),
+            format!("{TERMS}.get.responses.200.content"),
+            "an object",
         ),
     ];
     for (change, at, what) in cases {
