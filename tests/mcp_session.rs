@@ -152,8 +152,9 @@ fn progress_reaches_the_client_and_cancellation_reaches_the_executor() {
         assert!(p["params"].get("message").is_none(), "{p}");
     }
 
-    // Cancellation: the executor that honours it answers and serves again; the call is not
-    // answered, and its outcome is recorded as cancelled.
+    // Cancellation: the call is not answered, and its outcome is recorded as cancelled. The
+    // executor is retired whether it honours it or not (what it read is in its memory and
+    // its reply was never classified); the next call gets a fresh one at once.
     for (server, acknowledged) in [("slow", true), ("stubborn", false)] {
         let t0 = Instant::now();
         call(

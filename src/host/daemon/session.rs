@@ -1410,11 +1410,12 @@ impl Dispatch for Executors<'_> {
                 acknowledged,
             }) => {
                 tracing::info!(server = %server, tool = %name, acknowledged, "call cancelled: {}", Escaped(&reason));
-                if acknowledged {
-                    self.answered = Some((server.to_string(), bound, permit));
-                } else {
-                    bound.exec.stop().await;
-                }
+                // Retired even when it acknowledged: what it read for the call is in its
+                // memory, and what it said of it (its reply) was never classified, so the
+                // session's label need not carry it; serving a later call at that label, it
+                // could pass it on.
+                bound.exec.stop().await;
+                drop(permit);
                 Err(DispatchError::Cancelled(reason))
             }
             Err(ExecutorError::Rpc(e)) => {
