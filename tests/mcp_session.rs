@@ -536,6 +536,22 @@ fn an_id_in_flight_is_refused_for_every_method() {
         "notifications/cancelled",
         json!({"requestId": 10, "reason": "user stopped it"}),
     );
+    // Cancelled, the call is never answered: a request reusing its id at once is answered
+    // under that id (refused while the call winds down, or served), never with a null id
+    // that a client waiting on id 10 (over HTTP, its POST) would wait past for good.
+    c.send_request(10, "ping", json!({}));
+    let answer = loop {
+        let m = c.recv();
+        assert!(!m["id"].is_null(), "a null-id answer after the cancel: {m}");
+        if m["id"] == 10 {
+            break m;
+        }
+    };
+    assert!(
+        answer.get("result").is_some()
+            || answer["error"]["data"]["denial"] == "request_id_in_flight",
+        "{answer}"
+    );
     assert!(
         cancellation_logged(&host, "slow", Duration::from_secs(5)),
         "the call could not be cancelled any more:\n{}",

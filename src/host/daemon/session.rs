@@ -479,9 +479,10 @@ pub(super) async fn run(
             }
             Ok(Incoming::Notification { method, params }) => session.notified(&method, &params),
             // Every id in flight is unique, whatever its method: a cancellation names one
-            // request, and an answer goes to one. The refusal carries no id (null): the
-            // id's answer is the request in flight's, still to come, and a client matching
-            // answers by id would take the refusal for it.
+            // request, and an answer goes to one. The refusal carries no id (null) while the
+            // id's answer is still to come (the request in flight's), since a client
+            // matching answers by id would take the refusal for it; it carries the id once
+            // that request was cancelled (whose answer never comes).
             Ok(Incoming::Request { id, method, .. }) if session.in_flight(&id) => {
                 session.refuse_id_in_flight(&id, &method).await;
             }
@@ -1003,7 +1004,6 @@ impl Session {
         }
     }
 
-    /// Registers a cancellable request `id`; `None` if a request with that id is in flight.
     /// Whether request `id` is in flight (true if that cannot be told).
     fn in_flight(&self, id: &Value) -> bool {
         self.cancels
@@ -1011,18 +1011,24 @@ impl Session {
             .map_or(true, |c| c.contains_key(&id.to_string()))
     }
 
-    /// Refuses a request whose `id` is in flight, recorded, answered with a null id (see the
-    /// read loop).
+    /// Refuses a request whose `id` is in flight, recorded, and answered with a null id,
+    /// unless the request in flight was cancelled (see the read loop).
     async fn refuse_id_in_flight(&self, id: &Value, method: &str) {
+        let cancelled = self.cancels.lock().is_ok_and(|c| {
+            c.get(&id.to_string())
+                .is_some_and(|tx| tx.borrow().is_some())
+        });
         let e = refusal(
             code::INVALID_REQUEST,
             format!("request id {id} is already in flight in this session"),
             Denial::RequestIdInFlight,
         );
         let e = self.refuse_session(&format!("({method})"), e).await;
-        self.send(mcp::error_response(&Value::Null, &e)).await;
+        let answered_as = if cancelled { id } else { &Value::Null };
+        self.send(mcp::error_response(answered_as, &e)).await;
     }
 
+    /// Registers a cancellable request `id`; `None` if a request with that id is in flight.
     fn register_cancel(&self, id: &Value) -> Option<watch::Receiver<Option<String>>> {
         let mut cancels = self.cancels.lock().ok()?;
         let key = id.to_string();
