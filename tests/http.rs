@@ -1490,7 +1490,12 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
 /// restart. Before, both went on authenticating until the daemon restarted.
 #[test]
 fn a_credential_taken_out_of_the_configuration_is_revoked_at_the_reload() {
-    let Some((lab, addr, issuer)) = start("") else {
+    const OTHER: &str = "reviewer-token";
+    let other_line = format!(
+        "[[http.token]]\nprincipal = \"remote-agent\"\nsha256 = \"{}\"\n",
+        hex::encode(Sha256::digest(OTHER.as_bytes()))
+    );
+    let Some((lab, addr, issuer)) = start(&other_line) else {
         return;
     };
     let subject = jwt(&issuer, RESOURCE, unix_now() + 300, "agent-1");
@@ -1532,6 +1537,19 @@ fn a_credential_taken_out_of_the_configuration_is_revoked_at_the_reload() {
     lab.write_config(&text);
     reload_and_wait(&lab, 4, "reloaded: generation 2");
     assert_eq!((status(TOKEN), status(&subject)), (401, 401));
+    // A token taken out by a reload whose key set cannot be read is revoked too (before,
+    // the unreadable key set ended the reload first).
+    assert_eq!(status(OTHER), 200);
+    std::fs::write(lab.dir.path().join("jwks.json"), "not a key set").unwrap();
+    lab.write_config(&text.replacen(&other_line, "", 1));
+    let refusals = lab.log().matches("reload refused").count();
+    lab.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while lab.log().matches("reload refused").count() == refusals {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(status(OTHER), 401, "a token taken out still authenticates");
 }
 
 /// A stream stays open only while the credential that opened it authenticates: a GET stream

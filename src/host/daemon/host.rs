@@ -87,6 +87,14 @@ impl Host {
         // only with the new generation: an operator who took a key out of the file
         // (revoked it) and reloaded is told when it cannot be read, and otherwise has it
         // refused from this reload on, whatever else the reload refuses.
+        // Likewise a bearer token, JWT subject or loopback principal taken out of `[http]`,
+        // although the rest of that table waits for a restart; whatever else this reload
+        // refuses (a configuration that cannot be read at all revokes nothing: which
+        // credentials it keeps is unknown, and the error says so).
+        let config = HostConfig::load(&self.config_path);
+        if let (Some(auth), Ok(config)) = (&self.http_auth, &config) {
+            auth.revoke_credentials_absent_from(config.http.as_ref());
+        }
         // A key set that cannot be read revokes every key: which ones the operator still
         // trusts is then unknown.
         let key_set = match &self.http_auth {
@@ -100,12 +108,7 @@ impl Host {
             None => None,
         };
         let built: Result<_, StartupError> = async {
-            let config = HostConfig::load(&self.config_path)?;
-            // Likewise a bearer token or JWT subject taken out of `[http]`, although the
-            // rest of that table waits for a restart.
-            if let Some(auth) = &self.http_auth {
-                auth.revoke_credentials_absent_from(config.http.as_ref());
-            }
+            let config = config?;
             refuse_restart_only_changes(&self.current().config, &config)?;
             self.build_reloaded(config).await
         }

@@ -205,7 +205,9 @@ pub struct Authenticator {
     /// The configured tokens, less those a reload's configuration no longer lists.
     tokens: std::sync::RwLock<Vec<BearerToken>>,
     jwt: Option<Jwt>,
-    loopback: Option<PrincipalId>,
+    /// The unauthenticated loopback principal, until a reload's configuration drops or
+    /// changes it.
+    loopback: std::sync::RwLock<Option<PrincipalId>>,
 }
 
 impl Authenticator {
@@ -222,7 +224,7 @@ impl Authenticator {
         Ok(Authenticator {
             tokens: std::sync::RwLock::new(config.tokens.clone()),
             jwt,
-            loopback: config.unauthenticated_loopback_principal.clone(),
+            loopback: std::sync::RwLock::new(config.unauthenticated_loopback_principal.clone()),
         })
     }
 
@@ -234,7 +236,7 @@ impl Authenticator {
         let authorization =
             single_header(headers, AUTHORIZATION.as_str()).map_err(AuthRefusal::Unreadable)?;
         if authorization.is_none()
-            && self.loopback.is_some()
+            && self.loopback_principal().is_some()
             && let Some(header) = forwarding_header(headers)
         {
             return Err(AuthRefusal::Forwarded { header });
@@ -242,12 +244,20 @@ impl Authenticator {
         self.credential(authorization)
     }
 
+    /// The unauthenticated loopback principal now, if there is one.
+    fn loopback_principal(&self) -> Option<PrincipalId> {
+        self.loopback
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Whether `credential` would still authenticate now: a JWT until its `exp` (with the
     /// clock skew tolerated), while the key that verified it and its subject's mapping are
     /// kept; a bearer token while it is configured (a reload takes one out).
     pub fn still_accepts(&self, credential: &Credential) -> bool {
         match &credential.by {
-            By::Loopback => true,
+            By::Loopback => self.loopback_principal().as_ref() == Some(&credential.principal),
             By::Token(digest) => self
                 .tokens
                 .read()
@@ -284,8 +294,7 @@ impl Authenticator {
     fn credential(&self, authorization: Option<&str>) -> Result<Credential, AuthRefusal> {
         let Some(header) = authorization else {
             return self
-                .loopback
-                .clone()
+                .loopback_principal()
                 .map(|principal| Credential {
                     principal,
                     by: By::Loopback,
@@ -354,9 +363,18 @@ impl Authenticator {
     }
 
     /// Stops taking the bearer tokens and JWT subjects `newer` (a reload's `[http]` table)
-    /// no longer maps to the same principal, adding none: `[http]` changes only at a
-    /// restart, but a credential the operator took out must not wait for one.
+    /// no longer maps to the same principal, and the loopback principal unless it names the
+    /// same one, adding none: `[http]` changes only at a restart, but a credential the
+    /// operator took out must not wait for one.
     pub fn revoke_credentials_absent_from(&self, newer: Option<&HttpConfig>) {
+        {
+            let mut loopback = self.loopback.write().unwrap_or_else(|p| p.into_inner());
+            if loopback.as_ref()
+                != newer.and_then(|n| n.unauthenticated_loopback_principal.as_ref())
+            {
+                *loopback = None;
+            }
+        }
         let kept_token = |t: &BearerToken| {
             newer.is_some_and(|n| {
                 n.tokens
@@ -609,6 +627,35 @@ principals = {{ "user-1" = "alice" }}
         std::fs::remove_file(&jwks).unwrap();
         nix::unistd::mkfifo(&jwks, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         assert!(setup(dir.path()).is_err());
+    }
+
+    /// A reload whose configuration drops the loopback principal (or names another) revokes
+    /// it at once, and what a request without credentials opened stops with it. Before, it
+    /// was kept until a restart.
+    #[test]
+    fn the_loopback_principal_is_revoked_when_a_reload_drops_it() {
+        let parse = |http: &str| {
+            crate::config::HostConfig::parse(
+                std::path::Path::new("/etc/h.toml"),
+                &format!("[host]\nsocket = \"s\"\nstate_dir = \"st\"\nrecords_dir = \"r\"\n[[principal]]\nid = \"a\"\nuids = [6]\ntools = [\"*\"]\n[[principal]]\nid = \"b\"\nuids = [7]\ntools = [\"*\"]\n[http]\n{http}"),
+            )
+            .unwrap()
+        };
+        let config = parse("unauthenticated_loopback_principal = \"a\"\n");
+        let a = Authenticator::new(config.http.as_ref().unwrap()).unwrap();
+        let opened = a.authenticate(&HeaderMap::new()).unwrap();
+        a.revoke_credentials_absent_from(config.http.as_ref());
+        assert!(a.still_accepts(&opened));
+        a.revoke_credentials_absent_from(
+            parse("unauthenticated_loopback_principal = \"b\"\n")
+                .http
+                .as_ref(),
+        );
+        assert!(!a.still_accepts(&opened));
+        assert_eq!(
+            a.authenticate(&HeaderMap::new()).map(|c| c.principal),
+            Err(AuthRefusal::Missing)
+        );
     }
 
     /// A request a proxy forwarded may come from anywhere: without credentials it is not the
