@@ -382,6 +382,16 @@ fn declassification_grants_allow_once_and_refuse_every_misuse() {
     let grant = sign_grant(&lab, &session, &base);
     let r = call(&mut c, &grant, &arguments);
     assert!(text(&r).contains("delivered"), "{r}\n{}", lab.log());
+    // The executor that connected under the grant serves nothing after (its connection is
+    // not judged again): it is retired as the call ends, not kept idle.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !lab
+        .log()
+        .contains("made egress under the call's grant; it is retired")
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     // The same grant again: a replay.
     let r = call(&mut c, &grant, &arguments);
     assert_eq!(denial(&r), "grant_replayed", "{r}");

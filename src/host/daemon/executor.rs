@@ -681,6 +681,14 @@ impl<C: NamedCall> McpExecutor<C> {
         &self.slot
     }
 
+    /// Whether an egress of the executor was approved under a call's grant: it serves
+    /// nothing after that call (see [`McpExecutor::fit_for`]).
+    pub fn egressed_under_a_grant(&self) -> bool {
+        self.approved_under
+            .lock()
+            .map_or(true, |approved| *approved == Approval::Grant)
+    }
+
     /// Whether the executor may serve a call whose source is `source`: it may not if it
     /// had egress approved under a different (necessarily lower) label, or under a call's
     /// grant (which was that call's alone).

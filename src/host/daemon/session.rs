@@ -1345,6 +1345,11 @@ impl Executors<'_> {
         if !durable {
             tracing::warn!(server = %server, pid = bound.exec.pid(), "the labels of what the executor produced could not be stored; it is retired");
             bound.exec.stop().await;
+        } else if bound.exec.egressed_under_a_grant() {
+            // Stopped now, not when a later request would find it unfit: idle, it would keep
+            // the connection the grant allowed (and send resource updates) meanwhile.
+            tracing::info!(server = %server, pid = bound.exec.pid(), "the executor made egress under the call's grant; it is retired");
+            bound.exec.stop().await;
         } else if let Some(b) = self.give_back(&server, bound) {
             b.exec.stop().await;
         }
