@@ -628,7 +628,7 @@ fn judge_unreplayed(
         }
         return Err(short(None));
     };
-    let (have, ends_a_line) = match File::open(&path) {
+    let (have, ends_a_line) = match super::store::open_record_file_io(&path) {
         Ok(file) => {
             let len = file.metadata().map_err(read_failed)?.len();
             if len < checkpoint.bytes {
@@ -748,7 +748,12 @@ pub fn durable_end_problem(
         (Some(file), checkpoint.bytes)
     } else {
         match previous {
-            Some(previous) => (Some(previous), fs::metadata(previous)?.len()),
+            Some(previous) => (
+                Some(previous),
+                super::store::open_record_file_io(previous)?
+                    .metadata()?
+                    .len(),
+            ),
             None => (None, 0),
         }
     };
@@ -767,7 +772,7 @@ pub fn durable_end_problem(
             }),
         );
     };
-    let line = line_ending_at(&File::open(holder)?, end)?;
+    let line = line_ending_at(&super::store::open_record_file_io(holder)?, end)?;
     let found = line.as_deref().map(|line| {
         (
             DecisionRecord::from_json_line(line).map(|r| r.flowhost.seq),

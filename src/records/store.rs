@@ -365,22 +365,22 @@ pub(crate) fn refuse_lost_ring(dir: &Path) -> Result<(), StoreError> {
 /// Opens the record file at `path` for reading, as the file the listing saw: a symbolic link,
 /// FIFO or device put in its place since then is refused, never followed or waited on.
 pub(crate) fn open_record_file(path: &Path) -> Result<File, StoreError> {
+    open_record_file_io(path).map_err(StoreError::io("open", path))
+}
+
+/// [`open_record_file`], for readers that report plain I/O errors.
+pub(crate) fn open_record_file_io(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => StoreError::io("open", path)(io::Error::other(
-                "a record file that is a symbolic link",
-            )),
-            _ => StoreError::io("open", path)(e),
+            Some(libc::ELOOP) => io::Error::other("a record file that is a symbolic link"),
+            _ => e,
         })?;
-    let meta = file.metadata().map_err(StoreError::io("inspect", path))?;
-    if !meta.is_file() {
-        return Err(StoreError::io("open", path)(io::Error::other(
-            "a record file that is not a regular file",
-        )));
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::other("a record file that is not a regular file"));
     }
     Ok(file)
 }

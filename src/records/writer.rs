@@ -303,7 +303,7 @@ impl RecordWriter {
         let resumed = resume(dir)?;
         let file = OpenOptions::new()
             .append(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&resumed.file_path)
             .map_err(StoreError::io("open for append", &resumed.file_path))?;
         // The ring's new checkpoint says the file is durable as it stands: lines a previous
@@ -508,7 +508,7 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
         let keep = bytes.len() - torn.len();
         let f = OpenOptions::new()
             .write(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&last.path)
             .map_err(StoreError::io("open", &last.path))?;
         f.set_len(keep as u64)
@@ -622,7 +622,7 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
     };
     let file = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&path)
         .map_err(StoreError::io("open", &path))?;
     let len = file
@@ -714,7 +714,7 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
     }
     let f = OpenOptions::new()
         .write(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&path)
         .map_err(StoreError::io("open", &path))?;
     match keep {
