@@ -333,7 +333,7 @@ impl ToolObservationHealth {
     /// The carrier in assay's runner shape (`assay.runner.observation_health.v0`), where
     /// `policy_layer` expresses the gap: `present` only when the policy side of observation
     /// is complete (proxy seen, policy layer active, classifier known, records complete,
-    /// writer and flow state healthy). The broker is the kernel layer (`complete` when it
+    /// writer and flow state healthy, nothing cut short). The broker is the kernel layer (`complete` when it
     /// supervised every executor and lost no notification; lost notifications count as
     /// `ringbuf_drops`). Every incomplete reason is a note, and the whole flowhost carrier
     /// rides along as one note (prefix [`ASSAY_EMBED_NOTE`]) so that flowhost can bind it to
@@ -351,7 +351,8 @@ impl ToolObservationHealth {
             && h.unknown_tool_count.is_some()
             && h.records.records_complete == Some(true)
             && !h.records.writer_failed
-            && !h.flow_state_failed;
+            && !h.flow_state_failed
+            && h.cut_short.is_empty();
         let drops = h.failed_notifications.unwrap_or(0);
         let kernel_layer = match (h.broker_active, h.failed_notifications) {
             (Some(true), Some(0)) => "complete",

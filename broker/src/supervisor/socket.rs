@@ -204,10 +204,17 @@ impl Caller<'_> {
     }
 }
 
+/// Where the socket is connected, as its connect was decided: a ping socket's port is
+/// zero, the kernel ignoring it (see `Caller::resolve`).
 pub(super) fn peer(sock: &TakenSocket) -> Option<Destination> {
     sys::peer_address(sock.fd.as_fd())
         .ok()
-        .map(|raw| Destination::from_sockaddr(&raw))
+        .map(|raw| match Destination::from_sockaddr(&raw) {
+            Destination::Inet(addr) if sock.info.is_icmp() => {
+                Destination::Inet(std::net::SocketAddr::new(addr.ip(), 0))
+            }
+            other => other,
+        })
 }
 
 /// Where a connect the broker started non-blocking stands.

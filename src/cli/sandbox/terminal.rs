@@ -64,15 +64,19 @@ const PENDING_LIMIT: usize = 64 * 1024;
 /// Written before each batch of flowhost's messages on the caller's terminal: CAN ends any
 /// control sequence the command's output left open, ST any string (a window title, DCS,
 /// APC, PM), SGR 0 any attribute (concealed text among them), OSC 110 and 111 any default
-/// colours it set (text the colour of the background), SI with `ESC ( B` any character set
-/// it chose (line drawing), a soft reset (DECSTR) its scroll margins, origin and insert
-/// modes, `CSI ? 7 h` turns line wrap back on (off, a line's end would be written over
-/// its last column), and OSC 104 any colour of the palette it changed. The command's output,
-/// relayed as it is, could otherwise swallow a REFUSED or GATE FAILED line into a title,
-/// show it invisibly, or keep it in a region of the screen that scrolls it away. On a
-/// terminal none of these were pending, they do nothing seen.
-const RESET_TERMINAL: &[u8] =
-    b"\x18\x1b\\\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x0f\x1b(B\x1b[!p\x1b[?7h\x1b]104\x1b\\";
+/// colours it set (text the colour of the background), and SI with `ESC ( B` any character
+/// set it chose (line drawing). The command's output, relayed as it is, could otherwise
+/// swallow a REFUSED or GATE FAILED line into a title, or show it invisibly. On a terminal
+/// none of these were pending, they do nothing seen. While the command runs, nothing more
+/// is reset: a full-screen command (an editor, a pager) keeps its modes.
+const RESET_TERMINAL: &[u8] = b"\x18\x1b\\\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x0f\x1b(B";
+
+/// Written after [`RESET_TERMINAL`] before flowhost's last words, once the command has
+/// ended: a soft reset (DECSTR) ends the scroll margins, origin and insert modes it left,
+/// `CSI ? 7 h` turns line wrap back on (off, a line's end would be written over its last
+/// column), and OSC 104 puts back any colour of the palette it changed, so the verdict is
+/// neither kept in a region that scrolls it away nor cut.
+const RESET_TERMINAL_AT_END: &[u8] = b"\x1b[!p\x1b[?7h\x1b]104\x1b\\";
 
 /// flowhost's own messages on their way to the caller's terminal.
 #[derive(Debug, Default)]
@@ -892,8 +896,9 @@ impl CommandTerminal {
             // What flowhost says from here (the run's end, the gate) is written after the
             // command's last output, which may have left a sequence open.
             let mut messages = std::mem::take(&mut unwritten.messages);
-            if !messages.starts_with(RESET_TERMINAL) {
-                messages.splice(0..0, RESET_TERMINAL.iter().copied());
+            let reset = [RESET_TERMINAL, RESET_TERMINAL_AT_END].concat();
+            if !messages.starts_with(&reset) {
+                messages.splice(0..0, reset);
             }
             out.push((stderr.as_fd(), messages));
         }
