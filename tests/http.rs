@@ -1405,6 +1405,26 @@ fn reload_and_wait(lab: &Lab, generation: u32, want: &str) {
     }
 }
 
+/// Writes `config`, asks for a reload, and waits until the host has refused one more.
+fn reload_refused(lab: &Lab, config: &str) {
+    let refusals = lab.log().matches("reload refused").count();
+    lab.write_config(config);
+    lab.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while lab.log().matches("reload refused").count() == refusals {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A `[[http.token]]` table giving `principal` the bearer token `token`.
+fn token_table(principal: &str, token: &str) -> String {
+    format!(
+        "[[http.token]]\nprincipal = \"{principal}\"\nsha256 = \"{}\"\n",
+        hex::encode(Sha256::digest(token.as_bytes()))
+    )
+}
+
 /// A reload reads the issuer's key set file again: a key taken out of it (revoked) verifies
 /// no token once the reload has succeeded, and a key put in does. A file that cannot be read
 /// refuses the reload and revokes every key until a reload reads it. Before, the set read at
@@ -1454,17 +1474,10 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
     let fourth = JwtIssuer::new(19);
     let added = jwt(&fourth, RESOURCE, later, "agent-1");
     std::fs::write(&jwks, keys(&[&third, &fourth])).unwrap();
-    let refusals = lab.log().matches("reload refused").count();
     let text = std::fs::read_to_string(&lab.config).unwrap();
     let broken = text.replacen(".signed.json\"", ".missing.json\"", 1);
     assert_ne!(broken, text);
-    lab.write_config(&broken);
-    lab.signal(libc::SIGHUP);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while lab.log().matches("reload refused").count() == refusals {
-        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    reload_refused(&lab, &broken);
     assert_eq!(status(&rotated), 401, "a key taken out still verifies");
     assert_eq!(status(&kept), 200);
     assert_eq!(
@@ -1474,14 +1487,7 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
     );
     // Nor does a configuration that cannot be read at all keep a removed key.
     std::fs::write(&jwks, keys(&[&fourth])).unwrap();
-    lab.write_config(&format!("{broken}\n[[[not toml\n"));
-    let refusals = lab.log().matches("reload refused").count();
-    lab.signal(libc::SIGHUP);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while lab.log().matches("reload refused").count() == refusals {
-        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    reload_refused(&lab, &format!("{broken}\n[[[not toml\n"));
     assert_eq!((status(&kept), status(&added)), (401, 401));
 }
 
@@ -1491,10 +1497,7 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
 #[test]
 fn a_credential_taken_out_of_the_configuration_is_revoked_at_the_reload() {
     const OTHER: &str = "reviewer-token";
-    let other_line = format!(
-        "[[http.token]]\nprincipal = \"remote-agent\"\nsha256 = \"{}\"\n",
-        hex::encode(Sha256::digest(OTHER.as_bytes()))
-    );
+    let other_line = token_table("remote-agent", OTHER);
     let Some((lab, addr, issuer)) = start(&other_line) else {
         return;
     };
@@ -1514,14 +1517,7 @@ fn a_credential_taken_out_of_the_configuration_is_revoked_at_the_reload() {
     assert_eq!(status(&subject), 200);
     let without_subject = without_token.replacen("\"agent-1\" = ", "\"agent-2\" = ", 1);
     assert_ne!(without_subject, without_token);
-    lab.write_config(&without_subject);
-    let refusals = lab.log().matches("reload refused").count();
-    reload_and_wait(&lab, 3, "reload refused");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while lab.log().matches("reload refused").count() == refusals {
-        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    reload_refused(&lab, &without_subject);
     assert_eq!(
         status(&subject),
         401,
@@ -1541,14 +1537,7 @@ fn a_credential_taken_out_of_the_configuration_is_revoked_at_the_reload() {
     // the unreadable key set ended the reload first).
     assert_eq!(status(OTHER), 200);
     std::fs::write(lab.dir.path().join("jwks.json"), "not a key set").unwrap();
-    lab.write_config(&text.replacen(&other_line, "", 1));
-    let refusals = lab.log().matches("reload refused").count();
-    lab.signal(libc::SIGHUP);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while lab.log().matches("reload refused").count() == refusals {
-        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    reload_refused(&lab, &text.replacen(&other_line, "", 1));
     assert_eq!(status(OTHER), 401, "a token taken out still authenticates");
 }
 
@@ -1638,10 +1627,7 @@ fn a_stream_ends_when_its_credential_stops_authenticating() {
 #[test]
 fn a_request_naming_another_principals_session_is_refused_and_recorded() {
     const OTHER: &str = "reviewer-token";
-    let extra = format!(
-        "[[http.token]]\nprincipal = \"oss-reviewer\"\nsha256 = \"{}\"\n",
-        hex::encode(Sha256::digest(OTHER.as_bytes()))
-    );
+    let extra = token_table("oss-reviewer", OTHER);
     let Some((lab, addr, _)) = start(&extra) else {
         return;
     };
