@@ -77,6 +77,10 @@ pub enum ForwardError {
     /// The executor failed (it is retired).
     #[error("the executor failed: {0}")]
     Failed(String),
+    /// The executor ran into a bound (its memory, CPU or process limit, or the request's
+    /// deadline) and was ended (it is retired).
+    #[error("the executor was ended: {0}")]
+    BoundReached(String),
     /// The executor answered with a JSON-RPC error (its message and data are content: they
     /// are labelled like a result, then the error reaches the client as it was given).
     #[error("{0}")]
@@ -383,6 +387,14 @@ async fn run<F: Forward>(
                 format!("server {server:?}: {why}"),
             )),
             Verdict::Failed(Failure::ToolError),
+            why,
+        ),
+        Err(ForwardError::BoundReached(why)) => (
+            Err(RpcError::new(
+                code::INTERNAL_ERROR,
+                format!("server {server:?}: {why}"),
+            )),
+            Verdict::Failed(Failure::BoundReached),
             why,
         ),
         Err(ForwardError::Answered(e)) => {

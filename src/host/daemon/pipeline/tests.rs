@@ -467,6 +467,47 @@ async fn outcomes_say_what_became_of_an_allowed_call() {
     );
 }
 
+/// A call or a content request whose executor a bound or its deadline ended is recorded as
+/// `bound_reached`, which a test run's health counts as cut short. Before, a content
+/// request's was a `tool_error`, and a test gate passed the run.
+#[tokio::test]
+async fn what_a_bound_ended_is_recorded_as_bound_reached() {
+    let host = Host::with_content();
+    let mut exec = Scripted::answering(vec![Err(DispatchError::BoundReached(
+        "the call's deadline".into(),
+    ))]);
+    let args = call("workspace/read_terms", json!({"document": "t.md"}));
+    host.call(ANALYST, args, &mut exec).await.unwrap();
+    let mut feeding = Feeding::default();
+    feeding
+        .answers
+        .push_back(Err(content::ForwardError::BoundReached(
+            "the memory bound".into(),
+        )));
+    host.read(ANALYST, "test://static-text", &mut feeding)
+        .await
+        .unwrap_err();
+    let statuses: Vec<(String, String)> = host
+        .records()
+        .await
+        .iter()
+        .filter(|r| r["decision"]["effect"] == "error")
+        .map(|r| {
+            (
+                r["flowhost"]["event"].as_str().unwrap().to_string(),
+                r["response"]["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("tool_outcome".to_string(), "bound_reached".to_string()),
+            ("content_outcome".to_string(), "bound_reached".to_string())
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_tool_answering_with_an_error_passes_it_on_labelled_like_its_output() {
     let host = Host::new();

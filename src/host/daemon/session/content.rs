@@ -283,6 +283,7 @@ impl Session {
                     ForwardError::Answered(_) => "its executor answered with an error",
                     ForwardError::NotStarted(_) => "no executor of it could be started",
                     ForwardError::Failed(_) => "its executor failed",
+                    ForwardError::BoundReached(_) => "its executor ran into a bound or its deadline",
                 };
                 RpcError::new(
                     code::INTERNAL_ERROR,
@@ -434,7 +435,12 @@ impl Executors<'_> {
             Err(e) => {
                 tracing::warn!(server = %server, method, error = %Escaped(&e), "the executor of server {server:?} failed; it is retired");
                 bound.exec.stop().await;
-                Err(ForwardError::Failed(e.to_string()))
+                Err(match e {
+                    ExecutorError::Bound { .. } | ExecutorError::Timeout(_) => {
+                        ForwardError::BoundReached(e.to_string())
+                    }
+                    _ => ForwardError::Failed(e.to_string()),
+                })
             }
         }
     }
