@@ -401,7 +401,6 @@ pub fn read_records(dir: &Path) -> Result<Vec<DecisionRecord>, HarnessError> {
 /// The last sequence number and head hash of verified records (none: no records).
 type Head = Option<(u64, String)>;
 
-/// [`read_records`], with the head of what verified.
 /// The calls of the records in `dir` (which must verify) that a bound or their deadline
 /// ended (`bound_reached`), one description each.
 pub(crate) fn calls_cut_short(dir: &Path) -> Result<Vec<String>, HarnessError> {
@@ -418,6 +417,7 @@ pub(crate) fn calls_cut_short(dir: &Path) -> Result<Vec<String>, HarnessError> {
         .collect())
 }
 
+/// [`read_records`], with the head of what verified.
 fn read_verified(dir: &Path) -> Result<(Vec<DecisionRecord>, Head), HarnessError> {
     let (report, records) =
         verify_records_gathering(dir, None, &Collect).map_err(HarnessError::Records)?;

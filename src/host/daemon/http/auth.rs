@@ -270,7 +270,7 @@ impl Authenticator {
                 subject,
                 expires,
             } => self.jwt.as_ref().is_some_and(|j| {
-                crate::lab::unix_now() < expires.saturating_add(LEEWAY_SECS)
+                crate::grant::now() < expires.saturating_add(LEEWAY_SECS)
                     && j.keys
                         .read()
                         .unwrap_or_else(|p| p.into_inner())
