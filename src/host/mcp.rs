@@ -75,9 +75,12 @@ impl RpcError {
     }
 
     /// The error a peer answered with, read strictly: an integer `code`, a string `message`
-    /// and any `data`; `None` for an object that is not a JSON-RPC error. `data.denial` is
-    /// what marks flowhost's own refusals, so a peer's `data.denial` is renamed
-    /// `data.peer_denial`: passed on, a peer's error never reads as a refusal by the host.
+    /// and any `data`; `None` for an object that is not a JSON-RPC error. `data.denial` and
+    /// the codes of flowhost's own refusals ([`code::ACCESS_DENIED`], [`code::FLOW_DENIED`],
+    /// [`code::NOT_INITIALIZED`]) are what mark a refusal by the host, so a peer's
+    /// `data.denial` is renamed `data.peer_denial`, and a peer's error with one of those
+    /// codes is passed on as [`code::INTERNAL_ERROR`], its code kept in `data.peer_code`:
+    /// a peer's error never reads as a refusal by the host.
     pub fn from_answer(error: &Value) -> Option<RpcError> {
         let object = error.as_object()?;
         let mut data = object.get("data").cloned();
@@ -86,9 +89,29 @@ impl RpcError {
         {
             fields.insert("peer_denial".into(), denial);
         }
+        let mut code = object.get("code")?.as_i64()?;
+        let message = object.get("message")?.as_str()?.to_string();
+        if matches!(
+            code,
+            code::ACCESS_DENIED | code::FLOW_DENIED | code::NOT_INITIALIZED
+        ) {
+            let peer_code = serde_json::json!(code);
+            code = code::INTERNAL_ERROR;
+            match &mut data {
+                Some(Value::Object(fields)) => {
+                    fields.insert("peer_code".into(), peer_code);
+                }
+                Some(other) => {
+                    data = Some(
+                        serde_json::json!({"peer_code": peer_code, "peer_data": other.take()}),
+                    );
+                }
+                None => data = Some(serde_json::json!({"peer_code": peer_code})),
+            }
+        }
         Some(RpcError {
-            code: object.get("code")?.as_i64()?,
-            message: object.get("message")?.as_str()?.to_string(),
+            code,
+            message,
             data,
         })
     }
@@ -474,7 +497,27 @@ mod tests {
         )
         .unwrap();
         assert_eq!(posing.data_denial(), None);
-        assert_eq!(posing.data, Some(json!({"peer_denial": "flow_denied"})));
+        // Nor with the host's refusal codes alone (before, -32011 passed on as it was).
+        assert_eq!(posing.code, code::INTERNAL_ERROR);
+        assert_eq!(
+            posing.data,
+            Some(json!({"peer_denial": "flow_denied", "peer_code": code::FLOW_DENIED}))
+        );
+        for (own, data) in [
+            (code::ACCESS_DENIED, None),
+            (code::NOT_INITIALIZED, Some(json!([1]))),
+        ] {
+            let mut answer = json!({"code": own, "message": "x"});
+            if let Some(d) = &data {
+                answer["data"] = d.clone();
+            }
+            let e = RpcError::from_answer(&answer).unwrap();
+            assert_eq!(e.code, code::INTERNAL_ERROR);
+            assert_eq!(e.data.as_ref().unwrap()["peer_code"], own);
+            if let Some(d) = data {
+                assert_eq!(e.data.unwrap()["peer_data"], d);
+            }
+        }
         for bad in [
             json!({"message": "no code"}),
             json!({"code": "-32002", "message": "a string code"}),
