@@ -625,6 +625,20 @@ fn a_session_holds_a_bounded_number_of_subscriptions() {
         .filter(|r| r["flowhost"]["denial_kind"] == "subscription_limit")
         .collect();
     assert_eq!(refused.len(), 1, "{refused:#?}");
+    // The refused one is recorded as refused only, never as authorized first (before, it
+    // was both): 256 subscribes, the repeat and the one after the unsubscribe.
+    let authorized = lab
+        .records()
+        .into_iter()
+        .filter(|r| {
+            r["flowhost"]["event"] == "content_request"
+                && r["decision"]["effect"] == "allow"
+                && r["tool"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("resources/subscribe "))
+        })
+        .count();
+    assert_eq!(authorized, 258);
 }
 
 /// A subscription request reads nothing, so nothing of what the executor says about it is

@@ -201,6 +201,29 @@ impl Session {
                 return Err(self.refuse_session(&what, e).await);
             }
         };
+        let server = &route.server_id;
+        let subscribe = method == "resources/subscribe";
+        // Counted in the session's set (and as in flight) before the executor is asked: it
+        // may send the first update at once, and only URIs in the set reach the client. The
+        // limit is checked first of all: a subscribe it refuses is neither recorded as
+        // authorized nor has its URI's taint joined (a refusal below ends the count).
+        let asking = if subscribe {
+            match self.subscriptions.begin(server, uri, MAX_SUBSCRIPTIONS) {
+                Ok(asking) => Some(asking),
+                Err(Full) => {
+                    let e = refusal(
+                        code::INVALID_REQUEST,
+                        format!(
+                            "the session holds {MAX_SUBSCRIPTIONS} subscriptions, the most it may; unsubscribe one first"
+                        ),
+                        Denial::SubscriptionLimit,
+                    );
+                    return Err(self.refuse_session(&what, e).await);
+                }
+            }
+        } else {
+            None
+        };
         let key = SessionKey {
             principal: principal.id.clone(),
             session: self.id.clone(),
@@ -231,25 +254,7 @@ impl Session {
                 return Err(self.refuse_session(&what, e).await);
             }
         };
-        let server = &route.server_id;
-        let subscribe = method == "resources/subscribe";
-        // Counted in the session's set (and as in flight) before the executor is asked: it
-        // may send the first update at once, and only URIs in the set reach the client.
-        let asking = if subscribe {
-            match self.subscriptions.begin(server, uri, MAX_SUBSCRIPTIONS) {
-                Ok(asking) => Some(asking),
-                Err(Full) => {
-                    let e = refusal(
-                        code::INVALID_REQUEST,
-                        format!(
-                            "the session holds {MAX_SUBSCRIPTIONS} subscriptions, the most it may; unsubscribe one first"
-                        ),
-                        Denial::SubscriptionLimit,
-                    );
-                    return Err(self.refuse_session(&what, e).await);
-                }
-            }
-        } else {
+        if !subscribe {
             self.subscriptions.remove(server, uri);
             // The unsubscribe goes to the executor holding the subscription: binding takes
             // the last idle executor first. Another holder (rare: one taken while the first
@@ -262,8 +267,7 @@ impl Session {
                 let holder = s.idle.remove(at);
                 s.idle.push(holder);
             }
-            None
-        };
+        }
         let mut executors = Executors {
             session: self,
             generation: &generation,
