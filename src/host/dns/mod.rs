@@ -795,13 +795,17 @@ impl ExecutorDns {
     }
 
     /// Whether `addr` is one of the host's upstream resolvers (on whatever port it serves:
-    /// a local unbound or dnscrypt-proxy is often on another than 53).
+    /// a local unbound or dnscrypt-proxy is often on another than 53). An upstream on this
+    /// host is reached by any of the host's addresses on its port, loopback ones included
+    /// (it may listen on all of them): `127.0.0.2:5335` is the `127.0.0.1:5335` upstream.
     pub fn is_upstream(&self, addr: &SocketAddr) -> bool {
         let ip = canonical_ip(addr.ip());
-        self.upstream
-            .servers()
-            .iter()
-            .any(|s| canonical_ip(s.ip()) == ip && s.port() == addr.port())
+        let on_this_host = |ip: IpAddr| ip.is_loopback() || is_host_address(ip);
+        self.upstream.servers().iter().any(|s| {
+            let upstream = canonical_ip(s.ip());
+            s.port() == addr.port()
+                && (upstream == ip || (on_this_host(upstream) && on_this_host(ip)))
+        })
     }
 
     /// The names this executor's lookups got `addr`'s address as an answer for that judge a
@@ -1427,17 +1431,28 @@ mod tests {
                 &udp_attempt(flowhost_broker::EgressSyscall::Sendto, addr),
             )
         };
-        for to in ["127.0.0.1:5335", "[::ffff:127.0.0.1]:5335", "192.0.2.9:53"] {
+        // Another of the host's addresses on the upstream's port reaches it too, when it
+        // listens on all of them (before, only its exact address was taken for it).
+        for to in [
+            "127.0.0.1:5335",
+            "[::ffff:127.0.0.1]:5335",
+            "192.0.2.9:53",
+            "127.0.0.2:5335",
+            "[::1]:5335",
+        ] {
             assert!(
                 matches!(view(to), AttemptView::Egress(Naming::PastResolver(_))),
                 "{to}"
             );
         }
-        // The same address on another port is another service, judged by the rules.
-        assert!(matches!(
-            view("127.0.0.1:8080"),
-            AttemptView::Egress(Naming::Names(_))
-        ));
+        // The same address on another port is another service, judged by the rules; so is
+        // an address elsewhere on the upstream's port.
+        for to in ["127.0.0.1:8080", "198.51.100.9:5335"] {
+            assert!(
+                matches!(view(to), AttemptView::Egress(Naming::Names(_))),
+                "{to}"
+            );
+        }
     }
 
     /// An attempt of executor pid 7 on a UDP socket to `addr`.
