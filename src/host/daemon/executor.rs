@@ -70,6 +70,16 @@ pub enum ExecutorError {
 }
 
 impl ExecutorError {
+    /// Whether the host ended the executor at one of its bounds (memory, CPU, processes, or
+    /// the request's deadline): what it would have done after is not observed, which a test
+    /// run counts as cut short (`bound_reached`).
+    pub fn ran_into_a_bound(&self) -> bool {
+        matches!(
+            self,
+            ExecutorError::Bound { .. } | ExecutorError::Timeout(_)
+        )
+    }
+
     /// This error in the host's words only, for a client whose request it ended before the
     /// executor was given the request (starting it, or making it ready for the session). What
     /// an executor chose (an error answer, its protocol revision, the line with which it broke
@@ -1505,43 +1515,24 @@ mod tests {
     #[test]
     fn an_executor_that_egressed_under_a_grant_serves_nothing_after() {
         let source = InformationLabel::bottom();
+        let judged = |approved: &Mutex<Approval>, allowed: bool, under_grant: bool| {
+            keep_approval(
+                approved,
+                Judgment {
+                    approved_under: allowed.then(|| source.clone()),
+                    under_grant,
+                },
+            );
+            approved.lock().unwrap().fits(&source)
+        };
         let approved = Mutex::new(Approval::Nothing);
         assert!(approved.lock().unwrap().fits(&source));
-        keep_approval(
-            &approved,
-            Judgment {
-                approved_under: Some(source.clone()),
-                under_grant: false,
-            },
-        );
-        assert!(approved.lock().unwrap().fits(&source));
-        keep_approval(
-            &approved,
-            Judgment {
-                approved_under: Some(source.clone()),
-                under_grant: true,
-            },
-        );
-        assert!(!approved.lock().unwrap().fits(&source));
+        assert!(judged(&approved, true, false));
+        assert!(!judged(&approved, true, true));
         // Later approvals without the grant do not make it fit again.
-        keep_approval(
-            &approved,
-            Judgment {
-                approved_under: Some(source.clone()),
-                under_grant: false,
-            },
-        );
-        assert!(!approved.lock().unwrap().fits(&source));
+        assert!(!judged(&approved, true, false));
         // A refusal under a grant changes nothing.
-        let refused = Mutex::new(Approval::Nothing);
-        keep_approval(
-            &refused,
-            Judgment {
-                approved_under: None,
-                under_grant: true,
-            },
-        );
-        assert!(refused.lock().unwrap().fits(&source));
+        assert!(judged(&Mutex::new(Approval::Nothing), false, true));
     }
 
     /// What a `tracing` text layer writes, as the daemon's text log does (without colour).

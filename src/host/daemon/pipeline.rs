@@ -503,22 +503,10 @@ async fn settle(
             (Err(e), Verdict::Failed(Failure::ToolError), Some(text))
         }
         Err(DispatchError::Failed(why)) => {
-            let result = tool_error(&format!("the tool's executor failed: {why}"));
-            let text = crate::resolver::classifiable_text(&result);
-            (
-                Ok(result),
-                Verdict::Failed(Failure::ExecutorFailed),
-                Some(text),
-            )
+            executor_ended(&format!("failed: {why}"), Failure::ExecutorFailed)
         }
         Err(DispatchError::BoundReached(why)) => {
-            let result = tool_error(&format!("the tool's executor was ended: {why}"));
-            let text = crate::resolver::classifiable_text(&result);
-            (
-                Ok(result),
-                Verdict::Failed(Failure::BoundReached),
-                Some(text),
-            )
+            executor_ended(&format!("was ended: {why}"), Failure::BoundReached)
         }
     };
     let state = match text {
@@ -551,6 +539,17 @@ async fn settle(
     };
     record_outcome(env, rec, verdict, &state).await?;
     answer
+}
+
+/// A call's outcome when its executor failed or was ended (`what` happened to it): a tool
+/// error the client reads, its text classified like any output (it names the server).
+fn executor_ended(
+    what: &str,
+    failure: Failure,
+) -> (Result<Value, RpcError>, Verdict, Option<String>) {
+    let result = tool_error(&format!("the tool's executor {what}"));
+    let text = crate::resolver::classifiable_text(&result);
+    (Ok(result), Verdict::Failed(failure), Some(text))
 }
 
 /// The text of an executor's JSON-RPC error that the classifier reads: its message and its

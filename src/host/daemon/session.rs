@@ -1437,11 +1437,10 @@ impl Dispatch for Executors<'_> {
                 tracing::warn!(server = %server, tool = %name, error = %Escaped(&e), "the executor of server {server:?} failed; it is retired");
                 bound.exec.stop().await;
                 let why = format!("server {server:?}: {e}");
-                Err(match e {
-                    ExecutorError::Bound { .. } | ExecutorError::Timeout(_) => {
-                        DispatchError::BoundReached(why)
-                    }
-                    _ => DispatchError::Failed(why),
+                Err(if e.ran_into_a_bound() {
+                    DispatchError::BoundReached(why)
+                } else {
+                    DispatchError::Failed(why)
                 })
             }
         }

@@ -439,9 +439,13 @@ impl Jwt {
             match jsonwebtoken::decode::<serde_json::Value>(token, &k.key, &validation) {
                 Ok(data) => {
                     let (subject, principal) = self.map(&data.claims)?;
-                    // Verified, `exp` is a number; one that is no whole number of seconds
-                    // ends what it opens at once.
-                    let expires = data.claims["exp"].as_u64().unwrap_or(0);
+                    // Verified, `exp` is a number (RFC 7519 allows fractions, taken down to
+                    // the second); one that is neither ends what it opens at once.
+                    let exp = &data.claims["exp"];
+                    let expires = exp
+                        .as_u64()
+                        .or_else(|| exp.as_f64().map(|s| s as u64))
+                        .unwrap_or(0);
                     return Ok(Credential {
                         principal,
                         by: By::Jwt {

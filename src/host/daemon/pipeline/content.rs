@@ -381,22 +381,8 @@ async fn run<F: Forward>(
             record_outcome(env, rec, Verdict::Failed(Failure::ExecutorFailed), &state).await?;
             return Err(e);
         }
-        Err(ForwardError::Failed(why)) => (
-            Err(RpcError::new(
-                code::INTERNAL_ERROR,
-                format!("server {server:?}: {why}"),
-            )),
-            Verdict::Failed(Failure::ToolError),
-            why,
-        ),
-        Err(ForwardError::BoundReached(why)) => (
-            Err(RpcError::new(
-                code::INTERNAL_ERROR,
-                format!("server {server:?}: {why}"),
-            )),
-            Verdict::Failed(Failure::BoundReached),
-            why,
-        ),
+        Err(ForwardError::Failed(why)) => executor_ended(&server, why, Failure::ToolError),
+        Err(ForwardError::BoundReached(why)) => executor_ended(&server, why, Failure::BoundReached),
         Err(ForwardError::Answered(e)) => {
             let text = super::answered_text(&e);
             (Err(e), Verdict::Failed(Failure::ToolError), text)
@@ -448,6 +434,17 @@ pub async fn record_subscription(
         call_id: super::super::random_id(),
     };
     record_authorized(env, &rec, source, state).await
+}
+
+/// A content request's outcome when its executor failed or was ended (`why`, the host's
+/// words): the error the client gets, the verdict recorded, and the text classified.
+fn executor_ended(
+    server: &str,
+    why: String,
+    failure: Failure,
+) -> (Result<Value, RpcError>, Verdict, String) {
+    let e = RpcError::new(code::INTERNAL_ERROR, format!("server {server:?}: {why}"));
+    (Err(e), Verdict::Failed(failure), why)
 }
 
 /// Records, durably, that the content request `rec` names is sent to its executor under

@@ -439,11 +439,10 @@ impl Executors<'_> {
             Err(e) => {
                 tracing::warn!(server = %server, method, error = %Escaped(&e), "the executor of server {server:?} failed; it is retired");
                 bound.exec.stop().await;
-                Err(match e {
-                    ExecutorError::Bound { .. } | ExecutorError::Timeout(_) => {
-                        ForwardError::BoundReached(e.to_string())
-                    }
-                    _ => ForwardError::Failed(e.to_string()),
+                Err(if e.ran_into_a_bound() {
+                    ForwardError::BoundReached(e.to_string())
+                } else {
+                    ForwardError::Failed(e.to_string())
                 })
             }
         }
