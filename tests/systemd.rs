@@ -344,6 +344,102 @@ fn reload_is_atomic_and_a_bad_reload_keeps_the_registry() {
     assert_eq!(tool_names(&mut c), new);
 }
 
+/// Taking a server's key out of the configuration (replacing it, or deleting its file)
+/// withdraws trust in what that key signed: the server stops serving at the reload, even
+/// though the reload itself is refused (its manifest no longer verifies), and the other
+/// servers go on as they were. So does taking a server out while something else is wrong.
+#[test]
+fn a_server_whose_key_is_taken_out_stops_serving_although_the_reload_is_refused() {
+    let Some(lab) = Lab::start() else { return };
+    let mut c = lab.client();
+    c.initialize();
+    let all = tool_names(&mut c);
+    assert_eq!(all.len(), 5);
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    let keys = lab.dir.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    let key_of = |server: &str| {
+        let path = lab.paths.keys_dir.join(format!("{server}.pub"));
+        (format!("key = {:?}", path.display().to_string()), path)
+    };
+    let without = |all: &BTreeSet<String>, server: &str| -> BTreeSet<String> {
+        all.iter()
+            .filter(|t| !t.starts_with(&format!("{server}/")))
+            .cloned()
+            .collect()
+    };
+
+    // The workspace key replaced by another publisher's.
+    let (workspace_key, _) = key_of("workspace");
+    let (_, team_path) = key_of("team-inbox");
+    let replaced = original.replacen(
+        &workspace_key,
+        &format!("key = {:?}", team_path.display().to_string()),
+        1,
+    );
+    assert_ne!(replaced, original);
+    lab.write_config(&replaced);
+    reload_and_await_refusal(&lab);
+    let log = lab.log();
+    assert!(
+        log.contains("server \"workspace\" withdrawn from service although the reload is refused: its manifest is not signed by the key the configuration now names"),
+        "{log}"
+    );
+    let after_replacing = without(&all, "workspace");
+    assert_eq!(tool_names(&mut c), after_replacing);
+    let r = c.call(
+        "workspace/read_terms",
+        json!({"document": "harbor-goods-terms.md"}),
+    );
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown tool"),
+        "{r}"
+    );
+    // The others serve on.
+    let r = c.call(
+        "public-inbox/publish",
+        json!({"message": "x", "sink": lab.public.addr.to_string()}),
+    );
+    assert!(
+        r["error"].is_null() && r["result"]["isError"] != json!(true),
+        "{r}"
+    );
+
+    // The team-inbox key named by a file that is then deleted.
+    let (team_key, team_path) = key_of("team-inbox");
+    let copy = keys.join("team-inbox.pub");
+    std::fs::copy(&team_path, &copy).unwrap();
+    let named_copy = original.replacen(
+        &team_key,
+        &format!("key = {:?}", copy.display().to_string()),
+        1,
+    );
+    std::fs::remove_file(&copy).unwrap();
+    lab.write_config(&named_copy);
+    reload_and_await_refusal(&lab);
+    assert!(
+        lab.log().contains("server \"team-inbox\" withdrawn from service although the reload is refused: its registered key cannot be read"),
+        "{}",
+        lab.log()
+    );
+    let after_deleting = without(&after_replacing, "team-inbox");
+    assert_eq!(tool_names(&mut c), after_deleting);
+
+    // A configuration that cannot be read says nothing of any key: nothing more is
+    // withdrawn.
+    let withdrawals = lab.log().matches("withdrawn from service").count();
+    lab.write_config("[host]\nthis is not toml");
+    reload_and_await_refusal(&lab);
+    assert_eq!(tool_names(&mut c), after_deleting);
+    assert_eq!(
+        lab.log().matches("withdrawn from service").count(),
+        withdrawals
+    );
+}
+
 /// The broker's capabilities, as setpriv spells them.
 const BROKER_CAPS: &str = "+sys_admin,+sys_ptrace,+setuid,+setgid,+setpcap";
 
@@ -749,7 +845,8 @@ fn flowhost_reload_waits_for_the_daemons_verdict() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     // A configuration whose executors cannot start (the publisher exits at once) and that
-    // drops the public inbox: refused, naming the server, and nothing of it is kept.
+    // drops the public inbox: refused, naming the server, and nothing of it is kept but the
+    // withdrawal of the server it takes out.
     let retained = lab.paths.state_dir.join("signed-manifests.json");
     let before = std::fs::read_to_string(&retained).unwrap();
     let start = original.find("[[server]]\nid = \"public-inbox\"").unwrap();
@@ -765,12 +862,21 @@ fn flowhost_reload_waits_for_the_daemons_verdict() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("server \"team-inbox\""), "{stderr}");
     assert!(
+        stderr.contains(
+            "withdrawn from service although the reload is refused: \
+             server \"public-inbox\" (taken out of the configuration)"
+        ),
+        "{stderr}"
+    );
+    assert!(
         std::fs::read_to_string(&retained).unwrap() == before,
         "the refused reload replaced the retained signed set"
     );
     let mut c = lab.client();
     c.initialize();
-    assert_eq!(tool_names(&mut c).len(), 5);
+    let tools = tool_names(&mut c);
+    assert_eq!(tools.len(), 4, "{tools:?}");
+    assert!(!tools.iter().any(|t| t.starts_with("public-inbox/")));
 }
 
 /// `flowhost sandbox run --profile brokered -- /bin/true` under a seccomp filter that fails

@@ -591,9 +591,10 @@ pub enum BridgeSecurityError {
 }
 
 /// The set of admitted servers and tools. Iteration is in server id, then tool name order.
-#[derive(Debug, Default)]
+/// Cloning shares the admitted servers (they are immutable once admitted).
+#[derive(Debug, Default, Clone)]
 pub struct VerifiedRegistry {
-    servers: BTreeMap<String, AdmittedServer>,
+    servers: BTreeMap<String, std::sync::Arc<AdmittedServer>>,
 }
 
 impl VerifiedRegistry {
@@ -696,14 +697,27 @@ impl VerifiedRegistry {
         let content_floor = self.admit_content(body, content_floor)?;
         self.servers.insert(
             server_id,
-            AdmittedServer {
+            std::sync::Arc::new(AdmittedServer {
                 envelope,
                 digest,
                 tools,
                 content_floor,
-            },
+            }),
         );
         Ok(())
+    }
+
+    /// This registry without the servers `withdrawn` names (ids it does not hold are
+    /// ignored): what stays is exactly as it was admitted.
+    pub fn without(&self, withdrawn: &BTreeSet<String>) -> VerifiedRegistry {
+        VerifiedRegistry {
+            servers: self
+                .servers
+                .iter()
+                .filter(|(id, _)| !withdrawn.contains(*id))
+                .map(|(id, s)| (id.clone(), s.clone()))
+                .collect(),
+        }
     }
 
     /// The tool `tool_name` of server `server_id`, if admitted.
@@ -713,12 +727,12 @@ impl VerifiedRegistry {
 
     /// The registered servers, by server id.
     pub fn servers(&self) -> impl Iterator<Item = &AdmittedServer> {
-        self.servers.values()
+        self.servers.values().map(|s| &**s)
     }
 
     /// Every admitted tool, by server id then tool name.
     pub fn tools(&self) -> impl Iterator<Item = &AdmittedTool> {
-        self.servers.values().flat_map(AdmittedServer::tools)
+        self.servers.values().flat_map(|s| s.tools())
     }
 
     /// The registered envelopes, by server id.

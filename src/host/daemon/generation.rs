@@ -1,7 +1,7 @@
 //! A configuration generation: the verified registry, what the host knows of each server, and
 //! each server's warm executors. Immutable; a reload builds a new one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use flowhost_broker::{Broker, Profile};
@@ -55,6 +55,55 @@ pub struct Generation {
     pub servers: BTreeMap<String, ServerFacts>,
     /// Each server's warm executors, by id.
     pub pools: BTreeMap<String, Arc<WarmPool<CallInFlight>>>,
+}
+
+impl Generation {
+    /// The servers this generation serves that `config` no longer vouches for, each with why:
+    /// taken out of the configuration, its registered key unreadable, or its admitted
+    /// manifest not signed by the key `config` now names. Those must stop serving even when
+    /// the rest of a reload to `config` is refused: taking a server or its key out is how an
+    /// operator withdraws trust in it.
+    pub(super) fn no_longer_vouched_for(&self, config: &HostConfig) -> BTreeMap<String, String> {
+        let mut withdrawn = BTreeMap::new();
+        for admitted in self.registry.servers() {
+            let id = admitted.server_id();
+            let why = match config.servers.iter().find(|s| s.id == id) {
+                None => Some("taken out of the configuration".to_string()),
+                Some(s) => match crate::keys::verifying_key_from_arg(&s.key) {
+                    Err(e) => Some(format!("its registered key cannot be read: {e}")),
+                    Ok(key) => admitted.envelope().verify(&key).err().map(|_| {
+                        "its manifest is not signed by the key the configuration now names"
+                            .to_string()
+                    }),
+                },
+            };
+            if let Some(why) = why {
+                withdrawn.insert(id.to_string(), why);
+            }
+        }
+        withdrawn
+    }
+
+    /// This generation, numbered `id`, without the servers `withdrawn` names: everything
+    /// else (configuration, admitted manifests, warm executors) is shared as it is.
+    pub(super) fn without(&self, id: u64, withdrawn: &BTreeSet<String>) -> Generation {
+        let mut config = self.config.clone();
+        config.servers.retain(|s| !withdrawn.contains(&s.id));
+        let keep = |server: &String| !withdrawn.contains(server);
+        Generation {
+            id,
+            config,
+            registry: self.registry.without(withdrawn),
+            servers: (self.servers.iter())
+                .filter(|(s, _)| keep(s))
+                .map(|(s, f)| (s.clone(), f.clone()))
+                .collect(),
+            pools: (self.pools.iter())
+                .filter(|(s, _)| keep(s))
+                .map(|(s, p)| (s.clone(), p.clone()))
+                .collect(),
+        }
+    }
 }
 
 /// Starts one executor of every server and waits for it, then fills the pools in the

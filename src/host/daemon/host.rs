@@ -1,7 +1,7 @@
 //! The running host: its current generation, broker, resolver, records and counters; reload,
 //! health and shutdown.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -95,6 +95,12 @@ impl Host {
         if let (Some(auth), Ok(config)) = (&self.http_auth, &config) {
             auth.revoke_credentials_absent_from(config.http.as_ref());
         }
+        // Likewise a server taken out, or whose key was replaced or removed: found now,
+        // withdrawn below if the reload is refused (a reload that succeeds drops it anyway).
+        let untrusted = match &config {
+            Ok(config) => self.current().no_longer_vouched_for(config),
+            Err(_) => BTreeMap::new(),
+        };
         // A key set that cannot be read revokes every key: which ones the operator still
         // trusts is then unknown.
         let key_set = match &self.http_auth {
@@ -118,7 +124,17 @@ impl Host {
             // go on authenticating until a reload succeeds.
             auth.revoke_keys_absent_from(keys);
         }
-        let (generation, certificate) = built?;
+        let (generation, certificate) = match built {
+            Ok(built) => built,
+            Err(refused) if !untrusted.is_empty() => {
+                self.withdraw(&untrusted);
+                return Err(StartupError::RefusedButWithdrew {
+                    refused: Box::new(refused),
+                    withdrawn: untrusted,
+                });
+            }
+            Err(refused) => return Err(refused),
+        };
         let id = generation.id;
         let old = {
             let mut g = match self.generation.write() {
@@ -141,6 +157,35 @@ impl Host {
             }
         });
         Ok(id)
+    }
+
+    /// Stops serving the servers `untrusted` names (each with why), keeping everything else
+    /// of the current generation: a new generation without them replaces it, and their warm
+    /// executors are stopped. Calls already dispatched to them finish on the generation
+    /// they started with.
+    fn withdraw(&self, untrusted: &BTreeMap<String, String>) {
+        let withdrawn: BTreeSet<String> = untrusted.keys().cloned().collect();
+        let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
+        let old = {
+            let mut g = match self.generation.write() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            let reduced = Arc::new(g.without(id, &withdrawn));
+            std::mem::replace(&mut *g, reduced)
+        };
+        for (server, why) in untrusted {
+            tracing::error!(
+                "server {server:?} withdrawn from service although the reload is refused: {why}"
+            );
+        }
+        tokio::spawn(async move {
+            for server in &withdrawn {
+                if let Some(pool) = old.pools.get(server) {
+                    pool.drain().await;
+                }
+            }
+        });
     }
 
     /// The generation a reload to `config` would serve, its pools primed and the retained
