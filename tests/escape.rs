@@ -314,6 +314,48 @@ async fn allowed_unix_connect_reaches_the_pinned_socket() {
     );
 }
 
+/// A unix stream socket with `SO_PASSCRED` is named by the kernel (an abstract autobind
+/// name) when it connects, before the kernel finds nothing listening at the allowed path.
+/// `listen` on it would then open, without any decision, a listener every process of the
+/// host can reach by that name: it is decided as a listen on the name, and refused here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_named_by_a_failed_connect_listens_only_if_decided() {
+    let Some(b) = broker() else { return };
+    let dir = common::executor_visible_dir();
+    // A stale socket file: a datagram socket, so a stream connect to it fails.
+    let path = dir.path().join("stale.sock");
+    let _stale = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let argv = probe_argv(&["unix-autobind-listen", &path.display().to_string()]);
+    let run = run_with(&b, "brokered", argv, |a| match a.syscall {
+        EgressSyscall::Connect => Verdict::Allow,
+        _ => Verdict::Deny {
+            errno: libc::EACCES,
+        },
+    })
+    .await;
+    let r = run.result();
+    assert_eq!(
+        (r["passcred"].clone(), r["connect"].clone()),
+        (0.into(), (-1).into()),
+        "{r}"
+    );
+    assert_eq!(r["result"], "errno", "the listen was made: {r}");
+    assert_eq!(r["errno"], libc::EACCES, "{r}");
+    let listen: Vec<_> = run
+        .attempts
+        .iter()
+        .filter(|(a, _)| a.syscall == EgressSyscall::Listen)
+        .collect();
+    assert_eq!(listen.len(), 1, "{:?}", run.attempts);
+    assert!(
+        matches!(listen[0].0.destination, Some(Destination::UnixAbstract(ref name)) if !name.is_empty()),
+        "{:?}",
+        listen[0].0.destination
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_unix_sendto_reaches_the_pinned_socket() {
     let Some(b) = broker() else { return };

@@ -556,6 +556,19 @@ pub fn peer_address(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     Ok(storage[..(len as usize).min(storage.len())].to_vec())
 }
 
+/// The address a socket is bound to (`getsockname(2)`), as raw sockaddr bytes (only the
+/// family for an unbound unix socket).
+pub fn local_address(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    let mut storage = [0u8; 128];
+    let mut len = storage.len() as libc::socklen_t;
+    // SAFETY: storage/len describe a buffer we own.
+    let ret = unsafe { libc::getsockname(fd.as_raw_fd(), storage.as_mut_ptr().cast(), &mut len) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(storage[..(len as usize).min(storage.len())].to_vec())
+}
+
 /// The TCP state `TCP_SYN_SENT` (`include/net/tcp_states.h`): a connect's handshake is
 /// under way.
 pub const TCP_SYN_SENT: u8 = 2;

@@ -90,29 +90,46 @@ impl Caller<'_> {
         Ok(Outcome::Value(0))
     }
 
-    /// `listen` on an IP socket the broker bound exposes only the address that (decided)
-    /// bind chose, and is carried out. On any other IP socket the kernel may bind it itself,
-    /// to an address and ephemeral port no `bind` decided: `getsockname` cannot tell (a
-    /// failed or dissolved connect leaves a stale port in it), so that is a `listen` attempt
-    /// on the socket family's wildcard address, port 0, carried out only if allowed. Other
-    /// families never bind on `listen` (unix refuses an unbound socket). The broker performs
-    /// the `listen` on its own copy of the socket, so the descriptor number cannot be swapped
-    /// for another socket between check and effect.
+    /// `listen` on a socket the broker bound exposes only the address that (decided) bind
+    /// chose, and is carried out. On any other IP socket the kernel may bind it itself, to
+    /// an address and ephemeral port no `bind` decided: `getsockname` cannot tell (a failed
+    /// or dissolved connect leaves a stale port in it), so that is a `listen` attempt on the
+    /// socket family's wildcard address, port 0, carried out only if allowed. Any other unix
+    /// socket may have been named by the kernel without a `bind` (a connect or send with
+    /// `SO_PASSCRED` set autobinds it, even one that then fails): that is a `listen` attempt
+    /// on its name, carried out only if allowed; an unnamed one is refused as the kernel
+    /// would (EINVAL), since a name given to it meanwhile was decided by no one. The broker
+    /// performs the `listen` on its own copy of the socket, so the descriptor number cannot
+    /// be swapped for another socket between check and effect.
     pub(super) async fn listen(&self) -> Step<Outcome> {
         let [fd, backlog, ..] = self.n.args;
         let (_pidfd, sock) = self.socket(fd)?;
         // Nothing copied: this check is what proves the socket is the waiting thread's.
         self.still_waiting()?;
-        let wildcard = match sock.info.family {
-            libc::AF_INET => Some(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-            libc::AF_INET6 => Some(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+        let exposed = match sock.info.family {
+            libc::AF_INET => Some(Destination::Inet(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                0,
+            ))),
+            libc::AF_INET6 => Some(Destination::Inet(SocketAddr::new(
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                0,
+            ))),
+            libc::AF_UNIX => match sys::local_address(sock.fd.as_fd()) {
+                // A unix socket's name, once given, never changes.
+                Ok(raw) => match Destination::from_sockaddr(&raw) {
+                    Destination::UnixUnnamed => return Ok(Outcome::Errno(libc::EINVAL)),
+                    named => Some(named),
+                },
+                Err(e) => return Ok(Outcome::Errno(errno_of(&e))),
+            },
             _ => None,
         };
-        if let Some(ip) = wildcard
+        if let Some(destination) = exposed
             && !self.was_bound_by_broker(&sock)
         {
             let mut info = self.attempt(EgressSyscall::Listen, &sock);
-            info.destination = Some(Destination::Inet(SocketAddr::new(ip, 0)));
+            info.destination = Some(destination);
             if let Verdict::Deny { errno } = self.decide(info).await {
                 return Ok(Outcome::Errno(errno));
             }
