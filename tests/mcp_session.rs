@@ -480,6 +480,93 @@ fn with_a_long_call(host: &Governed, id: u64) -> RawClient {
     c
 }
 
+/// A call the client cancels while its authorization is still being recorded never
+/// reaches an executor: the cancellation wins over taking an executor and over sending the
+/// request. Before, each of those two steps raced it, so about one such call in four was
+/// sent to the tool (which could egress, judged against the call, until it acknowledged).
+#[test]
+fn a_call_cancelled_before_dispatch_never_reaches_an_executor() {
+    let Some(host) = start() else { return };
+    let mut c = host.client();
+    const CALLS: u64 = 24;
+    for id in 1..=CALLS {
+        // In one write: the cancellation is read while the call's authorization is still
+        // being recorded.
+        c.send_together(&[
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                   "params": {"name": "slow/sleep", "arguments": {"seconds": 5}}}),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": id, "reason": "changed my mind"}}),
+        ]);
+    }
+    let outcomes = || {
+        host.records()
+            .iter()
+            .filter(|r| {
+                r["flowhost"]["event"] == "tool_outcome" && r.to_string().contains("\"cancelled\"")
+            })
+            .count() as u64
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while outcomes() < CALLS {
+        assert!(Instant::now() < deadline, "{:#?}", host.records());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sent = host
+        .log()
+        .lines()
+        .filter(|l| l.contains("call cancelled") && l.contains("server=slow "))
+        .count();
+    assert_eq!(
+        sent,
+        0,
+        "cancelled calls reached an executor:\n{}",
+        host.log()
+    );
+}
+
+/// Once a call is cancelled, its executor's egress is refused (`no_call_in_flight`), even
+/// to a destination the call could reach: before, attempts during the grace the executor
+/// is given to acknowledge were still judged against the cancelled call, and carried out.
+#[test]
+fn an_executor_cannot_egress_once_its_call_is_cancelled() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut late = slow("late", &["--ignore-cancel", "--connect-on-cancel", &addr]);
+    late.profile = "brokered".into();
+    late.input_clearances = format!("[{}]", flowhost::lab::BOTTOM_LABEL);
+    late.extra = format!("pool_size = 1\ndestinations = {{ allow = [\"{addr}\"] }}");
+    let Some(host) = Governed::start(&[late], "") else {
+        return;
+    };
+    let mut c = host.client();
+    call(&mut c, 1, "late/sleep", json!({"seconds": 4}));
+    std::thread::sleep(Duration::from_millis(500));
+    c.notify(
+        "notifications/cancelled",
+        json!({"requestId": 1, "reason": "stop"}),
+    );
+    assert!(
+        cancellation_logged(&host, "late", Duration::from_secs(5)),
+        "{}",
+        host.log()
+    );
+    assert!(
+        host.log().contains("connect on cancel: Err("),
+        "the executor's connect after the cancellation was not refused:\n{}",
+        host.log()
+    );
+    assert!(listener.accept().is_err(), "the connection arrived");
+    assert!(
+        host.records()
+            .iter()
+            .any(|r| r.to_string().contains("no_call_in_flight")),
+        "{:#?}",
+        host.records()
+    );
+}
+
 /// A client that goes away (closes its socket) has its calls cancelled at once, as its
 /// cancellation would: they do not run on, holding executors, until their deadline.
 #[test]

@@ -29,6 +29,9 @@ pub struct ServerSpec {
     pub allowed: Option<Vec<String>>,
     /// Every tool's policy output floor (TOML inline table; bottom by default).
     pub output_floor: String,
+    /// Every tool's policy input clearances (a TOML array of labels; none by default, so a
+    /// tool with effective egress needs some).
+    pub input_clearances: String,
 }
 
 impl ServerSpec {
@@ -42,6 +45,7 @@ impl ServerSpec {
             extra: String::new(),
             allowed: None,
             output_floor: flowhost::lab::BOTTOM_LABEL.into(),
+            input_clearances: "[]".into(),
         }
     }
 }
@@ -161,8 +165,9 @@ impl Governed {
             ));
             for t in &s.tools {
                 config.push_str(&format!(
-                    "\n[server.tools.{}]\npolicy = {{ input_clearances = [], output_floor = {} }}\n",
+                    "\n[server.tools.{}]\npolicy = {{ input_clearances = {}, output_floor = {} }}\n",
                     toml_str(t["name"].as_str().unwrap()),
+                    s.input_clearances,
                     s.output_floor,
                 ));
             }
@@ -267,6 +272,16 @@ impl RawClient {
         let mut line = message.to_string();
         line.push('\n');
         self.writer.write_all(line.as_bytes()).unwrap();
+    }
+
+    /// Sends `messages` in one write, so the daemon reads them together.
+    pub fn send_together(&mut self, messages: &[Value]) {
+        let mut lines = String::new();
+        for m in messages {
+            lines.push_str(&m.to_string());
+            lines.push('\n');
+        }
+        self.writer.write_all(lines.as_bytes()).unwrap();
     }
 
     /// The next message from the daemon (any kind).

@@ -61,6 +61,10 @@ pub enum ExecutorError {
         /// Whether the executor answered the cancelled request within the grace period.
         acknowledged: bool,
     },
+    /// The client cancelled the request before any of it was written to the executor: the
+    /// executor never saw it.
+    #[error("the call was cancelled ({0}) before the executor was given it")]
+    CancelledBeforeSent(String),
     /// It answered `initialize` with a protocol revision the host does not speak.
     #[error("the executor speaks MCP revision {0:?}; flowhost speaks {revisions}", revisions = mcp::SUPPORTED_PROTOCOL_VERSIONS.join(", "))]
     Revision(String),
@@ -92,7 +96,9 @@ impl ExecutorError {
             ExecutorError::Revision(_) => {
                 "the executor speaks an MCP revision flowhost does not".into()
             }
-            ExecutorError::Cancelled { .. } => "the request was cancelled".into(),
+            ExecutorError::Cancelled { .. } | ExecutorError::CancelledBeforeSent(_) => {
+                "the request was cancelled".into()
+            }
             ExecutorError::Spawn(_)
             | ExecutorError::Timeout(_)
             | ExecutorError::Exited
@@ -766,16 +772,21 @@ impl<C: NamedCall> McpExecutor<C> {
         let line = mcp::request(id, method, params);
         let CallControl { cancel, progress } = control;
         let progress = progress.as_ref();
+        // Whether any of the request may have reached the executor.
+        let mut sent = false;
         // The write is inside the deadline too: an executor that stops reading its input
         // would otherwise block the call forever once the pipe is full.
         let outcome = {
             let exchange = async {
+                sent = true;
                 self.send(&line).await?;
                 self.read_response(id, progress, relay).await
             };
+            // A cancellation already made wins: the request is then never sent.
             tokio::select! {
-                r = tokio::time::timeout(deadline, exchange) => Ok(r),
+                biased;
                 reason = cancelled(cancel) => Err(reason),
+                r = tokio::time::timeout(deadline, exchange) => Ok(r),
             }
         };
         match outcome {
@@ -784,8 +795,30 @@ impl<C: NamedCall> McpExecutor<C> {
                 let _ = self.exec.kill();
                 Err(ExecutorError::Timeout(deadline))
             }
-            Err(reason) => Err(self.cancel(id, reason, progress).await),
+            Err(reason) if !sent => Err(ExecutorError::CancelledBeforeSent(reason)),
+            Err(reason) => {
+                // From the cancellation on, nothing the executor attempts is judged against
+                // the call: it would be carried out for a client that no longer wants it.
+                if !self.end_call(CANCEL_GRACE).await {
+                    let _ = self.exec.kill();
+                }
+                Err(self.cancel(id, reason, progress).await)
+            }
         }
+    }
+
+    /// Takes the call out of the slot once any judgment in progress has finished (within
+    /// `within`), so every later egress attempt is refused (`no_call_in_flight`); `false`
+    /// when a judgment did not finish in time (the slot is cleared all the same, and the
+    /// caller stops the executor: a verdict landing later is carried out for nobody, since
+    /// the broker checks that the caller still waits after every verdict).
+    async fn end_call(&self, within: Duration) -> bool {
+        // Held while the slot is cleared: a judgment begun after it finds the slot empty.
+        let judging = tokio::time::timeout(within, self.judging.clone().lock_owned()).await;
+        if let Ok(mut slot) = self.slot.lock() {
+            *slot = None;
+        }
+        judging.is_ok()
     }
 
     /// Forwards the client's cancellation of request `id` (with [`CANCEL_REASON`], not the
@@ -1001,22 +1034,11 @@ impl<C: NamedCall> McpExecutor<C> {
                 Err(ExecutorError::Timeout(deadline))
             }
         };
-        match tokio::time::timeout(deadline, self.judging.clone().lock_owned()).await {
-            Ok(_settled) => {
-                if let Ok(mut slot) = self.slot.lock() {
-                    *slot = None;
-                }
-            }
-            Err(_) => {
-                // A judgment is stuck (a record commit that does not finish): the executor
-                // is stopped. The broker re-checks that the caller still waits after every
-                // verdict, so a verdict landing later is carried out for nobody.
-                if let Ok(mut slot) = self.slot.lock() {
-                    *slot = None;
-                }
-                let _ = self.exec.kill();
-                result = Err(ExecutorError::Timeout(deadline));
-            }
+        if !self.end_call(deadline).await {
+            // A judgment is stuck (a record commit that does not finish): the executor is
+            // stopped.
+            let _ = self.exec.kill();
+            result = Err(ExecutorError::Timeout(deadline));
         }
         self.last_used = Instant::now();
         if matches!(result, Err(ExecutorError::Exited | ExecutorError::Io(_)))

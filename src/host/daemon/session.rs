@@ -1317,7 +1317,14 @@ impl Executors<'_> {
         server: &str,
         source: &crate::label::InformationLabel,
     ) -> Result<Bound, String> {
-        self.take(server, source).await.map_err(|e| {
+        // Within the call's deadline: a server slow to take the session's logging level or
+        // its subscriptions must not hold the call, its permit and the session for longer.
+        // An executor dropped half ready is stopped.
+        let deadline = self.generation.config.call_timeout;
+        let taken = tokio::time::timeout(deadline, self.take(server, source))
+            .await
+            .unwrap_or(Err(ExecutorError::Timeout(deadline)));
+        taken.map_err(|e| {
             tracing::warn!(session = %self.session.id, server = %server, error = %Escaped(&e), "no executor of server {server:?} could be made ready for a request");
             format!(
                 "server {server:?}: {} (the host's log says more)",
@@ -1380,15 +1387,20 @@ impl Dispatch for Executors<'_> {
         gate: &RelayGate<'_>,
     ) -> Result<Value, DispatchError> {
         let permits = self.permits(server).map_err(DispatchError::NotStarted)?;
-        // Waits (cancellably) for one of the server's executors of this session.
+        // Waits (cancellably) for one of the server's executors of this session, then for it
+        // to be ready (within the call's deadline); a cancellation already made wins.
         let permit = tokio::select! {
-            p = permits.acquire_owned() => p.map_err(|e| DispatchError::NotStarted(e.to_string()))?,
+            biased;
             reason = cancelled(&mut self.control.cancel) => return Err(DispatchError::CancelledBeforeStart(reason)),
+            p = permits.acquire_owned() => p.map_err(|e| DispatchError::NotStarted(e.to_string()))?,
         };
-        let mut bound = self
-            .ready(server, &call.plan.source)
-            .await
-            .map_err(DispatchError::NotStarted)?;
+        let source = call.plan.source.clone();
+        let mut cancel = self.control.cancel.clone();
+        let mut bound = tokio::select! {
+            biased;
+            reason = cancelled(&mut cancel) => return Err(DispatchError::CancelledBeforeStart(reason)),
+            ready = self.ready(server, &source) => ready.map_err(DispatchError::NotStarted)?,
+        };
         call.executor_pid = bound.exec.pid();
         let name = call.tool.clone();
         let config = &self.generation.config;
@@ -1415,6 +1427,13 @@ impl Dispatch for Executors<'_> {
             Ok(result) => {
                 self.answered = Some((server.to_string(), bound, permit));
                 Ok(result)
+            }
+            Err(ExecutorError::CancelledBeforeSent(reason)) => {
+                // It never saw the call; it is retired all the same, as after any
+                // cancellation, rather than settled as one that answered.
+                bound.exec.stop().await;
+                drop(permit);
+                Err(DispatchError::CancelledBeforeStart(reason))
             }
             Err(ExecutorError::Cancelled {
                 reason,
