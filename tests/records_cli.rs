@@ -216,6 +216,62 @@ fn single_file_with_explicit_head() {
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
 }
 
+/// A record file named on its own is checked as its directory is: when the later files of
+/// a rotated directory are deleted, it is the last one left, and the directory's anchor
+/// (and ring checkpoint), which name a record past its end, show the records missing. Before,
+/// the anchor was dropped for naming another file and the checkpoint was never read, so
+/// `verify` said ok and `export` exported the cut stream.
+#[test]
+fn a_record_file_left_last_by_deleting_later_ones_is_reported_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 12, 2048);
+    assert!(files.len() >= 2, "{files:?}");
+    let first = files[0].to_str().unwrap().to_string();
+    let o = flowhost(&["records", "verify", &first]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    for later in &files[1..] {
+        std::fs::remove_file(later).unwrap();
+    }
+    let o = flowhost(&["records", "verify", &first]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("truncated"), "{}", stdout(&o));
+    let out = dir.path().join("surface.json");
+    let o = flowhost(&[
+        "records",
+        "export",
+        "--surface",
+        &first,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "exported a cut stream: {}",
+        stdout(&o)
+    );
+    assert!(!out.exists());
+}
+
+/// An anchor named with `--head` that does not exist is an input error (exit 2), not a
+/// check without an anchor.
+#[test]
+fn a_head_anchor_named_but_missing_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 3, 1 << 20);
+    let missing = dir.path().join("no-such.head");
+    let o = flowhost(&[
+        "records",
+        "verify",
+        files[0].to_str().unwrap(),
+        "--head",
+        missing.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{}{stderr}", stdout(&o));
+    assert!(stderr.contains("no-such.head"), "{stderr}");
+}
+
 fn export(dir: &Path, out: &Path) -> Output {
     flowhost(&[
         "records",

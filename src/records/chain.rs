@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use super::ring::Checkpoint;
 use super::store::{
     HEAD_FILE, HeadAnchor, StoreError, list_record_files_and_checkpoint, list_torn_sidecars,
-    parse_record_file_name, record_sources,
+    parse_record_file_name,
 };
 use super::{DecisionRecord, RecordFormatError};
 
@@ -472,6 +472,11 @@ fn verify_records_in_blocks<G: Gather>(
         (None, false, _) => None,
     };
     let head_anchor = match anchor_at {
+        // An anchor named on the command line must be there: without it nothing would
+        // check the end of the stream, and a mistyped name would pass as "no anchor".
+        Some(p) if head.is_some() => Some(HeadAnchor::read(&p)?.ok_or_else(|| {
+            StoreError::io("read", &p)(std::io::Error::from(std::io::ErrorKind::NotFound))
+        })?),
         Some(p) => HeadAnchor::read(&p)?,
         None => None,
     };
@@ -491,10 +496,20 @@ fn verify_records_in_blocks<G: Gather>(
             _ => None,
         }
     };
+    // A record file read alone that is its directory's last is held to what its directory's
+    // anchor and ring checkpoint say of this file or of a later one: a later one named
+    // means records past this file's end that are gone (its later files deleted). One
+    // naming an earlier file (a writer rotating meanwhile) vouches for nothing read here.
+    let sequence_of = |name: &str| super::store::parse_record_file_name(name);
+    let this = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(sequence_of);
+    let names_this_or_later =
+        |file: &str| this.is_some_and(|this| sequence_of(file).is_some_and(|named| named >= this));
     let head_anchor = if head.is_none() && !meta.is_dir() {
-        let name = path.file_name().and_then(|n| n.to_str());
         head_anchor
-            .filter(|a| appending.is_some() && a.file.as_deref().is_none_or(|f| Some(f) == name))
+            .filter(|a| appending.is_some() && a.file.as_deref().is_none_or(&names_this_or_later))
     } else {
         head_anchor
     };
@@ -513,7 +528,9 @@ fn verify_records_in_blocks<G: Gather>(
         (files, checkpoint, notes)
     } else {
         // A record file beside a ring is refused as its directory would be.
-        (record_sources(path)?, None, Vec::new())
+        let (files, checkpoint) = super::store::record_sources_and_checkpoint(path)?;
+        let checkpoint = checkpoint.filter(|c| appending.is_some() && names_this_or_later(&c.file));
+        (files, checkpoint, Vec::new())
     };
     let witnesses = Witness::of(head_anchor.as_ref(), checkpoint.as_ref());
     let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes, witnesses);

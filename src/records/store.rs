@@ -442,12 +442,18 @@ pub fn list_torn_sidecars(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
 /// A record file beside a write-ahead ring is refused as its directory would be (see
 /// [`list_record_files`]): it may be the file the ring's records are missing from.
 pub fn record_sources(path: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    Ok(record_sources_and_checkpoint(path)?.0)
+}
+
+/// [`record_sources`], with the checkpoint of the write-ahead ring of the directory read
+/// (or of the record file's directory) when it was read.
+pub fn record_sources_and_checkpoint(
+    path: &Path,
+) -> Result<(Vec<PathBuf>, Option<ring::Checkpoint>), StoreError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
     if meta.is_dir() {
-        return Ok(list_record_files(path)?
-            .into_iter()
-            .map(|f| f.path)
-            .collect());
+        let (files, checkpoint) = list_record_files_and_checkpoint(path)?;
+        return Ok((files.into_iter().map(|f| f.path).collect(), checkpoint));
     }
     let is_record_file = path
         .file_name()
@@ -460,9 +466,10 @@ pub fn record_sources(path: &Path) -> Result<Vec<PathBuf>, StoreError> {
         } else {
             dir
         };
-        refuse_unreplayed(dir)?;
+        let checkpoint = refuse_unreplayed(dir)?;
+        return Ok((vec![path.to_path_buf()], checkpoint));
     }
-    Ok(vec![path.to_path_buf()])
+    Ok((vec![path.to_path_buf()], None))
 }
 
 /// Splits file content into its complete lines (without their newline) and the bytes after
