@@ -430,6 +430,40 @@ fn crashed_copy(to: &Path) -> usize {
     10
 }
 
+/// Records cut below the ring's checkpoint in a crashed copy (the ring still holding what
+/// followed) are tampered evidence, not an input the reader could not use: `verify` exits 1
+/// (problems) and `diff` 4 (evidence rejected), as for the same cut found by the anchor.
+/// Before, both exited 2, which a gate takes for "try again".
+#[test]
+fn records_cut_below_the_rings_checkpoint_are_rejected_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    crashed_copy(dir.path());
+    let (checkpoint, _) = flowhost::records::ring::read_back(dir.path())
+        .unwrap()
+        .unwrap();
+    assert!(checkpoint.bytes > 0, "{checkpoint:?}");
+    let file = dir.path().join(&checkpoint.file);
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..checkpoint.bytes as usize - 1]).unwrap();
+    let path = dir.path().to_str().unwrap();
+    let o = flowhost(&["records", "verify", path]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{}{err}", stdout(&o));
+    assert!(err.contains("durable bytes"), "{err}");
+    let declared =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/declared/declared_empty.json");
+    let o = flowhost(&[
+        "diff",
+        "--declared",
+        declared.to_str().unwrap(),
+        "--observed",
+        path,
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(4), "{}{err}", stdout(&o));
+    assert!(err.contains("durable bytes"), "{err}");
+}
+
 #[test]
 fn records_left_only_in_the_ring_are_refused_until_replayed() {
     let dir = tempfile::tempdir().unwrap();

@@ -66,7 +66,13 @@ pub(crate) fn run(args: DiffArgs) -> CliResult {
     let options = DiffOptions {
         unchained_from_other_observer: args.unchained_from_other_observer,
     };
-    let result = diff_sources(&declared, &args.observed, &health, options)?;
+    let result = match diff_sources(&declared, &args.observed, &health, options) {
+        Err(crate::diff::DiffError::Store(e)) if e.rejects_the_evidence() => {
+            note!("flowhost: the observed records are rejected: {e}");
+            return Ok(ExitCode::from(4));
+        }
+        other => other?,
+    };
     let out = match args.format {
         Format::Text => report::to_text(&result),
         Format::Json => report::to_json(&result),

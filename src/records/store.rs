@@ -143,6 +143,14 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether this says the records are not what was durably written (cut or changed below
+    /// what the write-ahead ring's checkpoint vouches for, or the ring itself damaged): the
+    /// evidence is rejected, as when the chain's own checks find it cut, rather than an
+    /// input that could not be read or a directory to replay first.
+    pub fn rejects_the_evidence(&self) -> bool {
+        matches!(self, StoreError::Ring(ring::RingError::Corrupt { .. }))
+    }
+
     pub(crate) fn io(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
         let path = path.to_path_buf();
         move |source| StoreError::Io { op, path, source }
