@@ -361,6 +361,41 @@ fn an_older_signed_manifest_is_refused_at_reload_and_at_start() {
     lab.stop();
 }
 
+/// A start that fails after verifying its manifests (here a server whose executors cannot
+/// start) does not retain them: the version it never served cannot make the one served
+/// before look like a rollback. Before, the retained set was written before the executors
+/// were proven, so going back to the working configuration was refused until the operator
+/// deleted the file (and with it the rollback protection of every server).
+#[test]
+fn a_start_that_fails_retains_nothing_of_its_manifests() {
+    let Some(mut lab) = Lab::start() else { return };
+    lab.stop();
+    let retained = lab.paths.state_dir.join("signed-manifests.json");
+    let before = std::fs::read_to_string(&retained).unwrap();
+    let newer = signed_public_inbox(&lab, "public-inbox-1.5.0", |body| {
+        body["version"] = json!("1.5.0");
+    });
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    let publisher = common::shared_copy("flowhost-tool-publisher")
+        .display()
+        .to_string();
+    assert!(original.contains(&publisher));
+    lab.write_config(&serving_public_inbox(&original, &newer).replace(&publisher, "/bin/false"));
+    let out = lab.serve_command().output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        std::fs::read_to_string(&retained).unwrap() == before,
+        "the failed start retained its manifests"
+    );
+    // The working configuration starts.
+    lab.write_config(&original);
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    lab.stop();
+}
+
 /// A tool whose signed manifest requires a person's approval of each call does not run on a
 /// call that brings none (no declassification grant signed for exactly that call): refused
 /// before dispatch, recorded, and the sink gets nothing. Before, the annotation was signed

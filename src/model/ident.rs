@@ -113,7 +113,7 @@ pub fn validate_identifier(kind: &'static str, value: &str) -> Result<(), Identi
 /// identifiers that differ only by one look the same to the operator who copies one into a
 /// policy, and a bidirectional override makes one read as another. The zero-width joiner and
 /// non-joiner stay allowed: Persian and the Indic scripts spell words with them.
-fn is_invisible(c: char) -> bool {
+pub(crate) fn is_invisible(c: char) -> bool {
     matches!(
         c,
         '\u{00ad}'

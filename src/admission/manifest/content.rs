@@ -437,6 +437,14 @@ fn check_uri_text(text: &str) -> Result<(), String> {
     if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("contains whitespace or a control character".into());
     }
+    // Listed to clients as signed: one that draws nothing or reorders what follows would
+    // show as another URI, as an identifier would.
+    if let Some(c) = text.chars().find(|c| crate::ident::is_invisible(*c)) {
+        return Err(format!(
+            "contains U+{:04X}, which draws nothing or reorders what follows",
+            u32::from(c)
+        ));
+    }
     Ok(())
 }
 

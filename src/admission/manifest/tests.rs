@@ -981,6 +981,20 @@ fn bad_resources_and_prompts_are_refused_naming_the_field() {
             |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
             "resources[0].uri",
         ),
+        // A right-to-left override makes `test://gpj.exe` show as another URI in a client's
+        // list; a zero-width space makes two URIs look alike.
+        (
+            json!([{"name": "r", "uri": "test://\u{202e}exe.jpg"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
+            "resources[0].uri",
+        ),
+        (
+            json!([{"name": "r", "uri_template": "test://a\u{200b}/{id}"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
+            "resources[0].uri_template",
+        ),
         (
             json!([{"name": "r", "uri_template": "test://{a}{b}"}]),
             json!([{"name": "p"}]),

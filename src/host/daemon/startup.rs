@@ -659,7 +659,6 @@ impl Host {
         // executor of that run, all gone now).
         let _ = std::fs::remove_dir_all(config.state_dir.join("resolv"));
         let retained = check_no_rollback(&registry, &config.state_dir)?;
-        registry.write_retained_set(&config.state_dir.join(RETAINED_SET_FILE), &retained)?;
         let state = Arc::new(state);
         let records = RecordWriter::open(
             &config.records_dir,
@@ -730,6 +729,13 @@ impl Host {
             Some(c) => Some(super::http::HttpListener::bind(c)?),
             None => None,
         };
+        // Only once the host will serve: a start that fails before (an executor that cannot
+        // start, a socket that cannot be bound) must not make what it never served the
+        // version a later configuration is held to.
+        generation.registry.write_retained_set(
+            &generation.config.state_dir.join(RETAINED_SET_FILE),
+            &retained,
+        )?;
         let host = Arc::new(Host {
             http_auth: http.as_ref().map(super::http::HttpListener::authenticator),
             http_tls: http
