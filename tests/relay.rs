@@ -162,6 +162,58 @@ fn log_notifications_of_a_call_reach_the_client_before_its_result() {
     );
 }
 
+/// A log line whose text raises the session's label is recorded (`relay`, method `log`,
+/// with the labels it left) before the client sees it: the records then prove that label
+/// even if the call's outcome is never recorded (the host killed mid-call), so an older copy
+/// of the flow state cannot take it back. Lines that change nothing are not recorded.
+/// Before, no record carried it until the outcome.
+#[test]
+fn a_log_line_that_raises_the_label_is_recorded_before_the_client_sees_it() {
+    let Some(mut lab) = start_with_classifier("processing", "outputs") else {
+        return;
+    };
+    let mut c = session(&lab, json!({}));
+    call(&mut c, 2, "test_tool_with_logging", json!({}));
+    let (r, before) = until_answer(&mut c, 2);
+    assert!(r.get("result").is_some(), "{r}");
+    assert_eq!(
+        before
+            .iter()
+            .filter(|m| m["method"] == "notifications/message")
+            .count(),
+        3,
+        "{before:#?}"
+    );
+    lab.stop();
+    let logged: Vec<Value> = relays(&lab, "test_tool_with_logging")
+        .into_iter()
+        .filter(|r| r["flowhost"]["relay"]["method"] == "log")
+        .collect();
+    // The first line raised the tool's output floor, the second what the classifier found;
+    // the third changed nothing.
+    assert_eq!(logged.len(), 2, "{logged:#?}");
+    let raised = &logged[1];
+    assert_eq!(
+        raised["flowhost"]["relay"]["direction"], "to_client",
+        "{raised}"
+    );
+    assert_eq!(raised["decision"]["effect"], "allow", "{raised}");
+    assert!(
+        raised["flowhost"]["labels_after"]["session"]["compartments"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c == "harbor-goods-terms")),
+        "{raised}"
+    );
+    // Recorded before the outcome, which carries the same labels.
+    let records = lab.records();
+    let at = |p: &dyn Fn(&Value) -> bool| records.iter().position(p).unwrap();
+    let relay_at = at(&|r| r["flowhost"]["relay"]["method"] == "log");
+    let outcome_at = at(&|r| {
+        r["flowhost"]["event"] == "tool_outcome" && r["tool"]["name"] == "test_tool_with_logging"
+    });
+    assert!(relay_at < outcome_at, "{records:#?}");
+}
+
 #[test]
 fn sampling_goes_to_the_client_only_once_the_calls_label_is_durable_and_its_answer_comes_back() {
     let Some(mut lab) = start(&[]) else {

@@ -390,7 +390,8 @@ impl EventKind {
     }
 }
 
-/// `flowhost.relay`: which request an executor sent its client, and which way it went.
+/// `flowhost.relay`: which request (or labelled notification) an executor sent its client,
+/// and which way it went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RelayFacts {
@@ -400,7 +401,8 @@ pub struct RelayFacts {
     pub direction: RelayDirection,
 }
 
-/// A request an executor may send its client during a call, which the host relays.
+/// What an executor may send its client during a call, which the host relays: a request,
+/// or a notification whose forwarding raised the session's label (recorded only then).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RelayMethod {
@@ -408,10 +410,15 @@ pub enum RelayMethod {
     Sampling,
     /// `elicitation/create`.
     Elicitation,
+    /// `notifications/message` (a log line).
+    Log,
+    /// `notifications/progress`.
+    Progress,
 }
 
 impl RelayMethod {
-    /// The relayed method named `method`, if the host relays it.
+    /// The relayed request named `method`, if the host relays it (notifications are not
+    /// requests: `None`).
     pub fn from_method(method: &str) -> Option<Self> {
         match method {
             "sampling/createMessage" => Some(RelayMethod::Sampling),
@@ -425,14 +432,18 @@ impl RelayMethod {
         match self {
             RelayMethod::Sampling => "sampling/createMessage",
             RelayMethod::Elicitation => "elicitation/create",
+            RelayMethod::Log => "notifications/message",
+            RelayMethod::Progress => "notifications/progress",
         }
     }
 
-    /// The client capability (in `initialize`) the method needs.
-    pub fn capability(self) -> &'static str {
+    /// The client capability (in `initialize`) the method needs (`None`: a notification,
+    /// which any client takes).
+    pub fn capability(self) -> Option<&'static str> {
         match self {
-            RelayMethod::Sampling => "sampling",
-            RelayMethod::Elicitation => "elicitation",
+            RelayMethod::Sampling => Some("sampling"),
+            RelayMethod::Elicitation => Some("elicitation"),
+            RelayMethod::Log | RelayMethod::Progress => None,
         }
     }
 }
@@ -441,7 +452,7 @@ impl RelayMethod {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RelayDirection {
-    /// The executor's request, towards the client.
+    /// The executor's request or notification, towards the client.
     ToClient,
     /// The client's answer, into the tool.
     ToTool,

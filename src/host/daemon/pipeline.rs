@@ -437,6 +437,7 @@ async fn run_call<D: Dispatch>(
         rec: &rec,
         plan: &plan,
         tool: tool_name,
+        recorded: std::sync::Mutex::new(labels_after(&plan.state_after_dispatch)),
     };
     let outcome = dispatcher
         .dispatch(server_id, tool_name, admitted.arguments, call, &gate)

@@ -50,6 +50,7 @@ impl ClientCapabilities {
         match method {
             RelayMethod::Sampling => self.sampling,
             RelayMethod::Elicitation => self.elicitation,
+            RelayMethod::Log | RelayMethod::Progress => true,
         }
     }
 }
@@ -229,8 +230,8 @@ impl CallRelay<'_> {
 impl ClientRelay for CallRelay<'_> {
     fn log(&self, params: Value) -> RelayFuture<'_, ()> {
         Box::pin(async move {
-            match self.gate.raise(&params).await {
-                Ok(_) => {
+            match self.gate.notify(RelayMethod::Log, &params).await {
+                Ok(()) => {
                     // A client that went away loses the line; the call goes on.
                     self.out
                         .send(mcp::notification("notifications/message", params))
@@ -252,8 +253,8 @@ impl ClientRelay for CallRelay<'_> {
         // notification at a time) raises the label as it would in the result. A raise that
         // changes nothing writes nothing.
         Box::pin(async move {
-            match self.gate.raise(numbers).await {
-                Ok(_) => true,
+            match self.gate.notify(RelayMethod::Progress, numbers).await {
+                Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(error = %e.message, "a tool's progress is withheld");
                     false

@@ -18,16 +18,20 @@
 //!
 //! Each relayed request is recorded (`relay`, with `flowhost.relay` saying which request
 //! and which way) before it takes effect, refusals included, and once more when the
-//! session's transport could not carry it to the client (`client_unreachable`); log
-//! notifications are not recorded one by one (the call's records carry the labels they
-//! left).
+//! session's transport could not carry it to the client (`client_unreachable`). A log or
+//! progress notification is recorded (`log`, `progress`) only when its raise changed the
+//! labels since the call's last record: the records then prove every label a client has
+//! seen output under, even when the call's outcome is never recorded (the host killed), so
+//! an older copy of the flow state cannot take it back unnoticed.
 
 use serde_json::Value;
 
 use super::{CallEnv, CallRecord, labels_after, refusal, refusal_error};
 use crate::decision::{Denial, Failure, Verdict};
 use crate::mcp::{RpcError, code};
-use crate::records::{EventKind, FlowContext, RelayDirection, RelayFacts, RelayMethod};
+use crate::records::{
+    EventKind, FlowContext, LabelsAfter, RelayDirection, RelayFacts, RelayMethod,
+};
 use crate::resolver::{CallPlan, classifiable_text};
 use crate::state::FlowState;
 
@@ -42,6 +46,8 @@ pub struct RelayGate<'a> {
     pub(super) plan: &'a CallPlan,
     /// The tool as registered (named in a flow refusal).
     pub(super) tool: &'a str,
+    /// The labels the call's records last carried (the authorization's at first).
+    pub(super) recorded: std::sync::Mutex<LabelsAfter>,
 }
 
 impl RelayGate<'_> {
@@ -62,6 +68,32 @@ impl RelayGate<'_> {
             })
     }
 
+    /// Raises the label as for any of the call's output (see [`RelayGate::raise`]) with the
+    /// notification `message` (`method`: a log line or progress), recording the raise first
+    /// when it changed the labels since the call's last record. Nothing of `message` may
+    /// reach the client before this succeeds.
+    pub async fn notify(&self, method: RelayMethod, message: &Value) -> Result<(), RpcError> {
+        let state = self.raise(message).await?;
+        // A call's notifications come one at a time (its executor's output is read in
+        // order), so no other raise of the call is recorded between this check and the
+        // record.
+        let unrecorded = self
+            .recorded
+            .lock()
+            .map(|last| *last != labels_after(&state))
+            .unwrap_or(true);
+        if unrecorded {
+            self.allow(
+                method,
+                RelayDirection::ToClient,
+                &state,
+                FlowContext::default(),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     /// Decides whether the executor's request `method` (with `params`) may reach the
     /// client: refused (and recorded) when the client did not declare the capability
     /// (`capable`) or `pending` requests of the call already wait for it
@@ -79,7 +111,7 @@ impl RelayGate<'_> {
                 code::METHOD_NOT_FOUND,
                 format!(
                     "the client declared no {} capability, so {} is not relayed",
-                    method.capability(),
+                    method.capability().unwrap_or(method.method()),
                     method.method()
                 ),
                 Denial::ClientCapabilityMissing,
@@ -167,12 +199,17 @@ impl RelayGate<'_> {
         state: &FlowState,
         context: FlowContext,
     ) -> Result<(), RpcError> {
+        let now = labels_after(state);
         let context = FlowContext {
-            labels_after: Some(labels_after(state)),
+            labels_after: Some(now.clone()),
             ..context
         };
         let allowed = Verdict::Authorized { rule: None };
-        self.record(method, direction, allowed, context).await
+        self.record(method, direction, allowed, context).await?;
+        if let Ok(mut last) = self.recorded.lock() {
+            *last = now;
+        }
+        Ok(())
     }
 
     async fn record(
