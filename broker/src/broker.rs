@@ -276,11 +276,10 @@ impl Broker {
                         Ok(started) => Ok((started, prepared)),
                         Err(e) => Err((e, prepared)),
                     };
-                    if let Err(Ok((started, _))) = reply.send(reply_with) {
-                        // The caller gave up; do not leave the executor running.
-                        let _ = sys::pidfd_send_signal(started.pidfd.as_fd(), libc::SIGKILL);
-                        let _ = sys::waitid_pidfd(started.pidfd.as_fd(), true);
-                    }
+                    // A caller that gave up drops the answer, and with it the executor,
+                    // killed and reaped (see `Started`), here or wherever the answer
+                    // waiting for it is dropped.
+                    let _ = reply.send(reply_with);
                 }
             })
             .map_err(|e| BrokerError::Thread("spawner", e))?;
@@ -542,11 +541,7 @@ impl Broker {
 
         let host =
             |what: &'static str| move |source: std::io::Error| SpawnError::Host { what, source };
-        let Started {
-            pid,
-            pidfd,
-            listener,
-        } = started;
+        let (pid, pidfd, listener) = started.supervise();
         // The executor is running: any failure from here on must kill it, and its uid and
         // cgroup go back only once it is reaped.
         let pidfd = match sys::async_fd(pidfd) {

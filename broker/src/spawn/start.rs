@@ -17,11 +17,35 @@ use crate::sys;
 use super::prepare::pipe;
 use super::{Prepared, SpawnError};
 
-/// A cloned child whose filter is installed and whose listener the host now holds.
+/// A cloned child whose filter is installed and whose listener the host now holds. Dropped
+/// before [`Started::supervise`] took it (its caller gave up between the spawn and reading
+/// its answer), it kills the child and reaps it: an executor nobody supervises must not run
+/// on, nor its uid be handed out again while it does.
 pub(crate) struct Started {
-    pub pid: libc::pid_t,
-    pub pidfd: OwnedFd,
-    pub listener: OwnedFd,
+    pid: libc::pid_t,
+    /// `None` once taken by [`Started::supervise`].
+    owned: Option<(OwnedFd, OwnedFd)>,
+}
+
+impl Started {
+    /// The child's pid, its pidfd and its notification listener, for the caller to
+    /// supervise: from here on, killing it on failure is the caller's duty.
+    pub(crate) fn supervise(mut self) -> (libc::pid_t, OwnedFd, OwnedFd) {
+        match self.owned.take() {
+            Some((pidfd, listener)) => (self.pid, pidfd, listener),
+            // Only `supervise` (which consumes `self`) takes them.
+            None => unreachable!("a Started is supervised once"),
+        }
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some((pidfd, _listener)) = self.owned.take() {
+            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            let _ = sys::waitid_pidfd(pidfd.as_fd(), true);
+        }
+    }
 }
 
 fn read_status(fd: &OwnedFd, timeout: Duration) -> Result<Option<(u32, i32)>, SpawnError> {
@@ -290,6 +314,7 @@ pub(crate) fn start(
         mount_proc: prepared.mount_proc,
         tmpfs_options: prepared.tmpfs_options.clone(),
         bind_files: prepared.bind_files.clone(),
+        read_only_view: prepared.read_only_view.clone(),
         hostname: prepared.hostname.clone(),
         identity: prepared.identity,
         rlimits: prepared.rlimits.clone(),
@@ -377,13 +402,41 @@ pub(crate) fn start(
     match outcome {
         Ok(listener) => Ok(Started {
             pid,
-            pidfd,
-            listener,
+            owned: Some((pidfd, listener)),
         }),
         Err(e) => {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
             let _ = sys::waitid_pidfd(pidfd.as_fd(), true);
             Err(e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child whose answer its caller never took is killed and reaped when the answer is
+    /// dropped: before, a caller that gave up after the answer was sent (a call cancelled
+    /// while its executor started) left it running, unsupervised, its uid free again.
+    #[test]
+    fn a_started_child_nobody_supervises_is_killed_and_reaped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as libc::pid_t;
+        let pidfd = sys::pidfd_open(pid).unwrap();
+        let listener = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        drop(Started {
+            pid,
+            owned: Some((pidfd, listener)),
+        });
+        // Reaped: the pid names no process (not even a zombie) any more, and there is no
+        // child left to wait for.
+        // SAFETY: signal 0 only checks that the pid exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!alive, "the child still runs (or was not reaped)");
+        assert!(child.try_wait().is_err(), "the child was not reaped");
     }
 }
