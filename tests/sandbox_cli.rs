@@ -597,6 +597,20 @@ fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run(
         stderr.contains("limits.memory_mib: 4096 MiB per executor NOT IN FORCE"),
         "{stderr}"
     );
+    // With --quiet too, which silences only what holds: before, nothing was said.
+    let out = common::as_service_user(common::BROKER_CAPS, &bin)
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated", "--"])
+        .arg("/bin/true")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("not in force:")
+            && stderr.contains("limits.memory_mib: 4096 MiB per executor NOT IN FORCE")
+            && !stderr.contains("(by "),
+        "{stderr}"
+    );
 }
 
 /// Runs `/bin/true` as uid 65534 under profile `name`, an `isolated` variant written into
@@ -631,6 +645,81 @@ fn refused_as_nobody(dir: &str, name: &str, edit: (&str, &str), mode: u32, why: 
     for part in why {
         assert!(stderr.contains(part), "{part:?} is not said: {stderr}");
     }
+}
+
+/// Run unprivileged, the command has its caller's uid, and Landlock does not govern a
+/// file's mode, times or extended attributes: it could make the caller's private key
+/// world-readable, or back-date a file. The view is read-only but for its write paths, so
+/// those changes fail (EROFS) everywhere else, and still work where it may write.
+#[test]
+fn an_unprivileged_command_cannot_change_the_callers_files_outside_its_write_paths() {
+    use common::harness::{As, can_run as can_run_as, flowhost as flowhost_as};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let binary = common::harness::flowhost_for(As::Nobody);
+    if !can_run_as(As::Nobody, &[&binary]) {
+        return;
+    }
+    // The caller's files, outside /tmp (the command's /tmp is its own).
+    let dir = tempfile::Builder::new()
+        .prefix("flowhost-ro-view-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let (private, writable) = (dir.path().join("private"), dir.path().join("writable"));
+    std::fs::create_dir(&writable).unwrap();
+    let key = private.join("key");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::write(&key, "secret").unwrap();
+    std::fs::write(writable.join("mine"), "x").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for p in [
+        dir.path(),
+        &private,
+        &key,
+        &writable,
+        &writable.join("mine"),
+    ] {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    }
+    let script = format!(
+        "chmod 644 {key} 2>&1; touch -d 2001-01-01 {key} 2>&1; \
+         chmod 600 {mine} && echo chmod-ok; echo new > {new} && echo write-ok",
+        key = key.display(),
+        mine = writable.join("mine").display(),
+        new = writable.join("new").display(),
+    );
+    let out = flowhost_as(As::Nobody)
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated"])
+        .arg("--write")
+        .arg(&writable)
+        .args(["--", "/bin/sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let meta = std::fs::metadata(&key).unwrap();
+    assert_eq!(
+        meta.mode() & 0o777,
+        0o600,
+        "the key's mode changed: {stdout}"
+    );
+    assert!(
+        meta.mtime() > 1_000_000_000 + 365 * 86400,
+        "back-dated: {stdout}"
+    );
+    assert_eq!(
+        stdout.matches("Read-only file system").count(),
+        2,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("chmod-ok") && stdout.contains("write-ok"),
+        "{stdout}{stderr}"
+    );
+    assert_eq!(
+        std::fs::metadata(writable.join("mine")).unwrap().mode() & 0o777,
+        0o600
+    );
 }
 
 /// A profile file the user cannot read stops the run, naming the file: it is not replaced

@@ -123,8 +123,19 @@ impl BoundsReport {
             (None, Some(r)) => format!(
                 "each live executor runs as a uid (and gid) of its own from {r}: per-uid limits and signal scope never cross executors"
             ),
+            (None, None) if profile.mount_namespace => {
+                "executors run in a user namespace of the unprivileged host's uid, and see \
+                 every file outside their write paths read-only: the modes, times and \
+                 attributes of the caller's files, which Landlock does not govern, cannot \
+                 change"
+                    .to_string()
+            }
             (None, None) => {
-                "executors run in a user namespace of the unprivileged host's uid".to_string()
+                "executors run in a user namespace of the unprivileged host's uid, without \
+                 a mount namespace (namespaces.mount = false): they may change the modes, \
+                 times and attributes of any file the caller owns, which Landlock does not \
+                 govern"
+                    .to_string()
             }
         };
         BoundsReport {
@@ -141,6 +152,30 @@ impl BoundsReport {
         self.bounds
             .iter()
             .filter(|b| matches!(b.enforcement, Enforcement::NotInForce(_)))
+    }
+}
+
+impl BoundsReport {
+    /// The report of the bounds not in force alone (`None` when every bound is in force),
+    /// for a caller that prints no more than it must.
+    pub fn shortfalls(&self) -> Option<String> {
+        let mut lines = self.not_in_force().map(|b| match &b.enforcement {
+            Enforcement::NotInForce(why) => {
+                format!("  {}: {} NOT IN FORCE: {why}", b.field, b.value)
+            }
+            Enforcement::By(_) => String::new(),
+        });
+        let first = lines.next()?;
+        let mut text = format!(
+            "bounds of profile {:?} from {} not in force:\n{first}",
+            self.profile,
+            self.file.display()
+        );
+        for line in lines {
+            text.push('\n');
+            text.push_str(&line);
+        }
+        Some(text)
     }
 }
 

@@ -89,6 +89,12 @@ pub struct ChildPlan {
     /// (host file, target) pairs bound read-only over files of the executor's view, before
     /// /tmp is replaced (a host file under /tmp stays reachable).
     pub bind_files: Vec<(CString, CString)>,
+    /// Make the whole view read-only, then each of these paths (the executor's write paths
+    /// outside what the child mounts afresh) writable again: an executor running as its
+    /// caller's uid (unprivileged host) must not change files it may not write that the
+    /// caller owns (their modes, times, extended attributes), which Landlock does not
+    /// govern. `None`: the view stays as the host's.
+    pub read_only_view: Option<Vec<CString>>,
     /// Hostname to set in a new UTS namespace.
     pub hostname: Option<CString>,
     /// uid/gid to switch to (root host only).
@@ -259,6 +265,12 @@ fn setup_namespaces(plan: &ChildPlan) {
                     std::ptr::null()
                 )
             );
+        }
+        if let Some(writable) = &plan.read_only_view {
+            read_only_view(plan, writable);
+        }
+        // SAFETY: as above.
+        unsafe {
             for (source, target) in &plan.bind_files {
                 check!(
                     plan,
@@ -321,6 +333,68 @@ fn setup_namespaces(plan: &ChildPlan) {
         // seccomp filter forbids sethostname (systemd's ProtectHostname=) keeps its name.
         // SAFETY: NUL-terminated string owned by the plan, with its length.
         unsafe { libc::sethostname(name.as_ptr(), name.as_bytes().len()) };
+    }
+}
+
+/// `struct mount_attr` of `mount_setattr(2)` (not in the libc crate).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// `MOUNT_ATTR_RDONLY`.
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+/// `mount_setattr(2)` of `path` (with `flags`), setting then clearing the given attributes.
+fn mount_setattr(path: &std::ffi::CStr, flags: c_int, set: u64, clear: u64) -> libc::c_long {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clear,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: a NUL-terminated path and a `mount_attr` we own, with its size.
+    unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    }
+}
+
+/// Every mount of the view read-only (one call, recursive), then each of `writable` bound
+/// over itself and made writable again; only the new bind mount's read-only flag is
+/// cleared, so flags the host locked on it (nosuid, nodev) stay. A kernel without
+/// `mount_setattr` (before 5.12) refuses the spawn rather than leave the view writable.
+fn read_only_view(plan: &ChildPlan, writable: &[CString]) {
+    check!(
+        plan,
+        Stage::Mounts,
+        mount_setattr(c"/", libc::AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
+    );
+    for path in writable {
+        // SAFETY: NUL-terminated paths owned by the plan.
+        check!(plan, Stage::Mounts, unsafe {
+            libc::mount(
+                path.as_ptr(),
+                path.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        });
+        check!(
+            plan,
+            Stage::Mounts,
+            mount_setattr(path, 0, 0, MOUNT_ATTR_RDONLY)
+        );
     }
 }
 

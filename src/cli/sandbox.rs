@@ -592,9 +592,13 @@ async fn run(args: RunArgs) -> CliResult {
     let evidence = args.common.evidence()?;
     let broker = Broker::new(BrokerOptions::default())?;
     broker.check_profile(&profile)?;
+    // One write: the report's lines stay together, whatever else writes to the terminal.
+    // `--quiet` silences what holds, never what does not.
+    let bounds = broker.bounds(&profile);
     if !args.quiet {
-        // One write: the report's lines stay together, whatever else writes to the terminal.
-        say!("flowhost sandbox: {}", broker.bounds(&profile));
+        say!("flowhost sandbox: {bounds}");
+    } else if let Some(shortfalls) = bounds.shortfalls() {
+        say!("flowhost sandbox: {shortfalls}");
     }
     let rules = Arc::new(DestinationRules::allow_only(args.common.allow.clone()));
     let writer = match &evidence.records {

@@ -38,6 +38,7 @@ pub(crate) struct Prepared {
     pub(super) mount_proc: bool,
     pub(super) tmpfs_options: Option<CString>,
     pub(super) bind_files: Vec<(CString, CString)>,
+    pub(super) read_only_view: Option<Vec<CString>>,
     pub(super) hostname: Option<CString>,
     pub(super) identity: Option<(u32, u32)>,
     pub(super) rlimits: Vec<(libc::c_int, libc::rlimit)>,
@@ -323,6 +324,23 @@ pub(crate) fn prepare(
     let remounted = |p: &PathBuf| remounted(&profile, p);
     let (late_read, read_paths): (Vec<_>, Vec<_>) = read_paths.into_iter().partition(remounted);
     let (late_write, write_paths): (Vec<_>, Vec<_>) = write_paths.into_iter().partition(remounted);
+    // Run as its caller's uid (no uid of its own), the executor sees the view read-only but
+    // for its write paths (see `ChildPlan::read_only_view`). A device needs no writable
+    // mount to be written (/dev/null).
+    let read_only_view = if !privileged && profile.mount_namespace {
+        use std::os::unix::fs::FileTypeExt;
+        let mut writable = Vec::new();
+        for p in &write_paths {
+            let device = std::fs::metadata(p)
+                .is_ok_and(|m| m.file_type().is_char_device() || m.file_type().is_block_device());
+            if !device {
+                writable.push(cstring("a write path", p.as_os_str().as_bytes())?);
+            }
+        }
+        Some(writable)
+    } else {
+        None
+    };
     let abi = landlock_abi_for(landlock_abi);
     let landlock = landlock_ruleset(&profile, &read_paths, &write_paths, landlock_abi)?;
     let mut landlock_late = Vec::new();
@@ -360,6 +378,7 @@ pub(crate) fn prepare(
             None
         },
         bind_files,
+        read_only_view,
         hostname: profile
             .uts_namespace
             .then(|| cstring("hostname", b"flowhost-executor"))
