@@ -1620,6 +1620,66 @@ fn a_stream_ends_when_its_credential_stops_authenticating() {
     );
 }
 
+/// A POST answered as one JSON body whose credential stops authenticating while the call
+/// runs (here a reload revokes its token) is told to authenticate again (401, `invalid_token`),
+/// not that its session ended (404), which would have the client drop a session that lives
+/// on.
+#[test]
+fn a_json_answer_whose_credential_is_revoked_meanwhile_is_401() {
+    use std::io::Write;
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    let mut c = McpHttp::new(addr, Some(TOKEN));
+    let init = c.call(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "json-only", "version": "0"}}),
+    );
+    assert_eq!(init.status, 200, "{init:?}");
+    c.session = init.header("mcp-session-id").map(ToString::to_string);
+    let session = c.session.clone().unwrap();
+    let n = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    assert_eq!(n.status, 202, "{n:?}");
+    // A GET stream takes the tool's sampling request, which nobody answers: the call waits.
+    let mut get = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        get,
+        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\n\r\n"
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let call = std::thread::spawn(move || {
+        request(
+            addr,
+            "POST",
+            "/mcp",
+            &[
+                ("Content-Type", "application/json"),
+                ("Accept", "application/json"),
+                ("Authorization", &format!("Bearer {TOKEN}")),
+                ("Mcp-Session-Id", &session),
+            ],
+            &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "test_sampling", "arguments": {"prompt": "p"}}}).to_string(),
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let token_line = format!(
+        "sha256 = \"{}\"",
+        hex::encode(Sha256::digest(TOKEN.as_bytes()))
+    );
+    lab.write_config(&text.replacen(&token_line, &format!("sha256 = \"{}\"", "0".repeat(64)), 1));
+    reload_and_wait(&lab, 2, "reload refused");
+    let reply = call.join().unwrap();
+    drop(get);
+    assert_eq!(reply.status, 401, "{reply:?}");
+    assert_eq!(
+        reply.header("www-authenticate"),
+        Some("Bearer error=\"invalid_token\""),
+        "{reply:?}"
+    );
+}
+
 /// A principal that names another principal's session is answered as if there were no such
 /// session (404), whichever method it uses, and each attempt is recorded with the principal
 /// who made it, not with the session's id. Before, nothing was recorded, so a session id in

@@ -204,7 +204,7 @@ impl HttpConfig {
 
 /// Validates the raw table (`resolve` makes paths absolute). `Err` is `(key, message)`.
 pub(super) fn validate(
-    raw: RawHttp,
+    mut raw: RawHttp,
     resolve: impl Fn(&Path) -> PathBuf,
 ) -> Result<HttpConfig, (String, String)> {
     let bad = |k: &str, m: String| Err((format!("http.{k}"), m));
@@ -238,6 +238,25 @@ pub(super) fn validate(
             );
         }
     };
+    // Compared with the Host header's host alone (its port is not): an entry with a port,
+    // or an IPv6 address without brackets, would match no request.
+    for (i, h) in allowed_hosts.iter().enumerate() {
+        if authority_host(h) != *h {
+            return bad(
+                &format!("allowed_hosts[{i}]"),
+                format!(
+                    "{h:?} is not a host as a Host header names it: give the host without a \
+                     port (any port is taken), an IPv6 address in brackets"
+                ),
+            );
+        }
+    }
+    // Browsers send an origin's scheme and host in lower case.
+    raw.allowed_origins = raw
+        .allowed_origins
+        .iter()
+        .map(|o| o.to_ascii_lowercase())
+        .collect();
     for (i, o) in raw.allowed_origins.iter().enumerate() {
         if !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/') {
             return bad(
@@ -409,7 +428,7 @@ mod tests {
         let anon = "unauthenticated_loopback_principal = \"ops\"\n";
         for extra in [
             "allowed_hosts = [\"mcp.example.org\"]\n",
-            "allowed_hosts = [\"localhost\", \"10.0.0.5:8931\"]\n",
+            "allowed_hosts = [\"localhost\", \"10.0.0.5\"]\n",
             "allowed_origins = [\"https://mcp.example.org\"]\n",
         ] {
             let e = parse(&format!("{extra}{anon}")).unwrap_err();
@@ -418,10 +437,17 @@ mod tests {
         }
         for extra in [
             "",
-            "allowed_hosts = [\"localhost:8931\", \"127.0.0.2\", \"[::1]:9\", \"a.localhost\"]\n",
+            "allowed_hosts = [\"localhost\", \"127.0.0.2\", \"[::1]\", \"a.localhost\"]\n",
             "allowed_origins = [\"http://localhost:3000\", \"http://[::1]:3000\"]\n",
         ] {
             parse(&format!("{extra}{anon}")).unwrap_or_else(|e| panic!("{extra}: {e:?}"));
+        }
+        // A port, or an IPv6 address without brackets, would match no Host header: before,
+        // accepted, and every request was then forbidden.
+        for host in ["localhost:8931", "[::1]:9", "::1"] {
+            let e = parse(&format!("allowed_hosts = [\"{host}\"]\n{anon}")).unwrap_err();
+            assert_eq!(e.0, "http.allowed_hosts[0]", "{host}");
+            assert!(e.1.contains("without a port"), "{}", e.1);
         }
     }
 

@@ -550,6 +550,15 @@ fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
                 "key {i} is a shared secret; only public keys are accepted"
             )));
         }
+        if let Some(unfit) = unfit_key(&jwk.algorithm, alg) {
+            tracing::warn!(
+                key = i,
+                "JWT key set {}: key {i} ({:?}) {unfit}; not used",
+                path.display(),
+                common.key_id.as_deref().unwrap_or("no kid")
+            );
+            continue;
+        }
         let key = DecodingKey::from_jwk(jwk).map_err(|e| fail(format!("key {i}: {e}")))?;
         let text = serde_json::to_vec(jwk).map_err(|e| fail(format!("key {i}: {e}")))?;
         let fingerprint: [u8; 32] = Sha256::digest(&text).into();
@@ -567,6 +576,53 @@ fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
         ));
     }
     Ok(KeySet(keys))
+}
+
+/// RSA moduli flowhost verifies with: below 2048 bits a key may be factored (NIST SP
+/// 800-131A retired them), above 4096 the verifier refuses it at every use.
+const RSA_BITS: std::ops::RangeInclusive<usize> = 2048..=4096;
+
+/// Why a key of the set cannot be trusted with signatures (`None`: it can): an RSA
+/// modulus outside [`RSA_BITS`], or a curve other than the one its named algorithm uses.
+fn unfit_key(
+    params: &jsonwebtoken::jwk::AlgorithmParameters,
+    alg: Option<Algorithm>,
+) -> Option<String> {
+    use base64::Engine;
+    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve};
+    match params {
+        AlgorithmParameters::RSA(rsa) => {
+            let n = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(rsa.n.trim_end_matches('='))
+                .ok()?;
+            let n = &n[n.iter().take_while(|b| **b == 0).count()..];
+            let bits = n
+                .first()
+                .map_or(0, |top| n.len() * 8 - top.leading_zeros() as usize);
+            (!RSA_BITS.contains(&bits)).then(|| {
+                format!(
+                    "has a {bits}-bit RSA modulus; flowhost verifies with {} to {} bits",
+                    RSA_BITS.start(),
+                    RSA_BITS.end()
+                )
+            })
+        }
+        AlgorithmParameters::EllipticCurve(ec) => {
+            let wanted = match alg? {
+                Algorithm::ES256 => EllipticCurve::P256,
+                Algorithm::ES384 => EllipticCurve::P384,
+                _ => return None,
+            };
+            (ec.curve != wanted).then(|| {
+                format!(
+                    "names {alg:?} but is a key of curve {:?}",
+                    ec.curve,
+                    alg = alg
+                )
+            })
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -788,6 +844,36 @@ principals = {{ "user-1" = "alice" }}
         ] {
             assert!(with(refused.clone()).is_err(), "{refused}");
         }
+    }
+
+    /// An RSA key too short to trust (a 1024-bit modulus can be factored), or too long for
+    /// the verifier, and an EC key of another curve than its `alg`, verify nothing: they are
+    /// left out of the set (and said), the set's other keys stay. Before, a 1024-bit key was
+    /// loaded and verified tokens like any other.
+    #[test]
+    fn rsa_keys_outside_2048_to_4096_bits_and_mismatched_curves_are_left_out() {
+        use base64::Engine;
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        let rsa = |kid: &str, bits: usize| {
+            // The modulus's size is what is judged; its value is never used here.
+            let mut n = vec![0xc5u8; bits / 8];
+            n.insert(0, 0);
+            json!({"kty": "RSA", "kid": kid, "n": b64(&n), "e": "AQAB"})
+        };
+        let ec = json!({"kty": "EC", "kid": "p384-as-es256", "alg": "ES256", "crv": "P-384",
+                        "x": b64(&[1; 48]), "y": b64(&[2; 48])});
+        let ed: serde_json::Value = serde_json::from_str(&Issuer::new(7).jwks).unwrap();
+        let mut ed = ed["keys"][0].clone();
+        ed["kid"] = json!("ed");
+        let set = json!({"keys": [rsa("rsa-1024", 1024), rsa("rsa-2048", 2048),
+                                   rsa("rsa-4096", 4096), rsa("rsa-8192", 8192), ec, ed]});
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, set.to_string()).unwrap();
+        let loaded = load_keys(&jwks).unwrap();
+        let mut kids: Vec<&str> = loaded.0.keys().filter_map(|k| k.as_deref()).collect();
+        kids.sort();
+        assert_eq!(kids, ["ed", "rsa-2048", "rsa-4096"]);
     }
 
     #[test]

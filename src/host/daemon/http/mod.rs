@@ -1257,6 +1257,21 @@ async fn json_answer(mut events: Events) -> Response<Body> {
         // The client cancelled it: no answer (as over SSE), and the session goes on; a 404
         // would tell the client its session had ended.
         None if cancelled => no_content(),
+        // The request's credential stopped authenticating (a JWT expired, a token revoked)
+        // while it ran: the session goes on, and the client is told to authenticate again,
+        // not that its session ended (a 404 would have it open another).
+        None if !events.still_valid() => {
+            let mut r = http_error(
+                StatusCode::UNAUTHORIZED,
+                "the request's credential stopped authenticating before its answer could be \
+                 given (what it did is in the records); authenticate again",
+            );
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer error=\"invalid_token\""),
+            );
+            r
+        }
         // Ended by DELETE, its idle window or the host stopping: the session is gone, and
         // nothing failed in the host.
         None => http_error(StatusCode::NOT_FOUND, "the session ended before answering"),

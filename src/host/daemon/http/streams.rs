@@ -107,7 +107,8 @@ impl Events {
         self
     }
 
-    fn still_valid(&self) -> bool {
+    /// Whether the stream's credential (if it is bound to one) still authenticates.
+    pub(super) fn still_valid(&self) -> bool {
         self.valid.as_ref().is_none_or(|(valid, _)| valid())
     }
 
