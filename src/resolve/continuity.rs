@@ -579,10 +579,15 @@ impl Places<'_> {
 #[derive(Default)]
 struct Owed {
     grants: HashMap<String, (u64, PathBuf, u64)>,
+    /// The first record whose labels the state does not hold, reported once the scan has
+    /// found every grant owed (they are marked spent before any refusal: see
+    /// [`check_through`]).
+    behind: Option<ContinuityError>,
 }
 
 impl Owed {
-    /// Takes in one record: a label the state does not hold is refused at once.
+    /// Takes in one record: the first label the state does not hold is kept for the
+    /// refusal; the scan reads on for the grants.
     fn take(
         &mut self,
         seen: Seen<'_>,
@@ -600,9 +605,12 @@ impl Owed {
                 let principal = held
                     .and_then(|h| h.principals.get(&key.principal))
                     .unwrap_or(&bottom);
-                if !labels.principal.flows_to(principal) || !labels.session.flows_to(principal) {
+                if self.behind.is_none()
+                    && (!labels.principal.flows_to(principal)
+                        || !labels.session.flows_to(principal))
+                {
                     let holder = format!("principal {} carrying a label", key.principal);
-                    return Err(places.behind(home, holder, at, false));
+                    self.behind = Some(places.behind(home, holder, at, false));
                 }
             }
             Seen::Grant { id, allowed, at } => {
@@ -761,6 +769,11 @@ pub async fn check_through(
         if state.mark_grant_spent(&id, crate::grant::now()).await? && first_lost.is_none() {
             first_lost = Some((id, found));
         }
+    }
+    // A label found behind is the first refusal (the state lost at least that), once the
+    // grants are marked.
+    if let Some(behind) = owed.behind {
+        return Err(behind);
     }
     if let Some((id, (seq, file, line))) = first_lost {
         let at = At {
@@ -1229,12 +1242,12 @@ mod tests {
         let (end, owed) = read_owed(&places, &home, None, None, Some(&held)).unwrap();
         assert_eq!(end.records, 300);
         assert_eq!(owed.held(), 0, "the check holds something per record");
-        // A record the state does not hold is refused as it is read, naming it.
+        // The first record the state does not hold is kept for the refusal, naming it;
+        // the later ones add nothing.
         held.principals.insert(alice, InformationLabel::bottom());
-        let err = read_owed(&places, &home, None, None, Some(&held))
-            .err()
-            .unwrap()
-            .to_string();
+        let (_, owed) = read_owed(&places, &home, None, None, Some(&held)).unwrap();
+        assert_eq!(owed.held(), 0);
+        let err = owed.behind.unwrap().to_string();
         assert!(
             err.contains("record seq 1 ") && err.contains("principal alice"),
             "{err}"
@@ -1394,6 +1407,37 @@ mod tests {
     /// A state that lost the grants it spent (restored, truncated, rebuilt) would accept
     /// them again: a rebuild marks every grant the records name as spent, and a start on a
     /// state that lacks one is refused.
+    /// A state behind the records on a label (a restored older copy) is refused, but only
+    /// once every grant the records show spent is marked spent in it, those after that
+    /// record too: the refusal stops this host, not another sharing the database, which
+    /// would otherwise accept them again. Before, the label's refusal ended the scan first.
+    #[tokio::test]
+    async fn a_label_found_behind_still_has_every_spent_grant_marked() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        records_with_spent_grants(
+            &records,
+            &["g-1", "g-2"],
+            &crate::state::tests::owner("larkfield"),
+        );
+        let db = dir.path().join("state.db");
+        let state = FlowStateStore::open(&db).unwrap();
+        let places = file_places(&db, dir.path(), &records);
+        let err = check(&state, &places).await.unwrap_err();
+        assert!(
+            err.to_string().contains("carrying a label") && err.to_string().contains("alice"),
+            "{err}"
+        );
+        drop(state);
+        let store = SqliteStore::open(&db).unwrap();
+        for id in ["g-1", "g-2"] {
+            assert!(
+                !store.consume_grant(id, 1).unwrap(),
+                "grant {id} can be spent again"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn grants_the_records_show_spent_stay_spent() {
         let dir = tempfile::tempdir().unwrap();
