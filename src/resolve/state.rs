@@ -1030,6 +1030,7 @@ impl SqliteStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 Some("is gone (deleted or renamed away)")
             }
+            Ok(m) if !m.is_file() => Some("is no longer a regular file"),
             Ok(m) if m.len() == 0 => Some("is empty"),
             _ => None,
         };
@@ -1041,14 +1042,18 @@ impl SqliteStore {
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(io)?;
+        let not_a_state = "is no flow-state database (its tables are gone, or it is not SQLite)";
         let principals = match load_principals(&fresh, &self.path, io) {
             Err(StateError::Io { source, .. }) if no_state_in(&source) => {
-                return Err(self.replaced(
-                    &mut inner,
-                    "is no flow-state database (its tables are gone, or it is not SQLite)".into(),
-                ));
+                return Err(self.replaced(&mut inner, not_a_state.into()));
             }
             read => read?,
+        };
+        let seal = match seal_of(&fresh, &principals) {
+            Err(e) if no_state_in(&e) => {
+                return Err(self.replaced(&mut inner, not_a_state.into()));
+            }
+            seal => seal.map_err(io)?,
         };
         let bottom = InformationLabel::bottom();
         let lowered = inner
@@ -1061,7 +1066,7 @@ impl SqliteStore {
             Some(p) => Some(format!(
                 "holds a lower label for principal {p} than this host wrote to it"
             )),
-            None if seal_of(&fresh, &principals).map_err(io)? != inner.seal => Some(
+            None if seal != inner.seal => Some(
                 "holds other labels, spent grants or records checkpoint than this host wrote to it"
                     .into(),
             ),
@@ -1377,6 +1382,26 @@ pub(crate) mod tests {
                 (|db: &Path| std::fs::remove_file(db).unwrap()) as fn(&Path),
             ),
             ("emptied", |db: &Path| std::fs::write(db, b"").unwrap()),
+            // The labels table as it was, the rest of the store's tables gone: before, the
+            // seal's read failed as an I/O error, retried at every check.
+            ("a database with the labels alone", |db: &Path| {
+                let other = db.with_extension("other");
+                let c = rusqlite::Connection::open(&other).unwrap();
+                c.execute(
+                    "CREATE TABLE principal_labels (principal TEXT PRIMARY KEY, label TEXT)",
+                    [],
+                )
+                .unwrap();
+                drop(c);
+                for side in ["state.db-wal", "state.db-shm"] {
+                    let _ = std::fs::remove_file(db.with_file_name(side));
+                }
+                std::fs::rename(&other, db).unwrap();
+            }),
+            ("a directory", |db: &Path| {
+                std::fs::remove_file(db).unwrap();
+                std::fs::create_dir(db).unwrap();
+            }),
             ("another database", |db: &Path| {
                 let other = db.with_extension("other");
                 rusqlite::Connection::open(&other)
