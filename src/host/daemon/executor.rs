@@ -370,7 +370,8 @@ pub struct McpExecutor<C> {
     /// The tool of the call in flight or, between calls, of the last one (what stderr lines
     /// are tagged with: a tool's last lines often arrive just after its answer).
     last_tool: Arc<Mutex<String>>,
-    next_id: u64,
+    /// The ids of the host's requests to the executor (see [`RequestIds`]).
+    ids: RequestIds,
     slot: CallSlot<C>,
     /// Held while an attempt is judged; a call ends only once it holds it (see
     /// [`McpExecutor::call`]).
@@ -631,7 +632,7 @@ impl<C: NamedCall> McpExecutor<C> {
             revision: String::new(),
             stderr_budget,
             last_tool,
-            next_id: 1,
+            ids: RequestIds::new(),
             slot,
             judging,
             approved_under,
@@ -767,8 +768,7 @@ impl<C: NamedCall> McpExecutor<C> {
         control: &mut CallControl,
         relay: Option<&dyn ClientRelay>,
     ) -> Result<Value, ExecutorError> {
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.ids.next();
         let line = mcp::request(id, method, params);
         let CallControl { cancel, progress } = control;
         let progress = progress.as_ref();
@@ -1207,6 +1207,30 @@ fn lookup_judge<C: Send + Sync + 'static>(
     })
 }
 
+/// The ids of the host's requests to one executor: distinct and not to be guessed from
+/// those before (keyed SipHash of a counter), so an answer the executor wrote before it was
+/// asked (between calls, for the id it expects next) is never taken for the next call's.
+/// Integers within ±2^53, so every JSON reader keeps them exact.
+struct RequestIds {
+    key: std::hash::RandomState,
+    counter: u64,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        RequestIds {
+            key: std::hash::RandomState::new(),
+            counter: 0,
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        use std::hash::BuildHasher;
+        self.counter += 1;
+        self.key.hash_one(self.counter) & ((1 << 53) - 1)
+    }
+}
+
 /// Routes an executor's attempts to the judge with the call in flight, and keeps what the
 /// judgments approved (the executor's own record of it: see [`McpExecutor::fit_for`]).
 /// Sends to the executor's own resolver are the host talking to itself and are allowed
@@ -1528,6 +1552,21 @@ pub(crate) fn unix_connect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ids of the host's requests cannot be told in advance from those seen before:
+    /// before, they counted up from 1, so an executor could write the answer to the next
+    /// call before being asked it, between calls, and have it taken as that call's.
+    #[test]
+    fn request_ids_are_distinct_and_not_the_last_plus_one() {
+        let mut ids = RequestIds::new();
+        let seen: Vec<u64> = (0..1000).map(|_| ids.next()).collect();
+        assert!(seen.iter().all(|id| *id < 1 << 53));
+        assert!(seen.windows(2).all(|w| w[1] != w[0] + 1), "{seen:?}");
+        let distinct: std::collections::BTreeSet<_> = seen.iter().collect();
+        assert_eq!(distinct.len(), seen.len());
+        // Another executor's ids are others.
+        assert_ne!(RequestIds::new().next(), RequestIds::new().next());
+    }
 
     /// An executor that made egress under a call's grant serves nothing after that call,
     /// whatever the next request's source: a connection it opened is not judged again, and
