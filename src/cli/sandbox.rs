@@ -446,16 +446,11 @@ fn start_dns(
     args: &Arc<RunArgs>,
     rules: &Arc<DestinationRules>,
     writer: Option<&Arc<RecordWriter>>,
-    dir: PathBuf,
+    (upstream, dir): (Arc<Upstream>, PathBuf),
     pid: Arc<std::sync::OnceLock<i32>>,
 ) -> Result<Option<ExecutorDns>, SandboxError> {
-    let upstream = if args.dns_upstream.is_empty() {
-        Upstream::from_resolv_conf(Path::new("/etc/resolv.conf"))
-    } else {
-        Upstream::new(args.dns_upstream.clone())
-    };
     let mediation = DnsMediation {
-        upstream: Arc::new(upstream),
+        upstream,
         dir,
         private_answers: args.private_answers.clone().into(),
         host: crate::dns::HostSide::LIVE,
@@ -608,12 +603,17 @@ async fn run(args: RunArgs) -> CliResult {
     let args = Arc::new(args);
     // The command's pid is known only once it runs; its lookups come after.
     let pid = Arc::new(std::sync::OnceLock::new());
+    let upstream = Arc::new(if args.dns_upstream.is_empty() {
+        Upstream::from_resolv_conf(Path::new("/etc/resolv.conf"))
+    } else {
+        Upstream::new(args.dns_upstream.clone())
+    });
     let dns = if crate::dns::mediates_lookups(&profile) {
         start_dns(
             &args,
             &rules,
             writer.as_ref(),
-            evidence.private()?.join("resolv"),
+            (upstream.clone(), evidence.private()?.join("resolv")),
             pid.clone(),
         )?
         .map(Arc::new)
@@ -655,8 +655,9 @@ async fn run(args: RunArgs) -> CliResult {
     // attempt goes to the task below, which records it first.
     let judge: Option<Judge> = writer.is_none().then(|| {
         let (rules, dns, quiet) = (rules.clone(), dns.clone(), args.quiet);
+        let upstream = upstream.clone();
         Arc::new(move |info: &AttemptInfo| {
-            let Some((name, decision)) = rule_on(&rules, dns.as_deref(), info) else {
+            let Some((name, decision)) = rule_on(&rules, (dns.as_deref(), &upstream), info) else {
                 return Some(BrokerVerdict::Allow);
             };
             if !quiet {
@@ -703,7 +704,8 @@ async fn run(args: RunArgs) -> CliResult {
         tokio::spawn(async move {
             while let Some(attempt) = attempts.recv().await {
                 let info = attempt.info().clone();
-                let Some((name, decision)) = rule_on(&rules, dns.as_deref(), &info) else {
+                let Some((name, decision)) = rule_on(&rules, (dns.as_deref(), &upstream), &info)
+                else {
                     attempt.respond(BrokerVerdict::Allow);
                     continue;
                 };
@@ -951,13 +953,14 @@ impl Interrupts {
 
 /// What the rules say about an attempt, with the names its destination was handed out for
 /// by the command's resolver (the last one first; empty: none); `None` for a lookup sent to
-/// that resolver (allowed unjudged: the resolver judges the lookup itself).
+/// that resolver (allowed unjudged: the resolver judges the lookup itself). `upstream`: the
+/// resolvers the command's own one asks (past which no lookup goes unjudged).
 fn rule_on(
     rules: &DestinationRules,
-    dns: Option<&ExecutorDns>,
+    (dns, upstream): (Option<&ExecutorDns>, &Upstream),
     info: &AttemptInfo,
 ) -> Option<(Vec<HostName>, RuleDecision)> {
-    let naming = match attempt_view(dns, info) {
+    let naming = match attempt_view(dns, Some(upstream), info) {
         AttemptView::ToResolver => return None,
         AttemptView::Egress(naming) => naming,
     };

@@ -610,6 +610,7 @@ impl<C: NamedCall> McpExecutor<C> {
                     sink,
                     approved_under: approved_under.clone(),
                     dns: dns.clone(),
+                    upstream: template.dns.as_ref().map(|d| d.upstream.clone()),
                     server: template.server.clone(),
                 },
             )));
@@ -1135,6 +1136,9 @@ struct Routing<C> {
     sink: Arc<dyn AttemptSink<C>>,
     approved_under: Arc<Mutex<Approval>>,
     dns: Option<Arc<ExecutorDns>>,
+    /// The host's upstream resolvers, which an executor without a resolver of its own
+    /// reaches only past the host's mediation.
+    upstream: Option<Arc<crate::dns::Upstream>>,
     /// The server (named in the egress decision log line).
     server: String,
 }
@@ -1239,13 +1243,15 @@ impl RequestIds {
 /// ([`crate::dns::ExecutorDns::names_of`]).
 async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt>, r: Routing<C>) {
     while let Some(attempt) = attempts.recv().await {
-        let naming = match crate::dns::attempt_view(r.dns.as_deref(), attempt.info()) {
-            crate::dns::AttemptView::ToResolver => {
-                attempt.allow();
-                continue;
-            }
-            crate::dns::AttemptView::Egress(naming) => naming,
-        };
+        let naming =
+            match crate::dns::attempt_view(r.dns.as_deref(), r.upstream.as_deref(), attempt.info())
+            {
+                crate::dns::AttemptView::ToResolver => {
+                    attempt.allow();
+                    continue;
+                }
+                crate::dns::AttemptView::Egress(naming) => naming,
+            };
         // The slot is read under the judging lock, so a call that has ended (and cleared the
         // slot under the same lock) is never judged against.
         let _judging = r.judging.lock().await;

@@ -799,13 +799,7 @@ impl ExecutorDns {
     /// host is reached by any of the host's addresses on its port, loopback ones included
     /// (it may listen on all of them): `127.0.0.2:5335` is the `127.0.0.1:5335` upstream.
     pub fn is_upstream(&self, addr: &SocketAddr) -> bool {
-        let ip = canonical_ip(addr.ip());
-        let on_this_host = |ip: IpAddr| ip.is_loopback() || is_host_address(ip);
-        self.upstream.servers().iter().any(|s| {
-            let upstream = canonical_ip(s.ip());
-            s.port() == addr.port()
-                && (upstream == ip || (on_this_host(upstream) && on_this_host(ip)))
-        })
+        reaches_upstream(&self.upstream, addr)
     }
 
     /// The names this executor's lookups got `addr`'s address as an answer for that judge a
@@ -910,13 +904,28 @@ impl Naming {
     }
 }
 
+/// Whether `addr` reaches one of `upstream`'s servers (see [`ExecutorDns::is_upstream`]).
+fn reaches_upstream(upstream: &Upstream, addr: &SocketAddr) -> bool {
+    let ip = canonical_ip(addr.ip());
+    let on_this_host = |ip: IpAddr| ip.is_loopback() || is_host_address(ip);
+    upstream.servers().iter().any(|s| {
+        let server = canonical_ip(s.ip());
+        s.port() == addr.port() && (server == ip || (on_this_host(server) && on_this_host(ip)))
+    })
+}
+
 /// How `info` stands with the executor's resolver `dns` (`None`: lookups not mediated).
 /// A send to port 53 anywhere but its own resolver, or to one of the host's upstream
 /// resolvers on any port, is a lookup past it (the upstream would carry whatever the
-/// executor asks, unjudged); without a resolver of its own, every send to port 53 is. Binding or listening on the resolver's address, or on port 53,
+/// executor asks, unjudged); without a resolver of its own, every send to port 53 is, and
+/// every send reaching one of `upstream`'s servers (the host's, which it would have used). Binding or listening on the resolver's address, or on port 53,
 /// is not reaching it, and is judged by the rules, by address alone. Another executor's resolver is an address the rules refuse
 /// themselves ([`crate::destination::is_resolver_address`]).
-pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptInfo) -> AttemptView {
+pub fn attempt_view(
+    dns: Option<&ExecutorDns>,
+    upstream: Option<&Upstream>,
+    info: &flowhost_broker::AttemptInfo,
+) -> AttemptView {
     let reaches = !matches!(
         info.syscall,
         flowhost_broker::EgressSyscall::Bind | flowhost_broker::EgressSyscall::Listen
@@ -928,7 +937,9 @@ pub fn attempt_view(dns: Option<&ExecutorDns>, info: &flowhost_broker::AttemptIn
         // Lookups not mediated (the host could not bind the resolver's port): a query to
         // any resolver would carry whatever the executor asks, judged by the resolver's
         // address alone. None is let out.
-        if reaches && addr.port() == DNS_PORT {
+        if reaches
+            && (addr.port() == DNS_PORT || upstream.is_some_and(|u| reaches_upstream(u, addr)))
+        {
             return AttemptView::Egress(Naming::PastResolver(*addr));
         }
         return AttemptView::Egress(Naming::Names(Vec::new()));
@@ -1428,6 +1439,7 @@ mod tests {
         let view = |addr: &str| {
             attempt_view(
                 Some(&dns),
+                None,
                 &udp_attempt(flowhost_broker::EgressSyscall::Sendto, addr),
             )
         };
@@ -1485,23 +1497,38 @@ mod tests {
     /// Without a resolver of its own (the host could not bind port 53), every send to port
     /// 53 is a lookup past it: refused, never judged by the resolver's address alone.
     /// Before, an address rule allowing the host's resolver let any query out through it.
+    /// So is a send reaching one of the host's upstream resolvers on its own port (a local
+    /// unbound on 5335, by any of the host's addresses): before, only port 53 was.
     #[test]
     fn without_mediation_every_send_to_port_53_is_a_lookup_past_the_resolver() {
         let info = udp_attempt;
         use flowhost_broker::EgressSyscall::{Bind, Connect, Sendto};
-        for (syscall, to) in [(Sendto, "10.0.0.2:53"), (Connect, "127.0.0.53:53")] {
+        let upstream = Upstream::new(vec!["127.0.0.1:5335".parse().unwrap()]);
+        let up = Some(&upstream);
+        for (syscall, to) in [
+            (Sendto, "10.0.0.2:53"),
+            (Connect, "127.0.0.53:53"),
+            (Sendto, "127.0.0.1:5335"),
+            (Sendto, "127.0.0.2:5335"),
+            (Connect, "[::1]:5335"),
+        ] {
             assert!(
                 matches!(
-                    attempt_view(None, &info(syscall, to)),
+                    attempt_view(None, up, &info(syscall, to)),
                     AttemptView::Egress(Naming::PastResolver(_))
                 ),
                 "{to}"
             );
         }
-        for (syscall, to) in [(Sendto, "10.0.0.2:443"), (Bind, "0.0.0.0:53")] {
+        for (syscall, to) in [
+            (Sendto, "10.0.0.2:443"),
+            (Bind, "0.0.0.0:53"),
+            (Sendto, "127.0.0.1:5336"),
+            (Bind, "127.0.0.1:5335"),
+        ] {
             assert!(
                 matches!(
-                    attempt_view(None, &info(syscall, to)),
+                    attempt_view(None, up, &info(syscall, to)),
                     AttemptView::Egress(Naming::Names(_))
                 ),
                 "{to}"
@@ -1555,7 +1582,7 @@ mod tests {
             flowhost_broker::EgressSyscall::Bind,
             flowhost_broker::EgressSyscall::Listen,
         ] {
-            let view = attempt_view(Some(&dns), &udp_attempt(syscall, "192.0.2.7:443"));
+            let view = attempt_view(Some(&dns), None, &udp_attempt(syscall, "192.0.2.7:443"));
             assert!(
                 matches!(&view, AttemptView::Egress(Naming::Names(n)) if n.is_empty()),
                 "{syscall:?}"
@@ -1563,6 +1590,7 @@ mod tests {
         }
         let view = attempt_view(
             Some(&dns),
+            None,
             &udp_attempt(flowhost_broker::EgressSyscall::Connect, "192.0.2.7:443"),
         );
         assert!(matches!(&view, AttemptView::Egress(Naming::Names(n)) if n.len() == 1));
