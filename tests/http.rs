@@ -1541,6 +1541,40 @@ fn a_credential_taken_out_of_the_configuration_is_revoked_at_the_reload() {
     assert_eq!(status(OTHER), 401, "a token taken out still authenticates");
 }
 
+/// A server whose key is taken out stops serving at the reload even when the JWT key set
+/// cannot be read at that reload either (it revokes every key, and the reload is refused):
+/// before, the key set's refusal came first and the server went on serving.
+#[test]
+fn a_server_whose_key_is_taken_out_is_withdrawn_even_when_the_key_set_is_unreadable() {
+    let Some((lab, addr, _)) = start("") else {
+        return;
+    };
+    let mut c = McpHttp::new(addr, Some(TOKEN));
+    assert_eq!(c.initialize().status, 200);
+    let tools = |c: &mut McpHttp| {
+        c.call("tools/list", json!({})).response()["result"]["tools"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    assert!(tools(&mut c) > 0);
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let key = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/conformance/keys/conformance.pub")
+        .display()
+        .to_string();
+    let gone = lab.dir.path().join("no-such-key.pub").display().to_string();
+    assert!(text.contains(&key));
+    std::fs::write(lab.dir.path().join("jwks.json"), "not a key set").unwrap();
+    reload_refused(&lab, &text.replacen(&key, &gone, 1));
+    assert!(
+        lab.log()
+            .contains("server \"conformance\" withdrawn from service"),
+        "{}",
+        lab.log()
+    );
+    assert_eq!(tools(&mut c), 0, "the withdrawn server still serves");
+}
+
 /// A stream stays open only while the credential that opened it authenticates: a GET stream
 /// opened with a JWT ends once the JWT has expired, and one opened with a bearer token once a
 /// reload takes the token out. Before, both stayed open for as long as the session lived

@@ -110,15 +110,22 @@ impl Host {
                     "the JWT key set cannot be read ({e}): no JWT is accepted until a reload reads it"
                 );
                 StartupError::Http(super::http::HttpError::Auth(e))
-            })?,
-            None => None,
+            }),
+            None => Ok(None),
         };
-        let built: Result<_, StartupError> = async {
-            let config = config?;
-            refuse_restart_only_changes(&self.current().config, &config)?;
-            self.build_reloaded(config).await
-        }
-        .await;
+        // The refusal of a key set that cannot be read comes after the withdrawals below.
+        let (key_set, built) = match key_set {
+            Ok(keys) => {
+                let built: Result<_, StartupError> = async {
+                    let config = config?;
+                    refuse_restart_only_changes(&self.current().config, &config)?;
+                    self.build_reloaded(config).await
+                }
+                .await;
+                (keys, built)
+            }
+            Err(e) => (None, Err(e)),
+        };
         if let (Err(_), Some(auth), Some(keys)) = (&built, &self.http_auth, &key_set) {
             // Whatever else failed, a key taken out of the file is revoked now: it must not
             // go on authenticating until a reload succeeds.
