@@ -720,6 +720,58 @@ fn an_unprivileged_command_cannot_change_the_callers_files_outside_its_write_pat
         std::fs::metadata(writable.join("mine")).unwrap().mode() & 0o777,
         0o600
     );
+
+    // A write path with a file system mounted beneath it, and one the host has read-only.
+    // Before, the first refused the spawn (a bind without the mounts beneath it cannot be
+    // made in the executor's user namespace) and the second too (its read-only flag is
+    // locked there): both now run, and each is as writable as the host has it.
+    struct Unmount(Vec<std::path::PathBuf>);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            for p in self.0.iter().rev() {
+                let _ = Command::new("umount").arg(p).status();
+            }
+        }
+    }
+    let (beneath, frozen) = (writable.join("beneath"), dir.path().join("frozen"));
+    std::fs::create_dir(&beneath).unwrap();
+    std::fs::create_dir(&frozen).unwrap();
+    let mut mounted = Unmount(Vec::new());
+    let mount = |args: &[&str], at: &std::path::Path| {
+        let ok = Command::new("mount")
+            .args(args)
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mount {args:?} {}", at.display());
+    };
+    mount(&["-t", "tmpfs", "-o", "mode=0777", "tmpfs"], &beneath);
+    mounted.0.push(beneath.clone());
+    mount(&["--bind", &frozen.display().to_string()], &frozen);
+    mounted.0.push(frozen.clone());
+    mount(&["-o", "remount,bind,ro"], &frozen);
+    let script = format!(
+        "echo in > {b}/file && echo beneath-ok; echo in > {f}/file 2>&1 || echo frozen-refused",
+        b = beneath.display(),
+        f = frozen.display(),
+    );
+    let out = flowhost_as(As::Nobody)
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated"])
+        .arg("--write")
+        .arg(&writable)
+        .arg("--write")
+        .arg(&frozen)
+        .args(["--", "/bin/sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("beneath-ok") && stdout.contains("frozen-refused"),
+        "{stdout}{stderr}"
+    );
+    drop(mounted);
 }
 
 /// A profile file the user cannot read stops the run, naming the file: it is not replaced

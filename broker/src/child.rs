@@ -89,12 +89,11 @@ pub struct ChildPlan {
     /// (host file, target) pairs bound read-only over files of the executor's view, before
     /// /tmp is replaced (a host file under /tmp stays reachable).
     pub bind_files: Vec<(CString, CString)>,
-    /// Make the whole view read-only, then each of these paths (the executor's write paths
-    /// outside what the child mounts afresh) writable again: an executor running as its
-    /// caller's uid (unprivileged host) must not change files it may not write that the
-    /// caller owns (their modes, times, extended attributes), which Landlock does not
-    /// govern. `None`: the view stays as the host's.
-    pub read_only_view: Option<Vec<CString>>,
+    /// Make the whole view read-only, then the executor's write paths writable again: an
+    /// executor running as its caller's uid (unprivileged host) must not change files it
+    /// may not write that the caller owns (their modes, times, extended attributes), which
+    /// Landlock does not govern. `None`: the view stays as the host's.
+    pub read_only_view: Option<ReadOnlyView>,
     /// Hostname to set in a new UTS namespace.
     pub hostname: Option<CString>,
     /// uid/gid to switch to (root host only).
@@ -369,27 +368,42 @@ fn mount_setattr(path: &std::ffi::CStr, flags: c_int, set: u64, clear: u64) -> l
     }
 }
 
-/// Every mount of the view read-only (one call, recursive), then each of `writable` bound
-/// over itself and made writable again; only the new bind mount's read-only flag is
-/// cleared, so flags the host locked on it (nosuid, nodev) stay. A kernel without
-/// `mount_setattr` (before 5.12) refuses the spawn rather than leave the view writable.
-fn read_only_view(plan: &ChildPlan, writable: &[CString]) {
+/// What [`ChildPlan::read_only_view`] makes writable again, worked out by the parent from
+/// the host's mount table (the child copies the parent's mounts).
+#[derive(Debug, Clone, Default)]
+pub struct ReadOnlyView {
+    /// Each write path (its real path), bound over itself with the mounts beneath it.
+    pub binds: Vec<CString>,
+    /// The mounts of those binds the host has writable (a write path's own, and each one
+    /// beneath it), made writable again one by one: one the host has read-only stays so
+    /// (its read-only flag is locked in the executor's user namespace).
+    pub writable: Vec<CString>,
+}
+
+/// Every mount of the view read-only (one call, recursive), then each write path bound over
+/// itself (with what is mounted beneath it) and the mounts the host has writable made
+/// writable again; only the read-only flag is cleared, so flags the host locked on a mount
+/// (nosuid, nodev) stay. A kernel without `mount_setattr` (before 5.12) refuses the spawn
+/// rather than leave the view writable.
+fn read_only_view(plan: &ChildPlan, view: &ReadOnlyView) {
     check!(
         plan,
         Stage::Mounts,
         mount_setattr(c"/", libc::AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
     );
-    for path in writable {
+    for path in &view.binds {
         // SAFETY: NUL-terminated paths owned by the plan.
         check!(plan, Stage::Mounts, unsafe {
             libc::mount(
                 path.as_ptr(),
                 path.as_ptr(),
                 std::ptr::null(),
-                libc::MS_BIND,
+                libc::MS_BIND | libc::MS_REC,
                 std::ptr::null(),
             )
         });
+    }
+    for path in &view.writable {
         check!(
             plan,
             Stage::Mounts,

@@ -38,7 +38,7 @@ pub(crate) struct Prepared {
     pub(super) mount_proc: bool,
     pub(super) tmpfs_options: Option<CString>,
     pub(super) bind_files: Vec<(CString, CString)>,
-    pub(super) read_only_view: Option<Vec<CString>>,
+    pub(super) read_only_view: Option<crate::child::ReadOnlyView>,
     pub(super) hostname: Option<CString>,
     pub(super) identity: Option<(u32, u32)>,
     pub(super) rlimits: Vec<(libc::c_int, libc::rlimit)>,
@@ -82,6 +82,47 @@ fn dev_null() -> Result<OwnedFd, SpawnError> {
 pub(crate) fn remounted(profile: &Profile, path: &std::path::Path) -> bool {
     (profile.mount_namespace && profile.pid_namespace && path.starts_with("/proc"))
         || (profile.private_tmp && path.starts_with("/tmp"))
+}
+
+/// What the child makes writable again in its read-only view (see
+/// [`crate::child::ReadOnlyView`]): each of `write_paths` but devices (written whatever
+/// their mount), by its real path, with the mounts the host's mount table has writable at
+/// it (the mount it lies on) and beneath it.
+fn read_only_view(write_paths: &[PathBuf]) -> Result<crate::child::ReadOnlyView, SpawnError> {
+    use std::os::unix::fs::FileTypeExt;
+    let mounts = procfs::process::Process::myself()
+        .and_then(|p| p.mountinfo())
+        .map_err(|e| SpawnError::Prepare(format!("reading this process's mount table: {e}")))?;
+    let writable_on_host = |m: &procfs::process::MountInfo| m.mount_options.contains_key("rw");
+    let mut view = crate::child::ReadOnlyView::default();
+    for p in write_paths {
+        let meta = std::fs::metadata(p)
+            .map_err(|e| SpawnError::InvalidSpec(format!("write path {}: {e}", p.display())))?;
+        if meta.file_type().is_char_device() || meta.file_type().is_block_device() {
+            continue;
+        }
+        let real = std::fs::canonicalize(p)
+            .map_err(|e| SpawnError::InvalidSpec(format!("write path {}: {e}", p.display())))?;
+        let on = mounts
+            .iter()
+            .filter(|m| real.starts_with(&m.mount_point))
+            .max_by_key(|m| m.mount_point.as_os_str().len());
+        if on.is_some_and(writable_on_host) {
+            view.writable
+                .push(cstring("a write path", real.as_os_str().as_bytes())?);
+        }
+        for beneath in mounts.iter().filter(|m| {
+            m.mount_point != real && m.mount_point.starts_with(&real) && writable_on_host(m)
+        }) {
+            view.writable.push(cstring(
+                "a mount beneath a write path",
+                beneath.mount_point.as_os_str().as_bytes(),
+            )?);
+        }
+        view.binds
+            .push(cstring("a write path", real.as_os_str().as_bytes())?);
+    }
+    Ok(view)
 }
 
 /// The mask of `signals` (bit `n - 1` for signal `n`); SIGKILL, SIGSTOP and numbers the
@@ -328,16 +369,7 @@ pub(crate) fn prepare(
     // for its write paths (see `ChildPlan::read_only_view`). A device needs no writable
     // mount to be written (/dev/null).
     let read_only_view = if !privileged && profile.mount_namespace {
-        use std::os::unix::fs::FileTypeExt;
-        let mut writable = Vec::new();
-        for p in &write_paths {
-            let device = std::fs::metadata(p)
-                .is_ok_and(|m| m.file_type().is_char_device() || m.file_type().is_block_device());
-            if !device {
-                writable.push(cstring("a write path", p.as_os_str().as_bytes())?);
-            }
-        }
-        Some(writable)
+        Some(read_only_view(&write_paths)?)
     } else {
         None
     };
