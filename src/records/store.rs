@@ -144,11 +144,17 @@ pub enum StoreError {
 
 impl StoreError {
     /// Whether this says the records are not what was durably written (cut or changed below
-    /// what the write-ahead ring's checkpoint vouches for, or the ring itself damaged): the
+    /// what the write-ahead ring's checkpoint vouches for, the ring itself damaged or gone
+    /// where the head anchor says there was one, the anchor unreadable as one): the
     /// evidence is rejected, as when the chain's own checks find it cut, rather than an
     /// input that could not be read or a directory to replay first.
     pub fn rejects_the_evidence(&self) -> bool {
-        matches!(self, StoreError::Ring(ring::RingError::Corrupt { .. }))
+        matches!(
+            self,
+            StoreError::Ring(ring::RingError::Corrupt { .. })
+                | StoreError::RingMissing { .. }
+                | StoreError::BadHead { .. }
+        )
     }
 
     pub(crate) fn io(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
