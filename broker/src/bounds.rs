@@ -131,11 +131,18 @@ impl BoundsReport {
                     .to_string()
             }
             (None, None) => {
-                "executors run in a user namespace of the unprivileged host's uid, without \
-                 a mount namespace (namespaces.mount = false): they may change the modes, \
-                 times and attributes of any file the caller owns, which Landlock does not \
-                 govern"
-                    .to_string()
+                bounds.push(Bound {
+                    field: "namespaces.mount",
+                    value: "files outside the write paths read-only (modes, times, attributes)"
+                        .to_string(),
+                    enforcement: Enforcement::NotInForce(
+                        "namespaces.mount = false: run as the caller's uid, executors may \
+                         change the modes, times and attributes of any file the caller owns, \
+                         which Landlock does not govern"
+                            .to_string(),
+                    ),
+                });
+                "executors run in a user namespace of the unprivileged host's uid".to_string()
             }
         };
         BoundsReport {

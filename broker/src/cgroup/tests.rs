@@ -533,3 +533,24 @@ fn the_report_names_a_memory_bound_that_leaves_swap_uncapped() {
         other => panic!("a memory bound leaving swap uncapped was reported {other:?}"),
     }
 }
+
+/// Run unprivileged without a mount namespace, executors may change the caller's files'
+/// modes, times and attributes: a bound not in force, so `sandbox run --quiet` says it too
+/// (before, only the identity line said so, which `--quiet` leaves out).
+#[test]
+fn an_unprivileged_profile_without_a_mount_namespace_reports_the_view_not_in_force() {
+    let root = tempfile::tempdir().unwrap();
+    let host = v1_memory_only(root.path());
+    let mut profile = Profile::find("isolated", &[]).unwrap();
+    let view = |profile: &Profile| {
+        crate::bounds::BoundsReport::new(profile, &host, None, None, 6)
+            .not_in_force()
+            .any(|b| b.field == "namespaces.mount")
+    };
+    assert!(!view(&profile));
+    profile.mount_namespace = false;
+    assert!(view(&profile));
+    // A uid of its own owns nothing of the caller's.
+    let own = crate::bounds::BoundsReport::new(&profile, &host, Some((70000, 70000)), None, 6);
+    assert!(!own.not_in_force().any(|b| b.field == "namespaces.mount"));
+}
