@@ -43,7 +43,21 @@ impl Drop for Started {
     fn drop(&mut self) {
         if let Some((pidfd, _listener)) = self.owned.take() {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-            let _ = sys::waitid_pidfd(pidfd.as_fd(), true);
+            // Reaped on a thread of its own: this may run on an async worker, and a pid
+            // namespace's first process is reaped only once every process in it has died
+            // (one in an uninterruptible wait takes its time). Killed, none runs on.
+            let reap = move || {
+                let _ = sys::waitid_pidfd(pidfd.as_fd(), true);
+            };
+            if let Err(e) = std::thread::Builder::new()
+                .name("flowhost-reap-unsupervised".into())
+                .spawn(reap)
+            {
+                tracing::warn!(
+                    pid = self.pid,
+                    "an executor nobody supervises was killed but cannot be reaped: {e}"
+                );
+            }
         }
     }
 }
@@ -432,11 +446,17 @@ mod tests {
             pid,
             owned: Some((pidfd, listener)),
         });
-        // Reaped: the pid names no process (not even a zombie) any more, and there is no
-        // child left to wait for.
+        // Reaped (on a thread of its own): soon the pid names no process, not even a
+        // zombie, and there is no child left to wait for.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
         // SAFETY: signal 0 only checks that the pid exists.
-        let alive = unsafe { libc::kill(pid, 0) } == 0;
-        assert!(!alive, "the child still runs (or was not reaped)");
+        while unsafe { libc::kill(pid, 0) } == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child still runs (or was not reaped)"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         assert!(child.try_wait().is_err(), "the child was not reaped");
     }
 }
