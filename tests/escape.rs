@@ -218,6 +218,24 @@ async fn an_icmp_echo_is_decided_without_a_port() {
     );
 }
 
+/// A datagram gathered from the most iovecs a message may have (1024, one byte each) is
+/// copied whole and in order, in one read of the executor's memory (before, one read and
+/// one validity check per iovec: an executor could make each notification cost millions of
+/// system calls on the host's runtime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_of_many_iovecs_is_copied_whole_and_in_order() {
+    let Some(b) = broker() else { return };
+    let sink = UdpSink::start();
+    let argv = probe_argv(&["sendmsg-iovecs", &sink.addr.to_string()]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    let r = run.result();
+    assert_eq!(r["value"], 1024, "{r}");
+    assert!(eventually(|| sink.count() >= 1), "{r}");
+    let expected: Vec<u8> = (0..1024).map(|i| (i % 256) as u8).collect();
+    assert_eq!(sink.datagrams.lock().unwrap()[0], expected);
+    assert_eq!(run.attempts[0].0.bytes, Some(1024));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sendmsg_with_a_name_is_reported_and_refused() {
     let Some(b) = broker() else { return };

@@ -105,6 +105,27 @@ impl Caller<'_> {
         Ok((first, second))
     }
 
+    /// Copies each `(address, length)` part of the caller's memory, one after another into
+    /// one buffer, in one read (`parts` at most [`MAX_IOV`]), checked as [`Caller::copy`]
+    /// is: a message's iovecs cost two system calls however many there are, not two each.
+    pub(super) fn copy_gathered(&self, parts: &[(u64, usize)]) -> Step<Vec<u8>> {
+        let total = parts.iter().map(|(_, len)| *len).sum();
+        let mut buf = vec![0u8; total];
+        {
+            let mut rest: &mut [u8] = &mut buf;
+            let mut pieces = Vec::with_capacity(parts.len());
+            for &(addr, len) in parts {
+                let (piece, tail) = std::mem::take(&mut rest).split_at_mut(len);
+                pieces.push((addr, piece));
+                rest = tail;
+            }
+            sys::read_remote_many(self.n.pid, &mut pieces)
+                .map_err(|_| Outcome::Errno(libc::EFAULT))?;
+        }
+        self.still_waiting()?;
+        Ok(buf)
+    }
+
     /// The caller's `/proc/<tid>/mem`, open for writing, to report results the kernel would
     /// have written into the caller's memory. Opened before the caller's memory is first
     /// copied, so the validity check after that copy proves it is the waiting thread's.
@@ -170,13 +191,16 @@ impl Caller<'_> {
         if total > budget.payload && !partial {
             return Err(Outcome::Errno(libc::EMSGSIZE));
         }
-        let mut data = Vec::with_capacity(total.min(budget.payload));
+        let mut parts = Vec::with_capacity(iov_len);
+        let mut room = budget.payload;
         for i in 0..iov_len {
-            let take = (field(i, 8) as usize).min(budget.payload - data.len());
+            let take = (field(i, 8) as usize).min(room);
             if take > 0 {
-                data.extend(self.copy(field(i, 0), take)?);
+                parts.push((field(i, 0), take));
+                room -= take;
             }
         }
+        let data = self.copy_gathered(&parts)?;
         budget.payload -= data.len();
         budget.control -= control_len;
         let mut msg = OwnedMessage {
