@@ -11,8 +11,10 @@ use crate::sys;
 /// control message is refused (SCM_CREDENTIALS would be checked against the broker's
 /// credentials, not the executor's), and so are IP options and IPv6 extension headers, and
 /// a PKTINFO naming an interface (the send would leave by it, which a decision by address
-/// does not see); other IP-level control messages (TOS, TTL, PKTINFO naming only a source
-/// address, ...) pass unchanged. Lengths come from the executor, so every offset is checked
+/// does not see) or a source address (the kernel then sends a multicast or broadcast
+/// datagram by the interface holding that address, and for any datagram it is a `bind`
+/// no one decided); other IP-level control messages (TOS, TTL, a PKTINFO naming neither)
+/// pass unchanged. Lengths come from the executor, so every offset is checked
 /// before use.
 pub(super) fn translate_control(
     raw: &[u8],
@@ -63,12 +65,19 @@ pub(super) fn translate_control(
                 | libc::IPV6_2292HOPOPTS
                 | libc::IPV6_2292DSTOPTS,
             ) => return Err(Outcome::Errno(libc::EPERM)),
-            // `in_pktinfo` starts with its interface index; `in6_pktinfo` ends with it.
+            // `in_pktinfo` is its interface index, then the source address (`ipi_spec_dst`);
+            // `in6_pktinfo` is the source address, then the interface index.
             (libc::IPPROTO_IP, libc::IP_PKTINFO)
             | (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO | libc::IPV6_2292PKTINFO) => {
-                let at = if level == libc::IPPROTO_IP { 0 } else { 16 };
-                let index = data.get(at..at + 4).ok_or(Outcome::Errno(libc::EINVAL))?;
-                if index != [0; 4] {
+                let (index, source) = if level == libc::IPPROTO_IP {
+                    (data.get(0..4), data.get(4..8))
+                } else {
+                    (data.get(16..20), data.get(0..16))
+                };
+                let (Some(index), Some(source)) = (index, source) else {
+                    return Err(Outcome::Errno(libc::EINVAL));
+                };
+                if index.iter().chain(source).any(|b| *b != 0) {
                     return Err(Outcome::Errno(libc::EPERM));
                 }
                 out.extend_from_slice(data);
@@ -168,7 +177,9 @@ mod tests {
     }
 
     /// A PKTINFO naming an interface picks the one the send leaves by, which the decision
-    /// by address does not see: refused. One naming only a source address passes.
+    /// by address does not see: refused. So is one naming a source address: for a multicast
+    /// or broadcast datagram the kernel sends by the interface holding it (before, passed).
+    /// One naming neither passes.
     #[test]
     fn control_refuses_an_outgoing_interface() {
         let me = sys::pidfd_open(std::process::id() as i32).unwrap();
@@ -177,15 +188,21 @@ mod tests {
         v4[0] = 2;
         let mut v6 = [0u8; 20];
         v6[16] = 2;
+        let mut v4_source = [0u8; 12];
+        v4_source[4..8].copy_from_slice(&[192, 0, 2, 1]);
+        let mut v6_source = [0u8; 20];
+        v6_source[15] = 1;
         for (level, kind, data) in [
             (libc::IPPROTO_IP, libc::IP_PKTINFO, &v4[..]),
             (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &v6[..]),
             (libc::IPPROTO_IPV6, libc::IPV6_2292PKTINFO, &v6[..]),
+            (libc::IPPROTO_IP, libc::IP_PKTINFO, &v4_source[..]),
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &v6_source[..]),
         ] {
             let raw = cmsg(16 + data.len() as u64, level, kind, data);
             assert!(
                 matches!(translate(&raw), Err(Outcome::Errno(libc::EPERM))),
-                "{level}/{kind}"
+                "{level}/{kind} {data:?}"
             );
             let unnamed = vec![0u8; data.len()];
             let raw = cmsg(16 + data.len() as u64, level, kind, &unnamed);
