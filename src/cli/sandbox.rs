@@ -588,12 +588,10 @@ async fn run(args: RunArgs) -> CliResult {
     let broker = Broker::new(BrokerOptions::default())?;
     broker.check_profile(&profile)?;
     // One write: the report's lines stay together, whatever else writes to the terminal.
-    // `--quiet` silences what holds, never what does not.
-    let bounds = broker.bounds(&profile);
+    // `--quiet` silences what holds, never what does not (said once the command started:
+    // its cgroups are then made, which settles whether they can be, with no probe).
     if !args.quiet {
-        say!("flowhost sandbox: {bounds}");
-    } else if let Some(shortfalls) = bounds.shortfalls() {
-        say!("flowhost sandbox: {shortfalls}");
+        say!("flowhost sandbox: {}", broker.bounds(&profile));
     }
     let rules = Arc::new(DestinationRules::allow_only(args.common.allow.clone()));
     let writer = match &evidence.records {
@@ -623,7 +621,7 @@ async fn run(args: RunArgs) -> CliResult {
 
     let mut argv = args.command.clone();
     argv[0] = resolve_program(&argv[0])?.into_os_string();
-    let mut spec = SpawnSpec::new(argv, profile);
+    let mut spec = SpawnSpec::new(argv, profile.clone());
     spec.stdin = StdioMode::Inherit;
     spec.stdout = StdioMode::Inherit;
     spec.stderr = StdioMode::Inherit;
@@ -697,6 +695,11 @@ async fn run(args: RunArgs) -> CliResult {
         terminal.relay()?;
     }
     let mut exec = broker.spawn_judged(spec, judge).await?;
+    if args.quiet
+        && let Some(shortfalls) = broker.bounds(&profile).shortfalls()
+    {
+        say!("flowhost sandbox: {shortfalls}");
+    }
     let _ = pid.set(exec.pid());
     let mut attempts = exec.take_attempts().ok_or("attempt stream already taken")?;
     let decider = {
