@@ -466,6 +466,77 @@ fn records_cut_below_the_rings_checkpoint_are_rejected_evidence() {
     assert!(err.contains("durable bytes"), "{err}");
 }
 
+/// A ring or head anchor put in place as a FIFO, a symbolic link (to `/dev/zero`, say) or a
+/// directory is rejected evidence (verify exits 1), never waited on or read without end.
+/// Before, a FIFO blocked verify, diff and export for good, and a link to `/dev/zero` made
+/// them read until memory ran out; a link or directory gave exit 2.
+#[test]
+fn a_ring_or_anchor_that_is_no_regular_file_is_rejected_at_once() {
+    let within = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("{args:?} did not end");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.wait_with_output().unwrap()
+    };
+    for (name, replace) in [
+        (
+            "ring a FIFO",
+            (|d: &Path| {
+                let ring = d.join(flowhost::records::RING_FILE);
+                std::fs::remove_file(&ring).unwrap();
+                let c = std::ffi::CString::new(ring.to_str().unwrap()).unwrap();
+                // SAFETY: a NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+            }) as fn(&Path),
+        ),
+        ("ring a link", |d: &Path| {
+            let ring = d.join(flowhost::records::RING_FILE);
+            std::fs::rename(&ring, d.join("elsewhere")).unwrap();
+            std::os::unix::fs::symlink(d.join("elsewhere"), &ring).unwrap();
+        }),
+        ("anchor a link to /dev/zero", |d: &Path| {
+            let head = d.join("records.head");
+            std::fs::remove_file(&head).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", &head).unwrap();
+        }),
+        ("anchor a FIFO", |d: &Path| {
+            let head = d.join("records.head");
+            std::fs::remove_file(&head).unwrap();
+            let c = std::ffi::CString::new(head.to_str().unwrap()).unwrap();
+            // SAFETY: a NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        }),
+        ("anchor a directory", |d: &Path| {
+            let head = d.join("records.head");
+            std::fs::remove_file(&head).unwrap();
+            std::fs::create_dir(&head).unwrap();
+        }),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        records(dir.path(), 3, 1 << 20);
+        replace(dir.path());
+        let o = within(&["records", "verify", dir.path().to_str().unwrap()]);
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "{name}: {}{}",
+            stdout(&o),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
 #[test]
 fn records_left_only_in_the_ring_are_refused_until_replayed() {
     let dir = tempfile::tempdir().unwrap();

@@ -417,20 +417,28 @@ pub fn read_back(dir: &Path) -> Result<Option<(Checkpoint, Vec<RingEntry>)>, Rin
         let path = path.to_path_buf();
         move |source| RingError::Io { op, path, source }
     };
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(io_error("open", &path)(source)),
-    };
-    let size = file.metadata().map_err(io_error("read", &path))?.len();
     let corrupt = |problem: &str| RingError::Corrupt {
         path: path.clone(),
         problem: problem.to_string(),
     };
+    // Never followed nor waited on: a FIFO in its place would block the reader.
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(corrupt("it is a symbolic link"));
+        }
+        Err(source) => return Err(io_error("open", &path)(source)),
+    };
+    let meta = file.metadata().map_err(io_error("read", &path))?;
+    if !meta.is_file() {
+        return Err(corrupt("it is not a regular file"));
+    }
+    let size = meta.len();
     if size < MIN_RING_BYTES {
         // The writer only renames a whole ring into place: a smaller one was cut, and the
         // records it held past its checkpoint with it.

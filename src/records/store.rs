@@ -502,6 +502,9 @@ pub fn split_lines(bytes: &[u8]) -> (impl Iterator<Item = &[u8]>, &[u8]) {
     (lines, torn)
 }
 
+/// Largest head anchor file read (one is a few hundred bytes).
+const MAX_HEAD_BYTES: u64 = 64 * 1024;
+
 /// The head anchor: a durable record the stream must still contain, unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -527,17 +530,42 @@ pub struct HeadAnchor {
 }
 
 impl HeadAnchor {
-    /// Reads the anchor at `path`; `Ok(None)` when there is none.
+    /// Reads the anchor at `path`; `Ok(None)` when there is none. A symbolic link, FIFO,
+    /// directory or device in its place, or a file larger than any anchor, is a broken
+    /// anchor, never followed, waited on or read whole.
     pub fn read(path: &Path) -> Result<Option<HeadAnchor>, StoreError> {
-        let bytes = match fs::read(path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(StoreError::io("read", path)(e)),
-        };
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
         let bad = |problem: String| StoreError::BadHead {
             path: path.to_path_buf(),
             problem,
         };
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path);
+        let file = match file {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(bad("it is a symbolic link".into()));
+            }
+            Err(e) => return Err(StoreError::io("read", path)(e)),
+        };
+        let meta = file.metadata().map_err(StoreError::io("read", path))?;
+        if !meta.is_file() {
+            return Err(bad("it is not a regular file".into()));
+        }
+        if meta.len() > MAX_HEAD_BYTES {
+            return Err(bad(format!(
+                "{} bytes; an anchor is at most {MAX_HEAD_BYTES}",
+                meta.len()
+            )));
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_HEAD_BYTES)
+            .read_to_end(&mut bytes)
+            .map_err(StoreError::io("read", path))?;
         let head: HeadAnchor = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
         if head.schema != HEAD_SCHEMA {
             return Err(bad(format!("schema must be {HEAD_SCHEMA:?}")));
