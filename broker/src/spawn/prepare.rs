@@ -90,10 +90,10 @@ pub(crate) fn remounted(profile: &Profile, path: &std::path::Path) -> bool {
 /// it (the mount it lies on) and beneath it.
 fn read_only_view(write_paths: &[PathBuf]) -> Result<crate::child::ReadOnlyView, SpawnError> {
     use std::os::unix::fs::FileTypeExt;
-    let mounts = procfs::process::Process::myself()
-        .and_then(|p| p.mountinfo())
+    let table = std::fs::read("/proc/self/mountinfo")
         .map_err(|e| SpawnError::Prepare(format!("reading this process's mount table: {e}")))?;
-    let writable_on_host = |m: &procfs::process::MountInfo| m.mount_options.contains_key("rw");
+    let mounts = mount_table(&table);
+    let writable_on_host = |m: &HostMount| m.writable;
     let mut view = crate::child::ReadOnlyView::default();
     for p in write_paths {
         let meta = std::fs::metadata(p)
@@ -123,6 +123,52 @@ fn read_only_view(write_paths: &[PathBuf]) -> Result<crate::child::ReadOnlyView,
             .push(cstring("a write path", real.as_os_str().as_bytes())?);
     }
     Ok(view)
+}
+
+/// One mount of the host's mount table.
+struct HostMount {
+    mount_point: PathBuf,
+    /// Its own options say `rw`.
+    writable: bool,
+}
+
+/// The mounts of a `/proc/<pid>/mountinfo` text, read as bytes (a mount point may be any
+/// bytes but NUL): the mount point (field 5, with the kernel's `\ooo` escapes of space,
+/// tab, newline and backslash decoded) and whether the mount's own options (field 6) say
+/// `rw`. A line without both fields is left out.
+fn mount_table(text: &[u8]) -> Vec<HostMount> {
+    use std::os::unix::ffi::OsStringExt;
+    let unescape = |field: &[u8]| {
+        let mut out = Vec::with_capacity(field.len());
+        let mut i = 0;
+        while i < field.len() {
+            let octal = field
+                .get(i + 1..i + 4)
+                .filter(|d| field[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
+            match octal {
+                Some(d) => {
+                    out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                    i += 4;
+                }
+                None => {
+                    out.push(field[i]);
+                    i += 1;
+                }
+            }
+        }
+        out
+    };
+    text.split(|b| *b == b'\n')
+        .filter_map(|line| {
+            let mut fields = line.split(|b| *b == b' ');
+            let point = fields.nth(4)?;
+            let options = fields.next()?;
+            Some(HostMount {
+                mount_point: PathBuf::from(std::ffi::OsString::from_vec(unescape(point))),
+                writable: options.split(|b| *b == b',').any(|o| o == b"rw"),
+            })
+        })
+        .collect()
 }
 
 /// The mask of `signals` (bit `n - 1` for signal `n`); SIGKILL, SIGSTOP and numbers the
@@ -479,6 +525,32 @@ fn landlock_ruleset(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Mount points are read as the kernel writes them: escapes decoded (a space is
+    /// `\040`), any other bytes kept as they are (one that is not UTF-8 no longer fails the
+    /// whole table, and with it every unprivileged spawn), and `rw` from the mount's own
+    /// options only.
+    #[test]
+    fn the_mount_table_is_read_as_the_kernel_writes_it() {
+        use std::os::unix::ffi::OsStrExt;
+        let text = b"22 27 0:21 / /proc rw,relatime - proc proc rw\n\
+            40 27 0:40 / /home/u/My\\040Drive ro,nosuid shared:5 - fuse.rclone x rw\n\
+            41 27 0:41 / /home/u/\xff\\134x rw - fuse y rw\n\
+            short line\n";
+        let table = mount_table(text);
+        let shown: Vec<(&[u8], bool)> = table
+            .iter()
+            .map(|m| (m.mount_point.as_os_str().as_bytes(), m.writable))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                (&b"/proc"[..], true),
+                (&b"/home/u/My Drive"[..], false),
+                (&b"/home/u/\xff\\x"[..], true),
+            ]
+        );
+    }
 
     /// Signals an executor may start ignoring become their bits; those it cannot ignore,
     /// and numbers the kernel does not have, refuse the spawn.
