@@ -844,6 +844,22 @@ fn unauthenticated_refusals_past_the_budget_fold_into_one_record() {
     );
 }
 
+/// A session of the token's principal whose client declares sampling, initialized; the
+/// client and the session's id.
+fn sampling_session(addr: SocketAddr) -> (McpHttp, String) {
+    let mut c = McpHttp::new(addr, Some(TOKEN));
+    let init = c.call(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "json-only", "version": "0"}}),
+    );
+    assert_eq!(init.status, 200, "{init:?}");
+    c.session = init.header("mcp-session-id").map(ToString::to_string);
+    let session = c.session.clone().unwrap();
+    let n = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    assert_eq!(n.status, 202, "{n:?}");
+    (c, session)
+}
+
 /// A client whose POST accepts only `application/json` can take one response, not a request
 /// from the server. When the tool it called asks for sampling and the session has no GET
 /// stream open, the host answers the tool at once that the request cannot reach the client,
@@ -855,16 +871,7 @@ fn a_json_only_caller_gets_its_answer_at_once_when_the_tool_asks_it_for_sampling
     let Some((mut lab, addr, _)) = start("") else {
         return;
     };
-    let mut c = McpHttp::new(addr, Some(TOKEN));
-    let init = c.call(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "json-only", "version": "0"}}),
-    );
-    assert_eq!(init.status, 200, "{init:?}");
-    c.session = init.header("mcp-session-id").map(ToString::to_string);
-    let session = c.session.clone().unwrap();
-    let n = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    assert_eq!(n.status, 202, "{n:?}");
+    let (_client, session) = sampling_session(addr);
 
     let started = std::time::Instant::now();
     let reply = request(
@@ -1417,6 +1424,18 @@ fn reload_refused(lab: &Lab, config: &str) {
     }
 }
 
+/// Takes [`TOKEN`] out of the configuration and reloads (refused: `[http]` changed), which
+/// revokes it.
+fn revoke_token_by_reload(lab: &Lab) {
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let token_line = format!(
+        "sha256 = \"{}\"",
+        hex::encode(Sha256::digest(TOKEN.as_bytes()))
+    );
+    lab.write_config(&text.replacen(&token_line, &format!("sha256 = \"{}\"", "0".repeat(64)), 1));
+    reload_and_wait(lab, 2, "reload refused");
+}
+
 /// A `[[http.token]]` table giving `principal` the bearer token `token`.
 fn token_table(principal: &str, token: &str) -> String {
     format!(
@@ -1639,13 +1658,7 @@ fn a_stream_ends_when_its_credential_stops_authenticating() {
     );
     let streaming = open_stream(TOKEN.to_string());
     std::thread::sleep(Duration::from_secs(1));
-    let text = std::fs::read_to_string(&lab.config).unwrap();
-    let token_line = format!(
-        "sha256 = \"{}\"",
-        hex::encode(Sha256::digest(TOKEN.as_bytes()))
-    );
-    lab.write_config(&text.replacen(&token_line, &format!("sha256 = \"{}\"", "0".repeat(64)), 1));
-    reload_and_wait(&lab, 2, "reload refused");
+    revoke_token_by_reload(&lab);
     let (sent, open) = streaming.join().unwrap();
     assert!(sent.starts_with("HTTP/1.1 200"), "{sent}");
     assert!(
@@ -1664,16 +1677,7 @@ fn a_json_answer_whose_credential_is_revoked_meanwhile_is_401() {
     let Some((lab, addr, _)) = start("") else {
         return;
     };
-    let mut c = McpHttp::new(addr, Some(TOKEN));
-    let init = c.call(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}}, "clientInfo": {"name": "json-only", "version": "0"}}),
-    );
-    assert_eq!(init.status, 200, "{init:?}");
-    c.session = init.header("mcp-session-id").map(ToString::to_string);
-    let session = c.session.clone().unwrap();
-    let n = c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    assert_eq!(n.status, 202, "{n:?}");
+    let (_client, session) = sampling_session(addr);
     // A GET stream takes the tool's sampling request, which nobody answers: the call waits.
     let mut get = std::net::TcpStream::connect(addr).unwrap();
     write!(
@@ -1697,13 +1701,7 @@ fn a_json_answer_whose_credential_is_revoked_meanwhile_is_401() {
         )
     });
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let text = std::fs::read_to_string(&lab.config).unwrap();
-    let token_line = format!(
-        "sha256 = \"{}\"",
-        hex::encode(Sha256::digest(TOKEN.as_bytes()))
-    );
-    lab.write_config(&text.replacen(&token_line, &format!("sha256 = \"{}\"", "0".repeat(64)), 1));
-    reload_and_wait(&lab, 2, "reload refused");
+    revoke_token_by_reload(&lab);
     let reply = call.join().unwrap();
     drop(get);
     assert_eq!(reply.status, 401, "{reply:?}");

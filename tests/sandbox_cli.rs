@@ -687,16 +687,20 @@ fn an_unprivileged_command_cannot_change_the_callers_files_outside_its_write_pat
         mine = writable.join("mine").display(),
         new = writable.join("new").display(),
     );
-    let out = flowhost_as(As::Nobody)
-        .args(["sandbox", "run", "--quiet", "--profile", "isolated"])
-        .arg("--write")
-        .arg(&writable)
-        .args(["--", "/bin/sh", "-c", &script])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}{stderr}");
+    // The command's stdout, as uid 65534 with `writes` as its write paths.
+    let run = |writes: &[&std::path::Path], script: &str| {
+        let mut cmd = flowhost_as(As::Nobody);
+        cmd.args(["sandbox", "run", "--quiet", "--profile", "isolated"]);
+        for w in writes {
+            cmd.arg("--write").arg(w);
+        }
+        let out = cmd.args(["--", "/bin/sh", "-c", script]).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        stdout
+    };
+    let stdout = run(&[&writable], &script);
     let meta = std::fs::metadata(&key).unwrap();
     assert_eq!(
         meta.mode() & 0o777,
@@ -714,7 +718,7 @@ fn an_unprivileged_command_cannot_change_the_callers_files_outside_its_write_pat
     );
     assert!(
         stdout.contains("chmod-ok") && stdout.contains("write-ok"),
-        "{stdout}{stderr}"
+        "{stdout}"
     );
     assert_eq!(
         std::fs::metadata(writable.join("mine")).unwrap().mode() & 0o777,
@@ -755,21 +759,10 @@ fn an_unprivileged_command_cannot_change_the_callers_files_outside_its_write_pat
         b = beneath.display(),
         f = frozen.display(),
     );
-    let out = flowhost_as(As::Nobody)
-        .args(["sandbox", "run", "--quiet", "--profile", "isolated"])
-        .arg("--write")
-        .arg(&writable)
-        .arg("--write")
-        .arg(&frozen)
-        .args(["--", "/bin/sh", "-c", &script])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}{stderr}");
+    let stdout = run(&[&writable, &frozen], &script);
     assert!(
         stdout.contains("beneath-ok") && stdout.contains("frozen-refused"),
-        "{stdout}{stderr}"
+        "{stdout}"
     );
     drop(mounted);
 }
