@@ -270,6 +270,26 @@ fn a_head_anchor_named_but_missing_is_refused() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{}{stderr}", stdout(&o));
     assert!(stderr.contains("no-such.head"), "{stderr}");
+    // One the operator reaches by a symbolic link (a copy kept elsewhere) is read through
+    // it: the directory's own anchor is never followed, a named one is the operator's.
+    let kept = dir.path().join("kept.head");
+    std::fs::copy(dir.path().join("records.head"), &kept).unwrap();
+    let link = dir.path().join("latest.head");
+    std::os::unix::fs::symlink(&kept, &link).unwrap();
+    let o = flowhost(&[
+        "records",
+        "verify",
+        files[0].to_str().unwrap(),
+        "--head",
+        link.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&o),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 fn export(dir: &Path, out: &Path) -> Output {

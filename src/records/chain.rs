@@ -474,9 +474,7 @@ fn verify_records_in_blocks<G: Gather>(
     let head_anchor = match anchor_at {
         // An anchor named on the command line must be there: without it nothing would
         // check the end of the stream, and a mistyped name would pass as "no anchor".
-        Some(p) if head.is_some() => Some(HeadAnchor::read(&p)?.ok_or_else(|| {
-            StoreError::io("read", &p)(std::io::Error::from(std::io::ErrorKind::NotFound))
-        })?),
+        Some(p) if head.is_some() => Some(HeadAnchor::read_named(&p)?),
         Some(p) => HeadAnchor::read(&p)?,
         None => None,
     };

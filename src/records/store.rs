@@ -534,7 +534,6 @@ impl HeadAnchor {
     /// directory or device in its place, or a file larger than any anchor, is a broken
     /// anchor, never followed, waited on or read whole.
     pub fn read(path: &Path) -> Result<Option<HeadAnchor>, StoreError> {
-        use std::io::Read;
         use std::os::unix::fs::OpenOptionsExt;
         let bad = |problem: String| StoreError::BadHead {
             path: path.to_path_buf(),
@@ -562,10 +561,35 @@ impl HeadAnchor {
                 meta.len()
             )));
         }
+        Self::parse(path, file).map(Some)
+    }
+
+    /// Reads the anchor an operator named (`--head`): a copy kept elsewhere, reached by a
+    /// symbolic link or through a pipe (`--head <(ssh host cat records.head)`) as the
+    /// operator chose, read up to [`MAX_HEAD_BYTES`]. One that cannot be opened is an input
+    /// error naming it, not evidence that fails to verify.
+    pub fn read_named(path: &Path) -> Result<HeadAnchor, StoreError> {
+        let file = fs::File::open(path).map_err(StoreError::io("read", path))?;
+        Self::parse(path, file)
+    }
+
+    /// The anchor in `file` (opened from `path`): at most [`MAX_HEAD_BYTES`], strictly
+    /// decoded.
+    fn parse(path: &Path, file: File) -> Result<HeadAnchor, StoreError> {
+        use std::io::Read;
+        let bad = |problem: String| StoreError::BadHead {
+            path: path.to_path_buf(),
+            problem,
+        };
         let mut bytes = Vec::new();
-        file.take(MAX_HEAD_BYTES)
+        file.take(MAX_HEAD_BYTES + 1)
             .read_to_end(&mut bytes)
             .map_err(StoreError::io("read", path))?;
+        if bytes.len() as u64 > MAX_HEAD_BYTES {
+            return Err(bad(format!(
+                "more than {MAX_HEAD_BYTES} bytes; an anchor is a few hundred"
+            )));
+        }
         let head: HeadAnchor = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
         if head.schema != HEAD_SCHEMA {
             return Err(bad(format!("schema must be {HEAD_SCHEMA:?}")));
@@ -573,7 +597,7 @@ impl HeadAnchor {
         if ChainHash::parse(&head.hash).is_none() {
             return Err(bad("hash must be \"sha256:\" and 64 lowercase hex".into()));
         }
-        Ok(Some(head))
+        Ok(head)
     }
 
     /// Replaces the anchor at `path` atomically and durably.
