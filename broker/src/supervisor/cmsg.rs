@@ -1,9 +1,55 @@
 //! Control messages: the executor's ancillary data rebuilt for the broker's own send.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{Outcome, Step, errno_of};
 use crate::sys;
+
+/// Descriptors the broker holds for executors' sends across all of them (passed with
+/// `SCM_RIGHTS`, pinned unix paths): a send may wait as long as its caller, holding them,
+/// and each notification may hold up to 253, so without a bound across executors a few of
+/// them could take the host's every descriptor (the record writer's, the sockets').
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// Most descriptors held for sends at once ([`HELD`]); past it a send is refused
+/// (`ETOOMANYREFS`, as the kernel refuses a sender with too many descriptors in flight).
+/// Well under the unit's `LimitNOFILE` (65536).
+const MAX_HELD: usize = 8192;
+
+/// A descriptor held for a send, counted in a bound across the broker until dropped.
+pub(super) struct Held {
+    fd: OwnedFd,
+    count: &'static AtomicUsize,
+}
+
+impl Held {
+    /// Counts `fd` in `count`, or refuses it (dropping it) once `count` holds `limit`.
+    pub(super) fn adopt(fd: OwnedFd, count: &'static AtomicUsize, limit: usize) -> Step<Held> {
+        if count.fetch_add(1, Ordering::SeqCst) >= limit {
+            count.fetch_sub(1, Ordering::SeqCst);
+            return Err(Outcome::Errno(libc::ETOOMANYREFS));
+        }
+        Ok(Held { fd, count })
+    }
+
+    /// [`Held::adopt`] in the broker's bound.
+    pub(super) fn for_send(fd: OwnedFd) -> Step<Held> {
+        Held::adopt(fd, &HELD, MAX_HELD)
+    }
+}
+
+impl AsRawFd for Held {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// Rebuilds a control buffer for the broker's own sendmsg: descriptors passed with
 /// SCM_RIGHTS are replaced by the broker's duplicates of them (at most `max_fds` in all, as
@@ -19,7 +65,7 @@ use crate::sys;
 pub(super) fn translate_control(
     raw: &[u8],
     pidfd: &OwnedFd,
-    passed: &mut Vec<OwnedFd>,
+    passed: &mut Vec<Held>,
     max_fds: usize,
 ) -> Step<Vec<u8>> {
     const HDR: usize = 16; // size_t cmsg_len; int cmsg_level; int cmsg_type
@@ -47,6 +93,7 @@ pub(super) fn translate_control(
                     let theirs = i32::from_ne_bytes(chunk.try_into().unwrap_or([0; 4]));
                     let ours = sys::pidfd_getfd(pidfd.as_fd(), theirs)
                         .map_err(|e| Outcome::Errno(errno_of(&e)))?;
+                    let ours = Held::adopt(ours, &HELD, MAX_HELD)?;
                     out.extend_from_slice(&ours.as_raw_fd().to_ne_bytes());
                     passed.push(ours);
                 }
@@ -216,6 +263,26 @@ mod tests {
                 Err(Outcome::Errno(libc::EINVAL))
             ));
         }
+    }
+
+    /// Descriptors held for sends are counted across the broker and refused past the bound
+    /// (`ETOOMANYREFS`), each counted until dropped: before, nothing bounded them across
+    /// executors.
+    #[test]
+    fn held_descriptors_are_bounded_across_the_broker() {
+        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        let null = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let first = Held::adopt(null(), &COUNT, 2).ok().unwrap();
+        let second = Held::adopt(null(), &COUNT, 2).ok().unwrap();
+        assert!(matches!(
+            Held::adopt(null(), &COUNT, 2),
+            Err(Outcome::Errno(libc::ETOOMANYREFS))
+        ));
+        assert_eq!(COUNT.load(Ordering::SeqCst), 2);
+        drop(first);
+        let third = Held::adopt(null(), &COUNT, 2).ok().unwrap();
+        drop((second, third));
+        assert_eq!(COUNT.load(Ordering::SeqCst), 0);
     }
 
     #[test]

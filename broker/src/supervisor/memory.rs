@@ -12,7 +12,7 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
-use super::cmsg::translate_control;
+use super::cmsg::{Held, translate_control};
 use super::socket::{TakenSocket, peer};
 use super::{Caller, Outcome, Step, errno_of};
 use crate::attempt::{Destination, EgressSyscall};
@@ -43,10 +43,10 @@ pub(super) struct CopiedMessage {
     pub(super) destination: Option<Destination>,
     pub(super) connected: bool,
     /// Descriptors passed with SCM_RIGHTS (kept alive until the send is done).
-    _passed: Vec<OwnedFd>,
+    _passed: Vec<Held>,
     pub(super) passed_count: usize,
     /// Pinned unix socket inode when the destination is a pathname.
-    _pin: Option<OwnedFd>,
+    _pin: Option<Held>,
     /// Why the destination cannot be reached (a unix path that does not resolve), returned
     /// only if the host allows the attempt.
     pub(super) unreachable: Option<i32>,
@@ -220,7 +220,7 @@ impl Caller<'_> {
             match target {
                 Ok(t) => {
                     msg.name = t.addr;
-                    pin = t.pin;
+                    pin = t.pin.map(Held::for_send).transpose()?;
                     // A pinned path is a descriptor held until the send: it counts.
                     if pin.is_some() {
                         budget.fds = budget
