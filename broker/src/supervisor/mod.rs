@@ -105,6 +105,9 @@ pub(crate) struct Context {
     pub broker_handlers: Arc<Semaphore>,
     /// Cookies of this executor's sockets the broker bound (see `Caller::listen`).
     pub bound: std::sync::Mutex<HashSet<u64>>,
+    /// Per datagram socket (by cookie), the order of its connects and addressed sends (see
+    /// `Caller::datagram_order`).
+    pub datagram_order: socket::DatagramOrder,
     /// Unix socket paths absent from the executor's view (the profile's).
     pub absent_unix_sockets: Arc<Vec<std::path::PathBuf>>,
     /// Where the executor may make files (its Landlock write paths, as it sees them): a unix

@@ -71,6 +71,8 @@ impl Caller<'_> {
 
     pub(super) async fn connect(&self) -> Step<Outcome> {
         let (sock, target) = self.decided_address(EgressSyscall::Connect).await?;
+        // A datagram socket's peer changes only in its turn (see `datagram_order`).
+        let _turn = self.datagram_order(&sock).await;
         let result = self.connect_on(&sock, &target.addr).await?;
         Ok(to_outcome(result.map(|()| 0)))
     }
@@ -182,6 +184,14 @@ impl Caller<'_> {
             .destination
             .as_ref()
             .is_some_and(needs_network_privilege);
+        // An addressed datagram goes in the socket's turn, only to its peer if it has one.
+        let _turn = match info.connected {
+            true => None,
+            false => self.datagram_order(&sock).await,
+        };
+        if _turn.is_some() {
+            self.refuse_other_than_peer(&sock, info.destination.as_ref())?;
+        }
         if let Verdict::Deny { errno } = self.decide(info).await {
             return Ok(Outcome::Errno(errno));
         }
@@ -213,6 +223,13 @@ impl Caller<'_> {
             (EgressSyscall::Sendmsg, flags),
             &mut budget,
         )?;
+        let _turn = match copied.connected {
+            true => None,
+            false => self.datagram_order(&sock).await,
+        };
+        if _turn.is_some() {
+            self.refuse_other_than_peer(&sock, copied.destination.as_ref())?;
+        }
         let mut info = self.attempt(EgressSyscall::Sendmsg, &sock);
         info.bytes = Some(copied.msg.data.len());
         info.destination = copied.destination.clone();
@@ -271,6 +288,25 @@ impl Caller<'_> {
                 Err(first) if i == 0 => return Err(first),
                 Err(_) => break,
             }
+        }
+        // Addressed datagrams go in the socket's turn, only to its peer if it has one: the
+        // batch ends before the first that names another (refused if it is the first).
+        let _turn = match messages.iter().all(|m| m.connected) {
+            true => None,
+            false => self.datagram_order(&sock).await,
+        };
+        if _turn.is_some()
+            && let Some(other) = messages.iter().position(|m| {
+                !m.connected
+                    && self
+                        .refuse_other_than_peer(&sock, m.destination.as_ref())
+                        .is_err()
+            })
+        {
+            if other == 0 {
+                return Err(Outcome::Errno(libc::EISCONN));
+            }
+            messages.truncate(other);
         }
         // Every message is reported and decided before any is sent.
         let mut verdicts = Vec::with_capacity(messages.len());

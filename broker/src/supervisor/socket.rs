@@ -613,10 +613,93 @@ impl Caller<'_> {
         }
     }
 
+    /// For a UDP (or UDP-Lite) socket, waits its turn among the socket's connects and
+    /// addressed sends, which then run one at a time (`None`: another kind of socket).
+    ///
+    /// Why: the executor can cork a datagram to its connected peer without the broker
+    /// (`send(MSG_MORE)` names no address, so it is never notified), and the kernel then
+    /// adds whatever the socket sends next to that datagram, addressed to the peer whatever
+    /// the send names. An addressed send is therefore made only while the socket's peer,
+    /// checked under this turn, is none or the very address decided
+    /// ([`Caller::refuse_other_than_peer`]), and no connect can change the peer until it is
+    /// made. Only the broker connects a socket, so holding the turn fixes the peer.
+    pub(super) async fn datagram_order(&self, sock: &TakenSocket) -> Option<OrderTurn<'_>> {
+        if sock.info.socket_type != libc::SOCK_DGRAM
+            || !matches!(
+                sock.info.protocol,
+                libc::IPPROTO_UDP | libc::IPPROTO_UDPLITE
+            )
+        {
+            return None;
+        }
+        let cookie = sys::socket_cookie(sock.fd.as_fd()).ok()?;
+        let lock = self
+            .ctx
+            .datagram_order
+            .0
+            .lock()
+            .ok()?
+            .entry(cookie)
+            .or_default()
+            .clone();
+        let guard = lock.clone().lock_owned().await;
+        Some(OrderTurn {
+            order: &self.ctx.datagram_order,
+            cookie,
+            lock,
+            _guard: guard,
+        })
+    }
+
+    /// With a datagram socket's turn held: refuses (EISCONN, as BSD and POSIX allow for a
+    /// connected datagram socket) a send to `destination` on a socket connected to another
+    /// peer, whose corked datagram it could join (see [`Caller::datagram_order`]).
+    pub(super) fn refuse_other_than_peer(
+        &self,
+        sock: &TakenSocket,
+        destination: Option<&Destination>,
+    ) -> Step<()> {
+        let (Some(destination), Ok(raw)) = (destination, sys::peer_address(sock.fd.as_fd())) else {
+            return Ok(());
+        };
+        if Destination::from_sockaddr(&raw) == *destination {
+            Ok(())
+        } else {
+            Err(Outcome::Errno(libc::EISCONN))
+        }
+    }
+
     pub(super) fn was_bound_by_broker(&self, sock: &TakenSocket) -> bool {
         match (sys::socket_cookie(sock.fd.as_fd()), self.ctx.bound.lock()) {
             (Ok(cookie), Ok(bound)) => bound.contains(&cookie),
             _ => false,
+        }
+    }
+}
+
+/// Each datagram socket's turn (see [`Caller::datagram_order`]), by cookie; an entry lives
+/// while a turn of it is held or awaited.
+#[derive(Default)]
+pub(crate) struct DatagramOrder(
+    std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<tokio::sync::Mutex<()>>>>,
+);
+
+/// A datagram socket's turn, held until dropped.
+pub(super) struct OrderTurn<'a> {
+    order: &'a DatagramOrder,
+    cookie: u64,
+    lock: std::sync::Arc<tokio::sync::Mutex<()>>,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for OrderTurn<'_> {
+    fn drop(&mut self) {
+        // The map's own reference, this one and the guard's: nobody else holds or awaits
+        // the turn, so its entry goes (under the map's lock, where a new taker would add one).
+        if let Ok(mut map) = self.order.0.lock()
+            && std::sync::Arc::strong_count(&self.lock) <= 3
+        {
+            map.remove(&self.cookie);
         }
     }
 }
