@@ -591,6 +591,7 @@ impl Broker {
             broker_handlers: self.inner.handlers.clone(),
             bound: std::sync::Mutex::new(Default::default()),
             datagram_order: Default::default(),
+            held: Default::default(),
             toggles: Default::default(),
             absent_unix_sockets,
             bind_roots,

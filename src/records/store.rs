@@ -328,6 +328,15 @@ pub(crate) fn refuse_unreplayed_within(
         // holds the opening lock until then), the files are the stream, still growing: an
         // entry it has just put in the ring reaches its file a moment later.
         Locked::Busy => {
+            // Whatever the writer does, its ring is a regular file: anything else in its
+            // place (a FIFO, a link) is no ring of its own, live or not.
+            let ring = dir.join(ring::RING_FILE);
+            if fs::symlink_metadata(&ring).is_ok_and(|m| !m.is_file()) {
+                return Err(StoreError::Ring(ring::RingError::Corrupt {
+                    path: ring,
+                    problem: "it is not a regular file".into(),
+                }));
+            }
             return match lock_within(&dir.join(OPENING_LOCK_FILE), false, false, opening_wait)? {
                 Locked::Held(_) | Locked::Absent => Ok(None),
                 Locked::Busy => Err(StoreError::Opening {

@@ -14,28 +14,64 @@ static HELD: AtomicUsize = AtomicUsize::new(0);
 
 /// Most descriptors held for sends at once ([`HELD`]); past it a send is refused
 /// (`ETOOMANYREFS`, as the kernel refuses a sender with too many descriptors in flight).
-/// Well under the unit's `LimitNOFILE` (65536).
-const MAX_HELD: usize = 8192;
+/// Half the unit's `LimitNOFILE` (65536).
+const MAX_HELD: usize = 32 * 1024;
 
-/// A descriptor held for a send, counted in a bound across the broker until dropped.
+/// Most held by one executor's sends, so that a few executors cannot take [`MAX_HELD`]
+/// from the others (four notifications' worth of 253).
+pub(super) const MAX_HELD_PER_EXECUTOR: usize = 1024;
+
+/// One executor's count of descriptors held for its sends.
+pub(super) type ExecutorHeld = std::sync::Arc<AtomicUsize>;
+
+/// A descriptor held for a send, counted in the broker's bound and its executor's until
+/// dropped.
 pub(super) struct Held {
     fd: OwnedFd,
-    count: &'static AtomicUsize,
+    counts: [(CountRef, usize); 2],
+}
+
+/// A count a [`Held`] is in.
+enum CountRef {
+    Shared(&'static AtomicUsize),
+    Executor(ExecutorHeld),
+}
+
+impl CountRef {
+    fn get(&self) -> &AtomicUsize {
+        match self {
+            CountRef::Shared(c) => c,
+            CountRef::Executor(c) => c,
+        }
+    }
 }
 
 impl Held {
-    /// Counts `fd` in `count`, or refuses it (dropping it) once `count` holds `limit`.
-    pub(super) fn adopt(fd: OwnedFd, count: &'static AtomicUsize, limit: usize) -> Step<Held> {
-        if count.fetch_add(1, Ordering::SeqCst) >= limit {
-            count.fetch_sub(1, Ordering::SeqCst);
-            return Err(Outcome::Errno(libc::ETOOMANYREFS));
+    /// Counts `fd` in `shared` (at most `shared_limit`) and in `executor` (at most
+    /// `executor_limit`), or refuses it (dropping it) past either.
+    pub(super) fn adopt(
+        fd: OwnedFd,
+        (shared, shared_limit): (&'static AtomicUsize, usize),
+        (executor, executor_limit): (&ExecutorHeld, usize),
+    ) -> Step<Held> {
+        let counts = [
+            (CountRef::Shared(shared), shared_limit),
+            (CountRef::Executor(executor.clone()), executor_limit),
+        ];
+        for (i, (count, limit)) in counts.iter().enumerate() {
+            if count.get().fetch_add(1, Ordering::SeqCst) >= *limit {
+                for (taken, _) in &counts[..=i] {
+                    taken.get().fetch_sub(1, Ordering::SeqCst);
+                }
+                return Err(Outcome::Errno(libc::ETOOMANYREFS));
+            }
         }
-        Ok(Held { fd, count })
+        Ok(Held { fd, counts })
     }
 
-    /// [`Held::adopt`] in the broker's bound.
-    pub(super) fn for_send(fd: OwnedFd) -> Step<Held> {
-        Held::adopt(fd, &HELD, MAX_HELD)
+    /// [`Held::adopt`] in the broker's bound and `executor`'s.
+    pub(super) fn for_send(fd: OwnedFd, executor: &ExecutorHeld) -> Step<Held> {
+        Held::adopt(fd, (&HELD, MAX_HELD), (executor, MAX_HELD_PER_EXECUTOR))
     }
 }
 
@@ -47,7 +83,9 @@ impl AsRawFd for Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::SeqCst);
+        for (count, _) in &self.counts {
+            count.get().fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -64,7 +102,7 @@ impl Drop for Held {
 /// before use.
 pub(super) fn translate_control(
     raw: &[u8],
-    pidfd: &OwnedFd,
+    (pidfd, executor): (&OwnedFd, &ExecutorHeld),
     passed: &mut Vec<Held>,
     max_fds: usize,
 ) -> Step<Vec<u8>> {
@@ -93,7 +131,7 @@ pub(super) fn translate_control(
                     let theirs = i32::from_ne_bytes(chunk.try_into().unwrap_or([0; 4]));
                     let ours = sys::pidfd_getfd(pidfd.as_fd(), theirs)
                         .map_err(|e| Outcome::Errno(errno_of(&e)))?;
-                    let ours = Held::adopt(ours, &HELD, MAX_HELD)?;
+                    let ours = Held::for_send(ours, executor)?;
                     out.extend_from_slice(&ours.as_raw_fd().to_ne_bytes());
                     passed.push(ours);
                 }
@@ -179,7 +217,12 @@ mod tests {
             let mut passed = Vec::new();
             assert!(
                 matches!(
-                    translate_control(&raw, &me, &mut passed, MAX_PASSED_FDS),
+                    translate_control(
+                        &raw,
+                        (&me, &ExecutorHeld::default()),
+                        &mut passed,
+                        MAX_PASSED_FDS
+                    ),
                     Err(Outcome::Errno(libc::EINVAL))
                 ),
                 "cmsg_len {len} accepted"
@@ -197,11 +240,11 @@ mod tests {
         let me = sys::pidfd_open(std::process::id() as i32).unwrap();
         let mut passed = Vec::new();
         assert!(matches!(
-            translate_control(&raw, &me, &mut passed, 2),
+            translate_control(&raw, (&me, &ExecutorHeld::default()), &mut passed, 2),
             Err(Outcome::Errno(libc::EINVAL))
         ));
         assert!(passed.is_empty(), "nothing taken before the refusal");
-        translate_control(&raw, &me, &mut passed, 3).unwrap();
+        translate_control(&raw, (&me, &ExecutorHeld::default()), &mut passed, 3).unwrap();
         assert_eq!(passed.len(), 3);
     }
 
@@ -215,12 +258,25 @@ mod tests {
         ] {
             let raw = cmsg(16 + 8, level, kind, &[0u8; 8]);
             assert!(matches!(
-                translate_control(&raw, &me, &mut Vec::new(), MAX_PASSED_FDS),
+                translate_control(
+                    &raw,
+                    (&me, &ExecutorHeld::default()),
+                    &mut Vec::new(),
+                    MAX_PASSED_FDS
+                ),
                 Err(Outcome::Errno(libc::EPERM))
             ));
         }
         let tos = cmsg(16 + 4, libc::IPPROTO_IP, libc::IP_TOS, &[0u8; 4]);
-        assert!(translate_control(&tos, &me, &mut Vec::new(), MAX_PASSED_FDS).is_ok());
+        assert!(
+            translate_control(
+                &tos,
+                (&me, &ExecutorHeld::default()),
+                &mut Vec::new(),
+                MAX_PASSED_FDS
+            )
+            .is_ok()
+        );
     }
 
     /// A PKTINFO naming an interface picks the one the send leaves by, which the decision
@@ -230,7 +286,14 @@ mod tests {
     #[test]
     fn control_refuses_an_outgoing_interface() {
         let me = sys::pidfd_open(std::process::id() as i32).unwrap();
-        let translate = |raw: &[u8]| translate_control(raw, &me, &mut Vec::new(), MAX_PASSED_FDS);
+        let translate = |raw: &[u8]| {
+            translate_control(
+                raw,
+                (&me, &ExecutorHeld::default()),
+                &mut Vec::new(),
+                MAX_PASSED_FDS,
+            )
+        };
         let mut v4 = [0u8; 12];
         v4[0] = 2;
         let mut v6 = [0u8; 20];
@@ -270,19 +333,35 @@ mod tests {
     /// executors.
     #[test]
     fn held_descriptors_are_bounded_across_the_broker() {
-        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        static SHARED: AtomicUsize = AtomicUsize::new(0);
         let null = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-        let first = Held::adopt(null(), &COUNT, 2).ok().unwrap();
-        let second = Held::adopt(null(), &COUNT, 2).ok().unwrap();
+        let (one, other) = (ExecutorHeld::default(), ExecutorHeld::default());
+        let adopt = |executor: &ExecutorHeld| Held::adopt(null(), (&SHARED, 3), (executor, 2));
+        let first = adopt(&one).ok().unwrap();
+        let second = adopt(&one).ok().unwrap();
+        // One executor's share is spent; another's is not, up to the broker's bound.
         assert!(matches!(
-            Held::adopt(null(), &COUNT, 2),
+            adopt(&one),
             Err(Outcome::Errno(libc::ETOOMANYREFS))
         ));
-        assert_eq!(COUNT.load(Ordering::SeqCst), 2);
+        let third = adopt(&other).ok().unwrap();
+        assert!(matches!(
+            adopt(&other),
+            Err(Outcome::Errno(libc::ETOOMANYREFS))
+        ));
+        assert_eq!(SHARED.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            (one.load(Ordering::SeqCst), other.load(Ordering::SeqCst)),
+            (2, 1)
+        );
         drop(first);
-        let third = Held::adopt(null(), &COUNT, 2).ok().unwrap();
-        drop((second, third));
-        assert_eq!(COUNT.load(Ordering::SeqCst), 0);
+        let fourth = adopt(&other).ok().unwrap();
+        drop((second, third, fourth));
+        assert_eq!(SHARED.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            (one.load(Ordering::SeqCst), other.load(Ordering::SeqCst)),
+            (0, 0)
+        );
     }
 
     #[test]
@@ -296,7 +375,12 @@ mod tests {
         let me = sys::pidfd_open(std::process::id() as i32).unwrap();
         let mut passed = Vec::new();
         assert!(matches!(
-            translate_control(&raw, &me, &mut passed, MAX_PASSED_FDS),
+            translate_control(
+                &raw,
+                (&me, &ExecutorHeld::default()),
+                &mut passed,
+                MAX_PASSED_FDS
+            ),
             Err(Outcome::Errno(libc::EPERM))
         ));
     }
@@ -312,7 +396,13 @@ mod tests {
         raw.resize(24, 0);
         let me = sys::pidfd_open(std::process::id() as i32).unwrap();
         let mut passed = Vec::new();
-        let out = translate_control(&raw, &me, &mut passed, MAX_PASSED_FDS).unwrap();
+        let out = translate_control(
+            &raw,
+            (&me, &ExecutorHeld::default()),
+            &mut passed,
+            MAX_PASSED_FDS,
+        )
+        .unwrap();
         assert_eq!(passed.len(), 1);
         let ours = i32::from_ne_bytes(out[16..20].try_into().unwrap());
         assert_eq!(ours, passed[0].as_raw_fd());

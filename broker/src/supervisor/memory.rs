@@ -220,7 +220,10 @@ impl Caller<'_> {
             match target {
                 Ok(t) => {
                     msg.name = t.addr;
-                    pin = t.pin.map(Held::for_send).transpose()?;
+                    pin = t
+                        .pin
+                        .map(|fd| Held::for_send(fd, &self.ctx.held))
+                        .transpose()?;
                     // A pinned path is a descriptor held until the send: it counts.
                     if pin.is_some() {
                         budget.fds = budget
@@ -239,7 +242,8 @@ impl Caller<'_> {
         let mut passed = Vec::new();
         if control_ptr != 0 && control_len > 0 {
             let raw = self.copy(control_ptr, control_len)?;
-            msg.control = translate_control(&raw, pidfd, &mut passed, budget.fds)?;
+            msg.control =
+                translate_control(&raw, (pidfd, &self.ctx.held), &mut passed, budget.fds)?;
             budget.fds -= passed.len();
         }
         let passed_count = passed.len();

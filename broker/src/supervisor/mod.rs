@@ -108,6 +108,8 @@ pub(crate) struct Context {
     /// Per datagram socket (by cookie), the order of its connects and addressed sends (see
     /// `Caller::datagram_order`).
     pub datagram_order: socket::DatagramOrder,
+    /// Descriptors held for this executor's sends (see `cmsg::Held`).
+    pub held: cmsg::ExecutorHeld,
     /// Unix socket paths absent from the executor's view (the profile's).
     pub absent_unix_sockets: Arc<Vec<std::path::PathBuf>>,
     /// Where the executor may make files (its Landlock write paths, as it sees them): a unix

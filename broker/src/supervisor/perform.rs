@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 
 use super::as_executor::unix_op;
 use super::memory::{Budget, MAX_IOV, MMSGHDR_SIZE, MSGHDR_SIZE, addr_len};
-use super::socket::{TakenSocket, peer};
+use super::socket::{TakenSocket, is_datagram_order, peer};
 use super::unix_path::Target;
 use super::{Caller, Outcome, Step, errno_of, to_outcome};
 use crate::attempt::{AttemptInfo, Destination, EgressSyscall, Verdict};
@@ -73,6 +73,15 @@ impl Caller<'_> {
         let (sock, target) = self.decided_address(EgressSyscall::Connect).await?;
         // A datagram socket's peer changes only in its turn (see `datagram_order`).
         let _turn = self.datagram_order(&sock).await;
+        // Connected to port 0, a UDP socket has a peer `getpeername` does not tell
+        // (ENOTCONN), so its turn could not check it; no service answers there.
+        let port_zero = matches!(
+            Destination::from_sockaddr(&target.addr),
+            Destination::Inet(a) if a.port() == 0
+        );
+        if _turn.is_some() && port_zero {
+            return Ok(Outcome::Errno(libc::EINVAL));
+        }
         let result = self.connect_on(&sock, &target.addr).await?;
         Ok(to_outcome(result.map(|()| 0)))
     }
@@ -184,13 +193,14 @@ impl Caller<'_> {
             .destination
             .as_ref()
             .is_some_and(needs_network_privilege);
-        // An addressed datagram goes in the socket's turn, only to its peer if it has one.
-        let _turn = match info.connected {
-            true => None,
-            false => self.datagram_order(&sock).await,
-        };
-        if _turn.is_some() {
-            self.refuse_other_than_peer(&sock, info.destination.as_ref())?;
+        // An addressed datagram goes only to its socket's peer if it has one: said before it
+        // is decided, and checked again in the socket's turn, taken once the broker-wide
+        // permit is let go (the turn's holder may wait on the network).
+        let addressed = (!info.connected).then(|| info.destination.clone());
+        if let Some(destination) = &addressed
+            && is_datagram_order(&sock)
+        {
+            self.refuse_other_than_peer(&sock, destination.as_ref())?;
         }
         if let Verdict::Deny { errno } = self.decide(info).await {
             return Ok(Outcome::Errno(errno));
@@ -202,6 +212,10 @@ impl Caller<'_> {
         // `/proc/self/fd` path, which must not come to name another socket meanwhile.
         let _pinned = pin.transpose()?;
         self.performing()?;
+        let _turn = match &addressed {
+            Some(destination) => self.datagram_turn(&sock, destination.as_ref()).await?,
+            None => None,
+        };
         Ok(to_outcome(
             self.send(&sock, message, flags).await?.map(|n| n as i64),
         ))
@@ -223,11 +237,7 @@ impl Caller<'_> {
             (EgressSyscall::Sendmsg, flags),
             &mut budget,
         )?;
-        let _turn = match copied.connected {
-            true => None,
-            false => self.datagram_order(&sock).await,
-        };
-        if _turn.is_some() {
+        if !copied.connected && is_datagram_order(&sock) {
             self.refuse_other_than_peer(&sock, copied.destination.as_ref())?;
         }
         let mut info = self.attempt(EgressSyscall::Sendmsg, &sock);
@@ -242,6 +252,13 @@ impl Caller<'_> {
             return Ok(Outcome::Errno(errno));
         }
         self.performing()?;
+        let _turn = match copied.connected {
+            true => None,
+            false => {
+                self.datagram_turn(&sock, copied.destination.as_ref())
+                    .await?
+            }
+        };
         Ok(to_outcome(
             self.send(&sock, copied.msg.clone(), flags)
                 .await?
@@ -289,13 +306,10 @@ impl Caller<'_> {
                 Err(_) => break,
             }
         }
-        // Addressed datagrams go in the socket's turn, only to its peer if it has one: the
-        // batch ends before the first that names another (refused if it is the first).
-        let _turn = match messages.iter().all(|m| m.connected) {
-            true => None,
-            false => self.datagram_order(&sock).await,
-        };
-        if _turn.is_some()
+        // Addressed datagrams go only to the socket's peer if it has one: the batch ends
+        // before the first that names another (refused if it is the first); checked again
+        // in the socket's turn before the sends.
+        if is_datagram_order(&sock)
             && let Some(other) = messages.iter().position(|m| {
                 !m.connected
                     && self
@@ -320,6 +334,19 @@ impl Caller<'_> {
             verdicts.push(self.decide(info).await);
         }
         self.performing()?;
+        let _turn = match messages.iter().find(|m| !m.connected) {
+            Some(m) => self.datagram_turn(&sock, m.destination.as_ref()).await?,
+            None => None,
+        };
+        let other_than_peer = |m: &super::memory::CopiedMessage| {
+            !m.connected
+                && self
+                    .refuse_other_than_peer(&sock, m.destination.as_ref())
+                    .is_err()
+        };
+        if _turn.is_some() && messages.iter().any(other_than_peer) {
+            return Err(Outcome::Errno(libc::EISCONN));
+        }
         let mut sent = 0usize;
         for (i, (m, verdict)) in messages.iter().zip(verdicts).enumerate() {
             let result = match verdict {

@@ -624,12 +624,7 @@ impl Caller<'_> {
     /// ([`Caller::refuse_other_than_peer`]), and no connect can change the peer until it is
     /// made. Only the broker connects a socket, so holding the turn fixes the peer.
     pub(super) async fn datagram_order(&self, sock: &TakenSocket) -> Option<OrderTurn<'_>> {
-        if sock.info.socket_type != libc::SOCK_DGRAM
-            || !matches!(
-                sock.info.protocol,
-                libc::IPPROTO_UDP | libc::IPPROTO_UDPLITE
-            )
-        {
+        if !is_datagram_order(sock) {
             return None;
         }
         let cookie = sys::socket_cookie(sock.fd.as_fd()).ok()?;
@@ -651,6 +646,20 @@ impl Caller<'_> {
         })
     }
 
+    /// The socket's turn for an addressed send to `destination` (`None`: no turn needed),
+    /// with its peer checked in it ([`Caller::refuse_other_than_peer`]).
+    pub(super) async fn datagram_turn(
+        &self,
+        sock: &TakenSocket,
+        destination: Option<&Destination>,
+    ) -> Step<Option<OrderTurn<'_>>> {
+        let turn = self.datagram_order(sock).await;
+        if turn.is_some() {
+            self.refuse_other_than_peer(sock, destination)?;
+        }
+        Ok(turn)
+    }
+
     /// With a datagram socket's turn held: refuses (EISCONN, as BSD and POSIX allow for a
     /// connected datagram socket) a send to `destination` on a socket connected to another
     /// peer, whose corked datagram it could join (see [`Caller::datagram_order`]).
@@ -662,7 +671,18 @@ impl Caller<'_> {
         let (Some(destination), Ok(raw)) = (destination, sys::peer_address(sock.fd.as_fd())) else {
             return Ok(());
         };
-        if Destination::from_sockaddr(&raw) == *destination {
+        // An IPv4 peer of an IPv6 socket reads back as `::ffff:a.b.c.d`.
+        let canonical = |d: &Destination| match d {
+            Destination::Inet(a) => match a.ip() {
+                std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                    Some(v4) => Destination::Inet(std::net::SocketAddr::new(v4.into(), a.port())),
+                    None => d.clone(),
+                },
+                std::net::IpAddr::V4(_) => d.clone(),
+            },
+            _ => d.clone(),
+        };
+        if canonical(&Destination::from_sockaddr(&raw)) == canonical(destination) {
             Ok(())
         } else {
             Err(Outcome::Errno(libc::EISCONN))
@@ -675,6 +695,16 @@ impl Caller<'_> {
             _ => false,
         }
     }
+}
+
+/// Whether `sock` is a UDP or UDP-Lite socket, whose addressed sends and connects take
+/// turns (see [`Caller::datagram_order`]).
+pub(super) fn is_datagram_order(sock: &TakenSocket) -> bool {
+    sock.info.socket_type == libc::SOCK_DGRAM
+        && matches!(
+            sock.info.protocol,
+            libc::IPPROTO_UDP | libc::IPPROTO_UDPLITE
+        )
 }
 
 /// Each datagram socket's turn (see [`Caller::datagram_order`]), by cookie; an entry lives
