@@ -860,6 +860,23 @@ fn sampling_session(addr: SocketAddr) -> (McpHttp, String) {
     (c, session)
 }
 
+/// Request 7 of `session`, `tools/call` of `test_sampling`, POSTed by a client that accepts
+/// only `application/json`: its reply.
+fn sampling_call_json_only(addr: SocketAddr, session: &str) -> common::http::Reply {
+    request(
+        addr,
+        "POST",
+        "/mcp",
+        &[
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json"),
+            ("Authorization", &format!("Bearer {TOKEN}")),
+            ("Mcp-Session-Id", session),
+        ],
+        &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "test_sampling", "arguments": {"prompt": "p"}}}).to_string(),
+    )
+}
+
 /// A client whose POST accepts only `application/json` can take one response, not a request
 /// from the server. When the tool it called asks for sampling and the session has no GET
 /// stream open, the host answers the tool at once that the request cannot reach the client,
@@ -874,18 +891,7 @@ fn a_json_only_caller_gets_its_answer_at_once_when_the_tool_asks_it_for_sampling
     let (_client, session) = sampling_session(addr);
 
     let started = std::time::Instant::now();
-    let reply = request(
-        addr,
-        "POST",
-        "/mcp",
-        &[
-            ("Content-Type", "application/json"),
-            ("Accept", "application/json"),
-            ("Authorization", &format!("Bearer {TOKEN}")),
-            ("Mcp-Session-Id", &session),
-        ],
-        &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "test_sampling", "arguments": {"prompt": "p"}}}).to_string(),
-    );
+    let reply = sampling_call_json_only(addr, &session);
     let waited = started.elapsed();
     lab.stop();
     assert_eq!(reply.status, 200, "{reply:?}\n{}", lab.log());
@@ -1686,20 +1692,7 @@ fn a_json_answer_whose_credential_is_revoked_meanwhile_is_401() {
     )
     .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let call = std::thread::spawn(move || {
-        request(
-            addr,
-            "POST",
-            "/mcp",
-            &[
-                ("Content-Type", "application/json"),
-                ("Accept", "application/json"),
-                ("Authorization", &format!("Bearer {TOKEN}")),
-                ("Mcp-Session-Id", &session),
-            ],
-            &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "test_sampling", "arguments": {"prompt": "p"}}}).to_string(),
-        )
-    });
+    let call = std::thread::spawn(move || sampling_call_json_only(addr, &session));
     std::thread::sleep(std::time::Duration::from_millis(500));
     revoke_token_by_reload(&lab);
     let reply = call.join().unwrap();
