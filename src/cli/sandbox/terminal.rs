@@ -896,10 +896,12 @@ impl CommandTerminal {
             // What flowhost says from here (the run's end, the gate) is written after the
             // command's last output, which may have left a sequence open.
             let mut messages = std::mem::take(&mut unwritten.messages);
-            let reset = [RESET_TERMINAL, RESET_TERMINAL_AT_END].concat();
-            if !messages.starts_with(&reset) {
-                messages.splice(0..0, reset);
+            // Queued messages start with the reset already (`Pending::take`).
+            if !messages.starts_with(RESET_TERMINAL) {
+                messages.splice(0..0, RESET_TERMINAL.iter().copied());
             }
+            let after = RESET_TERMINAL.len();
+            messages.splice(after..after, RESET_TERMINAL_AT_END.iter().copied());
             out.push((stderr.as_fd(), messages));
         }
         for (to, text) in out {
