@@ -393,9 +393,15 @@ pub(crate) fn open_record_file(path: &Path) -> Result<File, StoreError> {
 
 /// [`open_record_file`], for readers that report plain I/O errors.
 pub(crate) fn open_record_file_io(path: &Path) -> io::Result<File> {
+    open_record_file_as(path, fs::OpenOptions::new().read(true))
+}
+
+/// Opens the record file at `path` with `options` (to read, write or append), refused as
+/// [`open_record_file`] refuses: the writer's replay, repair and append open the file the
+/// listing saw, never a link, FIFO or device put in its place.
+pub(crate) fn open_record_file_as(path: &Path, options: &mut fs::OpenOptions) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let file = fs::OpenOptions::new()
-        .read(true)
+    let file = options
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
@@ -657,9 +663,18 @@ mod tests {
         let err = open_record_file(&fifo).unwrap_err().to_string();
         assert!(err.contains("not a regular file"), "{err}");
 
+        // The writer's own opens (append, repair, replay) are refused the same way.
+        let err = open_record_file_as(&link, fs::OpenOptions::new().append(true)).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        let err =
+            open_record_file_as(&fifo, fs::OpenOptions::new().read(true).write(true)).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        assert_eq!(fs::read(&secret).unwrap(), b"not a record\n");
+
         let file = dir.path().join(record_file_name(3));
         fs::write(&file, b"{}\n").unwrap();
         assert_eq!(read_record_file(&file).unwrap(), b"{}\n");
+        open_record_file_as(&file, fs::OpenOptions::new().append(true)).unwrap();
     }
 
     #[test]

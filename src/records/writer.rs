@@ -64,7 +64,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -301,10 +300,7 @@ impl RecordWriter {
         let opening = take_for_writing(dir, store::OPENING_LOCK_FILE)?;
         let lock = lock_dir(dir)?;
         let resumed = resume(dir)?;
-        let file = OpenOptions::new()
-            .append(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&resumed.file_path)
+        let file = store::open_record_file_as(&resumed.file_path, OpenOptions::new().append(true))
             .map_err(StoreError::io("open for append", &resumed.file_path))?;
         // The ring's new checkpoint says the file is durable as it stands: lines a previous
         // process wrote but never synced are synced here first.
@@ -506,10 +502,7 @@ fn resume(dir: &Path) -> Result<Resumed, RecordError> {
     if !torn.is_empty() {
         let tail = preserve_torn_tail(&last.path, torn)?;
         let keep = bytes.len() - torn.len();
-        let f = OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&last.path)
+        let f = store::open_record_file_as(&last.path, OpenOptions::new().write(true))
             .map_err(StoreError::io("open", &last.path))?;
         f.set_len(keep as u64)
             .and_then(|()| f.sync_all())
@@ -620,11 +613,7 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
             ),
         });
     };
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&path)
-        .map_err(StoreError::io("open", &path))?;
+    let file = store::open_record_file_io(&path).map_err(StoreError::io("open", &path))?;
     let len = file
         .metadata()
         .map_err(StoreError::io("read", &path))?
@@ -712,10 +701,7 @@ fn replay_ring(dir: &Path, files: &[RecordFile]) -> Result<Vec<TornTail>, Record
         lines.extend_from_slice(&entry.line);
         lines.push(b'\n');
     }
-    let f = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&path)
+    let f = store::open_record_file_as(&path, OpenOptions::new().write(true))
         .map_err(StoreError::io("open", &path))?;
     match keep {
         Some((_, matched)) => f.set_len(start + matched as u64),
