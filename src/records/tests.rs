@@ -7,6 +7,13 @@ use serde_json::json;
 
 /// A valid, mapped tool_call allow (seq not yet assigned).
 pub(crate) fn sample_tool_call() -> DecisionRecord {
+    sample_tool_call_judged(Verdict::Authorized {
+        rule: Some("policy.github".into()),
+    })
+}
+
+/// [`sample_tool_call`] with `verdict` in place of its allow.
+pub(crate) fn sample_tool_call_judged(verdict: Verdict) -> DecisionRecord {
     DecisionRecord::tool_call(ToolCallFacts {
         server: ServerInfo::mcp("github", Some(GENESIS_HASH)),
         tool_name: "github.add_deploy_key".into(),
@@ -14,9 +21,7 @@ pub(crate) fn sample_tool_call() -> DecisionRecord {
             Some(&deploy_key_mapping()),
             &json!({"owner": "org", "repo": "prod-repo", "title": "ci-key", "key": "ssh-ed25519 SECRET"}),
         ),
-        verdict: Verdict::Authorized {
-            rule: Some("policy.github".into()),
-        },
+        verdict,
         credential_alias: Some("github-prod-admin".into()),
         correlation: Correlation::none(),
         context: FlowContext {

@@ -299,8 +299,11 @@ enum Seen<'a> {
     /// The record names a declassification grant.
     Grant {
         id: &'a str,
-        /// Whether the record allowed its call: the grant was then spent, durably, before it.
-        allowed: bool,
+        /// What came of its call. `Allow`: the grant was spent, durably, before it. `Error`:
+        /// the host failed, perhaps after spending it. `Deny`: refused before any spend (the
+        /// grant checked last is its single use), so the id, which may be one a client made
+        /// up, was not spent by this record.
+        effect: Effect,
         at: At<'a>,
     },
 }
@@ -447,7 +450,7 @@ fn scan(
             if let Some(grant) = &x.grant {
                 visit(Seen::Grant {
                     id: &grant.id,
-                    allowed: decision.effect == Effect::Allow,
+                    effect: decision.effect,
                     at,
                 })?;
             }
@@ -579,6 +582,9 @@ impl Places<'_> {
 #[derive(Default)]
 struct Owed {
     grants: HashMap<String, (u64, PathBuf, u64)>,
+    /// Grants named by calls the host failed (the state failing right after the spend, say):
+    /// perhaps spent, so marked spent, but a state without them lost nothing it is owed.
+    perhaps_spent: HashSet<String>,
     /// The first record whose labels the state does not hold, reported once the scan has
     /// found every grant owed (they are marked spent before any refusal: see
     /// [`check_through`]).
@@ -613,12 +619,17 @@ impl Owed {
                     self.behind = Some(places.behind(home, holder, at, false));
                 }
             }
-            Seen::Grant { id, allowed, at } => {
-                if allowed && !self.grants.contains_key(id) {
+            Seen::Grant { id, effect, at } => match effect {
+                Effect::Allow if !self.grants.contains_key(id) => {
+                    self.perhaps_spent.remove(id);
                     self.grants
                         .insert(id.to_string(), (at.seq, at.file.to_path_buf(), at.line));
                 }
-            }
+                Effect::Error if !self.grants.contains_key(id) => {
+                    self.perhaps_spent.insert(id.to_string());
+                }
+                Effect::Allow | Effect::Error | Effect::Deny => {}
+            },
         }
         Ok(())
     }
@@ -626,7 +637,7 @@ impl Owed {
     /// How many things are kept.
     #[cfg(test)]
     fn held(&self) -> usize {
-        self.grants.len()
+        self.grants.len() + self.perhaps_spent.len()
     }
 }
 
@@ -755,13 +766,16 @@ pub async fn check_through(
     // A grant an allowed call named was spent before the call went ahead: one the state
     // does not hold as spent would be accepted again (a restored or truncated state).
     // Marking it spent here is what a rebuild would do; the start is still refused, as for
-    // a label, since whatever lost it may have lost more. Only allowed calls count here: a
-    // refused call's grant was usually never spent (refused before), and counting it would
-    // refuse every start after one. A rebuild, which is told the state is lost, marks them
-    // all; a grant spent and then refused (the state failing right after) is the gap.
+    // a label, since whatever lost it may have lost more. A refused call's grant was never
+    // spent (the spend is the last check), so it is owed nothing. A call the host failed
+    // may have failed after the spend: its grant is marked spent as well, but a state
+    // without it may simply never have spent it, so its absence refuses nothing.
     // Every lost one is marked before the first is reported: the refusal that follows
     // stops every later use of this state, so one left unmarked could be spent on another
     // host sharing the database.
+    for id in &owed.perhaps_spent {
+        state.mark_grant_spent(id, crate::grant::now()).await?;
+    }
     let mut grants: Vec<_> = owed.grants.into_iter().collect();
     grants.sort_by_key(|(_, (seq, _, _))| *seq);
     let mut first_lost = None;
@@ -847,15 +861,23 @@ impl Proven {
                     .join_or_top(&labels.session);
                 self.sessions.insert(key);
             }
-            // Every grant the records name is marked spent, whatever came of its call: one
-            // that was spent and then refused (the state failed after spending it) must not
-            // be accepted again, and an authority can issue a new grant for a call that was
-            // refused.
-            Seen::Grant { id, .. } => {
+            // Every grant an allowed call spent is marked spent, and so is every grant of a
+            // call the host failed (it may have failed after the spend). A refused call spent
+            // nothing: its id may be one a client made up to spend an authority's real grant
+            // ahead of it, and an authority can issue a new grant for a call that was refused.
+            Seen::Grant {
+                id,
+                effect: Effect::Allow | Effect::Error,
+                ..
+            } => {
                 if !self.grants.contains(id) {
                     self.grants.insert(id.to_string());
                 }
             }
+            Seen::Grant {
+                effect: Effect::Deny,
+                ..
+            } => {}
         }
     }
 }
@@ -1436,6 +1458,68 @@ mod tests {
                 "grant {id} can be spent again"
             );
         }
+    }
+
+    /// A record directory holding one call of alice per `(grant, verdict)`.
+    fn records_of_grant_calls(dir: &Path, calls: &[(&str, crate::decision::Verdict)]) {
+        let w = RecordWriter::open(dir, WriterOptions::default()).unwrap();
+        for (id, verdict) in calls {
+            let mut call = crate::records::tests::sample_tool_call_judged(verdict.clone());
+            call.flowhost.grant = Some(GrantFacts {
+                id: id.to_string(),
+                purpose: "reviewed-summary".into(),
+            });
+            call.flowhost.labels_after = Some(LabelsAfter {
+                principal: InformationLabel::bottom(),
+                session: InformationLabel::bottom(),
+            });
+            w.commit_blocking(call).unwrap();
+        }
+        w.close_blocking().unwrap();
+    }
+
+    /// A refused call's grant id may be one a client made up (its envelope failed to
+    /// verify): a rebuild that marked it spent would refuse the authority's real grant of
+    /// that id. A call the host failed may have spent its grant: that one stays spent.
+    #[tokio::test]
+    async fn only_grants_a_call_may_have_spent_are_marked_spent() {
+        use crate::decision::{Denial, Failure, Verdict};
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records");
+        records_of_grant_calls(
+            &records,
+            &[
+                (
+                    "ticket-42",
+                    Verdict::refused(Denial::GrantUntrustedAuthority),
+                ),
+                ("ticket-43", Verdict::Failed(Failure::StateFailure)),
+            ],
+        );
+
+        let rebuilt = dir.path().join("rebuilt.db");
+        let report = rebuild(&records, &rebuilt).unwrap();
+        assert_eq!(report.grants, 1);
+        let state = SqliteStore::open(&rebuilt).unwrap();
+        assert!(
+            state.consume_grant("ticket-42", 1).unwrap(),
+            "a grant no call spent is refused as spent after a rebuild"
+        );
+        assert!(!state.consume_grant("ticket-43", 1).unwrap());
+
+        // A state that never spent the failed call's grant lost nothing: it starts, with the
+        // grant marked spent, as the records leave it possibly spent.
+        let fresh = dir.path().join("fresh.db");
+        let state = FlowStateStore::open(&fresh).unwrap();
+        let places = file_places(&fresh, dir.path(), &records);
+        check(&state, &places).await.unwrap();
+        drop(state);
+        let state = SqliteStore::open(&fresh).unwrap();
+        assert!(
+            !state.consume_grant("ticket-43", 1).unwrap(),
+            "a grant a failed call may have spent is accepted again"
+        );
+        assert!(state.consume_grant("ticket-42", 1).unwrap());
     }
 
     #[tokio::test]
