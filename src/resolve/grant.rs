@@ -20,6 +20,7 @@
 //! target.
 
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
@@ -371,12 +372,20 @@ pub struct AcceptedGrant {
     /// Valid until (Unix seconds, exclusive): every later check of the call refuses the
     /// grant from then on (see [`AcceptedGrant::expired`]).
     pub expires_at: u64,
+    /// The same end on the monotonic clock, from the time left when the grant was accepted:
+    /// a wall clock stepped back mid-call does not lengthen the grant.
+    pub expires_by: Instant,
 }
 
 impl AcceptedGrant {
-    /// Whether the grant has expired at `now` (Unix seconds).
+    /// Whether the grant has expired at `now` (Unix seconds), or by the monotonic clock,
+    /// whichever says so first.
     pub fn expired(&self, now: u64) -> bool {
-        now >= self.expires_at
+        self.expired_at(now, Instant::now())
+    }
+
+    fn expired_at(&self, now: u64, instant: Instant) -> bool {
+        now >= self.expires_at || instant >= self.expires_by
     }
 }
 
@@ -438,6 +447,13 @@ pub fn check(
         purpose: b.purpose.clone(),
         target: b.target_label.clone(),
         expires_at: b.expires_at,
+        // `call.now < b.expires_at` (checked above). A window the monotonic clock could not
+        // hold (none within the 2^53 seconds `expires_at` is held to) ends at once.
+        expires_by: {
+            let now = Instant::now();
+            now.checked_add(Duration::from_secs(b.expires_at - call.now))
+                .unwrap_or(now)
+        },
     })
 }
 
@@ -559,6 +575,13 @@ mod tests {
         assert_eq!(at(9), Err(GrantDenial::NotYetValid));
         assert_eq!(at(70), Err(GrantDenial::Expired));
         assert!(accepted.expired(70) && !accepted.expired(69));
+        // The wall clock stepped back an hour mid-call gives the grant no more time than
+        // it had left when accepted (60 s).
+        let left = accepted.expires_by - Instant::now();
+        assert!(left <= Duration::from_secs(60) && left > Duration::from_secs(59));
+        assert!(!accepted.expired_at(10, accepted.expires_by - Duration::from_millis(1)));
+        assert!(accepted.expired_at(10, accepted.expires_by));
+        assert!(accepted.expired_at(0, accepted.expires_by + Duration::from_secs(1)));
     }
 
     #[test]

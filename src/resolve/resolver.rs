@@ -828,6 +828,7 @@ pub(crate) mod tests {
             purpose: crate::DeclassificationPurpose::new("reviewed-summary").unwrap(),
             target: InformationLabel::bottom(),
             expires_at,
+            expires_by: std::time::Instant::now() + std::time::Duration::from_secs(3600),
         }
     }
 
