@@ -525,6 +525,57 @@ fn a_call_cancelled_before_dispatch_never_reaches_an_executor() {
     );
 }
 
+/// A reload that takes out the key vouching for a server withdraws it, also from the
+/// requests already admitted and still queued behind its running calls: before, each ran
+/// once a running call made room, on an executor the server's drained warm pool started
+/// again for it.
+#[test]
+fn requests_queued_for_a_withdrawn_server_are_not_served() {
+    let mut s = slow("slow", &[]);
+    s.extra = "pool_size = 1".into();
+    let Some(host) = Governed::start(&[s], "") else {
+        return;
+    };
+    let mut c = host.client();
+    // Eight run at once per server and session; the rest wait for one of them.
+    const RUNNING: u64 = 8;
+    const QUEUED: u64 = 3;
+    for id in 1..=RUNNING + QUEUED {
+        call(&mut c, id, "slow/sleep", json!({"seconds": 6}));
+    }
+    // Time for the eight to be given their executors, well within their six seconds.
+    std::thread::sleep(Duration::from_millis(2500));
+    std::fs::remove_file(host.key_of("slow")).unwrap();
+    host.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !host
+        .log()
+        .contains("server \"slow\" withdrawn from service")
+    {
+        assert!(Instant::now() < deadline, "{}", host.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut answers = std::collections::BTreeMap::new();
+    while answers.len() < (RUNNING + QUEUED) as usize {
+        let m = c.recv();
+        if let Some(id) = m["id"].as_u64() {
+            answers.insert(id, m);
+        }
+    }
+    let withdrawn: Vec<u64> = answers
+        .iter()
+        .filter(|(_, m)| m.to_string().contains("withdrawn from service"))
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(withdrawn.len() as u64, QUEUED, "{answers:#?}");
+    // The calls that were running finish on the generation they started with.
+    let finished = answers
+        .values()
+        .filter(|m| m["error"].is_null() && m["result"]["isError"] != json!(true))
+        .count() as u64;
+    assert_eq!(finished, RUNNING, "{answers:#?}");
+}
+
 /// Once a call is cancelled, its executor's egress is refused (`no_call_in_flight`), even
 /// to a destination the call could reach: before, attempts during the grace the executor
 /// is given to acknowledge were still judged against the cancelled call, and carried out.

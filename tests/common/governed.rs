@@ -229,6 +229,19 @@ impl Governed {
         c
     }
 
+    /// Sends `signal` to the daemon (SIGHUP: reload its configuration).
+    pub fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            // SAFETY: signalling our own child, which has not been reaped.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+
+    /// The public key the configuration registers for server `id`.
+    pub fn key_of(&self, id: &str) -> PathBuf {
+        self.dir.path().join(format!("keys-{id}/{id}.pub"))
+    }
+
     /// Sends SIGTERM and waits for the daemon to exit.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

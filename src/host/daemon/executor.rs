@@ -71,6 +71,13 @@ pub enum ExecutorError {
     /// Writing to it failed.
     #[error("cannot write to the executor: {0}")]
     Io(#[from] std::io::Error),
+    /// The server was withdrawn from service (a reload took out the key that vouched for
+    /// it, or the server) after the request was admitted and before an executor took it:
+    /// none is started for it.
+    #[error(
+        "server {0:?} was withdrawn from service before an executor took the request; none is started for it"
+    )]
+    Withdrawn(String),
 }
 
 impl ExecutorError {
@@ -103,7 +110,8 @@ impl ExecutorError {
             | ExecutorError::Timeout(_)
             | ExecutorError::Exited
             | ExecutorError::Bound { .. }
-            | ExecutorError::Io(_) => self.to_string(),
+            | ExecutorError::Io(_)
+            | ExecutorError::Withdrawn(_) => self.to_string(),
         }
     }
 }
@@ -1388,6 +1396,8 @@ pub struct WarmPool<C> {
     /// Attempts begun so far, and the newest one whose outcome `failing` holds.
     attempts: std::sync::atomic::AtomicU64,
     reported: Mutex<u64>,
+    /// Set when the pool's generation is replaced: nothing is started to keep it warm.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl<C: NamedCall> WarmPool<C> {
@@ -1412,12 +1422,16 @@ impl<C: NamedCall> WarmPool<C> {
             failing: std::sync::atomic::AtomicBool::new(false),
             attempts: std::sync::atomic::AtomicU64::new(0),
             reported: Mutex::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Starts executors in the background until `size` are ready.
     pub fn refill(self: &Arc<Self>) {
         use std::sync::atomic::Ordering;
+        if self.closed.load(Ordering::SeqCst) {
+            return;
+        }
         let have = self.ready.lock().map(|r| r.len()).unwrap_or(self.size);
         let in_flight = self.filling.load(Ordering::SeqCst);
         for _ in (have + in_flight)..self.size {
@@ -1428,8 +1442,17 @@ impl<C: NamedCall> WarmPool<C> {
                 pool.filling.fetch_sub(1, Ordering::SeqCst);
                 match started {
                     Ok(e) => {
-                        if let Ok(mut ready) = pool.ready.lock() {
-                            ready.push(e);
+                        // A pool closed while this one started keeps nothing warm. The
+                        // flag is read under the lock `drain` empties the pool under.
+                        let surplus = match pool.ready.lock() {
+                            Ok(mut ready) if !pool.closed.load(Ordering::SeqCst) => {
+                                ready.push(e);
+                                None
+                            }
+                            _ => Some(e),
+                        };
+                        if let Some(e) = surplus {
+                            e.stop().await;
                         }
                     }
                     // What the executor said (its revision, an error answer) is escaped.
@@ -1518,8 +1541,12 @@ impl<C: NamedCall> WarmPool<C> {
         self.failing.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Stops every warm executor.
+    /// Stops every warm executor and closes the pool: from then on it starts executors only
+    /// for a request that asks ([`WarmPool::acquire`]), none to keep warm.
     pub async fn drain(&self) {
+        // Before the lock: a start finishing meanwhile sees it under the lock and keeps
+        // nothing, and one that finished before is drained below.
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         let all: Vec<_> = self
             .ready
             .lock()

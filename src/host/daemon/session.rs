@@ -1221,6 +1221,15 @@ impl Executors<'_> {
         for b in retired {
             b.exec.stop().await;
         }
+        // A request admitted before a reload withdrew its server (and queued behind the
+        // server's other calls since) is not served by it: neither an idle executor nor a
+        // new one takes it.
+        if !self.session.host.current().pools.contains_key(server) {
+            if let Some(b) = found {
+                b.exec.stop().await;
+            }
+            return Err(ExecutorError::Withdrawn(server.to_string()));
+        }
         let mut bound = match found {
             Some(b) => b,
             None => {
