@@ -438,8 +438,13 @@ fn check_uri_text(text: &str) -> Result<(), String> {
         return Err("contains whitespace or a control character".into());
     }
     // Listed to clients as signed: one that draws nothing or reorders what follows would
-    // show as another URI, as an identifier would.
-    if let Some(c) = text.chars().find(|c| crate::ident::is_invisible(*c)) {
+    // show as another URI, as an identifier would. The zero-width joiners identifiers
+    // allow for the scripts that spell with them are refused too: a URI carries such text
+    // percent-encoded, and they would only make one URI look like another.
+    if let Some(c) = text
+        .chars()
+        .find(|c| crate::ident::is_invisible(*c) || matches!(c, '\u{200c}' | '\u{200d}'))
+    {
         return Err(format!(
             "contains U+{:04X}, which draws nothing or reorders what follows",
             u32::from(c)

@@ -995,6 +995,20 @@ fn bad_resources_and_prompts_are_refused_naming_the_field() {
             |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
             "resources[0].uri_template",
         ),
+        // The zero-width joiner spells words in identifiers; in a URI it only makes one
+        // look like another (`READ\u{200d}ME.md` and `README.md`).
+        (
+            json!([{"name": "r", "uri": "file:///repo/READ\u{200d}ME.md"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
+            "resources[0].uri",
+        ),
+        (
+            json!([{"name": "r", "uri": "file:///repo/READ\u{200c}ME.md"}]),
+            json!([{"name": "p"}]),
+            |e| matches!(e, ManifestError::InvalidResourceUri { .. }),
+            "resources[0].uri",
+        ),
         (
             json!([{"name": "r", "uri_template": "test://{a}{b}"}]),
             json!([{"name": "p"}]),
