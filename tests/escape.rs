@@ -204,11 +204,19 @@ async fn a_datagram_corked_by_the_executor_does_not_take_a_decided_send() {
         "{r}"
     );
     // Connected to port 0 a socket has a peer getpeername does not tell, which the check
-    // could not see: such a connect is refused.
+    // could not see: such a connect is refused, before anything is decided (an allow
+    // recorded for it would show an egress that never took place).
     let argv = probe_argv(&["udp-cork-connected", "127.0.0.1:0", &c.addr.to_string()]);
     let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
     let r = run.result();
     assert_eq!(r["connected"], -1, "{r}");
+    assert!(
+        !run.attempts
+            .iter()
+            .any(|(a, _)| a.syscall == EgressSyscall::Connect),
+        "{:?}",
+        run.attempts
+    );
 }
 
 /// An ICMP echo is decided without a port (the kernel ignores the one written): before, a

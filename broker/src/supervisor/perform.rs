@@ -51,6 +51,16 @@ impl Caller<'_> {
             self.still_waiting()?;
             return Err(Outcome::Errno(libc::ENOENT));
         }
+        // Connected to port 0, a UDP socket has a peer `getpeername` does not tell
+        // (ENOTCONN), so its turn (see `datagram_order`) could not check it; no service
+        // answers there. Refused before anything is decided or recorded.
+        if syscall == EgressSyscall::Connect
+            && is_datagram_order(&sock)
+            && matches!(&destination, Destination::Inet(a) if a.port() == 0)
+        {
+            self.still_waiting()?;
+            return Err(Outcome::Errno(libc::EINVAL));
+        }
         let privileged = match syscall {
             EgressSyscall::Connect => needs_network_privilege(&destination),
             EgressSyscall::Bind => joins_netlink_groups(&destination),
@@ -73,15 +83,6 @@ impl Caller<'_> {
         let (sock, target) = self.decided_address(EgressSyscall::Connect).await?;
         // A datagram socket's peer changes only in its turn (see `datagram_order`).
         let _turn = self.datagram_order(&sock).await;
-        // Connected to port 0, a UDP socket has a peer `getpeername` does not tell
-        // (ENOTCONN), so its turn could not check it; no service answers there.
-        let port_zero = matches!(
-            Destination::from_sockaddr(&target.addr),
-            Destination::Inet(a) if a.port() == 0
-        );
-        if _turn.is_some() && port_zero {
-            return Ok(Outcome::Errno(libc::EINVAL));
-        }
         let result = self.connect_on(&sock, &target.addr).await?;
         Ok(to_outcome(result.map(|()| 0)))
     }
