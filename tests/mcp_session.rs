@@ -525,6 +525,38 @@ fn a_call_cancelled_before_dispatch_never_reaches_an_executor() {
     );
 }
 
+/// An executor's ping is answered whenever it comes: sent right after `initialize` or
+/// between calls too (read when the executor is next taken). Before, only a ping sent
+/// during a call was, and the others were refused as requests the host relays to no
+/// client, which a server that follows MCP reads as a broken link.
+#[test]
+fn an_executor_ping_is_answered_when_it_serves_no_call() {
+    let mut s = slow("pinging", &["--ping"]);
+    s.extra = "pool_size = 1".into();
+    let Some(host) = Governed::start(&[s], "") else {
+        return;
+    };
+    let mut c = host.client();
+    // What an executor sends between calls is read when it is next taken.
+    for id in [1, 2] {
+        call(&mut c, id, "pinging/structured", json!({}));
+        let (answer, _) = until_answer(&mut c, id);
+        assert!(answer["error"].is_null(), "{answer}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let answered = |ping: &str| {
+        host.log().lines().any(|l| {
+            l.contains(&format!("executor stderr: ping \"{ping}")) && l.contains("answered: {}")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(answered("ping-initialize") && answered("ping-after-")) {
+        assert!(Instant::now() < deadline, "{}", host.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!host.log().contains("refused"), "{}", host.log());
+}
+
 /// A reload that takes out the key vouching for a server withdraws it, also from the
 /// requests already admitted and still queued behind its running calls: before, each ran
 /// once a running call made room, on an executor the server's drained warm pool started

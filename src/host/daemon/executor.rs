@@ -314,6 +314,16 @@ fn no_relay() -> mcp::RpcError {
     )
 }
 
+/// The answer to the executor's request `id` for `method` while it serves no call: a ping
+/// is answered (the host is the executor's peer, and MCP asks every ping an answer), any
+/// other request refused.
+fn unrelayed_answer(id: &Value, method: &str) -> String {
+    match method {
+        "ping" => mcp::response(id, serde_json::json!({})),
+        _ => mcp::error_response(id, &no_relay()),
+    }
+}
+
 /// The line answering the executor's request `id` with `answer`.
 fn answer_line(id: &Value, answer: RelayAnswer) -> String {
     match answer {
@@ -930,7 +940,7 @@ impl<C: NamedCall> McpExecutor<C> {
                         let answer = relay.request(method, params).await;
                         (rid, answer)
                     })),
-                    None => self.send(&mcp::error_response(&rid, &no_relay())).await?,
+                    None => self.send(&unrelayed_answer(&rid, &method)).await?,
                 },
                 Err((_, e)) => return Err(ExecutorError::Protocol(e.message)),
             }
@@ -966,15 +976,15 @@ impl<C: NamedCall> McpExecutor<C> {
                 Ok(Incoming::Notification { method, .. }) if method == "notifications/message" => {
                     self.idle_log();
                 }
-                Ok(Incoming::Request { id, .. }) => {
+                Ok(Incoming::Request { id, method, .. }) => {
                     answered += 1;
                     if answered > MAX_IDLE_REQUESTS {
                         return Err(ExecutorError::Protocol(format!(
                             "more than {MAX_IDLE_REQUESTS} requests sent between calls"
                         )));
                     }
-                    let refusal = mcp::error_response(&id, &no_relay());
-                    match tokio::time::timeout(IDLE_ANSWER_WRITE, self.send(&refusal)).await {
+                    let answer = unrelayed_answer(&id, &method);
+                    match tokio::time::timeout(IDLE_ANSWER_WRITE, self.send(&answer)).await {
                         Ok(sent) => sent?,
                         Err(_) => {
                             return Err(ExecutorError::Protocol(format!(
