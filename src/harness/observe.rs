@@ -78,8 +78,25 @@ impl EgressAttempt {
 
     /// Whether `rule` names this attempt's destination; fails, naming the record, when a
     /// host name recorded for it does not parse (the rules could not be judged as the host
-    /// judged them).
+    /// judged them). A name lookup is named by the rules that name its name (on any port,
+    /// as the host decides lookups), never by one naming the resolver's address or port 53:
+    /// what a lookup reaches is the name, and one without a name is named by none.
     pub fn matches(&self, rule: &DestinationRule) -> Result<bool, HarnessError> {
+        if self.syscall == crate::records::DNS_QUERY_SYSCALL {
+            let Some(Destination::Inet(i)) = &self.destination else {
+                return Ok(false);
+            };
+            let Some(name) = i.host_name.as_deref() else {
+                return Ok(false);
+            };
+            let name = name.parse::<crate::destination::HostName>().map_err(|e| {
+                HarnessError::Check(format!(
+                    "record seq {}: host_name {name:?} is not a host name: {e}",
+                    self.seq
+                ))
+            })?;
+            return Ok(rule.names(&name));
+        }
         let d = rule_destination(self.destination.as_ref())
             .map_err(|e| HarnessError::Check(format!("record seq {}: {e}", self.seq)))?;
         Ok(d.is_some_and(|d| rule.matches(&d)))
@@ -679,6 +696,38 @@ mod tests {
         })));
         assert!(abstract_name.matches(&rule("unix:@bus")).unwrap());
         assert!(!abstract_name.matches(&rule("unix:/bus")).unwrap());
+    }
+
+    /// A lookup is recorded to the executor's resolver (127.53.x.y:53) with the name asked:
+    /// it is named by the rules naming that name, on any port, as the host decides it.
+    /// Before, a loopback rule (`127.0.0.0/8`) passed the lookup of any name, and a rule
+    /// naming the host the tool went on to reach (`api.example.com:443`) failed its lookup.
+    #[test]
+    fn a_lookup_is_matched_by_the_name_it_asks() {
+        let lookup = |name: Option<&str>| EgressAttempt {
+            syscall: crate::records::DNS_QUERY_SYSCALL.into(),
+            protocol: Some("udp".into()),
+            ..attempt(Some(Destination::Inet(InetDestination {
+                address: "127.53.0.1".parse().unwrap(),
+                port: 53,
+                host_name: name.map(str::to_string),
+                other_host_names: Vec::new(),
+            })))
+        };
+        let secret = lookup(Some("c2VjcmV0.attacker.example"));
+        for r in ["127.0.0.0/8", "127.53.0.1:53", "*:53", "0.0.0.0/0"] {
+            assert!(!secret.matches(&rule(r)).unwrap(), "{r}");
+        }
+        assert!(secret.matches(&rule("*.attacker.example:53")).unwrap());
+        let api = lookup(Some("api.example.com"));
+        assert!(api.matches(&rule("api.example.com:443")).unwrap());
+        assert!(!api.matches(&rule("example.com:443")).unwrap());
+        let nameless = lookup(None);
+        assert!(!nameless.matches(&rule("127.0.0.0/8")).unwrap());
+        let e = lookup(Some("not a name"))
+            .matches(&rule("*:53"))
+            .unwrap_err();
+        assert!(e.to_string().contains("record seq 1"), "{e}");
     }
 
     #[test]

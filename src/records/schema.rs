@@ -540,11 +540,15 @@ pub struct BrokerDetails {
     pub destination: Option<Destination>,
     /// The byte count of a send, when there is one.
     pub bytes: Option<u64>,
-    /// The record type a lookup (`syscall = "dns_query"`) asked for (`A`, `AAAA`, `TXT`,
+    /// The record type a lookup (`syscall` = [`DNS_QUERY_SYSCALL`]) asked for (`A`, `AAAA`, `TXT`,
     /// `TYPE65280`, ...); absent for anything else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_query_type: Option<String>,
 }
+
+/// The `syscall` of a name lookup the executor's own resolver took: its destination is the
+/// resolver's address, and its `host_name` the name asked, by which the host decided it.
+pub const DNS_QUERY_SYSCALL: &str = "dns_query";
 
 /// The `flowhost` extension object.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -172,7 +172,7 @@ pub fn lookup_broker_details(lookup: &Lookup, pid: i32) -> BrokerDetails {
     BrokerDetails {
         pid: pid.max(0) as u32,
         executable: None,
-        syscall: "dns_query".into(),
+        syscall: crate::records::DNS_QUERY_SYSCALL.into(),
         family: if lookup.resolver.is_ipv4() {
             "inet"
         } else {
