@@ -284,6 +284,74 @@ fn a_daemon_executor_killed_by_its_memory_bound_is_named_with_server_and_tool() 
     );
 }
 
+/// A bound that kills an executor during a content request (a resource read that takes
+/// memory past its bound) is recorded `bound_reached`, as for a tool call, so a test run
+/// counts it cut short. Before, the read's failure was recorded as the tool's own error
+/// (`tool_error`), and a `sandbox mcp` run whose surface allowed errors passed.
+#[test]
+fn a_resource_read_killed_by_the_memory_bound_is_recorded_as_a_bound_reached() {
+    use flowhost::lab::{conformance_server, host_config};
+    let Some(mut lab) = common::lab::Lab::prepare() else {
+        return;
+    };
+    let b = broker().unwrap();
+    let base = Profile::find("isolated", &[]).unwrap();
+    if !enforced(&b, &base) {
+        return;
+    }
+    drop(b);
+    let profiles = lab.dir.path().join("profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/profiles/isolated.toml"
+    ))
+    .unwrap();
+    std::fs::write(
+        profiles.join("isolated.toml"),
+        text.replace("memory_mib = 4096", "memory_mib = 48"),
+    )
+    .unwrap();
+    let server = conformance_server(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
+        &common::shared_copy("flowhost-tool-conformance")
+            .display()
+            .to_string(),
+    );
+    const AGENT: u32 = 65531;
+    lab.write_config(&format!(
+        "{}{server}\n[[principal]]\nid = \"agent\"\nuids = [{AGENT}]\ntools = [\"conformance/*\"]\n",
+        host_config(&lab.paths).replacen(
+            "[host]\n",
+            &format!("[host]\nprofiles_dir = [{:?}]\n", profiles.display().to_string()),
+            1
+        )
+    ));
+    lab.spawn();
+    let mut c = lab.client_as(AGENT);
+    c.initialize();
+    let r = c.request(
+        "resources/read",
+        serde_json::json!({"uri": flowhost_example_tools::conformance::EXHAUSTING_URI}),
+    );
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("memory bound (48 MiB") && message.contains("resources/read"),
+        "{r}"
+    );
+    let outcomes: Vec<_> = lab
+        .records()
+        .into_iter()
+        .filter(|r| r["flowhost"]["event"] == "content_outcome")
+        .collect();
+    assert_eq!(outcomes.len(), 1, "{outcomes:#?}");
+    assert!(
+        outcomes[0].to_string().contains("bound_reached"),
+        "{:#}",
+        outcomes[0]
+    );
+}
+
 /// An executor that only sleeps (a single task), quiet.
 async fn sleeper(b: &Broker, profile: Arc<Profile>) -> Executor {
     let mut spec = SpawnSpec::new(["/bin/sleep", "30"], profile);

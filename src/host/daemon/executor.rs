@@ -1060,17 +1060,37 @@ impl<C: NamedCall> McpExecutor<C> {
             result = Err(ExecutorError::Timeout(deadline));
         }
         self.last_used = Instant::now();
-        if matches!(result, Err(ExecutorError::Exited | ExecutorError::Io(_)))
-            && let Some(bound) = self.died_from_bound().await
-        {
-            tracing::warn!(server = %self.server, tool, pid = self.pid(), "executor died from {bound}");
-            result = Err(ExecutorError::Bound {
-                server: self.server.clone(),
-                tool: tool.to_string(),
-                bound,
-            });
+        self.blame_bound(result, tool).await
+    }
+
+    /// `result`, or [`ExecutorError::Bound`] when it failed because one of the executor's
+    /// bounds killed it (for `tool`, or a request's method in parentheses): its output then
+    /// ended, or ended mid-message (a line cut short breaks the protocol), and the exit
+    /// status says which bound. What it would have done after is not observed, which a test
+    /// run counts as cut short.
+    async fn blame_bound<T>(
+        &mut self,
+        result: Result<T, ExecutorError>,
+        tool: &str,
+    ) -> Result<T, ExecutorError> {
+        // Its output closes a moment before it can be reaped. A message that breaks the
+        // protocol is waited on briefly only: an executor still alive is no bound's doing.
+        let wait = match &result {
+            Err(ExecutorError::Exited | ExecutorError::Io(_)) => Duration::from_secs(2),
+            Err(ExecutorError::Protocol(_)) => Duration::from_millis(250),
+            _ => return result,
+        };
+        match self.died_from_bound(wait).await {
+            Some(bound) => {
+                tracing::warn!(server = %self.server, tool, pid = self.pid(), "executor died from {bound}");
+                Err(ExecutorError::Bound {
+                    server: self.server.clone(),
+                    tool: tool.to_string(),
+                    bound,
+                })
+            }
+            None => result,
         }
-        result
     }
 
     /// Sends the executor's resource updates to `sink` from now on.
@@ -1123,18 +1143,12 @@ impl<C: NamedCall> McpExecutor<C> {
             .request(method, params, deadline, &mut CallControl::none(), None)
             .await;
         self.last_used = Instant::now();
-        result
+        self.blame_bound(result, &format!("({method})")).await
     }
 
-    /// Which bound killed the executor, once it is reaped (waiting briefly: its output
-    /// closes a moment before it can be reaped).
-    async fn died_from_bound(&mut self) -> Option<String> {
-        let status = self
-            .exec
-            .wait_timeout(Duration::from_secs(2))
-            .await
-            .ok()
-            .flatten()?;
+    /// Which bound killed the executor, once it is reaped (waiting up to `wait`).
+    async fn died_from_bound(&mut self, wait: Duration) -> Option<String> {
+        let status = self.exec.wait_timeout(wait).await.ok().flatten()?;
         status.bound_description()
     }
 

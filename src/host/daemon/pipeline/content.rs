@@ -381,7 +381,7 @@ async fn run<F: Forward>(
             record_outcome(env, rec, Verdict::Failed(Failure::ExecutorFailed), &state).await?;
             return Err(e);
         }
-        Err(ForwardError::Failed(why)) => executor_ended(&server, why, Failure::ToolError),
+        Err(ForwardError::Failed(why)) => executor_ended(&server, why, Failure::ExecutorFailed),
         Err(ForwardError::BoundReached(why)) => executor_ended(&server, why, Failure::BoundReached),
         Err(ForwardError::Answered(e)) => {
             let text = super::answered_text(&e);
