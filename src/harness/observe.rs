@@ -419,17 +419,22 @@ pub fn read_records(dir: &Path) -> Result<Vec<DecisionRecord>, HarnessError> {
 type Head = Option<(u64, String)>;
 
 /// The calls of the records in `dir` (which must verify) that a bound or their deadline
-/// ended (`bound_reached`), one description each.
+/// ended (`bound_reached`), or that the client cancelled (`cancelled`: its executor was
+/// told to stop, or stopped, so what the tool would have done after was not observed
+/// either), one description each.
 pub(crate) fn calls_cut_short(dir: &Path) -> Result<Vec<String>, HarnessError> {
     let (records, _) = read_verified(dir)?;
     Ok(records
         .iter()
-        .filter(|r| r.response.status == Failure::BoundReached.as_str())
-        .map(|r| {
-            format!(
-                "the call to {} ran into a bound or its deadline",
-                r.tool.name
-            )
+        .filter_map(|r| {
+            let why = if r.response.status == Failure::BoundReached.as_str() {
+                "ran into a bound or its deadline"
+            } else if r.response.status == Failure::Cancelled.as_str() {
+                "was cancelled by the client"
+            } else {
+                return None;
+            };
+            Some(format!("the call to {} {why}", r.tool.name))
         })
         .collect())
 }
@@ -696,6 +701,34 @@ mod tests {
         })));
         assert!(abstract_name.matches(&rule("unix:@bus")).unwrap());
         assert!(!abstract_name.matches(&rule("unix:/bus")).unwrap());
+    }
+
+    /// A call the client cancelled was stopped before it finished: like one a bound ended,
+    /// the run is cut short. Before, only bounds counted, and a run whose client cancelled
+    /// its calls passed its gate on what the tool did before the cancellation alone.
+    #[test]
+    fn calls_cancelled_or_ended_by_a_bound_are_cut_short() {
+        use crate::decision::Verdict;
+        use crate::records::{RecordWriter, WriterOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+        for verdict in [
+            Verdict::Succeeded { rule: None },
+            Verdict::Failed(Failure::Cancelled),
+            Verdict::Failed(Failure::BoundReached),
+            Verdict::Failed(Failure::ToolError),
+        ] {
+            w.commit_blocking(crate::records::tests::sample_tool_call_judged(verdict))
+                .unwrap();
+        }
+        w.close_blocking().unwrap();
+        assert_eq!(
+            calls_cut_short(dir.path()).unwrap(),
+            [
+                "the call to github.add_deploy_key was cancelled by the client",
+                "the call to github.add_deploy_key ran into a bound or its deadline",
+            ]
+        );
     }
 
     /// A lookup is recorded to the executor's resolver (127.53.x.y:53) with the name asked:
