@@ -26,6 +26,7 @@ fn slow_tools() -> Vec<Value> {
         ),
         structured,
         tool("chatter", json!({"type": "object"})),
+        tool("ask_then_answer", json!({"type": "object"})),
     ]
 }
 
@@ -546,7 +547,7 @@ fn an_executor_ping_is_answered_when_it_serves_no_call() {
     }
     let answered = |ping: &str| {
         host.log().lines().any(|l| {
-            l.contains(&format!("executor stderr: ping \"{ping}")) && l.contains("answered: {}")
+            l.contains(&format!("executor stderr: request \"{ping}")) && l.contains("answered: {}")
         })
     };
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -555,6 +556,45 @@ fn an_executor_ping_is_answered_when_it_serves_no_call() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!host.log().contains("refused"), "{}", host.log());
+}
+
+/// A request the executor made during a call and still awaits when it answers the call is
+/// answered then, with an error saying the call ended (the client is told its request is
+/// cancelled). Before, the executor got no answer at all and served later calls with the
+/// request open for good.
+#[test]
+fn a_request_left_open_by_the_calls_answer_is_answered_once() {
+    let mut s = slow("asking", &[]);
+    s.extra = "pool_size = 1".into();
+    s.input_clearances = format!("[{}]", flowhost::lab::BOTTOM_LABEL);
+    let Some(host) = Governed::start(&[s], "") else {
+        return;
+    };
+    let mut c = RawClient::connect(&host.socket);
+    let r = c.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {"sampling": {}},
+               "clientInfo": {"name": "test", "version": "0"}}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    c.notify("notifications/initialized", json!({}));
+    call(&mut c, 1, "asking/ask_then_answer", json!({}));
+    let (answer, before) = until_answer(&mut c, 1);
+    assert!(answer["error"].is_null(), "{answer}");
+    // The client saw the request, never answers it, and is told it is cancelled.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = || {
+        host.log()
+            .lines()
+            .filter(|l| l.contains("executor stderr: request \"ask-") && l.contains("refused"))
+            .count()
+    };
+    while refused() == 0 {
+        assert!(Instant::now() < deadline, "{before:?}\n{}", host.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(refused(), 1, "{}", host.log());
+    assert!(host.log().contains("has ended"), "{}", host.log());
 }
 
 /// A reload that takes out the key vouching for a server withdraws it, also from the

@@ -288,16 +288,16 @@ pub trait ClientRelay: Send + Sync {
 
 /// The executor's requests being relayed while it serves a call: its request id and the
 /// answer to come.
-type Relaying<'a> = Vec<RelayFuture<'a, (Value, RelayAnswer)>>;
+type Relaying<'a> = Vec<(Value, RelayFuture<'a, RelayAnswer>)>;
 
-/// The next relayed request to be answered (pending while none is; the caller polls only
-/// when some are in flight).
+/// The next relayed request to be answered, with the executor's id for it (pending while
+/// none is; the caller polls only when some are in flight).
 async fn next_answer(relaying: &mut Relaying<'_>) -> (Value, RelayAnswer) {
     std::future::poll_fn(|cx| {
         for i in 0..relaying.len() {
-            if let std::task::Poll::Ready(done) = relaying[i].as_mut().poll(cx) {
-                drop(relaying.swap_remove(i));
-                return std::task::Poll::Ready(done);
+            if let std::task::Poll::Ready(answer) = relaying[i].1.as_mut().poll(cx) {
+                let (rid, _) = relaying.swap_remove(i);
+                return std::task::Poll::Ready((rid, answer));
             }
         }
         std::task::Poll::Pending
@@ -778,7 +778,8 @@ impl<C: NamedCall> McpExecutor<C> {
     /// when it passes), forwarding progress for `control`, relaying what the executor sends
     /// its client through `relay`, and honouring its cancellation. Requests still being
     /// relayed when the answer comes (or the deadline passes, or the call is cancelled)
-    /// are abandoned: the client's late answers to them are ignored.
+    /// are abandoned: the client's late answers to them are ignored, and when the answer
+    /// came, the executor is answered an error for each.
     async fn request(
         &mut self,
         method: &str,
@@ -898,6 +899,11 @@ impl<C: NamedCall> McpExecutor<C> {
             };
             match mcp::parse(&line) {
                 Ok(Incoming::Response { id: rid, outcome }) if rid == json!(id) => {
+                    // What the executor asked during the call and is still waiting on is
+                    // answered now, once: the call ended, so the client's answer will not
+                    // reach it (the client is told its request is cancelled).
+                    let unanswered: Vec<Value> = relaying.drain(..).map(|(rid, _)| rid).collect();
+                    self.answer_abandoned(&unanswered).await;
                     return outcome.map_err(|e| match mcp::RpcError::from_answer(&e) {
                         Some(e) => ExecutorError::Rpc(e),
                         None => ExecutorError::Protocol(format!(
@@ -936,15 +942,31 @@ impl<C: NamedCall> McpExecutor<C> {
                     method,
                     params,
                 }) => match relay {
-                    Some(relay) => relaying.push(Box::pin(async move {
-                        let answer = relay.request(method, params).await;
-                        (rid, answer)
-                    })),
+                    Some(relay) => relaying.push((rid, relay.request(method, params))),
                     None => self.send(&unrelayed_answer(&rid, &method)).await?,
                 },
                 Err((_, e)) => return Err(ExecutorError::Protocol(e.message)),
             }
         }
+    }
+
+    /// Answers the executor's requests `ids`, which the call they belonged to left waiting,
+    /// with an error saying so. Best effort within [`IDLE_ANSWER_WRITE`]: an executor that
+    /// does not read its input is not waited on (the call's own answer is already in).
+    async fn answer_abandoned(&mut self, ids: &[Value]) {
+        if ids.is_empty() {
+            return;
+        }
+        let ended = mcp::RpcError::new(
+            mcp::code::INTERNAL_ERROR,
+            "the tool call this request was made during has ended; the client's answer will not be relayed",
+        );
+        // One write for all (`send` ends the last line).
+        let lines = (ids.iter())
+            .map(|rid| mcp::error_response(rid, &ended))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let _ = tokio::time::timeout(IDLE_ANSWER_WRITE, self.send(&lines)).await;
     }
 
     /// Counts (and logs at debug) a log notification sent while no call was in flight.
