@@ -358,6 +358,58 @@ async fn unix_connect_to_an_outside_socket_is_reported_and_refused() {
     );
 }
 
+/// The host's own listeners are out of every executor's reach, even where its rules allow
+/// them: the broker connects for the executor, so a connection to the host's socket would
+/// arrive with the broker's uid (the daemon's) and be taken for the principal of that uid,
+/// or, over TCP on loopback, for the HTTP listener's unauthenticated principal. Refused
+/// as if nothing listened, through a hard link too, and nothing is decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_cannot_reach_the_hosts_own_listeners_even_when_allowed() {
+    let Some(b) = broker() else { return };
+    let dir = common::executor_visible_dir();
+    let path = dir.path().join("host.sock");
+    let listener = common::listener_for_executors(&path);
+    listener.set_nonblocking(true).unwrap();
+    let linked = dir.path().join("linked.sock");
+    std::fs::hard_link(&path, &linked).unwrap();
+    let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    http.set_nonblocking(true).unwrap();
+    let http_addr = http.local_addr().unwrap();
+    b.keep_executors_from(&[&path], &[http_addr]).unwrap();
+    for socket in [&path, &linked] {
+        let argv = probe_argv(&["unix-connect", &socket.display().to_string()]);
+        let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+        assert_eq!(run.errno(), libc::ECONNREFUSED as i64, "{}", run.stdout);
+        assert!(run.attempts.is_empty(), "{:?}", run.attempts);
+    }
+    assert!(listener.accept().is_err(), "the host's socket was reached");
+    for addr in [
+        http_addr.to_string(),
+        format!("0.0.0.0:{}", http_addr.port()),
+    ] {
+        let argv = probe_argv(&["connect", &addr]);
+        let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+        assert_eq!(
+            run.errno(),
+            libc::ECONNREFUSED as i64,
+            "{addr}: {}",
+            run.stdout
+        );
+        assert!(run.attempts.is_empty(), "{:?}", run.attempts);
+    }
+    assert!(
+        http.accept().is_err(),
+        "the host's HTTP listener was reached"
+    );
+    // Any other listener is still reached as the rules allow.
+    let other = dir.path().join("other.sock");
+    let other_listener = common::listener_for_executors(&other);
+    other_listener.set_nonblocking(true).unwrap();
+    let argv = probe_argv(&["unix-connect", &other.display().to_string()]);
+    let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
+    assert_eq!(run.result()["result"], "ok", "{}", run.stdout);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_unix_connect_reaches_the_pinned_socket() {
     let Some(b) = broker() else { return };

@@ -137,6 +137,8 @@ struct Inner {
     exited: AtomicU64,
     supervisor_failures: AtomicU64,
     failed_spawns: AtomicU64,
+    /// The host's own listeners, which no executor reaches.
+    host_endpoints: Arc<crate::host_endpoints::HostEndpoints>,
 }
 
 /// The native broker. Cheap to clone. Executors die with the broker: they carry a
@@ -313,8 +315,24 @@ impl Broker {
                 exited: AtomicU64::new(0),
                 supervisor_failures: AtomicU64::new(0),
                 failed_spawns: AtomicU64::new(0),
+                host_endpoints: Default::default(),
             }),
         })
+    }
+
+    /// Keeps every executor, running or to come, from the host's own listeners: a connect
+    /// or send to the unix socket file at any of `unix` (by its inode, so through any link
+    /// or mount of it), or a TCP connect to any of `tcp` (by any address that leads there),
+    /// is refused with ECONNREFUSED, as if nothing listened, before it is decided. The
+    /// broker makes those connections itself, so one that reached the host would arrive
+    /// as the broker and could be taken for whoever the host maps the broker's uid to.
+    /// Fails when a socket file cannot be looked at.
+    pub fn keep_executors_from(
+        &self,
+        unix: &[&std::path::Path],
+        tcp: &[std::net::SocketAddr],
+    ) -> std::io::Result<()> {
+        self.inner.host_endpoints.add(unix, tcp)
     }
 
     /// What the broker found about the kernel and process.
@@ -595,6 +613,7 @@ impl Broker {
             toggles: Default::default(),
             absent_unix_sockets,
             bind_roots,
+            host_endpoints: self.inner.host_endpoints.clone(),
             // Unprivileged, the executor runs as the broker's own uid (in a user namespace).
             identity: identity.filter(|_| self.inner.support.privileged),
         });

@@ -33,6 +33,7 @@ mod child;
 mod escaped;
 mod executor;
 pub mod filter;
+mod host_endpoints;
 pub mod profile;
 mod reap;
 mod spawn;

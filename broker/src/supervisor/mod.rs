@@ -112,6 +112,8 @@ pub(crate) struct Context {
     pub held: cmsg::ExecutorHeld,
     /// Unix socket paths absent from the executor's view (the profile's).
     pub absent_unix_sockets: Arc<Vec<std::path::PathBuf>>,
+    /// The host's own listeners (see `Broker::keep_executors_from`).
+    pub host_endpoints: Arc<crate::host_endpoints::HostEndpoints>,
     /// Where the executor may make files (its Landlock write paths, as it sees them): a unix
     /// socket the broker binds for it is made only beneath one of these.
     pub bind_roots: Arc<Vec<std::path::PathBuf>>,

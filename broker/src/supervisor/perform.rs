@@ -51,6 +51,17 @@ impl Caller<'_> {
             self.still_waiting()?;
             return Err(Outcome::Errno(libc::ENOENT));
         }
+        // The host's own listeners are not there for its executors (see
+        // `Broker::keep_executors_from`): nothing to decide.
+        if syscall != EgressSyscall::Bind && self.reaches_the_host(&destination, &sock, &target) {
+            self.still_waiting()?;
+            tracing::warn!(
+                pid = self.n.pid,
+                destination = ?destination,
+                "an executor tried to reach the host's own listener; refused as if nothing listened"
+            );
+            return Err(Outcome::Errno(libc::ECONNREFUSED));
+        }
         // Connected to port 0, a UDP socket has a peer `getpeername` does not tell
         // (ENOTCONN), so its turn (see `datagram_order`) could not check it; no service
         // answers there. Refused before anything is decided or recorded.
@@ -77,6 +88,29 @@ impl Caller<'_> {
         // Nothing is performed for a caller that went away while the host decided.
         self.performing()?;
         Ok((sock, target))
+    }
+
+    /// Whether a connect or send to `destination` (pinned as `target`) on `sock` would reach
+    /// one of the host's own listeners.
+    fn reaches_the_host(
+        &self,
+        destination: &Destination,
+        sock: &TakenSocket,
+        target: &Step<Target>,
+    ) -> bool {
+        match destination {
+            Destination::UnixPath(_) => target
+                .as_ref()
+                .ok()
+                .and_then(|t| t.pin.as_ref())
+                .is_some_and(|pin| self.ctx.host_endpoints.holds_unix(pin)),
+            // The unspecified address stands for one the kernel picks: loopback, here.
+            Destination::Inet(addr) | Destination::AnyAddress(addr) => {
+                sock.info.socket_type == libc::SOCK_STREAM
+                    && self.ctx.host_endpoints.holds_tcp(*addr)
+            }
+            _ => false,
+        }
     }
 
     pub(super) async fn connect(&self) -> Step<Outcome> {

@@ -43,10 +43,11 @@ fn invalid(why: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, why)
 }
 
-/// The listener `fd` is, if it is a listening unix stream socket: anything else (a
-/// datagram or seqpacket socket, one not listening, another family) is refused here, where
-/// the start can say so, rather than failing every accept of a daemon that reports itself
-/// ready.
+/// The listener `fd` is, if it is a listening unix stream socket bound to a file: anything
+/// else (a datagram or seqpacket socket, one not listening, another family, an abstract or
+/// unnamed socket, which no file mode guards and no path keeps executors from) is refused
+/// here, where the start can say so, rather than failing every accept of a daemon that
+/// reports itself ready.
 fn adopt(fd: OwnedFd) -> std::io::Result<std::os::unix::net::UnixListener> {
     use nix::sys::socket::{SockType, SockaddrLike, getsockname, getsockopt, sockopt};
     use std::os::fd::AsRawFd;
@@ -66,6 +67,11 @@ fn adopt(fd: OwnedFd) -> std::io::Result<std::os::unix::net::UnixListener> {
         return Err(refused("is not listening"));
     }
     let listener = std::os::unix::net::UnixListener::from(fd);
+    if listener.local_addr()?.as_pathname().is_none() {
+        return Err(refused(
+            "is not bound to a file (an abstract or unnamed socket, which no file mode guards; the socket unit needs ListenStream=/path)",
+        ));
+    }
     listener.set_nonblocking(true)?;
     Ok(listener)
 }
@@ -254,6 +260,15 @@ mod tests {
         nix::sys::socket::bind(std::os::fd::AsRawFd::as_raw_fd(&bound), &addr).unwrap();
         let e = adopt(bound).unwrap_err().to_string();
         assert!(e.contains("not listening"), "{e}");
+        // An abstract socket: anyone may connect whatever the configured mode.
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("flowhost-test-{}", std::process::id());
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let abstract_socket = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+        let e = adopt(OwnedFd::from(abstract_socket))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not bound to a file"), "{e}");
     }
 
     #[tokio::test]

@@ -337,6 +337,35 @@ pub fn verify_registry(
     Ok((registry, profiles))
 }
 
+/// Keeps every executor from the host's own listeners (the socket file `listener` is bound
+/// to, and the HTTP listener): the broker connects for them, so a connection that reached
+/// the host would arrive with the broker's uid and could be taken for the principal of
+/// that uid, or the HTTP listener's unauthenticated loopback principal.
+fn keep_executors_from_the_host(
+    broker: &Broker,
+    listener: &tokio::net::UnixListener,
+    http: Option<&super::http::HttpListener>,
+) -> Result<(), StartupError> {
+    let bound = listener.local_addr().map_err(|source| StartupError::Io {
+        path: PathBuf::from("the host's socket"),
+        source,
+    })?;
+    // A socket this process bound, or one `activation::adopt` proved is bound to a file.
+    let Some(socket) = bound.as_pathname() else {
+        return Err(StartupError::Io {
+            path: PathBuf::from("the host's socket"),
+            source: std::io::Error::other("it is not bound to a file"),
+        });
+    };
+    let tcp: Vec<_> = http.and_then(|h| h.local_addr()).into_iter().collect();
+    broker
+        .keep_executors_from(&[socket], &tcp)
+        .map_err(|source| StartupError::Io {
+            path: socket.to_path_buf(),
+            source,
+        })
+}
+
 /// Refuses a registry that needs the broker when the broker is disabled or cannot start,
 /// and returns the broker otherwise.
 pub fn require_broker(
@@ -729,6 +758,7 @@ impl Host {
             Some(c) => Some(super::http::HttpListener::bind(c)?),
             None => None,
         };
+        keep_executors_from_the_host(&broker, &listener, http.as_ref())?;
         // Only once the host will serve: a start that fails before (an executor that cannot
         // start, a socket that cannot be bound) must not make what it never served the
         // version a later configuration is held to.

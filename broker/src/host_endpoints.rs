@@ -1,0 +1,127 @@
+//! The host's own listeners, which no executor may reach: the broker performs an executor's
+//! connects and sends itself, so one that reached the host's socket would arrive as the
+//! broker (its uid, its pid) and could be taken for whoever the host maps those to.
+
+use std::collections::HashSet;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::RwLock;
+
+/// The unix socket files (by device and inode, so any link or bind mount of them) and the
+/// TCP listening addresses the host serves on.
+#[derive(Debug, Default)]
+pub(crate) struct HostEndpoints {
+    unix: RwLock<HashSet<(u64, u64)>>,
+    tcp: RwLock<Vec<SocketAddr>>,
+}
+
+impl HostEndpoints {
+    /// Adds the unix socket file at `path` and the TCP listeners `tcp`.
+    pub(crate) fn add(&self, unix: &[&Path], tcp: &[SocketAddr]) -> io::Result<()> {
+        let mut inodes = Vec::with_capacity(unix.len());
+        for path in unix {
+            let m = std::fs::metadata(path)?;
+            inodes.push((m.dev(), m.ino()));
+        }
+        if let Ok(mut known) = self.unix.write() {
+            known.extend(inodes);
+        }
+        if let Ok(mut known) = self.tcp.write() {
+            known.extend_from_slice(tcp);
+        }
+        Ok(())
+    }
+
+    /// Whether the socket file `pinned` (an `O_PATH` descriptor of what a connect or send
+    /// names) is one of the host's. A file that cannot be looked at is taken to be one.
+    pub(crate) fn holds_unix(&self, pinned: &OwnedFd) -> bool {
+        let Ok(known) = self.unix.read() else {
+            return true;
+        };
+        if known.is_empty() {
+            return false;
+        }
+        match nix::sys::stat::fstat(pinned) {
+            Ok(st) => known.contains(&(st.st_dev, st.st_ino)),
+            Err(_) => true,
+        }
+    }
+
+    /// Whether a TCP connect to `dest` reaches one of the host's listeners: its address,
+    /// the unspecified address (which Linux connects to this host), or, for a listener on
+    /// every address, a loopback one; IPv4-mapped addresses as the IPv4 they carry.
+    pub(crate) fn holds_tcp(&self, dest: SocketAddr) -> bool {
+        let Ok(known) = self.tcp.read() else {
+            return true;
+        };
+        let d = canonical(dest.ip());
+        known.iter().any(|listener| {
+            let l = canonical(listener.ip());
+            listener.port() == dest.port()
+                && (d == l || d.is_unspecified() || (l.is_unspecified() && d.is_loopback()))
+        })
+    }
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tcp_connect_reaches_the_listener_by_any_address_that_leads_to_it() {
+        let endpoints = HostEndpoints::default();
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        endpoints
+            .add(&[], &[at("127.0.0.1:8931"), at("[::]:9000")])
+            .unwrap();
+        for reaches in [
+            "127.0.0.1:8931",
+            "[::ffff:127.0.0.1]:8931",
+            "0.0.0.0:8931",
+            "[::]:8931",
+            "127.0.0.1:9000",
+            "[::1]:9000",
+            "0.0.0.0:9000",
+        ] {
+            assert!(endpoints.holds_tcp(at(reaches)), "{reaches}");
+        }
+        for elsewhere in ["127.0.0.2:8931", "127.0.0.1:8932", "192.0.2.1:8931"] {
+            assert!(!endpoints.holds_tcp(at(elsewhere)), "{elsewhere}");
+        }
+    }
+
+    #[test]
+    fn a_unix_socket_is_the_hosts_through_any_link_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("host.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let endpoints = HostEndpoints::default();
+        let other = dir.path().join("other.sock");
+        let _other = std::os::unix::net::UnixListener::bind(&other).unwrap();
+        endpoints.add(&[&socket], &[]).unwrap();
+        let linked = dir.path().join("linked.sock");
+        std::fs::hard_link(&socket, &linked).unwrap();
+        let opath = |p: &Path| -> OwnedFd {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH)
+                .open(p)
+                .unwrap()
+                .into()
+        };
+        assert!(endpoints.holds_unix(&opath(&socket)));
+        assert!(endpoints.holds_unix(&opath(&linked)));
+        assert!(!endpoints.holds_unix(&opath(&other)));
+    }
+}
