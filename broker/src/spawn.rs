@@ -23,7 +23,21 @@ use crate::sys;
 
 /// Environment variables an executor never receives, whatever the spec says: they change
 /// what code a dynamic loader or interpreter runs before the tool's own `main`.
-const FORBIDDEN_ENV_PREFIXES: &[&str] = &["LD_", "DYLD_", "MALLOC_", "GLIBC_", "BASH_FUNC_"];
+const FORBIDDEN_ENV_PREFIXES: &[&str] = &[
+    "LD_",
+    "DYLD_",
+    "MALLOC_",
+    "GLIBC_",
+    "BASH_FUNC_",
+    // .NET's profiler and start-up hooks (`CORECLR_PROFILER_PATH_64`, ...).
+    "CORECLR_",
+    "COR_",
+    "DOTNET_STARTUP_HOOKS",
+    // `LUA_INIT_5_4`, `LUA_PATH_5_4`, ...: code run at start, and module search paths.
+    "LUA_INIT",
+    "LUA_PATH",
+    "LUA_CPATH",
+];
 const FORBIDDEN_ENV: &[&str] = &[
     "BASH_ENV",
     "ENV",
@@ -39,6 +53,14 @@ const FORBIDDEN_ENV: &[&str] = &[
     "PYTHONHOME",
     "PYTHONSTARTUP",
     "PYTHONWARNINGS",
+    // Its `.pth` files run at start, and where the standard library is found.
+    "PYTHONUSERBASE",
+    "PYTHONPLATLIBDIR",
+    // bash runs `PS4`'s command substitutions when `SHELLOPTS` (or `BASHOPTS`) turns on
+    // xtrace.
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS4",
     "PERL5LIB",
     "PERLLIB",
     "PERL5OPT",
@@ -49,6 +71,9 @@ const FORBIDDEN_ENV: &[&str] = &[
     "JAVA_TOOL_OPTIONS",
     "_JAVA_OPTIONS",
     "JDK_JAVA_OPTIONS",
+    "CLASSPATH",
+    "PHPRC",
+    "PHP_INI_SCAN_DIR",
     "OPENSSL_CONF",
 ];
 
@@ -269,6 +294,15 @@ mod tests {
             "OPENSSL_CONF",
             "LD_PRELOAD",
             "JAVA_TOOL_OPTIONS",
+            "PYTHONUSERBASE",
+            "SHELLOPTS",
+            "PS4",
+            "DOTNET_STARTUP_HOOKS",
+            "CORECLR_PROFILER_PATH_64",
+            "CORECLR_ENABLE_PROFILING",
+            "LUA_INIT_5_4",
+            "PHPRC",
+            "CLASSPATH",
         ] {
             assert!(env_forbidden(name), "{name}");
         }
