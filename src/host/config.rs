@@ -540,14 +540,25 @@ impl HostConfig {
         if h.max_message_bytes < 1024 || h.max_message_bytes > 64 * 1024 * 1024 {
             return Err(invalid(
                 "host.max_message_bytes".into(),
-                "must be between 1024 and 67108864".into(),
+                format!(
+                    "{} is out of range; use 1024 to 67108864 (bytes)",
+                    h.max_message_bytes
+                ),
             ));
         }
-        if h.refusal_fold_interval_ms == 0 || h.refusal_records_per_interval == 0 {
-            return Err(invalid(
-                "host.refusal_fold_interval_ms".into(),
-                "refusal_fold_interval_ms and refusal_records_per_interval must be positive".into(),
-            ));
+        for (key, n) in [
+            ("refusal_fold_interval_ms", h.refusal_fold_interval_ms),
+            (
+                "refusal_records_per_interval",
+                h.refusal_records_per_interval as u64,
+            ),
+        ] {
+            if n == 0 {
+                return Err(invalid(
+                    format!("host.{key}"),
+                    "is 0; it must be positive".into(),
+                ));
+            }
         }
         // Folded refusals are written when their interval ends: a longer one would keep them
         // only in memory, lost with a crash, for that long.
@@ -590,11 +601,22 @@ impl HostConfig {
         let executor_identity = match (h.executor_uid, h.executor_gid) {
             (Some(u), Some(g)) if usable(u) && usable(g) => Some((u, g)),
             (None, None) => None,
-            _ => {
+            (uid, gid) => {
+                let (key, value) = match (uid, gid) {
+                    (Some(u), _) if !usable(u) => ("executor_uid", Some(u)),
+                    (_, Some(g)) if !usable(g) => ("executor_gid", Some(g)),
+                    (None, _) => ("executor_uid", None),
+                    _ => ("executor_gid", None),
+                };
+                let given = match value {
+                    Some(v) => format!("is {v}; "),
+                    None => "is not set; ".into(),
+                };
                 return Err(invalid(
-                    "host.executor_uid".into(),
-                    "set both executor_uid and executor_gid, neither of them 0 nor 4294967295"
-                        .into(),
+                    format!("host.{key}"),
+                    format!(
+                        "{given}set both executor_uid and executor_gid, neither of them 0 nor 4294967295"
+                    ),
                 ));
             }
         };
@@ -708,7 +730,10 @@ impl HostConfig {
                     .map(|a| a.replace("${config_dir}", &dir_text)),
             );
             if s.pool_size > 64 {
-                return Err(invalid(key("pool_size"), "at most 64".into()));
+                return Err(invalid(
+                    key("pool_size"),
+                    format!("{} is out of range; use 0 to 64", s.pool_size),
+                ));
             }
             if s.content_floor
                 .as_ref()
@@ -1241,8 +1266,12 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         ))
         .unwrap();
         assert!(ok.servers[0].content_floor.is_some());
+        // The key named is the one that is wrong (or missing), with the value given.
         let e = error(&MINIMAL.replace("[host]", "[host]\nexecutor_uid = 5"));
-        assert!(e.contains("`host.executor_uid`"), "{e}");
+        assert!(
+            e.contains("`host.executor_gid`") && e.contains("is not set"),
+            "{e}"
+        );
         // An executor must never be taken for a principal.
         let e =
             error(&MINIMAL.replace("[host]", "[host]\nexecutor_uid = 1000\nexecutor_gid = 5000"));
@@ -1268,13 +1297,28 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         ));
         assert!(e.contains("`host.refusal_fold_interval_ms`"), "{e}");
         // setresuid(-1) changes nothing: the executor would keep the broker's uid.
-        for (uid, gid) in [(4294967295u32, 5000u32), (5000, 4294967295), (0, 5000)] {
+        for (uid, gid, key, value) in [
+            (4294967295u32, 5000u32, "uid", 4294967295u32),
+            (5000, 4294967295, "gid", 4294967295),
+            (0, 5000, "uid", 0),
+        ] {
             let e = error(&MINIMAL.replace(
                 "[host]",
                 &format!("[host]\nexecutor_uid = {uid}\nexecutor_gid = {gid}"),
             ));
-            assert!(e.contains("`host.executor_uid`"), "{uid}/{gid}: {e}");
+            assert!(
+                e.contains(&format!("`host.executor_{key}`"))
+                    && e.contains(&format!("is {value};")),
+                "{uid}/{gid}: {e}"
+            );
         }
+        let e = error(&MINIMAL.replace("[host]", "[host]\nrefusal_records_per_interval = 0"));
+        assert!(e.contains("`host.refusal_records_per_interval`"), "{e}");
+        let e = error(&MINIMAL.replace("[host]", "[host]\nmax_message_bytes = 12"));
+        assert!(
+            e.contains("`host.max_message_bytes`") && e.contains("12 is out of range"),
+            "{e}"
+        );
         for bad in ["0-10", "10-5", "x-5", "5", "1-4294967295"] {
             let e = error(
                 &MINIMAL.replace("[host]", &format!("[host]\nexecutor_uid_range = \"{bad}\"")),
