@@ -499,19 +499,27 @@ fn a_sandboxed_command_cannot_attach_a_line_discipline() {
 /// A profile directory (new, in the shared test directory, named after `dir` and this
 /// process) holding `name.toml`: the built-in `isolated` profile with `from` replaced by
 /// `to`.
-fn isolated_variant(dir: &str, name: &str, (from, to): (&str, &str)) -> std::path::PathBuf {
+fn isolated_variant(dir: &str, name: &str, edit: (&str, &str)) -> std::path::PathBuf {
+    isolated_variant_of(dir, name, &[edit])
+}
+
+/// [`isolated_variant`] with every one of `edits` made.
+fn isolated_variant_of(dir: &str, name: &str, edits: &[(&str, &str)]) -> std::path::PathBuf {
     let dir = common::shared_dir().join(format!("{dir}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let text = std::fs::read_to_string(concat!(
+    let mut text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/profiles/isolated.toml"
     ))
     .unwrap();
-    assert!(
-        text.contains(from),
-        "{from:?} is not in the isolated profile"
-    );
-    std::fs::write(dir.join(format!("{name}.toml")), text.replace(from, to)).unwrap();
+    for (from, to) in edits {
+        assert!(
+            text.contains(from),
+            "{from:?} is not in the isolated profile"
+        );
+        text = text.replace(from, to);
+    }
+    std::fs::write(dir.join(format!("{name}.toml")), text).unwrap();
     dir
 }
 
@@ -618,13 +626,18 @@ fn bounds_are_reported_and_a_required_bound_that_cannot_be_held_refuses_the_run(
 /// saying each of `why` (`DIR` standing for the directory). Skips (saying why) where the
 /// unprivileged mode cannot run here.
 fn refused_as_nobody(dir: &str, name: &str, edit: (&str, &str), mode: u32, why: &[&str]) {
+    refused_as_nobody_with(dir, name, &[edit], mode, why)
+}
+
+/// [`refused_as_nobody`] with every one of `edits` made.
+fn refused_as_nobody_with(dir: &str, name: &str, edits: &[(&str, &str)], mode: u32, why: &[&str]) {
     use common::harness::{As, can_run as can_run_as, flowhost as flowhost_as};
     use std::os::unix::fs::PermissionsExt;
     let binary = common::harness::flowhost_for(As::Nobody);
     if !can_run_as(As::Nobody, &[&binary]) {
         return;
     }
-    let dir = isolated_variant(dir, name, edit);
+    let dir = isolated_variant_of(dir, name, edits);
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
     let out = flowhost_as(As::Nobody)
         .args([
@@ -775,6 +788,23 @@ fn an_unreadable_profile_file_refuses_the_run_instead_of_the_builtin() {
     let edit = ("tasks = 1024", "tasks = 64");
     let why = ["DIR/isolated.toml", "Permission denied"];
     refused_as_nobody("unreadable-profile", "isolated", edit, 0o750, &why);
+}
+
+/// Without a mount namespace, an unprivileged command (the caller's uid) would see the
+/// host's /proc, where the flowhost process that brokers it is readable to it (its
+/// environment, memory maps, open descriptors): such a profile is refused, not run with a
+/// warning.
+#[test]
+fn an_unprivileged_run_refuses_a_profile_without_a_mount_namespace() {
+    let edits = [
+        ("mount = true", "mount = false"),
+        ("private_tmp = true", "private_tmp = false"),
+    ];
+    let why = [
+        "namespaces.mount = false",
+        "an unprivileged host does not run",
+    ];
+    refused_as_nobody_with("no-mount-namespace", "isolated", &edits, 0o755, &why);
 }
 
 /// Every record in the `.jsonl` files of `dir`.

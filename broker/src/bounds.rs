@@ -136,9 +136,11 @@ impl BoundsReport {
                     value: "files outside the write paths read-only (modes, times, attributes)"
                         .to_string(),
                     enforcement: Enforcement::NotInForce(
-                        "namespaces.mount = false: run as the caller's uid, executors may \
+                        "namespaces.mount = false: run as the caller's uid, executors would see \
+                         the host's /proc (the host's own process readable there) and could \
                          change the modes, times and attributes of any file the caller owns, \
-                         which Landlock does not govern"
+                         which Landlock does not govern; an unprivileged host refuses to spawn \
+                         them"
                             .to_string(),
                     ),
                 });

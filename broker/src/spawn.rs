@@ -239,6 +239,17 @@ pub enum SpawnError {
         /// Why its executors get no cgroup.
         why: String,
     },
+    /// The host is unprivileged and the profile has no mount namespace.
+    #[error(
+        "profile {profile:?} sets namespaces.mount = false, which an unprivileged host does not run: \
+         its executors, with the host's own uid, would see the host's /proc and could read \
+         the host's process there (its environment, memory maps and open descriptors), and \
+         change the modes of the caller's files; set namespaces.mount = true"
+    )]
+    NoMountNamespace {
+        /// The profile.
+        profile: String,
+    },
     /// Every uid of the executor range is held by a live executor or a running process.
     #[error(
         "no free executor uid in {range}: every one is held by a live executor or a running process"

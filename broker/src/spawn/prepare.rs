@@ -414,7 +414,14 @@ pub(crate) fn prepare(
     // Run as its caller's uid (no uid of its own), the executor sees the view read-only but
     // for its write paths (see `ChildPlan::read_only_view`). A device needs no writable
     // mount to be written (/dev/null).
-    let read_only_view = if !privileged && profile.mount_namespace {
+    // Without a mount namespace, an executor of an unprivileged host (its uid) would see
+    // the host's /proc, where the host's own process is readable to it.
+    if !privileged && !profile.mount_namespace {
+        return Err(SpawnError::NoMountNamespace {
+            profile: profile.name.clone(),
+        });
+    }
+    let read_only_view = if !privileged {
         Some(read_only_view(&write_paths)?)
     } else {
         None
