@@ -272,6 +272,46 @@ fn sign_grant(lab: &Lab, session: &Value, spec: &GrantSpec<'_>) -> Value {
 const BOTTOM: &str = r#"{"kind":"known","owners":{},"compartments":[]}"#;
 const TERMS_LABEL: &str = r#"{"kind":"known","owners":{"larkfield-pricing":["larkfield-pricing"]},"compartments":["harbor-goods-terms"]}"#;
 
+/// Taking an authority's key out (deleting its key file, as a revocation would) makes the
+/// configuration invalid, so the reload is refused, but the authority is no longer trusted
+/// from then on: its grants are refused (`grant_untrusted_authority`). Before, the refused
+/// reload kept the whole configuration, the revoked authority with it.
+#[test]
+fn an_authority_whose_key_is_taken_out_is_distrusted_although_the_reload_is_refused() {
+    let Some((lab, authority, _)) = lab_with_authority() else {
+        return;
+    };
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call(
+        "workspace/read_terms",
+        json!({"document": "harbor-goods-terms.md"}),
+    );
+    assert!(text(&r).contains("Harbor Goods"), "{r}");
+    let session = c.request("flowhost/session", json!({}))["result"].clone();
+    let arguments = json!({"message": "A reviewed summary.", "sink": lab.public.addr.to_string()});
+    let grant = sign_grant(
+        &lab,
+        &session,
+        &GrantSpec::reviewed_summary(&authority, &arguments),
+    );
+    // The public key the configuration names, gone.
+    std::fs::remove_file(authority.with_extension("pub")).unwrap();
+    lab.signal(libc::SIGHUP);
+    wait_log(
+        &lab,
+        "declassification authority \"review-board\" no longer trusted although the reload is refused: its key cannot be read",
+    );
+    let r = publish_with_grant(&mut c, &grant, &arguments);
+    assert_eq!(denial(&r), "grant_untrusted_authority", "{r}");
+    // The servers serve on.
+    let r = c.call(
+        "workspace/read_terms",
+        json!({"document": "harbor-goods-terms.md"}),
+    );
+    assert!(text(&r).contains("Harbor Goods"), "{r}");
+}
+
 #[test]
 fn declassification_grants_allow_once_and_refuse_every_misuse() {
     let Some((mut lab, authority, stranger)) = lab_with_authority() else {

@@ -369,6 +369,11 @@ pub struct HostConfig {
     pub servers: Vec<ServerConfig>,
     /// Trusted declassification authorities: id to public key.
     pub authorities: crate::grant::Authorities,
+    /// Authorities whose key could not be read: id to the configuration key naming it
+    /// (`declassification_authority[N].key`) and why. Only [`HostConfig::load_lenient`]
+    /// yields a configuration with any: it trusts none of them, so a reload refused for
+    /// them still withdraws them (see `Host::reload`).
+    pub unreadable_authorities: BTreeMap<String, (String, String)>,
     /// MCP over Streamable HTTP, when configured (`[http]`).
     pub http: Option<HttpConfig>,
 }
@@ -493,6 +498,13 @@ impl HostConfig {
     /// everything else is judged by, so whoever could edit it would not need to get past
     /// any other check.
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
+        Self::load_lenient(file)?.with_every_authority()
+    }
+
+    /// [`HostConfig::load`], except that an authority whose key cannot be read is left out
+    /// of [`HostConfig::authorities`] and named in [`HostConfig::unreadable_authorities`]
+    /// rather than refusing the file: what a reload withdraws when it is refused.
+    pub(crate) fn load_lenient(file: &Path) -> Result<Self, ConfigError> {
         let bytes = crate::files::trusted_target(file)
             .and_then(|target| crate::files::read_trusted(&target, MAX_CONFIG_BYTES, false))
             .map_err(|e| ConfigError::Untrusted {
@@ -503,11 +515,28 @@ impl HostConfig {
             file: file.to_path_buf(),
             reason: "not UTF-8 text".into(),
         })?;
-        Self::parse(file, &text)
+        Self::parse_lenient(file, &text)
+    }
+
+    /// This configuration, refused when an authority's key could not be read.
+    pub(crate) fn with_every_authority(self) -> Result<Self, ConfigError> {
+        match self.unreadable_authorities.first_key_value() {
+            None => Ok(self),
+            Some((_, (key, message))) => Err(ConfigError::Invalid {
+                file: self.file.clone(),
+                key: key.clone(),
+                message: message.clone(),
+            }),
+        }
     }
 
     /// Parses configuration text; `file` names it in errors and anchors relative paths.
     pub fn parse(file: &Path, text: &str) -> Result<Self, ConfigError> {
+        Self::parse_lenient(file, text)?.with_every_authority()
+    }
+
+    /// [`HostConfig::parse`], lenient as [`HostConfig::load_lenient`] is.
+    fn parse_lenient(file: &Path, text: &str) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             file: file.to_path_buf(),
             message: e.to_string().trim_end().to_string(),
@@ -904,6 +933,7 @@ impl HostConfig {
         }
 
         let mut authorities = crate::grant::Authorities::new();
+        let mut unreadable_authorities = BTreeMap::new();
         for (i, a) in raw.declassification_authority.iter().enumerate() {
             let at = format!("declassification_authority[{i}]");
             if a.id.is_empty() || a.id.len() > 256 || a.id.chars().any(char::is_control) {
@@ -917,13 +947,20 @@ impl HostConfig {
             } else {
                 resolve(Path::new(&a.key)).display().to_string()
             };
-            let key = crate::keys::verifying_key_from_arg(&arg)
-                .map_err(|e| invalid(format!("{at}.key"), e.to_string()))?;
-            if authorities.insert(a.id.clone(), key).is_some() {
+            if authorities.contains_key(&a.id) || unreadable_authorities.contains_key(&a.id) {
                 return Err(invalid(
                     format!("{at}.id"),
                     format!("authority {:?} is configured twice", a.id),
                 ));
+            }
+            match crate::keys::verifying_key_from_arg(&arg) {
+                Ok(key) => {
+                    authorities.insert(a.id.clone(), key);
+                }
+                Err(e) => {
+                    unreadable_authorities
+                        .insert(a.id.clone(), (format!("{at}.key"), e.to_string()));
+                }
             }
         }
 
@@ -1043,6 +1080,7 @@ impl HostConfig {
             principals,
             servers,
             authorities,
+            unreadable_authorities,
             http,
         })
     }

@@ -84,11 +84,42 @@ impl Generation {
         withdrawn
     }
 
-    /// This generation, numbered `id`, without the servers `withdrawn` names: everything
-    /// else (configuration, admitted manifests, warm executors) is shared as it is.
-    pub(super) fn without(&self, id: u64, withdrawn: &BTreeSet<String>) -> Generation {
+    /// The declassification authorities this generation trusts that `config` no longer
+    /// vouches for, each with why: taken out, its key unreadable, or its key replaced. Like
+    /// servers, they stop being trusted even when the rest of a reload to `config` is
+    /// refused: a grant signed by a key the operator took out must not be honoured.
+    pub(super) fn authorities_no_longer_vouched_for(
+        &self,
+        config: &HostConfig,
+    ) -> BTreeMap<String, String> {
+        let mut withdrawn = BTreeMap::new();
+        for (id, key) in &self.config.authorities {
+            let why = match (
+                config.authorities.get(id),
+                config.unreadable_authorities.get(id),
+            ) {
+                (Some(now), _) if now == key => continue,
+                (Some(_), _) => "its key was replaced".to_string(),
+                (None, Some((field, e))) => format!("its key cannot be read ({field}: {e})"),
+                (None, None) => "taken out of the configuration".to_string(),
+            };
+            withdrawn.insert(id.clone(), why);
+        }
+        withdrawn
+    }
+
+    /// This generation, numbered `id`, without the servers `withdrawn` names and the
+    /// declassification authorities `authorities` names: everything else (configuration,
+    /// admitted manifests, warm executors) is shared as it is.
+    pub(super) fn without(
+        &self,
+        id: u64,
+        withdrawn: &BTreeSet<String>,
+        authorities: &BTreeSet<String>,
+    ) -> Generation {
         let mut config = self.config.clone();
         config.servers.retain(|s| !withdrawn.contains(&s.id));
+        config.authorities.retain(|a, _| !authorities.contains(a));
         let keep = |server: &String| !withdrawn.contains(server);
         Generation {
             id,

@@ -91,16 +91,24 @@ impl Host {
         // although the rest of that table waits for a restart; whatever else this reload
         // refuses (a configuration that cannot be read at all revokes nothing: which
         // credentials it keeps is unknown, and the error says so).
-        let config = HostConfig::load(&self.config_path);
+        // Read leniently first: a declassification authority whose key file was removed
+        // (revoked) makes the file invalid, but must not keep that file from revoking it,
+        // nor anything else taken out with it.
+        let config = HostConfig::load_lenient(&self.config_path);
         if let (Some(auth), Ok(config)) = (&self.http_auth, &config) {
             auth.revoke_credentials_absent_from(config.http.as_ref());
         }
-        // Likewise a server taken out, or whose key was replaced or removed: found now,
-        // withdrawn below if the reload is refused (a reload that succeeds drops it anyway).
-        let untrusted = match &config {
-            Ok(config) => self.current().no_longer_vouched_for(config),
-            Err(_) => BTreeMap::new(),
+        // Likewise a server taken out, or whose key was replaced or removed, and an
+        // authority: found now, withdrawn below if the reload is refused (a reload that
+        // succeeds drops them anyway).
+        let (untrusted, untrusted_authorities) = match &config {
+            Ok(config) => (
+                self.current().no_longer_vouched_for(config),
+                self.current().authorities_no_longer_vouched_for(config),
+            ),
+            Err(_) => (BTreeMap::new(), BTreeMap::new()),
         };
+        let config = config.and_then(HostConfig::with_every_authority);
         // A key set that cannot be read revokes every key: which ones the operator still
         // trusts is then unknown.
         let key_set = match &self.http_auth {
@@ -133,11 +141,12 @@ impl Host {
         }
         let (generation, certificate) = match built {
             Ok(built) => built,
-            Err(refused) if !untrusted.is_empty() => {
-                self.withdraw(&untrusted);
+            Err(refused) if !untrusted.is_empty() || !untrusted_authorities.is_empty() => {
+                self.withdraw(&untrusted, &untrusted_authorities);
                 return Err(StartupError::RefusedButWithdrew {
                     refused: Box::new(refused),
                     withdrawn: untrusted,
+                    authorities: untrusted_authorities,
                 });
             }
             Err(refused) => return Err(refused),
@@ -166,24 +175,35 @@ impl Host {
         Ok(id)
     }
 
-    /// Stops serving the servers `untrusted` names (each with why), keeping everything else
-    /// of the current generation: a new generation without them replaces it, and their warm
+    /// Stops serving the servers `untrusted` names and trusting the declassification
+    /// authorities `authorities` names (each with why), keeping everything else of the
+    /// current generation: a new generation without them replaces it, and the servers' warm
     /// executors are stopped. Calls already dispatched to them finish on the generation
     /// they started with.
-    fn withdraw(&self, untrusted: &BTreeMap<String, String>) {
+    fn withdraw(
+        &self,
+        untrusted: &BTreeMap<String, String>,
+        authorities: &BTreeMap<String, String>,
+    ) {
         let withdrawn: BTreeSet<String> = untrusted.keys().cloned().collect();
+        let distrusted: BTreeSet<String> = authorities.keys().cloned().collect();
         let id = self.next_generation.fetch_add(1, Ordering::SeqCst);
         let old = {
             let mut g = match self.generation.write() {
                 Ok(g) => g,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            let reduced = Arc::new(g.without(id, &withdrawn));
+            let reduced = Arc::new(g.without(id, &withdrawn, &distrusted));
             std::mem::replace(&mut *g, reduced)
         };
         for (server, why) in untrusted {
             tracing::error!(
                 "server {server:?} withdrawn from service although the reload is refused: {why}"
+            );
+        }
+        for (authority, why) in authorities {
+            tracing::error!(
+                "declassification authority {authority:?} no longer trusted although the reload is refused: {why}"
             );
         }
         tokio::spawn(async move {

@@ -203,17 +203,21 @@ pub enum StartupError {
     /// A reload ended without an outcome (its task panicked): nothing was replaced.
     #[error("the reload ended without an outcome: {0}")]
     ReloadAborted(String),
-    /// A reload was refused, but servers the configuration no longer vouches for were
-    /// withdrawn from service anyway (each with why).
+    /// A reload was refused, but servers and declassification authorities the
+    /// configuration no longer vouches for were withdrawn anyway (each with why).
     #[error(
         "{refused}; withdrawn from service although the reload is refused: {}",
-        withdrawn.iter().map(|(server, why)| format!("server {server:?} ({why})")).collect::<Vec<_>>().join(", ")
+        withdrawn.iter().map(|(server, why)| format!("server {server:?} ({why})"))
+            .chain(authorities.iter().map(|(a, why)| format!("declassification authority {a:?} ({why})")))
+            .collect::<Vec<_>>().join(", ")
     )]
     RefusedButWithdrew {
         /// Why the reload was refused.
         refused: Box<StartupError>,
         /// The servers withdrawn, each with why.
         withdrawn: BTreeMap<String, String>,
+        /// The declassification authorities no longer trusted, each with why.
+        authorities: BTreeMap<String, String>,
     },
 }
 
