@@ -192,6 +192,22 @@ async fn unrelated_processes_of_some_uid_do_not_count_against_a_sandbox() {
     );
 }
 
+/// A command that uses its whole CPU time is killed by the kernel with SIGKILL (the
+/// rlimit's soft and hard limits are one, and a pid namespace's init ignores SIGXCPU
+/// anyway): its end is named as that limit's. Before, it read as an unexplained SIGKILL,
+/// and a `sandbox run` cut short by it vouched for a complete run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_killed_at_its_cpu_time_limit_is_named() {
+    let Some(b) = broker() else { return };
+    let p = profile(|l| l.cpu_seconds = 1);
+    let mut exec = spawn(&b, p, &["spin", "5000"]).await;
+    let status = exec.wait().await.unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    assert_eq!(status.bound, Some(BoundHit::CpuTime { seconds: 1 }));
+    let said = status.bound_description().unwrap();
+    assert!(said.contains("limits.cpu_seconds"), "{said}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_executors_cpu_bandwidth_is_bounded() {
     let Some(b) = broker() else { return };

@@ -573,7 +573,7 @@ impl Broker {
             }
         };
         let mut kill = KillOnDrop(Some(pidfd.clone()));
-        let reap = Arc::new(Reap::new(pidfd.clone(), lease));
+        let reap = Arc::new(Reap::new(pidfd.clone(), lease, limits.cpu_seconds));
         let reaper = self.inner.reaper.clone();
         let abandon = |e: SpawnError| {
             // Killed when `kill` drops as this returns; reaped (then its lease released) by

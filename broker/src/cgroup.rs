@@ -461,6 +461,12 @@ pub enum BoundHit {
         /// The bound.
         limit: u64,
     },
+    /// The CPU-time limit (a per-process rlimit): the kernel killed it at its hard limit
+    /// (SIGKILL, which, unlike the SIGXCPU sent below it, no executor can ignore).
+    CpuTime {
+        /// The limit in seconds.
+        seconds: u64,
+    },
 }
 
 impl std::fmt::Display for BoundHit {
@@ -474,6 +480,10 @@ impl std::fmt::Display for BoundHit {
             BoundHit::Tasks { limit } => write!(
                 f,
                 "the tasks bound ({limit} processes and threads for the whole executor, limits.tasks): a fork or thread creation was refused"
+            ),
+            BoundHit::CpuTime { seconds } => write!(
+                f,
+                "the CPU-time limit ({seconds} s, RLIMIT_CPU, limits.cpu_seconds): the kernel killed it when it used that much"
             ),
         }
     }

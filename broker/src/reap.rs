@@ -123,14 +123,17 @@ pub(crate) struct Reap {
     pub(crate) pidfd: Arc<AsyncFd<OwnedFd>>,
     status: std::sync::Mutex<Option<(WaitStatus, Option<BoundHit>)>>,
     lease: std::sync::Mutex<Option<LeaseGuard>>,
+    /// The executor's CPU-time limit (`limits.cpu_seconds`).
+    cpu_seconds: u64,
 }
 
 impl Reap {
-    pub(crate) fn new(pidfd: Arc<AsyncFd<OwnedFd>>, lease: LeaseGuard) -> Self {
+    pub(crate) fn new(pidfd: Arc<AsyncFd<OwnedFd>>, lease: LeaseGuard, cpu_seconds: u64) -> Self {
         Reap {
             pidfd,
             status: std::sync::Mutex::new(None),
             lease: std::sync::Mutex::new(Some(lease)),
+            cpu_seconds,
         }
     }
 
@@ -153,10 +156,20 @@ impl Reap {
             .lock()
             .map_err(|_| io::Error::other("reap state poisoned"))?;
         if status.is_none()
-            && let Some(ended) = sys::waitid_pidfd(self.pidfd.get_ref().as_fd(), false)?
+            && let Some((ended, cpu)) = sys::waitid_pidfd_cpu(self.pidfd.get_ref().as_fd(), false)?
         {
             let lease = self.lease.lock().ok().and_then(|mut l| l.take());
-            *status = Some((ended, lease.as_ref().and_then(LeaseGuard::hit)));
+            let hit = lease.as_ref().and_then(LeaseGuard::hit).or_else(|| {
+                // The CPU-time rlimit's soft and hard limits are one: the kernel kills with
+                // SIGKILL, which says nothing by itself. A SIGKILL no cgroup bound explains,
+                // of an executor that used its whole CPU time, is that limit's.
+                (ended == WaitStatus::Signaled(libc::SIGKILL)
+                    && cpu >= std::time::Duration::from_secs(self.cpu_seconds))
+                .then_some(BoundHit::CpuTime {
+                    seconds: self.cpu_seconds,
+                })
+            });
+            *status = Some((ended, hit));
         }
         Ok(*status)
     }

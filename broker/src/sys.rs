@@ -115,16 +115,29 @@ pub enum WaitStatus {
 /// Reaps the child behind `pidfd` with `waitid(P_PIDFD)`. With `block == false` returns
 /// `Ok(None)` when the child is still running.
 pub fn waitid_pidfd(pidfd: BorrowedFd<'_>, block: bool) -> io::Result<Option<WaitStatus>> {
+    Ok(waitid_pidfd_cpu(pidfd, block)?.map(|(status, _)| status))
+}
+
+/// [`waitid_pidfd`], with the CPU time (user and system) the child used, its reaped
+/// descendants included.
+pub fn waitid_pidfd_cpu(
+    pidfd: BorrowedFd<'_>,
+    block: bool,
+) -> io::Result<Option<(WaitStatus, std::time::Duration)>> {
     let mut info = MaybeUninit::<libc::siginfo_t>::zeroed();
+    let mut usage = MaybeUninit::<libc::rusage>::zeroed();
     let flags = libc::WEXITED | if block { 0 } else { libc::WNOHANG };
     loop {
-        // SAFETY: `info` is a valid, zeroed siginfo_t the kernel fills in.
+        // SAFETY: `info` and `usage` are valid, zeroed structures the kernel fills in; the
+        // raw syscall (glibc's wrapper has no rusage argument) takes exactly these five.
         let ret = unsafe {
-            libc::waitid(
+            libc::syscall(
+                libc::SYS_waitid,
                 libc::P_PIDFD,
                 pidfd.as_raw_fd() as libc::id_t,
                 info.as_mut_ptr(),
                 flags,
+                usage.as_mut_ptr(),
             )
         };
         if ret < 0 {
@@ -143,10 +156,18 @@ pub fn waitid_pidfd(pidfd: BorrowedFd<'_>, block: bool) -> io::Result<Option<Wai
     if pid == 0 {
         return Ok(None);
     }
-    Ok(Some(match info.si_code {
+    // SAFETY: waitid returned 0, so `usage` is initialised (zeroed, or filled for the child).
+    let usage = unsafe { usage.assume_init() };
+    let time = |t: libc::timeval| {
+        std::time::Duration::from_secs(t.tv_sec.max(0) as u64)
+            + std::time::Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    let cpu = time(usage.ru_utime) + time(usage.ru_stime);
+    let status = match info.si_code {
         libc::CLD_EXITED => WaitStatus::Exited(status),
         _ => WaitStatus::Signaled(status),
-    }))
+    };
+    Ok(Some((status, cpu)))
 }
 
 /// Copies `buf.len()` bytes from address `addr` of process `pid` (`process_vm_readv(2)`).
