@@ -111,6 +111,9 @@ enum Job {
     /// Start a prepared executor.
     Start {
         prepared: Prepared,
+        /// Its uid and cgroups: held by the started executor, so that a caller that gave up
+        /// does not release them before the executor is killed and reaped.
+        lease: LeaseGuard,
         reply: oneshot::Sender<Result<(Started, Prepared), (SpawnError, Prepared)>>,
     },
     /// Lease a uid for an executor being prepared: the scan of the host's processes this
@@ -265,8 +268,12 @@ impl Broker {
                 // Executors' parent-death signal is tied to this thread: it ends only when
                 // the last Broker handle is gone.
                 while let Ok(job) = jobs_rx.recv() {
-                    let (prepared, reply) = match job {
-                        Job::Start { prepared, reply } => (prepared, reply),
+                    let (prepared, lease, reply) = match job {
+                        Job::Start {
+                            prepared,
+                            lease,
+                            reply,
+                        } => (prepared, lease, reply),
                         Job::LeaseUid { pool, reply } => {
                             // A caller that gave up drops the lease unanswered: returned.
                             let _ = reply.send(pool.lease());
@@ -275,7 +282,8 @@ impl Broker {
                     };
                     let result = spawn::start(&prepared, &handshake_tx);
                     let reply_with = match result {
-                        Ok(started) => Ok((started, prepared)),
+                        Ok(started) => Ok((started.holding(lease), prepared)),
+                        // A child that failed to start was killed and reaped.
                         Err(e) => Err((e, prepared)),
                     };
                     // A caller that gave up drops the answer, and with it the executor,
@@ -549,7 +557,12 @@ impl Broker {
         .map_err(fail)?;
         prepared.cgroup = lease.placement();
         let (reply, rx) = oneshot::channel();
-        self.send(Job::Start { prepared, reply }).map_err(fail)?;
+        self.send(Job::Start {
+            prepared,
+            lease,
+            reply,
+        })
+        .map_err(fail)?;
         let (started, mut prepared) = match rx.await {
             Ok(Ok(v)) => v,
             Ok(Err((e, _))) => return Err(fail(e)),
@@ -559,7 +572,12 @@ impl Broker {
 
         let host =
             |what: &'static str| move |source: std::io::Error| SpawnError::Host { what, source };
-        let (pid, pidfd, listener) = started.supervise();
+        let (pid, pidfd, listener, lease) = started.supervise();
+        // Sent with the job, and given back with the child it started.
+        let Some(lease) = lease else {
+            sys::kill_and_reap(pid);
+            return Err(fail(SpawnError::BrokerGone));
+        };
         // The executor is running: any failure from here on must kill it, and its uid and
         // cgroup go back only once it is reaped.
         let pidfd = match sys::async_fd(pidfd) {

@@ -25,14 +25,32 @@ pub(crate) struct Started {
     pid: libc::pid_t,
     /// `None` once taken by [`Started::supervise`].
     owned: Option<(OwnedFd, OwnedFd)>,
+    /// The executor's uid and cgroups (see [`Started::holding`]): released only once it
+    /// is reaped.
+    lease: Option<crate::reap::LeaseGuard>,
 }
 
 impl Started {
-    /// The child's pid, its pidfd and its notification listener, for the caller to
-    /// supervise: from here on, killing it on failure is the caller's duty.
-    pub(crate) fn supervise(mut self) -> (libc::pid_t, OwnedFd, OwnedFd) {
+    /// This child, holding `lease` (its uid and cgroups): if nobody supervises it, the
+    /// lease goes back only after the child is killed and reaped, never while it may run.
+    pub(crate) fn holding(mut self, lease: crate::reap::LeaseGuard) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// The child's pid, its pidfd, its notification listener and the lease it holds, for
+    /// the caller to supervise: from here on, killing it on failure (and releasing the
+    /// lease only after) is the caller's duty.
+    pub(crate) fn supervise(
+        mut self,
+    ) -> (
+        libc::pid_t,
+        OwnedFd,
+        OwnedFd,
+        Option<crate::reap::LeaseGuard>,
+    ) {
         match self.owned.take() {
-            Some((pidfd, listener)) => (self.pid, pidfd, listener),
+            Some((pidfd, listener)) => (self.pid, pidfd, listener, self.lease.take()),
             // Only `supervise` (which consumes `self`) takes them.
             None => unreachable!("a Started is supervised once"),
         }
@@ -45,9 +63,12 @@ impl Drop for Started {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
             // Reaped on a thread of its own: this may run on an async worker, and a pid
             // namespace's first process is reaped only once every process in it has died
-            // (one in an uninterruptible wait takes its time). Killed, none runs on.
+            // (one in an uninterruptible wait takes its time). Killed, none runs on; its
+            // uid and cgroups go back after.
+            let lease = self.lease.take();
             let reap = move || {
                 let _ = sys::waitid_pidfd(pidfd.as_fd(), true);
+                drop(lease);
             };
             if let Err(e) = std::thread::Builder::new()
                 .name("flowhost-reap-unsupervised".into())
@@ -417,6 +438,7 @@ pub(crate) fn start(
         Ok(listener) => Ok(Started {
             pid,
             owned: Some((pidfd, listener)),
+            lease: None,
         }),
         Err(e) => {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
@@ -442,21 +464,24 @@ mod tests {
         let pid = child.id() as libc::pid_t;
         let pidfd = sys::pidfd_open(pid).unwrap();
         let listener = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-        drop(Started {
-            pid,
-            owned: Some((pidfd, listener)),
-        });
-        // Reaped (on a thread of its own): soon the pid names no process, not even a
-        // zombie, and there is no child left to wait for.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let (reaper, released) = std::sync::mpsc::channel();
+        let lease = crate::reap::LeaseGuard::new(crate::reap::Lease::default(), reaper);
+        drop(
+            Started {
+                pid,
+                owned: Some((pidfd, listener)),
+                lease: None,
+            }
+            .holding(lease),
+        );
+        // Its lease (uid, cgroups) goes back only once it is reaped: before, a caller that
+        // gave up while it started released the lease at once, and another executor could
+        // be given its uid while it still ran.
+        let job = released.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(job, crate::reap::ReaperJob::Release(_)));
         // SAFETY: signal 0 only checks that the pid exists.
-        while unsafe { libc::kill(pid, 0) } == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the child still runs (or was not reaped)"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let exists = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!exists, "the lease went back before the child was reaped");
         assert!(child.try_wait().is_err(), "the child was not reaped");
     }
 }
