@@ -541,7 +541,13 @@ fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
     let mut c = lab.client();
     let r = c.request("tools/list", json!({}));
     assert_eq!(denial(&r), "not_initialized", "{r}");
+    // A method the host does not serve, too: before, it was answered "not served" with
+    // no denial and no record, so a peer could probe before initializing unseen.
+    let r = c.request("roots/list", json!({}));
+    assert_eq!(denial(&r), "not_initialized", "{r}");
     c.initialize();
+    let r = c.request("roots/list", json!({}));
+    assert_eq!(r["error"]["code"], -32601, "{r}");
     let r = c.request("tools/call", json!({"arguments": {}}));
     assert_eq!(denial(&r), "invalid_params", "{r}");
     let r = c.request("tools/call", json!({"name": 7}));
@@ -589,6 +595,12 @@ fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
     assert_eq!(peer["flowhost"]["denial_kind"], "access_denied");
     assert!(session.iter().any(|r| r["tool"]["name"] == "(tools/list)"
         && r["flowhost"]["denial_kind"] == "not_initialized"));
+    assert!(
+        session
+            .iter()
+            .any(|r| r["tool"]["name"] == "(unserved method)"
+                && r["flowhost"]["denial_kind"] == "not_initialized")
+    );
     assert!(
         session.iter().any(|r| r["tool"]["name"] == "(tools/call)"
             && r["flowhost"]["denial_kind"] == "invalid_params")

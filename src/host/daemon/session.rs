@@ -925,6 +925,18 @@ impl Session {
                     ok => ok,
                 }
             }
+            // Before `initialize`, any method is refused as the served ones are (recorded,
+            // with its denial): a peer learns nothing of what is served before it is
+            // admitted, and leaves a trace for each probe. The name the peer chose is not
+            // recorded (it may be anything a JSON string holds).
+            _ if self.pinned().is_none() => {
+                let e = refusal(
+                    code::NOT_INITIALIZED,
+                    "send initialize before other requests",
+                    Denial::NotInitialized,
+                );
+                Err(self.refuse_session("(unserved method)", e).await)
+            }
             other => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("method {other:?} is not served"),
