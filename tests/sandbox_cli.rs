@@ -1608,6 +1608,20 @@ struct OnTerminal {
     output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
 }
 
+/// Where a command on the test's terminal runs.
+#[derive(Clone, Copy)]
+enum Place {
+    /// It leads the terminal's session, in the foreground.
+    Foreground,
+    /// It leads the session, in the background behind a holder of the foreground (its
+    /// group orphaned: job control's stops do not apply).
+    BehindHolder,
+    /// A job in the background of a shell that leads the session and holds the foreground
+    /// (`CMD &`): its group is not orphaned, so the terminal stops it when it writes or
+    /// changes the terminal with `tostop` or in ways that always stop a background job.
+    ShellJob,
+}
+
 /// Whether a terminal test can run here; prints why not.
 fn can_run_on_a_terminal() -> bool {
     if !can_run() {
@@ -1645,7 +1659,17 @@ impl OnTerminal {
     }
 
     /// `cmd` on the terminal.
-    fn spawn(mut cmd: Command, foreground: bool) -> Self {
+    fn spawn(cmd: Command, foreground: bool) -> Self {
+        let place = if foreground {
+            Place::Foreground
+        } else {
+            Place::BehindHolder
+        };
+        Self::spawn_at(cmd, place)
+    }
+
+    /// `cmd` on the terminal, placed as `place` says.
+    fn spawn_at(mut cmd: Command, place: Place) -> Self {
         use std::os::fd::AsRawFd;
         use std::os::unix::process::CommandExt;
         let (master, slave) = open_pty();
@@ -1672,8 +1696,41 @@ impl OnTerminal {
                 if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                if foreground {
-                    return Ok(());
+                match place {
+                    Place::Foreground => return Ok(()),
+                    Place::BehindHolder => {}
+                    Place::ShellJob => {
+                        // The shell: it keeps the foreground, and runs flowhost as a job
+                        // of a group of its own in its session (not orphaned, so job
+                        // control's stops apply to it). It exits with flowhost's code, or
+                        // 200 if flowhost was stopped.
+                        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                        let job = libc::fork();
+                        if job == 0 {
+                            libc::setpgid(0, 0);
+                            return Ok(());
+                        }
+                        if job < 0 {
+                            libc::_exit(201);
+                        }
+                        let mut set: libc::sigset_t = std::mem::zeroed();
+                        libc::sigemptyset(&mut set);
+                        libc::sigaddset(&mut set, libc::SIGTTOU);
+                        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                        libc::setpgid(job, job);
+                        libc::tcsetpgrp(0, libc::getpid());
+                        let mut status = 0;
+                        while libc::waitpid(job, &mut status, libc::WUNTRACED) < 0 {}
+                        if libc::WIFSTOPPED(status) {
+                            libc::kill(job, libc::SIGKILL);
+                            libc::_exit(200);
+                        }
+                        libc::_exit(if libc::WIFEXITED(status) {
+                            libc::WEXITSTATUS(status)
+                        } else {
+                            128 + libc::WTERMSIG(status)
+                        });
+                    }
                 }
                 match libc::fork() {
                     -1 => Err(std::io::Error::last_os_error()),
@@ -1791,6 +1848,72 @@ fn a_background_run_does_not_read_what_is_typed_to_the_foreground() {
         status.is_some(),
         "the wall clock did not end the run:\n{shown}"
     );
+}
+
+/// A run started in the background of a shell (`flowhost sandbox run ... &`) ends by itself:
+/// before, the end of every run flushed the terminal's input, which a background job may
+/// not do unstopped (the terminal sent SIGTTOU), so the run never ended until brought to
+/// the foreground.
+#[test]
+fn a_run_in_the_background_of_a_shell_is_not_stopped_at_its_end() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let mut cmd = flowhost();
+    cmd.args([
+        "sandbox",
+        "run",
+        "--quiet",
+        "--timeout",
+        "5",
+        "--profile",
+        "isolated",
+    ])
+    .args(["--", "/bin/echo", "DONE"]);
+    let mut run = OnTerminal::spawn_at(cmd, Place::ShellJob);
+    let status = run.ended_within(std::time::Duration::from_secs(10));
+    let shown = run.shown();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "(200: the run was stopped)\n{shown}"
+    );
+    assert!(shown.contains("DONE"), "{shown}");
+}
+
+/// What reached the caller's terminal's input during a run that did not relay it (stdin not
+/// the terminal) goes when the run ends: a command's query (cursor position, attributes)
+/// has the terminal answer into that input, which the shell would read as typed. Before,
+/// it was flushed only when flowhost relayed the input.
+#[test]
+fn a_terminals_answers_are_flushed_even_when_its_input_was_not_relayed() {
+    if !can_run_on_a_terminal() {
+        return;
+    }
+    let run_line = format!(
+        "exec {} sandbox run --quiet --timeout 5 --profile isolated -- \
+         /bin/sh -c 'echo READY; sleep 1; echo END' </dev/null",
+        env!("CARGO_BIN_EXE_flowhost")
+    );
+    let mut cmd = Command::new("/bin/sh");
+    cmd.args(["-c", &run_line]);
+    let mut run = OnTerminal::spawn_at(cmd, Place::Foreground);
+    run.wait_for("READY", std::time::Duration::from_secs(5));
+    // As a terminal answers a query: bytes in its input that no one reads during the run.
+    run.type_bytes(b"\x1b[12;1R\n");
+    let status = run.ended_within(std::time::Duration::from_secs(10));
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", run.shown());
+    let mut pending: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int, on this stack.
+    let ok = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&run.slave),
+            libc::FIONREAD,
+            &mut pending,
+        )
+    };
+    assert_eq!(ok, 0);
+    assert_eq!(pending, 0, "left for the shell to read:\n{}", run.shown());
 }
 
 /// In the foreground, what is typed reaches the command, which runs on a terminal (its

@@ -911,9 +911,11 @@ impl CommandTerminal {
         }
         // A query in the command's last output (its cursor position, its attributes) has
         // the caller's terminal answer with bytes the shell would read as typed: what was
-        // sent to the terminal's input and not read goes. (A remote terminal's late answer
-        // can still come after.)
-        if shared.raw {
+        // sent to the terminal's input and not read goes, whether or not flowhost relayed
+        // that input. (A remote terminal's late answer can still come after.) Only in the
+        // foreground: the input is the foreground job's otherwise, and a background job
+        // that flushes it is stopped by the terminal (SIGTTOU) until brought back.
+        if standing(shared.caller.as_fd()) == Standing::Foreground {
             let _ = nix::sys::termios::tcflush(
                 shared.caller.as_fd(),
                 nix::sys::termios::FlushArg::TCIFLUSH,
