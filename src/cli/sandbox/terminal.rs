@@ -84,12 +84,17 @@ struct Pending {
     text: Vec<u8>,
     /// Bytes dropped since the last [`Pending::take`].
     dropped: usize,
+    /// Set once the command has ended (see [`CommandTerminal::hold`]): what flowhost says
+    /// then (how the run ended, the gate's report) is its last words, written by the end of
+    /// the run whatever their size, and never dropped for a bound meant for a terminal that
+    /// takes no output while the command runs.
+    unbounded: bool,
 }
 
 impl Pending {
     /// Queues `message` whole, or drops it whole when the queue is full.
     fn push(&mut self, message: &str) {
-        if self.text.len() + message.len() > PENDING_LIMIT {
+        if !self.unbounded && self.text.len() + message.len() > PENDING_LIMIT {
             self.dropped += message.len();
         } else {
             self.text.extend_from_slice(message.as_bytes());
@@ -807,6 +812,9 @@ impl CommandTerminal {
     /// its output, which could then move the cursor over them and write over them.
     pub(super) fn hold(&self) {
         self.shared.holding.store(true, Ordering::SeqCst);
+        if let Some((messages, _)) = &self.shared.messages {
+            messages.pending().unbounded = true;
+        }
     }
 
     /// Ctrl-Z: the caller's modes go back before flowhost stops, and stay until
@@ -1004,6 +1012,16 @@ mod tests {
             &text[text.len() - 200..]
         );
         assert_eq!(pending.dropped, 0);
+        // Once the command has ended, flowhost's last words (a gate report of hundreds of
+        // findings) are kept whole: before, they were dropped for the bound, and the caller
+        // was told the terminal took no output.
+        pending.unbounded = true;
+        for _ in 0..100 {
+            pending.push(&line);
+        }
+        let text = String::from_utf8(pending.take(false)).expect("text");
+        assert_eq!(text.matches(&line).count(), 100);
+        assert!(!text.contains("dropped"));
     }
 
     /// What the relay gives up on is handed back whole, in order, never dropped.
