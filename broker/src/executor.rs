@@ -70,6 +70,14 @@ impl ExitStatus {
                 "the file-size limit (RLIMIT_FSIZE, limits.file_size_mib): the kernel sent SIGXFSZ"
                     .into(),
             ),
+            // The filter kills a process that makes a system call of another architecture
+            // (i386 `int 0x80`) or of the x32 ABI: a way around the broker, tried. What it
+            // would have done after is not observed either.
+            Some(libc::SIGSYS) => Some(
+                "the seccomp filter (SIGSYS): it made a system call of another architecture \
+                 or of the x32 ABI, which the filter kills"
+                    .into(),
+            ),
             _ => None,
         }
     }
