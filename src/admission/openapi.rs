@@ -508,6 +508,45 @@ pub fn manifest_from_openapi(doc: &Value, identity: &ManifestIdentity) -> Result
     Ok(body)
 }
 
+/// The contracts of `doc` a manifest does not carry, each as the JSON path of a non-empty
+/// `servers` or `security` (of the document, a path item or an operation): a manifest
+/// names no hosts (the operator's destination rules decide where a tool may go) and no
+/// authentication. Said to whoever imports the document, so that none of them is believed
+/// kept.
+pub fn contracts_not_carried(doc: &Value) -> Vec<String> {
+    let non_empty = |v: Option<&Value>| match v {
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Null) | None => false,
+        Some(_) => true,
+    };
+    let mut found = Vec::new();
+    let mut look = |object: &Value, at: &JsonPath| {
+        for key in ["servers", "security"] {
+            if non_empty(object.get(key)) {
+                found.push(at.key(key).to_string());
+            }
+        }
+    };
+    look(doc, &JsonPath::root());
+    let paths_path = JsonPath::field("paths");
+    let Some(paths) = doc.get("paths").and_then(Value::as_object) else {
+        return found;
+    };
+    for (route, item) in paths.iter().filter(|(r, _)| !r.starts_with("x-")) {
+        let item_path = paths_path.key(route);
+        look(item, &item_path);
+        let Some(methods) = item.as_object() else {
+            continue;
+        };
+        for (method, op) in methods {
+            if METHODS.contains(&method.as_str()) {
+                look(op, &item_path.key(method));
+            }
+        }
+    }
+    found
+}
+
 fn tool_from_operation(doc: &Value, op: &Operation<'_>, name: &str) -> Result<Value> {
     check_operation_keys(op)?;
     // Both read before choosing, so a summary of the wrong type is refused even when a

@@ -832,3 +832,30 @@ fn parameters_listed_twice_or_placed_nowhere_are_refused() {
         json!([{"name": "q", "in": "query", "required": true, "schema": {"type": "string"}}]);
     manifest_from_openapi(&d, &identity()).unwrap();
 }
+
+/// `servers` and `security` have no place in a manifest: the import says each one it does
+/// not carry, rather than letting a publisher believe the signed tools are bound to them.
+#[test]
+fn contracts_a_manifest_does_not_carry_are_named() {
+    let doc = serde_json::json!({
+        "openapi": "3.1.0",
+        "servers": [{"url": "https://api.example.com"}],
+        "security": [],
+        "paths": {
+            "/items": {
+                "servers": [{"url": "https://other.example.com"}],
+                "get": {"operationId": "list", "security": [{"oauth": ["read"]}]},
+                "post": {"operationId": "add"}
+            },
+            "x-extension": {"servers": [1]}
+        }
+    });
+    assert_eq!(
+        super::contracts_not_carried(&doc),
+        [
+            "servers",
+            r#"paths["/items"].servers"#,
+            r#"paths["/items"].get.security"#
+        ]
+    );
+}
