@@ -558,6 +558,36 @@ fn an_executor_ping_is_answered_when_it_serves_no_call() {
     assert!(!host.log().contains("refused"), "{}", host.log());
 }
 
+/// Log lines an executor writes between calls are not the next call's: they are dropped
+/// (they would carry no call's label), however many. Before, only those the daemon had
+/// already taken when the next call began were; the rest were relayed as that call's.
+#[test]
+fn log_lines_written_between_calls_are_never_the_next_calls() {
+    let mut s = slow("talkative", &["--log-after-call", "40"]);
+    s.extra = "pool_size = 1".into();
+    let Some(host) = Governed::start(&[s], "") else {
+        return;
+    };
+    let mut c = host.client();
+    call(&mut c, 1, "talkative/structured", json!({}));
+    let (answer, _) = until_answer(&mut c, 1);
+    assert!(answer["error"].is_null(), "{answer}");
+    // The forty lines are written now, while it serves nothing.
+    std::thread::sleep(Duration::from_millis(500));
+    call(&mut c, 2, "talkative/structured", json!({}));
+    let (answer, before) = until_answer(&mut c, 2);
+    assert!(answer["error"].is_null(), "{answer}");
+    let idle: Vec<_> = before
+        .iter()
+        .filter(|m| m.to_string().contains("idle line"))
+        .collect();
+    assert!(
+        idle.is_empty(),
+        "{} idle lines relayed: {idle:?}",
+        idle.len()
+    );
+}
+
 /// A request the executor made during a call and still awaits when it answers the call is
 /// answered then, with an error saying the call ended (the client is told its request is
 /// cancelled). Before, the executor got no answer at all and served later calls with the

@@ -466,6 +466,9 @@ const READ_AHEAD_LINES: usize = 16;
 #[derive(Debug)]
 struct Output {
     line: Line,
+    /// When the reader took it from the executor's output: a line taken before a request
+    /// was written is no part of its answer, however late it is handled.
+    read_at: Instant,
     _held: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -521,7 +524,12 @@ async fn read_output<R: tokio::io::AsyncBufRead + Unpin>(
             continue;
         }
         let eof = line == Line::Eof;
-        if lines.send(Output { line, _held: held }).await.is_err() || eof {
+        let output = Output {
+            line,
+            read_at: Instant::now(),
+            _held: held,
+        };
+        if lines.send(output).await.is_err() || eof {
             return;
         }
     }
@@ -799,8 +807,9 @@ impl<C: NamedCall> McpExecutor<C> {
         let outcome = {
             let exchange = async {
                 sent = true;
+                let sent_at = Instant::now();
                 self.send(&line).await?;
-                self.read_response(id, progress, relay).await
+                self.read_response(id, progress, relay, Some(sent_at)).await
             };
             // A cancellation already made wins: the request is then never sent.
             tokio::select! {
@@ -856,7 +865,7 @@ impl<C: NamedCall> McpExecutor<C> {
         );
         let answered = async {
             self.send(&notice).await?;
-            self.read_response(id, progress, None).await
+            self.read_response(id, progress, None, None).await
         };
         let acknowledged = matches!(
             tokio::time::timeout(CANCEL_GRACE, answered).await,
@@ -871,23 +880,34 @@ impl<C: NamedCall> McpExecutor<C> {
         }
     }
 
+    /// Reads the answer to request `id`. A line the reader took before `sent_at` (when the
+    /// request was written) was said while the executor served nothing, and is handled as
+    /// such ([`McpExecutor::settle_idle`]), never as this request's output.
     async fn read_response(
         &mut self,
         id: u64,
         progress: Option<&ProgressRoute>,
         relay: Option<&dyn ClientRelay>,
+        sent_at: Option<Instant>,
     ) -> Result<Value, ExecutorError> {
         // The executor goes on talking (progress, logs, more requests) while the client
         // answers what it asked.
         let mut relaying: Relaying<'_> = Vec::new();
+        let mut idle_requests = 0;
         loop {
-            let line = tokio::select! {
-                output = self.stdout.recv() => output.map_or(Line::Eof, |o| o.line),
+            let (line, read_at) = tokio::select! {
+                output = self.stdout.recv() => output.map_or((Line::Eof, None), |o| (o.line, Some(o.read_at))),
                 (rid, answer) = next_answer(&mut relaying), if !relaying.is_empty() => {
                     self.send(&answer_line(&rid, answer)).await?;
                     continue;
                 }
             };
+            if let (Line::Message(bytes), Some(read_at), Some(sent_at)) = (&line, read_at, sent_at)
+                && read_at < sent_at
+            {
+                self.idle_message(bytes, &mut idle_requests).await?;
+                continue;
+            }
             let line = match line {
                 Line::Eof => return Err(ExecutorError::Exited),
                 Line::TooLarge(n) => {
@@ -979,11 +999,28 @@ impl<C: NamedCall> McpExecutor<C> {
     /// starts: log notifications are counted and dropped, requests refused, stale answers
     /// ignored. Nothing it said between calls is taken as the next call's output.
     async fn settle_idle(&mut self) -> Result<(), ExecutorError> {
-        // The reader refills the channel as it is drained, so an executor that keeps
-        // talking between calls keeps this loop going: the caller bounds it by the call's
-        // deadline, and requests, each answered with a write, are counted.
+        // What the reader has taken so far; a line it takes later but read before the
+        // request was written is handled the same way by `read_response`. An executor that
+        // keeps talking between calls keeps this loop going: the caller bounds it by the
+        // call's deadline, and requests, each answered with a write, are counted.
         let mut answered = 0;
-        while let Ok(output) = self.stdout.try_recv() {
+        let mut said_something = false;
+        loop {
+            let output = match self.stdout.try_recv() {
+                Ok(output) => output,
+                // Nothing waiting. An executor that said nothing between calls (the usual
+                // case) is not waited on. One that did may have more in its output pipe
+                // than the reader could take while nobody drained it: the reader is given
+                // until it has been quiet for `IDLE_QUIET`, so that none of it is read as
+                // the call's.
+                Err(_) if !said_something => break,
+                Err(_) => match tokio::time::timeout(IDLE_QUIET, self.stdout.recv()).await {
+                    Ok(Some(output)) => output,
+                    Ok(None) => return Err(ExecutorError::Exited),
+                    Err(_) => break,
+                },
+            };
+            said_something = true;
             let bytes = match output.line {
                 Line::Message(bytes) => bytes,
                 // It exited between calls.
@@ -994,30 +1031,42 @@ impl<C: NamedCall> McpExecutor<C> {
                     )));
                 }
             };
-            match mcp::parse(&bytes) {
-                Ok(Incoming::Notification { method, .. }) if method == "notifications/message" => {
-                    self.idle_log();
+            self.idle_message(&bytes, &mut answered).await?;
+        }
+        Ok(())
+    }
+
+    /// Handles one message the executor sent while it served no call: a log notification
+    /// is counted and dropped, a request answered (`answered` counts them, up to
+    /// [`MAX_IDLE_REQUESTS`]), anything else ignored.
+    async fn idle_message(
+        &mut self,
+        bytes: &[u8],
+        answered: &mut usize,
+    ) -> Result<(), ExecutorError> {
+        match mcp::parse(bytes) {
+            Ok(Incoming::Notification { method, .. }) if method == "notifications/message" => {
+                self.idle_log();
+            }
+            Ok(Incoming::Request { id, method, .. }) => {
+                *answered += 1;
+                if *answered > MAX_IDLE_REQUESTS {
+                    return Err(ExecutorError::Protocol(format!(
+                        "more than {MAX_IDLE_REQUESTS} requests sent between calls"
+                    )));
                 }
-                Ok(Incoming::Request { id, method, .. }) => {
-                    answered += 1;
-                    if answered > MAX_IDLE_REQUESTS {
+                let answer = unrelayed_answer(&id, &method);
+                match tokio::time::timeout(IDLE_ANSWER_WRITE, self.send(&answer)).await {
+                    Ok(sent) => sent?,
+                    Err(_) => {
                         return Err(ExecutorError::Protocol(format!(
-                            "more than {MAX_IDLE_REQUESTS} requests sent between calls"
+                            "it stopped reading its input for {IDLE_ANSWER_WRITE:?} after \
+                             sending {answered} requests between calls"
                         )));
                     }
-                    let answer = unrelayed_answer(&id, &method);
-                    match tokio::time::timeout(IDLE_ANSWER_WRITE, self.send(&answer)).await {
-                        Ok(sent) => sent?,
-                        Err(_) => {
-                            return Err(ExecutorError::Protocol(format!(
-                                "it stopped reading its input for {IDLE_ANSWER_WRITE:?} after \
-                                 sending {answered} requests between calls"
-                            )));
-                        }
-                    }
                 }
-                _ => {}
             }
+            _ => {}
         }
         Ok(())
     }
@@ -1358,6 +1407,10 @@ const MAX_IDLE_REQUESTS: usize = 256;
 /// Longest wait to refuse one request an executor sent between calls: one that does not
 /// read its input meanwhile is retired rather than holding the next call.
 const IDLE_ANSWER_WRITE: Duration = Duration::from_secs(1);
+
+/// How long an executor that talked between calls must be quiet before the next request
+/// goes to it (see `McpExecutor::settle_idle`).
+const IDLE_QUIET: Duration = Duration::from_millis(5);
 
 /// Longest executor stderr line read; longer lines are dropped without being buffered.
 const STDERR_LINE_LIMIT: usize = 4096;
