@@ -107,6 +107,10 @@ pub enum CallRefusal {
     /// The flow state could not be read or written; the call is refused (fail closed).
     #[error("flow state unavailable: {0}")]
     State(String),
+    /// The flow state failed while the call's verified grant was being spent, or after:
+    /// the grant may be spent. Refused as [`CallRefusal::State`] is.
+    #[error("flow state unavailable while its grant was spent: {0}")]
+    StateWhileSpending(String),
     /// The tool's signed manifest requires a person's approval of each call, and none came
     /// with it.
     #[error(
@@ -135,7 +139,7 @@ impl CallRefusal {
             CallRefusal::AccessDenied { .. } => Denial::AccessDenied,
             CallRefusal::SchemaInvalid { .. } => Denial::SchemaInvalid,
             CallRefusal::Flow { denial, .. } => Denial::from(*denial),
-            CallRefusal::State(_) => Denial::StateFailure,
+            CallRefusal::State(_) | CallRefusal::StateWhileSpending(_) => Denial::StateFailure,
             CallRefusal::Grant { denial, .. } => Denial::from(denial),
             CallRefusal::ApprovalRequired { .. } => Denial::ApprovalRequired,
         }
@@ -144,9 +148,20 @@ impl CallRefusal {
     /// The verdict a record states for this refusal (a state failure is a host failure).
     pub fn verdict(&self) -> Verdict {
         match self {
-            CallRefusal::State(_) => Verdict::Failed(Failure::StateFailure),
+            CallRefusal::State(_) | CallRefusal::StateWhileSpending(_) => {
+                Verdict::Failed(Failure::StateFailure)
+            }
             other => Verdict::refused(other.denial()),
         }
+    }
+
+    /// Whether the call's grant, if it came with one, was verified and may have been spent
+    /// before this refusal: its record then names the grant as spent evidence (see the
+    /// continuity check). Any other refusal came before the spend, or before the grant was
+    /// verified at all (a state failure reading the labels), where its id is only what the
+    /// client claimed.
+    pub fn may_have_spent_the_grant(&self) -> bool {
+        matches!(self, CallRefusal::StateWhileSpending(_))
     }
 }
 
@@ -353,8 +368,17 @@ impl FlowResolver {
             });
         }
         // Single use is spent only once everything else passed, durably, before dispatch.
+        // From here a state failure may leave the grant spent.
+        let spending = |e: StateError| match &grant {
+            Some(_) => CallRefusal::StateWhileSpending(e.to_string()),
+            None => CallRefusal::State(e.to_string()),
+        };
         if let (Some(g), Some(offer)) = (&grant, offer)
-            && !self.state.consume_grant(&g.id, offer.now).await?
+            && !self
+                .state
+                .consume_grant(&g.id, offer.now)
+                .await
+                .map_err(spending)?
         {
             return Err(CallRefusal::Grant {
                 tool: tool.name().to_string(),
@@ -362,7 +386,11 @@ impl FlowResolver {
                 denial: GrantDenial::Replayed,
             });
         }
-        let state_after_dispatch = self.state.join(key, &argument_taint).await?;
+        let state_after_dispatch = self
+            .state
+            .join(key, &argument_taint)
+            .await
+            .map_err(spending)?;
         Ok(CallPlan {
             key: key.clone(),
             argument_taint,
@@ -891,6 +919,113 @@ pub(crate) mod tests {
             "{refused:?}"
         );
         assert!(res.state.consume_grant("g-1", now).await.unwrap(), "spent");
+    }
+
+    /// A store whose grant spends fail (a database gone just then); the rest works.
+    #[derive(Debug)]
+    struct SpendFails(crate::state::SqliteStore);
+
+    impl crate::state::StateBackend for SpendFails {
+        fn get<'a>(&'a self, k: &'a SessionKey) -> crate::state::StateFuture<'a, FlowState> {
+            crate::state::StateBackend::get(&self.0, k)
+        }
+        fn raise<'a>(
+            &'a self,
+            k: &'a SessionKey,
+            a: &'a InformationLabel,
+            b: &'a InformationLabel,
+        ) -> crate::state::StateFuture<'a, FlowState> {
+            crate::state::StateBackend::raise(&self.0, k, a, b)
+        }
+        fn forget_session<'a>(&'a self, k: &'a SessionKey) -> crate::state::StateFuture<'a, ()> {
+            crate::state::StateBackend::forget_session(&self.0, k)
+        }
+        fn consume_grant<'a>(&'a self, _: &'a str, _: u64) -> crate::state::StateFuture<'a, bool> {
+            Box::pin(async { Err(StateError::Failed("gone mid-spend".into())) })
+        }
+        fn snapshot(&self) -> crate::state::StateFuture<'_, crate::state::StateSnapshot> {
+            crate::state::StateBackend::snapshot(&self.0)
+        }
+        fn checkpoint(&self) -> crate::state::StateFuture<'_, Option<(u64, String)>> {
+            crate::state::StateBackend::checkpoint(&self.0)
+        }
+        fn set_checkpoint<'a>(&'a self, q: u64, h: &'a str) -> crate::state::StateFuture<'a, ()> {
+            crate::state::StateBackend::set_checkpoint(&self.0, q, h)
+        }
+        fn failure(&self) -> Option<String> {
+            None
+        }
+        fn describe(&self) -> String {
+            "a store whose grant spends fail".into()
+        }
+    }
+
+    /// A state failure names the call's grant as possibly spent only once it was verified
+    /// and being spent: one before (the labels unreadable) came before the grant was even
+    /// checked, so its id is only what the client claimed, and a record naming it would
+    /// have it marked spent at the next start.
+    #[tokio::test]
+    async fn a_state_failure_may_have_spent_the_grant_only_once_it_is_being_spent() {
+        use crate::grant::{GRANT_SCHEMA, GrantBody, arguments_hash, label_hash};
+        let dir = tempfile::tempdir().unwrap();
+        let (reg, who) = (registry(), analyst());
+        let inbox = reg.tool("public-inbox", "publish").unwrap();
+        let args = json!({"message": "harbor goods", "sink": "127.0.0.1:1"});
+        let now = crate::grant::now();
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        let grant = SignedGrant::sign(
+            GrantBody {
+                schema: GRANT_SCHEMA.into(),
+                grant_id: "g-1".into(),
+                authority: "board".into(),
+                principal: who.id.clone(),
+                session: "s1".into(),
+                server: inbox.server_id().into(),
+                tool: inbox.name().into(),
+                purpose: crate::DeclassificationPurpose::new("reviewed-summary").unwrap(),
+                arguments_hash: arguments_hash(&args).unwrap(),
+                source_label_hash: label_hash(&terms()),
+                target_label: InformationLabel::bottom(),
+                issued_at: now - 100,
+                expires_at: now + 600,
+            },
+            &key,
+        )
+        .unwrap();
+        let authorities = Authorities::from([("board".to_string(), key.verifying_key())]);
+        let offer = GrantOffer {
+            grant: &grant,
+            authorities: &authorities,
+            now,
+        };
+        let with = |backend: Box<dyn crate::state::StateBackend>| {
+            FlowResolver::new(
+                Classifier::new(vec![ClassifierRule {
+                    pattern: regex::Regex::new("(?i)harbor goods").unwrap(),
+                    label: terms(),
+                    scopes: BTreeSet::from([ClassifierScope::Arguments]),
+                }]),
+                InformationLabel::bottom(),
+                Arc::new(FlowStateStore::with_backend(backend)),
+            )
+        };
+        let refused = with(Box::new(Unreadable))
+            .pre_dispatch(&who, &key_for(&who, "s1"), inbox, &args, Some(offer))
+            .await
+            .unwrap_err();
+        assert!(matches!(refused, CallRefusal::State(_)), "{refused:?}");
+        assert!(!refused.may_have_spent_the_grant());
+        let store = crate::state::SqliteStore::open(&dir.path().join("state.db")).unwrap();
+        let refused = with(Box::new(SpendFails(store)))
+            .pre_dispatch(&who, &key_for(&who, "s1"), inbox, &args, Some(offer))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, CallRefusal::StateWhileSpending(_)),
+            "{refused:?}"
+        );
+        assert!(refused.may_have_spent_the_grant());
+        assert_eq!(refused.verdict(), Verdict::Failed(Failure::StateFailure));
     }
 
     /// A state that cannot be read at the syscall refuses the attempt as a state failure,

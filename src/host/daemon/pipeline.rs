@@ -373,10 +373,19 @@ async fn run_call<D: Dispatch>(
     {
         Ok(plan) => plan,
         Err(refused) => {
-            let grant = admitted.grant.as_ref().map(|g| GrantFacts {
-                id: g.body().grant_id.clone(),
-                purpose: g.body().purpose.to_string(),
-            });
+            // A host failure's record names the grant only if it may have been spent (the
+            // continuity check marks such grants spent); before that, the id is one the
+            // client may have made up, and a failure (unlike a refusal) would mark it.
+            let named = !matches!(refused.verdict(), Verdict::Failed(_))
+                || refused.may_have_spent_the_grant();
+            let grant = admitted
+                .grant
+                .as_ref()
+                .filter(|_| named)
+                .map(|g| GrantFacts {
+                    id: g.body().grant_id.clone(),
+                    purpose: g.body().purpose.to_string(),
+                });
             env.recorder
                 .record(
                     EventKind::ToolCall,
@@ -684,7 +693,7 @@ fn refusal_error(refused: &CallRefusal) -> RpcError {
         }
         CallRefusal::SchemaInvalid { .. } => code::INVALID_PARAMS,
         CallRefusal::Flow { .. } | CallRefusal::Grant { .. } => code::FLOW_DENIED,
-        CallRefusal::State(_) => code::INTERNAL_ERROR,
+        CallRefusal::State(_) | CallRefusal::StateWhileSpending(_) => code::INTERNAL_ERROR,
     };
     refusal(code, refused.to_string(), refused.denial())
 }
