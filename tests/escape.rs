@@ -401,6 +401,21 @@ async fn an_executor_cannot_reach_the_hosts_own_listeners_even_when_allowed() {
         );
         assert!(run.attempts.is_empty(), "{:?}", run.attempts);
     }
+    // A TCP Fast Open send connects too, by sendto or by sendmmsg.
+    let http_text = http_addr.to_string();
+    for args in [
+        vec!["fastopen-sendto", http_text.as_str()],
+        vec!["sendmmsg-fastopen", http_text.as_str(), http_text.as_str()],
+    ] {
+        let run = run_with(&b, "brokered", probe_argv(&args), |_| Verdict::Allow).await;
+        assert!(
+            run.stdout
+                .contains(&format!("\"errno\":{}", libc::ECONNREFUSED)),
+            "{args:?}: {}",
+            run.stdout
+        );
+        assert!(run.attempts.is_empty(), "{:?}", run.attempts);
+    }
     assert!(
         http.accept().is_err(),
         "the host's HTTP listener was reached"

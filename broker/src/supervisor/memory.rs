@@ -212,6 +212,7 @@ impl Caller<'_> {
         if name_ptr != 0 && name_len > 0 && !super::perform::ignores_address(sock, flags) {
             let raw = self.copy(name_ptr, name_len)?;
             let (dest, target) = self.resolve(&raw, sock, syscall);
+            self.keep_from_the_host(&dest, sock, &target)?;
             if super::perform::needs_network_privilege(&dest) {
                 unreachable = Some(libc::EPERM);
             }

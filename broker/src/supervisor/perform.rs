@@ -51,16 +51,8 @@ impl Caller<'_> {
             self.still_waiting()?;
             return Err(Outcome::Errno(libc::ENOENT));
         }
-        // The host's own listeners are not there for its executors (see
-        // `Broker::keep_executors_from`): nothing to decide.
-        if syscall != EgressSyscall::Bind && self.reaches_the_host(&destination, &sock, &target) {
-            self.still_waiting()?;
-            tracing::warn!(
-                pid = self.n.pid,
-                destination = ?destination,
-                "an executor tried to reach the host's own listener; refused as if nothing listened"
-            );
-            return Err(Outcome::Errno(libc::ECONNREFUSED));
+        if syscall != EgressSyscall::Bind {
+            self.keep_from_the_host(&destination, &sock, &target)?;
         }
         // Connected to port 0, a UDP socket has a peer `getpeername` does not tell
         // (ENOTCONN), so its turn (see `datagram_order`) could not check it; no service
@@ -88,6 +80,28 @@ impl Caller<'_> {
         // Nothing is performed for a caller that went away while the host decided.
         self.performing()?;
         Ok((sock, target))
+    }
+
+    /// Refuses, as if nothing listened there (ECONNREFUSED, nothing decided), a connect or
+    /// an addressed send (a TCP Fast Open send connects) to `destination`, pinned as
+    /// `target`, on `sock`, that would reach one of the host's own listeners (see
+    /// `Broker::keep_executors_from`).
+    pub(super) fn keep_from_the_host(
+        &self,
+        destination: &Destination,
+        sock: &TakenSocket,
+        target: &Step<Target>,
+    ) -> Step<()> {
+        if !self.reaches_the_host(destination, sock, target) {
+            return Ok(());
+        }
+        self.still_waiting()?;
+        tracing::warn!(
+            pid = self.n.pid,
+            destination = ?destination,
+            "an executor tried to reach the host's own listener; refused as if nothing listened"
+        );
+        Err(Outcome::Errno(libc::ECONNREFUSED))
     }
 
     /// Whether a connect or send to `destination` (pinned as `target`) on `sock` would reach
@@ -213,6 +227,7 @@ impl Caller<'_> {
         match raw {
             Some(raw) if !ignores_address(&sock, flags) => {
                 let (destination, target) = self.resolve(&raw, &sock, EgressSyscall::Sendto);
+                self.keep_from_the_host(&destination, &sock, &target)?;
                 info.destination = Some(destination);
                 if let Ok(t) = &target {
                     message.name = t.addr.clone();
