@@ -72,10 +72,10 @@ pub enum ExecutorError {
     #[error("cannot write to the executor: {0}")]
     Io(#[from] std::io::Error),
     /// The server was withdrawn from service (a reload took out the key that vouched for
-    /// it, or the server) after the request was admitted and before an executor took it:
-    /// none is started for it.
+    /// it, or the server), or admitted under another manifest, after the request was
+    /// admitted and before an executor took it: none is started for it.
     #[error(
-        "server {0:?} was withdrawn from service before an executor took the request; none is started for it"
+        "server {0:?} was withdrawn from service, or admitted again under another manifest, before an executor took the request; none is started for it"
     )]
     Withdrawn(String),
 }

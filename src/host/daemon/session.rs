@@ -1233,10 +1233,12 @@ impl Executors<'_> {
         for b in retired {
             b.exec.stop().await;
         }
-        // A request admitted before a reload withdrew its server (and queued behind the
-        // server's other calls since) is not served by it: neither an idle executor nor a
-        // new one takes it.
-        if !self.session.host.current().pools.contains_key(server) {
+        // A request admitted before a reload withdrew its server, or admitted it under
+        // another manifest (a key replaced, a new version), and queued behind the server's
+        // other calls since, is not served by what it was admitted to: neither an idle
+        // executor nor a new one takes it.
+        let digest = |g: &Generation| g.servers.get(server).map(|f| f.digest.clone());
+        if digest(&self.session.host.current()) != digest(self.generation) {
             if let Some(b) = found {
                 b.exec.stop().await;
             }
