@@ -1237,8 +1237,9 @@ impl Executors<'_> {
         // another manifest (a key replaced, a new version), and queued behind the server's
         // other calls since, is not served by what it was admitted to: neither an idle
         // executor nor a new one takes it.
-        let digest = |g: &Generation| g.servers.get(server).map(|f| f.digest.clone());
-        if digest(&self.session.host.current()) != digest(self.generation) {
+        let current = self.session.host.current();
+        let admitted_now = current.servers.get(server).map(|f| &f.digest);
+        if admitted_now != self.generation.servers.get(server).map(|f| &f.digest) {
             if let Some(b) = found {
                 b.exec.stop().await;
             }
