@@ -227,19 +227,15 @@ async fn an_executors_cpu_bandwidth_is_bounded() {
     assert!(cpu_ms < 600, "{r}");
 }
 
-#[test]
-fn a_daemon_executor_killed_by_its_memory_bound_is_named_with_server_and_tool() {
-    let Some(mut lab) = common::lab::Lab::prepare() else {
-        return;
-    };
+/// A lab (not started) and a profile directory in it holding the built-in `isolated`
+/// profile with a 48 MiB memory bound; `None` (having said why) where bounds cannot be
+/// enforced.
+fn lab_with_a_48_mib_isolated_profile() -> Option<(common::lab::Lab, std::path::PathBuf)> {
+    let lab = common::lab::Lab::prepare()?;
     let b = broker().unwrap();
-    let base = Profile::find("isolated", &[]).unwrap();
-    if !enforced(&b, &base) {
-        return;
+    if !enforced(&b, &Profile::find("isolated", &[]).unwrap()) {
+        return None;
     }
-    drop(b);
-    // The workspace server's profile, overridden with a 48 MiB memory bound, and a
-    // document larger than that for read_terms to read into memory.
     let profiles = lab.dir.path().join("profiles");
     std::fs::create_dir_all(&profiles).unwrap();
     let text = std::fs::read_to_string(concat!(
@@ -253,6 +249,16 @@ fn a_daemon_executor_killed_by_its_memory_bound_is_named_with_server_and_tool() 
         text.replace("memory_mib = 4096", "memory_mib = 48"),
     )
     .unwrap();
+    Some((lab, profiles))
+}
+
+#[test]
+fn a_daemon_executor_killed_by_its_memory_bound_is_named_with_server_and_tool() {
+    // The workspace server's profile, overridden with a 48 MiB memory bound, and a
+    // document larger than that for read_terms to read into memory.
+    let Some((mut lab, profiles)) = lab_with_a_48_mib_isolated_profile() else {
+        return;
+    };
     let big = lab.paths.documents.join("big.md");
     std::fs::write(&big, vec![b'a'; 100 << 20]).unwrap();
     let config = std::fs::read_to_string(&lab.config).unwrap().replacen(
@@ -307,27 +313,9 @@ fn a_daemon_executor_killed_by_its_memory_bound_is_named_with_server_and_tool() 
 #[test]
 fn a_resource_read_killed_by_the_memory_bound_is_recorded_as_a_bound_reached() {
     use flowhost::lab::{conformance_server, host_config};
-    let Some(mut lab) = common::lab::Lab::prepare() else {
+    let Some((mut lab, profiles)) = lab_with_a_48_mib_isolated_profile() else {
         return;
     };
-    let b = broker().unwrap();
-    let base = Profile::find("isolated", &[]).unwrap();
-    if !enforced(&b, &base) {
-        return;
-    }
-    drop(b);
-    let profiles = lab.dir.path().join("profiles");
-    std::fs::create_dir_all(&profiles).unwrap();
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/profiles/isolated.toml"
-    ))
-    .unwrap();
-    std::fs::write(
-        profiles.join("isolated.toml"),
-        text.replace("memory_mib = 4096", "memory_mib = 48"),
-    )
-    .unwrap();
     let server = conformance_server(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
         &common::shared_copy("flowhost-tool-conformance")

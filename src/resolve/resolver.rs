@@ -874,24 +874,7 @@ pub(crate) mod tests {
         // The classifier finds the lab's terms in the arguments: the call's source.
         let args = json!({"message": "harbor goods", "sink": "127.0.0.1:1"});
         let now = crate::grant::now();
-        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
-        let body = GrantBody {
-            schema: GRANT_SCHEMA.into(),
-            grant_id: "g-1".into(),
-            authority: "board".into(),
-            principal: who.id.clone(),
-            session: "s1".into(),
-            server: inbox.server_id().into(),
-            tool: inbox.name().into(),
-            purpose: crate::DeclassificationPurpose::new("reviewed-summary").unwrap(),
-            arguments_hash: arguments_hash(&args).unwrap(),
-            source_label_hash: label_hash(&terms()),
-            target_label: InformationLabel::bottom(),
-            issued_at: now - 100,
-            expires_at: now,
-        };
-        let grant = SignedGrant::sign(body, &key).unwrap();
-        let authorities = Authorities::from([("board".to_string(), key.verifying_key())]);
+        let (grant, authorities) = board_grant(&who, inbox, &args, now);
         let offer = |at| GrantOffer {
             grant: &grant,
             authorities: &authorities,
@@ -919,6 +902,37 @@ pub(crate) mod tests {
             "{refused:?}"
         );
         assert!(res.state.consume_grant("g-1", now).await.unwrap(), "spent");
+    }
+
+    /// The board's grant `g-1` of `who`'s call of `tool` with `args` in session `s1`, from
+    /// the lab's terms to bottom, issued 100 s ago and valid until `expires_at`; and the
+    /// authorities that trust the board.
+    fn board_grant(
+        who: &PrincipalConfig,
+        tool: &crate::registry::AdmittedTool,
+        args: &serde_json::Value,
+        expires_at: u64,
+    ) -> (SignedGrant, Authorities) {
+        use crate::grant::{GRANT_SCHEMA, GrantBody, arguments_hash, label_hash};
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        let body = GrantBody {
+            schema: GRANT_SCHEMA.into(),
+            grant_id: "g-1".into(),
+            authority: "board".into(),
+            principal: who.id.clone(),
+            session: "s1".into(),
+            server: tool.server_id().into(),
+            tool: tool.name().into(),
+            purpose: crate::DeclassificationPurpose::new("reviewed-summary").unwrap(),
+            arguments_hash: arguments_hash(args).unwrap(),
+            source_label_hash: label_hash(&terms()),
+            target_label: InformationLabel::bottom(),
+            issued_at: crate::grant::now() - 100,
+            expires_at,
+        };
+        let grant = SignedGrant::sign(body, &key).unwrap();
+        let authorities = Authorities::from([("board".to_string(), key.verifying_key())]);
+        (grant, authorities)
     }
 
     /// A store whose grant spends fail (a database gone just then); the rest works.
@@ -972,27 +986,7 @@ pub(crate) mod tests {
         let inbox = reg.tool("public-inbox", "publish").unwrap();
         let args = json!({"message": "harbor goods", "sink": "127.0.0.1:1"});
         let now = crate::grant::now();
-        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
-        let grant = SignedGrant::sign(
-            GrantBody {
-                schema: GRANT_SCHEMA.into(),
-                grant_id: "g-1".into(),
-                authority: "board".into(),
-                principal: who.id.clone(),
-                session: "s1".into(),
-                server: inbox.server_id().into(),
-                tool: inbox.name().into(),
-                purpose: crate::DeclassificationPurpose::new("reviewed-summary").unwrap(),
-                arguments_hash: arguments_hash(&args).unwrap(),
-                source_label_hash: label_hash(&terms()),
-                target_label: InformationLabel::bottom(),
-                issued_at: now - 100,
-                expires_at: now + 600,
-            },
-            &key,
-        )
-        .unwrap();
-        let authorities = Authorities::from([("board".to_string(), key.verifying_key())]);
+        let (grant, authorities) = board_grant(&who, inbox, &args, now + 600);
         let offer = GrantOffer {
             grant: &grant,
             authorities: &authorities,
