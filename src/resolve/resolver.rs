@@ -866,7 +866,6 @@ pub(crate) mod tests {
     /// the call dispatched under it.
     #[tokio::test]
     async fn a_grant_that_expires_while_the_state_is_read_is_not_spent() {
-        use crate::grant::{GRANT_SCHEMA, GrantBody, arguments_hash, label_hash};
         let dir = tempfile::tempdir().unwrap();
         let res = resolver(dir.path());
         let (reg, who) = (registry(), analyst());
@@ -980,7 +979,6 @@ pub(crate) mod tests {
     /// have it marked spent at the next start.
     #[tokio::test]
     async fn a_state_failure_may_have_spent_the_grant_only_once_it_is_being_spent() {
-        use crate::grant::{GRANT_SCHEMA, GrantBody, arguments_hash, label_hash};
         let dir = tempfile::tempdir().unwrap();
         let (reg, who) = (registry(), analyst());
         let inbox = reg.tool("public-inbox", "publish").unwrap();
