@@ -588,6 +588,34 @@ fn log_lines_written_between_calls_are_never_the_next_calls() {
     );
 }
 
+/// An executor that never stops talking is waited on only briefly before the next call
+/// goes to it: before, each line it wrote between calls made the call wait for it to go
+/// quiet, so a call to it ran into its deadline.
+#[test]
+fn an_executor_that_never_goes_quiet_still_serves_calls() {
+    let mut s = slow("chatty", &["--log-every-ms", "1"]);
+    s.extra = "pool_size = 1".into();
+    let Some(host) = Governed::start(&[s], "") else {
+        return;
+    };
+    let mut c = host.client();
+    for id in [1, 2] {
+        let started = Instant::now();
+        call(&mut c, id, "chatty/structured", json!({}));
+        let (answer, _) = until_answer(&mut c, id);
+        assert!(answer["error"].is_null(), "{answer}");
+        assert_eq!(
+            answer["result"]["structuredContent"]["answer"], 42,
+            "{answer}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "call {id} took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 /// A request the executor made during a call and still awaits when it answers the call is
 /// answered then, with an error saying the call ended (the client is told its request is
 /// cancelled). Before, the executor got no answer at all and served later calls with the

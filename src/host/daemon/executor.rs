@@ -1005,6 +1005,7 @@ impl<C: NamedCall> McpExecutor<C> {
         // call's deadline, and requests, each answered with a write, are counted.
         let mut answered = 0;
         let mut said_something = false;
+        let settling = Instant::now();
         loop {
             let output = match self.stdout.try_recv() {
                 Ok(output) => output,
@@ -1014,6 +1015,10 @@ impl<C: NamedCall> McpExecutor<C> {
                 // until it has been quiet for `IDLE_QUIET`, so that none of it is read as
                 // the call's.
                 Err(_) if !said_something => break,
+                // One that never goes quiet is not waited on past `IDLE_SETTLE`: what it
+                // read before the request was written is still handled as idle (see
+                // `read_response`), the rest is the call's.
+                Err(_) if settling.elapsed() >= IDLE_SETTLE => break,
                 Err(_) => match tokio::time::timeout(IDLE_QUIET, self.stdout.recv()).await {
                     Ok(Some(output)) => output,
                     Ok(None) => return Err(ExecutorError::Exited),
@@ -1411,6 +1416,10 @@ const IDLE_ANSWER_WRITE: Duration = Duration::from_secs(1);
 /// How long an executor that talked between calls must be quiet before the next request
 /// goes to it (see `McpExecutor::settle_idle`).
 const IDLE_QUIET: Duration = Duration::from_millis(5);
+
+/// The longest the next request waits for an executor that talked between calls to go
+/// quiet (see `McpExecutor::settle_idle`).
+const IDLE_SETTLE: Duration = Duration::from_millis(100);
 
 /// Longest executor stderr line read; longer lines are dropped without being buffered.
 const STDERR_LINE_LIMIT: usize = 4096;

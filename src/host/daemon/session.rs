@@ -1236,10 +1236,9 @@ impl Executors<'_> {
         // A request admitted before a reload withdrew its server, or admitted it under
         // another manifest (a key replaced, a new version), and queued behind the server's
         // other calls since, is not served by what it was admitted to: neither an idle
-        // executor nor a new one takes it.
-        let current = self.session.host.current();
-        let admitted_now = current.servers.get(server).map(|f| &f.digest);
-        if admitted_now != self.generation.servers.get(server).map(|f| &f.digest) {
+        // executor nor a new one takes it. Asked again once the executor is ready (a cold
+        // start and the session's forwards take a while, in which a reload can come).
+        if !self.still_admitted(server) {
             if let Some(b) = found {
                 b.exec.stop().await;
             }
@@ -1330,7 +1329,19 @@ impl Executors<'_> {
                 }
             }
         }
+        if !self.still_admitted(server) {
+            bound.exec.stop().await;
+            return Err(ExecutorError::Withdrawn(server.to_string()));
+        }
         Ok(bound)
+    }
+
+    /// Whether the host still serves `server` under the manifest this call's generation
+    /// admitted.
+    fn still_admitted(&self, server: &str) -> bool {
+        let current = self.session.host.current();
+        let admitted_now = current.servers.get(server).map(|f| &f.digest);
+        admitted_now == self.generation.servers.get(server).map(|f| &f.digest)
     }
 
     /// [`Executors::take`], with a failure told in the host's words
