@@ -588,6 +588,29 @@ fn log_lines_written_between_calls_are_never_the_next_calls() {
     );
 }
 
+/// A request read before `initialize` is refused even when `initialize` follows at once:
+/// before, the check ran in the request's own task, which often ran after the
+/// `initialize` read behind it was answered, and the call was served.
+#[test]
+fn a_call_sent_ahead_of_initialize_is_refused() {
+    let Some(host) = start() else { return };
+    let mut c = RawClient::connect(&host.socket);
+    c.send_together(&[
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": "slow/structured", "arguments": {}}}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "initialize",
+               "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                          "clientInfo": {"name": "test", "version": "0"}}}),
+    ]);
+    let (answer, _) = until_answer(&mut c, 1);
+    assert_eq!(
+        answer["error"]["data"]["denial"], "not_initialized",
+        "{answer}"
+    );
+    let (answer, _) = until_answer(&mut c, 2);
+    assert!(answer.get("result").is_some(), "{answer}");
+}
+
 /// An executor that never stops talking is waited on only briefly before the next call
 /// goes to it: before, each line it wrote between calls made the call wait for it to go
 /// quiet, so a call to it ran into its deadline.

@@ -171,6 +171,23 @@ pub const MAX_EXECUTORS_PER_SERVER: usize = 8;
 /// cancellation, are still read.
 pub const MAX_REQUESTS_IN_FLIGHT: usize = 64;
 
+/// The methods a session serves once initialized (besides `initialize` and `ping`).
+const SERVED_METHODS: &[&str] = &[
+    "tools/list",
+    "tools/call",
+    "flowhost/health",
+    "flowhost/session",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+];
+
 /// One server's executors in a session: the idle ones, and the permits that bound how many
 /// run at once.
 struct ServerExecutors {
@@ -491,6 +508,17 @@ pub(super) async fn run(
                 refused = answer.is_err();
                 session.answer(&id, answer).await;
             }
+            // Before `initialize` has been answered, every request but a ping is refused
+            // here, as it is read: a task would see the session as it is when it runs,
+            // after an `initialize` read later (so a call sent ahead of it was served), and
+            // holds the request meanwhile.
+            Ok(Incoming::Request { id, method, .. }) if session.pinned().is_none() => {
+                let answer = match method.as_str() {
+                    "ping" => Ok(json!({})),
+                    other => Err(session.refuse_uninitialized(other).await),
+                };
+                session.answer(&id, answer).await;
+            }
             Ok(Incoming::Request { id, method, .. })
                 if requests.len() >= MAX_REQUESTS_IN_FLIGHT =>
             {
@@ -648,6 +676,24 @@ impl Session {
 
     /// Records the refusal `e` of a request that named no tool, and returns it (or the
     /// record failure).
+    /// Refuses (and records) a request read before `initialize` was answered. Any method
+    /// is refused so, served or not: a peer learns nothing of what is served before it is
+    /// admitted, and leaves a trace for each probe. A method the host does not serve is
+    /// named as such (its name is the peer's choice, anything a JSON string holds).
+    async fn refuse_uninitialized(&self, method: &str) -> RpcError {
+        let e = refusal(
+            code::NOT_INITIALIZED,
+            "send initialize before other requests",
+            Denial::NotInitialized,
+        );
+        let named = if SERVED_METHODS.contains(&method) {
+            format!("({method})")
+        } else {
+            "(unserved method)".to_string()
+        };
+        self.refuse_session(&named, e).await
+    }
+
     async fn refuse_session(&self, what: &str, e: RpcError) -> RpcError {
         let generation = self.host.current();
         let denial = e
@@ -874,28 +920,7 @@ impl Session {
     ) {
         let result = match method.as_str() {
             "ping" => Ok(json!({})),
-            "tools/list"
-            | "tools/call"
-            | "flowhost/health"
-            | "flowhost/session"
-            | "resources/list"
-            | "resources/templates/list"
-            | "resources/read"
-            | "resources/subscribe"
-            | "resources/unsubscribe"
-            | "prompts/list"
-            | "prompts/get"
-            | "completion/complete"
-            | "logging/setLevel"
-                if self.pinned().is_none() =>
-            {
-                let e = refusal(
-                    code::NOT_INITIALIZED,
-                    "send initialize before other requests",
-                    Denial::NotInitialized,
-                );
-                Err(self.refuse_session(&format!("({method})"), e).await)
-            }
+            method if self.pinned().is_none() => Err(self.refuse_uninitialized(method).await),
             "tools/list" => match self.list() {
                 Err(e) => Err(self.refuse_session("(tools/list)", e).await),
                 ok => ok,
@@ -925,23 +950,14 @@ impl Session {
                     ok => ok,
                 }
             }
-            // Before `initialize`, any method is refused as the served ones are (recorded,
-            // with its denial): a peer learns nothing of what is served before it is
-            // admitted, and leaves a trace for each probe. The name the peer chose is not
-            // recorded (it may be anything a JSON string holds).
-            _ if self.pinned().is_none() => {
-                let e = refusal(
-                    code::NOT_INITIALIZED,
-                    "send initialize before other requests",
-                    Denial::NotInitialized,
-                );
-                Err(self.refuse_session("(unserved method)", e).await)
-            }
             other => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("method {other:?} is not served"),
             )),
         };
+        // Not held while the answer waits for a client slow to read it (up to the write
+        // timeout): its parsed form can be many times its size on the wire.
+        drop(params);
         // A cancelled request is not answered (the client has stopped waiting for it); its
         // outcome is recorded all the same.
         let cancelled = self.settle_cancel(&id);
