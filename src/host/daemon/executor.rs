@@ -277,13 +277,32 @@ pub trait ClientRelay: Send + Sync {
     /// Forwards one `notifications/message` of the call (or drops it, saying why).
     fn log(&self, params: Value) -> RelayFuture<'_, ()>;
 
-    /// Relays one request of the executor; resolves to what the executor is answered.
-    fn request(&self, method: String, params: Value) -> RelayFuture<'_, RelayAnswer>;
+    /// Relays one request of the executor; resolves to what the executor is answered. An
+    /// answer whose label the executor is not fit for (see [`ExecutorFit`]) is refused.
+    fn request(
+        &self,
+        method: String,
+        params: Value,
+        fit: ExecutorFit,
+    ) -> RelayFuture<'_, RelayAnswer>;
 
     /// Joins the call's output label, with `numbers` (a progress notification's numbers)
     /// read by the classifier as output, into the flow state, durably, before they reach
     /// the client; resolves to whether it is stored (if not, nothing may go out).
     fn labelled<'a>(&'a self, numbers: &'a Value) -> RelayFuture<'a, bool>;
+}
+
+/// Whether an executor may take in data of a label (see [`McpExecutor::fit_for`]): one
+/// whose egress was approved under another label, a connection it may still hold open,
+/// must not be handed data it could send there unjudged.
+#[derive(Clone)]
+pub struct ExecutorFit(Arc<Mutex<Approval>>);
+
+impl ExecutorFit {
+    /// Whether the executor may take in data labelled `source`.
+    pub fn fits(&self, source: &InformationLabel) -> bool {
+        self.0.lock().is_ok_and(|approved| approved.fits(source))
+    }
 }
 
 /// The executor's requests being relayed while it serves a call: its request id and the
@@ -962,7 +981,10 @@ impl<C: NamedCall> McpExecutor<C> {
                     method,
                     params,
                 }) => match relay {
-                    Some(relay) => relaying.push((rid, relay.request(method, params))),
+                    Some(relay) => {
+                        let fit = ExecutorFit(self.approved_under.clone());
+                        relaying.push((rid, relay.request(method, params, fit)))
+                    }
                     None => self.send(&unrelayed_answer(&rid, &method)).await?,
                 },
                 Err((_, e)) => return Err(ExecutorError::Protocol(e.message)),

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::executor::{ClientRelay, RelayAnswer, RelayFuture};
+use super::executor::{ClientRelay, ExecutorFit, RelayAnswer, RelayFuture};
 use super::pipeline::RelayGate;
 use super::session::Outbox;
 use crate::mcp::{self, RpcError, code};
@@ -173,7 +173,7 @@ impl CallRelay<'_> {
         }
     }
 
-    async fn relay(&self, method: String, params: Value) -> RelayAnswer {
+    async fn relay(&self, method: String, params: Value, fit: ExecutorFit) -> RelayAnswer {
         // A ping needs no client: the host is the executor's peer.
         if method == "ping" {
             return Ok(json!({}));
@@ -215,7 +215,9 @@ impl CallRelay<'_> {
             Ok(result) => result,
             Err(error) => error,
         };
-        self.gate.to_tool(kind, shown).await?;
+        self.gate
+            .to_tool(kind, shown, &|source| fit.fits(source))
+            .await?;
         answer.map_err(|error| {
             let mut e = RpcError::new(
                 error["code"].as_i64().unwrap_or(code::INTERNAL_ERROR),
@@ -244,8 +246,13 @@ impl ClientRelay for CallRelay<'_> {
         })
     }
 
-    fn request(&self, method: String, params: Value) -> RelayFuture<'_, RelayAnswer> {
-        Box::pin(self.relay(method, params))
+    fn request(
+        &self,
+        method: String,
+        params: Value,
+        fit: ExecutorFit,
+    ) -> RelayFuture<'_, RelayAnswer> {
+        Box::pin(self.relay(method, params, fit))
     }
 
     fn labelled<'a>(&'a self, numbers: &'a Value) -> RelayFuture<'a, bool> {

@@ -877,9 +877,44 @@ impl Dispatch for Relaying {
         self.label_when_forwarded = Some(state.combined());
         let answer = json!({"action": "accept", "content": {"name": "n"}});
         self.seen
-            .push(denial(gate.to_tool(Elicitation, &answer).await));
+            .push(denial(gate.to_tool(Elicitation, &answer, &|_| true).await));
         Ok(json!({"content": [{"type": "text", "text": "done"}]}))
     }
+}
+
+/// An executor whose egress was approved under another label (a connection it may still
+/// hold open) is handed no client answer: before, an answer of a tool that declares no
+/// egress was checked against no clearance, and reached the connection unjudged.
+struct AnsweredUnfit {
+    seen: Vec<Result<(), String>>,
+}
+
+impl Dispatch for AnsweredUnfit {
+    async fn dispatch(
+        &mut self,
+        _server: &str,
+        _tool: &str,
+        _arguments: Value,
+        _call: CallInFlight,
+        gate: &RelayGate<'_>,
+    ) -> Result<Value, DispatchError> {
+        use crate::records::RelayMethod::Sampling;
+        let answer = json!({"role": "assistant", "content": {"type": "text", "text": "fine"}});
+        for fit in [true, false] {
+            let answered = gate.to_tool(Sampling, &answer, &|_| fit).await;
+            self.seen
+                .push(answered.map_err(|e| denial_of(&e).to_string()));
+        }
+        Ok(json!({"content": [{"type": "text", "text": "done"}]}))
+    }
+}
+
+#[tokio::test]
+async fn an_answer_the_executor_is_not_fit_for_is_refused() {
+    let host = Host::new();
+    let mut exec = AnsweredUnfit { seen: Vec::new() };
+    publish_publicly(&host, &mut exec).await.unwrap();
+    assert_eq!(exec.seen, [Ok(()), Err("flow_violation".to_string())]);
 }
 
 #[tokio::test]
