@@ -693,7 +693,10 @@ impl HostConfig {
 
         let mut classifiers = Vec::new();
         for (i, c) in raw.classifier.into_iter().enumerate() {
+            // The classifier reads a message's strings one per line: `^` and `$` match at
+            // each line's ends, so a pattern anchored to a whole value still finds it.
             let pattern = regex::RegexBuilder::new(&c.pattern)
+                .multi_line(true)
                 .size_limit(1 << 20)
                 .build()
                 .map_err(|e| invalid(format!("classifier[{i}].pattern"), e.to_string()))?;
@@ -1283,6 +1286,17 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
             "{MINIMAL}\n[[classifier]]\npattern = \"(unclosed\"\nlabel = {{ kind = \"known\", owners = {{}}, compartments = [] }}\n"
         ));
         assert!(e.contains("`classifier[0].pattern`"), "{e}");
+        // A pattern anchored to a whole value finds it among the others the classifier
+        // reads (one per line): before, `^` and `$` matched only the ends of all of them.
+        let anchored = parse(&format!(
+            "{MINIMAL}\n[[classifier]]\npattern = '^\\d{{16}}$'\nlabel = {{ kind = \"known\", owners = {{}}, compartments = [\"cards\"] }}\n"
+        ))
+        .unwrap();
+        assert!(
+            anchored.classifiers[0]
+                .pattern
+                .is_match("card\n4111111111111111\nname")
+        );
         let e = error(&MINIMAL.replace("uids = [1000]", "uids = []"));
         assert!(e.contains("`principal[0].uids`"), "{e}");
         let e = error(&MINIMAL.replace(

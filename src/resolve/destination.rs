@@ -237,6 +237,17 @@ impl FromStr for DestinationRule {
                     "unix paths must be absolute (unix:/path or unix:@abstract)",
                 ));
             }
+            // The broker reports paths with `..` resolved: a rule written with it would
+            // never name one (a block silently dropped). (A `.` is dropped when paths are
+            // compared, so it names what it seems to.)
+            if std::path::Path::new(rest)
+                .components()
+                .any(|c| c == std::path::Component::ParentDir)
+            {
+                return Err(err(
+                    "unix paths may not contain .. (write the path it leads to)",
+                ));
+            }
             return Ok(if rest.ends_with('/') {
                 DestinationRule::UnixDir(PathBuf::from(rest))
             } else {
@@ -946,6 +957,7 @@ mod tests {
             "localhost",
             "1.2.3.4:99999",
             "unix:relative",
+            "unix:/run/app/../docker.sock",
             "[::1",
             "*:x",
             "1.2.3.4/40",

@@ -567,13 +567,15 @@ fn executor_ended(
 /// result's text is (strings as sent, not JSON-escaped), so a pattern matches what an error
 /// carries exactly as it would match the same words in a result.
 pub(super) fn answered_text(e: &RpcError) -> String {
+    // The code too: the executor chose it, and any integer goes to the client as it is.
     match &e.data {
         Some(data) => format!(
-            "{}\n{}",
+            "{}\n{}\n{}",
+            e.code,
             e.message,
             crate::resolver::classifiable_text(data)
         ),
-        None => e.message.clone(),
+        None => format!("{}\n{}", e.code, e.message),
     }
 }
 

@@ -1019,3 +1019,18 @@ async fn the_dispatcher_learns_whether_the_output_was_labelled() {
         }
     }
 }
+
+/// The code of an executor's error answer goes to the client as it is, so the classifier
+/// reads it with the message and data: before, a card number chosen as the code was never
+/// read.
+#[test]
+fn an_error_answers_code_is_read_by_the_classifier() {
+    let e = RpcError::new(4111111111111111, "x");
+    assert!(super::answered_text(&e).contains("4111111111111111"));
+    let e = e.with_data(json!({"detail": "y"}));
+    let text = super::answered_text(&e);
+    assert!(
+        text.contains("4111111111111111") && text.contains('y'),
+        "{text}"
+    );
+}
