@@ -521,6 +521,21 @@ impl FlowResolver {
         tool: &str,
         answer_text: &str,
     ) -> AnswerJudgment {
+        self.admit_answer_held(plan, tool, answer_text, &|_| true)
+            .await
+    }
+
+    /// [`FlowResolver::admit_answer`] for an executor that may take in only data whose
+    /// label `held` admits (one holding egress approved under a label: what it opened
+    /// then must not carry more). An answer it does not admit is refused as a flow
+    /// violation, before anything is joined.
+    pub async fn admit_answer_held(
+        &self,
+        plan: &CallPlan,
+        tool: &str,
+        answer_text: &str,
+        held: &(dyn Fn(&InformationLabel) -> bool + Sync),
+    ) -> AnswerJudgment {
         let taint = self.input_floor.join_or_top(
             &self
                 .classifier
@@ -571,6 +586,13 @@ impl FlowResolver {
                 .map_err(|d| (d, used))
         };
         let (clearances, outcome) = match checked {
+            Ok(used) if !held(&taint) => (
+                used,
+                Err(CallRefusal::Flow {
+                    tool: tool.to_string(),
+                    denial: EgressDenial::FlowViolation,
+                }),
+            ),
             Ok(used) => (
                 used,
                 self.state

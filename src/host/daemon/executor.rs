@@ -292,16 +292,23 @@ pub trait ClientRelay: Send + Sync {
     fn labelled<'a>(&'a self, numbers: &'a Value) -> RelayFuture<'a, bool>;
 }
 
-/// Whether an executor may take in data of a label (see [`McpExecutor::fit_for`]): one
-/// whose egress was approved under another label, a connection it may still hold open,
-/// must not be handed data it could send there unjudged.
+/// Whether an executor may take in data of a label mid-call: one whose egress was
+/// approved under a label, a connection it may still hold open, must not be handed data
+/// above that label, which it could send there unjudged.
 #[derive(Clone)]
 pub struct ExecutorFit(Arc<Mutex<Approval>>);
 
 impl ExecutorFit {
-    /// Whether the executor may take in data labelled `source`.
-    pub fn fits(&self, source: &InformationLabel) -> bool {
-        self.0.lock().is_ok_and(|approved| approved.fits(source))
+    /// Whether the executor may take in data labelled `label`: anything when it had no
+    /// egress approved, data that flows to the label its egress was approved under, and
+    /// only unlabelled data after egress under a grant (approved below the call's own
+    /// label, at a target it does not know).
+    pub fn fits(&self, label: &InformationLabel) -> bool {
+        self.0.lock().is_ok_and(|approved| match &*approved {
+            Approval::Nothing => true,
+            Approval::Under(approved) => label.flows_to(approved),
+            Approval::Grant => label.flows_to(&InformationLabel::bottom()),
+        })
     }
 }
 
@@ -1029,6 +1036,12 @@ impl<C: NamedCall> McpExecutor<C> {
         let mut said_something = false;
         let settling = Instant::now();
         loop {
+            // One that never goes quiet is not waited on past `IDLE_SETTLE`, even with lines
+            // waiting: what it read before the request was written is still handled as idle
+            // (see `read_response`).
+            if said_something && settling.elapsed() >= IDLE_SETTLE {
+                break;
+            }
             let output = match self.stdout.try_recv() {
                 Ok(output) => output,
                 // Nothing waiting. An executor that said nothing between calls (the usual
@@ -1037,10 +1050,6 @@ impl<C: NamedCall> McpExecutor<C> {
                 // until it has been quiet for `IDLE_QUIET`, so that none of it is read as
                 // the call's.
                 Err(_) if !said_something => break,
-                // One that never goes quiet is not waited on past `IDLE_SETTLE`: what it
-                // read before the request was written is still handled as idle (see
-                // `read_response`), the rest is the call's.
-                Err(_) if settling.elapsed() >= IDLE_SETTLE => break,
                 Err(_) => match tokio::time::timeout(IDLE_QUIET, self.stdout.recv()).await {
                     Ok(Some(output)) => output,
                     Ok(None) => return Err(ExecutorError::Exited),
@@ -1736,6 +1745,24 @@ mod tests {
     /// the grant was that call's alone. Before, it was kept fit for any request at the
     /// call's source label (a completion, a prompt, the next call), which reached it with
     /// its connection open.
+    /// Mid-call, an executor holding egress approved under a label takes in only data that
+    /// flows to it (a client's answer of a higher label could go out on what it opened,
+    /// unjudged); its own raises (its output floor) do not count, since the answer's own
+    /// label is what is compared.
+    #[test]
+    fn an_executor_holding_egress_takes_in_only_what_flows_to_its_label() {
+        let terms = crate::state::tests::owner("larkfield");
+        let bottom = InformationLabel::bottom();
+        let fit = |approval| ExecutorFit(Arc::new(Mutex::new(approval)));
+        assert!(fit(Approval::Nothing).fits(&terms));
+        assert!(fit(Approval::Under(bottom.clone())).fits(&bottom));
+        assert!(!fit(Approval::Under(bottom.clone())).fits(&terms));
+        assert!(fit(Approval::Under(terms.clone())).fits(&bottom));
+        assert!(fit(Approval::Under(terms.clone())).fits(&terms));
+        assert!(fit(Approval::Grant).fits(&bottom));
+        assert!(!fit(Approval::Grant).fits(&terms));
+    }
+
     #[test]
     fn an_executor_that_egressed_under_a_grant_serves_nothing_after() {
         let source = InformationLabel::bottom();

@@ -567,15 +567,21 @@ fn executor_ended(
 /// result's text is (strings as sent, not JSON-escaped), so a pattern matches what an error
 /// carries exactly as it would match the same words in a result.
 pub(super) fn answered_text(e: &RpcError) -> String {
-    // The code too: the executor chose it, and any integer goes to the client as it is.
+    // The code too, when the executor chose one outside JSON-RPC's reserved range (any
+    // integer goes to the client as it is); a reserved one says nothing of its own, and
+    // read it would match rules for short numbers on every ordinary error.
+    let code = if (-32768..=-32000).contains(&e.code) {
+        String::new()
+    } else {
+        format!("{}\n", e.code)
+    };
     match &e.data {
         Some(data) => format!(
-            "{}\n{}\n{}",
-            e.code,
+            "{code}{}\n{}",
             e.message,
             crate::resolver::classifiable_text(data)
         ),
-        None => format!("{}\n{}", e.code, e.message),
+        None => format!("{code}{}", e.message),
     }
 }
 

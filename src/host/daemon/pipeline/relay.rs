@@ -155,26 +155,20 @@ impl RelayGate<'_> {
     /// executor's request `method` may reach the tool (see
     /// [`crate::resolver::FlowResolver::admit_answer`]); recorded either way before the
     /// executor sees anything. The error is the executor's answer.
-    /// An answer whose label `fits` refuses (the executor holds egress approved under
-    /// another label, a connection it may still have open) is refused as a flow violation:
-    /// what it opened was judged for other data.
+    /// An answer whose own label `held` does not admit (the executor holds egress
+    /// approved under a lower label, a connection it may still have open) is refused as a
+    /// flow violation: what it opened was judged for other data.
     pub async fn to_tool(
         &self,
         method: RelayMethod,
         answer: &Value,
-        fits: &(dyn Fn(&crate::label::InformationLabel) -> bool + Sync),
+        held: &(dyn Fn(&crate::label::InformationLabel) -> bool + Sync),
     ) -> Result<(), RpcError> {
-        let mut judgment = self
+        let judgment = self
             .env
             .resolver
-            .admit_answer(self.plan, self.tool, &classifiable_text(answer))
+            .admit_answer_held(self.plan, self.tool, &classifiable_text(answer), held)
             .await;
-        if judgment.outcome.is_ok() && !fits(&judgment.source) {
-            judgment.outcome = Err(crate::resolver::CallRefusal::Flow {
-                tool: self.tool.to_string(),
-                denial: crate::flow::EgressDenial::FlowViolation,
-            });
-        }
         let checked = FlowContext {
             source_label: Some(judgment.source.clone()),
             clearance_used: Some(judgment.clearances.clone()),
