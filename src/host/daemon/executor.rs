@@ -296,17 +296,26 @@ pub trait ClientRelay: Send + Sync {
 /// approved under a label, a connection it may still hold open, must not be handed data
 /// above that label, which it could send there unjudged.
 #[derive(Clone)]
-pub struct ExecutorFit(Arc<Mutex<Approval>>);
+pub struct ExecutorFit {
+    approved: Arc<Mutex<Approval>>,
+    judging: Arc<tokio::sync::Mutex<()>>,
+}
 
 impl ExecutorFit {
+    /// Holds off the executor's egress judgments until the guard drops: an approval
+    /// landing between the check of an answer and its delivery would not be seen.
+    pub async fn judging(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.judging.clone().lock_owned().await
+    }
+
     /// Whether the executor may take in data labelled `label`: anything when it had no
-    /// egress approved, data that flows to the label its egress was approved under, and
-    /// only unlabelled data after egress under a grant (approved below the call's own
-    /// label, at a target it does not know).
+    /// egress approved, data that flows to the earliest label its egress was approved
+    /// under, and only unlabelled data after egress under a grant (approved below the
+    /// call's own label, at a target it does not know).
     pub fn fits(&self, label: &InformationLabel) -> bool {
-        self.0.lock().is_ok_and(|approved| match &*approved {
+        self.approved.lock().is_ok_and(|approved| match &*approved {
             Approval::Nothing => true,
-            Approval::Under(approved) => label.flows_to(approved),
+            Approval::Under { first, .. } => label.flows_to(first),
             Approval::Grant => label.flows_to(&InformationLabel::bottom()),
         })
     }
@@ -989,7 +998,10 @@ impl<C: NamedCall> McpExecutor<C> {
                     params,
                 }) => match relay {
                     Some(relay) => {
-                        let fit = ExecutorFit(self.approved_under.clone());
+                        let fit = ExecutorFit {
+                            approved: self.approved_under.clone(),
+                            judging: self.judging.clone(),
+                        };
                         relaying.push((rid, relay.request(method, params, fit)))
                     }
                     None => self.send(&unrelayed_answer(&rid, &method)).await?,
@@ -1037,8 +1049,9 @@ impl<C: NamedCall> McpExecutor<C> {
         let settling = Instant::now();
         loop {
             // One that never goes quiet is not waited on past `IDLE_SETTLE`, even with lines
-            // waiting: what it read before the request was written is still handled as idle
-            // (see `read_response`).
+            // waiting: what the reader took before the request was written is still handled
+            // as idle (see `read_response`); what was still in its pipe then may be taken as
+            // the call's output, under the call's labels (a known limit, in the README).
             if said_something && settling.elapsed() >= IDLE_SETTLE {
                 break;
             }
@@ -1287,8 +1300,13 @@ struct Routing<C> {
 enum Approval {
     /// Nothing was approved.
     Nothing,
-    /// The last approval's source label.
-    Under(InformationLabel),
+    /// Approved under a source label: `last` the latest (the label a call must have to
+    /// be served), `first` the earliest, the lowest (labels only rise while an executor
+    /// serves), which a connection it may still hold was approved under.
+    Under {
+        first: InformationLabel,
+        last: InformationLabel,
+    },
     /// Something was approved under a call's grant: the executor serves nothing after.
     Grant,
 }
@@ -1299,7 +1317,7 @@ impl Approval {
     fn fits(&self, source: &InformationLabel) -> bool {
         match self {
             Approval::Nothing => true,
-            Approval::Under(approved) => approved == source,
+            Approval::Under { last, .. } => last == source,
             Approval::Grant => false,
         }
     }
@@ -1312,8 +1330,22 @@ fn keep_approval(approved_under: &Mutex<Approval>, judgment: Judgment) {
     };
     match judgment.approved_under {
         Some(_) if judgment.under_grant => *approved = Approval::Grant,
-        Some(label) if *approved != Approval::Grant => *approved = Approval::Under(label),
-        _ => {}
+        Some(label) => match &*approved {
+            Approval::Grant => {}
+            Approval::Nothing => {
+                *approved = Approval::Under {
+                    first: label.clone(),
+                    last: label,
+                }
+            }
+            Approval::Under { first, .. } => {
+                *approved = Approval::Under {
+                    first: first.clone(),
+                    last: label,
+                }
+            }
+        },
+        None => {}
     }
 }
 
@@ -1753,12 +1785,22 @@ mod tests {
     fn an_executor_holding_egress_takes_in_only_what_flows_to_its_label() {
         let terms = crate::state::tests::owner("larkfield");
         let bottom = InformationLabel::bottom();
-        let fit = |approval| ExecutorFit(Arc::new(Mutex::new(approval)));
+        let fit = |approval| ExecutorFit {
+            approved: Arc::new(Mutex::new(approval)),
+            judging: Default::default(),
+        };
+        let under = |first: &InformationLabel, last: &InformationLabel| Approval::Under {
+            first: first.clone(),
+            last: last.clone(),
+        };
         assert!(fit(Approval::Nothing).fits(&terms));
-        assert!(fit(Approval::Under(bottom.clone())).fits(&bottom));
-        assert!(!fit(Approval::Under(bottom.clone())).fits(&terms));
-        assert!(fit(Approval::Under(terms.clone())).fits(&bottom));
-        assert!(fit(Approval::Under(terms.clone())).fits(&terms));
+        assert!(fit(under(&bottom, &bottom)).fits(&bottom));
+        assert!(!fit(under(&bottom, &bottom)).fits(&terms));
+        assert!(fit(under(&terms, &terms)).fits(&bottom));
+        assert!(fit(under(&terms, &terms)).fits(&terms));
+        // A connection approved at bottom may still be open after a later approval at a
+        // higher label: the earliest counts.
+        assert!(!fit(under(&bottom, &terms)).fits(&terms));
         assert!(fit(Approval::Grant).fits(&bottom));
         assert!(!fit(Approval::Grant).fits(&terms));
     }

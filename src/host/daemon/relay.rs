@@ -215,9 +215,14 @@ impl CallRelay<'_> {
             Ok(result) => result,
             Err(error) => error,
         };
-        self.gate
-            .to_tool(kind, shown, &|source| fit.fits(source))
-            .await?;
+        {
+            // Egress of the executor waits while its answer is judged: an approval landing
+            // in between would not be seen by the check.
+            let _judging = fit.judging().await;
+            self.gate
+                .to_tool(kind, shown, &|source| fit.fits(source))
+                .await?;
+        }
         answer.map_err(|error| {
             let mut e = RpcError::new(
                 error["code"].as_i64().unwrap_or(code::INTERNAL_ERROR),
