@@ -674,8 +674,6 @@ impl Session {
         }
     }
 
-    /// Records the refusal `e` of a request that named no tool, and returns it (or the
-    /// record failure).
     /// Refuses (and records) a request read before `initialize` was answered. Any method
     /// is refused so, served or not: a peer learns nothing of what is served before it is
     /// admitted, and leaves a trace for each probe. A method the host does not serve is
@@ -694,6 +692,8 @@ impl Session {
         self.refuse_session(&named, e).await
     }
 
+    /// Records the refusal `e` of a request that named no tool, and returns it (or the
+    /// record failure).
     async fn refuse_session(&self, what: &str, e: RpcError) -> RpcError {
         let generation = self.host.current();
         let denial = e
