@@ -287,6 +287,15 @@ impl Destination {
     }
 }
 
+/// `ip`, an IPv4-mapped IPv6 address as the IPv4 address it carries (what an IPv4 peer of
+/// an IPv6 socket reads back as, and what a connect to it reaches).
+pub(crate) fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
 /// `0.0.0.0`, `::` or `::ffff:0.0.0.0`.
 fn is_unspecified(ip: IpAddr) -> bool {
     match ip {

@@ -4,11 +4,13 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::RwLock;
+
+use crate::attempt::canonical_ip;
 
 /// The unix socket files (by device and inode, so any link or bind mount of them) and the
 /// TCP listening addresses the host serves on.
@@ -57,19 +59,12 @@ impl HostEndpoints {
         let Ok(known) = self.tcp.read() else {
             return true;
         };
-        let d = canonical(dest.ip());
+        let d = canonical_ip(dest.ip());
         known.iter().any(|listener| {
-            let l = canonical(listener.ip());
+            let l = canonical_ip(listener.ip());
             listener.port() == dest.port()
                 && (d == l || d.is_unspecified() || (l.is_unspecified() && d.is_loopback()))
         })
-    }
-}
-
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-        v4 => v4,
     }
 }
 

@@ -673,13 +673,12 @@ impl Caller<'_> {
         };
         // An IPv4 peer of an IPv6 socket reads back as `::ffff:a.b.c.d`.
         let canonical = |d: &Destination| match d {
-            Destination::Inet(a) => match a.ip() {
-                std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                    Some(v4) => Destination::Inet(std::net::SocketAddr::new(v4.into(), a.port())),
-                    None => d.clone(),
-                },
-                std::net::IpAddr::V4(_) => d.clone(),
-            },
+            Destination::Inet(a) if crate::attempt::canonical_ip(a.ip()) != a.ip() => {
+                Destination::Inet(std::net::SocketAddr::new(
+                    crate::attempt::canonical_ip(a.ip()),
+                    a.port(),
+                ))
+            }
             _ => d.clone(),
         };
         if canonical(&Destination::from_sockaddr(&raw)) == canonical(destination) {

@@ -1041,9 +1041,8 @@ impl<C: NamedCall> McpExecutor<C> {
     /// ignored. Nothing it said between calls is taken as the next call's output.
     async fn settle_idle(&mut self) -> Result<(), ExecutorError> {
         // What the reader has taken so far; a line it takes later but read before the
-        // request was written is handled the same way by `read_response`. An executor that
-        // keeps talking between calls keeps this loop going: the caller bounds it by the
-        // call's deadline, and requests, each answered with a write, are counted.
+        // request was written is handled the same way by `read_response`. Requests, each
+        // answered with a write, are counted.
         let mut answered = 0;
         let mut said_something = false;
         let settling = Instant::now();
