@@ -38,6 +38,13 @@ fn slow(id: &str, args: &[&str]) -> ServerSpec {
     s
 }
 
+/// The daemon serving one slow server `id` (with `args`), one executor kept warm.
+fn one_warm(id: &str, args: &[&str]) -> Option<Governed> {
+    let mut s = slow(id, args);
+    s.extra = "pool_size = 1".into();
+    Governed::start(&[s], "")
+}
+
 fn start() -> Option<Governed> {
     Governed::start(
         &[slow("slow", &[]), slow("stubborn", &["--ignore-cancel"])],
@@ -532,9 +539,7 @@ fn a_call_cancelled_before_dispatch_never_reaches_an_executor() {
 /// client, which a server that follows MCP reads as a broken link.
 #[test]
 fn an_executor_ping_is_answered_when_it_serves_no_call() {
-    let mut s = slow("pinging", &["--ping"]);
-    s.extra = "pool_size = 1".into();
-    let Some(host) = Governed::start(&[s], "") else {
+    let Some(host) = one_warm("pinging", &["--ping"]) else {
         return;
     };
     let mut c = host.client();
@@ -563,9 +568,7 @@ fn an_executor_ping_is_answered_when_it_serves_no_call() {
 /// already taken when the next call began were; the rest were relayed as that call's.
 #[test]
 fn log_lines_written_between_calls_are_never_the_next_calls() {
-    let mut s = slow("talkative", &["--log-after-call", "40"]);
-    s.extra = "pool_size = 1".into();
-    let Some(host) = Governed::start(&[s], "") else {
+    let Some(host) = one_warm("talkative", &["--log-after-call", "40"]) else {
         return;
     };
     let mut c = host.client();
@@ -616,9 +619,7 @@ fn a_call_sent_ahead_of_initialize_is_refused() {
 /// quiet, so a call to it ran into its deadline.
 #[test]
 fn an_executor_that_never_goes_quiet_still_serves_calls() {
-    let mut s = slow("chatty", &["--log-every-ms", "1"]);
-    s.extra = "pool_size = 1".into();
-    let Some(host) = Governed::start(&[s], "") else {
+    let Some(host) = one_warm("chatty", &["--log-every-ms", "1"]) else {
         return;
     };
     let mut c = host.client();
@@ -684,9 +685,7 @@ fn a_request_left_open_by_the_calls_answer_is_answered_once() {
 /// again for it.
 #[test]
 fn requests_queued_for_a_withdrawn_server_are_not_served() {
-    let mut s = slow("slow", &[]);
-    s.extra = "pool_size = 1".into();
-    let Some(host) = Governed::start(&[s], "") else {
+    let Some(host) = one_warm("slow", &[]) else {
         return;
     };
     let mut c = host.client();

@@ -224,6 +224,20 @@ impl<'a> GrantSpec<'a> {
 }
 
 /// `public-inbox/publish` with `arguments`, under `grant`.
+/// A session of the lab's client that read the pricing terms (its label carries them),
+/// and what `flowhost/session` says of it.
+fn session_that_read_the_terms(lab: &Lab) -> (common::lab::Client, Value) {
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call(
+        "workspace/read_terms",
+        json!({"document": "harbor-goods-terms.md"}),
+    );
+    assert!(text(&r).contains("Harbor Goods"), "{r}");
+    let session = c.request("flowhost/session", json!({}))["result"].clone();
+    (c, session)
+}
+
 fn publish_with_grant(c: &mut common::lab::Client, grant: &Value, arguments: &Value) -> Value {
     c.request(
         "tools/call",
@@ -281,14 +295,7 @@ fn an_authority_whose_key_is_taken_out_is_distrusted_although_the_reload_is_refu
     let Some((lab, authority, _)) = lab_with_authority() else {
         return;
     };
-    let mut c = lab.client();
-    c.initialize();
-    let r = c.call(
-        "workspace/read_terms",
-        json!({"document": "harbor-goods-terms.md"}),
-    );
-    assert!(text(&r).contains("Harbor Goods"), "{r}");
-    let session = c.request("flowhost/session", json!({}))["result"].clone();
+    let (mut c, session) = session_that_read_the_terms(&lab);
     let arguments = json!({"message": "A reviewed summary.", "sink": lab.public.addr.to_string()});
     let grant = sign_grant(
         &lab,
@@ -317,14 +324,7 @@ fn declassification_grants_allow_once_and_refuse_every_misuse() {
     let Some((mut lab, authority, stranger)) = lab_with_authority() else {
         return;
     };
-    let mut c = lab.client();
-    c.initialize();
-    let r = c.call(
-        "workspace/read_terms",
-        json!({"document": "harbor-goods-terms.md"}),
-    );
-    assert!(text(&r).contains("Harbor Goods"), "{r}");
-    let session = c.request("flowhost/session", json!({}))["result"].clone();
+    let (mut c, session) = session_that_read_the_terms(&lab);
     assert!(
         session["label"].to_string().contains("harbor-goods-terms"),
         "{session}"
