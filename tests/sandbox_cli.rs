@@ -382,12 +382,66 @@ fn a_commands_open_terminal_sequence_does_not_hide_flowhosts_verdicts() {
         .expect("the command's output reached the terminal");
     let refused = out[opened..].find("REFUSED").map(|i| opened + i);
     let reset = out[opened..]
-        .find("\x18\x1b\\\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x0f\x1b(B")
+        .find("\x18\x1b\\\x1b[0m\x0f\x1b(B")
         .map(|i| opened + i);
     assert!(
         matches!((reset, refused), (Some(r), Some(v)) if r < v),
         "the verdict was not preceded by a reset of the terminal: {out:?}"
     );
+}
+
+/// At its end, a run undoes on the caller's terminal what the command changed there and
+/// did not change back (a background colour, mouse reports, the alternate screen), and
+/// nothing else. Before, every run from a terminal reset the default colours and the palette
+/// (undoing colours the user had set) and left mouse reports and the alternate screen on.
+#[test]
+fn a_run_undoes_what_the_command_left_on_the_terminal_and_only_that() {
+    if !can_run() {
+        return;
+    }
+    let flowhost = env!("CARGO_BIN_EXE_flowhost");
+    let mut shell = PtyShell::start();
+    shell.type_line(&format!(
+        "{flowhost} sandbox run --quiet --profile isolated -- /bin/sh -c 'echo PLAIN-$((1+1))'; \
+         echo FIRST-$((40+2))"
+    ));
+    let first = shell.wait_for("FIRST-42");
+    shell.type_line(&format!(
+        "{flowhost} sandbox run --quiet --profile isolated -- /bin/sh -c \
+         \"printf 'CHANGING\\033]11;#000000\\007\\033[?1000;1006h\\033[?1049h'\"; \
+         echo SECOND-$((40+2))"
+    ));
+    let out = shell.wait_for("SECOND-42");
+    shell.type_line("exit");
+    let _ = shell.0.child.wait();
+    let plain = first.find("PLAIN-2").expect("the first command ran");
+    let first = &first[plain..];
+    for undone in [
+        "\x1b]110",
+        "\x1b]111",
+        "\x1b]104",
+        "\x1b[?1000l",
+        "\x1b[?1049l",
+    ] {
+        assert!(
+            !first.contains(undone),
+            "a command that changed nothing had {undone:?} undone: {first:?}"
+        );
+    }
+    let changing = out.rfind("CHANGING").expect("the second command ran");
+    let second = &out[changing..];
+    for undone in [
+        "\x1b]111\x1b\\",
+        "\x1b[?1000l",
+        "\x1b[?1006l",
+        "\x1b[?1049l",
+    ] {
+        assert!(
+            second.contains(undone),
+            "{undone:?} was not undone after the command: {second:?}"
+        );
+    }
+    assert!(!second.contains("\x1b]110"), "{second:?}");
 }
 
 /// flowhost's last words (here the gate's verdict) come after everything the command wrote

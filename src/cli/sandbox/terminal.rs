@@ -43,6 +43,9 @@ use nix::sys::termios::{
     InputFlags, LocalFlags, OutputFlags, SetArg, SpecialCharacterIndices, Termios, tcgetattr,
     tcsetattr,
 };
+use screen::ScreenChanges;
+
+mod screen;
 
 /// The name of the thread that relays the command's output (the one the end of a run waits
 /// for, however long it takes).
@@ -60,23 +63,6 @@ const TAIL_LIMIT: usize = 1024 * 1024;
 /// Most bytes of flowhost's own messages that wait for a terminal that takes no output; what
 /// comes beyond is dropped, and counted.
 const PENDING_LIMIT: usize = 64 * 1024;
-
-/// Written before each batch of flowhost's messages on the caller's terminal: CAN ends any
-/// control sequence the command's output left open, ST any string (a window title, DCS,
-/// APC, PM), SGR 0 any attribute (concealed text among them), OSC 110 and 111 any default
-/// colours it set (text the colour of the background), and SI with `ESC ( B` any character
-/// set it chose (line drawing). The command's output, relayed as it is, could otherwise
-/// swallow a REFUSED or GATE FAILED line into a title, or show it invisibly. On a terminal
-/// none of these were pending, they do nothing seen. While the command runs, nothing more
-/// is reset: a full-screen command (an editor, a pager) keeps its modes.
-const RESET_TERMINAL: &[u8] = b"\x18\x1b\\\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x0f\x1b(B";
-
-/// Written after [`RESET_TERMINAL`] before flowhost's last words, once the command has
-/// ended: a soft reset (DECSTR) ends the scroll margins, origin and insert modes it left,
-/// `CSI ? 7 h` turns line wrap back on (off, a line's end would be written over its last
-/// column), and OSC 104 puts back any colour of the palette it changed, so the verdict is
-/// neither kept in a region that scrolls it away nor cut.
-const RESET_TERMINAL_AT_END: &[u8] = b"\x1b[!p\x1b[?7h\x1b]104\x1b\\";
 
 /// flowhost's own messages on their way to the caller's terminal.
 #[derive(Debug, Default)]
@@ -106,10 +92,6 @@ impl Pending {
     /// carriage return, as output processing would have added.
     fn take(&mut self, crlf: bool) -> Vec<u8> {
         let mut text = std::mem::take(&mut self.text);
-        if text.is_empty() && self.dropped == 0 {
-            return text;
-        }
-        text.splice(0..0, RESET_TERMINAL.iter().copied());
         if self.dropped > 0 {
             text.extend_from_slice(
                 format!(
@@ -287,6 +269,8 @@ struct Shared {
     /// What the output relay took but had not written when the run ended, and what the
     /// caller's terminal refused.
     unwritten: Mutex<Unwritten>,
+    /// What the command's output changed on the caller's terminal, seen as it is relayed.
+    screen: Mutex<ScreenChanges>,
 }
 
 /// Bytes the output relay handed back, for the end of the run to write, and those nobody
@@ -335,6 +319,12 @@ impl Shared {
     fn unwritten(&self) -> MutexGuard<'_, Unwritten> {
         // Bytes are appended whole, under the lock.
         self.unwritten.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn screen(&self) -> MutexGuard<'_, ScreenChanges> {
+        // At worst a panic mid-read leaves one sequence half read: what it set is missed,
+        // as a terminal that lost those bytes would have missed it.
+        self.screen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Sets the relaying modes once per stay in the foreground (whatever sets other modes
@@ -526,7 +516,11 @@ fn relay_output(shared: &Shared) {
         }
         drop(fds);
         if may_write && master_open {
-            match nix::unistd::read(&shared.master, &mut buf) {
+            let read = nix::unistd::read(&shared.master, &mut buf);
+            if let Ok(n) = read {
+                shared.screen().see(&buf[..n]);
+            }
+            match read {
                 Ok(0) | Err(Errno::EIO) => master_open = false,
                 // A caller's terminal that went away: the rest is read and dropped, so the
                 // command never blocks on its own terminal.
@@ -552,7 +546,10 @@ fn relay_output(shared: &Shared) {
             if may_write && !shared.holding.load(Ordering::SeqCst) {
                 let crlf =
                     tcgetattr(stderr).is_ok_and(|m| !m.output_flags.contains(OutputFlags::OPOST));
-                let text = messages.pending().take(crlf);
+                let mut text = messages.pending().take(crlf);
+                if !text.is_empty() {
+                    text.splice(0..0, shared.screen().before_messages());
+                }
                 match write_all(stderr.as_fd(), &text, &give_up) {
                     Ok(()) => {}
                     Err(Short::Gone(why)) => shared.unwritten().refuse(text.len(), why),
@@ -739,6 +736,7 @@ impl CommandTerminal {
             ending: AtomicBool::new(false),
             holding: AtomicBool::new(false),
             unwritten: Mutex::new(Unwritten::default()),
+            screen: Mutex::new(ScreenChanges::default()),
         });
         Ok(Some(CommandTerminal {
             shared,
@@ -890,7 +888,12 @@ impl CommandTerminal {
         let shared = &self.shared;
         let mut unwritten = std::mem::take(&mut *shared.unwritten());
         let (tail, cut) = drain(shared.master.as_fd(), TAIL_LIMIT);
+        let mut screen = shared.screen();
+        screen.see(&tail);
         unwritten.output.extend(tail);
+        // What the command left changed is undone after its last output, wherever that
+        // went, and before flowhost's last words.
+        unwritten.output.extend(screen.at_end());
         if let Some((messages, stderr)) = &shared.messages {
             let crlf =
                 tcgetattr(stderr).is_ok_and(|m| !m.output_flags.contains(OutputFlags::OPOST));
@@ -902,16 +905,15 @@ impl CommandTerminal {
         let mut out = vec![(shared.output.as_fd(), std::mem::take(&mut unwritten.output))];
         if let Some((_, stderr)) = &shared.messages {
             // What flowhost says from here (the run's end, the gate) is written after the
-            // command's last output, which may have left a sequence open.
+            // command's last output, which may have left a sequence open (a message the
+            // relay had begun to write may have left one too).
             let mut messages = std::mem::take(&mut unwritten.messages);
-            // Queued messages start with the reset already (`Pending::take`).
-            if !messages.starts_with(RESET_TERMINAL) {
-                messages.splice(0..0, RESET_TERMINAL.iter().copied());
+            if !messages.is_empty() {
+                messages.splice(0..0, screen.before_messages());
             }
-            let after = RESET_TERMINAL.len();
-            messages.splice(after..after, RESET_TERMINAL_AT_END.iter().copied());
             out.push((stderr.as_fd(), messages));
         }
+        drop(screen);
         for (to, text) in out {
             if let Err((left, why)) = write_out(to, &text) {
                 unwritten.refuse(left, why);
@@ -988,14 +990,10 @@ mod tests {
         let mut pending = Pending::default();
         pending.push("one\n");
         pending.push("two\n");
-        // Each batch first ends whatever the command's output left open on the terminal.
-        assert_eq!(
-            pending.take(false),
-            [RESET_TERMINAL, b"one\ntwo\n"].concat()
-        );
+        assert_eq!(pending.take(false), b"one\ntwo\n");
         assert_eq!(pending.take(true), b"");
         pending.push("raw\n");
-        assert_eq!(pending.take(true), [RESET_TERMINAL, b"raw\r\n"].concat());
+        assert_eq!(pending.take(true), b"raw\r\n");
         let line = "x".repeat(1000) + "\n";
         for _ in 0..100 {
             pending.push(&line);

@@ -1,0 +1,462 @@
+//! What a command's output leaves changed on the caller's terminal after the command is gone.
+//!
+//! The relay passes the command's output to the caller's terminal as it is, so whatever the
+//! command turns on there (mouse or focus reports, bracketed paste, the alternate screen, a
+//! colour of the palette, the default colours) stays on when it ends without turning it off
+//! (killed, timed out, or careless). flowhost puts back exactly what it saw the command
+//! change, and nothing else: colours and modes the user set before the run are kept.
+//!
+//! Reading is conservative: a byte that might start a sequence (a C1 control inside UTF-8
+//! text) can make flowhost undo something the command never changed, which only sets that
+//! thing to the terminal's default; what it would miss is what no terminal would act on.
+
+/// Written before each batch of flowhost's messages: CAN ends any control sequence the
+/// command's output left open, ST any string (a window title, DCS, APC, PM), SGR 0 any
+/// attribute (concealed text among them), and SI with `ESC ( B` any character set it chose
+/// (line drawing). The command's output, relayed as it is, could otherwise swallow a REFUSED
+/// or GATE FAILED line into a title, or show it invisibly. On a terminal none of these were
+/// pending, they do nothing seen.
+pub(super) const BEFORE_MESSAGES: &[u8] = b"\x18\x1b\\\x1b[0m\x0f\x1b(B";
+
+/// Written once the command has ended, after what it changed is undone: a soft reset
+/// (DECSTR) ends the scroll margins, origin and insert modes it left and shows the cursor,
+/// and `CSI ? 7 h` turns line wrap back on (off, a line's end would be written over its last
+/// column), so flowhost's last words are neither kept in a region that scrolls them away nor
+/// cut.
+const SOFT_RESET: &[u8] = b"\x1b[!p\x1b[?7h";
+
+/// Private modes that change what the terminal sends as input, or holds back its output, and
+/// that a command ending normally turns off: mouse reports (9, 1000-1003) and their
+/// encodings (1005, 1006, 1015, 1016), focus reports (1004), bracketed paste (2004) and
+/// synchronized output (2026). Left on, the shell after the run reads mouse moves as typed
+/// text.
+const INPUT_MODES: [u16; 12] = [
+    9, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1015, 1016, 2004, 2026,
+];
+
+/// Private modes that switch to the alternate screen. Left on, flowhost's last words and the
+/// shell after them are written on a screen that is not the user's.
+const ALTERNATE_SCREENS: [u16; 3] = [47, 1047, 1049];
+
+/// Most parameters of one control sequence kept; a sequence with more has the rest ignored
+/// (no terminal takes that many modes at once).
+const MOST_PARAMETERS: usize = 32;
+
+/// Where the reading is between two bytes of the command's output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    /// Text, or the rest of a sequence that matters to none of the below.
+    Ground,
+    /// After ESC.
+    Escape,
+    /// After CSI: its parameters so far, whether it is private (`?`) and has intermediates.
+    Csi {
+        private: bool,
+        params: Vec<u32>,
+        current: Option<u32>,
+        intermediate: bool,
+    },
+    /// After OSC: the number that says what it sets, so far.
+    OscNumber { number: u32, digits: bool },
+    /// After OSC, its number and `;`: what it sets the colours to, up to [`MOST_OSC_TEXT`]
+    /// bytes (`long` when there was more).
+    OscText {
+        number: u32,
+        text: Vec<u8>,
+        long: bool,
+    },
+}
+
+/// Most bytes of an OSC's text kept to tell a query (`?`) from a colour: a colour is a few
+/// dozen bytes, and a longer text is taken as setting what its number names.
+const MOST_OSC_TEXT: usize = 512;
+
+/// The changes seen in a command's output that outlive the command, and what undoes them.
+#[derive(Debug)]
+pub(super) struct ScreenChanges {
+    state: State,
+    /// Whether the command wrote anything to its terminal.
+    wrote: bool,
+    /// Input modes of [`INPUT_MODES`] the command turned on and not off.
+    input_modes: Vec<u16>,
+    /// The alternate screen the command switched to and did not leave, by its mode.
+    alternate: Option<u16>,
+    /// Dynamic colours (OSC 10-19: default foreground, background, cursor, ...) it set, as
+    /// bits 0-9.
+    dynamic: u16,
+    /// Whether it set a colour of the palette (OSC 4) or a special colour (OSC 5).
+    palette: bool,
+    special: bool,
+}
+
+impl Default for ScreenChanges {
+    fn default() -> Self {
+        ScreenChanges {
+            state: State::Ground,
+            wrote: false,
+            input_modes: Vec::new(),
+            alternate: None,
+            dynamic: 0,
+            palette: false,
+            special: false,
+        }
+    }
+}
+
+const BEL: u8 = 0x07;
+const ESC: u8 = 0x1b;
+const CAN: u8 = 0x18;
+const SUB: u8 = 0x1a;
+/// The 8-bit forms of CSI and OSC.
+const C1_CSI: u8 = 0x9b;
+const C1_OSC: u8 = 0x9d;
+/// The 8-bit string terminator.
+const C1_ST: u8 = 0x9c;
+
+impl ScreenChanges {
+    /// Reads more of the command's output, in the order the terminal receives it; a
+    /// sequence may be split anywhere between two calls.
+    pub(super) fn see(&mut self, output: &[u8]) {
+        self.wrote |= !output.is_empty();
+        for &byte in output {
+            self.state = self.next(byte);
+        }
+    }
+
+    fn next(&mut self, byte: u8) -> State {
+        let state = std::mem::replace(&mut self.state, State::Ground);
+        if let State::OscText {
+            number,
+            mut text,
+            long,
+        } = state
+        {
+            return match byte {
+                // Cancelled: the terminal sets nothing.
+                CAN | SUB => State::Ground,
+                BEL | ESC | C1_ST => {
+                    self.set_colours(number, &text, long);
+                    if byte == ESC {
+                        State::Escape
+                    } else {
+                        State::Ground
+                    }
+                }
+                _ if text.len() < MOST_OSC_TEXT => {
+                    text.push(byte);
+                    State::OscText { number, text, long }
+                }
+                _ => State::OscText {
+                    number,
+                    text,
+                    long: true,
+                },
+            };
+        }
+        match (state, byte) {
+            // A terminal cancels any sequence on CAN or SUB and starts another on ESC,
+            // wherever it is.
+            (_, CAN | SUB) => State::Ground,
+            (_, ESC) => State::Escape,
+            (State::Escape, b'[') | (_, C1_CSI) => State::Csi {
+                private: false,
+                params: Vec::new(),
+                current: None,
+                intermediate: false,
+            },
+            (State::Escape, b']') | (_, C1_OSC) => State::OscNumber {
+                number: 0,
+                digits: false,
+            },
+            (
+                State::Csi {
+                    private,
+                    mut params,
+                    current,
+                    intermediate,
+                },
+                byte,
+            ) => match byte {
+                b'?' if params.is_empty() && current.is_none() && !intermediate => State::Csi {
+                    private: true,
+                    params,
+                    current,
+                    intermediate,
+                },
+                b'0'..=b'9' => State::Csi {
+                    private,
+                    params,
+                    current: Some(
+                        current
+                            .unwrap_or(0)
+                            .saturating_mul(10)
+                            .saturating_add(u32::from(byte - b'0')),
+                    ),
+                    intermediate,
+                },
+                b';' | b':' => {
+                    if params.len() < MOST_PARAMETERS {
+                        params.push(current.unwrap_or(0));
+                    }
+                    State::Csi {
+                        private,
+                        params,
+                        current: None,
+                        intermediate,
+                    }
+                }
+                0x20..=0x2f => State::Csi {
+                    private,
+                    params,
+                    current,
+                    intermediate: true,
+                },
+                // Other parameter bytes (`<`, `=`, `>`, a `?` not first) make a sequence
+                // that is not a private mode.
+                0x3c..=0x3f => State::Csi {
+                    private: false,
+                    params,
+                    current,
+                    intermediate,
+                },
+                0x40..=0x7e => {
+                    if private && !intermediate && matches!(byte, b'h' | b'l') {
+                        if let Some(last) = current
+                            && params.len() < MOST_PARAMETERS
+                        {
+                            params.push(last);
+                        }
+                        for mode in params {
+                            self.set_mode(mode, byte == b'h');
+                        }
+                    }
+                    State::Ground
+                }
+                // C0 controls inside a sequence are acted on and the sequence goes on.
+                0x00..=0x1f => State::Csi {
+                    private,
+                    params,
+                    current,
+                    intermediate,
+                },
+                _ => State::Ground,
+            },
+            (State::OscNumber { number, .. }, byte @ b'0'..=b'9') => State::OscNumber {
+                number: number
+                    .saturating_mul(10)
+                    .saturating_add(u32::from(byte - b'0')),
+                digits: true,
+            },
+            (State::OscNumber { number, digits }, b';') if digits => State::OscText {
+                number,
+                text: Vec::new(),
+                long: false,
+            },
+            // Without `;`, an OSC sets nothing this reads.
+            (State::OscNumber { .. }, _) => State::Ground,
+            // Handled above, before any of these.
+            (State::Escape | State::Ground | State::OscText { .. }, _) => State::Ground,
+        }
+    }
+
+    fn set_mode(&mut self, mode: u32, on: bool) {
+        let Ok(mode) = u16::try_from(mode) else {
+            return;
+        };
+        if ALTERNATE_SCREENS.contains(&mode) {
+            self.alternate = on.then_some(mode);
+        } else if INPUT_MODES.contains(&mode) {
+            self.input_modes.retain(|m| *m != mode);
+            if on {
+                self.input_modes.push(mode);
+            }
+        }
+    }
+
+    /// OSC `number` ended with `text`: which colours it set. A colour asked for (`?`) is
+    /// not set; a text too long to read sets what the number names.
+    fn set_colours(&mut self, number: u32, text: &[u8], long: bool) {
+        let mut specs = text.split(|b| *b == b';');
+        match number {
+            // Pairs of a colour's index and what it becomes.
+            4 | 5 => {
+                let set = long || specs.skip(1).step_by(2).any(|spec| spec != b"?");
+                if number == 4 {
+                    self.palette |= set;
+                } else {
+                    self.special |= set;
+                }
+            }
+            // Each next text sets the next colour: OSC 10 `fg;bg` sets 10 and 11.
+            10..=19 => {
+                if long {
+                    self.dynamic |= 1 << (number - 10);
+                }
+                for n in number..=19 {
+                    match specs.next() {
+                        Some(spec) if spec != b"?" => self.dynamic |= 1 << (n - 10),
+                        Some(_) => {}
+                        None => break,
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// What to write before a batch of flowhost's messages while the command runs:
+    /// [`BEFORE_MESSAGES`], then the default foreground and background colours back if the
+    /// command set them (text could be the colour of the background).
+    pub(super) fn before_messages(&mut self) -> Vec<u8> {
+        let mut reset = BEFORE_MESSAGES.to_vec();
+        for n in [10, 11] {
+            self.undo_dynamic(n, &mut reset);
+        }
+        reset
+    }
+
+    /// What to write once the command has ended, after the last of its output: everything
+    /// [`ScreenChanges::before_messages`] writes, then the alternate screen left, the input
+    /// modes it left on turned off, a soft reset, and every colour it changed put back to
+    /// the terminal's default. Empty when the command wrote nothing. What it returns is
+    /// undone: a later call returns only what the command changed since.
+    pub(super) fn at_end(&mut self) -> Vec<u8> {
+        if !std::mem::take(&mut self.wrote) {
+            return Vec::new();
+        }
+        let mut reset = self.before_messages();
+        // Before the soft reset, which forgets the cursor that leaving the alternate screen
+        // (1049) puts back: where the command started.
+        if let Some(mode) = self.alternate.take() {
+            reset.extend_from_slice(format!("\x1b[?{mode}l").as_bytes());
+        }
+        for mode in std::mem::take(&mut self.input_modes) {
+            reset.extend_from_slice(format!("\x1b[?{mode}l").as_bytes());
+        }
+        reset.extend_from_slice(SOFT_RESET);
+        for n in 10..=19 {
+            self.undo_dynamic(n, &mut reset);
+        }
+        if std::mem::take(&mut self.palette) {
+            reset.extend_from_slice(b"\x1b]104\x1b\\");
+        }
+        if std::mem::take(&mut self.special) {
+            reset.extend_from_slice(b"\x1b]105\x1b\\");
+        }
+        reset
+    }
+
+    /// OSC `100 + n` resets dynamic colour `n` (OSC 110 the foreground set by OSC 10).
+    fn undo_dynamic(&mut self, n: u32, reset: &mut Vec<u8>) {
+        let bit = 1 << (n - 10);
+        if self.dynamic & bit != 0 {
+            self.dynamic &= !bit;
+            reset.extend_from_slice(format!("\x1b]{}\x1b\\", 100 + n).as_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes(output: &[&[u8]]) -> ScreenChanges {
+        let mut screen = ScreenChanges::default();
+        for part in output {
+            screen.see(part);
+        }
+        screen
+    }
+
+    fn end_of(output: &[&[u8]]) -> String {
+        String::from_utf8(changes(output).at_end()).unwrap()
+    }
+
+    #[test]
+    fn a_command_that_changed_nothing_gets_nothing_of_the_users_undone() {
+        let end = end_of(&[b"plain text\r\n\x1b[1;31mred\x1b[0m \x1b]0;a title\x07"]);
+        assert_eq!(end.as_bytes(), [BEFORE_MESSAGES, SOFT_RESET].concat());
+        assert!(end_of(&[]).is_empty(), "a command that wrote nothing");
+    }
+
+    #[test]
+    fn colours_the_command_set_are_put_back_and_only_those() {
+        let end = end_of(&[b"\x1b]11;#000000\x07\x1b]4;1;rgb:00/00/00\x1b\\\x1b]12;red\x07"]);
+        assert!(end.contains("\x1b]111\x1b\\"), "{end:?}");
+        assert!(end.contains("\x1b]112\x1b\\"), "{end:?}");
+        assert!(end.contains("\x1b]104\x1b\\"), "{end:?}");
+        assert!(
+            !end.contains("\x1b]110"),
+            "the foreground was not set: {end:?}"
+        );
+        assert!(!end.contains("\x1b]105"), "{end:?}");
+    }
+
+    #[test]
+    fn a_sequence_split_between_reads_is_still_seen() {
+        let end = end_of(&[b"\x1b", b"]1", b"0;white\x07\x1b[", b"?100", b"0h"]);
+        assert!(end.contains("\x1b]110\x1b\\"), "{end:?}");
+        assert!(end.contains("\x1b[?1000l"), "{end:?}");
+    }
+
+    #[test]
+    fn input_modes_left_on_are_turned_off_and_those_turned_off_stay_as_they_are() {
+        let end = end_of(&[b"\x1b[?1000;1006h\x1b[?2004h\x1b[?1004h\x1b[?1004l\x9b?2026h"]);
+        for mode in [1000, 1006, 2004, 2026] {
+            assert!(end.contains(&format!("\x1b[?{mode}l")), "{mode}: {end:?}");
+        }
+        assert!(!end.contains("\x1b[?1004l"), "{end:?}");
+        // Not private modes, or not set: nothing to undo.
+        let end = end_of(&[b"\x1b[1000h\x1b[>1000h\x1b[?1000$p\x1b[?25l"]);
+        assert!(!end.contains("1000l"), "{end:?}");
+    }
+
+    #[test]
+    fn the_alternate_screen_is_left_the_way_it_was_entered_before_the_soft_reset() {
+        let end = end_of(&[b"\x1b[?1049h\x1b[2J\x1b[10;1Hediting"]);
+        let left = end
+            .find("\x1b[?1049l")
+            .expect("the alternate screen is left");
+        assert!(left < end.find("\x1b[!p").unwrap(), "{end:?}");
+        let end = end_of(&[b"\x1b[?47h", b"\x1b[?47l"]);
+        assert!(!end.contains("47l"), "it left it itself: {end:?}");
+    }
+
+    #[test]
+    fn what_was_undone_is_not_undone_again() {
+        let mut screen = changes(&[b"\x1b]10;red\x07\x1b]11;blue\x07\x1b]4;1;red\x07"]);
+        let before = String::from_utf8(screen.before_messages()).unwrap();
+        assert!(before.contains("\x1b]110\x1b\\") && before.contains("\x1b]111\x1b\\"));
+        assert!(
+            !before.contains("104"),
+            "the palette waits for the end: {before:?}"
+        );
+        assert_eq!(screen.before_messages(), BEFORE_MESSAGES);
+        let end = String::from_utf8(screen.at_end()).unwrap();
+        assert!(
+            end.contains("\x1b]104") && !end.contains("\x1b]110"),
+            "{end:?}"
+        );
+        assert!(screen.at_end().is_empty());
+    }
+
+    #[test]
+    fn a_colour_asked_for_is_not_set() {
+        let end = end_of(&[b"\x1b]11;?\x07\x1b]4;1;?;2;?\x1b\\\x1b]10;?;?\x9c"]);
+        assert!(!end.contains("\x1b]1"), "only queries: {end:?}");
+        let end = end_of(&[b"\x1b]10;?;#000\x07\x1b]4;1;?;2;red\x07"]);
+        assert!(
+            end.contains("\x1b]111") && !end.contains("\x1b]110"),
+            "{end:?}"
+        );
+        assert!(end.contains("\x1b]104"), "{end:?}");
+        let long = [b"\x1b]12;".as_slice(), &[b'x'; 600], b"\x07"].concat();
+        assert!(end_of(&[&long]).contains("\x1b]112"));
+    }
+
+    #[test]
+    fn a_cancelled_sequence_sets_nothing() {
+        let end = end_of(&[b"\x1b[?1000\x18h\x1b]1\x1a1;red"]);
+        assert!(!end.contains("1000l") && !end.contains("111"), "{end:?}");
+    }
+}
