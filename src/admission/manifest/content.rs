@@ -129,6 +129,13 @@ impl UriTemplate {
                 }
             }
         }
+        for piece in &pieces {
+            if let Piece::Literal(literal) = piece
+                && let Some(fault) = spelling_fault(literal)
+            {
+                return Err(format!("literal text {literal:?}: {fault}"));
+            }
+        }
         if !pieces.contains(&Piece::Variable) {
             return Err("a template has at least one {variable}; use uri for one URI".into());
         }
@@ -204,38 +211,112 @@ impl UriTemplate {
     }
 }
 
-/// Whether a client's `uri` is in the one form it is routed in, and at most
-/// [`MAX_CLIENT_URI_BYTES`] long: every `%` starts an escape
-/// of two hex digits; no escape stands for an unreserved character (`%73` for `s`), a `/`,
-/// a backslash or a `.`; and no path segment is `.` or `..`. A URI that an executor may read
-/// as another (by decoding escapes or resolving dot segments) would otherwise escape the
-/// exact URI its server signed, and the label on it, through a template that also matches
-/// the other spelling (`test://docs/%73ecret` for `test://docs/secret`).
-pub(crate) fn is_normal_uri(uri: &str) -> bool {
-    if uri.len() > MAX_CLIENT_URI_BYTES {
-        return false;
-    }
-    let bytes = uri.as_bytes();
+/// Bytes a URI holds as they are (RFC 3986's unreserved characters, gen-delims and
+/// sub-delims): each stands for itself and is never escaped.
+fn literal_uri_byte(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"-._~:/?#[]@!$&'()*+,;=".contains(&byte)
+}
+
+/// Why `text` is not in the one spelling URIs are routed in, if it is not. Each byte a URI
+/// may hold as it is ([`literal_uri_byte`]) is written as it is; every other byte is
+/// escaped as `%` and two upper-case hex digits; a backslash is neither (an executor may
+/// read it as a `/`). So one URI has one spelling: an executor that decodes escapes reads
+/// two different spellings as two different names. Otherwise `file:///docs/a%28b%29`, read
+/// as `file:///docs/a(b)` by the executor, would miss the exact URI `file:///docs/a(b)` its
+/// server signed (and the label on it) and be routed through a template that matches the
+/// escapes instead.
+pub(crate) fn spelling_fault(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = |at: usize| bytes.get(at).and_then(|b| (*b as char).to_digit(16));
-            let (Some(hi), Some(lo)) = (hex(i + 1), hex(i + 2)) else {
-                return false;
+        let byte = bytes[i];
+        if byte == b'%' {
+            let digit = |at: usize| {
+                bytes.get(at).and_then(|b| {
+                    char::from(*b)
+                        .to_digit(16)
+                        .filter(|_| !b.is_ascii_lowercase())
+                })
             };
+            let (Some(hi), Some(lo)) = (digit(i + 1), digit(i + 2)) else {
+                return Some(format!(
+                    "the % at byte {i} does not start an escape of two upper-case hex digits"
+                ));
+            };
+            // Two hex digits: at most 0xff.
             let decoded = (hi * 16 + lo) as u8;
-            if decoded.is_ascii_alphanumeric() || b"-._~/\\".contains(&decoded) {
-                return false;
+            if literal_uri_byte(decoded) || decoded == b'\\' {
+                return Some(format!(
+                    "{} at byte {i} escapes {:?}, which a URI holds as it is",
+                    &text[i..i + 3],
+                    char::from(decoded)
+                ));
             }
             i += 3;
-        } else {
+        } else if literal_uri_byte(byte) {
             i += 1;
+        } else {
+            let shown = text[i..]
+                .chars()
+                .next()
+                .unwrap_or(char::REPLACEMENT_CHARACTER);
+            return Some(format!(
+                "{shown:?} at byte {i} is not held in a URI as it is; escape it (%XX, upper-case)"
+            ));
         }
     }
+    None
+}
+
+/// Why a client's `uri` is not one that is routed, if it is not: longer than
+/// [`MAX_CLIENT_URI_BYTES`], not in the one spelling ([`spelling_fault`]), or with a path
+/// segment `.` or `..` (an executor resolving dot segments would read another URI).
+pub(crate) fn uri_fault(uri: &str) -> Option<String> {
+    if uri.len() > MAX_CLIENT_URI_BYTES {
+        return Some(format!("longer than {MAX_CLIENT_URI_BYTES} bytes"));
+    }
+    if let Some(fault) = spelling_fault(uri) {
+        return Some(fault);
+    }
     let path = uri.split(['?', '#']).next().unwrap_or(uri);
-    !path
-        .split('/')
+    path.split('/')
         .any(|segment| segment == "." || segment == "..")
+        .then(|| "a path segment is . or ..".to_string())
+}
+
+/// Why a client's resource URI reaches no signed resource of a server, or not exactly one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnroutableUri {
+    /// Not a URI any read is routed by ([`uri_fault`]).
+    #[error("resource URI {uri:?} is not spelt as flowhost routes it: {reason}")]
+    Spelling {
+        /// The URI as the client sent it.
+        uri: String,
+        /// What is wrong with its spelling.
+        reason: String,
+    },
+    /// No signed URI or template is it.
+    #[error("no registered server signed a resource {uri:?}")]
+    NotSigned {
+        /// The URI as the client sent it.
+        uri: String,
+    },
+    /// Two templates of one server match it: which content (and label) the executor
+    /// serves would be its own choice, so the read is served by neither.
+    #[error(
+        "resource URI {uri:?} matches two templates server {server_id} signed, {first:?} and \
+         {second:?}: a read must reach exactly one"
+    )]
+    Ambiguous {
+        /// The URI as the client sent it.
+        uri: String,
+        /// The server that signed both templates.
+        server_id: String,
+        /// The first template, as signed.
+        first: String,
+        /// The second template, as signed.
+        second: String,
+    },
 }
 
 /// Whether a template variable's value may hold `byte`: unreserved characters and `%`
@@ -500,6 +581,11 @@ impl ResourceDefinition {
                     return Err(bad("has braces; a template goes in uri_template".into()));
                 }
                 check_scheme(uri).map_err(bad)?;
+                // A client reaches only a URI in the one spelling: one signed otherwise
+                // could never be read as signed, and its label never be the one applied.
+                if let Some(fault) = uri_fault(uri) {
+                    return Err(bad(fault));
+                }
                 ResourceLocator::Uri(uri.to_owned())
             }
             (None, Some(template)) => {

@@ -35,7 +35,7 @@ use crate::flow::ToolFlowDeclaration;
 
 pub use content::{
     ContentFlow, MAX_CLIENT_URI_BYTES, MAX_URI_BYTES, PromptArgument, PromptDefinition,
-    ResourceDefinition, ResourceLocator, UriTemplate,
+    ResourceDefinition, ResourceLocator, UnroutableUri, UriTemplate,
 };
 pub use decode::ManifestError;
 pub(crate) use decode::{decode_annotations, decode_flow, json_type};
@@ -121,15 +121,35 @@ impl ManifestBody {
     }
 
     /// The resource a read of `uri` is served by: a resource with exactly that URI first,
-    /// else the first template that expands to it.
-    pub fn resource_for(&self, uri: &str) -> Option<&ResourceDefinition> {
-        if !content::is_normal_uri(uri) {
-            return None;
+    /// else the one template that expands to it. Refused when `uri` is not in the one
+    /// spelling URIs are routed in, and when two templates expand to it.
+    pub fn resource_for(&self, uri: &str) -> Result<&ResourceDefinition, UnroutableUri> {
+        if let Some(reason) = content::uri_fault(uri) {
+            return Err(UnroutableUri::Spelling {
+                uri: uri.to_owned(),
+                reason,
+            });
         }
-        self.resources
+        if let Some(exact) = self
+            .resources
             .iter()
             .find(|r| matches!(r.locator(), ResourceLocator::Uri(u) if u == uri))
-            .or_else(|| self.resources.iter().find(|r| r.locator().matches(uri)))
+        {
+            return Ok(exact);
+        }
+        let mut templates = self.resources.iter().filter(|r| r.locator().matches(uri));
+        match (templates.next(), templates.next()) {
+            (Some(one), None) => Ok(one),
+            (Some(first), Some(second)) => Err(UnroutableUri::Ambiguous {
+                uri: uri.to_owned(),
+                server_id: self.server_id.clone(),
+                first: first.locator().as_str().to_owned(),
+                second: second.locator().as_str().to_owned(),
+            }),
+            (None, _) => Err(UnroutableUri::NotSigned {
+                uri: uri.to_owned(),
+            }),
+        }
     }
 
     /// Whether any tool carries a flow declaration (even a public one): such a manifest is

@@ -907,7 +907,7 @@ fn resources_and_prompts_round_trip_signed_and_route() {
         "test://template/123/data/more",
         "test://other",
     ] {
-        assert!(body.resource_for(not_declared).is_none(), "{not_declared}");
+        assert!(body.resource_for(not_declared).is_err(), "{not_declared}");
     }
     // Another spelling of a URI is never routed: an executor that decoded it or resolved
     // its dot segments would read something other than what the route (and its label)
@@ -923,17 +923,17 @@ fn resources_and_prompts_round_trip_signed_and_route() {
         "test://template/./data",
     ] {
         assert!(
-            body.resource_for(other_spelling).is_none(),
+            body.resource_for(other_spelling).is_err(),
             "{other_spelling}"
         );
     }
     // Escapes of what a variable must encode are fine.
-    assert!(body.resource_for("test://template/a%20b/data").is_some());
-    assert!(body.resource_for("test://template/..x/data").is_some());
+    assert!(body.resource_for("test://template/a%20b/data").is_ok());
+    assert!(body.resource_for("test://template/..x/data").is_ok());
     let long = |n: usize| format!("test://template/{}/data", "x".repeat(n));
     let fits = MAX_CLIENT_URI_BYTES - long(0).len();
-    assert!(body.resource_for(&long(fits)).is_some());
-    assert!(body.resource_for(&long(fits + 1)).is_none());
+    assert!(body.resource_for(&long(fits)).is_ok());
+    assert!(body.resource_for(&long(fits + 1)).is_err());
     let prompt = body.prompt("with_args").unwrap();
     assert!(prompt.check_arguments(Some(&json!({"arg1": "a"}))).is_ok());
     assert!(prompt.check_arguments(None).unwrap_err().contains("arg1"));
@@ -1104,6 +1104,91 @@ fn bad_resources_and_prompts_are_refused_naming_the_field() {
     }
 }
 
+/// A signed exact URI is reached only by its own spelling, never through a template that
+/// matches another spelling of it; and a URI two templates of one server match is served by
+/// neither. Before, `file:///srv/docs/salaries%282025%29.csv` (which the executor reads as
+/// the signed `salaries(2025).csv`) was routed through `file:///srv/docs/{name}` and its
+/// lower label, and the first of two matching templates won.
+#[test]
+fn another_spelling_or_a_second_template_never_routes_a_read() {
+    let body = with_content(
+        json!([
+            {"uri": "file:///srv/docs/salaries(2025).csv", "name": "salaries",
+             "flow": {"output_label": terms_label()}},
+            {"uri": "file:///srv/docs/caf%C3%A9", "name": "cafe",
+             "flow": {"output_label": terms_label()}},
+            {"uri_template": "file:///srv/docs/{name}", "name": "docs"},
+            {"uri_template": "docs://{id}", "name": "all"},
+            {"uri_template": "docs://secret-{id}", "name": "secrets",
+             "flow": {"output_label": terms_label()}}
+        ]),
+        json!([{"name": "p"}]),
+    );
+    let k = key(1);
+    let body = parse_value(&envelope_value(body, &k))
+        .unwrap()
+        .body()
+        .clone();
+    let name = |uri: &str| body.resource_for(uri).map(|r| r.name().to_owned());
+    assert_eq!(
+        name("file:///srv/docs/salaries(2025).csv").unwrap(),
+        "salaries"
+    );
+    assert_eq!(name("file:///srv/docs/caf%C3%A9").unwrap(), "cafe");
+    assert_eq!(name("file:///srv/docs/notes").unwrap(), "docs");
+    for other_spelling in [
+        "file:///srv/docs/salaries%282025%29.csv",
+        "file:///srv/docs/caf%c3%a9",
+        "file:///srv/docs/caf\u{e9}",
+        "file:///srv/docs/a%3Ab",
+        "file:///srv/docs/a b",
+        "file:///srv/docs/a\\b",
+    ] {
+        assert!(
+            matches!(
+                body.resource_for(other_spelling),
+                Err(UnroutableUri::Spelling { .. })
+            ),
+            "{other_spelling}: {:?}",
+            name(other_spelling)
+        );
+    }
+    let Err(UnroutableUri::Ambiguous { first, second, .. }) = body.resource_for("docs://secret-42")
+    else {
+        panic!("{:?}", name("docs://secret-42"));
+    };
+    assert_eq!(
+        (first.as_str(), second.as_str()),
+        ("docs://{id}", "docs://secret-{id}")
+    );
+    assert_eq!(name("docs://42").unwrap(), "all");
+    // What a client could never reach as signed is refused at admission.
+    for (resource, field) in [
+        (json!({"uri": "file:///srv/caf\u{e9}", "name": "r"}), "uri"),
+        (json!({"uri": "file:///srv/a%28b%29", "name": "r"}), "uri"),
+        (json!({"uri": "file:///srv/a%2f", "name": "r"}), "uri"),
+        (json!({"uri": "file:///srv/../etc", "name": "r"}), "uri"),
+        (
+            json!({"uri_template": "file:///srv/caf\u{e9}/{x}", "name": "r"}),
+            "uri_template",
+        ),
+        (
+            json!({"uri_template": "file:///srv/%7e/{x}", "name": "r"}),
+            "uri_template",
+        ),
+    ] {
+        let e = parse_body(with_content(
+            json!([resource.clone()]),
+            json!([{"name": "p"}]),
+        ));
+        assert!(
+            matches!(e, ManifestError::InvalidResourceUri { .. })
+                && e.to_string().starts_with(&format!("resources[0].{field}")),
+            "{resource}: {e}"
+        );
+    }
+}
+
 #[test]
 fn templates_overlap_conservatively() {
     let t = |s: &str| ResourceLocator::Template(UriTemplate::parse(s).unwrap());
@@ -1197,7 +1282,7 @@ fn template_matching_agrees_with_a_regular_expression() {
         "t://{a}/{b}",
         "t://x{a}x{b}x",
         "t://{a}a{b}",
-        "t://{a}%{b}%",
+        "t://{a}!{b}!",
         "t://{a}.a{b}/",
     ];
     let alphabet = ['a', '.', '/', '%', 'x', '!'];

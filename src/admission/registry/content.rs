@@ -3,7 +3,7 @@
 
 use super::{AdmissionError, VerifiedRegistry};
 use crate::label::InformationLabel;
-use crate::manifest::{ContentFlow, ManifestBody, ManifestDigest, PromptDefinition};
+use crate::manifest::{ContentFlow, ManifestBody, ManifestDigest, PromptDefinition, UnroutableUri};
 
 /// Where a resource read, prompt or completion goes, and the least label of what comes back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,11 +103,24 @@ impl VerifiedRegistry {
         })
     }
 
-    /// The server whose signed resource `uri` is (an exact URI before a template), if any.
-    pub fn resource_route(&self, uri: &str) -> Option<ContentRoute> {
-        self.servers.values().find_map(|s| {
-            let r = s.envelope.body().resource_for(uri)?;
-            self.route(s.server_id(), r.name(), r.locator().as_str(), r.flow())
+    /// The server whose signed resource `uri` is (an exact URI before a template); refused
+    /// when no server's is, when `uri` is not spelt as URIs are routed, and when two
+    /// templates of the server that has it match it (admission keeps servers' resources
+    /// apart).
+    pub fn resource_route(&self, uri: &str) -> Result<ContentRoute, UnroutableUri> {
+        for s in self.servers.values() {
+            let r = match s.envelope.body().resource_for(uri) {
+                Ok(r) => r,
+                Err(UnroutableUri::NotSigned { .. }) => continue,
+                Err(refused) => return Err(refused),
+            };
+            if let Some(route) = self.route(s.server_id(), r.name(), r.locator().as_str(), r.flow())
+            {
+                return Ok(route);
+            }
+        }
+        Err(UnroutableUri::NotSigned {
+            uri: uri.to_owned(),
         })
     }
 

@@ -949,7 +949,7 @@ fn rule_9_content_needs_the_operators_floor_and_carries_floor_join_signed_label(
         "t"
     );
     assert!(registry.resource_ref_route("test://t/42").is_none());
-    assert!(registry.resource_route("test://b").is_none());
+    assert!(registry.resource_route("test://b").is_err());
     assert_eq!(
         registry.prompt_route("srv", "p").unwrap().label,
         floor.join_or_top(&owner("alice"))

@@ -554,7 +554,7 @@ mod tests {
             Some(InformationLabel::bottom())
         );
         let (registry, _) = crate::daemon::verify_registry(&config).unwrap();
-        assert!(registry.resource_route("test://static-text").is_some());
+        assert!(registry.resource_route("test://static-text").is_ok());
         // Without resources or prompts, none is set.
         let text = self::args(&[])
             .host_config(

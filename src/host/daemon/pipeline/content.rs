@@ -126,13 +126,9 @@ fn route(
             Denial::InvalidParams,
         )
     };
-    let unknown_resource = |uri: &str| {
+    let unroutable = |why: crate::manifest::UnroutableUri| {
         (
-            refusal(
-                RESOURCE_NOT_FOUND,
-                format!("no registered server signed a resource {uri:?}"),
-                Denial::UnknownResource,
-            ),
+            refusal(RESOURCE_NOT_FOUND, why.to_string(), Denial::UnknownResource),
             Denial::UnknownResource,
         )
     };
@@ -157,9 +153,7 @@ fn route(
                 .get("uri")
                 .and_then(Value::as_str)
                 .ok_or_else(|| invalid("resources/read needs a string \"uri\"".into()))?;
-            let route = registry
-                .resource_route(uri)
-                .ok_or_else(|| unknown_resource(uri))?;
+            let route = registry.resource_route(uri).map_err(unroutable)?;
             Ok(Routed {
                 route,
                 params: json!({"uri": uri}),
@@ -214,9 +208,11 @@ fn route(
                         .get("uri")
                         .and_then(Value::as_str)
                         .ok_or_else(|| invalid("a ref/resource needs a string \"uri\"".into()))?;
-                    registry
-                        .resource_ref_route(uri)
-                        .ok_or_else(|| unknown_resource(uri))?
+                    registry.resource_ref_route(uri).ok_or_else(|| {
+                        unroutable(crate::manifest::UnroutableUri::NotSigned {
+                            uri: uri.to_owned(),
+                        })
+                    })?
                 }
                 _ => {
                     return Err(invalid(

@@ -180,8 +180,8 @@ impl Session {
             return Err(self.refuse_session(&what, e).await);
         };
         let route = match generation.registry.resource_route(uri) {
-            Some(r) if principal.may_call(&r.server_id, &r.name) => r,
-            Some(r) => {
+            Ok(r) if principal.may_call(&r.server_id, &r.name) => r,
+            Ok(r) => {
                 let e = refusal(
                     code::ACCESS_DENIED,
                     format!(
@@ -192,10 +192,10 @@ impl Session {
                 );
                 return Err(self.refuse_session(&what, e).await);
             }
-            None => {
+            Err(unroutable) => {
                 let e = refusal(
                     pipeline::content::RESOURCE_NOT_FOUND,
-                    format!("no registered server signed a resource {uri:?}"),
+                    unroutable.to_string(),
                     Denial::UnknownResource,
                 );
                 return Err(self.refuse_session(&what, e).await);
@@ -385,7 +385,7 @@ pub(super) fn may_watch(
     generation
         .registry
         .resource_route(uri)
-        .is_some_and(|r| r.server_id == server && principal.may_call(&r.server_id, &r.name))
+        .is_ok_and(|r| r.server_id == server && principal.may_call(&r.server_id, &r.name))
 }
 
 /// `value` without its `null` fields (optional fields MCP leaves out rather than nulls).
