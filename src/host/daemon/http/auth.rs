@@ -503,7 +503,10 @@ fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
     };
     // The key set decides who may act: a file others could change would let them add a
     // key of their own.
-    let bytes = crate::files::read_trusted(path, MAX_KEY_SET_BYTES, false)
+    // Nor may its directories be ones others could change: they could move another file
+    // of the host's (a key set from before a key was revoked) in under its name.
+    let bytes = crate::files::trusted_target(path)
+        .and_then(|_| crate::files::read_trusted(path, MAX_KEY_SET_BYTES, false))
         .map_err(|e| fail(format!("cannot be trusted: {e}")))?;
     let text = String::from_utf8(bytes).map_err(|_| fail("not UTF-8 text".into()))?;
     let set: JwkSet =
@@ -687,6 +690,14 @@ principals = {{ "user-1" = "alice" }}
         std::fs::remove_file(&jwks).unwrap();
         nix::unistd::mkfifo(&jwks, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         assert!(setup(dir.path()).is_err());
+        // A key set in a directory others may change: they could move a revoked key set's
+        // file (still the host's, still 0644) in under the name. Before, it was taken.
+        std::fs::remove_file(&jwks).unwrap();
+        std::fs::write(&jwks, &issuer.jwks).unwrap();
+        setup(dir.path()).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = setup(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("jwks.json") && e.contains("go-w"), "{e}");
     }
 
     /// A reload whose configuration drops the loopback principal (or names another) revokes
