@@ -432,13 +432,27 @@ impl DestinationRule {
 impl DestinationRule {
     /// Whether this rule, as a block, refuses `dest`: it matches it, or the IPv4 address an
     /// IPv6 one carries ([`reached_ip`]: NAT64, 6to4), which is where the packets go on a
-    /// host that translates them. A block of 10.0.0.0/8 so refuses 64:ff9b::a00:5.
+    /// host that translates them. A block of 10.0.0.0/8 so refuses 64:ff9b::a00:5. Within
+    /// NAT64's local-use prefix (64:ff9b:1::/48), where the operator's translator chose
+    /// where the IPv4 address sits, any block of IPv4 addresses refuses every address.
     pub fn blocks(&self, dest: &Destination) -> bool {
         if self.matches(dest) {
             return true;
         }
         match dest {
             Destination::Inet(addr) | Destination::Named { addr, .. } => {
+                if let (
+                    DestinationRule::Inet {
+                        net: IpNet::V4(_),
+                        port,
+                    },
+                    IpAddr::V6(v6),
+                ) = (self, addr.ip())
+                    && v6.segments()[..3] == [0x64, 0xff9b, 1]
+                    && port.is_none_or(|p| p == addr.port())
+                {
+                    return true;
+                }
                 let reached = reached_ip(addr.ip());
                 reached != canonical_ip(addr.ip())
                     && self.matches(&Destination::Inet(std::net::SocketAddr::new(
@@ -467,7 +481,8 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
 
 /// The address `ip` reaches: the IPv4 address an IPv6 one carries (IPv4-mapped
 /// `::ffff:0:0/96`, IPv4-translated `::ffff:0:0:0/96`, NAT64's 64:ff9b::/96, 6to4's
-/// 2002::/16), else `ip` itself.
+/// 2002::/16, IPv4-compatible `::a.b.c.d`, which a host with a `sit` tunnel up sends to
+/// `a.b.c.d`), else `ip` itself.
 pub fn reached_ip(ip: IpAddr) -> IpAddr {
     let IpAddr::V6(v6) = canonical_ip(ip) else {
         return canonical_ip(ip);
@@ -481,7 +496,9 @@ pub fn reached_ip(ip: IpAddr) -> IpAddr {
             lo as u8,
         ))
     };
-    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..6] == [0, 0, 0, 0, 0xffff, 0] {
+    // `::` and `::1` (and the rest of ::/112) are IPv6's own, not IPv4-compatible.
+    let compatible = s[..6] == [0; 6] && s[6] != 0;
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..6] == [0, 0, 0, 0, 0xffff, 0] || compatible {
         embedded(s[6], s[7])
     } else if s[0] == 0x2002 {
         embedded(s[1], s[2])
@@ -1179,6 +1196,49 @@ mod tests {
             Some(&to("[64:ff9b::c000:201]:443")),
         );
         assert!(!d.allowed, "{d:?}");
+    }
+
+    /// Where the operator's own translator (NAT64's local-use 64:ff9b:1::/48) or a `sit`
+    /// tunnel (IPv4-compatible `::a.b.c.d`) would carry an IPv6 destination to IPv4, a
+    /// block of IPv4 addresses refuses it. Before, both were judged as IPv6 only, and a
+    /// `default = "allow"` reached 169.254.169.254 past its block.
+    #[test]
+    fn a_block_covers_the_local_nat64_prefix_and_ipv4_compatible_addresses() {
+        let rules = DestinationRules {
+            allow: vec![],
+            block: vec![rule("169.254.0.0/16"), rule("[192.0.2.0/24]:8080")],
+            default: DefaultAction::Allow,
+        };
+        let to = |a: &str| Destination::Inet(a.parse().unwrap());
+        for (inside, by) in [
+            ("[64:ff9b:1::a9fe:a9fe]:80", "block 169.254.0.0/16"),
+            ("[64:ff9b:1:a9fe:a9:fe00::]:80", "block 169.254.0.0/16"),
+            ("[::a9fe:a9fe]:80", "block 169.254.0.0/16"),
+        ] {
+            let d = rules.decide(Some(&to(inside)));
+            assert_eq!((d.allowed, d.rule.as_str()), (false, by), "{inside}");
+        }
+        // A port the IPv4 block does not name, IPv6's own `::1`, and other IPv6 are not
+        // IPv4's.
+        let v4_port = DestinationRules {
+            block: vec![rule("[192.0.2.0/24]:8080")],
+            ..rules.clone()
+        };
+        assert!(
+            v4_port
+                .decide(Some(&to("[64:ff9b:1::c000:201]:443")))
+                .allowed
+        );
+        assert!(
+            !v4_port
+                .decide(Some(&to("[64:ff9b:1::c000:201]:8080")))
+                .allowed
+        );
+        assert_eq!(
+            reached_ip("::1".parse().unwrap()),
+            "::1".parse::<IpAddr>().unwrap()
+        );
+        assert!(rules.decide(Some(&to("[2001:db8::a9fe:a9fe]:80"))).allowed);
     }
 
     #[test]

@@ -906,10 +906,12 @@ impl Naming {
 
 /// Whether `addr` reaches one of `upstream`'s servers (see [`ExecutorDns::is_upstream`]).
 fn reaches_upstream(upstream: &Upstream, addr: &SocketAddr) -> bool {
-    let ip = canonical_ip(addr.ip());
+    // Where the packets go: an IPv6 form carrying the upstream's IPv4 address (NAT64,
+    // 6to4) reaches it too.
+    let ip = reached(addr.ip());
     let on_this_host = |ip: IpAddr| ip.is_loopback() || is_host_address(ip);
     upstream.servers().iter().any(|s| {
-        let server = canonical_ip(s.ip());
+        let server = reached(s.ip());
         s.port() == addr.port() && (server == ip || (on_this_host(server) && on_this_host(ip)))
     })
 }
@@ -1511,6 +1513,10 @@ mod tests {
             (Sendto, "127.0.0.1:5335"),
             (Sendto, "127.0.0.2:5335"),
             (Connect, "[::1]:5335"),
+            // The upstream's IPv4 address as NAT64 and 6to4 carry it: before, judged by
+            // address alone.
+            (Sendto, "[64:ff9b::7f00:1]:5335"),
+            (Sendto, "[2002:7f00:1::]:5335"),
         ] {
             assert!(
                 matches!(
