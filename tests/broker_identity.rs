@@ -61,6 +61,37 @@ async fn a_server_sees_the_executors_uid_and_gid_on_a_brokered_connect() {
     assert_eq!(peer.gid(), number(&r, "gid"));
 }
 
+/// A spawn that names the identity its executor runs as has its unix operations made as
+/// that identity too. Before, no uid was leased for it, so they were made as the broker
+/// itself: root, with its capabilities.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spawn_naming_its_identity_has_its_connects_made_as_that_identity() {
+    if !root_only() {
+        return;
+    }
+    let Some(b) = broker() else { return };
+    let dir = common::executor_visible_dir();
+    let path = dir.path().join("server.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    set_mode(&path, 0o777);
+    let argv = probe_argv(&["unix-connect", path.to_str().unwrap()]);
+    let named = (61_999, 61_998);
+    let run = common::run_as(&b, "brokered", argv, named, |_| Verdict::Allow).await;
+    let r = run.result();
+    assert_eq!(r["result"], "ok", "{r}");
+    assert_eq!((number(&r, "uid"), number(&r, "gid")), named, "{r}");
+    let (conn, _) = listener
+        .accept()
+        .expect("the allowed connect did not arrive");
+    let peer = getsockopt(&conn, sockopt::PeerCredentials).unwrap();
+    assert_eq!(
+        (peer.uid(), peer.gid()),
+        named,
+        "the server saw another identity"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_brokered_connect_needs_the_executors_own_file_permissions() {
     if !root_only() {

@@ -541,7 +541,13 @@ impl Broker {
             }
         }
         let lease = LeaseGuard::new(lease, self.inner.reaper.clone());
-        let identity = lease.uid().map(|u| (u, u)).or(self.inner.identity);
+        // The one identity the executor runs as (the spec's own first, as `prepare` takes
+        // it), and so the one its unix and netlink operations are performed as: the broker's
+        // own, with its capabilities, never.
+        let identity = spec
+            .identity
+            .or(lease.uid().map(|u| (u, u)))
+            .or(self.inner.identity);
         let filter = self
             .inner
             .programs

@@ -372,7 +372,26 @@ pub async fn run_with(
     argv: Vec<String>,
     policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
 ) -> Run {
-    run_judged(broker, profile(profile_name), argv, None, policy).await
+    run_judged(broker, profile(profile_name), argv, None, policy, None).await
+}
+
+/// [`run_with`], with the spawn naming the uid and gid the executor runs as.
+pub async fn run_as(
+    broker: &Broker,
+    profile_name: &str,
+    argv: Vec<String>,
+    identity: (u32, u32),
+    policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
+) -> Run {
+    run_judged(
+        broker,
+        profile(profile_name),
+        argv,
+        None,
+        policy,
+        Some(identity),
+    )
+    .await
 }
 
 /// Runs `argv` under `profile` (one a test made), answering every attempt with `policy`.
@@ -382,7 +401,7 @@ pub async fn run_under(
     argv: Vec<String>,
     policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
 ) -> Run {
-    run_judged(broker, profile, argv, None, policy).await
+    run_judged(broker, profile, argv, None, policy, None).await
 }
 
 /// Runs `argv` under `profile` with `judge` as the broker's synchronous judge; attempts it
@@ -401,6 +420,7 @@ pub async fn run_inline(
         argv,
         Some(Box::new(judge)),
         policy,
+        None,
     )
     .await
 }
@@ -413,8 +433,10 @@ async fn run_judged(
     argv: Vec<String>,
     inline: Option<InlinePolicy>,
     policy: impl Fn(&AttemptInfo) -> Verdict + Send + 'static,
+    identity: Option<(u32, u32)>,
 ) -> Run {
     let mut spec = SpawnSpec::new(argv, profile);
+    spec.identity = identity;
     spec.stdin = StdioMode::Null;
     spec.wall_clock = Some(Duration::from_secs(30));
     let seen = Arc::new(Mutex::new(Vec::new()));
