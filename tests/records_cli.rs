@@ -253,6 +253,34 @@ fn a_record_file_left_last_by_deleting_later_ones_is_reported_cut() {
     assert!(!out.exists());
 }
 
+/// A record file read alone is held to what its directory's anchor says of it, even when a
+/// later-named record file (here an empty decoy) makes it look rotated. Before, the anchor
+/// and ring checkpoint were dropped for a file that was not its directory's last, so lines
+/// cut from its end verified as ok.
+#[test]
+fn a_later_record_file_does_not_excuse_a_cut_from_the_anchored_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 6, 1 << 20);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_str().unwrap();
+    let digits = name.trim_start_matches(|c: char| !c.is_ascii_digit());
+    let width = digits.find(|c: char| !c.is_ascii_digit()).unwrap();
+    let decoy = dir
+        .path()
+        .join(name.replace(&digits[..width], &format!("{:0width$}", 500, width = width)));
+    assert_ne!(decoy, files[0]);
+    let l = lines(&files[0]);
+    write_lines(&files[0], &l[..4]);
+    std::fs::write(&decoy, "").unwrap();
+    let o = flowhost(&["records", "verify", files[0].to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("2 whole lines missing"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 /// An anchor named with `--head` that does not exist is an input error (exit 2), not a
 /// check without an anchor.
 #[test]

@@ -531,21 +531,32 @@ impl Judged {
 /// Verifies and judges one source (see the module docs).
 fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
-    if meta.is_dir() {
-        let judged = judge_records(matcher, path)?;
+    // A directory, or a record file of one (named as a writer names them), with no head
+    // anchor holding it: whole lines cut from its end would not show. A record file is
+    // judged as its directory is, however it is named on the command line.
+    let unanchored_records = |judged: Judged| {
         let unanchored = judged
             .report
             .as_ref()
             .is_some_and(|r| r.head_anchor.is_none() && r.records > 0 && r.is_ok());
-        return Ok(Judged {
+        Judged {
             unanchored,
             ..judged
-        });
+        }
+    };
+    if meta.is_dir() {
+        return judge_records(matcher, path).map(unanchored_records);
     }
+    let record_file = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(crate::records::store::parse_record_file_name)
+        .is_some();
     // One open serves telling the format and the lenient read, so both see the same file.
     let file = File::open(path).map_err(StoreError::io("open", path))?;
     match detect(path, &file)? {
         // Flowhost records (as the first line says): verified and judged in one read.
+        Format::Records if record_file => judge_records(matcher, path).map(unanchored_records),
         Format::Records => judge_records(matcher, path),
         Format::Stream => {
             match judge_stream(matcher, path, &file, Tuning::default()).inspect(|_| {

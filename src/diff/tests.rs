@@ -607,6 +607,11 @@ fn a_directory_without_its_head_anchor_is_inconclusive() {
     assert_first_says(&r, "has records but no head anchor");
     // The source's own completeness says so too (it was computed before this gap).
     assert_eq!(r.sources[0].observation_complete, Some(false));
+    // Its record file named alone is judged as its directory is. Before, clean (0).
+    let files = crate::records::store::record_files_on_disk(&records).unwrap();
+    let r = diff(&d, &files[0].path, Some(&h)).unwrap();
+    assert_eq!(r.exit_code(), 3);
+    assert_first_says(&r, "has records but no head anchor");
     // In a fleet, the host whose directory lost its anchor is the incomplete one.
     let other = fixture("observed/denied.jsonl");
     let r = diff_sources(

@@ -494,10 +494,13 @@ fn verify_records_in_blocks<G: Gather>(
             _ => None,
         }
     };
-    // A record file read alone that is its directory's last is held to what its directory's
-    // anchor and ring checkpoint say of this file or of a later one: a later one named
-    // means records past this file's end that are gone (its later files deleted). One
-    // naming an earlier file (a writer rotating meanwhile) vouches for nothing read here.
+    // A record file read alone is held to what its directory's anchor and ring checkpoint
+    // say of this very file, whichever file is its directory's last (another record file
+    // named after it, even an empty one made to look like a rotation, leaves this one's
+    // records where the witness says they are); and, when it is the directory's last, to
+    // what they say of a later one: that means records past this file's end that are gone
+    // (its later files deleted). One naming an earlier file (a writer rotating meanwhile)
+    // vouches for nothing read here.
     let sequence_of = |name: &str| super::store::parse_record_file_name(name);
     let this = path
         .file_name()
@@ -505,9 +508,13 @@ fn verify_records_in_blocks<G: Gather>(
         .and_then(sequence_of);
     let names_this_or_later =
         |file: &str| this.is_some_and(|this| sequence_of(file).is_some_and(|named| named >= this));
+    let names_this = |file: &str| this.is_some_and(|this| sequence_of(file) == Some(this));
+    let witnessed = |file: Option<&str>| match file {
+        Some(file) => names_this(file) || appending.is_some() && names_this_or_later(file),
+        None => appending.is_some(),
+    };
     let head_anchor = if head.is_none() && !meta.is_dir() {
-        head_anchor
-            .filter(|a| appending.is_some() && a.file.as_deref().is_none_or(&names_this_or_later))
+        head_anchor.filter(|a| witnessed(a.file.as_deref()))
     } else {
         head_anchor
     };
@@ -527,7 +534,7 @@ fn verify_records_in_blocks<G: Gather>(
     } else {
         // A record file beside a ring is refused as its directory would be.
         let (files, checkpoint) = super::store::record_sources_and_checkpoint(path)?;
-        let checkpoint = checkpoint.filter(|c| appending.is_some() && names_this_or_later(&c.file));
+        let checkpoint = checkpoint.filter(|c| witnessed(Some(&c.file)));
         (files, checkpoint, Vec::new())
     };
     let witnesses = Witness::of(head_anchor.as_ref(), checkpoint.as_ref());
