@@ -212,6 +212,23 @@ async fn a_label_lower_than_this_host_has_seen_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("lower than this host has seen"), "{err}");
+    // Lowered again, then found by a raise whose join puts the label back as it was: the
+    // loss is found all the same. Before, the join was what was checked, so it passed.
+    assert_eq!(a.get(&k).await.unwrap().principal, compartment("c1"));
+    raw(&pg)
+        .await
+        .execute(
+            "UPDATE principal_labels SET label = $1 WHERE principal = $2",
+            &[&restored, &ANALYST],
+        )
+        .await
+        .unwrap();
+    let err = a
+        .raise(&k, &compartment("c1"), &compartment("c1"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("lower than this host has seen"), "{err}");
 }
 
 /// Two lab daemons (own sockets, state and record directories) sharing `pg`.

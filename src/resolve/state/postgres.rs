@@ -760,6 +760,17 @@ impl PostgresStore {
         Ok(store)
     }
 
+    /// [`PostgresStore::seen_before`] inside an operation ([`PostgresStore::run`]), once its
+    /// connection is ready, just before its query is sent: a raise this host committed
+    /// while the operation waited for its connection (or connected again, perhaps to a new
+    /// primary that lost it) is then one the answer must hold.
+    fn seen_now(&self, principal: &PrincipalId) -> Result<InformationLabel, PgError> {
+        self.seen_before(principal).map_err(|e| PgError::Query {
+            target: self.target.name.clone(),
+            reason: e.to_string(),
+        })
+    }
+
     /// The label this host has seen for `principal` so far; taken before a query, so that
     /// a concurrent raise that returns first cannot make this query's (older) answer look
     /// like a rollback.
@@ -967,18 +978,20 @@ impl PostgresStore {
         }
     }
 
-    /// Joins `label` into the principal's stored label under the row's lock, committed.
+    /// Joins `label` into the principal's stored label under the row's lock, committed:
+    /// the label the database held before (what is checked against what this host has
+    /// seen: the join could hide a label rolled back) and the one it holds after.
     async fn raise_principal(
         &self,
         client: &mut Client,
         principal: &PrincipalId,
         label: &InformationLabel,
-    ) -> Result<InformationLabel, PgError> {
+    ) -> Result<(InformationLabel, InformationLabel), PgError> {
         // Labels only grow: a label that already holds `label` keeps holding it, so the
         // common call that adds nothing needs no lock and no commit.
         let current = self.principal_label(client, principal).await?;
         if current.join_or_top(label) == current {
-            return Ok(current);
+            return Ok((current.clone(), current));
         }
         let q = |e: tokio_postgres::Error| self.query_error(&e);
         let tx = client.transaction().await.map_err(q)?;
@@ -990,8 +1003,8 @@ impl PostgresStore {
             )
             .await
             .map_err(q)?;
-        let joined = if inserted == 1 {
-            label.clone()
+        let (held, joined) = if inserted == 1 {
+            (InformationLabel::bottom(), label.clone())
         } else {
             let row = tx
                 .query_one(
@@ -1013,10 +1026,10 @@ impl PostgresStore {
                 .await
                 .map_err(q)?;
             }
-            joined
+            (held, joined)
         };
         tx.commit().await.map_err(q)?;
-        Ok(joined)
+        Ok((held, joined))
     }
 
     fn session_label(&self, key: &SessionKey) -> Result<InformationLabel, StateError> {
@@ -1034,9 +1047,11 @@ impl PostgresStore {
 impl StateBackend for PostgresStore {
     fn get<'a>(&'a self, key: &'a SessionKey) -> StateFuture<'a, FlowState> {
         Box::pin(async move {
-            let before = self.seen_before(&key.principal)?;
-            let principal = self
-                .run(async |c| self.principal_label(c, &key.principal).await)
+            let (before, principal) = self
+                .run(async |c| {
+                    let before = self.seen_now(&key.principal)?;
+                    Ok((before, self.principal_label(c, &key.principal).await?))
+                })
                 .await?;
             self.observed_or_write_back(&key.principal, &before, &principal)
                 .await?;
@@ -1054,12 +1069,20 @@ impl StateBackend for PostgresStore {
         session: &'a InformationLabel,
     ) -> StateFuture<'a, FlowState> {
         Box::pin(async move {
-            let before = self.seen_before(&key.principal)?;
-            let principal = self
-                .run(async |c| self.raise_principal(c, &key.principal, principal).await)
+            let (before, (held, principal)) = self
+                .run(async |c| {
+                    let before = self.seen_now(&key.principal)?;
+                    Ok((
+                        before,
+                        self.raise_principal(c, &key.principal, principal).await?,
+                    ))
+                })
                 .await?;
-            self.observed_or_write_back(&key.principal, &before, &principal)
+            // What the database held before this raise, not after it: the join would hide a
+            // label rolled back below what this host had seen.
+            self.observed_or_write_back(&key.principal, &before, &held)
                 .await?;
+            self.observed(&key.principal, &held, &principal)?;
             // The session's label is this host's alone; the join is commutative, so
             // concurrent raises of one session compose under the lock.
             let mut sessions = self.sessions.lock().map_err(|_| {
