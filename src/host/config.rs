@@ -176,6 +176,8 @@ enum RawState {
         #[serde(default)]
         ca_file: Option<PathBuf>,
         #[serde(default)]
+        server_user: Option<String>,
+        #[serde(default)]
         schema: Option<String>,
         #[serde(default = "default_state_timeout")]
         timeout_ms: u64,
@@ -400,6 +402,9 @@ pub struct PostgresStateConfig {
     pub password_file: Option<PathBuf>,
     /// PEM roots that authenticate the server; when set, TLS is required.
     pub ca_file: Option<PathBuf>,
+    /// Without `ca_file`: the user (a name or a uid) whose server on this machine is the
+    /// database; unset, `postgres`. A socket another user serves is refused.
+    pub server_user: Option<String>,
     /// The schema holding flowhost's tables, the only one searched; unset, the tables are
     /// `public`'s, and a role that searches another schema first is refused.
     pub schema: Option<String>,
@@ -974,10 +979,19 @@ impl HostConfig {
                 host_id,
                 password_file,
                 ca_file,
+                server_user,
                 schema,
                 timeout_ms,
                 connections,
             }) => {
+                if server_user.as_deref().is_some_and(|u| {
+                    u.is_empty() || u.len() > 64 || u.chars().any(|c| c.is_control() || c == ':')
+                }) {
+                    return Err(invalid(
+                        "host.state.server_user".into(),
+                        format!("{server_user:?} is not a user name or uid"),
+                    ));
+                }
                 if host_id.is_empty()
                     || host_id.len() > MAX_HOST_ID
                     || !host_id
@@ -1027,6 +1041,7 @@ impl HostConfig {
                     host_id: host_id.clone(),
                     password_file: password_file.as_deref().map(resolve),
                     ca_file: ca_file.as_deref().map(resolve),
+                    server_user: server_user.clone(),
                     schema: schema.clone(),
                     timeout: Duration::from_millis(*timeout_ms),
                     connections: *connections,

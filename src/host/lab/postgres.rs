@@ -289,7 +289,7 @@ impl Postgres {
     pub fn state_setting(&self, host_id: &str) -> String {
         format!(
             "state = {{ backend = \"postgres\", url_file = \"{}\", password_file = \"{}\", \
-             host_id = \"{host_id}\", timeout_ms = 2000 }}",
+             host_id = \"{host_id}\", server_user = \"{NOBODY}\", timeout_ms = 2000 }}",
             self.url_file.display(),
             self.password_file.display()
         )
@@ -302,6 +302,7 @@ impl Postgres {
             host_id: host_id.into(),
             password_file: Some(self.password_file.clone()),
             ca_file: None,
+            server_user: Some(NOBODY.to_string()),
             schema: None,
             timeout: Duration::from_secs(2),
             connections: 4,

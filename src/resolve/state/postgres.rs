@@ -35,6 +35,7 @@
 //! database name) and never the password.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -244,7 +245,11 @@ fn poisoned<G>(_: std::sync::PoisonError<G>) -> StateError {
 /// How the store reaches the server.
 #[derive(Clone)]
 enum Tls {
-    Off,
+    /// Plaintext, to a server on this machine that `server_uid` serves (checked at each
+    /// connect: any local user could listen on a free port or socket name first).
+    Off {
+        server_uid: u32,
+    },
     Rustls(tokio_postgres_rustls::MakeRustlsConnect),
 }
 
@@ -348,7 +353,200 @@ fn describe(config: &Config) -> String {
     )
 }
 
+/// The uid whose server on this machine is the database: `server_user` (a name or a uid),
+/// else the user `postgres`.
+fn server_uid(settings: &PostgresStateConfig) -> Result<u32, PgError> {
+    let named = settings.server_user.as_deref();
+    let user = named.unwrap_or("postgres");
+    if let Ok(uid) = user.parse::<u32>() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Ok(u.uid.as_raw()),
+        found => Err(PgError::Settings {
+            file: settings.url_file.clone(),
+            reason: format!(
+                "the server is reached in plaintext on this machine, so flowhost checks which \
+                 user serves it, but {}: set [host] state's server_user to the user the \
+                 server runs as (or ca_file, to reach it over TLS)",
+                match (found, named) {
+                    (Err(e), _) => format!("user {user:?} cannot be looked up ({e})"),
+                    (_, Some(_)) => format!("there is no user {user:?}"),
+                    (_, None) => "there is no user \"postgres\" (the default)".to_string(),
+                }
+            ),
+        }),
+    }
+}
+
+/// Where the server at index `i` of `config` listens: a Unix socket's path, or TCP
+/// addresses (a name is looked up; [`remote_host`] has kept only names on this machine).
+async fn local_endpoints(config: &Config, i: usize) -> Result<Vec<LocalEndpoint>, String> {
+    let ports = config.get_ports();
+    let port = ports
+        .get(i)
+        .or((ports.len() == 1).then(|| &ports[0]))
+        .copied()
+        .unwrap_or(5432);
+    if let Some(addr) = config.get_hostaddrs().get(i) {
+        return Ok(vec![LocalEndpoint::Tcp(SocketAddr::new(*addr, port))]);
+    }
+    match config.get_hosts().get(i) {
+        Some(Host::Unix(dir)) => Ok(vec![LocalEndpoint::Unix(
+            dir.join(format!(".s.PGSQL.{port}")),
+        )]),
+        Some(Host::Tcp(name)) => {
+            let name = name.trim_start_matches('[').trim_end_matches(']');
+            let found = tokio::net::lookup_host((name, port))
+                .await
+                .map_err(|e| format!("cannot look {name:?} up: {e}"))?;
+            // Only what the name is on this machine: a name that resolved elsewhere is not
+            // one plaintext may reach.
+            Ok(found
+                .filter(|a| a.ip().is_loopback())
+                .map(LocalEndpoint::Tcp)
+                .collect())
+        }
+        None => Ok(vec![LocalEndpoint::Tcp(SocketAddr::new(
+            std::net::Ipv4Addr::LOCALHOST.into(),
+            port,
+        ))]),
+    }
+}
+
+/// One place a server on this machine may listen.
+#[derive(Debug)]
+enum LocalEndpoint {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl std::fmt::Display for LocalEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LocalEndpoint::Unix(path) => write!(f, "{}", path.display()),
+            LocalEndpoint::Tcp(addr) => write!(f, "{addr}"),
+        }
+    }
+}
+
+/// The uid that owns the server's end of loopback connection `stream`: the socket the
+/// server accepted (its owner is the listener's), from the kernel's table of TCP sockets.
+fn tcp_server_uid(stream: &tokio::net::TcpStream) -> Result<u32, String> {
+    let ours = stream.local_addr().map_err(|e| e.to_string())?;
+    let theirs = stream.peer_addr().map_err(|e| e.to_string())?;
+    let same = |a: SocketAddr, b: SocketAddr| {
+        a.port() == b.port()
+            && crate::destination::canonical_ip(a.ip()) == crate::destination::canonical_ip(b.ip())
+    };
+    let table = |read: fn() -> procfs::ProcResult<Vec<procfs::net::TcpNetEntry>>| {
+        read().map_err(|e| format!("cannot read the kernel's TCP table: {e}"))
+    };
+    table(procfs::net::tcp)?
+        .into_iter()
+        .chain(table(procfs::net::tcp6)?)
+        .find(|e| same(e.local_address, theirs) && same(e.remote_address, ours))
+        .map(|e| e.uid)
+        .ok_or_else(|| format!("no socket of this machine serves {theirs}"))
+}
+
 impl Target {
+    /// Connects in plaintext to the first server listed that answers and is served by
+    /// `server_uid`; a socket another user serves is refused, naming who serves it.
+    async fn connect_local(&self, server_uid: u32) -> Result<Client, PgError> {
+        let refuse = |reason: String| PgError::Connect {
+            target: self.name.clone(),
+            reason,
+        };
+        let count = self
+            .config
+            .get_hosts()
+            .len()
+            .max(self.config.get_hostaddrs().len())
+            .max(1);
+        let mut last = None;
+        for i in 0..count {
+            let endpoints = match local_endpoints(&self.config, i).await {
+                Ok(e) => e,
+                Err(why) => {
+                    last = Some(refuse(why));
+                    continue;
+                }
+            };
+            for endpoint in endpoints {
+                let connected = match &endpoint {
+                    LocalEndpoint::Unix(path) => {
+                        match tokio::net::UnixStream::connect(path).await {
+                            Ok(stream) => match stream.peer_cred() {
+                                Ok(peer) if peer.uid() == server_uid => self
+                                    .config
+                                    .connect_raw(stream, NoTls)
+                                    .await
+                                    .map(|(client, connection)| {
+                                        tokio::spawn(connection);
+                                        client
+                                    })
+                                    .map_err(|e| reason(&e)),
+                                Ok(peer) => Err(format!(
+                                    "{} is served by uid {}, not the server's user (uid \
+                                 {server_uid}): refused",
+                                    path.display(),
+                                    peer.uid()
+                                )),
+                                Err(e) => Err(format!(
+                                    "{}: cannot tell who serves it: {e}",
+                                    path.display()
+                                )),
+                            },
+                            Err(e) => Err(format!("{}: {e}", path.display())),
+                        }
+                    }
+                    LocalEndpoint::Tcp(addr) => match tokio::net::TcpStream::connect(addr).await {
+                        Ok(stream) => match tcp_server_uid(&stream) {
+                            Ok(uid) if uid == server_uid => self
+                                .config
+                                .connect_raw(stream, NoTls)
+                                .await
+                                .map(|(client, connection)| {
+                                    tokio::spawn(connection);
+                                    client
+                                })
+                                .map_err(|e| reason(&e)),
+                            Ok(uid) => Err(format!(
+                                "{addr} is served by uid {uid}, not the server's user (uid \
+                                 {server_uid}): refused"
+                            )),
+                            Err(why) => Err(format!("{addr}: cannot tell who serves it: {why}")),
+                        },
+                        Err(e) => Err(format!("{addr}: {e}")),
+                    },
+                };
+                let client = match connected {
+                    Ok(client) => client,
+                    Err(why) => {
+                        last = Some(refuse(why));
+                        continue;
+                    }
+                };
+                // As the driver does for a list of servers it connects to itself: the first
+                // that takes writes (`connect` checks it again, for every transport).
+                match client
+                    .query_one(
+                        "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') <> 'off'",
+                        &[],
+                    )
+                    .await
+                    .and_then(|row| row.try_get::<_, bool>(0))
+                {
+                    Ok(false) => return Ok(client),
+                    Ok(true) => last = Some(self.read_only(format!("{endpoint} refuses writes"))),
+                    Err(e) => last = Some(refuse(reason(&e))),
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| refuse("no server on this machine is listed".into())))
+    }
+
     fn load(settings: &PostgresStateConfig) -> Result<Self, PgError> {
         let text = read_file(&settings.url_file, "url_file")?;
         let mut config: Config = text.trim().parse().map_err(|e| PgError::Settings {
@@ -393,7 +591,9 @@ impl Target {
                     });
                 }
                 config.ssl_mode(SslMode::Disable);
-                Tls::Off
+                Tls::Off {
+                    server_uid: server_uid(settings)?,
+                }
             }
         };
         Ok(Target {
@@ -417,11 +617,7 @@ impl Target {
             }
         };
         let client = match &self.tls {
-            Tls::Off => {
-                let (client, connection) = self.config.connect(NoTls).await.map_err(failed)?;
-                tokio::spawn(connection);
-                client
-            }
+            Tls::Off { server_uid } => self.connect_local(*server_uid).await?,
             Tls::Rustls(tls) => {
                 let (client, connection) =
                     self.config.connect(tls.clone()).await.map_err(failed)?;
@@ -1294,6 +1490,7 @@ mod tests {
             host_id: "h".into(),
             password_file: None,
             ca_file: None,
+            server_user: Some("root".into()),
             schema: None,
             timeout: Duration::from_secs(1),
             connections: 1,
@@ -1356,6 +1553,64 @@ mod tests {
                 "{remote}: {e}"
             );
         }
+    }
+
+    /// In plaintext on this machine, the server is the one its user serves: whoever else
+    /// listens first on its port or socket name (a local user, while the database restarts
+    /// or on the address family it does not listen on) is refused before a password or a
+    /// query is sent. Before, the first listener was trusted with both.
+    #[tokio::test]
+    async fn a_local_server_another_user_serves_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = nix::unistd::getuid().as_raw();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let unix = tokio::net::UnixListener::bind(dir.path().join(".s.PGSQL.5432")).unwrap();
+        let mut s = settings(dir.path(), &format!("postgresql://u@127.0.0.1:{port}/db"));
+        s.server_user = Some((me + 1).to_string());
+        let target = Target::load(&s).unwrap();
+        let e = target.connect().await.unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "127.0.0.1:{port} is served by uid {me}, not the server's user"
+            )),
+            "{e}"
+        );
+        let mut s = settings(
+            dir.path(),
+            &format!("host={} port=5432 user=u dbname=db", dir.path().display()),
+        );
+        s.server_user = Some((me + 1).to_string());
+        let e = Target::load(&s)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(".s.PGSQL.5432 is served by uid"), "{e}");
+        // Its own user's server is spoken to (this listener speaks no PostgreSQL: it hangs
+        // up).
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = unix.accept().await {
+                drop(conn);
+            }
+        });
+        s.server_user = Some(me.to_string());
+        let e = Target::load(&s)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("served by uid"), "{e}");
+        drop(listener);
+        // A user that does not exist is refused at load, naming the setting.
+        s.server_user = Some("no-such-user-here".into());
+        let e = load_error(&s);
+        assert!(
+            e.contains("server_user") && e.contains("no-such-user-here"),
+            "{e}"
+        );
     }
 
     #[test]
