@@ -530,6 +530,9 @@ impl Target {
                 };
                 // As the driver does for a list of servers it connects to itself: the first
                 // that takes writes (`connect` checks it again, for every transport).
+                if self.config.get_target_session_attrs() != TargetSessionAttrs::ReadWrite {
+                    return Ok(client);
+                }
                 match client
                     .query_one(
                         "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') <> 'off'",
