@@ -250,6 +250,34 @@ fn sign_refuses_a_readable_key_a_foreign_body_and_a_broken_schema() {
     let reason = "tool \"publish\": input_schema is not a usable JSON Schema";
     assert!(stderr(&out).contains(reason), "{}", stderr(&out));
     assert!(!envelope.exists());
+
+    // A body small as written (80 KB) whose indented envelope would pass what a host reads:
+    // refused, naming the limit. Before, it was written, and no host would load it.
+    let mut nested = json!(vec![0; 40_000]);
+    for _ in 0..100 {
+        nested = json!([nested]);
+    }
+    let mut body = lab.body();
+    body["tools"][0]["output_schema"] = json!({"type": "object", "examples": [nested]});
+    let body_path = lab.path("deep.json");
+    std::fs::write(&body_path, body.to_string()).unwrap();
+    let out = flowhost(&[
+        "manifest",
+        "sign",
+        "--key",
+        s(&lab.key()),
+        "--manifest",
+        s(&body_path),
+        "--out",
+        s(&envelope),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("over the 1048576 a host reads"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!envelope.exists());
 }
 
 fn export(envelope: &Path, key: &str, doc: &Path, out: &Path) -> Output {

@@ -828,7 +828,12 @@ impl VerifiedRegistry {
                 .map(SignedManifest::to_json_value)
                 .collect(),
         );
-        files::write_atomic(path, crate::manifest::pretty(&set).as_bytes(), 0o644)
+        // Compact: indented, a deeply nested manifest (a schema 120 levels deep) grows tens of
+        // times over, and a few such would take the set past what is read back at start.
+        // A serde_json::Value always serializes (string keys, finite numbers).
+        let mut text = serde_json::to_string(&set).unwrap_or_default();
+        text.push('\n');
+        files::write_atomic(path, text.as_bytes(), 0o644)
     }
 }
 

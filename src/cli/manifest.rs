@@ -149,6 +149,20 @@ pub enum ManifestCommandError {
         /// Why.
         reason: VerifyError,
     },
+    /// The signed envelope, as written, would be larger than any host reads.
+    #[error(
+        "{}: the signed envelope would be {size} bytes, over the {limit} a host reads; \
+         make the manifest smaller (its schemas, descriptions)",
+        file.display()
+    )]
+    TooLarge {
+        /// The body file.
+        file: PathBuf,
+        /// The envelope's size as written.
+        size: usize,
+        /// The most a host reads.
+        limit: u64,
+    },
     /// The OpenAPI document could not be converted or updated.
     #[error("{}: {reason}", file.display())]
     OpenApi {
@@ -193,7 +207,18 @@ fn sign(args: SignArgs) -> CliResult {
             file: args.manifest.clone(),
             reason,
         })?;
-    files::write_atomic(&args.out, signed.to_pretty_json().as_bytes(), OUTPUT_MODE)?;
+    let text = signed.to_pretty_json();
+    // Indented, a deeply nested body grows well past its own size: refused here rather
+    // than by every host that would load it.
+    if u64::try_from(text.len()).map_or(true, |n| n > MAX_MANIFEST_FILE_BYTES) {
+        return Err(ManifestCommandError::TooLarge {
+            file: args.manifest.clone(),
+            size: text.len(),
+            limit: MAX_MANIFEST_FILE_BYTES,
+        }
+        .into());
+    }
+    files::write_atomic(&args.out, text.as_bytes(), OUTPUT_MODE)?;
     note!(
         "signed {} ({}) into {}",
         signed.body().server_id(),

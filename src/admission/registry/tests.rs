@@ -697,8 +697,11 @@ fn retained_set_round_trips_and_re_registers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(RETAINED_SET_FILE);
     registry.write_retained_set(&path, &[]).unwrap();
-    // A JSON array of envelopes, each with the body as signed.
-    let raw: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    // A JSON array of envelopes, each with the body as signed, written compact (one line):
+    // indented, a deeply nested manifest grows tens of times over.
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let raw: Value = serde_json::from_str(&text).unwrap();
     let bodies: Vec<&str> = raw
         .as_array()
         .unwrap()
