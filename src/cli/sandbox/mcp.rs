@@ -165,16 +165,37 @@ impl McpArgs {
 
     /// The host configuration for this one server, as TOML. Every path in it must be UTF-8
     /// (see [`McpSetupError::NotUtf8`]).
+    #[cfg(test)]
     fn host_config(
         &self,
         dir: &Path,
         records: &Path,
         health: &Path,
     ) -> Result<String, McpSetupError> {
+        self.derived_config(dir, records, health)
+            .map(|(text, _)| text)
+    }
+
+    /// The host configuration for this one server, as TOML, derived from the manifest as
+    /// verified with `--key`, and that manifest's digest: the host reads the file again,
+    /// and what it admits must be what the configuration was derived from.
+    fn derived_config(
+        &self,
+        dir: &Path,
+        records: &Path,
+        health: &Path,
+    ) -> Result<(String, crate::manifest::ManifestDigest), McpSetupError> {
         let manifest = absolute(&self.manifest)?;
         let shown = |what: &str, p: &Path| utf8(what, p.as_os_str()).map(str::to_string);
         let envelope = crate::manifest::load_envelope_file(&manifest)
             .map_err(|e| McpSetupError::Config(e.to_string()))?;
+        // The clearances and purposes below come from this body: one that does not verify
+        // (an unsigned body the file held a moment before a signed one) must not give them.
+        let verifying = crate::keys::verifying_key_from_arg(&self.key)
+            .map_err(|e| McpSetupError::Config(format!("--key {}: {e}", self.key)))?;
+        envelope.verify(&verifying).map_err(|e| {
+            McpSetupError::Config(format!("{}: not admitted: {e}", manifest.display()))
+        })?;
         let body = envelope.body();
         let tool_names: Vec<String> = body.tools().iter().map(|t| t.name().to_string()).collect();
         let mappings = match &self.mappings {
@@ -210,9 +231,7 @@ impl McpArgs {
         // The key is read here, once, by the daemon's rule (hex first, else a file read
         // from where the caller pointed), and the configuration names it by its hex: a file
         // named like the hex the caller gave (one a checked-out tree adds) is never read.
-        let key = crate::keys::verifying_key_from_arg(&self.key)
-            .map(|k| hex::encode(k.to_bytes()))
-            .map_err(|e| McpSetupError::Config(format!("--key {}: {e}", self.key)))?;
+        let key = hex::encode(verifying.to_bytes());
         let command = self.server_command()?;
         let env = self.server_env(|name| std::env::var_os(name))?;
         let absolute_all = |flag: &str, paths: &[PathBuf]| {
@@ -270,7 +289,8 @@ impl McpArgs {
         if let Some(floor) = content_floor {
             config["server"][0]["content_floor"] = json!(floor);
         }
-        toml::to_string(&config).map_err(|e| McpSetupError::Config(e.to_string()))
+        let text = toml::to_string(&config).map_err(|e| McpSetupError::Config(e.to_string()))?;
+        Ok((text, envelope.digest()))
     }
 }
 
@@ -291,9 +311,26 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     // it runs are made absolute first.
     let (records, health_file) = (in_cwd(&records)?, in_cwd(&health_file)?);
     let config_file = private.join("host.toml");
-    let text = args.host_config(private, &records, &health_file)?;
+    let (text, derived_from) = args.derived_config(private, &records, &health_file)?;
     crate::files::write_atomic(&config_file, text.as_bytes(), 0o600)?;
     let (host, listener) = crate::daemon::Host::start(&config_file, None).await?;
+    // The host read the manifest file again: one replaced in between is not the one the
+    // policy was derived from, and is not served under it.
+    let admitted: Vec<_> = host
+        .current()
+        .registry
+        .envelopes()
+        .map(crate::manifest::SignedManifest::digest)
+        .collect();
+    if admitted != [derived_from] {
+        host.begin_shutdown();
+        return Err(format!(
+            "{}: the manifest changed while the run started (its policy was derived from \
+             {derived_from}; the host read another): nothing was served",
+            args.manifest.display()
+        )
+        .into());
+    }
     let socket = host.current().config.socket.clone();
     let serving = tokio::spawn(crate::daemon::run(host.clone(), listener));
     let relayed = super::super::connect::bridge(&socket).await;
@@ -404,6 +441,34 @@ mod tests {
     fn config_of(args: &McpArgs) -> Result<String, McpSetupError> {
         let dir = tempfile::tempdir().unwrap();
         args.host_config(dir.path(), &dir.path().join("r"), &dir.path().join("h"))
+    }
+
+    /// The policy (clearances, purposes) is derived only from a manifest that verifies with
+    /// `--key`. Before, it was derived from whatever the file held, and the host verified
+    /// the file when it read it again: a body swapped in between gave its clearances to the
+    /// signed one.
+    #[test]
+    fn the_policy_is_derived_only_from_a_manifest_that_verifies() {
+        let other = hex::encode(
+            ed25519_dalek::SigningKey::from_bytes(&[7; 32])
+                .verifying_key()
+                .to_bytes(),
+        );
+        let mut a = args(&[]);
+        a.key = other.clone();
+        let e = config_of(&a).unwrap_err().to_string();
+        assert!(
+            e.contains("manifest.signed.json") && e.contains(&other) && !e.contains("--key"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let (_, digest) = args(&[])
+            .derived_config(dir.path(), &dir.path().join("r"), &dir.path().join("h"))
+            .unwrap();
+        let envelope =
+            crate::manifest::load_envelope_file(Path::new(&example("manifest.signed.json")))
+                .unwrap();
+        assert_eq!(digest, envelope.digest());
     }
 
     /// `--key HEX` is that key, whatever file is named like it where the run starts (a tree
