@@ -436,8 +436,18 @@ pub fn diff_sources(
     let matcher = Matcher::new(declared);
     let mut acc = Acc::default();
     let mut evidence = EvidenceSet::default();
+    // Evidence rejected outright (exit 4) is returned once every source is read: an input
+    // error in any of them (exit 2) comes first, whatever the order they were named in.
+    let mut rejected = None;
     for path in observed {
-        let judged = judge_source(&matcher, path)?;
+        let judged = match judge_source(&matcher, path) {
+            Ok(judged) => judged,
+            Err(DiffError::Store(e)) if e.rejects_the_evidence() => {
+                rejected.get_or_insert(DiffError::Store(e));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let (source, problems) = judged.summary(path);
         if judged.unanchored {
             evidence.unanchored.push(path.clone());
@@ -447,6 +457,9 @@ pub fn diff_sources(
         if let Some(part) = judged.acc {
             acc.merge(part);
         }
+    }
+    if let Some(rejected) = rejected {
+        return Err(rejected);
     }
     Ok(acc.finish(evidence, health, options))
 }

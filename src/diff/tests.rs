@@ -627,6 +627,39 @@ fn a_directory_without_its_head_anchor_is_inconclusive() {
     assert_eq!(complete, [Some(false), Some(true)]);
 }
 
+/// An input error (exit 2) in any source comes before evidence rejected (exit 4) in
+/// another, whichever was named first. Before, the first source's error decided.
+#[test]
+fn an_input_error_comes_before_rejected_evidence_whatever_the_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records");
+    let w = crate::records::RecordWriter::open(&records, Default::default()).unwrap();
+    let src = std::fs::read_to_string(fixture("observed/allowed_declared.jsonl")).unwrap();
+    for line in src.lines() {
+        w.commit_blocking(crate::records::DecisionRecord::from_json_line(line.as_bytes()).unwrap())
+            .unwrap();
+    }
+    w.close_blocking().unwrap();
+    std::fs::write(
+        records.join(crate::records::store::HEAD_FILE),
+        "not an anchor",
+    )
+    .unwrap();
+    let broken = dir.path().join("broken.jsonl");
+    std::fs::write(&broken, "{\"decision\": \n").unwrap();
+    let d = declared("declared_prod_allowlist");
+    let rejected = |e: &DiffError| matches!(e, DiffError::Store(s) if s.rejects_the_evidence());
+    let alone = diff_sources(&d, &[records.clone()], &[], DiffOptions::default()).unwrap_err();
+    assert!(rejected(&alone), "{alone}");
+    for order in [
+        [records.clone(), broken.clone()],
+        [broken.clone(), records.clone()],
+    ] {
+        let e = diff_sources(&d, &order, &[], DiffOptions::default()).unwrap_err();
+        assert!(!rejected(&e), "{order:?}: {e}");
+    }
+}
+
 /// Decisions no observer is named for leave the verified sources' observation incomplete
 /// too: they may be any host's, stripped of their chain.
 #[test]
