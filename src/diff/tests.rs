@@ -649,7 +649,13 @@ fn an_input_error_comes_before_rejected_evidence_whatever_the_order() {
     std::fs::write(&broken, "{\"decision\": \n").unwrap();
     let d = declared("declared_prod_allowlist");
     let rejected = |e: &DiffError| matches!(e, DiffError::Store(s) if s.rejects_the_evidence());
-    let alone = diff_sources(&d, &[records.clone()], &[], DiffOptions::default()).unwrap_err();
+    let alone = diff_sources(
+        &d,
+        std::slice::from_ref(&records),
+        &[],
+        DiffOptions::default(),
+    )
+    .unwrap_err();
     assert!(rejected(&alone), "{alone}");
     for order in [
         [records.clone(), broken.clone()],
