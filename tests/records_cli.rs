@@ -281,6 +281,28 @@ fn a_later_record_file_does_not_excuse_a_cut_from_the_anchored_one() {
     );
 }
 
+/// A record file that ends in a line longer than any record (17 MiB, no newline) is
+/// reported as not a record, and its rest is not read into memory. Before, the line was
+/// carried whole, however large the file.
+#[test]
+fn an_endless_line_is_not_a_record_and_is_not_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 2, 1 << 20);
+    let mut tail = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&files[0])
+        .unwrap();
+    std::io::Write::write_all(&mut tail, &vec![b'x'; 17 * 1024 * 1024]).unwrap();
+    drop(tail);
+    let o = flowhost(&["records", "verify", files[0].to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(":3: ") && stdout(&o).contains("longer than any record"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 /// An anchor named with `--head` that does not exist is an input error (exit 2), not a
 /// check without an anchor.
 #[test]

@@ -655,6 +655,12 @@ fn read_envelope(file: &Path) -> Result<serde_json::Value, DiffError> {
         file: file.to_path_buf(),
         problem,
     };
+    let size = fs::metadata(file)
+        .map_err(StoreError::io("read", file))?
+        .len();
+    if size > stream::MAX_ENVELOPE_BYTES {
+        return Err(stream::too_large(file));
+    }
     let bytes = fs::read(file).map_err(StoreError::io("read", file))?;
     let text = std::str::from_utf8(&bytes).map_err(|e| {
         bad(format!(

@@ -91,7 +91,15 @@ pub(super) fn detect(file: &Path, f: &File) -> Result<Format, DiffError> {
     }
 }
 
-/// The whole of `file`, read through `f` from its start.
+/// The longest line of a decision stream judged: far past any one decision.
+const LONGEST_STREAM_LINE: usize = 64 * 1024 * 1024;
+
+/// The largest envelope read: it is parsed whole, and a larger file would be held in
+/// memory several times over.
+pub(super) const MAX_ENVELOPE_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// The whole of `file`, read through `f` from its start, when it is at most
+/// [`MAX_ENVELOPE_BYTES`] long.
 fn read_all(file: &Path, f: &File) -> Result<Vec<u8>, DiffError> {
     let mut bytes = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
@@ -100,6 +108,20 @@ fn read_all(file: &Path, f: &File) -> Result<Vec<u8>, DiffError> {
             0 => return Ok(bytes),
             n => bytes.extend_from_slice(&chunk[..n]),
         }
+        if bytes.len() as u64 > MAX_ENVELOPE_BYTES {
+            return Err(too_large(file));
+        }
+    }
+}
+
+/// A file past [`MAX_ENVELOPE_BYTES`] that is not a decision stream.
+pub(super) fn too_large(file: &Path) -> DiffError {
+    DiffError::BadInput {
+        file: file.to_path_buf(),
+        problem: format!(
+            "not a JSONL decision stream, and over {MAX_ENVELOPE_BYTES} bytes, more than an \
+             envelope is read; judge the record directory it came from"
+        ),
     }
 }
 
@@ -225,7 +247,17 @@ pub(super) fn judge_range(
     let mut pos = start;
     while pos < end {
         if kept == buf.len() {
-            // One line longer than the buffer: grow it.
+            // One line longer than the buffer: grow it, up to a bound no decision comes
+            // near (a file of one endless line is refused, not read into memory).
+            if kept >= LONGEST_STREAM_LINE {
+                return Err(DiffError::BadLine {
+                    file: file.to_path_buf(),
+                    line: line + 1,
+                    problem: format!(
+                        "over {LONGEST_STREAM_LINE} bytes without a newline: not one decision"
+                    ),
+                });
+            }
             buf.resize(buf.len() * 2, 0);
         }
         let want = (buf.len() - kept).min((end - pos) as usize);

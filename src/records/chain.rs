@@ -962,9 +962,10 @@ impl Verifier {
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
         let mut line_no = 0u64;
         let mut gathered = gather.part();
-        let torn = std::thread::scope(|scope| -> Result<usize, StoreError> {
+        let (torn, too_long) = std::thread::scope(|scope| -> Result<(usize, bool), StoreError> {
             // The start of a line carried over from the previous block.
             let mut carried: Vec<u8> = Vec::new();
+            let mut too_long = false;
             let mut in_flight: Option<BlockFacts<'_, G::Part>> = None;
             // A buffer a linked block gave back (fresh memory costs a page fault per page).
             let mut spare: Option<Vec<u8>> = None;
@@ -997,6 +998,9 @@ impl Verifier {
                 let cut = memchr::memrchr(b'\n', &buf[scanned..]).map_or(0, |i| scanned + i + 1);
                 let next = if cut == 0 {
                     carried = buf;
+                    // No record is that long: what the file holds past it is not one, and
+                    // is not read into memory whatever its size.
+                    too_long = carried.len() as u64 > super::ring::LONGEST_LINE;
                     None
                 } else {
                     carried.extend_from_slice(&buf[cut..]);
@@ -1014,16 +1018,28 @@ impl Verifier {
                     spare = self.link_block(done, &mut line_no, named, gather, &mut gathered);
                 }
                 in_flight = next;
-                if n < block {
+                if n < block || too_long {
                     break;
                 }
             }
             if let Some(done) = in_flight.take() {
                 self.link_block(done, &mut line_no, named, gather, &mut gathered);
             }
-            Ok(carried.len())
+            Ok((carried.len(), too_long))
         })?;
-        if torn > 0 {
+        if too_long {
+            let at = self.place(Spot::Line(line_no + 1));
+            self.problem(
+                at,
+                ProblemKind::Malformed {
+                    error: format!(
+                        "over {} bytes without a newline, longer than any record: the rest of \
+                         the file is not read",
+                        super::ring::LONGEST_LINE
+                    ),
+                },
+            );
+        } else if torn > 0 {
             let at = self.place(Spot::Line(line_no + 1));
             self.problem(at, ProblemKind::TornLine { bytes: torn });
         }

@@ -738,7 +738,7 @@ pub fn read_past_checkpoint(file: &File, len: u64, at: u64) -> io::Result<(Vec<u
 
 /// The longest line [`durable_end_problem`] reads back: far beyond any record the writer
 /// makes, so that a file without newlines cannot make a reader hold all of it.
-const LONGEST_LINE: u64 = 16 * 1024 * 1024;
+pub(crate) const LONGEST_LINE: u64 = 16 * 1024 * 1024;
 
 /// Why the record files do not end their durable part where `checkpoint` says, if they do
 /// not: the line ending at its `bytes` in its `file` (at `bytes` 0: the last line of the
