@@ -54,7 +54,8 @@ impl HostEndpoints {
 
     /// Whether a TCP connect to `dest` reaches one of the host's listeners: its address,
     /// the unspecified address (which Linux connects to this host), or, for a listener on
-    /// every address, a loopback one; IPv4-mapped addresses as the IPv4 they carry.
+    /// every address, a loopback one or any other address of this host; IPv4-mapped
+    /// addresses as the IPv4 they carry.
     pub(crate) fn holds_tcp(&self, dest: SocketAddr) -> bool {
         let Ok(known) = self.tcp.read() else {
             return true;
@@ -63,8 +64,20 @@ impl HostEndpoints {
         known.iter().any(|listener| {
             let l = canonical_ip(listener.ip());
             listener.port() == dest.port()
-                && (d == l || d.is_unspecified() || (l.is_unspecified() && d.is_loopback()))
+                && (d == l
+                    || d.is_unspecified()
+                    || (l.is_unspecified() && (d.is_loopback() || assigned_here(d))))
         })
+    }
+}
+
+/// Whether `ip` is an address of this host (in the broker's network namespace, where it
+/// connects): one a socket can be bound to. Any doubt (an error other than "not here") is
+/// taken to be one.
+fn assigned_here(ip: std::net::IpAddr) -> bool {
+    match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
     }
 }
 
@@ -93,6 +106,19 @@ mod tests {
         for elsewhere in ["127.0.0.2:8931", "127.0.0.1:8932", "192.0.2.1:8931"] {
             assert!(!endpoints.holds_tcp(at(elsewhere)), "{elsewhere}");
         }
+        // The listener on every address is reached by any address of this host too (its
+        // own on the network, where the rules may allow a whole network). Before, only
+        // loopback ones were refused.
+        let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        match probe.connect("192.0.2.1:9") {
+            Ok(()) => {
+                let own = probe.local_addr().unwrap().ip();
+                assert!(endpoints.holds_tcp(SocketAddr::new(own, 9000)), "{own}");
+                assert!(!endpoints.holds_tcp(SocketAddr::new(own, 9001)), "{own}");
+            }
+            Err(e) => eprintln!("SKIP: no route to learn an address of this host by: {e}"),
+        }
+        assert!(!endpoints.holds_tcp(at("203.0.113.77:9000")));
     }
 
     #[test]
