@@ -226,7 +226,8 @@ impl StartupError {
     /// flow-state database unreachable, not taking writes (a failover under way), or still
     /// held by a daemon that is stopping.
     /// Everything else is a refusal (the configuration, a manifest, the broker on this host,
-    /// an executor that cannot start under it) that a retry cannot change.
+    /// an executor that cannot start under it, a database set up so that it cannot be used)
+    /// that a retry cannot change.
     pub fn may_pass(&self) -> bool {
         use crate::state::StateError;
         use crate::state::postgres::PgError;

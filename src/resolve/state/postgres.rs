@@ -120,6 +120,16 @@ pub enum PgError {
         /// What is wrong.
         reason: String,
     },
+    /// The database was reached but is set up so that flowhost cannot use it (a schema it
+    /// lacks, a role that searches another first, a durability level it does not know):
+    /// only the operator changes that, never a retry.
+    #[error("flow-state database {target}: cannot use it: {reason}")]
+    Unsuitable {
+        /// The database.
+        target: String,
+        /// What is wrong with it, and what to change.
+        reason: String,
+    },
     /// The database could not be reached or refused the connection.
     #[error("flow-state database {target}: cannot connect: {reason}")]
     Connect {
@@ -663,7 +673,7 @@ impl Target {
             "off" | "local" | "remote_write" => "on",
             level @ ("on" | "remote_apply") => level,
             other => {
-                return Err(PgError::Connect {
+                return Err(PgError::Unsuitable {
                     target: self.name.clone(),
                     reason: format!(
                         "its synchronous_commit is {other:?}, which flowhost does not know \
@@ -711,7 +721,7 @@ impl Target {
                     .await
                     .ok()
                     .and_then(|row| row.try_get(0).ok());
-                return Err(PgError::Connect {
+                return Err(PgError::Unsuitable {
                     target: self.name.clone(),
                     reason: format!(
                         "its role searches {} first (its search_path), not public, and \
@@ -739,7 +749,7 @@ impl Target {
                 .and_then(|row| row.try_get(0))
                 .map_err(failed)?;
             if !exists {
-                return Err(PgError::Connect {
+                return Err(PgError::Unsuitable {
                     target: self.name.clone(),
                     reason: format!(
                         "it has no schema {schema:?} (host.state.schema): create it \
@@ -1735,7 +1745,14 @@ mod tests {
         let admin = pg.client().await.unwrap();
         let mut s = pg.settings("h");
         s.schema = Some("fleet".into());
-        let e = migrate(&s).await.unwrap_err().to_string();
+        let e = migrate(&s).await.unwrap_err();
+        // What only the operator can change is not a cause that may pass by itself: a host
+        // refused for it exits 2, and its unit is not restarted again and again.
+        assert!(
+            matches!(e, StateError::Postgres(PgError::Unsuitable { .. })),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(
             e.contains("no schema \"fleet\"") && e.contains("host.state.schema"),
             "{e}"
