@@ -242,6 +242,30 @@ impl Remote {
     }
 }
 
+/// Which of `held` (each session's id, principal and time since it was last used) makes
+/// room for a new session of `principal` when all sessions are taken: the least recently
+/// used of the principal holding the most, when that one holds at least two more than
+/// `principal` does (so that the two never trade a session back and forth).
+fn fair_share_eviction<'a>(
+    held: impl Iterator<Item = (&'a str, &'a PrincipalId, Duration)>,
+    principal: &PrincipalId,
+) -> Option<String> {
+    let held: Vec<_> = held.collect();
+    let mut counts: HashMap<&PrincipalId, usize> = HashMap::new();
+    for (_, p, _) in &held {
+        *counts.entry(*p).or_default() += 1;
+    }
+    let own = counts.get(principal).copied().unwrap_or(0);
+    let (top, most) = counts.iter().max_by_key(|(_, n)| **n)?;
+    if *most < own + 2 {
+        return None;
+    }
+    held.iter()
+        .filter(|(_, p, _)| p == top)
+        .max_by_key(|(_, _, since)| *since)
+        .map(|(id, _, _)| (*id).to_owned())
+}
+
 /// The record budget of unauthenticated callers in the current fold interval.
 struct Budget {
     started: std::time::Instant,
@@ -1066,6 +1090,22 @@ impl Transport {
             tracing::info!(principal = %principal, "a new HTTP session replaces the principal's longest-idle one");
             evicted.ended.notify_one();
         }
+        // At the cap of all sessions, a principal holding fewer than another takes that
+        // one's least recently used session: principals that keep their sessions busy
+        // would otherwise shut every other principal out.
+        if sessions.len() >= MAX_SESSIONS
+            && let Some(id) = fair_share_eviction(
+                sessions.iter().map(|(id, r)| {
+                    let since = r.last_used.lock().map_or(Duration::ZERO, |t| t.elapsed());
+                    (id.as_str(), &r.principal, since)
+                }),
+                principal,
+            )
+            && let Some(evicted) = sessions.remove(&id)
+        {
+            tracing::info!(principal = %principal, holder = %evicted.principal, "at the cap of HTTP sessions, a new one replaces the least recently used of the principal holding the most");
+            evicted.ended.notify_one();
+        }
         let of_principal = sessions
             .values()
             .filter(|r| r.principal == *principal)
@@ -1281,6 +1321,46 @@ async fn json_answer(mut events: Events) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// At the cap of all sessions, a principal holding fewer takes the least recently used
+    /// session of the one holding the most. Before, principals keeping 64 sessions each
+    /// busy shut every other principal out (503) for as long as they liked.
+    #[test]
+    fn at_the_cap_a_principal_holding_fewer_takes_a_session_of_the_one_holding_most() {
+        let (a, b, c) = (
+            PrincipalId::new("a").unwrap(),
+            PrincipalId::new("b").unwrap(),
+            PrincipalId::new("c").unwrap(),
+        );
+        let secs = Duration::from_secs;
+        let ids: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
+        let held = [
+            (ids[0].as_str(), &a, secs(5)),
+            (ids[1].as_str(), &a, secs(50)),
+            (ids[2].as_str(), &a, secs(1)),
+            (ids[3].as_str(), &b, secs(500)),
+            (ids[4].as_str(), &b, secs(900)),
+        ];
+        assert_eq!(
+            fair_share_eviction(held.iter().copied(), &c).as_deref(),
+            Some("s1")
+        );
+        // b holds one fewer than a: taking one of a's leaves them even.
+        assert_eq!(
+            fair_share_eviction(held.iter().copied(), &b).as_deref(),
+            None,
+            "a holds 3, b 2: a new one of b's would make it 3 and a 2"
+        );
+        let even = [
+            held[0],
+            held[1],
+            held[3],
+            held[4],
+            (ids[5].as_str(), &c, secs(3)),
+        ];
+        assert_eq!(fair_share_eviction(even.iter().copied(), &c), None);
+        assert_eq!(fair_share_eviction(held.iter().copied(), &a), None);
+    }
 
     /// An accepted connection is set to find out about a peer that vanished: a keepalive
     /// probe after a minute idle, and a minute at most for unacknowledged data.
