@@ -226,8 +226,9 @@ impl Executor {
         self.stderr.take()
     }
 
-    /// Takes the stream of egress attempts (once). Attempts must be answered; while nobody
-    /// holds the stream, and after it is dropped, every attempt is refused.
+    /// Takes the stream of egress attempts (once). Attempts must be answered. Until it is
+    /// taken, attempts wait in it (the executor's calls with them), so take it as soon as
+    /// the executor is spawned; once it is dropped, every attempt is refused.
     pub fn take_attempts(&mut self) -> Option<mpsc::Receiver<EgressAttempt>> {
         self.attempts.take()
     }
