@@ -268,6 +268,31 @@ pub fn verify_registry(
 ) -> Result<(VerifiedRegistry, BTreeMap<String, Arc<Profile>>), StartupError> {
     let mut registry = VerifiedRegistry::new();
     let mut profiles = BTreeMap::new();
+    // A profiles directory named but not there (a typo, a mount not up) is refused: its
+    // profiles would be silently replaced by the built-in ones of the same names, which an
+    // operator's file may have made stricter.
+    for dir in &config.profiles_dir {
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(StartupError::Io {
+                    path: dir.clone(),
+                    source: std::io::Error::other(
+                        "host.profiles_dir names it, and it is not a directory",
+                    ),
+                });
+            }
+            Err(source) => {
+                return Err(StartupError::Io {
+                    path: dir.clone(),
+                    source: std::io::Error::new(
+                        source.kind(),
+                        format!("host.profiles_dir names it: {source}"),
+                    ),
+                });
+            }
+        }
+    }
     for s in &config.servers {
         let envelope = crate::manifest::load_envelope_file(&s.manifest).map_err(|source| {
             StartupError::Manifest {
@@ -840,6 +865,27 @@ fn id_in_range(text: &str, range: flowhost_broker::UidRange) -> Option<(String, 
 
 #[cfg(test)]
 mod tests {
+    /// A profiles directory the configuration names that is not there stops the start,
+    /// naming it. Before, it was skipped, and the built-in profiles of the same names ran
+    /// in place of the operator's.
+    #[test]
+    fn a_profiles_dir_that_is_not_there_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("profile");
+        let text = format!(
+            "[host]\nsocket = \"s\"\nstate_dir = \"st\"\nrecords_dir = \"r\"\nprofiles_dir = [{:?}]\n[[principal]]\nid = \"alice\"\nuids = [4242]\ntools = [\"*\"]\n",
+            missing.display().to_string()
+        );
+        let config = crate::config::HostConfig::parse(&dir.path().join("h.toml"), &text).unwrap();
+        let e = super::verify_registry(&config).unwrap_err().to_string();
+        assert!(
+            e.contains(&missing.display().to_string()) && e.contains("host.profiles_dir"),
+            "{e}"
+        );
+        std::fs::create_dir(&missing).unwrap();
+        super::verify_registry(&config).unwrap();
+    }
+
     /// A range of executor uids that holds a local user's uid or a group's gid is refused,
     /// naming it. Before, it was taken: an executor could run as that user.
     #[test]
