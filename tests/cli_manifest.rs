@@ -278,6 +278,34 @@ fn sign_refuses_a_readable_key_a_foreign_body_and_a_broken_schema() {
         stderr(&out)
     );
     assert!(!envelope.exists());
+
+    // Nested as deep as the parser reads, less than a host's retained set wraps it in: a
+    // host would admit it and then fail every later start reading the set back. Refused,
+    // saying how deep it nests.
+    let mut nested = json!(0);
+    for _ in 0..118 {
+        nested = json!([nested]);
+    }
+    let mut body = lab.body();
+    body["tools"][0]["output_schema"] = json!({"type": "object", "examples": [nested]});
+    std::fs::write(&body_path, body.to_string()).unwrap();
+    let out = flowhost(&[
+        "manifest",
+        "sign",
+        "--key",
+        s(&lab.key()),
+        "--manifest",
+        s(&body_path),
+        "--out",
+        s(&envelope),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nests 123 levels deep; a manifest may nest at most 120"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!envelope.exists());
 }
 
 fn export(envelope: &Path, key: &str, doc: &Path, out: &Path) -> Output {

@@ -218,6 +218,13 @@ fn sign(args: SignArgs) -> CliResult {
         }
         .into());
     }
+    // What is written is what hosts will read: read back as they read it.
+    crate::manifest::SignedManifest::parse(&text).map_err(|reason| {
+        format!(
+            "{}: the signed envelope would not load back: {reason}",
+            args.manifest.display()
+        )
+    })?;
     files::write_atomic(&args.out, text.as_bytes(), OUTPUT_MODE)?;
     note!(
         "signed {} ({}) into {}",

@@ -24,6 +24,16 @@ pub enum ManifestError {
     /// Not strict JSON: a syntax error, a duplicate key or an inexact integer.
     #[error(transparent)]
     Json(#[from] JsonError),
+    /// The body nests deeper than a host can read it back (see [`MAX_BODY_DEPTH`]).
+    #[error("{path}: nests {depth} levels deep; a manifest may nest at most {limit}")]
+    TooDeep {
+        /// The body.
+        path: JsonPath,
+        /// How deep it nests.
+        depth: usize,
+        /// The most it may.
+        limit: usize,
+    },
     /// A value of the wrong JSON type.
     #[error("{path}: expected {expected}, found {found}")]
     WrongType {
@@ -398,10 +408,40 @@ const ANNOTATION_FIELDS: &[&str] = &[
 
 const PRICING_FIELDS: &[&str] = &["model", "amount", "currency", "unit"];
 
+/// The deepest a body may nest (objects and arrays within one another, the body itself
+/// counted): the parser reads 128 levels, and a body is read back inside its envelope (one
+/// level more) and inside the host's retained set (two more), so one admitted now must
+/// still be readable there at every later start.
+pub const MAX_BODY_DEPTH: usize = 120;
+
+/// How deeply `value` nests (a scalar is 0, `[]` and `{}` are 1).
+fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(d + 1);
+        stack.extend(children.map(|c| (c, d + 1)));
+    }
+    deepest
+}
+
 impl ManifestBody {
     /// Decodes and checks a body; `at` is its location, used in error paths (the root for a
     /// body file, `manifest` inside an envelope).
     pub fn from_json_value(value: &Value, at: &JsonPath) -> Result<Self> {
+        let nesting = depth(value);
+        if nesting > MAX_BODY_DEPTH {
+            return Err(ManifestError::TooDeep {
+                path: at.clone(),
+                depth: nesting,
+                limit: MAX_BODY_DEPTH,
+            });
+        }
         // The schema comes first: a document of another format is reported as such rather
         // than as a list of unknown fields.
         if let Some(map) = value.as_object() {
