@@ -211,11 +211,27 @@ pub fn trusted_target(path: &Path) -> Result<PathBuf, TrustedFileError> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let link_dir = std::fs::canonicalize(parent).map_err(io)?;
-    let dirs = link_dir
-        .ancestors()
-        .chain(target.parent().into_iter().flat_map(Path::ancestors));
-    for dir in dirs {
+    // Every directory an entry of the path is looked up in, whatever links lead there: each
+    // directory of the path as written (a link in the middle of it, `keys -> /srv/keys`, is
+    // an entry of the directory above it, which could point it elsewhere), each one of
+    // where it leads, and each one above the file it ends at.
+    let mut dirs = std::collections::BTreeSet::new();
+    for written in parent.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        let real = std::fs::canonicalize(written).map_err(io)?;
+        dirs.extend(real.ancestors().map(Path::to_path_buf));
+    }
+    if parent.is_relative() {
+        let here = std::fs::canonicalize(".").map_err(io)?;
+        dirs.extend(here.ancestors().map(Path::to_path_buf));
+    }
+    dirs.extend(
+        target
+            .parent()
+            .into_iter()
+            .flat_map(Path::ancestors)
+            .map(Path::to_path_buf),
+    );
+    for dir in &dirs {
         let meta = std::fs::metadata(dir).map_err(|source| FileError::Open {
             path: dir.to_owned(),
             source,
@@ -467,6 +483,33 @@ fn sync_parent(path: &Path) -> Result<(), FileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A link in the middle of a path is an entry of the directory above it: one others may
+    /// change could point it at another directory of trusted files (an older key set). That
+    /// directory is judged, as the path's own are. Before, only where the link led was.
+    #[test]
+    fn a_directory_holding_a_link_in_the_middle_of_the_path_is_judged() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let keys = root.path().join("srv-keys");
+        std::fs::create_dir(&keys).unwrap();
+        std::fs::write(keys.join("jwks.json"), "{}").unwrap();
+        let etc = root.path().join("etc");
+        std::fs::create_dir(&etc).unwrap();
+        std::os::unix::fs::symlink(&keys, etc.join("keys")).unwrap();
+        let named = etc.join("keys/jwks.json");
+        assert_eq!(
+            trusted_target(&named).unwrap(),
+            std::fs::canonicalize(keys.join("jwks.json")).unwrap()
+        );
+        std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o777)).unwrap();
+        match trusted_target(&named) {
+            Err(TrustedFileError::Exposed { path, .. }) => {
+                assert_eq!(path, std::fs::canonicalize(&etc).unwrap())
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn streamed_write_replaces_whole_or_not_at_all() {

@@ -85,11 +85,37 @@ enum SandboxCommand {
     Mcp(mcp::McpArgs),
 }
 
+impl CommonArgs {
+    /// The directories searched for profiles: each `--profiles-dir` given, which must be a
+    /// directory (one mistyped would let the built-in profile of the same name run in
+    /// place of the operator's), else the default one if it is there.
+    fn profile_dirs(&self) -> Result<Vec<PathBuf>, String> {
+        if self.profiles_dir.is_empty() {
+            let default = PathBuf::from(DEFAULT_PROFILE_DIR);
+            return Ok(if default.is_dir() {
+                vec![default]
+            } else {
+                Vec::new()
+            });
+        }
+        for dir in &self.profiles_dir {
+            if !dir.is_dir() {
+                return Err(format!(
+                    "--profiles-dir {}: not a directory (or not there)",
+                    dir.display()
+                ));
+            }
+        }
+        Ok(self.profiles_dir.clone())
+    }
+}
+
 /// What both subcommands take about the sandbox, the evidence and the gate.
 #[derive(Debug, clap::Args)]
 struct CommonArgs {
-    /// Directory holding profile files (NAME.toml); may be repeated.
-    #[arg(long = "profiles-dir", default_value = DEFAULT_PROFILE_DIR)]
+    /// Directory holding profile files (NAME.toml); may be repeated. Default:
+    /// /etc/flowhost/profiles when it exists.
+    #[arg(long = "profiles-dir")]
     profiles_dir: Vec<PathBuf>,
     /// Allow egress to ADDR[:PORT], a CIDR[:PORT], *:PORT, NAME:PORT, *.NAME:PORT,
     /// unix:/path or unix:@name; may be repeated. Without any, every attempt is refused.
@@ -583,7 +609,7 @@ fn sandbox_health(
 async fn run(args: RunArgs) -> CliResult {
     // Before anything is printed: from here on the caller's terminal is looked after.
     let mut terminal = terminal::CommandTerminal::open()?;
-    let profile = Arc::new(Profile::find(&args.profile, &args.common.profiles_dir)?);
+    let profile = Arc::new(Profile::find(&args.profile, &args.common.profile_dirs()?)?);
     let evidence = args.common.evidence()?;
     let broker = Broker::new(BrokerOptions::default())?;
     broker.check_profile(&profile)?;

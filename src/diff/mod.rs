@@ -655,13 +655,20 @@ fn read_envelope(file: &Path) -> Result<serde_json::Value, DiffError> {
         file: file.to_path_buf(),
         problem,
     };
-    let size = fs::metadata(file)
-        .map_err(StoreError::io("read", file))?
-        .len();
-    if size > stream::MAX_ENVELOPE_BYTES {
+    // Read through the bound, not after a size look: a file that grows meanwhile (or a
+    // mount that says it is empty and never ends) stops at it too.
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(
+            fs::File::open(file).map_err(StoreError::io("open", file))?,
+            stream::MAX_ENVELOPE_BYTES + 1,
+        ),
+        &mut bytes,
+    )
+    .map_err(StoreError::io("read", file))?;
+    if bytes.len() as u64 > stream::MAX_ENVELOPE_BYTES {
         return Err(stream::too_large(file));
     }
-    let bytes = fs::read(file).map_err(StoreError::io("read", file))?;
     let text = std::str::from_utf8(&bytes).map_err(|e| {
         bad(format!(
             "not a valid {DECISION_SURFACE_SCHEMA} envelope: not UTF-8 ({e})"

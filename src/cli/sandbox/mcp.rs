@@ -241,7 +241,10 @@ impl McpArgs {
                 .collect::<Result<Vec<_>, _>>()
         };
         let (profiles_dir, read_paths) = (
-            absolute_all("--profiles-dir", &self.common.profiles_dir)?,
+            absolute_all(
+                "--profiles-dir",
+                &self.common.profile_dirs().map_err(McpSetupError::Config)?,
+            )?,
             absolute_all("--read", &self.common.read)?,
         );
         let manifest = shown("--manifest", &manifest)?;
@@ -443,6 +446,23 @@ mod tests {
         args.host_config(dir.path(), &dir.path().join("r"), &dir.path().join("h"))
     }
 
+    /// A `--profiles-dir` given must be there: mistyped, the built-in profile of the same
+    /// name would run in place of the operator's. Before, it was skipped. The default one
+    /// is searched only when it is there.
+    #[test]
+    fn a_profiles_dir_given_must_be_there() {
+        let e = config_of(&args(&["--profiles-dir", "/nonexistent/flowhost-profiles"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--profiles-dir /nonexistent/flowhost-profiles: not a directory"),
+            "{e}"
+        );
+        let there = tempfile::tempdir().unwrap();
+        let text = config_of(&args(&["--profiles-dir", there.path().to_str().unwrap()])).unwrap();
+        assert!(text.contains(there.path().to_str().unwrap()), "{text}");
+    }
+
     /// The policy (clearances, purposes) is derived only from a manifest that verifies with
     /// `--key`. Before, it was derived from whatever the file held, and the host verified
     /// the file when it read it again: a body swapped in between gave its clearances to the
@@ -539,8 +559,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("argument 1") && e.contains("UTF-8"), "{e}");
-        let mut dir = OsString::from("/tmp/");
+        let parent = tempfile::tempdir().unwrap();
+        let mut dir = parent.path().as_os_str().to_owned();
+        dir.push("/");
         dir.push(raw());
+        // There, so that only its name is at fault (a --profiles-dir must exist).
+        std::fs::create_dir(&dir).unwrap();
         for flag in ["--read", "--profiles-dir"] {
             let e = config_of(&args_running(
                 &[flag.into(), dir.clone()],

@@ -2150,7 +2150,9 @@ mod tests {
             ("::1", Some(Loopback)),
             ("::ffff:169.254.169.254", Some(LinkLocal)),
             ("::ffff:10.0.0.1", Some(Private)),
-            ("::10.0.0.1", Some(Reserved)),
+            // IPv4-compatible: as the IPv4 address it carries (a `sit` tunnel sends it there).
+            ("::10.0.0.1", Some(Private)),
+            ("::a9fe:a9fe", Some(LinkLocal)),
             ("64:ff9b::a9fe:a9fe", Some(LinkLocal)),
             ("64:ff9b::7f00:1", Some(Loopback)),
             ("2002:a00:1::1", Some(Private)),

@@ -449,8 +449,11 @@ fn tcp_server_uid(stream: &tokio::net::TcpStream) -> Result<u32, String> {
         a.port() == b.port()
             && crate::destination::canonical_ip(a.ip()) == crate::destination::canonical_ip(b.ip())
     };
-    let table = |read: fn() -> procfs::ProcResult<Vec<procfs::net::TcpNetEntry>>| {
-        read().map_err(|e| format!("cannot read the kernel's TCP table: {e}"))
+    let table = |read: fn() -> procfs::ProcResult<Vec<procfs::net::TcpNetEntry>>| match read() {
+        Ok(entries) => Ok(entries),
+        // A kernel without IPv6 has no IPv6 table, and no IPv6 socket to find in it.
+        Err(procfs::ProcError::NotFound(_)) => Ok(Vec::new()),
+        Err(e) => Err(format!("cannot read the kernel's TCP table: {e}")),
     };
     table(procfs::net::tcp)?
         .into_iter()
