@@ -25,6 +25,10 @@ pub(super) const BEFORE_MESSAGES: &[u8] = b"\x18\x1b\\\x1b[0m\x0f\x1b(B";
 /// cut.
 const SOFT_RESET: &[u8] = b"\x1b[!p\x1b[?7h";
 
+/// The Linux console's palette reset (`ESC ] R`), ended with ST, which the console ignores
+/// and which ends it as an OSC a terminal emulator ignores.
+const CONSOLE_PALETTE_RESET: &[u8] = b"\x1b]R\x1b\\";
+
 /// Private modes that change what the terminal sends as input, or holds back its output, and
 /// that a command ending normally turns off: mouse reports (9, 1000-1003) and their
 /// encodings (1005, 1006, 1015, 1016), focus reports (1004), bracketed paste (2004) and
@@ -49,12 +53,14 @@ enum State {
     Ground,
     /// After ESC.
     Escape,
-    /// After CSI: its parameters so far, whether it is private (`?`) and has intermediates.
+    /// After CSI: its parameters so far, whether it is private (`?`), its last intermediate
+    /// byte, and whether it began with the 8-bit CSI.
     Csi {
         private: bool,
         params: Vec<u32>,
         current: Option<u32>,
-        intermediate: bool,
+        intermediate: Option<u8>,
+        c1: bool,
     },
     /// After OSC: the number that says what it sets, so far.
     OscNumber { number: u32, digits: bool },
@@ -87,6 +93,11 @@ pub(super) struct ScreenChanges {
     /// Whether it set a colour of the palette (OSC 4) or a special colour (OSC 5).
     palette: bool,
     special: bool,
+    /// Whether it sent what may set colours in ways not read here (an OSC not known to be
+    /// harmless, kitty's OSC 21, a pop of saved colours): then every colour is put back.
+    unknown_colours: bool,
+    /// Whether it set a colour of the Linux console's palette (`ESC ] P`).
+    console_palette: bool,
 }
 
 impl Default for ScreenChanges {
@@ -99,8 +110,20 @@ impl Default for ScreenChanges {
             dynamic: 0,
             palette: false,
             special: false,
+            unknown_colours: false,
+            console_palette: false,
         }
     }
+}
+
+/// OSC numbers that set no colour: window and icon titles (0-3), the working directory (7),
+/// hyperlinks (8), notifications (9, 777), the pointer (22), the clipboard (52), shell
+/// integration marks (133, 633), and the resets of colours (104, 105, 110-119).
+fn harmless_osc(number: u32) -> bool {
+    matches!(
+        number,
+        0..=3 | 7 | 8 | 9 | 22 | 52 | 104 | 105 | 110..=119 | 133 | 633 | 777
+    )
 }
 
 const BEL: u8 = 0x07;
@@ -153,6 +176,45 @@ impl ScreenChanges {
                 },
             };
         }
+        if let State::OscNumber { number, digits } = state {
+            return match byte {
+                b'0'..=b'9' => State::OscNumber {
+                    number: number
+                        .saturating_mul(10)
+                        .saturating_add(u32::from(byte - b'0')),
+                    digits: true,
+                },
+                b';' if digits => State::OscText {
+                    number,
+                    text: Vec::new(),
+                    long: false,
+                },
+                CAN | SUB => State::Ground,
+                // Ended with no text: a reset (OSC 104) or kitty's pop of saved colours
+                // (OSC 30101), among others.
+                BEL | ESC | C1_ST => {
+                    if digits {
+                        self.set_colours(number, b"", false);
+                    } else {
+                        self.unknown_colours = true;
+                    }
+                    if byte == ESC {
+                        State::Escape
+                    } else {
+                        State::Ground
+                    }
+                }
+                // The Linux console's palette: `ESC ] P nrrggbb`, with no terminator.
+                b'P' if !digits => {
+                    self.console_palette = true;
+                    State::Ground
+                }
+                _ => {
+                    self.unknown_colours = true;
+                    State::Ground
+                }
+            };
+        }
         match (state, byte) {
             // A terminal cancels any sequence on CAN or SUB and starts another on ESC,
             // wherever it is.
@@ -162,7 +224,8 @@ impl ScreenChanges {
                 private: false,
                 params: Vec::new(),
                 current: None,
-                intermediate: false,
+                intermediate: None,
+                c1: byte == C1_CSI,
             },
             (State::Escape, b']') | (_, C1_OSC) => State::OscNumber {
                 number: 0,
@@ -170,92 +233,90 @@ impl ScreenChanges {
             },
             (
                 State::Csi {
-                    private,
+                    mut private,
                     mut params,
-                    current,
-                    intermediate,
+                    mut current,
+                    mut intermediate,
+                    c1,
                 },
                 byte,
-            ) => match byte {
-                b'?' if params.is_empty() && current.is_none() && !intermediate => State::Csi {
-                    private: true,
-                    params,
-                    current,
-                    intermediate,
-                },
-                b'0'..=b'9' => State::Csi {
-                    private,
-                    params,
-                    current: Some(
-                        current
-                            .unwrap_or(0)
-                            .saturating_mul(10)
-                            .saturating_add(u32::from(byte - b'0')),
-                    ),
-                    intermediate,
-                },
-                b';' | b':' => {
-                    if params.len() < MOST_PARAMETERS {
-                        params.push(current.unwrap_or(0));
+            ) => {
+                match byte {
+                    b'?' if params.is_empty() && current.is_none() && intermediate.is_none() => {
+                        private = true
                     }
-                    State::Csi {
-                        private,
-                        params,
-                        current: None,
-                        intermediate,
+                    b'0'..=b'9' => {
+                        current = Some(
+                            current
+                                .unwrap_or(0)
+                                .saturating_mul(10)
+                                .saturating_add(u32::from(byte - b'0')),
+                        )
                     }
-                }
-                0x20..=0x2f => State::Csi {
-                    private,
-                    params,
-                    current,
-                    intermediate: true,
-                },
-                // Other parameter bytes (`<`, `=`, `>`, a `?` not first) make a sequence
-                // that is not a private mode.
-                0x3c..=0x3f => State::Csi {
-                    private: false,
-                    params,
-                    current,
-                    intermediate,
-                },
-                0x40..=0x7e => {
-                    if private && !intermediate && matches!(byte, b'h' | b'l') {
+                    b';' | b':' => {
+                        if params.len() < MOST_PARAMETERS {
+                            params.push(current.unwrap_or(0));
+                        }
+                        current = None;
+                    }
+                    0x20..=0x2f => intermediate = Some(byte),
+                    // Other parameter bytes (`<`, `=`, `>`, a `?` not first) make a
+                    // sequence that is not a private mode.
+                    0x3c..=0x3f => private = false,
+                    0x40..=0x7e => {
                         if let Some(last) = current
                             && params.len() < MOST_PARAMETERS
                         {
                             params.push(last);
                         }
-                        for mode in params {
-                            self.set_mode(mode, byte == b'h');
-                        }
+                        self.csi_final(private, params, intermediate, c1, byte);
+                        return State::Ground;
                     }
-                    State::Ground
+                    // C0 controls inside a sequence are acted on and the sequence goes on.
+                    0x00..=0x1f => {}
+                    _ => return State::Ground,
                 }
-                // C0 controls inside a sequence are acted on and the sequence goes on.
-                0x00..=0x1f => State::Csi {
+                State::Csi {
                     private,
                     params,
                     current,
                     intermediate,
-                },
-                _ => State::Ground,
-            },
-            (State::OscNumber { number, .. }, byte @ b'0'..=b'9') => State::OscNumber {
-                number: number
-                    .saturating_mul(10)
-                    .saturating_add(u32::from(byte - b'0')),
-                digits: true,
-            },
-            (State::OscNumber { number, digits }, b';') if digits => State::OscText {
-                number,
-                text: Vec::new(),
-                long: false,
-            },
-            // Without `;`, an OSC sets nothing this reads.
-            (State::OscNumber { .. }, _) => State::Ground,
+                    c1,
+                }
+            }
             // Handled above, before any of these.
-            (State::Escape | State::Ground | State::OscText { .. }, _) => State::Ground,
+            (
+                State::Escape | State::Ground | State::OscText { .. } | State::OscNumber { .. },
+                _,
+            ) => State::Ground,
+        }
+    }
+
+    /// A control sequence ended with `byte`.
+    fn csi_final(
+        &mut self,
+        private: bool,
+        params: Vec<u32>,
+        intermediate: Option<u8>,
+        c1: bool,
+        byte: u8,
+    ) {
+        match (private, intermediate, byte) {
+            (true, None, b'h') => {
+                for mode in params {
+                    self.set_mode(mode, true);
+                }
+            }
+            // An 8-bit CSI sets what it names, but never clears it: a UTF-8 terminal shows
+            // the byte as text, and the mode would stay on unseen.
+            (true, None, b'l') if !c1 => {
+                for mode in params {
+                    self.set_mode(mode, false);
+                }
+            }
+            // XTPOPCOLORS: colours saved earlier come back, whatever they were.
+            (false, Some(b'#'), b'Q') => self.unknown_colours = true,
+            _ => {}
         }
     }
 
@@ -288,7 +349,7 @@ impl ScreenChanges {
                 }
             }
             // Each next text sets the next colour: OSC 10 `fg;bg` sets 10 and 11.
-            10..=19 => {
+            10..=19 if !text.is_empty() || long => {
                 if long {
                     self.dynamic |= 1 << (number - 10);
                 }
@@ -300,17 +361,27 @@ impl ScreenChanges {
                     }
                 }
             }
-            _ => {}
+            n if harmless_osc(n) => {}
+            // Anything else may set colours (kitty's OSC 21, iTerm2's 1337, a pop of saved
+            // colours): every colour is put back.
+            _ => self.unknown_colours = true,
         }
     }
 
     /// What to write before a batch of flowhost's messages while the command runs:
     /// [`BEFORE_MESSAGES`], then the default foreground and background colours back if the
-    /// command set them (text could be the colour of the background).
-    pub(super) fn before_messages(&mut self) -> Vec<u8> {
+    /// command set them, or may have (text could be the colour of the background); once
+    /// set, before every batch until the end, since the command can set them again in ways
+    /// not read here (a pop of colours it saved).
+    pub(super) fn before_messages(&self) -> Vec<u8> {
         let mut reset = BEFORE_MESSAGES.to_vec();
         for n in [10, 11] {
-            self.undo_dynamic(n, &mut reset);
+            if self.unknown_colours || self.dynamic & (1 << (n - 10)) != 0 {
+                reset.extend_from_slice(format!("\x1b]{}\x1b\\", 100 + n).as_bytes());
+            }
+        }
+        if self.console_palette {
+            reset.extend_from_slice(CONSOLE_PALETTE_RESET);
         }
         reset
     }
@@ -324,7 +395,7 @@ impl ScreenChanges {
         if !std::mem::take(&mut self.wrote) {
             return Vec::new();
         }
-        let mut reset = self.before_messages();
+        let mut reset = BEFORE_MESSAGES.to_vec();
         // Before the soft reset, which forgets the cursor that leaving the alternate screen
         // (1049) puts back: where the command started.
         if let Some(mode) = self.alternate.take() {
@@ -334,25 +405,25 @@ impl ScreenChanges {
             reset.extend_from_slice(format!("\x1b[?{mode}l").as_bytes());
         }
         reset.extend_from_slice(SOFT_RESET);
-        for n in 10..=19 {
-            self.undo_dynamic(n, &mut reset);
+        let unknown = std::mem::take(&mut self.unknown_colours);
+        // Unknown: the default foreground, background and cursor colours.
+        let dynamic = std::mem::take(&mut self.dynamic) | if unknown { 0b111 } else { 0 };
+        for n in 10..=19u32 {
+            // OSC `100 + n` resets dynamic colour `n` (OSC 110 the foreground OSC 10 sets).
+            if dynamic & (1 << (n - 10)) != 0 {
+                reset.extend_from_slice(format!("\x1b]{}\x1b\\", 100 + n).as_bytes());
+            }
         }
-        if std::mem::take(&mut self.palette) {
+        if std::mem::take(&mut self.palette) || unknown {
             reset.extend_from_slice(b"\x1b]104\x1b\\");
         }
-        if std::mem::take(&mut self.special) {
+        if std::mem::take(&mut self.special) || unknown {
             reset.extend_from_slice(b"\x1b]105\x1b\\");
         }
-        reset
-    }
-
-    /// OSC `100 + n` resets dynamic colour `n` (OSC 110 the foreground set by OSC 10).
-    fn undo_dynamic(&mut self, n: u32, reset: &mut Vec<u8>) {
-        let bit = 1 << (n - 10);
-        if self.dynamic & bit != 0 {
-            self.dynamic &= !bit;
-            reset.extend_from_slice(format!("\x1b]{}\x1b\\", 100 + n).as_bytes());
+        if std::mem::take(&mut self.console_palette) {
+            reset.extend_from_slice(CONSOLE_PALETTE_RESET);
         }
+        reset
     }
 }
 
@@ -422,22 +493,69 @@ mod tests {
         assert!(!end.contains("47l"), "it left it itself: {end:?}");
     }
 
+    /// Colours the command set are put back before every batch of messages until the end,
+    /// not once: it can bring them back in ways not read here (a pop of colours it saved).
+    /// Before, the reset was written once, and later verdicts could be black on black.
     #[test]
-    fn what_was_undone_is_not_undone_again() {
-        let mut screen = changes(&[b"\x1b]10;red\x07\x1b]11;blue\x07\x1b]4;1;red\x07"]);
-        let before = String::from_utf8(screen.before_messages()).unwrap();
-        assert!(before.contains("\x1b]110\x1b\\") && before.contains("\x1b]111\x1b\\"));
-        assert!(
-            !before.contains("104"),
-            "the palette waits for the end: {before:?}"
-        );
-        assert_eq!(screen.before_messages(), BEFORE_MESSAGES);
+    fn colours_once_set_are_put_back_before_every_batch_until_the_end() {
+        let mut screen = changes(&[b"\x1b]10;#000\x07\x1b]11;#000\x07\x1b[#P\x1b]4;1;red\x07"]);
+        for _ in 0..2 {
+            let before = String::from_utf8(screen.before_messages()).unwrap();
+            assert!(before.contains("\x1b]110\x1b\\") && before.contains("\x1b]111\x1b\\"));
+            assert!(
+                !before.contains("104"),
+                "the palette waits for the end: {before:?}"
+            );
+        }
         let end = String::from_utf8(screen.at_end()).unwrap();
         assert!(
-            end.contains("\x1b]104") && !end.contains("\x1b]110"),
+            end.contains("\x1b]104") && end.contains("\x1b]110"),
             "{end:?}"
         );
         assert!(screen.at_end().is_empty());
+        assert_eq!(screen.before_messages(), BEFORE_MESSAGES);
+    }
+
+    /// What may set colours in ways not read here (kitty's OSC 21, a pop of saved colours,
+    /// an OSC of unknown meaning) has every colour put back; titles and links do not.
+    #[test]
+    fn what_may_set_colours_unread_has_every_colour_put_back() {
+        for output in [
+            b"\x1b]21;foreground=#000;background=#000\x1b\\".as_slice(),
+            b"\x1b[#Q",
+            b"\x1b]30101\x1b\\",
+            b"\x1b]1337;SetColors=bg=000\x07",
+        ] {
+            let mut screen = changes(&[output]);
+            let before = String::from_utf8(screen.before_messages()).unwrap();
+            assert!(before.contains("\x1b]111"), "{output:?}: {before:?}");
+            let end = String::from_utf8(screen.at_end()).unwrap();
+            for reset in ["\x1b]110", "\x1b]111", "\x1b]104"] {
+                assert!(end.contains(reset), "{output:?}: {end:?}");
+            }
+        }
+        for harmless in [
+            b"\x1b]0;title\x07".as_slice(),
+            b"\x1b]8;;https://example.org\x1b\\link\x1b]8;;\x1b\\",
+            b"\x1b]52;c;aGk=\x07",
+            b"\x1b]104\x07",
+        ] {
+            assert_eq!(changes(&[harmless]).before_messages(), BEFORE_MESSAGES);
+        }
+        // The Linux console's palette, which its own sequence puts back.
+        let end = end_of(&[b"\x1b]P7000000"]);
+        assert!(end.contains("\x1b]R\x1b\\"), "{end:?}");
+    }
+
+    /// A mode an 8-bit CSI turns off is taken to stay on (a UTF-8 terminal shows the byte as
+    /// text): it is turned off at the end all the same.
+    #[test]
+    fn an_eight_bit_csi_never_clears_a_mode() {
+        let end = end_of(&[b"\x1b[?1049h\x1b[?1000h\x9b?1049;1000l"]);
+        assert!(
+            end.contains("\x1b[?1049l") && end.contains("\x1b[?1000l"),
+            "{end:?}"
+        );
     }
 
     #[test]
