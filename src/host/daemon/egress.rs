@@ -285,8 +285,9 @@ impl EgressJudge {
 
     /// The record of a judged attempt, or `None` when it is a refusal folded with identical
     /// ones (see [`super::refusals`]): nothing is then written now.
-    fn record_unless_folded(&self, facts: EgressFacts) -> Option<DecisionRecord> {
-        if self.refusals.admit_egress(&facts) == super::refusals::Admit::Folded {
+    fn record_unless_folded(&self, facts: EgressFacts, executor: i32) -> Option<DecisionRecord> {
+        let executor = u32::try_from(executor).unwrap_or(0);
+        if self.refusals.admit_egress(&facts, executor) == super::refusals::Admit::Folded {
             return None;
         }
         Some(DecisionRecord::egress_attempt(facts))
@@ -297,6 +298,7 @@ impl EgressJudge {
         call: Option<Arc<CallInFlight>>,
         attempt: EgressAttempt,
         naming: crate::dns::Naming,
+        executor: i32,
     ) -> Judgment {
         let info = attempt.info().clone();
         let details = named_broker_details(&info, naming.names());
@@ -319,7 +321,7 @@ impl EgressJudge {
         let facts = self.facts(call.as_deref().zip(judged.as_ref()), details);
         let under_grant = judged.as_ref().is_some_and(|v| v.under_grant);
         let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
-        let Some(record) = self.record_unless_folded(facts) else {
+        let Some(record) = self.record_unless_folded(facts, executor) else {
             attempt.respond(BrokerVerdict::DENY);
             return Judgment::default();
         };
@@ -405,7 +407,7 @@ impl EgressJudge {
         let facts = self.facts(call.as_deref().zip(judged.as_ref()), details);
         let under_grant = judged.as_ref().is_some_and(|v| v.under_grant);
         let allowed = judged.and_then(|v| v.verdict.allowed().then_some(v.source));
-        let Some(record) = self.record_unless_folded(facts) else {
+        let Some(record) = self.record_unless_folded(facts, pid) else {
             return (Judgment::default(), blocks);
         };
         match self.records.commit(record).await {
@@ -430,8 +432,9 @@ impl AttemptSink<CallInFlight> for EgressJudge {
         call: Option<Arc<CallInFlight>>,
         attempt: EgressAttempt,
         naming: crate::dns::Naming,
+        executor: i32,
     ) -> Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>> {
-        Box::pin(self.decide(call, attempt, naming))
+        Box::pin(self.decide(call, attempt, naming, executor))
     }
 
     fn judge_lookup(

@@ -385,11 +385,14 @@ pub trait AttemptSink<C>: Send + Sync + 'static {
     /// when the executor tried to reach out while no call was in flight; `naming` is what
     /// the executor's lookups say of the destination (the host names they got its address
     /// for, the last one first, or a lookup past its resolver).
+    /// `executor` is the pid of the executor the attempt came from (the attempt's own pid
+    /// is the calling thread's, one of as many as the executor starts).
     fn judge(
         &self,
         call: Option<Arc<C>>,
         attempt: EgressAttempt,
         naming: crate::dns::Naming,
+        executor: i32,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Judgment> + Send + '_>>;
 
     /// Judges one host-name lookup of executor `pid` (recording it either way), returning what
@@ -673,6 +676,7 @@ impl<C: NamedCall> McpExecutor<C> {
                     dns: dns.clone(),
                     upstream: template.dns.as_ref().map(|d| d.upstream.clone()),
                     server: template.server.clone(),
+                    executor_pid: exec.pid(),
                 },
             )));
         }
@@ -1292,6 +1296,8 @@ struct Routing<C> {
     upstream: Option<Arc<crate::dns::Upstream>>,
     /// The server (named in the egress decision log line).
     server: String,
+    /// The executor's pid: whose attempts these are, whichever of its threads made them.
+    executor_pid: i32,
 }
 
 /// What an executor's egress was approved under so far (see [`McpExecutor::fit_for`]).
@@ -1429,7 +1435,7 @@ async fn route_attempts<C: NamedCall>(mut attempts: mpsc::Receiver<EgressAttempt
         let info = attempt.info().clone();
         let tool = call.as_ref().map(|c| c.tool_name().to_string());
         let shown = naming.names().to_vec();
-        let judgment = r.sink.judge(call, attempt, naming).await;
+        let judgment = r.sink.judge(call, attempt, naming, r.executor_pid).await;
         log_egress_decision(
             &r.server,
             tool.as_deref(),

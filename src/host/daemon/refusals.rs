@@ -158,14 +158,19 @@ impl RefusalFolder {
     /// Decides whether the egress attempt (or lookup) `facts` is recorded now or folded
     /// (see the module docs). Only refusals fold: an allow is recorded before its effect,
     /// and a failure to decide (the flow state unreadable) is recorded each time.
-    pub fn admit_egress(&self, facts: &EgressFacts) -> Admit {
+    /// `executor` is the pid of the executor that made it: its budget, whichever of its
+    /// threads (or processes) made the attempt.
+    pub fn admit_egress(&self, facts: &EgressFacts, executor: u32) -> Admit {
         if !matches!(facts.verdict, crate::records::Verdict::Refused { .. }) {
             return Admit::Record;
         }
-        let pid = facts.broker.pid;
+        let pid = executor;
         let denial = facts.verdict.denial();
         let mut same = facts.broker.clone();
         same.bytes = None;
+        // The calling thread: an executor that starts a thread (or a process) per attempt
+        // must not make each one a kind of its own.
+        same.pid = 0;
         let c = &facts.context;
         let Ok(what) = serde_json::to_vec(&(&c.principal, &c.session, &c.call_id, &same)) else {
             return Admit::Record;
@@ -460,6 +465,35 @@ mod tests {
         assert_eq!(f.admit(call, &refusal(Some("a"), "x")), Admit::Record);
     }
 
+    /// `facts` admitted as its executor's, the executor being the thread that made it.
+    fn admit(f: &RefusalFolder, facts: &EgressFacts) -> Admit {
+        f.admit_egress(facts, facts.broker.pid)
+    }
+
+    /// An executor that makes each refused attempt from a thread (or process) of its own is
+    /// still one executor: its refusals fold once past its budget. Before, each thread id
+    /// was a budget and a kind of its own, and one record was written per attempt.
+    #[test]
+    fn the_threads_of_one_executor_share_its_budget() {
+        let f = RefusalFolder::new(Duration::from_secs(3600), 2);
+        let mut recorded = 0;
+        for thread in 1000..1100 {
+            let mut e = egress(thread, 53, 1);
+            e.broker.pid = thread;
+            if f.admit_egress(&e, 7) == Admit::Record {
+                recorded += 1;
+            }
+        }
+        assert_eq!(recorded, 1, "one kind of refusal, from one executor");
+        for (thread, port) in (2000..2100).zip(1000..) {
+            let e = egress(thread, port, 1);
+            let _ = f.admit_egress(&e, 7);
+        }
+        let w = f.window.lock().unwrap();
+        assert_eq!(w.egress_charged.len(), 1, "one budget: the executor's");
+        assert!(w.egress_kinds() <= 2 + 100, "{}", w.egress_kinds());
+    }
+
     fn egress(pid: u32, port: u16, bytes: u64) -> EgressFacts {
         EgressFacts {
             server: ServerInfo::mcp("inbox", None),
@@ -499,15 +533,15 @@ mod tests {
     #[test]
     fn an_executors_repeated_egress_refusals_fold() {
         let f = RefusalFolder::new(Duration::from_secs(3600), 2);
-        assert_eq!(f.admit_egress(&egress(10, 53, 1)), Admit::Record);
+        assert_eq!(admit(&f, &egress(10, 53, 1)), Admit::Record);
         for n in 0..20 {
-            assert_eq!(f.admit_egress(&egress(10, 53, n)), Admit::Folded);
+            assert_eq!(admit(&f, &egress(10, 53, n)), Admit::Folded);
         }
-        assert_eq!(f.admit_egress(&egress(10, 54, 1)), Admit::Record);
+        assert_eq!(admit(&f, &egress(10, 54, 1)), Admit::Record);
         for port in 55..60 {
-            assert_eq!(f.admit_egress(&egress(10, port, 1)), Admit::Folded);
+            assert_eq!(admit(&f, &egress(10, port, 1)), Admit::Folded);
         }
-        assert_eq!(f.admit_egress(&egress(11, 53, 1)), Admit::Record);
+        assert_eq!(admit(&f, &egress(11, 53, 1)), Admit::Record);
         let mut folds: Vec<(Option<u16>, u64)> = f
             .take_due(true)
             .into_iter()
@@ -533,7 +567,7 @@ mod tests {
         want.insert(0, (Some(53), 20));
         assert_eq!(folds, want);
         // A new interval starts afresh.
-        assert_eq!(f.admit_egress(&egress(10, 53, 1)), Admit::Record);
+        assert_eq!(admit(&f, &egress(10, 53, 1)), Admit::Record);
         // A failure to decide (the state unreadable) and an allow are recorded each time:
         // a fold stands for refusals only.
         for verdict in [
@@ -543,17 +577,17 @@ mod tests {
             for _ in 0..3 {
                 let mut e = egress(10, 53, 1);
                 e.verdict = verdict.clone();
-                assert_eq!(f.admit_egress(&e), Admit::Record, "{verdict:?}");
+                assert_eq!(admit(&f, &e), Admit::Record, "{verdict:?}");
             }
         }
         // Refusals of another tool, or with another basis, are not the same over budget.
         let g = RefusalFolder::new(Duration::from_secs(3600), 1);
-        assert_eq!(g.admit_egress(&egress(10, 53, 1)), Admit::Record);
+        assert_eq!(admit(&g, &egress(10, 53, 1)), Admit::Record);
         let mut other = egress(10, 54, 1);
         other.tool_name = "fetch".into();
         for _ in 0..2 {
-            assert_eq!(g.admit_egress(&egress(10, 55, 1)), Admit::Folded);
-            assert_eq!(g.admit_egress(&other), Admit::Folded);
+            assert_eq!(admit(&g, &egress(10, 55, 1)), Admit::Folded);
+            assert_eq!(admit(&g, &other), Admit::Folded);
         }
         let tools: Vec<String> = g.take_due(true).into_iter().map(|r| r.tool.name).collect();
         assert_eq!(tools.len(), 2, "{tools:?}");
@@ -571,7 +605,7 @@ mod tests {
             if let Some(crate::records::Destination::Inet(d)) = e.broker.destination.as_mut() {
                 d.address = std::net::Ipv4Addr::new(192, 0, 2, (i / 65_536) as u8).into();
             }
-            f.admit_egress(&e);
+            admit(&f, &e);
         }
         let records = f.take_due(true);
         assert!(records.len() <= MAX_KINDS, "{}", records.len());
