@@ -14,8 +14,12 @@ fn fixture() -> HostConfig {
 
 #[test]
 fn the_annotated_example_is_valid_and_its_manifests_verify() {
-    let c = fixture();
+    let mut c = fixture();
     assert_eq!(c.servers.len(), 3);
+    // An installed host has its profiles directory (`make install` makes it); one that is
+    // not there stops the start, so here, where it may not be, the built-in profiles stand
+    // in for it.
+    c.profiles_dir.retain(|d| d.is_dir());
     let (registry, _) = flowhost::daemon::verify_registry(&c).unwrap();
     assert_eq!(registry.tools().count(), 5);
     assert!(registry.requires_flow_runtime());

@@ -609,8 +609,12 @@ fn make_install_stages_a_verifiable_deployment() {
     let example =
         flowhost::config::HostConfig::load(&root.join("etc/flowhost/flowhost.toml.example"))
             .unwrap();
-    flowhost::daemon::verify_registry(&example).unwrap();
     assert_eq!(example.profiles_dir, [Path::new("/etc/flowhost/profiles")]);
+    // Verified with the profiles as installed under DESTDIR (the installed host's
+    // /etc/flowhost/profiles), which the daemon requires to be there.
+    let mut installed = example.clone();
+    installed.profiles_dir = vec![root.join("etc/flowhost/profiles")];
+    flowhost::daemon::verify_registry(&installed).unwrap();
     assert_eq!(
         example.servers[0].command[..3],
         [
