@@ -407,6 +407,24 @@ impl Broker {
         Ok(())
     }
 
+    /// The uids executors run as, as this host sees them: the shared identity, the range each
+    /// executor's own uid is leased from, or, unprivileged, the broker's own uid (which an
+    /// executor keeps, in a user namespace). What a host-side service only executors may use
+    /// (an executor's resolver) checks its peers against.
+    pub fn executor_uids(&self) -> UidRange {
+        match (self.inner.identity, &self.inner.uids) {
+            (Some((uid, _)), _) => UidRange {
+                first: uid,
+                count: 1,
+            },
+            (None, Some(pool)) => pool.range(),
+            (None, None) => UidRange {
+                first: nix::unistd::getuid().as_raw(),
+                count: 1,
+            },
+        }
+    }
+
     /// Which bounds an executor of `profile` runs under on this host, and how each is
     /// enforced or why it is not (printed at start by `serve` and `sandbox run`).
     pub fn bounds(&self, profile: &Profile) -> crate::bounds::BoundsReport {

@@ -474,12 +474,14 @@ fn start_dns(
     writer: Option<&Arc<RecordWriter>>,
     (upstream, dir): (Arc<Upstream>, PathBuf),
     pid: Arc<std::sync::OnceLock<i32>>,
+    senders: flowhost_broker::UidRange,
 ) -> Result<Option<ExecutorDns>, SandboxError> {
     let mediation = DnsMediation {
         upstream,
         dir,
         private_answers: args.private_answers.clone().into(),
         host: crate::dns::HostSide::LIVE,
+        senders,
     };
     let owner = ExecutorId {
         server: "sandbox".into(),
@@ -639,6 +641,7 @@ async fn run(args: RunArgs) -> CliResult {
             writer.as_ref(),
             (upstream.clone(), evidence.private()?.join("resolv")),
             pid.clone(),
+            broker.executor_uids(),
         )?
         .map(Arc::new)
     } else {

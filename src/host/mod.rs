@@ -10,3 +10,4 @@ pub mod lab;
 pub mod logging;
 pub mod mcp;
 pub mod runtime;
+pub mod socket_owner;

@@ -184,6 +184,7 @@ pub(super) fn build_generation(
         dir: config.state_dir.join("resolv"),
         private_answers: Arc::from([]),
         host: crate::dns::HostSide::LIVE,
+        senders: broker.executor_uids(),
     };
     for s in &config.servers {
         let Some(admitted) = registry.servers().find(|a| a.server_id() == s.id) else {

@@ -213,6 +213,11 @@ pub struct DnsMediation {
     pub private_answers: Arc<[NamePattern]>,
     /// Where an answer's public addresses lie from the host ([`HostSide::LIVE`] but in tests).
     pub host: HostSide,
+    /// The uids whose sockets a resolver answers: those executors run as
+    /// ([`flowhost_broker::Broker::executor_uids`]). A query from any other local process
+    /// is dropped: judged under the executor's call in flight, it would be recorded as the
+    /// executor's lookup, and could fill the records with allows.
+    pub senders: flowhost_broker::UidRange,
 }
 
 /// Whose resolver it is, as its log lines name it.
@@ -757,6 +762,8 @@ impl ExecutorDns {
         let server = Arc::new(Server {
             address,
             owner,
+            senders: mediation.senders,
+            warned_of_a_stranger: Default::default(),
             private_answers: mediation.private_answers.clone(),
             host: mediation.host,
             upstream: mediation.upstream.clone(),
@@ -1001,6 +1008,8 @@ fn write_conf(dir: &Path, ip: IpAddr) -> Result<tempfile::NamedTempFile, DnsErro
 struct Server {
     address: SocketAddr,
     owner: ExecutorId,
+    senders: flowhost_broker::UidRange,
+    warned_of_a_stranger: std::sync::atomic::AtomicBool,
     private_answers: Arc<[NamePattern]>,
     host: HostSide,
     upstream: Arc<Upstream>,
@@ -1010,6 +1019,35 @@ struct Server {
 }
 
 impl Server {
+    /// Whether a query from `from`, whose socket `owner` owns, is one to answer: only
+    /// executors' sockets are (see [`DnsMediation::senders`]); one that cannot be told is
+    /// not.
+    fn sent_by_an_executor(&self, owner: Result<Option<u32>, String>, from: SocketAddr) -> bool {
+        let (first, last) = (self.senders.first, self.senders.last());
+        match owner {
+            Ok(Some(uid)) if (first..=last).contains(&uid) => true,
+            owner => {
+                // Once per resolver as a warning (a flood of them must not flood the log).
+                if self
+                    .warned_of_a_stranger
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::debug!(resolver = %self.address, %from, owner = ?owner, "query from a socket no executor owns; dropped");
+                    return false;
+                }
+                tracing::warn!(
+                    server = %self.owner.server,
+                    executor_pid = self.owner.pid(),
+                    resolver = %self.address,
+                    %from,
+                    owner = ?owner,
+                    "a query to an executor's resolver from a socket no executor owns; dropped"
+                );
+                false
+            }
+        }
+    }
+
     /// The answer to one query (`None`: nothing can be answered).
     async fn answer(&self, query: &[u8], transport: &'static str) -> Option<Vec<u8>> {
         let q = match wire::question(query) {
@@ -1233,6 +1271,9 @@ async fn serve_udp(server: Arc<Server>, sock: Arc<UdpSocket>) {
         // Each query on its own: glibc sends A and AAAA together and waits for both.
         queries.spawn(async move {
             let _permit = permit;
+            if !server.sent_by_an_executor(crate::host::socket_owner::udp(from), from) {
+                return;
+            }
             if let Some(answer) = server.answer(&query, "udp").await {
                 let _ = sock.send_to(&answer, from).await;
             }
@@ -1245,7 +1286,16 @@ async fn serve_tcp(server: Arc<Server>, listener: TcpListener) {
     let mut failures = 0;
     loop {
         let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+            Ok((stream, peer)) => {
+                let owner = stream
+                    .local_addr()
+                    .map_err(|e| e.to_string())
+                    .and_then(|local| crate::host::socket_owner::tcp(peer, local));
+                if !server.sent_by_an_executor(owner, peer) {
+                    continue;
+                }
+                stream
+            }
             Err(e) => {
                 if survive(&server.owner, server.address, "tcp", &e, &mut failures).await {
                     continue;
@@ -1394,8 +1444,16 @@ mod tests {
             dir: dir.to_path_buf(),
             private_answers: Arc::from([]),
             host: AWAY,
+            // The test itself asks, as whatever user runs it.
+            senders: ANYONE,
         }
     }
+
+    /// Every uid: the resolvers these tests start answer the test process.
+    const ANYONE: flowhost_broker::UidRange = flowhost_broker::UidRange {
+        first: 0,
+        count: u32::MAX,
+    };
 
     /// A judge allowing every lookup, with no block rules.
     fn allow_all() -> LookupJudge {
@@ -1540,6 +1598,64 @@ mod tests {
                 "{to}"
             );
         }
+    }
+
+    /// An executor's resolver answers executors' sockets only: a query from any other
+    /// local process is dropped, never judged under the executor's call or recorded as its
+    /// lookup. Before, any local user could make it look names up as the executor.
+    #[tokio::test]
+    async fn a_query_from_a_socket_no_executor_owns_is_dropped() {
+        if !can_bind_53() {
+            return;
+        }
+        let (up, asked) = upstream_answering(|name, r| {
+            r.add_answer(a(name, [192, 0, 2, 7]));
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        let others = DnsMediation {
+            senders: flowhost_broker::UidRange {
+                first: me.wrapping_add(1).max(1),
+                count: 1,
+            },
+            ..mediation(up, dir.path())
+        };
+        let dns = ExecutorDns::start(&others, ExecutorId::default(), allow_all()).unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client.connect(dns.address()).await.unwrap();
+        client
+            .send(&wire::tests::query(1, "x.test."))
+            .await
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let answered =
+            tokio::time::timeout(std::time::Duration::from_millis(500), client.recv(&mut buf))
+                .await;
+        assert!(answered.is_err(), "a stranger's query was answered");
+        let mut tcp = tokio::net::TcpStream::connect(dns.address()).await.unwrap();
+        let query = wire::tests::query(2, "x.test.");
+        let mut framed = (query.len() as u16).to_be_bytes().to_vec();
+        framed.extend_from_slice(&query);
+        let _ = tcp.write_all(&framed).await;
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        assert!(
+            asked.lock().unwrap().is_empty(),
+            "asked upstream for a stranger"
+        );
+        // The same resolver for the test's own uid answers.
+        let mine = DnsMediation {
+            senders: flowhost_broker::UidRange {
+                first: me,
+                count: 1,
+            },
+            ..mediation(up, dir.path())
+        };
+        let dns = ExecutorDns::start(&mine, ExecutorId::default(), allow_all()).unwrap();
+        assert_eq!(ask(&dns, 3, "x.test.").await.answers.len(), 1);
     }
 
     #[tokio::test]

@@ -445,21 +445,7 @@ impl std::fmt::Display for LocalEndpoint {
 fn tcp_server_uid(stream: &tokio::net::TcpStream) -> Result<u32, String> {
     let ours = stream.local_addr().map_err(|e| e.to_string())?;
     let theirs = stream.peer_addr().map_err(|e| e.to_string())?;
-    let same = |a: SocketAddr, b: SocketAddr| {
-        a.port() == b.port()
-            && crate::destination::canonical_ip(a.ip()) == crate::destination::canonical_ip(b.ip())
-    };
-    let table = |read: fn() -> procfs::ProcResult<Vec<procfs::net::TcpNetEntry>>| match read() {
-        Ok(entries) => Ok(entries),
-        // A kernel without IPv6 has no IPv6 table, and no IPv6 socket to find in it.
-        Err(procfs::ProcError::NotFound(_)) => Ok(Vec::new()),
-        Err(e) => Err(format!("cannot read the kernel's TCP table: {e}")),
-    };
-    table(procfs::net::tcp)?
-        .into_iter()
-        .chain(table(procfs::net::tcp6)?)
-        .find(|e| same(e.local_address, theirs) && same(e.remote_address, ours))
-        .map(|e| e.uid)
+    crate::host::socket_owner::tcp(theirs, ours)?
         .ok_or_else(|| format!("no socket of this machine serves {theirs}"))
 }
 
