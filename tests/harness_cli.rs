@@ -345,6 +345,14 @@ fn sandbox_mcp_stops_on_sigterm_with_its_records_and_health_written() {
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();
     assert!(line.contains("not_initialized"), "{line}");
+    // A SIGHUP reloads nothing: the run serves the manifest its policy was derived from.
+    // Before, the host read the manifest again, and served a replaced one under it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -362,7 +370,11 @@ fn sandbox_mcp_stops_on_sigterm_with_its_records_and_health_written() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     drop(stdin);
-    assert_eq!(status.code(), Some(0));
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("SIGHUP ignored"), "{log}");
+    assert!(!log.contains("reload"), "{log}");
     let health =
         flowhost::records::ToolObservationHealth::read_from(&dir.path().join("health.json"))
             .unwrap();

@@ -325,8 +325,12 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
         .envelopes()
         .map(crate::manifest::SignedManifest::digest)
         .collect();
+    // Nor read again later: a SIGHUP would reload the manifest under this policy.
+    host.serve_what_it_started_with();
     if admitted != [derived_from] {
+        // Stopped as a run stops, so that its records are closed and its health written.
         host.begin_shutdown();
+        let _ = host.finish(false).await;
         return Err(format!(
             "{}: the manifest changed while the run started (its policy was derived from \
              {derived_from}; the host read another): nothing was served",

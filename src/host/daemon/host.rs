@@ -59,6 +59,9 @@ pub struct Host {
     /// The certificates the HTTP listener presents (while it speaks TLS): each reload gives
     /// it the pair its files hold then.
     pub(super) http_tls: Option<Arc<http::Certificates>>,
+    /// Set when the host must serve what it started with to the end (see
+    /// [`Host::serve_what_it_started_with`]): SIGHUP then reloads nothing.
+    pub(super) no_reloads: std::sync::atomic::AtomicBool,
 }
 
 impl Host {
@@ -267,6 +270,19 @@ impl Host {
     pub async fn stopped(&self) {
         let mut rx = self.shutdown.subscribe();
         let _ = rx.wait_for(|stopping| *stopping).await;
+    }
+
+    /// From now on SIGHUP reloads nothing: a host whose configuration was derived from the
+    /// manifests it started with (`sandbox mcp`) must not read them again, since a manifest
+    /// replaced meanwhile would be served under a policy derived from another one.
+    pub fn serve_what_it_started_with(&self) {
+        self.no_reloads
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether SIGHUP reloads (see [`Host::serve_what_it_started_with`]).
+    pub fn reloads(&self) -> bool {
+        !self.no_reloads.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Begins a graceful stop: [`run`] stops accepting, sessions finish their current

@@ -191,6 +191,10 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
             _ = int.recv() => break,
             _ = host.stopped() => break,
             _ = hup.recv() => {
+                if !host.reloads() {
+                    tracing::warn!("SIGHUP ignored: this host serves the manifests it started with to the end");
+                    continue;
+                }
                 // One reload at a time; a SIGHUP during one asks for another after it, which
                 // reads the configuration as it is then.
                 match reloading {

@@ -818,6 +818,7 @@ impl Host {
             config_path: config_file.to_path_buf(),
             health_file,
             admission: Arc::new(admission::Admission::default()),
+            no_reloads: Default::default(),
         });
         Ok((host, listener))
     }
