@@ -242,17 +242,18 @@ impl Remote {
     }
 }
 
-/// Which of `held` (each session's id, principal and time since it was last used) makes
-/// room for a new session of `principal` when all sessions are taken: the least recently
-/// used of the principal holding the most, when that one holds at least two more than
-/// `principal` does (so that the two never trade a session back and forth).
+/// Which of `held` (each session's id, principal, time since it was last used, and whether
+/// it is busy: a request in flight or a stream read) makes room for a new session of
+/// `principal` when all sessions are taken: of the principal holding the most, when that
+/// one holds at least two more than `principal` does (so that the two never trade a session
+/// back and forth), the least recently used of its idle sessions, else of its busy ones.
 fn fair_share_eviction<'a>(
-    held: impl Iterator<Item = (&'a str, &'a PrincipalId, Duration)>,
+    held: impl Iterator<Item = (&'a str, &'a PrincipalId, Duration, bool)>,
     principal: &PrincipalId,
 ) -> Option<String> {
     let held: Vec<_> = held.collect();
     let mut counts: HashMap<&PrincipalId, usize> = HashMap::new();
-    for (_, p, _) in &held {
+    for (_, p, _, _) in &held {
         *counts.entry(*p).or_default() += 1;
     }
     let own = counts.get(principal).copied().unwrap_or(0);
@@ -261,9 +262,9 @@ fn fair_share_eviction<'a>(
         return None;
     }
     held.iter()
-        .filter(|(_, p, _)| p == top)
-        .max_by_key(|(_, _, since)| *since)
-        .map(|(id, _, _)| (*id).to_owned())
+        .filter(|(_, p, _, _)| p == top)
+        .max_by_key(|(_, _, since, busy)| (!*busy, *since))
+        .map(|(id, _, _, _)| (*id).to_owned())
 }
 
 /// The record budget of unauthenticated callers in the current fold interval.
@@ -1097,7 +1098,7 @@ impl Transport {
             && let Some(id) = fair_share_eviction(
                 sessions.iter().map(|(id, r)| {
                     let since = r.last_used.lock().map_or(Duration::ZERO, |t| t.elapsed());
-                    (id.as_str(), &r.principal, since)
+                    (id.as_str(), &r.principal, since, r.idle_for().is_none())
                 }),
                 principal,
             )
@@ -1335,15 +1336,23 @@ mod tests {
         let secs = Duration::from_secs;
         let ids: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
         let held = [
-            (ids[0].as_str(), &a, secs(5)),
-            (ids[1].as_str(), &a, secs(50)),
-            (ids[2].as_str(), &a, secs(1)),
-            (ids[3].as_str(), &b, secs(500)),
-            (ids[4].as_str(), &b, secs(900)),
+            (ids[0].as_str(), &a, secs(5), false),
+            (ids[1].as_str(), &a, secs(50), false),
+            (ids[2].as_str(), &a, secs(1), false),
+            (ids[3].as_str(), &b, secs(500), false),
+            (ids[4].as_str(), &b, secs(900), false),
         ];
         assert_eq!(
             fair_share_eviction(held.iter().copied(), &c).as_deref(),
             Some("s1")
+        );
+        // An idle session goes before a busy one (a long call, a stream read), however
+        // recently the idle one was used.
+        let mut busy = held;
+        busy[1].3 = true;
+        assert_eq!(
+            fair_share_eviction(busy.iter().copied(), &c).as_deref(),
+            Some("s0")
         );
         // b holds one fewer than a: taking one of a's leaves them even.
         assert_eq!(
@@ -1356,7 +1365,7 @@ mod tests {
             held[1],
             held[3],
             held[4],
-            (ids[5].as_str(), &c, secs(3)),
+            (ids[5].as_str(), &c, secs(3), false),
         ];
         assert_eq!(fair_share_eviction(even.iter().copied(), &c), None);
         assert_eq!(fair_share_eviction(held.iter().copied(), &a), None);
