@@ -71,14 +71,20 @@ impl HostEndpoints {
     }
 }
 
-/// Whether `ip` is an address of this host (in the broker's network namespace, where it
-/// connects): one a socket can be bound to. Any doubt (an error other than "not here") is
-/// taken to be one.
+/// Whether `ip` is an address of one of this host's interfaces (in the broker's network
+/// namespace, where it connects). Asked of the interfaces rather than by a test bind, which
+/// succeeds for every address where nonlocal binds are allowed (`ip_nonlocal_bind`, common
+/// beside keepalived). A list that cannot be read is taken to hold it.
 fn assigned_here(ip: std::net::IpAddr) -> bool {
-    match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
-        Ok(_) => true,
-        Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
-    }
+    let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
+        return true;
+    };
+    interfaces.filter_map(|i| i.address).any(|a| {
+        a.as_sockaddr_in()
+            .map(|v4| std::net::IpAddr::V4(v4.ip()))
+            .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+            .is_some_and(|own| canonical_ip(own) == ip)
+    })
 }
 
 #[cfg(test)]
