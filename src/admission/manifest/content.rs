@@ -136,6 +136,11 @@ impl UriTemplate {
                 return Err(format!("literal text {literal:?}: {fault}"));
             }
         }
+        if let Some(Piece::Literal(first)) = pieces.first()
+            && let Some(fault) = case_fault(first)
+        {
+            return Err(fault);
+        }
         if !pieces.contains(&Piece::Variable) {
             return Err("a template has at least one {variable}; use uri for one URI".into());
         }
@@ -245,6 +250,14 @@ pub(crate) fn spelling_fault(text: &str) -> Option<String> {
             };
             // Two hex digits: at most 0xff.
             let decoded = (hi * 16 + lo) as u8;
+            // A control character (NUL above all, which C file APIs end a name at) stands
+            // for nothing a resource is named by.
+            if decoded < 0x20 || decoded == 0x7f {
+                return Some(format!(
+                    "{} at byte {i} escapes a control character",
+                    &text[i..i + 3]
+                ));
+            }
             if literal_uri_byte(decoded) || decoded == b'\\' {
                 return Some(format!(
                     "{} at byte {i} escapes {:?}, which a URI holds as it is",
@@ -268,14 +281,34 @@ pub(crate) fn spelling_fault(text: &str) -> Option<String> {
     None
 }
 
+/// Why the scheme and authority `text` begins with are not in lower case, if they are not:
+/// both are case-insensitive, so an executor may read `DOCS://Secret` as `docs://secret`
+/// (Python's `urlparse().hostname` does), while a route would take them as two names.
+fn case_fault(text: &str) -> Option<String> {
+    let (scheme, rest) = text.split_once(':')?;
+    let authority = rest
+        .strip_prefix("//")
+        .map(|r| r.split(['/', '?', '#']).next().unwrap_or(r))
+        .unwrap_or("");
+    [scheme, authority]
+        .iter()
+        .any(|part| part.bytes().any(|b| b.is_ascii_uppercase()))
+        .then(|| {
+            "its scheme or authority has upper-case letters; write them in lower case (they \
+             are case-insensitive)"
+                .to_string()
+        })
+}
+
 /// Why a client's `uri` is not one that is routed, if it is not: longer than
-/// [`MAX_CLIENT_URI_BYTES`], not in the one spelling ([`spelling_fault`]), or with a path
-/// segment `.` or `..` (an executor resolving dot segments would read another URI).
+/// [`MAX_CLIENT_URI_BYTES`], not in the one spelling ([`spelling_fault`], a scheme and
+/// authority in lower case), or with a path segment `.` or `..` (an executor resolving
+/// dot segments would read another URI).
 pub(crate) fn uri_fault(uri: &str) -> Option<String> {
     if uri.len() > MAX_CLIENT_URI_BYTES {
         return Some(format!("longer than {MAX_CLIENT_URI_BYTES} bytes"));
     }
-    if let Some(fault) = spelling_fault(uri) {
+    if let Some(fault) = spelling_fault(uri).or_else(|| case_fault(uri)) {
         return Some(fault);
     }
     let path = uri.split(['?', '#']).next().unwrap_or(uri);

@@ -1143,6 +1143,11 @@ fn another_spelling_or_a_second_template_never_routes_a_read() {
         "file:///srv/docs/a%3Ab",
         "file:///srv/docs/a b",
         "file:///srv/docs/a\\b",
+        // A NUL a C file API ends the name at, and a scheme or host an executor may take
+        // in lower case.
+        "file:///srv/docs/salaries(2025).csv%00x",
+        "FILE:///srv/docs/notes",
+        "docs://SECRET-42",
     ] {
         assert!(
             matches!(
@@ -1174,6 +1179,11 @@ fn another_spelling_or_a_second_template_never_routes_a_read() {
         ),
         (
             json!({"uri_template": "file:///srv/%7e/{x}", "name": "r"}),
+            "uri_template",
+        ),
+        (json!({"uri": "Test://a", "name": "r"}), "uri"),
+        (
+            json!({"uri_template": "docs://Secret-{id}", "name": "r"}),
             "uri_template",
         ),
     ] {
