@@ -235,6 +235,14 @@ fn a_record_file_left_last_by_deleting_later_ones_is_reported_cut() {
     let o = flowhost(&["records", "verify", &first]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("truncated"), "{}", stdout(&o));
+    // An empty record file named after the deleted ones, so that the first no longer looks
+    // like the directory's last, does not excuse them. Before, it dropped the witnesses.
+    let decoy = dir.path().join("records-00000000000000099999.jsonl");
+    std::fs::write(&decoy, "").unwrap();
+    let o = flowhost(&["records", "verify", &first]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("truncated"), "{}", stdout(&o));
+    std::fs::remove_file(&decoy).unwrap();
     let out = dir.path().join("surface.json");
     let o = flowhost(&[
         "records",

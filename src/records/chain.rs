@@ -509,8 +509,24 @@ fn verify_records_in_blocks<G: Gather>(
     let names_this_or_later =
         |file: &str| this.is_some_and(|this| sequence_of(file).is_some_and(|named| named >= this));
     let names_this = |file: &str| this.is_some_and(|this| sequence_of(file) == Some(this));
+    // A later file named that is gone: records past this file's end are missing, whatever
+    // other files were made to follow it (a decoy must not excuse the deletion).
+    let names_a_later_one_gone = |file: &str| {
+        names_this_or_later(file)
+            && !names_this(file)
+            && parent.is_some_and(|dir| {
+                matches!(
+                    fs::symlink_metadata(dir.join(file)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound
+                )
+            })
+    };
     let witnessed = |file: Option<&str>| match file {
-        Some(file) => names_this(file) || appending.is_some() && names_this_or_later(file),
+        Some(file) => {
+            names_this(file)
+                || appending.is_some() && names_this_or_later(file)
+                || names_a_later_one_gone(file)
+        }
         None => appending.is_some(),
     };
     let head_anchor = if head.is_none() && !meta.is_dir() {
