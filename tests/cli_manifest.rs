@@ -106,6 +106,24 @@ impl Lab {
         (out, envelope)
     }
 
+    /// Runs `manifest sign` on `body` written compact (as a tool may write a large one).
+    fn run_sign_compact(&self, body: &Value) -> (Output, PathBuf) {
+        let body_path = self.path("compact.json");
+        std::fs::write(&body_path, body.to_string()).unwrap();
+        let envelope = self.path("signed.json");
+        let out = flowhost(&[
+            "manifest",
+            "sign",
+            "--key",
+            s(&self.key()),
+            "--manifest",
+            s(&body_path),
+            "--out",
+            s(&envelope),
+        ]);
+        (out, envelope)
+    }
+
     /// Signs `body` into `signed.json`; returns the envelope path and the printed digest.
     fn sign(&self, body: &Value) -> (PathBuf, String) {
         let (out, envelope) = self.run_sign(body);
@@ -259,18 +277,7 @@ fn sign_refuses_a_readable_key_a_foreign_body_and_a_broken_schema() {
     }
     let mut body = lab.body();
     body["tools"][0]["output_schema"] = json!({"type": "object", "examples": [nested]});
-    let body_path = lab.path("deep.json");
-    std::fs::write(&body_path, body.to_string()).unwrap();
-    let out = flowhost(&[
-        "manifest",
-        "sign",
-        "--key",
-        s(&lab.key()),
-        "--manifest",
-        s(&body_path),
-        "--out",
-        s(&envelope),
-    ]);
+    let (out, envelope) = lab.run_sign_compact(&body);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("over the 1048576 a host reads"),
@@ -288,17 +295,7 @@ fn sign_refuses_a_readable_key_a_foreign_body_and_a_broken_schema() {
     }
     let mut body = lab.body();
     body["tools"][0]["output_schema"] = json!({"type": "object", "examples": [nested]});
-    std::fs::write(&body_path, body.to_string()).unwrap();
-    let out = flowhost(&[
-        "manifest",
-        "sign",
-        "--key",
-        s(&lab.key()),
-        "--manifest",
-        s(&body_path),
-        "--out",
-        s(&envelope),
-    ]);
+    let (out, envelope) = lab.run_sign_compact(&body);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("nests 123 levels deep; a manifest may nest at most 120"),

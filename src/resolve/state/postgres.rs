@@ -450,6 +450,36 @@ fn tcp_server_uid(stream: &tokio::net::TcpStream) -> Result<u32, String> {
 }
 
 impl Target {
+    /// Speaks PostgreSQL over `stream`, reached at `endpoint`, when `served_by` (who serves
+    /// its other end) is the server's user; nothing is sent otherwise.
+    async fn speak_to<S>(
+        &self,
+        stream: S,
+        served_by: Result<u32, String>,
+        endpoint: &LocalEndpoint,
+        server_uid: u32,
+    ) -> Result<Client, String>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        match served_by {
+            Ok(uid) if uid == server_uid => self
+                .config
+                .connect_raw(stream, NoTls)
+                .await
+                .map(|(client, connection)| {
+                    tokio::spawn(connection);
+                    client
+                })
+                .map_err(|e| reason(&e)),
+            Ok(uid) => Err(format!(
+                "{endpoint} is served by uid {uid}, not the server's user (uid {server_uid}): \
+                 refused"
+            )),
+            Err(why) => Err(format!("{endpoint}: cannot tell who serves it: {why}")),
+        }
+    }
+
     /// Connects in plaintext to the first server listed that answers and is served by
     /// `server_uid`; a socket another user serves is refused, naming who serves it.
     async fn connect_local(&self, server_uid: u32) -> Result<Client, PgError> {
@@ -476,48 +506,24 @@ impl Target {
                 let connected = match &endpoint {
                     LocalEndpoint::Unix(path) => {
                         match tokio::net::UnixStream::connect(path).await {
-                            Ok(stream) => match stream.peer_cred() {
-                                Ok(peer) if peer.uid() == server_uid => self
-                                    .config
-                                    .connect_raw(stream, NoTls)
+                            Ok(stream) => {
+                                let served_by = stream
+                                    .peer_cred()
+                                    .map(|peer| peer.uid())
+                                    .map_err(|e| e.to_string());
+                                self.speak_to(stream, served_by, &endpoint, server_uid)
                                     .await
-                                    .map(|(client, connection)| {
-                                        tokio::spawn(connection);
-                                        client
-                                    })
-                                    .map_err(|e| reason(&e)),
-                                Ok(peer) => Err(format!(
-                                    "{} is served by uid {}, not the server's user (uid \
-                                 {server_uid}): refused",
-                                    path.display(),
-                                    peer.uid()
-                                )),
-                                Err(e) => Err(format!(
-                                    "{}: cannot tell who serves it: {e}",
-                                    path.display()
-                                )),
-                            },
-                            Err(e) => Err(format!("{}: {e}", path.display())),
+                            }
+                            Err(e) => Err(format!("{endpoint}: {e}")),
                         }
                     }
                     LocalEndpoint::Tcp(addr) => match tokio::net::TcpStream::connect(addr).await {
-                        Ok(stream) => match tcp_server_uid(&stream) {
-                            Ok(uid) if uid == server_uid => self
-                                .config
-                                .connect_raw(stream, NoTls)
+                        Ok(stream) => {
+                            let served_by = tcp_server_uid(&stream);
+                            self.speak_to(stream, served_by, &endpoint, server_uid)
                                 .await
-                                .map(|(client, connection)| {
-                                    tokio::spawn(connection);
-                                    client
-                                })
-                                .map_err(|e| reason(&e)),
-                            Ok(uid) => Err(format!(
-                                "{addr} is served by uid {uid}, not the server's user (uid \
-                                 {server_uid}): refused"
-                            )),
-                            Err(why) => Err(format!("{addr}: cannot tell who serves it: {why}")),
-                        },
-                        Err(e) => Err(format!("{addr}: {e}")),
+                        }
+                        Err(e) => Err(format!("{endpoint}: {e}")),
                     },
                 };
                 let client = match connected {
