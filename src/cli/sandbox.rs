@@ -90,20 +90,25 @@ impl CommonArgs {
     /// directory (one mistyped would let the built-in profile of the same name run in
     /// place of the operator's), else the default one if it is there.
     fn profile_dirs(&self) -> Result<Vec<PathBuf>, String> {
+        let judge = |dir: &Path| match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(true),
+            Ok(_) => Err(format!("{}: not a directory", dir.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            // There but not to be looked at (its directory is the flowhost group's): its
+            // profiles must not be replaced by the built-in ones without a word.
+            Err(e) => Err(format!("{}: {e}", dir.display())),
+        };
         if self.profiles_dir.is_empty() {
             let default = PathBuf::from(DEFAULT_PROFILE_DIR);
-            return Ok(if default.is_dir() {
+            return Ok(if judge(&default)? {
                 vec![default]
             } else {
                 Vec::new()
             });
         }
         for dir in &self.profiles_dir {
-            if !dir.is_dir() {
-                return Err(format!(
-                    "--profiles-dir {}: not a directory (or not there)",
-                    dir.display()
-                ));
+            if !judge(dir).map_err(|e| format!("--profiles-dir {e}"))? {
+                return Err(format!("--profiles-dir {}: not there", dir.display()));
             }
         }
         Ok(self.profiles_dir.clone())

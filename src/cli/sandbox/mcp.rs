@@ -330,7 +330,12 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     if admitted != [derived_from] {
         // Stopped as a run stops, so that its records are closed and its health written.
         host.begin_shutdown();
-        let _ = host.finish(false).await;
+        let _ = host
+            .finish_refused(
+                "nothing was served: the manifest changed while the run started, and the host \
+                 read another than the one its policy was derived from",
+            )
+            .await;
         return Err(format!(
             "{}: the manifest changed while the run started (its policy was derived from \
              {derived_from}; the host read another): nothing was served",
@@ -459,7 +464,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("--profiles-dir /nonexistent/flowhost-profiles: not a directory"),
+            e.contains("--profiles-dir /nonexistent/flowhost-profiles: not there"),
             "{e}"
         );
         let there = tempfile::tempdir().unwrap();

@@ -390,16 +390,18 @@ impl Host {
 
     /// Writes the health file as the run ends, once the records are closed (`run_ended`
     /// true): the only carrier the diff binds to the records as the whole run.
-    fn write_final_health(&self, abandoned: bool) -> Result<ToolObservationHealth, HealthError> {
+    /// `cut_short` says why the records do not hold the whole run, if they do not.
+    fn write_final_health(
+        &self,
+        cut_short: Option<String>,
+    ) -> Result<ToolObservationHealth, HealthError> {
         let mut h = ToolObservationHealth {
             run_ended: Some(true),
             ..self.health()
         };
-        if abandoned {
+        if let Some(why) = cut_short {
             h.records.records_complete = Some(false);
-            h.records.problems.push(
-                "the host stopped while sessions still had requests in flight (it waits call_timeout + 2 s): what they decided after that, their outcomes among it, is not recorded".into(),
-            );
+            h.records.problems.push(why);
         }
         h.write_to(&self.health_file)?;
         Ok(h)
@@ -492,6 +494,19 @@ impl Host {
     /// their outcomes will never be recorded, so the final health calls the records
     /// incomplete.
     pub async fn finish(&self, abandoned: bool) -> bool {
+        self.finish_saying(abandoned.then(|| {
+            "the host stopped while sessions still had requests in flight (it waits call_timeout + 2 s): what they decided after that, their outcomes among it, is not recorded".to_string()
+        }))
+        .await
+    }
+
+    /// [`Host::finish`] for a run that served nothing it was meant to: the final health says
+    /// `why` and is never complete, so the records never read as a run that ended well.
+    pub async fn finish_refused(&self, why: &str) -> bool {
+        self.finish_saying(Some(why.to_string())).await
+    }
+
+    async fn finish_saying(&self, cut_short: Option<String>) -> bool {
         for pool in self.current().pools.values() {
             pool.drain().await;
         }
@@ -504,7 +519,7 @@ impl Host {
             tracing::error!(error = %e, "binding the flow state to the records failed; it stays bound where it was, so the next start checks it against every record since");
             clean = false;
         }
-        if let Err(e) = self.write_final_health(abandoned) {
+        if let Err(e) = self.write_final_health(cut_short) {
             tracing::error!(error = %e, "writing the health file failed");
             clean = false;
         }
