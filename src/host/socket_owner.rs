@@ -34,18 +34,15 @@ pub fn tcp(local: SocketAddr, remote: SocketAddr) -> Result<Option<u32>, String>
 }
 
 /// The uid that owns the UDP socket a datagram from `from` was sent from, when every
-/// socket that could have sent it (bound to that port, on that address or on every one)
-/// is one uid's; `None` when none is, or they are several uids' (then who sent it cannot
-/// be told).
+/// socket bound to that port (on any address) is one uid's; `None` when none is, or they
+/// are several uids' (then who sent it cannot be told). The address is not looked at: a
+/// sender chooses the source address it claims (`IP_PKTINFO` needs no privilege), while
+/// the port it sends from is one its own socket holds.
 pub fn udp(from: SocketAddr) -> Result<Option<u32>, String> {
     let mut owners = table(procfs::net::udp)?
         .into_iter()
         .chain(table(procfs::net::udp6)?)
-        .filter(|e| {
-            e.local_address.port() == from.port()
-                && (canonical_ip(e.local_address.ip()) == canonical_ip(from.ip())
-                    || e.local_address.ip().is_unspecified())
-        })
+        .filter(|e| e.local_address.port() == from.port())
         .map(|e| e.uid);
     let Some(first) = owners.next() else {
         return Ok(None);
@@ -69,5 +66,10 @@ mod tests {
         assert_eq!(udp(sender.local_addr().unwrap()).unwrap(), Some(me));
         let unbound = "127.0.0.1:1".parse().unwrap();
         assert_eq!(udp(unbound).unwrap(), None);
+        // Whatever address a datagram claims (IP_PKTINFO lets a sender choose it), the
+        // port's sockets are what is asked.
+        let port = sender.local_addr().unwrap().port();
+        let claimed = SocketAddr::new("127.0.0.9".parse().unwrap(), port);
+        assert_eq!(udp(claimed).unwrap(), Some(me));
     }
 }

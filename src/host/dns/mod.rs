@@ -1271,7 +1271,11 @@ async fn serve_udp(server: Arc<Server>, sock: Arc<UdpSocket>) {
         // Each query on its own: glibc sends A and AAAA together and waits for both.
         queries.spawn(async move {
             let _permit = permit;
-            if !server.sent_by_an_executor(crate::host::socket_owner::udp(from), from) {
+            // The kernel's tables are files: read off the runtime's threads.
+            let owner = tokio::task::spawn_blocking(move || crate::host::socket_owner::udp(from))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            if !server.sent_by_an_executor(owner, from) {
                 return;
             }
             if let Some(answer) = server.answer(&query, "udp").await {
@@ -1286,16 +1290,7 @@ async fn serve_tcp(server: Arc<Server>, listener: TcpListener) {
     let mut failures = 0;
     loop {
         let stream = match listener.accept().await {
-            Ok((stream, peer)) => {
-                let owner = stream
-                    .local_addr()
-                    .map_err(|e| e.to_string())
-                    .and_then(|local| crate::host::socket_owner::tcp(peer, local));
-                if !server.sent_by_an_executor(owner, peer) {
-                    continue;
-                }
-                stream
-            }
+            Ok((stream, _)) => stream,
             Err(e) => {
                 if survive(&server.owner, server.address, "tcp", &e, &mut failures).await {
                     continue;
@@ -1311,7 +1306,18 @@ async fn serve_tcp(server: Arc<Server>, listener: TcpListener) {
         let server = server.clone();
         clients.spawn(async move {
             let _permit = permit;
-            serve_tcp_client(server, stream).await;
+            let Ok(local) = stream.local_addr() else {
+                return;
+            };
+            let peer = stream.peer_addr().unwrap_or(local);
+            // The kernel's tables are files: read off the runtime's threads.
+            let owner =
+                tokio::task::spawn_blocking(move || crate::host::socket_owner::tcp(peer, local))
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()));
+            if server.sent_by_an_executor(owner, peer) {
+                serve_tcp_client(server, stream).await;
+            }
         });
     }
 }
