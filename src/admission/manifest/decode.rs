@@ -414,6 +414,21 @@ const PRICING_FIELDS: &[&str] = &["model", "amount", "currency", "unit"];
 /// still be readable there at every later start.
 pub const MAX_BODY_DEPTH: usize = 120;
 
+/// Refuses a body (at `at`) that nests deeper than [`MAX_BODY_DEPTH`]. Checked where a
+/// manifest is admitted or signed, not where the host reads back the set it retained
+/// (which may hold one admitted before the bound, and must still read).
+pub(crate) fn check_depth(value: &Value, at: &JsonPath) -> Result<()> {
+    let nesting = depth(value);
+    if nesting > MAX_BODY_DEPTH {
+        return Err(ManifestError::TooDeep {
+            path: at.clone(),
+            depth: nesting,
+            limit: MAX_BODY_DEPTH,
+        });
+    }
+    Ok(())
+}
+
 /// How deeply `value` nests (a scalar is 0, `[]` and `{}` are 1).
 fn depth(value: &Value) -> usize {
     let mut deepest = 0;
@@ -434,14 +449,6 @@ impl ManifestBody {
     /// Decodes and checks a body; `at` is its location, used in error paths (the root for a
     /// body file, `manifest` inside an envelope).
     pub fn from_json_value(value: &Value, at: &JsonPath) -> Result<Self> {
-        let nesting = depth(value);
-        if nesting > MAX_BODY_DEPTH {
-            return Err(ManifestError::TooDeep {
-                path: at.clone(),
-                depth: nesting,
-                limit: MAX_BODY_DEPTH,
-            });
-        }
         // The schema comes first: a document of another format is reported as such rather
         // than as a list of unknown fields.
         if let Some(map) = value.as_object() {

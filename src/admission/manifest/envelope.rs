@@ -282,10 +282,15 @@ fn read_manifest_text(path: &Path) -> Result<String, FileError> {
 /// 1 MiB of UTF-8, then parsed strictly (the signature is not checked).
 pub fn load_envelope_file(path: &Path) -> Result<SignedManifest, ManifestFileError> {
     let text = read_manifest_text(path)?;
-    SignedManifest::parse(&text).map_err(|reason| ManifestFileError::Invalid {
+    let invalid = |reason| ManifestFileError::Invalid {
         file: path.to_owned(),
         reason,
-    })
+    };
+    let value = canonical::parse_strict(&text).map_err(|e| invalid(e.into()))?;
+    if let Some(body) = value.get("manifest") {
+        super::decode::check_depth(body, &JsonPath::root().key("manifest")).map_err(invalid)?;
+    }
+    SignedManifest::from_json_value(value, &JsonPath::root()).map_err(invalid)
 }
 
 /// Loads a manifest body file under the same rules; returns the decoded body and the JSON
@@ -297,6 +302,7 @@ pub fn load_body_file(path: &Path) -> Result<(ManifestBody, Value), ManifestFile
         reason,
     };
     let value = canonical::parse_strict(&text).map_err(|e| invalid(e.into()))?;
+    super::decode::check_depth(&value, &JsonPath::root()).map_err(invalid)?;
     let body = ManifestBody::from_json_value(&value, &JsonPath::root()).map_err(invalid)?;
     Ok((body, value))
 }

@@ -678,6 +678,39 @@ fn tool_policy_reads_from_toml_inline_tables() {
 
 // ---------- retained set ----------
 
+/// A manifest admitted before bodies were bounded in depth (nested 123 levels, which the
+/// envelope and the retained set still hold within the parser's 128) is read back from the
+/// retained set after an upgrade; only admitting one anew refuses it. Before, the bound was
+/// checked on read back too, and every start failed until the set was deleted.
+#[test]
+fn a_deep_manifest_retained_before_the_bound_still_reads_back() {
+    let k = key(1);
+    let mut nested = json!(0);
+    for _ in 0..118 {
+        nested = json!([nested]);
+    }
+    let mut envelope = signed("deep", &k, &[("tool", None)]).to_json_value();
+    envelope["manifest"]["tools"][0]["output_schema"] =
+        json!({"type": "object", "examples": [nested]});
+    let deep = SignedManifest::sign(envelope["manifest"].clone(), &k).unwrap();
+    let mut registry = VerifiedRegistry::new();
+    let p = policies(&[("tool", ToolPolicy::public_only())]);
+    let t = topologies(&[("tool", RuntimeTopology::Local)]);
+    registry
+        .register(deep.clone(), &k.verifying_key(), &p, &t)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(RETAINED_SET_FILE);
+    registry.write_retained_set(&path, &[]).unwrap();
+    assert_eq!(load_retained_set(&path).unwrap()[0].digest(), deep.digest());
+    let file = dir.path().join("deep.signed.json");
+    std::fs::write(&file, deep.to_pretty_json()).unwrap();
+    let e = crate::manifest::load_envelope_file(&file)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nests 123 levels deep"), "{e}");
+}
+
 #[test]
 fn retained_set_round_trips_and_re_registers() {
     let k = key(1);
