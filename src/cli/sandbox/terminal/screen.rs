@@ -57,6 +57,9 @@ enum State {
     /// byte, and whether it began with the 8-bit CSI.
     Csi {
         private: bool,
+        /// `<`, `=` or `>` before the parameters (kitty's keyboard protocol, xterm's
+        /// modifyOtherKeys).
+        marker: Option<u8>,
         params: Vec<u32>,
         current: Option<u32>,
         intermediate: Option<u8>,
@@ -98,6 +101,12 @@ pub(super) struct ScreenChanges {
     unknown_colours: bool,
     /// Whether it set a colour of the Linux console's palette (`ESC ] P`).
     console_palette: bool,
+    /// Continuation bytes still due of the UTF-8 character being read.
+    utf8_pending: u8,
+    /// Whether it used kitty's keyboard protocol (flags pushed or set).
+    keyboard_protocol: bool,
+    /// Whether it set xterm's modifyOtherKeys.
+    modify_other_keys: bool,
 }
 
 impl Default for ScreenChanges {
@@ -112,6 +121,9 @@ impl Default for ScreenChanges {
             special: false,
             unknown_colours: false,
             console_palette: false,
+            utf8_pending: 0,
+            keyboard_protocol: false,
+            modify_other_keys: false,
         }
     }
 }
@@ -142,6 +154,30 @@ impl ScreenChanges {
     pub(super) fn see(&mut self, output: &[u8]) {
         self.wrote |= !output.is_empty();
         for &byte in output {
+            // A byte of a UTF-8 character (the 0x9D of a closing quote, E2 80 9D) is text to
+            // a UTF-8 terminal, never an 8-bit control.
+            let continuation = self.utf8_pending > 0 && (0x80..=0xbf).contains(&byte);
+            self.utf8_pending = match byte {
+                0xc0..=0xdf => 1,
+                0xe0..=0xef => 2,
+                0xf0..=0xf7 => 3,
+                _ if continuation => self.utf8_pending - 1,
+                _ => 0,
+            };
+            if continuation {
+                match &mut self.state {
+                    State::Ground => continue,
+                    State::OscText { text, long, .. } => {
+                        if text.len() < MOST_OSC_TEXT {
+                            text.push(byte);
+                        } else {
+                            *long = true;
+                        }
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
             self.state = self.next(byte);
         }
     }
@@ -159,6 +195,11 @@ impl ScreenChanges {
                 CAN | SUB => State::Ground,
                 BEL | ESC | C1_ST => {
                     self.set_colours(number, &text, long);
+                    // The default colours' text cut short (past what is kept, or at an 8-bit
+                    // ST a terminal may read on past): what it set further on is unknown.
+                    if (10..=19).contains(&number) && (long || byte == C1_ST) {
+                        self.unknown_colours = true;
+                    }
                     if byte == ESC {
                         State::Escape
                     } else {
@@ -222,6 +263,7 @@ impl ScreenChanges {
             (_, ESC) => State::Escape,
             (State::Escape, b'[') | (_, C1_CSI) => State::Csi {
                 private: false,
+                marker: None,
                 params: Vec::new(),
                 current: None,
                 intermediate: None,
@@ -234,6 +276,7 @@ impl ScreenChanges {
             (
                 State::Csi {
                     mut private,
+                    mut marker,
                     mut params,
                     mut current,
                     mut intermediate,
@@ -262,6 +305,12 @@ impl ScreenChanges {
                     0x20..=0x2f => intermediate = Some(byte),
                     // Other parameter bytes (`<`, `=`, `>`, a `?` not first) make a
                     // sequence that is not a private mode.
+                    b'<' | b'=' | b'>'
+                        if params.is_empty() && current.is_none() && marker.is_none() =>
+                    {
+                        marker = Some(byte);
+                        private = false;
+                    }
                     0x3c..=0x3f => private = false,
                     0x40..=0x7e => {
                         if let Some(last) = current
@@ -269,7 +318,16 @@ impl ScreenChanges {
                         {
                             params.push(last);
                         }
-                        self.csi_final(private, params, intermediate, c1, byte);
+                        if intermediate.is_none() && byte == b'u' && marker.is_some() {
+                            // kitty's keyboard protocol: pushed, set or popped flags.
+                            self.keyboard_protocol = true;
+                        } else if marker == Some(b'>') && byte == b'm' && params.first() == Some(&4)
+                        {
+                            // xterm's modifyOtherKeys: Ctrl-C may come as a sequence.
+                            self.modify_other_keys = true;
+                        } else {
+                            self.csi_final(private, params, intermediate, c1, byte);
+                        }
                         return State::Ground;
                     }
                     // C0 controls inside a sequence are acted on and the sequence goes on.
@@ -278,6 +336,7 @@ impl ScreenChanges {
                 }
                 State::Csi {
                     private,
+                    marker,
                     params,
                     current,
                     intermediate,
@@ -302,7 +361,8 @@ impl ScreenChanges {
         byte: u8,
     ) {
         match (private, intermediate, byte) {
-            (true, None, b'h') => {
+            // Set, or restored from what was saved (which may be on).
+            (true, None, b'h' | b'r') => {
                 for mode in params {
                     self.set_mode(mode, true);
                 }
@@ -403,6 +463,13 @@ impl ScreenChanges {
         }
         for mode in std::mem::take(&mut self.input_modes) {
             reset.extend_from_slice(format!("\x1b[?{mode}l").as_bytes());
+        }
+        // Left on, the shell after the run reads keys (Ctrl-C among them) as sequences.
+        if std::mem::take(&mut self.keyboard_protocol) {
+            reset.extend_from_slice(b"\x1b[<99u\x1b[=0;1u");
+        }
+        if std::mem::take(&mut self.modify_other_keys) {
+            reset.extend_from_slice(b"\x1b[>4;0m");
         }
         reset.extend_from_slice(SOFT_RESET);
         let unknown = std::mem::take(&mut self.unknown_colours);
@@ -547,6 +614,32 @@ mod tests {
         assert!(end.contains("\x1b]R\x1b\\"), "{end:?}");
     }
 
+    /// Text in UTF-8 is text, whatever bytes its characters are made of: a closing quote
+    /// (E2 80 9D) starts no OSC. And what a terminal may read further than the scanner does
+    /// (the default colours' text past what is kept, or ended by an 8-bit ST), modes
+    /// restored from what was saved, and keyboard modes are undone.
+    #[test]
+    fn utf8_is_text_and_what_is_read_short_is_undone() {
+        let quoted = "“quoted” 来 Ν".as_bytes();
+        assert_eq!(changes(&[quoted]).before_messages(), BEFORE_MESSAGES);
+        assert_eq!(
+            end_of(&[quoted]).as_bytes(),
+            [BEFORE_MESSAGES, SOFT_RESET].concat()
+        );
+        let long = [b"\x1b]10;".as_slice(), &[b'x'; 600], b";#000\x07"].concat();
+        for output in [long.as_slice(), b"\x1b]10;?\x9c;#000\x07"] {
+            let before = String::from_utf8(changes(&[output]).before_messages()).unwrap();
+            assert!(before.contains("\x1b]111"), "{before:?}");
+        }
+        let end = end_of(&[b"\x1b[?1000s\x1b[?1000l\x1b[?1000r"]);
+        assert!(end.contains("\x1b[?1000l"), "{end:?}");
+        let end = end_of(&[b"\x1b[>1u\x1b[>4;2m"]);
+        assert!(
+            end.contains("\x1b[<99u") && end.contains("\x1b[>4;0m"),
+            "{end:?}"
+        );
+    }
+
     /// A mode an 8-bit CSI turns off is taken to stay on (a UTF-8 terminal shows the byte as
     /// text): it is turned off at the end all the same.
     #[test]
@@ -560,7 +653,7 @@ mod tests {
 
     #[test]
     fn a_colour_asked_for_is_not_set() {
-        let end = end_of(&[b"\x1b]11;?\x07\x1b]4;1;?;2;?\x1b\\\x1b]10;?;?\x9c"]);
+        let end = end_of(&[b"\x1b]11;?\x07\x1b]4;1;?;2;?\x1b\\\x1b]10;?;?\x07"]);
         assert!(!end.contains("\x1b]1"), "only queries: {end:?}");
         let end = end_of(&[b"\x1b]10;?;#000\x07\x1b]4;1;?;2;red\x07"]);
         assert!(
