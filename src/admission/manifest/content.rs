@@ -290,14 +290,25 @@ fn case_fault(text: &str) -> Option<String> {
         .strip_prefix("//")
         .map(|r| r.split(['/', '?', '#']).next().unwrap_or(r))
         .unwrap_or("");
-    [scheme, authority]
-        .iter()
-        .any(|part| part.bytes().any(|b| b.is_ascii_uppercase()))
-        .then(|| {
-            "its scheme or authority has upper-case letters; write them in lower case (they \
-             are case-insensitive)"
-                .to_string()
+    // The hex digits of an escape are upper case by the spelling rule, not letters of it.
+    let upper = |part: &str| {
+        let mut skip = 0;
+        part.bytes().any(|b| {
+            if skip > 0 {
+                skip -= 1;
+                return false;
+            }
+            if b == b'%' {
+                skip = 2;
+            }
+            b.is_ascii_uppercase()
         })
+    };
+    [scheme, authority].iter().any(|part| upper(part)).then(|| {
+        "its scheme or authority has upper-case letters; write them in lower case (they \
+             are case-insensitive)"
+            .to_string()
+    })
 }
 
 /// Why a client's `uri` is not one that is routed, if it is not: longer than

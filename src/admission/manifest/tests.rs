@@ -1167,6 +1167,8 @@ fn another_spelling_or_a_second_template_never_routes_a_read() {
         ("docs://{id}", "docs://secret-{id}")
     );
     assert_eq!(name("docs://42").unwrap(), "all");
+    // An escape in the authority keeps its upper-case hex digits.
+    assert_eq!(name("docs://caf%C3%A9").unwrap(), "all");
     // What a client could never reach as signed is refused at admission.
     for (resource, field) in [
         (json!({"uri": "file:///srv/caf\u{e9}", "name": "r"}), "uri"),

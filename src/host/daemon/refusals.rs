@@ -113,6 +113,10 @@ struct Window {
     egress_seen: HashMap<EgressKey, ()>,
     /// Egress refusal records charged to each executor (server, pid) this interval.
     egress_charged: HashMap<(String, u32), usize>,
+    /// Over-budget folds by destination each executor holds this interval: as many as its
+    /// budget, then its refusals fold by reason alone (each fold is a record at the end of
+    /// the interval, so one executor trying every port would otherwise write them all).
+    egress_destination_folds: HashMap<(String, u32), usize>,
     egress_folds: HashMap<EgressKey, EgressFold>,
 }
 
@@ -150,6 +154,7 @@ impl RefusalFolder {
                 folds: HashMap::new(),
                 egress_seen: HashMap::new(),
                 egress_charged: HashMap::new(),
+                egress_destination_folds: HashMap::new(),
                 egress_folds: HashMap::new(),
             }),
         }
@@ -200,15 +205,26 @@ impl RefusalFolder {
                 *w.egress_charged.entry(executor).or_insert(0) += 1;
                 return Admit::Record;
             }
-            // Over budget: one fold per destination (calls and sessions aside), while the
-            // folder has room; past that, one per reason that names no destination.
+            // Over budget: one fold per destination (calls and sessions aside), for as many
+            // destinations as the executor's budget while the folder has room; past that,
+            // one per reason that names no destination.
             let to = serde_json::to_vec(&facts.broker.destination).ok();
             let over = EgressKey {
                 what: None,
                 to: to.map(|t| sha2::Sha256::digest(&t).into()),
                 ..key
             };
-            if w.egress_folds.contains_key(&over) || w.egress_kinds() < MAX_KINDS {
+            let held = w
+                .egress_destination_folds
+                .get(&executor)
+                .copied()
+                .unwrap_or(0);
+            if w.egress_folds.contains_key(&over)
+                || (held < self.budget && w.egress_kinds() < MAX_KINDS)
+            {
+                if !w.egress_folds.contains_key(&over) {
+                    *w.egress_destination_folds.entry(executor).or_insert(0) += 1;
+                }
                 over
             } else {
                 EgressKey { to: None, ..over }
@@ -324,6 +340,7 @@ impl RefusalFolder {
         w.charged.clear();
         w.egress_seen.clear();
         w.egress_charged.clear();
+        w.egress_destination_folds.clear();
         let calls: Vec<DecisionRecord> = w
             .folds
             .drain()
@@ -491,7 +508,14 @@ mod tests {
         }
         let w = f.window.lock().unwrap();
         assert_eq!(w.egress_charged.len(), 1, "one budget: the executor's");
-        assert!(w.egress_kinds() <= 2 + 100, "{}", w.egress_kinds());
+        // Past its budget, an executor trying port after port holds as many destination
+        // folds as its budget, then one by reason: each fold is a record when the interval
+        // closes. Before, one per port.
+        assert!(
+            w.egress_folds.len() <= 1 + 2 + 1,
+            "{}",
+            w.egress_folds.len()
+        );
     }
 
     fn egress(pid: u32, port: u16, bytes: u64) -> EgressFacts {
@@ -562,10 +586,12 @@ mod tests {
             })
             .collect();
         folds.sort();
-        // Over budget, each destination still has its fold (calls aside).
-        let mut want: Vec<(Option<u16>, u64)> = (55..60).map(|p| (Some(p), 1)).collect();
-        want.insert(0, (Some(53), 20));
-        assert_eq!(folds, want);
+        // Over budget, an executor's first destinations (as many as its budget) each have
+        // their fold (calls aside); the rest fold into one that names no destination.
+        assert_eq!(
+            folds,
+            [(None, 3), (Some(53), 20), (Some(55), 1), (Some(56), 1)]
+        );
         // A new interval starts afresh.
         assert_eq!(admit(&f, &egress(10, 53, 1)), Admit::Record);
         // A failure to decide (the state unreadable) and an allow are recorded each time:
@@ -593,11 +619,13 @@ mod tests {
         assert_eq!(tools.len(), 2, "{tools:?}");
     }
 
-    /// Past the folder's room, an executor's refusals to yet more destinations fold into
-    /// one record per reason that names no destination, counting every one of them: memory
-    /// stays bounded, and nothing is dropped uncounted.
+    /// Past its budget of destination folds, an executor's refusals to yet more
+    /// destinations fold into one record per reason that names no destination, counting
+    /// every one of them: memory and records stay bounded, and nothing is dropped
+    /// uncounted. Before, one executor trying every port held a fold (and so wrote a
+    /// record) per port, up to the folder's room of 65,536.
     #[test]
-    fn past_its_room_the_folder_counts_without_destinations() {
+    fn past_its_budget_an_executor_folds_without_destinations() {
         let f = RefusalFolder::new(Duration::from_secs(3600), 1);
         let total = MAX_KINDS + 10;
         for i in 0..total {
@@ -608,7 +636,8 @@ mod tests {
             admit(&f, &e);
         }
         let records = f.take_due(true);
-        assert!(records.len() <= MAX_KINDS, "{}", records.len());
+        // One executor: one destination fold (its budget), then one by reason.
+        assert_eq!(records.len(), 2);
         let counted: u64 = records
             .iter()
             .map(|r| r.flowhost.folded.as_ref().unwrap().count)
@@ -628,7 +657,10 @@ mod tests {
             })
             .collect();
         assert_eq!(without.len(), 1);
-        assert_eq!(without[0].flowhost.folded.as_ref().unwrap().count, 10);
+        assert_eq!(
+            without[0].flowhost.folded.as_ref().unwrap().count as usize,
+            total - 2
+        );
     }
 
     #[test]
