@@ -206,31 +206,7 @@ pub fn trusted_target(path: &Path) -> Result<PathBuf, TrustedFileError> {
         path: path.to_owned(),
         source,
     };
-    let target = std::fs::canonicalize(path).map_err(io)?;
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    // Every directory an entry of the path is looked up in, whatever links lead there: each
-    // directory of the path as written (a link in the middle of it, `keys -> /srv/keys`, is
-    // an entry of the directory above it, which could point it elsewhere), each one of
-    // where it leads, and each one above the file it ends at.
-    let mut dirs = std::collections::BTreeSet::new();
-    for written in parent.ancestors().filter(|a| !a.as_os_str().is_empty()) {
-        let real = std::fs::canonicalize(written).map_err(io)?;
-        dirs.extend(real.ancestors().map(Path::to_path_buf));
-    }
-    if parent.is_relative() {
-        let here = std::fs::canonicalize(".").map_err(io)?;
-        dirs.extend(here.ancestors().map(Path::to_path_buf));
-    }
-    dirs.extend(
-        target
-            .parent()
-            .into_iter()
-            .flat_map(Path::ancestors)
-            .map(Path::to_path_buf),
-    );
+    let (dirs, target) = looked_up_in(path).map_err(io)?;
     for dir in &dirs {
         let meta = std::fs::metadata(dir).map_err(|source| FileError::Open {
             path: dir.to_owned(),
@@ -247,6 +223,63 @@ pub fn trusted_target(path: &Path) -> Result<PathBuf, TrustedFileError> {
         }
     }
     Ok(target)
+}
+
+/// Most symbolic links followed in one lookup, as the kernel allows.
+const MOST_LINKS: usize = 40;
+
+/// Every directory a lookup of `path` looks an entry up in, following its symbolic links
+/// one at a time as the kernel does (each link is an entry of the directory it is in, and
+/// what it names is looked up from there, through further links), and the file it leads
+/// to. A relative path starts from the working directory, whose own directories count.
+fn looked_up_in(path: &Path) -> io::Result<(std::collections::BTreeSet<PathBuf>, PathBuf)> {
+    use std::collections::VecDeque;
+    use std::path::Component;
+    let mut dirs = std::collections::BTreeSet::new();
+    let mut current = if path.is_absolute() {
+        PathBuf::from("/")
+    } else {
+        let here = std::fs::canonicalize(".")?;
+        dirs.extend(here.ancestors().map(Path::to_path_buf));
+        here
+    };
+    let mut pending: VecDeque<std::ffi::OsString> = VecDeque::new();
+    let push_back = |pending: &mut VecDeque<std::ffi::OsString>, p: &Path| {
+        for c in p.components() {
+            match c {
+                Component::Normal(name) => pending.push_back(name.to_owned()),
+                Component::ParentDir => pending.push_back("..".into()),
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+    };
+    push_back(&mut pending, path);
+    let mut links = 0;
+    while let Some(name) = pending.pop_front() {
+        if name == ".." {
+            current.pop();
+            continue;
+        }
+        dirs.insert(current.clone());
+        let next = current.join(&name);
+        if std::fs::symlink_metadata(&next)?.file_type().is_symlink() {
+            links += 1;
+            if links > MOST_LINKS {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            let to = std::fs::read_link(&next)?;
+            if to.is_absolute() {
+                current = PathBuf::from("/");
+            }
+            let mut rest = VecDeque::new();
+            push_back(&mut rest, &to);
+            rest.extend(pending);
+            pending = rest;
+        } else {
+            current = next;
+        }
+    }
+    Ok((dirs, current))
 }
 
 /// Opens `path` for reading without following a final symbolic link, and checks that it is a
@@ -506,6 +539,25 @@ mod tests {
         match trusted_target(&named) {
             Err(TrustedFileError::Exposed { path, .. }) => {
                 assert_eq!(path, std::fs::canonicalize(&etc).unwrap())
+            }
+            other => panic!("{other:?}"),
+        }
+        // A chain of links: the directory holding the second one is looked up in too.
+        // Before, only where the whole chain ended was judged.
+        std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let links = root.path().join("links");
+        std::fs::create_dir(&links).unwrap();
+        std::os::unix::fs::symlink(&keys, links.join("k")).unwrap();
+        std::fs::remove_file(etc.join("keys")).unwrap();
+        std::os::unix::fs::symlink("../links/k", etc.join("keys")).unwrap();
+        assert_eq!(
+            trusted_target(&named).unwrap(),
+            std::fs::canonicalize(keys.join("jwks.json")).unwrap()
+        );
+        std::fs::set_permissions(&links, std::fs::Permissions::from_mode(0o777)).unwrap();
+        match trusted_target(&named) {
+            Err(TrustedFileError::Exposed { path, .. }) => {
+                assert_eq!(path, std::fs::canonicalize(&links).unwrap())
             }
             other => panic!("{other:?}"),
         }
