@@ -262,7 +262,26 @@ fn looked_up_in(path: &Path) -> io::Result<(std::collections::BTreeSet<PathBuf>,
         }
         dirs.insert(current.clone());
         let next = current.join(&name);
-        if std::fs::symlink_metadata(&next)?.file_type().is_symlink() {
+        let entry = std::fs::symlink_metadata(&next)?;
+        if entry.file_type().is_symlink() {
+            // In a directory others may write (a sticky one, such as /tmp, is not judged
+            // itself), a link is followed only if root or this process's user made it, as
+            // the kernel's protected_symlinks rule would have it: its owner could point it
+            // elsewhere whenever they like.
+            let me = nix::unistd::geteuid().as_raw();
+            let writable_by_others = std::fs::metadata(&current)
+                .map(|d| d.mode() & 0o022 != 0)
+                .unwrap_or(true);
+            if writable_by_others && entry.uid() != 0 && entry.uid() != me {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} is a link uid {} made in a directory others may write",
+                        next.display(),
+                        entry.uid()
+                    ),
+                ));
+            }
             links += 1;
             if links > MOST_LINKS {
                 return Err(io::Error::from_raw_os_error(libc::ELOOP));
@@ -560,6 +579,27 @@ mod tests {
                 assert_eq!(path, std::fs::canonicalize(&links).unwrap())
             }
             other => panic!("{other:?}"),
+        }
+        // In a sticky directory others may write (like /tmp), a link another user made is
+        // not followed: its owner could point it anywhere. Before, the sticky directory
+        // was passed, and the link with it.
+        if nix::unistd::geteuid().is_root() {
+            let shared = root.path().join("shared");
+            std::fs::create_dir(&shared).unwrap();
+            std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+            let theirs = shared.join("keys");
+            std::os::unix::fs::symlink(&keys, &theirs).unwrap();
+            std::os::unix::fs::lchown(&theirs, Some(65534), Some(65534)).unwrap();
+            let e = trusted_target(&theirs.join("jwks.json")).unwrap_err();
+            let e = format!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            );
+            assert!(e.contains("a link uid 65534 made"), "{e}");
+            std::os::unix::fs::lchown(&theirs, Some(0), Some(0)).unwrap();
+            trusted_target(&theirs.join("jwks.json")).unwrap();
         }
     }
 

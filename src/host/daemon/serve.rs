@@ -114,7 +114,9 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
         _ => {
             tracing::error!("cannot install signal handlers; stopping");
             host.begin_shutdown();
-            let _ = host.finish(false).await;
+            let _ = host
+                .finish_refused("nothing was served: the signal handlers could not be installed")
+                .await;
             return Served::NotStarted;
         }
     };

@@ -101,8 +101,10 @@ pub(super) struct ScreenChanges {
     unknown_colours: bool,
     /// Whether it set a colour of the Linux console's palette (`ESC ] P`).
     console_palette: bool,
-    /// Continuation bytes still due of the UTF-8 character being read.
+    /// Continuation bytes still due of the UTF-8 character being read, and its lead byte
+    /// while the first is due.
     utf8_pending: u8,
+    utf8_lead: u8,
     /// Whether it used kitty's keyboard protocol (flags pushed or set).
     keyboard_protocol: bool,
     /// Whether it set xterm's modifyOtherKeys.
@@ -122,6 +124,7 @@ impl Default for ScreenChanges {
             unknown_colours: false,
             console_palette: false,
             utf8_pending: 0,
+            utf8_lead: 0,
             keyboard_protocol: false,
             modify_other_keys: false,
         }
@@ -156,13 +159,18 @@ impl ScreenChanges {
         for &byte in output {
             // A byte of a UTF-8 character (the 0x9D of a closing quote, E2 80 9D) is text to
             // a UTF-8 terminal, never an 8-bit control.
-            let continuation = self.utf8_pending > 0 && (0x80..=0xbf).contains(&byte);
-            self.utf8_pending = match byte {
-                0xc0..=0xdf => 1,
-                0xe0..=0xef => 2,
-                0xf0..=0xf7 => 3,
-                _ if continuation => self.utf8_pending - 1,
-                _ => 0,
+            // But U+0080-U+009F written in UTF-8 (C2 80 - C2 9F) is the C1 control itself
+            // to a terminal that decodes first (VTE, st): read as one.
+            let c1_in_utf8 = self.utf8_lead == 0xc2 && (0x80..=0x9f).contains(&byte);
+            let continuation =
+                self.utf8_pending > 0 && (0x80..=0xbf).contains(&byte) && !c1_in_utf8;
+            (self.utf8_pending, self.utf8_lead) = match byte {
+                // C0 and C1 lead only overlong forms, F5-F7 nothing: not UTF-8.
+                0xc2..=0xdf => (1, byte),
+                0xe0..=0xef => (2, byte),
+                0xf0..=0xf4 => (3, byte),
+                _ if continuation => (self.utf8_pending - 1, 0),
+                _ => (0, 0),
             };
             if continuation {
                 match &mut self.state {
@@ -620,6 +628,13 @@ mod tests {
     /// restored from what was saved, and keyboard modes are undone.
     #[test]
     fn utf8_is_text_and_what_is_read_short_is_undone() {
+        // U+009D, OSC itself, written in UTF-8 (C2 9D): a control to a terminal that
+        // decodes UTF-8 first.
+        let end = end_of(&[b"\xc2\x9d11;#000000\x07\xc2\x9b?1049h"]);
+        assert!(
+            end.contains("\x1b]111") && end.contains("\x1b[?1049l"),
+            "{end:?}"
+        );
         let quoted = "“quoted” 来 Ν".as_bytes();
         assert_eq!(changes(&[quoted]).before_messages(), BEFORE_MESSAGES);
         assert_eq!(
