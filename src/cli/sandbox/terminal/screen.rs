@@ -6,9 +6,12 @@
 //! (killed, timed out, or careless). flowhost puts back exactly what it saw the command
 //! change, and nothing else: colours and modes the user set before the run are kept.
 //!
-//! Reading is conservative: a byte that might start a sequence (a C1 control inside UTF-8
-//! text) can make flowhost undo something the command never changed, which only sets that
-//! thing to the terminal's default; what it would miss is what no terminal would act on.
+//! The output is read as a UTF-8 terminal reads it (as flowhost's own terminals are): the
+//! bytes of a character are text, and a C1 control is one written alone or in UTF-8. A
+//! terminal in another encoding that acts on raw C1 bytes can be sent one this reading
+//! takes for part of a character. Otherwise reading is conservative: what may set colours
+//! in ways not read here has every colour put back, which only sets them to the terminal's
+//! defaults.
 
 /// Written before each batch of flowhost's messages: CAN ends any control sequence the
 /// command's output left open, ST any string (a window title, DCS, APC, PM), SGR 0 any
@@ -172,6 +175,18 @@ impl ScreenChanges {
                 _ if continuation => (self.utf8_pending - 1, 0),
                 _ => (0, 0),
             };
+            // A C1 control in UTF-8 inside an OSC: ST ends it (below, as the 8-bit ST
+            // does); CSI and OSC cancel it and start their own; any other cancels it.
+            if c1_in_utf8 && matches!(self.state, State::OscText { .. } | State::OscNumber { .. }) {
+                match byte {
+                    C1_ST => {}
+                    C1_CSI | C1_OSC => self.state = State::Ground,
+                    _ => {
+                        self.state = State::Ground;
+                        continue;
+                    }
+                }
+            }
             if continuation {
                 match &mut self.state {
                     State::Ground => continue,
@@ -633,6 +648,12 @@ mod tests {
         let end = end_of(&[b"\xc2\x9d11;#000000\x07\xc2\x9b?1049h"]);
         assert!(
             end.contains("\x1b]111") && end.contains("\x1b[?1049l"),
+            "{end:?}"
+        );
+        // Also inside a title, which they cancel to start their own.
+        let end = end_of(&[b"\x1b]0;x\xc2\x9d10;#000000\x07\x1b]0;x\xc2\x9b?1000h\x07"]);
+        assert!(
+            end.contains("\x1b]110") && end.contains("\x1b[?1000l"),
             "{end:?}"
         );
         let quoted = "“quoted” 来 Ν".as_bytes();
