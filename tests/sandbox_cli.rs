@@ -1006,7 +1006,9 @@ fn a_query_not_served_is_recorded() {
     let dns = common::named::TestDns::start();
     let records = common::shared_dir().join(format!("sandbox-unserved-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&records);
-    // A standard query (id 0x1234, recursion desired) asking a.test and b.test at once.
+    // A standard query (id 0x1234, recursion desired) asking a.test and b.test at once,
+    // from a socket kept open as a resolver client keeps it for the answer (the resolver
+    // answers only a socket it can see is an executor's).
     let two = r"\x12\x34\x01\x00\x00\x02\x00\x00\x00\x00\x00\x00\x01a\x04test\x00\x00\x01\x00\x01\x01b\x04test\x00\x00\x01\x00\x01";
     let out = flowhost()
         .args(["sandbox", "run", "--profile", "brokered"])
@@ -1016,7 +1018,7 @@ fn a_query_not_served_is_recorded() {
         .args(["--", "/bin/bash", "-c"])
         .arg(format!(
             "ns=$(awk '/^nameserver/ {{ print $2; exit }}' /etc/resolv.conf); \
-             printf '{two}' > /dev/udp/$ns/53 && sleep 0.5 && echo sent"
+             exec 3<>/dev/udp/$ns/53 && printf '{two}' >&3 && sleep 0.5 && echo sent"
         ))
         .output()
         .unwrap();
