@@ -458,10 +458,14 @@ impl Target {
         served_by: Result<u32, String>,
         endpoint: &LocalEndpoint,
         server_uid: u32,
-    ) -> Result<Client, String>
+    ) -> Result<Client, PgError>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
+        let refuse = |reason: String| PgError::Connect {
+            target: self.name.clone(),
+            reason,
+        };
         match served_by {
             Ok(uid) if uid == server_uid => self
                 .config
@@ -471,12 +475,37 @@ impl Target {
                     tokio::spawn(connection);
                     client
                 })
-                .map_err(|e| reason(&e)),
-            Ok(uid) => Err(format!(
+                .map_err(|e| self.connect_error(&e)),
+            Ok(uid) => Err(refuse(format!(
                 "{endpoint} is served by uid {uid}, not the server's user (uid {server_uid}): \
                  refused"
-            )),
-            Err(why) => Err(format!("{endpoint}: cannot tell who serves it: {why}")),
+            ))),
+            Err(why) => Err(refuse(format!(
+                "{endpoint}: cannot tell who serves it: {why}"
+            ))),
+        }
+    }
+
+    /// A connection the server refused: [`PgError::Unsuitable`] when only the operator can
+    /// change what it refused for (the role's password or its `pg_hba.conf` entry, SQLSTATE
+    /// class 28; a database that does not exist, 3D000; a role without the privilege to
+    /// connect, 42501), so that the host exits rather than being restarted again and again;
+    /// [`PgError::Connect`] otherwise (a server unreachable or starting, which may pass).
+    fn connect_error(&self, e: &tokio_postgres::Error) -> PgError {
+        let permanent = e.code().is_some_and(|code| {
+            let code = code.code();
+            code.starts_with("28") || code == "3D000" || code == "42501"
+        });
+        if permanent {
+            PgError::Unsuitable {
+                target: self.name.clone(),
+                reason: reason(e),
+            }
+        } else {
+            PgError::Connect {
+                target: self.name.clone(),
+                reason: reason(e),
+            }
         }
     }
 
@@ -514,7 +543,7 @@ impl Target {
                                 self.speak_to(stream, served_by, &endpoint, server_uid)
                                     .await
                             }
-                            Err(e) => Err(format!("{endpoint}: {e}")),
+                            Err(e) => Err(refuse(format!("{endpoint}: {e}"))),
                         }
                     }
                     LocalEndpoint::Tcp(addr) => match tokio::net::TcpStream::connect(addr).await {
@@ -523,13 +552,13 @@ impl Target {
                             self.speak_to(stream, served_by, &endpoint, server_uid)
                                 .await
                         }
-                        Err(e) => Err(format!("{endpoint}: {e}")),
+                        Err(e) => Err(refuse(format!("{endpoint}: {e}"))),
                     },
                 };
                 let client = match connected {
                     Ok(client) => client,
-                    Err(why) => {
-                        last = Some(refuse(why));
+                    Err(refused) => {
+                        last = Some(refused);
                         continue;
                     }
                 };
@@ -619,10 +648,7 @@ impl Target {
             if refused_as_read_only(&e) {
                 return self.read_only("every server listed refuses writes".into());
             }
-            PgError::Connect {
-                target: self.name.clone(),
-                reason: reason(&e),
-            }
+            self.connect_error(&e)
         };
         let client = match &self.tls {
             Tls::Off { server_uid } => self.connect_local(*server_uid).await?,
@@ -1797,6 +1823,36 @@ mod tests {
             .unwrap()
             .get(0);
         assert_eq!(n, 1);
+    }
+
+    /// A refusal only the operator can change (a wrong password, a database that does not
+    /// exist) is not a cause that may pass: start-up exits 2 on it rather than having the
+    /// unit restarted again and again. Before, it was a connection failure like any other.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wrong_password_or_database_is_not_a_cause_that_may_pass() {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(pg) = lab().await else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let wrong = dir.path().join("password");
+        std::fs::write(&wrong, "not-the-password\n").unwrap();
+        std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut s = pg.settings("h");
+        s.password_file = Some(wrong);
+        let e = PostgresStore::open(&s).await.unwrap_err();
+        assert!(
+            matches!(e, StateError::Postgres(PgError::Unsuitable { .. })),
+            "{e:?}"
+        );
+        let url = std::fs::read_to_string(&pg.settings("h").url_file).unwrap();
+        let other = dir.path().join("url");
+        std::fs::write(&other, url.trim().replace("/postgres", "/no_such_database")).unwrap();
+        let mut s = pg.settings("h");
+        s.url_file = other;
+        let e = PostgresStore::open(&s).await.unwrap_err();
+        assert!(
+            matches!(e, StateError::Postgres(PgError::Unsuitable { .. })),
+            "{e:?}"
+        );
     }
 
     /// A server that does not take writes (a standby, or a database made read-only) could
