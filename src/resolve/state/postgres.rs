@@ -487,15 +487,15 @@ impl Target {
     }
 
     /// A connection the server refused: [`PgError::Unsuitable`] when only the operator can
-    /// change what it refused for (the role's password or its `pg_hba.conf` entry, SQLSTATE
-    /// class 28; a database that does not exist, 3D000; a role without the privilege to
-    /// connect, 42501), so that the host exits rather than being restarted again and again;
-    /// [`PgError::Connect`] otherwise (a server unreachable or starting, which may pass).
+    /// change what it refused for (the role's password, 28P01; a database that does not
+    /// exist, 3D000; a role without the privilege to connect, 42501), so that the host exits
+    /// rather than being restarted again and again; [`PgError::Connect`] otherwise (a server
+    /// unreachable or starting, which may pass, and any other refusal of authentication,
+    /// 28000, which an LDAP or RADIUS server out of reach also gives).
     fn connect_error(&self, e: &tokio_postgres::Error) -> PgError {
-        let permanent = e.code().is_some_and(|code| {
-            let code = code.code();
-            code.starts_with("28") || code == "3D000" || code == "42501"
-        });
+        let permanent = e
+            .code()
+            .is_some_and(|code| matches!(code.code(), "28P01" | "3D000" | "42501"));
         if permanent {
             PgError::Unsuitable {
                 target: self.name.clone(),
@@ -558,7 +558,14 @@ impl Target {
                 let client = match connected {
                     Ok(client) => client,
                     Err(refused) => {
-                        last = Some(refused);
+                        // A refusal that may pass, from any server listed, decides: the
+                        // primary may be the one restarting while another refuses the role.
+                        let may_pass = |e: &PgError| {
+                            matches!(e, PgError::Connect { .. } | PgError::ReadOnly { .. })
+                        };
+                        if last.as_ref().is_none_or(|l| !may_pass(l)) || may_pass(&refused) {
+                            last = Some(refused);
+                        }
                         continue;
                     }
                 };
