@@ -37,18 +37,25 @@ fn number(r: &serde_json::Value, field: &str) -> u32 {
         .unwrap_or_else(|| panic!("no {field} in {r}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_sees_the_executors_uid_and_gid_on_a_brokered_connect() {
-    if !root_only() {
-        return;
-    }
-    let Some(b) = broker() else { return };
+/// A unix listener in a directory executors see, whose socket any uid may connect to, and
+/// the probe's arguments to connect to it (the directory lives as long as the first).
+fn server_any_uid_may_reach() -> (tempfile::TempDir, UnixListener, Vec<String>) {
     let dir = common::executor_visible_dir();
     let path = dir.path().join("server.sock");
     let listener = UnixListener::bind(&path).unwrap();
     listener.set_nonblocking(true).unwrap();
     set_mode(&path, 0o777);
     let argv = probe_argv(&["unix-connect", path.to_str().unwrap()]);
+    (dir, listener, argv)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_sees_the_executors_uid_and_gid_on_a_brokered_connect() {
+    if !root_only() {
+        return;
+    }
+    let Some(b) = broker() else { return };
+    let (_dir, listener, argv) = server_any_uid_may_reach();
     let run = run_with(&b, "brokered", argv, |_| Verdict::Allow).await;
     let r = run.result();
     assert_eq!(r["result"], "ok", "{r}");
@@ -70,12 +77,7 @@ async fn a_spawn_naming_its_identity_has_its_connects_made_as_that_identity() {
         return;
     }
     let Some(b) = broker() else { return };
-    let dir = common::executor_visible_dir();
-    let path = dir.path().join("server.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    listener.set_nonblocking(true).unwrap();
-    set_mode(&path, 0o777);
-    let argv = probe_argv(&["unix-connect", path.to_str().unwrap()]);
+    let (_dir, listener, argv) = server_any_uid_may_reach();
     let named = (61_999, 61_998);
     let run = common::run_as(&b, "brokered", argv, named, |_| Verdict::Allow).await;
     let r = run.result();

@@ -33,6 +33,11 @@ impl UidRange {
     pub fn last(&self) -> u32 {
         self.first + (self.count - 1)
     }
+
+    /// Whether `id` is one of the range's.
+    pub fn contains(&self, id: u32) -> bool {
+        (self.first..=self.last()).contains(&id)
+    }
 }
 
 impl std::fmt::Display for UidRange {

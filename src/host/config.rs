@@ -900,7 +900,7 @@ impl HostConfig {
         for (i, p) in principals.iter().enumerate() {
             let overlap = p.uids.iter().find(|&&u| match executor_identity {
                 Some((eu, _)) => u == eu,
-                None => u >= executor_uids.first && u <= executor_uids.last(),
+                None => executor_uids.contains(u),
             });
             if let Some(uid) = overlap {
                 return Err(invalid(
@@ -917,7 +917,7 @@ impl HostConfig {
             }
             let gid_overlap = p.gids.iter().find(|&&g| match executor_identity {
                 Some((_, eg)) => g == eg,
-                None => g >= executor_uids.first && g <= executor_uids.last(),
+                None => executor_uids.contains(g),
             });
             if let Some(gid) = gid_overlap {
                 return Err(invalid(

@@ -861,7 +861,7 @@ fn id_in_range(text: &str, range: flowhost_broker::UidRange) -> Option<(String, 
             let id = fields.nth(1)?.trim().parse::<u32>().ok()?;
             Some((name.to_string(), id))
         })
-        .find(|(_, id)| *id >= range.first && *id <= range.last())
+        .find(|(_, id)| range.contains(*id))
 }
 
 #[cfg(test)]

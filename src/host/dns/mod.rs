@@ -1023,9 +1023,8 @@ impl Server {
     /// executors' sockets are (see [`DnsMediation::senders`]); one that cannot be told is
     /// not.
     fn sent_by_an_executor(&self, owner: Result<Option<u32>, String>, from: SocketAddr) -> bool {
-        let (first, last) = (self.senders.first, self.senders.last());
         match owner {
-            Ok(Some(uid)) if (first..=last).contains(&uid) => true,
+            Ok(Some(uid)) if self.senders.contains(uid) => true,
             owner => {
                 // Once per resolver as a warning (a flood of them must not flood the log).
                 if self
