@@ -515,21 +515,10 @@ impl FlowResolver {
     /// dispatch, but never against a grant's target: the grant bound the call's arguments,
     /// not the answer; an expired grant refuses the answer as [`GrantDenial::Expired`]). When
     /// it may, the answer's taint is joined into the state durably before this returns.
+    /// The executor may take in only data whose label `held` admits (one holding egress
+    /// approved under a label: what it opened then must not carry more); an answer it does
+    /// not admit is refused as a flow violation, before anything is joined.
     pub async fn admit_answer(
-        &self,
-        plan: &CallPlan,
-        tool: &str,
-        answer_text: &str,
-    ) -> AnswerJudgment {
-        self.admit_answer_held(plan, tool, answer_text, &|_| true)
-            .await
-    }
-
-    /// [`FlowResolver::admit_answer`] for an executor that may take in only data whose
-    /// label `held` admits (one holding egress approved under a label: what it opened
-    /// then must not carry more). An answer it does not admit is refused as a flow
-    /// violation, before anything is joined.
-    pub async fn admit_answer_held(
         &self,
         plan: &CallPlan,
         tool: &str,
@@ -1083,7 +1072,7 @@ pub(crate) mod tests {
         assert!(v.verdict.allowed(), "{v:?}");
         assert!(v.under_grant, "{v:?}");
         assert!(
-            res.admit_answer(&plan, "publish", "fine")
+            res.admit_answer(&plan, "publish", "fine", &|_| true)
                 .await
                 .outcome
                 .is_ok()
@@ -1096,7 +1085,7 @@ pub(crate) mod tests {
             .decide_lookup(&plan, &"inbox.test".parse().unwrap(), &rules, None)
             .await;
         assert_eq!(v.verdict.denial(), Some(Denial::GrantExpired), "{v:?}");
-        let answer = res.admit_answer(&plan, "publish", "fine").await;
+        let answer = res.admit_answer(&plan, "publish", "fine", &|_| true).await;
         assert!(
             matches!(
                 answer.outcome,
@@ -1140,7 +1129,7 @@ pub(crate) mod tests {
             v.verdict.allowed(),
             "the grant serves the call's egress: {v:?}"
         );
-        let answer = res.admit_answer(&plan, "publish", "fine").await;
+        let answer = res.admit_answer(&plan, "publish", "fine", &|_| true).await;
         assert!(
             matches!(
                 answer.outcome,
@@ -1165,7 +1154,7 @@ pub(crate) mod tests {
         let team = reg.tool("team-inbox", "publish").unwrap();
         let plan = res.pre_dispatch(&who, &k, team, &args, None).await.unwrap();
         let judged = res
-            .admit_answer(&plan, "publish", "Harbor Goods says yes")
+            .admit_answer(&plan, "publish", "Harbor Goods says yes", &|_| true)
             .await;
         assert_eq!(judged.source, terms());
         assert!(
@@ -1192,13 +1181,13 @@ pub(crate) mod tests {
             .pre_dispatch(&fresh, &k3, public, &args, None)
             .await
             .unwrap();
-        let plain = res.admit_answer(&plan, "publish", "fine").await;
+        let plain = res.admit_answer(&plan, "publish", "fine", &|_| true).await;
         assert!(
             plain.outcome.is_ok(),
             "public data flows to a public clearance"
         );
         let refused = res
-            .admit_answer(&plan, "publish", "Harbor Goods says yes")
+            .admit_answer(&plan, "publish", "Harbor Goods says yes", &|_| true)
             .await;
         assert!(
             matches!(

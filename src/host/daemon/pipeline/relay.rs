@@ -167,7 +167,7 @@ impl RelayGate<'_> {
         let judgment = self
             .env
             .resolver
-            .admit_answer_held(self.plan, self.tool, &classifiable_text(answer), held)
+            .admit_answer(self.plan, self.tool, &classifiable_text(answer), held)
             .await;
         let checked = FlowContext {
             source_label: Some(judgment.source.clone()),
