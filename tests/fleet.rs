@@ -175,15 +175,19 @@ async fn a_label_lower_than_this_host_has_seen_is_refused() {
     a.raise(&k, &compartment("c1"), &compartment("c1"))
         .await
         .unwrap();
-    let restored = InformationLabel::bottom().to_canonical_json();
-    raw(&pg)
-        .await
-        .execute(
-            "UPDATE principal_labels SET label = $1 WHERE principal = $2",
-            &[&restored, &ANALYST],
-        )
-        .await
-        .unwrap();
+    // The database loses the raise behind the host's back (a failover, a restore).
+    let lower = || async {
+        let restored = InformationLabel::bottom().to_canonical_json();
+        raw(&pg)
+            .await
+            .execute(
+                "UPDATE principal_labels SET label = $1 WHERE principal = $2",
+                &[&restored, &ANALYST],
+            )
+            .await
+            .unwrap();
+    };
+    lower().await;
     let err = a.get(&k).await.unwrap_err().to_string();
     assert!(
         err.contains("lower than this host has seen") && err.contains(ANALYST),
@@ -198,14 +202,7 @@ async fn a_label_lower_than_this_host_has_seen_is_refused() {
     );
     assert_eq!(a.get(&k).await.unwrap().principal, compartment("c1"));
     // Lowered again: refused again, the raise that found it included.
-    raw(&pg)
-        .await
-        .execute(
-            "UPDATE principal_labels SET label = $1 WHERE principal = $2",
-            &[&restored, &ANALYST],
-        )
-        .await
-        .unwrap();
+    lower().await;
     let err = a
         .raise(&k, &InformationLabel::bottom(), &InformationLabel::bottom())
         .await
@@ -215,14 +212,7 @@ async fn a_label_lower_than_this_host_has_seen_is_refused() {
     // Lowered again, then found by a raise whose join puts the label back as it was: the
     // loss is found all the same. Before, the join was what was checked, so it passed.
     assert_eq!(a.get(&k).await.unwrap().principal, compartment("c1"));
-    raw(&pg)
-        .await
-        .execute(
-            "UPDATE principal_labels SET label = $1 WHERE principal = $2",
-            &[&restored, &ANALYST],
-        )
-        .await
-        .unwrap();
+    lower().await;
     let err = a
         .raise(&k, &compartment("c1"), &compartment("c1"))
         .await
