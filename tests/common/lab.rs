@@ -28,17 +28,24 @@ fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-/// Copies the lab's documents somewhere executors (another uid, outside /tmp) can read.
+/// Copies the lab's documents somewhere executors (another uid, outside /tmp) can read,
+/// once per test process: copied again for each lab, a document another test's tool was
+/// reading meanwhile was read truncated (empty), and that test failed.
 fn shared_documents() -> PathBuf {
-    let src = repo("fixtures/pricing-lab/documents");
-    let dir = super::shared_dir().join(format!("documents-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(&src).unwrap().flatten() {
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-    }
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
+    static DOCUMENTS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DOCUMENTS
+        .get_or_init(|| {
+            let src = repo("fixtures/pricing-lab/documents");
+            let dir = super::shared_dir().join(format!("documents-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            for e in std::fs::read_dir(&src).unwrap().flatten() {
+                std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+            }
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            dir
+        })
+        .clone()
 }
 
 impl Lab {
