@@ -351,16 +351,14 @@ pub enum AdmissionError {
         other_uri: String,
     },
     /// The tool's input schema does not compile (or has a remote or file `$ref`).
-    #[error(
-        "server {server_id:?} tool {tool:?}: input_schema is not a usable JSON Schema: {reason}"
-    )]
-    InvalidInputSchema {
+    #[error("server {server_id:?} tool {tool:?}: {reason}")]
+    InvalidSchema {
         /// The server.
         server_id: String,
         /// The tool.
         tool: String,
-        /// The compiler's description.
-        reason: String,
+        /// Which schema, and the compiler's description.
+        reason: crate::manifest::SchemaCompileError,
     },
 }
 
@@ -390,6 +388,35 @@ pub enum ArgumentError {
     },
 }
 
+/// Why a tool's result was withheld: the tool declares an output schema, and its result
+/// does not keep to it. Messages name schema locations, never output values (the result
+/// may carry what the executor read).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutputError {
+    /// A result that is not a tool error carries no `structuredContent`, which MCP requires
+    /// of a tool with an output schema.
+    #[error(
+        "server {server_id:?} tool {tool:?}: the result has no structuredContent, which its \
+         signed output schema requires"
+    )]
+    NoStructuredContent {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+    },
+    /// The result's `structuredContent` breaks the signed output schema.
+    #[error("server {server_id:?} tool {tool:?}: structuredContent does not match the signed output schema: {}", problems.join("; "))]
+    SchemaViolation {
+        /// The server.
+        server_id: String,
+        /// The tool.
+        tool: String,
+        /// Up to 8 problems, each `at <pointer>: fails <schema pointer>`.
+        problems: Vec<String>,
+    },
+}
+
 /// A tool admitted by the registry, with everything the host needs to serve it.
 pub struct AdmittedTool {
     server_id: String,
@@ -397,7 +424,7 @@ pub struct AdmittedTool {
     security: AdmittedToolSecurity,
     topology: RuntimeTopology,
     manifest_digest: ManifestDigest,
-    validator: jsonschema::Validator,
+    schemas: crate::manifest::CompiledSchemas,
 }
 
 impl AdmittedTool {
@@ -445,22 +472,7 @@ impl AdmittedTool {
                 found: crate::manifest::json_type(arguments),
             });
         }
-        let problems: Vec<String> = self
-            .validator
-            .iter_errors(arguments)
-            .take(MAX_ARGUMENT_ERRORS)
-            .map(|e| {
-                let at = e.instance_path().to_string();
-                let at = if at.is_empty() { "/".to_owned() } else { at };
-                // Names only what the signed schema says, never the argument values.
-                match e.kind() {
-                    jsonschema::error::ValidationErrorKind::Required { property } => {
-                        format!("at {at}: missing required property {property}")
-                    }
-                    _ => format!("at {at}: fails {}", e.schema_path()),
-                }
-            })
-            .collect();
+        let problems = schema_problems(&self.schemas.input, arguments);
         if problems.is_empty() {
             Ok(())
         } else {
@@ -471,6 +483,54 @@ impl AdmittedTool {
             })
         }
     }
+
+    /// Checks an executor's `tools/call` result against the signed output schema, if the
+    /// tool declares one: a result that is not a tool error (`isError: true`) must carry
+    /// `structuredContent` that matches it, and a tool error's, if it carries any, must
+    /// match too. A tool without an output schema passes whatever it answers.
+    pub fn check_output(&self, result: &Value) -> Result<(), OutputError> {
+        let Some(validator) = &self.schemas.output else {
+            return Ok(());
+        };
+        let Some(structured) = result.get("structuredContent") else {
+            if result.get("isError") == Some(&Value::Bool(true)) {
+                return Ok(());
+            }
+            return Err(OutputError::NoStructuredContent {
+                server_id: self.server_id.clone(),
+                tool: self.name().to_owned(),
+            });
+        };
+        let problems = schema_problems(validator, structured);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(OutputError::SchemaViolation {
+                server_id: self.server_id.clone(),
+                tool: self.name().to_owned(),
+                problems,
+            })
+        }
+    }
+}
+
+/// Up to [`MAX_ARGUMENT_ERRORS`] ways `value` breaks `schema`, each naming where in the
+/// value and which schema keyword, never the value itself.
+fn schema_problems(schema: &jsonschema::Validator, value: &Value) -> Vec<String> {
+    schema
+        .iter_errors(value)
+        .take(MAX_ARGUMENT_ERRORS)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            let at = if at.is_empty() { "/".to_owned() } else { at };
+            match e.kind() {
+                jsonschema::error::ValidationErrorKind::Required { property } => {
+                    format!("at {at}: missing required property {property}")
+                }
+                _ => format!("at {at}: fails {}", e.schema_path()),
+            }
+        })
+        .collect()
 }
 
 impl fmt::Debug for AdmittedTool {
@@ -674,13 +734,14 @@ impl VerifiedRegistry {
                 });
             };
             let security = admit_tool(&server_id, definition, policy, topology)?;
-            let validator = definition.compile_input_schema().map_err(|e| {
-                AdmissionError::InvalidInputSchema {
-                    server_id: server_id.clone(),
-                    tool: name.to_owned(),
-                    reason: e.to_string(),
-                }
-            })?;
+            let schemas =
+                definition
+                    .compile_schemas()
+                    .map_err(|reason| AdmissionError::InvalidSchema {
+                        server_id: server_id.clone(),
+                        tool: name.to_owned(),
+                        reason,
+                    })?;
             tools.insert(
                 name.to_owned(),
                 AdmittedTool {
@@ -689,7 +750,7 @@ impl VerifiedRegistry {
                     security,
                     topology,
                     manifest_digest: digest,
-                    validator,
+                    schemas,
                 },
             );
         }

@@ -131,9 +131,10 @@ pub enum ManifestCommandError {
         /// Why.
         reason: SignError,
     },
-    /// A tool's input schema does not compile, so no host would admit the manifest.
-    #[error("{}: tool {tool:?}: input_schema is not a usable JSON Schema: {reason}", file.display())]
-    InputSchema {
+    /// A tool's input or output schema does not compile, so no host would admit the
+    /// manifest.
+    #[error("{}: tool {tool:?}: {reason}", file.display())]
+    Schema {
         /// The body file.
         file: PathBuf,
         /// The tool.
@@ -195,8 +196,8 @@ fn sign(args: SignArgs) -> CliResult {
     let (body, body_json) = load_body_file(&args.manifest)?;
     // Refused here rather than at every host that would later refuse to admit it.
     for tool in body.tools() {
-        tool.compile_input_schema()
-            .map_err(|reason| ManifestCommandError::InputSchema {
+        tool.compile_schemas()
+            .map_err(|reason| ManifestCommandError::Schema {
                 file: args.manifest.clone(),
                 tool: tool.name().to_owned(),
                 reason,

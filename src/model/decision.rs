@@ -211,6 +211,8 @@ pub enum Failure {
     Cancelled,
     /// A request to the client could not reach it: its transport takes no request there.
     ClientUnreachable,
+    /// The tool's result broke its signed output schema, so it was withheld.
+    OutputSchemaInvalid,
 }
 
 impl Failure {
@@ -223,6 +225,7 @@ impl Failure {
             Failure::StateFailure => "state_failure",
             Failure::Cancelled => "cancelled",
             Failure::ClientUnreachable => "client_unreachable",
+            Failure::OutputSchemaInvalid => "output_schema_invalid",
         }
     }
 }

@@ -274,23 +274,53 @@ impl ToolDefinition {
         self.flow.as_ref()
     }
 
-    /// Compiles the input schema into a validator that checks `format` too, strictly (an
-    /// argument a schema calls an `email` or a `date-time` must be one, the latter with its
-    /// offset, as RFC 3339 writes it). No remote or file `$ref` is ever fetched, so a schema
-    /// that needs one does not compile. A schema whose subschemas apply to one value in a
-    /// cycle compiles and validates in bounded depth (the validator stops at a cycle).
-    pub fn compile_input_schema(&self) -> Result<jsonschema::Validator, SchemaCompileError> {
-        jsonschema::options()
-            .should_validate_formats(true)
-            .build(&Value::Object(self.input_schema.clone()))
-            .map_err(|e| SchemaCompileError(e.to_string()))
+    /// Compiles the input schema, and the output schema if declared, into validators that
+    /// check `format` too, strictly (a value a schema calls an `email` or a `date-time` must
+    /// be one, the latter with its offset, as RFC 3339 writes it). No remote or file `$ref`
+    /// is ever fetched, so a schema that needs one does not compile. A schema whose
+    /// subschemas apply to one value in a cycle compiles and validates in bounded depth
+    /// (the validator stops at a cycle).
+    pub fn compile_schemas(&self) -> Result<CompiledSchemas, SchemaCompileError> {
+        Ok(CompiledSchemas {
+            input: compile_schema("input_schema", &self.input_schema)?,
+            output: match &self.output_schema {
+                Some(schema) => Some(compile_schema("output_schema", schema)?),
+                None => None,
+            },
+        })
     }
 }
 
-/// Why an input schema is not a usable JSON Schema.
+/// A tool's schemas as validators.
+pub struct CompiledSchemas {
+    /// What the call's arguments must match.
+    pub input: jsonschema::Validator,
+    /// What a result's `structuredContent` must match, if the tool declares it.
+    pub output: Option<jsonschema::Validator>,
+}
+
+fn compile_schema(
+    field: &'static str,
+    schema: &Map<String, Value>,
+) -> Result<jsonschema::Validator, SchemaCompileError> {
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(&Value::Object(schema.clone()))
+        .map_err(|e| SchemaCompileError {
+            field,
+            reason: e.to_string(),
+        })
+}
+
+/// Why one of a tool's schemas is not a usable JSON Schema.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct SchemaCompileError(String);
+#[error("{field} is not a usable JSON Schema: {reason}")]
+pub struct SchemaCompileError {
+    /// The schema's field in the manifest (`input_schema`, `output_schema`).
+    pub field: &'static str,
+    /// The compiler's description.
+    pub reason: String,
+}
 
 /// Behaviour flags a publisher states for a tool. The first four are required on the wire;
 /// `open_world` is optional.

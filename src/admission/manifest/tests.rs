@@ -1326,7 +1326,7 @@ fn compiled(schema: Value) -> Result<jsonschema::Validator, SchemaCompileError> 
     let mut body = full_body(&key(1));
     body["tools"][0]["input_schema"] = schema;
     let body = ManifestBody::from_json_value(&body, &JsonPath::root()).unwrap();
-    body.tools()[0].compile_input_schema()
+    body.tools()[0].compile_schemas().map(|s| s.input)
 }
 
 /// A schema whose subschemas apply to one value in a cycle is validated in bounded depth,

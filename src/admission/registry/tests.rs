@@ -361,17 +361,24 @@ fn rule_8_purposes_are_policy_intersect_manifest() {
     assert!(security.declassification_purposes().is_empty());
 }
 
+/// An input or output schema that does not compile is refused, naming which. Before, an
+/// output schema was never compiled, so one no result could be checked against was admitted.
 #[test]
-fn an_input_schema_that_does_not_compile_is_refused_at_admission() {
+fn a_schema_that_does_not_compile_is_refused_at_admission() {
     let k = key(1);
-    for schema in [
-        json!({"type": "no-such-type"}),
+    for (field, schema) in [
+        ("input_schema", json!({"type": "no-such-type"})),
         // Remote references are never fetched: the schema must be self-contained.
-        json!({"$ref": "https://schemas.example/tool.json"}),
-        json!({"$ref": "file:///etc/passwd"}),
+        (
+            "input_schema",
+            json!({"$ref": "https://schemas.example/tool.json"}),
+        ),
+        ("input_schema", json!({"$ref": "file:///etc/passwd"})),
+        ("output_schema", json!({"type": "no-such-type"})),
+        ("output_schema", json!({"$ref": "file:///etc/passwd"})),
     ] {
         let mut body = signed("srv", &k, &[("tool", None)]).body_json().clone();
-        body["tools"][0]["input_schema"] = schema.clone();
+        body["tools"][0][field] = schema.clone();
         let envelope = SignedManifest::sign(body, &k).unwrap();
         let mut registry = VerifiedRegistry::new();
         let result = registry.register(
@@ -381,7 +388,7 @@ fn an_input_schema_that_does_not_compile_is_refused_at_admission() {
             &topologies(&[("tool", RuntimeTopology::Local)]),
         );
         assert!(
-            matches!(result, Err(AdmissionError::InvalidInputSchema { .. })),
+            matches!(&result, Err(AdmissionError::InvalidSchema { reason, .. }) if reason.field == field),
             "{schema}: {result:?}"
         );
         assert!(registry.is_empty());

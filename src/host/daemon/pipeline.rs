@@ -454,7 +454,7 @@ async fn run_call<D: Dispatch>(
 
     // Settle, then let the executor serve again only if its output's labels are stored.
     let mut durable = false;
-    let answer = settle(env, &rec, &plan, outcome, &mut durable).await;
+    let answer = settle(env, &rec, &plan, admitted.tool, outcome, &mut durable).await;
     dispatcher.settled(durable).await;
     answer
 }
@@ -464,11 +464,13 @@ async fn run_call<D: Dispatch>(
 /// [`Recorder::record_written`]). What an executor said when it
 /// failed can carry what it read, so it is settled like a result, and so is a call
 /// cancelled after it started (the tool ran, and may have read what its floor labels).
-/// `durable` is set once the labels of what the executor produced are stored.
+/// A result that breaks the tool's signed output schema is withheld, and the client reads
+/// why. `durable` is set once the labels of what the executor produced are stored.
 async fn settle(
     env: &CallEnv<'_>,
     rec: &CallRecord<'_>,
     plan: &CallPlan,
+    tool: &AdmittedTool,
     outcome: Result<Value, DispatchError>,
     durable: &mut bool,
 ) -> Result<Value, RpcError> {
@@ -497,15 +499,29 @@ async fn settle(
             Verdict::Failed(Failure::Cancelled),
             None,
         ),
-        Ok(result) => {
-            let verdict = if result.get("isError") == Some(&Value::Bool(true)) {
-                Verdict::Failed(Failure::ToolError)
-            } else {
-                Verdict::Succeeded { rule: None }
-            };
-            let text = crate::resolver::classifiable_text(&result);
-            (Ok(result), verdict, Some(text))
-        }
+        Ok(result) => match tool.check_output(&result) {
+            Ok(()) => {
+                let verdict = if result.get("isError") == Some(&Value::Bool(true)) {
+                    Verdict::Failed(Failure::ToolError)
+                } else {
+                    Verdict::Succeeded { rule: None }
+                };
+                let text = crate::resolver::classifiable_text(&result);
+                (Ok(result), verdict, Some(text))
+            }
+            // Nothing of the result reaches the client, but the tool ran: what is
+            // classified is the host's words the client reads, and the output floor joins
+            // as for any call that ran.
+            Err(broken) => {
+                let result = tool_error(&format!("the tool's result was withheld: {broken}"));
+                let text = crate::resolver::classifiable_text(&result);
+                (
+                    Ok(result),
+                    Verdict::Failed(Failure::OutputSchemaInvalid),
+                    Some(text),
+                )
+            }
+        },
         // The tool's own error, passed on as it was given (clients act on its code); its
         // message and data are what it says, so they are classified.
         Err(DispatchError::Answered(e)) => {

@@ -297,6 +297,15 @@ fn text(t: &str) -> Result<Value, DispatchError> {
     Ok(json!({"content": [{"type": "text", "text": t}]}))
 }
 
+/// What `workspace/read_terms` answers with `t` as the document `t.md`: text, and the
+/// structured content its signed output schema declares.
+fn terms(t: &str) -> Result<Value, DispatchError> {
+    Ok(json!({
+        "content": [{"type": "text", "text": t}],
+        "structuredContent": {"document": "t.md", "text": t}
+    }))
+}
+
 fn call(tool: &str, arguments: Value) -> Value {
     json!({"name": tool, "arguments": arguments})
 }
@@ -367,7 +376,13 @@ async fn arguments_failing_the_signed_schema_are_refused_and_recorded() {
 #[tokio::test]
 async fn a_read_taints_the_session_and_the_public_sink_is_refused_before_dispatch() {
     let host = Host::new();
-    let mut exec = Scripted::answering(vec![text(TERMS), text("delivered 10 bytes")]);
+    let mut exec = Scripted::answering(vec![
+        terms(TERMS),
+        Ok(json!({
+            "content": [{"type": "text", "text": "delivered 1 bytes"}],
+            "structuredContent": {"accepted": true}
+        })),
+    ]);
     let r = host
         .call(
             ANALYST,
@@ -464,6 +479,57 @@ async fn outcomes_say_what_became_of_an_allowed_call() {
     assert_eq!(
         statuses,
         ["tool_error", "executor_failed", "executor_failed"]
+    );
+}
+
+/// A result that breaks the tool's signed output schema (none of the `structuredContent`
+/// MCP requires of a tool declaring one, or content that does not match it) is withheld:
+/// the client reads why, naming the schema's keyword and never the value, and the outcome
+/// is recorded as `output_schema_invalid`. A tool error need not carry structured content.
+/// Before, such a result went to the client as the executor gave it, under a schema the
+/// host advertised as signed.
+#[tokio::test]
+async fn a_result_breaking_the_signed_output_schema_is_withheld() {
+    let host = Host::new();
+    let secret = "Harbor Goods pays 4.10";
+    let said = |t: &str| vec![json!({"type": "text", "text": t})];
+    let mut exec = Scripted::answering(vec![
+        text(secret),
+        Ok(json!({"content": said(secret), "structuredContent": {"accepted": secret}})),
+        Ok(json!({"content": said("delivered 1 bytes"), "structuredContent": {"accepted": true}})),
+        Ok(json!({"content": said("no sink address given"), "isError": true})),
+    ]);
+    let publish = || {
+        call(
+            "team-inbox/publish",
+            json!({"message": "m", "sink": "127.0.0.1:1001"}),
+        )
+    };
+    for fault in ["no structuredContent", "fails /properties/accepted/type"] {
+        let r = host.call(ANALYST, publish(), &mut exec).await.unwrap();
+        let text = r["content"][0]["text"].as_str().unwrap();
+        assert!(
+            r["isError"] == true
+                && r.get("structuredContent").is_none()
+                && text.contains("withheld")
+                && text.contains("\"team-inbox\"")
+                && text.contains(fault)
+                && !text.contains("Harbor"),
+            "{r}"
+        );
+    }
+    let r = host.call(ANALYST, publish(), &mut exec).await.unwrap();
+    assert_eq!(r["structuredContent"], json!({"accepted": true}), "{r}");
+    let r = host.call(ANALYST, publish(), &mut exec).await.unwrap();
+    assert_eq!(r["content"][0]["text"], "no sink address given", "{r}");
+    assert_eq!(
+        outcome_statuses(&host).await,
+        [
+            "output_schema_invalid",
+            "output_schema_invalid",
+            "success",
+            "tool_error"
+        ]
     );
 }
 
@@ -587,7 +653,7 @@ async fn unknown_and_malformed_calls_are_refused_and_recorded() {
 async fn a_record_that_cannot_be_written_refuses_before_any_effect() {
     let host = Host::new();
     host.records.close().await.unwrap();
-    let mut exec = Scripted::answering(vec![text(TERMS)]);
+    let mut exec = Scripted::answering(vec![terms(TERMS)]);
     let e = host
         .call(
             ANALYST,
