@@ -195,6 +195,12 @@ impl Broker {
                 Capability::CAP_SETPCAP,
                 "emptying executors' capability bounding set",
             ),
+            // An executor runs as a uid of its own: signalling it (its wall-clock limit, a
+            // call's deadline, a stop) needs the right to signal another user's process.
+            (
+                Capability::CAP_KILL,
+                "ending executors, which run as other uids",
+            ),
         ];
         let have = |c: &Capability| caps::has_cap(None, CapSet::Effective, *c).unwrap_or(false);
         let missing: Vec<String> = needed
@@ -681,8 +687,15 @@ impl Broker {
             let flag = timed_out.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(limit).await;
-                flag.store(true, Ordering::SeqCst);
-                let _ = sys::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+                // Said only of a kill that was made: an executor that outlived its limit
+                // is not reported as ended by it.
+                match sys::pidfd_send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL) {
+                    Ok(()) => flag.store(true, Ordering::SeqCst),
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(e) => {
+                        tracing::error!(pid, "cannot end an executor at its wall-clock limit: {e}");
+                    }
+                }
             })
         });
         drop(prepared);

@@ -27,7 +27,7 @@ pub enum DemoError {
     /// The host lacks what the broker needs.
     #[error(
         "the demo needs the native broker, which cannot run here: {0}\n\
-         Run it as root (sudo), or as a user holding CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_SETUID, CAP_SETGID and CAP_SETPCAP, or with unprivileged user namespaces enabled, on Linux 5.14 or later with seccomp user notification and Landlock."
+         Run it as root (sudo), or as a user holding CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_SETUID, CAP_SETGID, CAP_SETPCAP and CAP_KILL, or with unprivileged user namespaces enabled, on Linux 5.14 or later with seccomp user notification and Landlock."
     )]
     Broker(String),
     /// The demo directory holds something else.

@@ -180,7 +180,7 @@ pub fn shared_copy(name: &str) -> PathBuf {
 }
 
 /// The broker's capabilities, as `setpriv` names them.
-pub const BROKER_CAPS: &str = "+sys_admin,+sys_ptrace,+setuid,+setgid,+setpcap";
+pub const BROKER_CAPS: &str = "+sys_admin,+sys_ptrace,+setuid,+setgid,+setpcap,+kill";
 
 /// `program` run by `setpriv` as the service user (uid and gid 990, no groups) holding
 /// `caps` as ambient capabilities, from `/`.
