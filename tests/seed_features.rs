@@ -289,7 +289,9 @@ const TERMS_LABEL: &str = r#"{"kind":"known","owners":{"larkfield-pricing":["lar
 /// Taking an authority's key out (deleting its key file, as a revocation would) makes the
 /// configuration invalid, so the reload is refused, but the authority is no longer trusted
 /// from then on: its grants are refused (`grant_untrusted_authority`). Before, the refused
-/// reload kept the whole configuration, the revoked authority with it.
+/// reload kept the whole configuration, the revoked authority with it. A reload that
+/// succeeds trusts exactly the authorities it names, checked by the flow resolver itself
+/// (which also stops a call in flight under a withdrawn authority's grant).
 #[test]
 fn an_authority_whose_key_is_taken_out_is_distrusted_although_the_reload_is_refused() {
     let Some((lab, authority, _)) = lab_with_authority() else {
@@ -303,7 +305,9 @@ fn an_authority_whose_key_is_taken_out_is_distrusted_although_the_reload_is_refu
         &GrantSpec::reviewed_summary(&authority, &arguments),
     );
     // The public key the configuration names, gone.
-    std::fs::remove_file(authority.with_extension("pub")).unwrap();
+    let public = authority.with_extension("pub");
+    let kept = std::fs::read(&public).unwrap();
+    std::fs::remove_file(&public).unwrap();
     lab.signal(libc::SIGHUP);
     wait_log(
         &lab,
@@ -317,6 +321,25 @@ fn an_authority_whose_key_is_taken_out_is_distrusted_although_the_reload_is_refu
         json!({"document": "harbor-goods-terms.md"}),
     );
     assert!(text(&r).contains("Harbor Goods"), "{r}");
+    // The key back, and a reload that succeeds: trusted again, the grant serves.
+    std::fs::write(&public, &kept).unwrap();
+    lab.signal(libc::SIGHUP);
+    wait_log(&lab, "reloaded: generation 3");
+    let r = publish_with_grant(&mut c, &grant, &arguments);
+    assert!(text(&r).starts_with("delivered"), "{r}");
+    // Taken out of the configuration by a reload that succeeds: distrusted again.
+    let grant = sign_grant(
+        &lab,
+        &session,
+        &GrantSpec::reviewed_summary(&authority, &arguments),
+    );
+    let config = std::fs::read_to_string(&lab.config).unwrap();
+    let without = &config[..config.find("[[declassification_authority]]").unwrap()];
+    lab.write_config(without);
+    lab.signal(libc::SIGHUP);
+    wait_log(&lab, "reloaded: generation 4");
+    let r = publish_with_grant(&mut c, &grant, &arguments);
+    assert_eq!(denial(&r), "grant_untrusted_authority", "{r}");
 }
 
 #[test]

@@ -365,6 +365,11 @@ pub struct CallFacts<'a> {
 pub struct AcceptedGrant {
     /// The grant's id.
     pub id: String,
+    /// The authority that signed it, and the key it was verified with: the grant applies
+    /// only while the operator trusts that authority with that key.
+    pub authority: String,
+    /// See `authority`.
+    pub authority_key: VerifyingKey,
     /// Its purpose.
     pub purpose: DeclassificationPurpose,
     /// The label the egress check runs against.
@@ -444,6 +449,8 @@ pub fn check(
     }
     Ok(AcceptedGrant {
         id: b.grant_id.clone(),
+        authority: b.authority.clone(),
+        authority_key: *key,
         purpose: b.purpose.clone(),
         target: b.target_label.clone(),
         expires_at: b.expires_at,

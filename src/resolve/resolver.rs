@@ -199,8 +199,6 @@ pub struct CallPlan {
 pub struct GrantOffer<'a> {
     /// The grant as received.
     pub grant: &'a SignedGrant,
-    /// The operator's trusted authorities.
-    pub authorities: &'a Authorities,
     /// Now, in Unix seconds.
     pub now: u64,
 }
@@ -251,31 +249,65 @@ pub fn check_clearances(
     Ok(used)
 }
 
-/// The call's grant if it has expired since dispatch: what the call does from then on is
-/// refused as expired (a grant is valid for its window only, however long the call runs).
-fn expired_grant(plan: &CallPlan) -> Option<&AcceptedGrant> {
-    plan.grant.as_ref().filter(|g| g.expired(grant::now()))
-}
-
-/// The resolver: classifier, input floor and the durable state store.
+/// The resolver: classifier, input floor, the durable state store, and the
+/// declassification authorities the operator trusts now.
 #[derive(Debug)]
 pub struct FlowResolver {
     classifier: Classifier,
     input_floor: InformationLabel,
     state: std::sync::Arc<FlowStateStore>,
+    authorities: std::sync::RwLock<std::sync::Arc<Authorities>>,
 }
 
 impl FlowResolver {
-    /// A resolver over `state`.
+    /// A resolver over `state`, trusting `authorities` (see
+    /// [`FlowResolver::trust_authorities`]).
     pub fn new(
         classifier: Classifier,
         input_floor: InformationLabel,
         state: std::sync::Arc<FlowStateStore>,
+        authorities: &Authorities,
     ) -> Self {
         FlowResolver {
             classifier,
             input_floor,
             state,
+            authorities: std::sync::RwLock::new(std::sync::Arc::new(authorities.clone())),
+        }
+    }
+
+    /// From now on, trusts exactly `authorities`. A grant is checked against this set
+    /// before dispatch, and the grant of a call in flight or waiting for its executor
+    /// stops applying at its call's next outbound attempt once its authority (with the key
+    /// that verified it) leaves the set: withdrawn trust does not wait for calls to end.
+    pub fn trust_authorities(&self, authorities: &Authorities) {
+        let next = std::sync::Arc::new(authorities.clone());
+        match self.authorities.write() {
+            Ok(mut a) => *a = next,
+            Err(poisoned) => *poisoned.into_inner() = next,
+        }
+    }
+
+    /// The authorities trusted now.
+    fn trusted(&self) -> std::sync::Arc<Authorities> {
+        match self.authorities.read() {
+            Ok(a) => a.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The call's grant, with why, if it stopped applying since dispatch: it expired (a
+    /// grant is valid for its window only, however long the call runs), or its authority is
+    /// no longer trusted with the key that verified it. What the call does from then on is
+    /// refused for that reason.
+    fn grant_ended<'p>(&self, plan: &'p CallPlan) -> Option<(&'p AcceptedGrant, GrantDenial)> {
+        let g = plan.grant.as_ref()?;
+        if g.expired(grant::now()) {
+            Some((g, GrantDenial::Expired))
+        } else if self.trusted().get(&g.authority) != Some(&g.authority_key) {
+            Some((g, GrantDenial::UntrustedAuthority))
+        } else {
+            None
         }
     }
 
@@ -335,7 +367,7 @@ impl FlowResolver {
                     security: &security,
                     now: offer.now,
                 };
-                Some(grant::check(offer.grant, offer.authorities, &facts).map_err(refused)?)
+                Some(grant::check(offer.grant, &self.trusted(), &facts).map_err(refused)?)
             }
         };
         // Under a grant the egress check runs against its target, for this call only.
@@ -445,7 +477,8 @@ impl FlowResolver {
     }
 
     /// The clearance check every outbound attempt passes, then `rules` (refused as `denial`).
-    /// Under a grant that has expired since dispatch, the attempt is refused as expired.
+    /// Under a grant that stopped applying since dispatch (expired, or its authority no
+    /// longer trusted), the attempt is refused for that reason.
     async fn judge_outbound(
         &self,
         plan: &CallPlan,
@@ -466,9 +499,9 @@ impl FlowResolver {
                 };
             }
         };
-        if expired_grant(plan).is_some() {
+        if let Some((_, ended)) = self.grant_ended(plan) {
             return EgressJudgment {
-                verdict: Verdict::refused(Denial::from(&GrantDenial::Expired)),
+                verdict: Verdict::refused(Denial::from(&ended)),
                 source,
                 clearances: Vec::new(),
                 under_grant: false,
@@ -544,14 +577,14 @@ impl FlowResolver {
             .combined()
             .join_or_top(&plan.argument_taint)
             .join_or_top(&taint);
-        if let Some(g) = expired_grant(plan) {
+        if let Some((g, ended)) = self.grant_ended(plan) {
             return AnswerJudgment {
                 source,
                 clearances: Vec::new(),
                 outcome: Err(CallRefusal::Grant {
                     tool: tool.to_string(),
                     grant_id: g.id.clone(),
-                    denial: GrantDenial::Expired,
+                    denial: ended,
                 }),
             };
         }
@@ -790,7 +823,17 @@ pub(crate) mod tests {
             scopes: BTreeSet::from([ClassifierScope::Arguments, ClassifierScope::Outputs]),
         }]);
         let state = Arc::new(FlowStateStore::open(&dir.join("state.db")).unwrap());
-        FlowResolver::new(classifier, InformationLabel::bottom(), state)
+        FlowResolver::new(classifier, InformationLabel::bottom(), state, &board())
+    }
+
+    /// The lab's declassification authority's key.
+    fn board_key() -> ed25519_dalek::SigningKey {
+        ed25519_dalek::SigningKey::from_bytes(&[7; 32])
+    }
+
+    /// The authorities the test resolvers trust: the board.
+    fn board() -> Authorities {
+        Authorities::from([("board".to_string(), board_key().verifying_key())])
     }
 
     fn analyst() -> PrincipalConfig {
@@ -864,6 +907,8 @@ pub(crate) mod tests {
     fn lab_grant(expires_at: u64) -> AcceptedGrant {
         AcceptedGrant {
             id: "g-1".into(),
+            authority: "board".into(),
+            authority_key: board_key().verifying_key(),
             purpose: crate::DeclassificationPurpose::new("reviewed-summary").unwrap(),
             target: InformationLabel::bottom(),
             expires_at,
@@ -884,10 +929,9 @@ pub(crate) mod tests {
         // The classifier finds the lab's terms in the arguments: the call's source.
         let args = json!({"message": "harbor goods", "sink": "127.0.0.1:1"});
         let now = crate::grant::now();
-        let (grant, authorities) = board_grant(&who, inbox, &args, now);
+        let grant = board_grant(&who, inbox, &args, now);
         let offer = |at| GrantOffer {
             grant: &grant,
-            authorities: &authorities,
             now: at,
         };
         // Read before the state, the time was inside the window.
@@ -922,9 +966,9 @@ pub(crate) mod tests {
         tool: &crate::registry::AdmittedTool,
         args: &serde_json::Value,
         expires_at: u64,
-    ) -> (SignedGrant, Authorities) {
+    ) -> SignedGrant {
         use crate::grant::{GRANT_SCHEMA, GrantBody, arguments_hash, label_hash};
-        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        let key = board_key();
         let body = GrantBody {
             schema: GRANT_SCHEMA.into(),
             grant_id: "g-1".into(),
@@ -940,9 +984,7 @@ pub(crate) mod tests {
             issued_at: crate::grant::now() - 100,
             expires_at,
         };
-        let grant = SignedGrant::sign(body, &key).unwrap();
-        let authorities = Authorities::from([("board".to_string(), key.verifying_key())]);
-        (grant, authorities)
+        SignedGrant::sign(body, &key).unwrap()
     }
 
     /// A store whose grant spends fail (a database gone just then); the rest works.
@@ -995,12 +1037,8 @@ pub(crate) mod tests {
         let inbox = reg.tool("public-inbox", "publish").unwrap();
         let args = json!({"message": "harbor goods", "sink": "127.0.0.1:1"});
         let now = crate::grant::now();
-        let (grant, authorities) = board_grant(&who, inbox, &args, now + 600);
-        let offer = GrantOffer {
-            grant: &grant,
-            authorities: &authorities,
-            now,
-        };
+        let grant = board_grant(&who, inbox, &args, now + 600);
+        let offer = GrantOffer { grant: &grant, now };
         let with = |backend: Box<dyn crate::state::StateBackend>| {
             FlowResolver::new(
                 Classifier::new(vec![ClassifierRule {
@@ -1010,6 +1048,7 @@ pub(crate) mod tests {
                 }]),
                 InformationLabel::bottom(),
                 Arc::new(FlowStateStore::with_backend(backend)),
+                &board(),
             )
         };
         let refused = with(Box::new(Unreadable))
@@ -1045,6 +1084,7 @@ pub(crate) mod tests {
             Classifier::new(Vec::new()),
             InformationLabel::bottom(),
             Arc::new(FlowStateStore::with_backend(Box::new(Unreadable))),
+            &board(),
         );
         let to = crate::destination::Destination::Inet("127.0.0.1:1".parse().unwrap());
         let rules = DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]);
@@ -1097,6 +1137,85 @@ pub(crate) mod tests {
             "{:?}",
             answer.outcome
         );
+    }
+
+    /// A grant stops applying to its call, in flight or waiting for its executor, once the
+    /// operator no longer trusts its authority with the key that verified it (taken out,
+    /// or re-keyed): the call's later attempts, lookups and answers are refused as
+    /// `grant_untrusted_authority`, and a new call's grant is refused before dispatch.
+    /// Before, trust was checked once before dispatch, and a call kept declassifying under a
+    /// withdrawn authority's grant until it ended.
+    #[tokio::test]
+    async fn a_withdrawn_authoritys_grant_stops_applying_mid_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let res = resolver(dir.path());
+        let mut plan = team_publish(&res).await;
+        plan.grant = Some(lab_grant(crate::grant::now() + 600));
+        let to = Destination::Inet("127.0.0.1:1".parse().unwrap());
+        let rules = DestinationRules::allow_only(vec!["127.0.0.1:1".parse().unwrap()]);
+        let v = res.decide_egress(&plan, Some(&to), &rules, None).await;
+        assert!(v.verdict.allowed() && v.under_grant, "{v:?}");
+        let other_key = ed25519_dalek::SigningKey::from_bytes(&[8; 32]).verifying_key();
+        for trusted in [
+            Authorities::new(),
+            Authorities::from([("board".to_string(), other_key)]),
+        ] {
+            res.trust_authorities(&trusted);
+            let v = res.decide_egress(&plan, Some(&to), &rules, None).await;
+            assert_eq!(
+                v.verdict.denial(),
+                Some(Denial::GrantUntrustedAuthority),
+                "{v:?}"
+            );
+            assert!(!v.under_grant);
+            let v = res
+                .decide_lookup(&plan, &"inbox.test".parse().unwrap(), &rules, None)
+                .await;
+            assert_eq!(
+                v.verdict.denial(),
+                Some(Denial::GrantUntrustedAuthority),
+                "{v:?}"
+            );
+            let answer = res.admit_answer(&plan, "publish", "fine", &|_| true).await;
+            assert!(
+                matches!(
+                    answer.outcome,
+                    Err(CallRefusal::Grant {
+                        denial: GrantDenial::UntrustedAuthority,
+                        ..
+                    })
+                ),
+                "{:?}",
+                answer.outcome
+            );
+        }
+        // A new call's grant is checked against the authorities trusted now.
+        let (reg, who) = (registry(), analyst());
+        let inbox = reg.tool("public-inbox", "publish").unwrap();
+        let args = json!({"message": "harbor goods", "sink": "127.0.0.1:1"});
+        let grant = board_grant(&who, inbox, &args, crate::grant::now() + 600);
+        let offer = GrantOffer {
+            grant: &grant,
+            now: crate::grant::now(),
+        };
+        let refused = res
+            .pre_dispatch(&who, &key_for(&who, "s1"), inbox, &args, Some(offer))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                CallRefusal::Grant {
+                    denial: GrantDenial::UntrustedAuthority,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        // Trusted again with its key: the grant serves the call again.
+        res.trust_authorities(&board());
+        let v = res.decide_egress(&plan, Some(&to), &rules, None).await;
+        assert!(v.verdict.allowed() && v.under_grant, "{v:?}");
     }
 
     /// A call that egresses under a grant takes no client answer above its clearances:

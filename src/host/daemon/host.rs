@@ -160,6 +160,10 @@ impl Host {
                 Ok(g) => g,
                 Err(poisoned) => poisoned.into_inner(),
             };
+            // Under the generation's lock: no call sees the new generation while the
+            // resolver still trusts an authority it dropped.
+            self.resolver
+                .trust_authorities(&generation.config.authorities);
             std::mem::replace(&mut *g, Arc::new(generation))
         };
         if let (Some(auth), Some(keys)) = (&self.http_auth, key_set) {
@@ -197,6 +201,9 @@ impl Host {
                 Err(poisoned) => poisoned.into_inner(),
             };
             let reduced = Arc::new(g.without(id, &withdrawn, &distrusted));
+            // Calls already running or waiting under a grant of a distrusted authority
+            // stop being judged under it at their next attempt.
+            self.resolver.trust_authorities(&reduced.config.authorities);
             std::mem::replace(&mut *g, reduced)
         };
         for (server, why) in untrusted {

@@ -357,7 +357,6 @@ async fn run_call<D: Dispatch>(
     };
     let offer = admitted.grant.as_ref().map(|g| GrantOffer {
         grant: g,
-        authorities: &env.config.authorities,
         now: crate::grant::now(),
     });
     let plan = match env

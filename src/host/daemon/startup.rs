@@ -763,6 +763,7 @@ impl Host {
             Classifier::new(config.classifiers.clone()),
             config.operator_input_floor.clone(),
             state,
+            &config.authorities,
         ));
         let health_file = config.health_file.clone();
         let counters = Arc::new(HostCounters::default());

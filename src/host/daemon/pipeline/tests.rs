@@ -163,6 +163,7 @@ impl Host {
             Classifier::new(config.classifiers.clone()),
             config.operator_input_floor.clone(),
             Arc::new(state),
+            &config.authorities,
         );
         let records =
             RecordWriter::open(&dir.path().join("records"), WriterOptions::default()).unwrap();
