@@ -441,6 +441,64 @@ fn a_server_whose_key_is_taken_out_stops_serving_although_the_reload_is_refused(
     );
 }
 
+/// A tool pattern taken from a principal, and then the principal itself taken out, are
+/// withdrawn although the reload is refused for another reason (here a setting that takes
+/// a restart): the session's next call of such a tool, and then any request of it, is
+/// refused. Before, a refused reload kept the old principals whole, and a user the
+/// operator had taken out went on calling as before.
+#[test]
+fn a_principal_taken_out_loses_access_although_the_reload_is_refused() {
+    let Some(lab) = Lab::start() else { return };
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call("workspace/list_documents", json!({}));
+    assert!(r["error"].is_null(), "{r}");
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    let restart_only = original.replacen(
+        "classifier_version = \"pricing-lab-1\"",
+        "classifier_version = \"pricing-lab-2\"",
+        1,
+    );
+    let narrowed = restart_only.replacen(
+        "tools = [\"workspace/*\", \"team-inbox/publish\"",
+        "tools = [\"team-inbox/publish\"",
+        1,
+    );
+    assert!(restart_only != original && narrowed != restart_only);
+    lab.write_config(&narrowed);
+    reload_and_await_refusal(&lab);
+    assert!(
+        lab.log().contains("principal \"larkfield-analyst\" withdrawn although the reload is refused: tools [\"workspace/*\"] taken from it"),
+        "{}",
+        lab.log()
+    );
+    let r = c.call("workspace/list_documents", json!({}));
+    assert_eq!(r["error"]["data"]["denial"], "access_denied", "{r}");
+    let r = c.call(
+        "public-inbox/publish",
+        json!({"message": "x", "sink": lab.public.addr.to_string()}),
+    );
+    assert!(r["error"].is_null(), "{r}");
+
+    let start = narrowed
+        .find("[[principal]]\nid = \"larkfield-analyst\"")
+        .unwrap();
+    let end = start + narrowed[start..].find("\n\n").unwrap();
+    let taken_out = format!("{}{}", &narrowed[..start], &narrowed[end + 2..]);
+    lab.write_config(&taken_out);
+    reload_and_await_refusal(&lab);
+    assert!(
+        lab.log().contains("principal \"larkfield-analyst\" withdrawn although the reload is refused: taken out of the configuration"),
+        "{}",
+        lab.log()
+    );
+    let r = c.call(
+        "public-inbox/publish",
+        json!({"message": "x", "sink": lab.public.addr.to_string()}),
+    );
+    assert_eq!(r["error"]["data"]["denial"], "access_denied", "{r}");
+}
+
 use common::BROKER_CAPS;
 
 /// `flowhost sandbox run --profile brokered -- ARGV` as uid/gid 990 holding `caps`

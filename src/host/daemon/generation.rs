@@ -108,18 +108,79 @@ impl Generation {
         withdrawn
     }
 
+    /// This generation's principals as far as `config` still vouches for them, and each
+    /// principal that changed with what it lost: one taken out of `config` (by id) is gone,
+    /// and one `config` keeps loses the uids, gids and tool patterns `config` no longer
+    /// gives it (a pattern is kept only as written in both). Like servers, these are
+    /// withdrawn even when the rest of a reload to `config` is refused: taking a user out
+    /// of a principal is how an operator ends its access. Per-origin destination rules are
+    /// not narrowed: they change with a reload that succeeds.
+    pub(super) fn principals_still_vouched_for(
+        &self,
+        config: &HostConfig,
+    ) -> (
+        Vec<crate::config::PrincipalConfig>,
+        BTreeMap<String, String>,
+    ) {
+        let mut kept = Vec::new();
+        let mut withdrawn = BTreeMap::new();
+        for p in &self.config.principals {
+            let Some(now) = config.principals.iter().find(|n| n.id == p.id) else {
+                withdrawn.insert(
+                    p.id.to_string(),
+                    "taken out of the configuration".to_string(),
+                );
+                continue;
+            };
+            let lost = |old: &[u32], new: &[u32]| -> Vec<u32> {
+                old.iter().filter(|i| !new.contains(i)).copied().collect()
+            };
+            let (uids, gids) = (lost(&p.uids, &now.uids), lost(&p.gids, &now.gids));
+            let tools: Vec<&String> = p.tools.iter().filter(|t| !now.tools.contains(t)).collect();
+            let mut what = Vec::new();
+            if !uids.is_empty() {
+                what.push(format!("uids {uids:?}"));
+            }
+            if !gids.is_empty() {
+                what.push(format!("gids {gids:?}"));
+            }
+            if !tools.is_empty() {
+                what.push(format!("tools {tools:?}"));
+            }
+            if what.is_empty() {
+                kept.push(p.clone());
+                continue;
+            }
+            withdrawn.insert(
+                p.id.to_string(),
+                format!("{} taken from it", what.join(", ")),
+            );
+            let mut narrowed = p.clone();
+            narrowed.uids.retain(|u| !uids.contains(u));
+            narrowed.gids.retain(|g| !gids.contains(g));
+            narrowed.tools.retain(|t| now.tools.contains(t));
+            kept.push(narrowed);
+        }
+        (kept, withdrawn)
+    }
+
     /// This generation, numbered `id`, without the servers `withdrawn` names and the
-    /// declassification authorities `authorities` names: everything else (configuration,
-    /// admitted manifests, warm executors) is shared as it is.
+    /// declassification authorities `authorities` names, and with `principals` as its
+    /// principals when given: everything else (configuration, admitted manifests, warm
+    /// executors) is shared as it is.
     pub(super) fn without(
         &self,
         id: u64,
         withdrawn: &BTreeSet<String>,
         authorities: &BTreeSet<String>,
+        principals: Option<Vec<crate::config::PrincipalConfig>>,
     ) -> Generation {
         let mut config = self.config.clone();
         config.servers.retain(|s| !withdrawn.contains(&s.id));
         config.authorities.retain(|a, _| !authorities.contains(a));
+        if let Some(principals) = principals {
+            config.principals = principals;
+        }
         let keep = |server: &String| !withdrawn.contains(server);
         Generation {
             id,

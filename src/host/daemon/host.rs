@@ -104,12 +104,17 @@ impl Host {
         // Likewise a server taken out, or whose key was replaced or removed, and an
         // authority: found now, withdrawn below if the reload is refused (a reload that
         // succeeds drops them anyway).
-        let (untrusted, untrusted_authorities) = match &config {
+        let (untrusted, untrusted_authorities, (principals, narrowed)) = match &config {
             Ok(config) => (
                 self.current().no_longer_vouched_for(config),
                 self.current().authorities_no_longer_vouched_for(config),
+                self.current().principals_still_vouched_for(config),
             ),
-            Err(_) => (BTreeMap::new(), BTreeMap::new()),
+            Err(_) => (
+                BTreeMap::new(),
+                BTreeMap::new(),
+                (Vec::new(), BTreeMap::new()),
+            ),
         };
         let config = config.and_then(HostConfig::with_every_authority);
         // A key set that cannot be read revokes every key: which ones the operator still
@@ -144,12 +149,18 @@ impl Host {
         }
         let (generation, certificate) = match built {
             Ok(built) => built,
-            Err(refused) if !untrusted.is_empty() || !untrusted_authorities.is_empty() => {
-                self.withdraw(&untrusted, &untrusted_authorities);
+            Err(refused)
+                if !untrusted.is_empty()
+                    || !untrusted_authorities.is_empty()
+                    || !narrowed.is_empty() =>
+            {
+                let principals = (!narrowed.is_empty()).then_some(principals);
+                self.withdraw(&untrusted, &untrusted_authorities, principals, &narrowed);
                 return Err(StartupError::RefusedButWithdrew {
                     refused: Box::new(refused),
                     withdrawn: untrusted,
                     authorities: untrusted_authorities,
+                    principals: narrowed,
                 });
             }
             Err(refused) => return Err(refused),
@@ -183,14 +194,18 @@ impl Host {
     }
 
     /// Stops serving the servers `untrusted` names and trusting the declassification
-    /// authorities `authorities` names (each with why), keeping everything else of the
-    /// current generation: a new generation without them replaces it, and the servers' warm
-    /// executors are stopped. Calls already dispatched to them finish on the generation
-    /// they started with.
+    /// authorities `authorities` names (each with why), and serves `principals` in place of
+    /// the current ones when given (`narrowed` names each principal changed, with what it
+    /// lost), keeping everything else of the current generation: a new generation without
+    /// them replaces it, and the servers' warm executors are stopped. Calls already
+    /// dispatched to them finish on the generation they started with; a session's next
+    /// request is judged under the principals served now.
     fn withdraw(
         &self,
         untrusted: &BTreeMap<String, String>,
         authorities: &BTreeMap<String, String>,
+        principals: Option<Vec<crate::config::PrincipalConfig>>,
+        narrowed: &BTreeMap<String, String>,
     ) {
         let withdrawn: BTreeSet<String> = untrusted.keys().cloned().collect();
         let distrusted: BTreeSet<String> = authorities.keys().cloned().collect();
@@ -200,7 +215,7 @@ impl Host {
                 Ok(g) => g,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            let reduced = Arc::new(g.without(id, &withdrawn, &distrusted));
+            let reduced = Arc::new(g.without(id, &withdrawn, &distrusted, principals));
             // Calls already running or waiting under a grant of a distrusted authority
             // stop being judged under it at their next attempt.
             self.resolver.trust_authorities(&reduced.config.authorities);
@@ -214,6 +229,11 @@ impl Host {
         for (authority, why) in authorities {
             tracing::error!(
                 "declassification authority {authority:?} no longer trusted although the reload is refused: {why}"
+            );
+        }
+        for (principal, why) in narrowed {
+            tracing::error!(
+                "principal {principal:?} withdrawn although the reload is refused: {why}"
             );
         }
         tokio::spawn(async move {

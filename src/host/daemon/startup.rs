@@ -203,12 +203,14 @@ pub enum StartupError {
     /// A reload ended without an outcome (its task panicked): nothing was replaced.
     #[error("the reload ended without an outcome: {0}")]
     ReloadAborted(String),
-    /// A reload was refused, but servers and declassification authorities the
-    /// configuration no longer vouches for were withdrawn anyway (each with why).
+    /// A reload was refused, but servers, declassification authorities and principals
+    /// (or parts of principals) the configuration no longer vouches for were withdrawn
+    /// anyway (each with why).
     #[error(
         "{refused}; withdrawn from service although the reload is refused: {}",
         withdrawn.iter().map(|(server, why)| format!("server {server:?} ({why})"))
             .chain(authorities.iter().map(|(a, why)| format!("declassification authority {a:?} ({why})")))
+            .chain(principals.iter().map(|(p, why)| format!("principal {p:?} ({why})")))
             .collect::<Vec<_>>().join(", ")
     )]
     RefusedButWithdrew {
@@ -218,6 +220,8 @@ pub enum StartupError {
         withdrawn: BTreeMap<String, String>,
         /// The declassification authorities no longer trusted, each with why.
         authorities: BTreeMap<String, String>,
+        /// The principals taken out or narrowed, each with what was withdrawn.
+        principals: BTreeMap<String, String>,
     },
 }
 
