@@ -86,6 +86,9 @@ pub(super) fn judge(
     let empty = observed::ObsTarget::default();
     let target = d.action.target.as_ref().unwrap_or(&empty);
     let provider = target.provider().unwrap_or("");
+    // A name lookup is judged by the name it asked, not by the resolver it was sent to.
+    let lookup = provider == crate::records::projection::NETWORK_PROVIDER
+        && d.action.verb.as_ref().map(|v| v.0.as_ref()) == Some(crate::records::DNS_QUERY_SYSCALL);
     // An error never matches a declared allow: the effect may have happened, and an allow
     // that failed is not the success the declaration describes.
     let mut undetermined = false;
@@ -93,7 +96,12 @@ pub(super) fn judge(
         if !a.allowed_effects.contains(&effect) {
             continue;
         }
-        match a.test_target(|f| target.get(f)) {
+        let tested = if lookup {
+            a.test_lookup_target(|f| target.get(f))
+        } else {
+            a.test_target(|f| target.get(f))
+        };
+        match tested {
             TargetMatch::Match => return Ok(None),
             TargetMatch::Undetermined => undetermined = true,
             TargetMatch::Mismatch => {}

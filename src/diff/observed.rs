@@ -184,6 +184,8 @@ pub(crate) struct ObsAction<'a> {
     #[serde(default, borrow)]
     pub class: Option<Text<'a>>,
     #[serde(default, borrow)]
+    pub verb: Option<Text<'a>>,
+    #[serde(default, borrow)]
     pub target: Option<ObsTarget<'a>>,
 }
 
@@ -395,6 +397,7 @@ impl<'r> ObsDecision<'r> {
             classification: text(r.classification.as_str()),
             action: ObsAction {
                 class: Some(text(r.action.class.as_str())),
+                verb: r.action.verb.as_deref().map(text),
                 target,
             },
             decision: ObsVerdict {

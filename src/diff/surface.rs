@@ -23,7 +23,8 @@
 //! and lowercase) or directly as `sha256:<hex>`. For an operator-defined provider, a plain
 //! declared `<name>` whose value is `sha256:<hex>` also matches an observed `<name>_hash`
 //! (operator domains are not known here, so such fields are declared by hash). `"*"` or an
-//! absent field matches anything; an empty `allowed_targets` means no target constraint.
+//! absent field matches anything; an empty `allowed_targets` means no target constraint. A
+//! name lookup (verb `dns_query`) is judged by its name: see [`TargetConstraint::test_lookup`].
 //! `allowed_effects` lists one or more of `allow`, `deny` and `error`: an observed effect
 //! matches only a declaration listing it, so a call that errored (its `tool_outcome`, whose
 //! effect may have happened) is expected only where `error` is declared.
@@ -180,11 +181,36 @@ pub struct TargetConstraint {
     pub fields: Vec<FieldConstraint>,
 }
 
+/// The fields of a name lookup's target that describe the resolver asked (its address, port
+/// 53, the transport), not what the lookup reaches: the name.
+const RESOLVER_FIELDS: [&str; 4] = ["address", "port", "protocol", "family"];
+
 impl TargetConstraint {
     /// Tests the constraint against an observed target, given as a field lookup.
     pub fn test<'a>(&self, get: impl Fn(&str) -> Option<ScalarView<'a>>) -> TargetMatch {
+        self.test_fields(get, |_| true)
+    }
+
+    /// Tests the constraint against a name lookup's target (verb `dns_query`): what a lookup
+    /// reaches is its name, so only a constraint that names `host_name` can match one, and
+    /// its address, port, protocol and family constraints, which would otherwise be judged
+    /// against the resolver, are not. A constraint of the resolver's address or port 53 thus
+    /// covers no lookup, and `{"host_name": "api.example", "port": 443}` covers both the
+    /// connection and the lookup of its name, as the host decides lookups by name.
+    pub fn test_lookup<'a>(&self, get: impl Fn(&str) -> Option<ScalarView<'a>>) -> TargetMatch {
+        if !self.fields.iter().any(|c| c.observed == "host_name") {
+            return TargetMatch::Mismatch;
+        }
+        self.test_fields(get, |c| !RESOLVER_FIELDS.contains(&c.observed.as_str()))
+    }
+
+    fn test_fields<'a>(
+        &self,
+        get: impl Fn(&str) -> Option<ScalarView<'a>>,
+        judged: impl Fn(&FieldConstraint) -> bool,
+    ) -> TargetMatch {
         let mut undetermined = false;
-        for c in &self.fields {
+        for c in self.fields.iter().filter(|c| judged(c)) {
             let observed = get(&c.observed);
             let ok = match (&c.rule, observed) {
                 (FieldRule::TextOrHash { value, hash_field }, None) => match get(hash_field) {
@@ -248,12 +274,25 @@ impl DeclaredAction {
     /// (or there are none), else `Undetermined` if any entry could not be decided, else
     /// `Mismatch`.
     pub fn test_target<'a>(&self, get: impl Fn(&str) -> Option<ScalarView<'a>>) -> TargetMatch {
+        self.test_targets(|t| t.test(&get))
+    }
+
+    /// [`DeclaredAction::test_target`] for a name lookup's target (see
+    /// [`TargetConstraint::test_lookup`]).
+    pub fn test_lookup_target<'a>(
+        &self,
+        get: impl Fn(&str) -> Option<ScalarView<'a>>,
+    ) -> TargetMatch {
+        self.test_targets(|t| t.test_lookup(&get))
+    }
+
+    fn test_targets(&self, test: impl Fn(&TargetConstraint) -> TargetMatch) -> TargetMatch {
         if self.allowed_targets.is_empty() {
             return TargetMatch::Match;
         }
         let mut best = TargetMatch::Mismatch;
         for t in &self.allowed_targets {
-            match t.test(&get) {
+            match test(t) {
                 TargetMatch::Match => return TargetMatch::Match,
                 TargetMatch::Undetermined => best = TargetMatch::Undetermined,
                 TargetMatch::Mismatch => {}

@@ -963,3 +963,89 @@ fn a_file_cut_while_it_is_judged_is_an_input_error() {
         "{err}"
     );
 }
+
+/// A name lookup is judged by the name it asked: a declaration of the resolver's address
+/// range or of port 53 covers no lookup, and one naming the host covers the lookup of that
+/// name whatever port it declares. Before, a lookup's target was matched as the resolver's
+/// address and port, so a loopback declaration passed the lookup of any name (a secret
+/// spelt as a name reaches the upstream resolvers) and a precise declaration failed the
+/// tool's own lookup.
+#[test]
+fn a_lookup_is_judged_by_the_name_it_asked() {
+    use crate::decision::Verdict as Decided;
+    use crate::records::{
+        BrokerDetails, Correlation, DecisionRecord, Destination, EgressFacts, FlowContext,
+        InetDestination, RecordWriter, ServerInfo, WriterOptions,
+    };
+    let attempt = |syscall: &str, address: &str, port: u16, name: &str| {
+        DecisionRecord::egress_attempt(EgressFacts {
+            server: ServerInfo::mcp("fetcher", None),
+            tool_name: "fetch".into(),
+            broker: BrokerDetails {
+                pid: 4242,
+                executable: None,
+                syscall: syscall.into(),
+                family: "inet".into(),
+                socket_type: Some("dgram".into()),
+                protocol: Some("udp".into()),
+                destination: Some(Destination::Inet(InetDestination {
+                    address: address.parse().unwrap(),
+                    port,
+                    host_name: Some(name.into()),
+                    other_host_names: Vec::new(),
+                })),
+                bytes: Some(40),
+                dns_query_type: (syscall == "dns_query").then(|| "A".into()),
+            },
+            verdict: Decided::Authorized { rule: None },
+            credential_alias: None,
+            correlation: Correlation::none(),
+            context: FlowContext::default(),
+        })
+    };
+    let surface = |target: serde_json::Value| {
+        DeclaredSurface::parse(
+            &serde_json::json!({
+                "schema": crate::diff::surface::DECLARED_SCHEMA,
+                "declared_tool_actions": [{
+                    "id": "network.api", "provider": "network", "action_class": "network_egress",
+                    "allowed_targets": [target], "allowed_effects": ["allow"],
+                    "required_decision": "explicit_policy"
+                }]
+            })
+            .to_string(),
+        )
+        .unwrap()
+    };
+    let judged = |records: Vec<DecisionRecord>, target: serde_json::Value| {
+        let dir = tempfile::tempdir().unwrap();
+        let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+        for r in records {
+            w.commit_blocking(r).unwrap();
+        }
+        w.close_blocking().unwrap();
+        let h = health_for(dir.path());
+        kinds(&diff(&surface(target), dir.path(), Some(&h)).unwrap())
+    };
+    let secret = || attempt("dns_query", "127.53.0.1", 53, "c2vjcmv0.example.com");
+    let new = vec![(FindingKind::NewPrivilegedToolAction, 1)];
+    for resolver in [
+        serde_json::json!({"address": "127.0.0.0/8"}),
+        serde_json::json!({"port": 53}),
+        serde_json::json!({"address": "127.53.0.1", "port": 53, "protocol": "udp"}),
+    ] {
+        assert_eq!(judged(vec![secret()], resolver.clone()), new, "{resolver}");
+    }
+    let api = serde_json::json!({"host_name": "api.example.com", "port": 443});
+    let own = attempt("dns_query", "127.53.0.1", 53, "api.example.com");
+    assert_eq!(judged(vec![own], api.clone()), vec![]);
+    assert_eq!(judged(vec![secret()], api.clone()), new);
+    // Anything but a lookup is judged by its address and port as before.
+    let sent = attempt("sendto", "127.53.0.1", 53, "api.example.com");
+    assert_eq!(judged(vec![sent], api), new);
+    let sent = attempt("sendto", "127.53.0.1", 53, "c2vjcmv0.example.com");
+    assert_eq!(
+        judged(vec![sent], serde_json::json!({"address": "127.0.0.0/8"})),
+        vec![]
+    );
+}
