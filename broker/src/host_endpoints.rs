@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -66,25 +66,62 @@ impl HostEndpoints {
             listener.port() == dest.port()
                 && (d == l
                     || d.is_unspecified()
-                    || (l.is_unspecified() && (d.is_loopback() || assigned_here(d))))
+                    || (l.is_unspecified() && (d.is_loopback() || is_host_address(d))))
         })
     }
 }
 
-/// Whether `ip` is an address of one of this host's interfaces (in the broker's network
-/// namespace, where it connects). Asked of the interfaces rather than by a test bind, which
-/// succeeds for every address where nonlocal binds are allowed (`ip_nonlocal_bind`, common
-/// beside keepalived). A list that cannot be read is taken to hold it.
-fn assigned_here(ip: std::net::IpAddr) -> bool {
-    let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
-        return true;
+/// Whether `ip` is one of this host's own addresses now, in the caller's network namespace
+/// (where the broker connects): one a socket may bind to, so an interface's address and any
+/// address of a local route (`ip route add local 10.0.0.0/8 dev lo`). Asked by a test bind,
+/// through the socket families the daemon's unit allows (listing the interfaces takes a
+/// netlink socket, which it may not open). Where sockets may bind addresses the host does
+/// not have (`net.ipv4.ip_nonlocal_bind`, common beside keepalived), a bind says nothing,
+/// and the interfaces are asked; where they cannot be listed, or anything else is in doubt,
+/// the address counts as the host's own (fail closed).
+pub fn is_host_address(ip: IpAddr) -> bool {
+    host_address_by(ip, nonlocal_binds, listed_addresses)
+}
+
+/// [`is_host_address`], given whether nonlocal binds are allowed for the address's family
+/// (`None`: unknown) and how to list the interfaces' addresses.
+fn host_address_by(
+    ip: IpAddr,
+    nonlocal: impl Fn(&IpAddr) -> Option<bool>,
+    interfaces: impl Fn() -> io::Result<Vec<IpAddr>>,
+) -> bool {
+    let ip = canonical_ip(ip);
+    match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
+        Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
+        Ok(_) if nonlocal(&ip) == Some(false) => true,
+        Ok(_) => interfaces().map_or(true, |own| own.iter().any(|a| canonical_ip(*a) == ip)),
+    }
+}
+
+/// Whether sockets of `ip`'s family may bind addresses the host does not have, per the
+/// network namespace's sysctl (`None`: it cannot be read).
+fn nonlocal_binds(ip: &IpAddr) -> Option<bool> {
+    let file = match ip {
+        IpAddr::V4(_) => "/proc/sys/net/ipv4/ip_nonlocal_bind",
+        IpAddr::V6(_) => "/proc/sys/net/ipv6/ip_nonlocal_bind",
     };
-    interfaces.filter_map(|i| i.address).any(|a| {
-        a.as_sockaddr_in()
-            .map(|v4| std::net::IpAddr::V4(v4.ip()))
-            .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
-            .is_some_and(|own| canonical_ip(own) == ip)
-    })
+    match std::fs::read_to_string(file).ok()?.trim() {
+        "0" => Some(false),
+        _ => Some(true),
+    }
+}
+
+/// The addresses of this host's interfaces.
+fn listed_addresses() -> io::Result<Vec<IpAddr>> {
+    let interfaces = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
+    Ok(interfaces
+        .filter_map(|i| i.address)
+        .filter_map(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -125,6 +162,41 @@ mod tests {
             Err(e) => eprintln!("SKIP: no route to learn an address of this host by: {e}"),
         }
         assert!(!endpoints.holds_tcp(at("203.0.113.77:9000")));
+    }
+
+    /// The host's own addresses are asked by a test bind, so a host that may not open a
+    /// netlink socket (the daemon's unit restricts it to unix and IP sockets) still tells its
+    /// addresses from others. Before, they were listed through netlink, and under the unit
+    /// every address counted as the host's: every connect to the HTTP listener's port, on
+    /// any address, was refused. Where nonlocal binds make a bind say nothing, the interfaces
+    /// are asked, and an address counts as the host's when they cannot be listed.
+    #[test]
+    fn the_hosts_addresses_are_known_without_listing_interfaces() {
+        let unlisted = || Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT));
+        let doc: IpAddr = "192.0.2.77".parse().unwrap();
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        let off = |_: &IpAddr| Some(false);
+        assert!(host_address_by(loopback, off, unlisted));
+        // Where nonlocal binds are allowed here, the bind succeeds for any address and
+        // this case is the one below.
+        if nonlocal_binds(&doc) == Some(false) {
+            assert!(!host_address_by(doc, off, unlisted));
+        } else {
+            eprintln!("SKIP: net.ipv4.ip_nonlocal_bind is set here: any address binds");
+        }
+        let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        if probe.connect("192.0.2.1:9").is_ok() {
+            let own = probe.local_addr().unwrap().ip();
+            assert!(host_address_by(own, off, unlisted), "{own}");
+        }
+        // Where a bind says nothing (nonlocal binds allowed, or not known to be off), the
+        // interfaces decide, and none listed means held.
+        for nonlocal in [Some(true), None] {
+            let said = |_: &IpAddr| nonlocal;
+            assert!(host_address_by(loopback, said, unlisted));
+            assert!(!host_address_by(loopback, said, || Ok(vec![doc])));
+            assert!(host_address_by(loopback, said, || Ok(vec![loopback])));
+        }
     }
 
     #[test]

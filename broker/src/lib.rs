@@ -49,6 +49,7 @@ pub use attempt::{
 pub use broker::{Broker, BrokerError, BrokerOptions, BrokerStats, KernelSupport};
 pub use escaped::Escaped;
 pub use executor::{Delivery, Executor, ExitStatus, Interrupt};
+pub use host_endpoints::is_host_address;
 pub use profile::{CgroupMode, Limits, NetworkPath, Profile, ProfileError};
 pub use spawn::{SpawnError, SpawnSpec, StdioMode, env_forbidden};
 pub use stage::Stage;

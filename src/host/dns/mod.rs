@@ -358,18 +358,12 @@ impl HostSide {
     }
 }
 
-/// Whether `ip` is one of this host's own addresses now: a socket binds to it only then
-/// (`EADDRNOTAVAIL` otherwise). Asked for each answer, so an address the host gained since
-/// it started counts; and asked through the socket families the daemon's unit allows, where
-/// listing the interfaces would take a netlink socket it may not open. Any other error
-/// counts as the host's own, so the answer's address is withheld (fail closed); so does
-/// every address on a host that lets sockets bind to addresses it does not have
-/// (`net.ipv4.ip_nonlocal_bind`).
+/// Whether `ip` is one of this host's own addresses now (see
+/// [`flowhost_broker::is_host_address`]): asked for each answer, so an address the host
+/// gained since it started counts, and asked as the broker asks it, so the two never
+/// disagree on what the host is.
 pub fn is_host_address(ip: IpAddr) -> bool {
-    match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
-        Ok(_) => true,
-        Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
-    }
+    flowhost_broker::is_host_address(ip)
 }
 
 fn private_v4(ip: Ipv4Addr) -> Option<PrivateScope> {
@@ -2409,7 +2403,7 @@ mod tests {
         // Asked of the host itself: loopback is always its own; a documentation address
         // never is.
         assert!(is_host_address(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-        // Where any address binds, every one counts as the host's (fail closed).
+        // Where any address binds, the interfaces are asked (see the broker's tests).
         let nonlocal = std::fs::read_to_string("/proc/sys/net/ipv4/ip_nonlocal_bind")
             .is_ok_and(|v| v.trim() != "0");
         if nonlocal {
