@@ -508,43 +508,118 @@ pub fn manifest_from_openapi(doc: &Value, identity: &ManifestIdentity) -> Result
     Ok(body)
 }
 
-/// The contracts of `doc` a manifest does not carry, each as the JSON path of a non-empty
-/// `servers` or `security` (of the document, a path item or an operation): a manifest
-/// names no hosts (the operator's destination rules decide where a tool may go) and no
-/// authentication. Said to whoever imports the document, so that none of them is believed
-/// kept.
-pub fn contracts_not_carried(doc: &Value) -> Vec<String> {
-    let non_empty = |v: Option<&Value>| match v {
-        Some(Value::Array(a)) => !a.is_empty(),
-        Some(Value::Null) | None => false,
-        Some(_) => true,
-    };
+/// One contract of an OpenAPI document that its manifest does not carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotCarried {
+    /// Its JSON path in the document.
+    pub at: String,
+    /// Why no manifest carries it.
+    pub why: &'static str,
+}
+
+/// Why a manifest names no `servers` or `security`.
+const NO_HOSTS_NO_AUTH: &str = "a manifest names no hosts and no authentication; where the \
+    tools may go is the operator's destination rules";
+/// Why a manifest carries no `callbacks` or `webhooks`.
+const NO_CALLBACKS: &str = "requests the remote API makes to addresses a caller gives are \
+    not the tool's, and nothing the host governs";
+/// Why a header parameter OpenAPI says is ignored becomes no tool argument.
+const IGNORED_HEADER: &str = "OpenAPI ignores a header parameter named Accept, Content-Type \
+    or Authorization, so it is no argument of the tool (a credential is never one)";
+
+/// The header parameters OpenAPI says are ignored (compared without case).
+const IGNORED_HEADERS: [&str; 3] = ["accept", "content-type", "authorization"];
+
+/// The contracts of `doc` a manifest does not carry, each with its JSON path and why: a
+/// non-empty `servers` or `security` (of the document, a path item or an operation; a
+/// manifest names no hosts, the operator's destination rules decide where a tool may go,
+/// and no authentication), an operation's `callbacks` or the document's `webhooks` (what
+/// the remote API sends elsewhere), and a header parameter OpenAPI ignores. Said to whoever
+/// imports the document, so that none of them is believed kept.
+pub fn contracts_not_carried(doc: &Value) -> Vec<NotCarried> {
     let mut found = Vec::new();
-    let mut look = |object: &Value, at: &JsonPath| {
-        for key in ["servers", "security"] {
-            if non_empty(object.get(key)) {
-                found.push(at.key(key).to_string());
-            }
-        }
-    };
-    look(doc, &JsonPath::root());
+    let contracts = [
+        ("servers", NO_HOSTS_NO_AUTH),
+        ("security", NO_HOSTS_NO_AUTH),
+    ];
+    look(doc, &JsonPath::root(), &contracts, &mut found);
+    look(
+        doc,
+        &JsonPath::root(),
+        &[("webhooks", NO_CALLBACKS)],
+        &mut found,
+    );
     let paths_path = JsonPath::field("paths");
     let Some(paths) = doc.get("paths").and_then(Value::as_object) else {
         return found;
     };
     for (route, item) in paths.iter().filter(|(r, _)| !r.starts_with("x-")) {
         let item_path = paths_path.key(route);
-        look(item, &item_path);
+        look(item, &item_path, &contracts, &mut found);
         let Some(methods) = item.as_object() else {
             continue;
         };
+        ignored_headers(doc, item, &item_path, &mut found);
         for (method, op) in methods {
             if METHODS.contains(&method.as_str()) {
-                look(op, &item_path.key(method));
+                let op_path = item_path.key(method);
+                look(op, &op_path, &contracts, &mut found);
+                look(op, &op_path, &[("callbacks", NO_CALLBACKS)], &mut found);
+                ignored_headers(doc, op, &op_path, &mut found);
             }
         }
     }
     found
+}
+
+/// Adds each of `keys` that `object` (at `at`) holds a non-empty value of to `found`, with
+/// its reason.
+fn look(object: &Value, at: &JsonPath, keys: &[(&str, &'static str)], found: &mut Vec<NotCarried>) {
+    for &(key, why) in keys {
+        let held = match object.get(key) {
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(Value::Object(o)) => !o.is_empty(),
+            Some(Value::Null) | None => false,
+            Some(_) => true,
+        };
+        if held {
+            found.push(NotCarried {
+                at: at.key(key).to_string(),
+                why,
+            });
+        }
+    }
+}
+
+/// Adds each parameter of `holder` (a path item or an operation) that OpenAPI ignores to
+/// `found`.
+fn ignored_headers(doc: &Value, holder: &Value, at: &JsonPath, found: &mut Vec<NotCarried>) {
+    let list = at.key("parameters");
+    let Some(params) = holder.get("parameters").and_then(Value::as_array) else {
+        return;
+    };
+    for (i, raw) in params.iter().enumerate() {
+        let path = list.index(i);
+        let param = resolve(doc, raw, &path, "parameters").ok();
+        if param
+            .and_then(Value::as_object)
+            .is_some_and(is_ignored_header)
+        {
+            found.push(NotCarried {
+                at: path.to_string(),
+                why: IGNORED_HEADER,
+            });
+        }
+    }
+}
+
+/// Whether `param` is a header parameter OpenAPI says is ignored.
+fn is_ignored_header(param: &Map<String, Value>) -> bool {
+    param.get("in").and_then(Value::as_str) == Some("header")
+        && param
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| IGNORED_HEADERS.contains(&n.to_ascii_lowercase().as_str()))
 }
 
 fn tool_from_operation(doc: &Value, op: &Operation<'_>, name: &str) -> Result<Value> {
@@ -973,6 +1048,12 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
                     path: path.key("in"),
                     found: location.to_owned(),
                 });
+            }
+            // OpenAPI: such a definition "SHALL be ignored"; as an argument it would invite
+            // a caller to pass a credential through the model (named by
+            // `contracts_not_carried`).
+            if is_ignored_header(param) {
+                continue;
             }
             // An operation's list overrides its path item's (OpenAPI's rule), but within one
             // list a name and place are given once.

@@ -310,11 +310,8 @@ fn from_openapi(args: FromOpenapiArgs) -> CliResult {
     files::write_atomic(&args.out, pretty(&body).as_bytes(), OUTPUT_MODE)?;
     let tools = body["tools"].as_array().map_or(0, Vec::len);
     note!("wrote {} ({})", args.out.display(), count_tools(tools));
-    for at in openapi::contracts_not_carried(&doc) {
-        note!(
-            "not carried into the manifest: {at} (a manifest names no hosts and no \
-             authentication; where the tools may go is the operator's destination rules)"
-        );
+    for not in openapi::contracts_not_carried(&doc) {
+        note!("not carried into the manifest: {} ({})", not.at, not.why);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -834,28 +834,72 @@ fn parameters_listed_twice_or_placed_nowhere_are_refused() {
 }
 
 /// `servers` and `security` have no place in a manifest: the import says each one it does
-/// not carry, rather than letting a publisher believe the signed tools are bound to them.
+/// not carry, rather than letting a publisher believe the signed tools are bound to them;
+/// so are `callbacks`, `webhooks` and a header parameter OpenAPI ignores. Before, callbacks
+/// and webhooks were dropped unsaid, and an `Authorization` header parameter became a
+/// required tool argument, inviting a caller to pass a credential through the model.
 #[test]
 fn contracts_a_manifest_does_not_carry_are_named() {
     let doc = serde_json::json!({
         "openapi": "3.1.0",
         "servers": [{"url": "https://api.example.com"}],
         "security": [],
+        "webhooks": {"itemAdded": {"post": {"operationId": "hook"}}},
+        "components": {"parameters": {"Auth": {
+            "name": "authorization", "in": "header", "required": true,
+            "schema": {"type": "string"}
+        }}},
         "paths": {
             "/items": {
                 "servers": [{"url": "https://other.example.com"}],
-                "get": {"operationId": "list", "security": [{"oauth": ["read"]}]},
-                "post": {"operationId": "add"}
+                "get": {
+                    "operationId": "list",
+                    "security": [{"oauth": ["read"]}],
+                    "parameters": [
+                        {"name": "Accept", "in": "header", "schema": {"type": "string"}},
+                        {"name": "q", "in": "query", "schema": {"type": "string"}},
+                        {"$ref": "#/components/parameters/Auth"}
+                    ]
+                },
+                "post": {
+                    "operationId": "add",
+                    "callbacks": {"done": {"{$request.body#/url}": {"post": {}}}}
+                }
             },
             "x-extension": {"servers": [1]}
         }
     });
+    let named: Vec<String> = super::contracts_not_carried(&doc)
+        .into_iter()
+        .map(|n| n.at)
+        .collect();
     assert_eq!(
-        super::contracts_not_carried(&doc),
+        named,
         [
             "servers",
+            "webhooks",
             r#"paths["/items"].servers"#,
-            r#"paths["/items"].get.security"#
+            r#"paths["/items"].get.security"#,
+            r#"paths["/items"].get.parameters[0]"#,
+            r#"paths["/items"].get.parameters[2]"#,
+            r#"paths["/items"].post.callbacks"#,
         ]
     );
+    let body = manifest_from_openapi(&doc, &identity()).unwrap();
+    let list = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "list")
+        .unwrap();
+    assert_eq!(
+        list["input_schema"]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["q"],
+        "{list}"
+    );
+    assert!(list["input_schema"].get("required").is_none(), "{list}");
 }
