@@ -475,6 +475,11 @@ impl ToolObservationHealth {
             path: path.to_path_buf(),
             source,
         })?;
+        Self::from_bytes(path, &bytes)
+    }
+
+    /// [`ToolObservationHealth::read_from`], of `bytes` already read from `path`.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self, HealthError> {
         let invalid = |problem: String| HealthError::Invalid {
             path: path.to_path_buf(),
             problem,
@@ -486,7 +491,7 @@ impl ToolObservationHealth {
         };
         // A key given twice is read one way here and maybe the other way by another reader
         // (assay's, a person's): evidence that says two things is refused.
-        let text = std::str::from_utf8(&bytes).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
+        let text = std::str::from_utf8(bytes).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
         let value =
             crate::canonical::parse_unique_keys(text).map_err(|e| invalid(e.to_string()))?;
         if value.get("schema").and_then(serde_json::Value::as_str) == Some(ASSAY_HEALTH_SCHEMA) {
@@ -496,7 +501,7 @@ impl ToolObservationHealth {
             });
         }
         let h: ToolObservationHealth =
-            serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+            serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
         if h.schema != HEALTH_SCHEMA {
             return Err(invalid(format!(
                 "schema is {:?}, expected {HEALTH_SCHEMA:?}",

@@ -573,7 +573,26 @@ impl Coverage {
             tool_calls: 0,
             unknown_tools: 0,
         };
-        let Ok(previous) = ToolObservationHealth::read_from(health_file) else {
+        // The counts carried over become what this run's health vouches for, so they are
+        // taken only from a file no one but root or the daemon's user could have written
+        // (nor pointed the name elsewhere): a health file outside the state directory may
+        // sit in a directory others write.
+        let read = crate::files::trusted_target(health_file)
+            .and_then(|p| crate::files::read_trusted(&p, HEALTH_FILE_LIMIT, false));
+        let bytes = match read {
+            Ok(bytes) => bytes,
+            Err(crate::files::TrustedFileError::File(crate::files::FileError::Open {
+                source,
+                ..
+            })) if source.kind() == std::io::ErrorKind::NotFound => return this_run,
+            Err(e) => {
+                tracing::warn!(
+                    "the previous run's health is not carried over: {e}; this run's health covers only this run"
+                );
+                return this_run;
+            }
+        };
+        let Ok(previous) = ToolObservationHealth::from_bytes(health_file, &bytes) else {
             return this_run;
         };
         // Only a health written as its run ended vouches for that run's tail: one asked for
@@ -604,6 +623,9 @@ impl Coverage {
         }
     }
 }
+
+/// Most bytes of a previous run's health file read at start (one is a few hundred).
+const HEALTH_FILE_LIMIT: u64 = 1024 * 1024;
 
 /// The flow-state database's file name inside `state_dir`.
 pub const STATE_FILE: &str = "state.db";
@@ -944,8 +966,8 @@ mod tests {
             rejected: 0,
             last_rejection: None,
         };
-        for (run_ended, carried) in [(Some(true), true), (Some(false), false), (None, false)] {
-            // The committed complete daemon health, moved onto this writer's records.
+        // The committed complete daemon health, moved onto this writer's records.
+        let write = |run_ended: Option<bool>| {
             let mut h = ToolObservationHealth::read_from(
                 &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/health/health_complete.json"),
             )
@@ -957,10 +979,32 @@ mod tests {
             let h = h.finalize();
             assert!(h.complete, "{:?}", h.incomplete_reasons);
             h.write_to(&file).unwrap();
+        };
+        for (run_ended, carried) in [(Some(true), true), (Some(false), false), (None, false)] {
+            write(run_ended);
             let coverage = Coverage::carried_over(&file, &status);
             assert_eq!(coverage.first_seq == 2, carried, "{run_ended:?}");
             assert_eq!(coverage.tool_calls == 3, carried, "{run_ended:?}");
         }
+        // What others could have written is not carried over: a file they may change, or
+        // one in a directory they may change (where the name could be pointed elsewhere).
+        // Before, the file was read as it was, and the next run's health vouched for a
+        // range and counts someone else wrote.
+        use std::os::unix::fs::PermissionsExt;
+        write(Some(true));
+        let carried = |file: &Path| Coverage::carried_over(file, &status).first_seq == 2;
+        assert!(carried(&file));
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(!carried(&file));
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let exposed = shared.join("health.json");
+        std::fs::copy(&file, &exposed).unwrap();
+        assert!(!carried(&exposed));
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(carried(&exposed));
     }
 
     /// The interval of the state checks is read once, at start: a reload that changes it is
