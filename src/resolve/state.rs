@@ -569,13 +569,13 @@ fn same_file(path: &Path, file: &std::fs::File) -> Result<(), StateError> {
 /// Whether reading a state file failed because it holds no flow state at all: not SQLite,
 /// or without the store's tables.
 fn no_state_in(e: &rusqlite::Error) -> bool {
+    let missing = |m: &str| m.starts_with("no such table") || m.starts_with("no such column");
     match e {
         rusqlite::Error::SqliteFailure(f, message) => {
-            f.code == rusqlite::ErrorCode::NotADatabase
-                || message
-                    .as_deref()
-                    .is_some_and(|m| m.starts_with("no such table"))
+            f.code == rusqlite::ErrorCode::NotADatabase || message.as_deref().is_some_and(missing)
         }
+        // How a statement naming what the database lacks is reported when it is prepared.
+        rusqlite::Error::SqlInputError { msg, .. } => missing(msg),
         _ => false,
     }
 }
@@ -1047,6 +1047,14 @@ impl SqliteStore {
             Err(StateError::Io { source, .. }) if no_state_in(&source) => {
                 return Err(self.replaced(&mut inner, not_a_state.into()));
             }
+            // A row this host wrote always decodes: one that does not was written by
+            // another hand (or another format), and retrying reads it again.
+            Err(StateError::Corrupt { key, reason, .. }) => {
+                return Err(self.replaced(
+                    &mut inner,
+                    format!("holds a row that does not decode ({key}: {reason})"),
+                ));
+            }
             read => read?,
         };
         let seal = match seal_of(&fresh, &principals) {
@@ -1370,6 +1378,20 @@ pub(crate) mod tests {
         assert!(store.consume_grant("g-2", 102).unwrap());
     }
 
+    /// Puts a database made by `statements` in the place of the store's file `db`.
+    fn replace_with(db: &Path, statements: &[&str]) {
+        let other = db.with_extension("other");
+        let c = rusqlite::Connection::open(&other).unwrap();
+        for statement in statements {
+            c.execute(statement, []).unwrap();
+        }
+        drop(c);
+        for side in ["state.db-wal", "state.db-shm"] {
+            let _ = std::fs::remove_file(db.with_file_name(side));
+        }
+        std::fs::rename(&other, db).unwrap();
+    }
+
     /// A state file deleted, emptied or replaced by a database without the store's tables
     /// while the store runs fails the store, as a rolled-back one does. Before, each was an I/O
     /// error the host logged and tried again at the next check, reporting its state healthy
@@ -1401,6 +1423,26 @@ pub(crate) mod tests {
             ("a directory", |db: &Path| {
                 std::fs::remove_file(db).unwrap();
                 std::fs::create_dir(db).unwrap();
+            }),
+            // Before, a row that does not decode and a table of other columns were faults
+            // retried at every check, the store never failed.
+            (
+                "a database with a label that does not decode",
+                |db: &Path| {
+                    replace_with(
+                        db,
+                        &[
+                            "CREATE TABLE principal_labels (principal TEXT PRIMARY KEY, label TEXT)",
+                            "INSERT INTO principal_labels VALUES ('alice', 'not a label')",
+                        ],
+                    )
+                },
+            ),
+            ("a labels table of other columns", |db: &Path| {
+                replace_with(
+                    db,
+                    &["CREATE TABLE principal_labels (principal TEXT PRIMARY KEY, other TEXT)"],
+                )
             }),
             ("another database", |db: &Path| {
                 let other = db.with_extension("other");
