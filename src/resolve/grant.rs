@@ -3,8 +3,9 @@
 //!
 //! A grant body (schema [`GRANT_SCHEMA`]) binds everything about the call it is for: the
 //! principal and session, the server and tool, a purpose, the SHA-256 of the call's
-//! arguments (RFC 8785 canonical JSON), the SHA-256 of the session's label when the grant was
-//! issued, the target label, a validity window in whole seconds, the grant's id and the id of
+//! arguments (RFC 8785 canonical JSON), the SHA-256 of the call's source label (the
+//! session's label joined with the operator's input floor and the taint the classifier finds
+//! in the arguments), the target label, a validity window in whole seconds, the grant's id and the id of
 //! the authority that signed it. The envelope is `{"grant": BODY, "signature": HEX}`: Ed25519
 //! over the canonical bytes of the body, verified with the key the operator configured for
 //! that authority id (never a key carried in the grant).
@@ -58,7 +59,8 @@ pub struct GrantBody {
     pub purpose: DeclassificationPurpose,
     /// [`arguments_hash`] of the call's arguments.
     pub arguments_hash: String,
-    /// [`label_hash`] of the session's label the grant was issued against.
+    /// [`label_hash`] of the call's source label: the session's label joined with the
+    /// operator's input floor and the arguments' taint.
     pub source_label_hash: String,
     /// The label the egress check runs against instead of the source.
     pub target_label: InformationLabel,
