@@ -48,6 +48,9 @@ pub enum BrokerError {
     /// A helper thread could not be started.
     #[error("cannot start the broker's {0} thread: {1}")]
     Thread(&'static str, std::io::Error),
+    /// The range of executor uids holds a user's or group's id, or cannot be checked.
+    #[error(transparent)]
+    UidRange(#[from] crate::uids::RangeHeld),
 }
 
 /// Options for [`Broker::new`].
@@ -247,11 +250,16 @@ impl Broker {
         } else {
             None
         };
-        let uids = (privileged && identity.is_none()).then(|| {
-            Arc::new(UidPool::new(
-                options.executor_uids.unwrap_or(UidRange::DEFAULT),
-            ))
-        });
+        // Every broker that hands out uids checks the range, however it was started
+        // (the daemon, `sandbox run`, the demo).
+        let uids = match (privileged, identity) {
+            (true, None) => {
+                let range = options.executor_uids.unwrap_or(UidRange::DEFAULT);
+                range.held_by_nobody()?;
+                Some(Arc::new(UidPool::new(range)))
+            }
+            _ => None,
+        };
         let cgroups = Arc::new(if privileged {
             CgroupSupport::detect()
         } else {

@@ -55,4 +55,4 @@ pub use spawn::{SpawnError, SpawnSpec, StdioMode, env_forbidden};
 pub use stage::Stage;
 pub use supervisor::Counters;
 pub use sys::WaitStatus;
-pub use uids::{UidRange, UidScanError};
+pub use uids::{RangeHeld, UidRange, UidScanError};

@@ -38,6 +38,84 @@ impl UidRange {
     pub fn contains(&self, id: u32) -> bool {
         (self.first..=self.last()).contains(&id)
     }
+
+    /// Refuses a range holding a user's uid or a group's gid of this host (`/etc/passwd`,
+    /// `/etc/group`): an executor runs as uid and gid N of the range, so it would own that
+    /// user's files and be in that group. A host without the files has no local users to
+    /// collide with; one that cannot be read refuses. (A user known only through NSS, such
+    /// as LDAP's, is not looked up.)
+    pub fn held_by_nobody(&self) -> Result<(), RangeHeld> {
+        for (file, what) in [("/etc/passwd", "user"), ("/etc/group", "group")] {
+            let text = match std::fs::read_to_string(file) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => {
+                    return Err(RangeHeld::Unreadable {
+                        range: *self,
+                        file,
+                        source,
+                    });
+                }
+            };
+            if let Some((name, id)) = id_in_range(&text, *self) {
+                return Err(RangeHeld::Held {
+                    range: *self,
+                    id,
+                    what,
+                    name,
+                    file,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a range of executor uids may not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RangeHeld {
+    /// A user or group of the host has an id in it.
+    #[error(
+        "the executor uid range {range} holds id {id}, {what} {name:?} of {file}: an executor \
+         run as it would own that {what}'s files; choose a range no user or group has (the \
+         default, 1879048192-1879113727, is above them all)"
+    )]
+    Held {
+        /// The range.
+        range: UidRange,
+        /// The id found in it.
+        id: u32,
+        /// `user` or `group`.
+        what: &'static str,
+        /// Its name.
+        name: String,
+        /// The file naming it.
+        file: &'static str,
+    },
+    /// The file could not be read, so the range cannot be shown to be free.
+    #[error("cannot read {file} to check the executor uid range {range} against it: {source}")]
+    Unreadable {
+        /// The range.
+        range: UidRange,
+        /// The file.
+        file: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// The first entry of `text` (in the form of `/etc/passwd` or `/etc/group`: name, then
+/// password, then the id) whose id is in `range`.
+fn id_in_range(text: &str, range: UidRange) -> Option<(String, u32)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let mut fields = l.split(':');
+            let name = fields.next()?;
+            let id = fields.nth(1)?.trim().parse::<u32>().ok()?;
+            Some((name.to_string(), id))
+        })
+        .find(|(_, id)| range.contains(*id))
 }
 
 impl std::fmt::Display for UidRange {
@@ -189,6 +267,42 @@ impl Drop for UidLease {
 
 #[cfg(test)]
 mod tests {
+    /// Entries of `/etc/passwd` and `/etc/group` are read by their third field; a comment or
+    /// a broken line names no id. A privileged broker refuses a range holding root's id,
+    /// however it was started. Before, only the daemon checked: `sandbox run` and the demo
+    /// as root could run an executor as a local user.
+    #[test]
+    fn a_range_holding_a_users_id_is_refused() {
+        let range = |first, count| UidRange { first, count };
+        let passwd = "root:x:0:0:root:/root:/bin/bash\n# a comment\nalice:x:1000:1000::/home/alice:/bin/sh\nbroken line\n";
+        assert_eq!(
+            super::id_in_range(passwd, range(900, 201)),
+            Some(("alice".into(), 1000))
+        );
+        assert_eq!(super::id_in_range(passwd, range(1001, 10)), None);
+        assert_eq!(
+            super::id_in_range("staff:x:1050:\n", range(1050, 1))
+                .unwrap()
+                .1,
+            1050
+        );
+        UidRange::DEFAULT.held_by_nobody().unwrap();
+        let root = range(0, 1).held_by_nobody().unwrap_err().to_string();
+        assert!(root.contains("\"root\""), "{root}");
+        if nix::unistd::geteuid().is_root() {
+            let refused = crate::Broker::new(crate::BrokerOptions {
+                executor_identity: None,
+                executor_uids: Some(range(0, 1)),
+            });
+            let Err(e) = refused else {
+                panic!("a broker over root's uid started")
+            };
+            assert!(e.to_string().contains("/etc/passwd"), "{e}");
+        } else {
+            eprintln!("SKIP: needs root for a privileged broker");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -852,43 +852,11 @@ impl Host {
 }
 
 /// Refuses a range of executor uids that holds a user's uid or a group's gid on this
-/// host (`/etc/passwd`, `/etc/group`): an executor runs as uid and gid N of the range, so
-/// it would own that user's files and be in that group. A host without the files has no
-/// local users to collide with; one that cannot be read refuses.
+/// host ([`flowhost_broker::UidRange::held_by_nobody`]), naming the setting.
 fn range_held_by_nobody(range: flowhost_broker::UidRange) -> Result<(), String> {
-    for (file, what) in [("/etc/passwd", "user"), ("/etc/group", "group")] {
-        let text = match std::fs::read_to_string(file) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => {
-                return Err(format!(
-                    "cannot read {file} to check host.executor_uid_range {range} against it: {e}"
-                ));
-            }
-        };
-        if let Some((name, id)) = id_in_range(&text, range) {
-            return Err(format!(
-                "host.executor_uid_range {range} holds id {id}, {what} {name:?} of {file}: an \
-                 executor run as it would own that {what}'s files; choose a range no user or \
-                 group has (the default, 1879048192-1879113727, is above them all)"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The first entry of `text` (in the form of `/etc/passwd` or `/etc/group`: name, then
-/// password, then the id) whose id is in `range`.
-fn id_in_range(text: &str, range: flowhost_broker::UidRange) -> Option<(String, u32)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let mut fields = l.split(':');
-            let name = fields.next()?;
-            let id = fields.nth(1)?.trim().parse::<u32>().ok()?;
-            Some((name.to_string(), id))
-        })
-        .find(|(_, id)| range.contains(*id))
+    range
+        .held_by_nobody()
+        .map_err(|e| format!("host.executor_uid_range: {e}"))
 }
 
 #[cfg(test)]
@@ -915,27 +883,17 @@ mod tests {
     }
 
     /// A range of executor uids that holds a local user's uid or a group's gid is refused,
-    /// naming it. Before, it was taken: an executor could run as that user.
+    /// naming it and the setting. Before, it was taken: an executor could run as that user.
     #[test]
     fn an_executor_range_holding_a_users_id_is_refused() {
         let range = |first, count| flowhost_broker::UidRange { first, count };
-        let passwd = "root:x:0:0:root:/root:/bin/bash\n# a comment\nalice:x:1000:1000::/home/alice:/bin/sh\nbroken line\n";
-        assert_eq!(
-            super::id_in_range(passwd, range(900, 201)),
-            Some(("alice".into(), 1000))
-        );
-        assert_eq!(super::id_in_range(passwd, range(1001, 10)), None);
-        assert_eq!(
-            super::id_in_range("staff:x:1050:\n", range(1050, 1))
-                .unwrap()
-                .1,
-            1050
-        );
         // This host's own files: the default range holds no one's id.
         super::range_held_by_nobody(flowhost_broker::UidRange::DEFAULT).unwrap();
         let root = super::range_held_by_nobody(range(0, 1)).unwrap_err();
         assert!(
-            root.contains("\"root\"") && root.contains("/etc/passwd"),
+            root.contains("\"root\"")
+                && root.contains("/etc/passwd")
+                && root.contains("host.executor_uid_range"),
             "{root}"
         );
     }
