@@ -209,6 +209,7 @@ impl McpServer {
             self.health.clone(),
             workspace,
         )
+        .map(Observation::of_mcp_host)
     }
 
     fn stop_and_collect(&mut self) -> String {

@@ -161,6 +161,9 @@ pub struct Observation {
     /// The verified records' last sequence number and head hash, which the health must
     /// end at.
     head: Head,
+    /// Why the host that served the run failed it, when it did (an MCP server's
+    /// `flowhost sandbox mcp` exiting non-zero): the evidence checks then fail.
+    host_failed: Option<String>,
     records_dir: PathBuf,
     health_file: PathBuf,
     workspace: Option<tempfile::TempDir>,
@@ -196,6 +199,7 @@ impl Observation {
             attempts,
             health,
             head,
+            host_failed: None,
             records_dir,
             health_file,
             workspace: Some(workspace),
@@ -247,11 +251,28 @@ impl Observation {
     /// where the records do. (The records were verified when they were read: see
     /// [`Observation::read`].) A health asked for while the run went on (and left in place
     /// when the final one could not be written) says nothing of what came after it.
+    /// This observation of a run `flowhost sandbox mcp` served, whose exit status is the
+    /// host's own: one that is not success failed the run (a session the host ended early,
+    /// a stop that did not complete), and no evidence check passes on it, whatever its
+    /// health file says.
+    pub(super) fn of_mcp_host(mut self) -> Self {
+        if !self.status.success() {
+            self.host_failed = Some(format!(
+                "flowhost sandbox mcp ended with {}: the run failed (its stderr says why)",
+                self.status
+            ));
+        }
+        self
+    }
+
     fn check_health_complete(&self) -> Result<(), HarnessError> {
         let incomplete = |reasons: Vec<String>| HarnessError::Incomplete {
             health: self.health_file.clone(),
             reasons,
         };
+        if let Some(why) = &self.host_failed {
+            return Err(incomplete(vec![why.clone()]));
+        }
         if !self.health.complete {
             return Err(incomplete(self.health.incomplete_reasons.clone()));
         }
@@ -339,8 +360,12 @@ impl Observation {
         gate::judge(surface, &self.records_dir, &self.health)
     }
 
-    /// The gate passes against the declared surface at `path`: the verdict is clean.
+    /// The gate passes against the declared surface at `path`: the verdict is clean (and an
+    /// MCP run's host did not fail the run).
     pub fn check_matches_declared(&self, path: &Path) -> Result<(), HarnessError> {
+        if let Some(why) = &self.host_failed {
+            return Err(HarnessError::Check(why.clone()));
+        }
         let report = self.diff_declared(path)?;
         if gate::passes(&report) {
             return Ok(());
@@ -554,15 +579,25 @@ mod tests {
 
         /// What the harness reads back, and the first check's verdict.
         fn check(self, check: impl Fn(&Observation) -> Result<(), HarnessError>) -> String {
+            self.check_host(None, check)
+        }
+
+        /// [`Run::check`] of a run an MCP host served and ended with exit `code`, if given.
+        fn check_host(
+            self,
+            code: Option<i32>,
+            check: impl Fn(&Observation) -> Result<(), HarnessError>,
+        ) -> String {
             use std::os::unix::process::ExitStatusExt;
             let observed = Observation::read(
-                std::process::ExitStatus::from_raw(0),
+                std::process::ExitStatus::from_raw(code.unwrap_or(0) << 8),
                 String::new(),
                 String::new(),
                 self.records,
                 self.health,
                 self.ws,
-            );
+            )
+            .map(|o| if code.is_some() { o.of_mcp_host() } else { o });
             match observed.and_then(|o| check(&o)) {
                 Ok(()) => String::new(),
                 Err(e) => e.to_string(),
@@ -576,6 +611,25 @@ mod tests {
 
     fn only_nowhere(o: &Observation) -> Result<(), HarnessError> {
         o.check_only_destinations(&["192.0.2.1:9"])
+    }
+
+    /// A run its MCP host failed (exit 2) passes no evidence check, whatever its health
+    /// file says. Before, the harness never looked at the host's exit: a run the host
+    /// failed after a call ran into its deadline, with the health left as the host wrote it
+    /// (complete), passed the checks.
+    #[test]
+    fn a_run_its_mcp_host_failed_passes_no_evidence_check() {
+        assert_eq!(
+            Run::new("allowed_declared.jsonl", true).check_host(Some(0), no_egress),
+            ""
+        );
+        for check in [no_egress, only_nowhere] {
+            let failed = Run::new("allowed_declared.jsonl", true).check_host(Some(2), check);
+            assert!(
+                failed.contains("flowhost sandbox mcp ended with"),
+                "{failed}"
+            );
+        }
     }
 
     #[test]

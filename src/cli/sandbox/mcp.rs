@@ -350,7 +350,11 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     // read before this run asks it to stop.
     let stopping = host.stopping();
     host.begin_shutdown();
-    if !matches!(serving.await, Ok(crate::daemon::Served::Clean)) {
+    let served = serving.await;
+    // What was cut short goes into the health file before anything else can fail the run:
+    // the health of a run that fails below must not read as complete without it.
+    let health = with_calls_cut_short(&health_file, &records);
+    if !matches!(served, Ok(crate::daemon::Served::Clean)) {
         return Err(
             "the host's stop did not complete (its records or health may not vouch \
                     for the end of the run): see the log above"
@@ -362,21 +366,30 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     // session for any other reason fails the run.
     let ending = relayed.map_err(|e| format!("relaying the session: {e}"))?;
     session_ended(ending, stopping)?;
-    let mut health = crate::records::ToolObservationHealth::read_from(&health_file)?;
-    // A call a bound or its deadline ended is the run cut short (the daemon's health does not
-    // say so: there a call that runs into its bound is service, not a test of the tool).
-    // Records that cannot be read cannot tell: the run is then taken as cut short.
+    // `conclude` writes the health again to --health, which is that same file.
+    args.common.conclude(&evidence, &health?, 0)
+}
+
+/// The host's health in `health_file` with the calls of `records` a bound, their deadline
+/// or the client cut short added, written back to the file. A call a bound or its deadline
+/// ended is the run cut short (the daemon's health does not say so: there a call that runs
+/// into its bound is service, not a test of the tool). Records that cannot be read cannot
+/// tell: the run is then taken as cut short.
+fn with_calls_cut_short(
+    health_file: &Path,
+    records: &Path,
+) -> Result<crate::records::ToolObservationHealth, crate::records::health::HealthError> {
+    let mut health = crate::records::ToolObservationHealth::read_from(health_file)?;
     health.cut_short.extend(
-        crate::harness::calls_cut_short(&records).unwrap_or_else(|e| {
+        crate::harness::calls_cut_short(records).unwrap_or_else(|e| {
             vec![format!(
                 "whether a bound ended a call cannot be told (the records: {e})"
             )]
         }),
     );
     let health = health.finalize();
-    // The host wrote the health; `conclude` writes it again to --health, which is that same
-    // file, with what was cut short added.
-    args.common.conclude(&evidence, &health, 0)
+    health.write_to(health_file)?;
+    Ok(health)
 }
 
 /// Whether the session ended as a run may end: the client closed stdin, or the host was
