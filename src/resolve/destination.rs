@@ -289,8 +289,16 @@ impl FromStr for DestinationRule {
                 port,
             });
         }
-        // Bare IPv6 (several colons) has no port.
+        // Bare IPv6 (several colons) has no port. One whose last group could be a port
+        // after a shorter address (`2001:db8::1:443`) is refused: read as an address it would
+        // allow every port of another host than the one the writer may have meant.
         if s.matches(':').count() > 1 {
+            if let Some((before, last)) = port_like_last_group(s) {
+                return Err(err(&format!(
+                    "ambiguous: write [{before}]:{last} for port {last} of {before}, or \
+                     [{s}] for that address on every port"
+                )));
+            }
             return Ok(DestinationRule::Inet {
                 net: parse_net(s)?,
                 port: None,
@@ -351,6 +359,17 @@ fn parse_name_rule(s: &str) -> Option<Result<DestinationRule, String>> {
     })
 }
 
+/// The address and port a bare IPv6 text would also read as, when its last group could be a
+/// port after a shorter address (`2001:db8::1:443`: `2001:db8::1` port 443).
+fn port_like_last_group(s: &str) -> Option<(&str, &str)> {
+    let (before, last) = s.rsplit_once(':')?;
+    (!last.is_empty()
+        && last.bytes().all(|b| b.is_ascii_digit())
+        && last.parse::<u16>().is_ok()
+        && before.parse::<std::net::Ipv6Addr>().is_ok())
+    .then_some((before, last))
+}
+
 impl fmt::Display for DestinationRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -363,6 +382,10 @@ impl fmt::Display for DestinationRule {
                 match (port, net) {
                     (Some(p), IpNet::V6(_)) => write!(f, "[{host}]:{p}"),
                     (Some(p), IpNet::V4(_)) => write!(f, "{host}:{p}"),
+                    // Written so that it reads back as the address it is.
+                    (None, IpNet::V6(_)) if port_like_last_group(&host).is_some() => {
+                        write!(f, "[{host}]")
+                    }
                     (None, _) => f.write_str(&host),
                 }
             }
@@ -989,6 +1012,30 @@ mod tests {
         ] {
             assert!(s.parse::<DestinationRule>().is_err(), "{s}");
         }
+    }
+
+    /// A bare IPv6 rule whose last group could be a port after a shorter address is refused,
+    /// naming both readings; bracketed, it is the address, and it is written back so.
+    /// Before, `2001:db8::1:443` was taken as that address on every port, though its writer
+    /// may have meant port 443 of `2001:db8::1`.
+    #[test]
+    fn a_bare_ipv6_rule_ending_like_a_port_is_refused() {
+        let e = "2001:db8::1:443".parse::<DestinationRule>().unwrap_err();
+        assert!(
+            e.to_string().contains("[2001:db8::1]:443")
+                && e.to_string().contains("[2001:db8::1:443]"),
+            "{e}"
+        );
+        for unambiguous in ["[2001:db8::1:443]", "[2001:db8::1]:443", "fe80::443", "::1"] {
+            let r = rule(unambiguous);
+            assert_eq!(rule(&r.to_string()), r, "{unambiguous}");
+        }
+        assert_eq!(rule("[2001:db8::1:443]").to_string(), "[2001:db8::1:443]");
+        assert_eq!(
+            rule("[2001:db8::1:443]"),
+            rule("2001:db8:0:0:0:0:1:443"),
+            "written out in full, it is unambiguous"
+        );
     }
 
     #[test]
