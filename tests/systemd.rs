@@ -499,6 +499,65 @@ fn a_principal_taken_out_loses_access_although_the_reload_is_refused() {
     assert_eq!(r["error"]["data"]["denial"], "access_denied", "{r}");
 }
 
+/// A uid taken out of a principal by a refused reload maps to no principal, rather than to
+/// another principal by the peer's gid, which neither configuration gave it; and the
+/// natural ways of taking it out (the principal left with no uid, a server taken out while
+/// a pattern still names it) withdraw what they take, though the file is refused for them.
+/// Before, narrowing left uid 0 to fall through to the reviewer by gid 0 (the reviewer's
+/// tools), and a file refused for a dangling reference withdrew nothing at all.
+#[test]
+fn what_a_refused_reload_takes_out_is_withdrawn_and_falls_through_to_nothing() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    // The reviewer is also every member of gid 0 (the client's, uid 0's, group).
+    let reviewer = "id = \"oss-reviewer\"\n";
+    let with_gid = original.replacen(reviewer, &format!("{reviewer}gids = [0]\n"), 1);
+    assert_ne!(with_gid, original);
+    lab.write_config(&with_gid);
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call("workspace/list_documents", json!({}));
+    assert!(r["error"].is_null(), "{r}");
+
+    // The analyst left with no uid, and the workspace server taken out while the analyst's
+    // `workspace/*` still names it: the file is refused for both, and both are withdrawn.
+    let start = with_gid.find("[[server]]\nid = \"workspace\"").unwrap();
+    let end = start + 1 + with_gid[start + 1..].find("\n[[server]]").unwrap();
+    let taken_out = format!("{}{}", &with_gid[..start], &with_gid[end..]).replacen(
+        "uids = [0]\n",
+        "uids = []\n",
+        1,
+    );
+    assert!(taken_out.contains("uids = []") && !taken_out.contains("id = \"workspace\""));
+    lab.write_config(&taken_out);
+    reload_and_await_refusal(&lab);
+    let log = lab.log();
+    for withdrawn in [
+        "server \"workspace\" withdrawn from service although the reload is refused",
+        "principal \"larkfield-analyst\" withdrawn although the reload is refused: uids [0]",
+    ] {
+        assert!(log.contains(withdrawn), "{withdrawn:?} not in:\n{log}");
+    }
+    // Uid 0 is no one's now: not the reviewer's by its gid.
+    let mut fresh = Client::connect(&lab.paths.socket);
+    let r = fresh.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let r = if r["error"].is_null() {
+        fresh.call(
+            "public-inbox/publish",
+            json!({"message": "x", "sink": lab.public.addr.to_string()}),
+        )
+    } else {
+        r
+    };
+    assert_eq!(r["error"]["data"]["denial"], "access_denied", "{r}");
+}
+
 use common::BROKER_CAPS;
 
 /// `flowhost sandbox run --profile brokered -- ARGV` as uid/gid 990 holding `caps`

@@ -376,6 +376,16 @@ pub struct HostConfig {
     /// yields a configuration with any: it trusts none of them, so a reload refused for
     /// them still withdraws them (see `Host::reload`).
     pub unreadable_authorities: BTreeMap<String, (String, String)>,
+    /// What a strict read refuses but [`HostConfig::load_lenient`] leaves out, so that a
+    /// reload refused for it still withdraws what the file takes out: a reference to a
+    /// server or principal no longer configured (the tool pattern is dropped), a principal
+    /// left with no uid or gid. Each with its configuration key and why.
+    pub dangling: Vec<(String, String)>,
+    /// Uids and gids taken from a principal by a refused reload (see `Host::reload`): such
+    /// a peer maps to no principal until a reload succeeds, rather than falling through to
+    /// another principal by its gid, which neither configuration gave it. Empty in every
+    /// configuration read from a file.
+    pub withdrawn_peers: (BTreeSet<u32>, BTreeSet<u32>),
     /// MCP over Streamable HTTP, when configured (`[http]`).
     pub http: Option<HttpConfig>,
 }
@@ -523,8 +533,16 @@ impl HostConfig {
         Self::parse_lenient(file, &text)
     }
 
-    /// This configuration, refused when an authority's key could not be read.
+    /// This configuration, refused when an authority's key could not be read or a lenient
+    /// read left anything out ([`HostConfig::dangling`]).
     pub(crate) fn with_every_authority(self) -> Result<Self, ConfigError> {
+        if let Some((key, message)) = self.dangling.first() {
+            return Err(ConfigError::Invalid {
+                file: self.file.clone(),
+                key: key.clone(),
+                message: message.clone(),
+            });
+        }
         match self.unreadable_authorities.first_key_value() {
             None => Ok(self),
             Some((_, (key, message))) => Err(ConfigError::Invalid {
@@ -837,6 +855,7 @@ impl HostConfig {
                 .is_some_and(|h| h.named_principals().any(|(_, p)| p == id))
         };
         let mut principals: Vec<PrincipalConfig> = Vec::new();
+        let mut dangling = Vec::new();
         let mut seen_uids = BTreeMap::new();
         let mut seen_gids = BTreeMap::new();
         for (i, p) in raw.principal.into_iter().enumerate() {
@@ -849,7 +868,7 @@ impl HostConfig {
                 ));
             }
             if p.uids.is_empty() && p.gids.is_empty() && !named_by_http(&p.id) {
-                return Err(invalid(
+                dangling.push((
                     format!("principal[{i}].uids"),
                     "name at least one uid or gid (or name the principal in [http])".into(),
                 ));
@@ -872,25 +891,27 @@ impl HostConfig {
                     ));
                 }
             }
-            for pattern in &p.tools {
+            let mut tools = p.tools;
+            tools.retain(|pattern| {
                 let known = pattern == "*"
                     || pattern
                         .split_once('/')
                         .is_some_and(|(s, _)| servers.iter().any(|c| c.id == s));
                 if !known {
-                    return Err(invalid(
+                    dangling.push((
                         format!("principal[{i}].tools"),
                         format!(
                             "{pattern:?} names no configured server (use server/tool, server/* or *)"
                         ),
                     ));
                 }
-            }
+                known
+            });
             principals.push(PrincipalConfig {
                 id: p.id,
                 uids: p.uids,
                 gids: p.gids,
-                tools: p.tools,
+                tools,
                 destinations: p.destinations,
             });
         }
@@ -932,7 +953,7 @@ impl HostConfig {
         if let Some(h) = &http {
             for (key, id) in h.named_principals() {
                 if !principals.iter().any(|p: &PrincipalConfig| p.id == *id) {
-                    return Err(invalid(
+                    dangling.push((
                         key,
                         format!("{id} is not a configured principal ([[principal]] id)"),
                     ));
@@ -1099,6 +1120,8 @@ impl HostConfig {
             servers,
             authorities,
             unreadable_authorities,
+            dangling,
+            withdrawn_peers: Default::default(),
             http,
         })
     }
@@ -1138,12 +1161,21 @@ impl HostConfig {
         self.executor_identity.unwrap_or((first, first))
     }
 
-    /// The principal a connecting peer authenticates as: by uid first, then by gid.
+    /// The principal a connecting peer authenticates as: by uid first, then by gid; none
+    /// for a uid or gid a refused reload withdrew ([`HostConfig::withdrawn_peers`]).
     pub fn principal_for(&self, uid: u32, gid: u32) -> Option<&PrincipalConfig> {
+        let (uids, gids) = &self.withdrawn_peers;
+        if uids.contains(&uid) {
+            return None;
+        }
         self.principals
             .iter()
             .find(|p| p.uids.contains(&uid))
-            .or_else(|| self.principals.iter().find(|p| p.gids.contains(&gid)))
+            .or_else(|| {
+                (!gids.contains(&gid))
+                    .then(|| self.principals.iter().find(|p| p.gids.contains(&gid)))
+                    .flatten()
+            })
     }
 }
 

@@ -57,6 +57,19 @@ pub struct Generation {
     pub pools: BTreeMap<String, Arc<WarmPool<CallInFlight>>>,
 }
 
+/// The principals a refused reload leaves (see
+/// [`Generation::principals_still_vouched_for`]).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Narrowed {
+    /// The principals, narrowed.
+    pub principals: Vec<crate::config::PrincipalConfig>,
+    /// The uids and gids taken from them: such a peer maps to no principal until a reload
+    /// succeeds.
+    pub peers: (BTreeSet<u32>, BTreeSet<u32>),
+    /// Each principal changed, with what it lost.
+    pub withdrawn: BTreeMap<String, String>,
+}
+
 impl Generation {
     /// The servers this generation serves that `config` no longer vouches for, each with why:
     /// taken out of the configuration, its registered key unreadable, or its admitted
@@ -115,21 +128,18 @@ impl Generation {
     /// withdrawn even when the rest of a reload to `config` is refused: taking a user out
     /// of a principal is how an operator ends its access. Per-origin destination rules are
     /// not narrowed: they change with a reload that succeeds.
-    pub(super) fn principals_still_vouched_for(
-        &self,
-        config: &HostConfig,
-    ) -> (
-        Vec<crate::config::PrincipalConfig>,
-        BTreeMap<String, String>,
-    ) {
+    pub(super) fn principals_still_vouched_for(&self, config: &HostConfig) -> Narrowed {
         let mut kept = Vec::new();
         let mut withdrawn = BTreeMap::new();
+        let (mut lost_uids, mut lost_gids) = (BTreeSet::new(), BTreeSet::new());
         for p in &self.config.principals {
             let Some(now) = config.principals.iter().find(|n| n.id == p.id) else {
                 withdrawn.insert(
                     p.id.to_string(),
                     "taken out of the configuration".to_string(),
                 );
+                lost_uids.extend(p.uids.iter().copied());
+                lost_gids.extend(p.gids.iter().copied());
                 continue;
             };
             let lost = |old: &[u32], new: &[u32]| -> Vec<u32> {
@@ -160,8 +170,14 @@ impl Generation {
             narrowed.gids.retain(|g| !gids.contains(g));
             narrowed.tools.retain(|t| now.tools.contains(t));
             kept.push(narrowed);
+            lost_uids.extend(uids);
+            lost_gids.extend(gids);
         }
-        (kept, withdrawn)
+        Narrowed {
+            principals: kept,
+            peers: (lost_uids, lost_gids),
+            withdrawn,
+        }
     }
 
     /// This generation, numbered `id`, without the servers `withdrawn` names and the
@@ -173,13 +189,15 @@ impl Generation {
         id: u64,
         withdrawn: &BTreeSet<String>,
         authorities: &BTreeSet<String>,
-        principals: Option<Vec<crate::config::PrincipalConfig>>,
+        principals: Option<Narrowed>,
     ) -> Generation {
         let mut config = self.config.clone();
         config.servers.retain(|s| !withdrawn.contains(&s.id));
         config.authorities.retain(|a, _| !authorities.contains(a));
-        if let Some(principals) = principals {
-            config.principals = principals;
+        if let Some(narrowed) = principals {
+            config.principals = narrowed.principals;
+            config.withdrawn_peers.0.extend(narrowed.peers.0);
+            config.withdrawn_peers.1.extend(narrowed.peers.1);
         }
         let keep = |server: &String| !withdrawn.contains(server);
         Generation {

@@ -104,17 +104,13 @@ impl Host {
         // Likewise a server taken out, or whose key was replaced or removed, and an
         // authority: found now, withdrawn below if the reload is refused (a reload that
         // succeeds drops them anyway).
-        let (untrusted, untrusted_authorities, (principals, narrowed)) = match &config {
+        let (untrusted, untrusted_authorities, narrowed) = match &config {
             Ok(config) => (
                 self.current().no_longer_vouched_for(config),
                 self.current().authorities_no_longer_vouched_for(config),
                 self.current().principals_still_vouched_for(config),
             ),
-            Err(_) => (
-                BTreeMap::new(),
-                BTreeMap::new(),
-                (Vec::new(), BTreeMap::new()),
-            ),
+            Err(_) => Default::default(),
         };
         let config = config.and_then(HostConfig::with_every_authority);
         // A key set that cannot be read revokes every key: which ones the operator still
@@ -152,15 +148,16 @@ impl Host {
             Err(refused)
                 if !untrusted.is_empty()
                     || !untrusted_authorities.is_empty()
-                    || !narrowed.is_empty() =>
+                    || !narrowed.withdrawn.is_empty() =>
             {
-                let principals = (!narrowed.is_empty()).then_some(principals);
-                self.withdraw(&untrusted, &untrusted_authorities, principals, &narrowed);
+                let principals = narrowed.withdrawn.clone();
+                let narrowed = (!principals.is_empty()).then_some(narrowed);
+                self.withdraw(&untrusted, &untrusted_authorities, narrowed);
                 return Err(StartupError::RefusedButWithdrew {
                     refused: Box::new(refused),
                     withdrawn: untrusted,
                     authorities: untrusted_authorities,
-                    principals: narrowed,
+                    principals,
                 });
             }
             Err(refused) => return Err(refused),
@@ -194,9 +191,8 @@ impl Host {
     }
 
     /// Stops serving the servers `untrusted` names and trusting the declassification
-    /// authorities `authorities` names (each with why), and serves `principals` in place of
-    /// the current ones when given (`narrowed` names each principal changed, with what it
-    /// lost), keeping everything else of the current generation: a new generation without
+    /// authorities `authorities` names (each with why), and serves the principals `narrowed`
+    /// leaves in place of the current ones when given, keeping everything else of the current generation: a new generation without
     /// them replaces it, and the servers' warm executors are stopped. Calls already
     /// dispatched to them finish on the generation they started with; a session's next
     /// request is judged under the principals served now.
@@ -204,8 +200,7 @@ impl Host {
         &self,
         untrusted: &BTreeMap<String, String>,
         authorities: &BTreeMap<String, String>,
-        principals: Option<Vec<crate::config::PrincipalConfig>>,
-        narrowed: &BTreeMap<String, String>,
+        narrowed: Option<super::generation::Narrowed>,
     ) {
         let withdrawn: BTreeSet<String> = untrusted.keys().cloned().collect();
         let distrusted: BTreeSet<String> = authorities.keys().cloned().collect();
@@ -215,7 +210,7 @@ impl Host {
                 Ok(g) => g,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            let reduced = Arc::new(g.without(id, &withdrawn, &distrusted, principals));
+            let reduced = Arc::new(g.without(id, &withdrawn, &distrusted, narrowed.clone()));
             // Calls already running or waiting under a grant of a distrusted authority
             // stop being judged under it at their next attempt.
             self.resolver.trust_authorities(&reduced.config.authorities);
@@ -231,7 +226,7 @@ impl Host {
                 "declassification authority {authority:?} no longer trusted although the reload is refused: {why}"
             );
         }
-        for (principal, why) in narrowed {
+        for (principal, why) in narrowed.iter().flat_map(|n| &n.withdrawn) {
             tracing::error!(
                 "principal {principal:?} withdrawn although the reload is refused: {why}"
             );
