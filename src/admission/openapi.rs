@@ -527,6 +527,10 @@ const NO_CALLBACKS: &str = "requests the remote API makes to addresses a caller 
 const IGNORED_HEADER: &str = "OpenAPI ignores a header parameter named Accept, Content-Type \
     or Authorization, so it is no argument of the tool (a credential is never one)";
 
+/// Why a parameter an API key's scheme places becomes no tool argument.
+const API_KEY: &str = "the document's securitySchemes place an API key there, and a \
+    credential is never an argument of the tool";
+
 /// The header parameters OpenAPI says are ignored (compared without case).
 const IGNORED_HEADERS: [&str; 3] = ["accept", "content-type", "authorization"];
 
@@ -559,13 +563,13 @@ pub fn contracts_not_carried(doc: &Value) -> Vec<NotCarried> {
         let Some(methods) = item.as_object() else {
             continue;
         };
-        ignored_headers(doc, item, &item_path, &mut found);
+        not_arguments(doc, item, &item_path, &mut found);
         for (method, op) in methods {
             if METHODS.contains(&method.as_str()) {
                 let op_path = item_path.key(method);
                 look(op, &op_path, &contracts, &mut found);
                 look(op, &op_path, &[("callbacks", NO_CALLBACKS)], &mut found);
-                ignored_headers(doc, op, &op_path, &mut found);
+                not_arguments(doc, op, &op_path, &mut found);
             }
         }
     }
@@ -591,9 +595,9 @@ fn look(object: &Value, at: &JsonPath, keys: &[(&str, &'static str)], found: &mu
     }
 }
 
-/// Adds each parameter of `holder` (a path item or an operation) that OpenAPI ignores to
-/// `found`.
-fn ignored_headers(doc: &Value, holder: &Value, at: &JsonPath, found: &mut Vec<NotCarried>) {
+/// Adds each parameter of `holder` (a path item or an operation) that is no argument
+/// ([`not_an_argument`]) to `found`.
+fn not_arguments(doc: &Value, holder: &Value, at: &JsonPath, found: &mut Vec<NotCarried>) {
     let list = at.key("parameters");
     let Some(params) = holder.get("parameters").and_then(Value::as_array) else {
         return;
@@ -601,15 +605,49 @@ fn ignored_headers(doc: &Value, holder: &Value, at: &JsonPath, found: &mut Vec<N
     for (i, raw) in params.iter().enumerate() {
         let path = list.index(i);
         let param = resolve(doc, raw, &path, "parameters").ok();
-        if param
+        if let Some(why) = param
             .and_then(Value::as_object)
-            .is_some_and(is_ignored_header)
+            .and_then(|p| not_an_argument(doc, p))
         {
             found.push(NotCarried {
                 at: path.to_string(),
-                why: IGNORED_HEADER,
+                why,
             });
         }
+    }
+}
+
+/// Why `param` becomes no argument of the tool, if it does not: a header OpenAPI says is
+/// ignored, or the place of an API key the document's `securitySchemes` define (a
+/// credential is never passed through the model).
+fn not_an_argument(doc: &Value, param: &Map<String, Value>) -> Option<&'static str> {
+    if is_ignored_header(param) {
+        return Some(IGNORED_HEADER);
+    }
+    let location = param.get("in").and_then(Value::as_str)?;
+    let name = param.get("name").and_then(Value::as_str)?;
+    let schemes = doc
+        .pointer("/components/securitySchemes")
+        .and_then(Value::as_object)?;
+    schemes
+        .values()
+        .filter(|s| s.get("type").and_then(Value::as_str) == Some("apiKey"))
+        .any(|s| {
+            s.get("in").and_then(Value::as_str) == Some(location)
+                && s.get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| same_key(n, location) == same_key(name, location))
+        })
+        .then_some(API_KEY)
+}
+
+/// How a parameter's name is told apart from the others of its place: a header's without
+/// case.
+fn same_key(name: &str, location: &str) -> String {
+    if location == "header" {
+        name.to_ascii_lowercase()
+    } else {
+        name.to_owned()
     }
 }
 
@@ -1049,15 +1087,24 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
                     found: location.to_owned(),
                 });
             }
-            // OpenAPI: such a definition "SHALL be ignored"; as an argument it would invite
-            // a caller to pass a credential through the model (named by
-            // `contracts_not_carried`).
-            if is_ignored_header(param) {
+            // An ignored header (OpenAPI: such a definition "SHALL be ignored") or an API
+            // key's place: as an argument it would invite a caller to pass a credential
+            // through the model (named by `contracts_not_carried`).
+            if not_an_argument(doc, param).is_some() {
                 continue;
             }
             // An operation's list overrides its path item's (OpenAPI's rule), but within one
             // list a name and place are given once.
-            if !listed.insert((name, location)) {
+            // A header's name is compared without case, as HTTP compares it.
+            let same = |n: &str, l: &str| {
+                l == location
+                    && if location == "header" {
+                        n.eq_ignore_ascii_case(name)
+                    } else {
+                        n == name
+                    }
+            };
+            if !listed.insert((same_key(name, location), location)) {
                 return Err(OpenApiError::DuplicateParameter {
                     path: path.clone(),
                     name: name.to_owned(),
@@ -1087,7 +1134,7 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
                     .ok_or_else(|| OpenApiError::ParameterWithoutSchema { path: path.clone() })?,
             };
             let schema = inliner.rewrite(schema, &path.key("schema"))?;
-            params.retain(|(n, l, _, _)| !(n == name && l == location));
+            params.retain(|(n, l, _, _)| !same(n, l));
             params.push((name.to_owned(), location.to_owned(), required, schema));
         }
     }

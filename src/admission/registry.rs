@@ -412,7 +412,8 @@ pub enum OutputError {
         server_id: String,
         /// The tool.
         tool: String,
-        /// Up to 8 problems, each `at <pointer>: fails <schema pointer>`.
+        /// Up to 8 problems, each `fails <schema pointer>` (no place in the result: its
+        /// keys are the executor's words).
         problems: Vec<String>,
     },
 }
@@ -472,7 +473,7 @@ impl AdmittedTool {
                 found: crate::manifest::json_type(arguments),
             });
         }
-        let problems = schema_problems(&self.schemas.input, arguments);
+        let problems = schema_problems(&self.schemas.input, arguments, true);
         if problems.is_empty() {
             Ok(())
         } else {
@@ -501,7 +502,7 @@ impl AdmittedTool {
                 tool: self.name().to_owned(),
             });
         };
-        let problems = schema_problems(validator, structured);
+        let problems = schema_problems(validator, structured, false);
         if problems.is_empty() {
             Ok(())
         } else {
@@ -514,20 +515,29 @@ impl AdmittedTool {
     }
 }
 
-/// Up to [`MAX_ARGUMENT_ERRORS`] ways `value` breaks `schema`, each naming where in the
-/// value and which schema keyword, never the value itself.
-fn schema_problems(schema: &jsonschema::Validator, value: &Value) -> Vec<String> {
+/// Up to [`MAX_ARGUMENT_ERRORS`] ways `value` breaks `schema`, each naming which schema
+/// keyword, never the value itself; and where in the value, when `at_value` (the caller's
+/// own arguments: a path in an executor's result is built of keys the executor chose, and
+/// would carry its words into the host's message).
+fn schema_problems(schema: &jsonschema::Validator, value: &Value, at_value: bool) -> Vec<String> {
     schema
         .iter_errors(value)
         .take(MAX_ARGUMENT_ERRORS)
         .map(|e| {
             let at = e.instance_path().to_string();
-            let at = if at.is_empty() { "/".to_owned() } else { at };
+            let at = match (at_value, at.is_empty()) {
+                (false, _) => String::new(),
+                (true, true) => "at /: ".to_owned(),
+                (true, false) => format!("at {at}: "),
+            };
             match e.kind() {
                 jsonschema::error::ValidationErrorKind::Required { property } => {
-                    format!("at {at}: missing required property {property}")
+                    format!(
+                        "{at}missing required property {property} ({})",
+                        e.schema_path()
+                    )
                 }
-                _ => format!("at {at}: fails {}", e.schema_path()),
+                _ => format!("{at}fails {}", e.schema_path()),
             }
         })
         .collect()

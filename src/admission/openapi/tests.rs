@@ -833,6 +833,39 @@ fn parameters_listed_twice_or_placed_nowhere_are_refused() {
     manifest_from_openapi(&d, &identity()).unwrap();
 }
 
+/// Header names are compared without case, as HTTP compares them: an operation's `x-tenant`
+/// overrides its path item's `X-Tenant`, and one list naming both names one header twice.
+/// Before, both became arguments, and the operation's narrower schema never replaced the
+/// path item's (`X-Tenant: admin` passed beside `x-tenant: public`).
+#[test]
+fn header_parameters_are_told_apart_without_case() {
+    let mut d = doc();
+    d["paths"]["/summaries"]["parameters"] = json!([{"name": "X-Tenant", "in": "header", "required": true, "schema": {"type": "string"}}]);
+    d["paths"]["/summaries"]["post"]["parameters"] = json!([
+        {"name": "x-tenant", "in": "header", "required": true, "schema": {"enum": ["public"]}}
+    ]);
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    let tool = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["input_schema"]["properties"].get("x-tenant").is_some())
+        .expect("the operation's header");
+    let properties = tool["input_schema"]["properties"].as_object().unwrap();
+    assert!(!properties.contains_key("X-Tenant"), "{tool}");
+    assert_eq!(properties["x-tenant"]["enum"], json!(["public"]));
+    let mut d = doc();
+    d["paths"]["/summaries"]["post"]["parameters"] = json!([
+        {"name": "X-A", "in": "header", "schema": {"type": "string"}},
+        {"name": "x-a", "in": "header", "schema": {"type": "string"}}
+    ]);
+    let err = manifest_from_openapi(&d, &identity()).unwrap_err();
+    assert!(
+        matches!(&err, OpenApiError::DuplicateParameter { name, .. } if name == "x-a"),
+        "{err:?}"
+    );
+}
+
 /// `servers` and `security` have no place in a manifest: the import says each one it does
 /// not carry, rather than letting a publisher believe the signed tools are bound to them;
 /// so are `callbacks`, `webhooks` and a header parameter OpenAPI ignores. Before, callbacks
@@ -845,10 +878,16 @@ fn contracts_a_manifest_does_not_carry_are_named() {
         "servers": [{"url": "https://api.example.com"}],
         "security": [],
         "webhooks": {"itemAdded": {"post": {"operationId": "hook"}}},
-        "components": {"parameters": {"Auth": {
-            "name": "authorization", "in": "header", "required": true,
-            "schema": {"type": "string"}
-        }}},
+        "components": {
+            "parameters": {"Auth": {
+                "name": "authorization", "in": "header", "required": true,
+                "schema": {"type": "string"}
+            }},
+            "securitySchemes": {
+                "key": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+                "bearer": {"type": "http", "scheme": "bearer"}
+            }
+        },
         "paths": {
             "/items": {
                 "servers": [{"url": "https://other.example.com"}],
@@ -858,7 +897,9 @@ fn contracts_a_manifest_does_not_carry_are_named() {
                     "parameters": [
                         {"name": "Accept", "in": "header", "schema": {"type": "string"}},
                         {"name": "q", "in": "query", "schema": {"type": "string"}},
-                        {"$ref": "#/components/parameters/Auth"}
+                        {"$ref": "#/components/parameters/Auth"},
+                        {"name": "x-api-key", "in": "header", "required": true, "schema": {"type": "string"}},
+                        {"name": "X-API-Key", "in": "query", "schema": {"type": "string"}}
                     ]
                 },
                 "post": {
@@ -882,6 +923,7 @@ fn contracts_a_manifest_does_not_carry_are_named() {
             r#"paths["/items"].get.security"#,
             r#"paths["/items"].get.parameters[0]"#,
             r#"paths["/items"].get.parameters[2]"#,
+            r#"paths["/items"].get.parameters[3]"#,
             r#"paths["/items"].post.callbacks"#,
         ]
     );
@@ -898,8 +940,8 @@ fn contracts_a_manifest_does_not_carry_are_named() {
             .unwrap()
             .keys()
             .collect::<Vec<_>>(),
-        ["q"],
-        "{list}"
+        ["X-API-Key", "q"],
+        "{list}: the key's header is no argument; a query parameter of its name is one"
     );
     assert!(list["input_schema"].get("required").is_none(), "{list}");
 }

@@ -1051,3 +1051,39 @@ fn rule_10_a_resource_two_servers_may_serve_is_refused_naming_both() {
         "one"
     );
 }
+
+/// A result checked against the signed output schema is refused naming the schema keyword
+/// it breaks, never where in the result: the result's keys are the executor's words (here,
+/// a secret spelt as a key), and the message goes to the client as the host's.
+#[test]
+fn an_output_schema_violation_names_no_key_of_the_result() {
+    let k = key(1);
+    let mut body = signed("srv", &k, &[("tool", None)]).body_json().clone();
+    body["tools"][0]["output_schema"] =
+        json!({"type": "object", "additionalProperties": {"type": "integer"}});
+    let envelope = SignedManifest::sign(body, &k).unwrap();
+    let mut registry = VerifiedRegistry::new();
+    registry
+        .register(
+            envelope,
+            &k.verifying_key(),
+            &policies(&[("tool", ToolPolicy::public_only())]),
+            &topologies(&[("tool", RuntimeTopology::Local)]),
+        )
+        .unwrap();
+    let tool = registry.tool("srv", "tool").unwrap();
+    tool.check_output(&json!({"content": [], "structuredContent": {"n": 1}}))
+        .unwrap();
+    let e = tool
+        .check_output(&json!({"content": [], "structuredContent": {"harbor-goods-pays-4.10": "x"}}))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("fails /additionalProperties/type") && !e.contains("harbor"),
+        "{e}"
+    );
+    // A tool error need not carry structured content; a result that is not one must.
+    tool.check_output(&json!({"content": [], "isError": true}))
+        .unwrap();
+    assert!(tool.check_output(&json!({"content": []})).is_err());
+}

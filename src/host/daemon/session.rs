@@ -262,8 +262,10 @@ struct Session {
     executors: Mutex<HashMap<String, ServerExecutors>>,
     /// The calls in flight that a client may cancel, by request id (its JSON text).
     cancels: Mutex<HashMap<String, watch::Sender<Option<String>>>>,
-    /// The client's `logging/setLevel`: sent to the idle executors when it is set, and to
-    /// any other before its next request (those bound later included).
+    /// The client's `logging/setLevel`: sent to an executor only as it is taken for a
+    /// request (`Executors::take`), after its fitness for the request's label is checked,
+    /// never to idle executors when it is set (a log line is what the executor says, and
+    /// must not reach the client outside a request whose label covers it).
     log_level: Mutex<Option<LogLevel>>,
     /// Outgoing lines (answers, notifications, requests relayed from executors).
     out: Outbox,
