@@ -198,7 +198,11 @@ impl TargetConstraint {
     /// covers no lookup, and `{"host_name": "api.example", "port": 443}` covers both the
     /// connection and the lookup of its name, as the host decides lookups by name.
     pub fn test_lookup<'a>(&self, get: impl Fn(&str) -> Option<ScalarView<'a>>) -> TargetMatch {
-        if !self.fields.iter().any(|c| c.observed == "host_name") {
+        // A lookup recorded with its resolver but no name (a query not served) asked for
+        // nothing a name can cover; one recorded without a destination at all (a folded
+        // refusal) cannot be told, and is judged undetermined below.
+        let unnamed = get("host_name").is_none() && get("address").is_some();
+        if unnamed || !self.fields.iter().any(|c| c.observed == "host_name") {
             return TargetMatch::Mismatch;
         }
         self.test_fields(get, |c| !RESOLVER_FIELDS.contains(&c.observed.as_str()))

@@ -1040,6 +1040,12 @@ fn a_lookup_is_judged_by_the_name_it_asked() {
     let own = attempt("dns_query", "127.53.0.1", 53, "api.example.com");
     assert_eq!(judged(vec![own], api.clone()), vec![]);
     assert_eq!(judged(vec![secret()], api.clone()), new);
+    // A lookup of no name (a query not served) is covered by no name, rather than left
+    // undetermined.
+    let mut unnamed = attempt("dns_query", "127.53.0.1", 53, "x.example.com");
+    let target = unnamed.action.target.as_mut().unwrap();
+    target.0.remove("host_name");
+    assert_eq!(judged(vec![unnamed], api.clone()), new);
     // Anything but a lookup is judged by its address and port as before.
     let sent = attempt("sendto", "127.53.0.1", 53, "api.example.com");
     assert_eq!(judged(vec![sent], api), new);
