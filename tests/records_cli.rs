@@ -93,6 +93,34 @@ fn intact_rotated_stream_verifies() {
     assert!(out.contains("head anchor at seq 40 matches"), "{out}");
 }
 
+/// A record file whose line quotes a terminal escape where a decoder names it (an unknown
+/// classification) is reported with the escape escaped, by `verify`, by `export` and in an
+/// error: verifying a file from elsewhere must not let it drive the terminal. Before, the
+/// decoder's words went out raw.
+#[test]
+fn a_hostile_line_cannot_drive_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 3, 1 << 20);
+    let mut l = lines(&files[0]);
+    let mut second: serde_json::Value = serde_json::from_str(&l[1]).unwrap();
+    second["classification"] = serde_json::json!("\u{1b}]0;owned\u{7}");
+    l[1] = second.to_string();
+    write_lines(&files[0], &l);
+    let (code, out) = verify(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("\\u{1b}]0;owned"), "{out}");
+    let export = flowhost(&["records", "export", dir.path().to_str().unwrap()]);
+    let all = format!(
+        "{out}{}{}",
+        stdout(&export),
+        String::from_utf8_lossy(&export.stderr)
+    );
+    assert!(
+        !all.contains('\u{1b}') && !all.contains('\u{7}'),
+        "a control character reached the terminal: {all:?}"
+    );
+}
+
 #[test]
 fn deleted_line_is_reported_as_a_gap_with_file_and_line() {
     let dir = tempfile::tempdir().unwrap();

@@ -154,7 +154,9 @@ impl Cli {
     }
 }
 
-/// Prints `error` and every error in its source chain to stderr, one per line.
+/// Prints `error` and every error in its source chain to stderr, one per line, each line
+/// with its control characters escaped: an error can quote what a hostile file held (a
+/// decoder naming an unknown field or variant), and must not drive the terminal.
 /// Under systemd every line (messages may span several, e.g. a TOML parse error) carries
 /// the journal's error priority.
 /// A stderr nobody can read (closed, a terminal that hung up) loses the text, never the exit
@@ -165,7 +167,12 @@ pub fn report(error: &(dyn std::error::Error + 'static)) {
     let print = |head: &str, text: String| {
         let mut stderr = std::io::stderr().lock();
         for (i, line) in text.lines().enumerate() {
-            let _ = writeln!(stderr, "{p}{}{line}", if i == 0 { head } else { "  " });
+            let _ = writeln!(
+                stderr,
+                "{p}{}{}",
+                if i == 0 { head } else { "  " },
+                flowhost_broker::Escaped(line)
+            );
         }
     };
     print("flowhost: error: ", error.to_string());

@@ -71,7 +71,7 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                     records.display()
                 );
                 for p in &report.problems {
-                    note!("{p}");
+                    note!("{}", flowhost_broker::Escaped(p));
                 }
                 return Ok(ExitCode::from(1));
             }
@@ -219,8 +219,10 @@ fn replay(dir: &Path) -> CliResult {
 }
 
 fn print_problems(report: &VerifyReport) -> Result<(), super::output::OutputError> {
+    // What a problem quotes of a hostile file (a decoder's words about a field or value)
+    // must not drive the terminal.
     for p in &report.problems {
-        outln!("{p}")?;
+        outln!("{}", flowhost_broker::Escaped(p))?;
     }
     Ok(())
 }
