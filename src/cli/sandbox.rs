@@ -273,6 +273,25 @@ fn resolve_program(name: &OsString) -> Result<PathBuf, SandboxError> {
         .ok_or_else(|| SandboxError::NotFound(p.display().to_string()))
 }
 
+/// Refuses a records directory that held records when its writer opened it (`status`, read
+/// once the writer holds the directory's lock): another run wrote there between this run's
+/// check that it was empty and its open, and this run's health would vouch for that run's
+/// records as its own.
+pub(crate) fn records_of_this_run_alone(
+    dir: &Path,
+    status: &crate::records::WriterStatus,
+) -> Result<(), SandboxError> {
+    if status.last_seq.unwrap_or(0) > status.committed_since_open {
+        return Err(SandboxError::RecordsDir {
+            path: dir.to_path_buf(),
+            reason: "held another run's records by the time this run opened it; each run \
+                     writes its records into a new or empty directory"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 /// Creates `path` (mode 0700) or checks that it is an empty directory: one run's records
 /// are one stream, and the health binds to exactly that stream.
 fn prepare_records_dir(path: &Path) -> Result<(), SandboxError> {
@@ -290,12 +309,10 @@ fn prepare_records_dir(path: &Path) -> Result<(), SandboxError> {
             }
             Ok(())
         }
+        // Synced into its parent (and each directory made on the way into its own): records
+        // made durable in a directory a power loss then unlinks would be lost with it.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(path)
+            crate::files::create_dir_all_synced(path, 0o700)
                 .map_err(|e| bad(format!("cannot create the records directory: {e}")))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Err(bad(
@@ -628,7 +645,11 @@ async fn run(args: RunArgs) -> CliResult {
     }
     let rules = Arc::new(DestinationRules::allow_only(args.common.allow.clone()));
     let writer = match &evidence.records {
-        Some(dir) => Some(Arc::new(RecordWriter::open(dir, WriterOptions::default())?)),
+        Some(dir) => {
+            let w = RecordWriter::open(dir, WriterOptions::default())?;
+            records_of_this_run_alone(dir, &w.status())?;
+            Some(Arc::new(w))
+        }
         None => None,
     };
     let args = Arc::new(args);
@@ -1091,5 +1112,33 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         let e = prepare_records_dir(&file).unwrap_err().to_string();
         assert!(e.contains("is a file"), "{e}");
+    }
+
+    /// A records directory made for a run is synced into its parent, each directory made on
+    /// the way into its own; and one that held another run's records by the time the
+    /// run's writer opened it (that run wrote between this run's check and its open) is
+    /// refused. Before, the directory was made without a sync, and a run that lost that race
+    /// went on in the other run's stream, its health vouching for the other run's records.
+    #[test]
+    fn a_runs_records_directory_is_durable_and_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = dir.path().join("a/b");
+        crate::files::SYNCED_DIRS.with(|synced| synced.borrow_mut().clear());
+        prepare_records_dir(&fresh).unwrap();
+        let synced = crate::files::SYNCED_DIRS.with(|synced| synced.take());
+        for parent in [dir.path().to_path_buf(), dir.path().join("a")] {
+            assert!(synced.contains(&parent), "{parent:?} not in {synced:?}");
+        }
+        let w = RecordWriter::open(&fresh, WriterOptions::default()).unwrap();
+        records_of_this_run_alone(&fresh, &w.status()).unwrap();
+        w.commit_blocking(crate::records::tests::sample_tool_call())
+            .unwrap();
+        records_of_this_run_alone(&fresh, &w.status()).unwrap();
+        w.close_blocking().unwrap();
+        let late = RecordWriter::open(&fresh, WriterOptions::default()).unwrap();
+        let e = records_of_this_run_alone(&fresh, &late.status())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("another run's records"), "{e}");
     }
 }

@@ -317,6 +317,13 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     let (text, derived_from) = args.derived_config(private, &records, &health_file)?;
     crate::files::write_atomic(&config_file, text.as_bytes(), 0o600)?;
     let (host, listener) = crate::daemon::Host::start(&config_file, None).await?;
+    if let Err(e) = super::records_of_this_run_alone(&records, &host.records.status()) {
+        host.begin_shutdown();
+        let _ = host
+            .finish_refused("nothing was served: the records directory held another run's records")
+            .await;
+        return Err(e.into());
+    }
     // The host read the manifest file again: one replaced in between is not the one the
     // policy was derived from, and is not served under it.
     let admitted: Vec<_> = host
