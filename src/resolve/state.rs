@@ -568,6 +568,18 @@ fn same_file(path: &Path, file: &std::fs::File) -> Result<(), StateError> {
 /// read that fails.
 /// Whether reading a state file failed because it holds no flow state at all: not SQLite,
 /// or without the store's tables.
+/// Whether `e` is a cell of a type or value the store's schema never holds (NULL where it
+/// writes text, text where it writes an integer): no passing fault, since this store could
+/// not have written it.
+fn unfit_cell(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::InvalidColumnType(..)
+            | rusqlite::Error::FromSqlConversionFailure(..)
+            | rusqlite::Error::IntegralValueOutOfRange(..)
+    )
+}
+
 fn no_state_in(e: &rusqlite::Error) -> bool {
     let missing = |m: &str| m.starts_with("no such table") || m.starts_with("no such column");
     match e {
@@ -1047,6 +1059,12 @@ impl SqliteStore {
             Err(StateError::Io { source, .. }) if no_state_in(&source) => {
                 return Err(self.replaced(&mut inner, not_a_state.into()));
             }
+            Err(StateError::Io { source, .. }) if unfit_cell(&source) => {
+                return Err(self.replaced(
+                    &mut inner,
+                    format!("holds a cell this store never writes ({source})"),
+                ));
+            }
             // A row this host wrote always decodes: one that does not was written by
             // another hand (or another format), and retrying reads it again.
             Err(StateError::Corrupt { key, reason, .. }) => {
@@ -1060,6 +1078,12 @@ impl SqliteStore {
         let seal = match seal_of(&fresh, &principals) {
             Err(e) if no_state_in(&e) => {
                 return Err(self.replaced(&mut inner, not_a_state.into()));
+            }
+            Err(e) if unfit_cell(&e) => {
+                return Err(self.replaced(
+                    &mut inner,
+                    format!("holds a cell this store never writes ({e})"),
+                ));
             }
             seal => seal.map_err(io)?,
         };
@@ -1438,6 +1462,15 @@ pub(crate) mod tests {
                     )
                 },
             ),
+            ("a label cell that is NULL", |db: &Path| {
+                replace_with(
+                    db,
+                    &[
+                        "CREATE TABLE principal_labels (principal TEXT PRIMARY KEY, label TEXT)",
+                        "INSERT INTO principal_labels VALUES ('alice', NULL)",
+                    ],
+                )
+            }),
             ("a labels table of other columns", |db: &Path| {
                 replace_with(
                     db,
