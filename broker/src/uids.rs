@@ -39,13 +39,19 @@ impl UidRange {
         (self.first..=self.last()).contains(&id)
     }
 
-    /// Refuses a range holding a user's uid or a group's gid of this host (`/etc/passwd`,
-    /// `/etc/group`): an executor runs as uid and gid N of the range, so it would own that
-    /// user's files and be in that group. A host without the files has no local users to
-    /// collide with; one that cannot be read refuses. (A user known only through NSS, such
-    /// as LDAP's, is not looked up.)
+    /// Refuses a range holding a user's uid or primary gid or a group's gid of this host
+    /// (`/etc/passwd`, `/etc/group`), or overlapping ids delegated to a user's namespaces
+    /// (`/etc/subuid`, `/etc/subgid`): an executor runs as uid and gid N of the range, so it
+    /// would own that user's (or that user's containers') files and be in that group. A
+    /// host without a file has nothing there to collide with; one that cannot be read
+    /// refuses. (A user known only through NSS, such as LDAP's, is not looked up.)
     pub fn held_by_nobody(&self) -> Result<(), RangeHeld> {
-        for (file, what) in [("/etc/passwd", "user"), ("/etc/group", "group")] {
+        for (file, what) in [
+            ("/etc/passwd", "user"),
+            ("/etc/group", "group"),
+            ("/etc/subuid", "subordinate uids of user"),
+            ("/etc/subgid", "subordinate gids of user"),
+        ] {
             let text = match std::fs::read_to_string(file) {
                 Ok(text) => text,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -57,7 +63,12 @@ impl UidRange {
                     });
                 }
             };
-            if let Some((name, id)) = id_in_range(&text, *self) {
+            let found = if file.starts_with("/etc/sub") {
+                delegated_in_range(&text, *self)
+            } else {
+                id_in_range(&text, *self)
+            };
+            if let Some((name, id)) = found {
                 return Err(RangeHeld::Held {
                     range: *self,
                     id,
@@ -105,17 +116,38 @@ pub enum RangeHeld {
 }
 
 /// The first entry of `text` (in the form of `/etc/passwd` or `/etc/group`: name, then
-/// password, then the id) whose id is in `range`.
+/// password, then the id; a passwd entry's primary gid after it) whose id is in `range`.
 fn id_in_range(text: &str, range: UidRange) -> Option<(String, u32)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let mut fields = l.split(':');
-            let name = fields.next()?;
-            let id = fields.nth(1)?.trim().parse::<u32>().ok()?;
-            Some((name.to_string(), id))
-        })
-        .find(|(_, id)| range.contains(*id))
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let mut fields = l.split(':');
+        let name = fields.next()?;
+        let mut ids = fields.skip(1).take(2);
+        let id = ids.next()?.trim().parse::<u32>().ok()?;
+        let primary_gid = ids.next().and_then(|g| g.trim().parse::<u32>().ok());
+        [Some(id), primary_gid]
+            .into_iter()
+            .flatten()
+            .find(|id| range.contains(*id))
+            .map(|id| (name.to_string(), id))
+    })
+}
+
+/// The first entry of `text` (in the form of `/etc/subuid`: name, first id, count) whose
+/// ids overlap `range`, with the first id of the overlap.
+fn delegated_in_range(text: &str, range: UidRange) -> Option<(String, u32)> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let mut fields = l.split(':');
+        let name = fields.next()?;
+        let first = fields.next()?.trim().parse::<u64>().ok()?;
+        let count = fields.next()?.trim().parse::<u64>().ok()?;
+        let end = first.checked_add(count)?;
+        let (lo, hi) = (u64::from(range.first), u64::from(range.last()) + 1);
+        let start = first.max(lo);
+        if count == 0 || start >= end.min(hi) {
+            return None;
+        }
+        Some((name.to_string(), u32::try_from(start).ok()?))
+    })
 }
 
 impl std::fmt::Display for UidRange {
@@ -286,6 +318,23 @@ mod tests {
                 .1,
             1050
         );
+        // A user's primary gid, though no group of that id is listed.
+        assert_eq!(
+            super::id_in_range("bob:x:900:4000::/home/bob:/bin/sh\n", range(4000, 10)),
+            Some(("bob".into(), 4000))
+        );
+        // Ids delegated to a user's containers overlap the range at either end or inside.
+        let sub = "alice:100000:65536\n# c\nbob:300000:0\n";
+        assert_eq!(
+            super::delegated_in_range(sub, range(165000, 1000)),
+            Some(("alice".into(), 165000))
+        );
+        assert_eq!(
+            super::delegated_in_range(sub, range(90000, 10001)),
+            Some(("alice".into(), 100000))
+        );
+        assert_eq!(super::delegated_in_range(sub, range(165536, 100)), None);
+        assert_eq!(super::delegated_in_range(sub, range(300000, 5)), None);
         UidRange::DEFAULT.held_by_nobody().unwrap();
         let root = range(0, 1).held_by_nobody().unwrap_err().to_string();
         assert!(root.contains("\"root\""), "{root}");
