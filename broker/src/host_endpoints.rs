@@ -76,26 +76,62 @@ impl HostEndpoints {
 /// address of a local route (`ip route add local 10.0.0.0/8 dev lo`). Asked by a test bind,
 /// through the socket families the daemon's unit allows (listing the interfaces takes a
 /// netlink socket, which it may not open). Where sockets may bind addresses the host does
-/// not have (`net.ipv4.ip_nonlocal_bind`, common beside keepalived), a bind says nothing,
-/// and the interfaces are asked; where they cannot be listed, or anything else is in doubt,
-/// the address counts as the host's own (fail closed).
+/// not have (`net.ipv4.ip_nonlocal_bind`, common beside keepalived), a bind says nothing:
+/// an IPv4 address is then looked up in the kernel's routing tables as `/proc/net/fib_trie`
+/// shows them (its local routes, an interface's address among them), and an IPv6 one
+/// counts as the host's. Where anything is in doubt, the address counts as the host's own
+/// (fail closed).
 pub fn is_host_address(ip: IpAddr) -> bool {
-    host_address_by(ip, nonlocal_binds, listed_addresses)
+    host_address_by(ip, nonlocal_binds, || {
+        std::fs::read_to_string("/proc/net/fib_trie")
+    })
 }
 
 /// [`is_host_address`], given whether nonlocal binds are allowed for the address's family
-/// (`None`: unknown) and how to list the interfaces' addresses.
+/// (`None`: unknown) and how to read the text of `/proc/net/fib_trie`.
 fn host_address_by(
     ip: IpAddr,
     nonlocal: impl Fn(&IpAddr) -> Option<bool>,
-    interfaces: impl Fn() -> io::Result<Vec<IpAddr>>,
+    fib_trie: impl Fn() -> io::Result<String>,
 ) -> bool {
     let ip = canonical_ip(ip);
     match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
         Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
         Ok(_) if nonlocal(&ip) == Some(false) => true,
-        Ok(_) => interfaces().map_or(true, |own| own.iter().any(|a| canonical_ip(*a) == ip)),
+        Ok(_) => match ip {
+            IpAddr::V4(v4) => fib_trie().map_or(true, |text| {
+                local_routes(&text)
+                    .iter()
+                    .any(|&(net, len)| within(v4, net, len))
+            }),
+            IpAddr::V6(_) => true,
+        },
     }
+}
+
+/// The local routes of `/proc/net/fib_trie`'s text, every table's: each leaf address
+/// (`|-- A.B.C.D`) whose route line says `LOCAL` (`/LEN host LOCAL`), as (network, length).
+fn local_routes(text: &str) -> Vec<(std::net::Ipv4Addr, u8)> {
+    let mut leaf = None;
+    let mut found = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if let Some(addr) = line.strip_prefix("|-- ") {
+            leaf = addr.trim().parse::<std::net::Ipv4Addr>().ok();
+        } else if let (Some(addr), Some(rest)) = (leaf, line.strip_prefix('/')) {
+            let mut words = rest.split_whitespace();
+            let len = words.next().and_then(|l| l.parse::<u8>().ok());
+            if let (Some(len), Some("LOCAL")) = (len.filter(|l| *l <= 32), words.last()) {
+                found.push((addr, len));
+            }
+        }
+    }
+    found
+}
+
+/// Whether `ip` lies in `net`/`len`.
+fn within(ip: std::net::Ipv4Addr, net: std::net::Ipv4Addr, len: u8) -> bool {
+    let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+    u32::from(ip) & mask == u32::from(net) & mask
 }
 
 /// Whether sockets of `ip`'s family may bind addresses the host does not have, per the
@@ -109,19 +145,6 @@ fn nonlocal_binds(ip: &IpAddr) -> Option<bool> {
         "0" => Some(false),
         _ => Some(true),
     }
-}
-
-/// The addresses of this host's interfaces.
-fn listed_addresses() -> io::Result<Vec<IpAddr>> {
-    let interfaces = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
-    Ok(interfaces
-        .filter_map(|i| i.address)
-        .filter_map(|a| {
-            a.as_sockaddr_in()
-                .map(|v4| IpAddr::V4(v4.ip()))
-                .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-        })
-        .collect())
 }
 
 #[cfg(test)]
@@ -168,35 +191,65 @@ mod tests {
     /// netlink socket (the daemon's unit restricts it to unix and IP sockets) still tells its
     /// addresses from others. Before, they were listed through netlink, and under the unit
     /// every address counted as the host's: every connect to the HTTP listener's port, on
-    /// any address, was refused. Where nonlocal binds make a bind say nothing, the interfaces
-    /// are asked, and an address counts as the host's when they cannot be listed.
+    /// any address, was refused. Where nonlocal binds make a bind say nothing, an IPv4
+    /// address is looked up among the local routes of `/proc/net/fib_trie` (a local route's
+    /// whole range counts), an IPv6 one is held, and so is anything when the table cannot be
+    /// read.
     #[test]
     fn the_hosts_addresses_are_known_without_listing_interfaces() {
-        let unlisted = || Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT));
+        let unread = || Err(io::Error::from_raw_os_error(libc::EACCES));
         let doc: IpAddr = "192.0.2.77".parse().unwrap();
         let loopback: IpAddr = "127.0.0.1".parse().unwrap();
         let off = |_: &IpAddr| Some(false);
-        assert!(host_address_by(loopback, off, unlisted));
+        assert!(host_address_by(loopback, off, unread));
         // Where nonlocal binds are allowed here, the bind succeeds for any address and
         // this case is the one below.
         if nonlocal_binds(&doc) == Some(false) {
-            assert!(!host_address_by(doc, off, unlisted));
+            assert!(!host_address_by(doc, off, unread));
         } else {
             eprintln!("SKIP: net.ipv4.ip_nonlocal_bind is set here: any address binds");
         }
         let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
         if probe.connect("192.0.2.1:9").is_ok() {
             let own = probe.local_addr().unwrap().ip();
-            assert!(host_address_by(own, off, unlisted), "{own}");
+            assert!(host_address_by(own, off, unread), "{own}");
         }
-        // Where a bind says nothing (nonlocal binds allowed, or not known to be off), the
-        // interfaces decide, and none listed means held.
+        // Where a bind says nothing (nonlocal binds allowed, or not known to be off).
+        let trie = |routes: &'static str| {
+            move || {
+                Ok(format!(
+                    "Local:\n  +-- 0.0.0.0/0 3 0 5\n{routes}     |-- 192.0.2.255\n        /32 link BROADCAST\n"
+                ))
+            }
+        };
+        let local_8 = "     |-- 127.0.0.0\n        /8 host LOCAL\n";
+        let other = "     |-- 10.9.0.0\n        /16 host LOCAL\n";
         for nonlocal in [Some(true), None] {
             let said = |_: &IpAddr| nonlocal;
-            assert!(host_address_by(loopback, said, unlisted));
-            assert!(!host_address_by(loopback, said, || Ok(vec![doc])));
-            assert!(host_address_by(loopback, said, || Ok(vec![loopback])));
+            assert!(host_address_by(loopback, said, unread));
+            assert!(host_address_by(loopback, said, trie(local_8)));
+            assert!(!host_address_by(loopback, said, trie(other)));
+            assert!(host_address_by("::1".parse().unwrap(), said, trie(other)));
         }
+        assert_eq!(
+            local_routes(&trie(other)().unwrap()),
+            [("10.9.0.0".parse().unwrap(), 16)]
+        );
+        assert!(within(
+            "10.9.200.1".parse().unwrap(),
+            "10.9.0.0".parse().unwrap(),
+            16
+        ));
+        assert!(!within(
+            "10.8.0.1".parse().unwrap(),
+            "10.9.0.0".parse().unwrap(),
+            16
+        ));
+        assert!(within(
+            "1.2.3.4".parse().unwrap(),
+            "0.0.0.0".parse().unwrap(),
+            0
+        ));
     }
 
     #[test]
