@@ -211,8 +211,10 @@ pub enum Failure {
     Cancelled,
     /// A request to the client could not reach it: its transport takes no request there.
     ClientUnreachable,
-    /// The tool's result broke its signed output schema, so it was withheld.
-    OutputSchemaInvalid,
+    /// What the executor answered broke what its server signed (a result its tool's output
+    /// schema does not allow, a read's answer carrying a resource the principal may not
+    /// read), so it was withheld.
+    AnswerWithheld,
 }
 
 impl Failure {
@@ -225,7 +227,7 @@ impl Failure {
             Failure::StateFailure => "state_failure",
             Failure::Cancelled => "cancelled",
             Failure::ClientUnreachable => "client_unreachable",
-            Failure::OutputSchemaInvalid => "output_schema_invalid",
+            Failure::AnswerWithheld => "answer_withheld",
         }
     }
 }

@@ -516,7 +516,7 @@ async fn settle(
                 let text = crate::resolver::classifiable_text(&result);
                 (
                     Ok(result),
-                    Verdict::Failed(Failure::OutputSchemaInvalid),
+                    Verdict::Failed(Failure::AnswerWithheld),
                     Some(text),
                 )
             }

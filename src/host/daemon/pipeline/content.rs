@@ -183,15 +183,36 @@ fn route(
                 .get("ref")
                 .filter(|r| r.is_object())
                 .ok_or_else(|| invalid("completion/complete needs a \"ref\" object".into()))?;
-            let argument = params
-                .get("argument")
-                .filter(|a| a.get("name").is_some_and(Value::is_string))
-                .ok_or_else(|| {
-                    invalid("completion/complete needs an \"argument\" with a string name".into())
-                })?;
-            let mut forwarded = json!({"ref": reference, "argument": argument});
+            let argument = params.get("argument");
+            let (Some(name), Some(value)) = (
+                argument.and_then(|a| a.get("name")).and_then(Value::as_str),
+                argument
+                    .and_then(|a| a.get("value"))
+                    .and_then(Value::as_str),
+            ) else {
+                return Err(invalid(
+                    "completion/complete needs an \"argument\" with a string name and value".into(),
+                ));
+            };
+            // Rebuilt from what was routed and checked, never passed on as the client wrote
+            // it: an executor reading a field the host did not route by (a prompt's name in
+            // a resource reference) would answer for what was never checked.
+            let mut forwarded = json!({"argument": {"name": name, "value": value}});
             if let Some(context) = params.get("context").filter(|c| !c.is_null()) {
-                forwarded["context"] = context.clone();
+                let arguments = context
+                    .get("arguments")
+                    .filter(|a| {
+                        a.as_object()
+                            .is_some_and(|m| m.values().all(Value::is_string))
+                    })
+                    .ok_or_else(|| {
+                        invalid(
+                            "completion/complete's \"context\" holds only \"arguments\", an \
+                             object of strings"
+                                .into(),
+                        )
+                    })?;
+                forwarded["context"] = json!({"arguments": arguments});
             }
             let route = match reference.get("type").and_then(Value::as_str) {
                 Some("ref/prompt") => {
@@ -200,7 +221,7 @@ fn route(
                         .and_then(Value::as_str)
                         .ok_or_else(|| invalid("a ref/prompt needs a string \"name\"".into()))?;
                     let (route, _) = prompt(public)?;
-                    forwarded["ref"]["name"] = json!(route.name);
+                    forwarded["ref"] = json!({"type": "ref/prompt", "name": route.name});
                     route
                 }
                 Some("ref/resource") => {
@@ -208,6 +229,7 @@ fn route(
                         .get("uri")
                         .and_then(Value::as_str)
                         .ok_or_else(|| invalid("a ref/resource needs a string \"uri\"".into()))?;
+                    forwarded["ref"] = json!({"type": "ref/resource", "uri": uri});
                     registry.resource_ref_route(uri).ok_or_else(|| {
                         unroutable(crate::manifest::UnroutableUri::NotSigned {
                             uri: uri.to_owned(),
@@ -360,15 +382,32 @@ async fn run<F: Forward>(
     // Forward.
     let server = routed.route.server_id.clone();
     let outcome = forward
-        .forward(&server, method.as_str(), routed.params, &source)
+        .forward(&server, method.as_str(), routed.params.clone(), &source)
         .await;
 
     // Settle.
+    let mut label = routed.route.label.clone();
     let (answer, verdict, text) = match outcome {
-        Ok(result) => {
-            let text = crate::resolver::classifiable_text(&result);
-            (Ok(result), Verdict::Succeeded { rule: None }, text)
-        }
+        Ok(result) => match answered_resources(env, &principal, &routed, &result) {
+            Ok(labels) => {
+                for l in labels {
+                    label = label.join_or_top(&l);
+                }
+                let text = crate::resolver::classifiable_text(&result);
+                (Ok(result), Verdict::Succeeded { rule: None }, text)
+            }
+            // What the executor answered is withheld; the request's own label joins, as
+            // for any answer it gave (it read what the route labels).
+            Err((why, denial)) => (
+                Err(refusal(
+                    code::INTERNAL_ERROR,
+                    format!("the answer of server {server:?} is withheld: {why}"),
+                    denial,
+                )),
+                Verdict::Failed(Failure::AnswerWithheld),
+                String::new(),
+            ),
+        },
         Err(ForwardError::NotStarted(why)) => {
             let e = RpcError::new(
                 code::INTERNAL_ERROR,
@@ -384,10 +423,7 @@ async fn run<F: Forward>(
             (Err(e), Verdict::Failed(Failure::ToolError), text)
         }
     };
-    let raised = env
-        .resolver
-        .after_content(&key, &routed.route.label, &text)
-        .await;
+    let raised = env.resolver.after_content(&key, &label, &text).await;
     // The executor serves again only if what it produced is labelled.
     forward.settled(raised.is_ok()).await;
     match raised {
@@ -485,6 +521,73 @@ async fn record_outcome(
             ),
         )
         .await
+}
+
+/// The labels of the signed resources other than the one asked for that an executor's
+/// answer carries (`contents[].uri` of a read, an embedded resource's or a resource link's
+/// `uri` in a prompt's messages), or why the answer is refused: a URI another server
+/// signed, one the principal may not read, or one spelt otherwise than its one spelling
+/// (or matching two templates). MCP lets an answer carry several resources (a directory's
+/// children); each one a manifest signed is judged as a read of it would be, and its label
+/// joined, so one resource's answer cannot carry another's content under the first's lower
+/// label or past the principal's access. A URI nothing signed is content of the answer
+/// itself (an embedded resource), under the answer's label.
+fn answered_resources(
+    env: &CallEnv<'_>,
+    principal: &crate::config::PrincipalConfig,
+    routed: &Routed,
+    result: &Value,
+) -> Result<Vec<InformationLabel>, (String, Denial)> {
+    let asked = routed.params.get("uri").and_then(Value::as_str);
+    let items = |v: Option<&Value>| v.and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut uris: Vec<String> = items(result.get("contents"))
+        .iter()
+        .filter_map(|c| c.get("uri").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    for message in items(result.get("messages")) {
+        let content = message.get("content");
+        let embedded = content
+            .and_then(|c| c.get("resource"))
+            .and_then(|r| r.get("uri"));
+        let linked = content
+            .filter(|c| c.get("type").and_then(Value::as_str) == Some("resource_link"))
+            .and_then(|c| c.get("uri"));
+        uris.extend(
+            [embedded, linked]
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(str::to_owned),
+        );
+    }
+    let mut labels = Vec::new();
+    for uri in uris.iter().filter(|u| Some(u.as_str()) != asked) {
+        let route = match env.registry.resource_route(uri) {
+            Ok(route) => route,
+            Err(crate::manifest::UnroutableUri::NotSigned { .. }) => continue,
+            Err(e) => return Err((format!("it carries {e}"), Denial::UnknownResource)),
+        };
+        if route.server_id != routed.route.server_id {
+            return Err((
+                format!(
+                    "it carries {uri:?}, which server {:?} signed",
+                    route.server_id
+                ),
+                Denial::UnknownResource,
+            ));
+        }
+        if !principal.may_call(&route.server_id, &route.name) {
+            return Err((
+                format!(
+                    "it carries {uri:?}, which principal {} may not read",
+                    principal.id
+                ),
+                Denial::AccessDenied,
+            ));
+        }
+        labels.push(route.label);
+    }
+    Ok(labels)
 }
 
 /// The admission stage: the principal, the route (named in `rec` once known), and the

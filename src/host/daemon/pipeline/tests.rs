@@ -486,7 +486,7 @@ async fn outcomes_say_what_became_of_an_allowed_call() {
 /// A result that breaks the tool's signed output schema (none of the `structuredContent`
 /// MCP requires of a tool declaring one, or content that does not match it) is withheld:
 /// the client reads why, naming the schema's keyword and never the value, and the outcome
-/// is recorded as `output_schema_invalid`. A tool error need not carry structured content.
+/// is recorded as `answer_withheld`. A tool error need not carry structured content.
 /// Before, such a result went to the client as the executor gave it, under a schema the
 /// host advertised as signed.
 #[tokio::test]
@@ -526,8 +526,8 @@ async fn a_result_breaking_the_signed_output_schema_is_withheld() {
     assert_eq!(
         outcome_statuses(&host).await,
         [
-            "output_schema_invalid",
-            "output_schema_invalid",
+            "answer_withheld",
+            "answer_withheld",
             "success",
             "tool_error"
         ]
@@ -798,8 +798,9 @@ async fn content_carries_floor_and_classified_label_into_the_session_before_it_i
         ANALYST,
         "completion/complete",
         json!({
-        "ref": {"type": "ref/prompt", "name": "test_prompt_with_arguments"},
-        "argument": {"name": "arg1", "value": "p"}}),
+        "ref": {"type": "ref/prompt", "name": "test_prompt_with_arguments", "uri": "test://x"},
+        "argument": {"name": "arg1", "value": "p", "extra": 1},
+        "context": {"arguments": {"arg2": "b"}, "more": true}}),
         &mut exec,
     )
     .await
@@ -809,6 +810,18 @@ async fn content_carries_floor_and_classified_label_into_the_session_before_it_i
         json!({"name": "test_prompt_with_arguments", "arguments": {"arg1": "a", "arg2": "b"}})
     );
     assert_eq!(exec.asked[2].1, "completion/complete");
+    // A completion is forwarded rebuilt from what was routed and checked: nothing the
+    // client added beside it (a URI in a prompt reference, which an executor reading it
+    // first would answer for unchecked) reaches the executor. Before, the client's `ref`,
+    // `argument` and `context` went on as written.
+    assert_eq!(
+        exec.asked[2].2,
+        json!({
+            "ref": {"type": "ref/prompt", "name": "test_prompt_with_arguments"},
+            "argument": {"name": "arg1", "value": "p"},
+            "context": {"arguments": {"arg2": "b"}}
+        })
+    );
 
     let records = host.records().await;
     assert_eq!(records[0]["flowhost"]["event"], "content_request");
@@ -823,6 +836,43 @@ async fn content_carries_floor_and_classified_label_into_the_session_before_it_i
         records[1]["flowhost"]["labels_after"]["session"]["compartments"],
         json!(["conformance-data", "harbor-goods-terms"])
     );
+}
+
+/// A read's answer may carry several resources: one a manifest signed is judged as a read
+/// of it would be (here, another spelling of a signed URI is refused), and one nothing
+/// signed is content of the answer itself. Before, nothing the executor answered was
+/// looked at, so a read of one signed resource could carry another's content under the
+/// first's label.
+#[tokio::test]
+async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
+    let host = Host::with_content();
+    let mut exec = Feeding::default();
+    let carrying = |uri: &str| {
+        Ok(json!({"contents": [
+            {"uri": "test://static-text", "text": "asked"},
+            {"uri": uri, "text": "also"}
+        ]}))
+    };
+    for fine in ["test://template/7/data", "test://embedded-resource"] {
+        exec.answers.push_back(carrying(fine));
+        let r = host.read(ANALYST, "test://static-text", &mut exec).await;
+        assert!(r.is_ok(), "{fine}: {r:?}");
+    }
+    exec.answers.push_back(carrying("test://Static-Text"));
+    let e = host
+        .read(ANALYST, "test://static-text", &mut exec)
+        .await
+        .unwrap_err();
+    assert_eq!(denial_of(&e), "unknown_resource", "{e:?}");
+    assert!(e.message.contains("withheld"), "{e:?}");
+    let statuses: Vec<String> = host
+        .records()
+        .await
+        .iter()
+        .filter(|r| r["flowhost"]["event"] == "content_outcome")
+        .map(|r| r["response"]["status"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(statuses, ["success", "success", "answer_withheld"]);
 }
 
 #[tokio::test]
