@@ -127,6 +127,25 @@ fn per_origin_rules_combine_with_the_servers_and_follow_a_reload() {
     c.initialize();
     assert!(!text(&publish(&mut c, &team)).contains("delivered"));
     assert!(text(&publish(&mut c, &exfil)).contains("delivered"));
+
+    // The allow taken out by a reload refused for another reason (a setting that takes a
+    // restart): withdrawn all the same, from the next attempt of the running executors.
+    // Before, a refused reload kept the per-origin allow in force.
+    let without_allow = with_origin
+        .replacen(&format!("allow = [\"{exfil}\"], "), "allow = [], ", 1)
+        .replacen(
+            "classifier_version = \"pricing-lab-1\"",
+            "classifier_version = \"pricing-lab-2\"",
+            1,
+        );
+    assert!(!without_allow.contains(&format!("allow = [\"{exfil}\"]")));
+    lab.write_config(&without_allow);
+    lab.signal(libc::SIGHUP);
+    wait_log(
+        &lab,
+        "principal \"larkfield-analyst\" withdrawn although the reload is refused: per-origin destinations",
+    );
+    assert!(!text(&publish(&mut c, &exfil)).contains("delivered"));
     lab.stop();
 
     let rules: Vec<(String, String)> = lab
@@ -153,6 +172,7 @@ fn per_origin_rules_combine_with_the_servers_and_follow_a_reload() {
                 "allow".into(),
                 format!("principal larkfield-analyst allow {exfil}")
             ),
+            ("deny".into(), "server default".into()),
         ]
     );
     assert_eq!(

@@ -18,6 +18,50 @@ use crate::records::{
 };
 use crate::resolver::FlowResolver;
 
+/// The per-origin destination rules a generation's judges decide by, by principal: set
+/// when the generation is built, and narrowed in place by a refused reload that takes
+/// rules out (the judges of running executors decide by the narrowed rules from their
+/// next attempt on).
+#[derive(Debug, Default)]
+pub struct Origins(
+    std::sync::RwLock<Arc<std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules>>>,
+);
+
+impl Origins {
+    /// Rules built from `principals`' per-origin destinations.
+    pub fn of(principals: &[crate::config::PrincipalConfig]) -> Self {
+        Origins(std::sync::RwLock::new(Arc::new(Self::map(principals))))
+    }
+
+    fn map(
+        principals: &[crate::config::PrincipalConfig],
+    ) -> std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules> {
+        principals
+            .iter()
+            .filter_map(|p| Some((p.id.clone(), p.destinations.clone()?)))
+            .collect()
+    }
+
+    /// The rules decided by now.
+    pub fn current(
+        &self,
+    ) -> Arc<std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules>> {
+        match self.0.read() {
+            Ok(m) => m.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// From now on, the rules of `principals`.
+    pub fn set(&self, principals: &[crate::config::PrincipalConfig]) {
+        let next = Arc::new(Self::map(principals));
+        match self.0.write() {
+            Ok(mut m) => *m = next,
+            Err(poisoned) => *poisoned.into_inner() = next,
+        }
+    }
+}
+
 /// Judges one server's executors' attempts.
 pub struct EgressJudge {
     /// The server.
@@ -30,8 +74,9 @@ pub struct EgressJudge {
     pub records: RecordWriter,
     /// The server's destination rules.
     pub destinations: Arc<DestinationRules>,
-    /// Per-origin destination rules, by principal (from the same configuration).
-    pub origins: Arc<std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules>>,
+    /// Per-origin destination rules, by principal (from the same configuration, narrowed
+    /// by a refused reload that takes rules out).
+    pub origins: Arc<Origins>,
     /// The host's counters (declaration mismatches per tool).
     pub counters: Arc<super::HostCounters>,
     /// Executors (by pid) already warned about for undeclared egress.
@@ -313,7 +358,7 @@ impl EgressJudge {
                             .map(|d| judged_destination(d, &naming))
                             .as_ref(),
                         &self.destinations,
-                        self.origins.get(&call.plan.key.principal),
+                        self.origins.current().get(&call.plan.key.principal),
                     )
                     .await,
             ),
@@ -359,7 +404,8 @@ impl EgressJudge {
         lookup: Lookup,
         pid: i32,
     ) -> (Judgment, NameBlocks) {
-        let origin = |call: &CallInFlight| self.origins.get(&call.plan.key.principal);
+        let origins = self.origins.current();
+        let origin = |call: &CallInFlight| origins.get(&call.plan.key.principal);
         let judged = match (&call, lookup.name()) {
             (None, _) => None,
             (Some(call), Some(name)) => Some(
@@ -397,7 +443,7 @@ impl EgressJudge {
         let blocks = match &call {
             Some(call) => NameBlocks::of(
                 &self.destinations,
-                self.origins
+                origins
                     .get(&call.plan.key.principal)
                     .map(|o| (call.plan.key.principal.as_str(), o)),
             ),

@@ -55,6 +55,25 @@ pub struct Generation {
     pub servers: BTreeMap<String, ServerFacts>,
     /// Each server's warm executors, by id.
     pub pools: BTreeMap<String, Arc<WarmPool<CallInFlight>>>,
+    /// The per-origin destination rules its servers' judges decide by.
+    pub origins: Arc<super::egress::Origins>,
+}
+
+/// A principal's per-origin destinations `old` as far as `new` still gives them: the allow
+/// rules written the same in both, and every block rule of either.
+fn narrowed_origin(
+    old: Option<&crate::destination::OriginRules>,
+    new: Option<&crate::destination::OriginRules>,
+) -> Option<crate::destination::OriginRules> {
+    let mut kept = old.cloned().unwrap_or_default();
+    kept.allow
+        .retain(|r| new.is_some_and(|n| n.allow.contains(r)));
+    for block in new.map(|n| n.block.as_slice()).unwrap_or_default() {
+        if !kept.block.contains(block) {
+            kept.block.push(block.clone());
+        }
+    }
+    (old.is_some() || kept != crate::destination::OriginRules::default()).then_some(kept)
 }
 
 /// The principals a refused reload leaves (see
@@ -126,8 +145,9 @@ impl Generation {
     /// and one `config` keeps loses the uids, gids and tool patterns `config` no longer
     /// gives it (a pattern is kept only as written in both). Like servers, these are
     /// withdrawn even when the rest of a reload to `config` is refused: taking a user out
-    /// of a principal is how an operator ends its access. Per-origin destination rules are
-    /// not narrowed: they change with a reload that succeeds.
+    /// of a principal is how an operator ends its access. Its per-origin destinations lose
+    /// the `allow` rules `config` no longer gives it (kept only as written in both) and
+    /// gain the `block` rules `config` adds; nothing is widened.
     pub(super) fn principals_still_vouched_for(&self, config: &HostConfig) -> Narrowed {
         let mut kept = Vec::new();
         let mut withdrawn = BTreeMap::new();
@@ -157,6 +177,10 @@ impl Generation {
             if !tools.is_empty() {
                 what.push(format!("tools {tools:?}"));
             }
+            let destinations = narrowed_origin(p.destinations.as_ref(), now.destinations.as_ref());
+            if destinations != p.destinations {
+                what.push("per-origin destinations (allows taken out, blocks added)".into());
+            }
             if what.is_empty() {
                 kept.push(p.clone());
                 continue;
@@ -169,6 +193,7 @@ impl Generation {
             narrowed.uids.retain(|u| !uids.contains(u));
             narrowed.gids.retain(|g| !gids.contains(g));
             narrowed.tools.retain(|t| now.tools.contains(t));
+            narrowed.destinations = destinations;
             kept.push(narrowed);
             lost_uids.extend(uids);
             lost_gids.extend(gids);
@@ -198,6 +223,9 @@ impl Generation {
             config.principals = narrowed.principals;
             config.withdrawn_peers.0.extend(narrowed.peers.0);
             config.withdrawn_peers.1.extend(narrowed.peers.1);
+            // The judges are shared with the generation this replaces: narrowed in place,
+            // they decide running executors' next attempts by what is left.
+            self.origins.set(&config.principals);
         }
         let keep = |server: &String| !withdrawn.contains(server);
         Generation {
@@ -212,6 +240,7 @@ impl Generation {
                 .filter(|(s, _)| keep(s))
                 .map(|(s, p)| (s.clone(), p.clone()))
                 .collect(),
+            origins: self.origins.clone(),
         }
     }
 }
@@ -246,13 +275,7 @@ pub(super) fn build_generation(
 ) -> Generation {
     let mut servers = BTreeMap::new();
     let mut pools = BTreeMap::new();
-    let origins: Arc<BTreeMap<_, _>> = Arc::new(
-        config
-            .principals
-            .iter()
-            .filter_map(|p| Some((p.id.clone(), p.destinations.clone()?)))
-            .collect(),
-    );
+    let origins = Arc::new(super::egress::Origins::of(&config.principals));
     let dns = crate::dns::DnsMediation {
         upstream: Arc::new(match &config.dns_upstream {
             Some(servers) => crate::dns::Upstream::new(servers.clone()),
@@ -319,6 +342,7 @@ pub(super) fn build_generation(
         registry,
         servers,
         pools,
+        origins,
     }
 }
 
