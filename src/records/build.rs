@@ -137,6 +137,9 @@ impl DecisionRecord {
                 Destination::Unix(u) => Destination::Unix(UnixDestination {
                     unix_path: sanitize(&u.unix_path),
                 }),
+                Destination::Undecoded(u) => Destination::Undecoded(UndecodedDestination {
+                    undecoded: sanitize(&u.undecoded),
+                }),
                 inet => inet,
             }),
             ..broker

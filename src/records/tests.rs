@@ -166,6 +166,60 @@ fn egress_record_carries_broker_details_and_network_target() {
     assert_eq!(DecisionRecord::from_json_line(&line).unwrap(), r);
 }
 
+/// A record decoded from a file holds no control character in the broker's or the grant's
+/// words either (a record made elsewhere may hold what the builder would have cleaned), and
+/// the builder cleans an undecoded destination's words too. Before, only the action's and
+/// tool's texts were checked.
+#[test]
+fn the_brokers_words_in_a_record_hold_no_control_character() {
+    let r = sealed(sample_egress(
+        "192.0.2.1",
+        443,
+        crate::decision::Verdict::Authorized { rule: None },
+    ));
+    let good = serde_json::to_value(&r).unwrap();
+    DecisionRecord::from_json_line(good.to_string().as_bytes()).unwrap();
+    for (field, path) in [
+        ("flowhost.broker.executable", "/flowhost/broker/executable"),
+        ("flowhost.broker.syscall", "/flowhost/broker/syscall"),
+        (
+            "flowhost.broker.destination",
+            "/flowhost/broker/destination/host_name",
+        ),
+    ] {
+        let mut v = good.clone();
+        let (parent, key) = path.rsplit_once('/').unwrap();
+        v.pointer_mut(parent).unwrap()[key] = json!("a\u{1b}]0;x\u{7}");
+        let e = DecisionRecord::from_json_line(v.to_string().as_bytes()).unwrap_err();
+        assert!(
+            e.to_string().contains(field) && e.to_string().contains("control character"),
+            "{field}: {e}"
+        );
+    }
+    let built = DecisionRecord::egress_attempt(EgressFacts {
+        server: ServerInfo::mcp("fetcher", None),
+        tool_name: "fetch".into(),
+        broker: BrokerDetails {
+            pid: 1,
+            executable: None,
+            syscall: "connect".into(),
+            family: "unix".into(),
+            socket_type: None,
+            protocol: None,
+            destination: Some(Destination::Undecoded(UndecodedDestination {
+                undecoded: "bytes \u{1b}[2J".into(),
+            })),
+            bytes: None,
+            dns_query_type: None,
+        },
+        verdict: crate::decision::Verdict::refused(crate::decision::Denial::DestinationBlocked),
+        credential_alias: None,
+        correlation: Correlation::none(),
+        context: FlowContext::default(),
+    });
+    sealed(built).validate().unwrap();
+}
+
 #[test]
 fn decoding_is_strict_and_invariants_are_checked() {
     let r = sealed(sample_tool_call());

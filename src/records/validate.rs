@@ -172,6 +172,43 @@ impl DecisionRecord {
                 "a tool_outcome or content_outcome is allow (success) or error, never deny".into(),
             );
         }
+        // The broker's and the grant's words too: a record is shown on terminals and in
+        // reports, and one decoded from a file made elsewhere may hold what the builder
+        // would have cleaned.
+        if let Some(b) = &x.broker {
+            let texts = [
+                ("flowhost.broker.executable", b.executable.as_deref()),
+                ("flowhost.broker.syscall", Some(b.syscall.as_str())),
+                ("flowhost.broker.family", Some(b.family.as_str())),
+                ("flowhost.broker.socket_type", b.socket_type.as_deref()),
+                ("flowhost.broker.protocol", b.protocol.as_deref()),
+                (
+                    "flowhost.broker.dns_query_type",
+                    b.dns_query_type.as_deref(),
+                ),
+            ];
+            for (field, text) in texts {
+                check_no_control(field, text.unwrap_or_default())?;
+            }
+            let destination: Vec<&str> = match &b.destination {
+                Some(crate::records::Destination::Inet(i)) => i
+                    .host_name
+                    .iter()
+                    .chain(&i.other_host_names)
+                    .map(String::as_str)
+                    .collect(),
+                Some(crate::records::Destination::Unix(u)) => vec![u.unix_path.as_str()],
+                Some(crate::records::Destination::Undecoded(u)) => vec![u.undecoded.as_str()],
+                Some(crate::records::Destination::Netlink(_)) | None => Vec::new(),
+            };
+            for text in destination {
+                check_no_control("flowhost.broker.destination", text)?;
+            }
+        }
+        if let Some(g) = &x.grant {
+            check_no_control("flowhost.grant.id", &g.id)?;
+            check_no_control("flowhost.grant.purpose", &g.purpose)?;
+        }
         if x.relay.is_some() != (x.event == EventKind::Relay) {
             return fail(
                 "flowhost.relay",
@@ -284,6 +321,17 @@ pub(crate) fn has_control(s: &str) -> bool {
     } else {
         s.chars().any(char::is_control)
     }
+}
+
+/// Refuses a control character in `s` (of any length, empty included).
+fn check_no_control(field: &str, s: &str) -> Result<(), RecordFormatError> {
+    if has_control(s) {
+        return Err(RecordFormatError {
+            field: field.to_string(),
+            problem: "contains a control character".to_string(),
+        });
+    }
+    Ok(())
 }
 
 fn check_text(field: &str, s: &str) -> Result<(), RecordFormatError> {
