@@ -645,9 +645,21 @@ impl FlowResolver {
         plan: &CallPlan,
         output_text: &str,
     ) -> Result<FlowState, StateError> {
+        self.after_call_carrying(plan, &InformationLabel::bottom(), output_text)
+            .await
+    }
+
+    /// [`FlowResolver::after_call`] for an output that carries signed resources whose
+    /// labels join to `carried`: `floor ⊔ carried ⊔ classifier(output)`.
+    pub async fn after_call_carrying(
+        &self,
+        plan: &CallPlan,
+        carried: &InformationLabel,
+        output_text: &str,
+    ) -> Result<FlowState, StateError> {
         self.join_output(
             &plan.key,
-            plan.security.effective_output_floor(),
+            &plan.security.effective_output_floor().join_or_top(carried),
             output_text,
         )
         .await

@@ -453,7 +453,15 @@ async fn run_call<D: Dispatch>(
 
     // Settle, then let the executor serve again only if its output's labels are stored.
     let mut durable = false;
-    let answer = settle(env, &rec, &plan, admitted.tool, outcome, &mut durable).await;
+    let answer = settle(
+        env,
+        &rec,
+        (&plan, &admitted.principal),
+        admitted.tool,
+        outcome,
+        &mut durable,
+    )
+    .await;
     dispatcher.settled(durable).await;
     answer
 }
@@ -468,7 +476,7 @@ async fn run_call<D: Dispatch>(
 async fn settle(
     env: &CallEnv<'_>,
     rec: &CallRecord<'_>,
-    plan: &CallPlan,
+    (plan, principal): (&CallPlan, &PrincipalConfig),
     tool: &AdmittedTool,
     outcome: Result<Value, DispatchError>,
     durable: &mut bool,
@@ -476,6 +484,8 @@ async fn settle(
     // `text`: what the executor said, to be classified and joined into the flow state
     // before anything of it reaches the client; `None` when nothing it produced does (a
     // `NotStarted` reason is the host's words: see `DispatchError::NotStarted`).
+    // The labels of signed resources the result carries (see `content::carried_resources`).
+    let mut carried = crate::label::InformationLabel::bottom();
     let (answer, verdict, text) = match outcome {
         Err(DispatchError::NotStarted(why)) => (
             Ok(tool_error(&format!(
@@ -498,8 +508,23 @@ async fn settle(
             Verdict::Failed(Failure::Cancelled),
             None,
         ),
-        Ok(result) => match tool.check_output(&result) {
-            Ok(()) => {
+        Ok(result) => match tool
+            .check_output(&result)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                content::carried_resources(env.registry, principal, tool.server_id(), None, &result)
+                    .map_err(|(why, _)| {
+                        format!(
+                            "server {:?} tool {:?}: {why}",
+                            tool.server_id(),
+                            tool.name()
+                        )
+                    })
+            }) {
+            Ok(labels) => {
+                for l in labels {
+                    carried = carried.join_or_top(&l);
+                }
                 let verdict = if result.get("isError") == Some(&Value::Bool(true)) {
                     Verdict::Failed(Failure::ToolError)
                 } else {
@@ -539,7 +564,11 @@ async fn settle(
             *durable = true;
             plan.state_after_dispatch.clone()
         }
-        Some(text) => match env.resolver.after_call(plan, &text).await {
+        Some(text) => match env
+            .resolver
+            .after_call_carrying(plan, &carried, &text)
+            .await
+        {
             Ok(state) => {
                 *durable = true;
                 state

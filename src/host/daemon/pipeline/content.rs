@@ -198,20 +198,22 @@ fn route(
             // it: an executor reading a field the host did not route by (a prompt's name in
             // a resource reference) would answer for what was never checked.
             let mut forwarded = json!({"argument": {"name": name, "value": value}});
-            if let Some(context) = params.get("context").filter(|c| !c.is_null()) {
-                let arguments = context
-                    .get("arguments")
-                    .filter(|a| {
-                        a.as_object()
-                            .is_some_and(|m| m.values().all(Value::is_string))
-                    })
-                    .ok_or_else(|| {
-                        invalid(
-                            "completion/complete's \"context\" holds only \"arguments\", an \
-                             object of strings"
-                                .into(),
-                        )
-                    })?;
+            // `context` and its `arguments` are optional (absent or null: none).
+            if let Some(arguments) = params
+                .get("context")
+                .filter(|c| !c.is_null())
+                .and_then(|c| c.get("arguments"))
+                .filter(|a| !a.is_null())
+            {
+                if !arguments
+                    .as_object()
+                    .is_some_and(|m| m.values().all(Value::is_string))
+                {
+                    return Err(invalid(
+                        "completion/complete's \"context.arguments\" is an object of strings"
+                            .into(),
+                    ));
+                }
                 forwarded["context"] = json!({"arguments": arguments});
             }
             let route = match reference.get("type").and_then(Value::as_str) {
@@ -388,7 +390,13 @@ async fn run<F: Forward>(
     // Settle.
     let mut label = routed.route.label.clone();
     let (answer, verdict, text) = match outcome {
-        Ok(result) => match answered_resources(env, &principal, &routed, &result) {
+        Ok(result) => match carried_resources(
+            env.registry,
+            &principal,
+            &routed.route.server_id,
+            routed.params.get("uri").and_then(Value::as_str),
+            &result,
+        ) {
             Ok(labels) => {
                 for l in labels {
                     label = label.join_or_top(&l);
@@ -397,16 +405,17 @@ async fn run<F: Forward>(
                 (Ok(result), Verdict::Succeeded { rule: None }, text)
             }
             // What the executor answered is withheld; the request's own label joins, as
-            // for any answer it gave (it read what the route labels).
-            Err((why, denial)) => (
-                Err(refusal(
+            // for any answer it gave (it read what the route labels), and the host's words
+            // the client reads are classified as any answer is.
+            Err((why, denial)) => {
+                let e = refusal(
                     code::INTERNAL_ERROR,
                     format!("the answer of server {server:?} is withheld: {why}"),
                     denial,
-                )),
-                Verdict::Failed(Failure::AnswerWithheld),
-                String::new(),
-            ),
+                );
+                let text = super::answered_text(&e);
+                (Err(e), Verdict::Failed(Failure::AnswerWithheld), text)
+            }
         },
         Err(ForwardError::NotStarted(why)) => {
             let e = RpcError::new(
@@ -523,54 +532,75 @@ async fn record_outcome(
         .await
 }
 
-/// The labels of the signed resources other than the one asked for that an executor's
-/// answer carries (`contents[].uri` of a read, an embedded resource's or a resource link's
-/// `uri` in a prompt's messages), or why the answer is refused: a URI another server
-/// signed, one the principal may not read, or one spelt otherwise than its one spelling
-/// (or matching two templates). MCP lets an answer carry several resources (a directory's
-/// children); each one a manifest signed is judged as a read of it would be, and its label
-/// joined, so one resource's answer cannot carry another's content under the first's lower
-/// label or past the principal's access. A URI nothing signed is content of the answer
-/// itself (an embedded resource), under the answer's label.
-fn answered_resources(
-    env: &CallEnv<'_>,
+/// The labels of the signed resources other than the one asked for (`asked`) that an
+/// executor's answer carries (a read's `contents[].uri`; an embedded resource's or a
+/// resource link's `uri` in a prompt's messages or a tool result's content), or why the
+/// answer is withheld: a URI another server signed, one the principal may not read, or one
+/// spelt otherwise than its one spelling (or matching two templates). MCP lets an answer
+/// carry several resources (a directory's children); each one a manifest signed is judged
+/// as a read of it would be, and its label joined, so one answer cannot carry a resource's
+/// content under a lower label or past the principal's access. A URI nothing signed is
+/// content of the answer itself (an embedded resource), under the answer's label. The
+/// reason names where in the answer, never the executor's URI.
+pub(super) fn carried_resources(
+    registry: &VerifiedRegistry,
     principal: &crate::config::PrincipalConfig,
-    routed: &Routed,
+    server_id: &str,
+    asked: Option<&str>,
     result: &Value,
 ) -> Result<Vec<InformationLabel>, (String, Denial)> {
-    let asked = routed.params.get("uri").and_then(Value::as_str);
     let items = |v: Option<&Value>| v.and_then(Value::as_array).cloned().unwrap_or_default();
-    let mut uris: Vec<String> = items(result.get("contents"))
-        .iter()
-        .filter_map(|c| c.get("uri").and_then(Value::as_str).map(str::to_owned))
-        .collect();
-    for message in items(result.get("messages")) {
-        let content = message.get("content");
-        let embedded = content
-            .and_then(|c| c.get("resource"))
-            .and_then(|r| r.get("uri"));
-        let linked = content
-            .filter(|c| c.get("type").and_then(Value::as_str) == Some("resource_link"))
-            .and_then(|c| c.get("uri"));
-        uris.extend(
-            [embedded, linked]
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .map(str::to_owned),
-        );
+    let block_uri = |c: &Value| -> Option<String> {
+        let embedded = c.get("resource").and_then(|r| r.get("uri"));
+        let linked = (c.get("type").and_then(Value::as_str) == Some("resource_link"))
+            .then(|| c.get("uri"))
+            .flatten();
+        embedded
+            .or(linked)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let mut uris: Vec<(String, String)> = Vec::new();
+    for (i, c) in items(result.get("contents")).iter().enumerate() {
+        if let Some(uri) = c.get("uri").and_then(Value::as_str) {
+            uris.push((format!("contents[{i}]"), uri.to_owned()));
+        }
+    }
+    for (i, m) in items(result.get("messages")).iter().enumerate() {
+        if let Some(uri) = m.get("content").and_then(block_uri) {
+            uris.push((format!("messages[{i}].content"), uri));
+        }
+    }
+    for (i, c) in items(result.get("content")).iter().enumerate() {
+        if let Some(uri) = block_uri(c) {
+            uris.push((format!("content[{i}]"), uri));
+        }
     }
     let mut labels = Vec::new();
-    for uri in uris.iter().filter(|u| Some(u.as_str()) != asked) {
-        let route = match env.registry.resource_route(uri) {
+    for (at, uri) in uris.iter().filter(|(_, u)| Some(u.as_str()) != asked) {
+        let route = match registry.resource_route(uri) {
             Ok(route) => route,
             Err(crate::manifest::UnroutableUri::NotSigned { .. }) => continue,
-            Err(e) => return Err((format!("it carries {e}"), Denial::UnknownResource)),
+            Err(crate::manifest::UnroutableUri::Ambiguous { .. }) => {
+                return Err((
+                    format!("its resource at {at} matches two templates"),
+                    Denial::UnknownResource,
+                ));
+            }
+            Err(_) => {
+                return Err((
+                    format!(
+                        "its resource at {at} is not spelt as URIs are (one spelling of a \
+                         signed URI would be another's)"
+                    ),
+                    Denial::UnknownResource,
+                ));
+            }
         };
-        if route.server_id != routed.route.server_id {
+        if route.server_id != server_id {
             return Err((
                 format!(
-                    "it carries {uri:?}, which server {:?} signed",
+                    "its resource at {at} is one server {:?} signed",
                     route.server_id
                 ),
                 Denial::UnknownResource,
@@ -579,8 +609,8 @@ fn answered_resources(
         if !principal.may_call(&route.server_id, &route.name) {
             return Err((
                 format!(
-                    "it carries {uri:?}, which principal {} may not read",
-                    principal.id
+                    "its resource at {at} is {}/{}, which principal {} may not read",
+                    route.server_id, route.name, principal.id
                 ),
                 Denial::AccessDenied,
             ));

@@ -864,7 +864,46 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
         .await
         .unwrap_err();
     assert_eq!(denial_of(&e), "unknown_resource", "{e:?}");
-    assert!(e.message.contains("withheld"), "{e:?}");
+    // Where the resource sits is named, never the executor's URI.
+    assert!(
+        e.message.contains("withheld") && e.message.contains("contents[1]"),
+        "{e:?}"
+    );
+    assert!(!e.message.contains("Static-Text"), "{e:?}");
+    // A completion's optional context may be empty.
+    exec.answers
+        .push_back(Ok(json!({"completion": {"values": []}})));
+    host.content(
+        ANALYST,
+        "completion/complete",
+        json!({"ref": {"type": "ref/prompt", "name": "test_prompt_with_arguments"},
+               "argument": {"name": "arg1", "value": "p"}, "context": {}}),
+        &mut exec,
+    )
+    .await
+    .unwrap();
+
+    // A tool's result is judged by the resources it carries too: here one another server
+    // signed. Before, a tool result's embedded resources and links were not looked at.
+    let mut tool = Scripted::answering(vec![Ok(json!({"content": [
+        {"type": "text", "text": "see"},
+        {"type": "resource_link", "uri": "test://static-text", "name": "x"}
+    ], "structuredContent": {"documents": []}}))]);
+    let r = host
+        .call(
+            ANALYST,
+            call("workspace/list_documents", json!({})),
+            &mut tool,
+        )
+        .await
+        .unwrap();
+    let said = r["content"][0]["text"].as_str().unwrap();
+    assert!(
+        r["isError"] == true
+            && said.contains("content[1]")
+            && said.contains("\"conformance\" signed"),
+        "{r}"
+    );
     let statuses: Vec<String> = host
         .records()
         .await
@@ -872,7 +911,10 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
         .filter(|r| r["flowhost"]["event"] == "content_outcome")
         .map(|r| r["response"]["status"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(statuses, ["success", "success", "answer_withheld"]);
+    assert_eq!(
+        statuses,
+        ["success", "success", "answer_withheld", "success"]
+    );
 }
 
 #[tokio::test]
