@@ -477,6 +477,17 @@ fn operation_id<'a>(op: &Operation<'a>) -> Result<&'a str> {
 /// Builds a manifest body (as JSON, ready to sign) from an OpenAPI 3 document, checked as
 /// strictly as any manifest (see the module docs for the mapping).
 pub fn manifest_from_openapi(doc: &Value, identity: &ManifestIdentity) -> Result<Value> {
+    // Where an API key goes is read from these: one that cannot be read would let its key
+    // become an argument unsaid.
+    if let Some(schemes) = doc
+        .pointer("/components/securitySchemes")
+        .and_then(Value::as_object)
+    {
+        let at = JsonPath::field("components").key("securitySchemes");
+        for (name, scheme) in schemes {
+            resolve(doc, scheme, &at.key(name), "securitySchemes")?;
+        }
+    }
     let mut tools = Vec::new();
     let mut seen: BTreeMap<&str, JsonPath> = BTreeMap::new();
     for op in operations(doc)? {
@@ -629,8 +640,12 @@ fn not_an_argument(doc: &Value, param: &Map<String, Value>) -> Option<&'static s
     let schemes = doc
         .pointer("/components/securitySchemes")
         .and_then(Value::as_object)?;
+    // A scheme given by a reference is read where it leads (`manifest_from_openapi` refused
+    // one that cannot be followed).
+    let at = JsonPath::field("components").key("securitySchemes");
     schemes
-        .values()
+        .iter()
+        .filter_map(|(n, s)| resolve(doc, s, &at.key(n), "securitySchemes").ok())
         .filter(|s| s.get("type").and_then(Value::as_str) == Some("apiKey"))
         .any(|s| {
             s.get("in").and_then(Value::as_str) == Some(location)

@@ -68,7 +68,10 @@ pub(crate) fn run(args: DiffArgs) -> CliResult {
     };
     let result = match diff_sources(&declared, &args.observed, &health, options) {
         Err(crate::diff::DiffError::Store(e)) if e.rejects_the_evidence() => {
-            note!("flowhost: the observed records are rejected: {e}");
+            note!(
+                "flowhost: the observed records are rejected: {}",
+                flowhost_broker::Escaped(&e)
+            );
             return Ok(ExitCode::from(4));
         }
         other => other?,

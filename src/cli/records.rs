@@ -57,8 +57,9 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
             let report = match verify_records(&records, None) {
                 Err(e) if e.rejects_the_evidence() => {
                     note!(
-                        "flowhost: {} does not verify; nothing exported: {e}",
-                        records.display()
+                        "flowhost: {} does not verify; nothing exported: {}",
+                        records.display(),
+                        flowhost_broker::Escaped(&e)
                     );
                     return Ok(ExitCode::from(1));
                 }
@@ -125,7 +126,11 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                 // Problems, as those the chain's own checks find (on stderr: the report's
                 // lines are not there to hold it).
                 Err(e) if e.rejects_the_evidence() => {
-                    note!("flowhost: {} does not verify: {e}", records.display());
+                    note!(
+                        "flowhost: {} does not verify: {}",
+                        records.display(),
+                        flowhost_broker::Escaped(&e)
+                    );
                     return Ok(ExitCode::from(1));
                 }
                 other => other?,

@@ -953,7 +953,12 @@ fn decode_slot(s: &[u8]) -> Option<(u64, Checkpoint)> {
     let hash_len = usize::from(*take(1)?.first()?);
     let hash = std::str::from_utf8(take(hash_len)?).ok()?.to_string();
     let name_len = usize::from(*take(1)?.first()?);
-    let file = std::str::from_utf8(take(name_len)?).ok()?.to_string();
+    // Only a record file's name: the seal is a plain digest anyone can make, and a name
+    // is shown to whoever reads an error about the slot.
+    let file = std::str::from_utf8(take(name_len)?)
+        .ok()
+        .filter(|f| super::store::parse_record_file_name(f).is_some())?
+        .to_string();
     let body = &s[..at];
     let digest = s.get(at..at + 32)?;
     if Sha256::digest(body).as_slice() != digest {

@@ -884,7 +884,8 @@ fn contracts_a_manifest_does_not_carry_are_named() {
                 "schema": {"type": "string"}
             }},
             "securitySchemes": {
-                "key": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+                "key": {"$ref": "#/components/securitySchemes/realKey"},
+                "realKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
                 "bearer": {"type": "http", "scheme": "bearer"}
             }
         },
@@ -944,4 +945,11 @@ fn contracts_a_manifest_does_not_carry_are_named() {
         "{list}: the key's header is no argument; a query parameter of its name is one"
     );
     assert!(list["input_schema"].get("required").is_none(), "{list}");
+    // A scheme whose reference cannot be followed (another file) refuses the import: where
+    // its key goes cannot be known.
+    let mut split = doc.clone();
+    split["components"]["securitySchemes"]["key"] =
+        serde_json::json!({"$ref": "./common.yaml#/components/securitySchemes/ApiKey"});
+    let e = manifest_from_openapi(&split, &identity()).unwrap_err();
+    assert!(matches!(e, OpenApiError::UnsupportedRef { .. }), "{e:?}");
 }
