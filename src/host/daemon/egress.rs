@@ -52,9 +52,24 @@ impl Origins {
         }
     }
 
-    /// From now on, the rules of `principals`.
-    pub fn set(&self, principals: &[crate::config::PrincipalConfig]) {
-        let next = Arc::new(Self::map(principals));
+    /// From now on, the rules of `principals` (already narrowed: see
+    /// `Generation::principals_still_vouched_for`), and for a principal they no longer
+    /// hold, its block rules alone: a call of it still running is refused what it was
+    /// refused, and allowed nothing more.
+    pub fn narrow_to(&self, principals: &[crate::config::PrincipalConfig]) {
+        let mut next = Self::map(principals);
+        for (id, rules) in self.current().iter() {
+            if !principals.iter().any(|p| p.id == *id) {
+                next.insert(
+                    id.clone(),
+                    OriginRules {
+                        allow: Vec::new(),
+                        block: rules.block.clone(),
+                    },
+                );
+            }
+        }
+        let next = Arc::new(next);
         match self.0.write() {
             Ok(mut m) => *m = next,
             Err(poisoned) => *poisoned.into_inner() = next,
@@ -490,5 +505,41 @@ impl AttemptSink<CallInFlight> for EgressJudge {
         pid: i32,
     ) -> Pin<Box<dyn std::future::Future<Output = (Judgment, NameBlocks)> + Send + '_>> {
         Box::pin(self.decide_lookup(call, lookup, pid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused reload narrows the rules its judges decide by in place: a principal it
+    /// keeps has what is left of its rules, and one it takes out keeps its block rules,
+    /// so a call of it still running is refused what it was refused. Before, a principal
+    /// taken out lost its entry, and its running calls were judged by the server's rules
+    /// alone, which its blocks had narrowed.
+    #[test]
+    fn narrowing_keeps_the_blocks_of_a_principal_taken_out() {
+        let rule = |s: &str| s.parse::<crate::destination::DestinationRule>().unwrap();
+        let principal = |id: &str, allow: &str, block: &str| crate::config::PrincipalConfig {
+            id: crate::ident::PrincipalId::new(id).unwrap(),
+            uids: vec![1],
+            gids: vec![],
+            tools: vec!["*".into()],
+            destinations: Some(OriginRules {
+                allow: vec![rule(allow)],
+                block: vec![rule(block)],
+            }),
+        };
+        let origins = Origins::of(&[
+            principal("kept", "10.0.0.1:443", "10.0.0.2:443"),
+            principal("gone", "10.0.0.3:443", "10.0.0.4:443"),
+        ]);
+        origins.narrow_to(&[principal("kept", "10.0.0.1:443", "10.0.0.2:443")]);
+        let now = origins.current();
+        let gone = &now[&crate::ident::PrincipalId::new("gone").unwrap()];
+        assert!(gone.allow.is_empty());
+        assert_eq!(gone.block, [rule("10.0.0.4:443")]);
+        let kept = &now[&crate::ident::PrincipalId::new("kept").unwrap()];
+        assert_eq!(kept.allow, [rule("10.0.0.1:443")]);
     }
 }

@@ -225,7 +225,7 @@ impl Generation {
             config.withdrawn_peers.1.extend(narrowed.peers.1);
             // The judges are shared with the generation this replaces: narrowed in place,
             // they decide running executors' next attempts by what is left.
-            self.origins.set(&config.principals);
+            self.origins.narrow_to(&config.principals);
         }
         let keep = |server: &String| !withdrawn.contains(server);
         Generation {

@@ -550,68 +550,77 @@ pub(super) fn carried_resources(
     result: &Value,
 ) -> Result<Vec<InformationLabel>, (String, Denial)> {
     let items = |v: Option<&Value>| v.and_then(Value::as_array).cloned().unwrap_or_default();
-    let block_uri = |c: &Value| -> Option<String> {
+    // A block's embedded resource's URI and, for a link, its own: both are judged.
+    fn block_uris(c: &Value) -> [Option<&Value>; 2] {
         let embedded = c.get("resource").and_then(|r| r.get("uri"));
         let linked = (c.get("type").and_then(Value::as_str) == Some("resource_link"))
             .then(|| c.get("uri"))
             .flatten();
-        embedded
-            .or(linked)
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    let mut uris: Vec<(String, String)> = Vec::new();
-    for (i, c) in items(result.get("contents")).iter().enumerate() {
-        if let Some(uri) = c.get("uri").and_then(Value::as_str) {
-            uris.push((format!("contents[{i}]"), uri.to_owned()));
+        [embedded, linked]
+    }
+    let mut uris: Vec<(String, &Value)> = Vec::new();
+    let contents = items(result.get("contents"));
+    let messages = items(result.get("messages"));
+    let content = items(result.get("content"));
+    for (i, c) in contents.iter().enumerate() {
+        if let Some(uri) = c.get("uri") {
+            uris.push((format!("contents[{i}]"), uri));
         }
     }
-    for (i, m) in items(result.get("messages")).iter().enumerate() {
-        if let Some(uri) = m.get("content").and_then(block_uri) {
+    for (i, m) in messages.iter().enumerate() {
+        for uri in m
+            .get("content")
+            .map(block_uris)
+            .unwrap_or_default()
+            .into_iter()
+            .flatten()
+        {
             uris.push((format!("messages[{i}].content"), uri));
         }
     }
-    for (i, c) in items(result.get("content")).iter().enumerate() {
-        if let Some(uri) = block_uri(c) {
+    for (i, c) in content.iter().enumerate() {
+        for uri in block_uris(c).into_iter().flatten() {
             uris.push((format!("content[{i}]"), uri));
         }
     }
     let mut labels = Vec::new();
-    for (at, uri) in uris.iter().filter(|(_, u)| Some(u.as_str()) != asked) {
+    for (at, uri) in &uris {
+        let Some(uri) = uri.as_str() else {
+            return Err((
+                format!("its resource at {at} has a uri that is not a string"),
+                Denial::InvalidParams,
+            ));
+        };
+        if Some(uri) == asked {
+            continue;
+        }
         let route = match registry.resource_route(uri) {
             Ok(route) => route,
-            Err(crate::manifest::UnroutableUri::NotSigned { .. }) => continue,
+            // Nothing signed, as it is spelt: content of the answer. (A URI spelt otherwise
+            // than its one spelling is routed by nothing; what the check is for is an
+            // honest server's answer, which names its resources as it signed them.)
+            Err(
+                crate::manifest::UnroutableUri::NotSigned { .. }
+                | crate::manifest::UnroutableUri::Spelling { .. },
+            ) => continue,
             Err(crate::manifest::UnroutableUri::Ambiguous { .. }) => {
                 return Err((
                     format!("its resource at {at} matches two templates"),
                     Denial::UnknownResource,
                 ));
             }
-            Err(_) => {
-                return Err((
-                    format!(
-                        "its resource at {at} is not spelt as URIs are (one spelling of a \
-                         signed URI would be another's)"
-                    ),
-                    Denial::UnknownResource,
-                ));
-            }
         };
+        // Named by where it sits and why, never by what it is: the principal may not list
+        // another server's or a forbidden resource's name.
         if route.server_id != server_id {
             return Err((
-                format!(
-                    "its resource at {at} is one server {:?} signed",
-                    route.server_id
-                ),
+                format!("its resource at {at} is one another server signed"),
                 Denial::UnknownResource,
             ));
         }
         if !principal.may_call(&route.server_id, &route.name) {
             return Err((
-                format!(
-                    "its resource at {at} is {}/{}, which principal {} may not read",
-                    route.server_id, route.name, principal.id
-                ),
+                format!("its resource at {at} is one the principal may not read"),
                 Denial::AccessDenied,
             ));
         }

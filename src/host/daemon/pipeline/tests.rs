@@ -845,7 +845,19 @@ async fn content_carries_floor_and_classified_label_into_the_session_before_it_i
 /// first's label.
 #[tokio::test]
 async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
-    let host = Host::with_content();
+    // The analyst may read the static text, and no other resource of the server.
+    let host = Host::with_config(|text| {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        format!(
+            "{}{}",
+            text.replacen(
+                "tools = [\"workspace/*\", ",
+                "tools = [\"conformance/static-text\", \"conformance/test_prompt_with_arguments\", \"workspace/*\", ",
+                1
+            ),
+            crate::lab::conformance_server(repo, "/bin/true")
+        )
+    });
     let mut exec = Feeding::default();
     let carrying = |uri: &str| {
         Ok(json!({"contents": [
@@ -853,23 +865,30 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
             {"uri": uri, "text": "also"}
         ]}))
     };
-    for fine in ["test://template/7/data", "test://embedded-resource"] {
+    // Nothing signed as it is spelt: content of the answer.
+    for fine in [
+        "test://embedded-resource",
+        "test://Static-Text",
+        "note://a%3Ab",
+    ] {
         exec.answers.push_back(carrying(fine));
         let r = host.read(ANALYST, "test://static-text", &mut exec).await;
         assert!(r.is_ok(), "{fine}: {r:?}");
     }
-    exec.answers.push_back(carrying("test://Static-Text"));
+    exec.answers.push_back(carrying("test://template/7/data"));
     let e = host
         .read(ANALYST, "test://static-text", &mut exec)
         .await
         .unwrap_err();
-    assert_eq!(denial_of(&e), "unknown_resource", "{e:?}");
-    // Where the resource sits is named, never the executor's URI.
+    assert_eq!(denial_of(&e), "access_denied", "{e:?}");
+    // Where the resource sits is named, never what it is.
     assert!(
-        e.message.contains("withheld") && e.message.contains("contents[1]"),
+        e.message.contains("withheld")
+            && e.message.contains("contents[1]")
+            && e.message.contains("may not read"),
         "{e:?}"
     );
-    assert!(!e.message.contains("Static-Text"), "{e:?}");
+    assert!(!e.message.contains("template"), "{e:?}");
     // A completion's optional context may be empty.
     exec.answers
         .push_back(Ok(json!({"completion": {"values": []}})));
@@ -887,7 +906,8 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
     // signed. Before, a tool result's embedded resources and links were not looked at.
     let mut tool = Scripted::answering(vec![Ok(json!({"content": [
         {"type": "text", "text": "see"},
-        {"type": "resource_link", "uri": "test://static-text", "name": "x"}
+        {"type": "resource_link", "uri": "test://static-text", "name": "x",
+         "resource": {"uri": "urn:x"}}
     ], "structuredContent": {"documents": []}}))]);
     let r = host
         .call(
@@ -901,7 +921,7 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
     assert!(
         r["isError"] == true
             && said.contains("content[1]")
-            && said.contains("\"conformance\" signed"),
+            && said.contains("another server signed"),
         "{r}"
     );
     let statuses: Vec<String> = host
@@ -913,7 +933,13 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
         .collect();
     assert_eq!(
         statuses,
-        ["success", "success", "answer_withheld", "success"]
+        [
+            "success",
+            "success",
+            "success",
+            "answer_withheld",
+            "success"
+        ]
     );
 }
 
