@@ -549,7 +549,10 @@ pub(super) fn carried_resources(
     asked: Option<&str>,
     result: &Value,
 ) -> Result<Vec<InformationLabel>, (String, Denial)> {
-    let items = |v: Option<&Value>| v.and_then(Value::as_array).cloned().unwrap_or_default();
+    // Borrowed, never copied: a result can be large.
+    fn items(v: Option<&Value>) -> &[Value] {
+        v.and_then(Value::as_array).map_or(&[], Vec::as_slice)
+    }
     // A block's embedded resource's URI and, for a link, its own: both are judged.
     fn block_uris(c: &Value) -> [Option<&Value>; 2] {
         let embedded = c.get("resource").and_then(|r| r.get("uri"));
