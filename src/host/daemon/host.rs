@@ -172,6 +172,13 @@ impl Host {
             // resolver still trusts an authority it dropped.
             self.resolver
                 .trust_authorities(&generation.config.authorities);
+            // The calls still running on the generation this replaces are judged by its
+            // per-origin rules as far as the new file still gives them: narrowed as a
+            // refused reload narrows them, never widened.
+            g.origins.narrow_to(
+                &g.principals_still_vouched_for(&generation.config)
+                    .principals,
+            );
             std::mem::replace(&mut *g, Arc::new(generation))
         };
         if let (Some(auth), Some(keys)) = (&self.http_auth, key_set) {

@@ -535,8 +535,10 @@ async fn record_outcome(
 /// The labels of the signed resources other than the one asked for (`asked`) that an
 /// executor's answer carries (a read's `contents[].uri`; an embedded resource's or a
 /// resource link's `uri` in a prompt's messages or a tool result's content), or why the
-/// answer is withheld: a URI another server signed, one the principal may not read, or one
-/// spelt otherwise than its one spelling (or matching two templates). MCP lets an answer
+/// answer is withheld: a URI another server signed, one the principal may not read, one
+/// matching two templates, or one spelt otherwise than its one spelling under a scheme some
+/// manifest signs resources of (a standard expansion of a signed template, `docs://q3%3Aplan`,
+/// may be one of them). MCP lets an answer
 /// carry several resources (a directory's children); each one a manifest signed is judged
 /// as a read of it would be, and its label joined, so one answer cannot carry a resource's
 /// content under a lower label or past the principal's access. A URI nothing signed is
@@ -571,13 +573,13 @@ pub(super) fn carried_resources(
         }
     }
     for (i, m) in messages.iter().enumerate() {
-        for uri in m
-            .get("content")
-            .map(block_uris)
-            .unwrap_or_default()
-            .into_iter()
-            .flatten()
-        {
+        // One block, as MCP has it, or several, as a server may send.
+        let blocks: &[Value] = match m.get("content") {
+            Some(Value::Array(blocks)) => blocks,
+            Some(block) => std::slice::from_ref(block),
+            None => &[],
+        };
+        for uri in blocks.iter().flat_map(block_uris).flatten() {
             uris.push((format!("messages[{i}].content"), uri));
         }
     }
@@ -591,7 +593,7 @@ pub(super) fn carried_resources(
         let Some(uri) = uri.as_str() else {
             return Err((
                 format!("its resource at {at} has a uri that is not a string"),
-                Denial::InvalidParams,
+                Denial::UnknownResource,
             ));
         };
         if Some(uri) == asked {
@@ -599,13 +601,24 @@ pub(super) fn carried_resources(
         }
         let route = match registry.resource_route(uri) {
             Ok(route) => route,
-            // Nothing signed, as it is spelt: content of the answer. (A URI spelt otherwise
-            // than its one spelling is routed by nothing; what the check is for is an
-            // honest server's answer, which names its resources as it signed them.)
-            Err(
-                crate::manifest::UnroutableUri::NotSigned { .. }
-                | crate::manifest::UnroutableUri::Spelling { .. },
-            ) => continue,
+            // Nothing signed, as it is spelt: content of the answer.
+            Err(crate::manifest::UnroutableUri::NotSigned { .. }) => continue,
+            // Spelt otherwise than its one spelling: which resource it is cannot be told,
+            // so under a scheme some manifest signs resources of it is withheld (an honest
+            // server's standard expansion of a signed template escapes what the one
+            // spelling does not); under any other, it names nothing signed.
+            Err(crate::manifest::UnroutableUri::Spelling { .. }) => {
+                if !signs_scheme(registry, uri) {
+                    continue;
+                }
+                return Err((
+                    format!(
+                        "its resource at {at} is not spelt as URIs are, under a scheme a \
+                         manifest signs resources of"
+                    ),
+                    Denial::UnknownResource,
+                ));
+            }
             Err(crate::manifest::UnroutableUri::Ambiguous { .. }) => {
                 return Err((
                     format!("its resource at {at} matches two templates"),
@@ -630,6 +643,18 @@ pub(super) fn carried_resources(
         labels.push(route.label);
     }
     Ok(labels)
+}
+
+/// Whether some manifest signs a resource (a URI or a template) of `uri`'s scheme, compared
+/// without case.
+fn signs_scheme(registry: &VerifiedRegistry, uri: &str) -> bool {
+    let scheme_of = |u: &str| u.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+    let Some(scheme) = scheme_of(uri) else {
+        return true;
+    };
+    registry
+        .resources()
+        .any(|(_, r)| scheme_of(r.locator().as_str()).as_deref() == Some(scheme.as_str()))
 }
 
 /// The admission stage: the principal, the route (named in `rec` once known), and the

@@ -865,12 +865,9 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
             {"uri": uri, "text": "also"}
         ]}))
     };
-    // Nothing signed as it is spelt: content of the answer.
-    for fine in [
-        "test://embedded-resource",
-        "test://Static-Text",
-        "note://a%3Ab",
-    ] {
+    // Nothing signed as it is spelt, or spelt otherwise under a scheme nothing signs:
+    // content of the answer.
+    for fine in ["test://embedded-resource", "note://a%3Ab"] {
         exec.answers.push_back(carrying(fine));
         let r = host.read(ANALYST, "test://static-text", &mut exec).await;
         assert!(r.is_ok(), "{fine}: {r:?}");
@@ -889,6 +886,13 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
         "{e:?}"
     );
     assert!(!e.message.contains("template"), "{e:?}");
+    // Spelt otherwise under a scheme the server signs: which resource it is cannot be told.
+    exec.answers.push_back(carrying("test://Static-Text"));
+    let e = host
+        .read(ANALYST, "test://static-text", &mut exec)
+        .await
+        .unwrap_err();
+    assert_eq!(denial_of(&e), "unknown_resource", "{e:?}");
     // A completion's optional context may be empty.
     exec.answers
         .push_back(Ok(json!({"completion": {"values": []}})));
@@ -936,7 +940,7 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
         [
             "success",
             "success",
-            "success",
+            "answer_withheld",
             "answer_withheld",
             "success"
         ]
