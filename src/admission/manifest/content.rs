@@ -281,6 +281,61 @@ pub(crate) fn spelling_fault(text: &str) -> Option<String> {
     None
 }
 
+/// `uri` rewritten in its one spelling ([`spelling_fault`], [`case_fault`]): an escape of
+/// a byte a URI holds as it is decoded, every other escape's hex upper-cased, every byte a
+/// URI does not hold as it is escaped, the scheme and authority lower-cased. `None` when no
+/// spelling stands for it: an escape that is not one, a control character (raw or
+/// escaped), a backslash, or a `.` or `..` path segment. What an executor names a resource
+/// by in its answer is judged by this spelling (an honest server's standard expansion of a
+/// template escapes what the one spelling holds as it is).
+pub(crate) fn one_spelling(uri: &str) -> Option<String> {
+    let bytes = uri.as_bytes();
+    let mut out = String::with_capacity(uri.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let byte = bytes[i];
+        if byte == b'%' {
+            let hex = uri.get(i + 1..i + 3)?;
+            let decoded = u8::from_str_radix(hex, 16).ok()?;
+            if hex.starts_with(['+', '-']) || decoded < 0x20 || decoded == 0x7f || decoded == b'\\'
+            {
+                return None;
+            }
+            if literal_uri_byte(decoded) {
+                out.push(char::from(decoded));
+            } else {
+                out.push_str(&format!("%{decoded:02X}"));
+            }
+            i += 3;
+        } else if literal_uri_byte(byte) {
+            out.push(char::from(byte));
+            i += 1;
+        } else if byte < 0x20 || byte == 0x7f || byte == b'\\' {
+            return None;
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+            i += 1;
+        }
+    }
+    let (scheme, rest) = out.split_once(':')?;
+    let mut spelt = scheme.to_ascii_lowercase();
+    spelt.push(':');
+    match rest.strip_prefix("//") {
+        Some(after) => {
+            let end = after.find(['/', '?', '#']).unwrap_or(after.len());
+            spelt.push_str("//");
+            spelt.push_str(&after[..end].to_ascii_lowercase());
+            spelt.push_str(&after[end..]);
+        }
+        None => spelt.push_str(rest),
+    }
+    let path = spelt.split(['?', '#']).next().unwrap_or(&spelt);
+    if path.split('/').any(|s| s == "." || s == "..") {
+        return None;
+    }
+    Some(spelt)
+}
+
 /// Why the scheme and authority `text` begins with are not in lower case, if they are not:
 /// both are case-insensitive, so an executor may read `DOCS://Secret` as `docs://secret`
 /// (Python's `urlparse().hostname` does), while a route would take them as two names.

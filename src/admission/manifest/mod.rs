@@ -33,6 +33,7 @@ use sha2::{Digest, Sha256};
 
 use crate::flow::ToolFlowDeclaration;
 
+pub(crate) use content::one_spelling;
 pub use content::{
     ContentFlow, MAX_CLIENT_URI_BYTES, MAX_URI_BYTES, PromptArgument, PromptDefinition,
     ResourceDefinition, ResourceLocator, UnroutableUri, UriTemplate,

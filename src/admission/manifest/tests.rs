@@ -1385,3 +1385,36 @@ fn formats_are_checked() {
         assert!(!v.is_valid(&bad), "{bad}");
     }
 }
+
+/// A URI is rewritten in its one spelling where one stands for it: needless escapes
+/// decoded, other escapes upper-cased, bytes a URI does not hold escaped, scheme and
+/// authority lower-cased; none for a control character, a backslash, a broken escape or a
+/// dot segment.
+#[test]
+fn a_uri_is_rewritten_in_its_one_spelling() {
+    use super::content::one_spelling;
+    for (given, spelt) in [
+        ("docs://q3%3Aplan", "docs://q3:plan"),
+        ("file:///d/a%28b%29", "file:///d/a(b)"),
+        ("DOCS://Secret/X", "docs://secret/X"),
+        (
+            "file:///home/u/Report%20%28final%29%2Bv2.pdf",
+            "file:///home/u/Report%20(final)+v2.pdf",
+        ),
+        ("file:///a b/%c3%a9", "file:///a%20b/%C3%A9"),
+        ("test://static-text", "test://static-text"),
+    ] {
+        assert_eq!(one_spelling(given).as_deref(), Some(spelt), "{given}");
+        assert!(super::content::uri_fault(spelt).is_none(), "{spelt}");
+    }
+    for none in [
+        "x:%00",
+        "x:/a/../b",
+        "x:/a%2",
+        "x:/a%+1",
+        "no-scheme/a b",
+        "x:\\a",
+    ] {
+        assert_eq!(one_spelling(none), None, "{none}");
+    }
+}

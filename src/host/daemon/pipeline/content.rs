@@ -535,10 +535,10 @@ async fn record_outcome(
 /// The labels of the signed resources other than the one asked for (`asked`) that an
 /// executor's answer carries (a read's `contents[].uri`; an embedded resource's or a
 /// resource link's `uri` in a prompt's messages or a tool result's content), or why the
-/// answer is withheld: a URI another server signed, one the principal may not read, one
-/// matching two templates, or one spelt otherwise than its one spelling under a scheme some
-/// manifest signs resources of (a standard expansion of a signed template, `docs://q3%3Aplan`,
-/// may be one of them). MCP lets an answer
+/// answer is withheld: a URI another server signed, one the principal may not read, or one
+/// matching two templates. A URI spelt otherwise than its one spelling (a standard
+/// expansion of a signed template, `docs://q3%3Aplan`) is judged by its one spelling, and
+/// one that has none is withheld under a scheme some manifest signs resources of. MCP lets an answer
 /// carry several resources (a directory's children); each one a manifest signed is judged
 /// as a read of it would be, and its label joined, so one answer cannot carry a resource's
 /// content under a lower label or past the principal's access. A URI nothing signed is
@@ -599,31 +599,48 @@ pub(super) fn carried_resources(
         if Some(uri) == asked {
             continue;
         }
+        use crate::manifest::UnroutableUri;
+        let ambiguous = || {
+            (
+                format!("its resource at {at} matches two templates"),
+                Denial::UnknownResource,
+            )
+        };
         let route = match registry.resource_route(uri) {
             Ok(route) => route,
             // Nothing signed, as it is spelt: content of the answer.
-            Err(crate::manifest::UnroutableUri::NotSigned { .. }) => continue,
-            // Spelt otherwise than its one spelling: which resource it is cannot be told,
-            // so under a scheme some manifest signs resources of it is withheld (an honest
-            // server's standard expansion of a signed template escapes what the one
-            // spelling does not); under any other, it names nothing signed.
-            Err(crate::manifest::UnroutableUri::Spelling { .. }) => {
-                if !signs_scheme(registry, uri) {
-                    continue;
+            Err(UnroutableUri::NotSigned { .. }) => continue,
+            Err(UnroutableUri::Ambiguous { .. }) => return Err(ambiguous()),
+            // Spelt otherwise than its one spelling (an honest server's standard expansion
+            // of a signed template escapes what the one spelling holds as it is): judged by
+            // its one spelling. One that has none is withheld under a scheme some manifest
+            // signs resources of (which resource it is cannot be told), and names nothing
+            // signed under any other.
+            Err(UnroutableUri::Spelling { .. }) => {
+                let Some(spelt) = crate::manifest::one_spelling(uri) else {
+                    if !signs_scheme(registry, uri) {
+                        continue;
+                    }
+                    return Err((
+                        format!(
+                            "its resource at {at} has no spelling a URI can be routed by, \
+                             under a scheme a manifest signs resources of"
+                        ),
+                        Denial::UnknownResource,
+                    ));
+                };
+                match registry.resource_route(&spelt) {
+                    Ok(route) => route,
+                    Err(UnroutableUri::NotSigned { .. }) => continue,
+                    Err(UnroutableUri::Ambiguous { .. }) => return Err(ambiguous()),
+                    // Its one spelling is one (the rewrite leaves no fault but length).
+                    Err(UnroutableUri::Spelling { .. }) => {
+                        return Err((
+                            format!("its resource at {at} is not a URI a route can read"),
+                            Denial::UnknownResource,
+                        ));
+                    }
                 }
-                return Err((
-                    format!(
-                        "its resource at {at} is not spelt as URIs are, under a scheme a \
-                         manifest signs resources of"
-                    ),
-                    Denial::UnknownResource,
-                ));
-            }
-            Err(crate::manifest::UnroutableUri::Ambiguous { .. }) => {
-                return Err((
-                    format!("its resource at {at} matches two templates"),
-                    Denial::UnknownResource,
-                ));
             }
         };
         // Named by where it sits and why, never by what it is: the principal may not list
@@ -649,8 +666,9 @@ pub(super) fn carried_resources(
 /// without case.
 fn signs_scheme(registry: &VerifiedRegistry, uri: &str) -> bool {
     let scheme_of = |u: &str| u.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+    // A URI without a scheme names nothing a manifest signs (every signed one has one).
     let Some(scheme) = scheme_of(uri) else {
-        return true;
+        return false;
     };
     registry
         .resources()

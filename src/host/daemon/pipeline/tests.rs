@@ -886,13 +886,20 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
         "{e:?}"
     );
     assert!(!e.message.contains("template"), "{e:?}");
-    // Spelt otherwise under a scheme the server signs: which resource it is cannot be told.
-    exec.answers.push_back(carrying("test://Static-Text"));
-    let e = host
-        .read(ANALYST, "test://static-text", &mut exec)
-        .await
-        .unwrap_err();
-    assert_eq!(denial_of(&e), "unknown_resource", "{e:?}");
+    // Spelt otherwise, it is judged by its one spelling (here the template the analyst may
+    // not read, as a standard expansion escapes what the one spelling does not); one with
+    // no spelling under a scheme the server signs cannot be told, and is withheld.
+    for (spelt, denial) in [
+        ("TEST://template/%37/data", "access_denied"),
+        ("test://a/../template/7/data", "unknown_resource"),
+    ] {
+        exec.answers.push_back(carrying(spelt));
+        let e = host
+            .read(ANALYST, "test://static-text", &mut exec)
+            .await
+            .unwrap_err();
+        assert_eq!(denial_of(&e), denial, "{spelt}: {e:?}");
+    }
     // A completion's optional context may be empty.
     exec.answers
         .push_back(Ok(json!({"completion": {"values": []}})));
@@ -940,6 +947,7 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
         [
             "success",
             "success",
+            "answer_withheld",
             "answer_withheld",
             "answer_withheld",
             "success"
