@@ -199,10 +199,11 @@ impl Host {
 
     /// Stops serving the servers `untrusted` names and trusting the declassification
     /// authorities `authorities` names (each with why), and serves the principals `narrowed`
-    /// leaves in place of the current ones when given, keeping everything else of the current generation: a new generation without
-    /// them replaces it, and the servers' warm executors are stopped. Calls already
-    /// dispatched to them finish on the generation they started with; a session's next
-    /// request is judged under the principals served now.
+    /// leaves in place of the current ones when given, keeping everything else of the
+    /// current generation: a new generation without them replaces it, and the servers'
+    /// warm executors are stopped. Calls already dispatched to them finish on the
+    /// generation they started with; a session's next request is judged under the
+    /// principals served now.
     fn withdraw(
         &self,
         untrusted: &BTreeMap<String, String>,

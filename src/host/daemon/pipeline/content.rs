@@ -538,12 +538,12 @@ async fn record_outcome(
 /// answer is withheld: a URI another server signed, one the principal may not read, or one
 /// matching two templates. A URI spelt otherwise than its one spelling (a standard
 /// expansion of a signed template, `docs://q3%3Aplan`) is judged by its one spelling, and
-/// one that has none is withheld under a scheme some manifest signs resources of. MCP lets an answer
-/// carry several resources (a directory's children); each one a manifest signed is judged
-/// as a read of it would be, and its label joined, so one answer cannot carry a resource's
-/// content under a lower label or past the principal's access. A URI nothing signed is
-/// content of the answer itself (an embedded resource), under the answer's label. The
-/// reason names where in the answer, never the executor's URI.
+/// one that has none is withheld under a scheme some manifest signs resources of. MCP lets
+/// an answer carry several resources (a directory's children); each one a manifest signed
+/// is judged as a read of it would be, and its label joined, so one answer cannot carry a
+/// resource's content under a lower label or past the principal's access. A URI nothing
+/// signed is content of the answer itself (an embedded resource), under the answer's
+/// label. The reason names where in the answer, never the executor's URI.
 pub(super) fn carried_resources(
     registry: &VerifiedRegistry,
     principal: &crate::config::PrincipalConfig,
