@@ -307,6 +307,14 @@ fn prepare_records_dir(path: &Path) -> Result<(), SandboxError> {
                         .into(),
                 ));
             }
+            // One others may write could be given their records before this run's, or
+            // have this run's taken away: as the daemon's records directory, it must be
+            // one only root or this user may change.
+            let meta = std::fs::metadata(path)
+                .map_err(|e| bad(format!("cannot read the records directory: {e}")))?;
+            if let Some(why) = crate::files::others_may_change_file(&meta) {
+                return Err(bad(format!("{why}")));
+            }
             Ok(())
         }
         // Synced into its parent (and each directory made on the way into its own): records
@@ -1112,6 +1120,17 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         let e = prepare_records_dir(&file).unwrap_err().to_string();
         assert!(e.contains("is a file"), "{e}");
+        // An empty directory others may write is refused too, as the daemon's would be.
+        // Before, it was taken: another user could put records there first, or take this
+        // run's away.
+        use std::os::unix::fs::PermissionsExt;
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = prepare_records_dir(&shared).unwrap_err().to_string();
+        assert!(e.contains("0777") && e.contains("shared"), "{e}");
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o700)).unwrap();
+        prepare_records_dir(&shared).unwrap();
     }
 
     /// A records directory made for a run is synced into its parent, each directory made on
