@@ -414,21 +414,24 @@ pub fn require_broker(
             "the native broker is disabled (host.broker = \"disabled\") and flowhost has no unmediated way to run executors".into()
         }));
     }
-    if config.executor_identity.is_none() {
-        range_held_by_nobody(config.executor_uids).map_err(StartupError::NoBroker)?;
-    }
     Broker::new(BrokerOptions {
         executor_identity: config.executor_identity,
         executor_uids: Some(config.executor_uids),
     })
-    .map_err(|e| {
-        StartupError::NoBroker(if needs {
+    .map_err(|e| broker_unavailable(&e, needs))
+}
+
+/// The start's refusal when the broker cannot run: a range of executor uids that holds a
+/// local user's or group's id (which the broker checks as it starts) names the setting.
+fn broker_unavailable(e: &flowhost_broker::BrokerError, needs: bool) -> StartupError {
+    StartupError::NoBroker(match (e, needs) {
+        (flowhost_broker::BrokerError::UidRange(_), _) => format!("host.executor_uid_range: {e}"),
+        (_, true) => {
             format!(
                 "the registry requires flow mediation and the native broker is unavailable: {e}"
             )
-        } else {
-            format!("the native broker is unavailable: {e}")
-        })
+        }
+        (_, false) => format!("the native broker is unavailable: {e}"),
     })
 }
 
@@ -851,14 +854,6 @@ impl Host {
     }
 }
 
-/// Refuses a range of executor uids that holds a user's uid or a group's gid on this
-/// host ([`flowhost_broker::UidRange::held_by_nobody`]), naming the setting.
-fn range_held_by_nobody(range: flowhost_broker::UidRange) -> Result<(), String> {
-    range
-        .held_by_nobody()
-        .map_err(|e| format!("host.executor_uid_range: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     /// A profiles directory the configuration names that is not there stops the start,
@@ -888,8 +883,10 @@ mod tests {
     fn an_executor_range_holding_a_users_id_is_refused() {
         let range = |first, count| flowhost_broker::UidRange { first, count };
         // This host's own files: the default range holds no one's id.
-        super::range_held_by_nobody(flowhost_broker::UidRange::DEFAULT).unwrap();
-        let root = super::range_held_by_nobody(range(0, 1)).unwrap_err();
+        flowhost_broker::UidRange::DEFAULT.held_by_nobody().unwrap();
+        let held =
+            flowhost_broker::BrokerError::UidRange(range(0, 1).held_by_nobody().unwrap_err());
+        let root = super::broker_unavailable(&held, true).to_string();
         assert!(
             root.contains("\"root\"")
                 && root.contains("/etc/passwd")
