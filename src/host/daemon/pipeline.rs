@@ -484,7 +484,8 @@ async fn settle(
     // `text`: what the executor said, to be classified and joined into the flow state
     // before anything of it reaches the client; `None` when nothing it produced does (a
     // `NotStarted` reason is the host's words: see `DispatchError::NotStarted`).
-    // The labels of signed resources the result carries (see `content::carried_resources`).
+    // The join of the labels of signed resources the result carries (see
+    // `content::carried_resources`).
     let mut carried = crate::label::InformationLabel::bottom();
     let (answer, verdict, text) = match outcome {
         Err(DispatchError::NotStarted(why)) => (
@@ -521,10 +522,8 @@ async fn settle(
                         )
                     })
             }) {
-            Ok(labels) => {
-                for l in labels {
-                    carried = carried.join_or_top(&l);
-                }
+            Ok(label) => {
+                carried = label;
                 let verdict = if result.get("isError") == Some(&Value::Bool(true)) {
                     Verdict::Failed(Failure::ToolError)
                 } else {

@@ -397,10 +397,8 @@ async fn run<F: Forward>(
             routed.params.get("uri").and_then(Value::as_str),
             &result,
         ) {
-            Ok(labels) => {
-                for l in labels {
-                    label = label.join_or_top(&l);
-                }
+            Ok(carried) => {
+                label = label.join_or_top(&carried);
                 let text = crate::resolver::classifiable_text(&result);
                 (Ok(result), Verdict::Succeeded { rule: None }, text)
             }
@@ -532,9 +530,9 @@ async fn record_outcome(
         .await
 }
 
-/// The labels of the signed resources other than the one asked for (`asked`) that an
-/// executor's answer carries (a read's `contents[].uri`; an embedded resource's or a
-/// resource link's `uri` in a prompt's messages or a tool result's content), or why the
+/// The join of the labels of the signed resources other than the one asked for (`asked`)
+/// that an executor's answer carries (a read's `contents[].uri`; an embedded resource's or
+/// a resource link's `uri` in a prompt's messages or a tool result's content), or why the
 /// answer is withheld: a URI another server signed, one the principal may not read, or one
 /// matching two templates. A URI spelt otherwise than its one spelling (a standard
 /// expansion of a signed template, `docs://q3%3Aplan`) is judged by its one spelling, and
@@ -550,7 +548,7 @@ pub(super) fn carried_resources(
     server_id: &str,
     asked: Option<&str>,
     result: &Value,
-) -> Result<Vec<InformationLabel>, (String, Denial)> {
+) -> Result<InformationLabel, (String, Denial)> {
     // Borrowed, never copied: a result can be large.
     fn items(v: Option<&Value>) -> &[Value] {
         v.and_then(Value::as_array).map_or(&[], Vec::as_slice)
@@ -588,7 +586,7 @@ pub(super) fn carried_resources(
             uris.push((format!("content[{i}]"), uri));
         }
     }
-    let mut labels = Vec::new();
+    let mut carried = InformationLabel::bottom();
     for (at, uri) in &uris {
         let Some(uri) = uri.as_str() else {
             return Err((
@@ -657,9 +655,9 @@ pub(super) fn carried_resources(
                 Denial::AccessDenied,
             ));
         }
-        labels.push(route.label);
+        carried = carried.join_or_top(&route.label);
     }
-    Ok(labels)
+    Ok(carried)
 }
 
 /// Whether some manifest signs a resource (a URI or a template) of `uri`'s scheme, compared
