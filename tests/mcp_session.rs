@@ -990,3 +990,71 @@ fn the_executor_sees_neither_the_clients_progress_token_nor_its_cancel_reason() 
         );
     }
 }
+
+/// A call running across reloads is judged by its principal's per-origin rules as far as
+/// every later configuration still gives them: one reload taking an allow out refuses the
+/// call's next connect, and so do two where the first keeps it. Before, only the generation
+/// a reload replaced was narrowed, so a call two reloads old kept the allow.
+#[test]
+fn a_call_running_across_reloads_loses_the_per_origin_allows_taken_out() {
+    let relay = flowhost::lab::Relay::start().unwrap();
+    let addr = relay.addr.to_string();
+    let mut far = slow("far", &["--connect-after-sleep", &addr]);
+    far.profile = "brokered".into();
+    far.input_clearances = format!("[{}]", flowhost::lab::BOTTOM_LABEL);
+    far.extra = "pool_size = 1".into();
+    let Some(host) = Governed::start(&[far], "") else {
+        return;
+    };
+    let config_path = host.dir.path().join("host.toml");
+    let without = std::fs::read_to_string(&config_path).unwrap();
+    let with = without.replacen(
+        "[[principal]]\nid = \"tester\"\n",
+        &format!("[[principal]]\nid = \"tester\"\ndestinations = {{ allow = [\"{addr}\"] }}\n"),
+        1,
+    );
+    assert_ne!(with, without);
+    let mut generation = 1;
+    let mut reload_to = |text: &str| {
+        std::fs::write(&config_path, text).unwrap();
+        host.signal(libc::SIGHUP);
+        generation += 1;
+        let said = format!("reloaded: generation {generation}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !host.log().contains(&said) {
+            assert!(Instant::now() < deadline, "no {said:?}:\n{}", host.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut c = host.client();
+    let answer_text = |c: &mut RawClient, id: u64| {
+        let (m, _) = until_answer(c, id);
+        m["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{m}"))
+            .to_string()
+    };
+
+    // The allow in force: a call's late connect reaches the relay.
+    reload_to(&with);
+    call(&mut c, 1, "far/sleep", json!({"seconds": 0.1}));
+    let reached = answer_text(&mut c, 1);
+    assert!(reached.contains("connect: Ok(())"), "{reached}");
+
+    // Taken out while a call runs: its connect is refused.
+    call(&mut c, 2, "far/sleep", json!({"seconds": 3}));
+    std::thread::sleep(Duration::from_millis(300));
+    reload_to(&without);
+    let one = answer_text(&mut c, 2);
+    assert!(one.contains("connect: Err("), "one reload: {one}");
+
+    // Kept by a first reload, taken out by a second, while a call runs: refused too.
+    reload_to(&with);
+    call(&mut c, 3, "far/sleep", json!({"seconds": 5}));
+    std::thread::sleep(Duration::from_millis(300));
+    reload_to(&format!("{with}\n# the same rules\n"));
+    reload_to(&without);
+    let two = answer_text(&mut c, 3);
+    assert!(two.contains("connect: Err("), "two reloads: {two}");
+    assert_eq!(relay.connections(), 1, "{}", host.log());
+}

@@ -19,9 +19,9 @@ use crate::records::{
 use crate::resolver::FlowResolver;
 
 /// The per-origin destination rules a generation's judges decide by, by principal: set
-/// when the generation is built, and narrowed in place by a refused reload that takes
-/// rules out (the judges of running executors decide by the narrowed rules from their
-/// next attempt on).
+/// when the generation is built, and narrowed in place by every later reload, refused or
+/// not, that takes rules out (the judges of running executors decide by the narrowed rules
+/// from their next attempt on).
 #[derive(Debug, Default)]
 pub struct Origins(
     std::sync::RwLock<Arc<std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules>>>,
@@ -52,21 +52,27 @@ impl Origins {
         }
     }
 
-    /// From now on, the rules of `principals` (already narrowed: see
-    /// `Generation::principals_still_vouched_for`), and for a principal they no longer
-    /// hold, its block rules alone: a call of it still running is refused what it was
-    /// refused, and allowed nothing more.
-    pub fn narrow_to(&self, principals: &[crate::config::PrincipalConfig]) {
-        let mut next = Self::map(principals);
-        for (id, rules) in self.current().iter() {
-            if !principals.iter().any(|p| p.id == *id) {
-                next.insert(
-                    id.clone(),
-                    OriginRules {
-                        allow: Vec::new(),
-                        block: rules.block.clone(),
-                    },
-                );
+    /// From now on, each principal's rules as far as `principals` still give them (see
+    /// [`narrowed_origin`]): a principal they no longer hold keeps its block rules alone,
+    /// so a call of it still running is refused what it was refused, and allowed nothing
+    /// more. Narrowing again by the same principals changes nothing; nothing is widened.
+    pub fn narrow_by(&self, principals: &[crate::config::PrincipalConfig]) {
+        let now = |id: &crate::ident::PrincipalId| {
+            principals
+                .iter()
+                .find(|p| p.id == *id)
+                .and_then(|p| p.destinations.as_ref())
+        };
+        let current = self.current();
+        let mut next = std::collections::BTreeMap::new();
+        for (id, rules) in current.iter() {
+            if let Some(kept) = narrowed_origin(Some(rules), now(id)) {
+                next.insert(id.clone(), kept);
+            }
+        }
+        for p in principals.iter().filter(|p| !current.contains_key(&p.id)) {
+            if let Some(blocks) = narrowed_origin(None, p.destinations.as_ref()) {
+                next.insert(p.id.clone(), blocks);
             }
         }
         let next = Arc::new(next);
@@ -75,6 +81,23 @@ impl Origins {
             Err(poisoned) => *poisoned.into_inner() = next,
         }
     }
+}
+
+/// A principal's per-origin destinations `old` as far as `new` still gives them: the allow
+/// rules written the same in both, and every block rule of either.
+pub(super) fn narrowed_origin(
+    old: Option<&OriginRules>,
+    new: Option<&OriginRules>,
+) -> Option<OriginRules> {
+    let mut kept = old.cloned().unwrap_or_default();
+    kept.allow
+        .retain(|r| new.is_some_and(|n| n.allow.contains(r)));
+    for block in new.map(|n| n.block.as_slice()).unwrap_or_default() {
+        if !kept.block.contains(block) {
+            kept.block.push(block.clone());
+        }
+    }
+    (old.is_some() || kept != OriginRules::default()).then_some(kept)
 }
 
 /// Judges one server's executors' attempts.
@@ -534,7 +557,7 @@ mod tests {
             principal("kept", "10.0.0.1:443", "10.0.0.2:443"),
             principal("gone", "10.0.0.3:443", "10.0.0.4:443"),
         ]);
-        origins.narrow_to(&[principal("kept", "10.0.0.1:443", "10.0.0.2:443")]);
+        origins.narrow_by(&[principal("kept", "10.0.0.1:443", "10.0.0.2:443")]);
         let now = origins.current();
         let gone = &now[&crate::ident::PrincipalId::new("gone").unwrap()];
         assert!(gone.allow.is_empty());

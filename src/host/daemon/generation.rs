@@ -59,23 +59,6 @@ pub struct Generation {
     pub origins: Arc<super::egress::Origins>,
 }
 
-/// A principal's per-origin destinations `old` as far as `new` still gives them: the allow
-/// rules written the same in both, and every block rule of either.
-fn narrowed_origin(
-    old: Option<&crate::destination::OriginRules>,
-    new: Option<&crate::destination::OriginRules>,
-) -> Option<crate::destination::OriginRules> {
-    let mut kept = old.cloned().unwrap_or_default();
-    kept.allow
-        .retain(|r| new.is_some_and(|n| n.allow.contains(r)));
-    for block in new.map(|n| n.block.as_slice()).unwrap_or_default() {
-        if !kept.block.contains(block) {
-            kept.block.push(block.clone());
-        }
-    }
-    (old.is_some() || kept != crate::destination::OriginRules::default()).then_some(kept)
-}
-
 /// The principals a refused reload leaves (see
 /// [`Generation::principals_still_vouched_for`]).
 #[derive(Debug, Clone, Default)]
@@ -177,7 +160,8 @@ impl Generation {
             if !tools.is_empty() {
                 what.push(format!("tools {tools:?}"));
             }
-            let destinations = narrowed_origin(p.destinations.as_ref(), now.destinations.as_ref());
+            let destinations =
+                super::egress::narrowed_origin(p.destinations.as_ref(), now.destinations.as_ref());
             if destinations != p.destinations {
                 what.push("per-origin destinations (allows taken out, blocks added)".into());
             }
@@ -225,7 +209,7 @@ impl Generation {
             config.withdrawn_peers.1.extend(narrowed.peers.1);
             // The judges are shared with the generation this replaces: narrowed in place,
             // they decide running executors' next attempts by what is left.
-            self.origins.narrow_to(&config.principals);
+            self.origins.narrow_by(&config.principals);
         }
         let keep = |server: &String| !withdrawn.contains(server);
         Generation {

@@ -62,6 +62,9 @@ pub struct Host {
     /// Set when the host must serve what it started with to the end (see
     /// [`Host::serve_what_it_started_with`]): SIGHUP then reloads nothing.
     pub(super) no_reloads: std::sync::atomic::AtomicBool,
+    /// The per-origin rules of the generations replaced so far, while a judge of theirs
+    /// lives (a call may still run on them): every later reload narrows them too.
+    pub(super) retired_origins: Mutex<Vec<std::sync::Weak<egress::Origins>>>,
 }
 
 impl Host {
@@ -79,6 +82,26 @@ impl Host {
             Ok(g) => g.clone(),
             // A poisoned lock still holds a complete generation (the swap is one assignment).
             Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Narrows the per-origin rules of every replaced generation still in use, and of
+    /// `retiring` (which joins them), to what `principals` still give.
+    fn narrow_retired(
+        &self,
+        principals: &[crate::config::PrincipalConfig],
+        retiring: Option<&Arc<egress::Origins>>,
+    ) {
+        let mut retired = match self.retired_origins.lock() {
+            Ok(r) => r,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        retired.retain(|o| o.strong_count() > 0);
+        if let Some(origins) = retiring {
+            retired.push(Arc::downgrade(origins));
+        }
+        for origins in retired.iter().filter_map(std::sync::Weak::upgrade) {
+            origins.narrow_by(principals);
         }
     }
 
@@ -172,13 +195,10 @@ impl Host {
             // resolver still trusts an authority it dropped.
             self.resolver
                 .trust_authorities(&generation.config.authorities);
-            // The calls still running on the generation this replaces are judged by its
-            // per-origin rules as far as the new file still gives them: narrowed as a
-            // refused reload narrows them, never widened.
-            g.origins.narrow_to(
-                &g.principals_still_vouched_for(&generation.config)
-                    .principals,
-            );
+            // The calls still running on the generation this replaces, or on one it
+            // replaced, are judged by their per-origin rules as far as the new file still
+            // gives them: narrowed as a refused reload narrows them, never widened.
+            self.narrow_retired(&generation.config.principals, Some(&g.origins));
             std::mem::replace(&mut *g, Arc::new(generation))
         };
         if let (Some(auth), Some(keys)) = (&self.http_auth, key_set) {
@@ -219,6 +239,9 @@ impl Host {
                 Err(poisoned) => poisoned.into_inner(),
             };
             let reduced = Arc::new(g.without(id, &withdrawn, &distrusted, narrowed.clone()));
+            if let Some(narrowed) = &narrowed {
+                self.narrow_retired(&narrowed.principals, None);
+            }
             // Calls already running or waiting under a grant of a distrusted authority
             // stop being judged under it at their next attempt.
             self.resolver.trust_authorities(&reduced.config.authorities);

@@ -849,6 +849,7 @@ impl Host {
             health_file,
             admission: Arc::new(admission::Admission::default()),
             no_reloads: Default::default(),
+            retired_origins: Default::default(),
         });
         Ok((host, listener))
     }
