@@ -2012,3 +2012,55 @@ fn an_unreadable_or_repeated_header_is_refused_not_read_as_absent() {
         .count();
     assert_eq!(unreadable, 3, "{names:?}");
 }
+
+/// Taking out the last credential of its kind revokes it, although a file left with no
+/// subject mapped, or with no credential at all, is refused: before, the lenient read of the
+/// reload failed on it, and the credential the operator took out went on authenticating
+/// until a restart.
+#[test]
+fn the_last_credential_taken_out_is_revoked_at_the_reload() {
+    let Some((lab, addr, issuer)) = start("") else {
+        return;
+    };
+    let subject = jwt(&issuer, RESOURCE, unix_now() + 300, "agent-1");
+    let status = |token: &str| McpHttp::new(addr, Some(token)).initialize().status;
+    assert_eq!((status(TOKEN), status(&subject)), (200, 200));
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let no_subject = text.replacen(
+        "principals = { \"agent-1\" = \"remote-agent\" }",
+        "principals = {}",
+        1,
+    );
+    assert_ne!(no_subject, text);
+    reload_refused(&lab, &no_subject);
+    assert!(
+        lab.log().contains("map at least one claim value"),
+        "{}",
+        lab.log()
+    );
+    assert_eq!(
+        status(&subject),
+        401,
+        "the last subject taken out still authenticates"
+    );
+    assert_eq!(status(TOKEN), 200);
+    let token_table = format!(
+        "[[http.token]]\nprincipal = \"remote-agent\"\nsha256 = \"{}\"\n",
+        hex::encode(Sha256::digest(TOKEN.as_bytes()))
+    );
+    let jwt_start = no_subject.find("[http.jwt]").unwrap();
+    let nothing = no_subject[..jwt_start].replacen(&token_table, "", 1);
+    assert!(!nothing.contains("[[http.token]]") && !nothing.contains("[http.jwt]"));
+    reload_refused(&lab, &nothing);
+    assert!(
+        lab.log()
+            .contains("configure at least one way to authenticate"),
+        "{}",
+        lab.log()
+    );
+    assert_eq!(
+        status(TOKEN),
+        401,
+        "the last token taken out still authenticates"
+    );
+}

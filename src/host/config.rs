@@ -846,16 +846,18 @@ impl HostConfig {
                 "only one server may offer its tools under bare names".into(),
             ));
         }
+        let mut dangling = Vec::new();
         let http = match raw.http {
             None => None,
-            Some(h) => Some(http::validate(h, resolve).map_err(|(k, m)| invalid(k, m))?),
+            Some(h) => {
+                Some(http::validate(h, resolve, &mut dangling).map_err(|(k, m)| invalid(k, m))?)
+            }
         };
         let named_by_http = |id: &PrincipalId| {
             http.as_ref()
                 .is_some_and(|h| h.named_principals().any(|(_, p)| p == id))
         };
         let mut principals: Vec<PrincipalConfig> = Vec::new();
-        let mut dangling = Vec::new();
         let mut seen_uids = BTreeMap::new();
         let mut seen_gids = BTreeMap::new();
         for (i, p) in raw.principal.into_iter().enumerate() {

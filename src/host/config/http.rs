@@ -203,9 +203,14 @@ impl HttpConfig {
 }
 
 /// Validates the raw table (`resolve` makes paths absolute). `Err` is `(key, message)`.
+/// A table left with no credential at all, or a JWT issuer with no subject mapped, is
+/// pushed to `dangling` (`(key, message)`) rather than refused here: taking the last
+/// credential out is how an operator revokes it, and a reload refused for that must still
+/// revoke it (the lenient read; a strict one refuses the file for what is in `dangling`).
 pub(super) fn validate(
     mut raw: RawHttp,
     resolve: impl Fn(&Path) -> PathBuf,
+    dangling: &mut Vec<(String, String)>,
 ) -> Result<HttpConfig, (String, String)> {
     let bad = |k: &str, m: String| Err((format!("http.{k}"), m));
     if !raw.path.starts_with('/') || raw.path.contains(['?', '#']) {
@@ -337,10 +342,10 @@ pub(super) fn validate(
                 return bad("jwt.issuer", "must not be empty".into());
             }
             if j.principals.is_empty() {
-                return bad(
-                    "jwt.principals",
+                dangling.push((
+                    "http.jwt.principals".into(),
                     "map at least one claim value to a principal".into(),
-                );
+                ));
             }
             let authorization_servers = if j.authorization_servers.is_empty() {
                 vec![j.issuer.clone()]
@@ -358,10 +363,10 @@ pub(super) fn validate(
         }
     };
     if tokens.is_empty() && jwt.is_none() && raw.unauthenticated_loopback_principal.is_none() {
-        return bad(
-            "token",
+        dangling.push((
+            "http.token".into(),
             "configure at least one way to authenticate (http.token, http.jwt)".into(),
-        );
+        ));
     }
     Ok(HttpConfig {
         listen: raw.listen,
@@ -386,7 +391,12 @@ mod tests {
 
     fn parse(text: &str) -> Result<HttpConfig, (String, String)> {
         let raw: RawHttp = toml::from_str(text).unwrap();
-        validate(raw, |p| Path::new("/etc/flowhost").join(p))
+        let mut dangling = Vec::new();
+        let c = validate(raw, |p| Path::new("/etc/flowhost").join(p), &mut dangling)?;
+        match dangling.into_iter().next() {
+            Some(left_out) => Err(left_out),
+            None => Ok(c),
+        }
     }
 
     const TOKEN: &str = "[[token]]\nprincipal = \"alice\"\nsha256 = \"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\"\n";
