@@ -1493,9 +1493,24 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
     };
     let third = JwtIssuer::new(17);
     let kept = jwt(&third, RESOURCE, later, "agent-1");
-    std::fs::write(&jwks, keys(&[&next, &third])).unwrap();
+    // With a key published for encryption beside them: not used, and the operator is told
+    // at the default level (before, at debug level only).
+    let mut with_enc: Value = serde_json::from_str(&keys(&[&next, &third])).unwrap();
+    let mut enc: Value =
+        serde_json::from_str::<Value>(&JwtIssuer::new(23).jwks).unwrap()["keys"][0].clone();
+    enc["use"] = json!("enc");
+    enc["kid"] = json!("for-encryption");
+    with_enc["keys"].as_array_mut().unwrap().push(enc);
+    std::fs::write(&jwks, with_enc.to_string()).unwrap();
     reload_and_wait(&lab, 4, "reloaded: generation 3");
     assert_eq!((status(&rotated), status(&kept)), (200, 200));
+    assert!(
+        lab.log()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("\"for-encryption\") is not for signatures")),
+        "{}",
+        lab.log()
+    );
     let fourth = JwtIssuer::new(19);
     let added = jwt(&fourth, RESOURCE, later, "agent-1");
     std::fs::write(&jwks, keys(&[&third, &fourth])).unwrap();

@@ -496,8 +496,9 @@ async fn record(writer: Option<&RecordWriter>, record: DecisionRecord) -> bool {
 
 /// Starts the run's own resolver when the profile shares the host's network: the command's
 /// lookups are answered only for names an allow rule names; every lookup is recorded. `None`
-/// when the profile needs none, or when this user may not bind port 53 (then lookups are
-/// sends like any other, judged by address rules; said on stderr).
+/// when the profile needs none, or when this user may not bind port 53 (then every send to
+/// port 53, or to an upstream resolver, is refused and host-name rules match nothing; said on
+/// stderr).
 fn start_dns(
     args: &Arc<RunArgs>,
     rules: &Arc<DestinationRules>,

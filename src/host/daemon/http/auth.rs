@@ -530,18 +530,22 @@ fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
             Some(named) => match format!("{named:?}").parse::<Algorithm>() {
                 Ok(alg) if ALGORITHMS.contains(&alg) => Some(alg),
                 _ => {
-                    tracing::debug!(
+                    tracing::warn!(
                         key = i,
-                        "JWT key set: key {i} names an algorithm flowhost does not verify with; not used"
+                        "JWT key set {}: key {i} ({:?}) names an algorithm flowhost does not verify with; not used",
+                        path.display(),
+                        common.key_id.as_deref().unwrap_or("no kid")
                     );
                     continue;
                 }
             },
         };
         if not_for_signatures {
-            tracing::debug!(
+            tracing::warn!(
                 key = i,
-                "JWT key set: key {i} is not for signatures; not used"
+                "JWT key set {}: key {i} ({:?}) is not for signatures (use, key_ops); not used",
+                path.display(),
+                common.key_id.as_deref().unwrap_or("no kid")
             );
             continue;
         }
