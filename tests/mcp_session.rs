@@ -679,17 +679,12 @@ fn a_request_left_open_by_the_calls_answer_is_answered_once() {
     assert!(host.log().contains("has ended"), "{}", host.log());
 }
 
-/// A reload that takes out the key vouching for a server withdraws it, also from the
-/// requests already admitted and still queued behind its running calls: before, each ran
-/// once a running call made room, on an executor the server's drained warm pool started
-/// again for it.
-#[test]
-fn requests_queued_for_a_withdrawn_server_are_not_served() {
-    let Some(host) = one_warm("slow", &[]) else {
-        return;
-    };
+/// Starts eight calls of 6 s on `host`'s server `slow` and queues three more behind them
+/// (eight run at once per server and session), runs `withdraw` (which has the host withdraw
+/// something and waits until it has), and checks that the three queued are refused, saying
+/// `refused`, while the eight running finish on the generation they started with.
+fn queued_calls_are_refused_after(host: &Governed, withdraw: impl FnOnce(), refused: &str) {
     let mut c = host.client();
-    // Eight run at once per server and session; the rest wait for one of them.
     const RUNNING: u64 = 8;
     const QUEUED: u64 = 3;
     for id in 1..=RUNNING + QUEUED {
@@ -697,16 +692,7 @@ fn requests_queued_for_a_withdrawn_server_are_not_served() {
     }
     // Time for the eight to be given their executors, well within their six seconds.
     std::thread::sleep(Duration::from_millis(2500));
-    std::fs::remove_file(host.key_of("slow")).unwrap();
-    host.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !host
-        .log()
-        .contains("server \"slow\" withdrawn from service")
-    {
-        assert!(Instant::now() < deadline, "{}", host.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    withdraw();
     let mut answers = std::collections::BTreeMap::new();
     while answers.len() < (RUNNING + QUEUED) as usize {
         let m = c.recv();
@@ -716,16 +702,68 @@ fn requests_queued_for_a_withdrawn_server_are_not_served() {
     }
     let withdrawn: Vec<u64> = answers
         .iter()
-        .filter(|(_, m)| m.to_string().contains("withdrawn from service"))
+        .filter(|(_, m)| m.to_string().contains(refused))
         .map(|(id, _)| *id)
         .collect();
     assert_eq!(withdrawn.len() as u64, QUEUED, "{answers:#?}");
-    // The calls that were running finish on the generation they started with.
     let finished = answers
         .values()
         .filter(|m| m["error"].is_null() && m["result"]["isError"] != json!(true))
         .count() as u64;
     assert_eq!(finished, RUNNING, "{answers:#?}");
+}
+
+/// Waits until `host`'s log says `said`.
+fn logged(host: &Governed, said: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !host.log().contains(said) {
+        assert!(Instant::now() < deadline, "no {said:?}:\n{}", host.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A reload that takes out the key vouching for a server withdraws it, also from the
+/// requests already admitted and still queued behind its running calls: before, each ran
+/// once a running call made room, on an executor the server's drained warm pool started
+/// again for it.
+#[test]
+fn requests_queued_for_a_withdrawn_server_are_not_served() {
+    let Some(host) = one_warm("slow", &[]) else {
+        return;
+    };
+    let withdraw = || {
+        std::fs::remove_file(host.key_of("slow")).unwrap();
+        host.signal(libc::SIGHUP);
+        logged(&host, "server \"slow\" withdrawn from service");
+    };
+    queued_calls_are_refused_after(&host, withdraw, "withdrawn from service");
+}
+
+/// A reload that takes a tool from the session's principal, or maps its peer to no
+/// principal, withdraws the requests already admitted and still queued: before, only a
+/// withdrawn server was checked again, and the queued calls ran once a running call made
+/// room.
+#[test]
+fn requests_queued_for_a_withdrawn_principal_are_not_served() {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    for (from, to) in [
+        ("tools = [\"slow/*\"]", "tools = [\"slow/structured\"]"),
+        (&*format!("uids = [{uid}]"), "uids = [4242]"),
+    ] {
+        let Some(host) = one_warm("slow", &[]) else {
+            return;
+        };
+        let withdraw = || {
+            let config = host.dir.path().join("host.toml");
+            let text = std::fs::read_to_string(&config).unwrap();
+            assert!(text.contains(from), "{text}");
+            std::fs::write(&config, text.replacen(from, to, 1)).unwrap();
+            host.signal(libc::SIGHUP);
+            logged(&host, "reloaded: generation 2");
+        };
+        queued_calls_are_refused_after(&host, withdraw, "principal, or its use of this");
+    }
 }
 
 /// Once a call is cancelled, its executor's egress is refused (`no_call_in_flight`), even

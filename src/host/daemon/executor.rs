@@ -78,6 +78,13 @@ pub enum ExecutorError {
         "server {0:?} was withdrawn from service, or admitted again under another manifest, before an executor took the request; none is started for it"
     )]
     Withdrawn(String),
+    /// A reload took the session's principal out, mapped its peer elsewhere, or took from
+    /// the principal the use of what the request names on this server, after the request
+    /// was admitted and before an executor took it: none is started for it.
+    #[error(
+        "the session's principal, or its use of this on server {0:?}, was withdrawn before an executor took the request; none is started for it"
+    )]
+    AccessWithdrawn(String),
 }
 
 impl ExecutorError {
@@ -111,7 +118,8 @@ impl ExecutorError {
             | ExecutorError::Exited
             | ExecutorError::Bound { .. }
             | ExecutorError::Io(_)
-            | ExecutorError::Withdrawn(_) => self.to_string(),
+            | ExecutorError::Withdrawn(_)
+            | ExecutorError::AccessWithdrawn(_) => self.to_string(),
         }
     }
 }

@@ -1229,6 +1229,7 @@ impl Executors<'_> {
     async fn take(
         &self,
         server: &str,
+        name: &str,
         source: &crate::label::InformationLabel,
     ) -> Result<Bound, ExecutorError> {
         let mut retired = Vec::new();
@@ -1252,15 +1253,16 @@ impl Executors<'_> {
             b.exec.stop().await;
         }
         // A request admitted before a reload withdrew its server, or admitted it under
-        // another manifest (a key replaced, a new version), and queued behind the server's
-        // other calls since, is not served by what it was admitted to: neither an idle
-        // executor nor a new one takes it. Asked again once the executor is ready (a cold
-        // start and the session's forwards take a while, in which a reload can come).
-        if !self.still_admitted(server) {
+        // another manifest (a key replaced, a new version), or withdrew the session's
+        // principal or its access to `name`, and queued behind the server's other calls
+        // since, is not served by what it was admitted to: neither an idle executor nor a
+        // new one takes it. Asked again once the executor is ready (a cold start and the
+        // session's forwards take a while, in which a reload can come).
+        if let Err(withdrawn) = self.still_admitted(server, name) {
             if let Some(b) = found {
                 b.exec.stop().await;
             }
-            return Err(ExecutorError::Withdrawn(server.to_string()));
+            return Err(withdrawn);
         }
         let mut bound = match found {
             Some(b) => b,
@@ -1347,19 +1349,29 @@ impl Executors<'_> {
                 }
             }
         }
-        if !self.still_admitted(server) {
+        if let Err(withdrawn) = self.still_admitted(server, name) {
             bound.exec.stop().await;
-            return Err(ExecutorError::Withdrawn(server.to_string()));
+            return Err(withdrawn);
         }
         Ok(bound)
     }
 
     /// Whether the host still serves `server` under the manifest this call's generation
-    /// admitted.
-    fn still_admitted(&self, server: &str) -> bool {
+    /// admitted, and the configuration serving now still maps the session's peer to the
+    /// principal it was admitted as, which may still use `name` (a tool, resource or prompt
+    /// of `server`).
+    fn still_admitted(&self, server: &str, name: &str) -> Result<(), ExecutorError> {
         let current = self.session.host.current();
         let admitted_now = current.servers.get(server).map(|f| &f.digest);
-        admitted_now == self.generation.servers.get(server).map(|f| &f.digest)
+        if admitted_now != self.generation.servers.get(server).map(|f| &f.digest) {
+            return Err(ExecutorError::Withdrawn(server.to_string()));
+        }
+        let pinned = self.session.pinned();
+        let principal = self.session.identity.principal(&current.config);
+        match principal {
+            Some(p) if pinned == Some(&p.id) && p.may_call(server, name) => Ok(()),
+            _ => Err(ExecutorError::AccessWithdrawn(server.to_string())),
+        }
     }
 
     /// [`Executors::take`], with a failure told in the host's words
@@ -1368,13 +1380,14 @@ impl Executors<'_> {
     async fn ready(
         &self,
         server: &str,
+        name: &str,
         source: &crate::label::InformationLabel,
     ) -> Result<Bound, String> {
         // Within the call's deadline: a server slow to take the session's logging level or
         // its subscriptions must not hold the call, its permit and the session for longer.
         // An executor dropped half ready is stopped.
         let deadline = self.generation.config.call_timeout;
-        let taken = tokio::time::timeout(deadline, self.take(server, source))
+        let taken = tokio::time::timeout(deadline, self.take(server, name, source))
             .await
             .unwrap_or(Err(ExecutorError::Timeout(deadline)));
         taken.map_err(|e| {
@@ -1452,7 +1465,7 @@ impl Dispatch for Executors<'_> {
         let mut bound = tokio::select! {
             biased;
             reason = cancelled(&mut cancel) => return Err(DispatchError::CancelledBeforeStart(reason)),
-            ready = self.ready(server, &source) => ready.map_err(DispatchError::NotStarted)?,
+            ready = self.ready(server, tool, &source) => ready.map_err(DispatchError::NotStarted)?,
         };
         call.executor_pid = bound.exec.pid();
         let name = call.tool.clone();

@@ -89,10 +89,13 @@ pub enum ForwardError {
 
 /// Forwards an authorized content request to one of the session's executors.
 pub trait Forward {
-    /// Sends `method` with `params` to an executor of `server` fit for `source`.
+    /// Sends `method` with `params` to an executor of `server` fit for `source`. `name` is
+    /// the signed resource or prompt the request routes to: a principal that may no longer
+    /// use it by the time an executor takes the request is refused then.
     fn forward(
         &mut self,
         server: &str,
+        name: &str,
         method: &str,
         params: Value,
         source: &InformationLabel,
@@ -384,7 +387,13 @@ async fn run<F: Forward>(
     // Forward.
     let server = routed.route.server_id.clone();
     let outcome = forward
-        .forward(&server, method.as_str(), routed.params.clone(), &source)
+        .forward(
+            &server,
+            &routed.route.name,
+            method.as_str(),
+            routed.params.clone(),
+            &source,
+        )
         .await;
 
     // Settle.

@@ -713,6 +713,7 @@ impl content::Forward for Feeding {
     async fn forward(
         &mut self,
         server: &str,
+        _name: &str,
         method: &str,
         params: Value,
         _source: &crate::label::InformationLabel,

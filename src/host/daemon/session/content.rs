@@ -276,7 +276,7 @@ impl Session {
             outbox: self.out.clone(),
         };
         let outcome = executors
-            .subscription(server, method, uri, &source)
+            .subscription((server, &route.name), method, uri, &source)
             .await
             .map(|_| json!({}))
             .map_err(|e| {
@@ -409,7 +409,7 @@ impl Executors<'_> {
     /// aside until the request is settled (see `release`).
     async fn forward_then(
         &mut self,
-        server: &str,
+        (server, name): (&str, &str),
         method: &str,
         params: Value,
         source: &crate::label::InformationLabel,
@@ -421,7 +421,7 @@ impl Executors<'_> {
             .await
             .map_err(|e| ForwardError::NotStarted(e.to_string()))?;
         let mut bound = self
-            .ready(server, source)
+            .ready(server, name, source)
             .await
             .map_err(ForwardError::NotStarted)?;
         let deadline = self.generation.config.call_timeout;
@@ -453,14 +453,14 @@ impl Executors<'_> {
     /// subscription.
     async fn subscription(
         &mut self,
-        server: &str,
+        (server, name): (&str, &str),
         method: &str,
         uri: &str,
         source: &crate::label::InformationLabel,
     ) -> Result<Value, ForwardError> {
         let subscribe = method == "resources/subscribe";
         let answer = self
-            .forward_then(server, method, json!({ "uri": uri }), source, |b| {
+            .forward_then((server, name), method, json!({ "uri": uri }), source, |b| {
                 if subscribe {
                     b.subscribed.insert(uri.to_string());
                 } else {
@@ -478,11 +478,12 @@ impl Forward for Executors<'_> {
     async fn forward(
         &mut self,
         server: &str,
+        name: &str,
         method: &str,
         params: Value,
         source: &crate::label::InformationLabel,
     ) -> Result<Value, ForwardError> {
-        self.forward_then(server, method, params, source, |_| {})
+        self.forward_then((server, name), method, params, source, |_| {})
             .await
     }
 
