@@ -713,7 +713,6 @@ pub async fn check_through(
     places: &Places<'_>,
     through: Option<(u64, &str)>,
 ) -> Result<(), ContinuityError> {
-    let checkpoint = state.checkpoint().await?;
     // Read once, before the records, and each record is compared with it as it is read
     // (see above for why that is sound while labels are being raised). Read even when no
     // record is new: reading is what finds a file replaced under the store.
@@ -728,6 +727,10 @@ pub async fn check_through(
         Err(e @ StateError::Postgres(PgError::Lower { .. })) => (None, Some(e)),
         Err(e) => return Err(e.into()),
     };
+    // After the snapshot, which reads the file afresh and so tells a file replaced under
+    // the store (the checkpoint's read through the store's own connection would fail as a
+    // fault retried at every check).
+    let checkpoint = state.checkpoint().await?;
     // Nothing new since the checkpoint. Any other checkpoint at or past `through` is not
     // this stream's (the writer's head never falls back): the scan below reports it.
     if let (Some(through), Some((seq, hash))) = (through, &checkpoint)

@@ -580,6 +580,13 @@ fn unfit_cell(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// Whether SQLite reads the file as damaged: pages that do not fit together, as when
+/// another database is copied over the file in place while its write-ahead log lives, or
+/// the file is cut short. No passing fault: reading it again reads the same pages.
+fn damaged(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DatabaseCorrupt)
+}
+
 fn no_state_in(e: &rusqlite::Error) -> bool {
     let missing = |m: &str| m.starts_with("no such table") || m.starts_with("no such column");
     match e {
@@ -1055,9 +1062,15 @@ impl SqliteStore {
         )
         .map_err(io)?;
         let not_a_state = "is no flow-state database (its tables are gone, or it is not SQLite)";
+        let damaged_file = |e: &rusqlite::Error| {
+            format!("reads as damaged ({e}): another file copied over it in place, or cut short")
+        };
         let principals = match load_principals(&fresh, &self.path, io) {
             Err(StateError::Io { source, .. }) if no_state_in(&source) => {
                 return Err(self.replaced(&mut inner, not_a_state.into()));
+            }
+            Err(StateError::Io { source, .. }) if damaged(&source) => {
+                return Err(self.replaced(&mut inner, damaged_file(&source)));
             }
             Err(StateError::Io { source, .. }) if unfit_cell(&source) => {
                 return Err(self.replaced(
@@ -1078,6 +1091,9 @@ impl SqliteStore {
         let seal = match seal_of(&fresh, &principals) {
             Err(e) if no_state_in(&e) => {
                 return Err(self.replaced(&mut inner, not_a_state.into()));
+            }
+            Err(e) if damaged(&e) => {
+                return Err(self.replaced(&mut inner, damaged_file(&e)));
             }
             Err(e) if unfit_cell(&e) => {
                 return Err(self.replaced(
@@ -1501,6 +1517,46 @@ pub(crate) mod tests {
             assert!(matches!(err, StateError::Replaced { .. }), "{name}: {err}");
             assert!(store.failure().is_some(), "{name}: the store failed");
         }
+    }
+
+    /// A state file overwritten in place by another SQLite file while its write-ahead log
+    /// lives (`cp other.db state.db` keeps the file, and its `-wal` and `-shm` stay) reads
+    /// as malformed: that fails the store, as a file replaced by rename does. Before, it was
+    /// an I/O error retried at every check, and health said the state was fine.
+    #[test]
+    fn a_state_file_overwritten_in_place_fails_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let store = SqliteStore::open(&db).unwrap();
+        for n in 0..50 {
+            store
+                .join(&key(&format!("p{n}"), "s1"), &owner("larkfield"))
+                .unwrap();
+        }
+        // Most pages in the file itself, a few in the log: what a running host's file is.
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+        store
+            .join(&key("p7", "s1"), &owner("another-owner"))
+            .unwrap();
+        store.snapshot().unwrap();
+        assert!(db.with_file_name("state.db-wal").exists());
+        // Another state file (an older copy, another host's), its pages laid out otherwise.
+        let other = dir.path().join("other.db");
+        {
+            let older = SqliteStore::open(&other).unwrap();
+            for n in 0..400 {
+                older
+                    .join(&key(&format!("another-principal-{n}"), "s9"), &owner("x"))
+                    .unwrap();
+            }
+        }
+        std::fs::write(&db, std::fs::read(&other).unwrap()).unwrap();
+        let err = store.snapshot().expect_err("read as a state");
+        assert!(matches!(err, StateError::Replaced { .. }), "{err}");
+        assert!(store.failure().is_some());
     }
 
     /// A grant this store spent stays spent while the host runs, even if the file loses its
