@@ -124,7 +124,9 @@ pub const IP_PROTOCOLS_ALLOWED: &[(i32, &[i32])] = &[
 /// the options that choose the interface a send leaves by (`SO_BINDTODEVICE`,
 /// `SO_BINDTOIFINDEX`, `IP_UNICAST_IF`, `IPV6_UNICAST_IF`, `IP_MULTICAST_IF`,
 /// `IPV6_MULTICAST_IF`), which a decision by address does not see (on a host with VRFs, one
-/// address names a host in each).
+/// address names a host in each); and `TCP_ULP`, which swaps a TCP socket's operations for
+/// another protocol's (`smc` turns it into a socket of a family the broker does not decide
+/// for, whose `listen` binds it to every address).
 pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
     (libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP),
     (libc::IPPROTO_IP, libc::IP_DROP_MEMBERSHIP),
@@ -176,6 +178,7 @@ pub const SOCKET_OPTIONS_DENIED: &[(i32, i32)] = &[
     (libc::SOL_SOCKET, 62),
     (libc::IPPROTO_IP, libc::IP_UNICAST_IF),
     (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_IF),
+    (libc::IPPROTO_TCP, libc::TCP_ULP),
 ];
 
 /// `ioctl` requests refused with EPERM whatever the profile: each writes into the input of

@@ -114,6 +114,8 @@ fn ip_options_and_extension_headers_cannot_be_set() {
             "level {level} option {name}"
         );
     }
+    // Named, so that taking it out of the list fails here.
+    assert!(SOCKET_OPTIONS_DENIED.contains(&(libc::IPPROTO_TCP, libc::TCP_ULP)));
     // Ordinary options stay available.
     for (level, name) in [
         (libc::SOL_SOCKET, libc::SO_REUSEADDR),

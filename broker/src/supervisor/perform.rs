@@ -158,7 +158,9 @@ impl Caller<'_> {
     /// socket may have been named by the kernel without a `bind` (a connect or send with
     /// `SO_PASSCRED` set autobinds it, even one that then fails): that is a `listen` attempt
     /// on its name, carried out only if allowed; an unnamed one is refused as the kernel
-    /// would (EINVAL), since a name given to it meanwhile was decided by no one. The broker
+    /// would (EINVAL), since a name given to it meanwhile was decided by no one. A socket of
+    /// any other family is refused (EOPNOTSUPP): what its `listen` exposes is decided by no
+    /// rule (an SMC socket's binds itself to every address). The broker
     /// performs the `listen` on its own copy of the socket, so the descriptor number cannot
     /// be swapped for another socket between check and effect.
     pub(super) async fn listen(&self) -> Step<Outcome> {
@@ -167,29 +169,25 @@ impl Caller<'_> {
         // Nothing copied: this check is what proves the socket is the waiting thread's.
         self.still_waiting()?;
         let exposed = match sock.info.family {
-            libc::AF_INET => Some(Destination::Inet(SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                0,
-            ))),
-            libc::AF_INET6 => Some(Destination::Inet(SocketAddr::new(
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-                0,
-            ))),
+            libc::AF_INET => {
+                Destination::Inet(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
+            }
+            libc::AF_INET6 => {
+                Destination::Inet(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0))
+            }
             libc::AF_UNIX => match sys::local_address(sock.fd.as_fd()) {
                 // A unix socket's name, once given, never changes.
                 Ok(raw) => match Destination::from_sockaddr(&raw) {
                     Destination::UnixUnnamed => return Ok(Outcome::Errno(libc::EINVAL)),
-                    named => Some(named),
+                    named => named,
                 },
                 Err(e) => return Ok(Outcome::Errno(errno_of(&e))),
             },
-            _ => None,
+            _ => return Ok(Outcome::Errno(libc::EOPNOTSUPP)),
         };
-        if let Some(destination) = exposed
-            && !self.was_bound_by_broker(&sock)
-        {
+        if !self.was_bound_by_broker(&sock) {
             let mut info = self.attempt(EgressSyscall::Listen, &sock);
-            info.destination = Some(destination);
+            info.destination = Some(exposed);
             if let Verdict::Deny { errno } = self.decide(info).await {
                 return Ok(Outcome::Errno(errno));
             }
