@@ -225,6 +225,37 @@ pub fn trusted_target(path: &Path) -> Result<PathBuf, TrustedFileError> {
     Ok(target)
 }
 
+/// Checks that no one but root or this process's user could change where the directory
+/// `path` leads, or rename it away and put another in its place: [`trusted_target`] of it,
+/// or, while it does not exist, of its nearest existing ancestor, which it would be made
+/// in and which must then itself be one only they may change (root's sticky `/tmp` is: no
+/// one else can rename an entry they do not own there). The directory's own mode and owner
+/// are left to the caller, who may make it first.
+pub fn trusted_place_for_dir(path: &Path) -> Result<(), TrustedFileError> {
+    let mut existing = path;
+    while std::fs::symlink_metadata(existing).is_err() {
+        match existing.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => existing = parent,
+            _ => {
+                existing = Path::new(".");
+                break;
+            }
+        }
+    }
+    let target = trusted_target(existing)?;
+    if existing != path {
+        let meta = std::fs::metadata(&target).map_err(|source| FileError::Open {
+            path: target.clone(),
+            source,
+        })?;
+        let roots_sticky = meta.mode() & 0o1000 != 0 && meta.uid() == 0;
+        if let Some(why) = others_may_change_file(&meta).filter(|_| !roots_sticky) {
+            return Err(TrustedFileError::Exposed { path: target, why });
+        }
+    }
+    Ok(())
+}
+
 /// Most symbolic links followed in one lookup, as the kernel allows.
 const MOST_LINKS: usize = 40;
 

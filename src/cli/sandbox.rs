@@ -299,6 +299,11 @@ fn prepare_records_dir(path: &Path) -> Result<(), SandboxError> {
         path: path.to_path_buf(),
         reason,
     };
+    // Whoever may change a directory above it could rename it away (or the name's link)
+    // and put their own in its place, before the run or during it: the records are written
+    // by path.
+    crate::files::trusted_place_for_dir(path)
+        .map_err(|e| bad(format!("cannot be trusted: {e}")))?;
     match std::fs::read_dir(path) {
         Ok(mut entries) => {
             if entries.next().is_some() {
@@ -1132,6 +1137,27 @@ mod tests {
         assert!(e.contains("0777") && e.contains("shared"), "{e}");
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o700)).unwrap();
         prepare_records_dir(&shared).unwrap();
+        // Nor one in a directory others may write, made or found there, or reached through
+        // a link in one: they could rename it away and put their own in its place. Before,
+        // only the directory itself was looked at.
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::create_dir(open.join("empty")).unwrap();
+        std::fs::create_dir(dir.path().join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), open.join("link")).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        for inside in ["new/run", "empty", "link"] {
+            let e = prepare_records_dir(&open.join(inside))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("0777") && e.contains("open"), "{inside}: {e}");
+        }
+        assert!(!open.join("new").exists());
+        // A sticky directory of root's is one others may write, and not rename in.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            prepare_records_dir(&open.join("new/run")).unwrap();
+        }
     }
 
     /// A records directory made for a run is synced into its parent, each directory made on

@@ -697,6 +697,13 @@ fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
         path: path.to_path_buf(),
         source,
     };
+    // Whoever may change a directory above it could put another in its place.
+    crate::files::trusted_place_for_dir(path).map_err(|e| {
+        io(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("cannot be trusted: {e}"),
+        ))
+    })?;
     crate::files::create_dir_all_synced(path, mode).map_err(|e| StartupError::Io {
         source: std::io::Error::new(e.source.kind(), format!("cannot {}: {}", e.op, e.source)),
         path: e.path,
