@@ -86,9 +86,17 @@ pub(super) fn judge(
     let empty = observed::ObsTarget::default();
     let target = d.action.target.as_ref().unwrap_or(&empty);
     let provider = target.provider().unwrap_or("");
+    let network = provider == crate::records::projection::NETWORK_PROVIDER;
+    let verb = d.action.verb.as_ref().map(|v| v.0.as_ref());
     // A name lookup is judged by the name it asked, not by the resolver it was sent to.
-    let lookup = provider == crate::records::projection::NETWORK_PROVIDER
-        && d.action.verb.as_ref().map(|v| v.0.as_ref()) == Some(crate::records::DNS_QUERY_SYSCALL);
+    let lookup = network && verb == Some(crate::records::DNS_QUERY_SYSCALL);
+    // A listener opened (or an address taken for one) is no outbound traffic: only a
+    // declaration naming its verb covers it.
+    let inbound = network && matches!(verb, Some("bind" | "listen"));
+    let get = |f: &str| match (f, verb) {
+        ("verb", Some(v)) if network => Some(super::surface::ScalarView::Text(v)),
+        _ => target.get(f),
+    };
     // An error never matches a declared allow: the effect may have happened, and an allow
     // that failed is not the success the declaration describes.
     let mut undetermined = false;
@@ -97,9 +105,11 @@ pub(super) fn judge(
             continue;
         }
         let tested = if lookup {
-            a.test_lookup_target(|f| target.get(f))
+            a.test_lookup_target(get)
+        } else if inbound {
+            a.test_inbound_target(get)
         } else {
-            a.test_target(|f| target.get(f))
+            a.test_target(get)
         };
         match tested {
             TargetMatch::Match => return Ok(None),

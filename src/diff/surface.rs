@@ -25,6 +25,9 @@
 //! (operator domains are not known here, so such fields are declared by hash). `"*"` or an
 //! absent field matches anything; an empty `allowed_targets` means no target constraint. A
 //! name lookup (verb `dns_query`) is judged by its name: see [`TargetConstraint::test_lookup`].
+//! A network target also answers to `verb` (the record's action verb: `connect`, `sendto`,
+//! `bind`, `listen`, ...), and a `bind` or `listen` is covered only by a declared target
+//! naming its verb: see [`TargetConstraint::test_inbound`].
 //! `allowed_effects` lists one or more of `allow`, `deny` and `error`: an observed effect
 //! matches only a declaration listing it, so a call that errored (its `tool_outcome`, whose
 //! effect may have happened) is expected only where `error` is declared.
@@ -191,6 +194,17 @@ impl TargetConstraint {
         self.test_fields(get, |_| true)
     }
 
+    /// Tests the constraint against the target of a `bind` or `listen` (a listener, an
+    /// address taken for one): only a constraint that names the `verb` can cover one, so a
+    /// declaration of outbound traffic (`{"port": 8443}`) never covers a listener opened on
+    /// that port, and `{"verb": "listen", "port": 8443}` covers that listener alone.
+    pub fn test_inbound<'a>(&self, get: impl Fn(&str) -> Option<ScalarView<'a>>) -> TargetMatch {
+        if !self.fields.iter().any(|c| c.observed == "verb") {
+            return TargetMatch::Mismatch;
+        }
+        self.test(get)
+    }
+
     /// Tests the constraint against a name lookup's target (verb `dns_query`): what a lookup
     /// reaches is its name, so only a constraint that names `host_name` can match one, and
     /// its address, port, protocol and family constraints, which would otherwise be judged
@@ -288,6 +302,18 @@ impl DeclaredAction {
         get: impl Fn(&str) -> Option<ScalarView<'a>>,
     ) -> TargetMatch {
         self.test_targets(|t| t.test_lookup(&get))
+    }
+
+    /// [`DeclaredAction::test_target`] for the target of a `bind` or `listen` (see
+    /// [`TargetConstraint::test_inbound`]): a declaration without targets covers none.
+    pub fn test_inbound_target<'a>(
+        &self,
+        get: impl Fn(&str) -> Option<ScalarView<'a>>,
+    ) -> TargetMatch {
+        if self.allowed_targets.is_empty() {
+            return TargetMatch::Mismatch;
+        }
+        self.test_targets(|t| t.test_inbound(&get))
     }
 
     fn test_targets(&self, test: impl Fn(&TargetConstraint) -> TargetMatch) -> TargetMatch {

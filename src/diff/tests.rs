@@ -964,6 +964,74 @@ fn a_file_cut_while_it_is_judged_is_an_input_error() {
     );
 }
 
+/// An egress attempt of `syscall` to `address`:`port`, looked up as `name`, as the daemon
+/// records one (authorized).
+fn network_attempt(
+    syscall: &str,
+    address: &str,
+    port: u16,
+    name: &str,
+) -> crate::records::DecisionRecord {
+    use crate::decision::Verdict as Decided;
+    use crate::records::{
+        BrokerDetails, Correlation, DecisionRecord, Destination, EgressFacts, FlowContext,
+        InetDestination, ServerInfo,
+    };
+    DecisionRecord::egress_attempt(EgressFacts {
+        server: ServerInfo::mcp("fetcher", None),
+        tool_name: "fetch".into(),
+        broker: BrokerDetails {
+            pid: 4242,
+            executable: None,
+            syscall: syscall.into(),
+            family: "inet".into(),
+            socket_type: Some("dgram".into()),
+            protocol: Some("udp".into()),
+            destination: Some(Destination::Inet(InetDestination {
+                address: address.parse().unwrap(),
+                port,
+                host_name: Some(name.into()),
+                other_host_names: Vec::new(),
+            })),
+            bytes: Some(40),
+            dns_query_type: (syscall == "dns_query").then(|| "A".into()),
+        },
+        verdict: Decided::Authorized { rule: None },
+        credential_alias: None,
+        correlation: Correlation::none(),
+        context: FlowContext::default(),
+    })
+}
+
+/// The findings of `records` (written as one run) against a surface declaring one network
+/// action, allowed, with the one target `target`.
+fn judged_against_one_target(
+    records: Vec<crate::records::DecisionRecord>,
+    target: serde_json::Value,
+) -> Vec<(FindingKind, u64)> {
+    use crate::records::{RecordWriter, WriterOptions};
+    let surface = DeclaredSurface::parse(
+        &serde_json::json!({
+            "schema": crate::diff::surface::DECLARED_SCHEMA,
+            "declared_tool_actions": [{
+                "id": "network.api", "provider": "network", "action_class": "network_egress",
+                "allowed_targets": [target], "allowed_effects": ["allow"],
+                "required_decision": "explicit_policy"
+            }]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    for r in records {
+        w.commit_blocking(r).unwrap();
+    }
+    w.close_blocking().unwrap();
+    let h = health_for(dir.path());
+    kinds(&diff(&surface, dir.path(), Some(&h)).unwrap())
+}
+
 /// A name lookup is judged by the name it asked: a declaration of the resolver's address
 /// range or of port 53 covers no lookup, and one naming the host covers the lookup of that
 /// name whatever port it declares. Before, a lookup's target was matched as the resolver's
@@ -972,61 +1040,8 @@ fn a_file_cut_while_it_is_judged_is_an_input_error() {
 /// tool's own lookup.
 #[test]
 fn a_lookup_is_judged_by_the_name_it_asked() {
-    use crate::decision::Verdict as Decided;
-    use crate::records::{
-        BrokerDetails, Correlation, DecisionRecord, Destination, EgressFacts, FlowContext,
-        InetDestination, RecordWriter, ServerInfo, WriterOptions,
-    };
-    let attempt = |syscall: &str, address: &str, port: u16, name: &str| {
-        DecisionRecord::egress_attempt(EgressFacts {
-            server: ServerInfo::mcp("fetcher", None),
-            tool_name: "fetch".into(),
-            broker: BrokerDetails {
-                pid: 4242,
-                executable: None,
-                syscall: syscall.into(),
-                family: "inet".into(),
-                socket_type: Some("dgram".into()),
-                protocol: Some("udp".into()),
-                destination: Some(Destination::Inet(InetDestination {
-                    address: address.parse().unwrap(),
-                    port,
-                    host_name: Some(name.into()),
-                    other_host_names: Vec::new(),
-                })),
-                bytes: Some(40),
-                dns_query_type: (syscall == "dns_query").then(|| "A".into()),
-            },
-            verdict: Decided::Authorized { rule: None },
-            credential_alias: None,
-            correlation: Correlation::none(),
-            context: FlowContext::default(),
-        })
-    };
-    let surface = |target: serde_json::Value| {
-        DeclaredSurface::parse(
-            &serde_json::json!({
-                "schema": crate::diff::surface::DECLARED_SCHEMA,
-                "declared_tool_actions": [{
-                    "id": "network.api", "provider": "network", "action_class": "network_egress",
-                    "allowed_targets": [target], "allowed_effects": ["allow"],
-                    "required_decision": "explicit_policy"
-                }]
-            })
-            .to_string(),
-        )
-        .unwrap()
-    };
-    let judged = |records: Vec<DecisionRecord>, target: serde_json::Value| {
-        let dir = tempfile::tempdir().unwrap();
-        let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
-        for r in records {
-            w.commit_blocking(r).unwrap();
-        }
-        w.close_blocking().unwrap();
-        let h = health_for(dir.path());
-        kinds(&diff(&surface(target), dir.path(), Some(&h)).unwrap())
-    };
+    let attempt = network_attempt;
+    let judged = judged_against_one_target;
     let secret = || attempt("dns_query", "127.53.0.1", 53, "c2vjcmv0.example.com");
     let new = vec![(FindingKind::NewPrivilegedToolAction, 1)];
     for resolver in [
@@ -1052,6 +1067,50 @@ fn a_lookup_is_judged_by_the_name_it_asked() {
     let sent = attempt("sendto", "127.53.0.1", 53, "c2vjcmv0.example.com");
     assert_eq!(
         judged(vec![sent], serde_json::json!({"address": "127.0.0.0/8"})),
+        vec![]
+    );
+}
+
+/// A listener opened, or an address taken for one, is covered only by a declared target
+/// naming its verb: before, the verb was not looked at, and a declaration of outbound
+/// traffic on a port (or to every address) covered a listener on it.
+#[test]
+fn a_listener_is_covered_only_by_a_declaration_naming_its_verb() {
+    let new = vec![(FindingKind::NewPrivilegedToolAction, 1)];
+    let listen = || network_attempt("listen", "0.0.0.0", 0, "");
+    let bind = || network_attempt("bind", "0.0.0.0", 8443, "");
+    for outbound in [
+        serde_json::json!({"port": 8443}),
+        serde_json::json!({"address": "0.0.0.0/0"}),
+        serde_json::json!({"address": "0.0.0.0/0", "port": 0}),
+    ] {
+        assert_eq!(
+            judged_against_one_target(vec![bind()], outbound.clone()),
+            new,
+            "{outbound}"
+        );
+        assert_eq!(
+            judged_against_one_target(vec![listen()], outbound.clone()),
+            new,
+            "{outbound}"
+        );
+    }
+    let listener = serde_json::json!({"verb": "bind", "port": 8443});
+    assert_eq!(
+        judged_against_one_target(vec![bind()], listener.clone()),
+        vec![]
+    );
+    assert_eq!(
+        judged_against_one_target(vec![listen()], listener.clone()),
+        new
+    );
+    // The verb is judged for outbound traffic too: a listener's declaration covers no
+    // connection to its port.
+    let connect = network_attempt("connect", "10.0.0.1", 8443, "");
+    assert_eq!(judged_against_one_target(vec![connect], listener), new);
+    let listen_any = serde_json::json!({"verb": "listen"});
+    assert_eq!(
+        judged_against_one_target(vec![listen()], listen_any),
         vec![]
     );
 }
