@@ -169,6 +169,7 @@ impl Acc {
     ) -> Result<(), String> {
         self.decisions += 1;
         let x = d.flowhost.as_ref();
+        let times = x.map_or(1, observed::ObsExtension::times);
         if let Some(x) = x.filter(|x| x.chained()) {
             self.chained += 1;
             if x.event_is("tool_call") {
@@ -223,7 +224,7 @@ impl Acc {
                 key.effect,
                 key.tool
             );
-            self.add(key, message, target, &at);
+            self.add(key, message, target, (times, &at));
         }
         let undeclared = x.is_some_and(|x| {
             x.event_is("egress_attempt")
@@ -245,21 +246,22 @@ impl Acc {
                 effect: String::new(),
                 target: String::new(),
             };
-            self.add(key, message, None, &at);
+            self.add(key, message, None, (times, &at));
         }
         Ok(())
     }
 
-    /// Counts one occurrence of the finding `key`, creating it on first sight.
+    /// Counts `times` occurrences of the finding `key` (a folded record's refusals), creating
+    /// it on first sight.
     pub(super) fn add(
         &mut self,
         key: Key,
         message: String,
         target: Option<serde_json::Value>,
-        at: &impl Fn() -> ObservedRef,
+        (times, at): (u64, &impl Fn() -> ObservedRef),
     ) {
         if let Some(f) = self.findings.get_mut(&key) {
-            f.occurrences += 1;
+            f.occurrences = f.occurrences.saturating_add(times);
             if f.examples.len() < MAX_EXAMPLES {
                 f.examples.push(at());
             }
@@ -275,7 +277,7 @@ impl Acc {
             category: key.category.clone(),
             effect: (!key.effect.is_empty()).then(|| key.effect.clone()),
             target,
-            occurrences: 1,
+            occurrences: times,
             examples: vec![at()],
         };
         self.order.push(key.clone());

@@ -293,9 +293,37 @@ pub(crate) struct ObsExtension<'a> {
     pub event: Option<Text<'a>>,
     #[serde(default)]
     pub egress_basis: Option<ObsEgressBasis>,
+    /// `flowhost.folded`: read as a value, taken at its word only on a chained record (whose
+    /// strict decoding has checked it).
+    #[serde(default)]
+    pub folded: Option<ObsFolded>,
+}
+
+/// `flowhost.folded`, read leniently: its `count` when that is a non-negative integer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ObsFolded {
+    pub count: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for ObsFolded {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        Ok(ObsFolded {
+            count: value.get("count").and_then(serde_json::Value::as_u64),
+        })
+    }
 }
 
 impl ObsExtension<'_> {
+    /// How many decisions the record stands for: a chained record folding identical
+    /// refusals stands for its `folded.count`; any other for one.
+    pub fn times(&self) -> u64 {
+        match self.folded {
+            Some(ObsFolded { count: Some(n) }) if self.chained() => n.max(1),
+            _ => 1,
+        }
+    }
+
     /// The decision carries the flowhost chain fields.
     pub fn chained(&self) -> bool {
         self.seq.is_some() || self.prev_hash.is_some()
@@ -410,6 +438,9 @@ impl<'r> ObsDecision<'r> {
                 egress_basis: x.egress_basis.map(|b| ObsEgressBasis {
                     declared: Some(b.declared),
                     observed: Some(b.observed),
+                }),
+                folded: x.folded.as_ref().map(|f| ObsFolded {
+                    count: Some(f.count),
                 }),
             }),
             server: Some(ObsServer {

@@ -972,7 +972,15 @@ fn network_attempt(
     port: u16,
     name: &str,
 ) -> crate::records::DecisionRecord {
-    use crate::decision::Verdict as Decided;
+    let authorized = crate::decision::Verdict::Authorized { rule: None };
+    network_attempt_judged((syscall, address, port, name), authorized)
+}
+
+/// [`network_attempt`], with `verdict`.
+fn network_attempt_judged(
+    (syscall, address, port, name): (&str, &str, u16, &str),
+    verdict: crate::decision::Verdict,
+) -> crate::records::DecisionRecord {
     use crate::records::{
         BrokerDetails, Correlation, DecisionRecord, Destination, EgressFacts, FlowContext,
         InetDestination, ServerInfo,
@@ -996,7 +1004,7 @@ fn network_attempt(
             bytes: Some(40),
             dns_query_type: (syscall == "dns_query").then(|| "A".into()),
         },
-        verdict: Decided::Authorized { rule: None },
+        verdict,
         credential_alias: None,
         correlation: Correlation::none(),
         context: FlowContext::default(),
@@ -1112,5 +1120,27 @@ fn a_listener_is_covered_only_by_a_declaration_naming_its_verb() {
     assert_eq!(
         judged_against_one_target(vec![listen()], listen_any),
         vec![]
+    );
+}
+
+/// A record folding identical refusals counts as each of them: before, a finding of 500
+/// folded attempts said one occurrence.
+#[test]
+fn a_folded_record_counts_every_refusal_it_stands_for() {
+    let refused = || {
+        network_attempt_judged(
+            ("connect", "10.9.9.9", 443, ""),
+            crate::decision::Verdict::refused(crate::decision::Denial::DestinationBlocked),
+        )
+    };
+    let mut folded = refused();
+    folded.flowhost.folded = Some(crate::records::Folded {
+        count: 500,
+        first_at: "2026-11-30T10:00:00.000000Z".into(),
+        last_at: "2026-11-30T10:00:05.000000Z".into(),
+    });
+    assert_eq!(
+        judged_against_one_target(vec![folded, refused()], serde_json::json!({"port": 8443})),
+        vec![(FindingKind::AttemptedPrivilegedToolActionDenied, 501)]
     );
 }
