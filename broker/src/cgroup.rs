@@ -609,12 +609,29 @@ impl ExecutorCgroup {
     /// Creates the cgroups for an executor with `limits` and writes its bounds. Controllers
     /// the host cannot offer are skipped (the caller has already refused a profile that
     /// requires them).
+    /// A creation that fails part way removes what it made: the sweep of leftovers passes
+    /// over this process's own names, so they would stay until the host stops.
     pub(crate) fn create(support: &CgroupSupport, limits: &Limits) -> Result<Self, String> {
-        let name = executor_cgroup_name(NEXT.fetch_add(1, Ordering::Relaxed));
         let mut cg = ExecutorCgroup {
             dirs: Vec::new(),
             limits: *limits,
         };
+        match cg.make(support) {
+            Ok(()) => Ok(cg),
+            Err(e) => {
+                // Nothing runs in them yet: each is removed at the first try.
+                cg.remove(Duration::from_millis(100));
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the cgroups of [`ExecutorCgroup::create`] and writes their bounds, adding each
+    /// to `self.dirs` as it is made.
+    fn make(&mut self, support: &CgroupSupport) -> Result<(), String> {
+        let name = executor_cgroup_name(NEXT.fetch_add(1, Ordering::Relaxed));
+        let limits = self.limits;
+        let (cg, limits) = (self, &limits);
         for c in Controller::ALL {
             let (Some(bound), Ok(base)) = (c.bound(limits), support.layout(c)) else {
                 continue;
@@ -673,7 +690,7 @@ impl ExecutorCgroup {
                 }
             }
         }
-        Ok(cg)
+        Ok(())
     }
 
     /// How a new executor enters these cgroups (see [`Placement`]).

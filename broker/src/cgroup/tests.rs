@@ -554,3 +554,39 @@ fn an_unprivileged_profile_without_a_mount_namespace_reports_the_view_not_in_for
     let own = crate::bounds::BoundsReport::new(&profile, &host, Some((70000, 70000)), None, 6);
     assert!(!own.not_in_force().any(|b| b.field == "namespaces.mount"));
 }
+
+/// A creation that fails part way (here the second controller's cgroup cannot be made)
+/// removes the cgroups it made: the sweep passes over this process's own names, so before
+/// they stayed until the host stopped, one per spawn. On the host's own v1 hierarchies:
+/// only there does removing a cgroup take its control files with it.
+#[test]
+fn a_creation_that_fails_part_way_leaves_nothing() {
+    let s = CgroupSupport::detect();
+    let (Ok(mem), Ok(pids)) = (s.base(Controller::Memory), s.base(Controller::Pids)) else {
+        eprintln!("SKIP: no memory and pids cgroups can be made here");
+        return;
+    };
+    let (mem, pids) = (mem.dir.clone(), pids.dir.clone());
+    if mem == pids {
+        eprintln!("SKIP: memory and pids share one hierarchy here");
+        return;
+    }
+    // The pids names of the next few creations are taken (other tests of this process take
+    // names too).
+    let next = NEXT.load(Ordering::Relaxed);
+    let names: Vec<String> = (next..next + 64).map(executor_cgroup_name).collect();
+    for n in &names {
+        std::fs::create_dir(pids.join(n)).unwrap();
+    }
+    let e = ExecutorCgroup::create(&s, &limits()).unwrap_err();
+    let left: Vec<&String> = names.iter().filter(|n| mem.join(n).exists()).collect();
+    for n in &names {
+        std::fs::remove_dir(pids.join(n)).unwrap();
+    }
+    assert!(e.contains("creating the cgroup"), "{e}");
+    assert!(
+        left.is_empty(),
+        "left behind in {}: {left:?}",
+        mem.display()
+    );
+}
