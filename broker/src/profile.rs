@@ -490,6 +490,17 @@ impl Profile {
         }
         let mut extra_deny = Vec::new();
         for (i, name) in raw.seccomp.extra_deny.iter().enumerate() {
+            // The filter is in force before the executor's own start, which is an execve:
+            // denied, no executor of the profile could ever start.
+            if name == "execve" {
+                return Err(invalid(
+                    format!("seccomp.extra_deny[{i}]"),
+                    "\"execve\" cannot be denied: the executor itself starts with execve under \
+                     the filter (deny \"execveat\", and leave no program it could run \
+                     readable, to keep it from starting others)"
+                        .into(),
+                ));
+            }
             let nr = syscall_number(name).ok_or_else(|| {
                 invalid(
                     format!("seccomp.extra_deny[{i}]"),
@@ -569,6 +580,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`seccomp.extra_deny[0]`"), "{e}");
+        // Accepted before, and no executor of the profile could start.
+        let e = with(|s| s.replace("extra_deny = []", "extra_deny = [\"execve\"]"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`seccomp.extra_deny[0]`") && e.contains("starts with execve"),
+            "{e}"
+        );
         let e = with(|s| s.replace("private_tmp = true", ""))
             .unwrap_err()
             .to_string();

@@ -87,7 +87,6 @@ const NAMED_SYSCALLS: &[(&str, i64)] = &[
     ("chmod", libc::SYS_chmod),
     ("chown", libc::SYS_chown),
     ("clock_settime", libc::SYS_clock_settime),
-    ("execve", libc::SYS_execve),
     ("execveat", libc::SYS_execveat),
     ("fanotify_init", libc::SYS_fanotify_init),
     ("fchmod", libc::SYS_fchmod),
