@@ -45,9 +45,17 @@ const INPUT_MODES: [u16; 12] = [
 /// shell after them are written on a screen that is not the user's.
 const ALTERNATE_SCREENS: [u16; 3] = [47, 1047, 1049];
 
-/// Most parameters of one control sequence kept; a sequence with more has the rest ignored
-/// (no terminal takes that many modes at once).
+/// Most parameters of one control sequence kept; past them, only a mode undone at the end
+/// is kept (once each: the memory stays bounded), as a terminal taking more parameters
+/// would set it.
 const MOST_PARAMETERS: usize = 32;
+
+/// Whether `param`, a parameter of a control sequence past [`MOST_PARAMETERS`], is kept:
+/// a mode undone at the end not kept already.
+fn kept_past_the_most(params: &[u32], param: u32) -> bool {
+    u16::try_from(param).is_ok_and(|m| ALTERNATE_SCREENS.contains(&m) || INPUT_MODES.contains(&m))
+        && !params[MOST_PARAMETERS..].contains(&param)
+}
 
 /// Where the reading is between two bytes of the command's output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -320,8 +328,9 @@ impl ScreenChanges {
                         )
                     }
                     b';' | b':' => {
-                        if params.len() < MOST_PARAMETERS {
-                            params.push(current.unwrap_or(0));
+                        let param = current.unwrap_or(0);
+                        if params.len() < MOST_PARAMETERS || kept_past_the_most(&params, param) {
+                            params.push(param);
                         }
                         current = None;
                     }
@@ -337,7 +346,7 @@ impl ScreenChanges {
                     0x3c..=0x3f => private = false,
                     0x40..=0x7e => {
                         if let Some(last) = current
-                            && params.len() < MOST_PARAMETERS
+                            && (params.len() < MOST_PARAMETERS || kept_past_the_most(&params, last))
                         {
                             params.push(last);
                         }
@@ -678,6 +687,21 @@ mod tests {
 
     /// A mode an 8-bit CSI turns off is taken to stay on (a UTF-8 terminal shows the byte as
     /// text): it is turned off at the end all the same.
+    /// Modes named past the 32nd parameter are seen, and undone: before, they were dropped,
+    /// and a terminal taking more parameters was left on the alternate screen with mouse
+    /// reports on.
+    #[test]
+    fn modes_past_many_parameters_are_undone() {
+        let mut seq = b"\x1b[?".to_vec();
+        seq.extend_from_slice("0;".repeat(40).as_bytes());
+        seq.extend_from_slice("1000;".repeat(100).as_bytes());
+        seq.extend_from_slice(b"1049;2004h");
+        let end = end_of(&[&seq]);
+        for mode in ["1049", "1000", "2004"] {
+            assert!(end.contains(&format!("\x1b[?{mode}l")), "{mode}: {end:?}");
+        }
+    }
+
     #[test]
     fn an_eight_bit_csi_never_clears_a_mode() {
         let end = end_of(&[b"\x1b[?1049h\x1b[?1000h\x9b?1049;1000l"]);
