@@ -705,12 +705,14 @@ fn admit(
     // Once routed, the record names what the server signed (a template rather than the
     // URI a client expanded from it: arguments are not recorded unmapped).
     rec.name = format!("{} {}", method.as_str(), routed.route.declared);
+    // Named by what the client asked, never by what the route found: the principal may not
+    // list the server or the signed name (the record names both).
     if !principal.may_call(server, &routed.route.name) {
         let e = refusal(
             code::ACCESS_DENIED,
             format!(
-                "principal {} may not use {server}/{}",
-                principal.id, routed.route.name
+                "principal {} may not use what this request names",
+                principal.id
             ),
             Denial::AccessDenied,
         );

@@ -996,12 +996,19 @@ async fn content_nobody_signed_or_malformed_is_refused_before_any_executor_sees_
             .unwrap_err();
         assert_eq!(denial_of(&e), *denial, "{method} {params}: {e:?}");
     }
-    // A principal whose patterns do not name the server's content.
+    // A principal whose patterns do not name the server's content, told so without the
+    // server or the signed name it may not list (before, the refusal named both).
     let e = host
         .read(REVIEWER, "test://static-text", &mut exec)
         .await
         .unwrap_err();
     assert_eq!(denial_of(&e), "access_denied");
+    let route = host.registry.resource_route("test://static-text").unwrap();
+    assert!(
+        !e.message.contains(&route.server_id) && !e.message.contains(&route.name),
+        "{}",
+        e.message
+    );
     assert!(exec.asked.is_empty(), "{:?}", exec.asked);
     assert!(host.session_label(ANALYST).await.is_bottom());
     let records = host.records().await;

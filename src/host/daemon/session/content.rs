@@ -181,13 +181,11 @@ impl Session {
         };
         let route = match generation.registry.resource_route(uri) {
             Ok(r) if principal.may_call(&r.server_id, &r.name) => r,
-            Ok(r) => {
+            Ok(_) => {
+                // Not named: the principal may not list the server or the signed name.
                 let e = refusal(
                     code::ACCESS_DENIED,
-                    format!(
-                        "principal {} may not use {}/{}",
-                        principal.id, r.server_id, r.name
-                    ),
+                    format!("principal {} may not use this resource", principal.id),
                     Denial::AccessDenied,
                 );
                 return Err(self.refuse_session(&what, e).await);
