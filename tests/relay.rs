@@ -931,3 +931,33 @@ fn a_removed_servers_subscription_holder_is_stopped() {
     assert_eq!(ping["result"], json!({}), "the session goes on: {ping}");
     lab.stop();
 }
+
+/// While the host stops, a call waiting for its client's answer to a sampling request gets
+/// it, and ends: before, the session stopped reading at the stop, the answer was never
+/// read, and the call waited out its deadline (15 s here), holding the stop.
+#[test]
+fn a_calls_client_is_still_heard_while_the_host_stops() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({"sampling": {}}));
+    call(&mut c, 2, "test_sampling", json!({"prompt": "last words"}));
+    let asked = c.read();
+    assert_eq!(asked["method"], "sampling/createMessage", "{asked}");
+    lab.signal(libc::SIGTERM);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !lab.log().contains("stopping") {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let t0 = std::time::Instant::now();
+    c.send(&json!({"jsonrpc": "2.0", "id": asked["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "heard"}, "model": "m", "stopReason": "endTurn"}}));
+    let (r, _) = until_answer(&mut c, 2);
+    assert_eq!(result_text(&r), "LLM response: heard", "{r}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(5),
+        "the answer took {:?}",
+        t0.elapsed()
+    );
+    lab.stop();
+}

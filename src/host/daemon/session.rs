@@ -544,23 +544,17 @@ pub(super) async fn run(
             }
         }
     }
-    // Requests read but not begun when the host stops, or a reload remaps the peer, are
-    // answered and recorded as refused: a client whose input had ended (a stdio bridge)
-    // would otherwise take the closed connection for every answer given.
-    if ended == HOST_STOPPING || ended == REMAPPED {
-        // Closed first: only what was read before is answered, however fast the client
-        // goes on sending (the reader stops at its next line).
-        incoming.close();
+    // When the host stops, or a reload remaps the peer, what the client sends is still
+    // read while its calls finish (see `heard_after_the_end`): requests read but not begun,
+    // and those sent since, are answered and recorded as refused (a client whose input had
+    // ended, a stdio bridge, would otherwise take the closed connection for every answer
+    // given), and its answers to the calls' relayed requests and its cancellations reach
+    // them (before, a call waiting for a sampling answer waited out its deadline).
+    let mut hearing = ended == HOST_STOPPING || ended == REMAPPED;
+    if hearing {
         while let Ok(line) = incoming.try_recv() {
-            let Line::Message(bytes) = line else { continue };
-            if let Ok(Incoming::Request { id, method, .. }) = mcp::parse(&bytes) {
-                let e = refusal(
-                    code::INTERNAL_ERROR,
-                    format!("the session is ending ({ended}); this request was not served"),
-                    Denial::SessionEnding,
-                );
-                let e = session.refuse_session(&format!("({method})"), e).await;
-                session.send(mcp::error_response(&id, &e)).await;
+            if let Line::Message(bytes) = line {
+                session.heard_after_the_end(&bytes, ended).await;
             }
         }
     }
@@ -577,6 +571,11 @@ pub(super) async fn run(
                 session.cancel_all("the client disconnected");
                 cancelled = true;
             }
+            line = incoming.recv(), if hearing => match line {
+                Some(Line::Message(bytes)) => session.heard_after_the_end(&bytes, ended).await,
+                Some(Line::TooLarge(_)) => {}
+                Some(Line::Eof) | None => hearing = false,
+            },
         }
     }
     let executors: Vec<Bound> = session
@@ -1031,6 +1030,30 @@ impl Session {
         {
             tracing::info!(session = %self.id, request = %id, reason, "the client cancelled a call");
             let _ = cancel.send(Some(reason.chars().take(256).collect()));
+        }
+    }
+
+    /// A line the client sent once the session has ended (`ended`) while its calls finish:
+    /// an answer to a call's relayed request and a cancellation are taken as ever; a
+    /// request is refused and recorded, not served.
+    async fn heard_after_the_end(&self, bytes: &[u8], ended: &str) {
+        match mcp::parse(bytes) {
+            Ok(Incoming::Response { id, outcome }) => {
+                if !self.relays.answered(&id, outcome) {
+                    tracing::debug!(session = %self.id, id = %id, "an answer to no request awaiting one is ignored");
+                }
+            }
+            Ok(Incoming::Notification { method, params }) => self.notified(&method, &params),
+            Ok(Incoming::Request { id, method, .. }) => {
+                let e = refusal(
+                    code::INTERNAL_ERROR,
+                    format!("the session is ending ({ended}); this request was not served"),
+                    Denial::SessionEnding,
+                );
+                let e = self.refuse_session(&format!("({method})"), e).await;
+                self.send(mcp::error_response(&id, &e)).await;
+            }
+            Err((id, e)) => self.send(mcp::error_response(&id, &e)).await,
         }
     }
 
