@@ -59,6 +59,9 @@ struct RawJwt {
     audience: Option<String>,
     #[serde(default = "default_claim")]
     principal_claim: String,
+    // Absent reads as empty, which `validate` leaves dangling: taking the table out is how
+    // an operator revokes every subject, and the lenient read must still see that.
+    #[serde(default)]
     principals: BTreeMap<String, PrincipalId>,
     #[serde(default)]
     authorization_servers: Vec<String>,
