@@ -1283,7 +1283,7 @@ impl Executors<'_> {
         // session's forwards take a while, in which a reload can come).
         if let Err(withdrawn) = self.still_admitted(server, name) {
             if let Some(b) = found {
-                b.exec.stop().await;
+                self.set_aside(server, b, &withdrawn).await;
             }
             return Err(withdrawn);
         }
@@ -1373,10 +1373,25 @@ impl Executors<'_> {
             }
         }
         if let Err(withdrawn) = self.still_admitted(server, name) {
-            bound.exec.stop().await;
+            self.set_aside(server, bound, &withdrawn).await;
             return Err(withdrawn);
         }
         Ok(bound)
+    }
+
+    /// An executor taken for a request that `why` refuses before the executor saw it:
+    /// stopped when its server was withdrawn; kept for the session when only the request's
+    /// access was, since it may hold the client's subscriptions to what the principal may
+    /// still read (stopped, they would go unwatched until the session binds the server
+    /// again).
+    async fn set_aside(&self, server: &str, b: Bound, why: &ExecutorError) {
+        let kept = match why {
+            ExecutorError::AccessWithdrawn(_) => self.give_back(server, b),
+            _ => Some(b),
+        };
+        if let Some(b) = kept {
+            b.exec.stop().await;
+        }
     }
 
     /// Whether the host still serves `server` under the manifest this call's generation
