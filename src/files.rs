@@ -225,13 +225,21 @@ pub fn trusted_target(path: &Path) -> Result<PathBuf, TrustedFileError> {
     Ok(target)
 }
 
-/// Checks that no one but root or this process's user could change where the directory
-/// `path` leads, or rename it away and put another in its place: [`trusted_target`] of it,
-/// or, while it does not exist, of its nearest existing ancestor, which it would be made
-/// in and which must then itself be one only they may change (root's sticky `/tmp` is: no
-/// one else can rename an entry they do not own there). The directory's own mode and owner
-/// are left to the caller, who may make it first.
-pub fn trusted_place_for_dir(path: &Path) -> Result<(), TrustedFileError> {
+/// Checks that no one but root, this process's user, and the groups of some directories
+/// above it could change where the directory `path` leads, or rename it away and put
+/// another in its place: every directory its lookup passes (see [`looked_up_in`]) or, while
+/// it does not exist, its nearest existing ancestor's lookup and that ancestor, which it
+/// would be made in. Root's sticky directories (`/tmp`) pass: no one else can rename an
+/// entry they do not own there. One others may write, or owned by another user, is refused.
+/// One only its group may write besides its owner (root or this user), as Ubuntu's
+/// `/var/log` (root:syslog 0775) or a directory made under umask 002, is returned, for the
+/// caller to warn of: refusing it would refuse common layouts, and only its group's members
+/// could replace what is below it. The directory's own mode and owner are left to the
+/// caller. Run it again once the directory is made: a parent made meanwhile by someone
+/// else, or a `..` in `path`, is only seen then.
+pub fn trusted_place_for_dir(
+    path: &Path,
+) -> Result<Vec<(PathBuf, OthersMayChange)>, TrustedFileError> {
     let mut existing = path;
     while std::fs::symlink_metadata(existing).is_err() {
         match existing.parent() {
@@ -242,18 +250,34 @@ pub fn trusted_place_for_dir(path: &Path) -> Result<(), TrustedFileError> {
             }
         }
     }
-    let target = trusted_target(existing)?;
+    let (mut dirs, target) = looked_up_in(existing).map_err(|source| FileError::Open {
+        path: existing.to_owned(),
+        source,
+    })?;
     if existing != path {
-        let meta = std::fs::metadata(&target).map_err(|source| FileError::Open {
-            path: target.clone(),
+        dirs.insert(target);
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    let mut group_writable = Vec::new();
+    for dir in dirs {
+        let meta = std::fs::metadata(&dir).map_err(|source| FileError::Open {
+            path: dir.clone(),
             source,
         })?;
-        let roots_sticky = meta.mode() & 0o1000 != 0 && meta.uid() == 0;
-        if let Some(why) = others_may_change_file(&meta).filter(|_| !roots_sticky) {
-            return Err(TrustedFileError::Exposed { path: target, why });
+        if meta.mode() & 0o1000 != 0 && meta.uid() == 0 {
+            continue;
+        }
+        match others_may_change_file(&meta) {
+            None => {}
+            Some(why @ OthersMayChange::Mode { mode })
+                if mode & 0o002 == 0 && (meta.uid() == 0 || meta.uid() == euid) =>
+            {
+                group_writable.push((dir, why));
+            }
+            Some(why) => return Err(TrustedFileError::Exposed { path: dir, why }),
         }
     }
-    Ok(())
+    Ok(group_writable)
 }
 
 /// Most symbolic links followed in one lookup, as the kernel allows.

@@ -301,9 +301,30 @@ fn prepare_records_dir(path: &Path) -> Result<(), SandboxError> {
     };
     // Whoever may change a directory above it could rename it away (or the name's link)
     // and put their own in its place, before the run or during it: the records are written
-    // by path.
-    crate::files::trusted_place_for_dir(path)
-        .map_err(|e| bad(format!("cannot be trusted: {e}")))?;
+    // by path. Checked again once made (a parent made meanwhile by another, a `..`).
+    let place = || {
+        crate::files::trusted_place_for_dir(path)
+            .map_err(|e| bad(format!("cannot be trusted: {e}")))
+    };
+    let group_writable = place()?;
+    let made = prepare_records_dir_at(path, &bad)?;
+    let group_writable = if made { place()? } else { group_writable };
+    for (dir, why) in group_writable {
+        say!(
+            "flowhost sandbox: note: {} {why}: its group's members could replace the records directory {} below it",
+            Escaped(&dir.display().to_string()),
+            Escaped(&path.display().to_string())
+        );
+    }
+    Ok(())
+}
+
+/// [`prepare_records_dir`]'s check of `path` itself, making it when it does not exist;
+/// whether it made it.
+fn prepare_records_dir_at(
+    path: &Path,
+    bad: &impl Fn(String) -> SandboxError,
+) -> Result<bool, SandboxError> {
     match std::fs::read_dir(path) {
         Ok(mut entries) => {
             if entries.next().is_some() {
@@ -320,13 +341,14 @@ fn prepare_records_dir(path: &Path) -> Result<(), SandboxError> {
             if let Some(why) = crate::files::others_may_change_file(&meta) {
                 return Err(bad(format!("{why}")));
             }
-            Ok(())
+            Ok(false)
         }
         // Synced into its parent (and each directory made on the way into its own): records
         // made durable in a directory a power loss then unlinks would be lost with it.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             crate::files::create_dir_all_synced(path, 0o700)
-                .map_err(|e| bad(format!("cannot create the records directory: {e}")))
+                .map_err(|e| bad(format!("cannot create the records directory: {e}")))?;
+            Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Err(bad(
             "is a file; --records takes a directory (the daemon's layout)".into(),
@@ -1153,11 +1175,26 @@ mod tests {
             assert!(e.contains("0777") && e.contains("open"), "{inside}: {e}");
         }
         assert!(!open.join("new").exists());
+        // Nor one reached through `..` from a directory made on the way: only the check
+        // once it is made sees where it went.
+        std::fs::create_dir(dir.path().join("c")).unwrap();
+        let around = dir.path().join("c/made/../../open/x");
+        let e = prepare_records_dir(&around).unwrap_err().to_string();
+        assert!(e.contains("0777") && e.contains("open"), "{e}");
         // A sticky directory of root's is one others may write, and not rename in.
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
         if nix::unistd::geteuid().is_root() {
             prepare_records_dir(&open.join("new/run")).unwrap();
         }
+        // One only its group may write besides its owner (Ubuntu's /var/log, a directory
+        // made under umask 002) is taken, with a note: refusing it refused the shipped
+        // layout.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o775)).unwrap();
+        prepare_records_dir(&open.join("grouped/run")).unwrap();
+        let group_writable =
+            crate::files::trusted_place_for_dir(&open.join("grouped/run")).unwrap();
+        assert_eq!(group_writable.len(), 1, "{group_writable:?}");
+        assert_eq!(group_writable[0].0, open);
     }
 
     /// A records directory made for a run is synced into its parent, each directory made on

@@ -101,6 +101,21 @@ pub fn bind(
             .create(dir)
             .map_err(io)?;
         check_socket_dir(dir)?;
+        // Nor may anyone else change a directory above it, and so put another in its
+        // place, with a listener of theirs.
+        let group_writable = crate::files::trusted_place_for_dir(dir).map_err(|e| {
+            io(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("the socket's directory cannot be trusted: {e}"),
+            ))
+        })?;
+        for (above, why) in group_writable {
+            tracing::warn!(
+                "{} {why}: its group's members could replace the socket's directory {} below it",
+                above.display(),
+                dir.display()
+            );
+        }
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {

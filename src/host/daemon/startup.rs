@@ -697,13 +697,17 @@ fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
         path: path.to_path_buf(),
         source,
     };
-    // Whoever may change a directory above it could put another in its place.
-    crate::files::trusted_place_for_dir(path).map_err(|e| {
-        io(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!("cannot be trusted: {e}"),
-        ))
-    })?;
+    // Whoever may change a directory above it could put another in its place. Checked
+    // again once made (a parent made meanwhile by another, a `..`).
+    let place = || {
+        crate::files::trusted_place_for_dir(path).map_err(|e| {
+            io(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("cannot be trusted: {e}"),
+            ))
+        })
+    };
+    place()?;
     crate::files::create_dir_all_synced(path, mode).map_err(|e| StartupError::Io {
         source: std::io::Error::new(e.source.kind(), format!("cannot {}: {}", e.op, e.source)),
         path: e.path,
@@ -714,6 +718,13 @@ fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
             std::io::ErrorKind::PermissionDenied,
             format!("{why}; flowhost keeps its state private (chmod 700, owned by its user)"),
         )));
+    }
+    for (dir, why) in place()? {
+        tracing::warn!(
+            "{} {why}: its group's members could replace {} below it",
+            dir.display(),
+            path.display()
+        );
     }
     Ok(())
 }
