@@ -169,7 +169,11 @@ impl Acc {
     ) -> Result<(), String> {
         self.decisions += 1;
         let x = d.flowhost.as_ref();
-        let times = x.map_or(1, observed::ObsExtension::times);
+        // Only refusals fold (a fold of anything else is no record flowhost writes).
+        let times = match x {
+            Some(x) if d.decision.effect.0 == "deny" => x.times(),
+            _ => 1,
+        };
         if let Some(x) = x.filter(|x| x.chained()) {
             self.chained += 1;
             if x.event_is("tool_call") {
@@ -306,7 +310,7 @@ impl Acc {
             };
             match self.findings.get_mut(&key) {
                 Some(mine) => {
-                    mine.occurrences += f.occurrences;
+                    mine.occurrences = mine.occurrences.saturating_add(f.occurrences);
                     let room = MAX_EXAMPLES.saturating_sub(mine.examples.len());
                     mine.examples.extend(f.examples.into_iter().take(room));
                 }

@@ -293,8 +293,8 @@ pub(crate) struct ObsExtension<'a> {
     pub event: Option<Text<'a>>,
     #[serde(default)]
     pub egress_basis: Option<ObsEgressBasis>,
-    /// `flowhost.folded`: read as a value, taken at its word only on a chained record (whose
-    /// strict decoding has checked it).
+    /// `flowhost.folded`: counted only on a chained refusal (see [`ObsExtension::times`]);
+    /// a count is evidence of how often, never of whether.
     #[serde(default)]
     pub folded: Option<ObsFolded>,
 }
