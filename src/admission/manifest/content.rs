@@ -418,6 +418,22 @@ pub enum UnroutableUri {
     },
 }
 
+impl UnroutableUri {
+    /// This refusal as a client is told it: an ambiguous URI names neither the server nor
+    /// its templates, which a principal that may not use them may not list (the host logs
+    /// them).
+    pub fn client_words(&self) -> String {
+        match self {
+            UnroutableUri::Ambiguous { .. } => {
+                "the resource URI matches two templates one server signed: a read must reach \
+                 exactly one (the host's log names them)"
+                    .to_string()
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
 /// Whether a template variable's value may hold `byte`: unreserved characters and `%`
 /// (simple expansion percent-encodes everything else).
 fn variable_byte(byte: u8) -> bool {

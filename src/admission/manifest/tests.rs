@@ -1158,13 +1158,25 @@ fn another_spelling_or_a_second_template_never_routes_a_read() {
             name(other_spelling)
         );
     }
-    let Err(UnroutableUri::Ambiguous { first, second, .. }) = body.resource_for("docs://secret-42")
+    let ambiguous = body.resource_for("docs://secret-42").unwrap_err();
+    let UnroutableUri::Ambiguous {
+        first,
+        second,
+        server_id,
+        ..
+    } = &ambiguous
     else {
         panic!("{:?}", name("docs://secret-42"));
     };
     assert_eq!(
         (first.as_str(), second.as_str()),
         ("docs://{id}", "docs://secret-{id}")
+    );
+    // A client is told neither the server nor its templates (before, both).
+    let told = ambiguous.client_words();
+    assert!(
+        !told.contains(server_id.as_str()) && !told.contains("{id}"),
+        "{told}"
     );
     assert_eq!(name("docs://42").unwrap(), "all");
     // An escape in the authority keeps its upper-case hex digits.

@@ -117,11 +117,15 @@ struct Routed {
 
 /// Where `params` of `method` go, or the refusal (and its denial) when nothing signed
 /// matches or the request is malformed.
+/// `access` refuses a route the principal may not use: it is asked as soon as the route is
+/// known, before anything else is checked against what the route signed (a prompt's
+/// arguments), so a refusal names nothing the principal may not list.
 fn route(
     config: &HostConfig,
     registry: &VerifiedRegistry,
     method: ContentMethod,
     params: &Value,
+    access: impl FnOnce(&ContentRoute) -> Result<(), (RpcError, Denial)>,
 ) -> Result<Routed, (RpcError, Denial)> {
     let invalid = |why: String| {
         (
@@ -130,8 +134,15 @@ fn route(
         )
     };
     let unroutable = |why: crate::manifest::UnroutableUri| {
+        if let crate::manifest::UnroutableUri::Ambiguous { .. } = why {
+            tracing::warn!("{}", flowhost_broker::Escaped(&why.to_string()));
+        }
         (
-            refusal(RESOURCE_NOT_FOUND, why.to_string(), Denial::UnknownResource),
+            refusal(
+                RESOURCE_NOT_FOUND,
+                why.client_words(),
+                Denial::UnknownResource,
+            ),
             Denial::UnknownResource,
         )
     };
@@ -157,6 +168,7 @@ fn route(
                 .and_then(Value::as_str)
                 .ok_or_else(|| invalid("resources/read needs a string \"uri\"".into()))?;
             let route = registry.resource_route(uri).map_err(unroutable)?;
+            access(&route)?;
             Ok(Routed {
                 route,
                 params: json!({"uri": uri}),
@@ -168,6 +180,7 @@ fn route(
                 .and_then(Value::as_str)
                 .ok_or_else(|| invalid("prompts/get needs a string \"name\"".into()))?;
             let (route, definition) = prompt(public)?;
+            access(&route)?;
             let arguments = params.get("arguments").filter(|a| !a.is_null());
             definition
                 .check_arguments(arguments)
@@ -247,6 +260,7 @@ fn route(
                     ));
                 }
             };
+            access(&route)?;
             Ok(Routed {
                 route,
                 params: forwarded,
@@ -698,16 +712,17 @@ fn admit(
             .unwrap_or(Denial::AccessDenied);
         (e, denial)
     })?;
-    let routed = route(env.config, env.registry, method, params)?;
-    let server = &routed.route.server_id;
-    let digest = env.servers.get(server).map(|s| s.digest.clone());
-    rec.server = ServerInfo::mcp(server, digest.as_deref());
     // Once routed, the record names what the server signed (a template rather than the
-    // URI a client expanded from it: arguments are not recorded unmapped).
-    rec.name = format!("{} {}", method.as_str(), routed.route.declared);
-    // Named by what the client asked, never by what the route found: the principal may not
-    // list the server or the signed name (the record names both).
-    if !principal.may_call(server, &routed.route.name) {
+    // URI a client expanded from it: arguments are not recorded unmapped), whether or not
+    // the principal may use it. The client is told by what it asked, never by what the
+    // route found: the principal may not list the server or the signed name.
+    let access = |route: &ContentRoute| {
+        let digest = env.servers.get(&route.server_id).map(|s| s.digest.clone());
+        rec.server = ServerInfo::mcp(&route.server_id, digest.as_deref());
+        rec.name = format!("{} {}", method.as_str(), route.declared);
+        if principal.may_call(&route.server_id, &route.name) {
+            return Ok(());
+        }
         let e = refusal(
             code::ACCESS_DENIED,
             format!(
@@ -716,7 +731,8 @@ fn admit(
             ),
             Denial::AccessDenied,
         );
-        return Err((e, Denial::AccessDenied));
-    }
+        Err((e, Denial::AccessDenied))
+    };
+    let routed = route(env.config, env.registry, method, params, access)?;
     Ok((principal, routed))
 }

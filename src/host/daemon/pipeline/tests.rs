@@ -1009,10 +1009,23 @@ async fn content_nobody_signed_or_malformed_is_refused_before_any_executor_sees_
         "{}",
         e.message
     );
+    // Nor are a prompt's arguments checked first, which named them (and told the prompt
+    // exists by the error's kind).
+    let e = host
+        .content(
+            REVIEWER,
+            "prompts/get",
+            json!({"name": "test_prompt_with_arguments", "arguments": {"x": "a"}}),
+            &mut exec,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(denial_of(&e), "access_denied", "{e:?}");
+    assert!(!e.message.contains("arg1"), "{}", e.message);
     assert!(exec.asked.is_empty(), "{:?}", exec.asked);
     assert!(host.session_label(ANALYST).await.is_bottom());
     let records = host.records().await;
-    assert_eq!(records.len(), cases.len() + 1);
+    assert_eq!(records.len(), cases.len() + 2);
     assert!(
         records
             .iter()

@@ -191,9 +191,12 @@ impl Session {
                 return Err(self.refuse_session(&what, e).await);
             }
             Err(unroutable) => {
+                if let crate::manifest::UnroutableUri::Ambiguous { .. } = unroutable {
+                    tracing::warn!(session = %self.id, "{}", Escaped(&unroutable.to_string()));
+                }
                 let e = refusal(
                     pipeline::content::RESOURCE_NOT_FOUND,
-                    unroutable.to_string(),
+                    unroutable.client_words(),
                     Denial::UnknownResource,
                 );
                 return Err(self.refuse_session(&what, e).await);
