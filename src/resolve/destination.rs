@@ -862,6 +862,28 @@ fn decide_lookup(
             rule: server("block", r),
         };
     }
+    // Blocks of every address of both families on every port leave no connection the
+    // default could allow: the lookup would only carry the name out.
+    let everywhere = |b: &DestinationRule, v6: bool| {
+        matches!(b, DestinationRule::Inet { net, port: None }
+            if net.prefix_len() == 0 && matches!(net, IpNet::V6(_)) == v6)
+    };
+    let of_family = |v6: bool| blocks().any(|b| everywhere(b, v6));
+    if rules.default == DefaultAction::Allow && of_family(false) && of_family(true) {
+        let named = |b: &&DestinationRule| everywhere(b, false) || everywhere(b, true);
+        if let Some(r) = origin_blocks.iter().find(named) {
+            return RuleDecision {
+                allowed: false,
+                rule: principal("block", r),
+            };
+        }
+        if let Some(r) = rules.block.iter().find(named) {
+            return RuleDecision {
+                allowed: false,
+                rule: server("block", r),
+            };
+        }
+    }
     RuleDecision {
         allowed: rules.default == DefaultAction::Allow,
         rule: match origin {
@@ -1122,6 +1144,48 @@ mod tests {
                 .allowed
         );
         assert!(!decide_name_with_origin(&rules, None, &name("only.alice.test")).allowed);
+    }
+
+    /// Under a default that allows, blocks of every address of both families on every port
+    /// leave no connection a lookup could be for: the lookup is refused, and the name does
+    /// not leave the host in it. Before, it fell through to the default and was asked of the
+    /// upstream resolvers (a name can spell a secret).
+    #[test]
+    fn blocks_of_every_address_refuse_lookups_under_a_default_that_allows() {
+        let name = |n: &str| n.parse::<HostName>().unwrap();
+        let open = DestinationRules {
+            allow: vec![],
+            block: vec![],
+            default: DefaultAction::Allow,
+        };
+        let everything = OriginRules {
+            allow: vec![],
+            block: vec![rule("0.0.0.0/0"), rule("::/0")],
+        };
+        let d = decide_name_with_origin(
+            &open,
+            Some(("bob", &everything)),
+            &name("c2VjcmV0.attacker.example"),
+        );
+        assert_eq!(
+            (d.allowed, d.rule.as_str()),
+            (false, "principal bob block 0.0.0.0/0")
+        );
+        let server = DestinationRules {
+            block: vec![rule("::/0"), rule("0.0.0.0/0")],
+            ..open.clone()
+        };
+        let d = server.decide_name(&name("c2VjcmV0.attacker.example"));
+        assert_eq!((d.allowed, d.rule.as_str()), (false, "block ::/0"));
+        // One family, or every address on one port only, leaves connections the default
+        // allows.
+        for some in [&["0.0.0.0/0"][..], &["0.0.0.0/0:443", "[::/0]:443"]] {
+            let some = DestinationRules {
+                block: some.iter().map(|b| rule(b)).collect(),
+                ..open.clone()
+            };
+            assert!(some.decide_name(&name("www.example.com")).allowed);
+        }
     }
 
     /// A lookup sends the name out: it is answered only where a connection to the name
