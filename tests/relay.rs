@@ -961,3 +961,57 @@ fn a_calls_client_is_still_heard_while_the_host_stops() {
     );
     lab.stop();
 }
+
+/// A client that never stops sending does not hold the stop: the session hears what the
+/// client sends while its calls finish, and no longer. Before, it read until its queue was
+/// empty, which a client writing without pause kept from happening, and the stop waited
+/// out its bound and ended unclean.
+#[test]
+fn a_client_that_keeps_sending_does_not_hold_the_stop() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let c = session(&lab, json!({}));
+    drop(c);
+    let socket = lab.paths.socket.clone();
+    let stream = std::thread::spawn(move || {
+        // SAFETY: raw setresuid changes only this thread's credentials (back below).
+        unsafe {
+            assert_eq!(
+                libc::syscall(libc::SYS_setresuid, -1i64, AGENT_UID as i64, -1i64),
+                0
+            )
+        };
+        let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        // SAFETY: as above, back to euid 0.
+        unsafe { assert_eq!(libc::syscall(libc::SYS_setresuid, -1i64, 0i64, -1i64), 0) };
+        s
+    })
+    .join()
+    .unwrap();
+    use std::io::{BufRead, Write};
+    let mut writer = stream.try_clone().unwrap();
+    writeln!(writer, "{}", json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "flood", "version": "0"}}})).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut lines = std::io::BufReader::new(stream);
+        let mut line = String::new();
+        while lines.read_line(&mut line).is_ok_and(|n| n > 0) {
+            line.clear();
+        }
+    });
+    let flooding = std::thread::spawn(move || {
+        let ping = format!("{}\n", json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+        while writer.write_all(ping.as_bytes()).is_ok() {}
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let t0 = std::time::Instant::now();
+    let status = lab.stop_status().unwrap();
+    let took = t0.elapsed();
+    assert!(status.success(), "{status}:\n{}", lab.log());
+    assert!(
+        took < std::time::Duration::from_secs(8),
+        "the stop took {took:?}"
+    );
+    flooding.join().unwrap();
+    reader.join().unwrap();
+}

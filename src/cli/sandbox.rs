@@ -308,7 +308,14 @@ fn prepare_records_dir(path: &Path) -> Result<(), SandboxError> {
     };
     let group_writable = place()?;
     let made = prepare_records_dir_at(path, &bad)?;
-    let group_writable = if made { place()? } else { group_writable };
+    let group_writable = if made {
+        // As found, once made: another user may have made it first (a directory that
+        // exists is no error to a recursive creation), and it is then theirs.
+        prepare_records_dir_at(path, &bad)?;
+        place()?
+    } else {
+        group_writable
+    };
     for (dir, why) in group_writable {
         say!(
             "flowhost sandbox: note: {} {why}: its group's members could replace the records directory {} below it",

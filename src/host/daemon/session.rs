@@ -545,14 +545,17 @@ pub(super) async fn run(
         }
     }
     // When the host stops, or a reload remaps the peer, what the client sends is still
-    // read while its calls finish (see `heard_after_the_end`): requests read but not begun,
-    // and those sent since, are answered and recorded as refused (a client whose input had
-    // ended, a stdio bridge, would otherwise take the closed connection for every answer
-    // given), and its answers to the calls' relayed requests and its cancellations reach
-    // them (before, a call waiting for a sampling answer waited out its deadline).
+    // read while its calls finish (see `heard_after_the_end`), and no longer: requests read
+    // but not begun, and those sent since, are answered and recorded as refused (a client
+    // whose input had ended, a stdio bridge, would otherwise take the closed connection for
+    // every answer given), and at a stop its answers to the calls' relayed requests and its
+    // cancellations reach them (before, a call waiting for a sampling answer waited out its
+    // deadline). The lines already queued are heard first, at most a queue's worth: a
+    // client that never stops sending must not keep the session, or the stop, waiting.
     let mut hearing = ended == HOST_STOPPING || ended == REMAPPED;
     if hearing {
-        while let Ok(line) = incoming.try_recv() {
+        for _ in 0..QUEUED_LINES {
+            let Ok(line) = incoming.try_recv() else { break };
             if let Line::Message(bytes) = line {
                 session.heard_after_the_end(&bytes, ended).await;
             }
@@ -565,6 +568,9 @@ pub(super) async fn run(
     let mut cancelled = ended == HOST_STOPPING;
     loop {
         tokio::select! {
+            // First: once no call is left, nothing more is read, however fast the client
+            // sends.
+            biased;
             done = requests.join_next() => if done.is_none() { break },
             n = next_undelivered(&mut undelivered) => session.undelivered(n),
             _ = out.closed(), if !cancelled => {
@@ -1034,10 +1040,15 @@ impl Session {
     }
 
     /// A line the client sent once the session has ended (`ended`) while its calls finish:
-    /// an answer to a call's relayed request and a cancellation are taken as ever; a
-    /// request is refused and recorded, not served.
+    /// a cancellation is taken as ever, and so, when the host stops, is an answer to a
+    /// call's relayed request (a peer a reload mapped elsewhere is no longer the principal
+    /// its calls ask: its answers are not taken); a request is refused and recorded, not
+    /// served.
     async fn heard_after_the_end(&self, bytes: &[u8], ended: &str) {
         match mcp::parse(bytes) {
+            Ok(Incoming::Response { id, .. }) if ended == REMAPPED => {
+                tracing::info!(session = %self.id, id = %id, "an answer of a peer no longer mapped to the session's principal is not taken");
+            }
             Ok(Incoming::Response { id, outcome }) => {
                 if !self.relays.answered(&id, outcome) {
                     tracing::debug!(session = %self.id, id = %id, "an answer to no request awaiting one is ignored");
