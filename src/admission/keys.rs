@@ -97,6 +97,16 @@ pub enum KeyError {
         /// The decoding problem.
         reason: Box<KeyError>,
     },
+    /// A private key file given where a public key is expected: read as one, its secret
+    /// would be printed in errors and written into manifests as the signer's key.
+    #[error(
+        "{}: is a private key file; give the public key (NAME{PUBLIC_KEY_SUFFIX}, written beside it by `flowhost key generate`)",
+        path.display()
+    )]
+    PrivateKeyGiven {
+        /// The key file.
+        path: PathBuf,
+    },
     /// The operating system's random source failed.
     #[error("cannot read the operating system's random source: {0}")]
     Randomness(String),
@@ -193,7 +203,10 @@ pub fn generate(dir: &Path, name: &str) -> Result<GeneratedKey, KeyError> {
             return Err(FileError::AlreadyExists { path: path.clone() }.into());
         }
     }
-    let secret_text = Zeroizing::new(format!("{}\n", hex::encode(seed.as_ref())));
+    let secret_text = Zeroizing::new(format!(
+        "{PRIVATE_KEY_LABEL}{}\n",
+        hex::encode(seed.as_ref())
+    ));
     files::write_new(&private_path, secret_text.as_bytes(), 0o600)?;
     let verifying_key = signing_key.verifying_key();
     let public_text = format!("{}\n", public_key_to_hex(&verifying_key));
@@ -213,6 +226,11 @@ pub fn generate(dir: &Path, name: &str) -> Result<GeneratedKey, KeyError> {
 fn key_text(text: &str) -> &str {
     text.strip_suffix('\n').unwrap_or(text)
 }
+
+/// What a private key file's text starts with (files written before it have the hex alone,
+/// and are still read): a public key read from such a file is refused, so a private key
+/// given by mistake is never printed or written out as a public one.
+const PRIVATE_KEY_LABEL: &str = "flowhost-ed25519-private-key ";
 
 /// Loads a private key file, refusing one that group or others may access.
 pub fn load_signing_key(path: &Path) -> Result<SigningKey, KeyError> {
@@ -240,9 +258,13 @@ pub fn load_signing_key(path: &Path) -> Result<SigningKey, KeyError> {
             reason: "not UTF-8 text".into(),
         })
     })?;
+    let text = key_text(text);
     let seed = Zeroizing::new(
-        decode_lower_hex::<SECRET_KEY_LENGTH>("private key", key_text(text))
-            .map_err(content_error)?,
+        decode_lower_hex::<SECRET_KEY_LENGTH>(
+            "private key",
+            text.strip_prefix(PRIVATE_KEY_LABEL).unwrap_or(text),
+        )
+        .map_err(content_error)?,
     );
     Ok(SigningKey::from_bytes(&seed))
 }
@@ -272,6 +294,16 @@ fn check_public_key_file(path: &Path, mode: u32, owner: u32, uid: u32) -> Result
 /// The checks are made on the opened file (not the path), so the file read is the file
 /// checked.
 pub fn load_verifying_key(path: &Path) -> Result<VerifyingKey, KeyError> {
+    // Named as `key generate` names a private key (one written before the label has the
+    // hex alone, and would read as a public key).
+    if path
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().ends_with(PRIVATE_KEY_SUFFIX))
+    {
+        return Err(KeyError::PrivateKeyGiven {
+            path: path.to_owned(),
+        });
+    }
     let (file, metadata) = files::open_regular(path)?;
     check_public_key_file(
         path,
@@ -284,6 +316,11 @@ pub fn load_verifying_key(path: &Path) -> Result<VerifyingKey, KeyError> {
         path: path.to_owned(),
         offset: e.utf8_error().valid_up_to(),
     })?;
+    if text.starts_with(PRIVATE_KEY_LABEL) {
+        return Err(KeyError::PrivateKeyGiven {
+            path: path.to_owned(),
+        });
+    }
     public_key_from_hex("public key", key_text(&text)).map_err(|reason| KeyError::KeyFileContent {
         path: path.to_owned(),
         reason: Box::new(reason),
@@ -328,6 +365,41 @@ mod tests {
         // Two generations give different keys.
         let other = generate(&out, "other").unwrap();
         assert_ne!(other.verifying_key, key.verifying_key);
+    }
+
+    /// A private key file given where a public key is expected is refused, by its label or
+    /// its name, and its secret is never in the error: before, about half of them read as a
+    /// valid public key, whose hex (the seed) admission errors then printed and `manifest
+    /// from-openapi --public-key` wrote into a manifest body.
+    #[test]
+    fn a_private_key_is_never_read_as_a_public_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = generate(dir.path(), "k").unwrap();
+        let secret = std::fs::read_to_string(&key.private_path).unwrap();
+        let seed = secret.trim().rsplit(' ').next().unwrap().to_string();
+        assert_eq!(seed.len(), 64);
+        let elsewhere = dir.path().join("renamed.pub");
+        std::fs::copy(&key.private_path, &elsewhere).unwrap();
+        for given in [&key.private_path, &elsewhere] {
+            let e = load_verifying_key(given).unwrap_err();
+            assert!(matches!(e, KeyError::PrivateKeyGiven { .. }), "{e}");
+            assert!(!e.to_string().contains(&seed), "{e}");
+            let e = verifying_key_from_arg(given.to_str().unwrap()).unwrap_err();
+            assert!(matches!(e, KeyError::PrivateKeyGiven { .. }), "{e}");
+        }
+        // A private key written before the label (the hex alone) still signs, and is
+        // refused as a public key by its name.
+        let old = dir.path().join("old.key");
+        std::fs::write(&old, format!("{seed}\n")).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(
+            load_signing_key(&old).unwrap().verifying_key(),
+            key.verifying_key
+        );
+        assert!(matches!(
+            load_verifying_key(&old),
+            Err(KeyError::PrivateKeyGiven { .. })
+        ));
     }
 
     #[test]
