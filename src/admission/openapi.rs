@@ -478,14 +478,22 @@ fn operation_id<'a>(op: &Operation<'a>) -> Result<&'a str> {
 /// strictly as any manifest (see the module docs for the mapping).
 pub fn manifest_from_openapi(doc: &Value, identity: &ManifestIdentity) -> Result<Value> {
     // Where an API key goes is read from these: one that cannot be read would let its key
-    // become an argument unsaid.
-    if let Some(schemes) = doc
-        .pointer("/components/securitySchemes")
-        .and_then(Value::as_object)
-    {
+    // become an argument unsaid. So `components`, the schemes, each scheme (where its
+    // reference leads) and an `apiKey` scheme's `in` and `name` are read strictly.
+    let components = match doc.get("components") {
+        Some(c) => Some(object(c, &JsonPath::field("components"))?),
+        None => None,
+    };
+    if let Some(schemes) = components.and_then(|c| c.get("securitySchemes")) {
         let at = JsonPath::field("components").key("securitySchemes");
-        for (name, scheme) in schemes {
-            resolve(doc, scheme, &at.key(name), "securitySchemes")?;
+        for (name, scheme) in object(schemes, &at)? {
+            let path = at.key(name);
+            let scheme = object(resolve(doc, scheme, &path, "securitySchemes")?, &path)?;
+            if optional_str(scheme, "type", &path)? == Some("apiKey") {
+                for field in ["in", "name"] {
+                    optional_str(scheme, field, &path)?;
+                }
+            }
         }
     }
     let mut tools = Vec::new();

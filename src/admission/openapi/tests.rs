@@ -673,7 +673,34 @@ fn other_extensions_under_paths_are_ignored() {
 fn fields_of_the_wrong_type_are_refused_not_defaulted() {
     const TERMS: &str = "paths[\"/documents/{document}/terms\"]";
     type Change = fn(&mut Value);
-    let cases: [(Change, String, &str); 9] = [
+    let cases: [(Change, String, &str); 13] = [
+        // Where an API key goes, read as absent, let its key become an argument.
+        (
+            |d| d["components"]["securitySchemes"] = json!([{"type": "apiKey"}]),
+            "components.securitySchemes".into(),
+            "an object",
+        ),
+        (
+            |d| {
+                d["components"]["securitySchemes"] =
+                    json!({"key": {"type": "apiKey", "in": ["header"], "name": "X-Api-Key"}})
+            },
+            "components.securitySchemes.key.in".into(),
+            "a string",
+        ),
+        (
+            |d| {
+                d["components"]["securitySchemes"] =
+                    json!({"key": {"type": "apiKey", "in": "header", "name": 7}})
+            },
+            "components.securitySchemes.key.name".into(),
+            "a string",
+        ),
+        (
+            |d| d["components"]["securitySchemes"] = json!({"key": "apiKey"}),
+            "components.securitySchemes.key".into(),
+            "an object",
+        ),
         // A query parameter's `required: "true"` used to become "optional".
         (
             |d| d["components"]["parameters"]["Version"]["required"] = json!("true"),
