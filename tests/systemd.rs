@@ -499,6 +499,47 @@ fn a_principal_taken_out_loses_access_although_the_reload_is_refused() {
     assert_eq!(r["error"]["data"]["denial"], "access_denied", "{r}");
 }
 
+/// A file refused for something else altogether (an unknown key) still withdraws the
+/// server and the principal it no longer holds: before, its lenient read failed on the key
+/// and withdrew nothing, and the server the operator took out went on serving.
+#[test]
+fn what_a_file_refused_for_another_reason_takes_out_is_withdrawn() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    let r = c.call("workspace/list_documents", json!({}));
+    assert!(r["error"].is_null(), "{r}");
+    let original = std::fs::read_to_string(&lab.config).unwrap();
+    let start = original.find("[[server]]\nid = \"workspace\"").unwrap();
+    let end = start + 1 + original[start + 1..].find("\n[[server]]").unwrap();
+    let reviewer_at = original
+        .find("[[principal]]\nid = \"oss-reviewer\"")
+        .unwrap();
+    let reviewer_end = reviewer_at + 1 + original[reviewer_at + 1..].find("\n[[").unwrap();
+    let mut taken_out = original.clone();
+    taken_out.replace_range(start.max(reviewer_at)..end.max(reviewer_end), "");
+    taken_out.replace_range(start.min(reviewer_at)..end.min(reviewer_end), "");
+    let taken_out = taken_out.replacen("[host]\n", "[host]\nno_such_key = 1\n", 1);
+    assert!(!taken_out.contains("id = \"workspace\"") && !taken_out.contains("oss-reviewer"));
+    lab.write_config(&taken_out);
+    reload_and_await_refusal(&lab);
+    let log = lab.log();
+    for withdrawn in [
+        "server \"workspace\" withdrawn from service although the reload is refused",
+        "principal \"oss-reviewer\" withdrawn although the reload is refused",
+    ] {
+        assert!(log.contains(withdrawn), "{withdrawn:?} not in:\n{log}");
+    }
+    let r = c.call("workspace/list_documents", json!({}));
+    assert!(
+        !r["error"].is_null(),
+        "the server taken out still serves: {r}"
+    );
+}
+
 /// A uid taken out of a principal by a refused reload maps to no principal, rather than to
 /// another principal by the peer's gid, which neither configuration gave it; and the
 /// natural ways of taking it out (the principal left with no uid, a server taken out while

@@ -439,6 +439,17 @@ pub struct ClassifierRule {
     pub scopes: BTreeSet<ClassifierScope>,
 }
 
+/// The ids a configuration file holds (see [`HostConfig::ids_in`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ConfigIds {
+    /// `[[server]]` ids.
+    pub servers: BTreeSet<String>,
+    /// `[[principal]]` ids.
+    pub principals: BTreeSet<String>,
+    /// `[[declassification_authority]]` ids.
+    pub authorities: BTreeSet<String>,
+}
+
 /// A principal and what it may call.
 #[derive(Debug, Clone)]
 pub struct PrincipalConfig {
@@ -531,6 +542,33 @@ impl HostConfig {
             reason: "not UTF-8 text".into(),
         })?;
         Self::parse_lenient(file, &text)
+    }
+
+    /// The ids of the servers, principals and declassification authorities `file` still
+    /// holds, read from its TOML alone, for a file that does not load (an unknown key or a
+    /// value out of range elsewhere): taking one out is how an operator withdraws trust, and
+    /// must not wait for the rest of the file to be right. An entry without a string `id`
+    /// holds none. `None` when the file cannot be read or is no TOML: what it holds is then
+    /// unknown.
+    pub(crate) fn ids_in(file: &Path) -> Option<ConfigIds> {
+        let bytes = crate::files::trusted_target(file)
+            .ok()
+            .and_then(|target| crate::files::read_trusted(&target, MAX_CONFIG_BYTES, false).ok())?;
+        let table: toml::Table = std::str::from_utf8(&bytes).ok()?.parse().ok()?;
+        let ids = |key: &str| -> BTreeSet<String> {
+            table
+                .get(key)
+                .and_then(toml::Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|entry| entry.get("id")?.as_str().map(str::to_string))
+                .collect()
+        };
+        Some(ConfigIds {
+            servers: ids("server"),
+            principals: ids("principal"),
+            authorities: ids("declassification_authority"),
+        })
     }
 
     /// This configuration, refused when an authority's key could not be read or a lenient

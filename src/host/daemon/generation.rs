@@ -189,6 +189,38 @@ impl Generation {
         }
     }
 
+    /// What a file that does not load still withdraws, from the ids it holds (see
+    /// [`crate::config::HostConfig::ids_in`]): the servers, declassification authorities and
+    /// principals of this generation it no longer holds, each taken out whole (what the rest
+    /// of an entry it keeps says is unknown, and left as it is).
+    pub(super) fn taken_out_of(
+        &self,
+        ids: &crate::config::ConfigIds,
+    ) -> (BTreeMap<String, String>, BTreeMap<String, String>, Narrowed) {
+        let why =
+            || "taken out of the configuration (which is refused for another reason)".to_string();
+        let servers = (self.registry.servers())
+            .map(|a| a.server_id().to_string())
+            .filter(|id| !ids.servers.contains(id))
+            .map(|id| (id, why()))
+            .collect();
+        let authorities = (self.config.authorities.keys())
+            .filter(|id| !ids.authorities.contains(*id))
+            .map(|id| (id.clone(), why()))
+            .collect();
+        let mut narrowed = Narrowed::default();
+        for p in &self.config.principals {
+            if ids.principals.contains(p.id.as_str()) {
+                narrowed.principals.push(p.clone());
+            } else {
+                narrowed.withdrawn.insert(p.id.to_string(), why());
+                narrowed.peers.0.extend(p.uids.iter().copied());
+                narrowed.peers.1.extend(p.gids.iter().copied());
+            }
+        }
+        (servers, authorities, narrowed)
+    }
+
     /// This generation, numbered `id`, without the servers `withdrawn` names and the
     /// declassification authorities `authorities` names, and with `principals` as its
     /// principals when given: everything else (configuration, admitted manifests, warm

@@ -133,7 +133,12 @@ impl Host {
                 self.current().authorities_no_longer_vouched_for(config),
                 self.current().principals_still_vouched_for(config),
             ),
-            Err(_) => Default::default(),
+            // A file that does not load still withdraws what it no longer holds, as far as
+            // its TOML tells (nothing when it is no TOML at all).
+            Err(_) => match HostConfig::ids_in(&self.config_path) {
+                Some(ids) => self.current().taken_out_of(&ids),
+                None => Default::default(),
+            },
         };
         let config = config.and_then(HostConfig::with_every_authority);
         // A key set that cannot be read revokes every key: which ones the operator still
