@@ -1015,3 +1015,47 @@ fn a_client_that_keeps_sending_does_not_hold_the_stop() {
     flooding.join().unwrap();
     reader.join().unwrap();
 }
+
+/// A peer a reload maps to no principal is not heard as the principal its calls ask: its
+/// answer to a sampling request is not taken, and the call goes on without it at once
+/// rather than waiting out its deadline. Before, an answer sent before the session noticed
+/// the reload reached the old principal's call.
+#[test]
+fn a_remapped_peers_answer_is_not_taken() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({"sampling": {}}));
+    call(
+        &mut c,
+        2,
+        "test_sampling",
+        json!({"prompt": "who is asking"}),
+    );
+    let asked = c.read();
+    assert_eq!(asked["method"], "sampling/createMessage", "{asked}");
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let remapped = text.replacen(
+        &format!("uids = [{AGENT_UID}]"),
+        &format!("uids = [{}]", AGENT_UID + 1),
+        1,
+    );
+    assert_ne!(remapped, text);
+    lab.write_config(&remapped);
+    lab.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !lab.log().contains("reloaded: generation 2") {
+        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let t0 = std::time::Instant::now();
+    c.send(&json!({"jsonrpc": "2.0", "id": asked["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "not theirs"}, "model": "m", "stopReason": "endTurn"}}));
+    let (r, _) = until_answer(&mut c, 2);
+    assert!(!r.to_string().contains("not theirs"), "{r}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(8),
+        "the call waited {:?}",
+        t0.elapsed()
+    );
+    lab.stop();
+}

@@ -69,6 +69,8 @@ enum Answer {
 pub struct PendingRelays {
     next: AtomicU64,
     waiting: Mutex<HashMap<String, oneshot::Sender<Answer>>>,
+    /// Set once no answer of the client is taken any more ([`PendingRelays::close`]).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl PendingRelays {
@@ -82,6 +84,21 @@ impl PendingRelays {
     /// `false` when no request awaits that id.
     pub fn undelivered(&self, id: &Value, why: String) -> bool {
         self.settle(id, Answer::Undelivered(why))
+    }
+
+    /// Takes no answer of the client from now on: every request awaiting one is told none
+    /// will come (`why`), and none is forwarded any more; their calls go on without, rather
+    /// than wait out their deadlines.
+    pub fn close(&self, why: &str) {
+        self.closed.store(true, Ordering::SeqCst);
+        let waiting: Vec<_> = self
+            .waiting
+            .lock()
+            .map(|mut w| w.drain().map(|(_, tx)| tx).collect())
+            .unwrap_or_default();
+        for tx in waiting {
+            let _ = tx.send(Answer::Undelivered(why.to_string()));
+        }
     }
 
     fn settle(&self, id: &Value, answer: Answer) -> bool {
@@ -98,6 +115,9 @@ impl PendingRelays {
 
     /// A fresh id and its entry; the entry is removed when the returned guard drops.
     fn open<'a>(&'a self, out: &'a Outbox) -> Option<Awaiting<'a>> {
+        if self.closed.load(Ordering::SeqCst) {
+            return None;
+        }
         let id = json!(format!(
             "flowhost-relay-{}",
             self.next.fetch_add(1, Ordering::Relaxed) + 1

@@ -491,6 +491,13 @@ pub(super) async fn run(
         }
         match mcp::parse(&bytes) {
             Err((id, e)) => session.send(mcp::error_response(&id, &e)).await,
+            // A peer a reload has mapped elsewhere since the loop last looked is no longer
+            // the principal its calls ask (the session ends at the next turn).
+            Ok(Incoming::Response { id, .. })
+                if session.remapped(&session.host.current().config) =>
+            {
+                tracing::info!(session = %session.id, id = %id, "an answer of a peer no longer mapped to the session's principal is not taken");
+            }
             Ok(Incoming::Response { id, outcome }) => {
                 if !session.relays.answered(&id, outcome) {
                     tracing::debug!(session = %session.id, id = %id, "an answer to no request awaiting one is ignored");
@@ -553,6 +560,11 @@ pub(super) async fn run(
     // deadline). The lines already queued are heard first, at most a queue's worth: a
     // client that never stops sending must not keep the session, or the stop, waiting.
     let mut hearing = ended == HOST_STOPPING || ended == REMAPPED;
+    if ended == REMAPPED {
+        // No answer of this peer is taken any more: the calls waiting for one go on without
+        // it rather than wait out their deadlines.
+        session.relays.close(REMAPPED);
+    }
     if hearing {
         for _ in 0..QUEUED_LINES {
             let Ok(line) = incoming.try_recv() else { break };
