@@ -1037,6 +1037,15 @@ fn flowhost_reload_waits_for_the_daemons_verdict() {
         stderr.contains("reload refused") && stderr.contains("host.toml"),
         "{stderr}"
     );
+    // What the refusal quotes (here the file's own line) cannot drive the terminal: before,
+    // the verdict was printed as the daemon wrote it.
+    lab.write_config("[host]\n\x1b]0;pwned\x07\x1b[2J = 1\n");
+    let (code, _, stderr) = reload(&lab);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("reload refused") && !stderr.contains('\x1b') && !stderr.contains('\x07'),
+        "{stderr:?}"
+    );
     // Fixed again: accepted (a later verdict, not the refusal left in the file).
     lab.write_config(&original);
     let (code, stdout, stderr) = reload(&lab);

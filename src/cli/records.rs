@@ -136,7 +136,7 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                 other => other?,
             };
             for note in &report.notes {
-                outln!("note: {note}")?;
+                outln!("note: {}", flowhost_broker::Escaped(note))?;
             }
             if report.is_ok() {
                 outln!(

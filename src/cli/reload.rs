@@ -32,17 +32,22 @@ impl ReloadArgs {
     pub fn run(self) -> CliResult {
         let verdict =
             reload::request(self.pid, &self.state_dir, Duration::from_secs(self.timeout))?;
+        // The message can quote what an executor or a file said (a refusal names why a
+        // server's executor did not start): escaped, line by line, each line with the
+        // journal's priority prefix, so it can neither drive the terminal nor forge a line.
+        let lines = verdict.message.lines().map(flowhost_broker::Escaped);
         if verdict.accepted {
             // The status is the verdict (systemd's ExecReload): a message stdout refuses
             // cannot make an accepted reload look like no verdict.
-            let _ = outln!("{}", verdict.message);
+            for line in lines {
+                let _ = outln!("{line}");
+            }
             Ok(ExitCode::SUCCESS)
         } else {
-            note!(
-                "{}flowhost: {}",
-                crate::logging::fatal_line_prefix(),
-                verdict.message
-            );
+            let prefix = crate::logging::fatal_line_prefix();
+            for (i, line) in lines.enumerate() {
+                note!("{prefix}{}{line}", if i == 0 { "flowhost: " } else { "  " });
+            }
             Ok(ExitCode::from(1))
         }
     }
