@@ -2077,3 +2077,29 @@ fn the_last_credential_taken_out_is_revoked_at_the_reload() {
         "the last token taken out still authenticates"
     );
 }
+
+/// A credential taken out by a file refused for something else altogether (an unknown key)
+/// is revoked all the same, as its TOML tells: before, that file's lenient read failed and
+/// revoked nothing.
+#[test]
+fn a_credential_taken_out_of_a_file_refused_for_another_reason_is_revoked() {
+    let Some((lab, addr, issuer)) = start("") else {
+        return;
+    };
+    let subject = jwt(&issuer, RESOURCE, unix_now() + 300, "agent-1");
+    let status = |token: &str| McpHttp::new(addr, Some(token)).initialize().status;
+    assert_eq!((status(TOKEN), status(&subject)), (200, 200));
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    let hash = hex::encode(Sha256::digest(TOKEN.as_bytes()));
+    let without_token = text
+        .replacen(
+            &format!("sha256 = \"{hash}\""),
+            &format!("sha256 = \"{}\"", "0".repeat(64)),
+            1,
+        )
+        .replacen("[host]\n", "[host]\nno_such_key = 1\n", 1);
+    assert!(!without_token.contains(&hash));
+    reload_refused(&lab, &without_token);
+    assert_eq!(status(TOKEN), 401, "a token taken out still authenticates");
+    assert_eq!(status(&subject), 200, "a subject kept was revoked");
+}

@@ -507,6 +507,18 @@ fn what_a_file_refused_for_another_reason_takes_out_is_withdrawn() {
     let Some(mut lab) = Lab::prepare() else {
         return;
     };
+    // The team inbox's key, copied where this test may remove it.
+    let config = std::fs::read_to_string(&lab.config).unwrap();
+    let key = config
+        .lines()
+        .skip_while(|l| *l != "id = \"team-inbox\"")
+        .find_map(|l| l.strip_prefix("key = \""))
+        .and_then(|k| k.strip_suffix('"'))
+        .unwrap()
+        .to_string();
+    let copy = lab.dir.path().join("team-inbox.pub");
+    std::fs::copy(&key, &copy).unwrap();
+    lab.write_config(&config.replacen(&key, copy.to_str().unwrap(), 1));
     lab.spawn();
     let mut c = lab.client();
     c.initialize();
@@ -537,6 +549,27 @@ fn what_a_file_refused_for_another_reason_takes_out_is_withdrawn() {
     assert!(
         !r["error"].is_null(),
         "the server taken out still serves: {r}"
+    );
+
+    // A mistyped header withdraws nothing (it would read as every principal taken out);
+    // a server whose key file was removed is withdrawn (its key no longer vouches for it).
+    let mistyped = original.replacen("[[principal]]", "[[principals]]", 1);
+    lab.write_config(&mistyped);
+    reload_and_await_refusal(&lab);
+    assert!(
+        !lab.log().contains("\"larkfield-analyst\" withdrawn"),
+        "{}",
+        lab.log()
+    );
+    std::fs::remove_file(&copy).unwrap();
+    lab.write_config(&format!("{original}\nno_such_key = 1\n"));
+    reload_and_await_refusal(&lab);
+    assert!(
+        lab.log().contains(
+            "server \"team-inbox\" withdrawn from service although the reload is refused"
+        ),
+        "{}",
+        lab.log()
     );
 }
 

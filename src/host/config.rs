@@ -23,8 +23,8 @@ use crate::registry::{RuntimeTopology, ToolPolicy};
 
 mod http;
 pub use http::{
-    BearerToken, DEFAULT_MAX_CONNECTIONS_PER_SOURCE, HttpConfig, JwtConfig, MAX_CONNECTIONS,
-    TlsFiles,
+    BearerToken, DEFAULT_MAX_CONNECTIONS_PER_SOURCE, HttpConfig, HttpCredentials, JwtConfig,
+    MAX_CONNECTIONS, TlsFiles,
 };
 
 /// Why a configuration was refused.
@@ -440,7 +440,7 @@ pub struct ClassifierRule {
 }
 
 /// The ids a configuration file holds (see [`HostConfig::ids_in`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct ConfigIds {
     /// `[[server]]` ids.
     pub servers: BTreeSet<String>,
@@ -448,6 +448,8 @@ pub(crate) struct ConfigIds {
     pub principals: BTreeSet<String>,
     /// `[[declassification_authority]]` ids.
     pub authorities: BTreeSet<String>,
+    /// The credentials `[http]` maps (`None`: no `[http]`).
+    pub http: Option<HttpCredentials>,
 }
 
 /// A principal and what it may call.
@@ -545,29 +547,42 @@ impl HostConfig {
     }
 
     /// The ids of the servers, principals and declassification authorities `file` still
-    /// holds, read from its TOML alone, for a file that does not load (an unknown key or a
-    /// value out of range elsewhere): taking one out is how an operator withdraws trust, and
-    /// must not wait for the rest of the file to be right. An entry without a string `id`
-    /// holds none. `None` when the file cannot be read or is no TOML: what it holds is then
-    /// unknown.
+    /// holds, and the HTTP credentials it maps, read from its TOML alone, for a file that
+    /// does not load (an unknown key or a value out of range elsewhere): taking one out is
+    /// how an operator withdraws trust, and must not wait for the rest of the file to be
+    /// right. `None` when the file cannot be read, is no TOML, or its top level is not as a
+    /// configuration's (an unknown table, a `[[server]]`, `[[principal]]` or
+    /// `[[declassification_authority]]` entry without a string `id`, one of them not an
+    /// array of tables): what it holds is then unknown, and a mistyped header must not read
+    /// as everything taken out.
     pub(crate) fn ids_in(file: &Path) -> Option<ConfigIds> {
         let bytes = crate::files::trusted_target(file)
             .ok()
             .and_then(|target| crate::files::read_trusted(&target, MAX_CONFIG_BYTES, false).ok())?;
         let table: toml::Table = std::str::from_utf8(&bytes).ok()?.parse().ok()?;
-        let ids = |key: &str| -> BTreeSet<String> {
-            table
-                .get(key)
-                .and_then(toml::Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|entry| entry.get("id")?.as_str().map(str::to_string))
-                .collect()
+        const LISTS: [&str; 3] = ["server", "principal", "declassification_authority"];
+        if table.keys().any(|k| {
+            !LISTS.contains(&k.as_str()) && !["host", "classifier", "http"].contains(&k.as_str())
+        }) {
+            return None;
+        }
+        let ids = |key: &str| -> Option<BTreeSet<String>> {
+            match table.get(key) {
+                None => Some(BTreeSet::new()),
+                Some(list) => (list.as_array()?.iter())
+                    .map(|entry| Some(entry.as_table()?.get("id")?.as_str()?.to_string()))
+                    .collect(),
+            }
+        };
+        let http = match table.get("http") {
+            None => None,
+            Some(http) => Some(HttpCredentials::in_toml(http.as_table()?)),
         };
         Some(ConfigIds {
-            servers: ids("server"),
-            principals: ids("principal"),
-            authorities: ids("declassification_authority"),
+            servers: ids("server")?,
+            principals: ids("principal")?,
+            authorities: ids("declassification_authority")?,
+            http,
         })
     }
 

@@ -166,6 +166,71 @@ pub struct BearerToken {
     pub sha256: [u8; 32],
 }
 
+/// The credentials an `[http]` table maps to principals: what a reload compares with those
+/// in use to revoke the ones taken out (see
+/// `Authenticator::revoke_credentials_absent_from`).
+#[derive(Debug, Clone, Default)]
+pub struct HttpCredentials {
+    /// The bearer tokens.
+    pub tokens: Vec<BearerToken>,
+    /// The JWT claim values and their principals (empty without `[http.jwt]`).
+    pub jwt_subjects: BTreeMap<String, PrincipalId>,
+    /// The principal of unauthenticated loopback callers, if one is named.
+    pub loopback: Option<PrincipalId>,
+}
+
+impl HttpConfig {
+    /// The credentials this table maps.
+    pub fn credentials(&self) -> HttpCredentials {
+        HttpCredentials {
+            tokens: self.tokens.clone(),
+            jwt_subjects: (self.jwt.iter())
+                .flat_map(|j| j.principals.clone())
+                .collect(),
+            loopback: self.unauthenticated_loopback_principal.clone(),
+        }
+    }
+}
+
+impl HttpCredentials {
+    /// The credentials an `[http]` table's TOML maps, read from the TOML alone, for a file
+    /// that does not load: one not written as a loaded file would hold it (a hash that is no
+    /// 64 lowercase hex digits, a principal that is no identifier) is left out, and so
+    /// revoked, never kept.
+    pub(crate) fn in_toml(http: &toml::Table) -> HttpCredentials {
+        let principal = |v: &toml::Value| v.as_str().and_then(|p| PrincipalId::new(p).ok());
+        let tokens = (http
+            .get("token")
+            .and_then(toml::Value::as_array)
+            .into_iter()
+            .flatten())
+        .filter_map(|t| {
+            let hex = t.get("sha256")?.as_str()?;
+            let mut sha256 = [0u8; 32];
+            (!hex.bytes().any(|b| b.is_ascii_uppercase())).then_some(())?;
+            hex::decode_to_slice(hex, &mut sha256).ok()?;
+            Some(BearerToken {
+                principal: principal(t.get("principal")?)?,
+                sha256,
+            })
+        })
+        .collect();
+        let jwt_subjects = (http.get("jwt").and_then(|j| j.get("principals")))
+            .and_then(toml::Value::as_table)
+            .into_iter()
+            .flatten()
+            .filter_map(|(claim, p)| Some((claim.clone(), principal(p)?)))
+            .collect();
+        HttpCredentials {
+            tokens,
+            jwt_subjects,
+            loopback: http
+                .get("unauthenticated_loopback_principal")
+                .and_then(principal),
+        }
+    }
+}
+
 /// Validating JWT access tokens (the MCP authorization spec's resource-server role).
 #[derive(Debug, Clone)]
 pub struct JwtConfig {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use flowhost_broker::Broker;
 
 use super::*;
-use crate::config::{BrokerMode, HostConfig};
+use crate::config::{BrokerMode, HostConfig, HttpConfig};
 use crate::records::health::{HealthError, HealthProducer, RecordsHealth};
 use crate::records::{RecordWriter, ToolObservationHealth};
 use crate::resolver::FlowResolver;
@@ -121,8 +121,20 @@ impl Host {
         // (revoked) makes the file invalid, but must not keep that file from revoking it,
         // nor anything else taken out with it.
         let config = HostConfig::load_lenient(&self.config_path);
-        if let (Some(auth), Ok(config)) = (&self.http_auth, &config) {
-            auth.revoke_credentials_absent_from(config.http.as_ref());
+        // A file that does not load tells its ids and credentials by its TOML alone (see
+        // `HostConfig::ids_in`; nothing when it is no TOML at all).
+        let ids = match &config {
+            Ok(_) => None,
+            Err(_) => HostConfig::ids_in(&self.config_path),
+        };
+        if let Some(auth) = &self.http_auth {
+            match (&config, &ids) {
+                (Ok(config), _) => auth.revoke_credentials_absent_from(
+                    config.http.as_ref().map(HttpConfig::credentials).as_ref(),
+                ),
+                (Err(_), Some(ids)) => auth.revoke_credentials_absent_from(ids.http.as_ref()),
+                (Err(_), None) => {}
+            }
         }
         // Likewise a server taken out, or whose key was replaced or removed, and an
         // authority: found now, withdrawn below if the reload is refused (a reload that
@@ -134,9 +146,17 @@ impl Host {
                 self.current().principals_still_vouched_for(config),
             ),
             // A file that does not load still withdraws what it no longer holds, as far as
-            // its TOML tells (nothing when it is no TOML at all).
-            Err(_) => match HostConfig::ids_in(&self.config_path) {
-                Some(ids) => self.current().taken_out_of(&ids),
+            // its TOML tells, and a server whose registered key can no longer be read or
+            // vouch for its manifest (nothing when it is no TOML at all).
+            Err(_) => match &ids {
+                Some(ids) => {
+                    let current = self.current();
+                    let (mut servers, authorities, principals) = current.taken_out_of(ids);
+                    for (server, why) in current.no_longer_vouched_for(&current.config) {
+                        servers.entry(server).or_insert(why);
+                    }
+                    (servers, authorities, principals)
+                }
                 None => Default::default(),
             },
         };

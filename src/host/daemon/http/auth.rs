@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{UnreadableHeader, single_header};
-use crate::config::{BearerToken, HttpConfig, JwtConfig};
+use crate::config::{BearerToken, HttpConfig, HttpCredentials, JwtConfig};
 use crate::ident::PrincipalId;
 
 /// Why an HTTP caller was not authenticated.
@@ -366,12 +366,10 @@ impl Authenticator {
     /// no longer maps to the same principal, and the loopback principal unless it names the
     /// same one, adding none: `[http]` changes only at a restart, but a credential the
     /// operator took out must not wait for one.
-    pub fn revoke_credentials_absent_from(&self, newer: Option<&HttpConfig>) {
+    pub fn revoke_credentials_absent_from(&self, newer: Option<&HttpCredentials>) {
         {
             let mut loopback = self.loopback.write().unwrap_or_else(|p| p.into_inner());
-            if loopback.as_ref()
-                != newer.and_then(|n| n.unauthenticated_loopback_principal.as_ref())
-            {
+            if loopback.as_ref() != newer.and_then(|n| n.loopback.as_ref()) {
                 *loopback = None;
             }
         }
@@ -387,12 +385,11 @@ impl Authenticator {
             .unwrap_or_else(|p| p.into_inner())
             .retain(kept_token);
         if let Some(j) = &self.jwt {
-            let newer = newer.and_then(|n| n.jwt.as_ref());
             j.principals
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|subject, principal| {
-                    newer.is_some_and(|n| n.principals.get(subject) == Some(principal))
+                    newer.is_some_and(|n| n.jwt_subjects.get(subject) == Some(principal))
                 });
         }
     }
@@ -719,11 +716,15 @@ principals = {{ "user-1" = "alice" }}
         let config = parse("unauthenticated_loopback_principal = \"a\"\n");
         let a = Authenticator::new(config.http.as_ref().unwrap()).unwrap();
         let opened = a.authenticate(&HeaderMap::new()).unwrap();
-        a.revoke_credentials_absent_from(config.http.as_ref());
+        a.revoke_credentials_absent_from(
+            config.http.as_ref().map(HttpConfig::credentials).as_ref(),
+        );
         assert!(a.still_accepts(&opened));
         a.revoke_credentials_absent_from(
             parse("unauthenticated_loopback_principal = \"b\"\n")
                 .http
+                .as_ref()
+                .map(HttpConfig::credentials)
                 .as_ref(),
         );
         assert!(!a.still_accepts(&opened));
