@@ -355,17 +355,18 @@ impl Observation {
         self.diff_surface(&gate::load_surface(path)?)
     }
 
-    /// The diff of this run's records and health against `surface`.
+    /// The diff of this run's records and health against `surface`; an error for an MCP run
+    /// its host failed, which no judgment of the run passes (its health can read complete).
     pub fn diff_surface(&self, surface: &DeclaredSurface) -> Result<DiffReport, HarnessError> {
+        if let Some(why) = &self.host_failed {
+            return Err(HarnessError::Check(why.clone()));
+        }
         gate::judge(surface, &self.records_dir, &self.health)
     }
 
     /// The gate passes against the declared surface at `path`: the verdict is clean (and an
     /// MCP run's host did not fail the run).
     pub fn check_matches_declared(&self, path: &Path) -> Result<(), HarnessError> {
-        if let Some(why) = &self.host_failed {
-            return Err(HarnessError::Check(why.clone()));
-        }
         let report = self.diff_declared(path)?;
         if gate::passes(&report) {
             return Ok(());
@@ -613,6 +614,10 @@ mod tests {
         o.check_only_destinations(&["192.0.2.1:9"])
     }
 
+    fn diffed(o: &Observation) -> Result<(), HarnessError> {
+        o.diff_surface(&DeclaredSurface::default()).map(drop)
+    }
+
     /// A run its MCP host failed (exit 2) passes no evidence check, whatever its health
     /// file says. Before, the harness never looked at the host's exit: a run the host
     /// failed after a call ran into its deadline, with the health left as the host wrote it
@@ -623,7 +628,12 @@ mod tests {
             Run::new("allowed_declared.jsonl", true).check_host(Some(0), no_egress),
             ""
         );
-        for check in [no_egress, only_nowhere] {
+        // Nor a diff of it (before, `passes(&run.diff_declared(..)?)` passed it).
+        assert_eq!(
+            Run::new("allowed_declared.jsonl", true).check_host(Some(0), diffed),
+            ""
+        );
+        for check in [no_egress, only_nowhere, diffed] {
             let failed = Run::new("allowed_declared.jsonl", true).check_host(Some(2), check);
             assert!(
                 failed.contains("flowhost sandbox mcp ended with"),
