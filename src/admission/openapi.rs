@@ -490,8 +490,21 @@ pub fn manifest_from_openapi(doc: &Value, identity: &ManifestIdentity) -> Result
             let path = at.key(name);
             let scheme = object(resolve(doc, scheme, &path, "securitySchemes")?, &path)?;
             if optional_str(scheme, "type", &path)? == Some("apiKey") {
-                for field in ["in", "name"] {
-                    optional_str(scheme, field, &path)?;
+                // Both given, and a place OpenAPI names: a key whose place cannot be told
+                // would become an argument unsaid.
+                let refused = |field: &str, expected, found| OpenApiError::WrongType {
+                    path: path.key(field),
+                    expected,
+                    found,
+                };
+                let place = "header, query or cookie";
+                match optional_str(scheme, "in", &path)? {
+                    Some("header" | "query" | "cookie") => {}
+                    Some(_) => return Err(refused("in", place, "another string")),
+                    None => return Err(refused("in", place, "nothing")),
+                }
+                if optional_str(scheme, "name", &path)?.is_none() {
+                    return Err(refused("name", "a string", "nothing"));
                 }
             }
         }
@@ -910,8 +923,16 @@ fn method_annotations(method: &str) -> Value {
 fn resolve<'a>(doc: &'a Value, value: &'a Value, path: &JsonPath, kind: &str) -> Result<&'a Value> {
     let mut current = value;
     for _ in 0..MAX_REF_HOPS {
-        let Some(reference) = current.get("$ref").and_then(Value::as_str) else {
-            return Ok(current);
+        let reference = match current.get("$ref") {
+            None => return Ok(current),
+            Some(Value::String(reference)) => reference,
+            Some(other) => {
+                return Err(OpenApiError::WrongType {
+                    path: path.key("$ref"),
+                    expected: "a string",
+                    found: json_type(other),
+                });
+            }
         };
         let unsupported = |reason| OpenApiError::UnsupportedRef {
             path: path.clone(),

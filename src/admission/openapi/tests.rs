@@ -673,7 +673,22 @@ fn other_extensions_under_paths_are_ignored() {
 fn fields_of_the_wrong_type_are_refused_not_defaulted() {
     const TERMS: &str = "paths[\"/documents/{document}/terms\"]";
     type Change = fn(&mut Value);
-    let cases: [(Change, String, &str); 13] = [
+    let cases: [(Change, String, &str); 15] = [
+        (
+            |d| {
+                d["components"]["securitySchemes"] = json!({"key": {"type": "apiKey", "name": "K"}})
+            },
+            "components.securitySchemes.key.in".into(),
+            "header, query or cookie",
+        ),
+        (
+            |d| {
+                d["components"]["securitySchemes"] =
+                    json!({"key": {"type": "apiKey", "in": "Header", "name": "K"}})
+            },
+            "components.securitySchemes.key.in".into(),
+            "header, query or cookie",
+        ),
         // Where an API key goes, read as absent, let its key become an argument.
         (
             |d| d["components"]["securitySchemes"] = json!([{"type": "apiKey"}]),
