@@ -1,9 +1,11 @@
 //! Ed25519 keys for signing manifests: generation, key files and the hex text form.
 //!
 //! Text form: a public key is 64 lowercase hex digits (32 bytes), a signature 128. A private
-//! key file holds the 32-byte secret seed as 64 lowercase hex digits and a newline; it is
+//! key file holds a label (`PRIVATE_KEY_LABEL`), the 32-byte secret seed as 64 lowercase hex
+//! digits and a newline (one written before the label, the hex alone, is still read); it is
 //! created with mode 0600 and never replaces an existing file, and a private key file that
-//! its group or others may read or write is refused. A public key file holds the public key
+//! its group or others may read or write is refused. A private key is never read as a
+//! public one: a file so labelled, or named as a private key file, is refused there. A public key file holds the public key
 //! in the same text form; one that group or others may write, or that is owned by neither
 //! root nor the user flowhost runs as, is refused (whoever can change it could make flowhost
 //! trust their own key). Small-order ("weak") public keys are refused everywhere, so a
@@ -330,6 +332,13 @@ pub fn load_verifying_key(path: &Path) -> Result<VerifyingKey, KeyError> {
 /// A public key given on a command line: 64 lowercase hex digits, or else the path of a
 /// public key file (checked as [`load_verifying_key`] does).
 pub fn verifying_key_from_arg(arg: &str) -> Result<VerifyingKey, KeyError> {
+    // A private key file's text pasted as the argument (`--key "$(cat NAME.key)"`): refused
+    // without being echoed as a path that cannot be opened.
+    if arg.starts_with(PRIVATE_KEY_LABEL) {
+        return Err(KeyError::PrivateKeyGiven {
+            path: PathBuf::from("(the text of a private key file)"),
+        });
+    }
     if arg.len() == 64 && arg.bytes().all(|b| b.is_ascii_hexdigit()) {
         public_key_from_hex("public key", arg)
     } else {
@@ -387,6 +396,9 @@ mod tests {
             let e = verifying_key_from_arg(given.to_str().unwrap()).unwrap_err();
             assert!(matches!(e, KeyError::PrivateKeyGiven { .. }), "{e}");
         }
+        // Its text given as the argument is refused without being echoed.
+        let e = verifying_key_from_arg(secret.trim()).unwrap_err();
+        assert!(!e.to_string().contains(&seed), "{e}");
         // A private key written before the label (the hex alone) still signs, and is
         // refused as a public key by its name.
         let old = dir.path().join("old.key");
