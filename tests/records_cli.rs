@@ -82,6 +82,20 @@ fn verify(dir: &Path) -> (i32, String) {
     (o.status.code().unwrap(), stdout(&o))
 }
 
+/// A directory with nothing in it to verify (a mistyped path, the state directory, one
+/// emptied) is no intact stream: before, it printed "ok: 0 records" and exited 0.
+#[test]
+fn a_directory_holding_no_records_does_not_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("state.db"), b"not records").unwrap();
+    let o = flowhost(&["records", "verify", dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("nothing to verify"),
+        "{o:?}"
+    );
+}
+
 #[test]
 fn intact_rotated_stream_verifies() {
     let dir = tempfile::tempdir().unwrap();
