@@ -1041,28 +1041,6 @@ impl Server {
         }
     }
 
-    /// Records a query whose sender could not be told as a refused attempt of this
-    /// resolver's executor, unanswered: it may be the executor's, and a lookup must never
-    /// go unseen. What it asked is not served, and named only as the record's reason.
-    async fn record_unattributed(&self, query: &[u8], transport: &'static str) {
-        let asked = match wire::question(query) {
-            Ok(q) => format!("a query for {}", q.name),
-            Err(_) => "a query".to_string(),
-        };
-        let lookup = Lookup {
-            asked: Asked::Unserved {
-                why: format!(
-                    "{asked} whose sender could not be told (its socket was gone, or shared by several users)"
-                ),
-            },
-            transport,
-            bytes: query.len(),
-            resolver: self.address,
-        };
-        // Refused whatever the judge says: judged only to be recorded.
-        let _ = (self.judge)(lookup).await;
-    }
-
     /// The answer to one query (`None`: nothing can be answered).
     async fn answer(&self, query: &[u8], transport: &'static str) -> Option<Vec<u8>> {
         let q = match wire::question(query) {
@@ -1290,14 +1268,6 @@ async fn serve_udp(server: Arc<Server>, sock: Arc<UdpSocket>) {
             let owner = tokio::task::spawn_blocking(move || crate::host::socket_owner::udp(from))
                 .await
                 .unwrap_or_else(|e| Err(e.to_string()));
-            // A sender that cannot be told (its socket gone by the time it was looked up, as
-            // a tool's that sends a lookup and exits at once; a port several uids hold) may
-            // be this executor: what it asked is recorded as refused, unanswered, rather
-            // than dropped unseen (a test of the tool would pass it by).
-            if matches!(owner, Ok(None)) {
-                server.record_unattributed(&query, "udp").await;
-                return;
-            }
             if !server.sent_by_an_executor(owner, from) {
                 return;
             }
@@ -2591,55 +2561,6 @@ mod tests {
             ]
         );
         assert_eq!(asked.lock().unwrap().len(), 0, "never asked upstream");
-    }
-
-    /// A lookup sent from a socket closed at once (a tool that looks a name up as it exits)
-    /// is judged, and so recorded, whether or not its sender can still be told: before, one
-    /// whose socket was gone when the resolver looked was dropped unseen.
-    #[tokio::test]
-    async fn a_lookup_from_a_socket_closed_at_once_is_still_judged() {
-        if !can_bind_53() {
-            return;
-        }
-        let (up, _asked) = upstream().await;
-        let dir = tempfile::tempdir().unwrap();
-        let judged = Arc::new(Mutex::new(Vec::new()));
-        let log = judged.clone();
-        let judge: LookupJudge = Arc::new(move |l: Lookup| {
-            log.lock().unwrap().push(l.asked.clone());
-            Box::pin(async { LookupVerdict::Answered(NameBlocks::default()) })
-        });
-        let dns =
-            ExecutorDns::start(&mediation(up, dir.path()), ExecutorId::default(), judge).unwrap();
-        const SENT: usize = 5;
-        for id in 0..SENT {
-            let gone = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            gone.send_to(
-                &wire::tests::query(40 + id as u16, "c2VjcmV0.test."),
-                dns.address(),
-            )
-            .unwrap();
-        }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while judged.lock().unwrap().len() < SENT {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "judged {:?}",
-                judged.lock().unwrap()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        for asked in judged.lock().unwrap().iter() {
-            match asked {
-                Asked::Name { name, .. } => assert_eq!(name.to_string(), "c2vjcmv0.test"),
-                Asked::Unserved { why } => {
-                    assert!(
-                        why.contains("c2vjcmv0.test") && why.contains("could not be told"),
-                        "{why}"
-                    )
-                }
-            }
-        }
     }
 
     #[tokio::test]
