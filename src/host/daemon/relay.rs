@@ -90,12 +90,17 @@ impl PendingRelays {
     /// will come (`why`), and none is forwarded any more; their calls go on without, rather
     /// than wait out their deadlines.
     pub fn close(&self, why: &str) {
-        self.closed.store(true, Ordering::SeqCst);
-        let waiting: Vec<_> = self
-            .waiting
-            .lock()
-            .map(|mut w| w.drain().map(|(_, tx)| tx).collect())
-            .unwrap_or_default();
+        // Set under the lock `open` takes: no request is opened after it unseen.
+        let waiting: Vec<_> = match self.waiting.lock() {
+            Ok(mut w) => {
+                self.closed.store(true, Ordering::SeqCst);
+                w.drain().map(|(_, tx)| tx).collect()
+            }
+            Err(_) => {
+                self.closed.store(true, Ordering::SeqCst);
+                Vec::new()
+            }
+        };
         for tx in waiting {
             let _ = tx.send(Answer::Undelivered(why.to_string()));
         }
@@ -115,6 +120,7 @@ impl PendingRelays {
 
     /// A fresh id and its entry; the entry is removed when the returned guard drops.
     fn open<'a>(&'a self, out: &'a Outbox) -> Option<Awaiting<'a>> {
+        let mut waiting = self.waiting.lock().ok()?;
         if self.closed.load(Ordering::SeqCst) {
             return None;
         }
@@ -123,7 +129,8 @@ impl PendingRelays {
             self.next.fetch_add(1, Ordering::Relaxed) + 1
         ));
         let (tx, rx) = oneshot::channel();
-        self.waiting.lock().ok()?.insert(id.to_string(), tx);
+        waiting.insert(id.to_string(), tx);
+        drop(waiting);
         Some(Awaiting {
             pending: self,
             out,
@@ -217,7 +224,9 @@ impl CallRelay<'_> {
             return Err(self.client_gone(kind).await);
         };
         let line = json!({"jsonrpc": "2.0", "id": awaiting.id, "method": method, "params": params});
-        if !self.out.send(line.to_string()).await {
+        // Closed since it was opened: nothing is forwarded to a client no answer of which
+        // is taken.
+        if self.pending.closed.load(Ordering::SeqCst) || !self.out.send(line.to_string()).await {
             return Err(self.client_gone(kind).await);
         }
         let answer = match awaiting.answer().await {

@@ -560,10 +560,11 @@ pub(super) async fn run(
     // deadline). The lines already queued are heard first, at most a queue's worth: a
     // client that never stops sending must not keep the session, or the stop, waiting.
     let mut hearing = ended == HOST_STOPPING || ended == REMAPPED;
-    if ended == REMAPPED {
-        // No answer of this peer is taken any more: the calls waiting for one go on without
-        // it rather than wait out their deadlines.
-        session.relays.close(REMAPPED);
+    if !hearing || ended == REMAPPED || session.remapped(&session.host.current().config) {
+        // No answer of this client is taken any more (none can come, or the peer is no
+        // longer the principal its calls ask): the calls waiting for one go on without it
+        // rather than wait out their deadlines.
+        session.relays.close(ended);
     }
     if hearing {
         for _ in 0..QUEUED_LINES {
@@ -592,7 +593,10 @@ pub(super) async fn run(
             line = incoming.recv(), if hearing => match line {
                 Some(Line::Message(bytes)) => session.heard_after_the_end(&bytes, ended).await,
                 Some(Line::TooLarge(_)) => {}
-                Some(Line::Eof) | None => hearing = false,
+                Some(Line::Eof) | None => {
+                    hearing = false;
+                    session.relays.close("the client's input ended");
+                }
             },
         }
     }
@@ -1058,7 +1062,9 @@ impl Session {
     /// served.
     async fn heard_after_the_end(&self, bytes: &[u8], ended: &str) {
         match mcp::parse(bytes) {
-            Ok(Incoming::Response { id, .. }) if ended == REMAPPED => {
+            Ok(Incoming::Response { id, .. })
+                if ended == REMAPPED || self.remapped(&self.host.current().config) =>
+            {
                 tracing::info!(session = %self.id, id = %id, "an answer of a peer no longer mapped to the session's principal is not taken");
             }
             Ok(Incoming::Response { id, outcome }) => {
