@@ -4,8 +4,9 @@
 //! key file holds a label (`PRIVATE_KEY_LABEL`), the 32-byte secret seed as 64 lowercase hex
 //! digits and a newline (one written before the label, the hex alone, is still read); it is
 //! created with mode 0600 and never replaces an existing file, and a private key file that
-//! its group or others may read or write is refused. A private key is never read as a
-//! public one: a file so labelled, or named as a private key file, is refused there. A public key file holds the public key
+//! its group or others may read or write is refused. A labelled private key is never read as
+//! a public one (a file so labelled, or named as a private key file, is refused there); an
+//! unlabelled one's hex, given as text, cannot be told from a public key's. A public key file holds the public key
 //! in the same text form; one that group or others may write, or that is owned by neither
 //! root nor the user flowhost runs as, is refused (whoever can change it could make flowhost
 //! trust their own key). Small-order ("weak") public keys are refused everywhere, so a

@@ -489,7 +489,23 @@ pub fn manifest_from_openapi(doc: &Value, identity: &ManifestIdentity) -> Result
         for (name, scheme) in object(schemes, &at)? {
             let path = at.key(name);
             let scheme = object(resolve(doc, scheme, &path, "securitySchemes")?, &path)?;
-            if optional_str(scheme, "type", &path)? == Some("apiKey") {
+            // A type OpenAPI does not name (`ApiKey`, none) would read as no key's place.
+            let kind = optional_str(scheme, "type", &path)?;
+            if !matches!(
+                kind,
+                Some("apiKey" | "http" | "mutualTLS" | "oauth2" | "openIdConnect")
+            ) {
+                return Err(OpenApiError::WrongType {
+                    path: path.key("type"),
+                    expected: "apiKey, http, mutualTLS, oauth2 or openIdConnect",
+                    found: if kind.is_some() {
+                        "another string"
+                    } else {
+                        "nothing"
+                    },
+                });
+            }
+            if kind == Some("apiKey") {
                 // Both given, and a place OpenAPI names: a key whose place cannot be told
                 // would become an argument unsaid.
                 let refused = |field: &str, expected, found| OpenApiError::WrongType {

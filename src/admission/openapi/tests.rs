@@ -673,7 +673,20 @@ fn other_extensions_under_paths_are_ignored() {
 fn fields_of_the_wrong_type_are_refused_not_defaulted() {
     const TERMS: &str = "paths[\"/documents/{document}/terms\"]";
     type Change = fn(&mut Value);
-    let cases: [(Change, String, &str); 15] = [
+    let cases: [(Change, String, &str); 17] = [
+        (
+            |d| {
+                d["components"]["securitySchemes"] =
+                    json!({"key": {"type": "ApiKey", "in": "header", "name": "K"}})
+            },
+            "components.securitySchemes.key.type".into(),
+            "apiKey, http, mutualTLS, oauth2 or openIdConnect",
+        ),
+        (
+            |d| d["components"]["securitySchemes"] = json!({"key": {"in": "header", "name": "K"}}),
+            "components.securitySchemes.key.type".into(),
+            "apiKey, http, mutualTLS, oauth2 or openIdConnect",
+        ),
         (
             |d| {
                 d["components"]["securitySchemes"] = json!({"key": {"type": "apiKey", "name": "K"}})
