@@ -977,22 +977,7 @@ fn a_client_that_keeps_sending_does_not_hold_the_stop() {
     };
     let c = session(&lab, json!({}));
     drop(c);
-    let socket = lab.paths.socket.clone();
-    let stream = std::thread::spawn(move || {
-        // SAFETY: raw setresuid changes only this thread's credentials (back below).
-        unsafe {
-            assert_eq!(
-                libc::syscall(libc::SYS_setresuid, -1i64, AGENT_UID as i64, -1i64),
-                0
-            )
-        };
-        let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
-        // SAFETY: as above, back to euid 0.
-        unsafe { assert_eq!(libc::syscall(libc::SYS_setresuid, -1i64, 0i64, -1i64), 0) };
-        s
-    })
-    .join()
-    .unwrap();
+    let stream = agent_stream(&lab);
     use std::io::{BufRead, Write};
     let mut writer = stream.try_clone().unwrap();
     writeln!(writer, "{}", json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "flood", "version": "0"}}})).unwrap();
@@ -1073,22 +1058,7 @@ fn a_call_waiting_on_a_client_whose_input_ended_goes_on_at_once() {
     let Some(mut lab) = start(&[]) else {
         return;
     };
-    let socket = lab.paths.socket.clone();
-    let stream = std::thread::spawn(move || {
-        // SAFETY: raw setresuid changes only this thread's credentials (back below).
-        unsafe {
-            assert_eq!(
-                libc::syscall(libc::SYS_setresuid, -1i64, AGENT_UID as i64, -1i64),
-                0
-            )
-        };
-        let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
-        // SAFETY: as above, back to euid 0.
-        unsafe { assert_eq!(libc::syscall(libc::SYS_setresuid, -1i64, 0i64, -1i64), 0) };
-        s
-    })
-    .join()
-    .unwrap();
+    let stream = agent_stream(&lab);
     stream
         .set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .unwrap();
@@ -1125,4 +1095,24 @@ fn a_call_waiting_on_a_client_whose_input_ended_goes_on_at_once() {
         t0.elapsed()
     );
     lab.stop();
+}
+
+/// A raw connection to the lab's socket as the agent's uid.
+fn agent_stream(lab: &Lab) -> std::os::unix::net::UnixStream {
+    let socket = lab.paths.socket.clone();
+    std::thread::spawn(move || {
+        // SAFETY: raw setresuid changes only this thread's credentials (back below).
+        unsafe {
+            assert_eq!(
+                libc::syscall(libc::SYS_setresuid, -1i64, AGENT_UID as i64, -1i64),
+                0
+            )
+        };
+        let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        // SAFETY: as above, back to euid 0.
+        unsafe { assert_eq!(libc::syscall(libc::SYS_setresuid, -1i64, 0i64, -1i64), 0) };
+        s
+    })
+    .join()
+    .unwrap()
 }
