@@ -763,6 +763,16 @@ fn requests_queued_for_a_withdrawn_principal_are_not_served() {
             logged(&host, "reloaded: generation 2");
         };
         queued_calls_are_refused_after(&host, withdraw, "principal, or its use of this");
+        // Recorded as what they are, not as executors that failed to start.
+        let refused = host
+            .records()
+            .iter()
+            .filter(|r| {
+                r["flowhost"]["event"] == "tool_outcome"
+                    && r["response"]["status"] == "access_withdrawn"
+            })
+            .count();
+        assert_eq!(refused, 3, "{:#?}", host.records());
     }
 }
 

@@ -1192,6 +1192,8 @@ mod tests {
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
         if nix::unistd::geteuid().is_root() {
             prepare_records_dir(&open.join("new/run")).unwrap();
+        } else {
+            eprintln!("SKIP: a sticky directory of root's needs root to make");
         }
         // One only its group may write besides its owner (Ubuntu's /var/log, a directory
         // made under umask 002) is taken, with a note: refusing it refused the shipped

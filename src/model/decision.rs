@@ -215,6 +215,9 @@ pub enum Failure {
     /// schema does not allow, a read's answer carrying a resource the principal may not
     /// read), so it was withheld.
     AnswerWithheld,
+    /// A reload withdrew the principal's access to what the request names while it waited
+    /// for an executor: no executor took it.
+    AccessWithdrawn,
 }
 
 impl Failure {
@@ -228,6 +231,7 @@ impl Failure {
             Failure::Cancelled => "cancelled",
             Failure::ClientUnreachable => "client_unreachable",
             Failure::AnswerWithheld => "answer_withheld",
+            Failure::AccessWithdrawn => "access_withdrawn",
         }
     }
 }

@@ -160,6 +160,9 @@ pub enum DispatchError {
     /// is the host's words only: it reaches the client unlabelled, so it must hold nothing
     /// an executor said (the dispatcher logs that instead).
     NotStarted(String),
+    /// A reload withdrew the principal's access to the tool while the call waited, before
+    /// an executor took it (the host's words).
+    AccessWithdrawn(String),
     /// The executor failed during the call (it is retired).
     Failed(String),
     /// The executor ran into a bound during the call (its memory, CPU or process limit, or
@@ -503,6 +506,11 @@ async fn settle(
             Ok(tool_error(&format!("the call was cancelled: {why}"))),
             Verdict::Failed(Failure::Cancelled),
             Some(String::new()),
+        ),
+        Err(DispatchError::AccessWithdrawn(why)) => (
+            Err(refusal(code::ACCESS_DENIED, why, Denial::AccessDenied)),
+            Verdict::Failed(Failure::AccessWithdrawn),
+            None,
         ),
         Err(DispatchError::CancelledBeforeStart(why)) => (
             Ok(tool_error(&format!("the call was cancelled: {why}"))),

@@ -91,15 +91,11 @@ impl PendingRelays {
     /// than wait out their deadlines.
     pub fn close(&self, why: &str) {
         // Set under the lock `open` takes: no request is opened after it unseen.
-        let waiting: Vec<_> = match self.waiting.lock() {
-            Ok(mut w) => {
-                self.closed.store(true, Ordering::SeqCst);
-                w.drain().map(|(_, tx)| tx).collect()
-            }
-            Err(_) => {
-                self.closed.store(true, Ordering::SeqCst);
-                Vec::new()
-            }
+        let waiting: Vec<_> = {
+            // A poisoned lock still holds whole entries (each insert and removal is one).
+            let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            self.closed.store(true, Ordering::SeqCst);
+            w.drain().map(|(_, tx)| tx).collect()
         };
         for tx in waiting {
             let _ = tx.send(Answer::Undelivered(why.to_string()));

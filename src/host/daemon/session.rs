@@ -1065,6 +1065,9 @@ impl Session {
             Ok(Incoming::Response { id, .. })
                 if ended == REMAPPED || self.remapped(&self.host.current().config) =>
             {
+                // Remapped since the session's end was decided: nothing of this peer is
+                // taken any more, and its calls stop waiting for it.
+                self.relays.close(REMAPPED);
                 tracing::info!(session = %self.id, id = %id, "an answer of a peer no longer mapped to the session's principal is not taken");
             }
             Ok(Incoming::Response { id, outcome }) => {
@@ -1272,6 +1275,13 @@ struct Executors<'s> {
     outbox: Outbox,
 }
 
+/// Why no executor took a request: the host's words, and whether it was refused (its
+/// principal's access withdrawn while it waited) rather than failed.
+struct NotReady {
+    words: String,
+    access_withdrawn: bool,
+}
+
 impl Executors<'_> {
     /// An idle executor of the session for `server` that belongs to the current generation,
     /// is alive and is fit for the call's label, or a fresh one from the warm pool. Unfit
@@ -1429,6 +1439,11 @@ impl Executors<'_> {
     /// of `server`).
     fn still_admitted(&self, server: &str, name: &str) -> Result<(), ExecutorError> {
         let current = self.session.host.current();
+        // Every reload, refused or not, makes a generation of its own: under the one the
+        // request was admitted in, nothing has changed.
+        if current.id == self.generation.id {
+            return Ok(());
+        }
         let admitted_now = current.servers.get(server).map(|f| &f.digest);
         if admitted_now != self.generation.servers.get(server).map(|f| &f.digest) {
             return Err(ExecutorError::Withdrawn(server.to_string()));
@@ -1449,7 +1464,7 @@ impl Executors<'_> {
         server: &str,
         name: &str,
         source: &crate::label::InformationLabel,
-    ) -> Result<Bound, String> {
+    ) -> Result<Bound, NotReady> {
         // Within the call's deadline: a server slow to take the session's logging level or
         // its subscriptions must not hold the call, its permit and the session for longer.
         // An executor dropped half ready is stopped.
@@ -1459,10 +1474,13 @@ impl Executors<'_> {
             .unwrap_or(Err(ExecutorError::Timeout(deadline)));
         taken.map_err(|e| {
             tracing::warn!(session = %self.session.id, server = %server, error = %Escaped(&e), "no executor of server {server:?} could be made ready for a request");
-            format!(
-                "server {server:?}: {} (the host's log says more)",
-                e.host_words()
-            )
+            NotReady {
+                access_withdrawn: matches!(e, ExecutorError::AccessWithdrawn(_)),
+                words: format!(
+                    "server {server:?}: {} (the host's log says more)",
+                    e.host_words()
+                ),
+            }
         })
     }
 
@@ -1532,7 +1550,10 @@ impl Dispatch for Executors<'_> {
         let mut bound = tokio::select! {
             biased;
             reason = cancelled(&mut cancel) => return Err(DispatchError::CancelledBeforeStart(reason)),
-            ready = self.ready(server, tool, &source) => ready.map_err(DispatchError::NotStarted)?,
+            ready = self.ready(server, tool, &source) => ready.map_err(|n| match n.access_withdrawn {
+                true => DispatchError::AccessWithdrawn(n.words),
+                false => DispatchError::NotStarted(n.words),
+            })?,
         };
         call.executor_pid = bound.exec.pid();
         let name = call.tool.clone();

@@ -685,8 +685,6 @@ mod tests {
         );
     }
 
-    /// A mode an 8-bit CSI turns off is taken to stay on (a UTF-8 terminal shows the byte as
-    /// text): it is turned off at the end all the same.
     /// Modes named past the 32nd parameter are seen, and undone: before, they were dropped,
     /// and a terminal taking more parameters was left on the alternate screen with mouse
     /// reports on.
@@ -702,6 +700,8 @@ mod tests {
         }
     }
 
+    /// A mode an 8-bit CSI turns off is taken to stay on (a UTF-8 terminal shows the byte as
+    /// text): it is turned off at the end all the same.
     #[test]
     fn an_eight_bit_csi_never_clears_a_mode() {
         let end = end_of(&[b"\x1b[?1049h\x1b[?1000h\x9b?1049;1000l"]);

@@ -74,6 +74,10 @@ pub enum ForwardError {
     /// nothing an executor said (the forwarder logs that instead).
     #[error("the executor could not be started: {0}")]
     NotStarted(String),
+    /// A reload withdrew the principal's access to the request while it waited, before an
+    /// executor took it (the host's words).
+    #[error("{0}")]
+    AccessWithdrawn(String),
     /// The executor failed (it is retired).
     #[error("the executor failed: {0}")]
     Failed(String),
@@ -445,6 +449,11 @@ async fn run<F: Forward>(
             );
             record_outcome(env, rec, Verdict::Failed(Failure::ExecutorFailed), &state).await?;
             return Err(e);
+        }
+        Err(ForwardError::AccessWithdrawn(why)) => {
+            let failed = Verdict::Failed(Failure::AccessWithdrawn);
+            record_outcome(env, rec, failed, &state).await?;
+            return Err(refusal(code::ACCESS_DENIED, why, Denial::AccessDenied));
         }
         Err(ForwardError::Failed(why)) => executor_ended(&server, why, Failure::ExecutorFailed),
         Err(ForwardError::BoundReached(why)) => executor_ended(&server, why, Failure::BoundReached),

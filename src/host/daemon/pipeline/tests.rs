@@ -1009,8 +1009,8 @@ async fn content_nobody_signed_or_malformed_is_refused_before_any_executor_sees_
         "{}",
         e.message
     );
-    // Nor are a prompt's arguments checked first, which named them (and told the prompt
-    // exists by the error's kind).
+    // Nor are a prompt's arguments checked first, which named them (that it exists, an
+    // access refusal still tells, as it does of a tool).
     let e = host
         .content(
             REVIEWER,

@@ -287,6 +287,7 @@ impl Session {
                 let why = match e {
                     ForwardError::Answered(_) => "its executor answered with an error",
                     ForwardError::NotStarted(_) => "no executor of it could be started",
+                    ForwardError::AccessWithdrawn(_) => "the principal's access to it was withdrawn",
                     ForwardError::Failed(_) => "its executor failed",
                     ForwardError::BoundReached(_) => "its executor ran into a bound or its deadline",
                 };
@@ -421,10 +422,13 @@ impl Executors<'_> {
             .acquire_owned()
             .await
             .map_err(|e| ForwardError::NotStarted(e.to_string()))?;
-        let mut bound = self
-            .ready(server, name, source)
-            .await
-            .map_err(ForwardError::NotStarted)?;
+        let mut bound =
+            self.ready(server, name, source)
+                .await
+                .map_err(|n| match n.access_withdrawn {
+                    true => ForwardError::AccessWithdrawn(n.words),
+                    false => ForwardError::NotStarted(n.words),
+                })?;
         let deadline = self.generation.config.call_timeout;
         match bound.exec.forward(method, params, deadline).await {
             Ok(result) => {
