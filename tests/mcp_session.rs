@@ -770,6 +770,7 @@ fn requests_queued_for_a_withdrawn_principal_are_not_served() {
             .filter(|r| {
                 r["flowhost"]["event"] == "tool_outcome"
                     && r["response"]["status"] == "access_withdrawn"
+                    && r["flowhost"]["denial_kind"] == "access_denied"
             })
             .count();
         assert_eq!(refused, 3, "{:#?}", host.records());

@@ -276,6 +276,7 @@ impl Verdict {
         match self {
             Verdict::Refused { denial, .. } => Some(*denial),
             Verdict::Failed(Failure::StateFailure) => Some(Denial::StateFailure),
+            Verdict::Failed(Failure::AccessWithdrawn) => Some(Denial::AccessDenied),
             _ => None,
         }
     }

@@ -1439,8 +1439,8 @@ impl Executors<'_> {
     /// of `server`).
     fn still_admitted(&self, server: &str, name: &str) -> Result<(), ExecutorError> {
         let current = self.session.host.current();
-        // Every reload, refused or not, makes a generation of its own: under the one the
-        // request was admitted in, nothing has changed.
+        // Every reload that changes what is served, and every withdrawal, makes a generation
+        // of its own: under the one the request was admitted in, nothing has changed.
         if current.id == self.generation.id {
             return Ok(());
         }

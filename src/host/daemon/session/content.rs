@@ -284,6 +284,9 @@ impl Session {
                 // Nothing is read here, so nothing is labelled: what the executor said (an
                 // error's message, a broken line) goes to the host's log, never the client.
                 tracing::warn!(session = %self.id, server = %server, method, uri, error = %Escaped(&e), "a subscription request failed");
+                if let ForwardError::AccessWithdrawn(why) = &e {
+                    return refusal(code::ACCESS_DENIED, why.clone(), Denial::AccessDenied);
+                }
                 let why = match e {
                     ForwardError::Answered(_) => "its executor answered with an error",
                     ForwardError::NotStarted(_) => "no executor of it could be started",
