@@ -533,33 +533,49 @@ impl HostConfig {
     /// of [`HostConfig::authorities`] and named in [`HostConfig::unreadable_authorities`]
     /// rather than refusing the file: what a reload withdraws when it is refused.
     pub(crate) fn load_lenient(file: &Path) -> Result<Self, ConfigError> {
+        Self::parse_lenient(file, &Self::read_text(file)?)
+    }
+
+    /// What a reload reads, from one read of `file`: [`HostConfig::load_lenient`], and, when
+    /// that fails, [`HostConfig::ids_in`] of the same text (never of another version of the
+    /// file, written between two reads).
+    pub(crate) fn load_for_reload(file: &Path) -> (Result<Self, ConfigError>, Option<ConfigIds>) {
+        let text = match Self::read_text(file) {
+            Ok(text) => text,
+            Err(e) => return (Err(e), None),
+        };
+        match Self::parse_lenient(file, &text) {
+            Ok(config) => (Ok(config), None),
+            Err(e) => (Err(e), Self::ids_in(&text)),
+        }
+    }
+
+    /// The configuration file's text, read where no one but root or this user could have
+    /// changed it.
+    fn read_text(file: &Path) -> Result<String, ConfigError> {
         let bytes = crate::files::trusted_target(file)
             .and_then(|target| crate::files::read_trusted(&target, MAX_CONFIG_BYTES, false))
             .map_err(|e| ConfigError::Untrusted {
                 file: file.to_path_buf(),
                 reason: e.to_string(),
             })?;
-        let text = String::from_utf8(bytes).map_err(|_| ConfigError::Untrusted {
+        String::from_utf8(bytes).map_err(|_| ConfigError::Untrusted {
             file: file.to_path_buf(),
             reason: "not UTF-8 text".into(),
-        })?;
-        Self::parse_lenient(file, &text)
+        })
     }
 
-    /// The ids of the servers, principals and declassification authorities `file` still
-    /// holds, and the HTTP credentials it maps, read from its TOML alone, for a file that
-    /// does not load (an unknown key or a value out of range elsewhere): taking one out is
+    /// The ids of the servers, principals and declassification authorities a configuration
+    /// `text` still holds, and the HTTP credentials it maps, read from its TOML alone, for a
+    /// file that does not load (an unknown key or a value out of range elsewhere): taking one out is
     /// how an operator withdraws trust, and must not wait for the rest of the file to be
-    /// right. `None` when the file cannot be read, is no TOML, or its top level is not as a
+    /// right. `None` when the text is no TOML, or its top level is not as a
     /// configuration's (an unknown table, a `[[server]]`, `[[principal]]` or
     /// `[[declassification_authority]]` entry without a string `id`, one of them not an
     /// array of tables): what it holds is then unknown, and a mistyped header must not read
     /// as everything taken out.
-    pub(crate) fn ids_in(file: &Path) -> Option<ConfigIds> {
-        let bytes = crate::files::trusted_target(file)
-            .ok()
-            .and_then(|target| crate::files::read_trusted(&target, MAX_CONFIG_BYTES, false).ok())?;
-        let table: toml::Table = std::str::from_utf8(&bytes).ok()?.parse().ok()?;
+    pub(crate) fn ids_in(text: &str) -> Option<ConfigIds> {
+        let table: toml::Table = text.parse().ok()?;
         const LISTS: [&str; 3] = ["server", "principal", "declassification_authority"];
         if table.keys().any(|k| {
             !LISTS.contains(&k.as_str()) && !["host", "classifier", "http"].contains(&k.as_str())
@@ -1286,6 +1302,33 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
 
     fn error(text: &str) -> String {
         parse(text).unwrap_err().to_string()
+    }
+
+    /// What a file that does not load still holds is read from its TOML (one read with the
+    /// load), and only from a top level that is a configuration's.
+    #[test]
+    fn a_file_that_does_not_load_tells_its_ids() {
+        let ids = HostConfig::ids_in(&MINIMAL.replacen("[host]\n", "[host]\nno_such_key = 1\n", 1))
+            .unwrap();
+        assert_eq!(ids.servers, BTreeSet::from(["srv".to_string()]));
+        assert_eq!(ids.principals, BTreeSet::from(["alice".to_string()]));
+        assert!(ids.authorities.is_empty() && ids.http.is_none());
+        for unknown in [
+            MINIMAL.replacen("[[principal]]", "[[principals]]", 1),
+            MINIMAL.replacen("id = \"alice\"", "ident = \"alice\"", 1),
+            "not toml [".to_string(),
+        ] {
+            assert!(HostConfig::ids_in(&unknown).is_none(), "{unknown}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("host.toml");
+        std::fs::write(
+            &file,
+            MINIMAL.replacen("[host]\n", "[host]\nno_such_key = 1\n", 1),
+        )
+        .unwrap();
+        let (config, ids) = HostConfig::load_for_reload(&file);
+        assert!(config.is_err() && ids.is_some_and(|i| i.servers.contains("srv")));
     }
 
     /// The running host's check of its flow state against the records: 10 s unless set,

@@ -120,13 +120,9 @@ impl Host {
         // Read leniently first: a declassification authority whose key file was removed
         // (revoked) makes the file invalid, but must not keep that file from revoking it,
         // nor anything else taken out with it.
-        let config = HostConfig::load_lenient(&self.config_path);
         // A file that does not load tells its ids and credentials by its TOML alone (see
-        // `HostConfig::ids_in`; nothing when it is no TOML at all).
-        let ids = match &config {
-            Ok(_) => None,
-            Err(_) => HostConfig::ids_in(&self.config_path),
-        };
+        // `HostConfig::ids_in`; nothing when it is no TOML at all), from the same read.
+        let (config, ids) = HostConfig::load_for_reload(&self.config_path);
         if let Some(auth) = &self.http_auth {
             match (&config, &ids) {
                 (Ok(config), _) => auth.revoke_credentials_absent_from(
