@@ -94,6 +94,10 @@ fn a_directory_holding_no_records_does_not_verify() {
         String::from_utf8_lossy(&o.stderr).contains("nothing to verify"),
         "{o:?}"
     );
+    // Nor one holding an empty record file alone.
+    std::fs::write(dir.path().join("records-00000000000000000001.jsonl"), b"").unwrap();
+    let o = flowhost(&["records", "verify", dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
 }
 
 #[test]

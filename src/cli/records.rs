@@ -138,12 +138,13 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
             for note in &report.notes {
                 outln!("note: {}", flowhost_broker::Escaped(note))?;
             }
-            // A directory with no record file and no anchor (a mistyped path, the state
-            // directory, one emptied) holds no evidence: nothing verified is no intact
-            // record, and a gate trusting exit 0 must not take it for one.
-            if report.files.is_empty() && report.head_anchor.is_none() {
+            // No record and no anchor (a mistyped path, the state directory, a directory
+            // emptied, or holding only an empty record file) is no evidence: nothing
+            // verified is no intact record, and a gate trusting exit 0 must not take it for
+            // one.
+            if report.records == 0 && report.head_anchor.is_none() {
                 note!(
-                    "flowhost: {} holds no record file and no head anchor: nothing to verify",
+                    "flowhost: {} holds no record and no head anchor: nothing to verify",
                     flowhost_broker::Escaped(&records.display().to_string())
                 );
                 return Ok(ExitCode::from(1));
