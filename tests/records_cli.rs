@@ -98,6 +98,18 @@ fn a_directory_holding_no_records_does_not_verify() {
     std::fs::write(dir.path().join("records-00000000000000000001.jsonl"), b"").unwrap();
     let o = flowhost(&["records", "verify", dir.path().to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    // A stream cut to nothing, its anchor removed, is missing its records (the ring's
+    // checkpoint says how many), and says so: not "nothing to verify".
+    let cut = tempfile::tempdir().unwrap();
+    let files = records(cut.path(), 5, 1 << 20);
+    std::fs::remove_file(cut.path().join("records.head")).unwrap();
+    std::fs::write(&files[0], b"").unwrap();
+    let o = flowhost(&["records", "verify", cut.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("nothing to verify"),
+        "{o:?}"
+    );
 }
 
 #[test]

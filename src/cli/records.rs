@@ -142,7 +142,9 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
             // emptied, or holding only an empty record file) is no evidence: nothing
             // verified is no intact record, and a gate trusting exit 0 must not take it for
             // one.
-            if report.records == 0 && report.head_anchor.is_none() {
+            // (Problems found are reported as such, below: a file cut to nothing against
+            // its ring's checkpoint is missing records, not empty.)
+            if report.records == 0 && report.head_anchor.is_none() && report.problems.is_empty() {
                 note!(
                     "flowhost: {} holds no record and no head anchor: nothing to verify",
                     flowhost_broker::Escaped(&records.display().to_string())
