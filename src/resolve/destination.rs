@@ -850,39 +850,29 @@ fn decide_lookup(
             rule: server("allow", r),
         };
     }
-    if let Some(r) = origin_blocks.iter().find(|r| r.names(name)) {
-        return RuleDecision {
-            allowed: false,
-            rule: principal("block", r),
-        };
-    }
-    if let Some(r) = rules.block.iter().find(|r| r.names(name)) {
-        return RuleDecision {
-            allowed: false,
-            rule: server("block", r),
-        };
-    }
-    // Blocks of every address of both families on every port leave no connection the
-    // default could allow: the lookup would only carry the name out.
+    // A block refuses the lookup when it names the name, and so does one of every address
+    // when blocks of every address of both families on every port leave no connection the
+    // default could allow (the lookup would only carry the name out).
     let everywhere = |b: &DestinationRule, v6: bool| {
         matches!(b, DestinationRule::Inet { net, port: None }
             if net.prefix_len() == 0 && matches!(net, IpNet::V6(_)) == v6)
     };
     let of_family = |v6: bool| blocks().any(|b| everywhere(b, v6));
-    if rules.default == DefaultAction::Allow && of_family(false) && of_family(true) {
-        let named = |b: &&DestinationRule| everywhere(b, false) || everywhere(b, true);
-        if let Some(r) = origin_blocks.iter().find(named) {
-            return RuleDecision {
-                allowed: false,
-                rule: principal("block", r),
-            };
-        }
-        if let Some(r) = rules.block.iter().find(named) {
-            return RuleDecision {
-                allowed: false,
-                rule: server("block", r),
-            };
-        }
+    let nothing_left = rules.default == DefaultAction::Allow && of_family(false) && of_family(true);
+    let refuses = |r: &&DestinationRule| {
+        r.names(name) || (nothing_left && (everywhere(r, false) || everywhere(r, true)))
+    };
+    if let Some(r) = origin_blocks.iter().find(refuses) {
+        return RuleDecision {
+            allowed: false,
+            rule: principal("block", r),
+        };
+    }
+    if let Some(r) = rules.block.iter().find(refuses) {
+        return RuleDecision {
+            allowed: false,
+            rule: server("block", r),
+        };
     }
     RuleDecision {
         allowed: rules.default == DefaultAction::Allow,
