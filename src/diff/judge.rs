@@ -169,11 +169,7 @@ impl Acc {
     ) -> Result<(), String> {
         self.decisions += 1;
         let x = d.flowhost.as_ref();
-        // Only refusals fold (a fold of anything else is no record flowhost writes).
-        let times = match x {
-            Some(x) if d.decision.effect.0 == "deny" => x.times(),
-            _ => 1,
-        };
+        let times = x.map_or(1, |x| x.times(&d.decision.effect.0));
         if let Some(x) = x.filter(|x| x.chained()) {
             self.chained += 1;
             if x.event_is("tool_call") {

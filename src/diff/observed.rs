@@ -315,11 +315,11 @@ impl<'de> Deserialize<'de> for ObsFolded {
 }
 
 impl ObsExtension<'_> {
-    /// How many decisions the record stands for: a chained record folding identical
-    /// refusals stands for its `folded.count`; any other for one.
-    pub fn times(&self) -> u64 {
+    /// How many decisions a record of `effect` stands for: a chained refusal folding
+    /// identical ones stands for its `folded.count` (only refusals fold); any other for one.
+    pub fn times(&self, effect: &str) -> u64 {
         match self.folded {
-            Some(ObsFolded { count: Some(n) }) if self.chained() => n.max(1),
+            Some(ObsFolded { count: Some(n) }) if self.chained() && effect == "deny" => n.max(1),
             _ => 1,
         }
     }
