@@ -224,7 +224,7 @@ impl Generation {
     /// This generation, numbered `id`, without the servers `withdrawn` names and the
     /// declassification authorities `authorities` names, and with `principals` as its
     /// principals when given: everything else (configuration, admitted manifests, warm
-    /// executors) is shared as it is.
+    /// executors, the per-origin rules its judges decide by) is shared as it is.
     pub(super) fn without(
         &self,
         id: u64,
@@ -239,9 +239,6 @@ impl Generation {
             config.principals = narrowed.principals;
             config.withdrawn_peers.0.extend(narrowed.peers.0);
             config.withdrawn_peers.1.extend(narrowed.peers.1);
-            // The judges are shared with the generation this replaces: narrowed in place,
-            // they decide running executors' next attempts by what is left.
-            self.origins.narrow_by(&config.principals);
         }
         let keep = |server: &String| !withdrawn.contains(server);
         Generation {

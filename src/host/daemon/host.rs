@@ -261,6 +261,10 @@ impl Host {
             };
             let reduced = Arc::new(g.without(id, &withdrawn, &distrusted, narrowed.clone()));
             if let Some(narrowed) = &narrowed {
+                // The judges are shared with the generation this replaces: narrowed in
+                // place, they decide running executors' next attempts by what is left, as
+                // those of the generations replaced before it do.
+                reduced.origins.narrow_by(&narrowed.principals);
                 self.narrow_retired(&narrowed.principals, None);
             }
             // Calls already running or waiting under a grant of a distrusted authority
