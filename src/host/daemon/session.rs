@@ -491,18 +491,9 @@ pub(super) async fn run(
         }
         match mcp::parse(&bytes) {
             Err((id, e)) => session.send(mcp::error_response(&id, &e)).await,
-            // A peer a reload has mapped elsewhere since the loop last looked is no longer
-            // the principal its calls ask (the session ends at the next turn).
-            Ok(Incoming::Response { id, .. })
-                if session.remapped(&session.host.current().config) =>
-            {
-                tracing::info!(session = %session.id, id = %id, "an answer of a peer no longer mapped to the session's principal is not taken");
-            }
-            Ok(Incoming::Response { id, outcome }) => {
-                if !session.relays.answered(&id, outcome) {
-                    tracing::debug!(session = %session.id, id = %id, "an answer to no request awaiting one is ignored");
-                }
-            }
+            // (A peer a reload has mapped elsewhere since the loop last looked: the session
+            // ends at the next turn.)
+            Ok(Incoming::Response { id, outcome }) => session.take_answer(&id, outcome, false),
             Ok(Incoming::Notification { method, params }) => session.notified(&method, &params),
             // Every id in flight is unique, whatever its method: a cancellation names one
             // request, and an answer goes to one. The refusal carries no id (null) while the
@@ -1055,6 +1046,19 @@ impl Session {
         }
     }
 
+    /// Hands the client's answer to the relayed request `id` awaits, unless the peer is
+    /// `remapped` (known so already) or a reload has mapped it elsewhere since: it is then
+    /// no longer the principal its calls ask, nothing of it is taken any more, and the
+    /// calls stop waiting for it.
+    fn take_answer(&self, id: &Value, outcome: Result<Value, Value>, remapped: bool) {
+        if remapped || self.remapped(&self.host.current().config) {
+            self.relays.close(REMAPPED);
+            tracing::info!(session = %self.id, id = %id, "an answer of a peer no longer mapped to the session's principal is not taken");
+        } else if !self.relays.answered(id, outcome) {
+            tracing::debug!(session = %self.id, id = %id, "an answer to no request awaiting one is ignored");
+        }
+    }
+
     /// A line the client sent once the session has ended (`ended`) while its calls finish:
     /// a cancellation is taken as ever, and so, when the host stops, is an answer to a
     /// call's relayed request (a peer a reload mapped elsewhere is no longer the principal
@@ -1062,18 +1066,8 @@ impl Session {
     /// served.
     async fn heard_after_the_end(&self, bytes: &[u8], ended: &str) {
         match mcp::parse(bytes) {
-            Ok(Incoming::Response { id, .. })
-                if ended == REMAPPED || self.remapped(&self.host.current().config) =>
-            {
-                // Remapped since the session's end was decided: nothing of this peer is
-                // taken any more, and its calls stop waiting for it.
-                self.relays.close(REMAPPED);
-                tracing::info!(session = %self.id, id = %id, "an answer of a peer no longer mapped to the session's principal is not taken");
-            }
             Ok(Incoming::Response { id, outcome }) => {
-                if !self.relays.answered(&id, outcome) {
-                    tracing::debug!(session = %self.id, id = %id, "an answer to no request awaiting one is ignored");
-                }
+                self.take_answer(&id, outcome, ended == REMAPPED)
             }
             Ok(Incoming::Notification { method, params }) => self.notified(&method, &params),
             Ok(Incoming::Request { id, method, .. }) => {
