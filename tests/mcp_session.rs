@@ -1107,3 +1107,68 @@ fn a_call_running_across_reloads_loses_the_per_origin_allows_taken_out() {
     assert!(two.contains("connect: Err("), "two reloads: {two}");
     assert_eq!(relay.connections(), 1, "{}", host.log());
 }
+
+/// A client that sent its requests and ended its input, and a daemon killed while it served
+/// them: the bridge saw the daemon close after the client's end, took it for a finished
+/// session, and exited 0.
+#[test]
+fn flowhost_connect_fails_when_the_daemon_closes_with_requests_unanswered() {
+    let Some(host) = one_warm("slow", &[]) else {
+        return;
+    };
+    let mut client = std::process::Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["connect", "--socket"])
+        .arg(&host.socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = client.stdin.take().unwrap();
+    let requests = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+               "params": {"name": "slow/sleep", "arguments": {"seconds": 30}}}),
+        json!({"jsonrpc": "2.0", "id": "three", "method": "tools/call",
+               "params": {"name": "slow/sleep", "arguments": {"seconds": 30}}}),
+    ];
+    for r in &requests {
+        std::io::Write::write_all(&mut stdin, format!("{r}\n").as_bytes()).unwrap();
+    }
+    drop(stdin);
+    // Until both calls are running: the daemon has read every byte, so its death is a
+    // plain end of the connection, not a reset.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while host
+        .records()
+        .iter()
+        .filter(|r| r["tool"]["name"] == "slow/sleep")
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "{}", host.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    host.signal(libc::SIGKILL);
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "flowhost connect exited {}",
+        out.status
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("closed the connection with 2 of the client's requests unanswered")
+            && stderr.contains("(id \"three\", 2)"),
+        "{stderr}"
+    );
+    // Answered before the end: only the calls are owed.
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"id\":1"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

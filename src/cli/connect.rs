@@ -7,6 +7,16 @@ use std::process::ExitCode;
 
 use super::CliResult;
 
+mod unanswered;
+
+use unanswered::{Direction, Lines, Unanswered};
+
+/// The longest line the bridge reads for request ids: 256 times the host's default
+/// `max_message_bytes`, and a bound on what a client that never ends a line makes the bridge
+/// hold. A longer line is still passed on, unread (a host configured to carry such answers
+/// would have one reported as owed at the end).
+const LONGEST_READ_LINE: usize = 256 * 1024 * 1024;
+
 /// Bridge stdin/stdout to the daemon's socket.
 #[derive(Debug, clap::Args)]
 pub struct ConnectArgs {
@@ -25,6 +35,15 @@ impl ConnectArgs {
         runtime.shutdown_background();
         match bridged? {
             Ending::ClientDone => Ok(ExitCode::SUCCESS),
+            Ending::Unanswered(ids) => Err(format!(
+                "{}: the flowhost daemon closed the connection with {} of the client's \
+                 requests unanswered (id {}): it stopped or failed part way (its log says \
+                 which)",
+                self.socket.display(),
+                ids.len(),
+                listed(&ids)
+            )
+            .into()),
             // The client still had requests to send: they will never be answered, and the
             // client must not take the bridge's end for a finished session.
             Ending::HostClosed => Err(format!(
@@ -44,6 +63,7 @@ impl ConnectArgs {
 async fn relay_out(
     from: &mut (impl tokio::io::AsyncRead + Unpin),
     out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    lines: &mut Lines,
 ) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
@@ -52,6 +72,7 @@ async fn relay_out(
         if n == 0 {
             return Ok(());
         }
+        lines.feed(&buf[..n]);
         out.write_all(&buf[..n]).await?;
         out.flush().await?;
     }
@@ -77,6 +98,7 @@ enum Up {
 async fn relay_up(
     from: &mut (impl tokio::io::AsyncRead + Unpin),
     to: &mut (impl tokio::io::AsyncWrite + Unpin),
+    lines: &mut Lines,
 ) -> Result<(), Up> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
@@ -87,15 +109,19 @@ async fn relay_up(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(Up::Stdin(e)),
         };
+        lines.feed(&buf[..n]);
         to.write_all(&buf[..n]).await.map_err(|_| Up::Host)?;
     }
 }
 
 /// How a bridged session ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Ending {
     /// The client closed stdin, and the host closed after its last answer.
     ClientDone,
+    /// The client closed stdin, and the host closed with these requests (their ids as JSON)
+    /// unanswered: it stopped or failed part way.
+    Unanswered(Vec<String>),
     /// The host closed while stdin was still open (it refused the connection, or stopped).
     HostClosed,
 }
@@ -120,10 +146,12 @@ pub(super) async fn bridge(
     // steps after the shutdown: under load, a session the client ended was now and then
     // reported as refused.)
     let stdin_ended = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(STDIN_OPEN));
+    let unanswered = Unanswered::default();
     let up = {
         let stdin_ended = stdin_ended.clone();
+        let mut lines = Lines::new(Direction::Up, unanswered.clone(), LONGEST_READ_LINE);
         tokio::spawn(async move {
-            let r = relay_up(&mut tokio::io::stdin(), &mut to_daemon).await;
+            let r = relay_up(&mut tokio::io::stdin(), &mut to_daemon, &mut lines).await;
             let ended = match &r {
                 Ok(()) => STDIN_DONE,
                 Err(Up::Stdin(_)) => STDIN_FAILED,
@@ -137,11 +165,15 @@ pub(super) async fn bridge(
         })
     };
     let mut stdout = tokio::io::stdout();
-    let down = relay_out(&mut from_daemon, &mut stdout).await;
+    let mut lines = Lines::new(Direction::Down, unanswered.clone(), LONGEST_READ_LINE);
+    let down = relay_out(&mut from_daemon, &mut stdout, &mut lines).await;
     let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
     // A request still being read when the host closed has no one to answer it.
     let ending = match stdin_ended.load(std::sync::atomic::Ordering::SeqCst) {
-        STDIN_DONE => Ending::ClientDone,
+        STDIN_DONE => match unanswered.ids() {
+            ids if ids.is_empty() => Ending::ClientDone,
+            ids => Ending::Unanswered(ids),
+        },
         STDIN_FAILED => {
             let problem = match up.await {
                 Ok(Err(Up::Stdin(e))) => e.to_string(),
@@ -156,4 +188,19 @@ pub(super) async fn bridge(
     };
     down?;
     Ok(ending)
+}
+
+/// The first few of `ids`, for a message.
+pub(super) fn listed(ids: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut text = ids
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if ids.len() > SHOWN {
+        text.push_str(&format!(" and {} more", ids.len() - SHOWN));
+    }
+    text
 }

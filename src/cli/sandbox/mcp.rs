@@ -406,7 +406,13 @@ fn with_calls_cut_short(
 fn session_ended(ending: Ending, host_stopping: bool) -> Result<(), String> {
     match ending {
         Ending::ClientDone => Ok(()),
-        Ending::HostClosed if host_stopping => Ok(()),
+        Ending::HostClosed | Ending::Unanswered(_) if host_stopping => Ok(()),
+        Ending::Unanswered(ids) => Err(format!(
+            "the host ended the session with {} of the client's requests unanswered (id {}): \
+             the log above and the records say why",
+            ids.len(),
+            super::super::connect::listed(&ids)
+        )),
         Ending::HostClosed => Err(
             "the host ended the session before the client closed stdin: it refused the \
              session or a request (the log above and the records say which), and what the \
@@ -438,6 +444,13 @@ mod tests {
         assert_eq!(session_ended(Ending::HostClosed, true), Ok(()));
         let e = session_ended(Ending::HostClosed, false).expect_err("a failed run");
         assert!(e.contains("before the client closed stdin"), "{e}");
+        let owed = Ending::Unanswered(vec!["1".into(), "\"b\"".into()]);
+        assert_eq!(session_ended(owed.clone(), true), Ok(()));
+        let e = session_ended(owed, false).expect_err("a failed run");
+        assert!(
+            e.contains("2 of the client's requests unanswered (id 1, \"b\")"),
+            "{e}"
+        );
     }
 
     fn example(rel: &str) -> String {
