@@ -686,6 +686,11 @@ fn a_session_holds_a_bounded_number_of_subscriptions() {
         .filter(|r| r["flowhost"]["denial_kind"] == "subscription_limit")
         .collect();
     assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert_eq!(refused[0]["server"]["id"], "conformance", "{refused:#?}");
+    assert_eq!(
+        refused[0]["tool"]["name"], "resources/subscribe test://template/{id}/data",
+        "{refused:#?}"
+    );
     // The refused one is recorded as refused only, never as authorized first (before, it
     // was both): 256 subscribes, the repeat and the one after the unsubscribe.
     let authorized = lab
@@ -765,6 +770,11 @@ fn a_reload_revoking_a_resource_ends_the_subscription_to_it() {
     assert!(r.get("result").is_some(), "{r}");
     let (r, _) = on_resource(&mut c, 4, "resources/read", URI);
     assert!(r.get("error").is_some(), "the right was taken away: {r}");
+    // A subscribe refused now is recorded naming the server and what it signed (before, as
+    // a request that named nothing); the client is told neither.
+    let (r, _) = on_resource(&mut c, 41, "resources/subscribe", URI);
+    assert_eq!(r["error"]["data"]["denial"], "access_denied", "{r}");
+    assert!(!r.to_string().contains("conformance"), "{r}");
 
     reload_granting(&lab, ONE_TOOL, ALL, 3);
     let (r, mut updates) = on_resource(&mut c, 5, "resources/read", URI);
@@ -783,6 +793,21 @@ fn a_reload_revoking_a_resource_ends_the_subscription_to_it() {
         lab.log()
     );
     lab.stop();
+    let refused: Vec<Value> = lab
+        .records()
+        .into_iter()
+        .filter(|r| {
+            r["decision"]["effect"] == "deny" && r["flowhost"]["denial_kind"] == "access_denied"
+        })
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .any(|r| r["flowhost"]["event"] == "content_request"
+                && r["server"]["id"] == "conformance"
+                && r["tool"]["name"] == format!("resources/subscribe {URI}")),
+        "{refused:#?}"
+    );
 }
 
 /// A reload that maps the session's uid to another principal ends its subscriptions too:

@@ -495,16 +495,47 @@ pub async fn record_subscription(
     source: &InformationLabel,
     state: &FlowState,
 ) -> Result<(), RpcError> {
+    let rec = subscription_record(env, caller, method, params, route);
+    record_authorized(env, &rec, source, state).await
+}
+
+/// Records the refusal (for `denial`) of a `resources/subscribe` or `resources/unsubscribe`
+/// routed to `route`, naming what the server signed as an authorized one's record does: the
+/// operator reads which resource a principal was refused, whatever the client was told.
+pub async fn refuse_subscription(
+    env: &CallEnv<'_>,
+    caller: Caller<'_>,
+    method: &str,
+    params: &Value,
+    route: &ContentRoute,
+    denial: Denial,
+) -> Result<(), RpcError> {
+    let rec = subscription_record(env, caller, method, params, route);
+    env.recorder
+        .record(
+            EventKind::ContentRequest,
+            rec.facts(Verdict::refused(denial), FlowContext::default()),
+        )
+        .await
+}
+
+/// What a subscription request's records name: its server and what the server signed.
+fn subscription_record(
+    env: &CallEnv<'_>,
+    caller: Caller<'_>,
+    method: &str,
+    params: &Value,
+    route: &ContentRoute,
+) -> ContentRecord {
     let digest = env.servers.get(&route.server_id).map(|s| s.digest.clone());
-    let rec = ContentRecord {
+    ContentRecord {
         server: ServerInfo::mcp(&route.server_id, digest.as_deref()),
         name: format!("{method} {}", route.declared),
         correlation: correlation_from_params(params),
         principal: caller.pinned.map(ToString::to_string),
         session: caller.session.to_string(),
         call_id: super::super::random_id(),
-    };
-    record_authorized(env, &rec, source, state).await
+    }
 }
 
 /// A content request's outcome when its executor failed or was ended (`why`, the host's

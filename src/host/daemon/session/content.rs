@@ -16,6 +16,7 @@ use super::{Bound, Executors, Identity, Session, env};
 use crate::decision::Denial;
 use crate::ident::PrincipalId;
 use crate::mcp::{self, RpcError, code};
+use crate::registry::ContentRoute;
 use crate::state::SessionKey;
 
 /// The eight `logging/setLevel` levels (RFC 5424 severities), least severe first.
@@ -180,16 +181,7 @@ impl Session {
             return Err(self.refuse_session(&what, e).await);
         };
         let route = match generation.registry.resource_route(uri) {
-            Ok(r) if principal.may_call(&r.server_id, &r.name) => r,
-            Ok(_) => {
-                // Not named: the principal may not list the server or the signed name.
-                let e = refusal(
-                    code::ACCESS_DENIED,
-                    format!("principal {} may not use this resource", principal.id),
-                    Denial::AccessDenied,
-                );
-                return Err(self.refuse_session(&what, e).await);
-            }
+            Ok(r) => r,
             Err(unroutable) => {
                 if let crate::manifest::UnroutableUri::Ambiguous { .. } = unroutable {
                     tracing::warn!(session = %self.id, "{}", Escaped(&unroutable.to_string()));
@@ -202,6 +194,18 @@ impl Session {
                 return Err(self.refuse_session(&what, e).await);
             }
         };
+        // From here on a refusal's record names the server and what it signed; the client is
+        // told by what it asked, never by what the route found.
+        if !principal.may_call(&route.server_id, &route.name) {
+            let e = refusal(
+                code::ACCESS_DENIED,
+                format!("principal {} may not use this resource", principal.id),
+                Denial::AccessDenied,
+            );
+            return Err(self
+                .refuse_subscription(&generation, method, params, &route, e)
+                .await);
+        }
         let server = &route.server_id;
         let subscribe = method == "resources/subscribe";
         // Counted in the session's set (and as in flight) before the executor is asked: it
@@ -219,7 +223,9 @@ impl Session {
                         ),
                         Denial::SubscriptionLimit,
                     );
-                    return Err(self.refuse_session(&what, e).await);
+                    return Err(self
+                        .refuse_subscription(&generation, method, params, &route, e)
+                        .await);
                 }
             }
         } else {
@@ -252,7 +258,9 @@ impl Session {
                     format!("flow state unavailable: {e}"),
                     Denial::StateFailure,
                 );
-                return Err(self.refuse_session(&what, e).await);
+                return Err(self
+                    .refuse_subscription(&generation, method, params, &route, e)
+                    .await);
             }
         };
         if !subscribe {
@@ -305,6 +313,35 @@ impl Session {
             asking.answered(outcome.is_ok());
         }
         outcome
+    }
+
+    /// Records the refusal `e` of a subscription request routed to `route` and returns it (or
+    /// the record failure).
+    async fn refuse_subscription(
+        &self,
+        generation: &Generation,
+        method: &str,
+        params: &Value,
+        route: &ContentRoute,
+        e: RpcError,
+    ) -> RpcError {
+        let denial = e
+            .data_denial()
+            .and_then(|d| serde_json::from_value::<Denial>(json!(d)).ok())
+            .unwrap_or(Denial::AccessDenied);
+        match pipeline::content::refuse_subscription(
+            &env(&self.host, generation),
+            self.caller(generation),
+            method,
+            params,
+            route,
+            denial,
+        )
+        .await
+        {
+            Ok(()) => e,
+            Err(record_failure) => record_failure,
+        }
     }
 
     /// `logging/setLevel`: remembered for the session and given to each executor as it is
