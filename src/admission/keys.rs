@@ -330,12 +330,18 @@ pub fn load_verifying_key(path: &Path) -> Result<VerifyingKey, KeyError> {
     })
 }
 
+/// Whether `text` is (or starts as) a private key file's text: it must never be echoed,
+/// nor taken for a file name that an error would print.
+pub fn is_private_key_text(text: &str) -> bool {
+    text.trim_start().starts_with(PRIVATE_KEY_LABEL)
+}
+
 /// A public key given on a command line: 64 lowercase hex digits, or else the path of a
 /// public key file (checked as [`load_verifying_key`] does).
 pub fn verifying_key_from_arg(arg: &str) -> Result<VerifyingKey, KeyError> {
     // A private key file's text pasted as the argument (`--key "$(cat NAME.key)"`): refused
     // without being echoed as a path that cannot be opened.
-    if arg.starts_with(PRIVATE_KEY_LABEL) {
+    if is_private_key_text(arg) {
         return Err(KeyError::PrivateKeyGiven {
             path: PathBuf::from("(the text of a private key file)"),
         });

@@ -656,6 +656,27 @@ impl HostConfig {
             key,
             message,
         };
+        // A registered key: hex stays hex; anything else names a key file, relative to this
+        // file. A private key file's text pasted in is refused here, unechoed: taken for a
+        // file name, it would be printed by every error naming the path.
+        let key_arg = |field: String, text: &str| {
+            if crate::keys::is_private_key_text(text) {
+                return Err(invalid(
+                    field,
+                    "holds the text of a private key file (not shown); give the public key, \
+                     as 64 hex digits or the path of its .pub file, and treat the private \
+                     key as disclosed"
+                        .into(),
+                ));
+            }
+            Ok(
+                if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    text.to_string()
+                } else {
+                    resolve(Path::new(text)).display().to_string()
+                },
+            )
+        };
 
         let h = raw.host;
         if h.max_message_bytes < 1024 || h.max_message_bytes > 64 * 1024 * 1024 {
@@ -888,12 +909,7 @@ impl HostConfig {
             servers.push(ServerConfig {
                 id: s.id,
                 manifest: resolve(&s.manifest),
-                // Hex stays hex; anything else names a key file, relative to this file.
-                key: if s.key.len() == 64 && s.key.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    s.key
-                } else {
-                    resolve(Path::new(&s.key)).display().to_string()
-                },
+                key: key_arg(key("key"), &s.key)?,
                 command,
                 profile: s.profile,
                 topology: s.topology,
@@ -1042,11 +1058,7 @@ impl HostConfig {
                     "must be 1 to 256 bytes without control characters".into(),
                 ));
             }
-            let arg = if a.key.len() == 64 && a.key.bytes().all(|b| b.is_ascii_hexdigit()) {
-                a.key.clone()
-            } else {
-                resolve(Path::new(&a.key)).display().to_string()
-            };
+            let arg = key_arg(format!("{at}.key"), &a.key)?;
             if authorities.contains_key(&a.id) || unreadable_authorities.contains_key(&a.id) {
                 return Err(invalid(
                     format!("{at}.id"),
@@ -1403,6 +1415,26 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         }
         let e = error(&with(r#""fetch.test""#));
         assert!(e.contains("host.toml"), "{e}");
+    }
+
+    /// A private key file's text given as a registered key was taken for a file name, and
+    /// every error naming that path printed the seed (at start, in the reload verdict).
+    #[test]
+    fn a_private_keys_text_as_a_registered_key_is_refused_unechoed() {
+        let secret = format!("flowhost-ed25519-private-key {}", "ab".repeat(32));
+        let e = error(&MINIMAL.replace("key = \"keys/srv.pub\"", &format!("key = \"{secret}\"")));
+        assert!(
+            e.contains("`server[0].key`") && e.contains("private key"),
+            "{e}"
+        );
+        assert!(!e.contains(&"ab".repeat(32)), "{e}");
+        let e = error(&format!(
+            "{MINIMAL}\n[[declassification_authority]]\nid = \"ops\"\nkey = \" {secret}\"\n"
+        ));
+        assert!(
+            e.contains("`declassification_authority[0].key`") && !e.contains(&"ab".repeat(32)),
+            "{e}"
+        );
     }
 
     #[test]

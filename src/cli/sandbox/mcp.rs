@@ -192,7 +192,9 @@ impl McpArgs {
         // The clearances and purposes below come from this body: one that does not verify
         // (an unsigned body the file held a moment before a signed one) must not give them.
         let verifying = crate::keys::verifying_key_from_arg(&self.key)
-            .map_err(|e| McpSetupError::Config(format!("--key {}: {e}", self.key)))?;
+            // The error names a key file's path itself; the argument is not echoed, since
+            // it may be a private key's text.
+            .map_err(|e| McpSetupError::Config(format!("--key: {e}")))?;
         envelope.verify(&verifying).map_err(|e| {
             McpSetupError::Config(format!("{}: not admitted: {e}", manifest.display()))
         })?;
