@@ -4,7 +4,8 @@
 //! joined durably) -> **authorize** (the allow recorded durably before any effect) ->
 //! **dispatch** (an executor, behind [`Dispatch`]) -> **settle** (the output's label joined
 //! durably, the outcome written to the records with the labels left behind, then the result
-//! returned; the outcome's sync is not awaited, see [`Recorder::record_written`]).
+//! returned; the outcome's sync is awaited only when the output raised a label beyond what
+//! the authorization record carried, see [`Recorder::record_outcome`]).
 //!
 //! Every refusal on the way is recorded (through [`Recorder`], which folds repeated
 //! refusals) and answered with its [`Denial`] in `error.data.denial`, except arguments
@@ -78,18 +79,28 @@ impl Recorder<'_> {
             .await
     }
 
-    /// Writes the record of a call's outcome without waiting for its sync (it follows with
-    /// the next group): the call's effect was authorized by an earlier durable record, and
-    /// any label the outcome raised is already durable in the flow state (raised before the
+    /// Records a call's (or a content request's) outcome; once this returns the record is
+    /// in the file for any reader. Its effect was authorized by an earlier durable record,
+    /// and any label it claims is already durable in the flow state (raised before the
     /// record that claims it, so after a crash the state is ahead of the records, never
-    /// behind). Once this returns the record is in the file for any reader.
-    pub async fn record_written(
+    /// behind). One that `raised` labels beyond what that authorization record carried (a
+    /// classifier's finding in the output, a content's floor) is synced before this
+    /// returns, so before the answer goes out: the records alone must hold every label a
+    /// client was answered under, since a state rebuilt from them (`state.db` lost) must
+    /// not come back lower. Any other outcome is written without waiting for its sync (it
+    /// follows with the next group).
+    pub async fn record_outcome(
         &self,
         event: EventKind,
         facts: ToolCallFacts,
+        raised: bool,
     ) -> Result<(), RpcError> {
+        let record = DecisionRecord::from_call_facts(facts, event);
+        if raised {
+            return self.commit(record).await;
+        }
         self.records
-            .append(DecisionRecord::from_call_facts(facts, event))
+            .append(record)
             .await
             .map(drop)
             .map_err(record_failure)
@@ -470,8 +481,8 @@ async fn run_call<D: Dispatch>(
 }
 
 /// Joins what the call produced into the flow state (durably, before the result is returned)
-/// and records its outcome with the labels it leaves (written, its sync not awaited; see
-/// [`Recorder::record_written`]). What an executor said when it
+/// and records its outcome with the labels it leaves (its sync awaited only when the output
+/// raised a label; see [`Recorder::record_outcome`]). What an executor said when it
 /// failed can carry what it read, so it is settled like a result, and so is a call
 /// cancelled after it started (the tool ran, and may have read what its floor labels).
 /// A result that breaks the tool's signed output schema is withheld, and the client reads
@@ -588,6 +599,7 @@ async fn settle(
                     rec,
                     Verdict::Failed(Failure::StateFailure),
                     &plan.state_after_dispatch,
+                    &plan.state_after_dispatch,
                 )
                 .await?;
                 return Err(refusal(
@@ -598,7 +610,7 @@ async fn settle(
             }
         },
     };
-    record_outcome(env, rec, verdict, &state).await?;
+    record_outcome(env, rec, verdict, &state, &plan.state_after_dispatch).await?;
     answer
 }
 
@@ -637,15 +649,17 @@ pub(super) fn answered_text(e: &RpcError) -> String {
 }
 
 /// Records a call's outcome with the labels it leaves behind (already durable in the flow
-/// state), written without waiting for its sync.
+/// state): see [`Recorder::record_outcome`]; `authorized` is what the call's authorization
+/// record carried.
 async fn record_outcome(
     env: &CallEnv<'_>,
     rec: &CallRecord<'_>,
     verdict: Verdict,
     state: &FlowState,
+    authorized: &FlowState,
 ) -> Result<(), RpcError> {
     env.recorder
-        .record_written(
+        .record_outcome(
             EventKind::ToolOutcome,
             rec.facts(
                 verdict,
@@ -654,6 +668,7 @@ async fn record_outcome(
                     ..FlowContext::default()
                 },
             ),
+            state != authorized,
         )
         .await
 }

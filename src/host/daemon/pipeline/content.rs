@@ -447,12 +447,13 @@ async fn run<F: Forward>(
                 code::INTERNAL_ERROR,
                 format!("the executor could not be started: {why}"),
             );
-            record_outcome(env, rec, Verdict::Failed(Failure::ExecutorFailed), &state).await?;
+            let failed = Verdict::Failed(Failure::ExecutorFailed);
+            record_outcome(env, rec, failed, &state, &state).await?;
             return Err(e);
         }
         Err(ForwardError::AccessWithdrawn(why)) => {
             let failed = Verdict::Failed(Failure::AccessWithdrawn);
-            record_outcome(env, rec, failed, &state).await?;
+            record_outcome(env, rec, failed, &state, &state).await?;
             return Err(refusal(code::ACCESS_DENIED, why, Denial::AccessDenied));
         }
         Err(ForwardError::Failed(why)) => executor_ended(&server, why, Failure::ExecutorFailed),
@@ -467,11 +468,12 @@ async fn run<F: Forward>(
     forward.settled(raised.is_ok()).await;
     match raised {
         Ok(after) => {
-            record_outcome(env, rec, verdict, &after).await?;
+            record_outcome(env, rec, verdict, &after, &state).await?;
             answer
         }
         Err(e) => {
-            record_outcome(env, rec, Verdict::Failed(Failure::StateFailure), &state).await?;
+            let failed = Verdict::Failed(Failure::StateFailure);
+            record_outcome(env, rec, failed, &state, &state).await?;
             Err(refusal(
                 code::INTERNAL_ERROR,
                 format!("the content's label could not be stored, so it is withheld: {e}"),
@@ -572,15 +574,17 @@ async fn record_authorized(
         .await
 }
 
-/// Records a content request's outcome with the labels it leaves (already durable).
+/// Records a content request's outcome with the labels it leaves (already durable): see
+/// `Recorder::record_outcome`; `authorized` is what its authorization record carried.
 async fn record_outcome(
     env: &CallEnv<'_>,
     rec: &ContentRecord,
     verdict: Verdict,
     state: &FlowState,
+    authorized: &FlowState,
 ) -> Result<(), RpcError> {
     env.recorder
-        .record_written(
+        .record_outcome(
             EventKind::ContentOutcome,
             rec.facts(
                 verdict,
@@ -589,6 +593,7 @@ async fn record_outcome(
                     ..FlowContext::default()
                 },
             ),
+            state != authorized,
         )
         .await
 }

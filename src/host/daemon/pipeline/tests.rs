@@ -575,6 +575,59 @@ async fn what_a_bound_ended_is_recorded_as_bound_reached() {
     );
 }
 
+/// An output whose classified text raises a label beyond what the call's authorization
+/// record carried is answered only once the outcome record claiming the raise is durable:
+/// the records alone must hold every label a client was answered under, since a state
+/// rebuilt from them (`state.db` lost after a crash) must not come back lower. Before, the
+/// outcome's sync was left to the next group, after the answer. A content read's floor and
+/// finding are settled the same way.
+#[tokio::test]
+async fn an_outcome_that_raised_a_label_is_durable_before_the_answer() {
+    let host = Host::with_content();
+    let last_durable = || host.records.status().last_seq;
+    // Read without closing the writer: a record written is in its file for any reader.
+    let last_written = || async {
+        let dir = host.dir.path().join("records");
+        let mut last = None;
+        for f in crate::records::store::record_sources(&dir).unwrap() {
+            for line in std::fs::read_to_string(f).unwrap().lines() {
+                let r: Value = serde_json::from_str(line).unwrap();
+                last = r["flowhost"]["seq"].as_u64();
+            }
+        }
+        last
+    };
+    // What an error answer carries is classified as a result would be.
+    let mut exec = Scripted::answering(vec![Err(DispatchError::Answered(
+        RpcError::new(-32602, "bad folder").with_data(json!({"read": TERMS})),
+    ))]);
+    host.call(
+        ANALYST,
+        call("workspace/list_documents", json!({})),
+        &mut exec,
+    )
+    .await
+    .unwrap_err();
+    let durable = last_durable();
+    let written = last_written().await;
+    assert!(
+        written.is_some() && durable == written,
+        "{durable:?} {written:?}"
+    );
+    let mut exec = Feeding::default();
+    exec.answers.push_back(Ok(json!({"contents": [
+        {"uri": "test://template/7/data", "text": "plain"}]})));
+    host.read(ANALYST, "test://template/7/data", &mut exec)
+        .await
+        .unwrap();
+    let durable = last_durable();
+    let written = last_written().await;
+    assert!(
+        written.is_some() && durable == written,
+        "{durable:?} {written:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_tool_answering_with_an_error_passes_it_on_labelled_like_its_output() {
     let host = Host::new();
