@@ -4,10 +4,12 @@
 use std::fmt::{self, Write};
 
 /// Shows `T` with every control character (C0, DEL and C1: what [`char::is_control`]
-/// names, CR, ESC, BEL, ENQ, SO and SI among them) written as `\u{..}`, and everything else
-/// as it is. What an executor chose so cannot move the cursor, retitle, erase or recolour
-/// the operator's terminal, nor forge a line of the host's log, when it is printed or
-/// logged. For people only: records are JSON and keep the exact data.
+/// names, CR, ESC, BEL, ENQ, SO and SI among them), every bidirectional formatting
+/// character and the Unicode line and paragraph separators written as `\u{..}`, and
+/// everything else as it is. What an executor (or a publisher's file) chose so cannot move
+/// the cursor, retitle, erase or recolour the operator's terminal, reorder what a line
+/// shows, nor forge a line of the host's log, when it is printed or logged. For people
+/// only: records are JSON and keep the exact data.
 ///
 /// `tracing`'s text format escapes only some of these, and only in an event's message;
 /// fields written with `%` go out raw. Every executor-derived string a log line or the
@@ -29,7 +31,7 @@ impl Write for Escaping<'_, '_> {
         // Runs without a control character are written whole.
         let mut start = 0;
         for (at, c) in s.char_indices() {
-            if c.is_control() {
+            if c.is_control() || rearranges_lines(c) {
                 self.0.write_str(&s[start..at])?;
                 write!(self.0, "\\u{{{:x}}}", u32::from(c))?;
                 start = at + c.len_utf8();
@@ -37,6 +39,17 @@ impl Write for Escaping<'_, '_> {
         }
         self.0.write_str(&s[start..])
     }
+}
+
+/// Characters that change what a line shows without being control characters: the
+/// bidirectional embeddings, overrides, isolates and marks (a right-to-left override makes
+/// `error: denied` read backwards, or hides the words after it behind earlier ones), and
+/// the line and paragraph separators, which some terminals and log viewers break lines at.
+fn rearranges_lines(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+    )
 }
 
 #[cfg(test)]
@@ -53,5 +66,18 @@ mod tests {
         );
         assert!(!shown.chars().any(char::is_control));
         assert_eq!(Escaped("plain text").to_string(), "plain text");
+    }
+
+    /// A publisher's or an executor's text reordering what the operator reads: serde's
+    /// "unknown field" errors carried a manifest's key as it was.
+    #[test]
+    fn bidirectional_formatting_and_line_separators_are_escaped() {
+        let text = "ok \u{202e}deinied\u{202c} \u{2066}x\u{2069}\u{2028}\u{2029}\u{200f}\u{61c}";
+        assert_eq!(
+            Escaped(text).to_string(),
+            "ok \\u{202e}deinied\\u{202c} \\u{2066}x\\u{2069}\\u{2028}\\u{2029}\\u{200f}\\u{61c}"
+        );
+        // Letters of right-to-left scripts are text, not formatting.
+        assert_eq!(Escaped("שלום مرحبا").to_string(), "שלום مرحبا");
     }
 }
