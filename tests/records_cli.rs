@@ -98,6 +98,28 @@ fn a_directory_holding_no_records_does_not_verify() {
     std::fs::write(dir.path().join("records-00000000000000000001.jsonl"), b"").unwrap();
     let o = flowhost(&["records", "verify", dir.path().to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    // Nor is it exported as a surface of no decisions (before: "wrote 0 decisions", exit
+    // 0), to standard output or a file.
+    let out = dir.path().join("surface.json");
+    for to_file in [false, true] {
+        let mut args = vec![
+            "records",
+            "export",
+            "--surface",
+            dir.path().to_str().unwrap(),
+        ];
+        if to_file {
+            args.extend(["--out", out.to_str().unwrap()]);
+        }
+        let o = flowhost(&args);
+        assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+        assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("nothing exported"),
+            "{o:?}"
+        );
+    }
+    assert!(!out.exists());
     // A stream cut to nothing, its anchor removed, is missing its records (the ring's
     // checkpoint says how many), and says so: not "nothing to verify".
     let cut = tempfile::tempdir().unwrap();

@@ -65,6 +65,15 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                 }
                 other => other?,
             };
+            // An empty surface exported from nothing would pass for a run that decided
+            // nothing.
+            if report.holds_no_evidence() {
+                note!(
+                    "flowhost: {} holds no record and no head anchor: nothing exported",
+                    flowhost_broker::Escaped(&records.display().to_string())
+                );
+                return Ok(ExitCode::from(1));
+            }
             if !report.is_ok() {
                 // On stderr: stdout is where the export goes, and nothing is exported.
                 note!(
@@ -138,13 +147,9 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
             for note in &report.notes {
                 outln!("note: {}", flowhost_broker::Escaped(note))?;
             }
-            // No record and no anchor (a mistyped path, the state directory, a directory
-            // emptied, or holding only an empty record file) is no evidence: nothing
-            // verified is no intact record, and a gate trusting exit 0 must not take it for
-            // one.
-            // (Problems found are reported as such, below: a file cut to nothing against
-            // its ring's checkpoint is missing records, not empty.)
-            if report.records == 0 && report.head_anchor.is_none() && report.problems.is_empty() {
+            // Nothing verified is no intact record (problems found are reported as such,
+            // below).
+            if report.holds_no_evidence() {
                 note!(
                     "flowhost: {} holds no record and no head anchor: nothing to verify",
                     flowhost_broker::Escaped(&records.display().to_string())

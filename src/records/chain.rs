@@ -379,6 +379,15 @@ impl VerifyReport {
     pub fn is_ok(&self) -> bool {
         self.problems.is_empty()
     }
+
+    /// True when nothing was verified and nothing found wrong: no record, no head anchor,
+    /// no problem (a mistyped path, a state directory, an emptied directory, or one holding
+    /// only an empty record file). Such a report is no evidence of anything, and a command
+    /// a gate trusts must not exit 0 on it. (A file cut to nothing against its ring's
+    /// checkpoint has problems: it is missing records, not empty.)
+    pub fn holds_no_evidence(&self) -> bool {
+        self.records == 0 && self.head_anchor.is_none() && self.problems.is_empty()
+    }
 }
 
 /// Verifies the records at `path`: a record directory (its files in chain order, and its
