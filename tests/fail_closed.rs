@@ -913,6 +913,64 @@ fn an_older_copy_written_over_the_running_state_is_found_while_serving() {
     assert!(why.contains("principal larkfield-analyst"), "{why}");
 }
 
+/// A record line damaged on disk while the host serves (past the checkpoint, so the next
+/// check reads it): no check can finish while it stands, so a state rolled back meanwhile
+/// would never be found. Before, the check logged the fault and tried again at every
+/// interval while calls went on and health said nothing.
+#[test]
+fn a_record_line_damaged_while_serving_fails_the_state() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let config = std::fs::read_to_string(&lab.config).unwrap();
+    lab.write_config(&config.replacen(
+        "call_timeout_ms = 15000",
+        "call_timeout_ms = 15000\nstate_check_interval_ms = 1000",
+        1,
+    ));
+    lab.spawn();
+    let mut c = lab.client();
+    c.initialize();
+    const FAILED: &str = "cannot be read as they must be";
+    // A check may come between a call and the damage of its line (then the line is behind
+    // the checkpoint and never read again): damage the next call's line until one is read.
+    for attempt in 0.. {
+        assert!(attempt < 5, "no check read a damaged line:\n{}", lab.log());
+        let r = c.call("workspace/list_documents", json!({}));
+        assert!(r.get("result").is_some(), "{r}");
+        let file = std::fs::read_dir(&lab.paths.records_dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .max()
+            .unwrap();
+        let text = std::fs::read(&file).unwrap();
+        let last_line = text[..text.len() - 1]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1);
+        // Its first byte, `{`, made `#`: the line is no JSON (the writer's chain in memory
+        // is unchanged, and appends go on after it).
+        let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, b"#", last_line as u64).unwrap();
+        drop(f);
+        let deadline = Instant::now() + Duration::from_millis(2500);
+        while Instant::now() < deadline && !lab.log().contains(FAILED) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if lab.log().contains(FAILED) {
+            break;
+        }
+    }
+    let r = c.call("workspace/list_documents", json!({}));
+    assert_eq!(denial(&r), "state_failure", "{r}");
+    let h = c.request("flowhost/health", json!({}));
+    assert_eq!(h["result"]["flow_state_failed"], true, "{h}");
+    drop(c);
+    let stopped = lab.stop_status().unwrap();
+    assert!(!stopped.success(), "{}", lab.log());
+}
+
 /// A run in which only the reviewer calls, killed: its record lies past the checkpoint, so
 /// the next start moves the checkpoint, and the move stays in that run's write-ahead log
 /// (no raise goes with it) until the file is checkpointed.

@@ -495,8 +495,9 @@ impl Host {
     /// restarted (whose start check names what to do). A shared database that reads lower
     /// than this host has seen a principal refuses that principal's calls until it reads
     /// back, as it does for any read; the check then still compares the grants the records
-    /// show spent (a lost one fails the store as above). A check that cannot read the
-    /// records or the state is logged and tried again at the next interval.
+    /// show spent (a lost one fails the store as above). A record line or a database row
+    /// that does not decode fails the store too; a check that cannot read the records or
+    /// the state for now is logged and tried again at the next interval.
     pub async fn check_state_while_serving(&self) {
         let Some(through) = super::startup::writer_head(&self.records.status()) else {
             return;
@@ -522,6 +523,17 @@ impl Host {
             | ContinuityError::State(StateError::Replaced { .. }) => {
                 self.resolver.state().fail(e.to_string());
                 tracing::error!(error = %e, "the flow state does not hold what the decision records prove; refusing every call that needs it until the host is restarted");
+            }
+            // A record line that does not read as a record (damaged on disk, edited) or a
+            // database row that does not decode: neither heals by waiting, and while either
+            // stands no check can finish, so a state rolled back meanwhile would never be
+            // found. Before, these were retried at every interval while health said fine.
+            ContinuityError::Malformed { .. }
+            | ContinuityError::BadPrincipal { .. }
+            | ContinuityError::Unrecoverable { .. }
+            | ContinuityError::State(StateError::Postgres(PgError::Corrupt { .. })) => {
+                self.resolver.state().fail(e.to_string());
+                tracing::error!(error = %e, "the decision records or the flow state cannot be read as they must be to check one against the other; refusing every call that needs the state until the host is restarted");
             }
             // Failed already (by an earlier check, or a write that failed): said then.
             ContinuityError::State(StateError::Failed(_)) => {}
