@@ -114,6 +114,22 @@ pub fn now() -> u64 {
         .map_or(u64::MAX, |d| d.as_secs())
 }
 
+/// [`now`], and the instant on the monotonic clock at which that whole second began: a
+/// grant's time left, held on the monotonic clock from it, is then exact rather than up to
+/// a second long (the wall clock read in whole seconds) or stale (read before a slow state
+/// read).
+pub fn clock() -> (u64, Instant) {
+    let at = Instant::now();
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => (
+            d.as_secs(),
+            at.checked_sub(Duration::from_nanos(u64::from(d.subsec_nanos())))
+                .unwrap_or(at),
+        ),
+        Err(_) => (u64::MAX, at),
+    }
+}
+
 /// The hash a grant binds a call's arguments with: `sha256:` + hex of the SHA-256 of their
 /// RFC 8785 canonical JSON. `None` for arguments no hash binds exactly: an integer beyond
 /// ±2^53 is canonicalized as the nearest double, so other integers near it would hash the
@@ -360,6 +376,8 @@ pub struct CallFacts<'a> {
     pub security: &'a AdmittedToolSecurity,
     /// Now, in Unix seconds.
     pub now: u64,
+    /// The instant that second began (see [`clock`]).
+    pub second_began: Instant,
 }
 
 /// A grant that passed every rule but single use.
@@ -458,11 +476,10 @@ pub fn check(
         expires_at: b.expires_at,
         // `call.now < b.expires_at` (checked above). A window the monotonic clock could not
         // hold (none within the 2^53 seconds `expires_at` is held to) ends at once.
-        expires_by: {
-            let now = Instant::now();
-            now.checked_add(Duration::from_secs(b.expires_at - call.now))
-                .unwrap_or(now)
-        },
+        expires_by: call
+            .second_began
+            .checked_add(Duration::from_secs(b.expires_at - call.now))
+            .unwrap_or(call.second_began),
     })
 }
 
@@ -569,6 +586,7 @@ mod tests {
             source: &c.source,
             security: tool.security(),
             now: c.now,
+            second_began: Instant::now(),
         };
         check(grant, &authorities, &call)
     }
@@ -591,6 +609,39 @@ mod tests {
         assert!(!accepted.expired_at(10, accepted.expires_by - Duration::from_millis(1)));
         assert!(accepted.expired_at(10, accepted.expires_by));
         assert!(accepted.expired_at(0, accepted.expires_by + Duration::from_secs(1)));
+    }
+
+    /// The time left runs from when the call read the clock, not from when the grant was
+    /// checked (after a state read that can take seconds on a shared database), and from
+    /// the start of the whole second it read: before, both made the grant outlast its
+    /// window by that much on the monotonic clock.
+    #[test]
+    fn the_time_left_runs_from_the_calls_reading_of_the_clock() {
+        let grant = SignedGrant::sign(body(10), &SigningKey::from_bytes(&[7; 32])).unwrap();
+        let read = Instant::now() - Duration::from_secs(5);
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let authorities = Authorities::from([("board".to_string(), key.verifying_key())]);
+        let registry = crate::resolver::tests::registry();
+        let tool = registry.tool("public-inbox", "publish").unwrap();
+        let (principal, arguments) = (PrincipalId::new("alice").unwrap(), json!({"m": 1}));
+        let source = crate::resolver::tests::terms();
+        let call = CallFacts {
+            principal: &principal,
+            session: "s1",
+            server: "inbox",
+            tool: "publish",
+            arguments: &arguments,
+            source: &source,
+            security: tool.security(),
+            now: 10,
+            second_began: read,
+        };
+        let accepted = check(&grant, &authorities, &call).unwrap();
+        assert_eq!(accepted.expires_by, read + Duration::from_secs(60));
+        let (unix, began) = clock();
+        let since = Instant::now() - began;
+        assert!(since < Duration::from_secs(1), "{since:?}");
+        assert!(unix >= now().saturating_sub(1));
     }
 
     #[test]

@@ -201,6 +201,8 @@ pub struct GrantOffer<'a> {
     pub grant: &'a SignedGrant,
     /// Now, in Unix seconds.
     pub now: u64,
+    /// The instant that second began on the monotonic clock (see [`grant::clock`]).
+    pub second_began: std::time::Instant,
 }
 
 /// The judgment of one outbound attempt.
@@ -366,6 +368,7 @@ impl FlowResolver {
                     source: &source,
                     security: &security,
                     now: offer.now,
+                    second_began: offer.second_began,
                 };
                 Some(grant::check(offer.grant, &self.trusted(), &facts).map_err(refused)?)
             }
@@ -945,6 +948,7 @@ pub(crate) mod tests {
         let offer = |at| GrantOffer {
             grant: &grant,
             now: at,
+            second_began: std::time::Instant::now(),
         };
         // Read before the state, the time was inside the window.
         let refused = res
@@ -1050,7 +1054,11 @@ pub(crate) mod tests {
         let args = json!({"message": "harbor goods", "sink": "127.0.0.1:1"});
         let now = crate::grant::now();
         let grant = board_grant(&who, inbox, &args, now + 600);
-        let offer = GrantOffer { grant: &grant, now };
+        let offer = GrantOffer {
+            grant: &grant,
+            now,
+            second_began: std::time::Instant::now(),
+        };
         let with = |backend: Box<dyn crate::state::StateBackend>| {
             FlowResolver::new(
                 Classifier::new(vec![ClassifierRule {
@@ -1209,6 +1217,7 @@ pub(crate) mod tests {
         let offer = GrantOffer {
             grant: &grant,
             now: crate::grant::now(),
+            second_began: std::time::Instant::now(),
         };
         let refused = res
             .pre_dispatch(&who, &key_for(&who, "s1"), inbox, &args, Some(offer))

@@ -369,9 +369,13 @@ async fn run_call<D: Dispatch>(
         principal: admitted.principal.id.clone(),
         session: rec.session.clone(),
     };
-    let offer = admitted.grant.as_ref().map(|g| GrantOffer {
-        grant: g,
-        now: crate::grant::now(),
+    let offer = admitted.grant.as_ref().map(|g| {
+        let (now, second_began) = crate::grant::clock();
+        GrantOffer {
+            grant: g,
+            now,
+            second_began,
+        }
     });
     let plan = match env
         .resolver
