@@ -1445,48 +1445,73 @@ impl StateBackend for PostgresStore {
             // Every label this host has seen, which includes every label the check that
             // vouches for this checkpoint read.
             let seen = self.seen.lock().map_err(poisoned)?.clone();
-            self.run(async |c| {
-                let q = |e: tokio_postgres::Error| self.query_error(&e);
-                let tx = c.transaction().await.map_err(q)?;
-                // The database the checkpoint goes to must still hold those labels: one that
-                // lost some after the check read them (a failover to a lagging replica, a
-                // restore) would otherwise be bound to records whose raises it lacks, and the
-                // next start would check only the records after it. The rows are locked
-                // until the checkpoint is written (raises by other hosts only add).
-                let rows = tx
-                    .query(
-                        "SELECT principal, label FROM principal_labels FOR SHARE",
-                        &[],
+            // The labels found lower, each with what the database held: the checkpoint is
+            // then not moved, and each is handled as any read finding it is.
+            let lowered = self
+                .run(async |c| {
+                    let q = |e: tokio_postgres::Error| self.query_error(&e);
+                    let tx = c.transaction().await.map_err(q)?;
+                    // The database the checkpoint goes to must still hold those labels: one
+                    // that lost some after the check read them (a failover to a lagging
+                    // replica, a restore) would otherwise be bound to records whose raises it
+                    // lacks, and the next start would check only the records after it. The
+                    // rows are locked until the checkpoint is written (raises by other hosts
+                    // only add).
+                    let rows = tx
+                        .query(
+                            "SELECT principal, label FROM principal_labels FOR SHARE",
+                            &[],
+                        )
+                        .await
+                        .map_err(q)?;
+                    let mut held = HashMap::new();
+                    for row in &rows {
+                        let p: &str = self.column(row, 0, "(a principal's row)")?;
+                        held.insert(p.to_string(), self.decode(p, self.column(row, 1, p)?)?);
+                    }
+                    let bottom = InformationLabel::bottom();
+                    let lowered: Vec<(PrincipalId, InformationLabel)> = seen
+                        .iter()
+                        .filter_map(|(principal, label)| {
+                            let now = held.get(principal.as_str()).unwrap_or(&bottom);
+                            (!label.flows_to(now)).then(|| (principal.clone(), now.clone()))
+                        })
+                        .collect();
+                    if !lowered.is_empty() {
+                        // Dropped, the transaction rolls back: nothing was written.
+                        return Ok(lowered);
+                    }
+                    tx.execute(
+                        "INSERT INTO records_checkpoint (host_id, seq, hash) VALUES ($1, $2, $3)
+                     ON CONFLICT (host_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+                        &[&self.host_id, &seq, &hash],
                     )
                     .await
                     .map_err(q)?;
-                let mut held = HashMap::new();
-                for row in &rows {
-                    let p: &str = self.column(row, 0, "(a principal's row)")?;
-                    held.insert(p.to_string(), self.decode(p, self.column(row, 1, p)?)?);
+                    tx.commit().await.map_err(q)?;
+                    Ok(Vec::new())
+                })
+                .await?;
+            // As a read that finds a label lower does: the label seen is written back (other
+            // hosts would otherwise serve the lowered one), the store reports it, and takes
+            // no grant until it restarts. Before, the checkpoint alone was refused.
+            let mut first = None;
+            if !lowered.is_empty() {
+                tracing::error!(target = %self.target.name, "the checkpoint is not moved: the flow-state database holds labels lower than this host has seen them");
+            }
+            for (principal, held) in &lowered {
+                let before = seen
+                    .get(principal)
+                    .cloned()
+                    .unwrap_or_else(InformationLabel::bottom);
+                if let Err(e) = self.observed_or_write_back(principal, &before, held).await {
+                    first.get_or_insert(e);
                 }
-                let bottom = InformationLabel::bottom();
-                for (principal, label) in &seen {
-                    let now = held.get(principal.as_str()).unwrap_or(&bottom);
-                    if !label.flows_to(now) {
-                        tracing::error!(target = %self.target.name, principal = %principal, "the flow-state database holds a principal's label lower than this host has seen it; the checkpoint is not moved");
-                        return Err(PgError::Lower {
-                            target: self.target.name.clone(),
-                            principal: principal.to_string(),
-                        });
-                    }
-                }
-                tx.execute(
-                    "INSERT INTO records_checkpoint (host_id, seq, hash) VALUES ($1, $2, $3)
-                     ON CONFLICT (host_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
-                    &[&self.host_id, &seq, &hash],
-                )
-                .await
-                .map_err(q)?;
-                tx.commit().await.map_err(q)?;
-                Ok(())
-            })
-            .await
+            }
+            match first {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
         })
     }
 
@@ -1979,6 +2004,20 @@ mod tests {
             store.checkpoint().await.unwrap(),
             Some((1, "sha256:one".to_string()))
         );
+        // Found so, the loss is handled as a read finding it is: the label seen is written
+        // back for every host, the store reports it, and takes no grant. Before, only the
+        // checkpoint was refused, and other hosts went on reading the lowered label.
+        let other = PostgresStore::open(&pg.settings("b")).await.unwrap();
+        assert_eq!(
+            other.get(&key("alice", "s2")).await.unwrap().principal,
+            owner("larkfield")
+        );
+        assert!(
+            store.failure().is_some_and(|f| f.contains("alice")),
+            "{:?}",
+            store.failure()
+        );
+        assert!(store.grants_unvouched().is_some());
     }
 
     /// A label found lower than this host has seen refuses the call of that principal that
