@@ -889,16 +889,17 @@ impl VerifiedRegistry {
     pub fn write_retained_set(
         &self,
         path: &Path,
-        earlier: &[SignedManifest],
+        earlier: &[RetainedManifest],
     ) -> Result<(), FileError> {
-        let mut set: BTreeMap<&str, &SignedManifest> =
-            earlier.iter().map(|e| (e.body().server_id(), e)).collect();
-        set.extend(self.envelopes().map(|e| (e.body().server_id(), e)));
-        let set = Value::Array(
-            set.into_values()
-                .map(SignedManifest::to_json_value)
-                .collect(),
+        let mut set: BTreeMap<&str, Value> = earlier
+            .iter()
+            .map(|e| (e.server_id(), e.envelope.clone()))
+            .collect();
+        set.extend(
+            self.envelopes()
+                .map(|e| (e.body().server_id(), e.to_json_value())),
         );
+        let set = Value::Array(set.into_values().collect());
         // Compact: indented, a deeply nested manifest (a schema 120 levels deep) grows tens of
         // times over, and a few such would take the set past what is read back at start.
         // A serde_json::Value always serializes (string keys, finite numbers).
@@ -1050,19 +1051,18 @@ impl VerifiedRegistry {
     /// different version where either cannot be ordered, since it cannot be proven newer.
     pub fn check_no_rollback(
         &self,
-        retained: &[SignedManifest],
+        retained: &[RetainedManifest],
         file: &Path,
     ) -> Result<(), RollbackError> {
         for envelope in self.envelopes() {
             let offered = envelope.body();
-            let Some(retained_envelope) = retained
+            let Some(before) = retained
                 .iter()
-                .find(|e| e.body().server_id() == offered.server_id())
+                .find(|e| e.server_id() == offered.server_id())
             else {
                 continue;
             };
-            let before = retained_envelope.body();
-            let same_body = envelope.digest() == retained_envelope.digest();
+            let same_body = envelope.digest() == before.digest;
             let kind = match (
                 orderable_version(offered.version()),
                 orderable_version(before.version()),
@@ -1090,10 +1090,87 @@ impl VerifiedRegistry {
     }
 }
 
-/// Reads a retained set written by [`VerifiedRegistry::write_retained_set`]: the envelopes,
-/// parsed strictly but not verified (register them again, with the operator's keys, to
-/// trust them).
-pub fn load_retained_set(path: &Path) -> Result<Vec<SignedManifest>, ManifestFileError> {
+/// One entry of the retained set as read back: what the rollback check compares (the
+/// server, the version, the digest of the body as signed) and the envelope, to be written
+/// out again unchanged. Nothing in it is served: a served manifest is verified and
+/// admitted from its own file.
+#[derive(Debug, Clone)]
+pub struct RetainedManifest {
+    server_id: String,
+    version: String,
+    digest: ManifestDigest,
+    envelope: Value,
+}
+
+impl RetainedManifest {
+    /// The server the entry is for.
+    pub fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    /// The version the server was last served with.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The digest of the body as signed.
+    pub fn digest(&self) -> ManifestDigest {
+        self.digest
+    }
+
+    /// Reads one entry: an object whose `manifest` is an object with string `server_id`
+    /// and `version`. Only these are decoded, so an entry an earlier flowhost admitted
+    /// still reads after an upgrade made the manifest rules stricter (before, such an
+    /// entry made every start and reload fail, and the only way out, deleting the file,
+    /// gave up the rollback check for every server).
+    fn from_json_value(value: Value, at: &JsonPath) -> Result<Self, ManifestError> {
+        let wrong =
+            |path: JsonPath, expected: &'static str, v: Option<&Value>| ManifestError::WrongType {
+                path,
+                expected,
+                found: v.map_or("nothing", crate::manifest::json_type),
+            };
+        let Value::Object(mut envelope) = value else {
+            return Err(wrong(at.clone(), "a signed manifest", Some(&value)));
+        };
+        let body = match envelope.remove("manifest") {
+            Some(Value::Object(body)) => body,
+            other => {
+                return Err(wrong(at.key("manifest"), "an object", other.as_ref()));
+            }
+        };
+        let text = |field: &str| match body.get(field) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            other => Err(wrong(at.key("manifest").key(field), "a string", other)),
+        };
+        let (server_id, version) = (text("server_id")?, text("version")?);
+        let body = Value::Object(body);
+        let digest = ManifestDigest::of_canonical_bytes(&canonical::canonical_bytes(&body)?);
+        envelope.insert("manifest".into(), body);
+        Ok(RetainedManifest {
+            server_id,
+            version,
+            digest,
+            envelope: Value::Object(envelope),
+        })
+    }
+}
+
+impl From<&SignedManifest> for RetainedManifest {
+    fn from(e: &SignedManifest) -> Self {
+        RetainedManifest {
+            server_id: e.body().server_id().to_owned(),
+            version: e.body().version().to_owned(),
+            digest: e.digest(),
+            envelope: e.to_json_value(),
+        }
+    }
+}
+
+/// Reads a retained set written by [`VerifiedRegistry::write_retained_set`]: for each
+/// entry, only what the rollback check needs (see [`RetainedManifest`]); nothing is
+/// verified, and nothing read here is served.
+pub fn load_retained_set(path: &Path) -> Result<Vec<RetainedManifest>, ManifestFileError> {
     let text = files::read_text(path, MAX_RETAINED_SET_BYTES)?;
     let invalid = |reason: ManifestError| ManifestFileError::Invalid {
         file: path.to_owned(),
@@ -1111,7 +1188,7 @@ pub fn load_retained_set(path: &Path) -> Result<Vec<SignedManifest>, ManifestFil
         .into_iter()
         .enumerate()
         .map(|(i, item)| {
-            SignedManifest::from_json_value(item, &JsonPath::root().index(i)).map_err(invalid)
+            RetainedManifest::from_json_value(item, &JsonPath::root().index(i)).map_err(invalid)
         })
         .collect()
 }

@@ -750,11 +750,15 @@ fn retained_set_round_trips_and_re_registers() {
         .collect();
     assert_eq!(bodies, ["a-server", "b-server"]);
     let loaded = load_retained_set(&path).unwrap();
-    let digests: Vec<_> = loaded.iter().map(SignedManifest::digest).collect();
+    let digests: Vec<_> = loaded.iter().map(RetainedManifest::digest).collect();
     let expected: Vec<_> = registry.envelopes().map(SignedManifest::digest).collect();
     assert_eq!(digests, expected);
+    // Each entry is the envelope as it was signed: it registers again.
+    let raw: Vec<Value> = serde_json::from_str(&text).unwrap();
     let mut again = VerifiedRegistry::new();
-    for envelope in loaded {
+    for (i, envelope) in raw.into_iter().enumerate() {
+        let envelope =
+            SignedManifest::from_json_value(envelope, &JsonPath::root().index(i)).unwrap();
         again
             .register(envelope, &k.verifying_key(), &p, &t)
             .unwrap();
@@ -787,10 +791,13 @@ fn an_older_manifest_than_the_retained_one_is_a_rollback() {
         r
     };
     let file = Path::new("/state/signed-manifests.json");
-    let retained = vec![
+    let retained: Vec<RetainedManifest> = [
         versioned("a-server", "1.10.0"),
         versioned("b-server", "2024-r1"),
-    ];
+    ]
+    .iter()
+    .map(RetainedManifest::from)
+    .collect();
     // Newer, equal, another server, the same unorderable version: all served.
     for offered in [
         versioned("a-server", "1.10.0"),
@@ -825,7 +832,10 @@ fn an_older_manifest_than_the_retained_one_is_a_rollback() {
     }
     // Build metadata has no precedence: an older body under other build metadata was
     // served before, because the versions differ as strings and `c1` sorts after `bc`.
-    let built = vec![versioned("a-server", "1.2.0+bc17664")];
+    let built = [RetainedManifest::from(&versioned(
+        "a-server",
+        "1.2.0+bc17664",
+    ))];
     for offered in ["1.2.0+c144a98", "1.2.0", "1.2"] {
         let e = registry_of(vec![versioned("a-server", offered)])
             .check_no_rollback(&built, file)
@@ -871,7 +881,7 @@ fn an_older_manifest_than_the_retained_one_is_a_rollback() {
     let retained = load_retained_set(&path).unwrap();
     without.write_retained_set(&path, &retained).unwrap();
     let retained = load_retained_set(&path).unwrap();
-    let servers: Vec<_> = retained.iter().map(|e| e.body().server_id()).collect();
+    let servers: Vec<_> = retained.iter().map(RetainedManifest::server_id).collect();
     assert_eq!(servers, ["a-server", "b-server"]);
     let back = registry_of(vec![versioned("a-server", "1.1.0")]);
     let e = back.check_no_rollback(&retained, &path).unwrap_err();
@@ -885,7 +895,7 @@ fn an_older_manifest_than_the_retained_one_is_a_rollback() {
     let versions: Vec<_> = load_retained_set(&path)
         .unwrap()
         .iter()
-        .map(|e| e.body().version().to_owned())
+        .map(|e| e.version().to_owned())
         .collect();
     assert_eq!(versions, ["1.3.0", "1.0.0"]);
 }
@@ -904,11 +914,71 @@ fn retained_set_must_be_an_array_of_envelopes() {
     ));
     std::fs::write(
         &path,
-        r#"[{"manifest": {}, "signature": "", "signer_key": ""}]"#,
+        r#"[{"manifest": {"server_id": "a"}, "signature": "", "signer_key": ""}]"#,
     )
     .unwrap();
     let err = load_retained_set(&path).unwrap_err();
-    assert!(err.to_string().contains("[0].signature"), "{err}");
+    assert!(err.to_string().contains("[0].manifest.version"), "{err}");
+}
+
+/// An entry an earlier flowhost admitted, which today's manifest rules refuse (here a field
+/// they do not know; an upper-case URI scheme or a `/` in a server id were others): before,
+/// the set was read with today's rules, so every start and reload failed after the upgrade,
+/// and deleting the file gave up the rollback check for every server. It reads, still
+/// holds its server to its version, and is written back unchanged.
+#[test]
+fn a_retained_entry_todays_rules_refuse_still_holds_its_server_to_its_version() {
+    let k = key(7);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(RETAINED_SET_FILE);
+    let mut old = signed("a-server", &k, &[("tool", None)]).to_json_value();
+    old["manifest"]["version"] = json!("1.2.0");
+    old["manifest"]["retired_field"] = json!({"kept": true});
+    let text = serde_json::to_string(&json!([old])).unwrap();
+    std::fs::write(&path, &text).unwrap();
+    let retained = load_retained_set(&path).unwrap();
+    assert_eq!(
+        (retained[0].server_id(), retained[0].version()),
+        ("a-server", "1.2.0")
+    );
+    let registry_at = |version: &str| {
+        let mut body = signed("a-server", &k, &[("tool", None)])
+            .body_json()
+            .clone();
+        body["version"] = json!(version);
+        let mut r = VerifiedRegistry::new();
+        r.register(
+            SignedManifest::sign(body, &k).unwrap(),
+            &k.verifying_key(),
+            &policies(&[("tool", ToolPolicy::public_only())]),
+            &topologies(&[("tool", RuntimeTopology::Local)]),
+        )
+        .unwrap();
+        r
+    };
+    let e = registry_at("1.1.0")
+        .check_no_rollback(&retained, &path)
+        .unwrap_err();
+    assert_eq!(e.kind, RollbackKind::Older);
+    // The same version with today's body is another body than the one retained.
+    let e = registry_at("1.2.0")
+        .check_no_rollback(&retained, &path)
+        .unwrap_err();
+    assert_eq!(e.kind, RollbackKind::SameVersion);
+    // Another server's registry writes the entry back as it was.
+    let mut other = VerifiedRegistry::new();
+    other
+        .register(
+            signed("b-server", &k, &[("tool", None)]),
+            &k.verifying_key(),
+            &policies(&[("tool", ToolPolicy::public_only())]),
+            &topologies(&[("tool", RuntimeTopology::Local)]),
+        )
+        .unwrap();
+    other.write_retained_set(&path, &retained).unwrap();
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(written[0], json!(old));
+    assert_eq!(written[1]["manifest"]["server_id"], "b-server");
 }
 
 #[test]

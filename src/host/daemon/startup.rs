@@ -12,7 +12,6 @@ use tokio::net::UnixListener;
 
 use super::*;
 use crate::config::{BrokerMode, HostConfig, StateConfig, topology_of};
-use crate::manifest::SignedManifest;
 use crate::records::health::HealthProducer;
 use crate::records::{RecordWriter, ToolObservationHealth, WriterOptions};
 use crate::registry::{RETAINED_SET_FILE, RuntimeTopology, VerifiedRegistry};
@@ -256,7 +255,7 @@ impl StartupError {
 pub fn check_no_rollback(
     registry: &VerifiedRegistry,
     state_dir: &std::path::Path,
-) -> Result<Vec<SignedManifest>, StartupError> {
+) -> Result<Vec<crate::registry::RetainedManifest>, StartupError> {
     let file = state_dir.join(RETAINED_SET_FILE);
     if !file.exists() {
         return Ok(Vec::new());
