@@ -370,6 +370,57 @@ fn a_record_file_left_last_by_deleting_later_ones_is_reported_cut() {
     assert!(!out.exists());
 }
 
+/// A record file read alone that is not its directory's last is held to the file after it:
+/// that one's first record says where this one ends (its seq) and what its last line hashes
+/// to (its `prev_hash`). Before, the anchor and checkpoint (which name the later file)
+/// vouched for nothing here, and lines cut from its end verified as "ok" and exported.
+#[test]
+fn a_rotated_file_read_alone_is_held_to_the_file_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 12, 2048);
+    assert!(files.len() >= 2, "{files:?}");
+    let first = files[0].to_str().unwrap().to_string();
+    let o = flowhost(&["records", "verify", &first]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let l = lines(&files[0]);
+    assert!(l.len() >= 2, "{l:?}");
+    // Its last line edited (the chain within the file still links: the last line is
+    // nothing's predecessor here).
+    let mut edited = l.clone();
+    let last = edited.len() - 1;
+    edited[last] = edited[last].replacen("\"seq\"", "\"seq\" ", 1);
+    assert_ne!(edited[last], l[last]);
+    write_lines(&files[0], &edited);
+    let o = flowhost(&["records", "verify", &first]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("next record file's first record"),
+        "{}",
+        stdout(&o)
+    );
+    // Its last line cut.
+    write_lines(&files[0], &l[..l.len() - 1]);
+    let o = flowhost(&["records", "verify", &first]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("truncated: the next record file starts at record")
+            && stdout(&o).contains("(1 whole lines missing)"),
+        "{}",
+        stdout(&o)
+    );
+    let out = dir.path().join("surface.json");
+    let o = flowhost(&[
+        "records",
+        "export",
+        "--surface",
+        &first,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(!out.exists());
+}
+
 /// A record file read alone is held to what its directory's anchor says of it, even when a
 /// later-named record file (here an empty decoy) makes it look rotated. Before, the anchor
 /// and ring checkpoint were dropped for a file that was not its directory's last, so lines

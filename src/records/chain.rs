@@ -274,6 +274,14 @@ pub enum ProblemKind {
         /// The last sequence number present (0: none).
         last_seq: u64,
     },
+    /// Whole lines are missing at the end of a record file read alone: the record file
+    /// after it in its directory starts later than one past this file's last record.
+    MissingVersusNextFile {
+        /// The first sequence number of the next record file.
+        next_seq: u64,
+        /// The last sequence number present (0: none).
+        last_seq: u64,
+    },
     /// The file name claims a different first record than the file holds.
     FileNameMismatch {
         /// The first seq the name claims.
@@ -320,6 +328,11 @@ impl fmt::Display for ProblemKind {
                 f,
                 "truncated: the head anchor names record {head_seq} but the stream ends at {last_seq} ({} whole lines missing)",
                 head_seq - last_seq
+            ),
+            ProblemKind::MissingVersusNextFile { next_seq, last_seq } => write!(
+                f,
+                "truncated: the next record file starts at record {next_seq}, but this one ends at {last_seq} ({} whole lines missing)",
+                next_seq - 1 - last_seq
             ),
             ProblemKind::MissingVersusCheckpoint {
                 checkpoint_seq,
@@ -562,7 +575,20 @@ fn verify_records_in_blocks<G: Gather>(
         let checkpoint = checkpoint.filter(|c| witnessed(Some(&c.file)));
         (files, checkpoint, Vec::new())
     };
-    let witnesses = Witness::of(head_anchor.as_ref(), checkpoint.as_ref());
+    let mut witnesses = Witness::of(head_anchor.as_ref(), checkpoint.as_ref());
+    // A record file read alone that is not its directory's last: the anchor and the
+    // checkpoint name a later file and vouch for nothing here, but the file after this one
+    // says where this one ends and what its last line hashes to.
+    if !meta.is_dir()
+        && appending.is_none()
+        && let (Some(dir), Some(this)) = (parent, this)
+        && let Some(next) = super::store::record_files_on_disk(dir)?
+            .into_iter()
+            .find(|f| f.first_seq > this)
+        && let Some(witness) = first_record_before(&next.path, next.first_seq)?
+    {
+        witnesses.push(witness);
+    }
     let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes, witnesses);
     let mut gathered = gather.part();
     // Asked before reading: a writer that held the directory all along was appending.
@@ -827,6 +853,9 @@ type Found = (Location, [u8; 32]);
 enum Voucher {
     HeadAnchor,
     Checkpoint,
+    /// The first record of the record file after the one read alone: its seq is one past
+    /// this file's last, its `prev_hash` the hash of this file's last line.
+    NextFile,
 }
 
 impl Voucher {
@@ -834,6 +863,7 @@ impl Voucher {
         match self {
             Voucher::HeadAnchor => "head anchor",
             Voucher::Checkpoint => "write-ahead ring's checkpoint",
+            Voucher::NextFile => "next record file's first record",
         }
     }
 }
@@ -845,6 +875,40 @@ struct Witness {
     seq: u64,
     hash: String,
     by: Voucher,
+}
+
+/// What the first record of record file `path` (named as starting at `named`) says of the
+/// record before it: its seq and line hash. `None` when the file holds no complete first
+/// line, or one that does not read as the record its name says: the file's own
+/// verification reports that, and it vouches for nothing before it.
+fn first_record_before(path: &Path, named: u64) -> Result<Option<Witness>, StoreError> {
+    use std::io::{BufRead, Read};
+    let file = super::store::open_record_file(path)?;
+    let mut line = Vec::new();
+    std::io::BufReader::new(file)
+        .take(super::ring::LONGEST_LINE + 1)
+        .read_until(b'\n', &mut line)
+        .map_err(StoreError::io("read", path))?;
+    if line.pop() != Some(b'\n') {
+        return Ok(None);
+    }
+    let Ok(first) = serde_json::from_slice::<serde_json::Value>(&line) else {
+        return Ok(None);
+    };
+    let seq = first
+        .pointer("/flowhost/seq")
+        .and_then(serde_json::Value::as_u64);
+    let prev = first
+        .pointer("/flowhost/prev_hash")
+        .and_then(serde_json::Value::as_str);
+    Ok(match (seq, prev) {
+        (Some(seq), Some(prev)) if seq == named && seq > 1 => Some(Witness {
+            seq: seq - 1,
+            hash: prev.to_string(),
+            by: Voucher::NextFile,
+        }),
+        _ => None,
+    })
 }
 
 impl Witness {
@@ -918,6 +982,10 @@ impl Verifier {
                 },
                 Voucher::Checkpoint => ProblemKind::MissingVersusCheckpoint {
                     checkpoint_seq: latest.seq,
+                    last_seq: last,
+                },
+                Voucher::NextFile => ProblemKind::MissingVersusNextFile {
+                    next_seq: latest.seq + 1,
                     last_seq: last,
                 },
             };
