@@ -57,6 +57,17 @@ pub enum AuthRefusal {
         /// The forwarding header found.
         header: &'static str,
     },
+    /// A request without credentials on a connection whose source is not a loopback
+    /// address: the listener is bound to loopback, but a host routing outside packets there
+    /// (`route_localnet`, a DNAT rule) delivers other machines' connections to it.
+    #[error(
+        "no credentials, and the connection comes from {peer}, not this machine's loopback: \
+         send Authorization: Bearer <token>"
+    )]
+    NotLocal {
+        /// The connection's source address.
+        peer: std::net::IpAddr,
+    },
     /// A JWT whose principal claim maps to no configured principal.
     #[error("the access token's {claim} {value:?} is not mapped to a principal")]
     UnknownPrincipal {
@@ -71,7 +82,9 @@ impl AuthRefusal {
     /// The OAuth error code for `WWW-Authenticate` (none when no token was sent).
     pub fn oauth_error(&self) -> Option<&'static str> {
         match self {
-            AuthRefusal::Missing | AuthRefusal::Forwarded { .. } => None,
+            AuthRefusal::Missing | AuthRefusal::Forwarded { .. } | AuthRefusal::NotLocal { .. } => {
+                None
+            }
             AuthRefusal::Malformed | AuthRefusal::Unreadable(_) => Some("invalid_request"),
             _ => Some("invalid_token"),
         }
@@ -228,18 +241,26 @@ impl Authenticator {
         })
     }
 
-    /// The principal a request's `Authorization` header authenticates. Only a request that
-    /// sends no `Authorization` at all is the unauthenticated loopback principal (when one is
-    /// configured: the listener is then on loopback); one sent twice, or with bytes outside
-    /// visible ASCII, is refused like any other bad credential.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Credential, AuthRefusal> {
+    /// The principal a request's `Authorization` header authenticates, on a connection from
+    /// `peer`. Only a request that sends no `Authorization` at all, over a connection from a
+    /// loopback address, and not forwarded by a proxy, is the unauthenticated loopback
+    /// principal (when one is configured: the listener is then on loopback); one sent twice,
+    /// or with bytes outside visible ASCII, is refused like any other bad credential.
+    pub fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        peer: std::net::IpAddr,
+    ) -> Result<Credential, AuthRefusal> {
         let authorization =
             single_header(headers, AUTHORIZATION.as_str()).map_err(AuthRefusal::Unreadable)?;
-        if authorization.is_none()
-            && self.loopback_principal().is_some()
-            && let Some(header) = forwarding_header(headers)
-        {
-            return Err(AuthRefusal::Forwarded { header });
+        if authorization.is_none() && self.loopback_principal().is_some() {
+            if let Some(header) = forwarding_header(headers) {
+                return Err(AuthRefusal::Forwarded { header });
+            }
+            // The listener's address says nothing of where a connection came from.
+            if !peer.to_canonical().is_loopback() {
+                return Err(AuthRefusal::NotLocal { peer });
+            }
         }
         self.credential(authorization)
     }
@@ -632,6 +653,9 @@ fn unfit_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection from this machine.
+    const LOCAL: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     use crate::lab::{JwtIssuer as Issuer, unix_now as now};
     use serde_json::json;
 
@@ -715,7 +739,7 @@ principals = {{ "user-1" = "alice" }}
         };
         let config = parse("unauthenticated_loopback_principal = \"a\"\n");
         let a = Authenticator::new(config.http.as_ref().unwrap()).unwrap();
-        let opened = a.authenticate(&HeaderMap::new()).unwrap();
+        let opened = a.authenticate(&HeaderMap::new(), LOCAL).unwrap();
         a.revoke_credentials_absent_from(
             config.http.as_ref().map(HttpConfig::credentials).as_ref(),
         );
@@ -729,9 +753,41 @@ principals = {{ "user-1" = "alice" }}
         );
         assert!(!a.still_accepts(&opened));
         assert_eq!(
-            a.authenticate(&HeaderMap::new()).map(|c| c.principal),
+            a.authenticate(&HeaderMap::new(), LOCAL)
+                .map(|c| c.principal),
             Err(AuthRefusal::Missing)
         );
+    }
+
+    /// A connection from elsewhere than loopback reaches a loopback listener where the host
+    /// routes outside packets there (`route_localnet`, a DNAT rule): without credentials it
+    /// is not the loopback principal. Before, the source was never looked at.
+    #[test]
+    fn a_request_without_credentials_from_off_the_machine_is_not_the_loopback_principal() {
+        let config = crate::config::HostConfig::parse(
+            std::path::Path::new("/etc/h.toml"),
+            "[host]\nsocket = \"s\"\nstate_dir = \"st\"\nrecords_dir = \"r\"\n[[principal]]\nid = \"a\"\ntools = [\"*\"]\n[http]\nunauthenticated_loopback_principal = \"a\"\n",
+        )
+        .unwrap();
+        let a = Authenticator::new(config.http.as_ref().unwrap()).unwrap();
+        for peer in ["192.0.2.7", "2001:db8::7", "::ffff:192.0.2.7"] {
+            let peer: std::net::IpAddr = peer.parse().unwrap();
+            assert_eq!(
+                a.authenticate(&HeaderMap::new(), peer).map(|c| c.principal),
+                Err(AuthRefusal::NotLocal { peer })
+            );
+        }
+        for peer in ["127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"] {
+            let peer: std::net::IpAddr = peer.parse().unwrap();
+            assert_eq!(
+                a.authenticate(&HeaderMap::new(), peer)
+                    .unwrap()
+                    .principal
+                    .as_str(),
+                "a",
+                "{peer}"
+            );
+        }
     }
 
     /// A request a proxy forwarded may come from anywhere: without credentials it is not the
@@ -752,7 +808,7 @@ principals = {{ "user-1" = "alice" }}
                 hyper::header::HeaderValue::from_static("203.0.113.9"),
             );
             assert_eq!(
-                a.authenticate(&h).map(|c| c.principal),
+                a.authenticate(&h, LOCAL).map(|c| c.principal),
                 Err(AuthRefusal::Forwarded { header })
             );
         }
@@ -763,14 +819,14 @@ principals = {{ "user-1" = "alice" }}
                 hyper::header::HeaderValue::from_static("on"),
             );
             assert_eq!(
-                a.authenticate(&h).map(|c| c.principal),
+                a.authenticate(&h, LOCAL).map(|c| c.principal),
                 Err(AuthRefusal::Forwarded {
                     header: "x-forwarded-*"
                 })
             );
         }
         assert_eq!(
-            a.authenticate(&HeaderMap::new())
+            a.authenticate(&HeaderMap::new(), LOCAL)
                 .unwrap()
                 .principal
                 .as_str(),
@@ -796,7 +852,7 @@ principals = {{ "user-1" = "alice" }}
                     hyper::header::HeaderValue::from_bytes(v).unwrap(),
                 );
             }
-            a.authenticate(&h).map(|c| c.principal)
+            a.authenticate(&h, LOCAL).map(|c| c.principal)
         };
         assert_eq!(with(&[]).unwrap().as_str(), "a");
         assert_eq!(with(&[b"Bearer garbage"]), Err(AuthRefusal::UnknownToken));

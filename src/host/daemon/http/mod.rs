@@ -477,7 +477,7 @@ async fn serve_one(
     let service = hyper::service::service_fn(move |req| {
         let transport = transport.clone();
         let slot = slot.clone();
-        async move { Ok::<_, Infallible>(transport.handle(req, &slot).await) }
+        async move { Ok::<_, Infallible>(transport.handle(req, peer.ip(), &slot).await) }
     });
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
@@ -661,9 +661,10 @@ impl Transport {
     async fn handle(
         self: &Arc<Self>,
         req: Request<Incoming>,
+        peer: std::net::IpAddr,
         slot: &UnprovenSlot,
     ) -> Response<Body> {
-        let credential = match self.admit(&req).await {
+        let credential = match self.admit(&req, peer).await {
             // Proven, it no longer counts against connections without credentials.
             Ok(credential) if slot.prove() => credential,
             Ok(_) => {
@@ -701,7 +702,11 @@ impl Transport {
 
     /// The credential a request to the MCP endpoint comes with, or the answer for a request
     /// that is not one, or not authenticated (the public metadata included).
-    async fn admit(&self, req: &Request<Incoming>) -> Result<Credential, Response<Body>> {
+    async fn admit(
+        &self,
+        req: &Request<Incoming>,
+        peer: std::net::IpAddr,
+    ) -> Result<Credential, Response<Body>> {
         if let Err((status, why)) = check_host_and_origin(&self.config, req.headers()) {
             tracing::debug!("{why}; refused");
             return Err(http_error(status, &why));
@@ -730,7 +735,7 @@ impl Transport {
             Ok(_) => {}
             Err((status, why)) => return Err(http_error(status, &why)),
         }
-        match self.auth.authenticate(req.headers()) {
+        match self.auth.authenticate(req.headers(), peer) {
             Ok(p) => Ok(p),
             Err(refusal) => Err(self.unauthorized(req.headers(), refusal).await),
         }
