@@ -158,12 +158,36 @@ pub struct TlsFiles {
 }
 
 /// A bearer token: only its SHA-256 is kept.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BearerToken {
     /// The principal the token authenticates.
     pub principal: PrincipalId,
     /// SHA-256 of the token's bytes.
     pub sha256: [u8; 32],
+}
+
+/// Shows the token's digest only as a fingerprint keyed by a secret of this process: two
+/// shown alike hold the same digest (a reload's comparison of `[http]` tables relies on
+/// it), but what is shown (in a refused reload's message, the journal, the unit's status
+/// text) cannot be used to test guesses of a token offline, as its SHA-256 could.
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use sha2::Digest;
+        static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+        let key = KEY.get_or_init(|| {
+            let mut key = [0u8; 32];
+            rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut key);
+            key
+        });
+        let keyed = sha2::Sha256::new()
+            .chain_update(key)
+            .chain_update(self.sha256)
+            .finalize();
+        f.debug_struct("BearerToken")
+            .field("principal", &self.principal)
+            .field("fingerprint", &hex::encode(&keyed[..8]))
+            .finish()
+    }
 }
 
 /// The credentials an `[http]` table maps to principals: what a reload compares with those
@@ -455,6 +479,24 @@ pub(super) fn validate(
 
 #[cfg(test)]
 mod tests {
+    /// A refused reload shows both `[http]` tables: a token's digest must not be in them
+    /// (whoever reads the journal or `systemctl status` could test guesses of a weak token
+    /// against it), while two tables that differ in a token must still show differently.
+    #[test]
+    fn a_tokens_digest_is_never_shown() {
+        let token = |sha256| super::BearerToken {
+            principal: crate::ident::PrincipalId::new("a").unwrap(),
+            sha256,
+        };
+        let shown = format!("{:?}", token([0xab; 32]));
+        assert!(
+            !shown.contains("171, 171") && !shown.contains(&"ab".repeat(8)),
+            "{shown}"
+        );
+        assert_eq!(shown, format!("{:?}", token([0xab; 32])));
+        assert_ne!(shown, format!("{:?}", token([0xac; 32])));
+    }
+
     use super::*;
 
     fn parse(text: &str) -> Result<HttpConfig, (String, String)> {
