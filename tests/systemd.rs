@@ -914,8 +914,8 @@ fn make_install_stages_a_verifiable_deployment() {
 }
 
 /// What a real boot showed the units need: securebits executors can be given, no restart
-/// loop on a refusal to start, a reload `systemctl reload` can fail on, and a socket
-/// directory members of group flowhost can enter from boot on.
+/// loop on a refusal to start, a reload `systemctl reload` can fail on, a socket directory
+/// members of group flowhost can enter from boot on, and a stop that lets calls finish.
 #[test]
 fn the_units_carry_what_a_real_boot_needs() {
     let service = unit("flowhost.service");
@@ -927,6 +927,8 @@ fn the_units_carry_what_a_real_boot_needs() {
             .to_string()
     };
     assert_eq!(line("SecureBits"), "SecureBits=noroot noroot-locked");
+    // A stop must not signal the executors of the calls the daemon is finishing.
+    assert_eq!(line("KillMode"), "KillMode=mixed");
     assert_eq!(
         line("RestartPreventExitStatus"),
         "RestartPreventExitStatus=2"
