@@ -741,6 +741,33 @@ fn refused_start(lab: &mut Lab) -> String {
     stderr
 }
 
+/// A health file whose directory does not exist (or may not be written) was found only at
+/// the first stop: the host served, every on-demand health failed, and every stop exited
+/// unclean with no final health. The start now refuses it, naming the file.
+#[test]
+fn a_health_file_that_cannot_be_written_stops_the_start() {
+    let Some(mut lab) = Lab::prepare() else {
+        return;
+    };
+    let config = std::fs::read_to_string(&lab.config).unwrap();
+    let missing = lab.dir.path().join("no-such-dir/health.json");
+    let edited = config.replacen(
+        "call_timeout_ms = 15000",
+        &format!(
+            "call_timeout_ms = 15000\nhealth_file = {:?}",
+            missing.to_str().unwrap()
+        ),
+        1,
+    );
+    assert_ne!(edited, config);
+    lab.write_config(&edited);
+    let why = refused_start(&mut lab);
+    assert!(
+        why.contains("health.json") && why.contains("does not exist"),
+        "{why}"
+    );
+}
+
 fn rebuild(lab: &Lab) {
     let (code, out, err) = lab.cli(&[
         "state",

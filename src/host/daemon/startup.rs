@@ -728,6 +728,34 @@ fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
     Ok(())
 }
 
+/// Refuses a start whose health file could not be written: the health is written on demand
+/// and at every stop, and a run whose final health cannot be written cannot be vouched for
+/// (the stop exits unclean, each time). Found now rather than at the first stop: a
+/// directory that is missing, or one the daemon may not write (a read-only mount under the
+/// unit's `ProtectSystem=strict`).
+fn check_health_file_place(health_file: &Path) -> Result<(), StartupError> {
+    let dir = match health_file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    use nix::unistd::AccessFlags;
+    nix::unistd::access(dir, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| StartupError::Io {
+        path: health_file.to_path_buf(),
+        source: std::io::Error::new(
+            std::io::Error::from(e).kind(),
+            format!(
+                "health_file cannot be written there: its directory {} {}",
+                dir.display(),
+                match e {
+                    nix::errno::Errno::ENOENT => "does not exist".to_string(),
+                    nix::errno::Errno::EROFS => "is on a read-only mount".to_string(),
+                    e => format!("cannot be written by this user ({e})"),
+                }
+            ),
+        ),
+    })
+}
+
 impl Host {
     /// Starts the host from `config_file` (see the module docs for the order), serving on
     /// `passed` (a socket-activated listener) or on the configured socket. Returns the host
@@ -745,6 +773,7 @@ impl Host {
         // Only now is any state touched.
         ensure_dir(&config.state_dir, 0o700)?;
         ensure_dir(&config.records_dir, 0o700)?;
+        check_health_file_place(&config.health_file)?;
         // The state first: a state file is held by one process at a time, so a second host
         // on this state directory stops here, before it changes anything the first uses.
         let (state, db, reset_accepted) = match &config.state {
