@@ -145,6 +145,20 @@ fn sd_notify_ready_watchdog_reloading_stopping() {
     lab.adopt(command.stderr(log).spawn().unwrap());
     let mut seen = Vec::new();
     let ready = await_notification(&notify, "READY=1", &mut seen);
+    // Before each server's first executor, the start's timeout is extended by what its
+    // `initialize` may take (the lab's call_timeout_ms, 15 s, and 10 s around it): a slow
+    // starter must not get the daemon killed by the unit's start timeout, unexplained.
+    let extended: Vec<&String> = seen
+        .iter()
+        .filter(|m| m.lines().any(|l| l == "EXTEND_TIMEOUT_USEC=25000000"))
+        .collect();
+    assert_eq!(extended.len(), 3, "{seen:?}");
+    assert!(
+        extended
+            .iter()
+            .any(|m| m.contains("STATUS=starting an executor of server workspace")),
+        "{seen:?}"
+    );
     // READY means serving: a connection works at once.
     let mut c = Client::connect(&socket);
     c.initialize();

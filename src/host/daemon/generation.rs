@@ -262,8 +262,22 @@ impl Generation {
 /// background: a server whose executors cannot start (a broker or sandbox that cannot work
 /// under this service's settings) stops the start or the reload, naming the server and why,
 /// instead of being reported ready while every call to it would fail.
+///
+/// Each server's executor may take up to `call_timeout` to answer `initialize`, one after
+/// another, which can outlast the unit's start timeout: systemd would then kill the daemon
+/// before it could say which server was slow (and restart it, again and again). So the
+/// service manager is told, before each, how long that one may take.
 pub(super) async fn prime_pools(generation: &Generation) -> Result<(), StartupError> {
+    let may_take = priming_allowance(generation.config.call_timeout);
     for (server, pool) in &generation.pools {
+        let status = format!("starting an executor of server {server}");
+        let _ = sd_notify::notify(
+            false,
+            &[
+                sd_notify::NotifyState::ExtendTimeoutUsec(may_take),
+                sd_notify::NotifyState::Status(&status),
+            ],
+        );
         pool.prime()
             .await
             .map_err(|source| StartupError::ExecutorStart {
@@ -275,6 +289,14 @@ pub(super) async fn prime_pools(generation: &Generation) -> Result<(), StartupEr
         pool.refill();
     }
     Ok(())
+}
+
+/// How long, in microseconds, the service manager is asked to wait for one server's first
+/// executor: its `initialize` deadline and 10 s to start and stop it around that, at most
+/// what `EXTEND_TIMEOUT_USEC` can carry (about 71 minutes).
+fn priming_allowance(call_timeout: std::time::Duration) -> u32 {
+    let usec = (call_timeout + std::time::Duration::from_secs(10)).as_micros();
+    u32::try_from(usec).unwrap_or(u32::MAX)
 }
 
 pub(super) fn build_generation(
