@@ -1024,8 +1024,10 @@ impl<C: NamedCall> McpExecutor<C> {
     }
 
     /// Answers the executor's requests `ids`, which the call they belonged to left waiting,
-    /// with an error saying so. Best effort within [`IDLE_ANSWER_WRITE`]: an executor that
-    /// does not read its input is not waited on (the call's own answer is already in).
+    /// with an error saying so. Within [`IDLE_ANSWER_WRITE`]: an executor that does not read
+    /// its input is not waited on (the call's own answer is already in), but it is killed,
+    /// so it serves no later call: part of the answers may sit in its input, and the next
+    /// request would be appended to that part, unreadable, and wait out its deadline.
     async fn answer_abandoned(&mut self, ids: &[Value]) {
         if ids.is_empty() {
             return;
@@ -1039,7 +1041,13 @@ impl<C: NamedCall> McpExecutor<C> {
             .map(|rid| mcp::error_response(rid, &ended))
             .collect::<Vec<_>>()
             .join("\n");
-        let _ = tokio::time::timeout(IDLE_ANSWER_WRITE, self.send(&lines)).await;
+        if !matches!(
+            tokio::time::timeout(IDLE_ANSWER_WRITE, self.send(&lines)).await,
+            Ok(Ok(()))
+        ) {
+            tracing::warn!(server = %self.server, pid = self.pid(), "the executor did not read the answers to requests its call left waiting; it is retired");
+            let _ = self.exec.kill();
+        }
     }
 
     /// Counts (and logs at debug) a log notification sent while no call was in flight.
