@@ -657,25 +657,18 @@ impl HostConfig {
             message,
         };
         // A registered key: hex stays hex; anything else names a key file, relative to this
-        // file. A private key file's text pasted in is refused here, unechoed: taken for a
-        // file name, it would be printed by every error naming the path.
-        let key_arg = |field: String, text: &str| {
-            if crate::keys::is_private_key_text(text) {
-                return Err(invalid(
-                    field,
-                    "holds the text of a private key file (not shown); give the public key, \
-                     as 64 hex digits or the path of its .pub file, and treat the private \
-                     key as disclosed"
-                        .into(),
-                ));
+        // file. A private key file's text pasted in is kept as it is: taken for a file name,
+        // it would be printed by every error naming the path; kept, it is a key that cannot
+        // be read (refused unechoed), so the start is refused and a reload withdraws what it
+        // vouched for, as for any key that cannot be read.
+        let key_arg = |text: &str| {
+            if crate::keys::is_private_key_text(text)
+                || text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())
+            {
+                text.to_string()
+            } else {
+                resolve(Path::new(text)).display().to_string()
             }
-            Ok(
-                if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    text.to_string()
-                } else {
-                    resolve(Path::new(text)).display().to_string()
-                },
-            )
         };
 
         let h = raw.host;
@@ -909,7 +902,7 @@ impl HostConfig {
             servers.push(ServerConfig {
                 id: s.id,
                 manifest: resolve(&s.manifest),
-                key: key_arg(key("key"), &s.key)?,
+                key: key_arg(&s.key),
                 command,
                 profile: s.profile,
                 topology: s.topology,
@@ -1058,7 +1051,7 @@ impl HostConfig {
                     "must be 1 to 256 bytes without control characters".into(),
                 ));
             }
-            let arg = key_arg(format!("{at}.key"), &a.key)?;
+            let arg = key_arg(&a.key);
             if authorities.contains_key(&a.id) || unreadable_authorities.contains_key(&a.id) {
                 return Err(invalid(
                     format!("{at}.id"),
@@ -1418,23 +1411,34 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
     }
 
     /// A private key file's text given as a registered key was taken for a file name, and
-    /// every error naming that path printed the seed (at start, in the reload verdict).
+    /// every error naming that path printed the seed (at start, in the reload verdict). It
+    /// is a key that cannot be read, refused without being shown: the server's key is kept
+    /// as the text (the start refuses it, a reload withdraws the server), the authority is
+    /// one whose key cannot be read (withdrawn, even by a reload refused for another reason).
     #[test]
-    fn a_private_keys_text_as_a_registered_key_is_refused_unechoed() {
-        let secret = format!("flowhost-ed25519-private-key {}", "ab".repeat(32));
-        let e = error(&MINIMAL.replace("key = \"keys/srv.pub\"", &format!("key = \"{secret}\"")));
-        assert!(
-            e.contains("`server[0].key`") && e.contains("private key"),
-            "{e}"
-        );
-        assert!(!e.contains(&"ab".repeat(32)), "{e}");
-        let e = error(&format!(
+    fn a_private_keys_text_as_a_registered_key_is_unreadable_and_unechoed() {
+        let seed = "ab".repeat(32);
+        let secret = format!("flowhost-ed25519-private-key {seed}");
+        let c = parse(&MINIMAL.replace("key = \"keys/srv.pub\"", &format!("key = \"{secret}\"")))
+            .unwrap();
+        assert_eq!(c.servers[0].key, secret);
+        let e = crate::keys::verifying_key_from_arg(&c.servers[0].key)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("private key") && !e.contains(&seed), "{e}");
+        let text = format!(
             "{MINIMAL}\n[[declassification_authority]]\nid = \"ops\"\nkey = \" {secret}\"\n"
-        ));
+        );
+        let e = error(&text);
         assert!(
-            e.contains("`declassification_authority[0].key`") && !e.contains(&"ab".repeat(32)),
+            e.contains("`declassification_authority[0].key`") && !e.contains(&seed),
             "{e}"
         );
+        let c = HostConfig::parse_lenient(Path::new("/etc/flowhost/host.toml"), &text).unwrap();
+        let (field, why) = &c.unreadable_authorities["ops"];
+        assert_eq!(field, "declassification_authority[0].key");
+        assert!(why.contains("private key") && !why.contains(&seed), "{why}");
+        assert!(!c.authorities.contains_key("ops"));
     }
 
     #[test]
