@@ -1321,9 +1321,10 @@ struct Routing<C> {
 enum Approval {
     /// Nothing was approved.
     Nothing,
-    /// Approved under a source label: `last` the latest (the label a call must have to
-    /// be served), `first` the earliest, the lowest (labels only rise while an executor
-    /// serves), which a connection it may still hold was approved under.
+    /// Approved under a source label: `last` the latest, `first` the earliest, the lowest
+    /// (labels only rise while an executor serves), which a connection it may still hold
+    /// was approved under. A later call must have exactly the one label every approval
+    /// was under: both are then that label.
     Under {
         first: InformationLabel,
         last: InformationLabel,
@@ -1338,7 +1339,11 @@ impl Approval {
     fn fits(&self, source: &InformationLabel) -> bool {
         match self {
             Approval::Nothing => true,
-            Approval::Under { last, .. } => last == source,
+            // A connection approved under `first` may still be open: a call whose source is
+            // above it must not get to write to it (connected sends are not judged again),
+            // whatever a later approval was under. One below `last` gets a fresh executor
+            // too, which keeps the label each executor serves under one.
+            Approval::Under { first, last } => last == source && first == source,
             Approval::Grant => false,
         }
     }
@@ -1847,6 +1852,37 @@ mod tests {
         assert!(!judged(&approved, true, false));
         // A refusal under a grant changes nothing.
         assert!(judged(&Mutex::new(Approval::Nothing), false, true));
+    }
+
+    /// An executor whose egress was approved under a label and, later in the same call
+    /// (the session's label rose meanwhile), under a higher one, may hold a connection
+    /// opened for the lower: it serves no later call, of either label. Before, a call of
+    /// the higher label (the latest approval's) was served by it.
+    #[test]
+    fn an_executor_approved_under_two_labels_serves_no_later_call() {
+        let terms = crate::state::tests::owner("larkfield");
+        let bottom = InformationLabel::bottom();
+        let approved = Mutex::new(Approval::Nothing);
+        for label in [&bottom, &terms] {
+            keep_approval(
+                &approved,
+                Judgment {
+                    approved_under: Some(label.clone()),
+                    under_grant: false,
+                },
+            );
+        }
+        let approval = approved.lock().unwrap().clone();
+        assert!(
+            !approval.fits(&terms) && !approval.fits(&bottom),
+            "{approval:?}"
+        );
+        // Approved under one label only: a call of exactly that label is served.
+        let once = Approval::Under {
+            first: terms.clone(),
+            last: terms.clone(),
+        };
+        assert!(once.fits(&terms) && !once.fits(&bottom));
     }
 
     /// What a `tracing` text layer writes, as the daemon's text log does (without colour).
