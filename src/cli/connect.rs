@@ -11,11 +11,17 @@ mod unanswered;
 
 use unanswered::{Direction, Lines, Unanswered};
 
-/// The longest line the bridge reads for request ids: 256 times the host's default
-/// `max_message_bytes`, and a bound on what a client that never ends a line makes the bridge
-/// hold. A longer line is still passed on, unread (a host configured to carry such answers
-/// would have one reported as owed at the end).
-const LONGEST_READ_LINE: usize = 256 * 1024 * 1024;
+/// The longest client line the bridge reads for a request id: the host's default
+/// `max_message_bytes`, past which the host refuses a request with a null id (it owes
+/// nothing then). A longer line is still passed on, unread; a host configured to take longer
+/// ones serves it untracked, one configured below it answers a shorter one with a null id
+/// (reported as owed at the end).
+const LONGEST_REQUEST_READ: usize = 1024 * 1024;
+
+/// The longest host line the bridge reads for an answer's id, and a bound on what a host
+/// that never ends a line makes the bridge hold. A longer line is still passed on, unread
+/// (a host configured to carry such answers would have one reported as owed at the end).
+const LONGEST_ANSWER_READ: usize = 256 * 1024 * 1024;
 
 /// Bridge stdin/stdout to the daemon's socket.
 #[derive(Debug, clap::Args)]
@@ -104,7 +110,10 @@ async fn relay_up(
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
-            Ok(0) => return Ok(()),
+            Ok(0) => {
+                lines.finish();
+                return Ok(());
+            }
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(Up::Stdin(e)),
@@ -149,7 +158,7 @@ pub(super) async fn bridge(
     let unanswered = Unanswered::default();
     let up = {
         let stdin_ended = stdin_ended.clone();
-        let mut lines = Lines::new(Direction::Up, unanswered.clone(), LONGEST_READ_LINE);
+        let mut lines = Lines::new(Direction::Up, unanswered.clone(), LONGEST_REQUEST_READ);
         tokio::spawn(async move {
             let r = relay_up(&mut tokio::io::stdin(), &mut to_daemon, &mut lines).await;
             let ended = match &r {
@@ -165,7 +174,7 @@ pub(super) async fn bridge(
         })
     };
     let mut stdout = tokio::io::stdout();
-    let mut lines = Lines::new(Direction::Down, unanswered.clone(), LONGEST_READ_LINE);
+    let mut lines = Lines::new(Direction::Down, unanswered.clone(), LONGEST_ANSWER_READ);
     let down = relay_out(&mut from_daemon, &mut stdout, &mut lines).await;
     let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
     // A request still being read when the host closed has no one to answer it.

@@ -1,15 +1,17 @@
 //! The client's requests the host has not answered yet, read off the bytes the bridge relays
-//! unchanged. MCP's stdio transport puts one JSON-RPC message (or batch) on each line, so
-//! each direction is split into lines and each line read as JSON: a request of the client
-//! (a `method` and an `id`) is owed an answer until the host sends one with its `id`, or the
-//! client cancels it. A bridge that saw the client end its input and the host close must
+//! unchanged. MCP's stdio transport puts one JSON-RPC message on each line, so each
+//! direction is split into lines and each line read as the host reads it
+//! ([`crate::mcp::parse`]): a request of the client the host takes as one (an object, an
+//! integer or string `id`) is owed an answer until the host sends one with its `id`, or the
+//! client cancels it. What the host refuses as a whole (a batch, a line that is not a
+//! request) it answers with a null `id`, so it owes nothing to track. A bridge that saw the client end its input and the host close must
 //! still tell the user when answers are owed: the host stopped or failed part way, and a
 //! script driving the client must not take that for a finished session.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use serde_json::Value;
+use crate::mcp::Incoming;
 
 /// The ids (as their JSON text) of the client's requests still owed an answer, shared by
 /// both directions of one bridge.
@@ -38,36 +40,25 @@ impl Unanswered {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Takes in what one complete line says. A line that is not JSON owes nothing: the host
-    /// answers it with a parse error whose `id` is null.
+    /// Takes in what one complete line says.
     fn line(&self, direction: Direction, line: &[u8]) {
-        let Ok(message) = serde_json::from_slice::<Value>(line) else {
+        let Ok(message) = crate::mcp::parse(line) else {
             return;
         };
-        match message {
-            Value::Array(batch) => batch.iter().for_each(|m| self.message(direction, m)),
-            m => self.message(direction, &m),
-        }
-    }
-
-    fn message(&self, direction: Direction, m: &Value) {
-        let id = m.get("id").filter(|id| !id.is_null());
-        let method = m.get("method").and_then(Value::as_str);
-        match (direction, method, id) {
-            (Direction::Up, Some("notifications/cancelled"), None) => {
-                // A cancelled request may go unanswered (the host then sends nothing).
-                if let Some(cancelled) = m.pointer("/params/requestId") {
+        match (direction, message) {
+            (Direction::Up, Incoming::Request { id, .. }) if !id.is_null() => {
+                self.lock().insert(id.to_string());
+            }
+            // A cancelled request may go unanswered (the host then sends nothing).
+            (Direction::Up, Incoming::Notification { method, params })
+                if method == "notifications/cancelled" =>
+            {
+                if let Some(cancelled) = params.get("requestId") {
                     self.lock().remove(&cancelled.to_string());
                 }
             }
-            (Direction::Up, Some(_), Some(id)) => {
-                self.lock().insert(id.to_string());
-            }
-            // An answer: no method, an id, and a result or an error. The host's own requests
-            // to the client (sampling, elicitation) carry a method and are not answers.
-            (Direction::Down, None, Some(id))
-                if m.get("result").is_some() || m.get("error").is_some() =>
-            {
+            // The host's own requests to the client (sampling, elicitation) are no answers.
+            (Direction::Down, Incoming::Response { id, .. }) => {
                 self.lock().remove(&id.to_string());
             }
             _ => {}
@@ -97,6 +88,15 @@ impl Lines {
             partial: Vec::new(),
             limit,
             skipping: false,
+        }
+    }
+
+    /// Takes in the last line of a stream that ended without its newline: the host reads it
+    /// as a line.
+    pub(crate) fn finish(&mut self) {
+        if !self.skipping && !self.partial.is_empty() {
+            let partial = std::mem::take(&mut self.partial);
+            self.unanswered.line(self.direction, &partial);
         }
     }
 
@@ -161,27 +161,51 @@ mod tests {
         assert!(u.ids().is_empty());
     }
 
+    /// What the host refuses as a whole it answers with a null id: a batch, an id that is
+    /// neither an integer nor a string, a line that is no message. None is owed (before, a
+    /// batch's ids were, and a clean session ended as if the host had failed).
     #[test]
-    fn batches_cancellations_and_the_clients_own_answers_are_read() {
-        let (mut up, mut down, u) = pair();
+    fn what_the_host_refuses_as_a_whole_is_owed_nothing() {
+        let (mut up, _, u) = pair();
         up.feed(b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\"},{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"b\"}]\n");
+        up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":1.5,\"method\":\"a\"}\n");
+        up.feed(b"{\"jsonrpc\":\"1.0\",\"id\":3,\"method\":\"a\"}\nnot json\n");
+        assert!(u.ids().is_empty(), "{:?}", u.ids());
+    }
+
+    #[test]
+    fn cancellations_and_the_clients_own_answers_are_read() {
+        let (mut up, mut down, u) = pair();
+        up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\"}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"b\"}\n");
         assert_eq!(u.ids(), ["1", "2"]);
         up.feed(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":2}}\n");
         assert_eq!(u.ids(), ["1"]);
         // The client answering the host's request owes nothing and is owed nothing.
         up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}\n");
-        down.feed(b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}]\n");
+        down.feed(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n");
         assert!(u.ids().is_empty());
+    }
+
+    /// The host reads a last line without its newline as a line: so does the bridge (before,
+    /// a request sent so was never owed).
+    #[test]
+    fn a_last_line_without_its_newline_is_read_at_the_end() {
+        let (mut up, _, u) = pair();
+        up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"tools/call\"}");
+        assert!(u.ids().is_empty());
+        up.finish();
+        assert_eq!(u.ids(), ["9"]);
     }
 
     #[test]
     fn an_over_long_line_is_skipped_to_its_end_and_the_next_is_read() {
         let u = Unanswered::default();
         let mut up = Lines::new(Direction::Up, u.clone(), 16);
-        up.feed(b"{\"id\":1,\"method\":\"a-method-name-that-is-long\"");
-        up.feed(b"}\n{\"id\":2,\"method\":\"b\"}\n");
+        up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a-method-name-that-is-long\"");
+        up.feed(b"}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"b\"}\n");
         assert_eq!(u.ids(), ["2"]);
-        up.feed(b"not json\n");
+        up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"a-method-name-that-is-long\"");
+        up.finish();
         assert_eq!(u.ids(), ["2"]);
     }
 }
