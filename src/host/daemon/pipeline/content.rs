@@ -501,8 +501,9 @@ pub async fn record_subscription(
     record_authorized(env, &rec, source, state).await
 }
 
-/// Records the refusal (for `denial`) of a `resources/subscribe` or `resources/unsubscribe`
-/// routed to `route`, naming what the server signed as an authorized one's record does: the
+/// Records a `resources/subscribe` or `resources/unsubscribe` routed to `route` that did not
+/// go ahead (`verdict`: refused, or failed when the flow state could not be read, as a
+/// read's is), naming what the server signed as an authorized one's record does: the
 /// operator reads which resource a principal was refused, whatever the client was told.
 pub async fn refuse_subscription(
     env: &CallEnv<'_>,
@@ -510,13 +511,13 @@ pub async fn refuse_subscription(
     method: &str,
     params: &Value,
     route: &ContentRoute,
-    denial: Denial,
+    verdict: Verdict,
 ) -> Result<(), RpcError> {
     let rec = subscription_record(env, caller, method, params, route);
     env.recorder
         .record(
             EventKind::ContentRequest,
-            rec.facts(Verdict::refused(denial), FlowContext::default()),
+            rec.facts(verdict, FlowContext::default()),
         )
         .await
 }

@@ -13,7 +13,7 @@ use super::super::pipeline::content::{ContentMethod, Forward, ForwardError};
 use super::super::pipeline::{self, refusal};
 use super::subscriptions::{Full, MAX_SUBSCRIPTIONS};
 use super::{Bound, Executors, Identity, Session, env};
-use crate::decision::Denial;
+use crate::decision::{Denial, Failure, Verdict};
 use crate::ident::PrincipalId;
 use crate::mcp::{self, RpcError, code};
 use crate::registry::ContentRoute;
@@ -315,8 +315,8 @@ impl Session {
         outcome
     }
 
-    /// Records the refusal `e` of a subscription request routed to `route` and returns it (or
-    /// the record failure).
+    /// Records the refusal `e` of a subscription request routed to `route` (a failure, when
+    /// the flow state could not be read) and returns it (or the record failure).
     async fn refuse_subscription(
         &self,
         generation: &Generation,
@@ -329,13 +329,19 @@ impl Session {
             .data_denial()
             .and_then(|d| serde_json::from_value::<Denial>(json!(d)).ok())
             .unwrap_or(Denial::AccessDenied);
+        // A state that cannot be read is no refusal (refusals may be folded): the request
+        // failed, as a read does then.
+        let verdict = match denial {
+            Denial::StateFailure => Verdict::Failed(Failure::StateFailure),
+            denial => Verdict::refused(denial),
+        };
         match pipeline::content::refuse_subscription(
             &env(&self.host, generation),
             self.caller(generation),
             method,
             params,
             route,
-            denial,
+            verdict,
         )
         .await
         {
