@@ -456,6 +456,10 @@ pub struct McpExecutor<C> {
     /// Whether the log has said that the executor lost its view of its resolver (it says
     /// so once).
     view_loss_told: std::sync::atomic::AtomicBool,
+    /// Killed while its call still returned (see [`McpExecutor::answer_abandoned`]): it
+    /// serves nothing more, though the kernel may not report it gone at once (the first
+    /// process of a pid namespace is reaped only after the others).
+    killed: bool,
 }
 
 /// Receives the `params` of each `notifications/resources/updated` an executor sends (the
@@ -717,6 +721,7 @@ impl<C: NamedCall> McpExecutor<C> {
             updates,
             dns,
             view_loss_told: Default::default(),
+            killed: false,
         };
         let answer = me
             .request(
@@ -814,9 +819,16 @@ impl<C: NamedCall> McpExecutor<C> {
         self.last_used.elapsed()
     }
 
-    /// Whether the executor process is still running (an exited one is reaped here).
+    /// Whether the executor was killed to be retired while its call still returned (see
+    /// [`McpExecutor::answer_abandoned`]).
+    pub fn killed(&self) -> bool {
+        self.killed
+    }
+
+    /// Whether the executor process is still running (an exited one is reaped here) and was
+    /// not killed to be retired.
     pub fn alive(&mut self) -> bool {
-        matches!(self.exec.try_wait(), Ok(None))
+        !self.killed && matches!(self.exec.try_wait(), Ok(None))
     }
 
     async fn send(&mut self, line: &str) -> Result<(), ExecutorError> {
@@ -1046,6 +1058,7 @@ impl<C: NamedCall> McpExecutor<C> {
             Ok(Ok(()))
         ) {
             tracing::warn!(server = %self.server, pid = self.pid(), "the executor did not read the answers to requests its call left waiting; it is retired");
+            self.killed = true;
             let _ = self.exec.kill();
         }
     }

@@ -1494,7 +1494,10 @@ impl Executors<'_> {
         let Some((server, bound, _permit)) = self.answered.take() else {
             return;
         };
-        if !durable {
+        if bound.exec.killed() {
+            // Killed to be retired as its call ended: nothing to give back.
+            bound.exec.stop().await;
+        } else if !durable {
             tracing::warn!(server = %server, pid = bound.exec.pid(), "the labels of what the executor produced could not be stored; it is retired");
             bound.exec.stop().await;
         } else if bound.exec.egressed_under_a_grant() {
