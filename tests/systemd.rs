@@ -178,7 +178,13 @@ fn sd_notify_ready_watchdog_reloading_stopping() {
     assert!(after.contains("STATUS=reloaded"), "{after}");
 
     lab.signal(libc::SIGTERM);
-    await_notification(&notify, "STOPPING=1", &mut seen);
+    let stopping = await_notification(&notify, "STOPPING=1", &mut seen);
+    // The stop lets calls run to their deadline (15 s here) and then closes the records:
+    // the unit's fixed TimeoutStopSec must not cut it short.
+    assert!(
+        stopping.lines().any(|l| l == "EXTEND_TIMEOUT_USEC=45000000"),
+        "{stopping}"
+    );
     lab.stop();
     // The health file is written on shutdown.
     assert!(lab.paths.state_dir.join("health.json").exists());

@@ -8,6 +8,11 @@ use tokio::net::UnixListener;
 
 use super::*;
 
+/// What a stop may take beyond the calls in flight: the sessions' 2 s, stopping the
+/// executors, closing the records, binding the flow state (a database round trip within its
+/// timeout) and writing the health.
+const STOP_BEYOND_CALLS: Duration = Duration::from_secs(30);
+
 /// The async runtime's worker threads when the operator sets none (`serve --workers`): one
 /// fewer than the CPUs, and at least one. The daemon's own work per call is short and mostly
 /// hand-offs; the executors, the broker's threads, the records' sync thread and the clients
@@ -265,8 +270,14 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
             }
         }
     }
+    // The stop lets calls in flight run to their deadline, then closes the records and
+    // binds the state: the service manager is asked to wait that long (the unit's own
+    // TimeoutStopSec is a fixed 45 s), or it would kill the daemon before its records and
+    // health are closed.
+    let may_take = (host.current().config.call_timeout + STOP_BEYOND_CALLS).as_micros();
     notify(&[
         sd_notify::NotifyState::Stopping,
+        sd_notify::NotifyState::ExtendTimeoutUsec(u32::try_from(may_take).unwrap_or(u32::MAX)),
         sd_notify::NotifyState::Status("stopping"),
     ]);
     tracing::info!("stopping: finishing calls in flight");
