@@ -182,7 +182,9 @@ fn sd_notify_ready_watchdog_reloading_stopping() {
     // The stop lets calls run to their deadline (15 s here) and then closes the records:
     // the unit's fixed TimeoutStopSec must not cut it short.
     assert!(
-        stopping.lines().any(|l| l == "EXTEND_TIMEOUT_USEC=45000000"),
+        stopping
+            .lines()
+            .any(|l| l == "EXTEND_TIMEOUT_USEC=45000000"),
         "{stopping}"
     );
     lab.stop();

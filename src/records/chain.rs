@@ -585,7 +585,7 @@ fn verify_records_in_blocks<G: Gather>(
         && let Some(next) = super::store::record_files_on_disk(dir)?
             .into_iter()
             .find(|f| f.first_seq > this)
-        && let Some(witness) = first_record_before(&next.path, next.first_seq)?
+        && let Some(witness) = first_record_before(&next.path, next.first_seq)
     {
         witnesses.push(witness);
     }
@@ -878,37 +878,36 @@ struct Witness {
 }
 
 /// What the first record of record file `path` (named as starting at `named`) says of the
-/// record before it: its seq and line hash. `None` when the file holds no complete first
-/// line, or one that does not read as the record its name says: the file's own
-/// verification reports that, and it vouches for nothing before it.
-fn first_record_before(path: &Path, named: u64) -> Result<Option<Witness>, StoreError> {
+/// record before it: its seq and line hash. `None` when the file cannot be read, holds no
+/// complete first line, or one that does not read as the record its name says: it vouches
+/// for nothing before it (the file read alone is verified without it, as before there was
+/// a next file; a verification of the directory reports what is wrong with it).
+fn first_record_before(path: &Path, named: u64) -> Option<Witness> {
     use std::io::{BufRead, Read};
-    let file = super::store::open_record_file(path)?;
+    let file = super::store::open_record_file(path).ok()?;
     let mut line = Vec::new();
     std::io::BufReader::new(file)
         .take(super::ring::LONGEST_LINE + 1)
         .read_until(b'\n', &mut line)
-        .map_err(StoreError::io("read", path))?;
+        .ok()?;
     if line.pop() != Some(b'\n') {
-        return Ok(None);
+        return None;
     }
-    let Ok(first) = serde_json::from_slice::<serde_json::Value>(&line) else {
-        return Ok(None);
-    };
+    let first = serde_json::from_slice::<serde_json::Value>(&line).ok()?;
     let seq = first
         .pointer("/flowhost/seq")
         .and_then(serde_json::Value::as_u64);
     let prev = first
         .pointer("/flowhost/prev_hash")
         .and_then(serde_json::Value::as_str);
-    Ok(match (seq, prev) {
+    match (seq, prev) {
         (Some(seq), Some(prev)) if seq == named && seq > 1 => Some(Witness {
             seq: seq - 1,
             hash: prev.to_string(),
             by: Voucher::NextFile,
         }),
         _ => None,
-    })
+    }
 }
 
 impl Witness {
