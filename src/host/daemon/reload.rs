@@ -62,7 +62,8 @@ pub enum ReloadError {
     /// No verdict arrived in time; the reload is treated as failed.
     #[error(
         "no verdict from the daemon (pid {pid}) in {path} within {timeout:?}{}; treating the \
-         reload as failed (the journal says what the daemon did)",
+         reload as failed, though the daemon may still be starting the new configuration's \
+         executors and then apply it (the journal says what the daemon did)",
         unreadable.as_ref().map(|why| format!(" (the file could not be read: {why})")).unwrap_or_default()
     )]
     Timeout {
