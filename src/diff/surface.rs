@@ -296,11 +296,15 @@ impl DeclaredAction {
     }
 
     /// [`DeclaredAction::test_target`] for a name lookup's target (see
-    /// [`TargetConstraint::test_lookup`]).
+    /// [`TargetConstraint::test_lookup`]): a declaration without targets covers none (only a
+    /// target naming the host covers a lookup, since a name can spell a secret).
     pub fn test_lookup_target<'a>(
         &self,
         get: impl Fn(&str) -> Option<ScalarView<'a>>,
     ) -> TargetMatch {
+        if self.allowed_targets.is_empty() {
+            return TargetMatch::Mismatch;
+        }
         self.test_targets(|t| t.test_lookup(&get))
     }
 

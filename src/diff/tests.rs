@@ -1017,13 +1017,21 @@ fn judged_against_one_target(
     records: Vec<crate::records::DecisionRecord>,
     target: serde_json::Value,
 ) -> Vec<(FindingKind, u64)> {
+    judged_against_targets(records, vec![target])
+}
+
+/// [`judged_against_one_target`] with `targets` declared (none: any target).
+fn judged_against_targets(
+    records: Vec<crate::records::DecisionRecord>,
+    targets: Vec<serde_json::Value>,
+) -> Vec<(FindingKind, u64)> {
     use crate::records::{RecordWriter, WriterOptions};
     let surface = DeclaredSurface::parse(
         &serde_json::json!({
             "schema": crate::diff::surface::DECLARED_SCHEMA,
             "declared_tool_actions": [{
                 "id": "network.api", "provider": "network", "action_class": "network_egress",
-                "allowed_targets": [target], "allowed_effects": ["allow"],
+                "allowed_targets": targets, "allowed_effects": ["allow"],
                 "required_decision": "explicit_policy"
             }]
         })
@@ -1059,6 +1067,13 @@ fn a_lookup_is_judged_by_the_name_it_asked() {
     ] {
         assert_eq!(judged(vec![secret()], resolver.clone()), new, "{resolver}");
     }
+    // Nor does a declaration without targets, which covers any outbound target: before, it
+    // passed the lookup of any name, while `0.0.0.0/0` and `::/0` covered none.
+    assert_eq!(judged_against_targets(vec![secret()], vec![]), new);
+    assert_eq!(
+        judged_against_targets(vec![attempt("connect", "192.0.2.1", 443, "")], vec![]),
+        vec![]
+    );
     let api = serde_json::json!({"host_name": "api.example.com", "port": 443});
     let own = attempt("dns_query", "127.53.0.1", 53, "api.example.com");
     assert_eq!(judged(vec![own], api.clone()), vec![]);
