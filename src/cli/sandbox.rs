@@ -612,9 +612,12 @@ fn start_dns(
             }
         })
     });
-    match ExecutorDns::start(&mediation, owner, judge) {
+    match mediation
+        .check_senders()
+        .and_then(|()| ExecutorDns::start(&mediation, owner, judge))
+    {
         Ok(dns) => Ok(Some(dns)),
-        Err(e) if e.permission_denied() => {
+        Err(e) if e.not_mediated_here() => {
             say!(
                 "flowhost sandbox: {e}: lookups (any send to port 53) are refused, and host-name rules match nothing"
             );

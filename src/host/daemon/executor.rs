@@ -632,18 +632,22 @@ impl<C: NamedCall> McpExecutor<C> {
                     server: template.server.clone(),
                     pid: pid_cell.clone(),
                 };
-                match ExecutorDns::start(mediation, owner, judge) {
+                match mediation
+                    .check_senders()
+                    .and_then(|()| ExecutorDns::start(mediation, owner, judge))
+                {
                     Ok(dns) => {
                         dns.show_to(&mut spec).map_err(refuse)?;
                         Some(Arc::new(dns))
                     }
-                    // A daemon without the right to bind port 53 (run unprivileged, in user
-                    // namespaces) cannot mediate lookups: every send to port 53 is then
-                    // refused as a lookup past the executor's resolver, and host-name rules
-                    // match nothing.
-                    Err(e @ crate::dns::DnsError::Bind(_)) if e.permission_denied() => {
+                    // A daemon run unprivileged (in user namespaces) cannot mediate lookups:
+                    // without the right to bind port 53, or with executors of its own uid,
+                    // which any process of that user could pass for. Every send to port 53
+                    // is then refused as a lookup past the executor's resolver, and host-name
+                    // rules match nothing.
+                    Err(e) if e.not_mediated_here() => {
                         if !WARNED_NO_DNS.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                            tracing::warn!(server = %template.server, "{e}: executors' lookups (any send to port 53) are refused, and host-name rules match nothing; give the host the right to bind port 53 (CAP_NET_BIND_SERVICE) to have lookups mediated");
+                            tracing::warn!(server = %template.server, "{e}: executors' lookups (any send to port 53) are refused, and host-name rules match nothing; run the host privileged (executors then get uids of their own, and it may bind port 53) to have lookups mediated");
                         }
                         None
                     }

@@ -93,6 +93,15 @@ pub enum DnsError {
         "cannot bind the executor's resolver on a 127.53.x.y:53 address: {0} (binding port 53 needs root or CAP_NET_BIND_SERVICE)"
     )]
     Bind(std::io::Error),
+    /// The executors run as this process's own uid: any process of that user could then ask
+    /// a resolver and pass for its executor (judged under its call, recorded as its lookup).
+    #[error(
+        "executors run as this process's own uid ({uid}), so any process of that user could ask their resolver and pass for an executor"
+    )]
+    SharedUid {
+        /// The uid.
+        uid: u32,
+    },
     /// The executor's resolv.conf could not be written.
     #[error("cannot write the executor's resolver configuration in {dir}: {source}")]
     Write {
@@ -104,9 +113,30 @@ pub enum DnsError {
 }
 
 impl DnsError {
-    /// Whether binding failed for want of the right to bind port 53 (an unprivileged host).
-    pub fn permission_denied(&self) -> bool {
-        matches!(self, DnsError::Bind(e) if e.kind() == std::io::ErrorKind::PermissionDenied)
+    /// Whether lookups cannot be mediated on this host as it runs (unprivileged: binding
+    /// port 53 is refused, or executors share this process's uid). Every send to port 53 is
+    /// then refused as a lookup past the executor's resolver, and host-name rules match
+    /// nothing.
+    pub fn not_mediated_here(&self) -> bool {
+        match self {
+            DnsError::Bind(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
+            DnsError::SharedUid { .. } => true,
+            DnsError::Write { .. } => false,
+        }
+    }
+}
+
+impl DnsMediation {
+    /// Refuses mediation where a resolver could not tell its executor's queries from other
+    /// processes': executors running as this process's own uid (unprivileged, where a
+    /// container lets anyone bind port 53).
+    pub fn check_senders(&self) -> Result<(), DnsError> {
+        for uid in [nix::unistd::getuid(), nix::unistd::geteuid()] {
+            if self.senders.contains(uid.as_raw()) {
+                return Err(DnsError::SharedUid { uid: uid.as_raw() });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1437,6 +1467,29 @@ mod tests {
 
     /// Mediation asking `upstream`, writing resolv.conf files into `dir`, with no
     /// `private_answers`, on a host attached to no public network ([`AWAY`]).
+    /// Executors of this process's own uid (unprivileged, where a container lets anyone
+    /// bind port 53): a resolver would take any process of that user for its executor, so
+    /// lookups are not mediated. Before, the resolver started and answered them all.
+    #[test]
+    fn executors_of_this_processs_uid_get_no_resolver() {
+        let up: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        let mut m = mediation(up, dir.path());
+        m.senders = flowhost_broker::UidRange {
+            first: me,
+            count: 1,
+        };
+        let e = m.check_senders().unwrap_err();
+        assert!(e.not_mediated_here(), "{e}");
+        assert!(e.to_string().contains(&format!("uid ({me})")), "{e}");
+        m.senders = flowhost_broker::UidRange {
+            first: me.wrapping_add(1_000_000),
+            count: 16,
+        };
+        m.check_senders().unwrap();
+    }
+
     fn mediation(upstream: SocketAddr, dir: &Path) -> DnsMediation {
         DnsMediation {
             upstream: Arc::new(Upstream::new(vec![upstream])),
