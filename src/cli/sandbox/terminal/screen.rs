@@ -34,11 +34,12 @@ const CONSOLE_PALETTE_RESET: &[u8] = b"\x1b]R\x1b\\";
 
 /// Private modes that change what the terminal sends as input, or holds back its output, and
 /// that a command ending normally turns off: mouse reports (9, 1000-1003) and their
-/// encodings (1005, 1006, 1015, 1016), focus reports (1004), bracketed paste (2004) and
-/// synchronized output (2026). Left on, the shell after the run reads mouse moves as typed
-/// text.
-const INPUT_MODES: [u16; 12] = [
-    9, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1015, 1016, 2004, 2026,
+/// encodings (1005, 1006, 1015, 1016), focus reports (1004), bracketed paste (2004),
+/// synchronized output (2026), colour-scheme change reports (2031) and in-band resize
+/// reports (2048). Left on, the shell after the run reads mouse moves, resizes or theme
+/// changes as typed text.
+const INPUT_MODES: [u16; 14] = [
+    9, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1015, 1016, 2004, 2026, 2031, 2048,
 ];
 
 /// Private modes that switch to the alternate screen. Left on, flowhost's last words and the
@@ -97,10 +98,17 @@ pub(super) struct ScreenChanges {
     state: State,
     /// Whether the command wrote anything to its terminal.
     wrote: bool,
-    /// Input modes of [`INPUT_MODES`] the command turned on and not off.
+    /// Input modes of [`INPUT_MODES`] the command turned on at any time, whether or not it
+    /// turned them off again: what the terminal made of a reset this reading saw is not
+    /// known (written inside a string a terminal reads to its end differently, or undone by
+    /// a restore of saved modes), and turning off a mode that is off does nothing.
     input_modes: Vec<u16>,
     /// The alternate screen the command switched to and did not leave, by its mode.
     alternate: Option<u16>,
+    /// Whether the command switched to an alternate screen at any time: one it seemed to
+    /// leave is left again at the end, without restoring the cursor (mode 1047, which does
+    /// nothing on the normal screen).
+    entered_alternate: bool,
     /// Dynamic colours (OSC 10-19: default foreground, background, cursor, ...) it set, as
     /// bits 0-9.
     dynamic: u16,
@@ -129,6 +137,7 @@ impl Default for ScreenChanges {
             wrote: false,
             input_modes: Vec::new(),
             alternate: None,
+            entered_alternate: false,
             dynamic: 0,
             palette: false,
             special: false,
@@ -418,11 +427,9 @@ impl ScreenChanges {
         };
         if ALTERNATE_SCREENS.contains(&mode) {
             self.alternate = on.then_some(mode);
-        } else if INPUT_MODES.contains(&mode) {
-            self.input_modes.retain(|m| *m != mode);
-            if on {
-                self.input_modes.push(mode);
-            }
+            self.entered_alternate |= on;
+        } else if INPUT_MODES.contains(&mode) && on && !self.input_modes.contains(&mode) {
+            self.input_modes.push(mode);
         }
     }
 
@@ -492,7 +499,10 @@ impl ScreenChanges {
         // (1049) puts back: where the command started.
         if let Some(mode) = self.alternate.take() {
             reset.extend_from_slice(format!("\x1b[?{mode}l").as_bytes());
+        } else if self.entered_alternate {
+            reset.extend_from_slice(b"\x1b[?1047l");
         }
+        self.entered_alternate = false;
         for mode in std::mem::take(&mut self.input_modes) {
             reset.extend_from_slice(format!("\x1b[?{mode}l").as_bytes());
         }
@@ -569,13 +579,28 @@ mod tests {
         assert!(end.contains("\x1b[?1000l"), "{end:?}");
     }
 
+    /// Every input mode the command turned on is turned off at the end, also one it seemed
+    /// to turn off itself: a reset written inside a string (an APC or OSC a terminal such as
+    /// kitty reads to its ST, ESC and CAN included) or undone by a restore of saved modes
+    /// (`CSI ? r`) leaves the mode on there. Before, only modes this reading thought still
+    /// on were undone, and the shell after the run read mouse reports as typed text.
     #[test]
-    fn input_modes_left_on_are_turned_off_and_those_turned_off_stay_as_they_are() {
+    fn every_input_mode_turned_on_is_turned_off_at_the_end() {
         let end = end_of(&[b"\x1b[?1000;1006h\x1b[?2004h\x1b[?1004h\x1b[?1004l\x9b?2026h"]);
-        for mode in [1000, 1006, 2004, 2026] {
+        for mode in [1000, 1006, 2004, 2026, 1004] {
             assert!(end.contains(&format!("\x1b[?{mode}l")), "{mode}: {end:?}");
         }
-        assert!(!end.contains("\x1b[?1004l"), "{end:?}");
+        let hidden = end_of(&[
+            b"\x1b[?1000h\x1b[?2048h\x1b[?2031h\x1b_x\x1b[?1000l\x1b[?2048l\x1b[?2031l\x1b\\",
+        ]);
+        for mode in [1000, 2031, 2048] {
+            assert!(
+                hidden.contains(&format!("\x1b[?{mode}l")),
+                "{mode}: {hidden:?}"
+            );
+        }
+        // Modes never turned on are left alone.
+        assert!(!hidden.contains("\x1b[?1004l"), "{hidden:?}");
         // Not private modes, or not set: nothing to undo.
         let end = end_of(&[b"\x1b[1000h\x1b[>1000h\x1b[?1000$p\x1b[?25l"]);
         assert!(!end.contains("1000l"), "{end:?}");
@@ -588,8 +613,14 @@ mod tests {
             .find("\x1b[?1049l")
             .expect("the alternate screen is left");
         assert!(left < end.find("\x1b[!p").unwrap(), "{end:?}");
-        let end = end_of(&[b"\x1b[?47h", b"\x1b[?47l"]);
-        assert!(!end.contains("47l"), "it left it itself: {end:?}");
+        // One it seemed to leave itself (the reset may have been inside a string the
+        // terminal read to its end) is left again, without restoring the cursor.
+        let end = end_of(&[b"\x1b[?1049h", b"\x1b]0;\x1b[?1049l\x07"]);
+        assert!(
+            end.contains("\x1b[?1047l") && !end.contains("1049l"),
+            "{end:?}"
+        );
+        assert!(!end_of(&[b"plain"]).contains("1047l"));
     }
 
     /// Colours the command set are put back before every batch of messages until the end,
