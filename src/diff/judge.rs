@@ -361,6 +361,12 @@ impl Acc {
         // for the whole run; in a fleet, a host is also incomplete when its directory lost
         // its anchor, or when decisions nobody observed are about (they may be its own).
         let run_complete = gaps.is_empty();
+        // With a source rejected, the health was never bound to the others (the rejection
+        // decides the verdict): nothing says they are complete.
+        let bound = !evidence
+            .sources
+            .iter()
+            .any(|s| s.evidence == Evidence::Rejected);
         for s in evidence
             .sources
             .iter_mut()
@@ -368,6 +374,7 @@ impl Acc {
         {
             s.observation_complete = match health {
                 [] => None,
+                [_] if !bound => None,
                 [_] => Some(run_complete),
                 _ => s
                     .observation_complete

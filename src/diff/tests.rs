@@ -666,6 +666,42 @@ fn an_input_error_comes_before_rejected_evidence_whatever_the_order() {
     }
 }
 
+/// With one source rejected, the health was never bound to the others (the rejection
+/// decides the verdict): no verified source is said to be completely observed. Before, the
+/// one health's completeness was given to each, even a health of another host.
+#[test]
+fn no_source_is_complete_when_another_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = fixture("observed/allowed_declared.jsonl");
+    let text = std::fs::read_to_string(&records).unwrap();
+    let edited: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == 0 {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["tool"]["name"] = serde_json::json!("edited");
+                v.to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    let tampered = dir.path().join("tampered.jsonl");
+    std::fs::write(&tampered, edited.join("\n") + "\n").unwrap();
+    let h = health_for(&records);
+    let d = declared("declared_prod_allowlist");
+    let r = diff_sources(
+        &d,
+        &[records.clone(), tampered],
+        std::slice::from_ref(&h),
+        DiffOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(r.exit_code(), 4, "{:?}", r.findings);
+    assert_eq!(r.sources[0].observation_complete, None, "{:?}", r.sources);
+}
+
 /// Decisions no observer is named for leave the verified sources' observation incomplete
 /// too: they may be any host's, stripped of their chain.
 #[test]
