@@ -90,7 +90,8 @@ const TCP_IDLE: Duration = Duration::from_secs(10);
 pub enum DnsError {
     /// No loopback address in 127.53.0.0/16 was free on port 53, or binding failed.
     #[error(
-        "cannot bind the executor's resolver on a 127.53.x.y:53 address: {0} (binding port 53 needs root or CAP_NET_BIND_SERVICE)"
+        "cannot bind the executor's resolver on a 127.53.x.y:53 address: {0} ({hint})",
+        hint = bind_hint(.0)
     )]
     Bind(std::io::Error),
     /// The executors run as this process's own uid: any process of that user could then ask
@@ -110,6 +111,18 @@ pub enum DnsError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+/// What to do about a failed bind of an executor's resolver.
+fn bind_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            "another socket holds port 53 on every address tried, such as a local DNS server \
+             bound to all addresses (0.0.0.0:53, as dnsmasq does by default): bind it to the \
+             addresses it serves instead (`ss -lunp 'sport = 53'` names it)"
+        }
+        _ => "binding port 53 needs root or CAP_NET_BIND_SERVICE",
+    }
 }
 
 impl DnsError {
@@ -321,10 +334,14 @@ impl PrivateScope {
 }
 
 /// The private scope `ip` is in, if any (the host's own addresses aside: [`scope_on`]). An
-/// IPv6 address carrying an IPv4 one ([`reached`]) is judged as the IPv4 address it reaches.
+/// IPv6 address carrying an IPv4 one ([`reached`]) is judged as the IPv4 address it reaches;
+/// an IPv4-compatible one (`::/96`, deprecated) that carries a public address is reserved.
 pub fn private_scope(ip: IpAddr) -> Option<PrivateScope> {
+    let compatible = matches!(ip, IpAddr::V6(v6) if v6.segments()[..6] == [0; 6]);
     let v6 = match reached(ip) {
-        IpAddr::V4(v4) => return private_v4(v4),
+        IpAddr::V4(v4) => {
+            return private_v4(v4).or(compatible.then_some(PrivateScope::Reserved));
+        }
         IpAddr::V6(v6) => v6,
     };
     let s = v6.segments();
@@ -1467,6 +1484,16 @@ mod tests {
 
     /// Mediation asking `upstream`, writing resolv.conf files into `dir`, with no
     /// `private_answers`, on a host attached to no public network ([`AWAY`]).
+    /// A port 53 held on every address by another server (dnsmasq's default) is named as
+    /// the cause, not the right to bind it.
+    #[test]
+    fn a_port_held_by_another_server_is_told_apart_from_a_missing_right() {
+        let held = DnsError::Bind(std::io::ErrorKind::AddrInUse.into()).to_string();
+        assert!(held.contains("another socket holds port 53"), "{held}");
+        let denied = DnsError::Bind(std::io::ErrorKind::PermissionDenied.into()).to_string();
+        assert!(denied.contains("CAP_NET_BIND_SERVICE"), "{denied}");
+    }
+
     /// Executors of this process's own uid (unprivileged, where a container lets anyone
     /// bind port 53): a resolver would take any process of that user for its executor, so
     /// lookups are not mediated. Before, the resolver started and answered them all.
@@ -2345,6 +2372,8 @@ mod tests {
             ("198.20.0.1", None),
             ("198.17.255.255", None),
             ("::ffff:0:808:808", None),
+            // IPv4-compatible (`::/96`, reserved) even when what it carries is public.
+            ("::808:808", Some(Reserved)),
             ("64:ff9b:2::1", None),
             ("2606:4700::1111", None),
             // Public ones (documentation ranges stand in for them).
