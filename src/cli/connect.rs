@@ -11,12 +11,11 @@ mod unanswered;
 
 use unanswered::{Direction, Lines, Unanswered};
 
-/// The longest client line the bridge reads for a request id: the host's default
-/// `max_message_bytes`, past which the host refuses a request with a null id (it owes
-/// nothing then). A longer line is still passed on, unread; a host configured to take longer
-/// ones serves it untracked, one configured below it answers a shorter one with a null id
-/// (reported as owed at the end).
-const LONGEST_REQUEST_READ: usize = 1024 * 1024;
+/// The longest client line the bridge reads for a request id: the most `max_message_bytes`
+/// a host may be configured to take, past which every host refuses it (a longer line is
+/// still passed on, unread). One the host's own limit refuses is answered with a null id
+/// naming its length, which ends what it is owed.
+const LONGEST_REQUEST_READ: usize = 64 * 1024 * 1024;
 
 /// The longest host line the bridge reads for an answer's id, and a bound on what a host
 /// that never ends a line makes the bridge hold. A longer line is still passed on, unread

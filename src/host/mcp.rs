@@ -237,6 +237,23 @@ fn classify_owned(value: Value) -> Result<Incoming, (Value, RpcError)> {
     }
 }
 
+/// The message of the error a line longer than `limit` (`n` bytes) is refused with, with a
+/// null id: `flowhost connect` reads the length back with [`too_large_length`] to tell
+/// which of the client's requests it was.
+pub fn too_large(n: usize, limit: usize) -> String {
+    format!("message of {n} bytes exceeds the limit of {limit} bytes")
+}
+
+/// The length a [`too_large`] message names.
+pub fn too_large_length(message: &str) -> Option<usize> {
+    message
+        .strip_prefix("message of ")?
+        .split_once(" bytes exceeds the limit of ")?
+        .0
+        .parse()
+        .ok()
+}
+
 /// One outgoing JSON-RPC message, serialised straight from borrowed parts. Its members are
 /// declared in name order, the order a `json!` object (a sorted map) writes them in, so a
 /// line is byte for byte what building a `Value` first would give, without the map.

@@ -4,19 +4,22 @@
 //! ([`crate::mcp::parse`]): a request of the client the host takes as one (an object, an
 //! integer or string `id`) is owed an answer until the host sends one with its `id`, or the
 //! client cancels it. What the host refuses as a whole (a batch, a line that is not a
-//! request) it answers with a null `id`, so it owes nothing to track. A bridge that saw the client end its input and the host close must
-//! still tell the user when answers are owed: the host stopped or failed part way, and a
-//! script driving the client must not take that for a finished session.
+//! request) it answers with a null `id`, so it owes nothing to track; a request longer than
+//! the host's `max_message_bytes` (which the bridge does not know) is refused so too, naming
+//! its length, which is how the bridge tells which one it was. A bridge that saw the client
+//! end its input and the host close must still tell the user when answers are owed: the host
+//! stopped or failed part way, and a script driving the client must not take that for a
+//! finished session.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use crate::mcp::Incoming;
 
-/// The ids (as their JSON text) of the client's requests still owed an answer, shared by
-/// both directions of one bridge.
+/// The ids (as their JSON text) of the client's requests still owed an answer, each with
+/// the length of its line, shared by both directions of one bridge.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Unanswered(Arc<Mutex<BTreeSet<String>>>);
+pub(crate) struct Unanswered(Arc<Mutex<BTreeMap<String, usize>>>);
 
 /// Which way a line travelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,10 +33,10 @@ pub(crate) enum Direction {
 impl Unanswered {
     /// The ids still owed an answer, in order.
     pub(crate) fn ids(&self) -> Vec<String> {
-        self.lock().iter().cloned().collect()
+        self.lock().keys().cloned().collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, usize>> {
         // A panic while holding the lock leaves a set that is still a set: use it.
         self.0
             .lock()
@@ -47,7 +50,7 @@ impl Unanswered {
         };
         match (direction, message) {
             (Direction::Up, Incoming::Request { id, .. }) if !id.is_null() => {
-                self.lock().insert(id.to_string());
+                self.lock().insert(id.to_string(), line.len());
             }
             // A cancelled request may go unanswered (the host then sends nothing).
             (Direction::Up, Incoming::Notification { method, params })
@@ -55,6 +58,29 @@ impl Unanswered {
             {
                 if let Some(cancelled) = params.get("requestId") {
                     self.lock().remove(&cancelled.to_string());
+                }
+            }
+            // A request over the host's limit, refused with a null id: the one of that length.
+            (
+                Direction::Down,
+                Incoming::Response {
+                    id,
+                    outcome: Err(e),
+                },
+            ) if id.is_null() => {
+                if let Some(n) = e
+                    .get("message")
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(crate::mcp::too_large_length)
+                {
+                    let mut owed = self.lock();
+                    if let Some(id) = owed
+                        .iter()
+                        .find(|(_, len)| **len == n)
+                        .map(|(id, _)| id.clone())
+                    {
+                        owed.remove(&id);
+                    }
                 }
             }
             // The host's own requests to the client (sampling, elicitation) are no answers.
@@ -94,7 +120,7 @@ impl Lines {
     /// Takes in the last line of a stream that ended without its newline: the host reads it
     /// as a line.
     pub(crate) fn finish(&mut self) {
-        if !self.skipping && !self.partial.is_empty() {
+        if !self.skipping && !self.partial.is_empty() && self.partial.len() <= self.limit {
             let partial = std::mem::take(&mut self.partial);
             self.unanswered.line(self.direction, &partial);
         }
@@ -105,7 +131,8 @@ impl Lines {
     pub(crate) fn feed(&mut self, mut bytes: &[u8]) {
         while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
             let (head, rest) = bytes.split_at(end);
-            if !self.skipping {
+            // A line over the limit is not read, however it came in.
+            if !self.skipping && self.partial.len() + head.len() <= self.limit {
                 if self.partial.is_empty() {
                     self.unanswered.line(self.direction, head);
                 } else {
@@ -197,15 +224,46 @@ mod tests {
         assert_eq!(u.ids(), ["9"]);
     }
 
+    /// A request longer than the host's limit (which the bridge does not know) is owed
+    /// until the host refuses it with a null id naming its length. Before, the bridge read
+    /// requests only up to the default limit, and one a host with a higher limit served
+    /// was never owed.
+    #[test]
+    fn a_request_the_host_refuses_as_too_long_is_owed_nothing_after_the_refusal() {
+        let (mut up, mut down, u) = pair();
+        let long = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"a\",\"params\":{{\"p\":\"{}\"}}}}",
+            "x".repeat(2000)
+        );
+        up.feed(format!("{long}\n").as_bytes());
+        up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"b\"}\n");
+        assert_eq!(u.ids(), ["4", "5"]);
+        let refusal = crate::mcp::error_response(
+            &serde_json::Value::Null,
+            &crate::mcp::RpcError::new(
+                crate::mcp::code::INVALID_REQUEST,
+                crate::mcp::too_large(long.len(), 1024),
+            ),
+        );
+        down.feed(format!("{refusal}\n").as_bytes());
+        assert_eq!(u.ids(), ["5"]);
+    }
+
     #[test]
     fn an_over_long_line_is_skipped_to_its_end_and_the_next_is_read() {
         let u = Unanswered::default();
-        let mut up = Lines::new(Direction::Up, u.clone(), 16);
+        let mut up = Lines::new(Direction::Up, u.clone(), 40);
         up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a-method-name-that-is-long\"");
         up.feed(b"}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"b\"}\n");
         assert_eq!(u.ids(), ["2"]);
         up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"a-method-name-that-is-long\"");
         up.finish();
         assert_eq!(u.ids(), ["2"]);
+        // Over the limit only once its end came: not read either.
+        let u = Unanswered::default();
+        let mut up = Lines::new(Direction::Up, u.clone(), 40);
+        up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"b\"");
+        up.feed(b",\"params\":{}}\n");
+        assert!(u.ids().is_empty(), "{:?}", u.ids());
     }
 }

@@ -474,10 +474,7 @@ pub(super) async fn run(
                 session
                     .send(mcp::error_response(
                         &Value::Null,
-                        &RpcError::new(
-                            code::INVALID_REQUEST,
-                            format!("message of {n} bytes exceeds the limit of {limit} bytes"),
-                        ),
+                        &RpcError::new(code::INVALID_REQUEST, mcp::too_large(n, limit)),
                     ))
                     .await;
                 continue;
