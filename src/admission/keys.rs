@@ -336,6 +336,12 @@ pub fn is_private_key_text(text: &str) -> bool {
     text.trim_start().starts_with(PRIVATE_KEY_LABEL)
 }
 
+/// Whether `text` holds a private key file's text anywhere (a configuration a key was
+/// pasted into): no error about it may quote its lines.
+pub fn holds_private_key_text(text: &str) -> bool {
+    text.contains(PRIVATE_KEY_LABEL.trim_end())
+}
+
 /// A public key given on a command line: 64 lowercase hex digits, or else the path of a
 /// public key file (checked as [`load_verifying_key`] does).
 pub fn verifying_key_from_arg(arg: &str) -> Result<VerifyingKey, KeyError> {

@@ -452,6 +452,32 @@ pub(crate) struct ConfigIds {
     pub http: Option<HttpCredentials>,
 }
 
+/// What a TOML error says of `text`. The parser's own text quotes the offending line; in a
+/// file that holds a private key's text (pasted as a key, unquoted, or next to a typo) that
+/// line can be the key, which would then reach the terminal, the journal and the reload
+/// verdict: such a file's errors name the line and column and the parser's message alone.
+fn syntax_message(text: &str, e: &toml::de::Error) -> String {
+    if !crate::keys::holds_private_key_text(text) {
+        return e.to_string().trim_end().to_string();
+    }
+    let at = e.span().map(|span| {
+        let before = &text[..span.start.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        format!("line {line}, column {column}: ")
+    });
+    let message = e.message();
+    let message = if crate::keys::holds_private_key_text(message) {
+        "(the parser's message quotes a private key's text, not shown)"
+    } else {
+        message
+    };
+    format!(
+        "{}{message} (the line is not shown: the file holds a private key's text; treat that key as disclosed to whoever can read this file)",
+        at.unwrap_or_default()
+    )
+}
+
 /// A principal and what it may call.
 #[derive(Debug, Clone)]
 pub struct PrincipalConfig {
@@ -631,7 +657,7 @@ impl HostConfig {
     fn parse_lenient(file: &Path, text: &str) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             file: file.to_path_buf(),
-            message: e.to_string().trim_end().to_string(),
+            message: syntax_message(text, &e),
         })?;
         let dir = file
             .parent()
@@ -1439,6 +1465,25 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         assert_eq!(field, "declassification_authority[0].key");
         assert!(why.contains("private key") && !why.contains(&seed), "{why}");
         assert!(!c.authorities.contains_key("ops"));
+    }
+
+    /// A private key pasted unquoted (or beside a typo) made the parser's error quote the
+    /// line, seed and all, into the terminal, the journal and the reload verdict.
+    #[test]
+    fn a_syntax_error_in_a_file_holding_a_private_key_does_not_quote_it() {
+        let seed = "cd".repeat(32);
+        let e = error(&MINIMAL.replace(
+            "key = \"keys/srv.pub\"",
+            &format!("key = flowhost-ed25519-private-key {seed}"),
+        ));
+        assert!(!e.contains(&seed), "{e}");
+        assert!(
+            e.contains("line 15, column") && e.contains("not shown"),
+            "{e}"
+        );
+        // Elsewhere the parser's own text, which quotes the line, stays.
+        let e = error(&MINIMAL.replace("key = \"keys/srv.pub\"", "key = keys/srv.pub"));
+        assert!(e.contains("keys/srv.pub"), "{e}");
     }
 
     #[test]
