@@ -419,6 +419,18 @@ fn a_rotated_file_read_alone_is_held_to_the_file_after_it() {
     ]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(!out.exists());
+    // Lines appended past where the next file starts (the second file's own first lines,
+    // chained as they were) verify on their own but not as this file's end.
+    let mut longer = l.clone();
+    longer.extend(lines(&files[1]).into_iter().take(2));
+    write_lines(&files[0], &longer);
+    let o = flowhost(&["records", "verify", &first]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("records were added past its end"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 /// A record file read alone is held to what its directory's anchor says of it, even when a

@@ -282,6 +282,14 @@ pub enum ProblemKind {
         /// The last sequence number present (0: none).
         last_seq: u64,
     },
+    /// A record file read alone goes on past the record the next record file in its
+    /// directory follows: records were added after the stream moved on.
+    PastNextFile {
+        /// The first sequence number of the next record file.
+        next_seq: u64,
+        /// The last sequence number present.
+        last_seq: u64,
+    },
     /// The file name claims a different first record than the file holds.
     FileNameMismatch {
         /// The first seq the name claims.
@@ -333,6 +341,10 @@ impl fmt::Display for ProblemKind {
                 f,
                 "truncated: the next record file starts at record {next_seq}, but this one ends at {last_seq} ({} whole lines missing)",
                 next_seq - 1 - last_seq
+            ),
+            ProblemKind::PastNextFile { next_seq, last_seq } => write!(
+                f,
+                "the next record file starts at record {next_seq}, but this one goes on to {last_seq}: records were added past its end"
             ),
             ProblemKind::MissingVersusCheckpoint {
                 checkpoint_seq,
@@ -576,6 +588,7 @@ fn verify_records_in_blocks<G: Gather>(
         (files, checkpoint, Vec::new())
     };
     let mut witnesses = Witness::of(head_anchor.as_ref(), checkpoint.as_ref());
+    let mut notes = notes;
     // A record file read alone that is not its directory's last: the anchor and the
     // checkpoint name a later file and vouch for nothing here, but the file after this one
     // says where this one ends and what its last line hashes to.
@@ -585,9 +598,15 @@ fn verify_records_in_blocks<G: Gather>(
         && let Some(next) = super::store::record_files_on_disk(dir)?
             .into_iter()
             .find(|f| f.first_seq > this)
-        && let Some(witness) = first_record_before(&next.path, next.first_seq)
     {
-        witnesses.push(witness);
+        match first_record_before(&next.path, next.first_seq) {
+            Some(witness) => witnesses.push(witness),
+            None => notes.push(format!(
+                "{} follows this file, but its first record cannot be read as the record its \
+                 name says, so where this file ends is not checked against it",
+                next.path.display()
+            )),
+        }
     }
     let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes, witnesses);
     let mut gathered = gather.part();
@@ -988,7 +1007,26 @@ impl Verifier {
                     last_seq: last,
                 },
             };
-            self.report.problems.push(Problem { at, kind });
+            self.report.problems.push(Problem {
+                at: at.clone(),
+                kind,
+            });
+        }
+        // The next file's first record also says where this file must end: records past it
+        // were added after the stream moved on (chained to one another, they verify).
+        if let Some(next) = self
+            .witnesses
+            .iter()
+            .map(|(w, _)| w)
+            .find(|w| w.by == Voucher::NextFile && w.seq < last)
+        {
+            self.report.problems.push(Problem {
+                at: at.clone(),
+                kind: ProblemKind::PastNextFile {
+                    next_seq: next.seq + 1,
+                    last_seq: last,
+                },
+            });
         }
         for (witness, found) in std::mem::take(&mut self.witnesses) {
             if let Some((loc, digest)) = found
