@@ -1037,8 +1037,20 @@ fn a_refusal_to_start_exits_2_and_reaches_the_journal_at_error_priority() {
         "fatal lines carry the journal's err priority and name the file: {stderr}"
     );
     assert!(!notes.contains("READY=1"), "{notes}");
-    // Every line of a message spanning several (a TOML parse error) carries the priority.
-    std::fs::write(&config, "[host]\nthis is not toml\n").unwrap();
+    // Every line of a message spanning several (an error and its cause) carries the
+    // priority.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[host]\nsocket = {:?}\nstate_dir = {:?}\nrecords_dir = {:?}\n",
+            dir.path().join("s.sock"),
+            file.join("state"),
+            dir.path().join("records")
+        ),
+    )
+    .unwrap();
     let (code, stderr, _) = serve_until_exit(dir.path(), &config, true);
     assert_eq!(code, Some(2), "{stderr}");
     let from = stderr

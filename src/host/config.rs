@@ -452,30 +452,31 @@ pub(crate) struct ConfigIds {
     pub http: Option<HttpCredentials>,
 }
 
-/// What a TOML error says of `text`. The parser's own text quotes the offending line; in a
-/// file that holds a private key's text (pasted as a key, unquoted, or next to a typo) that
-/// line can be the key, which would then reach the terminal, the journal and the reload
-/// verdict: such a file's errors name the line and column and the parser's message alone.
+/// What a TOML error says of `text`: the line and column and the parser's message, never
+/// the parser's own text, which quotes the offending line. That line can hold a secret: a
+/// private key's text pasted as a key (unquoted, or next to a typo) or a bearer token's
+/// digest, and the message reaches the terminal, the journal, the unit's status text and
+/// the reload verdict.
 fn syntax_message(text: &str, e: &toml::de::Error) -> String {
-    if !crate::keys::holds_private_key_text(text) {
-        return e.to_string().trim_end().to_string();
-    }
-    let at = e.span().map(|span| {
-        let before = &text[..span.start.min(text.len())];
+    let at = e.span().and_then(|span| {
+        let before = text.get(..span.start)?;
         let line = before.matches('\n').count() + 1;
-        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-        format!("line {line}, column {column}: ")
+        let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+        Some(format!("line {line}, column {column}: "))
     });
-    let message = e.message();
+    let message = e.message().trim_end();
     let message = if crate::keys::holds_private_key_text(message) {
         "(the parser's message quotes a private key's text, not shown)"
     } else {
         message
     };
-    format!(
-        "{}{message} (the line is not shown: the file holds a private key's text; treat that key as disclosed to whoever can read this file)",
-        at.unwrap_or_default()
-    )
+    let disclosed = if crate::keys::holds_private_key_text(text) {
+        " (the file holds a private key's text: treat that key as disclosed to whoever can \
+         read this file)"
+    } else {
+        ""
+    };
+    format!("{}{message}{disclosed}", at.unwrap_or_default())
 }
 
 /// A principal and what it may call.
@@ -1478,12 +1479,19 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         ));
         assert!(!e.contains(&seed), "{e}");
         assert!(
-            e.contains("line 15, column") && e.contains("not shown"),
+            e.contains("line 15, column 7: ") && e.contains("treat that key as disclosed"),
             "{e}"
         );
-        // Elsewhere the parser's own text, which quotes the line, stays.
-        let e = error(&MINIMAL.replace("key = \"keys/srv.pub\"", "key = keys/srv.pub"));
-        assert!(e.contains("keys/srv.pub"), "{e}");
+        // No line is quoted elsewhere either: a bearer token's digest on a line with a typo
+        // would reach the journal and `systemctl status`.
+        let digest = "ab".repeat(32);
+        let e = error(&format!(
+            "{MINIMAL}\n[http]\ntokens = [{{ principal = \"alice\", sha256 = \"{digest} }}]\n"
+        ));
+        assert!(!e.contains(&digest) && e.contains("line "), "{e}");
+        // Columns count characters, not bytes.
+        let e = error("# é\n[host]\nsocket = \"é\" x\n");
+        assert!(e.contains("line 3, column 14: "), "{e}");
     }
 
     #[test]
@@ -1796,7 +1804,7 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
             StateConfig::Sqlite
         );
         let e = error(&sqlite(", url_file = \"pg.url\", host_id = \"web-1\""));
-        assert!(e.contains("url_file"), "{e}");
+        assert!(e.contains("unknown field"), "{e}");
     }
 
     #[test]
