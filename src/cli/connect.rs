@@ -15,7 +15,7 @@ use unanswered::{Direction, Lines, Unanswered};
 /// a host may be configured to take, past which every host refuses it (a longer line is
 /// still passed on, unread). One the host's own limit refuses is answered with a null id
 /// naming its length, which ends what it is owed.
-const LONGEST_REQUEST_READ: usize = 64 * 1024 * 1024;
+const LONGEST_REQUEST_READ: usize = crate::config::MOST_MESSAGE_BYTES;
 
 /// The longest host line the bridge reads for an answer's id, and a bound on what a host
 /// that never ends a line makes the bridge hold. A longer line is still passed on, unread

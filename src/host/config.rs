@@ -222,6 +222,10 @@ fn default_session_idle_timeout() -> u64 {
 }
 /// The longest interval over which identical refusals are folded into one record.
 const MAX_FOLD_INTERVAL_MS: u64 = 3_600_000;
+/// The most `max_message_bytes` may be (64 MiB): past it, no host takes a message
+/// (`flowhost connect` reads a request's id up to it).
+pub const MOST_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
 /// The smallest record file size before rotation.
 const MIN_ROTATE_BYTES: u64 = 1024 * 1024;
 
@@ -699,11 +703,11 @@ impl HostConfig {
         };
 
         let h = raw.host;
-        if h.max_message_bytes < 1024 || h.max_message_bytes > 64 * 1024 * 1024 {
+        if h.max_message_bytes < 1024 || h.max_message_bytes > MOST_MESSAGE_BYTES {
             return Err(invalid(
                 "host.max_message_bytes".into(),
                 format!(
-                    "{} is out of range; use 1024 to 67108864 (bytes)",
+                    "{} is out of range; use 1024 to {MOST_MESSAGE_BYTES} (bytes)",
                     h.max_message_bytes
                 ),
             ));

@@ -237,21 +237,21 @@ fn classify_owned(value: Value) -> Result<Incoming, (Value, RpcError)> {
     }
 }
 
-/// The message of the error a line longer than `limit` (`n` bytes) is refused with, with a
-/// null id: `flowhost connect` reads the length back with [`too_large_length`] to tell
-/// which of the client's requests it was.
-pub fn too_large(n: usize, limit: usize) -> String {
-    format!("message of {n} bytes exceeds the limit of {limit} bytes")
+/// The error a line longer than `limit` (`n` bytes) is refused with (with a null id): its
+/// data names the length, which `flowhost connect` reads back ([`too_large_length`]) to
+/// tell which of the client's requests it was.
+pub fn too_large(n: usize, limit: usize) -> RpcError {
+    RpcError::new(
+        code::INVALID_REQUEST,
+        format!("message of {n} bytes exceeds the limit of {limit} bytes"),
+    )
+    .with_data(serde_json::json!({ "message_bytes": n }))
 }
 
-/// The length a [`too_large`] message names.
-pub fn too_large_length(message: &str) -> Option<usize> {
-    message
-        .strip_prefix("message of ")?
-        .split_once(" bytes exceeds the limit of ")?
-        .0
-        .parse()
-        .ok()
+/// The length a [`too_large`] error (as received: its JSON object) names.
+pub fn too_large_length(error: &Value) -> Option<usize> {
+    let n = error.pointer("/data/message_bytes")?.as_u64()?;
+    usize::try_from(n).ok()
 }
 
 /// One outgoing JSON-RPC message, serialised straight from borrowed parts. Its members are

@@ -68,11 +68,7 @@ impl Unanswered {
                     outcome: Err(e),
                 },
             ) if id.is_null() => {
-                if let Some(n) = e
-                    .get("message")
-                    .and_then(serde_json::Value::as_str)
-                    .and_then(crate::mcp::too_large_length)
-                {
+                if let Some(n) = crate::mcp::too_large_length(&e) {
                     let mut owed = self.lock();
                     if let Some(id) = owed
                         .iter()
@@ -120,7 +116,7 @@ impl Lines {
     /// Takes in the last line of a stream that ended without its newline: the host reads it
     /// as a line.
     pub(crate) fn finish(&mut self) {
-        if !self.skipping && !self.partial.is_empty() && self.partial.len() <= self.limit {
+        if !self.skipping && !self.partial.is_empty() {
             let partial = std::mem::take(&mut self.partial);
             self.unanswered.line(self.direction, &partial);
         }
@@ -240,10 +236,7 @@ mod tests {
         assert_eq!(u.ids(), ["4", "5"]);
         let refusal = crate::mcp::error_response(
             &serde_json::Value::Null,
-            &crate::mcp::RpcError::new(
-                crate::mcp::code::INVALID_REQUEST,
-                crate::mcp::too_large(long.len(), 1024),
-            ),
+            &crate::mcp::too_large(long.len(), 1024),
         );
         down.feed(format!("{refusal}\n").as_bytes());
         assert_eq!(u.ids(), ["5"]);

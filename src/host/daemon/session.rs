@@ -472,10 +472,7 @@ pub(super) async fn run(
             Line::Eof => break,
             Line::TooLarge(n) => {
                 session
-                    .send(mcp::error_response(
-                        &Value::Null,
-                        &RpcError::new(code::INVALID_REQUEST, mcp::too_large(n, limit)),
-                    ))
+                    .send(mcp::error_response(&Value::Null, &mcp::too_large(n, limit)))
                     .await;
                 continue;
             }
