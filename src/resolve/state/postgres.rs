@@ -1470,11 +1470,11 @@ impl StateBackend for PostgresStore {
                         held.insert(p.to_string(), self.decode(p, self.column(row, 1, p)?)?);
                     }
                     let bottom = InformationLabel::bottom();
-                    let lowered: Vec<(PrincipalId, InformationLabel)> = seen
+                    let lowered: Vec<(&PrincipalId, &InformationLabel, InformationLabel)> = seen
                         .iter()
                         .filter_map(|(principal, label)| {
                             let now = held.get(principal.as_str()).unwrap_or(&bottom);
-                            (!label.flows_to(now)).then(|| (principal.clone(), now.clone()))
+                            (!label.flows_to(now)).then(|| (principal, label, now.clone()))
                         })
                         .collect();
                     if !lowered.is_empty() {
@@ -1495,23 +1495,20 @@ impl StateBackend for PostgresStore {
             // As a read that finds a label lower does: the label seen is written back (other
             // hosts would otherwise serve the lowered one), the store reports it, and takes
             // no grant until it restarts. Before, the checkpoint alone was refused.
-            let mut first = None;
-            if !lowered.is_empty() {
-                tracing::error!(target = %self.target.name, "the checkpoint is not moved: the flow-state database holds labels lower than this host has seen them");
+            let Some((first, _, _)) = lowered.first() else {
+                return Ok(());
+            };
+            tracing::error!(target = %self.target.name, "the checkpoint is not moved: the flow-state database holds labels lower than this host has seen them");
+            let refused = PgError::Lower {
+                target: self.target.name.clone(),
+                principal: first.to_string(),
+            };
+            for (principal, seen, held) in &lowered {
+                // Always an error (each label is lower than seen); the checkpoint's own
+                // refusal is returned whatever it says.
+                let _ = self.observed_or_write_back(principal, seen, held).await;
             }
-            for (principal, held) in &lowered {
-                let before = seen
-                    .get(principal)
-                    .cloned()
-                    .unwrap_or_else(InformationLabel::bottom);
-                if let Err(e) = self.observed_or_write_back(principal, &before, held).await {
-                    first.get_or_insert(e);
-                }
-            }
-            match first {
-                Some(e) => Err(e),
-                None => Ok(()),
-            }
+            Err(refused.into())
         })
     }
 
