@@ -441,6 +441,13 @@ impl RecordWriter {
         rx.recv().unwrap_or_else(|_| Err(self.shared.gone()))
     }
 
+    /// Makes the next sync (whoever runs it) `by` slower: a test holds a record written but
+    /// not yet durable for that long.
+    #[cfg(test)]
+    pub(crate) fn slow_next_sync(&self, by: std::time::Duration) {
+        self.stages.slow_next_sync(by);
+    }
+
     /// The current status (sequence range, chain head, failure).
     pub fn status(&self) -> WriterStatus {
         self.shared.status()

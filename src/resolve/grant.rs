@@ -640,7 +640,8 @@ mod tests {
         assert_eq!(accepted.expires_by, read + Duration::from_secs(60));
         let (unix, began) = clock();
         let since = Instant::now() - began;
-        assert!(since < Duration::from_secs(1), "{since:?}");
+        // Less than a second before now, and whatever this thread waited meanwhile.
+        assert!(since < Duration::from_millis(1500), "{since:?}");
         assert!(unix >= now().saturating_sub(1));
     }
 

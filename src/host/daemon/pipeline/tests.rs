@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -261,6 +262,28 @@ impl Dispatch for Scripted {
         self.answers
             .pop_front()
             .unwrap_or(Err(DispatchError::Failed("no scripted answer".into())))
+    }
+}
+
+/// An executor that, as it answers, makes the records' next sync 400 ms slower.
+struct HoldingTheNextSync<'w> {
+    records: &'w RecordWriter,
+    inner: Scripted,
+}
+
+impl Dispatch for HoldingTheNextSync<'_> {
+    async fn dispatch(
+        &mut self,
+        server: &str,
+        tool: &str,
+        arguments: Value,
+        call: CallInFlight,
+        gate: &RelayGate<'_>,
+    ) -> Result<Value, DispatchError> {
+        self.records.slow_next_sync(Duration::from_millis(400));
+        self.inner
+            .dispatch(server, tool, arguments, call, gate)
+            .await
     }
 }
 
@@ -597,23 +620,32 @@ async fn an_outcome_that_raised_a_label_is_durable_before_the_answer() {
         }
         last
     };
-    // What an error answer carries is classified as a result would be.
-    let mut exec = Scripted::answering(vec![Err(DispatchError::Answered(
-        RpcError::new(-32602, "bad folder").with_data(json!({"read": TERMS})),
-    ))]);
-    host.call(
-        ANALYST,
-        call("workspace/list_documents", json!({})),
-        &mut exec,
-    )
-    .await
-    .unwrap_err();
+    // What an error answer carries is classified as a result would be. The sync after the
+    // executor answers is held back: an outcome not waited for is then still not durable
+    // when the call returns, whatever the machine's speed.
+    let answer = || {
+        Err(DispatchError::Answered(
+            RpcError::new(-32602, "bad folder").with_data(json!({"read": TERMS})),
+        ))
+    };
+    let mut exec = HoldingTheNextSync {
+        records: &host.records,
+        inner: Scripted::answering(vec![answer(), answer()]),
+    };
+    let list = || call("workspace/list_documents", json!({}));
+    host.call(ANALYST, list(), &mut exec).await.unwrap_err();
     let durable = last_durable();
     let written = last_written().await;
     assert!(
         written.is_some() && durable == written,
         "{durable:?} {written:?}"
     );
+    // The same again raises nothing: its outcome is not waited for (a steady call pays one
+    // sync, its authorization's).
+    host.call(ANALYST, list(), &mut exec).await.unwrap_err();
+    let durable = last_durable();
+    let written = last_written().await;
+    assert!(durable < written, "{durable:?} {written:?}");
     let mut exec = Feeding::default();
     exec.answers.push_back(Ok(json!({"contents": [
         {"uri": "test://template/7/data", "text": "plain"}]})));
