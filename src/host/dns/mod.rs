@@ -1482,8 +1482,6 @@ mod tests {
         on_link: |_| false,
     };
 
-    /// Mediation asking `upstream`, writing resolv.conf files into `dir`, with no
-    /// `private_answers`, on a host attached to no public network ([`AWAY`]).
     /// A port 53 held on every address by another server (dnsmasq's default) is named as
     /// the cause, not the right to bind it.
     #[test]
@@ -1517,6 +1515,8 @@ mod tests {
         m.check_senders().unwrap();
     }
 
+    /// Mediation asking `upstream`, writing resolv.conf files into `dir`, with no
+    /// `private_answers`, on a host attached to no public network ([`AWAY`]).
     fn mediation(upstream: SocketAddr, dir: &Path) -> DnsMediation {
         DnsMediation {
             upstream: Arc::new(Upstream::new(vec![upstream])),

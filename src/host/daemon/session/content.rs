@@ -203,7 +203,14 @@ impl Session {
                 Denial::AccessDenied,
             );
             return Err(self
-                .refuse_subscription(&generation, method, params, &route, e)
+                .refuse_subscription(
+                    &generation,
+                    method,
+                    params,
+                    &route,
+                    e,
+                    Verdict::refused(Denial::AccessDenied),
+                )
                 .await);
         }
         let server = &route.server_id;
@@ -224,7 +231,14 @@ impl Session {
                         Denial::SubscriptionLimit,
                     );
                     return Err(self
-                        .refuse_subscription(&generation, method, params, &route, e)
+                        .refuse_subscription(
+                            &generation,
+                            method,
+                            params,
+                            &route,
+                            e,
+                            Verdict::refused(Denial::SubscriptionLimit),
+                        )
                         .await);
                 }
             }
@@ -259,7 +273,14 @@ impl Session {
                     Denial::StateFailure,
                 );
                 return Err(self
-                    .refuse_subscription(&generation, method, params, &route, e)
+                    .refuse_subscription(
+                        &generation,
+                        method,
+                        params,
+                        &route,
+                        e,
+                        Verdict::Failed(Failure::StateFailure),
+                    )
                     .await);
             }
         };
@@ -315,8 +336,9 @@ impl Session {
         outcome
     }
 
-    /// Records the refusal `e` of a subscription request routed to `route` (a failure, when
-    /// the flow state could not be read) and returns it (or the record failure).
+    /// Records a subscription request routed to `route` that did not go ahead (`verdict`: a
+    /// refusal, or a failure when the flow state could not be read, which is no refusal to
+    /// fold) and returns `e`, what the client is told (or the record failure).
     async fn refuse_subscription(
         &self,
         generation: &Generation,
@@ -324,17 +346,8 @@ impl Session {
         params: &Value,
         route: &ContentRoute,
         e: RpcError,
+        verdict: Verdict,
     ) -> RpcError {
-        let denial = e
-            .data_denial()
-            .and_then(|d| serde_json::from_value::<Denial>(json!(d)).ok())
-            .unwrap_or(Denial::AccessDenied);
-        // A state that cannot be read is no refusal (refusals may be folded): the request
-        // failed, as a read does then.
-        let verdict = match denial {
-            Denial::StateFailure => Verdict::Failed(Failure::StateFailure),
-            denial => Verdict::refused(denial),
-        };
         match pipeline::content::refuse_subscription(
             &env(&self.host, generation),
             self.caller(generation),
