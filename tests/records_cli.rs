@@ -431,6 +431,15 @@ fn a_rotated_file_read_alone_is_held_to_the_file_after_it() {
         "{}",
         stdout(&o)
     );
+    // With the next file emptied, its name still says where this one ends.
+    std::fs::write(&files[1], "").unwrap();
+    let o = flowhost(&["records", "verify", &first]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("records were added past its end"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 /// A record file read alone is held to what its directory's anchor says of it, even when a

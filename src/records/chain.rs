@@ -601,11 +601,23 @@ fn verify_records_in_blocks<G: Gather>(
     {
         match first_record_before(&next.path, next.first_seq) {
             Some(witness) => witnesses.push(witness),
-            None => notes.push(format!(
-                "{} follows this file, but its first record cannot be read as the record its \
-                 name says, so where this file ends is not checked against it",
-                next.path.display()
-            )),
+            // Its name still says where this file ends (a rotation names the new file after
+            // the last record of the one before, even when it crashed before writing to it).
+            None => {
+                notes.push(format!(
+                    "{} follows this file, but its first record cannot be read as the record \
+                     its name says, so this file's last line is not checked against it (where \
+                     the file ends is, by its name)",
+                    next.path.display()
+                ));
+                if let Some(seq) = next.first_seq.checked_sub(1).filter(|&s| s > 0) {
+                    witnesses.push(Witness {
+                        seq,
+                        hash: None,
+                        by: Voucher::NextFile,
+                    });
+                }
+            }
         }
     }
     let mut v = Verifier::new(files.clone(), head_anchor.clone(), notes, witnesses);
@@ -888,11 +900,12 @@ impl Voucher {
 }
 
 /// A record the stream must still hold: no crash takes away a line once it is durable, so
-/// the stream reaches it and holds it unchanged.
+/// the stream reaches it and holds it unchanged (`hash`: as the voucher says; `None` when
+/// it says only where the record is, as a next record file's name does).
 #[derive(Debug, Clone)]
 struct Witness {
     seq: u64,
-    hash: String,
+    hash: Option<String>,
     by: Voucher,
 }
 
@@ -922,7 +935,7 @@ fn first_record_before(path: &Path, named: u64) -> Option<Witness> {
     match (seq, prev) {
         (Some(seq), Some(prev)) if seq == named && seq > 1 => Some(Witness {
             seq: seq - 1,
-            hash: prev.to_string(),
+            hash: Some(prev.to_string()),
             by: Voucher::NextFile,
         }),
         _ => None,
@@ -937,7 +950,7 @@ impl Witness {
         let mut witnesses: Vec<Witness> = anchor
             .map(|a| Witness {
                 seq: a.seq,
-                hash: a.hash.clone(),
+                hash: Some(a.hash.clone()),
                 by: Voucher::HeadAnchor,
             })
             .into_iter()
@@ -945,11 +958,11 @@ impl Witness {
         if let Some(c) = checkpoint
             && !witnesses
                 .iter()
-                .any(|w| w.seq == c.seq && w.hash == c.hash.as_str())
+                .any(|w| w.seq == c.seq && w.hash.as_deref() == Some(c.hash.as_str()))
         {
             witnesses.push(Witness {
                 seq: c.seq,
-                hash: c.hash.as_str().to_string(),
+                hash: Some(c.hash.as_str().to_string()),
                 by: Voucher::Checkpoint,
             });
         }
@@ -987,12 +1000,16 @@ impl Verifier {
     /// where a missing end is reported.
     fn check_witnesses(&mut self, at: Location) {
         let last = self.report.last_seq.unwrap_or(0);
-        let latest = self
-            .witnesses
-            .iter()
-            .map(|(w, _)| w)
-            .reduce(|a, b| if b.seq > a.seq { b } else { a });
-        if let Some(latest) = latest.filter(|w| w.seq > last) {
+        // Those that vouch for a record's hash first: a next file's name alone (which anyone
+        // can give a file) says the stream is cut only when nothing surer does.
+        let latest = |vouched: bool| {
+            self.witnesses
+                .iter()
+                .map(|(w, _)| w)
+                .filter(|w| w.hash.is_some() == vouched && w.seq > last)
+                .reduce(|a, b| if b.seq > a.seq { b } else { a })
+        };
+        if let Some(latest) = latest(true).or_else(|| latest(false)) {
             let kind = match latest.by {
                 Voucher::HeadAnchor => ProblemKind::MissingVersusHead {
                     head_seq: latest.seq,
@@ -1029,8 +1046,8 @@ impl Verifier {
             });
         }
         for (witness, found) in std::mem::take(&mut self.witnesses) {
-            if let Some((loc, digest)) = found
-                && hash_of_digest(&digest).as_str() != witness.hash
+            if let (Some((loc, digest)), Some(hash)) = (found, &witness.hash)
+                && hash_of_digest(&digest).as_str() != hash
             {
                 self.report.problems.push(Problem {
                     at: loc,
