@@ -468,12 +468,9 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
         let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
         Some(format!("line {line}, column {column}: "))
     });
-    let message = e.message().trim_end();
-    let message = if crate::keys::holds_private_key_text(message) {
-        "(the parser's message quotes a private key's text, not shown)"
-    } else {
-        message
-    };
+    // serde's words quote a value given where another type was wanted (`invalid type:
+    // string "...", expected ...`): a token written in the wrong place would be shown.
+    let message = without_quoted_strings(e.message().trim_end());
     let disclosed = if crate::keys::holds_private_key_text(text) {
         " (the file holds a private key's text: treat that key as disclosed to whoever can \
          read this file)"
@@ -481,6 +478,23 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
         ""
     };
     format!("{}{message}{disclosed}", at.unwrap_or_default())
+}
+
+/// `message` with each double-quoted part (a value the parser quotes) replaced by `"…"`; a
+/// quote without its pair (the parser naming the character it wanted) stays.
+fn without_quoted_strings(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(open) = rest.find('"') {
+        let Some(close) = rest[open + 1..].find('"') else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        out.push_str("\"…\"");
+        rest = &rest[open + 1 + close + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A principal and what it may call.
@@ -1490,12 +1504,20 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         // would reach the journal and `systemctl status`.
         let digest = "ab".repeat(32);
         let e = error(&format!(
-            "{MINIMAL}\n[http]\ntokens = [{{ principal = \"alice\", sha256 = \"{digest} }}]\n"
+            "{MINIMAL}\n[[http.token]]\nprincipal = \"alice\"\nsha256 = \"{digest}\n"
         ));
-        assert!(!e.contains(&digest) && e.contains("line "), "{e}");
+        assert!(!e.contains(&digest) && e.contains("line 24, column 75"), "{e}");
         // Columns count characters, not bytes.
         let e = error("# é\n[host]\nsocket = \"é\" x\n");
         assert!(e.contains("line 3, column 14: "), "{e}");
+        // A value given where another type was wanted is not quoted back.
+        let e = error(&format!("{MINIMAL}\n[http]\ntoken = \"s3cr3t-bearer\"\n"));
+        assert!(!e.contains("s3cr3t") && e.contains("invalid type"), "{e}");
+        assert_eq!(without_quoted_strings("a \"b\" c \"d"), "a \"…\" c \"d");
+        assert_eq!(
+            without_quoted_strings("invalid basic string, expected `\"`"),
+            "invalid basic string, expected `\"`"
+        );
     }
 
     #[test]
