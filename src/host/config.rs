@@ -1506,7 +1506,10 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
         let e = error(&format!(
             "{MINIMAL}\n[[http.token]]\nprincipal = \"alice\"\nsha256 = \"{digest}\n"
         ));
-        assert!(!e.contains(&digest) && e.contains("line 24, column 75"), "{e}");
+        assert!(
+            !e.contains(&digest) && e.contains("line 24, column 75"),
+            "{e}"
+        );
         // Columns count characters, not bytes.
         let e = error("# é\n[host]\nsocket = \"é\" x\n");
         assert!(e.contains("line 3, column 14: "), "{e}");

@@ -248,10 +248,18 @@ pub fn too_large(n: usize, limit: usize) -> RpcError {
     .with_data(serde_json::json!({ "message_bytes": n }))
 }
 
-/// The length a [`too_large`] error (as received: its JSON object) names.
+/// The length a [`too_large`] error (as received: its JSON object) names: one with that
+/// code and no data but the length (what a tool answers passes through as it is, and must
+/// not pass for the host's refusal).
 pub fn too_large_length(error: &Value) -> Option<usize> {
-    let n = error.pointer("/data/message_bytes")?.as_u64()?;
-    usize::try_from(n).ok()
+    if error.get("code").and_then(Value::as_i64) != Some(code::INVALID_REQUEST) {
+        return None;
+    }
+    let data = error.get("data")?.as_object()?;
+    if data.len() != 1 {
+        return None;
+    }
+    usize::try_from(data.get("message_bytes")?.as_u64()?).ok()
 }
 
 /// One outgoing JSON-RPC message, serialised straight from borrowed parts. Its members are

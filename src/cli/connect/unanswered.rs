@@ -17,9 +17,11 @@ use std::sync::{Arc, Mutex};
 use crate::mcp::Incoming;
 
 /// The ids (as their JSON text) of the client's requests still owed an answer, each with
-/// the length of its line, shared by both directions of one bridge.
+/// the lengths of the lines that sent it (a client may reuse an id; the host refuses the
+/// second while the first is in flight, and each is owed its own answer), shared by both
+/// directions of one bridge.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Unanswered(Arc<Mutex<BTreeMap<String, usize>>>);
+pub(crate) struct Unanswered(Arc<Mutex<BTreeMap<String, Vec<usize>>>>);
 
 /// Which way a line travelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,11 +38,29 @@ impl Unanswered {
         self.lock().keys().cloned().collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, usize>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<usize>>> {
         // A panic while holding the lock leaves a set that is still a set: use it.
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// One request of `id` answered: the one sent on a line of `length` bytes, or the
+    /// earliest.
+    fn answered(&self, id: &str, length: Option<usize>) {
+        let mut owed = self.lock();
+        let Some(lines) = owed.get_mut(id) else {
+            return;
+        };
+        let at = length
+            .and_then(|n| lines.iter().position(|&l| l == n))
+            .unwrap_or(0);
+        if at < lines.len() {
+            lines.remove(at);
+        }
+        if lines.is_empty() {
+            owed.remove(id);
+        }
     }
 
     /// Takes in what one complete line says.
@@ -50,14 +70,17 @@ impl Unanswered {
         };
         match (direction, message) {
             (Direction::Up, Incoming::Request { id, .. }) if !id.is_null() => {
-                self.lock().insert(id.to_string(), line.len());
+                self.lock()
+                    .entry(id.to_string())
+                    .or_default()
+                    .push(line.len());
             }
             // A cancelled request may go unanswered (the host then sends nothing).
             (Direction::Up, Incoming::Notification { method, params })
                 if method == "notifications/cancelled" =>
             {
                 if let Some(cancelled) = params.get("requestId") {
-                    self.lock().remove(&cancelled.to_string());
+                    self.answered(&cancelled.to_string(), None);
                 }
             }
             // A request over the host's limit, refused with a null id: the one of that length.
@@ -69,19 +92,19 @@ impl Unanswered {
                 },
             ) if id.is_null() => {
                 if let Some(n) = crate::mcp::too_large_length(&e) {
-                    let mut owed = self.lock();
-                    if let Some(id) = owed
+                    let id = self
+                        .lock()
                         .iter()
-                        .find(|(_, len)| **len == n)
-                        .map(|(id, _)| id.clone())
-                    {
-                        owed.remove(&id);
+                        .find(|(_, lines)| lines.contains(&n))
+                        .map(|(id, _)| id.clone());
+                    if let Some(id) = id {
+                        self.answered(&id, Some(n));
                     }
                 }
             }
             // The host's own requests to the client (sampling, elicitation) are no answers.
             (Direction::Down, Incoming::Response { id, .. }) => {
-                self.lock().remove(&id.to_string());
+                self.answered(&id.to_string(), None);
             }
             _ => {}
         }
@@ -240,6 +263,29 @@ mod tests {
         );
         down.feed(format!("{refusal}\n").as_bytes());
         assert_eq!(u.ids(), ["5"]);
+    }
+
+    /// A reused id is owed once per request (the host refuses the second with that id while
+    /// the first is in flight, and answers the first later); and only the host's own
+    /// too-long refusal, code and data alone, ends what a request is owed.
+    #[test]
+    fn a_reused_id_is_owed_per_request_and_a_lookalike_refusal_ends_nothing() {
+        let (mut up, mut down, u) = pair();
+        up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\"}\n");
+        up.feed(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"bb\"}\n");
+        down.feed(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":-32600,\"message\":\"in flight\"}}\n");
+        assert_eq!(u.ids(), ["1"]);
+        // A tool's error with a null id that looks like the refusal, but with more data.
+        let n = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\"}".len();
+        down.feed(
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{{\"code\":-32600,\"message\":\"x\",\"data\":{{\"message_bytes\":{n},\"more\":1}}}}}}\n"
+            )
+            .as_bytes(),
+        );
+        assert_eq!(u.ids(), ["1"]);
+        down.feed(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n");
+        assert!(u.ids().is_empty());
     }
 
     #[test]

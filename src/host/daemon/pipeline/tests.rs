@@ -265,7 +265,8 @@ impl Dispatch for Scripted {
     }
 }
 
-/// An executor that, as it answers, makes the records' next sync 400 ms slower.
+/// An executor that, as it answers, makes the records' next sync 1.5 s slower (long enough
+/// that a test reads the writer's status before it ends, on a busy machine too).
 struct HoldingTheNextSync<'w> {
     records: &'w RecordWriter,
     inner: Scripted,
@@ -280,7 +281,7 @@ impl Dispatch for HoldingTheNextSync<'_> {
         call: CallInFlight,
         gate: &RelayGate<'_>,
     ) -> Result<Value, DispatchError> {
-        self.records.slow_next_sync(Duration::from_millis(400));
+        self.records.slow_next_sync(Duration::from_millis(1500));
         self.inner
             .dispatch(server, tool, arguments, call, gate)
             .await
