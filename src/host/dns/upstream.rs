@@ -79,11 +79,37 @@ fn parse_resolv_conf(text: &str) -> Vec<SocketAddr> {
             (words.next() == Some("nameserver"))
                 .then(|| words.next())
                 .flatten()
-                // A scoped IPv6 address (fe80::1%eth0) keeps only the address.
-                .and_then(|a| a.split('%').next()?.parse::<IpAddr>().ok())
-                .map(|ip| SocketAddr::new(ip, 53))
+                .and_then(nameserver)
         })
         .collect()
+}
+
+/// A `nameserver` address, port 53. A scoped IPv6 address (`fe80::1%eth0`, as
+/// NetworkManager writes a router's link-local resolver) keeps its scope: without it, a
+/// link-local address cannot be reached (EINVAL at connect) and every lookup would fail. A
+/// scope naming no interface drops the line, saying so.
+fn nameserver(word: &str) -> Option<SocketAddr> {
+    let (address, scope) = match word.split_once('%') {
+        Some((address, scope)) => (address, Some(scope)),
+        None => (word, None),
+    };
+    let ip = address.parse::<IpAddr>().ok()?;
+    let (IpAddr::V6(v6), Some(scope)) = (ip, scope) else {
+        return Some(SocketAddr::new(ip, 53));
+    };
+    let scope_id = match scope.parse::<u32>() {
+        Ok(index) => index,
+        Err(_) => match nix::net::if_::if_nametoindex(scope) {
+            Ok(index) => index,
+            Err(e) => {
+                tracing::warn!(nameserver = %flowhost_broker::Escaped(word), error = %e, "a resolv.conf nameserver names an interface this host does not have; it is not asked");
+                return None;
+            }
+        },
+    };
+    Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+        v6, 53, 0, scope_id,
+    )))
 }
 
 async fn ask_udp(
@@ -191,14 +217,27 @@ mod tests {
         assert!(wire::answer(&q, &got, 4243).is_err());
     }
 
+    /// A scoped link-local nameserver keeps its scope (before, `%eth0` was dropped, and a
+    /// link-local address without one cannot be reached: every lookup failed); one naming
+    /// no interface of this host is not asked.
     #[test]
     fn reads_nameserver_lines() {
-        let text = "# comment\nsearch example.org\nnameserver 10.0.0.53\nnameserver fe80::1%eth0\nnameserver bogus\noptions ndots:2\n";
+        let lo = nix::net::if_::if_nametoindex("lo").unwrap();
+        let text = "# comment\nsearch example.org\nnameserver 10.0.0.53\nnameserver fe80::1%lo\nnameserver fe80::2%7\nnameserver fe80::3%no-such-if0\nnameserver bogus\noptions ndots:2\n";
+        let scoped = |ip: &str, scope| {
+            SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip.parse().unwrap(),
+                53,
+                0,
+                scope,
+            ))
+        };
         assert_eq!(
             parse_resolv_conf(text),
             vec![
                 "10.0.0.53:53".parse::<SocketAddr>().unwrap(),
-                "[fe80::1]:53".parse().unwrap()
+                scoped("fe80::1", lo),
+                scoped("fe80::2", 7),
             ]
         );
     }
