@@ -196,22 +196,15 @@ impl Session {
         };
         // From here on a refusal's record names the server and what it signed; the client is
         // told by what it asked, never by what the route found.
+        let refuse =
+            |e, verdict| self.refuse_subscription(&generation, method, params, &route, e, verdict);
         if !principal.may_call(&route.server_id, &route.name) {
             let e = refusal(
                 code::ACCESS_DENIED,
                 format!("principal {} may not use this resource", principal.id),
                 Denial::AccessDenied,
             );
-            return Err(self
-                .refuse_subscription(
-                    &generation,
-                    method,
-                    params,
-                    &route,
-                    e,
-                    Verdict::refused(Denial::AccessDenied),
-                )
-                .await);
+            return Err(refuse(e, Verdict::refused(Denial::AccessDenied)).await);
         }
         let server = &route.server_id;
         let subscribe = method == "resources/subscribe";
@@ -230,16 +223,7 @@ impl Session {
                         ),
                         Denial::SubscriptionLimit,
                     );
-                    return Err(self
-                        .refuse_subscription(
-                            &generation,
-                            method,
-                            params,
-                            &route,
-                            e,
-                            Verdict::refused(Denial::SubscriptionLimit),
-                        )
-                        .await);
+                    return Err(refuse(e, Verdict::refused(Denial::SubscriptionLimit)).await);
                 }
             }
         } else {
@@ -272,16 +256,7 @@ impl Session {
                     format!("flow state unavailable: {e}"),
                     Denial::StateFailure,
                 );
-                return Err(self
-                    .refuse_subscription(
-                        &generation,
-                        method,
-                        params,
-                        &route,
-                        e,
-                        Verdict::Failed(Failure::StateFailure),
-                    )
-                    .await);
+                return Err(refuse(e, Verdict::Failed(Failure::StateFailure)).await);
             }
         };
         if !subscribe {
