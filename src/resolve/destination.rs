@@ -519,15 +519,23 @@ pub fn reached_ip(ip: IpAddr) -> IpAddr {
             lo as u8,
         ))
     };
-    // `::` and `::1` (and the rest of ::/112) are IPv6's own, not IPv4-compatible.
-    let compatible = s[..6] == [0; 6] && s[6] != 0;
-    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..6] == [0, 0, 0, 0, 0xffff, 0] || compatible {
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+        || s[..6] == [0, 0, 0, 0, 0xffff, 0]
+        || ipv4_compatible(v6)
+    {
         embedded(s[6], s[7])
     } else if s[0] == 0x2002 {
         embedded(s[1], s[2])
     } else {
         IpAddr::V6(v6)
     }
+}
+
+/// Whether `v6` is an IPv4-compatible address (`::a.b.c.d`, deprecated): `::` and `::1`
+/// (and the rest of `::/112`) are IPv6's own, not IPv4-compatible.
+pub fn ipv4_compatible(v6: std::net::Ipv6Addr) -> bool {
+    let s = v6.segments();
+    s[..6] == [0; 6] && s[6] != 0
 }
 
 /// A network written in the IPv4-mapped IPv6 form (within `::ffff:0:0/96`) as the IPv4

@@ -337,7 +337,7 @@ impl PrivateScope {
 /// IPv6 address carrying an IPv4 one ([`reached`]) is judged as the IPv4 address it reaches;
 /// an IPv4-compatible one (`::/96`, deprecated) that carries a public address is reserved.
 pub fn private_scope(ip: IpAddr) -> Option<PrivateScope> {
-    let compatible = matches!(ip, IpAddr::V6(v6) if v6.segments()[..6] == [0; 6]);
+    let compatible = matches!(ip, IpAddr::V6(v6) if crate::destination::ipv4_compatible(v6));
     let v6 = match reached(ip) {
         IpAddr::V4(v4) => {
             return private_v4(v4).or(compatible.then_some(PrivateScope::Reserved));
