@@ -74,6 +74,7 @@ pub(super) fn incomplete(h: &ToolObservationHealth) -> Option<String> {
 pub(super) fn fleet_gaps(
     healths: &[ToolObservationHealth],
     sources: &mut [ObservedSource],
+    links: &[Vec<u64>],
 ) -> Vec<String> {
     let mut gaps = Vec::new();
     let mut used = vec![false; healths.len()];
@@ -81,23 +82,7 @@ pub(super) fn fleet_gaps(
         // Rejected records decide the verdict; pairing what is left would only add noise.
         return healths.iter().filter_map(incomplete).collect();
     }
-    // One stream given twice (a copy of one host's records in place of another's) would
-    // pair with two copies of its health, and the other host's records go unjudged. Two
-    // streams that hold records never end in one head; empty ones all end in the genesis.
-    let mut heads: Vec<(&str, &std::path::Path)> = Vec::new();
-    for s in sources.iter().filter(|s| s.evidence == Evidence::Verified) {
-        let Some(head) = s.chain_head.as_deref().filter(|h| *h != GENESIS_HASH) else {
-            continue;
-        };
-        match heads.iter().find(|(h, _)| *h == head) {
-            Some((_, first)) => gaps.push(format!(
-                "{} and {} end in the same chain head {head}: one record stream was given twice, so another host's records are missing",
-                first.display(),
-                s.path.display()
-            )),
-            None => heads.push((head, &s.path)),
-        }
-    }
+    gaps.extend(one_chain_twice(sources, links));
     for s in sources
         .iter_mut()
         .filter(|s| s.evidence == Evidence::Verified)
@@ -133,6 +118,55 @@ pub(super) fn fleet_gaps(
         ));
     }
     gaps
+}
+
+/// A record's link to the one before it, as a key two streams can share: the first 64 bits
+/// of its `prev_hash` (`None` for the genesis, which every host's first record links to, and
+/// for a hash of another form). Two hosts' streams share no key but by a 2^-64 chance, which
+/// could only make a fleet look incomplete.
+pub(super) fn chain_link(prev_hash: &str) -> Option<u64> {
+    if prev_hash == GENESIS_HASH {
+        return None;
+    }
+    let hex = prev_hash.strip_prefix("sha256:")?.get(..16)?;
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// Verified streams that are parts of one host's chain: one holds a record of the other, or
+/// begins right after one (an older copy of a host's records, with the health its run wrote
+/// then, beside the newer; a copy given twice; a later piece of one stream). Each would pair
+/// with a health of its own, and another host's records would go unjudged. A stream's keys
+/// are its records' links and its head: together, every record it holds and the one before
+/// its first.
+pub(super) fn one_chain_twice(sources: &[ObservedSource], links: &[Vec<u64>]) -> Vec<String> {
+    let mut owner: HashMap<u64, usize> = HashMap::new();
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    for (i, s) in sources.iter().enumerate() {
+        if s.evidence != Evidence::Verified {
+            continue;
+        }
+        let head = s.chain_head.as_deref().and_then(chain_link);
+        let mine = links.get(i).into_iter().flatten().copied().chain(head);
+        for key in mine {
+            match owner.get(&key) {
+                Some(&j) if j != i && !pairs.contains(&(j, i)) => pairs.push((j, i)),
+                Some(_) => {}
+                None => {
+                    owner.insert(key, i);
+                }
+            }
+        }
+    }
+    pairs
+        .into_iter()
+        .map(|(j, i)| {
+            format!(
+                "{} and {} hold parts of one record chain (one holds a record of the other, or begins right after one): one host's records were given twice, so another host's records are missing",
+                sources[j].path.display(),
+                sources[i].path.display()
+            )
+        })
+        .collect()
 }
 
 /// How `health` fails to describe the verified flowhost records among `sources` (empty:

@@ -335,7 +335,7 @@ impl Acc {
                 gaps
             }
             // Each host's completeness from its own health is set here, and lowered below.
-            fleet => fleet_gaps(fleet, &mut evidence.sources),
+            fleet => fleet_gaps(fleet, &mut evidence.sources, &evidence.links),
         };
         let mut unattributed = false;
         if !options.unchained_from_other_observer {

@@ -53,7 +53,8 @@
 //! as many times). Each health pairs with the verified stream whose chain head its
 //! `records.chain_head` names, whatever the order given, and is then bound to that stream as
 //! above. Every stream's observation must be complete and bound: a stream no health names, a
-//! health that names no stream, or any host's gap makes the fleet inconclusive. Each
+//! health that names no stream, two streams holding parts of one chain (one host's records
+//! given as two hosts'), or any host's gap makes the fleet inconclusive. Each
 //! source's `observation_complete` in the report says how its own host fared, once every gap
 //! is known (its directory's missing head anchor and unattributed unchained decisions count;
 //! with one health, every gap of the run does).
@@ -454,6 +455,7 @@ pub fn diff_sources(
         }
         evidence.problems.extend(problems);
         evidence.sources.push(source);
+        evidence.links.push(judged.links);
         if let Some(part) = judged.acc {
             acc.merge(part);
         }
@@ -470,6 +472,9 @@ struct EvidenceSet {
     sources: Vec<ObservedSource>,
     problems: Vec<Problem>,
     unanchored: Vec<PathBuf>,
+    /// Each source's chain links (see [`chain_link`]), in the order of `sources`; empty for
+    /// sources that are not verified records.
+    links: Vec<Vec<u64>>,
 }
 
 /// One source, judged (or rejected).
@@ -480,15 +485,20 @@ struct Judged {
     report: Option<VerifyReport>,
     /// A record directory with records but no head anchor.
     unanchored: bool,
+    /// Verified records: each one's link to the record before it (see [`chain_link`]).
+    links: Vec<u64>,
 }
 
 impl Judged {
-    /// Flowhost records: judged if `report` verifies, else rejected.
-    fn chained(acc: Acc, report: VerifyReport) -> Self {
+    /// Flowhost records with `links` (see [`chain_link`]): judged if `report` verifies,
+    /// else rejected.
+    fn chained(acc: Acc, report: VerifyReport, links: Vec<u64>) -> Self {
+        let ok = report.is_ok();
         Judged {
-            acc: report.is_ok().then_some(acc),
+            acc: ok.then_some(acc),
             report: Some(report),
             unanchored: false,
+            links: if ok { links } else { Vec::new() },
         }
     }
 
@@ -498,6 +508,7 @@ impl Judged {
             acc: Some(acc),
             report: None,
             unanchored: false,
+            links: Vec::new(),
         }
     }
 
@@ -507,6 +518,7 @@ impl Judged {
             acc: None,
             report: Some(report),
             unanchored: false,
+            links: Vec::new(),
         }
     }
 
@@ -601,7 +613,11 @@ fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError>
             let envelope = read_envelope(path)?;
             match judge_envelope(matcher, path, &envelope) {
                 Ok(acc) if acc.chained == 0 => Ok(Judged::unchained(acc)),
-                Ok(acc) => Ok(Judged::chained(acc, envelope_chain(path, &envelope)?)),
+                Ok(acc) => Ok(Judged::chained(
+                    acc,
+                    envelope_chain(path, &envelope)?,
+                    envelope_links(&envelope),
+                )),
                 Err(e) => match envelope_chain(path, &envelope) {
                     Ok(report) if report.first_seq.is_some() && !report.is_ok() => {
                         Ok(Judged::rejected(report))
@@ -643,7 +659,7 @@ fn judge_records(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError
     }
     match part.error {
         Some(e) => Err(e),
-        None => Ok(Judged::chained(part.acc, report)),
+        None => Ok(Judged::chained(part.acc, report, part.links)),
     }
 }
 
@@ -691,6 +707,19 @@ fn read_envelope(file: &Path) -> Result<serde_json::Value, DiffError> {
             }
         })
     })
+}
+
+/// Each decision's link to the one before it (see [`chain_link`]), for an envelope whose
+/// chain verified.
+fn envelope_links(envelope: &serde_json::Value) -> Vec<u64> {
+    envelope
+        .get("observed_tool_decisions")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.pointer("/flowhost/prev_hash")?.as_str())
+        .filter_map(chain_link)
+        .collect()
 }
 
 /// The chain verification of an envelope's decisions.

@@ -323,6 +323,8 @@ pub(super) struct Judging<'m, 'd> {
 pub(super) struct JudgedRun {
     pub(super) acc: Acc,
     pub(super) error: Option<DiffError>,
+    /// Each record's link to the record before it (see [`chain_link`]).
+    pub(super) links: Vec<u64>,
 }
 
 impl Gather for Judging<'_, '_> {
@@ -332,6 +334,7 @@ impl Gather for Judging<'_, '_> {
         JudgedRun {
             acc: Acc::default(),
             error: None,
+            links: Vec::new(),
         }
     }
 
@@ -339,6 +342,7 @@ impl Gather for Judging<'_, '_> {
         if part.error.is_some() {
             return;
         }
+        part.links.extend(chain_link(&record.flowhost.prev_hash));
         let seq = Some(record.flowhost.seq);
         let at = || ObservedRef {
             file: file.to_path_buf(),
@@ -366,6 +370,7 @@ impl Gather for Judging<'_, '_> {
         next.acc.shift_lines(lines_before);
         into.acc.merge(next.acc);
         into.error = next.error;
+        into.links.append(&mut next.links);
     }
 }
 

@@ -848,11 +848,97 @@ fn one_stream_given_twice_is_not_a_fleet() {
     .unwrap();
     let message = gap(&r).expect("a gap");
     assert!(
-        message.contains("one record stream was given twice"),
+        message.contains("hold parts of one record chain"),
         "{message}"
     );
     assert!(!r.observation_complete);
     assert_ne!(r.exit_code(), 0);
+}
+
+/// An older copy of one host's records (a prefix of its chain, with the health its run
+/// wrote then) given beside the whole stream as a second host: the heads differ, but the two
+/// are one host's records, so another host's records are missing.
+#[test]
+fn parts_of_one_chain_given_as_two_hosts_are_not_a_fleet() {
+    let records = fixture("observed/allowed_declared.jsonl");
+    let lines: Vec<String> = std::fs::read_to_string(&records)
+        .unwrap()
+        .lines()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(lines.len(), 3);
+    let dir = tempfile::tempdir().unwrap();
+    for (name, part) in [("older.jsonl", &lines[..2]), ("first.jsonl", &lines[..1])] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, part.concat()).unwrap();
+        let r = diff_sources(
+            &declared("declared_prod_allowlist"),
+            &[records.clone(), path.clone()],
+            &[health_for(&records), health_for(&path)],
+            DiffOptions::default(),
+        )
+        .unwrap();
+        let message = gap(&r).unwrap_or_else(|| panic!("{name}: no gap: {:#?}", r.sources));
+        assert!(
+            message.contains("hold parts of one record chain"),
+            "{name}: {message}"
+        );
+        assert!(!r.observation_complete, "{name}");
+        assert_ne!(r.exit_code(), 0, "{name}");
+    }
+    // Two hosts' streams share nothing but the genesis they both start from.
+    let other = fixture("observed/denied.jsonl");
+    let r = diff_sources(
+        &declared("declared_prod_allowlist"),
+        &[records.clone(), other.clone()],
+        &[health_for(&records), health_for(&other)],
+        DiffOptions::default(),
+    )
+    .unwrap();
+    assert!(
+        gap(&r).is_none_or(|m| !m.contains("parts of one record chain")),
+        "{:?}",
+        gap(&r)
+    );
+}
+
+/// A stream that begins right after another's last record (a later piece of one host's
+/// chain, as a rotated file read alone) is part of the same chain; one that shares nothing
+/// is not.
+#[test]
+fn a_stream_beginning_after_anothers_last_record_is_the_same_chain() {
+    let hash = |n: u8| format!("sha256:{}", format!("{n:02x}").repeat(32));
+    let source = |name: &str, head: u8| ObservedSource {
+        path: name.into(),
+        evidence: Evidence::Verified,
+        decisions: 1,
+        first_seq: Some(1),
+        last_seq: Some(1),
+        chain_head: Some(hash(head)),
+        tool_calls: 0,
+        observation_complete: None,
+    };
+    let earlier = source("earlier", 2);
+    let later = source("later", 4);
+    let other = source("other", 6);
+    let links = |hashes: &[u8]| -> Vec<u64> {
+        hashes
+            .iter()
+            .filter_map(|n| chain_link(&hash(*n)))
+            .collect()
+    };
+    // earlier: records 1 and 2 (links: genesis, 1); later: 3 and 4 (links: 2, 3).
+    let gaps = one_chain_twice(
+        &[earlier.clone(), later, other.clone()],
+        &[links(&[1]), links(&[2, 3]), links(&[5])],
+    );
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    assert!(
+        gaps[0].starts_with("earlier and later hold parts"),
+        "{gaps:?}"
+    );
+    assert!(one_chain_twice(&[earlier, other], &[links(&[1]), links(&[5])]).is_empty());
+    assert_eq!(chain_link(GENESIS_HASH), None);
 }
 
 /// Judging flowhost records as the verifier decodes them gives what reading their lines
