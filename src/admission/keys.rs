@@ -92,6 +92,22 @@ pub enum KeyError {
         /// This process's effective uid.
         uid: u32,
     },
+    /// A public key file reached through a directory (or a symbolic link in one) that
+    /// someone other than root or this process's user may change: they could put another
+    /// key in its place, or point its name at one (another authority's key they hold the
+    /// private half of).
+    #[error(
+        "{}: public key file is reached through {} which {why}, so someone other than root or this process's user could put another key in its place",
+        path.display(), dir.display()
+    )]
+    PublicKeyPlace {
+        /// The key file as given.
+        path: PathBuf,
+        /// The directory others may change.
+        dir: PathBuf,
+        /// How.
+        why: files::OthersMayChange,
+    },
     /// A key file whose content is not a key.
     #[error("{}: {reason}", path.display())]
     KeyFileContent {
@@ -294,20 +310,35 @@ fn check_public_key_file(path: &Path, mode: u32, owner: u32, uid: u32) -> Result
 /// by neither root nor this process's user: a public key decides which signatures are
 /// trusted, so anyone who could change the file could make flowhost trust their key.
 ///
-/// The checks are made on the opened file (not the path), so the file read is the file
+/// Every directory its lookup passes, through any symbolic links, must be one only root or
+/// this process's user may change (root's sticky ones, such as `/tmp`, pass). The checks of
+/// the file itself are made on the opened file (not the path), so the file read is the file
 /// checked.
 pub fn load_verifying_key(path: &Path) -> Result<VerifyingKey, KeyError> {
+    let target = files::trusted_target(path).map_err(|e| match e {
+        files::TrustedFileError::Exposed { path: dir, why } => KeyError::PublicKeyPlace {
+            path: path.to_owned(),
+            dir,
+            why,
+        },
+        files::TrustedFileError::File(e) => KeyError::File(e),
+        // Not made by `trusted_target`, which judges directories only.
+        files::TrustedFileError::Readable { .. } => KeyError::File(FileError::Open {
+            path: path.to_owned(),
+            source: std::io::Error::other(e.to_string()),
+        }),
+    })?;
     // Named as `key generate` names a private key (one written before the label has the
-    // hex alone, and would read as a public key).
-    if path
-        .file_name()
-        .is_some_and(|n| n.to_string_lossy().ends_with(PRIVATE_KEY_SUFFIX))
-    {
+    // hex alone, and would read as a public key), as given or where a link leads.
+    if [path, target.as_path()].iter().any(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().ends_with(PRIVATE_KEY_SUFFIX))
+    }) {
         return Err(KeyError::PrivateKeyGiven {
             path: path.to_owned(),
         });
     }
-    let (file, metadata) = files::open_regular(path)?;
+    let (file, metadata) = files::open_regular(&target)?;
     check_public_key_file(
         path,
         metadata.mode(),
@@ -474,6 +505,50 @@ mod tests {
             std::fs::set_permissions(public, std::fs::Permissions::from_mode(mode)).unwrap();
             assert_eq!(load_verifying_key(public).unwrap(), key.verifying_key);
         }
+    }
+
+    #[test]
+    fn a_public_key_in_a_directory_others_may_change_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        let key = generate(&shared, "k").unwrap();
+        // A directory group or others may write (not sticky): they could rename the key
+        // away and put their own (owned by them, a hard link to a key root trusts for
+        // something else, a link) in its place.
+        for mode in [0o777, 0o775, 0o757] {
+            std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = load_verifying_key(&key.public_path).unwrap_err();
+            assert!(
+                matches!(err, KeyError::PublicKeyPlace { .. }),
+                "{mode:o}: {err}"
+            );
+            let message = err.to_string();
+            assert!(
+                message.contains(&key.public_path.display().to_string()),
+                "{message}"
+            );
+            assert!(
+                message.contains(&format!("{} which has mode {mode:04o}", shared.display())),
+                "{message}"
+            );
+            assert!(verifying_key_from_arg(key.public_path.to_str().unwrap()).is_err());
+        }
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            load_verifying_key(&key.public_path).unwrap(),
+            key.verifying_key
+        );
+        // A link in a trusted place leads where it says; one to a private key is refused.
+        let link = dir.path().join("link.pub");
+        std::os::unix::fs::symlink(&key.public_path, &link).unwrap();
+        assert_eq!(load_verifying_key(&link).unwrap(), key.verifying_key);
+        let to_private = dir.path().join("other.pub");
+        std::os::unix::fs::symlink(&key.private_path, &to_private).unwrap();
+        assert!(matches!(
+            load_verifying_key(&to_private).unwrap_err(),
+            KeyError::PrivateKeyGiven { .. }
+        ));
     }
 
     #[test]
