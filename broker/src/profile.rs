@@ -297,6 +297,10 @@ fn others_may_change(meta: &std::fs::Metadata, sticky: bool) -> Option<String> {
     })
 }
 
+/// The fewest open files a profile may allow a process: the three standard streams and the
+/// descriptors the sandbox's own set-up holds at once before the command starts.
+pub const MIN_OPEN_FILES: u64 = 16;
+
 /// The profiles compiled into the binary, so a fresh machine runs without installed files.
 pub const BUILTIN: &[(&str, &str)] = &[
     ("isolated", include_str!("../../profiles/isolated.toml")),
@@ -461,7 +465,21 @@ impl Profile {
                 l.wall_clock_seconds,
                 7 * 24 * 3600,
             )?)),
-            open_files: positive("open_files", l.open_files, 1 << 20)?,
+            open_files: match positive("open_files", l.open_files, 1 << 20)? {
+                // The limit is set before the sandbox's own set-up opens its last descriptors
+                // (Landlock's rules, the seccomp listener): below this, every spawn would fail
+                // there, blamed on the step that ran out.
+                n if n < MIN_OPEN_FILES => {
+                    return Err(invalid(
+                        "limits.open_files".into(),
+                        format!(
+                            "{n} is too few: the three standard streams and the descriptors the sandbox's own set-up opens before the command starts need {MIN_OPEN_FILES}; use {MIN_OPEN_FILES} to {}",
+                            1u64 << 20
+                        ),
+                    ));
+                }
+                n => n,
+            },
             processes: positive("processes", l.processes, 1 << 22)?,
             address_space: l
                 .address_space_mib
@@ -569,6 +587,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`limits.open_files`"), "{e}");
+        let e = with(|s| s.replace("open_files = ", "open_files = 3 #"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`limits.open_files`") && e.contains("3 is too few"),
+            "{e}"
+        );
+        with(|s| s.replace("open_files = ", &format!("open_files = {MIN_OPEN_FILES} #"))).unwrap();
         let e = with(|s| s.replace("[limits]", "[limits]\nbogus = 1"))
             .unwrap_err()
             .to_string();
