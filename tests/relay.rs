@@ -1127,6 +1127,47 @@ fn a_call_waiting_on_a_client_whose_input_ended_goes_on_at_once() {
     lab.stop();
 }
 
+/// A client that answers a relayed request with a malformed message (no result and no error)
+/// is told so, and the call goes on at once without an answer, recorded as undelivered: it
+/// does not wait out its deadline to be recorded as a bound reached.
+#[test]
+fn a_malformed_answer_to_a_relayed_request_ends_the_wait_at_once() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let (mut c, asked) = elicitation_asked(&lab);
+    let t0 = std::time::Instant::now();
+    c.send(&json!({"jsonrpc": "2.0", "id": asked["id"]}));
+    let (answer, before) = until_answer(&mut c, 2);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(8),
+        "the call waited {:?}: {answer}",
+        t0.elapsed()
+    );
+    assert!(
+        before
+            .iter()
+            .any(|m| m["id"] == asked["id"] && m["error"]["code"] == json!(-32600)),
+        "the client is told its message was invalid: {before:?}"
+    );
+    lab.stop();
+    let outcome = lab
+        .records()
+        .into_iter()
+        .find(|r| {
+            r["tool"]["name"] == "test_elicitation" && r["flowhost"]["event"] == "tool_outcome"
+        })
+        .expect("the call's outcome");
+    assert_ne!(outcome["response"]["status"], "bound_reached", "{outcome}");
+    let relayed = relays(&lab, "test_elicitation");
+    assert!(
+        relayed
+            .iter()
+            .any(|r| r["response"]["status"] == "client_unreachable"),
+        "{relayed:#?}"
+    );
+}
+
 /// A raw connection to the lab's socket as the agent's uid.
 fn agent_stream(lab: &Lab) -> std::os::unix::net::UnixStream {
     let socket = lab.paths.socket.clone();

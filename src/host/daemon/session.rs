@@ -484,7 +484,7 @@ pub(super) async fn run(
             while requests.try_join_next().is_some() {}
         }
         match mcp::parse(&bytes) {
-            Err((id, e)) => session.send(mcp::error_response(&id, &e)).await,
+            Err((id, e)) => session.malformed(&id, &e).await,
             // (A peer a reload has mapped elsewhere since the loop last looked: the session
             // ends at the next turn.)
             Ok(Incoming::Response { id, outcome }) => session.take_answer(&id, outcome, false),
@@ -1073,7 +1073,24 @@ impl Session {
                 let e = self.refuse_session(&format!("({method})"), e).await;
                 self.send(mcp::error_response(&id, &e)).await;
             }
-            Err((id, e)) => self.send(mcp::error_response(&id, &e)).await,
+            Err((id, e)) => self.malformed(&id, &e).await,
+        }
+    }
+
+    /// A line of the client's that is no valid message: answered as invalid. One that
+    /// echoes the id of a request relayed to the client is its answer gone wrong (no result
+    /// and no error, or both): that request is told no answer will come, so its call goes on
+    /// at once rather than wait out its deadline and be recorded as cut short by it.
+    async fn malformed(&self, id: &Value, e: &RpcError) {
+        self.send(mcp::error_response(id, e)).await;
+        if !id.is_null() {
+            self.relays.undelivered(
+                id,
+                format!(
+                    "the client answered it with an invalid message ({})",
+                    e.message
+                ),
+            );
         }
     }
 
