@@ -1889,6 +1889,48 @@ fn delete_cancels_the_sessions_calls_in_flight() {
     );
 }
 
+/// A malformed answer POSTed to a relayed request (no result and no error) is refused with
+/// 400, and the session is told: the call goes on at once without an answer, as over the
+/// socket, rather than wait out its deadline and be recorded as cut short by it.
+#[test]
+fn a_malformed_answer_to_a_relayed_request_ends_the_calls_wait() {
+    // The lab's call deadline is 15 s: only a prompt end passes.
+    let Some((mut lab, addr, _)) = start("") else {
+        return;
+    };
+    let (c, _session, call, _) = a_call_waiting_for_sampling(&lab, addr, false);
+    let answered = std::time::Instant::now();
+    let r = c.post(&json!({"jsonrpc": "2.0", "id": "flowhost-relay-1"}));
+    assert_eq!(r.status, 400, "{r:?}");
+    let reply = call.join().unwrap();
+    let waited = answered.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(8),
+        "the call waited {waited:?} after the malformed answer: {reply:?}\n{}",
+        lab.log()
+    );
+    lab.stop();
+    let statuses: Vec<String> = lab
+        .records()
+        .into_iter()
+        .filter(|r| r["tool"]["name"] == "test_sampling")
+        .map(|r| {
+            r["response"]["status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        statuses.iter().any(|s| s == "client_unreachable"),
+        "{statuses:?}"
+    );
+    assert!(
+        !statuses.iter().any(|s| s == "bound_reached"),
+        "{statuses:?}"
+    );
+}
+
 /// A request the client cancels while it waits for one JSON body (it takes no SSE) is
 /// answered `204`, and the session goes on. Before, the POST got `404`, "the session ended
 /// before answering", which tells a client to open a new session.

@@ -233,6 +233,14 @@ impl Remote {
         Ok(events)
     }
 
+    /// Hands the session a line that is no valid message but echoes an id, for it to settle
+    /// a relayed request that id names (see the session's handling of malformed lines).
+    async fn hand_over_malformed(&self, line: Vec<u8>) {
+        if let Ok(room) = self.inbox.reserve().await {
+            room.send(Line::Message(line));
+        }
+    }
+
     /// How long the session has been idle: nothing in flight, no stream a client reads, and
     /// no request for that long. `None` while it is in use.
     fn idle_for(&self) -> Option<Duration> {
@@ -1002,6 +1010,16 @@ impl Transport {
         let kind = match crate::mcp::classify(&message) {
             Ok(kind) => kind,
             Err((id, e)) => {
+                // A malformed answer (no method, an id) may be one to a request the session
+                // relayed to the client: the session is told, so that request stops waiting
+                // for an answer (the session's own refusal of it goes to no stream).
+                if method.is_none()
+                    && id.is_string()
+                    && headers.contains_key(SESSION_HEADER)
+                    && let Ok((_, remote)) = self.session_of(&headers, &principal).await
+                {
+                    remote.hand_over_malformed(bytes.to_vec()).await;
+                }
                 return json_body(
                     StatusCode::BAD_REQUEST,
                     &json!({"jsonrpc": "2.0", "id": id, "error": {"code": e.code, "message": e.message}}),
