@@ -464,23 +464,29 @@ async fn run<F: Forward>(
         }
     };
     let raised = env.resolver.after_content(&key, &label, &text).await;
-    // The executor serves again only if what it produced is labelled.
-    forward.settled(raised.is_ok()).await;
-    match raised {
-        Ok(after) => {
-            record_outcome(env, rec, verdict, &after, &state).await?;
-            answer
-        }
-        Err(e) => {
-            let failed = Verdict::Failed(Failure::StateFailure);
-            record_outcome(env, rec, failed, &state, &state).await?;
-            Err(refusal(
-                code::INTERNAL_ERROR,
-                format!("the content's label could not be stored, so it is withheld: {e}"),
-                Denial::StateFailure,
-            ))
+    let durable = raised.is_ok();
+    let answered = async {
+        match raised {
+            Ok(after) => {
+                record_outcome(env, rec, verdict, &after, &state).await?;
+                answer
+            }
+            Err(e) => {
+                let failed = Verdict::Failed(Failure::StateFailure);
+                record_outcome(env, rec, failed, &state, &state).await?;
+                Err(refusal(
+                    code::INTERNAL_ERROR,
+                    format!("the content's label could not be stored, so it is withheld: {e}"),
+                    Denial::StateFailure,
+                ))
+            }
         }
     }
+    .await;
+    // As for a tool call: the executor serves again (and the resource updates it held go to
+    // the client) once the outcome is recorded, and only if what it produced is labelled.
+    forward.settled(durable).await;
+    answered
 }
 
 /// Records an authorized `resources/subscribe` or `resources/unsubscribe` of a resource of

@@ -793,6 +793,20 @@ async fn a_session_whose_principal_check_fails_is_refused_and_recorded_under_its
 struct Feeding {
     answers: VecDeque<Result<Value, content::ForwardError>>,
     asked: Vec<(String, String, Value)>,
+    /// Where the records are written: when set, how many lines they held as each request
+    /// was settled (the executor then serves again, and what it held for the client goes
+    /// out) is kept in `lines_when_settled`.
+    records: Option<std::path::PathBuf>,
+    lines_when_settled: Vec<usize>,
+}
+
+/// How many record lines the files of `dir` hold.
+fn record_lines(dir: &Path) -> usize {
+    crate::records::store::record_sources(dir)
+        .unwrap()
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap().lines().count())
+        .sum()
 }
 
 impl content::Forward for Feeding {
@@ -811,6 +825,12 @@ impl content::Forward for Feeding {
             .unwrap_or(Err(content::ForwardError::Failed(
                 "no scripted answer".into(),
             )))
+    }
+
+    async fn settled(&mut self, _durable: bool) {
+        if let Some(dir) = &self.records {
+            self.lines_when_settled.push(record_lines(dir));
+        }
     }
 }
 
@@ -846,6 +866,27 @@ impl Host {
         };
         self.resolver.state().get(&key).await.unwrap().combined()
     }
+}
+
+/// The executor that served a read serves again, and the resource updates it held go to the
+/// client, only once the read's outcome (with the label it raised) is recorded: were the
+/// record to fail, the client would have had messages under a label no record holds.
+#[tokio::test]
+async fn a_read_is_recorded_before_its_executor_is_released() {
+    let host = Host::with_content();
+    let records = host.dir.path().join("records");
+    let mut exec = Feeding {
+        records: Some(records.clone()),
+        ..Feeding::default()
+    };
+    exec.answers.push_back(Ok(json!({"contents": [
+        {"uri": "test://template/7/data", "text": TERMS}]})));
+    host.read(ANALYST, "test://template/7/data", &mut exec)
+        .await
+        .unwrap();
+    let all = host.records().await;
+    assert_eq!(all.last().unwrap()["flowhost"]["event"], "content_outcome");
+    assert_eq!(exec.lines_when_settled, [all.len()], "{all:#?}");
 }
 
 #[tokio::test]
