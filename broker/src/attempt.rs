@@ -410,8 +410,10 @@ impl Verdict {
 /// the attempt without its `executable`, which the broker reads only for attempts handed to
 /// the stream (whose consumers record it); a judge that needs it reads it with
 /// [`AttemptInfo::executable_now`]. A verdict
-/// it gives is final and obeyed exactly as one from the stream: the validity of the caller
-/// is checked again before anything is performed.
+/// it gives is final and obeyed exactly as one from the stream. The caller was last proven
+/// to be waiting when the judged copy was taken (nothing waited since): an operation that
+/// then waits its socket's turn may be carried out after the caller is gone, as decided
+/// and recorded.
 pub type Judge = std::sync::Arc<dyn Fn(&AttemptInfo) -> Option<Verdict> + Send + Sync>;
 
 /// One attempt awaiting a verdict. Dropping it without answering refuses it (fail closed).

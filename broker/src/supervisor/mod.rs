@@ -74,7 +74,9 @@ const SUPERVISOR_NICE: i32 = -10;
 pub struct Counters {
     /// Notifications received.
     pub notifications: AtomicU64,
-    /// Attempts allowed and carried out (whatever their result).
+    /// Attempts the host allowed: carried out (whatever their result), or answered as the
+    /// kernel would have answered the executor itself (EPERM for a netlink operation that
+    /// needs privilege, the lookup's error for a unix path that does not resolve).
     pub allowed: AtomicU64,
     /// Attempts refused.
     pub denied: AtomicU64,
