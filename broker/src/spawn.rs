@@ -281,7 +281,7 @@ fn hint(stage: Stage, errno: i32) -> &'static str {
             "; the host's own securebits lock one of them off or it lacks CAP_SETPCAP (under systemd: SecureBits=noroot noroot-locked, or leave SecureBits= unset)"
         }
         (Stage::Mounts, libc::EPERM) => {
-            "; the host lacks CAP_SYS_ADMIN for the profile's namespaces"
+            "; the host lacks CAP_SYS_ADMIN for the profile's namespaces, or (an unprivileged host, in a user namespace of its own) a security module restricts what an unprivileged user namespace may do (Ubuntu's kernel.apparmor_restrict_unprivileged_userns = 1: run the host as root, or give it an AppArmor profile that allows userns)"
         }
         _ => "",
     }
