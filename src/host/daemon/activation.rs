@@ -91,6 +91,7 @@ pub fn bind(
         source,
     };
     if let Some(passed) = passed {
+        check_passed(&passed, mode)?;
         return UnixListener::from_std(passed).map_err(io);
     }
     if let Some(dir) = path.parent() {
@@ -153,6 +154,47 @@ pub fn bind(
     )
     .map_err(|e| io(e.into()))?;
     Ok(listener)
+}
+
+/// Refuses a socket systemd passed that lets in more than `mode` would (connecting takes
+/// write permission on its file: a socket unit without `SocketMode=` makes it 0666, open to
+/// every local user), or whose directory another user could swap it in. Its path is the one
+/// it is bound to (`adopt` proved it has one).
+fn check_passed(passed: &std::os::unix::net::UnixListener, mode: u32) -> Result<(), StartupError> {
+    use std::os::unix::fs::MetadataExt;
+    let addr = passed.local_addr().map_err(|source| StartupError::Io {
+        path: std::path::PathBuf::from("(the socket systemd passed)"),
+        source,
+    })?;
+    let Some(path) = addr.as_pathname() else {
+        return Ok(());
+    };
+    let io = |source| StartupError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::symlink_metadata(path).map_err(io)?;
+    let more = meta.mode() & 0o222 & !(mode & 0o222);
+    if more != 0 {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "the socket systemd passed has mode {:04o}, which lets {} connect, beyond \
+                 socket_mode {mode:03o}: set SocketMode=0{mode:03o} (and SocketUser=, \
+                 SocketGroup=) in the socket unit",
+                meta.mode() & 0o7777,
+                match (more & 0o020 != 0, more & 0o002 != 0) {
+                    (_, true) => "every local user",
+                    (true, false) => "its group",
+                    (false, false) => "its owner",
+                }
+            ),
+        )));
+    }
+    if let Some(dir) = path.parent() {
+        check_socket_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Whether the socket at `path` is stale: only a refused connection says nothing serves on
@@ -250,6 +292,32 @@ mod tests {
             Ok(_) => panic!("{} was replaced", path.display()),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn a_passed_socket_that_lets_in_more_than_socket_mode_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let listening = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        for (file_mode, refused_for) in [(0o666, "every local user"), (0o670, "its group")] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(file_mode)).unwrap();
+            let e = check_passed(&listening, 0o600).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("mode {file_mode:04o}"))
+                    && e.contains(refused_for)
+                    && e.contains("SocketMode=0600")
+                    && e.contains(&path.display().to_string()),
+                "{e}"
+            );
+        }
+        // Read and search bits let no one connect.
+        for file_mode in [0o600, 0o755, 0o644] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(file_mode)).unwrap();
+            check_passed(&listening, 0o660).unwrap();
+        }
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = check_passed(&listening, 0o660).unwrap_err().to_string();
+        assert!(e.contains("socket's directory"), "{e}");
     }
 
     #[test]
