@@ -89,6 +89,51 @@ fn a_slow_reload_does_not_stop_the_daemon_accepting_connections() {
     lab.stop();
 }
 
+/// A reload that takes a principal out is not held back by the rest of it: while the new
+/// configuration's executors are still being started (here one that never answers, so the
+/// reload is refused after the call timeout), the principal is already refused. Before,
+/// it was served until the priming ended, for as long as that took.
+#[test]
+fn a_principal_taken_out_is_withdrawn_before_the_reloads_executors_start() {
+    let Some(mut lab) = Lab::start() else { return };
+    let mut reviewer = lab.client_as(REVIEWER_UID);
+    reviewer.initialize();
+    let config = std::fs::read_to_string(&lab.config).unwrap().replacen(
+        "call_timeout_ms = 15000",
+        "call_timeout_ms = 6000",
+        1,
+    );
+    let reviewer_table = format!(
+        "[[principal]]\nid = \"oss-reviewer\"\nuids = [{REVIEWER_UID}]\ntools = [\"workspace/list_documents\", \"public-inbox/publish\"]\n"
+    );
+    assert!(config.contains(&reviewer_table), "{config}");
+    let publisher = config
+        .lines()
+        .find(|l| l.starts_with("command = ") && l.contains("\"public-inbox\""))
+        .unwrap()
+        .to_string();
+    lab.write_config(&config.replacen(&reviewer_table, "", 1).replacen(
+        &publisher,
+        "command = [\"/bin/sleep\", \"3600\"]",
+        1,
+    ));
+    lab.signal(libc::SIGHUP);
+    wait_log(&lab, "withdrawn at once", 1);
+    let r = reviewer.call("workspace/list_documents", json!({}));
+    assert!(
+        !lab.log().contains("reload refused"),
+        "the reload was already over: the test proves nothing\n{}",
+        lab.log()
+    );
+    assert_eq!(denial(&r), "access_denied", "{r}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !lab.log().contains("reload refused") {
+        assert!(Instant::now() < deadline, "{}", lab.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    lab.stop();
+}
+
 #[test]
 fn flowhost_connect_fails_when_the_daemon_closes_while_the_client_still_sends() {
     let Some(mut lab) = Lab::start() else { return };
@@ -565,8 +610,9 @@ fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
     assert_eq!(denial(&r), "unknown_tool", "{r}");
 
     // A reload maps the reviewer's uid to the analyst: the reviewer's open session keeps
-    // its principal, its call is refused, recorded under that principal, and the session
-    // ends.
+    // its principal, and ends at its next turn: a call it sends is refused (recorded under
+    // that principal), or, when the session looked first (it looks every few seconds), the
+    // connection is closed.
     let mut reviewer = lab.client_as(REVIEWER_UID);
     reviewer.initialize();
     let text = std::fs::read_to_string(&lab.config).unwrap();
@@ -579,9 +625,12 @@ fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
     let remapped = remapped.replacen("uids = [0]", &format!("uids = [0, {REVIEWER_UID}]"), 1);
     lab.write_config(&remapped);
     lab.signal(libc::SIGHUP);
-    wait_log(&lab, "reloaded: generation 2", 1);
-    let r = reviewer.call("workspace/list_documents", json!({}));
-    assert_eq!(denial(&r), "access_denied", "{r}");
+    // (The reviewer's uid taken from it is withdrawn first, in a generation of its own.)
+    wait_log(&lab, "reloaded: generation", 1);
+    let tools_call = json!({"name": "workspace/list_documents", "arguments": {}});
+    if let Ok(r) = reviewer.try_request("tools/call", tools_call) {
+        assert_eq!(denial(&r), "access_denied", "{r}");
+    }
     assert!(reviewer.try_read().is_err(), "the remapped session ended");
 
     lab.stop();

@@ -565,14 +565,21 @@ fn progress_numbers_are_classified_as_output() {
     lab.stop();
 }
 
-/// Reloads the configuration unchanged but for a comment, and waits for `generation`.
-fn reload(lab: &Lab, generation: u32) {
+/// Reloads the configuration unchanged but for a comment, and waits for the reload that
+/// makes the `configuration`th configuration served (the first is the one started with).
+fn reload(lab: &Lab, configuration: usize) {
     let text = std::fs::read_to_string(&lab.config).unwrap();
-    lab.write_config(&format!("{text}\n# reload {generation}\n"));
+    lab.write_config(&format!("{text}\n# reload {configuration}\n"));
     lab.signal(libc::SIGHUP);
-    let want = format!("reloaded: generation {generation}");
+    reloaded(lab, configuration - 1);
+}
+
+/// Waits until `lab` has logged `reloads` successful reloads. Counted by their lines, not
+/// by generation: a reload that takes something out withdraws it first, in a generation of
+/// its own.
+fn reloaded(lab: &Lab, reloads: usize) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !lab.log().contains(&want) {
+    while lab.log().matches("reloaded: generation").count() < reloads {
         assert!(std::time::Instant::now() < deadline, "{}", lab.log());
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -733,9 +740,9 @@ fn an_executors_refusal_of_a_subscription_reaches_the_client_without_its_words()
     );
 }
 
-/// Replaces the principal's `tools` value `from` by `to`, reloads, and waits for
-/// `generation`.
-fn reload_granting(lab: &Lab, from: &str, to: &str, generation: u32) {
+/// Replaces the principal's `tools` value `from` by `to`, reloads, and waits for the
+/// `generation`th configuration to be served.
+fn reload_granting(lab: &Lab, from: &str, to: &str, generation: usize) {
     let text = std::fs::read_to_string(&lab.config).unwrap();
     let granted = text.replacen(&format!("tools = {from}"), &format!("tools = {to}"), 1);
     assert_ne!(granted, text, "the principal's tools line was found");
@@ -948,11 +955,7 @@ fn a_removed_servers_subscription_holder_is_stopped() {
         text[principal..].replacen("tools = [\"conformance/*\"]", "tools = []", 1)
     ));
     lab.signal(libc::SIGHUP);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !lab.log().contains("reloaded: generation 2") {
-        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    reloaded(&lab, 1);
     // Idle sessions' executors are looked at every 5 s.
     std::thread::sleep(std::time::Duration::from_millis(5500));
     let left = descendants_running(&lab, "conformance");
@@ -1062,11 +1065,7 @@ fn a_remapped_peers_answer_is_not_taken() {
     assert_ne!(remapped, text);
     lab.write_config(&remapped);
     lab.signal(libc::SIGHUP);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !lab.log().contains("reloaded: generation 2") {
-        assert!(std::time::Instant::now() < deadline, "{}", lab.log());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    reloaded(&lab, 1);
     let t0 = std::time::Instant::now();
     c.send(&json!({"jsonrpc": "2.0", "id": asked["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "not theirs"}, "model": "m", "stopReason": "endTurn"}}));
     let (r, _) = until_answer(&mut c, 2);

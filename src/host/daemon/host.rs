@@ -132,9 +132,10 @@ impl Host {
                 (Err(_), None) => {}
             }
         }
-        // Likewise a server taken out, or whose key was replaced or removed, and an
-        // authority: found now, withdrawn below if the reload is refused (a reload that
-        // succeeds drops them anyway).
+        // Likewise a server taken out, or whose key was replaced or removed, an authority,
+        // and a principal taken out or narrowed: found now, withdrawn below before the new
+        // generation is built (starting its executors can take a call timeout per server),
+        // and kept out whether the reload then succeeds or is refused.
         let (untrusted, untrusted_authorities, narrowed) = match &config {
             Ok(config) => (
                 self.current().no_longer_vouched_for(config),
@@ -156,6 +157,14 @@ impl Host {
                 None => Default::default(),
             },
         };
+        let withdrawing = !untrusted.is_empty()
+            || !untrusted_authorities.is_empty()
+            || !narrowed.withdrawn.is_empty();
+        let withdrawn_principals = narrowed.withdrawn.clone();
+        if withdrawing {
+            let narrowed = (!withdrawn_principals.is_empty()).then_some(narrowed);
+            self.withdraw(&untrusted, &untrusted_authorities, narrowed);
+        }
         let config = config.and_then(HostConfig::with_every_authority);
         // A key set that cannot be read revokes every key: which ones the operator still
         // trusts is then unknown.
@@ -189,19 +198,27 @@ impl Host {
         }
         let (generation, certificate) = match built {
             Ok(built) => built,
-            Err(refused)
-                if !untrusted.is_empty()
-                    || !untrusted_authorities.is_empty()
-                    || !narrowed.withdrawn.is_empty() =>
-            {
-                let principals = narrowed.withdrawn.clone();
-                let narrowed = (!principals.is_empty()).then_some(narrowed);
-                self.withdraw(&untrusted, &untrusted_authorities, narrowed);
+            Err(refused) if withdrawing => {
+                for (server, why) in &untrusted {
+                    tracing::error!(
+                        "server {server:?} withdrawn from service although the reload is refused: {why}"
+                    );
+                }
+                for (authority, why) in &untrusted_authorities {
+                    tracing::error!(
+                        "declassification authority {authority:?} no longer trusted although the reload is refused: {why}"
+                    );
+                }
+                for (principal, why) in &withdrawn_principals {
+                    tracing::error!(
+                        "principal {principal:?} withdrawn although the reload is refused: {why}"
+                    );
+                }
                 return Err(StartupError::RefusedButWithdrew {
                     refused: Box::new(refused),
                     withdrawn: untrusted,
                     authorities: untrusted_authorities,
-                    principals,
+                    principals: withdrawn_principals,
                 });
             }
             Err(refused) => return Err(refused),
@@ -273,18 +290,18 @@ impl Host {
             std::mem::replace(&mut *g, reduced)
         };
         for (server, why) in untrusted {
-            tracing::error!(
-                "server {server:?} withdrawn from service although the reload is refused: {why}"
+            tracing::warn!(
+                "server {server:?} withdrawn at once, before the rest of the reload: {why}"
             );
         }
         for (authority, why) in authorities {
-            tracing::error!(
-                "declassification authority {authority:?} no longer trusted although the reload is refused: {why}"
+            tracing::warn!(
+                "declassification authority {authority:?} withdrawn at once, before the rest of the reload: {why}"
             );
         }
         for (principal, why) in narrowed.iter().flat_map(|n| &n.withdrawn) {
-            tracing::error!(
-                "principal {principal:?} withdrawn although the reload is refused: {why}"
+            tracing::warn!(
+                "principal {principal:?} withdrawn at once, before the rest of the reload: {why}"
             );
         }
         tokio::spawn(async move {
