@@ -1460,7 +1460,9 @@ fn wait_within(child: &mut std::process::Child, what: &str) -> std::process::Exi
 /// Ctrl-C reaches a command that leaves SIGINT to its default action (which a pid
 /// namespace's first process would never get from outside), and the run still ends as a run
 /// does: the health written, the records closed and verifiable, the shell told 130. Before,
-/// SIGINT ended flowhost at once and the command only through its parent-death signal.
+/// SIGINT ended flowhost at once and the command only through its parent-death signal. The
+/// health says the run was cut short: what the command would have done after is not
+/// observed (before, it said observation was complete, and a gate passed).
 #[test]
 fn an_interrupt_ends_the_command_and_the_run_still_concludes() {
     if !can_run() {
@@ -1507,6 +1509,11 @@ fn an_interrupt_ends_the_command_and_the_run_still_concludes() {
     let written = std::fs::read_to_string(&health).expect("the run's health was written");
     let written: serde_json::Value = serde_json::from_str(&written).unwrap();
     assert_eq!(written["broker_active"], true, "{written}");
+    assert_eq!(written["complete"], false, "{written}");
+    assert!(
+        written["cut_short"].to_string().contains("SIGINT"),
+        "{written}"
+    );
     let verify = flowhost()
         .args(["records", "verify"])
         .arg(&records)

@@ -838,6 +838,9 @@ async fn run(args: RunArgs) -> CliResult {
         })
     };
     let mut ended_by = None;
+    // The first interrupt passed to the command (one it ignores is not): whatever it then
+    // did, what it would have done without it is not observed.
+    let mut interrupted = None;
     let status = loop {
         tokio::select! {
             status = exec.wait() => break status?,
@@ -882,8 +885,12 @@ async fn run(args: RunArgs) -> CliResult {
             } {
                 Ok(Delivery::Ended) => {
                     ended_by.get_or_insert(interrupt);
+                    interrupted.get_or_insert(interrupt);
                 }
-                Ok(Delivery::Sent | Delivery::Ignored) => {}
+                Ok(Delivery::Sent) => {
+                    interrupted.get_or_insert(interrupt);
+                }
+                Ok(Delivery::Ignored) => {}
                 // Whether it handles the signal cannot be told, or the signal not sent: it
                 // is ended, as the signal's default action would, so the run concludes.
                 Err(e) => {
@@ -894,6 +901,7 @@ async fn run(args: RunArgs) -> CliResult {
                     if exec.kill().is_ok() {
                         ended_by.get_or_insert(interrupt);
                     }
+                    interrupted.get_or_insert(interrupt);
                 }
             },
         }
@@ -925,8 +933,14 @@ async fn run(args: RunArgs) -> CliResult {
         health
             .cut_short
             .push(format!("the command ran into {bound}"));
-        health = health.finalize();
     }
+    if let Some(interrupt) = interrupted {
+        health.cut_short.push(format!(
+            "{} was passed on to the command before it ended (flowhost sandbox received it)",
+            interrupt.name()
+        ));
+    }
+    let health = health.finalize();
     // The executor's cgroups go before this process does (else they stay until another
     // broker sweeps them); removal started when it was reaped, so this rarely waits.
     if !broker.released(Duration::from_secs(2)).await {
