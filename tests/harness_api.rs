@@ -231,6 +231,57 @@ fn mcp_server_under_harness(who: As) {
     );
 }
 
+/// An `McpServer` dropped without `finish` (a test that fails half way) stops its host as
+/// a finished one does: the host's private directory, which holds the configuration with
+/// the `--env` values given (often tokens), is removed. Before, the host was SIGKILLed and
+/// the directory stayed in the temporary directory.
+#[test]
+fn a_dropped_mcp_server_leaves_nothing_behind() {
+    let who = As::Root;
+    let tool = example_tool();
+    let files = example_files();
+    if !can_run(who, &[&flowhost_for(who), &tool, &files.manifest]) {
+        return;
+    }
+    let mark = format!("dropped-{}-{}", std::process::id(), rand_suffix());
+    let server = harness(who)
+        .env(&format!("FLOWHOST_TEST_MARK={mark}"))
+        .mcp(
+            &files.manifest,
+            &files.key.display().to_string(),
+            [tool.display().to_string(), "serve".into()],
+        )
+        .unwrap();
+    let holding_mark = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("flowhost-sandbox-"))
+            })
+            .filter(|p| {
+                std::fs::read_to_string(p.join("host.toml")).is_ok_and(|t| t.contains(&mark))
+            })
+            .collect()
+    };
+    assert_eq!(
+        holding_mark().len(),
+        1,
+        "the host's private directory is where it was looked for"
+    );
+    drop(server);
+    assert_eq!(holding_mark(), Vec::<std::path::PathBuf>::new());
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
 #[test]
 fn an_mcp_server_under_the_harness_as_root() {
     mcp_server_under_harness(As::Root);

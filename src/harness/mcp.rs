@@ -10,7 +10,10 @@ use serde_json::{Value, json};
 
 use super::{HarnessError, Observation};
 
-/// A governed MCP server, initialized. Dropping it without [`McpServer::finish`] kills it.
+/// A governed MCP server, initialized. Dropping it without [`McpServer::finish`] (a test
+/// that fails half way) ends the session as `finish` does and waits a bounded time for the
+/// host to stop (its executors, its private directory); one that does not stop by then is
+/// killed.
 #[derive(Debug)]
 pub struct McpServer {
     child: Child,
@@ -25,6 +28,10 @@ pub struct McpServer {
     /// The notifications the host sent (log lines, progress) while requests were answered.
     notifications: Vec<Value>,
 }
+
+/// How long a dropped server's host gets to stop once its input is closed, and then once
+/// told to stop (SIGTERM), before it is killed.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Notifications kept for [`McpServer::notifications`]; later ones are dropped.
 const MAX_KEPT_NOTIFICATIONS: usize = 10_000;
@@ -212,9 +219,31 @@ impl McpServer {
         .map(Observation::of_mcp_host)
     }
 
+    /// Stops the host as `finish` would (its input closed), then, if it has not stopped
+    /// within [`STOP_GRACE`], with SIGTERM, and last by killing it: a killed host leaves its
+    /// private directory (and its executors' cgroups, until another broker sweeps them).
     fn stop_and_collect(&mut self) -> String {
         self.stdin = None;
-        let _ = self.child.kill();
+        let stopped_within = |child: &mut Child, limit: std::time::Duration| {
+            let deadline = std::time::Instant::now() + limit;
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => return true,
+                    Ok(None) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                    Ok(None) | Err(_) => return false,
+                }
+            }
+        };
+        if !stopped_within(&mut self.child, STOP_GRACE) {
+            // The child's pid stays its own until it is waited for.
+            let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            if !stopped_within(&mut self.child, STOP_GRACE) {
+                let _ = self.child.kill();
+            }
+        }
         let _ = self.child.wait();
         self.stderr
             .take()
