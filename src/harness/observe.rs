@@ -166,13 +166,16 @@ pub struct Observation {
     host_failed: Option<String>,
     records_dir: PathBuf,
     health_file: PathBuf,
-    workspace: Option<tempfile::TempDir>,
+    /// Taken (kept on disk) by [`Observation::keep`], or when an `assert_*` fails: its
+    /// message names files in it.
+    workspace: std::sync::Mutex<Option<tempfile::TempDir>>,
 }
 
 impl Observation {
     /// Reads what a run left in `records_dir` and `health_file`; the workspace holding them
     /// is removed when the observation is dropped. Records that do not verify are refused
-    /// ([`read_records`]).
+    /// ([`read_records`]); when anything cannot be read, the workspace is kept for the
+    /// error's reader to look at, and the error says where.
     pub(super) fn read(
         status: std::process::ExitStatus,
         stdout: String,
@@ -181,12 +184,26 @@ impl Observation {
         health_file: PathBuf,
         workspace: tempfile::TempDir,
     ) -> Result<Observation, HarnessError> {
-        let health = ToolObservationHealth::read_from(&health_file).map_err(|e| {
-            HarnessError::Run(format!(
-                "flowhost ended with {status} and left no readable health ({e}); it said:\n{stderr}"
-            ))
-        })?;
-        let (records, head) = read_verified(&records_dir)?;
+        let read = ToolObservationHealth::read_from(&health_file)
+            .map_err(|e| {
+                HarnessError::Run(format!(
+                    "flowhost ended with {status} and left no readable health ({e}); it said:\n{stderr}"
+                ))
+            })
+            .and_then(|health| Ok((health, read_verified(&records_dir)?)));
+        let (health, (records, head)) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                let kept = workspace.keep();
+                return Err(match e {
+                    HarnessError::Run(message) => HarnessError::Run(format!(
+                        "{message}\n(the run's records and health are kept in {})",
+                        kept.display()
+                    )),
+                    other => other,
+                });
+            }
+        };
         let attempts = records
             .iter()
             .filter_map(EgressAttempt::from_record)
@@ -202,7 +219,7 @@ impl Observation {
             host_failed: None,
             records_dir,
             health_file,
-            workspace: Some(workspace),
+            workspace: std::sync::Mutex::new(Some(workspace)),
         })
     }
 
@@ -220,7 +237,15 @@ impl Observation {
     /// Keeps the record directory and health file after the observation is dropped (to
     /// publish them as CI artifacts); returns the directory holding both.
     pub fn keep(&mut self) -> Option<PathBuf> {
-        self.workspace.take().map(tempfile::TempDir::keep)
+        // A poisoned lock still holds the whole value (it is only ever taken whole).
+        let workspace = self.workspace.get_mut().unwrap_or_else(|p| p.into_inner());
+        workspace.take().map(tempfile::TempDir::keep)
+    }
+
+    /// Keeps the workspace for a failed assertion, whose message names files in it.
+    fn keep_for_failure(&self) -> Option<PathBuf> {
+        let mut workspace = self.workspace.lock().unwrap_or_else(|p| p.into_inner());
+        workspace.take().map(tempfile::TempDir::keep)
     }
 
     /// The run succeeded: `flowhost` exited 0.
@@ -381,38 +406,45 @@ impl Observation {
     /// Panics unless [`Observation::check_success`] holds.
     #[track_caller]
     pub fn assert_success(&self) {
-        assert_ok(self.check_success());
+        self.assert_ok(self.check_success());
     }
 
     /// Panics unless [`Observation::check_complete`] holds.
     #[track_caller]
     pub fn assert_complete(&self) {
-        assert_ok(self.check_complete());
+        self.assert_ok(self.check_complete());
     }
 
     /// Panics unless [`Observation::check_no_egress`] holds.
     #[track_caller]
     pub fn assert_no_egress(&self) {
-        assert_ok(self.check_no_egress());
+        self.assert_ok(self.check_no_egress());
     }
 
     /// Panics unless [`Observation::check_only_destinations`] holds.
     #[track_caller]
     pub fn assert_only_destinations(&self, rules: &[&str]) {
-        assert_ok(self.check_only_destinations(rules));
+        self.assert_ok(self.check_only_destinations(rules));
     }
 
     /// Panics unless [`Observation::check_matches_declared`] holds.
     #[track_caller]
     pub fn assert_matches_declared(&self, path: &Path) {
-        assert_ok(self.check_matches_declared(path));
+        self.assert_ok(self.check_matches_declared(path));
     }
-}
 
-#[track_caller]
-fn assert_ok(r: Result<(), HarnessError>) {
-    if let Err(e) = r {
-        panic!("{e}");
+    /// Panics with `r`'s error, the workspace kept (the message may name its files).
+    #[track_caller]
+    fn assert_ok(&self, r: Result<(), HarnessError>) {
+        if let Err(e) = r {
+            match self.keep_for_failure() {
+                Some(kept) => panic!(
+                    "{e}\n(the run's records and health are kept in {})",
+                    kept.display()
+                ),
+                None => panic!("{e}"),
+            }
+        }
     }
 }
 
@@ -568,6 +600,19 @@ mod tests {
                 records,
                 health,
             }
+        }
+
+        /// What [`Observation::read`] makes of the run.
+        fn read(self) -> Result<Observation, HarnessError> {
+            use std::os::unix::process::ExitStatusExt;
+            Observation::read(
+                std::process::ExitStatus::from_raw(0),
+                String::new(),
+                String::new(),
+                self.records,
+                self.health,
+                self.ws,
+            )
         }
 
         fn last_file(&self) -> PathBuf {
@@ -858,5 +903,51 @@ mod tests {
             assert!(!a.matches(&rule("0.0.0.0/0")).unwrap(), "{a:?}");
             assert!(!a.matches(&rule("*:80")).unwrap(), "{a:?}");
         }
+    }
+
+    /// A run whose health or records cannot be read keeps its workspace, and the error says
+    /// where: the records and health it names are there to look at. Before, the workspace
+    /// was removed with the error, whose message sent its reader to files that were gone.
+    #[test]
+    fn a_run_that_cannot_be_read_keeps_what_it_left() {
+        let run = Run::new("allowed_declared.jsonl", true);
+        std::fs::remove_file(&run.health).unwrap();
+        let dir = run.ws.path().to_path_buf();
+        let e = run.read().unwrap_err().to_string();
+        assert!(e.contains(&format!("kept in {}", dir.display())), "{e}");
+        assert!(dir.join("records").is_dir(), "{e}");
+
+        let run = Run::new("allowed_declared.jsonl", true);
+        let last = run.last_file();
+        let text = std::fs::read_to_string(&last).unwrap();
+        std::fs::write(&last, text.replacen("allow", "deny!", 1)).unwrap();
+        let dir = run.ws.path().to_path_buf();
+        let e = run.read().unwrap_err().to_string();
+        assert!(e.contains("do not verify"), "{e}");
+        assert!(last.is_file(), "the records it names are kept: {e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A failed assertion keeps the workspace its message names files of.
+    #[test]
+    fn a_failed_assertion_keeps_the_workspace() {
+        let run = Run::new("allowed_declared.jsonl", false);
+        let dir = run.ws.path().to_path_buf();
+        let observed = run.read().unwrap();
+        let panicked =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observed.assert_complete()))
+                .unwrap_err();
+        let message = panicked
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(message.contains("observation was incomplete"), "{message}");
+        assert!(
+            message.contains(&format!("kept in {}", dir.display())),
+            "{message}"
+        );
+        drop(observed);
+        assert!(dir.join("health.json").is_file());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
