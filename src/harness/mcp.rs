@@ -27,6 +27,8 @@ pub struct McpServer {
     workspace: Option<tempfile::TempDir>,
     /// The notifications the host sent (log lines, progress) while requests were answered.
     notifications: Vec<Value>,
+    /// How many came after [`MAX_KEPT_NOTIFICATIONS`] and were not kept.
+    notifications_dropped: u64,
 }
 
 /// How long a dropped server's host gets to stop once its input is closed, and then once
@@ -83,6 +85,7 @@ impl McpServer {
             health,
             workspace: Some(workspace),
             notifications: Vec::new(),
+            notifications_dropped: 0,
         };
         let init = server.request(
             "initialize",
@@ -134,6 +137,8 @@ impl McpServer {
                 (Some(_), None) => {
                     if self.notifications.len() < MAX_KEPT_NOTIFICATIONS {
                         self.notifications.push(v);
+                    } else {
+                        self.notifications_dropped += 1;
                     }
                 }
                 (Some(asked), Some(their_id)) => {
@@ -163,9 +168,17 @@ impl McpServer {
     }
 
     /// The notifications the host sent while requests were answered (the tool's log lines
-    /// and progress, each as the whole JSON-RPC message), oldest first.
+    /// and progress, each as the whole JSON-RPC message), oldest first: the first 10,000
+    /// only. A test that looks for what must not be in any of them checks
+    /// [`McpServer::notifications_dropped`] too.
     pub fn notifications(&self) -> &[Value] {
         &self.notifications
+    }
+
+    /// How many notifications came after the first 10,000 and were not kept (so are not in
+    /// [`McpServer::notifications`]).
+    pub fn notifications_dropped(&self) -> u64 {
+        self.notifications_dropped
     }
 
     /// The tools the server offers (`tools/list`), named `server/tool`.

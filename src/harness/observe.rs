@@ -448,16 +448,19 @@ impl Observation {
     }
 }
 
+/// The attempts in words, for a failed check's message: what a tool chose (a unix path, a
+/// tool name) is escaped, so it cannot reorder or rewrite the author's terminal.
 fn describe<'a>(attempts: impl Iterator<Item = &'a EgressAttempt>) -> String {
+    use flowhost_broker::Escaped;
     attempts
         .map(|a| {
             format!(
                 "{} {} {} ({}, {})",
-                a.tool,
+                Escaped(&a.tool),
                 a.syscall,
-                a.destination_text(),
+                Escaped(&a.destination_text()),
                 if a.allowed { "allowed" } else { "refused" },
-                a.rule.as_deref().unwrap_or("no rule")
+                Escaped(a.rule.as_deref().unwrap_or("no rule"))
             )
         })
         .collect::<Vec<_>>()
@@ -949,5 +952,16 @@ mod tests {
         drop(observed);
         assert!(dir.join("health.json").is_file());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A destination a tool chose is escaped in a failed check's message: a bidirectional
+    /// override in a unix socket's name would reorder the author's terminal.
+    #[test]
+    fn a_described_attempt_escapes_what_the_tool_chose() {
+        let named = attempt(Some(Destination::Unix(UnixDestination {
+            unix_path: "@x\u{202e}gnp.evil".into(),
+        })));
+        let said = describe(std::iter::once(&named));
+        assert!(!said.contains('\u{202e}'), "{said}");
     }
 }
