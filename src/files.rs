@@ -141,6 +141,32 @@ pub fn others_may_change_file(metadata: &Metadata) -> Option<OthersMayChange> {
     )
 }
 
+/// Whether this process could create a file at `path` (as a temporary file renamed into
+/// place): its directory exists and this user may write it, on a mount that is not
+/// read-only. The error says which, naming the directory. Checked before the work whose
+/// result goes there, so that work is not done for nothing.
+pub fn can_create_at(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    use nix::unistd::AccessFlags;
+    nix::unistd::access(dir, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!(
+                "its directory {} {}",
+                dir.display(),
+                match e {
+                    nix::errno::Errno::ENOENT => "does not exist".to_string(),
+                    nix::errno::Errno::EROFS => "is on a read-only mount".to_string(),
+                    e => format!("cannot be written by this user ({e})"),
+                }
+            ),
+        )
+    })
+}
+
 /// Why a file that decides what flowhost trusts (a key set, a certificate, a private key)
 /// was not read.
 #[derive(Debug, thiserror::Error)]

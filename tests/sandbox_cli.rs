@@ -1526,6 +1526,45 @@ fn an_interrupt_ends_the_command_and_the_run_still_concludes() {
     );
 }
 
+/// A `--health` that cannot be written (its directory mistyped) is refused before the
+/// command runs: before, the command ran to its end, egress and all, and only then did the
+/// run fail (exit 2, which says nothing ran) with its own status lost.
+#[test]
+fn a_health_path_that_cannot_be_written_is_refused_before_the_command_runs() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let health = dir.path().join("no-such-dir").join("health.json");
+    let started = std::time::Instant::now();
+    let out = flowhost()
+        .args([
+            "sandbox",
+            "run",
+            "--quiet",
+            "--profile",
+            "isolated",
+            "--health",
+        ])
+        .arg(&health)
+        .args(["--", "/bin/sleep", "20"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--health cannot be written there")
+            && stderr.contains("does not exist")
+            && stderr.contains(&health.display().to_string()),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "the command ran: {:?}",
+        started.elapsed()
+    );
+}
+
 /// A command that handles SIGTERM gets it, and what it does with it is the run's result.
 #[test]
 fn a_command_that_handles_an_interrupt_gets_it() {

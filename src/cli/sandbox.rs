@@ -224,6 +224,14 @@ pub enum SandboxError {
     /// The health could not be written.
     #[error("health: {0}")]
     Health(#[from] crate::records::health::HealthError),
+    /// The health could not be written where `--health` says, as found before the run.
+    #[error("{}: --health cannot be written there: {reason}; nothing was run", path.display())]
+    HealthPlace {
+        /// The `--health` path.
+        path: PathBuf,
+        /// Why.
+        reason: std::io::Error,
+    },
     /// The declared surface or the gate failed before judging.
     #[error(transparent)]
     Gate(#[from] crate::harness::HarnessError),
@@ -392,8 +400,15 @@ impl Evidence {
 }
 
 impl CommonArgs {
-    /// Reads the surface and prepares the record directory, before anything runs.
+    /// Reads the surface, prepares the record directory and checks the health can be
+    /// written, before anything runs: a run whose evidence cannot be kept is not run.
     fn evidence(&self) -> Result<Evidence, SandboxError> {
+        if let Some(path) = &self.health {
+            crate::files::can_create_at(path).map_err(|reason| SandboxError::HealthPlace {
+                path: path.clone(),
+                reason,
+            })?;
+        }
         let surface = self
             .declared
             .as_deref()

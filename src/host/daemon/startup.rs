@@ -734,24 +734,11 @@ fn ensure_dir(path: &Path, mode: u32) -> Result<(), StartupError> {
 /// directory that is missing, or one the daemon may not write (a read-only mount under the
 /// unit's `ProtectSystem=strict`).
 fn check_health_file_place(health_file: &Path) -> Result<(), StartupError> {
-    let dir = match health_file.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    use nix::unistd::AccessFlags;
-    nix::unistd::access(dir, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| StartupError::Io {
+    crate::files::can_create_at(health_file).map_err(|source| StartupError::Io {
         path: health_file.to_path_buf(),
         source: std::io::Error::new(
-            std::io::Error::from(e).kind(),
-            format!(
-                "health_file cannot be written there: its directory {} {}",
-                dir.display(),
-                match e {
-                    nix::errno::Errno::ENOENT => "does not exist".to_string(),
-                    nix::errno::Errno::EROFS => "is on a read-only mount".to_string(),
-                    e => format!("cannot be written by this user ({e})"),
-                }
-            ),
+            source.kind(),
+            format!("health_file cannot be written there: {source}"),
         ),
     })
 }
