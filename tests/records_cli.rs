@@ -134,6 +134,44 @@ fn a_directory_holding_no_records_does_not_verify() {
     );
 }
 
+/// A directory whose head anchor and write-ahead ring were both removed, and then lines cut
+/// from its end, is one whose end no writer or reader can vouch for: the host refuses to
+/// open it, and `verify` and `export` refuse it too. Before, both exited 0 ("no head
+/// anchor"), so a gate trusting their exit took a stream that lost records.
+#[test]
+fn a_directory_with_neither_anchor_nor_ring_does_not_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = records(dir.path(), 5, 1 << 20);
+    std::fs::remove_file(dir.path().join("records.head")).unwrap();
+    std::fs::remove_file(dir.path().join("records.wal")).unwrap();
+    let kept = lines(&files[0]);
+    write_lines(&files[0], &kept[..3]);
+    let (code, out) = verify(dir.path());
+    let o = flowhost(&["records", "verify", dir.path().to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(code, 1, "{out}{stderr}");
+    assert!(
+        stderr.contains("neither records.head nor records.wal"),
+        "{out}{stderr}"
+    );
+    let o = flowhost(&[
+        "records",
+        "export",
+        "--surface",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    // One record file named alone, outside any directory a writer kept, is a copy: it
+    // verifies as far as it goes, and says its end is not checked.
+    let copy = tempfile::tempdir().unwrap();
+    let alone = copy.path().join("copy.jsonl");
+    write_lines(&alone, &kept[..3]);
+    let (code, out) = verify(&alone);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("no head anchor"), "{out}");
+}
+
 #[test]
 fn intact_rotated_stream_verifies() {
     let dir = tempfile::tempdir().unwrap();

@@ -74,6 +74,10 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                 );
                 return Ok(ExitCode::from(1));
             }
+            if let Some(why) = unvouched_end(&records, &report) {
+                note!("flowhost: {why}; nothing exported");
+                return Ok(ExitCode::from(1));
+            }
             if !report.is_ok() {
                 // On stderr: stdout is where the export goes, and nothing is exported.
                 note!(
@@ -154,6 +158,10 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                     "flowhost: {} holds no record and no head anchor: nothing to verify",
                     flowhost_broker::Escaped(&records.display().to_string())
                 );
+                return Ok(ExitCode::from(1));
+            }
+            if let Some(why) = unvouched_end(&records, &report) {
+                note!("flowhost: {why}");
                 return Ok(ExitCode::from(1));
             }
             if report.is_ok() {
@@ -239,6 +247,25 @@ fn replay(dir: &Path) -> CliResult {
         )?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Why the end of the record directory `records` cannot be vouched for, when it cannot: it
+/// holds records but neither a head anchor nor a write-ahead ring, which every writer keeps
+/// (they were removed), so whole lines cut from its end would not show. The host refuses
+/// to open such a directory; its readers refuse it as evidence. (One record file named
+/// alone, a copy, is read as far as it goes and says its end is not checked.)
+fn unvouched_end(records: &Path, report: &VerifyReport) -> Option<String> {
+    use crate::records::{ring::RING_FILE, store::HEAD_FILE};
+    let unanchored = records.is_dir()
+        && report.records > 0
+        && report.head_anchor.is_none()
+        && std::fs::symlink_metadata(records.join(RING_FILE)).is_err();
+    unanchored.then(|| {
+        format!(
+            "{} holds records but neither {HEAD_FILE} nor {RING_FILE}, which every writer keeps: they were removed, and whole lines cut from its end would not show, so its records are no evidence of where the stream ended",
+            flowhost_broker::Escaped(&records.display().to_string())
+        )
+    })
 }
 
 fn print_problems(report: &VerifyReport) -> Result<(), super::output::OutputError> {
