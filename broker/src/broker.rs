@@ -525,7 +525,9 @@ impl Broker {
             }
             _ => None,
         };
-        let mut lease = Lease::default();
+        // Guarded from its first part on: a spawn dropped while it waits for its uid (a call
+        // cancelled, a deadline) sends the cgroups made meanwhile to the reaper.
+        let mut lease = LeaseGuard::new(Lease::default(), self.inner.reaper.clone());
         let limits = spec.profile.limits;
         let absent_unix_sockets = Arc::new(spec.profile.absent_unix_sockets.clone());
         // As Landlock's rules name them: a path in what the child mounts afresh (its private
@@ -547,32 +549,24 @@ impl Broker {
                 .collect::<Vec<_>>(),
         );
         if Controller::ALL.iter().any(|c| c.bound(&limits).is_some()) {
-            lease.cgroup = Some(
+            lease.hold_cgroup(
                 ExecutorCgroup::create(&self.inner.cgroups, &limits)
                     .map_err(|e| fail(SpawnError::Cgroup(e)))?,
             );
         }
+        // On every way out below, the guard sends the cgroups to the reaper (the usual way).
         if let Some((range, leased)) = pending_uid {
             match leased.await {
-                Ok(Ok(Some(uid))) => lease.uid = Some(uid),
-                Ok(Err(e)) => {
-                    drop(LeaseGuard::new(lease, self.inner.reaper.clone()));
-                    return Err(fail(SpawnError::UidScan(e)));
-                }
+                Ok(Ok(Some(uid))) => lease.hold_uid(uid),
+                Ok(Err(e)) => return Err(fail(SpawnError::UidScan(e))),
                 Ok(Ok(None)) => {
-                    // The cgroups go the usual way.
-                    drop(LeaseGuard::new(lease, self.inner.reaper.clone()));
                     return Err(fail(SpawnError::NoFreeUid {
                         range: range.to_string(),
                     }));
                 }
-                Err(_) => {
-                    drop(LeaseGuard::new(lease, self.inner.reaper.clone()));
-                    return Err(fail(SpawnError::BrokerGone));
-                }
+                Err(_) => return Err(fail(SpawnError::BrokerGone)),
             }
         }
-        let lease = LeaseGuard::new(lease, self.inner.reaper.clone());
         // The one identity the executor runs as (the spec's own first, as `prepare` takes
         // it), and so the one its unix and netlink operations are performed as: the broker's
         // own, with its capabilities, never.

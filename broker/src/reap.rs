@@ -89,6 +89,20 @@ impl LeaseGuard {
         }
     }
 
+    /// Adds the executor's cgroups, released with the rest.
+    pub(crate) fn hold_cgroup(&mut self, cgroup: ExecutorCgroup) {
+        if let Some(lease) = self.lease.as_mut() {
+            lease.cgroup = Some(cgroup);
+        }
+    }
+
+    /// Adds the uid leased for the executor, which may come after its cgroups were made.
+    pub(crate) fn hold_uid(&mut self, uid: UidLease) {
+        if let Some(lease) = self.lease.as_mut() {
+            lease.uid = Some(uid);
+        }
+    }
+
     /// The leased uid, if any.
     pub(crate) fn uid(&self) -> Option<u32> {
         self.lease.as_ref()?.uid.as_ref().map(UidLease::uid)
