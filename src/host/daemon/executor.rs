@@ -321,11 +321,9 @@ impl ExecutorFit {
     /// under, and only unlabelled data after egress under a grant (approved below the
     /// call's own label, at a target it does not know).
     pub fn fits(&self, label: &InformationLabel) -> bool {
-        self.approved.lock().is_ok_and(|approved| match &*approved {
-            Approval::Nothing => true,
-            Approval::Under { first, .. } => label.flows_to(first),
-            Approval::Grant => label.flows_to(&InformationLabel::bottom()),
-        })
+        self.approved
+            .lock()
+            .is_ok_and(|approved| approved.takes_in(label))
     }
 }
 
@@ -787,6 +785,14 @@ impl<C: NamedCall> McpExecutor<C> {
         self.approved_under
             .lock()
             .map_or(true, |approved| *approved == Approval::Grant)
+    }
+
+    /// Whether data labelled `label` may be handed to the executor outside what a call's
+    /// source covers (a client's subscription it takes over): as [`ExecutorFit::fits`].
+    pub fn takes_in(&self, label: &InformationLabel) -> bool {
+        self.approved_under
+            .lock()
+            .is_ok_and(|approved| approved.takes_in(label))
     }
 
     /// Whether the executor may serve a call whose source is `source`: it may not if it
@@ -1362,6 +1368,16 @@ impl Approval {
             // too, which keeps the label each executor serves under one.
             Approval::Under { first, last } => last == source && first == source,
             Approval::Grant => false,
+        }
+    }
+
+    /// Whether data labelled `label` may be taken in mid-call or outside one (see
+    /// [`ExecutorFit::fits`]).
+    fn takes_in(&self, label: &InformationLabel) -> bool {
+        match self {
+            Approval::Nothing => true,
+            Approval::Under { first, .. } => label.flows_to(first),
+            Approval::Grant => label.flows_to(&InformationLabel::bottom()),
         }
     }
 }

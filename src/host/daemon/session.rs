@@ -1371,6 +1371,18 @@ impl Executors<'_> {
         // Nothing is watched for a client that may no longer read it (a reload took the
         // resource away): that subscription ends here. Judged by the configuration in force
         // now, which may be newer than the one this call started under.
+        // Nor is a URI handed to an executor whose egress was approved under a label below
+        // its taint (a connection it may hold open for lower data could carry it): it
+        // stays the client's, for the next executor that may take it in.
+        orphaned.retain(|u| {
+            bound.exec.takes_in(
+                &self
+                    .session
+                    .host
+                    .resolver
+                    .argument_label(&json!({ "uri": u })),
+            )
+        });
         if !orphaned.is_empty() {
             let now = self.session.host.current();
             orphaned.retain(|u| {
