@@ -629,15 +629,27 @@ fn executor_ended(
     (Ok(result), Verdict::Failed(failure), Some(text))
 }
 
+/// The error codes JSON-RPC and MCP define (parse error, invalid request, method not found,
+/// invalid params, internal error; MCP's resource not found).
+const PROTOCOL_CODES: [i64; 6] = [
+    code::PARSE_ERROR,
+    code::INVALID_REQUEST,
+    code::METHOD_NOT_FOUND,
+    code::INVALID_PARAMS,
+    code::INTERNAL_ERROR,
+    -32002,
+];
+
 /// The text of an executor's JSON-RPC error that the classifier reads: its message and its
 /// data, which can carry what the executor read as much as a result can. Data is read as a
 /// result's text is (strings as sent, not JSON-escaped), so a pattern matches what an error
 /// carries exactly as it would match the same words in a result.
 pub(super) fn answered_text(e: &RpcError) -> String {
-    // The code too, when the executor chose one outside JSON-RPC's reserved range (any
-    // integer goes to the client as it is); a reserved one says nothing of its own, and
-    // read it would match rules for short numbers on every ordinary error.
-    let code = if (-32768..=-32000).contains(&e.code) {
+    // The code too (any integer goes to the client as it is), unless it is one of the
+    // protocol's own, which says nothing of the tool's: read, it would match rules for
+    // short numbers on every ordinary error. Any other, reserved range included (769
+    // codes an executor may pick among), is the tool's choice and may spell what it read.
+    let code = if PROTOCOL_CODES.contains(&e.code) {
         String::new()
     } else {
         format!("{}\n", e.code)

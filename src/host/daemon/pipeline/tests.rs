@@ -1378,7 +1378,10 @@ fn an_error_answers_code_is_read_by_the_classifier() {
         text.contains("4111111111111111") && text.contains('y'),
         "{text}"
     );
-    // A reserved code is the protocol's, not the tool's: not read.
+    // A code the protocol defines is the protocol's, not the tool's: not read.
     let e = RpcError::new(-32602, "x");
     assert_eq!(super::answered_text(&e), "x");
+    // Another of the reserved range is the tool's choice, and may spell what it read.
+    let e = RpcError::new(-32417, "x");
+    assert!(super::answered_text(&e).contains("-32417"));
 }
