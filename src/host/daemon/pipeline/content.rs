@@ -555,7 +555,9 @@ fn executor_ended(
     failure: Failure,
 ) -> (Result<Value, RpcError>, Verdict, String) {
     let e = RpcError::new(code::INTERNAL_ERROR, format!("server {server:?}: {why}"));
-    (Err(e), Verdict::Failed(failure), why)
+    // Read whole, as the client reads it.
+    let text = super::answered_text(&e);
+    (Err(e), Verdict::Failed(failure), text)
 }
 
 /// Records, durably, that the content request `rec` names is sent to its executor under
