@@ -97,6 +97,8 @@ use subscriptions::{IdleExecutor, Subscriptions, idle_to_stop};
 /// An executor bound to the session, with the generation it was started in.
 struct Bound {
     generation: u64,
+    /// The digest of the manifest its server was admitted under when it was started.
+    admitted: Option<String>,
     exec: McpExecutor<CallInFlight>,
     /// The `logging/setLevel` level last applied to it (`None`: never set).
     log_level: Option<LogLevel>,
@@ -1183,7 +1185,13 @@ impl Session {
                         .iter_mut()
                         .map(|b| IdleExecutor {
                             past_limit: b.exec.idle_for() > limit,
-                            live: b.exec.alive() && b.exec.sees_its_resolver(),
+                            // One started from a manifest the host no longer serves (a
+                            // reload replaced its key or version, or took it out) watches
+                            // for nobody: the next executor bound takes its subscriptions.
+                            live: b.exec.alive()
+                                && b.exec.sees_its_resolver()
+                                && current.servers.get(server.as_str()).map(|f| &f.digest)
+                                    == b.admitted.as_ref(),
                             current: b.generation == current.id,
                             subscribed: &b.subscribed,
                         })
@@ -1343,6 +1351,11 @@ impl Executors<'_> {
                 exec.on_resource_updated(self.session.updates_for(server));
                 Bound {
                     generation: self.generation.id,
+                    admitted: self
+                        .generation
+                        .servers
+                        .get(server)
+                        .map(|f| f.digest.clone()),
                     exec,
                     log_level: None,
                     subscribed: BTreeSet::new(),
