@@ -582,19 +582,13 @@ async fn settle(
         }
     };
     let state = match text {
-        None => {
-            *durable = true;
-            plan.state_after_dispatch.clone()
-        }
+        None => plan.state_after_dispatch.clone(),
         Some(text) => match env
             .resolver
             .after_call_carrying(plan, &carried, &text)
             .await
         {
-            Ok(state) => {
-                *durable = true;
-                state
-            }
+            Ok(state) => state,
             Err(e) => {
                 // The output is withheld: that is the call's outcome, recorded with the last
                 // labels known to be stored, before the refusal goes out.
@@ -615,6 +609,9 @@ async fn settle(
         },
     };
     record_outcome(env, rec, verdict, &state, &plan.state_after_dispatch).await?;
+    // Labelled and recorded: the executor may serve again, and what it held for the
+    // client go out, under a label the records hold.
+    *durable = true;
     answer
 }
 

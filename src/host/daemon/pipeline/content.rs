@@ -464,27 +464,26 @@ async fn run<F: Forward>(
         }
     };
     let raised = env.resolver.after_content(&key, &label, &text).await;
-    let durable = raised.is_ok();
-    let answered = async {
-        match raised {
-            Ok(after) => {
-                record_outcome(env, rec, verdict, &after, &state).await?;
-                answer
-            }
-            Err(e) => {
-                let failed = Verdict::Failed(Failure::StateFailure);
-                record_outcome(env, rec, failed, &state, &state).await?;
-                Err(refusal(
-                    code::INTERNAL_ERROR,
-                    format!("the content's label could not be stored, so it is withheld: {e}"),
-                    Denial::StateFailure,
-                ))
+    // As for a tool call: the executor serves again (and the resource updates it held go to
+    // the client) only once what it produced is labelled and the outcome recorded.
+    let (answered, durable) = match raised {
+        Ok(after) => match record_outcome(env, rec, verdict, &after, &state).await {
+            Ok(()) => (answer, true),
+            Err(e) => (Err(e), false),
+        },
+        Err(e) => {
+            let failed = Verdict::Failed(Failure::StateFailure);
+            let withheld = refusal(
+                code::INTERNAL_ERROR,
+                format!("the content's label could not be stored, so it is withheld: {e}"),
+                Denial::StateFailure,
+            );
+            match record_outcome(env, rec, failed, &state, &state).await {
+                Ok(()) => (Err(withheld), false),
+                Err(e) => (Err(e), false),
             }
         }
-    }
-    .await;
-    // As for a tool call: the executor serves again (and the resource updates it held go to
-    // the client) once the outcome is recorded, and only if what it produced is labelled.
+    };
     forward.settled(durable).await;
     answered
 }

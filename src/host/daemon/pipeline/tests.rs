@@ -293,6 +293,8 @@ impl Dispatch for HoldingTheNextSync<'_> {
 struct Settling {
     answer: Option<Result<Value, DispatchError>>,
     break_state: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Closed while the call runs: its outcome record then fails.
+    close_records: Option<RecordWriter>,
     settled: Vec<bool>,
 }
 
@@ -307,6 +309,9 @@ impl Dispatch for Settling {
     ) -> Result<Value, DispatchError> {
         if let Some(broken) = &self.break_state {
             broken.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        if let Some(records) = &self.close_records {
+            records.close().await.unwrap();
         }
         self.answer
             .take()
@@ -1348,6 +1353,7 @@ async fn the_dispatcher_learns_whether_the_output_was_labelled() {
         let mut exec = Settling {
             answer: Some(answer.clone()),
             break_state: breaks.then(|| host.broken.clone()),
+            close_records: None,
             settled: Vec::new(),
         };
         let r = host
@@ -1363,6 +1369,24 @@ async fn the_dispatcher_learns_whether_the_output_was_labelled() {
             assert!(e.message.contains("could not be stored"), "{e:?}");
         }
     }
+    // Labelled, but its outcome not recorded: the executor does not serve again (what it
+    // held for the client would go out under a label no record holds).
+    let host = Host::new();
+    let mut exec = Settling {
+        answer: Some(text("two documents")),
+        break_state: None,
+        close_records: Some(host.records.clone()),
+        settled: Vec::new(),
+    };
+    let r = host
+        .call(
+            ANALYST,
+            call("workspace/list_documents", json!({})),
+            &mut exec,
+        )
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(exec.settled, vec![false]);
 }
 
 /// The code of an executor's error answer goes to the client as it is, so the classifier
