@@ -21,6 +21,9 @@ use super::session::Outbox;
 use crate::mcp::{self, RpcError, code};
 use crate::records::RelayMethod;
 
+/// How every id of a request relayed to a client begins (`flowhost-relay-N`, per session).
+pub(super) const RELAY_ID_PREFIX: &str = "flowhost-relay-";
+
 /// What the client declared it can do at `initialize` (of what the host relays).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClientCapabilities {
@@ -121,7 +124,7 @@ impl PendingRelays {
             return None;
         }
         let id = json!(format!(
-            "flowhost-relay-{}",
+            "{RELAY_ID_PREFIX}{}",
             self.next.fetch_add(1, Ordering::Relaxed) + 1
         ));
         let (tx, rx) = oneshot::channel();

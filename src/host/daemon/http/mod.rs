@@ -1010,11 +1010,14 @@ impl Transport {
         let kind = match crate::mcp::classify(&message) {
             Ok(kind) => kind,
             Err((id, e)) => {
-                // A malformed answer (no method, an id) may be one to a request the session
-                // relayed to the client: the session is told, so that request stops waiting
-                // for an answer (the session's own refusal of it goes to no stream).
+                // A malformed answer (no method) to a request the session relayed to the
+                // client (an id of the host's relays): the session is told, so that request
+                // stops waiting for an answer (the session's own refusal of it goes to no
+                // stream: no request of the client's has a relay's id).
                 if method.is_none()
-                    && id.is_string()
+                    && id
+                        .as_str()
+                        .is_some_and(|i| i.starts_with(super::relay::RELAY_ID_PREFIX))
                     && headers.contains_key(SESSION_HEADER)
                     && let Ok((_, remote)) = self.session_of(&headers, &principal).await
                 {
