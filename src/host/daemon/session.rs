@@ -1171,9 +1171,13 @@ impl Session {
         let limit = current.config.idle_timeout;
         let subscriptions = &self.subscriptions;
         let pinned = self.pinned();
-        for (server, uri) in subscriptions
-            .end_unless(|server, uri| may_watch(&current, &self.identity, pinned, server, uri))
-        {
+        // A server not served now (withdrawn while a reload starts the executors of its new
+        // configuration, say) keeps the session's subscriptions to it: they are taken over
+        // when it is served again, and judged then.
+        for (server, uri) in subscriptions.end_unless(|server, uri| {
+            !current.servers.contains_key(server)
+                || may_watch(&current, &self.identity, pinned, server, uri)
+        }) {
             self.log_ended_subscription(&server, &uri);
         }
         let idle: Vec<Bound> = match self.executors.lock() {
@@ -1384,17 +1388,18 @@ impl Executors<'_> {
         // Nothing is watched for a client that may no longer read it (a reload took the
         // resource away): that subscription ends here. Judged by the configuration in force
         // now, which may be newer than the one this call started under.
-        // Nor is a URI handed to an executor whose egress was approved under a label below
-        // its taint (a connection it may hold open for lower data could carry it): it
-        // stays the client's, for the next executor that may take it in.
+        // Nor is a URI handed to an executor that is to serve a call of a lower source
+        // (whose egress is approved under that source) or whose egress was approved under a
+        // label below its taint (a connection it may hold open for lower data): either
+        // could carry it unjudged. It stays the client's, for the next executor that may
+        // take it in.
         orphaned.retain(|u| {
-            bound.exec.takes_in(
-                &self
-                    .session
-                    .host
-                    .resolver
-                    .argument_label(&json!({ "uri": u })),
-            )
+            let taint = self
+                .session
+                .host
+                .resolver
+                .argument_label(&json!({ "uri": u }));
+            taint.flows_to(source) && bound.exec.takes_in(&taint)
         });
         if !orphaned.is_empty() {
             let now = self.session.host.current();
