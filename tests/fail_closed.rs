@@ -119,13 +119,17 @@ fn a_principal_taken_out_is_withdrawn_before_the_reloads_executors_start() {
     ));
     lab.signal(libc::SIGHUP);
     wait_log(&lab, "withdrawn at once", 1);
-    let r = reviewer.call("workspace/list_documents", json!({}));
+    // Refused, or, when the session looked first (it looks every few seconds), closed.
+    let tools_call = json!({"name": "workspace/list_documents", "arguments": {}});
+    let r = reviewer.try_request("tools/call", tools_call);
     assert!(
         !lab.log().contains("reload refused"),
         "the reload was already over: the test proves nothing\n{}",
         lab.log()
     );
-    assert_eq!(denial(&r), "access_denied", "{r}");
+    if let Ok(r) = r {
+        assert_eq!(denial(&r), "access_denied", "{r}");
+    }
     let deadline = Instant::now() + Duration::from_secs(30);
     while !lab.log().contains("reload refused") {
         assert!(Instant::now() < deadline, "{}", lab.log());

@@ -1531,6 +1531,45 @@ fn a_reload_takes_the_issuers_key_set_as_its_file_says_then() {
     assert_eq!((status(&kept), status(&added)), (401, 401));
 }
 
+/// A key taken out of the issuer's key set is revoked as the reload starts, not once the
+/// new configuration's executors are started (here one that never answers, so the reload
+/// is refused after the call timeout): before, its tokens went on verifying that long.
+#[test]
+fn a_key_taken_out_of_the_key_set_is_revoked_before_the_reloads_executors_start() {
+    let Some((lab, addr, issuer)) = start_with("", "") else {
+        return;
+    };
+    let later = unix_now() + 300;
+    let revoked = jwt(&issuer, RESOURCE, later, "agent-1");
+    let status = |token: &str| McpHttp::new(addr, Some(token)).initialize().status;
+    assert_eq!(status(&revoked), 200);
+    let next = JwtIssuer::new(13);
+    std::fs::write(lab.dir.path().join("jwks.json"), &next.jwks).unwrap();
+    let text = std::fs::read_to_string(&lab.config).unwrap().replacen(
+        "call_timeout_ms = 15000",
+        "call_timeout_ms = 6000",
+        1,
+    );
+    let publisher = text
+        .lines()
+        .find(|l| l.starts_with("command = ") && l.contains("\"public-inbox\""))
+        .unwrap()
+        .to_string();
+    lab.write_config(&text.replacen(&publisher, "command = [\"/bin/sleep\", \"3600\"]", 1));
+    lab.signal(libc::SIGHUP);
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert_eq!(
+        status(&revoked),
+        401,
+        "a revoked key verified during the reload"
+    );
+    assert!(
+        !lab.log().contains("reload refused"),
+        "the reload was already over: the test proves nothing\n{}",
+        lab.log()
+    );
+}
+
 /// A bearer token or JWT subject taken out of `[http]` is refused from the reload on, although
 /// the reload itself is refused (`[http]` changes at a restart); one put back waits for the
 /// restart. Before, both went on authenticating until the daemon restarted.

@@ -178,7 +178,13 @@ impl Host {
             }),
             None => Ok(None),
         };
-        // The refusal of a key set that cannot be read comes after the withdrawals below.
+        // A key taken out of the file is revoked now, as the rest is withdrawn: it must not
+        // go on authenticating while the new generation is built, nor after, whatever
+        // else the reload refuses.
+        if let (Ok(Some(keys)), Some(auth)) = (&key_set, &self.http_auth) {
+            auth.revoke_keys_absent_from(keys);
+        }
+        // The refusal of a key set that cannot be read comes after the withdrawals above.
         let (key_set, built) = match key_set {
             Ok(keys) => {
                 let built: Result<_, StartupError> = async {
@@ -191,11 +197,6 @@ impl Host {
             }
             Err(e) => (None, Err(e)),
         };
-        if let (Err(_), Some(auth), Some(keys)) = (&built, &self.http_auth, &key_set) {
-            // Whatever else failed, a key taken out of the file is revoked now: it must not
-            // go on authenticating until a reload succeeds.
-            auth.revoke_keys_absent_from(keys);
-        }
         let (generation, certificate) = match built {
             Ok(built) => built,
             Err(refused) if withdrawing => {
