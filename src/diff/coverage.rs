@@ -74,7 +74,7 @@ pub(super) fn incomplete(h: &ToolObservationHealth) -> Option<String> {
 pub(super) fn fleet_gaps(
     healths: &[ToolObservationHealth],
     sources: &mut [ObservedSource],
-    links: &[Vec<u64>],
+    links: &[Vec<ChainLink>],
 ) -> Vec<String> {
     let mut gaps = Vec::new();
     let mut used = vec![false; healths.len()];
@@ -120,40 +120,47 @@ pub(super) fn fleet_gaps(
     gaps
 }
 
-/// A record's link to the one before it, as a key two streams can share: the first 64 bits
+/// A record's link to the one before it, as a key two streams can share: the first 128 bits
 /// of its `prev_hash` (`None` for the genesis, which every host's first record links to, and
-/// for a hash of another form). Two hosts' streams share no key but by a 2^-64 chance, which
-/// could only make a fleet look incomplete.
-pub(super) fn chain_link(prev_hash: &str) -> Option<u64> {
+/// for a hash of another form). Two hosts' streams of `a` and `b` records share a key by a
+/// chance of about a·b/2^128 (none, for any fleet), which could only make the fleet look
+/// incomplete.
+pub(super) fn chain_link(prev_hash: &str) -> Option<ChainLink> {
     if prev_hash == GENESIS_HASH {
         return None;
     }
-    let hex = prev_hash.strip_prefix("sha256:")?.get(..16)?;
-    u64::from_str_radix(hex, 16).ok()
+    let hex = prev_hash.strip_prefix("sha256:")?.get(..32)?;
+    ChainLink::from_str_radix(hex, 16).ok()
+}
+
+/// See [`chain_link`].
+pub(super) type ChainLink = u128;
+
+/// A verified stream's keys for [`one_chain_twice`]: its records' links and its head
+/// (together, every record it holds and the one before its first), sorted, each once.
+pub(super) fn chain_keys(mut links: Vec<ChainLink>, head: Option<&str>) -> Vec<ChainLink> {
+    links.extend(head.and_then(chain_link));
+    links.sort_unstable();
+    links.dedup();
+    links
 }
 
 /// Verified streams that are parts of one host's chain: one holds a record of the other, or
 /// begins right after one (an older copy of a host's records, with the health its run wrote
 /// then, beside the newer; a copy given twice; a later piece of one stream). Each would pair
-/// with a health of its own, and another host's records would go unjudged. A stream's keys
-/// are its records' links and its head: together, every record it holds and the one before
-/// its first.
-pub(super) fn one_chain_twice(sources: &[ObservedSource], links: &[Vec<u64>]) -> Vec<String> {
-    let mut owner: HashMap<u64, usize> = HashMap::new();
+/// with a health of its own, and another host's records would go unjudged. `keys` holds
+/// each source's [`chain_keys`] (empty for one that is not verified records).
+pub(super) fn one_chain_twice(sources: &[ObservedSource], keys: &[Vec<ChainLink>]) -> Vec<String> {
+    let verified: Vec<usize> = (0..sources.len())
+        .filter(|&i| sources[i].evidence == Evidence::Verified)
+        .collect();
     let mut pairs: Vec<(usize, usize)> = Vec::new();
-    for (i, s) in sources.iter().enumerate() {
-        if s.evidence != Evidence::Verified {
-            continue;
-        }
-        let head = s.chain_head.as_deref().and_then(chain_link);
-        let mine = links.get(i).into_iter().flatten().copied().chain(head);
-        for key in mine {
-            match owner.get(&key) {
-                Some(&j) if j != i && !pairs.contains(&(j, i)) => pairs.push((j, i)),
-                Some(_) => {}
-                None => {
-                    owner.insert(key, i);
-                }
+    for (n, &j) in verified.iter().enumerate() {
+        for &i in &verified[n + 1..] {
+            if let (Some(a), Some(b)) = (keys.get(j), keys.get(i))
+                && share_one(a, b)
+            {
+                pairs.push((j, i));
             }
         }
     }
@@ -167,6 +174,23 @@ pub(super) fn one_chain_twice(sources: &[ObservedSource], links: &[Vec<u64>]) ->
             )
         })
         .collect()
+}
+
+/// Whether two sorted key sets share one.
+fn share_one(a: &[ChainLink], b: &[ChainLink]) -> bool {
+    let (mut x, mut y) = (a.iter().peekable(), b.iter().peekable());
+    while let (Some(p), Some(q)) = (x.peek(), y.peek()) {
+        match p.cmp(q) {
+            std::cmp::Ordering::Less => {
+                x.next();
+            }
+            std::cmp::Ordering::Greater => {
+                y.next();
+            }
+            std::cmp::Ordering::Equal => return true,
+        }
+    }
+    false
 }
 
 /// How `health` fails to describe the verified flowhost records among `sources` (empty:

@@ -440,8 +440,10 @@ pub fn diff_sources(
     // Evidence rejected outright (exit 4) is returned once every source is read: an input
     // error in any of them (exit 2) comes first, whatever the order they were named in.
     let mut rejected = None;
+    // Only a fleet's sources are looked at for one chain given twice.
+    let links = health.len() > 1;
     for path in observed {
-        let judged = match judge_source(&matcher, path) {
+        let judged = match judge_source(&matcher, path, links) {
             Ok(judged) => judged,
             Err(DiffError::Store(e)) if e.rejects_the_evidence() => {
                 rejected.get_or_insert(DiffError::Store(e));
@@ -454,8 +456,10 @@ pub fn diff_sources(
             evidence.unanchored.push(path.clone());
         }
         evidence.problems.extend(problems);
+        evidence
+            .links
+            .push(chain_keys(judged.links, source.chain_head.as_deref()));
         evidence.sources.push(source);
-        evidence.links.push(judged.links);
         if let Some(part) = judged.acc {
             acc.merge(part);
         }
@@ -472,9 +476,9 @@ struct EvidenceSet {
     sources: Vec<ObservedSource>,
     problems: Vec<Problem>,
     unanchored: Vec<PathBuf>,
-    /// Each source's chain links (see [`chain_link`]), in the order of `sources`; empty for
-    /// sources that are not verified records.
-    links: Vec<Vec<u64>>,
+    /// Each source's chain keys (see [`chain_keys`]), in the order of `sources`; empty for
+    /// sources that are not verified records, and unless a fleet is judged.
+    links: Vec<Vec<ChainLink>>,
 }
 
 /// One source, judged (or rejected).
@@ -486,13 +490,13 @@ struct Judged {
     /// A record directory with records but no head anchor.
     unanchored: bool,
     /// Verified records: each one's link to the record before it (see [`chain_link`]).
-    links: Vec<u64>,
+    links: Vec<ChainLink>,
 }
 
 impl Judged {
     /// Flowhost records with `links` (see [`chain_link`]): judged if `report` verifies,
     /// else rejected.
-    fn chained(acc: Acc, report: VerifyReport, links: Vec<u64>) -> Self {
+    fn chained(acc: Acc, report: VerifyReport, links: Vec<ChainLink>) -> Self {
         let ok = report.is_ok();
         Judged {
             acc: ok.then_some(acc),
@@ -554,7 +558,7 @@ impl Judged {
 }
 
 /// Verifies and judges one source (see the module docs).
-fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError> {
+fn judge_source(matcher: &Matcher<'_>, path: &Path, links: bool) -> Result<Judged, DiffError> {
     let meta = fs::metadata(path).map_err(StoreError::io("open", path))?;
     // A directory, or a record file of one (named as a writer names them), with no head
     // anchor holding it: whole lines cut from its end would not show. A record file is
@@ -570,7 +574,7 @@ fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError>
         }
     };
     if meta.is_dir() {
-        return judge_records(matcher, path).map(unanchored_records);
+        return judge_records(matcher, path, links).map(unanchored_records);
     }
     let record_file = path
         .file_name()
@@ -581,8 +585,10 @@ fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError>
     let file = File::open(path).map_err(StoreError::io("open", path))?;
     match detect(path, &file)? {
         // Flowhost records (as the first line says): verified and judged in one read.
-        Format::Records if record_file => judge_records(matcher, path).map(unanchored_records),
-        Format::Records => judge_records(matcher, path),
+        Format::Records if record_file => {
+            judge_records(matcher, path, links).map(unanchored_records)
+        }
+        Format::Records => judge_records(matcher, path, links),
         Format::Stream => {
             match judge_stream(matcher, path, &file, Tuning::default()).inspect(|_| {
                 #[cfg(test)]
@@ -593,7 +599,7 @@ fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError>
                 // A line carries the chain: what the lenient read judged is dropped, and the file
                 // is verified and judged in one more read. Judging one read and verifying another
                 // would let a file replaced in between pass unverified decisions as verified.
-                Ok(_) => judge_records(matcher, path),
+                Ok(_) => judge_records(matcher, path, links),
                 // A line the diff cannot read: inside flowhost records that is a foreign or torn
                 // line (rejected evidence); in anything else, an input error. Either refuses (exit
                 // 4 or 2), whatever a later read finds, so no verdict is drawn from two reads.
@@ -616,7 +622,11 @@ fn judge_source(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError>
                 Ok(acc) => Ok(Judged::chained(
                     acc,
                     envelope_chain(path, &envelope)?,
-                    envelope_links(&envelope),
+                    if links {
+                        envelope_links(&envelope)
+                    } else {
+                        Vec::new()
+                    },
                 )),
                 Err(e) => match envelope_chain(path, &envelope) {
                     Ok(report) if report.first_seq.is_some() && !report.is_ok() => {
@@ -652,8 +662,8 @@ fn after_lenient_read(path: &Path) {
 
 /// Verifies the flowhost records at `path` (a record directory or file) and judges each
 /// valid record as the verifier decodes it: rejected unless the whole stream verifies.
-fn judge_records(matcher: &Matcher<'_>, path: &Path) -> Result<Judged, DiffError> {
-    let (report, part) = verify_records_gathering(path, None, &Judging { matcher })?;
+fn judge_records(matcher: &Matcher<'_>, path: &Path, links: bool) -> Result<Judged, DiffError> {
+    let (report, part) = verify_records_gathering(path, None, &Judging { matcher, links })?;
     if !report.is_ok() {
         return Ok(Judged::rejected(report));
     }
@@ -711,7 +721,7 @@ fn read_envelope(file: &Path) -> Result<serde_json::Value, DiffError> {
 
 /// Each decision's link to the one before it (see [`chain_link`]), for an envelope whose
 /// chain verified.
-fn envelope_links(envelope: &serde_json::Value) -> Vec<u64> {
+fn envelope_links(envelope: &serde_json::Value) -> Vec<ChainLink> {
     envelope
         .get("observed_tool_decisions")
         .and_then(serde_json::Value::as_array)

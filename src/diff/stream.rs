@@ -316,6 +316,9 @@ pub(super) fn judge_line(
 /// decoded once; what the judge makes of them is kept only if the stream verifies.
 pub(super) struct Judging<'m, 'd> {
     pub(super) matcher: &'m Matcher<'d>,
+    /// Whether to keep each record's chain link (a fleet's diff, which looks for one chain
+    /// given as two hosts'; a single host's keeps nothing per record).
+    pub(super) links: bool,
 }
 
 /// What [`Judging`] made of a run of records: the judged decisions, or the first line the
@@ -323,8 +326,8 @@ pub(super) struct Judging<'m, 'd> {
 pub(super) struct JudgedRun {
     pub(super) acc: Acc,
     pub(super) error: Option<DiffError>,
-    /// Each record's link to the record before it (see [`chain_link`]).
-    pub(super) links: Vec<u64>,
+    /// Each record's link to the record before it, when kept (see [`chain_link`]).
+    pub(super) links: Vec<ChainLink>,
 }
 
 impl Gather for Judging<'_, '_> {
@@ -342,7 +345,9 @@ impl Gather for Judging<'_, '_> {
         if part.error.is_some() {
             return;
         }
-        part.links.extend(chain_link(&record.flowhost.prev_hash));
+        if self.links {
+            part.links.extend(chain_link(&record.flowhost.prev_hash));
+        }
         let seq = Some(record.flowhost.seq);
         let at = || ObservedRef {
             file: file.to_path_buf(),
