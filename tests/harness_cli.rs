@@ -378,7 +378,14 @@ fn sandbox_mcp_stops_on_sigterm_with_its_records_and_health_written() {
     let health =
         flowhost::records::ToolObservationHealth::read_from(&dir.path().join("health.json"))
             .unwrap();
-    assert!(health.complete, "{:?}", health.incomplete_reasons);
+    // Stopped before its client was done: what the client would have asked after is not
+    // observed (before, the run read as complete, and a gate passed it).
+    assert!(!health.complete, "{health:?}");
+    assert!(
+        health.cut_short.iter().any(|c| c.contains("a signal")),
+        "{:?}",
+        health.cut_short
+    );
     // The refusal before initialize is the one record, and it verifies.
     let records = flowhost::harness::read_records(&dir.path().join("records")).unwrap();
     assert_eq!(records.len(), 1);

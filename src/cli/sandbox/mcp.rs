@@ -360,9 +360,12 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     let stopping = host.stopping();
     host.begin_shutdown();
     let served = serving.await;
+    // A signal that stopped the host while the client still had stdin open cut the run
+    // short: what the client would have asked after was never served or observed.
+    let signalled = stopping && !matches!(relayed, Ok(Ending::ClientDone));
     // What was cut short goes into the health file before anything else can fail the run:
     // the health of a run that fails below must not read as complete without it.
-    let health = with_calls_cut_short(&health_file, &records);
+    let health = with_calls_cut_short(&health_file, &records, signalled);
     if !matches!(served, Ok(crate::daemon::Served::Clean)) {
         return Err(
             "the host's stop did not complete (its records or health may not vouch \
@@ -380,15 +383,23 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
 }
 
 /// The host's health in `health_file` with the calls of `records` a bound, their deadline
-/// or the client cut short added, written back to the file. A call a bound or its deadline
+/// or the client cut short added, and the run itself when a signal stopped it before its
+/// client was done (`signalled`), written back to the file. A call a bound or its deadline
 /// ended is the run cut short (the daemon's health does not say so: there a call that runs
 /// into its bound is service, not a test of the tool). Records that cannot be read cannot
 /// tell: the run is then taken as cut short.
 fn with_calls_cut_short(
     health_file: &Path,
     records: &Path,
+    signalled: bool,
 ) -> Result<crate::records::ToolObservationHealth, crate::records::health::HealthError> {
     let mut health = crate::records::ToolObservationHealth::read_from(health_file)?;
+    if signalled {
+        health.cut_short.push(
+            "a signal to flowhost sandbox mcp stopped the host before its client closed stdin"
+                .into(),
+        );
+    }
     health.cut_short.extend(
         crate::harness::calls_cut_short(records).unwrap_or_else(|e| {
             vec![format!(
