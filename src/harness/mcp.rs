@@ -97,11 +97,15 @@ impl McpServer {
         );
         match init {
             Ok(r) if r.get("result").is_some() => Ok(server),
-            Ok(r) => Err(HarnessError::Run(format!("initialize was refused: {r}"))),
+            Ok(r) => Err(HarnessError::Run(format!(
+                "initialize was refused: {}",
+                super::shown(&r.to_string())
+            ))),
             Err(e) => {
                 let said = server.stop_and_collect();
                 Err(HarnessError::Run(format!(
-                    "flowhost sandbox mcp did not start serving ({e}); it said:\n{said}"
+                    "flowhost sandbox mcp did not start serving ({e}); it said:\n{}",
+                    super::shown(&said)
                 )))
             }
         }
@@ -184,10 +188,12 @@ impl McpServer {
     /// The tools the server offers (`tools/list`), named `server/tool`.
     pub fn list_tools(&mut self) -> Result<Vec<Value>, HarnessError> {
         let r = self.request("tools/list", json!({}))?;
-        r["result"]["tools"]
-            .as_array()
-            .cloned()
-            .ok_or_else(|| HarnessError::Run(format!("tools/list gave no tools: {r}")))
+        r["result"]["tools"].as_array().cloned().ok_or_else(|| {
+            HarnessError::Run(format!(
+                "tools/list gave no tools: {}",
+                super::shown(&r.to_string())
+            ))
+        })
     }
 
     /// Calls `tool` (`server/tool`, or the bare tool name of this server) with `arguments`;
@@ -237,9 +243,18 @@ impl McpServer {
     /// private directory (and its executors' cgroups, until another broker sweeps them).
     fn stop_and_collect(&mut self) -> String {
         self.stdin = None;
-        let stopped_within = |child: &mut Child, limit: std::time::Duration| {
+        // What the host still writes is read and dropped while it stops: unread, a full
+        // pipe would hold its relay, and with it the stop, until it is killed.
+        let out = self.stdout.get_mut();
+        let _ = nix::fcntl::fcntl(
+            &*out,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        );
+        let stopped_within = |child: &mut Child, out: &mut ChildStdout, limit| {
             let deadline = std::time::Instant::now() + limit;
+            let mut scratch = [0u8; 8192];
             loop {
+                while matches!(out.read(&mut scratch), Ok(n) if n > 0) {}
                 match child.try_wait() {
                     Ok(Some(_)) => return true,
                     Ok(None) if std::time::Instant::now() < deadline => {
@@ -249,11 +264,11 @@ impl McpServer {
                 }
             }
         };
-        if !stopped_within(&mut self.child, STOP_GRACE) {
+        if !stopped_within(&mut self.child, out, STOP_GRACE) {
             // The child's pid stays its own until it is waited for.
             let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            if !stopped_within(&mut self.child, STOP_GRACE) {
+            if !stopped_within(&mut self.child, out, STOP_GRACE) {
                 let _ = self.child.kill();
             }
         }
