@@ -142,10 +142,18 @@ pub fn others_may_change_file(metadata: &Metadata) -> Option<OthersMayChange> {
 }
 
 /// Whether this process could create a file at `path` (as a temporary file renamed into
-/// place): its directory exists and this user may write it, on a mount that is not
-/// read-only. The error says which, naming the directory. Checked before the work whose
+/// place): no directory is there, and its directory exists and this user may write it, on
+/// a mount that is not read-only. The error says which, naming the directory. Checked before the work whose
 /// result goes there, so that work is not done for nothing.
 pub fn can_create_at(path: &Path) -> io::Result<()> {
+    // A directory there cannot be renamed over (a path given with a trailing `/`, or
+    // naming one); anything else there is replaced whole.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(io::Error::new(
+            io::ErrorKind::IsADirectory,
+            format!("{} is a directory, not a file", path.display()),
+        ));
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),

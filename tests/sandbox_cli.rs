@@ -1563,6 +1563,23 @@ fn a_health_path_that_cannot_be_written_is_refused_before_the_command_runs() {
         "the command ran: {:?}",
         started.elapsed()
     );
+    // Nor a directory: a rename cannot replace it.
+    let out = flowhost()
+        .args([
+            "sandbox",
+            "run",
+            "--quiet",
+            "--profile",
+            "isolated",
+            "--health",
+        ])
+        .arg(format!("{}/", dir.path().display()))
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is a directory, not a file"), "{stderr}");
 }
 
 /// A command that handles SIGTERM gets it, and what it does with it is the run's result.
