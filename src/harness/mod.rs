@@ -35,6 +35,16 @@ pub use mcp::McpServer;
 pub(crate) use observe::calls_cut_short;
 pub use observe::{EgressAttempt, Observation, read_records};
 
+/// `text` a run's command or tool wrote (its stderr, a JSON answer), as shown in an error
+/// or panic message: each line escaped ([`flowhost_broker::Escaped`]), so it cannot move,
+/// recolour or reorder the test author's terminal; the lines stay lines.
+fn shown(text: &str) -> String {
+    text.lines()
+        .map(|l| flowhost_broker::Escaped(l).to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The environment variable naming the `flowhost` binary the harness runs (default: the
 /// one on `PATH`).
 pub const BINARY_ENV: &str = "FLOWHOST_BIN";
@@ -483,6 +493,18 @@ impl Harness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a run wrote is shown line by line, escaped: a bidirectional override or an
+    /// escape sequence in a tool's stderr cannot reach the author's terminal raw.
+    #[test]
+    fn what_a_run_wrote_is_shown_escaped_line_by_line() {
+        let said = shown("first\nsecond \u{202e}gnp.evil \u{1b}[2J");
+        assert_eq!(said.lines().count(), 2, "{said}");
+        assert!(
+            !said.contains('\u{202e}') && !said.contains('\u{1b}'),
+            "{said}"
+        );
+    }
 
     #[test]
     fn staging_one_program_from_many_threads_gives_one_executable_copy() {

@@ -187,7 +187,8 @@ impl Observation {
         let read = ToolObservationHealth::read_from(&health_file)
             .map_err(|e| {
                 HarnessError::Run(format!(
-                    "flowhost ended with {status} and left no readable health ({e}); it said:\n{stderr}"
+                    "flowhost ended with {status} and left no readable health ({e}); it said:\n{}",
+                    super::shown(&stderr)
                 ))
             })
             .and_then(|health| Ok((health, read_verified(&records_dir)?)));
@@ -255,7 +256,8 @@ impl Observation {
         }
         Err(HarnessError::Check(format!(
             "the run ended with {}; stderr:\n{}",
-            self.status, self.stderr
+            self.status,
+            super::shown(&self.stderr)
         )))
     }
 
