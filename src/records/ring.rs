@@ -34,7 +34,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -361,6 +361,26 @@ impl Ring {
                 source,
             })?;
         self.sync_as("sync a checkpoint of")?;
+        // A ring removed while the writer runs would hold what it makes durable in a file
+        // no directory names, which a power loss takes with it: the writer fails here, at
+        // its next checkpoint (about a second, or its close), rather than go on until then.
+        let linked = self.file.metadata().map_err(|source| RingError::Io {
+            op: "look at",
+            path: self.path.clone(),
+            source,
+        })?;
+        if linked.nlink() == 0 {
+            return Err(RingError::Io {
+                op: "keep records in",
+                path: self.path.clone(),
+                source: io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "it was removed while the writer ran, so records made durable in it since \
+                     would not survive a power loss; records written before it was removed are \
+                     in the record files",
+                ),
+            });
+        }
         *header = Header {
             counter,
             last: Some(key),

@@ -208,6 +208,21 @@ fn anchor_at_open(dir: &Path) -> (RecordWriter, HeadAnchor) {
 /// refused by a writer and by a reader: the records durable only in the ring after a machine
 /// crash would otherwise vanish without a trace. Before, the writer took the directory for
 /// one from before the ring and made a new ring. A directory from before the ring still opens.
+/// The ring removed while the writer runs: what it makes durable from then on lives only
+/// in an unlinked file a power loss takes with it. The writer fails at its next checkpoint
+/// (at the latest its close), naming the ring; before, it went on acknowledging records
+/// until a crash lost them and the next open refused the directory.
+#[test]
+fn a_ring_removed_while_the_writer_runs_fails_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(sample_tool_call()).unwrap();
+    fs::remove_file(dir.path().join(RING_FILE)).unwrap();
+    let _ = w.commit_blocking(sample_tool_call());
+    let e = w.close_blocking().unwrap_err().to_string();
+    assert!(e.contains("records.wal") && e.contains("removed"), "{e}");
+}
+
 #[test]
 fn a_directory_whose_ring_is_gone_is_refused_by_writers_and_readers() {
     let dir = tempfile::tempdir().unwrap();
