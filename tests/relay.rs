@@ -964,6 +964,14 @@ fn a_removed_servers_subscription_holder_is_stopped() {
         "the removed server's executors {left:?} still run:\n{}",
         lab.log()
     );
+    // And the subscription ended with it: it neither lingers (counted against the
+    // session's limit, beyond the client's unsubscribe) nor comes back if a server of that
+    // id is served again.
+    assert!(
+        lab.log().contains("the client's subscription ended"),
+        "{}",
+        lab.log()
+    );
     let ping = c.request("ping", json!({}));
     assert_eq!(ping["result"], json!({}), "the session goes on: {ping}");
     lab.stop();

@@ -65,6 +65,24 @@ pub struct Host {
     /// The per-origin rules of the generations replaced so far, while a judge of theirs
     /// lives (a call may still run on them): every later reload narrows them too.
     pub(super) retired_origins: Mutex<Vec<std::sync::Weak<egress::Origins>>>,
+    /// While a reload builds its generation: the servers its configuration names, which a
+    /// withdrawal ahead of it may have taken out of service meanwhile (see
+    /// [`Host::reload_names`]).
+    pub(super) reloading: Mutex<BTreeSet<String>>,
+}
+
+/// Clears [`Host::reloading`] when a reload ends, however it ends.
+struct Reloading<'h>(&'h Host);
+
+impl Drop for Reloading<'_> {
+    fn drop(&mut self) {
+        // A poisoned lock still holds a whole set (it is only ever replaced whole).
+        self.0
+            .reloading
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
 }
 
 impl Host {
@@ -157,6 +175,14 @@ impl Host {
                 None => Default::default(),
             },
         };
+        // Until this reload ends, the servers its file names are ones it may serve again
+        // (a server whose key was replaced is withdrawn below, and served anew if the
+        // reload succeeds): what a session watches of them is kept meanwhile.
+        let _reloading = Reloading(self);
+        if let Ok(config) = &config {
+            *self.reloading.lock().unwrap_or_else(|p| p.into_inner()) =
+                config.servers.iter().map(|s| s.id.clone()).collect();
+        }
         let withdrawing = !untrusted.is_empty()
             || !untrusted_authorities.is_empty()
             || !narrowed.withdrawn.is_empty();
@@ -355,6 +381,15 @@ impl Host {
             &retained,
         )?;
         Ok((generation, certificate))
+    }
+
+    /// Whether a reload in progress names `server`: one not served now may be served again
+    /// when it ends (see [`Host::reload`]).
+    pub(super) fn reload_names(&self, server: &str) -> bool {
+        self.reloading
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(server)
     }
 
     /// Whether the host is stopping.

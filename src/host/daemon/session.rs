@@ -1171,11 +1171,12 @@ impl Session {
         let limit = current.config.idle_timeout;
         let subscriptions = &self.subscriptions;
         let pinned = self.pinned();
-        // A server not served now (withdrawn while a reload starts the executors of its new
-        // configuration, say) keeps the session's subscriptions to it: they are taken over
-        // when it is served again, and judged then.
+        // A server not served now but named by a reload in progress (withdrawn ahead of it,
+        // its key replaced) keeps the session's subscriptions to it until that reload ends:
+        // they are taken over if it serves the server again, judged then, and end at the
+        // next look if it does not.
         for (server, uri) in subscriptions.end_unless(|server, uri| {
-            !current.servers.contains_key(server)
+            (!current.servers.contains_key(server) && self.host.reload_names(server))
                 || may_watch(&current, &self.identity, pinned, server, uri)
         }) {
             self.log_ended_subscription(&server, &uri);

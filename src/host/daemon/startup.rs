@@ -883,6 +883,7 @@ impl Host {
             admission: Arc::new(admission::Admission::default()),
             no_reloads: Default::default(),
             retired_origins: Default::default(),
+            reloading: Default::default(),
         });
         Ok((host, listener))
     }
