@@ -146,8 +146,18 @@ pub fn others_may_change_file(metadata: &Metadata) -> Option<OthersMayChange> {
 /// a mount that is not read-only. The error says which, naming the directory. Checked before the work whose
 /// result goes there, so that work is not done for nothing.
 pub fn can_create_at(path: &Path) -> io::Result<()> {
-    // A directory there cannot be renamed over (a path given with a trailing `/`, or
-    // naming one); anything else there is replaced whole.
+    // A directory there cannot be renamed over, nor can a name that must be one (a trailing
+    // `/`, `.` or `..`), whether or not it exists yet; anything else there is replaced whole.
+    use std::os::unix::ffi::OsStrExt;
+    if path.as_os_str().as_bytes().ends_with(b"/") || path.file_name().is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::IsADirectory,
+            format!(
+                "{} names a directory (it ends in `/`, `.` or `..`), not a file",
+                path.display()
+            ),
+        ));
+    }
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
         return Err(io::Error::new(
             io::ErrorKind::IsADirectory,

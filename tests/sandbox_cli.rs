@@ -1579,7 +1579,24 @@ fn a_health_path_that_cannot_be_written_is_refused_before_the_command_runs() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("is a directory, not a file"), "{stderr}");
+    assert!(stderr.contains("names a directory"), "{stderr}");
+    // Nor a name that must be a directory, before it exists.
+    let out = flowhost()
+        .args([
+            "sandbox",
+            "run",
+            "--quiet",
+            "--profile",
+            "isolated",
+            "--health",
+        ])
+        .arg(format!("{}/not-yet/", dir.path().display()))
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("names a directory"), "{stderr}");
 }
 
 /// A command that handles SIGTERM gets it, and what it does with it is the run's result.

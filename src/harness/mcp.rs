@@ -153,7 +153,8 @@ impl McpServer {
                 (None, _) if v["id"] == id => return Ok(v),
                 (None, _) => {
                     return Err(HarnessError::Run(format!(
-                        "the response is not for request {id}: {v}"
+                        "the response is not for request {id}: {}",
+                        super::shown(&v.to_string())
                     )));
                 }
             }
