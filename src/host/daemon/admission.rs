@@ -4,7 +4,8 @@
 //! Peers are told apart by `SO_PEERCRED`. A peer that maps to a principal takes a slot of
 //! that principal's share of the sessions (an equal part of [`MAX_SESSIONS`] for each
 //! configured principal), so no principal's peers, however many uids they have, can take
-//! another principal's sessions; a peer that maps to none (it will be refused at
+//! another principal's sessions (a principal below its share is admitted past the total,
+//! up to twice it, so sessions opened under an earlier, larger share cannot either); a peer that maps to none (it will be refused at
 //! `initialize`) has a small pool of its own, with a limit per uid. The own limit is checked
 //! before any shared slot is taken, and peers that are no principal cannot hold a single
 //! principal slot.
@@ -156,7 +157,16 @@ impl Admission {
             PeerClass::Principal => &mut counts.principals,
             PeerClass::Stranger => &mut counts.strangers,
         };
-        if *class_open >= total {
+        // A principal under its share is admitted past the class total, up to twice it:
+        // while every principal keeps to its share the total is never reached, so it is
+        // reached only by sessions opened under a larger share (a reload added principals)
+        // or by the share's floor of one (more principals than sessions), and neither may
+        // keep a principal holding less than its share out.
+        let limit = match peer.class() {
+            PeerClass::Principal => 2 * total,
+            PeerClass::Stranger => total,
+        };
+        if *class_open >= limit {
             return Err(Refusal::ClassLimit);
         }
         *class_open += 1;
@@ -271,7 +281,6 @@ mod tests {
         let other: Vec<Slot> = (0..session_share(2))
             .map(|_| a.admit(&principal("b", 2)).unwrap())
             .collect();
-        assert_eq!(a.admit(&principal("c", 2)).err(), Some(Refusal::ClassLimit));
         drop((strangers, mine, other));
         assert_eq!(a.open(), (0, 0));
         assert!(lock(&a.counts).by_holder.is_empty());
@@ -289,6 +298,33 @@ mod tests {
         assert!(a.admit(&principal("c", 3)).is_ok());
         assert_eq!(session_share(1), MAX_SESSIONS);
         assert_eq!(session_share(1000), 1);
+    }
+
+    /// A reload that adds a principal shrinks every share, but the sessions the others
+    /// opened under their larger share stay: the new principal is still admitted up to its
+    /// own. Before, the class total (reached by the first principal alone) kept it out for
+    /// as long as those sessions lasted. The class total still bounds everything at twice.
+    #[test]
+    fn a_principal_added_by_a_reload_gets_its_share_past_sessions_of_an_earlier_one() {
+        let a = Arc::new(Admission::default());
+        let first: Vec<Slot> = (0..MAX_SESSIONS)
+            .map(|_| a.admit(&principal("a", 1)).unwrap())
+            .collect();
+        // Now two principals: a holds twice its share, b none.
+        assert_eq!(a.admit(&principal("a", 2)).err(), Some(Refusal::OwnLimit));
+        let second: Vec<Slot> = (0..session_share(2))
+            .map(|_| a.admit(&principal("b", 2)).unwrap())
+            .collect();
+        assert_eq!(a.admit(&principal("b", 2)).err(), Some(Refusal::OwnLimit));
+        // More principals than sessions: one each, never past twice the total.
+        let many: Vec<Slot> = (0..MAX_SESSIONS)
+            .map_while(|i| a.admit(&principal(&format!("p{i}"), 10_000)).ok())
+            .collect();
+        assert_eq!(first.len() + second.len() + many.len(), 2 * MAX_SESSIONS);
+        assert_eq!(
+            a.admit(&principal("late", 10_000)).err(),
+            Some(Refusal::ClassLimit)
+        );
     }
 
     #[test]
