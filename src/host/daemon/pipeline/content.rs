@@ -302,23 +302,42 @@ impl ContentRecord {
     }
 }
 
-/// What a request names, for its records, before it is routed: `resources/read test://x`
-/// (the client's text, kept short).
+/// What a request names, for its records, before it is routed: a prompt's name (the
+/// client's text, kept short, as an unknown tool's), or a URI's scheme and digest,
+/// `resources/read test://(unrouted, sha256:…)`: a URI is the client's data, which can hold
+/// anything (an address, a token), and a record must not.
 fn describe(method: ContentMethod, params: &Value) -> String {
-    let what = match method {
-        ContentMethod::ReadResource => params.get("uri"),
-        ContentMethod::GetPrompt => params.get("name"),
-        ContentMethod::Complete => params
-            .get("ref")
-            .and_then(|r| r.get("name").or_else(|| r.get("uri"))),
+    let reference = params.get("ref");
+    let (what, is_uri) = match method {
+        ContentMethod::ReadResource => (params.get("uri"), true),
+        ContentMethod::GetPrompt => (params.get("name"), false),
+        ContentMethod::Complete => match reference.and_then(|r| r.get("name")) {
+            Some(name) => (Some(name), false),
+            None => (reference.and_then(|r| r.get("uri")), true),
+        },
+    };
+    let Some(what) = what.and_then(Value::as_str) else {
+        return format!("{} (none)", method.as_str());
+    };
+    if !is_uri {
+        return format!(
+            "{} {}",
+            method.as_str(),
+            bounded(what, MAX_UNKNOWN_NAME_BYTES)
+        );
     }
-    .and_then(Value::as_str)
-    .unwrap_or("(none)");
-    format!(
-        "{} {}",
-        method.as_str(),
-        bounded(what, MAX_UNKNOWN_NAME_BYTES)
-    )
+    use sha2::{Digest, Sha256};
+    let scheme = what
+        .split_once("://")
+        .map(|(s, _)| s)
+        .filter(|s| {
+            s.len() <= 32
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+        })
+        .unwrap_or("?");
+    let digest = hex::encode(&Sha256::digest(what.as_bytes())[..8]);
+    format!("{} {scheme}://(unrouted, sha256:{digest})", method.as_str())
 }
 
 /// Runs one content request through every stage (see the module docs), and logs one line

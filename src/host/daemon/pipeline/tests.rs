@@ -1088,6 +1088,29 @@ async fn the_resources_an_answer_carries_are_judged_as_reads_of_them() {
     );
 }
 
+/// A URI no signed resource routes is the client's text, which can hold anything (a
+/// customer's address, a token): its refusal's record names its scheme and a digest, never
+/// the URI. Before, the record kept the URI itself.
+#[tokio::test]
+async fn an_unrouted_uri_is_recorded_by_its_digest() {
+    let host = Host::with_content();
+    let mut exec = Feeding::default();
+    let secret = "test://custmers/jane.doe@example.com?token=s3cr3t";
+    let e = host.read(ANALYST, secret, &mut exec).await.unwrap_err();
+    assert_eq!(denial_of(&e), "unknown_resource");
+    let records = host.records().await;
+    let text = serde_json::to_string(&records).unwrap();
+    assert!(
+        !text.contains("jane.doe") && !text.contains("s3cr3t"),
+        "{text}"
+    );
+    let name = records[0]["tool"]["name"].as_str().unwrap();
+    assert!(
+        name.starts_with("resources/read test://(unrouted, sha256:"),
+        "{name}"
+    );
+}
+
 #[tokio::test]
 async fn content_nobody_signed_or_malformed_is_refused_before_any_executor_sees_it() {
     let host = Host::with_content();
