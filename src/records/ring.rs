@@ -331,6 +331,33 @@ impl Ring {
             .map_err(|e| format!("cannot fdatasync {}: {e}", path.display()))
     }
 
+    /// Fails unless the ring's path still names the file this writer holds: one removed or
+    /// renamed away while the writer runs would hold what it makes durable in a file the
+    /// directory no longer names (a power loss takes it with it, the next open refuses the
+    /// directory), so the writer fails at its next checkpoint (about a second, and its
+    /// close) rather than go on acknowledging records until then.
+    fn still_named(&self) -> Result<(), RingError> {
+        let held = self.file.metadata().map_err(|source| RingError::Io {
+            op: "look at",
+            path: self.path.clone(),
+            source,
+        })?;
+        let named = std::fs::symlink_metadata(&self.path).ok();
+        if named.is_some_and(|n| n.dev() == held.dev() && n.ino() == held.ino()) {
+            return Ok(());
+        }
+        Err(RingError::Io {
+            op: "keep records in",
+            path: self.path.clone(),
+            source: io::Error::new(
+                io::ErrorKind::NotFound,
+                "it was removed or replaced while the writer ran, so records made durable in \
+                 it since would not survive a power loss; records written before that are in \
+                 the record files",
+            ),
+        })
+    }
+
     fn sync_as(&self, op: &'static str) -> Result<(), RingError> {
         sync_unless_failed(&self.sync_failed, &self.file).map_err(|source| RingError::Io {
             op,
@@ -345,6 +372,7 @@ impl Ring {
     /// not after the last one written changes nothing, so that a sync thread's late checkpoint
     /// never undoes one the appender wrote at a rotation.
     pub fn checkpoint(&self, checkpoint: &Checkpoint, used: u64) -> Result<(), RingError> {
+        self.still_named()?;
         let mut header = self.header.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (used, checkpoint.file.clone(), checkpoint.bytes);
         if header.last.as_ref().is_some_and(|last| key <= *last) {
@@ -361,26 +389,6 @@ impl Ring {
                 source,
             })?;
         self.sync_as("sync a checkpoint of")?;
-        // A ring removed while the writer runs would hold what it makes durable in a file
-        // no directory names, which a power loss takes with it: the writer fails here, at
-        // its next checkpoint (about a second, or its close), rather than go on until then.
-        let linked = self.file.metadata().map_err(|source| RingError::Io {
-            op: "look at",
-            path: self.path.clone(),
-            source,
-        })?;
-        if linked.nlink() == 0 {
-            return Err(RingError::Io {
-                op: "keep records in",
-                path: self.path.clone(),
-                source: io::Error::new(
-                    io::ErrorKind::NotFound,
-                    "it was removed while the writer ran, so records made durable in it since \
-                     would not survive a power loss; records written before it was removed are \
-                     in the record files",
-                ),
-            });
-        }
         *header = Header {
             counter,
             last: Some(key),

@@ -221,6 +221,17 @@ fn a_ring_removed_while_the_writer_runs_fails_the_writer() {
     let _ = w.commit_blocking(sample_tool_call());
     let e = w.close_blocking().unwrap_err().to_string();
     assert!(e.contains("records.wal") && e.contains("removed"), "{e}");
+    // Renamed away, and with nothing new since the last checkpoint: the same.
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(sample_tool_call()).unwrap();
+    fs::rename(
+        dir.path().join(RING_FILE),
+        dir.path().join("records.wal.bak"),
+    )
+    .unwrap();
+    let e = w.close_blocking().unwrap_err().to_string();
+    assert!(e.contains("records.wal") && e.contains("replaced"), "{e}");
 }
 
 #[test]
