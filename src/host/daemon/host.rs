@@ -383,13 +383,14 @@ impl Host {
         Ok((generation, certificate))
     }
 
-    /// Whether a reload in progress names `server`: one not served now may be served again
-    /// when it ends (see [`Host::reload`]).
-    pub(super) fn reload_names(&self, server: &str) -> bool {
+    /// The servers a reload in progress names: one not served now may be served again when
+    /// it ends (see [`Host::reload`]). Read before the serving generation, since a reload
+    /// clears it only after its swap.
+    pub(super) fn reload_names(&self) -> BTreeSet<String> {
         self.reloading
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .contains(server)
+            .clone()
     }
 
     /// Whether the host is stopping.

@@ -1167,6 +1167,8 @@ impl Session {
     /// unnoticed; see `idle_to_stop`). Subscriptions the principal may no longer read end
     /// first, so nothing is kept for them.
     fn reap_idle(&self) {
+        // Before the generation: a reload ending in between has swapped it in already.
+        let reloading = self.host.reload_names();
         let current = self.host.current();
         let limit = current.config.idle_timeout;
         let subscriptions = &self.subscriptions;
@@ -1176,7 +1178,7 @@ impl Session {
         // they are taken over if it serves the server again, judged then, and end at the
         // next look if it does not.
         for (server, uri) in subscriptions.end_unless(|server, uri| {
-            (!current.servers.contains_key(server) && self.host.reload_names(server))
+            (!current.servers.contains_key(server) && reloading.contains(server))
                 || may_watch(&current, &self.identity, pinned, server, uri)
         }) {
             self.log_ended_subscription(&server, &uri);
