@@ -149,7 +149,12 @@ pub fn can_create_at(path: &Path) -> io::Result<()> {
     // A directory there cannot be renamed over, nor can a name that must be one (a trailing
     // `/`, `.` or `..`), whether or not it exists yet; anything else there is replaced whole.
     use std::os::unix::ffi::OsStrExt;
-    if path.as_os_str().as_bytes().ends_with(b"/") || path.file_name().is_none() {
+    let raw = path.as_os_str().as_bytes();
+    if raw.ends_with(b"/")
+        || raw.ends_with(b"/.")
+        || raw.ends_with(b"/..")
+        || path.file_name().is_none()
+    {
         return Err(io::Error::new(
             io::ErrorKind::IsADirectory,
             format!(
@@ -633,6 +638,22 @@ fn sync_parent(path: &Path) -> Result<(), FileError> {
 
 #[cfg(test)]
 mod tests {
+    /// A name that must be a directory is refused before it exists (a rename could never
+    /// put a file there); a plain name in a writable directory passes.
+    #[test]
+    fn a_name_that_must_be_a_directory_is_no_place_for_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["out/", "out/.", "out/..", "."] {
+            let e = can_create_at(&dir.path().join(name)).unwrap_err();
+            assert!(e.to_string().contains("names a directory"), "{name}: {e}");
+        }
+        assert!(can_create_at(Path::new("..")).is_err());
+        assert!(can_create_at(&dir.path().join("health.json")).is_ok());
+        assert!(can_create_at(&dir.path().join("./health.json")).is_ok());
+        let e = can_create_at(&dir.path().join("missing/health.json")).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+    }
+
     use super::*;
 
     /// A link in the middle of a path is an entry of the directory above it: one others may
