@@ -162,7 +162,12 @@ fn a_directory_with_neither_anchor_nor_ring_does_not_verify() {
     ]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).is_empty(), "{}", stdout(&o));
-    // One record file named alone, outside any directory a writer kept, is a copy: it
+    // Nor is its record file, named alone: it is judged as its directory is.
+    let (code, out) = verify(&files[0]);
+    assert_eq!(code, 1, "{out}");
+    let o = flowhost(&["records", "export", "--surface", files[0].to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    // One file otherwise named, outside any directory a writer kept, is a copy: it
     // verifies as far as it goes, and says its end is not checked.
     let copy = tempfile::tempdir().unwrap();
     let alone = copy.path().join("copy.jsonl");
