@@ -639,6 +639,40 @@ fn export_requires_the_surface_flag() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+/// An offline health of records `records verify` refuses (nothing there; a directory whose
+/// anchor and ring were removed) says its record side is not complete, and why. Before, it
+/// said `records_complete: true` for both.
+#[test]
+fn offline_health_of_records_verify_refuses_is_not_records_complete() {
+    let empty = tempfile::tempdir().unwrap();
+    let stripped = tempfile::tempdir().unwrap();
+    records(stripped.path(), 3, 1 << 20);
+    std::fs::remove_file(stripped.path().join("records.head")).unwrap();
+    std::fs::remove_file(stripped.path().join("records.wal")).unwrap();
+    for (dir, why) in [
+        (empty.path(), "holds no record"),
+        (stripped.path(), "neither records.head nor records.wal"),
+    ] {
+        let out = dir.join("health.json");
+        let o = flowhost(&[
+            "health",
+            "--records",
+            dir.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        assert_eq!(v["records"]["records_complete"], false, "{v}");
+        assert!(v["records"]["problems"].to_string().contains(why), "{v}");
+    }
+}
+
 #[test]
 fn offline_health_reports_the_range_and_is_incomplete() {
     let dir = tempfile::tempdir().unwrap();

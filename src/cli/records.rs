@@ -74,8 +74,11 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                 );
                 return Ok(ExitCode::from(1));
             }
-            if let Some(why) = unvouched_end(&records, &report) {
-                note!("flowhost: {why}; nothing exported");
+            if let Some(why) = crate::records::chain::unvouched_end(&records, &report) {
+                note!(
+                    "flowhost: {}; nothing exported",
+                    flowhost_broker::Escaped(&why)
+                );
                 return Ok(ExitCode::from(1));
             }
             if !report.is_ok() {
@@ -160,8 +163,8 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                 );
                 return Ok(ExitCode::from(1));
             }
-            if let Some(why) = unvouched_end(&records, &report) {
-                note!("flowhost: {why}");
+            if let Some(why) = crate::records::chain::unvouched_end(&records, &report) {
+                note!("flowhost: {}", flowhost_broker::Escaped(&why));
                 return Ok(ExitCode::from(1));
             }
             if report.is_ok() {
@@ -247,41 +250,6 @@ fn replay(dir: &Path) -> CliResult {
         )?,
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Why the end of the records at `records` cannot be vouched for, when it cannot: a record
-/// directory, or a record file of one named as a writer names them (judged as its
-/// directory is, as the diff judges it), that holds records but neither a head anchor nor
-/// a write-ahead ring, which every writer keeps (they were removed), so whole lines cut
-/// from its end would not show. The host refuses to open such a directory; its readers
-/// refuse it as evidence. (A file otherwise named, a copy, is read as far as it goes and
-/// says its end is not checked.)
-fn unvouched_end(records: &Path, report: &VerifyReport) -> Option<String> {
-    use crate::records::{ring::RING_FILE, store::HEAD_FILE};
-    let dir = if records.is_dir() {
-        records.to_path_buf()
-    } else {
-        let record_file = records
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(crate::records::store::parse_record_file_name)
-            .is_some();
-        match records.parent() {
-            Some(parent) if record_file && !parent.as_os_str().is_empty() => parent.to_path_buf(),
-            Some(_) if record_file => PathBuf::from("."),
-            _ => return None,
-        }
-    };
-    let unanchored = report.records > 0
-        && report.head_anchor.is_none()
-        && std::fs::symlink_metadata(dir.join(HEAD_FILE)).is_err()
-        && std::fs::symlink_metadata(dir.join(RING_FILE)).is_err();
-    unanchored.then(|| {
-        format!(
-            "{} holds records but neither {HEAD_FILE} nor {RING_FILE}, which every writer keeps: they were removed, and whole lines cut from its end would not show, so its records are no evidence of where the stream ended",
-            flowhost_broker::Escaped(&dir.display().to_string())
-        )
-    })
 }
 
 fn print_problems(report: &VerifyReport) -> Result<(), super::output::OutputError> {

@@ -415,6 +415,41 @@ impl VerifyReport {
     }
 }
 
+/// Why the end of the records at `records` cannot be vouched for, when it cannot: a record
+/// directory, or a record file of one named as a writer names them (judged as its
+/// directory is, as the diff judges it), that holds records but neither a head anchor nor
+/// a write-ahead ring, which every writer keeps (they were removed), so whole lines cut
+/// from its end would not show. The host refuses to open such a directory; its readers
+/// refuse it as evidence. (A file otherwise named, a copy, is read as far as it goes and
+/// says its end is not checked.)
+pub fn unvouched_end(records: &Path, report: &VerifyReport) -> Option<String> {
+    use super::{ring::RING_FILE, store::HEAD_FILE};
+    let dir = if records.is_dir() {
+        records.to_path_buf()
+    } else {
+        let record_file = records
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(super::store::parse_record_file_name)
+            .is_some();
+        match records.parent() {
+            Some(parent) if record_file && !parent.as_os_str().is_empty() => parent.to_path_buf(),
+            Some(_) if record_file => PathBuf::from("."),
+            _ => return None,
+        }
+    };
+    let unanchored = report.records > 0
+        && report.head_anchor.is_none()
+        && std::fs::symlink_metadata(dir.join(HEAD_FILE)).is_err()
+        && std::fs::symlink_metadata(dir.join(RING_FILE)).is_err();
+    unanchored.then(|| {
+        format!(
+            "{} holds records but neither {HEAD_FILE} nor {RING_FILE}, which every writer keeps: they were removed, and whole lines cut from its end would not show, so its records are no evidence of where the stream ended",
+            dir.display()
+        )
+    })
+}
+
 /// Verifies the records at `path`: a record directory (its files in chain order, and its
 /// `records.head` unless `head` names another anchor) or a single record file (checked
 /// against `head` if given, else against its directory's `records.head` when it is that
