@@ -4,8 +4,8 @@
 //! Peers are told apart by `SO_PEERCRED`. A peer that maps to a principal takes a slot of
 //! that principal's share of the sessions (an equal part of [`MAX_SESSIONS`] for each
 //! configured principal), so no principal's peers, however many uids they have, can take
-//! another principal's sessions (a principal below its share is admitted past the total,
-//! up to twice it, so sessions opened under an earlier, larger share cannot either); a peer that maps to none (it will be refused at
+//! another principal's sessions (sessions opened under an earlier, larger share count
+//! against the total only up to the share each principal has now, so they cannot either); a peer that maps to none (it will be refused at
 //! `initialize`) has a small pool of its own, with a limit per uid. The own limit is checked
 //! before any shared slot is taken, and peers that are no principal cannot hold a single
 //! principal slot.
@@ -19,6 +19,12 @@ use std::time::{Duration, Instant};
 
 /// Most sessions of principals served at once; each can hold an executor per server.
 pub const MAX_SESSIONS: usize = 256;
+
+/// Most principals' sessions open at once, whatever the shares: [`MAX_SESSIONS`] is what
+/// principals keeping to their shares hold, and this bounds what sessions opened under
+/// earlier, larger shares (reloads that added principals) and shares of one (more
+/// principals than sessions) add to it.
+pub const MOST_PRINCIPAL_SESSIONS: usize = 4 * MAX_SESSIONS;
 
 /// Most sessions the peers of one principal hold at once when `principals` are configured:
 /// an equal share of [`MAX_SESSIONS`], and at least one.
@@ -153,20 +159,28 @@ impl Admission {
         if counts.by_holder.get(&holder).copied().unwrap_or(0) >= own {
             return Err(Refusal::OwnLimit);
         }
+        // Principals' sessions count against the total only up to the share each may hold
+        // now: sessions opened under an earlier, larger share (before a reload added
+        // principals) stay, but must not keep a principal below its own share out. With
+        // more principals than sessions each still gets its one. Nothing passes
+        // [`MOST_PRINCIPAL_SESSIONS`].
+        let full = match peer {
+            Peer::Principal { .. } => {
+                let counted: usize = counts
+                    .by_holder
+                    .iter()
+                    .filter(|(h, _)| matches!(h, Holder::Principal(_)))
+                    .map(|(_, n)| (*n).min(own))
+                    .sum();
+                (counted >= total && own > 1) || counts.principals >= MOST_PRINCIPAL_SESSIONS
+            }
+            Peer::Stranger(_) => counts.strangers >= total,
+        };
         let class_open = match peer.class() {
             PeerClass::Principal => &mut counts.principals,
             PeerClass::Stranger => &mut counts.strangers,
         };
-        // A principal under its share is admitted past the class total, up to twice it:
-        // while every principal keeps to its share the total is never reached, so it is
-        // reached only by sessions opened under a larger share (a reload added principals)
-        // or by the share's floor of one (more principals than sessions), and neither may
-        // keep a principal holding less than its share out.
-        let limit = match peer.class() {
-            PeerClass::Principal => 2 * total,
-            PeerClass::Stranger => total,
-        };
-        if *class_open >= limit {
+        if full {
             return Err(Refusal::ClassLimit);
         }
         *class_open += 1;
@@ -316,11 +330,31 @@ mod tests {
             .map(|_| a.admit(&principal("b", 2)).unwrap())
             .collect();
         assert_eq!(a.admit(&principal("b", 2)).err(), Some(Refusal::OwnLimit));
-        // More principals than sessions: one each, never past twice the total.
-        let many: Vec<Slot> = (0..MAX_SESSIONS)
+        // Further reloads: each added principal still gets its whole share.
+        let third: Vec<Slot> = (0..session_share(3))
+            .map(|_| a.admit(&principal("c", 3)).unwrap())
+            .collect();
+        let fourth: Vec<Slot> = (0..session_share(4))
+            .map(|_| a.admit(&principal("d", 4)).unwrap())
+            .collect();
+        // Principals keeping to their shares: the total still holds.
+        drop((first, second, third, fourth));
+        let shared: Vec<Slot> = ["a", "b", "c", "d"]
+            .iter()
+            .flat_map(|p| (0..MAX_SESSIONS).map_while(|_| a.admit(&principal(p, 5)).ok()))
+            .collect();
+        assert_eq!(shared.len(), 4 * session_share(5));
+        let fifth: Vec<Slot> = (0..session_share(5))
+            .map(|_| a.admit(&principal("e", 5)).unwrap())
+            .collect();
+        assert_eq!(a.open().0, 5 * session_share(5));
+        assert!(a.open().0 <= MAX_SESSIONS);
+        drop((shared, fifth));
+        // More principals than sessions: one each, up to the bound on everything.
+        let many: Vec<Slot> = (0..2 * MOST_PRINCIPAL_SESSIONS)
             .map_while(|i| a.admit(&principal(&format!("p{i}"), 10_000)).ok())
             .collect();
-        assert_eq!(first.len() + second.len() + many.len(), 2 * MAX_SESSIONS);
+        assert_eq!(many.len(), MOST_PRINCIPAL_SESSIONS);
         assert_eq!(
             a.admit(&principal("late", 10_000)).err(),
             Some(Refusal::ClassLimit)
