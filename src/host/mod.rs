@@ -6,6 +6,7 @@ pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod dns;
+pub mod fingerprint;
 pub mod lab;
 pub mod logging;
 pub mod mcp;

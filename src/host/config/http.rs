@@ -172,20 +172,9 @@ pub struct BearerToken {
 /// text) cannot be used to test guesses of a token offline, as its SHA-256 could.
 impl std::fmt::Debug for BearerToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use sha2::Digest;
-        static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
-        let key = KEY.get_or_init(|| {
-            let mut key = [0u8; 32];
-            rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut key);
-            key
-        });
-        let keyed = sha2::Sha256::new()
-            .chain_update(key)
-            .chain_update(self.sha256)
-            .finalize();
         f.debug_struct("BearerToken")
             .field("principal", &self.principal)
-            .field("fingerprint", &hex::encode(&keyed[..8]))
+            .field("fingerprint", &crate::host::fingerprint::of(&self.sha256))
             .finish()
     }
 }

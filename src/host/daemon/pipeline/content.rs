@@ -138,9 +138,7 @@ fn route(
         )
     };
     let unroutable = |why: crate::manifest::UnroutableUri| {
-        if let crate::manifest::UnroutableUri::Ambiguous { .. } = why {
-            tracing::warn!("{}", flowhost_broker::Escaped(&why.to_string()));
-        }
+        warn_if_ambiguous(&why, None);
         (
             refusal(
                 RESOURCE_NOT_FOUND,
@@ -302,10 +300,33 @@ impl ContentRecord {
     }
 }
 
+/// Warns the operator of a URI two signed templates of one server match (the manifest's
+/// fault: neither serves it), naming the server and the templates, and the client's URI
+/// only by its fingerprint (see [`describe`]).
+pub(crate) fn warn_if_ambiguous(why: &crate::manifest::UnroutableUri, session: Option<&str>) {
+    if let crate::manifest::UnroutableUri::Ambiguous {
+        uri,
+        server_id,
+        first,
+        second,
+    } = why
+    {
+        tracing::warn!(
+            session = session.unwrap_or("(none)"),
+            "a resource URI (fingerprint {}) matches two templates server {} signed, {:?} and {:?}: a read must reach exactly one, so neither serves it",
+            crate::host::fingerprint::of(uri.as_bytes()),
+            flowhost_broker::Escaped(server_id),
+            flowhost_broker::Escaped(first),
+            flowhost_broker::Escaped(second)
+        );
+    }
+}
+
 /// What a request names, for its records, before it is routed: a prompt's name (the
-/// client's text, kept short, as an unknown tool's), or a URI's scheme and digest,
-/// `resources/read test://(unrouted, sha256:…)`: a URI is the client's data, which can hold
-/// anything (an address, a token), and a record must not.
+/// client's text, kept short, as an unknown tool's), or a URI's scheme and fingerprint,
+/// `resources/read test://(unrouted, fingerprint …)`: a URI is the client's data, which can
+/// hold anything (an address, a token), and a record must not, nor a digest a guess could
+/// be tested against.
 fn describe(method: ContentMethod, params: &Value) -> String {
     let reference = params.get("ref");
     let (what, is_uri) = match method {
@@ -326,7 +347,6 @@ fn describe(method: ContentMethod, params: &Value) -> String {
             bounded(what, MAX_UNKNOWN_NAME_BYTES)
         );
     }
-    use sha2::{Digest, Sha256};
     let scheme = what
         .split_once("://")
         .map(|(s, _)| s)
@@ -336,8 +356,11 @@ fn describe(method: ContentMethod, params: &Value) -> String {
                     .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
         })
         .unwrap_or("?");
-    let digest = hex::encode(&Sha256::digest(what.as_bytes())[..8]);
-    format!("{} {scheme}://(unrouted, sha256:{digest})", method.as_str())
+    format!(
+        "{} {scheme}://(unrouted, fingerprint {})",
+        method.as_str(),
+        crate::host::fingerprint::of(what.as_bytes())
+    )
 }
 
 /// Runs one content request through every stage (see the module docs), and logs one line

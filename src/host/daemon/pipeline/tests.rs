@@ -1106,7 +1106,7 @@ async fn an_unrouted_uri_is_recorded_by_its_digest() {
     );
     let name = records[0]["tool"]["name"].as_str().unwrap();
     assert!(
-        name.starts_with("resources/read test://(unrouted, sha256:"),
+        name.starts_with("resources/read test://(unrouted, fingerprint "),
         "{name}"
     );
 }

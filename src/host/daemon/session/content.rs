@@ -183,9 +183,7 @@ impl Session {
         let route = match generation.registry.resource_route(uri) {
             Ok(r) => r,
             Err(unroutable) => {
-                if let crate::manifest::UnroutableUri::Ambiguous { .. } = unroutable {
-                    tracing::warn!(session = %self.id, "{}", Escaped(&unroutable.to_string()));
-                }
+                pipeline::content::warn_if_ambiguous(&unroutable, Some(&self.id));
                 let e = refusal(
                     pipeline::content::RESOURCE_NOT_FOUND,
                     unroutable.client_words(),
