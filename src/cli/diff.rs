@@ -78,8 +78,8 @@ pub(crate) fn run(args: DiffArgs) -> CliResult {
     };
     let out = match args.format {
         Format::Text => report::to_text(&result),
-        Format::Json => report::to_json(&result),
-        Format::Sarif => report::to_sarif(&result),
+        Format::Json => super::output::json_for_terminal(&report::to_json(&result)),
+        Format::Sarif => super::output::json_for_terminal(&report::to_sarif(&result)),
     };
     out!("{out}")?;
     if !out.ends_with('\n') {

@@ -48,10 +48,10 @@ pub(crate) fn run(args: HealthArgs) -> CliResult {
             return Err("flowhost health needs --records DIR or --from FILE".into());
         }
     };
-    let text = match args.shape {
+    let text = super::output::json_for_terminal(&match args.shape {
         Shape::Flowhost => health.to_json(),
         Shape::Assay => serde_json::to_string_pretty(&health.to_assay())?,
-    };
+    });
     match args.out {
         Some(path) => crate::files::write_atomic(&path, format!("{text}\n").as_bytes(), 0o644)?,
         None => outln!("{text}")?,

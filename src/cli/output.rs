@@ -12,6 +12,24 @@ use std::io::Write;
 #[error("cannot write the result to standard output")]
 pub struct OutputError(#[source] pub std::io::Error);
 
+/// JSON text as it may go to a terminal: every character serde_json leaves as it is that a
+/// terminal acts on or that reorders a line (DEL, the C1 controls such as CSI, the
+/// bidirectional formatting characters, the line and paragraph separators) written as its
+/// `\uXXXX` escape, which decodes to the same value. What the JSON holds comes from files
+/// and executors; shown raw, it could drive the reader's terminal.
+pub(crate) fn json_for_terminal(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if matches!(c, '\u{7f}'..='\u{9f}' | '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Writes `args` to stdout and flushes it, so a refusal is seen here and not lost at exit.
 pub(crate) fn to_stdout(args: std::fmt::Arguments<'_>) -> Result<(), OutputError> {
     let mut out = std::io::stdout().lock();
@@ -44,4 +62,20 @@ macro_rules! note {
     ($($arg:tt)*) => {
         $crate::cli::output::to_stderr(format_args!("{}\n", format_args!($($arg)*)))
     };
+}
+
+#[cfg(test)]
+mod json_tests {
+    /// Escaped, the same JSON value; raw, none of the characters a terminal acts on.
+    #[test]
+    fn json_for_a_terminal_escapes_what_a_terminal_acts_on() {
+        let value = serde_json::json!({"tool": "add\u{9b}2J\u{202e}x\u{7f}", "n": "é→"});
+        let shown = super::json_for_terminal(&serde_json::to_string(&value).unwrap());
+        assert!(!shown.contains(['\u{9b}', '\u{202e}', '\u{7f}']), "{shown}");
+        assert!(shown.contains("é→"), "{shown}");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&shown).unwrap(),
+            value
+        );
+    }
 }
