@@ -119,17 +119,15 @@ fn a_principal_taken_out_is_withdrawn_before_the_reloads_executors_start() {
     ));
     lab.signal(libc::SIGHUP);
     wait_log(&lab, "withdrawn at once", 1);
-    // Refused, or, when the session looked first (it looks every few seconds), closed.
-    let tools_call = json!({"name": "workspace/list_documents", "arguments": {}});
-    let r = reviewer.try_request("tools/call", tools_call);
+    // Sent as the withdrawal is logged, well before the session's own look every 5 s
+    // would end it first.
+    let r = reviewer.call("workspace/list_documents", json!({}));
     assert!(
         !lab.log().contains("reload refused"),
         "the reload was already over: the test proves nothing\n{}",
         lab.log()
     );
-    if let Ok(r) = r {
-        assert_eq!(denial(&r), "access_denied", "{r}");
-    }
+    assert_eq!(denial(&r), "access_denied", "{r}");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !lab.log().contains("reload refused") {
         assert!(Instant::now() < deadline, "{}", lab.log());
@@ -614,9 +612,9 @@ fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
     assert_eq!(denial(&r), "unknown_tool", "{r}");
 
     // A reload maps the reviewer's uid to the analyst: the reviewer's open session keeps
-    // its principal, and ends at its next turn: a call it sends is refused (recorded under
-    // that principal), or, when the session looked first (it looks every few seconds), the
-    // connection is closed.
+    // its principal, its call is refused, recorded under that principal, and the session
+    // ends. The uid is withdrawn as the reload starts, so the call is sent then, well
+    // before the session's own look every 5 s would end it first.
     let mut reviewer = lab.client_as(REVIEWER_UID);
     reviewer.initialize();
     let text = std::fs::read_to_string(&lab.config).unwrap();
@@ -629,13 +627,11 @@ fn every_refusal_of_an_identified_peer_is_recorded_with_its_denial() {
     let remapped = remapped.replacen("uids = [0]", &format!("uids = [0, {REVIEWER_UID}]"), 1);
     lab.write_config(&remapped);
     lab.signal(libc::SIGHUP);
-    // (The reviewer's uid taken from it is withdrawn first, in a generation of its own.)
-    wait_log(&lab, "reloaded: generation", 1);
-    let tools_call = json!({"name": "workspace/list_documents", "arguments": {}});
-    if let Ok(r) = reviewer.try_request("tools/call", tools_call) {
-        assert_eq!(denial(&r), "access_denied", "{r}");
-    }
+    wait_log(&lab, "withdrawn at once", 1);
+    let r = reviewer.call("workspace/list_documents", json!({}));
+    assert_eq!(denial(&r), "access_denied", "{r}");
     assert!(reviewer.try_read().is_err(), "the remapped session ended");
+    wait_log(&lab, "reloaded: generation", 1);
 
     lab.stop();
     let records = lab.records();

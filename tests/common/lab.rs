@@ -328,12 +328,6 @@ impl Client {
         self.0.read()
     }
 
-    /// Sends a request and returns the whole response object, or the error sending it or
-    /// reading the answer (the host closed the connection, say).
-    pub fn try_request(&mut self, method: &str, params: Value) -> std::io::Result<Value> {
-        self.0.request(method, params)
-    }
-
     /// Sends a request and returns the whole response object.
     pub fn request(&mut self, method: &str, params: Value) -> Value {
         self.0.request(method, params).unwrap()
