@@ -146,8 +146,8 @@ fn a_directory_with_neither_anchor_nor_ring_does_not_verify() {
     std::fs::remove_file(dir.path().join("records.wal")).unwrap();
     let kept = lines(&files[0]);
     write_lines(&files[0], &kept[..3]);
-    let (code, out) = verify(dir.path());
     let o = flowhost(&["records", "verify", dir.path().to_str().unwrap()]);
+    let (code, out) = (o.status.code().unwrap(), stdout(&o));
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(code, 1, "{out}{stderr}");
     assert!(

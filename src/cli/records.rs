@@ -74,13 +74,6 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                 );
                 return Ok(ExitCode::from(1));
             }
-            if let Some(why) = crate::records::chain::unvouched_end(&records, &report) {
-                note!(
-                    "flowhost: {}; nothing exported",
-                    flowhost_broker::Escaped(&why)
-                );
-                return Ok(ExitCode::from(1));
-            }
             if !report.is_ok() {
                 // On stderr: stdout is where the export goes, and nothing is exported.
                 note!(
@@ -90,6 +83,13 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                 for p in &report.problems {
                     note!("{}", flowhost_broker::Escaped(p));
                 }
+                return Ok(ExitCode::from(1));
+            }
+            if let Some(why) = crate::records::chain::unvouched_end(&records, &report) {
+                note!(
+                    "flowhost: {}; nothing exported",
+                    flowhost_broker::Escaped(&why)
+                );
                 return Ok(ExitCode::from(1));
             }
             match out {
@@ -163,7 +163,11 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                 );
                 return Ok(ExitCode::from(1));
             }
-            if let Some(why) = crate::records::chain::unvouched_end(&records, &report) {
+            // Problems found come first (which file and line); the end no one vouches for
+            // is said of records that otherwise verify.
+            if let Some(why) =
+                crate::records::chain::unvouched_end(&records, &report).filter(|_| report.is_ok())
+            {
                 note!("flowhost: {}", flowhost_broker::Escaped(&why));
                 return Ok(ExitCode::from(1));
             }

@@ -921,6 +921,7 @@ mod tests {
         let e = run.read().unwrap_err().to_string();
         assert!(e.contains(&format!("kept in {}", dir.display())), "{e}");
         assert!(dir.join("records").is_dir(), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
 
         let run = Run::new("allowed_declared.jsonl", true);
         let last = run.last_file();

@@ -17,7 +17,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Most sessions of principals served at once; each can hold an executor per server.
+/// Most sessions of principals keeping to their shares served at once; each can hold an
+/// executor per server (sessions opened under earlier, larger shares may add to it, up to
+/// [`MOST_PRINCIPAL_SESSIONS`]).
 pub const MAX_SESSIONS: usize = 256;
 
 /// Most principals' sessions open at once, whatever the shares: [`MAX_SESSIONS`] is what
@@ -317,7 +319,7 @@ mod tests {
     /// A reload that adds a principal shrinks every share, but the sessions the others
     /// opened under their larger share stay: the new principal is still admitted up to its
     /// own. Before, the class total (reached by the first principal alone) kept it out for
-    /// as long as those sessions lasted. The class total still bounds everything at twice.
+    /// as long as those sessions lasted. [`MOST_PRINCIPAL_SESSIONS`] bounds everything.
     #[test]
     fn a_principal_added_by_a_reload_gets_its_share_past_sessions_of_an_earlier_one() {
         let a = Arc::new(Admission::default());

@@ -205,9 +205,9 @@ pub trait Dispatch {
     ) -> impl std::future::Future<Output = Result<Value, DispatchError>> + Send;
 
     /// Called once the call is settled: `durable` says whether the labels of everything the
-    /// executor produced are stored. Until then the executor must serve no other call (it
-    /// would be taken at the labels before the raise); if they could not be stored, it must
-    /// serve none again.
+    /// executor produced are stored and its outcome recorded. Until then the executor must
+    /// serve no other call (it would be taken at the labels before the raise); if not, it
+    /// must serve none again.
     fn settled(&mut self, durable: bool) -> impl std::future::Future<Output = ()> + Send {
         let _ = durable;
         async {}
@@ -490,7 +490,8 @@ async fn run_call<D: Dispatch>(
 /// failed can carry what it read, so it is settled like a result, and so is a call
 /// cancelled after it started (the tool ran, and may have read what its floor labels).
 /// A result that breaks the tool's signed output schema is withheld, and the client reads
-/// why. `durable` is set once the labels of what the executor produced are stored.
+/// why. `durable` is set once the labels of what the executor produced are stored and the
+/// outcome recorded.
 async fn settle(
     env: &CallEnv<'_>,
     rec: &CallRecord<'_>,
@@ -626,15 +627,20 @@ fn executor_ended(
     (Ok(result), Verdict::Failed(failure), Some(text))
 }
 
-/// The error codes JSON-RPC and MCP define (parse error, invalid request, method not found,
-/// invalid params, internal error; MCP's resource not found).
-const PROTOCOL_CODES: [i64; 6] = [
+/// The error codes JSON-RPC defines (parse error, invalid request, method not found,
+/// invalid params, internal error) and those MCP and its SDKs give a meaning to (a
+/// connection closed, a request timed out, a resource not found, a URL elicitation
+/// required).
+const PROTOCOL_CODES: [i64; 9] = [
     code::PARSE_ERROR,
     code::INVALID_REQUEST,
     code::METHOD_NOT_FOUND,
     code::INVALID_PARAMS,
     code::INTERNAL_ERROR,
-    -32002,
+    -32000,
+    -32001,
+    content::RESOURCE_NOT_FOUND,
+    -32042,
 ];
 
 /// The text of an executor's JSON-RPC error that the classifier reads: its message and its

@@ -1085,7 +1085,10 @@ impl Session {
     /// at once rather than wait out its deadline and be recorded as cut short by it.
     async fn malformed(&self, id: &Value, e: &RpcError) {
         self.send(mcp::error_response(id, e)).await;
-        if !id.is_null() {
+        if id
+            .as_str()
+            .is_some_and(|i| i.starts_with(super::relay::RELAY_ID_PREFIX))
+        {
             self.relays.undelivered(
                 id,
                 format!(

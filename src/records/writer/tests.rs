@@ -204,14 +204,11 @@ fn anchor_at_open(dir: &Path) -> (RecordWriter, HeadAnchor) {
     (w, anchor)
 }
 
-/// A directory whose head anchor says a writer kept a ring there, with the ring gone, is
-/// refused by a writer and by a reader: the records durable only in the ring after a machine
-/// crash would otherwise vanish without a trace. Before, the writer took the directory for
-/// one from before the ring and made a new ring. A directory from before the ring still opens.
-/// The ring removed while the writer runs: what it makes durable from then on lives only
-/// in an unlinked file a power loss takes with it. The writer fails at its next checkpoint
-/// (at the latest its close), naming the ring; before, it went on acknowledging records
-/// until a crash lost them and the next open refused the directory.
+/// The ring removed (or renamed away) while the writer runs: what it makes durable from
+/// then on lives only in a file the directory no longer names, which a power loss takes
+/// with it. The writer fails at its next checkpoint (at the latest its close), naming the
+/// ring; before, it went on acknowledging records until a crash lost them and the next
+/// open refused the directory.
 #[test]
 fn a_ring_removed_while_the_writer_runs_fails_the_writer() {
     let dir = tempfile::tempdir().unwrap();
@@ -234,6 +231,10 @@ fn a_ring_removed_while_the_writer_runs_fails_the_writer() {
     assert!(e.contains("records.wal") && e.contains("replaced"), "{e}");
 }
 
+/// A directory whose head anchor says a writer kept a ring there, with the ring gone, is
+/// refused by a writer and by a reader: the records durable only in the ring after a machine
+/// crash would otherwise vanish without a trace. Before, the writer took the directory for
+/// one from before the ring and made a new ring. A directory from before the ring still opens.
 #[test]
 fn a_directory_whose_ring_is_gone_is_refused_by_writers_and_readers() {
     let dir = tempfile::tempdir().unwrap();
