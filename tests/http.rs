@@ -1557,9 +1557,16 @@ fn a_key_taken_out_of_the_key_set_is_revoked_before_the_reloads_executors_start(
         .to_string();
     lab.write_config(&text.replacen(&publisher, "command = [\"/bin/sleep\", \"3600\"]", 1));
     lab.signal(libc::SIGHUP);
-    // The revocation comes as the reload starts; the priming takes its 6 s at least.
+    // The revocation comes as the reload starts; the priming takes its 6 s at least. (An
+    // initialize alone: one answered just before the revocation would have its
+    // `initialized` refused.)
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
-    while status(&revoked) != 401 {
+    let hello = json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}});
+    while McpHttp::new(addr, Some(&revoked))
+        .call("initialize", hello.clone())
+        .status
+        != 401
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "a revoked key verified during the reload\n{}",
