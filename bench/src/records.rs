@@ -346,7 +346,9 @@ pub fn reserved_blocks(samples: usize) -> Vec<Row> {
 fn diff_million(mapping: &ToolMapping, samples: usize) -> Vec<Row> {
     const N: u64 = 1_000_000;
     let dir = scratch();
-    let path = dir.path().join("records-00000000000000000001.jsonl");
+    // A JSONL stream of its own, not a record file of a directory (whose end the diff
+    // holds to the directory's anchor, which this stream has none of).
+    let path = dir.path().join("observed.jsonl");
     {
         let mut out = std::io::BufWriter::new(std::fs::File::create(&path).expect("create"));
         let mut chain = Chainer::genesis();
