@@ -512,6 +512,14 @@ fn read_verified(dir: &Path) -> Result<(Vec<DecisionRecord>, Head), HarnessError
             problems: report.problems.iter().map(ToString::to_string).collect(),
         });
     }
+    // Refused as `flowhost records verify` refuses it: whole lines cut from its end would
+    // not show.
+    if let Some(why) = crate::records::chain::unvouched_end(dir, &report) {
+        return Err(HarnessError::Unverified {
+            dir: dir.to_path_buf(),
+            problems: vec![why],
+        });
+    }
     let head = records
         .last()
         .map(|r| r.flowhost.seq)
@@ -966,5 +974,17 @@ mod tests {
         })));
         let said = describe(std::iter::once(&named));
         assert!(!said.contains('\u{202e}'), "{said}");
+    }
+
+    /// Records whose directory lost both its anchor and its ring are refused as `records
+    /// verify` refuses them: cut at the end, they would otherwise read as a run's whole
+    /// evidence. Before, the harness read them.
+    #[test]
+    fn records_with_neither_anchor_nor_ring_are_refused() {
+        let run = Run::new("allowed_declared.jsonl", true);
+        std::fs::remove_file(run.records.join(crate::records::store::HEAD_FILE)).unwrap();
+        std::fs::remove_file(run.records.join(crate::records::ring::RING_FILE)).unwrap();
+        let e = read_records(&run.records).unwrap_err().to_string();
+        assert!(e.contains("neither records.head nor records.wal"), "{e}");
     }
 }
