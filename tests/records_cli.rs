@@ -639,6 +639,25 @@ fn export_requires_the_surface_flag() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+/// `flowhost health --records DIR --out DIR/health.json`, asserted to exit 0: the carrier.
+fn offline_health(dir: &Path) -> serde_json::Value {
+    let out = dir.join("health.json");
+    let o = flowhost(&[
+        "health",
+        "--records",
+        dir.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+}
+
 /// An offline health of records `records verify` refuses (nothing there; a directory whose
 /// anchor and ring were removed) says its record side is not complete, and why. Before, it
 /// said `records_complete: true` for both.
@@ -653,21 +672,7 @@ fn offline_health_of_records_verify_refuses_is_not_records_complete() {
         (empty.path(), "holds no record"),
         (stripped.path(), "neither records.head nor records.wal"),
     ] {
-        let out = dir.join("health.json");
-        let o = flowhost(&[
-            "health",
-            "--records",
-            dir.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ]);
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        let v = offline_health(dir);
         assert_eq!(v["records"]["records_complete"], false, "{v}");
         assert!(v["records"]["problems"].to_string().contains(why), "{v}");
     }
@@ -677,21 +682,7 @@ fn offline_health_of_records_verify_refuses_is_not_records_complete() {
 fn offline_health_reports_the_range_and_is_incomplete() {
     let dir = tempfile::tempdir().unwrap();
     records(dir.path(), 9, 4096);
-    let out = dir.path().join("health.json");
-    let o = flowhost(&[
-        "health",
-        "--records",
-        dir.path().to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let v = offline_health(dir.path());
     assert_eq!(v["schema"], "flowhost.tool_observation_health.v0");
     assert_eq!(v["producer"], "offline");
     assert_eq!(v["records"]["first_seq"], 1);

@@ -894,31 +894,33 @@ async fn run(args: RunArgs) -> CliResult {
                 }
             }
             // As the command's terminal would: a key's signal to its foreground job.
-            interrupt = interrupts.next() => match match &terminal {
-                Some(terminal) => exec.interrupt_on_terminal(interrupt, terminal.master()),
-                None => exec.interrupt(interrupt),
-            } {
-                Ok(Delivery::Ended) => {
-                    ended_by.get_or_insert(interrupt);
+            interrupt = interrupts.next() => {
+                let delivered = match &terminal {
+                    Some(terminal) => exec.interrupt_on_terminal(interrupt, terminal.master()),
+                    None => exec.interrupt(interrupt),
+                };
+                if !matches!(delivered, Ok(Delivery::Ignored)) {
                     interrupted.get_or_insert(interrupt);
                 }
-                Ok(Delivery::Sent) => {
-                    interrupted.get_or_insert(interrupt);
-                }
-                Ok(Delivery::Ignored) => {}
-                // Whether it handles the signal cannot be told, or the signal not sent: it
-                // is ended, as the signal's default action would, so the run concludes.
-                Err(e) => {
-                    say!(
-                        "flowhost sandbox: {}: cannot pass it to the command ({e}); ending it",
-                        interrupt.name()
-                    );
-                    if exec.kill().is_ok() {
+                match delivered {
+                    Ok(Delivery::Ended) => {
                         ended_by.get_or_insert(interrupt);
                     }
-                    interrupted.get_or_insert(interrupt);
+                    Ok(Delivery::Sent | Delivery::Ignored) => {}
+                    // Whether it handles the signal cannot be told, or the signal not sent:
+                    // it is ended, as the signal's default action would, so the run
+                    // concludes.
+                    Err(e) => {
+                        say!(
+                            "flowhost sandbox: {}: cannot pass it to the command ({e}); ending it",
+                            interrupt.name()
+                        );
+                        if exec.kill().is_ok() {
+                            ended_by.get_or_insert(interrupt);
+                        }
+                    }
                 }
-            },
+            }
         }
     };
     drop(exec);
