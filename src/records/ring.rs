@@ -325,10 +325,25 @@ impl Ring {
     }
 
     /// Syncs the record file `file` (at `path`) before a checkpoint vouches for it; once one
-    /// such sync has failed, every later one fails too (see `sync_failed`).
+    /// such sync has failed, every later one fails too (see `sync_failed`). Fails as well
+    /// unless `path` still names `file`: one removed, moved away or replaced (`sed -i`) while
+    /// the writer runs holds what it acknowledges in an inode no name reaches, lost when the
+    /// process ends, so no checkpoint may vouch for it.
     pub fn sync_record_file(&self, file: &File, path: &Path) -> Result<(), String> {
         sync_unless_failed(&self.record_sync_failed, file)
-            .map_err(|e| format!("cannot fdatasync {}: {e}", path.display()))
+            .map_err(|e| format!("cannot fdatasync {}: {e}", path.display()))?;
+        let held = file
+            .metadata()
+            .map_err(|e| format!("cannot look at {}: {e}", path.display()))?;
+        let named = std::fs::symlink_metadata(path).ok();
+        if named.is_some_and(|n| n.dev() == held.dev() && n.ino() == held.ino()) {
+            return Ok(());
+        }
+        Err(format!(
+            "cannot keep records in {}: it was removed or replaced while the writer ran, so \
+             records written to it since are held by no file name and would be lost",
+            path.display()
+        ))
     }
 
     /// Fails unless the ring's path still names the file this writer holds: one removed or

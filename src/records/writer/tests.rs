@@ -231,6 +231,35 @@ fn a_ring_removed_while_the_writer_runs_fails_the_writer() {
     assert!(e.contains("records.wal") && e.contains("replaced"), "{e}");
 }
 
+/// The record file the writer appends to, removed, moved away or replaced (`sed -i`) while it
+/// runs: records acknowledged after that lived only in an inode no name reached, lost when
+/// the process ended, while checkpoints went on vouching for them. The writer fails at its
+/// next checkpoint and names the file.
+#[test]
+fn a_record_file_removed_or_replaced_while_the_writer_runs_fails_the_writer() {
+    for how in ["removed", "renamed", "replaced"] {
+        let dir = tempfile::tempdir().unwrap();
+        let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+        w.commit_blocking(sample_tool_call()).unwrap();
+        let file = dir.path().join(record_file_name(1));
+        match how {
+            "removed" => fs::remove_file(&file).unwrap(),
+            "renamed" => fs::rename(&file, dir.path().join("archived.jsonl")).unwrap(),
+            _ => {
+                let copy = dir.path().join("copy");
+                fs::copy(&file, &copy).unwrap();
+                fs::rename(&copy, &file).unwrap();
+            }
+        }
+        let _ = w.commit_blocking(sample_tool_call());
+        let e = w.close_blocking().unwrap_err().to_string();
+        assert!(
+            e.contains(&file.display().to_string()) && e.contains("removed or replaced"),
+            "{how}: {e}"
+        );
+    }
+}
+
 /// A directory whose head anchor says a writer kept a ring there, with the ring gone, is
 /// refused by a writer and by a reader: the records durable only in the ring after a machine
 /// crash would otherwise vanish without a trace. Before, the writer took the directory for
