@@ -7,11 +7,12 @@
 //! change, and nothing else: colours and modes the user set before the run are kept.
 //!
 //! The output is read as a UTF-8 terminal reads it (as flowhost's own terminals are): the
-//! bytes of a character are text, and a C1 control is one written alone or in UTF-8. A
-//! terminal in another encoding that acts on raw C1 bytes can be sent one this reading
-//! takes for part of a character. Otherwise reading is conservative: what may set colours
-//! in ways not read here has every colour put back, which only sets them to the terminal's
-//! defaults.
+//! bytes of a character are text, and a C1 control is one written alone or in UTF-8; after
+//! the command switches the terminal off UTF-8 (`ESC % @`), every byte is read alone, as the
+//! terminal then reads it. A terminal set to another encoding before the run that acts on
+//! raw C1 bytes can be sent one this reading takes for part of a character. Otherwise
+//! reading is conservative: what may set colours in ways not read here has every colour put
+//! back, which only sets them to the terminal's defaults.
 
 /// Written before each batch of flowhost's messages: CAN ends any control sequence the
 /// command's output left open, ST any string (a window title, DCS, APC, PM), SGR 0 any
@@ -35,12 +36,15 @@ const CONSOLE_PALETTE_RESET: &[u8] = b"\x1b]R\x1b\\";
 /// Private modes that change what the terminal sends as input, or holds back its output, and
 /// that a command ending normally turns off: mouse reports (9, 1000-1003) and their
 /// encodings (1005, 1006, 1015, 1016), focus reports (1004), bracketed paste (2004),
-/// synchronized output (2026), colour-scheme change reports (2031) and in-band resize
-/// reports (2048). Left on, the shell after the run reads mouse moves, resizes or theme
-/// changes as typed text.
-const INPUT_MODES: [u16; 14] = [
-    9, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1015, 1016, 2004, 2026, 2031, 2048,
+/// synchronized output (2026), colour-scheme change reports (2031), in-band resize
+/// reports (2048) and Windows Terminal's win32-input-mode (9001). Left on, the shell after
+/// the run reads mouse moves, resizes, theme changes or every key as typed text.
+const INPUT_MODES: [u16; 15] = [
+    9, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1015, 1016, 2004, 2026, 2031, 2048, 9001,
 ];
+
+/// The private mode (DECANM) whose reset switches the terminal to VT52 mode.
+const VT52_MODE: u16 = 2;
 
 /// Private modes that switch to the alternate screen. Left on, flowhost's last words and the
 /// shell after them are written on a screen that is not the user's.
@@ -65,6 +69,8 @@ enum State {
     Ground,
     /// After ESC.
     Escape,
+    /// After ESC and an intermediate byte (`ESC %`, `ESC (`): the first such byte.
+    EscapeIntermediate(u8),
     /// After CSI: its parameters so far, whether it is private (`?`), its last intermediate
     /// byte, and whether it began with the 8-bit CSI.
     Csi {
@@ -128,6 +134,13 @@ pub(super) struct ScreenChanges {
     keyboard_protocol: bool,
     /// Whether it set xterm's modifyOtherKeys.
     modify_other_keys: bool,
+    /// Whether it switched the terminal off UTF-8 at any time (`ESC % @` and the like), and
+    /// whether the terminal is off UTF-8 now, so each byte is read alone.
+    encoding_switched: bool,
+    not_utf8: bool,
+    /// Whether it switched the terminal to VT52 mode at any time (`CSI ? 2 l`), where no
+    /// control sequence flowhost writes is read until `ESC <`.
+    vt52: bool,
 }
 
 impl Default for ScreenChanges {
@@ -147,6 +160,9 @@ impl Default for ScreenChanges {
             utf8_lead: 0,
             keyboard_protocol: false,
             modify_other_keys: false,
+            encoding_switched: false,
+            not_utf8: false,
+            vt52: false,
         }
     }
 }
@@ -185,6 +201,8 @@ impl ScreenChanges {
             let continuation =
                 self.utf8_pending > 0 && (0x80..=0xbf).contains(&byte) && !c1_in_utf8;
             (self.utf8_pending, self.utf8_lead) = match byte {
+                // Off UTF-8, each byte is read alone: a raw 0x9B is a CSI.
+                _ if self.not_utf8 => (0, 0),
                 // C0 and C1 lead only overlong forms, F5-F7 nothing: not UTF-8.
                 0xc2..=0xdf => (1, byte),
                 0xe0..=0xef => (2, byte),
@@ -313,6 +331,21 @@ impl ScreenChanges {
                 number: 0,
                 digits: false,
             },
+            // A terminal acts on a C0 control, or ignores NUL and DEL, and goes on reading
+            // the sequence (CAN, SUB and ESC are taken above).
+            (State::Escape, 0x00..=0x1f | 0x7f) => State::Escape,
+            (State::Escape, 0x20..=0x2f) => State::EscapeIntermediate(byte),
+            (State::EscapeIntermediate(first), 0x00..=0x2f | 0x7f) => {
+                State::EscapeIntermediate(first)
+            }
+            (State::EscapeIntermediate(first), 0x30..=0x7e) => {
+                if first == b'%' {
+                    // `ESC % G` chooses UTF-8; any other final another encoding.
+                    self.not_utf8 = byte != b'G';
+                    self.encoding_switched |= self.not_utf8;
+                }
+                State::Ground
+            }
             (
                 State::Csi {
                     mut private,
@@ -371,8 +404,9 @@ impl ScreenChanges {
                         }
                         return State::Ground;
                     }
-                    // C0 controls inside a sequence are acted on and the sequence goes on.
-                    0x00..=0x1f => {}
+                    // C0 controls inside a sequence are acted on, DEL is ignored, and the
+                    // sequence goes on.
+                    0x00..=0x1f | 0x7f => {}
                     _ => return State::Ground,
                 }
                 State::Csi {
@@ -386,7 +420,11 @@ impl ScreenChanges {
             }
             // Handled above, before any of these.
             (
-                State::Escape | State::Ground | State::OscText { .. } | State::OscNumber { .. },
+                State::Escape
+                | State::EscapeIntermediate(_)
+                | State::Ground
+                | State::OscText { .. }
+                | State::OscNumber { .. },
                 _,
             ) => State::Ground,
         }
@@ -425,7 +463,9 @@ impl ScreenChanges {
         let Ok(mode) = u16::try_from(mode) else {
             return;
         };
-        if ALTERNATE_SCREENS.contains(&mode) {
+        if mode == VT52_MODE && !on {
+            self.vt52 = true;
+        } else if ALTERNATE_SCREENS.contains(&mode) {
             self.alternate = on.then_some(mode);
             self.entered_alternate |= on;
         } else if INPUT_MODES.contains(&mode) && on && !self.input_modes.contains(&mode) {
@@ -473,7 +513,8 @@ impl ScreenChanges {
     /// set, before every batch until the end, since the command can set them again in ways
     /// not read here (a pop of colours it saved).
     pub(super) fn before_messages(&self) -> Vec<u8> {
-        let mut reset = BEFORE_MESSAGES.to_vec();
+        let mut reset = self.back_to_ansi();
+        reset.extend_from_slice(BEFORE_MESSAGES);
         for n in [10, 11] {
             if self.unknown_colours || self.dynamic & (1 << (n - 10)) != 0 {
                 reset.extend_from_slice(format!("\x1b]{}\x1b\\", 100 + n).as_bytes());
@@ -485,8 +526,19 @@ impl ScreenChanges {
         reset
     }
 
+    /// `ESC <` if the command switched the terminal to VT52 mode, where no sequence written
+    /// after it would be read; in ANSI mode a terminal ignores it.
+    fn back_to_ansi(&self) -> Vec<u8> {
+        if self.vt52 {
+            b"\x1b<".to_vec()
+        } else {
+            Vec::new()
+        }
+    }
+
     /// What to write once the command has ended, after the last of its output: everything
-    /// [`ScreenChanges::before_messages`] writes, then the alternate screen left, the input
+    /// [`ScreenChanges::before_messages`] writes and UTF-8 chosen again if the command
+    /// switched the terminal off it, then the alternate screen left, the input
     /// modes it left on turned off, a soft reset, and every colour it changed put back to
     /// the terminal's default. Empty when the command wrote nothing. What it returns is
     /// undone: a later call returns only what the command changed since.
@@ -494,7 +546,14 @@ impl ScreenChanges {
         if !std::mem::take(&mut self.wrote) {
             return Vec::new();
         }
-        let mut reset = BEFORE_MESSAGES.to_vec();
+        let mut reset = self.back_to_ansi();
+        if std::mem::take(&mut self.encoding_switched) {
+            // UTF-8 again, for flowhost's last words and the shell after them.
+            reset.extend_from_slice(b"\x1b%G");
+            self.not_utf8 = false;
+        }
+        self.vt52 = false;
+        reset.extend_from_slice(BEFORE_MESSAGES);
         // Before the soft reset, which forgets the cursor that leaving the alternate screen
         // (1049) puts back: where the command started.
         if let Some(mode) = self.alternate.take() {
@@ -754,6 +813,52 @@ mod tests {
         assert!(end.contains("\x1b]104"), "{end:?}");
         let long = [b"\x1b]12;".as_slice(), &[b'x'; 600], b"\x07"].concat();
         assert!(end_of(&[&long]).contains("\x1b]112"));
+    }
+
+    /// A terminal ignores NUL and DEL, and acts on other C0 controls, between ESC and what
+    /// follows it or inside a control sequence, and goes on reading the sequence. Before,
+    /// such a byte ended the reading here: `ESC NUL [ ? 1049 h` left the alternate screen,
+    /// mouse reports or modifyOtherKeys on unseen, and black-on-black colours hid flowhost's
+    /// messages.
+    #[test]
+    fn controls_a_terminal_ignores_inside_a_sequence_do_not_hide_it() {
+        let end =
+            end_of(&[b"\x1b\0[?1049h\x1b\r[?1000h\x1b[?2004\x7fh\x1b\0[>4;2m\x1b\x7f]11;#000\x07"]);
+        for undo in [
+            "\x1b[?1049l",
+            "\x1b[?1000l",
+            "\x1b[?2004l",
+            "\x1b[>4;0m",
+            "\x1b]111",
+        ] {
+            assert!(end.contains(undo), "{undo:?}: {end:?}");
+        }
+        let mut screen = changes(&[b"\x1b\0]10;#000\x07"]);
+        let before = String::from_utf8(screen.before_messages()).unwrap();
+        assert!(before.contains("\x1b]110\x1b\\"), "{before:?}");
+        assert!(screen.at_end().ends_with(b"\x1b]110\x1b\\"));
+    }
+
+    /// A command that switches how the terminal reads bytes (`ESC % @`, off UTF-8: a raw
+    /// 0x9B is then a CSI) or into VT52 mode (`CSI ? 2 l`: no `ESC [` is read any more) is
+    /// followed, and switched back, before flowhost's messages and at the end. Before, a
+    /// mode set after the switch went unseen, and the undoing was read as text.
+    #[test]
+    fn a_switch_of_encoding_or_to_vt52_is_followed_and_undone() {
+        let mut screen = changes(&[b"\x1b%@\xc3\x9b?1000h"]);
+        let end = String::from_utf8(screen.at_end()).unwrap();
+        assert!(
+            end.starts_with("\x1b%G") && end.contains("\x1b[?1000l"),
+            "{end:?}"
+        );
+        // Back on UTF-8, the bytes of a character are text again.
+        let end = end_of(&[b"\x1b%@\x1b%G\xc3\x9b?1000h"]);
+        assert!(!end.contains("1000l"), "{end:?}");
+        let screen = changes(&[b"\x1b[?2l"]);
+        assert!(screen.before_messages().starts_with(b"\x1b<"));
+        assert!(end_of(&[b"\x1b[?2l"]).starts_with("\x1b<"));
+        // Windows Terminal's win32-input-mode sends every key as a sequence.
+        assert!(end_of(&[b"\x1b[?9001h"]).contains("\x1b[?9001l"));
     }
 
     #[test]
