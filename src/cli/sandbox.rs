@@ -986,9 +986,21 @@ async fn run(args: RunArgs) -> CliResult {
     drop((dns, writer, broker, evidence));
     // The run is over: what is left for the caller's terminal (the command's last output,
     // the messages above) reaches it now, however long the terminal takes.
-    let shown = terminal
-        .as_mut()
-        .map_or(Ok(()), |t| t.finish(&mut || interrupts.taken()));
+    let shown = terminal.as_mut().map_or(Ok(()), |t| {
+        t.finish(&mut || {
+            let mut taken = interrupts.taken();
+            // A Ctrl-Z taken since the command ended stops flowhost then, after the
+            // interrupts (which end it).
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            if suspends
+                .as_mut()
+                .is_some_and(|s| s.poll_recv(&mut cx).is_ready())
+            {
+                taken.push(libc::SIGTSTP);
+            }
+            taken
+        })
+    });
     let concluded = match records_failed {
         Some(e) => concluded.and_then(|_| Err(SandboxError::RecordsFailed(e).into())),
         None => concluded,

@@ -667,7 +667,15 @@ fn duplicate(i: usize) -> Result<OwnedFd, RelayError> {
 /// interrupts flowhost took to pass them to the command end or stop it again, as they would
 /// any program (a Ctrl-C or a `kill` would otherwise be taken and the write go on waiting).
 fn interrupts_end_flowhost(taken: &mut dyn FnMut() -> Vec<libc::c_int>) {
+    raise(default_actions_back(taken));
+}
+
+/// Gives the interrupts their default actions back (once), and returns those flowhost's
+/// own handlers took after the command ended and before that, which nobody acted on: each
+/// is to take its default action before flowhost waits, as it would have at once.
+fn default_actions_back(taken: &mut dyn FnMut() -> Vec<libc::c_int>) -> Vec<libc::c_int> {
     static DONE: std::sync::Once = std::sync::Once::new();
+    let mut late = Vec::new();
     DONE.call_once(|| {
         if let Err(e) = flowhost_broker::terminal::interrupts_take_their_default_action() {
             say!(
@@ -677,15 +685,18 @@ fn interrupts_end_flowhost(taken: &mut dyn FnMut() -> Vec<libc::c_int>) {
             );
             return;
         }
-        // An interrupt that came after the command ended and before the default actions
-        // were back was taken by flowhost's own handlers and acted on by nobody: it takes
-        // its default action now, before flowhost waits, as it would have at once.
-        for signal in taken() {
-            if let Ok(signal) = nix::sys::signal::Signal::try_from(signal) {
-                let _ = nix::sys::signal::raise(signal);
-            }
-        }
+        late = taken();
     });
+    late
+}
+
+/// Raises `signals`, each with its default action (see [`default_actions_back`]).
+fn raise(signals: Vec<libc::c_int>) {
+    for signal in signals {
+        if let Ok(signal) = nix::sys::signal::Signal::try_from(signal) {
+            let _ = nix::sys::signal::raise(signal);
+        }
+    }
 }
 
 impl CommandTerminal {
@@ -899,9 +910,16 @@ impl CommandTerminal {
                 tcgetattr(stderr).is_ok_and(|m| !m.output_flags.contains(OutputFlags::OPOST));
             unwritten.messages.extend(messages.pending().take(crlf));
         }
-        if !unwritten.output.is_empty() || !unwritten.messages.is_empty() {
-            interrupts_end_flowhost(taken);
-        }
+        // An interrupt taken since the command ended ends or stops flowhost once the
+        // terminal has its end (the command's modes undone, the run's verdict), which a
+        // terminal takes at once unless stopped; while it waits, any interrupt acts at once.
+        // Before, one ended flowhost before this was written, leaving the alternate screen
+        // or mouse reports on and the verdict unsaid.
+        let late = if !unwritten.output.is_empty() || !unwritten.messages.is_empty() {
+            default_actions_back(taken)
+        } else {
+            Vec::new()
+        };
         let mut out = vec![(shared.output.as_fd(), std::mem::take(&mut unwritten.output))];
         if let Some((_, stderr)) = &shared.messages {
             // What flowhost says from here (the run's end, the gate) is written after the
@@ -939,6 +957,7 @@ impl CommandTerminal {
                 TAIL_LIMIT / 1024
             );
         }
+        raise(late);
         match unwritten.refusal {
             Some(why) if unwritten.refused > 0 => Err(NotShown {
                 bytes: unwritten.refused,
