@@ -278,8 +278,11 @@ const MAX_SETTINGS_FILE_BYTES: u64 = 1024 * 1024;
 /// Reads settings file `file` (for setting `what`): a regular file that only root or this
 /// process's user may change (checked on the file opened, so the file judged is the file
 /// read), reached through symbolic links (a secret mounted by Kubernetes is one) only
-/// through directories no one else may change ([`crate::files::trusted_target`]).
-fn read_file(file: &Path, what: &'static str) -> Result<String, PgError> {
+/// through directories no one else may change ([`crate::files::trusted_target`]); when it
+/// holds a `secret`, one that neither others nor this process's own group may read (see
+/// [`crate::files::read_trusted`]): whoever reads the password can log in as flowhost and
+/// lower the labels every host trusts.
+fn read_file(file: &Path, what: &'static str, secret: bool) -> Result<String, PgError> {
     use crate::files::{self, FileError, TrustedFileError};
     let failed = |e: FileError| PgError::Read {
         file: file.to_path_buf(),
@@ -287,7 +290,7 @@ fn read_file(file: &Path, what: &'static str) -> Result<String, PgError> {
         reason: reason(&e),
     };
     let bytes = files::trusted_target(file)
-        .and_then(|target| files::read_trusted(&target, MAX_SETTINGS_FILE_BYTES, false))
+        .and_then(|target| files::read_trusted(&target, MAX_SETTINGS_FILE_BYTES, secret))
         .map_err(|e| match e {
             TrustedFileError::Exposed { path, why } => PgError::Exposed {
                 file: path,
@@ -592,13 +595,20 @@ impl Target {
     }
 
     fn load(settings: &PostgresStateConfig) -> Result<Self, PgError> {
-        let text = read_file(&settings.url_file, "url_file")?;
-        let mut config: Config = text.trim().parse().map_err(|e| PgError::Settings {
-            file: settings.url_file.clone(),
-            reason: format!("not a PostgreSQL connection string: {e}"),
-        })?;
+        let parse = |text: &str| -> Result<Config, PgError> {
+            text.trim().parse().map_err(|e| PgError::Settings {
+                file: settings.url_file.clone(),
+                reason: format!("not a PostgreSQL connection string: {e}"),
+            })
+        };
+        let mut config = parse(&read_file(&settings.url_file, "url_file", false)?)?;
+        if config.get_password().is_some() {
+            // A connection string with a password in it is a secret too: read again as one,
+            // and the text read then is the one used.
+            config = parse(&read_file(&settings.url_file, "url_file", true)?)?;
+        }
         if let Some(file) = &settings.password_file {
-            let password = read_file(file, "password_file")?;
+            let password = read_file(file, "password_file", true)?;
             config.password(password.trim_end_matches(['\n', '\r']));
         }
         config.connect_timeout(settings.timeout);
@@ -824,7 +834,7 @@ fn rustls_connector(ca: &Path) -> Result<tokio_postgres_rustls::MakeRustlsConnec
         file: ca.to_path_buf(),
         reason,
     };
-    let pem = read_file(ca, "ca_file")?;
+    let pem = read_file(ca, "ca_file", false)?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
         let cert = cert.map_err(|e| bad(format!("not a PEM certificate list: {e}")))?;
@@ -1548,6 +1558,12 @@ mod tests {
     fn settings(dir: &Path, url: &str) -> PostgresStateConfig {
         let url_file = dir.join("url");
         std::fs::write(&url_file, url).unwrap();
+        // As a secret is kept: the URL may hold a password.
+        std::fs::set_permissions(
+            &url_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
         PostgresStateConfig {
             url_file,
             host_id: "h".into(),
@@ -1558,6 +1574,51 @@ mod tests {
             timeout: Duration::from_secs(1),
             connections: 1,
         }
+    }
+
+    /// A password others, or the daemon's own group (its socket clients' group in the
+    /// documented deployment), may read is refused, in `password_file` or in a `url_file`
+    /// that holds one: whoever reads it can log in as flowhost and lower labels other
+    /// hosts then trust. Before, only who may change these files was checked.
+    #[test]
+    fn a_password_others_may_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let chmod = |f: &Path, mode| {
+            std::fs::set_permissions(f, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(dir.path(), "postgresql://u@localhost/db");
+        chmod(&s.url_file, 0o644);
+        let password = dir.path().join("password");
+        std::fs::write(&password, "pw\n").unwrap();
+        s.password_file = Some(password.clone());
+        // (The group this process runs as is refused too, unless it is root's: a test run
+        // as root has no other to try.)
+        for mode in [0o604, 0o644] {
+            chmod(&password, mode);
+            let e = load_error(&s);
+            assert!(
+                e.contains(&password.display().to_string())
+                    && e.contains("password_file")
+                    && e.contains(&format!("{mode:04o}"))
+                    && e.contains("may read"),
+                "{e}"
+            );
+        }
+        chmod(&password, 0o600);
+        // The URL without a password may be read by anyone; with one, it is a secret.
+        Target::load(&s).unwrap();
+        s.password_file = None;
+        std::fs::write(&s.url_file, "postgresql://u:pw@localhost/db").unwrap();
+        let e = load_error(&s);
+        assert!(
+            e.contains(&s.url_file.display().to_string())
+                && e.contains("url_file")
+                && e.contains("0644"),
+            "{e}"
+        );
+        chmod(&s.url_file, 0o600);
+        Target::load(&s).unwrap();
     }
 
     fn load_error(s: &PostgresStateConfig) -> String {
@@ -1712,10 +1773,11 @@ mod tests {
         let password = dir.path().join("password");
         std::fs::write(&password, "pw\n").unwrap();
         s.password_file = Some(password.clone());
-        Target::load(&s).unwrap();
         let chmod = |f: &Path, mode| {
             std::fs::set_permissions(f, std::fs::Permissions::from_mode(mode)).unwrap()
         };
+        chmod(&password, 0o600);
+        Target::load(&s).unwrap();
         for (file, what) in [(&s.url_file, "url_file"), (&password, "password_file")] {
             for mode in [0o664, 0o646] {
                 chmod(file, mode);
