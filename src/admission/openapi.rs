@@ -218,6 +218,19 @@ pub enum OpenApiError {
         /// The media types found.
         found: String,
     },
+    /// JSON media types of one `content` map that carry different schemas: which one a
+    /// client gets is not known, so neither is signed as the contract.
+    #[error(
+        "{path}: the JSON media types {first} and {other} carry different schemas; give them one schema, or keep only application/json"
+    )]
+    AmbiguousJsonContent {
+        /// The `content` map.
+        path: JsonPath,
+        /// The first JSON media type carrying a schema.
+        first: String,
+        /// One carrying another schema.
+        other: String,
+    },
     /// A schema that already has `$defs` while component schemas must be copied in.
     #[error(
         "{path}: the schema already has $defs, so referenced component schemas cannot be copied into it"
@@ -1098,15 +1111,45 @@ fn with_defs(
     Ok(root)
 }
 
-/// The JSON schema of a `content` map, if it has a JSON media type.
-fn json_content(content: &Map<String, Value>) -> Option<(&str, &Value)> {
-    content
+/// The JSON media type of `content` (at `path`) whose schema is the contract, with that
+/// schema: `application/json` (its type told apart without case, its parameters ignored)
+/// if it carries one, else another JSON type (`+json`) that does, whichever sorts first.
+/// `None` when no JSON media type carries a schema. Refused: a JSON media type that is not
+/// an object (it would be read as no schema), and JSON media types carrying different
+/// schemas.
+fn json_content<'a>(
+    content: &'a Map<String, Value>,
+    path: &JsonPath,
+) -> Result<Option<(&'a str, &'a Value)>> {
+    let mut carried: Vec<(&str, &Value, bool)> = Vec::new();
+    for (media, value) in content {
+        let essence = media.split(';').next().unwrap_or("").trim();
+        let plain = essence.eq_ignore_ascii_case("application/json");
+        let json = plain
+            || essence
+                .get(essence.len().saturating_sub(5)..)
+                .is_some_and(|end| end.eq_ignore_ascii_case("+json"));
+        if !json {
+            continue;
+        }
+        if let Some(schema) = object(value, &path.key(media))?.get("schema") {
+            carried.push((media, schema, plain));
+        }
+    }
+    if let Some(&(first, schema, _)) = carried.first()
+        && let Some(&(other, _, _)) = carried.iter().find(|(_, s, _)| *s != schema)
+    {
+        return Err(OpenApiError::AmbiguousJsonContent {
+            path: path.clone(),
+            first: first.to_owned(),
+            other: other.to_owned(),
+        });
+    }
+    Ok(carried
         .iter()
-        .find(|(media, _)| {
-            let essence = media.split(';').next().unwrap_or("").trim();
-            essence == "application/json" || essence.ends_with("+json")
-        })
-        .map(|(media, value)| (media.as_str(), value))
+        .find(|(_, _, plain)| *plain)
+        .or(carried.first())
+        .map(|&(media, schema, _)| (media, schema)))
 }
 
 fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
@@ -1186,12 +1229,17 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
             };
             let schema = match param.get("schema") {
                 Some(schema) => schema,
-                None => param
-                    .get("content")
-                    .and_then(Value::as_object)
-                    .and_then(json_content)
-                    .and_then(|(_, media)| media.get("schema"))
-                    .ok_or_else(|| OpenApiError::ParameterWithoutSchema { path: path.clone() })?,
+                None => {
+                    let content = match param.get("content") {
+                        Some(c) => {
+                            json_content(object(c, &path.key("content"))?, &path.key("content"))?
+                        }
+                        None => None,
+                    };
+                    content.map(|(_, schema)| schema).ok_or_else(|| {
+                        OpenApiError::ParameterWithoutSchema { path: path.clone() }
+                    })?
+                }
             };
             let schema = inliner.rewrite(schema, &path.key("schema"))?;
             params.retain(|(n, l, _, _)| !same(n, l));
@@ -1204,15 +1252,16 @@ fn input_schema(doc: &Value, op: &Operation<'_>) -> Result<Map<String, Value>> {
             let body = object(resolve(doc, raw, &path, "requestBodies")?, &path)?;
             let required = optional_bool(body, "required", &path)?.unwrap_or(false);
             let content = body.get("content").and_then(Value::as_object);
-            let (media, schema) = content
-                .and_then(json_content)
-                .and_then(|(media, m)| m.get("schema").map(|s| (media, s)))
-                .ok_or_else(|| OpenApiError::NonJsonRequestBody {
-                    path: path.clone(),
-                    found: content
-                        .map(|c| c.keys().cloned().collect::<Vec<_>>().join(", "))
-                        .unwrap_or_else(|| "none".into()),
-                })?;
+            let carried = match content {
+                Some(c) => json_content(c, &path.key("content"))?,
+                None => None,
+            };
+            let (media, schema) = carried.ok_or_else(|| OpenApiError::NonJsonRequestBody {
+                path: path.clone(),
+                found: content
+                    .map(|c| c.keys().cloned().collect::<Vec<_>>().join(", "))
+                    .unwrap_or_else(|| "none".into()),
+            })?;
             let schema_path = path.key("content").key(media).key("schema");
             Some((
                 required,
@@ -1283,9 +1332,7 @@ fn output_schema(doc: &Value, op: &Operation<'_>) -> Result<Option<Map<String, V
         None => return Ok(None),
         Some(c) => object(c, &path.key("content"))?,
     };
-    let Some((media, schema)) =
-        json_content(content).and_then(|(media, m)| m.get("schema").map(|s| (media, s)))
-    else {
+    let Some((media, schema)) = json_content(content, &path.key("content"))? else {
         return Ok(None);
     };
     let schema_path = path.key("content").key(media).key("schema");

@@ -1008,3 +1008,61 @@ fn contracts_a_manifest_does_not_carry_are_named() {
     let e = manifest_from_openapi(&split, &identity()).unwrap_err();
     assert!(matches!(e, OpenApiError::UnsupportedRef { .. }), "{e:?}");
 }
+
+/// Of several JSON media types, the contract is the one `application/json` carries (its
+/// type told apart without case), whatever sorts first; others carrying a different schema
+/// are refused as ambiguous, and a JSON media type that is not an object is refused at its
+/// path. Before, the first JSON type in key order was taken alone: an `application/hal+json`
+/// with no schema before `application/json` with one signed a tool with no output schema,
+/// so any result passed; one with a looser schema signed that one.
+#[test]
+fn of_several_json_media_types_application_json_is_the_contract() {
+    let strict = json!({"type": "object", "required": ["id"],
+                        "properties": {"id": {"type": "string"}}});
+    let mut d = doc();
+    d["components"]["responses"]["Terms"]["content"] = json!({
+        "application/hal+json": {"example": {"id": "x"}},
+        "Application/JSON": {"schema": strict},
+    });
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    assert_eq!(tool(&body, "read_terms")["output_schema"], strict);
+    // The same schema under both: the same contract.
+    d["components"]["responses"]["Terms"]["content"]["application/hal+json"] =
+        json!({"schema": strict});
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    assert_eq!(tool(&body, "read_terms")["output_schema"], strict);
+    // A looser one beside it: which one a client gets is not known, so neither is signed.
+    d["components"]["responses"]["Terms"]["content"]["application/hal+json"] =
+        json!({"schema": {"type": "object"}});
+    let e = manifest_from_openapi(&d, &identity())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("application/hal+json")
+            && e.contains("Application/JSON")
+            && e.contains("different"),
+        "{e}"
+    );
+    // A JSON media type of the wrong type is refused at its path, not taken as absent.
+    d["components"]["responses"]["Terms"]["content"] = json!({"application/json": "schema"});
+    let e = manifest_from_openapi(&d, &identity())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("content[\"application/json\"]") || e.contains("application/json"),
+        "{e}"
+    );
+    assert!(e.contains("string"), "{e}");
+    // A request body: the same choice.
+    let mut d = doc();
+    d["paths"]["/summaries"]["post"]["requestBody"]["content"] = json!({
+        "application/geo+json": {"example": {}},
+        "application/json": {"schema": {"$ref": "#/components/schemas/SummaryRequest"}},
+    });
+    let body = manifest_from_openapi(&d, &identity()).unwrap();
+    let plain = manifest_from_openapi(&doc(), &identity()).unwrap();
+    assert_eq!(
+        tool(&body, "summarize_terms")["input_schema"],
+        tool(&plain, "summarize_terms")["input_schema"]
+    );
+}
