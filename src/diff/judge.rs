@@ -97,6 +97,12 @@ pub(super) fn judge(
         ("verb", Some(v)) if network => Some(super::surface::ScalarView::Text(v)),
         _ => target.get(f),
     };
+    // An address the host handed out for several names was judged by each of them (a
+    // rule naming any allowed it): so is the declaration. A lookup has its one name.
+    let others: &[observed::Text<'_>] = match (&d.flowhost, network && !lookup && !inbound) {
+        (Some(x), true) => x.other_host_names(),
+        _ => &[],
+    };
     // An error never matches a declared allow: the effect may have happened, and an allow
     // that failed is not the success the declaration describes.
     let mut undetermined = false;
@@ -104,13 +110,29 @@ pub(super) fn judge(
         if !a.allowed_effects.contains(&effect) {
             continue;
         }
-        let tested = if lookup {
+        let mut tested = if lookup {
             a.test_lookup_target(get)
         } else if inbound {
             a.test_inbound_target(get)
         } else {
             a.test_target(get)
         };
+        for name in others {
+            if tested == TargetMatch::Match {
+                break;
+            }
+            let named = |f: &str| match f {
+                "host_name" => Some(super::surface::ScalarView::Text(&name.0)),
+                _ => get(f),
+            };
+            match (a.test_target(named), tested) {
+                (TargetMatch::Match, _) => tested = TargetMatch::Match,
+                (TargetMatch::Undetermined, TargetMatch::Mismatch) => {
+                    tested = TargetMatch::Undetermined
+                }
+                _ => {}
+            }
+        }
         match tested {
             TargetMatch::Match => return Ok(None),
             TargetMatch::Undetermined => undetermined = true,

@@ -297,6 +297,34 @@ pub(crate) struct ObsExtension<'a> {
     /// a count is evidence of how often, never of whether.
     #[serde(default)]
     pub folded: Option<ObsFolded>,
+    /// `flowhost.broker`: read for the other names of an address (see [`ObsBroker`]).
+    #[serde(default, borrow)]
+    pub broker: Option<ObsBroker<'a>>,
+}
+
+/// The part of `flowhost.broker` the diff reads: its destination's `other_host_names`, the
+/// other names the host handed the address out for, by any of which enforcement judged it.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ObsBroker<'a> {
+    #[serde(default, borrow)]
+    pub destination: Option<ObsDestination<'a>>,
+}
+
+/// See [`ObsBroker`].
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ObsDestination<'a> {
+    #[serde(default, borrow)]
+    pub other_host_names: Vec<Text<'a>>,
+}
+
+impl ObsExtension<'_> {
+    /// The other names the target's address was handed out for (none when not recorded).
+    pub fn other_host_names(&self) -> &[Text<'_>] {
+        self.broker
+            .as_ref()
+            .and_then(|b| b.destination.as_ref())
+            .map_or(&[], |d| d.other_host_names.as_slice())
+    }
 }
 
 /// `flowhost.folded`, read leniently: its `count` when that is a non-negative integer.
@@ -441,6 +469,14 @@ impl<'r> ObsDecision<'r> {
                 }),
                 folded: x.folded.as_ref().map(|f| ObsFolded {
                     count: Some(f.count),
+                }),
+                broker: x.broker.as_ref().map(|b| ObsBroker {
+                    destination: match &b.destination {
+                        Some(crate::records::Destination::Inet(d)) => Some(ObsDestination {
+                            other_host_names: d.other_host_names.iter().map(|n| text(n)).collect(),
+                        }),
+                        _ => None,
+                    },
                 }),
             }),
             server: Some(ObsServer {

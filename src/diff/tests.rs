@@ -1224,6 +1224,51 @@ fn a_lookup_is_judged_by_the_name_it_asked() {
     );
 }
 
+/// A connection to an address the host handed out for several names is covered by a
+/// declaration of any of them, as enforcement judged it: before, only the name the address
+/// was last handed out for was read, so a tool that looked up two declared names sharing
+/// a CDN address, then connected for the first, failed the gate on a declared connection.
+#[test]
+fn a_connection_is_covered_by_any_name_its_address_was_handed_out_for() {
+    let shared = |names: &[&str]| {
+        let mut r = network_attempt("connect", "192.0.2.10", 443, names[0]);
+        if let Some(crate::records::Destination::Inet(d)) = r
+            .flowhost
+            .broker
+            .as_mut()
+            .and_then(|b| b.destination.as_mut())
+        {
+            d.other_host_names = names[1..].iter().map(|n| n.to_string()).collect();
+        }
+        r
+    };
+    let declared = vec![
+        serde_json::json!({"host_name": "api.example.com", "port": 443}),
+        serde_json::json!({"host_name": "static.example.com", "port": 80}),
+    ];
+    let new = vec![(FindingKind::NewPrivilegedToolAction, 1)];
+    let last_static = shared(&["static.example.com", "api.example.com"]);
+    assert_eq!(
+        judged_against_targets(vec![last_static], declared.clone()),
+        vec![]
+    );
+    // No declared name among them, or the port of none: still undeclared.
+    let elsewhere = shared(&["static.example.com", "cdn.example.net"]);
+    assert_eq!(
+        judged_against_targets(vec![elsewhere], declared.clone()),
+        new
+    );
+    let mut on_80 = shared(&["api.example.com", "static.example.com"]);
+    on_80
+        .action
+        .target
+        .as_mut()
+        .unwrap()
+        .0
+        .insert("port".into(), crate::records::TargetValue::Integer(8080));
+    assert_eq!(judged_against_targets(vec![on_80], declared), new);
+}
+
 /// A listener opened, or an address taken for one, is covered only by a declared target
 /// naming its verb: before, the verb was not looked at, and a declaration of outbound
 /// traffic on a port (or to every address) covered a listener on it.
