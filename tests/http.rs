@@ -115,6 +115,19 @@ fn every_http_caller_is_a_configured_principal_or_refused_and_recorded() {
             Some(jwt(&JwtIssuer::new(12), RESOURCE, later, "agent-1")),
             "invalid",
         ),
+        // A header whose algorithm carries a line break and a non-ASCII letter, which the
+        // refusal's message repeats: before, the challenge could not be a header value and
+        // the 401 went out without it.
+        (
+            Some(format!(
+                "{}.e30.x",
+                base64::Engine::encode(
+                    &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+                    "{\"alg\":\"\\r\\nX\u{e9}\"}"
+                )
+            )),
+            "invalid",
+        ),
     ];
     for (credential, why) in &refused {
         let mut c = McpHttp::new(addr, credential.as_deref());

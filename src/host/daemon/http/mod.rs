@@ -826,9 +826,20 @@ impl Transport {
             };
             (record, folded)
         };
-        let summary = (folded > 0)
-            .then(|| format!("(http: {folded} further authentication refusals, folded)"));
-        for what in summary.into_iter().chain(record) {
+        if folded > 0 {
+            let summary = format!("(http: {folded} further authentication refusals, folded)");
+            if let Err(e) = self
+                .record_session_refusal(&summary, None, Denial::AccessDenied, None)
+                .await
+            {
+                // Not recorded: the count goes back, for the next summary to carry.
+                if let Ok(mut b) = self.budget.lock() {
+                    b.folded += folded;
+                }
+                return Err(e);
+            }
+        }
+        if let Some(what) = record {
             self.record_session_refusal(&what, None, Denial::AccessDenied, None)
                 .await?;
         }
@@ -866,6 +877,8 @@ impl Transport {
     }
 
     async fn unauthorized(&self, headers: &HeaderMap, refusal: AuthRefusal) -> Response<Body> {
+        /// Most characters of a refusal's message repeated in its challenge.
+        const MOST_DESCRIPTION_CHARS: usize = 200;
         let message = refusal.to_string();
         if let Err(e) = self
             .record_refusal(Some(format!("(http: {message})")), false)
@@ -883,10 +896,19 @@ impl Transport {
         }
         if let Some(error) = refusal.oauth_error() {
             params.push(format!("error=\"{error}\""));
-            params.push(format!(
-                "error_description=\"{}\"",
-                message.replace(['"', '\\'], "'")
-            ));
+            // RFC 6750 allows visible ASCII but `"` and `\` here; the message repeats
+            // what the token held (a line break, a non-ASCII letter), which would leave
+            // the challenge no header value at all.
+            let description: String = message
+                .chars()
+                .take(MOST_DESCRIPTION_CHARS)
+                .map(|c| match c {
+                    '"' | '\\' => '\'',
+                    ' '..='~' => c,
+                    _ => '?',
+                })
+                .collect();
+            params.push(format!("error_description=\"{description}\""));
         }
         if !params.is_empty() {
             challenge.push(' ');
