@@ -5,7 +5,8 @@
 #   make install DESTDIR=/tmp/stage   # staged, e.g. for a package
 #
 # After installing on a machine, follow README.md, "Deployment" (users, directories, the
-# configuration readable by group flowhost, then the units).
+# configuration readable by group flowhost alone, clients in group flowhost-clients, then
+# the units).
 #
 # The example configuration is the pricing lab: its signed manifests and registered public
 # keys go next to it in /etc/flowhost, its documents under DATADIR (executors, each running

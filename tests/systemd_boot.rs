@@ -1,7 +1,7 @@
 //! A real boot: a minimal Debian root filesystem (debootstrap) with flowhost installed by
 //! `make install DESTDIR=...`, booted with systemd as PID 1 (`systemd-nspawn -b`), set up by
 //! running the README's "Deployment" lines literally inside it, then driven like an operator
-//! and a user would: socket activation by a non-root member of group flowhost, the
+//! and a user would: socket activation by a non-root member of group flowhost-clients, the
 //! pricing-lab workflow (allow, flow refusal, syscall refusal), records verify, reload
 //! accepted and refused (`systemctl reload` failing), a refusal to start that is not
 //! retried and reaches `journalctl -p err`, the watchdog restarting a frozen daemon, stop,
@@ -447,15 +447,22 @@ fn a_booted_systemd_runs_the_deployment_as_the_readme_says() {
         c.ok(step);
     }
 
-    // Socket activation: the service is not running until a member of group flowhost,
-    // not root, connects; /run/flowhost lets group members through.
+    // Socket activation: the service is not running until a member of group
+    // flowhost-clients, not root, connects; /run/flowhost lets group members through.
     c.ok(&format!(
-        "useradd -u {ANALYST_UID} -G flowhost -M -s /bin/sh analyst"
+        "useradd -u {ANALYST_UID} -G flowhost-clients -M -s /bin/sh analyst"
     ));
     assert_eq!(c.service("ActiveState"), "inactive");
     assert_eq!(
         c.ok("stat -c %U:%G:%a /run/flowhost").trim(),
-        "flowhost:flowhost:750"
+        "flowhost:flowhost-clients:750"
+    );
+    // A client cannot read the configuration (its tokens' digests, its principals):
+    // before, clients joined group flowhost, which may.
+    assert!(
+        c.ok("runuser -u analyst -- cat /etc/flowhost/flowhost.toml >/dev/null 2>&1; echo $?")
+            .trim()
+            != "0"
     );
     let (team, public, exfil) = (c.sink(7401), c.sink(7402), c.sink(7403));
     let mut s = c.session("analyst");
@@ -600,7 +607,7 @@ fn a_booted_systemd_runs_the_deployment_as_the_readme_says() {
     let c = Container::boot(&root);
     assert_eq!(
         c.ok("stat -c %U:%G:%a /run/flowhost").trim(),
-        "flowhost:flowhost:750"
+        "flowhost:flowhost-clients:750"
     );
     let mut s = c.session("analyst");
     s.initialize();
