@@ -385,6 +385,13 @@ impl FlowStateStore {
             .or_else(|| self.backend.failure())
     }
 
+    /// Why every grant is refused until the host restarts (the store was found to have
+    /// lost writes, so it cannot vouch that a grant was not spent before); `None` while
+    /// grants are honoured.
+    pub fn grants_refused(&self) -> Option<String> {
+        self.backend.grants_unvouched().map(|e| e.to_string())
+    }
+
     /// Names the store for operators.
     pub fn describe(&self) -> String {
         self.backend.describe()

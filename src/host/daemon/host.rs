@@ -461,6 +461,12 @@ impl Host {
             h.flow_state_failed = true;
             h.flow_state_failure_reason = Some(reason);
         }
+        // Labels read back since, the store serves again; but every call carrying a grant
+        // is refused until a restart, which the operator must know of.
+        if let Some(why) = self.resolver.state().grants_refused() {
+            h.warnings
+                .push(format!("declassification grants refused: {why}"));
+        }
         if let Some(low) = self.records_space_warning() {
             h.warnings.push(low);
         }
