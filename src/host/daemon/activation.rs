@@ -92,6 +92,16 @@ pub fn bind(
     };
     if let Some(passed) = passed {
         check_passed(&passed, mode)?;
+        let served = passed.local_addr().ok();
+        if let Some(served) = served.as_ref().and_then(|a| a.as_pathname())
+            && served != path
+        {
+            tracing::warn!(
+                served = %served.display(),
+                configured = %path.display(),
+                "the socket systemd passed is not the configuration's `socket`: clients must use the one served"
+            );
+        }
         return UnixListener::from_std(passed).map_err(io);
     }
     if let Some(dir) = path.parent() {

@@ -155,11 +155,18 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
     let mut state_check: Option<tokio::task::JoinHandle<()>> = None;
     let status = {
         let generation = host.current();
+        // The socket served: under socket activation, the one systemd passed, whatever
+        // the configuration's `socket` says.
+        let served = listener
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(std::path::Path::to_path_buf))
+            .unwrap_or_else(|| generation.config.socket.clone());
         format!(
             "serving {} tools from {} servers on {}",
             generation.registry.tools().count(),
             generation.servers.len(),
-            generation.config.socket.display()
+            served.display()
         )
     };
     notify(&[
