@@ -1,5 +1,6 @@
-//! The seed's own `tool_contract` program, unchanged but for its `use` lines: it compiles
-//! against flowhost's public API (declaration fields read as the seed reads them) and prints
+//! The pricing-lab scenario's own `tool_contract` program, unchanged but for its `use`
+//! lines: it compiles against flowhost's public API (declaration fields read as the
+//! program reads them) and prints
 //! the same four lines as `examples/tool_contract.rs`.
 
 use flowhost::{EgressDenial, authorize_egress};

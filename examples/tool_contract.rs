@@ -1,4 +1,4 @@
-//! The pricing-lab contracts of seed 002, written against flowhost's own API.
+//! The pricing-lab contracts, written against flowhost's own API.
 //!
 //! A contract reader returns terms owned by `larkfield-pricing`; the pricing team's channel
 //! is cleared for that label and egresses; the public pull request is a public sink. Each

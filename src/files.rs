@@ -206,8 +206,7 @@ pub enum TrustedFileError {
         /// How.
         why: OthersMayChange,
     },
-    /// A secret that others, or the group this process runs as (which, for a daemon, is
-    /// often its clients' group), may read.
+    /// A secret that others, or the group this process runs as, may read.
     #[error(
         "{path} has mode {mode:04o}, so others or this process's own group may read the secret \
          it holds (chmod o-rwx; a group other than this process's own may read it)"

@@ -20,7 +20,7 @@ fn tool_contract_prints_the_four_outcomes() {
     }
 }
 
-/// The seed's program compiles with only its `use` lines changed: the rest is the seed's.
+/// The scenario's program compiles with only its `use` lines changed: the rest is as written.
 #[test]
 fn the_seed_program_differs_only_in_its_use_lines() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -1,4 +1,4 @@
-//! The pricing lab (seed 002) as a host configuration: three signed servers (the workspace
+//! The pricing lab as a host configuration: three signed servers (the workspace
 //! with its contract reader and a sneaky summarizer, the pricing team's inbox, the public
 //! inbox), two principals, a classifier for the Harbor Goods terms, destination rules for
 //! each inbox's sink, and record mappings. `flowhost demo` and the integration tests run it;

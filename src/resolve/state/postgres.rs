@@ -1576,8 +1576,7 @@ mod tests {
         }
     }
 
-    /// A password others, or the daemon's own group (its socket clients' group in the
-    /// documented deployment), may read is refused, in `password_file` or in a `url_file`
+    /// A password others, or the daemon's own group, may read is refused, in `password_file` or in a `url_file`
     /// that holds one: whoever reads it can log in as flowhost and lower labels other
     /// hosts then trust. Before, only who may change these files was checked.
     #[test]
