@@ -397,6 +397,74 @@ fn sandbox_mcp_stops_on_sigterm_with_its_records_and_health_written() {
     assert!(out.status.success(), "{}", text(&out));
 }
 
+/// A session that ends other than by the client closing stdin (here the relay fails: the
+/// client stopped reading its answers) fails the run, and its health says what was cut
+/// short. Before, the health was written complete before the ending was judged, so a later
+/// `flowhost diff --health` of the saved files passed a run that exited 2.
+#[test]
+fn sandbox_mcp_health_says_when_the_session_was_cut_short() {
+    let who = As::Root;
+    if !can_run(who, &[]) {
+        return;
+    }
+    let files = example_files();
+    let dir = work_dir(who);
+    let mut child = flowhost(who)
+        .args(["sandbox", "mcp", "--manifest"])
+        .arg(&files.manifest)
+        .arg("--key")
+        .arg(&files.key)
+        .arg("--records")
+        .arg(dir.path().join("records"))
+        .arg("--health")
+        .arg(dir.path().join("health.json"))
+        .arg("--")
+        .arg(example_tool())
+        .arg("serve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The client stops reading, then asks: its answer cannot be relayed.
+    drop(child.stdout.take());
+    let mut stdin = child.stdin.take().unwrap();
+    for id in 1..=3 {
+        let _ = writeln!(
+            stdin,
+            "{}",
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "ping"})
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sandbox mcp did not end when its client stopped reading");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    drop(stdin);
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    assert_ne!(status.code(), Some(0), "{log}");
+    let health =
+        flowhost::records::ToolObservationHealth::read_from(&dir.path().join("health.json"))
+            .unwrap();
+    assert!(!health.complete, "{health:?}\n{log}");
+    assert!(
+        health
+            .cut_short
+            .iter()
+            .any(|c| c.contains("relaying the session")),
+        "{:?}\n{log}",
+        health.cut_short
+    );
+}
+
 #[test]
 fn the_examples_signed_manifest_is_its_manifest_signed_with_its_key() {
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/harness_tool");

@@ -361,11 +361,26 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     host.begin_shutdown();
     let served = serving.await;
     // A signal that stopped the host while the client still had stdin open cut the run
-    // short: what the client would have asked after was never served or observed.
-    let signalled = stopping && !matches!(relayed, Ok(Ending::ClientDone));
+    // short: what the client would have asked after was never served or observed. So did a
+    // host that ended the session otherwise, and a relay that failed.
+    let mut cut = Vec::new();
+    if stopping && !matches!(relayed, Ok(Ending::ClientDone)) {
+        cut.push(
+            "a signal to flowhost sandbox mcp stopped the host before its client closed stdin"
+                .to_string(),
+        );
+    }
+    let ended = relayed
+        .map_err(|e| format!("relaying the session: {e}"))
+        .and_then(|ending| session_ended(ending, stopping));
+    if let Err(why) = &ended {
+        cut.push(format!(
+            "{why}; what the client sent or was owed after it is not observed"
+        ));
+    }
     // What was cut short goes into the health file before anything else can fail the run:
     // the health of a run that fails below must not read as complete without it.
-    let health = with_calls_cut_short(&health_file, &records, signalled);
+    let health = with_calls_cut_short(&health_file, &records, cut);
     if !matches!(served, Ok(crate::daemon::Served::Clean)) {
         return Err(
             "the host's stop did not complete (its records or health may not vouch \
@@ -376,30 +391,24 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     // The host stopping first (a signal to this process) ends the run as the client
     // closing does: its records and health are concluded either way. A host that ended the
     // session for any other reason fails the run.
-    let ending = relayed.map_err(|e| format!("relaying the session: {e}"))?;
-    session_ended(ending, stopping)?;
+    ended?;
     // `conclude` writes the health again to --health, which is that same file.
     args.common.conclude(&evidence, &health?, 0)
 }
 
 /// The host's health in `health_file` with the calls of `records` a bound, their deadline
-/// or the client cut short added, and the run itself when a signal stopped it before its
-/// client was done (`signalled`), written back to the file. A call a bound or its deadline
+/// or the client cut short added, and `cut`, how the session itself was cut short (a
+/// signal, the host ending it, a relay that failed), written back to the file. A call a bound or its deadline
 /// ended is the run cut short (the daemon's health does not say so: there a call that runs
 /// into its bound is service, not a test of the tool). Records that cannot be read cannot
 /// tell: the run is then taken as cut short.
 fn with_calls_cut_short(
     health_file: &Path,
     records: &Path,
-    signalled: bool,
+    cut: Vec<String>,
 ) -> Result<crate::records::ToolObservationHealth, crate::records::health::HealthError> {
     let mut health = crate::records::ToolObservationHealth::read_from(health_file)?;
-    if signalled {
-        health.cut_short.push(
-            "a signal to flowhost sandbox mcp stopped the host before its client closed stdin"
-                .into(),
-        );
-    }
+    health.cut_short.extend(cut);
     health.cut_short.extend(
         crate::harness::calls_cut_short(records).unwrap_or_else(|e| {
             vec![format!(
