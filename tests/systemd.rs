@@ -937,7 +937,8 @@ fn make_install_stages_a_verifiable_deployment() {
 
 /// What a real boot showed the units need: securebits executors can be given, no restart
 /// loop on a refusal to start, a reload `systemctl reload` can fail on, a socket directory
-/// members of group flowhost can enter from boot on, and a stop that lets calls finish.
+/// members of group flowhost-clients can enter from boot on (and that the service does not
+/// hand to its own group at each start), and a stop that lets calls finish.
 #[test]
 fn the_units_carry_what_a_real_boot_needs() {
     let service = unit("flowhost.service");
@@ -963,8 +964,12 @@ fn the_units_carry_what_a_real_boot_needs() {
     assert!(
         dirs.lines()
             .any(|l| l.split_whitespace().collect::<Vec<_>>()
-                == ["d", "/run/flowhost", "0750", "flowhost", "flowhost", "-"]),
+                == ["d", "/run/flowhost", "0750", "flowhost", "flowhost-clients", "-"]),
         "{dirs}"
+    );
+    assert!(
+        !service.lines().any(|l| l.starts_with("RuntimeDirectory")),
+        "{service}"
     );
 }
 

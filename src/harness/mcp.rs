@@ -27,8 +27,11 @@ pub struct McpServer {
     workspace: Option<tempfile::TempDir>,
     /// The notifications the host sent (log lines, progress) while requests were answered.
     notifications: Vec<Value>,
-    /// How many came after [`MAX_KEPT_NOTIFICATIONS`] and were not kept.
+    /// How many came after [`MAX_KEPT_NOTIFICATIONS`] (or [`MAX_KEPT_NOTIFICATION_BYTES`])
+    /// and were not kept.
     notifications_dropped: u64,
+    /// The bytes of the lines of the notifications kept.
+    notification_bytes: usize,
 }
 
 /// How long a dropped server's host gets to stop once its input is closed, and then once
@@ -37,6 +40,9 @@ const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Notifications kept for [`McpServer::notifications`]; later ones are dropped.
 const MAX_KEPT_NOTIFICATIONS: usize = 10_000;
+/// Bytes of notifications kept (a host line may be up to `max_message_bytes`, 1 MiB by
+/// default): a tool that floods its log fails the test's checks, not its memory.
+const MAX_KEPT_NOTIFICATION_BYTES: usize = 64 << 20;
 
 fn io(what: &str) -> impl FnOnce(std::io::Error) -> HarnessError + '_ {
     move |source| HarnessError::Io {
@@ -86,6 +92,7 @@ impl McpServer {
             workspace: Some(workspace),
             notifications: Vec::new(),
             notifications_dropped: 0,
+            notification_bytes: 0,
         };
         let init = server.request(
             "initialize",
@@ -139,7 +146,10 @@ impl McpServer {
                 .map_err(|e| HarnessError::Run(format!("not a JSON-RPC line ({e}): {reply:?}")))?;
             match (v.get("method"), v.get("id")) {
                 (Some(_), None) => {
-                    if self.notifications.len() < MAX_KEPT_NOTIFICATIONS {
+                    if self.notifications.len() < MAX_KEPT_NOTIFICATIONS
+                        && self.notification_bytes + reply.len() <= MAX_KEPT_NOTIFICATION_BYTES
+                    {
+                        self.notification_bytes += reply.len();
                         self.notifications.push(v);
                     } else {
                         self.notifications_dropped += 1;
@@ -174,14 +184,14 @@ impl McpServer {
 
     /// The notifications the host sent while requests were answered (the tool's log lines
     /// and progress, each as the whole JSON-RPC message), oldest first: the first 10,000
-    /// only. A test that looks for what must not be in any of them checks
+    /// only, and no more than 64 MiB of them. A test that looks for what must not be in any of them checks
     /// [`McpServer::notifications_dropped`] too.
     pub fn notifications(&self) -> &[Value] {
         &self.notifications
     }
 
-    /// How many notifications came after the first 10,000 and were not kept (so are not in
-    /// [`McpServer::notifications`]).
+    /// How many notifications came after the first 10,000 (or 64 MiB) and were not kept (so
+    /// are not in [`McpServer::notifications`]).
     pub fn notifications_dropped(&self) -> u64 {
         self.notifications_dropped
     }

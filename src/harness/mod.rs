@@ -360,18 +360,11 @@ impl Harness {
         cmd.arg("--");
         cmd.args(argv);
         cmd.stdin(std::process::Stdio::null());
-        let out = cmd.output().map_err(|source| HarnessError::Io {
+        let (status, stdout, stderr) = captured(&mut cmd).map_err(|source| HarnessError::Io {
             what: self.launch_failure(),
             source,
         })?;
-        Observation::read(
-            out.status,
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-            records,
-            health,
-            ws,
-        )
+        Observation::read(status, stdout, stderr, records, health, ws)
     }
 
     /// Serves the MCP server `argv` from its signed `manifest` (verified with the public
@@ -490,9 +483,88 @@ impl Harness {
     }
 }
 
+/// Most bytes of a run's stdout, and of its stderr, kept in its [`Observation`]: a tool that
+/// floods its output fails the test's checks rather than exhausting the test's memory.
+const MOST_CAPTURED_BYTES: usize = 16 << 20;
+
+/// Runs `cmd` to its end with its stdout and stderr captured, each to
+/// [`MOST_CAPTURED_BYTES`] (the rest read and counted, and the count said at its end).
+fn captured(
+    cmd: &mut std::process::Command,
+) -> std::io::Result<(std::process::ExitStatus, String, String)> {
+    fn kept(
+        stream: Option<impl std::io::Read + Send + 'static>,
+    ) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let Some(mut stream) = stream else {
+                return String::new();
+            };
+            let (mut kept, mut more) = (Vec::new(), 0u64);
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match stream.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let take = n.min(MOST_CAPTURED_BYTES - kept.len());
+                        kept.extend_from_slice(&buf[..take]);
+                        more += (n - take) as u64;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let mut text = String::from_utf8_lossy(&kept).into_owned();
+            if more > 0 {
+                text.push_str(&format!(
+                    "\n[flowhost harness: {more} more bytes were written here and not kept]"
+                ));
+            }
+            text
+        })
+    }
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn()?;
+    let (out, err) = (kept(child.stdout.take()), kept(child.stderr.take()));
+    let status = child.wait()?;
+    // A reader that panicked kept nothing: its text is empty.
+    Ok((
+        status,
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run's output is kept to its bound, the rest read to its end and counted. Before,
+    /// all of it was held: a tool writing without end exhausted the test's memory.
+    #[test]
+    fn a_runs_output_is_kept_to_its_bound_and_the_rest_counted() {
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.args([
+            "-c",
+            "head -c 17000000 /dev/zero | tr '\\0' x; echo said >&2; exit 3",
+        ]);
+        let (status, stdout, stderr) = captured(&mut cmd).unwrap();
+        assert_eq!(status.code(), Some(3));
+        assert_eq!(stderr, "said\n");
+        let more = 17_000_000 - MOST_CAPTURED_BYTES;
+        assert!(
+            stdout.starts_with("xxx")
+                && stdout.ends_with(&format!(
+                    "{more} more bytes were written here and not kept]"
+                )),
+            "{}",
+            &stdout[stdout.len() - 100..]
+        );
+        assert_eq!(
+            stdout.bytes().filter(|b| *b == b'x').count(),
+            MOST_CAPTURED_BYTES
+        );
+    }
 
     /// What a run wrote is shown line by line, escaped: a bidirectional override or an
     /// escape sequence in a tool's stderr cannot reach the author's terminal raw.
