@@ -964,7 +964,14 @@ fn the_units_carry_what_a_real_boot_needs() {
     assert!(
         dirs.lines()
             .any(|l| l.split_whitespace().collect::<Vec<_>>()
-                == ["d", "/run/flowhost", "0750", "flowhost", "flowhost-clients", "-"]),
+                == [
+                    "d",
+                    "/run/flowhost",
+                    "0750",
+                    "flowhost",
+                    "flowhost-clients",
+                    "-"
+                ]),
         "{dirs}"
     );
     assert!(

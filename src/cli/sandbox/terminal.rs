@@ -690,6 +690,25 @@ fn default_actions_back(taken: &mut dyn FnMut() -> Vec<libc::c_int>) -> Vec<libc
     late
 }
 
+/// Whether the caller's terminal takes `out` without flowhost waiting: flowhost is in its
+/// foreground (in the background a write may stop it, SIGTTOU), each descriptor can be
+/// written now (not stopped by XOFF, nor full), and it is short enough to fit what a
+/// terminal holds. An interrupt already taken must not wait behind a write that blocks.
+fn taken_at_once(caller: BorrowedFd<'_>, out: &[(BorrowedFd<'_>, Vec<u8>)]) -> bool {
+    /// Bytes a terminal that can be written takes without blocking, with room to spare.
+    const AT_ONCE: usize = 2048;
+    let writable = |fd: BorrowedFd<'_>| {
+        let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
+        poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n == 1)
+            && fds[0].revents().is_some_and(|r| r == PollFlags::POLLOUT)
+    };
+    standing(caller) == Standing::Foreground
+        && out.iter().map(|(_, text)| text.len()).sum::<usize>() <= AT_ONCE
+        && out
+            .iter()
+            .all(|(fd, text)| text.is_empty() || writable(*fd))
+}
+
 /// Raises `signals`, each with its default action (see [`default_actions_back`]).
 fn raise(signals: Vec<libc::c_int>) {
     for signal in signals {
@@ -911,11 +930,11 @@ impl CommandTerminal {
             unwritten.messages.extend(messages.pending().take(crlf));
         }
         // An interrupt taken since the command ended ends or stops flowhost once the
-        // terminal has its end (the command's modes undone, the run's verdict), which a
-        // terminal takes at once unless stopped; while it waits, any interrupt acts at once.
-        // Before, one ended flowhost before this was written, leaving the alternate screen
-        // or mouse reports on and the verdict unsaid.
-        let late = if !unwritten.output.is_empty() || !unwritten.messages.is_empty() {
+        // terminal has its end (the command's modes undone, the run's verdict), when the
+        // terminal takes that at once; else (below) before flowhost would wait for it.
+        // Before, one always ended flowhost before this was written, leaving the alternate
+        // screen or mouse reports on and the verdict unsaid.
+        let mut late = if !unwritten.output.is_empty() || !unwritten.messages.is_empty() {
             default_actions_back(taken)
         } else {
             Vec::new()
@@ -932,6 +951,9 @@ impl CommandTerminal {
             out.push((stderr.as_fd(), messages));
         }
         drop(screen);
+        if !late.is_empty() && !taken_at_once(shared.caller.as_fd(), &out) {
+            raise(std::mem::take(&mut late));
+        }
         for (to, text) in out {
             if let Err((left, why)) = write_out(to, &text) {
                 unwritten.refuse(left, why);

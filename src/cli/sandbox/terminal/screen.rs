@@ -447,10 +447,13 @@ impl ScreenChanges {
                 }
             }
             // An 8-bit CSI sets what it names, but never clears it: a UTF-8 terminal shows
-            // the byte as text, and the mode would stay on unseen.
-            (true, None, b'l') if !c1 => {
+            // the byte as text, and the mode would stay on unseen. It may switch to VT52
+            // mode, though: leaving that when it was not entered does nothing.
+            (true, None, b'l') => {
                 for mode in params {
-                    self.set_mode(mode, false);
+                    if !c1 || mode == u32::from(VT52_MODE) {
+                        self.set_mode(mode, false);
+                    }
                 }
             }
             // XTPOPCOLORS: colours saved earlier come back, whatever they were.
@@ -527,10 +530,12 @@ impl ScreenChanges {
     }
 
     /// `ESC <` if the command switched the terminal to VT52 mode, where no sequence written
-    /// after it would be read; in ANSI mode a terminal ignores it.
+    /// after it would be read; in ANSI mode a terminal ignores it. Twice: a VT52 cursor move
+    /// the command left pending (`ESC Y`) takes the next two bytes, whatever they are, as
+    /// its row and column (at worst a `<` is shown).
     fn back_to_ansi(&self) -> Vec<u8> {
         if self.vt52 {
-            b"\x1b<".to_vec()
+            b"\x1b<\x1b<".to_vec()
         } else {
             Vec::new()
         }
@@ -855,8 +860,12 @@ mod tests {
         let end = end_of(&[b"\x1b%@\x1b%G\xc3\x9b?1000h"]);
         assert!(!end.contains("1000l"), "{end:?}");
         let screen = changes(&[b"\x1b[?2l"]);
-        assert!(screen.before_messages().starts_with(b"\x1b<"));
-        assert!(end_of(&[b"\x1b[?2l"]).starts_with("\x1b<"));
+        assert!(screen.before_messages().starts_with(b"\x1b<\x1b<"));
+        // Twice: a pending VT52 cursor move takes the first as its row and column.
+        assert!(end_of(&[b"\x1b[?2l\x1bY"]).starts_with("\x1b<\x1b<"));
+        // An 8-bit CSI switches to VT52 too (off UTF-8, or read as C1 in UTF-8).
+        assert!(end_of(&[b"\x1b%@\x9b?2l"]).starts_with("\x1b<\x1b<"));
+        assert!(end_of(&[b"\xc2\x9b?2l"]).starts_with("\x1b<\x1b<"));
         // Windows Terminal's win32-input-mode sends every key as a sequence.
         assert!(end_of(&[b"\x1b[?9001h"]).contains("\x1b[?9001l"));
     }
