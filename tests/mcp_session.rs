@@ -899,6 +899,35 @@ fn an_id_in_flight_is_refused_for_every_method() {
     );
 }
 
+/// While the session ends (the host stopping), a request reusing the id of a call still in
+/// flight is refused with a null id, as while it ran: the id's answer is the call's. Before,
+/// the refusal carried the id, and the client got two answers for it, the refusal first.
+#[test]
+fn an_id_in_flight_is_refused_while_the_session_ends() {
+    let Some(mut host) = start() else { return };
+    let mut c = host.client();
+    call(&mut c, 10, "slow/sleep", json!({"seconds": 3, "steps": 30}));
+    std::thread::sleep(Duration::from_millis(400));
+    host.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    c.send_request(10, "ping", json!({}));
+    let refusal = loop {
+        let m = c.recv();
+        assert!(
+            m["id"] != 10 || m.get("result").is_some_and(|r| r.get("content").is_some()),
+            "an answer for id 10 other than the call's: {m}"
+        );
+        if m["id"].is_null() && m.get("error").is_some() {
+            break m;
+        }
+    };
+    assert_eq!(
+        refusal["error"]["data"]["denial"], "request_id_in_flight",
+        "{refusal}"
+    );
+    host.stop();
+}
+
 /// At the limit of requests in flight the session still reads: a further request is refused
 /// at once, and cancellations (and answers to the host's own requests) still arrive. Before,
 /// it read nothing more, so a cancellation waited behind the very calls it would end.

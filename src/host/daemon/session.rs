@@ -1066,6 +1066,11 @@ impl Session {
                 self.take_answer(&id, outcome, ended == REMAPPED)
             }
             Ok(Incoming::Notification { method, params }) => self.notified(&method, &params),
+            // A request in flight owns its id until answered, as while the session ran: a
+            // refusal under it would be taken for that request's answer.
+            Ok(Incoming::Request { id, method, .. }) if self.in_flight(&id) => {
+                self.refuse_id_in_flight(&id, &method).await;
+            }
             Ok(Incoming::Request { id, method, .. }) => {
                 let e = refusal(
                     code::INTERNAL_ERROR,
