@@ -292,7 +292,7 @@ impl Harness {
 
     /// A directory searched for profiles before the built-in ones.
     pub fn profiles_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.profiles_dirs.push(dir.into());
+        self.profiles_dirs.push(from_here(dir.into()));
         self
     }
 
@@ -311,7 +311,7 @@ impl Harness {
 
     /// A path the command may read beneath.
     pub fn read(mut self, path: impl Into<PathBuf>) -> Self {
-        self.read.push(path.into());
+        self.read.push(from_here(path.into()));
         self
     }
 
@@ -338,7 +338,7 @@ impl Harness {
 
     /// Where run workspaces are created (default: the system's temporary directory).
     pub fn work_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.work_dir = Some(dir.into());
+        self.work_dir = Some(from_here(dir.into()));
         self
     }
 
@@ -358,7 +358,7 @@ impl Harness {
             cmd.args(["--timeout", &t.to_string()]);
         }
         cmd.arg("--");
-        cmd.args(argv);
+        cmd.args(argv_from_here(argv));
         cmd.stdin(std::process::Stdio::null());
         let (status, stdout, stderr) = captured(&mut cmd).map_err(|source| HarnessError::Io {
             what: self.launch_failure(),
@@ -401,18 +401,25 @@ impl Harness {
             .server_id()
             .to_string();
         let mut cmd = self.flowhost();
+        // A key given as hex stays as it is; one given as a file is found from here.
+        let key_is_hex = key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit());
         cmd.args(["sandbox", "mcp", "--profile", &self.profile, "--manifest"])
-            .arg(manifest)
-            .args(["--key", key]);
+            .arg(from_here(manifest.to_path_buf()))
+            .arg("--key");
+        if key_is_hex {
+            cmd.arg(key);
+        } else {
+            cmd.arg(from_here(PathBuf::from(key)));
+        }
         if let Some(m) = mappings {
-            cmd.arg("--mappings").arg(m);
+            cmd.arg("--mappings").arg(from_here(m.to_path_buf()));
         }
         if let Some(limit) = self.call_timeout {
             cmd.args(["--call-timeout-ms", &limit.as_millis().max(1).to_string()]);
         }
         self.common_args(&mut cmd, &records, &health);
         cmd.arg("--");
-        cmd.args(argv);
+        cmd.args(argv_from_here(argv));
         McpServer::start(cmd, self.launch_failure(), server_id, records, health, ws)
     }
 
@@ -483,6 +490,29 @@ impl Harness {
     }
 }
 
+/// `path` as found from the test's working directory: `flowhost` run as another user
+/// ([`Harness::run_as`]) works from `/`, where a relative path would name something else
+/// (`--read data` would let the tool read `/data`, not the test's own).
+fn from_here(path: PathBuf) -> PathBuf {
+    std::path::absolute(&path).unwrap_or(path)
+}
+
+/// `argv` with a relative program path (`./tool`, `bin/tool`) found from here too; a bare
+/// name is looked up on `PATH` as it was.
+fn argv_from_here<I, S>(argv: I) -> Vec<OsString>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut argv: Vec<OsString> = argv.into_iter().map(|a| a.as_ref().to_owned()).collect();
+    if let Some(program) = argv.first_mut()
+        && std::os::unix::ffi::OsStrExt::as_bytes(program.as_os_str()).contains(&b'/')
+    {
+        *program = from_here(PathBuf::from(&*program)).into_os_string();
+    }
+    argv
+}
+
 /// Most bytes of a run's stdout, and of its stderr, kept in its [`Observation`]: a tool that
 /// floods its output fails the test's checks rather than exhausting the test's memory.
 const MOST_CAPTURED_BYTES: usize = 16 << 20;
@@ -538,6 +568,26 @@ fn captured(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Paths a test gives are found from its working directory, as they would be when
+    /// `flowhost` runs as the test's user: run as another (from `/`), a relative `--read
+    /// data` named `/data`, and a relative program or manifest was not found.
+    #[test]
+    fn relative_paths_are_found_from_the_tests_directory() {
+        let here = std::env::current_dir().unwrap();
+        let h = Harness::with_binary("/usr/local/bin/flowhost")
+            .read("data")
+            .profiles_dir("profiles")
+            .work_dir("scratch");
+        assert_eq!(h.read, [here.join("data")]);
+        assert_eq!(h.profiles_dirs, [here.join("profiles")]);
+        assert_eq!(h.work_dir, Some(here.join("scratch")));
+        assert_eq!(
+            argv_from_here(["bin/tool", "serve"]),
+            [here.join("bin/tool").into_os_string(), "serve".into()]
+        );
+        assert_eq!(argv_from_here(["python3", "x.py"]), ["python3", "x.py"]);
+    }
 
     /// A run's output is kept to its bound, the rest read to its end and counted. Before,
     /// all of it was held: a tool writing without end exhausted the test's memory.
