@@ -75,6 +75,27 @@ impl Caller<'_> {
         Ok(())
     }
 
+    /// Runs `wait`, a wait on the network before the decision (a send waiting for its
+    /// socket's handshake), without the broker-wide permit, and takes one again after it: a
+    /// caller whose peer is silent must not hold one of the slots every executor's egress
+    /// needs (its own executor's slot still bounds it).
+    pub(super) async fn unshared<T>(&self, wait: impl std::future::Future<Output = T>) -> T {
+        let had = self
+            .shared
+            .lock()
+            .ok()
+            .and_then(|mut shared| shared.take())
+            .is_some();
+        let out = wait.await;
+        if had {
+            let permit = self.ctx.broker_handlers.clone().acquire_owned().await.ok();
+            if let Ok(mut shared) = self.shared.lock() {
+                *shared = permit;
+            }
+        }
+        out
+    }
+
     /// What to answer when the broker's own work for the caller failed: the error, unless
     /// the caller is gone (then there is nobody to answer). Never silence: an unanswered
     /// notification would leave the calling thread blocked forever.

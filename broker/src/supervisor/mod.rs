@@ -412,8 +412,10 @@ async fn handle(ctx: Arc<Context>, n: Notification, _permit: Option<OwnedSemapho
         answered: false,
     };
     // The broker-wide permit covers copying and deciding, which take bounded time; it is
-    // released before the operation is performed (see `Caller::performing`), so executors
-    // whose sends wait on silent peers cannot hold it and stall everyone else's egress.
+    // released before the operation is performed (see `Caller::performing`), and while a
+    // send waits for its socket's handshake before it is decided (`Caller::unshared`), so
+    // executors whose sends wait on silent peers cannot hold it and stall everyone else's
+    // egress.
     let shared = ctx.broker_handlers.clone().acquire_owned().await.ok();
     let caller = Caller {
         ctx: &ctx,

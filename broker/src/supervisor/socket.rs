@@ -464,11 +464,21 @@ impl Caller<'_> {
             Ok(w) => w,
             Err(e) => return Ok(Some(Outcome::Errno(errno_of(&e)))),
         };
-        while handshaking(sock) {
-            if timed_out(deadline) {
-                return Ok(Some(Outcome::Errno(not_yet)));
-            }
-            self.writable_or_gone(&watch, deadline).await?;
+        // A silent peer keeps the handshake going for minutes (SYN retries): waited for
+        // without the broker-wide permit.
+        let ended: Step<Option<Outcome>> = self
+            .unshared(async {
+                while handshaking(sock) {
+                    if timed_out(deadline) {
+                        return Ok(Some(Outcome::Errno(not_yet)));
+                    }
+                    self.writable_or_gone(&watch, deadline).await?;
+                }
+                Ok(None)
+            })
+            .await;
+        if let Some(outcome) = ended? {
+            return Ok(Some(outcome));
         }
         if peer(sock).is_some() {
             return Ok(None);
