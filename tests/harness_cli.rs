@@ -313,25 +313,8 @@ fn sandbox_mcp_stops_on_sigterm_with_its_records_and_health_written() {
     if !can_run(who, &[]) {
         return;
     }
-    let files = example_files();
-    let dir = work_dir(who);
-    let mut child = flowhost(who)
-        .args(["sandbox", "mcp", "--manifest"])
-        .arg(&files.manifest)
-        .arg("--key")
-        .arg(&files.key)
-        .arg("--records")
-        .arg(dir.path().join("records"))
-        .arg("--health")
-        .arg(dir.path().join("health.json"))
-        .arg("--")
-        .arg(example_tool())
-        .arg("serve")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (files, dir) = (example_files(), work_dir(who));
+    let mut child = sandbox_mcp_serving(who, &files, dir.path());
     // The client keeps its end open: only the signal ends the run.
     let mut stdin = child.stdin.take().unwrap();
     writeln!(
@@ -358,17 +341,11 @@ fn sandbox_mcp_stops_on_sigterm_with_its_records_and_health_written() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("sandbox mcp did not stop on SIGTERM while its client kept stdin open");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = ended_within(
+        &mut child,
+        20,
+        "sandbox mcp did not stop on SIGTERM while its client kept stdin open",
+    );
     drop(stdin);
     let mut log = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
@@ -397,6 +374,51 @@ fn sandbox_mcp_stops_on_sigterm_with_its_records_and_health_written() {
     assert!(out.status.success(), "{}", text(&out));
 }
 
+/// `flowhost sandbox mcp` serving the example tool (`files`), as `who`, its records and
+/// health in `dir`, with its stdin, stdout and stderr piped.
+fn sandbox_mcp_serving(
+    who: As,
+    files: &common::harness::ExampleFiles,
+    dir: &std::path::Path,
+) -> std::process::Child {
+    flowhost(who)
+        .args(["sandbox", "mcp", "--manifest"])
+        .arg(&files.manifest)
+        .arg("--key")
+        .arg(&files.key)
+        .arg("--records")
+        .arg(dir.join("records"))
+        .arg("--health")
+        .arg(dir.join("health.json"))
+        .arg("--")
+        .arg(example_tool())
+        .arg("serve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// How `child` ended, within `seconds`; killed, and the test failed with `why`, if not.
+fn ended_within(
+    child: &mut std::process::Child,
+    seconds: u64,
+    why: &str,
+) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{why}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// A session that ends other than by the client closing stdin (here the relay fails: the
 /// client stopped reading its answers) fails the run, and its health says what was cut
 /// short. Before, the health was written complete before the ending was judged, so a later
@@ -407,25 +429,8 @@ fn sandbox_mcp_health_says_when_the_session_was_cut_short() {
     if !can_run(who, &[]) {
         return;
     }
-    let files = example_files();
-    let dir = work_dir(who);
-    let mut child = flowhost(who)
-        .args(["sandbox", "mcp", "--manifest"])
-        .arg(&files.manifest)
-        .arg("--key")
-        .arg(&files.key)
-        .arg("--records")
-        .arg(dir.path().join("records"))
-        .arg("--health")
-        .arg(dir.path().join("health.json"))
-        .arg("--")
-        .arg(example_tool())
-        .arg("serve")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (files, dir) = (example_files(), work_dir(who));
+    let mut child = sandbox_mcp_serving(who, &files, dir.path());
     // The client stops reading, then asks: its answer cannot be relayed.
     drop(child.stdout.take());
     let mut stdin = child.stdin.take().unwrap();
@@ -436,17 +441,11 @@ fn sandbox_mcp_health_says_when_the_session_was_cut_short() {
             serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "ping"})
         );
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("sandbox mcp did not end when its client stopped reading");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = ended_within(
+        &mut child,
+        30,
+        "sandbox mcp did not end when its client stopped reading",
+    );
     drop(stdin);
     let mut log = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
