@@ -1175,6 +1175,41 @@ fn a_malformed_answer_to_a_relayed_request_ends_the_wait_at_once() {
     );
 }
 
+/// An answer to a relayed request over `max_message_bytes` (a long completion) ends the
+/// call's wait at once, as a malformed one does: before, the line was discarded, the call
+/// waited out its deadline and was recorded as a bound reached, its executor blamed.
+#[test]
+fn an_oversized_answer_to_a_relayed_request_ends_the_wait_at_once() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let (mut c, asked) = elicitation_asked(&lab);
+    let t0 = std::time::Instant::now();
+    c.send(&json!({"jsonrpc": "2.0", "id": asked["id"],
+        "result": {"action": "accept", "content": {"text": "x".repeat(2 << 20)}}}));
+    let (answer, before) = until_answer(&mut c, 2);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(8),
+        "the call waited {:?}: {answer}",
+        t0.elapsed()
+    );
+    assert!(
+        before.iter().any(|m| m["error"]["message"]
+            .as_str()
+            .is_some_and(|t| t.contains("exceeds"))),
+        "the client is told its message was too large: {before:?}"
+    );
+    lab.stop();
+    let outcome = lab
+        .records()
+        .into_iter()
+        .find(|r| {
+            r["tool"]["name"] == "test_elicitation" && r["flowhost"]["event"] == "tool_outcome"
+        })
+        .expect("the call's outcome");
+    assert_ne!(outcome["response"]["status"], "bound_reached", "{outcome}");
+}
+
 /// A raw connection to the lab's socket as the agent's uid.
 fn agent_stream(lab: &Lab) -> std::os::unix::net::UnixStream {
     let socket = lab.paths.socket.clone();

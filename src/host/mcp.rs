@@ -362,11 +362,21 @@ pub fn notification(method: &str, params: Value) -> String {
 pub enum Line {
     /// A complete line (without its newline).
     Message(Vec<u8>),
-    /// A line longer than the limit; its bytes were discarded up to its newline.
-    TooLarge(usize),
+    /// A line longer than the limit: its length, and its first bytes (at most
+    /// [`OVERSIZED_HEAD`], enough to name the id of a message that puts it first); the rest
+    /// was discarded up to its newline.
+    TooLarge {
+        /// The line's length.
+        bytes: usize,
+        /// Its first bytes.
+        head: Vec<u8>,
+    },
     /// End of stream.
     Eof,
 }
+
+/// How many bytes of an oversized line [`read_line`] keeps.
+pub const OVERSIZED_HEAD: usize = 256;
 
 /// Reads one newline-terminated line of at most `limit` bytes. An oversized line is
 /// consumed and discarded (never buffered whole), so one bad message cannot exhaust memory or
@@ -384,7 +394,10 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
             return Ok(if seen == 0 {
                 Line::Eof
             } else if oversized {
-                Line::TooLarge(seen)
+                Line::TooLarge {
+                    bytes: seen,
+                    head: buf,
+                }
             } else {
                 Line::Message(buf)
             });
@@ -399,18 +412,25 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
             &chunk[..take]
         };
         seen += body.len();
-        if !oversized {
-            if seen > limit {
+        if oversized || seen > limit {
+            // Past the limit only the line's start is kept (at most OVERSIZED_HEAD bytes).
+            if !oversized {
                 oversized = true;
-                buf = Vec::new();
-            } else {
-                buf.extend_from_slice(body);
+                buf.truncate(OVERSIZED_HEAD);
+                buf.shrink_to_fit();
             }
+            let room = OVERSIZED_HEAD.saturating_sub(buf.len());
+            buf.extend_from_slice(&body[..body.len().min(room)]);
+        } else {
+            buf.extend_from_slice(body);
         }
         reader.consume(take);
         if done {
             return Ok(if oversized {
-                Line::TooLarge(seen)
+                Line::TooLarge {
+                    bytes: seen,
+                    head: buf,
+                }
             } else {
                 Line::Message(buf)
             });
@@ -484,7 +504,13 @@ mod tests {
             read_line(&mut r, 10).await.unwrap(),
             Line::Message(b"{\"a\":1}".to_vec())
         );
-        assert_eq!(read_line(&mut r, 10).await.unwrap(), Line::TooLarge(16));
+        assert_eq!(
+            read_line(&mut r, 10).await.unwrap(),
+            Line::TooLarge {
+                bytes: 16,
+                head: b"0123456789ABCDEF".to_vec()
+            }
+        );
         assert_eq!(
             read_line(&mut r, 10).await.unwrap(),
             Line::Message(b"{\"b\":2}".to_vec())

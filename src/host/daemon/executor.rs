@@ -555,7 +555,7 @@ async fn read_output<R: tokio::io::AsyncBufRead + Unpin>(
                 m.shrink_to_fit();
                 m.len()
             }
-            Line::TooLarge(_) | Line::Eof => 0,
+            Line::TooLarge { .. } | Line::Eof => 0,
         };
         let held = reserved.split(size);
         drop(reserved);
@@ -979,9 +979,9 @@ impl<C: NamedCall> McpExecutor<C> {
             }
             let line = match line {
                 Line::Eof => return Err(ExecutorError::Exited),
-                Line::TooLarge(n) => {
+                Line::TooLarge { bytes, .. } => {
                     return Err(ExecutorError::Protocol(format!(
-                        "a {n}-byte message exceeds the limit"
+                        "a {bytes}-byte message exceeds the limit"
                     )));
                 }
                 Line::Message(m) => m,
@@ -1116,7 +1116,7 @@ impl<C: NamedCall> McpExecutor<C> {
                 Line::Message(bytes) => bytes,
                 // It exited between calls.
                 Line::Eof => return Err(ExecutorError::Exited),
-                Line::TooLarge(n) => {
+                Line::TooLarge { bytes: n, .. } => {
                     return Err(ExecutorError::Protocol(format!(
                         "a {n}-byte message (sent between calls) exceeds the limit"
                     )));
@@ -1587,7 +1587,7 @@ async fn drain_stderr(stderr: pipe::Receiver, tag: StderrTag) {
     loop {
         let line = match mcp::read_line(&mut reader, STDERR_LINE_LIMIT).await {
             Ok(Line::Message(line)) => Some(line),
-            Ok(Line::TooLarge(_)) => None,
+            Ok(Line::TooLarge { .. }) => None,
             Ok(Line::Eof) | Err(_) => break,
         };
         if !tag.take() {

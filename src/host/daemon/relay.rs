@@ -24,6 +24,29 @@ use crate::records::RelayMethod;
 /// How every id of a request relayed to a client begins (`flowhost-relay-N`, per session).
 pub(super) const RELAY_ID_PREFIX: &str = "flowhost-relay-";
 
+/// The relay id `head`, the start of a client's message, gives as its `"id"` (a string
+/// beginning with [`RELAY_ID_PREFIX`], without escapes), if it does: what is left of an
+/// answer too large to read.
+pub(super) fn relay_id_in(head: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(head);
+    let mut rest = text.as_ref();
+    while let Some(at) = rest.find("\"id\"") {
+        rest = &rest[at + 4..];
+        let Some(value) = rest.trim_start().strip_prefix(':') else {
+            continue;
+        };
+        let Some(value) = value.trim_start().strip_prefix('"') else {
+            continue;
+        };
+        let end = value.find('"')?;
+        let id = &value[..end];
+        if id.starts_with(RELAY_ID_PREFIX) && !id.contains('\\') {
+            return Some(id.to_string());
+        }
+    }
+    None
+}
+
 /// What the client declared it can do at `initialize` (of what the host relays).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClientCapabilities {
@@ -324,6 +347,30 @@ impl Drop for Counted<'_> {
 mod tests {
     use super::*;
     use tokio::sync::mpsc;
+
+    /// The id at the start of an oversized answer is found however it is spaced, and only
+    /// a relay's own: another id, one with escapes, or none gives nothing.
+    #[test]
+    fn a_relay_id_is_read_from_the_start_of_an_answer() {
+        let id = |head: &str| relay_id_in(head.as_bytes());
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","id":"flowhost-relay-7","result":{"x":"#).as_deref(),
+            Some("flowhost-relay-7")
+        );
+        assert_eq!(
+            id(r#"{"result":{"id":3}, "id" : "flowhost-relay-12", "#).as_deref(),
+            Some("flowhost-relay-12")
+        );
+        for none in [
+            r#"{"jsonrpc":"2.0","id":7,"result":"#,
+            r#"{"id":"other-7","result":"#,
+            r#"{"id":"flowhost-relay-\u0037","#,
+            r#"{"jsonrpc":"2.0","result":{"text":"xxxx"#,
+            r#"{"id":"flowhost-relay-"#,
+        ] {
+            assert_eq!(id(none), None, "{none}");
+        }
+    }
 
     #[test]
     fn capabilities_are_what_initialize_declared() {

@@ -472,10 +472,14 @@ pub(super) async fn run(
         last_activity = tokio::time::Instant::now();
         let bytes = match line {
             Line::Eof => break,
-            Line::TooLarge(n) => {
+            Line::TooLarge { bytes, head } => {
                 session
-                    .send(mcp::error_response(&Value::Null, &mcp::too_large(n, limit)))
+                    .send(mcp::error_response(
+                        &Value::Null,
+                        &mcp::too_large(bytes, limit),
+                    ))
                     .await;
+                session.oversized(&head, bytes);
                 continue;
             }
             Line::Message(bytes) => bytes,
@@ -579,7 +583,7 @@ pub(super) async fn run(
             }
             line = incoming.recv(), if hearing => match line {
                 Some(Line::Message(bytes)) => session.heard_after_the_end(&bytes, ended).await,
-                Some(Line::TooLarge(_)) => {}
+                Some(Line::TooLarge { bytes, head }) => session.oversized(&head, bytes),
                 Some(Line::Eof) | None => {
                     hearing = false;
                     session.relays.close("the client's input ended");
@@ -1100,6 +1104,19 @@ impl Session {
                     "the client answered it with an invalid message ({})",
                     e.message
                 ),
+            );
+        }
+    }
+
+    /// A line of the client's over the size limit, of which `head` is the start: one that
+    /// names a request relayed to the client first is its answer (a long completion), and
+    /// that request is told none will come, as for a malformed answer, rather than wait out
+    /// its deadline.
+    fn oversized(&self, head: &[u8], bytes: usize) {
+        if let Some(id) = super::relay::relay_id_in(head) {
+            self.relays.undelivered(
+                &Value::String(id),
+                format!("the client answered it with a {bytes}-byte message, over the limit"),
             );
         }
     }
