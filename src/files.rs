@@ -209,7 +209,8 @@ pub enum TrustedFileError {
     /// A secret that others, or the group this process runs as, may read.
     #[error(
         "{path} has mode {mode:04o}, so others or this process's own group may read the secret \
-         it holds (chmod o-rwx; a group other than this process's own may read it)"
+         it holds (chmod 0600 it, or give it a group of its own that no socket client is in, \
+         never the clients' group)"
     )]
     Readable {
         /// The file.
@@ -222,7 +223,8 @@ pub enum TrustedFileError {
 /// Reads at most `limit` bytes of a file flowhost trusts: a regular file (no symbolic link
 /// followed) that no one but root or this process's user may change, and, when `secret`,
 /// that others may not read, nor the group this process runs as (unless root's); another
-/// group may (a TLS key is often shared with a group such as Debian's `ssl-cert`). The file
+/// group may (a TLS key is often shared with a group such as Debian's `ssl-cert`), which
+/// must then hold no client of the daemon's socket: that cannot be told here. The file
 /// judged is the file read.
 pub fn read_trusted(path: &Path, limit: u64, secret: bool) -> Result<Vec<u8>, TrustedFileError> {
     let (file, metadata) = open_regular(path)?;

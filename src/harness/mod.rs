@@ -270,7 +270,7 @@ impl Harness {
     /// A harness using the `flowhost` binary at `binary`.
     pub fn with_binary(binary: impl Into<PathBuf>) -> Harness {
         Harness {
-            binary: binary.into(),
+            binary: from_here(binary.into()),
             profile: "brokered".into(),
             profiles_dirs: Vec::new(),
             allow: Vec::new(),
@@ -401,15 +401,16 @@ impl Harness {
             .server_id()
             .to_string();
         let mut cmd = self.flowhost();
-        // A key given as hex stays as it is; one given as a file is found from here.
-        let key_is_hex = key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit());
+        // A key given as a file here is found from here; anything else (hex, or text that
+        // is no key, which flowhost refuses without showing it) goes as it is.
+        let key_file = Path::new(key);
         cmd.args(["sandbox", "mcp", "--profile", &self.profile, "--manifest"])
             .arg(from_here(manifest.to_path_buf()))
             .arg("--key");
-        if key_is_hex {
-            cmd.arg(key);
+        if key_file.is_relative() && key_file.is_file() {
+            cmd.arg(from_here(key_file.to_path_buf()));
         } else {
-            cmd.arg(from_here(PathBuf::from(key)));
+            cmd.arg(key);
         }
         if let Some(m) = mappings {
             cmd.arg("--mappings").arg(from_here(m.to_path_buf()));
@@ -587,6 +588,10 @@ mod tests {
             [here.join("bin/tool").into_os_string(), "serve".into()]
         );
         assert_eq!(argv_from_here(["python3", "x.py"]), ["python3", "x.py"]);
+        assert_eq!(
+            Harness::with_binary("target/debug/flowhost").binary,
+            here.join("target/debug/flowhost")
+        );
     }
 
     /// A run's output is kept to its bound, the rest read to its end and counted. Before,

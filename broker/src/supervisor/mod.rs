@@ -445,7 +445,8 @@ async fn handle(ctx: Arc<Context>, n: Notification, _permit: Option<OwnedSemapho
 struct Caller<'a> {
     ctx: &'a Context,
     n: Notification,
-    /// The broker-wide permit, held until the operation is performed.
+    /// The broker-wide permit, held until the operation is performed, but for a send's wait
+    /// for its handshake (`Caller::unshared`).
     shared: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
     /// Whether a verdict was awaited from the host's attempt stream (time passed since the
     /// last validity check; see `Caller::performing`).
