@@ -1032,6 +1032,25 @@ fn serve_until_exit(dir: &Path, config: &Path, journal: bool) -> (Option<i32>, S
     )
 }
 
+/// The status of a refusal to start is one line whatever its error holds: a line break in a
+/// file's name (or in what an executor answered `initialize` with) gave the service manager
+/// settings of its own (`WATCHDOG=trigger` makes systemd kill the host). Before, the text was
+/// sent as it was.
+#[test]
+fn a_refusal_to_start_sends_no_setting_of_its_errors_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad\nWATCHDOG=trigger\nMAINPID=1.toml");
+    let (code, _, notes) = serve_until_exit(dir.path(), &config, false);
+    assert_eq!(code, Some(2));
+    assert!(notes.contains("STATUS=refusing to start"), "{notes}");
+    assert!(
+        !notes
+            .lines()
+            .any(|l| l.starts_with("WATCHDOG=") || l.starts_with("MAINPID=")),
+        "{notes}"
+    );
+}
+
 #[test]
 fn a_refusal_to_start_exits_2_and_reaches_the_journal_at_error_priority() {
     let dir = tempfile::tempdir().unwrap();

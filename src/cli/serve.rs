@@ -36,7 +36,7 @@ impl ServeArgs {
             let (host, listener) = match Host::start(&self.config, passed).await {
                 Ok(v) => v,
                 Err(e) => {
-                    let status = format!("refusing to start: {e}");
+                    let status = crate::daemon::service_status(&format!("refusing to start: {e}"));
                     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&status)]);
                     if let Some(listener) = &activated_by {
                         refuse_pending_connections(listener);

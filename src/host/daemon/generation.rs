@@ -270,7 +270,7 @@ impl Generation {
 pub(super) async fn prime_pools(generation: &Generation) -> Result<(), StartupError> {
     let may_take = priming_allowance(generation.config.call_timeout);
     for (server, pool) in &generation.pools {
-        let status = format!("starting an executor of server {server}");
+        let status = super::service_status(&format!("starting an executor of server {server}"));
         let _ = sd_notify::notify(
             false,
             &[

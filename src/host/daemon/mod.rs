@@ -56,7 +56,7 @@ pub use generation::{CallInFlight, Generation, ServerFacts};
 use generation::{build_generation, prime_pools};
 pub use host::{Host, HostCounters};
 pub use in_flight::{CallsInFlight, InFlight};
-pub use serve::{Served, default_workers, run, serve_runtime};
+pub use serve::{Served, default_workers, run, serve_runtime, service_status};
 use startup::{Coverage, check_profiles, refuse_restart_only_changes};
 pub use startup::{
     STATE_FILE, STATE_RESET_FILE, StartupError, prepare_state_dir, require_broker, verify_registry,

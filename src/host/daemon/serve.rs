@@ -103,6 +103,14 @@ pub enum Served {
     NotStarted,
 }
 
+/// A status line for the service manager: `text` with every control character escaped. A
+/// notification is lines of `KEY=value`, and text from an executor (the error it answered
+/// `initialize` with, in a refusal to start or to reload) could otherwise add settings of
+/// its own (`WATCHDOG=trigger`, `MAINPID=...`) to the host's.
+pub fn service_status(text: &str) -> String {
+    flowhost_broker::Escaped(text).to_string()
+}
+
 /// Runs the host until SIGTERM/SIGINT: accepts connections, reloads on SIGHUP, keeps the
 /// systemd watchdog fed, and on stop lets sessions finish their current request.
 pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
@@ -169,6 +177,7 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
             served.display()
         )
     };
+    let status = service_status(&status);
     notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(&status),
@@ -236,7 +245,7 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
                 } else {
                     tracing::error!("{status}");
                 }
-                notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
+                notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&service_status(&status))]);
                 // `flowhost reload` (ExecReload) waits for this; without it, it fails closed.
                 let verdict = reload::ReloadVerdict {
                     pid: std::process::id(),
@@ -320,5 +329,21 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
     } else {
         tracing::error!("stopped, but the stop did not complete (see above)");
         Served::Unclean
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// What an executor said (in a refusal to start or to reload) stays one status line: a
+    /// line break in it would give the service manager a setting of the executor's choosing.
+    #[test]
+    fn a_status_line_holds_no_setting_of_its_text() {
+        let status =
+            super::service_status("refusing to start: error -1: x\nWATCHDOG=trigger\nMAINPID=1\r");
+        assert!(!status.contains(['\n', '\r']), "{status}");
+        assert!(
+            status.starts_with("refusing to start: error -1: x"),
+            "{status}"
+        );
     }
 }
