@@ -42,8 +42,9 @@ enum Holder {
     Peer(u32),
 }
 
-/// What makes two refusals identical. `tool` (server id and tool name) is `None` for the
-/// over-budget fold.
+/// What makes two refusals identical. `tool` (server id and tool name) and `what` (a
+/// digest of everything else recorded of them but their call, trace and time: the target,
+/// the session, the labels, the grant) are `None` for the over-budget fold.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct FoldKey {
     holder: Holder,
@@ -51,6 +52,7 @@ struct FoldKey {
     denial: Option<Denial>,
     relay: Option<RelayFacts>,
     tool: Option<(String, String)>,
+    what: Option<[u8; 32]>,
 }
 
 /// Refusals counted but not yet recorded.
@@ -272,12 +274,28 @@ impl RefusalFolder {
         };
         let denial = facts.verdict.denial();
         let relay = facts.context.relay;
+        let (p, c) = (&facts.projection, &facts.context);
+        let Ok(what) = serde_json::to_vec(&(
+            (
+                p.classification,
+                &p.reason_code,
+                &p.detail,
+                &p.category,
+                &p.action,
+            ),
+            &facts.server.declared_manifest_digest,
+            &facts.credential_alias,
+            (&c.session, &c.source_label, &c.clearance_used, &c.grant),
+        )) else {
+            return Admit::Record;
+        };
         let key = FoldKey {
             holder: holder.clone(),
             event,
             denial,
             relay,
             tool: Some((facts.server.id.clone(), facts.tool_name.clone())),
+            what: Some(sha2::Sha256::digest(&what).into()),
         };
         // A poisoned lock: record (the safe side is more evidence, not less).
         let Ok(mut w) = self.window.lock() else {
@@ -298,6 +316,7 @@ impl RefusalFolder {
                 denial,
                 relay,
                 tool: None,
+                what: None,
             }
         };
         let now = now_rfc3339();
@@ -310,7 +329,11 @@ impl RefusalFolder {
                 let facts = if key.tool.is_none() {
                     over_budget(facts)
                 } else {
-                    facts.clone()
+                    // What the refusals share: not the first one's call or trace.
+                    let mut shared = facts.clone();
+                    shared.correlation = Correlation::none();
+                    shared.context.call_id = None;
+                    shared
                 };
                 w.folds.insert(
                     key,
@@ -480,6 +503,43 @@ mod tests {
         );
         // A new interval starts afresh.
         assert_eq!(f.admit(call, &refusal(Some("a"), "x")), Admit::Record);
+    }
+
+    /// Refusals of one tool on different targets are not identical: each kind of target is
+    /// recorded (or folded) on its own, and a fold names no call or trace of one of them.
+    /// Before, they folded into one record bearing the first's target, call and session,
+    /// counted as many times as there were calls, so a diff read every refusal as one on
+    /// that target (and a declared denial of it covered them all).
+    #[test]
+    fn refusals_on_other_targets_are_not_identical() {
+        let f = RefusalFolder::new(Duration::from_secs(3600), 4);
+        let on = |repo: &str, call: &str| {
+            let mut facts = refusal(Some("a"), "create_deploy_key");
+            facts.verdict = Verdict::refused(Denial::AccessDenied);
+            let mut target = crate::records::Target::for_provider("github");
+            target.insert_text("repo", repo);
+            facts.projection.action.target = Some(target);
+            facts.context.call_id = Some(call.to_string());
+            facts
+        };
+        let call = EventKind::ToolCall;
+        assert_eq!(f.admit(call, &on("a", "c1")), Admit::Record);
+        assert_eq!(f.admit(call, &on("b", "c2")), Admit::Record);
+        assert_eq!(f.admit(call, &on("b", "c3")), Admit::Folded);
+        assert_eq!(f.admit(call, &on("b", "c4")), Admit::Folded);
+        let folds = f.take_due(true);
+        assert_eq!(folds.len(), 1, "{folds:#?}");
+        let fold = &folds[0];
+        assert_eq!(fold.flowhost.folded.as_ref().unwrap().count, 2);
+        let target = fold.action.target.as_ref().unwrap();
+        assert_eq!(
+            target.0.get("repo").map(|v| format!("{v:?}")),
+            Some(format!(
+                "{:?}",
+                crate::records::TargetValue::Text("b".into())
+            ))
+        );
+        assert_eq!(fold.flowhost.call_id, None, "{fold:#?}");
     }
 
     /// `facts` admitted as its executor's, the executor being the thread that made it.
