@@ -506,6 +506,8 @@ async fn settle(
     // The join of the labels of signed resources the result carries (see
     // `content::carried_resources`).
     let mut carried = crate::label::InformationLabel::bottom();
+    // Whether all the executor produced is labelled (its answer was not withheld).
+    let mut labelled_whole = true;
     let (answer, verdict, text) = match outcome {
         Err(DispatchError::NotStarted(why)) => (
             Ok(tool_error(&format!(
@@ -558,8 +560,10 @@ async fn settle(
             }
             // Nothing of the result reaches the client, but the tool ran: what is
             // classified is the host's words the client reads, and the output floor joins
-            // as for any call that ran.
+            // as for any call that ran. What the executor produced was never labelled, so
+            // it serves no later call, which could carry it out under a lower label.
             Err(broken) => {
+                labelled_whole = false;
                 let result = tool_error(&format!("the tool's result was withheld: {broken}"));
                 let text = crate::resolver::classifiable_text(&result);
                 (
@@ -612,7 +616,7 @@ async fn settle(
     record_outcome(env, rec, verdict, &state, &plan.state_after_dispatch).await?;
     // Labelled and recorded: the executor may serve again, and what it held for the
     // client go out, under a label the records hold.
-    *durable = true;
+    *durable = labelled_whole;
     answer
 }
 

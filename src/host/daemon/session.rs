@@ -1567,7 +1567,7 @@ impl Executors<'_> {
             // Killed to be retired as its call ended: nothing to give back.
             bound.exec.stop().await;
         } else if !durable {
-            tracing::warn!(server = %server, pid = bound.exec.pid(), "the labels of what the executor produced could not be stored; it is retired");
+            tracing::warn!(server = %server, pid = bound.exec.pid(), "not all the executor produced is labelled (a label could not be stored, or its answer was withheld unread); it is retired");
             bound.exec.stop().await;
         } else if bound.exec.egressed_under_a_grant() {
             // Stopped now, not when a later request would find it unfit: idle, it would keep

@@ -458,6 +458,8 @@ async fn run<F: Forward>(
 
     // Settle.
     let mut label = routed.route.label.clone();
+    // Whether all the executor produced is labelled (its answer was not withheld).
+    let mut labelled_whole = true;
     let (answer, verdict, text) = match outcome {
         Ok(result) => match carried_resources(
             env.registry,
@@ -473,8 +475,10 @@ async fn run<F: Forward>(
             }
             // What the executor answered is withheld; the request's own label joins, as
             // for any answer it gave (it read what the route labels), and the host's words
-            // the client reads are classified as any answer is.
+            // the client reads are classified as any answer is. What it carried was never
+            // labelled, so the executor serves nothing more.
             Err((why, denial)) => {
+                labelled_whole = false;
                 let e = refusal(
                     code::INTERNAL_ERROR,
                     format!("the answer of server {server:?} is withheld: {why}"),
@@ -510,7 +514,7 @@ async fn run<F: Forward>(
     // the client) only once what it produced is labelled and the outcome recorded.
     let (answered, durable) = match raised {
         Ok(after) => match record_outcome(env, rec, verdict, &after, &state).await {
-            Ok(()) => (answer, true),
+            Ok(()) => (answer, labelled_whole),
             Err(e) => (Err(e), false),
         },
         Err(e) => {

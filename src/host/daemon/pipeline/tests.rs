@@ -1356,9 +1356,15 @@ async fn what_an_executor_sends_its_client_is_governed_as_the_calls_output() {
 #[tokio::test]
 async fn the_dispatcher_learns_whether_the_output_was_labelled() {
     let host = Host::new();
+    let listing = || {
+        Ok(
+            json!({"content": [{"type": "text", "text": "two documents"}],
+            "structuredContent": {"documents": []}}),
+        )
+    };
     for (answer, breaks, labelled) in [
-        (text("two documents"), false, true),
-        (text("two documents"), true, false),
+        (listing(), false, true),
+        (listing(), true, false),
         (
             Err(DispatchError::Answered(RpcError::new(-32602, "bad folder"))),
             true,
@@ -1396,7 +1402,7 @@ async fn the_dispatcher_learns_whether_the_output_was_labelled() {
     // held for the client would go out under a label no record holds).
     let host = Host::new();
     let mut exec = Settling {
-        answer: Some(text("two documents")),
+        answer: Some(listing()),
         break_state: None,
         close_records: Some(host.records.clone()),
         settled: Vec::new(),
@@ -1409,6 +1415,31 @@ async fn the_dispatcher_learns_whether_the_output_was_labelled() {
         )
         .await;
     assert!(r.is_err(), "{r:?}");
+    assert_eq!(exec.settled, vec![false]);
+    // Its answer withheld (here: no structured content under a signed output schema), what
+    // it produced was never labelled: it serves no later call, which could carry it out
+    // under a lower label. Before, it was given back as any executor that answered.
+    let host = Host::new();
+    let mut exec = Settling {
+        answer: Some(text("two documents")),
+        break_state: None,
+        close_records: None,
+        settled: Vec::new(),
+    };
+    let r = host
+        .call(
+            ANALYST,
+            call("workspace/read_terms", json!({"document": "t.md"})),
+            &mut exec,
+        )
+        .await
+        .unwrap();
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("withheld")),
+        "{r}"
+    );
     assert_eq!(exec.settled, vec![false]);
 }
 
