@@ -224,10 +224,17 @@ impl fmt::Display for Severity {
     }
 }
 
+/// A path as report text: serde refuses a path that is not UTF-8, which would leave a
+/// report empty (or panic a `json!` holding one).
+fn lossy_path<S: serde::Serializer>(path: &std::path::Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&path.to_string_lossy())
+}
+
 /// Where an observed decision came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ObservedRef {
-    /// The file.
+    /// The file (in a report, its name as text, with what is not UTF-8 replaced).
+    #[serde(serialize_with = "lossy_path")]
     pub file: PathBuf,
     /// The 1-based line (JSONL input).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -325,7 +332,8 @@ pub enum Evidence {
 /// One observed source and what the diff made of it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ObservedSource {
-    /// The path given.
+    /// The path given (in a report, as text, with what is not UTF-8 replaced).
+    #[serde(serialize_with = "lossy_path")]
     pub path: PathBuf,
     /// Verified, unchained or rejected.
     pub evidence: Evidence,

@@ -17,6 +17,9 @@ pub fn to_text(report: &DiffReport) -> String {
             f.severity.to_string(),
             Escaped(&f.message)
         ));
+        if let Some(server) = &f.server {
+            out.push_str(&format!("\n        server {}", Escaped(server)));
+        }
         if let Some(t) = &f.target {
             out.push_str(&format!("\n        target {}", Escaped(t)));
         }
@@ -100,6 +103,7 @@ pub fn to_sarif(report: &DiffReport) -> String {
                 "locations": locations,
                 "properties": {
                     "occurrences": f.occurrences,
+                    "server": f.server,
                     "tool": f.tool,
                     "provider": f.provider,
                     "category": f.category,

@@ -160,6 +160,21 @@ pub(super) fn judge_stream(
     tuning: Tuning,
 ) -> Result<Acc, DiffError> {
     let len = f.metadata().map_err(StoreError::io("stat", file))?.len();
+    if len == 0 {
+        // A file that says it is empty but holds lines (procfs, some FUSE mounts) would be
+        // judged as no decisions at all.
+        let mut one = [0u8; 1];
+        let held = std::os::unix::fs::FileExt::read_at(f, &mut one, 0)
+            .map_err(StoreError::io("read", file))?;
+        if held > 0 {
+            return Err(DiffError::BadInput {
+                file: file.to_path_buf(),
+                problem: "its size reads 0, yet it holds data (a file system that does not \
+                          report sizes): judge a copy of it"
+                    .into(),
+            });
+        }
+    }
     let threads = if len < tuning.parallel_min {
         1
     } else {

@@ -403,6 +403,49 @@ fn sarif_has_one_result_per_finding() {
     assert_eq!(rules[idx]["id"], "new_privileged_tool_action");
 }
 
+/// A source whose path is not UTF-8 is reported in every format, its name shown lossily:
+/// before, the JSON report was empty (and the verdict's exit status alone said anything) and
+/// the SARIF report panicked.
+#[test]
+fn a_path_that_is_not_utf8_is_reported_in_every_format() {
+    use std::os::unix::ffi::OsStrExt;
+    let mut r = run("declared_empty", "observed/allowed_declared.jsonl");
+    let odd = PathBuf::from(std::ffi::OsStr::from_bytes(b"/tmp/\xffrun/records.jsonl"));
+    for s in &mut r.sources {
+        s.path = odd.clone();
+    }
+    for f in &mut r.findings {
+        for e in &mut f.examples {
+            e.file = odd.clone();
+        }
+    }
+    assert!(!r.findings.is_empty());
+    let json: serde_json::Value = serde_json::from_str(&report::to_json(&r)).unwrap();
+    assert_eq!(json["findings"].as_array().unwrap().len(), r.findings.len());
+    assert!(
+        json.to_string().contains("/tmp/\u{fffd}run/records.jsonl"),
+        "{json}"
+    );
+    let sarif: serde_json::Value = serde_json::from_str(&report::to_sarif(&r)).unwrap();
+    assert_eq!(
+        sarif["runs"][0]["results"].as_array().unwrap().len(),
+        r.findings.len()
+    );
+}
+
+/// A file whose size reads 0 but which holds data (procfs, some FUSE mounts) is refused,
+/// not judged as holding no decisions.
+#[test]
+fn a_file_that_says_it_is_empty_but_holds_data_is_refused() {
+    let d = declared("declared_empty");
+    let matcher = Matcher::new(&d);
+    let path = PathBuf::from("/proc/self/status");
+    let f = std::fs::File::open(&path).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 0);
+    let e = judge_stream(&matcher, &path, &f, stream::Tuning::default()).unwrap_err();
+    assert!(e.to_string().contains("judge a copy"), "{e}");
+}
+
 #[test]
 fn an_errored_call_never_matches_a_declared_allow() {
     // The declared deploy key on org/prod-repo, but the call errored: the effect may have
