@@ -71,6 +71,15 @@ pub enum ContinuityError {
         /// The first one.
         first: String,
     },
+    /// The records hold nothing to rebuild from (no record and no head anchor: a wrong
+    /// directory?), or an end no one vouches for (their anchor and ring were removed).
+    #[error("{records}: {why}; nothing was rebuilt")]
+    NothingToRebuildFrom {
+        /// The record directory.
+        records: PathBuf,
+        /// Why.
+        why: String,
+    },
     /// A record's sequence number does not follow the one before it: records are missing
     /// (a file or a line lost), repeated or out of order, so what they prove is not all
     /// there to check against.
@@ -898,6 +907,20 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
             first: first.to_string(),
         });
     }
+    // As every reader of records refuses them: a state sealed anew from them would be
+    // bound to an end nothing vouches for, or to nothing at all.
+    let nothing = |why: String| ContinuityError::NothingToRebuildFrom {
+        records: records_dir.to_path_buf(),
+        why,
+    };
+    if report.holds_no_evidence() {
+        return Err(nothing(
+            "it holds no record and no head anchor (is it the host's records_dir?)".into(),
+        ));
+    }
+    if let Some(why) = crate::records::chain::unvouched_end(records_dir, &report) {
+        return Err(nothing(why));
+    }
     let mut proven = Proven::default();
     let scan = scan(records_dir, None, None, true, &mut |seen| {
         proven.take(seen);
@@ -1187,6 +1210,35 @@ mod tests {
         );
         assert!(err.to_string().contains("start at seq 2"), "{err}");
         assert_eq!(state.checkpoint().await.unwrap(), None);
+    }
+
+    /// A rebuild from records every reader refuses is refused too, and writes no state: an
+    /// empty (or wrong) directory, or records whose anchor and ring were removed. Before, it
+    /// sealed a state anew, bound to nothing or to an end no one vouches for, and exit 0
+    /// said it was rebuilt.
+    #[test]
+    fn a_rebuild_from_records_readers_refuse_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let db = dir.path().join("state.db");
+        let e = rebuild(&empty, &db).unwrap_err();
+        assert!(
+            matches!(e, ContinuityError::NothingToRebuildFrom { .. }),
+            "{e}"
+        );
+        assert!(!db.exists());
+        let records = dir.path().join("records");
+        records_with_a_spent_grant(&records);
+        std::fs::remove_file(records.join(crate::records::store::HEAD_FILE)).unwrap();
+        std::fs::remove_file(records.join(crate::records::ring::RING_FILE)).unwrap();
+        let e = rebuild(&records, &db).unwrap_err();
+        assert!(
+            matches!(e, ContinuityError::NothingToRebuildFrom { .. })
+                && e.to_string().contains("records.head"),
+            "{e}"
+        );
+        assert!(!db.exists());
     }
 
     /// A rebuild cut short (killed after opening the state, before raising what the records
