@@ -12,8 +12,7 @@
 //! trust their own key). Small-order ("weak") public keys are refused everywhere, so a
 //! signature can never verify for every message.
 
-use std::fs::DirBuilder;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::{SECRET_KEY_LENGTH, SigningKey, VerifyingKey};
@@ -206,14 +205,12 @@ pub fn generate(dir: &Path, name: &str) -> Result<GeneratedKey, KeyError> {
         .try_fill_bytes(seed.as_mut())
         .map_err(|e| KeyError::Randomness(e.to_string()))?;
     let signing_key = SigningKey::from_bytes(&seed);
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|source| KeyError::CreateDir {
-            path: dir.to_owned(),
-            source,
-        })?;
+    // Synced into its parent, each directory made: a key made durable in a directory whose
+    // own entry a power loss takes is lost with it, after its public half was registered.
+    crate::files::create_dir_all_synced(dir, 0o700).map_err(|e| KeyError::CreateDir {
+        path: e.path,
+        source: e.source,
+    })?;
     let private_path = dir.join(format!("{name}{PRIVATE_KEY_SUFFIX}"));
     let public_path = dir.join(format!("{name}{PUBLIC_KEY_SUFFIX}"));
     // Refuse up front when either exists, so a pair is never half replaced.
@@ -393,6 +390,20 @@ pub fn verifying_key_from_arg(arg: &str) -> Result<VerifyingKey, KeyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The directories `key generate` makes are synced into their parents: a power loss
+    /// after the public half was registered cannot take the pair's directory with it.
+    #[test]
+    fn generate_syncs_the_directories_it_makes() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("a").join("keys");
+        crate::files::SYNCED_DIRS.with(|synced| synced.borrow_mut().clear());
+        generate(&keys, "k").unwrap();
+        let synced = crate::files::SYNCED_DIRS.with(|synced| synced.take());
+        for parent in [dir.path().to_path_buf(), dir.path().join("a")] {
+            assert!(synced.contains(&parent), "{parent:?} not in {synced:?}");
+        }
+    }
 
     #[test]
     fn generate_writes_a_private_0600_and_a_public_key_and_refuses_overwrite() {
