@@ -738,6 +738,33 @@ fn an_executors_refusal_of_a_subscription_reaches_the_client_without_its_words()
             .contains(flowhost_example_tools::conformance::UNWATCHABLE_DETAIL),
         "the operator can read them"
     );
+    // The records say it did not take effect: an outcome follows the allow. Before, they
+    // held only the allow of a subscription the client was told failed.
+    let subscribed: Vec<(String, String)> = lab
+        .records()
+        .into_iter()
+        .filter(|r| {
+            r["tool"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("resources/subscribe"))
+        })
+        .map(|r| {
+            (
+                r["flowhost"]["event"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                r["response"]["status"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(subscribed.len(), 2, "{subscribed:?}");
+    assert_eq!(subscribed[0].0, "content_request", "{subscribed:?}");
+    assert_eq!(subscribed[1].0, "content_outcome", "{subscribed:?}");
+    assert_ne!(subscribed[1].1, "success", "{subscribed:?}");
 }
 
 /// Replaces the principal's `tools` value `from` by `to`, reloads, and waits for the

@@ -272,7 +272,7 @@ fn route(
 }
 
 /// What one content request's records share.
-struct ContentRecord {
+pub struct ContentRecord {
     server: ServerInfo,
     name: String,
     correlation: Correlation,
@@ -547,9 +547,23 @@ pub async fn record_subscription(
     route: &ContentRoute,
     source: &InformationLabel,
     state: &FlowState,
-) -> Result<(), RpcError> {
+) -> Result<ContentRecord, RpcError> {
     let rec = subscription_record(env, caller, method, params, route);
-    record_authorized(env, &rec, source, state).await
+    record_authorized(env, &rec, source, state).await?;
+    Ok(rec)
+}
+
+/// Records that the subscription request `rec` authorized did not take effect (`failure`:
+/// access withdrawn, no executor, the executor's error), with the labels it leaves
+/// (`state`, as authorized: nothing was read). Without it the records would hold only an
+/// allow for a request the client was told failed.
+pub async fn record_subscription_failed(
+    env: &CallEnv<'_>,
+    rec: &ContentRecord,
+    failure: Failure,
+    state: &FlowState,
+) -> Result<(), RpcError> {
+    record_outcome(env, rec, Verdict::Failed(failure), state, state).await
 }
 
 /// Records a `resources/subscribe` or `resources/unsubscribe` routed to `route` that did not

@@ -234,9 +234,9 @@ impl Session {
         // The executor is about to see the request (a template's variables can carry what
         // the client knows): its taint joins the state first, as a read's does, and the
         // request is recorded before it is sent.
-        let source = match self.host.resolver.before_content(&key, params).await {
+        let (source, state, rec) = match self.host.resolver.before_content(&key, params).await {
             Ok((source, state)) => {
-                pipeline::content::record_subscription(
+                let rec = pipeline::content::record_subscription(
                     &env(&self.host, &generation),
                     self.caller(&generation),
                     method,
@@ -246,7 +246,7 @@ impl Session {
                     &state,
                 )
                 .await?;
-                source
+                (source, state, rec)
             }
             Err(e) => {
                 let e = refusal(
@@ -278,29 +278,67 @@ impl Session {
             control: CallControl::none(),
             outbox: self.out.clone(),
         };
-        let outcome = executors
+        let forwarded = executors
             .subscription((server, &route.name), method, uri, &source)
-            .await
-            .map(|_| json!({}))
-            .map_err(|e| {
+            .await;
+        let outcome = match forwarded {
+            Ok(_) => Ok(json!({})),
+            Err(e) => {
                 // Nothing is read here, so nothing is labelled: what the executor said (an
                 // error's message, a broken line) goes to the host's log, never the client.
                 tracing::warn!(session = %self.id, server = %server, method, uri, error = %Escaped(&e), "a subscription request failed");
-                if let ForwardError::AccessWithdrawn(why) = &e {
-                    return refusal(code::ACCESS_DENIED, why.clone(), Denial::AccessDenied);
-                }
-                let why = match e {
-                    ForwardError::Answered(_) => "its executor answered with an error",
-                    ForwardError::NotStarted(_) => "no executor of it could be started",
-                    ForwardError::AccessWithdrawn(_) => "the principal's access to it was withdrawn",
-                    ForwardError::Failed(_) => "its executor failed",
-                    ForwardError::BoundReached(_) => "its executor ran into a bound or its deadline",
+                let (failure, told) = match &e {
+                    ForwardError::AccessWithdrawn(why) => (
+                        Failure::AccessWithdrawn,
+                        refusal(code::ACCESS_DENIED, why.clone(), Denial::AccessDenied),
+                    ),
+                    other => {
+                        let (failure, why) = match other {
+                            ForwardError::Answered(_) => {
+                                (Failure::ToolError, "its executor answered with an error")
+                            }
+                            ForwardError::NotStarted(_) => (
+                                Failure::ExecutorFailed,
+                                "no executor of it could be started",
+                            ),
+                            ForwardError::Failed(_) => {
+                                (Failure::ExecutorFailed, "its executor failed")
+                            }
+                            ForwardError::BoundReached(_) => (
+                                Failure::BoundReached,
+                                "its executor ran into a bound or its deadline",
+                            ),
+                            ForwardError::AccessWithdrawn(_) => (
+                                Failure::AccessWithdrawn,
+                                "the principal's access to it was withdrawn",
+                            ),
+                        };
+                        (
+                            failure,
+                            RpcError::new(
+                                code::INTERNAL_ERROR,
+                                format!(
+                                    "server {server:?}: {method} of {uri:?} failed: {why} (the host's log says more)"
+                                ),
+                            ),
+                        )
+                    }
                 };
-                RpcError::new(
-                    code::INTERNAL_ERROR,
-                    format!("server {server:?}: {method} of {uri:?} failed: {why} (the host's log says more)"),
+                // The allow recorded above did not take effect: recorded so, or the
+                // records would show a subscription the client was told failed.
+                match pipeline::content::record_subscription_failed(
+                    &env(&self.host, &generation),
+                    &rec,
+                    failure,
+                    &state,
                 )
-            });
+                .await
+                {
+                    Ok(()) => Err(told),
+                    Err(record_failed) => Err(record_failed),
+                }
+            }
+        };
         // A failed subscribe takes out only a URI it added, once no other subscribe of it is
         // asking and none succeeded.
         if let Some(asking) = asking {
