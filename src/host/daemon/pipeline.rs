@@ -344,6 +344,25 @@ async fn run_call<D: Dispatch>(
                     .fetch_add(1, Ordering::SeqCst);
                 // The caller's text names no registered tool: kept short in the record.
                 rec.name = bounded(name, MAX_UNKNOWN_NAME_BYTES);
+            } else if let (Some(_), Some(server)) = (
+                env.registry.tool(server_id, tool_name),
+                env.servers.get(server_id),
+            ) {
+                // A registered tool refused at admission is named as any call of it is,
+                // classified by its mapping (arguments that are no object project as none).
+                rec.server = ServerInfo::mcp(server_id, Some(&server.digest));
+                let arguments = params
+                    .get("arguments")
+                    .filter(|a| a.is_object())
+                    .cloned()
+                    .unwrap_or_else(|| json!({}));
+                rec.projection = project_tool_call(server.mappings.get(tool_name), &arguments);
+                if rec.projection.classification == Classification::ObservedUnknownTool {
+                    env.recorder
+                        .counters
+                        .unknown_tools
+                        .fetch_add(1, Ordering::SeqCst);
+                }
             }
             env.recorder
                 .record(

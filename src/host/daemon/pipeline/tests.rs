@@ -1351,6 +1351,39 @@ async fn what_an_executor_sends_its_client_is_governed_as_the_calls_output() {
     }
 }
 
+/// A registered, mapped tool refused at admission (its arguments not an object, a stale
+/// bridge digest, a malformed grant) is recorded as a call of that tool, classified by its
+/// mapping: before, every such refusal read as an unknown tool (no category), which the
+/// diff reported as an unclassified action and health did not count.
+#[tokio::test]
+async fn a_mapped_tool_refused_at_admission_is_recorded_as_that_tool() {
+    let host = Host::new();
+    let mut exec = Scripted::answering(vec![]);
+    let e = host
+        .call(
+            ANALYST,
+            json!({"name": "workspace/read_terms", "arguments": 5}),
+            &mut exec,
+        )
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("must be an object"), "{e:?}");
+    let records = host.records().await;
+    let refused = records
+        .iter()
+        .find(|r| r["flowhost"]["denial_kind"] == "invalid_params")
+        .expect("the refusal's record");
+    assert_eq!(
+        refused["classification"], "classified_incomplete",
+        "{refused}"
+    );
+    assert_eq!(refused["tool"]["category"], "contract_read", "{refused}");
+    assert!(
+        refused["server"]["declared_manifest_digest"].is_string(),
+        "{refused}"
+    );
+}
+
 /// The executor may serve again only once the labels of what it produced are stored: the
 /// dispatcher is told so after the raise, and told it is not when the raise failed.
 #[tokio::test]
