@@ -601,6 +601,13 @@ impl Broker {
             Err(_) => return Err(fail(SpawnError::BrokerGone)),
         };
         self.inner.spawned.fetch_add(1, Ordering::SeqCst);
+        // From here the executor runs: one killed before its supervision is set up was
+        // never supervised, and health must not count it so.
+        let unsupervised = || {
+            self.inner
+                .supervisor_failures
+                .fetch_add(1, Ordering::SeqCst);
+        };
 
         let host =
             |what: &'static str| move |source: std::io::Error| SpawnError::Host { what, source };
@@ -608,6 +615,7 @@ impl Broker {
         // Sent with the job, and given back with the child it started.
         let Some(lease) = lease else {
             sys::kill_and_reap(pid);
+            unsupervised();
             return Err(fail(SpawnError::BrokerGone));
         };
         // The executor is running: any failure from here on must kill it, and its uid and
@@ -619,6 +627,7 @@ impl Broker {
                 // reaped by no one else, so its pid still names it.
                 sys::kill_and_reap(pid);
                 drop(lease);
+                unsupervised();
                 return Err(host("watching the executor")(source));
             }
         };
@@ -629,6 +638,7 @@ impl Broker {
             // Killed when `kill` drops as this returns; reaped (then its lease released) by
             // the reaper thread.
             let _ = reaper.send(ReaperJob::Wait(reap.clone()));
+            unsupervised();
             e
         };
         let wrap_tx = |fd: Option<OwnedFd>| fd.map(pipe::Sender::from_owned_fd).transpose();
