@@ -39,16 +39,17 @@ impl ReaperJob {
     pub(crate) fn run(self) {
         match self {
             ReaperJob::Wait(reap) => {
-                // Readable once the executor has exited; try_reap then reaps it and hands
-                // its lease back here.
-                let mut fd = [nix::poll::PollFd::new(
-                    reap.pidfd.get_ref().as_fd(),
-                    nix::poll::PollFlags::POLLIN,
-                )];
-                while let Err(nix::errno::Errno::EINTR) =
-                    nix::poll::poll(&mut fd, nix::poll::PollTimeout::NONE)
-                {}
-                let _ = reap.try_reap();
+                // On a thread of its own: a killed executor can take as long as it likes to
+                // exit (a process of it in uninterruptible sleep, on a hung mount), and the
+                // reaper's other jobs (every other executor's cgroup and uid) must not wait
+                // behind it. Done here only if no thread can be had.
+                let waiting = reap.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("flowhost-reap-wait".into())
+                    .spawn(move || wait_and_reap(&waiting));
+                if spawned.is_err() {
+                    wait_and_reap(&reap);
+                }
             }
             ReaperJob::Release(lease) => {
                 let gone = lease
@@ -73,6 +74,19 @@ impl ReaperJob {
             }
         }
     }
+}
+
+/// Waits until the killed executor `reap` has exited (its pidfd readable), then reaps it,
+/// which hands its lease back to the reaper.
+fn wait_and_reap(reap: &Reap) {
+    let mut fd = [nix::poll::PollFd::new(
+        reap.pidfd.get_ref().as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    while let Err(nix::errno::Errno::EINTR) = nix::poll::poll(&mut fd, nix::poll::PollTimeout::NONE)
+    {
+    }
+    let _ = reap.try_reap();
 }
 
 /// A [`Lease`] that goes to the reaper thread for release when dropped, on every path.
