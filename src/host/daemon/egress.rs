@@ -321,14 +321,9 @@ impl EgressJudge {
                 verdict: Verdict::refused(Denial::NoCallInFlight),
                 credential_alias: None,
                 correlation: Correlation::none(),
-                context: FlowContext {
-                    egress_basis: Some(EgressBasis {
-                        declared: false,
-                        topology: false,
-                        observed: true,
-                    }),
-                    ..FlowContext::default()
-                },
+                // No call, so no declaration was consulted: a basis saying one was
+                // (declared: false) made the diff report the tool's declaration false.
+                context: FlowContext::default(),
             };
         };
         let mismatch = (!call.plan.basis.declared).then(|| {
