@@ -173,6 +173,17 @@ pub const MAX_EXECUTORS_PER_SERVER: usize = 8;
 /// cancellation, are still read.
 pub const MAX_REQUESTS_IN_FLIGHT: usize = 64;
 
+/// How a refusal's record names the client's method: as itself when the host serves it,
+/// else `(unserved method)`. A client's method is any string it likes (up to the size of a
+/// message), and the records keep only what the host knows.
+fn named_method(method: &str) -> String {
+    if matches!(method, "initialize" | "ping") || SERVED_METHODS.contains(&method) {
+        format!("({method})")
+    } else {
+        "(unserved method)".to_string()
+    }
+}
+
 /// The methods a session serves once initialized (besides `initialize` and `ping`).
 const SERVED_METHODS: &[&str] = &[
     "tools/list",
@@ -530,7 +541,7 @@ pub(super) async fn run(
                     ),
                     Denial::RequestLimit,
                 );
-                let e = session.refuse_session(&format!("({method})"), e).await;
+                let e = session.refuse_session(&named_method(&method), e).await;
                 session.send(mcp::error_response(&id, &e)).await;
             }
             Ok(Incoming::Request { id, method, params }) => {
@@ -698,12 +709,7 @@ impl Session {
             "send initialize before other requests",
             Denial::NotInitialized,
         );
-        let named = if SERVED_METHODS.contains(&method) {
-            format!("({method})")
-        } else {
-            "(unserved method)".to_string()
-        };
-        self.refuse_session(&named, e).await
+        self.refuse_session(&named_method(method), e).await
     }
 
     /// Records the refusal `e` of a request that named no tool, and returns it (or the
@@ -1081,7 +1087,7 @@ impl Session {
                     format!("the session is ending ({ended}); this request was not served"),
                     Denial::SessionEnding,
                 );
-                let e = self.refuse_session(&format!("({method})"), e).await;
+                let e = self.refuse_session(&named_method(&method), e).await;
                 self.send(mcp::error_response(&id, &e)).await;
             }
             Err((id, e)) => self.malformed(&id, &e).await,
@@ -1140,7 +1146,7 @@ impl Session {
             format!("request id {id} is already in flight in this session"),
             Denial::RequestIdInFlight,
         );
-        let e = self.refuse_session(&format!("({method})"), e).await;
+        let e = self.refuse_session(&named_method(method), e).await;
         let answered_as = if cancelled { id } else { &Value::Null };
         self.send(mcp::error_response(answered_as, &e)).await;
     }
