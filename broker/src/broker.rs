@@ -600,13 +600,11 @@ impl Broker {
             Ok(Err((e, _))) => return Err(fail(e)),
             Err(_) => return Err(fail(SpawnError::BrokerGone)),
         };
-        self.inner.spawned.fetch_add(1, Ordering::SeqCst);
-        // From here the executor runs: one killed before its supervision is set up was
-        // never supervised, and health must not count it so.
-        let unsupervised = || {
-            self.inner
-                .supervisor_failures
-                .fetch_add(1, Ordering::SeqCst);
+        // Killed before its supervision is set up, the executor made no brokered attempt
+        // (its first notification waits, unanswered, for the supervisor): a spawn that
+        // failed. It is counted spawned, and so supervised, only once supervision exists.
+        let spawn_failed = || {
+            self.inner.failed_spawns.fetch_add(1, Ordering::SeqCst);
         };
 
         let host =
@@ -615,7 +613,6 @@ impl Broker {
         // Sent with the job, and given back with the child it started.
         let Some(lease) = lease else {
             sys::kill_and_reap(pid);
-            unsupervised();
             return Err(fail(SpawnError::BrokerGone));
         };
         // The executor is running: any failure from here on must kill it, and its uid and
@@ -627,7 +624,7 @@ impl Broker {
                 // reaped by no one else, so its pid still names it.
                 sys::kill_and_reap(pid);
                 drop(lease);
-                unsupervised();
+                spawn_failed();
                 return Err(host("watching the executor")(source));
             }
         };
@@ -638,7 +635,7 @@ impl Broker {
             // Killed when `kill` drops as this returns; reaped (then its lease released) by
             // the reaper thread.
             let _ = reaper.send(ReaperJob::Wait(reap.clone()));
-            unsupervised();
+            spawn_failed();
             e
         };
         let wrap_tx = |fd: Option<OwnedFd>| fd.map(pipe::Sender::from_owned_fd).transpose();
@@ -650,6 +647,9 @@ impl Broker {
         let stderr = wrap_rx(prepared.stdio_parent[2].take())
             .map_err(|e| abandon(host("wrapping stderr")(e)))?;
 
+        // Counted before its supervision starts, which counts the executor's exit or the
+        // supervisor's failure.
+        self.inner.spawned.fetch_add(1, Ordering::SeqCst);
         let (tx, attempts) = mpsc::channel(64);
         let counters = Arc::new(Counters::default());
         let on_thread = judge.is_some();
@@ -679,7 +679,13 @@ impl Broker {
         });
         let inner = self.inner.clone();
         if on_thread {
-            supervise_on_thread(ctx, inner, pidfd.clone(), pid).map_err(abandon)?;
+            supervise_on_thread(ctx, inner, pidfd.clone(), pid).inspect_err(|_| {
+                let _ = reaper.send(ReaperJob::Wait(reap.clone()));
+                // Spawned, and never supervised.
+                self.inner
+                    .supervisor_failures
+                    .fetch_add(1, Ordering::SeqCst);
+            })?;
         } else {
             // If the supervision task ends for any reason other than the executor's exit (an
             // error, a runtime shutdown dropping it, even before its first poll), the
