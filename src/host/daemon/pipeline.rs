@@ -337,19 +337,12 @@ async fn run_call<D: Dispatch>(
     let admitted = match admit(env, caller, params, server_id, tool_name) {
         Ok(a) => a,
         Err((e, denial)) => {
-            if denial == Denial::UnknownTool {
-                env.recorder
-                    .counters
-                    .unknown_tools
-                    .fetch_add(1, Ordering::SeqCst);
-                // The caller's text names no registered tool: kept short in the record.
-                rec.name = bounded(name, MAX_UNKNOWN_NAME_BYTES);
-            } else if let (Some(_), Some(server)) = (
-                env.registry.tool(server_id, tool_name),
-                env.servers.get(server_id),
-            ) {
-                // A registered tool refused at admission is named as any call of it is,
-                // classified by its mapping (arguments that are no object project as none).
+            // Whatever the refusal (an unknown tool, or arguments that are no object for
+            // one), the record names a registered tool as any call of it, and any other
+            // name as the caller's text, kept short.
+            let registered = env.registry.tool(server_id, tool_name).is_some();
+            if let Some(server) = env.servers.get(server_id).filter(|_| registered) {
+                // Classified by its mapping (arguments that are no object project as none).
                 rec.server = ServerInfo::mcp(server_id, Some(&server.digest));
                 let arguments = params
                     .get("arguments")
@@ -363,6 +356,12 @@ async fn run_call<D: Dispatch>(
                         .unknown_tools
                         .fetch_add(1, Ordering::SeqCst);
                 }
+            } else {
+                env.recorder
+                    .counters
+                    .unknown_tools
+                    .fetch_add(1, Ordering::SeqCst);
+                rec.name = bounded(name, MAX_UNKNOWN_NAME_BYTES);
             }
             env.recorder
                 .record(
