@@ -2,9 +2,10 @@
 //! other principal out when the writer then fails closed) by repeating a refused request.
 //!
 //! Within one interval, the first refusal of a kind (same principal or unmapped peer, same
-//! event, reason, server and tool, and for a relay the same request and direction) is
-//! recorded as usual; identical ones after it are only counted, and one record with
-//! `flowhost.folded: {count, first_at, last_at}` stands for them when the interval closes.
+//! event, reason, server and tool, target, session, labels and grant, and for a relay the
+//! same request and direction) is recorded as usual; identical ones after it are only
+//! counted, and one record with `flowhost.folded: {count, first_at, last_at}` stands for them
+//! when the interval closes, naming no call or trace, which each had of its own.
 //! Each principal (or unmapped peer) also has a budget of refusal records per interval; past
 //! it, its refusals fold into one record per event, reason and relay request per interval,
 //! which names no server, tool, call or session, since it stands for many. What a client is

@@ -538,7 +538,8 @@ async fn run<F: Forward>(
 /// `route` before its executor sees it, with the label it is sent under (`source`, the
 /// request's taint joined) and the labels that join left (`state`). The record names what
 /// the server signed (as a read's does), not the client's URI. A subscription reads
-/// nothing, so it has no outcome record.
+/// nothing: it has an outcome record only when it did not take effect
+/// ([`record_subscription_failed`]).
 pub async fn record_subscription(
     env: &CallEnv<'_>,
     caller: Caller<'_>,
