@@ -228,6 +228,9 @@ impl CallRelay<'_> {
             return Ok(json!({}));
         }
         let Some(kind) = RelayMethod::from_method(&method) else {
+            // Not relayed, but output of the call all the same: its label joins (see
+            // `RelayGate::to_client`).
+            self.gate.raise(&params).await?;
             return Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!(

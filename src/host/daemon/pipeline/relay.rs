@@ -129,6 +129,10 @@ impl RelayGate<'_> {
         };
         let direction = RelayDirection::ToClient;
         if let Some((code, message, denial)) = refused {
+            // What the executor put in its request is output of the call all the same: its
+            // label joins as any output's, whatever the client is told, so a later call of
+            // the executor cannot carry it out under a label below it.
+            let raised = self.raise(params).await;
             self.record(
                 method,
                 direction,
@@ -136,6 +140,7 @@ impl RelayGate<'_> {
                 FlowContext::default(),
             )
             .await?;
+            raised?;
             return Err(refusal(code, message, denial));
         }
         let state = match self.raise(params).await {

@@ -1282,6 +1282,48 @@ impl Dispatch for AnsweredUnfit {
     }
 }
 
+/// An executor whose request to its client is refused (the client declared no sampling)
+/// still had the request's content: it joins the call's label as any output would. Before,
+/// it was read by no classifier, and the executor served later calls below it.
+struct RefusedRelay {
+    label_after: Option<crate::label::InformationLabel>,
+}
+
+impl Dispatch for RefusedRelay {
+    async fn dispatch(
+        &mut self,
+        _server: &str,
+        _tool: &str,
+        _arguments: Value,
+        _call: CallInFlight,
+        gate: &RelayGate<'_>,
+    ) -> Result<Value, DispatchError> {
+        let asked =
+            json!({"messages": [{"role": "user", "content": {"type": "text", "text": TERMS}}]});
+        let refused = gate
+            .to_client(crate::records::RelayMethod::Sampling, &asked, false, 0)
+            .await;
+        assert!(refused.is_err());
+        let state = gate.env.resolver.state().get(&gate.plan.key).await.unwrap();
+        self.label_after = Some(state.combined());
+        Ok(json!({"content": [{"type": "text", "text": "done"}]}))
+    }
+}
+
+#[tokio::test]
+async fn a_refused_request_to_the_client_still_raises_the_calls_label() {
+    let host = Host::new();
+    let mut exec = RefusedRelay { label_after: None };
+    publish_publicly(&host, &mut exec).await.unwrap();
+    assert!(
+        exec.label_after
+            .unwrap()
+            .to_string()
+            .contains("harbor-goods-terms"),
+        "the refused request's content was not labelled"
+    );
+}
+
 #[tokio::test]
 async fn an_answer_the_executor_is_not_fit_for_is_refused() {
     let host = Host::new();
