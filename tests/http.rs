@@ -1994,6 +1994,39 @@ fn a_malformed_answer_to_a_relayed_request_ends_the_calls_wait() {
     );
 }
 
+/// An answer to a relayed request over `max_message_bytes` ends the call's wait at once, as
+/// on the socket: before, the POST got 413 and the call waited out its deadline, recorded as
+/// a bound reached.
+#[test]
+fn an_oversized_answer_to_a_relayed_request_ends_the_calls_wait() {
+    let Some((mut lab, addr, _)) = start("") else {
+        return;
+    };
+    let (c, _session, call, _) = a_call_waiting_for_sampling(&lab, addr, false);
+    let answered = std::time::Instant::now();
+    let r = c.post(
+        &json!({"jsonrpc": "2.0", "id": "flowhost-relay-1", "result": {
+        "role": "assistant", "content": {"type": "text", "text": "x".repeat(2 << 20)}}}),
+    );
+    assert_eq!(r.status, 413, "{r:?}");
+    let reply = call.join().unwrap();
+    let waited = answered.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(8),
+        "the call waited {waited:?} after the oversized answer: {reply:?}\n{}",
+        lab.log()
+    );
+    lab.stop();
+    assert!(
+        !lab.records()
+            .into_iter()
+            .filter(|r| r["tool"]["name"] == "test_sampling")
+            .any(|r| r["response"]["status"] == "bound_reached"),
+        "{}",
+        lab.log()
+    );
+}
+
 /// A request the client cancels while it waits for one JSON body (it takes no SSE) is
 /// answered `204`, and the session goes on. Before, the POST got `404`, "the session ended
 /// before answering", which tells a client to open a new session.

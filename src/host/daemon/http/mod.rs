@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
@@ -233,11 +233,12 @@ impl Remote {
         Ok(events)
     }
 
-    /// Hands the session a line that is no valid message but echoes an id, for it to settle
-    /// a relayed request that id names (see the session's handling of malformed lines).
-    async fn hand_over_malformed(&self, line: Vec<u8>) {
+    /// Hands the session a line that is no valid message (malformed, or too large, of which
+    /// it holds the start) but names an id, for it to settle a relayed request that id names
+    /// (see the session's handling of such lines).
+    async fn hand_over_line(&self, line: Line) {
         if let Ok(room) = self.inbox.reserve().await {
-            room.send(Line::Message(line));
+            room.send(line);
         }
     }
 
@@ -248,6 +249,35 @@ impl Remote {
         let last = *self.last_used.lock().ok()?;
         (!in_use).then(|| last.elapsed())
     }
+}
+
+/// Why a request body was not taken.
+enum BodyError {
+    /// Past the limit after `seen` bytes; `head` holds its first bytes (at most
+    /// [`crate::mcp::OVERSIZED_HEAD`]), enough to name the id of an answer.
+    TooLarge { seen: usize, head: Vec<u8> },
+    /// The connection failed while it was read.
+    Unreadable(String),
+}
+
+/// The body of a request, at most `limit` bytes; read no further once past it.
+async fn body_within(mut body: Incoming, limit: usize) -> Result<Vec<u8>, BodyError> {
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BodyError::Unreadable(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if bytes.len() + data.len() > limit {
+            let seen = bytes.len() + data.len();
+            let room = crate::mcp::OVERSIZED_HEAD.saturating_sub(bytes.len());
+            bytes.truncate(crate::mcp::OVERSIZED_HEAD);
+            bytes.extend_from_slice(&data[..data.len().min(room)]);
+            return Err(BodyError::TooLarge { seen, head: bytes });
+        }
+        bytes.extend_from_slice(&data);
+    }
+    Ok(bytes)
 }
 
 /// Which of `held` (each session's id, principal, time since it was last used, and whether
@@ -968,16 +998,27 @@ impl Transport {
         let accepts_sse = accepts_sse(req.headers());
         let headers = req.headers().clone();
         let limit = self.host.current().config.max_message_bytes;
-        let body = Limited::new(req.into_body(), limit).collect();
+        let body = body_within(req.into_body(), limit);
         let bytes = match tokio::time::timeout(BODY_READ_TIMEOUT, body).await {
-            Ok(Ok(b)) => b.to_bytes(),
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Ok(Ok(b)) => b,
+            Ok(Err(BodyError::TooLarge { seen, head })) => {
+                // An answer to a request the session relayed to the client (a long
+                // completion): the session is told, so that request stops waiting for it,
+                // as on the socket.
+                if super::relay::relay_id_in(&head).is_some()
+                    && headers.contains_key(SESSION_HEADER)
+                    && let Ok((_, remote)) = self.session_of(&headers, &principal).await
+                {
+                    remote
+                        .hand_over_line(Line::TooLarge { bytes: seen, head })
+                        .await;
+                }
                 return http_error(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     &format!("the body exceeds {limit} bytes"),
                 );
             }
-            Ok(Err(e)) => {
+            Ok(Err(BodyError::Unreadable(e))) => {
                 return http_error(
                     StatusCode::BAD_REQUEST,
                     &format!("the body could not be read: {e}"),
@@ -1043,7 +1084,7 @@ impl Transport {
                     && headers.contains_key(SESSION_HEADER)
                     && let Ok((_, remote)) = self.session_of(&headers, &principal).await
                 {
-                    remote.hand_over_malformed(bytes.to_vec()).await;
+                    remote.hand_over_line(Line::Message(bytes.to_vec())).await;
                 }
                 return json_body(
                     StatusCode::BAD_REQUEST,
