@@ -176,7 +176,7 @@ pub const MAX_REQUESTS_IN_FLIGHT: usize = 64;
 /// How a refusal's record names the client's method: as itself when the host serves it,
 /// else `(unserved method)`. A client's method is any string it likes (up to the size of a
 /// message), and the records keep only what the host knows.
-fn named_method(method: &str) -> String {
+pub(super) fn named_method(method: &str) -> String {
     if matches!(method, "initialize" | "ping") || SERVED_METHODS.contains(&method) {
         format!("({method})")
     } else {

@@ -1121,7 +1121,7 @@ impl Transport {
             // An id already in flight: refused like any refusal of an identified peer, with
             // a record (its session's, its principal's).
             Err(refused) if refused.status() == StatusCode::CONFLICT => {
-                let what = format!("({})", method.unwrap_or("request"));
+                let what = session::named_method(method.unwrap_or("request"));
                 return match self
                     .record_session_refusal(
                         &what,
