@@ -133,13 +133,13 @@ impl RelayGate<'_> {
             // label joins as any output's, whatever the client is told, so a later call of
             // the executor cannot carry it out under a label below it.
             let raised = self.raise(params).await;
-            self.record(
-                method,
-                direction,
-                Verdict::refused(denial),
-                FlowContext::default(),
-            )
-            .await?;
+            let verdict = match raised {
+                Ok(_) => Verdict::refused(denial),
+                // The executor is told of the state failure: so is the record.
+                Err(_) => Verdict::Failed(Failure::StateFailure),
+            };
+            self.record(method, direction, verdict, FlowContext::default())
+                .await?;
             raised?;
             return Err(refusal(code, message, denial));
         }
