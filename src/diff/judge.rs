@@ -99,9 +99,9 @@ pub(super) fn judge(
     };
     // An address the host handed out for several names was judged by each of them (a
     // rule naming any allowed it): so is the declaration. A lookup has its one name.
-    let others: &[observed::Text<'_>] = match (&d.flowhost, network && !lookup && !inbound) {
+    let others: Vec<&str> = match (&d.flowhost, network && !lookup && !inbound) {
         (Some(x), true) => x.other_host_names(),
-        _ => &[],
+        _ => Vec::new(),
     };
     // An error never matches a declared allow: the effect may have happened, and an allow
     // that failed is not the success the declaration describes.
@@ -117,12 +117,12 @@ pub(super) fn judge(
         } else {
             a.test_target(get)
         };
-        for name in others {
+        for name in &others {
             if tested == TargetMatch::Match {
                 break;
             }
             let named = |f: &str| match f {
-                "host_name" => Some(super::surface::ScalarView::Text(&name.0)),
+                "host_name" => Some(super::surface::ScalarView::Text(name)),
                 _ => get(f),
             };
             match (a.test_target(named), tested) {

@@ -3,8 +3,9 @@
 //!
 //! The diff reads decisions leniently: it takes only the fields it judges (`tool`,
 //! `classification`, `action.class`, `action.target`, `decision.effect`, `server.id`, and
-//! from the `flowhost` extension when present `seq`, `prev_hash`, `event` and
-//! `egress_basis`) and ignores the rest, so other producers' extensions are accepted. Strings are
+//! from the `flowhost` extension when present `seq`, `prev_hash`, `event`, `egress_basis`,
+//! `folded` and `broker.destination.other_host_names`, the last three leniently) and ignores
+//! the rest, so other producers' extensions are accepted. Strings are
 //! borrowed from the input where possible: the diff reads a million records in well under
 //! two seconds. Leniency never extends to ambiguity: a target naming a field twice is
 //! refused, and an envelope is first parsed strictly (no key repeated anywhere), so the
@@ -297,33 +298,23 @@ pub(crate) struct ObsExtension<'a> {
     /// a count is evidence of how often, never of whether.
     #[serde(default)]
     pub folded: Option<ObsFolded>,
-    /// `flowhost.broker`: read for the other names of an address (see [`ObsBroker`]).
-    #[serde(default, borrow)]
-    pub broker: Option<ObsBroker<'a>>,
-}
-
-/// The part of `flowhost.broker` the diff reads: its destination's `other_host_names`, the
-/// other names the host handed the address out for, by any of which enforcement judged it.
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct ObsBroker<'a> {
-    #[serde(default, borrow)]
-    pub destination: Option<ObsDestination<'a>>,
-}
-
-/// See [`ObsBroker`].
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct ObsDestination<'a> {
-    #[serde(default, borrow)]
-    pub other_host_names: Vec<Text<'a>>,
+    /// `flowhost.broker`, read leniently (as `egress_basis` is) for its destination's
+    /// `other_host_names`: the other names the host handed the address out for, by any of
+    /// which enforcement judged it (see [`ObsExtension::other_host_names`]).
+    #[serde(default)]
+    pub broker: Option<serde_json::Value>,
 }
 
 impl ObsExtension<'_> {
-    /// The other names the target's address was handed out for (none when not recorded).
-    pub fn other_host_names(&self) -> &[Text<'_>] {
+    /// The other names the target's address was handed out for: the strings of
+    /// `broker.destination.other_host_names`, none when it is absent or of another shape.
+    pub fn other_host_names(&self) -> Vec<&str> {
         self.broker
             .as_ref()
-            .and_then(|b| b.destination.as_ref())
-            .map_or(&[], |d| d.other_host_names.as_slice())
+            .and_then(|b| b.get("destination")?.get("other_host_names")?.as_array())
+            .map_or_else(Vec::new, |names| {
+                names.iter().filter_map(serde_json::Value::as_str).collect()
+            })
     }
 }
 
@@ -470,14 +461,16 @@ impl<'r> ObsDecision<'r> {
                 folded: x.folded.as_ref().map(|f| ObsFolded {
                     count: Some(f.count),
                 }),
-                broker: x.broker.as_ref().map(|b| ObsBroker {
-                    destination: match &b.destination {
-                        Some(crate::records::Destination::Inet(d)) => Some(ObsDestination {
-                            other_host_names: d.other_host_names.iter().map(|n| text(n)).collect(),
-                        }),
-                        _ => None,
-                    },
-                }),
+                broker: match x.broker.as_ref().and_then(|b| b.destination.as_ref()) {
+                    Some(crate::records::Destination::Inet(d))
+                        if !d.other_host_names.is_empty() =>
+                    {
+                        Some(
+                            serde_json::json!({"destination": {"other_host_names": d.other_host_names}}),
+                        )
+                    }
+                    _ => None,
+                },
             }),
             server: Some(ObsServer {
                 id: Some(text(&r.server.id)),
