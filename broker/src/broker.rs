@@ -681,10 +681,10 @@ impl Broker {
         if on_thread {
             supervise_on_thread(ctx, inner, pidfd.clone(), pid).inspect_err(|_| {
                 let _ = reaper.send(ReaperJob::Wait(reap.clone()));
-                // Spawned, and never supervised.
-                self.inner
-                    .supervisor_failures
-                    .fetch_add(1, Ordering::SeqCst);
+                // Its supervision never started (no thread), so no notification of it was
+                // answered: a failed spawn, as one killed a step earlier.
+                self.inner.spawned.fetch_sub(1, Ordering::SeqCst);
+                spawn_failed();
             })?;
         } else {
             // If the supervision task ends for any reason other than the executor's exit (an

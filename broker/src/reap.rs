@@ -28,7 +28,9 @@ pub(crate) enum ReaperJob {
     Release(Lease),
     /// Remove what brokers that are gone left beneath the cgroup bases.
     Sweep(Arc<CgroupSupport>),
-    /// Answer once every job sent before this one is done.
+    /// Answer once every job sent before this one is done (a wait for a killed executor
+    /// runs on a thread of its own: the release it leads to follows once the executor has
+    /// exited, perhaps after this answer).
     Flush(tokio::sync::oneshot::Sender<()>),
 }
 
