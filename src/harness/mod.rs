@@ -270,7 +270,15 @@ impl Harness {
     /// A harness using the `flowhost` binary at `binary`.
     pub fn with_binary(binary: impl Into<PathBuf>) -> Harness {
         Harness {
-            binary: from_here(binary.into()),
+            binary: {
+                // A bare name is looked up on PATH as a program is; a path is found from here.
+                let binary: PathBuf = binary.into();
+                if binary.components().count() > 1 {
+                    from_here(binary)
+                } else {
+                    binary
+                }
+            },
             profile: "brokered".into(),
             profiles_dirs: Vec::new(),
             allow: Vec::new(),
