@@ -1,6 +1,6 @@
-//! The pricing-lab scenario's own `tool_contract` program, unchanged but for its `use`
-//! lines: it compiles against flowhost's public API (declaration fields read as the
-//! program reads them) and prints
+//! The pricing-lab contracts as a tool author's plain program, naming flowhost only in its
+//! `use` lines: it compiles against flowhost's public API (declaration fields read as
+//! public fields) and prints
 //! the same four lines as `examples/tool_contract.rs`.
 
 use flowhost::{EgressDenial, authorize_egress};

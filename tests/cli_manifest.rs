@@ -422,7 +422,7 @@ fn openapi_flow_extension_names_are_never_dropped() {
             "x-chio-flow": terms
         }}}
     });
-    // The pricing-lab documents' extension name is read, not signed as flow: null.
+    // The other extension name, `x-chio-flow`, is read, not signed as flow: null.
     let doc_path = lab.write("chio.json", &doc);
     let body_path = lab.path("body.json");
     let out = from_openapi(&lab, &doc_path, &body_path);

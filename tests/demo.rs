@@ -35,7 +35,7 @@ fn the_demo_succeeds_and_its_records_verify() {
         assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
     }
     assert!(research.join("state/signed-manifests.json").exists());
-    // The scenario's literal command, run where the scenario runs it.
+    // The README's inspection command, run where the README runs it.
     let jq = Command::new("jq")
         .arg("[.[] | .manifest | {server_id, tools: [.tools[] | {name, flow}]}]")
         .arg(".research/signed-manifests.json")

@@ -20,7 +20,8 @@ fn tool_contract_prints_the_four_outcomes() {
     }
 }
 
-/// The scenario's program compiles with only its `use` lines changed: the rest is as written.
+/// The plain program names flowhost only in its `use` lines: the rest is the library's public
+/// API read as a tool author reads it.
 #[test]
 fn the_seed_program_differs_only_in_its_use_lines() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));

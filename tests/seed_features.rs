@@ -1,5 +1,5 @@
-//! What the seeds' users reach for next, on the real daemon: bridge security metadata on the
-//! request path, per-origin egress rules, and declassification grants.
+//! What a governed tool's users reach for next, on the real daemon: bridge security metadata
+//! on the request path, per-origin egress rules, and declassification grants.
 
 mod common;
 

@@ -28,7 +28,7 @@
 //!   accepted one outside operations, is refused, as is an operation key that is neither an
 //!   OpenAPI 3 operation field nor an `x-` extension, so annotations written under the wrong
 //!   name (and their `requires_approval`) are never replaced by the method's defaults;
-//! * flow: the operation's `x-chio-flow` (the name the pricing-lab documents use) or `x-flowhost-flow`, decoded as
+//! * flow: the operation's `x-chio-flow` (another name for it that OpenAPI documents use) or `x-flowhost-flow`, decoded as
 //!   strictly as in a manifest. Both on one operation must declare the same flow; any other
 //!   operation key shaped like a flow extension (`x-*-flow`, any case) is refused, and so is
 //!   any flow-shaped key, accepted name or not, at the document root, directly under
@@ -68,7 +68,7 @@ use crate::manifest::{
 
 /// Largest OpenAPI document read: 16 MiB.
 pub const MAX_OPENAPI_FILE_BYTES: u64 = 16 * 1024 * 1024;
-/// The operation extensions that carry a flow declaration: the pricing-lab documents' name
+/// The operation extensions that carry a flow declaration: `x-chio-flow`, another name in use
 /// (the default when writing) and flowhost's own.
 pub const FLOW_EXTENSIONS: [&str; 2] = ["x-chio-flow", "x-flowhost-flow"];
 /// The operation extension that replaces the method-derived annotations.

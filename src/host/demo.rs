@@ -375,7 +375,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
             || format!("{r} (public relay connections: {})", public.connections()),
         )?;
 
-        // The scenario's missing step: the review board declassifies one reviewed summary for
+        // A step the workflow needs: the review board declassifies one reviewed summary for
         // the public inbox, bound to this session, the call's source label and these exact
         // arguments.
         let summary_args = json!({"message": "Reviewed summary: supply terms renegotiated this quarter.", "sink": public.addr.to_string()});
@@ -543,7 +543,7 @@ pub fn run(dir: &Path) -> Result<bool, DemoError> {
     }
     drop(cleanup);
 
-    // The retained signed set, also where the scenario's own command looks for it
+    // The retained signed set, also where the README's inspection command looks for it
     // (`jq ... .research/signed-manifests.json`).
     let retained = std::fs::read(paths.state_dir.join("signed-manifests.json"))
         .map_err(step("reading the retained signed set"))?;

@@ -346,7 +346,7 @@ fn both_flow_extension_names_are_read_and_must_agree() {
     fn post(d: &mut Value) -> &mut Map<String, Value> {
         d["paths"]["/summaries"]["post"].as_object_mut().unwrap()
     }
-    // The pricing-lab documents' name alone.
+    // The other name, x-chio-flow, alone.
     let mut d = doc();
     let flow = post(&mut d).remove("x-flowhost-flow").unwrap();
     post(&mut d).insert("x-chio-flow".into(), flow.clone());
@@ -540,7 +540,7 @@ fn export_writes_under_the_name_in_use() {
             .cloned()
             .collect()
     };
-    // A document with no declaration anywhere gets the pricing-lab documents' name.
+    // A document with no declaration anywhere gets x-chio-flow, the default name when writing.
     let mut bare = doc();
     for (route, method) in [
         ("/documents/{document}/terms", "get"),
