@@ -237,6 +237,27 @@ struct CallRecord<'l> {
 }
 
 impl CallRecord<'_> {
+    /// Names the registered tool `server_id`/`tool_name` (of `server`) as its calls are
+    /// named: the manifest's digest, and the projection its mapping makes of `arguments`
+    /// (an unmapped tool counted among the unknown ones).
+    fn name_registered(
+        &mut self,
+        env: &CallEnv<'_>,
+        server_id: &str,
+        tool_name: &str,
+        server: &ServerFacts,
+        arguments: &Value,
+    ) {
+        self.server = ServerInfo::mcp(server_id, Some(&server.digest));
+        self.projection = project_tool_call(server.mappings.get(tool_name), arguments);
+        if self.projection.classification == Classification::ObservedUnknownTool {
+            env.recorder
+                .counters
+                .unknown_tools
+                .fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
     fn facts(&self, verdict: Verdict, context: FlowContext) -> ToolCallFacts {
         if let Ok(mut last) = self.last.lock() {
             *last = Some(verdict.clone());
@@ -343,19 +364,12 @@ async fn run_call<D: Dispatch>(
             let registered = env.registry.tool(server_id, tool_name).is_some();
             if let Some(server) = env.servers.get(server_id).filter(|_| registered) {
                 // Classified by its mapping (arguments that are no object project as none).
-                rec.server = ServerInfo::mcp(server_id, Some(&server.digest));
                 let arguments = params
                     .get("arguments")
                     .filter(|a| a.is_object())
                     .cloned()
                     .unwrap_or_else(|| json!({}));
-                rec.projection = project_tool_call(server.mappings.get(tool_name), &arguments);
-                if rec.projection.classification == Classification::ObservedUnknownTool {
-                    env.recorder
-                        .counters
-                        .unknown_tools
-                        .fetch_add(1, Ordering::SeqCst);
-                }
+                rec.name_registered(env, server_id, tool_name, server, &arguments);
             } else {
                 env.recorder
                     .counters
@@ -372,15 +386,13 @@ async fn run_call<D: Dispatch>(
             return Err(e);
         }
     };
-    rec.server = ServerInfo::mcp(server_id, Some(&admitted.server.digest));
-    rec.projection =
-        project_tool_call(admitted.server.mappings.get(tool_name), &admitted.arguments);
-    if rec.projection.classification == Classification::ObservedUnknownTool {
-        env.recorder
-            .counters
-            .unknown_tools
-            .fetch_add(1, Ordering::SeqCst);
-    }
+    rec.name_registered(
+        env,
+        server_id,
+        tool_name,
+        admitted.server,
+        &admitted.arguments,
+    );
 
     // Pre-dispatch.
     let key = SessionKey {

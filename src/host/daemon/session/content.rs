@@ -287,42 +287,34 @@ impl Session {
                 // Nothing is read here, so nothing is labelled: what the executor said (an
                 // error's message, a broken line) goes to the host's log, never the client.
                 tracing::warn!(session = %self.id, server = %server, method, uri, error = %Escaped(&e), "a subscription request failed");
+                let failed = |why: &str| {
+                    RpcError::new(
+                        code::INTERNAL_ERROR,
+                        format!(
+                            "server {server:?}: {method} of {uri:?} failed: {why} (the host's log says more)"
+                        ),
+                    )
+                };
                 let (failure, told) = match &e {
                     ForwardError::AccessWithdrawn(why) => (
                         Failure::AccessWithdrawn,
                         refusal(code::ACCESS_DENIED, why.clone(), Denial::AccessDenied),
                     ),
-                    other => {
-                        let (failure, why) = match other {
-                            ForwardError::Answered(_) => {
-                                (Failure::ToolError, "its executor answered with an error")
-                            }
-                            ForwardError::NotStarted(_) => (
-                                Failure::ExecutorFailed,
-                                "no executor of it could be started",
-                            ),
-                            ForwardError::Failed(_) => {
-                                (Failure::ExecutorFailed, "its executor failed")
-                            }
-                            ForwardError::BoundReached(_) => (
-                                Failure::BoundReached,
-                                "its executor ran into a bound or its deadline",
-                            ),
-                            ForwardError::AccessWithdrawn(_) => (
-                                Failure::AccessWithdrawn,
-                                "the principal's access to it was withdrawn",
-                            ),
-                        };
-                        (
-                            failure,
-                            RpcError::new(
-                                code::INTERNAL_ERROR,
-                                format!(
-                                    "server {server:?}: {method} of {uri:?} failed: {why} (the host's log says more)"
-                                ),
-                            ),
-                        )
+                    ForwardError::Answered(_) => (
+                        Failure::ToolError,
+                        failed("its executor answered with an error"),
+                    ),
+                    ForwardError::NotStarted(_) => (
+                        Failure::ExecutorFailed,
+                        failed("no executor of it could be started"),
+                    ),
+                    ForwardError::Failed(_) => {
+                        (Failure::ExecutorFailed, failed("its executor failed"))
                     }
+                    ForwardError::BoundReached(_) => (
+                        Failure::BoundReached,
+                        failed("its executor ran into a bound or its deadline"),
+                    ),
                 };
                 // The allow recorded above did not take effect: recorded so, or the
                 // records would show a subscription the client was told failed.
