@@ -116,7 +116,12 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let (records, state_dir) = (dir.path().join("records"), dir.path().join("state"));
-        std::fs::create_dir(&records).unwrap();
+        // A host's records directory, as a writer leaves it (its anchor, no record yet): one
+        // with neither is refused before the state directory is looked at.
+        crate::records::RecordWriter::open(&records, crate::records::WriterOptions::default())
+            .unwrap()
+            .close_blocking()
+            .unwrap();
         std::fs::create_dir(&state_dir).unwrap();
         std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         let rebuild = || {
