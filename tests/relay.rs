@@ -1169,30 +1169,13 @@ fn a_malformed_answer_to_a_relayed_request_ends_the_wait_at_once() {
     let Some(mut lab) = start(&[]) else {
         return;
     };
-    let (mut c, asked) = elicitation_asked(&lab);
-    let t0 = std::time::Instant::now();
-    c.send(&json!({"jsonrpc": "2.0", "id": asked["id"]}));
-    let (answer, before) = until_answer(&mut c, 2);
-    assert!(
-        t0.elapsed() < std::time::Duration::from_secs(8),
-        "the call waited {:?}: {answer}",
-        t0.elapsed()
-    );
+    let (asked, before) = answered_at_once(&mut lab, |id| json!({"jsonrpc": "2.0", "id": id}));
     assert!(
         before
             .iter()
             .any(|m| m["id"] == asked["id"] && m["error"]["code"] == json!(-32600)),
         "the client is told its message was invalid: {before:?}"
     );
-    lab.stop();
-    let outcome = lab
-        .records()
-        .into_iter()
-        .find(|r| {
-            r["tool"]["name"] == "test_elicitation" && r["flowhost"]["event"] == "tool_outcome"
-        })
-        .expect("the call's outcome");
-    assert_ne!(outcome["response"]["status"], "bound_reached", "{outcome}");
     let relayed = relays(&lab, "test_elicitation");
     assert!(
         relayed
@@ -1210,21 +1193,30 @@ fn an_oversized_answer_to_a_relayed_request_ends_the_wait_at_once() {
     let Some(mut lab) = start(&[]) else {
         return;
     };
-    let (mut c, asked) = elicitation_asked(&lab);
-    let t0 = std::time::Instant::now();
-    c.send(&json!({"jsonrpc": "2.0", "id": asked["id"],
-        "result": {"action": "accept", "content": {"text": "x".repeat(2 << 20)}}}));
-    let (answer, before) = until_answer(&mut c, 2);
-    assert!(
-        t0.elapsed() < std::time::Duration::from_secs(8),
-        "the call waited {:?}: {answer}",
-        t0.elapsed()
-    );
+    let (_, before) = answered_at_once(&mut lab, |id| {
+        json!({"jsonrpc": "2.0", "id": id,
+            "result": {"action": "accept", "content": {"text": "x".repeat(2 << 20)}}})
+    });
     assert!(
         before.iter().any(|m| m["error"]["message"]
             .as_str()
             .is_some_and(|t| t.contains("exceeds"))),
         "the client is told its message was too large: {before:?}"
+    );
+}
+
+/// Answers the elicitation a call of `test_elicitation` asks with `answer` (made from the
+/// request's id), checks the call ended at once, not at its deadline as a bound reached,
+/// and stops the lab. Returns the request and what the client got before the call's answer.
+fn answered_at_once(lab: &mut Lab, answer: impl Fn(&Value) -> Value) -> (Value, Vec<Value>) {
+    let (mut c, asked) = elicitation_asked(lab);
+    let t0 = std::time::Instant::now();
+    c.send(&answer(&asked["id"]));
+    let (answer, before) = until_answer(&mut c, 2);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(8),
+        "the call waited {:?}: {answer}",
+        t0.elapsed()
     );
     lab.stop();
     let outcome = lab
@@ -1235,6 +1227,7 @@ fn an_oversized_answer_to_a_relayed_request_ends_the_wait_at_once() {
         })
         .expect("the call's outcome");
     assert_ne!(outcome["response"]["status"], "bound_reached", "{outcome}");
+    (asked, before)
 }
 
 /// A raw connection to the lab's socket as the agent's uid.

@@ -298,6 +298,30 @@ struct Settling {
     settled: Vec<bool>,
 }
 
+impl Settling {
+    /// One that answers `answer`, breaking nothing.
+    fn answering(answer: Result<Value, DispatchError>) -> Self {
+        Settling {
+            answer: Some(answer),
+            break_state: None,
+            close_records: None,
+            settled: Vec::new(),
+        }
+    }
+
+    /// The analyst's call of `tool` with `arguments` through it, and what the pipeline said
+    /// as the call settled.
+    async fn call(
+        mut self,
+        host: &Host,
+        tool: &str,
+        arguments: Value,
+    ) -> (Result<Value, RpcError>, Vec<bool>) {
+        let r = host.call(ANALYST, call(tool, arguments), &mut self).await;
+        (r, self.settled)
+    }
+}
+
 impl Dispatch for Settling {
     async fn dispatch(
         &mut self,
@@ -1454,20 +1478,14 @@ async fn the_dispatcher_learns_whether_the_output_was_labelled() {
     ] {
         host.broken
             .store(false, std::sync::atomic::Ordering::SeqCst);
-        let mut exec = Settling {
-            answer: Some(answer.clone()),
+        let exec = Settling {
             break_state: breaks.then(|| host.broken.clone()),
-            close_records: None,
-            settled: Vec::new(),
+            ..Settling::answering(answer.clone())
         };
-        let r = host
-            .call(
-                ANALYST,
-                call("workspace/list_documents", json!({})),
-                &mut exec,
-            )
+        let (r, settled) = exec
+            .call(&host, "workspace/list_documents", json!({}))
             .await;
-        assert_eq!(exec.settled, vec![labelled], "{answer:?}: {r:?}");
+        assert_eq!(settled, vec![labelled], "{answer:?}: {r:?}");
         if !labelled {
             let e = r.unwrap_err();
             assert!(e.message.contains("could not be stored"), "{e:?}");
@@ -1476,46 +1494,30 @@ async fn the_dispatcher_learns_whether_the_output_was_labelled() {
     // Labelled, but its outcome not recorded: the executor does not serve again (what it
     // held for the client would go out under a label no record holds).
     let host = Host::new();
-    let mut exec = Settling {
-        answer: Some(listing()),
-        break_state: None,
+    let exec = Settling {
         close_records: Some(host.records.clone()),
-        settled: Vec::new(),
+        ..Settling::answering(listing())
     };
-    let r = host
-        .call(
-            ANALYST,
-            call("workspace/list_documents", json!({})),
-            &mut exec,
-        )
+    let (r, settled) = exec
+        .call(&host, "workspace/list_documents", json!({}))
         .await;
     assert!(r.is_err(), "{r:?}");
-    assert_eq!(exec.settled, vec![false]);
+    assert_eq!(settled, vec![false]);
     // Its answer withheld (here: no structured content under a signed output schema), what
     // it produced was never labelled: it serves no later call, which could carry it out
     // under a lower label. Before, it was given back as any executor that answered.
     let host = Host::new();
-    let mut exec = Settling {
-        answer: Some(text("two documents")),
-        break_state: None,
-        close_records: None,
-        settled: Vec::new(),
-    };
-    let r = host
-        .call(
-            ANALYST,
-            call("workspace/read_terms", json!({"document": "t.md"})),
-            &mut exec,
-        )
-        .await
-        .unwrap();
+    let (r, settled) = Settling::answering(text("two documents"))
+        .call(&host, "workspace/read_terms", json!({"document": "t.md"}))
+        .await;
+    let r = r.unwrap();
     assert!(
         r["content"][0]["text"]
             .as_str()
             .is_some_and(|t| t.contains("withheld")),
         "{r}"
     );
-    assert_eq!(exec.settled, vec![false]);
+    assert_eq!(settled, vec![false]);
 }
 
 /// The code of an executor's error answer goes to the client as it is, so the classifier
