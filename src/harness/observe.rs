@@ -512,9 +512,9 @@ fn read_verified(dir: &Path) -> Result<(Vec<DecisionRecord>, Head), HarnessError
             problems: report.problems.iter().map(ToString::to_string).collect(),
         });
     }
-    // Refused as `flowhost records verify` refuses it: whole lines cut from its end would
-    // not show.
-    if let Some(why) = crate::records::chain::unvouched_end(dir, &report) {
+    // Refused as `flowhost records verify` refuses it: nothing at all, or whole lines cut
+    // from its end would not show.
+    if let Some(why) = crate::records::chain::refused_as_evidence(dir, &report) {
         return Err(HarnessError::Unverified {
             dir: dir.to_path_buf(),
             problems: vec![why],
@@ -986,5 +986,10 @@ mod tests {
         std::fs::remove_file(run.records.join(crate::records::ring::RING_FILE)).unwrap();
         let e = read_records(&run.records).unwrap_err().to_string();
         assert!(e.contains("neither records.head nor records.wal"), "{e}");
+        // With its record files gone too, or a directory that never held records, there is
+        // nothing: before, that read as a run that recorded no attempt.
+        let empty = tempfile::tempdir().unwrap();
+        let e = read_records(empty.path()).unwrap_err().to_string();
+        assert!(e.contains("holds no record and no head anchor"), "{e}");
     }
 }

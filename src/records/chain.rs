@@ -450,6 +450,19 @@ pub fn unvouched_end(records: &Path, report: &VerifyReport) -> Option<String> {
     })
 }
 
+/// Why records in which [`verify_records`] found no problem are still no evidence, as every
+/// reader judges them: they hold no record and no head anchor (an empty or wrong directory,
+/// or one whose files were all removed), or an end nothing vouches for ([`unvouched_end`]).
+pub fn refused_as_evidence(path: &Path, report: &VerifyReport) -> Option<String> {
+    if report.holds_no_evidence() {
+        return Some(format!(
+            "{} holds no record and no head anchor (is it a records directory?)",
+            path.display()
+        ));
+    }
+    unvouched_end(path, report)
+}
+
 /// Verifies the records at `path`: a record directory (its files in chain order, and its
 /// `records.head` unless `head` names another anchor) or a single record file (checked
 /// against `head` if given, else against its directory's `records.head` when it is that

@@ -73,7 +73,7 @@ pub enum ContinuityError {
     },
     /// The records hold nothing to rebuild from (no record and no head anchor: a wrong
     /// directory?), or an end no one vouches for (their anchor and ring were removed).
-    #[error("{records}: {why}; nothing was rebuilt")]
+    #[error("{why}; nothing was rebuilt")]
     NothingToRebuildFrom {
         /// The record directory.
         records: PathBuf,
@@ -909,17 +909,11 @@ pub fn rebuild(records_dir: &Path, state_db: &Path) -> Result<RebuildReport, Con
     }
     // As every reader of records refuses them: a state sealed anew from them would be
     // bound to an end nothing vouches for, or to nothing at all.
-    let nothing = |why: String| ContinuityError::NothingToRebuildFrom {
-        records: records_dir.to_path_buf(),
-        why,
-    };
-    if report.holds_no_evidence() {
-        return Err(nothing(
-            "it holds no record and no head anchor (is it the host's records_dir?)".into(),
-        ));
-    }
-    if let Some(why) = crate::records::chain::unvouched_end(records_dir, &report) {
-        return Err(nothing(why));
+    if let Some(why) = crate::records::chain::refused_as_evidence(records_dir, &report) {
+        return Err(ContinuityError::NothingToRebuildFrom {
+            records: records_dir.to_path_buf(),
+            why,
+        });
     }
     let mut proven = Proven::default();
     let scan = scan(records_dir, None, None, true, &mut |seen| {
