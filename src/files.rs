@@ -518,6 +518,20 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether `path` still names the open `file` (the same device and inode, the path looked at
+/// without following a link): `false` once it was removed, renamed away or replaced. An
+/// error only when `file` itself cannot be looked at, or `path` cannot for another reason
+/// than being gone.
+pub fn still_names(path: &Path, file: &File) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let held = file.metadata()?;
+    match std::fs::symlink_metadata(path) {
+        Ok(named) => Ok((named.dev(), named.ino()) == (held.dev(), held.ino())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Why a directory could not be made durably.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot {op} {}", path.display())]

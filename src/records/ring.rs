@@ -34,7 +34,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -332,11 +332,9 @@ impl Ring {
     pub fn sync_record_file(&self, file: &File, path: &Path) -> Result<(), String> {
         sync_unless_failed(&self.record_sync_failed, file)
             .map_err(|e| format!("cannot fdatasync {}: {e}", path.display()))?;
-        let held = file
-            .metadata()
-            .map_err(|e| format!("cannot look at {}: {e}", path.display()))?;
-        let named = std::fs::symlink_metadata(path).ok();
-        if named.is_some_and(|n| n.dev() == held.dev() && n.ino() == held.ino()) {
+        if crate::files::still_names(path, file)
+            .map_err(|e| format!("cannot look at {}: {e}", path.display()))?
+        {
             return Ok(());
         }
         Err(format!(
@@ -352,13 +350,13 @@ impl Ring {
     /// directory), so the writer fails at its next checkpoint (about a second, and its
     /// close) rather than go on acknowledging records until then.
     fn still_named(&self) -> Result<(), RingError> {
-        let held = self.file.metadata().map_err(|source| RingError::Io {
-            op: "look at",
-            path: self.path.clone(),
-            source,
-        })?;
-        let named = std::fs::symlink_metadata(&self.path).ok();
-        if named.is_some_and(|n| n.dev() == held.dev() && n.ino() == held.ino()) {
+        let named =
+            crate::files::still_names(&self.path, &self.file).map_err(|source| RingError::Io {
+                op: "look at",
+                path: self.path.clone(),
+                source,
+            })?;
+        if named {
             return Ok(());
         }
         Err(RingError::Io {

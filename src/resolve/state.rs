@@ -553,16 +553,11 @@ fn restrict_wal_files(db: &Path) -> Result<(), StateError> {
 
 /// Refuses when `path` no longer names `file` (replaced after it was checked).
 fn same_file(path: &Path, file: &std::fs::File) -> Result<(), StateError> {
-    use std::os::unix::fs::MetadataExt;
-    let failed = |source| StateError::File {
+    let named = crate::files::still_names(path, file).map_err(|source| StateError::File {
         path: path.to_path_buf(),
         source,
-    };
-    let (named, held) = (
-        std::fs::symlink_metadata(path).map_err(failed)?,
-        file.metadata().map_err(failed)?,
-    );
-    if (named.dev(), named.ino()) != (held.dev(), held.ino()) {
+    })?;
+    if !named {
         return Err(StateError::NotOwnFile {
             path: path.to_path_buf(),
             found: "was replaced while it was being opened".into(),
