@@ -679,12 +679,11 @@ impl Broker {
         });
         let inner = self.inner.clone();
         if on_thread {
-            supervise_on_thread(ctx, inner, pidfd.clone(), pid).inspect_err(|_| {
-                let _ = reaper.send(ReaperJob::Wait(reap.clone()));
+            supervise_on_thread(ctx, inner, pidfd.clone(), pid).map_err(|e| {
                 // Its supervision never started (no thread), so no notification of it was
                 // answered: a failed spawn, as one killed a step earlier.
                 self.inner.spawned.fetch_sub(1, Ordering::SeqCst);
-                spawn_failed();
+                abandon(e)
             })?;
         } else {
             // If the supervision task ends for any reason other than the executor's exit (an

@@ -134,9 +134,8 @@ pub(super) struct ScreenChanges {
     keyboard_protocol: bool,
     /// Whether it set xterm's modifyOtherKeys.
     modify_other_keys: bool,
-    /// Whether it switched the terminal off UTF-8 at any time (`ESC % @` and the like), and
-    /// whether the terminal is off UTF-8 now, so each byte is read alone.
-    encoding_switched: bool,
+    /// Whether the terminal is off UTF-8 now (`ESC % @` and the like), so each byte is read
+    /// alone and UTF-8 is chosen again at the end.
     not_utf8: bool,
     /// Whether it switched the terminal to VT52 mode at any time (`CSI ? 2 l`), where no
     /// control sequence flowhost writes is read until `ESC <`.
@@ -160,7 +159,6 @@ impl Default for ScreenChanges {
             utf8_lead: 0,
             keyboard_protocol: false,
             modify_other_keys: false,
-            encoding_switched: false,
             not_utf8: false,
             vt52: false,
         }
@@ -342,7 +340,6 @@ impl ScreenChanges {
                 if first == b'%' {
                     // `ESC % G` chooses UTF-8; any other final another encoding.
                     self.not_utf8 = byte != b'G';
-                    self.encoding_switched |= self.not_utf8;
                 }
                 State::Ground
             }
@@ -552,10 +549,9 @@ impl ScreenChanges {
             return Vec::new();
         }
         let mut reset = self.back_to_ansi();
-        if std::mem::take(&mut self.encoding_switched) {
+        if std::mem::take(&mut self.not_utf8) {
             // UTF-8 again, for flowhost's last words and the shell after them.
             reset.extend_from_slice(b"\x1b%G");
-            self.not_utf8 = false;
         }
         self.vt52 = false;
         reset.extend_from_slice(BEFORE_MESSAGES);
