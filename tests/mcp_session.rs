@@ -916,7 +916,12 @@ fn an_id_in_flight_is_refused_while_the_session_ends() {
     call(&mut c, 10, "slow/sleep", json!({"seconds": 3, "steps": 30}));
     std::thread::sleep(Duration::from_millis(400));
     host.signal(libc::SIGTERM);
-    std::thread::sleep(Duration::from_millis(300));
+    // Sent once the stop is under way: before it, the running session refuses the same way.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !host.log().contains("stopping: finishing calls in flight") {
+        assert!(std::time::Instant::now() < deadline, "{}", host.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     c.send_request(10, "ping", json!({}));
     let refusal = loop {
         let m = c.recv();
