@@ -45,7 +45,7 @@ impl Write for Escaping<'_, '_> {
 /// bidirectional embeddings, overrides, isolates and marks (a right-to-left override makes
 /// `error: denied` read backwards, or hides the words after it behind earlier ones), and
 /// the line and paragraph separators, which some terminals and log viewers break lines at.
-fn rearranges_lines(c: char) -> bool {
+pub fn rearranges_lines(c: char) -> bool {
     matches!(
         c,
         '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}'

@@ -47,7 +47,7 @@ pub use attempt::{
     AttemptInfo, Destination, EgressAttempt, EgressSyscall, Judge, SocketInfo, Verdict, family_name,
 };
 pub use broker::{Broker, BrokerError, BrokerOptions, BrokerStats, KernelSupport};
-pub use escaped::Escaped;
+pub use escaped::{Escaped, rearranges_lines};
 pub use executor::{Delivery, Executor, ExitStatus, Interrupt};
 pub use host_endpoints::is_host_address;
 pub use profile::{CgroupMode, Limits, NetworkPath, Profile, ProfileError};

@@ -20,8 +20,9 @@ pub struct OutputError(#[source] pub std::io::Error);
 pub(crate) fn json_for_terminal(json: &str) -> String {
     let mut out = String::with_capacity(json.len());
     for c in json.chars() {
-        if matches!(c, '\u{7f}'..='\u{9f}' | '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-        {
+        // serde_json escapes C0 inside strings (outside them, the layout's line breaks
+        // stay); DEL and C1 are the rest of the controls.
+        if (c.is_control() && c > '\u{1f}') || flowhost_broker::rearranges_lines(c) {
             out.push_str(&format!("\\u{:04x}", u32::from(c)));
         } else {
             out.push(c);
