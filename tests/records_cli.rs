@@ -1,6 +1,8 @@
 //! `flowhost records verify|export` and `flowhost health` on real record directories, run
 //! through the built binary.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -21,6 +23,10 @@ fn stdout(o: &Output) -> String {
 }
 
 fn record(i: usize) -> DecisionRecord {
+    record_of_call(i, &format!("call-{i}"))
+}
+
+fn record_of_call(i: usize, call_id: &str) -> DecisionRecord {
     DecisionRecord::tool_call(ToolCallFacts {
         server: ServerInfo::mcp("srv", None),
         tool_name: format!("tool_{i}"),
@@ -29,7 +35,7 @@ fn record(i: usize) -> DecisionRecord {
         credential_alias: None,
         correlation: Correlation::none(),
         context: FlowContext {
-            call_id: Some(format!("call-{i}")),
+            call_id: Some(call_id.to_string()),
             ..FlowContext::default()
         },
     })
@@ -242,6 +248,50 @@ fn a_hostile_line_cannot_drive_the_terminal() {
     assert!(
         !all.contains('\u{1b}'),
         "a control character reached the terminal: {all:?}"
+    );
+}
+
+/// Exported to a terminal, a verified record's characters that reorder a line (here a
+/// right-to-left override and a line separator in a call id an executor chose, which the
+/// writer keeps and JSON leaves raw) go escaped; piped, the export keeps the bytes the chain
+/// hashes. Before, the terminal got them raw.
+#[test]
+fn an_export_to_a_terminal_shows_no_character_a_terminal_acts_on() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let w = RecordWriter::open(dir.path(), WriterOptions::default()).unwrap();
+    w.commit_blocking(record_of_call(0, "call-\u{202e}x\u{2028}y"))
+        .unwrap();
+    w.close_blocking().unwrap();
+    let d = dir.path().to_str().unwrap();
+
+    let piped = stdout(&flowhost(&["records", "export", "--surface", d]));
+    assert!(piped.contains("call-\u{202e}x\u{2028}y"), "{piped}");
+
+    let (master, slave) = common::open_pty();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flowhost"))
+        .args(["records", "export", "--surface", d])
+        .stdout(std::process::Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    let status = child.wait().unwrap();
+    // Every slave is closed now, so the master reads what was shown, then EIO.
+    drop(child);
+    let mut shown = Vec::new();
+    let mut master = std::fs::File::from(master);
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = master.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        shown.extend_from_slice(&buf[..n]);
+    }
+    let shown = String::from_utf8_lossy(&shown);
+    assert!(status.success(), "{shown}");
+    assert!(shown.contains("call-\\u202ex\\u2028y"), "{shown}");
+    assert!(
+        !shown.contains(['\u{202e}', '\u{2028}']),
+        "a character a terminal acts on reached it: {shown:?}"
     );
 }
 

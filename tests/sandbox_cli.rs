@@ -4,7 +4,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{TcpSink, is_root, shared_copy};
+use common::{TcpSink, is_root, open_pty, shared_copy};
 
 fn flowhost() -> Command {
     Command::new(env!("CARGO_BIN_EXE_flowhost"))
@@ -248,26 +248,6 @@ impl Drop for LegacyTiocsti {
             let _ = std::fs::write(LEGACY_TIOCSTI, previous.trim());
         }
     }
-}
-
-/// A new pseudo-terminal: its master and its slave.
-fn open_pty() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    let (mut master, mut slave) = (-1, -1);
-    // SAFETY: openpty writes two descriptors into the integers passed; the name, termios and
-    // window-size pointers may be NULL.
-    let r = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
-    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
-    // SAFETY: openpty returned two new descriptors owned by nobody else.
-    unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) }
 }
 
 /// Everything `master` shows, read on a thread of its own until nothing holds the terminal

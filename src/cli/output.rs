@@ -31,6 +31,26 @@ pub(crate) fn json_for_terminal(json: &str) -> String {
     out
 }
 
+/// Copies JSON text line by line from `from` to `to` as [`json_for_terminal`] shows it, and
+/// flushes. A read error is `from`'s (an I/O error); only a write is [`OutputError`].
+pub(crate) fn copy_json_for_terminal(
+    from: &mut dyn std::io::BufRead,
+    to: &mut dyn Write,
+) -> super::CliResult<()> {
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if from.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        // Verified records are UTF-8; were one not, its bytes show as U+FFFD, never raw.
+        to.write_all(json_for_terminal(&String::from_utf8_lossy(&line)).as_bytes())
+            .map_err(OutputError)?;
+    }
+    to.flush().map_err(OutputError)?;
+    Ok(())
+}
+
 /// Writes `args` to stdout and flushes it, so a refusal is seen here and not lost at exit.
 pub(crate) fn to_stdout(args: std::fmt::Arguments<'_>) -> Result<(), OutputError> {
     let mut out = std::io::stdout().lock();

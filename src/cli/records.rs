@@ -118,6 +118,16 @@ pub(crate) fn run(cmd: RecordsCommand) -> CliResult {
                     drop(buffered);
                     temp.seek(std::io::SeekFrom::Start(0))?;
                     let mut lock = std::io::stdout().lock();
+                    if std::io::IsTerminal::is_terminal(&lock) {
+                        // Shown, not kept: a line holds what executors and files said, so
+                        // what a terminal acts on goes escaped (the same JSON values; a
+                        // pipe or `--out` keeps the bytes the chain hashes).
+                        super::output::copy_json_for_terminal(
+                            &mut std::io::BufReader::new(temp),
+                            &mut lock,
+                        )?;
+                        return Ok(ExitCode::SUCCESS);
+                    }
                     let mut chunk = vec![0u8; 64 * 1024];
                     loop {
                         // A read error is the temporary file's; only a write is stdout's.
