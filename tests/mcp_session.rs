@@ -128,6 +128,42 @@ fn concurrent_calls_to_one_server_run_on_separate_executors() {
     );
 }
 
+/// A call's deadline (`call_timeout_ms`) counts from its arrival: an executor started for it
+/// (no warm one kept) that takes most of the deadline to answer `initialize` leaves the call
+/// only the rest. Before, the start and the call had a deadline each, so a call took up to
+/// twice `call_timeout_ms` (here it succeeded after 3 s against a 2.5 s deadline), longer
+/// than a stop waits for calls in flight.
+#[test]
+fn a_calls_deadline_covers_the_start_of_its_executor() {
+    let mut s = slow("starts_slowly", &["--init-delay-ms", "1500"]);
+    s.extra = "pool_size = 0".into();
+    let Some(host) = Governed::start(&[s], "call_timeout_ms = 2500") else {
+        return;
+    };
+    let mut c = host.client();
+    let t0 = Instant::now();
+    // The executor primed at start serves one call; the other has one started for it.
+    call(&mut c, 1, "starts_slowly/sleep", json!({"seconds": 1.5}));
+    call(&mut c, 2, "starts_slowly/sleep", json!({"seconds": 1.5}));
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let m = c.recv();
+        answers.push((t0.elapsed(), m));
+    }
+    let failed = |m: &Value| m.get("error").is_some() || m["result"]["isError"] == json!(true);
+    assert!(
+        answers.iter().any(|(_, m)| failed(m)),
+        "both calls answered, the last after {:?}, past its 2.5 s deadline: {answers:?}\n{}",
+        answers[1].0,
+        host.log()
+    );
+    assert!(
+        answers[1].0 < Duration::from_millis(3500),
+        "a call ended after {:?}: {answers:?}",
+        answers[1].0
+    );
+}
+
 /// Runs call `id` of `slow/sleep` in `steps` steps of 0.2 s with progress `token`; returns
 /// the progress notifications that came before its answer (one per step).
 fn progress_of_a_call(c: &mut RawClient, id: u64, token: Value, steps: u64) -> Vec<Value> {

@@ -98,9 +98,14 @@ impl Governed {
         let p = |s: &str| dir.path().join(s);
         let socket = p("flowhost.sock");
         let records_dir = p("records");
+        // A test that sets its own deadline sets it in `host_extra`.
+        let timeout = match host_extra.contains("call_timeout_ms") {
+            true => "",
+            false => "call_timeout_ms = 15000\n",
+        };
         let mut config = format!(
             "[host]\nsocket = {}\nsocket_mode = \"600\"\nstate_dir = {}\nrecords_dir = {}\n\
-             classifier_version = \"test-1\"\ncall_timeout_ms = 15000\n{host_extra}\n\n\
+             classifier_version = \"test-1\"\n{timeout}{host_extra}\n\n\
              [[principal]]\nid = \"tester\"\nuids = [{}]\ntools = [{}]\n",
             toml_str(socket.to_str().unwrap()),
             toml_str(p("state").to_str().unwrap()),

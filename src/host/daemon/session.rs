@@ -1533,14 +1533,14 @@ impl Executors<'_> {
         server: &str,
         name: &str,
         source: &crate::label::InformationLabel,
+        deadline: RequestDeadline,
     ) -> Result<Bound, NotReady> {
-        // Within the call's deadline: a server slow to take the session's logging level or
-        // its subscriptions must not hold the call, its permit and the session for longer.
-        // An executor dropped half ready is stopped.
-        let deadline = self.generation.config.call_timeout;
-        let taken = tokio::time::timeout(deadline, self.take(server, name, source))
+        // Within the request's deadline: a server slow to start, or to take the session's
+        // logging level or its subscriptions, must not hold the call, its permit and the
+        // session for longer. An executor dropped half ready is stopped.
+        let taken = tokio::time::timeout_at(deadline.at, self.take(server, name, source))
             .await
-            .unwrap_or(Err(ExecutorError::Timeout(deadline)));
+            .unwrap_or(Err(ExecutorError::Timeout(deadline.whole)));
         taken.map_err(|e| {
             tracing::warn!(session = %self.session.id, server = %server, error = %Escaped(&e), "no executor of server {server:?} could be made ready for a request");
             NotReady {
@@ -1600,6 +1600,50 @@ impl Executors<'_> {
     }
 }
 
+/// When a request to an executor must be answered: its one deadline, `call_timeout` from when
+/// it is dispatched, covers waiting for one of the session's executors, making it ready (a
+/// cold start's `initialize`), and its answer. Each step on its own deadline let a request
+/// take several times `call_timeout`, longer than a stop waits for requests in flight.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RequestDeadline {
+    /// The instant the request is given up.
+    at: tokio::time::Instant,
+    /// The whole allowance (`call_timeout`), for the words of a timeout.
+    whole: std::time::Duration,
+}
+
+impl RequestDeadline {
+    /// A deadline `call_timeout` from now.
+    fn from_now(call_timeout: std::time::Duration) -> Self {
+        Self {
+            at: tokio::time::Instant::now() + call_timeout,
+            whole: call_timeout,
+        }
+    }
+
+    /// What is left of it (zero once passed).
+    fn left(&self) -> std::time::Duration {
+        self.at
+            .saturating_duration_since(tokio::time::Instant::now())
+    }
+
+    /// One of `server`'s permits for the session, or why none came before the deadline.
+    async fn permit(
+        &self,
+        server: &str,
+        permits: &Arc<Semaphore>,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, String> {
+        match tokio::time::timeout_at(self.at, permits.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!(
+                "server {server:?}: none of the session's executors of it became free within the request's deadline ({:?}, call_timeout_ms)",
+                self.whole
+            )),
+        }
+    }
+}
+
 impl Dispatch for Executors<'_> {
     async fn dispatch(
         &mut self,
@@ -1609,27 +1653,28 @@ impl Dispatch for Executors<'_> {
         mut call: CallInFlight,
         gate: &RelayGate<'_>,
     ) -> Result<Value, DispatchError> {
+        let deadline = RequestDeadline::from_now(self.generation.config.call_timeout);
         let permits = self.permits(server).map_err(DispatchError::NotStarted)?;
         // Waits (cancellably) for one of the server's executors of this session, then for it
-        // to be ready (within the call's deadline); a cancellation already made wins.
+        // to be ready, then for its answer, all within the call's one deadline; a
+        // cancellation already made wins.
         let permit = tokio::select! {
             biased;
             reason = cancelled(&mut self.control.cancel) => return Err(DispatchError::CancelledBeforeStart(reason)),
-            p = permits.acquire_owned() => p.map_err(|e| DispatchError::NotStarted(e.to_string()))?,
+            p = deadline.permit(server, &permits) => p.map_err(DispatchError::NotStarted)?,
         };
         let source = call.plan.source.clone();
         let mut cancel = self.control.cancel.clone();
         let mut bound = tokio::select! {
             biased;
             reason = cancelled(&mut cancel) => return Err(DispatchError::CancelledBeforeStart(reason)),
-            ready = self.ready(server, tool, &source) => ready.map_err(|n| match n.access_withdrawn {
+            ready = self.ready(server, tool, &source, deadline) => ready.map_err(|n| match n.access_withdrawn {
                 true => DispatchError::AccessWithdrawn(n.words),
                 false => DispatchError::NotStarted(n.words),
             })?,
         };
         call.executor_pid = bound.exec.pid();
         let name = call.tool.clone();
-        let config = &self.generation.config;
         let relay = CallRelay {
             gate,
             pending: &self.session.relays,
@@ -1643,7 +1688,7 @@ impl Dispatch for Executors<'_> {
                 Arc::new(call),
                 tool,
                 arguments,
-                config.call_timeout,
+                deadline.left(),
                 &mut self.control,
                 &relay,
             )

@@ -479,20 +479,20 @@ impl Executors<'_> {
         source: &crate::label::InformationLabel,
         served: impl FnOnce(&mut Bound),
     ) -> Result<Value, ForwardError> {
+        let deadline = super::RequestDeadline::from_now(self.generation.config.call_timeout);
         let permits = self.permits(server).map_err(ForwardError::NotStarted)?;
-        let permit = permits
-            .acquire_owned()
+        let permit = deadline
+            .permit(server, &permits)
             .await
-            .map_err(|e| ForwardError::NotStarted(e.to_string()))?;
-        let mut bound =
-            self.ready(server, name, source)
-                .await
-                .map_err(|n| match n.access_withdrawn {
-                    true => ForwardError::AccessWithdrawn(n.words),
-                    false => ForwardError::NotStarted(n.words),
-                })?;
-        let deadline = self.generation.config.call_timeout;
-        match bound.exec.forward(method, params, deadline).await {
+            .map_err(ForwardError::NotStarted)?;
+        let mut bound = self
+            .ready(server, name, source, deadline)
+            .await
+            .map_err(|n| match n.access_withdrawn {
+                true => ForwardError::AccessWithdrawn(n.words),
+                false => ForwardError::NotStarted(n.words),
+            })?;
+        match bound.exec.forward(method, params, deadline.left()).await {
             Ok(result) => {
                 served(&mut bound);
                 self.answered = Some((server.to_string(), bound, permit));
