@@ -377,6 +377,34 @@ fn an_authority_whose_key_is_taken_out_is_distrusted_although_the_reload_is_refu
     assert_eq!(denial(&r), "grant_untrusted_authority", "{r}");
 }
 
+/// An authority's key file removed in the same edit as a mistake elsewhere in the file (an
+/// unknown key): the file does not load at all, yet the authority is distrusted from that
+/// reload on, as a server whose key file was removed is. Before, such a reload kept it
+/// trusted, knowing it only by id, and its grants went on declassifying.
+#[test]
+fn an_authority_whose_key_file_is_removed_is_distrusted_by_a_file_that_does_not_load() {
+    let Some((lab, authority, _)) = lab_with_authority() else {
+        return;
+    };
+    let (mut c, session) = session_that_read_the_terms(&lab);
+    let arguments = json!({"message": "A reviewed summary.", "sink": lab.public.addr.to_string()});
+    let grant = sign_grant(
+        &lab,
+        &session,
+        &GrantSpec::reviewed_summary(&authority, &arguments),
+    );
+    std::fs::remove_file(authority.with_extension("pub")).unwrap();
+    let config = std::fs::read_to_string(&lab.config).unwrap();
+    lab.write_config(&config.replacen("[host]\n", "[host]\nno_such_setting = 1\n", 1));
+    lab.signal(libc::SIGHUP);
+    wait_log(
+        &lab,
+        "declassification authority \"review-board\" no longer trusted although the reload is refused: its key cannot be read",
+    );
+    let r = publish_with_grant(&mut c, &grant, &arguments);
+    assert_eq!(denial(&r), "grant_untrusted_authority", "{r}");
+}
+
 #[test]
 fn declassification_grants_allow_once_and_refuse_every_misuse() {
     let Some((mut lab, authority, stranger)) = lab_with_authority() else {

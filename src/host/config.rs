@@ -380,6 +380,10 @@ pub struct HostConfig {
     /// yields a configuration with any: it trusts none of them, so a reload refused for
     /// them still withdraws them (see `Host::reload`).
     pub unreadable_authorities: BTreeMap<String, (String, String)>,
+    /// Each authority's `key` as the file gives it (a path made absolute, or the key's
+    /// text), readable or not: a reload whose file does not load reads them again, so that
+    /// an authority whose key file was removed or replaced is withdrawn all the same.
+    pub authority_keys: BTreeMap<String, String>,
     /// What a strict read refuses but [`HostConfig::load_lenient`] leaves out, so that a
     /// reload refused for it still withdraws what the file takes out: a reference to a
     /// server or principal no longer configured (the tool pattern is dropped), a principal
@@ -1088,6 +1092,7 @@ impl HostConfig {
 
         let mut authorities = crate::grant::Authorities::new();
         let mut unreadable_authorities = BTreeMap::new();
+        let mut authority_keys = BTreeMap::new();
         for (i, a) in raw.declassification_authority.iter().enumerate() {
             let at = format!("declassification_authority[{i}]");
             if a.id.is_empty() || a.id.len() > 256 || a.id.chars().any(char::is_control) {
@@ -1103,6 +1108,7 @@ impl HostConfig {
                     format!("authority {:?} is configured twice", a.id),
                 ));
             }
+            authority_keys.insert(a.id.clone(), arg.clone());
             match crate::keys::verifying_key_from_arg(&arg) {
                 Ok(key) => {
                     authorities.insert(a.id.clone(), key);
@@ -1241,6 +1247,7 @@ impl HostConfig {
             servers,
             authorities,
             unreadable_authorities,
+            authority_keys,
             dangling,
             withdrawn_peers: Default::default(),
             http,

@@ -123,6 +123,30 @@ impl Generation {
         withdrawn
     }
 
+    /// The declassification authorities this generation trusts whose key, read again from
+    /// where this generation's file named it, is no longer the key trusted: unreadable (a
+    /// key file removed) or another key (one replaced). For a reload whose file does not
+    /// load: which authorities it keeps is known only by id, but a key file removed still
+    /// revokes its authority.
+    pub(super) fn authorities_whose_keys_changed(&self) -> BTreeMap<String, String> {
+        let mut withdrawn = BTreeMap::new();
+        for (id, key) in &self.config.authorities {
+            let Some(arg) = self.config.authority_keys.get(id) else {
+                continue;
+            };
+            match crate::keys::verifying_key_from_arg(arg) {
+                Ok(now) if now == *key => {}
+                Ok(_) => {
+                    withdrawn.insert(id.clone(), "its key was replaced".to_string());
+                }
+                Err(e) => {
+                    withdrawn.insert(id.clone(), format!("its key cannot be read: {e}"));
+                }
+            }
+        }
+        withdrawn
+    }
+
     /// This generation's principals as far as `config` still vouches for them, and each
     /// principal that changed with what it lost: one taken out of `config` (by id) is gone,
     /// and one `config` keeps loses the uids, gids and tool patterns `config` no longer

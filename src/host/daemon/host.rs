@@ -161,14 +161,18 @@ impl Host {
                 self.current().principals_still_vouched_for(config),
             ),
             // A file that does not load still withdraws what it no longer holds, as far as
-            // its TOML tells, and a server whose registered key can no longer be read or
-            // vouch for its manifest (nothing when it is no TOML at all).
+            // its TOML tells, a server whose registered key can no longer be read or vouch
+            // for its manifest, and an authority whose key file can no longer be read or
+            // holds another key (nothing when it is no TOML at all).
             Err(_) => match &ids {
                 Some(ids) => {
                     let current = self.current();
-                    let (mut servers, authorities, principals) = current.taken_out_of(ids);
+                    let (mut servers, mut authorities, principals) = current.taken_out_of(ids);
                     for (server, why) in current.no_longer_vouched_for(&current.config) {
                         servers.entry(server).or_insert(why);
+                    }
+                    for (authority, why) in current.authorities_whose_keys_changed() {
+                        authorities.entry(authority).or_insert(why);
                     }
                     (servers, authorities, principals)
                 }
