@@ -257,8 +257,11 @@ pub fn check_no_rollback(
     state_dir: &std::path::Path,
 ) -> Result<Vec<crate::registry::RetainedManifest>, StartupError> {
     let file = state_dir.join(RETAINED_SET_FILE);
-    if !file.exists() {
-        return Ok(Vec::new());
+    // Only a set that is not there is no set: one that cannot be looked at (a dangling
+    // link, an I/O error), read as absent, would skip the check and then be replaced.
+    match std::fs::symlink_metadata(&file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        _ => {}
     }
     let retained = crate::registry::load_retained_set(&file)?;
     registry.check_no_rollback(&retained, &file)?;
@@ -891,6 +894,26 @@ impl Host {
 
 #[cfg(test)]
 mod tests {
+    /// A retained set that is a dangling link is refused, not read as none: read as none,
+    /// the rollback check was skipped and the set then replaced.
+    #[test]
+    fn a_retained_set_that_is_a_dangling_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = super::VerifiedRegistry::new();
+        assert!(
+            super::check_no_rollback(&registry, dir.path())
+                .unwrap()
+                .is_empty()
+        );
+        std::os::unix::fs::symlink(
+            dir.path().join("moved-away"),
+            dir.path().join(super::RETAINED_SET_FILE),
+        )
+        .unwrap();
+        let e = super::check_no_rollback(&registry, dir.path()).unwrap_err();
+        assert!(e.to_string().contains(super::RETAINED_SET_FILE), "{e}");
+    }
+
     /// A profiles directory the configuration names that is not there stops the start,
     /// naming it. Before, it was skipped, and the built-in profiles of the same names ran
     /// in place of the operator's.
