@@ -250,6 +250,57 @@ impl Drop for LegacyTiocsti {
     }
 }
 
+/// A command cannot leave a set-user-ID or set-group-ID file where it may write: run by
+/// someone who reaches that directory, it would act as the executor's uid and gid, which a
+/// later executor is given. Before, `chmod 4755` in a write path succeeded.
+#[test]
+fn a_command_cannot_make_a_file_set_user_or_group_id() {
+    use std::os::unix::fs::PermissionsExt;
+    if !can_run() {
+        return;
+    }
+    let dir = common::executor_visible_dir();
+    let writable = dir.path().join("w");
+    std::fs::create_dir(&writable).unwrap();
+    std::fs::set_permissions(&writable, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = "cp /bin/true \"$1/t\" && echo copied; chmod 4755 \"$1/t\" 2>&1; \
+                  chmod g+s \"$1/t\" 2>&1; install -m 6755 /bin/true \"$1/u\" 2>&1; \
+                  cp /bin/true \"$1/p\" && chmod 755 \"$1/p\" && echo plain-ok";
+    let out = flowhost()
+        .args([
+            "sandbox",
+            "run",
+            "--quiet",
+            "--profile",
+            "isolated",
+            "--write",
+        ])
+        .arg(&writable)
+        .args(["--", "/bin/sh", "-c", script, "sh"])
+        .arg(&writable)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("copied") && stdout.contains("plain-ok"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["t", "u"] {
+        if let Ok(meta) = std::fs::metadata(writable.join(name)) {
+            assert_eq!(
+                meta.permissions().mode() & 0o6000,
+                0,
+                "{name} is set-user-ID or set-group-ID: {stdout}"
+            );
+        }
+    }
+    assert!(
+        stdout.matches("Operation not permitted").count() >= 3,
+        "{stdout}"
+    );
+}
+
 /// Everything `master` shows, read on a thread of its own until nothing holds the terminal
 /// any more (EIO).
 fn collect(master: &std::fs::File) -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {

@@ -11,9 +11,9 @@
 //! |---|---|---|
 //! | 0 | kill process | non-x86_64 arch; syscall number with the x32 bit |
 //! | 0 | ENOSYS | a syscall number above the highest this program was written against |
-//! | 1 | EPERM | bypass classes (io_uring, ptrace, process_vm_*, userfaultfd, bpf, perf, unshare, setns, mount family, seccomp, prctl(PR_SET_SECCOMP), personality, keyctl, ...), namespace flags to clone, raw/packet IP sockets and IP protocols other than TCP, UDP and ICMP, IP options, extension headers, multicast membership, UDP cork and interface binding, terminal-injection ioctls, profile extras |
+//! | 1 | EPERM | bypass classes (io_uring, ptrace, process_vm_*, userfaultfd, bpf, perf, unshare, setns, mount family, seccomp, prctl(PR_SET_SECCOMP), personality, keyctl, ...), namespace flags to clone, raw/packet IP sockets and IP protocols other than TCP, UDP and ICMP, IP options, extension headers, multicast membership, UDP cork and interface binding, terminal-injection ioctls, set-user-ID and set-group-ID mode bits, profile extras |
 //! | 2 | EAFNOSUPPORT | socket families and netlink protocols the profile does not allow; socketpair other than AF_UNIX |
-//! | 3 | ENOSYS | clone3 (its flags sit behind a pointer; libc falls back to clone) |
+//! | 3 | ENOSYS | clone3 (its flags sit behind a pointer; libc falls back to clone), openat2 (its mode does too; libc's open does not use it) |
 //! | 4 | user notification | connect, sendto with an address, sendmsg, sendmmsg, bind, listen |
 //! | — | allow | everything else |
 
@@ -87,6 +87,24 @@ const BYPASS_DENY: &[i64] = &[
     libc::SYS_uselib,
     libc::SYS_vhangup,
 ];
+
+/// The syscalls that give a file a mode, each with the argument holding the mode and, for
+/// those that create a file only when asked, the argument holding the flags that ask.
+const MODE_SETTING_SYSCALLS: &[(i64, u8, Option<u8>)] = &[
+    (libc::SYS_chmod, 1, None),
+    (libc::SYS_fchmod, 1, None),
+    (libc::SYS_fchmodat, 2, None),
+    (libc::SYS_fchmodat2, 2, None),
+    (libc::SYS_creat, 1, None),
+    (libc::SYS_mknod, 1, None),
+    (libc::SYS_mknodat, 2, None),
+    (libc::SYS_open, 2, Some(1)),
+    (libc::SYS_openat, 3, Some(2)),
+];
+
+/// The bit of `O_TMPFILE` that is its own (the rest is `O_DIRECTORY`): an unnamed file
+/// created with a mode, which `linkat` can then give a name.
+const O_TMPFILE_BIT: i32 = libc::O_TMPFILE & !libc::O_DIRECTORY;
 
 /// `open_tree_attr` (Linux 6.15, mount family), which the libc crate does not name yet.
 const SYS_OPEN_TREE_ATTR: i64 = 467;
@@ -406,6 +424,30 @@ fn compile_program(inputs: &Inputs) -> Result<BpfProgram, FilterError> {
             .collect::<Result<_, _>>()?,
     );
 
+    // A file the executor makes set-user-ID or set-group-ID would run, for whoever can
+    // reach it (a directory the operator let it write), as the executor's uid and gid,
+    // which are leased to a later executor once this one ends: the two would share one
+    // identity. Refused wherever a mode is given: chmod, and creating a file (open, openat
+    // and creat with O_CREAT or O_TMPFILE, mknod).
+    for (nr, mode_arg, flags_arg) in MODE_SETTING_SYSCALLS {
+        let mut rules = Vec::new();
+        for bit in [libc::S_ISUID, libc::S_ISGID] {
+            let set = cond(*mode_arg, Dword, MaskedEq(u64::from(bit)), u64::from(bit))?;
+            match flags_arg {
+                None => rules.push(rule(vec![set])?),
+                Some(flags) => {
+                    for creating in [libc::O_CREAT, O_TMPFILE_BIT] {
+                        rules.push(rule(vec![
+                            cond(*flags, Dword, MaskedEq(creating as u64), creating as u64)?,
+                            set.clone(),
+                        ])?);
+                    }
+                }
+            }
+        }
+        eperm.insert(*nr, rules);
+    }
+
     // Segment 2: EAFNOSUPPORT.
     let mut eafnosupport: Rules = BTreeMap::new();
     let mut socket_rules = Vec::new();
@@ -434,7 +476,10 @@ fn compile_program(inputs: &Inputs) -> Result<BpfProgram, FilterError> {
     );
 
     // Segment 3: ENOSYS.
-    let enosys: Rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
+    let enosys: Rules = BTreeMap::from([
+        (libc::SYS_clone3, Vec::new()),
+        (libc::SYS_openat2, Vec::new()),
+    ]);
 
     // Segment 4: user notification. sendto without an address is a connected send whose
     // destination was decided at connect time; it is left to the kernel.
