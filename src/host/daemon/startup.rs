@@ -232,11 +232,12 @@ impl StartupError {
     /// an executor that cannot start under it, a database set up so that it cannot be used)
     /// that a retry cannot change.
     pub fn may_pass(&self) -> bool {
+        use crate::continuity::ContinuityError;
         use crate::state::StateError;
         use crate::state::postgres::PgError;
-        matches!(
-            self,
-            StartupError::State(
+        let state_may_pass = |e: &StateError| {
+            matches!(
+                e,
                 StateError::InUse { .. }
                     | StateError::Postgres(
                         PgError::Connect { .. }
@@ -244,7 +245,14 @@ impl StartupError {
                             | PgError::ReadOnly { .. }
                     )
             )
-        )
+        };
+        match self {
+            StartupError::State(e) => state_may_pass(e),
+            // The start's check of the state against the records talks to the same
+            // database: a restart or a slow moment there passes as it does at open.
+            StartupError::Continuity(ContinuityError::State(e)) => state_may_pass(e),
+            _ => false,
+        }
     }
 }
 
@@ -894,6 +902,29 @@ impl Host {
 
 #[cfg(test)]
 mod tests {
+    /// The start's check of the state against the records fails as the state's open does
+    /// when the database is away or slow: a start that may pass (exit 1, retried), not a
+    /// refusal (exit 2, left down). Before, only the open's errors passed.
+    #[test]
+    fn a_database_away_during_the_continuity_check_may_pass() {
+        use crate::continuity::ContinuityError;
+        use crate::state::StateError;
+        use crate::state::postgres::PgError;
+        let away = || {
+            StateError::Postgres(PgError::Timeout {
+                target: "db".into(),
+                after: std::time::Duration::from_secs(5),
+            })
+        };
+        assert!(super::StartupError::State(away()).may_pass());
+        assert!(super::StartupError::Continuity(ContinuityError::State(away())).may_pass());
+        let refused = StateError::Postgres(PgError::Query {
+            target: "db".into(),
+            reason: "permission denied".into(),
+        });
+        assert!(!super::StartupError::Continuity(ContinuityError::State(refused)).may_pass());
+    }
+
     /// A retained set that is a dangling link is refused, not read as none: read as none,
     /// the rollback check was skipped and the set then replaced.
     #[test]

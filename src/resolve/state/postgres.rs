@@ -247,6 +247,30 @@ fn reason(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// Whether `e` says the connection is gone rather than the statement wrong: the server
+/// ended it (a restart or failover, SQLSTATE class 57 operator intervention) or it broke
+/// (class 08, or no connection left at all). Such an error may pass with the database.
+fn connection_lost(e: &tokio_postgres::Error) -> bool {
+    e.is_closed()
+        || e.code()
+            .is_some_and(|code| code.code().starts_with("08") || code.code().starts_with("57"))
+}
+
+/// A statement's failure on `target`: [`PgError::Connect`] when the connection is gone
+/// (it may pass), [`PgError::Query`] otherwise.
+fn query_failed(target: &str, e: &tokio_postgres::Error) -> PgError {
+    if connection_lost(e) {
+        return PgError::Connect {
+            target: target.to_string(),
+            reason: format!("the connection was lost: {}", reason(e)),
+        };
+    }
+    PgError::Query {
+        target: target.to_string(),
+        reason: reason(e),
+    }
+}
+
 /// A lock whose holder panicked: what it guards may be half updated, so the store refuses.
 fn poisoned<G>(_: std::sync::PoisonError<G>) -> StateError {
     StateError::Failed("a writer panicked while holding the store".into())
@@ -869,10 +893,7 @@ pub struct MigrateReport {
 /// untouched. Safe to run from several hosts at once.
 pub async fn migrate(settings: &PostgresStateConfig) -> Result<MigrateReport, StateError> {
     let target = Target::load(settings)?;
-    let query = |e: tokio_postgres::Error| PgError::Query {
-        target: target.name.clone(),
-        reason: reason(&e),
-    };
+    let query = |e: tokio_postgres::Error| query_failed(&target.name, &e);
     let work = async {
         let mut client = target.connect().await?;
         let tx = client.transaction().await.map_err(query)?;
@@ -963,10 +984,9 @@ impl PostgresStore {
         let name = target.name.clone();
         let first = tokio::time::timeout(settings.timeout, async {
             let client = target.connect().await?;
-            let version = schema_version(&client).await.map_err(|e| PgError::Query {
-                target: name.clone(),
-                reason: reason(&e),
-            })?;
+            let version = schema_version(&client)
+                .await
+                .map_err(|e| query_failed(&name, &e))?;
             match version {
                 Some(SCHEMA_VERSION) => Ok(client),
                 None => Err(PgError::Schema {
@@ -1118,10 +1138,7 @@ impl PostgresStore {
                 reason: reason(e),
             };
         }
-        PgError::Query {
-            target: self.target.name.clone(),
-            reason: reason(e),
-        }
+        query_failed(&self.target.name, e)
     }
 
     /// Runs `op` on one of the host's connections (reconnecting a lost one), within the
