@@ -770,19 +770,7 @@ impl Target {
                 .map_err(failed)?;
             if first.as_deref() != Some("public") {
                 // Where the tables are now, to say which setting keeps them.
-                let held_in: Option<String> = client
-                    .query_one(
-                        "SELECT n.nspname::text FROM pg_class c \
-                         JOIN pg_namespace n ON n.oid = c.relnamespace \
-                         WHERE c.relname = 'flowhost_schema' AND c.relkind = 'r' \
-                         AND has_schema_privilege(n.oid, 'USAGE') \
-                         ORDER BY n.nspname = current_schema() DESC, \
-                         n.nspname = 'public' DESC, n.nspname LIMIT 1",
-                        &[],
-                    )
-                    .await
-                    .ok()
-                    .and_then(|row| row.try_get(0).ok());
+                let held_in = schema_holding_the_tables(&client).await;
                 return Err(PgError::Unsuitable {
                     target: self.name.clone(),
                     reason: format!(
@@ -797,6 +785,29 @@ impl Target {
                             Some(s) => format!(" (the tables are in schema {s:?}: schema = {s:?})"),
                             None => String::new(),
                         }
+                    ),
+                });
+            }
+            // And only public: a role searching public first and another schema after
+            // (where a fleet set up before `schema` keeps its tables) would use those
+            // tables until public gets its own (a `state migrate` from elsewhere), then
+            // switch to them mid-connection.
+            client
+                .query_one("SELECT set_config('search_path', 'public', false)", &[])
+                .await
+                .map_err(failed)?;
+            // Tables kept in another schema (and none in public) are named: a `state
+            // migrate` would make empty ones in public, where every label reads as never
+            // raised.
+            if let Some(other) = schema_holding_the_tables(&client).await
+                && other != "public"
+            {
+                return Err(PgError::Unsuitable {
+                    target: self.name.clone(),
+                    reason: format!(
+                        "public holds no flowhost tables, and schema {other:?} does: set \
+                         host.state.schema = {other:?} on every host of the fleet, rather \
+                         than migrate"
                     ),
                 });
             }
@@ -827,6 +838,25 @@ impl Target {
         }
         Ok(client)
     }
+}
+
+/// The schema the role may use that holds flowhost's tables (the one searched first, then
+/// public, then by name), to name the setting that finds them; `None` when none does or it
+/// cannot be read.
+async fn schema_holding_the_tables(client: &Client) -> Option<String> {
+    client
+        .query_one(
+            "SELECT n.nspname::text FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.relname = 'flowhost_schema' AND c.relkind = 'r' \
+             AND has_schema_privilege(n.oid, 'USAGE') \
+             ORDER BY n.nspname = current_schema() DESC, \
+             n.nspname = 'public' DESC, n.nspname LIMIT 1",
+            &[],
+        )
+        .await
+        .ok()
+        .and_then(|row| row.try_get(0).ok())
 }
 
 impl Target {
@@ -1930,6 +1960,29 @@ mod tests {
             .unwrap()
             .get(0);
         assert_eq!(n, 1);
+        // A role searching public first, then the schema holding the tables: without the
+        // setting, public alone is searched, and the tables elsewhere are named, not used.
+        // Before, fleet's were, until public got tables of its own.
+        admin
+            .batch_execute("ALTER ROLE CURRENT_USER SET search_path TO public, fleet")
+            .await
+            .unwrap();
+        let e = PostgresStore::open(&pg.settings("h"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("public holds no flowhost tables") && e.contains("schema = \"fleet\""),
+            "{e}"
+        );
+        // Nor does migrate make empty ones in public.
+        let e = migrate(&pg.settings("h")).await.unwrap_err().to_string();
+        assert!(e.contains("schema = \"fleet\""), "{e}");
+        let row = admin
+            .query_one("SELECT to_regclass('public.principal_labels') IS NULL", &[])
+            .await
+            .unwrap();
+        assert!(row.get::<_, bool>(0));
     }
 
     /// A refusal only the operator can change (a wrong password, a database that does not
