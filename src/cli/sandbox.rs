@@ -562,6 +562,8 @@ fn start_dns(
         private_answers: args.private_answers.clone().into(),
         host: crate::dns::HostSide::LIVE,
         senders,
+        // A run's rules are fixed for its life: never narrowed.
+        narrowings: Default::default(),
     };
     let owner = ExecutorId {
         server: "sandbox".into(),

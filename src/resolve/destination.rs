@@ -71,6 +71,11 @@ pub enum Destination {
     /// past the resolver it was given: a lookup nobody would judge by name. Never allowed,
     /// whatever the rules say.
     LookupPastResolver(std::net::SocketAddr),
+    /// An address the executor's lookups handed out before a reload narrowed the rules that
+    /// judged them: the names it was bound to were screened (their CNAME chains included)
+    /// against fewer block rules than apply now. Never allowed; looked up again, it is
+    /// judged anew.
+    HandedOutBeforeNarrowing(std::net::SocketAddr),
     /// An address no rule can be checked on (unnamed, foreign to its socket, an unspecified
     /// IP, undecodable, malformed), described. Never allowed, whatever the default.
     Undecidable(String),
@@ -644,6 +649,14 @@ impl DestinationRules {
                 rule: "undecodable address".into(),
             };
         }
+        if let Destination::HandedOutBeforeNarrowing(addr) = dest {
+            return RuleDecision {
+                allowed: false,
+                rule: format!(
+                    "an address handed out before a reload narrowed the rules ({addr}): its names were screened against fewer block rules than apply now; looked up again, it is judged anew"
+                ),
+            };
+        }
         if let Destination::LookupPastResolver(addr) = dest {
             return RuleDecision {
                 allowed: false,
@@ -716,7 +729,8 @@ pub fn decide_with_origin(
     let Some(d) = dest.filter(|d| match d {
         Destination::Disconnect
         | Destination::Undecidable(_)
-        | Destination::LookupPastResolver(_) => false,
+        | Destination::LookupPastResolver(_)
+        | Destination::HandedOutBeforeNarrowing(_) => false,
         Destination::Inet(addr) | Destination::Named { addr, .. } => !is_resolver_address(addr),
         _ => true,
     }) else {

@@ -21,16 +21,26 @@ use crate::resolver::FlowResolver;
 /// The per-origin destination rules a generation's judges decide by, by principal: set
 /// when the generation is built, and narrowed in place by every later reload, refused or
 /// not, that takes rules out (the judges of running executors decide by the narrowed rules
-/// from their next attempt on).
+/// from their next attempt on), with how many times they were (which the generation's
+/// resolvers read: an address handed out before a narrowing was screened by fewer blocks).
 #[derive(Debug, Default)]
 pub struct Origins(
     std::sync::RwLock<Arc<std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules>>>,
+    crate::dns::Narrowings,
 );
 
 impl Origins {
     /// Rules built from `principals`' per-origin destinations.
     pub fn of(principals: &[crate::config::PrincipalConfig]) -> Self {
-        Origins(std::sync::RwLock::new(Arc::new(Self::map(principals))))
+        Origins(
+            std::sync::RwLock::new(Arc::new(Self::map(principals))),
+            Default::default(),
+        )
+    }
+
+    /// How many times these rules were narrowed, shared with the resolvers they judge for.
+    pub fn narrowings(&self) -> crate::dns::Narrowings {
+        self.1.clone()
     }
 
     fn map(
@@ -75,11 +85,17 @@ impl Origins {
                 next.insert(p.id.clone(), blocks);
             }
         }
+        if *current == next {
+            return;
+        }
         let next = Arc::new(next);
         match self.0.write() {
             Ok(mut m) => *m = next,
             Err(poisoned) => *poisoned.into_inner() = next,
         }
+        // Counted after the rules changed: a lookup judged meanwhile reads the old count,
+        // so what it binds is refused until looked up again.
+        self.1.add_one();
     }
 }
 
@@ -145,6 +161,9 @@ pub fn judged_destination(
             crate::destination::Destination::LookupPastResolver(*addr)
         }
         crate::dns::Naming::Names(names) => named_rules_destination(d, names),
+        crate::dns::Naming::BeforeNarrowing(addr) => {
+            crate::destination::Destination::HandedOutBeforeNarrowing(*addr)
+        }
     }
 }
 
@@ -559,5 +578,10 @@ mod tests {
         assert_eq!(gone.block, [rule("10.0.0.4:443")]);
         let kept = &now[&crate::ident::PrincipalId::new("kept").unwrap()];
         assert_eq!(kept.allow, [rule("10.0.0.1:443")]);
+        // Counted once: narrowing again by the same principals changes nothing, and the
+        // addresses the resolvers handed out since stay good.
+        assert_eq!(origins.narrowings().count(), 1);
+        origins.narrow_by(&[principal("kept", "10.0.0.1:443", "10.0.0.2:443")]);
+        assert_eq!(origins.narrowings().count(), 1);
     }
 }

@@ -336,6 +336,7 @@ pub(super) fn build_generation(
     let mut pools = BTreeMap::new();
     let origins = Arc::new(super::egress::Origins::of(&config.principals));
     let dns = crate::dns::DnsMediation {
+        narrowings: origins.narrowings(),
         upstream: Arc::new(match &config.dns_upstream {
             Some(servers) => crate::dns::Upstream::new(servers.clone()),
             None => {

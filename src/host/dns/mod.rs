@@ -17,6 +17,11 @@
 //! an address's names ([`MAX_NAMES_PER_ADDRESS`]). The sends that reach this resolver are the host talking
 //! to itself: they are allowed without an egress record (the lookup is what is judged).
 //!
+//! A reload can narrow the rules a running executor's lookups were judged by (a principal's
+//! per-origin rules: [`Narrowings`]). An address handed out before was screened against
+//! fewer block rules than apply now, through a CNAME chain that is not kept: a connect to it
+//! is refused until the executor looks it up again ([`Naming::BeforeNarrowing`]).
+//!
 //! The address is the attribution: only this executor's lookups arrive at it (other
 //! executors' sends to it are egress like any other, and no rule names it).
 //!
@@ -40,7 +45,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -261,6 +266,29 @@ pub struct DnsMediation {
     /// is dropped: judged under the executor's call in flight, it would be recorded as the
     /// executor's lookup, and could fill the records with allows.
     pub senders: flowhost_broker::UidRange,
+    /// How many times the rules judging these lookups have been narrowed.
+    pub narrowings: Narrowings,
+}
+
+/// How many times a reload has narrowed the rules that judge one generation's lookups (a
+/// principal's per-origin rules, which a reload narrows for the calls already running). An
+/// address handed out while the count was lower was screened against fewer block rules than
+/// apply now, through a CNAME chain the book does not keep, so the names it is remembered
+/// under no longer vouch for it. Shared by the rules and every resolver they judge for.
+#[derive(Debug, Clone, Default)]
+pub struct Narrowings(Arc<AtomicU64>);
+
+impl Narrowings {
+    /// The count now.
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Counts one more narrowing; from now on every address handed out before is refused
+    /// until looked up again.
+    pub fn add_one(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// Whose resolver it is, as its log lines name it.
@@ -530,6 +558,8 @@ struct Binding {
     name: HostName,
     expires: Instant,
     blocked_on: Vec<u16>,
+    /// The [`Narrowings`] count read before its lookup was judged.
+    narrowings: u64,
     /// `private_answers` named the name and its chain ([`opted_in`]): only then may the name
     /// judge a connect to an address that has become one of the host's own since.
     opted_in: bool,
@@ -564,15 +594,30 @@ struct AddressBook {
 }
 
 impl AddressBook {
-    /// Remembers `addresses` as handed out at `now` for `name`, which block rules name on
-    /// the ports `blocked_on`; returns those it is not remembered for, as they already have
-    /// as many names as are kept ([`MAX_NAMES_PER_ADDRESS`]).
+    /// [`AddressBook::remember_judged`] of a lookup judged before any narrowing.
+    #[cfg(test)]
     fn remember(
         &mut self,
         name: &HostName,
         blocked_on: &[u16],
         addresses: &[wire::AnswerAddress],
         opted_in: bool,
+        now: Instant,
+    ) -> Vec<IpAddr> {
+        self.remember_judged(name, blocked_on, addresses, opted_in, 0, now)
+    }
+
+    /// Remembers `addresses` as handed out at `now` for `name`, which block rules name on
+    /// the ports `blocked_on`, judged when the [`Narrowings`] count was `narrowings`;
+    /// returns those it is not remembered for, as they already have as many names as are
+    /// kept ([`MAX_NAMES_PER_ADDRESS`]).
+    fn remember_judged(
+        &mut self,
+        name: &HostName,
+        blocked_on: &[u16],
+        addresses: &[wire::AnswerAddress],
+        opted_in: bool,
+        narrowings: u64,
         now: Instant,
     ) -> Vec<IpAddr> {
         let mut full = Vec::new();
@@ -595,6 +640,7 @@ impl AddressBook {
                 name: name.clone(),
                 expires: now + binding_lifetime(a.ttl),
                 blocked_on: blocked_on.to_vec(),
+                narrowings,
                 opted_in,
             };
             if let Some(i) = names.iter().position(|b| b.name == *name) {
@@ -657,27 +703,48 @@ impl AddressBook {
         now: Instant,
         host: impl Fn(IpAddr) -> Option<PrivateScope>,
     ) -> Vec<HostName> {
-        judging(addr, self.bindings_at(addr, now), host)
+        let bindings = self.bindings_at(addr, 0, now).unwrap_or_default();
+        judging(addr, bindings, host)
     }
 
     /// The names `addr`'s address was handed out for that judge a connect to it at `now`,
     /// the last one first, each with whether `private_answers` opted it in: none once no
     /// name is live; else the live ones, and the expired ones a block rule named on `addr`'s
     /// port ([`Binding::holds`]). Whether the address is the host's own is for [`judging`].
-    fn bindings_at(&self, addr: SocketAddr, now: Instant) -> Vec<(HostName, bool)> {
+    /// [`HandedOutBeforeNarrowing`] when any of them, or any name still holding the address,
+    /// was judged before the [`Narrowings`] count reached `narrowings`.
+    fn bindings_at(
+        &self,
+        addr: SocketAddr,
+        narrowings: u64,
+        now: Instant,
+    ) -> Result<Vec<(HostName, bool)>, HandedOutBeforeNarrowing> {
         let Some(names) = self.names.get(&canonical_ip(addr.ip())) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         if !names.iter().any(|b| b.expires > now) {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        names
+        let judging = |b: &&Binding| b.holds(addr.port(), now);
+        if names
             .iter()
-            .filter(|b| b.holds(addr.port(), now))
+            .filter(|b| judging(b) || b.expires > now)
+            .any(|b| b.narrowings < narrowings)
+        {
+            return Err(HandedOutBeforeNarrowing);
+        }
+        Ok(names
+            .iter()
+            .filter(judging)
             .map(|b| (b.name.clone(), b.opted_in))
-            .collect()
+            .collect())
     }
 }
+
+/// An address the book holds under a name whose lookup was judged before the rules were
+/// last narrowed ([`Narrowings`]).
+#[derive(Debug)]
+struct HandedOutBeforeNarrowing;
 
 /// Of `bindings` ([`AddressBook::bindings_at`]), the names that judge a connect to `addr`:
 /// when the address is one of the host's own now or on a network it is attached to now
@@ -727,6 +794,7 @@ pub struct ExecutorDns {
     /// resolver.
     upstream: Arc<Upstream>,
     book: Arc<Mutex<AddressBook>>,
+    narrowings: Narrowings,
     host: HostSide,
     conf: tempfile::NamedTempFile,
     /// The host's `/etc/resolv.conf` as it was when the executor was shown this resolver
@@ -810,6 +878,7 @@ impl ExecutorDns {
             upstream: mediation.upstream.clone(),
             judge,
             book: book.clone(),
+            narrowings: mediation.narrowings.clone(),
             in_flight: Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT)),
         });
         let tasks = vec![
@@ -820,6 +889,7 @@ impl ExecutorDns {
             address,
             upstream: mediation.upstream.clone(),
             book,
+            narrowings: mediation.narrowings.clone(),
             host: mediation.host,
             conf,
             shown_over: std::sync::OnceLock::new(),
@@ -855,15 +925,18 @@ impl ExecutorDns {
     /// while any has not, those whose TTLs ran out that a block rule named on `addr`'s port
     /// (so they still refuse it, and never allow anything). When the address has become one
     /// of the host's own since, only names `private_answers` opted in. Empty: none; a
-    /// connect to it is judged by address rules alone.
-    pub fn names_of(&self, addr: SocketAddr) -> Vec<HostName> {
-        let bindings = self
-            .book
-            .lock()
-            .map(|book| book.bindings_at(addr, Instant::now()))
-            .unwrap_or_default();
-        // Out of the book's lock: the host-address question binds a socket.
-        judging(addr, bindings, |ip| self.host.scope(ip))
+    /// connect to it is judged by address rules alone. [`Naming::BeforeNarrowing`] when
+    /// the address was handed out before the rules were last narrowed.
+    pub fn names_of(&self, addr: SocketAddr) -> Naming {
+        let bindings = match self.book.lock() {
+            Ok(book) => book.bindings_at(addr, self.narrowings.count(), Instant::now()),
+            Err(_) => Ok(Vec::new()),
+        };
+        match bindings {
+            // Out of the book's lock: the host-address question binds a socket.
+            Ok(bindings) => Naming::Names(judging(addr, bindings, |ip| self.host.scope(ip))),
+            Err(HandedOutBeforeNarrowing) => Naming::BeforeNarrowing(addr),
+        }
     }
 }
 
@@ -940,14 +1013,18 @@ pub enum Naming {
     /// ignores it, or a view of the host's file after a rename there replaced the file the
     /// executor was shown (the kernel then drops that bind mount in every namespace).
     PastResolver(SocketAddr),
+    /// An address the executor's lookups handed out before a reload narrowed the rules
+    /// that judged them ([`Narrowings`]): refused until it is looked up again.
+    BeforeNarrowing(SocketAddr),
 }
 
 impl Naming {
-    /// The names, if any (none for a lookup past the resolver).
+    /// The names, if any (none for a lookup past the resolver, nor for an address handed
+    /// out before a narrowing).
     pub fn names(&self) -> &[HostName] {
         match self {
             Naming::Names(names) => names,
-            Naming::PastResolver(_) => &[],
+            Naming::PastResolver(_) | Naming::BeforeNarrowing(_) => &[],
         }
     }
 }
@@ -1002,7 +1079,7 @@ pub fn attempt_view(
     {
         AttemptView::Egress(Naming::PastResolver(*addr))
     } else if reaches {
-        AttemptView::Egress(Naming::Names(dns.names_of(*addr)))
+        AttemptView::Egress(dns.names_of(*addr))
     } else {
         // A bind or listen takes a local address, not a name's: an address a lookup handed
         // out (another host's, bound with IP_FREEBIND to send from it) is judged by address
@@ -1056,6 +1133,7 @@ struct Server {
     upstream: Arc<Upstream>,
     judge: LookupJudge,
     book: Arc<Mutex<AddressBook>>,
+    narrowings: Narrowings,
     in_flight: Arc<tokio::sync::Semaphore>,
 }
 
@@ -1115,6 +1193,9 @@ impl Server {
             bytes: query.len(),
             resolver: self.address,
         };
+        // Read before the judge reads the rules: a narrowing meanwhile leaves what this
+        // answer binds counted as before it, so refused until looked up again.
+        let narrowings = self.narrowings.count();
         let verdict = (self.judge)(lookup).await;
         // Whatever the judge said: a type not served is refused here too (fail closed).
         if !q.record_type.served() {
@@ -1140,7 +1221,7 @@ impl Server {
         {
             Ok(response) => match wire::answer(&q, &response, id) {
                 Ok(answer) => {
-                    self.admit(&q.name, &answer, &blocks);
+                    self.admit(&q.name, &answer, &blocks, narrowings);
                     if transport == "udp" && answer.bytes.len() > wire::udp_limit(&q) {
                         return Some(wire::truncated_answer(&q));
                     }
@@ -1162,7 +1243,7 @@ impl Server {
 impl Server {
     /// Remembers the addresses of an allowed name's answer that may be bound to it, and logs
     /// those withheld, with why.
-    fn admit(&self, name: &HostName, answer: &wire::Answer, blocks: &NameBlocks) {
+    fn admit(&self, name: &HostName, answer: &wire::Answer, blocks: &NameBlocks, narrowings: u64) {
         let (bound, withheld) = screen(
             name,
             answer,
@@ -1184,11 +1265,12 @@ impl Server {
             );
         }
         let full = match self.book.lock() {
-            Ok(mut book) => book.remember(
+            Ok(mut book) => book.remember_judged(
                 name,
                 &blocks.ports_naming(name),
                 &bound,
                 opted_in(name, answer, &self.private_answers),
+                narrowings,
                 Instant::now(),
             ),
             Err(_) => Vec::new(),
@@ -1525,6 +1607,7 @@ mod tests {
             host: AWAY,
             // The test itself asks, as whatever user runs it.
             senders: ANYONE,
+            narrowings: Default::default(),
         }
     }
 
@@ -1552,6 +1635,7 @@ mod tests {
     /// The names `dns` remembers for `ip`, the last one first.
     fn names(dns: &ExecutorDns, ip: &str) -> Vec<String> {
         dns.names_of(SocketAddr::new(ip.parse().unwrap(), 443))
+            .names()
             .iter()
             .map(|n| n.to_string())
             .collect()
@@ -1867,7 +1951,7 @@ mod tests {
         addr: &str,
     ) -> bool {
         let addr: SocketAddr = addr.parse().unwrap();
-        let dest = crate::daemon::named_rules_destination(
+        let dest = crate::daemon::judged_destination(
             &flowhost_broker::Destination::Inet(addr),
             &dns.names_of(addr),
         );
@@ -1905,6 +1989,48 @@ mod tests {
         assert_eq!(answer.answers.len(), 2, "the executor gets the answer");
         assert!(!connect_allowed(&dns, &rules, "192.0.2.51:443"));
         assert_eq!(names(&dns, "192.0.2.51"), Vec::<String>::new());
+    }
+
+    /// A reload that adds a block rule naming a name a CNAME chain led through refuses a
+    /// connect to the address that chain handed out before, though the name asked is still
+    /// allowed: the chain is not kept, so every address handed out before the narrowing is
+    /// refused until looked up again (and looked up again, the chain is screened anew).
+    /// Before, the address stayed bound to the allowed name and the connect was allowed.
+    #[tokio::test]
+    async fn an_address_handed_out_before_a_narrowing_is_refused() {
+        if !can_bind_53() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mediation = mediation(example_upstream().await, dir.path());
+        let narrowed = example_rules();
+        let before = crate::destination::DestinationRules {
+            block: Vec::new(),
+            ..narrowed.clone()
+        };
+        let rules = Arc::new(Mutex::new(before.clone()));
+        let judging = rules.clone();
+        let judge: LookupJudge = Arc::new(move |_: Lookup| {
+            let blocks = NameBlocks::of(&judging.lock().unwrap(), None);
+            Box::pin(async move { LookupVerdict::Answered(blocks) })
+        });
+        let dns = ExecutorDns::start(&mediation, ExecutorId::default(), judge).unwrap();
+        ask(&dns, 1, "alias.example.com.").await;
+        assert!(connect_allowed(&dns, &before, "192.0.2.51:443"));
+        // The reload: the rules gain the block, then the count moves.
+        *rules.lock().unwrap() = narrowed.clone();
+        mediation.narrowings.add_one();
+        assert!(!connect_allowed(&dns, &narrowed, "192.0.2.51:443"));
+        assert_eq!(
+            dns.names_of("192.0.2.51:443".parse().unwrap()),
+            Naming::BeforeNarrowing("192.0.2.51:443".parse().unwrap())
+        );
+        // Looked up again, the chain meets the block: still refused.
+        ask(&dns, 2, "alias.example.com.").await;
+        assert!(!connect_allowed(&dns, &narrowed, "192.0.2.51:443"));
+        // An address looked up since is judged as ever.
+        ask(&dns, 3, "other.example.com.").await;
+        assert!(connect_allowed(&dns, &narrowed, "192.0.2.60:443"));
     }
 
     /// `ip` as an answer hands it out for `ttl` seconds.
