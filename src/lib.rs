@@ -11,6 +11,7 @@
 // host wires them together and cli drives it. The old flat paths stay available below.
 pub mod admission;
 pub mod canonical;
+pub mod causes;
 pub mod cli;
 pub mod diff;
 pub mod files;

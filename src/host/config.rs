@@ -1114,8 +1114,13 @@ impl HostConfig {
                     authorities.insert(a.id.clone(), key);
                 }
                 Err(e) => {
-                    unreadable_authorities
-                        .insert(a.id.clone(), (format!("{at}.key"), e.to_string()));
+                    unreadable_authorities.insert(
+                        a.id.clone(),
+                        (
+                            format!("{at}.key"),
+                            crate::causes::WithCauses(&e).to_string(),
+                        ),
+                    );
                 }
             }
         }

@@ -85,7 +85,10 @@ impl Generation {
             let why = match config.servers.iter().find(|s| s.id == id) {
                 None => Some("taken out of the configuration".to_string()),
                 Some(s) => match crate::keys::verifying_key_from_arg(&s.key) {
-                    Err(e) => Some(format!("its registered key cannot be read: {e}")),
+                    Err(e) => Some(format!(
+                        "its registered key cannot be read: {}",
+                        crate::causes::WithCauses(&e)
+                    )),
                     Ok(key) => admitted.envelope().verify(&key).err().map(|_| {
                         "its manifest is not signed by the key the configuration now names"
                             .to_string()
@@ -140,6 +143,7 @@ impl Generation {
                     withdrawn.insert(id.clone(), "its key was replaced".to_string());
                 }
                 Err(e) => {
+                    let e = crate::causes::WithCauses(&e);
                     withdrawn.insert(id.clone(), format!("its key cannot be read: {e}"));
                 }
             }

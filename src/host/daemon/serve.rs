@@ -238,7 +238,7 @@ pub async fn run(host: Arc<Host>, listener: UnixListener) -> Served {
                 };
                 let (accepted, generation, status) = match &outcome {
                     Ok(id) => (true, *id, format!("reloaded: generation {id}")),
-                    Err(e) => (false, host.current().id, format!("reload refused, still serving the previous configuration: {e}")),
+                    Err(e) => (false, host.current().id, format!("reload refused, still serving the previous configuration: {}", crate::causes::WithCauses(e))),
                 };
                 if accepted {
                     tracing::info!("{status}");

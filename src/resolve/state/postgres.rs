@@ -237,14 +237,7 @@ pub enum PgError {
 /// An error with its causes (a `tokio_postgres` error's `Display` alone often says only "db
 /// error", a file error's only what was being done).
 fn reason(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
+    crate::causes::WithCauses(e).to_string()
 }
 
 /// Whether `e` says the connection is gone rather than the statement wrong: the server
