@@ -512,6 +512,10 @@ pub fn write_atomic_with(
 
 /// Makes the entries of `dir` (created, renamed or removed files) durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    #[cfg(test)]
+    if FAIL_DIR_SYNCS.with(std::cell::Cell::get) {
+        return Err(io::Error::other("a directory sync this test made fail"));
+    }
     File::open(dir)?.sync_all()?;
     #[cfg(test)]
     SYNCED_DIRS.with(|synced| synced.borrow_mut().push(dir.to_path_buf()));
@@ -581,10 +585,14 @@ thread_local! {
     /// leaves nothing else to see).
     pub(crate) static SYNCED_DIRS: std::cell::RefCell<Vec<PathBuf>> =
         const { std::cell::RefCell::new(Vec::new()) };
+    /// Set by a test: every [`sync_dir`] on this thread fails (a power-loss-prone disk
+    /// cannot be had on demand).
+    pub(crate) static FAIL_DIR_SYNCS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Creates `path` with `bytes` and permission bits `mode`, refusing to replace anything
-/// already there. The file appears complete or not at all.
+/// already there. The file appears complete or not at all: one whose name could not be made
+/// durable is taken away again, and the error says so.
 pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
     let temp = write_temp(path, bytes, mode)?;
     // persist_noclobber links the finished temporary file into place, which fails with
@@ -601,7 +609,12 @@ pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> 
             }
         }
     })?;
-    sync_parent(path)
+    sync_parent(path).inspect_err(|_| {
+        // Linked here without replacing anything, so the file is this call's own: left,
+        // it would stand for a write that failed (a key pair's half, a retry refused as
+        // already there).
+        let _ = std::fs::remove_file(path);
+    })
 }
 
 /// The directory holding `path` (`.` for a bare file name).

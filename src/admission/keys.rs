@@ -198,7 +198,8 @@ pub struct GeneratedKey {
 /// Generates a key pair from the operating system's random source and writes
 /// `DIR/NAME.key` (0600) and `DIR/NAME.pub` (0644), creating `DIR` (0700) if needed.
 ///
-/// Refuses to overwrite either file; on failure nothing is left behind.
+/// Refuses to overwrite either file; on failure nothing is left behind (a file whose name
+/// could not be made durable included).
 pub fn generate(dir: &Path, name: &str) -> Result<GeneratedKey, KeyError> {
     let mut seed = Zeroizing::new([0u8; SECRET_KEY_LENGTH]);
     OsRng
@@ -403,6 +404,25 @@ mod tests {
         for parent in [dir.path().to_path_buf(), dir.path().join("a")] {
             assert!(synced.contains(&parent), "{parent:?} not in {synced:?}");
         }
+    }
+
+    /// A key file whose name cannot be made durable is taken away with the rest: nothing
+    /// is left, and the next try is not refused as already there. Before, a private key
+    /// stayed alone, or a public key whose private half was gone (one an operator could
+    /// register).
+    #[test]
+    fn a_pair_that_cannot_be_made_durable_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::files::FAIL_DIR_SYNCS.with(|f| f.set(true));
+        let failed = generate(dir.path(), "k");
+        crate::files::FAIL_DIR_SYNCS.with(|f| f.set(false));
+        assert!(failed.is_err());
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        generate(dir.path(), "k").unwrap();
     }
 
     #[test]
