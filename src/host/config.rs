@@ -1203,6 +1203,16 @@ impl HostConfig {
         };
         let dns_upstream = match &h.dns_upstream {
             None => None,
+            // No resolver to ask: every lookup an executor's rules allow would be recorded
+            // as allowed and then fail. Names are refused by the destination rules.
+            Some(list) if list.is_empty() => {
+                return Err(invalid(
+                    "host.dns_upstream".into(),
+                    "is empty, so no lookup could be answered; leave it out to ask the \
+                     host's /etc/resolv.conf resolvers, or refuse names with destination rules"
+                        .into(),
+                ));
+            }
             Some(list) => Some(
                 list.iter()
                     .enumerate()
@@ -1661,6 +1671,20 @@ policy = { input_clearances = [], output_floor = { kind = "known", owners = {}, 
             let e = error(&MINIMAL.replace("[host]", &format!("[host]\n{key} = 0")));
             assert!(e.contains(&format!("`host.{key}`")), "{e}");
         }
+    }
+
+    /// An empty resolver list is refused, naming the key: every lookup would be recorded
+    /// as allowed and then fail. Before, it was taken.
+    #[test]
+    fn an_empty_dns_upstream_is_refused() {
+        let e = error(&MINIMAL.replace("[host]", "[host]\ndns_upstream = []"));
+        assert!(
+            e.contains("host.dns_upstream") && e.contains("is empty"),
+            "{e}"
+        );
+        let c = parse(&MINIMAL.replace("[host]", "[host]\ndns_upstream = [\"127.0.0.1:5335\"]"))
+            .unwrap();
+        assert_eq!(c.dns_upstream.unwrap().len(), 1);
     }
 
     #[test]
