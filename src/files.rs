@@ -92,6 +92,19 @@ pub enum FileError {
         /// What the OS said.
         source: io::Error,
     },
+    /// A new file was written, but its directory could not be synced, so it was taken away
+    /// again: nothing is there.
+    #[error(
+        "{}: not written: its directory could not be synced (a crash could have lost the \
+         file), so the file was taken away again",
+        path.display()
+    )]
+    NotDurableTakenAway {
+        /// The file that was written and removed.
+        path: PathBuf,
+        /// What the OS said of the sync.
+        source: io::Error,
+    },
 }
 
 /// How someone other than root or this process's user could change a file (or directory)
@@ -609,11 +622,14 @@ pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> 
             }
         }
     })?;
-    sync_parent(path).inspect_err(|_| {
+    sync_parent(path).map_err(|e| match e {
         // Linked here without replacing anything, so the file is this call's own: left,
         // it would stand for a write that failed (a key pair's half, a retry refused as
         // already there).
-        let _ = std::fs::remove_file(path);
+        FileError::NotDurable { path, source } if std::fs::remove_file(&path).is_ok() => {
+            FileError::NotDurableTakenAway { path, source }
+        }
+        other => other,
     })
 }
 

@@ -767,6 +767,41 @@ fn an_executors_refusal_of_a_subscription_reaches_the_client_without_its_words()
     assert_ne!(subscribed[1].1, "success", "{subscribed:?}");
 }
 
+/// An unsubscribe ends the subscription for the client whatever the executor answers: the
+/// session stops relaying the resource's updates before it asks, so the client is told it
+/// took effect, and the records hold its allow alone. Before, the client was told the
+/// unsubscribe failed and the records that it did not take effect, though no update of it
+/// reached the client any more.
+#[test]
+fn an_unsubscribe_the_executor_refuses_still_ends_the_subscription() {
+    let Some(mut lab) = start(&[]) else {
+        return;
+    };
+    let mut c = session(&lab, json!({}));
+    let uri = "test://template/sticky/data";
+    let (r, _) = on_resource(&mut c, 2, "resources/subscribe", uri);
+    assert_eq!(r["result"], json!({}), "{r}");
+    let (r, _) = on_resource(&mut c, 3, "resources/unsubscribe", uri);
+    assert_eq!(r["result"], json!({}), "{r}");
+    lab.stop();
+    assert!(
+        lab.log().contains("the executor did not take the unsubscribe"),
+        "{}",
+        lab.log()
+    );
+    let unsubscribed: Vec<String> = lab
+        .records()
+        .into_iter()
+        .filter(|r| {
+            r["tool"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("resources/unsubscribe"))
+        })
+        .map(|r| r["flowhost"]["event"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(unsubscribed, ["content_request"], "{unsubscribed:?}");
+}
+
 /// Replaces the principal's `tools` value `from` by `to`, reloads, and waits for the
 /// `generation`th configuration to be served.
 fn reload_granting(lab: &Lab, from: &str, to: &str, generation: usize) {

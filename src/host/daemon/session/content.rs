@@ -283,6 +283,13 @@ impl Session {
             .await;
         let outcome = match forwarded {
             Ok(_) => Ok(json!({})),
+            // The session stopped relaying the URI's updates above: for the client the
+            // subscription has ended, as the allow recorded says, whatever the executor
+            // answered. It may go on watching; what it sends no longer reaches the client.
+            Err(e) if !subscribe => {
+                tracing::warn!(session = %self.id, server = %server, uri = %Escaped(uri), error = %Escaped(&e), "the executor did not take the unsubscribe; the session no longer relays the resource's updates");
+                Ok(json!({}))
+            }
             Err(e) => {
                 // Nothing is read here, so nothing is labelled: what the executor said (an
                 // error's message, a broken line) goes to the host's log, never the client.
