@@ -785,7 +785,8 @@ fn an_unsubscribe_the_executor_refuses_still_ends_the_subscription() {
     assert_eq!(r["result"], json!({}), "{r}");
     lab.stop();
     assert!(
-        lab.log().contains("the executor did not take the unsubscribe"),
+        lab.log()
+            .contains("the executor did not take the unsubscribe"),
         "{}",
         lab.log()
     );
@@ -797,7 +798,12 @@ fn an_unsubscribe_the_executor_refuses_still_ends_the_subscription() {
                 .as_str()
                 .is_some_and(|n| n.starts_with("resources/unsubscribe"))
         })
-        .map(|r| r["flowhost"]["event"].as_str().unwrap_or_default().to_string())
+        .map(|r| {
+            r["flowhost"]["event"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
         .collect();
     assert_eq!(unsubscribed, ["content_request"], "{unsubscribed:?}");
 }

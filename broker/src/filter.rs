@@ -430,6 +430,11 @@ fn compile_program(inputs: &Inputs) -> Result<BpfProgram, FilterError> {
     // identity. Refused wherever a mode is given: chmod, and creating a file (open, openat
     // and creat with O_CREAT or O_TMPFILE, mknod).
     for (nr, mode_arg, flags_arg) in MODE_SETTING_SYSCALLS {
+        // A profile that denies the syscall outright (an empty rule list matches always)
+        // keeps that: conditions added to it would allow the rest.
+        if eperm.get(nr).is_some_and(Vec::is_empty) {
+            continue;
+        }
         let mut rules = Vec::new();
         for bit in [libc::S_ISUID, libc::S_ISGID] {
             let set = cond(*mode_arg, Dword, MaskedEq(u64::from(bit)), u64::from(bit))?;
