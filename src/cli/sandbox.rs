@@ -1116,7 +1116,8 @@ fn rule_on(
     let decision = rules.decide(
         info.destination
             .as_ref()
-            .map(|d| crate::daemon::judged_destination(d, &naming))
+            // A run's rules are never narrowed.
+            .map(|d| crate::daemon::judged_destination(d, &naming, 0))
             .as_ref(),
     );
     Some((naming.names().to_vec(), decision))

@@ -18,34 +18,38 @@ use crate::records::{
 };
 use crate::resolver::FlowResolver;
 
+/// The rules of each principal, by principal.
+type OriginMap = std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules>;
+
 /// The per-origin destination rules a generation's judges decide by, by principal: set
 /// when the generation is built, and narrowed in place by every later reload, refused or
 /// not, that takes rules out (the judges of running executors decide by the narrowed rules
-/// from their next attempt on), with how many times they were (which the generation's
-/// resolvers read: an address handed out before a narrowing was screened by fewer blocks).
+/// from their next attempt on), with how many times they were: an address the
+/// generation's resolvers handed out before a narrowing was screened by fewer blocks.
 #[derive(Debug, Default)]
-pub struct Origins(
-    std::sync::RwLock<Arc<std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules>>>,
-    crate::dns::Narrowings,
-);
+pub struct Origins {
+    /// The rules, and how many narrowings made them, read and written together.
+    rules: std::sync::RwLock<(Arc<OriginMap>, u64)>,
+    /// The same count, for the resolvers to stamp their answers with; moved under the
+    /// rules' write lock, so a resolver that reads the new count judges by the new rules.
+    narrowings: crate::dns::Narrowings,
+}
 
 impl Origins {
     /// Rules built from `principals`' per-origin destinations.
     pub fn of(principals: &[crate::config::PrincipalConfig]) -> Self {
-        Origins(
-            std::sync::RwLock::new(Arc::new(Self::map(principals))),
-            Default::default(),
-        )
+        Origins {
+            rules: std::sync::RwLock::new((Arc::new(Self::map(principals)), 0)),
+            narrowings: Default::default(),
+        }
     }
 
     /// How many times these rules were narrowed, shared with the resolvers they judge for.
     pub fn narrowings(&self) -> crate::dns::Narrowings {
-        self.1.clone()
+        self.narrowings.clone()
     }
 
-    fn map(
-        principals: &[crate::config::PrincipalConfig],
-    ) -> std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules> {
+    fn map(principals: &[crate::config::PrincipalConfig]) -> OriginMap {
         principals
             .iter()
             .filter_map(|p| Some((p.id.clone(), p.destinations.clone()?)))
@@ -53,11 +57,14 @@ impl Origins {
     }
 
     /// The rules decided by now.
-    pub fn current(
-        &self,
-    ) -> Arc<std::collections::BTreeMap<crate::ident::PrincipalId, OriginRules>> {
-        match self.0.read() {
-            Ok(m) => m.clone(),
+    pub fn current(&self) -> Arc<OriginMap> {
+        self.counted().0
+    }
+
+    /// The rules decided by now, with how many narrowings made them.
+    pub fn counted(&self) -> (Arc<OriginMap>, u64) {
+        match self.rules.read() {
+            Ok(r) => r.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
@@ -73,10 +80,15 @@ impl Origins {
                 .find(|p| p.id == *id)
                 .and_then(|p| p.destinations.as_ref())
         };
-        let current = self.current();
-        let mut next = std::collections::BTreeMap::new();
-        for (id, rules) in current.iter() {
-            if let Some(kept) = narrowed_origin(Some(rules), now(id)) {
+        // Under the write lock throughout: two narrowings at once both apply.
+        let mut rules = match self.rules.write() {
+            Ok(r) => r,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let current = &rules.0;
+        let mut next = OriginMap::new();
+        for (id, kept) in current.iter() {
+            if let Some(kept) = narrowed_origin(Some(kept), now(id)) {
                 next.insert(id.clone(), kept);
             }
         }
@@ -85,17 +97,11 @@ impl Origins {
                 next.insert(p.id.clone(), blocks);
             }
         }
-        if *current == next {
+        if **current == next {
             return;
         }
-        let next = Arc::new(next);
-        match self.0.write() {
-            Ok(mut m) => *m = next,
-            Err(poisoned) => *poisoned.into_inner() = next,
-        }
-        // Counted after the rules changed: a lookup judged meanwhile reads the old count,
-        // so what it binds is refused until looked up again.
-        self.1.add_one();
+        *rules = (Arc::new(next), rules.1 + 1);
+        self.narrowings.add_one();
     }
 }
 
@@ -152,18 +158,25 @@ pub fn rules_destination(d: &Destination) -> crate::destination::Destination {
 /// The rules' view of a destination the broker decoded, with what the executor's lookups
 /// say of it ([`crate::dns::Naming`]): a lookup past the executor's own resolver is one no
 /// rule reaches.
+///
+/// `narrowings` is how many narrowings made the rules it is judged by: names the resolver
+/// gave under a smaller count ([`crate::dns::Naming::Names`]'s `counted`) were screened
+/// by fewer block rules, and vouch for nothing.
 pub fn judged_destination(
     d: &Destination,
     naming: &crate::dns::Naming,
+    narrowings: u64,
 ) -> crate::destination::Destination {
+    use crate::destination::Destination as R;
     match naming {
-        crate::dns::Naming::PastResolver(addr) => {
-            crate::destination::Destination::LookupPastResolver(*addr)
-        }
-        crate::dns::Naming::Names(names) => named_rules_destination(d, names),
-        crate::dns::Naming::BeforeNarrowing(addr) => {
-            crate::destination::Destination::HandedOutBeforeNarrowing(*addr)
-        }
+        crate::dns::Naming::PastResolver(addr) => R::LookupPastResolver(*addr),
+        crate::dns::Naming::Names { names, counted } => match d {
+            Destination::Inet(addr) if !names.is_empty() && *counted < narrowings => {
+                R::HandedOutBeforeNarrowing(*addr)
+            }
+            _ => named_rules_destination(d, names),
+        },
+        crate::dns::Naming::BeforeNarrowing(addr) => R::HandedOutBeforeNarrowing(*addr),
     }
 }
 
@@ -399,6 +412,9 @@ impl EgressJudge {
     ) -> Judgment {
         let info = attempt.info().clone();
         let details = named_broker_details(&info, naming.names());
+        // The rules and their narrowing count, read together: names the resolver gave
+        // before a narrowing these rules carry are refused.
+        let (origins, narrowings) = self.origins.counted();
         let judged = match &call {
             None => None,
             Some(call) => Some(
@@ -407,10 +423,10 @@ impl EgressJudge {
                         &call.plan,
                         info.destination
                             .as_ref()
-                            .map(|d| judged_destination(d, &naming))
+                            .map(|d| judged_destination(d, &naming, narrowings))
                             .as_ref(),
                         &self.destinations,
-                        self.origins.current().get(&call.plan.key.principal),
+                        origins.get(&call.plan.key.principal),
                     )
                     .await,
             ),
@@ -583,5 +599,6 @@ mod tests {
         assert_eq!(origins.narrowings().count(), 1);
         origins.narrow_by(&[principal("kept", "10.0.0.1:443", "10.0.0.2:443")]);
         assert_eq!(origins.narrowings().count(), 1);
+        assert_eq!(origins.counted().1, 1);
     }
 }

@@ -20,7 +20,9 @@
 //! A reload can narrow the rules a running executor's lookups were judged by (a principal's
 //! per-origin rules: [`Narrowings`]). An address handed out before was screened against
 //! fewer block rules than apply now, through a CNAME chain that is not kept: a connect to it
-//! is refused until the executor looks it up again ([`Naming::BeforeNarrowing`]).
+//! is refused until every name holding it is looked up again or has expired
+//! ([`Naming::BeforeNarrowing`]; a connect whose names were looked at before a narrowing and
+//! judged after it is refused too, by the count its rules carry).
 //!
 //! The address is the attribution: only this executor's lookups arrive at it (other
 //! executors' sends to it are egress like any other, and no rule names it).
@@ -711,8 +713,8 @@ impl AddressBook {
     /// the last one first, each with whether `private_answers` opted it in: none once no
     /// name is live; else the live ones, and the expired ones a block rule named on `addr`'s
     /// port ([`Binding::holds`]). Whether the address is the host's own is for [`judging`].
-    /// [`HandedOutBeforeNarrowing`] when any of them, or any name still holding the address,
-    /// was judged before the [`Narrowings`] count reached `narrowings`.
+    /// [`HandedOutBeforeNarrowing`] when a name whose TTL has not run out was judged before
+    /// the [`Narrowings`] count reached `narrowings`.
     fn bindings_at(
         &self,
         addr: SocketAddr,
@@ -725,17 +727,17 @@ impl AddressBook {
         if !names.iter().any(|b| b.expires > now) {
             return Ok(Vec::new());
         }
-        let judging = |b: &&Binding| b.holds(addr.port(), now);
+        // A live name screened before the narrowing vouches for nothing; one kept past its
+        // TTL only for the block it met still refuses, as blocks only grow.
         if names
             .iter()
-            .filter(|b| judging(b) || b.expires > now)
-            .any(|b| b.narrowings < narrowings)
+            .any(|b| b.expires > now && b.narrowings < narrowings)
         {
             return Err(HandedOutBeforeNarrowing);
         }
         Ok(names
             .iter()
-            .filter(judging)
+            .filter(|b| b.holds(addr.port(), now))
             .map(|b| (b.name.clone(), b.opted_in))
             .collect())
     }
@@ -928,13 +930,17 @@ impl ExecutorDns {
     /// connect to it is judged by address rules alone. [`Naming::BeforeNarrowing`] when
     /// the address was handed out before the rules were last narrowed.
     pub fn names_of(&self, addr: SocketAddr) -> Naming {
+        let counted = self.narrowings.count();
         let bindings = match self.book.lock() {
-            Ok(book) => book.bindings_at(addr, self.narrowings.count(), Instant::now()),
+            Ok(book) => book.bindings_at(addr, counted, Instant::now()),
             Err(_) => Ok(Vec::new()),
         };
         match bindings {
             // Out of the book's lock: the host-address question binds a socket.
-            Ok(bindings) => Naming::Names(judging(addr, bindings, |ip| self.host.scope(ip))),
+            Ok(bindings) => Naming::Names {
+                names: judging(addr, bindings, |ip| self.host.scope(ip)),
+                counted,
+            },
             Err(HandedOutBeforeNarrowing) => Naming::BeforeNarrowing(addr),
         }
     }
@@ -1005,8 +1011,14 @@ pub enum AttemptView {
 pub enum Naming {
     /// The names the executor's lookups got its address as an answer for, the last one
     /// first (judged against host-name rules with all of them, and recorded with them;
-    /// empty: none).
-    Names(Vec<HostName>),
+    /// empty: none), as they stood when the [`Narrowings`] count was `counted`: judged by
+    /// rules narrowed since, they vouch for nothing.
+    Names {
+        /// The names.
+        names: Vec<HostName>,
+        /// The count they were looked at under.
+        counted: u64,
+    },
     /// A reach for port 53 of an address other than the executor's own resolver: a lookup
     /// past it, which nobody would judge by name (refused whatever the rules say). Its
     /// `/etc/resolv.conf` names its own resolver only; a lookup elsewhere is a client that
@@ -1023,8 +1035,16 @@ impl Naming {
     /// out before a narrowing).
     pub fn names(&self) -> &[HostName] {
         match self {
-            Naming::Names(names) => names,
+            Naming::Names { names, .. } => names,
             Naming::PastResolver(_) | Naming::BeforeNarrowing(_) => &[],
+        }
+    }
+
+    /// No name: a destination no lookup handed out (judged by address rules alone).
+    pub fn unnamed() -> Self {
+        Naming::Names {
+            names: Vec::new(),
+            counted: 0,
         }
     }
 }
@@ -1058,7 +1078,7 @@ pub fn attempt_view(
         flowhost_broker::EgressSyscall::Bind | flowhost_broker::EgressSyscall::Listen
     );
     let Some(flowhost_broker::Destination::Inet(addr)) = &info.destination else {
-        return AttemptView::Egress(Naming::Names(Vec::new()));
+        return AttemptView::Egress(Naming::unnamed());
     };
     let Some(dns) = dns else {
         // Lookups not mediated (the host could not bind the resolver's port): a query to
@@ -1069,7 +1089,7 @@ pub fn attempt_view(
         {
             return AttemptView::Egress(Naming::PastResolver(*addr));
         }
-        return AttemptView::Egress(Naming::Names(Vec::new()));
+        return AttemptView::Egress(Naming::unnamed());
     };
     if reaches && dns.is_resolver(addr) {
         AttemptView::ToResolver
@@ -1084,7 +1104,7 @@ pub fn attempt_view(
         // A bind or listen takes a local address, not a name's: an address a lookup handed
         // out (another host's, bound with IP_FREEBIND to send from it) is judged by address
         // rules alone, as for a lookup that never happened.
-        AttemptView::Egress(Naming::Names(Vec::new()))
+        AttemptView::Egress(Naming::unnamed())
     }
 }
 
@@ -1684,7 +1704,7 @@ mod tests {
         // an address elsewhere on the upstream's port.
         for to in ["127.0.0.1:8080", "198.51.100.9:5335"] {
             assert!(
-                matches!(view(to), AttemptView::Egress(Naming::Names(_))),
+                matches!(view(to), AttemptView::Egress(Naming::Names { .. })),
                 "{to}"
             );
         }
@@ -1756,7 +1776,7 @@ mod tests {
             assert!(
                 matches!(
                     attempt_view(None, up, &info(syscall, to)),
-                    AttemptView::Egress(Naming::Names(_))
+                    AttemptView::Egress(Naming::Names { .. })
                 ),
                 "{to}"
             );
@@ -1869,7 +1889,7 @@ mod tests {
         ] {
             let view = attempt_view(Some(&dns), None, &udp_attempt(syscall, "192.0.2.7:443"));
             assert!(
-                matches!(&view, AttemptView::Egress(Naming::Names(n)) if n.is_empty()),
+                matches!(&view, AttemptView::Egress(Naming::Names { names, .. }) if names.is_empty()),
                 "{syscall:?}"
             );
         }
@@ -1878,7 +1898,9 @@ mod tests {
             None,
             &udp_attempt(flowhost_broker::EgressSyscall::Connect, "192.0.2.7:443"),
         );
-        assert!(matches!(&view, AttemptView::Egress(Naming::Names(n)) if n.len() == 1));
+        assert!(
+            matches!(&view, AttemptView::Egress(Naming::Names { names, .. }) if names.len() == 1)
+        );
         drop(dns);
 
         // The server's opt-in binds them for the names it names, and for those only.
@@ -1954,6 +1976,7 @@ mod tests {
         let dest = crate::daemon::judged_destination(
             &flowhost_broker::Destination::Inet(addr),
             &dns.names_of(addr),
+            dns.narrowings.count(),
         );
         rules.decide(Some(&dest)).allowed
     }
@@ -2017,9 +2040,19 @@ mod tests {
         let dns = ExecutorDns::start(&mediation, ExecutorId::default(), judge).unwrap();
         ask(&dns, 1, "alias.example.com.").await;
         assert!(connect_allowed(&dns, &before, "192.0.2.51:443"));
+        // A connect whose names were looked at before the reload and judged after it (it
+        // waited for the judge): refused by the count of the rules it is judged by.
+        let to: SocketAddr = "192.0.2.51:443".parse().unwrap();
+        let looked_at = dns.names_of(to);
         // The reload: the rules gain the block, then the count moves.
         *rules.lock().unwrap() = narrowed.clone();
         mediation.narrowings.add_one();
+        let judged = crate::daemon::judged_destination(
+            &flowhost_broker::Destination::Inet(to),
+            &looked_at,
+            mediation.narrowings.count(),
+        );
+        assert!(!narrowed.decide(Some(&judged)).allowed, "{judged:?}");
         assert!(!connect_allowed(&dns, &narrowed, "192.0.2.51:443"));
         assert_eq!(
             dns.names_of("192.0.2.51:443".parse().unwrap()),
