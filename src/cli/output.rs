@@ -20,9 +20,13 @@ pub struct OutputError(#[source] pub std::io::Error);
 pub(crate) fn json_for_terminal(json: &str) -> String {
     let mut out = String::with_capacity(json.len());
     for c in json.chars() {
-        // serde_json escapes C0 inside strings (outside them, the layout's line breaks
-        // stay); DEL and C1 are the rest of the controls.
-        if (c.is_control() && c > '\u{1f}') || flowhost_broker::rearranges_lines(c) {
+        // Inside strings C0 is escaped (by serde_json, or the text is no JSON); outside,
+        // it is layout: line breaks stay, and a carriage return or tab (a line read from a
+        // file could hold one, and a CR lets the rest overwrite the line) becomes a space,
+        // the same whitespace to a JSON reader. DEL and C1 are the rest of the controls.
+        if c.is_control() && c <= '\u{1f}' && c != '\n' {
+            out.push(' ');
+        } else if (c.is_control() && c > '\u{1f}') || flowhost_broker::rearranges_lines(c) {
             out.push_str(&format!("\\u{:04x}", u32::from(c)));
         } else {
             out.push(c);
@@ -91,8 +95,16 @@ mod json_tests {
     #[test]
     fn json_for_a_terminal_escapes_what_a_terminal_acts_on() {
         let value = serde_json::json!({"tool": "add\u{9b}2J\u{202e}x\u{7f}", "n": "é→"});
-        let shown = super::json_for_terminal(&serde_json::to_string(&value).unwrap());
-        assert!(!shown.contains(['\u{9b}', '\u{202e}', '\u{7f}']), "{shown}");
+        // Whitespace a file's line may hold between tokens: a carriage return would let
+        // what follows overwrite the line.
+        let text = serde_json::to_string(&value)
+            .unwrap()
+            .replacen(',', ",\r\t", 1);
+        let shown = super::json_for_terminal(&text);
+        assert!(
+            !shown.contains(['\u{9b}', '\u{202e}', '\u{7f}', '\r', '\t']),
+            "{shown}"
+        );
         assert!(shown.contains("é→"), "{shown}");
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&shown).unwrap(),
