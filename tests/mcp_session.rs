@@ -162,6 +162,10 @@ fn a_calls_deadline_covers_the_start_of_its_executor() {
         "a call ended after {:?}: {answers:?}",
         answers[1].0
     );
+    // Told by the whole deadline, not by what was left of it when the executor was asked.
+    for (_, m) in answers.iter().filter(|(_, m)| failed(m)) {
+        assert!(m.to_string().contains("2.5s"), "{m}");
+    }
 }
 
 /// Runs call `id` of `slow/sleep` in `steps` steps of 0.2 s with progress `token`; returns

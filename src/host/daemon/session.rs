@@ -1601,8 +1601,9 @@ impl Executors<'_> {
 }
 
 /// When a request to an executor must be answered: its one deadline, `call_timeout` from when
-/// it is dispatched, covers waiting for one of the session's executors, making it ready (a
-/// cold start's `initialize`), and its answer. Each step on its own deadline let a request
+/// it is dispatched (its admission and the record of its allow come before), covers waiting
+/// for one of the session's executors, making it ready (a cold start's `initialize`), and
+/// its answer. Each step on its own deadline let a request
 /// take several times `call_timeout`, longer than a stop waits for requests in flight.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RequestDeadline {
@@ -1618,6 +1619,15 @@ impl RequestDeadline {
         Self {
             at: tokio::time::Instant::now() + call_timeout,
             whole: call_timeout,
+        }
+    }
+
+    /// `e`, a timeout told by the whole deadline (`call_timeout_ms`), not by what was
+    /// left of it when the executor was asked.
+    fn said(&self, e: ExecutorError) -> ExecutorError {
+        match e {
+            ExecutorError::Timeout(_) => ExecutorError::Timeout(self.whole),
+            e => e,
         }
     }
 
@@ -1692,7 +1702,8 @@ impl Dispatch for Executors<'_> {
                 &mut self.control,
                 &relay,
             )
-            .await;
+            .await
+            .map_err(|e| deadline.said(e));
         // An executor that answered may serve again, once what it produced is settled.
         match outcome {
             Ok(result) => {

@@ -499,7 +499,8 @@ impl Executors<'_> {
                 true => ForwardError::AccessWithdrawn(n.words),
                 false => ForwardError::NotStarted(n.words),
             })?;
-        match bound.exec.forward(method, params, deadline.left()).await {
+        let forwarded = bound.exec.forward(method, params, deadline.left()).await;
+        match forwarded.map_err(|e| deadline.said(e)) {
             Ok(result) => {
                 served(&mut bound);
                 self.answered = Some((server.to_string(), bound, permit));
