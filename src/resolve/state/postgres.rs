@@ -241,12 +241,16 @@ fn reason(e: &dyn std::error::Error) -> String {
 }
 
 /// Whether `e` says the connection is gone rather than the statement wrong: the server
-/// ended it (a restart or failover, SQLSTATE class 57 operator intervention) or it broke
-/// (class 08, or no connection left at all). Such an error may pass with the database.
+/// ended it (a restart or failover, SQLSTATE class 57 operator intervention, but for
+/// 57014, a statement cancelled or past its `statement_timeout`, on a connection that
+/// stays) or it broke (class 08, or no connection left at all). Such an error may pass
+/// with the database.
 fn connection_lost(e: &tokio_postgres::Error) -> bool {
     e.is_closed()
-        || e.code()
-            .is_some_and(|code| code.code().starts_with("08") || code.code().starts_with("57"))
+        || e.code().is_some_and(|code| {
+            let code = code.code();
+            code.starts_with("08") || (code.starts_with("57") && code != "57014")
+        })
 }
 
 /// A statement's failure on `target`: [`PgError::Connect`] when the connection is gone
@@ -799,8 +803,9 @@ impl Target {
                     target: self.name.clone(),
                     reason: format!(
                         "public holds no flowhost tables, and schema {other:?} does: set \
-                         host.state.schema = {other:?} on every host of the fleet, rather \
-                         than migrate"
+                         host.state.schema = {other:?} on every host of the fleet that uses \
+                         them, rather than migrate (or schema = \"public\" for a fleet of \
+                         its own in public)"
                     ),
                 });
             }
