@@ -51,7 +51,7 @@ pub use escaped::{Escaped, rearranges_lines};
 pub use executor::{Delivery, Executor, ExitStatus, Interrupt};
 pub use host_endpoints::is_host_address;
 pub use profile::{CgroupMode, Limits, NetworkPath, Profile, ProfileError};
-pub use spawn::{SpawnError, SpawnSpec, StdioMode, env_forbidden};
+pub use spawn::{DEFAULT_EXECUTOR_PATH, SpawnError, SpawnSpec, StdioMode, env_forbidden};
 pub use stage::Stage;
 pub use supervisor::Counters;
 pub use sys::WaitStatus;

@@ -21,6 +21,9 @@ use crate::profile::Profile;
 use crate::stage::Stage;
 use crate::sys;
 
+/// The `PATH` an executor gets when its spec sets none.
+pub const DEFAULT_EXECUTOR_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
 /// Environment variables an executor never receives, whatever the spec says: they change
 /// what code a dynamic loader or interpreter runs before the tool's own `main`.
 const FORBIDDEN_ENV_PREFIXES: &[&str] = &[

@@ -2,6 +2,9 @@
 //! spawned: each refusal names the path and the real cause (the executor's private /tmp,
 //! file permissions for the executor's uid, the Landlock rules of its profile, the missing
 //! interpreter of a script), where the kernel would only say ENOENT or EACCES at exec.
+//! And, for the daemon, who could change that code: a program, an interpreter or a venv
+//! that someone other than root or the daemon's user could change would let them choose
+//! the code that runs with every principal's arguments ([`check_unchangeable`]).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -73,6 +76,26 @@ pub enum RuntimeProblem {
         /// The venv.
         venv: PathBuf,
     },
+    /// Someone other than root or the daemon's user could change the file or a directory on
+    /// its way, and so the code executors run.
+    #[error(
+        "{path} {why}: whoever may change it chooses the code every executor of the server runs, with every principal's arguments (make it, and the directories above it, root's or this host user's and not writable by group or others)"
+    )]
+    Changeable {
+        /// The file or directory.
+        path: PathBuf,
+        /// How.
+        why: String,
+    },
+    /// A script's `#!` line ends in a carriage return, which the kernel takes as part of
+    /// the interpreter's name.
+    #[error(
+        "{script} has a #! line ending in a carriage return (CRLF line endings), so the kernel looks for an interpreter named with it; convert the script to LF line endings"
+    )]
+    CrlfInterpreterLine {
+        /// The script.
+        script: PathBuf,
+    },
     /// The file is outside every path the profile's Landlock rules let the executor read.
     #[error(
         "{path} is outside the paths the executor may read and execute (Landlock: profile read_only and the server's read_paths: {allowed}); add a directory holding it to the server's read_paths"
@@ -89,19 +112,145 @@ pub enum RuntimeProblem {
 const MAX_SCRIPT_DEPTH: usize = 4;
 
 /// Checks that `program` can be executed by `(uid, gid)` with Landlock allowing reads and
-/// execution beneath `readable` (the program itself is allowed by the host in any case).
+/// execution beneath `readable` (the program itself is allowed by the host in any case);
+/// `path_var` is the executor's `PATH`, where `#!/usr/bin/env NAME` finds NAME.
 pub fn check_program(
     program: &Path,
     (uid, gid): (u32, u32),
     readable: &[PathBuf],
+    path_var: &str,
 ) -> Result<(), RuntimeProblem> {
-    check_at(program, (uid, gid), readable, true, 0)
+    check_at(program, (uid, gid), readable, path_var, true, 0)
+}
+
+/// Checks that no one but root and this process's user could change `program`, the
+/// interpreters its `#!` lines lead to (`env NAME` looked up on `path_var`), the directories
+/// on their way (links followed as the kernel does), or the venv a Python interpreter
+/// reads its packages from (its `lib/python*/site-packages` directories, where one `.pth`
+/// file runs at every start). Whoever could would choose the code every executor of the
+/// server runs. Run after [`check_program`], which names what is missing.
+pub fn check_unchangeable(program: &Path, path_var: &str) -> Result<(), RuntimeProblem> {
+    unchangeable_at(program, path_var, 0)
+}
+
+fn unchangeable_at(program: &Path, path_var: &str, depth: usize) -> Result<(), RuntimeProblem> {
+    let target = unchangeable(program)?;
+    for dir in venv_code_dirs(program) {
+        unchangeable(&dir)?;
+    }
+    let head = read_head(&target);
+    if head.starts_with(b"#!") && depth < MAX_SCRIPT_DEPTH {
+        for interpreter in interpreters(program, &head, path_var)? {
+            unchangeable_at(&interpreter, path_var, depth + 1)?;
+        }
+    }
+    Ok(())
+}
+
+/// Where `path` leads, when no one but root and this process's user could change it or
+/// where it leads.
+fn unchangeable(path: &Path) -> Result<PathBuf, RuntimeProblem> {
+    let changeable = |path: &Path, why: String| RuntimeProblem::Changeable {
+        path: path.to_path_buf(),
+        why,
+    };
+    let target = crate::files::trusted_target(path).map_err(|e| match e {
+        crate::files::TrustedFileError::Exposed { path, why } => changeable(&path, why.to_string()),
+        other => changeable(
+            path,
+            format!(
+                "cannot be looked up safely ({})",
+                crate::causes::WithCauses(&other)
+            ),
+        ),
+    })?;
+    let meta = std::fs::metadata(&target).map_err(|_| RuntimeProblem::Missing {
+        path: target.clone(),
+    })?;
+    match crate::files::others_may_change_file(&meta) {
+        Some(why) => Err(changeable(&target, why.to_string())),
+        None => Ok(target),
+    }
+}
+
+/// The directories a Python venv interpreter `program` (`VENV/bin/python`, next to
+/// `VENV/pyvenv.cfg`) loads code from at start: the venv, its `lib`, each `lib/python*`
+/// and its `site-packages`; none for another program.
+fn venv_code_dirs(program: &Path) -> Vec<PathBuf> {
+    let Some(venv) = program.parent().and_then(Path::parent) else {
+        return Vec::new();
+    };
+    if !venv.join("pyvenv.cfg").is_file() {
+        return Vec::new();
+    }
+    let lib = venv.join("lib");
+    let mut dirs = vec![venv.to_path_buf(), venv.join("pyvenv.cfg"), lib.clone()];
+    for entry in std::fs::read_dir(&lib).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with("python") {
+            dirs.push(entry.path());
+            let site = entry.path().join("site-packages");
+            if site.is_dir() {
+                dirs.push(site);
+            }
+        }
+    }
+    dirs
+}
+
+/// The interpreters a script's `#!` line (`head` its first bytes) runs it with: the one it
+/// names, and for `/usr/bin/env NAME` also NAME as the executor's `path_var` finds it (an
+/// option to env, such as `-S`, leaves only env itself to check). Split on spaces and tabs,
+/// as the kernel does.
+fn interpreters(
+    script: &Path,
+    head: &[u8],
+    path_var: &str,
+) -> Result<Vec<PathBuf>, RuntimeProblem> {
+    let line = head[2..].split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    if line.ends_with('\r') {
+        return Err(RuntimeProblem::CrlfInterpreterLine {
+            script: script.to_path_buf(),
+        });
+    }
+    let mut words = line.split([' ', '\t']).filter(|w| !w.is_empty());
+    let interpreter = words.next().unwrap_or_default().to_string();
+    let wrap = |why| RuntimeProblem::Interpreter {
+        script: script.to_path_buf(),
+        interpreter: interpreter.clone(),
+        why: Box::new(why),
+    };
+    if !interpreter.starts_with('/') {
+        return Err(wrap(RuntimeProblem::Missing {
+            path: PathBuf::from(&interpreter),
+        }));
+    }
+    let mut found = vec![PathBuf::from(&interpreter)];
+    if Path::new(&interpreter).file_name() == Some(std::ffi::OsStr::new("env"))
+        && let Some(name) = words.next().filter(|w| !w.starts_with('-'))
+    {
+        let on_path = path_var
+            .split(':')
+            .filter(|dir| dir.starts_with('/'))
+            .map(|dir| Path::new(dir).join(name))
+            .find(|p| p.is_file());
+        match on_path {
+            Some(p) => found.push(p),
+            None => {
+                return Err(wrap(RuntimeProblem::Missing {
+                    path: PathBuf::from(format!("{name} (on the executor's PATH {path_var})")),
+                }));
+            }
+        }
+    }
+    Ok(found)
 }
 
 fn check_at(
     program: &Path,
     id: (u32, u32),
     readable: &[PathBuf],
+    path_var: &str,
     itself_allowed: bool,
     depth: usize,
 ) -> Result<(), RuntimeProblem> {
@@ -129,23 +278,15 @@ fn check_at(
         return Err(outside(real, readable));
     }
     if script && depth < MAX_SCRIPT_DEPTH {
-        let line = head[2..].split(|b| *b == b'\n').next().unwrap_or_default();
-        let interpreter = String::from_utf8_lossy(line)
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        let wrap = |why| RuntimeProblem::Interpreter {
-            script: program.to_path_buf(),
-            interpreter: interpreter.clone(),
-            why: Box::new(why),
-        };
-        if !interpreter.starts_with('/') {
-            return Err(wrap(RuntimeProblem::Missing {
-                path: PathBuf::from(&interpreter),
-            }));
+        for interpreter in interpreters(program, &head, path_var)? {
+            check_at(&interpreter, id, readable, path_var, false, depth + 1).map_err(|why| {
+                RuntimeProblem::Interpreter {
+                    script: program.to_path_buf(),
+                    interpreter: interpreter.display().to_string(),
+                    why: Box::new(why),
+                }
+            })?;
         }
-        check_at(Path::new(&interpreter), id, readable, false, depth + 1).map_err(wrap)?;
     }
     Ok(())
 }
@@ -278,6 +419,82 @@ fn beneath_any(path: &Path, readable: &[PathBuf]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The PATH an executor gets by default.
+    const P: &str = flowhost_broker::DEFAULT_EXECUTOR_PATH;
+
+    /// An executable file at `path` holding `text`, mode `mode`.
+    fn program_at(path: &Path, text: &str, mode: u32) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        file(path, text, mode);
+    }
+
+    /// What makes `program` changeable by others, as the refusal names it.
+    fn changeable(program: &Path, path_var: &str) -> (PathBuf, String) {
+        match check_unchangeable(program, path_var) {
+            Err(RuntimeProblem::Changeable { path, why }) => (path, why),
+            other => panic!("{program:?}: {other:?}"),
+        }
+    }
+
+    /// A program, an interpreter its `#!` line or `env` leads to, a directory above either,
+    /// or a venv's package directory that group or others may write is refused, naming it:
+    /// whoever may change it chooses the code every executor runs. Before, only whether the
+    /// executor could run it was checked.
+    #[test]
+    fn code_others_could_change_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let kept = root.join("kept/bin/tool");
+        program_at(&kept, "#!/bin/sh\n", 0o755);
+        check_unchangeable(&kept, P).unwrap();
+
+        program_at(&root.join("writable-file/tool"), "#!/bin/sh\n", 0o775);
+        let (path, why) = changeable(&root.join("writable-file/tool"), P);
+        assert_eq!(path, root.join("writable-file/tool"));
+        assert!(why.contains("0775"), "{why}");
+
+        let open_dir = root.join("open");
+        program_at(&open_dir.join("tool"), "#!/bin/sh\n", 0o755);
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(changeable(&open_dir.join("tool"), P).0, open_dir);
+
+        // A script whose interpreter others may change, named or found by env.
+        let script = root.join("kept/bin/script");
+        program_at(&script, &format!("#!{}/tool\n", open_dir.display()), 0o755);
+        assert_eq!(changeable(&script, P).0, open_dir);
+        program_at(&script, "#!/usr/bin/env tool\n", 0o755);
+        let path_var = format!("{}:/usr/bin", open_dir.display());
+        assert_eq!(changeable(&script, &path_var).0, open_dir);
+        check_unchangeable(&script, &format!("{}/kept/bin:/usr/bin", root.display())).unwrap();
+
+        // A venv whose site-packages others may write (a .pth there runs at every start).
+        let venv = root.join("venv");
+        program_at(&venv.join("bin/python"), "#!/bin/sh\n", 0o755);
+        std::fs::write(venv.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        let site = venv.join("lib/python3.11/site-packages");
+        std::fs::create_dir_all(&site).unwrap();
+        check_unchangeable(&venv.join("bin/python"), P).unwrap();
+        std::fs::set_permissions(&site, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(changeable(&venv.join("bin/python"), P).0, site);
+    }
+
+    /// `#!/usr/bin/env NAME` is checked as far as NAME on the executor's PATH, and a `#!`
+    /// line ending in a carriage return is named as such. Before, env alone was checked,
+    /// and a CRLF line passed (the kernel then looked for `sh\r`).
+    #[test]
+    fn env_interpreters_and_crlf_lines_are_looked_at() {
+        let d = dir_in_var_tmp();
+        let script = d.path().join("script");
+        program_at(&script, "#!/usr/bin/env no-such-interpreter-here\n", 0o755);
+        let readable = [PathBuf::from("/usr")];
+        let e = check_program(&script, EXECUTOR, &readable, P).unwrap_err();
+        assert!(e.to_string().contains("no-such-interpreter-here"), "{e}");
+        program_at(&script, "#!/bin/sh\r\n", 0o755);
+        let e = check_program(&script, EXECUTOR, &readable, P).unwrap_err();
+        assert!(matches!(e, RuntimeProblem::CrlfInterpreterLine { .. }), "{e:?}");
+    }
     use std::os::unix::fs::PermissionsExt;
 
     const EXECUTOR: (u32, u32) = (61_000, 61_000);
@@ -296,7 +513,7 @@ mod tests {
 
     #[test]
     fn a_program_under_tmp_is_named_with_the_private_tmp() {
-        let e = check_program(Path::new("/tmp/venv/bin/server"), EXECUTOR, &[]).unwrap_err();
+        let e = check_program(Path::new("/tmp/venv/bin/server"), EXECUTOR, &[], P).unwrap_err();
         assert!(matches!(e, RuntimeProblem::PrivateTmp { .. }));
         assert!(e.to_string().contains("/tmp/venv/bin/server"), "{e}");
         assert!(e.to_string().contains("private"), "{e}");
@@ -310,7 +527,7 @@ mod tests {
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
         let program = home.join("server");
         file(&program, "\x7fELF", 0o755);
-        let e = check_program(&program, EXECUTOR, &[]).unwrap_err();
+        let e = check_program(&program, EXECUTOR, &[], P).unwrap_err();
         let text = e.to_string();
         assert!(
             matches!(e, RuntimeProblem::NotSearchable { ref dir, .. } if dir == &home),
@@ -319,10 +536,10 @@ mod tests {
         assert!(text.contains("61000") && text.contains("700"), "{text}");
         // Readable by the executor: accepted.
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o711)).unwrap();
-        check_program(&program, EXECUTOR, &[]).unwrap();
+        check_program(&program, EXECUTOR, &[], P).unwrap();
         file(&program, "\x7fELF", 0o700);
         assert!(matches!(
-            check_program(&program, EXECUTOR, &[]),
+            check_program(&program, EXECUTOR, &[], P),
             Err(RuntimeProblem::NotExecutable { .. })
         ));
     }
@@ -344,7 +561,7 @@ mod tests {
             &format!("#!{}\n", venv.join("python3").display()),
             0o755,
         );
-        let text = check_program(&script, EXECUTOR, &[d.path().to_path_buf()])
+        let text = check_program(&script, EXECUTOR, &[d.path().to_path_buf()], P)
             .unwrap_err()
             .to_string();
         assert!(
@@ -368,7 +585,7 @@ mod tests {
             0o755,
         );
         let usr = [PathBuf::from("/usr")];
-        let text = check_program(&script, EXECUTOR, &usr)
+        let text = check_program(&script, EXECUTOR, &usr, P)
             .unwrap_err()
             .to_string();
         assert!(
@@ -376,7 +593,7 @@ mod tests {
                 && text.contains("read_paths"),
             "{text}"
         );
-        check_program(&script, EXECUTOR, &[PathBuf::from("/usr"), venv.clone()]).unwrap();
+        check_program(&script, EXECUTOR, &[PathBuf::from("/usr"), venv.clone()], P).unwrap();
     }
 
     #[test]
@@ -406,7 +623,7 @@ mod tests {
         let d = dir_in_var_tmp();
         let script = d.path().join("server");
         file(&script, "#!/nonexistent/python3 -u\nprint()\n", 0o755);
-        let e = check_program(&script, EXECUTOR, &[]).unwrap_err();
+        let e = check_program(&script, EXECUTOR, &[], P).unwrap_err();
         let text = e.to_string();
         assert!(
             text.contains("/nonexistent/python3") && text.contains("does not exist"),
@@ -420,18 +637,19 @@ mod tests {
             &format!("#!{}\nprint()\n", interpreter.display()),
             0o755,
         );
-        let e = check_program(&script, EXECUTOR, &[PathBuf::from("/usr")]).unwrap_err();
+        let e = check_program(&script, EXECUTOR, &[PathBuf::from("/usr")], P).unwrap_err();
         assert!(
             e.to_string().contains("Landlock") && e.to_string().contains("read_paths"),
             "{e}"
         );
-        check_program(&script, EXECUTOR, &[d.path().to_path_buf()]).unwrap();
+        check_program(&script, EXECUTOR, &[d.path().to_path_buf()], P).unwrap();
         // A real interpreter of the system, through /usr.
         file(&script, "#!/bin/sh\necho\n", 0o755);
         check_program(
             &script,
             EXECUTOR,
             &[PathBuf::from("/usr"), PathBuf::from("/bin")],
+            P,
         )
         .unwrap();
     }

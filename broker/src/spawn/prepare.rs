@@ -236,7 +236,7 @@ pub(crate) fn prepare(
         env.push((k.clone(), v.clone()));
     }
     if !env.iter().any(|(k, _)| k == "PATH") {
-        env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+        env.push(("PATH".into(), crate::spawn::DEFAULT_EXECUTOR_PATH.into()));
     }
     // A home and a temporary directory of the executor's own, writable: runtimes write
     // caches and temporary files there (Python, Node, npm) and look up the home directory

@@ -151,10 +151,14 @@ impl ExecutorTemplate {
     fn explain(&self, e: &flowhost_broker::SpawnError) -> String {
         let program = self.argv.first().cloned().unwrap_or_default();
         let readable = super::startup::readable(&self.profile, &self.read_paths);
+        let path_var = (self.env.iter())
+            .find(|(k, _)| k == "PATH")
+            .map_or(flowhost_broker::DEFAULT_EXECUTOR_PATH, |(_, v)| v.as_str());
         let cause = match crate::runtime::check_program(
             std::path::Path::new(&program),
             self.run_as,
             &readable,
+            path_var,
         ) {
             Err(problem) => format!("; cause: {problem}"),
             Ok(()) => String::new(),

@@ -483,7 +483,10 @@ pub(super) fn check_commands(
         let readable = readable(profile, &s.read_paths);
         let mut reachable = readable.clone();
         reachable.extend(profile.read_write.iter().cloned());
-        crate::runtime::check_program(Path::new(program), id, &readable)
+        let path_var = (s.env.get("PATH").map(String::as_str))
+            .unwrap_or(flowhost_broker::DEFAULT_EXECUTOR_PATH);
+        crate::runtime::check_program(Path::new(program), id, &readable, path_var)
+            .and_then(|()| crate::runtime::check_unchangeable(Path::new(program), path_var))
             .and_then(|()| crate::runtime::check_path_arguments(args, id, &reachable))
             .map_err(|source| StartupError::Runtime {
                 server: s.id.clone(),
