@@ -69,6 +69,12 @@ const FORBIDDEN_ENV: &[&str] = &[
     "PERL5OPT",
     "RUBYLIB",
     "RUBYOPT",
+    // RubyGems evaluates the file it names as Ruby when it loads.
+    "RUBYGEMS_GEMDEPS",
+    // Added to `erl`'s command line, where `-eval` runs code.
+    "ERL_FLAGS",
+    "ERL_AFLAGS",
+    "ERL_ZFLAGS",
     "NODE_OPTIONS",
     "NODE_PATH",
     "JAVA_TOOL_OPTIONS",
@@ -317,6 +323,8 @@ mod tests {
             "LUA_INIT_5_4",
             "PHPRC",
             "CLASSPATH",
+            "RUBYGEMS_GEMDEPS",
+            "ERL_AFLAGS",
         ] {
             assert!(env_forbidden(name), "{name}");
         }

@@ -164,10 +164,17 @@ async fn environment_is_scrubbed_to_what_was_asked() {
         .filter_map(|l| l.split_once('=').map(|(k, _)| k))
         .collect();
     names.sort();
-    // HOME and TMPDIR: the executor's private /tmp (runtimes write caches there).
-    assert_eq!(names, vec!["HOME", "PATH", "TMPDIR", "TOOL_MODE"], "{out}");
+    // HOME and TMPDIR: the executor's private /tmp (runtimes write caches there); no
+    // Python user site, whose .pth files would run at start.
+    assert_eq!(
+        names,
+        vec!["HOME", "PATH", "PYTHONNOUSERSITE", "TMPDIR", "TOOL_MODE"],
+        "{out}"
+    );
     assert!(
-        out.contains("HOME=/tmp\n") && out.contains("TMPDIR=/tmp\n"),
+        out.contains("HOME=/tmp\n")
+            && out.contains("TMPDIR=/tmp\n")
+            && out.contains("PYTHONNOUSERSITE=1\n"),
         "{out}"
     );
 }

@@ -493,7 +493,10 @@ mod tests {
         assert!(e.to_string().contains("no-such-interpreter-here"), "{e}");
         program_at(&script, "#!/bin/sh\r\n", 0o755);
         let e = check_program(&script, EXECUTOR, &readable, P).unwrap_err();
-        assert!(matches!(e, RuntimeProblem::CrlfInterpreterLine { .. }), "{e:?}");
+        assert!(
+            matches!(e, RuntimeProblem::CrlfInterpreterLine { .. }),
+            "{e:?}"
+        );
     }
     use std::os::unix::fs::PermissionsExt;
 

@@ -249,6 +249,12 @@ pub(crate) fn prepare(
             }
         }
     }
+    // Python runs the `.pth` files of the user site under HOME at every start: a HOME the
+    // spec sets may be a directory others (another executor) write. Off unless the spec
+    // turns it on.
+    if !env.iter().any(|(k, _)| k == "PYTHONNOUSERSITE") {
+        env.push(("PYTHONNOUSERSITE".into(), "1".into()));
+    }
     let env = env
         .iter()
         .map(|(k, v)| {
