@@ -1028,6 +1028,39 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
 /// A query the command's resolver does not serve (here two questions in one) is refused
 /// and recorded, with why, though no rule is asked: before, it was only logged at debug, so
 /// the records did not show it.
+/// What the host's own parts log while a command runs reaches stderr: here the command's
+/// resolver, whose upstream never answers. Before, nothing was set up to log, and the
+/// command only saw its lookup fail.
+#[test]
+fn a_resolver_whose_upstream_never_answers_says_so() {
+    if !can_run() {
+        return;
+    }
+    let _lookups = lookups();
+    let out = flowhost()
+        .args([
+            "sandbox",
+            "run",
+            "--profile",
+            "brokered",
+            "--allow",
+            "gone.test:443",
+        ])
+        .args(["--dns-upstream", "127.0.0.1:1"])
+        .args(["--", "/bin/bash", "-c", "getent hosts gone.test; echo done"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("done"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("no upstream resolver answered") && stderr.contains("127.0.0.1:1"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_query_not_served_is_recorded() {
     if !can_run() {

@@ -59,6 +59,37 @@ fn to_stderr(text: &str) {
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
 }
 
+/// What the host's own parts log while a command runs (the broker, the command's resolver):
+/// warnings and errors by default (`FLOWHOST_LOG` to change it), on stderr through
+/// [`to_stderr`]. Without it they went nowhere: a supervisor that failed and killed the
+/// command, or an upstream resolver that never answered, left no word of why.
+fn log_problems_to_stderr() {
+    use tracing_subscriber::prelude::*;
+    /// Each event is formatted whole and written once.
+    struct Said;
+    impl std::io::Write for Said {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            to_stderr(&String::from_utf8_lossy(buf));
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLOWHOST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let layer = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_target(false)
+        .without_time()
+        .with_writer(|| Said);
+    // A subscriber already installed (tests) is fine.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(layer)
+        .try_init();
+}
+
 /// `eprintln!` through [`to_stderr`]: one line, never a panic.
 macro_rules! say {
     ($($arg:tt)*) => {
@@ -481,7 +512,10 @@ impl SandboxArgs {
         // one thread, and a whole run is short enough that starting worker threads is a
         // visible part of it. `mcp` serves a client and its server's output concurrently.
         let mut runtime = match self.command {
-            SandboxCommand::Run(_) => tokio::runtime::Builder::new_current_thread(),
+            SandboxCommand::Run(_) => {
+                log_problems_to_stderr();
+                tokio::runtime::Builder::new_current_thread()
+            }
             SandboxCommand::Mcp(_) => {
                 let mut b = tokio::runtime::Builder::new_multi_thread();
                 b.worker_threads(2);
