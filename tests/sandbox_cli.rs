@@ -1028,6 +1028,43 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
 /// A query the command's resolver does not serve (here two questions in one) is refused
 /// and recorded, with why, though no rule is asked: before, it was only logged at debug, so
 /// the records did not show it.
+/// A `--read` or `--write` path that is not there is refused before anything runs, naming
+/// the option and the path; one under the command's own /tmp is its to make. Before, its
+/// rule was skipped and the command was denied the path with no word of why.
+#[test]
+fn a_read_or_write_path_that_is_not_there_is_refused() {
+    if !can_run() {
+        return;
+    }
+    for option in ["--read", "--write"] {
+        let out = flowhost()
+            .args([
+                "sandbox",
+                "run",
+                "--profile",
+                "isolated",
+                option,
+                "/no/such/dir",
+            ])
+            .args(["--", "/bin/true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("{option} /no/such/dir")),
+            "{stderr}"
+        );
+        assert!(stderr.contains("nothing was run"), "{stderr}");
+    }
+    let out = flowhost()
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated"])
+        .args(["--write", "/tmp/made-by-the-command", "--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
 /// What the host's own parts log while a command runs reaches stderr: here the command's
 /// resolver, whose upstream never answers. Before, nothing was set up to log, and the
 /// command only saw its lookup fail.

@@ -234,6 +234,17 @@ pub enum SandboxError {
     /// The command could not be found.
     #[error("command {0:?} not found in PATH (give an absolute path)")]
     NotFound(String),
+    /// A `--read` or `--write` path that cannot be looked at: a rule for it would be
+    /// skipped, and the command denied what it was meant to get with no word of why.
+    #[error("{option} {}: {reason}; nothing was run", path.display())]
+    AccessPath {
+        /// `--read` or `--write`.
+        option: &'static str,
+        /// The path as given.
+        path: PathBuf,
+        /// What the system said.
+        reason: String,
+    },
     /// The records directory cannot take this run's records.
     #[error("{path}: {reason}")]
     RecordsDir {
@@ -730,6 +741,23 @@ fn sandbox_health(
 async fn run(args: RunArgs) -> CliResult {
     // Before anything is printed: from here on the caller's terminal is looked after.
     let mut terminal = terminal::CommandTerminal::open()?;
+    // Under /tmp (the command's own, empty) or /proc (its own), a path is the command's
+    // to make or find; any other must be there now, or its rule would be skipped.
+    let named = (args.common.read.iter().map(|p| ("--read", p)))
+        .chain(args.write.iter().map(|p| ("--write", p)));
+    for (option, path) in named {
+        if path.starts_with("/tmp") || path.starts_with("/proc") {
+            continue;
+        }
+        if let Err(e) = std::fs::metadata(path) {
+            return Err(SandboxError::AccessPath {
+                option,
+                path: path.clone(),
+                reason: e.to_string(),
+            }
+            .into());
+        }
+    }
     let profile = Arc::new(Profile::find(&args.profile, &args.common.profile_dirs()?)?);
     let evidence = args.common.evidence()?;
     let broker = Broker::new(BrokerOptions::default())?;
