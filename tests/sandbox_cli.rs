@@ -1028,6 +1028,40 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
 /// A query the command's resolver does not serve (here two questions in one) is refused
 /// and recorded, with why, though no rule is asked: before, it was only logged at debug, so
 /// the records did not show it.
+/// A command named by a relative path is run by that path made absolute, not by where its
+/// links lead: a venv's `bin/python` (a link) finds its venv, and a multi-call program its
+/// name, by the path it was run as. Before, `./named` ran as `/usr/bin/cat`; and one that is
+/// not there is said so, not "not found in PATH".
+#[test]
+fn a_relative_command_keeps_its_name() {
+    if !can_run() {
+        return;
+    }
+    let dir = common::executor_visible_dir();
+    std::os::unix::fs::symlink("/bin/cat", dir.path().join("named")).unwrap();
+    let out = flowhost()
+        .current_dir(dir.path())
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated"])
+        .args(["--", "./named", "/proc/self/cmdline"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.starts_with(&format!("{}/named\0", dir.path().display())),
+        "{stdout:?}"
+    );
+    let out = flowhost()
+        .current_dir(dir.path())
+        .args(["sandbox", "run", "--quiet", "--profile", "isolated"])
+        .args(["--", "./absent"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("absent: No such file"), "{stderr}");
+}
+
 /// A `--read` or `--write` path that is not there is refused before anything runs, naming
 /// the option and the path; one under the command's own /tmp is its to make. Before, its
 /// rule was skipped and the command was denied the path with no word of why.

@@ -234,6 +234,14 @@ pub enum SandboxError {
     /// The command could not be found.
     #[error("command {0:?} not found in PATH (give an absolute path)")]
     NotFound(String),
+    /// The command, named by a path, cannot be looked at.
+    #[error("command {}: {reason}", path.display())]
+    Program {
+        /// The path, made absolute.
+        path: PathBuf,
+        /// What the system said.
+        reason: String,
+    },
     /// A `--read` or `--write` path that cannot be looked at: a rule for it would be
     /// skipped, and the command denied what it was meant to get with no word of why.
     #[error("{option} {}: {reason}; nothing was run", path.display())]
@@ -313,8 +321,20 @@ fn resolve_program(name: &OsString) -> Result<PathBuf, SandboxError> {
         return Ok(p.to_path_buf());
     }
     if p.components().count() > 1 {
-        return std::fs::canonicalize(p)
-            .map_err(|_| SandboxError::NotFound(p.display().to_string()));
+        // Made absolute, not resolved: a venv's `bin/python` is a link to the interpreter
+        // that made it, which finds the venv by the name it was run as, and a multi-call
+        // binary (busybox) by its argv[0].
+        let absolute = std::path::absolute(p).map_err(|e| SandboxError::Program {
+            path: p.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        return match std::fs::metadata(&absolute) {
+            Ok(_) => Ok(absolute),
+            Err(e) => Err(SandboxError::Program {
+                path: absolute,
+                reason: e.to_string(),
+            }),
+        };
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
     std::env::split_paths(&path)
