@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 
 use hyper::header::{AUTHORIZATION, HeaderMap};
-use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, errors::ErrorKind};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -527,10 +526,31 @@ fn load_keys(path: &std::path::Path) -> Result<KeySet, AuthSetupError> {
         .and_then(|_| crate::files::read_trusted(path, MAX_KEY_SET_BYTES, false))
         .map_err(|e| fail(format!("cannot be trusted: {e}")))?;
     let text = String::from_utf8(bytes).map_err(|_| fail("not UTF-8 text".into()))?;
-    let set: JwkSet =
+    /// The set's shape alone: each key is read on its own, so that one of a kind flowhost
+    /// cannot read (an X25519 encryption key, Ed448, secp256k1, a type newer than this
+    /// build) is passed over with a warning rather than refusing the set's other keys.
+    #[derive(serde::Deserialize)]
+    struct Set {
+        keys: Vec<serde_json::Value>,
+    }
+    let set: Set =
         serde_json::from_str(&text).map_err(|e| fail(format!("not a JSON Web Key Set: {e}")))?;
+    let mut read = Vec::new();
+    for (i, key) in set.keys.into_iter().enumerate() {
+        let kid = key.get("kid").and_then(|k| k.as_str().map(str::to_string));
+        match serde_json::from_value::<jsonwebtoken::jwk::Jwk>(key) {
+            Ok(jwk) => read.push((i, jwk)),
+            Err(e) => tracing::warn!(
+                key = i,
+                "JWT key set {}: key {i} ({:?}) is of a kind flowhost cannot read ({e}); not used",
+                path.display(),
+                kid.as_deref().unwrap_or("no kid")
+            ),
+        }
+    }
     let mut keys: HashMap<Option<String>, Vec<SigningKey>> = HashMap::new();
-    for (i, jwk) in set.keys.iter().enumerate() {
+    for (i, jwk) in &read {
+        let (i, jwk) = (*i, jwk);
         // A key published for encryption, or for operations that do not include verifying,
         // verifies no signature (RFC 7517, sections 4.2 and 4.3); nor does one naming an
         // algorithm that is not a signature algorithm.
@@ -946,6 +966,35 @@ principals = {{ "user-1" = "alice" }}
         let mut kids: Vec<&str> = loaded.0.keys().filter_map(|k| k.as_deref()).collect();
         kids.sort();
         assert_eq!(kids, ["ed", "rsa-2048", "rsa-4096"]);
+    }
+
+    /// A key of a kind flowhost cannot read at all (an X25519 encryption key, secp256k1, a
+    /// type newer than this build) is passed over, and the set's other keys serve. Before,
+    /// one such key failed the whole set: every JWT refused, the reload or start with it.
+    #[test]
+    fn a_key_of_a_kind_flowhost_cannot_read_leaves_the_others() {
+        let ed: serde_json::Value = serde_json::from_str(&Issuer::new(7).jwks).unwrap();
+        let mut ed = ed["keys"][0].clone();
+        ed["kid"] = json!("ed");
+        let set = json!({"keys": [
+            {"kty": "OKP", "crv": "X25519", "use": "enc", "kid": "x", "x": "AAAA"},
+            {"kty": "EC", "crv": "secp256k1", "kid": "k1", "x": "AAAA", "y": "AAAA"},
+            {"kty": "AKP", "alg": "ML-DSA-44", "kid": "pq", "pub": "AAAA"},
+            ed,
+        ]});
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, set.to_string()).unwrap();
+        let loaded = load_keys(&jwks).unwrap();
+        let kids: Vec<&str> = loaded.0.keys().filter_map(|k| k.as_deref()).collect();
+        assert_eq!(kids, ["ed"]);
+        // Nothing readable at all is still no key set.
+        std::fs::write(
+            &jwks,
+            json!({"keys": [{"kty": "AKP", "pub": "AAAA"}]}).to_string(),
+        )
+        .unwrap();
+        assert!(load_keys(&jwks).is_err());
     }
 
     #[test]
