@@ -1028,6 +1028,84 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
 /// A query the command's resolver does not serve (here two questions in one) is refused
 /// and recorded, with why, though no rule is asked: before, it was only logged at debug, so
 /// the records did not show it.
+/// A stderr nobody reads (a pipe into a pager left unscrolled) holds up none of the run:
+/// its `--timeout` still ends the command, and what flowhost says waits (what did not fit
+/// is counted). Before, the run's one thread stopped in `write` once the pipe was full,
+/// and the command ran on past its timeout until someone read.
+#[test]
+fn a_stderr_nobody_reads_does_not_hold_up_the_timeout() {
+    if !can_run() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let records = common::shared_dir().join(format!("sandbox-unread-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&records);
+    let dir = common::executor_visible_dir();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let alive = dir.path().join("alive");
+    // Each refused connect is a line on stderr: far more than a pipe holds. Then the
+    // command says it is alive, five times a second, until it is ended.
+    let mut child = flowhost()
+        .args([
+            "sandbox",
+            "run",
+            "--profile",
+            "isolated",
+            "--timeout",
+            "2",
+            "--records",
+        ])
+        .arg(&records)
+        .arg("--write")
+        .arg(dir.path())
+        .args(["--", "/bin/bash", "-c"])
+        .arg(format!(
+            "for i in $(seq 3000); do {{ : 3<>/dev/tcp/127.0.0.1/9; }} 2>/dev/null; done; \
+             while :; do echo >> {}; sleep 0.2; done",
+            alive.display()
+        ))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let size = || std::fs::metadata(&alive).map(|m| m.len()).unwrap_or(0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // Ended by its timeout while nobody reads flowhost's stderr: the file stops growing.
+    let mut last = (size(), std::time::Instant::now());
+    let ended = loop {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        let now = size();
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+        } else if now > 0 && last.1.elapsed() > std::time::Duration::from_secs(2) {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+    };
+    // Read now, so that flowhost can end either way.
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let status = child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&records);
+    assert!(
+        ended,
+        "the command ran on past its 2 s timeout while stderr was not read"
+    );
+    assert_eq!(
+        status.code(),
+        Some(137),
+        "{}",
+        &err[err.len().saturating_sub(2000)..]
+    );
+    assert!(
+        err.contains("127.0.0.1:9"),
+        "{}",
+        &err[..err.len().min(2000)]
+    );
+}
+
 /// A command named by a relative path is run by that path made absolute, not by where its
 /// links lead: a venv's `bin/python` (a link) finds its venv, and a multi-call program its
 /// name, by the path it was run as. Before, `./named` ran as `/usr/bin/cat`; and one that is

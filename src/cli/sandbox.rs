@@ -55,6 +55,10 @@ fn to_stderr(text: &str) {
     if terminal::relayed_message(text) {
         return;
     }
+    // Otherwise, while the command runs, a thread of its own writes it.
+    if queued_stderr::queued(text) {
+        return;
+    }
     // Nobody reads it any more; the run and its records go on.
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
 }
@@ -97,6 +101,7 @@ macro_rules! say {
     };
 }
 
+mod queued_stderr;
 mod terminal;
 
 /// Run commands under the broker.
@@ -558,7 +563,13 @@ impl SandboxArgs {
             .build()
             .map_err(SandboxError::Runtime)?;
         let done = match self.command {
-            SandboxCommand::Run(args) => runtime.block_on(run(args)),
+            SandboxCommand::Run(args) => {
+                let done = runtime.block_on(run(args));
+                // A run that ended before its command did (a refusal to start it) leaves
+                // nothing queued unwritten.
+                queued_stderr::command_ended();
+                done
+            }
             SandboxCommand::Mcp(args) => runtime.block_on(mcp::serve(args)),
         };
         // A stdin read may still be blocked on a thread of the runtime (`sandbox mcp` after
@@ -761,6 +772,9 @@ fn sandbox_health(
 async fn run(args: RunArgs) -> CliResult {
     // Before anything is printed: from here on the caller's terminal is looked after.
     let mut terminal = terminal::CommandTerminal::open()?;
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        queued_stderr::start();
+    }
     // Under /tmp (the command's own, empty) or /proc (its own), a path is the command's
     // to make or find; any other must be there now, or its rule would be skipped.
     let named = (args.common.read.iter().map(|p| ("--read", p)))
@@ -942,7 +956,11 @@ async fn run(args: RunArgs) -> CliResult {
     let mut interrupted = None;
     let status = loop {
         tokio::select! {
-            status = exec.wait() => break status?,
+            status = exec.wait() => {
+                // What the run says from now on (its verdicts) waits for the reader.
+                queued_stderr::command_ended();
+                break status?;
+            }
             // Ctrl-Z: the command stops with flowhost, and continues with it (`fg`, `bg`).
             // Stopped or not, it gets nothing typed while flowhost is stopped or in the
             // background.
