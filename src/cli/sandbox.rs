@@ -498,12 +498,15 @@ impl CommonArgs {
     }
 
     /// Writes the health if asked, runs the gate if asked, and chooses the exit status:
-    /// the command's own, unless the gate failed.
+    /// the command's own, unless the gate failed. `records_failed`: the record writer
+    /// failed during the run, which makes the exit 2 whatever this chooses (so the gate's
+    /// line says so).
     fn conclude(
         &self,
         evidence: &Evidence,
         health: &ToolObservationHealth,
         status: u8,
+        records_failed: bool,
     ) -> CliResult {
         if let Some(path) = &self.health {
             health.write_to(path).map_err(SandboxError::Health)?;
@@ -518,13 +521,16 @@ impl CommonArgs {
             Ok(ExitCode::from(status))
         } else {
             to_stderr(&text);
+            let exit = match records_failed {
+                true => "exit 2: the record writer failed".to_string(),
+                false => format!("exit {}", self.gate_status),
+            };
             say!(
-                "flowhost sandbox: GATE FAILED against {} (exit {}; the command exited {status})",
+                "flowhost sandbox: GATE FAILED against {} ({exit}; the command exited {status})",
                 self.declared
                     .as_deref()
                     .map(|p| p.display().to_string())
                     .unwrap_or_default(),
-                self.gate_status
             );
             Ok(ExitCode::from(self.gate_status))
         }
@@ -1079,9 +1085,12 @@ async fn run(args: RunArgs) -> CliResult {
         }
         _ => status.code(),
     };
-    let concluded = args
-        .common
-        .conclude(&evidence, &health, code.clamp(0, 255) as u8);
+    let concluded = args.common.conclude(
+        &evidence,
+        &health,
+        code.clamp(0, 255) as u8,
+        records_failed.is_some(),
+    );
     // What the run held goes before the wait below, which a kill may end (or SIGTTOU stop
     // until the user logs out): the run's scratch directory (its resolver file, its records
     // when they were kept only for the gate), the resolver, the broker.
@@ -1103,9 +1112,18 @@ async fn run(args: RunArgs) -> CliResult {
             taken
         })
     });
-    let concluded = match records_failed {
-        Some(e) => concluded.and_then(|_| Err(SandboxError::RecordsFailed(e).into())),
-        None => concluded,
+    let concluded = match (records_failed, concluded) {
+        (Some(e), Ok(_)) => Err(SandboxError::RecordsFailed(e).into()),
+        // The conclusion's own failure (a health that could not be written) is the error;
+        // the writer's is said too.
+        (Some(e), Err(other)) => {
+            say!(
+                "flowhost sandbox: the record writer had failed too: {}",
+                flowhost_broker::Escaped(&e)
+            );
+            Err(other)
+        }
+        (None, concluded) => concluded,
     };
     match (concluded, shown) {
         (concluded, Ok(())) => concluded,

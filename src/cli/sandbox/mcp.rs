@@ -393,7 +393,8 @@ pub(super) async fn serve(args: McpArgs) -> CliResult {
     // session for any other reason fails the run.
     ended?;
     // `conclude` writes the health again to --health, which is that same file.
-    args.common.conclude(&evidence, &health?, 0)
+    // The host's records are its own: a stop they did not let complete failed above.
+    args.common.conclude(&evidence, &health?, 0, false)
 }
 
 /// The host's health in `health_file` with the calls of `records` a bound, their deadline
