@@ -133,18 +133,73 @@ pub fn check_unchangeable(program: &Path, path_var: &str) -> Result<(), RuntimeP
     unchangeable_at(program, path_var, 0)
 }
 
-fn unchangeable_at(program: &Path, path_var: &str, depth: usize) -> Result<(), RuntimeProblem> {
-    let target = unchangeable(program)?;
-    for dir in venv_code_dirs(program) {
-        unchangeable(&dir)?;
-    }
-    let head = read_head(&target);
-    if head.starts_with(b"#!") && depth < MAX_SCRIPT_DEPTH {
-        for interpreter in interpreters(program, &head, path_var)? {
-            unchangeable_at(&interpreter, path_var, depth + 1)?;
+/// [`check_unchangeable`] for the arguments of a server's command that name a host file
+/// (an absolute path to a regular file): the script an interpreter runs
+/// (`node /srv/app/index.js`), or a file it reads its settings from, is the executor's code
+/// as much as the program is. Directories and paths not there are left alone.
+pub fn check_arguments_unchangeable(args: &[String]) -> Result<(), RuntimeProblem> {
+    for arg in args.iter().filter(|a| a.starts_with('/')) {
+        if std::fs::metadata(arg).is_ok_and(|m| m.is_file()) {
+            unchangeable(Path::new(arg))?;
         }
     }
     Ok(())
+}
+
+fn unchangeable_at(program: &Path, path_var: &str, depth: usize) -> Result<(), RuntimeProblem> {
+    let target = unchangeable(program)?;
+    for path in venv_code(program) {
+        unchangeable(&path)?;
+    }
+    let head = read_head(&target);
+    if !head.starts_with(b"#!") {
+        return Ok(());
+    }
+    // Each `env` hop is an exec of its own: a chain has no length the kernel bounds, and
+    // what lies past the last one looked at would go unchecked.
+    if depth >= MAX_SCRIPT_DEPTH {
+        return Err(RuntimeProblem::Changeable {
+            path: program.to_path_buf(),
+            why: format!(
+                "leads through more than {MAX_SCRIPT_DEPTH} #! interpreters, past which nothing is looked at"
+            ),
+        });
+    }
+    let found = interpreters(program, &head, path_var)?;
+    // `env` tries the PATH's directories in order: one before where NAME is found now is
+    // where a file put later would be run instead.
+    for dir in &found.searched {
+        unchanging_place(dir)?;
+    }
+    for interpreter in &found.run {
+        unchangeable_at(interpreter, path_var, depth + 1)?;
+    }
+    Ok(())
+}
+
+/// Checks that no one but root and this process's user could put a file in the directory
+/// `dir`, there or not yet (then the directory it would be made in).
+fn unchanging_place(dir: &Path) -> Result<(), RuntimeProblem> {
+    if dir.exists() {
+        return unchangeable(dir).map(drop);
+    }
+    let changeable = |path: PathBuf, why: String| RuntimeProblem::Changeable { path, why };
+    match crate::files::trusted_place_for_dir(dir) {
+        Ok(group_writable) => match group_writable.into_iter().next() {
+            Some((path, why)) => Err(changeable(path, why.to_string())),
+            None => Ok(()),
+        },
+        Err(crate::files::TrustedFileError::Exposed { path, why }) => {
+            Err(changeable(path, why.to_string()))
+        }
+        Err(other) => Err(changeable(
+            dir.to_path_buf(),
+            format!(
+                "cannot be looked up safely ({})",
+                crate::causes::WithCauses(&other)
+            ),
+        )),
+    }
 }
 
 /// Where `path` leads, when no one but root and this process's user could change it or
@@ -173,39 +228,90 @@ fn unchangeable(path: &Path) -> Result<PathBuf, RuntimeProblem> {
     }
 }
 
-/// The directories a Python venv interpreter `program` (`VENV/bin/python`, next to
-/// `VENV/pyvenv.cfg`) loads code from at start: the venv, its `lib`, each `lib/python*`
-/// and its `site-packages`; none for another program.
-fn venv_code_dirs(program: &Path) -> Vec<PathBuf> {
+/// What a Python venv interpreter `program` (`VENV/bin/python`, next to
+/// `VENV/pyvenv.cfg`) loads code from at start: the venv, `pyvenv.cfg`, its `lib`, each
+/// `lib/python*` and its `site-packages`, each `.pth` file there (one runs at every start)
+/// and each directory a `.pth` file adds to the path (an editable install's source), and
+/// the standard library of the interpreter `pyvenv.cfg` names as `home` (a copied venv's
+/// own is not the one it loads); none for another program.
+fn venv_code(program: &Path) -> Vec<PathBuf> {
     let Some(venv) = program.parent().and_then(Path::parent) else {
         return Vec::new();
     };
-    if !venv.join("pyvenv.cfg").is_file() {
+    let cfg = venv.join("pyvenv.cfg");
+    if !cfg.is_file() {
         return Vec::new();
     }
-    let lib = venv.join("lib");
-    let mut dirs = vec![venv.to_path_buf(), venv.join("pyvenv.cfg"), lib.clone()];
-    for entry in std::fs::read_dir(&lib).into_iter().flatten().flatten() {
-        if entry.file_name().to_string_lossy().starts_with("python") {
-            dirs.push(entry.path());
-            let site = entry.path().join("site-packages");
-            if site.is_dir() {
-                dirs.push(site);
+    let mut code = vec![venv.to_path_buf(), cfg.clone()];
+    let home = std::fs::read_to_string(&cfg).ok().and_then(|text| {
+        text.lines().find_map(|l| {
+            let (key, value) = l.split_once('=')?;
+            (key.trim() == "home").then(|| PathBuf::from(value.trim()))
+        })
+    });
+    let mut libs = vec![venv.join("lib")];
+    if let Some(home) = home.filter(|h| h.is_absolute()) {
+        code.push(home.clone());
+        if let Some(prefix) = home.parent() {
+            libs.push(prefix.join("lib"));
+        }
+    }
+    for lib in libs.into_iter().filter(|l| l.is_dir()) {
+        code.push(lib.clone());
+        for entry in std::fs::read_dir(&lib).into_iter().flatten().flatten() {
+            if !entry.file_name().to_string_lossy().starts_with("python") {
+                continue;
+            }
+            code.push(entry.path());
+            for site in ["site-packages", "dist-packages"].map(|s| entry.path().join(s)) {
+                if site.is_dir() {
+                    code.extend(pth_code(&site));
+                    code.push(site);
+                }
             }
         }
     }
-    dirs
+    code
+}
+
+/// The `.pth` files of the site directory `site`, and the absolute directories their lines
+/// add to Python's path.
+fn pth_code(site: &Path) -> Vec<PathBuf> {
+    let mut code = Vec::new();
+    for entry in std::fs::read_dir(site).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "pth") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
+            let line = line.trim();
+            if line.starts_with('/') && Path::new(line).is_dir() {
+                code.push(PathBuf::from(line));
+            }
+        }
+        code.push(path);
+    }
+    code
+}
+
+/// What a script's `#!` line leads to.
+struct Interpreters {
+    /// The programs it runs: the interpreter it names, and for `env` the NAME it runs.
+    run: Vec<PathBuf>,
+    /// For `env`: the `PATH` directories looked in for NAME, in order, up to the one that
+    /// holds it.
+    searched: Vec<PathBuf>,
 }
 
 /// The interpreters a script's `#!` line (`head` its first bytes) runs it with: the one it
-/// names, and for `/usr/bin/env NAME` also NAME as the executor's `path_var` finds it (an
-/// option to env, such as `-S`, leaves only env itself to check). Split on spaces and tabs,
-/// as the kernel does.
+/// names, and for `/usr/bin/env NAME` also NAME as the executor's `path_var` finds it
+/// (env's options and `VAR=value` words before NAME passed over, `-S` lines split as env
+/// splits them). Split on spaces and tabs, as the kernel does.
 fn interpreters(
     script: &Path,
     head: &[u8],
     path_var: &str,
-) -> Result<Vec<PathBuf>, RuntimeProblem> {
+) -> Result<Interpreters, RuntimeProblem> {
     let line = head[2..].split(|b| *b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     if line.ends_with('\r') {
@@ -225,25 +331,47 @@ fn interpreters(
             path: PathBuf::from(&interpreter),
         }));
     }
-    let mut found = vec![PathBuf::from(&interpreter)];
-    if Path::new(&interpreter).file_name() == Some(std::ffi::OsStr::new("env"))
-        && let Some(name) = words.next().filter(|w| !w.starts_with('-'))
-    {
-        let on_path = path_var
-            .split(':')
-            .filter(|dir| dir.starts_with('/'))
-            .map(|dir| Path::new(dir).join(name))
-            .find(|p| p.is_file());
-        match on_path {
-            Some(p) => found.push(p),
-            None => {
-                return Err(wrap(RuntimeProblem::Missing {
-                    path: PathBuf::from(format!("{name} (on the executor's PATH {path_var})")),
-                }));
+    let mut found = Interpreters {
+        run: vec![PathBuf::from(&interpreter)],
+        searched: Vec::new(),
+    };
+    if Path::new(&interpreter).file_name() != Some(std::ffi::OsStr::new("env")) {
+        return Ok(found);
+    }
+    // env's own words: options (those taking a value take the next word), assignments.
+    let mut name = None;
+    while let Some(word) = words.next() {
+        match word {
+            "-u" | "--unset" | "-C" | "--chdir" | "-P" => {
+                words.next();
+            }
+            w if w.starts_with('-') || w.contains('=') => {}
+            w => {
+                name = Some(w);
+                break;
             }
         }
     }
-    Ok(found)
+    let Some(name) = name else {
+        return Err(wrap(RuntimeProblem::Missing {
+            path: PathBuf::from("(no program named after env's options)"),
+        }));
+    };
+    if name.contains('/') {
+        found.run.push(PathBuf::from(name));
+        return Ok(found);
+    }
+    for dir in path_var.split(':').filter(|dir| dir.starts_with('/')) {
+        let dir = Path::new(dir);
+        found.searched.push(dir.to_path_buf());
+        if dir.join(name).is_file() {
+            found.run.push(dir.join(name));
+            return Ok(found);
+        }
+    }
+    Err(wrap(RuntimeProblem::Missing {
+        path: PathBuf::from(format!("{name} (on the executor's PATH {path_var})")),
+    }))
 }
 
 fn check_at(
@@ -278,7 +406,7 @@ fn check_at(
         return Err(outside(real, readable));
     }
     if script && depth < MAX_SCRIPT_DEPTH {
-        for interpreter in interpreters(program, &head, path_var)? {
+        for interpreter in interpreters(program, &head, path_var)?.run {
             check_at(&interpreter, id, readable, path_var, false, depth + 1).map_err(|why| {
                 RuntimeProblem::Interpreter {
                     script: program.to_path_buf(),
@@ -478,6 +606,78 @@ mod tests {
         check_unchangeable(&venv.join("bin/python"), P).unwrap();
         std::fs::set_permissions(&site, std::fs::Permissions::from_mode(0o777)).unwrap();
         assert_eq!(changeable(&venv.join("bin/python"), P).0, site);
+    }
+
+    /// What `env` looks at before it finds NAME, `env -S NAME ...`, a chain of
+    /// interpreters too long to follow, a `.pth` file others may change, an editable
+    /// install's source and a script named as an argument are each looked at too (found in
+    /// review of the check above: each let another user choose the code).
+    #[test]
+    fn what_env_searches_and_what_python_and_arguments_load_are_looked_at() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let kept = root.join("kept");
+        program_at(&kept.join("tool"), "#!/bin/sh\n", 0o755);
+        let open_dir = root.join("open");
+        std::fs::create_dir(&open_dir).unwrap();
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        // NAME found after a directory others may write: a file put there later wins.
+        let script = kept.join("script");
+        program_at(&script, "#!/usr/bin/env tool\n", 0o755);
+        let path_var = format!("{}:{}", open_dir.display(), kept.display());
+        assert_eq!(changeable(&script, &path_var).0, open_dir);
+        // ... or one not there yet, in a directory others may write.
+        let path_var = format!("{}:{}", open_dir.join("later").display(), kept.display());
+        assert_eq!(changeable(&script, &path_var).0, open_dir);
+        check_unchangeable(&script, &format!("{}", kept.display())).unwrap();
+        // env -S NAME: NAME found past env's options.
+        program_at(&open_dir.join("tool"), "#!/bin/sh\n", 0o755);
+        program_at(&script, "#!/usr/bin/env -S tool --flag\n", 0o755);
+        assert_eq!(
+            changeable(&script, &format!("{}", open_dir.display())).0,
+            open_dir
+        );
+        // A chain past the depth followed is refused, not passed.
+        let mut previous = kept.join("tool");
+        for i in 0..=MAX_SCRIPT_DEPTH {
+            let next = kept.join(format!("link{i}"));
+            program_at(&next, &format!("#!{}\n", previous.display()), 0o755);
+            previous = next;
+        }
+        let (_, why) = changeable(&previous, P);
+        assert!(why.contains("more than"), "{why}");
+        // A .pth file others may write, and a directory a .pth adds to the path.
+        let venv = root.join("venv");
+        program_at(&venv.join("bin/python"), "#!/bin/sh\n", 0o755);
+        std::fs::write(venv.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        let site = venv.join("lib/python3.11/site-packages");
+        std::fs::create_dir_all(&site).unwrap();
+        check_unchangeable(&venv.join("bin/python"), P).unwrap();
+        std::fs::write(
+            site.join("editable.pth"),
+            format!("{}\n", open_dir.display()),
+        )
+        .unwrap();
+        assert_eq!(changeable(&venv.join("bin/python"), P).0, open_dir);
+        std::fs::write(site.join("editable.pth"), "import os\n").unwrap();
+        std::fs::set_permissions(
+            site.join("editable.pth"),
+            std::fs::Permissions::from_mode(0o666),
+        )
+        .unwrap();
+        assert_eq!(
+            changeable(&venv.join("bin/python"), P).0,
+            site.join("editable.pth")
+        );
+        // A script named as an argument.
+        let args = [open_dir.join("tool").display().to_string()];
+        match check_arguments_unchangeable(&args) {
+            Err(RuntimeProblem::Changeable { path, .. }) => assert_eq!(path, open_dir),
+            other => panic!("{other:?}"),
+        }
+        check_arguments_unchangeable(&[kept.join("tool").display().to_string()]).unwrap();
+        check_arguments_unchangeable(&[open_dir.display().to_string()]).unwrap();
     }
 
     /// `#!/usr/bin/env NAME` is checked as far as NAME on the executor's PATH, and a `#!`

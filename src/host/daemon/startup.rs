@@ -487,6 +487,7 @@ pub(super) fn check_commands(
             .unwrap_or(flowhost_broker::DEFAULT_EXECUTOR_PATH);
         crate::runtime::check_program(Path::new(program), id, &readable, path_var)
             .and_then(|()| crate::runtime::check_unchangeable(Path::new(program), path_var))
+            .and_then(|()| crate::runtime::check_arguments_unchangeable(args))
             .and_then(|()| crate::runtime::check_path_arguments(args, id, &reachable))
             .map_err(|source| StartupError::Runtime {
                 server: s.id.clone(),
