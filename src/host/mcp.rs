@@ -175,10 +175,13 @@ pub fn classify(value: &Value) -> Result<Incoming, (Value, RpcError)> {
 /// [`classify`], taking the message apart instead of copying its parameters or result.
 fn classify_owned(value: Value) -> Result<Incoming, (Value, RpcError)> {
     let Value::Object(mut obj) = value else {
-        return Err((
-            Value::Null,
-            RpcError::new(code::INVALID_REQUEST, "a message must be a JSON object"),
-        ));
+        let why = match value {
+            // JSON-RPC batches (which MCP's 2025-03-26 revision allowed and 2025-06-18
+            // took out) are not served: said so, rather than as any other shape.
+            Value::Array(_) => "a message must be a JSON object: batches are not accepted",
+            _ => "a message must be a JSON object",
+        };
+        return Err((Value::Null, RpcError::new(code::INVALID_REQUEST, why)));
     };
     let id = obj.remove("id");
     let echo = id.clone().unwrap_or(Value::Null);
@@ -212,6 +215,15 @@ fn classify_owned(value: Value) -> Result<Incoming, (Value, RpcError)> {
                 ));
             }
             Ok(match id {
+                // A request's id must not be null (MCP): the host's own answers to what it
+                // cannot read carry a null id, and the client would take one of those for
+                // this request's answer.
+                Some(Value::Null) => {
+                    return Err((
+                        Value::Null,
+                        RpcError::new(code::INVALID_REQUEST, "a request's \"id\" must not be null"),
+                    ));
+                }
                 Some(id) => Incoming::Request { id, method, params },
                 None => Incoming::Notification { method, params },
             })
@@ -611,6 +623,18 @@ mod tests {
             parse(br#"{"jsonrpc":"2.0","id":1}"#).unwrap_err().1.code,
             code::INVALID_REQUEST
         );
+        // A request with a null id is refused (the host's answers to what it cannot read
+        // carry a null id: the client would take one for this request's answer), and a
+        // batch is said to be one. A response may still carry a null id.
+        let (id, e) = parse(br#"{"jsonrpc":"2.0","id":null,"method":"tools/call"}"#).unwrap_err();
+        assert_eq!((id, e.code), (Value::Null, code::INVALID_REQUEST));
+        assert!(e.message.contains("must not be null"), "{}", e.message);
+        let batch = br#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#;
+        assert!(parse(batch).unwrap_err().1.message.contains("batches"));
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#),
+            Ok(Incoming::Response { .. })
+        ));
     }
 
     #[test]
