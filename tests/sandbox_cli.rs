@@ -1025,13 +1025,10 @@ fn host_name_rules_are_mediated_lookups_recorded_with_the_name() {
     assert_eq!(http.connections(), 1, "the refused connect never arrived");
 }
 
-/// A query the command's resolver does not serve (here two questions in one) is refused
-/// and recorded, with why, though no rule is asked: before, it was only logged at debug, so
-/// the records did not show it.
 /// A stderr nobody reads (a pipe into a pager left unscrolled) holds up none of the run:
-/// its `--timeout` still ends the command, and what flowhost says waits (what did not fit
-/// is counted). Before, the run's one thread stopped in `write` once the pipe was full,
-/// and the command ran on past its timeout until someone read.
+/// its `--timeout` still ends the command while what flowhost says waits. Before, the
+/// run's one thread stopped in `write` once the pipe was full, and the command ran on past
+/// its timeout until someone read.
 #[test]
 fn a_stderr_nobody_reads_does_not_hold_up_the_timeout() {
     if !can_run() {
@@ -1043,8 +1040,8 @@ fn a_stderr_nobody_reads_does_not_hold_up_the_timeout() {
     let dir = common::executor_visible_dir();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let alive = dir.path().join("alive");
-    // Each refused connect is a line on stderr: far more than a pipe holds. Then the
-    // command says it is alive, five times a second, until it is ended.
+    // The command says it is alive, five times a second, until it is ended; meanwhile each
+    // refused connect is a line on stderr: far more than a pipe holds.
     let mut child = flowhost()
         .args([
             "sandbox",
@@ -1060,8 +1057,9 @@ fn a_stderr_nobody_reads_does_not_hold_up_the_timeout() {
         .arg(dir.path())
         .args(["--", "/bin/bash", "-c"])
         .arg(format!(
-            "for i in $(seq 3000); do {{ : 3<>/dev/tcp/127.0.0.1/9; }} 2>/dev/null; done; \
-             while :; do echo >> {}; sleep 0.2; done",
+            "(while :; do echo >> {}; sleep 0.2; done) & \
+             for i in $(seq 3000); do {{ : 3<>/dev/tcp/127.0.0.1/9; }} 2>/dev/null; done; \
+             wait",
             alive.display()
         ))
         .stdout(std::process::Stdio::null())
@@ -1104,6 +1102,58 @@ fn a_stderr_nobody_reads_does_not_hold_up_the_timeout() {
         "{}",
         &err[..err.len().min(2000)]
     );
+}
+
+/// Once its command has ended, a run whose stderr nobody reads closes its records and
+/// writes its health before it waits for the reader, and a `kill` then ends it. Before
+/// (in review of the queue above), it waited first, its records open, with SIGTERM caught.
+#[test]
+fn a_run_closes_its_evidence_before_waiting_for_stderr_and_a_kill_ends_the_wait() {
+    if !can_run() {
+        return;
+    }
+    let dir = common::executor_visible_dir();
+    let health = dir.path().join("health.json");
+    let records = dir.path().join("records");
+    let mut child = flowhost()
+        .args(["sandbox", "run", "--profile", "isolated", "--records"])
+        .arg(&records)
+        .arg("--health")
+        .arg(&health)
+        .args(["--", "/bin/bash", "-c"])
+        .arg("for i in $(seq 3000); do { : 3<>/dev/tcp/127.0.0.1/9; } 2>/dev/null; done")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !health.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let written = health.exists();
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let ended = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        child.try_wait().unwrap().is_some()
+    });
+    if !ended {
+        let _ = child.kill();
+    }
+    let status = child.wait().unwrap();
+    assert!(written, "no health while stderr was not read");
+    assert!(ended, "a kill did not end the wait for stderr");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGTERM),
+        "{status:?}"
+    );
+    let verified = flowhost()
+        .args(["records", "verify"])
+        .arg(&records)
+        .output()
+        .unwrap();
+    assert!(verified.status.success(), "{verified:?}");
 }
 
 /// A command named by a relative path is run by that path made absolute, not by where its
@@ -1210,6 +1260,9 @@ fn a_resolver_whose_upstream_never_answers_says_so() {
     );
 }
 
+/// A query the command's resolver does not serve (here two questions in one) is refused
+/// and recorded, with why, though no rule is asked: before, it was only logged at debug, so
+/// the records did not show it.
 #[test]
 fn a_query_not_served_is_recorded() {
     if !can_run() {

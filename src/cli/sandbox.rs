@@ -571,9 +571,9 @@ impl SandboxArgs {
         let done = match self.command {
             SandboxCommand::Run(args) => {
                 let done = runtime.block_on(run(args));
-                // A run that ended before its command did (a refusal to start it) leaves
-                // nothing queued unwritten.
-                queued_stderr::command_ended();
+                // Its records closed and its health written, whatever stderr holds up now
+                // costs the run nothing.
+                queued_stderr::finish();
                 done
             }
             SandboxCommand::Mcp(args) => runtime.block_on(mcp::serve(args)),
@@ -963,7 +963,7 @@ async fn run(args: RunArgs) -> CliResult {
     let status = loop {
         tokio::select! {
             status = exec.wait() => {
-                // What the run says from now on (its verdicts) waits for the reader.
+                // What the run says from now on (its verdicts) is never dropped.
                 queued_stderr::command_ended();
                 break status?;
             }

@@ -1,9 +1,11 @@
 //! flowhost's own lines on a stderr that is no terminal (a pipe, a file), while the command
 //! runs: queued, and written by a thread of their own. Written by the run's one thread, a
 //! pipe nobody read (`2>&1 | less`, left unscrolled) stopped the run in `write`: its
-//! `--timeout`, the signals it passes on, its decisions. Up to [`LIMIT`] bytes wait; beyond,
-//! lines are dropped and counted, and the count is said once the command has ended, when
-//! the rest is written as any program writes (waiting for the reader).
+//! `--timeout`, the signals it passes on, its decisions. While the command runs, up to
+//! [`LIMIT`] bytes wait; beyond, lines are dropped and counted. After, nothing is dropped,
+//! and once the run has closed its records and written its health, flowhost waits for the
+//! reader to take the rest, as any program would, a `kill` or Ctrl-C ending it meanwhile;
+//! the count of what was dropped comes last.
 //!
 //! A terminal's own relay does the same for a stderr that is one ([`super::terminal`]).
 
@@ -19,7 +21,9 @@ struct State {
     text: String,
     dropped: usize,
     writing: bool,
-    /// Set once the command has ended: lines are written at once from then on.
+    /// Set once the command has ended: nothing is dropped from then on.
+    unbounded: bool,
+    /// Set once everything was written at the end: lines are written at once from then on.
     closed: bool,
 }
 
@@ -78,7 +82,7 @@ pub(super) fn queued(text: &str) -> bool {
     if state.closed {
         return false;
     }
-    if state.text.len() + text.len() > LIMIT {
+    if !state.unbounded && state.text.len() + text.len() > LIMIT {
         state.dropped += text.len();
     } else {
         state.text.push_str(text);
@@ -88,12 +92,28 @@ pub(super) fn queued(text: &str) -> bool {
     true
 }
 
-/// The command has ended: waits until everything queued is written (as long as the reader
-/// takes), says what was dropped, and writes later lines at once.
+/// The command has ended: what flowhost says from now on (its verdicts) is never dropped.
+/// Nothing waits here: the run closes its records and writes its health first.
 pub(super) fn command_ended() {
+    if let Some(queue) = QUEUE.get() {
+        queue.lock().unbounded = true;
+    }
+}
+
+/// The run is over: gives the interrupts their default action back (a `kill` or Ctrl-C
+/// then ends flowhost, as any program waiting on its output), waits until everything
+/// queued is written (as long as the reader takes), says what was dropped, and writes later
+/// lines at once.
+pub(super) fn finish() {
     let Some(queue) = QUEUE.get() else {
         return;
     };
+    if let Err(e) = flowhost_broker::terminal::interrupts_take_their_default_action() {
+        queued(&format!(
+            "flowhost sandbox: cannot give the interrupts their default action back ({e}): \
+             while flowhost waits for stderr to take its last lines, only SIGKILL ends it\n"
+        ));
+    }
     let mut state = queue.lock();
     while !state.text.is_empty() || state.writing {
         state = queue.changed.wait(state).unwrap_or_else(|p| p.into_inner());
