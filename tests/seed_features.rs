@@ -377,10 +377,11 @@ fn an_authority_whose_key_is_taken_out_is_distrusted_although_the_reload_is_refu
     assert_eq!(denial(&r), "grant_untrusted_authority", "{r}");
 }
 
-/// An authority's key file removed in the same edit as a mistake elsewhere in the file (an
-/// unknown key): the file does not load at all, yet the authority is distrusted from that
-/// reload on, as a server whose key file was removed is. Before, such a reload kept it
-/// trusted, knowing it only by id, and its grants went on declassifying.
+/// An authority's key file removed in the same edit as a mistake elsewhere in the file (a
+/// table header left open, so not even TOML): the file does not load at all, yet the
+/// authority is distrusted from that reload on, as a server whose key file was removed is.
+/// Before, such a reload kept it trusted, knowing it only by id (or, with no TOML, nothing
+/// at all), and its grants went on declassifying.
 #[test]
 fn an_authority_whose_key_file_is_removed_is_distrusted_by_a_file_that_does_not_load() {
     let Some((lab, authority, _)) = lab_with_authority() else {
@@ -395,7 +396,9 @@ fn an_authority_whose_key_file_is_removed_is_distrusted_by_a_file_that_does_not_
     );
     std::fs::remove_file(authority.with_extension("pub")).unwrap();
     let config = std::fs::read_to_string(&lab.config).unwrap();
-    lab.write_config(&config.replacen("[host]\n", "[host]\nno_such_setting = 1\n", 1));
+    // Not even TOML: a file that says nothing of what it holds still has the key files the
+    // running configuration names read again.
+    lab.write_config(&config.replacen("[host]\n", "[host\nno_such_setting = 1\n", 1));
     lab.signal(libc::SIGHUP);
     wait_log(
         &lab,

@@ -161,23 +161,26 @@ impl Host {
                 self.current().principals_still_vouched_for(config),
             ),
             // A file that does not load still withdraws what it no longer holds, as far as
-            // its TOML tells, a server whose registered key can no longer be read or vouch
-            // for its manifest, and an authority whose key file can no longer be read or
-            // holds another key (nothing when it is no TOML at all).
-            Err(_) => match &ids {
-                Some(ids) => {
-                    let current = self.current();
-                    let (mut servers, mut authorities, principals) = current.taken_out_of(ids);
-                    for (server, why) in current.no_longer_vouched_for(&current.config) {
-                        servers.entry(server).or_insert(why);
-                    }
-                    for (authority, why) in current.authorities_whose_keys_changed() {
-                        authorities.entry(authority).or_insert(why);
-                    }
-                    (servers, authorities, principals)
+            // its TOML tells (nothing when it is no TOML at all), a server whose registered
+            // key can no longer be read or vouch for its manifest, and an authority whose key
+            // file can no longer be read or holds another key.
+            // The key files the running configuration names are read again either way: a
+            // file that is no TOML at all (a slip made in the same edit) must not keep a key
+            // file's removal from revoking it.
+            Err(_) => {
+                let current = self.current();
+                let (mut servers, mut authorities, principals) = match &ids {
+                    Some(ids) => current.taken_out_of(ids),
+                    None => Default::default(),
+                };
+                for (server, why) in current.no_longer_vouched_for(&current.config) {
+                    servers.entry(server).or_insert(why);
                 }
-                None => Default::default(),
-            },
+                for (authority, why) in current.authorities_whose_keys_changed() {
+                    authorities.entry(authority).or_insert(why);
+                }
+                (servers, authorities, principals)
+            }
         };
         // Until this reload ends, the servers its file names are ones it may serve again
         // (a server whose key was replaced is withdrawn below, and served anew if the
