@@ -1327,10 +1327,33 @@ struct Executors<'s> {
 }
 
 /// Why no executor took a request: the host's words, and whether it was refused (its
-/// principal's access withdrawn while it waited) rather than failed.
+/// principal's access withdrawn while it waited) or ran out of its deadline rather than
+/// failed.
 struct NotReady {
     words: String,
     access_withdrawn: bool,
+    timed_out: bool,
+}
+
+impl NotReady {
+    /// As a call's dispatch error: a deadline reached is a bound, not a failed executor.
+    fn for_call(self) -> DispatchError {
+        match (self.access_withdrawn, self.timed_out) {
+            (true, _) => DispatchError::AccessWithdrawn(self.words),
+            (false, true) => DispatchError::BoundReached(self.words),
+            (false, false) => DispatchError::NotStarted(self.words),
+        }
+    }
+
+    /// As a forwarded request's error, likewise.
+    fn for_forward(self) -> super::pipeline::content::ForwardError {
+        use super::pipeline::content::ForwardError;
+        match (self.access_withdrawn, self.timed_out) {
+            (true, _) => ForwardError::AccessWithdrawn(self.words),
+            (false, true) => ForwardError::BoundReached(self.words),
+            (false, false) => ForwardError::NotStarted(self.words),
+        }
+    }
 }
 
 impl Executors<'_> {
@@ -1545,6 +1568,7 @@ impl Executors<'_> {
             tracing::warn!(session = %self.session.id, server = %server, error = %Escaped(&e), "no executor of server {server:?} could be made ready for a request");
             NotReady {
                 access_withdrawn: matches!(e, ExecutorError::AccessWithdrawn(_)),
+                timed_out: matches!(e, ExecutorError::Timeout(_)),
                 words: format!(
                     "server {server:?}: {} (the host's log says more)",
                     e.host_words()
@@ -1642,14 +1666,22 @@ impl RequestDeadline {
         &self,
         server: &str,
         permits: &Arc<Semaphore>,
-    ) -> Result<tokio::sync::OwnedSemaphorePermit, String> {
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, NotReady> {
         match tokio::time::timeout_at(self.at, permits.clone().acquire_owned()).await {
             Ok(Ok(p)) => Ok(p),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!(
-                "server {server:?}: none of the session's executors of it became free within the request's deadline ({:?}, call_timeout_ms)",
-                self.whole
-            )),
+            Ok(Err(e)) => Err(NotReady {
+                words: e.to_string(),
+                access_withdrawn: false,
+                timed_out: false,
+            }),
+            Err(_) => Err(NotReady {
+                words: format!(
+                    "server {server:?}: none of the session's executors of it became free within the request's deadline ({:?}, call_timeout_ms)",
+                    self.whole
+                ),
+                access_withdrawn: false,
+                timed_out: true,
+            }),
         }
     }
 }
@@ -1671,17 +1703,14 @@ impl Dispatch for Executors<'_> {
         let permit = tokio::select! {
             biased;
             reason = cancelled(&mut self.control.cancel) => return Err(DispatchError::CancelledBeforeStart(reason)),
-            p = deadline.permit(server, &permits) => p.map_err(DispatchError::NotStarted)?,
+            p = deadline.permit(server, &permits) => p.map_err(NotReady::for_call)?,
         };
         let source = call.plan.source.clone();
         let mut cancel = self.control.cancel.clone();
         let mut bound = tokio::select! {
             biased;
             reason = cancelled(&mut cancel) => return Err(DispatchError::CancelledBeforeStart(reason)),
-            ready = self.ready(server, tool, &source, deadline) => ready.map_err(|n| match n.access_withdrawn {
-                true => DispatchError::AccessWithdrawn(n.words),
-                false => DispatchError::NotStarted(n.words),
-            })?,
+            ready = self.ready(server, tool, &source, deadline) => ready.map_err(NotReady::for_call)?,
         };
         call.executor_pid = bound.exec.pid();
         let name = call.tool.clone();

@@ -491,14 +491,11 @@ impl Executors<'_> {
         let permit = deadline
             .permit(server, &permits)
             .await
-            .map_err(ForwardError::NotStarted)?;
+            .map_err(super::NotReady::for_forward)?;
         let mut bound = self
             .ready(server, name, source, deadline)
             .await
-            .map_err(|n| match n.access_withdrawn {
-                true => ForwardError::AccessWithdrawn(n.words),
-                false => ForwardError::NotStarted(n.words),
-            })?;
+            .map_err(super::NotReady::for_forward)?;
         let forwarded = bound.exec.forward(method, params, deadline.left()).await;
         match forwarded.map_err(|e| deadline.said(e)) {
             Ok(result) => {
