@@ -133,15 +133,17 @@ pub fn check_unchangeable(program: &Path, path_var: &str) -> Result<(), RuntimeP
     unchangeable_at(program, path_var, 0)
 }
 
-/// [`check_unchangeable`] for the arguments of a server's command that name a host file
-/// (an absolute path to a regular file): the script an interpreter runs
-/// (`node /srv/app/index.js`), or a file it reads its settings from, is the executor's code
-/// as much as the program is. Directories and paths not there are left alone.
+/// [`check_unchangeable`] for the script an interpreter is given: the first argument of a
+/// server's command that names a host file (an absolute path to a regular file), as in
+/// `node /srv/app/index.js` or `python3 /srv/app/server.py`, is the executor's code as much
+/// as the program is. Later ones are taken for data (a database another service owns may
+/// be named there), and directories and paths not there are left alone.
 pub fn check_arguments_unchangeable(args: &[String]) -> Result<(), RuntimeProblem> {
-    for arg in args.iter().filter(|a| a.starts_with('/')) {
-        if std::fs::metadata(arg).is_ok_and(|m| m.is_file()) {
-            unchangeable(Path::new(arg))?;
-        }
+    let script = (args.iter())
+        .filter(|a| a.starts_with('/'))
+        .find(|a| std::fs::metadata(a).is_ok_and(|m| m.is_file()));
+    if let Some(script) = script {
+        unchangeable(Path::new(script))?;
     }
     Ok(())
 }
@@ -178,12 +180,27 @@ fn unchangeable_at(program: &Path, path_var: &str, depth: usize) -> Result<(), R
 }
 
 /// Checks that no one but root and this process's user could put a file in the directory
-/// `dir`, there or not yet (then the directory it would be made in).
+/// `dir`, there or not yet (then the directory it would be made in, where anyone who may
+/// write could make it, sticky or not: a sticky `/var/tmp` keeps others from renaming what
+/// is there, not from creating what is not).
 fn unchanging_place(dir: &Path) -> Result<(), RuntimeProblem> {
     if dir.exists() {
         return unchangeable(dir).map(drop);
     }
     let changeable = |path: PathBuf, why: String| RuntimeProblem::Changeable { path, why };
+    if let Some(nearest) = dir.ancestors().skip(1).find(|a| a.exists())
+        && let Ok(meta) = std::fs::metadata(nearest)
+        && meta.mode() & 0o002 != 0
+    {
+        return Err(changeable(
+            nearest.to_path_buf(),
+            format!(
+                "has mode {:04o}, so anyone may make {} in it",
+                meta.mode() & 0o7777,
+                dir.display()
+            ),
+        ));
+    }
     match crate::files::trusted_place_for_dir(dir) {
         Ok(group_writable) => match group_writable.into_iter().next() {
             Some((path, why)) => Err(changeable(path, why.to_string())),
@@ -192,13 +209,18 @@ fn unchanging_place(dir: &Path) -> Result<(), RuntimeProblem> {
         Err(crate::files::TrustedFileError::Exposed { path, why }) => {
             Err(changeable(path, why.to_string()))
         }
-        Err(other) => Err(changeable(
-            dir.to_path_buf(),
-            format!(
-                "cannot be looked up safely ({})",
-                crate::causes::WithCauses(&other)
-            ),
-        )),
+        Err(other) => Err(unsafe_lookup(dir, &other)),
+    }
+}
+
+/// A path whose lookup could not be judged safe, with why.
+fn unsafe_lookup(path: &Path, e: &crate::files::TrustedFileError) -> RuntimeProblem {
+    RuntimeProblem::Changeable {
+        path: path.to_path_buf(),
+        why: format!(
+            "cannot be looked up safely ({})",
+            crate::causes::WithCauses(e)
+        ),
     }
 }
 
@@ -211,13 +233,7 @@ fn unchangeable(path: &Path) -> Result<PathBuf, RuntimeProblem> {
     };
     let target = crate::files::trusted_target(path).map_err(|e| match e {
         crate::files::TrustedFileError::Exposed { path, why } => changeable(&path, why.to_string()),
-        other => changeable(
-            path,
-            format!(
-                "cannot be looked up safely ({})",
-                crate::causes::WithCauses(&other)
-            ),
-        ),
+        other => unsafe_lookup(path, &other),
     })?;
     let meta = std::fs::metadata(&target).map_err(|_| RuntimeProblem::Missing {
         path: target.clone(),
@@ -305,8 +321,9 @@ struct Interpreters {
 
 /// The interpreters a script's `#!` line (`head` its first bytes) runs it with: the one it
 /// names, and for `/usr/bin/env NAME` also NAME as the executor's `path_var` finds it
-/// (env's options and `VAR=value` words before NAME passed over, `-S` lines split as env
-/// splits them). Split on spaces and tabs, as the kernel does.
+/// (env's options and `VAR=value` words before NAME passed over). The kernel passes all
+/// that follows the interpreter as one argument; only `env -S` splits it, on spaces and
+/// tabs, as it is split here to find NAME.
 fn interpreters(
     script: &Path,
     head: &[u8],
@@ -670,14 +687,25 @@ mod tests {
             changeable(&venv.join("bin/python"), P).0,
             site.join("editable.pth")
         );
-        // A script named as an argument.
+        // A script named as an argument (the first file named); a later one is data.
         let args = [open_dir.join("tool").display().to_string()];
         match check_arguments_unchangeable(&args) {
             Err(RuntimeProblem::Changeable { path, .. }) => assert_eq!(path, open_dir),
             other => panic!("{other:?}"),
         }
-        check_arguments_unchangeable(&[kept.join("tool").display().to_string()]).unwrap();
-        check_arguments_unchangeable(&[open_dir.display().to_string()]).unwrap();
+        let script_then_data = [
+            open_dir.display().to_string(),
+            kept.join("tool").display().to_string(),
+            open_dir.join("tool").display().to_string(),
+        ];
+        check_arguments_unchangeable(&script_then_data).unwrap();
+        // A PATH directory not there yet, in a directory anyone may write, sticky or not.
+        let sticky = root.join("sticky");
+        std::fs::create_dir(&sticky).unwrap();
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        program_at(&script, "#!/usr/bin/env tool\n", 0o755);
+        let path_var = format!("{}:{}", sticky.join("bin").display(), kept.display());
+        assert_eq!(changeable(&script, &path_var).0, sticky);
     }
 
     /// `#!/usr/bin/env NAME` is checked as far as NAME on the executor's PATH, and a `#!`
