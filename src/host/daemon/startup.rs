@@ -242,6 +242,7 @@ impl StartupError {
                     | StateError::Postgres(
                         PgError::Connect { .. }
                             | PgError::Timeout { .. }
+                            | PgError::Cancelled { .. }
                             | PgError::ReadOnly { .. }
                     )
             )
@@ -922,6 +923,12 @@ mod tests {
         };
         assert!(super::StartupError::State(away()).may_pass());
         assert!(super::StartupError::Continuity(ContinuityError::State(away())).may_pass());
+        // Cancelled by the server's own statement_timeout: a slow moment as well.
+        let cancelled = StateError::Postgres(PgError::Cancelled {
+            target: "db".into(),
+            reason: "canceling statement due to statement timeout".into(),
+        });
+        assert!(super::StartupError::Continuity(ContinuityError::State(cancelled)).may_pass());
         let refused = StateError::Postgres(PgError::Query {
             target: "db".into(),
             reason: "permission denied".into(),

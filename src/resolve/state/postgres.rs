@@ -138,6 +138,16 @@ pub enum PgError {
         /// Why.
         reason: String,
     },
+    /// The server cancelled a statement (SQLSTATE 57014: its `statement_timeout`, or an
+    /// operator's `pg_cancel_backend`) on a connection that stays: a slow moment, which may
+    /// pass as a timeout of this host's own does.
+    #[error("flow-state database {target}: the server cancelled the statement: {reason}")]
+    Cancelled {
+        /// The database.
+        target: String,
+        /// What the server said.
+        reason: String,
+    },
     /// A read or write failed.
     #[error("flow-state database {target}: {reason}")]
     Query {
@@ -253,13 +263,20 @@ fn connection_lost(e: &tokio_postgres::Error) -> bool {
         })
 }
 
-/// A statement's failure on `target`: [`PgError::Connect`] when the connection is gone
-/// (it may pass), [`PgError::Query`] otherwise.
+/// A statement's failure on `target`: [`PgError::Connect`] when the connection is gone and
+/// [`PgError::Cancelled`] when the server cancelled it (both may pass), [`PgError::Query`]
+/// otherwise.
 fn query_failed(target: &str, e: &tokio_postgres::Error) -> PgError {
     if connection_lost(e) {
         return PgError::Connect {
             target: target.to_string(),
             reason: format!("the connection was lost: {}", reason(e)),
+        };
+    }
+    if e.code().is_some_and(|c| c.code() == "57014") {
+        return PgError::Cancelled {
+            target: target.to_string(),
+            reason: reason(e),
         };
     }
     PgError::Query {
@@ -1888,6 +1905,38 @@ mod tests {
             .run(async |c| Ok(c.query_one(&query, &[]).await.unwrap().get(0)))
             .await
             .unwrap()
+    }
+
+    /// A statement the server cancels (its role's `statement_timeout`, here past a lock an
+    /// operator holds) is a cancellation, which may pass, not a failed statement. Before,
+    /// it stopped a start for good (exit 2) where a timeout of the host's own was retried.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_statement_the_server_cancels_is_a_cancellation() {
+        use super::super::tests::{key, owner};
+        let Some(pg) = crate::lab::postgres::Postgres::start_unless_unavailable().unwrap() else {
+            return;
+        };
+        let s = pg.settings("h");
+        migrate(&s).await.unwrap();
+        let mut admin = pg.client().await.unwrap();
+        admin
+            .batch_execute("ALTER ROLE CURRENT_USER SET statement_timeout = '300ms'")
+            .await
+            .unwrap();
+        let store = PostgresStore::open(&s).await.unwrap();
+        let tx = admin.transaction().await.unwrap();
+        tx.batch_execute("LOCK TABLE principal_labels IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        let e = store
+            .raise(&key("alice", "s"), &owner("larkfield"), &owner("larkfield"))
+            .await
+            .unwrap_err();
+        tx.rollback().await.unwrap();
+        assert!(
+            matches!(e, StateError::Postgres(PgError::Cancelled { .. })),
+            "{e:?}"
+        );
     }
 
     /// With `schema` set, the store keeps its tables there and finds them there whatever
