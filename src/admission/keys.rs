@@ -406,10 +406,10 @@ mod tests {
         }
     }
 
-    /// A key file whose name cannot be made durable is taken away with the rest: nothing
-    /// is left, and the next try is not refused as already there. Before, a private key
-    /// stayed alone, or a public key whose private half was gone (one an operator could
-    /// register).
+    /// A key file whose name cannot be made durable is taken away: nothing is left, and the
+    /// next try is not refused as already there. Before, the private key stayed alone. (The
+    /// public half's case, where the private key is then removed too, is the same
+    /// `write_new`; it is not reached here, since every directory sync fails.)
     #[test]
     fn a_pair_that_cannot_be_made_durable_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
