@@ -182,6 +182,54 @@ fn a_calls_deadline_covers_the_start_of_its_executor() {
     );
 }
 
+/// A principal's sessions hold at most its share of the host's `max_executors`: a call
+/// that would need one more is refused in the host's words and recorded as a bound reached,
+/// and once an executor stops (here by its session ending) the share has room again.
+/// Before, nothing bounded executors across a principal's sessions: its 256 sessions could
+/// run 8 of each server's executors apiece, enough to take memory or descriptors from
+/// every other principal.
+#[test]
+fn a_principal_holds_its_share_of_executors_and_no_more() {
+    let Some(host) = Governed::start(&[slow("slow", &[])], "max_executors = 2") else {
+        return;
+    };
+    let (mut first, mut second) = (host.client(), host.client());
+    call(&mut first, 1, "slow/sleep", json!({"seconds": 1.5}));
+    call(&mut first, 2, "slow/sleep", json!({"seconds": 1.5}));
+    std::thread::sleep(Duration::from_millis(300));
+    call(&mut second, 1, "slow/sleep", json!({"seconds": 0.1}));
+    let (refused, _) = until_answer(&mut second, 1);
+    assert_eq!(refused["result"]["isError"], json!(true), "{refused}");
+    assert!(
+        refused.to_string().contains("holds 2 executors"),
+        "{refused}"
+    );
+    for id in [1, 2] {
+        let (m, _) = until_answer(&mut first, id);
+        assert!(m["result"]["isError"] != json!(true), "{m}");
+    }
+    // The first session ends: its executors stop, and their places are free again.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut id = 2;
+    loop {
+        call(&mut second, id, "slow/sleep", json!({"seconds": 0.1}));
+        let (m, _) = until_answer(&mut second, id);
+        if m["result"]["isError"] != json!(true) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no place came free: {m}");
+        std::thread::sleep(Duration::from_millis(200));
+        id += 1;
+    }
+    assert!(
+        host.records()
+            .iter()
+            .any(|r| r["response"].to_string().contains("bound_reached")),
+        "the refusal is recorded as a bound reached"
+    );
+}
+
 /// Runs call `id` of `slow/sleep` in `steps` steps of 0.2 s with progress `token`; returns
 /// the progress notifications that came before its answer (one per step).
 fn progress_of_a_call(c: &mut RawClient, id: u64, token: Value, steps: u64) -> Vec<Value> {

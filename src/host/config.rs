@@ -154,6 +154,8 @@ struct RawHost {
     refusal_fold_interval_ms: u64,
     #[serde(default = "default_refusal_budget")]
     refusal_records_per_interval: usize,
+    #[serde(default = "default_max_executors")]
+    max_executors: usize,
     #[serde(default = "default_min_free")]
     records_min_free_mib: u64,
     #[serde(default)]
@@ -199,6 +201,11 @@ fn default_fold_interval() -> u64 {
 fn default_refusal_budget() -> usize {
     100
 }
+fn default_max_executors() -> usize {
+    256
+}
+/// Most executors `max_executors` may allow.
+const MOST_EXECUTORS: usize = 4096;
 fn default_min_free() -> u64 {
     256
 }
@@ -358,6 +365,9 @@ pub struct HostConfig {
     /// Most refusal records one principal (or unmapped peer) gets per fold interval; the rest
     /// fold into one record.
     pub refusal_records_per_interval: usize,
+    /// Most executors sessions hold at once, host-wide; each principal may hold an equal
+    /// share ([`crate::daemon::executor_share`]).
+    pub max_executors: usize,
     /// Health warns when the records filesystem has less free space than this, in bytes.
     pub records_min_free_bytes: u64,
     /// Where executors' allowed lookups are asked (`IP` or `IP:PORT`, port 53 by default);
@@ -743,6 +753,15 @@ impl HostConfig {
                     "is 0; it must be positive".into(),
                 ));
             }
+        }
+        if h.max_executors == 0 || h.max_executors > MOST_EXECUTORS {
+            return Err(invalid(
+                "host.max_executors".into(),
+                format!(
+                    "{} is out of range; use 1 to {MOST_EXECUTORS}",
+                    h.max_executors
+                ),
+            ));
         }
         // Folded refusals are written when their interval ends: a longer one would keep them
         // only in memory, lost with a crash, for that long.
@@ -1254,6 +1273,7 @@ impl HostConfig {
             records_rotate_bytes: h.records_rotate_bytes,
             refusal_fold_interval: Duration::from_millis(h.refusal_fold_interval_ms),
             refusal_records_per_interval: h.refusal_records_per_interval,
+            max_executors: h.max_executors,
             records_min_free_bytes: h.records_min_free_mib.saturating_mul(1024 * 1024),
             classifier_version: h.classifier_version,
             operator_input_floor: floor,

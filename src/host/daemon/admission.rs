@@ -17,9 +17,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Most sessions of principals keeping to their shares served at once; each can hold an
-/// executor per server (sessions opened under earlier, larger shares may add to it, up to
-/// [`MOST_PRINCIPAL_SESSIONS`]).
+/// Most sessions of principals keeping to their shares served at once; each can run up to
+/// eight executors per server, within its principal's share of the host's `max_executors`
+/// (see [`super::budget`]) (sessions opened under earlier, larger shares may add to it, up
+/// to [`MOST_PRINCIPAL_SESSIONS`]).
 pub const MAX_SESSIONS: usize = 256;
 
 /// Most principals' sessions open at once, whatever the shares: [`MAX_SESSIONS`] is what

@@ -85,6 +85,17 @@ pub enum ExecutorError {
         "the session's principal, or its use of this on server {0:?}, was withdrawn before an executor took the request; none is started for it"
     )]
     AccessWithdrawn(String),
+    /// The session's principal holds as many executors as its share of the host's
+    /// `max_executors` allows: none is started for the request until one of them stops.
+    #[error(
+        "principal {principal} holds {share} executors, its share of the host's max_executors; none is started for this request (an idle one stops after idle_timeout_ms)"
+    )]
+    OverShare {
+        /// The principal.
+        principal: String,
+        /// Its share.
+        share: usize,
+    },
 }
 
 impl ExecutorError {
@@ -119,7 +130,8 @@ impl ExecutorError {
             | ExecutorError::Bound { .. }
             | ExecutorError::Io(_)
             | ExecutorError::Withdrawn(_)
-            | ExecutorError::AccessWithdrawn(_) => self.to_string(),
+            | ExecutorError::AccessWithdrawn(_)
+            | ExecutorError::OverShare { .. } => self.to_string(),
         }
     }
 }

@@ -65,6 +65,8 @@ pub struct Host {
     /// The per-origin rules of the generations replaced so far, while a judge of theirs
     /// lives (a call may still run on them): every later reload narrows them too.
     pub(super) retired_origins: Mutex<Vec<std::sync::Weak<egress::Origins>>>,
+    /// The executors each principal's sessions hold (see [`super::budget`]).
+    pub(super) executors: Arc<super::budget::ExecutorBudget>,
     /// While a reload builds its generation: the servers its configuration names, which a
     /// withdrawal ahead of it may have taken out of service meanwhile (see
     /// [`Host::reload_names`]).

@@ -24,6 +24,7 @@
 
 mod activation;
 mod admission;
+mod budget;
 mod egress;
 mod executor;
 pub mod http;
@@ -43,6 +44,7 @@ pub use activation::listener_from_systemd;
 pub use admission::{
     MAX_SESSIONS, MAX_STRANGERS, MAX_STRANGERS_PER_UID, SUMMARY_INTERVAL, session_share,
 };
+pub use budget::{ExecutorBudget, ExecutorPlace, executor_share};
 pub use egress::{
     EgressJudge, broker_details, judged_destination, lookup_broker_details, named_broker_details,
     named_rules_destination, rules_destination,

@@ -171,6 +171,10 @@ pub enum DispatchError {
     /// is the host's words only: it reaches the client unlabelled, so it must hold nothing
     /// an executor said (the dispatcher logs that instead).
     NotStarted(String),
+    /// No executor took the call within a bound of the host: its deadline ran out while it
+    /// waited for one, or the principal holds its share of the host's executors (the host's
+    /// words). The call never reached one.
+    NotTaken(String),
     /// A reload withdrew the principal's access to the tool while the call waited, before
     /// an executor took it (the host's words).
     AccessWithdrawn(String),
@@ -544,6 +548,12 @@ async fn settle(
                 "the executor could not be started: {why}"
             ))),
             Verdict::Failed(Failure::ExecutorFailed),
+            None,
+        ),
+        // A bound of the host, not of an executor: nothing ran, so nothing is labelled.
+        Err(DispatchError::NotTaken(why)) => (
+            Ok(tool_error(&format!("no executor took the call: {why}"))),
+            Verdict::Failed(Failure::BoundReached),
             None,
         ),
         // Nothing the executor produced reaches the client, but the executor ran the tool:

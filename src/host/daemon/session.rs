@@ -96,6 +96,8 @@ use subscriptions::{IdleExecutor, Subscriptions, idle_to_stop};
 
 /// An executor bound to the session, with the generation it was started in.
 struct Bound {
+    /// Its place in the principal's share of executors, given back when it is dropped.
+    _place: super::budget::ExecutorPlace,
     generation: u64,
     /// The digest of the manifest its server was admitted under when it was started.
     admitted: Option<String>,
@@ -1327,20 +1329,20 @@ struct Executors<'s> {
 }
 
 /// Why no executor took a request: the host's words, and whether it was refused (its
-/// principal's access withdrawn while it waited) or ran out of its deadline rather than
-/// failed.
+/// principal's access withdrawn while it waited) or met a bound of the host (its deadline
+/// ran out, or the principal holds its share of executors) rather than failed.
 struct NotReady {
     words: String,
     access_withdrawn: bool,
-    timed_out: bool,
+    bounded: bool,
 }
 
 impl NotReady {
-    /// As a call's dispatch error: a deadline reached is a bound, not a failed executor.
+    /// As a call's dispatch error: a bound of the host is not a failed executor.
     fn for_call(self) -> DispatchError {
-        match (self.access_withdrawn, self.timed_out) {
+        match (self.access_withdrawn, self.bounded) {
             (true, _) => DispatchError::AccessWithdrawn(self.words),
-            (false, true) => DispatchError::BoundReached(self.words),
+            (false, true) => DispatchError::NotTaken(self.words),
             (false, false) => DispatchError::NotStarted(self.words),
         }
     }
@@ -1348,7 +1350,7 @@ impl NotReady {
     /// As a forwarded request's error, likewise.
     fn for_forward(self) -> super::pipeline::content::ForwardError {
         use super::pipeline::content::ForwardError;
-        match (self.access_withdrawn, self.timed_out) {
+        match (self.access_withdrawn, self.bounded) {
             (true, _) => ForwardError::AccessWithdrawn(self.words),
             (false, true) => ForwardError::BoundReached(self.words),
             (false, false) => ForwardError::NotStarted(self.words),
@@ -1408,9 +1410,11 @@ impl Executors<'_> {
                     .pools
                     .get(server)
                     .ok_or(ExecutorError::Exited)?;
+                let place = self.executor_place()?;
                 let exec = pool.acquire().await?;
                 exec.on_resource_updated(self.session.updates_for(server));
                 Bound {
+                    _place: place,
                     generation: self.generation.id,
                     admitted: self
                         .generation
@@ -1525,6 +1529,28 @@ impl Executors<'_> {
         }
     }
 
+    /// A place for one more executor in the session's principal's share of the host's
+    /// `max_executors` (as the configuration serving now divides it).
+    fn executor_place(&self) -> Result<super::budget::ExecutorPlace, ExecutorError> {
+        let current = self.session.host.current();
+        let Some(principal) = self.session.pinned() else {
+            // No principal, no executor: the request was refused before it got here.
+            return Err(ExecutorError::AccessWithdrawn(String::new()));
+        };
+        let share = super::budget::executor_share(
+            current.config.max_executors,
+            current.config.principals.len(),
+        );
+        self.session
+            .host
+            .executors
+            .take(principal, share)
+            .ok_or_else(|| ExecutorError::OverShare {
+                principal: principal.to_string(),
+                share,
+            })
+    }
+
     /// Whether the host still serves `server` under the manifest this call's generation
     /// admitted, and the configuration serving now still maps the session's peer to the
     /// principal it was admitted as, which may still use `name` (a tool, resource or prompt
@@ -1568,7 +1594,10 @@ impl Executors<'_> {
             tracing::warn!(session = %self.session.id, server = %server, error = %Escaped(&e), "no executor of server {server:?} could be made ready for a request");
             NotReady {
                 access_withdrawn: matches!(e, ExecutorError::AccessWithdrawn(_)),
-                timed_out: matches!(e, ExecutorError::Timeout(_)),
+                bounded: matches!(
+                    e,
+                    ExecutorError::Timeout(_) | ExecutorError::OverShare { .. }
+                ),
                 words: format!(
                     "server {server:?}: {} (the host's log says more)",
                     e.host_words()
@@ -1672,7 +1701,7 @@ impl RequestDeadline {
             Ok(Err(e)) => Err(NotReady {
                 words: e.to_string(),
                 access_withdrawn: false,
-                timed_out: false,
+                bounded: false,
             }),
             Err(_) => Err(NotReady {
                 words: format!(
@@ -1680,7 +1709,7 @@ impl RequestDeadline {
                     self.whole
                 ),
                 access_withdrawn: false,
-                timed_out: true,
+                bounded: true,
             }),
         }
     }

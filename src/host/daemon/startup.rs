@@ -899,6 +899,7 @@ impl Host {
             admission: Arc::new(admission::Admission::default()),
             no_reloads: Default::default(),
             retired_origins: Default::default(),
+            executors: Default::default(),
             reloading: Default::default(),
         });
         Ok((host, listener))
