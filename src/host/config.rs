@@ -202,7 +202,7 @@ fn default_refusal_budget() -> usize {
     100
 }
 fn default_max_executors() -> usize {
-    256
+    1024
 }
 /// Most executors `max_executors` may allow.
 const MOST_EXECUTORS: usize = 4096;

@@ -1352,7 +1352,7 @@ impl NotReady {
         use super::pipeline::content::ForwardError;
         match (self.access_withdrawn, self.bounded) {
             (true, _) => ForwardError::AccessWithdrawn(self.words),
-            (false, true) => ForwardError::BoundReached(self.words),
+            (false, true) => ForwardError::NotTaken(self.words),
             (false, false) => ForwardError::NotStarted(self.words),
         }
     }

@@ -74,6 +74,11 @@ pub enum ForwardError {
     /// nothing an executor said (the forwarder logs that instead).
     #[error("the executor could not be started: {0}")]
     NotStarted(String),
+    /// No executor took the request within a bound of the host: its deadline ran out while
+    /// it waited, or the principal holds its share of the host's executors (the host's
+    /// words). The request never reached one.
+    #[error("no executor took the request: {0}")]
+    NotTaken(String),
     /// A reload withdrew the principal's access to the request while it waited, before an
     /// executor took it (the host's words).
     #[error("{0}")]
@@ -494,6 +499,16 @@ async fn run<F: Forward>(
                 format!("the executor could not be started: {why}"),
             );
             let failed = Verdict::Failed(Failure::ExecutorFailed);
+            record_outcome(env, rec, failed, &state, &state).await?;
+            return Err(e);
+        }
+        // A bound of the host, not of an executor: nothing ran, so nothing is labelled.
+        Err(ForwardError::NotTaken(why)) => {
+            let e = RpcError::new(
+                code::INTERNAL_ERROR,
+                format!("no executor took the request: {why}"),
+            );
+            let failed = Verdict::Failed(Failure::BoundReached);
             record_outcome(env, rec, failed, &state, &state).await?;
             return Err(e);
         }

@@ -315,6 +315,10 @@ impl Session {
                         Failure::ExecutorFailed,
                         failed("no executor of it could be started"),
                     ),
+                    ForwardError::NotTaken(_) => (
+                        Failure::BoundReached,
+                        failed("no executor of it took the request within the host's bounds"),
+                    ),
                     ForwardError::Failed(_) => {
                         (Failure::ExecutorFailed, failed("its executor failed"))
                     }
