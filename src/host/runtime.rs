@@ -153,6 +153,12 @@ fn unchangeable_at(program: &Path, path_var: &str, depth: usize) -> Result<(), R
     for path in venv_code(program) {
         unchangeable(&path)?;
     }
+    // Read only once the site directories holding them are known to be unchangeable: a
+    // `.pth` placed by someone who could write there (a FIFO, /dev/zero behind a link)
+    // would otherwise be read before the refusal.
+    for path in pth_code(program)? {
+        unchangeable(&path)?;
+    }
     let head = read_head(&target);
     if !head.starts_with(b"#!") {
         return Ok(());
@@ -281,7 +287,6 @@ fn venv_code(program: &Path) -> Vec<PathBuf> {
             code.push(entry.path());
             for site in ["site-packages", "dist-packages"].map(|s| entry.path().join(s)) {
                 if site.is_dir() {
-                    code.extend(pth_code(&site));
                     code.push(site);
                 }
             }
@@ -290,24 +295,47 @@ fn venv_code(program: &Path) -> Vec<PathBuf> {
     code
 }
 
-/// The `.pth` files of the site directory `site`, and the absolute directories their lines
-/// add to Python's path.
-fn pth_code(site: &Path) -> Vec<PathBuf> {
+/// Largest `.pth` file read.
+const MAX_PTH_BYTES: u64 = 64 * 1024;
+
+/// The `.pth` files of a venv interpreter `program`'s site directories ([`venv_code`],
+/// to be found unchangeable first), each checked before it is read (no link followed,
+/// a regular file, at most [`MAX_PTH_BYTES`]), and the directories their lines add to
+/// Python's path (absolute, or relative to the site directory, as Python joins them).
+fn pth_code(program: &Path) -> Result<Vec<PathBuf>, RuntimeProblem> {
     let mut code = Vec::new();
-    for entry in std::fs::read_dir(site).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.extension().is_none_or(|e| e != "pth") {
-            continue;
-        }
-        for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
-            let line = line.trim();
-            if line.starts_with('/') && Path::new(line).is_dir() {
-                code.push(PathBuf::from(line));
+    let sites = venv_code(program).into_iter().filter(|p| {
+        p.file_name()
+            .is_some_and(|n| n == "site-packages" || n == "dist-packages")
+    });
+    for site in sites {
+        for entry in std::fs::read_dir(&site).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "pth") {
+                continue;
+            }
+            unchangeable(&path)?;
+            let text = crate::files::read_text(&path, MAX_PTH_BYTES).map_err(|e| {
+                RuntimeProblem::Changeable {
+                    path: path.clone(),
+                    why: format!(
+                        "cannot be read as a .pth file ({})",
+                        crate::causes::WithCauses(&e)
+                    ),
+                }
+            })?;
+            for line in text.lines().map(str::trim) {
+                if line.is_empty() || line.starts_with('#') || line.starts_with("import") {
+                    continue;
+                }
+                let dir = site.join(line);
+                if dir.is_dir() {
+                    code.push(dir);
+                }
             }
         }
-        code.push(path);
     }
-    code
+    Ok(code)
 }
 
 /// What a script's `#!` line leads to.
@@ -355,20 +383,30 @@ fn interpreters(
     if Path::new(&interpreter).file_name() != Some(std::ffi::OsStr::new("env")) {
         return Ok(found);
     }
-    // env's own words: options (those taking a value take the next word), assignments.
+    // env's own words: options (those taking a value take the next word), assignments. A
+    // `PATH=` assignment, or `-i` (no environment: the C library's default path), is where
+    // env then looks.
     let mut name = None;
+    let mut searched_path = path_var.to_string();
     while let Some(word) = words.next() {
         match word {
             "-u" | "--unset" | "-C" | "--chdir" | "-P" => {
                 words.next();
             }
-            w if w.starts_with('-') || w.contains('=') => {}
+            "-i" | "--ignore-environment" | "-" => searched_path = "/bin:/usr/bin".into(),
+            w if w.starts_with('-') => {}
+            w if w.contains('=') => {
+                if let Some(path) = w.strip_prefix("PATH=") {
+                    searched_path = path.to_string();
+                }
+            }
             w => {
                 name = Some(w);
                 break;
             }
         }
     }
+    let path_var = searched_path.as_str();
     let Some(name) = name else {
         return Err(wrap(RuntimeProblem::Missing {
             path: PathBuf::from("(no program named after env's options)"),
@@ -655,6 +693,19 @@ mod tests {
             changeable(&script, &format!("{}", open_dir.display())).0,
             open_dir
         );
+        // env -S PATH=... NAME: NAME looked for where env then looks.
+        program_at(
+            &script,
+            &format!(
+                "#!/usr/bin/env -S PATH={}:/usr/bin tool\n",
+                open_dir.display()
+            ),
+            0o755,
+        );
+        assert_eq!(
+            changeable(&script, &format!("{}", kept.display())).0,
+            open_dir
+        );
         // A chain past the depth followed is refused, not passed.
         let mut previous = kept.join("tool");
         for i in 0..=MAX_SCRIPT_DEPTH {
@@ -687,6 +738,16 @@ mod tests {
             changeable(&venv.join("bin/python"), P).0,
             site.join("editable.pth")
         );
+        // A .pth that is no regular file is refused without being read (a FIFO would block
+        // the start).
+        std::fs::remove_file(site.join("editable.pth")).unwrap();
+        nix::unistd::mkfifo(
+            &site.join("fifo.pth"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        let (path, why) = changeable(&venv.join("bin/python"), P);
+        assert_eq!(path, site.join("fifo.pth"), "{why}");
         // A script named as an argument (the first file named); a later one is data.
         let args = [open_dir.join("tool").display().to_string()];
         match check_arguments_unchangeable(&args) {
