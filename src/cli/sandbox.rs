@@ -571,9 +571,9 @@ impl SandboxArgs {
         let done = match self.command {
             SandboxCommand::Run(args) => {
                 let done = runtime.block_on(run(args));
-                // Its records closed and its health written, whatever stderr holds up now
-                // costs the run nothing.
-                queued_stderr::finish();
+                // A run that ended before its command did (a refusal to start it) leaves
+                // nothing queued unwritten.
+                queued_stderr::finish(&mut Vec::new);
                 done
             }
             SandboxCommand::Mcp(args) => runtime.block_on(mcp::serve(args)),
@@ -1095,6 +1095,12 @@ async fn run(args: RunArgs) -> CliResult {
     // until the user logs out): the run's scratch directory (its resolver file, its records
     // when they were kept only for the gate), the resolver, the broker.
     drop((dns, writer, broker, evidence));
+    // On a stderr that is no terminal, what waits for the reader is written now; an
+    // interrupt taken since the command ended, which nobody acted on, takes its default
+    // action first, as it would have at once.
+    if terminal.is_none() {
+        queued_stderr::finish(&mut || interrupts.taken());
+    }
     // The run is over: what is left for the caller's terminal (the command's last output,
     // the messages above) reaches it now, however long the terminal takes.
     let shown = terminal.as_mut().map_or(Ok(()), |t| {

@@ -100,19 +100,32 @@ pub(super) fn command_ended() {
     }
 }
 
-/// The run is over: gives the interrupts their default action back (a `kill` or Ctrl-C
-/// then ends flowhost, as any program waiting on its output), waits until everything
-/// queued is written (as long as the reader takes), says what was dropped, and writes later
-/// lines at once.
-pub(super) fn finish() {
+/// The run is over (its records closed, its health written): gives the interrupts their
+/// default action back (a `kill` or Ctrl-C then ends flowhost, as any program waiting on
+/// its output) and raises those `taken` says were taken meanwhile and not acted on, waits
+/// until everything queued is written (as long as the reader takes), says what was
+/// dropped, and writes later lines at once. Once done, it does nothing.
+pub(super) fn finish(taken: &mut dyn FnMut() -> Vec<libc::c_int>) {
     let Some(queue) = QUEUE.get() else {
         return;
     };
-    if let Err(e) = flowhost_broker::terminal::interrupts_take_their_default_action() {
-        queued(&format!(
-            "flowhost sandbox: cannot give the interrupts their default action back ({e}): \
-             while flowhost waits for stderr to take its last lines, only SIGKILL ends it\n"
-        ));
+    if queue.lock().closed {
+        return;
+    }
+    match flowhost_broker::terminal::interrupts_take_their_default_action() {
+        Ok(()) => {
+            for signal in taken() {
+                if let Ok(signal) = nix::sys::signal::Signal::try_from(signal) {
+                    let _ = nix::sys::signal::raise(signal);
+                }
+            }
+        }
+        Err(e) => {
+            queued(&format!(
+                "flowhost sandbox: cannot give the interrupts their default action back ({e}): \
+                 while flowhost waits for stderr to take its last lines, only SIGKILL ends it\n"
+            ));
+        }
     }
     let mut state = queue.lock();
     while !state.text.is_empty() || state.writing {
