@@ -314,8 +314,9 @@ fn pth_code(program: &Path) -> Result<Vec<PathBuf>, RuntimeProblem> {
             if path.extension().is_none_or(|e| e != "pth") {
                 continue;
             }
-            unchangeable(&path)?;
-            let text = crate::files::read_text(&path, MAX_PTH_BYTES).map_err(|e| {
+            // Read where it leads, as Python does (a package manager may link it).
+            let target = unchangeable(&path)?;
+            let text = crate::files::read_text(&target, MAX_PTH_BYTES).map_err(|e| {
                 RuntimeProblem::Changeable {
                     path: path.clone(),
                     why: format!(
@@ -324,13 +325,18 @@ fn pth_code(program: &Path) -> Result<Vec<PathBuf>, RuntimeProblem> {
                     ),
                 }
             })?;
-            for line in text.lines().map(str::trim) {
-                if line.is_empty() || line.starts_with('#') || line.starts_with("import") {
+            for line in text.lines().map(str::trim_end) {
+                if line.is_empty()
+                    || line.starts_with('#')
+                    || line.starts_with("import ")
+                    || line.starts_with("import\t")
+                {
                     continue;
                 }
-                let dir = site.join(line);
-                if dir.is_dir() {
-                    code.push(dir);
+                // Python adds whatever exists: a directory, or a zip or egg file.
+                let added = site.join(line);
+                if added.exists() {
+                    code.push(added);
                 }
             }
         }
@@ -384,13 +390,29 @@ fn interpreters(
         return Ok(found);
     }
     // env's own words: options (those taking a value take the next word), assignments. A
-    // `PATH=` assignment, or `-i` (no environment: the C library's default path), is where
-    // env then looks.
+    // `PATH=` assignment, or `-i` or `-u PATH` (the C library's default path), is where env
+    // then looks. `-S` and `--split-string=` may carry their text in the same word.
+    let mut split = Vec::new();
+    for word in words {
+        match word
+            .strip_prefix("--split-string=")
+            .or_else(|| word.strip_prefix("-S").filter(|rest| !rest.is_empty()))
+        {
+            Some(rest) => split.push(rest),
+            None => split.push(word),
+        }
+    }
+    let mut words = split.into_iter();
     let mut name = None;
     let mut searched_path = path_var.to_string();
     while let Some(word) = words.next() {
         match word {
-            "-u" | "--unset" | "-C" | "--chdir" | "-P" => {
+            "-u" | "--unset" => {
+                if words.next() == Some("PATH") {
+                    searched_path = "/bin:/usr/bin".into();
+                }
+            }
+            "-C" | "--chdir" | "-P" => {
                 words.next();
             }
             "-i" | "--ignore-environment" | "-" => searched_path = "/bin:/usr/bin".into(),
@@ -407,6 +429,19 @@ fn interpreters(
         }
     }
     let path_var = searched_path.as_str();
+    // A relative or empty entry is looked in where env runs, a `$` is no expansion env
+    // makes: neither is a directory the check can look at.
+    if let Some(entry) = path_var
+        .split(':')
+        .find(|dir| !dir.starts_with('/') || dir.contains('$'))
+    {
+        return Err(RuntimeProblem::Changeable {
+            path: script.to_path_buf(),
+            why: format!(
+                "has env look for its interpreter in PATH {path_var}, whose entry {entry:?} is no absolute directory"
+            ),
+        });
+    }
     let Some(name) = name else {
         return Err(wrap(RuntimeProblem::Missing {
             path: PathBuf::from("(no program named after env's options)"),
@@ -416,7 +451,7 @@ fn interpreters(
         found.run.push(PathBuf::from(name));
         return Ok(found);
     }
-    for dir in path_var.split(':').filter(|dir| dir.starts_with('/')) {
+    for dir in path_var.split(':') {
         let dir = Path::new(dir);
         found.searched.push(dir.to_path_buf());
         if dir.join(name).is_file() {
@@ -706,6 +741,22 @@ mod tests {
             changeable(&script, &format!("{}", kept.display())).0,
             open_dir
         );
+        // The same with the text in env's option word; a relative PATH entry is refused.
+        program_at(
+            &script,
+            &format!(
+                "#!/usr/bin/env -SPATH={}:/usr/bin tool\n",
+                open_dir.display()
+            ),
+            0o755,
+        );
+        assert_eq!(
+            changeable(&script, &format!("{}", kept.display())).0,
+            open_dir
+        );
+        program_at(&script, "#!/usr/bin/env -S PATH=bin:/usr/bin tool\n", 0o755);
+        let (_, why) = changeable(&script, &format!("{}", kept.display()));
+        assert!(why.contains("no absolute directory"), "{why}");
         // A chain past the depth followed is refused, not passed.
         let mut previous = kept.join("tool");
         for i in 0..=MAX_SCRIPT_DEPTH {
