@@ -573,7 +573,12 @@ impl SandboxArgs {
                 let done = runtime.block_on(run(args));
                 // A run that ended before its command did (a refusal to start it) leaves
                 // nothing queued unwritten.
-                queued_stderr::finish(&mut Vec::new);
+                if queued_stderr::waiting() {
+                    queued_stderr::finish(
+                        flowhost_broker::terminal::interrupts_take_their_default_action(),
+                        &mut Vec::new,
+                    );
+                }
                 done
             }
             SandboxCommand::Mcp(args) => runtime.block_on(mcp::serve(args)),
@@ -1098,8 +1103,12 @@ async fn run(args: RunArgs) -> CliResult {
     // On a stderr that is no terminal, what waits for the reader is written now; an
     // interrupt taken since the command ended, which nobody acted on, takes its default
     // action first, as it would have at once.
-    if terminal.is_none() {
-        queued_stderr::finish(&mut || interrupts.taken());
+    if terminal.is_none() && queued_stderr::waiting() {
+        let defaults = flowhost_broker::terminal::interrupts_take_their_default_action();
+        // One turn of the runtime, so that an interrupt its handler noted meanwhile (while
+        // the records closed, the gate judged) reaches the stream `taken` reads.
+        tokio::task::yield_now().await;
+        queued_stderr::finish(defaults, &mut || interrupts.taken());
     }
     // The run is over: what is left for the caller's terminal (the command's last output,
     // the messages above) reaches it now, however long the terminal takes.

@@ -100,19 +100,24 @@ pub(super) fn command_ended() {
     }
 }
 
-/// The run is over (its records closed, its health written): gives the interrupts their
-/// default action back (a `kill` or Ctrl-C then ends flowhost, as any program waiting on
-/// its output) and raises those `taken` says were taken meanwhile and not acted on, waits
-/// until everything queued is written (as long as the reader takes), says what was
+/// Whether lines are queued and not yet all written at the end: [`finish`] has work to do.
+pub(super) fn waiting() -> bool {
+    QUEUE.get().is_some_and(|q| !q.lock().closed)
+}
+
+/// The run is over (its records closed, its health written) and the interrupts have their
+/// default action back (`defaults`: a `kill` or Ctrl-C then ends flowhost, as any program
+/// waiting on its output): raises those `taken` says were taken before and not acted on,
+/// waits until everything queued is written (as long as the reader takes), says what was
 /// dropped, and writes later lines at once. Once done, it does nothing.
-pub(super) fn finish(taken: &mut dyn FnMut() -> Vec<libc::c_int>) {
+pub(super) fn finish(defaults: std::io::Result<()>, taken: &mut dyn FnMut() -> Vec<libc::c_int>) {
+    if !waiting() {
+        return;
+    }
     let Some(queue) = QUEUE.get() else {
         return;
     };
-    if queue.lock().closed {
-        return;
-    }
-    match flowhost_broker::terminal::interrupts_take_their_default_action() {
+    match defaults {
         Ok(()) => {
             for signal in taken() {
                 if let Ok(signal) = nix::sys::signal::Signal::try_from(signal) {
