@@ -493,24 +493,15 @@ async fn run<F: Forward>(
                 (Err(e), Verdict::Failed(Failure::AnswerWithheld), text)
             }
         },
-        Err(ForwardError::NotStarted(why)) => {
-            let e = RpcError::new(
-                code::INTERNAL_ERROR,
-                format!("the executor could not be started: {why}"),
-            );
-            let failed = Verdict::Failed(Failure::ExecutorFailed);
-            record_outcome(env, rec, failed, &state, &state).await?;
-            return Err(e);
-        }
-        // A bound of the host, not of an executor: nothing ran, so nothing is labelled.
-        Err(ForwardError::NotTaken(why)) => {
-            let e = RpcError::new(
-                code::INTERNAL_ERROR,
-                format!("no executor took the request: {why}"),
-            );
-            let failed = Verdict::Failed(Failure::BoundReached);
-            record_outcome(env, rec, failed, &state, &state).await?;
-            return Err(e);
+        // The request never reached an executor: nothing ran, so nothing is labelled. A
+        // bound of the host (its deadline, the principal's share) is no failed executor.
+        Err(e @ (ForwardError::NotStarted(_) | ForwardError::NotTaken(_))) => {
+            let failure = match e {
+                ForwardError::NotTaken(_) => Failure::BoundReached,
+                _ => Failure::ExecutorFailed,
+            };
+            record_outcome(env, rec, Verdict::Failed(failure), &state, &state).await?;
+            return Err(RpcError::new(code::INTERNAL_ERROR, e.to_string()));
         }
         Err(ForwardError::AccessWithdrawn(why)) => {
             let failed = Verdict::Failed(Failure::AccessWithdrawn);
