@@ -87,6 +87,19 @@ pub enum RuntimeProblem {
         /// How.
         why: String,
     },
+    /// A script's `#!` line has `env` search a `PATH` with an entry that is no absolute
+    /// directory before it finds its interpreter.
+    #[error(
+        "{script} has env look for its interpreter in PATH {path_var}, whose entry {entry:?} (before the interpreter is found) is no absolute directory: give the executor's PATH (the server's env) absolute directories only"
+    )]
+    RelativeSearchPath {
+        /// The script.
+        script: PathBuf,
+        /// The PATH env searches.
+        path_var: String,
+        /// The entry.
+        entry: String,
+    },
     /// A script's `#!` line ends in a carriage return, which the kernel takes as part of
     /// the interpreter's name.
     #[error(
@@ -252,10 +265,9 @@ fn unchangeable(path: &Path) -> Result<PathBuf, RuntimeProblem> {
 
 /// What a Python venv interpreter `program` (`VENV/bin/python`, next to
 /// `VENV/pyvenv.cfg`) loads code from at start: the venv, `pyvenv.cfg`, its `lib`, each
-/// `lib/python*` and its `site-packages`, each `.pth` file there (one runs at every start)
-/// and each directory a `.pth` file adds to the path (an editable install's source), and
-/// the standard library of the interpreter `pyvenv.cfg` names as `home` (a copied venv's
-/// own is not the one it loads); none for another program.
+/// `lib/python*` and its site directories, and the standard library of the interpreter
+/// `pyvenv.cfg` names as `home` (a copied venv's own is not the one it loads); none for
+/// another program. The `.pth` files in the site directories are [`pth_code`]'s.
 fn venv_code(program: &Path) -> Vec<PathBuf> {
     let Some(venv) = program.parent().and_then(Path::parent) else {
         return Vec::new();
@@ -298,10 +310,12 @@ fn venv_code(program: &Path) -> Vec<PathBuf> {
 /// Largest `.pth` file read.
 const MAX_PTH_BYTES: u64 = 64 * 1024;
 
-/// The `.pth` files of a venv interpreter `program`'s site directories ([`venv_code`],
-/// to be found unchangeable first), each checked before it is read (no link followed,
-/// a regular file, at most [`MAX_PTH_BYTES`]), and the directories their lines add to
-/// Python's path (absolute, or relative to the site directory, as Python joins them).
+/// The paths the `.pth` files of a venv interpreter `program`'s site directories
+/// ([`venv_code`], to be found unchangeable first) add to Python's path: each `.pth` is
+/// found unchangeable (where a link leads included) before it is read, as a regular file
+/// of at most [`MAX_PTH_BYTES`]; each line that names something that exists (a directory,
+/// a zip or egg file; absolute, or relative to the site directory, as Python joins them)
+/// adds it.
 fn pth_code(program: &Path) -> Result<Vec<PathBuf>, RuntimeProblem> {
     let mut code = Vec::new();
     let sites = venv_code(program).into_iter().filter(|p| {
@@ -412,6 +426,7 @@ fn interpreters(
                     searched_path = "/bin:/usr/bin".into();
                 }
             }
+            "-uPATH" | "--unset=PATH" => searched_path = "/bin:/usr/bin".into(),
             "-C" | "--chdir" | "-P" => {
                 words.next();
             }
@@ -429,19 +444,6 @@ fn interpreters(
         }
     }
     let path_var = searched_path.as_str();
-    // A relative or empty entry is looked in where env runs, a `$` is no expansion env
-    // makes: neither is a directory the check can look at.
-    if let Some(entry) = path_var
-        .split(':')
-        .find(|dir| !dir.starts_with('/') || dir.contains('$'))
-    {
-        return Err(RuntimeProblem::Changeable {
-            path: script.to_path_buf(),
-            why: format!(
-                "has env look for its interpreter in PATH {path_var}, whose entry {entry:?} is no absolute directory"
-            ),
-        });
-    }
     let Some(name) = name else {
         return Err(wrap(RuntimeProblem::Missing {
             path: PathBuf::from("(no program named after env's options)"),
@@ -451,8 +453,17 @@ fn interpreters(
         found.run.push(PathBuf::from(name));
         return Ok(found);
     }
-    for dir in path_var.split(':') {
-        let dir = Path::new(dir);
+    for entry in path_var.split(':') {
+        // A relative or empty entry is looked in where env runs, and a `$` is no expansion
+        // env makes: neither is a directory the check can look at, if env gets to it.
+        if !entry.starts_with('/') || entry.contains('$') {
+            return Err(RuntimeProblem::RelativeSearchPath {
+                script: script.to_path_buf(),
+                path_var: path_var.to_string(),
+                entry: entry.to_string(),
+            });
+        }
+        let dir = Path::new(entry);
         found.searched.push(dir.to_path_buf());
         if dir.join(name).is_file() {
             found.run.push(dir.join(name));
@@ -755,8 +766,13 @@ mod tests {
             open_dir
         );
         program_at(&script, "#!/usr/bin/env -S PATH=bin:/usr/bin tool\n", 0o755);
-        let (_, why) = changeable(&script, &format!("{}", kept.display()));
-        assert!(why.contains("no absolute directory"), "{why}");
+        assert!(matches!(
+            check_unchangeable(&script, &format!("{}", kept.display())),
+            Err(RuntimeProblem::RelativeSearchPath { .. })
+        ));
+        // One after the directory NAME is found in is never searched.
+        program_at(&script, "#!/usr/bin/env tool\n", 0o755);
+        check_unchangeable(&script, &format!("{}:bin:", kept.display())).unwrap();
         // A chain past the depth followed is refused, not passed.
         let mut previous = kept.join("tool");
         for i in 0..=MAX_SCRIPT_DEPTH {
