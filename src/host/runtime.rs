@@ -163,13 +163,14 @@ pub fn check_arguments_unchangeable(args: &[String]) -> Result<(), RuntimeProble
 
 fn unchangeable_at(program: &Path, path_var: &str, depth: usize) -> Result<(), RuntimeProblem> {
     let target = unchangeable(program)?;
-    for path in venv_code(program) {
-        unchangeable(&path)?;
+    let venv = venv_code(program);
+    for path in &venv {
+        unchangeable(path)?;
     }
     // Read only once the site directories holding them are known to be unchangeable: a
     // `.pth` placed by someone who could write there (a FIFO, /dev/zero behind a link)
     // would otherwise be read before the refusal.
-    for path in pth_code(program)? {
+    for path in pth_code(&venv)? {
         unchangeable(&path)?;
     }
     let head = read_head(&target);
@@ -310,20 +311,20 @@ fn venv_code(program: &Path) -> Vec<PathBuf> {
 /// Largest `.pth` file read.
 const MAX_PTH_BYTES: u64 = 64 * 1024;
 
-/// The paths the `.pth` files of a venv interpreter `program`'s site directories
-/// ([`venv_code`], to be found unchangeable first) add to Python's path: each `.pth` is
+/// The paths the `.pth` files of the site directories among `venv` (a venv's code as
+/// [`venv_code`] lists it, each found unchangeable first) add to Python's path: each `.pth` is
 /// found unchangeable (where a link leads included) before it is read, as a regular file
 /// of at most [`MAX_PTH_BYTES`]; each line that names something that exists (a directory,
 /// a zip or egg file; absolute, or relative to the site directory, as Python joins them)
 /// adds it.
-fn pth_code(program: &Path) -> Result<Vec<PathBuf>, RuntimeProblem> {
+fn pth_code(venv: &[PathBuf]) -> Result<Vec<PathBuf>, RuntimeProblem> {
     let mut code = Vec::new();
-    let sites = venv_code(program).into_iter().filter(|p| {
+    let sites = venv.iter().filter(|p| {
         p.file_name()
             .is_some_and(|n| n == "site-packages" || n == "dist-packages")
     });
     for site in sites {
-        for entry in std::fs::read_dir(&site).into_iter().flatten().flatten() {
+        for entry in std::fs::read_dir(site).into_iter().flatten().flatten() {
             let path = entry.path();
             if path.extension().is_none_or(|e| e != "pth") {
                 continue;

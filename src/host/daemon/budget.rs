@@ -51,6 +51,7 @@ impl ExecutorBudget {
     }
 
     /// How many executors `principal` holds.
+    #[cfg(test)]
     pub fn held_by(&self, principal: &PrincipalId) -> usize {
         self.held().get(principal).copied().unwrap_or(0)
     }

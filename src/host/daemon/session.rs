@@ -1333,27 +1333,37 @@ struct Executors<'s> {
 /// ran out, or the principal holds its share of executors) rather than failed.
 struct NotReady {
     words: String,
-    access_withdrawn: bool,
-    bounded: bool,
+    why: NotReadyWhy,
+}
+
+/// Which of [`NotReady`]'s cases it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NotReadyWhy {
+    /// No executor could be started or made ready.
+    Failed,
+    /// A reload withdrew the principal's access while the request waited.
+    AccessWithdrawn,
+    /// A bound of the host: the deadline ran out, or the principal holds its share.
+    Bounded,
 }
 
 impl NotReady {
     /// As a call's dispatch error: a bound of the host is not a failed executor.
     fn for_call(self) -> DispatchError {
-        match (self.access_withdrawn, self.bounded) {
-            (true, _) => DispatchError::AccessWithdrawn(self.words),
-            (false, true) => DispatchError::NotTaken(self.words),
-            (false, false) => DispatchError::NotStarted(self.words),
+        match self.why {
+            NotReadyWhy::AccessWithdrawn => DispatchError::AccessWithdrawn(self.words),
+            NotReadyWhy::Bounded => DispatchError::NotTaken(self.words),
+            NotReadyWhy::Failed => DispatchError::NotStarted(self.words),
         }
     }
 
     /// As a forwarded request's error, likewise.
     fn for_forward(self) -> super::pipeline::content::ForwardError {
         use super::pipeline::content::ForwardError;
-        match (self.access_withdrawn, self.bounded) {
-            (true, _) => ForwardError::AccessWithdrawn(self.words),
-            (false, true) => ForwardError::NotTaken(self.words),
-            (false, false) => ForwardError::NotStarted(self.words),
+        match self.why {
+            NotReadyWhy::AccessWithdrawn => ForwardError::AccessWithdrawn(self.words),
+            NotReadyWhy::Bounded => ForwardError::NotTaken(self.words),
+            NotReadyWhy::Failed => ForwardError::NotStarted(self.words),
         }
     }
 }
@@ -1593,11 +1603,13 @@ impl Executors<'_> {
         taken.map_err(|e| {
             tracing::warn!(session = %self.session.id, server = %server, error = %Escaped(&e), "no executor of server {server:?} could be made ready for a request");
             NotReady {
-                access_withdrawn: matches!(e, ExecutorError::AccessWithdrawn(_)),
-                bounded: matches!(
-                    e,
-                    ExecutorError::Timeout(_) | ExecutorError::OverShare { .. }
-                ),
+                why: match e {
+                    ExecutorError::AccessWithdrawn(_) => NotReadyWhy::AccessWithdrawn,
+                    ExecutorError::Timeout(_) | ExecutorError::OverShare { .. } => {
+                        NotReadyWhy::Bounded
+                    }
+                    _ => NotReadyWhy::Failed,
+                },
                 words: format!(
                     "server {server:?}: {} (the host's log says more)",
                     e.host_words()
@@ -1700,16 +1712,14 @@ impl RequestDeadline {
             Ok(Ok(p)) => Ok(p),
             Ok(Err(e)) => Err(NotReady {
                 words: e.to_string(),
-                access_withdrawn: false,
-                bounded: false,
+                why: NotReadyWhy::Failed,
             }),
             Err(_) => Err(NotReady {
                 words: format!(
                     "server {server:?}: none of the session's executors of it became free within the request's deadline ({:?}, call_timeout_ms)",
                     self.whole
                 ),
-                access_withdrawn: false,
-                bounded: true,
+                why: NotReadyWhy::Bounded,
             }),
         }
     }
