@@ -528,16 +528,8 @@ pub fn offline_health(path: &Path) -> Result<ToolObservationHealth, StoreError> 
     let report = verify_records(path, None)?;
     let mut h = ToolObservationHealth::unknown(HealthProducer::Offline);
     h.records = RecordsHealth::from_verify(&report);
-    // What `records verify` refuses is no complete record side either.
-    let refused = if report.holds_no_evidence() {
-        Some(format!(
-            "{} holds no record and no head anchor: nothing was verified",
-            path.display()
-        ))
-    } else {
-        super::chain::unvouched_end(path, &report)
-    };
-    if let Some(why) = refused {
+    // What the readers refuse as evidence is no complete record side either.
+    if let Some(why) = super::chain::refused_as_evidence(path, &report) {
         h.records.records_complete = Some(false);
         h.records.problems.push(why);
     }
