@@ -96,6 +96,19 @@ pub enum ForwardError {
     Answered(RpcError),
 }
 
+impl ForwardError {
+    /// The failure its outcome records: one mapping for every request forwarded (a read, a
+    /// prompt, a subscription).
+    pub fn failure(&self) -> Failure {
+        match self {
+            ForwardError::NotStarted(_) | ForwardError::Failed(_) => Failure::ExecutorFailed,
+            ForwardError::NotTaken(_) | ForwardError::BoundReached(_) => Failure::BoundReached,
+            ForwardError::AccessWithdrawn(_) => Failure::AccessWithdrawn,
+            ForwardError::Answered(_) => Failure::ToolError,
+        }
+    }
+}
+
 /// Forwards an authorized content request to one of the session's executors.
 pub trait Forward {
     /// Sends `method` with `params` to an executor of `server` fit for `source`. `name` is
@@ -495,24 +508,29 @@ async fn run<F: Forward>(
         },
         // The request never reached an executor: nothing ran, so nothing is labelled. A
         // bound of the host (its deadline, the principal's share) is no failed executor.
-        Err(e @ (ForwardError::NotStarted(_) | ForwardError::NotTaken(_))) => {
-            let failure = match e {
-                ForwardError::NotTaken(_) => Failure::BoundReached,
-                _ => Failure::ExecutorFailed,
-            };
-            record_outcome(env, rec, Verdict::Failed(failure), &state, &state).await?;
-            return Err(RpcError::new(code::INTERNAL_ERROR, e.to_string()));
-        }
-        Err(ForwardError::AccessWithdrawn(why)) => {
-            let failed = Verdict::Failed(Failure::AccessWithdrawn);
-            record_outcome(env, rec, failed, &state, &state).await?;
-            return Err(refusal(code::ACCESS_DENIED, why, Denial::AccessDenied));
-        }
-        Err(ForwardError::Failed(why)) => executor_ended(&server, why, Failure::ExecutorFailed),
-        Err(ForwardError::BoundReached(why)) => executor_ended(&server, why, Failure::BoundReached),
-        Err(ForwardError::Answered(e)) => {
-            let text = super::answered_text(&e);
-            (Err(e), Verdict::Failed(Failure::ToolError), text)
+        Err(e) => {
+            let failure = e.failure();
+            let failed = Verdict::Failed(failure);
+            match e {
+                // The request never reached an executor: nothing ran, so nothing is
+                // labelled. A bound of the host (its deadline, the principal's share) is no
+                // failed executor.
+                e @ (ForwardError::NotStarted(_) | ForwardError::NotTaken(_)) => {
+                    record_outcome(env, rec, failed, &state, &state).await?;
+                    return Err(RpcError::new(code::INTERNAL_ERROR, e.to_string()));
+                }
+                ForwardError::AccessWithdrawn(why) => {
+                    record_outcome(env, rec, failed, &state, &state).await?;
+                    return Err(refusal(code::ACCESS_DENIED, why, Denial::AccessDenied));
+                }
+                ForwardError::Failed(why) | ForwardError::BoundReached(why) => {
+                    executor_ended(&server, why, failure)
+                }
+                ForwardError::Answered(e) => {
+                    let text = super::answered_text(&e);
+                    (Err(e), failed, text)
+                }
+            }
         }
     };
     let raised = env.resolver.after_content(&key, &label, &text).await;

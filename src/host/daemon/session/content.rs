@@ -302,31 +302,23 @@ impl Session {
                         ),
                     )
                 };
-                let (failure, told) = match &e {
-                    ForwardError::AccessWithdrawn(why) => (
-                        Failure::AccessWithdrawn,
-                        refusal(code::ACCESS_DENIED, why.clone(), Denial::AccessDenied),
-                    ),
-                    ForwardError::Answered(_) => (
-                        Failure::ToolError,
-                        failed("its executor answered with an error"),
-                    ),
-                    ForwardError::NotStarted(_) => (
-                        Failure::ExecutorFailed,
-                        failed("no executor of it could be started"),
-                    ),
-                    ForwardError::NotTaken(_) => (
-                        Failure::BoundReached,
-                        failed("no executor of it took the request within the host's bounds"),
-                    ),
-                    ForwardError::Failed(_) => {
-                        (Failure::ExecutorFailed, failed("its executor failed"))
+                // Recorded as every forwarded request's failure is; told in words of its own
+                // (a subscription reads nothing, so none of the executor's).
+                let told = match &e {
+                    ForwardError::AccessWithdrawn(why) => {
+                        refusal(code::ACCESS_DENIED, why.clone(), Denial::AccessDenied)
                     }
-                    ForwardError::BoundReached(_) => (
-                        Failure::BoundReached,
-                        failed("its executor ran into a bound or its deadline"),
-                    ),
+                    ForwardError::Answered(_) => failed("its executor answered with an error"),
+                    ForwardError::NotStarted(_) => failed("no executor of it could be started"),
+                    ForwardError::NotTaken(_) => {
+                        failed("no executor of it took the request within the host's bounds")
+                    }
+                    ForwardError::Failed(_) => failed("its executor failed"),
+                    ForwardError::BoundReached(_) => {
+                        failed("its executor ran into a bound or its deadline")
+                    }
                 };
+                let failure = e.failure();
                 // The allow recorded above did not take effect: recorded so, or the
                 // records would show a subscription the client was told failed.
                 match pipeline::content::record_subscription_failed(
